@@ -1,0 +1,420 @@
+//! Frames: how a message travels as bytes.
+//!
+//! ```text
+//! offset  size  field
+//! 0       1     protocol major version
+//! 1       1     protocol minor version
+//! 2       1     message kind (MessageKind)
+//! 3       n     header rest, postcard: sender (role, id), seq (varint), time ms (varint)
+//! 3+n     m     body, postcard, the message of that kind
+//! end-4   4     CRC-32/ISO-HDLC (the zlib CRC) of every byte before it, little-endian
+//! ```
+//!
+//! The first two bytes and the trailing CRC keep their place in every
+//! version, so any reader can check integrity and version before it reads
+//! anything else. Decoding never panics: it returns a [`DecodeError`].
+//!
+//! Glossary:
+//! - *major*: a reader refuses frames of another major version.
+//! - *minor*: a newer minor may add message kinds, enum variants and fields
+//!   at the end of a body; a reader ignores a body's unread tail only when
+//!   the frame's minor is newer than its own.
+//! - *seq*: the sender's sequence number, rising by one per frame and kept
+//!   across restarts, so receivers can spot duplicates and gaps.
+
+use core::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::NodeId;
+use crate::message::{
+    Ack, CapLease, CduState, CduTelemetry, Event, HostHealth, HostTelemetry, Online,
+    QuarantineRelease,
+};
+use crate::topic::Family;
+use crate::units::TimestampMs;
+
+/// A protocol version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Version {
+    /// Incompatible changes.
+    pub major: u8,
+    /// Compatible additions.
+    pub minor: u8,
+}
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+/// The version this crate speaks.
+pub const PROTOCOL: Version = Version { major: 1, minor: 0 };
+
+/// The longest frame any node sends or accepts, in bytes.
+pub const MAX_FRAME_LEN: usize = 2048;
+
+/// The shortest possible frame: version, kind, a one-letter sender, seq,
+/// time and the CRC.
+pub const MIN_FRAME_LEN: usize = 3 + 3 + 1 + 1 + 4;
+
+const CRC32: crc::Crc<u32> = crc::Crc::<u32>::new(&crc::CRC_32_ISO_HDLC);
+
+/// The kind byte of a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum MessageKind {
+    /// [`HostTelemetry`].
+    HostTelemetry = 1,
+    /// [`HostHealth`].
+    HostHealth = 2,
+    /// [`Event`].
+    Event = 3,
+    /// [`CapLease`].
+    CapLease = 4,
+    /// [`QuarantineRelease`].
+    QuarantineRelease = 5,
+    /// [`Ack`].
+    Ack = 6,
+    /// [`CduTelemetry`].
+    CduTelemetry = 7,
+    /// [`CduState`].
+    CduState = 8,
+    /// [`Online`].
+    Online = 9,
+}
+
+impl MessageKind {
+    /// Every kind, in code order.
+    pub const ALL: [MessageKind; 9] = [
+        MessageKind::HostTelemetry,
+        MessageKind::HostHealth,
+        MessageKind::Event,
+        MessageKind::CapLease,
+        MessageKind::QuarantineRelease,
+        MessageKind::Ack,
+        MessageKind::CduTelemetry,
+        MessageKind::CduState,
+        MessageKind::Online,
+    ];
+
+    /// The kind of a code, if known.
+    pub fn from_code(code: u8) -> Option<Self> {
+        Self::ALL.iter().copied().find(|k| *k as u8 == code)
+    }
+
+    /// The name used in JSON, in schema file names and on the console.
+    pub const fn name(self) -> &'static str {
+        match self {
+            MessageKind::HostTelemetry => "host_telemetry",
+            MessageKind::HostHealth => "host_health",
+            MessageKind::Event => "event",
+            MessageKind::CapLease => "cap_lease",
+            MessageKind::QuarantineRelease => "quarantine_release",
+            MessageKind::Ack => "ack",
+            MessageKind::CduTelemetry => "cdu_telemetry",
+            MessageKind::CduState => "cdu_state",
+            MessageKind::Online => "online",
+        }
+    }
+
+    /// The topic family this kind is published on.
+    pub const fn family(self) -> Family {
+        match self {
+            MessageKind::HostTelemetry | MessageKind::CduTelemetry => Family::Telemetry,
+            MessageKind::HostHealth | MessageKind::CduState => Family::Health,
+            MessageKind::Event => Family::Event,
+            MessageKind::CapLease | MessageKind::QuarantineRelease => Family::Cmd,
+            MessageKind::Ack => Family::Ack,
+            MessageKind::Online => Family::Online,
+        }
+    }
+}
+
+/// Any message of the bus. In JSON: `{"kind": "<name>", "body": {...}}`
+/// (on the wire the kind is the frame's kind byte, see [`Frame`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "std",
+    derive(Serialize, Deserialize, schemars::JsonSchema),
+    serde(tag = "kind", content = "body", rename_all = "snake_case")
+)]
+#[allow(clippy::large_enum_variant)] // no allocator: the size is the point
+pub enum Message {
+    /// See [`HostTelemetry`].
+    HostTelemetry(HostTelemetry),
+    /// See [`HostHealth`].
+    HostHealth(HostHealth),
+    /// See [`Event`].
+    Event(Event),
+    /// See [`CapLease`].
+    CapLease(CapLease),
+    /// See [`QuarantineRelease`].
+    QuarantineRelease(QuarantineRelease),
+    /// See [`Ack`].
+    Ack(Ack),
+    /// See [`CduTelemetry`].
+    CduTelemetry(CduTelemetry),
+    /// See [`CduState`].
+    CduState(CduState),
+    /// See [`Online`].
+    Online(Online),
+}
+
+impl Message {
+    /// Its kind.
+    pub const fn kind(&self) -> MessageKind {
+        match self {
+            Message::HostTelemetry(_) => MessageKind::HostTelemetry,
+            Message::HostHealth(_) => MessageKind::HostHealth,
+            Message::Event(_) => MessageKind::Event,
+            Message::CapLease(_) => MessageKind::CapLease,
+            Message::QuarantineRelease(_) => MessageKind::QuarantineRelease,
+            Message::Ack(_) => MessageKind::Ack,
+            Message::CduTelemetry(_) => MessageKind::CduTelemetry,
+            Message::CduState(_) => MessageKind::CduState,
+            Message::Online(_) => MessageKind::Online,
+        }
+    }
+}
+
+/// A message with its header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    /// Who sent it.
+    pub sender: NodeId,
+    /// The sender's sequence number.
+    pub seq: u32,
+    /// When it was sent (or, for a logged event, when it happened).
+    pub time: TimestampMs,
+    /// The message.
+    pub message: Message,
+}
+
+#[derive(Serialize, Deserialize)]
+struct HeaderRest {
+    sender: NodeId,
+    seq: u32,
+    time: TimestampMs,
+}
+
+/// Why a frame could not be encoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EncodeError {
+    /// The buffer (or [`MAX_FRAME_LEN`]) is too small for this message.
+    TooLong,
+}
+
+impl fmt::Display for EncodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EncodeError::TooLong => write!(f, "frame does not fit the buffer or {MAX_FRAME_LEN} bytes"),
+        }
+    }
+}
+
+/// Why bytes were refused as a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DecodeError {
+    /// Fewer bytes than the smallest frame.
+    TooShort {
+        /// Bytes received.
+        len: usize,
+    },
+    /// More bytes than [`MAX_FRAME_LEN`].
+    TooLong {
+        /// Bytes received.
+        len: usize,
+    },
+    /// The CRC does not match: the frame was damaged or cut short.
+    BadCrc {
+        /// The CRC the frame carries.
+        carried: u32,
+        /// The CRC of the bytes received.
+        computed: u32,
+    },
+    /// A major version this reader does not speak.
+    UnsupportedVersion {
+        /// The frame's version.
+        found: Version,
+    },
+    /// A kind byte this reader does not know (a newer minor, or garbage).
+    UnknownKind {
+        /// The kind byte.
+        code: u8,
+    },
+    /// The header or body ended before its last field.
+    Truncated {
+        /// Which part: `"header"` or `"body"`.
+        part: &'static str,
+    },
+    /// The header or body holds an invalid value (a bad varint, an unknown
+    /// variant, a name that is not an ident, a percentage above 100, ...).
+    Malformed {
+        /// Which part: `"header"` or `"body"`.
+        part: &'static str,
+    },
+    /// Bytes left over after the body of a frame of this reader's version.
+    TrailingBytes {
+        /// How many.
+        count: usize,
+    },
+}
+
+impl fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DecodeError::TooShort { len } => {
+                write!(f, "frame of {len} bytes is shorter than the minimum of {MIN_FRAME_LEN}")
+            }
+            DecodeError::TooLong { len } => {
+                write!(f, "frame of {len} bytes is longer than the maximum of {MAX_FRAME_LEN}")
+            }
+            DecodeError::BadCrc { carried, computed } => write!(
+                f,
+                "CRC mismatch: frame carries {carried:#010x}, bytes give {computed:#010x} (damaged or cut short)"
+            ),
+            DecodeError::UnsupportedVersion { found } => write!(
+                f,
+                "protocol version {found} is not supported (this reader speaks {PROTOCOL})"
+            ),
+            DecodeError::UnknownKind { code } => write!(f, "unknown message kind {code}"),
+            DecodeError::Truncated { part } => write!(f, "frame {part} ends early"),
+            DecodeError::Malformed { part } => write!(f, "frame {part} holds an invalid value"),
+            DecodeError::TrailingBytes { count } => {
+                write!(f, "{count} unexpected bytes after the frame body")
+            }
+        }
+    }
+}
+
+#[cfg(feature = "std")]
+impl std::error::Error for DecodeError {}
+#[cfg(feature = "std")]
+impl std::error::Error for EncodeError {}
+
+fn put<T: Serialize + ?Sized>(value: &T, buf: &mut [u8], at: usize) -> Result<usize, EncodeError> {
+    let rest = buf.get_mut(at..).ok_or(EncodeError::TooLong)?;
+    let used = postcard::to_slice(value, rest).map_err(|_| EncodeError::TooLong)?;
+    Ok(at + used.len())
+}
+
+fn take<'a, T: Deserialize<'a>>(
+    bytes: &'a [u8],
+    part: &'static str,
+) -> Result<(T, &'a [u8]), DecodeError> {
+    postcard::take_from_bytes(bytes).map_err(|e| match e {
+        postcard::Error::DeserializeUnexpectedEnd => DecodeError::Truncated { part },
+        _ => DecodeError::Malformed { part },
+    })
+}
+
+impl Frame {
+    /// Encodes into `buf`; returns the frame's length.
+    pub fn encode(&self, buf: &mut [u8]) -> Result<usize, EncodeError> {
+        let limit = buf.len().min(MAX_FRAME_LEN);
+        let buf = &mut buf[..limit];
+        if buf.len() < 3 {
+            return Err(EncodeError::TooLong);
+        }
+        buf[0] = PROTOCOL.major;
+        buf[1] = PROTOCOL.minor;
+        buf[2] = self.message.kind() as u8;
+        let header = HeaderRest {
+            sender: self.sender.clone(),
+            seq: self.seq,
+            time: self.time,
+        };
+        let mut at = put(&header, buf, 3)?;
+        at = match &self.message {
+            Message::HostTelemetry(m) => put(m, buf, at)?,
+            Message::HostHealth(m) => put(m, buf, at)?,
+            Message::Event(m) => put(m, buf, at)?,
+            Message::CapLease(m) => put(m, buf, at)?,
+            Message::QuarantineRelease(m) => put(m, buf, at)?,
+            Message::Ack(m) => put(m, buf, at)?,
+            Message::CduTelemetry(m) => put(m, buf, at)?,
+            Message::CduState(m) => put(m, buf, at)?,
+            Message::Online(m) => put(m, buf, at)?,
+        };
+        let crc = CRC32.checksum(&buf[..at]).to_le_bytes();
+        buf.get_mut(at..at + 4)
+            .ok_or(EncodeError::TooLong)?
+            .copy_from_slice(&crc);
+        Ok(at + 4)
+    }
+
+    /// Encodes into a new vector.
+    #[cfg(feature = "std")]
+    pub fn to_vec(&self) -> Result<std::vec::Vec<u8>, EncodeError> {
+        let mut buf = std::vec![0u8; MAX_FRAME_LEN];
+        let len = self.encode(&mut buf)?;
+        buf.truncate(len);
+        Ok(buf)
+    }
+
+    /// The frame's version, if `bytes` are long enough to hold one. Says
+    /// nothing of the frame's integrity.
+    pub fn peek_version(bytes: &[u8]) -> Option<Version> {
+        Some(Version {
+            major: *bytes.first()?,
+            minor: *bytes.get(1)?,
+        })
+    }
+
+    /// Decodes and checks a frame.
+    pub fn decode(bytes: &[u8]) -> Result<Frame, DecodeError> {
+        let len = bytes.len();
+        if len < MIN_FRAME_LEN {
+            return Err(DecodeError::TooShort { len });
+        }
+        if len > MAX_FRAME_LEN {
+            return Err(DecodeError::TooLong { len });
+        }
+        let (content, crc_bytes) = bytes.split_at(len - 4);
+        let carried = u32::from_le_bytes([crc_bytes[0], crc_bytes[1], crc_bytes[2], crc_bytes[3]]);
+        let computed = CRC32.checksum(content);
+        if carried != computed {
+            return Err(DecodeError::BadCrc { carried, computed });
+        }
+        let found = Version {
+            major: content[0],
+            minor: content[1],
+        };
+        if found.major != PROTOCOL.major {
+            return Err(DecodeError::UnsupportedVersion { found });
+        }
+        let kind = MessageKind::from_code(content[2])
+            .ok_or(DecodeError::UnknownKind { code: content[2] })?;
+        let (header, body): (HeaderRest, _) = take(&content[3..], "header")?;
+        let (message, rest) = match kind {
+            MessageKind::HostTelemetry => {
+                take(body, "body").map(|(m, r)| (Message::HostTelemetry(m), r))?
+            }
+            MessageKind::HostHealth => take(body, "body").map(|(m, r)| (Message::HostHealth(m), r))?,
+            MessageKind::Event => take(body, "body").map(|(m, r)| (Message::Event(m), r))?,
+            MessageKind::CapLease => take(body, "body").map(|(m, r)| (Message::CapLease(m), r))?,
+            MessageKind::QuarantineRelease => {
+                take(body, "body").map(|(m, r)| (Message::QuarantineRelease(m), r))?
+            }
+            MessageKind::Ack => take(body, "body").map(|(m, r)| (Message::Ack(m), r))?,
+            MessageKind::CduTelemetry => {
+                take(body, "body").map(|(m, r)| (Message::CduTelemetry(m), r))?
+            }
+            MessageKind::CduState => take(body, "body").map(|(m, r)| (Message::CduState(m), r))?,
+            MessageKind::Online => take(body, "body").map(|(m, r)| (Message::Online(m), r))?,
+        };
+        if !rest.is_empty() && found.minor <= PROTOCOL.minor {
+            return Err(DecodeError::TrailingBytes { count: rest.len() });
+        }
+        Ok(Frame {
+            sender: header.sender,
+            seq: header.seq,
+            time: header.time,
+            message,
+        })
+    }
+}

@@ -1,0 +1,169 @@
+//! The JSON form of frames, for facility subscribers (BMS, DCIM, Telegraf,
+//! Home Assistant) and for people, and a JSON Schema per message kind.
+//!
+//! ```json
+//! {"protocol":"1.0","sender":{"role":"host","id":"h07"},"seq":42,"time_ms":1764450000000,
+//!  "kind":"host_telemetry","body":{...}}
+//! ```
+//!
+//! Units are plain numbers in their natural unit (°C, W, L/min, %, kPa, ms),
+//! flag sets are lists of names and reasons are names (`xid-79`).
+//! The committed schemas live in `docs/schemas/<kind>.json`.
+
+use std::format;
+use std::string::{String, ToString};
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::frame::{Frame, Message, MessageKind, Version, PROTOCOL};
+use crate::ids::NodeId;
+use crate::message::{
+    Ack, CapLease, CduState, CduTelemetry, Event, HostHealth, HostTelemetry, Online,
+    QuarantineRelease,
+};
+use crate::units::TimestampMs;
+
+#[derive(Serialize, Deserialize)]
+struct JsonFrame {
+    protocol: String,
+    sender: NodeId,
+    seq: u32,
+    time_ms: TimestampMs,
+    #[serde(flatten)]
+    message: Message,
+}
+
+/// The envelope of one kind, for its schema.
+#[derive(JsonSchema)]
+#[allow(dead_code)]
+struct Envelope<T> {
+    /// The sender's protocol version, `major.minor`.
+    protocol: String,
+    /// Who sent it.
+    sender: NodeId,
+    /// The sender's sequence number.
+    seq: u32,
+    /// When it was sent, ms since the Unix epoch (or since boot, see `online`).
+    time_ms: TimestampMs,
+    /// The message kind.
+    kind: String,
+    /// The message.
+    body: T,
+}
+
+/// Why JSON was refused as a frame.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum JsonError {
+    /// Not valid JSON for any message, or a value out of range.
+    Invalid(serde_json::Error),
+    /// The `protocol` field is not a version this reader speaks.
+    UnsupportedVersion(String),
+}
+
+impl core::fmt::Display for JsonError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            JsonError::Invalid(e) => write!(f, "invalid frame JSON: {e}"),
+            JsonError::UnsupportedVersion(v) => {
+                write!(f, "protocol version {v:?} is not supported (this reader speaks {PROTOCOL})")
+            }
+        }
+    }
+}
+
+impl std::error::Error for JsonError {}
+
+fn parse_version(s: &str) -> Option<Version> {
+    let (major, minor) = s.split_once('.')?;
+    Some(Version {
+        major: major.parse().ok()?,
+        minor: minor.parse().ok()?,
+    })
+}
+
+impl Frame {
+    /// The frame as one line of JSON.
+    pub fn to_json(&self) -> String {
+        let json = JsonFrame {
+            protocol: PROTOCOL.to_string(),
+            sender: self.sender.clone(),
+            seq: self.seq,
+            time_ms: self.time,
+            message: self.message.clone(),
+        };
+        // Every field serialises infallibly: no maps with non-string keys, no
+        // non-finite floats (units are integers underneath).
+        serde_json::to_string(&json).expect("frame JSON serialisation cannot fail")
+    }
+
+    /// A frame from its JSON form.
+    pub fn from_json(s: &str) -> Result<Frame, JsonError> {
+        let json: JsonFrame = serde_json::from_str(s).map_err(JsonError::Invalid)?;
+        match parse_version(&json.protocol) {
+            Some(v) if v.major == PROTOCOL.major => {}
+            _ => return Err(JsonError::UnsupportedVersion(json.protocol)),
+        }
+        Ok(Frame {
+            sender: json.sender,
+            seq: json.seq,
+            time: json.time_ms,
+            message: json.message,
+        })
+    }
+}
+
+fn envelope_schema<T: JsonSchema>(kind: MessageKind) -> serde_json::Value {
+    let mut schema = schemars::generate::SchemaSettings::draft2020_12()
+        .into_generator()
+        .into_root_schema_for::<Envelope<T>>()
+        .to_value();
+    let obj = schema.as_object_mut().expect("a struct's schema is an object");
+    obj.insert("title".into(), format!("Loopwarden {} frame", kind.name()).into());
+    obj.insert(
+        "description".into(),
+        format!(
+            "JSON mirror of a {} frame, published on dc/v1/<site>/json/<host|cdu>/<id>/{}",
+            kind.name(),
+            kind.family().as_str()
+        )
+        .into(),
+    );
+    let props = obj
+        .get_mut("properties")
+        .and_then(|p| p.as_object_mut())
+        .expect("a struct's schema has properties");
+    props.insert("kind".into(), serde_json::json!({ "const": kind.name() }));
+    props.insert(
+        "protocol".into(),
+        serde_json::json!({
+            "type": "string",
+            "pattern": format!("^{}\\.[0-9]+$", PROTOCOL.major),
+            "description": "the sender's protocol version, major.minor",
+        }),
+    );
+    schema
+}
+
+/// The JSON Schema (draft 2020-12) of the JSON form of a frame of `kind`.
+pub fn schema(kind: MessageKind) -> serde_json::Value {
+    match kind {
+        MessageKind::HostTelemetry => envelope_schema::<HostTelemetry>(kind),
+        MessageKind::HostHealth => envelope_schema::<HostHealth>(kind),
+        MessageKind::Event => envelope_schema::<Event>(kind),
+        MessageKind::CapLease => envelope_schema::<CapLease>(kind),
+        MessageKind::QuarantineRelease => envelope_schema::<QuarantineRelease>(kind),
+        MessageKind::Ack => envelope_schema::<Ack>(kind),
+        MessageKind::CduTelemetry => envelope_schema::<CduTelemetry>(kind),
+        MessageKind::CduState => envelope_schema::<CduState>(kind),
+        MessageKind::Online => envelope_schema::<Online>(kind),
+    }
+}
+
+/// The schema as committed: pretty-printed with a final newline.
+pub fn schema_text(kind: MessageKind) -> String {
+    let mut s = serde_json::to_string_pretty(&schema(kind)).expect("a schema serialises");
+    s.push('\n');
+    s
+}

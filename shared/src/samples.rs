@@ -1,0 +1,216 @@
+//! One representative frame of every message kind: the examples of
+//! `docs/bus.md`, the golden-byte fixtures of the tests and the input of the
+//! benchmarks. The values are those of a busy H200 host on 32 °C water.
+
+use heapless::Vec;
+
+use crate::frame::{Frame, Message, MessageKind};
+use crate::ids::{GpuIndex, Ident, NodeId, RackIndex, Role, Text};
+use crate::message::*;
+use crate::reason::ReasonCode;
+use crate::units::*;
+
+/// 2026-11-29 12:00:00 UTC.
+pub const T0: TimestampMs = TimestampMs(1_795_953_600_000);
+
+fn node(role: Role, id: &str) -> NodeId {
+    NodeId::new(role, id).expect("sample names are idents")
+}
+
+fn gpu(i: u8) -> GpuIndex {
+    GpuIndex::new(i).expect("sample GPU indices are below 16")
+}
+
+fn rack(i: u8) -> RackIndex {
+    RackIndex::new(i).expect("sample rack indices are below 16")
+}
+
+fn pct(p: u8) -> Percent {
+    Percent::new(p).expect("sample percentages are at most 100")
+}
+
+fn c(v: f64) -> Celsius {
+    Celsius::new(v).expect("sample temperatures fit")
+}
+
+/// One GPU of a host at full load: the sample behind the 8-GPU frame size.
+pub fn gpu_at_load(i: u8) -> GpuTelemetry {
+    let i16 = i as u16;
+    let i32 = i as u32;
+    GpuTelemetry {
+        gpu: gpu(i),
+        flags: GpuFlags::RESPONSIVE | GpuFlags::ECC_ENABLED,
+        unsupported: Unsupported::empty(),
+        temp: WholeCelsius(61 + i % 4),
+        mem_temp: WholeCelsius(58 + i % 3),
+        power: Watts(655 + i32 * 3),
+        power_limit: Watts(700),
+        sm_clock: MegaHertz(1980),
+        mem_clock: MegaHertz(2619),
+        util: pct(98),
+        throttle: ThrottleReasons::SW_POWER_CAP,
+        ecc: EccCounts {
+            sbe_volatile: i32 % 3,
+            dbe_volatile: 0,
+            sbe_aggregate: 12 + i32,
+            dbe_aggregate: 0,
+        },
+        repair: MemoryRepair {
+            retired_sbe: 0,
+            retired_dbe: 0,
+            remap_correctable: i16 % 2,
+            remap_uncorrectable: 0,
+        },
+        pcie_replay: 20 + i32 * 5,
+        nvlink: NvlinkErrors {
+            crc: 30 + i32 * 7,
+            replay: 0,
+            recovery: 0,
+        },
+    }
+}
+
+/// An 8-GPU host at full load.
+pub fn host_telemetry(gpus: u8) -> HostTelemetry {
+    HostTelemetry {
+        gpus: (0..gpus.min(16)).map(gpu_at_load).collect(),
+    }
+}
+
+/// The message of `kind` used in the docs and the golden fixtures.
+pub fn message(kind: MessageKind) -> Message {
+    match kind {
+        MessageKind::HostTelemetry => Message::HostTelemetry(host_telemetry(8)),
+        MessageKind::HostHealth => Message::HostHealth(HostHealth {
+            gpus: (0..8)
+                .map(|i| match i {
+                    3 => GpuHealth {
+                        gpu: gpu(3),
+                        state: HealthState::Quarantined,
+                        reason: ReasonCode::xid(79).expect("79 is an XID"),
+                        since: TimestampMs(T0.0 - 7_340),
+                        evidence: Text::truncated("XID 79 (fallen off the bus) at 11:59:52.660"),
+                    },
+                    5 => GpuHealth {
+                        gpu: gpu(5),
+                        state: HealthState::Degraded,
+                        reason: ReasonCode::REMAP_PENDING,
+                        since: TimestampMs(T0.0 - 60_000),
+                        evidence: Text::truncated("row remap pending since 11:59:00: reset at next drain"),
+                    },
+                    _ => GpuHealth {
+                        gpu: gpu(i),
+                        state: HealthState::Healthy,
+                        reason: ReasonCode::OK,
+                        since: TimestampMs(T0.0 - 3_600_000),
+                        evidence: Text::default(),
+                    },
+                })
+                .collect(),
+        }),
+        MessageKind::Event => Message::Event(Event::Xid { gpu: gpu(3), xid: 79 }),
+        MessageKind::CapLease => Message::CapLease(CapLease {
+            lease: 17,
+            source: CapSource::Cooling,
+            reason: ReasonCode::CAPACITY_SHORT,
+            caps: Vec::from_slice(&[
+                GpuCap { gpus: GpuSelector::All, limit: Watts(550) },
+                GpuCap { gpus: GpuSelector::Gpu(gpu(6)), limit: Watts(450) },
+            ])
+            .expect("two caps fit"),
+            duration: DurationMs(30_000),
+            auth: CommandAuth {
+                key_id: 1,
+                tag: [0x5a; 16],
+            },
+        }),
+        MessageKind::QuarantineRelease => Message::QuarantineRelease(QuarantineRelease {
+            gpu: gpu(3),
+            operator: Ident::new("jdoe").expect("an ident"),
+            note: Text::truncated("reseated after XID 79; field diag passed"),
+            auth: CommandAuth {
+                key_id: 1,
+                tag: [0xa5; 16],
+            },
+        }),
+        MessageKind::Ack => Message::Ack(Ack {
+            correlation: Correlation {
+                from: node(Role::Cdu, "cdu-a"),
+                seq: 1234,
+            },
+            code: AckCode::Clamped,
+            in_force: (0..8)
+                .map(|i| GpuCap {
+                    gpus: GpuSelector::Gpu(gpu(i)),
+                    limit: Watts(if i == 6 { 200 } else { 550 }),
+                })
+                .collect(),
+            detail: Text::truncated("GPU 6: 150 W is below its minimum 200 W; clamped to 200 W"),
+        }),
+        MessageKind::CduTelemetry => Message::CduTelemetry(CduTelemetry {
+            supply: Some(c(32.05)),
+            return_temp: Some(c(41.6)),
+            setpoint: c(32.0),
+            flow: Some(LitresPerMinute::new(172.8).expect("fits")),
+            diff_pressure: Some(KiloPascals::new(95.5).expect("fits")),
+            facility_supply: Some(c(28.9)),
+            ambient: Some(c(22.4)),
+            reservoir: Some(pct(81)),
+            pump_a: PumpStatus {
+                running: true,
+                command: pct(60),
+                feedback: Some(pct(59)),
+            },
+            pump_b: PumpStatus::default(),
+            racks: (0..4)
+                .map(|r| RackStatus {
+                    rack: rack(r),
+                    valve: pct(100),
+                    leak: false,
+                })
+                .collect(),
+            it_power: Some(Watts(108_400)),
+            cooling_power: Some(Watts(3_900)),
+            facility_power: Some(Watts(117_550)),
+            pue: Some(Pue::new(1.084).expect("fits")),
+        }),
+        MessageKind::CduState => Message::CduState(CduState {
+            mode: CduMode::Degraded,
+            reason: ReasonCode::CAPACITY_SHORT,
+            since: TimestampMs(T0.0 - 95_000),
+            setpoint: c(32.0),
+            supply: Some(c(33.4)),
+            flow_per_gpu: Some(LitresPerMinute::new(1.35).expect("fits")),
+            racks: (0..4)
+                .map(|r| RackState {
+                    rack: rack(r),
+                    cooling: if r == 2 { RackCooling::Lost } else { RackCooling::Normal },
+                })
+                .collect(),
+        }),
+        MessageKind::Online => Message::Online(Online {
+            online: true,
+            software: Text::truncated("0.1.0"),
+            started: TimestampMs(T0.0 - 86_400_000),
+            clock: ClockSource::UnixEpoch,
+        }),
+    }
+}
+
+/// The frame of `kind` used in the docs and the golden fixtures: sent by
+/// host `h07` (or `cdu-a` for CDU kinds, `jdoe` for a release).
+pub fn frame(kind: MessageKind) -> Frame {
+    let sender = match kind {
+        MessageKind::CduTelemetry | MessageKind::CduState | MessageKind::CapLease => {
+            node(Role::Cdu, "cdu-a")
+        }
+        MessageKind::QuarantineRelease => node(Role::Operator, "jdoe"),
+        _ => node(Role::Host, "h07"),
+    };
+    Frame {
+        sender,
+        seq: 86_400 + kind as u32,
+        time: T0,
+        message: message(kind),
+    }
+}
