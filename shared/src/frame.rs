@@ -210,7 +210,9 @@ pub enum EncodeError {
 impl fmt::Display for EncodeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            EncodeError::TooLong => write!(f, "frame does not fit the buffer or {MAX_FRAME_LEN} bytes"),
+            EncodeError::TooLong => {
+                write!(f, "frame does not fit the buffer or {MAX_FRAME_LEN} bytes")
+            }
         }
     }
 }
@@ -394,7 +396,9 @@ impl Frame {
             MessageKind::HostTelemetry => {
                 take(body, "body").map(|(m, r)| (Message::HostTelemetry(m), r))?
             }
-            MessageKind::HostHealth => take(body, "body").map(|(m, r)| (Message::HostHealth(m), r))?,
+            MessageKind::HostHealth => {
+                take(body, "body").map(|(m, r)| (Message::HostHealth(m), r))?
+            }
             MessageKind::Event => take(body, "body").map(|(m, r)| (Message::Event(m), r))?,
             MessageKind::CapLease => take(body, "body").map(|(m, r)| (Message::CapLease(m), r))?,
             MessageKind::QuarantineRelease => {

@@ -67,7 +67,10 @@ impl core::fmt::Display for JsonError {
         match self {
             JsonError::Invalid(e) => write!(f, "invalid frame JSON: {e}"),
             JsonError::UnsupportedVersion(v) => {
-                write!(f, "protocol version {v:?} is not supported (this reader speaks {PROTOCOL})")
+                write!(
+                    f,
+                    "protocol version {v:?} is not supported (this reader speaks {PROTOCOL})"
+                )
             }
         }
     }
@@ -119,8 +122,13 @@ fn envelope_schema<T: JsonSchema>(kind: MessageKind) -> serde_json::Value {
         .into_generator()
         .into_root_schema_for::<Envelope<T>>()
         .to_value();
-    let obj = schema.as_object_mut().expect("a struct's schema is an object");
-    obj.insert("title".into(), format!("Loopwarden {} frame", kind.name()).into());
+    let obj = schema
+        .as_object_mut()
+        .expect("a struct's schema is an object");
+    obj.insert(
+        "title".into(),
+        format!("Loopwarden {} frame", kind.name()).into(),
+    );
     obj.insert(
         "description".into(),
         format!(

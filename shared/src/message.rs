@@ -27,8 +27,8 @@ use crate::flags::name_set;
 use crate::ids::{GpuIndex, Ident, NodeId, RackIndex, Text, MAX_GPUS, MAX_RACKS};
 use crate::reason::ReasonCode;
 use crate::units::{
-    Celsius, DurationMs, KiloPascals, LitresPerMinute, MegaHertz, Percent, Pue, TimestampMs,
-    Watts, WholeCelsius,
+    Celsius, DurationMs, KiloPascals, LitresPerMinute, MegaHertz, Percent, Pue, TimestampMs, Watts,
+    WholeCelsius,
 };
 
 /// Longest evidence sentence of a health state, in bytes.
@@ -187,7 +187,10 @@ pub struct GpuTelemetry {
 #[cfg_attr(feature = "std", derive(schemars::JsonSchema))]
 pub struct HostTelemetry {
     /// Up to 16 GPUs, in index order.
-    #[cfg_attr(feature = "std", schemars(with = "std::vec::Vec<GpuTelemetry>", length(max = 16)))]
+    #[cfg_attr(
+        feature = "std",
+        schemars(with = "std::vec::Vec<GpuTelemetry>", length(max = 16))
+    )]
     pub gpus: Vec<GpuTelemetry, MAX_GPUS>,
 }
 
@@ -227,7 +230,10 @@ pub struct GpuHealth {
 #[cfg_attr(feature = "std", derive(schemars::JsonSchema))]
 pub struct HostHealth {
     /// Up to 16 GPUs, in index order.
-    #[cfg_attr(feature = "std", schemars(with = "std::vec::Vec<GpuHealth>", length(max = 16)))]
+    #[cfg_attr(
+        feature = "std",
+        schemars(with = "std::vec::Vec<GpuHealth>", length(max = 16))
+    )]
     pub gpus: Vec<GpuHealth, MAX_GPUS>,
 }
 
@@ -458,7 +464,10 @@ pub struct CapLease {
     /// Why.
     pub reason: ReasonCode,
     /// The caps, per GPU or for all.
-    #[cfg_attr(feature = "std", schemars(with = "std::vec::Vec<GpuCap>", length(max = 16)))]
+    #[cfg_attr(
+        feature = "std",
+        schemars(with = "std::vec::Vec<GpuCap>", length(max = 16))
+    )]
     pub caps: Vec<GpuCap, MAX_GPUS>,
     /// How long the lease holds from the frame's timestamp.
     pub duration: DurationMs,
@@ -526,7 +535,10 @@ pub struct Ack {
     /// The outcome.
     pub code: AckCode,
     /// The power limits in force after the command, read back from the GPUs.
-    #[cfg_attr(feature = "std", schemars(with = "std::vec::Vec<GpuCap>", length(max = 16)))]
+    #[cfg_attr(
+        feature = "std",
+        schemars(with = "std::vec::Vec<GpuCap>", length(max = 16))
+    )]
     pub in_force: Vec<GpuCap, MAX_GPUS>,
     /// What went wrong, in words, when `code` is not `ok`.
     pub detail: Text<NOTE_MAX>,
@@ -584,7 +596,10 @@ pub struct CduTelemetry {
     /// Pump B.
     pub pump_b: PumpStatus,
     /// Racks of the loop.
-    #[cfg_attr(feature = "std", schemars(with = "std::vec::Vec<RackStatus>", length(max = 16)))]
+    #[cfg_attr(
+        feature = "std",
+        schemars(with = "std::vec::Vec<RackStatus>", length(max = 16))
+    )]
     pub racks: Vec<RackStatus, MAX_RACKS>,
     /// IT power (meter).
     pub it_power: Option<Watts>,
@@ -635,7 +650,10 @@ pub struct CduState {
     /// Flow per GPU, if known.
     pub flow_per_gpu: Option<LitresPerMinute>,
     /// Per-rack cooling.
-    #[cfg_attr(feature = "std", schemars(with = "std::vec::Vec<RackState>", length(max = 16)))]
+    #[cfg_attr(
+        feature = "std",
+        schemars(with = "std::vec::Vec<RackState>", length(max = 16))
+    )]
     pub racks: Vec<RackState, MAX_RACKS>,
 }
 

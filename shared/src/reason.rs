@@ -104,7 +104,10 @@ impl ReasonCode {
 
     /// The name of a named reason (not an XID, not an unknown code).
     pub fn name(self) -> Option<&'static str> {
-        Self::NAMED.iter().find(|(c, _)| *c == self).map(|(_, n)| *n)
+        Self::NAMED
+            .iter()
+            .find(|(c, _)| *c == self)
+            .map(|(_, n)| *n)
     }
 
     /// Parses a name as [`fmt::Display`] writes it.

@@ -96,7 +96,9 @@ pub fn message(kind: MessageKind) -> Message {
                         state: HealthState::Degraded,
                         reason: ReasonCode::REMAP_PENDING,
                         since: TimestampMs(T0.0 - 60_000),
-                        evidence: Text::truncated("row remap pending since 11:59:00: reset at next drain"),
+                        evidence: Text::truncated(
+                            "row remap pending since 11:59:00: reset at next drain",
+                        ),
                     },
                     _ => GpuHealth {
                         gpu: gpu(i),
@@ -108,14 +110,23 @@ pub fn message(kind: MessageKind) -> Message {
                 })
                 .collect(),
         }),
-        MessageKind::Event => Message::Event(Event::Xid { gpu: gpu(3), xid: 79 }),
+        MessageKind::Event => Message::Event(Event::Xid {
+            gpu: gpu(3),
+            xid: 79,
+        }),
         MessageKind::CapLease => Message::CapLease(CapLease {
             lease: 17,
             source: CapSource::Cooling,
             reason: ReasonCode::CAPACITY_SHORT,
             caps: Vec::from_slice(&[
-                GpuCap { gpus: GpuSelector::All, limit: Watts(550) },
-                GpuCap { gpus: GpuSelector::Gpu(gpu(6)), limit: Watts(450) },
+                GpuCap {
+                    gpus: GpuSelector::All,
+                    limit: Watts(550),
+                },
+                GpuCap {
+                    gpus: GpuSelector::Gpu(gpu(6)),
+                    limit: Watts(450),
+                },
             ])
             .expect("two caps fit"),
             duration: DurationMs(30_000),
@@ -184,7 +195,11 @@ pub fn message(kind: MessageKind) -> Message {
             racks: (0..4)
                 .map(|r| RackState {
                     rack: rack(r),
-                    cooling: if r == 2 { RackCooling::Lost } else { RackCooling::Normal },
+                    cooling: if r == 2 {
+                        RackCooling::Lost
+                    } else {
+                        RackCooling::Normal
+                    },
                 })
                 .collect(),
         }),

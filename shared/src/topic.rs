@@ -288,11 +288,26 @@ mod tests {
     fn refuses_what_is_not_ours() {
         assert_eq!(Topic::parse("foo/bar"), Err(TopicError::NotOurs));
         assert_eq!(Topic::parse("dc/v1/s/host/h1"), Err(TopicError::Shape));
-        assert_eq!(Topic::parse("dc/v1/s/host/h1/event/x"), Err(TopicError::Shape));
-        assert_eq!(Topic::parse("dc/v1/s/rack/h1/event"), Err(TopicError::UnknownRole));
-        assert_eq!(Topic::parse("dc/v1/s/host/h1/nope"), Err(TopicError::UnknownFamily));
-        assert!(matches!(Topic::parse("dc/v1/s/host/+/event"), Err(TopicError::BadName(_))));
-        assert!(matches!(Topic::parse("dc/v1//host/h/event"), Err(TopicError::BadName(_))));
+        assert_eq!(
+            Topic::parse("dc/v1/s/host/h1/event/x"),
+            Err(TopicError::Shape)
+        );
+        assert_eq!(
+            Topic::parse("dc/v1/s/rack/h1/event"),
+            Err(TopicError::UnknownRole)
+        );
+        assert_eq!(
+            Topic::parse("dc/v1/s/host/h1/nope"),
+            Err(TopicError::UnknownFamily)
+        );
+        assert!(matches!(
+            Topic::parse("dc/v1/s/host/+/event"),
+            Err(TopicError::BadName(_))
+        ));
+        assert!(matches!(
+            Topic::parse("dc/v1//host/h/event"),
+            Err(TopicError::BadName(_))
+        ));
     }
 
     #[test]
@@ -305,9 +320,14 @@ mod tests {
 
     #[test]
     fn filters() {
-        assert_eq!(filter::site_frames(&id("s")).unwrap().as_str(), "dc/v1/s/+/+/+");
         assert_eq!(
-            filter::family(&id("s"), Role::Host, Family::Telemetry).unwrap().as_str(),
+            filter::site_frames(&id("s")).unwrap().as_str(),
+            "dc/v1/s/+/+/+"
+        );
+        assert_eq!(
+            filter::family(&id("s"), Role::Host, Family::Telemetry)
+                .unwrap()
+                .as_str(),
             "dc/v1/s/host/+/telemetry"
         );
     }

@@ -209,7 +209,10 @@ mod tests {
             13, 31, 43, 45, 48, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95, 119, 120, 121, 140, 143,
             154,
         ] {
-            assert!(lookup(code).is_some(), "XID {code} missing from the catalog");
+            assert!(
+                lookup(code).is_some(),
+                "XID {code} missing from the catalog"
+            );
         }
         assert!(lookup(9999).is_none());
     }

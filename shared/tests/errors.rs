@@ -1,0 +1,173 @@
+//! Each way a frame can be wrong gets its own typed error.
+
+use loopwarden_protocol::{samples, DecodeError, Frame, MessageKind, Version, MAX_FRAME_LEN};
+
+fn with_crc(mut content: Vec<u8>) -> Vec<u8> {
+    let crc = crc::Crc::<u32>::new(&crc::CRC_32_ISO_HDLC).checksum(&content);
+    content.extend_from_slice(&crc.to_le_bytes());
+    content
+}
+
+fn sample_bytes() -> Vec<u8> {
+    samples::frame(MessageKind::HostTelemetry).to_vec().unwrap()
+}
+
+#[test]
+fn bad_crc() {
+    let mut b = sample_bytes();
+    let last = b.len() - 1;
+    b[last] ^= 0xff;
+    assert!(matches!(Frame::decode(&b), Err(DecodeError::BadCrc { .. })));
+}
+
+#[test]
+fn unknown_kind() {
+    let mut b = sample_bytes();
+    b.truncate(b.len() - 4);
+    b[2] = 200;
+    assert_eq!(
+        Frame::decode(&with_crc(b)),
+        Err(DecodeError::UnknownKind { code: 200 })
+    );
+}
+
+#[test]
+fn newer_major_version() {
+    let mut b = sample_bytes();
+    b.truncate(b.len() - 4);
+    b[0] = 2;
+    assert_eq!(
+        Frame::decode(&with_crc(b)),
+        Err(DecodeError::UnsupportedVersion {
+            found: Version { major: 2, minor: 0 }
+        })
+    );
+}
+
+#[test]
+fn truncated_body_with_recomputed_crc() {
+    let mut b = sample_bytes();
+    b.truncate(b.len() - 4 - 10);
+    assert_eq!(
+        Frame::decode(&with_crc(b)),
+        Err(DecodeError::Truncated { part: "body" })
+    );
+}
+
+#[test]
+fn truncated_frame_is_a_crc_or_length_error() {
+    let b = sample_bytes();
+    assert!(matches!(
+        Frame::decode(&b[..b.len() - 1]),
+        Err(DecodeError::BadCrc { .. })
+    ));
+    assert_eq!(
+        Frame::decode(&b[..5]),
+        Err(DecodeError::TooShort { len: 5 })
+    );
+    assert_eq!(Frame::decode(&[]), Err(DecodeError::TooShort { len: 0 }));
+}
+
+#[test]
+fn oversized_frame() {
+    let b = vec![0u8; MAX_FRAME_LEN + 1];
+    assert_eq!(
+        Frame::decode(&b),
+        Err(DecodeError::TooLong {
+            len: MAX_FRAME_LEN + 1
+        })
+    );
+}
+
+#[test]
+fn trailing_bytes_same_minor_refused_newer_minor_ignored() {
+    let mut b = sample_bytes();
+    b.truncate(b.len() - 4);
+    b.extend_from_slice(&[7, 7, 7]);
+    assert_eq!(
+        Frame::decode(&with_crc(b.clone())),
+        Err(DecodeError::TrailingBytes { count: 3 })
+    );
+    // A newer minor may append fields: the tail is ignored.
+    b[1] = 9;
+    let f = Frame::decode(&with_crc(b)).unwrap();
+    assert_eq!(f, samples::frame(MessageKind::HostTelemetry));
+}
+
+#[test]
+fn malformed_values_are_refused() {
+    // An event frame whose body is an Xid with GPU index 99.
+    let f = samples::frame(MessageKind::Event);
+    let mut b = f.to_vec().unwrap();
+    b.truncate(b.len() - 4);
+    let body_at = b.len() - 3; // variant 0, gpu 3, xid 79
+    assert_eq!(&b[body_at..], &[0, 3, 79]);
+    b[body_at + 1] = 99;
+    assert_eq!(
+        Frame::decode(&with_crc(b)),
+        Err(DecodeError::Malformed { part: "body" })
+    );
+}
+
+#[test]
+fn errors_say_what_was_wrong() {
+    let e = DecodeError::UnsupportedVersion {
+        found: Version { major: 2, minor: 1 },
+    };
+    assert_eq!(
+        e.to_string(),
+        "protocol version 2.1 is not supported (this reader speaks 1.0)"
+    );
+    let e = DecodeError::BadCrc {
+        carried: 1,
+        computed: 2,
+    };
+    assert!(e.to_string().contains("damaged or cut short"));
+}
+
+#[test]
+fn the_largest_messages_fit_a_frame() {
+    use loopwarden_protocol::message::*;
+    use loopwarden_protocol::*;
+    let long = "x".repeat(200);
+    let gpus = (0..16u8)
+        .map(|i| GpuHealth {
+            gpu: GpuIndex::new(i).unwrap(),
+            state: HealthState::Quarantined,
+            reason: ReasonCode(u16::MAX),
+            since: TimestampMs(u64::MAX),
+            evidence: Text::truncated(&long),
+        })
+        .collect();
+    let sender = NodeId::new(Role::Host, &"h".repeat(32)).unwrap();
+    let f = Frame {
+        sender: sender.clone(),
+        seq: u32::MAX,
+        time: TimestampMs(u64::MAX),
+        message: Message::HostHealth(HostHealth { gpus }),
+    };
+    let len = f.to_vec().unwrap().len();
+    assert!(len <= MAX_FRAME_LEN, "largest health frame is {len} bytes");
+    let mut t = samples::gpu_at_load(0);
+    t.ecc = EccCounts {
+        sbe_volatile: u32::MAX,
+        dbe_volatile: u32::MAX,
+        sbe_aggregate: u32::MAX,
+        dbe_aggregate: u32::MAX,
+    };
+    t.pcie_replay = u32::MAX;
+    t.power = Watts(u32::MAX);
+    let f = Frame {
+        sender,
+        seq: u32::MAX,
+        time: TimestampMs(u64::MAX),
+        message: Message::HostTelemetry(HostTelemetry {
+            gpus: (0..16).map(|_| t.clone()).collect(),
+        }),
+    };
+    let len = f.to_vec().unwrap().len();
+    assert!(
+        len <= MAX_FRAME_LEN,
+        "largest telemetry frame is {len} bytes"
+    );
+}

@@ -1,0 +1,76 @@
+//! Golden-byte fixtures: the exact bytes of one frame of every kind are
+//! committed in `tests/golden/<kind>.hex`, so any change of the wire format
+//! shows in review. Regenerate on purpose with `LOOPWARDEN_BLESS=1`, and
+//! bump the protocol version as `docs/bus.md` says.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use loopwarden_protocol::{samples, Frame, MessageKind};
+
+fn fixture_path(kind: MessageKind) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(format!("{}.hex", kind.name()))
+}
+
+fn to_hex(bytes: &[u8]) -> String {
+    let mut s = String::new();
+    for line in bytes.chunks(32) {
+        for b in line {
+            write!(s, "{b:02x}").unwrap();
+        }
+        s.push('\n');
+    }
+    s
+}
+
+fn from_hex(text: &str) -> Vec<u8> {
+    let digits: String = text.split_whitespace().collect();
+    assert!(digits.len() % 2 == 0, "odd number of hex digits");
+    (0..digits.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&digits[i..i + 2], 16).expect("hex digit"))
+        .collect()
+}
+
+#[test]
+fn every_kind_matches_its_golden_bytes() {
+    let bless = std::env::var_os("LOOPWARDEN_BLESS").is_some();
+    for kind in MessageKind::ALL {
+        let frame = samples::frame(kind);
+        let bytes = frame.to_vec().unwrap();
+        let path = fixture_path(kind);
+        if bless {
+            std::fs::write(&path, to_hex(&bytes)).unwrap();
+        }
+        let golden = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (run with LOOPWARDEN_BLESS=1)", path.display()));
+        let golden = from_hex(&golden);
+        assert_eq!(
+            to_hex(&bytes),
+            to_hex(&golden),
+            "{} encodes differently from {}",
+            kind.name(),
+            path.display()
+        );
+        assert_eq!(
+            Frame::decode(&golden).unwrap(),
+            frame,
+            "{} decodes differently",
+            kind.name()
+        );
+    }
+}
+
+#[test]
+fn golden_header_layout_is_as_documented() {
+    let bytes = samples::frame(MessageKind::Event).to_vec().unwrap();
+    assert_eq!(bytes[0], 1, "major version first");
+    assert_eq!(bytes[1], 0, "minor version second");
+    assert_eq!(bytes[2], MessageKind::Event as u8, "kind third");
+    // The trailing CRC is the zlib CRC-32 of everything before it.
+    let (content, crc) = bytes.split_at(bytes.len() - 4);
+    let expect = crc::Crc::<u32>::new(&crc::CRC_32_ISO_HDLC).checksum(content);
+    assert_eq!(crc, expect.to_le_bytes());
+}
