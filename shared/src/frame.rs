@@ -293,10 +293,8 @@ impl fmt::Display for DecodeError {
     }
 }
 
-#[cfg(feature = "std")]
-impl std::error::Error for DecodeError {}
-#[cfg(feature = "std")]
-impl std::error::Error for EncodeError {}
+impl core::error::Error for DecodeError {}
+impl core::error::Error for EncodeError {}
 
 fn put<T: Serialize + ?Sized>(value: &T, buf: &mut [u8], at: usize) -> Result<usize, EncodeError> {
     let rest = buf.get_mut(at..).ok_or(EncodeError::TooLong)?;

@@ -46,6 +46,8 @@ impl fmt::Display for IdentError {
     }
 }
 
+impl core::error::Error for IdentError {}
+
 /// A validated name usable as a topic level (see the module note).
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Ident(heapless::String<IDENT_MAX>);
@@ -176,7 +178,7 @@ impl fmt::Display for NodeId {
     }
 }
 
-/// A GPU's NVML index on its host, below [`MAX_GPUS`].
+/// A GPU's NVML index on its host, 0 to 15.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(transparent)]
 #[cfg_attr(feature = "std", derive(schemars::JsonSchema))]
@@ -211,7 +213,7 @@ impl fmt::Display for GpuIndex {
     }
 }
 
-/// A rack served by a CDU, numbered from 0 below [`MAX_RACKS`].
+/// A rack served by a CDU, numbered from 0 to 15.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(transparent)]
 #[cfg_attr(feature = "std", derive(schemars::JsonSchema))]

@@ -133,6 +133,8 @@ impl fmt::Display for TopicError {
     }
 }
 
+impl core::error::Error for TopicError {}
+
 /// A parsed topic.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Topic {

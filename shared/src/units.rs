@@ -32,6 +32,8 @@ impl fmt::Display for OutOfRange {
     }
 }
 
+impl core::error::Error for OutOfRange {}
+
 /// Rounds half away from zero without `std` (core has no `f64::round`).
 fn round_to_i64(v: f64) -> Option<i64> {
     if !v.is_finite() {
@@ -177,7 +179,7 @@ fixed_point_unit! {
 
 fixed_point_unit! {
     /// Power usage effectiveness (facility power ÷ IT power) in thousandths.
-    Pue(u16), scale = 1000, symbol = ""
+    Pue(u16), scale = 1000, symbol = "PUE"
 }
 
 whole_unit! {

@@ -1,0 +1,89 @@
+//! Reconnect backoff: exponential with jitter, so a hall of agents that lost
+//! its broker does not reconnect in lock-step when it comes back (and so
+//! rumqttc, which retries at once, does not spin).
+//!
+//! Pure: the random source is passed in.
+
+use std::time::Duration;
+
+use rand::Rng;
+
+/// Exponential backoff with "equal jitter": each wait is between half and
+/// all of the current step, and the step doubles up to `max`.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    initial: Duration,
+    max: Duration,
+    step: Duration,
+}
+
+impl Backoff {
+    /// A backoff that starts at `initial` and never waits longer than `max`.
+    pub fn new(initial: Duration, max: Duration) -> Self {
+        let initial = initial.max(Duration::from_millis(1));
+        Self {
+            initial,
+            max: max.max(initial),
+            step: initial,
+        }
+    }
+
+    /// The next wait; doubles the step for the one after.
+    pub fn next_wait(&mut self, rng: &mut impl Rng) -> Duration {
+        let step = self.step;
+        self.step = (self.step * 2).min(self.max);
+        let half = step / 2;
+        let jitter_ms = rng.gen_range(0..=half.as_millis() as u64);
+        half + Duration::from_millis(jitter_ms)
+    }
+
+    /// Back to the first step (after a successful connection).
+    pub fn reset(&mut self) {
+        self.step = self.initial;
+    }
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self::new(Duration::from_millis(250), Duration::from_secs(30))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::rngs::StdRng;
+    use rand::SeedableRng;
+
+    #[test]
+    fn waits_grow_to_the_cap_within_jitter_bounds() {
+        let mut rng = StdRng::seed_from_u64(7);
+        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+        let mut step = Duration::from_millis(100);
+        for _ in 0..20 {
+            let w = b.next_wait(&mut rng);
+            assert!(
+                w >= step / 2 && w <= step,
+                "{w:?} outside [{:?}, {step:?}]",
+                step / 2
+            );
+            step = (step * 2).min(Duration::from_secs(2));
+        }
+        b.reset();
+        assert!(b.next_wait(&mut rng) <= Duration::from_millis(100));
+    }
+
+    #[test]
+    fn jitter_spreads_agents_apart() {
+        let waits: Vec<_> = (0..50)
+            .map(|seed| {
+                let mut rng = StdRng::seed_from_u64(seed);
+                let mut b = Backoff::new(Duration::from_secs(8), Duration::from_secs(8));
+                b.next_wait(&mut rng)
+            })
+            .collect();
+        let min = waits.iter().min().unwrap();
+        let max = waits.iter().max().unwrap();
+        assert!(*max - *min > Duration::from_secs(2), "{min:?}..{max:?}");
+    }
+}

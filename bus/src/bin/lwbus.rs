@@ -1,0 +1,208 @@
+//! `lwbus`: a field engineer's and integrator's window on the Loopwarden bus.
+//!
+//! - `lwbus broker`: run the embedded MQTT broker in the foreground.
+//! - `lwbus watch`: decode and print every frame of a site, one line each
+//!   (or as JSON with `--json`); with no `--broker`, start the embedded
+//!   broker and watch it.
+//! - `lwbus samples`: publish one frame of every message kind and its JSON
+//!   mirror, to check a facility subscriber or a dashboard end to end.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use loopwarden_bus::embedded::{EmbeddedBroker, DEFAULT_LISTEN};
+use loopwarden_bus::{now_ms, site_filter, BrokerAddr, Bus, BusConfig};
+use loopwarden_protocol::{samples, Family, Ident, Message, MessageKind, NodeId, Role, Topic};
+
+#[derive(Parser)]
+#[command(
+    name = "lwbus",
+    version,
+    about = "Watch and exercise the Loopwarden bus"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the embedded MQTT broker in the foreground.
+    Broker {
+        /// Address to listen on.
+        #[arg(long, default_value = DEFAULT_LISTEN)]
+        listen: SocketAddr,
+    },
+    /// Print every frame of a site as it passes.
+    Watch {
+        /// Broker address (host[:port]); without it, the embedded broker is
+        /// started on 127.0.0.1:1883 and watched.
+        #[arg(long)]
+        broker: Option<BrokerAddr>,
+        /// The site to watch.
+        #[arg(long, default_value = "lab")]
+        site: String,
+        /// Print each frame as one line of JSON instead of a summary.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Publish one frame of every message kind, and its JSON mirror.
+    Samples {
+        /// Broker address (host[:port]).
+        #[arg(long, default_value = "127.0.0.1:1883")]
+        broker: BrokerAddr,
+        /// The site to publish in.
+        #[arg(long, default_value = "lab")]
+        site: String,
+    },
+}
+
+fn summary(message: &Message) -> String {
+    match message {
+        Message::HostTelemetry(t) => {
+            let hottest = t.gpus.iter().map(|g| g.temp.0).max().unwrap_or(0);
+            let power: u32 = t.gpus.iter().map(|g| g.power.0).sum();
+            format!("{} GPUs, {power} W, hottest {hottest} °C", t.gpus.len())
+        }
+        Message::HostHealth(h) => h
+            .gpus
+            .iter()
+            .filter(|g| g.reason.0 != 0)
+            .map(|g| format!("GPU {} {:?} ({})", g.gpu.get(), g.state, g.reason))
+            .collect::<Vec<_>>()
+            .join(", "),
+        Message::CduTelemetry(c) => format!(
+            "supply {} setpoint {} flow {}",
+            c.supply.map(|t| t.to_string()).unwrap_or("lost".into()),
+            c.setpoint,
+            c.flow.map(|f| f.to_string()).unwrap_or("lost".into())
+        ),
+        Message::CduState(s) => format!("{:?} ({})", s.mode, s.reason),
+        Message::Online(o) => format!("online={} software {}", o.online, o.software),
+        other => format!("{other:?}"),
+    }
+}
+
+async fn watch(broker: BrokerAddr, site: Ident, json: bool) -> Result<()> {
+    let node = NodeId::new(Role::Operator, "lwbus-watch")?;
+    let mut config = BusConfig::new(broker.clone(), site.clone(), node);
+    config.client_id = format!("lwbus-watch-{}", std::process::id());
+    config.subscriptions.push(site_filter(&site));
+    let (bus, mut inbound, _task) = Bus::start(config);
+    if !bus.wait_connected(Duration::from_secs(10)).await {
+        eprintln!("lwbus: not connected to {broker} yet; still trying");
+    }
+    eprintln!("lwbus: watching site {site} on {broker} (Ctrl-C to stop)");
+    loop {
+        tokio::select! {
+            msg = inbound.recv() => {
+                let Some(msg) = msg else { break };
+                if json {
+                    println!("{}", msg.frame.to_json());
+                } else {
+                    println!(
+                        "{:>13} {:<28} seq {:<8} {:<18} {}",
+                        msg.frame.time.0,
+                        format!("{}/{}/{}", msg.topic.role.as_str(), msg.topic.node, msg.topic.family.as_str()),
+                        msg.frame.seq,
+                        msg.frame.message.kind().name(),
+                        summary(&msg.frame.message)
+                    );
+                }
+            }
+            _ = tokio::signal::ctrl_c() => break,
+        }
+    }
+    let m = bus.metrics();
+    if m.dropped()
+        + m.rejected_bad_crc
+        + m.rejected_malformed
+        + m.rejected_version
+        + m.rejected_unknown_kind
+        > 0
+    {
+        eprintln!("lwbus: counters at exit:\n{m}");
+    }
+    Ok(())
+}
+
+async fn publish_samples(broker: BrokerAddr, site: Ident) -> Result<()> {
+    let host = NodeId::new(Role::Host, "h07")?;
+    let cdu = NodeId::new(Role::Cdu, "cdu-a")?;
+    let mut sent = 0;
+    for node in [host, cdu] {
+        let mut config = BusConfig::new(broker.clone(), site.clone(), node.clone());
+        config.client_id = format!("lwbus-samples-{}-{}", node.id, std::process::id());
+        let (bus, _inbound, task) = Bus::start(config);
+        if !bus.wait_connected(Duration::from_secs(10)).await {
+            bail!("cannot reach the broker at {broker}");
+        }
+        for kind in MessageKind::ALL {
+            let frame = samples::frame(kind);
+            if frame.sender.role != node.role && kind.family() != Family::Cmd {
+                continue;
+            }
+            let frame = loopwarden_protocol::Frame {
+                time: now_ms(),
+                ..frame
+            };
+            if kind.family() == Family::Cmd {
+                if node.role != Role::Host {
+                    continue;
+                }
+                // Commands go to the host's cmd topic, from the sample sender.
+                let topic = Topic::new(&site, Role::Host, &node.id, Family::Cmd);
+                bus.publish_frame(&topic, &frame)?;
+            } else {
+                let topic = Topic::new(&site, node.role, &node.id, kind.family());
+                bus.publish_frame(&topic, &frame)?;
+                bus.publish_json(&frame)?;
+            }
+            sent += 1;
+        }
+        bus.shutdown().await.context("disconnecting")?;
+        task.join(Duration::from_secs(5)).await;
+    }
+    eprintln!("lwbus: published {sent} sample frames to site {site} on {broker}");
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,loopwarden_bus=info".into()),
+        )
+        .init();
+    match Cli::parse().command {
+        Command::Broker { listen } => {
+            let broker = EmbeddedBroker::start(listen)?;
+            eprintln!(
+                "lwbus: embedded broker listening on {} (Ctrl-C to stop)",
+                broker.addr()
+            );
+            tokio::signal::ctrl_c().await?;
+            Ok(())
+        }
+        Command::Watch { broker, site, json } => {
+            let site = Ident::new(&site).map_err(|e| anyhow::anyhow!("--site: {e}"))?;
+            let (broker, _embedded) = match broker {
+                Some(b) => (b, None),
+                None => {
+                    let e = EmbeddedBroker::start(DEFAULT_LISTEN.parse()?)?;
+                    eprintln!("lwbus: no --broker given: embedded broker on {}", e.addr());
+                    (e.broker_addr(), Some(e))
+                }
+            };
+            watch(broker, site, json).await
+        }
+        Command::Samples { broker, site } => {
+            let site = Ident::new(&site).map_err(|e| anyhow::anyhow!("--site: {e}"))?;
+            publish_samples(broker, site).await
+        }
+    }
+}

@@ -1,0 +1,93 @@
+//! What the bus shell did and, above all, what it dropped and why.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use loopwarden_protocol::DecodeError;
+
+macro_rules! counters {
+    ($( $(#[$m:meta])* $name:ident, )+) => {
+        /// Live counters, shared between the bus task and its handles.
+        #[derive(Debug, Default)]
+        pub struct Metrics {
+            $( $(#[$m])* pub(crate) $name: AtomicU64, )+
+        }
+
+        /// A copy of the counters at one moment.
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+        pub struct MetricsSnapshot {
+            $( $(#[$m])* pub $name: u64, )+
+        }
+
+        impl Metrics {
+            /// Reads every counter.
+            pub fn snapshot(&self) -> MetricsSnapshot {
+                MetricsSnapshot { $( $name: self.$name.load(Ordering::Relaxed), )+ }
+            }
+        }
+
+        impl fmt::Display for MetricsSnapshot {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                $( writeln!(f, "{:<28} {}", stringify!($name), self.$name)?; )+
+                Ok(())
+            }
+        }
+    };
+}
+
+counters! {
+    /// Frames handed to the MQTT client.
+    published,
+    /// QoS 1 publishes the broker acknowledged.
+    acked,
+    /// Frames received and decoded.
+    received,
+    /// Connections established (the first one included).
+    connects,
+    /// Connections lost or refused.
+    connection_errors,
+    /// Telemetry dropped because the broker was unreachable (stale on arrival).
+    dropped_offline,
+    /// Publishes dropped because the outgoing queue was full.
+    dropped_queue_full,
+    /// Unacknowledged QoS 1 publishes dropped because more piled up during an
+    /// outage than the offline buffer holds (oldest first).
+    dropped_offline_overflow,
+    /// Received frames dropped because the agent did not take them in time.
+    dropped_inbound_full,
+    /// Received frames refused: bad CRC.
+    rejected_bad_crc,
+    /// Received frames refused: another major version.
+    rejected_version,
+    /// Received frames refused: unknown message kind.
+    rejected_unknown_kind,
+    /// Received frames refused: too short, too long, truncated, malformed.
+    rejected_malformed,
+    /// Received messages on a topic that is not ours.
+    rejected_topic,
+}
+
+impl Metrics {
+    pub(crate) fn add(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn rejected(&self, e: &DecodeError) {
+        Self::add(match e {
+            DecodeError::BadCrc { .. } => &self.rejected_bad_crc,
+            DecodeError::UnsupportedVersion { .. } => &self.rejected_version,
+            DecodeError::UnknownKind { .. } => &self.rejected_unknown_kind,
+            _ => &self.rejected_malformed,
+        });
+    }
+}
+
+impl MetricsSnapshot {
+    /// Everything dropped, for whatever reason.
+    pub fn dropped(&self) -> u64 {
+        self.dropped_offline
+            + self.dropped_queue_full
+            + self.dropped_offline_overflow
+            + self.dropped_inbound_full
+    }
+}

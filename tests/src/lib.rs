@@ -1,0 +1,450 @@
+//! # loopwarden-system-tests: the whole system against a real broker
+//!
+//! The harness of the tests in `tests/tests/`: a private `mosquitto` on a
+//! free loopback port per test, `mosquitto_sub`/`mosquitto_pub` as the
+//! third-party peers, a TCP proxy that cuts and restores a connection on
+//! command (fault injection without restarting the broker), and the
+//! skip-or-fail rule for missing tools.
+//!
+//! Glossary:
+//! - *peer tool*: a program nobody here wrote that checks our bytes
+//!   (`mosquitto_sub`, `mosquitto_pub`, Python's `jsonschema`).
+//! - *skip*: outside CI a test whose tool is missing says so and passes
+//!   without checking anything; with `CI=true` it fails instead.
+
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use loopwarden_bus::BrokerAddr;
+
+/// True when running under CI (`CI=true`), where missing tools are failures.
+pub fn in_ci() -> bool {
+    std::env::var("CI")
+        .map(|v| v == "true" || v == "1")
+        .unwrap_or(false)
+}
+
+/// Finds `tool` on the PATH. Outside CI a missing tool prints why the test
+/// is skipped and returns `None`; under CI it panics.
+pub fn require_tool(tool: &str) -> Option<PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")])
+            .map(|p| p.join(tool))
+            .find(|p| p.is_file())
+    });
+    if found.is_none() {
+        let why = format!("{tool} not found on PATH (install mosquitto and mosquitto-clients)");
+        if in_ci() {
+            panic!("{why}; CI=true, so this is a failure");
+        }
+        eprintln!("SKIP: {why}");
+    }
+    found
+}
+
+/// Python 3 with the `jsonschema` package, or `None` (skip) outside CI.
+pub fn require_python_jsonschema() -> Option<PathBuf> {
+    let python = require_tool("python3")?;
+    let ok = Command::new(&python)
+        .args(["-c", "import jsonschema"])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !ok {
+        let why = "python3 has no jsonschema module (pip install jsonschema)";
+        if in_ci() {
+            panic!("{why}; CI=true, so this is a failure");
+        }
+        eprintln!("SKIP: {why}");
+        return None;
+    }
+    Some(python)
+}
+
+/// A free TCP port on loopback (free when asked; a test binds it at once).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("an ephemeral port on loopback")
+}
+
+/// Waits until something accepts TCP connections on `addr`.
+pub fn wait_listening(addr: SocketAddr, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// A private mosquitto broker on a loopback port, stopped when dropped.
+pub struct Mosquitto {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Mosquitto {
+    /// Starts one, or `None` (skip) when mosquitto is not installed outside CI.
+    pub fn start() -> Option<Mosquitto> {
+        let bin = require_tool("mosquitto")?;
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let port = free_port();
+        let conf = dir.path().join("mosquitto.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nlog_dest stderr\nlog_type error\nlog_type warning\n"
+            ),
+        )
+        .expect("write mosquitto.conf");
+        let child = Command::new(bin)
+            .arg("-c")
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start mosquitto");
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        assert!(
+            wait_listening(addr, Duration::from_secs(10)),
+            "mosquitto did not listen on {addr}"
+        );
+        Some(Mosquitto {
+            child,
+            port,
+            _dir: dir,
+        })
+    }
+
+    /// Its port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Its address for the bus shell.
+    pub fn addr(&self) -> BrokerAddr {
+        BrokerAddr {
+            host: "127.0.0.1".into(),
+            port: self.port,
+        }
+    }
+}
+
+impl Drop for Mosquitto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One message as `mosquitto_sub -F '%r %t %x'` prints it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    /// The retain flag as delivered.
+    pub retained: bool,
+    /// The topic.
+    pub topic: String,
+    /// The payload.
+    pub payload: Vec<u8>,
+}
+
+/// Decodes lowercase or uppercase hex.
+pub fn from_hex(hex: &str) -> Vec<u8> {
+    (0..hex.len() / 2)
+        .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).expect("hex from mosquitto_sub"))
+        .collect()
+}
+
+/// A running `mosquitto_sub` whose output is read line by line.
+pub struct Subscriber {
+    child: Child,
+    lines: mpsc::Receiver<Seen>,
+    early: Vec<Seen>,
+}
+
+/// The probe topic a subscriber waits for to know its subscription is live.
+pub const PROBE_TOPIC: &str = "dc/v1/probe";
+
+impl Subscriber {
+    /// Subscribes to `filters` on `port` and returns once the subscription
+    /// is live (a probe published with `mosquitto_pub` came back).
+    pub fn start(port: u16, filters: &[&str]) -> Option<Subscriber> {
+        let bin = require_tool("mosquitto_sub")?;
+        let mut cmd = Command::new(bin);
+        cmd.args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "-q",
+            "1",
+            "-F",
+            "%r %t %x",
+        ]);
+        for f in filters.iter().chain([&PROBE_TOPIC]) {
+            cmd.args(["-t", f]);
+        }
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start mosquitto_sub");
+        let stdout: ChildStdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let mut parts = line.splitn(3, ' ');
+                let (Some(r), Some(t)) = (parts.next(), parts.next()) else {
+                    continue;
+                };
+                let payload = from_hex(parts.next().unwrap_or(""));
+                let seen = Seen {
+                    retained: r == "1",
+                    topic: t.to_string(),
+                    payload,
+                };
+                if tx.send(seen).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut sub = Subscriber {
+            child,
+            lines: rx,
+            early: Vec::new(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            publish_raw(port, PROBE_TOPIC, b"probe", false)?;
+            match sub.lines.recv_timeout(Duration::from_millis(300)) {
+                Ok(seen) if seen.topic == PROBE_TOPIC => break,
+                // Retained messages may arrive before the probe: keep them.
+                Ok(seen) => sub.early.push(seen),
+                Err(_) => {}
+            }
+            assert!(
+                Instant::now() < deadline,
+                "mosquitto_sub never received its probe"
+            );
+        }
+        // Drain late duplicates of the probe.
+        while sub
+            .lines
+            .recv_timeout(Duration::from_millis(100))
+            .is_ok_and(|s| s.topic == PROBE_TOPIC)
+        {}
+        Some(sub)
+    }
+
+    /// The next message, or `None` after `timeout`. Probes are skipped.
+    pub fn next(&mut self, timeout: Duration) -> Option<Seen> {
+        if !self.early.is_empty() {
+            return Some(self.early.remove(0));
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.checked_duration_since(Instant::now())?;
+            match self.lines.recv_timeout(left) {
+                Ok(s) if s.topic == PROBE_TOPIC => continue,
+                Ok(s) => return Some(s),
+                Err(_) => return None,
+            }
+        }
+    }
+
+    /// Collects messages until `done` says enough or `timeout` passes.
+    pub fn collect_until(
+        &mut self,
+        timeout: Duration,
+        mut done: impl FnMut(&[Seen]) -> bool,
+    ) -> Vec<Seen> {
+        let deadline = Instant::now() + timeout;
+        let mut seen = Vec::new();
+        while !done(&seen) {
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                break;
+            };
+            match self.next(left) {
+                Some(s) => seen.push(s),
+                None => break,
+            }
+        }
+        seen
+    }
+}
+
+impl Drop for Subscriber {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Reads the retained messages under `filters` (what a new subscriber gets
+/// at once), waiting `settle` for them to arrive.
+pub fn retained(port: u16, filters: &[&str], settle: Duration) -> Option<Vec<Seen>> {
+    let bin = require_tool("mosquitto_sub")?;
+    let mut cmd = Command::new(bin);
+    cmd.args([
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &port.to_string(),
+        "-F",
+        "%r %t %x",
+        "--retained-only",
+    ]);
+    cmd.args(["-W", &settle.as_secs().max(1).to_string()]);
+    for f in filters {
+        cmd.args(["-t", f]);
+    }
+    let out = cmd
+        .stderr(Stdio::null())
+        .output()
+        .expect("run mosquitto_sub");
+    Some(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|line| {
+                let mut parts = line.splitn(3, ' ');
+                Some(Seen {
+                    retained: parts.next()? == "1",
+                    topic: parts.next()?.to_string(),
+                    payload: from_hex(parts.next().unwrap_or("")),
+                })
+            })
+            .collect(),
+    )
+}
+
+/// Publishes `payload` with `mosquitto_pub` (QoS 1).
+pub fn publish_raw(port: u16, topic: &str, payload: &[u8], retain: bool) -> Option<()> {
+    let bin = require_tool("mosquitto_pub")?;
+    let file = tempfile::NamedTempFile::new().expect("a temporary file");
+    std::fs::write(file.path(), payload).expect("write payload");
+    let mut cmd = Command::new(bin);
+    cmd.args([
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &port.to_string(),
+        "-q",
+        "1",
+        "-t",
+        topic,
+        "-f",
+    ]);
+    cmd.arg(file.path());
+    if retain {
+        cmd.arg("-r");
+    }
+    let status = cmd.status().expect("run mosquitto_pub");
+    assert!(status.success(), "mosquitto_pub failed: {status}");
+    Some(())
+}
+
+/// The repository's root (for `docs/schemas/`).
+pub fn repo_root() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+/// A TCP proxy from a loopback port to `target` that can cut every
+/// connection and refuse new ones, then let them through again: a network
+/// outage between one client and the broker, with the broker itself up.
+pub struct CutProxy {
+    port: u16,
+    open: Arc<AtomicBool>,
+    generation: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl CutProxy {
+    /// Starts forwarding.
+    pub fn start(target: SocketAddr) -> CutProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
+        let port = listener.local_addr().expect("proxy address").port();
+        let open = Arc::new(AtomicBool::new(true));
+        let generation = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (o, g) = (open.clone(), generation.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                if !o.load(Ordering::SeqCst) {
+                    drop(client); // refused: closed at once
+                    continue;
+                }
+                let Ok(server) = TcpStream::connect(target) else {
+                    continue;
+                };
+                let gen_at_start = g.load(Ordering::SeqCst);
+                for (mut from, mut to) in [
+                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                    (server.try_clone().unwrap(), client.try_clone().unwrap()),
+                ] {
+                    let g = g.clone();
+                    std::thread::spawn(move || {
+                        from.set_read_timeout(Some(Duration::from_millis(50))).ok();
+                        let mut buf = [0u8; 16 * 1024];
+                        loop {
+                            if g.load(Ordering::SeqCst) != gen_at_start {
+                                break;
+                            }
+                            match std::io::Read::read(&mut from, &mut buf) {
+                                Ok(0) => break,
+                                Ok(n) => {
+                                    if std::io::Write::write_all(&mut to, &buf[..n]).is_err() {
+                                        break;
+                                    }
+                                }
+                                Err(e)
+                                    if matches!(
+                                        e.kind(),
+                                        std::io::ErrorKind::WouldBlock
+                                            | std::io::ErrorKind::TimedOut
+                                    ) => {}
+                                Err(_) => break,
+                            }
+                        }
+                        let _ = from.shutdown(std::net::Shutdown::Both);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        CutProxy {
+            port,
+            open,
+            generation,
+        }
+    }
+
+    /// Where clients connect.
+    pub fn addr(&self) -> BrokerAddr {
+        BrokerAddr {
+            host: "127.0.0.1".into(),
+            port: self.port,
+        }
+    }
+
+    /// Cuts every connection and refuses new ones.
+    pub fn cut(&self) {
+        self.open.store(false, Ordering::SeqCst);
+        self.generation.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Lets connections through again.
+    pub fn restore(&self) {
+        self.open.store(true, Ordering::SeqCst);
+    }
+}
