@@ -24,7 +24,7 @@ use loopwarden_protocol::{
 use rand::SeedableRng;
 use rumqttc::{
     AsyncClient, ClientError, ConnectionError, Event, EventLoop, LastWill, MqttOptions, Outgoing,
-    Packet, QoS, Request,
+    Packet, QoS, Request, SubscribeReasonCode,
 };
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -219,12 +219,13 @@ impl Bus {
         self.shared.metrics.snapshot()
     }
 
-    /// Connected to the broker now.
+    /// Connected to the broker now, with every subscription in place.
     pub fn is_connected(&self) -> bool {
         self.shared.connected.load(Ordering::Relaxed)
     }
 
-    /// Waits until connected, at most `timeout`. True if connected.
+    /// Waits until connected with every subscription in place, at most
+    /// `timeout`. True if connected.
     pub async fn wait_connected(&self, timeout: Duration) -> bool {
         let mut rx = self.connected.clone();
         tokio::time::timeout(timeout, rx.wait_for(|c| *c))
@@ -353,6 +354,7 @@ async fn run(
     let mut rng = rand::rngs::StdRng::from_entropy();
     let mut kept: VecDeque<Request> = VecDeque::new();
     let mut errors_in_a_row = 0u32;
+    let mut awaiting_subacks = 0usize;
     let mut subscriptions: Vec<String> = cfg.subscriptions.clone();
     if let Ok(cmd) = shared
         .own_topic(Family::Cmd)
@@ -367,8 +369,13 @@ async fn run(
                 backoff.reset();
                 errors_in_a_row = 0;
                 Metrics::add(&m.connects);
-                shared.connected.store(true, Ordering::Relaxed);
-                let _ = connected.send(true);
+                // Ready once every subscription is acknowledged: a command
+                // sent to us after that reaches us.
+                awaiting_subacks = subscriptions.len();
+                if awaiting_subacks == 0 {
+                    shared.connected.store(true, Ordering::Relaxed);
+                    let _ = connected.send(true);
+                }
                 // What was kept from the last connection goes first, in order.
                 for request in kept.drain(..).rev() {
                     eventloop.pending.push_front(request);
@@ -415,6 +422,22 @@ async fn run(
                 }
             }
             Ok(Event::Incoming(Packet::PubAck(_))) => Metrics::add(&m.acked),
+            Ok(Event::Incoming(Packet::SubAck(ack))) => {
+                if ack
+                    .return_codes
+                    .iter()
+                    .any(|c| matches!(c, SubscribeReasonCode::Failure))
+                {
+                    warn!(pkid = ack.pkid, "the broker refused a subscription");
+                }
+                if awaiting_subacks > 0 {
+                    awaiting_subacks -= 1;
+                    if awaiting_subacks == 0 {
+                        shared.connected.store(true, Ordering::Relaxed);
+                        let _ = connected.send(true);
+                    }
+                }
+            }
             Ok(Event::Outgoing(Outgoing::Disconnect)) => {
                 info!("disconnected from the broker on request");
                 shared.connected.store(false, Ordering::Relaxed);

@@ -1,0 +1,88 @@
+//! Presence through a real mosquitto: a host that is killed (SIGKILL) is
+//! declared gone by the broker through its last will, retained; a host that
+//! leaves cleanly says so itself and leaves no will behind.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use loopwarden_bus::{Bus, BusConfig};
+use loopwarden_protocol::{Frame, Ident, Message, NodeId, Role};
+use loopwarden_system_tests::{retained, Mosquitto, Subscriber};
+
+fn online_of(payload: &[u8]) -> bool {
+    match Frame::decode(payload).expect("a presence frame").message {
+        Message::Online(o) => o.online,
+        other => panic!("not a presence frame: {other:?}"),
+    }
+}
+
+#[test]
+fn killed_host_is_declared_gone_by_its_last_will() {
+    let Some(broker) = Mosquitto::start() else {
+        return;
+    };
+    let topic = "dc/v1/t-will/host/h09/online";
+    let Some(mut sub) = Subscriber::start(broker.port(), &[topic]) else {
+        return;
+    };
+
+    let mut peer = Command::new(env!("CARGO_BIN_EXE_bus-peer"))
+        .args([&format!("127.0.0.1:{}", broker.port()), "t-will", "h09"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start bus-peer");
+    let mut line = String::new();
+    BufReader::new(peer.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "connected");
+
+    let hello = sub.next(Duration::from_secs(10)).expect("online announced");
+    assert!(online_of(&hello.payload), "first presence is online");
+
+    // SIGKILL: no goodbye, no DISCONNECT; the socket dies with the process.
+    peer.kill().unwrap();
+    peer.wait().unwrap();
+    let will = sub
+        .next(Duration::from_secs(15))
+        .expect("the broker publishes the last will");
+    assert_eq!(will.topic, topic);
+    assert!(!online_of(&will.payload), "the will says offline");
+
+    // And it is retained: whoever looks later learns the host is gone.
+    let late = retained(broker.port(), &[topic], Duration::from_secs(1)).unwrap();
+    assert_eq!(late.len(), 1, "{late:?}");
+    assert!(late[0].retained && !online_of(&late[0].payload));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clean_shutdown_says_goodbye_once() {
+    let Some(broker) = Mosquitto::start() else {
+        return;
+    };
+    let topic = "dc/v1/t-bye/cdu/cdu-b/online";
+    let Some(mut sub) = Subscriber::start(broker.port(), &[topic]) else {
+        return;
+    };
+    let config = BusConfig::new(
+        broker.addr(),
+        Ident::new("t-bye").unwrap(),
+        NodeId::new(Role::Cdu, "cdu-b").unwrap(),
+    );
+    let (bus, _inbound, task) = Bus::start(config);
+    assert!(bus.wait_connected(Duration::from_secs(10)).await);
+    assert!(online_of(
+        &sub.next(Duration::from_secs(10)).unwrap().payload
+    ));
+    bus.shutdown().await.unwrap();
+    task.join(Duration::from_secs(5)).await;
+    let bye = sub
+        .next(Duration::from_secs(10))
+        .expect("goodbye published");
+    assert!(!online_of(&bye.payload));
+    // A clean disconnect fires no will: nothing more arrives.
+    assert_eq!(sub.next(Duration::from_secs(2)), None);
+    let late = retained(broker.port(), &[topic], Duration::from_secs(1)).unwrap();
+    assert!(late.len() == 1 && !online_of(&late[0].payload));
+}
