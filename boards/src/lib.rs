@@ -1,0 +1,181 @@
+//! # loopwarden-boards: hardware as data
+//!
+//! Board differences live here as TOML, not as code: the limits of each
+//! GPU model a node agent drives (`gpus/*.toml`), and, as they land, the
+//! Modbus register maps of CDU models, the pin maps of controller boards
+//! and the simulated hall (plant, twin GPUs, simulated CDU) that both agents
+//! are tested against behind the same traits as real hardware.
+//!
+//! Glossary:
+//! - *board definition*: one TOML file describing one model; unknown keys
+//!   and impossible values are refused with the file, line and reason.
+//! - *TDP*: the GPU's default power limit.
+//! - *cap*: a power limit set below the default; never below `min_cap_w`.
+
+#![warn(missing_docs)]
+
+use std::path::Path;
+
+use loopwarden_protocol::{Watts, WholeCelsius};
+use serde::Deserialize;
+
+/// Power limits of a GPU model.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuPower {
+    /// Default power limit.
+    pub tdp_w: Watts,
+    /// Lowest settable power limit.
+    pub min_cap_w: Watts,
+    /// Highest settable power limit.
+    pub max_cap_w: Watts,
+}
+
+/// Temperature limits of a GPU model.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuThermal {
+    /// Highest temperature for sustained operation.
+    pub max_operating_c: WholeCelsius,
+    /// Hardware slowdown threshold.
+    pub slowdown_c: WholeCelsius,
+    /// Hardware shutdown threshold.
+    pub shutdown_c: WholeCelsius,
+    /// Highest memory (HBM) operating temperature.
+    pub mem_max_c: WholeCelsius,
+}
+
+/// The definition of one GPU model.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuBoard {
+    /// Model name as operators write it (`H200-SXM`).
+    pub model: String,
+    /// Power limits.
+    pub power: GpuPower,
+    /// Temperature limits.
+    pub thermal: GpuThermal,
+}
+
+/// Why a board definition was refused.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BoardError {
+    /// The file could not be read.
+    #[error("{path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Not valid TOML, an unknown key, a missing key or a value of the wrong type.
+    #[error("{origin}: {message}")]
+    Syntax {
+        /// The file (or `<string>`).
+        origin: String,
+        /// The parser's message, with line and column.
+        message: String,
+    },
+    /// The values contradict each other.
+    #[error("{origin}: {message}")]
+    Invalid {
+        /// The file (or `<string>`).
+        origin: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+impl GpuBoard {
+    /// Parses and checks a definition; `origin` names it in errors.
+    pub fn from_toml(text: &str, origin: &str) -> Result<Self, BoardError> {
+        let board: GpuBoard = toml::from_str(text).map_err(|e| BoardError::Syntax {
+            origin: origin.to_string(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        board.check().map_err(|message| BoardError::Invalid {
+            origin: origin.to_string(),
+            message,
+        })?;
+        Ok(board)
+    }
+
+    /// Reads and checks a definition file.
+    pub fn load(path: &Path) -> Result<Self, BoardError> {
+        let text = std::fs::read_to_string(path).map_err(|source| BoardError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_toml(&text, &path.display().to_string())
+    }
+
+    /// A definition shipped with this crate, by model name (`H200-SXM`).
+    pub fn builtin(model: &str) -> Option<Self> {
+        BUILTIN_GPUS
+            .iter()
+            .map(|(name, text)| Self::from_toml(text, name).expect("shipped boards are valid"))
+            .find(|b| b.model.eq_ignore_ascii_case(model))
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let p = &self.power;
+        if p.min_cap_w.0 == 0 || p.min_cap_w > p.tdp_w || p.tdp_w > p.max_cap_w {
+            return Err(format!(
+                "power limits must satisfy 0 < min_cap_w ({}) <= tdp_w ({}) <= max_cap_w ({})",
+                p.min_cap_w.0, p.tdp_w.0, p.max_cap_w.0
+            ));
+        }
+        let t = &self.thermal;
+        if !(t.max_operating_c < t.slowdown_c && t.slowdown_c < t.shutdown_c) {
+            return Err(format!(
+                "temperatures must satisfy max_operating_c ({}) < slowdown_c ({}) < shutdown_c ({})",
+                t.max_operating_c.0, t.slowdown_c.0, t.shutdown_c.0
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The GPU definitions shipped in `gpus/`.
+pub const BUILTIN_GPUS: &[(&str, &str)] = &[
+    ("gpus/h100-sxm.toml", include_str!("../gpus/h100-sxm.toml")),
+    ("gpus/h200-sxm.toml", include_str!("../gpus/h200-sxm.toml")),
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shipped_boards_load() {
+        let h200 = GpuBoard::builtin("h200-sxm").unwrap();
+        assert_eq!(h200.power.tdp_w, Watts(700));
+        assert_eq!(h200.power.min_cap_w, Watts(200));
+        assert_eq!(h200.thermal.shutdown_c, WholeCelsius(92));
+        assert!(GpuBoard::builtin("nonexistent").is_none());
+    }
+
+    #[test]
+    fn unknown_key_is_refused_with_its_line() {
+        let text = include_str!("../gpus/h200-sxm.toml").replace("mem_max_c", "mem_maxx_c");
+        let e = GpuBoard::from_toml(&text, "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("x.toml: "), "{e}");
+        assert!(e.contains("mem_maxx_c") && e.contains("line 15"), "{e}");
+    }
+
+    #[test]
+    fn contradictory_limits_are_refused() {
+        let text =
+            include_str!("../gpus/h200-sxm.toml").replace("min_cap_w = 200", "min_cap_w = 900");
+        let e = GpuBoard::from_toml(&text, "x.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("min_cap_w (900) <= tdp_w (700)"), "{e}");
+        let text =
+            include_str!("../gpus/h200-sxm.toml").replace("slowdown_c = 89", "slowdown_c = 95");
+        assert!(GpuBoard::from_toml(&text, "x.toml").is_err());
+    }
+}
