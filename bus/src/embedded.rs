@@ -34,6 +34,22 @@ pub enum EmbeddedBrokerError {
     NotListening(SocketAddr),
 }
 
+/// The broker to use: `configured` if there is one, else an embedded broker
+/// started on [`DEFAULT_LISTEN`]. Keep the returned handle for as long as
+/// the broker is needed.
+pub fn configured_or_embedded(
+    configured: Option<BrokerAddr>,
+) -> Result<(BrokerAddr, Option<EmbeddedBroker>), EmbeddedBrokerError> {
+    match configured {
+        Some(addr) => Ok((addr, None)),
+        None => {
+            let listen: SocketAddr = DEFAULT_LISTEN.parse().expect("a valid default address");
+            let broker = EmbeddedBroker::start(listen)?;
+            Ok((broker.broker_addr(), Some(broker)))
+        }
+    }
+}
+
 /// A running embedded broker.
 #[derive(Debug)]
 pub struct EmbeddedBroker {

@@ -3,17 +3,23 @@
 //! Run with `cargo bench -p loopwarden-protocol --bench codec`.
 //! Before the benchmarks, `main` prints the frame sizes (postcard and JSON)
 //! and the in-memory sizes of `Frame` and `Message`, all measured here.
+//! Divan's allocation profiler reports any heap allocation per benchmark.
 //! Results and targets are in `docs/benchmarks.md`.
 
 use std::mem::size_of;
 use std::time::Duration;
 
 use divan::counter::{BytesCount, ItemsCount};
-use divan::{black_box, Bencher};
+use divan::{black_box, AllocProfiler, Bencher};
 use loopwarden_protocol::{
     samples, Ack, CapLease, CduState, CduTelemetry, Event, Frame, HostHealth, HostTelemetry,
     Message, MessageKind, Online, QuarantineRelease, MAX_FRAME_LEN,
 };
+
+// Counts heap allocations inside each benchmark: encode and decode must
+// show none.
+#[global_allocator]
+static ALLOC: AllocProfiler = AllocProfiler::system();
 
 /// The 8-GPU host telemetry frame (the sample frame of its kind).
 fn telemetry_8() -> Frame {
@@ -24,6 +30,30 @@ fn telemetry_8() -> Frame {
 fn telemetry_16() -> Frame {
     Frame {
         message: Message::HostTelemetry(samples::host_telemetry(16)),
+        ..samples::frame(MessageKind::HostTelemetry)
+    }
+}
+
+/// The 8-GPU frame with every error counter of every GPU set to `n32` (u32
+/// counters) and `n16` (u16 counters): postcard varints grow with the value.
+fn telemetry_8_counters(n32: u32, n16: u16) -> Frame {
+    let mut telemetry = samples::host_telemetry(8);
+    for g in telemetry.gpus.iter_mut() {
+        g.ecc.sbe_volatile = n32;
+        g.ecc.dbe_volatile = n32;
+        g.ecc.sbe_aggregate = n32;
+        g.ecc.dbe_aggregate = n32;
+        g.repair.retired_sbe = n16;
+        g.repair.retired_dbe = n16;
+        g.repair.remap_correctable = n16;
+        g.repair.remap_uncorrectable = n16;
+        g.pcie_replay = n32;
+        g.nvlink.crc = n32;
+        g.nvlink.replay = n32;
+        g.nvlink.recovery = n32;
+    }
+    Frame {
+        message: Message::HostTelemetry(telemetry),
         ..samples::frame(MessageKind::HostTelemetry)
     }
 }
@@ -188,6 +218,16 @@ fn print_sizes() {
     for (name, frame) in [
         ("host_telemetry 8 GPUs", telemetry_8()),
         ("host_telemetry 16 GPUs", telemetry_16()),
+        ("  8 GPUs, counters 127", telemetry_8_counters(127, 127)),
+        ("  8 GPUs, counters 128", telemetry_8_counters(128, 128)),
+        (
+            "  8 GPUs, counters 16383",
+            telemetry_8_counters(16_383, 16_383),
+        ),
+        (
+            "  8 GPUs, counters max",
+            telemetry_8_counters(u32::MAX, u16::MAX),
+        ),
     ] {
         println!(
             "  {name:<24} {:>5} {:>6}",

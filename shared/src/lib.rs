@@ -31,6 +31,7 @@
 #[cfg(feature = "std")]
 extern crate std;
 
+pub mod auth;
 mod flags;
 pub mod frame;
 pub mod ids;
@@ -43,6 +44,7 @@ pub mod topic;
 pub mod units;
 pub mod xid;
 
+pub use auth::AuthError;
 pub use frame::{
     DecodeError, EncodeError, Frame, Message, MessageKind, Version, MAX_FRAME_LEN, PROTOCOL,
 };

@@ -10,6 +10,10 @@ use crate::message::*;
 use crate::reason::ReasonCode;
 use crate::units::*;
 
+/// The site key the sample commands are signed with (key id 1). For
+/// examples and tests only: a real site generates its own.
+pub const DEMO_KEY: &[u8] = b"loopwarden demo site key";
+
 /// 2026-11-29 12:00:00 UTC.
 pub const T0: TimestampMs = TimestampMs(1_795_953_600_000);
 
@@ -130,19 +134,13 @@ pub fn message(kind: MessageKind) -> Message {
             ])
             .expect("two caps fit"),
             duration: DurationMs(30_000),
-            auth: CommandAuth {
-                key_id: 1,
-                tag: [0x5a; 16],
-            },
+            auth: CommandAuth::default(), // signed in `frame`
         }),
         MessageKind::QuarantineRelease => Message::QuarantineRelease(QuarantineRelease {
             gpu: gpu(3),
             operator: Ident::new("jdoe").expect("an ident"),
             note: Text::truncated("reseated after XID 79; field diag passed"),
-            auth: CommandAuth {
-                key_id: 1,
-                tag: [0xa5; 16],
-            },
+            auth: CommandAuth::default(), // signed in `frame`
         }),
         MessageKind::Ack => Message::Ack(Ack {
             correlation: Correlation {
@@ -213,7 +211,8 @@ pub fn message(kind: MessageKind) -> Message {
 }
 
 /// The frame of `kind` used in the docs and the golden fixtures: sent by
-/// host `h07` (or `cdu-a` for CDU kinds, `jdoe` for a release).
+/// host `h07` (or `cdu-a` for CDU kinds, `jdoe` for a release). Commands
+/// are signed with [`DEMO_KEY`] as key 1.
 pub fn frame(kind: MessageKind) -> Frame {
     let sender = match kind {
         MessageKind::CduTelemetry | MessageKind::CduState | MessageKind::CapLease => {
@@ -222,10 +221,16 @@ pub fn frame(kind: MessageKind) -> Frame {
         MessageKind::QuarantineRelease => node(Role::Operator, "jdoe"),
         _ => node(Role::Host, "h07"),
     };
-    Frame {
+    let mut frame = Frame {
         sender,
         seq: 86_400 + kind as u32,
         time: T0,
         message: message(kind),
+    };
+    if kind.family() == crate::topic::Family::Cmd {
+        frame
+            .sign(1, DEMO_KEY)
+            .expect("sample commands can be signed");
     }
+    frame
 }

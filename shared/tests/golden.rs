@@ -74,3 +74,49 @@ fn golden_header_layout_is_as_documented() {
     let expect = crc::Crc::<u32>::new(&crc::CRC_32_ISO_HDLC).checksum(content);
     assert_eq!(crc, expect.to_le_bytes());
 }
+
+/// The command tags in the golden bytes are HMAC-SHA-256 as anyone computes
+/// it: checked with Python's `hmac`, not with the crate that made them.
+#[test]
+fn golden_command_tags_verify_with_an_independent_hmac() {
+    let Ok(python) = which_python() else {
+        eprintln!("SKIP: python3 not found");
+        return;
+    };
+    for kind in [MessageKind::CapLease, MessageKind::QuarantineRelease] {
+        let text = std::fs::read_to_string(fixture_path(kind)).unwrap();
+        let bytes = from_hex(&text);
+        // The auth is the body's last field: key id, then the 16-byte tag,
+        // then the CRC.
+        let (signed, rest) = bytes.split_at(bytes.len() - 20);
+        let tag = &rest[..16];
+        let mut unsigned = signed.to_vec();
+        unsigned.extend_from_slice(&[0u8; 16]);
+        let out = std::process::Command::new(&python)
+            .args([
+                "-c",
+                "import hmac, hashlib, sys; print(hmac.new(sys.argv[1].encode(), bytes.fromhex(sys.argv[2]), hashlib.sha256).hexdigest()[:32])",
+                std::str::from_utf8(samples::DEMO_KEY).unwrap(),
+                &to_hex(&unsigned).replace('\n', ""),
+            ])
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            to_hex(tag).trim(),
+            "{}",
+            kind.name()
+        );
+    }
+}
+
+fn which_python() -> Result<std::path::PathBuf, ()> {
+    std::env::var_os("PATH")
+        .and_then(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join("python3"))
+                .find(|p| p.is_file())
+        })
+        .ok_or(())
+}

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use loopwarden_bus::embedded::{EmbeddedBroker, DEFAULT_LISTEN};
+use loopwarden_bus::embedded::{configured_or_embedded, EmbeddedBroker, DEFAULT_LISTEN};
 use loopwarden_bus::{now_ms, site_filter, BrokerAddr, Bus, BusConfig};
 use loopwarden_protocol::{samples, Family, Ident, Message, MessageKind, NodeId, Role, Topic};
 
@@ -59,6 +59,28 @@ enum Command {
     },
 }
 
+/// `ms` since the Unix epoch as an ISO 8601 UTC time with milliseconds.
+fn utc(ms: u64) -> String {
+    let (days, rem) = ((ms / 86_400_000) as i64, ms % 86_400_000);
+    // Civil date from days since 1970-01-01 (proleptic Gregorian calendar).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (h, m, s, milli) = (
+        rem / 3_600_000,
+        rem / 60_000 % 60,
+        rem / 1000 % 60,
+        rem % 1000,
+    );
+    format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{milli:03}Z")
+}
+
 fn summary(message: &Message) -> String {
     match message {
         Message::HostTelemetry(t) => {
@@ -103,8 +125,8 @@ async fn watch(broker: BrokerAddr, site: Ident, json: bool) -> Result<()> {
                     println!("{}", msg.frame.to_json());
                 } else {
                     println!(
-                        "{:>13} {:<28} seq {:<8} {:<18} {}",
-                        msg.frame.time.0,
+                        "{} {:<28} seq {:<8} {:<18} {}",
+                        utc(msg.frame.time.0),
                         format!("{}/{}/{}", msg.topic.role.as_str(), msg.topic.node, msg.topic.family.as_str()),
                         msg.frame.seq,
                         msg.frame.message.kind().name(),
@@ -190,19 +212,27 @@ async fn main() -> Result<()> {
         }
         Command::Watch { broker, site, json } => {
             let site = Ident::new(&site).map_err(|e| anyhow::anyhow!("--site: {e}"))?;
-            let (broker, _embedded) = match broker {
-                Some(b) => (b, None),
-                None => {
-                    let e = EmbeddedBroker::start(DEFAULT_LISTEN.parse()?)?;
-                    eprintln!("lwbus: no --broker given: embedded broker on {}", e.addr());
-                    (e.broker_addr(), Some(e))
-                }
-            };
+            let (broker, embedded) = configured_or_embedded(broker)?;
+            if let Some(e) = &embedded {
+                eprintln!("lwbus: no --broker given: embedded broker on {}", e.addr());
+            }
             watch(broker, site, json).await
         }
         Command::Samples { broker, site } => {
             let site = Ident::new(&site).map_err(|e| anyhow::anyhow!("--site: {e}"))?;
             publish_samples(broker, site).await
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::utc;
+
+    #[test]
+    fn utc_formats_epoch_milliseconds() {
+        assert_eq!(utc(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(utc(951_782_400_000), "2000-02-29T00:00:00.000Z");
+        assert_eq!(utc(1_795_953_600_123), "2026-11-29T12:00:00.123Z");
     }
 }
