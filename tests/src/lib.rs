@@ -167,6 +167,26 @@ pub fn from_hex(hex: &str) -> Vec<u8> {
         .collect()
 }
 
+/// The output format every `mosquitto_sub` of the harness uses.
+const SUB_FORMAT: &str = "%r %t %x";
+
+/// Parses one line of `mosquitto_sub -F '%r %t %x'`.
+fn parse_seen(line: &str) -> Option<Seen> {
+    let mut parts = line.splitn(3, ' ');
+    Some(Seen {
+        retained: parts.next()? == "1",
+        topic: parts.next()?.to_string(),
+        payload: from_hex(parts.next().unwrap_or("")),
+    })
+}
+
+/// A mosquitto client tool pointed at the broker on `port`.
+fn client(tool: &str, port: u16) -> Option<Command> {
+    let mut cmd = Command::new(require_tool(tool)?);
+    cmd.args(["-h", "127.0.0.1", "-p", &port.to_string()]);
+    Some(cmd)
+}
+
 /// A running `mosquitto_sub` whose output is read line by line.
 pub struct Subscriber {
     child: Child,
@@ -181,18 +201,8 @@ impl Subscriber {
     /// Subscribes to `filters` on `port` and returns once the subscription
     /// is live (a probe published with `mosquitto_pub` came back).
     pub fn start(port: u16, filters: &[&str]) -> Option<Subscriber> {
-        let bin = require_tool("mosquitto_sub")?;
-        let mut cmd = Command::new(bin);
-        cmd.args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &port.to_string(),
-            "-q",
-            "1",
-            "-F",
-            "%r %t %x",
-        ]);
+        let mut cmd = client("mosquitto_sub", port)?;
+        cmd.args(["-q", "1", "-F", SUB_FORMAT]);
         for f in filters.iter().chain([&PROBE_TOPIC]) {
             cmd.args(["-t", f]);
         }
@@ -205,15 +215,8 @@ impl Subscriber {
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let mut parts = line.splitn(3, ' ');
-                let (Some(r), Some(t)) = (parts.next(), parts.next()) else {
+                let Some(seen) = parse_seen(&line) else {
                     continue;
-                };
-                let payload = from_hex(parts.next().unwrap_or(""));
-                let seen = Seen {
-                    retained: r == "1",
-                    topic: t.to_string(),
-                    payload,
                 };
                 if tx.send(seen).is_err() {
                     break;
@@ -295,17 +298,8 @@ impl Drop for Subscriber {
 /// Reads the retained messages under `filters` (what a new subscriber gets
 /// at once), waiting `settle` for them to arrive.
 pub fn retained(port: u16, filters: &[&str], settle: Duration) -> Option<Vec<Seen>> {
-    let bin = require_tool("mosquitto_sub")?;
-    let mut cmd = Command::new(bin);
-    cmd.args([
-        "-h",
-        "127.0.0.1",
-        "-p",
-        &port.to_string(),
-        "-F",
-        "%r %t %x",
-        "--retained-only",
-    ]);
+    let mut cmd = client("mosquitto_sub", port)?;
+    cmd.args(["-F", SUB_FORMAT, "--retained-only"]);
     cmd.args(["-W", &settle.as_secs().max(1).to_string()]);
     for f in filters {
         cmd.args(["-t", f]);
@@ -317,35 +311,17 @@ pub fn retained(port: u16, filters: &[&str], settle: Duration) -> Option<Vec<See
     Some(
         String::from_utf8_lossy(&out.stdout)
             .lines()
-            .filter_map(|line| {
-                let mut parts = line.splitn(3, ' ');
-                Some(Seen {
-                    retained: parts.next()? == "1",
-                    topic: parts.next()?.to_string(),
-                    payload: from_hex(parts.next().unwrap_or("")),
-                })
-            })
+            .filter_map(parse_seen)
             .collect(),
     )
 }
 
 /// Publishes `payload` with `mosquitto_pub` (QoS 1).
 pub fn publish_raw(port: u16, topic: &str, payload: &[u8], retain: bool) -> Option<()> {
-    let bin = require_tool("mosquitto_pub")?;
     let file = tempfile::NamedTempFile::new().expect("a temporary file");
     std::fs::write(file.path(), payload).expect("write payload");
-    let mut cmd = Command::new(bin);
-    cmd.args([
-        "-h",
-        "127.0.0.1",
-        "-p",
-        &port.to_string(),
-        "-q",
-        "1",
-        "-t",
-        topic,
-        "-f",
-    ]);
+    let mut cmd = client("mosquitto_pub", port)?;
+    cmd.args(["-q", "1", "-t", topic, "-f"]);
     cmd.arg(file.path());
     if retain {
         cmd.arg("-r");
