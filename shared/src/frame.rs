@@ -55,9 +55,9 @@ pub const PROTOCOL: Version = Version { major: 1, minor: 0 };
 /// The longest frame any node sends or accepts, in bytes.
 pub const MAX_FRAME_LEN: usize = 2048;
 
-/// The shortest possible frame: version, kind, a one-letter sender, seq,
-/// time and the CRC.
-pub const MIN_FRAME_LEN: usize = 3 + 3 + 1 + 1 + 4;
+/// The shortest possible frame: version and kind (3), a one-letter sender
+/// (3), seq and time of one byte each, a one-byte body and the CRC (4).
+pub const MIN_FRAME_LEN: usize = 3 + 3 + 1 + 1 + 1 + 4;
 
 const CRC32: crc::Crc<u32> = crc::Crc::<u32>::new(&crc::CRC_32_ISO_HDLC);
 
@@ -409,7 +409,9 @@ impl Frame {
             MessageKind::CduState => take(body, "body").map(|(m, r)| (Message::CduState(m), r))?,
             MessageKind::Online => take(body, "body").map(|(m, r)| (Message::Online(m), r))?,
         };
-        if !rest.is_empty() && found.minor <= PROTOCOL.minor {
+        // A newer minor may append fields to a body: ignore what we cannot read.
+        let newer_minor = found.minor > PROTOCOL.minor;
+        if !rest.is_empty() && !newer_minor {
             return Err(DecodeError::TrailingBytes { count: rest.len() });
         }
         Ok(Frame {
