@@ -57,6 +57,9 @@ pub enum PublishError {
     /// A command goes to another node's `cmd` topic: use [`Bus::send_command`].
     #[error("{0:?} is a command: send it to a node with send_command")]
     IsCommand(MessageKind),
+    /// Only commands go to another node's `cmd` topic.
+    #[error("{0:?} is not a command: publish it on our own topic")]
+    NotACommand(MessageKind),
     /// Only hosts and CDUs own a topic subtree to publish in.
     #[error("a {0:?} node owns no topics; it can only send commands")]
     NoOwnTopics(Role),
@@ -76,6 +79,7 @@ pub enum PublishError {
 
 struct Shared {
     config: BusConfig,
+    started: TimestampMs,
     seq: AtomicU32,
     metrics: Metrics,
     connected: AtomicBool,
@@ -139,16 +143,48 @@ impl Shared {
         }
     }
 
-    fn online_frame(&self, online: bool, started: TimestampMs) -> Frame {
+    fn online_frame(&self, online: bool) -> Frame {
         self.next_frame(
             Message::Online(Online {
                 online,
                 software: Text::truncated(&self.config.software),
-                started,
+                started: self.started,
                 clock: self.config.clock,
             }),
             now_ms(),
         )
+    }
+
+    /// The last will for the next connection: `online: false` with a fresh
+    /// sequence number, so it is newer than everything sent before it.
+    fn last_will(&self) -> Option<LastWill> {
+        let topic = self.own_topic(Family::Online).ok()?.build().ok()?;
+        let payload = self.online_frame(false).to_vec().ok()?;
+        Some(LastWill::new(
+            topic.as_str(),
+            payload,
+            QoS::AtLeastOnce,
+            true,
+        ))
+    }
+
+    /// Presence as a frame and as its JSON mirror, both retained, QoS 1.
+    fn presence(&self, online: bool) -> Vec<rumqttc::Publish> {
+        let (Ok(topic), frame) = (self.own_topic(Family::Online), self.online_frame(online)) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (t, payload) in [
+            (topic.build(), frame.to_vec().ok()),
+            (topic.mirror().build(), Some(frame.to_json().into_bytes())),
+        ] {
+            if let (Ok(t), Some(payload)) = (t, payload) {
+                let mut p = rumqttc::Publish::new(t.as_str(), QoS::AtLeastOnce, payload);
+                p.retain = true;
+                out.push(p);
+            }
+        }
+        out
     }
 }
 
@@ -159,26 +195,21 @@ impl Bus {
     pub fn start(config: BusConfig) -> (Bus, mpsc::Receiver<Inbound>, BusTask) {
         let shared = Arc::new(Shared {
             seq: AtomicU32::new(config.first_seq),
+            started: now_ms(),
             config,
             metrics: Metrics::default(),
             connected: AtomicBool::new(false),
         });
-        let started = now_ms();
         let cfg = &shared.config;
         let mut options = MqttOptions::new(&cfg.client_id, &cfg.broker.host, cfg.broker.port);
         options.set_keep_alive(cfg.keep_alive.max(Duration::from_secs(1)));
         options.set_clean_session(true);
         options.set_max_packet_size(64 * 1024, 64 * 1024);
-        if let Ok(online) = shared.own_topic(Family::Online) {
-            let will = shared.online_frame(false, started);
-            if let (Ok(topic), Ok(payload)) = (online.build(), will.to_vec()) {
-                options.set_last_will(LastWill::new(
-                    topic.as_str(),
-                    payload,
-                    QoS::AtLeastOnce,
-                    true,
-                ));
-            }
+        if let Some((user, password)) = &cfg.credentials {
+            options.set_credentials(user, password);
+        }
+        if let Some(will) = shared.last_will() {
+            options.set_last_will(will);
         }
         let (client, eventloop) = AsyncClient::new(options, cfg.queue_capacity.max(1));
         let (inbound_tx, inbound_rx) = mpsc::channel(cfg.inbound_capacity.max(1));
@@ -188,14 +219,7 @@ impl Bus {
             shared: shared.clone(),
             connected: connected_rx,
         };
-        let task = tokio::spawn(run(
-            shared,
-            client,
-            eventloop,
-            inbound_tx,
-            connected_tx,
-            started,
-        ));
+        let task = tokio::spawn(run(shared, client, eventloop, inbound_tx, connected_tx));
         (bus, inbound_rx, BusTask(task))
     }
 
@@ -256,6 +280,9 @@ impl Bus {
         message: Message,
         time: TimestampMs,
     ) -> Result<Frame, PublishError> {
+        if message.kind().family() != Family::Cmd {
+            return Err(PublishError::NotACommand(message.kind()));
+        }
         let topic = Topic::new(&self.shared.config.site, role, to, Family::Cmd);
         let frame = self.shared.next_frame(message, time);
         self.publish_frame(&topic, &frame)?;
@@ -297,6 +324,9 @@ impl Bus {
         {
             Ok(()) => {
                 Metrics::add(&m.published);
+                if family.qos() == Qos::AtLeastOnce {
+                    Metrics::add(&m.published_qos1);
+                }
                 Ok(())
             }
             Err(ClientError::TryRequest(_)) | Err(ClientError::Request(_)) => {
@@ -306,13 +336,26 @@ impl Bus {
         }
     }
 
-    /// Leaves cleanly: announces `online: false` (retained) and disconnects,
-    /// so the broker does not publish the last will.
-    pub async fn shutdown(&self) -> Result<(), PublishError> {
-        let topic = self.shared.own_topic(Family::Online);
-        if let Ok(topic) = topic {
-            let frame = self.shared.online_frame(false, now_ms());
-            let _ = self.publish_frame(&topic, &frame);
+    /// Leaves cleanly: waits (at most `timeout`) until the broker has
+    /// acknowledged every QoS 1 publish, announces `online: false`
+    /// (retained, frame and JSON) and disconnects, so the broker does not
+    /// publish the last will. Await [`BusTask::join`] afterwards.
+    pub async fn shutdown(&self, timeout: Duration) -> Result<(), PublishError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let unacked = |m: MetricsSnapshot| m.published_qos1 > m.acked;
+        while self.is_connected()
+            && unacked(self.metrics())
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        for p in self.shared.presence(false) {
+            self.client
+                .publish(p.topic.clone(), p.qos, p.retain, p.payload.to_vec())
+                .await
+                .map_err(|_| PublishError::Stopped)?;
+            Metrics::add(&self.shared.metrics.published);
+            Metrics::add(&self.shared.metrics.published_qos1);
         }
         self.client
             .disconnect()
@@ -346,7 +389,6 @@ async fn run(
     mut eventloop: EventLoop,
     inbound: mpsc::Sender<Inbound>,
     connected: watch::Sender<bool>,
-    started: TimestampMs,
 ) {
     let cfg = &shared.config;
     let m = &shared.metrics;
@@ -376,23 +418,20 @@ async fn run(
                     shared.connected.store(true, Ordering::Relaxed);
                     let _ = connected.send(true);
                 }
-                // What was kept from the last connection goes first, in order.
+                // Presence, then what was kept from the last connection, in
+                // order, ahead of anything new; kept frames carry lower
+                // sequence numbers, so they go first.
+                for p in shared.presence(true).into_iter().rev() {
+                    eventloop.pending.push_front(Request::Publish(p));
+                    Metrics::add(&m.published);
+                    Metrics::add(&m.published_qos1);
+                }
                 for request in kept.drain(..).rev() {
                     eventloop.pending.push_front(request);
                 }
                 for filter in &subscriptions {
                     if let Err(e) = client.try_subscribe(filter.as_str(), QoS::AtLeastOnce) {
                         warn!(%filter, error = %e, "cannot queue subscription");
-                    }
-                }
-                if let Ok(topic) = shared.own_topic(Family::Online) {
-                    let frame = shared.online_frame(true, started);
-                    if let (Ok(name), Ok(payload)) = (topic.build(), frame.to_vec()) {
-                        // Goes ahead of everything queued: presence first.
-                        let mut p = rumqttc::Publish::new(name.as_str(), QoS::AtLeastOnce, payload);
-                        p.retain = true;
-                        eventloop.pending.push_front(Request::Publish(p));
-                        Metrics::add(&m.published);
                     }
                 }
             }
@@ -442,8 +481,12 @@ async fn run(
                 info!("disconnected from the broker on request");
                 shared.connected.store(false, Ordering::Relaxed);
                 let _ = connected.send(false);
-                // Give the broker a moment to read the DISCONNECT before the socket closes.
-                let _ = tokio::time::timeout(Duration::from_millis(200), eventloop.poll()).await;
+                // Let the broker read everything up to the DISCONNECT and
+                // close the connection itself: closing first could reset the
+                // socket with data unread, and the broker would publish the
+                // last will.
+                let linger = tokio::time::Instant::now() + Duration::from_millis(500);
+                while let Ok(Ok(_)) = tokio::time::timeout_at(linger, eventloop.poll()).await {}
                 return;
             }
             Ok(_) => {}
@@ -453,6 +496,9 @@ async fn run(
                 shared.connected.store(false, Ordering::Relaxed);
                 let _ = connected.send(false);
                 salvage(&mut eventloop, &mut kept, &shared);
+                if let Some(will) = shared.last_will() {
+                    eventloop.mqtt_options.set_last_will(will);
+                }
                 let wait = backoff.next_wait(&mut rng);
                 errors_in_a_row += 1;
                 // Say it loudly once, then only now and then: an outage of an

@@ -93,6 +93,8 @@ pub struct BusConfig {
     pub node: NodeId,
     /// MQTT client id; must be unique on the broker.
     pub client_id: String,
+    /// User name and password, for brokers that require them.
+    pub credentials: Option<(String, String)>,
     /// MQTT keep-alive: the broker declares us gone (and publishes the last
     /// will) after 1.5 × this without a packet.
     pub keep_alive: Duration,
@@ -123,6 +125,7 @@ impl BusConfig {
             site,
             node,
             client_id,
+            credentials: None,
             keep_alive: Duration::from_secs(5),
             queue_capacity: 256,
             offline_capacity: 1024,

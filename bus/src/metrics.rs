@@ -38,6 +38,8 @@ macro_rules! counters {
 counters! {
     /// Frames handed to the MQTT client.
     published,
+    /// Of those, QoS 1 publishes (the broker acknowledges each).
+    published_qos1,
     /// QoS 1 publishes the broker acknowledged.
     acked,
     /// Frames received and decoded.

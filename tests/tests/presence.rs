@@ -6,8 +6,8 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use loopwarden_bus::{Bus, BusConfig};
-use loopwarden_protocol::{Frame, Ident, Message, NodeId, Role};
+use loopwarden_bus::{now_ms, Bus, BusConfig};
+use loopwarden_protocol::{Event, Frame, Ident, Message, NodeId, Pump, Role};
 use loopwarden_system_tests::{retained, Mosquitto, Subscriber};
 
 fn online_of(payload: &[u8]) -> bool {
@@ -57,12 +57,14 @@ fn killed_host_is_declared_gone_by_its_last_will() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn clean_shutdown_says_goodbye_once() {
+async fn clean_shutdown_delivers_everything_then_says_goodbye_once() {
     let Some(broker) = Mosquitto::start() else {
         return;
     };
     let topic = "dc/v1/t-bye/cdu/cdu-b/online";
-    let Some(mut sub) = Subscriber::start(broker.port(), &[topic]) else {
+    let json_topic = "dc/v1/t-bye/json/cdu/cdu-b/online";
+    let events = "dc/v1/t-bye/cdu/cdu-b/event";
+    let Some(mut sub) = Subscriber::start(broker.port(), &[topic, json_topic, events]) else {
         return;
     };
     let config = BusConfig::new(
@@ -72,17 +74,53 @@ async fn clean_shutdown_says_goodbye_once() {
     );
     let (bus, _inbound, task) = Bus::start(config);
     assert!(bus.wait_connected(Duration::from_secs(10)).await);
-    assert!(online_of(
-        &sub.next(Duration::from_secs(10)).unwrap().payload
-    ));
-    bus.shutdown().await.unwrap();
+    // Events queued right before leaving are delivered, not cut off.
+    let mut sent = Vec::new();
+    for _ in 0..50 {
+        let event = Event::PumpTrip {
+            pump: Pump::A,
+            lag_started: true,
+        };
+        sent.push(bus.publish(Message::Event(event), now_ms()).unwrap().seq);
+    }
+    bus.shutdown(Duration::from_secs(5)).await.unwrap();
     task.join(Duration::from_secs(5)).await;
-    let bye = sub
-        .next(Duration::from_secs(10))
-        .expect("goodbye published");
-    assert!(!online_of(&bye.payload));
-    // A clean disconnect fires no will: nothing more arrives.
-    assert_eq!(sub.next(Duration::from_secs(2)), None);
+
+    let seen = sub.collect_until(Duration::from_secs(10), |s| {
+        s.iter()
+            .filter(|m| m.topic == topic || m.topic == json_topic)
+            .count()
+            >= 4
+    });
+    // Nothing more arrives: a clean disconnect fires no will.
+    assert_eq!(
+        sub.next(Duration::from_secs(2)),
+        None,
+        "a last will after a clean shutdown"
+    );
+    let got: Vec<u32> = seen
+        .iter()
+        .filter(|m| m.topic == events)
+        .map(|m| Frame::decode(&m.payload).unwrap().seq)
+        .collect();
+    assert_eq!(got, sent, "events queued before shutdown were lost");
+    let presence: Vec<bool> = seen
+        .iter()
+        .filter(|m| m.topic == topic)
+        .map(|m| online_of(&m.payload))
+        .collect();
+    assert_eq!(presence, [true, false]);
+    let json: Vec<String> = seen
+        .iter()
+        .filter(|m| m.topic == json_topic)
+        .map(|m| String::from_utf8(m.payload.clone()).unwrap())
+        .collect();
+    assert_eq!(json.len(), 2, "{json:?}");
+    assert!(
+        json[0].contains(r#""online":true"#) && json[1].contains(r#""online":false"#),
+        "{json:?}"
+    );
+
     let late = retained(broker.port(), &[topic], Duration::from_secs(1)).unwrap();
     assert!(late.len() == 1 && !online_of(&late[0].payload));
 }

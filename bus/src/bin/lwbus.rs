@@ -184,7 +184,9 @@ async fn publish_samples(broker: BrokerAddr, site: Ident) -> Result<()> {
             }
             sent += 1;
         }
-        bus.shutdown().await.context("disconnecting")?;
+        bus.shutdown(Duration::from_secs(5))
+            .await
+            .context("disconnecting")?;
         task.join(Duration::from_secs(5)).await;
     }
     eprintln!("lwbus: published {sent} sample frames to site {site} on {broker}");
