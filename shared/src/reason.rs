@@ -150,7 +150,8 @@ impl Serialize for ReasonCode {
 impl<'de> Deserialize<'de> for ReasonCode {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         if d.is_human_readable() {
-            let s = <heapless::String<16>>::deserialize(d)?;
+            // Longer than any name `Display` writes; longer input is refused.
+            let s = <heapless::String<32>>::deserialize(d)?;
             ReasonCode::parse(&s).ok_or_else(|| serde::de::Error::custom("unknown reason name"))
         } else {
             u16::deserialize(d).map(ReasonCode)
@@ -190,6 +191,18 @@ mod tests {
         assert_eq!(ReasonCode::parse("xid-0"), None);
         assert_eq!(ReasonCode::parse("reason-79"), None, "79 is written xid-79");
         assert_eq!(ReasonCode::parse("nonsense"), None);
+    }
+
+    /// Regression: `retired-pages-limit` did not fit the 16-byte buffer the
+    /// JSON reader used, found by the JSON round-trip property test.
+    #[cfg(feature = "std")]
+    #[test]
+    fn every_named_reason_round_trips_through_json() {
+        for (code, name) in ReasonCode::NAMED {
+            let json = serde_json::to_string(code).unwrap();
+            assert_eq!(json, std::format!("\"{name}\""));
+            assert_eq!(serde_json::from_str::<ReasonCode>(&json).unwrap(), *code);
+        }
     }
 
     #[test]

@@ -40,8 +40,14 @@ fn pct() -> impl Strategy<Value = Percent> {
     (0u8..=100).prop_map(|p| Percent::new(p).unwrap())
 }
 
+/// Named reasons, XIDs and unknown codes alike.
 fn reason() -> impl Strategy<Value = ReasonCode> {
-    any::<u16>().prop_map(ReasonCode)
+    let named: Vec<ReasonCode> = ReasonCode::NAMED.iter().map(|(c, _)| *c).collect();
+    prop_oneof![
+        proptest::sample::select(named),
+        (1u16..=999).prop_map(ReasonCode),
+        any::<u16>().prop_map(ReasonCode),
+    ]
 }
 
 fn celsius() -> impl Strategy<Value = Celsius> {
