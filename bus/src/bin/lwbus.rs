@@ -14,7 +14,9 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use loopwarden_bus::embedded::{configured_or_embedded, EmbeddedBroker, DEFAULT_LISTEN};
 use loopwarden_bus::{now_ms, site_filter, BrokerAddr, Bus, BusConfig};
-use loopwarden_protocol::{samples, Family, Ident, Message, MessageKind, NodeId, Role, Topic};
+use loopwarden_protocol::{
+    samples, xid, Event, Family, GpuSelector, Ident, Message, MessageKind, NodeId, Role, Topic,
+};
 
 #[derive(Parser)]
 #[command(
@@ -103,7 +105,43 @@ fn summary(message: &Message) -> String {
         ),
         Message::CduState(s) => format!("{:?} ({})", s.mode, s.reason),
         Message::Online(o) => format!("online={} software {}", o.online, o.software),
-        other => format!("{other:?}"),
+        Message::Event(Event::Xid { gpu, xid }) => match xid::lookup(*xid) {
+            Some(x) => format!("XID {xid} on {gpu}: {} ({:?})", x.meaning, x.action),
+            None => format!("XID {xid} on {gpu} (not in the catalog)"),
+        },
+        Message::Event(e) => format!("{e:?}"),
+        Message::CapLease(l) => {
+            let caps: Vec<String> = l
+                .caps
+                .iter()
+                .map(|c| match c.gpus {
+                    GpuSelector::All => format!("all {}", c.limit),
+                    GpuSelector::Gpu(g) => format!("{g} {}", c.limit),
+                })
+                .collect();
+            format!(
+                "lease {} from {:?} for {} ({}): {}",
+                l.lease,
+                l.source,
+                l.duration,
+                l.reason,
+                caps.join(", ")
+            )
+        }
+        Message::QuarantineRelease(r) => {
+            format!("release GPU {} by {}: {}", r.gpu.get(), r.operator, r.note)
+        }
+        Message::Ack(a) => format!(
+            "{:?} for {} seq {}{}",
+            a.code,
+            a.correlation.from,
+            a.correlation.seq,
+            if a.detail.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", a.detail)
+            }
+        ),
     }
 }
 
