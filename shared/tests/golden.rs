@@ -63,6 +63,17 @@ fn every_kind_matches_its_golden_bytes() {
     }
 }
 
+/// The size target of the wire format: an 8-GPU host's telemetry frame at
+/// load fits 256 bytes (see docs/benchmarks.md for how values move it).
+#[test]
+fn eight_gpu_telemetry_fits_256_bytes() {
+    let len = samples::frame(MessageKind::HostTelemetry)
+        .to_vec()
+        .unwrap()
+        .len();
+    assert!(len <= 256, "8-GPU telemetry frame is {len} bytes");
+}
+
 #[test]
 fn golden_header_layout_is_as_documented() {
     let bytes = samples::frame(MessageKind::Event).to_vec().unwrap();
