@@ -370,7 +370,12 @@ fn salvage(eventloop: &mut EventLoop, kept: &mut VecDeque<Request>, shared: &Sha
     let m = &shared.metrics;
     for request in eventloop.pending.drain(..) {
         match request {
-            Request::Publish(p) if p.qos != QoS::AtMostOnce => kept.push_back(Request::Publish(p)),
+            Request::Publish(mut p) if p.qos != QoS::AtMostOnce => {
+                // The next session is a clean one: the old packet id means
+                // nothing there and could collide with a new one.
+                p.pkid = 0;
+                kept.push_back(Request::Publish(p));
+            }
             Request::Publish(_) => Metrics::add(&m.dropped_offline),
             // Subscriptions are renewed on the next connection; acks and
             // pings belong to the old session.
