@@ -3,21 +3,48 @@
 //! Both agents must lose nothing they decided: a quarantine, a cap, a leak,
 //! an XID must survive a power cut, a crash and a broker outage, and be
 //! readable by a field engineer afterwards. This crate keeps them in flash,
-//! generic over the `embedded-storage` `NorFlash` trait (on the controller's
-//! microcontroller) with a file-backed flash of the same geometry for Linux
-//! hosts:
+//! generic over the `embedded-storage` `NorFlash` trait, on the
+//! controller's microcontroller and on Linux hosts alike:
 //!
-//! - the *event log*: append-only records with sequence numbers that survive
-//!   restarts; the oldest are recycled when full, and the log says how many;
-//! - the *outbox*: frames that must reach the broker, kept until the broker
-//!   acknowledged them, sent again in order with their original sequence
-//!   numbers after a restart or a reconnection;
-//! - the *config store*: settings a field engineer changes on the device.
+//! - [`EventLog`]: append-only records with sequence numbers that survive
+//!   restarts; the oldest are recycled when full, and a marker says how many;
+//! - [`Outbox`]: frames that must reach the broker, kept until the broker
+//!   acknowledged them; when full, telemetry-class entries go first and
+//!   critical ones (quarantine, cap, leak) never;
+//! - [`ConfigStore`]: settings a field engineer changes on the device, and
+//!   the reservation that keeps frame sequence numbers rising across restarts.
 //!
-//! The store itself is `sequential-storage`, which is power-fail safe and
-//! fuzzed; this crate adds the records, the outbox policy and the
-//! file-backed flash. It is built by its own piece of work; until then the
-//! bus shell keeps unacknowledged QoS 1 frames in memory only
-//! (`loopwarden-bus`), which survives a reconnection but not a crash.
+//! The store underneath is `sequential-storage` (power-fail safe, fuzzed,
+//! wear-levelling); this crate adds the records and the policies. Beside the
+//! real flash of a board it has two flashes of its own (feature `std`):
+//! [`SimFlash`], in memory with power-cut injection, and [`FileFlash`], a
+//! file with the geometry of a real part for Linux hosts.
+//!
+//! Glossary:
+//! - *sector*: the erase unit; *word*: the write unit.
+//! - *power cut*: an operation stopped part-way; the store repairs itself on
+//!   the next operation and loses at most the item being written.
 
-#![no_std]
+#![cfg_attr(not(feature = "std"), no_std)]
+#![warn(missing_docs)]
+
+#[cfg(feature = "std")]
+extern crate std;
+
+mod error;
+#[cfg(feature = "std")]
+pub mod file;
+pub mod log;
+#[cfg(feature = "std")]
+pub mod nor;
+#[cfg(feature = "std")]
+pub mod sim;
+
+pub use error::StoreError;
+#[cfg(feature = "std")]
+pub use file::{FileFlash, FileFlashError, FlashGeometry};
+pub use log::{EventLog, Record, Wrapped};
+#[cfg(feature = "std")]
+pub use nor::{FlashError, FlashStats};
+#[cfg(feature = "std")]
+pub use sim::SimFlash;

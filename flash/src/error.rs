@@ -1,0 +1,59 @@
+//! Errors of the stores.
+
+use core::fmt;
+
+/// Why a store operation failed. `E` is the flash's own error.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum StoreError<E> {
+    /// The flash range does not suit the store (alignment, too few sectors).
+    Range(&'static str),
+    /// The flash or the store below failed (`sequential-storage`).
+    Flash(sequential_storage::Error<E>),
+    /// The item is larger than the store can ever hold.
+    TooLarge {
+        /// Its size in bytes.
+        len: usize,
+    },
+    /// Full of entries that must not be dropped (outbox: critical ones).
+    Full,
+    /// A value read back is not what was written (config: wrong length).
+    BadValue,
+}
+
+impl<E> From<sequential_storage::Error<E>> for StoreError<E> {
+    fn from(e: sequential_storage::Error<E>) -> Self {
+        StoreError::Flash(e)
+    }
+}
+
+impl<E: fmt::Debug> fmt::Display for StoreError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreError::Range(why) => write!(f, "flash range unusable: {why}"),
+            StoreError::Flash(e) => write!(f, "flash store: {e:?}"),
+            StoreError::TooLarge { len } => {
+                write!(f, "item of {len} bytes is larger than the store can hold")
+            }
+            StoreError::Full => write!(f, "store full of entries that must not be dropped"),
+            StoreError::BadValue => write!(f, "stored value has an unexpected size"),
+        }
+    }
+}
+
+impl<E: fmt::Debug> core::error::Error for StoreError<E> {}
+
+pub(crate) fn queue_range<S: embedded_storage_async::nor_flash::NorFlash, E>(
+    range: core::ops::Range<u32>,
+) -> Result<sequential_storage::queue::QueueConfig<S>, StoreError<E>> {
+    use sequential_storage::queue::{QueueConfig, QueueConfigError};
+    QueueConfig::try_new(range).map_err(|e| {
+        StoreError::Range(match e {
+            QueueConfigError::StartRangeNotAtPageBoundary => "start is not at a sector boundary",
+            QueueConfigError::EndRangeNotAtPageBoundary => "end is not at a sector boundary",
+            QueueConfigError::RangeTooSmall => "smaller than one sector",
+            QueueConfigError::PagesTooSmall => "sectors too small",
+            _ => "not accepted by the store",
+        })
+    })
+}

@@ -1,0 +1,274 @@
+//! A NOR flash backed by a file, for Linux hosts: the same rules as a real
+//! part (see [`crate::nor`]), the geometry of the board, and `fsync` after
+//! every write and erase, so what returned is on disk.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use embedded_storage_async::nor_flash::{ErrorType, MultiwriteNorFlash, NorFlash, ReadNorFlash};
+
+use crate::nor::{FlashError, FlashStats, NorImage};
+
+/// The geometry of a flash part, as a board definition states it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlashGeometry {
+    /// Smallest programmable unit, bytes.
+    pub write_size: u32,
+    /// Erase unit (sector), bytes.
+    pub erase_size: u32,
+    /// Program page: the most one program operation writes, bytes.
+    pub program_page: u32,
+    /// Number of sectors.
+    pub sectors: u32,
+}
+
+impl FlashGeometry {
+    /// Bytes in all.
+    pub fn capacity(&self) -> u64 {
+        self.erase_size as u64 * self.sectors as u64
+    }
+}
+
+/// Why a flash file was refused.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum FileFlashError {
+    /// The file could not be opened, created or read.
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// The board's geometry is not the one this build's flash type has.
+    Geometry {
+        /// The file.
+        path: PathBuf,
+        /// What differs.
+        detail: std::string::String,
+    },
+    /// The file's size is not the board's capacity: refused, not reformatted.
+    WrongSize {
+        /// The file.
+        path: PathBuf,
+        /// Its size.
+        found: u64,
+        /// The capacity the board states.
+        expected: u64,
+    },
+}
+
+impl core::fmt::Display for FileFlashError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            FileFlashError::Io { path, source } => {
+                write!(f, "flash file {}: {source}", path.display())
+            }
+            FileFlashError::Geometry { path, detail } => {
+                write!(f, "flash file {}: {detail}", path.display())
+            }
+            FileFlashError::WrongSize {
+                path,
+                found,
+                expected,
+            } => write!(
+                f,
+                "flash file {} is {found} bytes but the board's flash is {expected} bytes; \
+                 refusing to reformat it (move it away to start empty)",
+                path.display()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for FileFlashError {}
+
+/// A file-backed NOR flash with sectors of `ERASE` bytes written in words of
+/// `WRITE` bytes.
+#[derive(Debug)]
+pub struct FileFlash<const WRITE: usize, const ERASE: usize> {
+    file: File,
+    image: NorImage,
+    program_page: usize,
+}
+
+impl<const WRITE: usize, const ERASE: usize> FileFlash<WRITE, ERASE> {
+    /// Opens `path` as a flash of `geometry`, creating it erased (all `0xFF`)
+    /// if it does not exist. A file of another size, or a geometry this
+    /// type cannot be, is refused with the reason.
+    pub fn open(path: &Path, geometry: &FlashGeometry) -> Result<Self, FileFlashError> {
+        let io = |source| FileFlashError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        if geometry.write_size as usize != WRITE || geometry.erase_size as usize != ERASE {
+            return Err(FileFlashError::Geometry {
+                path: path.to_path_buf(),
+                detail: std::format!(
+                    "the board states write size {} and erase size {}, this flash type has {WRITE} and {ERASE}",
+                    geometry.write_size, geometry.erase_size
+                ),
+            });
+        }
+        if geometry.sectors == 0
+            || geometry.program_page == 0
+            || geometry.program_page as usize % WRITE != 0
+            || ERASE % geometry.program_page as usize != 0
+        {
+            return Err(FileFlashError::Geometry {
+                path: path.to_path_buf(),
+                detail: std::format!(
+                    "program page {} must divide the erase size {ERASE} and be a multiple of the write size {WRITE}, with at least one sector",
+                    geometry.program_page
+                ),
+            });
+        }
+        let expected = geometry.capacity();
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(io)?;
+        let found = file.metadata().map_err(io)?.len();
+        if found == 0 {
+            // New: pre-fill erased.
+            let erased = std::vec![0xFF; ERASE];
+            for s in 0..geometry.sectors as u64 {
+                file.write_all_at(&erased, s * ERASE as u64).map_err(io)?;
+            }
+            file.sync_all().map_err(io)?;
+        } else if found != expected {
+            return Err(FileFlashError::WrongSize {
+                path: path.to_path_buf(),
+                found,
+                expected,
+            });
+        }
+        let mut bytes = std::vec![0u8; expected as usize];
+        file.read_exact_at(&mut bytes, 0).map_err(io)?;
+        Ok(Self {
+            file,
+            image: NorImage::new(bytes, WRITE, ERASE),
+            program_page: geometry.program_page as usize,
+        })
+    }
+
+    /// What the flash has done since it was opened.
+    pub fn stats(&self) -> FlashStats {
+        self.image.stats.clone()
+    }
+
+    /// Program operations a real part would need for `len` bytes at `offset`
+    /// (writes split at program-page boundaries).
+    fn persist(&self, offset: usize, len: usize) -> Result<(), FlashError> {
+        let mut at = offset;
+        let end = offset + len;
+        while at < end {
+            let page_end = (at / self.program_page + 1) * self.program_page;
+            let chunk = page_end.min(end) - at;
+            self.file
+                .write_all_at(&self.image.bytes[at..at + chunk], at as u64)
+                .map_err(|_| FlashError::Io)?;
+            at += chunk;
+        }
+        self.file.sync_data().map_err(|_| FlashError::Io)
+    }
+}
+
+impl<const WRITE: usize, const ERASE: usize> ErrorType for FileFlash<WRITE, ERASE> {
+    type Error = FlashError;
+}
+
+impl<const WRITE: usize, const ERASE: usize> ReadNorFlash for FileFlash<WRITE, ERASE> {
+    const READ_SIZE: usize = 1;
+
+    async fn read(&mut self, offset: u32, bytes: &mut [u8]) -> Result<(), FlashError> {
+        self.image.read(offset, bytes)
+    }
+
+    fn capacity(&self) -> usize {
+        self.image.bytes.len()
+    }
+}
+
+impl<const WRITE: usize, const ERASE: usize> NorFlash for FileFlash<WRITE, ERASE> {
+    const WRITE_SIZE: usize = WRITE;
+    const ERASE_SIZE: usize = ERASE;
+
+    async fn erase(&mut self, from: u32, to: u32) -> Result<(), FlashError> {
+        let r = self.image.erase(from, to)?;
+        self.persist(r.start, r.len())
+    }
+
+    async fn write(&mut self, offset: u32, bytes: &[u8]) -> Result<(), FlashError> {
+        let n = self.image.write(offset, bytes)?;
+        self.persist(offset as usize, n)
+    }
+}
+
+impl<const WRITE: usize, const ERASE: usize> MultiwriteNorFlash for FileFlash<WRITE, ERASE> {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::executor::block_on;
+
+    const GEO: FlashGeometry = FlashGeometry {
+        write_size: 4,
+        erase_size: 4096,
+        program_page: 256,
+        sectors: 4,
+    };
+
+    #[test]
+    fn creates_erased_and_keeps_what_was_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("flash.bin");
+        block_on(async {
+            let mut f = FileFlash::<4, 4096>::open(&path, &GEO).unwrap();
+            f.write(4096, &[1, 2, 3, 4]).await.unwrap();
+            assert_eq!(
+                f.write(4096, &[0xFF; 4]).await,
+                Err(FlashError::BitSet { at: 4096 })
+            );
+        });
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 4 * 4096);
+        block_on(async {
+            let mut f = FileFlash::<4, 4096>::open(&path, &GEO).unwrap();
+            let mut b = [0; 8];
+            f.read(4096, &mut b).await.unwrap();
+            assert_eq!(b, [1, 2, 3, 4, 0xFF, 0xFF, 0xFF, 0xFF]);
+        });
+    }
+
+    #[test]
+    fn refuses_wrong_size_and_geometry_without_touching_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("flash.bin");
+        std::fs::write(&path, [0u8; 1000]).unwrap();
+        let e = FileFlash::<4, 4096>::open(&path, &GEO)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("is 1000 bytes but the board's flash is 16384 bytes"),
+            "{e}"
+        );
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            [0u8; 1000],
+            "not reformatted"
+        );
+        let other = FlashGeometry {
+            write_size: 8,
+            ..GEO
+        };
+        let e = FileFlash::<4, 4096>::open(&path, &other)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("write size 8"), "{e}");
+    }
+}

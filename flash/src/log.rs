@@ -1,0 +1,262 @@
+//! The event log: every decision an agent made, in order, in flash.
+//!
+//! A record is `{seq, time, kind, body}`: `seq` rises by one per record and
+//! survives restarts (re-read from the log when it opens), `kind` is a
+//! message kind of the bus protocol (its code) or one of this module's own
+//! kinds, and `body` is the postcard body of that message. A field engineer
+//! reads the log with the same decoder as the bus.
+//!
+//! When the log is full, the oldest records make room, and a [`WRAPPED`]
+//! record says how many went and which sequence numbers they had. The one
+//! window where a loss goes unmarked: a power cut after the oldest records
+//! were removed and before the marker is written.
+//!
+//! Glossary:
+//! - *record*: one entry of the log.
+//! - *wrap*: the log reusing the space of its oldest records.
+
+use core::ops::Range;
+
+use embedded_storage_async::nor_flash::MultiwriteNorFlash;
+use loopwarden_protocol::TimestampMs;
+use sequential_storage::cache::{Cache, Uncached};
+use sequential_storage::queue::QueueStorage;
+
+use crate::error::{queue_range, StoreError};
+
+/// Bytes of a record's fixed header: seq (4), time (8), kind (1).
+pub const RECORD_HEADER: usize = 13;
+/// The largest body a record holds (the largest frame body of the protocol).
+pub const MAX_BODY: usize = loopwarden_protocol::MAX_FRAME_LEN;
+/// Kind of the marker of records lost to a wrap; body: [`Wrapped`].
+pub const WRAPPED: u8 = 0xF0;
+
+/// The body of a [`WRAPPED`] record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wrapped {
+    /// Records lost.
+    pub lost: u32,
+    /// Sequence number of the first record lost.
+    pub first_seq: u32,
+    /// Sequence number of the last record lost.
+    pub last_seq: u32,
+}
+
+impl Wrapped {
+    const LEN: usize = 12;
+
+    fn encode(&self) -> [u8; Self::LEN] {
+        let mut b = [0u8; Self::LEN];
+        b[0..4].copy_from_slice(&self.lost.to_le_bytes());
+        b[4..8].copy_from_slice(&self.first_seq.to_le_bytes());
+        b[8..12].copy_from_slice(&self.last_seq.to_le_bytes());
+        b
+    }
+
+    /// Decodes a marker's body.
+    pub fn decode(body: &[u8]) -> Option<Self> {
+        let b: &[u8; Self::LEN] = body.try_into().ok()?;
+        let word = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        Some(Self {
+            lost: word(0),
+            first_seq: word(4),
+            last_seq: word(8),
+        })
+    }
+}
+
+/// One record as read back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Record<'a> {
+    /// Its sequence number.
+    pub seq: u32,
+    /// When it was decided.
+    pub time: TimestampMs,
+    /// A protocol message kind code, or [`WRAPPED`].
+    pub kind: u8,
+    /// The postcard body.
+    pub body: &'a [u8],
+}
+
+impl<'a> Record<'a> {
+    fn encode(&self, buf: &mut [u8]) -> usize {
+        buf[0..4].copy_from_slice(&self.seq.to_le_bytes());
+        buf[4..12].copy_from_slice(&self.time.0.to_le_bytes());
+        buf[12] = self.kind;
+        buf[RECORD_HEADER..RECORD_HEADER + self.body.len()].copy_from_slice(self.body);
+        RECORD_HEADER + self.body.len()
+    }
+
+    /// Decodes a stored record; `None` if it is too short to be one.
+    pub fn decode(bytes: &'a [u8]) -> Option<Self> {
+        if bytes.len() < RECORD_HEADER {
+            return None;
+        }
+        let mut seq = [0u8; 4];
+        seq.copy_from_slice(&bytes[0..4]);
+        let mut time = [0u8; 8];
+        time.copy_from_slice(&bytes[4..12]);
+        Some(Self {
+            seq: u32::from_le_bytes(seq),
+            time: TimestampMs(u64::from_le_bytes(time)),
+            kind: bytes[12],
+            body: &bytes[RECORD_HEADER..],
+        })
+    }
+}
+
+/// No cache: every operation reads what it needs from flash, so nothing in
+/// RAM can disagree with flash after a power cut.
+pub(crate) type NoCache = Cache<Uncached, Uncached, Uncached>;
+
+/// The event log over a flash range (see the module note).
+pub struct EventLog<S: MultiwriteNorFlash> {
+    queue: QueueStorage<S, NoCache>,
+    next_seq: u32,
+    skipped: u32,
+    buf: [u8; RECORD_HEADER + MAX_BODY],
+}
+
+impl<S: MultiwriteNorFlash> EventLog<S> {
+    /// Opens the log in `range` of `flash` (whole sectors, at least two),
+    /// finding where its sequence numbers left off.
+    pub async fn open(flash: S, range: Range<u32>) -> Result<Self, StoreError<S::Error>> {
+        let queue = QueueStorage::new(flash, queue_range(range)?, Cache::new_uncached());
+        let mut log = Self {
+            queue,
+            next_seq: 0,
+            skipped: 0,
+            buf: [0; RECORD_HEADER + MAX_BODY],
+        };
+        let mut max: Option<u32> = None;
+        let skipped = log
+            .for_each(|r| {
+                max = Some(max.map_or(r.seq, |m| m.max(r.seq)));
+            })
+            .await?;
+        log.skipped = skipped;
+        log.next_seq = max.map_or(0, |m| m.wrapping_add(1));
+        Ok(log)
+    }
+
+    /// The sequence number the next record gets.
+    pub fn next_seq(&self) -> u32 {
+        self.next_seq
+    }
+
+    /// Stored items that were not records (too short), skipped when the
+    /// log was opened. Items the store itself found damaged (CRC) never
+    /// reach this layer: `sequential-storage` drops them.
+    pub fn skipped(&self) -> u32 {
+        self.skipped
+    }
+
+    /// Appends a record; returns its sequence number. When the log is full
+    /// the oldest records make room and a [`WRAPPED`] marker precedes it.
+    pub async fn append(
+        &mut self,
+        time: TimestampMs,
+        kind: u8,
+        body: &[u8],
+    ) -> Result<u32, StoreError<S::Error>> {
+        if body.len() > MAX_BODY {
+            return Err(StoreError::TooLarge { len: body.len() });
+        }
+        let len = RECORD_HEADER + body.len();
+        let seq = self.next_seq;
+        let n = Record {
+            seq,
+            time,
+            kind,
+            body,
+        }
+        .encode(&mut self.buf);
+        match self.queue.push(&self.buf[..n], false).await {
+            Ok(()) => {
+                self.next_seq = seq.wrapping_add(1);
+                return Ok(seq);
+            }
+            Err(sequential_storage::Error::FullStorage) => {}
+            Err(e) => return Err(e.into()),
+        }
+        // Full: the oldest records make room for a marker and the record.
+        let wrapped = self.make_room(len + RECORD_HEADER + Wrapped::LEN).await?;
+        let marker = Record {
+            seq,
+            time,
+            kind: WRAPPED,
+            body: &wrapped.encode(),
+        };
+        let n = marker.encode(&mut self.buf);
+        self.queue.push(&self.buf[..n], false).await?;
+        let seq = seq.wrapping_add(1);
+        self.next_seq = seq;
+        let n = Record {
+            seq,
+            time,
+            kind,
+            body,
+        }
+        .encode(&mut self.buf);
+        self.queue.push(&self.buf[..n], false).await?;
+        self.next_seq = seq.wrapping_add(1);
+        Ok(seq)
+    }
+
+    /// Removes the oldest records until `need` bytes fit in one item
+    /// (measured with the store's own overhead), counting what went.
+    async fn make_room(&mut self, need: usize) -> Result<Wrapped, StoreError<S::Error>> {
+        let mut wrapped = Wrapped {
+            lost: 0,
+            first_seq: 0,
+            last_seq: 0,
+        };
+        loop {
+            if let Some(max) = self.queue.find_max_fit().await? {
+                if max as usize >= need {
+                    return Ok(wrapped);
+                }
+            }
+            let mut iter = self.queue.iter().await?;
+            let Some(entry) = iter.next(&mut self.buf).await? else {
+                return Err(StoreError::TooLarge { len: need });
+            };
+            let seq = Record::decode(&entry).map(|r| r.seq);
+            entry.pop().await?;
+            if let Some(seq) = seq {
+                if wrapped.lost == 0 {
+                    wrapped.first_seq = seq;
+                }
+                wrapped.last_seq = seq;
+                wrapped.lost += 1;
+            }
+        }
+    }
+
+    /// Calls `f` with every record, oldest first; returns how many stored
+    /// items were skipped as not being records.
+    pub async fn for_each(
+        &mut self,
+        mut f: impl FnMut(Record<'_>),
+    ) -> Result<u32, StoreError<S::Error>> {
+        let mut skipped = 0;
+        let mut iter = self.queue.iter().await?;
+        while let Some(entry) = iter.next(&mut self.buf).await? {
+            match Record::decode(&entry) {
+                Some(r) => f(r),
+                None => skipped += 1,
+            }
+        }
+        Ok(skipped)
+    }
+
+    /// The flash back.
+    pub fn into_flash(self) -> S {
+        self.queue.destroy().0
+    }
+
+    /// The flash, to inspect it (statistics).
+    pub fn flash(&mut self) -> &mut S {
+        self.queue.flash()
+    }
+}
