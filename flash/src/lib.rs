@@ -31,20 +31,24 @@
 #[cfg(feature = "std")]
 extern crate std;
 
+pub mod config;
 mod error;
 #[cfg(feature = "std")]
 pub mod file;
 pub mod log;
 #[cfg(feature = "std")]
 pub mod nor;
+pub mod outbox;
 #[cfg(feature = "std")]
 pub mod sim;
 
+pub use config::ConfigStore;
 pub use error::StoreError;
 #[cfg(feature = "std")]
 pub use file::{FileFlash, FileFlashError, FlashGeometry};
 pub use log::{EventLog, Record, Wrapped};
 #[cfg(feature = "std")]
 pub use nor::{FlashError, FlashStats};
+pub use outbox::{Class, Dropped, Entry, Outbox};
 #[cfg(feature = "std")]
 pub use sim::SimFlash;

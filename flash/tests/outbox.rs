@@ -1,0 +1,182 @@
+//! The outbox: kept until acknowledged, resent in order, and when full the
+//! cheapest entries go first, never a critical one.
+
+use futures::executor::block_on;
+use loopwarden_flash::outbox::OutboxLayout;
+use loopwarden_flash::{Class, ConfigStore, Entry, Outbox, SimFlash, StoreError};
+use loopwarden_protocol::{
+    samples, Event, GpuIndex, HealthState, Message, MessageKind, ReasonCode,
+};
+
+type Flash = SimFlash<4, 1024>;
+
+/// Two sectors per class.
+fn layout() -> OutboxLayout {
+    OutboxLayout {
+        telemetry: 0..2048,
+        normal: 2048..4096,
+        critical: 4096..6144,
+    }
+}
+
+fn entry(seq: u32, class: Class, payload: &[u8]) -> Entry<'_> {
+    Entry {
+        seq,
+        class,
+        topic: "dc/v1/s/host/h1/event",
+        payload,
+    }
+}
+
+async fn seqs(o: &mut Outbox<Flash>) -> Vec<(u32, Class)> {
+    let mut v = Vec::new();
+    o.for_each(|e| v.push((e.seq, e.class))).await.unwrap();
+    v
+}
+
+#[test]
+fn entries_stay_until_acknowledged_and_survive_a_restart() {
+    block_on(async {
+        let mut o = Outbox::open(Flash::new(6), layout()).await.unwrap();
+        for seq in 10..15 {
+            let class = if seq == 11 {
+                Class::Critical
+            } else {
+                Class::Normal
+            };
+            o.push(&entry(seq, class, &[seq as u8; 40])).await.unwrap();
+        }
+        assert!(o.ack(12).await.unwrap());
+        assert!(!o.ack(12).await.unwrap(), "acknowledged once only");
+        let mut o = Outbox::open(o.into_flash(), layout()).await.unwrap();
+        assert_eq!(
+            seqs(&mut o).await.iter().map(|e| e.0).collect::<Vec<_>>(),
+            [10, 11, 13, 14],
+            "in order across classes, without the acknowledged one"
+        );
+        let mut payloads = Vec::new();
+        o.for_each(|e| payloads.push(e.payload.to_vec()))
+            .await
+            .unwrap();
+        assert_eq!(payloads[2], vec![13u8; 40]);
+    });
+}
+
+#[test]
+fn a_flood_of_cheap_entries_never_crowds_out_a_critical_one() {
+    block_on(async {
+        let mut o = Outbox::open(Flash::new(6), layout()).await.unwrap();
+        let body = [7u8; 150];
+        o.push(&entry(0, Class::Critical, &body)).await.unwrap();
+        o.push(&entry(1, Class::Normal, &body)).await.unwrap();
+        // A long outage: 500 telemetry-class entries pile up.
+        let mut dropped = 0;
+        for seq in 2..502 {
+            let d = o.push(&entry(seq, Class::Telemetry, &body)).await.unwrap();
+            if d.count > 0 {
+                assert_eq!(d.worst, Some(Class::Telemetry));
+            }
+            dropped += d.count;
+        }
+        assert!(
+            dropped > 400,
+            "the telemetry part should have recycled, dropped {dropped}"
+        );
+        let left = seqs(&mut o).await;
+        assert_eq!(left[0], (0, Class::Critical), "{left:?}");
+        assert_eq!(left[1], (1, Class::Normal), "{left:?}");
+        assert_eq!(left.last().unwrap().0, 501, "the newest telemetry is kept");
+        assert!(
+            left.windows(2).all(|w| w[0].0 < w[1].0),
+            "in sequence order"
+        );
+        // The critical part refuses rather than drops.
+        let mut seq = 1000;
+        let refused = loop {
+            match o.push(&entry(seq, Class::Critical, &body)).await {
+                Ok(d) => assert_eq!(d.count, 0, "a critical push dropped something"),
+                Err(StoreError::Full) => break true,
+                Err(e) => panic!("{e}"),
+            }
+            seq += 1;
+            if seq > 1100 {
+                break false;
+            }
+        };
+        assert!(refused, "critical part never filled");
+        let critical: Vec<u32> = seqs(&mut o)
+            .await
+            .iter()
+            .filter(|e| e.1 == Class::Critical)
+            .map(|e| e.0)
+            .collect();
+        assert_eq!(critical[0], 0);
+        assert_eq!(
+            critical.len() as u32,
+            1 + (seq - 1000),
+            "every critical entry accepted is kept"
+        );
+    });
+}
+
+#[test]
+fn classes_follow_what_must_never_be_lost() {
+    let gpu = GpuIndex::new(1).unwrap();
+    let quarantine = Message::Event(Event::HealthChanged {
+        gpu,
+        from: HealthState::Healthy,
+        to: HealthState::Quarantined,
+        reason: ReasonCode::xid(79).unwrap(),
+    });
+    assert_eq!(Class::of(&quarantine), Class::Critical);
+    assert_eq!(
+        Class::of(&Message::Event(Event::Xid { gpu, xid: 13 })),
+        Class::Normal
+    );
+    assert_eq!(
+        Class::of(&samples::message(MessageKind::HostHealth)),
+        Class::Critical
+    );
+    assert_eq!(
+        Class::of(&samples::message(MessageKind::Online)),
+        Class::Telemetry
+    );
+    assert_eq!(
+        Class::of(&samples::message(MessageKind::Ack)),
+        Class::Normal
+    );
+}
+
+#[test]
+fn config_keeps_values_and_sequence_reservations_only_rise() {
+    block_on(async {
+        let mut c = ConfigStore::open(Flash::new(2), 0..2048).unwrap();
+        let mut out = [0u8; 16];
+        assert_eq!(c.get("guard.max_c", &mut out).await.unwrap(), None);
+        c.set("guard.max_c", b"85").await.unwrap();
+        c.set("guard.max_c", b"83").await.unwrap();
+        assert_eq!(c.get("guard.max_c", &mut out).await.unwrap(), Some(2));
+        assert_eq!(&out[..2], b"83");
+        assert_eq!(c.reserve_seq(1000).await.unwrap(), 0);
+        assert_eq!(c.reserve_seq(1000).await.unwrap(), 1000);
+        let mut c = ConfigStore::open(c.into_flash(), 0..2048).unwrap();
+        assert_eq!(
+            c.reserve_seq(1000).await.unwrap(),
+            2000,
+            "a restart never reuses a block"
+        );
+        c.remove("guard.max_c").await.unwrap();
+        assert_eq!(c.get("guard.max_c", &mut out).await.unwrap(), None);
+        assert!(
+            c.set(&"k".repeat(40), b"x").await.is_err(),
+            "key too long is refused"
+        );
+        // Many updates wrap the store without losing the latest values.
+        for i in 0..500u32 {
+            c.set("counter", &i.to_le_bytes()).await.unwrap();
+        }
+        assert_eq!(c.get("counter", &mut out).await.unwrap(), Some(4));
+        assert_eq!(u32::from_le_bytes(out[..4].try_into().unwrap()), 499);
+        assert_eq!(c.reserve_seq(1000).await.unwrap(), 3000);
+    });
+}
