@@ -92,3 +92,42 @@ fn too_large_a_body_is_refused() {
         );
     });
 }
+
+#[test]
+fn a_damaged_record_is_skipped_never_returned_and_the_log_stays_writable() {
+    block_on(async {
+        let mut log = EventLog::open(Flash::new(4), 0..4096).await.unwrap();
+        for i in 0..6u8 {
+            log.append(TimestampMs(i as u64), 3, &[0xA0 | i; 32])
+                .await
+                .unwrap();
+        }
+        let mut flash = log.into_flash();
+        // Clear some bits in the middle of the third record's body (a NOR
+        // bit can only go 1 -> 0 by itself): find it by its fill byte.
+        let bytes = flash.bytes_mut();
+        let at = bytes
+            .windows(32)
+            .position(|w| w.iter().all(|b| *b == 0xA2))
+            .unwrap();
+        bytes[at + 10] &= 0x0F;
+        let mut log = EventLog::open(flash, 0..4096).await.unwrap();
+        let got = records(&mut log).await;
+        let bodies: Vec<u8> = got.iter().map(|r| r.2[0]).collect();
+        assert!(
+            !bodies.contains(&0xA2),
+            "a damaged record was returned as data: {bodies:x?}"
+        );
+        assert!(
+            got.iter().all(|r| r.2.iter().all(|b| *b == r.2[0])),
+            "damaged bytes returned"
+        );
+        assert_eq!(bodies, [0xA0, 0xA1, 0xA3, 0xA4, 0xA5]);
+        assert_eq!(
+            log.append(TimestampMs(9), 3, b"still writable")
+                .await
+                .unwrap(),
+            6
+        );
+    });
+}
