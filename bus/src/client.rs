@@ -14,7 +14,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use loopwarden_protocol::topic::filter;
@@ -31,6 +31,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use crate::config::BusConfig;
+use crate::durable::{class_of, Delivery, DurableOutbox, Pending, StoreFailure};
 use crate::metrics::{Metrics, MetricsSnapshot};
 
 /// A frame received from the bus, with the topic it came on.
@@ -75,6 +76,13 @@ pub enum PublishError {
     /// The bus task has stopped.
     #[error("bus stopped")]
     Stopped,
+    /// The outbox is full of critical frames: this one was not stored and
+    /// not sent. Keep the decision in the log and retry.
+    #[error("outbox full of critical frames: frame {0} not stored")]
+    OutboxFull(u32),
+    /// The outbox's flash failed.
+    #[error("outbox: {0}")]
+    Outbox(String),
 }
 
 struct Shared {
@@ -83,6 +91,7 @@ struct Shared {
     seq: AtomicU32,
     metrics: Metrics,
     connected: AtomicBool,
+    delivery: Mutex<Delivery>,
 }
 
 /// A handle to the bus. Cheap to clone; every clone publishes through the
@@ -122,6 +131,17 @@ fn qos(family: Family) -> QoS {
 }
 
 impl Shared {
+    fn delivery(&self) -> MutexGuard<'_, Delivery> {
+        // A panic while holding the lock leaves the bookkeeping as it was;
+        // go on with it rather than stop delivering.
+        self.delivery.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether a frame on `topic` goes through the outbox.
+    fn durable(&self, topic: &Topic) -> bool {
+        !topic.json && topic.family.qos() == Qos::AtLeastOnce && topic.family != Family::Online
+    }
+
     fn own_topic(&self, family: Family) -> Result<Topic, PublishError> {
         match self.config.node.role {
             role @ (Role::Host | Role::Cdu) => Ok(Topic::new(
@@ -193,12 +213,37 @@ impl Bus {
     /// background and keeps reconnecting. Received frames arrive on the
     /// returned channel.
     pub fn start(config: BusConfig) -> (Bus, mpsc::Receiver<Inbound>, BusTask) {
+        Self::start_inner(config, None)
+    }
+
+    /// As [`Bus::start`], with every QoS 1 frame of this node stored in
+    /// `outbox` before it is sent and removed when the broker acknowledged
+    /// it; what the outbox holds from before (a crash, a power cut) is sent
+    /// again on the first connection, with its original sequence numbers.
+    /// `config.first_seq` should come from a reservation in flash
+    /// (`ConfigStore::reserve_seq`) so numbers keep rising across restarts.
+    pub fn start_with_outbox(
+        config: BusConfig,
+        outbox: Box<dyn DurableOutbox>,
+    ) -> (Bus, mpsc::Receiver<Inbound>, BusTask) {
+        Self::start_inner(config, Some(outbox))
+    }
+
+    fn start_inner(
+        config: BusConfig,
+        outbox: Option<Box<dyn DurableOutbox>>,
+    ) -> (Bus, mpsc::Receiver<Inbound>, BusTask) {
         let shared = Arc::new(Shared {
             seq: AtomicU32::new(config.first_seq),
             started: now_ms(),
             config,
             metrics: Metrics::default(),
             connected: AtomicBool::new(false),
+            delivery: Mutex::new(Delivery {
+                outbox,
+                deferred: true, // what the outbox holds goes out on connecting
+                ..Default::default()
+            }),
         });
         let cfg = &shared.config;
         let mut options = MqttOptions::new(&cfg.client_id, &cfg.broker.host, cfg.broker.port);
@@ -296,7 +341,37 @@ impl Bus {
         let payload = frame
             .to_vec()
             .map_err(|source| PublishError::Encode { kind, source })?;
-        self.enqueue(topic, payload)
+        if !self.shared.durable(topic) {
+            return self.enqueue(topic, payload, None);
+        }
+        let mut delivery = self.shared.delivery();
+        if let Some(outbox) = delivery.outbox.as_mut() {
+            let name = topic.build().map_err(PublishError::Topic)?;
+            let dropped = match outbox.store(frame.seq, class_of(frame), &name, &payload) {
+                Ok(d) => d,
+                Err(StoreFailure::Full) => {
+                    Metrics::add(&self.shared.metrics.outbox_refused);
+                    return Err(PublishError::OutboxFull(frame.seq));
+                }
+                Err(StoreFailure::Flash(e)) => return Err(PublishError::Outbox(e)),
+            };
+            if dropped.count > 0 {
+                self.shared
+                    .metrics
+                    .dropped_outbox
+                    .fetch_add(dropped.count as u64, Ordering::Relaxed);
+                warn!(dropped = dropped.count, first_seq = ?dropped.first_seq, class = ?dropped.worst,
+                      "outbox full: oldest frames of the class dropped");
+            }
+            if !self.is_connected() {
+                // Stored: it goes out when the connection is back.
+                delivery.deferred = true;
+                Metrics::add(&self.shared.metrics.deferred);
+                return Ok(());
+            }
+            return self.hand_over(&mut delivery, topic, payload, Some(frame.seq));
+        }
+        self.hand_over(&mut delivery, topic, payload, None)
     }
 
     /// Publishes the JSON mirror of `frame` on the mirror of our own topic.
@@ -307,15 +382,52 @@ impl Bus {
             return Err(PublishError::IsCommand(kind));
         }
         let topic = self.shared.own_topic(kind.family())?.mirror();
-        self.enqueue(&topic, frame.to_json().into_bytes())
+        self.enqueue(&topic, frame.to_json().into_bytes(), None)
     }
 
-    fn enqueue(&self, topic: &Topic, payload: Vec<u8>) -> Result<(), PublishError> {
-        let m = &self.shared.metrics;
-        if topic.family.qos() == Qos::AtMostOnce && !self.is_connected() {
-            Metrics::add(&m.dropped_offline);
-            return Err(PublishError::Offline);
+    fn enqueue(
+        &self,
+        topic: &Topic,
+        payload: Vec<u8>,
+        seq: Option<u32>,
+    ) -> Result<(), PublishError> {
+        if topic.family.qos() == Qos::AtMostOnce {
+            if !self.is_connected() {
+                Metrics::add(&self.shared.metrics.dropped_offline);
+                return Err(PublishError::Offline);
+            }
+            return self.try_publish(topic, payload);
         }
+        let mut delivery = self.shared.delivery();
+        self.hand_over(&mut delivery, topic, payload, seq)
+    }
+
+    /// Hands a QoS 1 publish to the client, noting its place in `order`
+    /// under the same lock. An outbox frame the queue cannot take stays
+    /// deferred in the outbox.
+    fn hand_over(
+        &self,
+        delivery: &mut Delivery,
+        topic: &Topic,
+        payload: Vec<u8>,
+        seq: Option<u32>,
+    ) -> Result<(), PublishError> {
+        match self.try_publish(topic, payload) {
+            Ok(()) => {
+                delivery.order.push_back(seq);
+                Ok(())
+            }
+            Err(PublishError::QueueFull) if seq.is_some() => {
+                delivery.deferred = true;
+                Metrics::add(&self.shared.metrics.deferred);
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn try_publish(&self, topic: &Topic, payload: Vec<u8>) -> Result<(), PublishError> {
+        let m = &self.shared.metrics;
         let name = topic.build().map_err(PublishError::Topic)?;
         let family = topic.family;
         match self
@@ -350,10 +462,11 @@ impl Bus {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         for p in self.shared.presence(false) {
+            let mut delivery = self.shared.delivery();
             self.client
-                .publish(p.topic.clone(), p.qos, p.retain, p.payload.to_vec())
-                .await
-                .map_err(|_| PublishError::Stopped)?;
+                .try_publish(p.topic.clone(), p.qos, p.retain, p.payload.to_vec())
+                .map_err(|_| PublishError::QueueFull)?;
+            delivery.order.push_back(None);
             Metrics::add(&self.shared.metrics.published);
             Metrics::add(&self.shared.metrics.published_qos1);
         }
@@ -364,13 +477,36 @@ impl Bus {
     }
 }
 
-/// Keeps the QoS 1 publishes the event loop had not got acknowledged when
-/// the connection dropped, drops the rest (counted), and bounds the lot.
-fn salvage(eventloop: &mut EventLoop, kept: &mut VecDeque<Request>, shared: &Shared) {
+/// After a lost connection: keeps the QoS 1 publishes the event loop had
+/// not got acknowledged that are not in the outbox (the outbox resends its
+/// own), drops the rest (counted), bounds the lot, and forgets the packet
+/// ids of the old session. Runs under the delivery lock.
+fn salvage(
+    eventloop: &mut EventLoop,
+    kept: &mut VecDeque<Request>,
+    shared: &Shared,
+    delivery: &mut Delivery,
+) {
     let m = &shared.metrics;
+    let has_outbox = delivery.outbox.is_some();
+    // Publishes drained from the client's queue were never sent: their
+    // places are at the front of `order`, in the same order.
+    let unsent = eventloop
+        .pending
+        .iter()
+        .filter(|r| matches!(r, Request::Publish(p) if p.qos != QoS::AtMostOnce && p.pkid == 0))
+        .count();
+    delivery.order.drain(..unsent.min(delivery.order.len()));
+    delivery.inflight.clear();
     for request in eventloop.pending.drain(..) {
         match request {
             Request::Publish(mut p) if p.qos != QoS::AtMostOnce => {
+                let topic = Topic::parse(&p.topic).ok();
+                let in_outbox = has_outbox && topic.as_ref().is_some_and(|t| shared.durable(t));
+                let presence = topic.as_ref().is_some_and(|t| t.family == Family::Online);
+                if in_outbox || presence {
+                    continue; // resent from the outbox / announced again
+                }
                 // The next session is a clean one: the old packet id means
                 // nothing there and could collide with a new one.
                 p.pkid = 0;
@@ -382,9 +518,70 @@ fn salvage(eventloop: &mut EventLoop, kept: &mut VecDeque<Request>, shared: &Sha
             _ => {}
         }
     }
+    if has_outbox {
+        delivery.deferred = true;
+    }
     while kept.len() > shared.config.offline_capacity {
         kept.pop_front();
         Metrics::add(&m.dropped_offline_overflow);
+    }
+}
+
+/// Hands the outbox frames not yet handed over to the event loop, ahead of
+/// the client's queue, between `before` (kept frames) and `after`
+/// (presence).
+fn hand_over_unsent(
+    eventloop: &mut EventLoop,
+    delivery: &mut Delivery,
+    before: Vec<rumqttc::Publish>,
+    after: Vec<rumqttc::Publish>,
+    shared: &Shared,
+) {
+    let m = &shared.metrics;
+    let unsent: Vec<Pending> = if delivery.deferred {
+        match delivery.unsent() {
+            Ok(u) => {
+                delivery.deferred = false;
+                u
+            }
+            Err(e) => {
+                warn!(error = %e, "cannot read the outbox; will retry");
+                Vec::new()
+            }
+        }
+    } else {
+        Vec::new()
+    };
+    // Requests already in `pending` come first; then these; then the queue.
+    let at = eventloop
+        .pending
+        .iter()
+        .filter(|r| matches!(r, Request::Publish(p) if p.qos != QoS::AtMostOnce))
+        .count();
+    let mut entries = Vec::new();
+    let mut requests = Vec::new();
+    for p in before {
+        entries.push(None);
+        requests.push(Request::Publish(p));
+    }
+    for u in unsent {
+        let mut p = rumqttc::Publish::new(u.topic, QoS::AtLeastOnce, u.payload);
+        p.retain = Topic::parse(&p.topic).is_ok_and(|t| t.family.retained());
+        entries.push(Some(u.seq));
+        requests.push(Request::Publish(p));
+        Metrics::add(&m.resent);
+    }
+    for p in after {
+        entries.push(None);
+        requests.push(Request::Publish(p));
+    }
+    for (k, (entry, request)) in entries.into_iter().zip(requests).enumerate() {
+        delivery
+            .order
+            .insert((at + k).min(delivery.order.len()), entry);
+        eventloop.pending.push_back(request);
+        Metrics::add(&m.published);
+        Metrics::add(&m.published_qos1);
     }
 }
 
@@ -423,16 +620,20 @@ async fn run(
                     shared.connected.store(true, Ordering::Relaxed);
                     let _ = connected.send(true);
                 }
-                // Presence, then what was kept from the last connection, in
-                // order, ahead of anything new; kept frames carry lower
-                // sequence numbers, so they go first.
-                for p in shared.presence(true).into_iter().rev() {
-                    eventloop.pending.push_front(Request::Publish(p));
-                    Metrics::add(&m.published);
-                    Metrics::add(&m.published_qos1);
-                }
-                for request in kept.drain(..).rev() {
-                    eventloop.pending.push_front(request);
+                // What was kept from the last connection, what the outbox
+                // holds, then presence, ahead of anything new.
+                {
+                    let mut delivery = shared.delivery();
+                    let before: Vec<rumqttc::Publish> = kept
+                        .drain(..)
+                        .filter_map(|r| match r {
+                            Request::Publish(p) => Some(p),
+                            _ => None,
+                        })
+                        .collect();
+                    // Presence after the outbox frames: they carry lower numbers.
+                    let presence = shared.presence(true);
+                    hand_over_unsent(&mut eventloop, &mut delivery, before, presence, &shared);
                 }
                 for filter in &subscriptions {
                     if let Err(e) = client.try_subscribe(filter.as_str(), QoS::AtLeastOnce) {
@@ -465,7 +666,43 @@ async fn run(
                     }
                 }
             }
-            Ok(Event::Incoming(Packet::PubAck(_))) => Metrics::add(&m.acked),
+            Ok(Event::Incoming(Packet::PubAck(ack))) => {
+                Metrics::add(&m.acked);
+                let mut delivery = shared.delivery();
+                if let Some(seq) = delivery.inflight.remove(&ack.pkid) {
+                    let result = delivery.outbox.as_mut().map(|o| o.ack(seq));
+                    match result {
+                        Some(Ok(_)) => Metrics::add(&m.outbox_acked),
+                        Some(Err(e)) => {
+                            warn!(seq, error = %e, "cannot remove an acknowledged frame from the outbox")
+                        }
+                        None => {}
+                    }
+                }
+                // Frames the queue could not take go out once it drains.
+                if delivery.deferred && eventloop.pending.is_empty() && delivery.order.is_empty() {
+                    hand_over_unsent(
+                        &mut eventloop,
+                        &mut delivery,
+                        Vec::new(),
+                        Vec::new(),
+                        &shared,
+                    );
+                }
+            }
+            Ok(Event::Outgoing(Outgoing::Publish(pkid))) if pkid != 0 => {
+                let mut delivery = shared.delivery();
+                match delivery.order.pop_front() {
+                    Some(Some(seq)) => {
+                        delivery.inflight.insert(pkid, seq);
+                    }
+                    Some(None) => {}
+                    None => {
+                        Metrics::add(&m.delivery_mismatch);
+                        debug!(pkid, "a publish was sent that the shell did not hand over");
+                    }
+                }
+            }
             Ok(Event::Incoming(Packet::SubAck(ack))) => {
                 if ack
                     .return_codes
@@ -500,7 +737,10 @@ async fn run(
                 Metrics::add(&m.connection_errors);
                 shared.connected.store(false, Ordering::Relaxed);
                 let _ = connected.send(false);
-                salvage(&mut eventloop, &mut kept, &shared);
+                {
+                    let mut delivery = shared.delivery();
+                    salvage(&mut eventloop, &mut kept, &shared, &mut delivery);
+                }
                 if let Some(will) = shared.last_will() {
                     eventloop.mqtt_options.set_last_will(will);
                 }

@@ -18,6 +18,7 @@
 mod backoff;
 mod client;
 mod config;
+mod durable;
 #[cfg(feature = "embedded-broker")]
 pub mod embedded;
 mod metrics;
@@ -25,4 +26,5 @@ mod metrics;
 pub use backoff::Backoff;
 pub use client::{now_ms, site_filter, Bus, BusTask, Inbound, PublishError};
 pub use config::{BrokerAddr, BrokerAddrError, BusConfig, DEFAULT_PORT};
+pub use durable::{DurableOutbox, Pending, StoreFailure};
 pub use metrics::{Metrics, MetricsSnapshot};

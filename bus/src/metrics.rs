@@ -42,6 +42,19 @@ counters! {
     published_qos1,
     /// QoS 1 publishes the broker acknowledged.
     acked,
+    /// Outbox frames removed after the broker acknowledged them.
+    outbox_acked,
+    /// Outbox frames stored but not yet handed to the client (not
+    /// connected, or its queue was full); they go out later.
+    deferred,
+    /// Outbox frames handed over again (after a restart or reconnection).
+    resent,
+    /// Frames the outbox dropped to make room (oldest of a non-critical class).
+    dropped_outbox,
+    /// Critical frames the outbox had no room for (not stored, not sent).
+    outbox_refused,
+    /// Send events the shell could not match to a frame (bookkeeping error).
+    delivery_mismatch,
     /// Frames received and decoded.
     received,
     /// Connections established (the first one included).
