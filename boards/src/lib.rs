@@ -137,6 +137,136 @@ impl GpuBoard {
     }
 }
 
+/// A flash board: the part's geometry and how its sectors are shared
+/// between the stores.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FlashBoard {
+    /// `file` for the file-backed flash of a Linux host.
+    pub part: String,
+    /// The part's geometry.
+    pub geometry: FlashGeometryToml,
+    /// Sector ranges `[first, end)` of each store.
+    pub layout: FlashLayoutToml,
+}
+
+/// `[geometry]` of a flash board.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FlashGeometryToml {
+    /// Bytes per programmed word.
+    pub write_size: u32,
+    /// Bytes per erased sector.
+    pub erase_size: u32,
+    /// Bytes per program operation at most.
+    pub program_page: u32,
+    /// Sectors in the part.
+    pub sectors: u32,
+}
+
+/// `[layout]` of a flash board, in sectors.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FlashLayoutToml {
+    /// The event log.
+    pub log: [u32; 2],
+    /// The outbox's telemetry-class part.
+    pub outbox_telemetry: [u32; 2],
+    /// The outbox's normal part.
+    pub outbox_normal: [u32; 2],
+    /// The outbox's critical part.
+    pub outbox_critical: [u32; 2],
+    /// The config store.
+    pub config: [u32; 2],
+}
+
+/// Byte ranges of each store on a flash.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlashLayout {
+    /// The event log.
+    pub log: core::ops::Range<u32>,
+    /// The outbox.
+    pub outbox: loopwarden_flash::outbox::OutboxLayout,
+    /// The config store.
+    pub config: core::ops::Range<u32>,
+}
+
+impl FlashBoard {
+    /// Parses and checks a definition; `origin` names it in errors.
+    pub fn from_toml(text: &str, origin: &str) -> Result<Self, BoardError> {
+        let board: FlashBoard = toml::from_str(text).map_err(|e| BoardError::Syntax {
+            origin: origin.to_string(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        board.check().map_err(|message| BoardError::Invalid {
+            origin: origin.to_string(),
+            message,
+        })?;
+        Ok(board)
+    }
+
+    /// The flash board of a Linux host agent shipped in `flash/host-file.toml`.
+    pub fn host_file() -> Self {
+        Self::from_toml(
+            include_str!("../flash/host-file.toml"),
+            "flash/host-file.toml",
+        )
+        .expect("the shipped flash board is valid")
+    }
+
+    /// The geometry for the flash crate.
+    pub fn geometry(&self) -> loopwarden_flash::FlashGeometry {
+        let g = self.geometry;
+        loopwarden_flash::FlashGeometry {
+            write_size: g.write_size,
+            erase_size: g.erase_size,
+            program_page: g.program_page,
+            sectors: g.sectors,
+        }
+    }
+
+    /// Byte ranges of the stores.
+    pub fn layout(&self) -> FlashLayout {
+        let bytes = |[a, b]: [u32; 2]| a * self.geometry.erase_size..b * self.geometry.erase_size;
+        let l = &self.layout;
+        FlashLayout {
+            log: bytes(l.log),
+            outbox: loopwarden_flash::outbox::OutboxLayout {
+                telemetry: bytes(l.outbox_telemetry),
+                normal: bytes(l.outbox_normal),
+                critical: bytes(l.outbox_critical),
+            },
+            config: bytes(l.config),
+        }
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let l = &self.layout;
+        let mut parts = [
+            ("log", l.log, 2),
+            ("outbox_telemetry", l.outbox_telemetry, 1),
+            ("outbox_normal", l.outbox_normal, 1),
+            ("outbox_critical", l.outbox_critical, 1),
+            ("config", l.config, 2),
+        ];
+        for (name, [a, b], min) in parts {
+            if b < a + min || b > self.geometry.sectors {
+                return Err(format!(
+                    "layout.{name} = [{a}, {b}] must hold at least {min} sector(s) within the {} sectors",
+                    self.geometry.sectors
+                ));
+            }
+        }
+        parts.sort_by_key(|p| p.1[0]);
+        for w in parts.windows(2) {
+            if w[0].1[1] > w[1].1[0] {
+                return Err(format!("layout.{} overlaps layout.{}", w[0].0, w[1].0));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The GPU definitions shipped in `gpus/`.
 pub const BUILTIN_GPUS: &[(&str, &str)] = &[
     ("gpus/h100-sxm.toml", include_str!("../gpus/h100-sxm.toml")),
@@ -164,6 +294,19 @@ mod tests {
             .to_string();
         assert!(e.starts_with("x.toml: "), "{e}");
         assert!(e.contains("mem_maxx_c") && e.contains("line 15"), "{e}");
+    }
+
+    #[test]
+    fn the_host_flash_board_loads_and_overlaps_are_refused() {
+        let b = FlashBoard::host_file();
+        assert_eq!(b.geometry().capacity(), 1 << 20);
+        assert_eq!(b.layout().config, 248 * 4096..256 * 4096);
+        let text =
+            include_str!("../flash/host-file.toml").replace("log = [0, 160]", "log = [0, 170]");
+        let e = FlashBoard::from_toml(&text, "f.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("overlaps"), "{e}");
     }
 
     #[test]

@@ -34,6 +34,13 @@ use crate::config::BusConfig;
 use crate::durable::{class_of, Delivery, DurableOutbox, Pending, StoreFailure};
 use crate::metrics::{Metrics, MetricsSnapshot};
 
+/// The most QoS 1 publishes in flight at once. Packet ids wrap at this
+/// number; the shell never hands over more than it leaves room for, so a
+/// replay after an outage cannot reuse the id of an unacknowledged publish.
+const MAX_INFLIGHT: u16 = 1024;
+/// Room kept for publishes the shell does not count (presence, mirrors).
+const INFLIGHT_MARGIN: usize = 32;
+
 /// A frame received from the bus, with the topic it came on.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Inbound {
@@ -83,6 +90,14 @@ pub enum PublishError {
     /// The outbox's flash failed.
     #[error("outbox: {0}")]
     Outbox(String),
+    /// Shutdown ended with publishes the broker had not acknowledged (not
+    /// connected, or the timeout passed); with an outbox they are still in
+    /// flash and go out after the next start.
+    #[error("{count} publishes not acknowledged by the broker at shutdown")]
+    Unacknowledged {
+        /// How many were handed over and not acknowledged.
+        count: usize,
+    },
 }
 
 struct Shared {
@@ -92,6 +107,10 @@ struct Shared {
     metrics: Metrics,
     connected: AtomicBool,
     delivery: Mutex<Delivery>,
+    /// Nothing handed over is waiting for the broker (kept by the task).
+    settled: AtomicBool,
+    /// `shutdown` was called: do not reconnect.
+    shutting_down: AtomicBool,
 }
 
 /// A handle to the bus. Cheap to clone; every clone publishes through the
@@ -244,6 +263,8 @@ impl Bus {
                 deferred: true, // what the outbox holds goes out on connecting
                 ..Default::default()
             }),
+            settled: AtomicBool::new(true),
+            shutting_down: AtomicBool::new(false),
         });
         let cfg = &shared.config;
         let mut options = MqttOptions::new(&cfg.client_id, &cfg.broker.host, cfg.broker.port);
@@ -253,9 +274,7 @@ impl Bus {
         if let Some((user, password)) = &cfg.credentials {
             options.set_credentials(user, password);
         }
-        if let Some(will) = shared.last_will() {
-            options.set_last_will(will);
-        }
+        options.set_inflight(MAX_INFLIGHT);
         let (client, eventloop) = AsyncClient::new(options, cfg.queue_capacity.max(1));
         let (inbound_tx, inbound_rx) = mpsc::channel(cfg.inbound_capacity.max(1));
         let (connected_tx, connected_rx) = watch::channel(false);
@@ -264,7 +283,7 @@ impl Bus {
             shared: shared.clone(),
             connected: connected_rx,
         };
-        let task = tokio::spawn(run(shared, client, eventloop, inbound_tx, connected_tx));
+        let task = tokio::spawn(run(shared, eventloop, inbound_tx, connected_tx));
         (bus, inbound_rx, BusTask(task))
     }
 
@@ -363,8 +382,9 @@ impl Bus {
                 warn!(dropped = dropped.count, first_seq = ?dropped.first_seq, class = ?dropped.worst,
                       "outbox full: oldest frames of the class dropped");
             }
-            if !self.is_connected() {
-                // Stored: it goes out when the connection is back.
+            if !self.is_connected() || delivery.deferred {
+                // Stored: it goes out when the connection is back, after
+                // the older frames still waiting, in sequence order.
                 delivery.deferred = true;
                 Metrics::add(&self.shared.metrics.deferred);
                 return Ok(());
@@ -442,6 +462,9 @@ impl Bus {
                 Ok(())
             }
             Err(ClientError::TryRequest(_)) | Err(ClientError::Request(_)) => {
+                if self.connected.has_changed().is_err() {
+                    return Err(PublishError::Stopped);
+                }
                 Metrics::add(&m.dropped_queue_full);
                 Err(PublishError::QueueFull)
             }
@@ -449,32 +472,59 @@ impl Bus {
     }
 
     /// Leaves cleanly: waits (at most `timeout`) until the broker has
-    /// acknowledged every QoS 1 publish, announces `online: false`
-    /// (retained, frame and JSON) and disconnects, so the broker does not
-    /// publish the last will. Await [`BusTask::join`] afterwards.
+    /// acknowledged every QoS 1 publish handed over, announces
+    /// `online: false` (retained, frame and JSON), disconnects, and stops
+    /// reconnecting; the broker then drops the last will. Fails with
+    /// [`PublishError::Unacknowledged`] when not everything was
+    /// acknowledged (not connected, or the timeout passed). Await
+    /// [`BusTask::join`] afterwards.
     pub async fn shutdown(&self, timeout: Duration) -> Result<(), PublishError> {
+        self.shared.shutting_down.store(true, Ordering::Relaxed);
         let deadline = tokio::time::Instant::now() + timeout;
-        let unacked = |m: MetricsSnapshot| m.published_qos1 > m.acked;
         while self.is_connected()
-            && unacked(self.metrics())
+            && !self.shared.settled.load(Ordering::Relaxed)
             && tokio::time::Instant::now() < deadline
         {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        for p in self.shared.presence(false) {
-            let mut delivery = self.shared.delivery();
-            self.client
-                .try_publish(p.topic.clone(), p.qos, p.retain, p.payload.to_vec())
-                .map_err(|_| PublishError::QueueFull)?;
-            delivery.order.push_back(None);
-            Metrics::add(&self.shared.metrics.published);
-            Metrics::add(&self.shared.metrics.published_qos1);
+        let unacknowledged = {
+            let d = self.shared.delivery();
+            d.order.len() + d.inflight.len()
+        };
+        let connected = self.is_connected();
+        if connected {
+            for p in self.shared.presence(false) {
+                let mut delivery = self.shared.delivery();
+                if self
+                    .client
+                    .try_publish(p.topic.clone(), p.qos, p.retain, p.payload.to_vec())
+                    .is_ok()
+                {
+                    delivery.order.push_back(None);
+                    Metrics::add(&self.shared.metrics.published);
+                    Metrics::add(&self.shared.metrics.published_qos1);
+                }
+            }
         }
-        self.client
-            .disconnect()
-            .await
-            .map_err(|_| PublishError::Stopped)
+        // Never waits: with the queue full the task is told by the flag.
+        let _ = self.client.try_disconnect();
+        if !connected || unacknowledged > 0 {
+            return Err(PublishError::Unacknowledged {
+                count: unacknowledged,
+            });
+        }
+        Ok(())
     }
+}
+
+/// Numbers the next connection's announcement, then its last will, and
+/// registers the will for the next connection attempt.
+fn prepare_presence(shared: &Shared, eventloop: &mut EventLoop) -> Vec<rumqttc::Publish> {
+    let announcement = shared.presence(true);
+    if let Some(will) = shared.last_will() {
+        eventloop.mqtt_options.set_last_will(will);
+    }
+    announcement
 }
 
 /// After a lost connection: keeps the QoS 1 publishes the event loop had
@@ -489,15 +539,23 @@ fn salvage(
 ) {
     let m = &shared.metrics;
     let has_outbox = delivery.outbox.is_some();
-    // Publishes drained from the client's queue were never sent: their
-    // places are at the front of `order`, in the same order.
-    let unsent = eventloop
+    // Every QoS 1 publish back in `pending` whose send event the shell has
+    // not seen (drained from the client's queue, or handled just before the
+    // connection broke) still has its place at the front of `order`, in the
+    // same order. Send events of the broken connection still buffered in the
+    // client are stale: drop them so they cannot be matched after the
+    // reconnection.
+    let unseen = eventloop
         .pending
         .iter()
-        .filter(|r| matches!(r, Request::Publish(p) if p.qos != QoS::AtMostOnce && p.pkid == 0))
+        .filter(|r| {
+            matches!(r, Request::Publish(p)
+                if p.qos != QoS::AtMostOnce && (p.pkid == 0 || !delivery.inflight.contains_key(&p.pkid)))
+        })
         .count();
-    delivery.order.drain(..unsent.min(delivery.order.len()));
+    delivery.order.drain(..unseen.min(delivery.order.len()));
     delivery.inflight.clear();
+    eventloop.state.events.clear();
     for request in eventloop.pending.drain(..) {
         match request {
             Request::Publish(mut p) if p.qos != QoS::AtMostOnce => {
@@ -521,10 +579,26 @@ fn salvage(
     if has_outbox {
         delivery.deferred = true;
     }
+    // The client gives unacknowledged publishes back by packet id, not in
+    // the order they were sent: restore the frames' order.
+    let mut sorted: Vec<Request> = kept.drain(..).collect();
+    sorted.sort_by_key(|r| match r {
+        Request::Publish(p) => seq_of(&p.payload),
+        _ => None,
+    });
+    kept.extend(sorted);
     while kept.len() > shared.config.offline_capacity {
         kept.pop_front();
         Metrics::add(&m.dropped_offline_overflow);
     }
+}
+
+/// The sequence number of a frame or of its JSON mirror.
+fn seq_of(payload: &[u8]) -> Option<u32> {
+    Frame::decode(payload)
+        .ok()
+        .or_else(|| Frame::from_json(std::str::from_utf8(payload).ok()?).ok())
+        .map(|f| f.seq)
 }
 
 /// Hands the outbox frames not yet handed over to the event loop, ahead of
@@ -538,10 +612,17 @@ fn hand_over_unsent(
     shared: &Shared,
 ) {
     let m = &shared.metrics;
+    // Room for the outbox frames: never more in flight than packet ids.
+    let busy = delivery.inflight.len() + delivery.order.len() + before.len() + after.len();
+    let room = (MAX_INFLIGHT as usize).saturating_sub(busy + INFLIGHT_MARGIN);
     let unsent: Vec<Pending> = if delivery.deferred {
         match delivery.unsent() {
-            Ok(u) => {
-                delivery.deferred = false;
+            Ok(mut u) => {
+                if u.len() > room {
+                    u.truncate(room); // the rest on later acknowledgements
+                } else {
+                    delivery.deferred = false;
+                }
                 u
             }
             Err(e) => {
@@ -552,6 +633,14 @@ fn hand_over_unsent(
     } else {
         Vec::new()
     };
+    if let (Some(first), Some(last)) = (unsent.first(), unsent.last()) {
+        debug!(
+            count = unsent.len(),
+            first = first.seq,
+            last = last.seq,
+            "handing over outbox frames"
+        );
+    }
     // Requests already in `pending` come first; then these; then the queue.
     let at = eventloop
         .pending
@@ -587,7 +676,6 @@ fn hand_over_unsent(
 
 async fn run(
     shared: Arc<Shared>,
-    client: AsyncClient,
     mut eventloop: EventLoop,
     inbound: mpsc::Sender<Inbound>,
     connected: watch::Sender<bool>,
@@ -598,7 +686,8 @@ async fn run(
     let mut rng = rand::rngs::StdRng::from_entropy();
     let mut kept: VecDeque<Request> = VecDeque::new();
     let mut errors_in_a_row = 0u32;
-    let mut awaiting_subacks = 0usize;
+    let mut awaiting_suback = false;
+    let mut connected_at = tokio::time::Instant::now();
     let mut subscriptions: Vec<String> = cfg.subscriptions.clone();
     if let Ok(cmd) = shared
         .own_topic(Family::Cmd)
@@ -606,40 +695,50 @@ async fn run(
     {
         subscriptions.push(cmd.to_string());
     }
+    // The announcement of the next connection, numbered before its will so
+    // the will is the newer of the two.
+    let mut announcement = prepare_presence(&shared, &mut eventloop);
     loop {
-        match eventloop.poll().await {
+        let event = eventloop.poll().await;
+        let settled = eventloop.state.inflight() == 0 && {
+            let d = shared.delivery();
+            d.order.is_empty() && !d.deferred
+        };
+        shared.settled.store(settled, Ordering::Relaxed);
+        match event {
             Ok(Event::Incoming(Packet::ConnAck(ack))) => {
                 info!(broker = %cfg.broker, session = ack.session_present, "connected to the broker");
-                backoff.reset();
+                connected_at = tokio::time::Instant::now();
                 errors_in_a_row = 0;
                 Metrics::add(&m.connects);
-                // Ready once every subscription is acknowledged: a command
-                // sent to us after that reaches us.
-                awaiting_subacks = subscriptions.len();
-                if awaiting_subacks == 0 {
+                // Subscriptions first, straight to the event loop (the
+                // client's queue may be full after an outage); ready once
+                // the broker answered them, so a command sent to us after
+                // that reaches us.
+                awaiting_suback = !subscriptions.is_empty();
+                if awaiting_suback {
+                    let filters = subscriptions
+                        .iter()
+                        .map(|f| rumqttc::SubscribeFilter::new(f.clone(), QoS::AtLeastOnce));
+                    eventloop
+                        .pending
+                        .push_front(Request::Subscribe(rumqttc::Subscribe::new_many(filters)));
+                } else {
                     shared.connected.store(true, Ordering::Relaxed);
                     let _ = connected.send(true);
                 }
                 // What was kept from the last connection, what the outbox
                 // holds, then presence, ahead of anything new.
-                {
-                    let mut delivery = shared.delivery();
-                    let before: Vec<rumqttc::Publish> = kept
-                        .drain(..)
-                        .filter_map(|r| match r {
-                            Request::Publish(p) => Some(p),
-                            _ => None,
-                        })
-                        .collect();
-                    // Presence after the outbox frames: they carry lower numbers.
-                    let presence = shared.presence(true);
-                    hand_over_unsent(&mut eventloop, &mut delivery, before, presence, &shared);
-                }
-                for filter in &subscriptions {
-                    if let Err(e) = client.try_subscribe(filter.as_str(), QoS::AtLeastOnce) {
-                        warn!(%filter, error = %e, "cannot queue subscription");
-                    }
-                }
+                let mut delivery = shared.delivery();
+                let before: Vec<rumqttc::Publish> = kept
+                    .drain(..)
+                    .filter_map(|r| match r {
+                        Request::Publish(p) => Some(p),
+                        _ => None,
+                    })
+                    .collect();
+                let presence = std::mem::take(&mut announcement);
+                hand_over_unsent(&mut eventloop, &mut delivery, before, presence, &shared);
             }
             Ok(Event::Incoming(Packet::Publish(p))) => {
                 let topic = match Topic::parse(&p.topic) {
@@ -679,8 +778,8 @@ async fn run(
                         None => {}
                     }
                 }
-                // Frames the queue could not take go out once it drains.
-                if delivery.deferred && eventloop.pending.is_empty() && delivery.order.is_empty() {
+                // Frames still waiting in the outbox go out as room frees.
+                if delivery.deferred && shared.connected.load(Ordering::Relaxed) {
                     hand_over_unsent(
                         &mut eventloop,
                         &mut delivery,
@@ -711,12 +810,10 @@ async fn run(
                 {
                     warn!(pkid = ack.pkid, "the broker refused a subscription");
                 }
-                if awaiting_subacks > 0 {
-                    awaiting_subacks -= 1;
-                    if awaiting_subacks == 0 {
-                        shared.connected.store(true, Ordering::Relaxed);
-                        let _ = connected.send(true);
-                    }
+                if awaiting_suback {
+                    awaiting_suback = false;
+                    shared.connected.store(true, Ordering::Relaxed);
+                    let _ = connected.send(true);
                 }
             }
             Ok(Event::Outgoing(Outgoing::Disconnect)) => {
@@ -741,9 +838,17 @@ async fn run(
                     let mut delivery = shared.delivery();
                     salvage(&mut eventloop, &mut kept, &shared, &mut delivery);
                 }
-                if let Some(will) = shared.last_will() {
-                    eventloop.mqtt_options.set_last_will(will);
+                if shared.shutting_down.load(Ordering::Relaxed) {
+                    info!("connection lost during shutdown: not reconnecting");
+                    return;
                 }
+                announcement = prepare_presence(&shared, &mut eventloop);
+                // A connection that did not last (a broker that accepts, then
+                // drops us) does not reset the backoff.
+                if connected_at.elapsed() > Duration::from_secs(10) {
+                    backoff.reset();
+                }
+                connected_at = tokio::time::Instant::now();
                 let wait = backoff.next_wait(&mut rng);
                 errors_in_a_row += 1;
                 // Say it loudly once, then only now and then: an outage of an

@@ -40,6 +40,8 @@ pub mod log;
 pub mod nor;
 pub mod outbox;
 #[cfg(feature = "std")]
+pub mod shared;
+#[cfg(feature = "std")]
 pub mod sim;
 
 pub use config::ConfigStore;
@@ -50,5 +52,7 @@ pub use log::{EventLog, Record, Wrapped};
 #[cfg(feature = "std")]
 pub use nor::{FlashError, FlashStats};
 pub use outbox::{Class, Dropped, Entry, Outbox};
+#[cfg(feature = "std")]
+pub use shared::SharedFlash;
 #[cfg(feature = "std")]
 pub use sim::SimFlash;

@@ -90,42 +90,78 @@ pub fn wait_listening(addr: SocketAddr, timeout: Duration) -> bool {
 
 /// A private mosquitto broker on a loopback port, stopped when dropped.
 pub struct Mosquitto {
-    child: Child,
+    child: Option<Child>,
     port: u16,
+    conf: PathBuf,
     _dir: tempfile::TempDir,
 }
 
 impl Mosquitto {
     /// Starts one, or `None` (skip) when mosquitto is not installed outside CI.
     pub fn start() -> Option<Mosquitto> {
-        let bin = require_tool("mosquitto")?;
+        Self::start_with(false)
+    }
+
+    /// Starts one that keeps sessions and retained messages across its own
+    /// restarts ([`Mosquitto::stop`], [`Mosquitto::restart`]) when `persistent`.
+    pub fn start_with(persistent: bool) -> Option<Mosquitto> {
+        require_tool("mosquitto")?;
         let dir = tempfile::tempdir().expect("a temporary directory");
         let port = free_port();
         let conf = dir.path().join("mosquitto.conf");
+        let persistence = if persistent {
+            format!(
+                "persistence true\npersistence_location {}/\n",
+                dir.path().display()
+            )
+        } else {
+            "persistence false\n".to_string()
+        };
         std::fs::write(
             &conf,
             format!(
-                "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nlog_dest stderr\nlog_type error\nlog_type warning\n"
+                "listener {port} 127.0.0.1\nallow_anonymous true\n{persistence}log_dest stderr\nlog_type error\nlog_type warning\n"
             ),
         )
         .expect("write mosquitto.conf");
+        let mut m = Mosquitto {
+            child: None,
+            port,
+            conf,
+            _dir: dir,
+        };
+        m.restart();
+        Some(m)
+    }
+
+    /// Stops it the way a service stop does (SIGTERM), saving its state when
+    /// persistent, and waits until it is gone.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port with the same configuration.
+    pub fn restart(&mut self) {
+        self.stop();
+        let bin = require_tool("mosquitto").expect("mosquitto was found before");
         let child = Command::new(bin)
             .arg("-c")
-            .arg(&conf)
+            .arg(&self.conf)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start mosquitto");
-        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let addr: SocketAddr = ([127, 0, 0, 1], self.port).into();
         assert!(
             wait_listening(addr, Duration::from_secs(10)),
             "mosquitto did not listen on {addr}"
         );
-        Some(Mosquitto {
-            child,
-            port,
-            _dir: dir,
-        })
+        self.child = Some(child);
     }
 
     /// Its port.
@@ -144,8 +180,10 @@ impl Mosquitto {
 
 impl Drop for Mosquitto {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 
@@ -201,8 +239,23 @@ impl Subscriber {
     /// Subscribes to `filters` on `port` and returns once the subscription
     /// is live (a probe published with `mosquitto_pub` came back).
     pub fn start(port: u16, filters: &[&str]) -> Option<Subscriber> {
+        Self::start_session(port, filters, None)
+    }
+
+    /// As [`Subscriber::start`], with a persistent session under
+    /// `client_id` (when given): the broker keeps its subscription and
+    /// queues QoS 1 messages for it while it reconnects, also across a
+    /// restart of a persistent broker.
+    pub fn start_session(
+        port: u16,
+        filters: &[&str],
+        client_id: Option<&str>,
+    ) -> Option<Subscriber> {
         let mut cmd = client("mosquitto_sub", port)?;
         cmd.args(["-q", "1", "-F", SUB_FORMAT]);
+        if let Some(id) = client_id {
+            cmd.args(["-c", "-i", id]);
+        }
         for f in filters.iter().chain([&PROBE_TOPIC]) {
             cmd.args(["-t", f]);
         }
@@ -242,12 +295,15 @@ impl Subscriber {
                 "mosquitto_sub never received its probe"
             );
         }
-        // Drain late duplicates of the probe.
-        while sub
-            .lines
-            .recv_timeout(Duration::from_millis(100))
-            .is_ok_and(|s| s.topic == PROBE_TOPIC)
-        {}
+        // Drain late duplicates of the probe for a moment; keep anything else.
+        let settle = Instant::now() + Duration::from_millis(100);
+        while let Some(left) = settle.checked_duration_since(Instant::now()) {
+            match sub.lines.recv_timeout(left) {
+                Ok(seen) if seen.topic == PROBE_TOPIC => {}
+                Ok(seen) => sub.early.push(seen),
+                Err(_) => break,
+            }
+        }
         Some(sub)
     }
 

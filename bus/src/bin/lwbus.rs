@@ -87,7 +87,7 @@ fn summary(message: &Message) -> String {
     match message {
         Message::HostTelemetry(t) => {
             let hottest = t.gpus.iter().map(|g| g.temp.0).max().unwrap_or(0);
-            let power: u32 = t.gpus.iter().map(|g| g.power.0).sum();
+            let power: u64 = t.gpus.iter().map(|g| u64::from(g.power.0)).sum();
             format!("{} GPUs, {power} W, hottest {hottest} °C", t.gpus.len())
         }
         Message::HostHealth(h) => h

@@ -1,23 +1,103 @@
-//! A host on the bus for process-level tests: connects as `--host` through
-//! the bus shell, publishes sample telemetry every 100 ms and an event per
-//! second until it is killed. Prints `connected` on stdout once connected.
+//! A host on the bus for process-level tests. Connects as `HOST` through the
+//! bus shell and publishes until it is killed.
+//!
+//! `bus-peer BROKER SITE HOST`: sample telemetry every 100 ms and an XID
+//! event every second. Prints `connected` once connected.
+//!
+//! `bus-peer BROKER SITE HOST --flash FILE [--period MS]`: the agents' way:
+//! the flash file of `boards/flash/host-file.toml` holds the event log, the
+//! outbox and the config store. Every period it logs an event and publishes
+//! it through the outbox, printing `logged <record seq>` once the record is
+//! in flash and `queued <frame seq>` once the frame is in the outbox. At
+//! start it prints `opened next_record=<n> first_frame=<n> pending=<n>`.
 
+use std::io::Write;
 use std::time::Duration;
 
+use loopwarden_boards::FlashBoard;
 use loopwarden_bus::{now_ms, BrokerAddr, Bus, BusConfig};
-use loopwarden_protocol::{samples, Event, GpuIndex, Ident, Message, NodeId, Role};
+use loopwarden_flash::{ConfigStore, EventLog, FileFlash, Outbox, SharedFlash};
+use loopwarden_protocol::{
+    samples, CapSource, Event, GpuIndex, Ident, Message, MessageKind, NodeId, Role, Watts,
+};
 
 #[tokio::main]
 async fn main() {
-    let mut args = std::env::args().skip(1);
-    let broker: BrokerAddr = args
-        .next()
-        .expect("broker")
-        .parse()
-        .expect("broker address");
-    let site = Ident::new(&args.next().expect("site")).expect("site ident");
-    let host = NodeId::new(Role::Host, &args.next().expect("host")).expect("host ident");
-    let (bus, _inbound, _task) = Bus::start(BusConfig::new(broker, site, host));
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let broker: BrokerAddr = args[0].parse().expect("broker address");
+    let site = Ident::new(&args[1]).expect("site ident");
+    let host = NodeId::new(Role::Host, &args[2]).expect("host ident");
+    let opt = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .map(|i| args[i + 1].clone())
+    };
+    let mut config = BusConfig::new(broker, site, host);
+    match opt("--flash") {
+        None => plain(config).await,
+        Some(path) => {
+            let period = opt("--period").map_or(20, |p| p.parse().expect("--period in ms"));
+            let board = FlashBoard::host_file();
+            let flash =
+                FileFlash::<4, 4096>::open(path.as_ref(), &board.geometry()).expect("flash file");
+            let flash = SharedFlash::new(flash);
+            let layout = board.layout();
+            let mut cfg = ConfigStore::open(flash.clone(), layout.config).expect("config store");
+            config.first_seq = cfg.reserve_seq(1000).await.expect("sequence reservation");
+            let mut log = EventLog::open(flash.clone(), layout.log)
+                .await
+                .expect("event log");
+            let mut outbox = Outbox::open(flash, layout.outbox).await.expect("outbox");
+            let mut pending = 0;
+            outbox.for_each(|_| pending += 1).await.expect("outbox");
+            println!(
+                "opened next_record={} first_frame={} pending={pending}",
+                log.next_seq(),
+                config.first_seq
+            );
+            let (bus, _inbound, _task) = Bus::start_with_outbox(config, Box::new(outbox));
+            let gpu = GpuIndex::new(0).expect("GPU 0");
+            let mut out = std::io::stdout();
+            for i in 0u32.. {
+                // Every fifth decision is a cap (critical), the others XIDs.
+                let event = if i % 5 == 4 {
+                    Event::CapApplied {
+                        gpu,
+                        limit: Watts(500),
+                        source: Some(CapSource::Cooling),
+                    }
+                } else {
+                    Event::Xid { gpu, xid: 13 }
+                };
+                let message = Message::Event(event);
+                let body = postcard_body(&message);
+                let time = now_ms();
+                let record = log
+                    .append(time, MessageKind::Event as u8, &body)
+                    .await
+                    .expect("log append");
+                writeln!(out, "logged {record}").ok();
+                match bus.publish(message, time) {
+                    Ok(frame) => writeln!(out, "queued {}", frame.seq).ok(),
+                    Err(e) => writeln!(out, "refused {e}").ok(),
+                };
+                out.flush().ok();
+                tokio::time::sleep(Duration::from_millis(period)).await;
+            }
+        }
+    }
+}
+
+/// The postcard body of an event, as the log stores it.
+fn postcard_body(message: &Message) -> Vec<u8> {
+    let Message::Event(e) = message else {
+        unreachable!("only events are logged here")
+    };
+    postcard::to_allocvec(e).expect("an event encodes")
+}
+
+async fn plain(config: BusConfig) {
+    let (bus, _inbound, _task) = Bus::start(config);
     assert!(
         bus.wait_connected(Duration::from_secs(10)).await,
         "not connected"
