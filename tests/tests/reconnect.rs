@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use loopwarden_bus::{now_ms, Backoff, Bus, BusConfig, PublishError};
 use loopwarden_protocol::{samples, Event, Frame, GpuIndex, Ident, Message, NodeId, Role};
-use loopwarden_system_tests::{CutProxy, Mosquitto, Subscriber};
+use loopwarden_system_tests::{publish_raw, CutProxy, Mosquitto, Subscriber};
 
 fn xid_event(n: u16) -> Message {
     Message::Event(Event::Xid {
@@ -108,4 +108,69 @@ async fn events_survive_an_outage_in_order_and_telemetry_is_dropped() {
         Some(&true),
         "not announced again: {presence:?}"
     );
+}
+
+/// Regression: after an outage long enough to fill the client's queue, the
+/// shell could not renew its subscriptions (they waited behind the full
+/// queue), so it never counted as connected and commands never reached it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_filling_outage_still_ends_subscribed_and_ready() {
+    let Some(broker) = Mosquitto::start() else {
+        return;
+    };
+    let proxy = CutProxy::start(([127, 0, 0, 1], broker.port()).into());
+    let mut config = BusConfig::new(
+        proxy.addr(),
+        Ident::new("t-fill").unwrap(),
+        NodeId::new(Role::Host, "h04").unwrap(),
+    );
+    config.backoff = Backoff::new(Duration::from_millis(100), Duration::from_millis(300));
+    config.keep_alive = Duration::from_secs(1);
+    let capacity = config.queue_capacity;
+    let (bus, mut inbound, _task) = Bus::start(config);
+    assert!(bus.wait_connected(Duration::from_secs(10)).await);
+    proxy.cut();
+    for _ in 0..100 {
+        if !bus.is_connected() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // More events than the queue holds: the rest are refused and counted.
+    let mut refused = 0;
+    for n in 0..capacity + 50 {
+        if bus.publish(xid_event(n as u16), now_ms()).is_err() {
+            refused += 1;
+        }
+    }
+    assert!(
+        refused >= 50,
+        "queue of {capacity} took {} events",
+        capacity + 50 - refused
+    );
+    assert!(bus.metrics().dropped_queue_full >= 50);
+    proxy.restore();
+    assert!(
+        bus.wait_connected(Duration::from_secs(10)).await,
+        "never ready again: {}",
+        bus.metrics()
+    );
+    // The cmd subscription is back: a command from a third-party client arrives.
+    let cmd = samples::frame(loopwarden_protocol::MessageKind::QuarantineRelease);
+    publish_raw(
+        broker.port(),
+        "dc/v1/t-fill/host/h04/cmd",
+        &cmd.to_vec().unwrap(),
+        false,
+    )
+    .unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(10), inbound.recv())
+        .await
+        .expect("command after the outage")
+        .unwrap();
+    assert_eq!(got.frame, cmd);
+    // And telemetry flows again.
+    assert!(bus
+        .publish(Message::HostTelemetry(samples::host_telemetry(8)), now_ms())
+        .is_ok());
 }
