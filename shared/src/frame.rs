@@ -170,6 +170,54 @@ pub enum Message {
 }
 
 impl Message {
+    /// Encodes the body alone (postcard, no header, no CRC), as the event
+    /// log stores it; returns its length.
+    pub fn encode_body(&self, buf: &mut [u8]) -> Result<usize, EncodeError> {
+        match self {
+            Message::HostTelemetry(m) => put(m, buf, 0),
+            Message::HostHealth(m) => put(m, buf, 0),
+            Message::Event(m) => put(m, buf, 0),
+            Message::CapLease(m) => put(m, buf, 0),
+            Message::QuarantineRelease(m) => put(m, buf, 0),
+            Message::Ack(m) => put(m, buf, 0),
+            Message::CduTelemetry(m) => put(m, buf, 0),
+            Message::CduState(m) => put(m, buf, 0),
+            Message::Online(m) => put(m, buf, 0),
+        }
+    }
+
+    /// Decodes a body of `kind` that fills `body` exactly.
+    pub fn decode_body(kind: MessageKind, body: &[u8]) -> Result<Message, DecodeError> {
+        let (message, rest) = Self::take_body(kind, body)?;
+        if !rest.is_empty() {
+            return Err(DecodeError::TrailingBytes { count: rest.len() });
+        }
+        Ok(message)
+    }
+
+    /// Decodes a body of `kind` from the front of `body`; returns the rest.
+    fn take_body(kind: MessageKind, body: &[u8]) -> Result<(Message, &[u8]), DecodeError> {
+        Ok(match kind {
+            MessageKind::HostTelemetry => {
+                take(body, "body").map(|(m, r)| (Message::HostTelemetry(m), r))?
+            }
+            MessageKind::HostHealth => {
+                take(body, "body").map(|(m, r)| (Message::HostHealth(m), r))?
+            }
+            MessageKind::Event => take(body, "body").map(|(m, r)| (Message::Event(m), r))?,
+            MessageKind::CapLease => take(body, "body").map(|(m, r)| (Message::CapLease(m), r))?,
+            MessageKind::QuarantineRelease => {
+                take(body, "body").map(|(m, r)| (Message::QuarantineRelease(m), r))?
+            }
+            MessageKind::Ack => take(body, "body").map(|(m, r)| (Message::Ack(m), r))?,
+            MessageKind::CduTelemetry => {
+                take(body, "body").map(|(m, r)| (Message::CduTelemetry(m), r))?
+            }
+            MessageKind::CduState => take(body, "body").map(|(m, r)| (Message::CduState(m), r))?,
+            MessageKind::Online => take(body, "body").map(|(m, r)| (Message::Online(m), r))?,
+        })
+    }
+
     /// Its kind.
     pub const fn kind(&self) -> MessageKind {
         match self {
@@ -336,17 +384,7 @@ impl Frame {
             time: self.time,
         };
         let mut at = put(&header, buf, 3)?;
-        at = match &self.message {
-            Message::HostTelemetry(m) => put(m, buf, at)?,
-            Message::HostHealth(m) => put(m, buf, at)?,
-            Message::Event(m) => put(m, buf, at)?,
-            Message::CapLease(m) => put(m, buf, at)?,
-            Message::QuarantineRelease(m) => put(m, buf, at)?,
-            Message::Ack(m) => put(m, buf, at)?,
-            Message::CduTelemetry(m) => put(m, buf, at)?,
-            Message::CduState(m) => put(m, buf, at)?,
-            Message::Online(m) => put(m, buf, at)?,
-        };
+        at += self.message.encode_body(&mut buf[at..])?;
         let crc = CRC32.checksum(&buf[..at]).to_le_bytes();
         buf.get_mut(at..at + 4)
             .ok_or(EncodeError::TooLong)?
@@ -397,25 +435,7 @@ impl Frame {
         let kind = MessageKind::from_code(content[2])
             .ok_or(DecodeError::UnknownKind { code: content[2] })?;
         let (header, body): (HeaderRest, _) = take(&content[3..], "header")?;
-        let (message, rest) = match kind {
-            MessageKind::HostTelemetry => {
-                take(body, "body").map(|(m, r)| (Message::HostTelemetry(m), r))?
-            }
-            MessageKind::HostHealth => {
-                take(body, "body").map(|(m, r)| (Message::HostHealth(m), r))?
-            }
-            MessageKind::Event => take(body, "body").map(|(m, r)| (Message::Event(m), r))?,
-            MessageKind::CapLease => take(body, "body").map(|(m, r)| (Message::CapLease(m), r))?,
-            MessageKind::QuarantineRelease => {
-                take(body, "body").map(|(m, r)| (Message::QuarantineRelease(m), r))?
-            }
-            MessageKind::Ack => take(body, "body").map(|(m, r)| (Message::Ack(m), r))?,
-            MessageKind::CduTelemetry => {
-                take(body, "body").map(|(m, r)| (Message::CduTelemetry(m), r))?
-            }
-            MessageKind::CduState => take(body, "body").map(|(m, r)| (Message::CduState(m), r))?,
-            MessageKind::Online => take(body, "body").map(|(m, r)| (Message::Online(m), r))?,
-        };
+        let (message, rest) = Message::take_body(kind, body)?;
         // A newer minor may append fields to a body: ignore what we cannot read.
         let newer_minor = found.minor > PROTOCOL.minor;
         if !rest.is_empty() && !newer_minor {

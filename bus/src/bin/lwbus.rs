@@ -6,6 +6,9 @@
 //!   broker and watch it.
 //! - `lwbus samples`: publish one frame of every message kind and its JSON
 //!   mirror, to check a facility subscriber or a dashboard end to end.
+//! - `lwbus flash FILE`: read an agent's flash file (stopped agent, or a
+//!   copy): its event log, the frames its outbox still holds, and the
+//!   sequence floor.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -47,6 +50,14 @@ enum Command {
         #[arg(long, default_value = "lab")]
         site: String,
         /// Print each frame as one line of JSON instead of a summary.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Read an agent's flash file: event log, outbox, sequence floor.
+    Flash {
+        /// The flash file (of a stopped agent, or a copy).
+        file: std::path::PathBuf,
+        /// Print each log record as one line of JSON.
         #[arg(long)]
         json: bool,
     },
@@ -231,6 +242,93 @@ async fn publish_samples(broker: BrokerAddr, site: Ident) -> Result<()> {
     Ok(())
 }
 
+/// Prints what an agent's flash holds, oldest first.
+async fn dump_flash(path: &std::path::Path, json: bool) -> Result<()> {
+    use loopwarden_flash::log::WRAPPED;
+    use loopwarden_flash::{ConfigStore, EventLog, FileFlash, Outbox, SharedFlash, Wrapped};
+
+    let board = loopwarden_boards::FlashBoard::host_file();
+    if !path.exists() {
+        bail!("{}: no such file", path.display());
+    }
+    let flash = FileFlash::<4, 4096>::open(path, &board.geometry())?;
+    let flash = SharedFlash::new(flash);
+    let layout = board.layout();
+    let mut log = EventLog::open(flash.clone(), layout.log)
+        .await
+        .map_err(|e| anyhow::anyhow!("event log: {e}"))?;
+    println!("event log: next record {}", log.next_seq());
+    let mut lines = Vec::new();
+    let skipped = log
+        .for_each(|r| {
+            let what = if r.kind == WRAPPED {
+                match Wrapped::decode(r.body) {
+                    Some(w) => format!(
+                        "wrapped: {} records lost (seq {}..={})",
+                        w.lost, w.first_seq, w.last_seq
+                    ),
+                    None => "wrapped marker (unreadable)".to_string(),
+                }
+            } else {
+                match MessageKind::from_code(r.kind).map(|k| Message::decode_body(k, r.body)) {
+                    Some(Ok(m)) if json => serde_json::to_string(&m).unwrap_or_default(),
+                    Some(Ok(m)) => format!("{:<18} {}", m.kind().name(), summary(&m)),
+                    Some(Err(e)) => format!("kind {} body unreadable: {e}", r.kind),
+                    None => format!("unknown kind {} ({} bytes)", r.kind, r.body.len()),
+                }
+            };
+            lines.push(format!("{:>8} {} {what}", r.seq, utc(r.time.0)));
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("event log: {e}"))?;
+    for l in lines {
+        println!("{l}");
+    }
+    if skipped > 0 {
+        println!("({skipped} stored items were not log records and were skipped)");
+    }
+    let mut outbox = Outbox::open(flash.clone(), layout.outbox)
+        .await
+        .map_err(|e| anyhow::anyhow!("outbox: {e}"))?;
+    let mut waiting = Vec::new();
+    outbox
+        .for_each(|e| {
+            let kind = loopwarden_protocol::Frame::decode(e.payload)
+                .map(|f| f.message.kind().name().to_string())
+                .unwrap_or_else(|err| format!("unreadable frame: {err}"));
+            waiting.push(format!(
+                "{:>8} {:<9} {} {kind}",
+                e.seq,
+                format!("{:?}", e.class),
+                e.topic
+            ));
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("outbox: {e}"))?;
+    println!(
+        "outbox: {} frames not yet acknowledged by the broker",
+        waiting.len()
+    );
+    for w in waiting {
+        println!("{w}");
+    }
+    let mut config =
+        ConfigStore::open(flash, layout.config).map_err(|e| anyhow::anyhow!("config: {e}"))?;
+    let mut b = [0u8; 4];
+    match config
+        .get(loopwarden_flash::config::SEQ_FLOOR_KEY, &mut b)
+        .await
+        .map_err(|e| anyhow::anyhow!("config: {e}"))?
+    {
+        Some(4) => println!(
+            "frame sequence numbers reserved up to {}",
+            u32::from_le_bytes(b)
+        ),
+        _ => println!("no frame sequence reservation yet"),
+    }
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     tracing_subscriber::fmt()
@@ -258,6 +356,7 @@ async fn main() -> Result<()> {
             }
             watch(broker, site, json).await
         }
+        Command::Flash { file, json } => dump_flash(&file, json).await,
         Command::Samples { broker, site } => {
             let site = Ident::new(&site).map_err(|e| anyhow::anyhow!("--site: {e}"))?;
             publish_samples(broker, site).await
