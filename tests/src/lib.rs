@@ -157,9 +157,14 @@ impl Mosquitto {
             .spawn()
             .expect("start mosquitto");
         let addr: SocketAddr = ([127, 0, 0, 1], self.port).into();
+        let mut child = child;
+        let listening = wait_listening(addr, Duration::from_secs(10));
+        // Listening, and it is ours: a broker that could not bind the port
+        // (taken since `free_port` chose it) has exited.
+        let alive = matches!(child.try_wait(), Ok(None));
         assert!(
-            wait_listening(addr, Duration::from_secs(10)),
-            "mosquitto did not listen on {addr}"
+            listening && alive,
+            "mosquitto did not come up on {addr} (port taken?)"
         );
         self.child = Some(child);
     }
