@@ -87,18 +87,27 @@ pub enum BoardError {
     },
 }
 
+/// Parses a board definition and checks it; `origin` names it in errors.
+fn parse_checked<T: serde::de::DeserializeOwned>(
+    text: &str,
+    origin: &str,
+    check: impl FnOnce(&T) -> Result<(), String>,
+) -> Result<T, BoardError> {
+    let board: T = toml::from_str(text).map_err(|e| BoardError::Syntax {
+        origin: origin.to_string(),
+        message: e.to_string().trim_end().to_string(),
+    })?;
+    check(&board).map_err(|message| BoardError::Invalid {
+        origin: origin.to_string(),
+        message,
+    })?;
+    Ok(board)
+}
+
 impl GpuBoard {
     /// Parses and checks a definition; `origin` names it in errors.
     pub fn from_toml(text: &str, origin: &str) -> Result<Self, BoardError> {
-        let board: GpuBoard = toml::from_str(text).map_err(|e| BoardError::Syntax {
-            origin: origin.to_string(),
-            message: e.to_string().trim_end().to_string(),
-        })?;
-        board.check().map_err(|message| BoardError::Invalid {
-            origin: origin.to_string(),
-            message,
-        })?;
-        Ok(board)
+        parse_checked(text, origin, Self::check)
     }
 
     /// Reads and checks a definition file.
@@ -194,15 +203,7 @@ pub struct FlashLayout {
 impl FlashBoard {
     /// Parses and checks a definition; `origin` names it in errors.
     pub fn from_toml(text: &str, origin: &str) -> Result<Self, BoardError> {
-        let board: FlashBoard = toml::from_str(text).map_err(|e| BoardError::Syntax {
-            origin: origin.to_string(),
-            message: e.to_string().trim_end().to_string(),
-        })?;
-        board.check().map_err(|message| BoardError::Invalid {
-            origin: origin.to_string(),
-            message,
-        })?;
-        Ok(board)
+        parse_checked(text, origin, Self::check)
     }
 
     /// The flash board of a Linux host agent shipped in `flash/host-file.toml`.

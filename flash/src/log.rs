@@ -164,43 +164,49 @@ impl<S: MultiwriteNorFlash> EventLog<S> {
         }
         let len = RECORD_HEADER + body.len();
         let seq = self.next_seq;
-        let n = Record {
-            seq,
-            time,
-            kind,
-            body,
-        }
-        .encode(&mut self.buf);
-        match self.queue.push(&self.buf[..n], false).await {
-            Ok(()) => {
-                self.next_seq = seq.wrapping_add(1);
-                return Ok(seq);
-            }
+        match self
+            .push(Record {
+                seq,
+                time,
+                kind,
+                body,
+            })
+            .await
+        {
+            Ok(()) => return Ok(seq),
             Err(sequential_storage::Error::FullStorage) => {}
             Err(e) => return Err(e.into()),
         }
         // Full: the oldest records make room for a marker and the record.
         let wrapped = self.make_room(len + RECORD_HEADER + Wrapped::LEN).await?;
-        let marker = Record {
+        let marker = wrapped.encode();
+        self.push(Record {
             seq,
             time,
             kind: WRAPPED,
-            body: &wrapped.encode(),
-        };
-        let n = marker.encode(&mut self.buf);
-        self.queue.push(&self.buf[..n], false).await?;
-        let seq = seq.wrapping_add(1);
-        self.next_seq = seq;
-        let n = Record {
+            body: &marker,
+        })
+        .await?;
+        let seq = self.next_seq;
+        self.push(Record {
             seq,
             time,
             kind,
             body,
-        }
-        .encode(&mut self.buf);
-        self.queue.push(&self.buf[..n], false).await?;
-        self.next_seq = seq.wrapping_add(1);
+        })
+        .await?;
         Ok(seq)
+    }
+
+    /// Writes a record with the next sequence number, and counts it.
+    async fn push(
+        &mut self,
+        record: Record<'_>,
+    ) -> Result<(), sequential_storage::Error<S::Error>> {
+        let n = record.encode(&mut self.buf);
+        self.queue.push(&self.buf[..n], false).await?;
+        self.next_seq = record.seq.wrapping_add(1);
+        Ok(())
     }
 
     /// Removes the oldest records until `need` bytes fit in one item
