@@ -162,81 +162,90 @@ impl<S: MultiwriteNorFlash> EventLog<S> {
         if body.len() > MAX_BODY {
             return Err(StoreError::TooLarge { len: body.len() });
         }
-        let len = RECORD_HEADER + body.len();
         let seq = self.next_seq;
         match self
-            .push(Record {
-                seq,
-                time,
-                kind,
-                body,
-            })
+            .push(
+                Record {
+                    seq,
+                    time,
+                    kind,
+                    body,
+                },
+                false,
+            )
             .await
         {
             Ok(()) => return Ok(seq),
             Err(sequential_storage::Error::FullStorage) => {}
             Err(e) => return Err(e.into()),
         }
-        // Full: the oldest records make room for a marker and the record.
-        let wrapped = self.make_room(len + RECORD_HEADER + Wrapped::LEN).await?;
-        let marker = wrapped.encode();
-        self.push(Record {
-            seq,
-            time,
-            kind: WRAPPED,
-            body: &marker,
-        })
+        // Full: the store erases the oldest sector (one erase) to make room;
+        // what it held is then counted from the oldest sequence number
+        // before and after, and said in a marker after the record.
+        let mut before = self.oldest_seq().await?;
+        self.push(
+            Record {
+                seq,
+                time,
+                kind,
+                body,
+            },
+            true,
+        )
         .await?;
-        let seq = self.next_seq;
-        self.push(Record {
-            seq,
-            time,
-            kind,
-            body,
-        })
-        .await?;
+        loop {
+            let after = self.oldest_seq().await?;
+            let (Some(b), Some(a)) = (before, after) else {
+                break;
+            };
+            if a == b {
+                break;
+            }
+            let lost = Wrapped {
+                lost: a.wrapping_sub(b),
+                first_seq: b,
+                last_seq: a.wrapping_sub(1),
+            }
+            .encode();
+            let marker = Record {
+                seq: self.next_seq,
+                time,
+                kind: WRAPPED,
+                body: &lost,
+            };
+            match self.push(marker, false).await {
+                Ok(()) => break,
+                Err(sequential_storage::Error::FullStorage) => {
+                    // The marker itself needs another sector: count that one too.
+                    before = after;
+                    self.push(marker, true).await?;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
         Ok(seq)
     }
 
-    /// Writes a record with the next sequence number, and counts it.
+    /// Writes a record (erasing the oldest sector for room when
+    /// `overwrite`), and moves the numbering past it.
     async fn push(
         &mut self,
         record: Record<'_>,
+        overwrite: bool,
     ) -> Result<(), sequential_storage::Error<S::Error>> {
         let n = record.encode(&mut self.buf);
-        self.queue.push(&self.buf[..n], false).await?;
+        self.queue.push(&self.buf[..n], overwrite).await?;
         self.next_seq = record.seq.wrapping_add(1);
         Ok(())
     }
 
-    /// Removes the oldest records until `need` bytes fit in one item
-    /// (measured with the store's own overhead), counting what went.
-    async fn make_room(&mut self, need: usize) -> Result<Wrapped, StoreError<S::Error>> {
-        let mut wrapped = Wrapped {
-            lost: 0,
-            first_seq: 0,
-            last_seq: 0,
-        };
-        loop {
-            if let Some(max) = self.queue.find_max_fit().await? {
-                if max as usize >= need {
-                    return Ok(wrapped);
-                }
-            }
-            let mut iter = self.queue.iter().await?;
-            let Some(entry) = iter.next(&mut self.buf).await? else {
-                return Err(StoreError::TooLarge { len: need });
-            };
-            let seq = Record::decode(&entry).map(|r| r.seq);
-            entry.pop().await?;
-            if let Some(seq) = seq {
-                if wrapped.lost == 0 {
-                    wrapped.first_seq = seq;
-                }
-                wrapped.last_seq = seq;
-                wrapped.lost += 1;
-            }
-        }
+    /// The sequence number of the oldest record, if any.
+    async fn oldest_seq(&mut self) -> Result<Option<u32>, StoreError<S::Error>> {
+        let mut iter = self.queue.iter().await?;
+        Ok(iter
+            .next(&mut self.buf)
+            .await?
+            .and_then(|e| Record::decode(&e).map(|r| r.seq)))
     }
 
     /// Calls `f` with every record, oldest first; returns how many stored
