@@ -134,11 +134,10 @@ fn full_log_image(what: &str) -> Sim {
     let mut log = block_on(EventLog::open(sim_flash(), board().layout().log)).expect("log");
     let mut t = samples::T0.0;
     loop {
-        let expected = log.next_seq();
         t += 1;
         let seq = block_on(log.append(TimestampMs(t), kind, &body)).expect("append");
-        if seq != expected {
-            // A wrap marker took `expected`: the log is full.
+        if log.next_seq() != seq.wrapping_add(1) {
+            // A wrap marker followed the record: the log is full.
             return log.into_flash();
         }
     }
