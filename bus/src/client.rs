@@ -517,6 +517,20 @@ impl Bus {
     }
 }
 
+/// Hands over outbox frames still deferred, once connected and once at
+/// least half the in-flight window is free (so the outbox is read in
+/// batches, not once per acknowledgement).
+fn top_up(eventloop: &mut EventLoop, shared: &Shared) {
+    if !shared.connected.load(Ordering::Relaxed) {
+        return;
+    }
+    let mut delivery = shared.delivery();
+    let busy = delivery.inflight.len() + delivery.order.len();
+    if delivery.deferred && busy < MAX_INFLIGHT as usize / 2 {
+        hand_over_unsent(eventloop, &mut delivery, Vec::new(), Vec::new(), shared);
+    }
+}
+
 /// Numbers the next connection's announcement, then its last will, and
 /// registers the will for the next connection attempt.
 fn prepare_presence(shared: &Shared, eventloop: &mut EventLoop) -> Vec<rumqttc::Publish> {
@@ -778,16 +792,8 @@ async fn run(
                         None => {}
                     }
                 }
-                // Frames still waiting in the outbox go out as room frees.
-                if delivery.deferred && shared.connected.load(Ordering::Relaxed) {
-                    hand_over_unsent(
-                        &mut eventloop,
-                        &mut delivery,
-                        Vec::new(),
-                        Vec::new(),
-                        &shared,
-                    );
-                }
+                drop(delivery);
+                top_up(&mut eventloop, &shared);
             }
             Ok(Event::Outgoing(Outgoing::Publish(pkid))) if pkid != 0 => {
                 let mut delivery = shared.delivery();
@@ -815,7 +821,11 @@ async fn run(
                     shared.connected.store(true, Ordering::Relaxed);
                     let _ = connected.send(true);
                 }
+                // Frames stored while the subscription was pending.
+                top_up(&mut eventloop, &shared);
             }
+            // At least once per keep-alive: nothing deferred waits longer.
+            Ok(Event::Incoming(Packet::PingResp)) => top_up(&mut eventloop, &shared),
             Ok(Event::Outgoing(Outgoing::Disconnect)) => {
                 info!("disconnected from the broker on request");
                 shared.connected.store(false, Ordering::Relaxed);
