@@ -242,6 +242,12 @@ impl FlashBoard {
     }
 
     fn check(&self) -> Result<(), String> {
+        if self.part != "file" {
+            return Err(format!(
+                "part = {:?}: only \"file\" (the file-backed flash of a Linux host) is supported",
+                self.part
+            ));
+        }
         let l = &self.layout;
         let mut parts = [
             ("log", l.log, 2),

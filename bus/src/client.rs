@@ -416,7 +416,11 @@ impl Bus {
                 Metrics::add(&self.shared.metrics.dropped_offline);
                 return Err(PublishError::Offline);
             }
-            return self.try_publish(topic, payload);
+            return self.try_publish(topic, payload).inspect_err(|e| {
+                if matches!(e, PublishError::QueueFull) {
+                    Metrics::add(&self.shared.metrics.dropped_queue_full);
+                }
+            });
         }
         let mut delivery = self.shared.delivery();
         self.hand_over(&mut delivery, topic, payload, seq)
@@ -442,6 +446,10 @@ impl Bus {
                 Metrics::add(&self.shared.metrics.deferred);
                 Ok(())
             }
+            Err(PublishError::QueueFull) => {
+                Metrics::add(&self.shared.metrics.dropped_queue_full);
+                Err(PublishError::QueueFull)
+            }
             Err(e) => Err(e),
         }
     }
@@ -465,7 +473,6 @@ impl Bus {
                 if self.connected.has_changed().is_err() {
                     return Err(PublishError::Stopped);
                 }
-                Metrics::add(&m.dropped_queue_full);
                 Err(PublishError::QueueFull)
             }
         }
@@ -701,7 +708,7 @@ async fn run(
     let mut kept: VecDeque<Request> = VecDeque::new();
     let mut errors_in_a_row = 0u32;
     let mut awaiting_suback = false;
-    let mut connected_at = tokio::time::Instant::now();
+    let mut connected_at: Option<tokio::time::Instant> = None;
     let mut subscriptions: Vec<String> = cfg.subscriptions.clone();
     if let Ok(cmd) = shared
         .own_topic(Family::Cmd)
@@ -722,7 +729,7 @@ async fn run(
         match event {
             Ok(Event::Incoming(Packet::ConnAck(ack))) => {
                 info!(broker = %cfg.broker, session = ack.session_present, "connected to the broker");
-                connected_at = tokio::time::Instant::now();
+                connected_at = Some(tokio::time::Instant::now());
                 errors_in_a_row = 0;
                 Metrics::add(&m.connects);
                 // Subscriptions first, straight to the event loop (the
@@ -751,6 +758,17 @@ async fn run(
                         _ => None,
                     })
                     .collect();
+                if shared.shutting_down.load(Ordering::Relaxed) {
+                    // Shut down while disconnected: goodbye, not hello.
+                    for p in shared.presence(false) {
+                        eventloop.pending.push_back(Request::Publish(p));
+                        delivery.order.push_back(None);
+                    }
+                    eventloop
+                        .pending
+                        .push_back(Request::Disconnect(rumqttc::Disconnect));
+                    continue;
+                }
                 let presence = std::mem::take(&mut announcement);
                 hand_over_unsent(&mut eventloop, &mut delivery, before, presence, &shared);
             }
@@ -785,7 +803,8 @@ async fn run(
                 if let Some(seq) = delivery.inflight.remove(&ack.pkid) {
                     let result = delivery.outbox.as_mut().map(|o| o.ack(seq));
                     match result {
-                        Some(Ok(_)) => Metrics::add(&m.outbox_acked),
+                        Some(Ok(true)) => Metrics::add(&m.outbox_acked),
+                        Some(Ok(false)) => {} // dropped to make room meanwhile
                         Some(Err(e)) => {
                             warn!(seq, error = %e, "cannot remove an acknowledged frame from the outbox")
                         }
@@ -855,10 +874,12 @@ async fn run(
                 announcement = prepare_presence(&shared, &mut eventloop);
                 // A connection that did not last (a broker that accepts, then
                 // drops us) does not reset the backoff.
-                if connected_at.elapsed() > Duration::from_secs(10) {
+                if connected_at
+                    .take()
+                    .is_some_and(|t| t.elapsed() > Duration::from_secs(10))
+                {
                     backoff.reset();
                 }
-                connected_at = tokio::time::Instant::now();
                 let wait = backoff.next_wait(&mut rng);
                 errors_in_a_row += 1;
                 // Say it loudly once, then only now and then: an outage of an

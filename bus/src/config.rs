@@ -128,7 +128,7 @@ impl BusConfig {
             credentials: None,
             keep_alive: Duration::from_secs(5),
             queue_capacity: 256,
-            offline_capacity: 1024,
+            offline_capacity: 512,
             inbound_capacity: 64,
             subscriptions: Vec::new(),
             first_seq: 0,

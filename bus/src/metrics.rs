@@ -47,7 +47,8 @@ counters! {
     /// Outbox frames stored but not yet handed to the client (not
     /// connected, or its queue was full); they go out later.
     deferred,
-    /// Outbox frames handed over again (after a restart or reconnection).
+    /// Outbox frames handed over from flash: after a restart, a
+    /// reconnection, or a deferral.
     resent,
     /// Frames the outbox dropped to make room (oldest of a non-critical class).
     dropped_outbox,
@@ -104,5 +105,6 @@ impl MetricsSnapshot {
             + self.dropped_queue_full
             + self.dropped_offline_overflow
             + self.dropped_inbound_full
+            + self.dropped_outbox
     }
 }

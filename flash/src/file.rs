@@ -1,6 +1,6 @@
 //! A NOR flash backed by a file, for Linux hosts: the same rules as a real
-//! part (see [`crate::nor`]), the geometry of the board, and `fsync` after
-//! every write and erase, so what returned is on disk.
+//! part (see [`crate::nor`]), the geometry of the board, and `fdatasync`
+//! after every write and erase, so what returned is on disk.
 
 use std::fs::{File, OpenOptions};
 use std::io;

@@ -6,10 +6,10 @@
 //! kinds, and `body` is the postcard body of that message. A field engineer
 //! reads the log with the same decoder as the bus.
 //!
-//! When the log is full, the oldest records make room, and a [`WRAPPED`]
-//! record says how many went and which sequence numbers they had. The one
-//! window where a loss goes unmarked: a power cut after the oldest records
-//! were removed and before the marker is written.
+//! When the log is full, the oldest sector is erased to make room, and a
+//! [`WRAPPED`] record after the new one says how many records went and which
+//! sequence numbers they had. The one window where a loss goes unmarked: a
+//! power cut after the erase and before the marker is written.
 //!
 //! Glossary:
 //! - *record*: one entry of the log.
@@ -118,7 +118,8 @@ pub struct EventLog<S: MultiwriteNorFlash> {
 }
 
 impl<S: MultiwriteNorFlash> EventLog<S> {
-    /// Opens the log in `range` of `flash` (whole sectors, at least two),
+    /// Opens the log in `range` of `flash` (whole sectors; two or more, so
+    /// that a wrap keeps records),
     /// finding where its sequence numbers left off.
     pub async fn open(flash: S, range: Range<u32>) -> Result<Self, StoreError<S::Error>> {
         let queue = QueueStorage::new(flash, queue_range(range)?, Cache::new_uncached());
@@ -152,7 +153,8 @@ impl<S: MultiwriteNorFlash> EventLog<S> {
     }
 
     /// Appends a record; returns its sequence number. When the log is full
-    /// the oldest records make room and a [`WRAPPED`] marker precedes it.
+    /// the oldest sector is erased to make room, and a [`WRAPPED`] marker
+    /// after the record says how many records went.
     pub async fn append(
         &mut self,
         time: TimestampMs,

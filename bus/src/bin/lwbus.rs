@@ -57,7 +57,7 @@ enum Command {
     Flash {
         /// The flash file (of a stopped agent, or a copy).
         file: std::path::PathBuf,
-        /// Print each log record as one line of JSON.
+        /// Print each log record's message as JSON after its number and time.
         #[arg(long)]
         json: bool,
     },
@@ -247,17 +247,32 @@ async fn dump_flash(path: &std::path::Path, json: bool) -> Result<()> {
     use loopwarden_flash::log::WRAPPED;
     use loopwarden_flash::{ConfigStore, EventLog, FileFlash, Outbox, SharedFlash, Wrapped};
 
-    let board = loopwarden_boards::FlashBoard::host_file();
-    if !path.exists() {
-        bail!("{}: no such file", path.display());
+    let mut text = String::new();
+    macro_rules! out {
+        ($($arg:tt)*) => {{
+            use std::fmt::Write as _;
+            let _ = writeln!(text, $($arg)*);
+        }};
     }
-    let flash = FileFlash::<4, 4096>::open(path, &board.geometry())?;
+    let board = loopwarden_boards::FlashBoard::host_file();
+    let bytes = std::fs::read(path).with_context(|| format!("{}", path.display()))?;
+    if bytes.is_empty() {
+        bail!("{}: empty file, nothing was ever written", path.display());
+    }
+    // Read a copy: opening a store may repair a half-written item, and the
+    // original is evidence.
+    let copy = std::env::temp_dir().join(format!("lwbus-flash-{}.bin", std::process::id()));
+    std::fs::write(&copy, &bytes).with_context(|| format!("{}", copy.display()))?;
+    let opened = FileFlash::<4, 4096>::open(&copy, &board.geometry());
+    let _ = std::fs::remove_file(&copy);
+    let flash =
+        opened.map_err(|e| anyhow::anyhow!("{e}").context(format!("{}", path.display())))?;
     let flash = SharedFlash::new(flash);
     let layout = board.layout();
     let mut log = EventLog::open(flash.clone(), layout.log)
         .await
         .map_err(|e| anyhow::anyhow!("event log: {e}"))?;
-    println!("event log: next record {}", log.next_seq());
+    out!("event log: next record {}", log.next_seq());
     let mut lines = Vec::new();
     let skipped = log
         .for_each(|r| {
@@ -282,10 +297,10 @@ async fn dump_flash(path: &std::path::Path, json: bool) -> Result<()> {
         .await
         .map_err(|e| anyhow::anyhow!("event log: {e}"))?;
     for l in lines {
-        println!("{l}");
+        out!("{l}");
     }
     if skipped > 0 {
-        println!("({skipped} stored items were not log records and were skipped)");
+        out!("({skipped} stored items were not log records and were skipped)");
     }
     let mut outbox = Outbox::open(flash.clone(), layout.outbox)
         .await
@@ -305,12 +320,12 @@ async fn dump_flash(path: &std::path::Path, json: bool) -> Result<()> {
         })
         .await
         .map_err(|e| anyhow::anyhow!("outbox: {e}"))?;
-    println!(
+    out!(
         "outbox: {} frames not yet acknowledged by the broker",
         waiting.len()
     );
     for w in waiting {
-        println!("{w}");
+        out!("{w}");
     }
     let mut config =
         ConfigStore::open(flash, layout.config).map_err(|e| anyhow::anyhow!("config: {e}"))?;
@@ -320,13 +335,18 @@ async fn dump_flash(path: &std::path::Path, json: bool) -> Result<()> {
         .await
         .map_err(|e| anyhow::anyhow!("config: {e}"))?
     {
-        Some(4) => println!(
+        Some(4) => out!(
             "frame sequence numbers reserved up to {}",
             u32::from_le_bytes(b)
         ),
-        _ => println!("no frame sequence reservation yet"),
+        _ => out!("no frame sequence reservation yet"),
     }
-    Ok(())
+    // A reader that stops early (`| head`) is not an error.
+    use std::io::Write as _;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other.context("writing to standard output"),
+    }
 }
 
 #[tokio::main]
