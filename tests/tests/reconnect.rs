@@ -97,8 +97,9 @@ async fn events_survive_an_outage_in_order_and_telemetry_is_dropped() {
         first_arrival, sent,
         "events lost or out of order: {event_seqs:?}"
     );
-    // The broker declared us gone (last will) and we came back.
-    assert_eq!(presence.first(), Some(&true), "{presence:?}");
+    // The broker declared us gone (last will) and we came back. (The first
+    // announcement may never have left: a cut within milliseconds of
+    // connecting drops it, and the next connection announces anew.)
     assert!(
         presence.contains(&false),
         "no last will after the cut: {presence:?}"
