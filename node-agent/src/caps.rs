@@ -1,0 +1,309 @@
+//! The power-cap arbiter: which power limit each GPU must have now.
+//!
+//! Pure: leases, the thermal guard and the time go in, limits come out; no
+//! clock, no NVML. The shell applies the limits and reads them back.
+//!
+//! The limit in force on a GPU is the lowest of: its thermal guard (the
+//! host's own cap, which needs no bus), every unexpired lease that names it
+//! (cooling controller, facility budget, operator), and the board's highest
+//! settable limit; never below the GPU's lowest settable limit.
+//!
+//! Glossary:
+//! - *lease*: a cap from a sender, keyed by the sender and its lease id; a
+//!   new lease with the same key replaces the old; it lapses at its expiry
+//!   unless renewed, and its cap lifts.
+//! - *guard*: the thermal guard's cap, set and cleared by the host itself.
+//! - *clamped*: a cap below the GPU's minimum settable limit, raised to it.
+
+use loopwarden_protocol::{
+    AckCode, CapLease, CapSource, GpuIndex, GpuSelector, NodeId, TimestampMs, Watts,
+};
+
+/// The settable range of one GPU, read from NVML (or the board) at start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuRange {
+    /// Lowest settable power limit.
+    pub min: Watts,
+    /// Highest settable power limit (the limit when nothing caps it).
+    pub max: Watts,
+}
+
+/// A lease held by the arbiter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Held {
+    from: NodeId,
+    lease: u32,
+    source: CapSource,
+    /// Per GPU index: the cap this lease puts on it, if any.
+    caps: Vec<Option<Watts>>,
+    expires: TimestampMs,
+}
+
+/// What became of a lease request: the ack code to send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseOutcome {
+    /// `Ok`, `Clamped` (accepted, a cap raised to a GPU's minimum), or why
+    /// it was refused (`UnknownGpu`, `Malformed`, `Expired`); a refused
+    /// lease changes nothing.
+    pub code: AckCode,
+}
+
+/// The limit in force on one GPU and who set it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InForce {
+    /// The GPU.
+    pub gpu: GpuIndex,
+    /// Its power limit.
+    pub limit: Watts,
+    /// The source of the lowest cap, or `None` when uncapped.
+    pub source: Option<CapSource>,
+}
+
+/// The arbiter of one host (see the module note).
+#[derive(Debug, Clone)]
+pub struct CapArbiter {
+    ranges: Vec<GpuRange>,
+    guard: Vec<Option<Watts>>,
+    leases: Vec<Held>,
+}
+
+impl CapArbiter {
+    /// An arbiter for GPUs `0..ranges.len()` with their settable ranges.
+    pub fn new(ranges: Vec<GpuRange>) -> Self {
+        Self {
+            guard: vec![None; ranges.len()],
+            ranges,
+            leases: Vec::new(),
+        }
+    }
+
+    /// Takes a lease sent by `from` in a frame stamped `sent`. It holds
+    /// until `sent + duration`; one that has already expired at `now`, names
+    /// a GPU this host does not have, or caps nothing is refused and
+    /// changes nothing.
+    pub fn lease(
+        &mut self,
+        now: TimestampMs,
+        from: &NodeId,
+        sent: TimestampMs,
+        lease: &CapLease,
+    ) -> LeaseOutcome {
+        let refuse = |code| LeaseOutcome { code };
+        if lease.caps.is_empty() || lease.duration.0 == 0 {
+            return refuse(AckCode::Malformed);
+        }
+        let expires = sent.after(lease.duration);
+        if expires <= now {
+            return refuse(AckCode::Expired);
+        }
+        let mut caps = vec![None; self.ranges.len()];
+        let mut clamped = false;
+        for cap in &lease.caps {
+            let gpus: Vec<usize> = match cap.gpus {
+                GpuSelector::All => (0..self.ranges.len()).collect(),
+                GpuSelector::Gpu(g) if (g.get() as usize) < self.ranges.len() => {
+                    vec![g.get() as usize]
+                }
+                GpuSelector::Gpu(_) => return refuse(AckCode::UnknownGpu),
+            };
+            for i in gpus {
+                clamped |= cap.limit < self.ranges[i].min;
+                // Several caps for one GPU in one lease: the lowest holds.
+                caps[i] = Some(caps[i].map_or(cap.limit, |c: Watts| c.min(cap.limit)));
+            }
+        }
+        self.leases
+            .retain(|h| !(h.from == *from && h.lease == lease.lease));
+        self.leases.push(Held {
+            from: from.clone(),
+            lease: lease.lease,
+            source: lease.source,
+            caps,
+            expires,
+        });
+        refuse(if clamped {
+            AckCode::Clamped
+        } else {
+            AckCode::Ok
+        })
+    }
+
+    /// Sets (or with `None` clears) the thermal guard's cap on `gpu`.
+    /// Unknown GPUs are ignored: the guard only knows the host's own.
+    pub fn guard(&mut self, gpu: GpuIndex, cap: Option<Watts>) {
+        if let Some(g) = self.guard.get_mut(gpu.get() as usize) {
+            *g = cap;
+        }
+    }
+
+    /// Drops the leases that have expired at `now` (their caps lift).
+    pub fn expire(&mut self, now: TimestampMs) {
+        self.leases.retain(|h| h.expires > now);
+    }
+
+    /// When the next lease expires, for the shell's timer.
+    pub fn next_expiry(&self) -> Option<TimestampMs> {
+        self.leases.iter().map(|h| h.expires).min()
+    }
+
+    /// The limit that must be in force on every GPU at `now` (expired
+    /// leases are dropped first).
+    pub fn in_force(&mut self, now: TimestampMs) -> Vec<InForce> {
+        self.expire(now);
+        self.ranges
+            .iter()
+            .enumerate()
+            .map(|(i, range)| {
+                let mut limit = range.max;
+                let mut source = None;
+                // The lowest cap wins; on a tie the first (the guard) keeps it.
+                let mut lower = |cap: Watts, from: CapSource| {
+                    if cap < limit {
+                        limit = cap;
+                        source = Some(from);
+                    }
+                };
+                if let Some(g) = self.guard[i] {
+                    lower(g, CapSource::ThermalGuard);
+                }
+                for h in &self.leases {
+                    if let Some(c) = h.caps[i] {
+                        lower(c, h.source);
+                    }
+                }
+                if limit < range.min {
+                    limit = range.min;
+                }
+                InForce {
+                    gpu: GpuIndex::new(i as u8).expect("at most 16 GPUs per host"),
+                    limit,
+                    source,
+                }
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use loopwarden_protocol::{CommandAuth, DurationMs, GpuCap, ReasonCode, Role};
+
+    fn arbiter() -> CapArbiter {
+        CapArbiter::new(vec![
+            GpuRange {
+                min: Watts(200),
+                max: Watts(700)
+            };
+            4
+        ])
+    }
+
+    fn lease(id: u32, caps: &[(GpuSelector, u32)], ms: u32) -> CapLease {
+        CapLease {
+            lease: id,
+            source: CapSource::Cooling,
+            reason: ReasonCode::CAPACITY_SHORT,
+            caps: caps
+                .iter()
+                .map(|(g, w)| GpuCap {
+                    gpus: *g,
+                    limit: Watts(*w),
+                })
+                .collect(),
+            duration: DurationMs(ms),
+            auth: CommandAuth::default(),
+        }
+    }
+
+    fn cdu() -> NodeId {
+        NodeId::new(Role::Cdu, "cdu-a").unwrap()
+    }
+
+    fn gpu(i: u8) -> GpuSelector {
+        GpuSelector::Gpu(GpuIndex::new(i).unwrap())
+    }
+
+    #[test]
+    fn lowest_cap_wins_and_lifts_at_expiry() {
+        let mut a = arbiter();
+        let t = TimestampMs(1_000);
+        assert_eq!(
+            a.lease(t, &cdu(), t, &lease(1, &[(GpuSelector::All, 550)], 30_000))
+                .code,
+            AckCode::Ok
+        );
+        a.guard(GpuIndex::new(2).unwrap(), Some(Watts(450)));
+        let f = a.in_force(t);
+        assert_eq!(f[0].limit, Watts(550));
+        assert_eq!(f[0].source, Some(CapSource::Cooling));
+        assert_eq!(f[2].limit, Watts(450));
+        assert_eq!(f[2].source, Some(CapSource::ThermalGuard));
+        // At expiry the lease's cap lifts; the guard stays.
+        let f = a.in_force(TimestampMs(31_000));
+        assert_eq!((f[0].limit, f[0].source), (Watts(700), None));
+        assert_eq!(f[2].limit, Watts(450));
+    }
+
+    #[test]
+    fn below_minimum_is_clamped_and_said() {
+        let mut a = arbiter();
+        let t = TimestampMs(0);
+        assert_eq!(
+            a.lease(t, &cdu(), t, &lease(1, &[(gpu(1), 150)], 1_000))
+                .code,
+            AckCode::Clamped
+        );
+        assert_eq!(a.in_force(t)[1].limit, Watts(200));
+    }
+
+    #[test]
+    fn bad_leases_change_nothing() {
+        let mut a = arbiter();
+        let t = TimestampMs(10_000);
+        let before = a.in_force(t);
+        assert_eq!(
+            a.lease(t, &cdu(), t, &lease(1, &[(gpu(9), 300)], 1_000))
+                .code,
+            AckCode::UnknownGpu
+        );
+        assert_eq!(
+            a.lease(t, &cdu(), t, &lease(1, &[], 1_000)).code,
+            AckCode::Malformed
+        );
+        assert_eq!(
+            a.lease(t, &cdu(), t, &lease(1, &[(gpu(0), 300)], 0)).code,
+            AckCode::Malformed
+        );
+        assert_eq!(
+            a.lease(
+                t,
+                &cdu(),
+                TimestampMs(1_000),
+                &lease(1, &[(gpu(0), 300)], 5_000)
+            )
+            .code,
+            AckCode::Expired,
+            "sent at 1 s for 5 s, arrived at 10 s"
+        );
+        assert_eq!(a.in_force(t), before);
+        assert_eq!(a.next_expiry(), None);
+    }
+
+    #[test]
+    fn a_renewal_replaces_the_same_lease_only() {
+        let mut a = arbiter();
+        let t = TimestampMs(0);
+        a.lease(t, &cdu(), t, &lease(7, &[(gpu(0), 300)], 1_000));
+        a.lease(t, &cdu(), t, &lease(7, &[(gpu(0), 500)], 5_000));
+        let op = NodeId::new(Role::Operator, "jdoe").unwrap();
+        a.lease(t, &op, t, &lease(7, &[(gpu(0), 600)], 2_000));
+        assert_eq!(
+            a.in_force(t)[0].limit,
+            Watts(500),
+            "the renewal raised the cap"
+        );
+        assert_eq!(a.next_expiry(), Some(TimestampMs(2_000)));
+        assert_eq!(a.in_force(TimestampMs(5_000))[0].limit, Watts(700));
+    }
+}
