@@ -32,6 +32,8 @@ enum Op {
     Wait {
         ms: u32,
     },
+    /// To the next expiry exactly, where a lease must already have lapsed.
+    WaitForExpiry,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -40,6 +42,7 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(from, id, caps, sent_ago, ms)| Op::Lease { from, id, caps, sent_ago, ms }),
         1 => (0u8..5, proptest::option::of(100u32..800)).prop_map(|(gpu, cap)| Op::Guard { gpu, cap }),
         2 => (0u32..6_000).prop_map(|ms| Op::Wait { ms }),
+        1 => Just(Op::WaitForExpiry),
     ]
 }
 
@@ -129,6 +132,11 @@ proptest! {
                     }
                 }
                 Op::Wait { ms } => now += ms as u64,
+                Op::WaitForExpiry => {
+                    if let Some(t) = a.next_expiry() {
+                        now = now.max(t.0);
+                    }
+                }
             }
             for f in a.in_force(TimestampMs(now)) {
                 let i = f.gpu.get() as usize;
