@@ -31,8 +31,9 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use crate::config::BusConfig;
-use crate::durable::{class_of, Delivery, DurableOutbox, Pending, StoreFailure};
+use crate::durable::{Delivery, DurableOutbox, Pending, StoreFailure};
 use crate::metrics::{Metrics, MetricsSnapshot};
+use loopwarden_flash::outbox::Class;
 
 /// The most QoS 1 publishes in flight at once. Packet ids wrap at this
 /// number; the shell never hands over more than it leaves room for, so a
@@ -366,7 +367,8 @@ impl Bus {
         let mut delivery = self.shared.delivery();
         if let Some(outbox) = delivery.outbox.as_mut() {
             let name = topic.build().map_err(PublishError::Topic)?;
-            let dropped = match outbox.store(frame.seq, class_of(frame), &name, &payload) {
+            let dropped = match outbox.store(frame.seq, Class::of(&frame.message), &name, &payload)
+            {
                 Ok(d) => d,
                 Err(StoreFailure::Full) => {
                     Metrics::add(&self.shared.metrics.outbox_refused);

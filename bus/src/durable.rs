@@ -19,7 +19,6 @@
 use std::collections::{HashMap, VecDeque};
 
 use loopwarden_flash::outbox::{Class, Dropped, Entry, Outbox};
-use loopwarden_protocol::Frame;
 
 /// A frame waiting in the outbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,9 +132,4 @@ impl Delivery {
             .filter(|p| !busy.contains(&p.seq))
             .collect())
     }
-}
-
-/// The outbox class of a frame.
-pub(crate) fn class_of(frame: &Frame) -> Class {
-    Class::of(&frame.message)
 }
