@@ -48,6 +48,21 @@ pub struct LeaseOutcome {
     pub code: AckCode,
 }
 
+/// A lease as the console shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseView {
+    /// Who sent it.
+    pub from: NodeId,
+    /// The sender's lease id.
+    pub lease: u32,
+    /// On whose behalf.
+    pub source: CapSource,
+    /// When it lapses unless renewed.
+    pub expires: TimestampMs,
+    /// The caps it puts, per GPU index.
+    pub caps: Vec<(GpuIndex, Watts)>,
+}
+
 /// The limit in force on one GPU and who set it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InForce {
@@ -139,6 +154,36 @@ impl CapArbiter {
     /// Drops the leases that have expired at `now` (their caps lift).
     pub fn expire(&mut self, now: TimestampMs) {
         self.leases.retain(|h| h.expires > now);
+    }
+
+    /// The leases held (including any that expired since the last
+    /// [`CapArbiter::expire`]).
+    pub fn leases(&self) -> Vec<LeaseView> {
+        self.leases
+            .iter()
+            .map(|h| LeaseView {
+                from: h.from.clone(),
+                lease: h.lease,
+                source: h.source,
+                expires: h.expires,
+                caps: h
+                    .caps
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, c)| Some((GpuIndex::new(i as u8)?, (*c)?)))
+                    .collect(),
+            })
+            .collect()
+    }
+
+    /// The thermal guard's cap on `gpu`.
+    pub fn guard_cap(&self, gpu: GpuIndex) -> Option<Watts> {
+        self.guard.get(gpu.get() as usize).copied().flatten()
+    }
+
+    /// The settable range of every GPU.
+    pub fn ranges(&self) -> &[GpuRange] {
+        &self.ranges
     }
 
     /// When the next lease expires, for the shell's timer.

@@ -7,18 +7,33 @@
 //! own when the bus is down.
 //!
 //! Its decisions are pure cores (inputs and a time in, outputs out, no
-//! clock, no I/O) inside a thin shell of tokio tasks (NVML behind the
-//! `GpuSource` trait, the bus through `loopwarden-bus`, the flash stores of
-//! `loopwarden-flash`, the console). What exists today: the power-cap
-//! arbiter ([`caps::CapArbiter`]). The health engine, the GPU sources and
-//! the shell land with their own pieces of work.
+//! clock, no I/O) inside a thin shell of tokio tasks:
+//! - [`gpu`]: the `GpuDevice`/`GpuSource` traits; [`nvml`] (real GPUs) and
+//!   [`twin`] (simulated ones) implement them; [`worker`] runs each GPU's
+//!   calls on its own thread with a deadline.
+//! - [`caps`]: the power-cap arbiter; [`guard`]: the thermal guard;
+//!   [`core`]: commands (authentication, replay, leases) and what to apply.
+//! - [`shell`]: the running agent (bus, flash, sampling, applying limits);
+//!   [`console`]: `node-agent ctl`; [`config`]: the TOML file and flags.
+//!
+//! The health engine lands with its own piece of work; until then every
+//! GPU is reported `healthy`.
 //!
 //! Glossary:
 //! - *quarantine*: a GPU taken out of service now, released only by an
 //!   operator with a reason.
 //! - *lease*: a power cap that lapses unless its sender renews it.
 //! - *thermal guard*: the host's own cap when a GPU runs hot; needs no bus.
+//! - *read back*: the limit NVML reports after a set; only that value is
+//!   ever reported as in force.
 
 #![warn(missing_docs)]
 
 pub mod caps;
+pub mod config;
+pub mod core;
+pub mod gpu;
+pub mod guard;
+pub mod nvml;
+pub mod twin;
+pub mod worker;

@@ -1,0 +1,777 @@
+//! The agent's configuration: a TOML file, every field overridable by a
+//! flag, checked as a whole at start.
+//!
+//! A key the agent does not know, a value of the wrong type or a value out
+//! of its range stops the start with the file, the line and the reason;
+//! nothing is guessed. `docs/node-agent.md` lists every field.
+//!
+//! Glossary:
+//! - *origin*: where a value came from (a line of the file, a flag, the
+//!   default), so an error points at it.
+//! - *twin*: simulated GPUs instead of NVML.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use loopwarden_protocol::{Ident, Watts, WholeCelsius};
+use serde::Deserialize;
+
+use crate::guard::GuardSettings;
+
+/// The file as written (every field optional).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// Site name.
+    pub site: Option<String>,
+    /// Host id.
+    pub host: Option<String>,
+    /// Broker address; absent: the embedded broker.
+    pub broker: Option<String>,
+    /// Broker user name.
+    pub broker_user: Option<String>,
+    /// File holding the broker password.
+    pub broker_password_file: Option<PathBuf>,
+    /// Simulated GPUs instead of NVML (0: NVML).
+    pub twin_gpus: Option<u8>,
+    /// GPU board model (`H200-SXM`) or a board file.
+    pub board: Option<String>,
+    /// Sampling period, ms.
+    pub period_ms: Option<u64>,
+    /// JSON mirror period for telemetry, ms.
+    pub json_period_ms: Option<u64>,
+    /// Deadline of one GPU call, ms.
+    pub deadline_ms: Option<u64>,
+    /// Missed samples in a row before a GPU is reported unresponsive.
+    pub unresponsive_after: Option<u32>,
+    /// Flash file (event log, outbox, config store).
+    pub flash: Option<PathBuf>,
+    /// Console socket.
+    pub console: Option<PathBuf>,
+    /// Site keys for commands.
+    pub keys_file: Option<PathBuf>,
+    /// Thermal guard.
+    pub guard: Option<GuardFile>,
+    /// Quarantine actions.
+    pub quarantine: Option<QuarantineFile>,
+}
+
+/// `[guard]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GuardFile {
+    /// Start capping at this temperature, °C.
+    pub engage_c: Option<u8>,
+    /// Start lifting at this temperature, °C.
+    pub release_c: Option<u8>,
+    /// Watts per sample.
+    pub step_w: Option<u32>,
+}
+
+/// `[quarantine]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuarantineFile {
+    /// Commands as argument vectors, with placeholders.
+    pub actions: Option<Vec<Vec<String>>>,
+    /// Timeout per command, s.
+    pub timeout_s: Option<u64>,
+}
+
+/// Values given as flags (each overrides the file).
+#[derive(Debug, Default, Clone, clap::Args)]
+pub struct Overrides {
+    /// Site name (ident).
+    #[arg(long)]
+    pub site: Option<String>,
+    /// Host id (ident); default: the machine's host name.
+    #[arg(long)]
+    pub host: Option<String>,
+    /// Broker, `host[:port]`; default: the embedded broker on 127.0.0.1:1883.
+    #[arg(long)]
+    pub broker: Option<String>,
+    /// Broker user name.
+    #[arg(long)]
+    pub broker_user: Option<String>,
+    /// File holding the broker password.
+    #[arg(long)]
+    pub broker_password_file: Option<PathBuf>,
+    /// Simulate this many GPUs instead of using NVML.
+    #[arg(long)]
+    pub twin_gpus: Option<u8>,
+    /// GPU board model (`H200-SXM`, `H100-SXM`) or a board TOML file.
+    #[arg(long)]
+    pub board: Option<String>,
+    /// Sampling period in ms.
+    #[arg(long)]
+    pub period_ms: Option<u64>,
+    /// Period of the telemetry JSON mirror in ms.
+    #[arg(long)]
+    pub json_period_ms: Option<u64>,
+    /// Deadline of one GPU call in ms.
+    #[arg(long)]
+    pub deadline_ms: Option<u64>,
+    /// Missed samples in a row before a GPU counts as unresponsive.
+    #[arg(long)]
+    pub unresponsive_after: Option<u32>,
+    /// Flash file; default: kept in memory only.
+    #[arg(long)]
+    pub flash: Option<PathBuf>,
+    /// Console socket path.
+    #[arg(long)]
+    pub console: Option<PathBuf>,
+    /// Site keys file (`<key id> <hex secret>` per line).
+    #[arg(long)]
+    pub keys_file: Option<PathBuf>,
+    /// Thermal guard: engage at this temperature, °C.
+    #[arg(long)]
+    pub guard_engage_c: Option<u8>,
+    /// Thermal guard: release at this temperature, °C.
+    #[arg(long)]
+    pub guard_release_c: Option<u8>,
+    /// Thermal guard: watts per sample.
+    #[arg(long)]
+    pub guard_step_w: Option<u32>,
+    /// A quarantine action, as one string split on white space (repeat
+    /// for several; replaces the file's list).
+    #[arg(long = "quarantine-action")]
+    pub quarantine_actions: Vec<String>,
+    /// Timeout of a quarantine action, s.
+    #[arg(long)]
+    pub quarantine_timeout_s: Option<u64>,
+}
+
+/// Where the GPUs come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GpuSourceKind {
+    /// Real GPUs through NVML.
+    Nvml,
+    /// This many simulated GPUs.
+    Twin(u8),
+}
+
+/// The checked configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Site.
+    pub site: Ident,
+    /// Host id.
+    pub host: Ident,
+    /// Broker; `None`: embedded.
+    pub broker: Option<loopwarden_bus::BrokerAddr>,
+    /// Broker credentials.
+    pub credentials: Option<(String, String)>,
+    /// GPU source.
+    pub gpus: GpuSourceKind,
+    /// Board model or file.
+    pub board: loopwarden_boards::GpuBoard,
+    /// Sampling period.
+    pub period: Duration,
+    /// Telemetry JSON mirror period.
+    pub json_period: Duration,
+    /// Deadline of one GPU call.
+    pub deadline: Duration,
+    /// Missed samples before unresponsive.
+    pub unresponsive_after: u32,
+    /// Flash file.
+    pub flash: Option<PathBuf>,
+    /// Console socket.
+    pub console: PathBuf,
+    /// Site keys by id.
+    pub keys: BTreeMap<u8, Vec<u8>>,
+    /// Whether the keys are the public demonstration key (twin only).
+    pub demo_key: bool,
+    /// Thermal guard.
+    pub guard: GuardSettings,
+    /// Quarantine actions (argument vectors with placeholders).
+    pub quarantine_actions: Vec<Vec<String>>,
+    /// Timeout per action.
+    pub quarantine_timeout: Duration,
+}
+
+/// A configuration that cannot be used, and where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The file, a flag or `default`.
+    pub origin: String,
+    /// The line in the file, when known.
+    pub line: Option<usize>,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(l) => write!(f, "{} line {}: {}", self.origin, l, self.message),
+            None => write!(f, "{}: {}", self.origin, self.message),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Placeholders a quarantine action may use.
+pub const PLACEHOLDERS: [&str; 5] = ["{host}", "{site}", "{gpu}", "{uuid}", "{reason}"];
+
+/// Reads the value's origin for error messages.
+struct Sources<'a> {
+    path: Option<&'a Path>,
+    text: &'a str,
+}
+
+impl Sources<'_> {
+    /// The line of `key` (in `[section]` when given) in the file.
+    fn line_of(&self, section: Option<&str>, key: &str) -> Option<usize> {
+        let mut current: Option<String> = None;
+        for (i, raw) in self.text.lines().enumerate() {
+            let line = raw.trim();
+            if let Some(s) = line.strip_prefix('[') {
+                current = Some(s.trim_end_matches(']').trim().to_string());
+                continue;
+            }
+            let Some((k, _)) = line.split_once('=') else {
+                continue;
+            };
+            if k.trim() == key && current.as_deref() == section {
+                return Some(i + 1);
+            }
+        }
+        None
+    }
+
+    fn error(
+        &self,
+        flag: Option<&str>,
+        section: Option<&str>,
+        key: &str,
+        message: String,
+    ) -> ConfigError {
+        if let Some(flag) = flag {
+            return ConfigError {
+                origin: format!("flag --{flag}"),
+                line: None,
+                message,
+            };
+        }
+        match (self.path, self.line_of(section, key)) {
+            (Some(p), Some(line)) => ConfigError {
+                origin: p.display().to_string(),
+                line: Some(line),
+                message,
+            },
+            _ => ConfigError {
+                origin: "default".into(),
+                line: None,
+                message,
+            },
+        }
+    }
+}
+
+/// Reads `path` (if any), applies `flags` and checks the result.
+pub fn load(path: Option<&Path>, flags: &Overrides) -> Result<Config, ConfigError> {
+    let text = match path {
+        Some(p) => std::fs::read_to_string(p).map_err(|e| ConfigError {
+            origin: p.display().to_string(),
+            line: None,
+            message: format!("cannot read: {e}"),
+        })?,
+        None => String::new(),
+    };
+    resolve(path, &text, flags)
+}
+
+/// Checks a configuration given as text (the file at `path`) and flags.
+pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Config, ConfigError> {
+    let file: FileConfig = toml::from_str(text).map_err(|e| ConfigError {
+        origin: path.map_or("config".into(), |p| p.display().to_string()),
+        line: e
+            .span()
+            .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1),
+        message: e.message().to_string(),
+    })?;
+    let src = Sources { path, text };
+
+    // Picks the flag, else the file; remembers which, for errors.
+    macro_rules! pick {
+        ($flag:expr, $file:expr, $flagname:literal) => {
+            match (&$flag, &$file) {
+                (Some(v), _) => (Some(v.clone()), Some($flagname)),
+                (None, Some(v)) => (Some(v.clone()), None),
+                (None, None) => (None, None),
+            }
+        };
+    }
+    #[allow(clippy::too_many_arguments)]
+    fn range<T: PartialOrd + fmt::Display + Copy>(
+        src: &Sources,
+        (value, flag): (Option<T>, Option<&str>),
+        section: Option<&str>,
+        key: &str,
+        default: T,
+        lo: T,
+        hi: T,
+        unit: &str,
+    ) -> Result<T, ConfigError> {
+        let Some(v) = value else { return Ok(default) };
+        if v < lo || v > hi {
+            return Err(src.error(
+                flag,
+                section,
+                key,
+                format!("{key} = {v} is out of range ({lo} to {hi}{unit})"),
+            ));
+        }
+        Ok(v)
+    }
+
+    let ident =
+        |(value, flag): (Option<String>, Option<&str>), key: &str, default: Option<String>| {
+            let v = value.or(default).ok_or_else(|| {
+                src.error(
+                    None,
+                    None,
+                    key,
+                    format!("{key} is required (in the file or as --{key})"),
+                )
+            })?;
+            Ident::new(&v).map_err(|e| {
+                src.error(
+                    flag,
+                    None,
+                    key,
+                    format!("{key} = {v:?} is not a name: {e} (1 to 32 of A-Z a-z 0-9 _ - .)"),
+                )
+            })
+        };
+    let site = ident(
+        pick!(flags.site, file.site, "site"),
+        "site",
+        Some("site".into()),
+    )?;
+    let host = ident(
+        pick!(flags.host, file.host, "host"),
+        "host",
+        local_host_name(),
+    )?;
+
+    let broker = match pick!(flags.broker, file.broker, "broker") {
+        (Some(b), flag) => Some(
+            b.parse()
+                .map_err(|e| src.error(flag, None, "broker", format!("broker = {b:?}: {e}")))?,
+        ),
+        (None, _) => None,
+    };
+    let credentials = match (
+        pick!(flags.broker_user, file.broker_user, "broker-user"),
+        pick!(
+            flags.broker_password_file,
+            file.broker_password_file,
+            "broker-password-file"
+        ),
+    ) {
+        ((Some(user), _), (Some(pw), flag)) => {
+            let password = std::fs::read_to_string(&pw).map_err(|e| {
+                src.error(
+                    flag,
+                    None,
+                    "broker_password_file",
+                    format!("cannot read {}: {e}", pw.display()),
+                )
+            })?;
+            Some((user, password.trim_end().to_string()))
+        }
+        ((None, _), (None, _)) => None,
+        ((Some(_), flag), _) | (_, (Some(_), flag)) => {
+            return Err(src.error(
+                flag,
+                None,
+                "broker_user",
+                "broker_user and broker_password_file go together".into(),
+            ))
+        }
+    };
+
+    let twin = range(
+        &src,
+        pick!(flags.twin_gpus, file.twin_gpus, "twin-gpus"),
+        None,
+        "twin_gpus",
+        0,
+        0,
+        16,
+        " GPUs",
+    )?;
+    let gpus = if twin == 0 {
+        GpuSourceKind::Nvml
+    } else {
+        GpuSourceKind::Twin(twin)
+    };
+    let board =
+        match pick!(flags.board, file.board, "board") {
+            (None, _) => loopwarden_boards::GpuBoard::builtin("H200-SXM").expect("shipped board"),
+            (Some(b), flag) => match loopwarden_boards::GpuBoard::builtin(&b) {
+                Some(board) => board,
+                None if Path::new(&b).exists() => loopwarden_boards::GpuBoard::load(Path::new(&b))
+                    .map_err(|e| src.error(flag, None, "board", e.to_string()))?,
+                None => return Err(src.error(
+                    flag,
+                    None,
+                    "board",
+                    format!(
+                        "board = {b:?} is neither a known model (H200-SXM, H100-SXM) nor a file"
+                    ),
+                )),
+            },
+        };
+
+    let period = range(
+        &src,
+        pick!(flags.period_ms, file.period_ms, "period-ms"),
+        None,
+        "period_ms",
+        1000,
+        100,
+        60_000,
+        " ms",
+    )?;
+    let json_period = range(
+        &src,
+        pick!(flags.json_period_ms, file.json_period_ms, "json-period-ms"),
+        None,
+        "json_period_ms",
+        (10 * period).min(3_600_000),
+        period,
+        3_600_000,
+        " ms, at least the sampling period",
+    )?;
+    let deadline = range(
+        &src,
+        pick!(flags.deadline_ms, file.deadline_ms, "deadline-ms"),
+        None,
+        "deadline_ms",
+        (period / 4).max(10),
+        10,
+        period,
+        " ms, at most the sampling period",
+    )?;
+    let unresponsive_after = range(
+        &src,
+        pick!(
+            flags.unresponsive_after,
+            file.unresponsive_after,
+            "unresponsive-after"
+        ),
+        None,
+        "unresponsive_after",
+        3,
+        1,
+        100,
+        " samples",
+    )?;
+
+    let g = file.guard.unwrap_or_default();
+    let max_op = board.thermal.max_operating_c.0;
+    let engage = range(
+        &src,
+        pick!(flags.guard_engage_c, g.engage_c, "guard-engage-c"),
+        Some("guard"),
+        "engage_c",
+        max_op.saturating_sub(2),
+        30,
+        board.thermal.shutdown_c.0 - 1,
+        " °C, under the board's shutdown temperature",
+    )?;
+    let release_pick = pick!(flags.guard_release_c, g.release_c, "guard-release-c");
+    let release_flag = release_pick.1;
+    let release = range(
+        &src,
+        release_pick,
+        Some("guard"),
+        "release_c",
+        engage.saturating_sub(5),
+        20,
+        100,
+        " °C",
+    )?;
+    if release >= engage {
+        return Err(src.error(
+            release_flag,
+            Some("guard"),
+            "release_c",
+            format!("release_c = {release} must be below engage_c = {engage}"),
+        ));
+    }
+    let step = range(
+        &src,
+        pick!(flags.guard_step_w, g.step_w, "guard-step-w"),
+        Some("guard"),
+        "step_w",
+        25,
+        1,
+        200,
+        " W",
+    )?;
+
+    let q = file.quarantine.unwrap_or_default();
+    let (actions, actions_flag) = if flags.quarantine_actions.is_empty() {
+        (q.actions.unwrap_or_default(), None)
+    } else {
+        (
+            flags
+                .quarantine_actions
+                .iter()
+                .map(|a| a.split_whitespace().map(String::from).collect())
+                .collect(),
+            Some("quarantine-action"),
+        )
+    };
+    for action in &actions {
+        check_action(action)
+            .map_err(|m| src.error(actions_flag, Some("quarantine"), "actions", m))?;
+    }
+    let quarantine_timeout = range(
+        &src,
+        pick!(
+            flags.quarantine_timeout_s,
+            q.timeout_s,
+            "quarantine-timeout-s"
+        ),
+        Some("quarantine"),
+        "timeout_s",
+        30,
+        1,
+        600,
+        " s",
+    )?;
+
+    let keys_pick = pick!(flags.keys_file, file.keys_file, "keys-file");
+    let (keys, demo_key) = match keys_pick {
+        (Some(p), flag) => (
+            read_keys(&p).map_err(|m| src.error(flag, None, "keys_file", m))?,
+            false,
+        ),
+        (None, _) if matches!(gpus, GpuSourceKind::Twin(_)) => (
+            BTreeMap::from([(1u8, loopwarden_protocol::samples::DEMO_KEY.to_vec())]),
+            true,
+        ),
+        (None, _) => (BTreeMap::new(), false),
+    };
+
+    let console = pick!(flags.console, file.console, "console")
+        .0
+        .unwrap_or_else(|| default_console(host.as_str()));
+
+    Ok(Config {
+        site,
+        host,
+        broker,
+        credentials,
+        gpus,
+        board,
+        period: Duration::from_millis(period),
+        json_period: Duration::from_millis(json_period),
+        deadline: Duration::from_millis(deadline),
+        unresponsive_after,
+        flash: pick!(flags.flash, file.flash, "flash").0,
+        console,
+        keys,
+        demo_key,
+        guard: GuardSettings {
+            engage: WholeCelsius(engage),
+            release: WholeCelsius(release),
+            step: Watts(step),
+        },
+        quarantine_actions: actions,
+        quarantine_timeout: Duration::from_secs(quarantine_timeout),
+    })
+}
+
+/// An action is a non-empty argument vector whose placeholders are known.
+fn check_action(action: &[String]) -> Result<(), String> {
+    let Some(program) = action.first() else {
+        return Err("a quarantine action is empty: give the program and its arguments".into());
+    };
+    if program.contains('{') {
+        return Err(format!(
+            "the program of an action cannot be a placeholder: {program:?}"
+        ));
+    }
+    for arg in action {
+        let mut rest = arg.as_str();
+        while let Some(open) = rest.find('{') {
+            let close = rest[open..]
+                .find('}')
+                .ok_or_else(|| format!("unclosed placeholder in {arg:?}"))?;
+            let name = &rest[open..open + close + 1];
+            if !PLACEHOLDERS.contains(&name) {
+                return Err(format!(
+                    "unknown placeholder {name} in {arg:?}; known: {}",
+                    PLACEHOLDERS.join(" ")
+                ));
+            }
+            rest = &rest[open + close + 1..];
+        }
+    }
+    Ok(())
+}
+
+/// Reads a keys file: `<id> <hex secret>` per line, `#` comments.
+pub fn read_keys(path: &Path) -> Result<BTreeMap<u8, Vec<u8>>, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read keys file {}: {e}", path.display()))?;
+    let mut keys = BTreeMap::new();
+    for (i, raw) in text.lines().enumerate() {
+        let line = raw.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let at = || format!("{} line {}", path.display(), i + 1);
+        let (id, hex) = line
+            .split_once(char::is_whitespace)
+            .ok_or_else(|| format!("{}: expected `<key id> <hex secret>`", at()))?;
+        let id: u8 = id
+            .parse()
+            .map_err(|_| format!("{}: key id {id:?} is not 0 to 255", at()))?;
+        let hex = hex.trim();
+        if hex.len() < 32 || hex.len() % 2 != 0 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(format!(
+                "{}: the secret must be hex, at least 16 bytes (32 digits)",
+                at()
+            ));
+        }
+        let secret = (0..hex.len())
+            .step_by(2)
+            .map(|j| u8::from_str_radix(&hex[j..j + 2], 16).expect("checked hex"))
+            .collect();
+        if keys.insert(id, secret).is_some() {
+            return Err(format!("{}: key id {id} appears twice", at()));
+        }
+    }
+    if keys.is_empty() {
+        return Err(format!("keys file {} holds no key", path.display()));
+    }
+    Ok(keys)
+}
+
+fn local_host_name() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().split('.').next().unwrap_or("").to_string())
+        .filter(|h| !h.is_empty())
+}
+
+/// `/run/loopwarden/node-agent.sock` where it can be made, else a socket
+/// under `$XDG_RUNTIME_DIR` or `/tmp` named after the host.
+fn default_console(host: &str) -> PathBuf {
+    let run = Path::new("/run/loopwarden");
+    if std::fs::create_dir_all(run).is_ok() && !is_read_only(run) {
+        return run.join("node-agent.sock");
+    }
+    let dir = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    dir.join(format!("loopwarden-node-agent-{host}.sock"))
+}
+
+fn is_read_only(dir: &Path) -> bool {
+    let probe = dir.join(".probe");
+    let ok = std::fs::write(&probe, b"").is_ok();
+    let _ = std::fs::remove_file(&probe);
+    !ok
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn from(text: &str) -> Result<Config, ConfigError> {
+        resolve(Some(Path::new("agent.toml")), text, &Overrides::default())
+    }
+
+    #[test]
+    fn defaults_and_a_full_file() {
+        let c = from(
+            "site = \"hall-1\"\nhost = \"h07\"\nbroker = \"10.0.0.5:1883\"\ntwin_gpus = 8\n\
+             period_ms = 500\n[guard]\nengage_c = 84\nrelease_c = 78\n\
+             [quarantine]\nactions = [[\"scontrol\", \"update\", \"NodeName={host}\", \"State=DRAIN\", \"Reason={reason}\"]]\n",
+        )
+        .expect("valid");
+        assert_eq!(c.host.as_str(), "h07");
+        assert_eq!(c.period, Duration::from_millis(500));
+        assert_eq!(c.json_period, Duration::from_millis(5000));
+        assert_eq!(c.deadline, Duration::from_millis(125));
+        assert_eq!(c.guard.engage, WholeCelsius(84));
+        assert_eq!(c.gpus, GpuSourceKind::Twin(8));
+        assert!(c.demo_key, "twin without keys takes the demonstration key");
+        assert_eq!(c.quarantine_actions[0][0], "scontrol");
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_with_their_line() {
+        let e = from("site = \"a\"\nhost = \"b\"\nperod_ms = 5\n").unwrap_err();
+        assert_eq!(e.line, Some(3), "{e}");
+        assert!(e.message.contains("perod_ms"), "{e}");
+        let e = from("site = \"a\"\nhost = \"b\"\n[guard]\nengage = 80\n").unwrap_err();
+        assert_eq!(e.line, Some(4), "{e}");
+    }
+
+    #[test]
+    fn out_of_range_values_are_refused_with_their_line() {
+        let e = from("site = \"a\"\nhost = \"b\"\n\nperiod_ms = 50\n").unwrap_err();
+        assert_eq!(e.line, Some(4));
+        assert!(
+            e.to_string()
+                .contains("agent.toml line 4: period_ms = 50 is out of range"),
+            "{e}"
+        );
+        let e = from("site = \"a\"\nhost = \"b\"\n[guard]\nengage_c = 80\nrelease_c = 85\n")
+            .unwrap_err();
+        assert_eq!(e.line, Some(5), "{e}");
+        let e = from("site = \"a b\"\nhost = \"b\"\n").unwrap_err();
+        assert_eq!(e.line, Some(1), "{e}");
+        let e = from("site = \"a\"\nhost = \"b\"\nperiod_ms = \"fast\"\n").unwrap_err();
+        assert_eq!(e.line, Some(3), "{e}");
+    }
+
+    #[test]
+    fn flags_override_the_file_and_are_named_in_errors() {
+        let flags = Overrides {
+            period_ms: Some(2000),
+            ..Default::default()
+        };
+        let c = resolve(
+            Some(Path::new("a.toml")),
+            "site = \"s\"\nhost = \"h\"\nperiod_ms = 500\n",
+            &flags,
+        )
+        .expect("valid");
+        assert_eq!(c.period, Duration::from_millis(2000));
+        let flags = Overrides {
+            deadline_ms: Some(5),
+            ..Default::default()
+        };
+        let e = resolve(
+            None,
+            "",
+            &Overrides {
+                host: Some("h".into()),
+                ..flags
+            },
+        )
+        .unwrap_err();
+        assert_eq!(e.origin, "flag --deadline-ms", "{e}");
+    }
+
+    #[test]
+    fn actions_with_unknown_placeholders_are_refused() {
+        let e = from("host = \"h\"\n[quarantine]\nactions = [[\"drain\", \"{hostname}\"]]\n")
+            .unwrap_err();
+        assert_eq!(e.line, Some(3));
+        assert!(e.message.contains("{hostname}"), "{e}");
+        assert!(from("host = \"h\"\n[quarantine]\nactions = [[]]\n").is_err());
+    }
+}

@@ -1,0 +1,159 @@
+//! What the agent needs from a GPU, behind one narrow trait.
+//!
+//! [`GpuDevice`] is one GPU: describe it once, sample it every period,
+//! set and read back its power limit. Two implementations live side by
+//! side: NVML ([`crate::nvml`]) for real GPUs and the twin
+//! ([`crate::twin`]) for simulated ones. Neither is trusted to return in
+//! time: the agent calls them from a [`crate::worker`] with a deadline.
+//!
+//! Glossary:
+//! - *sample*: every reading of one GPU at one instant (temperatures,
+//!   power, clocks, counters), in the units of the bus.
+//! - *not supported*: a field this GPU (or its driver) cannot report. It is
+//!   recorded once in the sample's `unsupported` set, never an error.
+//! - *XID*: an error report from the NVIDIA driver, numbered by cause.
+
+use std::fmt;
+
+use loopwarden_protocol::{
+    EccCounts, GpuFlags, MegaHertz, MemoryRepair, NvlinkErrors, Percent, ThrottleReasons,
+    Unsupported, Watts, WholeCelsius,
+};
+
+/// What a GPU says about itself once, at start.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct GpuInfo {
+    /// Product name (`NVIDIA H200`).
+    pub name: String,
+    /// Stable identity (`GPU-…`), for the field engineer's records.
+    pub uuid: String,
+    /// Power limit the GPU comes up with (restored at a clean exit).
+    pub default_limit: Watts,
+    /// Lowest settable power limit.
+    pub min_limit: Watts,
+    /// Highest settable power limit.
+    pub max_limit: Watts,
+}
+
+/// One reading of every field of a GPU. Fields in `unsupported` are zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GpuSample {
+    /// Status bits other than `responsive` (which the agent sets).
+    pub flags: GpuFlags,
+    /// Fields this GPU does not support.
+    pub unsupported: Unsupported,
+    /// Die temperature.
+    pub temp: WholeCelsius,
+    /// HBM temperature.
+    pub mem_temp: WholeCelsius,
+    /// Power draw.
+    pub power: Watts,
+    /// Energy since the driver loaded, millijoules.
+    pub energy_mj: u64,
+    /// The limit the GPU enforces now.
+    pub power_limit: Watts,
+    /// SM clock.
+    pub sm_clock: MegaHertz,
+    /// Memory clock.
+    pub mem_clock: MegaHertz,
+    /// Share of the last period a kernel ran.
+    pub util: Percent,
+    /// Active clock-event reasons.
+    pub throttle: ThrottleReasons,
+    /// ECC error counts, cumulative.
+    pub ecc: EccCounts,
+    /// Retired pages and remapped rows.
+    pub repair: MemoryRepair,
+    /// PCIe replay counter, cumulative.
+    pub pcie_replay: u32,
+    /// NVLink error counters summed over links, cumulative.
+    pub nvlink: NvlinkErrors,
+}
+
+/// An XID the driver reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct XidReport {
+    /// Index of the GPU that reported it.
+    pub gpu: u8,
+    /// The XID number.
+    pub xid: u16,
+}
+
+/// Why a GPU call failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GpuError {
+    /// The call did not return before its deadline.
+    Timeout,
+    /// The GPU has fallen off the bus or is otherwise lost to the driver.
+    Lost,
+    /// The operation is not supported by this GPU.
+    NotSupported,
+    /// The agent lacks the permission (setting limits needs root).
+    NoPermission,
+    /// A value outside what the GPU accepts.
+    InvalidArgument,
+    /// Any other failure, as the driver worded it; `what` names the call.
+    Failed {
+        /// The call that failed.
+        what: &'static str,
+        /// The driver's words.
+        detail: String,
+    },
+}
+
+impl fmt::Display for GpuError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Timeout => f.write_str("did not answer before its deadline"),
+            Self::Lost => f.write_str("GPU lost (fallen off the bus)"),
+            Self::NotSupported => f.write_str("not supported by this GPU"),
+            Self::NoPermission => f.write_str("permission denied (setting limits needs root)"),
+            Self::InvalidArgument => f.write_str("value refused by the GPU as out of range"),
+            Self::Failed { what, detail } => write!(f, "{what} failed: {detail}"),
+        }
+    }
+}
+
+impl std::error::Error for GpuError {}
+
+/// One GPU, as the agent uses it. Implementations may block (NVML can
+/// hang); the agent only calls them from a worker with a deadline.
+pub trait GpuDevice: Send + 'static {
+    /// Identity and power-limit range; called once at start.
+    fn describe(&mut self) -> Result<GpuInfo, GpuError>;
+    /// One reading of every field.
+    fn sample(&mut self) -> Result<GpuSample, GpuError>;
+    /// Asks for a power limit.
+    fn set_power_limit(&mut self, limit: Watts) -> Result<(), GpuError>;
+    /// The power limit set now (read back after a set).
+    fn power_limit(&mut self) -> Result<Watts, GpuError>;
+}
+
+/// Boxed devices are devices too, so the agent can hold either kind.
+impl GpuDevice for Box<dyn GpuDevice> {
+    fn describe(&mut self) -> Result<GpuInfo, GpuError> {
+        (**self).describe()
+    }
+    fn sample(&mut self) -> Result<GpuSample, GpuError> {
+        (**self).sample()
+    }
+    fn set_power_limit(&mut self, limit: Watts) -> Result<(), GpuError> {
+        (**self).set_power_limit(limit)
+    }
+    fn power_limit(&mut self) -> Result<Watts, GpuError> {
+        (**self).power_limit()
+    }
+}
+
+/// A source of GPUs: the devices of this host and their XID events.
+pub trait GpuSource {
+    /// Every GPU of the host, in index order.
+    fn devices(&mut self) -> Result<Vec<Box<dyn GpuDevice>>, GpuError>;
+    /// Starts delivering XID events to `sink` from a thread of the
+    /// source's own (a blocking wait, never on the agent's runtime).
+    /// Returns which GPUs could not be registered, and why.
+    fn watch_xids(
+        &mut self,
+        sink: std::sync::mpsc::Sender<XidReport>,
+    ) -> Result<Vec<(u8, GpuError)>, GpuError>;
+}

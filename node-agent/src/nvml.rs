@@ -1,0 +1,709 @@
+//! Real GPUs through NVML.
+//!
+//! Two layers, so the logic can be tested without a GPU:
+//! - [`NvmlApi`]: the NVML calls the agent makes, one method per call,
+//!   with NVML's answers (`NVML_ERROR_NOT_SUPPORTED`, `GPU_IS_LOST`, …)
+//!   kept as [`NvmlFailure`]. [`SystemNvml`] implements it with
+//!   `nvml-wrapper` over the driver's `libnvidia-ml.so`; tests implement it
+//!   with scripted answers.
+//! - [`NvmlSource`] / [`NvmlGpu`]: the [`GpuSource`] and [`GpuDevice`] the
+//!   agent uses, built on any `NvmlApi`. A field the GPU does not support
+//!   is recorded once in the sample's `unsupported` set (and logged once),
+//!   then no longer asked for.
+//!
+//! Glossary:
+//! - *field value*: NVML's batched query (`nvmlDeviceGetFieldValues`):
+//!   HBM temperature, retired pages, remapped rows, PCIe replays and
+//!   NVLink error totals in one call, each with its own answer.
+//! - *event set*: NVML's wait queue for driver events; the agent registers
+//!   every GPU for critical XIDs on one set, waited on by its own thread.
+//! - *enforced limit*: the power limit the GPU applies now (the lowest of
+//!   every limit set on it); the *management limit* is the one we set.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+
+use loopwarden_protocol::{
+    EccCounts, GpuFlags, MegaHertz, MemoryRepair, NvlinkErrors, Percent, ThrottleReasons,
+    Unsupported, Watts, WholeCelsius,
+};
+
+use crate::gpu::{GpuDevice, GpuError, GpuInfo, GpuSample, GpuSource, XidReport};
+
+/// An NVML answer other than success.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NvmlFailure {
+    /// `NVML_ERROR_NOT_SUPPORTED` (or the driver lacks the function).
+    NotSupported,
+    /// `NVML_ERROR_NO_PERMISSION`.
+    NoPermission,
+    /// `NVML_ERROR_GPU_IS_LOST`.
+    GpuLost,
+    /// `NVML_ERROR_TIMEOUT` (an event wait that saw nothing).
+    Timeout,
+    /// `NVML_ERROR_INVALID_ARGUMENT`.
+    InvalidArgument,
+    /// Anything else, in NVML's words.
+    Other(String),
+}
+
+impl NvmlFailure {
+    fn into_gpu_error(self, what: &'static str) -> GpuError {
+        match self {
+            Self::NotSupported => GpuError::NotSupported,
+            Self::NoPermission => GpuError::NoPermission,
+            Self::GpuLost => GpuError::Lost,
+            Self::InvalidArgument => GpuError::InvalidArgument,
+            Self::Timeout => GpuError::Failed {
+                what,
+                detail: "NVML timeout".into(),
+            },
+            Self::Other(detail) => GpuError::Failed { what, detail },
+        }
+    }
+}
+
+/// NVML's result type.
+pub type NvmlResult<T> = Result<T, NvmlFailure>;
+
+/// Field ids of `nvmlDeviceGetFieldValues` (from `nvml.h`).
+pub mod field {
+    /// HBM temperature, °C.
+    pub const MEMORY_TEMP: u32 = 82;
+    /// Pages retired for single-bit errors.
+    pub const RETIRED_SBE: u32 = 29;
+    /// Pages retired for double-bit errors.
+    pub const RETIRED_DBE: u32 = 30;
+    /// A page retirement waits for the next reset (0 or 1).
+    pub const RETIRED_PENDING: u32 = 31;
+    /// Rows remapped for correctable errors.
+    pub const REMAPPED_COR: u32 = 142;
+    /// Rows remapped for uncorrectable errors.
+    pub const REMAPPED_UNC: u32 = 143;
+    /// A row remap waits for the next reset (0 or 1).
+    pub const REMAPPED_PENDING: u32 = 144;
+    /// Row remapping failed (0 or 1).
+    pub const REMAPPED_FAILURE: u32 = 145;
+    /// PCIe replay counter.
+    pub const PCIE_REPLAY_COUNTER: u32 = 94;
+    /// NVLink CRC data errors, all links.
+    pub const NVLINK_CRC_DATA_TOTAL: u32 = 45;
+    /// NVLink replay errors, all links.
+    pub const NVLINK_REPLAY_TOTAL: u32 = 52;
+    /// NVLink recovery errors, all links.
+    pub const NVLINK_RECOVERY_TOTAL: u32 = 59;
+}
+
+/// Throttle (clock-event) reason bits of `nvml.h`.
+mod nvml_throttle {
+    pub const GPU_IDLE: u64 = 0x1;
+    pub const APPLICATIONS_CLOCKS: u64 = 0x2;
+    pub const SW_POWER_CAP: u64 = 0x4;
+    pub const HW_SLOWDOWN: u64 = 0x8;
+    pub const SYNC_BOOST: u64 = 0x10;
+    pub const SW_THERMAL: u64 = 0x20;
+    pub const HW_THERMAL: u64 = 0x40;
+    pub const HW_POWER_BRAKE: u64 = 0x80;
+}
+
+/// Translates NVML's clock-event bits into the bus's.
+pub fn throttle_from_nvml(bits: u64) -> ThrottleReasons {
+    use nvml_throttle as n;
+    let map = [
+        (n::GPU_IDLE, ThrottleReasons::IDLE),
+        (n::APPLICATIONS_CLOCKS, ThrottleReasons::APPLICATIONS_CLOCKS),
+        (n::SW_POWER_CAP, ThrottleReasons::SW_POWER_CAP),
+        (n::HW_SLOWDOWN, ThrottleReasons::HW_SLOWDOWN),
+        (n::SYNC_BOOST, ThrottleReasons::SYNC_BOOST),
+        (n::SW_THERMAL, ThrottleReasons::SW_THERMAL_SLOWDOWN),
+        (n::HW_THERMAL, ThrottleReasons::HW_THERMAL_SLOWDOWN),
+        (n::HW_POWER_BRAKE, ThrottleReasons::HW_POWER_BRAKE),
+    ];
+    map.iter()
+        .filter(|(bit, _)| bits & bit != 0)
+        .fold(ThrottleReasons::empty(), |acc, (_, r)| acc | *r)
+}
+
+/// The NVML calls the agent makes. GPU arguments are NVML indices.
+pub trait NvmlApi: Send + Sync + 'static {
+    /// `nvmlDeviceGetCount`.
+    fn device_count(&self) -> NvmlResult<u32>;
+    /// `nvmlDeviceGetName`.
+    fn name(&self, gpu: u32) -> NvmlResult<String>;
+    /// `nvmlDeviceGetUUID`.
+    fn uuid(&self, gpu: u32) -> NvmlResult<String>;
+    /// `nvmlDeviceGetPowerManagementDefaultLimit`, mW.
+    fn default_limit_mw(&self, gpu: u32) -> NvmlResult<u32>;
+    /// `nvmlDeviceGetPowerManagementLimitConstraints`, (min, max) mW.
+    fn limit_constraints_mw(&self, gpu: u32) -> NvmlResult<(u32, u32)>;
+    /// `nvmlDeviceGetPowerManagementLimit`, mW: the limit set.
+    fn limit_mw(&self, gpu: u32) -> NvmlResult<u32>;
+    /// `nvmlDeviceGetEnforcedPowerLimit`, mW.
+    fn enforced_limit_mw(&self, gpu: u32) -> NvmlResult<u32>;
+    /// `nvmlDeviceSetPowerManagementLimit`, mW. Needs root.
+    fn set_limit_mw(&self, gpu: u32, mw: u32) -> NvmlResult<()>;
+    /// `nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU)`, °C.
+    fn temperature(&self, gpu: u32) -> NvmlResult<u32>;
+    /// `nvmlDeviceGetPowerUsage`, mW.
+    fn power_usage_mw(&self, gpu: u32) -> NvmlResult<u32>;
+    /// `nvmlDeviceGetTotalEnergyConsumption`, mJ.
+    fn energy_mj(&self, gpu: u32) -> NvmlResult<u64>;
+    /// `nvmlDeviceGetClockInfo` for SM and memory, MHz.
+    fn clocks_mhz(&self, gpu: u32) -> NvmlResult<(u32, u32)>;
+    /// `nvmlDeviceGetUtilizationRates`, the GPU part, %.
+    fn utilization(&self, gpu: u32) -> NvmlResult<u32>;
+    /// `nvmlDeviceGetCurrentClocksEventReasons`, NVML's bits.
+    fn throttle_bits(&self, gpu: u32) -> NvmlResult<u64>;
+    /// `nvmlDeviceGetEccMode`: whether ECC is on now.
+    fn ecc_enabled(&self, gpu: u32) -> NvmlResult<bool>;
+    /// `nvmlDeviceGetTotalEccErrors`.
+    fn ecc_total(&self, gpu: u32, corrected: bool, volatile: bool) -> NvmlResult<u64>;
+    /// `nvmlDeviceGetFieldValues`: one answer per id, in order.
+    fn fields(&self, gpu: u32, ids: &[u32]) -> NvmlResult<Vec<NvmlResult<u64>>>;
+    /// Registers `gpus` for critical XID events on one event set and waits
+    /// on it until `stop`, calling `deliver` per event. `registered` is
+    /// told, per GPU, whether it could be registered.
+    fn watch_xids(
+        &self,
+        gpus: &[u32],
+        registered: &mut dyn FnMut(u32, NvmlResult<()>),
+        deliver: &mut dyn FnMut(u32, u64),
+        stop: &AtomicBool,
+    ) -> NvmlResult<()>;
+}
+
+/// The GPUs of this host through an [`NvmlApi`].
+pub struct NvmlSource<A: NvmlApi> {
+    api: Arc<A>,
+    stop: Arc<AtomicBool>,
+}
+
+impl<A: NvmlApi> NvmlSource<A> {
+    /// A source over `api`.
+    pub fn new(api: A) -> Self {
+        Self {
+            api: Arc::new(api),
+            stop: Arc::new(AtomicBool::new(false)),
+        }
+    }
+}
+
+impl<A: NvmlApi> Drop for NvmlSource<A> {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+impl<A: NvmlApi> GpuSource for NvmlSource<A> {
+    fn devices(&mut self) -> Result<Vec<Box<dyn GpuDevice>>, GpuError> {
+        let count = self
+            .api
+            .device_count()
+            .map_err(|e| e.into_gpu_error("nvmlDeviceGetCount"))?;
+        Ok((0..count.min(loopwarden_protocol::MAX_GPUS as u32))
+            .map(|i| Box::new(NvmlGpu::new(self.api.clone(), i)) as Box<dyn GpuDevice>)
+            .collect())
+    }
+
+    fn watch_xids(&mut self, sink: Sender<XidReport>) -> Result<Vec<(u8, GpuError)>, GpuError> {
+        let count = self
+            .api
+            .device_count()
+            .map_err(|e| e.into_gpu_error("nvmlDeviceGetCount"))?
+            .min(loopwarden_protocol::MAX_GPUS as u32);
+        let gpus: Vec<u32> = (0..count).collect();
+        let (reg_tx, reg_rx) = std::sync::mpsc::channel();
+        let api = self.api.clone();
+        let stop = self.stop.clone();
+        std::thread::Builder::new()
+            .name("nvml-xid".into())
+            .spawn(move || {
+                let mut registered = |gpu: u32, r: NvmlResult<()>| {
+                    let _ = reg_tx.send(Some((gpu, r)));
+                };
+                let mut deliver = |gpu: u32, xid: u64| {
+                    let report = XidReport {
+                        gpu: gpu as u8,
+                        xid: xid.min(u16::MAX as u64) as u16,
+                    };
+                    let _ = sink.send(report);
+                };
+                let outcome = api.watch_xids(&gpus, &mut registered, &mut deliver, &stop);
+                if let Err(e) = &outcome {
+                    tracing::error!("NVML XID event wait ended: {e:?}; XIDs are no longer seen");
+                }
+                let _ = reg_tx.send(None);
+            })
+            .map_err(|e| GpuError::Failed {
+                what: "XID thread",
+                detail: e.to_string(),
+            })?;
+        // Registration answers come first; a `None` means the watch ended.
+        let mut refused = Vec::new();
+        let mut answered = 0;
+        while answered < count {
+            match reg_rx.recv_timeout(std::time::Duration::from_secs(10)) {
+                Ok(Some((gpu, r))) => {
+                    answered += 1;
+                    if let Err(e) = r {
+                        refused.push((gpu as u8, e.into_gpu_error("nvmlDeviceRegisterEvents")));
+                    }
+                }
+                Ok(None) | Err(_) => {
+                    return Err(GpuError::Failed {
+                        what: "nvmlEventSetCreate/nvmlDeviceRegisterEvents",
+                        detail: "the XID event set could not be set up".into(),
+                    })
+                }
+            }
+        }
+        Ok(refused)
+    }
+}
+
+/// Groups of fields that are asked for together and reported unsupported
+/// together.
+const FIELD_GROUPS: [(u32, Unsupported); 11] = [
+    (field::MEMORY_TEMP, Unsupported::MEM_TEMP),
+    (field::RETIRED_SBE, Unsupported::RETIRED),
+    (field::RETIRED_DBE, Unsupported::RETIRED),
+    (field::RETIRED_PENDING, Unsupported::RETIRED),
+    (field::REMAPPED_COR, Unsupported::REMAP),
+    (field::REMAPPED_UNC, Unsupported::REMAP),
+    (field::REMAPPED_PENDING, Unsupported::REMAP),
+    (field::REMAPPED_FAILURE, Unsupported::REMAP),
+    (field::PCIE_REPLAY_COUNTER, Unsupported::PCIE),
+    (field::NVLINK_CRC_DATA_TOTAL, Unsupported::NVLINK),
+    (field::NVLINK_REPLAY_TOTAL, Unsupported::NVLINK),
+];
+
+/// One GPU through NVML.
+pub struct NvmlGpu<A: NvmlApi> {
+    api: Arc<A>,
+    index: u32,
+    /// Fields found unsupported; never asked for again.
+    unsupported: Unsupported,
+    energy_unsupported: bool,
+}
+
+impl<A: NvmlApi> NvmlGpu<A> {
+    /// GPU `index` of `api`.
+    pub fn new(api: Arc<A>, index: u32) -> Self {
+        Self {
+            api,
+            index,
+            unsupported: Unsupported::empty(),
+            energy_unsupported: false,
+        }
+    }
+
+    /// Runs `call` unless `group` is known unsupported. NotSupported marks
+    /// the group (logged once) and yields `None`; other failures are errors.
+    fn ask<T>(
+        &mut self,
+        group: Unsupported,
+        what: &'static str,
+        call: impl FnOnce(&A, u32) -> NvmlResult<T>,
+    ) -> Result<Option<T>, GpuError> {
+        if self.unsupported.contains(group) {
+            return Ok(None);
+        }
+        match call(&self.api, self.index) {
+            Ok(v) => Ok(Some(v)),
+            Err(NvmlFailure::NotSupported) => {
+                self.mark(group, what);
+                Ok(None)
+            }
+            Err(e) => Err(e.into_gpu_error(what)),
+        }
+    }
+
+    fn mark(&mut self, group: Unsupported, what: &str) {
+        if !self.unsupported.contains(group) {
+            tracing::info!(
+                "GPU {}: {what} is not supported; reported as unsupported from now on",
+                self.index
+            );
+            self.unsupported = self.unsupported | group;
+        }
+    }
+
+    fn batched_fields(&mut self, s: &mut GpuSample) -> Result<(), GpuError> {
+        let mut ids: Vec<u32> = FIELD_GROUPS
+            .iter()
+            .filter(|(_, g)| !self.unsupported.contains(*g))
+            .map(|(id, _)| *id)
+            .collect();
+        if !self.unsupported.contains(Unsupported::NVLINK) {
+            ids.push(field::NVLINK_RECOVERY_TOTAL);
+        }
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let answers = match self.api.fields(self.index, &ids) {
+            Ok(a) => a,
+            Err(NvmlFailure::NotSupported) => {
+                for (_, g) in FIELD_GROUPS {
+                    self.mark(g, "nvmlDeviceGetFieldValues");
+                }
+                return Ok(());
+            }
+            Err(e) => return Err(e.into_gpu_error("nvmlDeviceGetFieldValues")),
+        };
+        let group_of = |id: u32| {
+            FIELD_GROUPS
+                .iter()
+                .find(|(f, _)| *f == id)
+                .map_or(Unsupported::NVLINK, |(_, g)| *g)
+        };
+        let sat16 = |v: u64| v.min(u16::MAX as u64) as u16;
+        let sat32 = |v: u64| v.min(u32::MAX as u64) as u32;
+        for (id, answer) in ids.iter().zip(answers) {
+            let v = match answer {
+                Ok(v) => v,
+                Err(NvmlFailure::NotSupported) => {
+                    self.mark(group_of(*id), "a field value");
+                    continue;
+                }
+                Err(e) => return Err(e.into_gpu_error("nvmlDeviceGetFieldValues")),
+            };
+            match *id {
+                field::MEMORY_TEMP => s.mem_temp = WholeCelsius(v.min(255) as u8),
+                field::RETIRED_SBE => s.repair.retired_sbe = sat16(v),
+                field::RETIRED_DBE => s.repair.retired_dbe = sat16(v),
+                field::RETIRED_PENDING => s.flags = s.flags.with(GpuFlags::RETIRED_PENDING, v != 0),
+                field::REMAPPED_COR => s.repair.remap_correctable = sat16(v),
+                field::REMAPPED_UNC => s.repair.remap_uncorrectable = sat16(v),
+                field::REMAPPED_PENDING => s.flags = s.flags.with(GpuFlags::REMAP_PENDING, v != 0),
+                field::REMAPPED_FAILURE => s.flags = s.flags.with(GpuFlags::REMAP_FAILURE, v != 0),
+                field::PCIE_REPLAY_COUNTER => s.pcie_replay = sat32(v),
+                field::NVLINK_CRC_DATA_TOTAL => s.nvlink.crc = sat32(v),
+                field::NVLINK_REPLAY_TOTAL => s.nvlink.replay = sat32(v),
+                field::NVLINK_RECOVERY_TOTAL => s.nvlink.recovery = sat32(v),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<A: NvmlApi> GpuDevice for NvmlGpu<A> {
+    fn describe(&mut self) -> Result<GpuInfo, GpuError> {
+        let a = &self.api;
+        let i = self.index;
+        let name = a
+            .name(i)
+            .map_err(|e| e.into_gpu_error("nvmlDeviceGetName"))?;
+        let uuid = a
+            .uuid(i)
+            .map_err(|e| e.into_gpu_error("nvmlDeviceGetUUID"))?;
+        let default = a
+            .default_limit_mw(i)
+            .map_err(|e| e.into_gpu_error("nvmlDeviceGetPowerManagementDefaultLimit"))?;
+        let (min, max) = a
+            .limit_constraints_mw(i)
+            .map_err(|e| e.into_gpu_error("nvmlDeviceGetPowerManagementLimitConstraints"))?;
+        Ok(GpuInfo {
+            name,
+            uuid,
+            default_limit: Watts::from_milliwatts(default),
+            min_limit: Watts::from_milliwatts(min),
+            max_limit: Watts::from_milliwatts(max),
+        })
+    }
+
+    fn sample(&mut self) -> Result<GpuSample, GpuError> {
+        let mut s = GpuSample::default();
+        let temp = self
+            .api
+            .temperature(self.index)
+            .map_err(|e| e.into_gpu_error("nvmlDeviceGetTemperature"))?;
+        s.temp = WholeCelsius(temp.min(255) as u8);
+        if let Some(mw) = self.ask(Unsupported::POWER, "nvmlDeviceGetPowerUsage", |a, i| {
+            a.power_usage_mw(i)
+        })? {
+            s.power = Watts::from_milliwatts(mw);
+        }
+        if let Some(mw) = self.ask(
+            Unsupported::POWER,
+            "nvmlDeviceGetEnforcedPowerLimit",
+            |a, i| a.enforced_limit_mw(i),
+        )? {
+            s.power_limit = Watts::from_milliwatts(mw);
+        }
+        if !self.energy_unsupported {
+            match self.api.energy_mj(self.index) {
+                Ok(mj) => s.energy_mj = mj,
+                Err(NvmlFailure::NotSupported) => {
+                    tracing::info!("GPU {}: the energy counter is not supported", self.index);
+                    self.energy_unsupported = true;
+                }
+                Err(e) => return Err(e.into_gpu_error("nvmlDeviceGetTotalEnergyConsumption")),
+            }
+        }
+        if let Some((sm, mem)) =
+            self.ask(Unsupported::CLOCKS, "nvmlDeviceGetClockInfo", |a, i| {
+                a.clocks_mhz(i)
+            })?
+        {
+            s.sm_clock = MegaHertz(sm.min(u16::MAX as u32) as u16);
+            s.mem_clock = MegaHertz(mem.min(u16::MAX as u32) as u16);
+        }
+        if let Some(u) = self.ask(
+            Unsupported::UTIL,
+            "nvmlDeviceGetUtilizationRates",
+            |a, i| a.utilization(i),
+        )? {
+            s.util = Percent::new(u.min(100) as u8).unwrap_or(Percent::FULL);
+        }
+        if let Some(bits) = self.ask(
+            Unsupported::THROTTLE,
+            "nvmlDeviceGetCurrentClocksEventReasons",
+            |a, i| a.throttle_bits(i),
+        )? {
+            s.throttle = throttle_from_nvml(bits);
+        }
+        let ecc_on = self
+            .ask(Unsupported::ECC, "nvmlDeviceGetEccMode", |a, i| {
+                a.ecc_enabled(i)
+            })?
+            .unwrap_or(false);
+        s.flags = s.flags.with(GpuFlags::ECC_ENABLED, ecc_on);
+        if ecc_on {
+            let mut counts = [0u32; 4];
+            for (slot, (corrected, volatile)) in
+                [(true, true), (false, true), (true, false), (false, false)]
+                    .into_iter()
+                    .enumerate()
+            {
+                if let Some(v) =
+                    self.ask(Unsupported::ECC, "nvmlDeviceGetTotalEccErrors", |a, i| {
+                        a.ecc_total(i, corrected, volatile)
+                    })?
+                {
+                    counts[slot] = v.min(u32::MAX as u64) as u32;
+                }
+            }
+            s.ecc = EccCounts {
+                sbe_volatile: counts[0],
+                dbe_volatile: counts[1],
+                sbe_aggregate: counts[2],
+                dbe_aggregate: counts[3],
+            };
+        }
+        s.repair = MemoryRepair::default();
+        s.nvlink = NvlinkErrors::default();
+        self.batched_fields(&mut s)?;
+        s.unsupported = self.unsupported;
+        Ok(s)
+    }
+
+    fn set_power_limit(&mut self, limit: Watts) -> Result<(), GpuError> {
+        self.api
+            .set_limit_mw(self.index, limit.milliwatts())
+            .map_err(|e| e.into_gpu_error("nvmlDeviceSetPowerManagementLimit"))
+    }
+
+    fn power_limit(&mut self) -> Result<Watts, GpuError> {
+        self.api
+            .limit_mw(self.index)
+            .map(Watts::from_milliwatts)
+            .map_err(|e| e.into_gpu_error("nvmlDeviceGetPowerManagementLimit"))
+    }
+}
+
+/// NVML of this machine, through `nvml-wrapper` (loads
+/// `libnvidia-ml.so.1` at run time, so the agent builds and runs without
+/// a driver; [`SystemNvml::init`] says why when there is none).
+pub struct SystemNvml {
+    nvml: nvml_wrapper::Nvml,
+}
+
+impl SystemNvml {
+    /// Loads and initialises NVML.
+    pub fn init() -> Result<Self, String> {
+        nvml_wrapper::Nvml::init()
+            .map(|nvml| Self { nvml })
+            .map_err(|e| format!("NVML could not be initialised: {e}"))
+    }
+
+    fn device(&self, gpu: u32) -> NvmlResult<nvml_wrapper::Device<'_>> {
+        self.nvml.device_by_index(gpu).map_err(failure)
+    }
+}
+
+fn failure(e: nvml_wrapper::error::NvmlError) -> NvmlFailure {
+    use nvml_wrapper::error::NvmlError as E;
+    match e {
+        E::NotSupported | E::FunctionNotFound => NvmlFailure::NotSupported,
+        E::NoPermission => NvmlFailure::NoPermission,
+        E::GpuLost => NvmlFailure::GpuLost,
+        E::Timeout => NvmlFailure::Timeout,
+        E::InvalidArg => NvmlFailure::InvalidArgument,
+        other => NvmlFailure::Other(other.to_string()),
+    }
+}
+
+impl NvmlApi for SystemNvml {
+    fn device_count(&self) -> NvmlResult<u32> {
+        self.nvml.device_count().map_err(failure)
+    }
+    fn name(&self, gpu: u32) -> NvmlResult<String> {
+        self.device(gpu)?.name().map_err(failure)
+    }
+    fn uuid(&self, gpu: u32) -> NvmlResult<String> {
+        self.device(gpu)?.uuid().map_err(failure)
+    }
+    fn default_limit_mw(&self, gpu: u32) -> NvmlResult<u32> {
+        self.device(gpu)?
+            .power_management_limit_default()
+            .map_err(failure)
+    }
+    fn limit_constraints_mw(&self, gpu: u32) -> NvmlResult<(u32, u32)> {
+        let c = self
+            .device(gpu)?
+            .power_management_limit_constraints()
+            .map_err(failure)?;
+        Ok((c.min_limit, c.max_limit))
+    }
+    fn limit_mw(&self, gpu: u32) -> NvmlResult<u32> {
+        self.device(gpu)?.power_management_limit().map_err(failure)
+    }
+    fn enforced_limit_mw(&self, gpu: u32) -> NvmlResult<u32> {
+        self.device(gpu)?.enforced_power_limit().map_err(failure)
+    }
+    fn set_limit_mw(&self, gpu: u32, mw: u32) -> NvmlResult<()> {
+        self.device(gpu)?
+            .set_power_management_limit(mw)
+            .map_err(failure)
+    }
+    fn temperature(&self, gpu: u32) -> NvmlResult<u32> {
+        self.device(gpu)?
+            .temperature(nvml_wrapper::enum_wrappers::device::TemperatureSensor::Gpu)
+            .map_err(failure)
+    }
+    fn power_usage_mw(&self, gpu: u32) -> NvmlResult<u32> {
+        self.device(gpu)?.power_usage().map_err(failure)
+    }
+    fn energy_mj(&self, gpu: u32) -> NvmlResult<u64> {
+        self.device(gpu)?
+            .total_energy_consumption()
+            .map_err(failure)
+    }
+    fn clocks_mhz(&self, gpu: u32) -> NvmlResult<(u32, u32)> {
+        use nvml_wrapper::enum_wrappers::device::Clock;
+        let d = self.device(gpu)?;
+        Ok((
+            d.clock_info(Clock::SM).map_err(failure)?,
+            d.clock_info(Clock::Memory).map_err(failure)?,
+        ))
+    }
+    fn utilization(&self, gpu: u32) -> NvmlResult<u32> {
+        Ok(self.device(gpu)?.utilization_rates().map_err(failure)?.gpu)
+    }
+    fn throttle_bits(&self, gpu: u32) -> NvmlResult<u64> {
+        Ok(self
+            .device(gpu)?
+            .current_throttle_reasons()
+            .map_err(failure)?
+            .bits())
+    }
+    fn ecc_enabled(&self, gpu: u32) -> NvmlResult<bool> {
+        Ok(self
+            .device(gpu)?
+            .is_ecc_enabled()
+            .map_err(failure)?
+            .currently_enabled)
+    }
+    fn ecc_total(&self, gpu: u32, corrected: bool, volatile: bool) -> NvmlResult<u64> {
+        use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError};
+        let kind = if corrected {
+            MemoryError::Corrected
+        } else {
+            MemoryError::Uncorrected
+        };
+        let counter = if volatile {
+            EccCounter::Volatile
+        } else {
+            EccCounter::Aggregate
+        };
+        self.device(gpu)?
+            .total_ecc_errors(kind, counter)
+            .map_err(failure)
+    }
+    fn fields(&self, gpu: u32, ids: &[u32]) -> NvmlResult<Vec<NvmlResult<u64>>> {
+        use nvml_wrapper::enums::device::SampleValue;
+        use nvml_wrapper::structs::device::FieldId;
+        let ids: Vec<FieldId> = ids.iter().map(|&i| FieldId(i)).collect();
+        let samples = self.device(gpu)?.field_values_for(&ids).map_err(failure)?;
+        Ok(samples
+            .into_iter()
+            .map(|s| match s.map_err(failure)?.value.map_err(failure)? {
+                SampleValue::U32(v) => Ok(v as u64),
+                SampleValue::U64(v) => Ok(v),
+                SampleValue::I64(v) => Ok(v.max(0) as u64),
+                SampleValue::F64(v) => Ok(v.max(0.0) as u64),
+            })
+            .collect())
+    }
+    fn watch_xids(
+        &self,
+        gpus: &[u32],
+        registered: &mut dyn FnMut(u32, NvmlResult<()>),
+        deliver: &mut dyn FnMut(u32, u64),
+        stop: &AtomicBool,
+    ) -> NvmlResult<()> {
+        use nvml_wrapper::bitmasks::event::EventTypes;
+        use nvml_wrapper::enums::event::XidError;
+        let mut set = self.nvml.create_event_set().map_err(failure)?;
+        for &gpu in gpus {
+            let device = match self.device(gpu) {
+                Ok(d) => d,
+                Err(e) => {
+                    registered(gpu, Err(e));
+                    continue;
+                }
+            };
+            // Registering a GPU that cannot take the event would release
+            // the whole set, so ask first.
+            match device.supported_event_types() {
+                Ok(t) if t.contains(EventTypes::CRITICAL_XID_ERROR) => {}
+                Ok(_) => {
+                    registered(gpu, Err(NvmlFailure::NotSupported));
+                    continue;
+                }
+                Err(e) => {
+                    registered(gpu, Err(failure(e)));
+                    continue;
+                }
+            }
+            set = match device.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
+                Ok(set) => {
+                    registered(gpu, Ok(()));
+                    set
+                }
+                Err(e) => {
+                    registered(gpu, Err(failure(e.error)));
+                    return Err(NvmlFailure::Other(
+                        "registering XID events failed; NVML released the event set".into(),
+                    ));
+                }
+            };
+        }
+        while !stop.load(Ordering::Relaxed) {
+            match set.wait(500) {
+                Ok(data) => {
+                    if let (Some(XidError::Value(xid)), Ok(gpu)) =
+                        (data.event_data, data.device.index())
+                    {
+                        deliver(gpu, xid);
+                    }
+                }
+                Err(nvml_wrapper::error::NvmlError::Timeout) => {}
+                Err(e) => return Err(failure(e)),
+            }
+        }
+        Ok(())
+    }
+}
