@@ -410,23 +410,24 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
     } else {
         GpuSourceKind::Twin(twin)
     };
-    let board =
-        match pick!(flags.board, file.board, "board") {
-            (None, _) => loopwarden_boards::GpuBoard::builtin("H200-SXM").expect("shipped board"),
-            (Some(b), flag) => match loopwarden_boards::GpuBoard::builtin(&b) {
-                Some(board) => board,
-                None if Path::new(&b).exists() => loopwarden_boards::GpuBoard::load(Path::new(&b))
-                    .map_err(|e| src.error(flag, None, "board", e.to_string()))?,
-                None => return Err(src.error(
+    let board = match pick!(flags.board, file.board, "board") {
+        (None, _) => loopwarden_boards::GpuBoard::builtin("H200-SXM").expect("shipped board"),
+        (Some(b), flag) => match loopwarden_boards::GpuBoard::builtin(&b) {
+            Some(board) => board,
+            None if Path::new(&b).exists() => loopwarden_boards::GpuBoard::load(Path::new(&b))
+                .map_err(|e| src.error(flag, None, "board", e.to_string()))?,
+            None => {
+                return Err(src.error(
                     flag,
                     None,
                     "board",
                     format!(
                         "board = {b:?} is neither a known model (H200-SXM, H100-SXM) nor a file"
                     ),
-                )),
-            },
-        };
+                ))
+            }
+        },
+    };
 
     let period = range(
         &src,

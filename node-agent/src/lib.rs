@@ -31,9 +31,12 @@
 
 pub mod caps;
 pub mod config;
+pub mod console;
 pub mod core;
 pub mod gpu;
 pub mod guard;
 pub mod nvml;
+pub mod shell;
+pub mod store;
 pub mod twin;
 pub mod worker;

@@ -1,0 +1,171 @@
+//! `node-agent`: run the host agent, or talk to a running one.
+//!
+//! - `node-agent run [--config FILE] [flags]`: the agent (flags override
+//!   the file; see `node-agent run --help` and `docs/node-agent.md`).
+//! - `node-agent ctl status|gpus|caps|events [--since]|why <gpu> [--json]`:
+//!   the console of the agent on this host.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use node_agent::config::{self, GpuSourceKind, Overrides};
+use node_agent::console::{self, Request};
+use node_agent::gpu::GpuSource;
+use node_agent::nvml::{NvmlSource, SystemNvml};
+use node_agent::twin::TwinSource;
+
+#[derive(Parser)]
+#[command(
+    name = "node-agent",
+    version,
+    about = "The Loopwarden agent of one GPU host"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+// Parsed once at start; the size of the variants does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Subcommand)]
+enum Command {
+    /// Run the agent.
+    Run {
+        /// Configuration file (TOML).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[command(flatten)]
+        flags: Overrides,
+    },
+    /// Ask the running agent.
+    Ctl {
+        /// The agent's console socket; default: as `run` would choose it,
+        /// or as the configuration file says.
+        #[arg(long)]
+        console: Option<PathBuf>,
+        /// Configuration file, to find the console socket.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Print JSON for scripts.
+        #[arg(long, global = true)]
+        json: bool,
+        #[command(subcommand)]
+        what: Ctl,
+    },
+}
+
+#[derive(Subcommand)]
+enum Ctl {
+    /// The agent at a glance.
+    Status,
+    /// Every GPU's last sample.
+    Gpus,
+    /// Limits in force and the leases behind them.
+    Caps,
+    /// The event log.
+    Events {
+        /// Only since: 30s, 10m, 2h, 1d, or ms since the epoch.
+        #[arg(long)]
+        since: Option<String>,
+    },
+    /// Why a GPU is in its state, its cap, its recent XIDs.
+    Why {
+        /// GPU index.
+        gpu: u8,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run { config, flags } => run(config, flags),
+        Command::Ctl {
+            console: socket,
+            config,
+            json,
+            what,
+        } => {
+            let path = match socket {
+                Some(p) => p,
+                None => match config::load(config.as_deref(), &Overrides::default()) {
+                    Ok(c) => c.console,
+                    Err(e) => {
+                        eprintln!("{e}");
+                        return ExitCode::from(2);
+                    }
+                },
+            };
+            let req = match what {
+                Ctl::Status => Request::Status,
+                Ctl::Gpus => Request::Gpus,
+                Ctl::Caps => Request::Caps,
+                Ctl::Events { since } => {
+                    let since =
+                        match since.map(|s| console::parse_since(&s, loopwarden_bus::now_ms())) {
+                            Some(Err(e)) => {
+                                eprintln!("{e}");
+                                return ExitCode::from(2);
+                            }
+                            Some(Ok(ms)) => Some(ms),
+                            None => None,
+                        };
+                    Request::Events { since }
+                }
+                Ctl::Why { gpu } => Request::Why { gpu },
+            };
+            ExitCode::from(console::ctl(&path, &req, json) as u8)
+        }
+    }
+}
+
+fn run(config_path: Option<PathBuf>, flags: Overrides) -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,rumqttd=off,rumqttc=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let config = match config::load(config_path.as_deref(), &flags) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("node-agent: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let source: Box<dyn GpuSource + Send> = match config.gpus {
+        GpuSourceKind::Twin(n) => Box::new(TwinSource::new(&config.board, n as usize, 1)),
+        GpuSourceKind::Nvml => match SystemNvml::init() {
+            Ok(nvml) => Box::new(NvmlSource::new(nvml)),
+            Err(e) => {
+                eprintln!("node-agent: {e} (for simulated GPUs use --twin-gpus N)");
+                return ExitCode::from(1);
+            }
+        },
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let result = runtime.block_on(node_agent::shell::run(config, source, stop_signal()));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("node-agent: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// SIGINT or SIGTERM.
+async fn stop_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

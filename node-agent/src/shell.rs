@@ -1,0 +1,740 @@
+//! The running agent: the thin shell around the pure cores.
+//!
+//! One task owns everything that changes (the command core, the limits
+//! applied, the last samples, the flash stores) and waits on five things:
+//! the sampling tick, a command from the bus, an XID from the driver, a
+//! console request, and the next lease expiry. The GPUs are reached only
+//! through their [`Worker`]s, so a hung GPU costs one deadline, never the
+//! loop.
+//!
+//! What it guarantees:
+//! - every limit it reports (ack `in_force`, `cap_applied`) is the value
+//!   read back from the GPU after setting it;
+//! - a lease it accepted is logged to flash before it is acknowledged, so
+//!   after a crash the leases still valid are applied again and those that
+//!   expired meanwhile are not;
+//! - at a clean exit it sets every GPU whose limit it changed back to its
+//!   default limit.
+//!
+//! Glossary:
+//! - *reconcile*: set every GPU whose applied limit differs from its
+//!   target, then read it back.
+//! - *jitter*: how late a sampling tick ran against its schedule.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use loopwarden_boards::FlashBoard;
+use loopwarden_bus::{now_ms, Bus, BusConfig, Inbound};
+use loopwarden_flash::{ConfigStore, EventLog, FileFlash, Outbox, SharedFlash, SimFlash};
+use loopwarden_protocol::{
+    Ack, AckCode, CapSource, Correlation, Event, Frame, GpuCap, GpuFlags, GpuHealth, GpuIndex,
+    GpuSelector, GpuTelemetry, HealthState, HostHealth, HostTelemetry, Message, MessageKind,
+    NodeId, ReasonCode, Role, Text, TimestampMs, Watts, MAX_FRAME_LEN,
+};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::caps::GpuRange;
+use crate::config::{Config, GpuSourceKind};
+use crate::console::{self, Request};
+use crate::core::CommandCore;
+use crate::gpu::{GpuError, GpuInfo, GpuSample, GpuSource, XidReport};
+use crate::guard::ThermalGuard;
+use crate::store::HostFlash;
+use crate::worker::Worker;
+
+/// Frame sequence numbers reserved in flash at a time.
+const SEQ_BLOCK: u32 = 10_000;
+/// Ticks kept for the jitter percentiles (10 minutes at 1 s).
+const JITTER_WINDOW: usize = 600;
+/// XIDs kept per GPU for `why`.
+const RECENT_XIDS: usize = 8;
+
+/// Why the agent could not start or run.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The GPUs could not be listed.
+    #[error("GPUs: {0}")]
+    Gpus(GpuError),
+    /// No GPU found.
+    #[error("no GPU found")]
+    NoGpus,
+    /// The flash file or its stores.
+    #[error("flash: {0}")]
+    Flash(String),
+    /// The broker.
+    #[error("broker: {0}")]
+    Broker(String),
+    /// The console socket.
+    #[error("console socket {path}: {source}")]
+    Console {
+        /// The path.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A thread could not be started.
+    #[error("thread: {0}")]
+    Thread(std::io::Error),
+}
+
+/// What the agent knows of one GPU.
+pub(crate) struct GpuState {
+    pub info: GpuInfo,
+    pub range: GpuRange,
+    pub last: Option<GpuSample>,
+    pub responsive: bool,
+    pub missed: u32,
+    pub unresponsive_reported: bool,
+    pub last_error: Option<String>,
+    /// The limit read back after our last set (or at start).
+    pub applied: Option<Watts>,
+    pub source: Option<CapSource>,
+    /// Whether we changed its limit (restored at exit).
+    pub changed: bool,
+    pub guard: ThermalGuard,
+    pub xids: VecDeque<(TimestampMs, u16)>,
+    pub health_since: TimestampMs,
+}
+
+/// Timing of the sampling loop, for the console and the benchmarks.
+#[derive(Default)]
+pub(crate) struct Timing {
+    pub samples: u64,
+    pub jitter_us: VecDeque<u64>,
+    pub last_jitter_us: u64,
+    pub max_jitter_us: u64,
+    pub last_sample_us: u64,
+    pub max_sample_us: u64,
+}
+
+impl Timing {
+    /// The `p`-th percentile of the jitter window, µs.
+    pub fn jitter_percentile(&self, p: f64) -> u64 {
+        let mut v: Vec<u64> = self.jitter_us.iter().copied().collect();
+        if v.is_empty() {
+            return 0;
+        }
+        v.sort_unstable();
+        let i = ((p / 100.0) * (v.len() - 1) as f64).round() as usize;
+        v[i.min(v.len() - 1)]
+    }
+}
+
+/// The state the loop owns.
+pub(crate) struct Agent {
+    pub config: Config,
+    pub bus: Bus,
+    pub workers: Vec<Arc<Worker>>,
+    pub gpus: Vec<GpuState>,
+    pub core: CommandCore,
+    pub log: EventLog<SharedFlash<HostFlash>>,
+    pub store: ConfigStore<SharedFlash<HostFlash>>,
+    pub seq_floor: u32,
+    pub timing: Timing,
+    pub started: TimestampMs,
+    pub flash_path: Option<String>,
+    pub last_json: Option<Instant>,
+}
+
+/// Runs the agent until `shutdown` completes, then restores the default
+/// limits it changed and leaves the bus cleanly.
+pub async fn run(
+    config: Config,
+    mut source: Box<dyn GpuSource + Send>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), AgentError> {
+    let started = now_ms();
+    // GPUs first: an agent without GPUs has nothing to do.
+    let devices = source.devices().map_err(AgentError::Gpus)?;
+    if devices.is_empty() {
+        return Err(AgentError::NoGpus);
+    }
+    let mut workers = Vec::new();
+    for (i, d) in devices.into_iter().enumerate() {
+        workers.push(Arc::new(
+            Worker::spawn(i as u8, d).map_err(AgentError::Thread)?,
+        ));
+    }
+    let describe_deadline = Duration::from_secs(5).max(config.deadline);
+    let mut gpus = Vec::new();
+    for w in &workers {
+        let info = match w.describe(describe_deadline).await {
+            Ok(info) => info,
+            Err(e) => {
+                tracing::error!(
+                    "GPU {}: cannot read its identity and limits ({e}); using the board's",
+                    w.index()
+                );
+                let p = &config.board.power;
+                GpuInfo {
+                    name: config.board.model.clone(),
+                    uuid: "unknown".into(),
+                    default_limit: p.tdp_w,
+                    min_limit: p.min_cap_w,
+                    max_limit: p.max_cap_w,
+                }
+            }
+        };
+        // The uncapped limit is the GPU's default, within the board's range.
+        let max = info
+            .default_limit
+            .min(info.max_limit)
+            .min(config.board.power.max_cap_w);
+        let min = info.min_limit.max(config.board.power.min_cap_w).min(max);
+        gpus.push(GpuState {
+            range: GpuRange { min, max },
+            info,
+            last: None,
+            responsive: false,
+            missed: 0,
+            unresponsive_reported: false,
+            last_error: None,
+            applied: None,
+            source: None,
+            changed: false,
+            guard: ThermalGuard::default(),
+            xids: VecDeque::new(),
+            health_since: started,
+        });
+    }
+
+    // XIDs: the source's thread feeds a std channel; one bridge thread
+    // moves them onto the runtime.
+    let (xid_std_tx, xid_std_rx) = std::sync::mpsc::channel::<XidReport>();
+    let (xid_tx, mut xid_rx) = mpsc::unbounded_channel();
+    std::thread::Builder::new()
+        .name("xid-bridge".into())
+        .spawn(move || {
+            for x in xid_std_rx {
+                if xid_tx.send(x).is_err() {
+                    break;
+                }
+            }
+        })
+        .map_err(AgentError::Thread)?;
+    match source.watch_xids(xid_std_tx) {
+        Ok(refused) => {
+            for (gpu, e) in refused {
+                tracing::warn!("GPU {gpu}: XID events cannot be registered ({e})");
+            }
+        }
+        Err(e) => tracing::error!("XID events are not available ({e}); XIDs will not be seen"),
+    }
+
+    // Flash: the event log, the outbox, the config store.
+    let board = FlashBoard::host_file();
+    let layout = board.layout();
+    let (flash, flash_path) = match &config.flash {
+        Some(path) => {
+            if let Some(dir) = path.parent() {
+                let _ = std::fs::create_dir_all(dir);
+            }
+            let f = FileFlash::open(path, &board.geometry())
+                .map_err(|e| AgentError::Flash(format!("{}: {e}", path.display())))?;
+            (HostFlash::File(f), Some(path.display().to_string()))
+        }
+        None => {
+            tracing::warn!(
+                "no flash file configured: the event log, the outbox and the leases are kept in memory only and lost at exit"
+            );
+            (
+                HostFlash::Memory(SimFlash::new(board.geometry.sectors as usize)),
+                None,
+            )
+        }
+    };
+    let flash = SharedFlash::new(flash);
+    let flash_err = |what: &str| {
+        let what = what.to_string();
+        move |e: loopwarden_flash::StoreError<loopwarden_flash::FlashError>| {
+            AgentError::Flash(format!("{what}: {e:?}"))
+        }
+    };
+    let mut store = ConfigStore::open(flash.clone(), layout.config.clone())
+        .map_err(flash_err("config store"))?;
+    let first_seq = store
+        .reserve_seq(SEQ_BLOCK)
+        .await
+        .map_err(flash_err("sequence reservation"))?;
+    let mut log = EventLog::open(flash.clone(), layout.log.clone())
+        .await
+        .map_err(flash_err("event log"))?;
+    let outbox = Outbox::open(flash.clone(), layout.outbox)
+        .await
+        .map_err(flash_err("outbox"))?;
+
+    // Leases that were in force before a restart, if still valid.
+    let ranges: Vec<GpuRange> = gpus.iter().map(|g| g.range).collect();
+    let mut core = CommandCore::new(ranges, config.keys.clone());
+    let mut logged_leases = Vec::new();
+    log.for_each(|r| {
+        if r.kind == MessageKind::CapLease as u8 {
+            if let Ok(f) = Frame::decode(r.body) {
+                logged_leases.push(f);
+            }
+        }
+    })
+    .await
+    .map_err(flash_err("event log"))?;
+    let now = now_ms();
+    let restored = logged_leases
+        .iter()
+        .filter(|f| core.restore(now, f))
+        .count();
+    if !logged_leases.is_empty() {
+        tracing::info!(
+            "{} leases in the log; {restored} still valid and applied again",
+            logged_leases.len()
+        );
+    }
+
+    // The bus.
+    let (broker, _embedded) =
+        loopwarden_bus::embedded::configured_or_embedded(config.broker.clone())
+            .map_err(|e| AgentError::Broker(e.to_string()))?;
+    let node = NodeId::new(Role::Host, config.host.as_str()).expect("host is an ident");
+    let mut bus_config = BusConfig::new(broker.clone(), config.site.clone(), node.clone());
+    bus_config.credentials = config.credentials.clone();
+    bus_config.first_seq = first_seq;
+    let (bus, mut inbound, bus_task) = Bus::start_with_outbox(bus_config, Box::new(outbox));
+    tracing::info!(
+        "host {} of site {} with {} {} GPUs; broker {}:{}",
+        config.host.as_str(),
+        config.site.as_str(),
+        gpus.len(),
+        match config.gpus {
+            GpuSourceKind::Nvml => "NVML",
+            GpuSourceKind::Twin(_) => "twin",
+        },
+        broker.host,
+        broker.port
+    );
+    if config.demo_key {
+        tracing::warn!(
+            "commands are checked against the public demonstration key (twin GPUs, no keys file)"
+        );
+    }
+
+    // The console.
+    let (ctl_tx, mut ctl_rx) = mpsc::channel::<(Request, oneshot::Sender<serde_json::Value>)>(16);
+    let console_path = config.console.clone();
+    let listener = console::bind(&console_path).map_err(|source| AgentError::Console {
+        path: console_path.display().to_string(),
+        source,
+    })?;
+    let console_task = tokio::spawn(console::serve(listener, ctl_tx));
+
+    let mut agent = Agent {
+        config,
+        bus,
+        workers,
+        gpus,
+        core,
+        log,
+        store,
+        seq_floor: first_seq.saturating_add(SEQ_BLOCK),
+        timing: Timing::default(),
+        started,
+        flash_path,
+        last_json: None,
+    };
+
+    // Start from what the GPUs have now, then put the targets in force.
+    agent.read_applied().await;
+    agent.reconcile(now_ms()).await;
+    agent.publish_health(now_ms());
+
+    let mut tick = tokio::time::interval(agent.config.period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    tokio::pin!(shutdown);
+    loop {
+        let expiry = agent
+            .core
+            .next_expiry()
+            .map(|t| Duration::from_millis(now_ms().until(t)));
+        tokio::select! {
+            scheduled = tick.tick() => {
+                let jitter = Instant::now().saturating_duration_since(scheduled.into_std());
+                agent.sample_round(jitter).await;
+            }
+            Some(msg) = inbound.recv() => agent.on_command(msg).await,
+            Some(x) = xid_rx.recv() => agent.on_xid(x).await,
+            Some((req, reply)) = ctl_rx.recv() => {
+                let answer = agent.answer(req).await;
+                let _ = reply.send(answer);
+            }
+            _ = sleep_opt(expiry) => {
+                agent.reconcile(now_ms()).await;
+            }
+            _ = &mut shutdown => break,
+        }
+    }
+
+    tracing::info!("stopping: restoring default power limits");
+    agent.restore_defaults().await;
+    console_task.abort();
+    let _ = std::fs::remove_file(&console_path);
+    if let Err(e) = agent.bus.shutdown(Duration::from_secs(3)).await {
+        tracing::warn!("leaving the bus: {e}");
+    }
+    bus_task.join(Duration::from_secs(3)).await;
+    Ok(())
+}
+
+async fn sleep_opt(d: Option<Duration>) {
+    match d {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+impl Agent {
+    fn gpu_index(i: usize) -> GpuIndex {
+        GpuIndex::new(i as u8).expect("at most 16 GPUs")
+    }
+
+    /// Publishes a message and its JSON mirror; logs what the bus refused.
+    fn publish(&self, message: Message, time: TimestampMs, mirror: bool) {
+        let kind = message.kind();
+        match self.bus.publish(message, time) {
+            Ok(frame) => {
+                if mirror {
+                    if let Err(e) = self.bus.publish_json(&frame) {
+                        tracing::debug!("JSON mirror of {kind:?} not sent: {e}");
+                    }
+                }
+            }
+            Err(loopwarden_bus::PublishError::Offline) => {}
+            Err(e) => tracing::warn!("{kind:?} not published: {e}"),
+        }
+    }
+
+    /// Logs an event to flash and publishes it.
+    async fn emit(&mut self, event: Event, time: TimestampMs) {
+        let mut buf = [0u8; MAX_FRAME_LEN];
+        let message = Message::Event(event);
+        match message.encode_body(&mut buf) {
+            Ok(n) => {
+                if let Err(e) = self
+                    .log
+                    .append(time, MessageKind::Event as u8, &buf[..n])
+                    .await
+                {
+                    tracing::error!("event not logged to flash: {e:?}");
+                }
+            }
+            Err(e) => tracing::error!("event not encodable: {e:?}"),
+        }
+        self.publish(message, time, true);
+    }
+
+    /// Reads every GPU's limit as it is now.
+    async fn read_applied(&mut self) {
+        let deadline = self.config.deadline;
+        for i in 0..self.gpus.len() {
+            match self.workers[i].read_limit(deadline).await {
+                Ok(w) => {
+                    // Anything but the default was set by someone: ours to
+                    // restore at exit.
+                    self.gpus[i].applied = Some(w);
+                    self.gpus[i].changed = w != self.gpus[i].info.default_limit;
+                }
+                Err(e) => tracing::warn!("GPU {i}: cannot read its power limit ({e})"),
+            }
+        }
+    }
+
+    /// Puts the targets in force; returns the GPUs that failed and why.
+    async fn reconcile(&mut self, now: TimestampMs) -> Vec<(usize, String)> {
+        let targets = self.core.targets(now);
+        let deadline = self.config.deadline;
+        let mut failures = Vec::new();
+        for t in targets {
+            let i = t.gpu.get() as usize;
+            let g = &mut self.gpus[i];
+            let source_changed = g.source != t.source;
+            g.source = t.source;
+            if g.applied == Some(t.limit) {
+                if source_changed {
+                    let ev = Event::CapApplied {
+                        gpu: t.gpu,
+                        limit: t.limit,
+                        source: t.source,
+                    };
+                    self.emit(ev, now).await;
+                }
+                continue;
+            }
+            let w = &self.workers[i];
+            let set = w.set_limit(t.limit, deadline).await;
+            let back = w.read_limit(deadline).await;
+            let g = &mut self.gpus[i];
+            match (&set, back) {
+                (Ok(()), Ok(b)) if b == t.limit => {
+                    g.applied = Some(b);
+                    g.changed = b != g.info.default_limit;
+                }
+                (_, Ok(b)) => {
+                    g.applied = Some(b);
+                    g.changed |= b != g.info.default_limit;
+                    let why = match set {
+                        Err(e) => format!("GPU {i}: setting {} W: {e}", t.limit.0),
+                        Ok(()) => format!("GPU {i}: set {} W but reads back {} W", t.limit.0, b.0),
+                    };
+                    tracing::error!("{why}");
+                    failures.push((i, why));
+                }
+                (_, Err(e)) => {
+                    let why = format!("GPU {i}: limit not confirmed, read-back failed: {e}");
+                    tracing::error!("{why}");
+                    g.applied = None;
+                    failures.push((i, why));
+                    continue;
+                }
+            }
+            let limit = self.gpus[i].applied.unwrap_or(t.limit);
+            let ev = Event::CapApplied {
+                gpu: t.gpu,
+                limit,
+                source: t.source,
+            };
+            self.emit(ev, now).await;
+        }
+        failures
+    }
+
+    /// Samples every GPU, each on its own worker, within the deadline.
+    async fn sample_round(&mut self, jitter: Duration) {
+        let began = Instant::now();
+        let deadline = self.config.deadline;
+        let mut set = tokio::task::JoinSet::new();
+        for w in &self.workers {
+            let w = w.clone();
+            set.spawn(async move { (w.index(), w.sample(deadline).await) });
+        }
+        let mut results: Vec<Option<Result<GpuSample, GpuError>>> = vec![None; self.gpus.len()];
+        while let Some(r) = set.join_next().await {
+            if let Ok((i, r)) = r {
+                results[i as usize] = Some(r);
+            }
+        }
+        let now = now_ms();
+        let settings = self.config.guard;
+        for (i, r) in results.into_iter().enumerate() {
+            let g = &mut self.gpus[i];
+            match r {
+                Some(Ok(s)) => {
+                    g.last = Some(s);
+                    g.responsive = true;
+                    g.missed = 0;
+                    if g.unresponsive_reported {
+                        tracing::info!("GPU {i} answers again");
+                        g.unresponsive_reported = false;
+                    }
+                    let cap = g.guard.update(&settings, g.range, s.temp, s.power);
+                    self.core.guard(Self::gpu_index(i), cap);
+                }
+                other => {
+                    let e = match other {
+                        Some(Err(e)) => e,
+                        _ => GpuError::Timeout,
+                    };
+                    g.responsive = false;
+                    g.missed += 1;
+                    g.last_error = Some(e.to_string());
+                    if g.missed >= self.config.unresponsive_after && !g.unresponsive_reported {
+                        g.unresponsive_reported = true;
+                        tracing::error!(
+                            "GPU {i} unresponsive: {} samples in a row missed ({e})",
+                            g.missed
+                        );
+                    }
+                }
+            }
+        }
+        self.reconcile(now).await;
+        self.publish_telemetry(now);
+        self.keep_seq_reserved().await;
+
+        let t = &mut self.timing;
+        let jitter_us = jitter.as_micros() as u64;
+        let took_us = began.elapsed().as_micros() as u64;
+        t.samples += 1;
+        t.last_jitter_us = jitter_us;
+        t.max_jitter_us = t.max_jitter_us.max(jitter_us);
+        t.last_sample_us = took_us;
+        t.max_sample_us = t.max_sample_us.max(took_us);
+        if t.jitter_us.len() == JITTER_WINDOW {
+            t.jitter_us.pop_front();
+        }
+        t.jitter_us.push_back(jitter_us);
+    }
+
+    fn publish_telemetry(&mut self, now: TimestampMs) {
+        let mut telemetry = HostTelemetry {
+            gpus: heapless::Vec::new(),
+        };
+        for (i, g) in self.gpus.iter().enumerate() {
+            let s = g.last.unwrap_or_default();
+            let _ = telemetry.gpus.push(GpuTelemetry {
+                gpu: Self::gpu_index(i),
+                flags: s.flags.with(GpuFlags::RESPONSIVE, g.responsive),
+                unsupported: s.unsupported,
+                temp: s.temp,
+                mem_temp: s.mem_temp,
+                power: s.power,
+                power_limit: s.power_limit,
+                sm_clock: s.sm_clock,
+                mem_clock: s.mem_clock,
+                util: s.util,
+                throttle: s.throttle,
+                ecc: s.ecc,
+                repair: s.repair,
+                pcie_replay: s.pcie_replay,
+                nvlink: s.nvlink,
+            });
+        }
+        let mirror = self
+            .last_json
+            .is_none_or(|t| t.elapsed() + Duration::from_millis(50) >= self.config.json_period);
+        if mirror {
+            self.last_json = Some(Instant::now());
+        }
+        self.publish(Message::HostTelemetry(telemetry), now, mirror);
+    }
+
+    /// Keeps the flash reservation of sequence numbers ahead of the bus.
+    async fn keep_seq_reserved(&mut self) {
+        if self.bus.next_seq().saturating_add(SEQ_BLOCK / 2) >= self.seq_floor {
+            match self.store.reserve_seq(SEQ_BLOCK).await {
+                Ok(floor) => self.seq_floor = floor.saturating_add(SEQ_BLOCK),
+                Err(e) => tracing::error!("sequence numbers not reserved in flash: {e:?}"),
+            }
+        }
+    }
+
+    fn publish_health(&self, now: TimestampMs) {
+        let mut health = HostHealth {
+            gpus: heapless::Vec::new(),
+        };
+        for (i, g) in self.gpus.iter().enumerate() {
+            let _ = health.gpus.push(GpuHealth {
+                gpu: Self::gpu_index(i),
+                state: HealthState::Healthy,
+                reason: ReasonCode::OK,
+                since: g.health_since,
+                evidence: Text::default(),
+            });
+        }
+        self.publish(Message::HostHealth(health), now, true);
+    }
+
+    async fn on_xid(&mut self, x: XidReport) {
+        let now = now_ms();
+        let Some(gpu) = GpuIndex::new(x.gpu).filter(|g| (g.get() as usize) < self.gpus.len())
+        else {
+            tracing::warn!("XID {} for unknown GPU {}", x.xid, x.gpu);
+            return;
+        };
+        tracing::warn!("GPU {}: XID {}", x.gpu, x.xid);
+        let g = &mut self.gpus[x.gpu as usize];
+        if g.xids.len() == RECENT_XIDS {
+            g.xids.pop_front();
+        }
+        g.xids.push_back((now, x.xid));
+        self.emit(Event::Xid { gpu, xid: x.xid }, now).await;
+    }
+
+    async fn on_command(&mut self, msg: Inbound) {
+        let now = now_ms();
+        let frame = msg.frame;
+        let verdict = self.core.command(now, &frame);
+        let mut code = verdict.code;
+        let mut detail = verdict.detail;
+        if verdict.changed_caps {
+            // Logged before it is acknowledged: a crash now still knows it.
+            let mut buf = [0u8; MAX_FRAME_LEN];
+            match frame.encode(&mut buf) {
+                Ok(n) => {
+                    if let Err(e) = self
+                        .log
+                        .append(frame.time, MessageKind::CapLease as u8, &buf[..n])
+                        .await
+                    {
+                        tracing::error!("lease not logged to flash: {e:?}");
+                    }
+                }
+                Err(e) => tracing::error!("lease not encodable: {e:?}"),
+            }
+            let failures = self.reconcile(now).await;
+            if !failures.is_empty() {
+                code = AckCode::Failed;
+                detail = failures
+                    .into_iter()
+                    .map(|(_, why)| why)
+                    .collect::<Vec<_>>()
+                    .join("; ");
+            }
+        }
+        tracing::info!(
+            "{:?} from {} seq {}: {code:?} {detail}",
+            frame.message.kind(),
+            frame.sender.id.as_str(),
+            frame.seq
+        );
+        let mut in_force = heapless::Vec::new();
+        for (i, g) in self.gpus.iter().enumerate() {
+            if let Some(limit) = g.applied {
+                let _ = in_force.push(GpuCap {
+                    gpus: GpuSelector::Gpu(Self::gpu_index(i)),
+                    limit,
+                });
+            }
+        }
+        let ack = Ack {
+            correlation: Correlation {
+                from: frame.sender.clone(),
+                seq: frame.seq,
+            },
+            code,
+            in_force,
+            detail: Text::truncated(&detail),
+        };
+        self.publish(Message::Ack(ack), now, true);
+    }
+
+    async fn restore_defaults(&mut self) {
+        let deadline = self.config.deadline;
+        let now = now_ms();
+        for i in 0..self.gpus.len() {
+            let default = self.gpus[i].info.default_limit;
+            if !self.gpus[i].changed || self.gpus[i].applied == Some(default) {
+                continue;
+            }
+            let w = &self.workers[i];
+            let set = w.set_limit(default, deadline).await;
+            let back = w.read_limit(deadline).await;
+            match (set, back) {
+                (Ok(()), Ok(b)) if b == default => {
+                    self.gpus[i].applied = Some(b);
+                    self.emit(
+                        Event::CapApplied {
+                            gpu: Self::gpu_index(i),
+                            limit: b,
+                            source: None,
+                        },
+                        now,
+                    )
+                    .await;
+                }
+                (set, back) => tracing::error!(
+                    "GPU {i}: default limit {} W not restored (set: {set:?}, read back: {back:?})",
+                    default.0
+                ),
+            }
+        }
+    }
+}

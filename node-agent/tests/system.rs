@@ -1,0 +1,536 @@
+//! The whole agent against a real mosquitto: `node-agent run --twin-gpus 8`
+//! as a process, commands sent with `mosquitto_pub`, everything it says
+//! read with `mosquitto_sub`, its console asked with `node-agent ctl`.
+//!
+//! Skipped when mosquitto is not installed, except under CI (`CI=true`),
+//! where a missing tool fails the test.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use loopwarden_protocol::{
+    samples::DEMO_KEY, Ack, AckCode, CapLease, CapSource, CommandAuth, DurationMs, Event, Frame,
+    GpuCap, GpuIndex, GpuSelector, HealthState, Message, NodeId, ReasonCode, Role, TimestampMs,
+    Watts,
+};
+use loopwarden_system_tests::{publish_raw, retained, Mosquitto, Seen, Subscriber};
+
+const SITE: &str = "sys";
+const AGENT: &str = env!("CARGO_BIN_EXE_node-agent");
+
+fn now() -> TimestampMs {
+    TimestampMs(
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .expect("clock after 1970")
+            .as_millis() as u64,
+    )
+}
+
+struct Agent {
+    child: Option<Child>,
+    console: PathBuf,
+}
+
+impl Agent {
+    fn start(port: u16, host: &str, dir: &Path, flash: Option<&Path>) -> Agent {
+        let console = dir.join(format!("{host}.sock"));
+        let mut cmd = Command::new(AGENT);
+        cmd.args(["run", "--twin-gpus", "8", "--site", SITE, "--host", host])
+            .args(["--broker", &format!("127.0.0.1:{port}")])
+            .args(["--period-ms", "200", "--json-period-ms", "1000"])
+            .arg("--console")
+            .arg(&console)
+            .env("RUST_LOG", "info,rumqttc=warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        if let Some(f) = flash {
+            cmd.arg("--flash").arg(f);
+        }
+        let child = cmd.spawn().expect("start node-agent");
+        let agent = Agent {
+            child: Some(child),
+            console,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while agent.ctl(&["status"]).is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "the agent's console never answered"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        agent
+    }
+
+    /// `node-agent ctl --json ARGS`, parsed; `None` when it fails.
+    fn ctl(&self, args: &[&str]) -> Option<serde_json::Value> {
+        let out = Command::new(AGENT)
+            .arg("ctl")
+            .arg("--console")
+            .arg(&self.console)
+            .arg("--json")
+            .args(args)
+            .output()
+            .expect("run node-agent ctl");
+        if !out.status.success() {
+            return None;
+        }
+        serde_json::from_slice(&out.stdout).ok()
+    }
+
+    /// Stops it with SIGTERM, as systemd does, and returns its exit status.
+    fn terminate(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("running");
+        Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .expect("kill -TERM");
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the agent did not stop on SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Kills it without warning (SIGKILL): a crash.
+    fn crash(&mut self) {
+        let mut child = self.child.take().expect("running");
+        child.kill().expect("kill");
+        child.wait().expect("reap");
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn lease(seq: u32, id: u32, caps: &[(GpuSelector, u32)], ms: u32) -> Frame {
+    let mut f = Frame {
+        sender: NodeId::new(Role::Cdu, "cdu-a").expect("ident"),
+        seq,
+        time: now(),
+        message: Message::CapLease(CapLease {
+            lease: id,
+            source: CapSource::Cooling,
+            reason: ReasonCode::CAPACITY_SHORT,
+            caps: caps
+                .iter()
+                .map(|(g, w)| GpuCap {
+                    gpus: *g,
+                    limit: Watts(*w),
+                })
+                .collect(),
+            duration: DurationMs(ms),
+            auth: CommandAuth::default(),
+        }),
+    };
+    f.sign(1, DEMO_KEY).expect("a command signs");
+    f
+}
+
+fn send(port: u16, host: &str, frame: &Frame) {
+    let mut buf = [0u8; 2048];
+    let n = frame.encode(&mut buf).expect("encodes");
+    publish_raw(
+        port,
+        &format!("dc/v1/{SITE}/host/{host}/cmd"),
+        &buf[..n],
+        false,
+    )
+    .expect("mosquitto_pub");
+}
+
+fn gpu(i: u8) -> GpuSelector {
+    GpuSelector::Gpu(GpuIndex::new(i).expect("index"))
+}
+
+fn frame(s: &Seen) -> Option<Frame> {
+    Frame::decode(&s.payload).ok()
+}
+
+/// Waits for the ack of `command`. An ack stamped before the command was
+/// sent is an older one (the outbox sends unconfirmed acks again after a
+/// restart) and is skipped.
+fn ack_of(sub: &mut Subscriber, command: &Frame) -> Ack {
+    let answers = |f: &Frame| {
+        f.time >= command.time
+            && matches!(f.message, Message::Ack(ref a) if a.correlation.seq == command.seq)
+    };
+    let seen = sub.collect_until(Duration::from_secs(10), |s| {
+        s.last().and_then(frame).is_some_and(|f| answers(&f))
+    });
+    match seen.last().and_then(frame) {
+        Some(f) if answers(&f) => match f.message {
+            Message::Ack(a) => a,
+            _ => unreachable!("checked"),
+        },
+        _ => panic!("no ack for command {}", command.seq),
+    }
+}
+
+fn limits(ack: &Ack) -> Vec<u32> {
+    ack.in_force.iter().map(|c| c.limit.0).collect()
+}
+
+/// The limits the console reports.
+fn console_limits(agent: &Agent) -> Vec<u64> {
+    let caps = agent.ctl(&["caps"]).expect("ctl caps");
+    caps["gpus"]
+        .as_array()
+        .expect("gpus")
+        .iter()
+        .map(|g| g["limit"].as_u64().expect("limit"))
+        .collect()
+}
+
+/// Waits until telemetry shows every GPU at `limit` (what the twin GPUs
+/// enforce, read through the agent's own sampling).
+fn telemetry_limits_become(sub: &mut Subscriber, want: &[u32]) {
+    let seen = sub.collect_until(Duration::from_secs(10), |s| {
+        s.last().and_then(frame).is_some_and(|f| match f.message {
+            Message::HostTelemetry(t) => {
+                t.gpus.iter().map(|g| g.power_limit.0).collect::<Vec<_>>() == want
+            }
+            _ => false,
+        })
+    });
+    assert!(
+        seen.last()
+            .and_then(frame)
+            .is_some_and(|f| matches!(f.message, Message::HostTelemetry(_))),
+        "telemetry never showed limits {want:?}"
+    );
+}
+
+#[test]
+fn leases_are_applied_acknowledged_refused_and_lifted() {
+    let Some(broker) = Mosquitto::start() else {
+        return;
+    };
+    let port = broker.port();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let host = "h1";
+    let mut sub =
+        Subscriber::start(port, &[&format!("dc/v1/{SITE}/host/{host}/+")]).expect("mosquitto_sub");
+    let mut agent = Agent::start(port, host, dir.path(), None);
+
+    // Telemetry of all 8 GPUs, and retained health.
+    let seen = sub.collect_until(Duration::from_secs(10), |s| {
+        s.last().and_then(frame).is_some_and(
+            |f| matches!(f.message, Message::HostTelemetry(ref t) if t.gpus.len() == 8),
+        )
+    });
+    assert!(!seen.is_empty(), "no telemetry");
+    let health = retained(
+        port,
+        &[&format!("dc/v1/{SITE}/host/{host}/health")],
+        Duration::from_millis(500),
+    )
+    .expect("mosquitto_sub");
+    let health = health.first().and_then(frame).expect("retained health");
+    match health.message {
+        Message::HostHealth(h) => {
+            assert_eq!(h.gpus.len(), 8);
+            assert!(h.gpus.iter().all(|g| g.state == HealthState::Healthy));
+        }
+        other => panic!("health topic carries {other:?}"),
+    }
+
+    // A lease on every GPU: applied, read back, acknowledged.
+    let ack = ack_of_sent(
+        &mut sub,
+        port,
+        host,
+        &lease(100, 1, &[(GpuSelector::All, 450)], 4_000),
+    );
+    assert_eq!(ack.code, AckCode::Ok, "{}", ack.detail.as_str());
+    assert_eq!(limits(&ack), vec![450; 8]);
+    telemetry_limits_become(&mut sub, &[450; 8]);
+    assert_eq!(console_limits(&agent), vec![450; 8]);
+
+    // Refused, each with its reason, and nothing changes.
+    let ack = ack_of_sent(
+        &mut sub,
+        port,
+        host,
+        &lease(101, 2, &[(gpu(12), 300)], 4_000),
+    );
+    assert_eq!(ack.code, AckCode::UnknownGpu);
+    assert!(
+        ack.detail.as_str().contains("no GPU 12"),
+        "{}",
+        ack.detail.as_str()
+    );
+    assert_eq!(limits(&ack), vec![450; 8]);
+
+    assert_eq!(
+        ack_of_sent(&mut sub, port, host, &lease(102, 3, &[], 4_000)).code,
+        AckCode::Malformed
+    );
+
+    let mut expired = lease(103, 4, &[(gpu(0), 300)], 1_000);
+    expired.time = TimestampMs(now().0 - 60_000);
+    expired.sign(1, DEMO_KEY).expect("signs");
+    assert_eq!(
+        ack_of_sent(&mut sub, port, host, &expired).code,
+        AckCode::Expired
+    );
+
+    let mut forged = lease(104, 5, &[(gpu(0), 300)], 4_000);
+    forged.sign(1, b"not the site key").expect("signs");
+    assert_eq!(
+        ack_of_sent(&mut sub, port, host, &forged).code,
+        AckCode::Unauthenticated
+    );
+
+    // A replay of the first lease.
+    let first = lease(100, 1, &[(GpuSelector::All, 200)], 4_000);
+    assert_eq!(
+        ack_of_sent(&mut sub, port, host, &first).code,
+        AckCode::Replayed
+    );
+
+    // Bytes that are no frame at all: no ack is possible (no sender, no
+    // seq to answer), the agent counts and drops them.
+    publish_raw(
+        port,
+        &format!("dc/v1/{SITE}/host/{host}/cmd"),
+        b"not a frame",
+        false,
+    )
+    .expect("mosquitto_pub");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        console_limits(&agent),
+        vec![450; 8],
+        "refused commands changed a limit"
+    );
+
+    // Below the minimum on one GPU: taken, clamped, said.
+    let ack = ack_of_sent(
+        &mut sub,
+        port,
+        host,
+        &lease(105, 6, &[(gpu(6), 150)], 2_000),
+    );
+    assert_eq!(ack.code, AckCode::Clamped);
+    assert_eq!(ack.in_force[6].limit, Watts(200));
+
+    // Expiry lifts the caps: 6 at 2 s, the rest at 4 s.
+    let events = sub.collect_until(Duration::from_secs(10), |s| {
+        s.iter()
+            .filter_map(frame)
+            .filter(|f| {
+                matches!(
+                    f.message,
+                    Message::Event(Event::CapApplied {
+                        limit: Watts(700),
+                        source: None,
+                        ..
+                    })
+                )
+            })
+            .count()
+            >= 8
+    });
+    let lifted = events
+        .iter()
+        .filter_map(frame)
+        .filter(|f| {
+            matches!(
+                f.message,
+                Message::Event(Event::CapApplied {
+                    limit: Watts(700),
+                    source: None,
+                    ..
+                })
+            )
+        })
+        .count();
+    assert_eq!(lifted, 8, "every GPU's cap lifts at expiry");
+    telemetry_limits_become(&mut sub, &[700; 8]);
+    let caps = agent.ctl(&["caps"]).expect("ctl caps");
+    assert_eq!(caps["leases"].as_array().map(Vec::len), Some(0));
+
+    // The console's other answers.
+    let status = agent.ctl(&["status"]).expect("ctl status");
+    assert_eq!(status["gpus"], 8);
+    assert_eq!(status["connected"], true);
+    assert!(status["samples"].as_u64().unwrap_or(0) > 5);
+    let gpus = agent.ctl(&["gpus"]).expect("ctl gpus");
+    assert_eq!(gpus["gpus"].as_array().map(Vec::len), Some(8));
+    let events = agent.ctl(&["events"]).expect("ctl events");
+    assert!(
+        events["events"].as_array().is_some_and(|e| e.len() >= 16),
+        "{events}"
+    );
+    assert!(agent.ctl(&["why", "3"]).is_some());
+    assert!(
+        agent.ctl(&["why", "12"]).is_none(),
+        "no GPU 12: an error, exit status 1"
+    );
+
+    // A clean stop: exit 0, and the bus learns the agent left.
+    let lease_then_stop = lease(106, 7, &[(gpu(2), 333)], 60_000);
+    assert_eq!(
+        ack_of_sent(&mut sub, port, host, &lease_then_stop).code,
+        AckCode::Ok
+    );
+    let status = agent.terminate();
+    assert!(status.success(), "exit status {status}");
+    let seen = sub.collect_until(Duration::from_secs(10), |s| {
+        s.last()
+            .and_then(frame)
+            .is_some_and(|f| matches!(f.message, Message::Online(ref o) if !o.online))
+    });
+    assert!(
+        seen.iter().filter_map(frame).any(|f| matches!(
+            f.message,
+            Message::Event(Event::CapApplied { gpu: g, limit: Watts(700), source: None }) if g.get() == 2
+        )),
+        "the default limit was restored on GPU 2 before leaving"
+    );
+}
+
+fn ack_of_sent(sub: &mut Subscriber, port: u16, host: &str, f: &Frame) -> Ack {
+    send(port, host, f);
+    ack_of(sub, f)
+}
+
+#[test]
+fn after_a_crash_only_valid_leases_are_applied_again() {
+    let Some(broker) = Mosquitto::start() else {
+        return;
+    };
+    let port = broker.port();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let flash = dir.path().join("agent.flash");
+    let host = "h2";
+    let mut sub = Subscriber::start(port, &[&format!("dc/v1/{SITE}/host/{host}/ack")])
+        .expect("mosquitto_sub");
+    let mut agent = Agent::start(port, host, dir.path(), Some(&flash));
+    assert_eq!(
+        ack_of_sent(
+            &mut sub,
+            port,
+            host,
+            &lease(10, 1, &[(gpu(0), 400)], 60_000)
+        )
+        .code,
+        AckCode::Ok
+    );
+    assert_eq!(
+        ack_of_sent(&mut sub, port, host, &lease(11, 2, &[(gpu(1), 300)], 1_500)).code,
+        AckCode::Ok
+    );
+    agent.crash();
+    // Lease 2 expires while the agent is down.
+    std::thread::sleep(Duration::from_millis(2_000));
+    let agent = Agent::start(port, host, dir.path(), Some(&flash));
+    let l = console_limits(&agent);
+    assert_eq!(l[0], 400, "the valid lease is in force again");
+    assert_eq!(l[1], 700, "the expired one is not");
+    let caps = agent.ctl(&["caps"]).expect("ctl caps");
+    assert_eq!(caps["gpus"][0]["source"], "cooling");
+    assert_eq!(caps["leases"].as_array().map(Vec::len), Some(1));
+    // Its replay counter survived too.
+    assert_eq!(
+        ack_of_sent(
+            &mut sub,
+            port,
+            host,
+            &lease(11, 2, &[(gpu(1), 300)], 60_000)
+        )
+        .code,
+        AckCode::Replayed
+    );
+}
+
+#[test]
+fn a_hung_gpu_does_not_stall_the_others() {
+    // In process: the twin's fault injection needs its handle.
+    let Some(broker) = Mosquitto::start() else {
+        return;
+    };
+    let port = broker.port();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let host = "h3";
+    let mut sub = Subscriber::start(port, &[&format!("dc/v1/{SITE}/host/{host}/telemetry")])
+        .expect("mosquitto_sub");
+    let board = loopwarden_boards::GpuBoard::builtin("H200-SXM").expect("board");
+    let twin = node_agent::twin::TwinSource::new(&board, 4, 3);
+    let control = twin.control();
+    let flags = node_agent::config::Overrides {
+        site: Some(SITE.into()),
+        host: Some(host.into()),
+        broker: Some(format!("127.0.0.1:{port}")),
+        twin_gpus: Some(4),
+        period_ms: Some(200),
+        console: Some(dir.path().join("c.sock")),
+        ..Default::default()
+    };
+    let config = node_agent::config::load(None, &flags).expect("config");
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    // The agent's loop is not `Send` (its flash stores hold borrows across
+    // awaits); it runs on a runtime of its own, as in `main`.
+    let agent = std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        rt.block_on(node_agent::shell::run(config, Box::new(twin), async {
+            let _ = stop_rx.await;
+        }))
+    });
+    // Let it run, then hang GPU 2.
+    let _ = sub.collect_until(Duration::from_secs(10), |s| s.len() >= 3);
+    control
+        .inject(node_agent::twin::TwinFault::Hang { gpu: 2, on: true })
+        .expect("inject");
+    let start = Instant::now();
+    let seen = sub.collect_until(Duration::from_secs(10), |s| s.len() >= 10);
+    let took = start.elapsed();
+    let frames: Vec<_> = seen.iter().filter_map(frame).collect();
+    assert_eq!(frames.len(), 10, "telemetry kept coming");
+    // 10 periods of 200 ms: far below what a stalled loop would take.
+    assert!(took < Duration::from_secs(5), "10 samples took {took:?}");
+    let last = match &frames[9].message {
+        Message::HostTelemetry(t) => t.clone(),
+        other => panic!("{other:?}"),
+    };
+    use loopwarden_protocol::GpuFlags;
+    for g in &last.gpus {
+        let responsive = g.flags.contains(GpuFlags::RESPONSIVE);
+        assert_eq!(
+            responsive,
+            g.gpu.get() != 2,
+            "GPU {}: responsive {responsive}",
+            g.gpu.get()
+        );
+    }
+    control
+        .inject(node_agent::twin::TwinFault::Hang { gpu: 2, on: false })
+        .expect("inject");
+    let seen = sub.collect_until(Duration::from_secs(10), |s| {
+        s.last().and_then(frame).is_some_and(|f| match f.message {
+            Message::HostTelemetry(t) => t
+                .gpus
+                .iter()
+                .all(|g| g.flags.contains(GpuFlags::RESPONSIVE)),
+            _ => false,
+        })
+    });
+    assert!(!seen.is_empty(), "GPU 2 answers again");
+    let _ = stop_tx.send(());
+    agent.join().expect("joined").expect("agent ran");
+}
