@@ -25,8 +25,8 @@ use std::sync::mpsc::Sender;
 use std::sync::Arc;
 
 use loopwarden_protocol::{
-    EccCounts, GpuFlags, MegaHertz, MemoryRepair, NvlinkErrors, Percent, ThrottleReasons,
-    Unsupported, Watts, WholeCelsius,
+    EccCounts, GpuFlags, MegaHertz, NvlinkErrors, Percent, ThrottleReasons, Unsupported, Watts,
+    WholeCelsius,
 };
 
 use crate::gpu::{GpuDevice, GpuError, GpuInfo, GpuSample, GpuSource, XidReport};
@@ -278,13 +278,28 @@ const FIELD_GROUPS: [(u32, Unsupported); 11] = [
     (field::NVLINK_REPLAY_TOTAL, Unsupported::NVLINK),
 ];
 
+/// Single NVML calls, each skipped once it answered "not supported".
+mod call {
+    pub const POWER_USAGE: u16 = 1 << 0;
+    pub const ENFORCED_LIMIT: u16 = 1 << 1;
+    pub const LIMIT: u16 = 1 << 2;
+    pub const ENERGY: u16 = 1 << 3;
+    pub const CLOCKS: u16 = 1 << 4;
+    pub const UTIL: u16 = 1 << 5;
+    pub const THROTTLE: u16 = 1 << 6;
+    pub const ECC_MODE: u16 = 1 << 7;
+    /// Four bits from here: the ECC counters.
+    pub const ECC_COUNT: u16 = 1 << 8;
+}
+
 /// One GPU through NVML.
 pub struct NvmlGpu<A: NvmlApi> {
     api: Arc<A>,
     index: u32,
-    /// Fields found unsupported; never asked for again.
+    /// Field groups reported unsupported.
     unsupported: Unsupported,
-    energy_unsupported: bool,
+    /// Calls found unsupported ([`call`] bits); never made again.
+    skipped: u16,
 }
 
 impl<A: NvmlApi> NvmlGpu<A> {
@@ -294,25 +309,31 @@ impl<A: NvmlApi> NvmlGpu<A> {
             api,
             index,
             unsupported: Unsupported::empty(),
-            energy_unsupported: false,
+            skipped: 0,
         }
     }
 
-    /// Runs `call` unless `group` is known unsupported. NotSupported marks
-    /// the group (logged once) and yields `None`; other failures are errors.
+    /// Makes `call` unless it answered "not supported" before. A "not
+    /// supported" answer is logged once, marks `group` (if any) unsupported
+    /// and yields `None`; any other failure is an error.
     fn ask<T>(
         &mut self,
-        group: Unsupported,
+        bit: u16,
+        group: Option<Unsupported>,
         what: &'static str,
         call: impl FnOnce(&A, u32) -> NvmlResult<T>,
     ) -> Result<Option<T>, GpuError> {
-        if self.unsupported.contains(group) {
+        if self.skipped & bit != 0 {
             return Ok(None);
         }
         match call(&self.api, self.index) {
             Ok(v) => Ok(Some(v)),
             Err(NvmlFailure::NotSupported) => {
-                self.mark(group, what);
+                self.skipped |= bit;
+                match group {
+                    Some(g) => self.mark(g, what),
+                    None => tracing::info!("GPU {}: {what} is not supported", self.index),
+                }
                 Ok(None)
             }
             Err(e) => Err(e.into_gpu_error(what)),
@@ -326,6 +347,51 @@ impl<A: NvmlApi> NvmlGpu<A> {
                 self.index
             );
             self.unsupported = self.unsupported | group;
+        }
+    }
+
+    /// Zeroes every field of a group marked unsupported, so a sample never
+    /// carries a value next to an `unsupported` bit that says it means
+    /// nothing.
+    fn zero_unsupported(&self, s: &mut GpuSample) {
+        let u = self.unsupported;
+        if u.contains(Unsupported::MEM_TEMP) {
+            s.mem_temp = WholeCelsius(0);
+        }
+        if u.contains(Unsupported::POWER) {
+            s.power = Watts(0);
+        }
+        if u.contains(Unsupported::CLOCKS) {
+            s.sm_clock = MegaHertz(0);
+            s.mem_clock = MegaHertz(0);
+        }
+        if u.contains(Unsupported::UTIL) {
+            s.util = Percent::ZERO;
+        }
+        if u.contains(Unsupported::THROTTLE) {
+            s.throttle = ThrottleReasons::empty();
+        }
+        if u.contains(Unsupported::ECC) {
+            s.ecc = EccCounts::default();
+        }
+        if u.contains(Unsupported::RETIRED) {
+            s.repair.retired_sbe = 0;
+            s.repair.retired_dbe = 0;
+            s.flags = s.flags.with(GpuFlags::RETIRED_PENDING, false);
+        }
+        if u.contains(Unsupported::REMAP) {
+            s.repair.remap_correctable = 0;
+            s.repair.remap_uncorrectable = 0;
+            s.flags = s
+                .flags
+                .with(GpuFlags::REMAP_PENDING, false)
+                .with(GpuFlags::REMAP_FAILURE, false);
+        }
+        if u.contains(Unsupported::PCIE) {
+            s.pcie_replay = 0;
+        }
+        if u.contains(Unsupported::NVLINK) {
+            s.nvlink = NvlinkErrors::default();
         }
     }
 
@@ -347,6 +413,7 @@ impl<A: NvmlApi> NvmlGpu<A> {
                 for (_, g) in FIELD_GROUPS {
                     self.mark(g, "nvmlDeviceGetFieldValues");
                 }
+                self.mark(Unsupported::NVLINK, "nvmlDeviceGetFieldValues");
                 return Ok(());
             }
             Err(e) => return Err(e.into_gpu_error("nvmlDeviceGetFieldValues")),
@@ -420,68 +487,79 @@ impl<A: NvmlApi> GpuDevice for NvmlGpu<A> {
             .temperature(self.index)
             .map_err(|e| e.into_gpu_error("nvmlDeviceGetTemperature"))?;
         s.temp = WholeCelsius(temp.min(255) as u8);
-        if let Some(mw) = self.ask(Unsupported::POWER, "nvmlDeviceGetPowerUsage", |a, i| {
-            a.power_usage_mw(i)
-        })? {
+        let power = Some(Unsupported::POWER);
+        if let Some(mw) = self.ask(
+            call::POWER_USAGE,
+            power,
+            "nvmlDeviceGetPowerUsage",
+            |a, i| a.power_usage_mw(i),
+        )? {
             s.power = Watts::from_milliwatts(mw);
         }
-        if let Some(mw) = self.ask(
-            Unsupported::POWER,
+        // The enforced limit, else the limit set (what the agent caps).
+        let enforced = self.ask(
+            call::ENFORCED_LIMIT,
+            None,
             "nvmlDeviceGetEnforcedPowerLimit",
             |a, i| a.enforced_limit_mw(i),
+        )?;
+        let limit = match enforced {
+            Some(mw) => Some(mw),
+            None => self.ask(
+                call::LIMIT,
+                None,
+                "nvmlDeviceGetPowerManagementLimit",
+                |a, i| a.limit_mw(i),
+            )?,
+        };
+        s.power_limit = limit.map_or(Watts(0), Watts::from_milliwatts);
+        if let Some(mj) = self.ask(
+            call::ENERGY,
+            None,
+            "nvmlDeviceGetTotalEnergyConsumption",
+            |a, i| a.energy_mj(i),
         )? {
-            s.power_limit = Watts::from_milliwatts(mw);
+            s.energy_mj = mj;
         }
-        if !self.energy_unsupported {
-            match self.api.energy_mj(self.index) {
-                Ok(mj) => s.energy_mj = mj,
-                Err(NvmlFailure::NotSupported) => {
-                    tracing::info!("GPU {}: the energy counter is not supported", self.index);
-                    self.energy_unsupported = true;
-                }
-                Err(e) => return Err(e.into_gpu_error("nvmlDeviceGetTotalEnergyConsumption")),
-            }
-        }
+        let clocks = Some(Unsupported::CLOCKS);
         if let Some((sm, mem)) =
-            self.ask(Unsupported::CLOCKS, "nvmlDeviceGetClockInfo", |a, i| {
+            self.ask(call::CLOCKS, clocks, "nvmlDeviceGetClockInfo", |a, i| {
                 a.clocks_mhz(i)
             })?
         {
             s.sm_clock = MegaHertz(sm.min(u16::MAX as u32) as u16);
             s.mem_clock = MegaHertz(mem.min(u16::MAX as u32) as u16);
         }
-        if let Some(u) = self.ask(
-            Unsupported::UTIL,
-            "nvmlDeviceGetUtilizationRates",
-            |a, i| a.utilization(i),
-        )? {
+        let util = Some(Unsupported::UTIL);
+        if let Some(u) = self.ask(call::UTIL, util, "nvmlDeviceGetUtilizationRates", |a, i| {
+            a.utilization(i)
+        })? {
             s.util = Percent::new(u.min(100) as u8).unwrap_or(Percent::FULL);
         }
+        let throttle = Some(Unsupported::THROTTLE);
         if let Some(bits) = self.ask(
-            Unsupported::THROTTLE,
+            call::THROTTLE,
+            throttle,
             "nvmlDeviceGetCurrentClocksEventReasons",
             |a, i| a.throttle_bits(i),
         )? {
             s.throttle = throttle_from_nvml(bits);
         }
+        let ecc = Some(Unsupported::ECC);
         let ecc_on = self
-            .ask(Unsupported::ECC, "nvmlDeviceGetEccMode", |a, i| {
+            .ask(call::ECC_MODE, ecc, "nvmlDeviceGetEccMode", |a, i| {
                 a.ecc_enabled(i)
             })?
             .unwrap_or(false);
         s.flags = s.flags.with(GpuFlags::ECC_ENABLED, ecc_on);
         if ecc_on {
             let mut counts = [0u32; 4];
-            for (slot, (corrected, volatile)) in
-                [(true, true), (false, true), (true, false), (false, false)]
-                    .into_iter()
-                    .enumerate()
-            {
-                if let Some(v) =
-                    self.ask(Unsupported::ECC, "nvmlDeviceGetTotalEccErrors", |a, i| {
-                        a.ecc_total(i, corrected, volatile)
-                    })?
-                {
+            let counters = [(true, true), (false, true), (true, false), (false, false)];
+            for (slot, (corrected, volatile)) in counters.into_iter().enumerate() {
+                let bit = call::ECC_COUNT << slot;
+                if let Some(v) = self.ask(bit, ecc, "nvmlDeviceGetTotalEccErrors", |a, i| {
+                    a.ecc_total(i, corrected, volatile)
+                })? {
                     counts[slot] = v.min(u32::MAX as u64) as u32;
                 }
             }
@@ -492,9 +570,8 @@ impl<A: NvmlApi> GpuDevice for NvmlGpu<A> {
                 dbe_aggregate: counts[3],
             };
         }
-        s.repair = MemoryRepair::default();
-        s.nvlink = NvlinkErrors::default();
         self.batched_fields(&mut s)?;
+        self.zero_unsupported(&mut s);
         s.unsupported = self.unsupported;
         Ok(s)
     }

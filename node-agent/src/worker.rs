@@ -3,14 +3,16 @@
 //! NVML calls block, and on a sick GPU some never return. Each GPU's
 //! device lives on its own OS thread; the agent sends it one request at a
 //! time and waits at most a deadline. A call that misses the deadline is
-//! reported as [`GpuError::Timeout`]; while that call is still stuck, new
-//! requests for the same GPU fail at once instead of queueing behind it.
+//! reported as [`GpuError::Timeout`]; while that call is still running,
+//! new requests for the same GPU fail at once instead of queueing behind it
+//! (a queued limit would otherwise be applied late, when nobody waits).
 //! The other GPUs' threads are untouched, so they keep being sampled on
 //! time.
 //!
 //! Glossary:
 //! - *deadline*: the longest the agent waits for one GPU call.
-//! - *stuck*: a worker whose current call has run past its deadline.
+//! - *busy*: a worker with a call in progress, marked by the caller before
+//!   the call is handed over and cleared by the worker when it is done.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -43,28 +45,37 @@ struct Job {
 pub struct Worker {
     index: u8,
     jobs: std::sync::mpsc::Sender<Job>,
-    /// When the call now running started; `None` when idle.
-    running_since: Arc<Mutex<Option<Instant>>>,
+    /// When the call in progress was handed over; `None` when idle.
+    busy_since: Arc<Mutex<Option<Instant>>>,
 }
 
 impl Worker {
     /// Starts the thread that owns `device`.
     pub fn spawn(index: u8, mut device: Box<dyn GpuDevice>) -> std::io::Result<Self> {
         let (jobs, rx) = std::sync::mpsc::channel::<Job>();
-        let running_since = Arc::new(Mutex::new(None));
-        let running = running_since.clone();
+        let busy_since = Arc::new(Mutex::new(None));
+        let busy = busy_since.clone();
         std::thread::Builder::new()
             .name(format!("gpu-{index}"))
             .spawn(move || {
+                // Clears the busy mark however a call ends, a panic included.
+                struct Done(Arc<Mutex<Option<Instant>>>);
+                impl Drop for Done {
+                    fn drop(&mut self) {
+                        if let Ok(mut b) = self.0.lock() {
+                            *b = None;
+                        }
+                    }
+                }
                 for job in rx {
-                    *running.lock().expect("worker clock") = Some(Instant::now());
+                    let done = Done(busy.clone());
                     let reply = match job.request {
                         Request::Describe => Reply::Info(device.describe()),
                         Request::Sample => Reply::Sample(device.sample()),
                         Request::SetLimit(w) => Reply::Done(device.set_power_limit(w)),
                         Request::ReadLimit => Reply::Limit(device.power_limit()),
                     };
-                    *running.lock().expect("worker clock") = None;
+                    drop(done);
                     // The caller may have given up; that is fine.
                     let _ = job.reply.send(reply);
                 }
@@ -72,7 +83,7 @@ impl Worker {
         Ok(Self {
             index,
             jobs,
-            running_since,
+            busy_since,
         })
     }
 
@@ -81,25 +92,31 @@ impl Worker {
         self.index
     }
 
-    /// Whether the call now running has been running longer than `deadline`.
+    /// Whether a call has been in progress for longer than `deadline`.
     pub fn is_stuck(&self, deadline: Duration) -> bool {
-        self.running_since
+        self.busy_since
             .lock()
             .expect("worker clock")
             .is_some_and(|t| t.elapsed() > deadline)
     }
 
     async fn call(&self, request: Request, deadline: Duration) -> Result<Reply, GpuError> {
-        if self.is_stuck(deadline) {
-            return Err(GpuError::Timeout);
+        {
+            let mut busy = self.busy_since.lock().expect("worker clock");
+            if busy.is_some() {
+                // The last call missed its deadline and is still running.
+                return Err(GpuError::Timeout);
+            }
+            *busy = Some(Instant::now());
         }
         let (tx, rx) = oneshot::channel();
-        self.jobs
-            .send(Job { request, reply: tx })
-            .map_err(|_| GpuError::Failed {
+        if self.jobs.send(Job { request, reply: tx }).is_err() {
+            *self.busy_since.lock().expect("worker clock") = None;
+            return Err(GpuError::Failed {
                 what: "GPU worker",
                 detail: "the worker thread has ended".into(),
-            })?;
+            });
+        }
         match tokio::time::timeout(deadline, rx).await {
             Ok(Ok(reply)) => Ok(reply),
             Ok(Err(_)) => Err(GpuError::Failed {

@@ -1,0 +1,957 @@
+//! The NVML layer of the agent, tested without a GPU.
+//!
+//! `FakeNvml` implements [`NvmlApi`] with scripted answers per GPU (which
+//! a test can change between calls) and counts every call made. Through
+//! it, these tests check [`NvmlGpu`], [`NvmlSource`] and the per-GPU
+//! [`Worker`]:
+//! - a healthy GPU's answers land in every field of a sample, in the bus's
+//!   units, and `describe` reports its identity and power range;
+//! - a "not supported" answer is recorded once in `unsupported` and never
+//!   asked again, while any other failure fails the call with the matching
+//!   [`GpuError`];
+//! - a power limit set in watts reaches NVML in milliwatts and reads back;
+//! - a GPU whose NVML call hangs times out on its own while the other GPUs
+//!   keep answering, and answers again once the call returns;
+//! - XID events reach the agent, and a GPU that cannot be registered for
+//!   them is reported;
+//! - NVML's clock-event bits map onto the bus's throttle reasons.
+//!
+//! Field ids and throttle bits are written out from `nvml.h` rather than
+//! taken from `node_agent::nvml`, so a wrong constant there shows here.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use loopwarden_protocol::{
+    EccCounts, GpuFlags, MegaHertz, MemoryRepair, NvlinkErrors, Percent, ThrottleReasons,
+    Unsupported, Watts, WholeCelsius,
+};
+use node_agent::gpu::{GpuDevice, GpuError, GpuInfo, GpuSample, GpuSource, XidReport};
+use node_agent::nvml::{throttle_from_nvml, NvmlApi, NvmlFailure, NvmlGpu, NvmlResult, NvmlSource};
+use node_agent::worker::Worker;
+use NvmlFailure::{GpuLost, InvalidArgument, NoPermission, NotSupported};
+
+/// `nvmlDeviceGetFieldValues` ids, from `nvml.h`.
+mod fi {
+    pub const MEMORY_TEMP: u32 = 82;
+    pub const RETIRED_SBE: u32 = 29;
+    pub const RETIRED_DBE: u32 = 30;
+    pub const RETIRED_PENDING: u32 = 31;
+    pub const REMAPPED_COR: u32 = 142;
+    pub const REMAPPED_UNC: u32 = 143;
+    pub const REMAPPED_PENDING: u32 = 144;
+    pub const REMAPPED_FAILURE: u32 = 145;
+    pub const PCIE_REPLAY_COUNTER: u32 = 94;
+    pub const NVLINK_CRC_DATA_TOTAL: u32 = 45;
+    pub const NVLINK_REPLAY_TOTAL: u32 = 52;
+    pub const NVLINK_RECOVERY_TOTAL: u32 = 59;
+    pub const NVLINK: [u32; 3] = [
+        NVLINK_CRC_DATA_TOTAL,
+        NVLINK_REPLAY_TOTAL,
+        NVLINK_RECOVERY_TOTAL,
+    ];
+}
+
+/// NVML function names, as the fake counts calls (and as `GpuError::Failed`
+/// names them).
+const GET_TEMPERATURE: &str = "nvmlDeviceGetTemperature";
+const GET_POWER_USAGE: &str = "nvmlDeviceGetPowerUsage";
+const GET_ENFORCED_LIMIT: &str = "nvmlDeviceGetEnforcedPowerLimit";
+const GET_LIMIT: &str = "nvmlDeviceGetPowerManagementLimit";
+const SET_LIMIT: &str = "nvmlDeviceSetPowerManagementLimit";
+const GET_ECC_MODE: &str = "nvmlDeviceGetEccMode";
+const GET_ECC_TOTAL: &str = "nvmlDeviceGetTotalEccErrors";
+const GET_FIELD_VALUES: &str = "nvmlDeviceGetFieldValues";
+
+/// How long a fake call waits for the test at most (a hang released, a
+/// stop set), so a failing test ends instead of hanging.
+const SAFETY: Duration = Duration::from_secs(10);
+
+/// What one fake GPU answers, per NVML call.
+#[derive(Debug, Clone)]
+struct Answers {
+    name: NvmlResult<String>,
+    uuid: NvmlResult<String>,
+    default_limit_mw: NvmlResult<u32>,
+    constraints_mw: NvmlResult<(u32, u32)>,
+    /// The management limit: `set_limit_mw` writes it, `limit_mw` reads it.
+    limit_mw: NvmlResult<u32>,
+    /// When `Some`, `set_limit_mw` fails with it and changes nothing.
+    set_limit_fails: Option<NvmlFailure>,
+    enforced_limit_mw: NvmlResult<u32>,
+    temperature: NvmlResult<u32>,
+    /// The temperature call blocks while the fake's gate is closed.
+    temperature_hangs: bool,
+    power_mw: NvmlResult<u32>,
+    energy_mj: NvmlResult<u64>,
+    clocks_mhz: NvmlResult<(u32, u32)>,
+    utilization: NvmlResult<u32>,
+    throttle_bits: NvmlResult<u64>,
+    ecc_enabled: NvmlResult<bool>,
+    /// Keyed by `(corrected, volatile)`.
+    ecc_total: BTreeMap<(bool, bool), NvmlResult<u64>>,
+    /// `Err` fails the whole field-values call.
+    fields_call: NvmlResult<()>,
+    /// Per field id; an id not here answers NotSupported.
+    fields: BTreeMap<u32, NvmlResult<u64>>,
+    /// The answer to registering this GPU for XID events.
+    xid_registration: NvmlResult<()>,
+}
+
+impl Answers {
+    /// An H200 answering everything, every value distinct so a mix-up of
+    /// two fields shows.
+    fn healthy() -> Self {
+        Self {
+            name: Ok("NVIDIA H200".into()),
+            uuid: Ok("GPU-0c1d2e3f-0000-4000-8000-000000000000".into()),
+            default_limit_mw: Ok(700_000),
+            constraints_mw: Ok((200_000, 725_000)),
+            limit_mw: Ok(700_000),
+            set_limit_fails: None,
+            enforced_limit_mw: Ok(650_000),
+            temperature: Ok(61),
+            temperature_hangs: false,
+            power_mw: Ok(312_600),
+            energy_mj: Ok(987_654_321),
+            clocks_mhz: Ok((1980, 2619)),
+            utilization: Ok(87),
+            throttle_bits: Ok(0x4 | 0x40),
+            ecc_enabled: Ok(true),
+            ecc_total: [
+                ((true, true), Ok(11)),
+                ((false, true), Ok(2)),
+                ((true, false), Ok(1_234)),
+                ((false, false), Ok(5)),
+            ]
+            .into_iter()
+            .collect(),
+            fields_call: Ok(()),
+            fields: [
+                (fi::MEMORY_TEMP, 74),
+                (fi::RETIRED_SBE, 3),
+                (fi::RETIRED_DBE, 1),
+                (fi::RETIRED_PENDING, 1),
+                (fi::REMAPPED_COR, 6),
+                (fi::REMAPPED_UNC, 4),
+                (fi::REMAPPED_PENDING, 0),
+                (fi::REMAPPED_FAILURE, 1),
+                (fi::PCIE_REPLAY_COUNTER, 17),
+                (fi::NVLINK_CRC_DATA_TOTAL, 101),
+                (fi::NVLINK_REPLAY_TOTAL, 102),
+                (fi::NVLINK_RECOVERY_TOTAL, 103),
+            ]
+            .into_iter()
+            .map(|(id, v)| (id, Ok(v)))
+            .collect(),
+            xid_registration: Ok(()),
+        }
+    }
+}
+
+/// Scripted NVML. Cloning shares the script, so a test keeps a handle on
+/// the fake it handed to the agent.
+#[derive(Clone)]
+struct FakeNvml(Arc<Inner>);
+
+struct Inner {
+    state: Mutex<State>,
+    /// Closed: hanging calls block. Guarded flag plus its condition.
+    gate_closed: Mutex<bool>,
+    gate: Condvar,
+}
+
+struct State {
+    gpus: Vec<Answers>,
+    /// Every call made, as (GPU, NVML function).
+    calls: Vec<(u32, &'static str)>,
+    /// The ids asked in each field-values call, per GPU.
+    field_requests: Vec<(u32, Vec<u32>)>,
+    /// XID events `watch_xids` delivers once it has registered the GPUs.
+    xids: Vec<(u32, u64)>,
+    /// The GPUs `watch_xids` was asked to register.
+    watched: Vec<u32>,
+    /// `watch_xids` returned because `stop` was set.
+    watch_ended: bool,
+}
+
+impl FakeNvml {
+    fn new(gpus: Vec<Answers>) -> Self {
+        Self(Arc::new(Inner {
+            state: Mutex::new(State {
+                gpus,
+                calls: Vec::new(),
+                field_requests: Vec::new(),
+                xids: Vec::new(),
+                watched: Vec::new(),
+                watch_ended: false,
+            }),
+            gate_closed: Mutex::new(false),
+            gate: Condvar::new(),
+        }))
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.0.state.lock().expect("fake state")
+    }
+
+    /// Changes GPU `gpu`'s answers.
+    fn set(&self, gpu: u32, change: impl FnOnce(&mut Answers)) {
+        change(&mut self.state().gpus[gpu as usize]);
+    }
+
+    /// GPU `gpu`'s answers now.
+    fn answers(&self, gpu: u32) -> Answers {
+        self.state().gpus[gpu as usize].clone()
+    }
+
+    /// How many times `call` was made for GPU `gpu`.
+    fn calls(&self, gpu: u32, call: &str) -> usize {
+        let state = self.state();
+        state
+            .calls
+            .iter()
+            .filter(|(g, c)| *g == gpu && *c == call)
+            .count()
+    }
+
+    /// The ids of each field-values call for GPU `gpu`, in order.
+    fn field_requests(&self, gpu: u32) -> Vec<Vec<u32>> {
+        let state = self.state();
+        let requests = state.field_requests.iter().filter(|(g, _)| *g == gpu);
+        requests.map(|(_, ids)| ids.clone()).collect()
+    }
+
+    fn set_gate(&self, closed: bool) {
+        *self.0.gate_closed.lock().expect("gate") = closed;
+        self.0.gate.notify_all();
+    }
+
+    /// Blocks while the gate is closed (at most [`SAFETY`]).
+    fn wait_at_gate(&self) {
+        let closed = self.0.gate_closed.lock().expect("gate");
+        let _ = self
+            .0
+            .gate
+            .wait_timeout_while(closed, SAFETY, |closed| *closed);
+    }
+
+    /// Records the call and answers it from GPU `gpu`'s script; an unknown
+    /// GPU is an invalid argument, as in NVML.
+    fn answer<T>(
+        &self,
+        gpu: u32,
+        call: &'static str,
+        pick: impl FnOnce(&Answers) -> NvmlResult<T>,
+    ) -> NvmlResult<T> {
+        let mut state = self.state();
+        state.calls.push((gpu, call));
+        state
+            .gpus
+            .get(gpu as usize)
+            .map_or(Err(InvalidArgument), pick)
+    }
+}
+
+impl NvmlApi for FakeNvml {
+    fn device_count(&self) -> NvmlResult<u32> {
+        Ok(self.state().gpus.len() as u32)
+    }
+    fn name(&self, gpu: u32) -> NvmlResult<String> {
+        self.answer(gpu, "nvmlDeviceGetName", |a| a.name.clone())
+    }
+    fn uuid(&self, gpu: u32) -> NvmlResult<String> {
+        self.answer(gpu, "nvmlDeviceGetUUID", |a| a.uuid.clone())
+    }
+    fn default_limit_mw(&self, gpu: u32) -> NvmlResult<u32> {
+        self.answer(gpu, "nvmlDeviceGetPowerManagementDefaultLimit", |a| {
+            a.default_limit_mw.clone()
+        })
+    }
+    fn limit_constraints_mw(&self, gpu: u32) -> NvmlResult<(u32, u32)> {
+        self.answer(gpu, "nvmlDeviceGetPowerManagementLimitConstraints", |a| {
+            a.constraints_mw.clone()
+        })
+    }
+    fn limit_mw(&self, gpu: u32) -> NvmlResult<u32> {
+        self.answer(gpu, GET_LIMIT, |a| a.limit_mw.clone())
+    }
+    fn enforced_limit_mw(&self, gpu: u32) -> NvmlResult<u32> {
+        self.answer(gpu, GET_ENFORCED_LIMIT, |a| a.enforced_limit_mw.clone())
+    }
+    fn set_limit_mw(&self, gpu: u32, mw: u32) -> NvmlResult<()> {
+        let mut state = self.state();
+        state.calls.push((gpu, SET_LIMIT));
+        let answers = state.gpus.get_mut(gpu as usize).ok_or(InvalidArgument)?;
+        match answers.set_limit_fails.clone() {
+            Some(failure) => Err(failure),
+            None => {
+                answers.limit_mw = Ok(mw);
+                Ok(())
+            }
+        }
+    }
+    fn temperature(&self, gpu: u32) -> NvmlResult<u32> {
+        let (answer, hangs) = self.answer(gpu, GET_TEMPERATURE, |a| {
+            Ok((a.temperature.clone(), a.temperature_hangs))
+        })?;
+        // Hang outside the state lock: the other GPUs must still answer.
+        if hangs {
+            self.wait_at_gate();
+        }
+        answer
+    }
+    fn power_usage_mw(&self, gpu: u32) -> NvmlResult<u32> {
+        self.answer(gpu, GET_POWER_USAGE, |a| a.power_mw.clone())
+    }
+    fn energy_mj(&self, gpu: u32) -> NvmlResult<u64> {
+        self.answer(gpu, "nvmlDeviceGetTotalEnergyConsumption", |a| {
+            a.energy_mj.clone()
+        })
+    }
+    fn clocks_mhz(&self, gpu: u32) -> NvmlResult<(u32, u32)> {
+        self.answer(gpu, "nvmlDeviceGetClockInfo", |a| a.clocks_mhz.clone())
+    }
+    fn utilization(&self, gpu: u32) -> NvmlResult<u32> {
+        self.answer(gpu, "nvmlDeviceGetUtilizationRates", |a| {
+            a.utilization.clone()
+        })
+    }
+    fn throttle_bits(&self, gpu: u32) -> NvmlResult<u64> {
+        self.answer(gpu, "nvmlDeviceGetCurrentClocksEventReasons", |a| {
+            a.throttle_bits.clone()
+        })
+    }
+    fn ecc_enabled(&self, gpu: u32) -> NvmlResult<bool> {
+        self.answer(gpu, GET_ECC_MODE, |a| a.ecc_enabled.clone())
+    }
+    fn ecc_total(&self, gpu: u32, corrected: bool, volatile: bool) -> NvmlResult<u64> {
+        self.answer(gpu, GET_ECC_TOTAL, |a| {
+            let answer = a.ecc_total.get(&(corrected, volatile));
+            answer.cloned().unwrap_or(Err(NotSupported))
+        })
+    }
+    fn fields(&self, gpu: u32, ids: &[u32]) -> NvmlResult<Vec<NvmlResult<u64>>> {
+        self.state().field_requests.push((gpu, ids.to_vec()));
+        self.answer(gpu, GET_FIELD_VALUES, |a| {
+            a.fields_call.clone()?;
+            let answer = |id| a.fields.get(id).cloned().unwrap_or(Err(NotSupported));
+            Ok(ids.iter().map(answer).collect())
+        })
+    }
+    fn watch_xids(
+        &self,
+        gpus: &[u32],
+        registered: &mut dyn FnMut(u32, NvmlResult<()>),
+        deliver: &mut dyn FnMut(u32, u64),
+        stop: &AtomicBool,
+    ) -> NvmlResult<()> {
+        // Answer outside the state lock, as NVML would call back.
+        let (registrations, xids) = {
+            let mut state = self.state();
+            state.watched = gpus.to_vec();
+            let registration = |&gpu: &u32| {
+                let answers = state.gpus.get(gpu as usize);
+                (
+                    gpu,
+                    answers.map_or(Err(InvalidArgument), |a| a.xid_registration.clone()),
+                )
+            };
+            let registrations: Vec<_> = gpus.iter().map(registration).collect();
+            (registrations, state.xids.clone())
+        };
+        for (gpu, answer) in registrations {
+            registered(gpu, answer);
+        }
+        for (gpu, xid) in xids {
+            deliver(gpu, xid);
+        }
+        let give_up = Instant::now() + SAFETY;
+        while !stop.load(Ordering::Relaxed) {
+            if Instant::now() > give_up {
+                return Err(NvmlFailure::Other("stop was never set".into()));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.state().watch_ended = true;
+        Ok(())
+    }
+}
+
+/// One fake GPU (index 0) and the agent's device over it.
+fn one_gpu(answers: Answers) -> (FakeNvml, NvmlGpu<FakeNvml>) {
+    let fake = FakeNvml::new(vec![answers]);
+    let gpu = NvmlGpu::new(Arc::new(fake.clone()), 0);
+    (fake, gpu)
+}
+
+/// Polls `done` every few milliseconds for at most `limit`.
+fn eventually(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while !done() {
+        if start.elapsed() > limit {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    true
+}
+
+// --- 1. A healthy GPU ---------------------------------------------------
+
+#[test]
+fn healthy_gpu_sample_maps_every_field() {
+    let (_fake, mut gpu) = one_gpu(Answers::healthy());
+    let sample = gpu.sample().expect("a healthy GPU samples");
+    let expected = GpuSample {
+        // RETIRED_PENDING 1, REMAPPED_PENDING 0, REMAPPED_FAILURE 1.
+        flags: GpuFlags::ECC_ENABLED | GpuFlags::RETIRED_PENDING | GpuFlags::REMAP_FAILURE,
+        unsupported: Unsupported::empty(),
+        temp: WholeCelsius(61),
+        mem_temp: WholeCelsius(74),
+        // 312 600 mW rounds to the nearest watt.
+        power: Watts(313),
+        energy_mj: 987_654_321,
+        power_limit: Watts(650),
+        sm_clock: MegaHertz(1980),
+        mem_clock: MegaHertz(2619),
+        util: Percent::new(87).unwrap(),
+        throttle: ThrottleReasons::SW_POWER_CAP | ThrottleReasons::HW_THERMAL_SLOWDOWN,
+        ecc: EccCounts {
+            sbe_volatile: 11,
+            dbe_volatile: 2,
+            sbe_aggregate: 1_234,
+            dbe_aggregate: 5,
+        },
+        repair: MemoryRepair {
+            retired_sbe: 3,
+            retired_dbe: 1,
+            remap_correctable: 6,
+            remap_uncorrectable: 4,
+        },
+        pcie_replay: 17,
+        nvlink: NvlinkErrors {
+            crc: 101,
+            replay: 102,
+            recovery: 103,
+        },
+    };
+    assert_eq!(sample, expected);
+}
+
+#[test]
+fn pending_flags_follow_their_own_fields_and_ecc_off_skips_the_counters() {
+    let mut answers = Answers::healthy();
+    answers.ecc_enabled = Ok(false);
+    for (id, v) in [
+        (fi::RETIRED_PENDING, 0),
+        (fi::REMAPPED_PENDING, 1),
+        (fi::REMAPPED_FAILURE, 0),
+    ] {
+        answers.fields.insert(id, Ok(v));
+    }
+    let (fake, mut gpu) = one_gpu(answers);
+    let sample = gpu.sample().expect("sample");
+    assert_eq!(sample.flags, GpuFlags::REMAP_PENDING);
+    assert_eq!(sample.ecc, EccCounts::default());
+    assert_eq!(
+        sample.unsupported,
+        Unsupported::empty(),
+        "ECC off is not ECC unsupported"
+    );
+    assert_eq!(
+        fake.calls(0, GET_ECC_TOTAL),
+        0,
+        "no ECC counters asked with ECC off"
+    );
+}
+
+#[test]
+fn describe_maps_identity_and_limits_per_gpu() {
+    let mut second = Answers::healthy();
+    second.uuid = Ok("GPU-second".into());
+    second.default_limit_mw = Ok(600_400);
+    second.constraints_mw = Ok((150_000, 699_500));
+    let fake = FakeNvml::new(vec![Answers::healthy(), second]);
+    let mut devices = NvmlSource::new(fake).devices().expect("devices");
+    assert_eq!(devices.len(), 2);
+    assert_eq!(
+        devices[0].describe(),
+        Ok(GpuInfo {
+            name: "NVIDIA H200".into(),
+            uuid: "GPU-0c1d2e3f-0000-4000-8000-000000000000".into(),
+            default_limit: Watts(700),
+            min_limit: Watts(200),
+            max_limit: Watts(725),
+        })
+    );
+    // The second device is GPU 1; milliwatts round to the nearest watt.
+    assert_eq!(
+        devices[1].describe(),
+        Ok(GpuInfo {
+            name: "NVIDIA H200".into(),
+            uuid: "GPU-second".into(),
+            default_limit: Watts(600),
+            min_limit: Watts(150),
+            max_limit: Watts(700),
+        })
+    );
+}
+
+// --- 2. Not supported: recorded once, not an error every sample ----------
+
+#[test]
+fn unsupported_fields_are_recorded_once_and_not_asked_again() {
+    let mut answers = Answers::healthy();
+    answers.power_mw = Err(NotSupported);
+    answers.fields.insert(fi::MEMORY_TEMP, Err(NotSupported));
+    for id in fi::NVLINK {
+        answers.fields.insert(id, Err(NotSupported));
+    }
+    let (fake, mut gpu) = one_gpu(answers);
+
+    for round in 0..3 {
+        let s = gpu
+            .sample()
+            .unwrap_or_else(|e| panic!("sample {round}: {e}"));
+        assert_eq!(
+            s.unsupported,
+            Unsupported::POWER | Unsupported::MEM_TEMP | Unsupported::NVLINK,
+            "sample {round}"
+        );
+        assert_eq!(s.power, Watts(0), "sample {round}");
+        assert_eq!(s.mem_temp, WholeCelsius(0), "sample {round}");
+        assert_eq!(s.nvlink, NvlinkErrors::default(), "sample {round}");
+        // Everything else is still read.
+        assert_eq!(s.temp, WholeCelsius(61), "sample {round}");
+        assert_eq!(s.pcie_replay, 17, "sample {round}");
+        assert_eq!(s.repair.remap_correctable, 6, "sample {round}");
+        assert!(
+            s.flags.contains(GpuFlags::RETIRED_PENDING),
+            "sample {round}"
+        );
+    }
+
+    assert_eq!(fake.calls(0, GET_TEMPERATURE), 3);
+    assert_eq!(
+        fake.calls(0, GET_POWER_USAGE),
+        1,
+        "power usage asked once only"
+    );
+    let requests = fake.field_requests(0);
+    assert_eq!(requests.len(), 3);
+    let dropped = [fi::MEMORY_TEMP, fi::NVLINK[0], fi::NVLINK[1], fi::NVLINK[2]];
+    assert!(
+        dropped.iter().all(|id| requests[0].contains(id)),
+        "{:?}",
+        requests[0]
+    );
+    for later in &requests[1..] {
+        assert!(
+            !later.iter().any(|id| dropped.contains(id)),
+            "asked again: {later:?}"
+        );
+        assert!(later.contains(&fi::PCIE_REPLAY_COUNTER), "{later:?}");
+        assert!(later.contains(&fi::REMAPPED_COR), "{later:?}");
+    }
+}
+
+#[test]
+fn unsupported_field_values_call_marks_every_field_group_once() {
+    let mut answers = Answers::healthy();
+    answers.fields_call = Err(NotSupported);
+    let (fake, mut gpu) = one_gpu(answers);
+    for round in 0..3 {
+        let s = gpu
+            .sample()
+            .unwrap_or_else(|e| panic!("sample {round}: {e}"));
+        assert_eq!(
+            s.unsupported,
+            Unsupported::MEM_TEMP
+                | Unsupported::RETIRED
+                | Unsupported::REMAP
+                | Unsupported::PCIE
+                | Unsupported::NVLINK,
+            "sample {round}"
+        );
+        assert_eq!(s.flags, GpuFlags::ECC_ENABLED, "sample {round}");
+        assert_eq!(s.mem_temp, WholeCelsius(0));
+        assert_eq!(s.repair, MemoryRepair::default());
+        assert_eq!(s.pcie_replay, 0);
+        assert_eq!(s.nvlink, NvlinkErrors::default());
+        assert_eq!(s.power, Watts(313), "the other calls still answer");
+    }
+    assert_eq!(
+        fake.field_requests(0).len(),
+        1,
+        "field values asked once only"
+    );
+}
+
+#[test]
+fn unsupported_ecc_mode_reports_ecc_unsupported_and_off() {
+    let mut answers = Answers::healthy();
+    answers.ecc_enabled = Err(NotSupported);
+    let (fake, mut gpu) = one_gpu(answers);
+    for _ in 0..2 {
+        let s = gpu.sample().expect("sample");
+        assert_eq!(s.unsupported, Unsupported::ECC);
+        assert!(!s.flags.contains(GpuFlags::ECC_ENABLED));
+        assert_eq!(s.ecc, EccCounts::default());
+    }
+    assert_eq!(fake.calls(0, GET_ECC_MODE), 1);
+    assert_eq!(fake.calls(0, GET_ECC_TOTAL), 0);
+}
+
+// --- 3. Other failures are errors ----------------------------------------
+
+/// The error of one sample of a healthy GPU changed by `change`.
+fn sample_error(change: impl FnOnce(&mut Answers)) -> GpuError {
+    let mut answers = Answers::healthy();
+    change(&mut answers);
+    let (_fake, mut gpu) = one_gpu(answers);
+    gpu.sample().expect_err("the sample must fail")
+}
+
+fn failed(what: &'static str, detail: &str) -> GpuError {
+    GpuError::Failed {
+        what,
+        detail: detail.into(),
+    }
+}
+
+#[test]
+fn failures_other_than_not_supported_fail_the_sample() {
+    let x = || NvmlFailure::Other("x".into());
+    assert_eq!(
+        sample_error(|a| a.temperature = Err(GpuLost)),
+        GpuError::Lost
+    );
+    assert_eq!(sample_error(|a| a.power_mw = Err(GpuLost)), GpuError::Lost);
+    assert_eq!(
+        sample_error(|a| a.fields_call = Err(GpuLost)),
+        GpuError::Lost
+    );
+    assert_eq!(
+        sample_error(|a| {
+            a.fields.insert(fi::REMAPPED_UNC, Err(GpuLost));
+        }),
+        GpuError::Lost
+    );
+    assert_eq!(
+        sample_error(|a| a.utilization = Err(NoPermission)),
+        GpuError::NoPermission
+    );
+    assert_eq!(
+        sample_error(|a| a.clocks_mhz = Err(x())),
+        failed("nvmlDeviceGetClockInfo", "x")
+    );
+    assert_eq!(
+        sample_error(|a| {
+            a.ecc_total.insert((false, false), Err(x()));
+        }),
+        failed(GET_ECC_TOTAL, "x")
+    );
+    assert_eq!(
+        sample_error(|a| {
+            a.fields.insert(fi::PCIE_REPLAY_COUNTER, Err(x()));
+        }),
+        failed(GET_FIELD_VALUES, "x")
+    );
+    // An NVML timeout is a failed call, not the worker's deadline.
+    assert!(matches!(
+        sample_error(|a| a.throttle_bits = Err(NvmlFailure::Timeout)),
+        GpuError::Failed {
+            what: "nvmlDeviceGetCurrentClocksEventReasons",
+            ..
+        }
+    ));
+}
+
+#[test]
+fn a_failure_is_not_recorded_as_unsupported() {
+    let mut answers = Answers::healthy();
+    answers.power_mw = Err(GpuLost);
+    let (fake, mut gpu) = one_gpu(answers);
+    assert_eq!(gpu.sample(), Err(GpuError::Lost));
+    fake.set(0, |a| a.power_mw = Ok(400_000));
+    let s = gpu.sample().expect("the GPU is back");
+    assert_eq!(s.power, Watts(400));
+    assert_eq!(s.unsupported, Unsupported::empty());
+}
+
+#[test]
+fn describe_and_limit_failures_map_to_gpu_errors() {
+    let (fake, mut gpu) = one_gpu(Answers::healthy());
+    fake.set(0, |a| a.name = Err(NvmlFailure::Other("x".into())));
+    assert_eq!(gpu.describe(), Err(failed("nvmlDeviceGetName", "x")));
+    fake.set(0, |a| {
+        a.name = Ok("NVIDIA H200".into());
+        a.constraints_mw = Err(GpuLost);
+    });
+    assert_eq!(gpu.describe(), Err(GpuError::Lost));
+
+    fake.set(0, |a| a.set_limit_fails = Some(NoPermission));
+    assert_eq!(gpu.set_power_limit(Watts(450)), Err(GpuError::NoPermission));
+    fake.set(0, |a| a.set_limit_fails = Some(InvalidArgument));
+    assert_eq!(
+        gpu.set_power_limit(Watts(5_000)),
+        Err(GpuError::InvalidArgument)
+    );
+    fake.set(0, |a| {
+        a.set_limit_fails = Some(NvmlFailure::Other("x".into()))
+    });
+    assert_eq!(gpu.set_power_limit(Watts(450)), Err(failed(SET_LIMIT, "x")));
+
+    fake.set(0, |a| a.limit_mw = Err(GpuLost));
+    assert_eq!(gpu.power_limit(), Err(GpuError::Lost));
+}
+
+// --- 4. Set and read back ---------------------------------------------------
+
+#[tokio::test]
+async fn set_limit_reaches_nvml_in_milliwatts_and_reads_back_in_watts() {
+    let (fake, mut gpu) = one_gpu(Answers::healthy());
+    gpu.set_power_limit(Watts(450)).expect("set");
+    assert_eq!(fake.answers(0).limit_mw, Ok(450_000));
+    // Read back is the management limit (the enforced one is 650 W here).
+    assert_eq!(gpu.power_limit(), Ok(Watts(450)));
+    assert_eq!(fake.calls(0, GET_LIMIT), 1);
+    // A limit the driver holds in non-whole watts rounds to the nearest.
+    fake.set(0, |a| a.limit_mw = Ok(449_600));
+    assert_eq!(gpu.power_limit(), Ok(Watts(450)));
+
+    // The same through the GPU's worker thread.
+    let deadline = Duration::from_secs(2);
+    let worker = Worker::spawn(0, Box::new(gpu)).expect("worker thread");
+    worker.set_limit(Watts(300), deadline).await.expect("set");
+    assert_eq!(fake.answers(0).limit_mw, Ok(300_000));
+    assert_eq!(worker.read_limit(deadline).await, Ok(Watts(300)));
+}
+
+// --- 5. A hanging call ------------------------------------------------------
+
+/// Opens the fake's gate when dropped, so a hung worker thread ends even
+/// when an assertion fails first.
+struct OpenOnDrop(FakeNvml);
+
+impl Drop for OpenOnDrop {
+    fn drop(&mut self) {
+        self.0.set_gate(false);
+    }
+}
+
+/// One sample through `worker`, and how long it took.
+async fn timed_sample(
+    worker: &Worker,
+    deadline: Duration,
+) -> (Result<GpuSample, GpuError>, Duration) {
+    let start = Instant::now();
+    let result = worker.sample(deadline).await;
+    (result, start.elapsed())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_gpu_times_out_alone_and_answers_once_released() {
+    const DEADLINE: Duration = Duration::from_millis(100);
+    /// Far under the hang (which lasts until released, at most SAFETY).
+    const BOUND: Duration = Duration::from_secs(2);
+
+    let mut hanging = Answers::healthy();
+    hanging.temperature = Ok(70);
+    hanging.temperature_hangs = true;
+    let fake = FakeNvml::new(vec![Answers::healthy(), hanging, Answers::healthy()]);
+    fake.set_gate(true);
+    let release = OpenOnDrop(fake.clone());
+    let api = Arc::new(fake.clone());
+    let workers: Vec<Worker> = (0..3u8)
+        .map(|i| {
+            let device = NvmlGpu::new(api.clone(), u32::from(i));
+            Worker::spawn(i, Box::new(device)).expect("worker thread")
+        })
+        .collect();
+    assert_eq!(workers[1].index(), 1);
+
+    // Round 1: GPU 1 hangs in NVML and misses its deadline; 0 and 2 answer.
+    let ((r0, _), (r1, t1), (r2, _)) = tokio::join!(
+        timed_sample(&workers[0], DEADLINE),
+        timed_sample(&workers[1], DEADLINE),
+        timed_sample(&workers[2], DEADLINE),
+    );
+    assert_eq!(r0.expect("GPU 0 answers").temp, WholeCelsius(61));
+    assert_eq!(r2.expect("GPU 2 answers").temp, WholeCelsius(61));
+    assert_eq!(r1, Err(GpuError::Timeout));
+    assert!(
+        t1 >= DEADLINE,
+        "GPU 1 timed out after {t1:?}, before its deadline"
+    );
+    assert!(t1 < BOUND, "GPU 1 took {t1:?} to time out");
+
+    // Round 2, straight after, still stuck: GPU 1 fails at once, without a
+    // second NVML call queued behind the first; 0 and 2 still answer.
+    assert!(workers[1].is_stuck(DEADLINE));
+    assert!(!workers[0].is_stuck(DEADLINE));
+    let ((r0, _), (r1, t1), (r2, _)) = tokio::join!(
+        timed_sample(&workers[0], DEADLINE),
+        timed_sample(&workers[1], DEADLINE),
+        timed_sample(&workers[2], DEADLINE),
+    );
+    assert!(r0.is_ok() && r2.is_ok(), "{r0:?} {r2:?}");
+    assert_eq!(r1, Err(GpuError::Timeout));
+    assert!(t1 < DEADLINE, "a stuck GPU must fail at once, took {t1:?}");
+    assert_eq!(fake.calls(1, GET_TEMPERATURE), 1);
+    assert_eq!(fake.calls(0, GET_TEMPERATURE), 2);
+
+    // Released: the stuck call returns and GPU 1 answers again.
+    drop(release);
+    assert!(eventually(BOUND, || !workers[1].is_stuck(DEADLINE)));
+    let s = workers[1]
+        .sample(DEADLINE)
+        .await
+        .expect("GPU 1 answers again");
+    assert_eq!(s.temp, WholeCelsius(70));
+    assert_eq!(fake.calls(1, GET_TEMPERATURE), 2);
+}
+
+// --- Partly supported groups -------------------------------------------
+
+#[test]
+fn an_unsupported_enforced_limit_hides_neither_power_nor_the_limit() {
+    let mut answers = Answers::healthy();
+    answers.enforced_limit_mw = Err(NotSupported);
+    let (fake, mut gpu) = one_gpu(answers);
+    for round in 0..3 {
+        let s = gpu.sample().expect("samples");
+        assert_eq!(s.power, Watts(313), "sample {round}: power still read");
+        assert_eq!(
+            s.power_limit,
+            Watts(700),
+            "sample {round}: the limit set stands in"
+        );
+        assert!(
+            !s.unsupported.contains(Unsupported::POWER),
+            "sample {round}"
+        );
+    }
+    assert_eq!(fake.calls(0, GET_ENFORCED_LIMIT), 1, "asked once only");
+    assert_eq!(fake.calls(0, GET_POWER_USAGE), 3);
+}
+
+#[test]
+fn one_unsupported_ecc_counter_keeps_the_ecc_mode() {
+    let mut answers = Answers::healthy();
+    answers.ecc_total.insert((true, false), Err(NotSupported));
+    let (fake, mut gpu) = one_gpu(answers);
+    for round in 0..3 {
+        let s = gpu.sample().expect("samples");
+        assert!(
+            s.flags.contains(GpuFlags::ECC_ENABLED),
+            "sample {round}: ECC is on"
+        );
+        assert!(s.unsupported.contains(Unsupported::ECC), "sample {round}");
+        assert_eq!(
+            s.ecc,
+            EccCounts::default(),
+            "sample {round}: no count beside an unsupported bit"
+        );
+    }
+    assert_eq!(fake.calls(0, GET_ECC_MODE), 3, "the mode is still read");
+}
+
+#[test]
+fn a_partly_unsupported_group_reports_nothing_of_it() {
+    let mut answers = Answers::healthy();
+    answers
+        .fields
+        .insert(fi::REMAPPED_PENDING, Err(NotSupported));
+    let (_fake, mut gpu) = one_gpu(answers);
+    for round in 0..2 {
+        let s = gpu.sample().expect("samples");
+        assert!(s.unsupported.contains(Unsupported::REMAP), "sample {round}");
+        assert_eq!(s.repair.remap_correctable, 0, "sample {round}");
+        assert_eq!(s.repair.remap_uncorrectable, 0, "sample {round}");
+        assert!(!s.flags.contains(GpuFlags::REMAP_FAILURE), "sample {round}");
+        // The other groups of the same call are untouched.
+        assert_eq!(s.repair.retired_sbe, 3, "sample {round}");
+        assert_eq!(s.pcie_replay, 17, "sample {round}");
+    }
+}
+
+// --- 6. XID events ----------------------------------------------------------
+
+#[test]
+fn xid_events_reach_the_agent_and_refused_gpus_are_reported() {
+    let mut refusing = Answers::healthy();
+    refusing.xid_registration = Err(NotSupported);
+    let fake = FakeNvml::new(vec![Answers::healthy(), refusing, Answers::healthy()]);
+    fake.state().xids = vec![(0, 79), (2, 48), (0, 94)];
+
+    let mut source = NvmlSource::new(fake.clone());
+    let (sink, events) = mpsc::channel();
+    let refused = source.watch_xids(sink).expect("the XID watch starts");
+    assert_eq!(refused, vec![(1, GpuError::NotSupported)]);
+    assert_eq!(fake.state().watched, vec![0, 1, 2]);
+
+    let timeout = Duration::from_secs(2);
+    let received: Vec<XidReport> = (0..3)
+        .map(|_| events.recv_timeout(timeout).expect("an XID report"))
+        .collect();
+    assert_eq!(
+        received,
+        vec![
+            XidReport { gpu: 0, xid: 79 },
+            XidReport { gpu: 2, xid: 48 },
+            XidReport { gpu: 0, xid: 94 },
+        ]
+    );
+    assert!(
+        !fake.state().watch_ended,
+        "the watch runs until the source goes"
+    );
+
+    // Dropping the source stops the watch; its thread ends and drops the sink.
+    drop(source);
+    assert!(eventually(timeout, || fake.state().watch_ended));
+    assert_eq!(
+        events.recv_timeout(timeout),
+        Err(mpsc::RecvTimeoutError::Disconnected)
+    );
+}
+
+// --- 7. Throttle bits -------------------------------------------------------
+
+#[test]
+fn throttle_bits_map_to_reasons_and_unknown_bits_are_ignored() {
+    // nvmlClocksEventReason* bits, from nvml.h.
+    let table = [
+        (0x1, ThrottleReasons::IDLE),
+        (0x2, ThrottleReasons::APPLICATIONS_CLOCKS),
+        (0x4, ThrottleReasons::SW_POWER_CAP),
+        (0x8, ThrottleReasons::HW_SLOWDOWN),
+        (0x10, ThrottleReasons::SYNC_BOOST),
+        (0x20, ThrottleReasons::SW_THERMAL_SLOWDOWN),
+        (0x40, ThrottleReasons::HW_THERMAL_SLOWDOWN),
+        (0x80, ThrottleReasons::HW_POWER_BRAKE),
+    ];
+    for (bit, reason) in table {
+        assert_eq!(throttle_from_nvml(bit), reason, "bit {bit:#x}");
+    }
+    let all = table
+        .iter()
+        .fold(ThrottleReasons::empty(), |acc, (_, r)| acc | *r);
+    assert_eq!(throttle_from_nvml(0xff), all);
+    assert_eq!(throttle_from_nvml(0), ThrottleReasons::empty());
+    assert_eq!(
+        throttle_from_nvml(0x4 | 0x40),
+        ThrottleReasons::SW_POWER_CAP | ThrottleReasons::HW_THERMAL_SLOWDOWN
+    );
+    // 0x100 (display clock setting) and bits NVML may add later are dropped.
+    let unknown = 0x100 | 0x200 | 1 << 40 | 1 << 63;
+    assert_eq!(throttle_from_nvml(unknown), ThrottleReasons::empty());
+    assert_eq!(
+        throttle_from_nvml(unknown | 0x4),
+        ThrottleReasons::SW_POWER_CAP
+    );
+}
