@@ -137,6 +137,9 @@ pub(crate) struct Agent {
     pub started: TimestampMs,
     pub flash_path: Option<String>,
     pub last_json: Option<Instant>,
+    /// Connections seen; a new one gets the retained health again (a
+    /// broker restarted without persistence has lost it).
+    pub connects: u64,
 }
 
 /// Runs the agent until `shutdown` completes, then restores the default
@@ -340,12 +343,12 @@ pub async fn run(
         started,
         flash_path,
         last_json: None,
+        connects: 0,
     };
 
     // Start from what the GPUs have now, then put the targets in force.
     agent.read_applied().await;
     agent.reconcile(now_ms()).await;
-    agent.publish_health(now_ms());
 
     let mut tick = tokio::time::interval(agent.config.period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -556,6 +559,11 @@ impl Agent {
             }
         }
         self.reconcile(now).await;
+        let connects = self.bus.metrics().connects;
+        if connects != self.connects {
+            self.connects = connects;
+            self.publish_health(now);
+        }
         self.publish_telemetry(now);
         self.keep_seq_reserved().await;
 
