@@ -564,7 +564,7 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
 
     let console = pick!(flags.console, file.console, "console")
         .0
-        .unwrap_or_else(|| default_console(host.as_str()));
+        .unwrap_or_else(default_console);
 
     Ok(Config {
         site,
@@ -665,9 +665,11 @@ fn local_host_name() -> Option<String> {
         .filter(|h| !h.is_empty())
 }
 
-/// `/run/loopwarden/node-agent.sock` where it can be made, else a socket
-/// under `$XDG_RUNTIME_DIR` or `/tmp` named after the host.
-fn default_console(host: &str) -> PathBuf {
+/// `/run/loopwarden/node-agent.sock` where it can be made (root), else
+/// `loopwarden-node-agent.sock` under `$XDG_RUNTIME_DIR` or `/tmp`. The
+/// same for `run` and `ctl`, so `ctl` finds the agent without flags; a
+/// second agent on the same machine needs `--console`.
+fn default_console() -> PathBuf {
     let run = Path::new("/run/loopwarden");
     if std::fs::create_dir_all(run).is_ok() && !is_read_only(run) {
         return run.join("node-agent.sock");
@@ -675,7 +677,7 @@ fn default_console(host: &str) -> PathBuf {
     let dir = std::env::var_os("XDG_RUNTIME_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(std::env::temp_dir);
-    dir.join(format!("loopwarden-node-agent-{host}.sock"))
+    dir.join("loopwarden-node-agent.sock")
 }
 
 fn is_read_only(dir: &Path) -> bool {
