@@ -459,27 +459,28 @@ fn after_a_crash_only_valid_leases_are_applied_again() {
     );
 }
 
-#[test]
-fn a_hung_gpu_does_not_stall_the_others() {
-    // In process: the twin's fault injection needs its handle.
-    let Some(broker) = Mosquitto::start() else {
-        return;
-    };
-    let port = broker.port();
-    let dir = tempfile::tempdir().expect("temp dir");
-    let host = "h3";
-    let mut sub = Subscriber::start(port, &[&format!("dc/v1/{SITE}/host/{host}/telemetry")])
-        .expect("mosquitto_sub");
+/// An agent in this process over `gpus` twin GPUs, so a test can inject
+/// faults; stopped by the returned sender.
+fn in_process(
+    port: u16,
+    host: &str,
+    gpus: usize,
+    dir: &Path,
+) -> (
+    node_agent::twin::TwinControl,
+    tokio::sync::oneshot::Sender<()>,
+    std::thread::JoinHandle<Result<(), node_agent::shell::AgentError>>,
+) {
     let board = loopwarden_boards::GpuBoard::builtin("H200-SXM").expect("board");
-    let twin = node_agent::twin::TwinSource::new(&board, 4, 3);
+    let twin = node_agent::twin::TwinSource::new(&board, gpus, 3);
     let control = twin.control();
     let flags = node_agent::config::Overrides {
         site: Some(SITE.into()),
         host: Some(host.into()),
         broker: Some(format!("127.0.0.1:{port}")),
-        twin_gpus: Some(4),
+        twin_gpus: Some(gpus as u8),
         period_ms: Some(200),
-        console: Some(dir.path().join("c.sock")),
+        console: Some(dir.join(format!("{host}.sock"))),
         ..Default::default()
     };
     let config = node_agent::config::load(None, &flags).expect("config");
@@ -492,6 +493,71 @@ fn a_hung_gpu_does_not_stall_the_others() {
             let _ = stop_rx.await;
         }))
     });
+    (control, stop_tx, agent)
+}
+
+#[test]
+fn a_driver_xid_is_published_as_an_event_frame_and_in_json() {
+    let Some(broker) = Mosquitto::start() else {
+        return;
+    };
+    let port = broker.port();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let host = "h4";
+    let mut sub = Subscriber::start(
+        port,
+        &[
+            &format!("dc/v1/{SITE}/host/{host}/event"),
+            &format!("dc/v1/{SITE}/json/host/{host}/event"),
+        ],
+    )
+    .expect("mosquitto_sub");
+    let (control, stop, agent) = in_process(port, host, 2, dir.path());
+    // Wait until the agent is on the bus: its console answers and it has
+    // sampled, then inject.
+    std::thread::sleep(Duration::from_millis(1_000));
+    control
+        .inject(node_agent::twin::TwinFault::Xid { gpu: 1, xid: 79 })
+        .expect("inject");
+    assert!(
+        control
+            .inject(node_agent::twin::TwinFault::Xid { gpu: 5, xid: 79 })
+            .is_err(),
+        "the twin has no GPU 5"
+    );
+    let seen = sub.collect_until(Duration::from_secs(10), |s| s.len() >= 2);
+    let frame = seen
+        .iter()
+        .filter(|s| !s.topic.contains("/json/"))
+        .find_map(frame)
+        .expect("an event frame");
+    assert!(
+        matches!(frame.message, Message::Event(Event::Xid { gpu, xid: 79 }) if gpu.get() == 1),
+        "{frame:?}"
+    );
+    let json = seen
+        .iter()
+        .find(|s| s.topic.contains("/json/"))
+        .expect("its JSON mirror");
+    let v: serde_json::Value = serde_json::from_slice(&json.payload).expect("JSON");
+    assert_eq!(v["body"]["xid"]["xid"], 79);
+    assert_eq!(v["body"]["xid"]["gpu"], 1);
+    let _ = stop.send(());
+    agent.join().expect("joined").expect("agent ran");
+}
+
+#[test]
+fn a_hung_gpu_does_not_stall_the_others() {
+    // In process: the twin's fault injection needs its handle.
+    let Some(broker) = Mosquitto::start() else {
+        return;
+    };
+    let port = broker.port();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let host = "h3";
+    let mut sub = Subscriber::start(port, &[&format!("dc/v1/{SITE}/host/{host}/telemetry")])
+        .expect("mosquitto_sub");
+    let (control, stop_tx, agent) = in_process(port, host, 4, dir.path());
     // Let it run, then hang GPU 2.
     let _ = sub.collect_until(Duration::from_secs(10), |s| s.len() >= 3);
     control
