@@ -271,6 +271,31 @@ impl Sources<'_> {
     }
 }
 
+/// The console socket for `node-agent ctl`: the file's `console` if it
+/// names one (nothing else in it is checked, so a user who may not read
+/// the keys can still ask), else the default.
+pub fn console_path(path: Option<&Path>) -> Result<PathBuf, ConfigError> {
+    #[derive(Deserialize)]
+    struct Only {
+        console: Option<PathBuf>,
+    }
+    let Some(p) = path else {
+        return Ok(default_console());
+    };
+    let origin = p.display().to_string();
+    let text = std::fs::read_to_string(p).map_err(|e| ConfigError {
+        origin: origin.clone(),
+        line: None,
+        message: format!("cannot read: {e}"),
+    })?;
+    let only: Only = toml::from_str(&text).map_err(|e| ConfigError {
+        origin,
+        line: None,
+        message: e.message().to_string(),
+    })?;
+    Ok(only.console.unwrap_or_else(default_console))
+}
+
 /// Reads `path` (if any), applies `flags` and checks the result.
 pub fn load(path: Option<&Path>, flags: &Overrides) -> Result<Config, ConfigError> {
     let text = match path {

@@ -159,6 +159,10 @@ impl Agent {
                 "dropped": m.dropped(),
                 "connects": m.connects,
                 "outbox_refused": m.outbox_refused,
+                "dropped_outbox": m.dropped_outbox,
+                "delivery_mismatch": m.delivery_mismatch,
+                "waiting_for_outbox": self.unsent.len(),
+                "dropped_waiting": self.unsent_dropped,
             },
             "leases": self.core.leases().len(),
             "flash": self.flash_path.clone().unwrap_or_else(|| "memory (not kept)".into()),
@@ -360,11 +364,13 @@ pub fn ctl(path: &Path, req: &Request, json_out: bool) -> i32 {
         eprintln!("error: {err}");
         return 1;
     }
-    if json_out {
-        println!("{value}");
+    let text = if json_out {
+        format!("{value}\n")
     } else {
-        print!("{}", render(req, &value));
-    }
+        render(req, &value)
+    };
+    // A closed pipe (`| head`) is not an error worth a panic.
+    let _ = std::io::stdout().write_all(text.as_bytes());
     0
 }
 

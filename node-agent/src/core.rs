@@ -87,7 +87,7 @@ impl CommandCore {
                 return Verdict::refuse(
                     AckCode::Replayed,
                     format!(
-                        "seq {} is not above {last}, the last accepted from {}",
+                        "seq {} is not above {last}, the last seen from {}",
                         frame.seq,
                         frame.sender.id.as_str()
                     ),

@@ -51,7 +51,10 @@ impl ThermalGuard {
     ) -> Option<Watts> {
         let step = settings.step.0.max(1);
         if temp >= settings.engage {
-            let from = self.cap.unwrap_or(power).min(power.max(range.min));
+            // A GPU that reports no power (0 W, not supported) steps down
+            // from its maximum, not from nothing.
+            let drawn = if power.0 == 0 { range.max } else { power };
+            let from = self.cap.unwrap_or(drawn).min(drawn.max(range.min));
             self.cap = Some(Watts(from.0.saturating_sub(step).max(range.min.0)));
         } else if temp <= settings.release {
             if let Some(c) = self.cap {
@@ -106,6 +109,15 @@ mod tests {
             g.update(&S, R, WholeCelsius(70), Watts(600)),
             None,
             "lifted at the maximum"
+        );
+    }
+
+    #[test]
+    fn a_gpu_without_a_power_reading_steps_down_from_its_maximum() {
+        let mut g = ThermalGuard::default();
+        assert_eq!(
+            g.update(&S, R, WholeCelsius(90), Watts(0)),
+            Some(Watts(675))
         );
     }
 

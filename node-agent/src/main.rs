@@ -88,8 +88,8 @@ fn main() -> ExitCode {
         } => {
             let path = match socket {
                 Some(p) => p,
-                None => match config::load(config.as_deref(), &Overrides::default()) {
-                    Ok(c) => c.console,
+                None => match config::console_path(config.as_deref()) {
+                    Ok(p) => p,
                     Err(e) => {
                         eprintln!("{e}");
                         return ExitCode::from(2);

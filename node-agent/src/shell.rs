@@ -51,6 +51,13 @@ const SEQ_BLOCK: u32 = 10_000;
 const JITTER_WINDOW: usize = 600;
 /// XIDs kept per GPU for `why`.
 const RECENT_XIDS: usize = 8;
+/// Frames kept in memory while the outbox is full.
+const UNSENT_MAX: usize = 256;
+/// How long a limit that could not be set waits before the next try, ms.
+const RETRY_MS: u64 = 30_000;
+/// Every this many samples the limits are read back again, so a limit
+/// changed behind the agent's back (`nvidia-smi -pl`) is put right.
+const REREAD_EVERY: u64 = 60;
 
 /// Why the agent could not start or run.
 #[derive(Debug, thiserror::Error)]
@@ -94,6 +101,8 @@ pub(crate) struct GpuState {
     pub source: Option<CapSource>,
     /// Whether we changed its limit (restored at exit).
     pub changed: bool,
+    /// A target that could not be set, and when to try it again (ms).
+    pub retry: Option<(Watts, u64)>,
     pub guard: ThermalGuard,
     pub xids: VecDeque<(TimestampMs, u16)>,
     pub health_since: TimestampMs,
@@ -140,6 +149,10 @@ pub(crate) struct Agent {
     /// Connections seen; a new one gets the retained health again (a
     /// broker restarted without persistence has lost it).
     pub connects: u64,
+    /// Frames waiting for room in the outbox.
+    pub unsent: VecDeque<(Message, TimestampMs, bool)>,
+    /// Frames dropped from `unsent` when it was full.
+    pub unsent_dropped: u64,
 }
 
 /// Runs the agent until `shutdown` completes, then restores the default
@@ -198,6 +211,7 @@ pub async fn run(
             applied: None,
             source: None,
             changed: false,
+            retry: None,
             guard: ThermalGuard::default(),
             xids: VecDeque::new(),
             health_since: started,
@@ -268,6 +282,13 @@ pub async fn run(
     let outbox = Outbox::open(flash.clone(), layout.outbox)
         .await
         .map_err(flash_err("outbox"))?;
+    if log.skipped() > 0 || outbox.skipped() > 0 {
+        tracing::warn!(
+            "flash: {} event-log and {} outbox items were unreadable and skipped (a power cut mid-write, or damage)",
+            log.skipped(),
+            outbox.skipped()
+        );
+    }
 
     // Leases that were in force before a restart, if still valid.
     let ranges: Vec<GpuRange> = gpus.iter().map(|g| g.range).collect();
@@ -319,6 +340,10 @@ pub async fn run(
         tracing::warn!(
             "commands are checked against the public demonstration key (twin GPUs, no keys file)"
         );
+    } else if config.keys.is_empty() {
+        tracing::warn!(
+            "no keys file: every command (cap lease, quarantine release) will be refused as unauthenticated"
+        );
     }
 
     // The console.
@@ -344,11 +369,13 @@ pub async fn run(
         flash_path,
         last_json: None,
         connects: 0,
+        unsent: VecDeque::new(),
+        unsent_dropped: 0,
     };
 
     // Start from what the GPUs have now, then put the targets in force.
     agent.read_applied().await;
-    agent.reconcile(now_ms()).await;
+    agent.reconcile(now_ms(), false).await;
 
     let mut tick = tokio::time::interval(agent.config.period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -370,7 +397,7 @@ pub async fn run(
                 let _ = reply.send(answer);
             }
             _ = sleep_opt(expiry) => {
-                agent.reconcile(now_ms()).await;
+                agent.reconcile(now_ms(), false).await;
             }
             _ = &mut shutdown => break,
         }
@@ -400,18 +427,58 @@ impl Agent {
     }
 
     /// Publishes a message and its JSON mirror; logs what the bus refused.
-    fn publish(&self, message: Message, time: TimestampMs, mirror: bool) {
+    /// A frame the outbox had no room for is kept here and published again
+    /// (in order) once there is room; the oldest go first when this is full
+    /// too. The decision itself is in the event log already.
+    fn publish(&mut self, message: Message, time: TimestampMs, mirror: bool) {
+        if !self.unsent.is_empty() && message.kind() != MessageKind::HostTelemetry {
+            self.hold(message, time, mirror);
+            return;
+        }
+        if let Some(m) = self.try_publish(message, time, mirror) {
+            self.hold(m, time, mirror);
+        }
+    }
+
+    /// Publishes; gives the message back when the outbox is full.
+    fn try_publish(&self, message: Message, time: TimestampMs, mirror: bool) -> Option<Message> {
         let kind = message.kind();
-        match self.bus.publish(message, time) {
+        match self.bus.publish(message.clone(), time) {
             Ok(frame) => {
                 if mirror {
                     if let Err(e) = self.bus.publish_json(&frame) {
                         tracing::debug!("JSON mirror of {kind:?} not sent: {e}");
                     }
                 }
+                None
             }
-            Err(loopwarden_bus::PublishError::Offline) => {}
-            Err(e) => tracing::warn!("{kind:?} not published: {e}"),
+            Err(loopwarden_bus::PublishError::OutboxFull(_)) => Some(message),
+            Err(loopwarden_bus::PublishError::Offline) => None,
+            Err(e) => {
+                tracing::warn!("{kind:?} not published: {e}");
+                None
+            }
+        }
+    }
+
+    fn hold(&mut self, message: Message, time: TimestampMs, mirror: bool) {
+        if self.unsent.is_empty() {
+            tracing::warn!("the outbox is full: frames wait in memory until the broker takes some");
+        }
+        if self.unsent.len() == UNSENT_MAX {
+            self.unsent.pop_front();
+            self.unsent_dropped += 1;
+        }
+        self.unsent.push_back((message, time, mirror));
+    }
+
+    /// Publishes what waits for room in the outbox, oldest first.
+    fn publish_unsent(&mut self) {
+        while let Some((message, time, mirror)) = self.unsent.pop_front() {
+            if let Some(m) = self.try_publish(message, time, mirror) {
+                self.unsent.push_front((m, time, mirror));
+                return;
+            }
         }
     }
 
@@ -450,18 +517,21 @@ impl Agent {
         }
     }
 
-    /// Puts the targets in force; returns the GPUs that failed and why.
-    async fn reconcile(&mut self, now: TimestampMs) -> Vec<(usize, String)> {
+    /// Puts the targets in force; returns the GPUs that failed and why. A
+    /// target that failed is tried again after [`RETRY_MS`] (at once when
+    /// `force`, for a command that waits for its ack). A `cap_applied`
+    /// event goes out when the limit read back, or who set it, changes.
+    async fn reconcile(&mut self, now: TimestampMs, force: bool) -> Vec<(usize, String)> {
         let targets = self.core.targets(now);
         let deadline = self.config.deadline;
         let mut failures = Vec::new();
         for t in targets {
             let i = t.gpu.get() as usize;
             let g = &mut self.gpus[i];
-            let source_changed = g.source != t.source;
-            g.source = t.source;
             if g.applied == Some(t.limit) {
-                if source_changed {
+                g.retry = None;
+                if g.source != t.source {
+                    g.source = t.source;
                     let ev = Event::CapApplied {
                         gpu: t.gpu,
                         limit: t.limit,
@@ -471,40 +541,59 @@ impl Agent {
                 }
                 continue;
             }
+            if !force
+                && g.retry
+                    .is_some_and(|(target, at)| target == t.limit && now.0 < at)
+            {
+                continue;
+            }
             let w = &self.workers[i];
             let set = w.set_limit(t.limit, deadline).await;
             let back = w.read_limit(deadline).await;
             let g = &mut self.gpus[i];
-            match (&set, back) {
-                (Ok(()), Ok(b)) if b == t.limit => {
+            let before = (g.applied, g.source);
+            let why = match (&set, &back) {
+                (Ok(()), Ok(b)) if *b == t.limit => None,
+                (Err(e), Ok(b)) => Some(format!(
+                    "GPU {i}: setting {} W: {e}; {} W stays in force",
+                    t.limit.0, b.0
+                )),
+                (Ok(()), Ok(b)) => Some(format!(
+                    "GPU {i}: set {} W but reads back {} W",
+                    t.limit.0, b.0
+                )),
+                (_, Err(e)) => Some(format!(
+                    "GPU {i}: limit not confirmed, read-back failed: {e}"
+                )),
+            };
+            match back {
+                Ok(b) => {
                     g.applied = Some(b);
                     g.changed = b != g.info.default_limit;
+                    g.source = if b == t.limit { t.source } else { None };
                 }
-                (_, Ok(b)) => {
-                    g.applied = Some(b);
-                    g.changed |= b != g.info.default_limit;
-                    let why = match set {
-                        Err(e) => format!("GPU {i}: setting {} W: {e}", t.limit.0),
-                        Ok(()) => format!("GPU {i}: set {} W but reads back {} W", t.limit.0, b.0),
+                Err(_) => g.applied = None,
+            }
+            if let Some(why) = why {
+                // Said once per target, not every sample.
+                if g.retry.is_none_or(|(target, _)| target != t.limit) {
+                    tracing::error!("{why}");
+                }
+                g.retry = Some((t.limit, now.0 + RETRY_MS));
+                failures.push((i, why));
+            } else {
+                g.retry = None;
+            }
+            if let Some(limit) = g.applied {
+                if (g.applied, g.source) != before {
+                    let ev = Event::CapApplied {
+                        gpu: t.gpu,
+                        limit,
+                        source: g.source,
                     };
-                    tracing::error!("{why}");
-                    failures.push((i, why));
-                }
-                (_, Err(e)) => {
-                    let why = format!("GPU {i}: limit not confirmed, read-back failed: {e}");
-                    tracing::error!("{why}");
-                    g.applied = None;
-                    failures.push((i, why));
-                    continue;
+                    self.emit(ev, now).await;
                 }
             }
-            let limit = self.gpus[i].applied.unwrap_or(t.limit);
-            let ev = Event::CapApplied {
-                gpu: t.gpu,
-                limit,
-                source: t.source,
-            };
-            self.emit(ev, now).await;
         }
         failures
     }
@@ -558,12 +647,16 @@ impl Agent {
                 }
             }
         }
-        self.reconcile(now).await;
+        if self.timing.samples % REREAD_EVERY == REREAD_EVERY - 1 {
+            self.read_applied().await;
+        }
+        self.reconcile(now, false).await;
         let connects = self.bus.metrics().connects;
         if connects != self.connects {
             self.connects = connects;
             self.publish_health(now);
         }
+        self.publish_unsent();
         self.publish_telemetry(now);
         self.keep_seq_reserved().await;
 
@@ -624,7 +717,7 @@ impl Agent {
         }
     }
 
-    fn publish_health(&self, now: TimestampMs) {
+    fn publish_health(&mut self, now: TimestampMs) {
         let mut health = HostHealth {
             gpus: heapless::Vec::new(),
         };
@@ -665,19 +758,22 @@ impl Agent {
         if verdict.changed_caps {
             // Logged before it is acknowledged: a crash now still knows it.
             let mut buf = [0u8; MAX_FRAME_LEN];
-            match frame.encode(&mut buf) {
-                Ok(n) => {
-                    if let Err(e) = self
-                        .log
-                        .append(frame.time, MessageKind::CapLease as u8, &buf[..n])
-                        .await
-                    {
-                        tracing::error!("lease not logged to flash: {e:?}");
-                    }
-                }
-                Err(e) => tracing::error!("lease not encodable: {e:?}"),
+            let logged = match frame.encode(&mut buf) {
+                Ok(n) => self
+                    .log
+                    .append(frame.time, MessageKind::CapLease as u8, &buf[..n])
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| format!("{e:?}")),
+                Err(e) => Err(format!("{e:?}")),
+            };
+            if let Err(e) = logged {
+                // The cap still applies (the sender needs it now); the ack
+                // says it will not survive a restart.
+                tracing::error!("lease not logged to flash: {e}");
+                detail = format!("not logged to flash ({e}): lost if the agent restarts");
             }
-            let failures = self.reconcile(now).await;
+            let failures = self.reconcile(now, true).await;
             if !failures.is_empty() {
                 code = AckCode::Failed;
                 detail = failures

@@ -108,6 +108,8 @@ struct TwinGpu {
     work: f64,
     limit: f64,
     demand: f64,
+    /// The demand of the last step, noise included.
+    u: f64,
     slowdown: bool,
     shut_down: bool,
     energy_j: f64,
@@ -142,6 +144,7 @@ impl TwinHost {
             work: 0.0,
             limit: params.tdp,
             demand,
+            u: demand,
             slowdown: false,
             shut_down: false,
             energy_j: 0.0,
@@ -202,6 +205,7 @@ impl TwinHost {
                 continue;
             }
             let u = (g.demand + jitter).clamp(0.0, 1.0);
+            g.u = u;
             if g.t_j >= p.t_slow {
                 g.slowdown = true;
             } else if g.t_j < p.t_maxop {
@@ -268,10 +272,10 @@ impl TwinHost {
         let idle = g.demand < 0.05;
         throttle = throttle.with(ThrottleReasons::IDLE, idle);
         throttle = throttle.with(ThrottleReasons::HW_THERMAL_SLOWDOWN, g.slowdown);
-        let capped = g.work + 1e-6 < (g.demand).clamp(0.0, 1.0) && !g.slowdown;
+        let capped = g.work + 1e-6 < g.u && !g.slowdown;
         throttle = throttle.with(ThrottleReasons::SW_POWER_CAP, capped);
-        let ratio = if g.demand > 0.0 {
-            (g.work / g.demand).clamp(0.0, 1.0)
+        let ratio = if g.u > 0.0 {
+            (g.work / g.u).clamp(0.0, 1.0)
         } else {
             1.0
         };

@@ -600,3 +600,105 @@ fn a_hung_gpu_does_not_stall_the_others() {
     let _ = stop_tx.send(());
     agent.join().expect("joined").expect("agent ran");
 }
+
+/// GPUs that answer everything but refuse every limit (an agent not run
+/// as root), over the twin.
+struct Refusing(node_agent::twin::TwinSource);
+
+struct RefusingGpu(Box<dyn node_agent::gpu::GpuDevice>);
+
+impl node_agent::gpu::GpuDevice for RefusingGpu {
+    fn describe(&mut self) -> Result<node_agent::gpu::GpuInfo, node_agent::gpu::GpuError> {
+        self.0.describe()
+    }
+    fn sample(&mut self) -> Result<node_agent::gpu::GpuSample, node_agent::gpu::GpuError> {
+        self.0.sample()
+    }
+    fn set_power_limit(&mut self, _: Watts) -> Result<(), node_agent::gpu::GpuError> {
+        Err(node_agent::gpu::GpuError::NoPermission)
+    }
+    fn power_limit(&mut self) -> Result<Watts, node_agent::gpu::GpuError> {
+        self.0.power_limit()
+    }
+}
+
+impl node_agent::gpu::GpuSource for Refusing {
+    fn devices(
+        &mut self,
+    ) -> Result<Vec<Box<dyn node_agent::gpu::GpuDevice>>, node_agent::gpu::GpuError> {
+        Ok(self
+            .0
+            .devices()?
+            .into_iter()
+            .map(|d| Box::new(RefusingGpu(d)) as Box<dyn node_agent::gpu::GpuDevice>)
+            .collect())
+    }
+    fn watch_xids(
+        &mut self,
+        sink: std::sync::mpsc::Sender<node_agent::gpu::XidReport>,
+    ) -> Result<Vec<(u8, node_agent::gpu::GpuError)>, node_agent::gpu::GpuError> {
+        self.0.watch_xids(sink)
+    }
+}
+
+#[test]
+fn a_limit_the_gpu_refuses_is_acknowledged_as_failed_and_said_once() {
+    let Some(broker) = Mosquitto::start() else {
+        return;
+    };
+    let port = broker.port();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let host = "h5";
+    let mut sub = Subscriber::start(
+        port,
+        &[
+            &format!("dc/v1/{SITE}/host/{host}/ack"),
+            &format!("dc/v1/{SITE}/host/{host}/event"),
+        ],
+    )
+    .expect("mosquitto_sub");
+    let board = loopwarden_boards::GpuBoard::builtin("H200-SXM").expect("board");
+    let source = Refusing(node_agent::twin::TwinSource::new(&board, 2, 3));
+    let flags = node_agent::config::Overrides {
+        site: Some(SITE.into()),
+        host: Some(host.into()),
+        broker: Some(format!("127.0.0.1:{port}")),
+        twin_gpus: Some(2),
+        period_ms: Some(100),
+        console: Some(dir.path().join("c.sock")),
+        ..Default::default()
+    };
+    let config = node_agent::config::load(None, &flags).expect("config");
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let agent = std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        rt.block_on(node_agent::shell::run(config, Box::new(source), async {
+            let _ = stop_rx.await;
+        }))
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let ack = ack_of_sent(
+        &mut sub,
+        port,
+        host,
+        &lease(1, 1, &[(GpuSelector::All, 400)], 60_000),
+    );
+    assert_eq!(ack.code, AckCode::Failed);
+    assert!(
+        ack.detail.as_str().contains("permission"),
+        "{}",
+        ack.detail.as_str()
+    );
+    assert_eq!(limits(&ack), vec![700, 700], "the limits read back stand");
+    // 2 s of samples at 100 ms: the refused limit is not retried every
+    // sample, and no event claims a cap that is not in force.
+    let seen = sub.collect_until(Duration::from_secs(2), |_| false);
+    let caps = seen
+        .iter()
+        .filter_map(frame)
+        .filter(|f| matches!(f.message, Message::Event(Event::CapApplied { .. })))
+        .count();
+    assert_eq!(caps, 0, "cap_applied events for a cap never applied");
+    let _ = stop_tx.send(());
+    agent.join().expect("joined").expect("agent ran");
+}

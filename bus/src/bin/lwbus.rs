@@ -215,11 +215,13 @@ async fn publish_samples(broker: BrokerAddr, site: Ident) -> Result<()> {
             if frame.sender.role != node.role && kind.family() != Family::Cmd {
                 continue;
             }
-            let frame = loopwarden_protocol::Frame {
+            let mut frame = loopwarden_protocol::Frame {
                 time: now_ms(),
                 ..frame
             };
             if kind.family() == Family::Cmd {
+                // The time is signed too: sign again after changing it.
+                frame.sign(1, samples::DEMO_KEY)?;
                 if node.role != Role::Host {
                     continue;
                 }
@@ -283,6 +285,21 @@ async fn dump_flash(path: &std::path::Path, json: bool) -> Result<()> {
                         w.lost, w.first_seq, w.last_seq
                     ),
                     None => "wrapped marker (unreadable)".to_string(),
+                }
+            } else if MessageKind::from_code(r.kind).is_some_and(|k| k.family() == Family::Cmd) {
+                // An accepted command is kept whole: sender, seq and time
+                // are what a restart needs.
+                match loopwarden_protocol::Frame::decode(r.body) {
+                    Ok(f) if json => f.to_json(),
+                    Ok(f) => format!(
+                        "{:<18} from {}/{} seq {}: {}",
+                        f.message.kind().name(),
+                        f.sender.role.as_str(),
+                        f.sender.id.as_str(),
+                        f.seq,
+                        summary(&f.message)
+                    ),
+                    Err(e) => format!("kind {} command frame unreadable: {e}", r.kind),
                 }
             } else {
                 match MessageKind::from_code(r.kind).map(|k| Message::decode_body(k, r.body)) {
