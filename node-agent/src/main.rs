@@ -38,6 +38,12 @@ enum Command {
         #[command(flatten)]
         flags: Overrides,
     },
+    /// Run the health engine over a `gpu-trace/1` trace and print one JSON
+    /// line per GPU state change.
+    Replay {
+        /// The trace (JSON Lines).
+        trace: PathBuf,
+    },
     /// Ask the running agent.
     Ctl {
         /// The agent's console socket; default: as `run` would choose it,
@@ -80,6 +86,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Run { config, flags } => run(config, flags),
+        Command::Replay { trace } => replay(&trace),
         Command::Ctl {
             console: socket,
             config,
@@ -115,6 +122,37 @@ fn main() -> ExitCode {
                 Ctl::Why { gpu } => Request::Why { gpu },
             };
             ExitCode::from(console::ctl(&path, &req, json) as u8)
+        }
+    }
+}
+
+fn replay(trace: &std::path::Path) -> ExitCode {
+    let file = match std::fs::File::open(trace) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("node-agent replay: {}: {e}", trace.display());
+            return ExitCode::from(2);
+        }
+    };
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let mut notes = std::io::stderr();
+    let result = node_agent::replay::replay(
+        std::io::BufReader::new(file),
+        node_agent::health::Policy::default(),
+        &mut out,
+        &mut notes,
+    );
+    let flushed = std::io::Write::flush(&mut out);
+    match (result, flushed) {
+        (Ok(_), Ok(())) => ExitCode::SUCCESS,
+        (Err(e), _) => {
+            eprintln!("node-agent replay: {}: {e}", trace.display());
+            ExitCode::from(2)
+        }
+        (_, Err(e)) => {
+            eprintln!("node-agent replay: writing: {e}");
+            ExitCode::from(2)
         }
     }
 }

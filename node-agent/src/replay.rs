@@ -1,0 +1,277 @@
+//! `node-agent replay`: the health engine over a recorded trace.
+//!
+//! Reads a `gpu-trace/1` file (a header line, then samples, XIDs and
+//! cooling records in time order; the format is described in
+//! `docs/health.md`), runs the same [`HealthEngine`] the live agent runs in
+//! simulated time, and writes one JSON line per state change:
+//!
+//! ```json
+//! {"t_ms":7340,"gpu":3,"state":"quarantined","reason":"xid-79","evidence":"XID 79 (...) at t=7340 ms"}
+//! ```
+//!
+//! The same input gives the same output, byte for byte. A line that cannot
+//! be read stops the replay with its line number and the reason.
+//!
+//! Glossary:
+//! - *trace*: what an agent would observe on one host, in order.
+//! - *record*: one line after the header: a sample, an XID or a coolant
+//!   report.
+
+use std::io::{BufRead, Write};
+
+use loopwarden_protocol::{HealthState, ThrottleReasons, TimestampMs};
+use serde::Deserialize;
+
+use crate::health::{
+    Change, Coolant, HealthEngine, Limits, LoopState, Observation, Output, Policy,
+};
+
+/// The header line.
+#[derive(Debug, Deserialize)]
+pub struct Header {
+    /// `gpu-trace/1`.
+    pub format: String,
+    /// Host name.
+    #[serde(default)]
+    pub host: String,
+    /// GPUs on the host.
+    pub gpus: usize,
+    /// Sampling period, ms.
+    #[serde(default)]
+    pub period_ms: Option<u64>,
+    /// The GPU model's limits.
+    pub limits: TraceLimits,
+}
+
+/// `limits` of the header.
+#[derive(Debug, Deserialize)]
+pub struct TraceLimits {
+    /// Max operating temperature, °C.
+    pub max_operating_c: f64,
+}
+
+/// One sample as the trace gives it; a field left out keeps its value.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TraceSample {
+    temp_c: Option<f64>,
+    mem_temp_c: Option<f64>,
+    power_w: Option<f64>,
+    power_limit_w: Option<f64>,
+    sm_clock_mhz: Option<f64>,
+    mem_clock_mhz: Option<f64>,
+    util_pct: Option<f64>,
+    ecc_sbe_volatile: Option<u64>,
+    ecc_dbe_volatile: Option<u64>,
+    retired_sbe: Option<u64>,
+    retired_dbe: Option<u64>,
+    retired_pending: Option<bool>,
+    remap_correctable: Option<u64>,
+    remap_uncorrectable: Option<u64>,
+    remap_pending: Option<bool>,
+    remap_failure: Option<bool>,
+    pcie_replay: Option<u64>,
+    nvlink_crc: Option<u64>,
+    nvlink_replay: Option<u64>,
+    nvlink_recovery: Option<u64>,
+    throttle: Option<ThrottleReasons>,
+    responsive: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+struct TraceCoolant {
+    supply_c: Option<f64>,
+    flow_lpm_per_gpu: Option<f64>,
+    state: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct Record {
+    t_ms: u64,
+    gpu: Option<usize>,
+    sample: Option<TraceSample>,
+    xid: Option<u16>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    detail: Option<String>,
+    coolant: Option<TraceCoolant>,
+}
+
+/// Why a trace could not be replayed.
+#[derive(Debug, thiserror::Error)]
+#[error("line {line}: {message}")]
+pub struct ReplayError {
+    /// 1-based line number.
+    pub line: usize,
+    /// What is wrong.
+    pub message: String,
+}
+
+fn merge(o: &mut Observation, s: &TraceSample) {
+    macro_rules! set {
+        ($($field:ident <- $src:ident),+) => {
+            $( if let Some(v) = s.$src { o.$field = v; } )+
+        };
+    }
+    set!(temp <- temp_c, power <- power_w, power_limit <- power_limit_w,
+        sm_clock <- sm_clock_mhz, util <- util_pct, sbe_volatile <- ecc_sbe_volatile,
+        dbe_volatile <- ecc_dbe_volatile, retired_sbe <- retired_sbe, retired_dbe <- retired_dbe,
+        retired_pending <- retired_pending, remap_pending <- remap_pending,
+        remap_failure <- remap_failure, pcie_replay <- pcie_replay, nvlink_crc <- nvlink_crc,
+        nvlink_replay <- nvlink_replay, nvlink_recovery <- nvlink_recovery, throttle <- throttle);
+    let _ = (
+        s.mem_temp_c,
+        s.mem_clock_mhz,
+        s.remap_correctable,
+        s.remap_uncorrectable,
+    );
+}
+
+/// One verdict line, fields in the documented order.
+pub fn verdict_line(c: &Change) -> String {
+    let state = match c.to {
+        HealthState::Healthy => "healthy",
+        HealthState::Degraded => "degraded",
+        HealthState::Quarantined => "quarantined",
+    };
+    let reason = serde_json::to_string(&c.reason).expect("a reason serialises");
+    let evidence = serde_json::to_string(&c.evidence).expect("a string serialises");
+    format!(
+        "{{\"t_ms\":{},\"gpu\":{},\"state\":\"{state}\",\"reason\":{reason},\"evidence\":{evidence}}}",
+        c.time.0, c.gpu
+    )
+}
+
+/// Replays `input`, writing verdicts to `out` and notes (cooling
+/// attributions) to `notes`. Returns the number of records read.
+pub fn replay(
+    input: impl BufRead,
+    policy: Policy,
+    out: &mut impl Write,
+    notes: &mut impl Write,
+) -> Result<usize, ReplayError> {
+    let mut lines = input.lines().enumerate();
+    let io = |line: usize, e: std::io::Error| ReplayError {
+        line,
+        message: format!("cannot read: {e}"),
+    };
+    let (_, first) = lines.next().ok_or(ReplayError {
+        line: 1,
+        message: "empty trace: expected a gpu-trace/1 header".into(),
+    })?;
+    let first = first.map_err(|e| io(1, e))?;
+    let header: Header = serde_json::from_str(&first).map_err(|e| ReplayError {
+        line: 1,
+        message: format!("bad header: {e}"),
+    })?;
+    if header.format != "gpu-trace/1" {
+        return Err(ReplayError {
+            line: 1,
+            message: format!("format {:?}, expected \"gpu-trace/1\"", header.format),
+        });
+    }
+    if header.gpus == 0 || header.gpus > loopwarden_protocol::MAX_GPUS {
+        return Err(ReplayError {
+            line: 1,
+            message: format!("gpus = {}: 1 to 16", header.gpus),
+        });
+    }
+    let _ = (&header.host, header.period_ms);
+    let limits = Limits {
+        max_operating_c: header.limits.max_operating_c,
+    };
+    let mut engine = HealthEngine::new(header.gpus, limits, policy, TimestampMs(0));
+    let mut state = vec![Observation::default(); header.gpus];
+    let mut last_t = 0;
+    let mut count = 0;
+    let write_err = |e: std::io::Error| ReplayError {
+        line: 0,
+        message: format!("cannot write: {e}"),
+    };
+    for (i, line) in lines {
+        let n = i + 1;
+        let line = line.map_err(|e| io(n, e))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let r: Record = serde_json::from_str(&line).map_err(|e| ReplayError {
+            line: n,
+            message: format!("bad record: {e}"),
+        })?;
+        if r.t_ms < last_t {
+            return Err(ReplayError {
+                line: n,
+                message: format!("t_ms {} goes back before {last_t}", r.t_ms),
+            });
+        }
+        last_t = r.t_ms;
+        let now = TimestampMs(r.t_ms);
+        let gpu = |r: &Record| -> Result<u8, ReplayError> {
+            match r.gpu {
+                Some(g) if g < header.gpus => Ok(g as u8),
+                Some(g) => Err(ReplayError {
+                    line: n,
+                    message: format!("gpu {g}: the host has {} GPUs", header.gpus),
+                }),
+                None => Err(ReplayError {
+                    line: n,
+                    message: "a sample or XID without gpu".into(),
+                }),
+            }
+        };
+        let outputs = match (&r.sample, r.xid, &r.coolant) {
+            (Some(s), None, None) => {
+                let g = gpu(&r)?;
+                if s.responsive == Some(false) {
+                    engine.missed(now, g)
+                } else {
+                    merge(&mut state[g as usize], s);
+                    engine.sample(now, g, &state[g as usize])
+                }
+            }
+            (None, Some(x), None) => engine.xid(now, gpu(&r)?, x),
+            (None, None, Some(c)) => {
+                let state = match c.state.as_str() {
+                    "normal" => LoopState::Normal,
+                    "degraded" => LoopState::Degraded,
+                    "failsafe" => LoopState::Failsafe,
+                    other => {
+                        return Err(ReplayError {
+                            line: n,
+                            message: format!(
+                                "coolant state {other:?}: normal, degraded or failsafe"
+                            ),
+                        })
+                    }
+                };
+                engine.coolant(
+                    now,
+                    Coolant {
+                        supply_c: c.supply_c,
+                        flow_lpm_per_gpu: c.flow_lpm_per_gpu,
+                        state,
+                    },
+                )
+            }
+            _ => {
+                return Err(ReplayError {
+                    line: n,
+                    message: "a record holds exactly one of sample, xid, coolant".into(),
+                })
+            }
+        };
+        count += 1;
+        for o in outputs {
+            match o {
+                Output::Change(c) => writeln!(out, "{}", verdict_line(&c)).map_err(write_err)?,
+                Output::CoolingAttributed { time, gpus, .. } => writeln!(
+                    notes,
+                    "t={} ms: the cooling explains the heat of GPUs {gpus:#06x}; no GPU is marked for it",
+                    time.0
+                )
+                .map_err(write_err)?,
+            }
+        }
+    }
+    Ok(count)
+}
