@@ -52,10 +52,25 @@ pub struct FileConfig {
     pub console: Option<PathBuf>,
     /// Site keys for commands.
     pub keys_file: Option<PathBuf>,
+    /// The CDU whose loop cools this host (its state is the health
+    /// engine's cooling context).
+    pub cdu: Option<String>,
+    /// This host's rack on that CDU (0 to 15).
+    pub rack: Option<u8>,
     /// Thermal guard.
     pub guard: Option<GuardFile>,
+    /// Health engine.
+    pub health: Option<HealthFile>,
     /// Quarantine actions.
     pub quarantine: Option<QuarantineFile>,
+}
+
+/// `[health]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthFile {
+    /// Hours without new evidence before `degraded` falls back to healthy.
+    pub quiet_period_h: Option<u32>,
 }
 
 /// `[guard]`.
@@ -125,6 +140,15 @@ pub struct Overrides {
     /// Site keys file (`<key id> <hex secret>` per line).
     #[arg(long)]
     pub keys_file: Option<PathBuf>,
+    /// The CDU whose loop cools this host (ident).
+    #[arg(long)]
+    pub cdu: Option<String>,
+    /// This host's rack on that CDU (0 to 15).
+    #[arg(long)]
+    pub rack: Option<u8>,
+    /// Hours without new evidence before a degraded GPU is healthy again.
+    #[arg(long)]
+    pub health_quiet_period_h: Option<u32>,
     /// Thermal guard: engage at this temperature, °C.
     #[arg(long)]
     pub guard_engage_c: Option<u8>,
@@ -183,6 +207,12 @@ pub struct Config {
     pub keys: BTreeMap<u8, Vec<u8>>,
     /// Whether the keys are the public demonstration key (twin only).
     pub demo_key: bool,
+    /// The CDU whose loop cools this host.
+    pub cdu: Option<Ident>,
+    /// This host's rack on that CDU.
+    pub rack: Option<u8>,
+    /// Quiet time before `degraded` falls back to healthy.
+    pub quiet_period: Duration,
     /// Thermal guard.
     pub guard: GuardSettings,
     /// Quarantine actions (argument vectors with placeholders).
@@ -542,6 +572,33 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         " W",
     )?;
 
+    let cdu = match pick!(flags.cdu, file.cdu, "cdu") {
+        (Some(c), flag) => Some(Ident::new(&c).map_err(|e| {
+            src.error(flag, None, "cdu", format!("cdu = {c:?} is not a name: {e}"))
+        })?),
+        (None, _) => None,
+    };
+    let rack_pick = pick!(flags.rack, file.rack, "rack");
+    let rack = match rack_pick.0 {
+        Some(_) => Some(range(&src, rack_pick, None, "rack", 0, 0, 15, "")?),
+        None => None,
+    };
+    let h = file.health.unwrap_or_default();
+    let quiet_h = range(
+        &src,
+        pick!(
+            flags.health_quiet_period_h,
+            h.quiet_period_h,
+            "health-quiet-period-h"
+        ),
+        Some("health"),
+        "quiet_period_h",
+        6,
+        1,
+        24 * 90,
+        " h",
+    )?;
+
     let q = file.quarantine.unwrap_or_default();
     let (actions, actions_flag) = if flags.quarantine_actions.is_empty() {
         (q.actions.unwrap_or_default(), None)
@@ -606,6 +663,9 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         console,
         keys,
         demo_key,
+        cdu,
+        rack,
+        quiet_period: Duration::from_secs(u64::from(quiet_h) * 3600),
         guard: GuardSettings {
             engage: WholeCelsius(engage),
             release: WholeCelsius(release),

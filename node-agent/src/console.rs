@@ -182,7 +182,8 @@ impl Agent {
                     "uuid": g.info.uuid,
                     "responsive": g.responsive,
                     "missed": g.missed,
-                    "health": "healthy",
+                    "health": self.health.status(i as u8).map(|h| h.state),
+                    "reason": self.health.status(i as u8).map(|h| h.reason),
                     "temp": s.temp.0,
                     "mem_temp": s.mem_temp.0,
                     "power": s.power.0,
@@ -275,6 +276,7 @@ impl Agent {
             return json!({ "error": format!("no GPU {gpu}: this host has {}", self.gpus.len()) });
         };
         let s = g.last.unwrap_or_default();
+        let h = self.health.status(gpu).expect("one status per GPU").clone();
         let mut notes = Vec::new();
         if !g.responsive {
             notes.push(format!(
@@ -315,10 +317,10 @@ impl Agent {
         json!({
             "gpu": gpu,
             "uuid": g.info.uuid,
-            "health": "healthy",
-            "reason": "ok",
-            "since_s": ms_ago(now, g.health_since),
-            "evidence": "",
+            "health": h.state,
+            "reason": h.reason,
+            "since_s": ms_ago(now, h.since),
+            "evidence": h.evidence,
             "responsive": g.responsive,
             "limit": g.applied.map(|w| w.0),
             "cap_source": g.source,

@@ -32,6 +32,9 @@ pub struct Verdict {
     pub detail: String,
     /// Whether limits may have changed (the shell applies and reads back).
     pub changed_caps: bool,
+    /// An authentic release of this GPU, for the health engine to carry
+    /// out (the shell answers `not_quarantined` when it is not).
+    pub release: Option<u8>,
 }
 
 impl Verdict {
@@ -40,6 +43,7 @@ impl Verdict {
             code,
             detail,
             changed_caps: false,
+            release: None,
         }
     }
 }
@@ -100,12 +104,18 @@ impl CommandCore {
             Message::QuarantineRelease(r) => {
                 if (r.gpu.get() as usize) >= self.arbiter.ranges().len() {
                     Verdict::refuse(AckCode::UnknownGpu, self.no_such_gpu(r.gpu.get()))
-                } else {
-                    // Until the health engine holds quarantines, none exists.
+                } else if r.note.as_str().trim().is_empty() {
                     Verdict::refuse(
-                        AckCode::NotQuarantined,
-                        format!("GPU {} is not quarantined", r.gpu.get()),
+                        AckCode::Malformed,
+                        "a release needs a note saying why the GPU is fit again".into(),
                     )
+                } else {
+                    Verdict {
+                        code: AckCode::Ok,
+                        detail: String::new(),
+                        changed_caps: false,
+                        release: Some(r.gpu.get()),
+                    }
                 }
             }
             _ => unreachable!("only commands get here"),
@@ -181,6 +191,7 @@ impl CommandCore {
             changed_caps: matches!(outcome.code, AckCode::Ok | AckCode::Clamped),
             code: outcome.code,
             detail,
+            release: None,
         }
     }
 
@@ -363,9 +374,21 @@ mod tests {
             }),
         };
         rel.sign(1, KEY).unwrap();
+        let v = c.command(TimestampMs(0), &rel);
+        assert_eq!(
+            (v.code, v.release),
+            (AckCode::Ok, Some(3)),
+            "handed to the health engine"
+        );
+        if let Message::QuarantineRelease(r) = &mut rel.message {
+            r.note = Text::new(" ").unwrap();
+        }
+        rel.seq = 2;
+        rel.sign(1, KEY).unwrap();
         assert_eq!(
             c.command(TimestampMs(0), &rel).code,
-            AckCode::NotQuarantined
+            AckCode::Malformed,
+            "no reason given"
         );
     }
 

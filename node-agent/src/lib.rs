@@ -29,6 +29,7 @@
 
 #![warn(missing_docs)]
 
+pub mod actions;
 pub mod caps;
 pub mod config;
 pub mod console;

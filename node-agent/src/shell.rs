@@ -30,18 +30,23 @@ use loopwarden_boards::FlashBoard;
 use loopwarden_bus::{now_ms, Bus, BusConfig, Inbound};
 use loopwarden_flash::{ConfigStore, EventLog, FileFlash, Outbox, SharedFlash, SimFlash};
 use loopwarden_protocol::{
-    Ack, AckCode, CapSource, Correlation, Event, Frame, GpuCap, GpuFlags, GpuHealth, GpuIndex,
-    GpuSelector, GpuTelemetry, HealthState, HostHealth, HostTelemetry, Message, MessageKind,
-    NodeId, ReasonCode, Role, Text, TimestampMs, Watts, MAX_FRAME_LEN,
+    Ack, AckCode, CapSource, CduMode, Correlation, Event, Family, Frame, GpuCap, GpuFlags,
+    GpuHealth, GpuIndex, GpuSelector, GpuTelemetry, HealthState, HostHealth, HostTelemetry,
+    Message, MessageKind, NodeId, RackCooling, Role, Text, TimestampMs, Topic, Watts,
+    MAX_FRAME_LEN,
 };
 use tokio::sync::{mpsc, oneshot};
 
+use crate::actions;
 use crate::caps::GpuRange;
 use crate::config::{Config, GpuSourceKind};
 use crate::console::{self, Request};
 use crate::core::CommandCore;
 use crate::gpu::{GpuError, GpuInfo, GpuSample, GpuSource, XidReport};
 use crate::guard::ThermalGuard;
+use crate::health::{
+    Coolant, GpuStatus, HealthEngine, Limits, LoopState, Observation, Output, Policy,
+};
 use crate::store::HostFlash;
 use crate::worker::Worker;
 
@@ -105,7 +110,6 @@ pub(crate) struct GpuState {
     pub retry: Option<(Watts, u64)>,
     pub guard: ThermalGuard,
     pub xids: VecDeque<(TimestampMs, u16)>,
-    pub health_since: TimestampMs,
 }
 
 /// Timing of the sampling loop, for the console and the benchmarks.
@@ -153,6 +157,12 @@ pub(crate) struct Agent {
     pub unsent: VecDeque<(Message, TimestampMs, bool)>,
     /// Frames dropped from `unsent` when it was full.
     pub unsent_dropped: u64,
+    /// The health engine.
+    pub health: HealthEngine,
+    /// Where finished quarantine actions report.
+    pub actions: mpsc::UnboundedSender<(u8, actions::Outcome)>,
+    /// The CDU state topic this host's cooling context comes from.
+    pub coolant_topic: Option<Topic>,
 }
 
 /// Runs the agent until `shutdown` completes, then restores the default
@@ -214,7 +224,6 @@ pub async fn run(
             retry: None,
             guard: ThermalGuard::default(),
             xids: VecDeque::new(),
-            health_since: started,
         });
     }
 
@@ -295,7 +304,7 @@ pub async fn run(
     let mut core = CommandCore::new(ranges, config.keys.clone());
     let mut logged_leases = Vec::new();
     log.for_each(|r| {
-        if r.kind == MessageKind::CapLease as u8 {
+        if r.kind == MessageKind::CapLease as u8 || r.kind == MessageKind::QuarantineRelease as u8 {
             if let Ok(f) = Frame::decode(r.body) {
                 logged_leases.push(f);
             }
@@ -308,11 +317,53 @@ pub async fn run(
         .iter()
         .filter(|f| core.restore(now, f))
         .count();
+    let logged_leases: Vec<_> = logged_leases
+        .into_iter()
+        .filter(|f| matches!(f.message, Message::CapLease(_)))
+        .collect();
     if !logged_leases.is_empty() {
         tracing::info!(
             "{} leases in the log; {restored} still valid and applied again",
             logged_leases.len()
         );
+    }
+
+    // Health: every GPU healthy unless the flash kept a state.
+    let policy = Policy {
+        unresponsive_after: config.unresponsive_after,
+        quiet_ms: config.quiet_period.as_millis() as u64,
+        ..Policy::default()
+    };
+    let limits = Limits {
+        max_operating_c: f64::from(config.board.thermal.max_operating_c.0),
+    };
+    let mut health = HealthEngine::new(gpus.len(), limits, policy, started);
+    for i in 0..gpus.len() {
+        let mut buf = [0u8; 128];
+        match store.get(&health_key(i), &mut buf).await {
+            Ok(Some(n)) => match postcard::from_bytes::<GpuHealth>(&buf[..n]) {
+                Ok(h) if h.state != HealthState::Healthy => {
+                    tracing::warn!(
+                        "GPU {i}: {:?} since before the restart ({})",
+                        h.state,
+                        h.evidence.as_str()
+                    );
+                    health.restore(
+                        i as u8,
+                        GpuStatus {
+                            state: h.state,
+                            reason: h.reason,
+                            since: h.since,
+                            evidence: h.evidence.as_str().to_string(),
+                        },
+                    );
+                }
+                Ok(_) => {}
+                Err(e) => tracing::error!("GPU {i}: kept health state unreadable ({e}); healthy"),
+            },
+            Ok(None) => {}
+            Err(e) => tracing::error!("GPU {i}: kept health state unreadable ({e:?}); healthy"),
+        }
     }
 
     // The bus.
@@ -323,6 +374,13 @@ pub async fn run(
     let mut bus_config = BusConfig::new(broker.clone(), config.site.clone(), node.clone());
     bus_config.credentials = config.credentials.clone();
     bus_config.first_seq = first_seq;
+    let coolant_topic = config
+        .cdu
+        .as_ref()
+        .map(|cdu| Topic::new(&config.site, Role::Cdu, cdu, Family::Health));
+    if let Some(t) = &coolant_topic {
+        bus_config.subscriptions.push(t.to_string());
+    }
     let (bus, mut inbound, bus_task) = Bus::start_with_outbox(bus_config, Box::new(outbox));
     tracing::info!(
         "host {} of site {} with {} {} GPUs; broker {}:{}",
@@ -355,7 +413,11 @@ pub async fn run(
     })?;
     let console_task = tokio::spawn(console::serve(listener, ctl_tx));
 
+    let (actions_tx, mut actions_rx) = mpsc::unbounded_channel();
     let mut agent = Agent {
+        health,
+        actions: actions_tx,
+        coolant_topic,
         config,
         bus,
         workers,
@@ -390,7 +452,8 @@ pub async fn run(
                 let jitter = Instant::now().saturating_duration_since(scheduled.into_std());
                 agent.sample_round(jitter).await;
             }
-            Some(msg) = inbound.recv() => agent.on_command(msg).await,
+            Some(msg) = inbound.recv() => agent.on_inbound(msg).await,
+            Some((gpu, outcome)) = actions_rx.recv() => agent.on_action(gpu, outcome).await,
             Some(x) = xid_rx.recv() => agent.on_xid(x).await,
             Some((req, reply)) = ctl_rx.recv() => {
                 let answer = agent.answer(req).await;
@@ -412,6 +475,34 @@ pub async fn run(
     }
     bus_task.join(Duration::from_secs(3)).await;
     Ok(())
+}
+
+/// The config-store key of a GPU's health.
+fn health_key(gpu: usize) -> String {
+    format!("health.{gpu}")
+}
+
+/// A sample as the health engine reads it.
+fn observation(s: &GpuSample) -> Observation {
+    Observation {
+        temp: f64::from(s.temp.0),
+        power: f64::from(s.power.0),
+        power_limit: f64::from(s.power_limit.0),
+        sm_clock: f64::from(s.sm_clock.0),
+        util: f64::from(s.util.get()),
+        sbe_volatile: u64::from(s.ecc.sbe_volatile),
+        dbe_volatile: u64::from(s.ecc.dbe_volatile),
+        retired_sbe: u64::from(s.repair.retired_sbe),
+        retired_dbe: u64::from(s.repair.retired_dbe),
+        retired_pending: s.flags.contains(GpuFlags::RETIRED_PENDING),
+        remap_pending: s.flags.contains(GpuFlags::REMAP_PENDING),
+        remap_failure: s.flags.contains(GpuFlags::REMAP_FAILURE),
+        pcie_replay: u64::from(s.pcie_replay),
+        nvlink_crc: u64::from(s.nvlink.crc),
+        nvlink_replay: u64::from(s.nvlink.replay),
+        nvlink_recovery: u64::from(s.nvlink.recovery),
+        throttle: s.throttle,
+    }
 }
 
 async fn sleep_opt(d: Option<Duration>) {
@@ -628,6 +719,8 @@ impl Agent {
                     }
                     let cap = g.guard.update(&settings, g.range, s.temp, s.power);
                     self.core.guard(Self::gpu_index(i), cap);
+                    let outs = self.health.sample(now, i as u8, &observation(&s));
+                    self.on_health(outs, now).await;
                 }
                 other => {
                     let e = match other {
@@ -644,6 +737,8 @@ impl Agent {
                             g.missed
                         );
                     }
+                    let outs = self.health.missed(now, i as u8);
+                    self.on_health(outs, now).await;
                 }
             }
         }
@@ -721,14 +816,8 @@ impl Agent {
         let mut health = HostHealth {
             gpus: heapless::Vec::new(),
         };
-        for (i, g) in self.gpus.iter().enumerate() {
-            let _ = health.gpus.push(GpuHealth {
-                gpu: Self::gpu_index(i),
-                state: HealthState::Healthy,
-                reason: ReasonCode::OK,
-                since: g.health_since,
-                evidence: Text::default(),
-            });
+        for i in 0..self.gpus.len() {
+            let _ = health.gpus.push(self.gpu_health(i));
         }
         self.publish(Message::HostHealth(health), now, true);
     }
@@ -746,7 +835,160 @@ impl Agent {
             g.xids.pop_front();
         }
         g.xids.push_back((now, x.xid));
+        // The decision first: the quarantine is what the hall waits for.
+        let outs = self.health.xid(now, x.gpu, x.xid);
+        self.on_health(outs, now).await;
         self.emit(Event::Xid { gpu, xid: x.xid }, now).await;
+    }
+
+    /// One GPU's health as the bus carries it.
+    fn gpu_health(&self, i: usize) -> GpuHealth {
+        let st = self.health.status(i as u8).expect("one status per GPU");
+        GpuHealth {
+            gpu: Self::gpu_index(i),
+            state: st.state,
+            reason: st.reason,
+            since: st.since,
+            evidence: Text::truncated(&st.evidence),
+        }
+    }
+
+    /// Carries out what the health engine decided: log and publish each
+    /// change, keep the state in flash, publish the retained health, and
+    /// start the quarantine actions.
+    async fn on_health(&mut self, outs: Vec<Output>, now: TimestampMs) {
+        if outs.is_empty() {
+            return;
+        }
+        let mut changed = false;
+        for o in outs {
+            match o {
+                Output::Change(c) => {
+                    changed = true;
+                    let name = serde_json::to_value(c.reason)
+                        .ok()
+                        .and_then(|v| v.as_str().map(String::from))
+                        .unwrap_or_default();
+                    if c.to == HealthState::Quarantined {
+                        tracing::error!("GPU {} quarantined ({name}): {}", c.gpu, c.evidence);
+                    } else {
+                        tracing::warn!(
+                            "GPU {}: {:?} -> {:?} ({name}): {}",
+                            c.gpu,
+                            c.from,
+                            c.to,
+                            c.evidence
+                        );
+                    }
+                    self.keep_health(c.gpu as usize).await;
+                    if c.to == HealthState::Quarantined {
+                        self.start_actions(c.gpu, &name, &c.evidence);
+                    }
+                    let ev = Event::HealthChanged {
+                        gpu: Self::gpu_index(c.gpu as usize),
+                        from: c.from,
+                        to: c.to,
+                        reason: c.reason,
+                    };
+                    // Retained state first, then the event.
+                    self.publish_health(now);
+                    self.emit(ev, now).await;
+                }
+                Output::CoolingAttributed { gpus, reason, .. } => {
+                    tracing::warn!(
+                        "the cooling explains the heat of GPUs {gpus:#06x}; no GPU is marked for it"
+                    );
+                    self.emit(Event::CoolingAttributed { gpus, reason }, now)
+                        .await;
+                }
+            }
+        }
+        let _ = changed;
+    }
+
+    /// Keeps a GPU's health in flash, so a restart does not forget a
+    /// quarantine.
+    async fn keep_health(&mut self, i: usize) {
+        let h = self.gpu_health(i);
+        match postcard::to_allocvec(&h) {
+            Ok(bytes) => {
+                if let Err(e) = self.store.set(&health_key(i), &bytes).await {
+                    tracing::error!("GPU {i}: health state not kept in flash: {e:?}");
+                }
+            }
+            Err(e) => tracing::error!("GPU {i}: health state not encodable: {e}"),
+        }
+    }
+
+    /// Starts every configured action for a quarantine of `gpu`, each on
+    /// its own task; outcomes come back to the loop.
+    fn start_actions(&self, gpu: u8, reason: &str, evidence: &str) {
+        let vars = actions::Vars {
+            host: self.config.host.as_str().to_string(),
+            site: self.config.site.as_str().to_string(),
+            gpu,
+            uuid: self.gpus[gpu as usize].info.uuid.clone(),
+            reason: format!("{reason}: {evidence}"),
+        };
+        for action in &self.config.quarantine_actions {
+            let argv = actions::expand(action, &vars);
+            let timeout = self.config.quarantine_timeout;
+            let tx = self.actions.clone();
+            tokio::spawn(async move {
+                let outcome = actions::run(&argv, timeout).await;
+                let _ = tx.send((gpu, outcome));
+            });
+        }
+    }
+
+    async fn on_action(&mut self, gpu: u8, o: actions::Outcome) {
+        if o.ok {
+            tracing::info!("GPU {gpu}: quarantine action {} done", o.program);
+        } else {
+            tracing::error!(
+                "GPU {gpu}: quarantine action {} failed: {}",
+                o.program,
+                o.detail
+            );
+        }
+        let ev = Event::QuarantineAction {
+            gpu: Self::gpu_index(gpu as usize),
+            ok: o.ok,
+            exit_code: o.exit_code,
+        };
+        self.emit(ev, now_ms()).await;
+    }
+
+    /// A frame from the bus: a command, or the cooling context.
+    async fn on_inbound(&mut self, msg: Inbound) {
+        if self.coolant_topic.as_ref() == Some(&msg.topic) {
+            if let Message::CduState(st) = &msg.frame.message {
+                let now = now_ms();
+                let rack_lost = self.config.rack.is_some_and(|r| {
+                    st.racks
+                        .iter()
+                        .any(|x| x.rack.get() == r && x.cooling == RackCooling::Lost)
+                });
+                let state = match st.mode {
+                    _ if rack_lost => LoopState::Failsafe,
+                    CduMode::Normal => LoopState::Normal,
+                    CduMode::Degraded | CduMode::Boot => LoopState::Degraded,
+                    CduMode::Failsafe => LoopState::Failsafe,
+                };
+                let c = Coolant {
+                    supply_c: st.supply.map(|c| c.value()),
+                    flow_lpm_per_gpu: st.flow_per_gpu.map(|f| f.value()),
+                    state,
+                };
+                let outs = self.health.coolant(now, c);
+                self.on_health(outs, now).await;
+            }
+            return;
+        }
+        if msg.topic.family != Family::Cmd {
+            return;
+        }
+        self.on_command(msg).await;
     }
 
     async fn on_command(&mut self, msg: Inbound) {
@@ -755,6 +997,49 @@ impl Agent {
         let verdict = self.core.command(now, &frame);
         let mut code = verdict.code;
         let mut detail = verdict.detail;
+        if let (Some(gpu), Message::QuarantineRelease(r)) = (verdict.release, &frame.message) {
+            match self
+                .health
+                .release(now, gpu, r.operator.as_str(), r.note.as_str())
+            {
+                Ok(change) => {
+                    let mut buf = [0u8; MAX_FRAME_LEN];
+                    if let Ok(n) = frame.encode(&mut buf) {
+                        if let Err(e) = self
+                            .log
+                            .append(frame.time, MessageKind::QuarantineRelease as u8, &buf[..n])
+                            .await
+                        {
+                            tracing::error!("release not logged to flash: {e:?}");
+                        }
+                    }
+                    tracing::warn!(
+                        "GPU {gpu} released by {}: {}",
+                        r.operator.as_str(),
+                        r.note.as_str()
+                    );
+                    self.keep_health(gpu as usize).await;
+                    self.publish_health(now);
+                    let ev = Event::QuarantineReleased {
+                        gpu: r.gpu,
+                        operator: r.operator.clone(),
+                        note: r.note.clone(),
+                    };
+                    self.emit(ev, now).await;
+                    let ev = Event::HealthChanged {
+                        gpu: r.gpu,
+                        from: change.from,
+                        to: change.to,
+                        reason: change.reason,
+                    };
+                    self.emit(ev, now).await;
+                }
+                Err(state) => {
+                    code = AckCode::NotQuarantined;
+                    detail = format!("GPU {gpu} is {state:?}, not quarantined").to_lowercase();
+                }
+            }
+        }
         if verdict.changed_caps {
             // Logged before it is acknowledged: a crash now still knows it.
             let mut buf = [0u8; MAX_FRAME_LEN];

@@ -471,6 +471,21 @@ fn in_process(
     tokio::sync::oneshot::Sender<()>,
     std::thread::JoinHandle<Result<(), node_agent::shell::AgentError>>,
 ) {
+    in_process_with(port, host, gpus, dir, Default::default())
+}
+
+/// As [`in_process`], with more flags.
+fn in_process_with(
+    port: u16,
+    host: &str,
+    gpus: usize,
+    dir: &Path,
+    more: node_agent::config::Overrides,
+) -> (
+    node_agent::twin::TwinControl,
+    tokio::sync::oneshot::Sender<()>,
+    std::thread::JoinHandle<Result<(), node_agent::shell::AgentError>>,
+) {
     let board = loopwarden_boards::GpuBoard::builtin("H200-SXM").expect("board");
     let twin = node_agent::twin::TwinSource::new(&board, gpus, 3);
     let control = twin.control();
@@ -481,7 +496,7 @@ fn in_process(
         twin_gpus: Some(gpus as u8),
         period_ms: Some(200),
         console: Some(dir.join(format!("{host}.sock"))),
-        ..Default::default()
+        ..more
     };
     let config = node_agent::config::load(None, &flags).expect("config");
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -496,8 +511,24 @@ fn in_process(
     (control, stop_tx, agent)
 }
 
+fn release(seq: u32, gpu: u8, note: &str) -> Frame {
+    let mut f = Frame {
+        sender: NodeId::new(Role::Operator, "jdoe").expect("ident"),
+        seq,
+        time: now(),
+        message: Message::QuarantineRelease(loopwarden_protocol::QuarantineRelease {
+            gpu: GpuIndex::new(gpu).expect("index"),
+            operator: loopwarden_protocol::Ident::new("jdoe").expect("ident"),
+            note: loopwarden_protocol::Text::new(note).expect("note"),
+            auth: CommandAuth::default(),
+        }),
+    };
+    f.sign(1, DEMO_KEY).expect("a command signs");
+    f
+}
+
 #[test]
-fn a_driver_xid_is_published_as_an_event_frame_and_in_json() {
+fn a_fatal_xid_quarantines_runs_the_action_once_and_only_an_operator_releases() {
     let Some(broker) = Mosquitto::start() else {
         return;
     };
@@ -508,13 +539,18 @@ fn a_driver_xid_is_published_as_an_event_frame_and_in_json() {
         port,
         &[
             &format!("dc/v1/{SITE}/host/{host}/event"),
+            &format!("dc/v1/{SITE}/host/{host}/ack"),
             &format!("dc/v1/{SITE}/json/host/{host}/event"),
         ],
     )
     .expect("mosquitto_sub");
-    let (control, stop, agent) = in_process(port, host, 2, dir.path());
-    // Wait until the agent is on the bus: its console answers and it has
-    // sampled, then inject.
+    let drained = dir.path().join("drained");
+    let more = node_agent::config::Overrides {
+        quarantine_actions: vec![format!("touch {}-{{gpu}}", drained.display())],
+        flash: Some(dir.path().join("agent.flash")),
+        ..Default::default()
+    };
+    let (control, stop, agent) = in_process_with(port, host, 2, dir.path(), more);
     std::thread::sleep(Duration::from_millis(1_000));
     control
         .inject(node_agent::twin::TwinFault::Xid { gpu: 1, xid: 79 })
@@ -525,23 +561,141 @@ fn a_driver_xid_is_published_as_an_event_frame_and_in_json() {
             .is_err(),
         "the twin has no GPU 5"
     );
-    let seen = sub.collect_until(Duration::from_secs(10), |s| s.len() >= 2);
-    let frame = seen
-        .iter()
-        .filter(|s| !s.topic.contains("/json/"))
-        .find_map(frame)
-        .expect("an event frame");
+    // The XID, the state change and the action's outcome, as frames; the
+    // XID also in JSON.
+    let events = |s: &[Seen]| -> Vec<Event> {
+        s.iter()
+            .filter(|s| !s.topic.contains("/json/"))
+            .filter_map(frame)
+            .filter_map(|f| match f.message {
+                Message::Event(e) => Some(e),
+                _ => None,
+            })
+            .collect()
+    };
+    let seen = sub.collect_until(Duration::from_secs(10), |s| {
+        events(s)
+            .iter()
+            .any(|e| matches!(e, Event::QuarantineAction { .. }))
+    });
+    let ev = events(&seen);
     assert!(
-        matches!(frame.message, Message::Event(Event::Xid { gpu, xid: 79 }) if gpu.get() == 1),
-        "{frame:?}"
+        ev.iter()
+            .any(|e| matches!(e, Event::Xid { gpu, xid: 79 } if gpu.get() == 1)),
+        "{ev:?}"
+    );
+    assert!(
+        ev.iter().any(|e| matches!(
+            e,
+            Event::HealthChanged { gpu, to: HealthState::Quarantined, reason, .. }
+                if gpu.get() == 1 && *reason == ReasonCode::xid(79).expect("xid")
+        )),
+        "{ev:?}"
+    );
+    assert!(
+        ev.iter().any(|e| matches!(
+            e,
+            Event::QuarantineAction { gpu, ok: true, exit_code: Some(0) } if gpu.get() == 1
+        )),
+        "{ev:?}"
+    );
+    assert!(
+        drained.with_file_name("drained-1").exists(),
+        "the action ran with {{gpu}} = 1"
     );
     let json = seen
         .iter()
-        .find(|s| s.topic.contains("/json/"))
-        .expect("its JSON mirror");
-    let v: serde_json::Value = serde_json::from_slice(&json.payload).expect("JSON");
-    assert_eq!(v["body"]["xid"]["xid"], 79);
-    assert_eq!(v["body"]["xid"]["gpu"], 1);
+        .filter(|s| s.topic.contains("/json/"))
+        .filter_map(|s| serde_json::from_slice::<serde_json::Value>(&s.payload).ok())
+        .find(|v| v["body"].get("xid").is_some())
+        .expect("the XID's JSON mirror");
+    assert_eq!(json["body"]["xid"]["xid"], 79);
+    assert_eq!(json["body"]["xid"]["gpu"], 1);
+
+    // The retained health says so, with the evidence.
+    let health = retained(
+        port,
+        &[&format!("dc/v1/{SITE}/host/{host}/health")],
+        Duration::from_millis(500),
+    )
+    .expect("mosquitto_sub");
+    let Some(Message::HostHealth(h)) = health.first().and_then(frame).map(|f| f.message) else {
+        panic!("no retained health");
+    };
+    assert_eq!(h.gpus[1].state, HealthState::Quarantined);
+    assert!(
+        h.gpus[1].evidence.as_str().contains("XID 79"),
+        "{}",
+        h.gpus[1].evidence.as_str()
+    );
+    assert_eq!(h.gpus[0].state, HealthState::Healthy);
+
+    // A restart keeps the quarantine (from flash) and does not run the
+    // action again.
+    let _ = stop.send(());
+    agent.join().expect("joined").expect("agent ran");
+    std::fs::remove_file(drained.with_file_name("drained-1")).expect("remove marker");
+    let more = node_agent::config::Overrides {
+        quarantine_actions: vec![format!("touch {}-{{gpu}}", drained.display())],
+        flash: Some(dir.path().join("agent.flash")),
+        ..Default::default()
+    };
+    let (_control, stop, agent) = in_process_with(port, host, 2, dir.path(), more);
+    let console = Agent {
+        child: None,
+        console: dir.path().join(format!("{host}.sock")),
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let why = loop {
+        if let Some(v) = console.ctl(&["why", "1"]) {
+            break v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the restarted agent never answered"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(why["health"], "quarantined", "{why}");
+    assert_eq!(why["reason"], "xid-79", "{why}");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        !drained.with_file_name("drained-1").exists(),
+        "the action ran twice"
+    );
+
+    // Releasing a healthy GPU is refused; the quarantined one is released.
+    let ack = ack_of_sent(&mut sub, port, host, &release(1, 0, "checked"));
+    assert_eq!(ack.code, AckCode::NotQuarantined);
+    let ack = ack_of_sent(
+        &mut sub,
+        port,
+        host,
+        &release(2, 1, "reseated; field diag passed"),
+    );
+    assert_eq!(ack.code, AckCode::Ok, "{}", ack.detail.as_str());
+    // The release is in the event log (its events went out before the ack).
+    let log = console.ctl(&["events"]).expect("ctl events");
+    let released = log["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .any(|e| e["event"]["quarantine_released"]["operator"] == "jdoe");
+    assert!(released, "{log}");
+    let why = console.ctl(&["why", "1"]).expect("ctl why");
+    assert_eq!(why["health"], "healthy", "{why}");
+    assert_eq!(why["reason"], "operator-release", "{why}");
+    let health = retained(
+        port,
+        &[&format!("dc/v1/{SITE}/host/{host}/health")],
+        Duration::from_millis(500),
+    )
+    .expect("mosquitto_sub");
+    let Some(Message::HostHealth(h)) = health.first().and_then(frame).map(|f| f.message) else {
+        panic!("no retained health");
+    };
+    assert_eq!(h.gpus[1].state, HealthState::Healthy);
+    assert_eq!(h.gpus[1].reason, ReasonCode::OPERATOR_RELEASE);
     let _ = stop.send(());
     agent.join().expect("joined").expect("agent ran");
 }

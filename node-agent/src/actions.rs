@@ -1,0 +1,190 @@
+//! Quarantine actions: the commands a site runs when a GPU is taken out of
+//! service (a Slurm drain, a Kubernetes taint, a ticket).
+//!
+//! Each action is an argument vector from the config, run without a shell:
+//! placeholders (`{host}`, `{site}`, `{gpu}`, `{uuid}`, `{reason}`) are
+//! replaced inside single arguments, so no text of a reason or an evidence
+//! can add an argument or a command. Each runs once per decision, with a
+//! timeout after which it is killed; its outcome is logged and published
+//! as a `quarantine_action` event.
+//!
+//! Glossary:
+//! - *action*: one program and its arguments.
+//! - *outcome*: exit status 0 within the timeout (`ok`), or the exit code,
+//!   or none when it was killed or could not start.
+
+use std::time::Duration;
+
+/// What to put in place of the placeholders.
+#[derive(Debug, Clone)]
+pub struct Vars {
+    /// Host id.
+    pub host: String,
+    /// Site.
+    pub site: String,
+    /// GPU index.
+    pub gpu: u8,
+    /// GPU UUID.
+    pub uuid: String,
+    /// Reason code name and evidence (`xid-79: XID 79 (...) at ...`).
+    pub reason: String,
+}
+
+/// `action` with its placeholders replaced, argument by argument.
+pub fn expand(action: &[String], v: &Vars) -> Vec<String> {
+    action
+        .iter()
+        .map(|arg| {
+            arg.replace("{host}", &v.host)
+                .replace("{site}", &v.site)
+                .replace("{gpu}", &v.gpu.to_string())
+                .replace("{uuid}", &v.uuid)
+                .replace("{reason}", &v.reason)
+        })
+        .collect()
+}
+
+/// How one action ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// The program.
+    pub program: String,
+    /// Exit status 0 within the timeout.
+    pub ok: bool,
+    /// The exit code, when it exited.
+    pub exit_code: Option<i32>,
+    /// What went wrong, in words (empty when `ok`), with the end of its
+    /// standard error.
+    pub detail: String,
+}
+
+/// Runs `argv` (no shell), waits at most `timeout`, kills it after.
+pub async fn run(argv: &[String], timeout: Duration) -> Outcome {
+    let program = argv.first().cloned().unwrap_or_default();
+    let mut cmd = tokio::process::Command::new(&program);
+    cmd.args(&argv[1..])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            return Outcome {
+                program,
+                ok: false,
+                exit_code: None,
+                detail: format!("cannot start: {e}"),
+            }
+        }
+    };
+    match tokio::time::timeout(timeout, child.wait_with_output()).await {
+        Ok(Ok(out)) => {
+            let code = out.status.code();
+            let ok = out.status.success();
+            let err = String::from_utf8_lossy(&out.stderr);
+            let tail: String = err
+                .trim()
+                .chars()
+                .rev()
+                .take(200)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            Outcome {
+                program,
+                ok,
+                exit_code: code,
+                detail: if ok {
+                    String::new()
+                } else {
+                    format!(
+                        "exit {}: {tail}",
+                        code.map_or("by signal".into(), |c| c.to_string())
+                    )
+                },
+            }
+        }
+        Ok(Err(e)) => Outcome {
+            program,
+            ok: false,
+            exit_code: None,
+            detail: format!("waiting for it: {e}"),
+        },
+        // Dropping the future kills the child (kill_on_drop).
+        Err(_) => Outcome {
+            program,
+            ok: false,
+            exit_code: None,
+            detail: format!("killed after {} s", timeout.as_secs()),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(reason: &str) -> Vars {
+        Vars {
+            host: "h07".into(),
+            site: "hall-1".into(),
+            gpu: 3,
+            uuid: "GPU-1".into(),
+            reason: reason.into(),
+        }
+    }
+
+    #[test]
+    fn placeholders_stay_inside_their_argument() {
+        let action: Vec<String> = [
+            "scontrol",
+            "update",
+            "NodeName={host}",
+            "State=DRAIN",
+            "Reason={reason}",
+        ]
+        .map(String::from)
+        .to_vec();
+        let argv = expand(&action, &vars("xid-79; rm -rf / $(reboot) \"x\""));
+        assert_eq!(argv.len(), 5, "no argument added");
+        assert_eq!(argv[2], "NodeName=h07");
+        assert_eq!(argv[4], "Reason=xid-79; rm -rf / $(reboot) \"x\"");
+    }
+
+    #[tokio::test]
+    async fn outcomes_ok_failed_killed_and_missing() {
+        let t = Duration::from_secs(5);
+        let ok = run(&["true".to_string()], t).await;
+        assert!(ok.ok && ok.exit_code == Some(0), "{ok:?}");
+        let failed = run(
+            &["sh".into(), "-c".into(), "echo nope >&2; exit 3".into()],
+            t,
+        )
+        .await;
+        assert_eq!((failed.ok, failed.exit_code), (false, Some(3)));
+        assert!(failed.detail.contains("nope"), "{failed:?}");
+        let slow = run(&["sleep".into(), "30".into()], Duration::from_millis(200)).await;
+        assert_eq!((slow.ok, slow.exit_code), (false, None));
+        assert!(slow.detail.contains("killed"), "{slow:?}");
+        let missing = run(&["/nonexistent/drain".to_string()], t).await;
+        assert!(
+            !missing.ok && missing.detail.contains("cannot start"),
+            "{missing:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_reason_with_shell_text_runs_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("pwned");
+        let reason = format!("x; touch {} #", marker.display());
+        let argv = expand(
+            &["echo".to_string(), "{reason}".to_string()],
+            &vars(&reason),
+        );
+        assert!(run(&argv, Duration::from_secs(5)).await.ok);
+        assert!(!marker.exists(), "the reason was run as a command");
+    }
+}
