@@ -338,20 +338,33 @@ const ATTRIBUTION_SETTLE_MS: u64 = 2_000;
 const EVIDENCE_MAX: usize = loopwarden_protocol::EVIDENCE_MAX;
 
 /// A time for evidence: `t=… ms` for simulated time (replays start near
-/// 0), `HH:MM:SS.mmm UTC` for wall-clock time.
-pub fn fmt_time(t: TimestampMs) -> String {
-    if t.0 < 100_000_000_000 {
-        format!("t={} ms", t.0)
-    } else {
-        let ms = t.0 % 86_400_000;
-        format!(
-            "{:02}:{:02}:{:02}.{:03} UTC",
-            ms / 3_600_000,
-            ms / 60_000 % 60,
-            ms / 1000 % 60,
-            ms % 1000
-        )
+/// 0), `HH:MM:SS.mmm UTC` for wall-clock time. Formatted only when an
+/// evidence is written.
+#[derive(Debug, Clone, Copy)]
+pub struct At(pub TimestampMs);
+
+impl std::fmt::Display for At {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let t = self.0 .0;
+        if t < 100_000_000_000 {
+            write!(f, "t={t} ms")
+        } else {
+            let ms = t % 86_400_000;
+            write!(
+                f,
+                "{:02}:{:02}:{:02}.{:03} UTC",
+                ms / 3_600_000,
+                ms / 60_000 % 60,
+                ms / 1000 % 60,
+                ms % 1000
+            )
+        }
     }
+}
+
+/// [`At`] as a string.
+pub fn fmt_time(t: TimestampMs) -> String {
+    At(t).to_string()
 }
 
 fn fit(mut s: String) -> String {
@@ -363,6 +376,31 @@ fn fit(mut s: String) -> String {
         s.push_str("...");
     }
     s
+}
+
+/// Up to 16 values on the stack (one per GPU of a host).
+#[derive(Clone, Copy)]
+struct Few {
+    v: [f64; loopwarden_protocol::MAX_GPUS],
+    n: usize,
+}
+
+impl Few {
+    fn new() -> Self {
+        Self {
+            v: [0.0; loopwarden_protocol::MAX_GPUS],
+            n: 0,
+        }
+    }
+    fn push(&mut self, x: f64) {
+        if self.n < self.v.len() {
+            self.v[self.n] = x;
+            self.n += 1;
+        }
+    }
+    fn median(&mut self) -> Option<f64> {
+        median(&mut self.v[..self.n])
+    }
 }
 
 fn median(v: &mut [f64]) -> Option<f64> {
@@ -550,7 +588,7 @@ impl HealthEngine {
             tr.first_miss = None;
             tr.last.replace((t, *o)).map(|(_, p)| p)
         };
-        let when = fmt_time(now);
+        let when = At(now);
 
         // Quarantine-level counters and flags.
         let dbe_rose = match prev {
@@ -713,13 +751,22 @@ impl HealthEngine {
             tr.last
                 .filter(|(lt, _)| t.saturating_sub(*lt) <= p.peer_fresh_ms && tr.missed == 0)
         };
-        let peers: Vec<Observation> = self
-            .gpus
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| *i != g)
-            .filter_map(|(_, tr)| fresh(tr).map(|(_, ob)| ob))
-            .collect();
+        // The peers, by index, without copying their samples.
+        let mut peer_idx = [0usize; loopwarden_protocol::MAX_GPUS];
+        let mut n = 0;
+        for (i, tr) in self.gpus.iter().enumerate() {
+            if i != g && fresh(tr).is_some() && n < peer_idx.len() {
+                peer_idx[n] = i;
+                n += 1;
+            }
+        }
+        let peer = |k: usize| -> &Observation {
+            &self.gpus[peer_idx[k]]
+                .last
+                .as_ref()
+                .expect("fresh peers have a sample")
+                .1
+        };
 
         // Is the host hot as a whole, or does the loop report trouble?
         let hot_now = |ob: &Observation| {
@@ -727,31 +774,30 @@ impl HealthEngine {
                 || ob.throttle.contains(ThrottleReasons::HW_THERMAL_SLOWDOWN)
                 || ob.throttle.contains(ThrottleReasons::SW_THERMAL_SLOWDOWN)
         };
-        let all: Vec<&Observation> = peers.iter().chain(std::iter::once(o)).collect();
-        let hot_count = all.iter().filter(|ob| hot_now(ob)).count();
-        let host_hot = all.len() >= 2 && hot_count * 2 > all.len();
+        let hot_count = (0..n).filter(|&k| hot_now(peer(k))).count() + usize::from(hot_now(o));
+        let all = n + 1;
+        let host_hot = all >= 2 && hot_count * 2 > all;
         let loop_trouble = self.coolant.is_some_and(|c| c.state != LoopState::Normal);
         let cooling_explains = loop_trouble || host_hot;
 
         // Thermal: how much hotter than its peers predict at its power.
         let supply = self.coolant.and_then(|c| c.supply_c);
         let excess = if o.power >= p.hot_min_power_w {
-            let mut predicted: Vec<f64> = match supply {
-                // Peers' thermal resistance, applied to this GPU's power.
-                Some(s) => peers
-                    .iter()
-                    .filter(|q| q.power >= p.hot_min_power_w)
-                    .map(|q| s + (q.temp - s) / q.power * o.power)
-                    .collect(),
-                // Without the coolant: peers at a similar power.
-                None => peers
-                    .iter()
-                    .filter(|q| (q.power - o.power).abs() <= 0.2 * o.power)
-                    .map(|q| q.temp)
-                    .collect(),
-            };
-            if predicted.len() >= p.min_peers {
-                median(&mut predicted).map(|m| o.temp - m)
+            let mut predicted = Few::new();
+            for k in 0..n {
+                let q = peer(k);
+                match supply {
+                    // Peers' thermal resistance, applied to this GPU's power.
+                    Some(s) if q.power >= p.hot_min_power_w => {
+                        predicted.push(s + (q.temp - s) / q.power * o.power)
+                    }
+                    // Without the coolant: peers at a similar power.
+                    None if (q.power - o.power).abs() <= 0.2 * o.power => predicted.push(q.temp),
+                    _ => {}
+                }
+            }
+            if predicted.n >= p.min_peers {
+                predicted.median().map(|m| o.temp - m)
             } else {
                 None
             }
@@ -769,14 +815,16 @@ impl HealthEngine {
             || o.throttle.contains(ThrottleReasons::IDLE)
             || o.temp >= self.limits.max_operating_c
             || (o.power_limit > 0.0 && o.power >= 0.95 * o.power_limit);
-        let mut peer_clocks: Vec<f64> = peers
-            .iter()
-            .filter(|q| q.util >= p.straggler_min_util)
-            .map(|q| q.sm_clock)
-            .collect();
+        let mut peer_clocks = Few::new();
+        for k in 0..n {
+            let q = peer(k);
+            if q.util >= p.straggler_min_util {
+                peer_clocks.push(q.sm_clock);
+            }
+        }
         let loaded = o.util >= p.straggler_min_util;
-        let peer_clock = if peer_clocks.len() >= p.min_peers {
-            median(&mut peer_clocks)
+        let peer_clock = if peer_clocks.n >= p.min_peers {
+            peer_clocks.median()
         } else {
             None
         };
@@ -818,7 +866,7 @@ impl HealthEngine {
             tr.hot.update(t, is_hot, is_cool)
         };
         let straggle_for = tr.straggle.update(t, slow, not_slow);
-        let when = fmt_time(TimestampMs(t));
+        let when = At(TimestampMs(t));
         if hot_for.is_some_and(|d| d >= p.hot_sustain_ms) {
             let e = tr.hot_excess;
             let temp = o.temp;

@@ -150,16 +150,18 @@ pub fn replay(
     out: &mut impl Write,
     notes: &mut impl Write,
 ) -> Result<usize, ReplayError> {
-    let mut lines = input.lines().enumerate();
+    let mut input = input;
     let io = |line: usize, e: std::io::Error| ReplayError {
         line,
         message: format!("cannot read: {e}"),
     };
-    let (_, first) = lines.next().ok_or(ReplayError {
-        line: 1,
-        message: "empty trace: expected a gpu-trace/1 header".into(),
-    })?;
-    let first = first.map_err(|e| io(1, e))?;
+    let mut first = String::new();
+    if input.read_line(&mut first).map_err(|e| io(1, e))? == 0 {
+        return Err(ReplayError {
+            line: 1,
+            message: "empty trace: expected a gpu-trace/1 header".into(),
+        });
+    }
     let header: Header = serde_json::from_str(&first).map_err(|e| ReplayError {
         line: 1,
         message: format!("bad header: {e}"),
@@ -188,9 +190,15 @@ pub fn replay(
         line: 0,
         message: format!("cannot write: {e}"),
     };
-    for (i, line) in lines {
-        let n = i + 1;
-        let line = line.map_err(|e| io(n, e))?;
+    // One buffer for every line: a day of a host is close to a million.
+    let mut line = String::new();
+    let mut n = 1;
+    loop {
+        line.clear();
+        n += 1;
+        if input.read_line(&mut line).map_err(|e| io(n, e))? == 0 {
+            break;
+        }
         if line.trim().is_empty() {
             continue;
         }
