@@ -158,8 +158,15 @@ impl Shared {
     }
 
     /// Whether a frame on `topic` goes through the outbox.
+    /// Frames that go through the outbox. Not the retained state families
+    /// (`online`, `health`): only their latest value matters, the node
+    /// publishes it again on every connection from what it keeps itself,
+    /// and a decision must not wait behind a flash write to reach the
+    /// broker.
     fn durable(&self, topic: &Topic) -> bool {
-        !topic.json && topic.family.qos() == Qos::AtLeastOnce && topic.family != Family::Online
+        !topic.json
+            && topic.family.qos() == Qos::AtLeastOnce
+            && !matches!(topic.family, Family::Online | Family::Health)
     }
 
     fn own_topic(&self, family: Family) -> Result<Topic, PublishError> {
@@ -260,7 +267,7 @@ impl Bus {
             metrics: Metrics::default(),
             connected: AtomicBool::new(false),
             delivery: Mutex::new(Delivery {
-                outbox,
+                outbox: outbox.map(|o| std::sync::Arc::new(std::sync::Mutex::new(o))),
                 deferred: true, // what the outbox holds goes out on connecting
                 ..Default::default()
             }),
@@ -365,7 +372,10 @@ impl Bus {
             return self.enqueue(topic, payload, None);
         }
         let mut delivery = self.shared.delivery();
-        if let Some(outbox) = delivery.outbox.as_mut() {
+        if let Some(outbox) = delivery.outbox.clone() {
+            let mut outbox = outbox
+                .lock()
+                .map_err(|_| PublishError::Outbox("the outbox lock is poisoned".into()))?;
             let name = topic.build().map_err(PublishError::Topic)?;
             let dropped = match outbox.store(frame.seq, Class::of(&frame.message), &name, &payload)
             {
@@ -803,7 +813,16 @@ async fn run(
                 Metrics::add(&m.acked);
                 let mut delivery = shared.delivery();
                 if let Some(seq) = delivery.inflight.remove(&ack.pkid) {
-                    let result = delivery.outbox.as_mut().map(|o| o.ack(seq));
+                    // The outbox lock is taken before the delivery lock is
+                    // let go (so nothing resends the frame meanwhile); the
+                    // flash write happens without the delivery lock.
+                    let outbox = delivery.outbox.clone();
+                    let mut guard = outbox.as_ref().map(|o| o.lock());
+                    drop(delivery);
+                    let result = guard.as_mut().map(|g| match g {
+                        Ok(o) => o.ack(seq),
+                        Err(_) => Err("the outbox lock is poisoned".to_string()),
+                    });
                     match result {
                         Some(Ok(true)) => Metrics::add(&m.outbox_acked),
                         Some(Ok(false)) => {} // dropped to make room meanwhile
@@ -812,8 +831,9 @@ async fn run(
                         }
                         None => {}
                     }
+                } else {
+                    drop(delivery);
                 }
-                drop(delivery);
                 top_up(&mut eventloop, &shared);
             }
             Ok(Event::Outgoing(Outgoing::Publish(pkid))) if pkid != 0 => {

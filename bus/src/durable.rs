@@ -104,7 +104,11 @@ where
 /// note). One lock guards it together with every QoS 1 hand-over.
 #[derive(Default)]
 pub(crate) struct Delivery {
-    pub(crate) outbox: Option<Box<dyn DurableOutbox>>,
+    /// The outbox has a lock of its own, taken after this one: a PUBACK
+    /// removes its frame from flash without holding the delivery lock, so
+    /// a publish that does not go through the outbox (health, presence,
+    /// mirrors) never waits for a flash write.
+    pub(crate) outbox: Option<SharedOutbox>,
     /// For every QoS 1 publish handed over and not yet sent: its frame seq
     /// if it is in the outbox.
     pub(crate) order: VecDeque<Option<u32>>,
@@ -114,12 +118,18 @@ pub(crate) struct Delivery {
     pub(crate) deferred: bool,
 }
 
+/// The outbox, shared between publishers and the bus task.
+pub(crate) type SharedOutbox = std::sync::Arc<std::sync::Mutex<Box<dyn DurableOutbox>>>;
+
 impl Delivery {
     /// Outbox frames neither sent nor handed over: what to hand over now.
     pub(crate) fn unsent(&mut self) -> Result<Vec<Pending>, String> {
-        let Some(outbox) = self.outbox.as_mut() else {
+        let Some(outbox) = self.outbox.clone() else {
             return Ok(Vec::new());
         };
+        let mut outbox = outbox
+            .lock()
+            .map_err(|_| "the outbox lock is poisoned".to_string())?;
         let busy: std::collections::HashSet<u32> = self
             .inflight
             .values()

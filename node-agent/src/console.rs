@@ -238,37 +238,44 @@ impl Agent {
     }
 
     async fn events_view(&mut self, since: u64) -> Value {
+        let entries = match self.recorder.read().await {
+            Ok(e) => e,
+            Err(e) => return json!({ "error": format!("reading the event log: {e}") }),
+        };
         let mut events = Vec::new();
-        let result = self
-            .log
-            .for_each(|r| {
-                if r.time.0 < since {
-                    return;
+        for r in entries.iter().filter(|r| r.time.0 >= since) {
+            let command = |f: &Frame, name: &str| {
+                json!({ name: {
+                    "from": format!("{}/{}", f.sender.role.as_str(), f.sender.id.as_str()),
+                    "seq": f.seq,
+                    "body": match &f.message {
+                        Message::CapLease(l) => serde_json::to_value(l).unwrap_or(Value::Null),
+                        Message::QuarantineRelease(q) => serde_json::to_value(q).unwrap_or(Value::Null),
+                        _ => Value::Null,
+                    },
+                }})
+            };
+            let what = if r.kind == MessageKind::Event as u8 {
+                match Message::decode_body(MessageKind::Event, &r.body) {
+                    Ok(Message::Event(e)) => serde_json::to_value(e).unwrap_or(Value::Null),
+                    _ => json!("undecodable event"),
                 }
-                let what = if r.kind == MessageKind::Event as u8 {
-                    match Message::decode_body(MessageKind::Event, r.body) {
-                        Ok(Message::Event(e)) => serde_json::to_value(e).unwrap_or(Value::Null),
-                        _ => json!("undecodable event"),
-                    }
-                } else if r.kind == MessageKind::CapLease as u8 {
-                    match Frame::decode(r.body) {
-                        Ok(f) => json!({ "lease_taken": {
-                            "from": format!("{}/{}", f.sender.role.as_str(), f.sender.id.as_str()),
-                            "seq": f.seq,
-                            "body": match &f.message { Message::CapLease(l) => serde_json::to_value(l).unwrap_or(Value::Null), _ => Value::Null },
-                        }}),
-                        Err(e) => json!(format!("undecodable lease: {e}")),
-                    }
-                } else {
-                    json!(format!("record of kind {}", r.kind))
-                };
-                events.push(json!({ "seq": r.seq, "time_ms": r.time.0, "event": what }));
-            })
-            .await;
-        match result {
-            Ok(_) => json!({ "events": events }),
-            Err(e) => json!({ "error": format!("reading the event log: {e:?}") }),
+            } else if r.kind == MessageKind::CapLease as u8 {
+                match Frame::decode(&r.body) {
+                    Ok(f) => command(&f, "lease_taken"),
+                    Err(e) => json!(format!("undecodable lease: {e}")),
+                }
+            } else if r.kind == MessageKind::QuarantineRelease as u8 {
+                match Frame::decode(&r.body) {
+                    Ok(f) => command(&f, "release_taken"),
+                    Err(e) => json!(format!("undecodable release: {e}")),
+                }
+            } else {
+                json!(format!("record of kind {}", r.kind))
+            };
+            events.push(json!({ "seq": r.seq, "time_ms": r.time.0, "event": what }));
         }
+        json!({ "events": events })
     }
 
     async fn why(&mut self, now: TimestampMs, gpu: u8) -> Value {
@@ -696,6 +703,12 @@ fn describe_event(e: &Value) -> String {
             } else {
                 s(&body["source"])
             }
+        ),
+        "release_taken" => format!(
+            "release from {} (seq {}): {}",
+            s(&body["from"]),
+            s(&body["seq"]),
+            body["body"]
         ),
         "lease_taken" => format!(
             "lease from {} (seq {}): {}",

@@ -38,6 +38,7 @@ pub mod gpu;
 pub mod guard;
 pub mod health;
 pub mod nvml;
+pub mod recorder;
 pub mod replay;
 pub mod shell;
 pub mod store;

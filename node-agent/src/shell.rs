@@ -47,6 +47,7 @@ use crate::guard::ThermalGuard;
 use crate::health::{
     Coolant, GpuStatus, HealthEngine, Limits, LoopState, Observation, Output, Policy,
 };
+use crate::recorder::Recorder;
 use crate::store::HostFlash;
 use crate::worker::Worker;
 
@@ -143,8 +144,8 @@ pub(crate) struct Agent {
     pub workers: Vec<Arc<Worker>>,
     pub gpus: Vec<GpuState>,
     pub core: CommandCore,
-    pub log: EventLog<SharedFlash<HostFlash>>,
-    pub store: ConfigStore<SharedFlash<HostFlash>>,
+    /// Writes the flash (event log, config store) off the loop.
+    pub recorder: Recorder,
     pub seq_floor: u32,
     pub timing: Timing,
     pub started: TimestampMs,
@@ -423,8 +424,7 @@ pub async fn run(
         workers,
         gpus,
         core,
-        log,
-        store,
+        recorder: Recorder::start(log, store).map_err(AgentError::Thread)?,
         seq_floor: first_seq.saturating_add(SEQ_BLOCK),
         timing: Timing::default(),
         started,
@@ -573,20 +573,15 @@ impl Agent {
         }
     }
 
-    /// Logs an event to flash and publishes it.
+    /// Logs an event to flash (through the recorder, in decision order)
+    /// and publishes it.
     async fn emit(&mut self, event: Event, time: TimestampMs) {
         let mut buf = [0u8; MAX_FRAME_LEN];
         let message = Message::Event(event);
         match message.encode_body(&mut buf) {
-            Ok(n) => {
-                if let Err(e) = self
-                    .log
-                    .append(time, MessageKind::Event as u8, &buf[..n])
-                    .await
-                {
-                    tracing::error!("event not logged to flash: {e:?}");
-                }
-            }
+            Ok(n) => self
+                .recorder
+                .append(time, MessageKind::Event as u8, buf[..n].to_vec()),
             Err(e) => tracing::error!("event not encodable: {e:?}"),
         }
         self.publish(message, time, true);
@@ -805,7 +800,7 @@ impl Agent {
     /// Keeps the flash reservation of sequence numbers ahead of the bus.
     async fn keep_seq_reserved(&mut self) {
         if self.bus.next_seq().saturating_add(SEQ_BLOCK / 2) >= self.seq_floor {
-            match self.store.reserve_seq(SEQ_BLOCK).await {
+            match self.recorder.reserve_seq(SEQ_BLOCK).await {
                 Ok(floor) => self.seq_floor = floor.saturating_add(SEQ_BLOCK),
                 Err(e) => tracing::error!("sequence numbers not reserved in flash: {e:?}"),
             }
@@ -880,18 +875,20 @@ impl Agent {
                             c.evidence
                         );
                     }
-                    self.keep_health(c.gpu as usize).await;
+                    // The retained state first: it is what the hall waits
+                    // for, and it needs no flash write to go out. Then the
+                    // actions, the state in flash, the event.
+                    self.publish_health(now);
                     if c.to == HealthState::Quarantined {
                         self.start_actions(c.gpu, &name, &c.evidence);
                     }
+                    self.keep_health(c.gpu as usize).await;
                     let ev = Event::HealthChanged {
                         gpu: Self::gpu_index(c.gpu as usize),
                         from: c.from,
                         to: c.to,
                         reason: c.reason,
                     };
-                    // Retained state first, then the event.
-                    self.publish_health(now);
                     self.emit(ev, now).await;
                 }
                 Output::CoolingAttributed { gpus, reason, .. } => {
@@ -911,11 +908,7 @@ impl Agent {
     async fn keep_health(&mut self, i: usize) {
         let h = self.gpu_health(i);
         match postcard::to_allocvec(&h) {
-            Ok(bytes) => {
-                if let Err(e) = self.store.set(&health_key(i), &bytes).await {
-                    tracing::error!("GPU {i}: health state not kept in flash: {e:?}");
-                }
-            }
+            Ok(bytes) => self.recorder.set(health_key(i), bytes),
             Err(e) => tracing::error!("GPU {i}: health state not encodable: {e}"),
         }
     }
@@ -1005,21 +998,19 @@ impl Agent {
                 Ok(change) => {
                     let mut buf = [0u8; MAX_FRAME_LEN];
                     if let Ok(n) = frame.encode(&mut buf) {
-                        if let Err(e) = self
-                            .log
-                            .append(frame.time, MessageKind::QuarantineRelease as u8, &buf[..n])
-                            .await
-                        {
-                            tracing::error!("release not logged to flash: {e:?}");
-                        }
+                        self.recorder.append(
+                            frame.time,
+                            MessageKind::QuarantineRelease as u8,
+                            buf[..n].to_vec(),
+                        );
                     }
                     tracing::warn!(
                         "GPU {gpu} released by {}: {}",
                         r.operator.as_str(),
                         r.note.as_str()
                     );
-                    self.keep_health(gpu as usize).await;
                     self.publish_health(now);
+                    self.keep_health(gpu as usize).await;
                     let ev = Event::QuarantineReleased {
                         gpu: r.gpu,
                         operator: r.operator.clone(),
@@ -1045,11 +1036,10 @@ impl Agent {
             let mut buf = [0u8; MAX_FRAME_LEN];
             let logged = match frame.encode(&mut buf) {
                 Ok(n) => self
-                    .log
-                    .append(frame.time, MessageKind::CapLease as u8, &buf[..n])
+                    .recorder
+                    .append_sync(frame.time, MessageKind::CapLease as u8, buf[..n].to_vec())
                     .await
-                    .map(|_| ())
-                    .map_err(|e| format!("{e:?}")),
+                    .map(|_| ()),
                 Err(e) => Err(format!("{e:?}")),
             };
             if let Err(e) = logged {
