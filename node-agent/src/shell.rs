@@ -1027,7 +1027,8 @@ impl Agent {
                 }
                 Err(state) => {
                     code = AckCode::NotQuarantined;
-                    detail = format!("GPU {gpu} is {state:?}, not quarantined").to_lowercase();
+                    let state = format!("{state:?}").to_lowercase();
+                    detail = format!("GPU {gpu} is {state}, not quarantined");
                 }
             }
         }
