@@ -18,7 +18,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use loopwarden_bus::now_ms;
-use loopwarden_protocol::{Frame, Message, MessageKind, TimestampMs};
+use loopwarden_protocol::{Frame, HealthState, Message, MessageKind, TimestampMs};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
@@ -165,9 +165,24 @@ impl Agent {
                 "dropped_waiting": self.unsent_dropped,
             },
             "leases": self.core.leases().len(),
+            "health": {
+                "healthy": self.count_health(HealthState::Healthy),
+                "degraded": self.count_health(HealthState::Degraded),
+                "quarantined": self.count_health(HealthState::Quarantined),
+            },
             "flash": self.flash_path.clone().unwrap_or_else(|| "memory (not kept)".into()),
             "demo_key": self.config.demo_key,
         })
+    }
+
+    fn count_health(&self, state: HealthState) -> usize {
+        (0..self.gpus.len())
+            .filter(|&i| {
+                self.health
+                    .status(i as u8)
+                    .is_some_and(|h| h.state == state)
+            })
+            .count()
     }
 
     fn gpus_view(&self) -> Vec<Value> {
@@ -476,6 +491,15 @@ pub fn render(req: &Request, v: &Value) -> String {
                         s(&j["p99"]),
                         s(&j["max"]),
                         s(&j["window"])
+                    ),
+                ),
+                (
+                    "health",
+                    format!(
+                        "{} healthy, {} degraded, {} quarantined",
+                        s(&v["health"]["healthy"]),
+                        s(&v["health"]["degraded"]),
+                        s(&v["health"]["quarantined"])
                     ),
                 ),
                 ("leases", s(&v["leases"])),
