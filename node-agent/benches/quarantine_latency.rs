@@ -61,7 +61,13 @@ fn main() {
         return;
     };
     let port = broker.port();
-    let dir = tempfile::tempdir().expect("temp dir");
+    // The flash file's folder: LOOPWARDEN_BENCH_DIR (to compare disks),
+    // else the system's temporary folder.
+    let dir = match std::env::var_os("LOOPWARDEN_BENCH_DIR") {
+        Some(d) => tempfile::tempdir_in(d),
+        None => tempfile::tempdir(),
+    }
+    .expect("temp dir");
     let (site, host) = ("bench", "h01");
     let topic = format!("dc/v1/{site}/host/{host}/health");
     let mut sub = Subscriber::start(port, &[&topic]).expect("mosquitto_sub");

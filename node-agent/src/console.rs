@@ -161,8 +161,8 @@ impl Agent {
                 "outbox_refused": m.outbox_refused,
                 "dropped_outbox": m.dropped_outbox,
                 "delivery_mismatch": m.delivery_mismatch,
-                "waiting_for_outbox": self.unsent.len(),
-                "dropped_waiting": self.unsent_dropped,
+                "waiting_for_outbox": self.recorder.waiting().0,
+                "dropped_waiting": self.recorder.waiting().1,
             },
             "leases": self.core.leases().len(),
             "health": {

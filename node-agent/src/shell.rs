@@ -57,8 +57,6 @@ const SEQ_BLOCK: u32 = 10_000;
 const JITTER_WINDOW: usize = 600;
 /// XIDs kept per GPU for `why`.
 const RECENT_XIDS: usize = 8;
-/// Frames kept in memory while the outbox is full.
-const UNSENT_MAX: usize = 256;
 /// How long a limit that could not be set waits before the next try, ms.
 const RETRY_MS: u64 = 30_000;
 /// Every this many samples the limits are read back again, so a limit
@@ -154,10 +152,6 @@ pub(crate) struct Agent {
     /// Connections seen; a new one gets the retained health again (a
     /// broker restarted without persistence has lost it).
     pub connects: u64,
-    /// Frames waiting for room in the outbox.
-    pub unsent: VecDeque<(Message, TimestampMs, bool)>,
-    /// Frames dropped from `unsent` when it was full.
-    pub unsent_dropped: u64,
     /// The health engine.
     pub health: HealthEngine,
     /// Where finished quarantine actions report.
@@ -415,6 +409,7 @@ pub async fn run(
     let console_task = tokio::spawn(console::serve(listener, ctl_tx));
 
     let (actions_tx, mut actions_rx) = mpsc::unbounded_channel();
+    let recorder = Recorder::start(log, store, bus.clone()).map_err(AgentError::Thread)?;
     let mut agent = Agent {
         health,
         actions: actions_tx,
@@ -424,15 +419,13 @@ pub async fn run(
         workers,
         gpus,
         core,
-        recorder: Recorder::start(log, store).map_err(AgentError::Thread)?,
+        recorder,
         seq_floor: first_seq.saturating_add(SEQ_BLOCK),
         timing: Timing::default(),
         started,
         flash_path,
         last_json: None,
         connects: 0,
-        unsent: VecDeque::new(),
-        unsent_dropped: 0,
     };
 
     // Start from what the GPUs have now, then put the targets in force.
@@ -468,6 +461,8 @@ pub async fn run(
 
     tracing::info!("stopping: restoring default power limits");
     agent.restore_defaults().await;
+    // Everything decided is written and handed to the bus before it stops.
+    agent.recorder.flush().await;
     console_task.abort();
     let _ = std::fs::remove_file(&console_path);
     if let Err(e) = agent.bus.shutdown(Duration::from_secs(3)).await {
@@ -518,63 +513,30 @@ impl Agent {
     }
 
     /// Publishes a message and its JSON mirror; logs what the bus refused.
-    /// A frame the outbox had no room for is kept here and published again
-    /// (in order) once there is room; the oldest go first when this is full
-    /// too. The decision itself is in the event log already.
+    /// Publishes a message and its JSON mirror. Telemetry and health
+    /// (outside the outbox) go out from here at once; events and acks go
+    /// through the recorder, which stores them in the outbox.
     fn publish(&mut self, message: Message, time: TimestampMs, mirror: bool) {
-        if !self.unsent.is_empty() && message.kind() != MessageKind::HostTelemetry {
-            self.hold(message, time, mirror);
+        if matches!(message, Message::Event(_) | Message::Ack(_)) {
+            self.recorder.publish(message, time, mirror);
             return;
         }
-        if let Some(m) = self.try_publish(message, time, mirror) {
-            self.hold(m, time, mirror);
-        }
-    }
-
-    /// Publishes; gives the message back when the outbox is full.
-    fn try_publish(&self, message: Message, time: TimestampMs, mirror: bool) -> Option<Message> {
         let kind = message.kind();
-        match self.bus.publish(message.clone(), time) {
+        match self.bus.publish(message, time) {
             Ok(frame) => {
                 if mirror {
                     if let Err(e) = self.bus.publish_json(&frame) {
                         tracing::debug!("JSON mirror of {kind:?} not sent: {e}");
                     }
                 }
-                None
             }
-            Err(loopwarden_bus::PublishError::OutboxFull(_)) => Some(message),
-            Err(loopwarden_bus::PublishError::Offline) => None,
-            Err(e) => {
-                tracing::warn!("{kind:?} not published: {e}");
-                None
-            }
+            Err(loopwarden_bus::PublishError::Offline) => {}
+            Err(e) => tracing::warn!("{kind:?} not published: {e}"),
         }
     }
 
-    fn hold(&mut self, message: Message, time: TimestampMs, mirror: bool) {
-        if self.unsent.is_empty() {
-            tracing::warn!("the outbox is full: frames wait in memory until the broker takes some");
-        }
-        if self.unsent.len() == UNSENT_MAX {
-            self.unsent.pop_front();
-            self.unsent_dropped += 1;
-        }
-        self.unsent.push_back((message, time, mirror));
-    }
-
-    /// Publishes what waits for room in the outbox, oldest first.
-    fn publish_unsent(&mut self) {
-        while let Some((message, time, mirror)) = self.unsent.pop_front() {
-            if let Some(m) = self.try_publish(message, time, mirror) {
-                self.unsent.push_front((m, time, mirror));
-                return;
-            }
-        }
-    }
-
-    /// Logs an event to flash (through the recorder, in decision order)
-    /// and publishes it.
+    /// Logs an event to flash and publishes it, both through the
+    /// recorder, in decision order.
     async fn emit(&mut self, event: Event, time: TimestampMs) {
         let mut buf = [0u8; MAX_FRAME_LEN];
         let message = Message::Event(event);
@@ -746,7 +708,6 @@ impl Agent {
             self.connects = connects;
             self.publish_health(now);
         }
-        self.publish_unsent();
         self.publish_telemetry(now);
         self.keep_seq_reserved().await;
 
