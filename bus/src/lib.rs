@@ -21,6 +21,7 @@ mod config;
 mod durable;
 #[cfg(feature = "embedded-broker")]
 pub mod embedded;
+pub mod keys;
 mod metrics;
 
 pub use backoff::Backoff;

@@ -705,43 +705,7 @@ fn check_action(action: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-/// Reads a keys file: `<id> <hex secret>` per line, `#` comments.
-pub fn read_keys(path: &Path) -> Result<BTreeMap<u8, Vec<u8>>, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read keys file {}: {e}", path.display()))?;
-    let mut keys = BTreeMap::new();
-    for (i, raw) in text.lines().enumerate() {
-        let line = raw.split('#').next().unwrap_or("").trim();
-        if line.is_empty() {
-            continue;
-        }
-        let at = || format!("{} line {}", path.display(), i + 1);
-        let (id, hex) = line
-            .split_once(char::is_whitespace)
-            .ok_or_else(|| format!("{}: expected `<key id> <hex secret>`", at()))?;
-        let id: u8 = id
-            .parse()
-            .map_err(|_| format!("{}: key id {id:?} is not 0 to 255", at()))?;
-        let hex = hex.trim();
-        if hex.len() < 32 || hex.len() % 2 != 0 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(format!(
-                "{}: the secret must be hex, at least 16 bytes (32 digits)",
-                at()
-            ));
-        }
-        let secret = (0..hex.len())
-            .step_by(2)
-            .map(|j| u8::from_str_radix(&hex[j..j + 2], 16).expect("checked hex"))
-            .collect();
-        if keys.insert(id, secret).is_some() {
-            return Err(format!("{}: key id {id} appears twice", at()));
-        }
-    }
-    if keys.is_empty() {
-        return Err(format!("keys file {} holds no key", path.display()));
-    }
-    Ok(keys)
-}
+pub use loopwarden_bus::keys::read_keys;
 
 fn local_host_name() -> Option<String> {
     std::fs::read_to_string("/proc/sys/kernel/hostname")

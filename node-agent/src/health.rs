@@ -237,8 +237,13 @@ impl Window {
     /// Adds a point and returns the increase over the last `span` ms (from
     /// the oldest point at least `span` old, else the oldest kept).
     fn push(&mut self, t: u64, v: u64, span: u64) -> u64 {
-        // A counter that went down was reset (driver reload): start again.
-        if self.points.back().is_some_and(|&(_, last)| v < last) {
+        // A counter that went down was reset (driver reload), or the clock
+        // stepped back: start again.
+        if self
+            .points
+            .back()
+            .is_some_and(|&(lt, last)| v < last || t < lt)
+        {
             self.points.clear();
         }
         self.points.push_back((t, v));
@@ -260,7 +265,9 @@ impl Streak {
     /// Returns how long it has held.
     fn update(&mut self, t: u64, on: bool, off: bool) -> Option<u64> {
         if on {
-            let since = *self.since.get_or_insert(t);
+            // A clock that stepped back restarts the streak.
+            let since = self.since.filter(|&s| s <= t).unwrap_or(t);
+            self.since = Some(since);
             Some(t - since)
         } else {
             if off {
@@ -535,12 +542,10 @@ impl HealthEngine {
     }
 
     /// The host's loop reported its state.
+    /// The episode the cooling explains ends in the peer rules, once the
+    /// loop is normal and no GPU runs hot, not on the report itself.
     pub fn coolant(&mut self, now: TimestampMs, c: Coolant) -> Vec<Output> {
         let _ = now;
-        if c.state == LoopState::Normal {
-            self.attributed = 0;
-            self.unsaid = None;
-        }
         self.coolant = Some(c);
         Vec::new()
     }
@@ -831,7 +836,9 @@ impl HealthEngine {
         let slow = loaded
             && !explained
             && peer_clock.is_some_and(|m| o.sm_clock < p.straggler_clock_ratio * m);
-        let not_slow = !loaded || peer_clock.is_some_and(|m| o.sm_clock >= 0.9 * m);
+        // An explained slow sample ends the streak too: only unexplained
+        // slowness, sustained, makes a straggler.
+        let not_slow = !loaded || explained || peer_clock.is_some_and(|m| o.sm_clock >= 0.9 * m);
 
         if cooling_explains {
             // The cooling's fault: no GPU is judged on heat now; say so once.

@@ -9,6 +9,9 @@
 //! - `lwbus flash FILE`: read an agent's flash file (stopped agent, or a
 //!   copy): its event log, the frames its outbox still holds, and the
 //!   sequence floor.
+//! - `lwbus release`: put a quarantined GPU back in service, as an
+//!   operator: a `quarantine_release` signed with a site key, and the
+//!   host's ack.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -60,6 +63,34 @@ enum Command {
         /// Print each log record's message as JSON after its number and time.
         #[arg(long)]
         json: bool,
+    },
+    /// Release a quarantined GPU (a signed operator command) and print
+    /// the host's answer.
+    Release {
+        /// Broker address (host[:port]).
+        #[arg(long, default_value = "127.0.0.1:1883")]
+        broker: BrokerAddr,
+        /// The site.
+        #[arg(long)]
+        site: String,
+        /// The host the GPU is in.
+        #[arg(long)]
+        host: String,
+        /// The GPU's index.
+        #[arg(long)]
+        gpu: u8,
+        /// Who releases it (an ident: your name).
+        #[arg(long)]
+        operator: String,
+        /// Why it is fit again (logged and published; required).
+        #[arg(long)]
+        note: String,
+        /// The site keys file (`<key id> <hex secret>` per line).
+        #[arg(long)]
+        keys_file: std::path::PathBuf,
+        /// Which key of the file signs; default: the lowest id.
+        #[arg(long)]
+        key_id: Option<u8>,
     },
     /// Publish one frame of every message kind, and its JSON mirror.
     Samples {
@@ -394,10 +425,113 @@ async fn main() -> Result<()> {
             watch(broker, site, json).await
         }
         Command::Flash { file, json } => dump_flash(&file, json).await,
+        Command::Release {
+            broker,
+            site,
+            host,
+            gpu,
+            operator,
+            note,
+            keys_file,
+            key_id,
+        } => {
+            release(
+                broker, &site, &host, gpu, &operator, &note, &keys_file, key_id,
+            )
+            .await
+        }
         Command::Samples { broker, site } => {
             let site = Ident::new(&site).map_err(|e| anyhow::anyhow!("--site: {e}"))?;
             publish_samples(broker, site).await
         }
+    }
+}
+
+/// Sends a signed `quarantine_release` and waits for the host's ack.
+#[allow(clippy::too_many_arguments)]
+async fn release(
+    broker: BrokerAddr,
+    site: &str,
+    host: &str,
+    gpu: u8,
+    operator: &str,
+    note: &str,
+    keys_file: &std::path::Path,
+    key_id: Option<u8>,
+) -> Result<()> {
+    use loopwarden_protocol::{AckCode, CommandAuth, Frame, GpuIndex, QuarantineRelease, Text};
+    let site = Ident::new(site).map_err(|e| anyhow::anyhow!("--site: {e}"))?;
+    let host = Ident::new(host).map_err(|e| anyhow::anyhow!("--host: {e}"))?;
+    let me =
+        NodeId::new(Role::Operator, operator).map_err(|e| anyhow::anyhow!("--operator: {e}"))?;
+    let gpu = GpuIndex::new(gpu).context("--gpu: 0 to 15")?;
+    let note = note.trim();
+    if note.is_empty() {
+        bail!("--note: say why the GPU is fit again; it is logged and published");
+    }
+    let note = Text::new(note).context("--note: at most 96 bytes")?;
+    let keys = loopwarden_bus::keys::read_keys(keys_file).map_err(|e| anyhow::anyhow!(e))?;
+    let (id, key) = match key_id {
+        Some(id) => (
+            id,
+            keys.get(&id)
+                .with_context(|| format!("--key-id {id}: not in the keys file"))?,
+        ),
+        None => keys
+            .iter()
+            .next()
+            .map(|(id, k)| (*id, k))
+            .context("no key")?,
+    };
+    let ack_topic = Topic::new(&site, Role::Host, &host, Family::Ack);
+    let mut config = BusConfig::new(broker.clone(), site.clone(), me.clone());
+    config.client_id = format!("lwbus-release-{}-{}", me.id, std::process::id());
+    config.subscriptions.push(ack_topic.to_string());
+    let (bus, mut inbound, task) = Bus::start(config);
+    if !bus.wait_connected(Duration::from_secs(10)).await {
+        bail!("cannot reach the broker at {broker}");
+    }
+    // The host refuses a seq not above the last it took from this
+    // operator: seconds since 2020 rise across runs of this tool (one
+    // release per second and operator).
+    let seq = (now_ms().0 / 1000).saturating_sub(1_577_836_800) as u32;
+    let mut frame = Frame {
+        sender: me,
+        seq,
+        time: now_ms(),
+        message: Message::QuarantineRelease(QuarantineRelease {
+            gpu,
+            operator: Ident::new(operator).map_err(|e| anyhow::anyhow!("--operator: {e}"))?,
+            note,
+            auth: CommandAuth::default(),
+        }),
+    };
+    frame.sign(id, key)?;
+    let cmd = Topic::new(&site, Role::Host, &host, Family::Cmd);
+    bus.publish_frame(&cmd, &frame)?;
+    let answer = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(m) = inbound.recv().await {
+            if let Message::Ack(a) = m.frame.message {
+                if a.correlation.seq == frame.seq && a.correlation.from == frame.sender {
+                    return Some(a);
+                }
+            }
+        }
+        None
+    })
+    .await;
+    let _ = bus.shutdown(Duration::from_secs(2)).await;
+    task.join(Duration::from_secs(2)).await;
+    match answer {
+        Ok(Some(a)) if a.code == AckCode::Ok => {
+            println!("GPU {} of {} released", gpu.get(), host.as_str());
+            Ok(())
+        }
+        Ok(Some(a)) => bail!("refused: {:?}: {}", a.code, a.detail.as_str()),
+        _ => bail!(
+            "no answer from {} in 10 s (is its agent running, on this site?)",
+            host.as_str()
+        ),
     }
 }
 
