@@ -730,12 +730,16 @@ impl HealthEngine {
             && t.saturating_sub(tr.last_degrade_evidence) >= p.quiet_ms
         {
             let from = tr.status.state;
-            let quiet_h = p.quiet_ms as f64 / 3_600_000.0;
+            let quiet = if p.quiet_ms >= 3_600_000 {
+                format!("{:.1} h", p.quiet_ms as f64 / 3_600_000.0)
+            } else {
+                format!("{} min", p.quiet_ms / 60_000)
+            };
             tr.status = GpuStatus {
                 state: HealthState::Healthy,
                 reason: ReasonCode::QUIET_PERIOD,
                 since: now,
-                evidence: fit(format!("no new evidence for {quiet_h:.1} h")),
+                evidence: fit(format!("no new evidence for {quiet}")),
             };
             out.push(Output::Change(Change {
                 time: now,
