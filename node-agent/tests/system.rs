@@ -489,12 +489,29 @@ fn in_process_with(
     let board = loopwarden_boards::GpuBoard::builtin("H200-SXM").expect("board");
     let twin = node_agent::twin::TwinSource::new(&board, gpus, 3);
     let control = twin.control();
+    let (stop_tx, agent) = run_source(port, host, gpus, dir, more, Box::new(twin));
+    (control, stop_tx, agent)
+}
+
+/// Runs an agent in this process over any GPU source; stopped by the
+/// returned sender. Sampling every 200 ms unless `more` says otherwise.
+fn run_source(
+    port: u16,
+    host: &str,
+    gpus: usize,
+    dir: &Path,
+    more: node_agent::config::Overrides,
+    source: Box<dyn node_agent::gpu::GpuSource + Send>,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    std::thread::JoinHandle<Result<(), node_agent::shell::AgentError>>,
+) {
     let flags = node_agent::config::Overrides {
         site: Some(SITE.into()),
         host: Some(host.into()),
         broker: Some(format!("127.0.0.1:{port}")),
         twin_gpus: Some(gpus as u8),
-        period_ms: Some(200),
+        period_ms: Some(more.period_ms.unwrap_or(200)),
         console: Some(dir.join(format!("{host}.sock"))),
         ..more
     };
@@ -504,11 +521,11 @@ fn in_process_with(
     // awaits); it runs on a runtime of its own, as in `main`.
     let agent = std::thread::spawn(move || {
         let rt = tokio::runtime::Runtime::new().expect("runtime");
-        rt.block_on(node_agent::shell::run(config, Box::new(twin), async {
+        rt.block_on(node_agent::shell::run(config, source, async {
             let _ = stop_rx.await;
         }))
     });
-    (control, stop_tx, agent)
+    (stop_tx, agent)
 }
 
 fn release(seq: u32, gpu: u8, note: &str) -> Frame {
@@ -813,23 +830,11 @@ fn a_limit_the_gpu_refuses_is_acknowledged_as_failed_and_said_once() {
     .expect("mosquitto_sub");
     let board = loopwarden_boards::GpuBoard::builtin("H200-SXM").expect("board");
     let source = Refusing(node_agent::twin::TwinSource::new(&board, 2, 3));
-    let flags = node_agent::config::Overrides {
-        site: Some(SITE.into()),
-        host: Some(host.into()),
-        broker: Some(format!("127.0.0.1:{port}")),
-        twin_gpus: Some(2),
+    let more = node_agent::config::Overrides {
         period_ms: Some(100),
-        console: Some(dir.path().join("c.sock")),
         ..Default::default()
     };
-    let config = node_agent::config::load(None, &flags).expect("config");
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let agent = std::thread::spawn(move || {
-        let rt = tokio::runtime::Runtime::new().expect("runtime");
-        rt.block_on(node_agent::shell::run(config, Box::new(source), async {
-            let _ = stop_rx.await;
-        }))
-    });
+    let (stop_tx, agent) = run_source(port, host, 2, dir.path(), more, Box::new(source));
     std::thread::sleep(Duration::from_millis(500));
     let ack = ack_of_sent(
         &mut sub,
