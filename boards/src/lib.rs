@@ -1,10 +1,13 @@
 //! # loopwarden-boards: hardware as data
 //!
 //! Board differences live here as TOML, not as code: the limits of each
-//! GPU model a node agent drives (`gpus/*.toml`), and, as they land, the
-//! Modbus register maps of CDU models, the pin maps of controller boards
-//! and the simulated hall (plant, twin GPUs, simulated CDU) that both agents
-//! are tested against behind the same traits as real hardware.
+//! GPU model a node agent drives (`gpus/*.toml`), the flash layout of a
+//! host (`flash/*.toml`), and the simulated hall's physics ([`plant`]: GPUs
+//! on cold plates, the CDU's loop, dry cooler, trim chiller and meters,
+//! every default a field of a site's TOML). As they land: the Modbus
+//! register maps of CDU models, the pin maps of controller boards, and the
+//! simulated CDU and twin GPUs that both agents are tested against behind
+//! the same traits as real hardware.
 //!
 //! Glossary:
 //! - *board definition*: one TOML file describing one model; unknown keys
@@ -13,6 +16,8 @@
 //! - *cap*: a power limit set below the default; never below `min_cap_w`.
 
 #![warn(missing_docs)]
+
+pub mod plant;
 
 use std::path::Path;
 

@@ -1,0 +1,944 @@
+//! The simulated hall: GPUs on cold plates, the CDU's secondary loop, the
+//! facility water loop with its dry cooler and trim chiller, and the power
+//! meters (`PLANT_MODEL.md` sections 2 to 5).
+//!
+//! Pure: the plant is stepped with a time step, what the actuators are
+//! told and the outdoor conditions; it reads no clock. Every default of
+//! the model is a field of [`SiteConfig`], so a site describes its own
+//! hall in TOML. The controller never reads this state directly: it sees
+//! sensors (the simulated CDU) that a scenario's faults may falsify.
+//!
+//! Glossary:
+//! - *u*: a GPU's workload demand, 0 to 1.
+//! - *w*: the work rate it delivers under its power limit; one GPU at
+//!   w = 1 for an hour is one work-GPU-hour.
+//! - *secondary loop*: coolant from the CDU to the racks' cold plates.
+//! - *facility loop*: water from the CDU's heat exchanger to the dry
+//!   cooler and the trim chiller.
+//! - *approach*: how far the heat exchanger's cold side stays above the
+//!   facility water.
+
+use serde::Deserialize;
+
+/// A hall as data; every field has the default of `PLANT_MODEL.md`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SiteConfig {
+    /// Racks on the CDU.
+    pub racks: usize,
+    /// Hosts per rack.
+    pub hosts_per_rack: usize,
+    /// GPUs per host.
+    pub gpus_per_host: usize,
+    /// The GPU model.
+    pub gpu: GpuModel,
+    /// Host power besides the GPUs.
+    pub host: HostModel,
+    /// The secondary loop and the CDU.
+    #[serde(rename = "loop")]
+    pub secondary: LoopModel,
+    /// Heat rejection.
+    pub facility: FacilityModel,
+}
+
+impl Default for SiteConfig {
+    fn default() -> Self {
+        Self {
+            racks: 4,
+            hosts_per_rack: 4,
+            gpus_per_host: 8,
+            gpu: GpuModel::default(),
+            host: HostModel::default(),
+            secondary: LoopModel::default(),
+            facility: FacilityModel::default(),
+        }
+    }
+}
+
+/// One GPU (section 2).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GpuModel {
+    /// Default power limit, W.
+    pub tdp_w: f64,
+    /// Lowest settable limit, W.
+    pub min_cap_w: f64,
+    /// Static power at 50 °C, W.
+    pub static_w: f64,
+    /// Leakage growth per K above 50 °C, fraction of `static_w`.
+    pub leak_per_k: f64,
+    /// Max operating temperature, °C.
+    pub max_operating_c: f64,
+    /// HW slowdown, °C.
+    pub slowdown_c: f64,
+    /// HW shutdown, °C.
+    pub shutdown_c: f64,
+    /// Junction to case, K/W.
+    pub r_jc: f64,
+    /// Cold plate, case to inlet, K/W, at flows per GPU in L/min.
+    pub r_cp: Vec<[f64; 2]>,
+    /// Cold plate without flow, K/W.
+    pub r_cp_stagnant: f64,
+    /// Lumped heat capacity, J/K.
+    pub heat_capacity_j_per_k: f64,
+}
+
+impl Default for GpuModel {
+    fn default() -> Self {
+        Self {
+            tdp_w: 700.0,
+            min_cap_w: 200.0,
+            static_w: 90.0,
+            leak_per_k: 0.015,
+            max_operating_c: 87.0,
+            slowdown_c: 89.0,
+            shutdown_c: 92.0,
+            r_jc: 0.022,
+            r_cp: vec![
+                [0.4, 0.0389],
+                [0.6, 0.0300],
+                [1.0, 0.0245],
+                [1.4, 0.0220],
+                [2.0, 0.0204],
+                [2.4, 0.0197],
+            ],
+            r_cp_stagnant: 0.2,
+            heat_capacity_j_per_k: 500.0,
+        }
+    }
+}
+
+impl GpuModel {
+    /// Cold-plate resistance at `q` L/min (piecewise linear, clamped).
+    pub fn r_cold_plate(&self, q: f64) -> f64 {
+        let t = &self.r_cp;
+        if q <= 0.0 || t.is_empty() {
+            return self.r_cp_stagnant;
+        }
+        if q <= t[0][0] {
+            return t[0][1];
+        }
+        for p in t.windows(2) {
+            let ([q0, r0], [q1, r1]) = (p[0], p[1]);
+            if q <= q1 {
+                return r0 + (r1 - r0) * (q - q0) / (q1 - q0);
+            }
+        }
+        t[t.len() - 1][1]
+    }
+
+    /// Static power at `t_j`, W.
+    pub fn static_power(&self, t_j: f64) -> f64 {
+        self.static_w * (1.0 + self.leak_per_k * (t_j - 50.0))
+    }
+}
+
+/// Host power besides its GPUs (section 2).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HostModel {
+    /// At full load, W.
+    pub full_w: f64,
+    /// Idle, W.
+    pub idle_w: f64,
+}
+
+impl Default for HostModel {
+    fn default() -> Self {
+        Self {
+            full_w: 1200.0,
+            idle_w: 500.0,
+        }
+    }
+}
+
+/// The secondary loop and the CDU (section 3).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoopModel {
+    /// Flow per GPU at pump speed 100 %, L/min.
+    pub design_lpm_per_gpu: f64,
+    /// Lowest pump speed, fraction.
+    pub min_speed: f64,
+    /// Electrical power of the running pump at 100 %, W.
+    pub pump_max_w: f64,
+    /// CDU heat exchanger approach, K.
+    pub approach_k: f64,
+    /// Supply temperature's time constant, s.
+    pub supply_tau_s: f64,
+    /// How long the lag pump takes to reach speed, s.
+    pub lag_start_s: f64,
+    /// Coolant heat capacity, J/(kg·K).
+    pub cp_j_per_kg_k: f64,
+    /// Coolant density, kg/m³.
+    pub density_kg_per_m3: f64,
+    /// Room dew point, °C.
+    pub dew_point_c: f64,
+    /// Highest setpoint, °C.
+    pub max_setpoint_c: f64,
+    /// How fast a stagnant plate's inlet drifts to the die, K/s.
+    pub stagnant_drift_k_per_s: f64,
+}
+
+impl Default for LoopModel {
+    fn default() -> Self {
+        Self {
+            design_lpm_per_gpu: 1.5,
+            min_speed: 0.3,
+            pump_max_w: 1400.0,
+            approach_k: 3.0,
+            supply_tau_s: 30.0,
+            lag_start_s: 10.0,
+            cp_j_per_kg_k: 3900.0,
+            density_kg_per_m3: 1030.0,
+            dew_point_c: 15.0,
+            max_setpoint_c: 45.0,
+            stagnant_drift_k_per_s: 1.0,
+        }
+    }
+}
+
+impl LoopModel {
+    /// The lowest setpoint the CDU accepts (dew point + 2 K), °C.
+    pub fn min_setpoint_c(&self) -> f64 {
+        self.dew_point_c + 2.0
+    }
+}
+
+/// Heat rejection and the facility's own loads (sections 4 and 5).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FacilityModel {
+    /// Facility water flow, kg/s.
+    pub water_kg_per_s: f64,
+    /// Water heat capacity, J/(kg·K).
+    pub water_cp_j_per_kg_k: f64,
+    /// Dry cooler at full fans, W/K.
+    pub dry_cooler_ua_w_per_k: f64,
+    /// Dry cooler fans at 100 %, W.
+    pub fan_max_w: f64,
+    /// The dry cooler cannot cool below ambient + this, K.
+    pub pinch_k: f64,
+    /// Trim chiller capacity, W.
+    pub chiller_max_w: f64,
+    /// Best chiller COP.
+    pub cop_max: f64,
+    /// Share of the Carnot COP the chiller reaches.
+    pub carnot_fraction: f64,
+    /// Heat capacity of the facility loop, J/K.
+    pub heat_capacity_j_per_k: f64,
+    /// Time constant of the facility water following its target, s.
+    pub follow_tau_s: f64,
+    /// Facility pumps, W.
+    pub pumps_w: f64,
+    /// Distribution losses, share of IT power.
+    pub distribution_loss: f64,
+    /// Fixed loads, W.
+    pub fixed_w: f64,
+}
+
+impl Default for FacilityModel {
+    fn default() -> Self {
+        Self {
+            water_kg_per_s: 6.0,
+            water_cp_j_per_kg_k: 4180.0,
+            dry_cooler_ua_w_per_k: 12_000.0,
+            fan_max_w: 4500.0,
+            pinch_k: 2.0,
+            chiller_max_w: 160_000.0,
+            cop_max: 8.0,
+            carnot_fraction: 0.5,
+            heat_capacity_j_per_k: 3_000_000.0,
+            follow_tau_s: 60.0,
+            pumps_w: 1500.0,
+            distribution_loss: 0.03,
+            fixed_w: 2000.0,
+        }
+    }
+}
+
+impl FacilityModel {
+    /// The chiller's COP with facility water at `t_fw` and outdoor air at
+    /// `t_amb` (°C): a Carnot fraction, at most `cop_max`.
+    pub fn cop(&self, t_fw: f64, t_amb: f64) -> f64 {
+        let lift = t_amb + 10.0 - t_fw;
+        if lift <= 0.0 {
+            return self.cop_max;
+        }
+        (self.carnot_fraction * (t_fw + 273.15) / lift).min(self.cop_max)
+    }
+}
+
+/// Pumps of the CDU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PumpId {
+    /// Pump A.
+    A,
+    /// Pump B.
+    B,
+}
+
+/// What the CDU and the hosts are told to do this step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Actuation {
+    /// Supply setpoint, °C (the CDU clamps it to its range).
+    pub setpoint_c: f64,
+    /// Pump speed command, fraction (clamped to `min_speed`..1).
+    pub pump_speed: f64,
+    /// Pumps commanded on.
+    pub pump_on: [bool; 2],
+    /// Per rack: valve open.
+    pub valves: Vec<bool>,
+    /// Per GPU: power cap in force, W (`None`: its TDP).
+    pub caps: Vec<Option<f64>>,
+}
+
+/// What the plant is subjected to this step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Conditions {
+    /// Outdoor dry-bulb, °C.
+    pub ambient_c: f64,
+    /// Per GPU: workload demand, 0 to 1.
+    pub demand: Vec<f64>,
+    /// Pumps tripped (they do not run whatever they are told).
+    pub pump_tripped: [bool; 2],
+    /// The chiller is tripped.
+    pub chiller_tripped: bool,
+    /// Share of the dry cooler's UA available.
+    pub dry_cooler_fraction: f64,
+}
+
+/// One GPU's state.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GpuState {
+    /// Junction temperature, °C.
+    pub t_j: f64,
+    /// Inlet (after its rack's valve), °C.
+    pub t_in: f64,
+    /// Power, W.
+    pub power: f64,
+    /// Work rate, 0 to 1.
+    pub work: f64,
+    /// In HW slowdown.
+    pub slowdown: bool,
+    /// Shut down for good.
+    pub shut_down: bool,
+}
+
+/// Energy and safety accounts of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Totals {
+    /// Seconds simulated.
+    pub seconds: f64,
+    /// IT energy, J.
+    pub it_j: f64,
+    /// Facility energy, J.
+    pub facility_j: f64,
+    /// Work, GPU-seconds at w = 1.
+    pub work_gpu_s: f64,
+    /// Heat the IT put into the coolant, J.
+    pub heat_in_j: f64,
+    /// Heat rejected by the dry cooler and the chiller, J.
+    pub heat_out_j: f64,
+    /// Hottest junction seen, °C.
+    pub max_gpu_c: f64,
+    /// GPU-seconds above the max operating temperature.
+    pub gpu_s_above_max_operating: f64,
+    /// HW slowdown episodes started.
+    pub slowdown_episodes: u32,
+    /// GPUs shut down.
+    pub shutdowns: u32,
+}
+
+/// The meters and loop readings of the last step.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Meters {
+    /// IT power (GPUs and hosts), W.
+    pub it_w: f64,
+    /// Heat into the coolant, W (all IT heat goes into the liquid).
+    pub heat_w: f64,
+    /// Running pump, W.
+    pub pump_w: f64,
+    /// Dry cooler fans, W.
+    pub fans_w: f64,
+    /// Chiller, W.
+    pub chiller_w: f64,
+    /// Heat the dry cooler rejects, W.
+    pub dry_cooler_heat_w: f64,
+    /// Heat the chiller rejects, W.
+    pub chiller_heat_w: f64,
+    /// Facility total, W.
+    pub facility_w: f64,
+    /// Secondary flow, L/min.
+    pub flow_lpm: f64,
+    /// Supply temperature, °C.
+    pub supply_c: f64,
+    /// Return temperature, °C.
+    pub return_c: f64,
+    /// Facility water supply, °C.
+    pub facility_supply_c: f64,
+}
+
+/// The hall.
+#[derive(Debug, Clone)]
+pub struct Plant {
+    site: SiteConfig,
+    gpus: Vec<GpuState>,
+    /// Supply temperature, °C.
+    supply_c: f64,
+    /// Facility water supply, °C.
+    fw_c: f64,
+    /// How far each pump has come up to speed, fraction.
+    pump_ramp: [f64; 2],
+    meters: Meters,
+    totals: Totals,
+}
+
+impl Plant {
+    /// A hall at rest: everything at `start_c` (water and GPUs alike).
+    pub fn new(site: SiteConfig, start_c: f64) -> Self {
+        let n = site.racks * site.hosts_per_rack * site.gpus_per_host;
+        let gpu = GpuState {
+            t_j: start_c,
+            t_in: start_c,
+            power: 0.0,
+            work: 0.0,
+            slowdown: false,
+            shut_down: false,
+        };
+        Self {
+            gpus: vec![gpu; n],
+            supply_c: start_c,
+            fw_c: start_c - site.secondary.approach_k,
+            pump_ramp: [1.0, 0.0],
+            meters: Meters::default(),
+            totals: Totals::default(),
+            site,
+        }
+    }
+
+    /// The site.
+    pub fn site(&self) -> &SiteConfig {
+        &self.site
+    }
+
+    /// Every GPU, rack by rack, host by host.
+    pub fn gpus(&self) -> &[GpuState] {
+        &self.gpus
+    }
+
+    /// The readings of the last step.
+    pub fn meters(&self) -> Meters {
+        self.meters
+    }
+
+    /// The run's accounts so far.
+    pub fn totals(&self) -> Totals {
+        self.totals
+    }
+
+    /// GPUs per rack.
+    pub fn gpus_per_rack(&self) -> usize {
+        self.site.hosts_per_rack * self.site.gpus_per_host
+    }
+
+    /// Advances the hall by `dt` seconds (at most 1 s; longer steps are cut).
+    pub fn step(&mut self, dt: f64, act: &Actuation, cond: &Conditions) {
+        let mut left = dt;
+        while left > 1e-9 {
+            let h = left.min(1.0);
+            self.step_once(h, act, cond);
+            left -= h;
+        }
+    }
+
+    fn step_once(&mut self, dt: f64, act: &Actuation, cond: &Conditions) {
+        let per_rack = self.gpus_per_rack();
+        // Borrow the parts apart: the site is read while the state changes.
+        let Plant {
+            site: s,
+            gpus,
+            supply_c,
+            fw_c,
+            pump_ramp,
+            meters,
+            totals,
+        } = self;
+        let lp = &s.secondary;
+        let g = &s.gpu;
+        let n = gpus.len();
+
+        // Pumps: a running pump at its speed; a pump starting comes up to
+        // speed over `lag_start_s`; a tripped one stops at once.
+        let speed = act.pump_speed.clamp(lp.min_speed, 1.0);
+        for (i, ramp) in pump_ramp.iter_mut().enumerate() {
+            if act.pump_on[i] && !cond.pump_tripped[i] {
+                *ramp = (*ramp + dt / lp.lag_start_s.max(1e-9)).min(1.0);
+            } else {
+                *ramp = 0.0;
+            }
+        }
+        let effective = pump_ramp.iter().fold(0.0f64, |a, &r| a.max(r)) * speed;
+        let flow_lpm = lp.design_lpm_per_gpu * n as f64 * effective;
+        let pump_w: f64 = pump_ramp
+            .iter()
+            .map(|&r| {
+                if r > 0.0 {
+                    lp.pump_max_w * (r * speed).powi(3)
+                } else {
+                    0.0
+                }
+            })
+            .sum();
+
+        // Flow splits evenly over the open racks.
+        let open: Vec<bool> = (0..s.racks)
+            .map(|r| act.valves.get(r).copied().unwrap_or(true))
+            .collect();
+        let open_gpus = open.iter().filter(|&&o| o).count() * per_rack;
+        let q_gpu = if open_gpus > 0 {
+            flow_lpm / open_gpus as f64
+        } else {
+            0.0
+        };
+
+        // Supply follows the setpoint, never below facility water + approach.
+        let sp = act.setpoint_c.clamp(lp.min_setpoint_c(), lp.max_setpoint_c);
+        *supply_c += (sp - *supply_c) * (dt / lp.supply_tau_s).min(1.0);
+        *supply_c = supply_c.max(*fw_c + lp.approach_k);
+
+        // GPUs.
+        let mut gpu_power = 0.0;
+        let mut gpu_to_coolant = 0.0;
+        let mut host_load = vec![0.0; n / s.gpus_per_host.max(1)];
+        for (i, gs) in gpus.iter_mut().enumerate() {
+            let rack = i / per_rack;
+            let u = cond.demand.get(i).copied().unwrap_or(0.0).clamp(0.0, 1.0);
+            host_load[i / s.gpus_per_host] += u / s.gpus_per_host as f64;
+            let (q, t_in) = if open[rack] {
+                (q_gpu, *supply_c)
+            } else {
+                let drift = lp.stagnant_drift_k_per_s * dt;
+                let t = if gs.t_in < gs.t_j {
+                    (gs.t_in + drift).min(gs.t_j)
+                } else {
+                    (gs.t_in - drift).max(gs.t_j)
+                };
+                (0.0, t)
+            };
+            gs.t_in = t_in;
+            if gs.shut_down {
+                gs.power = 0.0;
+                gs.work = 0.0;
+            } else {
+                if gs.t_j >= g.slowdown_c && !gs.slowdown {
+                    gs.slowdown = true;
+                    totals.slowdown_episodes += 1;
+                } else if gs.t_j < g.max_operating_c {
+                    gs.slowdown = false;
+                }
+                let mut limit = act.caps.get(i).copied().flatten().unwrap_or(g.tdp_w);
+                limit = limit.clamp(g.min_cap_w, g.tdp_w);
+                if gs.slowdown {
+                    limit = limit.min(0.5 * g.tdp_w);
+                }
+                let p_s = g.static_power(gs.t_j);
+                let p_d = u * (g.tdp_w - g.static_w);
+                if p_s + p_d <= limit {
+                    gs.power = p_s + p_d;
+                    gs.work = u;
+                } else {
+                    gs.power = limit;
+                    gs.work = if p_d > 0.0 {
+                        u * (limit - p_s).max(0.0) / p_d
+                    } else {
+                        0.0
+                    };
+                }
+            }
+            // Heat into the coolant through the plate; the rest is stored.
+            let r = g.r_jc + g.r_cold_plate(q);
+            let to_coolant = (gs.t_j - t_in) / r;
+            gs.t_j += dt * (gs.power - to_coolant) / g.heat_capacity_j_per_k;
+            // A closed rack's stagnant plates keep their heat in the rack.
+            if open[rack] {
+                gpu_to_coolant += to_coolant;
+            }
+            if gs.t_j >= g.shutdown_c && !gs.shut_down {
+                gs.shut_down = true;
+                totals.shutdowns += 1;
+            }
+            gpu_power += gs.power;
+            totals.max_gpu_c = totals.max_gpu_c.max(gs.t_j);
+            if gs.t_j > g.max_operating_c {
+                totals.gpu_s_above_max_operating += dt;
+            }
+            totals.work_gpu_s += gs.work * dt;
+        }
+        let host_w: f64 = host_load
+            .iter()
+            .map(|&l| s.host.idle_w + (s.host.full_w - s.host.idle_w) * l.clamp(0.0, 1.0))
+            .sum();
+        let it_w = gpu_power + host_w;
+        // All IT heat goes into the liquid: the GPUs' through their plates
+        // (what a die stores meanwhile is its own), the hosts' directly.
+        let heat_w = gpu_to_coolant + host_w;
+
+        // Return temperature.
+        let m_dot = flow_lpm * lp.density_kg_per_m3 / 60_000.0;
+        let return_c = if m_dot > 0.0 {
+            *supply_c + heat_w / (m_dot * lp.cp_j_per_kg_k)
+        } else {
+            *supply_c
+        };
+
+        // Heat rejection: the dry cooler first, the chiller takes the rest
+        // up to its capacity, the facility loop stores what neither takes.
+        let f = &s.facility;
+        let target = sp - lp.approach_k;
+        let fw_return = *fw_c + heat_w / (f.water_kg_per_s * f.water_cp_j_per_kg_k);
+        let ua = f.dry_cooler_ua_w_per_k * cond.dry_cooler_fraction.clamp(0.0, 1.0);
+        let drive = (fw_return - cond.ambient_c - f.pinch_k).max(0.0);
+        // Towards the target the loop should shed this much heat.
+        let follow = f.heat_capacity_j_per_k * (*fw_c - target) / f.follow_tau_s.max(dt);
+        let wanted = (heat_w + follow).max(0.0);
+        let q_dc = wanted.min(ua * drive);
+        let fan_frac = if ua * drive > 0.0 {
+            q_dc / (ua * drive)
+        } else {
+            0.0
+        };
+        let fans_w = f.fan_max_w * fan_frac.powi(3);
+        let q_ch = if cond.chiller_tripped {
+            0.0
+        } else {
+            (wanted - q_dc).clamp(0.0, f.chiller_max_w)
+        };
+        let chiller_w = q_ch / f.cop(*fw_c, cond.ambient_c);
+        *fw_c += dt * (heat_w - q_dc - q_ch) / f.heat_capacity_j_per_k;
+
+        let facility_w =
+            it_w + pump_w + fans_w + chiller_w + f.pumps_w + f.distribution_loss * it_w + f.fixed_w;
+        *meters = Meters {
+            it_w,
+            heat_w,
+            pump_w,
+            fans_w,
+            chiller_w,
+            dry_cooler_heat_w: q_dc,
+            chiller_heat_w: q_ch,
+            facility_w,
+            flow_lpm,
+            supply_c: *supply_c,
+            return_c,
+            facility_supply_c: *fw_c,
+        };
+        let t = totals;
+        t.seconds += dt;
+        t.it_j += it_w * dt;
+        t.facility_j += facility_w * dt;
+        t.heat_in_j += heat_w * dt;
+        t.heat_out_j += (q_dc + q_ch) * dt;
+    }
+
+    /// Heat stored in the GPUs' dies relative to `reference_c`, J.
+    pub fn gpu_stored_j(&self, reference_c: f64) -> f64 {
+        let c = self.site.gpu.heat_capacity_j_per_k;
+        self.gpus.iter().map(|g| c * (g.t_j - reference_c)).sum()
+    }
+
+    /// Heat stored in the facility loop relative to `reference_c`, J.
+    pub fn facility_stored_j(&self, reference_c: f64) -> f64 {
+        self.site.facility.heat_capacity_j_per_k * (self.fw_c - reference_c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn site() -> SiteConfig {
+        SiteConfig::default()
+    }
+
+    fn act(p: &Plant, setpoint: f64, speed: f64) -> Actuation {
+        Actuation {
+            setpoint_c: setpoint,
+            pump_speed: speed,
+            pump_on: [true, false],
+            valves: vec![true; p.site().racks],
+            caps: vec![None; p.gpus().len()],
+        }
+    }
+
+    fn cond(p: &Plant, ambient: f64, u: f64) -> Conditions {
+        Conditions {
+            ambient_c: ambient,
+            demand: vec![u; p.gpus().len()],
+            pump_tripped: [false; 2],
+            chiller_tripped: false,
+            dry_cooler_fraction: 1.0,
+        }
+    }
+
+    /// Runs `secs` seconds at 1 s steps.
+    fn run(p: &mut Plant, secs: usize, a: &Actuation, c: &Conditions) {
+        for _ in 0..secs {
+            p.step(1.0, a, c);
+        }
+    }
+
+    fn close(got: f64, want: f64, tol: f64, what: &str) {
+        assert!(
+            (got - want).abs() <= tol,
+            "{what}: got {got:.4}, by hand {want:.4} (±{tol})"
+        );
+    }
+
+    /// Steady state at three operating points against sections 2, 3 and 5
+    /// evaluated by hand (the arithmetic is written out below).
+    #[test]
+    fn steady_states_match_the_formulas_by_hand() {
+        // (supply °C, pump speed, demand u, ambient °C)
+        struct Point {
+            supply: f64,
+            speed: f64,
+            u: f64,
+            ambient: f64,
+            // By hand:
+            t_j: f64,
+            power: f64,
+            work: f64,
+            pump_w: f64,
+        }
+        let points = [
+            // 1. Supply 32 °C, pump 100 %: q = 1.5 L/min per GPU.
+            //    R_cp(1.5) = 0.0220 + (0.0204 - 0.0220) * (0.1 / 0.6) = 0.021733
+            //    R = 0.022 + 0.021733 = 0.043733 K/W
+            //    u = 0.9: P_d = 0.9 * (700 - 90) = 549 W
+            //    P = 549 + 90 * (1 + 0.015 * (T - 50)) = 571.5 + 1.35 T
+            //    T = 32 + R * P  =>  T * (1 - 1.35 R) = 32 + 571.5 R
+            //    T = (32 + 24.9936) / 0.940960 = 60.569 °C; P = 653.27 W
+            //    (below the 700 W limit: w = u = 0.9). Pump: 1400 W * 1.0^3.
+            Point {
+                supply: 32.0,
+                speed: 1.0,
+                u: 0.9,
+                ambient: 20.0,
+                t_j: 60.569,
+                power: 653.27,
+                work: 0.9,
+                pump_w: 1400.0,
+            },
+            // 2. Supply 45 °C, pump 50 %: q = 0.75 L/min.
+            //    R_cp(0.75) = 0.0300 + (0.0245 - 0.0300) * (0.15 / 0.4) = 0.0279375
+            //    R = 0.0499375 K/W; u = 1: P_s + P_d = 700 + 1.35 (T - 50)
+            //    exceeds 700 W for any T above 50 °C, so P = 700 W (capped):
+            //    T = 45 + 700 R = 79.956 °C
+            //    w = (700 - 90 * (1 + 0.015 * 29.956)) / 610 = 0.93373
+            //    Pump: 1400 W * 0.5^3 = 175 W.
+            Point {
+                supply: 45.0,
+                speed: 0.5,
+                u: 1.0,
+                ambient: 20.0,
+                t_j: 79.956,
+                power: 700.0,
+                work: 0.93373,
+                pump_w: 175.0,
+            },
+            // 3. Supply 18 °C, pump 30 %: q = 0.45 L/min.
+            //    R_cp(0.45) = 0.0389 + (0.0300 - 0.0389) * (0.05 / 0.2) = 0.036675
+            //    R = 0.058675 K/W; u = 0.5: P_d = 305 W, P = 327.5 + 1.35 T
+            //    T * (1 - 1.35 R) = 18 + 327.5 R  =>  T = 37.2161 / 0.920789 = 40.418 °C
+            //    P = 327.5 + 1.35 * 40.418 = 382.06 W. Pump: 1400 * 0.3^3 = 37.8 W.
+            Point {
+                supply: 18.0,
+                speed: 0.3,
+                u: 0.5,
+                ambient: 5.0,
+                t_j: 40.418,
+                power: 382.06,
+                work: 0.5,
+                pump_w: 37.8,
+            },
+        ];
+        for (k, pt) in points.iter().enumerate() {
+            let mut p = Plant::new(site(), pt.supply);
+            let a = act(&p, pt.supply, pt.speed);
+            let c = cond(&p, pt.ambient, pt.u);
+            run(&mut p, 1800, &a, &c);
+            let g = p.gpus()[0];
+            let m = p.meters();
+            close(m.supply_c, pt.supply, 0.01, &format!("point {k}: supply"));
+            close(g.t_j, pt.t_j, 0.05, &format!("point {k}: junction"));
+            close(g.power, pt.power, 0.1, &format!("point {k}: power"));
+            close(g.work, pt.work, 0.001, &format!("point {k}: work"));
+            close(m.pump_w, pt.pump_w, 0.01, &format!("point {k}: pump"));
+            // Section 3: return = supply + Q / (m_dot c_p), with
+            // Q = 128 GPUs' power + 16 hosts at 500 + 700 u W (steady: all
+            // of it reaches the coolant), flow 1.5 * speed * 128 L/min.
+            let q = 128.0 * pt.power + 16.0 * (500.0 + 700.0 * pt.u);
+            let m_dot = 1.5 * pt.speed * 128.0 * 1030.0 / 60_000.0;
+            close(m.heat_w, q, 1.0, &format!("point {k}: heat"));
+            close(
+                m.return_c,
+                pt.supply + q / (m_dot * 3900.0),
+                0.01,
+                &format!("point {k}: return"),
+            );
+            // Section 5: facility = IT + pump + fans + chiller + 1.5 kW
+            // facility pumps + 3 % of IT + 2 kW.
+            let want = m.it_w + m.pump_w + m.fans_w + m.chiller_w + 1500.0 + 0.03 * m.it_w + 2000.0;
+            close(m.facility_w, want, 0.01, &format!("point {k}: facility"));
+            // At steady state the heat rejected is the heat taken in.
+            close(
+                m.dry_cooler_heat_w + m.chiller_heat_w,
+                q,
+                0.005 * q,
+                &format!("point {k}: rejection"),
+            );
+        }
+    }
+
+    #[test]
+    fn energy_balances_over_an_eventful_run() {
+        let mut p = Plant::new(site(), 30.0);
+        // At rest at 30 °C: dies at 30 °C, facility water 3 K below.
+        let start_c = 30.0;
+        let fw_start = 30.0 - 3.0;
+        let mut a = act(&p, 30.0, 0.8);
+        let mut c = cond(&p, 25.0, 0.2);
+        for t in 0..7200 {
+            c.demand
+                .iter_mut()
+                .for_each(|u| *u = if t < 600 { 0.2 } else { 0.95 });
+            c.ambient_c = 25.0 + 10.0 * t as f64 / 7200.0;
+            c.chiller_tripped = (3000..3600).contains(&t);
+            a.setpoint_c = if t < 4000 { 30.0 } else { 36.0 };
+            p.step(1.0, &a, &c);
+        }
+        let t = p.totals();
+        let stored = p.gpu_stored_j(start_c) + p.facility_stored_j(fw_start);
+        let balance = t.it_j - (t.heat_out_j + stored);
+        assert!(
+            balance.abs() < 0.01 * t.it_j,
+            "IT {:.1} MJ vs rejected {:.1} MJ + stored {:.1} MJ: off by {:.3} %",
+            t.it_j / 1e6,
+            t.heat_out_j / 1e6,
+            stored / 1e6,
+            100.0 * balance / t.it_j
+        );
+        // The chiller trip left heat in the facility loop for a while.
+        assert!(t.heat_out_j < t.it_j);
+    }
+
+    #[test]
+    fn a_pump_trip_without_lag_heats_gpus_at_the_model_rate() {
+        let mut p = Plant::new(site(), 32.0);
+        let a = act(&p, 32.0, 1.0);
+        let mut c = cond(&p, 20.0, 0.9);
+        run(&mut p, 1800, &a, &c);
+        let before = p.gpus()[0];
+        c.pump_tripped = [true, false];
+        p.step(1.0, &a, &c);
+        let after = p.gpus()[0];
+        assert_eq!(p.meters().flow_lpm, 0.0, "no pump, no flow");
+        // First second, by the model: the plate goes stagnant (0.2 K/W) and
+        // its inlet starts drifting to the die at 1 K/s:
+        // dT/dt = (P - (T_j - T_in) / (R_jc + 0.2)) / C_j.
+        let g = &p.site().gpu;
+        let t_in = before.t_in + 1.0;
+        let p_w = after.power;
+        let rate =
+            (p_w - (before.t_j - t_in) / (g.r_jc + g.r_cp_stagnant)) / g.heat_capacity_j_per_k;
+        close(after.t_j - before.t_j, rate, 0.02, "first-second rise");
+        assert!(
+            rate > 0.9,
+            "a loaded GPU heats about 1 K/s without flow: {rate:.2}"
+        );
+        // And it keeps climbing into slowdown, then shutdown.
+        run(&mut p, 120, &a, &c);
+        assert!(p.totals().slowdown_episodes > 0);
+        run(&mut p, 600, &a, &c);
+        assert!(
+            p.totals().shutdowns > 0,
+            "without any pump the GPUs shut down"
+        );
+    }
+
+    #[test]
+    fn the_lag_pump_restores_flow_over_its_start_time() {
+        let mut p = Plant::new(site(), 32.0);
+        let mut a = act(&p, 32.0, 1.0);
+        let mut c = cond(&p, 20.0, 0.9);
+        run(&mut p, 600, &a, &c);
+        c.pump_tripped = [true, false];
+        a.pump_on = [true, true];
+        p.step(1.0, &a, &c);
+        let first = p.meters().flow_lpm;
+        run(&mut p, 10, &a, &c);
+        close(
+            first,
+            192.0 / 10.0,
+            0.01,
+            "a tenth of the flow after 1 s of 10",
+        );
+        close(p.meters().flow_lpm, 192.0, 0.01, "full flow after 10 s");
+    }
+
+    #[test]
+    fn warmer_water_heats_gpus_raises_static_power_and_saves_the_chiller() {
+        // A warm afternoon: the dry cooler alone cannot reach cold water.
+        let steady = |setpoint: f64| {
+            let mut p = Plant::new(site(), setpoint);
+            let a = act(&p, setpoint, 1.0);
+            let c = cond(&p, 30.0, 0.9);
+            run(&mut p, 2400, &a, &c);
+            let g = p.gpus()[0];
+            (
+                g.t_j,
+                p.site().gpu.static_power(g.t_j),
+                p.meters().chiller_w,
+            )
+        };
+        let (t_cold, ps_cold, ch_cold) = steady(25.0);
+        let (t_warm, ps_warm, ch_warm) = steady(35.0);
+        assert!(t_warm > t_cold + 9.0, "GPU {t_cold:.1} -> {t_warm:.1} °C");
+        assert!(ps_warm > ps_cold, "static {ps_cold:.1} -> {ps_warm:.1} W");
+        assert!(ch_warm < ch_cold, "chiller {ch_cold:.0} -> {ch_warm:.0} W");
+        assert!(
+            ch_cold > 1000.0,
+            "25 °C water on a 30 °C day needs the chiller"
+        );
+    }
+
+    #[test]
+    fn setpoints_are_held_to_the_cdu_range_and_the_approach() {
+        let mut p = Plant::new(site(), 30.0);
+        let a = act(&p, 5.0, 1.0);
+        let c = cond(&p, 20.0, 0.5);
+        run(&mut p, 600, &a, &c);
+        assert!(p.meters().supply_c >= 17.0 - 1e-6, "dew point + 2 K");
+        let a = act(&p, 60.0, 1.0);
+        run(&mut p, 600, &a, &c);
+        close(p.meters().supply_c, 45.0, 0.01, "at most 45 °C");
+    }
+
+    #[test]
+    fn a_site_is_described_in_toml_and_typos_are_refused() {
+        let s: SiteConfig =
+            toml::from_str("racks = 2\n[gpu]\ntdp_w = 1000.0\n[loop]\napproach_k = 2.0\n")
+                .expect("valid");
+        assert_eq!(
+            (s.racks, s.gpu.tdp_w, s.secondary.approach_k),
+            (2, 1000.0, 2.0)
+        );
+        assert_eq!(
+            s.facility.chiller_max_w, 160_000.0,
+            "the rest keeps its default"
+        );
+        let e = toml::from_str::<SiteConfig>("[gpu]\ntdp = 1000.0\n").unwrap_err();
+        assert!(e.to_string().contains("tdp"), "{e}");
+    }
+}
