@@ -18,6 +18,7 @@
 #![warn(missing_docs)]
 
 pub mod plant;
+pub mod scenario;
 
 use std::path::Path;
 

@@ -1,0 +1,466 @@
+//! Plant scenarios (`plant-scenario/1`): what happens to the hall over a
+//! run: outdoor temperature, workload, faults.
+//!
+//! A scenario is TOML (`PLANT_MODEL.md` section 8). It is read whole and
+//! checked before anything runs: an unknown key, a curve out of order or
+//! out of range, a fault of an unknown kind or with a target the site does
+//! not have is refused with the field and the reason.
+//!
+//! Glossary:
+//! - *curve*: `[[t_s, value], …]`, piecewise linear in time, held flat
+//!   before its first and after its last point.
+//! - *fault*: something that breaks at `at_s` and, if `until_s` is given,
+//!   is cleared then.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use crate::plant::SiteConfig;
+
+/// A piecewise linear function of time.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(transparent)]
+pub struct Curve(pub Vec<[f64; 2]>);
+
+impl Curve {
+    /// The value at `t` seconds.
+    pub fn at(&self, t: f64) -> f64 {
+        let p = &self.0;
+        match p.iter().position(|[pt, _]| *pt > t) {
+            None => p.last().map_or(0.0, |[_, v]| *v),
+            Some(0) => p[0][1],
+            Some(i) => {
+                let ([t0, v0], [t1, v1]) = (p[i - 1], p[i]);
+                v0 + (v1 - v0) * (t - t0) / (t1 - t0)
+            }
+        }
+    }
+
+    fn check(&self, what: &str, lo: f64, hi: f64) -> Result<(), String> {
+        if self.0.is_empty() {
+            return Err(format!("{what}: no points"));
+        }
+        for (i, [t, v]) in self.0.iter().enumerate() {
+            if !t.is_finite() || *t < 0.0 {
+                return Err(format!(
+                    "{what}: point {i} at t = {t} s: time must be 0 or more"
+                ));
+            }
+            if !(lo..=hi).contains(v) {
+                return Err(format!("{what}: point {i} = {v} is outside {lo} to {hi}"));
+            }
+        }
+        if let Some(w) = self.0.windows(2).position(|w| w[1][0] <= w[0][0]) {
+            return Err(format!(
+                "{what}: point {} at t = {} s does not come after t = {} s",
+                w + 1,
+                self.0[w + 1][0],
+                self.0[w][0]
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The scenario file as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    format: String,
+    description: String,
+    duration_s: u64,
+    seed: u64,
+    #[serde(default)]
+    site: Option<toml::Value>,
+    ambient: Ambient,
+    load: BTreeMap<String, Curve>,
+    #[serde(default)]
+    fault: Vec<FaultFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Ambient {
+    points: Curve,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FaultFile {
+    at_s: u64,
+    until_s: Option<u64>,
+    kind: String,
+    #[serde(default)]
+    target: String,
+    #[serde(default)]
+    value: f64,
+}
+
+/// A sensor of the CDU a fault can falsify.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SensorName {
+    /// Secondary supply temperature.
+    SupplyTemp,
+    /// Secondary return temperature.
+    ReturnTemp,
+    /// Secondary flow.
+    Flow,
+    /// Loop differential pressure.
+    DiffPressure,
+    /// Facility water supply temperature.
+    FacilitySupplyTemp,
+}
+
+impl SensorName {
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "supply_temp" => Self::SupplyTemp,
+            "return_temp" => Self::ReturnTemp,
+            "flow" => Self::Flow,
+            "diff_pressure" => Self::DiffPressure,
+            "facility_supply_temp" => Self::FacilitySupplyTemp,
+            _ => return None,
+        })
+    }
+}
+
+/// What breaks.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FaultKind {
+    /// The trim chiller stops.
+    ChillerTrip,
+    /// A pump stops (0 = A, 1 = B).
+    PumpTrip(usize),
+    /// The dry cooler keeps this share of its UA.
+    DryCoolerDegraded(f64),
+    /// A rack leaks.
+    Leak(usize),
+    /// A sensor keeps its last value.
+    SensorStuck(SensorName),
+    /// A sensor drifts by this many units per minute.
+    SensorDrift(SensorName, f64),
+    /// A sensor stops answering.
+    SensorLost(SensorName),
+    /// The MQTT broker is unreachable.
+    BusOutage,
+    /// The CDU does not answer on Modbus.
+    ModbusOutage,
+    /// A rack's valve no longer moves.
+    ValveStuck(usize),
+    /// A GPU falls off the bus (XID 79): rack, host, GPU.
+    GpuFail(usize, usize, usize),
+}
+
+/// A fault and when it acts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fault {
+    /// From, s.
+    pub at_s: u64,
+    /// Until, s (`None`: to the end).
+    pub until_s: Option<u64>,
+    /// What.
+    pub kind: FaultKind,
+}
+
+impl Fault {
+    /// Whether it acts at `t` seconds.
+    pub fn active(&self, t: f64) -> bool {
+        t >= self.at_s as f64 && self.until_s.is_none_or(|u| t < u as f64)
+    }
+}
+
+/// A checked scenario.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scenario {
+    /// One line.
+    pub description: String,
+    /// Length, s.
+    pub duration_s: u64,
+    /// Seed of the noise.
+    pub seed: u64,
+    /// The hall.
+    pub site: SiteConfig,
+    /// Outdoor dry-bulb, °C.
+    pub ambient: Curve,
+    /// Demand of every rack.
+    pub load_all: Curve,
+    /// Demand of single racks, by index.
+    pub load_racks: BTreeMap<usize, Curve>,
+    /// Faults, in file order.
+    pub faults: Vec<Fault>,
+}
+
+impl Scenario {
+    /// Reads and checks a scenario; `origin` names it in errors.
+    pub fn from_toml(text: &str, origin: &str) -> Result<Self, String> {
+        let file: File = toml::from_str(text).map_err(|e| {
+            let line = e
+                .span()
+                .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+            match line {
+                Some(l) => format!("{origin} line {l}: {}", e.message()),
+                None => format!("{origin}: {}", e.message()),
+            }
+        })?;
+        let err = |m: String| format!("{origin}: {m}");
+        if file.format != "plant-scenario/1" {
+            return Err(err(format!(
+                "format = {:?}, expected \"plant-scenario/1\"",
+                file.format
+            )));
+        }
+        if file.duration_s == 0 {
+            return Err(err("duration_s must be above 0".into()));
+        }
+        let site: SiteConfig = match file.site {
+            Some(v) => v
+                .try_into()
+                .map_err(|e: toml::de::Error| err(format!("[site]: {}", e.message())))?,
+            None => SiteConfig::default(),
+        };
+        if site.racks == 0 || site.hosts_per_rack == 0 || site.gpus_per_host == 0 {
+            return Err(err(
+                "[site]: racks, hosts_per_rack and gpus_per_host must be above 0".into(),
+            ));
+        }
+        file.ambient
+            .points
+            .check("[ambient] points", -60.0, 60.0)
+            .map_err(err)?;
+        let mut load_all = None;
+        let mut load_racks = BTreeMap::new();
+        for (key, curve) in file.load {
+            curve
+                .check(&format!("[load] {key}"), 0.0, 1.0)
+                .map_err(err)?;
+            if key == "all" {
+                load_all = Some(curve);
+            } else {
+                let rack: usize =
+                    key.parse()
+                        .ok()
+                        .filter(|r| *r < site.racks)
+                        .ok_or_else(|| {
+                            err(format!(
+                                "[load] {key:?}: \"all\" or a rack from 0 to {}",
+                                site.racks - 1
+                            ))
+                        })?;
+                load_racks.insert(rack, curve);
+            }
+        }
+        let load_all = load_all.ok_or_else(|| err("[load] needs \"all\"".into()))?;
+        let mut faults = Vec::new();
+        for (i, f) in file.fault.iter().enumerate() {
+            let at = |m: String| err(format!("fault {} ({}): {m}", i + 1, f.kind));
+            if f.until_s.is_some_and(|u| u <= f.at_s) {
+                return Err(at(format!("until_s must come after at_s = {}", f.at_s)));
+            }
+            let rack = || {
+                f.target
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|r| *r < site.racks)
+                    .ok_or_else(|| {
+                        at(format!(
+                            "target {:?}: a rack from 0 to {}",
+                            f.target,
+                            site.racks - 1
+                        ))
+                    })
+            };
+            let sensor = || {
+                SensorName::parse(&f.target).ok_or_else(|| {
+                    at(format!(
+                        "target {:?}: supply_temp, return_temp, flow, diff_pressure or facility_supply_temp",
+                        f.target
+                    ))
+                })
+            };
+            let kind = match f.kind.as_str() {
+                "chiller_trip" => FaultKind::ChillerTrip,
+                "pump_trip" => FaultKind::PumpTrip(match f.target.as_str() {
+                    "A" => 0,
+                    "B" => 1,
+                    other => return Err(at(format!("target {other:?}: pump A or B"))),
+                }),
+                "dry_cooler_degraded" => {
+                    if !(0.0..=1.0).contains(&f.value) {
+                        return Err(at(format!("value {}: the share of UA left, 0 to 1", f.value)));
+                    }
+                    FaultKind::DryCoolerDegraded(f.value)
+                }
+                "leak" => FaultKind::Leak(rack()?),
+                "sensor_stuck" => FaultKind::SensorStuck(sensor()?),
+                "sensor_drift" => FaultKind::SensorDrift(sensor()?, f.value),
+                "sensor_lost" => FaultKind::SensorLost(sensor()?),
+                "bus_outage" => FaultKind::BusOutage,
+                "modbus_outage" => FaultKind::ModbusOutage,
+                "valve_stuck" => FaultKind::ValveStuck(rack()?),
+                "gpu_fail" => {
+                    let parts: Vec<usize> = f.target.split('.').filter_map(|p| p.parse().ok()).collect();
+                    match parts[..] {
+                        [r, h, g] if r < site.racks && h < site.hosts_per_rack && g < site.gpus_per_host => {
+                            FaultKind::GpuFail(r, h, g)
+                        }
+                        _ => {
+                            return Err(at(format!(
+                                "target {:?}: \"rack.host.gpu\" within {} racks, {} hosts, {} GPUs",
+                                f.target, site.racks, site.hosts_per_rack, site.gpus_per_host
+                            )))
+                        }
+                    }
+                }
+                other => {
+                    return Err(at(format!(
+                        "unknown kind {other:?}; known: chiller_trip, pump_trip, dry_cooler_degraded, leak, sensor_stuck, sensor_drift, sensor_lost, bus_outage, modbus_outage, valve_stuck, gpu_fail"
+                    )))
+                }
+            };
+            faults.push(Fault {
+                at_s: f.at_s,
+                until_s: f.until_s,
+                kind,
+            });
+        }
+        Ok(Self {
+            description: file.description,
+            duration_s: file.duration_s,
+            seed: file.seed,
+            site,
+            ambient: file.ambient.points,
+            load_all,
+            load_racks,
+            faults,
+        })
+    }
+
+    /// Reads and checks a scenario file.
+    pub fn load(path: &std::path::Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+        Self::from_toml(&text, &path.display().to_string())
+    }
+
+    /// The demand of `rack` at `t` seconds.
+    pub fn demand(&self, rack: usize, t: f64) -> f64 {
+        self.load_racks.get(&rack).unwrap_or(&self.load_all).at(t)
+    }
+
+    /// The faults acting at `t` seconds.
+    pub fn active(&self, t: f64) -> impl Iterator<Item = &FaultKind> {
+        self.faults
+            .iter()
+            .filter(move |f| f.active(t))
+            .map(|f| &f.kind)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HEATWAVE: &str = r#"
+format = "plant-scenario/1"
+description = "heat wave, chiller trips at the peak"
+duration_s = 7200
+seed = 3
+
+[site]
+racks = 2
+
+[ambient]
+points = [[0, 41.0], [2700, 45.0], [7200, 41.5]]
+
+[load]
+all = [[0, 1.0], [7200, 1.0]]
+"1" = [[0, 0.0], [1800, 1.0]]
+
+[[fault]]
+at_s = 1800
+until_s = 3600
+kind = "chiller_trip"
+
+[[fault]]
+at_s = 900
+kind = "sensor_drift"
+target = "return_temp"
+value = 0.5
+
+[[fault]]
+at_s = 100
+kind = "gpu_fail"
+target = "1.3.7"
+"#;
+
+    #[test]
+    fn a_scenario_reads_with_its_curves_overrides_and_faults() {
+        let s = Scenario::from_toml(HEATWAVE, "heatwave.toml").expect("valid");
+        assert_eq!(s.site.racks, 2);
+        assert_eq!(s.ambient.at(0.0), 41.0);
+        assert!(
+            (s.ambient.at(1350.0) - 43.0).abs() < 1e-9,
+            "halfway to the peak"
+        );
+        assert_eq!(s.ambient.at(99_999.0), 41.5, "flat after the last point");
+        assert_eq!(s.demand(0, 900.0), 1.0);
+        assert_eq!(s.demand(1, 900.0), 0.5, "rack 1's own curve");
+        let at = |t: f64| s.active(t).cloned().collect::<Vec<_>>();
+        assert_eq!(at(50.0), vec![]);
+        assert_eq!(
+            at(2000.0),
+            vec![
+                FaultKind::ChillerTrip,
+                FaultKind::SensorDrift(SensorName::ReturnTemp, 0.5),
+                FaultKind::GpuFail(1, 3, 7)
+            ]
+        );
+        assert!(
+            !at(3600.0).contains(&FaultKind::ChillerTrip),
+            "cleared at until_s"
+        );
+    }
+
+    #[test]
+    fn mistakes_are_refused_with_the_field_and_the_reason() {
+        let bad = |from: &str, to: &str| {
+            Scenario::from_toml(&HEATWAVE.replace(from, to), "s.toml").expect_err("refused")
+        };
+        assert!(bad("plant-scenario/1", "plant-scenario/2").contains("format"));
+        assert!(bad("seed = 3", "seed = 3\nsede = 4").contains("sede"));
+        let e = bad("[[0, 41.0], [2700, 45.0]", "[[0, 41.0], [0, 45.0]");
+        assert!(
+            e.contains("[ambient] points") && e.contains("does not come after"),
+            "{e}"
+        );
+        assert!(bad("[[0, 1.0], [7200, 1.0]]", "[[0, 1.5]]").contains("outside 0 to 1"));
+        assert!(bad("\"1\" = ", "\"5\" = ").contains("a rack from 0 to 1"));
+        assert!(bad("kind = \"chiller_trip\"", "kind = \"chiller_trp\"").contains("unknown kind"));
+        assert!(bad("until_s = 3600", "until_s = 1000").contains("after at_s"));
+        assert!(bad("target = \"1.3.7\"", "target = \"1.4.7\"").contains("rack.host.gpu"));
+        assert!(bad("target = \"return_temp\"", "target = \"humidity\"").contains("supply_temp"));
+        let e = bad("racks = 2", "rakcs = 2");
+        assert!(e.contains("[site]") && e.contains("rakcs"), "{e}");
+    }
+
+    /// Every scenario of the public set beside the repository reads (run
+    /// where it is present).
+    #[test]
+    fn the_public_scenarios_read_where_present() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/scenarios/plant");
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            eprintln!("SKIP: no public scenarios at {}", dir.display());
+            return;
+        };
+        let mut read = 0;
+        for e in entries.flatten() {
+            if e.path().extension().is_some_and(|x| x == "toml") {
+                Scenario::load(&e.path()).unwrap_or_else(|m| panic!("{m}"));
+                read += 1;
+            }
+        }
+        assert!(read > 0);
+    }
+}
