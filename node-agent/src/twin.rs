@@ -1,6 +1,7 @@
 //! Simulated GPUs behind the same trait as NVML.
 //!
-//! A stand-alone host of the hall model (`PLANT_MODEL.md` section 2): each
+//! A stand-alone host of the hall model (`PLANT_MODEL.md` section 2, with
+//! the constants of `loopwarden_boards::plant`): each
 //! GPU heats up with its power and cools through its cold plate into the
 //! coolant; its static power grows with temperature (leakage); its power
 //! limit caps the work it does; it slows down in hardware at the slowdown
@@ -23,6 +24,7 @@ use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use loopwarden_boards::plant::GpuModel;
 use loopwarden_boards::GpuBoard;
 use loopwarden_protocol::{
     EccCounts, GpuFlags, MegaHertz, MemoryRepair, NvlinkErrors, Percent, ThrottleReasons,
@@ -57,47 +59,30 @@ pub struct TwinGpuParams {
 }
 
 impl TwinGpuParams {
-    /// The model's defaults with the limits and temperatures of `board`.
+    /// The hall model's GPU (`loopwarden_boards::plant::GpuModel`) with
+    /// the limits and temperatures of `board`.
     pub fn from_board(board: &GpuBoard) -> Self {
+        let m = GpuModel::default();
         Self {
             tdp: board.power.tdp_w.0 as f64,
             min_cap: board.power.min_cap_w.0 as f64,
             max_cap: board.power.max_cap_w.0 as f64,
-            p_s0: 90.0,
-            k_leak: 0.015,
+            p_s0: m.static_w,
+            k_leak: m.leak_per_k,
             t_maxop: board.thermal.max_operating_c.0 as f64,
             t_slow: board.thermal.slowdown_c.0 as f64,
             t_shut: board.thermal.shutdown_c.0 as f64,
-            r_jc: 0.022,
-            c_j: 500.0,
+            r_jc: m.r_jc,
+            c_j: m.heat_capacity_j_per_k,
         }
     }
 }
 
-/// Cold-plate resistance, case to coolant, at `q` L/min per GPU
-/// (piecewise linear, clamped at the ends; 0.2 K/W with no flow).
+/// Cold-plate resistance, case to coolant, at `q` L/min per GPU: the
+/// hall model's table (`loopwarden_boards::plant::GpuModel`).
 pub fn r_cold_plate(q: f64) -> f64 {
-    const TABLE: [(f64, f64); 6] = [
-        (0.4, 0.0389),
-        (0.6, 0.0300),
-        (1.0, 0.0245),
-        (1.4, 0.0220),
-        (2.0, 0.0204),
-        (2.4, 0.0197),
-    ];
-    if q <= 0.0 {
-        return 0.2;
-    }
-    if q <= TABLE[0].0 {
-        return TABLE[0].1;
-    }
-    for pair in TABLE.windows(2) {
-        let ((q0, r0), (q1, r1)) = (pair[0], pair[1]);
-        if q <= q1 {
-            return r0 + (r1 - r0) * (q - q0) / (q1 - q0);
-        }
-    }
-    TABLE[5].1
+    static MODEL: std::sync::OnceLock<GpuModel> = std::sync::OnceLock::new();
+    MODEL.get_or_init(GpuModel::default).r_cold_plate(q)
 }
 
 /// One simulated GPU's state.
