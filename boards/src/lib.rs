@@ -19,6 +19,7 @@
 
 pub mod plant;
 pub mod scenario;
+pub mod sim;
 
 use std::path::Path;
 

@@ -641,6 +641,14 @@ impl Plant {
         t.heat_out_j += (q_dc + q_ch) * dt;
     }
 
+    /// A GPU falls off the bus (a scenario's fault, XID 79): it stops for
+    /// the rest of the run; not counted as a thermal shutdown.
+    pub fn fail_gpu(&mut self, i: usize) {
+        if let Some(g) = self.gpus.get_mut(i) {
+            g.shut_down = true;
+        }
+    }
+
     /// Heat stored in the GPUs' dies relative to `reference_c`, J.
     pub fn gpu_stored_j(&self, reference_c: f64) -> f64 {
         let c = self.site.gpu.heat_capacity_j_per_k;

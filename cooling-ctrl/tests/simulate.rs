@@ -1,0 +1,81 @@
+//! `cooling-ctrl simulate` as a process: a scenario file in, one JSON
+//! object out.
+
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_cooling-ctrl");
+
+const SCENARIO: &str = r#"
+format = "plant-scenario/1"
+description = "short: idle, then a job"
+duration_s = 900
+seed = 2
+[site]
+racks = 1
+[ambient]
+points = [[0, 18.0], [900, 20.0]]
+[load]
+all = [[0, 0.1], [300, 0.9]]
+"#;
+
+fn simulate(controller: &str, scenario: &str) -> std::process::Output {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("short.toml");
+    std::fs::write(&path, scenario).expect("write scenario");
+    Command::new(BIN)
+        .args(["simulate", "--controller", controller, "--scenario"])
+        .arg(&path)
+        .output()
+        .expect("run cooling-ctrl")
+}
+
+#[test]
+fn prints_the_figures_of_a_run_as_one_json_object() {
+    let out = simulate("baseline-18", SCENARIO);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    for key in [
+        "scenario",
+        "controller",
+        "duration_s",
+        "it_kwh",
+        "facility_kwh",
+        "pue",
+        "work_gpu_h",
+        "kwh_per_work_gpu_h",
+        "max_gpu_temp_c",
+        "gpu_s_above_max_operating",
+        "slowdown_episodes",
+        "shutdowns",
+        "cap_requests",
+        "failsafe_s",
+        "leaks",
+        "leak_pumped_s",
+    ] {
+        assert!(v.get(key).is_some(), "{key} missing from {v}");
+    }
+    assert_eq!(v["scenario"], "short");
+    assert_eq!(v["controller"], "baseline-18");
+    assert_eq!(v["duration_s"], 900);
+    assert!(v["pue"].as_f64().unwrap() > 1.0);
+}
+
+#[test]
+fn ours_says_what_it_is_and_unknown_controllers_are_refused() {
+    let out = simulate("ours", SCENARIO);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert!(v["note"].as_str().unwrap().contains("baseline-32"), "{v}");
+    let out = simulate("oracle", SCENARIO);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not built yet"));
+    let out = simulate(
+        "baseline-18",
+        &SCENARIO.replace("duration_s = 900", "duration_s = 0"),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("duration_s"));
+}
