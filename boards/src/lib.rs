@@ -17,6 +17,7 @@
 
 #![warn(missing_docs)]
 
+pub mod modbus_map;
 pub mod plant;
 pub mod scenario;
 pub mod sim;
