@@ -21,6 +21,7 @@ pub mod modbus_map;
 pub mod plant;
 pub mod scenario;
 pub mod sim;
+pub mod sim_cdu;
 
 use std::path::Path;
 

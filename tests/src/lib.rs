@@ -40,13 +40,34 @@ pub fn require_tool(tool: &str) -> Option<PathBuf> {
             .find(|p| p.is_file())
     });
     if found.is_none() {
-        let why = format!("{tool} not found on PATH (install mosquitto and mosquitto-clients)");
+        let why = format!(
+            "{tool} not found on PATH (.ci/run installs mosquitto, mosquitto-clients and mbpoll)"
+        );
         if in_ci() {
             panic!("{why}; CI=true, so this is a failure");
         }
         eprintln!("SKIP: {why}");
     }
     found
+}
+
+/// Python 3 with `module` importable, or `None` (skip) outside CI.
+pub fn require_python_module(module: &str) -> Option<PathBuf> {
+    let python = require_tool("python3")?;
+    let ok = Command::new(&python)
+        .args(["-c", &format!("import {module}")])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !ok {
+        let why = format!("python3 cannot import {module} (pip install {module})");
+        if in_ci() {
+            panic!("{why}; CI=true, so this is a failure");
+        }
+        eprintln!("SKIP: {why}");
+        return None;
+    }
+    Some(python)
 }
 
 /// Python 3 with the `jsonschema` package, or `None` (skip) outside CI.

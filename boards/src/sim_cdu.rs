@@ -1,0 +1,213 @@
+//! The simulated CDU on Modbus TCP: the twin's CDU, reached the way a real
+//! one is.
+//!
+//! It serves a [`RegisterMap`]: input registers hold the measurements the
+//! twin last wrote ([`SimCdu::set_measurement`]), holding registers the
+//! settings a client writes and the twin reads ([`SimCdu::setting`]). A
+//! read or write of an address the map does not have is answered with
+//! exception 2 (illegal data address), a write outside a setting's range
+//! with exception 3 (illegal data value), a function it does not serve
+//! with exception 1; a refused write changes nothing (a multiple write is
+//! all or nothing).
+//!
+//! Glossary:
+//! - *image*: the registers' current words, as a client reads them.
+
+use std::collections::BTreeMap;
+use std::future::{ready, Ready};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use tokio_modbus::server::tcp::{accept_tcp_connection, Server};
+use tokio_modbus::{ExceptionCode, Request, Response};
+
+use crate::modbus_map::{Kind, RegisterMap, ValueError};
+
+struct Image {
+    input: BTreeMap<u16, u16>,
+    holding: BTreeMap<u16, u16>,
+}
+
+/// The simulated CDU's registers (clone it freely: one image).
+#[derive(Clone)]
+pub struct SimCdu {
+    map: Arc<RegisterMap>,
+    image: Arc<Mutex<Image>>,
+}
+
+impl SimCdu {
+    /// A CDU serving `map`, every register at 0 except the settings given.
+    pub fn new(map: RegisterMap, settings: &[(&str, f64)]) -> Result<Self, ValueError> {
+        let mut input = BTreeMap::new();
+        let mut holding = BTreeMap::new();
+        for r in map.registers() {
+            let words = match r.kind {
+                Kind::Input => &mut input,
+                Kind::Holding => &mut holding,
+            };
+            for a in r.address..r.address + r.ty.words() {
+                words.insert(a, 0);
+            }
+        }
+        let cdu = Self {
+            map: Arc::new(map),
+            image: Arc::new(Mutex::new(Image { input, holding })),
+        };
+        for (name, value) in settings {
+            cdu.write_setting(name, *value)?;
+        }
+        Ok(cdu)
+    }
+
+    /// The map it serves.
+    pub fn map(&self) -> &RegisterMap {
+        &self.map
+    }
+
+    fn put(&self, name: &str, value: f64, kind: Kind) -> Result<(), ValueError> {
+        let r = self
+            .map
+            .get(name)
+            .filter(|r| r.kind == kind)
+            .ok_or_else(|| ValueError::Unknown(name.to_string()))?;
+        let words = self.map.encode(name, value)?;
+        let mut img = self.image.lock().expect("register image");
+        let table = match kind {
+            Kind::Input => &mut img.input,
+            Kind::Holding => &mut img.holding,
+        };
+        for (i, w) in words.into_iter().enumerate() {
+            table.insert(r.address + i as u16, w);
+        }
+        Ok(())
+    }
+
+    /// The twin writes a measurement (an input register).
+    pub fn set_measurement(&self, name: &str, value: f64) -> Result<(), ValueError> {
+        self.put(name, value, Kind::Input)
+    }
+
+    /// Sets a setting as a client would (checked against its range).
+    pub fn write_setting(&self, name: &str, value: f64) -> Result<(), ValueError> {
+        self.put(name, value, Kind::Holding)
+    }
+
+    /// A setting's value as clients left it.
+    pub fn setting(&self, name: &str) -> Result<f64, ValueError> {
+        let r = self
+            .map
+            .get(name)
+            .filter(|r| r.kind == Kind::Holding)
+            .ok_or_else(|| ValueError::Unknown(name.to_string()))?;
+        let img = self.image.lock().expect("register image");
+        let words: Vec<u16> = (r.address..r.address + r.ty.words())
+            .map(|a| img.holding[&a])
+            .collect();
+        self.map.decode(name, &words)
+    }
+
+    fn read(&self, kind: Kind, addr: u16, count: u16) -> Result<Vec<u16>, ExceptionCode> {
+        if count == 0 || count > 125 {
+            return Err(ExceptionCode::IllegalDataValue);
+        }
+        let img = self.image.lock().expect("register image");
+        let table = match kind {
+            Kind::Input => &img.input,
+            Kind::Holding => &img.holding,
+        };
+        (addr..addr.saturating_add(count))
+            .map(|a| {
+                table
+                    .get(&a)
+                    .copied()
+                    .ok_or(ExceptionCode::IllegalDataAddress)
+            })
+            .collect()
+    }
+
+    /// Writes `words` from `addr`: every register touched whole, every
+    /// value in range, or nothing changes.
+    fn write(&self, addr: u16, words: &[u16]) -> Result<(), ExceptionCode> {
+        if words.is_empty() || words.len() > 123 {
+            return Err(ExceptionCode::IllegalDataValue);
+        }
+        let end = addr as u32 + words.len() as u32;
+        let mut updates = Vec::new();
+        let mut a = addr as u32;
+        while a < end {
+            let r = self
+                .map
+                .at(Kind::Holding, a as u16)
+                .ok_or(ExceptionCode::IllegalDataAddress)?;
+            let n = r.ty.words() as u32;
+            if a + n > end {
+                return Err(ExceptionCode::IllegalDataAddress);
+            }
+            let slice = &words[(a - addr as u32) as usize..(a + n - addr as u32) as usize];
+            let value = self
+                .map
+                .decode(&r.name, slice)
+                .map_err(|_| ExceptionCode::ServerDeviceFailure)?;
+            self.map.encode(&r.name, value).map_err(|e| match e {
+                ValueError::OutOfRange { .. } | ValueError::DoesNotFit { .. } => {
+                    ExceptionCode::IllegalDataValue
+                }
+                ValueError::Unknown(_) => ExceptionCode::IllegalDataAddress,
+            })?;
+            updates.push((a as u16, slice.to_vec()));
+            a += n;
+        }
+        let mut img = self.image.lock().expect("register image");
+        for (start, ws) in updates {
+            for (i, w) in ws.into_iter().enumerate() {
+                img.holding.insert(start + i as u16, w);
+            }
+        }
+        Ok(())
+    }
+
+    fn answer(&self, req: Request<'_>) -> Result<Response, ExceptionCode> {
+        match req {
+            Request::ReadInputRegisters(a, n) => self
+                .read(Kind::Input, a, n)
+                .map(Response::ReadInputRegisters),
+            Request::ReadHoldingRegisters(a, n) => self
+                .read(Kind::Holding, a, n)
+                .map(Response::ReadHoldingRegisters),
+            Request::WriteSingleRegister(a, w) => self
+                .write(a, &[w])
+                .map(|()| Response::WriteSingleRegister(a, w)),
+            Request::WriteMultipleRegisters(a, ws) => self
+                .write(a, &ws)
+                .map(|()| Response::WriteMultipleRegisters(a, ws.len() as u16)),
+            _ => Err(ExceptionCode::IllegalFunction),
+        }
+    }
+
+    /// Serves Modbus TCP on `listener` until the task is dropped.
+    pub async fn serve(self, listener: tokio::net::TcpListener) -> std::io::Result<()> {
+        let server = Server::new(listener);
+        let on_connected = |stream, socket_addr: SocketAddr| {
+            let cdu = self.clone();
+            async move {
+                accept_tcp_connection(stream, socket_addr, move |_| Ok(Some(Service(cdu.clone()))))
+            }
+        };
+        let on_error = |e| tracing::warn!("simulated CDU: Modbus connection failed: {e}");
+        server.serve(&on_connected, on_error).await
+    }
+}
+
+/// One connection's service.
+struct Service(SimCdu);
+
+impl tokio_modbus::server::Service for Service {
+    type Request = Request<'static>;
+    type Response = Response;
+    type Exception = ExceptionCode;
+    type Future = Ready<Result<Response, ExceptionCode>>;
+
+    fn call(&self, req: Self::Request) -> Self::Future {
+        ready(self.0.answer(req))
+    }
+}
