@@ -18,6 +18,7 @@
 #![warn(missing_docs)]
 
 pub mod modbus_map;
+pub mod pins;
 pub mod plant;
 pub mod scenario;
 pub mod sim;
