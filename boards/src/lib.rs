@@ -17,6 +17,7 @@
 
 #![warn(missing_docs)]
 
+pub mod hall;
 pub mod modbus_map;
 pub mod pins;
 pub mod plant;

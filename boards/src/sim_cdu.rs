@@ -92,18 +92,31 @@ impl SimCdu {
         self.put(name, value, Kind::Holding)
     }
 
-    /// A setting's value as clients left it.
-    pub fn setting(&self, name: &str) -> Result<f64, ValueError> {
+    fn get(&self, name: &str, kind: Kind) -> Result<f64, ValueError> {
         let r = self
             .map
             .get(name)
-            .filter(|r| r.kind == Kind::Holding)
+            .filter(|r| r.kind == kind)
             .ok_or_else(|| ValueError::Unknown(name.to_string()))?;
         let img = self.image.lock().expect("register image");
+        let table = match kind {
+            Kind::Input => &img.input,
+            Kind::Holding => &img.holding,
+        };
         let words: Vec<u16> = (r.address..r.address + r.ty.words())
-            .map(|a| img.holding[&a])
+            .map(|a| table[&a])
             .collect();
         self.map.decode(name, &words)
+    }
+
+    /// A setting's value as clients left it.
+    pub fn setting(&self, name: &str) -> Result<f64, ValueError> {
+        self.get(name, Kind::Holding)
+    }
+
+    /// A measurement as clients read it.
+    pub fn measurement(&self, name: &str) -> Result<f64, ValueError> {
+        self.get(name, Kind::Input)
     }
 
     fn read(&self, kind: Kind, addr: u16, count: u16) -> Result<Vec<u16>, ExceptionCode> {
