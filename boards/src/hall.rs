@@ -79,6 +79,11 @@ impl Hall {
         }
     }
 
+    /// The cap a host put on GPU `i`.
+    pub fn cap(&self, i: usize) -> Option<f64> {
+        self.caps.get(i).copied().flatten()
+    }
+
     /// GPUs the scenario has failed (XID 79).
     pub fn failed(&self) -> &[bool] {
         &self.failed

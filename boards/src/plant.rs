@@ -319,6 +319,10 @@ pub struct GpuState {
     pub power: f64,
     /// Work rate, 0 to 1.
     pub work: f64,
+    /// Workload demand of the last step, 0 to 1.
+    pub demand: f64,
+    /// Power limit in force in the last step (cap, slowdown), W.
+    pub limit: f64,
     /// In HW slowdown.
     pub slowdown: bool,
     /// Shut down for good.
@@ -403,6 +407,8 @@ impl Plant {
             t_in: start_c,
             power: 0.0,
             work: 0.0,
+            demand: 0.0,
+            limit: site.gpu.tdp_w,
             slowdown: false,
             shut_down: false,
         };
@@ -514,6 +520,7 @@ impl Plant {
         for (i, gs) in gpus.iter_mut().enumerate() {
             let rack = i / per_rack;
             let u = cond.demand.get(i).copied().unwrap_or(0.0).clamp(0.0, 1.0);
+            gs.demand = u;
             host_load[i / s.gpus_per_host] += u / s.gpus_per_host as f64;
             let (q, t_in) = if open[rack] {
                 (q_gpu, *supply_c)
@@ -542,6 +549,7 @@ impl Plant {
                 if gs.slowdown {
                     limit = limit.min(0.5 * g.tdp_w);
                 }
+                gs.limit = limit;
                 let p_s = g.static_power(gs.t_j);
                 let p_d = u * (g.tdp_w - g.static_w);
                 if p_s + p_d <= limit {

@@ -36,6 +36,7 @@ pub mod console;
 pub mod core;
 pub mod gpu;
 pub mod guard;
+pub mod hall_gpus;
 pub mod health;
 pub mod nvml;
 pub mod recorder;

@@ -1,0 +1,246 @@
+//! The simulated hall's GPUs behind the node agent's `GpuSource`.
+//!
+//! In the twin, each host's agent reads its own GPUs out of the shared
+//! [`Hall`] (whose plant couples them to the coolant, the pumps and the
+//! other racks) and puts its caps on them, the way it reads and caps real
+//! GPUs through NVML. A GPU the plant shuts down or the scenario fails is
+//! lost to the agent, with XID 79, as a GPU that falls off the bus is.
+//!
+//! Glossary:
+//! - *host slot*: which host of the hall this agent is (rack-major order).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use loopwarden_boards::hall::Hall;
+use loopwarden_protocol::{
+    GpuFlags, MegaHertz, Percent, ThrottleReasons, Unsupported, Watts, WholeCelsius,
+};
+
+use crate::gpu::{GpuDevice, GpuError, GpuInfo, GpuSample, GpuSource, XidReport};
+
+/// One host's GPUs in a shared hall.
+pub struct HallSource {
+    hall: Arc<Mutex<Hall>>,
+    first: usize,
+    count: usize,
+    stop: Arc<AtomicBool>,
+}
+
+impl HallSource {
+    /// Host `host` (rack-major) of `hall`.
+    pub fn new(hall: Arc<Mutex<Hall>>, host: usize) -> Self {
+        let per_host = hall.lock().expect("hall").plant().site().gpus_per_host;
+        Self {
+            hall,
+            first: host * per_host,
+            count: per_host,
+            stop: Arc::new(AtomicBool::new(false)),
+        }
+    }
+}
+
+impl Drop for HallSource {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+impl GpuSource for HallSource {
+    fn devices(&mut self) -> Result<Vec<Box<dyn GpuDevice>>, GpuError> {
+        Ok((0..self.count)
+            .map(|k| {
+                Box::new(HallGpu {
+                    hall: self.hall.clone(),
+                    index: self.first + k,
+                }) as Box<dyn GpuDevice>
+            })
+            .collect())
+    }
+
+    fn watch_xids(&mut self, sink: Sender<XidReport>) -> Result<Vec<(u8, GpuError)>, GpuError> {
+        let hall = self.hall.clone();
+        let (first, count) = (self.first, self.count);
+        let stop = self.stop.clone();
+        std::thread::Builder::new()
+            .name("hall-xid".into())
+            .spawn(move || {
+                let mut lost = vec![false; count];
+                while !stop.load(Ordering::Relaxed) {
+                    {
+                        let h = hall.lock().expect("hall");
+                        for (k, was) in lost.iter_mut().enumerate() {
+                            let now = h.gpus()[first + k].shut_down;
+                            if now && !*was {
+                                *was = true;
+                                let _ = sink.send(XidReport {
+                                    gpu: k as u8,
+                                    xid: 79,
+                                });
+                            }
+                        }
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            })
+            .map_err(|e| GpuError::Failed {
+                what: "hall XID thread",
+                detail: e.to_string(),
+            })?;
+        Ok(Vec::new())
+    }
+}
+
+/// One GPU of the hall.
+struct HallGpu {
+    hall: Arc<Mutex<Hall>>,
+    index: usize,
+}
+
+impl GpuDevice for HallGpu {
+    fn describe(&mut self) -> Result<GpuInfo, GpuError> {
+        let h = self.hall.lock().expect("hall");
+        let g = &h.plant().site().gpu;
+        Ok(GpuInfo {
+            name: "Loopwarden hall GPU".into(),
+            uuid: format!("GPU-hall-{:04}", self.index),
+            default_limit: Watts(g.tdp_w as u32),
+            min_limit: Watts(g.min_cap_w as u32),
+            max_limit: Watts(g.tdp_w as u32),
+        })
+    }
+
+    fn sample(&mut self) -> Result<GpuSample, GpuError> {
+        let h = self.hall.lock().expect("hall");
+        let s = h.gpus()[self.index];
+        if s.shut_down {
+            return Err(GpuError::Lost);
+        }
+        let idle = s.demand < 0.05;
+        let capped = !s.slowdown && s.work + 1e-6 < s.demand;
+        let throttle = ThrottleReasons::empty()
+            .with(ThrottleReasons::IDLE, idle)
+            .with(ThrottleReasons::SW_POWER_CAP, capped)
+            .with(ThrottleReasons::HW_THERMAL_SLOWDOWN, s.slowdown);
+        let ratio = if s.demand > 0.0 {
+            (s.work / s.demand).clamp(0.0, 1.0)
+        } else {
+            1.0
+        };
+        let sm = if idle { 345.0 } else { 1980.0 * ratio.cbrt() };
+        let mem = s.t_in + 0.8 * (s.t_j - s.t_in);
+        Ok(GpuSample {
+            flags: GpuFlags::ECC_ENABLED,
+            unsupported: Unsupported::empty(),
+            temp: WholeCelsius(s.t_j.round().clamp(0.0, 255.0) as u8),
+            mem_temp: WholeCelsius(mem.round().clamp(0.0, 255.0) as u8),
+            power: Watts(s.power.round() as u32),
+            energy_mj: 0,
+            power_limit: Watts(s.limit.round() as u32),
+            sm_clock: MegaHertz(sm.round() as u16),
+            mem_clock: MegaHertz(2619),
+            util: Percent::new((s.demand * 100.0).round() as u8).unwrap_or(Percent::FULL),
+            throttle,
+            ..GpuSample::default()
+        })
+    }
+
+    fn set_power_limit(&mut self, limit: Watts) -> Result<(), GpuError> {
+        let mut h = self.hall.lock().expect("hall");
+        let g = h.plant().site().gpu.clone();
+        let w = f64::from(limit.0);
+        if w < g.min_cap_w || w > g.tdp_w {
+            return Err(GpuError::InvalidArgument);
+        }
+        h.set_cap(self.index, (w < g.tdp_w).then_some(w));
+        Ok(())
+    }
+
+    fn power_limit(&mut self) -> Result<Watts, GpuError> {
+        let h = self.hall.lock().expect("hall");
+        let tdp = h.plant().site().gpu.tdp_w;
+        Ok(Watts(h.cap(self.index).unwrap_or(tdp).round() as u32))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use loopwarden_boards::modbus_map::RegisterMap;
+    use loopwarden_boards::pins::{PinMap, SimLines};
+    use loopwarden_boards::scenario::Scenario;
+    use loopwarden_boards::sim_cdu::SimCdu;
+
+    fn hall(extra: &str) -> Arc<Mutex<Hall>> {
+        let text = format!(
+            "format = \"plant-scenario/1\"\ndescription = \"t\"\nduration_s = 3600\nseed = 1\n\
+             [site]\nracks = 1\nhosts_per_rack = 2\n[ambient]\npoints = [[0, 20.0]]\n\
+             [load]\nall = [[0, 0.95]]\n{extra}"
+        );
+        let s = Scenario::from_toml(&text, "t.toml").unwrap();
+        let cdu = SimCdu::new(
+            RegisterMap::sim_cdu(),
+            &[
+                ("supply_setpoint", 32.0),
+                ("pump_speed", 100.0),
+                ("valves_open", 1.0),
+            ],
+        )
+        .unwrap();
+        Arc::new(Mutex::new(Hall::new(
+            s,
+            cdu,
+            SimLines::new(),
+            PinMap::sim_controller(),
+        )))
+    }
+
+    fn steps(h: &Arc<Mutex<Hall>>, n: usize) {
+        for _ in 0..n {
+            h.lock().unwrap().step(1.0).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_host_reads_its_own_gpus_and_its_caps_act_on_the_plant() {
+        let h = hall("");
+        let mut src = HallSource::new(h.clone(), 1);
+        let mut gpus = src.devices().unwrap();
+        assert_eq!(gpus.len(), 8);
+        assert_eq!(
+            gpus[0].describe().unwrap().uuid,
+            "GPU-hall-0008",
+            "host 1 starts at GPU 8"
+        );
+        steps(&h, 300);
+        let before = gpus[3].sample().unwrap();
+        assert!(before.power.0 > 600, "{before:?}");
+        gpus[3].set_power_limit(Watts(400)).unwrap();
+        assert_eq!(gpus[3].power_limit().unwrap(), Watts(400));
+        steps(&h, 300);
+        let after = gpus[3].sample().unwrap();
+        assert_eq!(after.power, Watts(400));
+        assert!(after.throttle.contains(ThrottleReasons::SW_POWER_CAP));
+        assert!(after.temp.0 + 5 < before.temp.0, "cooler under the cap");
+        assert_eq!(
+            gpus[3].set_power_limit(Watts(150)),
+            Err(GpuError::InvalidArgument)
+        );
+    }
+
+    #[test]
+    fn a_failed_gpu_is_lost_with_xid_79() {
+        let h = hall("[[fault]]\nat_s = 5\nkind = \"gpu_fail\"\ntarget = \"0.0.2\"\n");
+        let mut src = HallSource::new(h.clone(), 0);
+        let (tx, rx) = std::sync::mpsc::channel();
+        src.watch_xids(tx).unwrap();
+        let mut gpus = src.devices().unwrap();
+        steps(&h, 10);
+        let x = rx.recv_timeout(Duration::from_secs(5)).expect("an XID");
+        assert_eq!(x, XidReport { gpu: 2, xid: 79 });
+        assert_eq!(gpus[2].sample(), Err(GpuError::Lost));
+        assert!(gpus[1].sample().is_ok());
+    }
+}
