@@ -58,7 +58,14 @@ pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    if path.exists() {
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        use std::os::unix::fs::FileTypeExt;
+        if !meta.file_type().is_socket() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "a file that is not a socket is in the way; the agent does not remove it",
+            ));
+        }
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::AddrInUse,
@@ -775,6 +782,17 @@ mod tests {
         assert_eq!(parse_since("10s", now), Ok(990_000));
         assert_eq!(parse_since("123", now), Ok(123));
         assert!(parse_since("10x", now).is_err());
+    }
+
+    #[test]
+    fn a_file_in_the_way_of_the_socket_is_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.sock");
+        std::fs::write(&path, b"precious").unwrap();
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let e = rt.block_on(async { bind(&path) }).unwrap_err();
+        assert!(e.to_string().contains("not a socket"), "{e}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"precious");
     }
 
     #[test]

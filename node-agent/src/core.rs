@@ -23,6 +23,10 @@ use loopwarden_protocol::{
 
 use crate::caps::{CapArbiter, GpuRange, InForce, LeaseView};
 
+/// How far a command's time may be from the host's clock, ms (both
+/// directions): a lease or a release older than this is not acted on.
+pub const COMMAND_MAX_AGE_MS: u64 = 300_000;
+
 /// What became of one command.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verdict {
@@ -99,6 +103,21 @@ impl CommandCore {
             }
         }
         self.last_seq.insert(frame.sender.clone(), frame.seq);
+        // A command is acted on only while it is fresh: a copy captured and
+        // sent again later (or to this host after a restart that forgot its
+        // sender) is refused.
+        let age = now.0 as i64 - frame.time.0 as i64;
+        if age.unsigned_abs() > COMMAND_MAX_AGE_MS {
+            return Verdict::refuse(
+                AckCode::Expired,
+                format!(
+                    "sent {} s {}: commands are acted on within {} s of their time",
+                    age.unsigned_abs() / 1000,
+                    if age >= 0 { "ago" } else { "in the future" },
+                    COMMAND_MAX_AGE_MS / 1000
+                ),
+            );
+        }
         match &frame.message {
             Message::CapLease(lease) => self.lease(now, frame, lease),
             Message::QuarantineRelease(r) => {
@@ -390,6 +409,19 @@ mod tests {
             AckCode::Malformed,
             "no reason given"
         );
+    }
+
+    #[test]
+    fn stale_or_future_commands_are_refused() {
+        let mut c = core();
+        let f = lease_frame(1, 1_000, &[(gpu(0), 300)], 3_600_000);
+        let v = c.command(TimestampMs(1_000 + COMMAND_MAX_AGE_MS + 1), &f);
+        assert_eq!(v.code, AckCode::Expired);
+        assert!(v.detail.contains("ago"), "{}", v.detail);
+        let f = lease_frame(2, 10_000_000, &[(gpu(0), 300)], 3_600_000);
+        let v = c.command(TimestampMs(1_000), &f);
+        assert_eq!(v.code, AckCode::Expired);
+        assert!(v.detail.contains("in the future"), "{}", v.detail);
     }
 
     #[test]

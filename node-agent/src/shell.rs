@@ -57,6 +57,8 @@ const SEQ_BLOCK: u32 = 10_000;
 const JITTER_WINDOW: usize = 600;
 /// XIDs kept per GPU for `why`.
 const RECENT_XIDS: usize = 8;
+/// Every this many samples the retained health is published again.
+const HEALTH_EVERY: u64 = 60;
 /// How long a limit that could not be set waits before the next try, ms.
 const RETRY_MS: u64 = 30_000;
 /// Every this many samples the limits are read back again, so a limit
@@ -158,6 +160,8 @@ pub(crate) struct Agent {
     pub actions: mpsc::UnboundedSender<(u8, actions::Outcome)>,
     /// The CDU state topic this host's cooling context comes from.
     pub coolant_topic: Option<Topic>,
+    /// Quarantine actions still running (awaited at a clean stop).
+    pub running_actions: Vec<tokio::task::JoinHandle<()>>,
 }
 
 /// Runs the agent until `shutdown` completes, then restores the default
@@ -414,6 +418,7 @@ pub async fn run(
         health,
         actions: actions_tx,
         coolant_topic,
+        running_actions: Vec::new(),
         config,
         bus,
         workers,
@@ -459,6 +464,20 @@ pub async fn run(
         }
     }
 
+    // A drain that is running finishes (within its timeout) and its outcome
+    // is logged: a quarantine kept in flash does not run its actions again.
+    let pending: Vec<_> = std::mem::take(&mut agent.running_actions)
+        .into_iter()
+        .filter(|h| !h.is_finished())
+        .collect();
+    if !pending.is_empty() {
+        tracing::info!("stopping: waiting for {} quarantine actions", pending.len());
+        let wait = agent.config.quarantine_timeout + Duration::from_secs(1);
+        let _ = tokio::time::timeout(wait, futures::future::join_all(pending)).await;
+    }
+    while let Ok((gpu, outcome)) = actions_rx.try_recv() {
+        agent.on_action(gpu, outcome).await;
+    }
     tracing::info!("stopping: restoring default power limits");
     agent.restore_defaults().await;
     // Everything decided is written and handed to the bus before it stops.
@@ -620,7 +639,11 @@ impl Agent {
                     g.changed = b != g.info.default_limit;
                     g.source = if b == t.limit { t.source } else { None };
                 }
-                Err(_) => g.applied = None,
+                Err(_) => {
+                    // The set may have taken: restore the default at exit.
+                    g.applied = None;
+                    g.changed = true;
+                }
             }
             if let Some(why) = why {
                 // Said once per target, not every sample.
@@ -704,7 +727,9 @@ impl Agent {
         }
         self.reconcile(now, false).await;
         let connects = self.bus.metrics().connects;
-        if connects != self.connects {
+        // Again on every new connection, and every minute in case that
+        // publish was lost in a full queue after a long outage.
+        if connects != self.connects || self.timing.samples % HEALTH_EVERY == 0 {
             self.connects = connects;
             self.publish_health(now);
         }
@@ -876,7 +901,7 @@ impl Agent {
 
     /// Starts every configured action for a quarantine of `gpu`, each on
     /// its own task; outcomes come back to the loop.
-    fn start_actions(&self, gpu: u8, reason: &str, evidence: &str) {
+    fn start_actions(&mut self, gpu: u8, reason: &str, evidence: &str) {
         let vars = actions::Vars {
             host: self.config.host.as_str().to_string(),
             site: self.config.site.as_str().to_string(),
@@ -888,10 +913,11 @@ impl Agent {
             let argv = actions::expand(action, &vars);
             let timeout = self.config.quarantine_timeout;
             let tx = self.actions.clone();
-            tokio::spawn(async move {
+            self.running_actions.retain(|h| !h.is_finished());
+            self.running_actions.push(tokio::spawn(async move {
                 let outcome = actions::run(&argv, timeout).await;
                 let _ = tx.send((gpu, outcome));
-            });
+            }));
         }
     }
 
@@ -958,11 +984,22 @@ impl Agent {
             {
                 Ok(change) => {
                     let mut buf = [0u8; MAX_FRAME_LEN];
-                    if let Ok(n) = frame.encode(&mut buf) {
-                        self.recorder.append(
-                            frame.time,
-                            MessageKind::QuarantineRelease as u8,
-                            buf[..n].to_vec(),
+                    let logged = match frame.encode(&mut buf) {
+                        Ok(n) => self
+                            .recorder
+                            .append_sync(
+                                frame.time,
+                                MessageKind::QuarantineRelease as u8,
+                                buf[..n].to_vec(),
+                            )
+                            .await
+                            .map(|_| ()),
+                        Err(e) => Err(format!("{e:?}")),
+                    };
+                    if let Err(e) = logged {
+                        tracing::error!("release not logged to flash: {e}");
+                        detail = format!(
+                            "released, but not logged to flash ({e}): the quarantine may come back after a restart"
                         );
                     }
                     tracing::warn!(
