@@ -122,7 +122,13 @@ fn main() {
                 auth: CommandAuth::default(),
             }),
         };
-        release.sign(1, DEMO_KEY).expect("signs");
+        let to = loopwarden_protocol::Topic::new(
+            &Ident::new(site).expect("ident"),
+            Role::Host,
+            &Ident::new(host).expect("ident"),
+            loopwarden_protocol::Family::Cmd,
+        );
+        release.sign(&to, 1, DEMO_KEY).expect("signs");
         let mut buf = [0u8; 2048];
         let n = release.encode(&mut buf).expect("encodes");
         publish_raw(

@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use loopwarden_protocol::{
     AckCode, AuthError, CapLease, CapSource, Frame, GpuIndex, GpuSelector, Message, NodeId,
-    TimestampMs, Watts,
+    TimestampMs, Topic, Watts,
 };
 
 use crate::caps::{CapArbiter, GpuRange, InForce, LeaseView};
@@ -55,15 +55,19 @@ impl Verdict {
 /// The command core of one host.
 #[derive(Debug, Clone)]
 pub struct CommandCore {
+    /// This host's `cmd` topic: what its commands are signed for.
+    own: Topic,
     keys: BTreeMap<u8, Vec<u8>>,
     last_seq: HashMap<NodeId, u32>,
     arbiter: CapArbiter,
 }
 
 impl CommandCore {
-    /// A core for GPUs with `ranges`, checking commands against `keys`.
-    pub fn new(ranges: Vec<GpuRange>, keys: BTreeMap<u8, Vec<u8>>) -> Self {
+    /// A core for GPUs with `ranges`, checking commands signed for `own`
+    /// (this host's `cmd` topic) against `keys`.
+    pub fn new(own: Topic, ranges: Vec<GpuRange>, keys: BTreeMap<u8, Vec<u8>>) -> Self {
         Self {
+            own,
             keys,
             last_seq: HashMap::new(),
             arbiter: CapArbiter::new(ranges),
@@ -82,10 +86,12 @@ impl CommandCore {
                 format!("{kind:?} is not a command a host takes"),
             );
         }
-        if let Err(e) = frame.verify(|id| self.keys.get(&id).map(Vec::as_slice)) {
+        if let Err(e) = frame.verify(&self.own, |id| self.keys.get(&id).map(Vec::as_slice)) {
             let detail = match e {
                 AuthError::UnknownKey(id) => format!("key {id} is not a key of this site"),
-                AuthError::BadTag => "the MAC does not verify with the site key".into(),
+                AuthError::BadTag => {
+                    "the MAC does not verify with the site key for this host".into()
+                }
                 other => other.to_string(),
             };
             return Verdict::refuse(AckCode::Unauthenticated, detail);
@@ -278,8 +284,18 @@ mod tests {
 
     const KEY: &[u8] = b"0123456789abcdef0123456789abcdef";
 
+    fn own() -> Topic {
+        Topic::new(
+            &loopwarden_protocol::Ident::new("hall-1").unwrap(),
+            Role::Host,
+            &loopwarden_protocol::Ident::new("h07").unwrap(),
+            loopwarden_protocol::Family::Cmd,
+        )
+    }
+
     fn core() -> CommandCore {
         CommandCore::new(
+            own(),
             vec![
                 GpuRange {
                     min: Watts(200),
@@ -312,7 +328,7 @@ mod tests {
             time: TimestampMs(time),
             message: Message::CapLease(lease),
         };
-        f.sign(1, KEY).unwrap();
+        f.sign(&own(), 1, KEY).unwrap();
         f
     }
 
@@ -342,7 +358,7 @@ mod tests {
             AckCode::Unauthenticated
         );
         let mut g = lease_frame(7, 1_000, &[(GpuSelector::All, 300)], 30_000);
-        g.sign(9, KEY).unwrap();
+        g.sign(&own(), 9, KEY).unwrap();
         let v = c.command(TimestampMs(1_000), &g);
         assert_eq!(v.code, AckCode::Unauthenticated);
         assert!(v.detail.contains("key 9"), "{}", v.detail);
@@ -392,7 +408,7 @@ mod tests {
                 auth: CommandAuth::default(),
             }),
         };
-        rel.sign(1, KEY).unwrap();
+        rel.sign(&own(), 1, KEY).unwrap();
         let v = c.command(TimestampMs(0), &rel);
         assert_eq!(
             (v.code, v.release),
@@ -403,12 +419,28 @@ mod tests {
             r.note = Text::new(" ").unwrap();
         }
         rel.seq = 2;
-        rel.sign(1, KEY).unwrap();
+        rel.sign(&own(), 1, KEY).unwrap();
         assert_eq!(
             c.command(TimestampMs(0), &rel).code,
             AckCode::Malformed,
             "no reason given"
         );
+    }
+
+    #[test]
+    fn a_command_signed_for_another_host_is_refused() {
+        let mut c = core();
+        let mut f = lease_frame(1, 1_000, &[(gpu(0), 300)], 30_000);
+        let h12 = Topic::new(
+            &loopwarden_protocol::Ident::new("hall-1").unwrap(),
+            Role::Host,
+            &loopwarden_protocol::Ident::new("h12").unwrap(),
+            loopwarden_protocol::Family::Cmd,
+        );
+        f.sign(&h12, 1, KEY).unwrap();
+        let v = c.command(TimestampMs(1_000), &f);
+        assert_eq!(v.code, AckCode::Unauthenticated, "{}", v.detail);
+        assert_eq!(c.targets(TimestampMs(1_000))[0].limit, Watts(700));
     }
 
     #[test]

@@ -300,7 +300,8 @@ pub async fn run(
 
     // Leases that were in force before a restart, if still valid.
     let ranges: Vec<GpuRange> = gpus.iter().map(|g| g.range).collect();
-    let mut core = CommandCore::new(ranges, config.keys.clone());
+    let own_cmd = Topic::new(&config.site, Role::Host, &config.host, Family::Cmd);
+    let mut core = CommandCore::new(own_cmd, ranges, config.keys.clone());
     let mut logged_leases = Vec::new();
     log.for_each(|r| {
         if r.kind == MessageKind::CapLease as u8 || r.kind == MessageKind::QuarantineRelease as u8 {

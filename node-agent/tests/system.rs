@@ -118,7 +118,7 @@ impl Drop for Agent {
 }
 
 fn lease(seq: u32, id: u32, caps: &[(GpuSelector, u32)], ms: u32) -> Frame {
-    let mut f = Frame {
+    let f = Frame {
         sender: NodeId::new(Role::Cdu, "cdu-a").expect("ident"),
         seq,
         time: now(),
@@ -137,11 +137,34 @@ fn lease(seq: u32, id: u32, caps: &[(GpuSelector, u32)], ms: u32) -> Frame {
             auth: CommandAuth::default(),
         }),
     };
-    f.sign(1, DEMO_KEY).expect("a command signs");
+    // Unsigned: `send` signs it for the host it goes to.
     f
 }
 
+/// A host's `cmd` topic (what its commands are signed for).
+fn cmd_topic(host: &str) -> loopwarden_protocol::Topic {
+    loopwarden_protocol::Topic::new(
+        &loopwarden_protocol::Ident::new(SITE).expect("ident"),
+        Role::Host,
+        &loopwarden_protocol::Ident::new(host).expect("ident"),
+        loopwarden_protocol::Family::Cmd,
+    )
+}
+
+/// Sends a command to `host`, signed for it with the demonstration key
+/// unless the test signed it already.
 fn send(port: u16, host: &str, frame: &Frame) {
+    let mut frame = frame.clone();
+    let unsigned = match &frame.message {
+        Message::CapLease(l) => l.auth.tag == [0; 16],
+        Message::QuarantineRelease(r) => r.auth.tag == [0; 16],
+        _ => false,
+    };
+    if unsigned {
+        frame
+            .sign(&cmd_topic(host), 1, DEMO_KEY)
+            .expect("a command signs");
+    }
     let mut buf = [0u8; 2048];
     let n = frame.encode(&mut buf).expect("encodes");
     publish_raw(
@@ -283,14 +306,15 @@ fn leases_are_applied_acknowledged_refused_and_lifted() {
 
     let mut expired = lease(103, 4, &[(gpu(0), 300)], 1_000);
     expired.time = TimestampMs(now().0 - 60_000);
-    expired.sign(1, DEMO_KEY).expect("signs");
     assert_eq!(
         ack_of_sent(&mut sub, port, host, &expired).code,
         AckCode::Expired
     );
 
     let mut forged = lease(104, 5, &[(gpu(0), 300)], 4_000);
-    forged.sign(1, b"not the site key").expect("signs");
+    forged
+        .sign(&cmd_topic(host), 1, b"not the site key")
+        .expect("signs");
     assert_eq!(
         ack_of_sent(&mut sub, port, host, &forged).code,
         AckCode::Unauthenticated
@@ -529,7 +553,7 @@ fn run_source(
 }
 
 fn release(seq: u32, gpu: u8, note: &str) -> Frame {
-    let mut f = Frame {
+    let f = Frame {
         sender: NodeId::new(Role::Operator, "jdoe").expect("ident"),
         seq,
         time: now(),
@@ -540,7 +564,7 @@ fn release(seq: u32, gpu: u8, note: &str) -> Frame {
             auth: CommandAuth::default(),
         }),
     };
-    f.sign(1, DEMO_KEY).expect("a command signs");
+    // Unsigned: `send` signs it for the host it goes to.
     f
 }
 

@@ -3,10 +3,13 @@
 //!
 //! A command frame carries a [`CommandAuth`]: the id of the site key that
 //! signed it and a tag, HMAC-SHA-256 truncated to its first 16 bytes, over
-//! the frame's bytes up to (not including) the CRC, computed with the tag
-//! set to zeros. The frame's timestamp and sequence number are inside what
-//! is signed, so a receiver that refuses a sequence number not above the
-//! last one it accepted from that sender refuses replays.
+//! the target's `cmd` topic (UTF-8, e.g. `dc/v1/hall-1/host/h07/cmd`), one
+//! zero byte, and the frame's bytes up to (not including) the CRC,
+//! computed with the tag set to zeros. The target is inside what is
+//! signed, so a command for one host does not verify on another; the
+//! frame's timestamp and sequence number are too, so a receiver that
+//! refuses a sequence number not above the last one it accepted from that
+//! sender refuses replays.
 //!
 //! Glossary:
 //! - *site key*: a secret shared by the nodes of a site that may command
@@ -20,6 +23,7 @@ use sha2::Sha256;
 
 use crate::frame::{EncodeError, Frame, Message, MAX_FRAME_LEN};
 use crate::message::CommandAuth;
+use crate::topic::Topic;
 
 /// Bytes of the tag.
 pub const TAG_LEN: usize = 16;
@@ -62,8 +66,9 @@ fn auth_mut(message: &mut Message) -> Option<&mut CommandAuth> {
     }
 }
 
-/// The MAC over `frame` as signed: its bytes before the CRC, tag zeroed.
-fn mac(frame: &Frame, key: &[u8]) -> Result<Hmac<Sha256>, AuthError> {
+/// The MAC over `frame` as signed for `to`: the target's topic, a zero
+/// byte, the frame's bytes before the CRC with the tag zeroed.
+fn mac(frame: &Frame, to: &Topic, key: &[u8]) -> Result<Hmac<Sha256>, AuthError> {
     let mut unsigned = frame.clone();
     let auth = auth_mut(&mut unsigned.message).ok_or(AuthError::NotACommand)?;
     auth.tag = [0; TAG_LEN];
@@ -71,33 +76,42 @@ fn mac(frame: &Frame, key: &[u8]) -> Result<Hmac<Sha256>, AuthError> {
     let len = unsigned.encode(&mut buf).map_err(AuthError::Encode)?;
     // HMAC takes keys of any length.
     let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(key).map_err(|_| AuthError::BadTag)?;
+    let target = to.build().map_err(|_| AuthError::BadTag)?;
+    mac.update(target.as_bytes());
+    mac.update(&[0]);
     mac.update(&buf[..len - 4]);
     Ok(mac)
 }
 
 impl Frame {
-    /// Signs a command frame with site key `key_id`. Call it last: any
-    /// change to the frame afterwards breaks the tag.
-    pub fn sign(&mut self, key_id: u8, key: &[u8]) -> Result<(), AuthError> {
+    /// Signs a command frame for the target whose `cmd` topic is `to`,
+    /// with site key `key_id`. Call it last: any change to the frame
+    /// afterwards breaks the tag.
+    pub fn sign(&mut self, to: &Topic, key_id: u8, key: &[u8]) -> Result<(), AuthError> {
         auth_mut(&mut self.message)
             .ok_or(AuthError::NotACommand)?
             .key_id = key_id;
-        let tag = mac(self, key)?.finalize().into_bytes();
+        let tag = mac(self, to, key)?.finalize().into_bytes();
         let auth = auth_mut(&mut self.message).ok_or(AuthError::NotACommand)?;
         auth.tag.copy_from_slice(&tag[..TAG_LEN]);
         Ok(())
     }
 
-    /// Checks a command frame's tag against the key `keys` returns for its
-    /// key id, in constant time.
-    pub fn verify<'k>(&self, keys: impl FnOnce(u8) -> Option<&'k [u8]>) -> Result<(), AuthError> {
+    /// Checks a command frame received on `to` (the receiver's own `cmd`
+    /// topic) against the key `keys` returns for its key id, in constant
+    /// time.
+    pub fn verify<'k>(
+        &self,
+        to: &Topic,
+        keys: impl FnOnce(u8) -> Option<&'k [u8]>,
+    ) -> Result<(), AuthError> {
         let auth = match &self.message {
             Message::CapLease(m) => m.auth,
             Message::QuarantineRelease(m) => m.auth,
             _ => return Err(AuthError::NotACommand),
         };
         let key = keys(auth.key_id).ok_or(AuthError::UnknownKey(auth.key_id))?;
-        mac(self, key)?
+        mac(self, to, key)?
             .verify_truncated_left(&auth.tag)
             .map_err(|_| AuthError::BadTag)
     }
@@ -107,18 +121,43 @@ impl Frame {
 mod tests {
     use super::*;
     use crate::frame::MessageKind;
+    use crate::ids::{Ident, Role};
     use crate::samples::{self, DEMO_KEY};
+    use crate::topic::Family;
     use crate::units::Watts;
 
     fn keyring(id: u8) -> Option<&'static [u8]> {
         (id == 1).then_some(DEMO_KEY)
     }
 
+    fn h07() -> Topic {
+        samples::command_topic()
+    }
+
     #[test]
-    fn samples_are_signed_with_the_demo_key() {
+    fn samples_are_signed_with_the_demo_key_for_h07() {
         for kind in [MessageKind::CapLease, MessageKind::QuarantineRelease] {
-            assert_eq!(samples::frame(kind).verify(keyring), Ok(()), "{kind:?}");
+            assert_eq!(
+                samples::frame(kind).verify(&h07(), keyring),
+                Ok(()),
+                "{kind:?}"
+            );
         }
+    }
+
+    #[test]
+    fn a_command_for_one_host_does_not_verify_on_another() {
+        let f = samples::frame(MessageKind::QuarantineRelease);
+        let site = Ident::new("hall-1").unwrap();
+        let h12 = Topic::new(&site, Role::Host, &Ident::new("h12").unwrap(), Family::Cmd);
+        assert_eq!(f.verify(&h12, keyring), Err(AuthError::BadTag));
+        let other_site = Topic::new(
+            &Ident::new("hall-2").unwrap(),
+            Role::Host,
+            &Ident::new("h07").unwrap(),
+            Family::Cmd,
+        );
+        assert_eq!(f.verify(&other_site, keyring), Err(AuthError::BadTag));
     }
 
     #[test]
@@ -128,12 +167,12 @@ mod tests {
         if let Message::CapLease(l) = &mut f.message {
             l.caps[0].limit = Watts(700);
         }
-        assert_eq!(f.verify(keyring), Err(AuthError::BadTag));
+        assert_eq!(f.verify(&h07(), keyring), Err(AuthError::BadTag));
         let mut f = good.clone();
         f.seq += 1; // a replay with a new number is not signed
-        assert_eq!(f.verify(keyring), Err(AuthError::BadTag));
+        assert_eq!(f.verify(&h07(), keyring), Err(AuthError::BadTag));
         assert_eq!(
-            good.verify(|_| Some(b"another key".as_slice())),
+            good.verify(&h07(), |_| Some(b"another key".as_slice())),
             Err(AuthError::BadTag)
         );
     }
@@ -141,10 +180,10 @@ mod tests {
     #[test]
     fn unknown_key_and_non_commands_are_refused() {
         let mut f = samples::frame(MessageKind::QuarantineRelease);
-        f.sign(9, b"k").unwrap();
-        assert_eq!(f.verify(keyring), Err(AuthError::UnknownKey(9)));
+        f.sign(&h07(), 9, b"k").unwrap();
+        assert_eq!(f.verify(&h07(), keyring), Err(AuthError::UnknownKey(9)));
         let mut e = samples::frame(MessageKind::Event);
-        assert_eq!(e.sign(1, DEMO_KEY), Err(AuthError::NotACommand));
-        assert_eq!(e.verify(keyring), Err(AuthError::NotACommand));
+        assert_eq!(e.sign(&h07(), 1, DEMO_KEY), Err(AuthError::NotACommand));
+        assert_eq!(e.verify(&h07(), keyring), Err(AuthError::NotACommand));
     }
 }

@@ -212,7 +212,8 @@ pub fn message(kind: MessageKind) -> Message {
 
 /// The frame of `kind` used in the docs and the golden fixtures: sent by
 /// host `h07` (or `cdu-a` for CDU kinds, `jdoe` for a release). Commands
-/// are signed with [`DEMO_KEY`] as key 1.
+/// are signed with [`DEMO_KEY`] as key 1, for host `h07` of site `hall-1`
+/// ([`command_topic`]).
 pub fn frame(kind: MessageKind) -> Frame {
     let sender = match kind {
         MessageKind::CduTelemetry | MessageKind::CduState | MessageKind::CapLease => {
@@ -229,8 +230,19 @@ pub fn frame(kind: MessageKind) -> Frame {
     };
     if kind.family() == crate::topic::Family::Cmd {
         frame
-            .sign(1, DEMO_KEY)
+            .sign(&command_topic(), 1, DEMO_KEY)
             .expect("sample commands can be signed");
     }
     frame
+}
+
+/// The target the sample commands are signed for: host `h07` of site
+/// `hall-1` (`dc/v1/hall-1/host/h07/cmd`).
+pub fn command_topic() -> crate::topic::Topic {
+    crate::topic::Topic::new(
+        &crate::ids::Ident::new("hall-1").expect("an ident"),
+        Role::Host,
+        &crate::ids::Ident::new("h07").expect("an ident"),
+        crate::topic::Family::Cmd,
+    )
 }

@@ -101,7 +101,10 @@ fn golden_command_tags_verify_with_an_independent_hmac() {
         // then the CRC.
         let (signed, rest) = bytes.split_at(bytes.len() - 20);
         let tag = &rest[..16];
-        let mut unsigned = signed.to_vec();
+        // Signed for dc/v1/hall-1/host/h07/cmd: the topic, a zero byte,
+        // then the frame with its tag zeroed.
+        let mut unsigned = b"dc/v1/hall-1/host/h07/cmd\0".to_vec();
+        unsigned.extend_from_slice(signed);
         unsigned.extend_from_slice(&[0u8; 16]);
         let out = std::process::Command::new(&python)
             .args([

@@ -251,13 +251,14 @@ async fn publish_samples(broker: BrokerAddr, site: Ident) -> Result<()> {
                 ..frame
             };
             if kind.family() == Family::Cmd {
-                // The time is signed too: sign again after changing it.
-                frame.sign(1, samples::DEMO_KEY)?;
                 if node.role != Role::Host {
                     continue;
                 }
-                // Commands go to the host's cmd topic, from the sample sender.
+                // Commands go to the host's cmd topic, from the sample
+                // sender, signed again for it (the time and the target are
+                // signed too).
                 let topic = Topic::new(&site, Role::Host, &node.id, Family::Cmd);
+                frame.sign(&topic, 1, samples::DEMO_KEY)?;
                 bus.publish_frame(&topic, &frame)?;
             } else {
                 let topic = Topic::new(&site, node.role, &node.id, kind.family());
@@ -506,8 +507,8 @@ async fn release(
             auth: CommandAuth::default(),
         }),
     };
-    frame.sign(id, key)?;
     let cmd = Topic::new(&site, Role::Host, &host, Family::Cmd);
+    frame.sign(&cmd, id, key)?;
     bus.publish_frame(&cmd, &frame)?;
     let answer = tokio::time::timeout(Duration::from_secs(10), async {
         while let Some(m) = inbound.recv().await {
