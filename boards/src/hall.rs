@@ -14,7 +14,7 @@
 
 use crate::modbus_map::ValueError;
 use crate::pins::{PinMap, SimLines};
-use crate::plant::{Actuation, Conditions, GpuState, Plant};
+use crate::plant::{Actuation, GpuState, Plant};
 use crate::scenario::{FaultKind, Scenario, SensorName};
 use crate::sim_cdu::SimCdu;
 
@@ -139,28 +139,7 @@ impl Hall {
                 .collect(),
             caps: self.caps.clone(),
         };
-        let n = self.plant.gpus().len();
-        let cond = Conditions {
-            ambient_c: self.scenario.ambient.at(self.t),
-            demand: (0..n)
-                .map(|i| {
-                    if self.failed[i] {
-                        0.0
-                    } else {
-                        self.scenario.demand(i / per_rack, self.t)
-                    }
-                })
-                .collect(),
-            pump_tripped: [0, 1].map(|i| active.contains(&FaultKind::PumpTrip(i))),
-            chiller_tripped: active.contains(&FaultKind::ChillerTrip),
-            dry_cooler_fraction: active
-                .iter()
-                .find_map(|f| match f {
-                    FaultKind::DryCoolerDegraded(v) => Some(*v),
-                    _ => None,
-                })
-                .unwrap_or(1.0),
-        };
+        let cond = self.scenario.conditions(self.t, &self.failed);
         self.plant.step(dt, &act, &cond);
         self.t += dt;
 

@@ -348,6 +348,30 @@ impl Scenario {
         self.load_racks.get(&rack).unwrap_or(&self.load_all).at(t)
     }
 
+    /// What the plant is subjected to at `t` seconds: the outdoor air, each
+    /// GPU's demand (none for a GPU in `failed`), and the equipment faults.
+    pub fn conditions(&self, t: f64, failed: &[bool]) -> crate::plant::Conditions {
+        let per_rack = self.site.hosts_per_rack * self.site.gpus_per_host;
+        let active: Vec<&FaultKind> = self.active(t).collect();
+        crate::plant::Conditions {
+            ambient_c: self.ambient.at(t),
+            demand: failed
+                .iter()
+                .enumerate()
+                .map(|(i, &f)| if f { 0.0 } else { self.demand(i / per_rack, t) })
+                .collect(),
+            pump_tripped: [0, 1].map(|i| active.contains(&&FaultKind::PumpTrip(i))),
+            chiller_tripped: active.contains(&&FaultKind::ChillerTrip),
+            dry_cooler_fraction: active
+                .iter()
+                .find_map(|f| match f {
+                    FaultKind::DryCoolerDegraded(v) => Some(*v),
+                    _ => None,
+                })
+                .unwrap_or(1.0),
+        }
+    }
+
     /// The faults acting at `t` seconds.
     pub fn active(&self, t: f64) -> impl Iterator<Item = &FaultKind> {
         self.faults

@@ -16,7 +16,7 @@
 
 use std::io::Write;
 
-use crate::plant::{Actuation, Conditions, Plant};
+use crate::plant::{Actuation, Plant};
 use crate::scenario::{FaultKind, Scenario, SensorName};
 
 /// What the controller reads each second.
@@ -289,27 +289,7 @@ pub fn run(
                 .map(|i| d.rack_caps.get(i / per_rack).copied().flatten())
                 .collect(),
         };
-        let cond = Conditions {
-            ambient_c: ambient,
-            demand: (0..n)
-                .map(|i| {
-                    if failed[i] {
-                        0.0
-                    } else {
-                        scenario.demand(i / per_rack, t)
-                    }
-                })
-                .collect(),
-            pump_tripped: [0, 1].map(|i| active.contains(&FaultKind::PumpTrip(i))),
-            chiller_tripped: active.contains(&FaultKind::ChillerTrip),
-            dry_cooler_fraction: active
-                .iter()
-                .find_map(|f| match f {
-                    FaultKind::DryCoolerDegraded(v) => Some(*v),
-                    _ => None,
-                })
-                .unwrap_or(1.0),
-        };
+        let cond = scenario.conditions(t, &failed);
         plant.step(1.0, &act, &cond);
         last = plant.meters();
         if let Some(w) = trace.as_deref_mut() {
