@@ -131,6 +131,21 @@ impl GpuModel {
     pub fn static_power(&self, t_j: f64) -> f64 {
         self.static_w * (1.0 + self.leak_per_k * (t_j - 50.0))
     }
+
+    /// Power drawn and work rate of a GPU at `t_j` with demand `u` under
+    /// `limit` (section 2): static plus dynamic power when it fits, else
+    /// the limit, with the clocks (work) dropped to fit it.
+    pub fn draw(&self, t_j: f64, u: f64, limit: f64) -> (f64, f64) {
+        let p_s = self.static_power(t_j);
+        let p_d = u * (self.tdp_w - self.static_w);
+        if p_s + p_d <= limit {
+            (p_s + p_d, u)
+        } else if p_d > 0.0 {
+            (limit, u * (limit - p_s).max(0.0) / p_d)
+        } else {
+            (limit, 0.0)
+        }
+    }
 }
 
 /// Host power besides its GPUs (section 2).
@@ -550,19 +565,7 @@ impl Plant {
                     limit = limit.min(0.5 * g.tdp_w);
                 }
                 gs.limit = limit;
-                let p_s = g.static_power(gs.t_j);
-                let p_d = u * (g.tdp_w - g.static_w);
-                if p_s + p_d <= limit {
-                    gs.power = p_s + p_d;
-                    gs.work = u;
-                } else {
-                    gs.power = limit;
-                    gs.work = if p_d > 0.0 {
-                        u * (limit - p_s).max(0.0) / p_d
-                    } else {
-                        0.0
-                    };
-                }
+                (gs.power, gs.work) = g.draw(gs.t_j, u, limit);
             }
             // Heat into the coolant through the plate; the rest is stored.
             let r = g.r_jc + g.r_cold_plate(q);

@@ -78,13 +78,6 @@ impl TwinGpuParams {
     }
 }
 
-/// Cold-plate resistance, case to coolant, at `q` L/min per GPU: the
-/// hall model's table (`loopwarden_boards::plant::GpuModel`).
-pub fn r_cold_plate(q: f64) -> f64 {
-    static MODEL: std::sync::OnceLock<GpuModel> = std::sync::OnceLock::new();
-    MODEL.get_or_init(GpuModel::default).r_cold_plate(q)
-}
-
 /// One simulated GPU's state.
 #[derive(Debug, Clone)]
 struct TwinGpu {
@@ -110,6 +103,8 @@ struct TwinGpu {
 #[derive(Debug, Clone)]
 pub struct TwinHost {
     params: TwinGpuParams,
+    /// The hall model's GPU with these parameters (its power law).
+    model: GpuModel,
     gpus: Vec<TwinGpu>,
     /// Coolant temperature at the GPUs' inlet, °C.
     pub coolant_c: f64,
@@ -140,8 +135,21 @@ impl TwinHost {
             pcie_replay: 0,
             nvlink: NvlinkErrors::default(),
         };
+        let model = GpuModel {
+            tdp_w: params.tdp,
+            min_cap_w: params.min_cap,
+            static_w: params.p_s0,
+            leak_per_k: params.k_leak,
+            max_operating_c: params.t_maxop,
+            slowdown_c: params.t_slow,
+            shutdown_c: params.t_shut,
+            r_jc: params.r_jc,
+            heat_capacity_j_per_k: params.c_j,
+            ..GpuModel::default()
+        };
         Self {
             params,
+            model,
             gpus: vec![gpu; count],
             coolant_c: 32.0,
             flow_lpm: 1.5,
@@ -179,7 +187,7 @@ impl TwinHost {
 
     fn step_once(&mut self, dt: f64) {
         let p = self.params;
-        let r = p.r_jc + r_cold_plate(self.flow_lpm);
+        let r = p.r_jc + self.model.r_cold_plate(self.flow_lpm);
         for i in 0..self.gpus.len() {
             let jitter = 0.02 * self.noise();
             let g = &mut self.gpus[i];
@@ -201,19 +209,7 @@ impl TwinHost {
             } else {
                 g.limit
             };
-            let p_s = p.p_s0 * (1.0 + p.k_leak * (g.t_j - 50.0));
-            let p_d = u * (p.tdp - p.p_s0);
-            if p_s + p_d <= limit {
-                g.power = p_s + p_d;
-                g.work = u;
-            } else {
-                g.power = limit;
-                g.work = if p_d > 0.0 {
-                    u * (limit - p_s).max(0.0) / p_d
-                } else {
-                    0.0
-                };
-            }
+            (g.power, g.work) = self.model.draw(g.t_j, u, limit);
             g.t_j += dt * (g.power - (g.t_j - self.coolant_c) / r) / p.c_j;
             g.energy_j += g.power * dt;
             if g.t_j >= p.t_shut {
