@@ -89,8 +89,13 @@ impl Hall {
         &self.failed
     }
 
-    fn sensor(&mut self, k: usize, name: SensorName, truth: f64) -> Option<f64> {
-        let active: Vec<FaultKind> = self.scenario.active(self.t).cloned().collect();
+    fn sensor(
+        &mut self,
+        active: &[FaultKind],
+        k: usize,
+        name: SensorName,
+        truth: f64,
+    ) -> Option<f64> {
         if active.contains(&FaultKind::SensorLost(name)) {
             return None;
         }
@@ -110,9 +115,9 @@ impl Hall {
 
     /// Advances the hall by `dt` seconds.
     pub fn step(&mut self, dt: f64) -> Result<(), ValueError> {
-        let site = self.plant.site().clone();
-        let per_rack = site.hosts_per_rack * site.gpus_per_host;
-        let per_host = site.gpus_per_host;
+        let site = self.plant.site();
+        let (racks, per_host) = (site.racks, site.gpus_per_host);
+        let per_rack = site.hosts_per_rack * per_host;
         let active: Vec<FaultKind> = self.scenario.active(self.t).cloned().collect();
         for f in &active {
             if let FaultKind::GpuFail(r, h, g) = f {
@@ -134,7 +139,7 @@ impl Hall {
             setpoint_c: self.cdu.setting("supply_setpoint")?,
             pump_speed: self.cdu.setting("pump_speed")? / 100.0,
             pump_on,
-            valves: (0..site.racks)
+            valves: (0..racks)
                 .map(|r| active.contains(&FaultKind::ValveStuck(r)) || valves_bits & (1 << r) != 0)
                 .collect(),
             caps: self.caps.clone(),
@@ -154,6 +159,8 @@ impl Hall {
         if modbus_out {
             return Ok(());
         }
+        // The sensors read at the new time, as they always have.
+        let sensing: Vec<FaultKind> = self.scenario.active(self.t).cloned().collect();
         let readings = [
             (0, SensorName::SupplyTemp, m.supply_c, "supply_temp"),
             (1, SensorName::ReturnTemp, m.return_c, "return_temp"),
@@ -168,13 +175,13 @@ impl Hall {
         for (k, name, truth, register) in readings {
             // A lost sensor reads as its register's floor (0), as a broken
             // 4-20 mA loop does; the controller must tell it from a reading.
-            let v = self.sensor(k, name, truth).unwrap_or(0.0);
+            let v = self.sensor(&sensing, k, name, truth).unwrap_or(0.0);
             self.cdu.set_measurement(register, v.max(0.0))?;
         }
         let running = |i: usize| f64::from(u8::from(act.pump_on[i] && !cond.pump_tripped[i]));
         self.cdu.set_measurement("pump_a_running", running(0))?;
         self.cdu.set_measurement("pump_b_running", running(1))?;
-        let leak_bits: u32 = (0..site.racks)
+        let leak_bits: u32 = (0..racks)
             .filter(|r| active.contains(&FaultKind::Leak(*r)))
             .map(|r| 1 << r)
             .sum();

@@ -61,10 +61,7 @@ pub struct PinMap {
 impl PinMap {
     /// Parses and checks a pin map; `origin` names it in errors.
     pub fn from_toml(text: &str, origin: &str) -> Result<Self, BoardError> {
-        let file: File = toml::from_str(text).map_err(|e| BoardError::Syntax {
-            origin: origin.to_string(),
-            message: e.to_string(),
-        })?;
+        let file: File = crate::parse_checked(text, origin, |_| Ok(()))?;
         let invalid = |message: String| BoardError::Invalid {
             origin: origin.to_string(),
             message,
