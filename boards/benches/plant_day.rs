@@ -21,6 +21,7 @@ fn main() {
             pump_on: [true, false],
             valves: vec![true; p.site().racks],
             caps: vec![None; n],
+            powered_down: vec![false; n],
         };
         let mut cond = Conditions {
             ambient_c: 20.0,

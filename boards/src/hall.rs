@@ -7,11 +7,15 @@
 //! conditions and faults, and writes back what a real CDU would show: its
 //! measurements in the input registers (with the scenario's sensor faults)
 //! and the leak ropes on the board's lines. The power caps come from the
-//! hosts. Time is passed in.
+//! hosts, and the hosts follow their agents ([`crate::hosts`]): the run
+//! tells the hall when an agent quarantined a GPU or a rack's hosts were
+//! told their cooling is lost, and the hall drains and powers down by its
+//! own clock. Time is passed in.
 //!
 //! Glossary:
 //! - *hall*: plant + simulated CDU + simulated pins + scenario clock.
 
+use crate::hosts::HostFollow;
 use crate::modbus_map::ValueError;
 use crate::pins::{PinMap, SimLines};
 use crate::plant::{Actuation, GpuState, Plant};
@@ -26,6 +30,7 @@ pub struct Hall {
     lines: SimLines,
     pins: PinMap,
     caps: Vec<Option<f64>>,
+    follow: HostFollow,
     failed: Vec<bool>,
     t: f64,
     stuck: [Option<f64>; 4],
@@ -38,6 +43,8 @@ impl Hall {
     pub fn new(scenario: Scenario, cdu: SimCdu, lines: SimLines, pins: PinMap) -> Self {
         let plant = Plant::new(scenario.site.clone(), scenario.ambient.at(0.0).max(20.0));
         let n = plant.gpus().len();
+        let site = plant.site();
+        let follow = HostFollow::new(site.racks * site.hosts_per_rack, site.gpus_per_host);
         // Dry ropes at start; the relay starts closed (pumps allowed).
         for l in &pins.leaks {
             lines.assert(l, false);
@@ -50,6 +57,7 @@ impl Hall {
             lines,
             pins,
             caps: vec![None; n],
+            follow,
             failed: vec![false; n],
             t: 0.0,
             stuck: [None; 4],
@@ -87,6 +95,32 @@ impl Hall {
     /// GPUs the scenario has failed (XID 79).
     pub fn failed(&self) -> &[bool] {
         &self.failed
+    }
+
+    /// GPU `i`'s node agent quarantined it now: its job is drained 30 s
+    /// later by the hall's clock (its demand drops to 0).
+    pub fn quarantined(&mut self, i: usize) {
+        self.follow.quarantine(i, self.t);
+    }
+
+    /// GPU `i`'s node agent released it: it takes work again at once.
+    pub fn released(&mut self, i: usize) {
+        self.follow.release(i);
+    }
+
+    /// The hosts of `rack` were told now that their cooling is lost
+    /// (`true`: they drain and power their GPUs down 30 s later) or back
+    /// (`false`: they power up and their jobs resume, as an operator
+    /// restarts them).
+    pub fn set_rack_cooling_lost(&mut self, rack: usize, lost: bool) {
+        let per_rack = self.plant.site().hosts_per_rack;
+        for host in rack * per_rack..(rack + 1) * per_rack {
+            if lost {
+                self.follow.cooling_lost(host, self.t);
+            } else {
+                self.follow.cooling_restored(host);
+            }
+        }
     }
 
     fn sensor(
@@ -135,6 +169,9 @@ impl Hall {
         let relay = self.lines.asserted(&self.pins.pump_enable);
         let mut pump_on = [false; 2];
         pump_on[lead.min(1)] = relay;
+        // The hosts drain and power down by the hall's clock.
+        let mut cond = self.scenario.conditions(self.t, &self.failed);
+        let powered_down = self.follow.apply(self.t, &mut cond.demand);
         let act = Actuation {
             setpoint_c: self.cdu.setting("supply_setpoint")?,
             pump_speed: self.cdu.setting("pump_speed")? / 100.0,
@@ -143,8 +180,8 @@ impl Hall {
                 .map(|r| active.contains(&FaultKind::ValveStuck(r)) || valves_bits & (1 << r) != 0)
                 .collect(),
             caps: self.caps.clone(),
+            powered_down,
         };
-        let cond = self.scenario.conditions(self.t, &self.failed);
         self.plant.step(dt, &act, &cond);
         self.t += dt;
 
@@ -262,6 +299,45 @@ mod tests {
         h.step(1.0).unwrap();
         assert_eq!(input(&cdu, "flow"), 0.0);
         assert_eq!(input(&cdu, "pump_a_running"), 0.0);
+    }
+
+    #[test]
+    fn the_hall_drains_a_quarantined_gpu_and_powers_a_rack_down_by_its_own_clock() {
+        let (mut h, _, _) = hall("");
+        for _ in 0..100 {
+            h.step(1.0).unwrap();
+        }
+        h.quarantined(3);
+        h.set_rack_cooling_lost(1, true);
+        // Half-second steps: 59 of them are 29.5 s.
+        for _ in 0..59 {
+            h.step(0.5).unwrap();
+        }
+        assert!(h.gpus()[3].demand > 0.7, "still working at 29.5 s");
+        assert!(h.gpus()[32..]
+            .iter()
+            .all(|g| !g.powered_down && g.power > 0.0));
+        h.step(0.5).unwrap();
+        h.step(0.5).unwrap();
+        let g = h.gpus();
+        assert_eq!((g[3].demand, g[3].work), (0.0, 0.0), "drained from 30 s");
+        assert!(
+            g[3].power > 0.0 && !g[3].powered_down,
+            "idle, still powered"
+        );
+        assert_eq!(g[4].demand, 0.8, "its neighbour works on");
+        for g in &g[32..] {
+            assert!(g.powered_down && !g.shut_down);
+            assert_eq!((g.power, g.work), (0.0, 0.0));
+        }
+        h.set_rack_cooling_lost(1, false);
+        h.released(3);
+        h.step(1.0).unwrap();
+        assert!(h.gpus()[32..]
+            .iter()
+            .all(|g| !g.powered_down && g.work > 0.7));
+        assert!(h.gpus()[3].work > 0.7);
+        assert_eq!(h.plant().totals().shutdowns, 0);
     }
 
     #[test]

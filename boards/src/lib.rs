@@ -7,7 +7,12 @@
 //! every default a field of a site's TOML). As they land: the Modbus
 //! register maps of CDU models, the pin maps of controller boards, and the
 //! simulated CDU and twin GPUs that both agents are tested against behind
-//! the same traits as real hardware.
+//! the same traits as real hardware. Around the plant: [`scenario`] (what
+//! happens to a hall over a run), [`hosts`] (what hosts do when their
+//! agents quarantine a GPU or lose cooling), [`sim`] (plays a scenario
+//! with a controller in charge), [`oracle`] (the reference controller that
+//! knows the true state) and [`hall`] (the same plant behind the
+//! simulated CDU's registers and board pins, in real time).
 //!
 //! Glossary:
 //! - *board definition*: one TOML file describing one model; unknown keys
@@ -18,7 +23,9 @@
 #![warn(missing_docs)]
 
 pub mod hall;
+pub mod hosts;
 pub mod modbus_map;
+pub mod oracle;
 pub mod pins;
 pub mod plant;
 pub mod scenario;

@@ -306,6 +306,9 @@ pub struct Actuation {
     pub valves: Vec<bool>,
     /// Per GPU: power cap in force, W (`None`: its TDP).
     pub caps: Vec<Option<f64>>,
+    /// Per GPU: powered down by its host (P = 0, w = 0; not a shutdown).
+    /// Missing entries (an empty list) mean powered.
+    pub powered_down: Vec<bool>,
 }
 
 /// What the plant is subjected to this step.
@@ -342,6 +345,9 @@ pub struct GpuState {
     pub slowdown: bool,
     /// Shut down for good.
     pub shut_down: bool,
+    /// Powered down by its host in the last step (P = 0, w = 0, its
+    /// temperature relaxing to its coolant; not a shutdown).
+    pub powered_down: bool,
 }
 
 /// Energy and safety accounts of a run.
@@ -367,6 +373,8 @@ pub struct Totals {
     pub slowdown_episodes: u32,
     /// GPUs shut down.
     pub shutdowns: u32,
+    /// GPU-seconds powered down by their hosts.
+    pub powered_down_gpu_s: f64,
 }
 
 /// The meters and loop readings of the last step.
@@ -426,6 +434,7 @@ impl Plant {
             limit: site.gpu.tdp_w,
             slowdown: false,
             shut_down: false,
+            powered_down: false,
         };
         Self {
             gpus: vec![gpu; n],
@@ -534,7 +543,12 @@ impl Plant {
         let mut host_load = vec![0.0; n / s.gpus_per_host.max(1)];
         for (i, gs) in gpus.iter_mut().enumerate() {
             let rack = i / per_rack;
-            let u = cond.demand.get(i).copied().unwrap_or(0.0).clamp(0.0, 1.0);
+            gs.powered_down = !gs.shut_down && act.powered_down.get(i).copied().unwrap_or(false);
+            let u = if gs.powered_down {
+                0.0
+            } else {
+                cond.demand.get(i).copied().unwrap_or(0.0).clamp(0.0, 1.0)
+            };
             gs.demand = u;
             host_load[i / s.gpus_per_host] += u / s.gpus_per_host as f64;
             let (q, t_in) = if open[rack] {
@@ -552,6 +566,10 @@ impl Plant {
             if gs.shut_down {
                 gs.power = 0.0;
                 gs.work = 0.0;
+            } else if gs.powered_down {
+                gs.power = 0.0;
+                gs.work = 0.0;
+                gs.slowdown = false;
             } else {
                 if gs.t_j >= g.slowdown_c && !gs.slowdown {
                     gs.slowdown = true;
@@ -575,14 +593,19 @@ impl Plant {
             if open[rack] {
                 gpu_to_coolant += to_coolant;
             }
-            if gs.t_j >= g.shutdown_c && !gs.shut_down {
-                gs.shut_down = true;
-                totals.shutdowns += 1;
-            }
             gpu_power += gs.power;
             totals.max_gpu_c = totals.max_gpu_c.max(gs.t_j);
-            if gs.t_j > g.max_operating_c {
-                totals.gpu_s_above_max_operating += dt;
+            if gs.powered_down {
+                // Off by its host: no slowdown, no shutdown, not operating.
+                totals.powered_down_gpu_s += dt;
+            } else {
+                if gs.t_j >= g.shutdown_c && !gs.shut_down {
+                    gs.shut_down = true;
+                    totals.shutdowns += 1;
+                }
+                if gs.t_j > g.max_operating_c {
+                    totals.gpu_s_above_max_operating += dt;
+                }
             }
             totals.work_gpu_s += gs.work * dt;
         }
@@ -687,6 +710,7 @@ mod tests {
             pump_on: [true, false],
             valves: vec![true; p.site().racks],
             caps: vec![None; p.gpus().len()],
+            powered_down: Vec::new(),
         }
     }
 

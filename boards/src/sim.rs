@@ -1,11 +1,23 @@
 //! Plays a scenario on the plant in simulated time, with a controller in
 //! charge of the CDU, and keeps the figures of `PLANT_MODEL.md` section 8.
 //!
-//! The controller sees what a real one would see (the CDU's sensors, with
-//! the scenario's sensor faults applied, and the hosts' GPU reports) and
-//! answers with what a CDU accepts (setpoint, pump speed and pumps, rack
-//! valves) and the power caps it asks the hosts for. The plant model
-//! stays hidden from it. One step is one second of simulated time.
+//! The controller sees what a real one would see (the CDU's sensors over
+//! Modbus, with the scenario's sensor faults applied; the leak ropes on its
+//! board; the hosts' reports over the bus) and answers with what a CDU
+//! accepts (setpoint, pump speed and pumps, rack valves) and what it tells
+//! the hosts (power caps, cooling lost). The plant model stays hidden from
+//! it (only the `oracle` reference is shown the truth, through
+//! [`Controller::observe`]). One step is one second of simulated time.
+//!
+//! The hosts follow their agents ([`crate::hosts`]): a host told that its
+//! cooling is lost drains and powers its GPUs down 30 s later; told that
+//! it is back, it powers them up and its jobs resume (the operator
+//! restarts them).
+//!
+//! During a `modbus_outage` the CDU neither answers nor hears: the
+//! controller reads no temperature, flow or meter, and the CDU keeps the
+//! setpoint, pump speed, pumps and valves it was last told. The leak ropes
+//! are board inputs and the hosts are on the bus, so both still work.
 //!
 //! Glossary:
 //! - *reference controller*: a fixed policy to compare against
@@ -16,15 +28,61 @@
 
 use std::io::Write;
 
-use crate::plant::{Actuation, Plant};
+use crate::hosts::HostFollow;
+use crate::plant::{Actuation, Conditions, Plant};
 use crate::scenario::{FaultKind, Scenario, SensorName};
+
+/// What the hosts' agents report over the bus about one host.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostReport {
+    /// Global host index: `rack * hosts_per_rack + host in rack`.
+    pub host: usize,
+    /// Its rack.
+    pub rack: usize,
+    /// GPUs that still run (not shut down, not failed, not powered down).
+    pub gpus: usize,
+    /// Hottest running GPU, °C (NaN when none runs; `f64::max` skips it).
+    pub hottest_c: f64,
+    /// Sum of its GPUs' power, W.
+    pub gpu_power_w: f64,
+    /// Highest power limit in force over its running GPUs, W (0 when none
+    /// runs).
+    pub limit_w: f64,
+    /// Any of its GPUs in HW slowdown.
+    pub slowdown: bool,
+}
+
+/// What every host reports about itself, in global host order.
+pub fn host_reports(plant: &Plant) -> Vec<HostReport> {
+    let site = plant.site();
+    let per_host = site.gpus_per_host;
+    plant
+        .gpus()
+        .chunks(per_host)
+        .enumerate()
+        .map(|(host, gpus)| {
+            let running = || gpus.iter().filter(|g| !g.shut_down && !g.powered_down);
+            HostReport {
+                host,
+                rack: host / site.hosts_per_rack,
+                gpus: running().count(),
+                hottest_c: running().map(|g| g.t_j).fold(f64::NAN, f64::max),
+                gpu_power_w: gpus.iter().map(|g| g.power).sum(),
+                limit_w: running().map(|g| g.limit).fold(0.0, f64::max),
+                slowdown: running().any(|g| g.slowdown),
+            }
+        })
+        .collect()
+}
 
 /// What the controller reads each second.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Readings {
     /// Simulated time, s.
     pub t_s: f64,
-    /// Supply temperature, °C (`None`: the sensor is lost).
+    /// The CDU answers on Modbus (false during a `modbus_outage`).
+    pub modbus_ok: bool,
+    /// Supply temperature, °C (`None`: the sensor is lost, or Modbus is).
     pub supply_c: Option<f64>,
     /// Return temperature, °C.
     pub return_c: Option<f64>,
@@ -34,20 +92,23 @@ pub struct Readings {
     pub facility_supply_c: Option<f64>,
     /// Outdoor air, °C.
     pub ambient_c: f64,
-    /// Leak input per rack.
+    /// Leak input per rack (board pins: read during a Modbus outage too).
     pub leaks: Vec<bool>,
-    /// Pumps running (contactor feedback).
+    /// Pumps running (contactor feedback: commanded on and not tripped);
+    /// during a Modbus outage, the last values read.
     pub pumps_running: [bool; 2],
-    /// Hottest GPU as the hosts report it, °C (`None`: no reports, the
-    /// bus is out).
+    /// What the hosts' agents report, one per host (empty: the bus is out).
+    pub hosts: Vec<HostReport>,
+    /// Hottest running GPU over the host reports, °C (`None`: no reports).
     pub hottest_gpu_c: Option<f64>,
-    /// IT power meter, W.
+    /// IT power meter, W (during a Modbus outage, the last value read).
     pub it_w: f64,
-    /// Facility power meter, W.
+    /// Facility power meter, W (likewise).
     pub facility_w: f64,
 }
 
-/// What the controller decides each second.
+/// What the controller decides each second. Missing entries of the lists
+/// mean: valve open, no cap, cooling not lost.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Decision {
     /// Supply setpoint, °C.
@@ -58,14 +119,22 @@ pub struct Decision {
     pub pump_on: [bool; 2],
     /// Per rack: valve open.
     pub valves: Vec<bool>,
-    /// Per rack: power cap per GPU asked of its hosts, W.
-    pub rack_caps: Vec<Option<f64>>,
+    /// Per global host index: power cap per GPU asked of that host, W.
+    pub host_caps: Vec<Option<f64>>,
+    /// Per rack: its hosts are told their cooling is lost (they drain and
+    /// power their GPUs down 30 s later; told otherwise, they power up).
+    pub rack_cooling_lost: Vec<bool>,
+    /// The controller is in failsafe (counted into `failsafe_s`).
+    pub failsafe: bool,
 }
 
 /// A controller in charge of the CDU.
 pub trait Controller {
     /// Its name in the summary.
     fn name(&self) -> &str;
+    /// Shown the true plant state and this second's conditions before
+    /// [`Controller::step`]; only the `oracle` reference uses it.
+    fn observe(&mut self, _plant: &Plant, _cond: &Conditions) {}
     /// One second's decision.
     fn step(&mut self, r: &Readings) -> Decision;
 }
@@ -99,7 +168,9 @@ impl Controller for Baseline {
             pump_speed: 1.0,
             pump_on: [true, false],
             valves: vec![true; self.racks],
-            rack_caps: vec![None; self.racks],
+            host_caps: Vec::new(),
+            rack_cooling_lost: vec![false; self.racks],
+            failsafe: false,
         }
     }
 }
@@ -129,11 +200,13 @@ pub struct Summary {
     pub gpu_s_above_max_operating: u64,
     /// HW slowdown episodes.
     pub slowdown_episodes: u32,
-    /// GPU shutdowns (excluding GPUs failed by the scenario).
+    /// GPU shutdowns (excluding GPUs failed by the scenario and GPUs
+    /// powered down by their hosts).
     pub shutdowns: u32,
-    /// Seconds with caps asked of any host.
+    /// Host-seconds with a cap asked: each second counts every host the
+    /// controller asked for a cap.
     pub cap_requests: u64,
-    /// Seconds in failsafe (not tracked for the reference controllers).
+    /// Seconds the controller declared itself in failsafe.
     pub failsafe_s: u64,
     /// Leaks in the scenario.
     pub leaks: u32,
@@ -176,6 +249,14 @@ fn sensor(
     Some(truth + state.drift)
 }
 
+/// What the CDU was last told over Modbus (it keeps it while Modbus is out).
+struct CduCommand {
+    setpoint_c: f64,
+    pump_speed: f64,
+    pump_on: [bool; 2],
+    valves: Vec<bool>,
+}
+
 /// Plays `scenario` with `controller` in charge; writes the time series to
 /// `trace` (CSV, one row every `trace_every_s`) when given.
 pub fn run(
@@ -187,13 +268,25 @@ pub fn run(
 ) -> std::io::Result<Summary> {
     let site = scenario.site.clone();
     let racks = site.racks;
-    let per_rack = site.hosts_per_rack * site.gpus_per_host;
+    let hosts_per_rack = site.hosts_per_rack;
     let per_host = site.gpus_per_host;
-    let mut plant = Plant::new(site, scenario.ambient.at(0.0).max(20.0));
+    let per_rack = hosts_per_rack * per_host;
+    let hosts = racks * hosts_per_rack;
+    let start_c = scenario.ambient.at(0.0).max(20.0);
+    let mut plant = Plant::new(site, start_c);
     let n = plant.gpus().len();
+    let mut follow = HostFollow::new(hosts, per_host);
     let mut sensors = [SensorState::default(); 4];
     let mut failed = vec![false; n];
-    let mut cap_s = 0u64;
+    // The CDU at rest: holding the hall's temperature, lead pump at 100 %.
+    let mut cdu = CduCommand {
+        setpoint_c: start_c,
+        pump_speed: 1.0,
+        pump_on: [true, false],
+        valves: vec![true; racks],
+    };
+    let mut cap_host_s = 0u64;
+    let mut failsafe_s = 0u64;
     let mut leak_pumped_s = 0u64;
     let leaks = scenario
         .faults
@@ -204,11 +297,15 @@ pub fn run(
         writeln!(w, "t_s,ambient_c,setpoint_c,supply_c,return_c,flow_lpm,pump_speed,max_gpu_c,it_kw,facility_kw,caps")?;
     }
     let mut last = plant.meters();
+    // The meters and pump feedback as last read over Modbus.
+    let mut read_pumps = cdu.pump_on;
+    let (mut read_it_w, mut read_facility_w) = (last.it_w, last.facility_w);
     for sec in 0..scenario.duration_s {
         let t = sec as f64;
         let ambient = scenario.ambient.at(t);
         let active: Vec<FaultKind> = scenario.active(t).cloned().collect();
-        let bus_out = active.iter().any(|f| matches!(f, FaultKind::BusOutage));
+        let bus_out = active.contains(&FaultKind::BusOutage);
+        let modbus_ok = !active.contains(&FaultKind::ModbusOutage);
         let leaking: Vec<bool> = (0..racks)
             .map(|r| active.contains(&FaultKind::Leak(r)))
             .collect();
@@ -221,89 +318,113 @@ pub fn run(
                 }
             }
         }
-        let hottest = plant
-            .gpus()
+        // The sensors drift and stick whether or not anyone reads them.
+        let truths = [
+            (SensorName::SupplyTemp, last.supply_c),
+            (SensorName::ReturnTemp, last.return_c),
+            (SensorName::Flow, last.flow_lpm),
+            (SensorName::FacilitySupplyTemp, last.facility_supply_c),
+        ];
+        let mut sensed = [None; 4];
+        for (k, (name, truth)) in truths.into_iter().enumerate() {
+            let v = sensor(scenario, t, name, truth, &mut sensors[k]);
+            sensed[k] = v.filter(|_| modbus_ok);
+        }
+        if modbus_ok {
+            read_pumps =
+                [0, 1].map(|i| cdu.pump_on[i] && !active.contains(&FaultKind::PumpTrip(i)));
+            (read_it_w, read_facility_w) = (last.it_w, last.facility_w);
+        }
+        let reports = if bus_out {
+            Vec::new()
+        } else {
+            host_reports(&plant)
+        };
+        let hottest = reports
             .iter()
-            .filter(|g| !g.shut_down)
-            .map(|g| g.t_j)
+            .filter(|h| h.gpus > 0)
+            .map(|h| h.hottest_c)
             .fold(None, |m: Option<f64>, t| Some(m.map_or(t, |m| m.max(t))));
         let readings = Readings {
             t_s: t,
-            supply_c: sensor(
-                scenario,
-                t,
-                SensorName::SupplyTemp,
-                last.supply_c,
-                &mut sensors[0],
-            ),
-            return_c: sensor(
-                scenario,
-                t,
-                SensorName::ReturnTemp,
-                last.return_c,
-                &mut sensors[1],
-            ),
-            flow_lpm: sensor(
-                scenario,
-                t,
-                SensorName::Flow,
-                last.flow_lpm,
-                &mut sensors[2],
-            ),
-            facility_supply_c: sensor(
-                scenario,
-                t,
-                SensorName::FacilitySupplyTemp,
-                last.facility_supply_c,
-                &mut sensors[3],
-            ),
+            modbus_ok,
+            supply_c: sensed[0],
+            return_c: sensed[1],
+            flow_lpm: sensed[2],
+            facility_supply_c: sensed[3],
             ambient_c: ambient,
             leaks: leaking.clone(),
-            pumps_running: [0, 1].map(|i| !active.contains(&FaultKind::PumpTrip(i))),
-            hottest_gpu_c: if bus_out { None } else { hottest },
-            it_w: last.it_w,
-            facility_w: last.facility_w,
+            pumps_running: read_pumps,
+            hosts: reports,
+            hottest_gpu_c: hottest,
+            it_w: read_it_w,
+            facility_w: read_facility_w,
         };
+        let mut cond = scenario.conditions(t, &failed);
+        let demand = cond.demand.clone();
+        follow.apply(t, &mut cond.demand);
+        controller.observe(&plant, &cond);
         let d = controller.step(&readings);
+        if d.failsafe {
+            failsafe_s += 1;
+        }
+        // The hosts hear the controller over the bus.
+        for host in 0..hosts {
+            if d.rack_cooling_lost.get(host / hosts_per_rack) == Some(&true) {
+                follow.cooling_lost(host, t);
+            } else {
+                follow.cooling_restored(host);
+            }
+        }
+        cond.demand = demand;
+        let powered_down = follow.apply(t, &mut cond.demand);
+        cap_host_s += d.host_caps.iter().take(hosts).flatten().count() as u64;
+        // The CDU hears it over Modbus, when Modbus works.
+        if modbus_ok {
+            cdu = CduCommand {
+                setpoint_c: d.setpoint_c,
+                pump_speed: d.pump_speed,
+                pump_on: d.pump_on,
+                valves: (0..racks)
+                    .map(|r| d.valves.get(r).copied().unwrap_or(true))
+                    .collect(),
+            };
+        }
         let valves: Vec<bool> = (0..racks)
             .map(|r| {
                 // A stuck valve keeps its position: open, as at the start.
-                let stuck = active.contains(&FaultKind::ValveStuck(r));
-                stuck || d.valves.get(r).copied().unwrap_or(true)
+                active.contains(&FaultKind::ValveStuck(r)) || cdu.valves[r]
             })
             .collect();
-        if d.rack_caps.iter().any(Option::is_some) {
-            cap_s += 1;
-        }
         leak_pumped_s += leaking
             .iter()
             .zip(&valves)
             .filter(|(l, v)| **l && **v)
             .count() as u64;
         let act = Actuation {
-            setpoint_c: d.setpoint_c,
-            pump_speed: d.pump_speed,
-            pump_on: d.pump_on,
+            setpoint_c: cdu.setpoint_c,
+            pump_speed: cdu.pump_speed,
+            pump_on: cdu.pump_on,
             valves,
             caps: (0..n)
-                .map(|i| d.rack_caps.get(i / per_rack).copied().flatten())
+                .map(|i| d.host_caps.get(i / per_host).copied().flatten())
                 .collect(),
+            powered_down,
         };
-        let cond = scenario.conditions(t, &failed);
         plant.step(1.0, &act, &cond);
         last = plant.meters();
         if let Some(w) = trace.as_deref_mut() {
             if sec % trace_every_s.max(1) == 0 {
                 let max_gpu = plant.gpus().iter().map(|g| g.t_j).fold(f64::MIN, f64::max);
-                let caps = d.rack_caps.iter().filter(|c| c.is_some()).count();
+                let caps = d.host_caps.iter().take(hosts).flatten().count();
                 writeln!(
                     w,
                     "{t},{ambient:.2},{:.2},{:.2},{:.2},{:.1},{:.2},{max_gpu:.2},{:.2},{:.2},{caps}",
-                    d.setpoint_c,
+                    act.setpoint_c,
                     last.supply_c,
                     last.return_c,
                     last.flow_lpm,
-                    d.pump_speed,
+                    act.pump_speed,
                     last.it_w / 1000.0,
                     last.facility_w / 1000.0
                 )?;
@@ -335,8 +456,8 @@ pub fn run(
         gpu_s_above_max_operating: t.gpu_s_above_max_operating.round() as u64,
         slowdown_episodes: t.slowdown_episodes,
         shutdowns: t.shutdowns,
-        cap_requests: cap_s,
-        failsafe_s: 0,
+        cap_requests: cap_host_s,
+        failsafe_s,
         leaks,
         leak_pumped_s,
     })
@@ -452,6 +573,145 @@ all = [[0, 0.3], [300, 0.9]]
             "no GPU reports without the bus"
         );
         assert!(at(1550).hottest_gpu_c.is_some());
+    }
+
+    /// Plays `s` with a controller that answers as baseline-32 changed by
+    /// `tweak` (given the readings), and records what it read.
+    fn play(s: &Scenario, tweak: impl FnMut(&Readings, &mut Decision)) -> (Summary, Vec<Readings>) {
+        struct Tweaked<F> {
+            seen: Vec<Readings>,
+            inner: Baseline,
+            tweak: F,
+        }
+        impl<F: FnMut(&Readings, &mut Decision)> Controller for Tweaked<F> {
+            fn name(&self) -> &str {
+                "tweaked"
+            }
+            fn step(&mut self, r: &Readings) -> Decision {
+                self.seen.push(r.clone());
+                let mut d = self.inner.step(r);
+                (self.tweak)(r, &mut d);
+                d
+            }
+        }
+        let mut c = Tweaked {
+            seen: Vec::new(),
+            inner: Baseline::new(32.0, s.site.racks),
+            tweak,
+        };
+        let sum = run("t", s, &mut c, None, 10).unwrap();
+        (sum, c.seen)
+    }
+
+    #[test]
+    fn hosts_report_their_running_gpus_by_global_index() {
+        let s = scenario(
+            "[[fault]]\nat_s = 500\nkind = \"gpu_fail\"\ntarget = \"1.2.3\"\n\
+             [[fault]]\nat_s = 1400\nuntil_s = 1500\nkind = \"bus_outage\"\n",
+        );
+        let (_, seen) = play(&s, |_, _| {});
+        let r = &seen[1000];
+        assert_eq!(r.hosts.len(), 2 * 4);
+        for (k, h) in r.hosts.iter().enumerate() {
+            assert_eq!((h.host, h.rack), (k, k / 4));
+            assert!(!h.slowdown);
+            assert_eq!(h.limit_w, 700.0);
+        }
+        // Rack 1, host 2: global host 6, one GPU failed.
+        assert_eq!(r.hosts[6].gpus, 7);
+        assert_eq!(r.hosts[5].gpus, 8);
+        assert!(r.hosts[6].gpu_power_w < r.hosts[5].gpu_power_w);
+        let hottest = r.hosts.iter().map(|h| h.hottest_c).fold(f64::MIN, f64::max);
+        assert_eq!(r.hottest_gpu_c, Some(hottest));
+        assert!(hottest > 40.0 && hottest < 80.0, "{hottest}");
+        assert!(seen[1450].hosts.is_empty() && seen[1450].hottest_gpu_c.is_none());
+        assert_eq!(seen[1550].hosts.len(), 8);
+    }
+
+    #[test]
+    fn during_a_modbus_outage_nothing_is_read_and_the_cdu_keeps_its_last_orders() {
+        let s = scenario(
+            "[[fault]]\nat_s = 900\nuntil_s = 1200\nkind = \"modbus_outage\"\n\
+             [[fault]]\nat_s = 1000\nkind = \"leak\"\ntarget = \"1\"\n",
+        );
+        // From 950 s the controller wants 40 °C and closes the leaking
+        // rack's valve: neither reaches the CDU until Modbus is back.
+        let (sum, seen) = play(&s, |r, d| {
+            if r.t_s >= 950.0 {
+                d.setpoint_c = 40.0;
+            }
+            d.valves = r.leaks.iter().map(|l| !l).collect();
+        });
+        let before = &seen[899];
+        assert!(before.modbus_ok && before.supply_c.is_some());
+        let r = &seen[1100];
+        assert!(!r.modbus_ok);
+        assert_eq!(
+            (r.supply_c, r.return_c, r.flow_lpm, r.facility_supply_c),
+            (None, None, None, None)
+        );
+        assert_eq!(r.pumps_running, before.pumps_running);
+        assert_eq!(
+            (r.it_w, r.facility_w),
+            (seen[900].it_w, seen[900].facility_w)
+        );
+        assert_eq!(r.leaks, vec![false, true], "the ropes are board pins");
+        assert_eq!(r.hosts.len(), 8, "the hosts are on the bus");
+        // The supply held 32 °C through the outage, then went to 40 °C.
+        let supply = |t: usize| seen[t].supply_c.unwrap();
+        assert!((supply(1200) - 32.0).abs() < 0.05, "{}", supply(1200));
+        assert!((supply(1500) - 40.0).abs() < 0.05, "{}", supply(1500));
+        // The leak stayed pumped until the CDU heard the valve command.
+        assert_eq!(sum.leak_pumped_s, 200);
+    }
+
+    #[test]
+    fn pumps_running_is_the_contactor_feedback() {
+        let s = scenario("[[fault]]\nat_s = 600\nkind = \"pump_trip\"\ntarget = \"A\"\n");
+        let (sum, seen) = play(&s, |r, d| {
+            if !r.pumps_running[0] {
+                d.pump_on = [true, true];
+            }
+        });
+        assert_eq!(seen[599].pumps_running, [true, false], "B idles as lag");
+        assert_eq!(seen[600].pumps_running, [false, false], "A tripped");
+        assert_eq!(seen[601].pumps_running, [false, true], "B started");
+        assert_eq!(sum.shutdowns, 0);
+    }
+
+    #[test]
+    fn a_rack_told_its_cooling_is_lost_powers_down_30_s_later_and_back_up() {
+        let s =
+            scenario("[[fault]]\nat_s = 600\nuntil_s = 1200\nkind = \"leak\"\ntarget = \"1\"\n");
+        let (sum, seen) = play(&s, |r, d| {
+            d.valves = r.leaks.iter().map(|l| !l).collect();
+            d.rack_cooling_lost = r.leaks.clone();
+            d.host_caps = (0..8).map(|h| r.leaks[h / 4].then_some(200.0)).collect();
+            d.failsafe = r.leaks.iter().any(|&l| l);
+        });
+        let running = |t: usize, host: usize| seen[t].hosts[host].gpus;
+        assert_eq!((running(630, 4), running(630, 0)), (8, 8), "draining");
+        assert_eq!(
+            (running(631, 4), running(631, 0)),
+            (0, 8),
+            "down from 630 s"
+        );
+        assert_eq!(seen[700].hosts[4].gpu_power_w, 0.0);
+        assert_eq!(running(1201, 4), 8, "powered up when told");
+        assert_eq!(
+            (sum.shutdowns, sum.slowdown_episodes, sum.leak_pumped_s),
+            (0, 0, 0)
+        );
+        assert_eq!(sum.cap_requests, 4 * 600, "host-seconds");
+        assert_eq!(sum.failsafe_s, 600);
+        let (whole, _) = play(&scenario(""), |_, _| {});
+        let lost = whole.work_gpu_h - sum.work_gpu_h;
+        // 32 GPUs at 0.9 (less the first 30 s at the minimum cap) for
+        // about 570 s of lost work.
+        assert!(
+            lost > 32.0 * 0.8 * 560.0 / 3600.0 && lost < 32.0 * 0.9 * 600.0 / 3600.0,
+            "{lost}"
+        );
     }
 
     #[test]

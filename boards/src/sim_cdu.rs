@@ -1,5 +1,5 @@
-//! The simulated CDU on Modbus TCP: the twin's CDU, reached the way a real
-//! one is.
+//! The simulated CDU on Modbus TCP or Modbus RTU: the twin's CDU, reached
+//! the way a real one is.
 //!
 //! It serves a [`RegisterMap`]: input registers hold the measurements the
 //! twin last wrote ([`SimCdu::set_measurement`]), holding registers the
@@ -8,10 +8,13 @@
 //! exception 2 (illegal data address), a write outside a setting's range
 //! with exception 3 (illegal data value), a function it does not serve
 //! with exception 1; a refused write changes nothing (a multiple write is
-//! all or nothing).
+//! all or nothing). Over RTU it answers only its map's unit id (and does
+//! broadcast writes without answering), like a CDU on a shared bus.
 //!
 //! Glossary:
 //! - *image*: the registers' current words, as a client reads them.
+//! - *RTU*: Modbus on a serial line (RS-485), framed by silence, with a
+//!   CRC; the serial device may be a pseudo-terminal in tests.
 
 use std::collections::BTreeMap;
 use std::future::{ready, Ready};
@@ -19,7 +22,8 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use tokio_modbus::server::tcp::{accept_tcp_connection, Server};
-use tokio_modbus::{ExceptionCode, Request, Response};
+use tokio_modbus::{ExceptionCode, Request, Response, SlaveRequest};
+use tokio_serial::SerialPort as _;
 
 use crate::modbus_map::{Kind, RegisterMap, ValueError};
 
@@ -209,6 +213,25 @@ impl SimCdu {
         let on_error = |e| tracing::warn!("simulated CDU: Modbus connection failed: {e}");
         server.serve(&on_connected, on_error).await
     }
+
+    /// Serves Modbus RTU on the serial device at `path` (8 data bits, no
+    /// parity, 1 stop bit at `baud`) until the task is dropped or the
+    /// line fails. Bytes that arrived before it opened the port are
+    /// discarded.
+    pub fn serve_rtu(
+        self,
+        path: impl Into<String>,
+        baud: u32,
+    ) -> impl std::future::Future<Output = std::io::Result<()>> + Send + 'static {
+        let path = path.into();
+        async move {
+            let port = tokio_serial::SerialStream::open(&tokio_serial::new(path, baud))?;
+            port.clear(tokio_serial::ClearBuffer::All)?;
+            tokio_modbus::server::rtu::Server::new(port)
+                .serve_forever(RtuService(self))
+                .await
+        }
+    }
 }
 
 /// One connection's service.
@@ -222,5 +245,30 @@ impl tokio_modbus::server::Service for Service {
 
     fn call(&self, req: Self::Request) -> Self::Future {
         ready(self.0.answer(req))
+    }
+}
+
+/// The RTU service: answers its own unit id only.
+struct RtuService(SimCdu);
+
+impl tokio_modbus::server::Service for RtuService {
+    type Request = SlaveRequest<'static>;
+    type Response = Option<Response>;
+    type Exception = ExceptionCode;
+    type Future = Ready<Result<Option<Response>, ExceptionCode>>;
+
+    fn call(&self, req: Self::Request) -> Self::Future {
+        ready(match req.slave {
+            // Broadcast: writes are done, nobody answers.
+            0 => match req.request {
+                Request::WriteSingleRegister(..) | Request::WriteMultipleRegisters(..) => {
+                    let _ = self.0.answer(req.request);
+                    Ok(None)
+                }
+                _ => Ok(None),
+            },
+            id if id == self.0.map.unit_id => self.0.answer(req.request).map(Some),
+            _ => Ok(None),
+        })
     }
 }
