@@ -23,3 +23,14 @@
 //!   trust its sensors.
 
 #![no_std]
+
+#[cfg(any(test, feature = "std"))]
+extern crate std;
+
+pub mod core;
+
+#[cfg(feature = "std")]
+pub mod modbus;
+
+#[cfg(feature = "std")]
+pub mod twin;

@@ -65,17 +65,49 @@ fn prints_the_figures_of_a_run_as_one_json_object() {
 }
 
 #[test]
-fn ours_says_what_it_is_and_unknown_controllers_are_refused() {
+fn ours_runs_the_control_core_and_unknown_controllers_are_refused() {
     let out = simulate("ours", SCENARIO);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
-    assert!(v["note"].as_str().unwrap().contains("baseline-32"), "{v}");
-    let out = simulate("oracle", SCENARIO);
+    assert_eq!(v["controller"], "ours", "{v}");
+    assert!(
+        v.get("note").is_none(),
+        "the core runs, not a stand-in: {v}"
+    );
+    assert_eq!(v["shutdowns"], 0, "{v}");
+    let out = simulate("nobody", SCENARIO);
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not built yet"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("oracle"));
     let out = simulate(
         "baseline-18",
         &SCENARIO.replace("duration_s = 900", "duration_s = 0"),
     );
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("duration_s"));
+}
+
+#[test]
+fn the_oracle_runs_and_spends_no_more_per_work_than_the_baselines() {
+    let figures = |controller: &str| {
+        let out = simulate(controller, SCENARIO);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        assert_eq!(v["controller"], controller);
+        assert!(v.get("note").is_none(), "{v}");
+        v
+    };
+    let oracle = figures("oracle");
+    assert_eq!(oracle["shutdowns"], 0);
+    assert_eq!(oracle["failsafe_s"], 0);
+    for baseline in ["baseline-18", "baseline-32"] {
+        let b = figures(baseline);
+        assert!(
+            oracle["kwh_per_work_gpu_h"].as_f64().unwrap()
+                <= b["kwh_per_work_gpu_h"].as_f64().unwrap(),
+            "oracle {oracle} vs {b}"
+        );
+    }
 }

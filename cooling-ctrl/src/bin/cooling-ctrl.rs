@@ -3,12 +3,16 @@
 //! - `cooling-ctrl simulate --scenario FILE --controller NAME [--trace
 //!   FILE.csv]`: plays a `plant-scenario/1` on the simulated hall in
 //!   simulated time with that controller in charge and prints the run's
-//!   figures as one JSON object on standard output.
+//!   figures as one JSON object on standard output. Controllers: `ours`,
+//!   the references `baseline-18` and `baseline-32`, and `oracle` (shown
+//!   the true plant state; for calibration only).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use cooling_ctrl::twin::Ours;
+use loopwarden_boards::oracle::Oracle;
 use loopwarden_boards::scenario::Scenario;
 use loopwarden_boards::sim::{self, Baseline, Controller};
 
@@ -30,7 +34,7 @@ enum Command {
         /// The scenario (plant-scenario/1 TOML).
         #[arg(long)]
         scenario: PathBuf,
-        /// Who runs the CDU: ours, baseline-18 or baseline-32.
+        /// Who runs the CDU: ours, baseline-18, baseline-32 or oracle.
         #[arg(long, default_value = "ours")]
         controller: String,
         /// Write the time series here (CSV).
@@ -40,18 +44,6 @@ enum Command {
         #[arg(long, default_value_t = 10)]
         trace_every_s: u64,
     },
-}
-
-/// `ours` while the controller is not built: static warm water.
-struct Ours(Baseline);
-
-impl Controller for Ours {
-    fn name(&self) -> &str {
-        "ours"
-    }
-    fn step(&mut self, r: &sim::Readings) -> sim::Decision {
-        self.0.step(r)
-    }
 }
 
 fn main() -> ExitCode {
@@ -69,16 +61,20 @@ fn main() -> ExitCode {
         }
     };
     let racks = sc.site.racks;
-    let (mut ctl, note): (Box<dyn Controller>, Option<&str>) = match controller.as_str() {
-        "baseline-18" => (Box::new(Baseline::new(18.0, racks)), None),
-        "baseline-32" => (Box::new(Baseline::new(32.0, racks)), None),
-        "ours" => (
-            Box::new(Ours(Baseline::new(32.0, racks))),
-            Some("ours is baseline-32 (static 32 C water, pumps at 100 %, no caps) until the controller is built"),
-        ),
+    let mut ctl: Box<dyn Controller> = match controller.as_str() {
+        "baseline-18" => Box::new(Baseline::new(18.0, racks)),
+        "baseline-32" => Box::new(Baseline::new(32.0, racks)),
+        "oracle" => Box::new(Oracle::new(&sc)),
+        "ours" => match Ours::new(&sc.site) {
+            Ok(o) => Box::new(o),
+            Err(e) => {
+                eprintln!("cooling-ctrl: the scenario's site: {e}");
+                return ExitCode::from(2);
+            }
+        },
         other => {
             eprintln!(
-                "cooling-ctrl: --controller {other:?}: ours, baseline-18 or baseline-32 (the oracle reference is not built yet)"
+                "cooling-ctrl: --controller {other:?}: ours, baseline-18, baseline-32 or oracle"
             );
             return ExitCode::from(2);
         }
@@ -107,10 +103,7 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let mut json = serde_json::to_value(&summary).expect("a summary serialises");
-    if let Some(n) = note {
-        json["note"] = n.into();
-    }
+    let json = serde_json::to_value(&summary).expect("a summary serialises");
     println!("{json}");
     ExitCode::SUCCESS
 }

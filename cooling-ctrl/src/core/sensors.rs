@@ -1,0 +1,395 @@
+//! Sensor supervision: is each of the CDU's sensors to be believed?
+//!
+//! A sensor is checked three ways, each against something it does not
+//! share a fault with:
+//! - *range*: a reading no coolant loop can have (a broken 4–20 mA loop
+//!   reads 0) is implausible; no reading for the timeout is lost;
+//! - *expectation*: each sensor has a value the others imply (supply: the
+//!   GPUs' junctions less their power times their thermal resistance;
+//!   return: supply plus the IT meter's heat carried by the measured flow;
+//!   flow: the pump speed times the design flow). A steady disagreement
+//!   beyond the learned bias is drift;
+//! - *frozen*: a reading that has not changed by a single count while its
+//!   expectation moved is stuck.
+//!
+//! A disagreement must last `fault_confirm_ms` to become a fault, and a
+//! faulty sensor must agree for `fault_clear_ms` to be trusted again.
+//! Expectations are filtered (about a minute) and held off while the loop
+//! is in a transient, so that a load step is not taken for a fault.
+//!
+//! Glossary:
+//! - *bias*: the steady difference between a healthy sensor and its
+//!   expectation (sensor offset, model error), learned slowly while all
+//!   agree.
+
+use loopwarden_protocol::message::SensorFault;
+
+use super::config::Timing;
+
+/// The sensors the core supervises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Which {
+    /// Secondary supply temperature (required).
+    Supply = 0,
+    /// Secondary return temperature (required).
+    Return = 1,
+    /// Secondary flow (required).
+    Flow = 2,
+    /// Facility water supply temperature (reported, not required).
+    FacilitySupply = 3,
+}
+
+impl Which {
+    /// Every supervised sensor.
+    pub const ALL: [Which; 4] = [Self::Supply, Self::Return, Self::Flow, Self::FacilitySupply];
+
+    /// The sensor in the bus's vocabulary.
+    pub fn sensor(self) -> loopwarden_protocol::message::Sensor {
+        use loopwarden_protocol::message::Sensor;
+        match self {
+            Self::Supply => Sensor::SupplyTemp,
+            Self::Return => Sensor::ReturnTemp,
+            Self::Flow => Sensor::Flow,
+            Self::FacilitySupply => Sensor::FacilitySupplyTemp,
+        }
+    }
+
+    /// The control loops cannot run without it.
+    pub fn required(self) -> bool {
+        !matches!(self, Self::FacilitySupply)
+    }
+
+    /// Plausible range of a reading.
+    fn range(self) -> (f32, f32) {
+        match self {
+            Self::Flow => (0.0, 10_000.0),
+            _ => (2.0, 80.0),
+        }
+    }
+
+    /// A disagreement with the expectation beyond this is drift (K, or a
+    /// fraction of the expectation for flow).
+    fn tolerance(self, expected: f32) -> f32 {
+        match self {
+            Self::Flow => 0.15 * expected.abs().max(1.0),
+            Self::Supply => 3.0,
+            _ => 2.5,
+        }
+    }
+
+    /// The expectation must move this much for a frozen reading to be
+    /// stuck.
+    fn moved(self, expected: f32) -> f32 {
+        match self {
+            Self::Flow => 0.1 * expected.abs().max(1.0),
+            _ => 1.5,
+        }
+    }
+}
+
+/// One sensor's supervision state.
+#[derive(Debug, Clone, Copy, Default)]
+struct Check {
+    fault: Option<SensorFault>,
+    /// A fault seen but not yet confirmed, and since when.
+    pending: Option<(SensorFault, u64)>,
+    /// Agreeing again since (while faulty).
+    agreeing_since: Option<u64>,
+    last_seen_ms: Option<u64>,
+    value: f32,
+    changed_ms: u64,
+    expected_at_change: Option<f32>,
+    filtered: Option<f32>,
+    expected_filtered: Option<f32>,
+    bias: f32,
+    /// The value a stuck sensor froze at.
+    stuck_at: Option<f32>,
+}
+
+/// A change of a sensor's standing, for the event log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Change {
+    /// The sensor.
+    pub which: Which,
+    /// The fault found, or `Cleared`.
+    pub fault: SensorFault,
+}
+
+/// The supervision of every sensor.
+#[derive(Debug, Clone, Default)]
+pub struct Supervisor {
+    checks: [Check; 4],
+}
+
+/// First-order filter step with time constant `tau_s` over `dt_s`.
+fn follow(prev: Option<f32>, x: f32, dt_s: f32, tau_s: f32) -> f32 {
+    match prev {
+        None => x,
+        Some(p) => p + (x - p) * (dt_s / tau_s).min(1.0),
+    }
+}
+
+/// What one step of supervision is given for one sensor.
+#[derive(Debug, Clone, Copy)]
+pub struct Observation {
+    /// The reading, if the CDU gave one.
+    pub reading: Option<f32>,
+    /// What the other sensors imply, if they can say.
+    pub expected: Option<f32>,
+    /// The loop is in a transient: do not judge drift now.
+    pub transient: bool,
+}
+
+impl Supervisor {
+    /// The fault a sensor stands under, if any.
+    pub fn fault(&self, w: Which) -> Option<SensorFault> {
+        self.checks[w as usize].fault
+    }
+
+    /// The sensor's reading, if it is to be believed: no fault stands and
+    /// the reading itself is plausible (an implausible one is never used,
+    /// even before it is confirmed as a fault).
+    pub fn trusted(&self, w: Which, reading: Option<f32>) -> Option<f32> {
+        let (lo, hi) = w.range();
+        if self.fault(w).is_some() {
+            None
+        } else {
+            reading.filter(|v| (lo..=hi).contains(v))
+        }
+    }
+
+    /// Every required sensor is believed.
+    pub fn required_ok(&self) -> bool {
+        Which::ALL
+            .iter()
+            .all(|w| !w.required() || self.fault(*w).is_none())
+    }
+
+    /// The learned bias of a sensor against its expectation.
+    pub fn bias(&self, w: Which) -> f32 {
+        self.checks[w as usize].bias
+    }
+
+    /// Judges one sensor at `now_ms`, `dt_s` after the last step, with the
+    /// confirmation, clearing and timeout times of `t`; returns a change of
+    /// its standing.
+    pub fn observe(
+        &mut self,
+        w: Which,
+        now_ms: u64,
+        dt_s: f32,
+        obs: Observation,
+        t: &Timing,
+    ) -> Option<Change> {
+        let (confirm_ms, clear_ms, timeout_ms) =
+            (t.fault_confirm_ms, t.fault_clear_ms, t.sensor_timeout_ms);
+        let c = &mut self.checks[w as usize];
+        let (lo, hi) = w.range();
+        // What is wrong now, before confirmation.
+        let now_wrong: Option<SensorFault> = match obs.reading {
+            None => {
+                let silent = c.last_seen_ms.map_or(now_ms, |t| now_ms.saturating_sub(t));
+                // Lost is confirmed by the timeout, not by `confirm_ms`.
+                if silent >= timeout_ms || c.last_seen_ms.is_none() {
+                    Some(SensorFault::Lost)
+                } else {
+                    return None;
+                }
+            }
+            Some(v) if !(lo..=hi).contains(&v) || v.is_nan() => Some(SensorFault::Implausible),
+            Some(v) => {
+                c.last_seen_ms = Some(now_ms);
+                // Frozen while the expectation moved.
+                let frozen = v == c.value;
+                if !frozen {
+                    c.value = v;
+                    c.changed_ms = now_ms;
+                    c.expected_at_change = obs.expected;
+                }
+                let stuck = frozen
+                    && now_ms.saturating_sub(c.changed_ms) >= 120_000
+                    && match (c.expected_at_change, obs.expected) {
+                        (Some(a), Some(b)) => (b - a).abs() > w.moved(b),
+                        _ => false,
+                    };
+                c.filtered = Some(follow(c.filtered, v, dt_s, 60.0));
+                let drift = match obs.expected {
+                    Some(e) => {
+                        c.expected_filtered = Some(follow(c.expected_filtered, e, dt_s, 60.0));
+                        let (f, ef) = (c.filtered.unwrap_or(v), c.expected_filtered.unwrap_or(e));
+                        let off = f - ef - c.bias;
+                        let far = off.abs() > w.tolerance(e);
+                        if !far && !obs.transient && c.fault.is_none() && c.pending.is_none() {
+                            // Learn the bias slowly (about an hour), bounded.
+                            let limit = w.tolerance(e) * 0.5;
+                            c.bias = (c.bias + off * (dt_s / 3600.0)).clamp(-limit, limit);
+                        }
+                        far && !obs.transient
+                    }
+                    None => {
+                        c.expected_filtered = None;
+                        false
+                    }
+                };
+                if stuck {
+                    Some(SensorFault::Stuck)
+                } else if drift {
+                    Some(SensorFault::Drift)
+                } else {
+                    None
+                }
+            }
+        };
+        match (c.fault, now_wrong) {
+            (None, None) => {
+                c.pending = None;
+                None
+            }
+            (None, Some(f)) => {
+                let since = match c.pending {
+                    Some((_, s)) => s,
+                    None => now_ms,
+                };
+                c.pending = Some((f, since));
+                let confirm = if matches!(f, SensorFault::Lost) {
+                    0
+                } else {
+                    confirm_ms
+                };
+                if now_ms.saturating_sub(since) >= confirm {
+                    c.fault = Some(f);
+                    c.stuck_at = (f == SensorFault::Stuck).then_some(c.value);
+                    c.pending = None;
+                    c.agreeing_since = None;
+                    Some(Change { which: w, fault: f })
+                } else {
+                    None
+                }
+            }
+            (Some(_), Some(_)) => {
+                c.agreeing_since = None;
+                None
+            }
+            (Some(_), None) => {
+                // A stuck sensor must first move off the value it froze at.
+                if c.fault == Some(SensorFault::Stuck) {
+                    if obs.reading == c.stuck_at {
+                        c.agreeing_since = None;
+                        return None;
+                    }
+                    c.stuck_at = None;
+                }
+                let since = *c.agreeing_since.get_or_insert(now_ms);
+                if now_ms.saturating_sub(since) >= clear_ms {
+                    c.fault = None;
+                    c.agreeing_since = None;
+                    // The filters restart from what it reads now.
+                    c.filtered = obs.reading;
+                    c.expected_filtered = obs.expected;
+                    Some(Change {
+                        which: w,
+                        fault: SensorFault::Cleared,
+                    })
+                } else {
+                    None
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(
+        s: &mut Supervisor,
+        w: Which,
+        from_s: u64,
+        to_s: u64,
+        f: impl Fn(u64) -> (Option<f32>, Option<f32>),
+    ) -> std::vec::Vec<(u64, SensorFault)> {
+        let mut out = std::vec::Vec::new();
+        for t in from_s..to_s {
+            let (reading, expected) = f(t);
+            let obs = Observation {
+                reading,
+                expected,
+                transient: false,
+            };
+            if let Some(c) = s.observe(
+                w,
+                t * 1000,
+                1.0,
+                obs,
+                &crate::core::CoreConfig::default().timing,
+            ) {
+                out.push((t, c.fault));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_healthy_sensor_tracking_its_expectation_is_never_faulted() {
+        let mut s = Supervisor::default();
+        let ch = run(&mut s, Which::Return, 0, 7200, |t| {
+            let e = 40.0 + 5.0 * ((t / 600) % 2) as f32;
+            (Some(e + 0.8), Some(e))
+        });
+        assert!(ch.is_empty(), "{ch:?}");
+        assert!(s.bias(Which::Return) > 0.0, "a steady offset is learned");
+    }
+
+    #[test]
+    fn drift_is_found_after_confirmation_and_cleared_after_agreement() {
+        let mut s = Supervisor::default();
+        // 0.5 K/min from t = 600 s to 1800 s, then reads true again.
+        let ch = run(&mut s, Which::Return, 0, 3000, |t| {
+            let drift = if (600..1800).contains(&t) {
+                (t - 600) as f32 / 120.0
+            } else {
+                0.0
+            };
+            (Some(40.0 + drift), Some(40.0))
+        });
+        assert_eq!(ch.len(), 2, "{ch:?}");
+        assert_eq!(ch[0].1, SensorFault::Drift);
+        // 2.5 K takes 5 min of drift, the filter and the confirmation
+        // another two or so.
+        assert!((900..1200).contains(&ch[0].0), "{ch:?}");
+        assert_eq!(ch[1].1, SensorFault::Cleared);
+        assert!(ch[1].0 >= 1800 + 60, "{ch:?}");
+    }
+
+    #[test]
+    fn a_lost_or_broken_sensor_is_faulted_after_the_timeout_or_confirmation() {
+        let mut s = Supervisor::default();
+        let ch = run(&mut s, Which::Flow, 0, 100, |t| {
+            (if t < 50 { Some(190.0) } else { None }, Some(190.0))
+        });
+        assert_eq!(
+            &ch[..],
+            &[(54, SensorFault::Lost)],
+            "5 s after the last reading at 49 s"
+        );
+        let mut s = Supervisor::default();
+        let ch = run(&mut s, Which::Supply, 0, 200, |t| {
+            (Some(if t < 50 { 30.0 } else { 0.0 }), None)
+        });
+        assert_eq!(&ch[..], &[(110, SensorFault::Implausible)]);
+    }
+
+    #[test]
+    fn a_frozen_reading_is_stuck_only_when_its_expectation_moved() {
+        let mut s = Supervisor::default();
+        let ch = run(&mut s, Which::Supply, 0, 1000, |_| (Some(30.0), Some(30.0)));
+        assert!(ch.is_empty(), "steady loop, steady reading: {ch:?}");
+        let mut s = Supervisor::default();
+        let ch = run(&mut s, Which::Supply, 0, 1000, |t| {
+            let truth = 30.0 + if t > 300 { 2.0 } else { 0.0 };
+            (Some(30.0), Some(truth))
+        });
+        assert_eq!(ch.first().map(|c| c.1), Some(SensorFault::Stuck), "{ch:?}");
+    }
+}

@@ -1,0 +1,773 @@
+//! The CDU over Modbus: what the controller reads from the CDU and the
+//! settings it writes, behind the narrow [`CduPort`] trait, and
+//! [`ModbusCdu`], its implementation over Modbus TCP or Modbus RTU on a
+//! serial line.
+//!
+//! Everything about registers comes from the CDU model's register map
+//! ([`RegisterMap`], `boards/cdus/*.toml`): addresses, types, scale and the
+//! word order of 32-bit values. A measurement or setting the map does not
+//! have reads `None` and is not written; nothing here judges whether a
+//! value is plausible (a lost 4–20 mA sensor reads raw 0, which the control
+//! core tells from a real 0).
+//!
+//! Reads take as few requests as the map allows: one per run of contiguous
+//! input registers (at most 125 registers each). Writes take one request
+//! per setting, in the order of [`CduSettings`]' fields; every value is
+//! checked against the map before the first request goes out, and when one
+//! fails after others went in the error names both
+//! ([`CduError::Partial`]). Every request runs under a timeout (500 ms
+//! unless set); after a request that got no answer, a broken link or a
+//! garbled answer, the next request opens the link afresh (for RTU: reopens
+//! the port and discards whatever arrives until the line is quiet, so a
+//! late answer is not taken for the next one).
+//!
+//! Glossary, for whoever reads the errors in the field:
+//! - *refused* ([`CduError::Refused`]): the CDU answered, with a Modbus
+//!   exception: it is there and talking, but would not do it. Code 1
+//!   (illegal function): it does not serve that request; 2 (illegal data
+//!   address): the register is not where the map says, so the map does not
+//!   match this CDU or its firmware; 3 (illegal data value): the CDU would
+//!   not take the value (outside its own range, which may be narrower than
+//!   the map's); 4 (server device failure) and 6 (busy): the CDU's own
+//!   fault or load; 10 and 11: a gateway between here and the CDU could not
+//!   reach it. Retrying the same thing gives the same answer unless
+//!   something changes.
+//! - *no answer* ([`CduError::NoAnswer`]): nothing came back within the
+//!   timeout. The request may not have arrived (cable, termination, wrong
+//!   unit id, baud rate or parity on RTU; a CDU that is off or hung) or its
+//!   answer got lost; a write that got no answer may or may not have gone
+//!   in.
+//! - *link failure* ([`CduError::Io`]): the link itself failed before or
+//!   while asking: the serial port cannot be opened, the TCP connection is
+//!   refused or closed.
+//! - *bad answer* ([`CduError::BadAnswer`]): something answered, but not to
+//!   this request (another unit, another function, the wrong length): noise
+//!   on the line, two masters on one bus, or a late answer.
+//! - *value* ([`CduError::Value`]): a setting the map says the CDU cannot
+//!   take; nothing was sent.
+//! - *unit id*: the CDU's Modbus address on its bus (from the map).
+
+extern crate std;
+
+use std::borrow::Cow;
+use std::boxed::Box;
+use std::fmt;
+use std::format;
+use std::io;
+use std::net::SocketAddr;
+use std::string::{String, ToString};
+use std::time::Duration;
+use std::vec::Vec;
+
+use loopwarden_boards::modbus_map::{Kind, Register, RegisterMap, ValueError};
+use tokio::io::AsyncReadExt as _;
+use tokio::time::Instant;
+use tokio_modbus::client::{Client as _, Context};
+use tokio_modbus::{Request, Response, Slave};
+use tokio_serial::{ClearBuffer, SerialPort as _, SerialStream};
+
+pub use tokio_serial::{DataBits, Parity, StopBits};
+
+/// What the CDU measures, decoded with the map's scale. `None`: the map of
+/// this CDU model has no such register.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct CduReadings {
+    /// Secondary supply temperature, °C (`supply_temp`).
+    pub supply_c: Option<f64>,
+    /// Secondary return temperature, °C (`return_temp`).
+    pub return_c: Option<f64>,
+    /// Secondary flow, L/min (`flow`).
+    pub flow_lpm: Option<f64>,
+    /// Facility water supply temperature, °C (`facility_supply_temp`).
+    pub facility_supply_c: Option<f64>,
+    /// Pump A and B contactor feedback (`pump_a_running`, `pump_b_running`).
+    pub pumps_running: [Option<bool>; 2],
+    /// Leak inputs, bit n = rack n (`leak_inputs`).
+    pub leaks: Option<u16>,
+    /// IT power meter, W (`it_power`).
+    pub it_w: Option<f64>,
+    /// Cooling plant power meter, W (`cooling_power`).
+    pub cooling_w: Option<f64>,
+    /// Facility power meter, W (`facility_power`).
+    pub facility_w: Option<f64>,
+}
+
+/// The settings the controller writes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CduSettings {
+    /// Supply temperature setpoint, °C (`supply_setpoint`).
+    pub setpoint_c: f64,
+    /// Pump speed command, % (`pump_speed`).
+    pub pump_speed_pct: f64,
+    /// Lead pump, 0 = A, 1 = B (`lead_pump`).
+    pub lead_pump: u8,
+    /// Rack valves open, bit n = rack n (`valves_open`).
+    pub valves_open: u16,
+}
+
+impl CduSettings {
+    /// Register name and value of each setting, in the order they are
+    /// written.
+    pub fn registers(&self) -> [(&'static str, f64); 4] {
+        [
+            (SETPOINT, self.setpoint_c),
+            (PUMP_SPEED, self.pump_speed_pct),
+            (LEAD_PUMP, f64::from(self.lead_pump)),
+            (VALVES_OPEN, f64::from(self.valves_open)),
+        ]
+    }
+}
+
+const SUPPLY: &str = "supply_temp";
+const RETURN: &str = "return_temp";
+const FLOW: &str = "flow";
+const FACILITY_SUPPLY: &str = "facility_supply_temp";
+const PUMP_A: &str = "pump_a_running";
+const PUMP_B: &str = "pump_b_running";
+const LEAKS: &str = "leak_inputs";
+const IT_POWER: &str = "it_power";
+const COOLING_POWER: &str = "cooling_power";
+const FACILITY_POWER: &str = "facility_power";
+const SETPOINT: &str = "supply_setpoint";
+const PUMP_SPEED: &str = "pump_speed";
+const LEAD_PUMP: &str = "lead_pump";
+const VALVES_OPEN: &str = "valves_open";
+
+/// The input registers [`CduReadings`] is made of.
+pub const READING_REGISTERS: [&str; 10] = [
+    SUPPLY,
+    RETURN,
+    FLOW,
+    FACILITY_SUPPLY,
+    PUMP_A,
+    PUMP_B,
+    LEAKS,
+    IT_POWER,
+    COOLING_POWER,
+    FACILITY_POWER,
+];
+
+/// The holding registers [`CduSettings`] goes to.
+pub const SETTING_REGISTERS: [&str; 4] = [SETPOINT, PUMP_SPEED, LEAD_PUMP, VALVES_OPEN];
+
+/// Why a read or write of the CDU failed. Every message says what was
+/// asked (register names, kind, addresses) and of which CDU.
+#[derive(Debug, thiserror::Error)]
+pub enum CduError {
+    /// The CDU answered with a Modbus exception.
+    #[error("{op}: the CDU refused it with exception {code} ({meaning})")]
+    Refused {
+        /// What was asked, and where.
+        op: String,
+        /// The exception code.
+        code: u8,
+        /// What the code means.
+        meaning: &'static str,
+    },
+    /// Nothing came back within the timeout.
+    #[error("{op}: no answer within {after_ms} ms")]
+    NoAnswer {
+        /// What was asked, and where.
+        op: String,
+        /// The timeout, ms.
+        after_ms: u64,
+    },
+    /// The link failed (port, connection).
+    #[error("{op}: {source}")]
+    Io {
+        /// What was asked, and where.
+        op: String,
+        /// The failure.
+        source: io::Error,
+    },
+    /// An answer that does not belong to the request.
+    #[error("{op}: the answer does not match the request: {detail}")]
+    BadAnswer {
+        /// What was asked, and where.
+        op: String,
+        /// How it does not match.
+        detail: String,
+    },
+    /// A value the map cannot encode (outside the setting's write range,
+    /// or not representable); nothing was sent.
+    #[error("{op}: {source}")]
+    Value {
+        /// What was asked, and where.
+        op: String,
+        /// Why the value does not go in.
+        source: ValueError,
+    },
+    /// A write of several settings that failed after some went in.
+    #[error(
+        "wrote {}; {failed} failed; did not try {}: {cause}",
+        list(.written),
+        list(.not_tried)
+    )]
+    Partial {
+        /// Settings (register names) the CDU took.
+        written: Vec<&'static str>,
+        /// The setting that failed (after no answer it may have gone in).
+        failed: &'static str,
+        /// Settings not sent.
+        not_tried: Vec<&'static str>,
+        /// Why it failed.
+        #[source]
+        cause: Box<CduError>,
+    },
+}
+
+fn list(names: &[&str]) -> String {
+    if names.is_empty() {
+        "none".to_string()
+    } else {
+        names.join(", ")
+    }
+}
+
+impl CduError {
+    /// The failure itself: the cause of a [`CduError::Partial`], else this.
+    pub fn root(&self) -> &CduError {
+        match self {
+            Self::Partial { cause, .. } => cause.root(),
+            other => other,
+        }
+    }
+
+    /// The exception code when the CDU refused.
+    pub fn refused_code(&self) -> Option<u8> {
+        match self.root() {
+            Self::Refused { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+
+    /// True when nothing came back in time.
+    pub fn is_no_answer(&self) -> bool {
+        matches!(self.root(), Self::NoAnswer { .. })
+    }
+}
+
+/// What a Modbus exception code means.
+pub fn exception_meaning(code: u8) -> &'static str {
+    match code {
+        1 => "illegal function",
+        2 => "illegal data address",
+        3 => "illegal data value",
+        4 => "server device failure",
+        5 => "acknowledge",
+        6 => "server device busy",
+        8 => "memory parity error",
+        10 => "gateway path unavailable",
+        11 => "gateway target device failed to respond",
+        _ => "unknown exception",
+    }
+}
+
+/// Access to one CDU: its measurements in, its settings out.
+#[allow(async_fn_in_trait)]
+pub trait CduPort {
+    /// Reads every measurement the map has (the others are `None`).
+    async fn read(&mut self) -> Result<CduReadings, CduError>;
+    /// Writes every setting the map has, in the order of the fields. A
+    /// value the map cannot encode fails with [`CduError::Value`] before
+    /// anything is sent; a failure after some settings went in is a
+    /// [`CduError::Partial`] naming them.
+    async fn write(&mut self, settings: &CduSettings) -> Result<(), CduError>;
+}
+
+/// A serial line for Modbus RTU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SerialLine {
+    /// The device, e.g. `/dev/ttyUSB0`.
+    pub path: String,
+    /// Baud rate.
+    pub baud: u32,
+    /// Parity.
+    pub parity: Parity,
+    /// Data bits.
+    pub data_bits: DataBits,
+    /// Stop bits.
+    pub stop_bits: StopBits,
+}
+
+impl SerialLine {
+    /// `path` at 19200 baud, 8 data bits, no parity, 1 stop bit.
+    pub fn new(path: impl Into<String>) -> Self {
+        Self {
+            path: path.into(),
+            baud: 19_200,
+            parity: Parity::None,
+            data_bits: DataBits::Eight,
+            stop_bits: StopBits::One,
+        }
+    }
+
+    /// The time one character takes on the line.
+    fn char_time(&self) -> Duration {
+        let data = match self.data_bits {
+            DataBits::Five => 5,
+            DataBits::Six => 6,
+            DataBits::Seven => 7,
+            DataBits::Eight => 8,
+        };
+        let parity = u32::from(self.parity != Parity::None);
+        let stop = match self.stop_bits {
+            StopBits::One => 1,
+            StopBits::Two => 2,
+        };
+        let bits = 1 + data + parity + stop;
+        Duration::from_micros(u64::from(bits) * 1_000_000 / u64::from(self.baud.max(1)))
+    }
+}
+
+impl fmt::Display for SerialLine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let data = match self.data_bits {
+            DataBits::Five => '5',
+            DataBits::Six => '6',
+            DataBits::Seven => '7',
+            DataBits::Eight => '8',
+        };
+        let parity = match self.parity {
+            Parity::None => 'N',
+            Parity::Even => 'E',
+            Parity::Odd => 'O',
+        };
+        let stop = match self.stop_bits {
+            StopBits::One => '1',
+            StopBits::Two => '2',
+        };
+        write!(f, "{} {} {data}{parity}{stop}", self.path, self.baud)
+    }
+}
+
+/// How the CDU is reached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Link {
+    /// Modbus TCP.
+    Tcp(SocketAddr),
+    /// Modbus RTU on a serial line.
+    Rtu(SerialLine),
+}
+
+impl fmt::Display for Link {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Tcp(addr) => write!(f, "Modbus TCP {addr}"),
+            Self::Rtu(line) => write!(f, "Modbus RTU {line}"),
+        }
+    }
+}
+
+/// A run of contiguous input registers read in one request.
+#[derive(Debug, Clone)]
+struct Span {
+    start: u16,
+    count: u16,
+    /// Name and first address of each register in it.
+    registers: Vec<(String, u16, u16)>,
+}
+
+/// The most registers one read may ask for.
+const MAX_READ: u16 = 125;
+
+/// The default timeout of one request.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// A CDU over Modbus, TCP or RTU, as its register map describes it.
+pub struct ModbusCdu {
+    map: RegisterMap,
+    link: Link,
+    timeout: Duration,
+    spans: Vec<Span>,
+    ctx: Option<Context>,
+    /// The last request got no answer or a garbled one: clear the line
+    /// before the next.
+    resync: bool,
+}
+
+impl fmt::Debug for ModbusCdu {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ModbusCdu")
+            .field("model", &self.map.model)
+            .field("link", &self.link)
+            .field("unit_id", &self.map.unit_id)
+            .field("timeout", &self.timeout)
+            .field("connected", &self.ctx.is_some())
+            .finish()
+    }
+}
+
+impl ModbusCdu {
+    /// A CDU of the model `map` describes, on `link`, with the map's unit
+    /// id and the default timeout. Nothing is opened until the first
+    /// request.
+    pub fn new(map: RegisterMap, link: Link) -> Self {
+        let spans = spans(&map);
+        Self {
+            map,
+            link,
+            timeout: DEFAULT_TIMEOUT,
+            spans,
+            ctx: None,
+            resync: false,
+        }
+    }
+
+    /// Each request's timeout.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The register map.
+    pub fn map(&self) -> &RegisterMap {
+        &self.map
+    }
+
+    /// The link.
+    pub fn link(&self) -> &Link {
+        &self.link
+    }
+
+    /// Each request's timeout.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Measurements and settings the map lacks (they read `None` and are
+    /// not written).
+    pub fn unmapped(&self) -> Vec<&'static str> {
+        let has = |name: &str, kind: Kind| self.map.get(name).is_some_and(|r| r.kind == kind);
+        READING_REGISTERS
+            .iter()
+            .filter(|n| !has(n, Kind::Input))
+            .chain(SETTING_REGISTERS.iter().filter(|n| !has(n, Kind::Holding)))
+            .copied()
+            .collect()
+    }
+
+    /// Requests a read takes: (first address, count) of each.
+    pub fn read_requests(&self) -> Vec<(u16, u16)> {
+        self.spans.iter().map(|s| (s.start, s.count)).collect()
+    }
+
+    /// Closes the link (the next request opens it again).
+    pub async fn disconnect(&mut self) {
+        if let Some(mut ctx) = self.ctx.take() {
+            let _ = ctx.disconnect().await;
+        }
+    }
+
+    fn op(&self, what: fmt::Arguments<'_>) -> String {
+        format!("{what} of unit {} on {}", self.map.unit_id, self.link)
+    }
+
+    /// Opens the link if it is not open, by `deadline`.
+    async fn connect(&mut self, op: &str, deadline: Instant) -> Result<(), CduError> {
+        if self.ctx.is_some() {
+            return Ok(());
+        }
+        let slave = Slave(self.map.unit_id);
+        let no_answer = || CduError::NoAnswer {
+            op: format!("{op}: connecting"),
+            after_ms: self.timeout.as_millis() as u64,
+        };
+        let io = |source: io::Error| CduError::Io {
+            op: format!("{op}: connecting"),
+            source,
+        };
+        let ctx = match &self.link {
+            Link::Tcp(addr) => {
+                let stream =
+                    tokio::time::timeout_at(deadline, tokio::net::TcpStream::connect(addr))
+                        .await
+                        .map_err(|_| no_answer())?
+                        .map_err(io)?;
+                let _ = stream.set_nodelay(true);
+                tokio_modbus::client::tcp::attach_slave(stream, slave)
+            }
+            Link::Rtu(line) => {
+                let builder = tokio_serial::new(line.path.as_str(), line.baud)
+                    .parity(line.parity)
+                    .data_bits(line.data_bits)
+                    .stop_bits(line.stop_bits);
+                let mut port = SerialStream::open(&builder).map_err(|e| io(e.into()))?;
+                if self.resync {
+                    // A late answer to the request that timed out must not
+                    // be read as the answer to the next: wait for a quiet
+                    // line (at least 3.5 characters, the RTU frame gap),
+                    // discarding what comes.
+                    let quiet = (line.char_time() * 4).max(Duration::from_millis(20));
+                    drain(&mut port, quiet, self.timeout).await;
+                }
+                port.clear(ClearBuffer::All).map_err(|e| io(e.into()))?;
+                tokio_modbus::client::rtu::attach_slave(port, slave)
+            }
+        };
+        self.ctx = Some(ctx);
+        self.resync = false;
+        Ok(())
+    }
+
+    /// One request and its answer, within the timeout.
+    async fn exchange(&mut self, op: String, req: Request<'_>) -> Result<Response, CduError> {
+        let mut deadline = Instant::now() + self.timeout;
+        if self.ctx.is_none() {
+            self.connect(&op, deadline).await?;
+            if matches!(self.link, Link::Rtu(_)) {
+                // Opening the port and waiting for a quiet line is not the
+                // CDU's time to answer.
+                deadline = Instant::now() + self.timeout;
+            }
+        }
+        let ctx = self.ctx.as_mut().expect("connected");
+        let outcome = tokio::time::timeout_at(deadline, ctx.call(req)).await;
+        let lost = match &outcome {
+            Ok(Ok(_)) => false,
+            Ok(Err(tokio_modbus::Error::Protocol(_))) | Err(_) => {
+                self.resync = true;
+                true
+            }
+            Ok(Err(tokio_modbus::Error::Transport(_))) => true,
+        };
+        if lost {
+            // Open afresh next time: no late answer read as the next one.
+            self.ctx = None;
+        }
+        match outcome {
+            Err(_) => Err(CduError::NoAnswer {
+                op,
+                after_ms: self.timeout.as_millis() as u64,
+            }),
+            Ok(Err(tokio_modbus::Error::Transport(source))) => Err(CduError::Io { op, source }),
+            Ok(Err(tokio_modbus::Error::Protocol(e))) => Err(CduError::BadAnswer {
+                op,
+                detail: e.to_string(),
+            }),
+            Ok(Ok(Err(code))) => {
+                let code = u8::from(code);
+                Err(CduError::Refused {
+                    op,
+                    code,
+                    meaning: exception_meaning(code),
+                })
+            }
+            Ok(Ok(Ok(response))) => Ok(response),
+        }
+    }
+
+    /// Reads one span of input registers.
+    async fn read_span(&mut self, span: &Span) -> Result<Vec<u16>, CduError> {
+        let names = match span.registers.as_slice() {
+            [only] => only.0.clone(),
+            [first, .., last] => format!("{} to {}", first.0, last.0),
+            [] => String::new(),
+        };
+        let op = self.op(format_args!(
+            "read input {}-{} ({names})",
+            span.start,
+            span.start + span.count - 1
+        ));
+        match self
+            .exchange(
+                op.clone(),
+                Request::ReadInputRegisters(span.start, span.count),
+            )
+            .await?
+        {
+            Response::ReadInputRegisters(words) if words.len() == usize::from(span.count) => {
+                Ok(words)
+            }
+            Response::ReadInputRegisters(words) => {
+                self.ctx = None;
+                self.resync = true;
+                Err(CduError::BadAnswer {
+                    op,
+                    detail: format!("{} registers for {} asked", words.len(), span.count),
+                })
+            }
+            other => {
+                self.ctx = None;
+                self.resync = true;
+                Err(CduError::BadAnswer {
+                    op,
+                    detail: format!("{other:?}"),
+                })
+            }
+        }
+    }
+
+    /// Writes one holding register (one or two words).
+    async fn write_register(&mut self, r: &Register, words: Vec<u16>) -> Result<(), CduError> {
+        let op = self.op(format_args!("write {} at holding {}", r.name, r.address));
+        let req = match words.as_slice() {
+            [w] => Request::WriteSingleRegister(r.address, *w),
+            _ => Request::WriteMultipleRegisters(r.address, Cow::Owned(words)),
+        };
+        self.exchange(op, req).await.map(|_| ())
+    }
+}
+
+impl CduPort for ModbusCdu {
+    async fn read(&mut self) -> Result<CduReadings, CduError> {
+        let mut values: Vec<(String, f64)> = Vec::new();
+        for span in self.spans.clone() {
+            let words = self.read_span(&span).await?;
+            for (name, address, n) in &span.registers {
+                let at = usize::from(address - span.start);
+                let value = self
+                    .map
+                    .decode(name, &words[at..at + usize::from(*n)])
+                    .map_err(|source| CduError::Value {
+                        op: self.op(format_args!("decode {name} at input {address}")),
+                        source,
+                    })?;
+                values.push((name.clone(), value));
+            }
+        }
+        let get = |name: &str| values.iter().find(|(n, _)| n == name).map(|(_, v)| *v);
+        Ok(CduReadings {
+            supply_c: get(SUPPLY),
+            return_c: get(RETURN),
+            flow_lpm: get(FLOW),
+            facility_supply_c: get(FACILITY_SUPPLY),
+            pumps_running: [get(PUMP_A).map(|v| v != 0.0), get(PUMP_B).map(|v| v != 0.0)],
+            leaks: get(LEAKS).map(|v| v as u16),
+            it_w: get(IT_POWER),
+            cooling_w: get(COOLING_POWER),
+            facility_w: get(FACILITY_POWER),
+        })
+    }
+
+    async fn write(&mut self, settings: &CduSettings) -> Result<(), CduError> {
+        // Every value checked before the first request.
+        let mut plan: Vec<(Register, Vec<u16>)> = Vec::new();
+        for (name, value) in settings.registers() {
+            let Some(r) = self.map.get(name).filter(|r| r.kind == Kind::Holding) else {
+                continue;
+            };
+            let words = self
+                .map
+                .encode(name, value)
+                .map_err(|source| CduError::Value {
+                    op: self.op(format_args!("write {name} at holding {}", r.address)),
+                    source,
+                })?;
+            plan.push((r.clone(), words));
+        }
+        let names: Vec<&'static str> = settings
+            .registers()
+            .iter()
+            .map(|(n, _)| *n)
+            .filter(|n| plan.iter().any(|(r, _)| r.name == *n))
+            .collect();
+        for (i, (r, words)) in plan.into_iter().enumerate() {
+            if let Err(cause) = self.write_register(&r, words).await {
+                if i == 0 {
+                    return Err(cause);
+                }
+                return Err(CduError::Partial {
+                    written: names[..i].to_vec(),
+                    failed: names[i],
+                    not_tried: names[i + 1..].to_vec(),
+                    cause: Box::new(cause),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The map's input registers in runs of contiguous addresses, each at most
+/// [`MAX_READ`] registers.
+fn spans(map: &RegisterMap) -> Vec<Span> {
+    let mut inputs: Vec<&Register> = map.registers().filter(|r| r.kind == Kind::Input).collect();
+    inputs.sort_by_key(|r| r.address);
+    let mut spans: Vec<Span> = Vec::new();
+    for r in inputs {
+        let n = r.ty.words();
+        match spans.last_mut() {
+            Some(s)
+                if u32::from(s.start) + u32::from(s.count) == u32::from(r.address)
+                    && s.count + n <= MAX_READ =>
+            {
+                s.count += n;
+                s.registers.push((r.name.clone(), r.address, n));
+            }
+            _ => spans.push(Span {
+                start: r.address,
+                count: n,
+                registers: std::vec![(r.name.clone(), r.address, n)],
+            }),
+        }
+    }
+    spans
+}
+
+/// Reads and discards until the line has been quiet for `quiet`, for at
+/// most `limit`.
+async fn drain(port: &mut SerialStream, quiet: Duration, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    let mut buf = [0u8; 256];
+    while Instant::now() < deadline {
+        match tokio::time::timeout(quiet, port.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => continue,
+            _ => break,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_take_one_request_per_contiguous_run() {
+        let cdu = ModbusCdu::new(
+            RegisterMap::sim_cdu(),
+            Link::Tcp("127.0.0.1:502".parse().unwrap()),
+        );
+        // 0-6 (temperatures, flow, pumps, leaks), 10-15 (three u32 meters).
+        assert_eq!(cdu.read_requests(), std::vec![(0, 7), (10, 6)]);
+        assert!(cdu.unmapped().is_empty());
+    }
+
+    #[test]
+    fn a_cdu_can_move_between_tasks() {
+        fn send<T: Send>() {}
+        send::<ModbusCdu>();
+        send::<CduError>();
+    }
+
+    #[test]
+    fn the_line_names_itself_and_its_framing() {
+        let line = SerialLine::new("/dev/ttyUSB0");
+        assert_eq!(line.to_string(), "/dev/ttyUSB0 19200 8N1");
+        // 10 bits a character at 19200 baud.
+        assert_eq!(line.char_time(), Duration::from_micros(520));
+    }
+
+    #[test]
+    fn a_partial_write_names_what_went_in() {
+        let e = CduError::Partial {
+            written: std::vec!["supply_setpoint"],
+            failed: "pump_speed",
+            not_tried: std::vec!["lead_pump", "valves_open"],
+            cause: Box::new(CduError::Refused {
+                op: "write pump_speed at holding 1 of unit 1 on Modbus TCP 127.0.0.1:502"
+                    .to_string(),
+                code: 3,
+                meaning: exception_meaning(3),
+            }),
+        };
+        assert_eq!(
+            e.to_string(),
+            "wrote supply_setpoint; pump_speed failed; did not try lead_pump, valves_open: \
+             write pump_speed at holding 1 of unit 1 on Modbus TCP 127.0.0.1:502: \
+             the CDU refused it with exception 3 (illegal data value)"
+        );
+        assert_eq!(e.refused_code(), Some(3));
+        assert!(!e.is_no_answer());
+    }
+}

@@ -1,0 +1,541 @@
+//! The CDU's Modbus client against the simulated CDU: over Modbus TCP on
+//! loopback and over Modbus RTU on a pseudo-terminal pair made by `socat`.
+//! Scaling, word order, writes read back, exceptions kept apart from
+//! silence, and recovery after a timeout.
+#![cfg(feature = "std")]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cooling_ctrl::modbus::{CduError, CduPort, CduSettings, Link, ModbusCdu, SerialLine};
+use loopwarden_boards::modbus_map::RegisterMap;
+use loopwarden_boards::sim_cdu::SimCdu;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const MAP: &str = include_str!("../../boards/cdus/sim-cdu.toml");
+
+/// The simulated CDU's map with `from` replaced by `to` (once).
+fn map_with(from: &str, to: &str) -> RegisterMap {
+    assert!(MAP.contains(from), "the shipped map has {from:?}");
+    RegisterMap::from_toml(&MAP.replacen(from, to, 1), "test map").expect("a valid map")
+}
+
+fn low_first() -> RegisterMap {
+    map_with("word_order = \"high_first\"", "word_order = \"low_first\"")
+}
+
+const SETTINGS: [(&str, f64); 4] = [
+    ("supply_setpoint", 30.0),
+    ("pump_speed", 80.0),
+    ("lead_pump", 0.0),
+    ("valves_open", 15.0),
+];
+
+/// A CDU serving `map` with known measurements: a negative temperature,
+/// u32 meters past 65,535 W.
+fn sim(map: RegisterMap) -> SimCdu {
+    let cdu = SimCdu::new(map, &SETTINGS).expect("settings in range");
+    for (name, value) in [
+        ("supply_temp", 32.05),
+        ("return_temp", -1.5),
+        ("flow", 172.8),
+        ("facility_supply_temp", 18.25),
+        ("pump_a_running", 1.0),
+        ("pump_b_running", 0.0),
+        ("leak_inputs", 5.0),
+        ("it_power", 108_400.0),
+        ("cooling_power", 9_120.0),
+        ("facility_power", 117_550.0),
+    ] {
+        cdu.set_measurement(name, value).expect("a measurement");
+    }
+    cdu
+}
+
+fn settings_of(cdu: &SimCdu) -> Vec<f64> {
+    SETTINGS
+        .iter()
+        .map(|(n, _)| cdu.setting(n).expect("a setting"))
+        .collect()
+}
+
+fn assert_known_readings(r: &cooling_ctrl::modbus::CduReadings) {
+    assert_eq!(r.supply_c, Some(32.05));
+    assert_eq!(r.return_c, Some(-1.5));
+    assert_eq!(r.flow_lpm, Some(172.8));
+    assert_eq!(r.facility_supply_c, Some(18.25));
+    assert_eq!(r.pumps_running, [Some(true), Some(false)]);
+    assert_eq!(r.leaks, Some(0b101));
+    assert_eq!(r.it_w, Some(108_400.0));
+    assert_eq!(r.cooling_w, Some(9_120.0));
+    assert_eq!(r.facility_w, Some(117_550.0));
+}
+
+async fn serve_tcp(cdu: SimCdu) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(cdu.serve(listener));
+    addr
+}
+
+fn tcp_client(map: RegisterMap, addr: SocketAddr) -> ModbusCdu {
+    ModbusCdu::new(map, Link::Tcp(addr)).with_timeout(Duration::from_millis(300))
+}
+
+const NEW: CduSettings = CduSettings {
+    setpoint_c: 33.5,
+    pump_speed_pct: 72.5,
+    lead_pump: 1,
+    valves_open: 0b1011,
+};
+
+#[tokio::test]
+async fn tcp_reads_every_measurement_with_the_maps_scaling() {
+    let addr = serve_tcp(sim(RegisterMap::sim_cdu())).await;
+    let mut client = tcp_client(RegisterMap::sim_cdu(), addr);
+    assert_eq!(client.read_requests(), vec![(0, 7), (10, 6)]);
+    let r = client.read().await.expect("read");
+    assert_known_readings(&r);
+}
+
+#[tokio::test]
+async fn thirty_two_bit_meters_follow_the_maps_word_order() {
+    // A CDU whose meters put the low word first, read with its own map.
+    let addr = serve_tcp(sim(low_first())).await;
+    let r = tcp_client(low_first(), addr).read().await.expect("read");
+    assert_known_readings(&r);
+    // The same registers read as high word first: 117,550 W = 0x0001_CB2E
+    // becomes 0xCB2E_0001. The order is the map's, not a fixed one.
+    let r = tcp_client(RegisterMap::sim_cdu(), addr)
+        .read()
+        .await
+        .expect("read");
+    assert_eq!(r.facility_w, Some(f64::from(0xCB2E_0001u32)));
+    assert_eq!(r.supply_c, Some(32.05));
+}
+
+#[tokio::test]
+async fn a_measurement_the_map_lacks_reads_none() {
+    // A model without a facility supply sensor.
+    let map = map_with("name = \"facility_supply_temp\"", "name = \"other_temp\"");
+    let addr = serve_tcp(sim(RegisterMap::sim_cdu())).await;
+    let mut client = tcp_client(map, addr);
+    assert_eq!(client.unmapped(), vec!["facility_supply_temp"]);
+    let r = client.read().await.expect("read");
+    assert_eq!(r.facility_supply_c, None);
+    assert_eq!(r.supply_c, Some(32.05));
+}
+
+#[tokio::test]
+async fn tcp_writes_settings_that_the_cdu_takes() {
+    let cdu = sim(RegisterMap::sim_cdu());
+    let addr = serve_tcp(cdu.clone()).await;
+    let mut client = tcp_client(RegisterMap::sim_cdu(), addr);
+    client.write(&NEW).await.expect("write");
+    assert_eq!(settings_of(&cdu), vec![33.5, 72.5, 1.0, 11.0]);
+}
+
+#[tokio::test]
+async fn a_setpoint_the_cdu_refuses_is_exception_3_and_changes_nothing() {
+    let cdu = sim(RegisterMap::sim_cdu());
+    let addr = serve_tcp(cdu.clone()).await;
+    // This client's map lets the setpoint go to 60 °C; the CDU stops at 45.
+    let mut client = tcp_client(map_with("max = 45.0", "max = 60.0"), addr);
+    let e = client
+        .write(&CduSettings {
+            setpoint_c: 50.0,
+            ..NEW
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(e, CduError::Refused { code: 3, .. }), "{e:?}");
+    let text = e.to_string();
+    assert!(
+        text.contains("write supply_setpoint at holding 0")
+            && text.contains("exception 3 (illegal data value)")
+            && text.contains(&addr.to_string()),
+        "{text}"
+    );
+    assert_eq!(settings_of(&cdu), vec![30.0, 80.0, 0.0, 15.0]);
+    // The link is still good.
+    client.read().await.expect("read after a refusal");
+}
+
+#[tokio::test]
+async fn a_write_refused_halfway_says_which_settings_went_in() {
+    let cdu = sim(RegisterMap::sim_cdu());
+    let addr = serve_tcp(cdu.clone()).await;
+    // This client's map allows 10 % pump speed; the CDU's minimum is 30 %.
+    let mut client = tcp_client(map_with("min = 30.0", "min = 10.0"), addr);
+    let e = client
+        .write(&CduSettings {
+            pump_speed_pct: 20.0,
+            ..NEW
+        })
+        .await
+        .unwrap_err();
+    let CduError::Partial {
+        written,
+        failed,
+        not_tried,
+        ..
+    } = &e
+    else {
+        panic!("not a partial write: {e:?}");
+    };
+    assert_eq!(written, &vec!["supply_setpoint"]);
+    assert_eq!(*failed, "pump_speed");
+    assert_eq!(not_tried, &vec!["lead_pump", "valves_open"]);
+    assert_eq!(e.refused_code(), Some(3));
+    assert!(
+        e.to_string()
+            .starts_with("wrote supply_setpoint; pump_speed failed; did not try lead_pump, valves_open: write pump_speed at holding 1"),
+        "{e}"
+    );
+    assert_eq!(settings_of(&cdu), vec![33.5, 80.0, 0.0, 15.0]);
+}
+
+#[tokio::test]
+async fn a_value_outside_the_maps_range_is_not_sent() {
+    let cdu = sim(RegisterMap::sim_cdu());
+    let addr = serve_tcp(cdu.clone()).await;
+    let mut client = tcp_client(RegisterMap::sim_cdu(), addr);
+    // The valves are last: the bad lead pump must stop the setpoint too.
+    let e = client
+        .write(&CduSettings {
+            lead_pump: 2,
+            ..NEW
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(e, CduError::Value { .. }), "{e:?}");
+    assert!(
+        e.to_string()
+            .contains("write lead_pump at holding 2 of unit 1"),
+        "{e}"
+    );
+    assert_eq!(settings_of(&cdu), vec![30.0, 80.0, 0.0, 15.0]);
+}
+
+#[tokio::test]
+async fn an_address_the_cdu_lacks_is_exception_2() {
+    let addr = serve_tcp(sim(RegisterMap::sim_cdu())).await;
+    // This client's map puts a register at input 7, where the CDU has none.
+    let map = map_with(
+        "name = \"it_power\"\nkind = \"input\"\naddress = 10",
+        "name = \"it_power\"\nkind = \"input\"\naddress = 7",
+    );
+    let mut client = tcp_client(map, addr);
+    let e = client.read().await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            CduError::Refused {
+                code: 2,
+                meaning: "illegal data address",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(
+        e.to_string()
+            .contains("read input 0-8 (supply_temp to it_power) of unit 1"),
+        "{e}"
+    );
+}
+
+/// A TCP peer that takes connections and never answers; dropped with the
+/// returned task.
+async fn silent_peer(addr: &str) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind(addr).await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            held.push(stream);
+        }
+    });
+    (addr, task)
+}
+
+#[tokio::test]
+async fn a_tcp_peer_that_never_answers_is_no_answer_within_the_timeout() {
+    let (addr, peer) = silent_peer("127.0.0.1:0").await;
+    let mut client = tcp_client(RegisterMap::sim_cdu(), addr);
+    let t0 = Instant::now();
+    let e = client.read().await.unwrap_err();
+    let took = t0.elapsed();
+    assert!(
+        matches!(e, CduError::NoAnswer { after_ms: 300, .. }),
+        "{e:?}"
+    );
+    assert!(e.refused_code().is_none() && e.is_no_answer());
+    assert!(
+        took >= Duration::from_millis(290) && took < Duration::from_millis(1_500),
+        "{took:?}"
+    );
+    assert!(
+        e.to_string().contains("read input 0-6")
+            && e.to_string().contains("no answer within 300 ms"),
+        "{e}"
+    );
+    // The CDU comes back on the same address: the client works again.
+    peer.abort();
+    let _ = peer.await;
+    let cdu = sim(RegisterMap::sim_cdu());
+    let listener = tokio::net::TcpListener::bind(addr).await.expect("rebind");
+    tokio::spawn(cdu.clone().serve(listener));
+    assert_known_readings(&client.read().await.expect("read after the timeout"));
+    client.write(&NEW).await.expect("write after the timeout");
+    assert_eq!(settings_of(&cdu), vec![33.5, 72.5, 1.0, 11.0]);
+}
+
+#[tokio::test]
+async fn nobody_listening_is_a_link_failure_not_a_refusal() {
+    let (addr, peer) = silent_peer("127.0.0.1:0").await;
+    peer.abort();
+    let _ = peer.await;
+    let e = tcp_client(RegisterMap::sim_cdu(), addr)
+        .read()
+        .await
+        .unwrap_err();
+    assert!(matches!(e, CduError::Io { .. }), "{e:?}");
+    assert!(e.to_string().contains("connecting"), "{e}");
+}
+
+// ---- RTU on a pseudo-terminal pair ----
+
+/// True when running under CI (`CI=true` or `1`), where a missing tool is a
+/// failure (the rule of the system tests' `require_tool`).
+fn in_ci() -> bool {
+    std::env::var("CI")
+        .map(|v| v == "true" || v == "1")
+        .unwrap_or(false)
+}
+
+/// `socat`, or `None` (skip, said on stderr) outside CI; under CI a
+/// missing socat panics.
+fn require_socat() -> Option<PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")])
+            .map(|p| p.join("socat"))
+            .find(|p| p.is_file())
+    });
+    if found.is_none() {
+        let why = "socat not found on PATH (.ci/run installs it; the RTU tests need it for a pseudo-terminal pair)";
+        if in_ci() {
+            panic!("{why}; CI=true, so this is a failure");
+        }
+        eprintln!("SKIP: {why}");
+    }
+    found
+}
+
+/// Two pseudo-terminals joined by socat: what goes into one comes out of
+/// the other, like the two ends of an RS-485 cable. socat is killed when
+/// this is dropped.
+struct PtyPair {
+    socat: Child,
+    dir: tempfile::TempDir,
+}
+
+impl PtyPair {
+    fn start() -> Option<PtyPair> {
+        let socat = require_socat()?;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let end = |n: &str| format!("pty,raw,echo=0,link={}", dir.path().join(n).display());
+        let child = Command::new(socat)
+            .args(["-d", "-d", &end("a"), &end("b")])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start socat");
+        let pair = PtyPair { socat: child, dir };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !(pair.a().exists() && pair.b().exists()) {
+            assert!(
+                Instant::now() < deadline,
+                "socat made no pseudo-terminals at {} in 5 s",
+                pair.dir.path().display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Some(pair)
+    }
+
+    /// The controller's end.
+    fn a(&self) -> PathBuf {
+        self.dir.path().join("a")
+    }
+
+    /// The CDU's end.
+    fn b(&self) -> PathBuf {
+        self.dir.path().join("b")
+    }
+}
+
+impl Drop for PtyPair {
+    fn drop(&mut self) {
+        let _ = self.socat.kill();
+        let _ = self.socat.wait();
+    }
+}
+
+fn path_str(p: &Path) -> String {
+    p.to_str().expect("a UTF-8 path").to_string()
+}
+
+fn rtu_client(map: RegisterMap, pair: &PtyPair) -> ModbusCdu {
+    ModbusCdu::new(map, Link::Rtu(SerialLine::new(path_str(&pair.a()))))
+        .with_timeout(Duration::from_millis(300))
+}
+
+fn serve_rtu(cdu: SimCdu, pair: &PtyPair) -> tokio::task::JoinHandle<std::io::Result<()>> {
+    tokio::spawn(cdu.serve_rtu(path_str(&pair.b()), 19_200))
+}
+
+#[tokio::test]
+async fn rtu_reads_writes_and_exceptions_as_over_tcp() {
+    let Some(pair) = PtyPair::start() else {
+        return;
+    };
+    let cdu = sim(RegisterMap::sim_cdu());
+    let server = serve_rtu(cdu.clone(), &pair);
+    let mut client = rtu_client(RegisterMap::sim_cdu(), &pair);
+    assert_known_readings(&client.read().await.expect("read over RTU"));
+    client.write(&NEW).await.expect("write over RTU");
+    assert_eq!(settings_of(&cdu), vec![33.5, 72.5, 1.0, 11.0]);
+
+    // Refused setpoint: exception 3, nothing changed.
+    let mut wide = rtu_client(map_with("max = 45.0", "max = 60.0"), &pair);
+    client.disconnect().await;
+    let e = wide
+        .write(&CduSettings {
+            setpoint_c: 50.0,
+            ..NEW
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(e, CduError::Refused { code: 3, .. }), "{e:?}");
+    assert!(
+        e.to_string()
+            .contains("write supply_setpoint at holding 0 of unit 1 on Modbus RTU")
+            && e.to_string().contains("19200 8N1"),
+        "{e}"
+    );
+    assert_eq!(settings_of(&cdu), vec![33.5, 72.5, 1.0, 11.0]);
+    wide.disconnect().await;
+
+    // An address the CDU lacks: exception 2.
+    let mut off = rtu_client(
+        map_with(
+            "name = \"it_power\"\nkind = \"input\"\naddress = 10",
+            "name = \"it_power\"\nkind = \"input\"\naddress = 7",
+        ),
+        &pair,
+    );
+    let e = off.read().await.unwrap_err();
+    assert!(matches!(e, CduError::Refused { code: 2, .. }), "{e:?}");
+    off.disconnect().await;
+
+    // Another unit id on the bus: the CDU keeps quiet.
+    let mut other = rtu_client(map_with("unit_id = 1", "unit_id = 7"), &pair);
+    let e = other.read().await.unwrap_err();
+    assert!(matches!(e, CduError::NoAnswer { .. }), "{e:?}");
+    assert!(e.to_string().contains("of unit 7"), "{e}");
+    other.disconnect().await;
+
+    // And the right one still answers.
+    assert_known_readings(&client.read().await.expect("read again"));
+    assert!(!server.is_finished(), "the RTU server stopped: {server:?}");
+    server.abort();
+}
+
+#[tokio::test]
+async fn rtu_with_nobody_serving_is_no_answer_and_recovers_when_the_cdu_is_back() {
+    let Some(pair) = PtyPair::start() else {
+        return;
+    };
+    let mut client = rtu_client(RegisterMap::sim_cdu(), &pair);
+    let t0 = Instant::now();
+    let e = client.read().await.unwrap_err();
+    assert!(
+        matches!(e, CduError::NoAnswer { after_ms: 300, .. }),
+        "{e:?}"
+    );
+    assert!(
+        t0.elapsed() < Duration::from_millis(1_500),
+        "{:?}",
+        t0.elapsed()
+    );
+    let cdu = sim(RegisterMap::sim_cdu());
+    let server = serve_rtu(cdu.clone(), &pair);
+    assert_known_readings(&client.read().await.expect("read once the CDU is back"));
+    client
+        .write(&NEW)
+        .await
+        .expect("write once the CDU is back");
+    assert_eq!(settings_of(&cdu), vec![33.5, 72.5, 1.0, 11.0]);
+    server.abort();
+}
+
+/// Modbus RTU CRC-16 (polynomial 0xA001, initial 0xFFFF), low byte first.
+fn crc16(bytes: &[u8]) -> [u8; 2] {
+    let mut crc: u16 = 0xFFFF;
+    for b in bytes {
+        crc ^= u16::from(*b);
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0xA001
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    crc.to_le_bytes()
+}
+
+#[tokio::test]
+async fn a_late_rtu_answer_is_not_taken_for_the_next_one() {
+    let Some(pair) = PtyPair::start() else {
+        return;
+    };
+    // A slow CDU: it answers the first read after 500 ms, past the 300 ms
+    // timeout, with every register at 0x0101.
+    let b = path_str(&pair.b());
+    let slow = tokio::spawn(async move {
+        let mut port =
+            tokio_serial::SerialStream::open(&tokio_serial::new(b, 19_200)).expect("open b");
+        let mut req = [0u8; 8];
+        port.read_exact(&mut req).await.expect("a request");
+        assert_eq!(&req[..2], &[1, 4], "a read of input registers of unit 1");
+        assert_eq!(crc16(&req[..6]), [req[6], req[7]]);
+        let count = u16::from_be_bytes([req[4], req[5]]);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let mut answer = vec![1, 4, (count * 2) as u8];
+        answer.extend(std::iter::repeat_n(1u8, usize::from(count) * 2));
+        let crc = crc16(&answer);
+        answer.extend(crc);
+        port.write_all(&answer).await.expect("late answer");
+        port.flush().await.expect("flush");
+        // Give socat time to pass it on before the port closes.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    });
+    let mut client = rtu_client(RegisterMap::sim_cdu(), &pair);
+    let e = client.read().await.unwrap_err();
+    assert!(e.is_no_answer(), "{e:?}");
+    slow.await.expect("the slow CDU");
+    // The late answer now waits on the controller's end; the real CDU
+    // takes over the line.
+    let cdu = sim(RegisterMap::sim_cdu());
+    let server = serve_rtu(cdu, &pair);
+    assert_known_readings(&client.read().await.expect("read after the late answer"));
+    server.abort();
+}
