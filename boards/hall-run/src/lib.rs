@@ -1,0 +1,20 @@
+//! # loopwarden-hall: the one-command run of the simulated hall
+//!
+//! This crate will become the project's main command (ARCHITECTURE.md §9):
+//! it starts the broker, the simulated CDU, a node agent per simulated
+//! host and the cooling controller, plays a scenario and shows what
+//! happens, live and as a report with charts. It is the only crate that
+//! links both agents.
+//!
+//! What is here today is the report: [`trace`] reads (and writes) the
+//! run's CSV trace, the one `cooling-ctrl simulate --trace` writes, and
+//! [`report`] turns a trace and the run's summary into SVG charts and a
+//! Markdown page (`loopwarden-hall plot`).
+
+#![warn(missing_docs)]
+
+pub mod report;
+pub mod trace;
+
+pub use report::{write_report, ReportError};
+pub use trace::{read_trace, TraceError, TraceRow};
