@@ -33,4 +33,7 @@ pub mod core;
 pub mod modbus;
 
 #[cfg(feature = "std")]
+pub mod shell;
+
+#[cfg(feature = "std")]
 pub mod twin;

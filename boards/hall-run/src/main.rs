@@ -1,8 +1,9 @@
 //! `loopwarden-hall`: the simulated hall's one-command run.
 //!
-//! Today: `loopwarden-hall plot --trace FILE.csv [--summary FILE.json]
-//! --out DIR [--title T]` writes the report of a run. `play` (start the
-//! hall and its agents, play a scenario) comes next.
+//! - `loopwarden-hall play [--scenario F] [--speed X] [--out DIR]`: the
+//!   whole system on one machine, live, then its report.
+//! - `loopwarden-hall plot --trace FILE.csv [--summary FILE.json] --out DIR
+//!   [--title T]`: the report of a run.
 
 use std::fs::File;
 use std::io::BufReader;
@@ -25,8 +26,85 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Plays a scenario on the whole system (broker, simulated CDU on
+    /// Modbus, a node agent per host, the cooling controller), live.
+    Play(PlayArgs),
     /// Writes the report of a run: SVG charts of its trace and report.md.
     Plot(PlotArgs),
+}
+
+#[derive(Debug, Args)]
+struct PlayArgs {
+    /// The scenario (plant-scenario/1) [default: ten eventful minutes].
+    #[arg(long, value_name = "FILE.toml")]
+    scenario: Option<PathBuf>,
+    /// Simulated seconds per wall-clock second.
+    #[arg(long, default_value_t = 1.0)]
+    speed: f64,
+    /// Play only this many simulated seconds.
+    #[arg(long)]
+    duration_s: Option<u64>,
+    /// Folder for the report, the trace and the agents' flash.
+    #[arg(long, default_value = "hall-run")]
+    out: PathBuf,
+    /// No live view.
+    #[arg(long)]
+    headless: bool,
+    /// Use this MQTT broker (host:port) instead of the embedded one.
+    #[arg(long)]
+    broker: Option<String>,
+}
+
+/// The default scenario: ten eventful minutes.
+const DEMO: &str = include_str!("../scenarios/demo.toml");
+
+fn play(a: &PlayArgs) -> Result<(), String> {
+    let (scenario, name) = match &a.scenario {
+        Some(p) => (
+            loopwarden_boards::scenario::Scenario::load(p)?,
+            p.file_stem()
+                .map_or("scenario".into(), |s| s.to_string_lossy().into_owned()),
+        ),
+        None => (
+            loopwarden_boards::scenario::Scenario::from_toml(DEMO, "demo.toml")?,
+            "demo".to_string(),
+        ),
+    };
+    if !(a.speed > 0.0 && a.speed <= 100.0) {
+        return Err(format!("--speed {}: between 0 and 100", a.speed));
+    }
+    let broker = a
+        .broker
+        .as_deref()
+        .map(|b| b.parse().map_err(|e| format!("--broker {b}: {e}")))
+        .transpose()?;
+    let cfg = loopwarden_hall::play::PlayConfig {
+        scenario,
+        name,
+        out: a.out.clone(),
+        speed: a.speed,
+        duration_s: a.duration_s,
+        headless: a.headless,
+        broker,
+    };
+    let rt = tokio::runtime::Runtime::new().map_err(|e| format!("runtime: {e}"))?;
+    let o = rt
+        .block_on(loopwarden_hall::play::play(cfg))
+        .map_err(|e| e.to_string())?;
+    println!(
+        "hosts heard: {}, CDU heard: {}, quarantined GPUs: {}, racks lost: {}",
+        o.hosts_heard.len(),
+        o.cdu_heard,
+        o.quarantined.len(),
+        o.racks_lost.len()
+    );
+    for e in &o.events {
+        println!("  {e}");
+    }
+    for f in &o.report {
+        println!("{}", f.display());
+    }
+    Ok(())
 }
 
 #[derive(Debug, Args)]
@@ -87,6 +165,22 @@ fn default_title(trace: &Path, summary: Option<&serde_json::Value>) -> String {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Play(a) => {
+            tracing_subscriber::fmt()
+                .with_env_filter(
+                    tracing_subscriber::EnvFilter::try_from_default_env()
+                        .unwrap_or_else(|_| "warn".into()),
+                )
+                .with_writer(std::io::stderr)
+                .init();
+            match play(&a) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("loopwarden-hall play: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Plot(a) => match plot(&a) {
             Ok(files) => {
                 for f in files {

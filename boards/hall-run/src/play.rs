@@ -1,0 +1,457 @@
+//! `loopwarden-hall play`: the whole system on one machine. It starts the
+//! embedded broker (or uses the one given), the simulated CDU on a
+//! loopback Modbus TCP port, the hall stepping in real time (or faster),
+//! one real node agent per simulated host (in-process tasks reading their
+//! GPUs from the hall) and the real cooling controller driving the CDU over
+//! Modbus; it plays a scenario, shows the hall live, and writes the report.
+//!
+//! Hosts follow their agents as the plant model says: the run listens on
+//! the bus like any facility system and tells the hall when an agent
+//! quarantined a GPU (drained 30 s later) and when the controller declared
+//! a rack's cooling lost (drained and powered down 30 s later).
+//!
+//! Glossary:
+//! - *speed*: simulated seconds per wall-clock second (the agents and the
+//!   controller keep their own real-time periods).
+//! - *observer*: the run's own bus client, role facility.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cooling_ctrl::modbus::{Link, ModbusCdu};
+use cooling_ctrl::shell::ShellConfig;
+use loopwarden_boards::hall::Hall;
+use loopwarden_boards::modbus_map::RegisterMap;
+use loopwarden_boards::pins::{PinMap, SimLines};
+use loopwarden_boards::scenario::Scenario;
+use loopwarden_boards::sim_cdu::SimCdu;
+use loopwarden_bus::embedded::EmbeddedBroker;
+use loopwarden_bus::{BrokerAddr, Bus, BusConfig};
+use loopwarden_protocol::message::{Event, HealthState, RackCooling};
+use loopwarden_protocol::{Ident, Message, NodeId, Role};
+use tokio::sync::watch;
+
+use crate::trace::TraceRow;
+
+/// What to play and how.
+#[derive(Debug, Clone)]
+pub struct PlayConfig {
+    /// The scenario.
+    pub scenario: Scenario,
+    /// Its name in the report.
+    pub name: String,
+    /// Where the report, the trace and the agents' flash go.
+    pub out: PathBuf,
+    /// Simulated seconds per wall second.
+    pub speed: f64,
+    /// Play only this many simulated seconds (default: the scenario's).
+    pub duration_s: Option<u64>,
+    /// No live view (for tests and logs).
+    pub headless: bool,
+    /// A broker to use instead of the embedded one.
+    pub broker: Option<BrokerAddr>,
+}
+
+/// What the run saw.
+#[derive(Debug, Clone, Default)]
+pub struct PlayOutcome {
+    /// Hosts whose telemetry the observer received.
+    pub hosts_heard: BTreeSet<String>,
+    /// The CDU's telemetry was received.
+    pub cdu_heard: bool,
+    /// The CDU's setpoint and pump speed at the end, as the controller
+    /// last wrote them over Modbus.
+    pub cdu_settings: (f64, f64),
+    /// GPUs the agents quarantined (global index).
+    pub quarantined: BTreeSet<usize>,
+    /// Racks the controller declared lost.
+    pub racks_lost: BTreeSet<usize>,
+    /// Events seen, in words.
+    pub events: Vec<String>,
+    /// The report's files.
+    pub report: Vec<PathBuf>,
+}
+
+/// Why the run could not go on.
+#[derive(Debug, thiserror::Error)]
+pub enum PlayError {
+    /// A part would not start.
+    #[error("{0}")]
+    Start(String),
+    /// The report could not be written.
+    #[error("report: {0}")]
+    Report(#[from] crate::report::ReportError),
+    /// Writing the trace failed.
+    #[error("trace {path}: {source}")]
+    Trace {
+        /// The file.
+        path: PathBuf,
+        /// What failed.
+        source: std::io::Error,
+    },
+}
+
+fn ident(s: &str) -> Result<Ident, PlayError> {
+    Ident::new(s).map_err(|e| PlayError::Start(format!("{s:?} is not a name: {e}")))
+}
+
+/// Plays `cfg.scenario` with every part of the system running.
+pub async fn play(cfg: PlayConfig) -> Result<PlayOutcome, PlayError> {
+    std::fs::create_dir_all(&cfg.out)
+        .map_err(|e| PlayError::Start(format!("{}: {e}", cfg.out.display())))?;
+    let site_name = "hall-1";
+    let site = ident(site_name)?;
+    let sc = cfg.scenario.clone();
+    let s = &sc.site;
+    let hosts = s.racks * s.hosts_per_rack;
+    let duration = cfg.duration_s.unwrap_or(sc.duration_s).min(sc.duration_s);
+
+    // The broker.
+    let (_embedded, broker) = match &cfg.broker {
+        Some(b) => (None, b.clone()),
+        None => {
+            let e = EmbeddedBroker::start("127.0.0.1:0".parse().expect("an address"))
+                .map_err(|e| PlayError::Start(format!("embedded broker: {e}")))?;
+            let b = e.broker_addr();
+            (Some(e), b)
+        }
+    };
+
+    // The simulated CDU on loopback Modbus, the hall behind it.
+    let map = RegisterMap::sim_cdu();
+    let cdu = SimCdu::new(
+        map.clone(),
+        &[("supply_setpoint", 18.0), ("pump_speed", 100.0)],
+    )
+    .map_err(|e| PlayError::Start(format!("simulated CDU: {e}")))?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| PlayError::Start(format!("Modbus port: {e}")))?;
+    let modbus_addr = listener
+        .local_addr()
+        .map_err(|e| PlayError::Start(format!("Modbus port: {e}")))?;
+    let served = tokio::spawn(cdu.clone().serve(listener));
+    let hall = Arc::new(Mutex::new(Hall::new(
+        sc.clone(),
+        cdu.clone(),
+        SimLines::new(),
+        PinMap::sim_controller(),
+    )));
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+
+    // One node agent per host.
+    let host_ids: Vec<String> = (0..hosts)
+        .map(|h| format!("r{}h{}", h / s.hosts_per_rack, h % s.hosts_per_rack))
+        .collect();
+    let mut agents = Vec::new();
+    for (h, id) in host_ids.iter().enumerate() {
+        let dir = cfg.out.join("agents").join(id);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| PlayError::Start(format!("{}: {e}", dir.display())))?;
+        let flags = node_agent::config::Overrides {
+            site: Some(site_name.into()),
+            host: Some(id.clone()),
+            broker: Some(broker.to_string()),
+            twin_gpus: Some(s.gpus_per_host as u8),
+            flash: Some(dir.join("flash.bin")),
+            console: Some(dir.join("console.sock")),
+            cdu: Some("cdu1".into()),
+            rack: Some((h / s.hosts_per_rack) as u8),
+            ..Default::default()
+        };
+        let config = node_agent::config::load(None, &flags)
+            .map_err(|e| PlayError::Start(format!("agent {id}: {e}")))?;
+        let source = Box::new(node_agent::hall_gpus::HallSource::new(hall.clone(), h));
+        let rx = stop_rx.clone();
+        let id = id.clone();
+        // Each agent on its own thread and runtime, as on its own host.
+        let thread = std::thread::Builder::new()
+            .name(format!("agent-{id}"))
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        tracing::error!("agent {id}: runtime: {e}");
+                        return;
+                    }
+                };
+                if let Err(e) = rt.block_on(node_agent::shell::run(config, source, stopped(rx))) {
+                    tracing::error!("agent {id}: {e}");
+                }
+            })
+            .map_err(|e| PlayError::Start(format!("agent thread: {e}")))?;
+        agents.push(thread);
+    }
+
+    // The cooling controller, driving the CDU over Modbus.
+    let core = cooling_ctrl::twin::core_config(s)
+        .map_err(|e| PlayError::Start(format!("controller config: {e}")))?;
+    let shell_cfg = ShellConfig {
+        site: site.clone(),
+        cdu: ident("cdu1")?,
+        broker: broker.clone(),
+        core,
+        period: Duration::from_secs(1),
+        hosts: host_ids
+            .iter()
+            .map(|h| ident(h))
+            .collect::<Result<_, _>>()?,
+        key_id: 1,
+        key: loopwarden_protocol::samples::DEMO_KEY.to_vec(),
+        lease: Duration::from_secs(30),
+        ambient_c: Some(sc.ambient.at(0.0) as f32),
+    };
+    let port = ModbusCdu::new(map, Link::Tcp(modbus_addr)).with_timeout(Duration::from_millis(500));
+    let rx = stop_rx.clone();
+    let controller = tokio::spawn(async move {
+        if let Err(e) = cooling_ctrl::shell::run(shell_cfg, port, stopped(rx)).await {
+            tracing::error!("cooling controller: {e}");
+        }
+    });
+
+    // The observer: what a facility system sees, and hosts following
+    // their agents.
+    let mut bc = BusConfig::new(
+        broker.clone(),
+        site.clone(),
+        NodeId::new(Role::Facility, "hall-run")
+            .map_err(|e| PlayError::Start(format!("observer id: {e}")))?,
+    );
+    bc.subscriptions = vec![loopwarden_bus::site_filter(&site)];
+    bc.inbound_capacity = 4096;
+    let (observer, mut inbound, _task) = Bus::start(bc);
+
+    let trace_path = cfg.out.join("trace.csv");
+    let mut trace = std::io::BufWriter::new(std::fs::File::create(&trace_path).map_err(|e| {
+        PlayError::Trace {
+            path: trace_path.clone(),
+            source: e,
+        }
+    })?);
+    TraceRow::write_header(&mut trace, true).map_err(|e| PlayError::Trace {
+        path: trace_path.clone(),
+        source: e,
+    })?;
+    let mut rows = Vec::new();
+    let mut out = PlayOutcome::default();
+    let mut setpoint = 18.0;
+    let mut speed = 1.0;
+    let mut caps_in_force: BTreeMap<String, bool> = BTreeMap::new();
+    let per_host = s.gpus_per_host;
+    let start = Instant::now();
+    let mut last = Instant::now();
+    let mut next_row = 0.0;
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        tick.tick().await;
+        let now = Instant::now();
+        let dt = (now - last).as_secs_f64() * cfg.speed;
+        last = now;
+        // Step the hall.
+        let (t, row) = {
+            let mut h = hall.lock().expect("hall lock");
+            if let Err(e) = h.step(dt) {
+                tracing::warn!("hall: {e}");
+            }
+            let t = h.time_s();
+            let m = h.plant().meters();
+            let hottest = h
+                .gpus()
+                .iter()
+                .filter(|g| !g.shut_down)
+                .map(|g| g.t_j)
+                .fold(f64::MIN, f64::max);
+            (
+                t,
+                TraceRow {
+                    t_s: t,
+                    ambient_c: sc.ambient.at(t),
+                    setpoint_c: setpoint,
+                    supply_c: m.supply_c,
+                    return_c: m.return_c,
+                    flow_lpm: m.flow_lpm,
+                    pump_speed: speed,
+                    max_gpu_c: hottest,
+                    it_kw: m.it_w / 1000.0,
+                    facility_kw: m.facility_w / 1000.0,
+                    caps: caps_in_force.values().filter(|c| **c).count() as u32,
+                    quarantined: Some(out.quarantined.len() as u32),
+                },
+            )
+        };
+        setpoint = cdu.setting("supply_setpoint").unwrap_or(setpoint);
+        speed = cdu.setting("pump_speed").map_or(speed, |p| p / 100.0);
+        // What the bus says.
+        while let Ok(msg) = inbound.try_recv() {
+            let node = msg.topic.node.to_string();
+            match &msg.frame.message {
+                Message::HostTelemetry(ht) => {
+                    out.hosts_heard.insert(node.clone());
+                    let capped = ht
+                        .gpus
+                        .iter()
+                        .any(|g| f64::from(g.power_limit.0) < s.gpu.tdp_w - 1.0);
+                    caps_in_force.insert(node, capped);
+                }
+                Message::CduTelemetry(_) => out.cdu_heard = true,
+                Message::HostHealth(hh) => {
+                    if let Some(h) = host_ids.iter().position(|x| *x == node) {
+                        for g in &hh.gpus {
+                            let i = h * per_host + g.gpu.get() as usize;
+                            if g.state == HealthState::Quarantined && out.quarantined.insert(i) {
+                                hall.lock().expect("hall lock").quarantined(i);
+                                out.events.push(format!(
+                                    "t={t:.0}s {node}: GPU {} quarantined",
+                                    g.gpu.get()
+                                ));
+                            }
+                        }
+                    }
+                }
+                Message::CduState(st) => {
+                    for r in &st.racks {
+                        let rack = r.rack.get() as usize;
+                        let lost = r.cooling == RackCooling::Lost;
+                        hall.lock()
+                            .expect("hall lock")
+                            .set_rack_cooling_lost(rack, lost);
+                        if lost && out.racks_lost.insert(rack) {
+                            out.events
+                                .push(format!("t={t:.0}s cdu1: rack {rack} cooling lost"));
+                        }
+                    }
+                }
+                Message::Event(e) => {
+                    if matches!(
+                        e,
+                        Event::Leak { .. }
+                            | Event::CduModeChanged { .. }
+                            | Event::PumpTrip { .. }
+                            | Event::SensorFault { .. }
+                            | Event::Xid { .. }
+                    ) {
+                        out.events.push(format!("t={t:.0}s {node}: {e:?}"));
+                    }
+                }
+                _ => {}
+            }
+        }
+        if t >= next_row {
+            next_row = t + 5.0;
+            row.write_row(&mut trace, true)
+                .map_err(|e| PlayError::Trace {
+                    path: trace_path.clone(),
+                    source: e,
+                })?;
+            if !cfg.headless {
+                live(&row, &out, &cfg.name, duration);
+            }
+            rows.push(row);
+        }
+        if t >= duration as f64 {
+            break;
+        }
+        if start.elapsed() > Duration::from_secs_f64(duration as f64 / cfg.speed.max(1e-3) + 600.0)
+        {
+            break;
+        }
+    }
+    trace.flush().map_err(|e| PlayError::Trace {
+        path: trace_path.clone(),
+        source: e,
+    })?;
+    out.cdu_settings = (setpoint, speed);
+    let _ = stop_tx.send(true);
+    let joined = tokio::task::spawn_blocking(move || {
+        for a in agents {
+            let _ = a.join();
+        }
+    });
+    let _ = tokio::time::timeout(Duration::from_secs(15), joined).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), controller).await;
+    drop(observer);
+    served.abort();
+    let (it_kwh, fac_kwh) = {
+        let h = hall.lock().expect("hall lock");
+        let tt = h.plant().totals();
+        (tt.it_j / 3.6e6, tt.facility_j / 3.6e6)
+    };
+    let summary = serde_json::json!({
+        "scenario": cfg.name,
+        "controller": "ours (live)",
+        "duration_s": duration,
+        "it_kwh": it_kwh,
+        "facility_kwh": fac_kwh,
+        "pue": if it_kwh > 0.0 { fac_kwh / it_kwh } else { 0.0 },
+        "hosts_heard": out.hosts_heard.len(),
+        "quarantined": out.quarantined.len(),
+        "racks_lost": out.racks_lost.len(),
+    });
+    out.report = crate::report::write_report(
+        &cfg.out,
+        &format!("{} (live run)", cfg.name),
+        &rows,
+        Some(&summary),
+    )?;
+    Ok(out)
+}
+
+/// The live view: one screen, redrawn.
+fn live(r: &TraceRow, o: &PlayOutcome, name: &str, duration: u64) {
+    let pue = if r.it_kw > 0.0 {
+        r.facility_kw / r.it_kw
+    } else {
+        0.0
+    };
+    let mut s = String::new();
+    s.push_str("\x1b[2J\x1b[H");
+    s.push_str(&format!(
+        "Loopwarden hall: {name}   t = {:>5.0} / {duration} s\n\n",
+        r.t_s
+    ));
+    s.push_str(&format!(
+        "  hall PUE        {pue:>7.3}      IT {:>7.1} kW   facility {:>7.1} kW\n",
+        r.it_kw, r.facility_kw
+    ));
+    s.push_str(&format!(
+        "  setpoint        {:>7.1} °C   supply {:>5.1} °C   return {:>5.1} °C\n",
+        r.setpoint_c, r.supply_c, r.return_c
+    ));
+    s.push_str(&format!(
+        "  pump speed      {:>7.0} %    flow {:>7.0} L/min   outdoor {:>5.1} °C\n",
+        r.pump_speed * 100.0,
+        r.flow_lpm,
+        r.ambient_c
+    ));
+    s.push_str(&format!("  hottest GPU     {:>7.1} °C\n", r.max_gpu_c));
+    s.push_str(&format!(
+        "  hosts capped    {:>7}      GPUs quarantined {:>3}   hosts heard {:>3}\n\n",
+        r.caps,
+        o.quarantined.len(),
+        o.hosts_heard.len()
+    ));
+    s.push_str("  events:\n");
+    for e in o
+        .events
+        .iter()
+        .rev()
+        .take(8)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+    {
+        s.push_str(&format!("    {e}\n"));
+    }
+    print!("{s}");
+    let _ = std::io::stdout().flush();
+}

@@ -1,0 +1,596 @@
+//! The controller's real-time shell against a real mosquitto on a free
+//! loopback port and the simulated CDU served on Modbus TCP: it writes
+//! its settings into the CDU, publishes telemetry and a retained state,
+//! caps hot hosts with signed leases, counts their acks, and closes a
+//! leaking rack's valve within a period.
+//!
+//! Skipped when mosquitto is not installed, except under CI (`CI=true`).
+#![cfg(feature = "std")]
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cooling_ctrl::core::CoreConfig;
+use cooling_ctrl::modbus::{Link, ModbusCdu};
+use cooling_ctrl::shell::{self, ShellConfig, ShellOptions, ShellStats};
+use loopwarden_boards::modbus_map::RegisterMap;
+use loopwarden_boards::sim_cdu::SimCdu;
+use loopwarden_bus::{now_ms, BrokerAddr, Bus, BusConfig, Inbound};
+use loopwarden_protocol::message::{
+    Ack, AckCode, CapSource, CduMode, Correlation, GpuCap, GpuSelector, HostTelemetry, RackCooling,
+};
+use loopwarden_protocol::units::{Watts, WholeCelsius};
+use loopwarden_protocol::{samples, Family, Frame, Ident, Message, NodeId, Role, Text, Topic};
+use tokio::sync::{mpsc, oneshot, watch};
+
+const SITE: &str = "hall-t";
+const CDU: &str = "cdu-1";
+const KEY_ID: u8 = 3;
+const KEY: &[u8] = b"shell test site key, 32 bytes..";
+const PERIOD: Duration = Duration::from_millis(200);
+
+// ---- a private mosquitto (as the `tests` crate's harness does).
+
+fn in_ci() -> bool {
+    std::env::var("CI")
+        .map(|v| v == "true" || v == "1")
+        .unwrap_or(false)
+}
+
+fn require_tool(tool: &str) -> Option<PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")])
+            .map(|p| p.join(tool))
+            .find(|p| p.is_file())
+    });
+    if found.is_none() {
+        let why = format!("{tool} not found on PATH (.ci/run installs mosquitto)");
+        assert!(!in_ci(), "{why}; CI=true, so this is a failure");
+        eprintln!("SKIP: {why}");
+    }
+    found
+}
+
+struct Mosquitto {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Mosquitto {
+    fn start() -> Option<Mosquitto> {
+        let bin = require_tool("mosquitto")?;
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let conf = dir.path().join("mosquitto.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nlog_dest stderr\nlog_type error\n"
+            ),
+        )
+        .expect("write mosquitto.conf");
+        let mut child = Command::new(bin)
+            .arg("-c")
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start mosquitto");
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut up = false;
+        while Instant::now() < deadline {
+            if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
+                up = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(
+            up && matches!(child.try_wait(), Ok(None)),
+            "mosquitto did not come up on {addr}"
+        );
+        Some(Mosquitto {
+            child,
+            port,
+            _dir: dir,
+        })
+    }
+
+    fn addr(&self) -> BrokerAddr {
+        BrokerAddr {
+            host: "127.0.0.1".into(),
+            port: self.port,
+        }
+    }
+}
+
+impl Drop for Mosquitto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+// ---- the rig: broker, simulated CDU, shell, and a probe on the bus.
+
+fn id(s: &str) -> Ident {
+    Ident::new(s).expect("an ident")
+}
+
+fn host_ids() -> Vec<Ident> {
+    (0..16).map(|i| id(&format!("h{i:02}"))).collect()
+}
+
+/// A CDU at full flow whose supply sits well above the boot setpoint.
+fn sim_cdu() -> SimCdu {
+    let cdu = SimCdu::new(
+        RegisterMap::sim_cdu(),
+        &[
+            ("supply_setpoint", 30.0),
+            ("pump_speed", 80.0),
+            ("lead_pump", 1.0),
+            ("valves_open", 0.0),
+        ],
+    )
+    .expect("settings in range");
+    for (name, value) in [
+        ("supply_temp", 40.0),
+        ("return_temp", 49.3),
+        ("flow", 192.0),
+        ("facility_supply_temp", 30.0),
+        ("pump_a_running", 1.0),
+        ("pump_b_running", 0.0),
+        ("leak_inputs", 0.0),
+        ("it_power", 120_000.0),
+        ("cooling_power", 10_000.0),
+        ("facility_power", 135_000.0),
+    ] {
+        cdu.set_measurement(name, value).expect("a measurement");
+    }
+    cdu
+}
+
+struct Rig {
+    broker: Mosquitto,
+    cdu: SimCdu,
+    stats: watch::Receiver<ShellStats>,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Result<(), shell::ShellError>>,
+}
+
+impl Rig {
+    async fn start() -> Option<Rig> {
+        Self::start_with(CoreConfig::default()).await
+    }
+
+    async fn start_with(core: CoreConfig) -> Option<Rig> {
+        let broker = Mosquitto::start()?;
+        let cdu = sim_cdu();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(cdu.clone().serve(listener));
+        let port = ModbusCdu::new(RegisterMap::sim_cdu(), Link::Tcp(addr))
+            .with_timeout(Duration::from_millis(300));
+        let (tx, stats) = shell::stats_channel();
+        let mut cfg = ShellConfig::new(id(SITE), id(CDU), broker.addr(), core);
+        cfg.period = PERIOD;
+        cfg.hosts = host_ids();
+        cfg.key_id = KEY_ID;
+        cfg.key = KEY.to_vec();
+        cfg.ambient_c = Some(20.0);
+        let opts = ShellOptions {
+            stats: Some(tx),
+            credentials: None,
+        };
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(shell::run_with(cfg, opts, port, async {
+            let _ = stopped.await;
+        }));
+        Some(Rig {
+            broker,
+            cdu,
+            stats,
+            stop: Some(stop),
+            task,
+        })
+    }
+
+    /// A bus client (an operator node) subscribed to `filters`.
+    async fn probe(&self, name: &str, filters: &[String]) -> (Bus, mpsc::Receiver<Inbound>) {
+        let node = NodeId::new(Role::Operator, name).expect("an ident");
+        let mut config = BusConfig::new(self.broker.addr(), id(SITE), node);
+        config.subscriptions = filters.to_vec();
+        config.inbound_capacity = 1024;
+        let (bus, rx, _task) = Bus::start(config);
+        assert!(
+            bus.wait_connected(Duration::from_secs(5)).await,
+            "the probe reaches mosquitto"
+        );
+        (bus, rx)
+    }
+
+    async fn wait_stats(&mut self, what: &str, f: impl FnMut(&ShellStats) -> bool) -> ShellStats {
+        let got = tokio::time::timeout(Duration::from_secs(5), self.stats.wait_for(f))
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .map(|s| s.clone());
+        match got {
+            Some(s) => s,
+            None => panic!("{what}: not within 5 s; stats: {:?}", *self.stats.borrow()),
+        }
+    }
+
+    async fn stop(mut self) {
+        let _ = self.stop.take().expect("running").send(());
+        let outcome = tokio::time::timeout(Duration::from_secs(8), self.task)
+            .await
+            .expect("the shell stops");
+        outcome.expect("no panic").expect("a clean stop");
+    }
+}
+
+fn cdu_topic(family: Family) -> String {
+    Topic::new(&id(SITE), Role::Cdu, &id(CDU), family).to_string()
+}
+
+/// The first message on `rx` for which `f` says something, within `within`.
+async fn first<T>(
+    rx: &mut mpsc::Receiver<Inbound>,
+    within: Duration,
+    what: &str,
+    mut f: impl FnMut(&Inbound) -> Option<T>,
+) -> T {
+    let found = tokio::time::timeout(within, async {
+        while let Some(m) = rx.recv().await {
+            if let Some(t) = f(&m) {
+                return Some(t);
+            }
+        }
+        None
+    })
+    .await;
+    match found {
+        Ok(Some(t)) => t,
+        _ => panic!("{what}: not seen within {within:?}"),
+    }
+}
+
+/// An 8-GPU host at 650 W per GPU whose hottest GPU is at `hottest` °C.
+fn hot_host(hottest: u8) -> HostTelemetry {
+    let mut t = samples::host_telemetry(8);
+    for (i, g) in t.gpus.iter_mut().enumerate() {
+        g.temp = WholeCelsius(if i == 3 { hottest } else { hottest - 4 });
+        g.power = Watts(650);
+        g.power_limit = Watts(700);
+    }
+    t
+}
+
+// ---- the tests.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn boots_writes_the_cdu_and_publishes_telemetry_and_a_retained_state() {
+    let Some(mut rig) = Rig::start().await else {
+        return;
+    };
+    // Booting: the conservative setpoint and full speed go to the CDU.
+    rig.wait_stats("two steps with the CDU answering", |s| s.cdu_reads >= 2)
+        .await;
+    assert_eq!(rig.cdu.setting("supply_setpoint").unwrap(), 25.0);
+    assert_eq!(rig.cdu.setting("pump_speed").unwrap(), 100.0);
+    assert_eq!(rig.cdu.setting("lead_pump").unwrap(), 0.0);
+    assert_eq!(rig.cdu.setting("valves_open").unwrap(), 15.0);
+    let s = rig
+        .wait_stats("a state published", |s| s.states_published >= 1)
+        .await;
+    assert_eq!(s.cdu_read_errors, 0);
+    assert_eq!(s.cdu_write_errors, 0);
+
+    // Subscribing after the state went out: it is retained.
+    let (probe, mut rx) = rig
+        .probe(
+            "probe1",
+            &[cdu_topic(Family::Health), cdu_topic(Family::Telemetry)],
+        )
+        .await;
+    let state = first(
+        &mut rx,
+        Duration::from_secs(3),
+        "the retained CduState",
+        |m| match &m.frame.message {
+            Message::CduState(st) => Some(st.clone()),
+            _ => None,
+        },
+    )
+    .await;
+    assert_eq!(state.mode, CduMode::Boot);
+    assert_eq!(state.setpoint.value(), 25.0);
+    assert_eq!(state.supply.map(|c| c.value()), Some(40.0));
+    assert_eq!(state.racks.len(), 4);
+    assert!(state.racks.iter().all(|r| r.cooling == RackCooling::Normal));
+    let tel = first(
+        &mut rx,
+        Duration::from_secs(3),
+        "CduTelemetry",
+        |m| match &m.frame.message {
+            Message::CduTelemetry(t) => Some(t.clone()),
+            _ => None,
+        },
+    )
+    .await;
+    assert_eq!(tel.supply.map(|c| c.value()), Some(40.0));
+    assert_eq!(tel.return_temp.map(|c| c.value()), Some(49.3));
+    assert_eq!(tel.flow.map(|f| f.value()), Some(192.0));
+    assert_eq!(tel.it_power, Some(Watts(120_000)));
+    assert_eq!(tel.facility_power, Some(Watts(135_000)));
+    assert_eq!(tel.pue.map(|p| p.value()), Some(1.125));
+    assert!(tel.pump_a.running && !tel.pump_b.running);
+    assert_eq!(tel.racks.len(), 4);
+    assert!(tel.diff_pressure.is_none());
+    let _ = probe.shutdown(Duration::from_secs(1)).await;
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hot_hosts_get_signed_cap_leases_and_their_acks_are_counted_and_a_lifted_cap_is_said() {
+    // Capacity back for 1 s lifts a cap (60 s in the field).
+    let mut core = CoreConfig::default();
+    core.timing.cap_release_ms = 1_000;
+    let Some(mut rig) = Rig::start_with(core).await else {
+        return;
+    };
+    let cmd_filter = loopwarden_protocol::topic::filter::family(&id(SITE), Role::Host, Family::Cmd)
+        .unwrap()
+        .to_string();
+    let (probe, mut rx) = rig.probe("fakehosts", &[cmd_filter]).await;
+    rig.wait_stats("the shell running", |s| s.steps >= 1).await;
+
+    // Two hosts of rack 0 run hot on water well above its setpoint.
+    let hot = ["h00", "h01"];
+    let publish_reports_at = |probe: &Bus, hottest: u8| {
+        for (i, h) in hot.iter().enumerate() {
+            let frame = Frame {
+                sender: NodeId::new(Role::Host, h).unwrap(),
+                seq: i as u32,
+                time: now_ms(),
+                message: Message::HostTelemetry(hot_host(hottest)),
+            };
+            let topic = Topic::new(&id(SITE), Role::Host, &id(h), Family::Telemetry);
+            probe.publish_frame(&topic, &frame).expect("published");
+        }
+    };
+    let publish_reports = |probe: &Bus| publish_reports_at(probe, 86);
+    publish_reports(&probe);
+    let mut leases = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while leases.len() < hot.len() && Instant::now() < deadline {
+        if let Ok(Some(m)) = tokio::time::timeout(PERIOD, rx.recv()).await {
+            if let Message::CapLease(_) = &m.frame.message {
+                if !leases.iter().any(|(t, _): &(Topic, Frame)| t == &m.topic) {
+                    leases.push((m.topic.clone(), m.frame.clone()));
+                }
+            }
+        } else {
+            publish_reports(&probe);
+        }
+    }
+    assert_eq!(leases.len(), 2, "a lease for each hot host");
+    let cdu_node = NodeId::new(Role::Cdu, CDU).unwrap();
+    for (topic, frame) in &leases {
+        assert!(
+            hot.contains(&topic.node.as_str()),
+            "only the hot hosts: {topic}"
+        );
+        assert_eq!(topic.family, Family::Cmd);
+        assert_eq!(frame.sender, cdu_node);
+        frame
+            .verify(topic, |k| (k == KEY_ID).then_some(KEY))
+            .expect("the lease verifies for its host's cmd topic");
+        let other = Topic::new(&id(SITE), Role::Host, &id("h05"), Family::Cmd);
+        assert!(
+            frame
+                .verify(&other, |k| (k == KEY_ID).then_some(KEY))
+                .is_err(),
+            "and for no other host"
+        );
+        let Message::CapLease(l) = &frame.message else {
+            unreachable!()
+        };
+        assert_eq!(l.source, CapSource::Cooling);
+        assert_eq!(l.duration.0, 30_000);
+        assert_eq!(l.caps.len(), 1);
+        assert_eq!(l.caps[0].gpus, GpuSelector::All);
+        let w = l.caps[0].limit.get();
+        assert!((200..700).contains(&w), "a cap between min and TDP: {w} W");
+        assert!(frame.time.0.abs_diff(now_ms().0) < 5_000);
+    }
+    let s = rig
+        .wait_stats("leases counted", |s| s.leases_sent >= 2)
+        .await;
+    assert!(s.caps[0].is_some() && s.caps[1].is_some());
+    assert!(s.caps[2..].iter().all(Option::is_none));
+
+    // The host acks: the shell counts it with the limits in force.
+    let (topic, frame) = &leases[0];
+    let mut in_force = heapless::Vec::new();
+    let _ = in_force.push(GpuCap {
+        gpus: GpuSelector::All,
+        limit: Watts(640),
+    });
+    let ack = Frame {
+        sender: NodeId::new(Role::Host, topic.node.as_str()).unwrap(),
+        seq: 100,
+        time: now_ms(),
+        message: Message::Ack(Ack {
+            correlation: Correlation {
+                from: cdu_node.clone(),
+                seq: frame.seq,
+            },
+            code: AckCode::Ok,
+            in_force,
+            detail: Text::default(),
+        }),
+    };
+    let ack_topic = Topic::new(&id(SITE), Role::Host, &topic.node, Family::Ack);
+    probe
+        .publish_frame(&ack_topic, &ack)
+        .expect("ack published");
+    let s = rig.wait_stats("the ack counted", |s| s.acks >= 1).await;
+    assert_eq!(s.acks_ok, 1);
+    assert_eq!(
+        s.in_force.get(topic.node.as_str()).map(|v| v[0].limit),
+        Some(Watts(640))
+    );
+
+    // The hosts cool down: the caps rise, then are lifted with one short
+    // lease at TDP each.
+    let mut lifts: Vec<(Topic, Frame)> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(8);
+    while lifts.len() < hot.len() && Instant::now() < deadline {
+        publish_reports_at(&probe, 60);
+        let until = tokio::time::Instant::now() + PERIOD;
+        while let Ok(Some(m)) = tokio::time::timeout_at(until, rx.recv()).await {
+            if let Message::CapLease(l) = &m.frame.message {
+                if l.duration.0 == 5_000 && !lifts.iter().any(|(t, _)| t == &m.topic) {
+                    lifts.push((m.topic.clone(), m.frame.clone()));
+                }
+            }
+        }
+    }
+    assert_eq!(lifts.len(), 2, "a lift for each host capped");
+    for (topic, frame) in &lifts {
+        frame
+            .verify(topic, |k| (k == KEY_ID).then_some(KEY))
+            .expect("the lift verifies");
+        let Message::CapLease(l) = &frame.message else {
+            unreachable!()
+        };
+        assert_eq!(l.caps[0].limit, Watts(700), "a lift is a lease at TDP");
+        let first = leases
+            .iter()
+            .find(|(t, _)| t == topic)
+            .expect("leased before");
+        let Message::CapLease(f) = &first.1.message else {
+            unreachable!()
+        };
+        assert_eq!(l.lease, f.lease, "one lease id per host");
+        assert!(frame.seq > first.1.seq, "command numbers rise");
+    }
+    let s = rig.wait_stats("lifts counted", |s| s.lifts_sent >= 2).await;
+    assert!(s.caps.iter().all(Option::is_none));
+    let _ = probe.shutdown(Duration::from_secs(1)).await;
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leak_closes_its_racks_valve_within_a_period_and_the_state_says_so() {
+    let Some(mut rig) = Rig::start().await else {
+        return;
+    };
+    let (probe, mut rx) = rig.probe("probe3", &[cdu_topic(Family::Health)]).await;
+    rig.wait_stats("the shell running", |s| s.cdu_reads >= 2)
+        .await;
+    assert_eq!(rig.cdu.setting("valves_open").unwrap(), 15.0);
+
+    rig.cdu.set_measurement("leak_inputs", 4.0).unwrap(); // rack 2
+    let t0 = Instant::now();
+    while rig.cdu.setting("valves_open").unwrap() != 11.0 {
+        assert!(
+            t0.elapsed() < PERIOD + Duration::from_millis(300),
+            "rack 2's valve still open after {:?}",
+            t0.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let st = first(
+        &mut rx,
+        Duration::from_secs(3),
+        "a state with rack 2 lost",
+        |m| match &m.frame.message {
+            Message::CduState(st) if st.racks.iter().any(|r| r.cooling == RackCooling::Lost) => {
+                Some(st.clone())
+            }
+            _ => None,
+        },
+    )
+    .await;
+    let lost: Vec<u8> = st
+        .racks
+        .iter()
+        .filter(|r| r.cooling == RackCooling::Lost)
+        .map(|r| r.rack.get())
+        .collect();
+    assert_eq!(lost, vec![2]);
+    // Its hosts are capped to their minimum, for the leak.
+    let s = rig
+        .wait_stats("the leaking rack's hosts capped", |s| {
+            (8..12).all(|h| s.caps[h].is_some())
+        })
+        .await;
+    assert!((8..12).all(|h| s.caps[h] == Some(200.0)));
+    assert!(s
+        .last
+        .as_ref()
+        .is_some_and(|c| c.cooling_lost == 4 && c.beacon));
+    let _ = probe.shutdown(Duration::from_secs(1)).await;
+    rig.stop().await;
+}
+
+#[tokio::test]
+async fn a_config_it_cannot_run_with_is_refused_before_anything_starts() {
+    let broker = BrokerAddr {
+        host: "127.0.0.1".into(),
+        port: 1,
+    };
+    let port = ModbusCdu::new(
+        RegisterMap::sim_cdu(),
+        Link::Tcp(([127, 0, 0, 1], 1).into()),
+    );
+    let mut cfg = ShellConfig::new(id(SITE), id(CDU), broker, CoreConfig::default());
+    cfg.hosts = (0..17).map(|i| id(&format!("h{i:02}"))).collect();
+    cfg.key = KEY.to_vec();
+    let e = shell::run(cfg.clone(), port, std::future::pending())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "cooling shell config: hosts: 17 ids for a layout of 16 hosts"
+    );
+    cfg.hosts = vec![id("h00"), id("h01"), id("h00")];
+    let e = cfg.validate().unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "cooling shell config: hosts: h00 appears twice"
+    );
+    cfg.hosts.pop();
+    cfg.key.clear();
+    assert!(cfg.validate().unwrap_err().to_string().contains("site key"));
+    cfg.key = KEY.to_vec();
+    cfg.lease = Duration::ZERO;
+    assert!(cfg.validate().unwrap_err().to_string().contains("lease"));
+    cfg.lease = Duration::from_secs(30);
+    cfg.core.layout.racks = 0;
+    assert!(matches!(
+        shell::run(
+            cfg,
+            ModbusCdu::new(
+                RegisterMap::sim_cdu(),
+                Link::Tcp(([127, 0, 0, 1], 1).into())
+            ),
+            std::future::pending()
+        )
+        .await,
+        Err(shell::ShellError::Core(_))
+    ));
+}
