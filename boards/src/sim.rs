@@ -18,6 +18,10 @@
 //! controller reads no temperature, flow or meter, and the CDU keeps the
 //! setpoint, pump speed, pumps and valves it was last told. The leak ropes
 //! are board inputs and the hosts are on the bus, so both still work.
+//! During a `bus_outage` the hosts neither report nor hear: the controller
+//! sees no host reports, a host keeps a cap lease it holds until it lapses
+//! ([`LEASE_S`] after its last renewal), and news of a rack's cooling does
+//! not reach it.
 //!
 //! Glossary:
 //! - *reference controller*: a fixed policy to compare against
@@ -257,6 +261,10 @@ struct CduCommand {
     valves: Vec<bool>,
 }
 
+/// How long a cap lease holds at a host without renewal, s (the
+/// controller's shell renews its leases well within it).
+pub const LEASE_S: f64 = 30.0;
+
 /// Plays `scenario` with `controller` in charge; writes the time series to
 /// `trace` (CSV, one row every `trace_every_s`) when given.
 pub fn run(
@@ -285,6 +293,7 @@ pub fn run(
         pump_on: [true, false],
         valves: vec![true; racks],
     };
+    let mut leases: Vec<Option<(f64, f64)>> = vec![None; hosts];
     let mut cap_host_s = 0u64;
     let mut failsafe_s = 0u64;
     let mut leak_pumped_s = 0u64;
@@ -368,12 +377,26 @@ pub fn run(
         if d.failsafe {
             failsafe_s += 1;
         }
-        // The hosts hear the controller over the bus.
-        for host in 0..hosts {
-            if d.rack_cooling_lost.get(host / hosts_per_rack) == Some(&true) {
-                follow.cooling_lost(host, t);
-            } else {
-                follow.cooling_restored(host);
+        // The hosts hear the controller over the bus, when the bus works;
+        // a cap lease they hold lapses `LEASE_S` after it was last renewed.
+        if !bus_out {
+            for (host, lease) in leases.iter_mut().enumerate() {
+                if d.rack_cooling_lost.get(host / hosts_per_rack) == Some(&true) {
+                    follow.cooling_lost(host, t);
+                } else {
+                    follow.cooling_restored(host);
+                }
+                *lease = d
+                    .host_caps
+                    .get(host)
+                    .copied()
+                    .flatten()
+                    .map(|c| (c, t + LEASE_S));
+            }
+        }
+        for l in leases.iter_mut() {
+            if l.is_some_and(|(_, until)| t >= until) {
+                *l = None;
             }
         }
         cond.demand = demand;
@@ -407,7 +430,7 @@ pub fn run(
             pump_on: cdu.pump_on,
             valves,
             caps: (0..n)
-                .map(|i| d.host_caps.get(i / per_host).copied().flatten())
+                .map(|i| leases.get(i / per_host).copied().flatten().map(|(c, _)| c))
                 .collect(),
             powered_down,
         };
@@ -712,6 +735,38 @@ all = [[0, 0.3], [300, 0.9]]
             lost > 32.0 * 0.8 * 560.0 / 3600.0 && lost < 32.0 * 0.9 * 600.0 / 3600.0,
             "{lost}"
         );
+    }
+
+    #[test]
+    fn during_a_bus_outage_a_held_cap_lapses_after_its_lease_and_no_new_one_arrives() {
+        /// Caps every host from 500 s on, every second, and notes the
+        /// limit the plant's first GPU really runs under.
+        struct Capper(Vec<f64>);
+        impl Controller for Capper {
+            fn name(&self) -> &str {
+                "capper"
+            }
+            fn observe(&mut self, plant: &Plant, _: &Conditions) {
+                self.0.push(plant.gpus()[0].limit);
+            }
+            fn step(&mut self, r: &Readings) -> Decision {
+                let mut d = Baseline::new(32.0, 2).step(r);
+                if r.t_s >= 500.0 {
+                    d.host_caps = vec![Some(300.0); 8];
+                }
+                d
+            }
+        }
+        let s = scenario("[[fault]]\nat_s = 600\nuntil_s = 900\nkind = \"bus_outage\"\n");
+        let mut c = Capper(Vec::new());
+        run("t", &s, &mut c, None, 60).unwrap();
+        // observe() at t sees the limit the step before t applied.
+        let limit = |t: usize| c.0[t + 1];
+        assert_eq!(limit(599), 300.0, "the cap was heard before the outage");
+        assert_eq!(limit(625), 300.0, "held within its lease");
+        assert_eq!(limit(640), 700.0, "lapsed 30 s after its last renewal");
+        assert_eq!(limit(899), 700.0, "nothing is heard during the outage");
+        assert_eq!(limit(905), 300.0, "heard again after it");
     }
 
     #[test]

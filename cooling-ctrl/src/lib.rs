@@ -30,7 +30,19 @@ extern crate std;
 pub mod core;
 
 #[cfg(feature = "std")]
+pub mod config;
+
+#[cfg(feature = "std")]
+pub mod console;
+
+#[cfg(feature = "std")]
+pub mod journal;
+
+#[cfg(feature = "std")]
 pub mod modbus;
+
+#[cfg(feature = "std")]
+pub mod northbound;
 
 #[cfg(feature = "std")]
 pub mod shell;

@@ -40,13 +40,20 @@
 //! Observing it: run it with [`run_with`], giving
 //! [`ShellOptions::stats`] a [`watch::Sender`] of [`ShellStats`] (see
 //! [`stats_channel`]); the shell replaces the value after every step and
-//! every ack. [`run`] is [`run_with`] without options.
+//! every ack. Besides the counters it carries a [`Snapshot`] of the core
+//! (mode, sensors, loops, leaks, pumps) taken after each step, when each
+//! host was last heard and each host's last ack: what the console shows.
+//! [`ShellOptions::journal`] receives every core event and every lease
+//! sent or lifted, as [`Journal`] entries, for a log kept off the control
+//! loop (the `cooling-ctrl run` command writes them to flash). [`run`] is
+//! [`run_with`] without options.
 //!
 //! Glossary:
 //! - *lease*: a power cap that holds for its duration from the frame's
 //!   timestamp unless renewed.
 //! - *lift*: the short lease at TDP sent when a cap ends.
 
+use std::boxed::Box;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::format;
@@ -58,8 +65,9 @@ use std::vec::Vec;
 
 use loopwarden_bus::{now_ms, BrokerAddr, Bus, BusConfig, Inbound, PublishError};
 use loopwarden_protocol::message::{
-    Ack, AckCode, CapLease, CapSource, CduState, CduTelemetry, CommandAuth, GpuCap, GpuFlags,
-    GpuSelector, HostTelemetry, PumpStatus, RackCooling, RackState, RackStatus, ThrottleReasons,
+    Ack, AckCode, CapLease, CapSource, CduMode, CduState, CduTelemetry, CommandAuth, Event, GpuCap,
+    GpuFlags, GpuSelector, HostTelemetry, PumpStatus, RackCooling, RackState, RackStatus,
+    SensorFault, ThrottleReasons,
 };
 use loopwarden_protocol::topic::filter;
 use loopwarden_protocol::units::{
@@ -68,15 +76,16 @@ use loopwarden_protocol::units::{
 use loopwarden_protocol::{
     Family, Frame, Ident, Message, NodeId, RackIndex, ReasonCode, Role, Topic,
 };
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::core::sensors::Which;
 use crate::core::{
     CduReadings as CoreReadings, Commands, ConfigError, Core, CoreConfig, HostReport, Inputs,
-    MAX_HOSTS,
+    LoopStatus, MAX_HOSTS,
 };
 use crate::modbus::{CduError, CduPort, CduReadings, CduSettings};
+use crate::northbound::{snapshot_from, NorthboundSettings, NorthboundSnapshot, NorthboundWrite};
 
 /// How long the lease that lifts a cap lasts.
 pub const LIFT_DURATION: Duration = Duration::from_secs(5);
@@ -118,14 +127,158 @@ pub struct ShellConfig {
     pub ambient_c: Option<f32>,
 }
 
+/// The northbound server's side of the shell: where each step's snapshot
+/// goes, and the bounded writes the building management system made.
+#[derive(Debug)]
+pub struct NorthboundLink {
+    /// Each step's snapshot for [`crate::northbound::serve`].
+    pub snapshots: watch::Sender<NorthboundSnapshot>,
+    /// Accepted writes (`None`: writes are disabled).
+    pub writes: Option<mpsc::Receiver<NorthboundWrite>>,
+}
+
+/// The controller board's own signals: leak ropes in, the pump-enable
+/// relay and the alarm beacon out. [`loopwarden_boards::pins::BoardPins`]
+/// over any `embedded-hal` pins implements it (Linux GPIO on a board, the
+/// simulated lines in the twin).
+pub trait BoardIo: Send {
+    /// Racks whose leak rope reports a leak, bit n = rack n.
+    fn leaks(&mut self) -> Result<u16, String>;
+    /// Drives the relay and the beacon.
+    fn drive(&mut self, pump_enable: bool, beacon: bool) -> Result<(), String>;
+}
+
+impl<I, O> BoardIo for loopwarden_boards::pins::BoardPins<I, O>
+where
+    I: embedded_hal::digital::InputPin + Send,
+    O: embedded_hal::digital::OutputPin + Send,
+{
+    fn leaks(&mut self) -> Result<u16, String> {
+        let mut bits = 0u16;
+        for rack in 0..self.racks().min(16) {
+            match self.leak(rack) {
+                Some(Ok(true)) => bits |= 1 << rack,
+                Some(Ok(false)) | None => {}
+                Some(Err(e)) => return Err(format!("leak rope of rack {rack}: {e:?}")),
+            }
+        }
+        Ok(bits)
+    }
+
+    fn drive(&mut self, pump_enable: bool, beacon: bool) -> Result<(), String> {
+        self.set_pump_enable(pump_enable)
+            .map_err(|e| format!("pump-enable relay: {e:?}"))?;
+        self.set_alarm(beacon)
+            .map_err(|e| format!("alarm beacon: {e:?}"))
+    }
+}
+
 /// What [`run_with`] takes besides the config.
-#[derive(Debug, Clone, Default)]
+#[derive(Default)]
 pub struct ShellOptions {
     /// Where the shell reports its counters (see [`stats_channel`]);
     /// `None`: nowhere.
     pub stats: Option<watch::Sender<ShellStats>>,
     /// MQTT user name and password, for brokers that require them.
     pub credentials: Option<(String, String)>,
+    /// Where the shell hands every core event and every lease it sent
+    /// (see [`Journal`]); `None`: nowhere. Never waits: the receiver
+    /// writes them at its own pace.
+    pub journal: Option<mpsc::UnboundedSender<Journal>>,
+    /// The northbound Modbus server's link; `None`: no server.
+    pub northbound: Option<NorthboundLink>,
+    /// The board's pins; `None`: leaks come from the CDU's leak register
+    /// only, and no relay or beacon is driven.
+    pub board: Option<Box<dyn BoardIo>>,
+}
+
+impl std::fmt::Debug for ShellOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShellOptions")
+            .field("stats", &self.stats.is_some())
+            .field("credentials", &self.credentials.as_ref().map(|(u, _)| u))
+            .field("journal", &self.journal.is_some())
+            .field("northbound", &self.northbound.is_some())
+            .field("board", &self.board.is_some())
+            .finish()
+    }
+}
+
+/// What the shell hands to [`ShellOptions::journal`].
+#[derive(Debug, Clone)]
+pub enum Journal {
+    /// A core event, as published.
+    Event {
+        /// When (Unix ms).
+        time: TimestampMs,
+        /// The event.
+        event: Event,
+    },
+    /// A signed lease the bus took for a host: a cap, or a lift.
+    Lease {
+        /// The host it went to.
+        host: Ident,
+        /// The frame as sent (its time is when).
+        frame: Box<Frame>,
+        /// A lift (the short lease at TDP that ends a cap).
+        lift: bool,
+    },
+}
+
+/// One supervised sensor after a step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SensorStatus {
+    /// Which.
+    pub which: Which,
+    /// Its reading this step, as the CDU gave it (`None`: no answer, or
+    /// the map lacks it).
+    pub reading: Option<f64>,
+    /// The fault the core holds it under.
+    pub fault: Option<SensorFault>,
+}
+
+/// The core's state after the last step, for the console.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    /// When the step ran (Unix ms).
+    pub at: TimestampMs,
+    /// The mode.
+    pub mode: CduMode,
+    /// Why.
+    pub reason: ReasonCode,
+    /// Since when (Unix ms).
+    pub since: TimestampMs,
+    /// The CDU's readings this step (`None`: it did not answer).
+    pub readings: Option<CduReadings>,
+    /// When the CDU last answered a read (Unix ms).
+    pub last_read: Option<TimestampMs>,
+    /// Every supervised sensor.
+    pub sensors: [SensorStatus; 4],
+    /// Leak inputs as last read, bit n = rack n.
+    pub leaks_now: u16,
+    /// Latched leaks, bit n = rack n.
+    pub leaks_latched: u16,
+    /// Pumps out of service after a trip.
+    pub pumps_failed: [bool; 2],
+    /// The loops.
+    pub loops: LoopStatus,
+    /// Events the core could not fit in a step, since the start.
+    pub events_dropped: u32,
+    /// The bus is connected.
+    pub bus_connected: bool,
+}
+
+/// A host's last ack of this CDU's commands.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LastAck {
+    /// When it came (Unix ms).
+    pub at: TimestampMs,
+    /// The command it answers.
+    pub seq: u32,
+    /// Its code.
+    pub code: AckCode,
+    /// Its detail.
+    pub detail: String,
 }
 
 impl ShellConfig {
@@ -225,6 +378,12 @@ pub struct ShellStats {
     pub in_force: BTreeMap<String, Vec<GpuCap>>,
     /// The last refusal: host id, code and detail.
     pub last_refusal: Option<(String, AckCode, String)>,
+    /// The core's state after the last step.
+    pub status: Option<Snapshot>,
+    /// When each host index last sent telemetry (Unix ms).
+    pub heard: Vec<Option<TimestampMs>>,
+    /// The last ack of each host, by host id.
+    pub last_ack: BTreeMap<String, LastAck>,
 }
 
 /// Why the shell could not run.
@@ -343,6 +502,8 @@ struct LeaseSent {
 struct Shell<P> {
     cfg: ShellConfig,
     stats_tx: Option<watch::Sender<ShellStats>>,
+    journal: Option<mpsc::UnboundedSender<Journal>>,
+    last_read: Option<TimestampMs>,
     cdu: P,
     core: Core,
     bus: Bus,
@@ -359,6 +520,11 @@ struct Shell<P> {
     state_sent: Option<(Commands, u64)>,
     connects: u64,
     stats: ShellStats,
+    northbound: Option<NorthboundLink>,
+    nb_settings: NorthboundSettings,
+    beacon: bool,
+    board: Option<Box<dyn BoardIo>>,
+    board_error: Option<String>,
 }
 
 /// Runs the shell for the CDU behind `cdu` until `shutdown` completes,
@@ -383,6 +549,7 @@ pub async fn run_with<P: CduPort>(
 ) -> Result<(), ShellError> {
     cfg.validate()?;
     let core = Core::new(cfg.core).map_err(ShellError::Core)?;
+    let cfg_core = cfg.core;
     let me = NodeId::new(Role::Cdu, cfg.cdu.as_str())
         .map_err(|e| ShellError::Config(format!("cdu: {e}")))?;
     let mut bus_config = BusConfig::new(cfg.broker.clone(), cfg.site.clone(), me.clone());
@@ -419,10 +586,13 @@ pub async fn run_with<P: CduPort>(
         sent: vec![LeaseSent::default(); hosts],
         stats: ShellStats {
             caps: vec![None; hosts],
+            heard: vec![None; hosts],
             ..Default::default()
         },
         cfg,
         stats_tx: opts.stats,
+        journal: opts.journal,
+        last_read: None,
         cdu,
         core,
         bus,
@@ -435,6 +605,11 @@ pub async fn run_with<P: CduPort>(
         cmd_seq: 0,
         state_sent: None,
         connects: 0,
+        northbound: opts.northbound,
+        nb_settings: NorthboundSettings::new(&cfg_core),
+        beacon: false,
+        board: opts.board,
+        board_error: None,
     };
     let mut tick = tokio::time::interval(shell.cfg.period);
     tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
@@ -478,6 +653,7 @@ impl<P: CduPort> Shell<P> {
                     tracing::info!("cooling shell: the CDU answers again (was: {e})");
                 }
                 self.stats.cdu_reads += 1;
+                self.last_read = Some(now_ms());
                 Some(r)
             }
             Err(e) => {
@@ -489,13 +665,28 @@ impl<P: CduPort> Shell<P> {
         if let Some(l) = readings.and_then(|r| r.leaks) {
             self.leaks = l;
         }
+        // The board's ropes count as much as the CDU's leak inputs.
+        let ropes = match self.board.as_mut().map(|b| b.leaks()) {
+            Some(Ok(bits)) => bits,
+            Some(Err(e)) => {
+                self.board_failed(e);
+                0
+            }
+            None => 0,
+        };
+        self.northbound_writes();
         let c = self.core.step(&Inputs {
             now_ms: now,
             cdu: readings.as_ref().map(core_readings),
             ambient_c: self.cfg.ambient_c,
-            leaks: self.leaks,
+            leaks: self.leaks | ropes,
             hosts: &self.reports,
         });
+        if let Some(b) = self.board.as_mut() {
+            if let Err(e) = b.drive(c.pump_on[0] || c.pump_on[1], c.beacon) {
+                self.board_failed(e);
+            }
+        }
         match self.cdu.write(&settings(&c)).await {
             Ok(()) => {
                 if let Some(e) = self.write_error.take() {
@@ -515,15 +706,97 @@ impl<P: CduPort> Shell<P> {
         self.publish_state(now, &c, readings.as_ref());
         for e in &c.events {
             tracing::info!("cooling shell: event {e:?}");
-            self.publish(Message::Event(e.clone()), now_ms(), true, |s| {
+            let time = now_ms();
+            self.journal(Journal::Event {
+                time,
+                event: e.clone(),
+            });
+            self.publish(Message::Event(e.clone()), time, true, |s| {
                 &mut s.events_published
             });
         }
         self.leases(now, &c);
+        self.stats.status = Some(self.snapshot(readings.as_ref()));
+        // A new alarm needs a new acknowledgement.
+        if c.beacon && !self.beacon {
+            self.nb_settings.alarm_acknowledged = false;
+        }
+        self.beacon = c.beacon;
+        if let Some(nb) = &self.northbound {
+            nb.snapshots.send_replace(snapshot_from(
+                &self.core,
+                &c,
+                now,
+                readings.as_ref(),
+                &self.reports,
+                &self.nb_settings,
+            ));
+        }
         self.stats.steps += 1;
         self.stats.cdu_error = self.cdu_error.clone();
         self.stats.last = Some(c);
         self.report();
+    }
+
+    fn board_failed(&mut self, e: String) {
+        if self.board_error.as_deref() != Some(e.as_str()) {
+            tracing::error!("cooling shell: board pins: {e}");
+            self.board_error = Some(e);
+        }
+    }
+
+    /// Takes the bounded writes the BMS made since the last step.
+    fn northbound_writes(&mut self) {
+        let Some(rx) = self.northbound.as_mut().and_then(|nb| nb.writes.as_mut()) else {
+            return;
+        };
+        let mut changed = false;
+        while let Ok(w) = rx.try_recv() {
+            tracing::info!("cooling shell: the BMS wrote {w:?}");
+            self.nb_settings.apply(w);
+            changed = true;
+        }
+        if changed {
+            let s = &self.nb_settings;
+            self.core
+                .set_limits(s.setpoint_ceiling_c, s.plan_ceiling_offset_k);
+        }
+    }
+
+    fn journal(&self, entry: Journal) {
+        if let Some(j) = &self.journal {
+            // A receiver that has gone is the journal's business, not the loop's.
+            let _ = j.send(entry);
+        }
+    }
+
+    fn snapshot(&self, r: Option<&CduReadings>) -> Snapshot {
+        let (mode, reason, since) = self.core.mode();
+        let sensors = Which::ALL.map(|which| SensorStatus {
+            which,
+            reading: r.and_then(|r| match which {
+                Which::Supply => r.supply_c,
+                Which::Return => r.return_c,
+                Which::Flow => r.flow_lpm,
+                Which::FacilitySupply => r.facility_supply_c,
+            }),
+            fault: self.core.sensor_fault(which),
+        });
+        Snapshot {
+            at: now_ms(),
+            mode,
+            reason,
+            since: self.unix(since),
+            readings: r.copied(),
+            last_read: self.last_read,
+            sensors,
+            leaks_now: self.leaks,
+            leaks_latched: self.core.leaks_latched(),
+            pumps_failed: self.core.pumps_failed(),
+            loops: self.core.loops(),
+            events_dropped: self.core.events_dropped(),
+            bus_connected: self.bus.is_connected(),
+        }
     }
 
     fn cdu_failed(&mut self, e: &CduError) {
@@ -715,7 +988,7 @@ impl<P: CduPort> Shell<P> {
     }
 
     /// Signs and sends a lease to host `h`; true when the bus took it.
-    fn send_lease(&mut self, h: usize, lease: CapLease) -> bool {
+    fn send_lease(&mut self, h: usize, lease: CapLease, lift: bool) -> bool {
         let Some(host) = self.cfg.hosts.get(h).cloned() else {
             return false;
         };
@@ -731,7 +1004,14 @@ impl<P: CduPort> Shell<P> {
             return false;
         }
         match self.bus.publish_frame(&topic, &frame) {
-            Ok(()) => true,
+            Ok(()) => {
+                self.journal(Journal::Lease {
+                    host,
+                    frame: Box::new(frame),
+                    lift,
+                });
+                true
+            }
             Err(e) => {
                 self.stats.publish_errors += 1;
                 tracing::warn!("cooling shell: cap lease for {host} not sent: {e}");
@@ -757,7 +1037,7 @@ impl<P: CduPort> Shell<P> {
                     };
                     if due {
                         let lease = cap_lease(id, cap.reason, cap.watts, self.cfg.lease);
-                        if self.send_lease(h, lease) {
+                        if self.send_lease(h, lease, false) {
                             if prev.is_none() {
                                 tracing::info!(
                                     "cooling shell: capping {} at {:.0} W per GPU ({})",
@@ -777,7 +1057,7 @@ impl<P: CduPort> Shell<P> {
                 }
                 (None, Some(_)) => {
                     let lease = cap_lease(id, ReasonCode::OK, tdp, LIFT_DURATION);
-                    if self.send_lease(h, lease) {
+                    if self.send_lease(h, lease, true) {
                         tracing::info!("cooling shell: lifting the cap of {}", self.cfg.hosts[h]);
                         self.sent[h] = LeaseSent {
                             watts: None,
@@ -808,6 +1088,9 @@ impl<P: CduPort> Shell<P> {
                     *slot = Some(host_report(t, at));
                     self.stats.host_reports += 1;
                 }
+                if let Some(slot) = self.stats.heard.get_mut(h) {
+                    *slot = Some(now_ms());
+                }
             }
             (Message::Ack(a), Family::Ack) if sender_ok && a.correlation.from == self.me => {
                 self.on_ack(msg.topic.node.as_str(), a);
@@ -834,6 +1117,15 @@ impl<P: CduPort> Shell<P> {
         self.stats
             .in_force
             .insert(host.to_string(), a.in_force.iter().copied().collect());
+        self.stats.last_ack.insert(
+            host.to_string(),
+            LastAck {
+                at: now_ms(),
+                seq: a.correlation.seq,
+                code: a.code,
+                detail: a.detail.as_str().to_string(),
+            },
+        );
         self.report();
     }
 }

@@ -172,6 +172,10 @@ impl Rig {
     }
 
     async fn start_with(core: CoreConfig) -> Option<Rig> {
+        Self::start_full(core, None).await
+    }
+
+    async fn start_full(core: CoreConfig, board: Option<Box<dyn shell::BoardIo>>) -> Option<Rig> {
         let broker = Mosquitto::start()?;
         let cdu = sim_cdu();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -191,6 +195,8 @@ impl Rig {
         let opts = ShellOptions {
             stats: Some(tx),
             credentials: None,
+            board,
+            ..Default::default()
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(shell::run_with(cfg, opts, port, async {
@@ -544,6 +550,47 @@ async fn a_leak_closes_its_racks_valve_within_a_period_and_the_state_says_so() {
         .as_ref()
         .is_some_and(|c| c.cooling_lost == 4 && c.beacon));
     let _ = probe.shutdown(Duration::from_secs(1)).await;
+    rig.stop().await;
+}
+
+#[tokio::test]
+async fn a_leak_rope_on_the_board_closes_its_valve_and_the_beacon_lights() {
+    use loopwarden_boards::pins::{BoardPins, PinMap, SimLines};
+    let map = PinMap::sim_controller();
+    let lines = SimLines::new();
+    for l in &map.leaks {
+        lines.assert(l, false);
+    }
+    let pins = BoardPins::new(&map, |l| lines.input(l), |l| lines.output(l));
+    let Some(mut rig) = Rig::start_full(CoreConfig::default(), Some(Box::new(pins))).await else {
+        return;
+    };
+    rig.wait_stats("the shell running", |s| s.cdu_reads >= 2)
+        .await;
+    assert!(
+        lines.asserted(&map.pump_enable),
+        "the relay lets the pumps run"
+    );
+    assert!(!lines.asserted(&map.alarm_beacon), "no alarm yet");
+    assert_eq!(rig.cdu.setting("valves_open").unwrap(), 15.0);
+    // Rack 1's rope gets wet: the CDU's own leak register says nothing.
+    lines.assert(&map.leaks[1], true);
+    let t0 = Instant::now();
+    while rig.cdu.setting("valves_open").unwrap() != 13.0 {
+        assert!(
+            t0.elapsed() < PERIOD + Duration::from_millis(300),
+            "rack 1's valve still open after {:?}",
+            t0.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    rig.wait_stats("the beacon commanded", |s| {
+        s.last.as_ref().is_some_and(|c| c.beacon)
+    })
+    .await;
+    tokio::time::sleep(PERIOD).await;
+    assert!(lines.asserted(&map.alarm_beacon), "the beacon is lit");
+    assert!(lines.asserted(&map.pump_enable), "the pumps keep running");
     rig.stop().await;
 }
 

@@ -1,5 +1,12 @@
-//! `cooling-ctrl`: the CDU controller's tools.
+//! `cooling-ctrl`: the CDU controller, and its tools.
 //!
+//! - `cooling-ctrl run [--config FILE] [flags]`: the controller in charge
+//!   of one CDU over Modbus, on the bus (flags override the file; see
+//!   `cooling-ctrl run --help` and `cooling_ctrl::config`). SIGTERM or
+//!   ctrl-c stops it cleanly (exit 0).
+//! - `cooling-ctrl ctl [--socket P] [--config FILE]
+//!   status|sensors|loops|events [--since T]|caps [--json]`: the console
+//!   of the controller on this machine.
 //! - `cooling-ctrl simulate --scenario FILE --controller NAME [--trace
 //!   FILE.csv]`: plays a `plant-scenario/1` on the simulated hall in
 //!   simulated time with that controller in charge and prints the run's
@@ -10,7 +17,15 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use std::sync::Arc;
+
 use clap::{Parser, Subcommand};
+use cooling_ctrl::config::{self, Overrides};
+use cooling_ctrl::console::{self, Request};
+use cooling_ctrl::journal::Recorder;
+use cooling_ctrl::modbus::ModbusCdu;
+use cooling_ctrl::northbound;
+use cooling_ctrl::shell::{self, ShellOptions};
 use cooling_ctrl::twin::Ours;
 use loopwarden_boards::oracle::Oracle;
 use loopwarden_boards::scenario::Scenario;
@@ -27,8 +42,33 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once at start; the size of the variants does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
+    /// Run the controller in charge of one CDU.
+    Run {
+        /// Configuration file (TOML).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[command(flatten)]
+        flags: Overrides,
+    },
+    /// Ask the running controller.
+    Ctl {
+        /// The controller's console socket; default: as `run` would choose
+        /// it, or as the configuration file says.
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        /// Configuration file, to find the console socket.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Print JSON for scripts.
+        #[arg(long, global = true)]
+        json: bool,
+        #[command(subcommand)]
+        what: Ctl,
+    },
     /// Play a plant scenario in simulated time and print its figures.
     Simulate {
         /// The scenario (plant-scenario/1 TOML).
@@ -46,13 +86,227 @@ enum Command {
     },
 }
 
+#[derive(Subcommand)]
+enum Ctl {
+    /// The CDU at a glance: mode, temperatures, flow, pumps, PUE, hosts,
+    /// leaks, the CDU link.
+    Status,
+    /// Every supervised sensor, its reading and fault.
+    Sensors,
+    /// The optimiser's proposal and the trims.
+    Loops,
+    /// The event log.
+    Events {
+        /// Only since: 30s, 10m, 2h, 1d, or ms since the epoch.
+        #[arg(long)]
+        since: Option<String>,
+    },
+    /// Caps per host: asked, why, the last ack and the limits in force.
+    Caps,
+}
+
 fn main() -> ExitCode {
-    let Command::Simulate {
-        scenario,
-        controller,
-        trace,
-        trace_every_s,
-    } = Cli::parse().command;
+    match Cli::parse().command {
+        Command::Simulate {
+            scenario,
+            controller,
+            trace,
+            trace_every_s,
+        } => simulate(scenario, controller, trace, trace_every_s),
+        Command::Run { config, flags } => run(config, flags),
+        Command::Ctl {
+            socket,
+            config,
+            json,
+            what,
+        } => {
+            let path = match socket {
+                Some(p) => p,
+                None => match config::console_path(config.as_deref()) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        eprintln!("cooling-ctrl: {e}");
+                        return ExitCode::from(2);
+                    }
+                },
+            };
+            let req = match what {
+                Ctl::Status => Request::Status,
+                Ctl::Sensors => Request::Sensors,
+                Ctl::Loops => Request::Loops,
+                Ctl::Caps => Request::Caps,
+                Ctl::Events { since } => {
+                    match since.map(|s| console::parse_since(&s, loopwarden_bus::now_ms())) {
+                        Some(Err(e)) => {
+                            eprintln!("cooling-ctrl: {e}");
+                            return ExitCode::from(2);
+                        }
+                        since => Request::Events {
+                            since: since.map(|s| s.expect("errors handled above")),
+                        },
+                    }
+                }
+            };
+            ExitCode::from(console::ctl(&path, &req, json) as u8)
+        }
+    }
+}
+
+fn run(config_path: Option<PathBuf>, flags: Overrides) -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,rumqttd=off,rumqttc=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let config = match config::load(config_path.as_deref(), &flags) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("cooling-ctrl: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if config.demo_key {
+        eprintln!(
+            "cooling-ctrl: WARNING: cap leases are signed with the PUBLIC DEMONSTRATION KEY \
+             (--demo-key): anyone can forge them; for the twin only, never on a real hall"
+        );
+        tracing::warn!("cap leases are signed with the public demonstration key");
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    match runtime.block_on(serve(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cooling-ctrl: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn serve(config: config::Config) -> Result<(), String> {
+    use tokio::signal::unix::{signal, SignalKind};
+    // Signals are caught from here on, before anything that takes time.
+    let mut term = signal(SignalKind::terminate()).map_err(|e| format!("SIGTERM: {e}"))?;
+    let stop = async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    };
+    let (broker, _embedded) =
+        loopwarden_bus::embedded::configured_or_embedded(config.broker.clone())
+            .map_err(|e| format!("broker: {e}"))?;
+    let recorder = Recorder::open(config.flash.as_deref()).map_err(|e| format!("flash: {e}"))?;
+    if config.flash.is_none() {
+        tracing::warn!(
+            "no flash file configured: the event log is kept in memory only and lost at exit"
+        );
+    }
+    let (stats_tx, stats_rx) = shell::stats_channel();
+    let (journal_tx, mut journal_rx) = tokio::sync::mpsc::unbounded_channel();
+    let forward = {
+        let recorder = recorder.clone();
+        tokio::spawn(async move {
+            while let Some(entry) = journal_rx.recv().await {
+                recorder.record(&entry);
+            }
+        })
+    };
+    let listener = console::bind(&config.console)
+        .map_err(|e| format!("console socket {}: {e}", config.console.display()))?;
+    let ctx = console::Context {
+        site: config.site.to_string(),
+        cdu: config.cdu.to_string(),
+        hosts: config.hosts.iter().map(|h| h.to_string()).collect(),
+        hosts_per_rack: usize::from(config.core.layout.hosts_per_rack),
+        link: config.link.to_string(),
+        map_model: config.map.model.clone(),
+        broker: broker.to_string(),
+        period: config.period,
+        lease: config.lease,
+        demo_key: config.demo_key,
+        started: loopwarden_bus::now_ms(),
+        stats: stats_rx,
+        recorder: recorder.clone(),
+    };
+    let console_task = tokio::spawn(console::serve(listener, Arc::new(ctx)));
+    tracing::info!(
+        "cooling-ctrl: CDU {} on {} ({}), console {}",
+        config.cdu,
+        config.link,
+        config.map.model,
+        config.console.display()
+    );
+    let port =
+        ModbusCdu::new(config.map.clone(), config.link.clone()).with_timeout(config.modbus_timeout);
+    // The building management system's Modbus TCP server.
+    let mut northbound_link = None;
+    let mut northbound_task = None;
+    if let Some(addr) = config.northbound {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("northbound Modbus server on {addr}: {e}"))?;
+        let (snap_tx, snap_rx) = northbound::snapshot_channel();
+        let (writes_tx, writes_rx) = if config.northbound_writes {
+            let (tx, rx) = tokio::sync::mpsc::channel(16);
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
+        tracing::info!(
+            "cooling-ctrl: northbound Modbus TCP on {addr}, writes {}",
+            if config.northbound_writes {
+                "enabled"
+            } else {
+                "disabled"
+            }
+        );
+        northbound_task = Some(tokio::spawn(async move {
+            if let Err(e) =
+                northbound::serve(listener, northbound::northbound_map(), snap_rx, writes_tx).await
+            {
+                tracing::error!("cooling-ctrl: northbound Modbus server: {e}");
+            }
+        }));
+        northbound_link = Some(shell::NorthboundLink {
+            snapshots: snap_tx,
+            writes: writes_rx,
+        });
+    }
+    let opts = ShellOptions {
+        stats: Some(stats_tx),
+        credentials: config.credentials.clone(),
+        journal: Some(journal_tx),
+        northbound: northbound_link,
+        // A Linux GPIO board support package plugs in here; the CDU's leak
+        // register is read meanwhile.
+        board: None,
+    };
+    let result = shell::run_with(config.shell_config(broker), opts, port, stop).await;
+    // The shell has dropped its end of the journal: write what is left.
+    let _ = forward.await;
+    recorder.flush().await;
+    console_task.abort();
+    if let Some(t) = northbound_task {
+        t.abort();
+    }
+    let _ = std::fs::remove_file(&config.console);
+    tracing::info!("cooling-ctrl: stopped");
+    result.map_err(|e| e.to_string())
+}
+
+fn simulate(
+    scenario: PathBuf,
+    controller: String,
+    trace: Option<PathBuf>,
+    trace_every_s: u64,
+) -> ExitCode {
     let sc = match Scenario::load(&scenario) {
         Ok(s) => s,
         Err(e) => {

@@ -79,7 +79,6 @@ impl Coordinator {
     ) -> bool {
         let g = &cfg.gpu;
         let lay = cfg.layout;
-        let target = cfg.margins.cap_target_c;
         // How fast the coolant climbs above what was asked of it.
         if let Some(c) = coolant_c {
             let excess = (c - setpoint_c).max(0.0);
@@ -103,66 +102,12 @@ impl Coordinator {
                 self.free_since[h] = None;
                 continue;
             }
-            let (Some(r), Some(ahead), Some(coolant)) = (fresh(h), ahead, coolant_c) else {
-                // Nothing new to size from: a cap in force stays (the host
-                // lets it lapse if it hears nothing).
-                if let Some(c) = self.caps[h] {
-                    out[h] = Some(HostCap {
-                        watts: c,
-                        reason: ReasonCode::CAPACITY_SHORT,
-                    });
-                    any = true;
-                }
-                continue;
-            };
-            let p = r.gpu_power_w / r.gpus.max(1) as f32;
-            // The host's own resistance, from its reports when it draws
-            // enough power to tell, else the model's with its offset.
-            let r_host = if p > 150.0 {
-                ((r.hottest_c - coolant) / p).max(0.5 * r_model)
-            } else {
-                r_model + offsets[h].max(0.0) / g.tdp_w
-            };
-            let allowed = (target - ahead) / r_host;
-            if !allowed.is_finite() {
-                if let Some(c) = self.caps[h] {
-                    out[h] = Some(HostCap {
-                        watts: c,
-                        reason: ReasonCode::CAPACITY_SHORT,
-                    });
-                    any = true;
-                }
-                continue;
-            }
-            let allowed = allowed.clamp(g.min_cap_w, g.tdp_w);
-            let at_limit = r.hottest_c + (ahead - coolant) > target - 0.5;
-            let near = r.hottest_c > target - WATCH_K;
-            match self.caps[h] {
-                None => {
-                    if near && (at_limit || allowed < p - 5.0) && allowed < g.tdp_w {
-                        self.caps[h] = Some(allowed);
-                        self.free_since[h] = None;
-                    }
-                }
-                Some(cur) => {
-                    if allowed >= g.tdp_w && r.hottest_c < target - 1.0 {
-                        let since = *self.free_since[h].get_or_insert(now_ms);
-                        if now_ms.saturating_sub(since) >= cfg.timing.cap_release_ms {
-                            self.caps[h] = None;
-                            self.free_since[h] = None;
-                        } else {
-                            self.caps[h] = Some((cur + RISE_W_PER_S * dt_s).min(g.tdp_w));
-                        }
-                    } else {
-                        self.free_since[h] = None;
-                        let next = if allowed < cur {
-                            allowed
-                        } else {
-                            (cur + RISE_W_PER_S * dt_s).min(allowed)
-                        };
-                        self.caps[h] = Some(next);
-                    }
-                }
+            // Nothing new to size from leaves a cap in force as it is (the
+            // host lets it lapse if it hears nothing).
+            if let (Some(r), Some(ahead), Some(coolant)) = (fresh(h), ahead, coolant_c) {
+                self.resize(
+                    cfg, h, now_ms, dt_s, &r, coolant, ahead, r_model, offsets[h],
+                );
             }
             if let Some(c) = self.caps[h] {
                 out[h] = Some(HostCap {
@@ -173,5 +118,148 @@ impl Coordinator {
             }
         }
         any
+    }
+
+    /// Sizes host `h`'s capacity cap from its report `r`.
+    #[allow(clippy::too_many_arguments)]
+    fn resize(
+        &mut self,
+        cfg: &CoreConfig,
+        h: usize,
+        now_ms: u64,
+        dt_s: f32,
+        r: &HostReport,
+        coolant: f32,
+        ahead: f32,
+        r_model: f32,
+        offset_k: f32,
+    ) {
+        let g = &cfg.gpu;
+        let target = cfg.margins.cap_target_c;
+        let p = r.gpu_power_w / r.gpus.max(1) as f32;
+        // The host's own resistance, from its reports when it draws
+        // enough power to tell, else the model's with its offset.
+        let r_host = if p > 150.0 {
+            ((r.hottest_c - coolant) / p).max(0.5 * r_model)
+        } else {
+            r_model + offset_k.max(0.0) / g.tdp_w
+        };
+        let allowed = (target - ahead) / r_host;
+        if !allowed.is_finite() {
+            return;
+        }
+        let allowed = allowed.clamp(g.min_cap_w, g.tdp_w);
+        let at_limit = r.hottest_c + (ahead - coolant) > target - 0.5;
+        let near = r.hottest_c > target - WATCH_K;
+        match self.caps[h] {
+            None => {
+                if near && (at_limit || allowed < p - 5.0) && allowed < g.tdp_w {
+                    self.caps[h] = Some(allowed);
+                    self.free_since[h] = None;
+                }
+            }
+            Some(cur) => {
+                if allowed >= g.tdp_w && r.hottest_c < target - 1.0 {
+                    let since = *self.free_since[h].get_or_insert(now_ms);
+                    if now_ms.saturating_sub(since) >= cfg.timing.cap_release_ms {
+                        self.caps[h] = None;
+                        self.free_since[h] = None;
+                    } else {
+                        self.caps[h] = Some((cur + RISE_W_PER_S * dt_s).min(g.tdp_w));
+                    }
+                } else {
+                    self.free_since[h] = None;
+                    let next = if allowed < cur {
+                        allowed
+                    } else {
+                        (cur + RISE_W_PER_S * dt_s).min(allowed)
+                    };
+                    self.caps[h] = Some(next);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(hot: f32, per_gpu_w: f32) -> HostReport {
+        HostReport {
+            gpus: 8,
+            hottest_c: hot,
+            gpu_power_w: 8.0 * per_gpu_w,
+            limit_w: 700.0,
+            slowdown: false,
+            at_ms: 0,
+        }
+    }
+
+    /// Steps one host at `hot` °C and `per_gpu_w` on `coolant` for
+    /// `secs` seconds; returns its cap.
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        c: &mut Coordinator,
+        cfg: &CoreConfig,
+        from_s: u64,
+        secs: u64,
+        hot: f32,
+        per_gpu_w: f32,
+        coolant: f32,
+        leaks: u16,
+    ) -> Option<HostCap> {
+        let mut out = [None; MAX_HOSTS];
+        for s in from_s..from_s + secs {
+            out = [None; MAX_HOSTS];
+            let r = report(hot, per_gpu_w);
+            c.step(
+                cfg,
+                s * 1000,
+                1.0,
+                Some(coolant),
+                coolant,
+                0.045,
+                &|h| (h == 0).then_some(r),
+                &[0.0; MAX_HOSTS],
+                leaks,
+                &mut out,
+            );
+        }
+        out[0]
+    }
+
+    #[test]
+    fn a_host_at_its_limit_is_capped_to_what_its_margin_allows() {
+        let cfg = CoreConfig::default();
+        let mut c = Coordinator::default();
+        // 86 °C on 55 °C coolant at 680 W a GPU: R = 31/680 K/W.
+        let cap = run(&mut c, &cfg, 0, 1, 86.0, 680.0, 55.0, 0).expect("capped");
+        let want = (cfg.margins.cap_target_c - 55.0) / (31.0 / 680.0);
+        assert!((cap.watts - want).abs() < 1.0, "{cap:?} vs {want}");
+        assert_eq!(cap.reason, ReasonCode::CAPACITY_SHORT);
+        // A cool host is left alone.
+        let mut c = Coordinator::default();
+        assert_eq!(run(&mut c, &cfg, 0, 30, 70.0, 680.0, 40.0, 0), None);
+    }
+
+    #[test]
+    fn a_cap_is_lifted_only_after_capacity_has_been_back_for_the_release_time() {
+        let cfg = CoreConfig::default();
+        let mut c = Coordinator::default();
+        assert!(run(&mut c, &cfg, 0, 1, 86.0, 680.0, 55.0, 0).is_some());
+        // Cooler water: it could run at full power now.
+        let release = cfg.timing.cap_release_ms / 1000;
+        assert!(run(&mut c, &cfg, 1, release - 1, 60.0, 500.0, 35.0, 0).is_some());
+        assert_eq!(run(&mut c, &cfg, release, 2, 60.0, 500.0, 35.0, 0), None);
+    }
+
+    #[test]
+    fn the_hosts_of_a_leaking_rack_get_the_minimum_cap() {
+        let cfg = CoreConfig::default();
+        let mut c = Coordinator::default();
+        let cap = run(&mut c, &cfg, 0, 1, 50.0, 300.0, 30.0, 0b1).expect("capped");
+        assert_eq!(cap.watts, cfg.gpu.min_cap_w);
+        assert_eq!(cap.reason, ReasonCode::COOLING_LOST);
     }
 }

@@ -195,6 +195,8 @@ pub struct Core {
     tracking_since: Option<u64>,
     rejection_short: bool,
     coordinator: Coordinator,
+    setpoint_ceiling_c: f32,
+    plan_offset_k: f32,
     cdu_seen_ms: Option<u64>,
     events_dropped: u32,
 }
@@ -256,6 +258,8 @@ impl Core {
             tracking_since: None,
             rejection_short: false,
             coordinator: Coordinator::default(),
+            setpoint_ceiling_c: cfg.cdu.max_setpoint_c,
+            plan_offset_k: 0.0,
             cdu_seen_ms: None,
             events_dropped: 0,
         })
@@ -316,6 +320,25 @@ impl Core {
         Ok(())
     }
 
+    /// Limits the building management system may set: the warmest supply
+    /// setpoint the controller may ask for (kept within the CDU's range,
+    /// never below its lowest setpoint) and a tightening of the plan
+    /// ceiling (K, at most 0: the BMS may only make the GPUs' margin wider).
+    pub fn set_limits(&mut self, setpoint_ceiling_c: f32, plan_offset_k: f32) {
+        let c = &self.cfg.cdu;
+        if setpoint_ceiling_c.is_finite() {
+            self.setpoint_ceiling_c = setpoint_ceiling_c.clamp(c.min_setpoint_c, c.max_setpoint_c);
+        }
+        if plan_offset_k.is_finite() {
+            self.plan_offset_k = plan_offset_k.clamp(-20.0, 0.0);
+        }
+    }
+
+    /// The limits in force: setpoint ceiling, °C, and plan ceiling offset, K.
+    pub fn limits(&self) -> (f32, f32) {
+        (self.setpoint_ceiling_c, self.plan_offset_k)
+    }
+
     /// An operator puts a tripped pump back in service.
     pub fn clear_pump_trip(&mut self, pump: Pump) {
         self.pump_failed[pump as usize] = false;
@@ -339,7 +362,10 @@ impl Core {
         if self.cdu_seen_ms.is_none() && self.mode == CduMode::Boot {
             self.since_ms = now;
         }
-        let cfg = self.cfg;
+        // The configuration with the limits the BMS set.
+        let mut cfg = self.cfg;
+        cfg.cdu.max_setpoint_c = self.setpoint_ceiling_c;
+        cfg.margins.plan_ceiling_c += self.plan_offset_k;
         let lay = cfg.layout;
         let racks = lay.racks as usize;
         let hosts = lay.hosts();
@@ -769,5 +795,63 @@ impl Core {
             };
         }
         plans
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Steps a steady hall of 16 hosts for `secs` seconds.
+    fn settle(core: &mut Core, from_s: u64, secs: u64) -> Commands {
+        let mut hosts = [None; MAX_HOSTS];
+        let mut last = None;
+        for s in from_s..from_s + secs {
+            let now = s * 1000;
+            for h in hosts.iter_mut().take(16) {
+                *h = Some(HostReport {
+                    gpus: 8,
+                    hottest_c: 65.0,
+                    gpu_power_w: 8.0 * 500.0,
+                    limit_w: 700.0,
+                    slowdown: false,
+                    at_ms: now,
+                });
+            }
+            let sp = last.as_ref().map_or(25.0, |c: &Commands| c.setpoint_c);
+            last = Some(core.step(&Inputs {
+                now_ms: now,
+                cdu: Some(CduReadings {
+                    supply_c: Some(sp),
+                    return_c: Some(sp + 8.0),
+                    flow_lpm: Some(150.0),
+                    facility_supply_c: Some(sp - 3.0),
+                    pumps_running: [true, false],
+                    it_w: Some(80_000.0),
+                    facility_w: Some(88_000.0),
+                }),
+                ambient_c: Some(30.0),
+                leaks: 0,
+                hosts: &hosts,
+            }));
+        }
+        last.expect("at least one step")
+    }
+
+    #[test]
+    fn the_bms_setpoint_ceiling_bounds_what_the_cdu_is_asked() {
+        let mut core = Core::new(CoreConfig::default()).unwrap();
+        let free = settle(&mut core, 0, 600);
+        assert!(free.setpoint_c > 32.0, "{}", free.setpoint_c);
+        core.set_limits(30.0, 0.0);
+        let bounded = settle(&mut core, 600, 120);
+        assert!(bounded.setpoint_c <= 30.0 + 1e-3, "{}", bounded.setpoint_c);
+        assert_eq!(core.limits(), (30.0, 0.0));
+        // Out-of-range limits are held within what the CDU accepts, and
+        // the plan ceiling may only be tightened.
+        core.set_limits(80.0, 5.0);
+        assert_eq!(core.limits(), (45.0, 0.0));
+        core.set_limits(f32::NAN, -3.0);
+        assert_eq!(core.limits(), (45.0, -3.0));
     }
 }

@@ -1,0 +1,1139 @@
+//! The controller's configuration for `cooling-ctrl run`: a TOML file,
+//! every field overridable by a flag, checked as a whole at start.
+//!
+//! A key the controller does not know, a value of the wrong type or a
+//! value out of its range stops the start with the file, the line and the
+//! reason; nothing is guessed. The fields (flags are the same names with
+//! `-` for `_`):
+//!
+//! | field | default | meaning |
+//! |---|---|---|
+//! | `site` | `site` | the site (ident) |
+//! | `cdu` | the machine's host name | this CDU's id (ident) |
+//! | `broker` | the embedded broker on 127.0.0.1:1883 | `host[:port]` |
+//! | `broker_user`, `broker_password_file` | none | broker login, together |
+//! | `keys_file` | none (required) | site keys, `<id> <hex secret>` per line |
+//! | `key_id` | the file's highest id | the key cap leases are signed with |
+//! | `demo_key` | false | sign with the public demonstration key (twin only) |
+//! | `cdu_tcp` | — | the CDU on Modbus TCP, `host:port` |
+//! | `cdu_serial` | — | the CDU on Modbus RTU, a serial device |
+//! | `serial_baud` | 19200 | 300 to 1000000 |
+//! | `serial_parity` | `none` | `none`, `even` or `odd` |
+//! | `serial_data_bits` | 8 | 7 or 8 |
+//! | `serial_stop_bits` | 1 | 1 or 2 |
+//! | `register_map` | the simulated CDU's map | a register map TOML |
+//! | `site_figures` | the twin's hall | a site figures TOML (`SiteConfig`) |
+//! | `hosts` | none | host ids, rack-major |
+//! | `hosts_pattern` | none | host ids from `{rack}`, `{host}`, `{index}` (`{index:02}` pads) |
+//! | `period_ms` | 1000 | control period, 100 to 60000 |
+//! | `lease_ms` | 30000 | cap lease, at least 3 periods, at most 1 h |
+//! | `modbus_timeout_ms` | 500 (at most the period) | one Modbus request, 10 ms to the period |
+//! | `ambient_c` | none (the core's design value) | outdoor temperature, -50 to 60 °C |
+//! | `console` | `/run/loopwarden/cooling-ctrl.sock` or under `$XDG_RUNTIME_DIR`/`/tmp` | console socket |
+//! | `flash` | none (events kept in memory) | flash file for the event log |
+//! | `northbound` | none (no server) | the BMS's Modbus TCP server, `address:port` |
+//! | `northbound_writes` | false | the BMS may write the bounded holding registers |
+//!
+//! Exactly one of `cdu_tcp` and `cdu_serial`; at most one of `hosts` and
+//! `hosts_pattern`.
+//!
+//! Glossary:
+//! - *origin*: where a value came from (a line of the file, a flag, the
+//!   default), so an error points at it.
+
+use std::fmt;
+use std::format;
+use std::net::ToSocketAddrs;
+use std::path::{Path, PathBuf};
+use std::string::{String, ToString};
+use std::time::Duration;
+use std::vec::Vec;
+
+use loopwarden_boards::modbus_map::RegisterMap;
+use loopwarden_boards::plant::SiteConfig;
+use loopwarden_bus::BrokerAddr;
+use loopwarden_protocol::Ident;
+use serde::Deserialize;
+
+use crate::core::{CoreConfig, MAX_HOSTS};
+use crate::modbus::{DataBits, Link, Parity, SerialLine, StopBits};
+use crate::shell::ShellConfig;
+
+/// The file as written (every field optional).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// Site name.
+    pub site: Option<String>,
+    /// CDU id.
+    pub cdu: Option<String>,
+    /// Broker address; absent: the embedded broker.
+    pub broker: Option<String>,
+    /// Broker user name.
+    pub broker_user: Option<String>,
+    /// File holding the broker password.
+    pub broker_password_file: Option<PathBuf>,
+    /// Site keys.
+    pub keys_file: Option<PathBuf>,
+    /// The key leases are signed with.
+    pub key_id: Option<u8>,
+    /// The public demonstration key (twin only).
+    pub demo_key: Option<bool>,
+    /// The CDU on Modbus TCP.
+    pub cdu_tcp: Option<String>,
+    /// The CDU on Modbus RTU.
+    pub cdu_serial: Option<String>,
+    /// Baud rate.
+    pub serial_baud: Option<u32>,
+    /// Parity.
+    pub serial_parity: Option<String>,
+    /// Data bits.
+    pub serial_data_bits: Option<u8>,
+    /// Stop bits.
+    pub serial_stop_bits: Option<u8>,
+    /// Register map file.
+    pub register_map: Option<PathBuf>,
+    /// Site figures file.
+    pub site_figures: Option<PathBuf>,
+    /// Host ids, rack-major.
+    pub hosts: Option<Vec<String>>,
+    /// Host id pattern.
+    pub hosts_pattern: Option<String>,
+    /// Control period, ms.
+    pub period_ms: Option<u64>,
+    /// Cap lease duration, ms.
+    pub lease_ms: Option<u64>,
+    /// Modbus request timeout, ms.
+    pub modbus_timeout_ms: Option<u64>,
+    /// Outdoor temperature, °C.
+    pub ambient_c: Option<f32>,
+    /// Console socket.
+    pub console: Option<PathBuf>,
+    /// Flash file.
+    pub flash: Option<PathBuf>,
+    /// Northbound Modbus TCP server for the BMS, `address:port`.
+    pub northbound: Option<String>,
+    /// The BMS may write the northbound holding registers.
+    pub northbound_writes: Option<bool>,
+}
+
+/// Values given as flags (each overrides the file).
+#[derive(Debug, Default, Clone, clap::Args)]
+pub struct Overrides {
+    /// Site name (ident).
+    #[arg(long)]
+    pub site: Option<String>,
+    /// This CDU's id (ident); default: the machine's host name.
+    #[arg(long)]
+    pub cdu: Option<String>,
+    /// Broker, `host[:port]`; default: the embedded broker on 127.0.0.1:1883.
+    #[arg(long)]
+    pub broker: Option<String>,
+    /// Broker user name.
+    #[arg(long)]
+    pub broker_user: Option<String>,
+    /// File holding the broker password.
+    #[arg(long)]
+    pub broker_password_file: Option<PathBuf>,
+    /// Site keys file (`<key id> <hex secret>` per line).
+    #[arg(long)]
+    pub keys_file: Option<PathBuf>,
+    /// The key id cap leases are signed with; default: the file's highest.
+    #[arg(long)]
+    pub key_id: Option<u8>,
+    /// Sign leases with the public demonstration key (the twin only:
+    /// anyone can forge commands with it).
+    #[arg(long)]
+    pub demo_key: bool,
+    /// The CDU on Modbus TCP, `host:port`.
+    #[arg(long)]
+    pub cdu_tcp: Option<String>,
+    /// The CDU on Modbus RTU, a serial device such as /dev/ttyUSB0.
+    #[arg(long)]
+    pub cdu_serial: Option<String>,
+    /// Serial baud rate.
+    #[arg(long)]
+    pub serial_baud: Option<u32>,
+    /// Serial parity: none, even or odd.
+    #[arg(long)]
+    pub serial_parity: Option<String>,
+    /// Serial data bits: 7 or 8.
+    #[arg(long)]
+    pub serial_data_bits: Option<u8>,
+    /// Serial stop bits: 1 or 2.
+    #[arg(long)]
+    pub serial_stop_bits: Option<u8>,
+    /// The CDU model's register map (TOML); default: the simulated CDU's.
+    #[arg(long)]
+    pub register_map: Option<PathBuf>,
+    /// The hall's figures (site TOML); default: the twin's hall.
+    #[arg(long)]
+    pub site_figures: Option<PathBuf>,
+    /// Host ids in rack-major order, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub hosts: Vec<String>,
+    /// Host ids from a pattern: `{rack}`, `{host}` (in its rack) and
+    /// `{index}` (rack-major), `{index:02}` to pad.
+    #[arg(long)]
+    pub hosts_pattern: Option<String>,
+    /// Control period in ms.
+    #[arg(long)]
+    pub period_ms: Option<u64>,
+    /// Cap lease duration in ms.
+    #[arg(long)]
+    pub lease_ms: Option<u64>,
+    /// Timeout of one Modbus request in ms.
+    #[arg(long)]
+    pub modbus_timeout_ms: Option<u64>,
+    /// Outdoor temperature, °C.
+    #[arg(long, allow_negative_numbers = true)]
+    pub ambient_c: Option<f32>,
+    /// Console socket path.
+    #[arg(long)]
+    pub console: Option<PathBuf>,
+    /// Flash file for the event log; default: kept in memory only.
+    #[arg(long)]
+    pub flash: Option<PathBuf>,
+    /// Serve the northbound Modbus TCP map for the BMS here
+    /// (`address:port`); default: no server.
+    #[arg(long)]
+    pub northbound: Option<String>,
+    /// Let the BMS write the northbound holding registers (bounded
+    /// setpoint ceiling, plan ceiling offset, alarm acknowledge).
+    #[arg(long)]
+    pub northbound_writes: Option<bool>,
+}
+
+/// The checked configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Site.
+    pub site: Ident,
+    /// This CDU.
+    pub cdu: Ident,
+    /// Broker; `None`: embedded.
+    pub broker: Option<BrokerAddr>,
+    /// Broker credentials.
+    pub credentials: Option<(String, String)>,
+    /// The id of the key leases are signed with.
+    pub key_id: u8,
+    /// That key.
+    pub key: Vec<u8>,
+    /// The key is the public demonstration key.
+    pub demo_key: bool,
+    /// How the CDU is reached.
+    pub link: Link,
+    /// Its register map.
+    pub map: RegisterMap,
+    /// The control core's configuration (from the site figures).
+    pub core: CoreConfig,
+    /// Host ids, rack-major.
+    pub hosts: Vec<Ident>,
+    /// Control period.
+    pub period: Duration,
+    /// Cap lease duration.
+    pub lease: Duration,
+    /// One Modbus request's timeout.
+    pub modbus_timeout: Duration,
+    /// Outdoor temperature.
+    pub ambient_c: Option<f32>,
+    /// Console socket.
+    pub console: PathBuf,
+    /// Flash file.
+    pub flash: Option<PathBuf>,
+    /// Where the northbound Modbus server listens; `None`: no server.
+    pub northbound: Option<std::net::SocketAddr>,
+    /// The BMS may write the northbound holding registers.
+    pub northbound_writes: bool,
+}
+
+impl Config {
+    /// The shell's configuration, on `broker`.
+    pub fn shell_config(&self, broker: BrokerAddr) -> ShellConfig {
+        let mut c = ShellConfig::new(self.site.clone(), self.cdu.clone(), broker, self.core);
+        c.period = self.period;
+        c.hosts = self.hosts.clone();
+        c.key_id = self.key_id;
+        c.key = self.key.clone();
+        c.lease = self.lease;
+        c.ambient_c = self.ambient_c;
+        c
+    }
+}
+
+/// A configuration that cannot be used, and where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The file, a flag or `default`.
+    pub origin: String,
+    /// The line in the file, when known.
+    pub line: Option<usize>,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(l) => write!(f, "{} line {}: {}", self.origin, l, self.message),
+            None => write!(f, "{}: {}", self.origin, self.message),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Where values came from, for error messages.
+struct Sources<'a> {
+    path: Option<&'a Path>,
+    text: &'a str,
+}
+
+impl Sources<'_> {
+    /// The line of top-level `key` in the file.
+    fn line_of(&self, key: &str) -> Option<usize> {
+        for (i, raw) in self.text.lines().enumerate() {
+            let line = raw.trim();
+            if line.starts_with('[') {
+                // Every field is top-level.
+                return None;
+            }
+            if let Some((k, _)) = line.split_once('=') {
+                if k.trim() == key {
+                    return Some(i + 1);
+                }
+            }
+        }
+        None
+    }
+
+    fn error(&self, flag: Option<&str>, key: &str, message: String) -> ConfigError {
+        if let Some(flag) = flag {
+            return ConfigError {
+                origin: format!("flag --{flag}"),
+                line: None,
+                message,
+            };
+        }
+        match (self.path, self.line_of(key)) {
+            (Some(p), Some(line)) => ConfigError {
+                origin: p.display().to_string(),
+                line: Some(line),
+                message,
+            },
+            _ => ConfigError {
+                origin: "default".into(),
+                line: None,
+                message,
+            },
+        }
+    }
+}
+
+/// The line of a TOML error's span in `text`.
+fn span_line(text: &str, e: &toml::de::Error) -> Option<usize> {
+    e.span()
+        .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1)
+}
+
+/// The console socket for `cooling-ctrl ctl`: the file's `console` if it
+/// names one (nothing else in it is checked), else the default.
+pub fn console_path(path: Option<&Path>) -> Result<PathBuf, ConfigError> {
+    #[derive(Deserialize)]
+    struct Only {
+        console: Option<PathBuf>,
+    }
+    let Some(p) = path else {
+        return Ok(default_console());
+    };
+    let origin = p.display().to_string();
+    let text = std::fs::read_to_string(p).map_err(|e| ConfigError {
+        origin: origin.clone(),
+        line: None,
+        message: format!("cannot read: {e}"),
+    })?;
+    let only: Only = toml::from_str(&text).map_err(|e| ConfigError {
+        origin,
+        line: span_line(&text, &e),
+        message: e.message().to_string(),
+    })?;
+    Ok(only.console.unwrap_or_else(default_console))
+}
+
+/// Reads `path` (if any), applies `flags` and checks the result.
+pub fn load(path: Option<&Path>, flags: &Overrides) -> Result<Config, ConfigError> {
+    let text = match path {
+        Some(p) => std::fs::read_to_string(p).map_err(|e| ConfigError {
+            origin: p.display().to_string(),
+            line: None,
+            message: format!("cannot read: {e}"),
+        })?,
+        None => String::new(),
+    };
+    resolve(path, &text, flags)
+}
+
+/// Builds host ids from a pattern for `racks` × `per_rack` hosts.
+pub fn expand_hosts(pattern: &str, racks: usize, per_rack: usize) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    for index in 0..racks * per_rack {
+        let (rack, host) = (index / per_rack.max(1), index % per_rack.max(1));
+        let mut id = String::new();
+        let mut rest = pattern;
+        while let Some(open) = rest.find('{') {
+            id.push_str(&rest[..open]);
+            let close = rest[open..]
+                .find('}')
+                .ok_or_else(|| format!("unclosed placeholder in {pattern:?}"))?;
+            let inner = &rest[open + 1..open + close];
+            let (name, width) = match inner.split_once(':') {
+                Some((n, w)) => {
+                    let width: usize = w
+                        .trim_start_matches('0')
+                        .parse()
+                        .ok()
+                        .filter(|_| w.starts_with('0'))
+                        .ok_or_else(|| format!("{{{inner}}}: the width is written :02, :03 ..."))?;
+                    (n, width)
+                }
+                None => (inner, 0),
+            };
+            let value = match name {
+                "rack" => rack,
+                "host" => host,
+                "index" => index,
+                other => {
+                    return Err(format!(
+                        "unknown placeholder {{{other}}} in {pattern:?}; known: {{rack}} {{host}} {{index}}"
+                    ))
+                }
+            };
+            id.push_str(&format!("{value:0width$}"));
+            rest = &rest[open + close + 1..];
+        }
+        id.push_str(rest);
+        out.push(id);
+    }
+    if out.len() > 1 && out[0] == out[1] {
+        return Err(format!(
+            "{pattern:?} gives every host the same id: use {{index}}, or {{rack}} and {{host}}"
+        ));
+    }
+    Ok(out)
+}
+
+/// Checks a configuration given as text (the file at `path`) and flags.
+pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Config, ConfigError> {
+    let file: FileConfig = toml::from_str(text).map_err(|e| ConfigError {
+        origin: path.map_or("config".into(), |p| p.display().to_string()),
+        line: span_line(text, &e),
+        message: e.message().to_string(),
+    })?;
+    let src = Sources { path, text };
+
+    // Picks the flag, else the file; remembers which, for errors.
+    macro_rules! pick {
+        ($flag:expr, $file:expr, $flagname:literal) => {
+            match (&$flag, &$file) {
+                (Some(v), _) => (Some(v.clone()), Some($flagname)),
+                (None, Some(v)) => (Some(v.clone()), None),
+                (None, None) => (None, None),
+            }
+        };
+    }
+    #[allow(clippy::too_many_arguments)]
+    fn range<T: PartialOrd + fmt::Display + Copy>(
+        src: &Sources,
+        (value, flag): (Option<T>, Option<&str>),
+        key: &str,
+        default: T,
+        lo: T,
+        hi: T,
+        unit: &str,
+    ) -> Result<T, ConfigError> {
+        let Some(v) = value else { return Ok(default) };
+        if !(v >= lo && v <= hi) {
+            return Err(src.error(
+                flag,
+                key,
+                format!("{key} = {v} is out of range ({lo} to {hi}{unit})"),
+            ));
+        }
+        Ok(v)
+    }
+    let ident =
+        |(value, flag): (Option<String>, Option<&str>), key: &str, default: Option<String>| {
+            let v = value.or(default).ok_or_else(|| {
+                src.error(
+                    None,
+                    key,
+                    format!("{key} is required (in the file or as --{key})"),
+                )
+            })?;
+            Ident::new(&v).map_err(|e| {
+                src.error(
+                    flag,
+                    key,
+                    format!("{key} = {v:?} is not a name: {e} (1 to 32 of A-Z a-z 0-9 _ - .)"),
+                )
+            })
+        };
+
+    let site = ident(
+        pick!(flags.site, file.site, "site"),
+        "site",
+        Some("site".into()),
+    )?;
+    let cdu = ident(pick!(flags.cdu, file.cdu, "cdu"), "cdu", local_host_name())?;
+
+    let broker = match pick!(flags.broker, file.broker, "broker") {
+        (Some(b), flag) => Some(
+            b.parse()
+                .map_err(|e| src.error(flag, "broker", format!("broker = {b:?}: {e}")))?,
+        ),
+        (None, _) => None,
+    };
+    let credentials = match (
+        pick!(flags.broker_user, file.broker_user, "broker-user"),
+        pick!(
+            flags.broker_password_file,
+            file.broker_password_file,
+            "broker-password-file"
+        ),
+    ) {
+        ((Some(user), _), (Some(pw), flag)) => {
+            let password = std::fs::read_to_string(&pw).map_err(|e| {
+                src.error(
+                    flag,
+                    "broker_password_file",
+                    format!("cannot read {}: {e}", pw.display()),
+                )
+            })?;
+            Some((user, password.trim_end().to_string()))
+        }
+        ((None, _), (None, _)) => None,
+        ((Some(_), flag), _) | (_, (Some(_), flag)) => {
+            return Err(src.error(
+                flag,
+                "broker_user",
+                "broker_user and broker_password_file go together".into(),
+            ))
+        }
+    };
+
+    // The site key.
+    let demo_flag = flags.demo_key.then_some(true);
+    let (demo, demo_from) = pick!(demo_flag, file.demo_key, "demo-key");
+    let demo = demo.unwrap_or(false);
+    let keys_pick = pick!(flags.keys_file, file.keys_file, "keys-file");
+    let key_id_pick = pick!(flags.key_id, file.key_id, "key-id");
+    let (key_id, key) = match (keys_pick, demo) {
+        ((Some(_), flag), true) => {
+            return Err(src.error(
+                flag.or(demo_from),
+                "keys_file",
+                "keys_file and demo_key exclude each other".into(),
+            ))
+        }
+        ((Some(p), flag), false) => {
+            let keys = crate::config::read_keys(&p).map_err(|m| src.error(flag, "keys_file", m))?;
+            match key_id_pick {
+                (Some(id), idflag) => match keys.get(&id) {
+                    Some(k) => (id, k.clone()),
+                    None => {
+                        return Err(src.error(
+                            idflag,
+                            "key_id",
+                            format!(
+                                "key_id = {id}: {} holds ids {:?}",
+                                p.display(),
+                                keys.keys().collect::<Vec<_>>()
+                            ),
+                        ))
+                    }
+                },
+                (None, _) => {
+                    let (id, k) = keys.iter().next_back().expect("read_keys refuses none");
+                    (*id, k.clone())
+                }
+            }
+        }
+        ((None, _), true) => (1, loopwarden_protocol::samples::DEMO_KEY.to_vec()),
+        ((None, _), false) => {
+            return Err(src.error(
+                None,
+                "keys_file",
+                "no site key: give keys_file (or --keys-file) to sign cap leases; \
+                 --demo-key signs with the public demonstration key, for the twin only"
+                    .into(),
+            ))
+        }
+    };
+
+    // The CDU link.
+    let serial = pick!(flags.cdu_serial, file.cdu_serial, "cdu-serial");
+    let link = match (pick!(flags.cdu_tcp, file.cdu_tcp, "cdu-tcp"), serial) {
+        ((Some(_), flag), (Some(_), _)) => {
+            return Err(src.error(
+                flag,
+                "cdu_tcp",
+                "cdu_tcp and cdu_serial exclude each other: the CDU has one link".into(),
+            ))
+        }
+        ((None, _), (None, _)) => {
+            return Err(src.error(
+                None,
+                "cdu_tcp",
+                "a CDU link is required: cdu_tcp = \"host:port\" or cdu_serial = \"/dev/ttyUSB0\""
+                    .into(),
+            ))
+        }
+        ((Some(t), flag), _) => {
+            let serial_set = [
+                (
+                    "serial_baud",
+                    file.serial_baud.is_some() || flags.serial_baud.is_some(),
+                ),
+                (
+                    "serial_parity",
+                    file.serial_parity.is_some() || flags.serial_parity.is_some(),
+                ),
+                (
+                    "serial_data_bits",
+                    file.serial_data_bits.is_some() || flags.serial_data_bits.is_some(),
+                ),
+                (
+                    "serial_stop_bits",
+                    file.serial_stop_bits.is_some() || flags.serial_stop_bits.is_some(),
+                ),
+            ];
+            if let Some((key, _)) = serial_set.iter().find(|(_, set)| *set) {
+                return Err(src.error(
+                    None,
+                    key,
+                    format!("{key} is for a CDU on cdu_serial, not cdu_tcp"),
+                ));
+            }
+            let addr = t
+                .to_socket_addrs()
+                .map_err(|e| {
+                    src.error(
+                        flag,
+                        "cdu_tcp",
+                        format!("cdu_tcp = {t:?}: {e} (expected host:port)"),
+                    )
+                })?
+                .next()
+                .ok_or_else(|| {
+                    src.error(flag, "cdu_tcp", format!("cdu_tcp = {t:?}: no address"))
+                })?;
+            Link::Tcp(addr)
+        }
+        (_, (Some(dev), _)) => {
+            let mut line = SerialLine::new(dev);
+            line.baud = range(
+                &src,
+                pick!(flags.serial_baud, file.serial_baud, "serial-baud"),
+                "serial_baud",
+                19_200,
+                300,
+                1_000_000,
+                " baud",
+            )?;
+            line.parity = match pick!(flags.serial_parity, file.serial_parity, "serial-parity") {
+                (None, _) => Parity::None,
+                (Some(p), flag) => match p.as_str() {
+                    "none" => Parity::None,
+                    "even" => Parity::Even,
+                    "odd" => Parity::Odd,
+                    _ => {
+                        return Err(src.error(
+                            flag,
+                            "serial_parity",
+                            format!("serial_parity = {p:?}: none, even or odd"),
+                        ))
+                    }
+                },
+            };
+            line.data_bits = match range(
+                &src,
+                pick!(
+                    flags.serial_data_bits,
+                    file.serial_data_bits,
+                    "serial-data-bits"
+                ),
+                "serial_data_bits",
+                8,
+                7,
+                8,
+                " bits",
+            )? {
+                7 => DataBits::Seven,
+                _ => DataBits::Eight,
+            };
+            line.stop_bits = match range(
+                &src,
+                pick!(
+                    flags.serial_stop_bits,
+                    file.serial_stop_bits,
+                    "serial-stop-bits"
+                ),
+                "serial_stop_bits",
+                1,
+                1,
+                2,
+                " bits",
+            )? {
+                2 => StopBits::Two,
+                _ => StopBits::One,
+            };
+            Link::Rtu(line)
+        }
+    };
+
+    // The register map and the site figures.
+    let map = match pick!(flags.register_map, file.register_map, "register-map") {
+        (None, _) => RegisterMap::sim_cdu(),
+        (Some(p), flag) => {
+            let t = std::fs::read_to_string(&p).map_err(|e| {
+                src.error(
+                    flag,
+                    "register_map",
+                    format!("cannot read {}: {e}", p.display()),
+                )
+            })?;
+            RegisterMap::from_toml(&t, &p.display().to_string())
+                .map_err(|e| board_error(&p, &t, e))?
+        }
+    };
+    let (figures, figures_path) = match pick!(flags.site_figures, file.site_figures, "site-figures")
+    {
+        (None, _) => (SiteConfig::default(), None),
+        (Some(p), flag) => {
+            let t = std::fs::read_to_string(&p).map_err(|e| {
+                src.error(
+                    flag,
+                    "site_figures",
+                    format!("cannot read {}: {e}", p.display()),
+                )
+            })?;
+            let figures: SiteConfig = toml::from_str(&t).map_err(|e| ConfigError {
+                origin: p.display().to_string(),
+                line: span_line(&t, &e),
+                message: e.message().to_string(),
+            })?;
+            (figures, Some(p))
+        }
+    };
+    let figures_origin = || {
+        figures_path
+            .as_ref()
+            .map_or("the twin's site figures".to_string(), |p| {
+                p.display().to_string()
+            })
+    };
+    let core = crate::twin::core_config(&figures).map_err(|e| ConfigError {
+        origin: figures_origin(),
+        line: None,
+        message: format!("for the control core: {e}"),
+    })?;
+    core.validate().map_err(|e| ConfigError {
+        origin: figures_origin(),
+        line: None,
+        message: format!("for the control core: {e}"),
+    })?;
+
+    // Hosts.
+    let layout_hosts = core.layout.hosts().min(MAX_HOSTS);
+    let hosts_flag = (!flags.hosts.is_empty()).then(|| flags.hosts.clone());
+    let (names, hosts_from, hosts_key) = match (
+        pick!(hosts_flag, file.hosts, "hosts"),
+        pick!(flags.hosts_pattern, file.hosts_pattern, "hosts-pattern"),
+    ) {
+        ((Some(_), flag), (Some(_), _)) => {
+            return Err(src.error(
+                flag,
+                "hosts",
+                "hosts and hosts_pattern exclude each other".into(),
+            ))
+        }
+        ((Some(list), flag), _) => (list, flag, "hosts"),
+        (_, (Some(pattern), flag)) => (
+            expand_hosts(
+                &pattern,
+                usize::from(core.layout.racks),
+                usize::from(core.layout.hosts_per_rack),
+            )
+            .map_err(|m| src.error(flag, "hosts_pattern", m))?,
+            flag,
+            "hosts_pattern",
+        ),
+        _ => (Vec::new(), None, "hosts"),
+    };
+    if names.len() > layout_hosts {
+        return Err(src.error(
+            hosts_from,
+            hosts_key,
+            format!(
+                "{} host ids for a hall of {layout_hosts} hosts ({} racks of {})",
+                names.len(),
+                core.layout.racks,
+                core.layout.hosts_per_rack
+            ),
+        ));
+    }
+    let mut hosts: Vec<Ident> = Vec::with_capacity(names.len());
+    for n in &names {
+        let h = Ident::new(n).map_err(|e| {
+            src.error(
+                hosts_from,
+                hosts_key,
+                format!("host id {n:?} is not a name: {e}"),
+            )
+        })?;
+        if hosts.contains(&h) {
+            return Err(src.error(
+                hosts_from,
+                hosts_key,
+                format!("host id {n:?} appears twice"),
+            ));
+        }
+        hosts.push(h);
+    }
+
+    // Timing.
+    let period = range(
+        &src,
+        pick!(flags.period_ms, file.period_ms, "period-ms"),
+        "period_ms",
+        1000,
+        100,
+        60_000,
+        " ms",
+    )?;
+    let lease = range(
+        &src,
+        pick!(flags.lease_ms, file.lease_ms, "lease-ms"),
+        "lease_ms",
+        30_000.max(3 * period),
+        3 * period,
+        3_600_000,
+        " ms, at least 3 periods",
+    )?;
+    let modbus_timeout = range(
+        &src,
+        pick!(
+            flags.modbus_timeout_ms,
+            file.modbus_timeout_ms,
+            "modbus-timeout-ms"
+        ),
+        "modbus_timeout_ms",
+        500.min(period),
+        10,
+        period,
+        " ms, at most the period",
+    )?;
+    let ambient_c = match pick!(flags.ambient_c, file.ambient_c, "ambient-c") {
+        (None, _) => None,
+        p => Some(range(&src, p, "ambient_c", 0.0, -50.0, 60.0, " °C")?),
+    };
+
+    let console = pick!(flags.console, file.console, "console")
+        .0
+        .unwrap_or_else(default_console);
+    let northbound = match pick!(flags.northbound, file.northbound, "northbound") {
+        (None, _) => None,
+        (Some(a), flag) => Some(a.parse::<std::net::SocketAddr>().map_err(|e| {
+            src.error(
+                flag,
+                "northbound",
+                format!("northbound = {a:?} is not an address:port ({e})"),
+            )
+        })?),
+    };
+    let northbound_writes = pick!(
+        flags.northbound_writes,
+        file.northbound_writes,
+        "northbound-writes"
+    )
+    .0
+    .unwrap_or(false);
+    if northbound_writes && northbound.is_none() {
+        return Err(src.error(
+            None,
+            "northbound_writes",
+            "northbound_writes = true needs a northbound address to serve".into(),
+        ));
+    }
+
+    Ok(Config {
+        site,
+        cdu,
+        broker,
+        credentials,
+        key_id,
+        key,
+        demo_key: demo,
+        link,
+        map,
+        core,
+        hosts,
+        period: Duration::from_millis(period),
+        lease: Duration::from_millis(lease),
+        modbus_timeout: Duration::from_millis(modbus_timeout),
+        ambient_c,
+        console,
+        flash: pick!(flags.flash, file.flash, "flash").0,
+        northbound,
+        northbound_writes,
+    })
+}
+
+/// A register map's error, with the line when the TOML parser gave one.
+fn board_error(path: &Path, _text: &str, e: loopwarden_boards::BoardError) -> ConfigError {
+    let message = match &e {
+        loopwarden_boards::BoardError::Syntax { message, .. }
+        | loopwarden_boards::BoardError::Invalid { message, .. } => message.clone(),
+        other => other.to_string(),
+    };
+    // The TOML parser says "TOML parse error at line N, column M".
+    let line = message
+        .split_once("at line ")
+        .and_then(|(_, rest)| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok());
+    ConfigError {
+        origin: path.display().to_string(),
+        line,
+        message: message
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .trim()
+            .to_string(),
+    }
+}
+
+pub use loopwarden_bus::keys::read_keys;
+
+fn local_host_name() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().split('.').next().unwrap_or("").to_string())
+        .filter(|h| !h.is_empty())
+}
+
+/// `/run/loopwarden/cooling-ctrl.sock` where it can be made (root), else
+/// `loopwarden-cooling-ctrl.sock` under `$XDG_RUNTIME_DIR` or `/tmp`. The
+/// same for `run` and `ctl`, so `ctl` finds the controller without flags.
+fn default_console() -> PathBuf {
+    let run = Path::new("/run/loopwarden");
+    if std::fs::create_dir_all(run).is_ok() && !is_read_only(run) {
+        return run.join("cooling-ctrl.sock");
+    }
+    let dir = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    dir.join("loopwarden-cooling-ctrl.sock")
+}
+
+fn is_read_only(dir: &Path) -> bool {
+    let probe = dir.join(".probe-cooling-ctrl");
+    let ok = std::fs::write(&probe, b"").is_ok();
+    let _ = std::fs::remove_file(&probe);
+    !ok
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::vec;
+
+    fn from(text: &str) -> Result<Config, ConfigError> {
+        resolve(Some(Path::new("cdu.toml")), text, &Overrides::default())
+    }
+
+    const MIN: &str = "cdu = \"cdu-1\"\ndemo_key = true\ncdu_tcp = \"127.0.0.1:5020\"\n";
+
+    #[test]
+    fn defaults() {
+        let c = from(MIN).expect("valid");
+        assert_eq!(c.site.as_str(), "site");
+        assert_eq!(c.cdu.as_str(), "cdu-1");
+        assert!(c.broker.is_none());
+        assert!(c.demo_key);
+        assert_eq!(c.key_id, 1);
+        assert_eq!(c.period, Duration::from_secs(1));
+        assert_eq!(c.lease, Duration::from_secs(30));
+        assert_eq!(c.modbus_timeout, Duration::from_millis(500));
+        assert_eq!(c.link, Link::Tcp("127.0.0.1:5020".parse().unwrap()));
+        assert_eq!(c.map, RegisterMap::sim_cdu());
+        assert_eq!(
+            c.core,
+            crate::twin::core_config(&SiteConfig::default()).unwrap()
+        );
+        assert!(c.hosts.is_empty());
+        assert!(c.flash.is_none());
+        assert!(c.ambient_c.is_none());
+        c.shell_config(BrokerAddr {
+            host: "127.0.0.1".into(),
+            port: 1883,
+        })
+        .validate()
+        .expect("a valid shell config");
+    }
+
+    #[test]
+    fn a_full_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys = dir.path().join("site.keys");
+        std::fs::write(
+            &keys,
+            "1 000102030405060708090a0b0c0d0e0f\n4 ffeeddccbbaa99887766554433221100\n",
+        )
+        .unwrap();
+        let figures = dir.path().join("site.toml");
+        std::fs::write(&figures, "racks = 2\nhosts_per_rack = 3\n").unwrap();
+        let map = dir.path().join("map.toml");
+        std::fs::write(
+            &map,
+            include_str!("../../boards/cdus/sim-cdu.toml").replace("unit_id = 1", "unit_id = 7"),
+        )
+        .unwrap();
+        let text = format!(
+            "site = \"hall-1\"\ncdu = \"cdu-2\"\nbroker = \"10.0.0.5:1884\"\n\
+             keys_file = {keys:?}\n\
+             cdu_serial = \"/dev/ttyUSB0\"\nserial_baud = 9600\nserial_parity = \"even\"\n\
+             serial_data_bits = 8\nserial_stop_bits = 2\n\
+             register_map = {map:?}\nsite_figures = {figures:?}\n\
+             hosts_pattern = \"r{{rack}}h{{host:02}}\"\n\
+             period_ms = 500\nlease_ms = 6000\nmodbus_timeout_ms = 200\nambient_c = -5\n\
+             console = \"/tmp/x.sock\"\nflash = \"/tmp/x.flash\"\n"
+        );
+        let c = from(&text).expect("valid");
+        assert_eq!(c.site.as_str(), "hall-1");
+        assert_eq!(c.broker.as_ref().unwrap().port, 1884);
+        assert_eq!((c.key_id, c.key[0]), (4, 0xff), "the highest id signs");
+        assert!(!c.demo_key);
+        let Link::Rtu(line) = &c.link else {
+            panic!("{:?}", c.link)
+        };
+        assert_eq!(line.baud, 9600);
+        assert_eq!(line.parity, Parity::Even);
+        assert_eq!(line.stop_bits, StopBits::Two);
+        assert_eq!(c.map.unit_id, 7);
+        assert_eq!(c.core.layout.racks, 2);
+        let hosts: Vec<&str> = c.hosts.iter().map(|h| h.as_str()).collect();
+        assert_eq!(
+            hosts,
+            ["r0h00", "r0h01", "r0h02", "r1h00", "r1h01", "r1h02"]
+        );
+        assert_eq!(c.period, Duration::from_millis(500));
+        assert_eq!(c.lease, Duration::from_secs(6));
+        assert_eq!(c.modbus_timeout, Duration::from_millis(200));
+        assert_eq!(c.ambient_c, Some(-5.0));
+        assert_eq!(c.flash.as_deref(), Some(Path::new("/tmp/x.flash")));
+        // A list and a chosen key.
+        let text = format!(
+            "cdu = \"c\"\nkeys_file = {keys:?}\nkey_id = 1\ncdu_tcp = \"127.0.0.1:502\"\nhosts = [\"a\", \"b\"]\n"
+        );
+        let c = from(&text).expect("valid");
+        assert_eq!(c.key_id, 1);
+        assert_eq!(c.hosts.len(), 2);
+        let e = from(&text.replace("key_id = 1", "key_id = 2")).unwrap_err();
+        assert_eq!(e.line, Some(3), "{e}");
+    }
+
+    #[test]
+    fn unknown_keys_and_wrong_types_are_refused_with_their_line() {
+        let e = from(&format!("{MIN}perod_ms = 5\n")).unwrap_err();
+        assert_eq!(e.line, Some(4), "{e}");
+        assert!(e.message.contains("perod_ms"), "{e}");
+        let e = from(&format!("{MIN}\nperiod_ms = \"fast\"\n")).unwrap_err();
+        assert_eq!(e.line, Some(5), "{e}");
+        let e = from(&format!("{MIN}hosts = \"h1\"\n")).unwrap_err();
+        assert_eq!(e.line, Some(4), "{e}");
+    }
+
+    #[test]
+    fn out_of_range_values_are_refused_with_their_line() {
+        let e = from(&format!("{MIN}\nperiod_ms = 50\n")).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("cdu.toml line 5: period_ms = 50 is out of range"),
+            "{e}"
+        );
+        let e = from(&format!("{MIN}period_ms = 1000\nlease_ms = 2000\n")).unwrap_err();
+        assert_eq!(e.line, Some(5), "{e}");
+        let e = from(&format!("{MIN}modbus_timeout_ms = 5000\n")).unwrap_err();
+        assert_eq!(e.line, Some(4), "{e}");
+        let e = from(&format!("{MIN}serial_parity = \"even\"\n")).unwrap_err();
+        assert!(e.message.contains("cdu_serial"), "{e}");
+        assert_eq!(e.line, Some(4), "{e}");
+        let e = from(
+            "cdu = \"c\"\ndemo_key = true\ncdu_serial = \"/dev/x\"\nserial_parity = \"mark\"\n",
+        )
+        .unwrap_err();
+        assert_eq!(e.line, Some(4), "{e}");
+        let e = from(&format!("{MIN}ambient_c = 99.5\n")).unwrap_err();
+        assert_eq!(e.line, Some(4), "{e}");
+        let e = from("cdu = \"a b\"\ndemo_key = true\ncdu_tcp = \"127.0.0.1:1\"\n").unwrap_err();
+        assert_eq!(e.line, Some(1), "{e}");
+        let many: Vec<String> = (0..17).map(|i| format!("\"h{i}\"")).collect();
+        let e = from(&format!("{MIN}hosts = [{}]\n", many.join(", "))).unwrap_err();
+        assert_eq!(e.line, Some(4), "{e}");
+        assert!(e.message.contains("16 hosts"), "{e}");
+        let e = from(&format!("{MIN}hosts = [\"a\", \"a\"]\n")).unwrap_err();
+        assert!(e.message.contains("twice"), "{e}");
+        let e = from(&format!("{MIN}hosts_pattern = \"h{{slot}}\"\n")).unwrap_err();
+        assert_eq!(e.line, Some(4), "{e}");
+        let e = from(&format!("{MIN}hosts_pattern = \"h\"\n")).unwrap_err();
+        assert!(e.message.contains("same id"), "{e}");
+    }
+
+    #[test]
+    fn a_site_key_and_a_link_are_required() {
+        let e = from("cdu = \"c\"\ncdu_tcp = \"127.0.0.1:1\"\n").unwrap_err();
+        assert!(e.message.contains("--demo-key"), "{e}");
+        let e = from("cdu = \"c\"\ndemo_key = true\n").unwrap_err();
+        assert!(e.message.contains("CDU link"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let figures = dir.path().join("site.toml");
+        std::fs::write(&figures, "racks = 2\n\nhostz = 3\n").unwrap();
+        let e = from(&format!("{MIN}site_figures = {figures:?}\n")).unwrap_err();
+        assert_eq!(e.origin, figures.display().to_string());
+        assert_eq!(e.line, Some(3), "{e}");
+    }
+
+    #[test]
+    fn flags_override_the_file_and_are_named_in_errors() {
+        let flags = Overrides {
+            period_ms: Some(2000),
+            hosts: vec!["x".into(), "y".into()],
+            ..Default::default()
+        };
+        let c = resolve(
+            Some(Path::new("a.toml")),
+            &format!("{MIN}period_ms = 500\nhosts = [\"a\"]\n"),
+            &flags,
+        )
+        .expect("valid");
+        assert_eq!(c.period, Duration::from_millis(2000));
+        assert_eq!(c.hosts[1].as_str(), "y");
+        let flags = Overrides {
+            modbus_timeout_ms: Some(5),
+            ..Default::default()
+        };
+        let e = resolve(None, MIN, &flags).unwrap_err();
+        assert_eq!(e.origin, "flag --modbus-timeout-ms", "{e}");
+    }
+
+    #[test]
+    fn host_patterns() {
+        assert_eq!(
+            expand_hosts("gpu-{index:03}", 2, 2).unwrap(),
+            ["gpu-000", "gpu-001", "gpu-002", "gpu-003"]
+        );
+        assert!(expand_hosts("h{index", 1, 2).is_err());
+        assert!(expand_hosts("h{index:2}", 1, 2).is_err());
+    }
+}
