@@ -33,7 +33,7 @@ use tokio::net::UnixListener;
 use tokio::sync::watch;
 
 use crate::journal::{self, Recorder};
-use crate::shell::ShellStats;
+use crate::shell::{OperatorAction, OperatorRequest, ShellStats};
 
 /// A console request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,6 +53,16 @@ pub enum Request {
     },
     /// The caps per host.
     Caps,
+    /// Reopen a rack whose leak is latched (its rope must read dry).
+    ClearLeak {
+        /// The rack.
+        rack: usize,
+    },
+    /// Put a tripped pump (`A` or `B`) back in service.
+    ClearPump {
+        /// The pump.
+        pump: String,
+    },
 }
 
 /// What the console answers from.
@@ -84,6 +94,8 @@ pub struct Context {
     pub stats: watch::Receiver<ShellStats>,
     /// The event log.
     pub recorder: Recorder,
+    /// Where operators' requests go; `None`: the console is read-only.
+    pub operator: Option<tokio::sync::mpsc::Sender<OperatorRequest>>,
 }
 
 /// Longest request line accepted.
@@ -162,6 +174,15 @@ pub async fn answer(ctx: &Context, req: Request) -> Value {
         Request::Sensors => sensors(&stats),
         Request::Loops => loops(&stats),
         Request::Caps => caps(ctx, &stats, now),
+        Request::ClearLeak { rack } => operate(ctx, OperatorAction::ClearLeak { rack }).await,
+        Request::ClearPump { pump } => {
+            let pump = match pump.as_str() {
+                "A" | "a" => loopwarden_protocol::message::Pump::A,
+                "B" | "b" => loopwarden_protocol::message::Pump::B,
+                other => return json!({ "error": format!("no pump {other:?}: A or B") }),
+            };
+            operate(ctx, OperatorAction::ClearPumpTrip { pump }).await
+        }
         Request::Events { since } => {
             let since = since.unwrap_or(0);
             match ctx.recorder.read().await {
@@ -175,6 +196,24 @@ pub async fn answer(ctx: &Context, req: Request) -> Value {
                 Err(e) => json!({ "error": format!("reading the event log: {e}") }),
             }
         }
+    }
+}
+
+/// Hands an operator's request to the control loop and waits for its
+/// answer (at most 5 s).
+async fn operate(ctx: &Context, action: OperatorAction) -> Value {
+    let Some(tx) = &ctx.operator else {
+        return json!({ "error": "this controller takes no operator requests" });
+    };
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    if tx.send(OperatorRequest { action, reply }).await.is_err() {
+        return json!({ "error": "the control loop has stopped" });
+    }
+    match tokio::time::timeout(Duration::from_secs(5), answer).await {
+        Ok(Ok(Ok(done))) => json!({ "ok": true, "done": done }),
+        Ok(Ok(Err(why))) => json!({ "ok": false, "refused": why }),
+        Ok(Err(_)) => json!({ "error": "the control loop dropped the request" }),
+        Err(_) => json!({ "error": "the control loop did not answer within 5 s" }),
     }
 }
 
@@ -390,7 +429,12 @@ pub fn ctl(path: &Path, req: &Request, json_out: bool) -> i32 {
     };
     // A closed pipe (`| head`) is not an error worth a panic.
     let _ = std::io::stdout().write_all(text.as_bytes());
-    0
+    // A refused operator request is a failure for scripts.
+    if value["ok"] == false {
+        1
+    } else {
+        0
+    }
 }
 
 /// Aligned columns: a header row, then rows.
@@ -447,6 +491,15 @@ fn key_values(rows: &[(&str, String)]) -> String {
 /// Renders an answer for people.
 pub fn render(req: &Request, v: &Value) -> String {
     match req {
+        Request::ClearLeak { .. } | Request::ClearPump { .. } => {
+            if let Some(done) = v["done"].as_str() {
+                format!("{done}\n")
+            } else if let Some(why) = v["refused"].as_str() {
+                format!("refused: {why}\n")
+            } else {
+                format!("error: {}\n", v["error"].as_str().unwrap_or("unknown"))
+            }
+        }
         Request::Status => {
             let pumps = v["pumps"]
                 .as_array()

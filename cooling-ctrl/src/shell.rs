@@ -66,7 +66,7 @@ use std::vec::Vec;
 use loopwarden_bus::{now_ms, BrokerAddr, Bus, BusConfig, Inbound, PublishError};
 use loopwarden_protocol::message::{
     Ack, AckCode, CapLease, CapSource, CduMode, CduState, CduTelemetry, CommandAuth, Event, GpuCap,
-    GpuFlags, GpuSelector, HostTelemetry, PumpStatus, RackCooling, RackState, RackStatus,
+    GpuFlags, GpuSelector, HostTelemetry, Pump, PumpStatus, RackCooling, RackState, RackStatus,
     SensorFault, ThrottleReasons,
 };
 use loopwarden_protocol::topic::filter;
@@ -173,6 +173,32 @@ where
     }
 }
 
+/// What an operator asks of the controller (from the console).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OperatorAction {
+    /// Reopen a rack whose leak is latched (refused while its rope or the
+    /// CDU's leak input still reads wet).
+    ClearLeak {
+        /// The rack.
+        rack: usize,
+    },
+    /// Put a tripped pump back in service.
+    ClearPumpTrip {
+        /// The pump.
+        pump: Pump,
+    },
+}
+
+/// An operator's request and where its answer goes (`Ok`: what was done,
+/// `Err`: why not).
+#[derive(Debug)]
+pub struct OperatorRequest {
+    /// What is asked.
+    pub action: OperatorAction,
+    /// The answer.
+    pub reply: tokio::sync::oneshot::Sender<Result<String, String>>,
+}
+
 /// What [`run_with`] takes besides the config.
 #[derive(Default)]
 pub struct ShellOptions {
@@ -190,6 +216,8 @@ pub struct ShellOptions {
     /// The board's pins; `None`: leaks come from the CDU's leak register
     /// only, and no relay or beacon is driven.
     pub board: Option<Box<dyn BoardIo>>,
+    /// Operators' requests (from the console); `None`: none taken.
+    pub operator: Option<mpsc::Receiver<OperatorRequest>>,
 }
 
 impl std::fmt::Debug for ShellOptions {
@@ -200,6 +228,7 @@ impl std::fmt::Debug for ShellOptions {
             .field("journal", &self.journal.is_some())
             .field("northbound", &self.northbound.is_some())
             .field("board", &self.board.is_some())
+            .field("operator", &self.operator.is_some())
             .finish()
     }
 }
@@ -525,6 +554,7 @@ struct Shell<P> {
     beacon: bool,
     board: Option<Box<dyn BoardIo>>,
     board_error: Option<String>,
+    ropes: u16,
 }
 
 /// Runs the shell for the CDU behind `cdu` until `shutdown` completes,
@@ -610,7 +640,9 @@ pub async fn run_with<P: CduPort>(
         beacon: false,
         board: opts.board,
         board_error: None,
+        ropes: 0,
     };
+    let mut operator = opts.operator;
     let mut tick = tokio::time::interval(shell.cfg.period);
     tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
     tokio::pin!(shutdown);
@@ -618,6 +650,12 @@ pub async fn run_with<P: CduPort>(
         tokio::select! {
             _ = tick.tick() => shell.step().await,
             Some(msg) = inbound.recv() => shell.on_inbound(msg),
+            Some(req) = async {
+                match operator.as_mut() {
+                    Some(rx) => rx.recv().await,
+                    None => std::future::pending().await,
+                }
+            } => shell.on_operator(req),
             _ = &mut shutdown => break,
         }
     }
@@ -674,6 +712,7 @@ impl<P: CduPort> Shell<P> {
             }
             None => 0,
         };
+        self.ropes = ropes;
         self.northbound_writes();
         let c = self.core.step(&Inputs {
             now_ms: now,
@@ -736,6 +775,27 @@ impl<P: CduPort> Shell<P> {
         self.stats.cdu_error = self.cdu_error.clone();
         self.stats.last = Some(c);
         self.report();
+    }
+
+    /// Carries out an operator's request between two steps.
+    fn on_operator(&mut self, req: OperatorRequest) {
+        let answer = match req.action {
+            OperatorAction::ClearLeak { rack } => self
+                .core
+                .clear_leak(rack, self.leaks | self.ropes)
+                .map(|()| format!("rack {rack}: leak cleared, its valve reopens at the next step"))
+                .map_err(|e| format!("rack {rack}: {e}")),
+            OperatorAction::ClearPumpTrip { pump } => {
+                self.core.clear_pump_trip(pump);
+                Ok(format!("pump {pump:?} back in service"))
+            }
+        };
+        match &answer {
+            Ok(done) => tracing::warn!("cooling shell: operator: {done}"),
+            Err(why) => tracing::info!("cooling shell: operator request refused: {why}"),
+        }
+        // The console may have stopped waiting: nothing to do then.
+        let _ = req.reply.send(answer);
     }
 
     fn board_failed(&mut self, e: String) {

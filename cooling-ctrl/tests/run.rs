@@ -275,6 +275,26 @@ fn run_boots_drives_the_cdu_answers_the_console_and_stops_on_sigterm() {
             && has_event(v, |e| e["lease_sent"]["host"] == "r2h0")
     });
 
+    // The operator cannot reopen the rack while its input reads wet; once
+    // it is dry, they can.
+    let out = rig.ctl(&["clear-leak", "2"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("refused") && text.contains("wet"), "{text}");
+    assert_eq!(rig.cdu.setting("valves_open").unwrap(), 11.0);
+    rig.cdu.set_measurement("leak_inputs", 0.0).unwrap();
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(rig.cdu.setting("valves_open").unwrap(), 11.0, "latched");
+    let out = rig.ctl(&["clear-leak", "2"]);
+    assert!(out.status.success(), "{out:?}");
+    let t0 = Instant::now();
+    while rig.cdu.setting("valves_open").unwrap() != 15.0 {
+        assert!(t0.elapsed() < Duration::from_secs(3), "rack 2 not reopened");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = rig.ctl(&["clear-pump", "C"]);
+    assert_eq!(out.status.code(), Some(1), "no pump C: {out:?}");
+
     stop(&mut child.0);
     assert!(
         !Path::new(&rig.socket).exists(),

@@ -103,6 +103,17 @@ enum Ctl {
     },
     /// Caps per host: asked, why, the last ack and the limits in force.
     Caps,
+    /// Reopen a rack whose leak is latched, after the repair (refused while
+    /// its rope still reads wet).
+    ClearLeak {
+        /// The rack (0-based).
+        rack: usize,
+    },
+    /// Put a tripped pump back in service after the repair.
+    ClearPump {
+        /// A or B.
+        pump: String,
+    },
 }
 
 fn main() -> ExitCode {
@@ -135,6 +146,8 @@ fn main() -> ExitCode {
                 Ctl::Sensors => Request::Sensors,
                 Ctl::Loops => Request::Loops,
                 Ctl::Caps => Request::Caps,
+                Ctl::ClearLeak { rack } => Request::ClearLeak { rack },
+                Ctl::ClearPump { pump } => Request::ClearPump { pump },
                 Ctl::Events { since } => {
                     match since.map(|s| console::parse_since(&s, loopwarden_bus::now_ms())) {
                         Some(Err(e)) => {
@@ -220,6 +233,7 @@ async fn serve(config: config::Config) -> Result<(), String> {
     };
     let listener = console::bind(&config.console)
         .map_err(|e| format!("console socket {}: {e}", config.console.display()))?;
+    let (operator_tx, operator_rx) = tokio::sync::mpsc::channel(4);
     let ctx = console::Context {
         site: config.site.to_string(),
         cdu: config.cdu.to_string(),
@@ -234,6 +248,7 @@ async fn serve(config: config::Config) -> Result<(), String> {
         started: loopwarden_bus::now_ms(),
         stats: stats_rx,
         recorder: recorder.clone(),
+        operator: Some(operator_tx),
     };
     let console_task = tokio::spawn(console::serve(listener, Arc::new(ctx)));
     tracing::info!(
@@ -287,6 +302,7 @@ async fn serve(config: config::Config) -> Result<(), String> {
         // A Linux GPIO board support package plugs in here; the CDU's leak
         // register is read meanwhile.
         board: None,
+        operator: Some(operator_rx),
     };
     let result = shell::run_with(config.shell_config(broker), opts, port, stop).await;
     // The shell has dropped its end of the journal: write what is left.
