@@ -10,10 +10,21 @@
 //! quarantined a GPU (drained 30 s later) and when the controller declared
 //! a rack's cooling lost (drained and powered down 30 s later).
 //!
+//! The run also watches the controller's own counters
+//! ([`cooling_ctrl::shell::ShellStats`], replaced after every step and
+//! every ack) and returns what they say of cap leases in
+//! [`PlayOutcome::caps`]: how many hosts were capped at once, which hosts
+//! acknowledged a cap in force, what was still capped at the end, and each
+//! *cap episode* with its latencies.
+//!
 //! Glossary:
 //! - *speed*: simulated seconds per wall-clock second (the agents and the
 //!   controller keep their own real-time periods).
 //! - *observer*: the run's own bus client, role facility.
+//! - *cap episode*: from the controller step whose commands first hold a
+//!   cap (none before) to the step whose commands hold none again.
+//! - *capped* (an ack, a telemetry frame): some GPU's limit in force is
+//!   more than 1 W below the TDP.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -22,7 +33,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cooling_ctrl::modbus::{Link, ModbusCdu};
-use cooling_ctrl::shell::ShellConfig;
+use cooling_ctrl::shell::{ShellConfig, ShellOptions, ShellStats};
 use loopwarden_boards::hall::Hall;
 use loopwarden_boards::modbus_map::RegisterMap;
 use loopwarden_boards::pins::{PinMap, SimLines};
@@ -73,6 +84,64 @@ pub struct PlayOutcome {
     pub events: Vec<String>,
     /// The report's files.
     pub report: Vec<PathBuf>,
+    /// GPUs of the hall that shut down (at their shutdown temperature).
+    pub gpu_shutdowns: u64,
+    /// The hottest GPU die the trace saw, °C.
+    pub max_gpu_c: f64,
+    /// The lowest power limit in the last telemetry of each host, W.
+    pub limits_at_end: BTreeMap<String, f64>,
+    /// Most hosts whose telemetry showed a cap at the same time.
+    pub peak_hosts_capped_telemetry: usize,
+    /// What the controller's counters said of caps.
+    pub caps: CapFigures,
+}
+
+/// Caps as the controller's counters ([`ShellStats`]) tell them.
+#[derive(Debug, Clone, Default)]
+pub struct CapFigures {
+    /// The counters as the controller last reported them.
+    pub last: Option<ShellStats>,
+    /// Most hosts the controller's commands capped at once.
+    pub peak_hosts_capped: usize,
+    /// Hosts whose acks reported a cap in force at some time.
+    pub hosts_acked_capped: BTreeSet<String>,
+    /// Hosts the controller's last commands capped.
+    pub capped_at_end: BTreeSet<String>,
+    /// Hosts whose last ack reported a cap in force.
+    pub acked_capped_at_end: BTreeSet<String>,
+    /// The cap episodes, in order.
+    pub episodes: Vec<CapEpisode>,
+}
+
+/// One cap episode (see the glossary). Times are wall seconds, taken when
+/// the run saw the controller's counters change (they are replaced after
+/// the step, before the next await of the shell).
+#[derive(Debug, Clone, Default)]
+pub struct CapEpisode {
+    /// When it began, since the run started.
+    pub start_wall_s: f64,
+    /// When it began, simulated time.
+    pub start_t_s: f64,
+    /// When it ended (commands without caps), since the run started.
+    pub end_wall_s: Option<f64>,
+    /// Most hosts capped at once in it.
+    pub hosts_capped: usize,
+    /// From its start until the commands capped every host of the run.
+    pub all_capped_after_s: Option<f64>,
+    /// From its start until acks with a cap in force had come from every
+    /// host of the run.
+    pub all_acked_after_s: Option<f64>,
+    /// For each host capped in it, from the step that first capped it to
+    /// its first ack with a cap in force: (host, seconds).
+    pub host_ack_s: Vec<(String, f64)>,
+}
+
+/// How the run differs from the defaults, for tests and benchmarks.
+#[derive(Debug, Clone, Default)]
+pub struct PlayOptions {
+    /// The controller's `cap_release_ms` (how long capacity must be back
+    /// before a cap is lifted), instead of the core's default (60 s).
+    pub cap_release_ms: Option<u64>,
 }
 
 /// Why the run could not go on.
@@ -100,6 +169,11 @@ fn ident(s: &str) -> Result<Ident, PlayError> {
 
 /// Plays `cfg.scenario` with every part of the system running.
 pub async fn play(cfg: PlayConfig) -> Result<PlayOutcome, PlayError> {
+    play_with(cfg, PlayOptions::default()).await
+}
+
+/// As [`play`], with `opts`.
+pub async fn play_with(cfg: PlayConfig, opts: PlayOptions) -> Result<PlayOutcome, PlayError> {
     std::fs::create_dir_all(&cfg.out)
         .map_err(|e| PlayError::Start(format!("{}: {e}", cfg.out.display())))?;
     let site_name = "hall-1";
@@ -194,8 +268,11 @@ pub async fn play(cfg: PlayConfig) -> Result<PlayOutcome, PlayError> {
     }
 
     // The cooling controller, driving the CDU over Modbus.
-    let core = cooling_ctrl::twin::core_config(s)
+    let mut core = cooling_ctrl::twin::core_config(s)
         .map_err(|e| PlayError::Start(format!("controller config: {e}")))?;
+    if let Some(ms) = opts.cap_release_ms {
+        core.timing.cap_release_ms = ms;
+    }
     let shell_cfg = ShellConfig {
         site: site.clone(),
         cdu: ident("cdu1")?,
@@ -213,8 +290,23 @@ pub async fn play(cfg: PlayConfig) -> Result<PlayOutcome, PlayError> {
     };
     let port = ModbusCdu::new(map, Link::Tcp(modbus_addr)).with_timeout(Duration::from_millis(500));
     let rx = stop_rx.clone();
+    let (stats_tx, stats_rx) = cooling_ctrl::shell::stats_channel();
+    let shell_opts = ShellOptions {
+        stats: Some(stats_tx),
+        ..Default::default()
+    };
+    let start = Instant::now();
+    let watcher = tokio::spawn(watch_caps(
+        stats_rx,
+        start,
+        hall.clone(),
+        host_ids.clone(),
+        s.gpu.tdp_w,
+    ));
     let controller = tokio::spawn(async move {
-        if let Err(e) = cooling_ctrl::shell::run(shell_cfg, port, stopped(rx)).await {
+        if let Err(e) =
+            cooling_ctrl::shell::run_with(shell_cfg, shell_opts, port, stopped(rx)).await
+        {
             tracing::error!("cooling controller: {e}");
         }
     });
@@ -248,7 +340,6 @@ pub async fn play(cfg: PlayConfig) -> Result<PlayOutcome, PlayError> {
     let mut speed = 1.0;
     let mut caps_in_force: BTreeMap<String, bool> = BTreeMap::new();
     let per_host = s.gpus_per_host;
-    let start = Instant::now();
     let mut last = Instant::now();
     let mut next_row = 0.0;
     let mut tick = tokio::time::interval(Duration::from_millis(250));
@@ -297,11 +388,19 @@ pub async fn play(cfg: PlayConfig) -> Result<PlayOutcome, PlayError> {
             match &msg.frame.message {
                 Message::HostTelemetry(ht) => {
                     out.hosts_heard.insert(node.clone());
-                    let capped = ht
+                    let lowest = ht
                         .gpus
                         .iter()
-                        .any(|g| f64::from(g.power_limit.0) < s.gpu.tdp_w - 1.0);
+                        .map(|g| f64::from(g.power_limit.0))
+                        .fold(f64::INFINITY, f64::min);
+                    let capped = lowest < s.gpu.tdp_w - 1.0;
+                    if lowest.is_finite() {
+                        out.limits_at_end.insert(node.clone(), lowest);
+                    }
                     caps_in_force.insert(node, capped);
+                    out.peak_hosts_capped_telemetry = out
+                        .peak_hosts_capped_telemetry
+                        .max(caps_in_force.values().filter(|c| **c).count());
                 }
                 Message::CduTelemetry(_) => out.cdu_heard = true,
                 Message::HostHealth(hh) => {
@@ -346,6 +445,7 @@ pub async fn play(cfg: PlayConfig) -> Result<PlayOutcome, PlayError> {
                 _ => {}
             }
         }
+        out.max_gpu_c = out.max_gpu_c.max(row.max_gpu_c);
         if t >= next_row {
             next_row = t + 5.0;
             row.write_row(&mut trace, true)
@@ -379,11 +479,15 @@ pub async fn play(cfg: PlayConfig) -> Result<PlayOutcome, PlayError> {
     });
     let _ = tokio::time::timeout(Duration::from_secs(15), joined).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), controller).await;
+    if let Ok(Ok(caps)) = tokio::time::timeout(Duration::from_secs(5), watcher).await {
+        out.caps = caps;
+    }
     drop(observer);
     served.abort();
     let (it_kwh, fac_kwh) = {
         let h = hall.lock().expect("hall lock");
         let tt = h.plant().totals();
+        out.gpu_shutdowns = u64::from(tt.shutdowns);
         (tt.it_j / 3.6e6, tt.facility_j / 3.6e6)
     };
     let summary = serde_json::json!({
@@ -404,6 +508,107 @@ pub async fn play(cfg: PlayConfig) -> Result<PlayOutcome, PlayError> {
         Some(&summary),
     )?;
     Ok(out)
+}
+
+/// Follows the controller's counters until the controller stops: caps in
+/// its commands, acks with a cap in force, and the cap episodes.
+async fn watch_caps(
+    mut rx: watch::Receiver<ShellStats>,
+    start: Instant,
+    hall: Arc<Mutex<Hall>>,
+    hosts: Vec<String>,
+    tdp_w: f64,
+) -> CapFigures {
+    let mut f = CapFigures::default();
+    let mut episode: Option<CapEpisode> = None;
+    // Per host, in the episode: when first capped, and whether its ack
+    // then already showed a cap (an older ack: wait for a new one).
+    let mut capped_at: Vec<Option<(Instant, bool)>> = vec![None; hosts.len()];
+    let mut acked: Vec<bool> = vec![false; hosts.len()];
+    let mut last_in_force: BTreeMap<String, Vec<loopwarden_protocol::message::GpuCap>> =
+        BTreeMap::new();
+    let capped_ack = |caps: &[loopwarden_protocol::message::GpuCap]| {
+        caps.iter().any(|c| f64::from(c.limit.0) < tdp_w - 1.0)
+    };
+    while rx.changed().await.is_ok() {
+        let now = Instant::now();
+        let st = rx.borrow_and_update().clone();
+        let wall = (now - start).as_secs_f64();
+        for (h, caps) in &st.in_force {
+            if capped_ack(caps) {
+                f.hosts_acked_capped.insert(h.clone());
+            }
+        }
+        let in_cmds: Vec<bool> = (0..hosts.len())
+            .map(|h| {
+                st.last
+                    .as_ref()
+                    .and_then(|c| c.caps.get(h).copied().flatten())
+                    .is_some()
+            })
+            .collect();
+        let n = in_cmds.iter().filter(|c| **c).count();
+        f.peak_hosts_capped = f.peak_hosts_capped.max(n);
+        if n > 0 && episode.is_none() {
+            let t = hall.lock().map(|h| h.time_s()).unwrap_or(0.0);
+            episode = Some(CapEpisode {
+                start_wall_s: wall,
+                start_t_s: t,
+                ..Default::default()
+            });
+            capped_at.iter_mut().for_each(|c| *c = None);
+            acked.iter_mut().for_each(|a| *a = false);
+        }
+        if let Some(e) = episode.as_mut() {
+            e.hosts_capped = e.hosts_capped.max(n);
+            if n == hosts.len() && e.all_capped_after_s.is_none() {
+                e.all_capped_after_s = Some(wall - e.start_wall_s);
+            }
+            for (h, id) in hosts.iter().enumerate() {
+                let ack = st.in_force.get(id);
+                let ack_capped = ack.is_some_and(|c| capped_ack(c));
+                if in_cmds[h] && capped_at[h].is_none() {
+                    capped_at[h] = Some((now, ack_capped));
+                }
+                let Some((at, stale)) = capped_at[h] else {
+                    continue;
+                };
+                // An ack that was already capped when the host was capped
+                // counts once the host's in-force list changes.
+                let fresh = !stale || last_in_force.get(id) != ack;
+                if !acked[h] && ack_capped && fresh && (at != now || !stale) {
+                    acked[h] = true;
+                    e.host_ack_s.push((id.clone(), (now - at).as_secs_f64()));
+                }
+            }
+            if e.all_acked_after_s.is_none() && acked.iter().all(|a| *a) {
+                e.all_acked_after_s = Some(wall - e.start_wall_s);
+            }
+            if n == 0 {
+                e.end_wall_s = Some(wall);
+                f.episodes.extend(episode.take());
+            }
+        }
+        last_in_force = st.in_force.clone();
+        f.last = Some(st);
+    }
+    f.episodes.extend(episode);
+    if let Some(st) = &f.last {
+        for (h, id) in hosts.iter().enumerate() {
+            if st
+                .last
+                .as_ref()
+                .and_then(|c| c.caps.get(h).copied().flatten())
+                .is_some()
+            {
+                f.capped_at_end.insert(id.clone());
+            }
+            if st.in_force.get(id).is_some_and(|c| capped_ack(c)) {
+                f.acked_capped_at_end.insert(id.clone());
+            }
+        }
+    }
+    f
 }
 
 /// The live view: one screen, redrawn.
