@@ -208,11 +208,16 @@ pub async fn play_with(cfg: PlayConfig, opts: PlayOptions) -> Result<PlayOutcome
         .local_addr()
         .map_err(|e| PlayError::Start(format!("Modbus port: {e}")))?;
     let served = tokio::spawn(cdu.clone().serve(listener));
+    // The controller board's lines: the hall drives the leak ropes, the
+    // controller reads them and drives the relay and the beacon, through
+    // embedded-hal pins.
+    let lines = SimLines::new();
+    let pins = PinMap::sim_controller();
     let hall = Arc::new(Mutex::new(Hall::new(
         sc.clone(),
         cdu.clone(),
-        SimLines::new(),
-        PinMap::sim_controller(),
+        lines.clone(),
+        pins.clone(),
     )));
 
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -291,8 +296,11 @@ pub async fn play_with(cfg: PlayConfig, opts: PlayOptions) -> Result<PlayOutcome
     let port = ModbusCdu::new(map, Link::Tcp(modbus_addr)).with_timeout(Duration::from_millis(500));
     let rx = stop_rx.clone();
     let (stats_tx, stats_rx) = cooling_ctrl::shell::stats_channel();
+    let board =
+        loopwarden_boards::pins::BoardPins::new(&pins, |l| lines.input(l), |l| lines.output(l));
     let shell_opts = ShellOptions {
         stats: Some(stats_tx),
+        board: Some(Box::new(board)),
         ..Default::default()
     };
     let start = Instant::now();
