@@ -33,9 +33,13 @@
 //! | `flash` | none (events kept in memory) | flash file for the event log |
 //! | `northbound` | none (no server) | the BMS's Modbus TCP server, `address:port` |
 //! | `northbound_writes` | false | the BMS may write the bounded holding registers |
+//! | `board_pins` | none (leaks from the CDU's register only) | the controller board's pin map TOML (`boards/pins/*.toml`) |
+//! | `gpio_chip` | none | the GPIO character device of those pins, e.g. `/dev/gpiochip0` |
 //!
 //! Exactly one of `cdu_tcp` and `cdu_serial`; at most one of `hosts` and
-//! `hosts_pattern`.
+//! `hosts_pattern`; `board_pins` and `gpio_chip` together or neither. The
+//! pin map is read and checked here; the chip is opened at start
+//! (`crate::gpio`).
 //!
 //! Glossary:
 //! - *origin*: where a value came from (a line of the file, a flag, the
@@ -50,6 +54,7 @@ use std::time::Duration;
 use std::vec::Vec;
 
 use loopwarden_boards::modbus_map::RegisterMap;
+use loopwarden_boards::pins::PinMap;
 use loopwarden_boards::plant::SiteConfig;
 use loopwarden_bus::BrokerAddr;
 use loopwarden_protocol::Ident;
@@ -115,6 +120,10 @@ pub struct FileConfig {
     pub northbound: Option<String>,
     /// The BMS may write the northbound holding registers.
     pub northbound_writes: Option<bool>,
+    /// The board's pin map file.
+    pub board_pins: Option<PathBuf>,
+    /// The GPIO chip of the board's pins.
+    pub gpio_chip: Option<PathBuf>,
 }
 
 /// Values given as flags (each overrides the file).
@@ -202,6 +211,14 @@ pub struct Overrides {
     /// setpoint ceiling, plan ceiling offset, alarm acknowledge).
     #[arg(long)]
     pub northbound_writes: Option<bool>,
+    /// The controller board's pin map (TOML): leak ropes per rack, the
+    /// pump-enable relay, the alarm beacon; with --gpio-chip.
+    #[arg(long)]
+    pub board_pins: Option<PathBuf>,
+    /// The GPIO character device of the board's pins, e.g. /dev/gpiochip0;
+    /// with --board-pins.
+    #[arg(long)]
+    pub gpio_chip: Option<PathBuf>,
 }
 
 /// The checked configuration.
@@ -245,6 +262,19 @@ pub struct Config {
     pub northbound: Option<std::net::SocketAddr>,
     /// The BMS may write the northbound holding registers.
     pub northbound_writes: bool,
+    /// The board's pins on a GPIO chip; `None`: no board pins.
+    pub board: Option<BoardConfig>,
+}
+
+/// The controller board's pins: a pin map on a GPIO chip.
+#[derive(Debug, Clone)]
+pub struct BoardConfig {
+    /// The pin map, checked.
+    pub pins: PinMap,
+    /// Where it was read.
+    pub pins_file: PathBuf,
+    /// The GPIO character device.
+    pub chip: PathBuf,
 }
 
 impl Config {
@@ -866,6 +896,55 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         ));
     }
 
+    // The board's pins.
+    let board = match (
+        pick!(flags.board_pins, file.board_pins, "board-pins"),
+        pick!(flags.gpio_chip, file.gpio_chip, "gpio-chip"),
+    ) {
+        ((None, _), (None, _)) => None,
+        ((Some(p), flag), (Some(chip), _)) => {
+            let t = std::fs::read_to_string(&p).map_err(|e| {
+                src.error(
+                    flag,
+                    "board_pins",
+                    format!("cannot read {}: {e}", p.display()),
+                )
+            })?;
+            let pins = PinMap::from_toml(&t, &p.display().to_string())
+                .map_err(|e| board_error(&p, &t, e))?;
+            let racks = usize::from(core.layout.racks);
+            if pins.leaks.len() > racks {
+                return Err(src.error(
+                    flag,
+                    "board_pins",
+                    format!(
+                        "{} has leak ropes for {} racks; the hall has {racks}",
+                        p.display(),
+                        pins.leaks.len()
+                    ),
+                ));
+            }
+            Some(BoardConfig {
+                pins,
+                pins_file: p,
+                chip,
+            })
+        }
+        ((Some(_), flag), (None, _)) => return Err(src.error(
+            flag,
+            "board_pins",
+            "board_pins needs gpio_chip, the GPIO device of those pins (e.g. \"/dev/gpiochip0\")"
+                .into(),
+        )),
+        ((None, _), (Some(_), flag)) => {
+            return Err(src.error(
+                flag,
+                "gpio_chip",
+                "gpio_chip needs board_pins, the pin map saying which line is which signal".into(),
+            ))
+        }
+    };
+
     Ok(Config {
         site,
         cdu,
@@ -886,6 +965,7 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         flash: pick!(flags.flash, file.flash, "flash").0,
         northbound,
         northbound_writes,
+        board,
     })
 }
 
@@ -1125,6 +1205,77 @@ mod tests {
         };
         let e = resolve(None, MIN, &flags).unwrap_err();
         assert_eq!(e.origin, "flag --modbus-timeout-ms", "{e}");
+    }
+
+    #[test]
+    fn board_pins_and_gpio_chip_go_together_and_the_pin_map_is_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let pins = dir.path().join("pins.toml");
+        let shipped = include_str!("../../boards/pins/sim-controller.toml");
+        std::fs::write(&pins, shipped).unwrap();
+        let both = format!("{MIN}board_pins = {pins:?}\ngpio_chip = \"/dev/gpiochip0\"\n");
+        let c = from(&both).expect("valid");
+        let b = c.board.expect("board pins configured");
+        assert_eq!(b.chip, Path::new("/dev/gpiochip0"));
+        assert_eq!(b.pins_file, pins);
+        assert_eq!(b.pins, PinMap::sim_controller());
+        assert!(from(MIN).unwrap().board.is_none(), "neither: no board");
+
+        // One without the other: refused at its line.
+        let e = from(&format!("{MIN}board_pins = {pins:?}\n")).unwrap_err();
+        assert_eq!((e.origin.as_str(), e.line), ("cdu.toml", Some(4)), "{e}");
+        assert!(e.message.contains("needs gpio_chip"), "{e}");
+        let e = from(&format!(
+            "{MIN}period_ms = 500\ngpio_chip = \"/dev/gpiochip0\"\n"
+        ))
+        .unwrap_err();
+        assert_eq!(e.line, Some(5), "{e}");
+        assert!(e.message.contains("gpio_chip needs board_pins"), "{e}");
+        // A flag completes the file, or stands alone.
+        let flags = Overrides {
+            gpio_chip: Some("/dev/gpiochip1".into()),
+            ..Default::default()
+        };
+        let c = resolve(
+            Some(Path::new("cdu.toml")),
+            &format!("{MIN}board_pins = {pins:?}\n"),
+            &flags,
+        )
+        .expect("valid");
+        assert_eq!(c.board.unwrap().chip, Path::new("/dev/gpiochip1"));
+        let e = resolve(None, MIN, &flags).unwrap_err();
+        assert_eq!(e.origin, "flag --gpio-chip", "{e}");
+
+        // The pin map's own errors name it, with the line when there is one.
+        std::fs::write(
+            &pins,
+            shipped.replace("active_low = true", "activ_low = true"),
+        )
+        .unwrap();
+        let e = from(&both).unwrap_err();
+        assert_eq!(e.origin, pins.display().to_string(), "{e}");
+        assert_eq!(e.line, Some(11), "{e}");
+        assert!(e.message.contains("activ_low"), "{e}");
+        std::fs::write(&pins, shipped.replace("line = 9", "line = 8")).unwrap();
+        let e = from(&both).unwrap_err();
+        assert!(e.message.contains("line 8 carries both"), "{e}");
+        let missing = dir.path().join("none.toml");
+        let e = from(&format!(
+            "{MIN}gpio_chip = \"/dev/gpiochip0\"\nboard_pins = {missing:?}\n"
+        ))
+        .unwrap_err();
+        assert_eq!(e.line, Some(5), "{e}");
+        assert!(e.message.contains("cannot read"), "{e}");
+        // More ropes than the hall has racks.
+        std::fs::write(&pins, shipped).unwrap();
+        let figures = dir.path().join("site.toml");
+        std::fs::write(&figures, "racks = 2\nhosts_per_rack = 3\n").unwrap();
+        let e = from(&format!("{both}site_figures = {figures:?}\n")).unwrap_err();
+        assert_eq!(e.line, Some(4), "{e}");
+        assert!(
+            e.message.contains("leak ropes for 4 racks; the hall has 2"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -35,6 +35,9 @@ pub mod config;
 #[cfg(feature = "std")]
 pub mod console;
 
+#[cfg(all(feature = "std", target_os = "linux"))]
+pub mod gpio;
+
 #[cfg(feature = "std")]
 pub mod journal;
 

@@ -22,6 +22,8 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand};
 use cooling_ctrl::config::{self, Overrides};
 use cooling_ctrl::console::{self, Request};
+#[cfg(target_os = "linux")]
+use cooling_ctrl::gpio;
 use cooling_ctrl::journal::Recorder;
 use cooling_ctrl::modbus::ModbusCdu;
 use cooling_ctrl::northbound;
@@ -212,6 +214,33 @@ async fn serve(config: config::Config) -> Result<(), String> {
             _ = term.recv() => {}
         }
     };
+    // The board's pins first: a chip or a line that cannot be had stops the
+    // start before anything else is set up.
+    let board: Option<Box<dyn shell::BoardIo>> = match &config.board {
+        None => None,
+        #[cfg(not(target_os = "linux"))]
+        Some(b) => {
+            return Err(format!(
+                "board pins ({}): GPIO character devices exist on Linux only",
+                b.pins_file.display()
+            ))
+        }
+        #[cfg(target_os = "linux")]
+        Some(b) => {
+            let pins = gpio::open(&b.chip, &b.pins)
+                .map_err(|e| format!("board pins ({}): {e}", b.pins_file.display()))?;
+            tracing::info!(
+                "cooling-ctrl: board pins of {} ({}) on {}: {} leak ropes, relay line {}, beacon line {}",
+                b.pins.board,
+                b.pins_file.display(),
+                b.chip.display(),
+                b.pins.leaks.len(),
+                b.pins.pump_enable.line,
+                b.pins.alarm_beacon.line
+            );
+            Some(Box::new(pins))
+        }
+    };
     let (broker, _embedded) =
         loopwarden_bus::embedded::configured_or_embedded(config.broker.clone())
             .map_err(|e| format!("broker: {e}"))?;
@@ -299,9 +328,9 @@ async fn serve(config: config::Config) -> Result<(), String> {
         credentials: config.credentials.clone(),
         journal: Some(journal_tx),
         northbound: northbound_link,
-        // A Linux GPIO board support package plugs in here; the CDU's leak
-        // register is read meanwhile.
-        board: None,
+        // The board's pins on a GPIO chip when configured; the CDU's leak
+        // register is read in any case.
+        board,
         operator: Some(operator_rx),
     };
     let result = shell::run_with(config.shell_config(broker), opts, port, stop).await;
