@@ -310,31 +310,10 @@ async fn nobody_listening_is_a_link_failure_not_a_refusal() {
 
 // ---- RTU on a pseudo-terminal pair ----
 
-/// True when running under CI (`CI=true` or `1`), where a missing tool is a
-/// failure (the rule of the system tests' `require_tool`).
-fn in_ci() -> bool {
-    std::env::var("CI")
-        .map(|v| v == "true" || v == "1")
-        .unwrap_or(false)
-}
-
 /// `socat`, or `None` (skip, said on stderr) outside CI; under CI a
-/// missing socat panics.
+/// missing socat is a failure.
 fn require_socat() -> Option<PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")])
-            .map(|p| p.join("socat"))
-            .find(|p| p.is_file())
-    });
-    if found.is_none() {
-        let why = "socat not found on PATH (.ci/run installs it; the RTU tests need it for a pseudo-terminal pair)";
-        if in_ci() {
-            panic!("{why}; CI=true, so this is a failure");
-        }
-        eprintln!("SKIP: {why}");
-    }
-    found
+    loopwarden_system_tests::require_tool("socat")
 }
 
 /// Two pseudo-terminals joined by socat: what goes into one comes out of

@@ -11,7 +11,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use loopwarden_boards::modbus_map::RegisterMap;
 use loopwarden_boards::sim_cdu::SimCdu;
 use loopwarden_bus::embedded::EmbeddedBroker;
 use serde_json::Value;
@@ -19,33 +18,7 @@ use serde_json::Value;
 const BIN: &str = env!("CARGO_BIN_EXE_cooling-ctrl");
 
 /// A CDU at full flow whose supply sits well above the boot setpoint.
-fn sim_cdu() -> SimCdu {
-    let cdu = SimCdu::new(
-        RegisterMap::sim_cdu(),
-        &[
-            ("supply_setpoint", 30.0),
-            ("pump_speed", 80.0),
-            ("lead_pump", 1.0),
-            ("valves_open", 0.0),
-        ],
-    )
-    .expect("settings in range");
-    for (name, value) in [
-        ("supply_temp", 40.0),
-        ("return_temp", 49.3),
-        ("flow", 192.0),
-        ("facility_supply_temp", 30.0),
-        ("pump_a_running", 1.0),
-        ("pump_b_running", 0.0),
-        ("leak_inputs", 0.0),
-        ("it_power", 120_000.0),
-        ("cooling_power", 10_000.0),
-        ("facility_power", 135_000.0),
-    ] {
-        cdu.set_measurement(name, value).expect("a measurement");
-    }
-    cdu
-}
+use loopwarden_system_tests::steady_sim_cdu as sim_cdu;
 
 struct Rig {
     _rt: tokio::runtime::Runtime,

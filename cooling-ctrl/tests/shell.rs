@@ -7,9 +7,6 @@
 //! Skipped when mosquitto is not installed, except under CI (`CI=true`).
 #![cfg(feature = "std")]
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cooling_ctrl::core::CoreConfig;
@@ -31,93 +28,7 @@ const KEY_ID: u8 = 3;
 const KEY: &[u8] = b"shell test site key, 32 bytes..";
 const PERIOD: Duration = Duration::from_millis(200);
 
-// ---- a private mosquitto (as the `tests` crate's harness does).
-
-fn in_ci() -> bool {
-    std::env::var("CI")
-        .map(|v| v == "true" || v == "1")
-        .unwrap_or(false)
-}
-
-fn require_tool(tool: &str) -> Option<PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")])
-            .map(|p| p.join(tool))
-            .find(|p| p.is_file())
-    });
-    if found.is_none() {
-        let why = format!("{tool} not found on PATH (.ci/run installs mosquitto)");
-        assert!(!in_ci(), "{why}; CI=true, so this is a failure");
-        eprintln!("SKIP: {why}");
-    }
-    found
-}
-
-struct Mosquitto {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Mosquitto {
-    fn start() -> Option<Mosquitto> {
-        let bin = require_tool("mosquitto")?;
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("a free port");
-        let conf = dir.path().join("mosquitto.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nlog_dest stderr\nlog_type error\n"
-            ),
-        )
-        .expect("write mosquitto.conf");
-        let mut child = Command::new(bin)
-            .arg("-c")
-            .arg(&conf)
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start mosquitto");
-        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let mut up = false;
-        while Instant::now() < deadline {
-            if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
-                up = true;
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        assert!(
-            up && matches!(child.try_wait(), Ok(None)),
-            "mosquitto did not come up on {addr}"
-        );
-        Some(Mosquitto {
-            child,
-            port,
-            _dir: dir,
-        })
-    }
-
-    fn addr(&self) -> BrokerAddr {
-        BrokerAddr {
-            host: "127.0.0.1".into(),
-            port: self.port,
-        }
-    }
-}
-
-impl Drop for Mosquitto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use loopwarden_system_tests::Mosquitto;
 
 // ---- the rig: broker, simulated CDU, shell, and a probe on the bus.
 
@@ -130,33 +41,7 @@ fn host_ids() -> Vec<Ident> {
 }
 
 /// A CDU at full flow whose supply sits well above the boot setpoint.
-fn sim_cdu() -> SimCdu {
-    let cdu = SimCdu::new(
-        RegisterMap::sim_cdu(),
-        &[
-            ("supply_setpoint", 30.0),
-            ("pump_speed", 80.0),
-            ("lead_pump", 1.0),
-            ("valves_open", 0.0),
-        ],
-    )
-    .expect("settings in range");
-    for (name, value) in [
-        ("supply_temp", 40.0),
-        ("return_temp", 49.3),
-        ("flow", 192.0),
-        ("facility_supply_temp", 30.0),
-        ("pump_a_running", 1.0),
-        ("pump_b_running", 0.0),
-        ("leak_inputs", 0.0),
-        ("it_power", 120_000.0),
-        ("cooling_power", 10_000.0),
-        ("facility_power", 135_000.0),
-    ] {
-        cdu.set_measurement(name, value).expect("a measurement");
-    }
-    cdu
-}
+use loopwarden_system_tests::steady_sim_cdu as sim_cdu;
 
 struct Rig {
     broker: Mosquitto,

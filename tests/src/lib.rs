@@ -41,7 +41,7 @@ pub fn require_tool(tool: &str) -> Option<PathBuf> {
     });
     if found.is_none() {
         let why = format!(
-            "{tool} not found on PATH (.ci/run installs mosquitto, mosquitto-clients and mbpoll)"
+            "{tool} not found on PATH (.ci/run installs mosquitto, mosquitto-clients, mbpoll and socat)"
         );
         if in_ci() {
             panic!("{why}; CI=true, so this is a failure");
@@ -513,4 +513,38 @@ impl CutProxy {
     pub fn restore(&self) {
         self.open.store(true, Ordering::SeqCst);
     }
+}
+
+/// A simulated CDU as a controller first finds it: settings no controller
+/// chose (30 °C, 80 %, lead pump B, every valve shut) and the measurements
+/// of a steady loaded loop (supply 40 °C, return 49.3 °C, 192 L/min, IT
+/// 120 kW, cooling 10 kW, facility 135 kW: PUE 1.125).
+pub fn steady_sim_cdu() -> loopwarden_boards::sim_cdu::SimCdu {
+    use loopwarden_boards::modbus_map::RegisterMap;
+    use loopwarden_boards::sim_cdu::SimCdu;
+    let cdu = SimCdu::new(
+        RegisterMap::sim_cdu(),
+        &[
+            ("supply_setpoint", 30.0),
+            ("pump_speed", 80.0),
+            ("lead_pump", 1.0),
+            ("valves_open", 0.0),
+        ],
+    )
+    .expect("settings in range");
+    for (name, value) in [
+        ("supply_temp", 40.0),
+        ("return_temp", 49.3),
+        ("flow", 192.0),
+        ("facility_supply_temp", 30.0),
+        ("pump_a_running", 1.0),
+        ("pump_b_running", 0.0),
+        ("leak_inputs", 0.0),
+        ("it_power", 120_000.0),
+        ("cooling_power", 10_000.0),
+        ("facility_power", 135_000.0),
+    ] {
+        cdu.set_measurement(name, value).expect("a measurement");
+    }
+    cdu
 }

@@ -25,11 +25,6 @@
 //!
 //! It prints p50, p99 and max of each, and how many samples.
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
-
 use loopwarden_boards::scenario::Scenario;
 use loopwarden_bus::BrokerAddr;
 use loopwarden_hall::play::{play_with, PlayConfig, PlayOptions};
@@ -68,64 +63,7 @@ all = [[0, 1.0], [{duration}, 1.0]]
     s
 }
 
-struct Mosquitto {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Mosquitto {
-    fn start() -> Option<Mosquitto> {
-        let bin = std::env::var_os("PATH").and_then(|paths| {
-            std::env::split_paths(&paths)
-                .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")])
-                .map(|p| p.join("mosquitto"))
-                .find(|p| p.is_file())
-        })?;
-        let dir = tempfile::tempdir().ok()?;
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .ok()?
-            .port();
-        let conf = dir.path().join("mosquitto.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nlog_dest stderr\nlog_type error\n"
-            ),
-        )
-        .ok()?;
-        let mut child = Command::new(bin)
-            .arg("-c")
-            .arg(&conf)
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .ok()?;
-        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
-                return Some(Mosquitto {
-                    child,
-                    port,
-                    _dir: dir,
-                });
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        None
-    }
-}
-
-impl Drop for Mosquitto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use loopwarden_system_tests::Mosquitto;
 
 /// Nearest-rank percentile of sorted `v`.
 fn pct(v: &[f64], p: f64) -> f64 {
@@ -158,7 +96,7 @@ fn main() {
     let mosquitto = if embedded { None } else { Mosquitto::start() };
     let broker = mosquitto.as_ref().map(|m| BrokerAddr {
         host: "127.0.0.1".into(),
-        port: m.port,
+        port: m.port(),
     });
     let scenario = Scenario::from_toml(&scenario(trips), "cap_latency.toml").expect("scenario");
     let hosts = scenario.site.racks * scenario.site.hosts_per_rack;

@@ -25,13 +25,9 @@
 //!
 //! Skipped when mosquitto is not installed, except under CI (`CI=true`).
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use loopwarden_boards::scenario::Scenario;
-use loopwarden_bus::BrokerAddr;
 use loopwarden_hall::play::{play, PlayConfig};
 
 const SPEED: f64 = 10.0;
@@ -65,93 +61,7 @@ kind = "chiller_trip"
     )
 }
 
-// ---- a private mosquitto (as cooling-ctrl's shell test starts it).
-
-fn in_ci() -> bool {
-    std::env::var("CI")
-        .map(|v| v == "true" || v == "1")
-        .unwrap_or(false)
-}
-
-fn require_tool(tool: &str) -> Option<PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")])
-            .map(|p| p.join(tool))
-            .find(|p| p.is_file())
-    });
-    if found.is_none() {
-        let why = format!("{tool} not found on PATH (.ci/run installs mosquitto)");
-        assert!(!in_ci(), "{why}; CI=true, so this is a failure");
-        eprintln!("SKIP: {why}");
-    }
-    found
-}
-
-struct Mosquitto {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Mosquitto {
-    fn start() -> Option<Mosquitto> {
-        let bin = require_tool("mosquitto")?;
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("a free port");
-        let conf = dir.path().join("mosquitto.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nlog_dest stderr\nlog_type error\n"
-            ),
-        )
-        .expect("write mosquitto.conf");
-        let mut child = Command::new(bin)
-            .arg("-c")
-            .arg(&conf)
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start mosquitto");
-        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let mut up = false;
-        while Instant::now() < deadline {
-            if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
-                up = true;
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        assert!(
-            up && matches!(child.try_wait(), Ok(None)),
-            "mosquitto did not come up on {addr}"
-        );
-        Some(Mosquitto {
-            child,
-            port,
-            _dir: dir,
-        })
-    }
-
-    fn addr(&self) -> BrokerAddr {
-        BrokerAddr {
-            host: "127.0.0.1".into(),
-            port: self.port,
-        }
-    }
-}
-
-impl Drop for Mosquitto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use loopwarden_system_tests::Mosquitto;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chiller_trip_caps_the_hosts_through_real_agents_and_the_caps_lift_after() {
