@@ -45,7 +45,6 @@
 //! - *origin*: where a value came from (a line of the file, a flag, the
 //!   default), so an error points at it.
 
-use std::fmt;
 use std::format;
 use std::net::ToSocketAddrs;
 use std::path::{Path, PathBuf};
@@ -57,6 +56,9 @@ use loopwarden_boards::modbus_map::RegisterMap;
 use loopwarden_boards::pins::PinMap;
 use loopwarden_boards::plant::SiteConfig;
 use loopwarden_bus::BrokerAddr;
+pub use loopwarden_field::config::ConfigError;
+use loopwarden_field::config::{self as field, local_host_name, range, Sources};
+use loopwarden_field::pick;
 use loopwarden_protocol::Ident;
 use serde::Deserialize;
 
@@ -291,81 +293,6 @@ impl Config {
     }
 }
 
-/// A configuration that cannot be used, and where.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    /// The file, a flag or `default`.
-    pub origin: String,
-    /// The line in the file, when known.
-    pub line: Option<usize>,
-    /// What is wrong.
-    pub message: String,
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.line {
-            Some(l) => write!(f, "{} line {}: {}", self.origin, l, self.message),
-            None => write!(f, "{}: {}", self.origin, self.message),
-        }
-    }
-}
-
-impl std::error::Error for ConfigError {}
-
-/// Where values came from, for error messages.
-struct Sources<'a> {
-    path: Option<&'a Path>,
-    text: &'a str,
-}
-
-impl Sources<'_> {
-    /// The line of top-level `key` in the file.
-    fn line_of(&self, key: &str) -> Option<usize> {
-        for (i, raw) in self.text.lines().enumerate() {
-            let line = raw.trim();
-            if line.starts_with('[') {
-                // Every field is top-level.
-                return None;
-            }
-            if let Some((k, _)) = line.split_once('=') {
-                if k.trim() == key {
-                    return Some(i + 1);
-                }
-            }
-        }
-        None
-    }
-
-    fn error(&self, flag: Option<&str>, key: &str, message: String) -> ConfigError {
-        if let Some(flag) = flag {
-            return ConfigError {
-                origin: format!("flag --{flag}"),
-                line: None,
-                message,
-            };
-        }
-        match (self.path, self.line_of(key)) {
-            (Some(p), Some(line)) => ConfigError {
-                origin: p.display().to_string(),
-                line: Some(line),
-                message,
-            },
-            _ => ConfigError {
-                origin: "default".into(),
-                line: None,
-                message,
-            },
-        }
-    }
-}
-
-/// The line of a TOML error's span in `text`.
-fn span_line(text: &str, e: &toml::de::Error) -> Option<usize> {
-    e.span()
-        .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1)
-}
-
 /// The console socket for `cooling-ctrl ctl`: the file's `console` if it
 /// names one (nothing else in it is checked), else the default.
 pub fn console_path(path: Option<&Path>) -> Result<PathBuf, ConfigError> {
@@ -376,30 +303,14 @@ pub fn console_path(path: Option<&Path>) -> Result<PathBuf, ConfigError> {
     let Some(p) = path else {
         return Ok(default_console());
     };
-    let origin = p.display().to_string();
-    let text = std::fs::read_to_string(p).map_err(|e| ConfigError {
-        origin: origin.clone(),
-        line: None,
-        message: format!("cannot read: {e}"),
-    })?;
-    let only: Only = toml::from_str(&text).map_err(|e| ConfigError {
-        origin,
-        line: span_line(&text, &e),
-        message: e.message().to_string(),
-    })?;
+    let text = field::read(p)?;
+    let only: Only = field::parse(Some(p), &text)?;
     Ok(only.console.unwrap_or_else(default_console))
 }
 
 /// Reads `path` (if any), applies `flags` and checks the result.
 pub fn load(path: Option<&Path>, flags: &Overrides) -> Result<Config, ConfigError> {
-    let text = match path {
-        Some(p) => std::fs::read_to_string(p).map_err(|e| ConfigError {
-            origin: p.display().to_string(),
-            line: None,
-            message: format!("cannot read: {e}"),
-        })?,
-        None => String::new(),
-    };
+    let text = field::read_optional(path)?;
     resolve(path, &text, flags)
 }
 
@@ -454,60 +365,10 @@ pub fn expand_hosts(pattern: &str, racks: usize, per_rack: usize) -> Result<Vec<
 
 /// Checks a configuration given as text (the file at `path`) and flags.
 pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Config, ConfigError> {
-    let file: FileConfig = toml::from_str(text).map_err(|e| ConfigError {
-        origin: path.map_or("config".into(), |p| p.display().to_string()),
-        line: span_line(text, &e),
-        message: e.message().to_string(),
-    })?;
-    let src = Sources { path, text };
+    let file: FileConfig = field::parse(path, text)?;
+    let src = Sources::new(path, text);
 
-    // Picks the flag, else the file; remembers which, for errors.
-    macro_rules! pick {
-        ($flag:expr, $file:expr, $flagname:literal) => {
-            match (&$flag, &$file) {
-                (Some(v), _) => (Some(v.clone()), Some($flagname)),
-                (None, Some(v)) => (Some(v.clone()), None),
-                (None, None) => (None, None),
-            }
-        };
-    }
-    #[allow(clippy::too_many_arguments)]
-    fn range<T: PartialOrd + fmt::Display + Copy>(
-        src: &Sources,
-        (value, flag): (Option<T>, Option<&str>),
-        key: &str,
-        default: T,
-        lo: T,
-        hi: T,
-        unit: &str,
-    ) -> Result<T, ConfigError> {
-        let Some(v) = value else { return Ok(default) };
-        if !(v >= lo && v <= hi) {
-            return Err(src.error(
-                flag,
-                key,
-                format!("{key} = {v} is out of range ({lo} to {hi}{unit})"),
-            ));
-        }
-        Ok(v)
-    }
-    let ident =
-        |(value, flag): (Option<String>, Option<&str>), key: &str, default: Option<String>| {
-            let v = value.or(default).ok_or_else(|| {
-                src.error(
-                    None,
-                    key,
-                    format!("{key} is required (in the file or as --{key})"),
-                )
-            })?;
-            Ident::new(&v).map_err(|e| {
-                src.error(
-                    flag,
-                    key,
-                    format!("{key} = {v:?} is not a name: {e} (1 to 32 of A-Z a-z 0-9 _ - .)"),
-                )
-            })
-        };
+    let ident = |picked, key: &str, default| field::ident(&src, picked, key, default);
 
     let site = ident(
         pick!(flags.site, file.site, "site"),
@@ -523,33 +384,15 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         ),
         (None, _) => None,
     };
-    let credentials = match (
+    let credentials = field::credentials(
+        &src,
         pick!(flags.broker_user, file.broker_user, "broker-user"),
         pick!(
             flags.broker_password_file,
             file.broker_password_file,
             "broker-password-file"
         ),
-    ) {
-        ((Some(user), _), (Some(pw), flag)) => {
-            let password = std::fs::read_to_string(&pw).map_err(|e| {
-                src.error(
-                    flag,
-                    "broker_password_file",
-                    format!("cannot read {}: {e}", pw.display()),
-                )
-            })?;
-            Some((user, password.trim_end().to_string()))
-        }
-        ((None, _), (None, _)) => None,
-        ((Some(_), flag), _) | (_, (Some(_), flag)) => {
-            return Err(src.error(
-                flag,
-                "broker_user",
-                "broker_user and broker_password_file go together".into(),
-            ))
-        }
-    };
+    )?;
 
     // The site key.
     let demo_flag = flags.demo_key.then_some(true);
@@ -747,11 +590,7 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
                     format!("cannot read {}: {e}", p.display()),
                 )
             })?;
-            let figures: SiteConfig = toml::from_str(&t).map_err(|e| ConfigError {
-                origin: p.display().to_string(),
-                line: span_line(&t, &e),
-                message: e.message().to_string(),
-            })?;
+            let figures: SiteConfig = field::parse(Some(&p), &t)?;
             (figures, Some(p))
         }
     };
@@ -995,32 +834,11 @@ fn board_error(path: &Path, _text: &str, e: loopwarden_boards::BoardError) -> Co
 
 pub use loopwarden_bus::keys::read_keys;
 
-fn local_host_name() -> Option<String> {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|h| h.trim().split('.').next().unwrap_or("").to_string())
-        .filter(|h| !h.is_empty())
-}
-
 /// `/run/loopwarden/cooling-ctrl.sock` where it can be made (root), else
 /// `loopwarden-cooling-ctrl.sock` under `$XDG_RUNTIME_DIR` or `/tmp`. The
 /// same for `run` and `ctl`, so `ctl` finds the controller without flags.
 fn default_console() -> PathBuf {
-    let run = Path::new("/run/loopwarden");
-    if std::fs::create_dir_all(run).is_ok() && !is_read_only(run) {
-        return run.join("cooling-ctrl.sock");
-    }
-    let dir = std::env::var_os("XDG_RUNTIME_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(std::env::temp_dir);
-    dir.join("loopwarden-cooling-ctrl.sock")
-}
-
-fn is_read_only(dir: &Path) -> bool {
-    let probe = dir.join(".probe-cooling-ctrl");
-    let ok = std::fs::write(&probe, b"").is_ok();
-    let _ = std::fs::remove_file(&probe);
-    !ok
+    field::default_socket("cooling-ctrl", ".probe-cooling-ctrl")
 }
 
 #[cfg(test)]

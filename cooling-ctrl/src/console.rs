@@ -14,8 +14,6 @@
 //!   since the epoch) or `caps`.
 
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::string::{String, ToString};
 use std::sync::Arc;
@@ -25,10 +23,13 @@ use std::vec::Vec;
 use std::{eprintln, format};
 
 use loopwarden_bus::now_ms;
+use loopwarden_field as field;
+use loopwarden_field::console::Peer;
+use loopwarden_field::render::{events_table, table, text as s};
+pub use loopwarden_field::time::parse_since;
 use loopwarden_protocol::TimestampMs;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixListener;
 use tokio::sync::watch;
 
@@ -98,58 +99,18 @@ pub struct Context {
     pub operator: Option<tokio::sync::mpsc::Sender<OperatorRequest>>,
 }
 
-/// Longest request line accepted.
-const MAX_REQUEST: usize = 4096;
-
 /// Binds the console socket, replacing a stale one.
 pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)?;
-    }
-    if let Ok(meta) = std::fs::symlink_metadata(path) {
-        use std::os::unix::fs::FileTypeExt;
-        if !meta.file_type().is_socket() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::AlreadyExists,
-                "a file that is not a socket is in the way; the controller does not remove it",
-            ));
-        }
-        if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::AddrInUse,
-                "another controller answers on this socket",
-            ));
-        }
-        std::fs::remove_file(path)?;
-    }
-    let listener = UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
-    Ok(listener)
+    field::console::bind(path, "controller")
 }
 
 /// Answers connections until the task is dropped.
 pub async fn serve(listener: UnixListener, ctx: Arc<Context>) {
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
-        };
+    field::console::serve(listener, move |req: Request| {
         let ctx = ctx.clone();
-        tokio::spawn(async move {
-            let (read, mut write) = stream.into_split();
-            let mut line = String::new();
-            let mut reader = tokio::io::BufReader::new(read).take(MAX_REQUEST as u64);
-            let answer = match reader.read_line(&mut line).await {
-                Err(e) => json!({ "error": format!("reading the request: {e}") }),
-                Ok(_) => match serde_json::from_str::<Request>(line.trim()) {
-                    Err(e) => json!({ "error": format!("bad request {:?}: {e}", line.trim()) }),
-                    Ok(req) => answer(&ctx, req).await,
-                },
-            };
-            let mut text = answer.to_string();
-            text.push('\n');
-            let _ = write.write_all(text.as_bytes()).await;
-        });
-    }
+        async move { answer(&ctx, req).await }
+    })
+    .await
 }
 
 fn secs_ago(now: TimestampMs, t: TimestampMs) -> f64 {
@@ -387,87 +348,25 @@ fn caps(ctx: &Context, st: &ShellStats, now: TimestampMs) -> Value {
 /// The client side: sends `req` to the controller at `path` and prints
 /// the answer (tables, or JSON with `json_out`). Returns the exit status.
 pub fn ctl(path: &Path, req: &Request, json_out: bool) -> i32 {
-    let mut stream = match std::os::unix::net::UnixStream::connect(path) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!(
-                "cannot reach the controller at {}: {e} (is cooling-ctrl running? give its socket with --socket)",
-                path.display()
-            );
-            return 2;
-        }
+    let peer = Peer {
+        who: "controller",
+        program: "cooling-ctrl",
+        flag: "--socket",
     };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(15)));
-    let mut line = serde_json::to_string(req).expect("requests serialise");
-    line.push('\n');
-    if let Err(e) = stream.write_all(line.as_bytes()) {
-        eprintln!("sending the request: {e}");
-        return 2;
-    }
-    let mut answer = String::new();
-    if let Err(e) = BufReader::new(stream).read_line(&mut answer) {
-        eprintln!("reading the answer: {e}");
-        return 2;
-    }
-    let value: Value = match serde_json::from_str(answer.trim()) {
+    let value = match field::console::ask(path, req, &peer) {
         Ok(v) => v,
-        Err(e) => {
-            eprintln!("the controller's answer is not JSON ({e}): {answer}");
-            return 2;
-        }
+        Err(status) => return i32::from(status),
     };
     if let Some(e) = value.get("error") {
         eprintln!("the controller says: {}", s(e));
         return 1;
     }
-    let text = if json_out {
-        let mut t = value.to_string();
-        t.push('\n');
-        t
-    } else {
-        render(req, &value)
-    };
-    // A closed pipe (`| head`) is not an error worth a panic.
-    let _ = std::io::stdout().write_all(text.as_bytes());
+    field::console::print_answer(&value, json_out, |v| render(req, v));
     // A refused operator request is a failure for scripts.
     if value["ok"] == false {
         1
     } else {
         0
-    }
-}
-
-/// Aligned columns: a header row, then rows.
-fn table(header: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
-    for r in rows {
-        for (i, c) in r.iter().enumerate() {
-            widths[i] = widths[i].max(c.chars().count());
-        }
-    }
-    let mut out = String::new();
-    let line = |cells: Vec<String>, out: &mut String| {
-        let mut l = String::new();
-        for (i, c) in cells.iter().enumerate() {
-            let _ = write!(l, "{c:<w$}  ", w = widths[i]);
-        }
-        out.push_str(l.trim_end());
-        out.push('\n');
-    };
-    line(header.iter().map(|s| s.to_string()).collect(), &mut out);
-    for r in rows {
-        line(r.clone(), &mut out);
-    }
-    out
-}
-
-fn s(v: &Value) -> String {
-    match v {
-        Value::Null => "-".into(),
-        Value::String(s) => s.clone(),
-        Value::Array(a) if a.is_empty() => "-".into(),
-        Value::Array(a) => a.iter().map(s).collect::<Vec<_>>().join(","),
-        other => other.to_string(),
     }
 }
 
@@ -724,27 +623,7 @@ pub fn render(req: &Request, v: &Value) -> String {
                 ),
             ])
         }
-        Request::Events { .. } => {
-            let rows: Vec<Vec<String>> = v["events"]
-                .as_array()
-                .map(|a| {
-                    a.iter()
-                        .map(|e| {
-                            vec![
-                                s(&e["seq"]),
-                                clock(e["time_ms"].as_u64().unwrap_or(0)),
-                                describe_event(&e["event"]),
-                            ]
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            if rows.is_empty() {
-                "no events\n".into()
-            } else {
-                table(&["#", "TIME (UTC)", "EVENT"], &rows)
-            }
-        }
+        Request::Events { .. } => events_table(v, describe_event),
         Request::Caps => {
             let rows: Vec<Vec<String>> = v["hosts"]
                 .as_array()
@@ -811,29 +690,6 @@ pub fn render(req: &Request, v: &Value) -> String {
     }
 }
 
-/// `YYYY-MM-DD HH:MM:SS.mmm` of a time in ms since the epoch (UTC).
-fn clock(ms: u64) -> String {
-    let secs = ms / 1000;
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Civil date from days since 1970-01-01 (proleptic Gregorian).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}.{:03}",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        ms % 1000
-    )
-}
-
 fn describe_event(e: &Value) -> String {
     let Some((name, body)) = e.as_object().and_then(|o| o.iter().next()) else {
         return s(e);
@@ -867,44 +723,9 @@ fn describe_event(e: &Value) -> String {
     }
 }
 
-/// Parses `--since`: `30s`, `10m`, `2h`, `1d` ago, or ms since the epoch.
-pub fn parse_since(text: &str, now: TimestampMs) -> Result<u64, String> {
-    let t = text.trim();
-    if let Ok(ms) = t.parse::<u64>() {
-        return Ok(ms);
-    }
-    let (num, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));
-    let n: u64 = num.parse().map_err(|_| {
-        format!("--since {text:?}: expected 30s, 10m, 2h, 1d or ms since the epoch")
-    })?;
-    let ms = match unit {
-        "s" => n * 1000,
-        "m" => n * 60_000,
-        "h" => n * 3_600_000,
-        "d" => n * 86_400_000,
-        _ => return Err(format!("--since {text:?}: unit must be s, m, h or d")),
-    };
-    Ok(now.0.saturating_sub(ms))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn clock_and_since() {
-        assert_eq!(clock(1_795_953_600_123), "2026-11-29 12:00:00.123");
-        let now = TimestampMs(1_000_000);
-        assert_eq!(parse_since("10s", now), Ok(990_000));
-        assert_eq!(parse_since("123", now), Ok(123));
-        assert!(parse_since("10x", now).is_err());
-    }
-
-    #[test]
-    fn tables_align() {
-        let t = table(&["A", "BB"], &[vec!["xxx".into(), "y".into()]]);
-        assert_eq!(t, "A    BB\nxxx  y\n");
-    }
 
     #[test]
     fn requests_are_one_line_of_json() {

@@ -11,10 +11,12 @@
 //! - *twin*: simulated GPUs instead of NVML.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use loopwarden_field::config::ConfigError;
+use loopwarden_field::config::{self as field, local_host_name, range, Sources};
+use loopwarden_field::pick;
 use loopwarden_protocol::{Ident, Watts, WholeCelsius};
 use serde::Deserialize;
 
@@ -221,85 +223,8 @@ pub struct Config {
     pub quarantine_timeout: Duration,
 }
 
-/// A configuration that cannot be used, and where.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    /// The file, a flag or `default`.
-    pub origin: String,
-    /// The line in the file, when known.
-    pub line: Option<usize>,
-    /// What is wrong.
-    pub message: String,
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.line {
-            Some(l) => write!(f, "{} line {}: {}", self.origin, l, self.message),
-            None => write!(f, "{}: {}", self.origin, self.message),
-        }
-    }
-}
-
-impl std::error::Error for ConfigError {}
-
 /// Placeholders a quarantine action may use.
 pub const PLACEHOLDERS: [&str; 5] = ["{host}", "{site}", "{gpu}", "{uuid}", "{reason}"];
-
-/// Reads the value's origin for error messages.
-struct Sources<'a> {
-    path: Option<&'a Path>,
-    text: &'a str,
-}
-
-impl Sources<'_> {
-    /// The line of `key` (in `[section]` when given) in the file.
-    fn line_of(&self, section: Option<&str>, key: &str) -> Option<usize> {
-        let mut current: Option<String> = None;
-        for (i, raw) in self.text.lines().enumerate() {
-            let line = raw.trim();
-            if let Some(s) = line.strip_prefix('[') {
-                current = Some(s.trim_end_matches(']').trim().to_string());
-                continue;
-            }
-            let Some((k, _)) = line.split_once('=') else {
-                continue;
-            };
-            if k.trim() == key && current.as_deref() == section {
-                return Some(i + 1);
-            }
-        }
-        None
-    }
-
-    fn error(
-        &self,
-        flag: Option<&str>,
-        section: Option<&str>,
-        key: &str,
-        message: String,
-    ) -> ConfigError {
-        if let Some(flag) = flag {
-            return ConfigError {
-                origin: format!("flag --{flag}"),
-                line: None,
-                message,
-            };
-        }
-        match (self.path, self.line_of(section, key)) {
-            (Some(p), Some(line)) => ConfigError {
-                origin: p.display().to_string(),
-                line: Some(line),
-                message,
-            },
-            _ => ConfigError {
-                origin: "default".into(),
-                line: None,
-                message,
-            },
-        }
-    }
-}
 
 /// The console socket for `node-agent ctl`: the file's `console` if it
 /// names one (nothing else in it is checked, so a user who may not read
@@ -313,11 +238,7 @@ pub fn console_path(path: Option<&Path>) -> Result<PathBuf, ConfigError> {
         return Ok(default_console());
     };
     let origin = p.display().to_string();
-    let text = std::fs::read_to_string(p).map_err(|e| ConfigError {
-        origin: origin.clone(),
-        line: None,
-        message: format!("cannot read: {e}"),
-    })?;
+    let text = field::read(p)?;
     let only: Only = toml::from_str(&text).map_err(|e| ConfigError {
         origin,
         line: None,
@@ -328,80 +249,16 @@ pub fn console_path(path: Option<&Path>) -> Result<PathBuf, ConfigError> {
 
 /// Reads `path` (if any), applies `flags` and checks the result.
 pub fn load(path: Option<&Path>, flags: &Overrides) -> Result<Config, ConfigError> {
-    let text = match path {
-        Some(p) => std::fs::read_to_string(p).map_err(|e| ConfigError {
-            origin: p.display().to_string(),
-            line: None,
-            message: format!("cannot read: {e}"),
-        })?,
-        None => String::new(),
-    };
+    let text = field::read_optional(path)?;
     resolve(path, &text, flags)
 }
 
 /// Checks a configuration given as text (the file at `path`) and flags.
 pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Config, ConfigError> {
-    let file: FileConfig = toml::from_str(text).map_err(|e| ConfigError {
-        origin: path.map_or("config".into(), |p| p.display().to_string()),
-        line: e
-            .span()
-            .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1),
-        message: e.message().to_string(),
-    })?;
-    let src = Sources { path, text };
+    let file: FileConfig = field::parse(path, text)?;
+    let src = Sources::new(path, text);
 
-    // Picks the flag, else the file; remembers which, for errors.
-    macro_rules! pick {
-        ($flag:expr, $file:expr, $flagname:literal) => {
-            match (&$flag, &$file) {
-                (Some(v), _) => (Some(v.clone()), Some($flagname)),
-                (None, Some(v)) => (Some(v.clone()), None),
-                (None, None) => (None, None),
-            }
-        };
-    }
-    #[allow(clippy::too_many_arguments)]
-    fn range<T: PartialOrd + fmt::Display + Copy>(
-        src: &Sources,
-        (value, flag): (Option<T>, Option<&str>),
-        section: Option<&str>,
-        key: &str,
-        default: T,
-        lo: T,
-        hi: T,
-        unit: &str,
-    ) -> Result<T, ConfigError> {
-        let Some(v) = value else { return Ok(default) };
-        if v < lo || v > hi {
-            return Err(src.error(
-                flag,
-                section,
-                key,
-                format!("{key} = {v} is out of range ({lo} to {hi}{unit})"),
-            ));
-        }
-        Ok(v)
-    }
-
-    let ident =
-        |(value, flag): (Option<String>, Option<&str>), key: &str, default: Option<String>| {
-            let v = value.or(default).ok_or_else(|| {
-                src.error(
-                    None,
-                    None,
-                    key,
-                    format!("{key} is required (in the file or as --{key})"),
-                )
-            })?;
-            Ident::new(&v).map_err(|e| {
-                src.error(
-                    flag,
-                    None,
-                    key,
-                    format!("{key} = {v:?} is not a name: {e} (1 to 32 of A-Z a-z 0-9 _ - .)"),
-                )
-            })
-        };
+    let ident = |picked, key: &str, default| field::ident(&src, picked, key, default);
     let site = ident(
         pick!(flags.site, file.site, "site"),
         "site",
@@ -416,44 +273,23 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
     let broker = match pick!(flags.broker, file.broker, "broker") {
         (Some(b), flag) => Some(
             b.parse()
-                .map_err(|e| src.error(flag, None, "broker", format!("broker = {b:?}: {e}")))?,
+                .map_err(|e| src.error(flag, "broker", format!("broker = {b:?}: {e}")))?,
         ),
         (None, _) => None,
     };
-    let credentials = match (
+    let credentials = field::credentials(
+        &src,
         pick!(flags.broker_user, file.broker_user, "broker-user"),
         pick!(
             flags.broker_password_file,
             file.broker_password_file,
             "broker-password-file"
         ),
-    ) {
-        ((Some(user), _), (Some(pw), flag)) => {
-            let password = std::fs::read_to_string(&pw).map_err(|e| {
-                src.error(
-                    flag,
-                    None,
-                    "broker_password_file",
-                    format!("cannot read {}: {e}", pw.display()),
-                )
-            })?;
-            Some((user, password.trim_end().to_string()))
-        }
-        ((None, _), (None, _)) => None,
-        ((Some(_), flag), _) | (_, (Some(_), flag)) => {
-            return Err(src.error(
-                flag,
-                None,
-                "broker_user",
-                "broker_user and broker_password_file go together".into(),
-            ))
-        }
-    };
+    )?;
 
     let twin = range(
         &src,
         pick!(flags.twin_gpus, file.twin_gpus, "twin-gpus"),
-        None,
         "twin_gpus",
         0,
         0,
@@ -470,11 +306,10 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         (Some(b), flag) => match loopwarden_boards::GpuBoard::builtin(&b) {
             Some(board) => board,
             None if Path::new(&b).exists() => loopwarden_boards::GpuBoard::load(Path::new(&b))
-                .map_err(|e| src.error(flag, None, "board", e.to_string()))?,
+                .map_err(|e| src.error(flag, "board", e.to_string()))?,
             None => {
                 return Err(src.error(
                     flag,
-                    None,
                     "board",
                     format!(
                         "board = {b:?} is neither a known model (H200-SXM, H100-SXM) nor a file"
@@ -487,7 +322,6 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
     let period = range(
         &src,
         pick!(flags.period_ms, file.period_ms, "period-ms"),
-        None,
         "period_ms",
         1000,
         100,
@@ -497,7 +331,6 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
     let json_period = range(
         &src,
         pick!(flags.json_period_ms, file.json_period_ms, "json-period-ms"),
-        None,
         "json_period_ms",
         (10 * period).min(3_600_000),
         period,
@@ -507,7 +340,6 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
     let deadline = range(
         &src,
         pick!(flags.deadline_ms, file.deadline_ms, "deadline-ms"),
-        None,
         "deadline_ms",
         (period / 4).max(10),
         10,
@@ -521,7 +353,6 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
             file.unresponsive_after,
             "unresponsive-after"
         ),
-        None,
         "unresponsive_after",
         3,
         1,
@@ -532,9 +363,8 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
     let g = file.guard.unwrap_or_default();
     let max_op = board.thermal.max_operating_c.0;
     let engage = range(
-        &src,
+        &src.section("guard"),
         pick!(flags.guard_engage_c, g.engage_c, "guard-engage-c"),
-        Some("guard"),
         "engage_c",
         max_op.saturating_sub(2),
         30,
@@ -544,9 +374,8 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
     let release_pick = pick!(flags.guard_release_c, g.release_c, "guard-release-c");
     let release_flag = release_pick.1;
     let release = range(
-        &src,
+        &src.section("guard"),
         release_pick,
-        Some("guard"),
         "release_c",
         engage.saturating_sub(5),
         20,
@@ -554,17 +383,15 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         " °C",
     )?;
     if release >= engage {
-        return Err(src.error(
+        return Err(src.section("guard").error(
             release_flag,
-            Some("guard"),
             "release_c",
             format!("release_c = {release} must be below engage_c = {engage}"),
         ));
     }
     let step = range(
-        &src,
+        &src.section("guard"),
         pick!(flags.guard_step_w, g.step_w, "guard-step-w"),
-        Some("guard"),
         "step_w",
         25,
         1,
@@ -573,25 +400,25 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
     )?;
 
     let cdu = match pick!(flags.cdu, file.cdu, "cdu") {
-        (Some(c), flag) => Some(Ident::new(&c).map_err(|e| {
-            src.error(flag, None, "cdu", format!("cdu = {c:?} is not a name: {e}"))
-        })?),
+        (Some(c), flag) => Some(
+            Ident::new(&c)
+                .map_err(|e| src.error(flag, "cdu", format!("cdu = {c:?} is not a name: {e}")))?,
+        ),
         (None, _) => None,
     };
     let rack_pick = pick!(flags.rack, file.rack, "rack");
     let rack = match rack_pick.0 {
-        Some(_) => Some(range(&src, rack_pick, None, "rack", 0, 0, 15, "")?),
+        Some(_) => Some(range(&src, rack_pick, "rack", 0, 0, 15, "")?),
         None => None,
     };
     let h = file.health.unwrap_or_default();
     let quiet_h = range(
-        &src,
+        &src.section("health"),
         pick!(
             flags.health_quiet_period_h,
             h.quiet_period_h,
             "health-quiet-period-h"
         ),
-        Some("health"),
         "quiet_period_h",
         6,
         1,
@@ -614,16 +441,15 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
     };
     for action in &actions {
         check_action(action)
-            .map_err(|m| src.error(actions_flag, Some("quarantine"), "actions", m))?;
+            .map_err(|m| src.section("quarantine").error(actions_flag, "actions", m))?;
     }
     let quarantine_timeout = range(
-        &src,
+        &src.section("quarantine"),
         pick!(
             flags.quarantine_timeout_s,
             q.timeout_s,
             "quarantine-timeout-s"
         ),
-        Some("quarantine"),
         "timeout_s",
         30,
         1,
@@ -634,7 +460,7 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
     let keys_pick = pick!(flags.keys_file, file.keys_file, "keys-file");
     let (keys, demo_key) = match keys_pick {
         (Some(p), flag) => (
-            read_keys(&p).map_err(|m| src.error(flag, None, "keys_file", m))?,
+            read_keys(&p).map_err(|m| src.error(flag, "keys_file", m))?,
             false,
         ),
         (None, _) if matches!(gpus, GpuSourceKind::Twin(_)) => (
@@ -707,33 +533,12 @@ fn check_action(action: &[String]) -> Result<(), String> {
 
 pub use loopwarden_bus::keys::read_keys;
 
-fn local_host_name() -> Option<String> {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|h| h.trim().split('.').next().unwrap_or("").to_string())
-        .filter(|h| !h.is_empty())
-}
-
 /// `/run/loopwarden/node-agent.sock` where it can be made (root), else
 /// `loopwarden-node-agent.sock` under `$XDG_RUNTIME_DIR` or `/tmp`. The
 /// same for `run` and `ctl`, so `ctl` finds the agent without flags; a
 /// second agent on the same machine needs `--console`.
 fn default_console() -> PathBuf {
-    let run = Path::new("/run/loopwarden");
-    if std::fs::create_dir_all(run).is_ok() && !is_read_only(run) {
-        return run.join("node-agent.sock");
-    }
-    let dir = std::env::var_os("XDG_RUNTIME_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(std::env::temp_dir);
-    dir.join("loopwarden-node-agent.sock")
-}
-
-fn is_read_only(dir: &Path) -> bool {
-    let probe = dir.join(".probe");
-    let ok = std::fs::write(&probe, b"").is_ok();
-    let _ = std::fs::remove_file(&probe);
-    !ok
+    field::default_socket("node-agent", ".probe")
 }
 
 #[cfg(test)]

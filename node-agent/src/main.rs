@@ -109,7 +109,7 @@ fn main() -> ExitCode {
                 Ctl::Caps => Request::Caps,
                 Ctl::Events { since } => {
                     let since =
-                        match since.map(|s| console::parse_since(&s, loopwarden_bus::now_ms())) {
+                        match since.map(|s| console::parse_since(&s, loopwarden_bus::now_ms().0)) {
                             Some(Err(e)) => {
                                 eprintln!("{e}");
                                 return ExitCode::from(2);

@@ -151,7 +151,7 @@ fn main() -> ExitCode {
                 Ctl::ClearLeak { rack } => Request::ClearLeak { rack },
                 Ctl::ClearPump { pump } => Request::ClearPump { pump },
                 Ctl::Events { since } => {
-                    match since.map(|s| console::parse_since(&s, loopwarden_bus::now_ms())) {
+                    match since.map(|s| console::parse_since(&s, loopwarden_bus::now_ms().0)) {
                         Some(Err(e)) => {
                             eprintln!("cooling-ctrl: {e}");
                             return ExitCode::from(2);

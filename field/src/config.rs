@@ -1,0 +1,342 @@
+//! Configuration errors that point at their origin: the file and line, a
+//! flag, or the default.
+//!
+//! An agent reads its TOML file into its own structure, picks each value
+//! from the flag or else the file ([`pick!`](crate::pick)), and checks it;
+//! an error names the flag (`flag --period-ms`), the file's line of the key
+//! (`agent.toml line 4`) or, when neither gave the value, `default`.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use loopwarden_protocol::Ident;
+use serde::de::DeserializeOwned;
+
+/// A configuration that cannot be used, and where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The file, a flag or `default`.
+    pub origin: String,
+    /// The line in the file, when known.
+    pub line: Option<usize>,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(l) => write!(f, "{} line {}: {}", self.origin, l, self.message),
+            None => write!(f, "{}: {}", self.origin, self.message),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Reads the file at `path`: `<path>: cannot read: …` when it cannot.
+pub fn read(path: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path).map_err(|e| ConfigError {
+        origin: path.display().to_string(),
+        line: None,
+        message: format!("cannot read: {e}"),
+    })
+}
+
+/// Reads the file at `path` if there is one; no file reads as empty.
+pub fn read_optional(path: Option<&Path>) -> Result<String, ConfigError> {
+    path.map_or(Ok(String::new()), read)
+}
+
+/// The line of a TOML error's span in `text`.
+pub fn span_line(text: &str, e: &toml::de::Error) -> Option<usize> {
+    e.span()
+        .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1)
+}
+
+/// Parses `text` (the file at `path`; `config` without one) as a `T`,
+/// with the line of a syntax error, a wrong type or an unknown key.
+pub fn parse<T: DeserializeOwned>(path: Option<&Path>, text: &str) -> Result<T, ConfigError> {
+    toml::from_str(text).map_err(|e| ConfigError {
+        origin: path.map_or("config".into(), |p| p.display().to_string()),
+        line: span_line(text, &e),
+        message: e.message().to_string(),
+    })
+}
+
+/// Where values came from, for error messages: the file's path and text,
+/// and the `[section]` the keys are in (`None`: top-level).
+#[derive(Debug, Clone, Copy)]
+pub struct Sources<'a> {
+    path: Option<&'a Path>,
+    text: &'a str,
+    section: Option<&'a str>,
+}
+
+impl<'a> Sources<'a> {
+    /// The file at `path` (none: every value is a flag or the default),
+    /// read as `text`; top-level keys.
+    pub fn new(path: Option<&'a Path>, text: &'a str) -> Self {
+        Sources {
+            path,
+            text,
+            section: None,
+        }
+    }
+
+    /// The same file, for the keys of `[section]`.
+    pub fn section(self, section: &'a str) -> Self {
+        Sources {
+            section: Some(section),
+            ..self
+        }
+    }
+
+    /// The line of `key` (in this section) in the file.
+    pub fn line_of(&self, key: &str) -> Option<usize> {
+        let mut current: Option<&str> = None;
+        for (i, raw) in self.text.lines().enumerate() {
+            let line = raw.trim();
+            if let Some(s) = line.strip_prefix('[') {
+                current = Some(s.trim_end_matches(']').trim());
+                continue;
+            }
+            let Some((k, _)) = line.split_once('=') else {
+                continue;
+            };
+            if k.trim() == key && current == self.section {
+                return Some(i + 1);
+            }
+        }
+        None
+    }
+
+    /// `message` about `key`, from `flag` when a flag gave the value, else
+    /// from the file's line of `key`, else from the default.
+    pub fn error(&self, flag: Option<&str>, key: &str, message: String) -> ConfigError {
+        if let Some(flag) = flag {
+            return ConfigError {
+                origin: format!("flag --{flag}"),
+                line: None,
+                message,
+            };
+        }
+        match (self.path, self.line_of(key)) {
+            (Some(p), Some(line)) => ConfigError {
+                origin: p.display().to_string(),
+                line: Some(line),
+                message,
+            },
+            _ => ConfigError {
+                origin: "default".into(),
+                line: None,
+                message,
+            },
+        }
+    }
+}
+
+/// Picks the flag, else the file: `(value, Some(flag name))` when the flag
+/// gave it, `(value, None)` from the file, `(None, None)` from neither.
+#[macro_export]
+macro_rules! pick {
+    ($flag:expr, $file:expr, $flagname:literal) => {
+        match (&$flag, &$file) {
+            (Some(v), _) => (Some(v.clone()), Some($flagname)),
+            (None, Some(v)) => (Some(v.clone()), None),
+            (None, None) => (None, None),
+        }
+    };
+}
+
+/// The picked value if it lies in `lo..=hi` (`key = v is out of range (lo
+/// to hi<unit>)` otherwise), or `default` when none was given.
+pub fn range<T: PartialOrd + fmt::Display + Copy>(
+    src: &Sources,
+    (value, flag): (Option<T>, Option<&str>),
+    key: &str,
+    default: T,
+    lo: T,
+    hi: T,
+    unit: &str,
+) -> Result<T, ConfigError> {
+    let Some(v) = value else { return Ok(default) };
+    // Written so that a NaN is out of range.
+    if !(v >= lo && v <= hi) {
+        return Err(src.error(
+            flag,
+            key,
+            format!("{key} = {v} is out of range ({lo} to {hi}{unit})"),
+        ));
+    }
+    Ok(v)
+}
+
+/// A required name (an [`Ident`]): the picked value, else `default`;
+/// `key is required` without either.
+pub fn ident(
+    src: &Sources,
+    (value, flag): (Option<String>, Option<&str>),
+    key: &str,
+    default: Option<String>,
+) -> Result<Ident, ConfigError> {
+    let v = value.or(default).ok_or_else(|| {
+        src.error(
+            None,
+            key,
+            format!("{key} is required (in the file or as --{key})"),
+        )
+    })?;
+    Ident::new(&v).map_err(|e| {
+        src.error(
+            flag,
+            key,
+            format!("{key} = {v:?} is not a name: {e} (1 to 32 of A-Z a-z 0-9 _ - .)"),
+        )
+    })
+}
+
+/// The broker login from the picked `broker_user` and
+/// `broker_password_file` (read here, trailing white space dropped): both
+/// or neither.
+pub fn credentials(
+    src: &Sources,
+    user: (Option<String>, Option<&str>),
+    password_file: (Option<PathBuf>, Option<&str>),
+) -> Result<Option<(String, String)>, ConfigError> {
+    match (user, password_file) {
+        ((Some(user), _), (Some(pw), flag)) => {
+            let password = std::fs::read_to_string(&pw).map_err(|e| {
+                src.error(
+                    flag,
+                    "broker_password_file",
+                    format!("cannot read {}: {e}", pw.display()),
+                )
+            })?;
+            Ok(Some((user, password.trim_end().to_string())))
+        }
+        ((None, _), (None, _)) => Ok(None),
+        ((Some(_), flag), _) | (_, (Some(_), flag)) => Err(src.error(
+            flag,
+            "broker_user",
+            "broker_user and broker_password_file go together".into(),
+        )),
+    }
+}
+
+/// The machine's host name up to the first dot, if it has one.
+pub fn local_host_name() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().split('.').next().unwrap_or("").to_string())
+        .filter(|h| !h.is_empty())
+}
+
+/// The default console socket of `program`: `/run/loopwarden/<program>.sock`
+/// where that folder can be made and written (checked by writing and
+/// removing the file `probe` in it), else `loopwarden-<program>.sock` under
+/// `$XDG_RUNTIME_DIR` or the temporary folder.
+pub fn default_socket(program: &str, probe: &str) -> PathBuf {
+    let run = Path::new("/run/loopwarden");
+    if std::fs::create_dir_all(run).is_ok() && !is_read_only(run, probe) {
+        return run.join(format!("{program}.sock"));
+    }
+    let dir = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    dir.join(format!("loopwarden-{program}.sock"))
+}
+
+fn is_read_only(dir: &Path, probe: &str) -> bool {
+    let probe = dir.join(probe);
+    let ok = std::fs::write(&probe, b"").is_ok();
+    let _ = std::fs::remove_file(&probe);
+    !ok
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FILE: &str = "site = \"a\"\nperiod_ms = 5\n\n[guard]\nperiod_ms = 6\n";
+
+    #[test]
+    fn keys_are_found_in_their_section() {
+        let src = Sources::new(Some(Path::new("a.toml")), FILE);
+        assert_eq!(src.line_of("period_ms"), Some(2));
+        assert_eq!(src.section("guard").line_of("period_ms"), Some(5));
+        assert_eq!(src.line_of("engage_c"), None);
+        let e = src.section("guard").error(None, "period_ms", "bad".into());
+        assert_eq!(e.to_string(), "a.toml line 5: bad");
+        let e = src.error(Some("period-ms"), "period_ms", "bad".into());
+        assert_eq!(e.to_string(), "flag --period-ms: bad");
+        let e = src.error(None, "host", "bad".into());
+        assert_eq!(e.to_string(), "default: bad");
+        let e = Sources::new(None, FILE).error(None, "site", "bad".into());
+        assert_eq!(e.origin, "default");
+    }
+
+    #[test]
+    fn ranges_and_picks() {
+        let src = Sources::new(Some(Path::new("a.toml")), FILE);
+        let flag: Option<u64> = None;
+        let file: Option<u64> = Some(5);
+        let picked = pick!(flag, file, "period-ms");
+        assert_eq!(picked, (Some(5), None));
+        let e = range(&src, picked, "period_ms", 1000, 100, 60_000, " ms").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "a.toml line 2: period_ms = 5 is out of range (100 to 60000 ms)"
+        );
+        assert_eq!(range(&src, (None, None), "x", 7, 1, 9, ""), Ok(7));
+        assert!(range(&src, (Some(f32::NAN), None), "x", 0.0, -1.0, 1.0, "").is_err());
+    }
+
+    #[test]
+    fn syntax_errors_have_their_line() {
+        #[derive(serde::Deserialize, Debug)]
+        #[serde(deny_unknown_fields)]
+        #[allow(dead_code)]
+        struct F {
+            site: Option<String>,
+        }
+        let e = parse::<F>(Some(Path::new("a.toml")), "site = \"a\"\nsit = 1\n").unwrap_err();
+        assert_eq!((e.origin.as_str(), e.line), ("a.toml", Some(2)));
+        let e = parse::<F>(None, "site = 1\n").unwrap_err();
+        assert_eq!((e.origin.as_str(), e.line), ("config", Some(1)));
+    }
+
+    #[test]
+    fn names_are_required_and_checked() {
+        let src = Sources::new(Some(Path::new("a.toml")), "site = \"a b\"\n");
+        let e = ident(&src, (Some("a b".into()), None), "site", None).unwrap_err();
+        assert_eq!(e.line, Some(1));
+        assert!(e.message.starts_with("site = \"a b\" is not a name"), "{e}");
+        let e = ident(&src, (None, None), "host", None).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "default: host is required (in the file or as --host)"
+        );
+        let n = ident(&src, (None, None), "site", Some("site".into())).unwrap();
+        assert_eq!(n.as_str(), "site");
+    }
+
+    #[test]
+    fn credentials_go_together() {
+        let src = Sources::new(None, "");
+        assert_eq!(credentials(&src, (None, None), (None, None)), Ok(None));
+        let e =
+            credentials(&src, (Some("u".into()), Some("broker-user")), (None, None)).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "flag --broker-user: broker_user and broker_password_file go together"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let pw = dir.path().join("pw");
+        std::fs::write(&pw, "secret\n").unwrap();
+        assert_eq!(
+            credentials(&src, (Some("u".into()), None), (Some(pw), None)),
+            Ok(Some(("u".into(), "secret".into())))
+        );
+    }
+}

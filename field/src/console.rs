@@ -1,0 +1,198 @@
+//! The console socket: one request per connection, a line of JSON,
+//! answered by a line of JSON.
+//!
+//! The server side binds the socket with mode 0660 and hands each parsed
+//! request to the agent's answer; the client side (`ctl`) sends one request
+//! and gives back the answer, or says on standard error why there is none.
+
+use std::future::Future;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixListener;
+
+/// Longest request line accepted.
+pub const MAX_REQUEST: usize = 4096;
+
+/// How long `ctl` waits for the answer.
+pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Binds the console socket at `path`, replacing a stale one; `who` names
+/// the program in errors ("agent", "controller").
+///
+/// A file in the way that is not a socket is left alone (an error), and so
+/// is a socket another `who` answers on.
+pub fn bind(path: &Path, who: &str) -> std::io::Result<UnixListener> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        use std::os::unix::fs::FileTypeExt;
+        if !meta.file_type().is_socket() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                format!("a file that is not a socket is in the way; the {who} does not remove it"),
+            ));
+        }
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                format!("another {who} answers on this socket"),
+            ));
+        }
+        std::fs::remove_file(path)?;
+    }
+    let listener = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
+    Ok(listener)
+}
+
+/// Answers connections until the task is dropped: reads one line (at most
+/// [`MAX_REQUEST`] bytes), parses it as an `R` and writes `answer`'s value
+/// as one line; a line that cannot be read or parsed is answered with
+/// `{"error": …}`.
+pub async fn serve<R, F, Fut>(listener: UnixListener, answer: F)
+where
+    R: DeserializeOwned + Send + 'static,
+    F: Fn(R) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Value> + Send + 'static,
+{
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let answer = answer.clone();
+        tokio::spawn(async move {
+            let (read, mut write) = stream.into_split();
+            let mut line = String::new();
+            let mut reader = tokio::io::BufReader::new(read).take(MAX_REQUEST as u64);
+            let value = match reader.read_line(&mut line).await {
+                Err(e) => json!({ "error": format!("reading the request: {e}") }),
+                Ok(_) => match serde_json::from_str::<R>(line.trim()) {
+                    Err(e) => json!({ "error": format!("bad request {:?}: {e}", line.trim()) }),
+                    Ok(req) => answer(req).await,
+                },
+            };
+            let mut text = value.to_string();
+            text.push('\n');
+            let _ = write.write_all(text.as_bytes()).await;
+        });
+    }
+}
+
+/// Who `ctl` asks, for its messages.
+#[derive(Debug, Clone, Copy)]
+pub struct Peer<'a> {
+    /// The running program in words: "agent", "controller".
+    pub who: &'a str,
+    /// Its command: "node-agent".
+    pub program: &'a str,
+    /// The `ctl` flag that names its socket: "--console".
+    pub flag: &'a str,
+}
+
+/// The client side: sends `req` as one line to the peer at `path` and
+/// reads its answer. Says why on standard error and gives the exit status
+/// (2) when the peer cannot be reached or its answer is not JSON.
+pub fn ask(path: &Path, req: &impl Serialize, peer: &Peer) -> Result<Value, u8> {
+    let mut stream = match std::os::unix::net::UnixStream::connect(path) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!(
+                "cannot reach the {} at {}: {e} (is {} running? give its socket with {})",
+                peer.who,
+                path.display(),
+                peer.program,
+                peer.flag
+            );
+            return Err(2);
+        }
+    };
+    let _ = stream.set_read_timeout(Some(ANSWER_TIMEOUT));
+    let mut line = serde_json::to_string(req).expect("requests serialise");
+    line.push('\n');
+    if let Err(e) = stream.write_all(line.as_bytes()) {
+        eprintln!("sending the request: {e}");
+        return Err(2);
+    }
+    let mut answer = String::new();
+    if let Err(e) = BufReader::new(stream).read_line(&mut answer) {
+        eprintln!("reading the answer: {e}");
+        return Err(2);
+    }
+    match serde_json::from_str(answer.trim()) {
+        Ok(v) => Ok(v),
+        Err(e) => {
+            eprintln!("the {}'s answer is not JSON ({e}): {answer}", peer.who);
+            Err(2)
+        }
+    }
+}
+
+/// Prints an answer on standard output: as one line of JSON with `json`,
+/// else as `render` gives it for people.
+pub fn print_answer(value: &Value, json: bool, render: impl FnOnce(&Value) -> String) {
+    let text = if json {
+        format!("{value}\n")
+    } else {
+        render(value)
+    };
+    // A closed pipe (`| head`) is not an error worth a panic.
+    let _ = std::io::stdout().write_all(text.as_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_in_the_way_of_the_socket_is_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.sock");
+        std::fs::write(&path, b"precious").unwrap();
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let e = rt.block_on(async { bind(&path, "agent") }).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "a file that is not a socket is in the way; the agent does not remove it"
+        );
+        assert_eq!(std::fs::read(&path).unwrap(), b"precious");
+    }
+
+    #[test]
+    fn one_line_asked_one_line_answered() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub").join("x.sock");
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let listener = rt.block_on(async { bind(&path, "agent") }).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o660);
+        rt.spawn(serve(listener, |req: Value| async move {
+            json!({ "echo": req })
+        }));
+        let peer = Peer {
+            who: "agent",
+            program: "node-agent",
+            flag: "--console",
+        };
+        let v = ask(&path, &json!({"cmd": "status"}), &peer).unwrap();
+        assert_eq!(v, json!({"echo": {"cmd": "status"}}));
+        // A second bind finds the first answering.
+        let e = rt.block_on(async { bind(&path, "agent") }).unwrap_err();
+        assert_eq!(e.to_string(), "another agent answers on this socket");
+        drop(rt);
+        // Nobody answers any more: the stale socket is replaced.
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async { bind(&path, "agent") }).unwrap();
+        assert_eq!(
+            ask(&dir.path().join("none.sock"), &json!({}), &peer),
+            Err(2)
+        );
+    }
+}

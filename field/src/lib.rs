@@ -1,0 +1,26 @@
+//! # loopwarden-field: what the agents share for the field engineer
+//!
+//! `node-agent` and `cooling-ctrl` each take a TOML configuration (a file,
+//! a flag per field) and answer a console on a local Unix socket. The
+//! mechanics are the same for both and live here; each agent keeps its own
+//! requests, answers, renderings and fields.
+//!
+//! - [`console`]: binding the console socket (a stale one replaced, a file
+//!   that is not a socket refused, mode 0660), serving one JSON line per
+//!   connection, and the client side of `ctl` (connect, send, read the
+//!   answer, exit status 2 when the peer cannot be asked).
+//! - [`render`]: aligned tables and the cell text of a JSON value.
+//! - [`time`]: `--since` and UTC clock times.
+//! - [`config`]: the configuration error with its origin (file and line, a
+//!   flag, or the default), the TOML key to line lookup, range checks and
+//!   the [`pick!`] of a flag over the file.
+//!
+//! Glossary:
+//! - *origin*: where a configuration value came from, so an error points
+//!   at it.
+//! - *peer*: the running agent that `ctl` asks.
+
+pub mod config;
+pub mod console;
+pub mod render;
+pub mod time;
