@@ -59,6 +59,11 @@ pub const MAX_RACKS: usize = 16;
 pub const MAX_HOSTS: usize = 64;
 /// Events one step can report.
 pub const MAX_EVENTS: usize = 16;
+/// A pump commanded on gets this long for its contactor to close, ms.
+const PUMP_START_MS: u64 = 3_000;
+/// The lead pump's contactor must read open this long to be a trip, ms
+/// (two reads at a 1 s period).
+const PUMP_CONFIRM_MS: u64 = 1_000;
 
 /// What the CDU answered this step (`None` in [`Inputs::cdu`]: it did not
 /// answer). A sensor the CDU reports as missing is `None`.
@@ -178,6 +183,8 @@ pub struct Core {
     leaks_latched: u16,
     leaks_seen: u16,
     lead: usize,
+    lead_since_ms: u64,
+    lead_missing_since: Option<u64>,
     pump_failed: [bool; 2],
     setpoint_c: f32,
     speed: f32,
@@ -241,6 +248,8 @@ impl Core {
             leaks_latched: 0,
             leaks_seen: 0,
             lead: 0,
+            lead_since_ms: 0,
+            lead_missing_since: None,
             pump_failed: [false; 2],
             setpoint_c: boot,
             speed: 1.0,
@@ -341,7 +350,14 @@ impl Core {
 
     /// An operator puts a tripped pump back in service.
     pub fn clear_pump_trip(&mut self, pump: Pump) {
-        self.pump_failed[pump as usize] = false;
+        let i = pump as usize;
+        self.pump_failed[i] = false;
+        // A lead that has itself tripped hands over to the repaired pump.
+        if self.pump_failed[self.lead] {
+            self.lead = i;
+            self.lead_since_ms = self.last_ms.unwrap_or(0);
+            self.lead_missing_since = None;
+        }
     }
 
     fn push(&mut self, events: &mut Vec<Event, MAX_EVENTS>, e: Event) {
@@ -410,18 +426,30 @@ impl Core {
         let valves_open = all_racks & !self.leaks_latched;
         let open_gpus = (valves_open.count_ones() as usize) * per_rack_gpus;
 
-        // ---- safety: pumps.
-        if inp.cdu.is_some()
+        // ---- safety: pumps. The lead pump commanded on for a while whose
+        // contactor reads open on two reads running is tripped (a pump just
+        // started gets its contactor the time to close).
+        let lead_missing = inp.cdu.is_some()
             && !self.pump_failed[self.lead]
             && !cdu.pumps_running[self.lead]
             && self.mode != CduMode::Boot
-        {
+            && now.saturating_sub(self.lead_since_ms) >= PUMP_START_MS;
+        let tripped_now = if lead_missing {
+            let since = *self.lead_missing_since.get_or_insert(now);
+            now.saturating_sub(since) >= PUMP_CONFIRM_MS
+        } else {
+            self.lead_missing_since = None;
+            false
+        };
+        if tripped_now {
+            self.lead_missing_since = None;
             let tripped = self.lead;
             self.pump_failed[tripped] = true;
             let other = 1 - tripped;
             let lag_started = !self.pump_failed[other];
             if lag_started {
                 self.lead = other;
+                self.lead_since_ms = now;
             }
             let pump = if tripped == 0 { Pump::A } else { Pump::B };
             self.push(&mut events, Event::PumpTrip { pump, lag_started });
@@ -836,6 +864,65 @@ mod tests {
             }));
         }
         last.expect("at least one step")
+    }
+
+    /// One step of a steady hall with these pumps running.
+    fn step_with_pumps(core: &mut Core, s: u64, running: [bool; 2]) -> Commands {
+        let hosts = [None; MAX_HOSTS];
+        core.step(&Inputs {
+            now_ms: s * 1000,
+            cdu: Some(CduReadings {
+                supply_c: Some(30.0),
+                return_c: Some(38.0),
+                flow_lpm: Some(192.0),
+                facility_supply_c: Some(27.0),
+                pumps_running: running,
+                it_w: Some(80_000.0),
+                facility_w: Some(88_000.0),
+            }),
+            ambient_c: Some(20.0),
+            leaks: 0,
+            hosts: &hosts,
+        })
+    }
+
+    #[test]
+    fn a_lead_pump_trip_starts_the_lag_pump_and_a_starting_pump_gets_time_to_close() {
+        let mut core = Core::new(CoreConfig::default()).unwrap();
+        for s in 0..30 {
+            step_with_pumps(&mut core, s, [true, false]);
+        }
+        assert_eq!(core.mode().0, CduMode::Normal);
+        // A's contactor opens: one read is not yet a trip, the second is.
+        let c = step_with_pumps(&mut core, 30, [false, false]);
+        assert_eq!(c.pump_on, [true, false]);
+        let c = step_with_pumps(&mut core, 31, [false, false]);
+        assert_eq!(c.pump_on, [false, true], "the lag pump takes over");
+        assert!(c.events.iter().any(|e| matches!(
+            e,
+            Event::PumpTrip {
+                pump: Pump::A,
+                lag_started: true
+            }
+        )));
+        // B's contactor takes two seconds to close: not a trip.
+        for s in 32..34 {
+            let c = step_with_pumps(&mut core, s, [false, false]);
+            assert_eq!(c.pump_on, [false, true], "{s}");
+        }
+        for s in 34..40 {
+            step_with_pumps(&mut core, s, [false, true]);
+        }
+        assert_eq!(core.pumps_failed(), [true, false]);
+        // B trips too: both are asked, never neither.
+        step_with_pumps(&mut core, 40, [false, false]);
+        let c = step_with_pumps(&mut core, 41, [false, false]);
+        assert_eq!(core.pumps_failed(), [true, true]);
+        assert_eq!(c.pump_on, [true, true]);
+        // A repaired: it leads again.
+        core.clear_pump_trip(Pump::A);
+        let c = step_with_pumps(&mut core, 42, [true, false]);
+        assert_eq!(c.pump_on, [true, false]);
     }
 
     #[test]
