@@ -548,3 +548,28 @@ pub fn steady_sim_cdu() -> loopwarden_boards::sim_cdu::SimCdu {
     }
     cdu
 }
+
+/// Runs `mbpoll` against unit 1 on a loopback Modbus TCP `port` (0-based
+/// addresses, one poll) with `args`; whether it succeeded, and what it
+/// printed (stdout then stderr).
+pub fn mbpoll(port: u16, args: &[&str]) -> (bool, String) {
+    let out = Command::new("mbpoll")
+        .args(["-m", "tcp", "-a", "1", "-0", "-1", "-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("run mbpoll");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// The values of the `[n]: value` lines of `mbpoll`'s output.
+pub fn mbpoll_values(text: &str) -> Vec<i64> {
+    text.lines()
+        .filter_map(|l| l.trim().strip_prefix('[')?.split_once("]:"))
+        .filter_map(|(_, v)| v.split_whitespace().next()?.parse().ok())
+        .collect()
+}

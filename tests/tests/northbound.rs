@@ -2,7 +2,6 @@
 //! a building management system would, by a client nobody here wrote:
 //! `mbpoll`.
 
-use std::process::Command;
 
 use cooling_ctrl::northbound::{
     northbound_map, pump_bits, serve, snapshot_channel, NorthboundSettings, NorthboundSnapshot,
@@ -10,7 +9,7 @@ use cooling_ctrl::northbound::{
 };
 use loopwarden_protocol::message::CduMode;
 use loopwarden_protocol::ReasonCode;
-use loopwarden_system_tests::require_tool;
+use loopwarden_system_tests::{mbpoll, mbpoll_values as values, require_tool};
 use tokio::sync::{mpsc, watch};
 
 /// A known step: degraded for capacity, the return sensor lost.
@@ -80,28 +79,6 @@ fn serve_it(writes_enabled: bool) -> Served {
         writes: wrx,
         _rt: rt,
     }
-}
-
-fn mbpoll(port: u16, args: &[&str]) -> (bool, String) {
-    let out = Command::new("mbpoll")
-        .args(["-m", "tcp", "-a", "1", "-0", "-1", "-p", &port.to_string()])
-        .args(args)
-        .output()
-        .expect("run mbpoll");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
-}
-
-/// `[n]: value` lines of mbpoll's output.
-fn values(text: &str) -> Vec<i64> {
-    text.lines()
-        .filter_map(|l| l.trim().strip_prefix('[')?.split_once("]:"))
-        .filter_map(|(_, v)| v.split_whitespace().next()?.parse().ok())
-        .collect()
 }
 
 #[test]

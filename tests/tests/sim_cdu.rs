@@ -5,7 +5,9 @@ use std::process::Command;
 
 use loopwarden_boards::modbus_map::RegisterMap;
 use loopwarden_boards::sim_cdu::SimCdu;
-use loopwarden_system_tests::{require_python_module, require_tool};
+use loopwarden_system_tests::{
+    mbpoll, mbpoll_values as values, require_python_module, require_tool,
+};
 
 /// A CDU with known measurements, served on a free loopback port.
 fn serve() -> (SimCdu, u16, tokio::runtime::Runtime) {
@@ -29,28 +31,6 @@ fn serve() -> (SimCdu, u16, tokio::runtime::Runtime) {
     let port = listener.local_addr().expect("addr").port();
     rt.spawn(cdu.clone().serve(listener));
     (cdu, port, rt)
-}
-
-fn mbpoll(port: u16, args: &[&str]) -> (bool, String) {
-    let out = Command::new("mbpoll")
-        .args(["-m", "tcp", "-a", "1", "-0", "-1", "-p", &port.to_string()])
-        .args(args)
-        .output()
-        .expect("run mbpoll");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
-}
-
-/// `[n]: value` lines of mbpoll's output.
-fn values(text: &str) -> Vec<i64> {
-    text.lines()
-        .filter_map(|l| l.trim().strip_prefix('[')?.split_once("]:"))
-        .filter_map(|(_, v)| v.split_whitespace().next()?.parse().ok())
-        .collect()
 }
 
 #[test]
