@@ -2,7 +2,6 @@
 //! a building management system would, by a client nobody here wrote:
 //! `mbpoll`.
 
-
 use cooling_ctrl::northbound::{
     northbound_map, pump_bits, serve, snapshot_channel, NorthboundSettings, NorthboundSnapshot,
     NorthboundWrite, NOT_AVAILABLE_BIT,
