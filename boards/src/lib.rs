@@ -25,6 +25,7 @@
 pub mod hall;
 pub mod hosts;
 pub mod modbus_map;
+pub mod modbus_server;
 pub mod oracle;
 pub mod pins;
 pub mod plant;

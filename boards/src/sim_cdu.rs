@@ -26,6 +26,7 @@ use tokio_modbus::{ExceptionCode, Request, Response, SlaveRequest};
 use tokio_serial::SerialPort as _;
 
 use crate::modbus_map::{Kind, RegisterMap, ValueError};
+use crate::modbus_server::{answer, RegisterFile};
 
 struct Image {
     input: BTreeMap<u16, u16>,
@@ -183,24 +184,6 @@ impl SimCdu {
         Ok(())
     }
 
-    fn answer(&self, req: Request<'_>) -> Result<Response, ExceptionCode> {
-        match req {
-            Request::ReadInputRegisters(a, n) => self
-                .read(Kind::Input, a, n)
-                .map(Response::ReadInputRegisters),
-            Request::ReadHoldingRegisters(a, n) => self
-                .read(Kind::Holding, a, n)
-                .map(Response::ReadHoldingRegisters),
-            Request::WriteSingleRegister(a, w) => self
-                .write(a, &[w])
-                .map(|()| Response::WriteSingleRegister(a, w)),
-            Request::WriteMultipleRegisters(a, ws) => self
-                .write(a, &ws)
-                .map(|()| Response::WriteMultipleRegisters(a, ws.len() as u16)),
-            _ => Err(ExceptionCode::IllegalFunction),
-        }
-    }
-
     /// Serves Modbus TCP on `listener` until the task is dropped.
     pub async fn serve(self, listener: tokio::net::TcpListener) -> std::io::Result<()> {
         let server = Server::new(listener);
@@ -234,6 +217,15 @@ impl SimCdu {
     }
 }
 
+impl RegisterFile for SimCdu {
+    fn read_registers(&self, kind: Kind, addr: u16, count: u16) -> Result<Vec<u16>, ExceptionCode> {
+        self.read(kind, addr, count)
+    }
+    fn write_registers(&self, addr: u16, words: &[u16]) -> Result<(), ExceptionCode> {
+        self.write(addr, words)
+    }
+}
+
 /// One connection's service.
 struct Service(SimCdu);
 
@@ -244,7 +236,7 @@ impl tokio_modbus::server::Service for Service {
     type Future = Ready<Result<Response, ExceptionCode>>;
 
     fn call(&self, req: Self::Request) -> Self::Future {
-        ready(self.0.answer(req))
+        ready(answer(&self.0, req))
     }
 }
 
@@ -262,12 +254,12 @@ impl tokio_modbus::server::Service for RtuService {
             // Broadcast: writes are done, nobody answers.
             0 => match req.request {
                 Request::WriteSingleRegister(..) | Request::WriteMultipleRegisters(..) => {
-                    let _ = self.0.answer(req.request);
+                    let _ = answer(&self.0, req.request);
                     Ok(None)
                 }
                 _ => Ok(None),
             },
-            id if id == self.0.map.unit_id => self.0.answer(req.request).map(Some),
+            id if id == self.0.map.unit_id => answer(&self.0, req.request).map(Some),
             _ => Ok(None),
         })
     }

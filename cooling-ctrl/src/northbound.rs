@@ -66,6 +66,7 @@ use std::sync::Arc;
 use std::vec::Vec;
 
 use loopwarden_boards::modbus_map::{Kind, Register, RegisterMap, Type, WordOrder};
+use loopwarden_boards::modbus_server::{answer, RegisterFile};
 use loopwarden_protocol::message::{CduMode, Pump, SensorFault};
 use loopwarden_protocol::ReasonCode;
 use tokio::net::TcpListener;
@@ -749,23 +750,14 @@ impl State {
         }
         Ok(())
     }
+}
 
-    fn answer(&self, req: Request<'_>) -> Result<Response, ExceptionCode> {
-        match req {
-            Request::ReadInputRegisters(a, n) => self
-                .read(Kind::Input, a, n)
-                .map(Response::ReadInputRegisters),
-            Request::ReadHoldingRegisters(a, n) => self
-                .read(Kind::Holding, a, n)
-                .map(Response::ReadHoldingRegisters),
-            Request::WriteSingleRegister(a, w) => self
-                .write(a, &[w])
-                .map(|()| Response::WriteSingleRegister(a, w)),
-            Request::WriteMultipleRegisters(a, ws) => self
-                .write(a, &ws)
-                .map(|()| Response::WriteMultipleRegisters(a, ws.len() as u16)),
-            _ => Err(ExceptionCode::IllegalFunction),
-        }
+impl RegisterFile for State {
+    fn read_registers(&self, kind: Kind, addr: u16, count: u16) -> Result<Vec<u16>, ExceptionCode> {
+        self.read(kind, addr, count)
+    }
+    fn write_registers(&self, addr: u16, words: &[u16]) -> Result<(), ExceptionCode> {
+        self.write(addr, words)
     }
 }
 
@@ -779,7 +771,7 @@ impl tokio_modbus::server::Service for Service {
     type Future = Ready<Result<Response, ExceptionCode>>;
 
     fn call(&self, req: Self::Request) -> Self::Future {
-        ready(self.0.answer(req))
+        ready(answer(&*self.0, req))
     }
 }
 
@@ -1196,7 +1188,7 @@ mod tests {
             Err(ExceptionCode::ServerDeviceFailure)
         );
         assert_eq!(
-            state.answer(Request::ReadCoils(0, 1)),
+            answer(&state, Request::ReadCoils(0, 1)),
             Err(ExceptionCode::IllegalFunction)
         );
         let disabled = State {
