@@ -1,18 +1,17 @@
 //! # loopwarden-boards: hardware as data
 //!
-//! Board differences live here as TOML, not as code: the limits of each
-//! GPU model a node agent drives (`gpus/*.toml`), the flash layout of a
-//! host (`flash/*.toml`), and the simulated hall's physics ([`plant`]: GPUs
-//! on cold plates, the CDU's loop, dry cooler, trim chiller and meters,
-//! every default a field of a site's TOML). As they land: the Modbus
-//! register maps of CDU models, the pin maps of controller boards, and the
-//! simulated CDU and twin GPUs that both agents are tested against behind
-//! the same traits as real hardware. Around the plant: [`scenario`] (what
-//! happens to a hall over a run), [`hosts`] (what hosts do when their
-//! agents quarantine a GPU or lose cooling), [`sim`] (plays a scenario
-//! with a controller in charge), [`oracle`] (the reference controller that
-//! knows the true state) and [`hall`] (the same plant behind the
-//! simulated CDU's registers and board pins, in real time).
+//! Board differences live here as TOML, not as code, with what reads them:
+//! the limits of each GPU model a node agent drives (`gpus/*.toml`), the
+//! flash layout of a host (`flash/*.toml`), the Modbus register maps of
+//! CDU models ([`modbus_map`], `cdus/`) and the controller's northbound
+//! map (`northbound/`), the pin maps of controller boards ([`pins`],
+//! `pins/`), and a site's figures ([`site`]: the hall a CDU serves, its
+//! GPUs, loop and heat rejection). With the `modbus-server` feature,
+//! [`modbus_server`] is the one register dispatch every Modbus server of
+//! the project answers with.
+//!
+//! No runtime and no simulator: the production agents link this crate,
+//! and the simulated hall (`loopwarden-twin`) builds on it.
 //!
 //! Glossary:
 //! - *board definition*: one TOML file describing one model; unknown keys
@@ -22,16 +21,11 @@
 
 #![warn(missing_docs)]
 
-pub mod hall;
-pub mod hosts;
 pub mod modbus_map;
+#[cfg(feature = "modbus-server")]
 pub mod modbus_server;
-pub mod oracle;
 pub mod pins;
-pub mod plant;
-pub mod scenario;
-pub mod sim;
-pub mod sim_cdu;
+pub mod site;
 
 use std::path::Path;
 

@@ -54,7 +54,7 @@ use std::vec::Vec;
 
 use loopwarden_boards::modbus_map::RegisterMap;
 use loopwarden_boards::pins::PinMap;
-use loopwarden_boards::plant::SiteConfig;
+use loopwarden_boards::site::SiteConfig;
 use loopwarden_bus::BrokerAddr;
 pub use loopwarden_field::config::ConfigError;
 use loopwarden_field::config::{self as field, local_host_name, range, Sources};
@@ -601,7 +601,7 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
                 p.display().to_string()
             })
     };
-    let core = crate::twin::core_config(&figures).map_err(|e| ConfigError {
+    let core = crate::site_figures::core_config(&figures).map_err(|e| ConfigError {
         origin: figures_origin(),
         line: None,
         message: format!("for the control core: {e}"),
@@ -867,7 +867,7 @@ mod tests {
         assert_eq!(c.map, RegisterMap::sim_cdu());
         assert_eq!(
             c.core,
-            crate::twin::core_config(&SiteConfig::default()).unwrap()
+            crate::site_figures::core_config(&SiteConfig::default()).unwrap()
         );
         assert!(c.hosts.is_empty());
         assert!(c.flash.is_none());

@@ -51,4 +51,7 @@ pub mod northbound;
 pub mod shell;
 
 #[cfg(feature = "std")]
-pub mod twin;
+pub mod site_figures;
+
+#[cfg(feature = "twin")]
+pub mod simulated;

@@ -6,7 +6,7 @@
 //! 1. read the CDU through its [`CduPort`] (an error is logged once per
 //!    change of its message and the core gets `cdu: None`: "refused" and
 //!    "no answer" both mean no readings this step);
-//! 2. map the readings as the twin does ([`crate::twin`]): leaks from the
+//! 2. map the readings as the twin does (`simulated`): leaks from the
 //!    CDU's `leak_inputs` bitmask (the last known bits while the CDU does
 //!    not answer), a pump whose feedback the map lacks reads not running;
 //! 3. call [`Core::step`] with the time in ms since the shell started (a

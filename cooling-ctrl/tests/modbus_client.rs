@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use cooling_ctrl::modbus::{CduError, CduPort, CduSettings, Link, ModbusCdu, SerialLine};
 use loopwarden_boards::modbus_map::RegisterMap;
-use loopwarden_boards::sim_cdu::SimCdu;
+use loopwarden_twin::sim_cdu::SimCdu;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const MAP: &str = include_str!("../../boards/cdus/sim-cdu.toml");

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use loopwarden_boards::sim_cdu::SimCdu;
 use loopwarden_bus::embedded::EmbeddedBroker;
+use loopwarden_twin::sim_cdu::SimCdu;
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_cooling-ctrl");

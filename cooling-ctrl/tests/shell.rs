@@ -13,13 +13,13 @@ use cooling_ctrl::core::CoreConfig;
 use cooling_ctrl::modbus::{Link, ModbusCdu};
 use cooling_ctrl::shell::{self, ShellConfig, ShellOptions, ShellStats};
 use loopwarden_boards::modbus_map::RegisterMap;
-use loopwarden_boards::sim_cdu::SimCdu;
 use loopwarden_bus::{now_ms, BrokerAddr, Bus, BusConfig, Inbound};
 use loopwarden_protocol::message::{
     Ack, AckCode, CapSource, CduMode, Correlation, GpuCap, GpuSelector, HostTelemetry, RackCooling,
 };
 use loopwarden_protocol::units::{Watts, WholeCelsius};
 use loopwarden_protocol::{samples, Family, Frame, Ident, Message, NodeId, Role, Text, Topic};
+use loopwarden_twin::sim_cdu::SimCdu;
 use tokio::sync::{mpsc, oneshot, watch};
 
 const SITE: &str = "hall-t";
@@ -440,7 +440,8 @@ async fn a_leak_closes_its_racks_valve_within_a_period_and_the_state_says_so() {
 
 #[tokio::test]
 async fn a_leak_rope_on_the_board_closes_its_valve_and_the_beacon_lights() {
-    use loopwarden_boards::pins::{BoardPins, PinMap, SimLines};
+    use loopwarden_boards::pins::{BoardPins, PinMap};
+    use loopwarden_twin::pins::SimLines;
     let map = PinMap::sim_controller();
     let lines = SimLines::new();
     for l in &map.leaks {

@@ -1,6 +1,8 @@
 //! `cooling-ctrl simulate` as a process: a scenario file in, one JSON
 //! object out.
 
+#![cfg(feature = "twin")]
+
 use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_cooling-ctrl");

@@ -73,7 +73,7 @@ fn main() {
     let mut sub = Subscriber::start(port, &[&topic]).expect("mosquitto_sub");
 
     let board = loopwarden_boards::GpuBoard::builtin("H200-SXM").expect("board");
-    let twin = node_agent::twin::TwinSource::new(&board, 8, 1);
+    let twin = node_agent::sim_gpus::TwinSource::new(&board, 8, 1);
     let control = twin.control();
     let flags = node_agent::config::Overrides {
         site: Some(site.into()),
@@ -104,7 +104,7 @@ fn main() {
         let gpu = round % 8;
         let t0 = Instant::now();
         control
-            .inject(node_agent::twin::TwinFault::Xid {
+            .inject(node_agent::sim_gpus::TwinFault::Xid {
                 gpu: gpu as u8,
                 xid: 79,
             })

@@ -3,7 +3,7 @@
 //! [`GpuDevice`] is one GPU: describe it once, sample it every period,
 //! set and read back its power limit. Two implementations live side by
 //! side: NVML ([`crate::nvml`]) for real GPUs and the twin
-//! ([`crate::twin`]) for simulated ones. Neither is trusted to return in
+//! ([`crate::sim_gpus`]) for simulated ones. Neither is trusted to return in
 //! time: the agent calls them from a [`crate::worker`] with a deadline.
 //!
 //! Glossary:

@@ -14,10 +14,10 @@ use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use loopwarden_boards::hall::Hall;
 use loopwarden_protocol::{
     GpuFlags, MegaHertz, Percent, ThrottleReasons, Unsupported, Watts, WholeCelsius,
 };
+use loopwarden_twin::hall::Hall;
 
 use crate::gpu::{GpuDevice, GpuError, GpuInfo, GpuSample, GpuSource, XidReport};
 
@@ -169,9 +169,10 @@ impl GpuDevice for HallGpu {
 mod tests {
     use super::*;
     use loopwarden_boards::modbus_map::RegisterMap;
-    use loopwarden_boards::pins::{PinMap, SimLines};
-    use loopwarden_boards::scenario::Scenario;
-    use loopwarden_boards::sim_cdu::SimCdu;
+    use loopwarden_boards::pins::PinMap;
+    use loopwarden_twin::pins::SimLines;
+    use loopwarden_twin::scenario::Scenario;
+    use loopwarden_twin::sim_cdu::SimCdu;
 
     fn hall(extra: &str) -> Arc<Mutex<Hall>> {
         let text = format!(

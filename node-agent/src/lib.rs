@@ -9,15 +9,16 @@
 //! Its decisions are pure cores (inputs and a time in, outputs out, no
 //! clock, no I/O) inside a thin shell of tokio tasks:
 //! - [`gpu`]: the `GpuDevice`/`GpuSource` traits; [`nvml`] (real GPUs) and
-//!   [`twin`] (simulated ones) implement them; [`worker`] runs each GPU's
+//!   [`sim_gpus`] (simulated ones) implement them, and with the `twin`
+//!   feature `hall_gpus` (the simulated hall's GPUs); [`worker`] runs each GPU's
 //!   calls on its own thread with a deadline.
 //! - [`caps`]: the power-cap arbiter; [`guard`]: the thermal guard;
 //!   [`core`]: commands (authentication, replay, leases) and what to apply.
 //! - [`shell`]: the running agent (bus, flash, sampling, applying limits);
 //!   [`console`]: `node-agent ctl`; [`config`]: the TOML file and flags.
 //!
-//! The health engine lands with its own piece of work; until then every
-//! GPU is reported `healthy`.
+//! [`health`] is the health engine (rules in `docs/health.md`) and
+//! [`replay`] runs it over a recorded trace in simulated time.
 //!
 //! Glossary:
 //! - *quarantine*: a GPU taken out of service now, released only by an
@@ -36,12 +37,13 @@ pub mod console;
 pub mod core;
 pub mod gpu;
 pub mod guard;
+#[cfg(feature = "twin")]
 pub mod hall_gpus;
 pub mod health;
 pub mod nvml;
 pub mod recorder;
 pub mod replay;
 pub mod shell;
+pub mod sim_gpus;
 pub mod store;
-pub mod twin;
 pub mod worker;

@@ -13,7 +13,7 @@ use node_agent::config::{self, GpuSourceKind, Overrides};
 use node_agent::console::{self, Request};
 use node_agent::gpu::GpuSource;
 use node_agent::nvml::{NvmlSource, SystemNvml};
-use node_agent::twin::TwinSource;
+use node_agent::sim_gpus::TwinSource;
 
 #[derive(Parser)]
 #[command(

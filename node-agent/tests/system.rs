@@ -491,7 +491,7 @@ fn in_process(
     gpus: usize,
     dir: &Path,
 ) -> (
-    node_agent::twin::TwinControl,
+    node_agent::sim_gpus::TwinControl,
     tokio::sync::oneshot::Sender<()>,
     std::thread::JoinHandle<Result<(), node_agent::shell::AgentError>>,
 ) {
@@ -506,12 +506,12 @@ fn in_process_with(
     dir: &Path,
     more: node_agent::config::Overrides,
 ) -> (
-    node_agent::twin::TwinControl,
+    node_agent::sim_gpus::TwinControl,
     tokio::sync::oneshot::Sender<()>,
     std::thread::JoinHandle<Result<(), node_agent::shell::AgentError>>,
 ) {
     let board = loopwarden_boards::GpuBoard::builtin("H200-SXM").expect("board");
-    let twin = node_agent::twin::TwinSource::new(&board, gpus, 3);
+    let twin = node_agent::sim_gpus::TwinSource::new(&board, gpus, 3);
     let control = twin.control();
     let (stop_tx, agent) = run_source(port, host, gpus, dir, more, Box::new(twin));
     (control, stop_tx, agent)
@@ -594,11 +594,11 @@ fn a_fatal_xid_quarantines_runs_the_action_once_and_only_an_operator_releases() 
     let (control, stop, agent) = in_process_with(port, host, 2, dir.path(), more);
     std::thread::sleep(Duration::from_millis(1_000));
     control
-        .inject(node_agent::twin::TwinFault::Xid { gpu: 1, xid: 79 })
+        .inject(node_agent::sim_gpus::TwinFault::Xid { gpu: 1, xid: 79 })
         .expect("inject");
     assert!(
         control
-            .inject(node_agent::twin::TwinFault::Xid { gpu: 5, xid: 79 })
+            .inject(node_agent::sim_gpus::TwinFault::Xid { gpu: 5, xid: 79 })
             .is_err(),
         "the twin has no GPU 5"
     );
@@ -756,7 +756,7 @@ fn a_hung_gpu_does_not_stall_the_others() {
     // Let it run, then hang GPU 2.
     let _ = sub.collect_until(Duration::from_secs(10), |s| s.len() >= 3);
     control
-        .inject(node_agent::twin::TwinFault::Hang { gpu: 2, on: true })
+        .inject(node_agent::sim_gpus::TwinFault::Hang { gpu: 2, on: true })
         .expect("inject");
     let start = Instant::now();
     let seen = sub.collect_until(Duration::from_secs(10), |s| s.len() >= 10);
@@ -780,7 +780,7 @@ fn a_hung_gpu_does_not_stall_the_others() {
         );
     }
     control
-        .inject(node_agent::twin::TwinFault::Hang { gpu: 2, on: false })
+        .inject(node_agent::sim_gpus::TwinFault::Hang { gpu: 2, on: false })
         .expect("inject");
     let seen = sub.collect_until(Duration::from_secs(10), |s| {
         s.last().and_then(frame).is_some_and(|f| match f.message {
@@ -798,7 +798,7 @@ fn a_hung_gpu_does_not_stall_the_others() {
 
 /// GPUs that answer everything but refuse every limit (an agent not run
 /// as root), over the twin.
-struct Refusing(node_agent::twin::TwinSource);
+struct Refusing(node_agent::sim_gpus::TwinSource);
 
 struct RefusingGpu(Box<dyn node_agent::gpu::GpuDevice>);
 
@@ -853,7 +853,7 @@ fn a_limit_the_gpu_refuses_is_acknowledged_as_failed_and_said_once() {
     )
     .expect("mosquitto_sub");
     let board = loopwarden_boards::GpuBoard::builtin("H200-SXM").expect("board");
-    let source = Refusing(node_agent::twin::TwinSource::new(&board, 2, 3));
+    let source = Refusing(node_agent::sim_gpus::TwinSource::new(&board, 2, 3));
     let more = node_agent::config::Overrides {
         period_ms: Some(100),
         ..Default::default()

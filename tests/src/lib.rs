@@ -519,9 +519,9 @@ impl CutProxy {
 /// chose (30 °C, 80 %, lead pump B, every valve shut) and the measurements
 /// of a steady loaded loop (supply 40 °C, return 49.3 °C, 192 L/min, IT
 /// 120 kW, cooling 10 kW, facility 135 kW: PUE 1.125).
-pub fn steady_sim_cdu() -> loopwarden_boards::sim_cdu::SimCdu {
+pub fn steady_sim_cdu() -> loopwarden_twin::sim_cdu::SimCdu {
     use loopwarden_boards::modbus_map::RegisterMap;
-    use loopwarden_boards::sim_cdu::SimCdu;
+    use loopwarden_twin::sim_cdu::SimCdu;
     let cdu = SimCdu::new(
         RegisterMap::sim_cdu(),
         &[

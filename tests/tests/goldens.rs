@@ -19,10 +19,10 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use cooling_ctrl::twin::Ours;
-use loopwarden_boards::oracle::Oracle;
-use loopwarden_boards::scenario::Scenario;
-use loopwarden_boards::sim::{self, Baseline, Controller};
+use cooling_ctrl::simulated::Ours;
+use loopwarden_twin::oracle::Oracle;
+use loopwarden_twin::scenario::Scenario;
+use loopwarden_twin::sim::{self, Baseline, Controller};
 use serde_json::Value;
 
 const CONTROLLERS: [&str; 4] = ["baseline-18", "baseline-32", "oracle", "ours"];
@@ -115,7 +115,7 @@ fn differences(at: &str, want: &Value, got: &Value, diffs: &mut Vec<String>) {
 
 #[test]
 fn simulate_figures_match_their_goldens() {
-    let mut scenarios = vec![root().join("boards/hall-run/scenarios/demo.toml")];
+    let mut scenarios = vec![root().join("hall/scenarios/demo.toml")];
     scenarios.extend(listed(&goldens().join("plant"), ".toml"));
     let mut diffs = Vec::new();
     for path in &scenarios {

@@ -4,10 +4,10 @@
 use std::process::Command;
 
 use loopwarden_boards::modbus_map::RegisterMap;
-use loopwarden_boards::sim_cdu::SimCdu;
 use loopwarden_system_tests::{
     mbpoll, mbpoll_values as values, require_python_module, require_tool,
 };
+use loopwarden_twin::sim_cdu::SimCdu;
 
 /// A CDU with known measurements, served on a free loopback port.
 fn serve() -> (SimCdu, u16, tokio::runtime::Runtime) {

@@ -28,10 +28,14 @@ use cooling_ctrl::journal::Recorder;
 use cooling_ctrl::modbus::ModbusCdu;
 use cooling_ctrl::northbound;
 use cooling_ctrl::shell::{self, ShellOptions};
-use cooling_ctrl::twin::Ours;
-use loopwarden_boards::oracle::Oracle;
-use loopwarden_boards::scenario::Scenario;
-use loopwarden_boards::sim::{self, Baseline, Controller};
+#[cfg(feature = "twin")]
+use cooling_ctrl::simulated::Ours;
+#[cfg(feature = "twin")]
+use loopwarden_twin::oracle::Oracle;
+#[cfg(feature = "twin")]
+use loopwarden_twin::scenario::Scenario;
+#[cfg(feature = "twin")]
+use loopwarden_twin::sim::{self, Baseline, Controller};
 
 #[derive(Parser)]
 #[command(
@@ -72,6 +76,7 @@ enum Command {
         what: Ctl,
     },
     /// Play a plant scenario in simulated time and print its figures.
+    #[cfg(feature = "twin")]
     Simulate {
         /// The scenario (plant-scenario/1 TOML).
         #[arg(long)]
@@ -120,6 +125,7 @@ enum Ctl {
 
 fn main() -> ExitCode {
     match Cli::parse().command {
+        #[cfg(feature = "twin")]
         Command::Simulate {
             scenario,
             controller,
@@ -346,6 +352,7 @@ async fn serve(config: config::Config) -> Result<(), String> {
     result.map_err(|e| e.to_string())
 }
 
+#[cfg(feature = "twin")]
 fn simulate(
     scenario: PathBuf,
     controller: String,

@@ -25,8 +25,8 @@ use tokio_modbus::server::tcp::{accept_tcp_connection, Server};
 use tokio_modbus::{ExceptionCode, Request, Response, SlaveRequest};
 use tokio_serial::SerialPort as _;
 
-use crate::modbus_map::{Kind, RegisterMap, ValueError};
-use crate::modbus_server::{answer, RegisterFile};
+use loopwarden_boards::modbus_map::{Kind, RegisterMap, ValueError};
+use loopwarden_boards::modbus_server::{answer, RegisterFile};
 
 struct Image {
     input: BTreeMap<u16, u16>,

@@ -61,12 +61,12 @@ const DEMO: &str = include_str!("../scenarios/demo.toml");
 fn play(a: &PlayArgs) -> Result<(), String> {
     let (scenario, name) = match &a.scenario {
         Some(p) => (
-            loopwarden_boards::scenario::Scenario::load(p)?,
+            loopwarden_twin::scenario::Scenario::load(p)?,
             p.file_stem()
                 .map_or("scenario".into(), |s| s.to_string_lossy().into_owned()),
         ),
         None => (
-            loopwarden_boards::scenario::Scenario::from_toml(DEMO, "demo.toml")?,
+            loopwarden_twin::scenario::Scenario::from_toml(DEMO, "demo.toml")?,
             "demo".to_string(),
         ),
     };

@@ -1,7 +1,7 @@
 //! The run's trace: one CSV row every few seconds of simulated time.
 //!
 //! The columns are those `cooling-ctrl simulate --trace` writes
-//! (`loopwarden_boards::sim::run`):
+//! (`loopwarden_twin::sim::run`):
 //!
 //! ```text
 //! t_s,ambient_c,setpoint_c,supply_c,return_c,flow_lpm,pump_speed,max_gpu_c,it_kw,facility_kw,caps

@@ -27,8 +27,8 @@
 
 use std::time::Instant;
 
-use loopwarden_boards::scenario::Scenario;
 use loopwarden_hall::play::{play, PlayConfig};
+use loopwarden_twin::scenario::Scenario;
 
 const SPEED: f64 = 10.0;
 const TRIP_AT_S: u64 = 300;

@@ -34,15 +34,16 @@ use std::time::{Duration, Instant};
 
 use cooling_ctrl::modbus::{Link, ModbusCdu};
 use cooling_ctrl::shell::{ShellConfig, ShellOptions, ShellStats};
-use loopwarden_boards::hall::Hall;
 use loopwarden_boards::modbus_map::RegisterMap;
-use loopwarden_boards::pins::{PinMap, SimLines};
-use loopwarden_boards::scenario::Scenario;
-use loopwarden_boards::sim_cdu::SimCdu;
+use loopwarden_boards::pins::PinMap;
 use loopwarden_bus::embedded::EmbeddedBroker;
 use loopwarden_bus::{BrokerAddr, Bus, BusConfig};
 use loopwarden_protocol::message::{Event, HealthState, RackCooling};
 use loopwarden_protocol::{Ident, Message, NodeId, Role};
+use loopwarden_twin::hall::Hall;
+use loopwarden_twin::pins::SimLines;
+use loopwarden_twin::scenario::Scenario;
+use loopwarden_twin::sim_cdu::SimCdu;
 use tokio::sync::watch;
 
 use crate::trace::TraceRow;
@@ -273,7 +274,7 @@ pub async fn play_with(cfg: PlayConfig, opts: PlayOptions) -> Result<PlayOutcome
     }
 
     // The cooling controller, driving the CDU over Modbus.
-    let mut core = cooling_ctrl::twin::core_config(s)
+    let mut core = cooling_ctrl::site_figures::core_config(s)
         .map_err(|e| PlayError::Start(format!("controller config: {e}")))?;
     if let Some(ms) = opts.cap_release_ms {
         core.timing.cap_release_ms = ms;

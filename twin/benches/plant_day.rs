@@ -1,13 +1,13 @@
 //! A day of the default hall (128 GPUs) at 1 s steps, timed.
 //!
-//! `cargo bench -p loopwarden-boards --bench plant_day` steps the plant
+//! `cargo bench -p loopwarden-twin --bench plant_day` steps the plant
 //! model alone (no controller, no sensors) through 86,400 one-second steps
 //! of a load that follows the day (idle nights, a training job by day)
 //! and the outdoor temperature, three times, and prints the median.
 
 use std::time::Instant;
 
-use loopwarden_boards::plant::{Actuation, Conditions, Plant, SiteConfig};
+use loopwarden_twin::plant::{Actuation, Conditions, Plant, SiteConfig};
 
 fn main() {
     let mut times = Vec::new();

@@ -2,8 +2,8 @@
 //! and the CDU's controller are heard on the broker, the controller drives
 //! the simulated CDU over Modbus, and the report is written.
 
-use loopwarden_boards::scenario::Scenario;
 use loopwarden_hall::play::{play, PlayConfig};
+use loopwarden_twin::scenario::Scenario;
 
 const SHORT: &str = r#"
 format = "plant-scenario/1"

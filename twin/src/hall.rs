@@ -16,8 +16,10 @@
 //! - *hall*: plant + simulated CDU + simulated pins + scenario clock.
 
 use crate::hosts::HostFollow;
-use crate::modbus_map::ValueError;
-use crate::pins::{PinMap, SimLines};
+use loopwarden_boards::modbus_map::ValueError;
+use loopwarden_boards::pins::PinMap;
+
+use crate::pins::SimLines;
 use crate::plant::{Actuation, GpuState, Plant};
 use crate::scenario::{FaultKind, Scenario, SensorName};
 use crate::sim_cdu::SimCdu;
@@ -236,8 +238,8 @@ impl Hall {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::modbus_map::RegisterMap;
-    use crate::pins::BoardPins;
+    use loopwarden_boards::modbus_map::RegisterMap;
+    use loopwarden_boards::pins::BoardPins;
 
     fn hall(extra: &str) -> (Hall, SimCdu, SimLines) {
         let text = format!(

@@ -25,9 +25,9 @@
 //!
 //! It prints p50, p99 and max of each, and how many samples.
 
-use loopwarden_boards::scenario::Scenario;
 use loopwarden_bus::BrokerAddr;
 use loopwarden_hall::play::{play_with, PlayConfig, PlayOptions};
+use loopwarden_twin::scenario::Scenario;
 
 const SPEED: f64 = 10.0;
 /// Simulated seconds before the first trip.

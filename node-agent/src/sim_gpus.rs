@@ -1,7 +1,7 @@
 //! Simulated GPUs behind the same trait as NVML.
 //!
 //! A stand-alone host of the hall model (`PLANT_MODEL.md` section 2, with
-//! the constants of `loopwarden_boards::plant`): each
+//! the constants of `loopwarden_boards::site`): each
 //! GPU heats up with its power and cools through its cold plate into the
 //! coolant; its static power grows with temperature (leakage); its power
 //! limit caps the work it does; it slows down in hardware at the slowdown
@@ -24,7 +24,7 @@ use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use loopwarden_boards::plant::GpuModel;
+use loopwarden_boards::site::GpuModel;
 use loopwarden_boards::GpuBoard;
 use loopwarden_protocol::{
     EccCounts, GpuFlags, MegaHertz, MemoryRepair, NvlinkErrors, Percent, ThrottleReasons,
@@ -59,7 +59,7 @@ pub struct TwinGpuParams {
 }
 
 impl TwinGpuParams {
-    /// The hall model's GPU (`loopwarden_boards::plant::GpuModel`) with
+    /// The hall model's GPU (`loopwarden_boards::site::GpuModel`) with
     /// the limits and temperatures of `board`.
     pub fn from_board(board: &GpuBoard) -> Self {
         let m = GpuModel::default();

@@ -1,0 +1,284 @@
+//! A site's figures as data: the hall a CDU serves (racks, hosts, GPUs),
+//! the GPU model's power and thermal law, the secondary loop and the CDU,
+//! and the facility's heat rejection, with the characteristic curves those
+//! figures define (cold-plate resistance against flow, static power against
+//! temperature, the chiller's COP). Every field has the default of
+//! `PLANT_MODEL.md` and is a key of a site's TOML.
+//!
+//! The controller is configured with these figures (`cooling-ctrl`'s
+//! `site_figures`); the simulated hall (`loopwarden-twin`) runs its plant
+//! on them.
+//!
+//! Glossary:
+//! - *secondary loop*: coolant from the CDU to the racks' cold plates.
+//! - *facility loop*: water from the CDU's heat exchanger to the dry
+//!   cooler and the trim chiller.
+//! - *static power*: what a GPU draws idle; it grows with temperature
+//!   (leakage).
+//! - *COP*: heat a chiller removes per unit of electric power.
+
+use serde::Deserialize;
+
+/// A hall as data; every field has the default of `PLANT_MODEL.md`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SiteConfig {
+    /// Racks on the CDU.
+    pub racks: usize,
+    /// Hosts per rack.
+    pub hosts_per_rack: usize,
+    /// GPUs per host.
+    pub gpus_per_host: usize,
+    /// The GPU model.
+    pub gpu: GpuModel,
+    /// Host power besides the GPUs.
+    pub host: HostModel,
+    /// The secondary loop and the CDU.
+    #[serde(rename = "loop")]
+    pub secondary: LoopModel,
+    /// Heat rejection.
+    pub facility: FacilityModel,
+}
+
+impl Default for SiteConfig {
+    fn default() -> Self {
+        Self {
+            racks: 4,
+            hosts_per_rack: 4,
+            gpus_per_host: 8,
+            gpu: GpuModel::default(),
+            host: HostModel::default(),
+            secondary: LoopModel::default(),
+            facility: FacilityModel::default(),
+        }
+    }
+}
+
+/// One GPU (section 2).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GpuModel {
+    /// Default power limit, W.
+    pub tdp_w: f64,
+    /// Lowest settable limit, W.
+    pub min_cap_w: f64,
+    /// Static power at 50 °C, W.
+    pub static_w: f64,
+    /// Leakage growth per K above 50 °C, fraction of `static_w`.
+    pub leak_per_k: f64,
+    /// Max operating temperature, °C.
+    pub max_operating_c: f64,
+    /// HW slowdown, °C.
+    pub slowdown_c: f64,
+    /// HW shutdown, °C.
+    pub shutdown_c: f64,
+    /// Junction to case, K/W.
+    pub r_jc: f64,
+    /// Cold plate, case to inlet, K/W, at flows per GPU in L/min.
+    pub r_cp: Vec<[f64; 2]>,
+    /// Cold plate without flow, K/W.
+    pub r_cp_stagnant: f64,
+    /// Lumped heat capacity, J/K.
+    pub heat_capacity_j_per_k: f64,
+}
+
+impl Default for GpuModel {
+    fn default() -> Self {
+        Self {
+            tdp_w: 700.0,
+            min_cap_w: 200.0,
+            static_w: 90.0,
+            leak_per_k: 0.015,
+            max_operating_c: 87.0,
+            slowdown_c: 89.0,
+            shutdown_c: 92.0,
+            r_jc: 0.022,
+            r_cp: vec![
+                [0.4, 0.0389],
+                [0.6, 0.0300],
+                [1.0, 0.0245],
+                [1.4, 0.0220],
+                [2.0, 0.0204],
+                [2.4, 0.0197],
+            ],
+            r_cp_stagnant: 0.2,
+            heat_capacity_j_per_k: 500.0,
+        }
+    }
+}
+
+impl GpuModel {
+    /// Cold-plate resistance at `q` L/min (piecewise linear, clamped).
+    pub fn r_cold_plate(&self, q: f64) -> f64 {
+        let t = &self.r_cp;
+        if q <= 0.0 || t.is_empty() {
+            return self.r_cp_stagnant;
+        }
+        if q <= t[0][0] {
+            return t[0][1];
+        }
+        for p in t.windows(2) {
+            let ([q0, r0], [q1, r1]) = (p[0], p[1]);
+            if q <= q1 {
+                return r0 + (r1 - r0) * (q - q0) / (q1 - q0);
+            }
+        }
+        t[t.len() - 1][1]
+    }
+
+    /// Static power at `t_j`, W.
+    pub fn static_power(&self, t_j: f64) -> f64 {
+        self.static_w * (1.0 + self.leak_per_k * (t_j - 50.0))
+    }
+
+    /// Power drawn and work rate of a GPU at `t_j` with demand `u` under
+    /// `limit` (section 2): static plus dynamic power when it fits, else
+    /// the limit, with the clocks (work) dropped to fit it.
+    pub fn draw(&self, t_j: f64, u: f64, limit: f64) -> (f64, f64) {
+        let p_s = self.static_power(t_j);
+        let p_d = u * (self.tdp_w - self.static_w);
+        if p_s + p_d <= limit {
+            (p_s + p_d, u)
+        } else if p_d > 0.0 {
+            (limit, u * (limit - p_s).max(0.0) / p_d)
+        } else {
+            (limit, 0.0)
+        }
+    }
+}
+
+/// Host power besides its GPUs (section 2).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HostModel {
+    /// At full load, W.
+    pub full_w: f64,
+    /// Idle, W.
+    pub idle_w: f64,
+}
+
+impl Default for HostModel {
+    fn default() -> Self {
+        Self {
+            full_w: 1200.0,
+            idle_w: 500.0,
+        }
+    }
+}
+
+/// The secondary loop and the CDU (section 3).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoopModel {
+    /// Flow per GPU at pump speed 100 %, L/min.
+    pub design_lpm_per_gpu: f64,
+    /// Lowest pump speed, fraction.
+    pub min_speed: f64,
+    /// Electrical power of the running pump at 100 %, W.
+    pub pump_max_w: f64,
+    /// CDU heat exchanger approach, K.
+    pub approach_k: f64,
+    /// Supply temperature's time constant, s.
+    pub supply_tau_s: f64,
+    /// How long the lag pump takes to reach speed, s.
+    pub lag_start_s: f64,
+    /// Coolant heat capacity, J/(kg·K).
+    pub cp_j_per_kg_k: f64,
+    /// Coolant density, kg/m³.
+    pub density_kg_per_m3: f64,
+    /// Room dew point, °C.
+    pub dew_point_c: f64,
+    /// Highest setpoint, °C.
+    pub max_setpoint_c: f64,
+    /// How fast a stagnant plate's inlet drifts to the die, K/s.
+    pub stagnant_drift_k_per_s: f64,
+}
+
+impl Default for LoopModel {
+    fn default() -> Self {
+        Self {
+            design_lpm_per_gpu: 1.5,
+            min_speed: 0.3,
+            pump_max_w: 1400.0,
+            approach_k: 3.0,
+            supply_tau_s: 30.0,
+            lag_start_s: 10.0,
+            cp_j_per_kg_k: 3900.0,
+            density_kg_per_m3: 1030.0,
+            dew_point_c: 15.0,
+            max_setpoint_c: 45.0,
+            stagnant_drift_k_per_s: 1.0,
+        }
+    }
+}
+
+impl LoopModel {
+    /// The lowest setpoint the CDU accepts (dew point + 2 K), °C.
+    pub fn min_setpoint_c(&self) -> f64 {
+        self.dew_point_c + 2.0
+    }
+}
+
+/// Heat rejection and the facility's own loads (sections 4 and 5).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FacilityModel {
+    /// Facility water flow, kg/s.
+    pub water_kg_per_s: f64,
+    /// Water heat capacity, J/(kg·K).
+    pub water_cp_j_per_kg_k: f64,
+    /// Dry cooler at full fans, W/K.
+    pub dry_cooler_ua_w_per_k: f64,
+    /// Dry cooler fans at 100 %, W.
+    pub fan_max_w: f64,
+    /// The dry cooler cannot cool below ambient + this, K.
+    pub pinch_k: f64,
+    /// Trim chiller capacity, W.
+    pub chiller_max_w: f64,
+    /// Best chiller COP.
+    pub cop_max: f64,
+    /// Share of the Carnot COP the chiller reaches.
+    pub carnot_fraction: f64,
+    /// Heat capacity of the facility loop, J/K.
+    pub heat_capacity_j_per_k: f64,
+    /// Time constant of the facility water following its target, s.
+    pub follow_tau_s: f64,
+    /// Facility pumps, W.
+    pub pumps_w: f64,
+    /// Distribution losses, share of IT power.
+    pub distribution_loss: f64,
+    /// Fixed loads, W.
+    pub fixed_w: f64,
+}
+
+impl Default for FacilityModel {
+    fn default() -> Self {
+        Self {
+            water_kg_per_s: 6.0,
+            water_cp_j_per_kg_k: 4180.0,
+            dry_cooler_ua_w_per_k: 12_000.0,
+            fan_max_w: 4500.0,
+            pinch_k: 2.0,
+            chiller_max_w: 160_000.0,
+            cop_max: 8.0,
+            carnot_fraction: 0.5,
+            heat_capacity_j_per_k: 3_000_000.0,
+            follow_tau_s: 60.0,
+            pumps_w: 1500.0,
+            distribution_loss: 0.03,
+            fixed_w: 2000.0,
+        }
+    }
+}
+
+impl FacilityModel {
+    /// The chiller's COP with facility water at `t_fw` and outdoor air at
+    /// `t_amb` (°C): a Carnot fraction, at most `cop_max`.
+    pub fn cop(&self, t_fw: f64, t_amb: f64) -> f64 {
+        let lift = t_amb + 10.0 - t_fw;
+        if lift <= 0.0 {
+            return self.cop_max;
+        }
+        (self.carnot_fraction * (t_fw + 273.15) / lift).min(self.cop_max)
+    }
+}
