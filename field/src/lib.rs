@@ -11,6 +11,8 @@
 //!   answer, exit status 2 when the peer cannot be asked).
 //! - [`render`]: aligned tables and the cell text of a JSON value.
 //! - [`time`]: `--since` and UTC clock times.
+//! - [`common`]: the configuration fields every agent has (site, broker,
+//!   login, keys file, flash, console), declared and checked once.
 //! - [`config`]: the configuration error with its origin (file and line, a
 //!   flag, or the default), the TOML key to line lookup, range checks and
 //!   the [`pick!`] of a flag over the file.
@@ -20,6 +22,7 @@
 //!   at it.
 //! - *peer*: the running agent that `ctl` asks.
 
+pub mod common;
 pub mod config;
 pub mod console;
 pub mod render;

@@ -38,6 +38,7 @@ use loopwarden_boards::modbus_map::RegisterMap;
 use loopwarden_boards::pins::PinMap;
 use loopwarden_bus::embedded::EmbeddedBroker;
 use loopwarden_bus::{BrokerAddr, Bus, BusConfig};
+use loopwarden_field::common::CommonFlags;
 use loopwarden_protocol::message::{Event, HealthState, RackCooling};
 use loopwarden_protocol::{Ident, Message, NodeId, Role};
 use loopwarden_twin::hall::Hall;
@@ -236,12 +237,15 @@ pub async fn play_with(cfg: PlayConfig, opts: PlayOptions) -> Result<PlayOutcome
         std::fs::create_dir_all(&dir)
             .map_err(|e| PlayError::Start(format!("{}: {e}", dir.display())))?;
         let flags = node_agent::config::Overrides {
-            site: Some(site_name.into()),
+            common: CommonFlags {
+                site: Some(site_name.into()),
+                broker: Some(broker.to_string()),
+                flash: Some(dir.join("flash.bin")),
+                console: Some(dir.join("console.sock")),
+                ..Default::default()
+            },
             host: Some(id.clone()),
-            broker: Some(broker.to_string()),
             twin_gpus: Some(s.gpus_per_host as u8),
-            flash: Some(dir.join("flash.bin")),
-            console: Some(dir.join("console.sock")),
             cdu: Some("cdu1".into()),
             rack: Some((h / s.hosts_per_rack) as u8),
             ..Default::default()

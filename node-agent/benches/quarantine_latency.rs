@@ -76,12 +76,15 @@ fn main() {
     let twin = node_agent::sim_gpus::TwinSource::new(&board, 8, 1);
     let control = twin.control();
     let flags = node_agent::config::Overrides {
-        site: Some(site.into()),
+        common: loopwarden_field::common::CommonFlags {
+            site: Some(site.into()),
+            broker: Some(format!("127.0.0.1:{port}")),
+            flash: Some(dir.path().join("agent.flash")),
+            console: Some(dir.path().join("agent.sock")),
+            ..Default::default()
+        },
         host: Some(host.into()),
-        broker: Some(format!("127.0.0.1:{port}")),
         twin_gpus: Some(8),
-        flash: Some(dir.path().join("agent.flash")),
-        console: Some(dir.path().join("agent.sock")),
         ..Default::default()
     };
     let config = node_agent::config::load(None, &flags).expect("config");

@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use loopwarden_field::common::{self, CommonFlags};
 pub use loopwarden_field::config::ConfigError;
 use loopwarden_field::config::{self as field, local_host_name, range, Sources};
 use loopwarden_field::pick;
@@ -22,49 +23,36 @@ use serde::Deserialize;
 
 use crate::guard::GuardSettings;
 
-/// The file as written (every field optional).
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FileConfig {
-    /// Site name.
-    pub site: Option<String>,
-    /// Host id.
-    pub host: Option<String>,
-    /// Broker address; absent: the embedded broker.
-    pub broker: Option<String>,
-    /// Broker user name.
-    pub broker_user: Option<String>,
-    /// File holding the broker password.
-    pub broker_password_file: Option<PathBuf>,
-    /// Simulated GPUs instead of NVML (0: NVML).
-    pub twin_gpus: Option<u8>,
-    /// GPU board model (`H200-SXM`) or a board file.
-    pub board: Option<String>,
-    /// Sampling period, ms.
-    pub period_ms: Option<u64>,
-    /// JSON mirror period for telemetry, ms.
-    pub json_period_ms: Option<u64>,
-    /// Deadline of one GPU call, ms.
-    pub deadline_ms: Option<u64>,
-    /// Missed samples in a row before a GPU is reported unresponsive.
-    pub unresponsive_after: Option<u32>,
-    /// Flash file (event log, outbox, config store).
-    pub flash: Option<PathBuf>,
-    /// Console socket.
-    pub console: Option<PathBuf>,
-    /// Site keys for commands.
-    pub keys_file: Option<PathBuf>,
-    /// The CDU whose loop cools this host (its state is the health
-    /// engine's cooling context).
-    pub cdu: Option<String>,
-    /// This host's rack on that CDU (0 to 15).
-    pub rack: Option<u8>,
-    /// Thermal guard.
-    pub guard: Option<GuardFile>,
-    /// Health engine.
-    pub health: Option<HealthFile>,
-    /// Quarantine actions.
-    pub quarantine: Option<QuarantineFile>,
+loopwarden_field::agent_file! {
+    /// The file as written (every field optional): the common fields
+    /// (`loopwarden_field::common`), then the host agent's own.
+    pub struct FileConfig {
+        /// Host id.
+        pub host: Option<String>,
+        /// Simulated GPUs instead of NVML (0: NVML).
+        pub twin_gpus: Option<u8>,
+        /// GPU board model (`H200-SXM`) or a board file.
+        pub board: Option<String>,
+        /// Sampling period, ms.
+        pub period_ms: Option<u64>,
+        /// JSON mirror period for telemetry, ms.
+        pub json_period_ms: Option<u64>,
+        /// Deadline of one GPU call, ms.
+        pub deadline_ms: Option<u64>,
+        /// Missed samples in a row before a GPU is reported unresponsive.
+        pub unresponsive_after: Option<u32>,
+        /// The CDU whose loop cools this host (its state is the health
+        /// engine's cooling context).
+        pub cdu: Option<String>,
+        /// This host's rack on that CDU (0 to 15).
+        pub rack: Option<u8>,
+        /// Thermal guard.
+        pub guard: Option<GuardFile>,
+        /// Health engine.
+        pub health: Option<HealthFile>,
+        /// Quarantine actions.
+        pub quarantine: Option<QuarantineFile>,
+    }
 }
 
 /// `[health]`.
@@ -100,21 +88,12 @@ pub struct QuarantineFile {
 /// Values given as flags (each overrides the file).
 #[derive(Debug, Default, Clone, clap::Args)]
 pub struct Overrides {
-    /// Site name (ident).
-    #[arg(long)]
-    pub site: Option<String>,
+    /// The fields every agent has.
+    #[command(flatten)]
+    pub common: CommonFlags,
     /// Host id (ident); default: the machine's host name.
     #[arg(long)]
     pub host: Option<String>,
-    /// Broker, `host[:port]`; default: the embedded broker on 127.0.0.1:1883.
-    #[arg(long)]
-    pub broker: Option<String>,
-    /// Broker user name.
-    #[arg(long)]
-    pub broker_user: Option<String>,
-    /// File holding the broker password.
-    #[arg(long)]
-    pub broker_password_file: Option<PathBuf>,
     /// Simulate this many GPUs instead of using NVML.
     #[arg(long)]
     pub twin_gpus: Option<u8>,
@@ -133,15 +112,6 @@ pub struct Overrides {
     /// Missed samples in a row before a GPU counts as unresponsive.
     #[arg(long)]
     pub unresponsive_after: Option<u32>,
-    /// Flash file; default: kept in memory only.
-    #[arg(long)]
-    pub flash: Option<PathBuf>,
-    /// Console socket path.
-    #[arg(long)]
-    pub console: Option<PathBuf>,
-    /// Site keys file (`<key id> <hex secret>` per line).
-    #[arg(long)]
-    pub keys_file: Option<PathBuf>,
     /// The CDU whose loop cools this host (ident).
     #[arg(long)]
     pub cdu: Option<String>,
@@ -258,33 +228,12 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
     let file: FileConfig = field::parse(path, text)?;
     let src = Sources::new(path, text);
 
-    let ident = |picked, key: &str, default| field::ident(&src, picked, key, default);
-    let site = ident(
-        pick!(flags.site, file.site, "site"),
-        "site",
-        Some("site".into()),
-    )?;
-    let host = ident(
+    let common = common::resolve(&src, file.common(), &flags.common, default_console)?;
+    let host = field::ident(
+        &src,
         pick!(flags.host, file.host, "host"),
         "host",
         local_host_name(),
-    )?;
-
-    let broker = match pick!(flags.broker, file.broker, "broker") {
-        (Some(b), flag) => Some(
-            b.parse()
-                .map_err(|e| src.error(flag, "broker", format!("broker = {b:?}: {e}")))?,
-        ),
-        (None, _) => None,
-    };
-    let credentials = field::credentials(
-        &src,
-        pick!(flags.broker_user, file.broker_user, "broker-user"),
-        pick!(
-            flags.broker_password_file,
-            file.broker_password_file,
-            "broker-password-file"
-        ),
     )?;
 
     let twin = range(
@@ -457,8 +406,7 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         " s",
     )?;
 
-    let keys_pick = pick!(flags.keys_file, file.keys_file, "keys-file");
-    let (keys, demo_key) = match keys_pick {
+    let (keys, demo_key) = match common.keys_file {
         (Some(p), flag) => (
             read_keys(&p).map_err(|m| src.error(flag, "keys_file", m))?,
             false,
@@ -470,23 +418,19 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         (None, _) => (BTreeMap::new(), false),
     };
 
-    let console = pick!(flags.console, file.console, "console")
-        .0
-        .unwrap_or_else(default_console);
-
     Ok(Config {
-        site,
+        site: common.site,
         host,
-        broker,
-        credentials,
+        broker: common.broker,
+        credentials: common.credentials,
         gpus,
         board,
         period: Duration::from_millis(period),
         json_period: Duration::from_millis(json_period),
         deadline: Duration::from_millis(deadline),
         unresponsive_after,
-        flash: pick!(flags.flash, file.flash, "flash").0,
-        console,
+        flash: common.flash,
+        console: common.console,
         keys,
         demo_key,
         cdu,

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
+use loopwarden_field::common::CommonFlags;
 use loopwarden_protocol::{
     samples::DEMO_KEY, Ack, AckCode, CapLease, CapSource, CommandAuth, DurationMs, Event, Frame,
     GpuCap, GpuIndex, GpuSelector, HealthState, Message, NodeId, ReasonCode, Role, TimestampMs,
@@ -531,12 +532,15 @@ fn run_source(
     std::thread::JoinHandle<Result<(), node_agent::shell::AgentError>>,
 ) {
     let flags = node_agent::config::Overrides {
-        site: Some(SITE.into()),
+        common: CommonFlags {
+            site: Some(SITE.into()),
+            broker: Some(format!("127.0.0.1:{port}")),
+            console: Some(dir.join(format!("{host}.sock"))),
+            ..more.common.clone()
+        },
         host: Some(host.into()),
-        broker: Some(format!("127.0.0.1:{port}")),
         twin_gpus: Some(gpus as u8),
         period_ms: Some(more.period_ms.unwrap_or(200)),
-        console: Some(dir.join(format!("{host}.sock"))),
         ..more
     };
     let config = node_agent::config::load(None, &flags).expect("config");
@@ -588,7 +592,10 @@ fn a_fatal_xid_quarantines_runs_the_action_once_and_only_an_operator_releases() 
     let drained = dir.path().join("drained");
     let more = node_agent::config::Overrides {
         quarantine_actions: vec![format!("touch {}-{{gpu}}", drained.display())],
-        flash: Some(dir.path().join("agent.flash")),
+        common: CommonFlags {
+            flash: Some(dir.path().join("agent.flash")),
+            ..Default::default()
+        },
         ..Default::default()
     };
     let (control, stop, agent) = in_process_with(port, host, 2, dir.path(), more);
@@ -678,7 +685,10 @@ fn a_fatal_xid_quarantines_runs_the_action_once_and_only_an_operator_releases() 
     std::fs::remove_file(drained.with_file_name("drained-1")).expect("remove marker");
     let more = node_agent::config::Overrides {
         quarantine_actions: vec![format!("touch {}-{{gpu}}", drained.display())],
-        flash: Some(dir.path().join("agent.flash")),
+        common: CommonFlags {
+            flash: Some(dir.path().join("agent.flash")),
+            ..Default::default()
+        },
         ..Default::default()
     };
     let (_control, stop, agent) = in_process_with(port, host, 2, dir.path(), more);

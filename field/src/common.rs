@@ -1,0 +1,249 @@
+//! The configuration every agent has: its site, its broker and the login
+//! to it, the site's keys file, its flash file and its console socket.
+//! Both agents declare these fields once, here ([`agent_file!`] for the
+//! file, [`CommonFlags`] for the flags), and check them with one function
+//! ([`resolve`]); each agent adds its own fields and checks.
+//!
+//! Glossary:
+//! - *common field*: a key both agents' files take, with the same meaning
+//!   and the same check.
+//! - *embedded broker*: the in-process broker an agent starts when no
+//!   `broker` is given.
+
+use std::path::PathBuf;
+
+use loopwarden_bus::BrokerAddr;
+use loopwarden_protocol::Ident;
+
+use crate::config::{credentials, ident, ConfigError, Sources};
+
+/// Declares an agent's file structure: every field optional, unknown keys
+/// refused (with their line), the common fields first and then the
+/// agent's own. The common fields are `site`, `broker`, `broker_user`,
+/// `broker_password_file`, `keys_file`, `flash` and `console`;
+/// [`common`](CommonFile) borrows them for [`resolve`].
+#[macro_export]
+macro_rules! agent_file {
+    ($(#[$attr:meta])* pub struct $name:ident { $($body:tt)* }) => {
+        $(#[$attr])*
+        #[derive(Debug, Default, serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct $name {
+            /// Site name.
+            pub site: Option<String>,
+            /// Broker address; absent: the embedded broker.
+            pub broker: Option<String>,
+            /// Broker user name.
+            pub broker_user: Option<String>,
+            /// File holding the broker password.
+            pub broker_password_file: Option<std::path::PathBuf>,
+            /// Site keys.
+            pub keys_file: Option<std::path::PathBuf>,
+            /// Flash file.
+            pub flash: Option<std::path::PathBuf>,
+            /// Console socket.
+            pub console: Option<std::path::PathBuf>,
+            $($body)*
+        }
+
+        impl $name {
+            /// The common fields as written.
+            pub fn common(&self) -> $crate::common::CommonFile<'_> {
+                $crate::common::CommonFile {
+                    site: self.site.as_deref(),
+                    broker: self.broker.as_deref(),
+                    broker_user: self.broker_user.as_deref(),
+                    broker_password_file: self.broker_password_file.as_deref(),
+                    keys_file: self.keys_file.as_deref(),
+                    flash: self.flash.as_deref(),
+                    console: self.console.as_deref(),
+                }
+            }
+        }
+    };
+}
+
+/// The common fields of a file, as written.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CommonFile<'a> {
+    /// Site name.
+    pub site: Option<&'a str>,
+    /// Broker address.
+    pub broker: Option<&'a str>,
+    /// Broker user name.
+    pub broker_user: Option<&'a str>,
+    /// File holding the broker password.
+    pub broker_password_file: Option<&'a std::path::Path>,
+    /// Site keys.
+    pub keys_file: Option<&'a std::path::Path>,
+    /// Flash file.
+    pub flash: Option<&'a std::path::Path>,
+    /// Console socket.
+    pub console: Option<&'a std::path::Path>,
+}
+
+/// The common fields given as flags (each overrides the file).
+#[derive(Debug, Default, Clone, clap::Args)]
+pub struct CommonFlags {
+    /// Site name (ident).
+    #[arg(long)]
+    pub site: Option<String>,
+    /// Broker, `host[:port]`; default: the embedded broker on 127.0.0.1:1883.
+    #[arg(long)]
+    pub broker: Option<String>,
+    /// Broker user name.
+    #[arg(long)]
+    pub broker_user: Option<String>,
+    /// File holding the broker password.
+    #[arg(long)]
+    pub broker_password_file: Option<PathBuf>,
+    /// Site keys file (`<key id> <hex secret>` per line).
+    #[arg(long)]
+    pub keys_file: Option<PathBuf>,
+    /// Flash file (event log, outbox, config store); default: kept in
+    /// memory only.
+    #[arg(long)]
+    pub flash: Option<PathBuf>,
+    /// Console socket path.
+    #[arg(long)]
+    pub console: Option<PathBuf>,
+}
+
+/// The common fields, checked.
+#[derive(Debug, Clone)]
+pub struct Common {
+    /// Site.
+    pub site: Ident,
+    /// Broker; `None`: embedded.
+    pub broker: Option<BrokerAddr>,
+    /// Broker credentials.
+    pub credentials: Option<(String, String)>,
+    /// The keys file and the flag that gave it (`None`: the file did), to
+    /// be read by the agent, whose keys differ.
+    pub keys_file: (Option<PathBuf>, Option<&'static str>),
+    /// Flash file; `None`: in memory only.
+    pub flash: Option<PathBuf>,
+    /// Console socket.
+    pub console: PathBuf,
+}
+
+/// The flag's value, else the file's: `(value, Some(flag))` when the flag
+/// gave it, as [`pick!`](crate::pick) does for owned values.
+fn pick<T: ?Sized + ToOwned>(
+    flag: &Option<T::Owned>,
+    file: Option<&T>,
+    name: &'static str,
+) -> (Option<T::Owned>, Option<&'static str>)
+where
+    T::Owned: Clone,
+{
+    match (flag, file) {
+        (Some(v), _) => (Some(v.clone()), Some(name)),
+        (None, Some(v)) => (Some(v.to_owned()), None),
+        (None, None) => (None, None),
+    }
+}
+
+/// Checks the common fields: the site is a name (default `site`), the
+/// broker an address, the login whole (the password file read), and the
+/// console `default_console()` unless given.
+pub fn resolve(
+    src: &Sources,
+    file: CommonFile<'_>,
+    flags: &CommonFlags,
+    default_console: impl FnOnce() -> PathBuf,
+) -> Result<Common, ConfigError> {
+    let site = ident(
+        src,
+        pick(&flags.site, file.site, "site"),
+        "site",
+        Some("site".into()),
+    )?;
+    let broker = match pick(&flags.broker, file.broker, "broker") {
+        (Some(b), flag) => Some(
+            b.parse()
+                .map_err(|e| src.error(flag, "broker", format!("broker = {b:?}: {e}")))?,
+        ),
+        (None, _) => None,
+    };
+    let credentials = credentials(
+        src,
+        pick(&flags.broker_user, file.broker_user, "broker-user"),
+        pick(
+            &flags.broker_password_file,
+            file.broker_password_file,
+            "broker-password-file",
+        ),
+    )?;
+    Ok(Common {
+        site,
+        broker,
+        credentials,
+        keys_file: pick(&flags.keys_file, file.keys_file, "keys-file"),
+        flash: pick(&flags.flash, file.flash, "flash").0,
+        console: pick(&flags.console, file.console, "console")
+            .0
+            .unwrap_or_else(default_console),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    crate::agent_file! {
+        /// An agent's file with one field of its own.
+        #[allow(dead_code)]
+        pub struct File {
+            /// Its own.
+            pub period_ms: Option<u64>,
+        }
+    }
+
+    fn check(text: &str, flags: &CommonFlags) -> Result<Common, ConfigError> {
+        let path = Path::new("a.toml");
+        let file: File = crate::config::parse(Some(path), text)?;
+        resolve(
+            &Sources::new(Some(path), text),
+            file.common(),
+            flags,
+            || PathBuf::from("/run/x.sock"),
+        )
+    }
+
+    #[test]
+    fn the_common_fields_are_read_checked_and_overridden_by_flags() {
+        let text =
+            "site = \"hall-1\"\nbroker = \"10.0.0.5:1883\"\nflash = \"/var/f\"\nperiod_ms = 5\n";
+        let c = check(text, &CommonFlags::default()).unwrap();
+        assert_eq!(c.site.as_str(), "hall-1");
+        assert_eq!(c.broker.unwrap().to_string(), "10.0.0.5:1883");
+        assert_eq!(c.flash.as_deref(), Some(Path::new("/var/f")));
+        assert_eq!(c.console, PathBuf::from("/run/x.sock"));
+        assert_eq!(c.keys_file, (None, None));
+        let flags = CommonFlags {
+            site: Some("hall-2".into()),
+            keys_file: Some("k".into()),
+            ..CommonFlags::default()
+        };
+        let c = check(text, &flags).unwrap();
+        assert_eq!(c.site.as_str(), "hall-2");
+        assert_eq!(c.keys_file, (Some("k".into()), Some("keys-file")));
+    }
+
+    #[test]
+    fn a_bad_common_field_points_at_its_line_and_an_unknown_key_is_refused() {
+        let e = check(
+            "period_ms = 5\nbroker = \"h:99999\"\n",
+            &CommonFlags::default(),
+        )
+        .unwrap_err();
+        assert_eq!(e.line, Some(2), "{e}");
+        assert!(e.message.starts_with("broker = \"h:99999\""), "{e}");
+        let e = check("site = \"a\"\nbrokr = \"x\"\n", &CommonFlags::default()).unwrap_err();
+        assert_eq!(e.line, Some(2), "{e}");
+        assert!(e.message.contains("brokr"), "{e}");
+    }
+}
