@@ -1,0 +1,114 @@
+//! What the handle and the event loop share: the configuration, the
+//! sequence counter, the delivery bookkeeping (what is pending, in flight,
+//! deferred to the outbox), the connection flags and the counters; and the
+//! frames built from them (presence, the last will).
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use loopwarden_protocol::{Family, Frame, Message, Online, Qos, Role, Text, TimestampMs, Topic};
+use rumqttc::{LastWill, QoS};
+
+use super::{now_ms, PublishError};
+use crate::config::BusConfig;
+use crate::durable::Delivery;
+use crate::metrics::Metrics;
+
+/// The state behind every clone of the handle and the task.
+pub(super) struct Shared {
+    pub(super) config: BusConfig,
+    pub(super) started: TimestampMs,
+    pub(super) seq: AtomicU32,
+    pub(super) metrics: Metrics,
+    pub(super) connected: AtomicBool,
+    pub(super) delivery: Mutex<Delivery>,
+    /// Nothing handed over is waiting for the broker (kept by the task).
+    pub(super) settled: AtomicBool,
+    /// `shutdown` was called: do not reconnect.
+    pub(super) shutting_down: AtomicBool,
+}
+
+impl Shared {
+    pub(super) fn delivery(&self) -> MutexGuard<'_, Delivery> {
+        // A panic while holding the lock leaves the bookkeeping as it was;
+        // go on with it rather than stop delivering.
+        self.delivery.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether a frame on `topic` goes through the outbox.
+    /// Frames that go through the outbox. Not the retained state families
+    /// (`online`, `health`): only their latest value matters, the node
+    /// publishes it again on every connection from what it keeps itself,
+    /// and a decision must not wait behind a flash write to reach the
+    /// broker.
+    pub(super) fn durable(&self, topic: &Topic) -> bool {
+        !topic.json
+            && topic.family.qos() == Qos::AtLeastOnce
+            && !matches!(topic.family, Family::Online | Family::Health)
+    }
+
+    pub(super) fn own_topic(&self, family: Family) -> Result<Topic, PublishError> {
+        match self.config.node.role {
+            role @ (Role::Host | Role::Cdu) => Ok(Topic::new(
+                &self.config.site,
+                role,
+                &self.config.node.id,
+                family,
+            )),
+            role => Err(PublishError::NoOwnTopics(role)),
+        }
+    }
+
+    pub(super) fn next_frame(&self, message: Message, time: TimestampMs) -> Frame {
+        Frame {
+            sender: self.config.node.clone(),
+            seq: self.seq.fetch_add(1, Ordering::Relaxed),
+            time,
+            message,
+        }
+    }
+
+    fn online_frame(&self, online: bool) -> Frame {
+        self.next_frame(
+            Message::Online(Online {
+                online,
+                software: Text::truncated(&self.config.software),
+                started: self.started,
+                clock: self.config.clock,
+            }),
+            now_ms(),
+        )
+    }
+
+    /// The last will for the next connection: `online: false` with a fresh
+    /// sequence number, so it is newer than everything sent before it.
+    pub(super) fn last_will(&self) -> Option<LastWill> {
+        let topic = self.own_topic(Family::Online).ok()?.build().ok()?;
+        let payload = self.online_frame(false).to_vec().ok()?;
+        Some(LastWill::new(
+            topic.as_str(),
+            payload,
+            QoS::AtLeastOnce,
+            true,
+        ))
+    }
+
+    /// Presence as a frame and as its JSON mirror, both retained, QoS 1.
+    pub(super) fn presence(&self, online: bool) -> Vec<rumqttc::Publish> {
+        let (Ok(topic), frame) = (self.own_topic(Family::Online), self.online_frame(online)) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (t, payload) in [
+            (topic.build(), frame.to_vec().ok()),
+            (topic.mirror().build(), Some(frame.to_json().into_bytes())),
+        ] {
+            if let (Ok(t), Some(payload)) = (t, payload) {
+                let mut p = rumqttc::Publish::new(t.as_str(), QoS::AtLeastOnce, payload);
+                p.retain = true;
+                out.push(p);
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,282 @@
+//! The client side of the console: answers rendered as aligned tables for
+//! people, one function per request (`--json` prints the answer as-is).
+
+use std::fmt::Write as _;
+
+use loopwarden_field::render::{events_table, table, text as s};
+use serde_json::Value;
+
+use super::Request;
+
+/// Renders an answer for people.
+pub fn render(req: &Request, v: &Value) -> String {
+    match req {
+        Request::Status => status(v),
+        Request::Gpus => gpus(v),
+        Request::Caps => caps(v),
+        Request::Events { .. } => events_table(v, describe_event),
+        Request::Why { .. } => why(v),
+    }
+}
+
+fn status(v: &Value) -> String {
+    let mut out = String::new();
+    let j = &v["jitter_ms"];
+    let rows = [
+        (
+            "host",
+            format!("{} (site {})", s(&v["host"]), s(&v["site"])),
+        ),
+        ("software", s(&v["software"])),
+        (
+            "GPUs",
+            format!(
+                "{} from {}, {} responsive",
+                s(&v["gpus"]),
+                s(&v["gpu_source"]),
+                s(&v["responsive"])
+            ),
+        ),
+        ("unresponsive", s(&v["unresponsive"])),
+        (
+            "bus",
+            format!(
+                "{}, {} published, {} received, {} dropped, {} connects",
+                if v["connected"].as_bool() == Some(true) {
+                    "connected"
+                } else {
+                    "NOT CONNECTED"
+                },
+                s(&v["bus"]["published"]),
+                s(&v["bus"]["received"]),
+                s(&v["bus"]["dropped"]),
+                s(&v["bus"]["connects"])
+            ),
+        ),
+        (
+            "uptime",
+            format!("{:.0} s", v["uptime_s"].as_f64().unwrap_or(0.0)),
+        ),
+        (
+            "sampling",
+            format!(
+                "every {} ms, {} samples; last took {} ms",
+                s(&v["period_ms"]),
+                s(&v["samples"]),
+                s(&v["sample_ms"]["last"])
+            ),
+        ),
+        (
+            "jitter",
+            format!(
+                "last {} ms, p50 {} ms, p99 {} ms, max {} ms (last {} ticks)",
+                s(&j["last"]),
+                s(&j["p50"]),
+                s(&j["p99"]),
+                s(&j["max"]),
+                s(&j["window"])
+            ),
+        ),
+        (
+            "health",
+            format!(
+                "{} healthy, {} degraded, {} quarantined",
+                s(&v["health"]["healthy"]),
+                s(&v["health"]["degraded"]),
+                s(&v["health"]["quarantined"])
+            ),
+        ),
+        ("leases", s(&v["leases"])),
+        ("flash", s(&v["flash"])),
+    ];
+    for (k, val) in rows {
+        let _ = writeln!(out, "{k:<13} {val}");
+    }
+    if v["demo_key"].as_bool() == Some(true) {
+        out.push_str("WARNING       commands are checked against the public demonstration key\n");
+    }
+    out
+}
+
+fn gpus(v: &Value) -> String {
+    let rows: Vec<Vec<String>> = v["gpus"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|g| {
+                    vec![
+                        s(&g["gpu"]),
+                        if g["responsive"].as_bool() == Some(true) {
+                            "yes".into()
+                        } else {
+                            format!("NO ({} missed)", s(&g["missed"]))
+                        },
+                        s(&g["health"]),
+                        format!("{}C", s(&g["temp"])),
+                        format!("{}C", s(&g["mem_temp"])),
+                        format!("{}W / {}W", s(&g["power"]), s(&g["power_limit"])),
+                        format!("{}", s(&g["sm_clock"])),
+                        format!("{}%", s(&g["util"])),
+                        s(&g["throttle"]),
+                        format!(
+                            "{}/{}",
+                            s(&g["ecc"]["sbe_volatile"]),
+                            s(&g["ecc"]["dbe_volatile"])
+                        ),
+                        s(&g["unsupported"]),
+                    ]
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    table(
+        &[
+            "GPU",
+            "RESPONSIVE",
+            "HEALTH",
+            "TEMP",
+            "HBM",
+            "POWER / LIMIT",
+            "SM MHZ",
+            "UTIL",
+            "THROTTLE",
+            "ECC SBE/DBE",
+            "UNSUPPORTED",
+        ],
+        &rows,
+    )
+}
+
+fn caps(v: &Value) -> String {
+    let gpus: Vec<Vec<String>> = v["gpus"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|g| {
+                    vec![
+                        s(&g["gpu"]),
+                        format!("{} W", s(&g["limit"])),
+                        if g["source"].is_null() {
+                            "uncapped".into()
+                        } else {
+                            s(&g["source"])
+                        },
+                        format!("{}-{} W", s(&g["min"]), s(&g["max"])),
+                        format!("{} W", s(&g["default"])),
+                        s(&g["guard"]),
+                    ]
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut out = table(
+        &["GPU", "LIMIT", "SET BY", "RANGE", "DEFAULT", "GUARD"],
+        &gpus,
+    );
+    let leases: Vec<Vec<String>> = v["leases"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|l| {
+                    vec![
+                        s(&l["from"]),
+                        s(&l["lease"]),
+                        s(&l["source"]),
+                        format!("{:.1} s", l["expires_in_s"].as_f64().unwrap_or(0.0)),
+                        l["caps"]
+                            .as_array()
+                            .map(|c| {
+                                c.iter()
+                                    .map(|c| format!("{}:{}W", s(&c["gpu"]), s(&c["limit"])))
+                                    .collect::<Vec<_>>()
+                                    .join(" ")
+                            })
+                            .unwrap_or_default(),
+                    ]
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    out.push('\n');
+    if leases.is_empty() {
+        out.push_str("no lease in force\n");
+    } else {
+        out.push_str(&table(
+            &["LEASE FROM", "ID", "SOURCE", "EXPIRES IN", "CAPS"],
+            &leases,
+        ));
+    }
+    out
+}
+
+fn why(v: &Value) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "GPU {} ({})", s(&v["gpu"]), s(&v["uuid"]));
+    let _ = writeln!(
+        out,
+        "health     {} ({}) for {:.0} s",
+        s(&v["health"]),
+        s(&v["reason"]),
+        v["since_s"].as_f64().unwrap_or(0.0)
+    );
+    let evidence = s(&v["evidence"]);
+    if !evidence.is_empty() {
+        let _ = writeln!(out, "evidence   {evidence}");
+    }
+    let _ = writeln!(
+        out,
+        "limit      {} W ({})",
+        s(&v["limit"]),
+        if v["cap_source"].is_null() {
+            "uncapped".into()
+        } else {
+            s(&v["cap_source"])
+        }
+    );
+    for n in v["notes"].as_array().into_iter().flatten() {
+        let _ = writeln!(out, "note       {}", s(n));
+    }
+    for x in v["recent_xids"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            out,
+            "xid        {} {} ({}), {:.0} s ago",
+            s(&x["xid"]),
+            s(&x["name"]),
+            s(&x["cause"]),
+            x["ago_s"].as_f64().unwrap_or(0.0)
+        );
+    }
+    out
+}
+
+fn describe_event(e: &Value) -> String {
+    let Some((name, body)) = e.as_object().and_then(|o| o.iter().next()) else {
+        return s(e);
+    };
+    match name.as_str() {
+        "xid" => format!("GPU {}: XID {}", s(&body["gpu"]), s(&body["xid"])),
+        "cap_applied" => format!(
+            "GPU {}: limit {} W ({})",
+            s(&body["gpu"]),
+            s(&body["limit"]),
+            if body["source"].is_null() {
+                "uncapped".into()
+            } else {
+                s(&body["source"])
+            }
+        ),
+        "release_taken" => format!(
+            "release from {} (seq {}): {}",
+            s(&body["from"]),
+            s(&body["seq"]),
+            body["body"]
+        ),
+        "lease_taken" => format!(
+            "lease from {} (seq {}): {}",
+            s(&body["from"]),
+            s(&body["seq"]),
+            body["body"]
+        ),
+        _ => format!("{name} {body}"),
+    }
+}

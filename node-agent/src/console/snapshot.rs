@@ -1,0 +1,128 @@
+//! What the console answers from: the [`Snapshot`] the agent's loop
+//! publishes after every step (through a [`watch`] channel, see
+//! [`snapshot_channel`]), and the [`Context`] that does not change while
+//! the agent runs. The console reads these and never the loop's own state,
+//! so a question never waits for the loop.
+//!
+//! Glossary:
+//! - *snapshot*: a plain copy of what the loop knows after a step (GPUs,
+//!   leases, timing); replaced, never edited.
+//! - *jitter window*: the last [`Timing::jitter_us`] ticks, for the
+//!   percentiles.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use loopwarden_bus::Bus;
+use loopwarden_protocol::{CapSource, TimestampMs, Watts};
+use tokio::sync::watch;
+
+use crate::caps::{GpuRange, LeaseView};
+use crate::config::GpuSourceKind;
+use crate::gpu::{GpuInfo, GpuSample};
+use crate::health::GpuStatus;
+use crate::recorder::Recorder;
+
+/// Timing of the sampling loop, for the console and the benchmarks.
+#[derive(Debug, Clone, Default)]
+pub struct Timing {
+    /// Sampling rounds run.
+    pub samples: u64,
+    /// The jitter of the last ticks, µs.
+    pub jitter_us: VecDeque<u64>,
+    /// The jitter of the last tick, µs.
+    pub last_jitter_us: u64,
+    /// The most jitter seen, µs.
+    pub max_jitter_us: u64,
+    /// How long the last round took, µs.
+    pub last_sample_us: u64,
+    /// The longest round, µs.
+    pub max_sample_us: u64,
+}
+
+impl Timing {
+    /// The `p`-th percentile of the jitter window, µs.
+    pub fn jitter_percentile(&self, p: f64) -> u64 {
+        let mut v: Vec<u64> = self.jitter_us.iter().copied().collect();
+        if v.is_empty() {
+            return 0;
+        }
+        v.sort_unstable();
+        let i = ((p / 100.0) * (v.len() - 1) as f64).round() as usize;
+        v[i.min(v.len() - 1)]
+    }
+}
+
+/// One GPU as the loop last saw it.
+#[derive(Debug, Clone)]
+pub struct GpuView {
+    /// Its identity and limits, read at start.
+    pub info: GpuInfo,
+    /// Its settable range.
+    pub range: GpuRange,
+    /// The last sample that answered.
+    pub last: Option<GpuSample>,
+    /// Whether the last sample answered.
+    pub responsive: bool,
+    /// Samples missed in a row.
+    pub missed: u32,
+    /// Whether it was reported unresponsive.
+    pub unresponsive_reported: bool,
+    /// Why the last sample failed.
+    pub last_error: Option<String>,
+    /// The limit read back after the last set (or at start).
+    pub applied: Option<Watts>,
+    /// Who set that limit.
+    pub source: Option<CapSource>,
+    /// The thermal guard's cap, if any.
+    pub guard_cap: Option<Watts>,
+    /// Recent XIDs, oldest first.
+    pub xids: Vec<(TimestampMs, u16)>,
+    /// Its health as the engine holds it.
+    pub health: Option<GpuStatus>,
+}
+
+/// What the loop knows after a step.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// Timing of the sampling loop.
+    pub timing: Timing,
+    /// Every GPU, by index.
+    pub gpus: Vec<GpuView>,
+    /// The leases held.
+    pub leases: Vec<LeaseView>,
+}
+
+/// A snapshot channel: the sender goes to the loop, the receiver into the
+/// [`Context`]. `None` until the loop has put its first targets in force.
+pub fn snapshot_channel() -> (
+    watch::Sender<Option<Snapshot>>,
+    watch::Receiver<Option<Snapshot>>,
+) {
+    watch::channel(None)
+}
+
+/// What the console answers from.
+#[derive(Clone)]
+pub struct Context {
+    /// Site.
+    pub site: String,
+    /// This host.
+    pub host: String,
+    /// Where the GPUs come from.
+    pub gpu_source: GpuSourceKind,
+    /// The sampling period.
+    pub period: Duration,
+    /// When the agent started.
+    pub started: TimestampMs,
+    /// The flash file, `None` when kept in memory.
+    pub flash_path: Option<String>,
+    /// Commands are checked against the public demonstration key.
+    pub demo_key: bool,
+    /// The bus (connection and counters).
+    pub bus: Bus,
+    /// The event log and the outbox queue.
+    pub recorder: Recorder,
+    /// The loop's snapshots.
+    pub snapshot: watch::Receiver<Option<Snapshot>>,
+}

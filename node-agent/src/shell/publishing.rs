@@ -1,0 +1,117 @@
+//! Publishing: telemetry (with its JSON mirror now and then), the
+//! retained health, events and acks (through the recorder, which keeps
+//! them in the flash outbox first), and the flash reservation of sequence
+//! numbers that keeps ahead of the bus.
+
+use std::time::{Duration, Instant};
+
+use loopwarden_protocol::{
+    Event, GpuFlags, GpuHealth, GpuTelemetry, HostHealth, HostTelemetry, Message, MessageKind,
+    Text, TimestampMs, MAX_FRAME_LEN,
+};
+
+use super::{Agent, SEQ_BLOCK};
+
+impl Agent {
+    /// Publishes a message and its JSON mirror; logs what the bus refused.
+    /// Publishes a message and its JSON mirror. Telemetry and health
+    /// (outside the outbox) go out from here at once; events and acks go
+    /// through the recorder, which stores them in the outbox.
+    pub(super) fn publish(&mut self, message: Message, time: TimestampMs, mirror: bool) {
+        if matches!(message, Message::Event(_) | Message::Ack(_)) {
+            self.recorder.publish(message, time, mirror);
+            return;
+        }
+        let kind = message.kind();
+        match self.bus.publish(message, time) {
+            Ok(frame) => {
+                if mirror {
+                    if let Err(e) = self.bus.publish_json(&frame) {
+                        tracing::debug!("JSON mirror of {kind:?} not sent: {e}");
+                    }
+                }
+            }
+            Err(loopwarden_bus::PublishError::Offline) => {}
+            Err(e) => tracing::warn!("{kind:?} not published: {e}"),
+        }
+    }
+
+    /// Logs an event to flash and publishes it, both through the
+    /// recorder, in decision order.
+    pub(super) async fn emit(&mut self, event: Event, time: TimestampMs) {
+        let mut buf = [0u8; MAX_FRAME_LEN];
+        let message = Message::Event(event);
+        match message.encode_body(&mut buf) {
+            Ok(n) => self
+                .recorder
+                .append(time, MessageKind::Event as u8, buf[..n].to_vec()),
+            Err(e) => tracing::error!("event not encodable: {e:?}"),
+        }
+        self.publish(message, time, true);
+    }
+
+    pub(super) fn publish_telemetry(&mut self, now: TimestampMs) {
+        let mut telemetry = HostTelemetry {
+            gpus: heapless::Vec::new(),
+        };
+        for (i, g) in self.gpus.iter().enumerate() {
+            let s = g.last.unwrap_or_default();
+            let _ = telemetry.gpus.push(GpuTelemetry {
+                gpu: Self::gpu_index(i),
+                flags: s.flags.with(GpuFlags::RESPONSIVE, g.responsive),
+                unsupported: s.unsupported,
+                temp: s.temp,
+                mem_temp: s.mem_temp,
+                power: s.power,
+                power_limit: s.power_limit,
+                sm_clock: s.sm_clock,
+                mem_clock: s.mem_clock,
+                util: s.util,
+                throttle: s.throttle,
+                ecc: s.ecc,
+                repair: s.repair,
+                pcie_replay: s.pcie_replay,
+                nvlink: s.nvlink,
+            });
+        }
+        let mirror = self
+            .last_json
+            .is_none_or(|t| t.elapsed() + Duration::from_millis(50) >= self.config.json_period);
+        if mirror {
+            self.last_json = Some(Instant::now());
+        }
+        self.publish(Message::HostTelemetry(telemetry), now, mirror);
+    }
+
+    pub(super) fn publish_health(&mut self, now: TimestampMs) {
+        let mut health = HostHealth {
+            gpus: heapless::Vec::new(),
+        };
+        for i in 0..self.gpus.len() {
+            let _ = health.gpus.push(self.gpu_health(i));
+        }
+        self.publish(Message::HostHealth(health), now, true);
+    }
+
+    /// One GPU's health as the bus carries it.
+    pub(super) fn gpu_health(&self, i: usize) -> GpuHealth {
+        let st = self.health.status(i as u8).expect("one status per GPU");
+        GpuHealth {
+            gpu: Self::gpu_index(i),
+            state: st.state,
+            reason: st.reason,
+            since: st.since,
+            evidence: Text::truncated(&st.evidence),
+        }
+    }
+
+    /// Keeps the flash reservation of sequence numbers ahead of the bus.
+    pub(super) async fn keep_seq_reserved(&mut self) {
+        if self.bus.next_seq().saturating_add(SEQ_BLOCK / 2) >= self.seq_floor {
+            match self.recorder.reserve_seq(SEQ_BLOCK).await {
+                Ok(floor) => self.seq_floor = floor.saturating_add(SEQ_BLOCK),
+                Err(e) => tracing::error!("sequence numbers not reserved in flash: {e:?}"),
+            }
+        }
+    }
+}

@@ -1,0 +1,161 @@
+//! Health decisions and quarantines: XIDs from the driver, what the health
+//! engine decided (logged, published, kept in flash), and the quarantine
+//! actions each on its own task.
+
+use std::time::Duration;
+
+use loopwarden_bus::now_ms;
+use loopwarden_protocol::{Event, GpuIndex, HealthState, TimestampMs};
+use tokio::sync::mpsc;
+
+use super::{health_key, Agent, RECENT_XIDS};
+use crate::actions;
+use crate::gpu::XidReport;
+use crate::health::Output;
+
+impl Agent {
+    pub(super) async fn on_xid(&mut self, x: XidReport) {
+        let now = now_ms();
+        let Some(gpu) = GpuIndex::new(x.gpu).filter(|g| (g.get() as usize) < self.gpus.len())
+        else {
+            tracing::warn!("XID {} for unknown GPU {}", x.xid, x.gpu);
+            return;
+        };
+        tracing::warn!("GPU {}: XID {}", x.gpu, x.xid);
+        let g = &mut self.gpus[x.gpu as usize];
+        if g.xids.len() == RECENT_XIDS {
+            g.xids.pop_front();
+        }
+        g.xids.push_back((now, x.xid));
+        // The decision first: the quarantine is what the hall waits for.
+        let outs = self.health.xid(now, x.gpu, x.xid);
+        self.on_health(outs, now).await;
+        self.emit(Event::Xid { gpu, xid: x.xid }, now).await;
+    }
+
+    /// Carries out what the health engine decided: log and publish each
+    /// change, keep the state in flash, publish the retained health, and
+    /// start the quarantine actions.
+    pub(super) async fn on_health(&mut self, outs: Vec<Output>, now: TimestampMs) {
+        if outs.is_empty() {
+            return;
+        }
+        let mut changed = false;
+        for o in outs {
+            match o {
+                Output::Change(c) => {
+                    changed = true;
+                    let name = serde_json::to_value(c.reason)
+                        .ok()
+                        .and_then(|v| v.as_str().map(String::from))
+                        .unwrap_or_default();
+                    if c.to == HealthState::Quarantined {
+                        tracing::error!("GPU {} quarantined ({name}): {}", c.gpu, c.evidence);
+                    } else {
+                        tracing::warn!(
+                            "GPU {}: {:?} -> {:?} ({name}): {}",
+                            c.gpu,
+                            c.from,
+                            c.to,
+                            c.evidence
+                        );
+                    }
+                    // The retained state first: it is what the hall waits
+                    // for, and it needs no flash write to go out. Then the
+                    // actions, the state in flash, the event.
+                    self.publish_health(now);
+                    if c.to == HealthState::Quarantined {
+                        self.start_actions(c.gpu, &name, &c.evidence);
+                    }
+                    self.keep_health(c.gpu as usize).await;
+                    let ev = Event::HealthChanged {
+                        gpu: Self::gpu_index(c.gpu as usize),
+                        from: c.from,
+                        to: c.to,
+                        reason: c.reason,
+                    };
+                    self.emit(ev, now).await;
+                }
+                Output::CoolingAttributed { gpus, reason, .. } => {
+                    tracing::warn!(
+                        "the cooling explains the heat of GPUs {gpus:#06x}; no GPU is marked for it"
+                    );
+                    self.emit(Event::CoolingAttributed { gpus, reason }, now)
+                        .await;
+                }
+            }
+        }
+        let _ = changed;
+    }
+
+    /// Keeps a GPU's health in flash, so a restart does not forget a
+    /// quarantine.
+    pub(super) async fn keep_health(&mut self, i: usize) {
+        let h = self.gpu_health(i);
+        match postcard::to_allocvec(&h) {
+            Ok(bytes) => self.recorder.set(health_key(i), bytes),
+            Err(e) => tracing::error!("GPU {i}: health state not encodable: {e}"),
+        }
+    }
+
+    /// Starts every configured action for a quarantine of `gpu`, each on
+    /// its own task; outcomes come back to the loop.
+    pub(super) fn start_actions(&mut self, gpu: u8, reason: &str, evidence: &str) {
+        let vars = actions::Vars {
+            host: self.config.host.as_str().to_string(),
+            site: self.config.site.as_str().to_string(),
+            gpu,
+            uuid: self.gpus[gpu as usize].info.uuid.clone(),
+            reason: format!("{reason}: {evidence}"),
+        };
+        for action in &self.config.quarantine_actions {
+            let argv = actions::expand(action, &vars);
+            let timeout = self.config.quarantine_timeout;
+            let tx = self.actions.clone();
+            self.running_actions.retain(|h| !h.is_finished());
+            self.running_actions.push(tokio::spawn(async move {
+                let outcome = actions::run(&argv, timeout).await;
+                let _ = tx.send((gpu, outcome));
+            }));
+        }
+    }
+
+    pub(super) async fn on_action(&mut self, gpu: u8, o: actions::Outcome) {
+        if o.ok {
+            tracing::info!("GPU {gpu}: quarantine action {} done", o.program);
+        } else {
+            tracing::error!(
+                "GPU {gpu}: quarantine action {} failed: {}",
+                o.program,
+                o.detail
+            );
+        }
+        let ev = Event::QuarantineAction {
+            gpu: Self::gpu_index(gpu as usize),
+            ok: o.ok,
+            exit_code: o.exit_code,
+        };
+        self.emit(ev, now_ms()).await;
+    }
+
+    /// At a clean stop: a drain that is running finishes (within its
+    /// timeout) and its outcome is logged, so a quarantine kept in flash
+    /// does not run its actions again.
+    pub(super) async fn finish_actions(
+        &mut self,
+        actions_rx: &mut mpsc::UnboundedReceiver<(u8, actions::Outcome)>,
+    ) {
+        let pending: Vec<_> = std::mem::take(&mut self.running_actions)
+            .into_iter()
+            .filter(|h| !h.is_finished())
+            .collect();
+        if !pending.is_empty() {
+            tracing::info!("stopping: waiting for {} quarantine actions", pending.len());
+            let wait = self.config.quarantine_timeout + Duration::from_secs(1);
+            let _ = tokio::time::timeout(wait, futures::future::join_all(pending)).await;
+        }
+        while let Ok((gpu, outcome)) = actions_rx.try_recv() {
+            self.on_action(gpu, outcome).await;
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! The sampling loop: one task that waits on the sampling tick, a frame
+//! from the bus, a finished quarantine action, an XID and the next lease
+//! expiry, and after each publishes a snapshot for the console; and the
+//! sampling round itself (every GPU on its own worker, within the
+//! deadline).
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use loopwarden_bus::{now_ms, Inbound};
+use loopwarden_protocol::GpuFlags;
+use tokio::sync::mpsc;
+
+use super::{Agent, HEALTH_EVERY, JITTER_WINDOW, REREAD_EVERY};
+use crate::actions;
+use crate::gpu::{GpuError, GpuSample, XidReport};
+use crate::health::Observation;
+
+impl Agent {
+    /// Runs the loop until `shutdown` completes.
+    pub(super) async fn run_loop(
+        &mut self,
+        inbound: &mut mpsc::Receiver<Inbound>,
+        actions_rx: &mut mpsc::UnboundedReceiver<(u8, actions::Outcome)>,
+        xid_rx: &mut mpsc::UnboundedReceiver<XidReport>,
+        shutdown: impl Future<Output = ()>,
+    ) {
+        let mut tick = tokio::time::interval(self.config.period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        tokio::pin!(shutdown);
+        loop {
+            let expiry = self
+                .core
+                .next_expiry()
+                .map(|t| Duration::from_millis(now_ms().until(t)));
+            tokio::select! {
+                scheduled = tick.tick() => {
+                    let jitter = Instant::now().saturating_duration_since(scheduled.into_std());
+                    self.sample_round(jitter).await;
+                }
+                Some(msg) = inbound.recv() => self.on_inbound(msg).await,
+                Some((gpu, outcome)) = actions_rx.recv() => self.on_action(gpu, outcome).await,
+                Some(x) = xid_rx.recv() => self.on_xid(x).await,
+                _ = sleep_opt(expiry) => {
+                    self.reconcile(now_ms(), false).await;
+                }
+                _ = &mut shutdown => break,
+            }
+            self.publish_snapshot();
+        }
+    }
+
+    /// Samples every GPU, each on its own worker, within the deadline.
+    async fn sample_round(&mut self, jitter: Duration) {
+        let began = Instant::now();
+        let deadline = self.config.deadline;
+        let mut set = tokio::task::JoinSet::new();
+        for w in &self.workers {
+            let w = w.clone();
+            set.spawn(async move { (w.index(), w.sample(deadline).await) });
+        }
+        let mut results: Vec<Option<Result<GpuSample, GpuError>>> = vec![None; self.gpus.len()];
+        while let Some(r) = set.join_next().await {
+            if let Ok((i, r)) = r {
+                results[i as usize] = Some(r);
+            }
+        }
+        let now = now_ms();
+        let settings = self.config.guard;
+        for (i, r) in results.into_iter().enumerate() {
+            let g = &mut self.gpus[i];
+            match r {
+                Some(Ok(s)) => {
+                    g.last = Some(s);
+                    g.responsive = true;
+                    g.missed = 0;
+                    if g.unresponsive_reported {
+                        tracing::info!("GPU {i} answers again");
+                        g.unresponsive_reported = false;
+                    }
+                    let cap = g.guard.update(&settings, g.range, s.temp, s.power);
+                    self.core.guard(Self::gpu_index(i), cap);
+                    let outs = self.health.sample(now, i as u8, &observation(&s));
+                    self.on_health(outs, now).await;
+                }
+                other => {
+                    let e = match other {
+                        Some(Err(e)) => e,
+                        _ => GpuError::Timeout,
+                    };
+                    g.responsive = false;
+                    g.missed += 1;
+                    g.last_error = Some(e.to_string());
+                    if g.missed >= self.config.unresponsive_after && !g.unresponsive_reported {
+                        g.unresponsive_reported = true;
+                        tracing::error!(
+                            "GPU {i} unresponsive: {} samples in a row missed ({e})",
+                            g.missed
+                        );
+                    }
+                    let outs = self.health.missed(now, i as u8);
+                    self.on_health(outs, now).await;
+                }
+            }
+        }
+        if self.timing.samples % REREAD_EVERY == REREAD_EVERY - 1 {
+            self.read_applied().await;
+        }
+        self.reconcile(now, false).await;
+        let connects = self.bus.metrics().connects;
+        // Again on every new connection, and every minute in case that
+        // publish was lost in a full queue after a long outage.
+        if connects != self.connects || self.timing.samples % HEALTH_EVERY == 0 {
+            self.connects = connects;
+            self.publish_health(now);
+        }
+        self.publish_telemetry(now);
+        self.keep_seq_reserved().await;
+
+        let t = &mut self.timing;
+        let jitter_us = jitter.as_micros() as u64;
+        let took_us = began.elapsed().as_micros() as u64;
+        t.samples += 1;
+        t.last_jitter_us = jitter_us;
+        t.max_jitter_us = t.max_jitter_us.max(jitter_us);
+        t.last_sample_us = took_us;
+        t.max_sample_us = t.max_sample_us.max(took_us);
+        if t.jitter_us.len() == JITTER_WINDOW {
+            t.jitter_us.pop_front();
+        }
+        t.jitter_us.push_back(jitter_us);
+    }
+}
+
+/// A sample as the health engine reads it.
+fn observation(s: &GpuSample) -> Observation {
+    Observation {
+        temp: f64::from(s.temp.0),
+        power: f64::from(s.power.0),
+        power_limit: f64::from(s.power_limit.0),
+        sm_clock: f64::from(s.sm_clock.0),
+        util: f64::from(s.util.get()),
+        sbe_volatile: u64::from(s.ecc.sbe_volatile),
+        dbe_volatile: u64::from(s.ecc.dbe_volatile),
+        retired_sbe: u64::from(s.repair.retired_sbe),
+        retired_dbe: u64::from(s.repair.retired_dbe),
+        retired_pending: s.flags.contains(GpuFlags::RETIRED_PENDING),
+        remap_pending: s.flags.contains(GpuFlags::REMAP_PENDING),
+        remap_failure: s.flags.contains(GpuFlags::REMAP_FAILURE),
+        pcie_replay: u64::from(s.pcie_replay),
+        nvlink_crc: u64::from(s.nvlink.crc),
+        nvlink_replay: u64::from(s.nvlink.replay),
+        nvlink_recovery: u64::from(s.nvlink.recovery),
+        throttle: s.throttle,
+    }
+}
+
+async fn sleep_opt(d: Option<Duration>) {
+    match d {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
+    }
+}

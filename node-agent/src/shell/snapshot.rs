@@ -1,0 +1,42 @@
+//! The console's snapshot: after every step the loop copies what the
+//! console shows (GPUs, leases, timing) into a
+//! [`Snapshot`](crate::console::Snapshot) and replaces the one in the watch
+//! channel. The console reads only that; it never reaches into the loop.
+
+use super::Agent;
+use crate::console::{GpuView, Snapshot};
+
+impl Agent {
+    /// What the console shows, as of now.
+    pub(super) fn snapshot(&self) -> Snapshot {
+        let gpus = self
+            .gpus
+            .iter()
+            .enumerate()
+            .map(|(i, g)| GpuView {
+                info: g.info.clone(),
+                range: g.range,
+                last: g.last,
+                responsive: g.responsive,
+                missed: g.missed,
+                unresponsive_reported: g.unresponsive_reported,
+                last_error: g.last_error.clone(),
+                applied: g.applied,
+                source: g.source,
+                guard_cap: g.guard.cap(),
+                xids: g.xids.iter().copied().collect(),
+                health: self.health.status(i as u8).cloned(),
+            })
+            .collect();
+        Snapshot {
+            timing: self.timing.clone(),
+            gpus,
+            leases: self.core.leases(),
+        }
+    }
+
+    /// Replaces the console's snapshot.
+    pub(super) fn publish_snapshot(&self) {
+        self.snapshots.send_replace(Some(self.snapshot()));
+    }
+}
