@@ -7,6 +7,11 @@
 //! counts every message it drops. The embedded broker (`rumqttd`) is the
 //! zero-install default when no broker is configured.
 //!
+//! Around it, what both agents' shells keep in flash: [`agent_flash`] (the
+//! flash image, its stores, the sequence floor) and [`recorder`] (the one
+//! thread that writes it and publishes events and acks through the
+//! outbox).
+//!
 //! Glossary:
 //! - *last will*: a message the broker publishes for us when our connection
 //!   dies without a goodbye (`online: false`, retained).
@@ -15,6 +20,7 @@
 
 #![warn(missing_docs)]
 
+pub mod agent_flash;
 mod backoff;
 mod client;
 mod config;
@@ -23,6 +29,7 @@ mod durable;
 pub mod embedded;
 pub mod keys;
 mod metrics;
+pub mod recorder;
 
 pub use backoff::Backoff;
 pub use client::{now_ms, site_filter, Bus, BusTask, Inbound, PublishError};

@@ -1,192 +1,76 @@
-//! The controller's event log: every core event and every lease sent or
-//! lifted, in loopwarden-flash's [`EventLog`] on the flash file (the
-//! layout of `boards/flash/host-file.toml`, its `log` range), so
-//! `cooling-ctrl ctl events` shows them across restarts. Without a flash
-//! file the same log lives in memory and is lost at exit.
+//! The controller's flash: the same image, stores and recorder thread as
+//! the node agent's (`loopwarden_bus::agent_flash`,
+//! `loopwarden_bus::recorder`): the event log keeps every core event and
+//! every lease sent or lifted, so `cooling-ctrl ctl events` shows them
+//! across restarts; the outbox keeps the events and leases until the
+//! broker has them; the config store keeps the sequence floor. Without a
+//! flash file the same stores live in memory and are lost at exit.
 //!
-//! A flash write ends with a sync and now and then a sector erase; the
-//! control loop does not wait for it. The shell hands [`Journal`] entries
-//! to a channel ([`crate::shell::ShellOptions::journal`]); one thread, the
-//! recorder, owns the log and writes them in order, and answers reads.
+//! The control loop never waits for a flash write: it hands [`Journal`]
+//! entries to the recorder ([`record`]), which writes them in order.
 //!
 //! Records: an event is kind `MessageKind::Event` with the message's body;
 //! a lease is kind `MessageKind::CapLease` with a byte for lift (1) or cap
 //! (0), the host id's length and bytes, and the signed frame as sent.
 //!
 //! Glossary:
-//! - *recorder*: the thread that writes the log.
+//! - *recorder*: the thread that writes the flash.
+//! - *journal entry*: what the shell asks to be logged.
 
 use std::format;
-use std::path::{Path, PathBuf};
-use std::string::{String, ToString};
-use std::sync::mpsc;
+use std::path::Path;
+use std::string::String;
 use std::vec::Vec;
 
-use embedded_storage_async::nor_flash::MultiwriteNorFlash;
-use loopwarden_boards::FlashBoard;
+use loopwarden_bus::agent_flash::{self, Flash};
+pub use loopwarden_bus::recorder::{Entry, Recorder};
 use loopwarden_flash::log::WRAPPED;
-use loopwarden_flash::{EventLog, FileFlash, FlashError, SimFlash, Wrapped};
+use loopwarden_flash::{Outbox, Wrapped};
 use loopwarden_protocol::{Frame, Message, MessageKind, TimestampMs, MAX_FRAME_LEN};
 use serde_json::{json, Value};
-use tokio::sync::oneshot;
 
 use crate::shell::Journal;
 
-/// Word size of the flash, bytes.
-pub const WORD: usize = 4;
-/// Sector size of the flash, bytes.
-pub const SECTOR: usize = 4096;
-
-/// A log entry read back.
-#[derive(Debug, Clone)]
-pub struct Entry {
-    /// The log's sequence number.
-    pub seq: u32,
-    /// When (Unix ms).
-    pub time: TimestampMs,
-    /// Record kind.
-    pub kind: u8,
-    /// The record's bytes.
-    pub body: Vec<u8>,
+/// The controller's flash, opened: its recorder, and what the bus takes
+/// from it when the shell starts it (the outbox and the first sequence
+/// number of the block reserved in flash).
+pub struct ControllerFlash {
+    /// The recorder, attached to the bus by the shell.
+    pub recorder: Recorder,
+    /// The outbox for the bus.
+    pub outbox: Outbox<Flash>,
+    /// The bus's first sequence number.
+    pub first_seq: u32,
 }
 
-enum Job {
-    Append {
-        time: TimestampMs,
-        kind: u8,
-        body: Vec<u8>,
-    },
-    Read {
-        done: oneshot::Sender<Result<Vec<Entry>, String>>,
-    },
-    Flush {
-        done: oneshot::Sender<()>,
-    },
-}
-
-/// The handle the shell's entries and the console's reads go through.
-#[derive(Clone)]
-pub struct Recorder {
-    jobs: mpsc::Sender<Job>,
-    /// The flash file, `None`: memory.
-    path: Option<PathBuf>,
-}
-
-impl std::fmt::Debug for Recorder {
+impl std::fmt::Debug for ControllerFlash {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Recorder")
-            .field("path", &self.path)
+        f.debug_struct("ControllerFlash")
+            .field("recorder", &self.recorder)
+            .field("first_seq", &self.first_seq)
             .finish()
     }
 }
 
-fn run<S>(mut log: EventLog<S>, rx: mpsc::Receiver<Job>)
-where
-    S: MultiwriteNorFlash<Error = FlashError>,
-{
-    while let Ok(job) = rx.recv() {
-        match job {
-            Job::Append { time, kind, body } => {
-                if let Err(e) = futures::executor::block_on(log.append(time, kind, &body)) {
-                    tracing::error!("cooling-ctrl: not logged to flash (kind {kind}): {e:?}");
-                }
-            }
-            Job::Read { done } => {
-                let mut entries = Vec::new();
-                let r = futures::executor::block_on(log.for_each(|r| {
-                    entries.push(Entry {
-                        seq: r.seq,
-                        time: r.time,
-                        kind: r.kind,
-                        body: r.body.to_vec(),
-                    })
-                }));
-                let _ = done.send(r.map(|_| entries).map_err(|e| format!("{e:?}")));
-            }
-            Job::Flush { done } => {
-                let _ = done.send(());
-            }
-        }
-    }
-}
-
-fn spawn<S>(log: EventLog<S>) -> std::io::Result<mpsc::Sender<Job>>
-where
-    S: MultiwriteNorFlash<Error = FlashError> + Send + 'static,
-{
-    let (jobs, rx) = mpsc::channel();
-    std::thread::Builder::new()
-        .name("recorder".into())
-        .spawn(move || run(log, rx))?;
-    Ok(jobs)
-}
-
-impl Recorder {
-    /// Opens the log in the flash file at `path` (made if missing), or in
-    /// memory, and starts the recorder thread.
+impl ControllerFlash {
+    /// Opens the flash file at `path` (made if missing), or memory, and
+    /// starts the recorder thread.
     pub fn open(path: Option<&Path>) -> Result<Self, String> {
-        let board = FlashBoard::host_file();
-        let range = board.layout().log;
-        let jobs = match path {
-            Some(p) => {
-                if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
-                    let _ = std::fs::create_dir_all(dir);
-                }
-                let f = FileFlash::<WORD, SECTOR>::open(p, &board.geometry())
-                    .map_err(|e| format!("{}: {e}", p.display()))?;
-                let log = futures::executor::block_on(EventLog::open(f, range))
-                    .map_err(|e| format!("{}: event log: {e:?}", p.display()))?;
-                if log.skipped() > 0 {
-                    tracing::warn!(
-                        "flash: {} event-log items were unreadable and skipped (a power cut mid-write, or damage)",
-                        log.skipped()
-                    );
-                }
-                spawn(log)
-            }
-            None => {
-                let f = SimFlash::<WORD, SECTOR>::new(board.geometry.sectors as usize);
-                let log = futures::executor::block_on(EventLog::open(f, range))
-                    .map_err(|e| format!("event log in memory: {e:?}"))?;
-                spawn(log)
-            }
-        }
-        .map_err(|e| format!("the recorder thread: {e}"))?;
+        let stores = agent_flash::open(path)?;
+        let recorder = Recorder::start(stores.log, stores.store, path)
+            .map_err(|e| format!("the recorder thread: {e}"))?;
         Ok(Self {
-            jobs,
-            path: path.map(Path::to_path_buf),
+            recorder,
+            outbox: stores.outbox,
+            first_seq: stores.first_seq,
         })
     }
+}
 
-    /// The flash file, or `None` for memory.
-    pub fn path(&self) -> Option<&Path> {
-        self.path.as_deref()
-    }
-
-    /// Logs one of the shell's entries, without waiting.
-    pub fn record(&self, entry: &Journal) {
-        let Some((time, kind, body)) = encode(entry) else {
-            return;
-        };
-        if self.jobs.send(Job::Append { time, kind, body }).is_err() {
-            tracing::error!("cooling-ctrl: not logged: the recorder thread has ended");
-        }
-    }
-
-    /// Every entry, oldest first (after what was handed over before).
-    pub async fn read(&self) -> Result<Vec<Entry>, String> {
-        let (done, rx) = oneshot::channel();
-        let gone = || "the recorder thread has ended".to_string();
-        self.jobs.send(Job::Read { done }).map_err(|_| gone())?;
-        rx.await.map_err(|_| gone())?
-    }
-
-    /// Waits until everything handed over before is written.
-    pub async fn flush(&self) {
-        let (done, rx) = oneshot::channel();
-        if self.jobs.send(Job::Flush { done }).is_ok() {
-            let _ = rx.await;
-        }
+/// Logs one of the shell's entries through `recorder`, without waiting.
+pub fn record(recorder: &Recorder, entry: &Journal) {
+    if let Some((time, kind, body)) = encode(entry) {
+        recorder.append(time, kind, body);
     }
 }
 
@@ -299,19 +183,26 @@ mod tests {
             message: Message::CapLease(lease),
         };
         {
-            let r = Recorder::open(Some(&path)).unwrap();
-            r.record(&Journal::Event {
-                time: TimestampMs(1_800_000_000_000),
-                event: event(),
-            });
-            r.record(&Journal::Lease {
-                host: Ident::new("h03").unwrap(),
-                frame: Box::new(frame),
-                lift: false,
-            });
+            let r = ControllerFlash::open(Some(&path)).unwrap().recorder;
+            record(
+                &r,
+                &Journal::Event {
+                    time: TimestampMs(1_800_000_000_000),
+                    event: event(),
+                },
+            );
+            record(
+                &r,
+                &Journal::Lease {
+                    host: Ident::new("h03").unwrap(),
+                    frame: Box::new(frame),
+                    lift: false,
+                },
+            );
             rt.block_on(r.flush());
         }
-        let r = Recorder::open(Some(&path)).unwrap();
+        let r = ControllerFlash::open(Some(&path)).unwrap().recorder;
+        assert_eq!(r.path(), Some(path.as_path()));
         let entries = rt.block_on(r.read()).unwrap();
         assert_eq!(entries.len(), 2);
         let v: Vec<Value> = entries.iter().map(describe).collect();

@@ -14,8 +14,9 @@
 //! 4. write the core's settings to the CDU (an error is logged, not fatal);
 //! 5. publish: `CduTelemetry` every period (QoS 0; a lost sensor is null),
 //!    `CduState` (retained, family `health`) when the mode, the setpoint
-//!    (by 0.5 K or more) or a rack's cooling changes, after every
-//!    reconnection and at least every 60 s, every core event as an `event`
+//!    (by 0.5 K or more) or a rack's cooling changes and at least every
+//!    60 s (the bus announces the latest again after every reconnection),
+//!    every core event as an `event`
 //!    frame, and their JSON mirrors;
 //! 6. cap leases: for each host the core caps, a signed `CapLease` (source
 //!    cooling, one lease id per host, `caps = [all GPUs at the cap]`,
@@ -29,13 +30,12 @@
 //! core's [`HostReport`], and acks (every host's `ack` family) of the
 //! commands this CDU sent, counted in [`ShellStats`].
 //!
-//! Commands are numbered apart from the bus's own frames: a host refuses a
-//! command whose sequence number is not above the last it took from this
-//! CDU, also across restarts of either, so a command's number is the
-//! larger of the last one plus one and the tenths of a second since
-//! 2025-01-01 UTC (the shell sends far fewer than ten commands a second on
-//! average, so the numbers stay near the clock and a restarted shell
-//! starts above what it sent before; they run out in 2038).
+//! Commands take their sequence numbers from the bus's one counter, as
+//! every frame of this node does; the counter starts above a block
+//! reserved in flash and stays below the reserved floor, so a restarted
+//! controller's commands are never refused as replayed (bus.md §4.1).
+//! Events and leases go through the flash outbox, by the recorder, and
+//! reach the broker after a crash too.
 //!
 //! Observing it: run it with [`run_with`], giving
 //! [`ShellOptions::stats`] a [`watch::Sender`] of [`ShellStats`] (see
@@ -43,8 +43,9 @@
 //! every ack. Besides the counters it carries a [`Snapshot`] of the core
 //! (mode, sensors, loops, leaks, pumps) taken after each step, when each
 //! host was last heard and each host's last ack: what the console shows.
-//! [`ShellOptions::journal`] receives every core event and every lease
-//! sent or lifted, as [`Journal`] entries, for a log kept off the control
+//! [`ShellOptions::flash`] is the controller's flash (opened by the
+//! caller, in memory when `None`): every core event and every lease
+//! sent or lifted goes to its event log as a [`Journal`] entry, off the control
 //! loop (the `cooling-ctrl run` command writes them to flash). [`run`] is
 //! [`run_with`] without options.
 //!
@@ -63,6 +64,7 @@ use std::time::Duration;
 use std::vec;
 use std::vec::Vec;
 
+use loopwarden_bus::agent_flash::SeqFloor;
 use loopwarden_bus::{now_ms, BrokerAddr, Bus, BusConfig, Inbound, PublishError};
 use loopwarden_protocol::message::{
     Ack, AckCode, CapLease, CapSource, CduMode, CduState, CduTelemetry, CommandAuth, Event, GpuCap,
@@ -84,6 +86,7 @@ use crate::core::{
     CduReadings as CoreReadings, Commands, ConfigError, Core, CoreConfig, HostReport, Inputs,
     LoopStatus, MAX_HOSTS,
 };
+use crate::journal::{self, ControllerFlash, Recorder};
 use crate::modbus::{CduError, CduPort, CduReadings, CduSettings};
 use crate::northbound::{snapshot_from, NorthboundSettings, NorthboundSnapshot, NorthboundWrite};
 
@@ -95,9 +98,6 @@ pub const CAP_RESEND_W: f32 = 5.0;
 pub const STATE_SETPOINT_K: f32 = 0.5;
 /// The state is republished at least this often.
 pub const STATE_EVERY: Duration = Duration::from_secs(60);
-/// 2025-01-01T00:00:00Z, ms since the Unix epoch: the origin of command
-/// sequence numbers.
-const SEQ_EPOCH_MS: u64 = 1_735_689_600_000;
 
 /// What the shell runs with.
 #[derive(Debug, Clone)]
@@ -207,10 +207,10 @@ pub struct ShellOptions {
     pub stats: Option<watch::Sender<ShellStats>>,
     /// MQTT user name and password, for brokers that require them.
     pub credentials: Option<(String, String)>,
-    /// Where the shell hands every core event and every lease it sent
-    /// (see [`Journal`]); `None`: nowhere. Never waits: the receiver
-    /// writes them at its own pace.
-    pub journal: Option<mpsc::UnboundedSender<Journal>>,
+    /// The controller's flash (event log, outbox, sequence floor), opened
+    /// by the caller so its console can read the log; `None`: the shell
+    /// opens one in memory, lost at exit.
+    pub flash: Option<ControllerFlash>,
     /// The northbound Modbus server's link; `None`: no server.
     pub northbound: Option<NorthboundLink>,
     /// The board's pins; `None`: leaks come from the CDU's leak register
@@ -225,7 +225,7 @@ impl std::fmt::Debug for ShellOptions {
         f.debug_struct("ShellOptions")
             .field("stats", &self.stats.is_some())
             .field("credentials", &self.credentials.as_ref().map(|(u, _)| u))
-            .field("journal", &self.journal.is_some())
+            .field("flash", &self.flash)
             .field("northbound", &self.northbound.is_some())
             .field("board", &self.board.is_some())
             .field("operator", &self.operator.is_some())
@@ -233,7 +233,7 @@ impl std::fmt::Debug for ShellOptions {
     }
 }
 
-/// What the shell hands to [`ShellOptions::journal`].
+/// What the shell logs to the controller's flash.
 #[derive(Debug, Clone)]
 pub enum Journal {
     /// A core event, as published.
@@ -425,6 +425,8 @@ pub enum ShellError {
     Core(ConfigError),
     /// The bus: a topic or a subscription it cannot make.
     Bus(String),
+    /// The flash in memory could not be opened.
+    Flash(String),
 }
 
 impl fmt::Display for ShellError {
@@ -433,6 +435,7 @@ impl fmt::Display for ShellError {
             Self::Config(w) => write!(f, "cooling shell config: {w}"),
             Self::Core(e) => write!(f, "cooling shell config: control core: {e}"),
             Self::Bus(w) => write!(f, "cooling shell bus: {w}"),
+            Self::Flash(w) => write!(f, "cooling shell flash: {w}"),
         }
     }
 }
@@ -531,7 +534,8 @@ struct LeaseSent {
 struct Shell<P> {
     cfg: ShellConfig,
     stats_tx: Option<watch::Sender<ShellStats>>,
-    journal: Option<mpsc::UnboundedSender<Journal>>,
+    recorder: Recorder,
+    seq_floor: SeqFloor,
     last_read: Option<TimestampMs>,
     cdu: P,
     core: Core,
@@ -545,9 +549,8 @@ struct Shell<P> {
     cdu_error: Option<String>,
     write_error: Option<String>,
     sent: Vec<LeaseSent>,
-    cmd_seq: u32,
     state_sent: Option<(Commands, u64)>,
-    connects: u64,
+
     stats: ShellStats,
     northbound: Option<NorthboundLink>,
     nb_settings: NorthboundSettings,
@@ -595,7 +598,13 @@ pub async fn run_with<P: CduPort>(
             .build()
             .map_err(|e| ShellError::Bus(format!("the cmd topic of host {h}: {e:?}")))?;
     }
-    let (bus, mut inbound, bus_task) = Bus::start(bus_config);
+    let flash = match opts.flash {
+        Some(f) => f,
+        None => ControllerFlash::open(None).map_err(ShellError::Flash)?,
+    };
+    bus_config.first_seq = flash.first_seq;
+    let (bus, mut inbound, bus_task) = Bus::start_with_outbox(bus_config, Box::new(flash.outbox));
+    flash.recorder.attach(bus.clone());
     tracing::info!(
         "cooling shell: CDU {} of site {}, {} hosts, period {} ms, broker {}",
         cfg.cdu,
@@ -621,7 +630,8 @@ pub async fn run_with<P: CduPort>(
         },
         cfg,
         stats_tx: opts.stats,
-        journal: opts.journal,
+        recorder: flash.recorder.clone(),
+        seq_floor: SeqFloor::new(flash.first_seq),
         last_read: None,
         cdu,
         core,
@@ -632,9 +642,7 @@ pub async fn run_with<P: CduPort>(
         leaks: 0,
         cdu_error: None,
         write_error: None,
-        cmd_seq: 0,
         state_sent: None,
-        connects: 0,
         northbound: opts.northbound,
         nb_settings: NorthboundSettings::new(&cfg_core),
         beacon: false,
@@ -660,6 +668,8 @@ pub async fn run_with<P: CduPort>(
         }
     }
     tracing::info!("cooling shell: stopping");
+    // Everything decided is written and handed to the bus before it stops.
+    shell.recorder.flush().await;
     if let Err(e) = shell.bus.shutdown(Duration::from_secs(3)).await {
         tracing::warn!("cooling shell: leaving the bus: {e}");
     }
@@ -750,11 +760,12 @@ impl<P: CduPort> Shell<P> {
                 time,
                 event: e.clone(),
             });
-            self.publish(Message::Event(e.clone()), time, true, |s| {
-                &mut s.events_published
-            });
+            // Through the outbox, after its log entry.
+            self.recorder.publish(Message::Event(e.clone()), time, true);
+            self.stats.events_published += 1;
         }
         self.leases(now, &c);
+        self.seq_floor.keep_ahead(&self.bus, &self.recorder).await;
         self.stats.status = Some(self.snapshot(readings.as_ref()));
         // A new alarm needs a new acknowledgement.
         if c.beacon && !self.beacon {
@@ -824,10 +835,7 @@ impl<P: CduPort> Shell<P> {
     }
 
     fn journal(&self, entry: Journal) {
-        if let Some(j) = &self.journal {
-            // A receiver that has gone is the journal's business, not the loop's.
-            let _ = j.send(entry);
-        }
+        journal::record(&self.recorder, &entry);
     }
 
     fn snapshot(&self, r: Option<&CduReadings>) -> Snapshot {
@@ -984,13 +992,10 @@ impl<P: CduPort> Shell<P> {
     }
 
     fn publish_state(&mut self, now: u64, c: &Commands, r: Option<&CduReadings>) {
-        let connects = self.bus.metrics().connects;
-        let reconnected = connects != self.connects;
         let due = match &self.state_sent {
             None => true,
             Some((last, at)) => {
-                reconnected
-                    || last.mode != c.mode
+                last.mode != c.mode
                     || last.reason != c.reason
                     || (last.setpoint_c - c.setpoint_c).abs() >= STATE_SETPOINT_K
                     || last.cooling_lost != c.cooling_lost
@@ -1037,14 +1042,7 @@ impl<P: CduPort> Shell<P> {
             &mut s.states_published
         }) {
             self.state_sent = Some((c.clone(), now));
-            self.connects = connects;
         }
-    }
-
-    fn next_cmd_seq(&mut self) -> u32 {
-        let clock = (now_ms().0.saturating_sub(SEQ_EPOCH_MS) / 100).min(u64::from(u32::MAX)) as u32;
-        self.cmd_seq = self.cmd_seq.saturating_add(1).max(clock);
-        self.cmd_seq
     }
 
     /// Signs and sends a lease to host `h`; true when the bus took it.
@@ -1053,12 +1051,7 @@ impl<P: CduPort> Shell<P> {
             return false;
         };
         let topic = Topic::new(&self.cfg.site, Role::Host, &host, Family::Cmd);
-        let mut frame = Frame {
-            sender: self.me.clone(),
-            seq: self.next_cmd_seq(),
-            time: now_ms(),
-            message: Message::CapLease(lease),
-        };
+        let mut frame = self.bus.next_frame(Message::CapLease(lease), now_ms());
         if let Err(e) = frame.sign(&topic, self.cfg.key_id, &self.cfg.key) {
             tracing::error!("cooling shell: signing a lease for {host}: {e:?}");
             return false;

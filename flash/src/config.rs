@@ -109,6 +109,22 @@ impl<S: MultiwriteNorFlash> ConfigStore<S> {
         Ok(floor)
     }
 
+    /// Raises the floor of sequence numbers to at least `min` (a store
+    /// that starts empty at every start, such as one in memory, is given
+    /// a floor from the clock so numbers still rise across restarts).
+    pub async fn raise_seq_floor(&mut self, min: u32) -> Result<(), StoreError<S::Error>> {
+        let mut b = [0u8; 4];
+        let floor = match self.get(SEQ_FLOOR_KEY, &mut b).await? {
+            Some(4) => u32::from_le_bytes(b),
+            Some(_) => return Err(StoreError::BadValue),
+            None => 0,
+        };
+        if floor < min {
+            self.set(SEQ_FLOOR_KEY, &min.to_le_bytes()).await?;
+        }
+        Ok(())
+    }
+
     /// The flash back.
     pub fn into_flash(self) -> S {
         self.map.destroy().0

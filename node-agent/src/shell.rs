@@ -51,8 +51,9 @@ use crate::core::CommandCore;
 use crate::gpu::{GpuError, GpuInfo, GpuSample, GpuSource};
 use crate::guard::ThermalGuard;
 use crate::health::HealthEngine;
-use crate::recorder::Recorder;
 use crate::worker::Worker;
+use loopwarden_bus::agent_flash::{self, SeqFloor, Stores};
+use loopwarden_bus::recorder::Recorder;
 
 mod commands;
 mod limits;
@@ -63,7 +64,6 @@ mod snapshot;
 mod startup;
 
 /// Frame sequence numbers reserved in flash at a time.
-const SEQ_BLOCK: u32 = 10_000;
 /// Ticks kept for the jitter percentiles (10 minutes at 1 s).
 const JITTER_WINDOW: usize = 600;
 /// XIDs kept per GPU for `why`.
@@ -133,12 +133,12 @@ pub(crate) struct Agent {
     pub core: CommandCore,
     /// Writes the flash (event log, config store) off the loop.
     pub recorder: Recorder,
-    pub seq_floor: u32,
+    pub seq_floor: SeqFloor,
     pub timing: Timing,
     pub last_json: Option<Instant>,
     /// Connections seen; a new one gets the retained health again (a
     /// broker restarted without persistence has lost it).
-    pub connects: u64,
+
     /// The health engine.
     pub health: HealthEngine,
     /// Where finished quarantine actions report.
@@ -163,13 +163,13 @@ pub async fn run(
     let (workers, gpus) = startup::gpus(&config, &mut source).await?;
     let mut xid_rx = startup::watch_xids(&mut source)?;
     // Flash: the event log, the outbox, the config store.
-    let startup::Stores {
+    let Stores {
         mut store,
         mut log,
         outbox,
         first_seq,
-        flash_path,
-    } = startup::open_flash(&config).await?;
+        path: flash_path,
+    } = agent_flash::open(config.flash.as_deref()).map_err(AgentError::Flash)?;
     // Leases that were in force before a restart, if still valid.
     let core = startup::restore_leases(&config, &gpus, &mut log).await?;
     let health = startup::restore_health(&config, gpus.len(), &mut store, started).await;
@@ -188,7 +188,8 @@ pub async fn run(
         source,
     })?;
     let (actions_tx, mut actions_rx) = mpsc::unbounded_channel();
-    let recorder = Recorder::start(log, store, bus.clone()).map_err(AgentError::Thread)?;
+    let recorder = Recorder::start_on(log, store, flash_path.as_deref(), bus.clone())
+        .map_err(AgentError::Thread)?;
     let (snapshots, snapshot_rx) = console::snapshot_channel();
     let console_task = tokio::spawn(console::serve(
         listener,
@@ -198,7 +199,7 @@ pub async fn run(
             gpu_source: config.gpus.clone(),
             period: config.period,
             started,
-            flash_path,
+            flash_path: flash_path.map(|p| p.display().to_string()),
             demo_key: config.demo_key,
             bus: bus.clone(),
             recorder: recorder.clone(),
@@ -216,10 +217,9 @@ pub async fn run(
         gpus,
         core,
         recorder,
-        seq_floor: first_seq.saturating_add(SEQ_BLOCK),
+        seq_floor: SeqFloor::new(first_seq),
         timing: Timing::default(),
         last_json: None,
-        connects: 0,
         snapshots,
     };
 

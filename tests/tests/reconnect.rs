@@ -175,3 +175,59 @@ async fn a_queue_filling_outage_still_ends_subscribed_and_ready() {
         .publish(Message::HostTelemetry(samples::host_telemetry(8)), now_ms())
         .is_ok());
 }
+
+/// The bus announces the node's latest retained state (`health`) again
+/// after a re-connection, after its presence, without the agent asking: a
+/// broker that lost it (a restart without persistence) has it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_latest_retained_state_is_announced_again_after_a_reconnection() {
+    let Some(broker) = Mosquitto::start() else {
+        return;
+    };
+    let health = "dc/v1/t-ret/host/h04/health";
+    let Some(mut sub) = Subscriber::start(broker.port(), &[health]) else {
+        return;
+    };
+    let proxy = CutProxy::start(([127, 0, 0, 1], broker.port()).into());
+    let mut config = BusConfig::new(
+        proxy.addr(),
+        Ident::new("t-ret").unwrap(),
+        NodeId::new(Role::Host, "h04").unwrap(),
+    );
+    config.backoff = Backoff::new(Duration::from_millis(100), Duration::from_millis(400));
+    config.keep_alive = Duration::from_secs(1);
+    let (bus, _inbound, _task) = Bus::start(config);
+    assert!(bus.wait_connected(Duration::from_secs(10)).await);
+    let kind = loopwarden_protocol::MessageKind::HostHealth;
+    let older = bus.publish(samples::message(kind), now_ms()).unwrap().seq;
+    let latest = bus.publish(samples::message(kind), now_ms()).unwrap().seq;
+    let first = sub.collect_until(Duration::from_secs(10), |s| {
+        s.iter()
+            .any(|m| Frame::decode(&m.payload).unwrap().seq == latest)
+    });
+    assert!(!first.is_empty(), "the health frame never arrived");
+
+    proxy.cut();
+    for _ in 0..100 {
+        if !bus.is_connected() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!bus.is_connected(), "the cut was not noticed");
+    proxy.restore();
+    assert!(bus.wait_connected(Duration::from_secs(10)).await);
+    let again = sub.collect_until(Duration::from_secs(10), |s| {
+        s.iter()
+            .any(|m| Frame::decode(&m.payload).unwrap().seq == latest)
+    });
+    let seqs: Vec<u32> = again
+        .iter()
+        .map(|m| Frame::decode(&m.payload).unwrap().seq)
+        .collect();
+    assert!(seqs.contains(&latest), "not announced again: {seqs:?}");
+    assert!(
+        !seqs.contains(&older),
+        "an older state came again: {seqs:?}"
+    );
+}

@@ -355,7 +355,13 @@ impl Driver {
                 .push_back(Request::Disconnect(rumqttc::Disconnect));
             return Flow::Go;
         }
-        let presence = std::mem::take(&mut self.announcement);
+        let mut presence = std::mem::take(&mut self.announcement);
+        // On a re-connection, the node's retained state again after its
+        // presence (the broker may have lost it, and the shell need not
+        // watch for reconnections to publish it).
+        if m.connects.load(Ordering::Relaxed) > 1 {
+            presence.extend(shared.retained_state());
+        }
         hand_over_unsent(&mut self.eventloop, &mut delivery, before, presence, shared);
         Flow::Go
     }

@@ -85,6 +85,7 @@ impl Bus {
             }),
             settled: AtomicBool::new(true),
             shutting_down: AtomicBool::new(false),
+            retained: Mutex::new(Default::default()),
         });
         let cfg = &shared.config;
         let mut options = MqttOptions::new(&cfg.client_id, &cfg.broker.host, cfg.broker.port);
@@ -153,6 +154,13 @@ impl Bus {
         let frame = self.shared.next_frame(message, time);
         self.publish_frame(&topic, &frame)?;
         Ok(frame)
+    }
+
+    /// Numbers a frame with the next sequence number of this node's one
+    /// counter, for the caller to complete (sign a command) and publish
+    /// with [`publish_frame`](Self::publish_frame).
+    pub fn next_frame(&self, message: Message, time: TimestampMs) -> Frame {
+        self.shared.next_frame(message, time)
     }
 
     /// Sends a command to a host or CDU's `cmd` topic. Returns the frame as
@@ -282,6 +290,8 @@ impl Bus {
         let m = &self.shared.metrics;
         let name = topic.build().map_err(PublishError::Topic)?;
         let family = topic.family;
+        self.shared
+            .remember_retained(topic, name.as_str(), &payload);
         match self
             .client
             .try_publish(name.as_str(), qos(family), family.retained(), payload)

@@ -1,8 +1,15 @@
 //! What the handle and the event loop share: the configuration, the
 //! sequence counter, the delivery bookkeeping (what is pending, in flight,
-//! deferred to the outbox), the connection flags and the counters; and the
-//! frames built from them (presence, the last will).
+//! deferred to the outbox), the connection flags and the counters, the
+//! node's latest retained state; and the frames built from them (presence,
+//! the last will).
+//!
+//! Glossary:
+//! - *retained state*: the latest frame (and JSON mirror) the node put on
+//!   a retained family other than `online` (`health`); the bus announces it
+//!   again, after presence, on every re-connection.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
@@ -26,6 +33,8 @@ pub(super) struct Shared {
     pub(super) settled: AtomicBool,
     /// `shutdown` was called: do not reconnect.
     pub(super) shutting_down: AtomicBool,
+    /// The latest retained state by topic name (see the glossary).
+    pub(super) retained: Mutex<BTreeMap<String, Vec<u8>>>,
 }
 
 impl Shared {
@@ -37,8 +46,8 @@ impl Shared {
 
     /// Whether a frame on `topic` goes through the outbox.
     /// Frames that go through the outbox. Not the retained state families
-    /// (`online`, `health`): only their latest value matters, the node
-    /// publishes it again on every connection from what it keeps itself,
+    /// (`online`, `health`): only their latest value matters, the bus
+    /// announces it again on every re-connection (see `retained_state`),
     /// and a decision must not wait behind a flash write to reach the
     /// broker.
     pub(super) fn durable(&self, topic: &Topic) -> bool {
@@ -91,6 +100,28 @@ impl Shared {
             QoS::AtLeastOnce,
             true,
         ))
+    }
+
+    /// Keeps `payload` as the latest retained state on `topic` when its
+    /// family is retained state (not presence, which is rebuilt).
+    pub(super) fn remember_retained(&self, topic: &Topic, name: &str, payload: &[u8]) {
+        if topic.family.retained() && topic.family != Family::Online {
+            let mut kept = self.retained.lock().unwrap_or_else(|e| e.into_inner());
+            kept.insert(name.to_string(), payload.to_vec());
+        }
+    }
+
+    /// The latest retained state, to announce again after a re-connection.
+    pub(super) fn retained_state(&self) -> Vec<rumqttc::Publish> {
+        let kept = self.retained.lock().unwrap_or_else(|e| e.into_inner());
+        kept.iter()
+            .map(|(topic, payload)| {
+                let mut p =
+                    rumqttc::Publish::new(topic.as_str(), QoS::AtLeastOnce, payload.clone());
+                p.retain = true;
+                p
+            })
+            .collect()
     }
 
     /// Presence as a frame and as its JSON mirror, both retained, QoS 1.

@@ -24,7 +24,7 @@ use cooling_ctrl::config::{self, Overrides};
 use cooling_ctrl::console::{self, Request};
 #[cfg(target_os = "linux")]
 use cooling_ctrl::gpio;
-use cooling_ctrl::journal::Recorder;
+use cooling_ctrl::journal::ControllerFlash;
 use cooling_ctrl::modbus::ModbusCdu;
 use cooling_ctrl::northbound;
 use cooling_ctrl::shell::{self, ShellOptions};
@@ -250,22 +250,10 @@ async fn serve(config: config::Config) -> Result<(), String> {
     let (broker, _embedded) =
         loopwarden_bus::embedded::configured_or_embedded(config.broker.clone())
             .map_err(|e| format!("broker: {e}"))?;
-    let recorder = Recorder::open(config.flash.as_deref()).map_err(|e| format!("flash: {e}"))?;
-    if config.flash.is_none() {
-        tracing::warn!(
-            "no flash file configured: the event log is kept in memory only and lost at exit"
-        );
-    }
+    let flash =
+        ControllerFlash::open(config.flash.as_deref()).map_err(|e| format!("flash: {e}"))?;
+    let recorder = flash.recorder.clone();
     let (stats_tx, stats_rx) = shell::stats_channel();
-    let (journal_tx, mut journal_rx) = tokio::sync::mpsc::unbounded_channel();
-    let forward = {
-        let recorder = recorder.clone();
-        tokio::spawn(async move {
-            while let Some(entry) = journal_rx.recv().await {
-                recorder.record(&entry);
-            }
-        })
-    };
     let listener = console::bind(&config.console)
         .map_err(|e| format!("console socket {}: {e}", config.console.display()))?;
     let (operator_tx, operator_rx) = tokio::sync::mpsc::channel(4);
@@ -332,7 +320,7 @@ async fn serve(config: config::Config) -> Result<(), String> {
     let opts = ShellOptions {
         stats: Some(stats_tx),
         credentials: config.credentials.clone(),
-        journal: Some(journal_tx),
+        flash: Some(flash),
         northbound: northbound_link,
         // The board's pins on a GPIO chip when configured; the CDU's leak
         // register is read in any case.
@@ -340,8 +328,6 @@ async fn serve(config: config::Config) -> Result<(), String> {
         operator: Some(operator_rx),
     };
     let result = shell::run_with(config.shell_config(broker), opts, port, stop).await;
-    // The shell has dropped its end of the journal: write what is left.
-    let _ = forward.await;
     recorder.flush().await;
     console_task.abort();
     if let Some(t) = northbound_task {

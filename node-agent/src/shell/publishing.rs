@@ -10,7 +10,7 @@ use loopwarden_protocol::{
     Text, TimestampMs, MAX_FRAME_LEN,
 };
 
-use super::{Agent, SEQ_BLOCK};
+use super::Agent;
 
 impl Agent {
     /// Publishes a message and its JSON mirror; logs what the bus refused.
@@ -107,11 +107,6 @@ impl Agent {
 
     /// Keeps the flash reservation of sequence numbers ahead of the bus.
     pub(super) async fn keep_seq_reserved(&mut self) {
-        if self.bus.next_seq().saturating_add(SEQ_BLOCK / 2) >= self.seq_floor {
-            match self.recorder.reserve_seq(SEQ_BLOCK).await {
-                Ok(floor) => self.seq_floor = floor.saturating_add(SEQ_BLOCK),
-                Err(e) => tracing::error!("sequence numbers not reserved in flash: {e:?}"),
-            }
-        }
+        self.seq_floor.keep_ahead(&self.bus, &self.recorder).await;
     }
 }

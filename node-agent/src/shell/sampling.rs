@@ -107,11 +107,10 @@ impl Agent {
             self.read_applied().await;
         }
         self.reconcile(now, false).await;
-        let connects = self.bus.metrics().connects;
-        // Again on every new connection, and every minute in case that
-        // publish was lost in a full queue after a long outage.
-        if connects != self.connects || self.timing.samples % HEALTH_EVERY == 0 {
-            self.connects = connects;
+        // Every minute too, in case a publish was lost in a full queue
+        // after a long outage (the bus announces the latest again on every
+        // re-connection).
+        if self.timing.samples % HEALTH_EVERY == 0 {
             self.publish_health(now);
         }
         self.publish_telemetry(now);

@@ -11,39 +11,23 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use loopwarden_boards::FlashBoard;
+use loopwarden_bus::agent_flash::Flash;
 use loopwarden_bus::embedded::EmbeddedBroker;
 use loopwarden_bus::{now_ms, Bus, BusConfig, BusTask, Inbound};
-use loopwarden_flash::{
-    ConfigStore, EventLog, FileFlash, FlashError, Outbox, SharedFlash, SimFlash, StoreError,
-};
+use loopwarden_flash::{ConfigStore, EventLog, FlashError, Outbox, StoreError};
 use loopwarden_protocol::{
     Family, Frame, GpuHealth, HealthState, Message, MessageKind, NodeId, Role, Topic,
 };
 use tokio::sync::mpsc;
 
-use super::{health_key, AgentError, GpuState, SEQ_BLOCK};
+use super::{health_key, AgentError, GpuState};
 use crate::caps::GpuRange;
 use crate::config::{Config, GpuSourceKind};
 use crate::core::CommandCore;
 use crate::gpu::{GpuInfo, GpuSource, XidReport};
 use crate::guard::ThermalGuard;
 use crate::health::{GpuStatus, HealthEngine, Limits, Policy};
-use crate::store::HostFlash;
 use crate::worker::Worker;
-
-type Flash = SharedFlash<HostFlash>;
-
-/// What the host's flash holds, opened.
-pub(super) struct Stores {
-    pub store: ConfigStore<Flash>,
-    pub log: EventLog<Flash>,
-    pub outbox: Outbox<Flash>,
-    /// The first sequence number of the block reserved in flash.
-    pub first_seq: u32,
-    /// The flash file, `None` when kept in memory.
-    pub flash_path: Option<String>,
-}
 
 /// The bus, started.
 pub(super) struct BusParts {
@@ -150,60 +134,6 @@ pub(super) fn watch_xids(
         Err(e) => tracing::error!("XID events are not available ({e}); XIDs will not be seen"),
     }
     Ok(xid_rx)
-}
-
-/// Opens the flash and its stores, and reserves a block of sequence
-/// numbers.
-pub(super) async fn open_flash(config: &Config) -> Result<Stores, AgentError> {
-    // Flash: the event log, the outbox, the config store.
-    let board = FlashBoard::host_file();
-    let layout = board.layout();
-    let (flash, flash_path) = match &config.flash {
-        Some(path) => {
-            if let Some(dir) = path.parent() {
-                let _ = std::fs::create_dir_all(dir);
-            }
-            let f = FileFlash::open(path, &board.geometry())
-                .map_err(|e| AgentError::Flash(format!("{}: {e}", path.display())))?;
-            (HostFlash::File(f), Some(path.display().to_string()))
-        }
-        None => {
-            tracing::warn!(
-                "no flash file configured: the event log, the outbox and the leases are kept in memory only and lost at exit"
-            );
-            (
-                HostFlash::Memory(SimFlash::new(board.geometry.sectors as usize)),
-                None,
-            )
-        }
-    };
-    let flash = SharedFlash::new(flash);
-    let mut store = ConfigStore::open(flash.clone(), layout.config.clone())
-        .map_err(flash_err("config store"))?;
-    let first_seq = store
-        .reserve_seq(SEQ_BLOCK)
-        .await
-        .map_err(flash_err("sequence reservation"))?;
-    let log = EventLog::open(flash.clone(), layout.log.clone())
-        .await
-        .map_err(flash_err("event log"))?;
-    let outbox = Outbox::open(flash.clone(), layout.outbox)
-        .await
-        .map_err(flash_err("outbox"))?;
-    if log.skipped() > 0 || outbox.skipped() > 0 {
-        tracing::warn!(
-            "flash: {} event-log and {} outbox items were unreadable and skipped (a power cut mid-write, or damage)",
-            log.skipped(),
-            outbox.skipped()
-        );
-    }
-    Ok(Stores {
-        store,
-        log,
-        outbox,
-        first_seq,
-        flash_path,
-    })
 }
 
 /// The command core, with the leases logged before a restart that are

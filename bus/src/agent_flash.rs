@@ -1,0 +1,212 @@
+//! An agent's flash: one image, a file on disk or memory when no file is
+//! configured, holding the layout of `boards/flash/host-file.toml` (event
+//! log, outbox, config store), opened the same way by both agents.
+//!
+//! The file survives restarts and power cuts; the memory form is for
+//! demonstrations and says so in the log at start. Opening reserves a
+//! block of frame sequence numbers in the config store ([`SeqFloor`] keeps
+//! the reservation ahead of the bus's counter), so a restarted agent's
+//! frames are never taken for duplicates of its earlier ones. In memory
+//! the reservation starts from the clock (tenths of a second since
+//! 2025-01-01 UTC), which rises across restarts as flash would.
+//!
+//! Glossary:
+//! - *agent flash*: the one flash image an agent's stores share.
+//! - *sequence floor*: the first sequence number not yet reserved; the
+//!   bus's counter stays below it.
+
+use std::path::{Path, PathBuf};
+
+use embedded_storage_async::nor_flash::{ErrorType, MultiwriteNorFlash, NorFlash, ReadNorFlash};
+use loopwarden_boards::FlashBoard;
+use loopwarden_flash::{
+    ConfigStore, EventLog, FileFlash, FlashError, Outbox, SharedFlash, SimFlash, StoreError,
+};
+
+use crate::recorder::Recorder;
+use crate::Bus;
+
+/// Word size of the agent flash, bytes.
+pub const WORD: usize = 4;
+/// Sector size of the agent flash, bytes.
+pub const SECTOR: usize = 4096;
+
+/// The agent flash.
+pub enum AgentFlash {
+    /// A flash file.
+    File(FileFlash<WORD, SECTOR>),
+    /// Memory only: lost at exit.
+    Memory(SimFlash<WORD, SECTOR>),
+}
+
+impl ErrorType for AgentFlash {
+    type Error = FlashError;
+}
+
+impl ReadNorFlash for AgentFlash {
+    const READ_SIZE: usize = 1;
+
+    async fn read(&mut self, offset: u32, bytes: &mut [u8]) -> Result<(), FlashError> {
+        match self {
+            Self::File(f) => f.read(offset, bytes).await,
+            Self::Memory(f) => f.read(offset, bytes).await,
+        }
+    }
+
+    fn capacity(&self) -> usize {
+        match self {
+            Self::File(f) => f.capacity(),
+            Self::Memory(f) => f.capacity(),
+        }
+    }
+}
+
+impl NorFlash for AgentFlash {
+    const WRITE_SIZE: usize = WORD;
+    const ERASE_SIZE: usize = SECTOR;
+
+    async fn erase(&mut self, from: u32, to: u32) -> Result<(), FlashError> {
+        match self {
+            Self::File(f) => f.erase(from, to).await,
+            Self::Memory(f) => f.erase(from, to).await,
+        }
+    }
+
+    async fn write(&mut self, offset: u32, bytes: &[u8]) -> Result<(), FlashError> {
+        match self {
+            Self::File(f) => f.write(offset, bytes).await,
+            Self::Memory(f) => f.write(offset, bytes).await,
+        }
+    }
+}
+
+impl MultiwriteNorFlash for AgentFlash {}
+
+/// The agent flash as its stores share it.
+pub type Flash = SharedFlash<AgentFlash>;
+
+/// Frame sequence numbers reserved at a time.
+pub const SEQ_BLOCK: u32 = 10_000;
+
+/// 2025-01-01T00:00:00Z, ms since the Unix epoch: the origin of the
+/// sequence floor of an agent without a flash file.
+const SEQ_EPOCH_MS: u64 = 1_735_689_600_000;
+
+/// What an agent's flash holds, opened.
+pub struct Stores {
+    /// Config values (a GPU's health, the sequence floor).
+    pub store: ConfigStore<Flash>,
+    /// The event log.
+    pub log: EventLog<Flash>,
+    /// Frames for the broker that it has not acknowledged.
+    pub outbox: Outbox<Flash>,
+    /// The first sequence number of the block reserved at opening.
+    pub first_seq: u32,
+    /// The flash file, `None` when kept in memory.
+    pub path: Option<PathBuf>,
+}
+
+fn flash_err(what: &'static str) -> impl FnOnce(StoreError<FlashError>) -> String {
+    move |e| format!("{what}: {e:?}")
+}
+
+/// The agent's flash image: the file at `path` (made, with its folder, if
+/// missing), or memory.
+fn image(path: Option<&Path>, board: &FlashBoard) -> Result<AgentFlash, String> {
+    match path {
+        Some(path) => {
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                let _ = std::fs::create_dir_all(dir);
+            }
+            FileFlash::open(path, &board.geometry())
+                .map(AgentFlash::File)
+                .map_err(|e| format!("{}: {e}", path.display()))
+        }
+        None => {
+            tracing::warn!(
+                "no flash file configured: the event log, the outbox and what the agent keeps are in memory only and lost at exit"
+            );
+            Ok(AgentFlash::Memory(SimFlash::new(
+                board.geometry.sectors as usize,
+            )))
+        }
+    }
+}
+
+/// Opens the flash (the file at `path`, else memory) and its stores, and
+/// reserves a block of sequence numbers. It blocks for the flash's reads
+/// and writes, as the recorder thread does later: call it at start.
+pub fn open(path: Option<&Path>) -> Result<Stores, String> {
+    futures::executor::block_on(open_stores(path))
+}
+
+async fn open_stores(path: Option<&Path>) -> Result<Stores, String> {
+    let board = FlashBoard::host_file();
+    let layout = board.layout();
+    let flash = SharedFlash::new(image(path, &board)?);
+    let mut store = ConfigStore::open(flash.clone(), layout.config.clone())
+        .map_err(flash_err("config store"))?;
+    if path.is_none() {
+        let clock = crate::now_ms().0.saturating_sub(SEQ_EPOCH_MS) / 100;
+        store
+            .raise_seq_floor(clock.min(u64::from(u32::MAX - SEQ_BLOCK)) as u32)
+            .await
+            .map_err(flash_err("sequence reservation"))?;
+    }
+    let first_seq = store
+        .reserve_seq(SEQ_BLOCK)
+        .await
+        .map_err(flash_err("sequence reservation"))?;
+    let log = EventLog::open(flash.clone(), layout.log.clone())
+        .await
+        .map_err(flash_err("event log"))?;
+    let outbox = Outbox::open(flash.clone(), layout.outbox)
+        .await
+        .map_err(flash_err("outbox"))?;
+    if log.skipped() > 0 || outbox.skipped() > 0 {
+        tracing::warn!(
+            "flash: {} event-log and {} outbox items were unreadable and skipped (a power cut mid-write, or damage)",
+            log.skipped(),
+            outbox.skipped()
+        );
+    }
+    Ok(Stores {
+        store,
+        log,
+        outbox,
+        first_seq,
+        path: path.map(Path::to_path_buf),
+    })
+}
+
+/// Keeps the flash reservation of sequence numbers ahead of the bus's
+/// counter: a new block is reserved when the counter comes within half a
+/// block of the floor.
+#[derive(Debug, Clone, Copy)]
+pub struct SeqFloor {
+    floor: u32,
+}
+
+impl SeqFloor {
+    /// The floor after the block reserved at opening (`first_seq`).
+    pub fn new(first_seq: u32) -> Self {
+        Self {
+            floor: first_seq.saturating_add(SEQ_BLOCK),
+        }
+    }
+
+    /// The first number not reserved.
+    pub fn floor(&self) -> u32 {
+        self.floor
+    }
+
+    /// Reserves the next block through `recorder` when `bus` needs it.
+    pub async fn keep_ahead(&mut self, bus: &Bus, recorder: &Recorder) {
+        if bus.next_seq().saturating_add(SEQ_BLOCK / 2) >= self.floor {
+            match recorder.reserve_seq(SEQ_BLOCK).await {
+                Ok(floor) => self.floor = floor.saturating_add(SEQ_BLOCK),
+                Err(e) => tracing::error!("sequence numbers not reserved in flash: {e:?}"),
+            }
+        }
+    }
+}

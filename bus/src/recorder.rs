@@ -1,0 +1,397 @@
+//! The recorder: the one thread that writes an agent's flash, the same
+//! for both agents.
+//!
+//! A flash write ends with a sync and, now and then, a sector erase; on a
+//! busy disk that can take tens of milliseconds. The agent's loop must not
+//! wait for it while a GPU is failing or a leak is being isolated: it hands
+//! records to this thread, which writes them in the order given, and waits
+//! only where it must (a lease is in flash before its ack goes out; a
+//! sequence reservation before its numbers are used).
+//!
+//! The frames that go through the bus's flash outbox (events and acks) are
+//! published from here too, in the order given and after their log entry:
+//! storing them in the outbox is a flash write as well. Frames the full
+//! outbox refused, and frames handed over before the bus is attached, wait
+//! here (up to 256, oldest dropped first) and go out in order once they
+//! can.
+//!
+//! Glossary:
+//! - *record*: an event-log entry (an event, or an accepted command kept
+//!   whole) or a config-store value (a GPU's health, the sequence floor).
+//! - *attach*: give the recorder the bus it publishes on; an agent opens
+//!   its flash (and starts the recorder) before its bus, which needs the
+//!   outbox and the sequence floor from that flash.
+
+use std::collections::VecDeque;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use loopwarden_flash::{ConfigStore, EventLog};
+use loopwarden_protocol::{Message, TimestampMs};
+use tokio::sync::oneshot;
+
+use crate::agent_flash::Flash;
+use crate::{Bus, PublishError};
+
+type Log = EventLog<Flash>;
+type Store = ConfigStore<Flash>;
+
+/// A log entry read back.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    /// The log's sequence number.
+    pub seq: u32,
+    /// When it happened.
+    pub time: TimestampMs,
+    /// Message kind code.
+    pub kind: u8,
+    /// The record's bytes.
+    pub body: Vec<u8>,
+}
+
+enum Job {
+    Attach(Box<Bus>),
+    Publish {
+        message: Box<Message>,
+        time: TimestampMs,
+        mirror: bool,
+    },
+    Append {
+        time: TimestampMs,
+        kind: u8,
+        body: Vec<u8>,
+        done: Option<oneshot::Sender<Result<u32, String>>>,
+    },
+    Set {
+        key: String,
+        value: Vec<u8>,
+    },
+    ReserveSeq {
+        block: u32,
+        done: oneshot::Sender<Result<u32, String>>,
+    },
+    Read {
+        done: oneshot::Sender<Result<Vec<Entry>, String>>,
+    },
+    Flush {
+        done: oneshot::Sender<()>,
+    },
+}
+
+/// Frames kept in memory while the outbox is full.
+const UNSENT_MAX: usize = 256;
+
+/// The handle the loop writes through.
+#[derive(Clone)]
+pub struct Recorder {
+    jobs: mpsc::Sender<Job>,
+    /// The flash file, `None`: memory.
+    path: Option<Arc<Path>>,
+    /// Frames waiting for room in the outbox, and dropped from that wait.
+    waiting: Arc<(AtomicU64, AtomicU64)>,
+}
+
+impl std::fmt::Debug for Recorder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Recorder")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+/// Publishes and its JSON mirror; gives the message back when the outbox
+/// is full.
+fn try_publish(bus: &Bus, message: Message, time: TimestampMs, mirror: bool) -> Option<Message> {
+    let kind = message.kind();
+    match bus.publish(message.clone(), time) {
+        Ok(frame) => {
+            if mirror {
+                if let Err(e) = bus.publish_json(&frame) {
+                    tracing::debug!("JSON mirror of {kind:?} not sent: {e}");
+                }
+            }
+            None
+        }
+        Err(PublishError::OutboxFull(_)) => Some(message),
+        Err(PublishError::Offline) => None,
+        Err(e) => {
+            tracing::warn!("{kind:?} not published: {e}");
+            None
+        }
+    }
+}
+
+/// The thread's side: the stores, the bus once attached, and the frames
+/// waiting to be published.
+struct Worker {
+    log: Log,
+    store: Store,
+    bus: Option<Bus>,
+    unsent: VecDeque<(Message, TimestampMs, bool)>,
+    /// Frames waiting, and frames dropped from the wait.
+    counts: Arc<(AtomicU64, AtomicU64)>,
+}
+
+impl Worker {
+    fn run(mut self, rx: mpsc::Receiver<Job>) {
+        loop {
+            // While frames wait for the outbox, look again every second.
+            let job = if self.unsent.is_empty() {
+                match rx.recv() {
+                    Ok(j) => Some(j),
+                    Err(_) => break,
+                }
+            } else {
+                match rx.recv_timeout(Duration::from_secs(1)) {
+                    Ok(j) => Some(j),
+                    Err(mpsc::RecvTimeoutError::Timeout) => None,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                }
+            };
+            self.retry_unsent();
+            if let Some(job) = job {
+                self.handle(job);
+            }
+        }
+    }
+
+    /// Publishes what waits, in order, until one is held again.
+    fn retry_unsent(&mut self) {
+        if let Some(bus) = &self.bus {
+            while let Some((m, t, mirror)) = self.unsent.pop_front() {
+                if let Some(m) = try_publish(bus, m, t, mirror) {
+                    self.unsent.push_front((m, t, mirror));
+                    break;
+                }
+            }
+        }
+        self.counts
+            .0
+            .store(self.unsent.len() as u64, Ordering::Relaxed);
+    }
+
+    fn publish(&mut self, message: Message, time: TimestampMs, mirror: bool) {
+        let held = match &self.bus {
+            Some(bus) if self.unsent.is_empty() => try_publish(bus, message, time, mirror),
+            _ => Some(message),
+        };
+        let Some(m) = held else { return };
+        if self.unsent.is_empty() && self.bus.is_some() {
+            tracing::warn!("the outbox is full: frames wait in memory until the broker takes some");
+        }
+        if self.unsent.len() == UNSENT_MAX {
+            self.unsent.pop_front();
+            self.counts.1.fetch_add(1, Ordering::Relaxed);
+        }
+        self.unsent.push_back((m, time, mirror));
+        self.counts
+            .0
+            .store(self.unsent.len() as u64, Ordering::Relaxed);
+    }
+
+    fn read(&mut self) -> Result<Vec<Entry>, String> {
+        let mut entries = Vec::new();
+        futures::executor::block_on(self.log.for_each(|r| {
+            entries.push(Entry {
+                seq: r.seq,
+                time: r.time,
+                kind: r.kind,
+                body: r.body.to_vec(),
+            })
+        }))
+        .map(|_| entries)
+        .map_err(|e| format!("{e:?}"))
+    }
+
+    fn handle(&mut self, job: Job) {
+        match job {
+            Job::Attach(bus) => {
+                self.bus = Some(*bus);
+                self.retry_unsent();
+            }
+            Job::Publish {
+                message,
+                time,
+                mirror,
+            } => self.publish(*message, time, mirror),
+            Job::Append {
+                time,
+                kind,
+                body,
+                done,
+            } => {
+                let r = futures::executor::block_on(self.log.append(time, kind, &body))
+                    .map_err(|e| format!("{e:?}"));
+                if let Err(e) = &r {
+                    tracing::error!("not logged to flash (kind {kind}): {e}");
+                }
+                if let Some(d) = done {
+                    let _ = d.send(r);
+                }
+            }
+            Job::Set { key, value } => {
+                if let Err(e) = futures::executor::block_on(self.store.set(&key, &value)) {
+                    tracing::error!("{key} not kept in flash: {e:?}");
+                }
+            }
+            Job::ReserveSeq { block, done } => {
+                let r = futures::executor::block_on(self.store.reserve_seq(block))
+                    .map_err(|e| format!("{e:?}"));
+                let _ = done.send(r);
+            }
+            Job::Flush { done } => {
+                let _ = done.send(());
+            }
+            Job::Read { done } => {
+                let _ = done.send(self.read());
+            }
+        }
+    }
+}
+
+impl Recorder {
+    /// Starts the thread that owns `log` and `store` (of the flash file at
+    /// `path`, `None`: in memory); frames handed over wait until a bus is
+    /// [attached](Self::attach).
+    pub fn start(log: Log, store: Store, path: Option<&Path>) -> std::io::Result<Self> {
+        let (jobs, rx) = mpsc::channel::<Job>();
+        let waiting = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
+        let worker = Worker {
+            log,
+            store,
+            bus: None,
+            unsent: VecDeque::new(),
+            counts: waiting.clone(),
+        };
+        std::thread::Builder::new()
+            .name("recorder".into())
+            .spawn(move || worker.run(rx))?;
+        Ok(Self {
+            jobs,
+            path: path.map(Arc::from),
+            waiting,
+        })
+    }
+
+    /// Starts the recorder already attached to `bus`.
+    pub fn start_on(
+        log: Log,
+        store: Store,
+        path: Option<&Path>,
+        bus: Bus,
+    ) -> std::io::Result<Self> {
+        let r = Self::start(log, store, path)?;
+        r.attach(bus);
+        Ok(r)
+    }
+
+    /// The flash file, `None` when the flash is in memory.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// Gives the recorder the bus it publishes on; what waited goes out.
+    pub fn attach(&self, bus: Bus) {
+        if self.jobs.send(Job::Attach(Box::new(bus))).is_err() {
+            tracing::error!("bus not attached: {}", Self::gone());
+        }
+    }
+
+    /// Publishes an event or an ack (through the outbox) after what was
+    /// handed over before it.
+    pub fn publish(&self, message: Message, time: TimestampMs, mirror: bool) {
+        if self
+            .jobs
+            .send(Job::Publish {
+                message: Box::new(message),
+                time,
+                mirror,
+            })
+            .is_err()
+        {
+            tracing::error!("not published: {}", Self::gone());
+        }
+    }
+
+    /// Frames waiting for room in the outbox, and those dropped from the wait.
+    pub fn waiting(&self) -> (u64, u64) {
+        (
+            self.waiting.0.load(Ordering::Relaxed),
+            self.waiting.1.load(Ordering::Relaxed),
+        )
+    }
+
+    fn gone() -> String {
+        "the recorder thread has ended".into()
+    }
+
+    /// Appends to the event log without waiting.
+    pub fn append(&self, time: TimestampMs, kind: u8, body: Vec<u8>) {
+        if self
+            .jobs
+            .send(Job::Append {
+                time,
+                kind,
+                body,
+                done: None,
+            })
+            .is_err()
+        {
+            tracing::error!("not logged to flash: {}", Self::gone());
+        }
+    }
+
+    /// Appends to the event log and waits until it is in flash.
+    pub async fn append_sync(
+        &self,
+        time: TimestampMs,
+        kind: u8,
+        body: Vec<u8>,
+    ) -> Result<u32, String> {
+        let (done, rx) = oneshot::channel();
+        self.jobs
+            .send(Job::Append {
+                time,
+                kind,
+                body,
+                done: Some(done),
+            })
+            .map_err(|_| Self::gone())?;
+        rx.await.map_err(|_| Self::gone())?
+    }
+
+    /// Keeps a config value, without waiting.
+    pub fn set(&self, key: String, value: Vec<u8>) {
+        if self.jobs.send(Job::Set { key, value }).is_err() {
+            tracing::error!("not kept in flash: {}", Self::gone());
+        }
+    }
+
+    /// Reserves a block of frame sequence numbers.
+    pub async fn reserve_seq(&self, block: u32) -> Result<u32, String> {
+        let (done, rx) = oneshot::channel();
+        self.jobs
+            .send(Job::ReserveSeq { block, done })
+            .map_err(|_| Self::gone())?;
+        rx.await.map_err(|_| Self::gone())?
+    }
+
+    /// Waits until everything handed over before is written and published.
+    pub async fn flush(&self) {
+        let (done, rx) = oneshot::channel();
+        if self.jobs.send(Job::Flush { done }).is_ok() {
+            let _ = rx.await;
+        }
+    }
+
+    /// Every log entry, oldest first (after what is queued before it).
+    pub async fn read(&self) -> Result<Vec<Entry>, String> {
+        let (done, rx) = oneshot::channel();
+        self.jobs
+            .send(Job::Read { done })
+            .map_err(|_| Self::gone())?;
+        rx.await.map_err(|_| Self::gone())?
+    }
+}
