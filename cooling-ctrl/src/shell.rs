@@ -1,4 +1,4 @@
-//! The controller's real-time shell: the control core ([`crate::core`]) in
+//! The controller's real-time shell: the control core ([`cooling_core`]) in
 //! charge of one real CDU, on the bus. It only moves bytes; every decision
 //! is the core's.
 //!
@@ -79,13 +79,13 @@ use loopwarden_protocol::{
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 
-use crate::core::sensors::Which;
-use crate::core::{
+use crate::modbus::{CduError, CduPort, CduReadings, CduSettings};
+use crate::northbound::{snapshot_from, NorthboundSettings, NorthboundSnapshot, NorthboundWrite};
+use cooling_core::sensors::Which;
+use cooling_core::{
     CduReadings as CoreReadings, Commands, ConfigError, Core, CoreConfig, HostReport, Inputs,
     LoopStatus, MAX_HOSTS,
 };
-use crate::modbus::{CduError, CduPort, CduReadings, CduSettings};
-use crate::northbound::{snapshot_from, NorthboundSettings, NorthboundSnapshot, NorthboundWrite};
 
 /// How long the lease that lifts a cap lasts.
 pub const LIFT_DURATION: Duration = Duration::from_secs(5);

@@ -15,8 +15,8 @@ use loopwarden_boards::plant::SiteConfig;
 use loopwarden_boards::sim::{Controller, Decision, Readings};
 use loopwarden_protocol::message::CduMode;
 
-use crate::core::config::{CduParams, FacilityParams, GpuParams, HostParams, Layout};
-use crate::core::{CduReadings, ConfigError, Core, CoreConfig, HostReport, MAX_HOSTS};
+use cooling_core::config::{CduParams, FacilityParams, GpuParams, HostParams, Layout};
+use cooling_core::{CduReadings, ConfigError, Core, CoreConfig, HostReport, MAX_HOSTS};
 
 /// The core's configuration for a hall described by `site`, with the
 /// core's default margins and timings.
@@ -150,7 +150,7 @@ impl Controller for Ours {
             it_w: Some(r.it_w as f32),
             facility_w: Some(r.facility_w as f32),
         });
-        let c = self.core.step(&crate::core::Inputs {
+        let c = self.core.step(&cooling_core::Inputs {
             now_ms,
             cdu,
             ambient_c: Some(r.ambient_c as f32),

@@ -1,7 +1,10 @@
-//! The control core: one CDU's safety, regulation, optimisation and cap
-//! coordination as a pure function of what it reads and the time passed
-//! in: `Core::step(&Inputs) -> Commands`. No clock, no socket, no heap; it
-//! builds for a Cortex-M4F.
+//! # cooling-core: the control core of the CDU controller
+//!
+//! One CDU's safety, regulation, optimisation and cap coordination as a
+//! pure function of what it reads and the time passed in:
+//! `Core::step(&Inputs) -> Commands`. No clock, no socket, no heap; it
+//! builds for a Cortex-M4F. `cooling-ctrl` runs it in production and in
+//! the twin.
 //!
 //! Each step runs the layers in order of authority; a later layer works
 //! inside what an earlier one allows:
@@ -41,6 +44,11 @@
 //! - *plan ceiling*, *cap target*: see [`config`].
 //! - *latched leak*: a rack whose leak input fired; its valve stays shut
 //!   until an operator clears it with the input dry.
+
+#![no_std]
+
+#[cfg(test)]
+extern crate std;
 
 pub mod config;
 pub mod coordinate;

@@ -481,13 +481,8 @@ mod tests {
                 expected,
                 transient: false,
             };
-            if let Some(c) = s.observe(
-                w,
-                t * 1000,
-                1.0,
-                obs,
-                &crate::core::CoreConfig::default().timing,
-            ) {
+            if let Some(c) = s.observe(w, t * 1000, 1.0, obs, &crate::CoreConfig::default().timing)
+            {
                 out.push((t, c.fault));
             }
         }
