@@ -62,9 +62,9 @@ use loopwarden_field::pick;
 use loopwarden_protocol::Ident;
 use serde::Deserialize;
 
-use crate::core::{CoreConfig, MAX_HOSTS};
 use crate::modbus::{DataBits, Link, Parity, SerialLine, StopBits};
 use crate::shell::ShellConfig;
+use cooling_core::{CoreConfig, MAX_HOSTS};
 
 /// The file as written (every field optional).
 #[derive(Debug, Default, Deserialize)]

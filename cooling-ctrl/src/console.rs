@@ -268,7 +268,7 @@ fn sensors(st: &ShellStats) -> Value {
             json!({
                 "sensor": s.which.sensor(),
                 "reading": s.reading,
-                "unit": if s.which == crate::core::sensors::Which::Flow { "L/min" } else { "°C" },
+                "unit": if s.which == cooling_core::sensors::Which::Flow { "L/min" } else { "°C" },
                 "fault": s.fault,
                 "required": s.which.required(),
             })

@@ -9,11 +9,12 @@
 //! allow, for the least facility energy per unit of GPU work) and
 //! *coordination* (power-cap leases to hosts when cooling falls short).
 //!
-//! The control core is `no_std` and allocation-free, a pure
-//! `step(now, readings) -> commands`, so the same code runs on a CDU's
-//! microcontroller, in the twin and in production; this crate is `no_std`
-//! from the start to keep it so. The core, the Modbus and MQTT shell and the
-//! northbound Modbus server land with their own pieces of work.
+//! The control core is the `cooling-core` crate (`no_std` and
+//! allocation-free, a pure `step(now, readings) -> commands`), so the same
+//! code runs on a CDU's microcontroller, in the twin and in production. This
+//! crate is the rest of the controller around it: the Modbus client, the
+//! real-time shell on the bus, the northbound Modbus server, the board pins,
+//! the console and the simulate command.
 //!
 //! Glossary:
 //! - *CDU*: coolant distribution unit: the heat exchanger and pumps between
@@ -22,35 +23,21 @@
 //! - *failsafe*: fixed conservative setpoints while the controller cannot
 //!   trust its sensors.
 
-#![no_std]
-
-#[cfg(any(test, feature = "std"))]
-extern crate std;
-
-pub mod core;
-
-#[cfg(feature = "std")]
 pub mod config;
 
-#[cfg(feature = "std")]
 pub mod console;
 
-#[cfg(all(feature = "std", target_os = "linux"))]
+#[cfg(target_os = "linux")]
 pub mod gpio;
 
-#[cfg(feature = "std")]
 pub mod journal;
 
-#[cfg(feature = "std")]
 pub mod modbus;
 
-#[cfg(feature = "std")]
 pub mod northbound;
 
-#[cfg(feature = "std")]
 pub mod shell;
 
-#[cfg(feature = "std")]
 pub mod site_figures;
 
 #[cfg(feature = "twin")]

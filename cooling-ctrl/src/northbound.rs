@@ -74,9 +74,9 @@ use tokio::sync::{mpsc, watch};
 use tokio_modbus::server::tcp::{accept_tcp_connection, Server};
 use tokio_modbus::{ExceptionCode, Request, Response};
 
-use crate::core::sensors::Which;
-use crate::core::{Commands, Core, CoreConfig, HostReport};
 use crate::modbus::CduReadings;
+use cooling_core::sensors::Which;
+use cooling_core::{Commands, Core, CoreConfig, HostReport};
 
 /// The shipped northbound map's text.
 pub const MAP_TOML: &str = include_str!("../../boards/northbound/loopwarden-cdu-ctrl.toml");
@@ -822,7 +822,7 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::{HostCap, Inputs};
+    use cooling_core::{HostCap, Inputs};
     use std::string::ToString;
     use std::vec;
 
@@ -1074,7 +1074,7 @@ mod tests {
             }));
         }
         let mut cmds = cmds.unwrap();
-        cmds.caps = [None; crate::core::MAX_HOSTS];
+        cmds.caps = [None; cooling_core::MAX_HOSTS];
         cmds.caps[5] = Some(HostCap {
             watts: 420.0,
             reason: ReasonCode::CAPACITY_SHORT,

@@ -1,4 +1,4 @@
-//! The controller's real-time shell: the control core ([`crate::core`]) in
+//! The controller's real-time shell: the control core ([`cooling_core`]) in
 //! charge of one real CDU, on the bus. It only moves bytes; every decision
 //! is the core's.
 //!
@@ -81,11 +81,12 @@ use loopwarden_protocol::{
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 
-use crate::core::sensors::Which;
-use crate::core::{
+use cooling_core::sensors::Which;
+use cooling_core::{
     CduReadings as CoreReadings, Commands, ConfigError, Core, CoreConfig, HostReport, Inputs,
     LoopStatus, MAX_HOSTS,
 };
+
 use crate::journal::{self, ControllerFlash, Recorder};
 use crate::modbus::{CduError, CduPort, CduReadings, CduSettings};
 use crate::northbound::{snapshot_from, NorthboundSettings, NorthboundSnapshot, NorthboundWrite};

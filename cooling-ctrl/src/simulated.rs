@@ -15,7 +15,8 @@ use loopwarden_boards::site::SiteConfig;
 use loopwarden_protocol::message::CduMode;
 use loopwarden_twin::sim::{Controller, Decision, Readings};
 
-use crate::core::{CduReadings, ConfigError, Core, HostReport, MAX_HOSTS};
+use cooling_core::{CduReadings, ConfigError, Core, HostReport, MAX_HOSTS};
+
 use crate::site_figures::core_config;
 
 /// The core as a scenario runner's controller.
@@ -83,7 +84,7 @@ impl Controller for Ours {
             it_w: Some(r.it_w as f32),
             facility_w: Some(r.facility_w as f32),
         });
-        let c = self.core.step(&crate::core::Inputs {
+        let c = self.core.step(&cooling_core::Inputs {
             now_ms,
             cdu,
             ambient_c: Some(r.ambient_c as f32),

@@ -11,8 +11,8 @@
 
 use loopwarden_boards::site::SiteConfig;
 
-use crate::core::config::{CduParams, FacilityParams, GpuParams, HostParams, Layout};
-use crate::core::{ConfigError, CoreConfig};
+use cooling_core::config::{CduParams, FacilityParams, GpuParams, HostParams, Layout};
+use cooling_core::{ConfigError, CoreConfig};
 
 /// The core's configuration for a hall described by `site`, with the
 /// core's default margins and timings.

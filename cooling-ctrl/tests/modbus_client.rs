@@ -2,7 +2,6 @@
 //! loopback and over Modbus RTU on a pseudo-terminal pair made by `socat`.
 //! Scaling, word order, writes read back, exceptions kept apart from
 //! silence, and recovery after a timeout.
-#![cfg(feature = "std")]
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

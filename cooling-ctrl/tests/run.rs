@@ -4,7 +4,6 @@
 //! `ctl status|sensors|loops|caps|events`, closes a leaking rack's valve
 //! and caps its hosts, stops with exit 0 on SIGTERM, and after a restart
 //! on the same flash file `ctl events` still shows what happened before.
-#![cfg(feature = "std")]
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

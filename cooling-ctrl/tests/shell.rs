@@ -5,11 +5,10 @@
 //! leaking rack's valve within a period.
 //!
 //! Skipped when mosquitto is not installed, except under CI (`CI=true`).
-#![cfg(feature = "std")]
 
 use std::time::{Duration, Instant};
 
-use cooling_ctrl::core::CoreConfig;
+use cooling_core::CoreConfig;
 use cooling_ctrl::modbus::{Link, ModbusCdu};
 use cooling_ctrl::shell::{self, ShellConfig, ShellOptions, ShellStats};
 use loopwarden_boards::modbus_map::RegisterMap;

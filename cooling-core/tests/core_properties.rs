@@ -3,7 +3,7 @@
 //! pumps, and a leaking rack's valve is shut on the very step its input
 //! fires.
 
-use cooling_ctrl::core::{CduReadings, Core, CoreConfig, HostReport, Inputs, MAX_HOSTS};
+use cooling_core::{CduReadings, Core, CoreConfig, HostReport, Inputs, MAX_HOSTS};
 use proptest::prelude::*;
 
 /// One step's worth of random world.

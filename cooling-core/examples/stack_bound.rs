@@ -4,11 +4,11 @@
 //! smallest stack it ran in (16 KiB is the smallest glibc gives a thread). A thread that overflows its stack aborts its
 //! process, so each size is tried in a child of its own.
 //!
-//! `cargo run --release -p cooling-ctrl --example stack_bound`
+//! `cargo run --release -p cooling-core --example stack_bound`
 
 use std::process::Command;
 
-use cooling_ctrl::core::{CduReadings, Core, CoreConfig, HostReport, Inputs, MAX_HOSTS};
+use cooling_core::{CduReadings, Core, CoreConfig, HostReport, Inputs, MAX_HOSTS};
 
 /// Runs the core for a while; returns the number of steps.
 fn exercise() -> usize {
@@ -86,7 +86,7 @@ fn main() {
             "the core ran in a {} KiB thread stack (Core {} B, Commands {} B; the thread's own start-up is included)",
             s / 1024,
             std::mem::size_of::<Core>(),
-            std::mem::size_of::<cooling_ctrl::core::Commands>()
+            std::mem::size_of::<cooling_core::Commands>()
         ),
         None => println!("the core did not run in any of the stacks tried"),
     }

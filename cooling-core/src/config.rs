@@ -12,7 +12,7 @@
 /// The racks, hosts and GPUs the CDU feeds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Layout {
-    /// Racks on the loop (at most [`crate::core::MAX_RACKS`]).
+    /// Racks on the loop (at most [`crate::MAX_RACKS`]).
     pub racks: u8,
     /// Hosts per rack.
     pub hosts_per_rack: u8,

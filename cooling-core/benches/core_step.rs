@@ -2,7 +2,7 @@
 //! hall (4 racks × 4 hosts of 8 GPUs, 16 host reports) in steady
 //! operation.
 //!
-//! `cargo bench -p cooling-ctrl --bench core_step` first prints the sizes
+//! `cargo bench -p cooling-core --bench core_step` first prints the sizes
 //! of the core's types, then times:
 //! - `step`: one step a second of a warmed-up core in normal mode, fresh
 //!   reports from every host and CDU readings that follow what the core
@@ -24,9 +24,7 @@
 
 use std::time::Duration;
 
-use cooling_ctrl::core::{
-    model, CduReadings, Commands, Core, CoreConfig, HostReport, Inputs, MAX_HOSTS,
-};
+use cooling_core::{model, CduReadings, Commands, Core, CoreConfig, HostReport, Inputs, MAX_HOSTS};
 use divan::{black_box, Bencher};
 use loopwarden_protocol::message::CduMode;
 

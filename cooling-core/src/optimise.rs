@@ -22,9 +22,16 @@
 //! - *work*: GPU work rate summed over the hall (one GPU at full demand,
 //!   unthrottled, is 1).
 //! - *proposal*: the last finished search's choice.
+//! - *rejection short*: the supply has stayed 1.5 K above its setpoint for
+//!   two minutes without coming down; the search plans without the chiller
+//!   until the supply has tracked for ten minutes ([`RejectionWatch`]).
+//! - *host plan*: what a host is planned with: its fresh report, else the
+//!   hall's average from the IT meter (`host_plans`).
 
 use super::config::CoreConfig;
+use super::hall::{Seen, Tick};
 use super::model::{self, gpu_steady};
+use super::{bit, MAX_HOSTS};
 
 /// What the optimiser plans one host with.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -236,6 +243,134 @@ impl Optimiser {
             self.row = Some(row + 1);
         }
     }
+}
+
+impl Optimiser {
+    /// The optimisation layer's part of step `t`: one slice of the search,
+    /// planning each host from what the step has `seen` and its learned
+    /// `offsets`, without the chiller when it is believed out
+    /// (`no_chiller`).
+    pub(crate) fn slice(
+        &mut self,
+        t: &Tick<'_>,
+        seen: &Seen,
+        offsets: &[f32; MAX_HOSTS],
+        no_chiller: bool,
+    ) {
+        let cfg = &t.cfg;
+        let plans = host_plans(t, seen, offsets);
+        let ambient = (t.inp.ambient_c)
+            .filter(|a| (-60.0..=70.0).contains(a))
+            .unwrap_or(cfg.margins.design_ambient_c);
+        let hosts = cfg.layout.hosts();
+        self.step(
+            cfg,
+            t.now,
+            &plans[..hosts],
+            t.open_gpus(),
+            ambient,
+            no_chiller,
+        );
+    }
+}
+
+/// Whether the heat rejection is believed short: the supply stays well
+/// above its setpoint and is not coming down to it.
+#[derive(Debug, Clone, Default)]
+pub struct RejectionWatch {
+    short_since: Option<u64>,
+    supply_prev: Option<f32>,
+    supply_rate: f32,
+    tracking_since: Option<u64>,
+    short: bool,
+}
+
+impl RejectionWatch {
+    /// Heat rejection is believed short.
+    pub fn short(&self) -> bool {
+        self.short
+    }
+
+    /// Watches the trusted `supply` against the setpoint last commanded,
+    /// `setpoint_c`, in step `t`.
+    pub(crate) fn watch(&mut self, t: &Tick<'_>, supply: Option<f32>, setpoint_c: f32) {
+        let (now, dt) = (t.now, t.dt);
+        if let Some(s) = supply {
+            if let (Some(prev), true) = (self.supply_prev, dt > 0.0) {
+                let rate = (s - prev) / dt;
+                self.supply_rate += (rate - self.supply_rate) * (dt / 30.0).min(1.0);
+            }
+            self.supply_prev = Some(s);
+            let cmd = setpoint_c;
+            if s > cmd + 1.5 && self.supply_rate > -0.005 {
+                let since = *self.short_since.get_or_insert(now);
+                if now - since >= 120_000 && !self.short {
+                    self.short = true;
+                }
+                self.tracking_since = None;
+            } else if s < cmd + 0.5 {
+                self.short_since = None;
+                let since = *self.tracking_since.get_or_insert(now);
+                if now - since >= 600_000 {
+                    self.short = false;
+                }
+            }
+        }
+    }
+}
+
+/// What the optimiser plans each host with in step `t`: its fresh report,
+/// else the hall's average from the IT meter `seen.it_w`. Hosts of racks
+/// with a latched leak are left out; `offsets` are the hosts' learned
+/// offsets.
+pub(crate) fn host_plans(
+    t: &Tick<'_>,
+    seen: &Seen,
+    offsets: &[f32; MAX_HOSTS],
+) -> [HostPlan; MAX_HOSTS] {
+    let cfg = &t.cfg;
+    let lay = cfg.layout;
+    let g = &cfg.gpu;
+    let gph = lay.gpus_per_host as f32;
+    let full_dyn = (g.tdp_w - g.static_w).max(1.0);
+    // Hall average demand from the IT meter: IT = GPUs·(P_s + u·D) +
+    // hosts·(idle + u·(full − idle)).
+    let t_est = seen.hottest.unwrap_or(60.0);
+    let hall_u = seen.it_w.map_or(1.0, |it| {
+        let n_g = lay.gpus() as f32;
+        let n_h = lay.hosts() as f32;
+        let ps = model::static_power(g, t_est);
+        let num = it - n_g * ps - n_h * cfg.host.idle_w;
+        let den = n_g * full_dyn + n_h * (cfg.host.full_w - cfg.host.idle_w);
+        (num / den).clamp(0.0, 1.0)
+    });
+    let mut plans = [HostPlan::default(); MAX_HOSTS];
+    for (h, plan) in plans.iter_mut().enumerate().take(lay.hosts()) {
+        let open = bit(!t.latched, lay.rack_of(h));
+        if !open {
+            continue;
+        }
+        let (gpus, dynamic_w) = match t.fresh(h) {
+            Some(r) => {
+                let p = r.gpu_power_w / r.gpus as f32;
+                let capped = r.limit_w < g.tdp_w - 1.0 && p >= r.limit_w - 5.0;
+                let d = if capped {
+                    // Its demand is hidden under the cap: plan for all.
+                    full_dyn
+                } else {
+                    (p - model::static_power(g, r.hottest_c)).clamp(0.0, full_dyn)
+                };
+                (r.gpus as f32, d)
+            }
+            None => (gph, hall_u * full_dyn),
+        };
+        *plan = HostPlan {
+            gpus,
+            dynamic_w,
+            offset_k: offsets[h],
+        };
+    }
+    plans
 }
 
 #[cfg(test)]

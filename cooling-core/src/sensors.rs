@@ -22,9 +22,11 @@
 //!   expectation (sensor offset, model error), learned slowly while all
 //!   agree.
 
-use loopwarden_protocol::message::SensorFault;
+use loopwarden_protocol::message::{Event, SensorFault};
 
-use super::config::Timing;
+use super::config::{CoreConfig, Timing};
+use super::hall::{Seen, Tick};
+use super::{CduReadings, Log};
 
 /// The sensors the core supervises.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -197,49 +199,145 @@ impl Supervisor {
                 }
             }
             Some(v) if !(lo..=hi).contains(&v) || v.is_nan() => Some(SensorFault::Implausible),
-            Some(v) => {
-                c.last_seen_ms = Some(now_ms);
-                // Frozen while the expectation moved.
-                let frozen = v == c.value;
-                if !frozen {
-                    c.value = v;
-                    c.changed_ms = now_ms;
-                    c.expected_at_change = obs.expected;
+            Some(v) => c.judge(w, v, now_ms, dt_s, obs),
+        };
+        c.confirm(w, now_wrong, now_ms, obs, confirm_ms, clear_ms)
+    }
+
+    /// Judges every sensor in step `t` against what the others imply
+    /// (from what the step has `seen`, a pump `pumping` at `speed`),
+    /// reports each change of standing in `log`; returns the readings to
+    /// be trusted.
+    pub(crate) fn supervise(
+        &mut self,
+        t: &Tick<'_>,
+        seen: &Seen,
+        pumping: bool,
+        speed: f32,
+        log: &mut Log,
+    ) -> Trusted {
+        let (cfg, rd) = (&t.cfg, &t.rd);
+        let expected =
+            self.expectations(cfg, rd, pumping, speed, seen.gpu_implied_supply, seen.it_w);
+        for w in Which::ALL {
+            let obs = Observation {
+                reading: rd.get(w),
+                expected: expected[w as usize],
+                transient: seen.transient,
+            };
+            if let Some(ch) = self.observe(w, t.now, t.dt, obs, &cfg.timing) {
+                log.push(Event::SensorFault {
+                    sensor: ch.which.sensor(),
+                    rack: None,
+                    fault: ch.fault,
+                });
+            }
+        }
+        Trusted {
+            supply: self.trusted(Which::Supply, rd.supply_c),
+            flow: self.trusted(Which::Flow, rd.flow_lpm),
+            return_c: self.trusted(Which::Return, rd.return_c),
+        }
+    }
+
+    /// What each sensor should read, by [`Which`], from what it shares no
+    /// fault with: supply from the GPUs (`gpu_implied_supply`), return from
+    /// the supply and the IT meter's heat `it_w` carried by the flow, flow
+    /// from the pump `speed` while a pump is `pumping`.
+    pub fn expectations(
+        &self,
+        cfg: &CoreConfig,
+        rd: &Readings,
+        pumping: bool,
+        speed: f32,
+        gpu_implied_supply: Option<f32>,
+        it_w: Option<f32>,
+    ) -> [Option<f32>; 4] {
+        let flow_trusted = self.trusted(Which::Flow, rd.flow_lpm);
+        let expected_flow = if pumping && rd.answered {
+            Some(cfg.cdu.design_lpm_per_gpu * cfg.layout.gpus() as f32 * speed)
+        } else {
+            None
+        };
+        let supply_trusted = self.trusted(Which::Supply, rd.supply_c);
+        let expected_return = match (supply_trusted, flow_trusted, it_w) {
+            (Some(s), Some(f), Some(it)) if f > 1.0 => {
+                let m = f * cfg.cdu.density_kg_per_m3 / 60_000.0;
+                Some(s + it / (m * cfg.cdu.cp_j_per_kg_k))
+            }
+            _ => None,
+        };
+        [gpu_implied_supply, expected_return, expected_flow, None]
+    }
+}
+
+impl Check {
+    /// What is wrong with a plausible reading `v` of sensor `w`, before
+    /// confirmation: stuck or drifting. Learns the bias while it agrees.
+    fn judge(
+        &mut self,
+        w: Which,
+        v: f32,
+        now_ms: u64,
+        dt_s: f32,
+        obs: Observation,
+    ) -> Option<SensorFault> {
+        let c = self;
+        c.last_seen_ms = Some(now_ms);
+        // Frozen while the expectation moved.
+        let frozen = v == c.value;
+        if !frozen {
+            c.value = v;
+            c.changed_ms = now_ms;
+            c.expected_at_change = obs.expected;
+        }
+        let stuck = frozen
+            && now_ms.saturating_sub(c.changed_ms) >= 120_000
+            && match (c.expected_at_change, obs.expected) {
+                (Some(a), Some(b)) => (b - a).abs() > w.moved(b),
+                _ => false,
+            };
+        c.filtered = Some(follow(c.filtered, v, dt_s, 60.0));
+        let drift = match obs.expected {
+            Some(e) => {
+                c.expected_filtered = Some(follow(c.expected_filtered, e, dt_s, 60.0));
+                let (f, ef) = (c.filtered.unwrap_or(v), c.expected_filtered.unwrap_or(e));
+                let off = f - ef - c.bias;
+                let far = off.abs() > w.tolerance(e);
+                if !far && !obs.transient && c.fault.is_none() && c.pending.is_none() {
+                    // Learn the bias slowly (about an hour), bounded.
+                    let limit = w.tolerance(e) * 0.5;
+                    c.bias = (c.bias + off * (dt_s / 3600.0)).clamp(-limit, limit);
                 }
-                let stuck = frozen
-                    && now_ms.saturating_sub(c.changed_ms) >= 120_000
-                    && match (c.expected_at_change, obs.expected) {
-                        (Some(a), Some(b)) => (b - a).abs() > w.moved(b),
-                        _ => false,
-                    };
-                c.filtered = Some(follow(c.filtered, v, dt_s, 60.0));
-                let drift = match obs.expected {
-                    Some(e) => {
-                        c.expected_filtered = Some(follow(c.expected_filtered, e, dt_s, 60.0));
-                        let (f, ef) = (c.filtered.unwrap_or(v), c.expected_filtered.unwrap_or(e));
-                        let off = f - ef - c.bias;
-                        let far = off.abs() > w.tolerance(e);
-                        if !far && !obs.transient && c.fault.is_none() && c.pending.is_none() {
-                            // Learn the bias slowly (about an hour), bounded.
-                            let limit = w.tolerance(e) * 0.5;
-                            c.bias = (c.bias + off * (dt_s / 3600.0)).clamp(-limit, limit);
-                        }
-                        far && !obs.transient
-                    }
-                    None => {
-                        c.expected_filtered = None;
-                        false
-                    }
-                };
-                if stuck {
-                    Some(SensorFault::Stuck)
-                } else if drift {
-                    Some(SensorFault::Drift)
-                } else {
-                    None
-                }
+                far && !obs.transient
+            }
+            None => {
+                c.expected_filtered = None;
+                false
             }
         };
+        if stuck {
+            Some(SensorFault::Stuck)
+        } else if drift {
+            Some(SensorFault::Drift)
+        } else {
+            None
+        }
+    }
+
+    /// Confirms what is wrong now (`now_wrong`) into a fault after
+    /// `confirm_ms`, or clears a fault after `clear_ms` of agreement;
+    /// returns the change.
+    fn confirm(
+        &mut self,
+        w: Which,
+        now_wrong: Option<SensorFault>,
+        now_ms: u64,
+        obs: Observation,
+        confirm_ms: u64,
+        clear_ms: u64,
+    ) -> Option<Change> {
+        let c = self;
         match (c.fault, now_wrong) {
             (None, None) => {
                 c.pending = None;
@@ -298,6 +396,72 @@ impl Supervisor {
     }
 }
 
+/// The readings to be believed after a step's supervision.
+#[derive(Debug, Clone, Copy)]
+pub struct Trusted {
+    /// Secondary supply temperature, °C.
+    pub supply: Option<f32>,
+    /// Secondary flow, L/min.
+    pub flow: Option<f32>,
+    /// Secondary return temperature, °C.
+    pub return_c: Option<f32>,
+}
+
+/// The CDU's answer as the core reads it: no answer, or a value that is
+/// not a number, is no reading.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Readings {
+    /// The CDU answered this step.
+    pub answered: bool,
+    /// Secondary supply temperature, °C.
+    pub supply_c: Option<f32>,
+    /// Secondary return temperature, °C.
+    pub return_c: Option<f32>,
+    /// Secondary flow, L/min.
+    pub flow_lpm: Option<f32>,
+    /// Facility water supply temperature, °C.
+    pub facility_supply_c: Option<f32>,
+    /// IT power meter, W.
+    pub it_w: Option<f32>,
+    /// Pumps A and B running (contactor feedback; neither without an
+    /// answer).
+    pub pumps_running: [bool; 2],
+}
+
+impl Readings {
+    /// The readings of the CDU's answer `cdu`.
+    pub fn of(cdu: Option<CduReadings>) -> Self {
+        let answered = cdu.is_some();
+        let c = cdu.unwrap_or_default();
+        let reading = |x: Option<f32>| {
+            if answered {
+                x.filter(|v| v.is_finite())
+            } else {
+                None
+            }
+        };
+        Self {
+            answered,
+            supply_c: reading(c.supply_c),
+            return_c: reading(c.return_c),
+            flow_lpm: reading(c.flow_lpm),
+            facility_supply_c: reading(c.facility_supply_c),
+            it_w: reading(c.it_w),
+            pumps_running: c.pumps_running,
+        }
+    }
+
+    /// The reading of a supervised sensor.
+    pub fn get(&self, w: Which) -> Option<f32> {
+        match w {
+            Which::Supply => self.supply_c,
+            Which::Return => self.return_c,
+            Which::Flow => self.flow_lpm,
+            Which::FacilitySupply => self.facility_supply_c,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -317,13 +481,8 @@ mod tests {
                 expected,
                 transient: false,
             };
-            if let Some(c) = s.observe(
-                w,
-                t * 1000,
-                1.0,
-                obs,
-                &crate::core::CoreConfig::default().timing,
-            ) {
+            if let Some(c) = s.observe(w, t * 1000, 1.0, obs, &crate::CoreConfig::default().timing)
+            {
                 out.push((t, c.fault));
             }
         }

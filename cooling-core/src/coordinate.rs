@@ -18,6 +18,7 @@
 //! - *capacity cap*: a cap for lack of cooling (not for a leak).
 
 use super::config::CoreConfig;
+use super::hall::{Seen, Tick};
 use super::{HostCap, HostReport, MAX_HOSTS};
 use loopwarden_protocol::ReasonCode;
 
@@ -59,6 +60,33 @@ impl Coordinator {
     /// The capacity cap on host `h`, W per GPU.
     pub fn cap(&self, h: usize) -> Option<f32> {
         self.caps.get(h).copied().flatten()
+    }
+
+    /// The coordination layer's part of step `t`: fills `out` with the
+    /// caps per host, sized for the trusted `supply` (else the supply the
+    /// GPUs imply), the setpoint commanded and the hosts' learned
+    /// `offsets`; true when a capacity cap is in force.
+    pub(crate) fn caps(
+        &mut self,
+        t: &Tick<'_>,
+        seen: &Seen,
+        supply: Option<f32>,
+        setpoint_c: f32,
+        offsets: &[f32; MAX_HOSTS],
+        out: &mut [Option<HostCap>; MAX_HOSTS],
+    ) -> bool {
+        self.step(
+            &t.cfg,
+            t.now,
+            t.dt,
+            supply.or(seen.gpu_implied_supply),
+            setpoint_c,
+            seen.r_now,
+            &|h| t.fresh(h),
+            offsets,
+            t.latched,
+            out,
+        )
     }
 
     /// One step: fills `out` with the caps per host; true when a capacity

@@ -1,0 +1,550 @@
+//! # cooling-core: the control core of the CDU controller
+//!
+//! One CDU's safety, regulation, optimisation and cap coordination as a
+//! pure function of what it reads and the time passed in:
+//! `Core::step(&Inputs) -> Commands`. No clock, no socket, no heap; it
+//! builds for a Cortex-M4F. `cooling-ctrl` runs it in production and in
+//! the twin.
+//!
+//! Each step runs the layers in order of authority; a later layer works
+//! inside what an earlier one allows:
+//! 1. **safety**: leaks (close the rack's valve at once, cap its hosts to
+//!    their minimum, tell them their cooling is lost) and pump trips (start
+//!    the lag pump) in [`safety`], sensor supervision in [`sensors`], and
+//!    the mode `boot → normal ⇄ degraded → failsafe` in [`mode`]. It boots
+//!    with the pumps on and a conservative setpoint, and leaves boot only
+//!    when every required sensor has read plausibly for `boot_settle_ms`.
+//! 2. **regulation** ([`regulate`]): a margin loop lowers the setpoint
+//!    while the hottest GPU runs above the plan ceiling; a supply loop
+//!    trims the setpoint the CDU is given so the measured supply meets the
+//!    target; a flow loop does the same for the pump speed. PI with
+//!    anti-windup, output and slew limits (warming and slowing are slewed,
+//!    cooling and speeding up are not; see [`pid`]).
+//! 3. **optimisation**: a search over setpoint and pump speed for the least
+//!    facility power per unit of GPU work at steady state, every GPU at or
+//!    below the plan ceiling even at full demand (see [`optimise`]). Its
+//!    slice of the search runs before regulation in a step, so that
+//!    regulation follows the proposal a search finishes on that step.
+//! 4. **coordination**: when cooling falls short, a power cap per host
+//!    sized from its GPUs' thermal margin at the coolant temperature to
+//!    come; lifted when capacity has been back for `cap_release_ms`
+//!    (see [`coordinate`]).
+//!
+//! What every layer works from (fresh host reports, the hottest GPU, the
+//! supply the GPUs imply, transients) is in [`hall`]; [`config`] and
+//! [`model`] support them all.
+//!
+//! Without the bus (no fresh host reports) it regulates on its own
+//! measurements and the IT meter.
+//!
+//! Glossary:
+//! - *host report*: a host's hottest GPU, its GPUs' power and limit, from
+//!   the node agent's telemetry.
+//! - *fresh*: a host report younger than `host_timeout_ms`.
+//! - *plan ceiling*, *cap target*: see [`config`].
+//! - *latched leak*: a rack whose leak input fired; its valve stays shut
+//!   until an operator clears it with the input dry.
+
+#![no_std]
+
+#[cfg(test)]
+extern crate std;
+
+pub mod config;
+pub mod coordinate;
+pub mod hall;
+pub mod mode;
+pub mod model;
+pub mod optimise;
+pub mod pid;
+pub mod regulate;
+pub mod safety;
+pub mod sensors;
+
+use heapless::Vec;
+use loopwarden_protocol::message::{CduMode, Event, Pump, SensorFault};
+use loopwarden_protocol::ReasonCode;
+
+pub use config::{ConfigError, CoreConfig};
+use coordinate::Coordinator;
+use hall::{Hall, Tick};
+use mode::ModeMachine;
+use optimise::{Optimiser, Proposal, RejectionWatch};
+use regulate::Regulator;
+use safety::Safety;
+use sensors::{Supervisor, Which};
+
+/// Racks the core can hold.
+pub const MAX_RACKS: usize = 16;
+/// Hosts the core can hold.
+pub const MAX_HOSTS: usize = 64;
+/// Events one step can report.
+pub const MAX_EVENTS: usize = 16;
+
+/// What the CDU answered this step (`None` in [`Inputs::cdu`]: it did not
+/// answer). A sensor the CDU reports as missing is `None`.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct CduReadings {
+    /// Secondary supply temperature, °C.
+    pub supply_c: Option<f32>,
+    /// Secondary return temperature, °C.
+    pub return_c: Option<f32>,
+    /// Secondary flow, L/min.
+    pub flow_lpm: Option<f32>,
+    /// Facility water supply temperature, °C.
+    pub facility_supply_c: Option<f32>,
+    /// Pumps A and B running (contactor feedback).
+    pub pumps_running: [bool; 2],
+    /// IT power meter, W.
+    pub it_w: Option<f32>,
+    /// Facility power meter, W.
+    pub facility_w: Option<f32>,
+}
+
+/// One host as its node agent last reported it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HostReport {
+    /// GPUs running (not lost, not powered down).
+    pub gpus: u8,
+    /// Its hottest GPU, °C.
+    pub hottest_c: f32,
+    /// Its GPUs' power together, W.
+    pub gpu_power_w: f32,
+    /// The highest power limit in force on its GPUs, W.
+    pub limit_w: f32,
+    /// A GPU is in hardware thermal slowdown.
+    pub slowdown: bool,
+    /// When the report arrived, ms (the core's clock).
+    pub at_ms: u64,
+}
+
+/// What one step is given.
+#[derive(Debug, Clone, Copy)]
+pub struct Inputs<'a> {
+    /// Now, ms on a monotonic clock.
+    pub now_ms: u64,
+    /// The CDU's answer, if it answered.
+    pub cdu: Option<CduReadings>,
+    /// Outdoor air temperature, °C, where the site reports it.
+    pub ambient_c: Option<f32>,
+    /// Leak inputs from the board, bit n = rack n.
+    pub leaks: u16,
+    /// The last report of each host, by host index (rack-major).
+    pub hosts: &'a [Option<HostReport>],
+}
+
+/// A power cap asked of a host.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HostCap {
+    /// Highest power limit for each of its GPUs, W.
+    pub watts: f32,
+    /// Why.
+    pub reason: ReasonCode,
+}
+
+/// What one step decides.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Commands {
+    /// Supply setpoint for the CDU, °C.
+    pub setpoint_c: f32,
+    /// Pump speed, fraction of full.
+    pub pump_speed: f32,
+    /// Pumps A and B commanded on.
+    pub pump_on: [bool; 2],
+    /// The lead pump.
+    pub lead: Pump,
+    /// Rack valves open, bit n = rack n.
+    pub valves_open: u16,
+    /// Racks whose cooling is lost (their hosts must drain and power down).
+    pub cooling_lost: u16,
+    /// Caps per host (index as in [`Inputs::hosts`]).
+    pub caps: [Option<HostCap>; MAX_HOSTS],
+    /// Alarm beacon on.
+    pub beacon: bool,
+    /// The mode now.
+    pub mode: CduMode,
+    /// Why.
+    pub reason: ReasonCode,
+    /// What happened this step.
+    pub events: Vec<Event, MAX_EVENTS>,
+}
+
+/// The loops' state, for the console.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LoopStatus {
+    /// The optimiser's last proposal.
+    pub proposal: Proposal,
+    /// Setpoint taken off by the margin loop, K.
+    pub margin_k: f32,
+    /// Setpoint trim of the supply loop, K.
+    pub supply_trim_k: f32,
+    /// Speed trim of the flow loop, fraction.
+    pub flow_trim: f32,
+    /// Coolant temperature the caps are sized for, °C.
+    pub coolant_c: Option<f32>,
+    /// Heat rejection is believed short (the supply cannot be held).
+    pub rejection_short: bool,
+}
+
+/// The control core of one CDU.
+#[derive(Debug, Clone)]
+pub struct Core {
+    cfg: CoreConfig,
+    last_ms: Option<u64>,
+    modes: ModeMachine,
+    sensors: Supervisor,
+    safety: Safety,
+    hall: Hall,
+    regulator: Regulator,
+    optimiser: Optimiser,
+    rejection: RejectionWatch,
+    coordinator: Coordinator,
+    setpoint_ceiling_c: f32,
+    plan_offset_k: f32,
+    events_dropped: u32,
+}
+
+/// Bit `i` of `mask` (a rack's bit).
+pub(crate) fn bit(mask: u16, i: usize) -> bool {
+    i < 16 && mask & (1 << i) != 0
+}
+
+/// The events of one step, and how many did not fit.
+#[derive(Debug, Default)]
+pub(crate) struct Log {
+    events: Vec<Event, MAX_EVENTS>,
+    dropped: u32,
+}
+
+impl Log {
+    /// Reports `e`, or counts it as dropped when the list is full.
+    pub(crate) fn push(&mut self, e: Event) {
+        if self.events.push(e).is_err() {
+            self.dropped = self.dropped.saturating_add(1);
+        }
+    }
+}
+
+impl Core {
+    /// A core for `cfg`, booting.
+    pub fn new(cfg: CoreConfig) -> Result<Self, ConfigError> {
+        cfg.validate()?;
+        Ok(Self {
+            cfg,
+            last_ms: None,
+            modes: ModeMachine::default(),
+            sensors: Supervisor::default(),
+            safety: Safety::default(),
+            hall: Hall::default(),
+            regulator: Regulator::new(cfg.margins.boot_setpoint_c),
+            optimiser: Optimiser::new(&cfg),
+            rejection: RejectionWatch::default(),
+            coordinator: Coordinator::default(),
+            setpoint_ceiling_c: cfg.cdu.max_setpoint_c,
+            plan_offset_k: 0.0,
+            events_dropped: 0,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &CoreConfig {
+        &self.cfg
+    }
+
+    /// The mode, why, and since when (ms).
+    pub fn mode(&self) -> (CduMode, ReasonCode, u64) {
+        self.modes.get()
+    }
+
+    /// The fault a sensor stands under.
+    pub fn sensor_fault(&self, w: Which) -> Option<SensorFault> {
+        self.sensors.fault(w)
+    }
+
+    /// Racks with a latched leak, bit n = rack n.
+    pub fn leaks_latched(&self) -> u16 {
+        self.safety.leaks_latched()
+    }
+
+    /// Pumps taken out of service by a trip.
+    pub fn pumps_failed(&self) -> [bool; 2] {
+        self.safety.pumps_failed()
+    }
+
+    /// Events that did not fit in a step's list, since the start.
+    pub fn events_dropped(&self) -> u32 {
+        self.events_dropped
+    }
+
+    /// The loops' state.
+    pub fn loops(&self) -> LoopStatus {
+        let (margin_k, supply_trim_k, flow_trim) = self.regulator.trims();
+        LoopStatus {
+            proposal: self.optimiser.proposal(),
+            margin_k,
+            supply_trim_k,
+            flow_trim,
+            coolant_c: self.coordinator.coolant_c(),
+            rejection_short: self.rejection.short(),
+        }
+    }
+
+    /// An operator clears rack `rack`'s latched leak; refused while its
+    /// input still reads wet.
+    pub fn clear_leak(&mut self, rack: usize, leaks_now: u16) -> Result<(), &'static str> {
+        let racks = self.cfg.layout.racks as usize;
+        self.safety.clear_leak(rack, racks, leaks_now)
+    }
+
+    /// Limits the building management system may set: the warmest supply
+    /// setpoint the controller may ask for (kept within the CDU's range,
+    /// never below its lowest setpoint) and a tightening of the plan
+    /// ceiling (K, at most 0: the BMS may only make the GPUs' margin wider).
+    pub fn set_limits(&mut self, setpoint_ceiling_c: f32, plan_offset_k: f32) {
+        let c = &self.cfg.cdu;
+        if setpoint_ceiling_c.is_finite() {
+            self.setpoint_ceiling_c = setpoint_ceiling_c.clamp(c.min_setpoint_c, c.max_setpoint_c);
+        }
+        if plan_offset_k.is_finite() {
+            self.plan_offset_k = plan_offset_k.clamp(-20.0, 0.0);
+        }
+    }
+
+    /// The limits in force: setpoint ceiling, °C, and plan ceiling offset, K.
+    pub fn limits(&self) -> (f32, f32) {
+        (self.setpoint_ceiling_c, self.plan_offset_k)
+    }
+
+    /// An operator puts a tripped pump back in service.
+    pub fn clear_pump_trip(&mut self, pump: Pump) {
+        self.safety.clear_pump_trip(pump, self.last_ms.unwrap_or(0));
+    }
+
+    /// One step at `inp.now_ms`: the layers in order of authority.
+    pub fn step(&mut self, inp: &Inputs<'_>) -> Commands {
+        let dt = self.clock(inp.now_ms);
+        self.modes.begin(inp.now_ms, inp.cdu.is_some());
+        let mut log = Log::default();
+
+        // 1. Safety: leaks (the board's inputs, not the CDU's), pumps.
+        let racks = self.cfg.layout.racks as usize;
+        let valves_open = self.safety.leaks(inp.leaks, racks, &mut log);
+        let latched = self.safety.leaks_latched();
+        let t = Tick::new(inp, dt, self.limited_config(), valves_open, latched);
+        let pumps = self.safety.pumps(&t, self.modes.booted(), &mut log);
+        if pumps.tripped {
+            self.hall.restart_transient(t.now + 120_000);
+        }
+        // Safety: sensor supervision against what the hall implies, and the
+        // mode the sensors allow.
+        let speed = self.regulator.speed();
+        let seen = self.hall.see(&t, &self.sensors, speed);
+        let trusted = self
+            .sensors
+            .supervise(&t, &seen, pumps.running, speed, &mut log);
+        self.hall.learn_offsets(&t, &seen, trusted.supply);
+        let judged = self.modes.judge(&t, &self.sensors, &trusted);
+
+        // 3. Optimisation: one slice of the search, before regulation so
+        // that regulation follows a proposal finished on this step.
+        let setpoint_c = self.regulator.setpoint_c();
+        self.rejection.watch(&t, trusted.supply, setpoint_c);
+        if self.modes.searching() {
+            let short = self.rejection.short();
+            self.optimiser.slice(&t, &seen, self.hall.offsets(), short);
+        }
+
+        // 2. Regulation.
+        let prop = self.optimiser.proposal();
+        if self
+            .regulator
+            .step(&t, judged.0, &prop, &trusted, &seen, pumps.running)
+        {
+            self.hall.extend_transient(t.now + 60_000);
+        }
+
+        // 4. Coordination, and the mode it leaves.
+        let mut caps = [None; MAX_HOSTS];
+        let (supply, setpoint_c) = (trusted.supply, self.regulator.setpoint_c());
+        let offsets = self.hall.offsets();
+        let capacity = self
+            .coordinator
+            .caps(&t, &seen, supply, setpoint_c, offsets, &mut caps);
+        let settled = self
+            .modes
+            .settle(judged, capacity, latched != 0, t.now, &mut log);
+        self.events_dropped = self.events_dropped.saturating_add(log.dropped);
+        self.commands(&t, settled, pumps.on, caps, seen.hottest, log.events)
+    }
+
+    /// What step `t` commands, in mode `(mode, reason)`.
+    fn commands(
+        &self,
+        t: &Tick<'_>,
+        (mode, reason): (CduMode, ReasonCode),
+        pump_on: [bool; 2],
+        caps: [Option<HostCap>; MAX_HOSTS],
+        hottest: Option<f32>,
+        events: Vec<Event, MAX_EVENTS>,
+    ) -> Commands {
+        Commands {
+            setpoint_c: self.regulator.setpoint_c(),
+            pump_speed: self.regulator.speed(),
+            pump_on,
+            lead: self.safety.lead(),
+            valves_open: t.valves_open,
+            cooling_lost: t.latched,
+            caps,
+            beacon: self.beacon(&t.cfg, mode, hottest),
+            mode,
+            reason,
+            events,
+        }
+    }
+
+    /// Advances the clock to `now`; returns the seconds since the last
+    /// step (1 on the first, 0 if time stood still or ran back, at most 10).
+    fn clock(&mut self, now: u64) -> f32 {
+        let dt = match self.last_ms {
+            Some(t) if now > t => ((now - t) as f32 / 1000.0).min(10.0),
+            Some(_) => 0.0,
+            None => 1.0,
+        };
+        self.last_ms = Some(now);
+        dt
+    }
+
+    /// The configuration with the limits the BMS set.
+    fn limited_config(&self) -> CoreConfig {
+        let mut cfg = self.cfg;
+        cfg.cdu.max_setpoint_c = self.setpoint_ceiling_c;
+        cfg.margins.plan_ceiling_c += self.plan_offset_k;
+        cfg
+    }
+
+    /// The alarm beacon: a latched leak, a tripped pump, failsafe, or a GPU
+    /// above its maximum operating temperature.
+    fn beacon(&self, cfg: &CoreConfig, mode: CduMode, hottest: Option<f32>) -> bool {
+        self.safety.leaks_latched() != 0
+            || self.safety.pumps_failed().iter().any(|f| *f)
+            || mode == CduMode::Failsafe
+            || hottest.is_some_and(|h| h > cfg.gpu.max_operating_c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Steps a steady hall of 16 hosts for `secs` seconds.
+    fn settle(core: &mut Core, from_s: u64, secs: u64) -> Commands {
+        let mut hosts = [None; MAX_HOSTS];
+        let mut last = None;
+        for s in from_s..from_s + secs {
+            let now = s * 1000;
+            for h in hosts.iter_mut().take(16) {
+                *h = Some(HostReport {
+                    gpus: 8,
+                    hottest_c: 65.0,
+                    gpu_power_w: 8.0 * 500.0,
+                    limit_w: 700.0,
+                    slowdown: false,
+                    at_ms: now,
+                });
+            }
+            let sp = last.as_ref().map_or(25.0, |c: &Commands| c.setpoint_c);
+            last = Some(core.step(&Inputs {
+                now_ms: now,
+                cdu: Some(CduReadings {
+                    supply_c: Some(sp),
+                    return_c: Some(sp + 8.0),
+                    flow_lpm: Some(150.0),
+                    facility_supply_c: Some(sp - 3.0),
+                    pumps_running: [true, false],
+                    it_w: Some(80_000.0),
+                    facility_w: Some(88_000.0),
+                }),
+                ambient_c: Some(30.0),
+                leaks: 0,
+                hosts: &hosts,
+            }));
+        }
+        last.expect("at least one step")
+    }
+
+    /// One step of a steady hall with these pumps running.
+    fn step_with_pumps(core: &mut Core, s: u64, running: [bool; 2]) -> Commands {
+        let hosts = [None; MAX_HOSTS];
+        core.step(&Inputs {
+            now_ms: s * 1000,
+            cdu: Some(CduReadings {
+                supply_c: Some(30.0),
+                return_c: Some(38.0),
+                flow_lpm: Some(192.0),
+                facility_supply_c: Some(27.0),
+                pumps_running: running,
+                it_w: Some(80_000.0),
+                facility_w: Some(88_000.0),
+            }),
+            ambient_c: Some(20.0),
+            leaks: 0,
+            hosts: &hosts,
+        })
+    }
+
+    #[test]
+    fn a_lead_pump_trip_starts_the_lag_pump_and_a_starting_pump_gets_time_to_close() {
+        let mut core = Core::new(CoreConfig::default()).unwrap();
+        for s in 0..30 {
+            step_with_pumps(&mut core, s, [true, false]);
+        }
+        assert_eq!(core.mode().0, CduMode::Normal);
+        // A's contactor opens: one read is not yet a trip, the second is.
+        let c = step_with_pumps(&mut core, 30, [false, false]);
+        assert_eq!(c.pump_on, [true, false]);
+        let c = step_with_pumps(&mut core, 31, [false, false]);
+        assert_eq!(c.pump_on, [false, true], "the lag pump takes over");
+        assert!(c.events.iter().any(|e| matches!(
+            e,
+            Event::PumpTrip {
+                pump: Pump::A,
+                lag_started: true
+            }
+        )));
+        // B's contactor takes two seconds to close: not a trip.
+        for s in 32..34 {
+            let c = step_with_pumps(&mut core, s, [false, false]);
+            assert_eq!(c.pump_on, [false, true], "{s}");
+        }
+        for s in 34..40 {
+            step_with_pumps(&mut core, s, [false, true]);
+        }
+        assert_eq!(core.pumps_failed(), [true, false]);
+        // B trips too: both are asked, never neither.
+        step_with_pumps(&mut core, 40, [false, false]);
+        let c = step_with_pumps(&mut core, 41, [false, false]);
+        assert_eq!(core.pumps_failed(), [true, true]);
+        assert_eq!(c.pump_on, [true, true]);
+        // A repaired: it leads again.
+        core.clear_pump_trip(Pump::A);
+        let c = step_with_pumps(&mut core, 42, [true, false]);
+        assert_eq!(c.pump_on, [true, false]);
+    }
+
+    #[test]
+    fn the_bms_setpoint_ceiling_bounds_what_the_cdu_is_asked() {
+        let mut core = Core::new(CoreConfig::default()).unwrap();
+        let free = settle(&mut core, 0, 600);
+        assert!(free.setpoint_c > 32.0, "{}", free.setpoint_c);
+        core.set_limits(30.0, 0.0);
+        let bounded = settle(&mut core, 600, 120);
+        assert!(bounded.setpoint_c <= 30.0 + 1e-3, "{}", bounded.setpoint_c);
+        assert_eq!(core.limits(), (30.0, 0.0));
+        // Out-of-range limits are held within what the CDU accepts, and
+        // the plan ceiling may only be tightened.
+        core.set_limits(80.0, 5.0);
+        assert_eq!(core.limits(), (45.0, 0.0));
+        core.set_limits(f32::NAN, -3.0);
+        assert_eq!(core.limits(), (45.0, -3.0));
+    }
+}

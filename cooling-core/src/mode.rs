@@ -1,0 +1,151 @@
+//! The mode machine, `boot → normal ⇄ degraded → failsafe`, and why it is
+//! in its mode.
+//!
+//! It boots with the pumps on and a conservative setpoint and leaves boot
+//! only when every required sensor has read plausibly for
+//! `boot_settle_ms`. Once booted, a required sensor under a fault, or the
+//! CDU silent for `sensor_timeout_ms`, is failsafe; otherwise it is normal,
+//! degraded when the coordination layer caps for capacity or a leak is
+//! latched. Each step judges the mode from the sensors first
+//! ([`ModeMachine::judge`]) and settles it once the caps are known
+//! (`ModeMachine::settle`), reporting a change.
+//!
+//! Glossary:
+//! - *reason*: the [`ReasonCode`] reported with the mode.
+//! - *since*: when the mode was entered, ms (while the CDU has never
+//!   answered in boot: now).
+
+use loopwarden_protocol::message::{CduMode, Event, SensorFault};
+use loopwarden_protocol::ReasonCode;
+
+use super::hall::Tick;
+use super::sensors::{Supervisor, Trusted, Which};
+use super::Log;
+
+/// The mode, its reason, and what the mode's changes are judged from.
+#[derive(Debug, Clone)]
+pub struct ModeMachine {
+    mode: CduMode,
+    reason: ReasonCode,
+    since_ms: u64,
+    boot_ok_since: Option<u64>,
+    cdu_seen_ms: Option<u64>,
+}
+
+impl Default for ModeMachine {
+    fn default() -> Self {
+        Self {
+            mode: CduMode::Boot,
+            reason: ReasonCode::BOOTING,
+            since_ms: 0,
+            boot_ok_since: None,
+            cdu_seen_ms: None,
+        }
+    }
+}
+
+impl ModeMachine {
+    /// The mode, why, and since when (ms).
+    pub fn get(&self) -> (CduMode, ReasonCode, u64) {
+        (self.mode, self.reason, self.since_ms)
+    }
+
+    /// The core has left boot.
+    pub fn booted(&self) -> bool {
+        self.mode != CduMode::Boot
+    }
+
+    /// The mode the last step left lets the optimiser search.
+    pub fn searching(&self) -> bool {
+        matches!(self.mode, CduMode::Normal | CduMode::Degraded)
+    }
+
+    /// A step begins at `now`: booting without ever hearing the CDU
+    /// counts from now; notes whether the CDU `answered`.
+    pub fn begin(&mut self, now: u64, answered: bool) {
+        if self.cdu_seen_ms.is_none() && self.mode == CduMode::Boot {
+            self.since_ms = now;
+        }
+        if answered {
+            self.cdu_seen_ms = Some(now);
+        }
+    }
+
+    /// The mode the sensors allow in step `tick`, with the readings
+    /// `trusted` after supervision.
+    pub fn judge(
+        &mut self,
+        tick: &Tick<'_>,
+        sensors: &Supervisor,
+        trusted: &Trusted,
+    ) -> (CduMode, ReasonCode) {
+        let (now, t) = (tick.now, &tick.cfg.timing);
+        let (supply, flow, return_c) = (trusted.supply, trusted.flow, trusted.return_c);
+        let cdu_ok = self
+            .cdu_seen_ms
+            .is_some_and(|s| now.saturating_sub(s) < t.sensor_timeout_ms);
+        let sensors_ok = sensors.required_ok() && cdu_ok;
+        let (mut mode, mut reason) = (self.mode, self.reason);
+        if self.mode == CduMode::Boot {
+            let plausible = sensors_ok && supply.is_some() && flow.is_some() && return_c.is_some();
+            if plausible {
+                let since = *self.boot_ok_since.get_or_insert(now);
+                if now - since >= t.boot_settle_ms {
+                    mode = CduMode::Normal;
+                    reason = ReasonCode::OK;
+                }
+            } else {
+                self.boot_ok_since = None;
+            }
+        } else if !sensors_ok {
+            mode = CduMode::Failsafe;
+            reason = if !cdu_ok {
+                ReasonCode::CDU_UNREACHABLE
+            } else if Which::ALL
+                .iter()
+                .any(|w| sensors.fault(*w) == Some(SensorFault::Lost))
+            {
+                ReasonCode::SENSOR_LOST
+            } else {
+                ReasonCode::SENSOR_IMPLAUSIBLE
+            };
+        } else {
+            mode = CduMode::Normal;
+            reason = ReasonCode::OK;
+        }
+        (mode, reason)
+    }
+
+    /// Settles the step's judged `mode` and `reason` at `now`: normal is
+    /// degraded under a capacity cap or a latched leak. Reports a change.
+    pub(crate) fn settle(
+        &mut self,
+        judged: (CduMode, ReasonCode),
+        capacity_caps: bool,
+        leak_latched: bool,
+        now: u64,
+        log: &mut Log,
+    ) -> (CduMode, ReasonCode) {
+        let (mut mode, mut reason) = judged;
+        if mode == CduMode::Normal {
+            if capacity_caps {
+                mode = CduMode::Degraded;
+                reason = ReasonCode::CAPACITY_SHORT;
+            } else if leak_latched {
+                mode = CduMode::Degraded;
+                reason = ReasonCode::LEAK;
+            }
+        }
+        if mode != self.mode {
+            log.push(Event::CduModeChanged {
+                from: self.mode,
+                to: mode,
+                reason,
+            });
+            self.mode = mode;
+            self.since_ms = now;
+        }
+        self.reason = reason;
+        (mode, reason)
+    }
+}
