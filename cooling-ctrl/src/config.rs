@@ -36,6 +36,9 @@
 //! | `board_pins` | none (leaks from the CDU's register only) | the controller board's pin map TOML (`boards/pins/*.toml`) |
 //! | `gpio_chip` | none | the GPIO character device of those pins, e.g. `/dev/gpiochip0` |
 //!
+//! `site`, `broker`, `broker_user`, `broker_password_file`, `keys_file`,
+//! `flash` and `console` are the fields every agent has, declared and
+//! checked in `loopwarden_field::common`; the rest are the controller's.
 //! Exactly one of `cdu_tcp` and `cdu_serial`; at most one of `hosts` and
 //! `hosts_pattern`; `board_pins` and `gpio_chip` together or neither. The
 //! pin map is read and checked here; the chip is opened at start
@@ -46,7 +49,7 @@
 //!   default), so an error points at it.
 
 use std::format;
-use std::net::ToSocketAddrs;
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::string::{String, ToString};
 use std::time::Duration;
@@ -56,6 +59,7 @@ use loopwarden_boards::modbus_map::RegisterMap;
 use loopwarden_boards::pins::PinMap;
 use loopwarden_boards::site::SiteConfig;
 use loopwarden_bus::BrokerAddr;
+use loopwarden_field::common::{self, CommonFlags};
 pub use loopwarden_field::config::ConfigError;
 use loopwarden_field::config::{self as field, local_host_name, range, Sources};
 use loopwarden_field::pick;
@@ -66,89 +70,64 @@ use crate::modbus::{DataBits, Link, Parity, SerialLine, StopBits};
 use crate::shell::ShellConfig;
 use cooling_core::{CoreConfig, MAX_HOSTS};
 
-/// The file as written (every field optional).
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FileConfig {
-    /// Site name.
-    pub site: Option<String>,
-    /// CDU id.
-    pub cdu: Option<String>,
-    /// Broker address; absent: the embedded broker.
-    pub broker: Option<String>,
-    /// Broker user name.
-    pub broker_user: Option<String>,
-    /// File holding the broker password.
-    pub broker_password_file: Option<PathBuf>,
-    /// Site keys.
-    pub keys_file: Option<PathBuf>,
-    /// The key leases are signed with.
-    pub key_id: Option<u8>,
-    /// The public demonstration key (twin only).
-    pub demo_key: Option<bool>,
-    /// The CDU on Modbus TCP.
-    pub cdu_tcp: Option<String>,
-    /// The CDU on Modbus RTU.
-    pub cdu_serial: Option<String>,
-    /// Baud rate.
-    pub serial_baud: Option<u32>,
-    /// Parity.
-    pub serial_parity: Option<String>,
-    /// Data bits.
-    pub serial_data_bits: Option<u8>,
-    /// Stop bits.
-    pub serial_stop_bits: Option<u8>,
-    /// Register map file.
-    pub register_map: Option<PathBuf>,
-    /// Site figures file.
-    pub site_figures: Option<PathBuf>,
-    /// Host ids, rack-major.
-    pub hosts: Option<Vec<String>>,
-    /// Host id pattern.
-    pub hosts_pattern: Option<String>,
-    /// Control period, ms.
-    pub period_ms: Option<u64>,
-    /// Cap lease duration, ms.
-    pub lease_ms: Option<u64>,
-    /// Modbus request timeout, ms.
-    pub modbus_timeout_ms: Option<u64>,
-    /// Outdoor temperature, °C.
-    pub ambient_c: Option<f32>,
-    /// Console socket.
-    pub console: Option<PathBuf>,
-    /// Flash file.
-    pub flash: Option<PathBuf>,
-    /// Northbound Modbus TCP server for the BMS, `address:port`.
-    pub northbound: Option<String>,
-    /// The BMS may write the northbound holding registers.
-    pub northbound_writes: Option<bool>,
-    /// The board's pin map file.
-    pub board_pins: Option<PathBuf>,
-    /// The GPIO chip of the board's pins.
-    pub gpio_chip: Option<PathBuf>,
+loopwarden_field::agent_file! {
+    /// The file as written (every field optional): the common fields
+    /// (`loopwarden_field::common`), then the controller's own.
+    pub struct FileConfig {
+        /// CDU id.
+        pub cdu: Option<String>,
+        /// The key leases are signed with.
+        pub key_id: Option<u8>,
+        /// The public demonstration key (twin only).
+        pub demo_key: Option<bool>,
+        /// The CDU on Modbus TCP.
+        pub cdu_tcp: Option<String>,
+        /// The CDU on Modbus RTU.
+        pub cdu_serial: Option<String>,
+        /// Baud rate.
+        pub serial_baud: Option<u32>,
+        /// Parity.
+        pub serial_parity: Option<String>,
+        /// Data bits.
+        pub serial_data_bits: Option<u8>,
+        /// Stop bits.
+        pub serial_stop_bits: Option<u8>,
+        /// Register map file.
+        pub register_map: Option<PathBuf>,
+        /// Site figures file.
+        pub site_figures: Option<PathBuf>,
+        /// Host ids, rack-major.
+        pub hosts: Option<Vec<String>>,
+        /// Host id pattern.
+        pub hosts_pattern: Option<String>,
+        /// Control period, ms.
+        pub period_ms: Option<u64>,
+        /// Cap lease duration, ms.
+        pub lease_ms: Option<u64>,
+        /// Modbus request timeout, ms.
+        pub modbus_timeout_ms: Option<u64>,
+        /// Outdoor temperature, °C.
+        pub ambient_c: Option<f32>,
+        /// Northbound Modbus TCP server for the BMS, `address:port`.
+        pub northbound: Option<String>,
+        /// The BMS may write the northbound holding registers.
+        pub northbound_writes: Option<bool>,
+        /// The board's pin map file.
+        pub board_pins: Option<PathBuf>,
+        /// The GPIO chip of the board's pins.
+        pub gpio_chip: Option<PathBuf>,
+    }
 }
 
 /// Values given as flags (each overrides the file).
 #[derive(Debug, Default, Clone, clap::Args)]
 pub struct Overrides {
-    /// Site name (ident).
-    #[arg(long)]
-    pub site: Option<String>,
+    /// The fields every agent has.
+    #[command(flatten)]
+    pub common: CommonFlags,
     /// This CDU's id (ident); default: the machine's host name.
     #[arg(long)]
     pub cdu: Option<String>,
-    /// Broker, `host[:port]`; default: the embedded broker on 127.0.0.1:1883.
-    #[arg(long)]
-    pub broker: Option<String>,
-    /// Broker user name.
-    #[arg(long)]
-    pub broker_user: Option<String>,
-    /// File holding the broker password.
-    #[arg(long)]
-    pub broker_password_file: Option<PathBuf>,
-    /// Site keys file (`<key id> <hex secret>` per line).
-    #[arg(long)]
-    pub keys_file: Option<PathBuf>,
     /// The key id cap leases are signed with; default: the file's highest.
     #[arg(long)]
     pub key_id: Option<u8>,
@@ -199,12 +178,6 @@ pub struct Overrides {
     /// Outdoor temperature, °C.
     #[arg(long, allow_negative_numbers = true)]
     pub ambient_c: Option<f32>,
-    /// Console socket path.
-    #[arg(long)]
-    pub console: Option<PathBuf>,
-    /// Flash file for the event log; default: kept in memory only.
-    #[arg(long)]
-    pub flash: Option<PathBuf>,
     /// Serve the northbound Modbus TCP map for the BMS here
     /// (`address:port`); default: no server.
     #[arg(long)]
@@ -362,45 +335,78 @@ pub fn expand_hosts(pattern: &str, racks: usize, per_rack: usize) -> Result<Vec<
     }
     Ok(out)
 }
-
-/// Checks a configuration given as text (the file at `path`) and flags.
+/// Checks a configuration given as text (the file at `path`) and flags:
+/// the common fields, then this CDU, its key, its link, the plant (register
+/// map and site figures), the hosts, the timings, the northbound server and
+/// the board's pins, each by its own function below.
 pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Config, ConfigError> {
     let file: FileConfig = field::parse(path, text)?;
     let src = Sources::new(path, text);
 
-    let ident = |picked, key: &str, default| field::ident(&src, picked, key, default);
-
-    let site = ident(
-        pick!(flags.site, file.site, "site"),
-        "site",
-        Some("site".into()),
-    )?;
-    let cdu = ident(pick!(flags.cdu, file.cdu, "cdu"), "cdu", local_host_name())?;
-
-    let broker = match pick!(flags.broker, file.broker, "broker") {
-        (Some(b), flag) => Some(
-            b.parse()
-                .map_err(|e| src.error(flag, "broker", format!("broker = {b:?}: {e}")))?,
-        ),
-        (None, _) => None,
-    };
-    let credentials = field::credentials(
+    let common = common::resolve(&src, file.common(), &flags.common, default_console)?;
+    let cdu = field::ident(
         &src,
-        pick!(flags.broker_user, file.broker_user, "broker-user"),
-        pick!(
-            flags.broker_password_file,
-            file.broker_password_file,
-            "broker-password-file"
-        ),
+        pick!(flags.cdu, file.cdu, "cdu"),
+        "cdu",
+        local_host_name(),
     )?;
+    let key = site_key(&src, &file, flags, common.keys_file)?;
+    let link = cdu_link(&src, &file, flags)?;
+    let map = register_map(&src, &file, flags)?;
+    let core = core_config(&src, &file, flags)?;
+    let hosts = hosts(&src, &file, flags, &core)?;
+    let timings = timings(&src, &file, flags)?;
+    let (northbound, northbound_writes) = northbound(&src, &file, flags)?;
+    let board = board_pins(&src, &file, flags, &core)?;
 
-    // The site key.
+    Ok(Config {
+        site: common.site,
+        cdu,
+        broker: common.broker,
+        credentials: common.credentials,
+        key_id: key.id,
+        key: key.key,
+        demo_key: key.demo,
+        link,
+        map,
+        core,
+        hosts,
+        period: timings.period,
+        lease: timings.lease,
+        modbus_timeout: timings.modbus_timeout,
+        ambient_c: timings.ambient_c,
+        console: common.console,
+        flash: common.flash,
+        northbound,
+        northbound_writes,
+        board,
+    })
+}
+
+/// The key cap leases are signed with.
+struct SiteKey {
+    /// Its id.
+    id: u8,
+    /// The secret.
+    key: Vec<u8>,
+    /// It is the public demonstration key.
+    demo: bool,
+}
+
+/// The site key: from the keys file the common fields picked (`key_id`,
+/// else the file's highest id), or the demonstration key with `demo_key`;
+/// one of the two, not both.
+fn site_key(
+    src: &Sources,
+    file: &FileConfig,
+    flags: &Overrides,
+    keys_pick: (Option<PathBuf>, Option<&'static str>),
+) -> Result<SiteKey, ConfigError> {
     let demo_flag = flags.demo_key.then_some(true);
     let (demo, demo_from) = pick!(demo_flag, file.demo_key, "demo-key");
     let demo = demo.unwrap_or(false);
-    let keys_pick = pick!(flags.keys_file, file.keys_file, "keys-file");
     let key_id_pick = pick!(flags.key_id, file.key_id, "key-id");
-    let (key_id, key) = match (keys_pick, demo) {
+    let (id, key) = match (keys_pick, demo) {
         ((Some(_), flag), true) => {
             return Err(src.error(
                 flag.or(demo_from),
@@ -409,7 +415,7 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
             ))
         }
         ((Some(p), flag), false) => {
-            let keys = crate::config::read_keys(&p).map_err(|m| src.error(flag, "keys_file", m))?;
+            let keys = read_keys(&p).map_err(|m| src.error(flag, "keys_file", m))?;
             match key_id_pick {
                 (Some(id), idflag) => match keys.get(&id) {
                     Some(k) => (id, k.clone()),
@@ -442,131 +448,151 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
             ))
         }
     };
+    Ok(SiteKey { id, key, demo })
+}
 
-    // The CDU link.
+/// The CDU link: exactly one of `cdu_tcp` and `cdu_serial`.
+fn cdu_link(src: &Sources, file: &FileConfig, flags: &Overrides) -> Result<Link, ConfigError> {
     let serial = pick!(flags.cdu_serial, file.cdu_serial, "cdu-serial");
-    let link = match (pick!(flags.cdu_tcp, file.cdu_tcp, "cdu-tcp"), serial) {
-        ((Some(_), flag), (Some(_), _)) => {
-            return Err(src.error(
+    match (pick!(flags.cdu_tcp, file.cdu_tcp, "cdu-tcp"), serial) {
+        ((Some(_), flag), (Some(_), _)) => Err(src.error(
+            flag,
+            "cdu_tcp",
+            "cdu_tcp and cdu_serial exclude each other: the CDU has one link".into(),
+        )),
+        ((None, _), (None, _)) => Err(src.error(
+            None,
+            "cdu_tcp",
+            "a CDU link is required: cdu_tcp = \"host:port\" or cdu_serial = \"/dev/ttyUSB0\""
+                .into(),
+        )),
+        ((Some(t), flag), _) => tcp_link(src, file, flags, &t, flag),
+        (_, (Some(dev), _)) => serial_link(src, file, flags, dev),
+    }
+}
+
+/// A CDU on Modbus TCP at `t`: an address, and no serial settings.
+fn tcp_link(
+    src: &Sources,
+    file: &FileConfig,
+    flags: &Overrides,
+    t: &str,
+    flag: Option<&str>,
+) -> Result<Link, ConfigError> {
+    let serial_set = [
+        (
+            "serial_baud",
+            file.serial_baud.is_some() || flags.serial_baud.is_some(),
+        ),
+        (
+            "serial_parity",
+            file.serial_parity.is_some() || flags.serial_parity.is_some(),
+        ),
+        (
+            "serial_data_bits",
+            file.serial_data_bits.is_some() || flags.serial_data_bits.is_some(),
+        ),
+        (
+            "serial_stop_bits",
+            file.serial_stop_bits.is_some() || flags.serial_stop_bits.is_some(),
+        ),
+    ];
+    if let Some((key, _)) = serial_set.iter().find(|(_, set)| *set) {
+        return Err(src.error(
+            None,
+            key,
+            format!("{key} is for a CDU on cdu_serial, not cdu_tcp"),
+        ));
+    }
+    let addr = t
+        .to_socket_addrs()
+        .map_err(|e| {
+            src.error(
                 flag,
                 "cdu_tcp",
-                "cdu_tcp and cdu_serial exclude each other: the CDU has one link".into(),
-            ))
-        }
-        ((None, _), (None, _)) => {
-            return Err(src.error(
-                None,
-                "cdu_tcp",
-                "a CDU link is required: cdu_tcp = \"host:port\" or cdu_serial = \"/dev/ttyUSB0\""
-                    .into(),
-            ))
-        }
-        ((Some(t), flag), _) => {
-            let serial_set = [
-                (
-                    "serial_baud",
-                    file.serial_baud.is_some() || flags.serial_baud.is_some(),
-                ),
-                (
-                    "serial_parity",
-                    file.serial_parity.is_some() || flags.serial_parity.is_some(),
-                ),
-                (
-                    "serial_data_bits",
-                    file.serial_data_bits.is_some() || flags.serial_data_bits.is_some(),
-                ),
-                (
-                    "serial_stop_bits",
-                    file.serial_stop_bits.is_some() || flags.serial_stop_bits.is_some(),
-                ),
-            ];
-            if let Some((key, _)) = serial_set.iter().find(|(_, set)| *set) {
-                return Err(src.error(
-                    None,
-                    key,
-                    format!("{key} is for a CDU on cdu_serial, not cdu_tcp"),
-                ));
-            }
-            let addr = t
-                .to_socket_addrs()
-                .map_err(|e| {
-                    src.error(
-                        flag,
-                        "cdu_tcp",
-                        format!("cdu_tcp = {t:?}: {e} (expected host:port)"),
-                    )
-                })?
-                .next()
-                .ok_or_else(|| {
-                    src.error(flag, "cdu_tcp", format!("cdu_tcp = {t:?}: no address"))
-                })?;
-            Link::Tcp(addr)
-        }
-        (_, (Some(dev), _)) => {
-            let mut line = SerialLine::new(dev);
-            line.baud = range(
-                &src,
-                pick!(flags.serial_baud, file.serial_baud, "serial-baud"),
-                "serial_baud",
-                19_200,
-                300,
-                1_000_000,
-                " baud",
-            )?;
-            line.parity = match pick!(flags.serial_parity, file.serial_parity, "serial-parity") {
-                (None, _) => Parity::None,
-                (Some(p), flag) => match p.as_str() {
-                    "none" => Parity::None,
-                    "even" => Parity::Even,
-                    "odd" => Parity::Odd,
-                    _ => {
-                        return Err(src.error(
-                            flag,
-                            "serial_parity",
-                            format!("serial_parity = {p:?}: none, even or odd"),
-                        ))
-                    }
-                },
-            };
-            line.data_bits = match range(
-                &src,
-                pick!(
-                    flags.serial_data_bits,
-                    file.serial_data_bits,
-                    "serial-data-bits"
-                ),
-                "serial_data_bits",
-                8,
-                7,
-                8,
-                " bits",
-            )? {
-                7 => DataBits::Seven,
-                _ => DataBits::Eight,
-            };
-            line.stop_bits = match range(
-                &src,
-                pick!(
-                    flags.serial_stop_bits,
-                    file.serial_stop_bits,
-                    "serial-stop-bits"
-                ),
-                "serial_stop_bits",
-                1,
-                1,
-                2,
-                " bits",
-            )? {
-                2 => StopBits::Two,
-                _ => StopBits::One,
-            };
-            Link::Rtu(line)
-        }
-    };
+                format!("cdu_tcp = {t:?}: {e} (expected host:port)"),
+            )
+        })?
+        .next()
+        .ok_or_else(|| src.error(flag, "cdu_tcp", format!("cdu_tcp = {t:?}: no address")))?;
+    Ok(Link::Tcp(addr))
+}
 
-    // The register map and the site figures.
-    let map = match pick!(flags.register_map, file.register_map, "register-map") {
-        (None, _) => RegisterMap::sim_cdu(),
+/// A CDU on Modbus RTU at `dev`, with its line settings.
+fn serial_link(
+    src: &Sources,
+    file: &FileConfig,
+    flags: &Overrides,
+    dev: String,
+) -> Result<Link, ConfigError> {
+    let mut line = SerialLine::new(dev);
+    line.baud = range(
+        src,
+        pick!(flags.serial_baud, file.serial_baud, "serial-baud"),
+        "serial_baud",
+        19_200,
+        300,
+        1_000_000,
+        " baud",
+    )?;
+    line.parity = match pick!(flags.serial_parity, file.serial_parity, "serial-parity") {
+        (None, _) => Parity::None,
+        (Some(p), flag) => match p.as_str() {
+            "none" => Parity::None,
+            "even" => Parity::Even,
+            "odd" => Parity::Odd,
+            _ => {
+                return Err(src.error(
+                    flag,
+                    "serial_parity",
+                    format!("serial_parity = {p:?}: none, even or odd"),
+                ))
+            }
+        },
+    };
+    line.data_bits = match range(
+        src,
+        pick!(
+            flags.serial_data_bits,
+            file.serial_data_bits,
+            "serial-data-bits"
+        ),
+        "serial_data_bits",
+        8,
+        7,
+        8,
+        " bits",
+    )? {
+        7 => DataBits::Seven,
+        _ => DataBits::Eight,
+    };
+    line.stop_bits = match range(
+        src,
+        pick!(
+            flags.serial_stop_bits,
+            file.serial_stop_bits,
+            "serial-stop-bits"
+        ),
+        "serial_stop_bits",
+        1,
+        1,
+        2,
+        " bits",
+    )? {
+        2 => StopBits::Two,
+        _ => StopBits::One,
+    };
+    Ok(Link::Rtu(line))
+}
+
+/// The CDU's register map: the file given, else the simulated CDU's.
+fn register_map(
+    src: &Sources,
+    file: &FileConfig,
+    flags: &Overrides,
+) -> Result<RegisterMap, ConfigError> {
+    match pick!(flags.register_map, file.register_map, "register-map") {
+        (None, _) => Ok(RegisterMap::sim_cdu()),
         (Some(p), flag) => {
             let t = std::fs::read_to_string(&p).map_err(|e| {
                 src.error(
@@ -575,10 +601,18 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
                     format!("cannot read {}: {e}", p.display()),
                 )
             })?;
-            RegisterMap::from_toml(&t, &p.display().to_string())
-                .map_err(|e| board_error(&p, &t, e))?
+            RegisterMap::from_toml(&t, &p.display().to_string()).map_err(|e| board_error(&p, &t, e))
         }
-    };
+    }
+}
+
+/// The control core's configuration from the site figures (the file
+/// given, else the twin's hall), checked; its errors name that file.
+fn core_config(
+    src: &Sources,
+    file: &FileConfig,
+    flags: &Overrides,
+) -> Result<CoreConfig, ConfigError> {
     let (figures, figures_path) = match pick!(flags.site_figures, file.site_figures, "site-figures")
     {
         (None, _) => (SiteConfig::default(), None),
@@ -611,8 +645,17 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         line: None,
         message: format!("for the control core: {e}"),
     })?;
+    Ok(core)
+}
 
-    // Hosts.
+/// The host ids: a list or a pattern (not both), at most the hall's
+/// hosts, each a name, none twice.
+fn hosts(
+    src: &Sources,
+    file: &FileConfig,
+    flags: &Overrides,
+    core: &CoreConfig,
+) -> Result<Vec<Ident>, ConfigError> {
     let layout_hosts = core.layout.hosts().min(MAX_HOSTS);
     let hosts_flag = (!flags.hosts.is_empty()).then(|| flags.hosts.clone());
     let (names, hosts_from, hosts_key) = match (
@@ -669,10 +712,27 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         }
         hosts.push(h);
     }
+    Ok(hosts)
+}
 
-    // Timing.
+/// The control period, the lease, the Modbus timeout and the outdoor
+/// temperature.
+struct Timings {
+    /// Control period.
+    period: Duration,
+    /// Cap lease duration.
+    lease: Duration,
+    /// One Modbus request's timeout.
+    modbus_timeout: Duration,
+    /// Outdoor temperature.
+    ambient_c: Option<f32>,
+}
+
+/// The timings: the lease at least 3 periods, the Modbus timeout at most
+/// one.
+fn timings(src: &Sources, file: &FileConfig, flags: &Overrides) -> Result<Timings, ConfigError> {
     let period = range(
-        &src,
+        src,
         pick!(flags.period_ms, file.period_ms, "period-ms"),
         "period_ms",
         1000,
@@ -681,7 +741,7 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         " ms",
     )?;
     let lease = range(
-        &src,
+        src,
         pick!(flags.lease_ms, file.lease_ms, "lease-ms"),
         "lease_ms",
         30_000.max(3 * period),
@@ -690,7 +750,7 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         " ms, at least 3 periods",
     )?;
     let modbus_timeout = range(
-        &src,
+        src,
         pick!(
             flags.modbus_timeout_ms,
             file.modbus_timeout_ms,
@@ -704,15 +764,26 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
     )?;
     let ambient_c = match pick!(flags.ambient_c, file.ambient_c, "ambient-c") {
         (None, _) => None,
-        p => Some(range(&src, p, "ambient_c", 0.0, -50.0, 60.0, " °C")?),
+        p => Some(range(src, p, "ambient_c", 0.0, -50.0, 60.0, " °C")?),
     };
+    Ok(Timings {
+        period: Duration::from_millis(period),
+        lease: Duration::from_millis(lease),
+        modbus_timeout: Duration::from_millis(modbus_timeout),
+        ambient_c,
+    })
+}
 
-    let console = pick!(flags.console, file.console, "console")
-        .0
-        .unwrap_or_else(default_console);
+/// The northbound server's address (`None`: no server) and whether the
+/// BMS may write, which needs an address.
+fn northbound(
+    src: &Sources,
+    file: &FileConfig,
+    flags: &Overrides,
+) -> Result<(Option<SocketAddr>, bool), ConfigError> {
     let northbound = match pick!(flags.northbound, file.northbound, "northbound") {
         (None, _) => None,
-        (Some(a), flag) => Some(a.parse::<std::net::SocketAddr>().map_err(|e| {
+        (Some(a), flag) => Some(a.parse::<SocketAddr>().map_err(|e| {
             src.error(
                 flag,
                 "northbound",
@@ -734,13 +805,22 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
             "northbound_writes = true needs a northbound address to serve".into(),
         ));
     }
+    Ok((northbound, northbound_writes))
+}
 
-    // The board's pins.
-    let board = match (
+/// The board's pins: `board_pins` and `gpio_chip` together or neither;
+/// the pin map read, checked, and with no more leak ropes than racks.
+fn board_pins(
+    src: &Sources,
+    file: &FileConfig,
+    flags: &Overrides,
+    core: &CoreConfig,
+) -> Result<Option<BoardConfig>, ConfigError> {
+    match (
         pick!(flags.board_pins, file.board_pins, "board-pins"),
         pick!(flags.gpio_chip, file.gpio_chip, "gpio-chip"),
     ) {
-        ((None, _), (None, _)) => None,
+        ((None, _), (None, _)) => Ok(None),
         ((Some(p), flag), (Some(chip), _)) => {
             let t = std::fs::read_to_string(&p).map_err(|e| {
                 src.error(
@@ -763,49 +843,24 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
                     ),
                 ));
             }
-            Some(BoardConfig {
+            Ok(Some(BoardConfig {
                 pins,
                 pins_file: p,
                 chip,
-            })
+            }))
         }
-        ((Some(_), flag), (None, _)) => return Err(src.error(
+        ((Some(_), flag), (None, _)) => Err(src.error(
             flag,
             "board_pins",
             "board_pins needs gpio_chip, the GPIO device of those pins (e.g. \"/dev/gpiochip0\")"
                 .into(),
         )),
-        ((None, _), (Some(_), flag)) => {
-            return Err(src.error(
-                flag,
-                "gpio_chip",
-                "gpio_chip needs board_pins, the pin map saying which line is which signal".into(),
-            ))
-        }
-    };
-
-    Ok(Config {
-        site,
-        cdu,
-        broker,
-        credentials,
-        key_id,
-        key,
-        demo_key: demo,
-        link,
-        map,
-        core,
-        hosts,
-        period: Duration::from_millis(period),
-        lease: Duration::from_millis(lease),
-        modbus_timeout: Duration::from_millis(modbus_timeout),
-        ambient_c,
-        console,
-        flash: pick!(flags.flash, file.flash, "flash").0,
-        northbound,
-        northbound_writes,
-        board,
-    })
+        ((None, _), (Some(_), flag)) => Err(src.error(
+            flag,
+            "gpio_chip",
+            "gpio_chip needs board_pins, the pin map saying which line is which signal".into(),
+        )),
+    }
 }
 
 /// A register map's error, with the line when the TOML parser gave one.
@@ -1023,6 +1078,29 @@ mod tests {
         };
         let e = resolve(None, MIN, &flags).unwrap_err();
         assert_eq!(e.origin, "flag --modbus-timeout-ms", "{e}");
+        // The common fields' flags, and the keys file they pick.
+        let flags = Overrides {
+            common: CommonFlags {
+                site: Some("hall-9".into()),
+                keys_file: Some("/nonexistent/site.keys".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let e = resolve(None, MIN, &flags).unwrap_err();
+        assert_eq!(e.origin, "flag --keys-file", "{e}");
+        assert!(e.message.contains("exclude each other"), "{e}");
+        let e = resolve(None, &MIN.replace("demo_key = true\n", ""), &flags).unwrap_err();
+        assert_eq!(e.origin, "flag --keys-file", "{e}");
+        let flags = Overrides {
+            common: CommonFlags {
+                site: Some("hall-9".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let c = resolve(None, MIN, &flags).expect("valid");
+        assert_eq!(c.site.as_str(), "hall-9");
     }
 
     #[test]

@@ -1,0 +1,243 @@
+//! The answers: the JSON for each request, built from what the shell
+//! published after its last step ([`ShellStats`]) and from the event log;
+//! operator requests are handed to the control loop.
+
+use std::format;
+use std::string::ToString;
+use std::time::Duration;
+use std::vec::Vec;
+
+use loopwarden_bus::now_ms;
+use loopwarden_protocol::TimestampMs;
+use serde_json::{json, Value};
+
+use super::{round, Context, Request};
+use crate::journal;
+use crate::shell::{OperatorAction, OperatorRequest, ShellStats};
+
+fn secs_ago(now: TimestampMs, t: TimestampMs) -> f64 {
+    now.0.saturating_sub(t.0) as f64 / 1000.0
+}
+
+fn racks(mask: u16) -> Vec<usize> {
+    (0..16).filter(|i| mask & (1 << i) != 0).collect()
+}
+
+/// Answers one request.
+pub async fn answer(ctx: &Context, req: Request) -> Value {
+    let now = now_ms();
+    let stats = ctx.stats.borrow().clone();
+    match req {
+        Request::Status => status(ctx, &stats, now),
+        Request::Sensors => sensors(&stats),
+        Request::Loops => loops(&stats),
+        Request::Caps => caps(ctx, &stats, now),
+        Request::ClearLeak { rack } => operate(ctx, OperatorAction::ClearLeak { rack }).await,
+        Request::ClearPump { pump } => {
+            let pump = match pump.as_str() {
+                "A" | "a" => loopwarden_protocol::message::Pump::A,
+                "B" | "b" => loopwarden_protocol::message::Pump::B,
+                other => return json!({ "error": format!("no pump {other:?}: A or B") }),
+            };
+            operate(ctx, OperatorAction::ClearPumpTrip { pump }).await
+        }
+        Request::Events { since } => {
+            let since = since.unwrap_or(0);
+            match ctx.recorder.read().await {
+                Ok(entries) => json!({
+                    "events": entries
+                        .iter()
+                        .filter(|e| e.time.0 >= since)
+                        .map(journal::describe)
+                        .collect::<Vec<_>>(),
+                }),
+                Err(e) => json!({ "error": format!("reading the event log: {e}") }),
+            }
+        }
+    }
+}
+
+/// Hands an operator's request to the control loop and waits for its
+/// answer (at most 5 s).
+async fn operate(ctx: &Context, action: OperatorAction) -> Value {
+    let Some(tx) = &ctx.operator else {
+        return json!({ "error": "this controller takes no operator requests" });
+    };
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    if tx.send(OperatorRequest { action, reply }).await.is_err() {
+        return json!({ "error": "the control loop has stopped" });
+    }
+    match tokio::time::timeout(Duration::from_secs(5), answer).await {
+        Ok(Ok(Ok(done))) => json!({ "ok": true, "done": done }),
+        Ok(Ok(Err(why))) => json!({ "ok": false, "refused": why }),
+        Ok(Err(_)) => json!({ "error": "the control loop dropped the request" }),
+        Err(_) => json!({ "error": "the control loop did not answer within 5 s" }),
+    }
+}
+
+fn status(ctx: &Context, st: &ShellStats, now: TimestampMs) -> Value {
+    let snap = st.status.as_ref();
+    let r = snap.and_then(|s| s.readings);
+    let c = st.last.as_ref();
+    let pue = r.and_then(|r| match (r.it_w, r.facility_w) {
+        (Some(it), Some(f)) if it > 0.0 => Some(round(f / it, 3)),
+        _ => None,
+    });
+    let heard_within = ctx.period.as_millis() as u64 * 5 + 5_000;
+    let heard = st
+        .heard
+        .iter()
+        .take(ctx.hosts.len())
+        .filter(|h| h.is_some_and(|t| now.0.saturating_sub(t.0) <= heard_within))
+        .count();
+    let pumps: Vec<Value> = (0..2)
+        .map(|i| {
+            json!({
+                "pump": if i == 0 { "A" } else { "B" },
+                "running": r.and_then(|r| r.pumps_running[i]),
+                "on": c.map(|c| c.pump_on[i]),
+                "lead": c.map(|c| c.lead as usize == i),
+                "failed": snap.map(|s| s.pumps_failed[i]),
+            })
+        })
+        .collect();
+    json!({
+        "site": ctx.site,
+        "cdu": ctx.cdu,
+        "software": env!("CARGO_PKG_VERSION"),
+        "uptime_s": secs_ago(now, ctx.started),
+        "period_ms": ctx.period.as_millis() as u64,
+        "steps": st.steps,
+        "mode": snap.map(|s| s.mode),
+        "reason": snap.map(|s| s.reason),
+        "since_ms": snap.map(|s| s.since.0),
+        "for_s": snap.map(|s| secs_ago(now, s.since)),
+        "setpoint_c": c.map(|c| round(f64::from(c.setpoint_c), 2)),
+        "pump_speed_pct": c.map(|c| round(f64::from(c.pump_speed) * 100.0, 1)),
+        "supply_c": r.and_then(|r| r.supply_c),
+        "return_c": r.and_then(|r| r.return_c),
+        "flow_lpm": r.and_then(|r| r.flow_lpm),
+        "facility_supply_c": r.and_then(|r| r.facility_supply_c),
+        "pumps": pumps,
+        "it_w": r.and_then(|r| r.it_w),
+        "facility_w": r.and_then(|r| r.facility_w),
+        "pue": pue,
+        "hosts": ctx.hosts.len(),
+        "hosts_heard": heard,
+        "leaks_latched": snap.map(|s| racks(s.leaks_latched)).unwrap_or_default(),
+        "leaks_now": snap.map(|s| racks(s.leaks_now)).unwrap_or_default(),
+        "valves_open": c.map(|c| racks(c.valves_open)).unwrap_or_default(),
+        "capped_hosts": st.caps.iter().filter(|c| c.is_some()).count(),
+        "cdu_link": {
+            "link": ctx.link,
+            "map": ctx.map_model,
+            "answering": st.cdu_reads > 0 && st.cdu_error.is_none(),
+            "last_error": st.cdu_error,
+            "last_read_s": snap.and_then(|s| s.last_read).map(|t| secs_ago(now, t)),
+            "reads": st.cdu_reads,
+            "read_errors": st.cdu_read_errors,
+            "write_errors": st.cdu_write_errors,
+        },
+        "bus": {
+            "broker": ctx.broker,
+            "connected": snap.map(|s| s.bus_connected),
+            "published": st.telemetry_published + st.states_published + st.events_published,
+            "publish_errors": st.publish_errors,
+        },
+        "leases_sent": st.leases_sent,
+        "lifts_sent": st.lifts_sent,
+        "acks": st.acks,
+        "acks_refused": st.acks_refused,
+        "events_dropped": snap.map(|s| s.events_dropped),
+        "flash": ctx.recorder.path().map_or("memory (not kept)".to_string(), |p| p.display().to_string()),
+        "demo_key": ctx.demo_key,
+    })
+}
+
+fn sensors(st: &ShellStats) -> Value {
+    let Some(snap) = &st.status else {
+        return json!({ "sensors": [], "note": "no control step yet" });
+    };
+    let list: Vec<Value> = snap
+        .sensors
+        .iter()
+        .map(|s| {
+            json!({
+                "sensor": s.which.sensor(),
+                "reading": s.reading,
+                "unit": if s.which == cooling_core::sensors::Which::Flow { "L/min" } else { "°C" },
+                "fault": s.fault,
+                "required": s.which.required(),
+            })
+        })
+        .collect();
+    json!({ "sensors": list })
+}
+
+fn loops(st: &ShellStats) -> Value {
+    let Some(snap) = &st.status else {
+        return json!({ "note": "no control step yet" });
+    };
+    let l = &snap.loops;
+    let p = &l.proposal;
+    let f = |x: f32, d: i32| round(f64::from(x), d);
+    json!({
+        "proposal": {
+            "setpoint_c": f(p.setpoint_c, 2),
+            "speed_pct": f(p.speed * 100.0, 1),
+            "facility_w": f(p.facility_w, 0),
+            "work": f(p.work, 3),
+            "feasible": p.feasible,
+        },
+        "margin_k": f(l.margin_k, 3),
+        "supply_trim_k": f(l.supply_trim_k, 3),
+        "flow_trim_pct": f(l.flow_trim * 100.0, 2),
+        "coolant_c": l.coolant_c.map(|c| f(c, 2)),
+        "rejection_short": l.rejection_short,
+        "setpoint_c": st.last.as_ref().map(|c| f(c.setpoint_c, 2)),
+        "pump_speed_pct": st.last.as_ref().map(|c| f(c.pump_speed * 100.0, 1)),
+    })
+}
+
+fn caps(ctx: &Context, st: &ShellStats, now: TimestampMs) -> Value {
+    let hosts: Vec<Value> = ctx
+        .hosts
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let asked = st
+                .last
+                .as_ref()
+                .and_then(|c| c.caps.get(i).copied().flatten());
+            let ack = st.last_ack.get(h);
+            json!({
+                "host": h,
+                "index": i,
+                "rack": i / ctx.hosts_per_rack.max(1),
+                "asked_w": asked.map(|c| c.watts.round()),
+                "reason": asked.map(|c| c.reason),
+                "sent_w": st.caps.get(i).copied().flatten().map(f32::round),
+                "heard_s": st.heard.get(i).copied().flatten().map(|t| secs_ago(now, t)),
+                "last_ack": ack.map(|a| json!({
+                    "code": a.code,
+                    "detail": a.detail,
+                    "seq": a.seq,
+                    "ago_s": secs_ago(now, a.at),
+                })),
+                "in_force": st.in_force.get(h).map(|caps| caps.iter().map(|c| json!({
+                    "gpus": c.gpus,
+                    "limit_w": c.limit.0,
+                })).collect::<Vec<_>>()),
+            })
+        })
+        .collect();
+    json!({
+        "hosts": hosts,
+        "lease_s": ctx.lease.as_secs_f64(),
+        "leases_sent": st.leases_sent,
+        "lifts_sent": st.lifts_sent,
+        "last_refusal": st.last_refusal.as_ref().map(|(h, code, detail)| json!({
+            "host": h, "code": code, "detail": detail,
+        })),
+    })
+}

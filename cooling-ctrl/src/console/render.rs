@@ -1,0 +1,397 @@
+//! Rendering for people: each answer as aligned tables or key-value
+//! lines, one function per request behind [`render`].
+
+use std::fmt::Write as _;
+use std::string::{String, ToString};
+use std::vec::Vec;
+use std::{format, vec};
+
+use loopwarden_field::render::{events_table, table, text as s};
+use serde_json::Value;
+
+use super::{round, Request};
+
+/// A number with a unit, or `-`.
+fn u(v: &Value, unit: &str) -> String {
+    match v.as_f64() {
+        Some(x) => format!("{}{unit}", round(x, 2)),
+        None => "-".into(),
+    }
+}
+
+fn key_values(rows: &[(&str, String)]) -> String {
+    let w = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    let mut out = String::new();
+    for (k, v) in rows {
+        let _ = writeln!(out, "{k:<w$}  {v}");
+    }
+    out
+}
+
+/// Renders an answer for people.
+pub fn render(req: &Request, v: &Value) -> String {
+    match req {
+        Request::ClearLeak { .. } | Request::ClearPump { .. } => operator(v),
+        Request::Status => status(v),
+        Request::Sensors => sensors(v),
+        Request::Loops => loops(v),
+        Request::Events { .. } => events_table(v, describe_event),
+        Request::Caps => caps(v),
+    }
+}
+
+/// An operator request's outcome.
+fn operator(v: &Value) -> String {
+    if let Some(done) = v["done"].as_str() {
+        format!("{done}\n")
+    } else if let Some(why) = v["refused"].as_str() {
+        format!("refused: {why}\n")
+    } else {
+        format!("error: {}\n", v["error"].as_str().unwrap_or("unknown"))
+    }
+}
+
+/// `status`: the CDU at a glance, one line per concern.
+fn status(v: &Value) -> String {
+    let mut rows = plant_rows(v);
+    rows.extend(link_rows(v));
+    if v["demo_key"].as_bool() == Some(true) {
+        rows.push((
+            "WARNING",
+            "leases are signed with the public demonstration key".into(),
+        ));
+    }
+    key_values(&rows)
+}
+
+/// The pumps in one line: each running or not, the lead, a trip.
+fn pumps_line(v: &Value) -> String {
+    v["pumps"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|p| {
+                    let mut t = format!(
+                        "{} {}",
+                        s(&p["pump"]),
+                        match p["running"].as_bool() {
+                            Some(true) => "running",
+                            Some(false) => "stopped",
+                            None => "unknown",
+                        }
+                    );
+                    if p["lead"].as_bool() == Some(true) {
+                        t.push_str(" (lead)");
+                    }
+                    if p["failed"].as_bool() == Some(true) {
+                        t.push_str(" TRIPPED");
+                    }
+                    t
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_default()
+}
+
+/// `status` rows about the plant: mode, temperatures, flow, pumps, power,
+/// hosts, leaks and valves.
+fn plant_rows(v: &Value) -> Vec<(&'static str, String)> {
+    let pumps = pumps_line(v);
+    vec![
+        ("cdu", format!("{} (site {})", s(&v["cdu"]), s(&v["site"]))),
+        (
+            "mode",
+            format!(
+                "{} ({}) for {:.0} s",
+                s(&v["mode"]),
+                s(&v["reason"]),
+                v["for_s"].as_f64().unwrap_or(0.0)
+            ),
+        ),
+        (
+            "setpoint",
+            format!(
+                "{}, pumps at {}",
+                u(&v["setpoint_c"], " °C"),
+                u(&v["pump_speed_pct"], " %")
+            ),
+        ),
+        (
+            "supply/return",
+            format!(
+                "{} / {}",
+                u(&v["supply_c"], " °C"),
+                u(&v["return_c"], " °C")
+            ),
+        ),
+        ("flow", u(&v["flow_lpm"], " L/min")),
+        ("facility water", u(&v["facility_supply_c"], " °C")),
+        ("pumps", pumps),
+        (
+            "power",
+            format!(
+                "IT {}, facility {}, PUE {}",
+                u(&v["it_w"], " W"),
+                u(&v["facility_w"], " W"),
+                s(&v["pue"])
+            ),
+        ),
+        (
+            "hosts",
+            format!(
+                "{} heard of {}, {} capped",
+                s(&v["hosts_heard"]),
+                s(&v["hosts"]),
+                s(&v["capped_hosts"])
+            ),
+        ),
+        (
+            "leaks latched",
+            match s(&v["leaks_latched"]).as_str() {
+                "-" => "none".into(),
+                r => format!("racks {r}"),
+            },
+        ),
+        ("valves open", s(&v["valves_open"])),
+    ]
+}
+
+/// `status` rows about the links and the program: the CDU link, the bus,
+/// the leases, the uptime and the flash.
+fn link_rows(v: &Value) -> Vec<(&'static str, String)> {
+    let cdu = &v["cdu_link"];
+    vec![
+        (
+            "CDU link",
+            format!(
+                "{} ({}): {}",
+                s(&cdu["link"]),
+                s(&cdu["map"]),
+                if cdu["answering"].as_bool() == Some(true) {
+                    "answering".to_string()
+                } else {
+                    format!("NOT ANSWERING: {}", s(&cdu["last_error"]))
+                }
+            ),
+        ),
+        (
+            "CDU counts",
+            format!(
+                "{} reads, {} failed, {} writes failed",
+                s(&cdu["reads"]),
+                s(&cdu["read_errors"]),
+                s(&cdu["write_errors"])
+            ),
+        ),
+        (
+            "bus",
+            format!(
+                "{} {}, {} published, {} refused",
+                s(&v["bus"]["broker"]),
+                if v["bus"]["connected"].as_bool() == Some(true) {
+                    "connected"
+                } else {
+                    "NOT CONNECTED"
+                },
+                s(&v["bus"]["published"]),
+                s(&v["bus"]["publish_errors"])
+            ),
+        ),
+        (
+            "leases",
+            format!(
+                "{} sent, {} lifts, {} acks ({} refused)",
+                s(&v["leases_sent"]),
+                s(&v["lifts_sent"]),
+                s(&v["acks"]),
+                s(&v["acks_refused"])
+            ),
+        ),
+        (
+            "running",
+            format!(
+                "{:.0} s, {} steps every {} ms",
+                v["uptime_s"].as_f64().unwrap_or(0.0),
+                s(&v["steps"]),
+                s(&v["period_ms"])
+            ),
+        ),
+        ("flash", s(&v["flash"])),
+    ]
+}
+
+/// `sensors`: one row per sensor.
+fn sensors(v: &Value) -> String {
+    let rows: Vec<Vec<String>> = v["sensors"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|x| {
+                    vec![
+                        s(&x["sensor"]),
+                        match x["reading"].as_f64() {
+                            Some(r) => format!("{} {}", round(r, 2), s(&x["unit"])),
+                            None => "-".into(),
+                        },
+                        if x["fault"].is_null() {
+                            "ok".into()
+                        } else {
+                            s(&x["fault"]).to_uppercase()
+                        },
+                        if x["required"].as_bool() == Some(true) {
+                            "yes".into()
+                        } else {
+                            "no".into()
+                        },
+                    ]
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    if rows.is_empty() {
+        return "no control step yet\n".into();
+    }
+    table(&["SENSOR", "READING", "FAULT", "REQUIRED"], &rows)
+}
+
+/// `loops`: the setpoint in force, the optimiser and the trims.
+fn loops(v: &Value) -> String {
+    if v.get("proposal").is_none() {
+        return "no control step yet\n".into();
+    }
+    let p = &v["proposal"];
+    key_values(&[
+        (
+            "in force",
+            format!(
+                "setpoint {}, pumps {}",
+                u(&v["setpoint_c"], " °C"),
+                u(&v["pump_speed_pct"], " %")
+            ),
+        ),
+        (
+            "optimiser",
+            format!(
+                "setpoint {}, pumps {}, facility {}, work {}{}",
+                u(&p["setpoint_c"], " °C"),
+                u(&p["speed_pct"], " %"),
+                u(&p["facility_w"], " W"),
+                s(&p["work"]),
+                if p["feasible"].as_bool() == Some(false) {
+                    " (NOT FEASIBLE: least bad)"
+                } else {
+                    ""
+                }
+            ),
+        ),
+        ("margin trim", u(&v["margin_k"], " K")),
+        ("supply trim", u(&v["supply_trim_k"], " K")),
+        ("flow trim", u(&v["flow_trim_pct"], " %")),
+        ("caps sized for", u(&v["coolant_c"], " °C")),
+        (
+            "rejection",
+            if v["rejection_short"].as_bool() == Some(true) {
+                "SHORT: the supply cannot be held".into()
+            } else {
+                "enough".into()
+            },
+        ),
+    ])
+}
+
+/// `caps`: one row per host.
+fn caps(v: &Value) -> String {
+    let rows: Vec<Vec<String>> = v["hosts"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|h| {
+                    let ack = &h["last_ack"];
+                    vec![
+                        s(&h["host"]),
+                        s(&h["rack"]),
+                        match h["asked_w"].as_f64() {
+                            Some(w) => format!("{w} W"),
+                            None => "uncapped".into(),
+                        },
+                        s(&h["reason"]),
+                        u(&h["sent_w"], " W"),
+                        match h["heard_s"].as_f64() {
+                            Some(t) => format!("{t:.1} s ago"),
+                            None => "never".into(),
+                        },
+                        if ack.is_null() {
+                            "-".into()
+                        } else {
+                            format!(
+                                "{} {:.1} s ago",
+                                s(&ack["code"]),
+                                ack["ago_s"].as_f64().unwrap_or(0.0)
+                            )
+                        },
+                        h["in_force"]
+                            .as_array()
+                            .map(|c| {
+                                c.iter()
+                                    .map(|c| format!("{}:{}W", s(&c["gpus"]), s(&c["limit_w"])))
+                                    .collect::<Vec<_>>()
+                                    .join(" ")
+                            })
+                            .filter(|t| !t.is_empty())
+                            .unwrap_or_else(|| "-".into()),
+                    ]
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    if rows.is_empty() {
+        return "no hosts configured\n".into();
+    }
+    table(
+        &[
+            "HOST",
+            "RACK",
+            "CAP ASKED",
+            "REASON",
+            "SENT",
+            "HEARD",
+            "LAST ACK",
+            "IN FORCE",
+        ],
+        &rows,
+    )
+}
+
+fn describe_event(e: &Value) -> String {
+    let Some((name, body)) = e.as_object().and_then(|o| o.iter().next()) else {
+        return s(e);
+    };
+    match name.as_str() {
+        "lease_sent" => format!(
+            "cap {} W to {} ({}, seq {})",
+            s(&body["limit_w"]),
+            s(&body["host"]),
+            s(&body["reason"]),
+            s(&body["seq"])
+        ),
+        "lift_sent" => format!(
+            "cap lifted on {} (seq {})",
+            s(&body["host"]),
+            s(&body["seq"])
+        ),
+        "wrapped" => format!(
+            "{} older records recycled (#{} to #{})",
+            s(&body["lost"]),
+            s(&body["first_seq"]),
+            s(&body["last_seq"])
+        ),
+        "cdu_mode_changed" => format!(
+            "mode {} -> {} ({})",
+            s(&body["from"]),
+            s(&body["to"]),
+            s(&body["reason"])
+        ),
+        _ => format!("{name} {body}"),
+    }
+}

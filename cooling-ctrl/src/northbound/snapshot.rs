@@ -1,0 +1,323 @@
+//! The snapshot: one control step as the BMS sees it, in plain values
+//! ([`NorthboundSnapshot`], filled by [`snapshot_from`]), the BMS's
+//! settings in force ([`NorthboundSettings`]) and the writes it may ask
+//! ([`NorthboundWrite`]).
+
+use loopwarden_protocol::message::{CduMode, Pump, SensorFault};
+use loopwarden_protocol::ReasonCode;
+use tokio::sync::watch;
+
+use crate::modbus::CduReadings;
+use cooling_core::sensors::Which;
+use cooling_core::{Commands, Core, CoreConfig, HostReport};
+
+/// Bit of [`NorthboundSnapshot::sensor_faults`]: the controller holds
+/// sensor `n` faulty (`1 << n`, `n` as [`Which`]).
+pub const FAULT_BIT: u16 = 1;
+/// Bit of [`NorthboundSnapshot::sensor_faults`]: sensor `n` reads not
+/// available (`NOT_AVAILABLE_BIT << n`).
+pub const NOT_AVAILABLE_BIT: u16 = 1 << 8;
+
+/// Bits of [`NorthboundSnapshot::pumps`].
+pub mod pump_bits {
+    /// Pump A running (contactor feedback).
+    pub const A_RUNNING: u16 = 1 << 0;
+    /// Pump B running.
+    pub const B_RUNNING: u16 = 1 << 1;
+    /// Pump A failed (tripped, out of service).
+    pub const A_FAILED: u16 = 1 << 2;
+    /// Pump B failed.
+    pub const B_FAILED: u16 = 1 << 3;
+    /// Pump A commanded on.
+    pub const A_ON: u16 = 1 << 4;
+    /// Pump B commanded on.
+    pub const B_ON: u16 = 1 << 5;
+}
+
+/// One control step as the BMS sees it: plain values, filled by the shell
+/// after each step (see [`snapshot_from`]). `None`: not available (the
+/// register reads its type's sentinel).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NorthboundSnapshot {
+    /// The mode.
+    pub mode: CduMode,
+    /// Why.
+    pub reason: ReasonCode,
+    /// Seconds since the mode last changed.
+    pub seconds_in_mode: u32,
+    /// Seconds since the shell started, at this step (the heartbeat).
+    pub uptime_s: u32,
+    /// Supply setpoint in force, °C.
+    pub setpoint_c: f32,
+    /// Secondary supply temperature, °C.
+    pub supply_c: Option<f32>,
+    /// Secondary return temperature, °C.
+    pub return_c: Option<f32>,
+    /// Secondary flow, L/min.
+    pub flow_lpm: Option<f32>,
+    /// Facility water supply temperature, °C.
+    pub facility_supply_c: Option<f32>,
+    /// Bit n ([`FAULT_BIT`] << n): sensor n (as [`Which`]) stands under a
+    /// fault; bit 8 + n ([`NOT_AVAILABLE_BIT`] << n): it reads not
+    /// available.
+    pub sensor_faults: u16,
+    /// Pump bits ([`pump_bits`]).
+    pub pumps: u16,
+    /// Lead pump: 0 A, 1 B.
+    pub lead_pump: u8,
+    /// Pump speed commanded, %.
+    pub pump_speed_pct: f32,
+    /// Rack valves open, bit n = rack n.
+    pub valves_open: u16,
+    /// Racks whose cooling is lost, bit n = rack n.
+    pub cooling_lost: u16,
+    /// Racks with a latched leak, bit n = rack n.
+    pub leaks_latched: u16,
+    /// Hosts under a cooling cap.
+    pub hosts_capped: u16,
+    /// The lowest per-GPU cap asked of a host, W (`None`: no cap).
+    pub lowest_cap_w: Option<f32>,
+    /// The hottest GPU among fresh host reports, °C.
+    pub hottest_gpu_c: Option<f32>,
+    /// The optimiser's proposed supply setpoint, °C.
+    pub proposed_setpoint_c: f32,
+    /// The optimiser's proposed pump speed, %.
+    pub proposed_speed_pct: f32,
+    /// Heat rejection is believed short.
+    pub rejection_short: bool,
+    /// The alarm beacon is on.
+    pub beacon: bool,
+    /// Live PUE (facility power / IT power).
+    pub pue: Option<f64>,
+    /// IT power meter, W.
+    pub it_w: Option<f64>,
+    /// Facility power meter, W.
+    pub facility_w: Option<f64>,
+    /// Cooling plant power meter, W.
+    pub cooling_w: Option<f64>,
+    /// The BMS's settings in force.
+    pub settings: NorthboundSettings,
+}
+
+impl Default for NorthboundSnapshot {
+    /// Before the first step: booting, nothing measured.
+    fn default() -> Self {
+        Self {
+            mode: CduMode::Boot,
+            reason: ReasonCode::BOOTING,
+            seconds_in_mode: 0,
+            uptime_s: 0,
+            setpoint_c: 0.0,
+            supply_c: None,
+            return_c: None,
+            flow_lpm: None,
+            facility_supply_c: None,
+            sensor_faults: 0,
+            pumps: 0,
+            lead_pump: 0,
+            pump_speed_pct: 0.0,
+            valves_open: 0,
+            cooling_lost: 0,
+            leaks_latched: 0,
+            hosts_capped: 0,
+            lowest_cap_w: None,
+            hottest_gpu_c: None,
+            proposed_setpoint_c: 0.0,
+            proposed_speed_pct: 0.0,
+            rejection_short: false,
+            beacon: false,
+            pue: None,
+            it_w: None,
+            facility_w: None,
+            cooling_w: None,
+            settings: NorthboundSettings::default(),
+        }
+    }
+}
+
+/// What the BMS has set, as the shell holds it (the holding registers read
+/// these).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NorthboundSettings {
+    /// Highest supply setpoint the optimiser may propose, °C.
+    pub setpoint_ceiling_c: f32,
+    /// Offset to the plan ceiling, K (0 or below).
+    pub plan_ceiling_offset_k: f32,
+    /// The standing alarms are acknowledged (the shell clears it when a
+    /// new alarm rises).
+    pub alarm_acknowledged: bool,
+}
+
+impl Default for NorthboundSettings {
+    /// No ceiling below the map's highest (45 °C), no offset, nothing
+    /// acknowledged.
+    fn default() -> Self {
+        Self {
+            setpoint_ceiling_c: 45.0,
+            plan_ceiling_offset_k: 0.0,
+            alarm_acknowledged: false,
+        }
+    }
+}
+
+impl NorthboundSettings {
+    /// The settings before the BMS wrote any: the ceiling at the CDU's
+    /// highest setpoint, no offset.
+    pub fn new(cfg: &CoreConfig) -> Self {
+        Self {
+            setpoint_ceiling_c: cfg.cdu.max_setpoint_c,
+            ..Self::default()
+        }
+    }
+
+    /// Takes an accepted write.
+    pub fn apply(&mut self, w: NorthboundWrite) {
+        match w {
+            NorthboundWrite::SetpointCeiling { celsius } => self.setpoint_ceiling_c = celsius,
+            NorthboundWrite::PlanCeilingOffset { kelvin } => self.plan_ceiling_offset_k = kelvin,
+            NorthboundWrite::AlarmAck => self.alarm_acknowledged = true,
+        }
+    }
+}
+
+/// A write the server accepted (within the map's range), for the shell to
+/// apply.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum NorthboundWrite {
+    /// `setpoint_ceiling`: the optimiser proposes no supply setpoint
+    /// above this, °C.
+    SetpointCeiling {
+        /// °C.
+        celsius: f32,
+    },
+    /// `plan_ceiling_offset`: added to the plan ceiling, K (0 or below).
+    PlanCeilingOffset {
+        /// K.
+        kelvin: f32,
+    },
+    /// `alarm_ack` written 1: the standing alarms are acknowledged.
+    AlarmAck,
+}
+
+/// A snapshot channel: the sender to the shell, the receiver to [`serve`].
+pub fn snapshot_channel() -> (
+    watch::Sender<NorthboundSnapshot>,
+    watch::Receiver<NorthboundSnapshot>,
+) {
+    watch::channel(NorthboundSnapshot::default())
+}
+
+/// The snapshot of the step that decided `cmds`, at `now_ms` (the core's
+/// clock, ms since the shell started). `readings`: what the CDU answered
+/// (`None`: it did not); `hosts`: the hosts' last reports as the core got
+/// them; `settings`: the BMS's settings in force.
+///
+/// A reading is not available when the CDU did not answer, its map lacks
+/// it, it is not a number, or the core holds the sensor lost (as in the
+/// shell's telemetry). The hottest GPU counts reports younger than the
+/// core's host timeout.
+pub fn snapshot_from(
+    core: &Core,
+    cmds: &Commands,
+    now_ms: u64,
+    readings: Option<&CduReadings>,
+    hosts: &[Option<HostReport>],
+    settings: &NorthboundSettings,
+) -> NorthboundSnapshot {
+    let cfg = core.config();
+    let (_, _, since_ms) = core.mode();
+    let secs = |ms: u64| (ms / 1000).min(u64::from(u32::MAX)) as u32;
+    let mut sensor_faults = 0u16;
+    let mut sensor = |w: Which, v: fn(&CduReadings) -> Option<f64>| -> Option<f32> {
+        let fault = core.sensor_fault(w);
+        if fault.is_some_and(|f| f != SensorFault::Cleared) {
+            sensor_faults |= FAULT_BIT << (w as u16);
+        }
+        let value = readings
+            .and_then(v)
+            .filter(|x| x.is_finite() && fault != Some(SensorFault::Lost))
+            .map(|x| x as f32);
+        if value.is_none() {
+            sensor_faults |= NOT_AVAILABLE_BIT << (w as u16);
+        }
+        value
+    };
+    let supply_c = sensor(Which::Supply, |r| r.supply_c);
+    let return_c = sensor(Which::Return, |r| r.return_c);
+    let flow_lpm = sensor(Which::Flow, |r| r.flow_lpm);
+    let facility_supply_c = sensor(Which::FacilitySupply, |r| r.facility_supply_c);
+
+    let running = |i: usize| readings.and_then(|r| r.pumps_running[i]).unwrap_or(false);
+    let failed = core.pumps_failed();
+    let mut pumps = 0u16;
+    for (on, bit) in [
+        (running(0), pump_bits::A_RUNNING),
+        (running(1), pump_bits::B_RUNNING),
+        (failed[0], pump_bits::A_FAILED),
+        (failed[1], pump_bits::B_FAILED),
+        (cmds.pump_on[0], pump_bits::A_ON),
+        (cmds.pump_on[1], pump_bits::B_ON),
+    ] {
+        if on {
+            pumps |= bit;
+        }
+    }
+
+    let caps = cmds.caps.iter().flatten();
+    let hosts_capped = caps.clone().count().min(usize::from(u16::MAX)) as u16;
+    let lowest_cap_w = caps.map(|c| c.watts).reduce(f32::min);
+    let hottest_gpu_c = hosts
+        .iter()
+        .flatten()
+        .filter(|r| {
+            r.gpus > 0
+                && r.hottest_c.is_finite()
+                && now_ms.saturating_sub(r.at_ms) <= cfg.timing.host_timeout_ms
+        })
+        .map(|r| r.hottest_c)
+        .reduce(f32::max);
+
+    let meter = |v: fn(&CduReadings) -> Option<f64>| {
+        readings.and_then(v).filter(|x| x.is_finite() && *x >= 0.0)
+    };
+    let it_w = meter(|r| r.it_w);
+    let facility_w = meter(|r| r.facility_w);
+    let pue = match (it_w, facility_w) {
+        (Some(it), Some(f)) if it > 0.0 => Some(f / it),
+        _ => None,
+    };
+    let loops = core.loops();
+    NorthboundSnapshot {
+        mode: cmds.mode,
+        reason: cmds.reason,
+        seconds_in_mode: secs(now_ms.saturating_sub(since_ms)),
+        uptime_s: secs(now_ms),
+        setpoint_c: cmds.setpoint_c,
+        supply_c,
+        return_c,
+        flow_lpm,
+        facility_supply_c,
+        sensor_faults,
+        pumps,
+        lead_pump: match cmds.lead {
+            Pump::A => 0,
+            Pump::B => 1,
+        },
+        pump_speed_pct: cmds.pump_speed * 100.0,
+        valves_open: cmds.valves_open,
+        cooling_lost: cmds.cooling_lost,
+        leaks_latched: core.leaks_latched(),
+        hosts_capped,
+        lowest_cap_w,
+        hottest_gpu_c,
+        proposed_setpoint_c: loops.proposal.setpoint_c,
+        proposed_speed_pct: loops.proposal.speed * 100.0,
+        rejection_short: loops.rejection_short,
+        beacon: cmds.beacon,
+        pue,
+        it_w,
+        facility_w,
+        cooling_w: meter(|r| r.cooling_w),
+        settings: *settings,
+    }
+}
