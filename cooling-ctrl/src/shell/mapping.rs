@@ -1,0 +1,85 @@
+//! Pure mappings between what the shell reads or sends and what the core
+//! takes or gives: a host's telemetry as its report, the CDU's readings as
+//! the core's, the core's commands as the CDU's settings, a cap as a
+//! lease.
+use super::*;
+
+/// A host's telemetry as the core's report, at `at_ms` (shell time).
+/// GPUs that did not answer their queries are left out; a GPU in hardware
+/// slowdown (thermal or not) sets `slowdown`.
+pub fn host_report(t: &HostTelemetry, at_ms: u64) -> HostReport {
+    let mut r = HostReport {
+        gpus: 0,
+        hottest_c: 0.0,
+        gpu_power_w: 0.0,
+        limit_w: 0.0,
+        slowdown: false,
+        at_ms,
+    };
+    let slow = ThrottleReasons::HW_SLOWDOWN | ThrottleReasons::HW_THERMAL_SLOWDOWN;
+    for g in t
+        .gpus
+        .iter()
+        .filter(|g| g.flags.contains(GpuFlags::RESPONSIVE))
+    {
+        let temp = f32::from(g.temp.get());
+        r.hottest_c = if r.gpus == 0 {
+            temp
+        } else {
+            r.hottest_c.max(temp)
+        };
+        r.gpus = r.gpus.saturating_add(1);
+        r.gpu_power_w += g.power.get() as f32;
+        r.limit_w = r.limit_w.max(g.power_limit.get() as f32);
+        r.slowdown |= g.throttle.bits() & slow.bits() != 0;
+    }
+    r
+}
+
+/// The core's readings from the CDU's.
+pub fn core_readings(r: &CduReadings) -> CoreReadings {
+    let f = |x: Option<f64>| x.map(|v| v as f32);
+    CoreReadings {
+        supply_c: f(r.supply_c),
+        return_c: f(r.return_c),
+        flow_lpm: f(r.flow_lpm),
+        facility_supply_c: f(r.facility_supply_c),
+        pumps_running: [
+            r.pumps_running[0].unwrap_or(false),
+            r.pumps_running[1].unwrap_or(false),
+        ],
+        it_w: f(r.it_w),
+        facility_w: f(r.facility_w),
+    }
+}
+
+/// The settings for the CDU from the core's commands, rounded to the
+/// resolution of the simulated map (0.01 °C, 0.1 %).
+pub fn settings(c: &Commands) -> CduSettings {
+    CduSettings {
+        setpoint_c: (f64::from(c.setpoint_c) * 100.0).round() / 100.0,
+        pump_speed_pct: (f64::from(c.pump_speed) * 1000.0).round() / 10.0,
+        lead_pump: match c.lead {
+            loopwarden_protocol::message::Pump::A => 0,
+            loopwarden_protocol::message::Pump::B => 1,
+        },
+        valves_open: c.valves_open,
+    }
+}
+
+/// A cap lease as the shell sends it (unsigned, `auth` zero).
+pub fn cap_lease(lease: u32, reason: ReasonCode, watts: f32, duration: Duration) -> CapLease {
+    let mut caps = heapless::Vec::new();
+    let _ = caps.push(GpuCap {
+        gpus: GpuSelector::All,
+        limit: Watts(watts.round().max(0.0) as u32),
+    });
+    CapLease {
+        lease,
+        source: CapSource::Cooling,
+        reason,
+        caps,
+        duration: DurationMs(duration.as_millis().min(u128::from(u32::MAX)) as u32),
+        auth: CommandAuth::default(),
+    }
+}

@@ -1,0 +1,201 @@
+//! What the controller tells the bus: its telemetry every period, its
+//! retained state when it changes, and the console's snapshot.
+//!
+//! Glossary:
+//! - *state*: the CDU's mode, setpoint and racks' cooling, retained on
+//!   the `health` family.
+use super::*;
+
+impl<P: CduPort> Shell<P> {
+    pub(super) fn snapshot(&self, r: Option<&CduReadings>) -> Snapshot {
+        let (mode, reason, since) = self.core.mode();
+        let sensors = Which::ALL.map(|which| SensorStatus {
+            which,
+            reading: r.and_then(|r| match which {
+                Which::Supply => r.supply_c,
+                Which::Return => r.return_c,
+                Which::Flow => r.flow_lpm,
+                Which::FacilitySupply => r.facility_supply_c,
+            }),
+            fault: self.core.sensor_fault(which),
+        });
+        Snapshot {
+            at: now_ms(),
+            mode,
+            reason,
+            since: self.unix(since),
+            readings: r.copied(),
+            last_read: self.last_read,
+            sensors,
+            leaks_now: self.leaks,
+            leaks_latched: self.core.leaks_latched(),
+            pumps_failed: self.core.pumps_failed(),
+            loops: self.core.loops(),
+            events_dropped: self.core.events_dropped(),
+            bus_connected: self.bus.is_connected(),
+        }
+    }
+
+    /// Publishes on our own topic (and its JSON mirror); counts.
+    pub(super) fn publish(
+        &mut self,
+        message: Message,
+        time: TimestampMs,
+        mirror: bool,
+        count: impl FnOnce(&mut ShellStats) -> &mut u64,
+    ) -> bool {
+        let kind = message.kind();
+        match self.bus.publish(message, time) {
+            Ok(frame) => {
+                *count(&mut self.stats) += 1;
+                if mirror {
+                    if let Err(e) = self.bus.publish_json(&frame) {
+                        tracing::debug!("cooling shell: JSON mirror of {kind:?}: {e}");
+                    }
+                }
+                true
+            }
+            Err(PublishError::Offline) => {
+                self.stats.publish_errors += 1;
+                false
+            }
+            Err(e) => {
+                self.stats.publish_errors += 1;
+                tracing::warn!("cooling shell: publishing {kind:?}: {e}");
+                false
+            }
+        }
+    }
+
+    /// A reading for the bus: null when the CDU did not answer, the map
+    /// lacks it, or the core holds the sensor lost.
+    fn sensor(
+        &self,
+        r: Option<&CduReadings>,
+        w: Which,
+        v: impl Fn(&CduReadings) -> Option<f64>,
+    ) -> Option<f64> {
+        if self.core.sensor_fault(w) == Some(loopwarden_protocol::message::SensorFault::Lost) {
+            return None;
+        }
+        r.and_then(v).filter(|x| x.is_finite())
+    }
+
+    pub(super) fn publish_telemetry(&mut self, c: &Commands, r: Option<&CduReadings>) {
+        let lay = self.cfg.core.layout;
+        let celsius = |x: Option<f64>| x.and_then(|v| Celsius::new(v).ok());
+        let watts = |x: Option<f64>| {
+            x.filter(|v| v.is_finite() && *v >= 0.0)
+                .map(|v| Watts(v.round().min(f64::from(u32::MAX)) as u32))
+        };
+        let meter = |f: fn(&CduReadings) -> Option<f64>| r.and_then(f);
+        let it = meter(|r| r.it_w);
+        let facility = meter(|r| r.facility_w);
+        let pue = match (it, facility) {
+            (Some(it), Some(f)) if it > 0.0 && f.is_finite() => Pue::new(f / it).ok(),
+            _ => None,
+        };
+        let speed = Percent::new((c.pump_speed * 100.0).round().clamp(0.0, 100.0) as u8)
+            .unwrap_or(Percent::FULL);
+        let pump = |i: usize| PumpStatus {
+            running: r.and_then(|r| r.pumps_running[i]).unwrap_or(false),
+            command: if c.pump_on[i] { speed } else { Percent::ZERO },
+            feedback: None,
+        };
+        let mut racks = heapless::Vec::new();
+        for i in 0..usize::from(lay.racks).min(16) {
+            if let Some(rack) = RackIndex::new(i as u8) {
+                let _ = racks.push(RackStatus {
+                    rack,
+                    valve: if c.valves_open & (1 << i) != 0 {
+                        Percent::FULL
+                    } else {
+                        Percent::ZERO
+                    },
+                    leak: r.is_some() && self.leaks & (1 << i) != 0,
+                });
+            }
+        }
+        let t = CduTelemetry {
+            supply: celsius(self.sensor(r, Which::Supply, |r| r.supply_c)),
+            return_temp: celsius(self.sensor(r, Which::Return, |r| r.return_c)),
+            setpoint: Celsius::new(f64::from(c.setpoint_c)).unwrap_or_default(),
+            flow: self
+                .sensor(r, Which::Flow, |r| r.flow_lpm)
+                .and_then(|v| LitresPerMinute::new(v).ok()),
+            diff_pressure: None,
+            facility_supply: celsius(
+                self.sensor(r, Which::FacilitySupply, |r| r.facility_supply_c),
+            ),
+            ambient: self
+                .cfg
+                .ambient_c
+                .and_then(|a| Celsius::new(f64::from(a)).ok()),
+            reservoir: None,
+            pump_a: pump(0),
+            pump_b: pump(1),
+            racks,
+            it_power: watts(it),
+            cooling_power: watts(meter(|r| r.cooling_w)),
+            facility_power: watts(facility),
+            pue,
+        };
+        self.publish(Message::CduTelemetry(t), now_ms(), true, |s| {
+            &mut s.telemetry_published
+        });
+    }
+
+    pub(super) fn publish_state(&mut self, now: u64, c: &Commands, r: Option<&CduReadings>) {
+        let due = match &self.state_sent {
+            None => true,
+            Some((last, at)) => {
+                last.mode != c.mode
+                    || last.reason != c.reason
+                    || (last.setpoint_c - c.setpoint_c).abs() >= STATE_SETPOINT_K
+                    || last.cooling_lost != c.cooling_lost
+                    || now.saturating_sub(*at) >= STATE_EVERY.as_millis() as u64
+            }
+        };
+        if !due || !self.bus.is_connected() {
+            return;
+        }
+        let lay = self.cfg.core.layout;
+        let (_, _, since) = self.core.mode();
+        let open_gpus = c.valves_open.count_ones() as f64
+            * f64::from(lay.hosts_per_rack)
+            * f64::from(lay.gpus_per_host);
+        let flow_per_gpu = self
+            .sensor(r, Which::Flow, |r| r.flow_lpm)
+            .filter(|_| open_gpus > 0.0)
+            .and_then(|f| LitresPerMinute::new(f / open_gpus).ok());
+        let mut racks = heapless::Vec::new();
+        for i in 0..usize::from(lay.racks).min(16) {
+            if let Some(rack) = RackIndex::new(i as u8) {
+                let _ = racks.push(RackState {
+                    rack,
+                    cooling: if c.cooling_lost & (1 << i) != 0 {
+                        RackCooling::Lost
+                    } else {
+                        RackCooling::Normal
+                    },
+                });
+            }
+        }
+        let st = CduState {
+            mode: c.mode,
+            reason: c.reason,
+            since: self.unix(since),
+            setpoint: Celsius::new(f64::from(c.setpoint_c)).unwrap_or_default(),
+            supply: self
+                .sensor(r, Which::Supply, |r| r.supply_c)
+                .and_then(|v| Celsius::new(v).ok()),
+            flow_per_gpu,
+            racks,
+        };
+        if self.publish(Message::CduState(st), now_ms(), true, |s| {
+            &mut s.states_published
+        }) {
+            self.state_sent = Some((c.clone(), now));
+        }
+    }
+}

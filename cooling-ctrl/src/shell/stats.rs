@@ -1,0 +1,118 @@
+//! What the shell reports after every step, for the console and the
+//! northbound server to read without asking the control loop: the
+//! counters, the core's state, each sensor and each host's last ack.
+//!
+//! Glossary:
+//! - *snapshot*: the core's state copied after a step.
+use super::*;
+
+/// One supervised sensor after a step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SensorStatus {
+    /// Which.
+    pub which: Which,
+    /// Its reading this step, as the CDU gave it (`None`: no answer, or
+    /// the map lacks it).
+    pub reading: Option<f64>,
+    /// The fault the core holds it under.
+    pub fault: Option<SensorFault>,
+}
+
+/// The core's state after the last step, for the console.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    /// When the step ran (Unix ms).
+    pub at: TimestampMs,
+    /// The mode.
+    pub mode: CduMode,
+    /// Why.
+    pub reason: ReasonCode,
+    /// Since when (Unix ms).
+    pub since: TimestampMs,
+    /// The CDU's readings this step (`None`: it did not answer).
+    pub readings: Option<CduReadings>,
+    /// When the CDU last answered a read (Unix ms).
+    pub last_read: Option<TimestampMs>,
+    /// Every supervised sensor.
+    pub sensors: [SensorStatus; 4],
+    /// Leak inputs as last read, bit n = rack n.
+    pub leaks_now: u16,
+    /// Latched leaks, bit n = rack n.
+    pub leaks_latched: u16,
+    /// Pumps out of service after a trip.
+    pub pumps_failed: [bool; 2],
+    /// The loops.
+    pub loops: LoopStatus,
+    /// Events the core could not fit in a step, since the start.
+    pub events_dropped: u32,
+    /// The bus is connected.
+    pub bus_connected: bool,
+}
+
+/// A host's last ack of this CDU's commands.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LastAck {
+    /// When it came (Unix ms).
+    pub at: TimestampMs,
+    /// The command it answers.
+    pub seq: u32,
+    /// Its code.
+    pub code: AckCode,
+    /// Its detail.
+    pub detail: String,
+}
+
+/// A stats channel for [`ShellOptions::stats`]: the sender goes in the
+/// options, the receiver to whoever watches.
+pub fn stats_channel() -> (watch::Sender<ShellStats>, watch::Receiver<ShellStats>) {
+    watch::channel(ShellStats::default())
+}
+
+/// What the shell has done since it started.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ShellStats {
+    /// Control steps run.
+    pub steps: u64,
+    /// CDU reads that answered.
+    pub cdu_reads: u64,
+    /// CDU reads that failed.
+    pub cdu_read_errors: u64,
+    /// CDU writes that failed.
+    pub cdu_write_errors: u64,
+    /// The CDU's last error, while it lasts.
+    pub cdu_error: Option<String>,
+    /// The core's last commands.
+    pub last: Option<Commands>,
+    /// Host telemetry frames taken.
+    pub host_reports: u64,
+    /// Cap leases sent (not counting lifts).
+    pub leases_sent: u64,
+    /// Lifting leases sent.
+    pub lifts_sent: u64,
+    /// The cap last sent to each host index while it is capped, W.
+    pub caps: Vec<Option<f32>>,
+    /// Telemetry frames published.
+    pub telemetry_published: u64,
+    /// State frames published.
+    pub states_published: u64,
+    /// Event frames published.
+    pub events_published: u64,
+    /// Publishes the bus did not take.
+    pub publish_errors: u64,
+    /// Acks received for this CDU's commands.
+    pub acks: u64,
+    /// Of which `ok` or `clamped`.
+    pub acks_ok: u64,
+    /// Of which anything else.
+    pub acks_refused: u64,
+    /// The limits in force the last ack of each host reported, by host id.
+    pub in_force: BTreeMap<String, Vec<GpuCap>>,
+    /// The last refusal: host id, code and detail.
+    pub last_refusal: Option<(String, AckCode, String)>,
+    /// The core's state after the last step.
+    pub status: Option<Snapshot>,
+    /// When each host index last sent telemetry (Unix ms).
+    pub heard: Vec<Option<TimestampMs>>,
+    /// The last ack of each host, by host id.
+    pub last_ack: BTreeMap<String, LastAck>,
+}
