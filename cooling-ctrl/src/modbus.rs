@@ -71,7 +71,7 @@ pub use tokio_serial::{DataBits, Parity, StopBits};
 /// What the CDU measures, decoded with the map's scale. `None`: the map of
 /// this CDU model has no such register.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct CduReadings {
+pub struct CduMeasurements {
     /// Secondary supply temperature, °C (`supply_temp`).
     pub supply_c: Option<f64>,
     /// Secondary return temperature, °C (`return_temp`).
@@ -133,7 +133,7 @@ const PUMP_SPEED: &str = "pump_speed";
 const LEAD_PUMP: &str = "lead_pump";
 const VALVES_OPEN: &str = "valves_open";
 
-/// The input registers [`CduReadings`] is made of.
+/// The input registers [`CduMeasurements`] is made of.
 pub const READING_REGISTERS: [&str; 10] = [
     SUPPLY,
     RETURN,
@@ -267,7 +267,7 @@ pub fn exception_meaning(code: u8) -> &'static str {
 #[allow(async_fn_in_trait)]
 pub trait CduPort {
     /// Reads every measurement the map has (the others are `None`).
-    async fn read(&mut self) -> Result<CduReadings, CduError>;
+    async fn read(&mut self) -> Result<CduMeasurements, CduError>;
     /// Writes every setting the map has, in the order of the fields. A
     /// value the map cannot encode fails with [`CduError::Value`] before
     /// anything is sent; a failure after some settings went in is a
@@ -610,7 +610,7 @@ impl ModbusCdu {
 }
 
 impl CduPort for ModbusCdu {
-    async fn read(&mut self) -> Result<CduReadings, CduError> {
+    async fn read(&mut self) -> Result<CduMeasurements, CduError> {
         let mut values: Vec<(String, f64)> = Vec::new();
         for span in self.spans.clone() {
             let words = self.read_span(&span).await?;
@@ -627,7 +627,7 @@ impl CduPort for ModbusCdu {
             }
         }
         let get = |name: &str| values.iter().find(|(n, _)| n == name).map(|(_, v)| *v);
-        Ok(CduReadings {
+        Ok(CduMeasurements {
             supply_c: get(SUPPLY),
             return_c: get(RETURN),
             flow_lpm: get(FLOW),

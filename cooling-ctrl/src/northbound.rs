@@ -73,7 +73,7 @@ mod tests {
     use super::map::KNOWN;
     use super::server::State;
     use super::*;
-    use crate::modbus::CduReadings;
+    use crate::modbus::CduMeasurements;
     use cooling_core::sensors::Which;
     use cooling_core::{Core, CoreConfig, HostCap, HostReport, Inputs};
     use loopwarden_boards::modbus_map::{Kind, RegisterMap};
@@ -287,8 +287,8 @@ mod tests {
         );
     }
 
-    fn readings() -> CduReadings {
-        CduReadings {
+    fn readings() -> CduMeasurements {
+        CduMeasurements {
             supply_c: Some(30.0),
             return_c: Some(38.0),
             flow_lpm: Some(190.0),

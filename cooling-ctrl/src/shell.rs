@@ -83,12 +83,11 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use cooling_core::sensors::Which;
 use cooling_core::{
-    CduReadings as CoreReadings, Commands, ConfigError, Core, CoreConfig, HostReport, Inputs,
-    LoopStatus, MAX_HOSTS,
+    CduReadings, Commands, ConfigError, Core, CoreConfig, HostReport, Inputs, LoopStatus, MAX_HOSTS,
 };
 
 use crate::journal::{self, ControllerFlash, Recorder};
-use crate::modbus::{CduError, CduPort, CduReadings, CduSettings};
+use crate::modbus::{CduError, CduMeasurements, CduPort, CduSettings};
 use crate::northbound::{snapshot_from, NorthboundSettings, NorthboundSnapshot, NorthboundWrite};
 
 mod leases;

@@ -60,7 +60,7 @@ fn settings_of(cdu: &SimCdu) -> Vec<f64> {
         .collect()
 }
 
-fn assert_known_readings(r: &cooling_ctrl::modbus::CduReadings) {
+fn assert_known_readings(r: &cooling_ctrl::modbus::CduMeasurements) {
     assert_eq!(r.supply_c, Some(32.05));
     assert_eq!(r.return_c, Some(-1.5));
     assert_eq!(r.flow_lpm, Some(172.8));

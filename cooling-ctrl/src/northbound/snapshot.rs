@@ -7,7 +7,7 @@ use loopwarden_protocol::message::{CduMode, Pump, SensorFault};
 use loopwarden_protocol::ReasonCode;
 use tokio::sync::watch;
 
-use crate::modbus::CduReadings;
+use crate::modbus::CduMeasurements;
 use cooling_core::sensors::Which;
 use cooling_core::{Commands, Core, CoreConfig, HostReport};
 
@@ -220,7 +220,7 @@ pub fn snapshot_from(
     core: &Core,
     cmds: &Commands,
     now_ms: u64,
-    readings: Option<&CduReadings>,
+    readings: Option<&CduMeasurements>,
     hosts: &[Option<HostReport>],
     settings: &NorthboundSettings,
 ) -> NorthboundSnapshot {
@@ -228,7 +228,7 @@ pub fn snapshot_from(
     let (_, _, since_ms) = core.mode();
     let secs = |ms: u64| (ms / 1000).min(u64::from(u32::MAX)) as u32;
     let mut sensor_faults = 0u16;
-    let mut sensor = |w: Which, v: fn(&CduReadings) -> Option<f64>| -> Option<f32> {
+    let mut sensor = |w: Which, v: fn(&CduMeasurements) -> Option<f64>| -> Option<f32> {
         let fault = core.sensor_fault(w);
         if fault.is_some_and(|f| f != SensorFault::Cleared) {
             sensor_faults |= FAULT_BIT << (w as u16);
@@ -277,7 +277,7 @@ pub fn snapshot_from(
         .map(|r| r.hottest_c)
         .reduce(f32::max);
 
-    let meter = |v: fn(&CduReadings) -> Option<f64>| {
+    let meter = |v: fn(&CduMeasurements) -> Option<f64>| {
         readings.and_then(v).filter(|x| x.is_finite() && *x >= 0.0)
     };
     let it_w = meter(|r| r.it_w);

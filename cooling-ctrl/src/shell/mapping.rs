@@ -37,9 +37,9 @@ pub fn host_report(t: &HostTelemetry, at_ms: u64) -> HostReport {
 }
 
 /// The core's readings from the CDU's.
-pub fn core_readings(r: &CduReadings) -> CoreReadings {
+pub fn core_readings(r: &CduMeasurements) -> CduReadings {
     let f = |x: Option<f64>| x.map(|v| v as f32);
-    CoreReadings {
+    CduReadings {
         supply_c: f(r.supply_c),
         return_c: f(r.return_c),
         flow_lpm: f(r.flow_lpm),

@@ -7,7 +7,7 @@
 use super::*;
 
 impl<P: CduPort> Shell<P> {
-    pub(super) fn snapshot(&self, r: Option<&CduReadings>) -> Snapshot {
+    pub(super) fn snapshot(&self, r: Option<&CduMeasurements>) -> Snapshot {
         let (mode, reason, since) = self.core.mode();
         let sensors = Which::ALL.map(|which| SensorStatus {
             which,
@@ -71,9 +71,9 @@ impl<P: CduPort> Shell<P> {
     /// lacks it, or the core holds the sensor lost.
     fn sensor(
         &self,
-        r: Option<&CduReadings>,
+        r: Option<&CduMeasurements>,
         w: Which,
-        v: impl Fn(&CduReadings) -> Option<f64>,
+        v: impl Fn(&CduMeasurements) -> Option<f64>,
     ) -> Option<f64> {
         if self.core.sensor_fault(w) == Some(loopwarden_protocol::message::SensorFault::Lost) {
             return None;
@@ -81,14 +81,14 @@ impl<P: CduPort> Shell<P> {
         r.and_then(v).filter(|x| x.is_finite())
     }
 
-    pub(super) fn publish_telemetry(&mut self, c: &Commands, r: Option<&CduReadings>) {
+    pub(super) fn publish_telemetry(&mut self, c: &Commands, r: Option<&CduMeasurements>) {
         let lay = self.cfg.core.layout;
         let celsius = |x: Option<f64>| x.and_then(|v| Celsius::new(v).ok());
         let watts = |x: Option<f64>| {
             x.filter(|v| v.is_finite() && *v >= 0.0)
                 .map(|v| Watts(v.round().min(f64::from(u32::MAX)) as u32))
         };
-        let meter = |f: fn(&CduReadings) -> Option<f64>| r.and_then(f);
+        let meter = |f: fn(&CduMeasurements) -> Option<f64>| r.and_then(f);
         let it = meter(|r| r.it_w);
         let facility = meter(|r| r.facility_w);
         let pue = match (it, facility) {
@@ -145,7 +145,7 @@ impl<P: CduPort> Shell<P> {
         });
     }
 
-    pub(super) fn publish_state(&mut self, now: u64, c: &Commands, r: Option<&CduReadings>) {
+    pub(super) fn publish_state(&mut self, now: u64, c: &Commands, r: Option<&CduMeasurements>) {
         let due = match &self.state_sent {
             None => true,
             Some((last, at)) => {

@@ -30,7 +30,7 @@ pub struct Snapshot {
     /// Since when (Unix ms).
     pub since: TimestampMs,
     /// The CDU's readings this step (`None`: it did not answer).
-    pub readings: Option<CduReadings>,
+    pub readings: Option<CduMeasurements>,
     /// When the CDU last answered a read (Unix ms).
     pub last_read: Option<TimestampMs>,
     /// Every supervised sensor.
