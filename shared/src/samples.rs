@@ -156,57 +156,67 @@ pub fn message(kind: MessageKind) -> Message {
                 .collect(),
             detail: Text::truncated("GPU 6: 150 W is below its minimum 200 W; clamped to 200 W"),
         }),
-        MessageKind::CduTelemetry => Message::CduTelemetry(CduTelemetry {
-            supply: Some(c(32.05)),
-            return_temp: Some(c(41.6)),
-            setpoint: c(32.0),
-            flow: Some(LitresPerMinute::new(172.8).expect("fits")),
-            diff_pressure: Some(KiloPascals::new(95.5).expect("fits")),
-            facility_supply: Some(c(28.9)),
-            ambient: Some(c(22.4)),
-            reservoir: Some(pct(81)),
-            pump_a: PumpStatus {
-                running: true,
-                command: pct(60),
-                feedback: Some(pct(59)),
-            },
-            pump_b: PumpStatus::default(),
-            racks: (0..4)
-                .map(|r| RackStatus {
-                    rack: rack(r),
-                    valve: pct(100),
-                    leak: false,
-                })
-                .collect(),
-            it_power: Some(Watts(108_400)),
-            cooling_power: Some(Watts(3_900)),
-            facility_power: Some(Watts(117_550)),
-            pue: Some(Pue::new(1.084).expect("fits")),
-        }),
-        MessageKind::CduState => Message::CduState(CduState {
-            mode: CduMode::Degraded,
-            reason: ReasonCode::CAPACITY_SHORT,
-            since: TimestampMs(T0.0 - 95_000),
-            setpoint: c(32.0),
-            supply: Some(c(33.4)),
-            flow_per_gpu: Some(LitresPerMinute::new(1.35).expect("fits")),
-            racks: (0..4)
-                .map(|r| RackState {
-                    rack: rack(r),
-                    cooling: if r == 2 {
-                        RackCooling::Lost
-                    } else {
-                        RackCooling::Normal
-                    },
-                })
-                .collect(),
-        }),
+        MessageKind::CduTelemetry => Message::CduTelemetry(cdu_telemetry()),
+        MessageKind::CduState => Message::CduState(cdu_state()),
         MessageKind::Online => Message::Online(Online {
             online: true,
             software: Text::truncated("0.1.0"),
             started: TimestampMs(T0.0 - 86_400_000),
             clock: ClockSource::UnixEpoch,
         }),
+    }
+}
+
+/// The CDU telemetry used in the docs and the golden fixtures.
+fn cdu_telemetry() -> CduTelemetry {
+    CduTelemetry {
+        supply: Some(c(32.05)),
+        return_temp: Some(c(41.6)),
+        setpoint: c(32.0),
+        flow: Some(LitresPerMinute::new(172.8).expect("fits")),
+        diff_pressure: Some(KiloPascals::new(95.5).expect("fits")),
+        facility_supply: Some(c(28.9)),
+        ambient: Some(c(22.4)),
+        reservoir: Some(pct(81)),
+        pump_a: PumpStatus {
+            running: true,
+            command: pct(60),
+            feedback: Some(pct(59)),
+        },
+        pump_b: PumpStatus::default(),
+        racks: (0..4)
+            .map(|r| RackStatus {
+                rack: rack(r),
+                valve: pct(100),
+                leak: false,
+            })
+            .collect(),
+        it_power: Some(Watts(108_400)),
+        cooling_power: Some(Watts(3_900)),
+        facility_power: Some(Watts(117_550)),
+        pue: Some(Pue::new(1.084).expect("fits")),
+    }
+}
+
+/// The CDU state used in the docs and the golden fixtures.
+fn cdu_state() -> CduState {
+    CduState {
+        mode: CduMode::Degraded,
+        reason: ReasonCode::CAPACITY_SHORT,
+        since: TimestampMs(T0.0 - 95_000),
+        setpoint: c(32.0),
+        supply: Some(c(33.4)),
+        flow_per_gpu: Some(LitresPerMinute::new(1.35).expect("fits")),
+        racks: (0..4)
+            .map(|r| RackState {
+                rack: rack(r),
+                cooling: if r == 2 {
+                    RackCooling::Lost
+                } else {
+                    RackCooling::Normal
+                },
+            })
+            .collect(),
     }
 }
 

@@ -210,18 +210,8 @@ fn run(config_path: Option<PathBuf>, flags: Overrides) -> ExitCode {
     }
 }
 
-async fn serve(config: config::Config) -> Result<(), String> {
-    use tokio::signal::unix::{signal, SignalKind};
-    // Signals are caught from here on, before anything that takes time.
-    let mut term = signal(SignalKind::terminate()).map_err(|e| format!("SIGTERM: {e}"))?;
-    let stop = async move {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-    };
-    // The board's pins first: a chip or a line that cannot be had stops the
-    // start before anything else is set up.
+/// The board's pins on their GPIO chip, when configured.
+fn open_board(config: &config::Config) -> Result<Option<Box<dyn shell::BoardIo>>, String> {
     let board: Option<Box<dyn shell::BoardIo>> = match &config.board {
         None => None,
         #[cfg(not(target_os = "linux"))]
@@ -247,6 +237,69 @@ async fn serve(config: config::Config) -> Result<(), String> {
             Some(Box::new(pins))
         }
     };
+    Ok(board)
+}
+
+/// The northbound Modbus TCP server for the BMS, when configured: the
+/// shell's link to it and its task.
+async fn start_northbound(
+    config: &config::Config,
+) -> Result<
+    (
+        Option<shell::NorthboundLink>,
+        Option<tokio::task::JoinHandle<()>>,
+    ),
+    String,
+> {
+    let mut northbound_link = None;
+    let mut northbound_task = None;
+    if let Some(addr) = config.northbound {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("northbound Modbus server on {addr}: {e}"))?;
+        let (snap_tx, snap_rx) = northbound::snapshot_channel();
+        let (writes_tx, writes_rx) = if config.northbound_writes {
+            let (tx, rx) = tokio::sync::mpsc::channel(16);
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
+        tracing::info!(
+            "cooling-ctrl: northbound Modbus TCP on {addr}, writes {}",
+            if config.northbound_writes {
+                "enabled"
+            } else {
+                "disabled"
+            }
+        );
+        northbound_task = Some(tokio::spawn(async move {
+            if let Err(e) =
+                northbound::serve(listener, northbound::northbound_map(), snap_rx, writes_tx).await
+            {
+                tracing::error!("cooling-ctrl: northbound Modbus server: {e}");
+            }
+        }));
+        northbound_link = Some(shell::NorthboundLink {
+            snapshots: snap_tx,
+            writes: writes_rx,
+        });
+    }
+    Ok((northbound_link, northbound_task))
+}
+
+async fn serve(config: config::Config) -> Result<(), String> {
+    use tokio::signal::unix::{signal, SignalKind};
+    // Signals are caught from here on, before anything that takes time.
+    let mut term = signal(SignalKind::terminate()).map_err(|e| format!("SIGTERM: {e}"))?;
+    let stop = async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    };
+    // The board's pins first: a chip or a line that cannot be had stops the
+    // start before anything else is set up.
+    let board = open_board(&config)?;
     let (broker, _embedded) =
         loopwarden_bus::embedded::configured_or_embedded(config.broker.clone())
             .map_err(|e| format!("broker: {e}"))?;
@@ -284,39 +337,7 @@ async fn serve(config: config::Config) -> Result<(), String> {
     let port =
         ModbusCdu::new(config.map.clone(), config.link.clone()).with_timeout(config.modbus_timeout);
     // The building management system's Modbus TCP server.
-    let mut northbound_link = None;
-    let mut northbound_task = None;
-    if let Some(addr) = config.northbound {
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|e| format!("northbound Modbus server on {addr}: {e}"))?;
-        let (snap_tx, snap_rx) = northbound::snapshot_channel();
-        let (writes_tx, writes_rx) = if config.northbound_writes {
-            let (tx, rx) = tokio::sync::mpsc::channel(16);
-            (Some(tx), Some(rx))
-        } else {
-            (None, None)
-        };
-        tracing::info!(
-            "cooling-ctrl: northbound Modbus TCP on {addr}, writes {}",
-            if config.northbound_writes {
-                "enabled"
-            } else {
-                "disabled"
-            }
-        );
-        northbound_task = Some(tokio::spawn(async move {
-            if let Err(e) =
-                northbound::serve(listener, northbound::northbound_map(), snap_rx, writes_tx).await
-            {
-                tracing::error!("cooling-ctrl: northbound Modbus server: {e}");
-            }
-        }));
-        northbound_link = Some(shell::NorthboundLink {
-            snapshots: snap_tx,
-            writes: writes_rx,
-        });
-    }
+    let (northbound_link, northbound_task) = start_northbound(&config).await?;
     let opts = ShellOptions {
         stats: Some(stats_tx),
         credentials: config.credentials.clone(),
