@@ -231,39 +231,16 @@ impl Plant {
             totals,
         } = self;
         let lp = &s.secondary;
-        let g = &s.gpu;
         let n = gpus.len();
 
-        // Pumps: a running pump at its speed; a pump starting comes up to
-        // speed over `lag_start_s`; a tripped one stops at once.
-        let speed = act.pump_speed.clamp(lp.min_speed, 1.0);
-        for (i, ramp) in pump_ramp.iter_mut().enumerate() {
-            if act.pump_on[i] && !cond.pump_tripped[i] {
-                *ramp = (*ramp + dt / lp.lag_start_s.max(1e-9)).min(1.0);
-            } else {
-                *ramp = 0.0;
-            }
-        }
-        let effective = pump_ramp.iter().fold(0.0f64, |a, &r| a.max(r)) * speed;
-        let flow_lpm = lp.design_lpm_per_gpu * n as f64 * effective;
-        let pump_w: f64 = pump_ramp
-            .iter()
-            .map(|&r| {
-                if r > 0.0 {
-                    lp.pump_max_w * (r * speed).powi(3)
-                } else {
-                    0.0
-                }
-            })
-            .sum();
-
+        let pumps = step_pumps(lp, pump_ramp, n, dt, act, cond);
         // Flow splits evenly over the open racks.
         let open: Vec<bool> = (0..s.racks)
             .map(|r| act.valves.get(r).copied().unwrap_or(true))
             .collect();
         let open_gpus = open.iter().filter(|&&o| o).count() * per_rack;
         let q_gpu = if open_gpus > 0 {
-            flow_lpm / open_gpus as f64
+            pumps.flow_lpm / open_gpus as f64
         } else {
             0.0
         };
@@ -273,142 +250,16 @@ impl Plant {
         *supply_c += (sp - *supply_c) * (dt / lp.supply_tau_s).min(1.0);
         *supply_c = supply_c.max(*fw_c + lp.approach_k);
 
-        // GPUs.
-        let mut gpu_power = 0.0;
-        let mut gpu_to_coolant = 0.0;
-        let mut host_load = vec![0.0; n / s.gpus_per_host.max(1)];
-        for (i, gs) in gpus.iter_mut().enumerate() {
-            let rack = i / per_rack;
-            gs.powered_down = !gs.shut_down && act.powered_down.get(i).copied().unwrap_or(false);
-            let u = if gs.powered_down {
-                0.0
-            } else {
-                cond.demand.get(i).copied().unwrap_or(0.0).clamp(0.0, 1.0)
-            };
-            gs.demand = u;
-            host_load[i / s.gpus_per_host] += u / s.gpus_per_host as f64;
-            let (q, t_in) = if open[rack] {
-                (q_gpu, *supply_c)
-            } else {
-                let drift = lp.stagnant_drift_k_per_s * dt;
-                let t = if gs.t_in < gs.t_j {
-                    (gs.t_in + drift).min(gs.t_j)
-                } else {
-                    (gs.t_in - drift).max(gs.t_j)
-                };
-                (0.0, t)
-            };
-            gs.t_in = t_in;
-            if gs.shut_down {
-                gs.power = 0.0;
-                gs.work = 0.0;
-            } else if gs.powered_down {
-                gs.power = 0.0;
-                gs.work = 0.0;
-                gs.slowdown = false;
-            } else {
-                if gs.t_j >= g.slowdown_c && !gs.slowdown {
-                    gs.slowdown = true;
-                    totals.slowdown_episodes += 1;
-                } else if gs.t_j < g.max_operating_c {
-                    gs.slowdown = false;
-                }
-                let mut limit = act.caps.get(i).copied().flatten().unwrap_or(g.tdp_w);
-                limit = limit.clamp(g.min_cap_w, g.tdp_w);
-                if gs.slowdown {
-                    limit = limit.min(0.5 * g.tdp_w);
-                }
-                gs.limit = limit;
-                (gs.power, gs.work) = g.draw(gs.t_j, u, limit);
-            }
-            // Heat into the coolant through the plate; the rest is stored.
-            let r = g.r_jc + g.r_cold_plate(q);
-            let to_coolant = (gs.t_j - t_in) / r;
-            gs.t_j += dt * (gs.power - to_coolant) / g.heat_capacity_j_per_k;
-            // A closed rack's stagnant plates keep their heat in the rack.
-            if open[rack] {
-                gpu_to_coolant += to_coolant;
-            }
-            gpu_power += gs.power;
-            totals.max_gpu_c = totals.max_gpu_c.max(gs.t_j);
-            if gs.powered_down {
-                // Off by its host: no slowdown, no shutdown, not operating.
-                totals.powered_down_gpu_s += dt;
-            } else {
-                if gs.t_j >= g.shutdown_c && !gs.shut_down {
-                    gs.shut_down = true;
-                    totals.shutdowns += 1;
-                }
-                if gs.t_j > g.max_operating_c {
-                    totals.gpu_s_above_max_operating += dt;
-                }
-            }
-            totals.work_gpu_s += gs.work * dt;
-        }
-        let host_w: f64 = host_load
-            .iter()
-            .map(|&l| s.host.idle_w + (s.host.full_w - s.host.idle_w) * l.clamp(0.0, 1.0))
-            .sum();
-        let it_w = gpu_power + host_w;
-        // All IT heat goes into the liquid: the GPUs' through their plates
-        // (what a die stores meanwhile is its own), the hosts' directly.
-        let heat_w = gpu_to_coolant + host_w;
-
-        // Return temperature.
-        let m_dot = flow_lpm * lp.density_kg_per_m3 / 60_000.0;
-        let return_c = if m_dot > 0.0 {
-            *supply_c + heat_w / (m_dot * lp.cp_j_per_kg_k)
-        } else {
-            *supply_c
-        };
-
-        // Heat rejection: the dry cooler first, the chiller takes the rest
-        // up to its capacity, the facility loop stores what neither takes.
-        let f = &s.facility;
-        let target = sp - lp.approach_k;
-        let fw_return = *fw_c + heat_w / (f.water_kg_per_s * f.water_cp_j_per_kg_k);
-        let ua = f.dry_cooler_ua_w_per_k * cond.dry_cooler_fraction.clamp(0.0, 1.0);
-        let drive = (fw_return - cond.ambient_c - f.pinch_k).max(0.0);
-        // Towards the target the loop should shed this much heat.
-        let follow = f.heat_capacity_j_per_k * (*fw_c - target) / f.follow_tau_s.max(dt);
-        let wanted = (heat_w + follow).max(0.0);
-        let q_dc = wanted.min(ua * drive);
-        let fan_frac = if ua * drive > 0.0 {
-            q_dc / (ua * drive)
-        } else {
-            0.0
-        };
-        let fans_w = f.fan_max_w * fan_frac.powi(3);
-        let q_ch = if cond.chiller_tripped {
-            0.0
-        } else {
-            (wanted - q_dc).clamp(0.0, f.chiller_max_w)
-        };
-        let chiller_w = q_ch / f.cop(*fw_c, cond.ambient_c);
-        *fw_c += dt * (heat_w - q_dc - q_ch) / f.heat_capacity_j_per_k;
-
-        let facility_w =
-            it_w + pump_w + fans_w + chiller_w + f.pumps_w + f.distribution_loss * it_w + f.fixed_w;
-        *meters = Meters {
-            it_w,
-            heat_w,
-            pump_w,
-            fans_w,
-            chiller_w,
-            dry_cooler_heat_w: q_dc,
-            chiller_heat_w: q_ch,
-            facility_w,
-            flow_lpm,
+        let coolant = Coolant {
+            open: &open,
+            q_gpu,
             supply_c: *supply_c,
-            return_c,
-            facility_supply_c: *fw_c,
+            per_rack,
         };
-        let t = totals;
-        t.seconds += dt;
-        t.it_j += it_w * dt;
-        t.facility_j += facility_w * dt;
-        t.heat_in_j += heat_w * dt;
-        t.heat_out_j += (q_dc + q_ch) * dt;
+        let it = step_gpus(s, gpus, totals, &coolant, dt, act, cond);
+        let rej = step_facility(s, fw_c, sp, it.heat_w, dt, cond);
+        *meters = meters_of(s, &pumps, &it, &rej, *supply_c, *fw_c);
+        add_step(totals, meters, dt);
     }
 
     /// A GPU falls off the bus (a scenario's fault, XID 79): it stops for
@@ -429,6 +280,280 @@ impl Plant {
     pub fn facility_stored_j(&self, reference_c: f64) -> f64 {
         self.site.facility.heat_capacity_j_per_k * (self.fw_c - reference_c)
     }
+}
+
+/// The pumps in one step.
+struct Pumps {
+    /// Secondary flow, L/min.
+    flow_lpm: f64,
+    /// Running pumps, W.
+    pump_w: f64,
+}
+
+/// Pumps: a running pump at its speed; a pump starting comes up to speed
+/// over `lag_start_s`; a tripped one stops at once.
+fn step_pumps(
+    lp: &LoopModel,
+    pump_ramp: &mut [f64; 2],
+    n: usize,
+    dt: f64,
+    act: &Actuation,
+    cond: &Conditions,
+) -> Pumps {
+    let speed = act.pump_speed.clamp(lp.min_speed, 1.0);
+    for (i, ramp) in pump_ramp.iter_mut().enumerate() {
+        if act.pump_on[i] && !cond.pump_tripped[i] {
+            *ramp = (*ramp + dt / lp.lag_start_s.max(1e-9)).min(1.0);
+        } else {
+            *ramp = 0.0;
+        }
+    }
+    let effective = pump_ramp.iter().fold(0.0f64, |a, &r| a.max(r)) * speed;
+    let flow_lpm = lp.design_lpm_per_gpu * n as f64 * effective;
+    let pump_w: f64 = pump_ramp
+        .iter()
+        .map(|&r| {
+            if r > 0.0 {
+                lp.pump_max_w * (r * speed).powi(3)
+            } else {
+                0.0
+            }
+        })
+        .sum();
+    Pumps { flow_lpm, pump_w }
+}
+
+/// What the secondary loop brings the GPUs this step.
+struct Coolant<'a> {
+    /// Per rack: valve open.
+    open: &'a [bool],
+    /// Flow per GPU of an open rack, L/min.
+    q_gpu: f64,
+    /// Supply temperature, °C.
+    supply_c: f64,
+    /// GPUs per rack.
+    per_rack: usize,
+}
+
+/// The IT side of one step.
+struct ItLoad {
+    /// IT power (GPUs and hosts), W.
+    it_w: f64,
+    /// Heat into the coolant, W.
+    heat_w: f64,
+}
+
+/// GPUs and hosts: each GPU's power, work and junction temperature, the
+/// safety accounts, and the hosts' own power.
+fn step_gpus(
+    s: &SiteConfig,
+    gpus: &mut [GpuState],
+    totals: &mut Totals,
+    c: &Coolant,
+    dt: f64,
+    act: &Actuation,
+    cond: &Conditions,
+) -> ItLoad {
+    let lp = &s.secondary;
+    let g = &s.gpu;
+    let n = gpus.len();
+    let mut gpu_power = 0.0;
+    let mut gpu_to_coolant = 0.0;
+    let mut host_load = vec![0.0; n / s.gpus_per_host.max(1)];
+    for (i, gs) in gpus.iter_mut().enumerate() {
+        let rack = i / c.per_rack;
+        gs.powered_down = !gs.shut_down && act.powered_down.get(i).copied().unwrap_or(false);
+        let u = if gs.powered_down {
+            0.0
+        } else {
+            cond.demand.get(i).copied().unwrap_or(0.0).clamp(0.0, 1.0)
+        };
+        gs.demand = u;
+        host_load[i / s.gpus_per_host] += u / s.gpus_per_host as f64;
+        let (q, t_in) = if c.open[rack] {
+            (c.q_gpu, c.supply_c)
+        } else {
+            let drift = lp.stagnant_drift_k_per_s * dt;
+            let t = if gs.t_in < gs.t_j {
+                (gs.t_in + drift).min(gs.t_j)
+            } else {
+                (gs.t_in - drift).max(gs.t_j)
+            };
+            (0.0, t)
+        };
+        gs.t_in = t_in;
+        gpu_draw(g, gs, totals, act.caps.get(i).copied().flatten(), u);
+        // Heat into the coolant through the plate; the rest is stored.
+        let r = g.r_jc + g.r_cold_plate(q);
+        let to_coolant = (gs.t_j - t_in) / r;
+        gs.t_j += dt * (gs.power - to_coolant) / g.heat_capacity_j_per_k;
+        // A closed rack's stagnant plates keep their heat in the rack.
+        if c.open[rack] {
+            gpu_to_coolant += to_coolant;
+        }
+        gpu_power += gs.power;
+        gpu_safety(g, gs, totals, dt);
+    }
+    let host_w: f64 = host_load
+        .iter()
+        .map(|&l| s.host.idle_w + (s.host.full_w - s.host.idle_w) * l.clamp(0.0, 1.0))
+        .sum();
+    ItLoad {
+        it_w: gpu_power + host_w,
+        // All IT heat goes into the liquid: the GPUs' through their plates
+        // (what a die stores meanwhile is its own), the hosts' directly.
+        heat_w: gpu_to_coolant + host_w,
+    }
+}
+
+/// A GPU's power and work under its limit (its cap, or half its TDP in
+/// HW slowdown); none when shut down or powered down.
+fn gpu_draw(g: &GpuModel, gs: &mut GpuState, totals: &mut Totals, cap: Option<f64>, u: f64) {
+    if gs.shut_down {
+        gs.power = 0.0;
+        gs.work = 0.0;
+    } else if gs.powered_down {
+        gs.power = 0.0;
+        gs.work = 0.0;
+        gs.slowdown = false;
+    } else {
+        if gs.t_j >= g.slowdown_c && !gs.slowdown {
+            gs.slowdown = true;
+            totals.slowdown_episodes += 1;
+        } else if gs.t_j < g.max_operating_c {
+            gs.slowdown = false;
+        }
+        let mut limit = cap.unwrap_or(g.tdp_w);
+        limit = limit.clamp(g.min_cap_w, g.tdp_w);
+        if gs.slowdown {
+            limit = limit.min(0.5 * g.tdp_w);
+        }
+        gs.limit = limit;
+        (gs.power, gs.work) = g.draw(gs.t_j, u, limit);
+    }
+}
+
+/// A GPU's safety accounts after its step: the hottest junction, time
+/// powered down or above the max operating temperature, shutdowns, work.
+fn gpu_safety(g: &GpuModel, gs: &mut GpuState, totals: &mut Totals, dt: f64) {
+    totals.max_gpu_c = totals.max_gpu_c.max(gs.t_j);
+    if gs.powered_down {
+        // Off by its host: no slowdown, no shutdown, not operating.
+        totals.powered_down_gpu_s += dt;
+    } else {
+        if gs.t_j >= g.shutdown_c && !gs.shut_down {
+            gs.shut_down = true;
+            totals.shutdowns += 1;
+        }
+        if gs.t_j > g.max_operating_c {
+            totals.gpu_s_above_max_operating += dt;
+        }
+    }
+    totals.work_gpu_s += gs.work * dt;
+}
+
+/// Heat rejection in one step.
+struct Rejection {
+    /// Heat the dry cooler rejects, W.
+    q_dc: f64,
+    /// Heat the chiller rejects, W.
+    q_ch: f64,
+    /// Dry cooler fans, W.
+    fans_w: f64,
+    /// Chiller, W.
+    chiller_w: f64,
+}
+
+/// The facility loop: the dry cooler first, the chiller takes the rest up
+/// to its capacity, the facility loop stores what neither takes.
+fn step_facility(
+    s: &SiteConfig,
+    fw_c: &mut f64,
+    sp: f64,
+    heat_w: f64,
+    dt: f64,
+    cond: &Conditions,
+) -> Rejection {
+    let lp = &s.secondary;
+    let f = &s.facility;
+    let target = sp - lp.approach_k;
+    let fw_return = *fw_c + heat_w / (f.water_kg_per_s * f.water_cp_j_per_kg_k);
+    let ua = f.dry_cooler_ua_w_per_k * cond.dry_cooler_fraction.clamp(0.0, 1.0);
+    let drive = (fw_return - cond.ambient_c - f.pinch_k).max(0.0);
+    // Towards the target the loop should shed this much heat.
+    let follow = f.heat_capacity_j_per_k * (*fw_c - target) / f.follow_tau_s.max(dt);
+    let wanted = (heat_w + follow).max(0.0);
+    let q_dc = wanted.min(ua * drive);
+    let fan_frac = if ua * drive > 0.0 {
+        q_dc / (ua * drive)
+    } else {
+        0.0
+    };
+    let fans_w = f.fan_max_w * fan_frac.powi(3);
+    let q_ch = if cond.chiller_tripped {
+        0.0
+    } else {
+        (wanted - q_dc).clamp(0.0, f.chiller_max_w)
+    };
+    let chiller_w = q_ch / f.cop(*fw_c, cond.ambient_c);
+    *fw_c += dt * (heat_w - q_dc - q_ch) / f.heat_capacity_j_per_k;
+    Rejection {
+        q_dc,
+        q_ch,
+        fans_w,
+        chiller_w,
+    }
+}
+
+/// The meters of the step, with the return temperature.
+fn meters_of(
+    s: &SiteConfig,
+    pumps: &Pumps,
+    it: &ItLoad,
+    rej: &Rejection,
+    supply_c: f64,
+    fw_c: f64,
+) -> Meters {
+    let lp = &s.secondary;
+    let f = &s.facility;
+    let (it_w, heat_w, flow_lpm) = (it.it_w, it.heat_w, pumps.flow_lpm);
+    // Return temperature.
+    let m_dot = flow_lpm * lp.density_kg_per_m3 / 60_000.0;
+    let return_c = if m_dot > 0.0 {
+        supply_c + heat_w / (m_dot * lp.cp_j_per_kg_k)
+    } else {
+        supply_c
+    };
+    let facility_w = it_w
+        + pumps.pump_w
+        + rej.fans_w
+        + rej.chiller_w
+        + f.pumps_w
+        + f.distribution_loss * it_w
+        + f.fixed_w;
+    Meters {
+        it_w,
+        heat_w,
+        pump_w: pumps.pump_w,
+        fans_w: rej.fans_w,
+        chiller_w: rej.chiller_w,
+        dry_cooler_heat_w: rej.q_dc,
+        chiller_heat_w: rej.q_ch,
+        facility_w,
+        flow_lpm,
+        supply_c,
+        return_c,
+        facility_supply_c: fw_c,
+    }
+}
+
+/// The energy accounts of a step of `dt` seconds with meters `m`.
+fn add_step(t: &mut Totals, m: &Meters, dt: f64) {
+    t.seconds += dt;
+    t.it_j += m.it_w * dt;
+    t.facility_j += m.facility_w * dt;
+    t.heat_in_j += m.heat_w * dt;
+    t.heat_out_j += (m.dry_cooler_heat_w + m.chiller_heat_w) * dt;
 }
 
 #[cfg(test)]

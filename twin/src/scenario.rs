@@ -213,117 +213,20 @@ impl Scenario {
         if file.duration_s == 0 {
             return Err(err("duration_s must be above 0".into()));
         }
-        let site: SiteConfig = match file.site {
-            Some(v) => v
-                .try_into()
-                .map_err(|e: toml::de::Error| err(format!("[site]: {}", e.message())))?,
-            None => SiteConfig::default(),
-        };
-        if site.racks == 0 || site.hosts_per_rack == 0 || site.gpus_per_host == 0 {
-            return Err(err(
-                "[site]: racks, hosts_per_rack and gpus_per_host must be above 0".into(),
-            ));
-        }
+        let site = site_of(file.site).map_err(err)?;
         file.ambient
             .points
             .check("[ambient] points", -60.0, 60.0)
             .map_err(err)?;
-        let mut load_all = None;
-        let mut load_racks = BTreeMap::new();
-        for (key, curve) in file.load {
-            curve
-                .check(&format!("[load] {key}"), 0.0, 1.0)
-                .map_err(err)?;
-            if key == "all" {
-                load_all = Some(curve);
-            } else {
-                let rack: usize =
-                    key.parse()
-                        .ok()
-                        .filter(|r| *r < site.racks)
-                        .ok_or_else(|| {
-                            err(format!(
-                                "[load] {key:?}: \"all\" or a rack from 0 to {}",
-                                site.racks - 1
-                            ))
-                        })?;
-                load_racks.insert(rack, curve);
-            }
-        }
-        let load_all = load_all.ok_or_else(|| err("[load] needs \"all\"".into()))?;
-        let mut faults = Vec::new();
-        for (i, f) in file.fault.iter().enumerate() {
-            let at = |m: String| err(format!("fault {} ({}): {m}", i + 1, f.kind));
-            if f.until_s.is_some_and(|u| u <= f.at_s) {
-                return Err(at(format!("until_s must come after at_s = {}", f.at_s)));
-            }
-            let rack = || {
-                f.target
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|r| *r < site.racks)
-                    .ok_or_else(|| {
-                        at(format!(
-                            "target {:?}: a rack from 0 to {}",
-                            f.target,
-                            site.racks - 1
-                        ))
-                    })
-            };
-            let sensor = || {
-                SensorName::parse(&f.target).ok_or_else(|| {
-                    at(format!(
-                        "target {:?}: supply_temp, return_temp, flow, diff_pressure or facility_supply_temp",
-                        f.target
-                    ))
-                })
-            };
-            let kind = match f.kind.as_str() {
-                "chiller_trip" => FaultKind::ChillerTrip,
-                "pump_trip" => FaultKind::PumpTrip(match f.target.as_str() {
-                    "A" => 0,
-                    "B" => 1,
-                    other => return Err(at(format!("target {other:?}: pump A or B"))),
-                }),
-                "dry_cooler_degraded" => {
-                    if !(0.0..=1.0).contains(&f.value) {
-                        return Err(at(format!("value {}: the share of UA left, 0 to 1", f.value)));
-                    }
-                    FaultKind::DryCoolerDegraded(f.value)
-                }
-                "leak" => FaultKind::Leak(rack()?),
-                "sensor_stuck" => FaultKind::SensorStuck(sensor()?),
-                "sensor_drift" => FaultKind::SensorDrift(sensor()?, f.value),
-                "sensor_lost" => FaultKind::SensorLost(sensor()?),
-                "bus_outage" => FaultKind::BusOutage,
-                "modbus_outage" => FaultKind::ModbusOutage,
-                "valve_stuck" => FaultKind::ValveStuck(rack()?),
-                "gpu_fail" => {
-                    let parts: Vec<usize> = f.target.split('.').filter_map(|p| p.parse().ok()).collect();
-                    match parts[..] {
-                        [r, h, g] if r < site.racks && h < site.hosts_per_rack && g < site.gpus_per_host => {
-                            FaultKind::GpuFail(r, h, g)
-                        }
-                        _ => {
-                            return Err(at(format!(
-                                "target {:?}: \"rack.host.gpu\" within {} racks, {} hosts, {} GPUs",
-                                f.target, site.racks, site.hosts_per_rack, site.gpus_per_host
-                            )))
-                        }
-                    }
-                }
-                other => {
-                    return Err(at(format!(
-                        "unknown kind {other:?}; known: chiller_trip, pump_trip, dry_cooler_degraded, leak, sensor_stuck, sensor_drift, sensor_lost, bus_outage, modbus_outage, valve_stuck, gpu_fail"
-                    )))
-                }
-            };
-            faults.push(Fault {
-                at_s: f.at_s,
-                until_s: f.until_s,
-                kind,
-            });
-        }
+        let (load_all, load_racks) = loads_of(file.load, &site).map_err(err)?;
+        let faults = file
+            .fault
+            .iter()
+            .enumerate()
+            .map(|(i, f)| {
+                fault_of(f, &site).map_err(|m| err(format!("fault {} ({}): {m}", i + 1, f.kind)))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             description: file.description,
             duration_s: file.duration_s,
@@ -388,6 +291,119 @@ impl Scenario {
 /// them.
 pub fn is_later_model(error: &str) -> bool {
     error.contains("unknown kind") || error.contains("unknown field `truth`")
+}
+
+/// The `[site]` table (the default site when there is none), checked.
+fn site_of(table: Option<toml::Value>) -> Result<SiteConfig, String> {
+    let site: SiteConfig = match table {
+        Some(v) => v
+            .try_into()
+            .map_err(|e: toml::de::Error| format!("[site]: {}", e.message()))?,
+        None => SiteConfig::default(),
+    };
+    if site.racks == 0 || site.hosts_per_rack == 0 || site.gpus_per_host == 0 {
+        return Err("[site]: racks, hosts_per_rack and gpus_per_host must be above 0".into());
+    }
+    Ok(site)
+}
+
+/// The `[load]` curves, checked: the one of every rack (`all`) and those
+/// of single racks.
+fn loads_of(
+    load: BTreeMap<String, Curve>,
+    site: &SiteConfig,
+) -> Result<(Curve, BTreeMap<usize, Curve>), String> {
+    let mut load_all = None;
+    let mut load_racks = BTreeMap::new();
+    for (key, curve) in load {
+        curve.check(&format!("[load] {key}"), 0.0, 1.0)?;
+        if key == "all" {
+            load_all = Some(curve);
+        } else {
+            let rack: usize = key
+                .parse()
+                .ok()
+                .filter(|r| *r < site.racks)
+                .ok_or_else(|| {
+                    format!(
+                        "[load] {key:?}: \"all\" or a rack from 0 to {}",
+                        site.racks - 1
+                    )
+                })?;
+            load_racks.insert(rack, curve);
+        }
+    }
+    let load_all = load_all.ok_or_else(|| "[load] needs \"all\"".to_string())?;
+    Ok((load_all, load_racks))
+}
+
+/// One `[[fault]]`, checked against the site; the error names the field
+/// and the reason (the caller names the fault).
+fn fault_of(f: &FaultFile, site: &SiteConfig) -> Result<Fault, String> {
+    if f.until_s.is_some_and(|u| u <= f.at_s) {
+        return Err(format!("until_s must come after at_s = {}", f.at_s));
+    }
+    let rack = || {
+        f.target
+            .parse::<usize>()
+            .ok()
+            .filter(|r| *r < site.racks)
+            .ok_or_else(|| format!("target {:?}: a rack from 0 to {}", f.target, site.racks - 1))
+    };
+    let sensor = || {
+        SensorName::parse(&f.target).ok_or_else(|| {
+            format!(
+                "target {:?}: supply_temp, return_temp, flow, diff_pressure or facility_supply_temp",
+                f.target
+            )
+        })
+    };
+    let kind = match f.kind.as_str() {
+        "chiller_trip" => FaultKind::ChillerTrip,
+        "pump_trip" => FaultKind::PumpTrip(match f.target.as_str() {
+            "A" => 0,
+            "B" => 1,
+            other => return Err(format!("target {other:?}: pump A or B")),
+        }),
+        "dry_cooler_degraded" => {
+            if !(0.0..=1.0).contains(&f.value) {
+                return Err(format!("value {}: the share of UA left, 0 to 1", f.value));
+            }
+            FaultKind::DryCoolerDegraded(f.value)
+        }
+        "leak" => FaultKind::Leak(rack()?),
+        "sensor_stuck" => FaultKind::SensorStuck(sensor()?),
+        "sensor_drift" => FaultKind::SensorDrift(sensor()?, f.value),
+        "sensor_lost" => FaultKind::SensorLost(sensor()?),
+        "bus_outage" => FaultKind::BusOutage,
+        "modbus_outage" => FaultKind::ModbusOutage,
+        "valve_stuck" => FaultKind::ValveStuck(rack()?),
+        "gpu_fail" => gpu_fail_of(&f.target, site)?,
+        other => {
+            return Err(format!(
+                "unknown kind {other:?}; known: chiller_trip, pump_trip, dry_cooler_degraded, leak, sensor_stuck, sensor_drift, sensor_lost, bus_outage, modbus_outage, valve_stuck, gpu_fail"
+            ))
+        }
+    };
+    Ok(Fault {
+        at_s: f.at_s,
+        until_s: f.until_s,
+        kind,
+    })
+}
+
+/// A `gpu_fail` target, `rack.host.gpu`, checked against the site.
+fn gpu_fail_of(target: &str, site: &SiteConfig) -> Result<FaultKind, String> {
+    let parts: Vec<usize> = target.split('.').filter_map(|p| p.parse().ok()).collect();
+    match parts[..] {
+        [r, h, g] if r < site.racks && h < site.hosts_per_rack && g < site.gpus_per_host => {
+            Ok(FaultKind::GpuFail(r, h, g))
+        }
+        _ => Err(format!(
+            "target {:?}: \"rack.host.gpu\" within {} racks, {} hosts, {} GPUs",
+            target, site.racks, site.hosts_per_rack, site.gpus_per_host
+        )),
+    }
 }
 
 #[cfg(test)]

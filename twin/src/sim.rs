@@ -33,7 +33,7 @@
 use std::io::Write;
 
 use crate::hosts::HostFollow;
-use crate::plant::{Actuation, Conditions, Plant};
+use crate::plant::{Actuation, Conditions, Meters, Plant};
 use crate::scenario::{FaultKind, Scenario, SensorName};
 
 /// What the hosts' agents report over the bus about one host.
@@ -274,29 +274,7 @@ pub fn run(
     mut trace: Option<&mut dyn Write>,
     trace_every_s: u64,
 ) -> std::io::Result<Summary> {
-    let site = scenario.site.clone();
-    let racks = site.racks;
-    let hosts_per_rack = site.hosts_per_rack;
-    let per_host = site.gpus_per_host;
-    let per_rack = hosts_per_rack * per_host;
-    let hosts = racks * hosts_per_rack;
-    let start_c = scenario.ambient.at(0.0).max(20.0);
-    let mut plant = Plant::new(site, start_c);
-    let n = plant.gpus().len();
-    let mut follow = HostFollow::new(hosts, per_host);
-    let mut sensors = [SensorState::default(); 4];
-    let mut failed = vec![false; n];
-    // The CDU at rest: holding the hall's temperature, lead pump at 100 %.
-    let mut cdu = CduCommand {
-        setpoint_c: start_c,
-        pump_speed: 1.0,
-        pump_on: [true, false],
-        valves: vec![true; racks],
-    };
-    let mut leases: Vec<Option<(f64, f64)>> = vec![None; hosts];
-    let mut cap_host_s = 0u64;
-    let mut failsafe_s = 0u64;
-    let mut leak_pumped_s = 0u64;
+    let mut st = RunState::new(scenario);
     let leaks = scenario
         .faults
         .iter()
@@ -305,28 +283,161 @@ pub fn run(
     if let Some(w) = trace.as_deref_mut() {
         writeln!(w, "t_s,ambient_c,setpoint_c,supply_c,return_c,flow_lpm,pump_speed,max_gpu_c,it_kw,facility_kw,caps")?;
     }
-    let mut last = plant.meters();
-    // The meters and pump feedback as last read over Modbus.
-    let mut read_pumps = cdu.pump_on;
-    let (mut read_it_w, mut read_facility_w) = (last.it_w, last.facility_w);
     for sec in 0..scenario.duration_s {
+        let s = st.begin_second(sec);
+        let readings = st.readings(&s);
+        let mut cond = scenario.conditions(s.t, &st.failed);
+        let demand = cond.demand.clone();
+        st.follow.apply(s.t, &mut cond.demand);
+        controller.observe(&st.plant, &cond);
+        let d = controller.step(&readings);
+        if d.failsafe {
+            st.failsafe_s += 1;
+        }
+        st.hosts_hear(&s, &d);
+        cond.demand = demand;
+        let powered_down = st.follow.apply(s.t, &mut cond.demand);
+        st.cap_host_s += d.host_caps.iter().take(st.hosts).flatten().count() as u64;
+        let act = st.actuation(&s, &d, powered_down);
+        st.plant.step(1.0, &act, &cond);
+        st.last = st.plant.meters();
+        if let Some(w) = trace.as_deref_mut() {
+            if sec % trace_every_s.max(1) == 0 {
+                st.trace_row(w, &s, &act, &d)?;
+            }
+        }
+    }
+    Ok(st.summary(name, controller.name(), leaks))
+}
+
+/// One second of a run: the time and what the scenario has in force then.
+struct Second {
+    /// Simulated time, s.
+    t: f64,
+    /// Outdoor air, °C.
+    ambient: f64,
+    /// The faults in force.
+    active: Vec<FaultKind>,
+    /// The bus is out (no host reports, the hosts hear nothing).
+    bus_out: bool,
+    /// The CDU answers on Modbus.
+    modbus_ok: bool,
+    /// Per rack: it leaks.
+    leaking: Vec<bool>,
+}
+
+/// A run between seconds: the plant, what the CDU and the hosts were last
+/// told, what the controller last read over Modbus, and the counters of
+/// the summary.
+struct RunState<'a> {
+    scenario: &'a Scenario,
+    racks: usize,
+    hosts_per_rack: usize,
+    per_host: usize,
+    per_rack: usize,
+    hosts: usize,
+    /// GPUs in the hall.
+    n: usize,
+    plant: Plant,
+    follow: HostFollow,
+    sensors: [SensorState; 4],
+    /// Per GPU: failed by the scenario.
+    failed: Vec<bool>,
+    cdu: CduCommand,
+    /// Per host: the cap lease it holds (cap, W; lapses at, s).
+    leases: Vec<Option<(f64, f64)>>,
+    cap_host_s: u64,
+    failsafe_s: u64,
+    leak_pumped_s: u64,
+    /// The plant's meters after the last step.
+    last: Meters,
+    /// The pump feedback as last read over Modbus.
+    read_pumps: [bool; 2],
+    /// The IT meter as last read over Modbus, W.
+    read_it_w: f64,
+    /// The facility meter as last read over Modbus, W.
+    read_facility_w: f64,
+}
+
+impl<'a> RunState<'a> {
+    /// The hall at rest at the start of `scenario`.
+    fn new(scenario: &'a Scenario) -> Self {
+        let site = scenario.site.clone();
+        let racks = site.racks;
+        let hosts_per_rack = site.hosts_per_rack;
+        let per_host = site.gpus_per_host;
+        let per_rack = hosts_per_rack * per_host;
+        let hosts = racks * hosts_per_rack;
+        let start_c = scenario.ambient.at(0.0).max(20.0);
+        let plant = Plant::new(site, start_c);
+        let n = plant.gpus().len();
+        // The CDU at rest: holding the hall's temperature, lead pump at 100 %.
+        let cdu = CduCommand {
+            setpoint_c: start_c,
+            pump_speed: 1.0,
+            pump_on: [true, false],
+            valves: vec![true; racks],
+        };
+        let last = plant.meters();
+        Self {
+            scenario,
+            racks,
+            hosts_per_rack,
+            per_host,
+            per_rack,
+            hosts,
+            n,
+            follow: HostFollow::new(hosts, per_host),
+            sensors: [SensorState::default(); 4],
+            failed: vec![false; n],
+            leases: vec![None; hosts],
+            cap_host_s: 0,
+            failsafe_s: 0,
+            leak_pumped_s: 0,
+            read_pumps: cdu.pump_on,
+            read_it_w: last.it_w,
+            read_facility_w: last.facility_w,
+            cdu,
+            last,
+            plant,
+        }
+    }
+
+    /// What the scenario has in force at second `sec`; the GPUs it fails
+    /// then fail in the plant.
+    fn begin_second(&mut self, sec: u64) -> Second {
+        let scenario = self.scenario;
         let t = sec as f64;
         let ambient = scenario.ambient.at(t);
         let active: Vec<FaultKind> = scenario.active(t).cloned().collect();
         let bus_out = active.contains(&FaultKind::BusOutage);
         let modbus_ok = !active.contains(&FaultKind::ModbusOutage);
-        let leaking: Vec<bool> = (0..racks)
+        let leaking: Vec<bool> = (0..self.racks)
             .map(|r| active.contains(&FaultKind::Leak(r)))
             .collect();
         for f in &active {
             if let FaultKind::GpuFail(r, h, g) = f {
-                let i = r * per_rack + h * per_host + g;
-                if !failed[i] {
-                    failed[i] = true;
-                    plant.fail_gpu(i);
+                let i = r * self.per_rack + h * self.per_host + g;
+                if !self.failed[i] {
+                    self.failed[i] = true;
+                    self.plant.fail_gpu(i);
                 }
             }
         }
+        Second {
+            t,
+            ambient,
+            active,
+            bus_out,
+            modbus_ok,
+            leaking,
+        }
+    }
+
+    /// What the controller reads this second, with the scenario's sensor
+    /// faults and outages.
+    fn readings(&mut self, s: &Second) -> Readings {
+        let last = self.last;
         // The sensors drift and stick whether or not anyone reads them.
         let truths = [
             (SensorName::SupplyTemp, last.supply_c),
@@ -336,55 +447,51 @@ pub fn run(
         ];
         let mut sensed = [None; 4];
         for (k, (name, truth)) in truths.into_iter().enumerate() {
-            let v = sensor(scenario, t, name, truth, &mut sensors[k]);
-            sensed[k] = v.filter(|_| modbus_ok);
+            let v = sensor(self.scenario, s.t, name, truth, &mut self.sensors[k]);
+            sensed[k] = v.filter(|_| s.modbus_ok);
         }
-        if modbus_ok {
-            read_pumps =
-                [0, 1].map(|i| cdu.pump_on[i] && !active.contains(&FaultKind::PumpTrip(i)));
-            (read_it_w, read_facility_w) = (last.it_w, last.facility_w);
+        if s.modbus_ok {
+            self.read_pumps =
+                [0, 1].map(|i| self.cdu.pump_on[i] && !s.active.contains(&FaultKind::PumpTrip(i)));
+            (self.read_it_w, self.read_facility_w) = (last.it_w, last.facility_w);
         }
-        let reports = if bus_out {
+        let reports = if s.bus_out {
             Vec::new()
         } else {
-            host_reports(&plant)
+            host_reports(&self.plant)
         };
         let hottest = reports
             .iter()
             .filter(|h| h.gpus > 0)
             .map(|h| h.hottest_c)
             .fold(None, |m: Option<f64>, t| Some(m.map_or(t, |m| m.max(t))));
-        let readings = Readings {
-            t_s: t,
-            modbus_ok,
+        Readings {
+            t_s: s.t,
+            modbus_ok: s.modbus_ok,
             supply_c: sensed[0],
             return_c: sensed[1],
             flow_lpm: sensed[2],
             facility_supply_c: sensed[3],
-            ambient_c: ambient,
-            leaks: leaking.clone(),
-            pumps_running: read_pumps,
+            ambient_c: s.ambient,
+            leaks: s.leaking.clone(),
+            pumps_running: self.read_pumps,
             hosts: reports,
             hottest_gpu_c: hottest,
-            it_w: read_it_w,
-            facility_w: read_facility_w,
-        };
-        let mut cond = scenario.conditions(t, &failed);
-        let demand = cond.demand.clone();
-        follow.apply(t, &mut cond.demand);
-        controller.observe(&plant, &cond);
-        let d = controller.step(&readings);
-        if d.failsafe {
-            failsafe_s += 1;
+            it_w: self.read_it_w,
+            facility_w: self.read_facility_w,
         }
-        // The hosts hear the controller over the bus, when the bus works;
-        // a cap lease they hold lapses `LEASE_S` after it was last renewed.
-        if !bus_out {
-            for (host, lease) in leases.iter_mut().enumerate() {
-                if d.rack_cooling_lost.get(host / hosts_per_rack) == Some(&true) {
-                    follow.cooling_lost(host, t);
+    }
+
+    /// The hosts hear the controller over the bus, when the bus works; a
+    /// cap lease they hold lapses `LEASE_S` after it was last renewed.
+    fn hosts_hear(&mut self, s: &Second, d: &Decision) {
+        let t = s.t;
+        if !s.bus_out {
+            for (host, lease) in self.leases.iter_mut().enumerate() {
+                if d.rack_cooling_lost.get(host / self.hosts_per_rack) == Some(&true) {
+                    self.follow.cooling_lost(host, t);
                 } else {
-                    follow.cooling_restored(host);
+                    self.follow.cooling_restored(host);
                 }
                 *lease = d
                     .host_caps
@@ -394,17 +501,21 @@ pub fn run(
                     .map(|c| (c, t + LEASE_S));
             }
         }
-        for l in leases.iter_mut() {
+        for l in self.leases.iter_mut() {
             if l.is_some_and(|(_, until)| t >= until) {
                 *l = None;
             }
         }
-        cond.demand = demand;
-        let powered_down = follow.apply(t, &mut cond.demand);
-        cap_host_s += d.host_caps.iter().take(hosts).flatten().count() as u64;
+    }
+
+    /// What the plant's actuators do this second: the CDU hears `d` over
+    /// Modbus when Modbus works, stuck valves stay open, the hosts keep
+    /// their leases; counts the pumped leak seconds.
+    fn actuation(&mut self, s: &Second, d: &Decision, powered_down: Vec<bool>) -> Actuation {
+        let racks = self.racks;
         // The CDU hears it over Modbus, when Modbus works.
-        if modbus_ok {
-            cdu = CduCommand {
+        if s.modbus_ok {
+            self.cdu = CduCommand {
                 setpoint_c: d.setpoint_c,
                 pump_speed: d.pump_speed,
                 pump_on: d.pump_on,
@@ -416,74 +527,96 @@ pub fn run(
         let valves: Vec<bool> = (0..racks)
             .map(|r| {
                 // A stuck valve keeps its position: open, as at the start.
-                active.contains(&FaultKind::ValveStuck(r)) || cdu.valves[r]
+                s.active.contains(&FaultKind::ValveStuck(r)) || self.cdu.valves[r]
             })
             .collect();
-        leak_pumped_s += leaking
+        self.leak_pumped_s += s
+            .leaking
             .iter()
             .zip(&valves)
             .filter(|(l, v)| **l && **v)
             .count() as u64;
-        let act = Actuation {
-            setpoint_c: cdu.setpoint_c,
-            pump_speed: cdu.pump_speed,
-            pump_on: cdu.pump_on,
+        let per_host = self.per_host;
+        Actuation {
+            setpoint_c: self.cdu.setpoint_c,
+            pump_speed: self.cdu.pump_speed,
+            pump_on: self.cdu.pump_on,
             valves,
-            caps: (0..n)
-                .map(|i| leases.get(i / per_host).copied().flatten().map(|(c, _)| c))
+            caps: (0..self.n)
+                .map(|i| {
+                    self.leases
+                        .get(i / per_host)
+                        .copied()
+                        .flatten()
+                        .map(|(c, _)| c)
+                })
                 .collect(),
             powered_down,
-        };
-        plant.step(1.0, &act, &cond);
-        last = plant.meters();
-        if let Some(w) = trace.as_deref_mut() {
-            if sec % trace_every_s.max(1) == 0 {
-                let max_gpu = plant.gpus().iter().map(|g| g.t_j).fold(f64::MIN, f64::max);
-                let caps = d.host_caps.iter().take(hosts).flatten().count();
-                writeln!(
-                    w,
-                    "{t},{ambient:.2},{:.2},{:.2},{:.2},{:.1},{:.2},{max_gpu:.2},{:.2},{:.2},{caps}",
-                    act.setpoint_c,
-                    last.supply_c,
-                    last.return_c,
-                    last.flow_lpm,
-                    act.pump_speed,
-                    last.it_w / 1000.0,
-                    last.facility_w / 1000.0
-                )?;
-            }
         }
     }
-    let t = plant.totals();
-    let it_kwh = t.it_j / 3.6e6;
-    let facility_kwh = t.facility_j / 3.6e6;
-    let work_gpu_h = t.work_gpu_s / 3600.0;
-    Ok(Summary {
-        scenario: name.to_string(),
-        controller: controller.name().to_string(),
-        duration_s: scenario.duration_s,
-        it_kwh,
-        facility_kwh,
-        pue: if it_kwh > 0.0 {
-            facility_kwh / it_kwh
-        } else {
-            0.0
-        },
-        work_gpu_h,
-        kwh_per_work_gpu_h: if work_gpu_h > 0.0 {
-            facility_kwh / work_gpu_h
-        } else {
-            0.0
-        },
-        max_gpu_temp_c: t.max_gpu_c,
-        gpu_s_above_max_operating: t.gpu_s_above_max_operating.round() as u64,
-        slowdown_episodes: t.slowdown_episodes,
-        shutdowns: t.shutdowns,
-        cap_requests: cap_host_s,
-        failsafe_s,
-        leaks,
-        leak_pumped_s,
-    })
+
+    /// One row of the trace, after the plant's step.
+    fn trace_row(
+        &self,
+        w: &mut dyn Write,
+        s: &Second,
+        act: &Actuation,
+        d: &Decision,
+    ) -> std::io::Result<()> {
+        let (t, ambient, last) = (s.t, s.ambient, self.last);
+        let max_gpu = self
+            .plant
+            .gpus()
+            .iter()
+            .map(|g| g.t_j)
+            .fold(f64::MIN, f64::max);
+        let caps = d.host_caps.iter().take(self.hosts).flatten().count();
+        writeln!(
+            w,
+            "{t},{ambient:.2},{:.2},{:.2},{:.2},{:.1},{:.2},{max_gpu:.2},{:.2},{:.2},{caps}",
+            act.setpoint_c,
+            last.supply_c,
+            last.return_c,
+            last.flow_lpm,
+            act.pump_speed,
+            last.it_w / 1000.0,
+            last.facility_w / 1000.0
+        )
+    }
+
+    /// The figures of the run, from the plant's accounts and the counters.
+    fn summary(&self, name: &str, controller: &str, leaks: u32) -> Summary {
+        let t = self.plant.totals();
+        let it_kwh = t.it_j / 3.6e6;
+        let facility_kwh = t.facility_j / 3.6e6;
+        let work_gpu_h = t.work_gpu_s / 3600.0;
+        Summary {
+            scenario: name.to_string(),
+            controller: controller.to_string(),
+            duration_s: self.scenario.duration_s,
+            it_kwh,
+            facility_kwh,
+            pue: if it_kwh > 0.0 {
+                facility_kwh / it_kwh
+            } else {
+                0.0
+            },
+            work_gpu_h,
+            kwh_per_work_gpu_h: if work_gpu_h > 0.0 {
+                facility_kwh / work_gpu_h
+            } else {
+                0.0
+            },
+            max_gpu_temp_c: t.max_gpu_c,
+            gpu_s_above_max_operating: t.gpu_s_above_max_operating.round() as u64,
+            slowdown_episodes: t.slowdown_episodes,
+            shutdowns: t.shutdowns,
+            cap_requests: self.cap_host_s,
+            failsafe_s: self.failsafe_s,
+            leaks,
+            leak_pumped_s: self.leak_pumped_s,
+        }
+    }
 }
 
 #[cfg(test)]
