@@ -223,7 +223,11 @@ pub fn load(path: Option<&Path>, flags: &Overrides) -> Result<Config, ConfigErro
     resolve(path, &text, flags)
 }
 
-/// Checks a configuration given as text (the file at `path`) and flags.
+/// Checks a configuration given as text (the file at `path`) and flags:
+/// the common fields, then this host, its GPUs and their board, the
+/// timings, the thermal guard, the cooling context, health, the quarantine
+/// actions and the keys, each by its own function below (in that order, so
+/// the first error reported stays the same).
 pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Config, ConfigError> {
     let file: FileConfig = field::parse(path, text)?;
     let src = Sources::new(path, text);
@@ -235,9 +239,48 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         "host",
         local_host_name(),
     )?;
+    let gpus = gpu_source(&src, &file, flags)?;
+    let board = board(&src, &file, flags)?;
+    let timings = timings(&src, &file, flags)?;
+    let guard = guard(&src, &file, flags, &board)?;
+    let (cdu, rack) = cooling_context(&src, &file, flags)?;
+    let quiet_period = quiet_period(&src, &file, flags)?;
+    let quarantine = quarantine(&src, &file, flags)?;
+    let (keys, demo_key) = keys(&src, common.keys_file, &gpus)?;
 
+    Ok(Config {
+        site: common.site,
+        host,
+        broker: common.broker,
+        credentials: common.credentials,
+        gpus,
+        board,
+        period: timings.period,
+        json_period: timings.json_period,
+        deadline: timings.deadline,
+        unresponsive_after: timings.unresponsive_after,
+        flash: common.flash,
+        console: common.console,
+        keys,
+        demo_key,
+        cdu,
+        rack,
+        quiet_period,
+        guard,
+        quarantine_actions: quarantine.actions,
+        quarantine_timeout: quarantine.timeout,
+    })
+}
+
+/// Where the GPUs come from: NVML, or `twin_gpus` simulated ones (0 to 16;
+/// 0 is NVML).
+fn gpu_source(
+    src: &Sources,
+    file: &FileConfig,
+    flags: &Overrides,
+) -> Result<GpuSourceKind, ConfigError> {
     let twin = range(
-        &src,
+        src,
         pick!(flags.twin_gpus, file.twin_gpus, "twin-gpus"),
         "twin_gpus",
         0,
@@ -245,12 +288,21 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         16,
         " GPUs",
     )?;
-    let gpus = if twin == 0 {
+    Ok(if twin == 0 {
         GpuSourceKind::Nvml
     } else {
         GpuSourceKind::Twin(twin)
-    };
-    let board = match pick!(flags.board, file.board, "board") {
+    })
+}
+
+/// The GPU board: a known model, else a board file; the H200-SXM when
+/// none is given.
+fn board(
+    src: &Sources,
+    file: &FileConfig,
+    flags: &Overrides,
+) -> Result<loopwarden_boards::GpuBoard, ConfigError> {
+    Ok(match pick!(flags.board, file.board, "board") {
         (None, _) => loopwarden_boards::GpuBoard::builtin("H200-SXM").expect("shipped board"),
         (Some(b), flag) => match loopwarden_boards::GpuBoard::builtin(&b) {
             Some(board) => board,
@@ -266,10 +318,23 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
                 ))
             }
         },
-    };
+    })
+}
 
+/// The sampling timings, checked.
+struct Timings {
+    period: Duration,
+    json_period: Duration,
+    deadline: Duration,
+    unresponsive_after: u32,
+}
+
+/// The sampling period, the JSON mirror's period (at least the sampling
+/// period), the deadline of one GPU call (at most the sampling period) and
+/// the missed samples before a GPU is unresponsive.
+fn timings(src: &Sources, file: &FileConfig, flags: &Overrides) -> Result<Timings, ConfigError> {
     let period = range(
-        &src,
+        src,
         pick!(flags.period_ms, file.period_ms, "period-ms"),
         "period_ms",
         1000,
@@ -278,7 +343,7 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         " ms",
     )?;
     let json_period = range(
-        &src,
+        src,
         pick!(flags.json_period_ms, file.json_period_ms, "json-period-ms"),
         "json_period_ms",
         (10 * period).min(3_600_000),
@@ -287,7 +352,7 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         " ms, at least the sampling period",
     )?;
     let deadline = range(
-        &src,
+        src,
         pick!(flags.deadline_ms, file.deadline_ms, "deadline-ms"),
         "deadline_ms",
         (period / 4).max(10),
@@ -296,7 +361,7 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         " ms, at most the sampling period",
     )?;
     let unresponsive_after = range(
-        &src,
+        src,
         pick!(
             flags.unresponsive_after,
             file.unresponsive_after,
@@ -308,8 +373,24 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         100,
         " samples",
     )?;
+    Ok(Timings {
+        period: Duration::from_millis(period),
+        json_period: Duration::from_millis(json_period),
+        deadline: Duration::from_millis(deadline),
+        unresponsive_after,
+    })
+}
 
-    let g = file.guard.unwrap_or_default();
+/// `[guard]`: engage under the board's shutdown temperature (by default
+/// 2 °C under its max operating one), release below engage, and the step.
+fn guard(
+    src: &Sources,
+    file: &FileConfig,
+    flags: &Overrides,
+    board: &loopwarden_boards::GpuBoard,
+) -> Result<GuardSettings, ConfigError> {
+    let none = GuardFile::default();
+    let g = file.guard.as_ref().unwrap_or(&none);
     let max_op = board.thermal.max_operating_c.0;
     let engage = range(
         &src.section("guard"),
@@ -347,7 +428,20 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         200,
         " W",
     )?;
+    Ok(GuardSettings {
+        engage: WholeCelsius(engage),
+        release: WholeCelsius(release),
+        step: Watts(step),
+    })
+}
 
+/// The cooling context: the CDU whose loop cools this host (a name) and
+/// the host's rack on it (0 to 15), each optional.
+fn cooling_context(
+    src: &Sources,
+    file: &FileConfig,
+    flags: &Overrides,
+) -> Result<(Option<Ident>, Option<u8>), ConfigError> {
     let cdu = match pick!(flags.cdu, file.cdu, "cdu") {
         (Some(c), flag) => Some(
             Ident::new(&c)
@@ -357,10 +451,21 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
     };
     let rack_pick = pick!(flags.rack, file.rack, "rack");
     let rack = match rack_pick.0 {
-        Some(_) => Some(range(&src, rack_pick, "rack", 0, 0, 15, "")?),
+        Some(_) => Some(range(src, rack_pick, "rack", 0, 0, 15, "")?),
         None => None,
     };
-    let h = file.health.unwrap_or_default();
+    Ok((cdu, rack))
+}
+
+/// `[health]`: the quiet time before `degraded` falls back to healthy
+/// (1 h to 90 days, 6 h by default).
+fn quiet_period(
+    src: &Sources,
+    file: &FileConfig,
+    flags: &Overrides,
+) -> Result<Duration, ConfigError> {
+    let none = HealthFile::default();
+    let h = file.health.as_ref().unwrap_or(&none);
     let quiet_h = range(
         &src.section("health"),
         pick!(
@@ -374,10 +479,26 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         24 * 90,
         " h",
     )?;
+    Ok(Duration::from_secs(u64::from(quiet_h) * 3600))
+}
 
-    let q = file.quarantine.unwrap_or_default();
+/// The quarantine actions, checked.
+struct Quarantine {
+    actions: Vec<Vec<String>>,
+    timeout: Duration,
+}
+
+/// `[quarantine]`: the actions (the flags' list replaces the file's), each
+/// checked by [`check_action`], and the timeout per action.
+fn quarantine(
+    src: &Sources,
+    file: &FileConfig,
+    flags: &Overrides,
+) -> Result<Quarantine, ConfigError> {
+    let none = QuarantineFile::default();
+    let q = file.quarantine.as_ref().unwrap_or(&none);
     let (actions, actions_flag) = if flags.quarantine_actions.is_empty() {
-        (q.actions.unwrap_or_default(), None)
+        (q.actions.clone().unwrap_or_default(), None)
     } else {
         (
             flags
@@ -392,7 +513,7 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         check_action(action)
             .map_err(|m| src.section("quarantine").error(actions_flag, "actions", m))?;
     }
-    let quarantine_timeout = range(
+    let timeout = range(
         &src.section("quarantine"),
         pick!(
             flags.quarantine_timeout_s,
@@ -405,8 +526,21 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         600,
         " s",
     )?;
+    Ok(Quarantine {
+        actions,
+        timeout: Duration::from_secs(timeout),
+    })
+}
 
-    let (keys, demo_key) = match common.keys_file {
+/// The site keys from the keys file the common fields picked; without
+/// one, the public demonstration key for twin GPUs (`true`: it is that
+/// key), else none.
+fn keys(
+    src: &Sources,
+    keys_file: (Option<PathBuf>, Option<&'static str>),
+    gpus: &GpuSourceKind,
+) -> Result<(BTreeMap<u8, Vec<u8>>, bool), ConfigError> {
+    Ok(match keys_file {
         (Some(p), flag) => (
             read_keys(&p).map_err(|m| src.error(flag, "keys_file", m))?,
             false,
@@ -416,33 +550,6 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
             true,
         ),
         (None, _) => (BTreeMap::new(), false),
-    };
-
-    Ok(Config {
-        site: common.site,
-        host,
-        broker: common.broker,
-        credentials: common.credentials,
-        gpus,
-        board,
-        period: Duration::from_millis(period),
-        json_period: Duration::from_millis(json_period),
-        deadline: Duration::from_millis(deadline),
-        unresponsive_after,
-        flash: common.flash,
-        console: common.console,
-        keys,
-        demo_key,
-        cdu,
-        rack,
-        quiet_period: Duration::from_secs(u64::from(quiet_h) * 3600),
-        guard: GuardSettings {
-            engage: WholeCelsius(engage),
-            release: WholeCelsius(release),
-            step: Watts(step),
-        },
-        quarantine_actions: actions,
-        quarantine_timeout: Duration::from_secs(quarantine_timeout),
     })
 }
 
