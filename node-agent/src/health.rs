@@ -33,6 +33,10 @@
 //! release; `degraded` falls back to `healthy` after a quiet period without
 //! any degraded-level evidence.
 //!
+//! This module holds the engine and its states; the rules on a GPU's own
+//! counters and flags are in `rules`, the thermal and straggler rules
+//! against the peers in `peers`, and the evidence text in `evidence`.
+//!
 //! Glossary:
 //! - *observation*: one sample of one GPU in natural units.
 //! - *sustained*: a condition seen on every sample for the rule's sustain
@@ -41,9 +45,15 @@
 //!   thermal and straggler rules.
 //! - *episode*: a stretch of time in which the cooling explains the heat.
 
-use std::collections::VecDeque;
-
 use loopwarden_protocol::{xid, HealthState, ReasonCode, ThrottleReasons, TimestampMs};
+
+mod evidence;
+mod peers;
+mod rules;
+
+use evidence::{fit, xid_words};
+pub use evidence::{fmt_time, At};
+use rules::{Streak, Window};
 
 /// One sample of one GPU, in natural units. Counters are cumulative.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -227,57 +237,6 @@ pub struct GpuStatus {
     pub evidence: String,
 }
 
-/// A counter's recent values, for rates over a trailing window.
-#[derive(Debug, Clone, Default)]
-struct Window {
-    points: VecDeque<(u64, u64)>,
-}
-
-impl Window {
-    /// Adds a point and returns the increase over the last `span` ms (from
-    /// the oldest point at least `span` old, else the oldest kept).
-    fn push(&mut self, t: u64, v: u64, span: u64) -> u64 {
-        // A counter that went down was reset (driver reload), or the clock
-        // stepped back: start again.
-        if self
-            .points
-            .back()
-            .is_some_and(|&(lt, last)| v < last || t < lt)
-        {
-            self.points.clear();
-        }
-        self.points.push_back((t, v));
-        while self.points.len() > 2 && t.saturating_sub(self.points[1].0) >= span {
-            self.points.pop_front();
-        }
-        v - self.points.front().map_or(v, |&(_, first)| first)
-    }
-}
-
-/// A condition that must hold for a while.
-#[derive(Debug, Clone, Copy, Default)]
-struct Streak {
-    since: Option<u64>,
-}
-
-impl Streak {
-    /// `on`: seen now; `off`: clearly gone now; neither: keep as is.
-    /// Returns how long it has held.
-    fn update(&mut self, t: u64, on: bool, off: bool) -> Option<u64> {
-        if on {
-            // A clock that stepped back restarts the streak.
-            let since = self.since.filter(|&s| s <= t).unwrap_or(t);
-            self.since = Some(since);
-            Some(t - since)
-        } else {
-            if off {
-                self.since = None;
-            }
-            None
-        }
-    }
-}
-
 #[derive(Debug, Clone)]
 struct Track {
     status: GpuStatus,
@@ -336,103 +295,6 @@ pub struct HealthEngine {
     /// (a moment after the first, so one event names every GPU of the
     /// round of samples).
     unsaid: Option<u64>,
-}
-
-/// How long an attribution waits for the rest of a round of samples, ms.
-const ATTRIBUTION_SETTLE_MS: u64 = 2_000;
-
-/// Evidence text fits the bus's 96 bytes.
-const EVIDENCE_MAX: usize = loopwarden_protocol::EVIDENCE_MAX;
-
-/// A time for evidence: `t=… ms` for simulated time (replays start near
-/// 0), `HH:MM:SS.mmm UTC` for wall-clock time. Formatted only when an
-/// evidence is written.
-#[derive(Debug, Clone, Copy)]
-pub struct At(pub TimestampMs);
-
-impl std::fmt::Display for At {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let t = self.0 .0;
-        if t < 100_000_000_000 {
-            write!(f, "t={t} ms")
-        } else {
-            let ms = t % 86_400_000;
-            write!(
-                f,
-                "{:02}:{:02}:{:02}.{:03} UTC",
-                ms / 3_600_000,
-                ms / 60_000 % 60,
-                ms / 1000 % 60,
-                ms % 1000
-            )
-        }
-    }
-}
-
-/// [`At`] as a string.
-pub fn fmt_time(t: TimestampMs) -> String {
-    At(t).to_string()
-}
-
-fn fit(mut s: String) -> String {
-    if s.len() > EVIDENCE_MAX {
-        s.truncate(EVIDENCE_MAX - 3);
-        while !s.is_char_boundary(s.len()) {
-            s.pop();
-        }
-        s.push_str("...");
-    }
-    s
-}
-
-/// Up to 16 values on the stack (one per GPU of a host).
-#[derive(Clone, Copy)]
-struct Few {
-    v: [f64; loopwarden_protocol::MAX_GPUS],
-    n: usize,
-}
-
-impl Few {
-    fn new() -> Self {
-        Self {
-            v: [0.0; loopwarden_protocol::MAX_GPUS],
-            n: 0,
-        }
-    }
-    fn push(&mut self, x: f64) {
-        if self.n < self.v.len() {
-            self.v[self.n] = x;
-            self.n += 1;
-        }
-    }
-    fn median(&mut self) -> Option<f64> {
-        median(&mut self.v[..self.n])
-    }
-}
-
-fn median(v: &mut [f64]) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    Some(if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    })
-}
-
-/// A short name of an XID for evidence: the catalog's meaning up to its
-/// first colon or semicolon.
-fn xid_words(code: u16) -> String {
-    match xid::lookup(code) {
-        Some(x) => {
-            let m = x.meaning.split([':', ';']).next().unwrap_or(x.meaning);
-            m.trim().to_string()
-        }
-        None => "not in the catalog".into(),
-    }
 }
 
 impl HealthEngine {
@@ -578,14 +440,16 @@ impl HealthEngine {
         out
     }
 
-    /// A sample of `gpu`.
+    /// A sample of `gpu`. The rules run in a fixed order: the
+    /// quarantine-level memory errors and NVLink faults, the pending
+    /// resets, the sustained rates (`rules`), the peer rules (`peers`),
+    /// then the quiet period.
     pub fn sample(&mut self, now: TimestampMs, gpu: u8, o: &Observation) -> Vec<Output> {
         let mut out = Vec::new();
         let g = gpu as usize;
         if g >= self.gpus.len() {
             return out;
         }
-        let p = self.policy;
         let t = now.0;
         let prev = {
             let tr = &mut self.gpus[g];
@@ -593,139 +457,21 @@ impl HealthEngine {
             tr.first_miss = None;
             tr.last.replace((t, *o)).map(|(_, p)| p)
         };
-        let when = At(now);
 
-        // Quarantine-level counters and flags.
-        let dbe_rose = match prev {
-            Some(p) => o.dbe_volatile > p.dbe_volatile,
-            None => o.dbe_volatile > 0,
-        };
-        if dbe_rose {
-            let n = o.dbe_volatile;
-            self.raise(
-                t,
-                g,
-                HealthState::Quarantined,
-                ReasonCode::DBE_VOLATILE,
-                || format!("volatile uncorrectable ECC count {n} at {when}: reset needed"),
-                &mut out,
-            );
-        }
-        let retired = o.retired_sbe + o.retired_dbe;
-        if retired >= p.retired_pages_limit {
-            self.raise(
-                t,
-                g,
-                HealthState::Quarantined,
-                ReasonCode::RETIRED_PAGES_LIMIT,
-                || {
-                    format!(
-                        "{retired} retired pages (limit {}) at {when}",
-                        p.retired_pages_limit
-                    )
-                },
-                &mut out,
-            );
-        }
-        if o.remap_failure {
-            self.raise(
-                t,
-                g,
-                HealthState::Quarantined,
-                ReasonCode::REMAP_FAILURE,
-                || format!("row remapping failed at {when}: no spare rows left"),
-                &mut out,
-            );
-        }
-        if let Some(pv) = prev {
-            let replay = o.nvlink_replay.saturating_sub(pv.nvlink_replay);
-            let recovery = o.nvlink_recovery.saturating_sub(pv.nvlink_recovery);
-            if replay > 0 || recovery > 0 {
-                self.raise(
-                    t,
-                    g,
-                    HealthState::Quarantined,
-                    ReasonCode::NVLINK_ERRORS,
-                    || format!("NVLink replays +{replay}, recoveries +{recovery} at {when}"),
-                    &mut out,
-                );
-            }
-        }
-
-        // Degraded-level flags.
-        if o.retired_pending {
-            self.raise(
-                t,
-                g,
-                HealthState::Degraded,
-                ReasonCode::RETIRED_PENDING,
-                || format!("page retirement pending since {when}: reset at next drain"),
-                &mut out,
-            );
-        }
-        if o.remap_pending {
-            self.raise(
-                t,
-                g,
-                HealthState::Degraded,
-                ReasonCode::REMAP_PENDING,
-                || format!("row remap pending since {when}: reset at next drain"),
-                &mut out,
-            );
-        }
-
-        // Rates of counters, sustained.
-        let tr = &mut self.gpus[g];
-        let pcie_min = tr.pcie.push(t, o.pcie_replay, 60_000);
-        let sbe_min = tr.sbe.push(t, o.sbe_volatile, 60_000);
-        let crc_min = tr.crc.push(t, o.nvlink_crc, 60_000);
-        let pcie_for = tr
-            .pcie_high
-            .update(t, pcie_min > p.pcie_replays_per_min, true);
-        let sbe_for = tr.sbe_high.update(t, sbe_min > p.sbe_per_min, true);
-        let crc_for = tr
-            .crc_high
-            .update(t, crc_min > p.nvlink_crc_per_s * 60, true);
-        if pcie_for.is_some_and(|d| d >= p.pcie_sustain_ms) {
-            self.raise(
-                t,
-                g,
-                HealthState::Degraded,
-                ReasonCode::PCIE_REPLAY_RATE,
-                || {
-                    format!(
-                        "{pcie_min} PCIe replays in the last minute at {when} (limit {}/min)",
-                        p.pcie_replays_per_min
-                    )
-                },
-                &mut out,
-            );
-        }
-        if sbe_for.is_some_and(|d| d >= p.sbe_sustain_ms) {
-            self.raise(
-                t,
-                g,
-                HealthState::Degraded,
-                ReasonCode::SBE_RATE_RISING,
-                || format!("{sbe_min} corrected ECC errors in the last minute at {when}"),
-                &mut out,
-            );
-        }
-        if crc_for.is_some_and(|d| d >= p.nvlink_crc_sustain_ms) {
-            self.raise(
-                t,
-                g,
-                HealthState::Degraded,
-                ReasonCode::NVLINK_ERRORS,
-                || format!("{crc_min} NVLink CRC errors in the last minute at {when}"),
-                &mut out,
-            );
-        }
-
+        self.memory_errors(t, g, o, prev, &mut out);
+        self.nvlink_faults(t, g, o, prev, &mut out);
+        self.pending_resets(t, g, o, &mut out);
+        self.sustained_rates(t, g, o, &mut out);
         self.peer_rules(t, g, o, &mut out);
+        self.heal_when_quiet(now, gpu, &mut out);
+        out
+    }
 
-        // A degraded GPU without fresh evidence for the quiet period heals.
-        let tr = &mut self.gpus[g];
+    /// A degraded GPU without fresh evidence for the quiet period heals.
+    fn heal_when_quiet(&mut self, now: TimestampMs, gpu: u8, out: &mut Vec<Output>) {
+        let p = self.policy;
+        let t = now.0;
+        let tr = &mut self.gpus[gpu as usize];
         if tr.status.state == HealthState::Degraded
             && t.saturating_sub(tr.last_degrade_evidence) >= p.quiet_ms
         {
@@ -749,159 +495,6 @@ impl HealthEngine {
                 reason: ReasonCode::QUIET_PERIOD,
                 evidence: tr.status.evidence.clone(),
             }));
-        }
-        out
-    }
-
-    /// The thermal and straggler rules, against the peers.
-    fn peer_rules(&mut self, t: u64, g: usize, o: &Observation, out: &mut Vec<Output>) {
-        let p = self.policy;
-        let fresh = |tr: &Track| {
-            tr.last
-                .filter(|(lt, _)| t.saturating_sub(*lt) <= p.peer_fresh_ms && tr.missed == 0)
-        };
-        // The peers, by index, without copying their samples.
-        let mut peer_idx = [0usize; loopwarden_protocol::MAX_GPUS];
-        let mut n = 0;
-        for (i, tr) in self.gpus.iter().enumerate() {
-            if i != g && fresh(tr).is_some() && n < peer_idx.len() {
-                peer_idx[n] = i;
-                n += 1;
-            }
-        }
-        let peer = |k: usize| -> &Observation {
-            &self.gpus[peer_idx[k]]
-                .last
-                .as_ref()
-                .expect("fresh peers have a sample")
-                .1
-        };
-
-        // Is the host hot as a whole, or does the loop report trouble?
-        let hot_now = |ob: &Observation| {
-            ob.temp >= self.limits.max_operating_c
-                || ob.throttle.contains(ThrottleReasons::HW_THERMAL_SLOWDOWN)
-                || ob.throttle.contains(ThrottleReasons::SW_THERMAL_SLOWDOWN)
-        };
-        let hot_count = (0..n).filter(|&k| hot_now(peer(k))).count() + usize::from(hot_now(o));
-        let all = n + 1;
-        let host_hot = all >= 2 && hot_count * 2 > all;
-        let loop_trouble = self.coolant.is_some_and(|c| c.state != LoopState::Normal);
-        let cooling_explains = loop_trouble || host_hot;
-
-        // Thermal: how much hotter than its peers predict at its power.
-        let supply = self.coolant.and_then(|c| c.supply_c);
-        let excess = if o.power >= p.hot_min_power_w {
-            let mut predicted = Few::new();
-            for k in 0..n {
-                let q = peer(k);
-                match supply {
-                    // Peers' thermal resistance, applied to this GPU's power.
-                    Some(s) if q.power >= p.hot_min_power_w => {
-                        predicted.push(s + (q.temp - s) / q.power * o.power)
-                    }
-                    // Without the coolant: peers at a similar power.
-                    None if (q.power - o.power).abs() <= 0.2 * o.power => predicted.push(q.temp),
-                    _ => {}
-                }
-            }
-            if predicted.n >= p.min_peers {
-                predicted.median().map(|m| o.temp - m)
-            } else {
-                None
-            }
-        } else {
-            None
-        };
-        let is_hot = excess.is_some_and(|e| e >= p.hot_excess_k);
-        let is_cool = excess.is_some_and(|e| e < p.hot_clear_k) || o.power < p.hot_min_power_w;
-
-        // Straggler: clocks behind loaded peers, nothing to explain it.
-        let explained = o.throttle.contains(ThrottleReasons::SW_POWER_CAP)
-            || o.throttle.contains(ThrottleReasons::HW_THERMAL_SLOWDOWN)
-            || o.throttle.contains(ThrottleReasons::SW_THERMAL_SLOWDOWN)
-            || o.throttle.contains(ThrottleReasons::HW_POWER_BRAKE)
-            || o.throttle.contains(ThrottleReasons::IDLE)
-            || o.temp >= self.limits.max_operating_c
-            || (o.power_limit > 0.0 && o.power >= 0.95 * o.power_limit);
-        let mut peer_clocks = Few::new();
-        for k in 0..n {
-            let q = peer(k);
-            if q.util >= p.straggler_min_util {
-                peer_clocks.push(q.sm_clock);
-            }
-        }
-        let loaded = o.util >= p.straggler_min_util;
-        let peer_clock = if peer_clocks.n >= p.min_peers {
-            peer_clocks.median()
-        } else {
-            None
-        };
-        let slow = loaded
-            && !explained
-            && peer_clock.is_some_and(|m| o.sm_clock < p.straggler_clock_ratio * m);
-        // An explained slow sample ends the streak too: only unexplained
-        // slowness, sustained, makes a straggler.
-        let not_slow = !loaded || explained || peer_clock.is_some_and(|m| o.sm_clock >= 0.9 * m);
-
-        if cooling_explains {
-            // The cooling's fault: no GPU is judged on heat now; say so once.
-            let tr = &mut self.gpus[g];
-            tr.hot = Streak::default();
-            if hot_now(o) || is_hot {
-                let bit = 1u16 << g;
-                if self.attributed & bit == 0 {
-                    self.attributed |= bit;
-                    self.unsaid.get_or_insert(t + ATTRIBUTION_SETTLE_MS);
-                }
-            }
-            // Clock loss under thermal trouble is explained too.
-            if !slow || hot_now(o) {
-                self.gpus[g].straggle = Streak::default();
-                self.say_attribution(t, out);
-                return;
-            }
-        } else if !loop_trouble && hot_count == 0 {
-            self.attributed = 0;
-            self.unsaid = None;
-        }
-        self.say_attribution(t, out);
-
-        let tr = &mut self.gpus[g];
-        if let Some(e) = excess {
-            tr.hot_excess = e;
-        }
-        let hot_for = if cooling_explains {
-            None
-        } else {
-            tr.hot.update(t, is_hot, is_cool)
-        };
-        let straggle_for = tr.straggle.update(t, slow, not_slow);
-        let when = At(TimestampMs(t));
-        if hot_for.is_some_and(|d| d >= p.hot_sustain_ms) {
-            let e = tr.hot_excess;
-            let temp = o.temp;
-            let power = o.power;
-            self.raise(t, g, HealthState::Degraded, ReasonCode::HOT_FOR_POWER,
-                || format!("{temp:.0} C at {power:.0} W, {e:.0} K above its peers, at {when}: check the cold plate"), out);
-        }
-        if straggle_for.is_some_and(|d| d >= p.straggler_sustain_ms) {
-            let clock = o.sm_clock;
-            let m = peer_clock.unwrap_or(0.0);
-            self.raise(t, g, HealthState::Degraded, ReasonCode::STRAGGLER,
-                || format!("SM {clock:.0} MHz vs peers {m:.0} MHz at the same load, no power or thermal cause, at {when}"), out);
-        }
-    }
-
-    /// Says which GPUs the cooling explains, once the round has settled.
-    fn say_attribution(&mut self, t: u64, out: &mut Vec<Output>) {
-        if self.unsaid.is_some_and(|due| t >= due) {
-            self.unsaid = None;
-            out.push(Output::CoolingAttributed {
-                time: TimestampMs(t),
-                gpus: self.attributed,
-                reason: ReasonCode::COOLING_FAULT,
-            });
         }
     }
 

@@ -1,0 +1,313 @@
+//! The rules that judge a GPU against its peers: the thermal rule (hotter
+//! than its peers predict at its power and coolant) and the straggler rule
+//! (clocks behind loaded peers with nothing to explain it).
+//!
+//! Both hold their judgement while the cooling explains the heat (the
+//! loop reports trouble, or most of the host's GPUs run hot together); the
+//! GPUs that ran hot then are named once per episode in an attribution.
+//!
+//! Glossary:
+//! - *excess*: how many kelvin hotter a GPU runs than the median of its
+//!   peers' predictions.
+//! - *attribution*: the note that the cooling explains the heat of some
+//!   GPUs ([`Output::CoolingAttributed`]).
+//! - *round*: the samples of every GPU of the host for one period.
+
+use loopwarden_protocol::{HealthState, ReasonCode, ThrottleReasons, TimestampMs, MAX_GPUS};
+
+use super::rules::Streak;
+use super::{At, HealthEngine, Limits, LoopState, Observation, Output, Policy, Track};
+
+/// How long an attribution waits for the rest of a round of samples, ms.
+const ATTRIBUTION_SETTLE_MS: u64 = 2_000;
+
+/// Up to 16 values on the stack (one per GPU of a host).
+#[derive(Clone, Copy)]
+struct Few {
+    v: [f64; MAX_GPUS],
+    n: usize,
+}
+
+impl Few {
+    fn new() -> Self {
+        Self {
+            v: [0.0; MAX_GPUS],
+            n: 0,
+        }
+    }
+    fn push(&mut self, x: f64) {
+        if self.n < self.v.len() {
+            self.v[self.n] = x;
+            self.n += 1;
+        }
+    }
+    fn median(&mut self) -> Option<f64> {
+        median(&mut self.v[..self.n])
+    }
+}
+
+fn median(v: &mut [f64]) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    })
+}
+
+/// The peers of one GPU, by index, without copying their samples.
+struct Peers<'a> {
+    gpus: &'a [Track],
+    idx: [usize; MAX_GPUS],
+    n: usize,
+}
+
+impl<'a> Peers<'a> {
+    /// The GPUs other than `g` that answered their last sample, at most
+    /// `fresh_ms` before `t`.
+    fn of(gpus: &'a [Track], g: usize, t: u64, fresh_ms: u64) -> Self {
+        let fresh = |tr: &Track| {
+            tr.last
+                .filter(|(lt, _)| t.saturating_sub(*lt) <= fresh_ms && tr.missed == 0)
+        };
+        let mut idx = [0usize; MAX_GPUS];
+        let mut n = 0;
+        for (i, tr) in gpus.iter().enumerate() {
+            if i != g && fresh(tr).is_some() && n < idx.len() {
+                idx[n] = i;
+                n += 1;
+            }
+        }
+        Self { gpus, idx, n }
+    }
+
+    /// The peers' last samples, in GPU order.
+    fn samples(&self) -> impl Iterator<Item = &'a Observation> + '_ {
+        let gpus = self.gpus;
+        self.idx[..self.n]
+            .iter()
+            .map(move |&i| &gpus[i].last.as_ref().expect("fresh peers have a sample").1)
+    }
+}
+
+/// Whether a sample runs hot: at its max operating temperature or slowed
+/// for heat.
+fn runs_hot(ob: &Observation, limits: &Limits) -> bool {
+    ob.temp >= limits.max_operating_c
+        || ob.throttle.contains(ThrottleReasons::HW_THERMAL_SLOWDOWN)
+        || ob.throttle.contains(ThrottleReasons::SW_THERMAL_SLOWDOWN)
+}
+
+/// Thermal: how much hotter `o` runs than its peers predict at its power,
+/// K; `None` when it idles or too few peers predict it.
+fn thermal_excess(peers: &Peers, o: &Observation, supply: Option<f64>, p: &Policy) -> Option<f64> {
+    if o.power >= p.hot_min_power_w {
+        let mut predicted = Few::new();
+        for q in peers.samples() {
+            match supply {
+                // Peers' thermal resistance, applied to this GPU's power.
+                Some(s) if q.power >= p.hot_min_power_w => {
+                    predicted.push(s + (q.temp - s) / q.power * o.power)
+                }
+                // Without the coolant: peers at a similar power.
+                None if (q.power - o.power).abs() <= 0.2 * o.power => predicted.push(q.temp),
+                _ => {}
+            }
+        }
+        if predicted.n >= p.min_peers {
+            predicted.median().map(|m| o.temp - m)
+        } else {
+            None
+        }
+    } else {
+        None
+    }
+}
+
+/// The straggler rule's reading of one sample.
+struct Straggling {
+    /// Loaded, clocks behind the loaded peers, nothing to explain it.
+    slow: bool,
+    /// Clearly not straggling (ends a streak).
+    not_slow: bool,
+    /// The loaded peers' median SM clock, MHz, when enough peers are
+    /// loaded.
+    peer_clock: Option<f64>,
+}
+
+/// Straggler: clocks behind loaded peers, nothing to explain it.
+fn straggling(peers: &Peers, o: &Observation, p: &Policy, limits: &Limits) -> Straggling {
+    let explained = o.throttle.contains(ThrottleReasons::SW_POWER_CAP)
+        || o.throttle.contains(ThrottleReasons::HW_THERMAL_SLOWDOWN)
+        || o.throttle.contains(ThrottleReasons::SW_THERMAL_SLOWDOWN)
+        || o.throttle.contains(ThrottleReasons::HW_POWER_BRAKE)
+        || o.throttle.contains(ThrottleReasons::IDLE)
+        || o.temp >= limits.max_operating_c
+        || (o.power_limit > 0.0 && o.power >= 0.95 * o.power_limit);
+    let mut peer_clocks = Few::new();
+    for q in peers.samples() {
+        if q.util >= p.straggler_min_util {
+            peer_clocks.push(q.sm_clock);
+        }
+    }
+    let loaded = o.util >= p.straggler_min_util;
+    let peer_clock = if peer_clocks.n >= p.min_peers {
+        peer_clocks.median()
+    } else {
+        None
+    };
+    let slow = loaded
+        && !explained
+        && peer_clock.is_some_and(|m| o.sm_clock < p.straggler_clock_ratio * m);
+    // An explained slow sample ends the streak too: only unexplained
+    // slowness, sustained, makes a straggler.
+    let not_slow = !loaded || explained || peer_clock.is_some_and(|m| o.sm_clock >= 0.9 * m);
+    Straggling {
+        slow,
+        not_slow,
+        peer_clock,
+    }
+}
+
+/// What the peer rules read of one sample against its peers and the
+/// cooling.
+struct PeerView {
+    /// This GPU runs hot ([`runs_hot`]).
+    hot_now: bool,
+    /// GPUs of the host (this one and its peers) that run hot.
+    hot_count: usize,
+    /// The loop reports trouble (`degraded`, `failsafe`).
+    loop_trouble: bool,
+    /// The loop reports trouble or most of the host runs hot.
+    cooling_explains: bool,
+    /// See [`thermal_excess`].
+    excess: Option<f64>,
+    /// The excess is at or above the rule's threshold.
+    is_hot: bool,
+    /// The excess is clearly gone, or the GPU idles (ends a streak).
+    is_cool: bool,
+    /// See [`straggling`].
+    straggling: Straggling,
+}
+
+impl HealthEngine {
+    /// The thermal and straggler rules, against the peers.
+    pub(super) fn peer_rules(&mut self, t: u64, g: usize, o: &Observation, out: &mut Vec<Output>) {
+        let v = self.peer_view(t, g, o);
+        let held = self.attribute_to_cooling(t, g, &v);
+        self.say_attribution(t, out);
+        if !held {
+            self.judge_against_peers(t, g, o, &v, out);
+        }
+    }
+
+    /// Reads `o` against the fresh peers of `g` and the loop's state.
+    fn peer_view(&self, t: u64, g: usize, o: &Observation) -> PeerView {
+        let p = self.policy;
+        let limits = self.limits;
+        let peers = Peers::of(&self.gpus, g, t, p.peer_fresh_ms);
+
+        // Is the host hot as a whole, or does the loop report trouble?
+        let hot_now = runs_hot(o, &limits);
+        let hot_count =
+            peers.samples().filter(|q| runs_hot(q, &limits)).count() + usize::from(hot_now);
+        let all = peers.n + 1;
+        let host_hot = all >= 2 && hot_count * 2 > all;
+        let loop_trouble = self.coolant.is_some_and(|c| c.state != LoopState::Normal);
+
+        let supply = self.coolant.and_then(|c| c.supply_c);
+        let excess = thermal_excess(&peers, o, supply, &p);
+        PeerView {
+            hot_now,
+            hot_count,
+            loop_trouble,
+            cooling_explains: loop_trouble || host_hot,
+            excess,
+            is_hot: excess.is_some_and(|e| e >= p.hot_excess_k),
+            is_cool: excess.is_some_and(|e| e < p.hot_clear_k) || o.power < p.hot_min_power_w,
+            straggling: straggling(&peers, o, &p, &limits),
+        }
+    }
+
+    /// While the cooling explains the heat, no GPU is judged on it: `g`'s
+    /// hot streak ends, and `g` joins the episode's attribution if it runs
+    /// hot. Returns whether the cooling explains all of `g`'s sample (its
+    /// clock loss too: then nothing is judged). Once the loop is normal
+    /// and no GPU runs hot, the episode ends.
+    fn attribute_to_cooling(&mut self, t: u64, g: usize, v: &PeerView) -> bool {
+        if v.cooling_explains {
+            let tr = &mut self.gpus[g];
+            tr.hot = Streak::default();
+            if v.hot_now || v.is_hot {
+                let bit = 1u16 << g;
+                if self.attributed & bit == 0 {
+                    self.attributed |= bit;
+                    self.unsaid.get_or_insert(t + ATTRIBUTION_SETTLE_MS);
+                }
+            }
+            // Clock loss under thermal trouble is explained too.
+            if !v.straggling.slow || v.hot_now {
+                self.gpus[g].straggle = Streak::default();
+                return true;
+            }
+        } else if !v.loop_trouble && v.hot_count == 0 {
+            self.attributed = 0;
+            self.unsaid = None;
+        }
+        false
+    }
+
+    /// Says which GPUs the cooling explains, once the round has settled.
+    fn say_attribution(&mut self, t: u64, out: &mut Vec<Output>) {
+        if self.unsaid.is_some_and(|due| t >= due) {
+            self.unsaid = None;
+            out.push(Output::CoolingAttributed {
+                time: TimestampMs(t),
+                gpus: self.attributed,
+                reason: ReasonCode::COOLING_FAULT,
+            });
+        }
+    }
+
+    /// The sustained verdicts: `hot-for-power` (not while the cooling
+    /// explains the heat) and `straggler`.
+    fn judge_against_peers(
+        &mut self,
+        t: u64,
+        g: usize,
+        o: &Observation,
+        v: &PeerView,
+        out: &mut Vec<Output>,
+    ) {
+        let p = self.policy;
+        let tr = &mut self.gpus[g];
+        if let Some(e) = v.excess {
+            tr.hot_excess = e;
+        }
+        let hot_for = if v.cooling_explains {
+            None
+        } else {
+            tr.hot.update(t, v.is_hot, v.is_cool)
+        };
+        let s = &v.straggling;
+        let straggle_for = tr.straggle.update(t, s.slow, s.not_slow);
+        let when = At(TimestampMs(t));
+        if hot_for.is_some_and(|d| d >= p.hot_sustain_ms) {
+            let e = tr.hot_excess;
+            let temp = o.temp;
+            let power = o.power;
+            self.raise(t, g, HealthState::Degraded, ReasonCode::HOT_FOR_POWER,
+                || format!("{temp:.0} C at {power:.0} W, {e:.0} K above its peers, at {when}: check the cold plate"), out);
+        }
+        if straggle_for.is_some_and(|d| d >= p.straggler_sustain_ms) {
+            let clock = o.sm_clock;
+            let m = s.peer_clock.unwrap_or(0.0);
+            self.raise(t, g, HealthState::Degraded, ReasonCode::STRAGGLER,
+                || format!("SM {clock:.0} MHz vs peers {m:.0} MHz at the same load, no power or thermal cause, at {when}"), out);
+        }
+    }
+}

@@ -1,0 +1,246 @@
+//! The rules that judge a GPU on its own sample: its error counters and
+//! flags, against the previous sample or over a trailing minute.
+//!
+//! In the order [`HealthEngine::sample`] runs them: the quarantine-level
+//! memory errors (volatile double-bit ECC, retired pages, row remap
+//! failure) and NVLink faults, the degraded-level pending resets, then the
+//! degraded-level sustained rates (PCIe replays, corrected ECC errors,
+//! NVLink CRC errors).
+//!
+//! Glossary:
+//! - *window*: a counter's recent values, for its increase over a
+//!   trailing span ([`Window`]).
+//! - *streak*: how long a condition has held ([`Streak`]).
+
+use std::collections::VecDeque;
+
+use loopwarden_protocol::{HealthState, ReasonCode, TimestampMs};
+
+use super::{At, HealthEngine, Observation, Output};
+
+/// A counter's recent values, for rates over a trailing window.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Window {
+    points: VecDeque<(u64, u64)>,
+}
+
+impl Window {
+    /// Adds a point and returns the increase over the last `span` ms (from
+    /// the oldest point at least `span` old, else the oldest kept).
+    fn push(&mut self, t: u64, v: u64, span: u64) -> u64 {
+        // A counter that went down was reset (driver reload), or the clock
+        // stepped back: start again.
+        if self
+            .points
+            .back()
+            .is_some_and(|&(lt, last)| v < last || t < lt)
+        {
+            self.points.clear();
+        }
+        self.points.push_back((t, v));
+        while self.points.len() > 2 && t.saturating_sub(self.points[1].0) >= span {
+            self.points.pop_front();
+        }
+        v - self.points.front().map_or(v, |&(_, first)| first)
+    }
+}
+
+/// A condition that must hold for a while.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Streak {
+    since: Option<u64>,
+}
+
+impl Streak {
+    /// `on`: seen now; `off`: clearly gone now; neither: keep as is.
+    /// Returns how long it has held.
+    pub(super) fn update(&mut self, t: u64, on: bool, off: bool) -> Option<u64> {
+        if on {
+            // A clock that stepped back restarts the streak.
+            let since = self.since.filter(|&s| s <= t).unwrap_or(t);
+            self.since = Some(since);
+            Some(t - since)
+        } else {
+            if off {
+                self.since = None;
+            }
+            None
+        }
+    }
+}
+
+impl HealthEngine {
+    /// Quarantine-level memory errors: the volatile double-bit ECC count
+    /// rose (or is above 0 on the first sample), too many retired pages,
+    /// row remapping failed.
+    pub(super) fn memory_errors(
+        &mut self,
+        t: u64,
+        g: usize,
+        o: &Observation,
+        prev: Option<Observation>,
+        out: &mut Vec<Output>,
+    ) {
+        let p = self.policy;
+        let when = At(TimestampMs(t));
+        let dbe_rose = match prev {
+            Some(p) => o.dbe_volatile > p.dbe_volatile,
+            None => o.dbe_volatile > 0,
+        };
+        if dbe_rose {
+            let n = o.dbe_volatile;
+            self.raise(
+                t,
+                g,
+                HealthState::Quarantined,
+                ReasonCode::DBE_VOLATILE,
+                || format!("volatile uncorrectable ECC count {n} at {when}: reset needed"),
+                out,
+            );
+        }
+        let retired = o.retired_sbe + o.retired_dbe;
+        if retired >= p.retired_pages_limit {
+            self.raise(
+                t,
+                g,
+                HealthState::Quarantined,
+                ReasonCode::RETIRED_PAGES_LIMIT,
+                || {
+                    format!(
+                        "{retired} retired pages (limit {}) at {when}",
+                        p.retired_pages_limit
+                    )
+                },
+                out,
+            );
+        }
+        if o.remap_failure {
+            self.raise(
+                t,
+                g,
+                HealthState::Quarantined,
+                ReasonCode::REMAP_FAILURE,
+                || format!("row remapping failed at {when}: no spare rows left"),
+                out,
+            );
+        }
+    }
+
+    /// Quarantine-level NVLink faults: a replay or recovery counter rose
+    /// since the previous sample.
+    pub(super) fn nvlink_faults(
+        &mut self,
+        t: u64,
+        g: usize,
+        o: &Observation,
+        prev: Option<Observation>,
+        out: &mut Vec<Output>,
+    ) {
+        let when = At(TimestampMs(t));
+        if let Some(pv) = prev {
+            let replay = o.nvlink_replay.saturating_sub(pv.nvlink_replay);
+            let recovery = o.nvlink_recovery.saturating_sub(pv.nvlink_recovery);
+            if replay > 0 || recovery > 0 {
+                self.raise(
+                    t,
+                    g,
+                    HealthState::Quarantined,
+                    ReasonCode::NVLINK_ERRORS,
+                    || format!("NVLink replays +{replay}, recoveries +{recovery} at {when}"),
+                    out,
+                );
+            }
+        }
+    }
+
+    /// Degraded-level flags: a page retirement or a row remap waits for a
+    /// reset.
+    pub(super) fn pending_resets(
+        &mut self,
+        t: u64,
+        g: usize,
+        o: &Observation,
+        out: &mut Vec<Output>,
+    ) {
+        let when = At(TimestampMs(t));
+        if o.retired_pending {
+            self.raise(
+                t,
+                g,
+                HealthState::Degraded,
+                ReasonCode::RETIRED_PENDING,
+                || format!("page retirement pending since {when}: reset at next drain"),
+                out,
+            );
+        }
+        if o.remap_pending {
+            self.raise(
+                t,
+                g,
+                HealthState::Degraded,
+                ReasonCode::REMAP_PENDING,
+                || format!("row remap pending since {when}: reset at next drain"),
+                out,
+            );
+        }
+    }
+
+    /// Degraded-level rates of counters over the last minute, sustained:
+    /// PCIe replays, corrected ECC errors, NVLink CRC errors.
+    pub(super) fn sustained_rates(
+        &mut self,
+        t: u64,
+        g: usize,
+        o: &Observation,
+        out: &mut Vec<Output>,
+    ) {
+        let p = self.policy;
+        let when = At(TimestampMs(t));
+        let tr = &mut self.gpus[g];
+        let pcie_min = tr.pcie.push(t, o.pcie_replay, 60_000);
+        let sbe_min = tr.sbe.push(t, o.sbe_volatile, 60_000);
+        let crc_min = tr.crc.push(t, o.nvlink_crc, 60_000);
+        let pcie_for = tr
+            .pcie_high
+            .update(t, pcie_min > p.pcie_replays_per_min, true);
+        let sbe_for = tr.sbe_high.update(t, sbe_min > p.sbe_per_min, true);
+        let crc_for = tr
+            .crc_high
+            .update(t, crc_min > p.nvlink_crc_per_s * 60, true);
+        if pcie_for.is_some_and(|d| d >= p.pcie_sustain_ms) {
+            self.raise(
+                t,
+                g,
+                HealthState::Degraded,
+                ReasonCode::PCIE_REPLAY_RATE,
+                || {
+                    format!(
+                        "{pcie_min} PCIe replays in the last minute at {when} (limit {}/min)",
+                        p.pcie_replays_per_min
+                    )
+                },
+                out,
+            );
+        }
+        if sbe_for.is_some_and(|d| d >= p.sbe_sustain_ms) {
+            self.raise(
+                t,
+                g,
+                HealthState::Degraded,
+                ReasonCode::SBE_RATE_RISING,
+                || format!("{sbe_min} corrected ECC errors in the last minute at {when}"),
+                out,
+            );
+        }
+        if crc_for.is_some_and(|d| d >= p.nvlink_crc_sustain_ms) {
+            self.raise(
+                t,
+                g,
+                HealthState::Degraded,
+                ReasonCode::NVLINK_ERRORS,
+                || format!("{crc_min} NVLink CRC errors in the last minute at {when}"),
+                out,
+            );
+        }
+    }
+}
