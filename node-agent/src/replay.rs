@@ -151,12 +151,56 @@ pub fn replay(
     notes: &mut impl Write,
 ) -> Result<usize, ReplayError> {
     let mut input = input;
-    let io = |line: usize, e: std::io::Error| ReplayError {
+    let header = read_header(&mut input)?;
+    let limits = Limits {
+        max_operating_c: header.limits.max_operating_c,
+    };
+    let mut engine = HealthEngine::new(header.gpus, limits, policy, TimestampMs(0));
+    let mut state = vec![Observation::default(); header.gpus];
+    let mut last_t = 0;
+    let mut count = 0;
+    // One buffer for every line: a day of a host is close to a million.
+    let mut line = String::new();
+    let mut n = 1;
+    loop {
+        line.clear();
+        n += 1;
+        if input.read_line(&mut line).map_err(|e| read_error(n, e))? == 0 {
+            break;
+        }
+        if line.trim().is_empty() {
+            continue;
+        }
+        let r = parse_record(&line, n, last_t)?;
+        last_t = r.t_ms;
+        let outputs = step(&mut engine, &mut state, &r, n)?;
+        count += 1;
+        write_outputs(outputs, out, notes)?;
+    }
+    Ok(count)
+}
+
+/// A line that cannot be read.
+fn read_error(line: usize, e: std::io::Error) -> ReplayError {
+    ReplayError {
         line,
         message: format!("cannot read: {e}"),
-    };
+    }
+}
+
+/// An output that cannot be written (line 0: no line of the trace).
+fn write_error(e: std::io::Error) -> ReplayError {
+    ReplayError {
+        line: 0,
+        message: format!("cannot write: {e}"),
+    }
+}
+
+/// Reads and checks the header (line 1): a `gpu-trace/1` trace of 1 to 16
+/// GPUs.
+fn read_header(input: &mut impl BufRead) -> Result<Header, ReplayError> {
     let mut first = String::new();
-    if input.read_line(&mut first).map_err(|e| io(1, e))? == 0 {
+    if input.read_line(&mut first).map_err(|e| read_error(1, e))? == 0 {
         return Err(ReplayError {
             line: 1,
             message: "empty trace: expected a gpu-trace/1 header".into(),
@@ -179,107 +223,108 @@ pub fn replay(
         });
     }
     let _ = (&header.host, header.period_ms);
-    let limits = Limits {
-        max_operating_c: header.limits.max_operating_c,
-    };
-    let mut engine = HealthEngine::new(header.gpus, limits, policy, TimestampMs(0));
-    let mut state = vec![Observation::default(); header.gpus];
-    let mut last_t = 0;
-    let mut count = 0;
-    let write_err = |e: std::io::Error| ReplayError {
-        line: 0,
-        message: format!("cannot write: {e}"),
-    };
-    // One buffer for every line: a day of a host is close to a million.
-    let mut line = String::new();
-    let mut n = 1;
-    loop {
-        line.clear();
-        n += 1;
-        if input.read_line(&mut line).map_err(|e| io(n, e))? == 0 {
-            break;
-        }
-        if line.trim().is_empty() {
-            continue;
-        }
-        let r: Record = serde_json::from_str(&line).map_err(|e| ReplayError {
+    Ok(header)
+}
+
+/// Parses record line `n`, which must not go back in time before `last_t`.
+fn parse_record(line: &str, n: usize, last_t: u64) -> Result<Record, ReplayError> {
+    let r: Record = serde_json::from_str(line).map_err(|e| ReplayError {
+        line: n,
+        message: format!("bad record: {e}"),
+    })?;
+    if r.t_ms < last_t {
+        return Err(ReplayError {
             line: n,
-            message: format!("bad record: {e}"),
-        })?;
-        if r.t_ms < last_t {
+            message: format!("t_ms {} goes back before {last_t}", r.t_ms),
+        });
+    }
+    Ok(r)
+}
+
+/// The GPU a sample or XID record (line `n`) names, one of the host's
+/// `gpus`.
+fn record_gpu(r: &Record, n: usize, gpus: usize) -> Result<u8, ReplayError> {
+    match r.gpu {
+        Some(g) if g < gpus => Ok(g as u8),
+        Some(g) => Err(ReplayError {
+            line: n,
+            message: format!("gpu {g}: the host has {gpus} GPUs"),
+        }),
+        None => Err(ReplayError {
+            line: n,
+            message: "a sample or XID without gpu".into(),
+        }),
+    }
+}
+
+/// Gives record `r` (line `n`) to the engine: a sample (merged into the
+/// GPU's last known fields, or a missed sample when unresponsive), an XID
+/// or a coolant report.
+fn step(
+    engine: &mut HealthEngine,
+    state: &mut [Observation],
+    r: &Record,
+    n: usize,
+) -> Result<Vec<Output>, ReplayError> {
+    let now = TimestampMs(r.t_ms);
+    Ok(match (&r.sample, r.xid, &r.coolant) {
+        (Some(s), None, None) => {
+            let g = record_gpu(r, n, state.len())?;
+            if s.responsive == Some(false) {
+                engine.missed(now, g)
+            } else {
+                merge(&mut state[g as usize], s);
+                engine.sample(now, g, &state[g as usize])
+            }
+        }
+        (None, Some(x), None) => engine.xid(now, record_gpu(r, n, state.len())?, x),
+        (None, None, Some(c)) => engine.coolant(now, coolant(c, n)?),
+        _ => {
             return Err(ReplayError {
                 line: n,
-                message: format!("t_ms {} goes back before {last_t}", r.t_ms),
-            });
+                message: "a record holds exactly one of sample, xid, coolant".into(),
+            })
         }
-        last_t = r.t_ms;
-        let now = TimestampMs(r.t_ms);
-        let gpu = |r: &Record| -> Result<u8, ReplayError> {
-            match r.gpu {
-                Some(g) if g < header.gpus => Ok(g as u8),
-                Some(g) => Err(ReplayError {
-                    line: n,
-                    message: format!("gpu {g}: the host has {} GPUs", header.gpus),
-                }),
-                None => Err(ReplayError {
-                    line: n,
-                    message: "a sample or XID without gpu".into(),
-                }),
-            }
-        };
-        let outputs = match (&r.sample, r.xid, &r.coolant) {
-            (Some(s), None, None) => {
-                let g = gpu(&r)?;
-                if s.responsive == Some(false) {
-                    engine.missed(now, g)
-                } else {
-                    merge(&mut state[g as usize], s);
-                    engine.sample(now, g, &state[g as usize])
-                }
-            }
-            (None, Some(x), None) => engine.xid(now, gpu(&r)?, x),
-            (None, None, Some(c)) => {
-                let state = match c.state.as_str() {
-                    "normal" => LoopState::Normal,
-                    "degraded" => LoopState::Degraded,
-                    "failsafe" => LoopState::Failsafe,
-                    other => {
-                        return Err(ReplayError {
-                            line: n,
-                            message: format!(
-                                "coolant state {other:?}: normal, degraded or failsafe"
-                            ),
-                        })
-                    }
-                };
-                engine.coolant(
-                    now,
-                    Coolant {
-                        supply_c: c.supply_c,
-                        flow_lpm_per_gpu: c.flow_lpm_per_gpu,
-                        state,
-                    },
-                )
-            }
-            _ => {
-                return Err(ReplayError {
-                    line: n,
-                    message: "a record holds exactly one of sample, xid, coolant".into(),
-                })
-            }
-        };
-        count += 1;
-        for o in outputs {
-            match o {
-                Output::Change(c) => writeln!(out, "{}", verdict_line(&c)).map_err(write_err)?,
-                Output::CoolingAttributed { time, gpus, .. } => writeln!(
-                    notes,
-                    "t={} ms: the cooling explains the heat of GPUs {gpus:#06x}; no GPU is marked for it",
-                    time.0
-                )
-                .map_err(write_err)?,
-            }
+    })
+}
+
+/// A coolant report (line `n`) as the engine takes it.
+fn coolant(c: &TraceCoolant, n: usize) -> Result<Coolant, ReplayError> {
+    let state = match c.state.as_str() {
+        "normal" => LoopState::Normal,
+        "degraded" => LoopState::Degraded,
+        "failsafe" => LoopState::Failsafe,
+        other => {
+            return Err(ReplayError {
+                line: n,
+                message: format!("coolant state {other:?}: normal, degraded or failsafe"),
+            })
+        }
+    };
+    Ok(Coolant {
+        supply_c: c.supply_c,
+        flow_lpm_per_gpu: c.flow_lpm_per_gpu,
+        state,
+    })
+}
+
+/// Writes state changes to `out` as verdict lines, cooling attributions to
+/// `notes`.
+fn write_outputs(
+    outputs: Vec<Output>,
+    out: &mut impl Write,
+    notes: &mut impl Write,
+) -> Result<(), ReplayError> {
+    for o in outputs {
+        match o {
+            Output::Change(c) => writeln!(out, "{}", verdict_line(&c)).map_err(write_error)?,
+            Output::CoolingAttributed { time, gpus, .. } => writeln!(
+                notes,
+                "t={} ms: the cooling explains the heat of GPUs {gpus:#06x}; no GPU is marked for it",
+                time.0
+            )
+            .map_err(write_error)?,
         }
     }
-    Ok(count)
+    Ok(())
 }
