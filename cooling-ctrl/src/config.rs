@@ -64,7 +64,6 @@ pub use loopwarden_field::config::ConfigError;
 use loopwarden_field::config::{self as field, local_host_name, range, Sources};
 use loopwarden_field::pick;
 use loopwarden_protocol::Ident;
-use serde::Deserialize;
 
 use crate::modbus::{DataBits, Link, Parity, SerialLine, StopBits};
 use crate::shell::ShellConfig;
@@ -264,21 +263,6 @@ impl Config {
         c.ambient_c = self.ambient_c;
         c
     }
-}
-
-/// The console socket for `cooling-ctrl ctl`: the file's `console` if it
-/// names one (nothing else in it is checked), else the default.
-pub fn console_path(path: Option<&Path>) -> Result<PathBuf, ConfigError> {
-    #[derive(Deserialize)]
-    struct Only {
-        console: Option<PathBuf>,
-    }
-    let Some(p) = path else {
-        return Ok(default_console());
-    };
-    let text = field::read(p)?;
-    let only: Only = field::parse(Some(p), &text)?;
-    Ok(only.console.unwrap_or_else(default_console))
 }
 
 /// Reads `path` (if any), applies `flags` and checks the result.
@@ -892,7 +876,7 @@ pub use loopwarden_bus::keys::read_keys;
 /// `/run/loopwarden/cooling-ctrl.sock` where it can be made (root), else
 /// `loopwarden-cooling-ctrl.sock` under `$XDG_RUNTIME_DIR` or `/tmp`. The
 /// same for `run` and `ctl`, so `ctl` finds the controller without flags.
-fn default_console() -> PathBuf {
+pub fn default_console() -> PathBuf {
     field::default_socket("cooling-ctrl", ".probe-cooling-ctrl")
 }
 

@@ -13,7 +13,6 @@
 //! - *request*: `status`, `sensors`, `loops`, `events` (with `since`, ms
 //!   since the epoch) or `caps`.
 
-use std::eprintln;
 use std::path::Path;
 use std::string::String;
 use std::sync::Arc;
@@ -22,7 +21,6 @@ use std::vec::Vec;
 
 use loopwarden_field as field;
 use loopwarden_field::console::Peer;
-use loopwarden_field::render::text as s;
 pub use loopwarden_field::time::parse_since;
 use loopwarden_protocol::TimestampMs;
 use serde::{Deserialize, Serialize};
@@ -121,29 +119,20 @@ fn round(x: f64, digits: i32) -> f64 {
     (x * k).round() / k
 }
 
-/// The client side: sends `req` to the controller at `path` and prints
-/// the answer (tables, or JSON with `json_out`). Returns the exit status.
+/// The controller, as `cooling-ctrl ctl` names it in its messages.
+pub const PEER: Peer<'static> = Peer {
+    who: "controller",
+    program: "cooling-ctrl",
+    flag: "--console",
+};
+
+/// Asks the controller behind `path` and prints its answer (tables, or
+/// JSON): the exit status (0 answered, 1 an error or a refused request,
+/// 2 not asked).
 pub fn ctl(path: &Path, req: &Request, json_out: bool) -> i32 {
-    let peer = Peer {
-        who: "controller",
-        program: "cooling-ctrl",
-        flag: "--socket",
-    };
-    let value = match field::console::ask(path, req, &peer) {
-        Ok(v) => v,
-        Err(status) => return i32::from(status),
-    };
-    if let Some(e) = value.get("error") {
-        eprintln!("the controller says: {}", s(e));
-        return 1;
-    }
-    field::console::print_answer(&value, json_out, |v| render(req, v));
-    // A refused operator request is a failure for scripts.
-    if value["ok"] == false {
-        1
-    } else {
-        0
-    }
+    i32::from(field::console::ctl(path, req, json_out, &PEER, |v| {
+        render(req, v)
+    }))
 }
 
 #[cfg(test)]

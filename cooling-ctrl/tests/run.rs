@@ -89,7 +89,7 @@ impl Rig {
     fn ctl(&self, args: &[&str]) -> Output {
         Command::new(BIN)
             .arg("ctl")
-            .arg("--socket")
+            .arg("--console")
             .arg(&self.socket)
             .args(args)
             .output()
@@ -328,7 +328,7 @@ fn run_refuses_a_bad_config_with_file_and_line_and_without_a_key() {
 fn ctl_without_a_controller_says_so() {
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(BIN)
-        .args(["ctl", "--socket"])
+        .args(["ctl", "--console"])
         .arg(dir.path().join("none.sock"))
         .arg("status")
         .output()

@@ -8,7 +8,8 @@
 use std::future::Future;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
@@ -16,6 +17,8 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixListener;
+
+use crate::config::ConfigError;
 
 /// Longest request line accepted.
 pub const MAX_REQUEST: usize = 4096;
@@ -95,6 +98,96 @@ pub struct Peer<'a> {
     pub program: &'a str,
     /// The `ctl` flag that names its socket: "--console".
     pub flag: &'a str,
+}
+
+/// The flags of every agent's `ctl`: which agent to ask, and how to print
+/// its answer.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct CtlArgs {
+    /// The agent's console socket; default: as `run` would choose it, or
+    /// as the configuration file says.
+    #[arg(long, visible_alias = "socket")]
+    pub console: Option<PathBuf>,
+    /// Configuration file, to find the console socket.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Print JSON for scripts.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+/// One `ctl` command: the socket (`--console`, else the configuration
+/// file's `console`, else `default_socket()`), the request `request`
+/// builds, then the question to the peer. An error before anything is
+/// asked is printed as `<program>: <error>` with exit status 2.
+pub fn ctl_command<R: Serialize>(
+    args: &CtlArgs,
+    peer: &Peer,
+    default_socket: impl FnOnce() -> PathBuf,
+    request: impl FnOnce() -> Result<R, String>,
+    render: impl FnOnce(&R, &Value) -> String,
+) -> ExitCode {
+    let socket = match &args.console {
+        Some(p) => Ok(p.clone()),
+        None => console_of(args.config.as_deref(), default_socket).map_err(|e| e.to_string()),
+    };
+    match socket.and_then(|path| request().map(|req| (path, req))) {
+        Ok((path, req)) => ExitCode::from(ctl(&path, &req, args.json, peer, |v| render(&req, v))),
+        Err(e) => {
+            eprintln!("{}: {e}", peer.program);
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Asks the peer at `path` and prints its answer (`render`ed, or as JSON):
+/// the exit status, 0 when it answered, 1 when it answered with an error
+/// or refused what was asked (`"ok": false`), 2 when it could not be
+/// asked.
+pub fn ctl<R: Serialize>(
+    path: &Path,
+    req: &R,
+    json: bool,
+    peer: &Peer,
+    render: impl FnOnce(&Value) -> String,
+) -> u8 {
+    let value = match ask(path, req, peer) {
+        Ok(v) => v,
+        Err(status) => return status,
+    };
+    if let Some(e) = value.get("error") {
+        eprintln!("the {} says: {}", peer.who, crate::render::text(e));
+        return 1;
+    }
+    print_answer(&value, json, render);
+    if value["ok"] == false {
+        1
+    } else {
+        0
+    }
+}
+
+/// The console socket an agent's configuration file names (`console`;
+/// nothing else in it is read or checked, so a user who may not read the
+/// rest can still ask), else `default()`.
+pub fn console_of(
+    config: Option<&Path>,
+    default: impl FnOnce() -> PathBuf,
+) -> Result<PathBuf, ConfigError> {
+    #[derive(serde::Deserialize)]
+    struct Only {
+        console: Option<PathBuf>,
+    }
+    let Some(p) = config else {
+        return Ok(default());
+    };
+    let text = crate::config::read(p)?;
+    let only: Only = toml::from_str(&text).map_err(|e| ConfigError {
+        origin: p.display().to_string(),
+        line: crate::config::span_line(&text, &e),
+        message: e.message().to_string(),
+    })?;
+    Ok(only.console.unwrap_or_else(default))
 }
 
 /// The client side: sends `req` as one line to the peer at `path` and

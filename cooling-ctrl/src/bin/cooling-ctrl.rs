@@ -4,7 +4,7 @@
 //!   of one CDU over Modbus, on the bus (flags override the file; see
 //!   `cooling-ctrl run --help` and `cooling_ctrl::config`). SIGTERM or
 //!   ctrl-c stops it cleanly (exit 0).
-//! - `cooling-ctrl ctl [--socket P] [--config FILE]
+//! - `cooling-ctrl ctl [--console P] [--config FILE]
 //!   status|sensors|loops|events [--since T]|caps [--json]`: the console
 //!   of the controller on this machine.
 //! - `cooling-ctrl simulate --scenario FILE --controller NAME [--trace
@@ -30,6 +30,7 @@ use cooling_ctrl::northbound;
 use cooling_ctrl::shell::{self, ShellOptions};
 #[cfg(feature = "twin")]
 use cooling_ctrl::simulated::Ours;
+use loopwarden_field::console::{ctl_command, CtlArgs};
 #[cfg(feature = "twin")]
 use loopwarden_twin::oracle::Oracle;
 #[cfg(feature = "twin")]
@@ -62,16 +63,8 @@ enum Command {
     },
     /// Ask the running controller.
     Ctl {
-        /// The controller's console socket; default: as `run` would choose
-        /// it, or as the configuration file says.
-        #[arg(long)]
-        socket: Option<PathBuf>,
-        /// Configuration file, to find the console socket.
-        #[arg(long)]
-        config: Option<PathBuf>,
-        /// Print JSON for scripts.
-        #[arg(long, global = true)]
-        json: bool,
+        #[command(flatten)]
+        target: CtlArgs,
         #[command(subcommand)]
         what: Ctl,
     },
@@ -133,44 +126,34 @@ fn main() -> ExitCode {
             trace_every_s,
         } => simulate(scenario, controller, trace, trace_every_s),
         Command::Run { config, flags } => run(config, flags),
-        Command::Ctl {
-            socket,
-            config,
-            json,
-            what,
-        } => {
-            let path = match socket {
-                Some(p) => p,
-                None => match config::console_path(config.as_deref()) {
-                    Ok(p) => p,
-                    Err(e) => {
-                        eprintln!("cooling-ctrl: {e}");
-                        return ExitCode::from(2);
-                    }
-                },
-            };
-            let req = match what {
-                Ctl::Status => Request::Status,
-                Ctl::Sensors => Request::Sensors,
-                Ctl::Loops => Request::Loops,
-                Ctl::Caps => Request::Caps,
-                Ctl::ClearLeak { rack } => Request::ClearLeak { rack },
-                Ctl::ClearPump { pump } => Request::ClearPump { pump },
-                Ctl::Events { since } => {
-                    match since.map(|s| console::parse_since(&s, loopwarden_bus::now_ms().0)) {
-                        Some(Err(e)) => {
-                            eprintln!("cooling-ctrl: {e}");
-                            return ExitCode::from(2);
-                        }
-                        since => Request::Events {
-                            since: since.map(|s| s.expect("errors handled above")),
-                        },
-                    }
-                }
-            };
-            ExitCode::from(console::ctl(&path, &req, json) as u8)
-        }
+        Command::Ctl { target, what } => ctl(&target, what),
     }
+}
+
+/// `cooling-ctrl ctl`: one request to the running controller.
+fn ctl(target: &CtlArgs, what: Ctl) -> ExitCode {
+    let request = || {
+        Ok(match what {
+            Ctl::Status => Request::Status,
+            Ctl::Sensors => Request::Sensors,
+            Ctl::Loops => Request::Loops,
+            Ctl::Caps => Request::Caps,
+            Ctl::ClearLeak { rack } => Request::ClearLeak { rack },
+            Ctl::ClearPump { pump } => Request::ClearPump { pump },
+            Ctl::Events { since } => Request::Events {
+                since: since
+                    .map(|s| console::parse_since(&s, loopwarden_bus::now_ms().0))
+                    .transpose()?,
+            },
+        })
+    };
+    ctl_command(
+        target,
+        &console::PEER,
+        config::default_console,
+        request,
+        console::render,
+    )
 }
 
 fn run(config_path: Option<PathBuf>, flags: Overrides) -> ExitCode {
