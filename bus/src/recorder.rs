@@ -105,15 +105,8 @@ impl std::fmt::Debug for Recorder {
 /// is full.
 fn try_publish(bus: &Bus, message: Message, time: TimestampMs, mirror: bool) -> Option<Message> {
     let kind = message.kind();
-    match bus.publish(message.clone(), time) {
-        Ok(frame) => {
-            if mirror {
-                if let Err(e) = bus.publish_json(&frame) {
-                    tracing::debug!("JSON mirror of {kind:?} not sent: {e}");
-                }
-            }
-            None
-        }
+    match bus.publish_mirrored(message.clone(), time, mirror) {
+        Ok(_) => None,
         Err(PublishError::OutboxFull(_)) => Some(message),
         Err(PublishError::Offline) => None,
         Err(e) => {

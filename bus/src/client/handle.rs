@@ -163,6 +163,24 @@ impl Bus {
         self.shared.next_frame(message, time)
     }
 
+    /// Publishes `message` as [`publish`](Self::publish) does and, when
+    /// `mirror`, its JSON mirror too. A mirror the bus does not take is
+    /// logged, not returned: the frame itself went out.
+    pub fn publish_mirrored(
+        &self,
+        message: Message,
+        time: TimestampMs,
+        mirror: bool,
+    ) -> Result<Frame, PublishError> {
+        let frame = self.publish(message, time)?;
+        if mirror {
+            if let Err(e) = self.publish_json(&frame) {
+                tracing::debug!("JSON mirror of {:?} not sent: {e}", frame.message.kind());
+            }
+        }
+        Ok(frame)
+    }
+
     /// Sends a command to a host or CDU's `cmd` topic. Returns the frame as
     /// sent; its sequence number is the correlation its ack will carry.
     pub fn send_command(

@@ -45,14 +45,9 @@ impl<P: CduPort> Shell<P> {
         count: impl FnOnce(&mut ShellStats) -> &mut u64,
     ) -> bool {
         let kind = message.kind();
-        match self.bus.publish(message, time) {
-            Ok(frame) => {
+        match self.bus.publish_mirrored(message, time, mirror) {
+            Ok(_) => {
                 *count(&mut self.stats) += 1;
-                if mirror {
-                    if let Err(e) = self.bus.publish_json(&frame) {
-                        tracing::debug!("cooling shell: JSON mirror of {kind:?}: {e}");
-                    }
-                }
                 true
             }
             Err(PublishError::Offline) => {

@@ -13,7 +13,6 @@ use loopwarden_protocol::{
 use super::Agent;
 
 impl Agent {
-    /// Publishes a message and its JSON mirror; logs what the bus refused.
     /// Publishes a message and its JSON mirror. Telemetry and health
     /// (outside the outbox) go out from here at once; events and acks go
     /// through the recorder, which stores them in the outbox.
@@ -23,15 +22,8 @@ impl Agent {
             return;
         }
         let kind = message.kind();
-        match self.bus.publish(message, time) {
-            Ok(frame) => {
-                if mirror {
-                    if let Err(e) = self.bus.publish_json(&frame) {
-                        tracing::debug!("JSON mirror of {kind:?} not sent: {e}");
-                    }
-                }
-            }
-            Err(loopwarden_bus::PublishError::Offline) => {}
+        match self.bus.publish_mirrored(message, time, mirror) {
+            Ok(_) | Err(loopwarden_bus::PublishError::Offline) => {}
             Err(e) => tracing::warn!("{kind:?} not published: {e}"),
         }
     }
