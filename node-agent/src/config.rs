@@ -196,27 +196,6 @@ pub struct Config {
 /// Placeholders a quarantine action may use.
 pub const PLACEHOLDERS: [&str; 5] = ["{host}", "{site}", "{gpu}", "{uuid}", "{reason}"];
 
-/// The console socket for `node-agent ctl`: the file's `console` if it
-/// names one (nothing else in it is checked, so a user who may not read
-/// the keys can still ask), else the default.
-pub fn console_path(path: Option<&Path>) -> Result<PathBuf, ConfigError> {
-    #[derive(Deserialize)]
-    struct Only {
-        console: Option<PathBuf>,
-    }
-    let Some(p) = path else {
-        return Ok(default_console());
-    };
-    let origin = p.display().to_string();
-    let text = field::read(p)?;
-    let only: Only = toml::from_str(&text).map_err(|e| ConfigError {
-        origin,
-        line: None,
-        message: e.message().to_string(),
-    })?;
-    Ok(only.console.unwrap_or_else(default_console))
-}
-
 /// Reads `path` (if any), applies `flags` and checks the result.
 pub fn load(path: Option<&Path>, flags: &Overrides) -> Result<Config, ConfigError> {
     let text = field::read_optional(path)?;
@@ -588,7 +567,7 @@ pub use loopwarden_bus::keys::read_keys;
 /// `loopwarden-node-agent.sock` under `$XDG_RUNTIME_DIR` or `/tmp`. The
 /// same for `run` and `ctl`, so `ctl` finds the agent without flags; a
 /// second agent on the same machine needs `--console`.
-fn default_console() -> PathBuf {
+pub fn default_console() -> PathBuf {
     field::default_socket("node-agent", ".probe")
 }
 

@@ -22,7 +22,6 @@ use loopwarden_field as field;
 use loopwarden_field::console::Peer;
 pub use loopwarden_field::time::parse_since;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use tokio::net::UnixListener;
 
 mod answer;
@@ -70,24 +69,19 @@ pub async fn serve(listener: UnixListener, ctx: Context) {
     .await
 }
 
-/// The client side: sends `req` to the agent at `path` and prints the
-/// answer (tables, or JSON with `json`). Returns the exit status.
+/// The agent, as `node-agent ctl` names it in its messages.
+pub const PEER: Peer<'static> = Peer {
+    who: "agent",
+    program: "node-agent",
+    flag: "--console",
+};
+
+/// Asks the agent behind `path` and prints its answer (tables, or JSON):
+/// the exit status (0 answered, 1 an error, 2 not asked).
 pub fn ctl(path: &Path, req: &Request, json_out: bool) -> i32 {
-    let peer = Peer {
-        who: "agent",
-        program: "node-agent",
-        flag: "--console",
-    };
-    let value = match field::console::ask(path, req, &peer) {
-        Ok(v) => v,
-        Err(status) => return i32::from(status),
-    };
-    if let Some(err) = value.get("error").and_then(Value::as_str) {
-        eprintln!("error: {err}");
-        return 1;
-    }
-    field::console::print_answer(&value, json_out, |v| render(req, v));
-    0
+    i32::from(field::console::ctl(path, req, json_out, &PEER, |v| {
+        render(req, v)
+    }))
 }
 
 #[cfg(test)]

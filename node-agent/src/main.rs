@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use loopwarden_field::console::{ctl_command, CtlArgs};
 use node_agent::config::{self, GpuSourceKind, Overrides};
 use node_agent::console::{self, Request};
 use node_agent::gpu::GpuSource;
@@ -46,16 +47,8 @@ enum Command {
     },
     /// Ask the running agent.
     Ctl {
-        /// The agent's console socket; default: as `run` would choose it,
-        /// or as the configuration file says.
-        #[arg(long)]
-        console: Option<PathBuf>,
-        /// Configuration file, to find the console socket.
-        #[arg(long)]
-        config: Option<PathBuf>,
-        /// Print JSON for scripts.
-        #[arg(long, global = true)]
-        json: bool,
+        #[command(flatten)]
+        target: CtlArgs,
         #[command(subcommand)]
         what: Ctl,
     },
@@ -87,43 +80,32 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Run { config, flags } => run(config, flags),
         Command::Replay { trace } => replay(&trace),
-        Command::Ctl {
-            console: socket,
-            config,
-            json,
-            what,
-        } => {
-            let path = match socket {
-                Some(p) => p,
-                None => match config::console_path(config.as_deref()) {
-                    Ok(p) => p,
-                    Err(e) => {
-                        eprintln!("{e}");
-                        return ExitCode::from(2);
-                    }
-                },
-            };
-            let req = match what {
-                Ctl::Status => Request::Status,
-                Ctl::Gpus => Request::Gpus,
-                Ctl::Caps => Request::Caps,
-                Ctl::Events { since } => {
-                    let since =
-                        match since.map(|s| console::parse_since(&s, loopwarden_bus::now_ms().0)) {
-                            Some(Err(e)) => {
-                                eprintln!("{e}");
-                                return ExitCode::from(2);
-                            }
-                            Some(Ok(ms)) => Some(ms),
-                            None => None,
-                        };
-                    Request::Events { since }
-                }
-                Ctl::Why { gpu } => Request::Why { gpu },
-            };
-            ExitCode::from(console::ctl(&path, &req, json) as u8)
-        }
+        Command::Ctl { target, what } => ctl(&target, what),
     }
+}
+
+/// `node-agent ctl`: one request to the running agent.
+fn ctl(target: &CtlArgs, what: Ctl) -> ExitCode {
+    let request = || {
+        Ok(match what {
+            Ctl::Status => Request::Status,
+            Ctl::Gpus => Request::Gpus,
+            Ctl::Caps => Request::Caps,
+            Ctl::Events { since } => Request::Events {
+                since: since
+                    .map(|s| console::parse_since(&s, loopwarden_bus::now_ms().0))
+                    .transpose()?,
+            },
+            Ctl::Why { gpu } => Request::Why { gpu },
+        })
+    };
+    ctl_command(
+        target,
+        &console::PEER,
+        config::default_console,
+        request,
+        console::render,
+    )
 }
 
 fn replay(trace: &std::path::Path) -> ExitCode {
