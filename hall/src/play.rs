@@ -37,15 +37,18 @@ use cooling_ctrl::shell::{ShellConfig, ShellOptions, ShellStats};
 use loopwarden_boards::modbus_map::RegisterMap;
 use loopwarden_boards::pins::PinMap;
 use loopwarden_bus::embedded::EmbeddedBroker;
-use loopwarden_bus::{BrokerAddr, Bus, BusConfig};
+use loopwarden_bus::{BrokerAddr, Bus, BusConfig, BusTask, Inbound};
 use loopwarden_field::common::CommonFlags;
-use loopwarden_protocol::message::{Event, HealthState, RackCooling};
+use loopwarden_protocol::message::{
+    CduState, Event, HealthState, HostHealth, HostTelemetry, RackCooling,
+};
 use loopwarden_protocol::{Ident, Message, NodeId, Role};
 use loopwarden_twin::hall::Hall;
 use loopwarden_twin::pins::SimLines;
 use loopwarden_twin::scenario::Scenario;
 use loopwarden_twin::sim_cdu::SimCdu;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
 
 use crate::trace::TraceRow;
 
@@ -181,12 +184,44 @@ pub async fn play_with(cfg: PlayConfig, opts: PlayOptions) -> Result<PlayOutcome
     let site_name = "hall-1";
     let site = ident(site_name)?;
     let sc = cfg.scenario.clone();
-    let s = &sc.site;
-    let hosts = s.racks * s.hosts_per_rack;
     let duration = cfg.duration_s.unwrap_or(sc.duration_s).min(sc.duration_s);
+    let (_embedded, broker) = start_broker(&cfg)?;
+    let sim = SimSide::start(&sc).await?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let s = &sc.site;
+    let host_ids: Vec<String> = (0..s.racks * s.hosts_per_rack)
+        .map(|h| format!("r{}h{}", h / s.hosts_per_rack, h % s.hosts_per_rack))
+        .collect();
+    let agents = start_agents(&cfg, site_name, &broker, &host_ids, &sim.hall, &stop_rx)?;
+    let ctrl = ControllerSide {
+        site: &site,
+        broker: &broker,
+        host_ids: &host_ids,
+        sim: &sim,
+    };
+    let (start, controller, watcher) = ctrl.start(&sc, &opts, &stop_rx)?;
+    let (observer, mut inbound, _task) = start_observer(&broker, &site)?;
+    let running = Running {
+        stop_tx,
+        agents,
+        controller,
+        watcher,
+        observer,
+    };
+    let mut live = Live::open(&cfg, &sc, &sim, &host_ids, duration)?;
+    live.run(&mut inbound, start).await?;
+    live.finish(running).await
+}
 
-    // The broker.
-    let (_embedded, broker) = match &cfg.broker {
+/// Waits until the run is told to stop.
+async fn stopped(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
+
+/// The broker: the one given, or the embedded one started on a loopback
+/// port (kept while the run lasts).
+fn start_broker(cfg: &PlayConfig) -> Result<(Option<EmbeddedBroker>, BrokerAddr), PlayError> {
+    Ok(match &cfg.broker {
         Some(b) => (None, b.clone()),
         None => {
             let e = EmbeddedBroker::start("127.0.0.1:0".parse().expect("an address"))
@@ -194,43 +229,74 @@ pub async fn play_with(cfg: PlayConfig, opts: PlayOptions) -> Result<PlayOutcome
             let b = e.broker_addr();
             (Some(e), b)
         }
-    };
+    })
+}
 
-    // The simulated CDU on loopback Modbus, the hall behind it.
-    let map = RegisterMap::sim_cdu();
-    let cdu = SimCdu::new(
-        map.clone(),
-        &[("supply_setpoint", 18.0), ("pump_speed", 100.0)],
-    )
-    .map_err(|e| PlayError::Start(format!("simulated CDU: {e}")))?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .map_err(|e| PlayError::Start(format!("Modbus port: {e}")))?;
-    let modbus_addr = listener
-        .local_addr()
-        .map_err(|e| PlayError::Start(format!("Modbus port: {e}")))?;
-    let served = tokio::spawn(cdu.clone().serve(listener));
-    // The controller board's lines: the hall drives the leak ropes, the
-    // controller reads them and drives the relay and the beacon, through
-    // embedded-hal pins.
-    let lines = SimLines::new();
-    let pins = PinMap::sim_controller();
-    let hall = Arc::new(Mutex::new(Hall::new(
-        sc.clone(),
-        cdu.clone(),
-        lines.clone(),
-        pins.clone(),
-    )));
+/// The simulated side: the CDU on loopback Modbus, the hall behind it and
+/// the controller board's lines.
+struct SimSide {
+    /// The CDU's register map.
+    map: RegisterMap,
+    cdu: SimCdu,
+    /// Where the CDU answers Modbus TCP.
+    modbus_addr: std::net::SocketAddr,
+    /// The CDU's Modbus server.
+    served: JoinHandle<std::io::Result<()>>,
+    lines: SimLines,
+    pins: PinMap,
+    hall: Arc<Mutex<Hall>>,
+}
 
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let stopped = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
+impl SimSide {
+    /// Starts the simulated CDU on a loopback port, with the hall of `sc`.
+    async fn start(sc: &Scenario) -> Result<Self, PlayError> {
+        let map = RegisterMap::sim_cdu();
+        let cdu = SimCdu::new(
+            map.clone(),
+            &[("supply_setpoint", 18.0), ("pump_speed", 100.0)],
+        )
+        .map_err(|e| PlayError::Start(format!("simulated CDU: {e}")))?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|e| PlayError::Start(format!("Modbus port: {e}")))?;
+        let modbus_addr = listener
+            .local_addr()
+            .map_err(|e| PlayError::Start(format!("Modbus port: {e}")))?;
+        let served = tokio::spawn(cdu.clone().serve(listener));
+        // The controller board's lines: the hall drives the leak ropes, the
+        // controller reads them and drives the relay and the beacon, through
+        // embedded-hal pins.
+        let lines = SimLines::new();
+        let pins = PinMap::sim_controller();
+        let hall = Arc::new(Mutex::new(Hall::new(
+            sc.clone(),
+            cdu.clone(),
+            lines.clone(),
+            pins.clone(),
+        )));
+        Ok(Self {
+            map,
+            cdu,
+            modbus_addr,
+            served,
+            lines,
+            pins,
+            hall,
+        })
+    }
+}
 
-    // One node agent per host.
-    let host_ids: Vec<String> = (0..hosts)
-        .map(|h| format!("r{}h{}", h / s.hosts_per_rack, h % s.hosts_per_rack))
-        .collect();
+/// One node agent per host, each on its own thread and runtime, reading
+/// its GPUs from the hall.
+fn start_agents(
+    cfg: &PlayConfig,
+    site_name: &str,
+    broker: &BrokerAddr,
+    host_ids: &[String],
+    hall: &Arc<Mutex<Hall>>,
+    stop_rx: &watch::Receiver<bool>,
+) -> Result<Vec<std::thread::JoinHandle<()>>, PlayError> {
+    let s = &cfg.scenario.site;
     let mut agents = Vec::new();
     for (h, id) in host_ids.iter().enumerate() {
         let dir = cfg.out.join("agents").join(id);
@@ -253,274 +319,429 @@ pub async fn play_with(cfg: PlayConfig, opts: PlayOptions) -> Result<PlayOutcome
         let config = node_agent::config::load(None, &flags)
             .map_err(|e| PlayError::Start(format!("agent {id}: {e}")))?;
         let source = Box::new(node_agent::hall_gpus::HallSource::new(hall.clone(), h));
-        let rx = stop_rx.clone();
-        let id = id.clone();
-        // Each agent on its own thread and runtime, as on its own host.
-        let thread = std::thread::Builder::new()
-            .name(format!("agent-{id}"))
-            .spawn(move || {
-                let rt = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(rt) => rt,
-                    Err(e) => {
-                        tracing::error!("agent {id}: runtime: {e}");
-                        return;
-                    }
-                };
-                if let Err(e) = rt.block_on(node_agent::shell::run(config, source, stopped(rx))) {
-                    tracing::error!("agent {id}: {e}");
+        agents.push(spawn_agent(id.clone(), config, source, stop_rx.clone())?);
+    }
+    Ok(agents)
+}
+
+/// An agent on its own thread and runtime, as on its own host.
+fn spawn_agent(
+    id: String,
+    config: node_agent::config::Config,
+    source: Box<node_agent::hall_gpus::HallSource>,
+    rx: watch::Receiver<bool>,
+) -> Result<std::thread::JoinHandle<()>, PlayError> {
+    std::thread::Builder::new()
+        .name(format!("agent-{id}"))
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    tracing::error!("agent {id}: runtime: {e}");
+                    return;
                 }
-            })
-            .map_err(|e| PlayError::Start(format!("agent thread: {e}")))?;
-        agents.push(thread);
-    }
+            };
+            if let Err(e) = rt.block_on(node_agent::shell::run(config, source, stopped(rx))) {
+                tracing::error!("agent {id}: {e}");
+            }
+        })
+        .map_err(|e| PlayError::Start(format!("agent thread: {e}")))
+}
 
-    // The cooling controller, driving the CDU over Modbus.
-    let mut core = cooling_ctrl::site_figures::core_config(s)
-        .map_err(|e| PlayError::Start(format!("controller config: {e}")))?;
-    if let Some(ms) = opts.cap_release_ms {
-        core.timing.cap_release_ms = ms;
-    }
-    let shell_cfg = ShellConfig {
-        site: site.clone(),
-        cdu: ident("cdu1")?,
-        broker: broker.clone(),
-        core,
-        period: Duration::from_secs(1),
-        hosts: host_ids
-            .iter()
-            .map(|h| ident(h))
-            .collect::<Result<_, _>>()?,
-        key_id: 1,
-        key: loopwarden_protocol::samples::DEMO_KEY.to_vec(),
-        lease: Duration::from_secs(30),
-        ambient_c: Some(sc.ambient.at(0.0) as f32),
-    };
-    let port = ModbusCdu::new(map, Link::Tcp(modbus_addr)).with_timeout(Duration::from_millis(500));
-    let rx = stop_rx.clone();
-    let (stats_tx, stats_rx) = cooling_ctrl::shell::stats_channel();
-    let board =
-        loopwarden_boards::pins::BoardPins::new(&pins, |l| lines.input(l), |l| lines.output(l));
-    let shell_opts = ShellOptions {
-        stats: Some(stats_tx),
-        board: Some(Box::new(board)),
-        ..Default::default()
-    };
-    let start = Instant::now();
-    let watcher = tokio::spawn(watch_caps(
-        stats_rx,
-        start,
-        hall.clone(),
-        host_ids.clone(),
-        s.gpu.tdp_w,
-    ));
-    let controller = tokio::spawn(async move {
-        if let Err(e) =
-            cooling_ctrl::shell::run_with(shell_cfg, shell_opts, port, stopped(rx)).await
-        {
-            tracing::error!("cooling controller: {e}");
+/// What the cooling controller is started with.
+struct ControllerSide<'a> {
+    site: &'a Ident,
+    broker: &'a BrokerAddr,
+    host_ids: &'a [String],
+    sim: &'a SimSide,
+}
+
+impl ControllerSide<'_> {
+    /// Starts the cooling controller, driving the CDU over Modbus, and the
+    /// watcher of its counters; returns when they started, the
+    /// controller's task and the watcher's.
+    #[allow(clippy::type_complexity)]
+    fn start(
+        &self,
+        sc: &Scenario,
+        opts: &PlayOptions,
+        stop_rx: &watch::Receiver<bool>,
+    ) -> Result<(Instant, JoinHandle<()>, JoinHandle<CapFigures>), PlayError> {
+        let s = &sc.site;
+        let mut core = cooling_ctrl::site_figures::core_config(s)
+            .map_err(|e| PlayError::Start(format!("controller config: {e}")))?;
+        if let Some(ms) = opts.cap_release_ms {
+            core.timing.cap_release_ms = ms;
         }
-    });
+        let shell_cfg = ShellConfig {
+            site: self.site.clone(),
+            cdu: ident("cdu1")?,
+            broker: self.broker.clone(),
+            core,
+            period: Duration::from_secs(1),
+            hosts: self
+                .host_ids
+                .iter()
+                .map(|h| ident(h))
+                .collect::<Result<_, _>>()?,
+            key_id: 1,
+            key: loopwarden_protocol::samples::DEMO_KEY.to_vec(),
+            lease: Duration::from_secs(30),
+            ambient_c: Some(sc.ambient.at(0.0) as f32),
+        };
+        let sim = self.sim;
+        let port = ModbusCdu::new(sim.map.clone(), Link::Tcp(sim.modbus_addr))
+            .with_timeout(Duration::from_millis(500));
+        let rx = stop_rx.clone();
+        let (stats_tx, stats_rx) = cooling_ctrl::shell::stats_channel();
+        let lines = &sim.lines;
+        let board = loopwarden_boards::pins::BoardPins::new(
+            &sim.pins,
+            |l| lines.input(l),
+            |l| lines.output(l),
+        );
+        let shell_opts = ShellOptions {
+            stats: Some(stats_tx),
+            board: Some(Box::new(board)),
+            ..Default::default()
+        };
+        let start = Instant::now();
+        let watcher = tokio::spawn(watch_caps(
+            stats_rx,
+            start,
+            sim.hall.clone(),
+            self.host_ids.to_vec(),
+            s.gpu.tdp_w,
+        ));
+        let controller = tokio::spawn(async move {
+            if let Err(e) =
+                cooling_ctrl::shell::run_with(shell_cfg, shell_opts, port, stopped(rx)).await
+            {
+                tracing::error!("cooling controller: {e}");
+            }
+        });
+        Ok((start, controller, watcher))
+    }
+}
 
-    // The observer: what a facility system sees, and hosts following
-    // their agents.
+/// The observer: what a facility system sees, and hosts following their
+/// agents.
+fn start_observer(
+    broker: &BrokerAddr,
+    site: &Ident,
+) -> Result<(Bus, mpsc::Receiver<Inbound>, BusTask), PlayError> {
     let mut bc = BusConfig::new(
         broker.clone(),
         site.clone(),
         NodeId::new(Role::Facility, "hall-run")
             .map_err(|e| PlayError::Start(format!("observer id: {e}")))?,
     );
-    bc.subscriptions = vec![loopwarden_bus::site_filter(&site)];
+    bc.subscriptions = vec![loopwarden_bus::site_filter(site)];
     bc.inbound_capacity = 4096;
-    let (observer, mut inbound, _task) = Bus::start(bc);
+    Ok(Bus::start(bc))
+}
 
-    let trace_path = cfg.out.join("trace.csv");
-    let mut trace = std::io::BufWriter::new(std::fs::File::create(&trace_path).map_err(|e| {
-        PlayError::Trace {
-            path: trace_path.clone(),
-            source: e,
-        }
-    })?);
-    TraceRow::write_header(&mut trace, true).map_err(|e| PlayError::Trace {
-        path: trace_path.clone(),
-        source: e,
-    })?;
-    let mut rows = Vec::new();
-    let mut out = PlayOutcome::default();
-    let mut setpoint = 18.0;
-    let mut speed = 1.0;
-    let mut caps_in_force: BTreeMap<String, bool> = BTreeMap::new();
-    let per_host = s.gpus_per_host;
-    let mut last = Instant::now();
-    let mut next_row = 0.0;
-    let mut tick = tokio::time::interval(Duration::from_millis(250));
-    loop {
-        tick.tick().await;
-        let now = Instant::now();
-        let dt = (now - last).as_secs_f64() * cfg.speed;
-        last = now;
-        // Step the hall.
-        let (t, row) = {
-            let mut h = hall.lock().expect("hall lock");
-            if let Err(e) = h.step(dt) {
-                tracing::warn!("hall: {e}");
+/// The parts the ending stops.
+struct Running {
+    stop_tx: watch::Sender<bool>,
+    agents: Vec<std::thread::JoinHandle<()>>,
+    controller: JoinHandle<()>,
+    watcher: JoinHandle<CapFigures>,
+    observer: Bus,
+}
+
+impl Running {
+    /// Tells the agents and the controller to stop and waits a while for
+    /// each, then for the watcher's figures; drops the observer and stops
+    /// the CDU's server.
+    async fn stop(self, served: &JoinHandle<std::io::Result<()>>) -> Option<CapFigures> {
+        let _ = self.stop_tx.send(true);
+        let agents = self.agents;
+        let joined = tokio::task::spawn_blocking(move || {
+            for a in agents {
+                let _ = a.join();
             }
-            let t = h.time_s();
-            let m = h.plant().meters();
-            let hottest = h
-                .gpus()
-                .iter()
-                .filter(|g| !g.shut_down)
-                .map(|g| g.t_j)
-                .fold(f64::MIN, f64::max);
-            (
-                t,
-                TraceRow {
-                    t_s: t,
-                    ambient_c: sc.ambient.at(t),
-                    setpoint_c: setpoint,
-                    supply_c: m.supply_c,
-                    return_c: m.return_c,
-                    flow_lpm: m.flow_lpm,
-                    pump_speed: speed,
-                    max_gpu_c: hottest,
-                    it_kw: m.it_w / 1000.0,
-                    facility_kw: m.facility_w / 1000.0,
-                    caps: caps_in_force.values().filter(|c| **c).count() as u32,
-                    quarantined: Some(out.quarantined.len() as u32),
-                },
-            )
+        });
+        let _ = tokio::time::timeout(Duration::from_secs(15), joined).await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.controller).await;
+        let caps = match tokio::time::timeout(Duration::from_secs(5), self.watcher).await {
+            Ok(Ok(caps)) => Some(caps),
+            _ => None,
         };
-        setpoint = cdu.setting("supply_setpoint").unwrap_or(setpoint);
-        speed = cdu.setting("pump_speed").map_or(speed, |p| p / 100.0);
-        // What the bus says.
-        while let Ok(msg) = inbound.try_recv() {
-            let node = msg.topic.node.to_string();
-            match &msg.frame.message {
-                Message::HostTelemetry(ht) => {
-                    out.hosts_heard.insert(node.clone());
-                    let lowest = ht
-                        .gpus
-                        .iter()
-                        .map(|g| f64::from(g.power_limit.0))
-                        .fold(f64::INFINITY, f64::min);
-                    let capped = lowest < s.gpu.tdp_w - 1.0;
-                    if lowest.is_finite() {
-                        out.limits_at_end.insert(node.clone(), lowest);
-                    }
-                    caps_in_force.insert(node, capped);
-                    out.peak_hosts_capped_telemetry = out
-                        .peak_hosts_capped_telemetry
-                        .max(caps_in_force.values().filter(|c| **c).count());
-                }
-                Message::CduTelemetry(_) => out.cdu_heard = true,
-                Message::HostHealth(hh) => {
-                    if let Some(h) = host_ids.iter().position(|x| *x == node) {
-                        for g in &hh.gpus {
-                            let i = h * per_host + g.gpu.get() as usize;
-                            if g.state == HealthState::Quarantined && out.quarantined.insert(i) {
-                                hall.lock().expect("hall lock").quarantined(i);
-                                out.events.push(format!(
-                                    "t={t:.0}s {node}: GPU {} quarantined",
-                                    g.gpu.get()
-                                ));
-                            }
-                        }
-                    }
-                }
-                Message::CduState(st) => {
-                    for r in &st.racks {
-                        let rack = r.rack.get() as usize;
-                        let lost = r.cooling == RackCooling::Lost;
-                        hall.lock()
-                            .expect("hall lock")
-                            .set_rack_cooling_lost(rack, lost);
-                        if lost && out.racks_lost.insert(rack) {
-                            out.events
-                                .push(format!("t={t:.0}s cdu1: rack {rack} cooling lost"));
-                        }
-                    }
-                }
-                Message::Event(e) => {
-                    if matches!(
-                        e,
-                        Event::Leak { .. }
-                            | Event::CduModeChanged { .. }
-                            | Event::PumpTrip { .. }
-                            | Event::SensorFault { .. }
-                            | Event::Xid { .. }
-                    ) {
-                        out.events.push(format!("t={t:.0}s {node}: {e:?}"));
-                    }
-                }
-                _ => {}
-            }
-        }
-        out.max_gpu_c = out.max_gpu_c.max(row.max_gpu_c);
-        if t >= next_row {
-            next_row = t + 5.0;
-            row.write_row(&mut trace, true)
-                .map_err(|e| PlayError::Trace {
+        drop(self.observer);
+        served.abort();
+        caps
+    }
+}
+
+/// The run while it plays: the hall stepped in real time (or faster),
+/// what the bus says, the trace and what the run saw.
+struct Live<'a> {
+    cfg: &'a PlayConfig,
+    sc: &'a Scenario,
+    sim: &'a SimSide,
+    host_ids: &'a [String],
+    /// Simulated seconds to play.
+    duration: u64,
+    trace_path: PathBuf,
+    trace: std::io::BufWriter<std::fs::File>,
+    /// The rows written to the trace.
+    rows: Vec<TraceRow>,
+    out: PlayOutcome,
+    /// The CDU's setpoint as last written, °C.
+    setpoint: f64,
+    /// The CDU's pump speed as last written, fraction.
+    speed: f64,
+    /// Per host: its last telemetry showed a cap.
+    caps_in_force: BTreeMap<String, bool>,
+}
+
+impl<'a> Live<'a> {
+    /// Opens the trace and writes its header.
+    fn open(
+        cfg: &'a PlayConfig,
+        sc: &'a Scenario,
+        sim: &'a SimSide,
+        host_ids: &'a [String],
+        duration: u64,
+    ) -> Result<Self, PlayError> {
+        let trace_path = cfg.out.join("trace.csv");
+        let mut trace =
+            std::io::BufWriter::new(std::fs::File::create(&trace_path).map_err(|e| {
+                PlayError::Trace {
                     path: trace_path.clone(),
                     source: e,
-                })?;
-            if !cfg.headless {
-                live(&row, &out, &cfg.name, duration);
+                }
+            })?);
+        TraceRow::write_header(&mut trace, true).map_err(|e| PlayError::Trace {
+            path: trace_path.clone(),
+            source: e,
+        })?;
+        Ok(Self {
+            cfg,
+            sc,
+            sim,
+            host_ids,
+            duration,
+            trace_path,
+            trace,
+            rows: Vec::new(),
+            out: PlayOutcome::default(),
+            setpoint: 18.0,
+            speed: 1.0,
+            caps_in_force: BTreeMap::new(),
+        })
+    }
+
+    /// The run loop: every 250 ms, steps the hall, hears the bus and writes
+    /// a trace row every 5 simulated seconds, until the end of the run (or
+    /// 10 minutes past its due time).
+    async fn run(
+        &mut self,
+        inbound: &mut mpsc::Receiver<Inbound>,
+        start: Instant,
+    ) -> Result<(), PlayError> {
+        let duration = self.duration;
+        let mut last = Instant::now();
+        let mut next_row = 0.0;
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        loop {
+            tick.tick().await;
+            let now = Instant::now();
+            let dt = (now - last).as_secs_f64() * self.cfg.speed;
+            last = now;
+            let (t, row) = self.step_hall(dt);
+            let cdu = &self.sim.cdu;
+            self.setpoint = cdu.setting("supply_setpoint").unwrap_or(self.setpoint);
+            self.speed = cdu.setting("pump_speed").map_or(self.speed, |p| p / 100.0);
+            // What the bus says.
+            while let Ok(msg) = inbound.try_recv() {
+                self.hear(&msg, t);
             }
-            rows.push(row);
+            self.out.max_gpu_c = self.out.max_gpu_c.max(row.max_gpu_c);
+            if t >= next_row {
+                next_row = t + 5.0;
+                self.record(row)?;
+            }
+            if t >= duration as f64 {
+                break;
+            }
+            if start.elapsed()
+                > Duration::from_secs_f64(duration as f64 / self.cfg.speed.max(1e-3) + 600.0)
+            {
+                break;
+            }
         }
-        if t >= duration as f64 {
-            break;
+        Ok(())
+    }
+
+    /// Steps the hall by `dt` simulated seconds; its time after and the
+    /// trace row it shows.
+    fn step_hall(&self, dt: f64) -> (f64, TraceRow) {
+        let mut h = self.sim.hall.lock().expect("hall lock");
+        if let Err(e) = h.step(dt) {
+            tracing::warn!("hall: {e}");
         }
-        if start.elapsed() > Duration::from_secs_f64(duration as f64 / cfg.speed.max(1e-3) + 600.0)
-        {
-            break;
+        let t = h.time_s();
+        let m = h.plant().meters();
+        let hottest = h
+            .gpus()
+            .iter()
+            .filter(|g| !g.shut_down)
+            .map(|g| g.t_j)
+            .fold(f64::MIN, f64::max);
+        (
+            t,
+            TraceRow {
+                t_s: t,
+                ambient_c: self.sc.ambient.at(t),
+                setpoint_c: self.setpoint,
+                supply_c: m.supply_c,
+                return_c: m.return_c,
+                flow_lpm: m.flow_lpm,
+                pump_speed: self.speed,
+                max_gpu_c: hottest,
+                it_kw: m.it_w / 1000.0,
+                facility_kw: m.facility_w / 1000.0,
+                caps: self.caps_in_force.values().filter(|c| **c).count() as u32,
+                quarantined: Some(self.out.quarantined.len() as u32),
+            },
+        )
+    }
+
+    /// One frame from the bus, heard at simulated time `t`.
+    fn hear(&mut self, msg: &Inbound, t: f64) {
+        let node = msg.topic.node.to_string();
+        match &msg.frame.message {
+            Message::HostTelemetry(ht) => self.host_telemetry(node, ht),
+            Message::CduTelemetry(_) => self.out.cdu_heard = true,
+            Message::HostHealth(hh) => self.host_health(&node, hh, t),
+            Message::CduState(st) => self.cdu_state(st, t),
+            Message::Event(e) => {
+                if matches!(
+                    e,
+                    Event::Leak { .. }
+                        | Event::CduModeChanged { .. }
+                        | Event::PumpTrip { .. }
+                        | Event::SensorFault { .. }
+                        | Event::Xid { .. }
+                ) {
+                    self.out.events.push(format!("t={t:.0}s {node}: {e:?}"));
+                }
+            }
+            _ => {}
         }
     }
-    trace.flush().map_err(|e| PlayError::Trace {
-        path: trace_path.clone(),
-        source: e,
-    })?;
-    out.cdu_settings = (setpoint, speed);
-    let _ = stop_tx.send(true);
-    let joined = tokio::task::spawn_blocking(move || {
-        for a in agents {
-            let _ = a.join();
+
+    /// A host's telemetry: the lowest power limit in force, and whether it
+    /// shows a cap.
+    fn host_telemetry(&mut self, node: String, ht: &HostTelemetry) {
+        let out = &mut self.out;
+        out.hosts_heard.insert(node.clone());
+        let lowest = ht
+            .gpus
+            .iter()
+            .map(|g| f64::from(g.power_limit.0))
+            .fold(f64::INFINITY, f64::min);
+        let capped = lowest < self.sc.site.gpu.tdp_w - 1.0;
+        if lowest.is_finite() {
+            out.limits_at_end.insert(node.clone(), lowest);
         }
-    });
-    let _ = tokio::time::timeout(Duration::from_secs(15), joined).await;
-    let _ = tokio::time::timeout(Duration::from_secs(5), controller).await;
-    if let Ok(Ok(caps)) = tokio::time::timeout(Duration::from_secs(5), watcher).await {
-        out.caps = caps;
+        self.caps_in_force.insert(node, capped);
+        out.peak_hosts_capped_telemetry = out
+            .peak_hosts_capped_telemetry
+            .max(self.caps_in_force.values().filter(|c| **c).count());
     }
-    drop(observer);
-    served.abort();
-    let (it_kwh, fac_kwh) = {
-        let h = hall.lock().expect("hall lock");
-        let tt = h.plant().totals();
-        out.gpu_shutdowns = u64::from(tt.shutdowns);
-        (tt.it_j / 3.6e6, tt.facility_j / 3.6e6)
-    };
-    let summary = serde_json::json!({
-        "scenario": cfg.name,
-        "controller": "ours (live)",
-        "duration_s": duration,
-        "it_kwh": it_kwh,
-        "facility_kwh": fac_kwh,
-        "pue": if it_kwh > 0.0 { fac_kwh / it_kwh } else { 0.0 },
-        "hosts_heard": out.hosts_heard.len(),
-        "quarantined": out.quarantined.len(),
-        "racks_lost": out.racks_lost.len(),
-    });
-    out.report = crate::report::write_report(
-        &cfg.out,
-        &format!("{} (live run)", cfg.name),
-        &rows,
-        Some(&summary),
-    )?;
-    Ok(out)
+
+    /// A host's health: the hall drains the GPUs its agent quarantined.
+    fn host_health(&mut self, node: &str, hh: &HostHealth, t: f64) {
+        let per_host = self.sc.site.gpus_per_host;
+        if let Some(h) = self.host_ids.iter().position(|x| *x == node) {
+            for g in &hh.gpus {
+                let i = h * per_host + g.gpu.get() as usize;
+                if g.state == HealthState::Quarantined && self.out.quarantined.insert(i) {
+                    self.sim.hall.lock().expect("hall lock").quarantined(i);
+                    self.out
+                        .events
+                        .push(format!("t={t:.0}s {node}: GPU {} quarantined", g.gpu.get()));
+                }
+            }
+        }
+    }
+
+    /// The CDU's state: the hall follows the racks whose cooling is lost.
+    fn cdu_state(&mut self, st: &CduState, t: f64) {
+        for r in &st.racks {
+            let rack = r.rack.get() as usize;
+            let lost = r.cooling == RackCooling::Lost;
+            self.sim
+                .hall
+                .lock()
+                .expect("hall lock")
+                .set_rack_cooling_lost(rack, lost);
+            if lost && self.out.racks_lost.insert(rack) {
+                self.out
+                    .events
+                    .push(format!("t={t:.0}s cdu1: rack {rack} cooling lost"));
+            }
+        }
+    }
+
+    /// Writes `row` to the trace and shows it live (unless headless).
+    fn record(&mut self, row: TraceRow) -> Result<(), PlayError> {
+        row.write_row(&mut self.trace, true)
+            .map_err(|e| PlayError::Trace {
+                path: self.trace_path.clone(),
+                source: e,
+            })?;
+        if !self.cfg.headless {
+            live(&row, &self.out, &self.cfg.name, self.duration);
+        }
+        self.rows.push(row);
+        Ok(())
+    }
+
+    /// The ending: flushes the trace, stops every part, and writes the
+    /// report.
+    async fn finish(mut self, running: Running) -> Result<PlayOutcome, PlayError> {
+        self.trace.flush().map_err(|e| PlayError::Trace {
+            path: self.trace_path.clone(),
+            source: e,
+        })?;
+        self.out.cdu_settings = (self.setpoint, self.speed);
+        if let Some(caps) = running.stop(&self.sim.served).await {
+            self.out.caps = caps;
+        }
+        let (it_kwh, fac_kwh) = {
+            let h = self.sim.hall.lock().expect("hall lock");
+            let tt = h.plant().totals();
+            self.out.gpu_shutdowns = u64::from(tt.shutdowns);
+            (tt.it_j / 3.6e6, tt.facility_j / 3.6e6)
+        };
+        let cfg = self.cfg;
+        let out = &mut self.out;
+        let summary = serde_json::json!({
+            "scenario": cfg.name,
+            "controller": "ours (live)",
+            "duration_s": self.duration,
+            "it_kwh": it_kwh,
+            "facility_kwh": fac_kwh,
+            "pue": if it_kwh > 0.0 { fac_kwh / it_kwh } else { 0.0 },
+            "hosts_heard": out.hosts_heard.len(),
+            "quarantined": out.quarantined.len(),
+            "racks_lost": out.racks_lost.len(),
+        });
+        out.report = crate::report::write_report(
+            &cfg.out,
+            &format!("{} (live run)", cfg.name),
+            &self.rows,
+            Some(&summary),
+        )?;
+        Ok(self.out)
+    }
 }
 
 /// Follows the controller's counters until the controller stops: caps in
