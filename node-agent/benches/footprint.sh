@@ -11,7 +11,7 @@
 set -euo pipefail
 secs=${1:-600}
 root=$(cd "$(dirname "$0")/../.." && pwd)
-bin=$root/target/release/node-agent
+bin=${CARGO_TARGET_DIR:-$root/target}/release/node-agent
 [ -x "$bin" ] || { echo "build first: cargo build --release -p node-agent" >&2; exit 1; }
 command -v mosquitto >/dev/null || { echo "mosquitto is needed" >&2; exit 1; }
 dir=$(mktemp -d)

@@ -12,13 +12,15 @@
 //!   [`sim_gpus`] (simulated ones) implement them, and with the `twin`
 //!   feature `hall_gpus` (the simulated hall's GPUs); [`worker`] runs each GPU's
 //!   calls on its own thread with a deadline.
-//! - [`caps`]: the power-cap arbiter; [`guard`]: the thermal guard;
-//!   [`core`]: commands (authentication, replay, leases) and what to apply.
+//! - the pure decisions live in the crate `node-core`, re-exported here:
+//!   [`health`] (the health engine, rules in `docs/health.md`), [`caps`]
+//!   (the power-cap arbiter), [`guard`] (the thermal guard) and
+//!   [`commands`] (authentication, replay, leases and what to apply).
 //! - [`shell`]: the running agent (bus, flash, sampling, applying limits);
 //!   [`console`]: `node-agent ctl`; [`config`]: the TOML file and flags.
 //!
-//! [`health`] is the health engine (rules in `docs/health.md`) and
-//! [`replay`] runs it over a recorded trace in simulated time.
+//! [`replay`] runs the health engine over a recorded trace in simulated
+//! time.
 //!
 //! Glossary:
 //! - *quarantine*: a GPU taken out of service now, released only by an
@@ -30,16 +32,14 @@
 
 #![warn(missing_docs)]
 
+pub use node_core::{caps, commands, guard, health};
+
 pub mod actions;
-pub mod caps;
 pub mod config;
 pub mod console;
-pub mod core;
 pub mod gpu;
-pub mod guard;
 #[cfg(feature = "twin")]
 pub mod hall_gpus;
-pub mod health;
 pub mod nvml;
 pub mod replay;
 pub mod shell;

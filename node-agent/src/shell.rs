@@ -45,9 +45,9 @@ use tokio::sync::{mpsc, watch};
 
 use crate::actions;
 use crate::caps::GpuRange;
+use crate::commands::CommandCore;
 use crate::config::Config;
 use crate::console::{self, Context, Snapshot, Timing};
-use crate::core::CommandCore;
 use crate::gpu::{GpuError, GpuInfo, GpuSample, GpuSource};
 use crate::guard::ThermalGuard;
 use crate::health::HealthEngine;

@@ -22,8 +22,8 @@ use tokio::sync::mpsc;
 
 use super::{health_key, AgentError, GpuState};
 use crate::caps::GpuRange;
+use crate::commands::CommandCore;
 use crate::config::{Config, GpuSourceKind};
-use crate::core::CommandCore;
 use crate::gpu::{GpuInfo, GpuSource, XidReport};
 use crate::guard::ThermalGuard;
 use crate::health::{GpuStatus, HealthEngine, Limits, Policy};

@@ -1,0 +1,29 @@
+//! # node-core: the host agent's decisions
+//!
+//! Every decision the node agent makes, as pure functions of what it is
+//! given and a time passed in: no clock, no socket, no file, no NVML. The
+//! crate depends on the protocol alone, so that purity is checked by the
+//! compiler, not by review; the agent (`node-agent`) is the shell that
+//! feeds them and carries out what they return, and `node-agent replay`
+//! runs the same engine over a recorded trace.
+//!
+//! - [`health`]: the health engine: each GPU healthy, degraded or
+//!   quarantined, with the evidence (rules in `docs/health.md`).
+//! - [`caps`]: the power-cap arbiter: the limit in force from every lease,
+//!   the thermal guard and the board's range.
+//! - [`guard`]: the thermal guard, the host's own cap when a GPU runs hot.
+//! - [`commands`]: the checks of a command (authentication, replay, the
+//!   lease's bounds) and what it changes.
+//!
+//! Glossary:
+//! - *quarantine*: a GPU taken out of service now, released only by an
+//!   operator with a reason.
+//! - *lease*: a power cap that lapses unless its sender renews it.
+//! - *thermal guard*: the host's own cap when a GPU runs hot; needs no bus.
+
+#![warn(missing_docs)]
+
+pub mod caps;
+pub mod commands;
+pub mod guard;
+pub mod health;
