@@ -363,7 +363,6 @@ impl ControllerSide<'_> {
     /// Starts the cooling controller, driving the CDU over Modbus, and the
     /// watcher of its counters; returns when they started, the
     /// controller's task and the watcher's.
-    #[allow(clippy::type_complexity)]
     fn start(
         &self,
         sc: &Scenario,
