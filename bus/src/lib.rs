@@ -36,3 +36,17 @@ pub use client::{now_ms, site_filter, Bus, BusTask, Inbound, PublishError};
 pub use config::{BrokerAddr, BrokerAddrError, BusConfig, DEFAULT_PORT};
 pub use durable::{DurableOutbox, Pending, StoreFailure};
 pub use metrics::{Metrics, MetricsSnapshot};
+
+/// Logs to standard error for an agent: `RUST_LOG` when set, else `info`
+/// with the MQTT libraries quieted (the embedded broker off, the client's
+/// warnings only); colours only when standard error is a terminal.
+pub fn init_agent_logging() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,rumqttd=off,rumqttc=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}

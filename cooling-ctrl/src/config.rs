@@ -59,7 +59,7 @@ use loopwarden_boards::modbus_map::RegisterMap;
 use loopwarden_boards::pins::PinMap;
 use loopwarden_boards::site::SiteConfig;
 use loopwarden_bus::BrokerAddr;
-use loopwarden_field::common::{self, CommonFlags};
+use loopwarden_field::common;
 pub use loopwarden_field::config::ConfigError;
 use loopwarden_field::config::{self as field, local_host_name, range, Sources};
 use loopwarden_field::pick;
@@ -118,81 +118,80 @@ loopwarden_field::agent_file! {
     }
 }
 
-/// Values given as flags (each overrides the file).
-#[derive(Debug, Default, Clone, clap::Args)]
-pub struct Overrides {
-    /// The fields every agent has.
-    #[command(flatten)]
-    pub common: CommonFlags,
-    /// This CDU's id (ident); default: the machine's host name.
-    #[arg(long)]
-    pub cdu: Option<String>,
-    /// The key id cap leases are signed with; default: the file's highest.
-    #[arg(long)]
-    pub key_id: Option<u8>,
-    /// Sign leases with the public demonstration key (the twin only:
-    /// anyone can forge commands with it).
-    #[arg(long)]
-    pub demo_key: bool,
-    /// The CDU on Modbus TCP, `host:port`.
-    #[arg(long)]
-    pub cdu_tcp: Option<String>,
-    /// The CDU on Modbus RTU, a serial device such as /dev/ttyUSB0.
-    #[arg(long)]
-    pub cdu_serial: Option<String>,
-    /// Serial baud rate.
-    #[arg(long)]
-    pub serial_baud: Option<u32>,
-    /// Serial parity: none, even or odd.
-    #[arg(long)]
-    pub serial_parity: Option<String>,
-    /// Serial data bits: 7 or 8.
-    #[arg(long)]
-    pub serial_data_bits: Option<u8>,
-    /// Serial stop bits: 1 or 2.
-    #[arg(long)]
-    pub serial_stop_bits: Option<u8>,
-    /// The CDU model's register map (TOML); default: the simulated CDU's.
-    #[arg(long)]
-    pub register_map: Option<PathBuf>,
-    /// The hall's figures (site TOML); default: the twin's hall.
-    #[arg(long)]
-    pub site_figures: Option<PathBuf>,
-    /// Host ids in rack-major order, comma-separated.
-    #[arg(long, value_delimiter = ',')]
-    pub hosts: Vec<String>,
-    /// Host ids from a pattern: `{rack}`, `{host}` (in its rack) and
-    /// `{index}` (rack-major), `{index:02}` to pad.
-    #[arg(long)]
-    pub hosts_pattern: Option<String>,
-    /// Control period in ms.
-    #[arg(long)]
-    pub period_ms: Option<u64>,
-    /// Cap lease duration in ms.
-    #[arg(long)]
-    pub lease_ms: Option<u64>,
-    /// Timeout of one Modbus request in ms.
-    #[arg(long)]
-    pub modbus_timeout_ms: Option<u64>,
-    /// Outdoor temperature, °C.
-    #[arg(long, allow_negative_numbers = true)]
-    pub ambient_c: Option<f32>,
-    /// Serve the northbound Modbus TCP map for the BMS here
-    /// (`address:port`); default: no server.
-    #[arg(long)]
-    pub northbound: Option<String>,
-    /// Let the BMS write the northbound holding registers (bounded
-    /// setpoint ceiling, plan ceiling offset, alarm acknowledge).
-    #[arg(long)]
-    pub northbound_writes: Option<bool>,
-    /// The controller board's pin map (TOML): leak ropes per rack, the
-    /// pump-enable relay, the alarm beacon; with --gpio-chip.
-    #[arg(long)]
-    pub board_pins: Option<PathBuf>,
-    /// The GPIO character device of the board's pins, e.g. /dev/gpiochip0;
-    /// with --board-pins.
-    #[arg(long)]
-    pub gpio_chip: Option<PathBuf>,
+loopwarden_field::agent_flags! {
+    /// Values given as flags, each overriding the file: the common fields,
+    /// then the controller's own.
+    pub struct Overrides {
+        /// This CDU's id (ident); default: the machine's host name.
+        #[arg(long)]
+        pub cdu: Option<String>,
+        /// The key id cap leases are signed with; default: the file's highest.
+        #[arg(long)]
+        pub key_id: Option<u8>,
+        /// Sign leases with the public demonstration key (the twin only:
+        /// anyone can forge commands with it).
+        #[arg(long)]
+        pub demo_key: bool,
+        /// The CDU on Modbus TCP, `host:port`.
+        #[arg(long)]
+        pub cdu_tcp: Option<String>,
+        /// The CDU on Modbus RTU, a serial device such as /dev/ttyUSB0.
+        #[arg(long)]
+        pub cdu_serial: Option<String>,
+        /// Serial baud rate.
+        #[arg(long)]
+        pub serial_baud: Option<u32>,
+        /// Serial parity: none, even or odd.
+        #[arg(long)]
+        pub serial_parity: Option<String>,
+        /// Serial data bits: 7 or 8.
+        #[arg(long)]
+        pub serial_data_bits: Option<u8>,
+        /// Serial stop bits: 1 or 2.
+        #[arg(long)]
+        pub serial_stop_bits: Option<u8>,
+        /// The CDU model's register map (TOML); default: the simulated CDU's.
+        #[arg(long)]
+        pub register_map: Option<PathBuf>,
+        /// The hall's figures (site TOML); default: the twin's hall.
+        #[arg(long)]
+        pub site_figures: Option<PathBuf>,
+        /// Host ids in rack-major order, comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        pub hosts: Vec<String>,
+        /// Host ids from a pattern: `{rack}`, `{host}` (in its rack) and
+        /// `{index}` (rack-major), `{index:02}` to pad.
+        #[arg(long)]
+        pub hosts_pattern: Option<String>,
+        /// Control period in ms.
+        #[arg(long)]
+        pub period_ms: Option<u64>,
+        /// Cap lease duration in ms.
+        #[arg(long)]
+        pub lease_ms: Option<u64>,
+        /// Timeout of one Modbus request in ms.
+        #[arg(long)]
+        pub modbus_timeout_ms: Option<u64>,
+        /// Outdoor temperature, °C.
+        #[arg(long, allow_negative_numbers = true)]
+        pub ambient_c: Option<f32>,
+        /// Serve the northbound Modbus TCP map for the BMS here
+        /// (`address:port`); default: no server.
+        #[arg(long)]
+        pub northbound: Option<String>,
+        /// Let the BMS write the northbound holding registers (bounded
+        /// setpoint ceiling, plan ceiling offset, alarm acknowledge).
+        #[arg(long)]
+        pub northbound_writes: Option<bool>,
+        /// The controller board's pin map (TOML): leak ropes per rack, the
+        /// pump-enable relay, the alarm beacon; with --gpio-chip.
+        #[arg(long)]
+        pub board_pins: Option<PathBuf>,
+        /// The GPIO character device of the board's pins, e.g. /dev/gpiochip0;
+        /// with --board-pins.
+        #[arg(long)]
+        pub gpio_chip: Option<PathBuf>,
+    }
 }
 
 /// The checked configuration.
@@ -715,15 +714,7 @@ struct Timings {
 /// The timings: the lease at least 3 periods, the Modbus timeout at most
 /// one.
 fn timings(src: &Sources, file: &FileConfig, flags: &Overrides) -> Result<Timings, ConfigError> {
-    let period = range(
-        src,
-        pick!(flags.period_ms, file.period_ms, "period-ms"),
-        "period_ms",
-        1000,
-        100,
-        60_000,
-        " ms",
-    )?;
+    let period = common::period_ms(src, pick!(flags.period_ms, file.period_ms, "period-ms"))?;
     let lease = range(
         src,
         pick!(flags.lease_ms, file.lease_ms, "lease-ms"),
@@ -1064,7 +1055,7 @@ mod tests {
         assert_eq!(e.origin, "flag --modbus-timeout-ms", "{e}");
         // The common fields' flags, and the keys file they pick.
         let flags = Overrides {
-            common: CommonFlags {
+            common: common::CommonFlags {
                 site: Some("hall-9".into()),
                 keys_file: Some("/nonexistent/site.keys".into()),
                 ..Default::default()
@@ -1077,7 +1068,7 @@ mod tests {
         let e = resolve(None, &MIN.replace("demo_key = true\n", ""), &flags).unwrap_err();
         assert_eq!(e.origin, "flag --keys-file", "{e}");
         let flags = Overrides {
-            common: CommonFlags {
+            common: common::CommonFlags {
                 site: Some("hall-9".into()),
                 ..Default::default()
             },

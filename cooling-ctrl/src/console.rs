@@ -106,9 +106,8 @@ pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
 
 /// Answers connections until the task is dropped.
 pub async fn serve(listener: UnixListener, ctx: Arc<Context>) {
-    field::console::serve(listener, move |req: Request| {
-        let ctx = ctx.clone();
-        async move { answer(&ctx, req).await }
+    field::console::serve_with(listener, ctx, |ctx, req: Request| async move {
+        answer(&ctx, req).await
     })
     .await
 }
@@ -124,6 +123,7 @@ pub const PEER: Peer<'static> = Peer {
     who: "controller",
     program: "cooling-ctrl",
     flag: "--console",
+    default_socket: crate::config::default_console,
 };
 
 /// Asks the controller behind `path` and prints its answer (tables, or
@@ -138,7 +138,6 @@ pub fn ctl(path: &Path, req: &Request, json_out: bool) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::string::ToString;
 
     #[test]
     fn requests_are_one_line_of_json() {
@@ -151,16 +150,5 @@ mod tests {
             serde_json::from_str::<Request>(r#"{"cmd":"sensors"}"#).unwrap(),
             Request::Sensors
         );
-    }
-
-    #[test]
-    fn a_file_in_the_way_of_the_socket_is_left_alone() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("cdu.sock");
-        std::fs::write(&path, b"precious").unwrap();
-        let rt = tokio::runtime::Runtime::new().unwrap();
-        let e = rt.block_on(async { bind(&path) }).unwrap_err();
-        assert!(e.to_string().contains("not a socket"), "{e}");
-        assert_eq!(std::fs::read(&path).unwrap(), b"precious");
     }
 }

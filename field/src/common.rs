@@ -1,7 +1,7 @@
 //! The configuration every agent has: its site, its broker and the login
 //! to it, the site's keys file, its flash file and its console socket.
 //! Both agents declare these fields once, here ([`agent_file!`] for the
-//! file, [`CommonFlags`] for the flags), and check them with one function
+//! file, [`agent_flags!`] with [`CommonFlags`] for the flags), and check them with one function
 //! ([`resolve`]); each agent adds its own fields and checks.
 //!
 //! Glossary:
@@ -59,6 +59,22 @@ macro_rules! agent_file {
                     console: self.console.as_deref(),
                 }
             }
+        }
+    };
+}
+
+/// Declares an agent's flags: the common fields ([`CommonFlags`], as
+/// `common`) and then the agent's own, each overriding the file.
+#[macro_export]
+macro_rules! agent_flags {
+    ($(#[$attr:meta])* pub struct $name:ident { $($body:tt)* }) => {
+        $(#[$attr])*
+        #[derive(Debug, Default, Clone, clap::Args)]
+        pub struct $name {
+            /// The fields every agent has.
+            #[command(flatten)]
+            pub common: $crate::common::CommonFlags,
+            $($body)*
         }
     };
 }
@@ -185,6 +201,12 @@ pub fn resolve(
             .0
             .unwrap_or_else(default_console),
     })
+}
+
+/// The agent's loop period, ms (sampling on a host, control on a CDU):
+/// the picked value in 100 ms to 60 s, else 1 s.
+pub fn period_ms(src: &Sources, picked: (Option<u64>, Option<&str>)) -> Result<u64, ConfigError> {
+    crate::config::range(src, picked, "period_ms", 1000, 100, 60_000, " ms")
 }
 
 #[cfg(test)]

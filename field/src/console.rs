@@ -89,6 +89,18 @@ where
     }
 }
 
+/// As [`serve`], answering each request with `answer(ctx, req)` on a
+/// clone of the agent's context `ctx`.
+pub async fn serve_with<C, R, F, Fut>(listener: UnixListener, ctx: C, answer: F)
+where
+    C: Clone + Send + Sync + 'static,
+    R: DeserializeOwned + Send + 'static,
+    F: Fn(C, R) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Value> + Send + 'static,
+{
+    serve(listener, move |req: R| answer(ctx.clone(), req)).await
+}
+
 /// Who `ctl` asks, for its messages.
 #[derive(Debug, Clone, Copy)]
 pub struct Peer<'a> {
@@ -98,6 +110,9 @@ pub struct Peer<'a> {
     pub program: &'a str,
     /// The `ctl` flag that names its socket: "--console".
     pub flag: &'a str,
+    /// Its console socket when neither the flag nor a configuration file
+    /// names one.
+    pub default_socket: fn() -> PathBuf,
 }
 
 /// The flags of every agent's `ctl`: which agent to ask, and how to print
@@ -116,20 +131,37 @@ pub struct CtlArgs {
     pub json: bool,
 }
 
+/// `ctl events`'s own flag.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct EventsArgs {
+    /// Only since: 30s, 10m, 2h, 1d, or ms since the epoch.
+    #[arg(long)]
+    pub since: Option<String>,
+}
+
+impl EventsArgs {
+    /// `--since` as ms since the epoch, `now_ms` being now.
+    pub fn since_ms(&self, now_ms: u64) -> Result<Option<u64>, String> {
+        self.since
+            .as_deref()
+            .map(|s| crate::time::parse_since(s, now_ms))
+            .transpose()
+    }
+}
+
 /// One `ctl` command: the socket (`--console`, else the configuration
-/// file's `console`, else `default_socket()`), the request `request`
+/// file's `console`, else the peer's default), the request `request`
 /// builds, then the question to the peer. An error before anything is
 /// asked is printed as `<program>: <error>` with exit status 2.
 pub fn ctl_command<R: Serialize>(
     args: &CtlArgs,
     peer: &Peer,
-    default_socket: impl FnOnce() -> PathBuf,
     request: impl FnOnce() -> Result<R, String>,
     render: impl FnOnce(&R, &Value) -> String,
 ) -> ExitCode {
     let socket = match &args.console {
         Some(p) => Ok(p.clone()),
-        None => console_of(args.config.as_deref(), default_socket).map_err(|e| e.to_string()),
+        None => console_of(args.config.as_deref(), peer.default_socket).map_err(|e| e.to_string()),
     };
     match socket.and_then(|path| request().map(|req| (path, req))) {
         Ok((path, req)) => ExitCode::from(ctl(&path, &req, args.json, peer, |v| render(&req, v))),
@@ -273,6 +305,7 @@ mod tests {
             who: "agent",
             program: "node-agent",
             flag: "--console",
+            default_socket: || PathBuf::from("/nonexistent.sock"),
         };
         let v = ask(&path, &json!({"cmd": "status"}), &peer).unwrap();
         assert_eq!(v, json!({"echo": {"cmd": "status"}}));

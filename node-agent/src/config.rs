@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use loopwarden_field::common::{self, CommonFlags};
+use loopwarden_field::common;
 pub use loopwarden_field::config::ConfigError;
 use loopwarden_field::config::{self as field, local_host_name, range, Sources};
 use loopwarden_field::pick;
@@ -85,58 +85,57 @@ pub struct QuarantineFile {
     pub timeout_s: Option<u64>,
 }
 
-/// Values given as flags (each overrides the file).
-#[derive(Debug, Default, Clone, clap::Args)]
-pub struct Overrides {
-    /// The fields every agent has.
-    #[command(flatten)]
-    pub common: CommonFlags,
-    /// Host id (ident); default: the machine's host name.
-    #[arg(long)]
-    pub host: Option<String>,
-    /// Simulate this many GPUs instead of using NVML.
-    #[arg(long)]
-    pub twin_gpus: Option<u8>,
-    /// GPU board model (`H200-SXM`, `H100-SXM`) or a board TOML file.
-    #[arg(long)]
-    pub board: Option<String>,
-    /// Sampling period in ms.
-    #[arg(long)]
-    pub period_ms: Option<u64>,
-    /// Period of the telemetry JSON mirror in ms.
-    #[arg(long)]
-    pub json_period_ms: Option<u64>,
-    /// Deadline of one GPU call in ms.
-    #[arg(long)]
-    pub deadline_ms: Option<u64>,
-    /// Missed samples in a row before a GPU counts as unresponsive.
-    #[arg(long)]
-    pub unresponsive_after: Option<u32>,
-    /// The CDU whose loop cools this host (ident).
-    #[arg(long)]
-    pub cdu: Option<String>,
-    /// This host's rack on that CDU (0 to 15).
-    #[arg(long)]
-    pub rack: Option<u8>,
-    /// Hours without new evidence before a degraded GPU is healthy again.
-    #[arg(long)]
-    pub health_quiet_period_h: Option<u32>,
-    /// Thermal guard: engage at this temperature, °C.
-    #[arg(long)]
-    pub guard_engage_c: Option<u8>,
-    /// Thermal guard: release at this temperature, °C.
-    #[arg(long)]
-    pub guard_release_c: Option<u8>,
-    /// Thermal guard: watts per sample.
-    #[arg(long)]
-    pub guard_step_w: Option<u32>,
-    /// A quarantine action, as one string split on white space (repeat
-    /// for several; replaces the file's list).
-    #[arg(long = "quarantine-action")]
-    pub quarantine_actions: Vec<String>,
-    /// Timeout of a quarantine action, s.
-    #[arg(long)]
-    pub quarantine_timeout_s: Option<u64>,
+loopwarden_field::agent_flags! {
+    /// Values given as flags, each overriding the file: the common fields,
+    /// then the host agent's own.
+    pub struct Overrides {
+        /// Host id (ident); default: the machine's host name.
+        #[arg(long)]
+        pub host: Option<String>,
+        /// Simulate this many GPUs instead of using NVML.
+        #[arg(long)]
+        pub twin_gpus: Option<u8>,
+        /// GPU board model (`H200-SXM`, `H100-SXM`) or a board TOML file.
+        #[arg(long)]
+        pub board: Option<String>,
+        /// Sampling period in ms.
+        #[arg(long)]
+        pub period_ms: Option<u64>,
+        /// Period of the telemetry JSON mirror in ms.
+        #[arg(long)]
+        pub json_period_ms: Option<u64>,
+        /// Deadline of one GPU call in ms.
+        #[arg(long)]
+        pub deadline_ms: Option<u64>,
+        /// Missed samples in a row before a GPU counts as unresponsive.
+        #[arg(long)]
+        pub unresponsive_after: Option<u32>,
+        /// The CDU whose loop cools this host (ident).
+        #[arg(long)]
+        pub cdu: Option<String>,
+        /// This host's rack on that CDU (0 to 15).
+        #[arg(long)]
+        pub rack: Option<u8>,
+        /// Hours without new evidence before a degraded GPU is healthy again.
+        #[arg(long)]
+        pub health_quiet_period_h: Option<u32>,
+        /// Thermal guard: engage at this temperature, °C.
+        #[arg(long)]
+        pub guard_engage_c: Option<u8>,
+        /// Thermal guard: release at this temperature, °C.
+        #[arg(long)]
+        pub guard_release_c: Option<u8>,
+        /// Thermal guard: watts per sample.
+        #[arg(long)]
+        pub guard_step_w: Option<u32>,
+        /// A quarantine action, as one string split on white space (repeat
+        /// for several; replaces the file's list).
+        #[arg(long = "quarantine-action")]
+        pub quarantine_actions: Vec<String>,
+        /// Timeout of a quarantine action, s.
+        #[arg(long)]
+        pub quarantine_timeout_s: Option<u64>,
+    }
 }
 
 /// Where the GPUs come from.
@@ -312,15 +311,7 @@ struct Timings {
 /// period), the deadline of one GPU call (at most the sampling period) and
 /// the missed samples before a GPU is unresponsive.
 fn timings(src: &Sources, file: &FileConfig, flags: &Overrides) -> Result<Timings, ConfigError> {
-    let period = range(
-        src,
-        pick!(flags.period_ms, file.period_ms, "period-ms"),
-        "period_ms",
-        1000,
-        100,
-        60_000,
-        " ms",
-    )?;
+    let period = common::period_ms(src, pick!(flags.period_ms, file.period_ms, "period-ms"))?;
     let json_period = range(
         src,
         pick!(flags.json_period_ms, file.json_period_ms, "json-period-ms"),

@@ -62,9 +62,8 @@ pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
 
 /// Answers connections until the task is dropped.
 pub async fn serve(listener: UnixListener, ctx: Context) {
-    field::console::serve(listener, move |req: Request| {
-        let ctx = ctx.clone();
-        async move { answer(&ctx, req).await }
+    field::console::serve_with(listener, ctx, |ctx, req: Request| async move {
+        answer(&ctx, req).await
     })
     .await
 }
@@ -74,6 +73,7 @@ pub const PEER: Peer<'static> = Peer {
     who: "agent",
     program: "node-agent",
     flag: "--console",
+    default_socket: crate::config::default_console,
 };
 
 /// Asks the agent behind `path` and prints its answer (tables, or JSON):
@@ -87,17 +87,6 @@ pub fn ctl(path: &Path, req: &Request, json_out: bool) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_file_in_the_way_of_the_socket_is_left_alone() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("agent.sock");
-        std::fs::write(&path, b"precious").unwrap();
-        let rt = tokio::runtime::Runtime::new().unwrap();
-        let e = rt.block_on(async { bind(&path) }).unwrap_err();
-        assert!(e.to_string().contains("not a socket"), "{e}");
-        assert_eq!(std::fs::read(&path).unwrap(), b"precious");
-    }
 
     #[test]
     fn requests_are_one_line_of_json() {

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use loopwarden_field::console::{ctl_command, CtlArgs};
+use loopwarden_field::console::{ctl_command, CtlArgs, EventsArgs};
 use node_agent::config::{self, GpuSourceKind, Overrides};
 use node_agent::console::{self, Request};
 use node_agent::gpu::GpuSource;
@@ -63,11 +63,7 @@ enum Ctl {
     /// Limits in force and the leases behind them.
     Caps,
     /// The event log.
-    Events {
-        /// Only since: 30s, 10m, 2h, 1d, or ms since the epoch.
-        #[arg(long)]
-        since: Option<String>,
-    },
+    Events(EventsArgs),
     /// Why a GPU is in its state, its cap, its recent XIDs.
     Why {
         /// GPU index.
@@ -86,26 +82,20 @@ fn main() -> ExitCode {
 
 /// `node-agent ctl`: one request to the running agent.
 fn ctl(target: &CtlArgs, what: Ctl) -> ExitCode {
-    let request = || {
-        Ok(match what {
-            Ctl::Status => Request::Status,
-            Ctl::Gpus => Request::Gpus,
-            Ctl::Caps => Request::Caps,
-            Ctl::Events { since } => Request::Events {
-                since: since
-                    .map(|s| console::parse_since(&s, loopwarden_bus::now_ms().0))
-                    .transpose()?,
-            },
-            Ctl::Why { gpu } => Request::Why { gpu },
-        })
-    };
-    ctl_command(
-        target,
-        &console::PEER,
-        config::default_console,
-        request,
-        console::render,
-    )
+    ctl_command(target, &console::PEER, || request(what), console::render)
+}
+
+/// The request a `ctl` subcommand asks.
+fn request(what: Ctl) -> Result<Request, String> {
+    Ok(match what {
+        Ctl::Status => Request::Status,
+        Ctl::Gpus => Request::Gpus,
+        Ctl::Caps => Request::Caps,
+        Ctl::Events(e) => Request::Events {
+            since: e.since_ms(loopwarden_bus::now_ms().0)?,
+        },
+        Ctl::Why { gpu } => Request::Why { gpu },
+    })
 }
 
 fn replay(trace: &std::path::Path) -> ExitCode {
@@ -140,14 +130,7 @@ fn replay(trace: &std::path::Path) -> ExitCode {
 }
 
 fn run(config_path: Option<PathBuf>, flags: Overrides) -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,rumqttd=off,rumqttc=warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    loopwarden_bus::init_agent_logging();
     let config = match config::load(config_path.as_deref(), &flags) {
         Ok(c) => c,
         Err(e) => {

@@ -30,7 +30,7 @@ use cooling_ctrl::northbound;
 use cooling_ctrl::shell::{self, ShellOptions};
 #[cfg(feature = "twin")]
 use cooling_ctrl::simulated::Ours;
-use loopwarden_field::console::{ctl_command, CtlArgs};
+use loopwarden_field::console::{ctl_command, CtlArgs, EventsArgs};
 #[cfg(feature = "twin")]
 use loopwarden_twin::oracle::Oracle;
 #[cfg(feature = "twin")]
@@ -96,11 +96,7 @@ enum Ctl {
     /// The optimiser's proposal and the trims.
     Loops,
     /// The event log.
-    Events {
-        /// Only since: 30s, 10m, 2h, 1d, or ms since the epoch.
-        #[arg(long)]
-        since: Option<String>,
-    },
+    Events(EventsArgs),
     /// Caps per host: asked, why, the last ack and the limits in force.
     Caps,
     /// Reopen a rack whose leak is latched, after the repair (refused while
@@ -132,39 +128,26 @@ fn main() -> ExitCode {
 
 /// `cooling-ctrl ctl`: one request to the running controller.
 fn ctl(target: &CtlArgs, what: Ctl) -> ExitCode {
-    let request = || {
-        Ok(match what {
-            Ctl::Status => Request::Status,
-            Ctl::Sensors => Request::Sensors,
-            Ctl::Loops => Request::Loops,
-            Ctl::Caps => Request::Caps,
-            Ctl::ClearLeak { rack } => Request::ClearLeak { rack },
-            Ctl::ClearPump { pump } => Request::ClearPump { pump },
-            Ctl::Events { since } => Request::Events {
-                since: since
-                    .map(|s| console::parse_since(&s, loopwarden_bus::now_ms().0))
-                    .transpose()?,
-            },
-        })
-    };
-    ctl_command(
-        target,
-        &console::PEER,
-        config::default_console,
-        request,
-        console::render,
-    )
+    ctl_command(target, &console::PEER, || request(what), console::render)
+}
+
+/// The request a `ctl` subcommand asks.
+fn request(what: Ctl) -> Result<Request, String> {
+    Ok(match what {
+        Ctl::Status => Request::Status,
+        Ctl::Sensors => Request::Sensors,
+        Ctl::Loops => Request::Loops,
+        Ctl::Caps => Request::Caps,
+        Ctl::ClearLeak { rack } => Request::ClearLeak { rack },
+        Ctl::ClearPump { pump } => Request::ClearPump { pump },
+        Ctl::Events(e) => Request::Events {
+            since: e.since_ms(loopwarden_bus::now_ms().0)?,
+        },
+    })
 }
 
 fn run(config_path: Option<PathBuf>, flags: Overrides) -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,rumqttd=off,rumqttc=warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    loopwarden_bus::init_agent_logging();
     let config = match config::load(config_path.as_deref(), &flags) {
         Ok(c) => c,
         Err(e) => {
