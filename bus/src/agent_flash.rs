@@ -210,3 +210,30 @@ impl SeqFloor {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reopened_file_reserves_above_the_last_block() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.flash");
+        let first = open(Some(&path)).unwrap();
+        assert_eq!(first.path.as_deref(), Some(path.as_path()));
+        let a = first.first_seq;
+        drop(first);
+        let b = open(Some(&path)).unwrap().first_seq;
+        assert_eq!(b, a + SEQ_BLOCK, "the next block, never the same numbers");
+    }
+
+    #[test]
+    fn in_memory_the_floor_starts_from_the_clock() {
+        let clock = (crate::now_ms().0 - SEQ_EPOCH_MS) / 100;
+        let s = open(None).unwrap();
+        assert!(s.path.is_none());
+        assert!(u64::from(s.first_seq) >= clock, "{} < {clock}", s.first_seq);
+        let later = open(None).unwrap().first_seq;
+        assert!(later >= s.first_seq, "a restart in memory does not go back");
+    }
+}

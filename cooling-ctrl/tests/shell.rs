@@ -9,6 +9,7 @@
 use std::time::{Duration, Instant};
 
 use cooling_core::CoreConfig;
+use cooling_ctrl::journal::ControllerFlash;
 use cooling_ctrl::modbus::{Link, ModbusCdu};
 use cooling_ctrl::shell::{self, ShellConfig, ShellOptions, ShellStats};
 use loopwarden_boards::modbus_map::RegisterMap;
@@ -61,6 +62,16 @@ impl Rig {
 
     async fn start_full(core: CoreConfig, board: Option<Box<dyn shell::BoardIo>>) -> Option<Rig> {
         let broker = Mosquitto::start()?;
+        Some(Self::start_on(broker, core, board, None).await)
+    }
+
+    /// The shell on `broker`, with the controller's flash when given.
+    async fn start_on(
+        broker: Mosquitto,
+        core: CoreConfig,
+        board: Option<Box<dyn shell::BoardIo>>,
+        flash: Option<ControllerFlash>,
+    ) -> Rig {
         let cdu = sim_cdu();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -80,19 +91,20 @@ impl Rig {
             stats: Some(tx),
             credentials: None,
             board,
+            flash,
             ..Default::default()
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(shell::run_with(cfg, opts, port, async {
             let _ = stopped.await;
         }));
-        Some(Rig {
+        Rig {
             broker,
             cdu,
             stats,
             stop: Some(stop),
             task,
-        })
+        }
     }
 
     /// A bus client (an operator node) subscribed to `filters`.
@@ -121,12 +133,18 @@ impl Rig {
         }
     }
 
-    async fn stop(mut self) {
+    async fn stop(self) {
+        self.stop_keeping_broker().await;
+    }
+
+    /// Stops the shell; the broker goes on.
+    async fn stop_keeping_broker(mut self) -> Mosquitto {
         let _ = self.stop.take().expect("running").send(());
         let outcome = tokio::time::timeout(Duration::from_secs(8), self.task)
             .await
             .expect("the shell stops");
         outcome.expect("no panic").expect("a clean stop");
+        self.broker
     }
 }
 
@@ -525,4 +543,58 @@ async fn a_config_it_cannot_run_with_is_refused_before_anything_starts() {
         .await,
         Err(shell::ShellError::Core(_))
     ));
+}
+
+/// A restarted controller numbers its frames above everything it sent
+/// before (the floor is reserved in its flash), so receivers that drop
+/// duplicates by sender and seq take its state and events; its events
+/// are in its flash event log across the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_controller_numbers_its_frames_above_its_last_run() {
+    let Some(broker) = Mosquitto::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cdu.flash");
+    let flash = ControllerFlash::open(Some(&path)).expect("the flash file");
+    let recorder = flash.recorder.clone();
+    let mut rig = Rig::start_on(broker, CoreConfig::default(), None, Some(flash)).await;
+    let (_probe, mut rx) = rig.probe("probe-r", &[cdu_topic(Family::Telemetry)]).await;
+    rig.wait_stats("the shell running", |s| s.cdu_reads >= 2)
+        .await;
+    // A leak: an event, logged and published through the outbox.
+    rig.cdu.set_measurement("leak_inputs", 4.0).unwrap();
+    rig.wait_stats("the leak's event", |s| s.events_published >= 1)
+        .await;
+    let mut last = 0;
+    for _ in 0..3 {
+        last = first(&mut rx, Duration::from_secs(3), "telemetry", |m| {
+            Some(m.frame.seq)
+        })
+        .await;
+    }
+    let broker = rig.stop_keeping_broker().await;
+    recorder.flush().await;
+    let logged = recorder.read().await.expect("the event log").len();
+    assert!(logged >= 1, "the first run's events are in flash");
+    drop(recorder);
+
+    let flash = ControllerFlash::open(Some(&path)).expect("the flash file again");
+    let again = flash.recorder.clone();
+    let rig = Rig::start_on(broker, CoreConfig::default(), None, Some(flash)).await;
+    let (_probe, mut rx) = rig.probe("probe-s", &[cdu_topic(Family::Telemetry)]).await;
+    let next = first(
+        &mut rx,
+        Duration::from_secs(3),
+        "telemetry after the restart",
+        |m| Some(m.frame.seq),
+    )
+    .await;
+    assert!(
+        next > last,
+        "after a restart seq {next} is not above the last run's {last}"
+    );
+    let entries = again.read().await.expect("the event log");
+    assert!(entries.len() >= logged, "the log survives the restart");
+    rig.stop().await;
 }
