@@ -76,16 +76,13 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Run { config, flags } => run(config, flags),
         Command::Replay { trace } => replay(&trace),
-        Command::Ctl { target, what } => ctl(&target, what),
+        Command::Ctl { target, what } => {
+            ctl_command(&target, &console::PEER, || request(what), console::render)
+        }
     }
 }
 
-/// `node-agent ctl`: one request to the running agent.
-fn ctl(target: &CtlArgs, what: Ctl) -> ExitCode {
-    ctl_command(target, &console::PEER, || request(what), console::render)
-}
-
-/// The request a `ctl` subcommand asks.
+/// What `ctl` asks the running agent for each subcommand.
 fn request(what: Ctl) -> Result<Request, String> {
     Ok(match what {
         Ctl::Status => Request::Status,

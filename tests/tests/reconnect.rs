@@ -16,6 +16,31 @@ fn xid_event(n: u16) -> Message {
     })
 }
 
+/// A host's bus through `proxy` that notices a cut within a second and
+/// retries every 100 to 400 ms.
+fn quick_to_reconnect(proxy: &CutProxy, site: &str, host: &str) -> BusConfig {
+    let mut config = BusConfig::new(
+        proxy.addr(),
+        Ident::new(site).unwrap(),
+        NodeId::new(Role::Host, host).unwrap(),
+    );
+    config.backoff = Backoff::new(Duration::from_millis(100), Duration::from_millis(400));
+    config.keep_alive = Duration::from_secs(1);
+    config
+}
+
+/// Waits until the shell notices a cut (EOF, or a missed keep-alive at
+/// worst), at most 5 s.
+async fn wait_disconnected(bus: &Bus) {
+    for _ in 0..100 {
+        if !bus.is_connected() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!bus.is_connected(), "the cut was not noticed");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_survive_an_outage_in_order_and_telemetry_is_dropped() {
     let Some(broker) = Mosquitto::start() else {
@@ -28,14 +53,7 @@ async fn events_survive_an_outage_in_order_and_telemetry_is_dropped() {
     };
     let proxy = CutProxy::start(([127, 0, 0, 1], broker.port()).into());
 
-    let mut config = BusConfig::new(
-        proxy.addr(),
-        Ident::new("t-cut").unwrap(),
-        NodeId::new(Role::Host, "h03").unwrap(),
-    );
-    config.backoff = Backoff::new(Duration::from_millis(100), Duration::from_millis(400));
-    config.keep_alive = Duration::from_secs(1);
-    let (bus, _inbound, _task) = Bus::start(config);
+    let (bus, _inbound, _task) = Bus::start(quick_to_reconnect(&proxy, "t-cut", "h03"));
     assert!(bus.wait_connected(Duration::from_secs(10)).await);
 
     let mut sent = Vec::new();
@@ -43,14 +61,7 @@ async fn events_survive_an_outage_in_order_and_telemetry_is_dropped() {
         sent.push(bus.publish(xid_event(n), now_ms()).unwrap().seq);
     }
     proxy.cut();
-    // The shell notices the cut (EOF, or a missed keep-alive at worst).
-    for _ in 0..100 {
-        if !bus.is_connected() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(!bus.is_connected(), "the cut was not noticed");
+    wait_disconnected(&bus).await;
     for n in 4..=8 {
         sent.push(bus.publish(xid_event(n), now_ms()).unwrap().seq);
     }
@@ -189,14 +200,7 @@ async fn the_latest_retained_state_is_announced_again_after_a_reconnection() {
         return;
     };
     let proxy = CutProxy::start(([127, 0, 0, 1], broker.port()).into());
-    let mut config = BusConfig::new(
-        proxy.addr(),
-        Ident::new("t-ret").unwrap(),
-        NodeId::new(Role::Host, "h04").unwrap(),
-    );
-    config.backoff = Backoff::new(Duration::from_millis(100), Duration::from_millis(400));
-    config.keep_alive = Duration::from_secs(1);
-    let (bus, _inbound, _task) = Bus::start(config);
+    let (bus, _inbound, _task) = Bus::start(quick_to_reconnect(&proxy, "t-ret", "h04"));
     assert!(bus.wait_connected(Duration::from_secs(10)).await);
     let kind = loopwarden_protocol::MessageKind::HostHealth;
     let older = bus.publish(samples::message(kind), now_ms()).unwrap().seq;
@@ -208,13 +212,7 @@ async fn the_latest_retained_state_is_announced_again_after_a_reconnection() {
     assert!(!first.is_empty(), "the health frame never arrived");
 
     proxy.cut();
-    for _ in 0..100 {
-        if !bus.is_connected() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(!bus.is_connected(), "the cut was not noticed");
+    wait_disconnected(&bus).await;
     proxy.restore();
     assert!(bus.wait_connected(Duration::from_secs(10)).await);
     let again = sub.collect_until(Duration::from_secs(10), |s| {

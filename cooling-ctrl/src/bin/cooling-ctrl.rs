@@ -122,16 +122,13 @@ fn main() -> ExitCode {
             trace_every_s,
         } => simulate(scenario, controller, trace, trace_every_s),
         Command::Run { config, flags } => run(config, flags),
-        Command::Ctl { target, what } => ctl(&target, what),
+        Command::Ctl { target, what } => {
+            ctl_command(&target, &console::PEER, || request(what), console::render)
+        }
     }
 }
 
-/// `cooling-ctrl ctl`: one request to the running controller.
-fn ctl(target: &CtlArgs, what: Ctl) -> ExitCode {
-    ctl_command(target, &console::PEER, || request(what), console::render)
-}
-
-/// The request a `ctl` subcommand asks.
+/// What `ctl` asks the running controller for each subcommand.
 fn request(what: Ctl) -> Result<Request, String> {
     Ok(match what {
         Ctl::Status => Request::Status,
