@@ -43,6 +43,39 @@ pub fn text(v: &Value) -> String {
     }
 }
 
+/// `template` with each `{a.b}` replaced by the [`text`] of `v["a"]["b"]`
+/// (a path of object keys); everything else is kept as written.
+pub fn fill(v: &Value, template: &str) -> String {
+    let mut out = String::new();
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        let Some(close) = rest[open..].find('}') else {
+            break;
+        };
+        out.push_str(&rest[..open]);
+        let path = &rest[open + 1..open + close];
+        let value = path.split('.').fold(v, |v, key| &v[key]);
+        out.push_str(&text(value));
+        rest = &rest[open + close + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Rows of `key  value`, the keys padded to the longest.
+pub fn key_values(rows: &[(&str, String)]) -> String {
+    let w = rows
+        .iter()
+        .map(|(k, _)| k.chars().count())
+        .max()
+        .unwrap_or(0);
+    let mut out = String::new();
+    for (k, v) in rows {
+        let _ = writeln!(out, "{k:<w$}  {v}");
+    }
+    out
+}
+
 /// The `events` answer (`{"events": [{"seq", "time_ms", "event"}]}`) as a
 /// table, each event in words by `describe`; `no events` when empty.
 pub fn events_table(v: &Value, describe: impl Fn(&Value) -> String) -> String {
@@ -70,6 +103,22 @@ pub fn events_table(v: &Value, describe: impl Fn(&Value) -> String) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_template_is_filled_from_paths_of_the_answer() {
+        let v = serde_json::json!({"a": 3, "bus": {"up": true, "n": "x"}, "none": null});
+        assert_eq!(
+            fill(&v, "{a} of {bus.n}, {bus.up}; {none} {missing}"),
+            "3 of x, true; - -"
+        );
+        assert_eq!(fill(&v, "no fields"), "no fields");
+    }
+
+    #[test]
+    fn keys_are_padded_to_the_longest() {
+        let rows = [("a", "1".to_string()), ("long", "2".to_string())];
+        assert_eq!(key_values(&rows), "a     1\nlong  2\n");
+    }
     use serde_json::json;
 
     #[test]

@@ -1,12 +1,11 @@
 //! Rendering for people: each answer as aligned tables or key-value
 //! lines, one function per request behind [`render`].
 
-use std::fmt::Write as _;
 use std::string::{String, ToString};
 use std::vec::Vec;
 use std::{format, vec};
 
-use loopwarden_field::render::{events_table, table, text as s};
+use loopwarden_field::render::{events_table, fill, key_values, table, text as s};
 use serde_json::Value;
 
 use super::{round, Request};
@@ -17,15 +16,6 @@ fn u(v: &Value, unit: &str) -> String {
         Some(x) => format!("{}{unit}", round(x, 2)),
         None => "-".into(),
     }
-}
-
-fn key_values(rows: &[(&str, String)]) -> String {
-    let w = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
-    let mut out = String::new();
-    for (k, v) in rows {
-        let _ = writeln!(out, "{k:<w$}  {v}");
-    }
-    out
 }
 
 /// Renders an answer for people.
@@ -99,7 +89,7 @@ fn pumps_line(v: &Value) -> String {
 fn plant_rows(v: &Value) -> Vec<(&'static str, String)> {
     let pumps = pumps_line(v);
     vec![
-        ("cdu", format!("{} (site {})", s(&v["cdu"]), s(&v["site"]))),
+        ("cdu", fill(v, "{cdu} (site {site})")),
         (
             "mode",
             format!(
@@ -139,12 +129,7 @@ fn plant_rows(v: &Value) -> Vec<(&'static str, String)> {
         ),
         (
             "hosts",
-            format!(
-                "{} heard of {}, {} capped",
-                s(&v["hosts_heard"]),
-                s(&v["hosts"]),
-                s(&v["capped_hosts"])
-            ),
+            fill(v, "{hosts_heard} heard of {hosts}, {capped_hosts} capped"),
         ),
         (
             "leaks latched",
@@ -177,11 +162,9 @@ fn link_rows(v: &Value) -> Vec<(&'static str, String)> {
         ),
         (
             "CDU counts",
-            format!(
-                "{} reads, {} failed, {} writes failed",
-                s(&cdu["reads"]),
-                s(&cdu["read_errors"]),
-                s(&cdu["write_errors"])
+            fill(
+                cdu,
+                "{reads} reads, {read_errors} failed, {write_errors} writes failed",
             ),
         ),
         (
@@ -200,12 +183,9 @@ fn link_rows(v: &Value) -> Vec<(&'static str, String)> {
         ),
         (
             "leases",
-            format!(
-                "{} sent, {} lifts, {} acks ({} refused)",
-                s(&v["leases_sent"]),
-                s(&v["lifts_sent"]),
-                s(&v["acks"]),
-                s(&v["acks_refused"])
+            fill(
+                v,
+                "{leases_sent} sent, {lifts_sent} lifts, {acks} acks ({acks_refused} refused)",
             ),
         ),
         (

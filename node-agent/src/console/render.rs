@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use loopwarden_field::render::{events_table, table, text as s};
+use loopwarden_field::render::{events_table, fill, table, text as s};
 use serde_json::Value;
 
 use super::Request;
@@ -21,21 +21,12 @@ pub fn render(req: &Request, v: &Value) -> String {
 
 fn status(v: &Value) -> String {
     let mut out = String::new();
-    let j = &v["jitter_ms"];
     let rows = [
-        (
-            "host",
-            format!("{} (site {})", s(&v["host"]), s(&v["site"])),
-        ),
+        ("host", fill(v, "{host} (site {site})")),
         ("software", s(&v["software"])),
         (
             "GPUs",
-            format!(
-                "{} from {}, {} responsive",
-                s(&v["gpus"]),
-                s(&v["gpu_source"]),
-                s(&v["responsive"])
-            ),
+            fill(v, "{gpus} from {gpu_source}, {responsive} responsive"),
         ),
         ("unresponsive", s(&v["unresponsive"])),
         (
@@ -59,31 +50,23 @@ fn status(v: &Value) -> String {
         ),
         (
             "sampling",
-            format!(
-                "every {} ms, {} samples; last took {} ms",
-                s(&v["period_ms"]),
-                s(&v["samples"]),
-                s(&v["sample_ms"]["last"])
+            fill(
+                v,
+                "every {period_ms} ms, {samples} samples; last took {sample_ms.last} ms",
             ),
         ),
         (
             "jitter",
-            format!(
-                "last {} ms, p50 {} ms, p99 {} ms, max {} ms (last {} ticks)",
-                s(&j["last"]),
-                s(&j["p50"]),
-                s(&j["p99"]),
-                s(&j["max"]),
-                s(&j["window"])
+            fill(
+                &v["jitter_ms"],
+                "last {last} ms, p50 {p50} ms, p99 {p99} ms, max {max} ms (last {window} ticks)",
             ),
         ),
         (
             "health",
-            format!(
-                "{} healthy, {} degraded, {} quarantined",
-                s(&v["health"]["healthy"]),
-                s(&v["health"]["degraded"]),
-                s(&v["health"]["quarantined"])
+            fill(
+                &v["health"],
+                "{healthy} healthy, {degraded} degraded, {quarantined} quarantined",
             ),
         ),
         ("leases", s(&v["leases"])),
