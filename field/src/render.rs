@@ -43,6 +43,27 @@ pub fn text(v: &Value) -> String {
     }
 }
 
+/// One row per item of the list `v`, made by `row` (none when `v` is
+/// not a list).
+pub fn rows_of(v: &Value, row: impl Fn(&Value) -> Vec<String>) -> Vec<Vec<String>> {
+    v.as_array()
+        .map(|a| a.iter().map(row).collect())
+        .unwrap_or_default()
+}
+
+/// Each item of the list `v` [`fill`]ed into `template`, joined with
+/// spaces; empty when there is none.
+pub fn fill_each(v: &Value, template: &str) -> String {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .map(|x| fill(x, template))
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_default()
+}
+
 /// `template` with each `{a.b}` replaced by the [`text`] of `v["a"]["b"]`
 /// (a path of object keys); everything else is kept as written.
 pub fn fill(v: &Value, template: &str) -> String {

@@ -76,14 +76,6 @@ pub const PEER: Peer<'static> = Peer {
     default_socket: crate::config::default_console,
 };
 
-/// Asks the agent behind `path` and prints its answer (tables, or JSON):
-/// the exit status (0 answered, 1 an error, 2 not asked).
-pub fn ctl(path: &Path, req: &Request, json_out: bool) -> i32 {
-    i32::from(field::console::ctl(path, req, json_out, &PEER, |v| {
-        render(req, v)
-    }))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

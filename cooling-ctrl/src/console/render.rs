@@ -5,7 +5,9 @@ use std::string::{String, ToString};
 use std::vec::Vec;
 use std::{format, vec};
 
-use loopwarden_field::render::{events_table, fill, key_values, table, text as s};
+use loopwarden_field::render::{
+    events_table, fill, fill_each, key_values, rows_of, table, text as s,
+};
 use serde_json::Value;
 
 use super::{round, Request};
@@ -203,32 +205,25 @@ fn link_rows(v: &Value) -> Vec<(&'static str, String)> {
 
 /// `sensors`: one row per sensor.
 fn sensors(v: &Value) -> String {
-    let rows: Vec<Vec<String>> = v["sensors"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|x| {
-                    vec![
-                        s(&x["sensor"]),
-                        match x["reading"].as_f64() {
-                            Some(r) => format!("{} {}", round(r, 2), s(&x["unit"])),
-                            None => "-".into(),
-                        },
-                        if x["fault"].is_null() {
-                            "ok".into()
-                        } else {
-                            s(&x["fault"]).to_uppercase()
-                        },
-                        if x["required"].as_bool() == Some(true) {
-                            "yes".into()
-                        } else {
-                            "no".into()
-                        },
-                    ]
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let rows = rows_of(&v["sensors"], |x| {
+        vec![
+            s(&x["sensor"]),
+            match x["reading"].as_f64() {
+                Some(r) => format!("{} {}", round(r, 2), s(&x["unit"])),
+                None => "-".into(),
+            },
+            if x["fault"].is_null() {
+                "ok".into()
+            } else {
+                s(&x["fault"]).to_uppercase()
+            },
+            if x["required"].as_bool() == Some(true) {
+                "yes".into()
+            } else {
+                "no".into()
+            },
+        ]
+    });
     if rows.is_empty() {
         return "no control step yet\n".into();
     }
@@ -282,49 +277,36 @@ fn loops(v: &Value) -> String {
 
 /// `caps`: one row per host.
 fn caps(v: &Value) -> String {
-    let rows: Vec<Vec<String>> = v["hosts"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|h| {
-                    let ack = &h["last_ack"];
-                    vec![
-                        s(&h["host"]),
-                        s(&h["rack"]),
-                        match h["asked_w"].as_f64() {
-                            Some(w) => format!("{w} W"),
-                            None => "uncapped".into(),
-                        },
-                        s(&h["reason"]),
-                        u(&h["sent_w"], " W"),
-                        match h["heard_s"].as_f64() {
-                            Some(t) => format!("{t:.1} s ago"),
-                            None => "never".into(),
-                        },
-                        if ack.is_null() {
-                            "-".into()
-                        } else {
-                            format!(
-                                "{} {:.1} s ago",
-                                s(&ack["code"]),
-                                ack["ago_s"].as_f64().unwrap_or(0.0)
-                            )
-                        },
-                        h["in_force"]
-                            .as_array()
-                            .map(|c| {
-                                c.iter()
-                                    .map(|c| format!("{}:{}W", s(&c["gpus"]), s(&c["limit_w"])))
-                                    .collect::<Vec<_>>()
-                                    .join(" ")
-                            })
-                            .filter(|t| !t.is_empty())
-                            .unwrap_or_else(|| "-".into()),
-                    ]
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let rows = rows_of(&v["hosts"], |h| {
+        let ack = &h["last_ack"];
+        vec![
+            s(&h["host"]),
+            s(&h["rack"]),
+            match h["asked_w"].as_f64() {
+                Some(w) => format!("{w} W"),
+                None => "uncapped".into(),
+            },
+            s(&h["reason"]),
+            u(&h["sent_w"], " W"),
+            match h["heard_s"].as_f64() {
+                Some(t) => format!("{t:.1} s ago"),
+                None => "never".into(),
+            },
+            if ack.is_null() {
+                "-".into()
+            } else {
+                format!(
+                    "{} {:.1} s ago",
+                    s(&ack["code"]),
+                    ack["ago_s"].as_f64().unwrap_or(0.0)
+                )
+            },
+            match fill_each(&h["in_force"], "{gpus}:{limit_w}W") {
+                t if t.is_empty() => "-".into(),
+                t => t,
+            },
+        ]
+    });
     if rows.is_empty() {
         return "no hosts configured\n".into();
     }

@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use loopwarden_field::render::{events_table, fill, table, text as s};
+use loopwarden_field::render::{events_table, fill, fill_each, rows_of, table, text as s};
 use serde_json::Value;
 
 use super::Request;
@@ -82,36 +82,29 @@ fn status(v: &Value) -> String {
 }
 
 fn gpus(v: &Value) -> String {
-    let rows: Vec<Vec<String>> = v["gpus"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|g| {
-                    vec![
-                        s(&g["gpu"]),
-                        if g["responsive"].as_bool() == Some(true) {
-                            "yes".into()
-                        } else {
-                            format!("NO ({} missed)", s(&g["missed"]))
-                        },
-                        s(&g["health"]),
-                        format!("{}C", s(&g["temp"])),
-                        format!("{}C", s(&g["mem_temp"])),
-                        format!("{}W / {}W", s(&g["power"]), s(&g["power_limit"])),
-                        format!("{}", s(&g["sm_clock"])),
-                        format!("{}%", s(&g["util"])),
-                        s(&g["throttle"]),
-                        format!(
-                            "{}/{}",
-                            s(&g["ecc"]["sbe_volatile"]),
-                            s(&g["ecc"]["dbe_volatile"])
-                        ),
-                        s(&g["unsupported"]),
-                    ]
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let rows = rows_of(&v["gpus"], |g| {
+        vec![
+            s(&g["gpu"]),
+            if g["responsive"].as_bool() == Some(true) {
+                "yes".into()
+            } else {
+                format!("NO ({} missed)", s(&g["missed"]))
+            },
+            s(&g["health"]),
+            format!("{}C", s(&g["temp"])),
+            format!("{}C", s(&g["mem_temp"])),
+            format!("{}W / {}W", s(&g["power"]), s(&g["power_limit"])),
+            format!("{}", s(&g["sm_clock"])),
+            format!("{}%", s(&g["util"])),
+            s(&g["throttle"]),
+            format!(
+                "{}/{}",
+                s(&g["ecc"]["sbe_volatile"]),
+                s(&g["ecc"]["dbe_volatile"])
+            ),
+            s(&g["unsupported"]),
+        ]
+    });
     table(
         &[
             "GPU",
@@ -131,55 +124,33 @@ fn gpus(v: &Value) -> String {
 }
 
 fn caps(v: &Value) -> String {
-    let gpus: Vec<Vec<String>> = v["gpus"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|g| {
-                    vec![
-                        s(&g["gpu"]),
-                        format!("{} W", s(&g["limit"])),
-                        if g["source"].is_null() {
-                            "uncapped".into()
-                        } else {
-                            s(&g["source"])
-                        },
-                        format!("{}-{} W", s(&g["min"]), s(&g["max"])),
-                        format!("{} W", s(&g["default"])),
-                        s(&g["guard"]),
-                    ]
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let gpus = rows_of(&v["gpus"], |g| {
+        vec![
+            s(&g["gpu"]),
+            format!("{} W", s(&g["limit"])),
+            if g["source"].is_null() {
+                "uncapped".into()
+            } else {
+                s(&g["source"])
+            },
+            format!("{}-{} W", s(&g["min"]), s(&g["max"])),
+            format!("{} W", s(&g["default"])),
+            s(&g["guard"]),
+        ]
+    });
     let mut out = table(
         &["GPU", "LIMIT", "SET BY", "RANGE", "DEFAULT", "GUARD"],
         &gpus,
     );
-    let leases: Vec<Vec<String>> = v["leases"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|l| {
-                    vec![
-                        s(&l["from"]),
-                        s(&l["lease"]),
-                        s(&l["source"]),
-                        format!("{:.1} s", l["expires_in_s"].as_f64().unwrap_or(0.0)),
-                        l["caps"]
-                            .as_array()
-                            .map(|c| {
-                                c.iter()
-                                    .map(|c| format!("{}:{}W", s(&c["gpu"]), s(&c["limit"])))
-                                    .collect::<Vec<_>>()
-                                    .join(" ")
-                            })
-                            .unwrap_or_default(),
-                    ]
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let leases = rows_of(&v["leases"], |l| {
+        vec![
+            s(&l["from"]),
+            s(&l["lease"]),
+            s(&l["source"]),
+            format!("{:.1} s", l["expires_in_s"].as_f64().unwrap_or(0.0)),
+            fill_each(&l["caps"], "{gpu}:{limit}W"),
+        ]
+    });
     out.push('\n');
     if leases.is_empty() {
         out.push_str("no lease in force\n");
