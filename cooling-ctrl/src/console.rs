@@ -36,6 +36,13 @@ mod render;
 pub use answer::answer;
 pub use render::render;
 
+/// The controller, as `cooling-ctrl ctl` names it in its messages.
+pub const PEER: Peer<'static> = Peer {
+    who: "controller",
+    program: "cooling-ctrl",
+    default_socket: crate::config::default_console,
+};
+
 /// A console request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "snake_case")]
@@ -118,20 +125,12 @@ fn round(x: f64, digits: i32) -> f64 {
     (x * k).round() / k
 }
 
-/// The controller, as `cooling-ctrl ctl` names it in its messages.
-pub const PEER: Peer<'static> = Peer {
-    who: "controller",
-    program: "cooling-ctrl",
-    flag: "--console",
-    default_socket: crate::config::default_console,
-};
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn requests_are_one_line_of_json() {
+    fn requests_and_operator_actions_are_one_line_of_json() {
         let r = Request::Events { since: Some(5) };
         assert_eq!(
             serde_json::to_string(&r).unwrap(),

@@ -79,6 +79,18 @@ macro_rules! agent_flags {
     };
 }
 
+/// What every agent's `run` takes: its configuration file and flags that
+/// override it (the agent's `Overrides`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs<F: clap::Args> {
+    /// Configuration file (TOML).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// The flags.
+    #[command(flatten)]
+    pub flags: F,
+}
+
 /// The common fields of a file, as written.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct CommonFile<'a> {

@@ -108,8 +108,6 @@ pub struct Peer<'a> {
     pub who: &'a str,
     /// Its command: "node-agent".
     pub program: &'a str,
-    /// The `ctl` flag that names its socket: "--console".
-    pub flag: &'a str,
     /// Its console socket when neither the flag nor a configuration file
     /// names one.
     pub default_socket: fn() -> PathBuf,
@@ -230,11 +228,10 @@ pub fn ask(path: &Path, req: &impl Serialize, peer: &Peer) -> Result<Value, u8> 
         Ok(s) => s,
         Err(e) => {
             eprintln!(
-                "cannot reach the {} at {}: {e} (is {} running? give its socket with {})",
+                "cannot reach the {} at {}: {e} (is {} running? give its socket with --console)",
                 peer.who,
                 path.display(),
-                peer.program,
-                peer.flag
+                peer.program
             );
             return Err(2);
         }
@@ -304,7 +301,6 @@ mod tests {
         let peer = Peer {
             who: "agent",
             program: "node-agent",
-            flag: "--console",
             default_socket: || PathBuf::from("/nonexistent.sock"),
         };
         let v = ask(&path, &json!({"cmd": "status"}), &peer).unwrap();

@@ -32,6 +32,13 @@ pub use answer::answer;
 pub use render::render;
 pub use snapshot::{snapshot_channel, Context, GpuView, Snapshot, Timing};
 
+/// The agent, as `node-agent ctl` names it in its messages.
+pub const PEER: Peer<'static> = Peer {
+    who: "agent",
+    program: "node-agent",
+    default_socket: crate::config::default_console,
+};
+
 /// A console request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "snake_case")]
@@ -67,14 +74,6 @@ pub async fn serve(listener: UnixListener, ctx: Context) {
     })
     .await
 }
-
-/// The agent, as `node-agent ctl` names it in its messages.
-pub const PEER: Peer<'static> = Peer {
-    who: "agent",
-    program: "node-agent",
-    flag: "--console",
-    default_socket: crate::config::default_console,
-};
 
 #[cfg(test)]
 mod tests {

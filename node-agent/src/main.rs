@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use loopwarden_field::common::RunArgs;
 use loopwarden_field::console::{ctl_command, CtlArgs, EventsArgs};
 use node_agent::config::{self, GpuSourceKind, Overrides};
 use node_agent::console::{self, Request};
@@ -32,13 +33,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the agent.
-    Run {
-        /// Configuration file (TOML).
-        #[arg(long)]
-        config: Option<PathBuf>,
-        #[command(flatten)]
-        flags: Overrides,
-    },
+    Run(RunArgs<Overrides>),
     /// Run the health engine over a `gpu-trace/1` trace and print one JSON
     /// line per GPU state change.
     Replay {
@@ -74,7 +69,7 @@ enum Ctl {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Run { config, flags } => run(config, flags),
+        Command::Run(a) => run(a.config, a.flags),
         Command::Replay { trace } => replay(&trace),
         Command::Ctl { target, what } => {
             ctl_command(&target, &console::PEER, || request(what), console::render)

@@ -30,6 +30,7 @@ use cooling_ctrl::northbound;
 use cooling_ctrl::shell::{self, ShellOptions};
 #[cfg(feature = "twin")]
 use cooling_ctrl::simulated::Ours;
+use loopwarden_field::common::RunArgs;
 use loopwarden_field::console::{ctl_command, CtlArgs, EventsArgs};
 #[cfg(feature = "twin")]
 use loopwarden_twin::oracle::Oracle;
@@ -54,13 +55,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the controller in charge of one CDU.
-    Run {
-        /// Configuration file (TOML).
-        #[arg(long)]
-        config: Option<PathBuf>,
-        #[command(flatten)]
-        flags: Overrides,
-    },
+    Run(RunArgs<Overrides>),
     /// Ask the running controller.
     Ctl {
         #[command(flatten)]
@@ -121,7 +116,7 @@ fn main() -> ExitCode {
             trace,
             trace_every_s,
         } => simulate(scenario, controller, trace, trace_every_s),
-        Command::Run { config, flags } => run(config, flags),
+        Command::Run(a) => run(a.config, a.flags),
         Command::Ctl { target, what } => {
             ctl_command(&target, &console::PEER, || request(what), console::render)
         }
