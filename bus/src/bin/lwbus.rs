@@ -276,10 +276,48 @@ async fn publish_samples(broker: BrokerAddr, site: Ident) -> Result<()> {
     Ok(())
 }
 
+/// One event-log record in words (or its JSON with `json`): a wrap
+/// marker, an accepted command kept whole, or a message body.
+fn describe_record(kind: u8, body: &[u8], json: bool) -> String {
+    use loopwarden_flash::log::WRAPPED;
+    use loopwarden_flash::Wrapped;
+
+    if kind == WRAPPED {
+        match Wrapped::decode(body) {
+            Some(w) => format!(
+                "wrapped: {} records lost (seq {}..={})",
+                w.lost, w.first_seq, w.last_seq
+            ),
+            None => "wrapped marker (unreadable)".to_string(),
+        }
+    } else if MessageKind::from_code(kind).is_some_and(|k| k.family() == Family::Cmd) {
+        // An accepted command is kept whole: sender, seq and time
+        // are what a restart needs.
+        match loopwarden_protocol::Frame::decode(body) {
+            Ok(f) if json => f.to_json(),
+            Ok(f) => format!(
+                "{:<18} from {}/{} seq {}: {}",
+                f.message.kind().name(),
+                f.sender.role.as_str(),
+                f.sender.id.as_str(),
+                f.seq,
+                summary(&f.message)
+            ),
+            Err(e) => format!("kind {} command frame unreadable: {e}", kind),
+        }
+    } else {
+        match MessageKind::from_code(kind).map(|k| Message::decode_body(k, body)) {
+            Some(Ok(m)) if json => serde_json::to_string(&m).unwrap_or_default(),
+            Some(Ok(m)) => format!("{:<18} {}", m.kind().name(), summary(&m)),
+            Some(Err(e)) => format!("kind {} body unreadable: {e}", kind),
+            None => format!("unknown kind {} ({} bytes)", kind, body.len()),
+        }
+    }
+}
+
 /// Prints what an agent's flash holds, oldest first.
 async fn dump_flash(path: &std::path::Path, json: bool) -> Result<()> {
-    use loopwarden_flash::log::WRAPPED;
-    use loopwarden_flash::{ConfigStore, EventLog, FileFlash, Outbox, SharedFlash, Wrapped};
+    use loopwarden_flash::{ConfigStore, EventLog, FileFlash, Outbox, SharedFlash};
 
     let mut text = String::new();
     macro_rules! out {
@@ -310,37 +348,7 @@ async fn dump_flash(path: &std::path::Path, json: bool) -> Result<()> {
     let mut lines = Vec::new();
     let skipped = log
         .for_each(|r| {
-            let what = if r.kind == WRAPPED {
-                match Wrapped::decode(r.body) {
-                    Some(w) => format!(
-                        "wrapped: {} records lost (seq {}..={})",
-                        w.lost, w.first_seq, w.last_seq
-                    ),
-                    None => "wrapped marker (unreadable)".to_string(),
-                }
-            } else if MessageKind::from_code(r.kind).is_some_and(|k| k.family() == Family::Cmd) {
-                // An accepted command is kept whole: sender, seq and time
-                // are what a restart needs.
-                match loopwarden_protocol::Frame::decode(r.body) {
-                    Ok(f) if json => f.to_json(),
-                    Ok(f) => format!(
-                        "{:<18} from {}/{} seq {}: {}",
-                        f.message.kind().name(),
-                        f.sender.role.as_str(),
-                        f.sender.id.as_str(),
-                        f.seq,
-                        summary(&f.message)
-                    ),
-                    Err(e) => format!("kind {} command frame unreadable: {e}", r.kind),
-                }
-            } else {
-                match MessageKind::from_code(r.kind).map(|k| Message::decode_body(k, r.body)) {
-                    Some(Ok(m)) if json => serde_json::to_string(&m).unwrap_or_default(),
-                    Some(Ok(m)) => format!("{:<18} {}", m.kind().name(), summary(&m)),
-                    Some(Err(e)) => format!("kind {} body unreadable: {e}", r.kind),
-                    None => format!("unknown kind {} ({} bytes)", r.kind, r.body.len()),
-                }
-            };
+            let what = describe_record(r.kind, r.body, json);
             lines.push(format!("{:>8} {} {what}", r.seq, utc(r.time.0)));
         })
         .await
