@@ -16,6 +16,7 @@ use loopwarden_bus::BrokerAddr;
 use loopwarden_protocol::Ident;
 
 use crate::config::{credentials, ident, ConfigError, Sources};
+use crate::pick;
 
 /// Declares an agent's file structure: every field optional, unknown keys
 /// refused (with their line), the common fields first and then the
@@ -50,13 +51,13 @@ macro_rules! agent_file {
             /// The common fields as written.
             pub fn common(&self) -> $crate::common::CommonFile<'_> {
                 $crate::common::CommonFile {
-                    site: self.site.as_deref(),
-                    broker: self.broker.as_deref(),
-                    broker_user: self.broker_user.as_deref(),
-                    broker_password_file: self.broker_password_file.as_deref(),
-                    keys_file: self.keys_file.as_deref(),
-                    flash: self.flash.as_deref(),
-                    console: self.console.as_deref(),
+                    site: &self.site,
+                    broker: &self.broker,
+                    broker_user: &self.broker_user,
+                    broker_password_file: &self.broker_password_file,
+                    keys_file: &self.keys_file,
+                    flash: &self.flash,
+                    console: &self.console,
                 }
             }
         }
@@ -92,22 +93,22 @@ pub struct RunArgs<F: clap::Args> {
 }
 
 /// The common fields of a file, as written.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 pub struct CommonFile<'a> {
     /// Site name.
-    pub site: Option<&'a str>,
+    pub site: &'a Option<String>,
     /// Broker address.
-    pub broker: Option<&'a str>,
+    pub broker: &'a Option<String>,
     /// Broker user name.
-    pub broker_user: Option<&'a str>,
+    pub broker_user: &'a Option<String>,
     /// File holding the broker password.
-    pub broker_password_file: Option<&'a std::path::Path>,
+    pub broker_password_file: &'a Option<PathBuf>,
     /// Site keys.
-    pub keys_file: Option<&'a std::path::Path>,
+    pub keys_file: &'a Option<PathBuf>,
     /// Flash file.
-    pub flash: Option<&'a std::path::Path>,
+    pub flash: &'a Option<PathBuf>,
     /// Console socket.
-    pub console: Option<&'a std::path::Path>,
+    pub console: &'a Option<PathBuf>,
 }
 
 /// The common fields given as flags (each overrides the file).
@@ -155,23 +156,6 @@ pub struct Common {
     pub console: PathBuf,
 }
 
-/// The flag's value, else the file's: `(value, Some(flag))` when the flag
-/// gave it, as [`pick!`](crate::pick) does for owned values.
-fn pick<T: ?Sized + ToOwned>(
-    flag: &Option<T::Owned>,
-    file: Option<&T>,
-    name: &'static str,
-) -> (Option<T::Owned>, Option<&'static str>)
-where
-    T::Owned: Clone,
-{
-    match (flag, file) {
-        (Some(v), _) => (Some(v.clone()), Some(name)),
-        (None, Some(v)) => (Some(v.to_owned()), None),
-        (None, None) => (None, None),
-    }
-}
-
 /// Checks the common fields: the site is a name (default `site`), the
 /// broker an address, the login whole (the password file read), and the
 /// console `default_console()` unless given.
@@ -183,11 +167,11 @@ pub fn resolve(
 ) -> Result<Common, ConfigError> {
     let site = ident(
         src,
-        pick(&flags.site, file.site, "site"),
+        pick!(flags.site, *file.site, "site"),
         "site",
         Some("site".into()),
     )?;
-    let broker = match pick(&flags.broker, file.broker, "broker") {
+    let broker = match pick!(flags.broker, *file.broker, "broker") {
         (Some(b), flag) => Some(
             b.parse()
                 .map_err(|e| src.error(flag, "broker", format!("broker = {b:?}: {e}")))?,
@@ -196,20 +180,20 @@ pub fn resolve(
     };
     let credentials = credentials(
         src,
-        pick(&flags.broker_user, file.broker_user, "broker-user"),
-        pick(
-            &flags.broker_password_file,
-            file.broker_password_file,
-            "broker-password-file",
+        pick!(flags.broker_user, *file.broker_user, "broker-user"),
+        pick!(
+            flags.broker_password_file,
+            *file.broker_password_file,
+            "broker-password-file"
         ),
     )?;
     Ok(Common {
         site,
         broker,
         credentials,
-        keys_file: pick(&flags.keys_file, file.keys_file, "keys-file"),
-        flash: pick(&flags.flash, file.flash, "flash").0,
-        console: pick(&flags.console, file.console, "console")
+        keys_file: pick!(flags.keys_file, *file.keys_file, "keys-file"),
+        flash: pick!(flags.flash, *file.flash, "flash").0,
+        console: pick!(flags.console, *file.console, "console")
             .0
             .unwrap_or_else(default_console),
     })

@@ -212,11 +212,7 @@ pub fn console_of(
         return Ok(default());
     };
     let text = crate::config::read(p)?;
-    let only: Only = toml::from_str(&text).map_err(|e| ConfigError {
-        origin: p.display().to_string(),
-        line: crate::config::span_line(&text, &e),
-        message: e.message().to_string(),
-    })?;
+    let only: Only = crate::config::parse(Some(p), &text)?;
     Ok(only.console.unwrap_or_else(default))
 }
 

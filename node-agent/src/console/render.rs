@@ -3,7 +3,9 @@
 
 use std::fmt::Write as _;
 
-use loopwarden_field::render::{events_table, fill, fill_each, rows_of, table, text as s};
+use loopwarden_field::render::{
+    events_table, fill, fill_each, key_values, rows_of, table, text as s,
+};
 use serde_json::Value;
 
 use super::Request;
@@ -20,8 +22,7 @@ pub fn render(req: &Request, v: &Value) -> String {
 }
 
 fn status(v: &Value) -> String {
-    let mut out = String::new();
-    let rows = [
+    let mut rows = [
         ("host", fill(v, "{host} (site {site})")),
         ("software", s(&v["software"])),
         (
@@ -71,14 +72,15 @@ fn status(v: &Value) -> String {
         ),
         ("leases", s(&v["leases"])),
         ("flash", s(&v["flash"])),
-    ];
-    for (k, val) in rows {
-        let _ = writeln!(out, "{k:<13} {val}");
-    }
+    ]
+    .to_vec();
     if v["demo_key"].as_bool() == Some(true) {
-        out.push_str("WARNING       commands are checked against the public demonstration key\n");
+        rows.push((
+            "WARNING",
+            "commands are checked against the public demonstration key".into(),
+        ));
     }
-    out
+    key_values(&rows)
 }
 
 fn gpus(v: &Value) -> String {

@@ -96,9 +96,4 @@ impl Agent {
             evidence: Text::truncated(&st.evidence),
         }
     }
-
-    /// Keeps the flash reservation of sequence numbers ahead of the bus.
-    pub(super) async fn keep_seq_reserved(&mut self) {
-        self.seq_floor.keep_ahead(&self.bus, &self.recorder).await;
-    }
 }

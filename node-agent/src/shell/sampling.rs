@@ -114,7 +114,7 @@ impl Agent {
             self.publish_health(now);
         }
         self.publish_telemetry(now);
-        self.keep_seq_reserved().await;
+        self.seq_floor.keep_ahead(&self.bus, &self.recorder).await;
 
         let t = &mut self.timing;
         let jitter_us = jitter.as_micros() as u64;
