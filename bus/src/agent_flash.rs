@@ -195,11 +195,6 @@ impl SeqFloor {
         }
     }
 
-    /// The first number not reserved.
-    pub fn floor(&self) -> u32 {
-        self.floor
-    }
-
     /// Reserves the next block through `recorder` when `bus` needs it.
     pub async fn keep_ahead(&mut self, bus: &Bus, recorder: &Recorder) {
         if bus.next_seq().saturating_add(SEQ_BLOCK / 2) >= self.floor {
