@@ -18,7 +18,7 @@
 //! - *capacity cap*: a cap for lack of cooling (not for a leak).
 
 use super::config::CoreConfig;
-use super::hall::{Seen, Tick};
+use super::view::{Seen, Tick};
 use super::{HostCap, HostReport, MAX_HOSTS};
 use loopwarden_protocol::ReasonCode;
 

@@ -31,7 +31,7 @@
 //!    (see [`coordinate`]).
 //!
 //! What every layer works from (fresh host reports, the hottest GPU, the
-//! supply the GPUs imply, transients) is in [`hall`]; [`config`] and
+//! supply the GPUs imply, transients) is in [`view`]; [`config`] and
 //! [`model`] support them all.
 //!
 //! Without the bus (no fresh host reports) it regulates on its own
@@ -52,7 +52,6 @@ extern crate std;
 
 pub mod config;
 pub mod coordinate;
-pub mod hall;
 pub mod mode;
 pub mod model;
 pub mod optimise;
@@ -60,6 +59,7 @@ pub mod pid;
 pub mod regulate;
 pub mod safety;
 pub mod sensors;
+pub mod view;
 
 use heapless::Vec;
 use loopwarden_protocol::message::{CduMode, Event, Pump, SensorFault};
@@ -67,12 +67,12 @@ use loopwarden_protocol::ReasonCode;
 
 pub use config::{ConfigError, CoreConfig};
 use coordinate::Coordinator;
-use hall::{Hall, Tick};
 use mode::ModeMachine;
 use optimise::{Optimiser, Proposal, RejectionWatch};
 use regulate::Regulator;
 use safety::Safety;
 use sensors::{Supervisor, Which};
+use view::{HallView, Tick};
 
 /// Racks the core can hold.
 pub const MAX_RACKS: usize = 16;
@@ -194,7 +194,7 @@ pub struct Core {
     modes: ModeMachine,
     sensors: Supervisor,
     safety: Safety,
-    hall: Hall,
+    hall: HallView,
     regulator: Regulator,
     optimiser: Optimiser,
     rejection: RejectionWatch,
@@ -235,7 +235,7 @@ impl Core {
             modes: ModeMachine::default(),
             sensors: Supervisor::default(),
             safety: Safety::default(),
-            hall: Hall::default(),
+            hall: HallView::default(),
             regulator: Regulator::new(cfg.margins.boot_setpoint_c),
             optimiser: Optimiser::new(&cfg),
             rejection: RejectionWatch::default(),

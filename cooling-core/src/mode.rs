@@ -18,8 +18,8 @@
 use loopwarden_protocol::message::{CduMode, Event, SensorFault};
 use loopwarden_protocol::ReasonCode;
 
-use super::hall::Tick;
 use super::sensors::{Supervisor, Trusted, Which};
+use super::view::Tick;
 use super::Log;
 
 /// The mode, its reason, and what the mode's changes are judged from.

@@ -29,8 +29,8 @@
 //!   hall's average from the IT meter (`host_plans`).
 
 use super::config::CoreConfig;
-use super::hall::{Seen, Tick};
 use super::model::{self, gpu_steady};
+use super::view::{Seen, Tick};
 use super::{bit, MAX_HOSTS};
 
 /// What the optimiser plans one host with.

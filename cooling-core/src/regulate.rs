@@ -21,10 +21,10 @@
 use loopwarden_protocol::message::CduMode;
 
 use super::config::CoreConfig;
-use super::hall::{Seen, Tick};
 use super::optimise::Proposal;
 use super::pid::{slew, Pi};
 use super::sensors::Trusted;
+use super::view::{Seen, Tick};
 
 /// The loops and what they last commanded.
 #[derive(Debug, Clone)]

@@ -14,7 +14,7 @@
 use loopwarden_protocol::message::{Event, Pump};
 use loopwarden_protocol::RackIndex;
 
-use super::hall::Tick;
+use super::view::Tick;
 use super::{bit, Log};
 
 /// A pump commanded on gets this long for its contactor to close, ms.

@@ -25,7 +25,7 @@
 use loopwarden_protocol::message::{Event, SensorFault};
 
 use super::config::{CoreConfig, Timing};
-use super::hall::{Seen, Tick};
+use super::view::{Seen, Tick};
 use super::{CduReadings, Log};
 
 /// The sensors the core supervises.

@@ -21,13 +21,13 @@ use super::{bit, model, HostReport, Inputs, MAX_HOSTS};
 
 /// What the core keeps of the hall between steps.
 #[derive(Debug, Clone)]
-pub struct Hall {
+pub struct HallView {
     it_filtered: Option<f32>,
     offsets: [f32; MAX_HOSTS],
     transient_until_ms: u64,
 }
 
-impl Default for Hall {
+impl Default for HallView {
     fn default() -> Self {
         Self {
             it_filtered: None,
@@ -113,7 +113,7 @@ pub struct Seen {
     pub gpu_implied_supply: Option<f32>,
 }
 
-impl Hall {
+impl HallView {
     /// Each host's learned offset, K.
     pub fn offsets(&self) -> &[f32; MAX_HOSTS] {
         &self.offsets
