@@ -415,6 +415,50 @@ pub enum Event {
         /// What is wrong.
         fault: SensorFault,
     },
+    /// A pump reported running but moved no water: it is out of service
+    /// until an operator clears it.
+    PumpSeized {
+        /// The pump.
+        pump: Pump,
+        /// The lag pump was started.
+        lag_started: bool,
+    },
+    /// A rack's leak sensing was lost (its rope cut or shorted, the board's
+    /// input lines failing) or came back.
+    LeakSensing {
+        /// The rack.
+        rack: RackIndex,
+        /// Lost (`true`) or back (`false`).
+        lost: bool,
+    },
+    /// A leaking rack's valve did not confirm closed in time: the
+    /// secondary pumps were stopped and every host capped (`active`), or
+    /// the rack is isolated at last (`!active`).
+    IsolationFailed {
+        /// The rack.
+        rack: RackIndex,
+        /// The escalation began (`true`) or ended (`false`).
+        active: bool,
+    },
+    /// The controller started and restored what it had latched from its
+    /// flash before its first command.
+    ControllerRestored {
+        /// Racks with a latched leak, bit n = rack n.
+        leaks_latched: u16,
+        /// Pumps out of service (bit 0: A, bit 1: B).
+        pumps_out: u8,
+        /// The lead pump.
+        lead: Pump,
+    },
+    /// An operator cleared a latch: a rack's leak, or a pump's fault.
+    OperatorCleared {
+        /// The rack whose leak was cleared, if a leak.
+        rack: Option<RackIndex>,
+        /// The pump put back in service, if a pump.
+        pump: Option<Pump>,
+        /// Who asked (a console peer's user, or a serial login).
+        operator: Ident,
+    },
 }
 
 // ---------------------------------------------------------------- commands
@@ -630,6 +674,22 @@ pub struct RackState {
     pub rack: RackIndex,
     /// Its cooling.
     pub cooling: RackCooling,
+    /// Its leak sensing.
+    pub sensing: LeakSensing,
+}
+
+/// A rack's leak sensing, as the controller knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "std", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum LeakSensing {
+    /// Its rope is supervised and reads.
+    Supervised,
+    /// Lost: the rope is cut or shorted, or the input lines fail. A leak
+    /// on this rack would not be seen.
+    Lost,
+    /// The site declared the rack without a rope.
+    Unprotected,
 }
 
 /// The loop's state for its hosts and the facility (family `health`,

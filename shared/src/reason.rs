@@ -81,6 +81,17 @@ reasons! {
     CDU_UNREACHABLE = 2008 => "cdu-unreachable",
     /// A facility power budget asks for the cap.
     POWER_BUDGET = 2009 => "power-budget",
+    /// A pump reports running but moves no water (seized, or its shaft or
+    /// coupling broke).
+    PUMP_SEIZED = 2010 => "pump-seized",
+    /// A leaking rack's valve did not confirm closed: the secondary pumps
+    /// are stopped and every host of the CDU is capped.
+    ISOLATION_FAILED = 2011 => "isolation-failed",
+    /// A rack's leak sensing is lost (rope cut or shorted, input lines
+    /// failing, or no rope).
+    LEAK_SENSING_LOST = 2012 => "leak-sensing-lost",
+    /// The CDU refuses the controller's writes (local mode at its panel).
+    CDU_WRITES_REFUSED = 2013 => "cdu-writes-refused",
 }
 
 impl ReasonCode {

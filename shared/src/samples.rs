@@ -215,6 +215,7 @@ fn cdu_state() -> CduState {
                 } else {
                     RackCooling::Normal
                 },
+                sensing: LeakSensing::Supervised,
             })
             .collect(),
     }

@@ -205,6 +205,27 @@ fn event() -> impl Strategy<Value = Event> {
                 rack,
                 fault
             }),
+        (prop_oneof![Just(Pump::A), Just(Pump::B)], any::<bool>())
+            .prop_map(|(pump, lag_started)| Event::PumpSeized { pump, lag_started }),
+        (rack(), any::<bool>()).prop_map(|(rack, lost)| Event::LeakSensing { rack, lost }),
+        (rack(), any::<bool>()).prop_map(|(rack, active)| Event::IsolationFailed { rack, active }),
+        (any::<u16>(), 0u8..4, prop_oneof![Just(Pump::A), Just(Pump::B)]).prop_map(
+            |(leaks_latched, pumps_out, lead)| Event::ControllerRestored {
+                leaks_latched,
+                pumps_out,
+                lead
+            }
+        ),
+        (
+            proptest::option::of(rack()),
+            proptest::option::of(prop_oneof![Just(Pump::A), Just(Pump::B)]),
+            ident()
+        )
+            .prop_map(|(rack, pump, operator)| Event::OperatorCleared {
+                rack,
+                pump,
+                operator
+            }),
     ]
 }
 
@@ -314,13 +335,18 @@ fn message() -> impl Strategy<Value = Message> {
             any::<u64>(),
             celsius(),
             proptest::option::of(celsius()),
-            hv((rack(), any::<bool>()).prop_map(|(rack, lost)| RackState {
+            hv((rack(), any::<bool>(), 0u8..3).prop_map(|(rack, lost, s)| RackState {
                 rack,
                 cooling: if lost {
                     RackCooling::Lost
                 } else {
                     RackCooling::Normal
                 },
+                sensing: [
+                    LeakSensing::Supervised,
+                    LeakSensing::Lost,
+                    LeakSensing::Unprotected
+                ][usize::from(s)],
             }))
         )
             .prop_map(|(mode, reason, since, setpoint, supply, racks)| {
