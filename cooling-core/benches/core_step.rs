@@ -24,7 +24,9 @@
 
 use std::time::Duration;
 
-use cooling_core::{model, CduReadings, Commands, Core, CoreConfig, HostReport, Inputs, MAX_HOSTS};
+use cooling_core::{
+    model, CduReadings, Commands, Core, CoreConfig, HostReport, Inputs, LeakInputs, MAX_HOSTS,
+};
 use divan::{black_box, Bencher};
 use loopwarden_protocol::message::CduMode;
 
@@ -107,9 +109,11 @@ impl Hall {
                 pumps_running: [true, false],
                 it_w: Some(it_w),
                 facility_w: Some(it_w * 1.08),
+                ..Default::default()
             }),
             ambient_c: Some(22.0),
-            leaks: 0,
+            leaks: LeakInputs::DRY,
+            cdu_writes_ok: true,
             hosts: &self.hosts,
         });
         self.setpoint_c = c.setpoint_c;

@@ -8,7 +8,7 @@
 
 use std::process::Command;
 
-use cooling_core::{CduReadings, Core, CoreConfig, HostReport, Inputs, MAX_HOSTS};
+use cooling_core::{CduReadings, Core, CoreConfig, HostReport, Inputs, LeakInputs, MAX_HOSTS};
 
 /// Runs the core for a while; returns the number of steps.
 fn exercise() -> usize {
@@ -38,9 +38,11 @@ fn exercise() -> usize {
                 pumps_running: [true, false],
                 it_w: Some(100_000.0),
                 facility_w: Some(110_000.0),
+                ..Default::default()
             }),
             ambient_c: Some(25.0),
-            leaks: 0,
+            leaks: LeakInputs::DRY,
+            cdu_writes_ok: true,
             hosts: &hosts,
         });
         n += usize::from(c.pump_on[0] || c.pump_on[1]);

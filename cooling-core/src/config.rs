@@ -18,6 +18,8 @@ pub struct Layout {
     pub hosts_per_rack: u8,
     /// GPUs per host.
     pub gpus_per_host: u8,
+    /// Racks the site declared without a leak rope, bit n = rack n.
+    pub unprotected: u16,
 }
 
 impl Layout {
@@ -74,6 +76,9 @@ pub struct CduParams {
     pub cp_j_per_kg_k: f32,
     /// Coolant density, kg/m³.
     pub density_kg_per_m3: f32,
+    /// Loop differential pressure with the pump at full speed, kPa (it
+    /// falls with the square of the speed).
+    pub design_dp_kpa: f32,
 }
 
 /// Host power besides the GPUs.
@@ -149,6 +154,9 @@ pub struct Timing {
     pub fault_clear_ms: u64,
     /// Capacity must be back this long before a cap is lifted, ms.
     pub cap_release_ms: u64,
+    /// A latched rack's valve must read closed within this, ms, or the
+    /// isolation has failed (the valve's stroke time and a margin).
+    pub valve_confirm_ms: u64,
 }
 
 /// Everything the core is configured with.
@@ -179,6 +187,7 @@ impl Default for CoreConfig {
                 racks: 4,
                 hosts_per_rack: 4,
                 gpus_per_host: 8,
+                unprotected: 0,
             },
             gpu: GpuParams {
                 tdp_w: 700.0,
@@ -209,6 +218,7 @@ impl Default for CoreConfig {
                 max_setpoint_c: 45.0,
                 cp_j_per_kg_k: 3900.0,
                 density_kg_per_m3: 1030.0,
+                design_dp_kpa: 100.0,
             },
             facility: FacilityParams {
                 water_kg_per_s: 6.0,
@@ -240,6 +250,7 @@ impl Default for CoreConfig {
                 fault_confirm_ms: 60_000,
                 fault_clear_ms: 60_000,
                 cap_release_ms: 60_000,
+                valve_confirm_ms: 5_000,
             },
         }
     }
@@ -298,6 +309,16 @@ impl CoreConfig {
         if !(c.min_speed > 0.0 && c.min_speed <= 1.0) || c.design_lpm_per_gpu <= 0.0 {
             return Err(ConfigError::Figure(
                 "cdu: min_speed in (0, 1] and a positive design flow",
+            ));
+        }
+        if c.design_dp_kpa <= 0.0 {
+            return Err(ConfigError::Figure(
+                "cdu: the design differential pressure must be positive",
+            ));
+        }
+        if l.unprotected >> l.racks.min(16) != 0 {
+            return Err(ConfigError::Layout(
+                "an unprotected rack is not on the loop",
             ));
         }
         if c.cp_j_per_kg_k <= 0.0 || c.density_kg_per_m3 <= 0.0 {

@@ -84,7 +84,7 @@ impl Coordinator {
             seen.r_now,
             &|h| t.fresh(h),
             offsets,
-            t.latched,
+            t.cooling_lost,
             out,
         )
     }

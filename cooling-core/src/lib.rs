@@ -52,10 +52,12 @@ extern crate std;
 
 pub mod config;
 pub mod coordinate;
+pub mod latch;
 pub mod mode;
 pub mod model;
 pub mod optimise;
 pub mod pid;
+pub mod pumps;
 pub mod regulate;
 pub mod safety;
 pub mod sensors;
@@ -67,9 +69,12 @@ use loopwarden_protocol::ReasonCode;
 
 pub use config::{ConfigError, CoreConfig};
 use coordinate::Coordinator;
+pub use latch::{LatchError, Latched, PumpFault};
 use mode::ModeMachine;
 use optimise::{Optimiser, Proposal, RejectionWatch};
+use pumps::Pumps;
 use regulate::Regulator;
+pub use safety::LeakInputs;
 use safety::Safety;
 use sensors::{Supervisor, Which};
 use view::{HallView, Tick};
@@ -95,6 +100,13 @@ pub struct CduReadings {
     pub facility_supply_c: Option<f32>,
     /// Pumps A and B running (contactor feedback).
     pub pumps_running: [bool; 2],
+    /// Pumps A and B report a fault (drive fault, overload relay).
+    pub pump_faults: [bool; 2],
+    /// Loop differential pressure, kPa.
+    pub diff_pressure_kpa: Option<f32>,
+    /// Rack valves reading closed (position feedback), bit n = rack n;
+    /// `None`: the CDU reports no positions.
+    pub valves_closed: Option<u16>,
     /// IT power meter, W.
     pub it_w: Option<f32>,
     /// Facility power meter, W.
@@ -127,8 +139,11 @@ pub struct Inputs<'a> {
     pub cdu: Option<CduReadings>,
     /// Outdoor air temperature, °C, where the site reports it.
     pub ambient_c: Option<f32>,
-    /// Leak inputs from the board, bit n = rack n.
-    pub leaks: u16,
+    /// The board's leak ropes.
+    pub leaks: LeakInputs,
+    /// The CDU took the last settings written (`false`: it refused them,
+    /// or they could not be written).
+    pub cdu_writes_ok: bool,
     /// The last report of each host, by host index (rack-major).
     pub hosts: &'a [Option<HostReport>],
 }
@@ -157,6 +172,10 @@ pub struct Commands {
     pub valves_open: u16,
     /// Racks whose cooling is lost (their hosts must drain and power down).
     pub cooling_lost: u16,
+    /// Racks whose leak sensing is lost by a fault, bit n = rack n.
+    pub sensing_lost: u16,
+    /// Racks whose isolation failed: both pumps are stopped for them.
+    pub isolation_failed: u16,
     /// Caps per host (index as in [`Inputs::hosts`]).
     pub caps: [Option<HostCap>; MAX_HOSTS],
     /// Alarm beacon on.
@@ -194,6 +213,8 @@ pub struct Core {
     modes: ModeMachine,
     sensors: Supervisor,
     safety: Safety,
+    pumps: Pumps,
+    restored: Option<Latched>,
     hall: HallView,
     regulator: Regulator,
     optimiser: Optimiser,
@@ -235,6 +256,8 @@ impl Core {
             modes: ModeMachine::default(),
             sensors: Supervisor::default(),
             safety: Safety::default(),
+            pumps: Pumps::default(),
+            restored: None,
             hall: HallView::default(),
             regulator: Regulator::new(cfg.margins.boot_setpoint_c),
             optimiser: Optimiser::new(&cfg),
@@ -266,9 +289,53 @@ impl Core {
         self.safety.leaks_latched()
     }
 
-    /// Pumps taken out of service by a trip.
+    /// A core for `cfg` that starts from what an earlier one latched
+    /// (read back from flash): leaks stay latched and their valves shut,
+    /// failed pumps stay out of service and never lead, a failsafe and the
+    /// sensor faults stand until judged again. Its first step reports
+    /// [`Event::ControllerRestored`].
+    pub fn restore(cfg: CoreConfig, l: &Latched) -> Result<Self, ConfigError> {
+        let mut core = Self::new(cfg)?;
+        core.safety.restore(l, cfg.layout.racks as usize);
+        core.pumps.restore(l, 0);
+        core.sensors.restore(&l.sensors);
+        core.modes.restore(l.failsafe);
+        core.restored = Some(*l);
+        Ok(core)
+    }
+
+    /// What the core has latched now: what must be in flash before the
+    /// step's commands act.
+    pub fn latched(&self) -> Latched {
+        let (mode, reason, _) = self.modes.get();
+        Latched {
+            leaks: self.safety.leaks_latched(),
+            isolation_failed: self.safety.isolation_failed(),
+            pumps: self.pumps.faults(),
+            lead: self.pumps.lead(),
+            failsafe: (mode == CduMode::Failsafe).then_some(reason),
+            sensors: Which::ALL.map(|w| self.sensors.fault(w)),
+        }
+    }
+
+    /// Pumps out of service.
     pub fn pumps_failed(&self) -> [bool; 2] {
-        self.safety.pumps_failed()
+        self.pumps.faults().map(|f| f.is_some())
+    }
+
+    /// Pumps A and B out of service, and why.
+    pub fn pump_faults(&self) -> [Option<PumpFault>; 2] {
+        self.pumps.faults()
+    }
+
+    /// Racks whose leak sensing is lost by a fault, bit n = rack n.
+    pub fn sensing_lost(&self) -> u16 {
+        self.safety.sensing_lost()
+    }
+
+    /// Racks whose isolation failed, bit n = rack n.
+    pub fn isolation_failed(&self) -> u16 {
+        self.safety.isolation_failed()
     }
 
     /// Events that did not fit in a step's list, since the start.
@@ -290,8 +357,8 @@ impl Core {
     }
 
     /// An operator clears rack `rack`'s latched leak; refused while its
-    /// input still reads wet.
-    pub fn clear_leak(&mut self, rack: usize, leaks_now: u16) -> Result<(), &'static str> {
+    /// rope reads wet or its leak sensing is lost (`leaks_now`).
+    pub fn clear_leak(&mut self, rack: usize, leaks_now: &LeakInputs) -> Result<(), &'static str> {
         let racks = self.cfg.layout.racks as usize;
         self.safety.clear_leak(rack, racks, leaks_now)
     }
@@ -315,9 +382,11 @@ impl Core {
         (self.setpoint_ceiling_c, self.plan_offset_k)
     }
 
-    /// An operator puts a tripped pump back in service.
-    pub fn clear_pump_trip(&mut self, pump: Pump) {
-        self.safety.clear_pump_trip(pump, self.last_ms.unwrap_or(0));
+    /// An operator puts a failed pump back in service; refused while the
+    /// CDU still reports its fault (`fault_shown`) or it is in service.
+    pub fn clear_pump(&mut self, pump: Pump, fault_shown: bool) -> Result<(), &'static str> {
+        self.pumps
+            .clear(pump, fault_shown, self.last_ms.unwrap_or(0))
     }
 
     /// One step at `inp.now_ms`: the layers in order of authority.
@@ -325,16 +394,18 @@ impl Core {
         let dt = self.clock(inp.now_ms);
         self.modes.begin(inp.now_ms, inp.cdu.is_some());
         let mut log = Log::default();
-
-        // 1. Safety: leaks (the board's inputs, not the CDU's), pumps.
-        let racks = self.cfg.layout.racks as usize;
-        let valves_open = self.safety.leaks(inp.leaks, racks, &mut log);
-        let latched = self.safety.leaks_latched();
-        let t = Tick::new(inp, dt, self.limited_config(), valves_open, latched);
-        let pumps = self.safety.pumps(&t, self.modes.booted(), &mut log);
-        if pumps.tripped {
-            self.hall.restart_transient(t.now + 120_000);
+        if let Some(l) = self.restored.take() {
+            log.push(Event::ControllerRestored {
+                leaks_latched: l.leaks,
+                pumps_out: l.pumps_out(),
+                lead: l.lead,
+            });
         }
+
+        // 1. Safety: leaks (the board's inputs, not the CDU's), isolation,
+        // pumps.
+        let (t, pumps) = self.safety_step(inp, dt, &mut log);
+        let escalated = self.safety.isolation_failed() != 0;
         // Safety: sensor supervision against what the hall implies, and the
         // mode the sensors allow.
         let speed = self.regulator.speed();
@@ -370,11 +441,47 @@ impl Core {
         let capacity = self
             .coordinator
             .caps(&t, &seen, supply, setpoint_c, offsets, &mut caps);
-        let settled = self
-            .modes
-            .settle(judged, capacity, latched != 0, t.now, &mut log);
+        let standing = mode::Standing {
+            capacity_caps: capacity,
+            leak_latched: self.safety.leaks_latched() != 0,
+            isolation_failed: escalated,
+            writes_refused: inp.cdu.is_some() && !inp.cdu_writes_ok,
+        };
+        let settled = self.modes.settle(judged, standing, t.now, &mut log);
         self.events_dropped = self.events_dropped.saturating_add(log.dropped);
         self.commands(&t, settled, pumps.on, caps, seen.hottest, log.events)
+    }
+
+    /// The safety layer's part of a step `dt` s after the last: leaks and
+    /// their sensing, the isolation of latched racks, the pumps. Returns
+    /// the step's tick (with every rack's cooling lost while an isolation
+    /// has failed) and the pumps.
+    fn safety_step<'a>(
+        &mut self,
+        inp: &'a Inputs<'a>,
+        dt: f32,
+        log: &mut Log,
+    ) -> (Tick<'a>, pumps::PumpsNow) {
+        let cfg = self.limited_config();
+        let racks = cfg.layout.racks as usize;
+        let valves_open = self
+            .safety
+            .leaks(&inp.leaks, racks, cfg.layout.unprotected, log);
+        let latched = self.safety.leaks_latched();
+        let mut t = Tick::new(inp, dt, cfg, valves_open, latched);
+        let closed = t.rd.valves_closed;
+        let confirm_ms = cfg.timing.valve_confirm_ms;
+        if self.safety.isolation(t.now, closed, confirm_ms, log) {
+            t.cooling_lost = safety::all_racks(racks);
+        }
+        let stop = self.safety.isolation_failed() != 0;
+        let (booted, speed) = (self.modes.booted(), self.regulator.speed());
+        let hottest = t.hottest();
+        let pumps = self.pumps.step(&t, booted, stop, speed, hottest, log);
+        if pumps.failed {
+            self.hall.restart_transient(t.now + 120_000);
+        }
+        (t, pumps)
     }
 
     /// What step `t` commands, in mode `(mode, reason)`.
@@ -391,9 +498,11 @@ impl Core {
             setpoint_c: self.regulator.setpoint_c(),
             pump_speed: self.regulator.speed(),
             pump_on,
-            lead: self.safety.lead(),
+            lead: self.pumps.lead(),
             valves_open: t.valves_open,
-            cooling_lost: t.latched,
+            cooling_lost: t.cooling_lost,
+            sensing_lost: self.safety.sensing_lost(),
+            isolation_failed: self.safety.isolation_failed(),
             caps,
             beacon: self.beacon(&t.cfg, mode, hottest),
             mode,
@@ -422,12 +531,16 @@ impl Core {
         cfg
     }
 
-    /// The alarm beacon: a latched leak, a tripped pump, failsafe, or a GPU
-    /// above its maximum operating temperature.
+    /// The alarm beacon: a latched leak, lost leak sensing, a failed
+    /// isolation, a pump out of service, failsafe, the CDU refusing
+    /// writes, or a GPU above its maximum operating temperature.
     fn beacon(&self, cfg: &CoreConfig, mode: CduMode, hottest: Option<f32>) -> bool {
+        let (_, reason, _) = self.modes.get();
         self.safety.leaks_latched() != 0
-            || self.safety.pumps_failed().iter().any(|f| *f)
+            || self.safety.sensing_lost() != 0
+            || self.pumps.faults().iter().any(|f| f.is_some())
             || mode == CduMode::Failsafe
+            || reason == ReasonCode::CDU_WRITES_REFUSED
             || hottest.is_some_and(|h| h > cfg.gpu.max_operating_c)
     }
 }
@@ -435,6 +548,7 @@ impl Core {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use loopwarden_protocol::RackIndex;
 
     /// Steps a steady hall of 16 hosts for `secs` seconds.
     fn settle(core: &mut Core, from_s: u64, secs: u64) -> Commands {
@@ -463,9 +577,11 @@ mod tests {
                     pumps_running: [true, false],
                     it_w: Some(80_000.0),
                     facility_w: Some(88_000.0),
+                    ..Default::default()
                 }),
                 ambient_c: Some(30.0),
-                leaks: 0,
+                leaks: LeakInputs::DRY,
+                cdu_writes_ok: true,
                 hosts: &hosts,
             }));
         }
@@ -485,9 +601,11 @@ mod tests {
                 pumps_running: running,
                 it_w: Some(80_000.0),
                 facility_w: Some(88_000.0),
+                ..Default::default()
             }),
             ambient_c: Some(20.0),
-            leaks: 0,
+            leaks: LeakInputs::DRY,
+            cdu_writes_ok: true,
             hosts: &hosts,
         })
     }
@@ -525,8 +643,12 @@ mod tests {
         let c = step_with_pumps(&mut core, 41, [false, false]);
         assert_eq!(core.pumps_failed(), [true, true]);
         assert_eq!(c.pump_on, [true, true]);
-        // A repaired: it leads again.
-        core.clear_pump_trip(Pump::A);
+        // A still shows its fault: it stays out. Repaired, it leads again.
+        assert_eq!(
+            core.clear_pump(Pump::A, true),
+            Err("the CDU still reports the pump's fault")
+        );
+        core.clear_pump(Pump::A, false).unwrap();
         let c = step_with_pumps(&mut core, 42, [true, false]);
         assert_eq!(c.pump_on, [true, false]);
     }
@@ -546,5 +668,220 @@ mod tests {
         assert_eq!(core.limits(), (45.0, 0.0));
         core.set_limits(f32::NAN, -3.0);
         assert_eq!(core.limits(), (45.0, -3.0));
+    }
+
+    /// A steady hall the tests change one reading at a time.
+    #[derive(Clone)]
+    struct Hall {
+        cdu: CduReadings,
+        leaks: LeakInputs,
+        hottest_c: f32,
+    }
+
+    impl Hall {
+        fn new() -> Self {
+            Self {
+                cdu: CduReadings {
+                    supply_c: Some(30.0),
+                    return_c: Some(38.0),
+                    flow_lpm: Some(192.0),
+                    facility_supply_c: Some(27.0),
+                    pumps_running: [true, false],
+                    diff_pressure_kpa: Some(100.0),
+                    valves_closed: Some(0),
+                    it_w: Some(80_000.0),
+                    facility_w: Some(88_000.0),
+                    ..Default::default()
+                },
+                leaks: LeakInputs::DRY,
+                hottest_c: 60.0,
+            }
+        }
+
+        fn step(&self, core: &mut Core, s: u64) -> Commands {
+            let mut hosts = [None; MAX_HOSTS];
+            for h in hosts.iter_mut().take(16) {
+                *h = Some(HostReport {
+                    gpus: 8,
+                    hottest_c: self.hottest_c,
+                    gpu_power_w: 8.0 * 500.0,
+                    limit_w: 700.0,
+                    slowdown: false,
+                    at_ms: s * 1000,
+                });
+            }
+            // The pumps run as commanded unless a test says otherwise.
+            core.step(&Inputs {
+                now_ms: s * 1000,
+                cdu: Some(self.cdu),
+                ambient_c: Some(20.0),
+                leaks: self.leaks,
+                cdu_writes_ok: true,
+                hosts: &hosts,
+            })
+        }
+    }
+
+    #[test]
+    fn a_seized_lead_pump_hands_over_within_seconds_and_a_lying_flow_sensor_does_not() {
+        let cfg = CoreConfig::default();
+        let mut core = Core::new(cfg).unwrap();
+        let mut hall = Hall::new();
+        for s in 0..60 {
+            hall.step(&mut core, s);
+        }
+        // A seizes: its contactor stays closed, flow and pressure fall.
+        hall.cdu.flow_lpm = Some(2.0);
+        hall.cdu.diff_pressure_kpa = Some(1.0);
+        let mut switched = None;
+        for s in 60..70 {
+            let c = hall.step(&mut core, s);
+            if c.pump_on == [false, true] && switched.is_none() {
+                switched = Some(s);
+                hall.cdu.pumps_running = [false, true];
+                assert!(c.events.iter().any(|e| matches!(
+                    e,
+                    Event::PumpSeized {
+                        pump: Pump::A,
+                        lag_started: true
+                    }
+                )));
+            }
+        }
+        assert_eq!(switched, Some(63), "3 s of no flow on two witnesses");
+        assert_eq!(core.pump_faults(), [Some(PumpFault::Seized), None]);
+        // On another core, only the flow reading falls: the pressure says
+        // the water moves, so no pump is failed for it.
+        let mut core = Core::new(cfg).unwrap();
+        let mut hall = Hall::new();
+        for s in 0..60 {
+            hall.step(&mut core, s);
+        }
+        hall.cdu.flow_lpm = Some(2.0);
+        for s in 60..200 {
+            let c = hall.step(&mut core, s);
+            assert_eq!(c.pump_on, [true, false], "{s}");
+        }
+        assert!(
+            core.sensor_fault(Which::Flow).is_some(),
+            "the flow sensor is at fault"
+        );
+        // Without a pressure reading, the GPUs heating confirms it.
+        let mut core = Core::new(cfg).unwrap();
+        let mut hall = Hall::new();
+        hall.cdu.diff_pressure_kpa = None;
+        for s in 0..60 {
+            hall.step(&mut core, s);
+        }
+        hall.cdu.flow_lpm = Some(0.0);
+        let mut lead_b = None;
+        for s in 60..75 {
+            hall.hottest_c = 60.0 + (s - 60) as f32;
+            if hall.step(&mut core, s).pump_on == [false, true] && lead_b.is_none() {
+                lead_b = Some(s);
+            }
+        }
+        assert_eq!(lead_b, Some(63));
+    }
+
+    #[test]
+    fn a_restored_core_keeps_its_valves_shut_and_never_leads_with_a_failed_pump() {
+        let cfg = CoreConfig::default();
+        let mut core = Core::new(cfg).unwrap();
+        let mut hall = Hall::new();
+        for s in 0..30 {
+            hall.step(&mut core, s);
+        }
+        hall.leaks = LeakInputs::wet(0b0100);
+        hall.cdu.valves_closed = Some(0b0100);
+        hall.step(&mut core, 30);
+        hall.cdu.pumps_running = [false, false];
+        hall.step(&mut core, 31);
+        let c = hall.step(&mut core, 32);
+        assert_eq!(c.pump_on, [false, true]);
+        let latched = core.latched();
+        assert_eq!((latched.leaks, latched.lead), (0b0100, Pump::B));
+        assert_eq!(latched.pumps, [Some(PumpFault::Tripped), None]);
+        // The controller restarts: the rope has dried meanwhile.
+        let bytes = latched.encode();
+        let mut core = Core::restore(cfg, &Latched::decode(&bytes).unwrap()).unwrap();
+        hall.leaks = LeakInputs::DRY;
+        hall.cdu.pumps_running = [false, true];
+        let c = hall.step(&mut core, 0);
+        assert_eq!(c.valves_open, 0b1011, "the valve stays shut");
+        assert_eq!(c.pump_on, [false, true], "B leads");
+        assert!(c.events.iter().any(|e| matches!(
+            e,
+            Event::ControllerRestored {
+                leaks_latched: 0b0100,
+                pumps_out: 0b01,
+                lead: Pump::B
+            }
+        )));
+        for s in 1..120 {
+            let c = hall.step(&mut core, s);
+            assert_eq!((c.valves_open, c.pump_on), (0b1011, [false, true]), "{s}");
+        }
+        // Cleared by an operator, with the rope dry and supervised.
+        core.clear_leak(2, &LeakInputs::DRY).unwrap();
+        assert_eq!(hall.step(&mut core, 120).valves_open, 0b1111);
+    }
+
+    #[test]
+    fn a_valve_that_does_not_confirm_stops_both_pumps_and_caps_every_host() {
+        let cfg = CoreConfig::default();
+        let mut core = Core::new(cfg).unwrap();
+        let mut hall = Hall::new();
+        for s in 0..30 {
+            hall.step(&mut core, s);
+        }
+        // Rack 3 leaks; its valve stays open whatever it is told.
+        hall.leaks = LeakInputs::wet(0b1000);
+        for s in 30..35 {
+            let c = hall.step(&mut core, s);
+            assert_eq!(c.pump_on, [true, false], "{s}");
+            assert_eq!(c.valves_open, 0b0111);
+        }
+        let c = hall.step(&mut core, 35);
+        assert_eq!(c.pump_on, [false, false], "escalated after 5 s");
+        assert_eq!(
+            (c.mode, c.reason),
+            (CduMode::Failsafe, ReasonCode::ISOLATION_FAILED)
+        );
+        assert_eq!(c.cooling_lost, 0b1111);
+        assert!(c.beacon);
+        for h in 0..16 {
+            assert_eq!(c.caps[h].map(|c| c.watts), Some(cfg.gpu.min_cap_w), "{h}");
+        }
+        // The pumps stopped on purpose: no trip is read into it.
+        hall.cdu.pumps_running = [false, false];
+        for s in 36..60 {
+            hall.step(&mut core, s);
+        }
+        assert_eq!(core.pumps_failed(), [false, false]);
+        // The valve is freed and confirms closed: the other racks are fed.
+        hall.cdu.valves_closed = Some(0b1000);
+        let c = hall.step(&mut core, 60);
+        assert_eq!((c.pump_on, c.cooling_lost), ([true, false], 0b1000));
+    }
+
+    #[test]
+    fn a_cut_rope_is_reported_and_sounds_the_alarm_but_keeps_the_rack_cooled() {
+        let mut core = Core::new(CoreConfig::default()).unwrap();
+        let mut hall = Hall::new();
+        for s in 0..30 {
+            hall.step(&mut core, s);
+        }
+        hall.leaks.rope_faults = 0b0001;
+        let c = hall.step(&mut core, 30);
+        assert_eq!(
+            (c.sensing_lost, c.valves_open, c.cooling_lost),
+            (0b0001, 0b1111, 0)
+        );
+        assert!(c.beacon);
+        assert!(c.events.contains(&Event::LeakSensing {
+            rack: RackIndex::new(0).unwrap(),
+            lost: true
+        }));
     }
 }

@@ -44,7 +44,29 @@ impl Default for ModeMachine {
     }
 }
 
+/// What else stands in a step besides what the sensors allow.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Standing {
+    /// A capacity cap is in force.
+    pub capacity_caps: bool,
+    /// A leak is latched.
+    pub leak_latched: bool,
+    /// An isolation has failed (the pumps are stopped).
+    pub isolation_failed: bool,
+    /// The CDU answers but refuses the controller's writes.
+    pub writes_refused: bool,
+}
+
 impl ModeMachine {
+    /// Starts in failsafe for `reason` when a restored state was in
+    /// failsafe; boots otherwise.
+    pub fn restore(&mut self, failsafe: Option<ReasonCode>) {
+        if let Some(reason) = failsafe {
+            self.mode = CduMode::Failsafe;
+            self.reason = reason;
+        }
+    }
+
     /// The mode, why, and since when (ms).
     pub fn get(&self) -> (CduMode, ReasonCode, u64) {
         (self.mode, self.reason, self.since_ms)
@@ -90,7 +112,7 @@ impl ModeMachine {
             let plausible = sensors_ok && supply.is_some() && flow.is_some() && return_c.is_some();
             if plausible {
                 let since = *self.boot_ok_since.get_or_insert(now);
-                if now - since >= t.boot_settle_ms {
+                if now.saturating_sub(since) >= t.boot_settle_ms {
                     mode = CduMode::Normal;
                     reason = ReasonCode::OK;
                 }
@@ -116,24 +138,32 @@ impl ModeMachine {
         (mode, reason)
     }
 
-    /// Settles the step's judged `mode` and `reason` at `now`: normal is
-    /// degraded under a capacity cap or a latched leak. Reports a change.
+    /// Settles the step's judged `mode` and `reason` at `now` with what
+    /// else stands: a failed isolation is failsafe whatever the sensors
+    /// say; normal is degraded under a capacity cap, a latched leak or a
+    /// CDU that refuses writes. Reports a change.
     pub(crate) fn settle(
         &mut self,
         judged: (CduMode, ReasonCode),
-        capacity_caps: bool,
-        leak_latched: bool,
+        standing: Standing,
         now: u64,
         log: &mut Log,
     ) -> (CduMode, ReasonCode) {
         let (mut mode, mut reason) = judged;
-        if mode == CduMode::Normal {
-            if capacity_caps {
-                mode = CduMode::Degraded;
-                reason = ReasonCode::CAPACITY_SHORT;
-            } else if leak_latched {
-                mode = CduMode::Degraded;
-                reason = ReasonCode::LEAK;
+        if standing.isolation_failed {
+            (mode, reason) = (CduMode::Failsafe, ReasonCode::ISOLATION_FAILED);
+        } else if mode == CduMode::Normal {
+            let degraded = if standing.capacity_caps {
+                Some(ReasonCode::CAPACITY_SHORT)
+            } else if standing.leak_latched {
+                Some(ReasonCode::LEAK)
+            } else if standing.writes_refused {
+                Some(ReasonCode::CDU_WRITES_REFUSED)
+            } else {
+                None
+            };
+            if let Some(r) = degraded {
+                (mode, reason) = (CduMode::Degraded, r);
             }
         }
         if mode != self.mode {

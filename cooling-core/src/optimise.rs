@@ -304,14 +304,14 @@ impl RejectionWatch {
             let cmd = setpoint_c;
             if s > cmd + 1.5 && self.supply_rate > -0.005 {
                 let since = *self.short_since.get_or_insert(now);
-                if now - since >= 120_000 && !self.short {
+                if now.saturating_sub(since) >= 120_000 && !self.short {
                     self.short = true;
                 }
                 self.tracking_since = None;
             } else if s < cmd + 0.5 {
                 self.short_since = None;
                 let since = *self.tracking_since.get_or_insert(now);
-                if now - since >= 600_000 {
+                if now.saturating_sub(since) >= 600_000 {
                     self.short = false;
                 }
             }
@@ -346,7 +346,7 @@ pub(crate) fn host_plans(
     });
     let mut plans = [HostPlan::default(); MAX_HOSTS];
     for (h, plan) in plans.iter_mut().enumerate().take(lay.hosts()) {
-        let open = bit(!t.latched, lay.rack_of(h));
+        let open = bit(!t.cooling_lost, lay.rack_of(h));
         if !open {
             continue;
         }

@@ -1,48 +1,68 @@
-//! Safety: the first layer. Leaks close their rack's valve on the step the
-//! input fires and stay latched until an operator clears them with the
-//! input dry; a tripped lead pump hands over to the lag pump on the step
-//! the trip is confirmed, and both pumps are never off together. Sensor
-//! supervision is in [`super::sensors`], the mode in [`super::mode`].
+//! Safety: the first layer, for leaks. A leak closes its rack's valve on
+//! the step the rope fires and stays latched until an operator clears it
+//! with the rope dry and supervised. The valve must confirm closed (its
+//! position read back) within `valve_confirm_ms`; if it does not, the
+//! isolation has failed and the core escalates: both secondary pumps stop,
+//! every host is capped to its minimum and told its cooling is lost, and
+//! the alarm sounds, until the valve confirms or the leak is cleared.
+//! Leak sensing is supervised: a rope whose supervision line reports a
+//! fault, a failed read of the board's inputs, or a rack without a rope is
+//! "leak sensing lost" for that rack, never "dry". The pumps are in
+//! [`super::pumps`], sensor supervision in [`super::sensors`].
 //!
 //! Glossary:
-//! - *latched leak*: a rack whose leak input fired; its valve stays shut
-//!   until an operator clears it with the input dry.
-//! - *lead / lag pump*: the pump commanded on / the one standing by.
-//! - *trip*: the lead pump commanded on for a while whose contactor reads
-//!   open on two reads running.
+//! - *rope*: the leak-detection cable under a rack, read as a digital
+//!   input (wet or dry) with a second supervision input from its
+//!   controller (rope fault: cut or shorted).
+//! - *latched leak*: a rack whose rope fired; its valve stays shut until
+//!   an operator clears it.
+//! - *unprotected rack*: a rack the site declared without a rope.
+//! - *escalation*: what the core does when isolation fails (above).
 
-use loopwarden_protocol::message::{Event, Pump};
+use loopwarden_protocol::message::Event;
 use loopwarden_protocol::RackIndex;
 
-use super::view::Tick;
-use super::{bit, Log};
+use super::latch::Latched;
+use super::{bit, Log, MAX_RACKS};
 
-/// A pump commanded on gets this long for its contactor to close, ms.
-const PUMP_START_MS: u64 = 3_000;
-/// The lead pump's contactor must read open this long to be a trip, ms
-/// (two reads at a 1 s period).
-const PUMP_CONFIRM_MS: u64 = 1_000;
+/// What the board's leak inputs said this step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LeakInputs {
+    /// Ropes reading wet, bit n = rack n.
+    pub wet: u16,
+    /// Ropes whose supervision line reports a fault (cut or shorted).
+    pub rope_faults: u16,
+    /// The board's input lines were read; `false`: the read failed and
+    /// nothing is known of any rope this step.
+    pub read_ok: bool,
+}
 
-/// Leak latches and the pumps' standing.
+impl LeakInputs {
+    /// Every rope read, dry and supervised.
+    pub const DRY: Self = Self {
+        wet: 0,
+        rope_faults: 0,
+        read_ok: true,
+    };
+
+    /// Ropes reading wet, supervised, read.
+    pub fn wet(wet: u16) -> Self {
+        Self { wet, ..Self::DRY }
+    }
+}
+
+/// Leak latches, leak sensing and isolation.
 #[derive(Debug, Clone, Default)]
 pub struct Safety {
     leaks_latched: u16,
     leaks_seen: u16,
-    lead: usize,
-    lead_since_ms: u64,
-    lead_missing_since: Option<u64>,
-    pump_failed: [bool; 2],
+    sensing_lost: u16,
+    unconfirmed_since: [Option<u64>; MAX_RACKS],
+    isolation_failed: u16,
 }
 
-/// The pumps as this step leaves them.
-#[derive(Debug, Clone, Copy)]
-pub struct Pumps {
-    /// Pumps A and B commanded on.
-    pub on: [bool; 2],
-    /// A pump commanded on reads running.
-    pub running: bool,
-    /// The lead pump's trip was confirmed this step.
-    pub tripped: bool,
+fn rack_index(r: usize) -> Option<RackIndex> {
+    RackIndex::new(r as u8)
 }
 
 impl Safety {
@@ -51,115 +71,195 @@ impl Safety {
         self.leaks_latched
     }
 
-    /// Pumps taken out of service by a trip.
-    pub fn pumps_failed(&self) -> [bool; 2] {
-        self.pump_failed
+    /// Racks whose leak sensing is lost by a fault (not counting racks
+    /// declared unprotected).
+    pub fn sensing_lost(&self) -> u16 {
+        self.sensing_lost
     }
 
-    /// The lead pump.
-    pub fn lead(&self) -> Pump {
-        if self.lead == 0 {
-            Pump::A
-        } else {
-            Pump::B
-        }
+    /// Racks whose isolation failed.
+    pub fn isolation_failed(&self) -> u16 {
+        self.isolation_failed
+    }
+
+    /// The leak latches of a restored state.
+    pub fn restore(&mut self, l: &Latched, racks: usize) {
+        let all = all_racks(racks);
+        self.leaks_latched = l.leaks & all;
+        self.isolation_failed = l.isolation_failed & self.leaks_latched;
+        // A rope still wet at the start is not a new leak.
+        self.leaks_seen = self.leaks_latched;
     }
 
     /// Clears rack `rack`'s latched leak (of `racks`); refused while its
-    /// input still reads wet.
+    /// rope reads wet or its sensing is lost (`unprotected` racks can only
+    /// be cleared when the operator has seen them dry).
     pub fn clear_leak(
         &mut self,
         rack: usize,
         racks: usize,
-        leaks_now: u16,
+        leaks: &LeakInputs,
     ) -> Result<(), &'static str> {
         if rack >= racks {
             return Err("no such rack");
         }
-        if bit(leaks_now, rack) {
+        if !leaks.read_ok || bit(leaks.rope_faults, rack) || bit(self.sensing_lost, rack) {
+            return Err("the rack's leak sensing is lost: it cannot be seen dry");
+        }
+        if bit(leaks.wet, rack) {
             return Err("the rack's leak input still reads wet");
         }
         self.leaks_latched &= !(1 << rack);
+        self.isolation_failed &= !(1 << rack);
+        self.unconfirmed_since[rack] = None;
         Ok(())
     }
 
-    /// Puts a tripped pump back in service at `now_ms`.
-    pub fn clear_pump_trip(&mut self, pump: Pump, now_ms: u64) {
-        let i = pump as usize;
-        self.pump_failed[i] = false;
-        // A lead that has itself tripped hands over to the repaired pump.
-        if self.pump_failed[self.lead] {
-            self.lead = i;
-            self.lead_since_ms = now_ms;
-            self.lead_missing_since = None;
+    /// The board's leak inputs for `racks` racks, of which `unprotected`
+    /// have no rope: latches new leaks, supervises the sensing and reports
+    /// every change; returns the valves open.
+    pub(crate) fn leaks(
+        &mut self,
+        inp: &LeakInputs,
+        racks: usize,
+        unprotected: u16,
+        log: &mut Log,
+    ) -> u16 {
+        let all = all_racks(racks);
+        let lost = if inp.read_ok {
+            inp.rope_faults & !unprotected & all
+        } else {
+            !unprotected & all
+        };
+        for r in (0..racks).filter(|r| bit(lost ^ self.sensing_lost, *r)) {
+            if let Some(rack) = rack_index(r) {
+                log.push(Event::LeakSensing {
+                    rack,
+                    lost: bit(lost, r),
+                });
+            }
         }
+        self.sensing_lost = lost;
+        // A failed read says nothing of the ropes: what was seen stands.
+        if inp.read_ok {
+            self.wet(inp.wet & !unprotected & all, racks, log);
+        }
+        all & !self.leaks_latched
     }
 
-    /// The board's leak inputs (bit n = rack n) for `racks` racks: latches
-    /// new leaks and reports every change; returns the valves open.
-    pub(crate) fn leaks(&mut self, leaks: u16, racks: usize, log: &mut Log) -> u16 {
-        for r in 0..racks {
-            let wet = bit(leaks, r);
-            let was = bit(self.leaks_seen, r);
-            if wet && !was {
+    /// Latches the racks newly `wet` and reports every change.
+    fn wet(&mut self, wet: u16, racks: usize, log: &mut Log) {
+        for r in (0..racks).filter(|r| bit(wet ^ self.leaks_seen, *r)) {
+            let active = bit(wet, r);
+            if active {
                 self.leaks_latched |= 1 << r;
-                if let Some(rack) = RackIndex::new(r as u8) {
-                    log.push(Event::Leak { rack, active: true });
-                }
-            } else if !wet && was {
-                if let Some(rack) = RackIndex::new(r as u8) {
-                    log.push(Event::Leak {
-                        rack,
-                        active: false,
-                    });
-                }
+            }
+            if let Some(rack) = rack_index(r) {
+                log.push(Event::Leak { rack, active });
             }
         }
-        self.leaks_seen = leaks & ((1u32 << racks) - 1) as u16;
-        let all_racks = ((1u32 << racks) - 1) as u16;
-        all_racks & !self.leaks_latched
+        self.leaks_seen = wet;
     }
 
-    /// The pumps in step `t`, from the contactor feedback when the CDU
-    /// answered; a trip is only judged once `booted`. A pump just started
-    /// gets its contactor the time to close.
-    pub(crate) fn pumps(&mut self, t: &Tick<'_>, booted: bool, log: &mut Log) -> Pumps {
-        let (now, running) = (t.now, t.rd.pumps_running);
-        let lead_missing = t.rd.answered
-            && !self.pump_failed[self.lead]
-            && !running[self.lead]
-            && booted
-            && now.saturating_sub(self.lead_since_ms) >= PUMP_START_MS;
-        let tripped_now = if lead_missing {
-            let since = *self.lead_missing_since.get_or_insert(now);
-            now.saturating_sub(since) >= PUMP_CONFIRM_MS
-        } else {
-            self.lead_missing_since = None;
-            false
-        };
-        if tripped_now {
-            self.lead_missing_since = None;
-            let tripped = self.lead;
-            self.pump_failed[tripped] = true;
-            let other = 1 - tripped;
-            let lag_started = !self.pump_failed[other];
-            if lag_started {
-                self.lead = other;
-                self.lead_since_ms = now;
+    /// Judges at `now` whether each latched rack's valve reads closed
+    /// (`valves_closed`, `None`: no position was read) within `confirm_ms`;
+    /// reports an isolation that fails or is restored. True while any
+    /// isolation has failed.
+    pub(crate) fn isolation(
+        &mut self,
+        now: u64,
+        valves_closed: Option<u16>,
+        confirm_ms: u64,
+        log: &mut Log,
+    ) -> bool {
+        for r in 0..MAX_RACKS {
+            let since = &mut self.unconfirmed_since[r];
+            if !bit(self.leaks_latched, r) {
+                *since = None;
+                continue;
             }
-            let pump = if tripped == 0 { Pump::A } else { Pump::B };
-            log.push(Event::PumpTrip { pump, lag_started });
+            let confirmed = valves_closed.is_some_and(|v| bit(v, r));
+            let failed = bit(self.isolation_failed, r);
+            let change = if confirmed {
+                *since = None;
+                failed.then_some(false)
+            } else {
+                let from = *since.get_or_insert(now);
+                (!failed && now.saturating_sub(from) >= confirm_ms).then_some(true)
+            };
+            if let Some(active) = change {
+                self.isolation_failed ^= 1 << r;
+                if let Some(rack) = rack_index(r) {
+                    log.push(Event::IsolationFailed { rack, active });
+                }
+            }
         }
-        let on = if self.pump_failed[0] && self.pump_failed[1] {
-            // Both tripped: ask both, never neither.
-            [true, true]
-        } else {
-            [self.lead == 0, self.lead == 1]
+        self.isolation_failed != 0
+    }
+}
+
+/// Every rack of `racks`, bit n = rack n.
+pub(crate) fn all_racks(racks: usize) -> u16 {
+    ((1u32 << racks.min(16)) - 1) as u16
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cut_rope_or_a_failed_read_is_sensing_lost_never_dry() {
+        let mut s = Safety::default();
+        let mut log = Log::default();
+        let cut = LeakInputs {
+            rope_faults: 0b0001,
+            ..LeakInputs::DRY
         };
-        Pumps {
-            on,
-            running: (on[0] && running[0]) || (on[1] && running[1]),
-            tripped: tripped_now,
+        assert_eq!(s.leaks(&cut, 4, 0, &mut log), 0b1111);
+        assert_eq!(s.sensing_lost(), 0b0001);
+        let failed = LeakInputs {
+            wet: 0,
+            rope_faults: 0,
+            read_ok: false,
+        };
+        s.leaks(&failed, 4, 0b1000, &mut log);
+        assert_eq!(
+            s.sensing_lost(),
+            0b0111,
+            "an unprotected rack is not lost by a fault"
+        );
+        assert_eq!(
+            s.clear_leak(1, 4, &failed),
+            Err("the rack's leak sensing is lost: it cannot be seen dry")
+        );
+        s.leaks(&LeakInputs::DRY, 4, 0b1000, &mut log);
+        assert_eq!(s.sensing_lost(), 0);
+        let ev: std::vec::Vec<_> = log.events.iter().cloned().collect();
+        assert_eq!(ev.len(), 1 + 2 + 3, "{ev:?}");
+    }
+
+    #[test]
+    fn a_valve_that_does_not_confirm_closed_escalates_and_a_confirmation_ends_it() {
+        let mut s = Safety::default();
+        let mut log = Log::default();
+        assert_eq!(s.leaks(&LeakInputs::wet(0b0100), 4, 0, &mut log), 0b1011);
+        for t in 0..5 {
+            assert!(!s.isolation(t * 1000, Some(0), 5_000, &mut log), "{t}");
+        }
+        assert!(s.isolation(5_000, Some(0), 5_000, &mut log));
+        assert_eq!(s.isolation_failed(), 0b0100);
+        assert!(!s.isolation(6_000, Some(0b0100), 5_000, &mut log));
+        let n = log
+            .events
+            .iter()
+            .filter(|e| matches!(e, Event::IsolationFailed { .. }))
+            .count();
+        assert_eq!(n, 2);
+        // A valve that confirms at once never escalates.
+        let mut s = Safety::default();
+        s.leaks(&LeakInputs::wet(0b0001), 4, 0, &mut log);
+        for t in 0..20 {
+            assert!(!s.isolation(t * 1000, Some(0b0001), 5_000, &mut log));
         }
     }
 }

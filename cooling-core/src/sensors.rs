@@ -167,6 +167,14 @@ impl Supervisor {
             .all(|w| !w.required() || self.fault(*w).is_none())
     }
 
+    /// Sensor faults that stood before a restart (by [`Which`]): they
+    /// stand again until the sensor agrees for the clearing time.
+    pub fn restore(&mut self, faults: &[Option<SensorFault>; 4]) {
+        for (c, f) in self.checks.iter_mut().zip(faults) {
+            c.fault = f.filter(|f| *f != SensorFault::Cleared);
+        }
+    }
+
     /// The learned bias of a sensor against its expectation.
     pub fn bias(&self, w: Which) -> f32 {
         self.checks[w as usize].bias
@@ -426,6 +434,11 @@ pub struct Readings {
     /// Pumps A and B running (contactor feedback; neither without an
     /// answer).
     pub pumps_running: [bool; 2],
+    /// Loop differential pressure, kPa.
+    pub diff_pressure_kpa: Option<f32>,
+    /// Rack valves reading closed, bit n = rack n (`None`: no answer, or
+    /// no positions).
+    pub valves_closed: Option<u16>,
 }
 
 impl Readings {
@@ -448,6 +461,8 @@ impl Readings {
             facility_supply_c: reading(c.facility_supply_c),
             it_w: reading(c.it_w),
             pumps_running: c.pumps_running,
+            diff_pressure_kpa: reading(c.diff_pressure_kpa),
+            valves_closed: c.valves_closed.filter(|_| answered),
         }
     }
 

@@ -53,19 +53,20 @@ pub struct Tick<'a> {
     pub rd: Readings,
     /// Rack valves open, bit n = rack n.
     pub valves_open: u16,
-    /// Racks with a latched leak, bit n = rack n.
-    pub latched: u16,
+    /// Racks whose cooling is lost, bit n = rack n: those with a latched
+    /// leak, or every rack while an isolation has failed.
+    pub cooling_lost: u16,
 }
 
 impl<'a> Tick<'a> {
     /// The step of `inp`, `dt` s after the last, under `cfg`, with the
-    /// valves the leaks left open and the leaks latched.
+    /// valves the leaks left open and the racks whose cooling is lost.
     pub fn new(
         inp: &'a Inputs<'a>,
         dt: f32,
         cfg: CoreConfig,
         valves_open: u16,
-        latched: u16,
+        cooling_lost: u16,
     ) -> Self {
         Self {
             inp,
@@ -74,8 +75,16 @@ impl<'a> Tick<'a> {
             cfg,
             rd: Readings::of(inp.cdu),
             valves_open,
-            latched,
+            cooling_lost,
         }
+    }
+
+    /// The hottest GPU of the fresh reports, °C.
+    pub fn hottest(&self) -> Option<f32> {
+        (0..self.cfg.layout.hosts())
+            .filter_map(|h| self.fresh(h))
+            .map(|r| r.hottest_c)
+            .reduce(f32::max)
     }
 
     /// GPUs on racks whose valve is open.
