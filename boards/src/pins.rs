@@ -2,16 +2,26 @@
 //! behind `embedded-hal`'s digital traits.
 //!
 //! A pin map (`boards/pins/*.toml`) says which line carries which signal
-//! and with which polarity: a leak rope per rack (input), the pump-enable
-//! relay and the alarm beacon (outputs). [`BoardPins`] reads and drives
-//! them in logical terms (a leak, the relay on) over any `InputPin` and
-//! `OutputPin`: a Linux GPIO implementation on a real board, or the
-//! twin's simulated pins (`loopwarden_twin::pins`), behind the same traits.
+//! and with which polarity: per rack, a leak rope's input (`leak`) and its
+//! rope controller's supervision input (`rope_fault`: the rope is cut or
+//! shorted); and two outputs, the `controller_healthy` relay and the alarm
+//! beacon. [`BoardPins`] reads and drives them in logical terms (a leak, a
+//! rope fault, the relay pulsed) over any `InputPin` and `OutputPin`: a
+//! Linux GPIO implementation on a real board, or the twin's simulated pins
+//! (`loopwarden_twin::pins`), behind the same traits.
+//!
+//! The `controller_healthy` line is toggled once per completed control
+//! step. It drives a retriggerable watchdog relay whose contact is the
+//! CDU's "controller healthy" input: when the pulses stop (the loop hangs,
+//! the process dies, the board loses power) the relay drops out and the
+//! CDU falls back to its local control.
 //!
 //! Glossary:
 //! - *line*: an electrical digital signal, high or low.
 //! - *active low*: the signal is asserted when the line is low (a leak
 //!   rope pulling a pulled-up line to ground).
+//! - *rope*: a rack's leak-detection cable: its `leak` input and its
+//!   `rope_fault` supervision input.
 
 use embedded_hal::digital::{InputPin, OutputPin};
 use serde::Deserialize;
@@ -22,9 +32,10 @@ use crate::BoardError;
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Line {
-    /// `leak` (inputs), `pump_enable` or `alarm_beacon` (outputs).
+    /// `leak` or `rope_fault` (inputs), `controller_healthy` or
+    /// `alarm_beacon` (outputs).
     pub signal: String,
-    /// The rack, for leak inputs.
+    /// The rack, for rope inputs.
     pub rack: Option<usize>,
     /// The line's number on the board.
     pub line: u8,
@@ -42,17 +53,68 @@ struct File {
     output: Vec<Line>,
 }
 
+/// A rack's leak rope: its leak input and its supervision input.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rope {
+    /// The rack.
+    pub rack: usize,
+    /// Asserted: the rope is wet.
+    pub leak: Line,
+    /// Asserted: the rope is cut or shorted.
+    pub fault: Line,
+}
+
 /// A board's pin map.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PinMap {
     /// Board name.
     pub board: String,
-    /// Leak inputs, by rack (index = rack).
-    pub leaks: Vec<Line>,
-    /// The pump-enable relay.
-    pub pump_enable: Line,
+    /// The ropes, by rack (racks without a rope are absent).
+    pub ropes: Vec<Rope>,
+    /// The controller-healthy relay (pulsed once per control step).
+    pub controller_healthy: Line,
     /// The alarm beacon.
     pub alarm_beacon: Line,
+}
+
+type Invalid<'a> = &'a dyn Fn(String) -> BoardError;
+
+/// The ropes of a map's inputs: every rack's `leak` with its `rope_fault`.
+fn ropes(inputs: &[Line], invalid: Invalid<'_>) -> Result<Vec<Rope>, BoardError> {
+    let mut found: std::collections::BTreeMap<usize, [Option<Line>; 2]> = Default::default();
+    for l in inputs {
+        let k = match l.signal.as_str() {
+            "leak" => 0,
+            "rope_fault" => 1,
+            other => {
+                return Err(invalid(format!(
+                    "input signal {other:?}: inputs are a rope's \"leak\" or \"rope_fault\""
+                )))
+            }
+        };
+        let Some(rack) = l.rack else {
+            return Err(invalid(format!(
+                "{} input on line {} names no rack",
+                l.signal, l.line
+            )));
+        };
+        if found.entry(rack).or_default()[k]
+            .replace(l.clone())
+            .is_some()
+        {
+            return Err(invalid(format!("rack {rack} has two {} inputs", l.signal)));
+        }
+    }
+    found
+        .into_iter()
+        .map(|(rack, pair)| match pair {
+            [Some(leak), Some(fault)] => Ok(Rope { rack, leak, fault }),
+            [Some(_), None] => Err(invalid(format!(
+                "rack {rack}'s rope has no rope_fault input: an unsupervised rope reads dry when cut"
+            ))),
+            _ => Err(invalid(format!("rack {rack} has a rope_fault input but no leak input"))),
+        })
+        .collect()
 }
 
 impl PinMap {
@@ -72,33 +134,7 @@ impl PinMap {
                 )));
             }
         }
-        let mut leaks: Vec<Line> = Vec::new();
-        for l in &file.input {
-            if l.signal != "leak" {
-                return Err(invalid(format!(
-                    "input signal {:?}: inputs are leak ropes (\"leak\")",
-                    l.signal
-                )));
-            }
-            let Some(rack) = l.rack else {
-                return Err(invalid(format!(
-                    "leak input on line {} names no rack",
-                    l.line
-                )));
-            };
-            if leaks.iter().any(|x| x.rack == Some(rack)) {
-                return Err(invalid(format!("rack {rack} has two leak inputs")));
-            }
-            leaks.push(l.clone());
-        }
-        leaks.sort_by_key(|l| l.rack);
-        if let Some((i, l)) = leaks.iter().enumerate().find(|(i, l)| l.rack != Some(*i)) {
-            return Err(invalid(format!(
-                "leak inputs must cover racks 0 to {} without a gap; rack {i} is missing (found {:?})",
-                leaks.len() - 1,
-                l.rack
-            )));
-        }
+        let ropes = ropes(&file.input, &invalid)?;
         let output = |signal: &str| {
             let mut found = file.output.iter().filter(|l| l.signal == signal);
             match (found.next(), found.next()) {
@@ -110,19 +146,29 @@ impl PinMap {
         if let Some(l) = file
             .output
             .iter()
-            .find(|l| l.signal != "pump_enable" && l.signal != "alarm_beacon")
+            .find(|l| l.signal != "controller_healthy" && l.signal != "alarm_beacon")
         {
+            let hint = if l.signal == "pump_enable" {
+                " (the relay is now \"controller_healthy\": pulsed while the control loop runs)"
+            } else {
+                ""
+            };
             return Err(invalid(format!(
-                "output signal {:?}: pump_enable or alarm_beacon",
+                "output signal {:?}: controller_healthy or alarm_beacon{hint}",
                 l.signal
             )));
         }
         Ok(Self {
             board: file.board,
-            leaks,
-            pump_enable: output("pump_enable")?,
+            ropes,
+            controller_healthy: output("controller_healthy")?,
             alarm_beacon: output("alarm_beacon")?,
         })
+    }
+
+    /// The rope of `rack`, if it has one.
+    pub fn rope(&self, rack: usize) -> Option<&Rope> {
+        self.ropes.iter().find(|r| r.rack == rack)
     }
 
     /// The simulated controller board's map, shipped with this crate.
@@ -135,11 +181,28 @@ impl PinMap {
     }
 }
 
+/// A rope's two inputs, with their polarity.
+struct RopePins<I> {
+    rack: usize,
+    leak: (I, bool),
+    fault: (I, bool),
+}
+
 /// The controller's board signals in logical terms, over any pins.
 pub struct BoardPins<I, O> {
-    leaks: Vec<(I, bool)>,
-    pump_enable: (O, bool),
+    ropes: Vec<RopePins<I>>,
+    healthy: (O, bool),
+    healthy_level: bool,
     alarm_beacon: (O, bool),
+}
+
+/// What one rope reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RopeState {
+    /// The rope is wet.
+    pub wet: bool,
+    /// The rope controller reports the rope cut or shorted.
+    pub fault: bool,
 }
 
 impl<I: InputPin, O: OutputPin> BoardPins<I, O> {
@@ -150,25 +213,42 @@ impl<I: InputPin, O: OutputPin> BoardPins<I, O> {
         mut output: impl FnMut(u8) -> O,
     ) -> Self {
         Self {
-            leaks: map
-                .leaks
+            ropes: map
+                .ropes
                 .iter()
-                .map(|l| (input(l.line), l.active_low))
+                .map(|r| RopePins {
+                    rack: r.rack,
+                    leak: (input(r.leak.line), r.leak.active_low),
+                    fault: (input(r.fault.line), r.fault.active_low),
+                })
                 .collect(),
-            pump_enable: (output(map.pump_enable.line), map.pump_enable.active_low),
+            healthy: (
+                output(map.controller_healthy.line),
+                map.controller_healthy.active_low,
+            ),
+            healthy_level: false,
             alarm_beacon: (output(map.alarm_beacon.line), map.alarm_beacon.active_low),
         }
     }
 
-    /// Racks with a leak input.
-    pub fn racks(&self) -> usize {
-        self.leaks.len()
+    /// Racks with a rope, bit n = rack n.
+    pub fn roped(&self) -> u16 {
+        self.ropes
+            .iter()
+            .filter(|r| r.rack < 16)
+            .fold(0, |m, r| m | (1 << r.rack))
     }
 
-    /// Whether `rack`'s leak rope reports a leak (`None`: no such rack).
-    pub fn leak(&mut self, rack: usize) -> Option<Result<bool, I::Error>> {
-        let (pin, active_low) = self.leaks.get_mut(rack)?;
-        Some(pin.is_high().map(|high| high != *active_low))
+    fn asserted(pin: &mut (I, bool)) -> Result<bool, I::Error> {
+        pin.0.is_high().map(|high| high != pin.1)
+    }
+
+    /// What `rack`'s rope reads (`None`: the rack has no rope).
+    pub fn rope(&mut self, rack: usize) -> Option<Result<RopeState, I::Error>> {
+        let r = self.ropes.iter_mut().find(|r| r.rack == rack)?;
+        let state = Self::asserted(&mut r.leak)
+            .and_then(|wet| Self::asserted(&mut r.fault).map(|fault| RopeState { wet, fault }));
+        Some(state)
     }
 
     fn drive(pin: &mut (O, bool), on: bool) -> Result<(), O::Error> {
@@ -179,9 +259,11 @@ impl<I: InputPin, O: OutputPin> BoardPins<I, O> {
         }
     }
 
-    /// Closes (`true`) or opens the pump-enable relay.
-    pub fn set_pump_enable(&mut self, on: bool) -> Result<(), O::Error> {
-        Self::drive(&mut self.pump_enable, on)
+    /// Toggles the controller-healthy line: one pulse edge per completed
+    /// control step.
+    pub fn pulse_healthy(&mut self) -> Result<(), O::Error> {
+        self.healthy_level = !self.healthy_level;
+        Self::drive(&mut self.healthy, self.healthy_level)
     }
 
     /// Lights (`true`) or darkens the alarm beacon.
@@ -204,8 +286,27 @@ mod tests {
         };
         assert!(bad("line = 9", "line = 8").contains("line 8 carries both"));
         assert!(bad("rack = 1\n", "rack = 0\n").contains("rack 0 has two leak inputs"));
-        assert!(bad("rack = 3\n", "rack = 5\n").contains("without a gap"));
+        assert!(bad("signal = \"rope_fault\"", "signal = \"leak_fault\"").contains("leak_fault"));
         assert!(bad("signal = \"alarm_beacon\"", "signal = \"siren\"").contains("siren"));
+        assert!(bad(
+            "signal = \"controller_healthy\"",
+            "signal = \"pump_enable\""
+        )
+        .contains("now \"controller_healthy\""));
+        // A rope without supervision is refused; a rack without a rope is
+        // the controller config's business.
+        let no_fault = base.replacen(
+            "[[input]]\nsignal = \"rope_fault\"\nrack = 0\nline = 4\nactive_low = false\n",
+            "",
+            1,
+        );
+        let e = PinMap::from_toml(&no_fault, "p.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("rack 0's rope has no rope_fault input"), "{e}");
+        let map = PinMap::sim_controller();
+        assert_eq!(map.ropes.len(), 4);
+        assert_eq!(map.rope(2).map(|r| r.fault.line), Some(6));
         assert!(bad("active_low = true", "activ_low = true").contains("activ_low"));
     }
 }

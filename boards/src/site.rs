@@ -192,6 +192,15 @@ pub struct LoopModel {
     pub max_setpoint_c: f64,
     /// How fast a stagnant plate's inlet drifts to the die, K/s.
     pub stagnant_drift_k_per_s: f64,
+    /// Loop differential pressure at full pump speed, kPa (it falls with
+    /// the square of the flow).
+    pub design_dp_kpa: f64,
+    /// The CDU's own supply setpoint when its controller's heartbeat stops,
+    /// °C (it runs its pumps at full speed then).
+    pub fallback_setpoint_c: f64,
+    /// The CDU falls back when the heartbeat register has not been written
+    /// for this long, s.
+    pub heartbeat_timeout_s: f64,
 }
 
 impl Default for LoopModel {
@@ -208,6 +217,9 @@ impl Default for LoopModel {
             dew_point_c: 15.0,
             max_setpoint_c: 45.0,
             stagnant_drift_k_per_s: 1.0,
+            design_dp_kpa: 100.0,
+            fallback_setpoint_c: 25.0,
+            heartbeat_timeout_s: 10.0,
         }
     }
 }

@@ -67,6 +67,7 @@ enum Job {
     Set {
         key: String,
         value: Vec<u8>,
+        done: Option<oneshot::Sender<Result<(), String>>>,
     },
     ReserveSeq {
         block: u32,
@@ -224,9 +225,15 @@ impl Worker {
                     let _ = d.send(r);
                 }
             }
-            Job::Set { key, value } => {
-                if let Err(e) = futures::executor::block_on(self.store.set(&key, &value)) {
-                    tracing::error!("{key} not kept in flash: {e:?}");
+            Job::Set { key, value, done } => {
+                let r = futures::executor::block_on(self.store.set(&key, &value))
+                    .map_err(|e| format!("{key} not kept in flash: {e:?}"));
+                match (done, r) {
+                    (Some(done), r) => {
+                        let _ = done.send(r);
+                    }
+                    (None, Err(e)) => tracing::error!("{e}"),
+                    (None, Ok(())) => {}
                 }
             }
             Job::ReserveSeq { block, done } => {
@@ -357,9 +364,27 @@ impl Recorder {
 
     /// Keeps a config value, without waiting.
     pub fn set(&self, key: String, value: Vec<u8>) {
-        if self.jobs.send(Job::Set { key, value }).is_err() {
+        let job = Job::Set {
+            key,
+            value,
+            done: None,
+        };
+        if self.jobs.send(job).is_err() {
             tracing::error!("not kept in flash: {}", Self::gone());
         }
+    }
+
+    /// Keeps a config value and waits until it is in flash (after what
+    /// was handed over before it).
+    pub async fn set_sync(&self, key: String, value: Vec<u8>) -> Result<(), String> {
+        let (done, rx) = oneshot::channel();
+        let job = Job::Set {
+            key,
+            value,
+            done: Some(done),
+        };
+        self.jobs.send(job).map_err(|_| Self::gone())?;
+        rx.await.map_err(|_| Self::gone())?
     }
 
     /// Reserves a block of frame sequence numbers.

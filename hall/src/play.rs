@@ -253,7 +253,11 @@ impl SimSide {
         let map = RegisterMap::sim_cdu();
         let cdu = SimCdu::new(
             map.clone(),
-            &[("supply_setpoint", 18.0), ("pump_speed", 100.0)],
+            &[
+                ("supply_setpoint", 18.0),
+                ("pump_speed", 100.0),
+                ("pumps_run", 1.0),
+            ],
         )
         .map_err(|e| PlayError::Start(format!("simulated CDU: {e}")))?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

@@ -528,6 +528,7 @@ pub fn steady_sim_cdu() -> loopwarden_twin::sim_cdu::SimCdu {
             ("supply_setpoint", 30.0),
             ("pump_speed", 80.0),
             ("lead_pump", 1.0),
+            ("pumps_run", 2.0),
             ("valves_open", 0.0),
         ],
     )

@@ -2,11 +2,19 @@
 //! CDU's registers and the simulated board pins.
 //!
 //! Each step the hall reads what clients left in the CDU's holding
-//! registers (setpoint, pump speed, lead pump, rack valves) and the
-//! pump-enable relay on the board, steps the plant under the scenario's
-//! conditions and faults, and writes back what a real CDU would show: its
-//! measurements in the input registers (with the scenario's sensor faults)
-//! and the leak ropes on the board's lines. The power caps come from the
+//! registers (setpoint, pump speed, pumps to run, rack valves, heartbeat)
+//! and the controller-healthy relay on the board, steps the plant under
+//! the scenario's conditions and faults, and writes back what a real CDU
+//! would show: its measurements in the input registers (with the
+//! scenario's sensor faults, valve positions and pump faults) and the leak
+//! ropes on the board's lines (wet, cut, or the lines failing).
+//!
+//! The CDU falls back on its own, as real ones do: once it has seen the
+//! heartbeat register change or the relay pulse, a heartbeat unchanged or
+//! a relay without an edge for `heartbeat_timeout_s` puts it on its local
+//! safe setpoint (`fallback_setpoint_c`) at full pump speed, its valves as
+//! they were, until the controller is back. In local mode (the scenario's
+//! `cdu_write_refused`) it refuses writes and holds what it had. The power caps come from the
 //! hosts, and the hosts follow their agents ([`crate::hosts`]): the run
 //! tells the hall when an agent quarantined a GPU or a rack's hosts were
 //! told their cooling is lost, and the hall drains and powers down by its
@@ -35,8 +43,12 @@ pub struct Hall {
     follow: HostFollow,
     failed: Vec<bool>,
     t: f64,
-    stuck: [Option<f64>; 4],
-    drift: [f64; 4],
+    stuck: [Option<f64>; 5],
+    drift: [f64; 5],
+    /// The heartbeat register's last value and when it changed, s.
+    heartbeat: Option<(f64, f64)>,
+    /// The relay line's last level and when it changed, s.
+    relay: Option<(bool, f64)>,
 }
 
 impl Hall {
@@ -47,11 +59,11 @@ impl Hall {
         let n = plant.gpus().len();
         let site = plant.site();
         let follow = HostFollow::new(site.racks * site.hosts_per_rack, site.gpus_per_host);
-        // Dry ropes at start; the relay starts closed (pumps allowed).
-        for l in &pins.leaks {
-            lines.assert(l, false);
+        // Dry, whole ropes at start.
+        for r in &pins.ropes {
+            lines.assert(&r.leak, false);
+            lines.assert(&r.fault, false);
         }
-        lines.assert(&pins.pump_enable, true);
         Self {
             plant,
             scenario,
@@ -62,8 +74,10 @@ impl Hall {
             follow,
             failed: vec![false; n],
             t: 0.0,
-            stuck: [None; 4],
-            drift: [0.0; 4],
+            stuck: [None; 5],
+            drift: [0.0; 5],
+            heartbeat: None,
+            relay: None,
         }
     }
 
@@ -149,10 +163,68 @@ impl Hall {
         Some(truth + self.drift[k])
     }
 
+    /// Whether the CDU has lost its controller: a heartbeat or relay it
+    /// has seen has not changed for the timeout.
+    fn controller_lost(&mut self) -> Result<bool, ValueError> {
+        let t = self.t;
+        let hb = self.cdu.setting("heartbeat")?;
+        if self.heartbeat.is_none_or(|(v, _)| v != hb) {
+            // The first value is the CDU's own; a change is the controller.
+            let seen = self.heartbeat.is_some();
+            self.heartbeat = Some((hb, if seen { t } else { f64::NEG_INFINITY }));
+        }
+        let level = self.lines.asserted(&self.pins.controller_healthy);
+        if self.relay.is_none_or(|(l, _)| l != level) {
+            let seen = self.relay.is_some();
+            self.relay = Some((level, if seen { t } else { f64::NEG_INFINITY }));
+        }
+        let timeout = self.plant.site().secondary.heartbeat_timeout_s;
+        let stale = |at: f64| at.is_finite() && t - at >= timeout;
+        Ok(self.heartbeat.is_some_and(|(_, at)| stale(at))
+            || self.relay.is_some_and(|(_, at)| stale(at)))
+    }
+
+    /// What the plant's actuators do: what the CDU was told, or its own
+    /// fallback when it lost its controller (not in local mode).
+    fn actuation(
+        &mut self,
+        active: &[FaultKind],
+        cond: &mut crate::plant::Conditions,
+    ) -> Result<Actuation, ValueError> {
+        let racks = self.plant.site().racks;
+        let valves_bits = self.cdu.setting("valves_open")? as u32;
+        let run = self.cdu.setting("pumps_run")? as u32;
+        let lead = (self.cdu.setting("lead_pump")? as usize).min(1);
+        let lost = self.controller_lost()? && !self.cdu.local();
+        let mut pump_on = [run & 1 != 0, run & 2 != 0];
+        let (mut setpoint_c, mut pump_speed) = (
+            self.cdu.setting("supply_setpoint")?,
+            self.cdu.setting("pump_speed")? / 100.0,
+        );
+        if lost {
+            setpoint_c = self.plant.site().secondary.fallback_setpoint_c;
+            pump_speed = 1.0;
+            if !pump_on.iter().any(|&p| p) {
+                pump_on[lead] = true;
+            }
+        }
+        let powered_down = self.follow.apply(self.t, &mut cond.demand);
+        Ok(Actuation {
+            setpoint_c,
+            pump_speed,
+            pump_on,
+            valves: (0..racks)
+                .map(|r| active.contains(&FaultKind::ValveStuck(r)) || valves_bits & (1 << r) != 0)
+                .collect(),
+            caps: self.caps.clone(),
+            powered_down,
+        })
+    }
+
     /// Advances the hall by `dt` seconds.
     pub fn step(&mut self, dt: f64) -> Result<(), ValueError> {
         let site = self.plant.site();
-        let (racks, per_host) = (site.racks, site.gpus_per_host);
+        let per_host = site.gpus_per_host;
         let per_rack = site.hosts_per_rack * per_host;
         let active: Vec<FaultKind> = self.scenario.active(self.t).cloned().collect();
         for f in &active {
@@ -164,40 +236,40 @@ impl Hall {
                 }
             }
         }
-        let modbus_out = active.contains(&FaultKind::ModbusOutage);
-        // What the CDU was told (valves: bit n = rack n).
-        let valves_bits = self.cdu.setting("valves_open")? as u32;
-        let lead = self.cdu.setting("lead_pump")? as usize;
-        let relay = self.lines.asserted(&self.pins.pump_enable);
-        let mut pump_on = [false; 2];
-        pump_on[lead.min(1)] = relay;
+        self.cdu
+            .set_local(active.contains(&FaultKind::CduWriteRefused));
         // The hosts drain and power down by the hall's clock.
         let mut cond = self.scenario.conditions(self.t, &self.failed);
-        let powered_down = self.follow.apply(self.t, &mut cond.demand);
-        let act = Actuation {
-            setpoint_c: self.cdu.setting("supply_setpoint")?,
-            pump_speed: self.cdu.setting("pump_speed")? / 100.0,
-            pump_on,
-            valves: (0..racks)
-                .map(|r| active.contains(&FaultKind::ValveStuck(r)) || valves_bits & (1 << r) != 0)
-                .collect(),
-            caps: self.caps.clone(),
-            powered_down,
-        };
+        let act = self.actuation(&active, &mut cond)?;
         self.plant.step(dt, &act, &cond);
         self.t += dt;
-
-        // What the CDU and the board show. During a Modbus outage the
-        // registers keep their last values (the controller's reads fail
-        // on its side of the link).
-        let m = self.plant.meters();
-        for (l, rack) in self.pins.leaks.clone().iter().zip(0..) {
-            self.lines
-                .assert(l, active.contains(&FaultKind::Leak(rack)));
-        }
-        if modbus_out {
+        self.show_board(&active);
+        // During a Modbus outage the registers keep their last values (the
+        // controller's reads fail on its side of the link).
+        if active.contains(&FaultKind::ModbusOutage) {
             return Ok(());
         }
+        self.show_registers(&act, &active)
+    }
+
+    /// The ropes on the board's lines: wet where a rack leaks (a cut rope
+    /// reads dry and raises its fault line); every read fails while the
+    /// input lines fail.
+    fn show_board(&self, active: &[FaultKind]) {
+        for rope in &self.pins.ropes {
+            let cut = active.contains(&FaultKind::RopeCut(rope.rack));
+            let wet = active.contains(&FaultKind::Leak(rope.rack)) && !cut;
+            self.lines.assert(&rope.leak, wet);
+            self.lines.assert(&rope.fault, cut);
+        }
+        self.lines
+            .set_failing(active.contains(&FaultKind::BoardIoFault));
+    }
+
+    /// What the CDU shows in its input registers after a step.
+    fn show_registers(&mut self, act: &Actuation, active: &[FaultKind]) -> Result<(), ValueError> {
+        let m = self.plant.meters();
+        let racks = self.plant.site().racks;
         // The sensors read at the new time, as they always have.
         let sensing: Vec<FaultKind> = self.scenario.active(self.t).cloned().collect();
         let readings = [
@@ -210,6 +282,12 @@ impl Hall {
                 m.facility_supply_c,
                 "facility_supply_temp",
             ),
+            (
+                4,
+                SensorName::DiffPressure,
+                m.diff_pressure_kpa,
+                "diff_pressure",
+            ),
         ];
         for (k, name, truth, register) in readings {
             // A lost sensor reads as its register's floor (0), as a broken
@@ -217,15 +295,26 @@ impl Hall {
             let v = self.sensor(&sensing, k, name, truth).unwrap_or(0.0);
             self.cdu.set_measurement(register, v.max(0.0))?;
         }
-        let running = |i: usize| f64::from(u8::from(act.pump_on[i] && !cond.pump_tripped[i]));
+        // A seized pump's contactor reads running; a tripped one shows
+        // its drive's fault.
+        let tripped = |i: usize| active.contains(&FaultKind::PumpTrip(i));
+        let running = |i: usize| f64::from(u8::from(act.pump_on[i] && !tripped(i)));
         self.cdu.set_measurement("pump_a_running", running(0))?;
         self.cdu.set_measurement("pump_b_running", running(1))?;
-        let leak_bits: u32 = (0..racks)
-            .filter(|r| active.contains(&FaultKind::Leak(*r)))
-            .map(|r| 1 << r)
-            .sum();
         self.cdu
-            .set_measurement("leak_inputs", f64::from(leak_bits))?;
+            .set_measurement("pump_a_fault", f64::from(u8::from(tripped(0))))?;
+        self.cdu
+            .set_measurement("pump_b_fault", f64::from(u8::from(tripped(1))))?;
+        let bits = |f: &dyn Fn(usize) -> bool| -> f64 {
+            f64::from((0..racks).filter(|r| f(*r)).map(|r| 1u32 << r).sum::<u32>())
+        };
+        self.cdu
+            .set_measurement("valves_closed", bits(&|r| !act.valves[r]))?;
+        // The CDU's leak inputs are the same ropes, wired to it too.
+        let leak_bits = bits(&|r| {
+            active.contains(&FaultKind::Leak(r)) && !active.contains(&FaultKind::RopeCut(r))
+        });
+        self.cdu.set_measurement("leak_inputs", leak_bits)?;
         self.cdu.set_measurement("it_power", m.it_w.round())?;
         self.cdu
             .set_measurement("cooling_power", (m.pump_w + m.fans_w + m.chiller_w).round())?;
@@ -253,6 +342,7 @@ mod tests {
                 ("supply_setpoint", 30.0),
                 ("pump_speed", 100.0),
                 ("valves_open", 3.0),
+                ("pumps_run", 1.0),
             ],
         )
         .unwrap();
@@ -287,20 +377,77 @@ mod tests {
     }
 
     #[test]
-    fn the_relay_stops_the_pumps_and_a_leak_wets_its_rope() {
-        let (mut h, cdu, lines) = hall("[[fault]]\nat_s = 10\nkind = \"leak\"\ntarget = \"1\"\n");
+    fn a_leak_wets_its_rope_a_cut_rope_raises_its_fault_and_pumps_run_as_told() {
+        let (mut h, cdu, lines) = hall(
+            "[[fault]]\nat_s = 10\nkind = \"leak\"\ntarget = \"1\"\n\
+             [[fault]]\nat_s = 10\nkind = \"rope_cut\"\ntarget = \"0\"\n\
+             [[fault]]\nat_s = 10\nkind = \"pump_seized\"\ntarget = \"B\"\n",
+        );
         let map = PinMap::sim_controller();
         let mut pins = BoardPins::new(&map, |n| lines.input(n), |n| lines.output(n));
         for _ in 0..20 {
             h.step(1.0).unwrap();
         }
-        assert_eq!(pins.leak(1).unwrap(), Ok(true));
-        assert_eq!(pins.leak(0).unwrap(), Ok(false));
+        assert_eq!(
+            pins.rope(1).unwrap().map(|r| (r.wet, r.fault)),
+            Ok((true, false))
+        );
+        assert_eq!(
+            pins.rope(0).unwrap().map(|r| (r.wet, r.fault)),
+            Ok((false, true))
+        );
         assert_eq!(input(&cdu, "leak_inputs"), 2.0, "bit 1");
-        pins.set_pump_enable(false).unwrap();
+        assert!((input(&cdu, "diff_pressure") - 100.0).abs() < 0.1);
+        // Both stopped: no flow, no pressure.
+        cdu.write_setting("pumps_run", 0.0).unwrap();
         h.step(1.0).unwrap();
-        assert_eq!(input(&cdu, "flow"), 0.0);
+        assert_eq!(
+            (input(&cdu, "flow"), input(&cdu, "diff_pressure")),
+            (0.0, 0.0)
+        );
         assert_eq!(input(&cdu, "pump_a_running"), 0.0);
+        // B is seized: it reads running and moves nothing.
+        cdu.write_setting("pumps_run", 2.0).unwrap();
+        for _ in 0..15 {
+            h.step(1.0).unwrap();
+        }
+        assert_eq!(input(&cdu, "pump_b_running"), 1.0);
+        assert_eq!(
+            (input(&cdu, "flow"), input(&cdu, "pump_b_fault")),
+            (0.0, 0.0)
+        );
+    }
+
+    #[test]
+    fn the_cdu_falls_back_when_the_heartbeat_stops_and_holds_in_local_mode() {
+        let (mut h, cdu, _) =
+            hall("[[fault]]\nat_s = 400\nuntil_s = 500\nkind = \"cdu_write_refused\"\n");
+        cdu.write_setting("supply_setpoint", 40.0).unwrap();
+        // The controller writes a new heartbeat every second until 200 s.
+        for k in 0..200 {
+            cdu.write_setting("heartbeat", f64::from(k)).unwrap();
+            h.step(1.0).unwrap();
+        }
+        assert!((input(&cdu, "supply_temp") - 40.0).abs() < 0.1);
+        for _ in 200..209 {
+            h.step(1.0).unwrap();
+        }
+        assert!(input(&cdu, "supply_temp") > 39.0, "held for the timeout");
+        for _ in 209..400 {
+            h.step(1.0).unwrap();
+        }
+        assert!(
+            (input(&cdu, "supply_temp") - 25.0).abs() < 0.1,
+            "its own 25 °C"
+        );
+        assert_eq!(input(&cdu, "flow"), 2.0 * 32.0 * 1.5, "at full speed");
+        // Local mode: writes refused, its setpoint kept, no fallback.
+        h.step(1.0).unwrap();
+        assert!(cdu.local());
+        assert!(
+            cdu.write_setting("heartbeat", 1.0).is_ok(),
+            "the twin's own write"
+        );
     }
 
     #[test]

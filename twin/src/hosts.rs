@@ -195,6 +195,7 @@ mod tests {
                 ambient_c: 20.0,
                 demand: vec![1.0; n],
                 pump_tripped: [false; 2],
+                plate_factor: Vec::new(),
                 chiller_tripped: false,
                 dry_cooler_fraction: 1.0,
             };

@@ -496,6 +496,8 @@ impl Oracle {
                 .collect(),
             rack_cooling_lost: leaking.to_vec(),
             failsafe: false,
+            heartbeat: false,
+            leak_sensing_lost: Vec::new(),
         }
     }
 }
@@ -573,6 +575,7 @@ mod tests {
             ambient_c: ambient,
             demand: vec![u; site.racks * site.hosts_per_rack * site.gpus_per_host],
             pump_tripped: [false; 2],
+            plate_factor: Vec::new(),
             chiller_tripped: false,
             dry_cooler_fraction: 1.0,
         }

@@ -1,24 +1,27 @@
 //! Simulated board pins: the levels of a simulated controller board's
 //! lines behind `embedded-hal`'s digital traits, so the controller's
 //! [`BoardPins`](loopwarden_boards::pins::BoardPins) drive them as they drive a real board's GPIO lines. The
-//! hall makes leak ropes wet and reads the pump relay through them.
+//! hall makes leak ropes wet, cuts them, reads the controller-healthy
+//! relay through them, and can make every input read fail (a board whose
+//! input lines fail: [`SimLines::set_failing`]).
 //!
 //! Glossary:
 //! - *line*: an electrical digital signal, high or low.
 //! - *assert*: drive a signal to its active level, with its polarity.
 
-use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use embedded_hal::digital::{ErrorType, InputPin, OutputPin, StatefulOutputPin};
+use embedded_hal::digital::{ErrorKind, ErrorType, InputPin, OutputPin, StatefulOutputPin};
 use loopwarden_boards::pins::Line;
 #[cfg(test)]
-use loopwarden_boards::pins::{BoardPins, PinMap};
+use loopwarden_boards::pins::{BoardPins, PinMap, RopeState};
 
 /// The electrical levels of a simulated board's lines (clone it freely).
 #[derive(Clone)]
 pub struct SimLines {
     levels: Arc<Mutex<[bool; 256]>>,
+    failing: Arc<AtomicBool>,
 }
 
 impl Default for SimLines {
@@ -32,7 +35,13 @@ impl SimLines {
     pub fn new() -> Self {
         Self {
             levels: Arc::new(Mutex::new([false; 256])),
+            failing: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// Makes every input read fail (`true`) or work again.
+    pub fn set_failing(&self, failing: bool) {
+        self.failing.store(failing, Ordering::Relaxed);
     }
 
     /// Sets a line's level (the twin driving an input).
@@ -77,35 +86,55 @@ pub struct SimPin {
     line: u8,
 }
 
+/// A simulated input read that failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LineFailed(pub u8);
+
+impl embedded_hal::digital::Error for LineFailed {
+    fn kind(&self) -> ErrorKind {
+        ErrorKind::Other
+    }
+}
+
 impl ErrorType for SimPin {
-    type Error = Infallible;
+    type Error = LineFailed;
+}
+
+impl SimPin {
+    fn read(&self) -> Result<bool, LineFailed> {
+        if self.lines.failing.load(Ordering::Relaxed) {
+            Err(LineFailed(self.line))
+        } else {
+            Ok(self.lines.level(self.line))
+        }
+    }
 }
 
 impl InputPin for SimPin {
-    fn is_high(&mut self) -> Result<bool, Infallible> {
-        Ok(self.lines.level(self.line))
+    fn is_high(&mut self) -> Result<bool, LineFailed> {
+        self.read()
     }
-    fn is_low(&mut self) -> Result<bool, Infallible> {
-        Ok(!self.lines.level(self.line))
+    fn is_low(&mut self) -> Result<bool, LineFailed> {
+        self.read().map(|h| !h)
     }
 }
 
 impl OutputPin for SimPin {
-    fn set_low(&mut self) -> Result<(), Infallible> {
+    fn set_low(&mut self) -> Result<(), LineFailed> {
         self.lines.drive(self.line, false);
         Ok(())
     }
-    fn set_high(&mut self) -> Result<(), Infallible> {
+    fn set_high(&mut self) -> Result<(), LineFailed> {
         self.lines.drive(self.line, true);
         Ok(())
     }
 }
 
 impl StatefulOutputPin for SimPin {
-    fn is_set_high(&mut self) -> Result<bool, Infallible> {
+    fn is_set_high(&mut self) -> Result<bool, LineFailed> {
         Ok(self.lines.level(self.line))
     }
-    fn is_set_low(&mut self) -> Result<bool, Infallible> {
+    fn is_set_low(&mut self) -> Result<bool, LineFailed> {
         Ok(!self.lines.level(self.line))
     }
 }
@@ -117,45 +146,66 @@ mod tests {
     fn board() -> (PinMap, SimLines, BoardPins<SimPin, SimPin>) {
         let map = PinMap::sim_controller();
         let lines = SimLines::new();
-        // Dry ropes: the pulled-up lines sit high.
-        for l in &map.leaks {
-            lines.assert(l, false);
+        // Dry, whole ropes: the pulled-up leak lines sit high.
+        for r in &map.ropes {
+            lines.assert(&r.leak, false);
+            lines.assert(&r.fault, false);
         }
         let pins = BoardPins::new(&map, |n| lines.input(n), |n| lines.output(n));
         (map, lines, pins)
     }
 
     #[test]
-    fn a_wet_rope_pulls_its_line_low_and_reads_as_a_leak_of_its_rack_only() {
+    fn a_wet_rope_pulls_its_line_low_and_a_cut_one_raises_its_fault() {
         let (map, lines, mut pins) = board();
-        assert_eq!(pins.racks(), 4);
-        assert!((0..4).all(|r| pins.leak(r).unwrap() == Ok(false)));
-        lines.assert(&map.leaks[2], true);
+        assert_eq!(pins.roped(), 0b1111);
+        let dry = RopeState {
+            wet: false,
+            fault: false,
+        };
+        assert!((0..4).all(|r| pins.rope(r).unwrap() == Ok(dry)));
+        let rope = map.rope(2).unwrap();
+        lines.assert(&rope.leak, true);
         assert!(
-            !lines.level(map.leaks[2].line),
+            !lines.level(rope.leak.line),
             "active low: the line went low"
         );
-        assert_eq!(pins.leak(2).unwrap(), Ok(true));
-        assert_eq!(pins.leak(1).unwrap(), Ok(false));
-        assert!(pins.leak(4).is_none(), "no rack 4");
+        assert_eq!(pins.rope(2).unwrap().map(|r| r.wet), Ok(true));
+        assert_eq!(pins.rope(1).unwrap(), Ok(dry));
+        lines.assert(&map.rope(1).unwrap().fault, true);
+        assert_eq!(pins.rope(1).unwrap().map(|r| r.fault), Ok(true));
+        assert!(pins.rope(4).is_none(), "no rack 4");
+        lines.set_failing(true);
+        assert!(
+            pins.rope(0).unwrap().is_err(),
+            "a failing board reads nothing"
+        );
     }
 
     #[test]
-    fn the_relay_and_the_beacon_follow_their_polarity() {
+    fn the_healthy_relay_pulses_and_the_beacon_follows_its_polarity() {
         let (map, lines, mut pins) = board();
-        pins.set_pump_enable(true).unwrap();
+        pins.pulse_healthy().unwrap();
+        let first = lines.level(map.controller_healthy.line);
+        pins.pulse_healthy().unwrap();
+        assert_ne!(
+            first,
+            lines.level(map.controller_healthy.line),
+            "one edge a step"
+        );
         pins.set_alarm(false).unwrap();
-        assert!(lines.asserted(&map.pump_enable) && lines.level(map.pump_enable.line));
         assert!(!lines.asserted(&map.alarm_beacon));
-        // The same board with an active-low relay drives the line low.
+        pins.set_alarm(true).unwrap();
+        assert!(lines.asserted(&map.alarm_beacon) && lines.level(map.alarm_beacon.line));
+        // The same board with an active-low beacon drives the line low.
         let text = include_str!("../../boards/pins/sim-controller.toml").replace(
-            "line = 8\nactive_low = false",
-            "line = 8\nactive_low = true",
+            "line = 9\nactive_low = false",
+            "line = 9\nactive_low = true",
         );
         let map = PinMap::from_toml(&text, "low.toml").unwrap();
         let lines = SimLines::new();
         let mut pins = BoardPins::new(&map, |n| lines.input(n), |n| lines.output(n));
-        pins.set_pump_enable(true).unwrap();
-        assert!(!lines.level(8) && lines.asserted(&map.pump_enable));
+        pins.set_alarm(true).unwrap();
+        assert!(!lines.level(9) && lines.asserted(&map.alarm_beacon));
     }
 }

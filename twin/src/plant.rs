@@ -54,8 +54,12 @@ pub struct Conditions {
     pub ambient_c: f64,
     /// Per GPU: workload demand, 0 to 1.
     pub demand: Vec<f64>,
-    /// Pumps tripped (they do not run whatever they are told).
+    /// Pumps that move no water whatever they are told (tripped, or
+    /// seized: the contactor feedback is the scenario runner's business).
     pub pump_tripped: [bool; 2],
+    /// Per rack: its cold plates' resistance as a multiple of the model's
+    /// (fouling); missing entries are 1.
+    pub plate_factor: Vec<f64>,
     /// The chiller is tripped.
     pub chiller_tripped: bool,
     /// Share of the dry cooler's UA available.
@@ -134,6 +138,8 @@ pub struct Meters {
     pub facility_w: f64,
     /// Secondary flow, L/min.
     pub flow_lpm: f64,
+    /// Loop differential pressure, kPa.
+    pub diff_pressure_kpa: f64,
     /// Supply temperature, °C.
     pub supply_c: f64,
     /// Return temperature, °C.
@@ -288,6 +294,8 @@ struct Pumps {
     flow_lpm: f64,
     /// Running pumps, W.
     pump_w: f64,
+    /// Loop differential pressure, kPa.
+    dp_kpa: f64,
 }
 
 /// Pumps: a running pump at its speed; a pump starting comes up to speed
@@ -320,7 +328,12 @@ fn step_pumps(
             }
         })
         .sum();
-    Pumps { flow_lpm, pump_w }
+    let dp_kpa = lp.design_dp_kpa * effective * effective;
+    Pumps {
+        flow_lpm,
+        pump_w,
+        dp_kpa,
+    }
 }
 
 /// What the secondary loop brings the GPUs this step.
@@ -384,7 +397,8 @@ fn step_gpus(
         gs.t_in = t_in;
         gpu_draw(g, gs, totals, act.caps.get(i).copied().flatten(), u);
         // Heat into the coolant through the plate; the rest is stored.
-        let r = g.r_jc + g.r_cold_plate(q);
+        let fouling = cond.plate_factor.get(rack).copied().unwrap_or(1.0);
+        let r = g.r_jc + g.r_cold_plate(q) * fouling;
         let to_coolant = (gs.t_j - t_in) / r;
         gs.t_j += dt * (gs.power - to_coolant) / g.heat_capacity_j_per_k;
         // A closed rack's stagnant plates keep their heat in the rack.
@@ -541,6 +555,7 @@ fn meters_of(
         chiller_heat_w: rej.q_ch,
         facility_w,
         flow_lpm,
+        diff_pressure_kpa: pumps.dp_kpa,
         supply_c,
         return_c,
         facility_supply_c: fw_c,
@@ -580,6 +595,7 @@ mod tests {
             ambient_c: ambient,
             demand: vec![u; p.gpus().len()],
             pump_tripped: [false; 2],
+            plate_factor: Vec::new(),
             chiller_tripped: false,
             dry_cooler_fraction: 1.0,
         }

@@ -150,6 +150,22 @@ pub enum FaultKind {
     ValveStuck(usize),
     /// A GPU falls off the bus (XID 79): rack, host, GPU.
     GpuFail(usize, usize, usize),
+    /// A pump's contactor stays closed and reports running, but the pump
+    /// moves no water (0 = A, 1 = B).
+    PumpSeized(usize),
+    /// The controller's process stops for this many seconds and starts
+    /// again from its flash.
+    ControllerRestart(f64),
+    /// A rack's leak rope cable breaks: the rope reads dry and its
+    /// supervision line reports the break.
+    RopeCut(usize),
+    /// Reading the controller board's input lines fails.
+    BoardIoFault,
+    /// The CDU answers reads but refuses every write (local mode).
+    CduWriteRefused,
+    /// A rack's cold-plate resistance rises linearly from 1x at the
+    /// fault's start to this factor at its `until_s`, then stays.
+    ColdPlateFouling(usize, f64),
 }
 
 /// A fault and when it acts.
@@ -164,9 +180,22 @@ pub struct Fault {
 }
 
 impl Fault {
-    /// Whether it acts at `t` seconds.
+    /// Whether it acts at `t` seconds. Fouling, once begun, stays: its
+    /// `until_s` is when it reaches its factor.
     pub fn active(&self, t: f64) -> bool {
-        t >= self.at_s as f64 && self.until_s.is_none_or(|u| t < u as f64)
+        let lasts = matches!(self.kind, FaultKind::ColdPlateFouling(..));
+        t >= self.at_s as f64 && (lasts || self.until_s.is_none_or(|u| t < u as f64))
+    }
+
+    /// A fouling fault's factor at `t` seconds (1 before it begins).
+    fn fouling_at(&self, t: f64, factor: f64) -> f64 {
+        let start = self.at_s as f64;
+        let share = match self.until_s {
+            Some(u) if t < u as f64 => ((t - start) / (u as f64 - start)).clamp(0.0, 1.0),
+            _ if t >= start => 1.0,
+            _ => 0.0,
+        };
+        1.0 + (factor - 1.0) * share
     }
 }
 
@@ -263,7 +292,23 @@ impl Scenario {
                 .enumerate()
                 .map(|(i, &f)| if f { 0.0 } else { self.demand(i / per_rack, t) })
                 .collect(),
-            pump_tripped: [0, 1].map(|i| active.contains(&&FaultKind::PumpTrip(i))),
+            pump_tripped: [0, 1].map(|i| {
+                active.contains(&&FaultKind::PumpTrip(i))
+                    || active.contains(&&FaultKind::PumpSeized(i))
+            }),
+            plate_factor: (0..self.site.racks)
+                .map(|r| {
+                    self.faults
+                        .iter()
+                        .filter_map(|f| match f.kind {
+                            FaultKind::ColdPlateFouling(rack, v) if rack == r => {
+                                Some(f.fouling_at(t, v))
+                            }
+                            _ => None,
+                        })
+                        .product()
+                })
+                .collect(),
             chiller_tripped: active.contains(&&FaultKind::ChillerTrip),
             dry_cooler_fraction: active
                 .iter()
@@ -360,11 +405,7 @@ fn fault_of(f: &FaultFile, site: &SiteConfig) -> Result<Fault, String> {
     };
     let kind = match f.kind.as_str() {
         "chiller_trip" => FaultKind::ChillerTrip,
-        "pump_trip" => FaultKind::PumpTrip(match f.target.as_str() {
-            "A" => 0,
-            "B" => 1,
-            other => return Err(format!("target {other:?}: pump A or B")),
-        }),
+        "pump_trip" => FaultKind::PumpTrip(pump_of(&f.target)?),
         "dry_cooler_degraded" => {
             if !(0.0..=1.0).contains(&f.value) {
                 return Err(format!("value {}: the share of UA left, 0 to 1", f.value));
@@ -379,9 +420,26 @@ fn fault_of(f: &FaultFile, site: &SiteConfig) -> Result<Fault, String> {
         "modbus_outage" => FaultKind::ModbusOutage,
         "valve_stuck" => FaultKind::ValveStuck(rack()?),
         "gpu_fail" => gpu_fail_of(&f.target, site)?,
+        "pump_seized" => FaultKind::PumpSeized(pump_of(&f.target)?),
+        "controller_restart" => {
+            let down = if f.value == 0.0 { 5.0 } else { f.value };
+            if !(down > 0.0 && down <= 3600.0) {
+                return Err(format!("value {}: seconds down, above 0 and at most 3600", f.value));
+            }
+            FaultKind::ControllerRestart(down)
+        }
+        "rope_cut" => FaultKind::RopeCut(rack()?),
+        "board_io_fault" => FaultKind::BoardIoFault,
+        "cdu_write_refused" => FaultKind::CduWriteRefused,
+        "cold_plate_fouling" => {
+            if !(f.value >= 1.0 && f.value <= 20.0) {
+                return Err(format!("value {}: the factor reached, 1 to 20", f.value));
+            }
+            FaultKind::ColdPlateFouling(rack()?, f.value)
+        }
         other => {
             return Err(format!(
-                "unknown kind {other:?}; known: chiller_trip, pump_trip, dry_cooler_degraded, leak, sensor_stuck, sensor_drift, sensor_lost, bus_outage, modbus_outage, valve_stuck, gpu_fail"
+                "unknown kind {other:?}; known: chiller_trip, pump_trip, dry_cooler_degraded, leak, sensor_stuck, sensor_drift, sensor_lost, bus_outage, modbus_outage, valve_stuck, gpu_fail, pump_seized, controller_restart, rope_cut, board_io_fault, cdu_write_refused, cold_plate_fouling"
             ))
         }
     };
@@ -390,6 +448,15 @@ fn fault_of(f: &FaultFile, site: &SiteConfig) -> Result<Fault, String> {
         until_s: f.until_s,
         kind,
     })
+}
+
+/// A pump target: A (0) or B (1).
+fn pump_of(target: &str) -> Result<usize, String> {
+    match target {
+        "A" => Ok(0),
+        "B" => Ok(1),
+        other => Err(format!("target {other:?}: pump A or B")),
+    }
 }
 
 /// A `gpu_fail` target, `rack.host.gpu`, checked against the site.

@@ -96,11 +96,29 @@ pub struct Readings {
     pub facility_supply_c: Option<f64>,
     /// Outdoor air, °C.
     pub ambient_c: f64,
-    /// Leak input per rack (board pins: read during a Modbus outage too).
+    /// Loop differential pressure, kPa.
+    pub diff_pressure_kpa: Option<f64>,
+    /// Per rack: its valve reads closed (position feedback, the truth: a
+    /// stuck valve reads open); `None` while Modbus is out.
+    pub valves_closed: Option<Vec<bool>>,
+    /// Leak input per rack (board pins: read during a Modbus outage too; a
+    /// cut rope reads dry).
     pub leaks: Vec<bool>,
-    /// Pumps running (contactor feedback: commanded on and not tripped);
-    /// during a Modbus outage, the last values read.
+    /// Per rack: the rope's supervision line reports a fault (cut).
+    pub rope_faults: Vec<bool>,
+    /// The board's input lines were read (`false` during a
+    /// `board_io_fault`: `leaks` and `rope_faults` then say nothing).
+    pub board_ok: bool,
+    /// Pumps running (contactor feedback: commanded on and not tripped; a
+    /// seized pump reads running); during a Modbus outage, the last values
+    /// read.
     pub pumps_running: [bool; 2],
+    /// Pumps reporting a fault (a tripped pump's drive); during a Modbus
+    /// outage, the last values read.
+    pub pump_faults: [bool; 2],
+    /// The CDU took the controller's last writes (`false`: Modbus was out
+    /// or the CDU refused them).
+    pub writes_ok: bool,
     /// What the hosts' agents report, one per host (empty: the bus is out).
     pub hosts: Vec<HostReport>,
     /// Hottest running GPU over the host reports, °C (`None`: no reports).
@@ -130,6 +148,12 @@ pub struct Decision {
     pub rack_cooling_lost: Vec<bool>,
     /// The controller is in failsafe (counted into `failsafe_s`).
     pub failsafe: bool,
+    /// The controller wrote the CDU's heartbeat register (a CDU that has
+    /// heard one falls back on its own when they stop).
+    pub heartbeat: bool,
+    /// Per rack: the controller reports its leak sensing lost (missing
+    /// entries: not reported).
+    pub leak_sensing_lost: Vec<bool>,
 }
 
 /// A controller in charge of the CDU.
@@ -141,6 +165,10 @@ pub trait Controller {
     fn observe(&mut self, _plant: &Plant, _cond: &Conditions) {}
     /// One second's decision.
     fn step(&mut self, r: &Readings) -> Decision;
+    /// The controller's process started again after a `controller_restart`:
+    /// what it held in memory is lost, what it wrote to its flash is not.
+    /// The references hold nothing worth losing.
+    fn restart(&mut self) {}
 }
 
 /// A fixed setpoint, pumps at 100 % on the lead pump, valves open, no
@@ -175,6 +203,8 @@ impl Controller for Baseline {
             host_caps: Vec::new(),
             rack_cooling_lost: vec![false; self.racks],
             failsafe: false,
+            heartbeat: false,
+            leak_sensing_lost: Vec::new(),
         }
     }
 }
@@ -214,8 +244,18 @@ pub struct Summary {
     pub failsafe_s: u64,
     /// Leaks in the scenario.
     pub leaks: u32,
-    /// Seconds a leaking rack's valve stayed open.
+    /// Seconds in which a leaking rack had coolant pumped to it (its valve
+    /// open while a pump ran).
     pub leak_pumped_s: u64,
+    /// Times the lead pump changed.
+    pub pump_switchovers: u32,
+    /// Times a valve closed for a leak opened again with no operator's
+    /// clear (the twin has no operator: any reopening counts).
+    pub valve_reopened_unattended: u32,
+    /// Times a rack was newly reported as having lost leak sensing.
+    pub leak_sensing_alarms: u32,
+    /// Controller restarts the scenario caused.
+    pub controller_restarts: u32,
 }
 
 /// A sensor as the controller sees it, with the scenario's faults.
@@ -253,7 +293,18 @@ fn sensor(
     Some(truth + state.drift)
 }
 
+/// The lead pump of a pump command: the one pump on (`None`: both or
+/// neither).
+fn lead_of(on: [bool; 2]) -> Option<usize> {
+    match on {
+        [true, false] => Some(0),
+        [false, true] => Some(1),
+        _ => None,
+    }
+}
+
 /// What the CDU was last told over Modbus (it keeps it while Modbus is out).
+#[derive(Clone)]
 struct CduCommand {
     setpoint_c: f64,
     pump_speed: f64,
@@ -290,20 +341,22 @@ pub fn run(
         let demand = cond.demand.clone();
         st.follow.apply(s.t, &mut cond.demand);
         controller.observe(&st.plant, &cond);
-        let d = controller.step(&readings);
-        if d.failsafe {
-            st.failsafe_s += 1;
+        let d = st
+            .controller_up(sec, controller)
+            .then(|| controller.step(&readings));
+        if let Some(d) = &d {
+            st.heard(d);
         }
-        st.hosts_hear(&s, &d);
+        st.hosts_hear(&s, d.as_ref());
         cond.demand = demand;
         let powered_down = st.follow.apply(s.t, &mut cond.demand);
-        st.cap_host_s += d.host_caps.iter().take(st.hosts).flatten().count() as u64;
-        let act = st.actuation(&s, &d, powered_down);
+        let act = st.actuation(&s, d.as_ref(), powered_down);
         st.plant.step(1.0, &act, &cond);
         st.last = st.plant.meters();
+        st.account(&s, &act);
         if let Some(w) = trace.as_deref_mut() {
             if sec % trace_every_s.max(1) == 0 {
-                st.trace_row(w, &s, &act, &d)?;
+                st.trace_row(w, &s, &act, d.as_ref())?;
             }
         }
     }
@@ -324,6 +377,12 @@ struct Second {
     modbus_ok: bool,
     /// Per rack: it leaks.
     leaking: Vec<bool>,
+    /// Per rack: its rope is cut.
+    rope_cut: Vec<bool>,
+    /// The board's input lines can be read.
+    board_ok: bool,
+    /// The CDU refuses writes (local mode at its panel).
+    writes_refused: bool,
 }
 
 /// A run between seconds: the plant, what the CDU and the hosts were last
@@ -340,7 +399,7 @@ struct RunState<'a> {
     n: usize,
     plant: Plant,
     follow: HostFollow,
-    sensors: [SensorState; 4],
+    sensors: [SensorState; 5],
     /// Per GPU: failed by the scenario.
     failed: Vec<bool>,
     cdu: CduCommand,
@@ -349,6 +408,26 @@ struct RunState<'a> {
     cap_host_s: u64,
     failsafe_s: u64,
     leak_pumped_s: u64,
+    /// Per rack: the valve's real position, open.
+    valves_open: Vec<bool>,
+    /// Per rack: its valve was closed while it leaked.
+    closed_for_leak: Vec<bool>,
+    valve_reopened: u32,
+    /// The lead pump the CDU was last told, and how often it changed.
+    lead: usize,
+    switchovers: u32,
+    /// Per rack: the controller reported its leak sensing lost.
+    sensing_lost: Vec<bool>,
+    sensing_alarms: u32,
+    restarts: u32,
+    /// The controller's process is down until this second.
+    down_until: Option<u64>,
+    /// When the CDU last heard its heartbeat register written, s.
+    heartbeat_at: Option<f64>,
+    /// The CDU took the last writes.
+    writes_ok: bool,
+    /// The pump faults as last read over Modbus.
+    read_pump_faults: [bool; 2],
     /// The plant's meters after the last step.
     last: Meters,
     /// The pump feedback as last read over Modbus.
@@ -388,12 +467,24 @@ impl<'a> RunState<'a> {
             hosts,
             n,
             follow: HostFollow::new(hosts, per_host),
-            sensors: [SensorState::default(); 4],
+            sensors: [SensorState::default(); 5],
             failed: vec![false; n],
             leases: vec![None; hosts],
             cap_host_s: 0,
             failsafe_s: 0,
             leak_pumped_s: 0,
+            valves_open: vec![true; racks],
+            closed_for_leak: vec![false; racks],
+            valve_reopened: 0,
+            lead: 0,
+            switchovers: 0,
+            sensing_lost: vec![false; racks],
+            sensing_alarms: 0,
+            restarts: 0,
+            down_until: None,
+            heartbeat_at: None,
+            writes_ok: true,
+            read_pump_faults: [false; 2],
             read_pumps: cdu.pump_on,
             read_it_w: last.it_w,
             read_facility_w: last.facility_w,
@@ -415,6 +506,15 @@ impl<'a> RunState<'a> {
         let leaking: Vec<bool> = (0..self.racks)
             .map(|r| active.contains(&FaultKind::Leak(r)))
             .collect();
+        let rope_cut: Vec<bool> = (0..self.racks)
+            .map(|r| active.contains(&FaultKind::RopeCut(r)))
+            .collect();
+        for f in &scenario.faults {
+            if let (FaultKind::ControllerRestart(down), true) = (&f.kind, f.at_s == sec) {
+                self.down_until = Some(sec + down.ceil() as u64);
+                self.restarts += 1;
+            }
+        }
         for f in &active {
             if let FaultKind::GpuFail(r, h, g) = f {
                 let i = r * self.per_rack + h * self.per_host + g;
@@ -427,10 +527,13 @@ impl<'a> RunState<'a> {
         Second {
             t,
             ambient,
+            board_ok: !active.contains(&FaultKind::BoardIoFault),
+            writes_refused: active.contains(&FaultKind::CduWriteRefused),
             active,
             bus_out,
             modbus_ok,
             leaking,
+            rope_cut,
         }
     }
 
@@ -444,15 +547,17 @@ impl<'a> RunState<'a> {
             (SensorName::ReturnTemp, last.return_c),
             (SensorName::Flow, last.flow_lpm),
             (SensorName::FacilitySupplyTemp, last.facility_supply_c),
+            (SensorName::DiffPressure, last.diff_pressure_kpa),
         ];
-        let mut sensed = [None; 4];
+        let mut sensed = [None; 5];
         for (k, (name, truth)) in truths.into_iter().enumerate() {
             let v = sensor(self.scenario, s.t, name, truth, &mut self.sensors[k]);
             sensed[k] = v.filter(|_| s.modbus_ok);
         }
         if s.modbus_ok {
-            self.read_pumps =
-                [0, 1].map(|i| self.cdu.pump_on[i] && !s.active.contains(&FaultKind::PumpTrip(i)));
+            let tripped = |i| s.active.contains(&FaultKind::PumpTrip(i));
+            self.read_pumps = [0, 1].map(|i| self.cdu.pump_on[i] && !tripped(i));
+            self.read_pump_faults = [0, 1].map(tripped);
             (self.read_it_w, self.read_facility_w) = (last.it_w, last.facility_w);
         }
         let reports = if s.bus_out {
@@ -473,8 +578,18 @@ impl<'a> RunState<'a> {
             flow_lpm: sensed[2],
             facility_supply_c: sensed[3],
             ambient_c: s.ambient,
-            leaks: s.leaking.clone(),
+            diff_pressure_kpa: sensed[4],
+            valves_closed: s
+                .modbus_ok
+                .then(|| self.valves_open.iter().map(|o| !o).collect()),
+            leaks: (0..self.racks)
+                .map(|r| s.board_ok && s.leaking[r] && !s.rope_cut[r])
+                .collect(),
+            rope_faults: s.rope_cut.iter().map(|c| s.board_ok && *c).collect(),
+            board_ok: s.board_ok,
             pumps_running: self.read_pumps,
+            pump_faults: self.read_pump_faults,
+            writes_ok: self.writes_ok,
             hosts: reports,
             hottest_gpu_c: hottest,
             it_w: self.read_it_w,
@@ -482,11 +597,38 @@ impl<'a> RunState<'a> {
         }
     }
 
-    /// The hosts hear the controller over the bus, when the bus works; a
-    /// cap lease they hold lapses `LEASE_S` after it was last renewed.
-    fn hosts_hear(&mut self, s: &Second, d: &Decision) {
+    /// Whether the controller runs at second `sec`: after a restart's
+    /// downtime its process starts again ([`Controller::restart`]).
+    fn controller_up(&mut self, sec: u64, controller: &mut dyn Controller) -> bool {
+        match self.down_until {
+            Some(until) if sec < until => false,
+            Some(_) => {
+                self.down_until = None;
+                controller.restart();
+                true
+            }
+            None => true,
+        }
+    }
+
+    /// Counts what the controller's decision `d` declares: failsafe, caps
+    /// asked, racks newly reported as having lost leak sensing.
+    fn heard(&mut self, d: &Decision) {
+        self.failsafe_s += u64::from(d.failsafe);
+        self.cap_host_s += d.host_caps.iter().take(self.hosts).flatten().count() as u64;
+        for (r, was) in self.sensing_lost.iter_mut().enumerate() {
+            let lost = d.leak_sensing_lost.get(r).copied().unwrap_or(false);
+            self.sensing_alarms += u32::from(lost && !*was);
+            *was = lost;
+        }
+    }
+
+    /// The hosts hear the controller over the bus, when the bus works and
+    /// the controller runs; a cap lease they hold lapses `LEASE_S` after
+    /// it was last renewed.
+    fn hosts_hear(&mut self, s: &Second, d: Option<&Decision>) {
         let t = s.t;
-        if !s.bus_out {
+        if let (Some(d), false) = (d, s.bus_out) {
             for (host, lease) in self.leases.iter_mut().enumerate() {
                 if d.rack_cooling_lost.get(host / self.hosts_per_rack) == Some(&true) {
                     self.follow.cooling_lost(host, t);
@@ -508,40 +650,67 @@ impl<'a> RunState<'a> {
         }
     }
 
-    /// What the plant's actuators do this second: the CDU hears `d` over
-    /// Modbus when Modbus works, stuck valves stay open, the hosts keep
-    /// their leases; counts the pumped leak seconds.
-    fn actuation(&mut self, s: &Second, d: &Decision, powered_down: Vec<bool>) -> Actuation {
+    /// The CDU hears `d` over Modbus when Modbus works and it takes writes
+    /// (a heartbeat among them); it falls back to its own safe setpoint at
+    /// full speed once a heartbeat it has heard stops for its timeout
+    /// (not while in local mode).
+    fn cdu_hears(&mut self, s: &Second, d: Option<&Decision>) -> CduCommand {
         let racks = self.racks;
-        // The CDU hears it over Modbus, when Modbus works.
-        if s.modbus_ok {
-            self.cdu = CduCommand {
-                setpoint_c: d.setpoint_c,
-                pump_speed: d.pump_speed,
-                pump_on: d.pump_on,
-                valves: (0..racks)
-                    .map(|r| d.valves.get(r).copied().unwrap_or(true))
-                    .collect(),
-            };
+        let writes = s.modbus_ok && !s.writes_refused;
+        if let Some(d) = d {
+            self.writes_ok = writes;
+            if writes {
+                self.cdu = CduCommand {
+                    setpoint_c: d.setpoint_c,
+                    pump_speed: d.pump_speed,
+                    pump_on: d.pump_on,
+                    valves: (0..racks)
+                        .map(|r| d.valves.get(r).copied().unwrap_or(true))
+                        .collect(),
+                };
+                if d.heartbeat {
+                    self.heartbeat_at = Some(s.t);
+                }
+            }
         }
-        let valves: Vec<bool> = (0..racks)
-            .map(|r| {
-                // A stuck valve keeps its position: open, as at the start.
-                s.active.contains(&FaultKind::ValveStuck(r)) || self.cdu.valves[r]
-            })
+        let lp = &self.scenario.site.secondary;
+        let lost = self
+            .heartbeat_at
+            .is_some_and(|h| s.t - h >= lp.heartbeat_timeout_s);
+        let mut told = self.cdu.clone();
+        if lost && !s.writes_refused {
+            told.setpoint_c = lp.fallback_setpoint_c;
+            told.pump_speed = 1.0;
+            if !told.pump_on.iter().any(|&p| p) {
+                told.pump_on = [self.lead == 0, self.lead == 1];
+            }
+        }
+        told
+    }
+
+    /// What the plant's actuators do this second: what the CDU heard, stuck
+    /// valves staying open, the leases the hosts keep.
+    fn actuation(
+        &mut self,
+        s: &Second,
+        d: Option<&Decision>,
+        powered_down: Vec<bool>,
+    ) -> Actuation {
+        let cdu = self.cdu_hears(s, d);
+        if let Some(lead) = lead_of(cdu.pump_on) {
+            self.switchovers += u32::from(lead != self.lead);
+            self.lead = lead;
+        }
+        // A stuck valve keeps its position: open, as at the start.
+        self.valves_open = (0..self.racks)
+            .map(|r| s.active.contains(&FaultKind::ValveStuck(r)) || cdu.valves[r])
             .collect();
-        self.leak_pumped_s += s
-            .leaking
-            .iter()
-            .zip(&valves)
-            .filter(|(l, v)| **l && **v)
-            .count() as u64;
         let per_host = self.per_host;
         Actuation {
-            setpoint_c: self.cdu.setpoint_c,
-            pump_speed: self.cdu.pump_speed,
-            pump_on: self.cdu.pump_on,
-            valves,
+            setpoint_c: cdu.setpoint_c,
+            pump_speed: cdu.pump_speed,
+            pump_on: cdu.pump_on,
+            valves: self.valves_open.clone(),
             caps: (0..self.n)
                 .map(|i| {
                     self.leases
@@ -555,13 +724,31 @@ impl<'a> RunState<'a> {
         }
     }
 
+    /// After the plant's step: the seconds a leaking rack was pumped
+    /// (valve open, water moving) and the valves closed for a leak that
+    /// opened again.
+    fn account(&mut self, s: &Second, act: &Actuation) {
+        let flowing = self.last.flow_lpm > 0.0;
+        for r in 0..self.racks {
+            let open = act.valves[r];
+            if s.leaking[r] && open && flowing {
+                self.leak_pumped_s += 1;
+            }
+            if s.leaking[r] && !open {
+                self.closed_for_leak[r] = true;
+            } else if open && std::mem::take(&mut self.closed_for_leak[r]) {
+                self.valve_reopened += 1;
+            }
+        }
+    }
+
     /// One row of the trace, after the plant's step.
     fn trace_row(
         &self,
         w: &mut dyn Write,
         s: &Second,
         act: &Actuation,
-        d: &Decision,
+        d: Option<&Decision>,
     ) -> std::io::Result<()> {
         let (t, ambient, last) = (s.t, s.ambient, self.last);
         let max_gpu = self
@@ -570,7 +757,7 @@ impl<'a> RunState<'a> {
             .iter()
             .map(|g| g.t_j)
             .fold(f64::MIN, f64::max);
-        let caps = d.host_caps.iter().take(self.hosts).flatten().count();
+        let caps = d.map_or(0, |d| d.host_caps.iter().take(self.hosts).flatten().count());
         writeln!(
             w,
             "{t},{ambient:.2},{:.2},{:.2},{:.2},{:.1},{:.2},{max_gpu:.2},{:.2},{:.2},{caps}",
@@ -615,6 +802,10 @@ impl<'a> RunState<'a> {
             failsafe_s: self.failsafe_s,
             leaks,
             leak_pumped_s: self.leak_pumped_s,
+            pump_switchovers: self.switchovers,
+            valve_reopened_unattended: self.valve_reopened,
+            leak_sensing_alarms: self.sensing_alarms,
+            controller_restarts: self.restarts,
         }
     }
 }
@@ -912,5 +1103,72 @@ all = [[0, 0.3], [300, 0.9]]
         assert!(lines[0].starts_with("t_s,ambient_c,setpoint_c,supply_c"));
         assert_eq!(lines.len(), 1 + 1800 / 60);
         assert_eq!(lines[1].split(',').count(), lines[0].split(',').count());
+    }
+
+    #[test]
+    fn a_seized_pump_reads_running_with_no_flow_and_no_pressure() {
+        let s = scenario("[[fault]]\nat_s = 600\nkind = \"pump_seized\"\ntarget = \"A\"\n");
+        let (sum, seen) = play(&s, |_, _| {});
+        assert!(seen[599].flow_lpm.unwrap() > 50.0);
+        assert!((seen[599].diff_pressure_kpa.unwrap() - 100.0).abs() < 1.0);
+        let r = &seen[605];
+        assert_eq!(
+            (r.pumps_running, r.pump_faults),
+            ([true, false], [false, false])
+        );
+        assert_eq!((r.flow_lpm, r.diff_pressure_kpa), (Some(0.0), Some(0.0)));
+        assert!(sum.shutdowns > 0, "nobody started the lag pump");
+        assert_eq!(sum.pump_switchovers, 0);
+    }
+
+    #[test]
+    fn a_cut_rope_reads_dry_with_its_fault_and_failed_lines_read_nothing() {
+        let s = scenario(
+            "[[fault]]\nat_s = 600\nkind = \"rope_cut\"\ntarget = \"1\"\n\
+             [[fault]]\nat_s = 700\nkind = \"leak\"\ntarget = \"1\"\n\
+             [[fault]]\nat_s = 900\nuntil_s = 960\nkind = \"board_io_fault\"\n",
+        );
+        let (sum, seen) = play(&s, |r, d| {
+            d.leak_sensing_lost = (0..2).map(|k| !r.board_ok || r.rope_faults[k]).collect();
+        });
+        assert_eq!(
+            (seen[650].leaks.clone(), seen[650].rope_faults.clone()),
+            (vec![false, false], vec![false, true])
+        );
+        assert_eq!(seen[800].leaks, vec![false, false], "the leak is not seen");
+        assert!(!seen[930].board_ok && seen[930].rope_faults == vec![false, false]);
+        assert_eq!(
+            sum.leak_sensing_alarms, 2,
+            "rack 1 at 600 s, rack 0 at 900 s"
+        );
+        assert_eq!(sum.leak_pumped_s, 1800 - 700);
+    }
+
+    #[test]
+    fn a_cdu_that_heard_a_heartbeat_falls_back_when_it_stops_and_refused_writes_do_not_reach_it() {
+        // The controller writes 40 °C and its heartbeat, then goes down for
+        // 60 s at 600 s; the CDU refuses writes from 1000 s to 1200 s.
+        let s = scenario(
+            "[[fault]]\nat_s = 600\nkind = \"controller_restart\"\nvalue = 60.0\n\
+             [[fault]]\nat_s = 1000\nuntil_s = 1200\nkind = \"cdu_write_refused\"\n",
+        );
+        let (sum, seen) = play(&s, |r, d| {
+            d.heartbeat = true;
+            d.setpoint_c = if r.t_s >= 1000.0 { 30.0 } else { 40.0 };
+        });
+        assert_eq!(sum.controller_restarts, 1);
+        assert_eq!(seen.len() as u64, 1800 - 60, "no step while it is down");
+        // Down from 600 s: the CDU holds 40 °C for 10 s, then its own 25 °C.
+        let supply = |t: f64| seen.iter().find(|r| r.t_s == t).unwrap().supply_c.unwrap();
+        assert!((supply(599.0) - 40.0).abs() < 0.1);
+        assert!(supply(660.0) < 30.0, "{}", supply(660.0));
+        assert!((supply(900.0) - 40.0).abs() < 0.1, "back under control");
+        let r = seen.iter().find(|r| r.t_s == 1100.0).unwrap();
+        assert!(!r.writes_ok);
+        assert!(
+            (r.supply_c.unwrap() - 40.0).abs() < 0.1,
+            "local mode keeps 40 °C"
+        );
+        assert!((supply(1500.0) - 30.0).abs() < 0.1);
     }
 }

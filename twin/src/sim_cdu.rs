@@ -9,7 +9,10 @@
 //! with exception 3 (illegal data value), a function it does not serve
 //! with exception 1; a refused write changes nothing (a multiple write is
 //! all or nothing). Over RTU it answers only its map's unit id (and does
-//! broadcast writes without answering), like a CDU on a shared bus.
+//! broadcast writes without answering), like a CDU on a shared bus. In
+//! local mode ([`SimCdu::set_local`], switched at its panel) it refuses
+//! every write with exception 4 (server device failure) and still answers
+//! reads.
 //!
 //! Glossary:
 //! - *image*: the registers' current words, as a client reads them.
@@ -38,6 +41,7 @@ struct Image {
 pub struct SimCdu {
     map: Arc<RegisterMap>,
     image: Arc<Mutex<Image>>,
+    local: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl SimCdu {
@@ -57,6 +61,7 @@ impl SimCdu {
         let cdu = Self {
             map: Arc::new(map),
             image: Arc::new(Mutex::new(Image { input, holding })),
+            local: Arc::default(),
         };
         for (name, value) in settings {
             cdu.write_setting(name, *value)?;
@@ -67,6 +72,17 @@ impl SimCdu {
     /// The map it serves.
     pub fn map(&self) -> &RegisterMap {
         &self.map
+    }
+
+    /// Switches local mode on (every client write refused) or off.
+    pub fn set_local(&self, local: bool) {
+        self.local
+            .store(local, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// In local mode.
+    pub fn local(&self) -> bool {
+        self.local.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn put(&self, name: &str, value: f64, kind: Kind) -> Result<(), ValueError> {
@@ -146,6 +162,9 @@ impl SimCdu {
     /// Writes `words` from `addr`: every register touched whole, every
     /// value in range, or nothing changes.
     fn write(&self, addr: u16, words: &[u16]) -> Result<(), ExceptionCode> {
+        if self.local() {
+            return Err(ExceptionCode::ServerDeviceFailure);
+        }
         if words.is_empty() || words.len() > 123 {
             return Err(ExceptionCode::IllegalDataValue);
         }
