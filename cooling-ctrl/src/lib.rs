@@ -40,5 +40,7 @@ pub mod shell;
 
 pub mod site_figures;
 
+pub mod watchdog;
+
 #[cfg(feature = "twin")]
 pub mod simulated;

@@ -3,7 +3,9 @@
 //! - `cooling-ctrl run [--config FILE] [flags]`: the controller in charge
 //!   of one CDU over Modbus, on the bus (flags override the file; see
 //!   `cooling-ctrl run --help` and `cooling_ctrl::config`). SIGTERM or
-//!   ctrl-c stops it cleanly (exit 0).
+//!   ctrl-c stops it cleanly (exit 0). Under systemd (`Type=notify`) it
+//!   sends READY=1 after its first control step, WATCHDOG=1 while steps
+//!   complete and STOPPING=1 at shutdown (`cooling_ctrl::watchdog`).
 //! - `cooling-ctrl ctl [--console P] [--config FILE]
 //!   status|sensors|loops|events [--since T]|caps [--json]`: the console
 //!   of the controller on this machine.
@@ -30,6 +32,7 @@ use cooling_ctrl::northbound;
 use cooling_ctrl::shell::{self, ShellOptions};
 #[cfg(feature = "twin")]
 use cooling_ctrl::simulated::Ours;
+use cooling_ctrl::watchdog::{self, Notifier};
 use loopwarden_field::common::RunArgs;
 use loopwarden_field::console::{ctl_command, CtlArgs, EventsArgs};
 #[cfg(feature = "twin")]
@@ -147,6 +150,15 @@ fn run(config_path: Option<PathBuf>, flags: Overrides) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // Read before anything starts: a malformed WATCHDOG_USEC is a
+    // configuration error, as a bad file is.
+    let notifier = match Notifier::from_env() {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("cooling-ctrl: {e}");
+            return ExitCode::from(2);
+        }
+    };
     if config.demo_key {
         eprintln!(
             "cooling-ctrl: WARNING: cap leases are signed with the PUBLIC DEMONSTRATION KEY \
@@ -159,7 +171,7 @@ fn run(config_path: Option<PathBuf>, flags: Overrides) -> ExitCode {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    match runtime.block_on(serve(config)) {
+    match runtime.block_on(serve(config, notifier)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("cooling-ctrl: {e}");
@@ -245,16 +257,10 @@ async fn start_northbound(
     Ok((northbound_link, northbound_task))
 }
 
-async fn serve(config: config::Config) -> Result<(), String> {
+async fn serve(config: config::Config, notifier: Notifier) -> Result<(), String> {
     use tokio::signal::unix::{signal, SignalKind};
     // Signals are caught from here on, before anything that takes time.
     let mut term = signal(SignalKind::terminate()).map_err(|e| format!("SIGTERM: {e}"))?;
-    let stop = async move {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-    };
     // The board's pins first: a chip or a line that cannot be had stops the
     // start before anything else is set up.
     let board = open_board(&config)?;
@@ -265,6 +271,35 @@ async fn serve(config: config::Config) -> Result<(), String> {
         ControllerFlash::open(config.flash.as_deref()).map_err(|e| format!("flash: {e}"))?;
     let recorder = flash.recorder.clone();
     let (stats_tx, stats_rx) = shell::stats_channel();
+    tracing::info!(
+        "cooling-ctrl: watchdog: {}",
+        notifier.describe(config.period)
+    );
+    if !notifier.fits_period(config.period) {
+        tracing::warn!(
+            "cooling-ctrl: watchdog: the control period ({} ms) is too long for the watchdog \
+             timeout ({} ms): two pings can be a period and half the timeout apart, and systemd \
+             will restart a healthy controller; raise WatchdogSec= above twice the period",
+            config.period.as_millis(),
+            notifier.watchdog_timeout().unwrap_or_default().as_millis()
+        );
+    }
+    // READY=1 after the first completed step, then WATCHDOG=1 only while
+    // steps complete.
+    let watchdog_task = tokio::spawn(watchdog::watch_steps(notifier.clone(), stats_rx.clone()));
+    let (on_stop, watchdog_abort) = (notifier.clone(), watchdog_task.abort_handle());
+    let stop = async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        // Steps end here: no stall warnings while the shell winds down, and
+        // the service manager hears of the shutdown before it takes time.
+        watchdog_abort.abort();
+        if let Err(e) = on_stop.stopping() {
+            tracing::warn!("cooling-ctrl: watchdog: {e}");
+        }
+    };
     let listener = console::bind(&config.console)
         .map_err(|e| format!("console socket {}: {e}", config.console.display()))?;
     let (operator_tx, operator_rx) = tokio::sync::mpsc::channel(4);
@@ -307,6 +342,13 @@ async fn serve(config: config::Config) -> Result<(), String> {
         operator: Some(operator_rx),
     };
     let result = shell::run_with(config.shell_config(broker), opts, port, stop).await;
+    watchdog_task.abort();
+    if result.is_err() {
+        // Stopped by a failure, not a signal: not yet said.
+        if let Err(e) = notifier.stopping() {
+            tracing::warn!("cooling-ctrl: watchdog: {e}");
+        }
+    }
     recorder.flush().await;
     console_task.abort();
     if let Some(t) = northbound_task {
