@@ -215,6 +215,8 @@ pub struct Core {
     safety: Safety,
     pumps: Pumps,
     restored: Option<Latched>,
+    /// The setpoint and speed the CDU last took (°C, fraction).
+    applied: (f32, f32),
     hall: HallView,
     regulator: Regulator,
     optimiser: Optimiser,
@@ -258,6 +260,7 @@ impl Core {
             safety: Safety::default(),
             pumps: Pumps::default(),
             restored: None,
+            applied: (cfg.margins.boot_setpoint_c, 1.0),
             hall: HallView::default(),
             regulator: Regulator::new(cfg.margins.boot_setpoint_c),
             optimiser: Optimiser::new(&cfg),
@@ -391,8 +394,18 @@ impl Core {
 
     /// One step at `inp.now_ms`: the layers in order of authority.
     pub fn step(&mut self, inp: &Inputs<'_>) -> Commands {
+        if self.last_ms.is_none() {
+            // The CDU runs on settings this core did not give (its own, or
+            // an earlier process's) until its first write goes in.
+            self.hall
+                .restart_transient(inp.now_ms.saturating_add(120_000));
+        }
         let dt = self.clock(inp.now_ms);
         self.modes.begin(inp.now_ms, inp.cdu.is_some());
+        if inp.cdu_writes_ok {
+            // The last step's settings went in: the CDU runs on them.
+            self.applied = (self.regulator.setpoint_c(), self.regulator.speed());
+        }
         let mut log = Log::default();
         if let Some(l) = self.restored.take() {
             log.push(Event::ControllerRestored {
@@ -406,9 +419,9 @@ impl Core {
         // pumps.
         let (t, pumps) = self.safety_step(inp, dt, &mut log);
         let escalated = self.safety.isolation_failed() != 0;
-        // Safety: sensor supervision against what the hall implies, and the
-        // mode the sensors allow.
-        let speed = self.regulator.speed();
+        // Safety: sensor supervision against what the hall implies (at the
+        // speed the CDU runs), and the mode the sensors allow.
+        let speed = self.applied.1;
         let seen = self.hall.see(&t, &self.sensors, speed);
         let trusted = self
             .sensors
@@ -418,8 +431,7 @@ impl Core {
 
         // 3. Optimisation: one slice of the search, before regulation so
         // that regulation follows a proposal finished on this step.
-        let setpoint_c = self.regulator.setpoint_c();
-        self.rejection.watch(&t, trusted.supply, setpoint_c);
+        self.rejection.watch(&t, trusted.supply, self.applied.0);
         if self.modes.searching() {
             let short = self.rejection.short();
             self.optimiser.slice(&t, &seen, self.hall.offsets(), short);
@@ -475,7 +487,7 @@ impl Core {
             t.cooling_lost = safety::all_racks(racks);
         }
         let stop = self.safety.isolation_failed() != 0;
-        let (booted, speed) = (self.modes.booted(), self.regulator.speed());
+        let (booted, speed) = (self.modes.booted(), self.applied.1);
         let hottest = t.hottest();
         let pumps = self.pumps.step(&t, booted, stop, speed, hottest, log);
         if pumps.failed {

@@ -35,6 +35,7 @@
 //! | `northbound_writes` | false | the BMS may write the bounded holding registers |
 //! | `board_pins` | none (leaks from the CDU's register only) | the controller board's pin map TOML (`boards/pins/*.toml`) |
 //! | `gpio_chip` | none | the GPIO character device of those pins, e.g. `/dev/gpiochip0` |
+//! | `unprotected_racks` | none | racks run without a leak rope, by number; with `board_pins`, every other rack must have a rope in the pin map |
 //!
 //! `site`, `broker`, `broker_user`, `broker_password_file`, `keys_file`,
 //! `flash` and `console` are the fields every agent has, declared and
@@ -115,6 +116,8 @@ loopwarden_field::agent_file! {
         pub board_pins: Option<PathBuf>,
         /// The GPIO chip of the board's pins.
         pub gpio_chip: Option<PathBuf>,
+        /// Racks run without a leak rope, by number.
+        pub unprotected_racks: Option<Vec<u8>>,
     }
 }
 
@@ -336,7 +339,8 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
     let key = site_key(&src, &file, flags, common.keys_file)?;
     let link = cdu_link(&src, &file, flags)?;
     let map = register_map(&src, &file, flags)?;
-    let core = core_config(&src, &file, flags)?;
+    let mut core = core_config(&src, &file, flags)?;
+    core.layout.unprotected = unprotected(&src, &file, &core)?;
     let hosts = hosts(&src, &file, flags, &core)?;
     let timings = timings(&src, &file, flags)?;
     let (northbound, northbound_writes) = northbound(&src, &file, flags)?;
@@ -631,6 +635,29 @@ fn core_config(
     Ok(core)
 }
 
+/// The racks declared without a leak rope, as a mask; each must be a rack
+/// of the hall, named once.
+fn unprotected(src: &Sources, file: &FileConfig, core: &CoreConfig) -> Result<u16, ConfigError> {
+    let mut mask = 0u16;
+    for &r in file.unprotected_racks.iter().flatten() {
+        if r >= core.layout.racks {
+            return Err(src.error(
+                None,
+                "unprotected_racks",
+                format!(
+                    "rack {r}: the hall has racks 0 to {}",
+                    core.layout.racks - 1
+                ),
+            ));
+        }
+        if mask & (1 << r) != 0 {
+            return Err(src.error(None, "unprotected_racks", format!("rack {r} appears twice")));
+        }
+        mask |= 1 << r;
+    }
+    Ok(mask)
+}
+
 /// The host ids: a list or a pattern (not both), at most the hall's
 /// hosts, each a name, none twice.
 fn hosts(
@@ -807,14 +834,42 @@ fn board_pins(
             let pins = PinMap::from_toml(&t, &p.display().to_string())
                 .map_err(|e| board_error(&p, &t, e))?;
             let racks = usize::from(core.layout.racks);
-            if pins.leaks.len() > racks {
+            let bare = (0..racks)
+                .find(|r| pins.rope(*r).is_none() && core.layout.unprotected & (1 << r) == 0);
+            if let Some(r) = bare {
                 return Err(src.error(
                     flag,
                     "board_pins",
                     format!(
-                        "{} has leak ropes for {} racks; the hall has {racks}",
+                        "{} gives rack {r} no leak rope: wire one, or name the rack in unprotected_racks to run it without leak sensing",
+                        p.display()
+                    ),
+                ));
+            }
+            if let Some(r) = pins
+                .ropes
+                .iter()
+                .find(|r| core.layout.unprotected & (1 << r.rack.min(15)) != 0)
+            {
+                return Err(src.error(
+                    flag,
+                    "board_pins",
+                    format!(
+                        "{} gives rack {} a leak rope, but unprotected_racks names it",
                         p.display(),
-                        pins.leaks.len()
+                        r.rack
+                    ),
+                ));
+            }
+            if let Some(r) = pins.ropes.iter().find(|r| r.rack >= racks) {
+                return Err(src.error(
+                    flag,
+                    "board_pins",
+                    format!(
+                        "{} has a leak rope for rack {}; the hall has racks 0 to {}",
+                        p.display(),
+                        r.rack,
+                        racks - 1
                     ),
                 ));
             }
@@ -1125,7 +1180,7 @@ mod tests {
         .unwrap();
         let e = from(&both).unwrap_err();
         assert_eq!(e.origin, pins.display().to_string(), "{e}");
-        assert_eq!(e.line, Some(11), "{e}");
+        assert_eq!(e.line, Some(15), "{e}");
         assert!(e.message.contains("activ_low"), "{e}");
         std::fs::write(&pins, shipped.replace("line = 9", "line = 8")).unwrap();
         let e = from(&both).unwrap_err();
@@ -1144,7 +1199,31 @@ mod tests {
         let e = from(&format!("{both}site_figures = {figures:?}\n")).unwrap_err();
         assert_eq!(e.line, Some(4), "{e}");
         assert!(
-            e.message.contains("leak ropes for 4 racks; the hall has 2"),
+            e.message
+                .contains("a leak rope for rack 2; the hall has racks 0 to 1"),
+            "{e}"
+        );
+        // A rack without a rope is refused unless declared unprotected.
+        let three = shipped
+            .replacen(
+                "signal = \"leak\"\nrack = 3\nline = 3\nactive_low = true\n",
+                "",
+                1,
+            )
+            .replacen(
+                "[[input]]\nsignal = \"rope_fault\"\nrack = 3\nline = 7\nactive_low = false\n",
+                "",
+                1,
+            )
+            .replacen("[[input]]\n\n[[input]]", "[[input]]", 1);
+        std::fs::write(&pins, &three).unwrap();
+        let e = from(&both).unwrap_err();
+        assert!(e.message.contains("gives rack 3 no leak rope"), "{e}");
+        let c = from(&format!("{both}unprotected_racks = [3]\n")).unwrap();
+        assert_eq!(c.core.layout.unprotected, 0b1000);
+        let e = from(&format!("{both}unprotected_racks = [9]\n")).unwrap_err();
+        assert!(
+            e.message.contains("rack 9: the hall has racks 0 to 3"),
             "{e}"
         );
     }

@@ -113,8 +113,9 @@ pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
 
 /// Answers connections until the task is dropped.
 pub async fn serve(listener: UnixListener, ctx: Arc<Context>) {
-    field::console::serve_with(listener, ctx, |ctx, req: Request| async move {
-        answer(&ctx, req).await
+    field::console::serve_callers(listener, move |req: Request, caller| {
+        let ctx = ctx.clone();
+        async move { answer(&ctx, req, caller).await }
     })
     .await
 }

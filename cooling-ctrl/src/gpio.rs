@@ -65,14 +65,15 @@ impl std::error::Error for GpioError {}
 fn signal_name(l: &Line) -> String {
     match (l.signal.as_str(), l.rack) {
         ("leak", Some(rack)) => format!("leak rope of rack {rack}"),
-        ("pump_enable", _) => "pump-enable relay".into(),
+        ("rope_fault", Some(rack)) => format!("rope fault input of rack {rack}"),
+        ("controller_healthy", _) => "controller-healthy relay".into(),
         ("alarm_beacon", _) => "alarm beacon".into(),
         (other, _) => other.to_string(),
     }
 }
 
-/// Opens `chip` and requests `map`'s lines: leak ropes as inputs, the relay
-/// (asserted) and the beacon (dark) as outputs.
+/// Opens `chip` and requests `map`'s lines: the ropes' leak and fault lines
+/// as inputs, the relay and the beacon (dark) as outputs.
 pub fn open(chip: &Path, map: &PinMap) -> Result<GpioBoard, GpioError> {
     let chip_error = |reason: String| GpioError {
         chip: chip.to_path_buf(),
@@ -91,8 +92,12 @@ pub fn open(chip: &Path, map: &PinMap) -> Result<GpioBoard, GpioError> {
     })?;
     let lines = dev.num_lines();
     // Each line with its direction and, for outputs, its first raw level.
-    let mut wanted: Vec<(&Line, Option<bool>)> = map.leaks.iter().map(|l| (l, None)).collect();
-    wanted.push((&map.pump_enable, Some(true)));
+    let mut wanted: Vec<(&Line, Option<bool>)> = map
+        .ropes
+        .iter()
+        .flat_map(|r| [(&r.leak, None), (&r.fault, None)])
+        .collect();
+    wanted.push((&map.controller_healthy, Some(false)));
     wanted.push((&map.alarm_beacon, Some(false)));
     let mut pins = BTreeMap::new();
     for (l, output) in wanted {
@@ -142,7 +147,7 @@ pub fn open(chip: &Path, map: &PinMap) -> Result<GpioBoard, GpioError> {
     };
     // The pin map refuses a line used twice, so `take` finds each one.
     let mut pins_for_outputs = BTreeMap::new();
-    for l in [&map.pump_enable, &map.alarm_beacon] {
+    for l in [&map.controller_healthy, &map.alarm_beacon] {
         pins_for_outputs.insert(l.line, take(l.line));
     }
     Ok(BoardPins::new(map, take, |n| {
@@ -189,16 +194,23 @@ mod tests {
     fn a_failed_line_is_named_with_its_signal() {
         let e = GpioError {
             chip: "/dev/gpiochip0".into(),
-            line: Some((8, "pump-enable relay".into())),
+            line: Some((8, "controller-healthy relay".into())),
             reason: "cannot request: Device or resource busy (held by \"other\")".into(),
         };
         assert_eq!(
             e.to_string(),
-            "GPIO chip /dev/gpiochip0 line 8 (pump-enable relay): cannot request: \
+            "GPIO chip /dev/gpiochip0 line 8 (controller-healthy relay): cannot request: \
              Device or resource busy (held by \"other\")"
         );
         let map = PinMap::sim_controller();
-        assert_eq!(signal_name(&map.leaks[2]), "leak rope of rack 2");
+        assert_eq!(
+            signal_name(&map.rope(2).unwrap().leak),
+            "leak rope of rack 2"
+        );
+        assert_eq!(
+            signal_name(&map.rope(2).unwrap().fault),
+            "rope fault input of rack 2"
+        );
         assert_eq!(signal_name(&map.alarm_beacon), "alarm beacon");
     }
 }

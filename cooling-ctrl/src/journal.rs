@@ -9,6 +9,14 @@
 //! The control loop never waits for a flash write: it hands [`Journal`]
 //! entries to the recorder ([`record`]), which writes them in order.
 //!
+//! The latched state of the core (leak latches, failed pumps, the lead
+//! pump, a failsafe and the sensor faults: `cooling_core::latch`) is kept
+//! in the config store under [`LATCHED_KEY`]: the shell writes it with
+//! [`Recorder::set_sync`] and waits for it to be in flash before the
+//! step's commands reach the CDU, and [`ControllerFlash::open`] reads it
+//! back before the first step. The twin's restarts use the same
+//! [`save_latched`] and [`load_latched`] on a simulated flash.
+//!
 //! Records: an event is kind `MessageKind::Event` with the message's body;
 //! a lease is kind `MessageKind::CapLease` with a byte for lift (1) or cap
 //! (0), the host id's length and bytes, and the signed frame as sent.
@@ -22,10 +30,12 @@ use std::path::Path;
 use std::string::String;
 use std::vec::Vec;
 
+use cooling_core::Latched;
+use embedded_storage_async::nor_flash::MultiwriteNorFlash;
 use loopwarden_bus::agent_flash::{self, Flash};
 pub use loopwarden_bus::recorder::{Entry, Recorder};
 use loopwarden_flash::log::WRAPPED;
-use loopwarden_flash::{Outbox, Wrapped};
+use loopwarden_flash::{ConfigStore, Outbox, Wrapped};
 use loopwarden_protocol::{Frame, Message, MessageKind, TimestampMs, MAX_FRAME_LEN};
 use serde_json::{json, Value};
 
@@ -41,6 +51,9 @@ pub struct ControllerFlash {
     pub outbox: Outbox<Flash>,
     /// The bus's first sequence number.
     pub first_seq: u32,
+    /// The latched state read back at opening: `Ok(None)` when none was
+    /// ever written, an error when it cannot be read.
+    pub latched: Result<Option<Latched>, String>,
 }
 
 impl std::fmt::Debug for ControllerFlash {
@@ -56,14 +69,48 @@ impl ControllerFlash {
     /// Opens the flash file at `path` (made if missing), or memory, and
     /// starts the recorder thread.
     pub fn open(path: Option<&Path>) -> Result<Self, String> {
-        let stores = agent_flash::open(path)?;
+        let mut stores = agent_flash::open(path)?;
+        let latched = futures::executor::block_on(load_latched(&mut stores.store));
         let recorder = Recorder::start(stores.log, stores.store, path)
             .map_err(|e| format!("the recorder thread: {e}"))?;
         Ok(Self {
             recorder,
             outbox: stores.outbox,
             first_seq: stores.first_seq,
+            latched,
         })
+    }
+}
+
+/// The config key of the latched state.
+pub const LATCHED_KEY: &str = "cdu.latched";
+
+/// Writes the latched state `l` to `store`.
+pub async fn save_latched<S: MultiwriteNorFlash>(
+    store: &mut ConfigStore<S>,
+    l: &Latched,
+) -> Result<(), String> {
+    store
+        .set(LATCHED_KEY, &l.encode())
+        .await
+        .map_err(|e| format!("{LATCHED_KEY} not kept in flash: {e:?}"))
+}
+
+/// The latched state in `store`: `None` when none was ever written; an
+/// error that says why when it cannot be read or decoded.
+pub async fn load_latched<S: MultiwriteNorFlash>(
+    store: &mut ConfigStore<S>,
+) -> Result<Option<Latched>, String> {
+    let mut buf = [0u8; 64];
+    let n = store
+        .get(LATCHED_KEY, &mut buf)
+        .await
+        .map_err(|e| format!("{LATCHED_KEY}: unreadable in flash: {e:?}"))?;
+    match n {
+        None => Ok(None),
+        Some(n) => Latched::decode(&buf[..n])
+            .map(Some)
+            .map_err(|e| format!("{LATCHED_KEY}: {e}")),
     }
 }
 

@@ -84,6 +84,13 @@ pub struct CduMeasurements {
     pub pumps_running: [Option<bool>; 2],
     /// Leak inputs, bit n = rack n (`leak_inputs`).
     pub leaks: Option<u16>,
+    /// Loop differential pressure, kPa (`diff_pressure`).
+    pub diff_pressure_kpa: Option<f64>,
+    /// Rack valves reading closed, bit n = rack n (`valves_closed`).
+    pub valves_closed: Option<u16>,
+    /// Pump A and B drive or overload fault (`pump_a_fault`,
+    /// `pump_b_fault`).
+    pub pump_faults: [Option<bool>; 2],
     /// IT power meter, W (`it_power`).
     pub it_w: Option<f64>,
     /// Cooling plant power meter, W (`cooling_power`).
@@ -103,17 +110,25 @@ pub struct CduSettings {
     pub lead_pump: u8,
     /// Rack valves open, bit n = rack n (`valves_open`).
     pub valves_open: u16,
+    /// Pumps to run, bit 0 A, bit 1 B (`pumps_run`).
+    pub pumps_run: u8,
+    /// A value that changes every step (`heartbeat`).
+    pub heartbeat: u16,
 }
 
 impl CduSettings {
     /// Register name and value of each setting, in the order they are
-    /// written.
-    pub fn registers(&self) -> [(&'static str, f64); 4] {
+    /// written: the valves and the pumps first (what isolates a leak must
+    /// not wait behind a setpoint the CDU refuses), the heartbeat last (it
+    /// says the whole step went in).
+    pub fn registers(&self) -> [(&'static str, f64); 6] {
         [
-            (SETPOINT, self.setpoint_c),
-            (PUMP_SPEED, self.pump_speed_pct),
-            (LEAD_PUMP, f64::from(self.lead_pump)),
             (VALVES_OPEN, f64::from(self.valves_open)),
+            (PUMPS_RUN, f64::from(self.pumps_run)),
+            (LEAD_PUMP, f64::from(self.lead_pump)),
+            (PUMP_SPEED, self.pump_speed_pct),
+            (SETPOINT, self.setpoint_c),
+            (HEARTBEAT, f64::from(self.heartbeat)),
         ]
     }
 }
@@ -132,9 +147,15 @@ const SETPOINT: &str = "supply_setpoint";
 const PUMP_SPEED: &str = "pump_speed";
 const LEAD_PUMP: &str = "lead_pump";
 const VALVES_OPEN: &str = "valves_open";
+const DIFF_PRESSURE: &str = "diff_pressure";
+const VALVES_CLOSED: &str = "valves_closed";
+const PUMP_A_FAULT: &str = "pump_a_fault";
+const PUMP_B_FAULT: &str = "pump_b_fault";
+const PUMPS_RUN: &str = "pumps_run";
+const HEARTBEAT: &str = "heartbeat";
 
 /// The input registers [`CduMeasurements`] is made of.
-pub const READING_REGISTERS: [&str; 10] = [
+pub const READING_REGISTERS: [&str; 14] = [
     SUPPLY,
     RETURN,
     FLOW,
@@ -145,10 +166,21 @@ pub const READING_REGISTERS: [&str; 10] = [
     IT_POWER,
     COOLING_POWER,
     FACILITY_POWER,
+    DIFF_PRESSURE,
+    VALVES_CLOSED,
+    PUMP_A_FAULT,
+    PUMP_B_FAULT,
 ];
 
-/// The holding registers [`CduSettings`] goes to.
-pub const SETTING_REGISTERS: [&str; 4] = [SETPOINT, PUMP_SPEED, LEAD_PUMP, VALVES_OPEN];
+/// The holding registers [`CduSettings`] goes to, in the order written.
+pub const SETTING_REGISTERS: [&str; 6] = [
+    VALVES_OPEN,
+    PUMPS_RUN,
+    LEAD_PUMP,
+    PUMP_SPEED,
+    SETPOINT,
+    HEARTBEAT,
+];
 
 /// Why a read or write of the CDU failed. Every message says what was
 /// asked (register names, kind, addresses) and of which CDU.
@@ -634,6 +666,12 @@ impl CduPort for ModbusCdu {
             facility_supply_c: get(FACILITY_SUPPLY),
             pumps_running: [get(PUMP_A).map(|v| v != 0.0), get(PUMP_B).map(|v| v != 0.0)],
             leaks: get(LEAKS).map(|v| v as u16),
+            diff_pressure_kpa: get(DIFF_PRESSURE),
+            valves_closed: get(VALVES_CLOSED).map(|v| v as u16),
+            pump_faults: [
+                get(PUMP_A_FAULT).map(|v| v != 0.0),
+                get(PUMP_B_FAULT).map(|v| v != 0.0),
+            ],
             it_w: get(IT_POWER),
             cooling_w: get(COOLING_POWER),
             facility_w: get(FACILITY_POWER),
@@ -728,8 +766,9 @@ mod tests {
             RegisterMap::sim_cdu(),
             Link::Tcp("127.0.0.1:502".parse().unwrap()),
         );
-        // 0-6 (temperatures, flow, pumps, leaks), 10-15 (three u32 meters).
-        assert_eq!(cdu.read_requests(), std::vec![(0, 7), (10, 6)]);
+        // 0-6 (temperatures, flow, pumps, leaks), 10-19 (three u32 meters,
+        // pressure, valve positions, pump faults).
+        assert_eq!(cdu.read_requests(), std::vec![(0, 7), (10, 10)]);
         assert!(cdu.unmapped().is_empty());
     }
 

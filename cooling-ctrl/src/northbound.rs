@@ -298,6 +298,7 @@ mod tests {
             it_w: Some(100_000.0),
             cooling_w: Some(4_000.0),
             facility_w: Some(110_000.0),
+            ..Default::default()
         }
     }
 
@@ -329,7 +330,8 @@ mod tests {
                 now_ms: s * 1000,
                 cdu: Some(crate::shell::core_readings(&r)),
                 ambient_c: None,
-                leaks: 0,
+                leaks: cooling_core::LeakInputs::DRY,
+                cdu_writes_ok: true,
                 hosts: &hosts,
             }));
         }
@@ -387,7 +389,8 @@ mod tests {
                 now_ms: s * 1000,
                 cdu: Some(crate::shell::core_readings(&r)),
                 ambient_c: None,
-                leaks: 0,
+                leaks: cooling_core::LeakInputs::DRY,
+                cdu_writes_ok: true,
                 hosts: &[],
             }));
         }

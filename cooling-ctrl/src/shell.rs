@@ -68,8 +68,8 @@ use loopwarden_bus::agent_flash::SeqFloor;
 use loopwarden_bus::{now_ms, BrokerAddr, Bus, BusConfig, Inbound, PublishError};
 use loopwarden_protocol::message::{
     Ack, AckCode, CapLease, CapSource, CduMode, CduState, CduTelemetry, CommandAuth, Event, GpuCap,
-    GpuFlags, GpuSelector, HostTelemetry, Pump, PumpStatus, RackCooling, RackState, RackStatus,
-    SensorFault, ThrottleReasons,
+    GpuFlags, GpuSelector, HostTelemetry, LeakSensing, Pump, PumpStatus, RackCooling, RackState,
+    RackStatus, SensorFault, ThrottleReasons,
 };
 use loopwarden_protocol::topic::filter;
 use loopwarden_protocol::units::{
@@ -83,10 +83,11 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use cooling_core::sensors::Which;
 use cooling_core::{
-    CduReadings, Commands, ConfigError, Core, CoreConfig, HostReport, Inputs, LoopStatus, MAX_HOSTS,
+    CduReadings, Commands, ConfigError, Core, CoreConfig, HostReport, Inputs, Latched, LeakInputs,
+    LoopStatus, MAX_HOSTS,
 };
 
-use crate::journal::{self, ControllerFlash, Recorder};
+use crate::journal::{self, ControllerFlash, Recorder, LATCHED_KEY};
 use crate::modbus::{CduError, CduMeasurements, CduPort, CduSettings};
 use crate::northbound::{snapshot_from, NorthboundSettings, NorthboundSnapshot, NorthboundWrite};
 
@@ -296,7 +297,19 @@ struct Shell<P> {
     beacon: bool,
     board: Option<Box<dyn BoardIo>>,
     board_error: Option<String>,
-    ropes: u16,
+    /// What the leak inputs said at the last step.
+    leak_inputs: LeakInputs,
+    /// The pumps' fault bits as last read.
+    pump_faults: [bool; 2],
+    /// The latched state last kept in flash.
+    kept: Option<Latched>,
+    /// The latched record was unreadable: latch the racks whose valve the
+    /// CDU reports closed at its first answer.
+    relatch: bool,
+    /// The heartbeat written with the last settings.
+    heartbeat: u16,
+    /// The CDU took the last settings.
+    writes_ok: bool,
 }
 
 /// Runs the shell for the CDU behind `cdu` until `shutdown` completes,
@@ -320,7 +333,14 @@ pub async fn run_with<P: CduPort>(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ShellError> {
     cfg.validate()?;
-    let core = Core::new(cfg.core).map_err(ShellError::Core)?;
+    if let Some(b) = &opts.board {
+        check_ropes(&cfg.core, b.roped())?;
+    }
+    let flash = match opts.flash {
+        Some(f) => f,
+        None => ControllerFlash::open(None).map_err(ShellError::Flash)?,
+    };
+    let (core, relatch) = start_core(cfg.core, &flash.latched)?;
     let cfg_core = cfg.core;
     let me = NodeId::new(Role::Cdu, cfg.cdu.as_str())
         .map_err(|e| ShellError::Config(format!("cdu: {e}")))?;
@@ -337,10 +357,6 @@ pub async fn run_with<P: CduPort>(
             .build()
             .map_err(|e| ShellError::Bus(format!("the cmd topic of host {h}: {e:?}")))?;
     }
-    let flash = match opts.flash {
-        Some(f) => f,
-        None => ControllerFlash::open(None).map_err(ShellError::Flash)?,
-    };
     bus_config.first_seq = flash.first_seq;
     let (bus, mut inbound, bus_task) = Bus::start_with_outbox(bus_config, Box::new(flash.outbox));
     flash.recorder.attach(bus.clone());
@@ -387,7 +403,12 @@ pub async fn run_with<P: CduPort>(
         beacon: false,
         board: opts.board,
         board_error: None,
-        ropes: 0,
+        leak_inputs: LeakInputs::DRY,
+        pump_faults: [false; 2],
+        kept: None,
+        relatch,
+        heartbeat: 0,
+        writes_ok: true,
     };
     let mut operator = opts.operator;
     let mut tick = tokio::time::interval(shell.cfg.period);
@@ -416,6 +437,47 @@ pub async fn run_with<P: CduPort>(
     Ok(())
 }
 
+/// Every rack of the layout has a rope on the board (`roped`), or is
+/// declared unprotected.
+fn check_ropes(core: &CoreConfig, roped: u16) -> Result<(), ShellError> {
+    let l = core.layout;
+    let bare = (0..l.racks.min(16)).find(|r| (roped | l.unprotected) & (1 << r) == 0);
+    match bare {
+        Some(r) => Err(ShellError::Config(format!(
+            "rack {r} has no leak rope in the board's pin map: give it one, or declare it in unprotected_racks to run it without leak sensing"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The core at start: restored from the latched state in flash; a fresh
+/// one when none was kept; and when the record cannot be read, a fresh one
+/// that latches the racks whose valves the CDU reports closed (true).
+fn start_core(
+    cfg: CoreConfig,
+    latched: &Result<Option<Latched>, String>,
+) -> Result<(Core, bool), ShellError> {
+    match latched {
+        Ok(Some(l)) => {
+            tracing::warn!(
+                "cooling shell: restored from flash: leaks latched {:#06b}, pumps out {:#04b}, lead {:?}, failsafe {:?}",
+                l.leaks,
+                l.pumps_out(),
+                l.lead,
+                l.failsafe
+            );
+            Ok((Core::restore(cfg, l).map_err(ShellError::Core)?, false))
+        }
+        Ok(None) => Ok((Core::new(cfg).map_err(ShellError::Core)?, false)),
+        Err(e) => {
+            tracing::error!(
+                "cooling shell: {e}; every rack whose valve the CDU reports closed is latched at its first answer"
+            );
+            Ok((Core::new(cfg).map_err(ShellError::Core)?, true))
+        }
+    }
+}
+
 impl<P: CduPort> Shell<P> {
     fn now_ms(&self) -> u64 {
         self.started.elapsed().as_millis() as u64
@@ -434,74 +496,32 @@ impl<P: CduPort> Shell<P> {
 
     async fn step(&mut self) {
         let now = self.now_ms();
-        let readings = match self.cdu.read().await {
-            Ok(r) => {
-                if let Some(e) = self.cdu_error.take() {
-                    tracing::info!("cooling shell: the CDU answers again (was: {e})");
-                }
-                self.stats.cdu_reads += 1;
-                self.last_read = Some(now_ms());
-                Some(r)
-            }
-            Err(e) => {
-                self.stats.cdu_read_errors += 1;
-                self.cdu_failed(&e);
-                None
-            }
-        };
-        if let Some(l) = readings.and_then(|r| r.leaks) {
-            self.leaks = l;
-        }
-        // The board's ropes count as much as the CDU's leak inputs.
-        let ropes = match self.board.as_mut().map(|b| b.leaks()) {
-            Some(Ok(bits)) => bits,
-            Some(Err(e)) => {
-                self.board_failed(e);
-                0
-            }
-            None => 0,
-        };
-        self.ropes = ropes;
+        let readings = self.read_cdu().await;
+        let leaks = self.leak_inputs(readings.as_ref());
         self.northbound_writes();
+        self.relatch(readings.as_ref());
         let c = self.core.step(&Inputs {
             now_ms: now,
             cdu: readings.as_ref().map(core_readings),
             ambient_c: self.cfg.ambient_c,
-            leaks: self.leaks | ropes,
+            leaks,
+            cdu_writes_ok: self.writes_ok,
             hosts: &self.reports,
         });
+        self.leak_inputs = leaks;
+        // What the step latched is in flash before anything acts on it.
+        self.keep_latched().await;
+        self.write_cdu(&c).await;
         if let Some(b) = self.board.as_mut() {
-            if let Err(e) = b.drive(c.pump_on[0] || c.pump_on[1], c.beacon) {
+            // One pulse of the healthy relay per completed step.
+            if let Err(e) = b.pulse_healthy().and_then(|()| b.beacon(c.beacon)) {
                 self.board_failed(e);
-            }
-        }
-        match self.cdu.write(&settings(&c)).await {
-            Ok(()) => {
-                if let Some(e) = self.write_error.take() {
-                    tracing::info!("cooling shell: the CDU takes its settings again (was: {e})");
-                }
-            }
-            Err(e) => {
-                self.stats.cdu_write_errors += 1;
-                let msg = e.to_string();
-                if self.write_error.as_deref() != Some(msg.as_str()) {
-                    tracing::error!("cooling shell: writing the CDU's settings: {msg}");
-                    self.write_error = Some(msg);
-                }
             }
         }
         self.publish_telemetry(&c, readings.as_ref());
         self.publish_state(now, &c, readings.as_ref());
         for e in &c.events {
-            tracing::info!("cooling shell: event {e:?}");
-            let time = now_ms();
-            self.journal(Journal::Event {
-                time,
-                event: e.clone(),
-            });
-            // Through the outbox, after its log entry.
-            self.recorder.publish(Message::Event(e.clone()), time, true);
-            self.stats.events_published += 1;
+            self.announce(e.clone());
         }
         self.leases(now, &c);
         self.seq_floor.keep_ahead(&self.bus, &self.recorder).await;
@@ -527,22 +547,164 @@ impl<P: CduPort> Shell<P> {
         self.report();
     }
 
+    /// Reads the CDU; an error is logged once per change of its message.
+    async fn read_cdu(&mut self) -> Option<CduMeasurements> {
+        match self.cdu.read().await {
+            Ok(r) => {
+                if let Some(e) = self.cdu_error.take() {
+                    tracing::info!("cooling shell: the CDU answers again (was: {e})");
+                }
+                self.stats.cdu_reads += 1;
+                self.last_read = Some(now_ms());
+                self.pump_faults = [0, 1].map(|i| r.pump_faults[i].unwrap_or(false));
+                Some(r)
+            }
+            Err(e) => {
+                self.stats.cdu_read_errors += 1;
+                self.cdu_failed(&e);
+                None
+            }
+        }
+    }
+
+    /// The leak inputs of this step: the board's ropes and the CDU's leak
+    /// register (the last bits it gave). A board that cannot be read, or
+    /// without a board a CDU that does not answer, is leak sensing lost.
+    fn leak_inputs(&mut self, r: Option<&CduMeasurements>) -> LeakInputs {
+        if let Some(l) = r.and_then(|r| r.leaks) {
+            self.leaks = l;
+        }
+        match self.board.as_mut().map(|b| b.ropes()) {
+            Some(Ok(ropes)) => LeakInputs {
+                wet: ropes.wet | self.leaks,
+                rope_faults: ropes.faults,
+                read_ok: true,
+            },
+            Some(Err(e)) => {
+                self.board_failed(e);
+                LeakInputs {
+                    wet: self.leaks,
+                    rope_faults: 0,
+                    read_ok: false,
+                }
+            }
+            None => LeakInputs {
+                wet: self.leaks,
+                rope_faults: 0,
+                read_ok: r.is_some_and(|r| r.leaks.is_some()),
+            },
+        }
+    }
+
+    /// After an unreadable latched record, at the CDU's first answer with
+    /// valve positions: every rack whose valve reads closed is latched, so
+    /// that no valve opens without an operator.
+    fn relatch(&mut self, r: Option<&CduMeasurements>) {
+        let Some(closed) = r.and_then(|r| r.valves_closed).filter(|_| self.relatch) else {
+            return;
+        };
+        self.relatch = false;
+        let mut l = self.core.latched();
+        l.leaks |= closed & ((1u32 << self.cfg.core.layout.racks) - 1) as u16;
+        match Core::restore(self.cfg.core, &l) {
+            Ok(core) => {
+                tracing::warn!(
+                    "cooling shell: racks latched from the valves the CDU reports closed: {:#06b}",
+                    l.leaks
+                );
+                self.core = core;
+            }
+            Err(e) => tracing::error!("cooling shell: relatching from the valves: {e}"),
+        }
+    }
+
+    /// Writes the core's latched state to flash when it changed, and waits
+    /// for it to be there.
+    async fn keep_latched(&mut self) {
+        let l = self.core.latched();
+        if self.kept == Some(l) {
+            return;
+        }
+        let value = l.encode().to_vec();
+        match self.recorder.set_sync(LATCHED_KEY.into(), value).await {
+            Ok(()) => self.kept = Some(l),
+            Err(e) => tracing::error!(
+                "cooling shell: the latched state is not in flash ({e}); acting on it all the same"
+            ),
+        }
+    }
+
+    /// Writes the step's settings and a new heartbeat to the CDU.
+    async fn write_cdu(&mut self, c: &Commands) {
+        self.heartbeat = self.heartbeat.wrapping_add(1);
+        match self.cdu.write(&settings(c, self.heartbeat)).await {
+            Ok(()) => {
+                self.writes_ok = true;
+                if let Some(e) = self.write_error.take() {
+                    tracing::info!("cooling shell: the CDU takes its settings again (was: {e})");
+                }
+            }
+            Err(e) => {
+                self.writes_ok = false;
+                self.stats.cdu_write_errors += 1;
+                let msg = e.to_string();
+                if self.write_error.as_deref() != Some(msg.as_str()) {
+                    tracing::error!("cooling shell: writing the CDU's settings: {msg}");
+                    self.write_error = Some(msg);
+                }
+            }
+        }
+    }
+
+    /// Logs an event to flash and publishes it through the outbox.
+    fn announce(&mut self, e: Event) {
+        tracing::info!("cooling shell: event {e:?}");
+        let time = now_ms();
+        self.journal(Journal::Event {
+            time,
+            event: e.clone(),
+        });
+        // Through the outbox, after its log entry.
+        self.recorder.publish(Message::Event(e), time, true);
+        self.stats.events_published += 1;
+    }
+
     /// Carries out an operator's request between two steps.
     fn on_operator(&mut self, req: OperatorRequest) {
-        let answer = match req.action {
-            OperatorAction::ClearLeak { rack } => self
-                .core
-                .clear_leak(rack, self.leaks | self.ropes)
-                .map(|()| format!("rack {rack}: leak cleared, its valve reopens at the next step"))
-                .map_err(|e| format!("rack {rack}: {e}")),
+        let (answer, cleared) = match req.action {
+            OperatorAction::ClearLeak { rack } => {
+                let done = self
+                    .core
+                    .clear_leak(rack, &self.leak_inputs)
+                    .map(|()| {
+                        format!("rack {rack}: leak cleared, its valve reopens at the next step")
+                    })
+                    .map_err(|e| format!("rack {rack}: {e}"));
+                (done, (RackIndex::new(rack as u8), None))
+            }
             OperatorAction::ClearPumpTrip { pump } => {
-                self.core.clear_pump_trip(pump);
-                Ok(format!("pump {pump:?} back in service"))
+                let shown = self.pump_faults[pump as usize];
+                let done = self
+                    .core
+                    .clear_pump(pump, shown)
+                    .map(|()| format!("pump {pump:?} back in service"))
+                    .map_err(|e| format!("pump {pump:?}: {e}"));
+                (done, (None, Some(pump)))
             }
         };
+        let who = req.operator.clone();
         match &answer {
-            Ok(done) => tracing::warn!("cooling shell: operator: {done}"),
-            Err(why) => tracing::info!("cooling shell: operator request refused: {why}"),
+            Ok(done) => {
+                tracing::warn!("cooling shell: operator {who}: {done}");
+                // In the flash log with who asked; the new latched state
+                // goes to flash at the next step, before it acts.
+                self.announce(Event::OperatorCleared {
+                    rack: cleared.0,
+                    pump: cleared.1,
+                    operator: who,
+                });
+            }
+            Err(why) => tracing::info!("cooling shell: operator {who}: request refused: {why}"),
         }
         // The console may have stopped waiting: nothing to do then.
         let _ = req.reply.send(answer);

@@ -4,6 +4,12 @@
 //! decision; nothing else sits between them, so the figures are the
 //! core's own. Built with the `twin` feature only.
 //!
+//! As the shell does, it keeps the core's latched state in flash (a
+//! simulated flash of the controller's geometry, through the same
+//! [`save_latched`]) before a step's decision acts, and a
+//! `controller_restart` rebuilds the core from what that flash holds after
+//! it is opened again ([`load_latched`]), not from a copy in memory.
+//!
 //! Glossary:
 //! - *scenario runner*: `loopwarden_twin::sim`, which plays a scenario on
 //!   the plant with a controller in charge.
@@ -11,35 +17,102 @@
 use std::vec;
 use std::vec::Vec;
 
+use futures::executor::block_on;
 use loopwarden_boards::site::SiteConfig;
+use loopwarden_boards::FlashBoard;
+use loopwarden_bus::agent_flash::AgentFlash;
+use loopwarden_flash::sim::SimFlash;
+use loopwarden_flash::ConfigStore;
 use loopwarden_protocol::message::CduMode;
 use loopwarden_twin::sim::{Controller, Decision, Readings};
 
-use cooling_core::{CduReadings, ConfigError, Core, HostReport, MAX_HOSTS};
+use cooling_core::{
+    CduReadings, ConfigError, Core, CoreConfig, HostReport, Latched, LeakInputs, MAX_HOSTS,
+};
 
+use crate::journal::{load_latched, save_latched};
 use crate::site_figures::core_config;
 
 /// The core as a scenario runner's controller.
 pub struct Ours {
     core: Core,
+    cfg: CoreConfig,
     reports: Vec<Option<HostReport>>,
     racks: usize,
+    /// The controller's flash, simulated.
+    store: Option<ConfigStore<AgentFlash>>,
+    /// The latched state last written to it.
+    kept: Latched,
+    /// The time at the restart, ms: the restarted process counts from it.
+    epoch_ms: u64,
+    restarting: bool,
+}
+
+/// The config store on a fresh simulated flash of the controller's
+/// geometry, or on `flash` reopened.
+fn open_store(flash: Option<AgentFlash>) -> ConfigStore<AgentFlash> {
+    let board = FlashBoard::host_file();
+    let flash =
+        flash.unwrap_or_else(|| AgentFlash::Memory(SimFlash::new(board.geometry.sectors as usize)));
+    match ConfigStore::open(flash, board.layout().config) {
+        Ok(s) => s,
+        Err(e) => panic!("the host flash board's config range is refused: {e:?}"),
+    }
 }
 
 impl Ours {
     /// The core configured for `site`.
     pub fn new(site: &SiteConfig) -> Result<Self, ConfigError> {
         let cfg = core_config(site)?;
+        let core = Core::new(cfg)?;
         Ok(Self {
-            core: Core::new(cfg)?,
+            kept: core.latched(),
+            core,
+            cfg,
             reports: vec![None; cfg.layout.hosts().min(MAX_HOSTS)],
             racks: site.racks,
+            store: Some(open_store(None)),
+            epoch_ms: 0,
+            restarting: false,
         })
     }
 
     /// The core (for tests that look inside).
     pub fn core(&self) -> &Core {
         &self.core
+    }
+
+    /// Writes the core's latched state to flash when it changed.
+    fn keep_latched(&mut self) {
+        let now = self.core.latched();
+        if now != self.kept {
+            if let Some(store) = self.store.as_mut() {
+                if let Err(e) = block_on(save_latched(store, &now)) {
+                    panic!("the simulated flash refused the latched state: {e}");
+                }
+            }
+            self.kept = now;
+        }
+    }
+
+    /// The process starts again at `now_ms`: the flash is opened anew and
+    /// the core rebuilt from what it holds; the host reports are gone.
+    fn start_again(&mut self, now_ms: u64) {
+        let flash = self.store.take().map(ConfigStore::into_flash);
+        let mut store = open_store(flash);
+        let latched = match block_on(load_latched(&mut store)) {
+            Ok(l) => l,
+            Err(e) => panic!("the simulated flash lost the latched state: {e}"),
+        };
+        self.core = match latched {
+            Some(l) => Core::restore(self.cfg, &l),
+            None => Core::new(self.cfg),
+        }
+        .unwrap_or_else(|e| panic!("a configuration accepted before is refused: {e}"));
+        self.kept = self.core.latched();
+        self.store = Some(store);
+        self.reports.iter_mut().for_each(|r| *r = None);
+        self.epoch_ms = now_ms;
     }
 }
 
@@ -48,8 +121,17 @@ impl Controller for Ours {
         "ours"
     }
 
+    fn restart(&mut self) {
+        self.restarting = true;
+    }
+
     fn step(&mut self, r: &Readings) -> Decision {
-        let now_ms = (r.t_s * 1000.0).round() as u64;
+        let t_ms = (r.t_s * 1000.0).round() as u64;
+        if std::mem::take(&mut self.restarting) {
+            self.start_again(t_ms);
+        }
+        // The process's monotonic clock starts at its start.
+        let now_ms = t_ms - self.epoch_ms;
         // A report keeps its arrival time: during a bus outage the core
         // sees them age.
         for h in &r.hosts {
@@ -68,12 +150,6 @@ impl Controller for Ours {
                 });
             }
         }
-        let leaks = r
-            .leaks
-            .iter()
-            .enumerate()
-            .filter(|(i, l)| **l && *i < 16)
-            .fold(0u16, |m, (i, _)| m | (1 << i));
         let f = |x: Option<f64>| x.map(|v| v as f32);
         let cdu = r.modbus_ok.then(|| CduReadings {
             supply_c: f(r.supply_c),
@@ -81,6 +157,9 @@ impl Controller for Ours {
             flow_lpm: f(r.flow_lpm),
             facility_supply_c: f(r.facility_supply_c),
             pumps_running: r.pumps_running,
+            pump_faults: r.pump_faults,
+            diff_pressure_kpa: f(r.diff_pressure_kpa),
+            valves_closed: r.valves_closed.as_deref().map(mask),
             it_w: Some(r.it_w as f32),
             facility_w: Some(r.facility_w as f32),
         });
@@ -88,9 +167,16 @@ impl Controller for Ours {
             now_ms,
             cdu,
             ambient_c: Some(r.ambient_c as f32),
-            leaks,
+            leaks: LeakInputs {
+                wet: mask(&r.leaks),
+                rope_faults: mask(&r.rope_faults),
+                read_ok: r.board_ok,
+            },
+            cdu_writes_ok: r.writes_ok,
             hosts: &self.reports,
         });
+        // In flash before it acts.
+        self.keep_latched();
         Decision {
             setpoint_c: c.setpoint_c as f64,
             pump_speed: c.pump_speed as f64,
@@ -108,6 +194,19 @@ impl Controller for Ours {
                 .map(|i| i < 16 && c.cooling_lost & (1 << i) != 0)
                 .collect(),
             failsafe: c.mode == CduMode::Failsafe,
+            heartbeat: true,
+            leak_sensing_lost: (0..self.racks)
+                .map(|i| i < 16 && c.sensing_lost & (1 << i) != 0)
+                .collect(),
         }
     }
+}
+
+/// A per-rack list as a mask, bit n = rack n (racks past 16 left out).
+fn mask(per_rack: &[bool]) -> u16 {
+    per_rack
+        .iter()
+        .enumerate()
+        .filter(|(i, on)| **on && *i < 16)
+        .fold(0u16, |m, (i, _)| m | (1 << i))
 }

@@ -37,6 +37,7 @@ pub fn core_config(site: &SiteConfig) -> Result<CoreConfig, ConfigError> {
             racks: narrow(site.racks, "too many racks")?,
             hosts_per_rack: narrow(site.hosts_per_rack, "too many hosts per rack")?,
             gpus_per_host: narrow(site.gpus_per_host, "too many GPUs per host")?,
+            unprotected: 0,
         },
         gpu: GpuParams {
             tdp_w: g.tdp_w as f32,
@@ -60,6 +61,7 @@ pub fn core_config(site: &SiteConfig) -> Result<CoreConfig, ConfigError> {
             max_setpoint_c: l.max_setpoint_c as f32,
             cp_j_per_kg_k: l.cp_j_per_kg_k as f32,
             density_kg_per_m3: l.density_kg_per_m3 as f32,
+            design_dp_kpa: l.design_dp_kpa as f32,
         },
         facility: FacilityParams {
             water_kg_per_s: f.water_kg_per_s as f32,

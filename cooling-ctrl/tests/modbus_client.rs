@@ -25,12 +25,18 @@ fn low_first() -> RegisterMap {
     map_with("word_order = \"high_first\"", "word_order = \"low_first\"")
 }
 
-const SETTINGS: [(&str, f64); 4] = [
-    ("supply_setpoint", 30.0),
-    ("pump_speed", 80.0),
-    ("lead_pump", 0.0),
+/// The settings in the order they are written.
+const SETTINGS: [(&str, f64); 6] = [
     ("valves_open", 15.0),
+    ("pumps_run", 1.0),
+    ("lead_pump", 0.0),
+    ("pump_speed", 80.0),
+    ("supply_setpoint", 30.0),
+    ("heartbeat", 0.0),
 ];
+
+/// [`SETTINGS`] after [`NEW`] went in.
+const NEW_IN: [f64; 6] = [11.0, 2.0, 1.0, 72.5, 33.5, 7.0];
 
 /// A CDU serving `map` with known measurements: a negative temperature,
 /// u32 meters past 65,535 W.
@@ -90,13 +96,15 @@ const NEW: CduSettings = CduSettings {
     pump_speed_pct: 72.5,
     lead_pump: 1,
     valves_open: 0b1011,
+    pumps_run: 0b10,
+    heartbeat: 7,
 };
 
 #[tokio::test]
 async fn tcp_reads_every_measurement_with_the_maps_scaling() {
     let addr = serve_tcp(sim(RegisterMap::sim_cdu())).await;
     let mut client = tcp_client(RegisterMap::sim_cdu(), addr);
-    assert_eq!(client.read_requests(), vec![(0, 7), (10, 6)]);
+    assert_eq!(client.read_requests(), vec![(0, 7), (10, 10)]);
     let r = client.read().await.expect("read");
     assert_known_readings(&r);
 }
@@ -135,7 +143,7 @@ async fn tcp_writes_settings_that_the_cdu_takes() {
     let addr = serve_tcp(cdu.clone()).await;
     let mut client = tcp_client(RegisterMap::sim_cdu(), addr);
     client.write(&NEW).await.expect("write");
-    assert_eq!(settings_of(&cdu), vec![33.5, 72.5, 1.0, 11.0]);
+    assert_eq!(settings_of(&cdu), NEW_IN);
 }
 
 #[tokio::test]
@@ -151,7 +159,9 @@ async fn a_setpoint_the_cdu_refuses_is_exception_3_and_changes_nothing() {
         })
         .await
         .unwrap_err();
-    assert!(matches!(e, CduError::Refused { code: 3, .. }), "{e:?}");
+    // The valves and the pumps went in before it: a refused setpoint
+    // never holds back what isolates a leak.
+    assert_eq!(e.refused_code(), Some(3), "{e:?}");
     let text = e.to_string();
     assert!(
         text.contains("write supply_setpoint at holding 0")
@@ -159,7 +169,7 @@ async fn a_setpoint_the_cdu_refuses_is_exception_3_and_changes_nothing() {
             && text.contains(&addr.to_string()),
         "{text}"
     );
-    assert_eq!(settings_of(&cdu), vec![30.0, 80.0, 0.0, 15.0]);
+    assert_eq!(settings_of(&cdu), vec![11.0, 2.0, 1.0, 72.5, 30.0, 0.0]);
     // The link is still good.
     client.read().await.expect("read after a refusal");
 }
@@ -186,16 +196,16 @@ async fn a_write_refused_halfway_says_which_settings_went_in() {
     else {
         panic!("not a partial write: {e:?}");
     };
-    assert_eq!(written, &vec!["supply_setpoint"]);
+    assert_eq!(written, &vec!["valves_open", "pumps_run", "lead_pump"]);
     assert_eq!(*failed, "pump_speed");
-    assert_eq!(not_tried, &vec!["lead_pump", "valves_open"]);
+    assert_eq!(not_tried, &vec!["supply_setpoint", "heartbeat"]);
     assert_eq!(e.refused_code(), Some(3));
     assert!(
         e.to_string()
-            .starts_with("wrote supply_setpoint; pump_speed failed; did not try lead_pump, valves_open: write pump_speed at holding 1"),
+            .starts_with("wrote valves_open, pumps_run, lead_pump; pump_speed failed; did not try supply_setpoint, heartbeat: write pump_speed at holding 1"),
         "{e}"
     );
-    assert_eq!(settings_of(&cdu), vec![33.5, 80.0, 0.0, 15.0]);
+    assert_eq!(settings_of(&cdu), vec![11.0, 2.0, 1.0, 80.0, 30.0, 0.0]);
 }
 
 #[tokio::test]
@@ -203,7 +213,7 @@ async fn a_value_outside_the_maps_range_is_not_sent() {
     let cdu = sim(RegisterMap::sim_cdu());
     let addr = serve_tcp(cdu.clone()).await;
     let mut client = tcp_client(RegisterMap::sim_cdu(), addr);
-    // The valves are last: the bad lead pump must stop the setpoint too.
+    // The valves come first: a bad lead pump must stop them too.
     let e = client
         .write(&CduSettings {
             lead_pump: 2,
@@ -217,7 +227,7 @@ async fn a_value_outside_the_maps_range_is_not_sent() {
             .contains("write lead_pump at holding 2 of unit 1"),
         "{e}"
     );
-    assert_eq!(settings_of(&cdu), vec![30.0, 80.0, 0.0, 15.0]);
+    assert_eq!(settings_of(&cdu), vec![15.0, 1.0, 0.0, 80.0, 30.0, 0.0]);
 }
 
 #[tokio::test]
@@ -291,7 +301,7 @@ async fn a_tcp_peer_that_never_answers_is_no_answer_within_the_timeout() {
     tokio::spawn(cdu.clone().serve(listener));
     assert_known_readings(&client.read().await.expect("read after the timeout"));
     client.write(&NEW).await.expect("write after the timeout");
-    assert_eq!(settings_of(&cdu), vec![33.5, 72.5, 1.0, 11.0]);
+    assert_eq!(settings_of(&cdu), NEW_IN);
 }
 
 #[tokio::test]
@@ -389,7 +399,7 @@ async fn rtu_reads_writes_and_exceptions_as_over_tcp() {
     let mut client = rtu_client(RegisterMap::sim_cdu(), &pair);
     assert_known_readings(&client.read().await.expect("read over RTU"));
     client.write(&NEW).await.expect("write over RTU");
-    assert_eq!(settings_of(&cdu), vec![33.5, 72.5, 1.0, 11.0]);
+    assert_eq!(settings_of(&cdu), NEW_IN);
 
     // Refused setpoint: exception 3, nothing changed.
     let mut wide = rtu_client(map_with("max = 45.0", "max = 60.0"), &pair);
@@ -401,14 +411,14 @@ async fn rtu_reads_writes_and_exceptions_as_over_tcp() {
         })
         .await
         .unwrap_err();
-    assert!(matches!(e, CduError::Refused { code: 3, .. }), "{e:?}");
+    assert_eq!(e.refused_code(), Some(3), "{e:?}");
     assert!(
         e.to_string()
             .contains("write supply_setpoint at holding 0 of unit 1 on Modbus RTU")
             && e.to_string().contains("19200 8N1"),
         "{e}"
     );
-    assert_eq!(settings_of(&cdu), vec![33.5, 72.5, 1.0, 11.0]);
+    assert_eq!(settings_of(&cdu), NEW_IN);
     wide.disconnect().await;
 
     // An address the CDU lacks: exception 2.
@@ -460,7 +470,7 @@ async fn rtu_with_nobody_serving_is_no_answer_and_recovers_when_the_cdu_is_back(
         .write(&NEW)
         .await
         .expect("write once the CDU is back");
-    assert_eq!(settings_of(&cdu), vec![33.5, 72.5, 1.0, 11.0]);
+    assert_eq!(settings_of(&cdu), NEW_IN);
     server.abort();
 }
 

@@ -66,9 +66,41 @@ where
     F: Fn(R) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = Value> + Send + 'static,
 {
+    serve_callers(listener, move |req: R, _: Caller| answer(req)).await
+}
+
+/// Who asked on the console socket: the peer's user id as the kernel
+/// reports it (`None`: the platform does not say).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caller {
+    /// The peer process's user id.
+    pub uid: Option<u32>,
+}
+
+impl Caller {
+    /// The caller as an operator name for the flash log: `uid-<n>`, or
+    /// `unknown`.
+    pub fn operator(&self) -> String {
+        match self.uid {
+            Some(uid) => format!("uid-{uid}"),
+            None => "unknown".into(),
+        }
+    }
+}
+
+/// As [`serve`], giving `answer` the [`Caller`] of each request.
+pub async fn serve_callers<R, F, Fut>(listener: UnixListener, answer: F)
+where
+    R: DeserializeOwned + Send + 'static,
+    F: Fn(R, Caller) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Value> + Send + 'static,
+{
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
+        };
+        let caller = Caller {
+            uid: stream.peer_cred().ok().map(|c| c.uid()),
         };
         let answer = answer.clone();
         tokio::spawn(async move {
@@ -79,7 +111,7 @@ where
                 Err(e) => json!({ "error": format!("reading the request: {e}") }),
                 Ok(_) => match serde_json::from_str::<R>(line.trim()) {
                     Err(e) => json!({ "error": format!("bad request {:?}: {e}", line.trim()) }),
-                    Ok(req) => answer(req).await,
+                    Ok(req) => answer(req, caller).await,
                 },
             };
             let mut text = value.to_string();

@@ -209,13 +209,18 @@ fn event() -> impl Strategy<Value = Event> {
             .prop_map(|(pump, lag_started)| Event::PumpSeized { pump, lag_started }),
         (rack(), any::<bool>()).prop_map(|(rack, lost)| Event::LeakSensing { rack, lost }),
         (rack(), any::<bool>()).prop_map(|(rack, active)| Event::IsolationFailed { rack, active }),
-        (any::<u16>(), 0u8..4, prop_oneof![Just(Pump::A), Just(Pump::B)]).prop_map(
-            |(leaks_latched, pumps_out, lead)| Event::ControllerRestored {
-                leaks_latched,
-                pumps_out,
-                lead
-            }
-        ),
+        (
+            any::<u16>(),
+            0u8..4,
+            prop_oneof![Just(Pump::A), Just(Pump::B)]
+        )
+            .prop_map(
+                |(leaks_latched, pumps_out, lead)| Event::ControllerRestored {
+                    leaks_latched,
+                    pumps_out,
+                    lead
+                }
+            ),
         (
             proptest::option::of(rack()),
             proptest::option::of(prop_oneof![Just(Pump::A), Just(Pump::B)]),
@@ -335,19 +340,21 @@ fn message() -> impl Strategy<Value = Message> {
             any::<u64>(),
             celsius(),
             proptest::option::of(celsius()),
-            hv((rack(), any::<bool>(), 0u8..3).prop_map(|(rack, lost, s)| RackState {
-                rack,
-                cooling: if lost {
-                    RackCooling::Lost
-                } else {
-                    RackCooling::Normal
-                },
-                sensing: [
-                    LeakSensing::Supervised,
-                    LeakSensing::Lost,
-                    LeakSensing::Unprotected
-                ][usize::from(s)],
-            }))
+            hv(
+                (rack(), any::<bool>(), 0u8..3).prop_map(|(rack, lost, s)| RackState {
+                    rack,
+                    cooling: if lost {
+                        RackCooling::Lost
+                    } else {
+                        RackCooling::Normal
+                    },
+                    sensing: [
+                        LeakSensing::Supervised,
+                        LeakSensing::Lost,
+                        LeakSensing::Unprotected
+                    ][usize::from(s)],
+                })
+            )
         )
             .prop_map(|(mode, reason, since, setpoint, supply, racks)| {
                 Message::CduState(CduState {

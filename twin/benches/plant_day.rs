@@ -27,6 +27,7 @@ fn main() {
             ambient_c: 20.0,
             demand: vec![0.1; n],
             pump_tripped: [false; 2],
+            plate_factor: Vec::new(),
             chiller_tripped: false,
             dry_cooler_fraction: 1.0,
         };

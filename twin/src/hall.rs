@@ -59,6 +59,11 @@ impl Hall {
         let n = plant.gpus().len();
         let site = plant.site();
         let follow = HostFollow::new(site.racks * site.hosts_per_rack, site.gpus_per_host);
+        // A CDU at rest runs its lead pump.
+        if cdu.setting("pumps_run").is_ok_and(|r| r == 0.0) {
+            let lead = cdu.setting("lead_pump").unwrap_or(0.0).min(1.0);
+            let _ = cdu.write_setting("pumps_run", if lead == 1.0 { 2.0 } else { 1.0 });
+        }
         // Dry, whole ropes at start.
         for r in &pins.ropes {
             lines.assert(&r.leak, false);

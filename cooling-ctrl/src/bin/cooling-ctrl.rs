@@ -196,12 +196,12 @@ fn open_board(config: &config::Config) -> Result<Option<Box<dyn shell::BoardIo>>
             let pins = gpio::open(&b.chip, &b.pins)
                 .map_err(|e| format!("board pins ({}): {e}", b.pins_file.display()))?;
             tracing::info!(
-                "cooling-ctrl: board pins of {} ({}) on {}: {} leak ropes, relay line {}, beacon line {}",
+                "cooling-ctrl: board pins of {} ({}) on {}: {} leak ropes, controller-healthy relay line {}, beacon line {}",
                 b.pins.board,
                 b.pins_file.display(),
                 b.chip.display(),
-                b.pins.leaks.len(),
-                b.pins.pump_enable.line,
+                b.pins.ropes.len(),
+                b.pins.controller_healthy.line,
                 b.pins.alarm_beacon.line
             );
             Some(Box::new(pins))

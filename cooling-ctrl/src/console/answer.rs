@@ -8,7 +8,8 @@ use std::time::Duration;
 use std::vec::Vec;
 
 use loopwarden_bus::now_ms;
-use loopwarden_protocol::TimestampMs;
+use loopwarden_field::console::Caller;
+use loopwarden_protocol::{Ident, TimestampMs};
 use serde_json::{json, Value};
 
 use super::{round, Context, Request};
@@ -23,8 +24,8 @@ fn racks(mask: u16) -> Vec<usize> {
     (0..16).filter(|i| mask & (1 << i) != 0).collect()
 }
 
-/// Answers one request.
-pub async fn answer(ctx: &Context, req: Request) -> Value {
+/// Answers one request from `caller`.
+pub async fn answer(ctx: &Context, req: Request, caller: Caller) -> Value {
     let now = now_ms();
     let stats = ctx.stats.borrow().clone();
     match req {
@@ -32,14 +33,16 @@ pub async fn answer(ctx: &Context, req: Request) -> Value {
         Request::Sensors => sensors(&stats),
         Request::Loops => loops(&stats),
         Request::Caps => caps(ctx, &stats, now),
-        Request::ClearLeak { rack } => operate(ctx, OperatorAction::ClearLeak { rack }).await,
+        Request::ClearLeak { rack } => {
+            operate(ctx, OperatorAction::ClearLeak { rack }, caller).await
+        }
         Request::ClearPump { pump } => {
             let pump = match pump.as_str() {
                 "A" | "a" => loopwarden_protocol::message::Pump::A,
                 "B" | "b" => loopwarden_protocol::message::Pump::B,
                 other => return json!({ "error": format!("no pump {other:?}: A or B") }),
             };
-            operate(ctx, OperatorAction::ClearPumpTrip { pump }).await
+            operate(ctx, OperatorAction::ClearPumpTrip { pump }, caller).await
         }
         Request::Events { since } => {
             let since = since.unwrap_or(0);
@@ -57,14 +60,22 @@ pub async fn answer(ctx: &Context, req: Request) -> Value {
     }
 }
 
-/// Hands an operator's request to the control loop and waits for its
-/// answer (at most 5 s).
-async fn operate(ctx: &Context, action: OperatorAction) -> Value {
+/// Hands an operator's request from `caller` to the control loop and
+/// waits for its answer (at most 5 s).
+async fn operate(ctx: &Context, action: OperatorAction, caller: Caller) -> Value {
     let Some(tx) = &ctx.operator else {
         return json!({ "error": "this controller takes no operator requests" });
     };
+    let Ok(operator) = Ident::new(&caller.operator()) else {
+        return json!({ "error": "the caller cannot be named in the log" });
+    };
     let (reply, answer) = tokio::sync::oneshot::channel();
-    if tx.send(OperatorRequest { action, reply }).await.is_err() {
+    let req = OperatorRequest {
+        action,
+        operator,
+        reply,
+    };
+    if tx.send(req).await.is_err() {
         return json!({ "error": "the control loop has stopped" });
     }
     match tokio::time::timeout(Duration::from_secs(5), answer).await {

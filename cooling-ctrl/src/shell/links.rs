@@ -16,15 +16,29 @@ pub struct NorthboundLink {
     pub writes: Option<mpsc::Receiver<NorthboundWrite>>,
 }
 
-/// The controller board's own signals: leak ropes in, the pump-enable
-/// relay and the alarm beacon out. [`loopwarden_boards::pins::BoardPins`]
-/// over any `embedded-hal` pins implements it (Linux GPIO on a board, the
-/// simulated lines in the twin).
+/// The controller board's own signals: each rack's rope (leak and rope
+/// fault) in, the controller-healthy relay and the alarm beacon out.
+/// [`loopwarden_boards::pins::BoardPins`] over any `embedded-hal` pins
+/// implements it (Linux GPIO on a board, the simulated lines in the twin).
 pub trait BoardIo: Send {
-    /// Racks whose leak rope reports a leak, bit n = rack n.
-    fn leaks(&mut self) -> Result<u16, String>;
-    /// Drives the relay and the beacon.
-    fn drive(&mut self, pump_enable: bool, beacon: bool) -> Result<(), String>;
+    /// Every rope: which are wet and which report a fault (cut or
+    /// shorted); an error when any input line cannot be read.
+    fn ropes(&mut self) -> Result<Ropes, String>;
+    /// Racks with a rope on this board, bit n = rack n.
+    fn roped(&self) -> u16;
+    /// One pulse of the controller-healthy relay (a completed step).
+    fn pulse_healthy(&mut self) -> Result<(), String>;
+    /// Lights or darkens the beacon.
+    fn beacon(&mut self, on: bool) -> Result<(), String>;
+}
+
+/// What the ropes read, bit n = rack n.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Ropes {
+    /// Ropes reading wet.
+    pub wet: u16,
+    /// Ropes whose rope controller reports a fault.
+    pub faults: u16,
 }
 
 impl<I, O> BoardIo for loopwarden_boards::pins::BoardPins<I, O>
@@ -32,22 +46,32 @@ where
     I: embedded_hal::digital::InputPin + Send,
     O: embedded_hal::digital::OutputPin + Send,
 {
-    fn leaks(&mut self) -> Result<u16, String> {
-        let mut bits = 0u16;
-        for rack in 0..self.racks().min(16) {
-            match self.leak(rack) {
-                Some(Ok(true)) => bits |= 1 << rack,
-                Some(Ok(false)) | None => {}
+    fn ropes(&mut self) -> Result<Ropes, String> {
+        let mut r = Ropes::default();
+        for rack in 0..16 {
+            match self.rope(rack) {
+                Some(Ok(s)) => {
+                    r.wet |= u16::from(s.wet) << rack;
+                    r.faults |= u16::from(s.fault) << rack;
+                }
                 Some(Err(e)) => return Err(format!("leak rope of rack {rack}: {e:?}")),
+                None => {}
             }
         }
-        Ok(bits)
+        Ok(r)
     }
 
-    fn drive(&mut self, pump_enable: bool, beacon: bool) -> Result<(), String> {
-        self.set_pump_enable(pump_enable)
-            .map_err(|e| format!("pump-enable relay: {e:?}"))?;
-        self.set_alarm(beacon)
+    fn roped(&self) -> u16 {
+        loopwarden_boards::pins::BoardPins::roped(self)
+    }
+
+    fn pulse_healthy(&mut self) -> Result<(), String> {
+        loopwarden_boards::pins::BoardPins::pulse_healthy(self)
+            .map_err(|e| format!("controller-healthy relay: {e:?}"))
+    }
+
+    fn beacon(&mut self, on: bool) -> Result<(), String> {
+        self.set_alarm(on)
             .map_err(|e| format!("alarm beacon: {e:?}"))
     }
 }
@@ -56,12 +80,13 @@ where
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OperatorAction {
     /// Reopen a rack whose leak is latched (refused while its rope or the
-    /// CDU's leak input still reads wet).
+    /// CDU's leak input still reads wet, or its leak sensing is lost).
     ClearLeak {
         /// The rack.
         rack: usize,
     },
-    /// Put a tripped pump back in service.
+    /// Put a tripped or seized pump back in service (refused while the CDU
+    /// still reports the pump's fault).
     ClearPumpTrip {
         /// The pump.
         pump: Pump,
@@ -74,6 +99,9 @@ pub enum OperatorAction {
 pub struct OperatorRequest {
     /// What is asked.
     pub action: OperatorAction,
+    /// Who asks: the console peer's user (`uid-1000`, or its name), or a
+    /// serial login.
+    pub operator: Ident,
     /// The answer.
     pub reply: tokio::sync::oneshot::Sender<Result<String, String>>,
 }

@@ -48,15 +48,24 @@ pub fn core_readings(r: &CduMeasurements) -> CduReadings {
             r.pumps_running[0].unwrap_or(false),
             r.pumps_running[1].unwrap_or(false),
         ],
+        pump_faults: [
+            r.pump_faults[0].unwrap_or(false),
+            r.pump_faults[1].unwrap_or(false),
+        ],
+        diff_pressure_kpa: f(r.diff_pressure_kpa),
+        valves_closed: r.valves_closed,
         it_w: f(r.it_w),
         facility_w: f(r.facility_w),
     }
 }
 
-/// The settings for the CDU from the core's commands, rounded to the
-/// resolution of the simulated map (0.01 °C, 0.1 %).
-pub fn settings(c: &Commands) -> CduSettings {
+/// The settings for the CDU from the core's commands and this step's
+/// `heartbeat`, rounded to the resolution of the simulated map (0.01 °C,
+/// 0.1 %).
+pub fn settings(c: &Commands, heartbeat: u16) -> CduSettings {
     CduSettings {
+        pumps_run: u8::from(c.pump_on[0]) | (u8::from(c.pump_on[1]) << 1),
+        heartbeat,
         setpoint_c: (f64::from(c.setpoint_c) * 100.0).round() / 100.0,
         pump_speed_pct: (f64::from(c.pump_speed) * 1000.0).round() / 10.0,
         lead_pump: match c.lead {

@@ -148,6 +148,7 @@ impl<P: CduPort> Shell<P> {
                     || last.reason != c.reason
                     || (last.setpoint_c - c.setpoint_c).abs() >= STATE_SETPOINT_K
                     || last.cooling_lost != c.cooling_lost
+                    || last.sensing_lost != c.sensing_lost
                     || now.saturating_sub(*at) >= STATE_EVERY.as_millis() as u64
             }
         };
@@ -172,6 +173,13 @@ impl<P: CduPort> Shell<P> {
                         RackCooling::Lost
                     } else {
                         RackCooling::Normal
+                    },
+                    sensing: if lay.unprotected & (1 << i) != 0 {
+                        LeakSensing::Unprotected
+                    } else if c.sensing_lost & (1 << i) != 0 {
+                        LeakSensing::Lost
+                    } else {
+                        LeakSensing::Supervised
                     },
                 });
             }
