@@ -389,3 +389,138 @@ fn run_serves_the_bms_on_northbound_modbus_and_takes_a_bounded_ceiling() {
     }
     stop(&mut child.0);
 }
+
+/// The twin's hall behind the simulated CDU, stepped ten times faster than
+/// real time (one simulated second per 100 ms) until dropped.
+struct HallRunning {
+    hall: std::sync::Arc<std::sync::Mutex<loopwarden_twin::hall::Hall>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl HallRunning {
+    fn start(scenario: &str, cdu: SimCdu) -> Self {
+        use loopwarden_boards::pins::PinMap;
+        use loopwarden_twin::hall::Hall;
+        use loopwarden_twin::pins::SimLines;
+        use loopwarden_twin::scenario::Scenario;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::{Arc, Mutex};
+        let sc = Scenario::from_toml(scenario, "kill.toml").expect("a scenario");
+        let hall = Arc::new(Mutex::new(Hall::new(
+            sc,
+            cdu,
+            SimLines::new(),
+            PinMap::sim_controller(),
+        )));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (h, s) = (hall.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                h.lock().unwrap().step(1.0).expect("the hall steps");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        Self { hall, stop }
+    }
+
+    fn time_s(&self) -> f64 {
+        self.hall.lock().unwrap().time_s()
+    }
+
+    fn in_fallback(&self) -> bool {
+        self.hall.lock().unwrap().in_fallback()
+    }
+
+    /// Waits up to `real` for `f` to hold.
+    fn wait(&self, what: &str, real: Duration, mut f: impl FnMut(&Self) -> bool) {
+        let t0 = Instant::now();
+        while !f(self) {
+            assert!(t0.elapsed() < real, "{what}: not within {real:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for HallRunning {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+fn signal(child: &Child, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success(), "kill {sig}");
+}
+
+#[test]
+fn a_killed_controller_keeps_a_latched_valve_shut_and_a_hung_one_hands_the_cdu_its_fallback() {
+    let rig = Rig::start();
+    // Rack 2 leaks from 30 s to 80 s of the hall's time, then its rope dries.
+    let hall = HallRunning::start(
+        "format = \"plant-scenario/1\"\ndescription = \"kill\"\nduration_s = 100000\nseed = 1\n\
+         [ambient]\npoints = [[0, 22.0]]\n[load]\nall = [[0, 0.6]]\n\
+         [[fault]]\nat_s = 30\nuntil_s = 80\nkind = \"leak\"\ntarget = \"2\"\n",
+        rig.cdu.clone(),
+    );
+    let mut child = Guard(rig.spawn());
+    let valves = || rig.cdu.setting("valves_open").unwrap();
+    hall.wait(
+        "rack 2's valve shut for its leak",
+        Duration::from_secs(15),
+        |_| valves() == 11.0,
+    );
+    rig.wait("the leak latched", &["status"], |v| {
+        v["leaks_latched"] == serde_json::json!([2])
+    });
+    // Its position confirms: no escalation, the pumps keep running.
+    std::thread::sleep(Duration::from_millis(800));
+    assert_ne!(rig.cdu.setting("pumps_run").unwrap(), 0.0);
+
+    // kill -9, and the rope dries while it is down.
+    child.0.kill().unwrap();
+    child.0.wait().unwrap();
+    hall.wait("the rope dry", Duration::from_secs(15), |h| {
+        h.time_s() > 85.0
+    });
+    assert!(
+        hall.in_fallback(),
+        "the CDU runs on its own without the heartbeat"
+    );
+    assert_eq!(valves(), 11.0, "the CDU keeps its valves");
+
+    // Restarted: the valve stays shut, and the log shows the restart.
+    let mut child = Guard(rig.spawn());
+    rig.wait("running again", &["status"], |v| {
+        v["steps"].as_u64() >= Some(10)
+    });
+    hall.wait("the CDU under control again", Duration::from_secs(5), |h| {
+        !h.in_fallback()
+    });
+    for _ in 0..10 {
+        assert_eq!(valves(), 11.0, "a restart never reopens a latched valve");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let status = rig.json(&["status"]).unwrap();
+    assert_eq!(
+        status["leaks_latched"],
+        serde_json::json!([2]),
+        "{status:#}"
+    );
+    rig.wait("the restore in the flash log", &["events"], |v| {
+        has_event(v, |e| e["controller_restored"]["leaks_latched"] == 4)
+    });
+
+    // Hung (SIGSTOP): no heartbeat, no relay pulse; the CDU falls back
+    // within its timeout, and is taken back when the loop runs again.
+    signal(&child.0, "-STOP");
+    hall.wait("the CDU's fallback", Duration::from_secs(4), |h| {
+        h.in_fallback()
+    });
+    assert_eq!(valves(), 11.0);
+    signal(&child.0, "-CONT");
+    hall.wait("control back", Duration::from_secs(5), |h| !h.in_fallback());
+    stop(&mut child.0);
+}

@@ -49,6 +49,8 @@ pub struct Hall {
     heartbeat: Option<(f64, f64)>,
     /// The relay line's last level and when it changed, s.
     relay: Option<(bool, f64)>,
+    /// The CDU ran on its own fallback at the last step.
+    fallback: bool,
 }
 
 impl Hall {
@@ -83,12 +85,19 @@ impl Hall {
             drift: [0.0; 5],
             heartbeat: None,
             relay: None,
+            fallback: false,
         }
     }
 
     /// Simulated time, s.
     pub fn time_s(&self) -> f64 {
         self.t
+    }
+
+    /// The CDU ran on its own fallback at the last step (it lost its
+    /// controller's heartbeat or relay).
+    pub fn in_fallback(&self) -> bool {
+        self.fallback
     }
 
     /// The plant (for the report; a controller must not read it).
@@ -201,6 +210,7 @@ impl Hall {
         let run = self.cdu.setting("pumps_run")? as u32;
         let lead = (self.cdu.setting("lead_pump")? as usize).min(1);
         let lost = self.controller_lost()? && !self.cdu.local();
+        self.fallback = lost;
         let mut pump_on = [run & 1 != 0, run & 2 != 0];
         let (mut setpoint_c, mut pump_speed) = (
             self.cdu.setting("supply_setpoint")?,
