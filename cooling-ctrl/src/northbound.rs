@@ -104,6 +104,8 @@ mod tests {
             valves_open: 0xFFFF,
             cooling_lost: 0,
             leaks_latched: 0,
+            leak_sensing_lost: 0,
+            isolation_failed: 0,
             hosts_capped: 3,
             lowest_cap_w: Some(450.0),
             hottest_gpu_c: None,
@@ -460,7 +462,7 @@ mod tests {
         };
         assert_eq!(disabled.write(7, &[1]), Err(ExceptionCode::IllegalFunction));
         assert_eq!(
-            disabled.read(Kind::Input, 32, 2),
+            disabled.read(Kind::Input, 34, 2),
             Err(ExceptionCode::IllegalDataAddress)
         );
         assert_eq!(disabled.read(Kind::Input, 31, 2), Ok(vec![0xFFFF, 0]));

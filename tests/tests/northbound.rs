@@ -30,6 +30,8 @@ fn snapshot() -> NorthboundSnapshot {
         valves_open: 0b1011,
         cooling_lost: 0b0100,
         leaks_latched: 0b0100,
+        leak_sensing_lost: 0b0001,
+        isolation_failed: 0,
         hosts_capped: 3,
         lowest_cap_w: Some(450.0),
         hottest_gpu_c: Some(81.25),
@@ -136,8 +138,12 @@ fn mbpoll_reads_the_state_meters_and_sentinels() {
     let (ok, text) = mbpoll(s.port, &["-t", "3", "-r", "0", "-c", "2", "127.0.0.1"]);
     assert!(ok, "{text}");
     assert_eq!(values(&text), vec![1, 0], "{text}");
+    // Leak sensing lost on rack 0, no isolation failed.
+    let (ok, text) = mbpoll(s.port, &["-t", "3", "-r", "33", "-c", "2", "127.0.0.1"]);
+    assert!(ok, "{text}");
+    assert_eq!(values(&text), vec![1, 0], "{text}");
     // Past the map: exception 2.
-    let (ok, text) = mbpoll(s.port, &["-t", "3", "-r", "32", "-c", "2", "127.0.0.1"]);
+    let (ok, text) = mbpoll(s.port, &["-t", "3", "-r", "34", "-c", "2", "127.0.0.1"]);
     assert!(!ok, "{text}");
     assert!(
         text.to_lowercase().contains("illegal data address"),

@@ -136,6 +136,8 @@ fn status(ctx: &Context, st: &ShellStats, now: TimestampMs) -> Value {
         "hosts": ctx.hosts.len(),
         "hosts_heard": heard,
         "leaks_latched": snap.map(|s| racks(s.leaks_latched)).unwrap_or_default(),
+        "leak_sensing_lost": snap.map(|s| racks(s.sensing_lost)).unwrap_or_default(),
+        "isolation_failed": snap.map(|s| racks(s.isolation_failed)).unwrap_or_default(),
         "leaks_now": snap.map(|s| racks(s.leaks_now)).unwrap_or_default(),
         "valves_open": c.map(|c| racks(c.valves_open)).unwrap_or_default(),
         "capped_hosts": st.caps.iter().filter(|c| c.is_some()).count(),

@@ -140,6 +140,20 @@ fn plant_rows(v: &Value) -> Vec<(&'static str, String)> {
                 r => format!("racks {r}"),
             },
         ),
+        (
+            "leak sensing",
+            match s(&v["leak_sensing_lost"]).as_str() {
+                "-" => "supervised".into(),
+                r => format!("LOST on racks {r}: a leak there would not be seen"),
+            },
+        ),
+        (
+            "isolation",
+            match s(&v["isolation_failed"]).as_str() {
+                "-" => "ok".into(),
+                r => format!("FAILED on racks {r}: pumps stopped, every host capped"),
+            },
+        ),
         ("valves open", s(&v["valves_open"])),
     ]
 }

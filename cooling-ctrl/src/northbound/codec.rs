@@ -70,6 +70,8 @@ fn field(name: &str, s: &NorthboundSnapshot, writes_enabled: bool) -> Option<Fie
         "facility_power" => opt(s.facility_w),
         "cooling_power" => opt(s.cooling_w),
         "writes_enabled" => flag(writes_enabled),
+        "leak_sensing_lost" => Bits(s.leak_sensing_lost),
+        "isolation_failed" => Bits(s.isolation_failed),
         "setpoint_ceiling" => Value(f64::from(s.settings.setpoint_ceiling_c)),
         "plan_ceiling_offset" => Value(f64::from(s.settings.plan_ceiling_offset_k)),
         "alarm_ack" => flag(s.settings.alarm_acknowledged),

@@ -49,6 +49,8 @@ pub(super) const KNOWN: &[(&str, Kind, bool)] = &[
     ("facility_power", Kind::Input, false),
     ("cooling_power", Kind::Input, false),
     ("writes_enabled", Kind::Input, true),
+    ("leak_sensing_lost", Kind::Input, true),
+    ("isolation_failed", Kind::Input, true),
     ("setpoint_ceiling", Kind::Holding, false),
     ("plan_ceiling_offset", Kind::Holding, false),
     ("alarm_ack", Kind::Holding, true),

@@ -73,6 +73,10 @@ pub struct NorthboundSnapshot {
     pub cooling_lost: u16,
     /// Racks with a latched leak, bit n = rack n.
     pub leaks_latched: u16,
+    /// Racks whose leak sensing is lost, bit n = rack n.
+    pub leak_sensing_lost: u16,
+    /// Racks whose isolation failed, bit n = rack n.
+    pub isolation_failed: u16,
     /// Hosts under a cooling cap.
     pub hosts_capped: u16,
     /// The lowest per-GPU cap asked of a host, W (`None`: no cap).
@@ -119,6 +123,8 @@ impl Default for NorthboundSnapshot {
             valves_open: 0,
             cooling_lost: 0,
             leaks_latched: 0,
+            leak_sensing_lost: 0,
+            isolation_failed: 0,
             hosts_capped: 0,
             lowest_cap_w: None,
             hottest_gpu_c: None,
@@ -307,6 +313,8 @@ pub fn snapshot_from(
         valves_open: cmds.valves_open,
         cooling_lost: cmds.cooling_lost,
         leaks_latched: core.leaks_latched(),
+        leak_sensing_lost: cmds.sensing_lost,
+        isolation_failed: cmds.isolation_failed,
         hosts_capped,
         lowest_cap_w,
         hottest_gpu_c,

@@ -29,6 +29,8 @@ impl<P: CduPort> Shell<P> {
             sensors,
             leaks_now: self.leaks,
             leaks_latched: self.core.leaks_latched(),
+            sensing_lost: self.core.sensing_lost(),
+            isolation_failed: self.core.isolation_failed(),
             pumps_failed: self.core.pumps_failed(),
             loops: self.core.loops(),
             events_dropped: self.core.events_dropped(),

@@ -39,6 +39,10 @@ pub struct Snapshot {
     pub leaks_now: u16,
     /// Latched leaks, bit n = rack n.
     pub leaks_latched: u16,
+    /// Racks whose leak sensing is lost, bit n = rack n.
+    pub sensing_lost: u16,
+    /// Racks whose isolation failed (pumps stopped), bit n = rack n.
+    pub isolation_failed: u16,
     /// Pumps out of service after a trip.
     pub pumps_failed: [bool; 2],
     /// The loops.
