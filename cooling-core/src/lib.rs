@@ -896,4 +896,65 @@ mod tests {
             lost: true
         }));
     }
+
+    #[test]
+    fn implausible_or_stale_host_reports_are_not_believed() {
+        let cfg = CoreConfig::default();
+        let mut core = Core::new(cfg).unwrap();
+        let mut hall = Hall::new();
+        hall.hottest_c = 500.0;
+        for s in 0..120 {
+            let c = hall.step(&mut core, s);
+            assert!(
+                c.caps.iter().all(|c| c.is_none()),
+                "{s}: no cap from a mad report"
+            );
+            assert!(!c.beacon, "{s}: no alarm from a mad report");
+        }
+        // A report 16 s old is stale: a host at 90 °C that stopped
+        // reporting is not capped from it, nor held as the hottest.
+        let mut core = Core::new(cfg).unwrap();
+        let mut hosts = [None; MAX_HOSTS];
+        hosts[0] = Some(HostReport {
+            gpus: 8,
+            hottest_c: 90.0,
+            gpu_power_w: 5600.0,
+            limit_w: 700.0,
+            slowdown: false,
+            at_ms: 0,
+        });
+        let c = core.step(&Inputs {
+            now_ms: 16_000,
+            cdu: Some(Hall::new().cdu),
+            ambient_c: Some(20.0),
+            leaks: LeakInputs::DRY,
+            cdu_writes_ok: true,
+            hosts: &hosts,
+        });
+        assert!(!c.beacon && c.caps[0].is_none());
+    }
+
+    #[test]
+    fn a_clock_step_back_or_forward_changes_no_verdict() {
+        let cfg = CoreConfig::default();
+        let mut core = Core::new(cfg).unwrap();
+        let hall = Hall::new();
+        for s in 0..120 {
+            hall.step(&mut core, s);
+        }
+        let before = hall.step(&mut core, 120);
+        assert_eq!(before.mode, CduMode::Normal);
+        // The clock jumps back an hour, then forward a day: no panic, no
+        // new fault, no latch, the same mode and pumps.
+        for s in (0..60).map(|k| 10 + k).chain((0..60).map(|k| 86_400 + k)) {
+            let c = hall.step(&mut core, s);
+            assert_eq!(
+                (c.mode, c.pump_on, c.valves_open),
+                (before.mode, before.pump_on, 0b1111),
+                "{s}"
+            );
+            assert!(c.events.is_empty(), "{s}: {:?}", c.events);
+        }
+        assert_eq!(core.latched(), Latched::default());
+    }
 }

@@ -230,3 +230,37 @@ fn ours_is_safe_and_cheaper_than_both_baselines_on_every_public_scenario() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// A dry cooler at half its capacity on a warm afternoon at full load
+/// (no public scenario has one): the chiller and, where it is short, the
+/// caps carry the heat; no GPU overheats, slows down or shuts down.
+#[test]
+fn a_degraded_dry_cooler_is_met_with_the_chiller_and_caps_not_heat() {
+    let sc = Scenario::from_toml(
+        "format = \"plant-scenario/1\"\ndescription = \"half a dry cooler\"\n\
+         duration_s = 3600\nseed = 5\n[ambient]\npoints = [[0, 30.0], [3600, 36.0]]\n\
+         [load]\nall = [[0, 0.9]]\n\
+         [[fault]]\nat_s = 900\nkind = \"dry_cooler_degraded\"\nvalue = 0.5\n",
+        "dry_cooler.toml",
+    )
+    .unwrap();
+    let o = sim::run(
+        "dry_cooler",
+        &sc,
+        &mut Ours::new(&sc.site).unwrap(),
+        None,
+        60,
+    )
+    .unwrap();
+    eprintln!("{o:?}");
+    assert_eq!(
+        (
+            o.shutdowns,
+            o.slowdown_episodes,
+            o.gpu_s_above_max_operating
+        ),
+        (0, 0, 0),
+        "{o:?}"
+    );
+    assert!(o.max_gpu_temp_c < 87.0, "{o:?}");
+}
