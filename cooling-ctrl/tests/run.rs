@@ -264,6 +264,14 @@ fn run_boots_drives_the_cdu_answers_the_console_and_stops_on_sigterm() {
         assert!(t0.elapsed() < Duration::from_secs(3), "rack 2 not reopened");
         std::thread::sleep(Duration::from_millis(20));
     }
+    // The clear is in the flash log, with who asked.
+    let uid = String::from_utf8(Command::new("id").arg("-u").output().unwrap().stdout).unwrap();
+    let who = format!("uid-{}", uid.trim());
+    rig.wait("the clear in the log", &["events"], |v| {
+        has_event(v, |e| {
+            e["operator_cleared"]["rack"] == 2 && e["operator_cleared"]["operator"] == who.as_str()
+        })
+    });
     let out = rig.ctl(&["clear-pump", "C"]);
     assert_eq!(out.status.code(), Some(1), "no pump C: {out:?}");
 

@@ -72,7 +72,19 @@ impl Rig {
         board: Option<Box<dyn shell::BoardIo>>,
         flash: Option<ControllerFlash>,
     ) -> Rig {
+        Self::start_prepared(broker, core, board, flash, |_| {}).await
+    }
+
+    /// As [`Rig::start_on`], the CDU's registers set by `prepare` first.
+    async fn start_prepared(
+        broker: Mosquitto,
+        core: CoreConfig,
+        board: Option<Box<dyn shell::BoardIo>>,
+        flash: Option<ControllerFlash>,
+        prepare: impl FnOnce(&SimCdu),
+    ) -> Rig {
         let cdu = sim_cdu();
+        prepare(&cdu);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -601,5 +613,45 @@ async fn a_restarted_controller_numbers_its_frames_above_its_last_run() {
     );
     let entries = again.read().await.expect("the event log");
     assert!(entries.len() >= logged, "the log survives the restart");
+    rig.stop().await;
+}
+
+#[tokio::test]
+async fn an_unreadable_latched_record_latches_the_racks_whose_valves_read_closed() {
+    let Some(broker) = Mosquitto::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cdu.flash");
+    {
+        // A record no controller writes (version 9).
+        let mut stores = loopwarden_bus::agent_flash::open(Some(&path)).expect("the flash file");
+        futures::executor::block_on(
+            stores
+                .store
+                .set(cooling_ctrl::journal::LATCHED_KEY, &[9u8; 16]),
+        )
+        .expect("written");
+    }
+    let flash = ControllerFlash::open(Some(&path)).expect("the flash file again");
+    let e = flash.latched.clone().unwrap_err();
+    assert!(e.contains("version 9"), "{e}");
+    // The CDU kept rack 2's valve shut while the controller was away.
+    let mut rig = Rig::start_prepared(broker, CoreConfig::default(), None, Some(flash), |cdu| {
+        cdu.set_measurement("valves_closed", 4.0).unwrap();
+    })
+    .await;
+    let s = rig
+        .wait_stats("rack 2 latched", |s| {
+            s.status.as_ref().is_some_and(|st| st.leaks_latched == 4)
+        })
+        .await;
+    assert_eq!(s.last.map(|c| c.valves_open), Some(0b1011));
+    tokio::time::sleep(PERIOD * 3).await;
+    assert_eq!(
+        rig.cdu.setting("valves_open").unwrap(),
+        11.0,
+        "it stays shut"
+    );
     rig.stop().await;
 }
