@@ -688,6 +688,7 @@ mod tests {
         cdu: CduReadings,
         leaks: LeakInputs,
         hottest_c: f32,
+        ambient_c: Option<f32>,
     }
 
     impl Hall {
@@ -707,6 +708,7 @@ mod tests {
                 },
                 leaks: LeakInputs::DRY,
                 hottest_c: 60.0,
+                ambient_c: Some(20.0),
             }
         }
 
@@ -726,7 +728,7 @@ mod tests {
             core.step(&Inputs {
                 now_ms: s * 1000,
                 cdu: Some(self.cdu),
-                ambient_c: Some(20.0),
+                ambient_c: self.ambient_c,
                 leaks: self.leaks,
                 cdu_writes_ok: true,
                 hosts: &hosts,
@@ -956,5 +958,25 @@ mod tests {
             assert!(c.events.is_empty(), "{s}: {:?}", c.events);
         }
         assert_eq!(core.latched(), Latched::default());
+    }
+
+    #[test]
+    fn a_lost_outdoor_reading_plans_for_the_design_day_and_changes_no_verdict() {
+        let cfg = CoreConfig::default();
+        let (mut known, mut lost) = (Core::new(cfg).unwrap(), Core::new(cfg).unwrap());
+        let mut hall = Hall::new();
+        for s in 0..600 {
+            hall.ambient_c = Some(20.0);
+            let a = hall.step(&mut known, s);
+            hall.ambient_c = None;
+            let b = hall.step(&mut lost, s);
+            assert_eq!((a.mode, a.pump_on, a.valves_open), (b.mode, b.pump_on, b.valves_open), "{s}");
+            assert!(b.caps.iter().all(|c| c.is_none()), "{s}");
+        }
+        // Planned for 35 °C outdoors: a different plan (warmer water
+        // rejects more on a hot day), every GPU still within the plan
+        // ceiling; only the energy differs.
+        let (a, b) = (known.loops().proposal, lost.loops().proposal);
+        assert!(a.feasible && b.feasible, "{a:?} {b:?}");
     }
 }
