@@ -689,6 +689,7 @@ mod tests {
         leaks: LeakInputs,
         hottest_c: f32,
         ambient_c: Option<f32>,
+        answers: bool,
     }
 
     impl Hall {
@@ -709,6 +710,7 @@ mod tests {
                 leaks: LeakInputs::DRY,
                 hottest_c: 60.0,
                 ambient_c: Some(20.0),
+                answers: true,
             }
         }
 
@@ -727,7 +729,7 @@ mod tests {
             // The pumps run as commanded unless a test says otherwise.
             core.step(&Inputs {
                 now_ms: s * 1000,
-                cdu: Some(self.cdu),
+                cdu: self.answers.then_some(self.cdu),
                 ambient_c: self.ambient_c,
                 leaks: self.leaks,
                 cdu_writes_ok: true,
@@ -978,5 +980,33 @@ mod tests {
         // ceiling; only the energy differs.
         let (a, b) = (known.loops().proposal, lost.loops().proposal);
         assert!(a.feasible && b.feasible, "{a:?} {b:?}");
+    }
+
+    #[test]
+    fn a_leak_while_the_cdu_is_silent_caps_and_powers_down_every_host() {
+        let cfg = CoreConfig::default();
+        let mut core = Core::new(cfg).unwrap();
+        let mut hall = Hall::new();
+        for s in 0..30 {
+            hall.step(&mut core, s);
+        }
+        // Modbus is out; rack 1's rope (a board input) fires.
+        hall.answers = false;
+        hall.leaks = LeakInputs::wet(0b0010);
+        let c = hall.step(&mut core, 30);
+        assert_eq!((c.valves_open, c.cooling_lost), (0b1101, 0b0010));
+        for h in 4..8 {
+            assert_eq!(c.caps[h].map(|c| c.watts), Some(cfg.gpu.min_cap_w));
+        }
+        // No position can come back: after 5 s every host is capped and
+        // told its cooling is lost, and the pumps are ordered off for
+        // when the CDU hears again.
+        for s in 31..35 {
+            hall.step(&mut core, s);
+        }
+        let c = hall.step(&mut core, 35);
+        assert_eq!((c.cooling_lost, c.pump_on, c.isolation_failed), (0b1111, [false, false], 0b0010));
+        assert!((0..16).all(|h| c.caps[h].map(|c| c.watts) == Some(cfg.gpu.min_cap_w)));
+        assert!(c.beacon);
     }
 }

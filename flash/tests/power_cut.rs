@@ -1,5 +1,6 @@
-//! Power cuts at a random byte, thousands of times: the log and the outbox
-//! are re-opened after each cut and checked against a simple model.
+//! Power cuts at a random byte, thousands of times: the log, the outbox
+//! and the config store (where the cooling controller keeps its latched
+//! state) are re-opened after each cut and checked against a simple model.
 //!
 //! The model's rules, for a cut during operation `k`:
 //! - every record or entry whose write completed before `k` is present and
@@ -17,7 +18,9 @@ use std::collections::BTreeMap;
 use futures::executor::block_on;
 use loopwarden_flash::log::WRAPPED;
 use loopwarden_flash::outbox::OutboxLayout;
-use loopwarden_flash::{Class, Entry, EventLog, Outbox, SimFlash, StoreError, Wrapped};
+use loopwarden_flash::{
+    Class, ConfigStore, Entry, EventLog, Outbox, SimFlash, StoreError, Wrapped,
+};
 use loopwarden_protocol::TimestampMs;
 use proptest::prelude::*;
 
@@ -360,8 +363,57 @@ fn check_outbox(ops: Vec<BoxOp>, cut_after: u64) -> Result<(), TestCaseError> {
     })
 }
 
+/// Writes `values` in turn under one key with the power cut after
+/// `cut_after` bytes, then reopens: the key holds the last value whose
+/// write completed, or the one being written; and the store takes a new
+/// value.
+fn check_config(values: Vec<[u8; 16]>, cut_after: u64) -> Result<(), TestCaseError> {
+    block_on(async {
+        let mut flash = Flash::new(4);
+        flash.cut_power_after(cut_after);
+        let Ok(mut store) = ConfigStore::open(flash, 0..1024) else {
+            return Ok(());
+        };
+        let mut done: Option<[u8; 16]> = None;
+        let mut in_flight = None;
+        for v in &values {
+            match store.set("cdu.latched", v).await {
+                Ok(()) => done = Some(*v),
+                Err(e) if is_cut(&e) => {
+                    in_flight = Some(*v);
+                    break;
+                }
+                Err(e) => return Err(TestCaseError::fail(format!("set: {e:?}"))),
+            }
+        }
+        let mut flash = store.into_flash();
+        flash.restore_power();
+        let mut store = ConfigStore::open(flash, 0..1024)
+            .map_err(|e| TestCaseError::fail(format!("reopen: {e:?}")))?;
+        let mut out = [0u8; 64];
+        let got = store
+            .get("cdu.latched", &mut out)
+            .await
+            .map_err(|e| TestCaseError::fail(format!("get: {e:?}")))?
+            .map(|n| out[..n].to_vec());
+        let ok = got.as_deref() == done.as_ref().map(|d| &d[..])
+            || (in_flight.is_some() && got.as_deref() == in_flight.as_ref().map(|d| &d[..]));
+        prop_assert!(ok, "after the cut: {got:?}; completed {done:?}, in flight {in_flight:?}");
+        prop_assert!(store.set("cdu.latched", &[7u8; 16]).await.is_ok(), "not writable after the cut");
+        Ok(())
+    })
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_config_store_survives_power_cuts(
+        values in proptest::collection::vec(any::<[u8; 16]>(), 1..40),
+        cut_after in 0u64..4000,
+    ) {
+        check_config(values, cut_after)?;
+    }
 
     #[test]
     fn log_survives_power_cuts(ops in proptest::collection::vec(log_op(), 1..60), cut_after in 0u64..6000) {
