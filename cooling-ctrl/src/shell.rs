@@ -341,22 +341,9 @@ pub async fn run_with<P: CduPort>(
         None => ControllerFlash::open(None).map_err(ShellError::Flash)?,
     };
     let (core, relatch) = start_core(cfg.core, &flash.latched)?;
-    let cfg_core = cfg.core;
     let me = NodeId::new(Role::Cdu, cfg.cdu.as_str())
         .map_err(|e| ShellError::Config(format!("cdu: {e}")))?;
-    let mut bus_config = BusConfig::new(cfg.broker.clone(), cfg.site.clone(), me.clone());
-    bus_config.credentials = opts.credentials.clone();
-    for family in [Family::Telemetry, Family::Ack] {
-        let f = filter::family(&cfg.site, Role::Host, family)
-            .map_err(|e| ShellError::Bus(format!("the host {family:?} filter: {e:?}")))?;
-        bus_config.subscriptions.push(f.to_string());
-    }
-    // Every command topic must build before anything runs.
-    for h in &cfg.hosts {
-        Topic::new(&cfg.site, Role::Host, h, Family::Cmd)
-            .build()
-            .map_err(|e| ShellError::Bus(format!("the cmd topic of host {h}: {e:?}")))?;
-    }
+    let mut bus_config = bus_config(&cfg, &me, opts.credentials.clone())?;
     bus_config.first_seq = flash.first_seq;
     let (bus, mut inbound, bus_task) = Bus::start_with_outbox(bus_config, Box::new(flash.outbox));
     flash.recorder.attach(bus.clone());
@@ -368,48 +355,15 @@ pub async fn run_with<P: CduPort>(
         cfg.period.as_millis(),
         cfg.broker
     );
-    let hosts = cfg.core.layout.hosts().min(MAX_HOSTS);
-    let mut shell = Shell {
-        index: cfg
-            .hosts
-            .iter()
-            .enumerate()
-            .map(|(i, h)| (h.clone(), i))
-            .collect(),
-        reports: vec![None; hosts],
-        sent: vec![LeaseSent::default(); hosts],
-        stats: ShellStats {
-            caps: vec![None; hosts],
-            heard: vec![None; hosts],
-            ..Default::default()
-        },
-        cfg,
-        stats_tx: opts.stats,
-        recorder: flash.recorder.clone(),
-        seq_floor: SeqFloor::new(flash.first_seq),
-        last_read: None,
-        cdu,
+    let started = Started {
         core,
+        relatch,
         bus,
         me,
-        started: Instant::now(),
-        started_unix: now_ms().0,
-        leaks: 0,
-        cdu_error: None,
-        write_error: None,
-        state_sent: None,
-        northbound: opts.northbound,
-        nb_settings: NorthboundSettings::new(&cfg_core),
-        beacon: false,
-        board: opts.board,
-        board_error: None,
-        leak_inputs: LeakInputs::DRY,
-        pump_faults: [false; 2],
-        kept: None,
-        relatch,
-        heartbeat: 0,
-        writes_ok: true,
+        recorder: flash.recorder.clone(),
+        first_seq: flash.first_seq,
     };
+    let mut shell = Shell::new(cfg, started, cdu, opts.stats, opts.northbound, opts.board);
     let mut operator = opts.operator;
     let mut tick = tokio::time::interval(shell.cfg.period);
     tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
@@ -435,6 +389,95 @@ pub async fn run_with<P: CduPort>(
     }
     bus_task.join(Duration::from_secs(3)).await;
     Ok(())
+}
+
+/// The bus for `cfg`'s CDU `me`: the hosts' telemetry and acks subscribed,
+/// every host's command topic checked to build.
+fn bus_config(
+    cfg: &ShellConfig,
+    me: &NodeId,
+    credentials: Option<(String, String)>,
+) -> Result<BusConfig, ShellError> {
+    let mut bus_config = BusConfig::new(cfg.broker.clone(), cfg.site.clone(), me.clone());
+    bus_config.credentials = credentials;
+    for family in [Family::Telemetry, Family::Ack] {
+        let f = filter::family(&cfg.site, Role::Host, family)
+            .map_err(|e| ShellError::Bus(format!("the host {family:?} filter: {e:?}")))?;
+        bus_config.subscriptions.push(f.to_string());
+    }
+    // Every command topic must build before anything runs.
+    for h in &cfg.hosts {
+        Topic::new(&cfg.site, Role::Host, h, Family::Cmd)
+            .build()
+            .map_err(|e| ShellError::Bus(format!("the cmd topic of host {h}: {e:?}")))?;
+    }
+    Ok(bus_config)
+}
+
+/// What the shell starts with besides its config and its links.
+struct Started {
+    core: Core,
+    relatch: bool,
+    bus: Bus,
+    me: NodeId,
+    recorder: Recorder,
+    first_seq: u32,
+}
+
+impl<P: CduPort> Shell<P> {
+    /// A shell for `cfg` on what was `started`, reading `cdu`.
+    fn new(
+        cfg: ShellConfig,
+        started: Started,
+        cdu: P,
+        stats_tx: Option<watch::Sender<ShellStats>>,
+        northbound: Option<NorthboundLink>,
+        board: Option<Box<dyn BoardIo>>,
+    ) -> Self {
+        let hosts = cfg.core.layout.hosts().min(MAX_HOSTS);
+        let nb_settings = NorthboundSettings::new(&cfg.core);
+        Shell {
+            index: cfg
+                .hosts
+                .iter()
+                .enumerate()
+                .map(|(i, h)| (h.clone(), i))
+                .collect(),
+            reports: vec![None; hosts],
+            sent: vec![LeaseSent::default(); hosts],
+            stats: ShellStats {
+                caps: vec![None; hosts],
+                heard: vec![None; hosts],
+                ..Default::default()
+            },
+            cfg,
+            stats_tx,
+            recorder: started.recorder,
+            seq_floor: SeqFloor::new(started.first_seq),
+            last_read: None,
+            cdu,
+            core: started.core,
+            bus: started.bus,
+            me: started.me,
+            started: Instant::now(),
+            started_unix: now_ms().0,
+            leaks: 0,
+            cdu_error: None,
+            write_error: None,
+            state_sent: None,
+            northbound,
+            nb_settings,
+            beacon: false,
+            board,
+            board_error: None,
+            leak_inputs: LeakInputs::DRY,
+            pump_faults: [false; 2],
+            kept: None,
+            relatch: started.relatch,
+            heartbeat: 0,
+            writes_ok: true,
+        }
+    }
 }
 
 /// Every rack of the layout has a rope on the board (`roped`), or is
