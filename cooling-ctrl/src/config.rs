@@ -186,8 +186,9 @@ loopwarden_field::agent_flags! {
         /// setpoint ceiling, plan ceiling offset, alarm acknowledge).
         #[arg(long)]
         pub northbound_writes: Option<bool>,
-        /// The controller board's pin map (TOML): leak ropes per rack, the
-        /// pump-enable relay, the alarm beacon; with --gpio-chip.
+        /// The controller board's pin map (TOML): leak ropes and their fault
+        /// inputs per rack, the controller-healthy relay, the alarm beacon;
+        /// with --gpio-chip.
         #[arg(long)]
         pub board_pins: Option<PathBuf>,
         /// The GPIO character device of the board's pins, e.g. /dev/gpiochip0;

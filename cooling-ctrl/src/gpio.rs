@@ -6,10 +6,11 @@
 //!
 //! Every line is requested at start, under the consumer label
 //! `cooling-ctrl` (what `gpioinfo` shows), and held until the controller
-//! exits. Leak ropes are inputs; the pump-enable relay and the alarm
-//! beacon are outputs whose first level is the safe one, set in the
-//! request itself so no other level is ever driven: the relay asserted
-//! (the pumps may run) and the beacon dark. The lines are requested
+//! exits. The ropes' leak and fault lines are inputs; the
+//! controller-healthy relay and the alarm beacon are outputs whose first
+//! level is set in the request itself: the relay line low (it is pulsed
+//! once per control step from then on) and the beacon dark. The lines are
+//! requested
 //! without the kernel's active-low flag: the pin map's polarity is applied
 //! by [`BoardPins`], once.
 //!
@@ -42,7 +43,7 @@ pub type GpioBoard = BoardPins<CdevPin, CdevPin>;
 pub struct GpioError {
     /// The chip's device path.
     pub chip: PathBuf,
-    /// The line and its signal (`leak rope of rack 2`, `pump-enable relay`),
+    /// The line and its signal (`leak rope of rack 2`, `controller-healthy relay`),
     /// when a line failed.
     pub line: Option<(u8, String)>,
     /// Why.
