@@ -10,9 +10,8 @@
 //! controller-healthy relay and the alarm beacon are outputs whose first
 //! level is set in the request itself: the relay line low (it is pulsed
 //! once per control step from then on) and the beacon dark. The lines are
-//! requested
-//! without the kernel's active-low flag: the pin map's polarity is applied
-//! by [`BoardPins`], once.
+//! requested without the kernel's active-low flag: the pin map's polarity
+//! is applied by [`BoardPins`], once.
 //!
 //! Glossary:
 //! - *GPIO chip*: one GPIO controller as the kernel exposes it, a
