@@ -972,7 +972,11 @@ mod tests {
             let a = hall.step(&mut known, s);
             hall.ambient_c = None;
             let b = hall.step(&mut lost, s);
-            assert_eq!((a.mode, a.pump_on, a.valves_open), (b.mode, b.pump_on, b.valves_open), "{s}");
+            assert_eq!(
+                (a.mode, a.pump_on, a.valves_open),
+                (b.mode, b.pump_on, b.valves_open),
+                "{s}"
+            );
             assert!(b.caps.iter().all(|c| c.is_none()), "{s}");
         }
         // Planned for 35 °C outdoors: a different plan (warmer water
@@ -1005,7 +1009,10 @@ mod tests {
             hall.step(&mut core, s);
         }
         let c = hall.step(&mut core, 35);
-        assert_eq!((c.cooling_lost, c.pump_on, c.isolation_failed), (0b1111, [false, false], 0b0010));
+        assert_eq!(
+            (c.cooling_lost, c.pump_on, c.isolation_failed),
+            (0b1111, [false, false], 0b0010)
+        );
         assert!((0..16).all(|h| c.caps[h].map(|c| c.watts) == Some(cfg.gpu.min_cap_w)));
         assert!(c.beacon);
     }

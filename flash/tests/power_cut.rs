@@ -398,8 +398,14 @@ fn check_config(values: Vec<[u8; 16]>, cut_after: u64) -> Result<(), TestCaseErr
             .map(|n| out[..n].to_vec());
         let ok = got.as_deref() == done.as_ref().map(|d| &d[..])
             || (in_flight.is_some() && got.as_deref() == in_flight.as_ref().map(|d| &d[..]));
-        prop_assert!(ok, "after the cut: {got:?}; completed {done:?}, in flight {in_flight:?}");
-        prop_assert!(store.set("cdu.latched", &[7u8; 16]).await.is_ok(), "not writable after the cut");
+        prop_assert!(
+            ok,
+            "after the cut: {got:?}; completed {done:?}, in flight {in_flight:?}"
+        );
+        prop_assert!(
+            store.set("cdu.latched", &[7u8; 16]).await.is_ok(),
+            "not writable after the cut"
+        );
         Ok(())
     })
 }
