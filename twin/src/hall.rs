@@ -57,7 +57,8 @@ impl Hall {
     /// A hall playing `scenario`, its CDU serving `cdu`'s registers and its
     /// board on `lines` mapped by `pins`.
     pub fn new(scenario: Scenario, cdu: SimCdu, lines: SimLines, pins: PinMap) -> Self {
-        let plant = Plant::new(scenario.site.clone(), scenario.ambient.at(0.0).max(20.0));
+        // The plant is the hall as it is, not as configured.
+        let plant = Plant::new(scenario.truth.clone(), scenario.ambient.at(0.0).max(20.0));
         let n = plant.gpus().len();
         let site = plant.site();
         let follow = HostFollow::new(site.racks * site.hosts_per_rack, site.gpus_per_host);

@@ -68,9 +68,9 @@ pub struct Snapshot {
     pub gpus_total: usize,
     /// GPUs on racks whose valves are open (the flow splits over them).
     pub gpus_open: usize,
-    /// The GPUs that run on the cooled racks, grouped by demand:
-    /// (demand, how many).
-    pub groups: Vec<(f64, usize)>,
+    /// The GPUs that run on the cooled racks, grouped by demand and by
+    /// their cold plates' fouling: (demand, resistance factor, how many).
+    pub groups: Vec<(f64, f64, usize)>,
     /// Host power besides the GPUs, W (every host, by the mean demand of
     /// its GPUs that can run; the others count as idle).
     pub host_w: f64,
@@ -85,12 +85,13 @@ impl Snapshot {
         let per_rack = site.hosts_per_rack * per_host;
         let n = site.racks * per_rack;
         let demand = |i: usize| cond.demand.get(i).copied().unwrap_or(0.0).clamp(0.0, 1.0);
-        let mut groups: Vec<(f64, usize)> = Vec::new();
+        let mut groups: Vec<(f64, f64, usize)> = Vec::new();
         for i in (0..n).filter(|&i| can_run.get(i).copied().unwrap_or(false)) {
             let u = demand(i);
-            match groups.iter_mut().find(|(v, _)| *v == u) {
-                Some((_, k)) => *k += 1,
-                None => groups.push((u, 1)),
+            let fouling = cond.plate_factor.get(i / per_rack).copied().unwrap_or(1.0);
+            match groups.iter_mut().find(|(v, f, _)| *v == u && *f == fouling) {
+                Some((_, _, k)) => *k += 1,
+                None => groups.push((u, fouling, 1)),
             }
         }
         let h = &site.host;
@@ -192,7 +193,7 @@ pub fn steady_state(site: &SiteConfig, snap: &Snapshot, c: Candidate) -> Option<
     let g = &site.gpu;
     let lp = &site.secondary;
     let f = &site.facility;
-    let running = snap.groups.iter().any(|(_, k)| *k > 0);
+    let running = snap.groups.iter().any(|(_, _, k)| *k > 0);
     let q = if snap.pump_available && snap.gpus_open > 0 {
         lp.design_lpm_per_gpu * c.pump_speed * snap.gpus_total as f64 / snap.gpus_open as f64
     } else {
@@ -201,7 +202,7 @@ pub fn steady_state(site: &SiteConfig, snap: &Snapshot, c: Candidate) -> Option<
     if running && q <= 0.0 {
         return None;
     }
-    let r = g.r_jc + g.r_cold_plate(q);
+    let r_cp = g.r_cold_plate(q);
     let limit = c.cap_w.unwrap_or(g.tdp_w).clamp(g.min_cap_w, g.tdp_w);
     let mcp = f.water_kg_per_s * f.water_cp_j_per_kg_k;
     let ua = f.dry_cooler_ua_w_per_k * snap.dry_cooler_fraction.clamp(0.0, 1.0);
@@ -213,8 +214,8 @@ pub fn steady_state(site: &SiteConfig, snap: &Snapshot, c: Candidate) -> Option<
     let amb = snap.ambient_c;
     let gpus_at = |t_in: f64| {
         let (mut p, mut w, mut hot) = (0.0, 0.0, f64::NEG_INFINITY);
-        for &(u, k) in &snap.groups {
-            let (t, pw, wk) = gpu_steady(g, t_in, r, u, limit);
+        for &(u, fouling, k) in &snap.groups {
+            let (t, pw, wk) = gpu_steady(g, t_in, g.r_jc + r_cp * fouling, u, limit);
             p += pw * k as f64;
             w += wk * k as f64;
             hot = hot.max(t);
@@ -448,7 +449,8 @@ impl Oracle {
     }
 
     fn decide(&mut self, t: f64, leaking: &[bool]) -> Decision {
-        let site = &self.scenario.site;
+        // The oracle runs on the hall as it is.
+        let site = &self.scenario.truth;
         let racks = site.racks;
         let per_host = site.gpus_per_host;
         let per_rack = site.hosts_per_rack * per_host;

@@ -73,6 +73,8 @@ struct File {
     seed: u64,
     #[serde(default)]
     site: Option<toml::Value>,
+    #[serde(default)]
+    truth: Option<toml::Value>,
     ambient: Ambient,
     load: BTreeMap<String, Curve>,
     #[serde(default)]
@@ -208,8 +210,14 @@ pub struct Scenario {
     pub duration_s: u64,
     /// Seed of the noise.
     pub seed: u64,
-    /// The hall.
+    /// The hall as its configuration says (what a controller is given).
     pub site: SiteConfig,
+    /// The hall as it is (`[site]` overlaid with `[truth]`): what the
+    /// plant and the oracle run on.
+    pub truth: SiteConfig,
+    /// Per rack: its cold plates' resistance as a multiple of the model's,
+    /// as built (`[truth.rack_plate_factor]`; 1 where not given).
+    pub plate_factor: Vec<f64>,
     /// Outdoor dry-bulb, °C.
     pub ambient: Curve,
     /// Demand of every rack.
@@ -242,7 +250,26 @@ impl Scenario {
         if file.duration_s == 0 {
             return Err(err("duration_s must be above 0".into()));
         }
+        let (truth, plate_factor) = truth_of(file.site.clone(), file.truth).map_err(err)?;
         let site = site_of(file.site).map_err(err)?;
+        for (what, a, b) in [
+            ("racks", site.racks, truth.racks),
+            ("hosts_per_rack", site.hosts_per_rack, truth.hosts_per_rack),
+            ("gpus_per_host", site.gpus_per_host, truth.gpus_per_host),
+        ] {
+            if a != b {
+                return Err(err(format!("[truth]: {what} is the hall's layout, not a figure the site can get wrong ({a} in [site], {b} in [truth])")));
+            }
+        }
+        if let Some(r) = plate_factor.keys().find(|r| **r >= site.racks) {
+            return Err(err(format!(
+                "[truth.rack_plate_factor] {r:?}: a rack from 0 to {}",
+                site.racks - 1
+            )));
+        }
+        let plate_factor = (0..site.racks)
+            .map(|r| plate_factor.get(&r).copied().unwrap_or(1.0))
+            .collect();
         file.ambient
             .points
             .check("[ambient] points", -60.0, 60.0)
@@ -261,6 +288,8 @@ impl Scenario {
             duration_s: file.duration_s,
             seed: file.seed,
             site,
+            truth,
+            plate_factor,
             ambient: file.ambient.points,
             load_all,
             load_racks,
@@ -306,7 +335,8 @@ impl Scenario {
                             }
                             _ => None,
                         })
-                        .product()
+                        .product::<f64>()
+                        * self.plate_factor.get(r).copied().unwrap_or(1.0)
                 })
                 .collect(),
             chiller_tripped: active.contains(&&FaultKind::ChillerTrip),
@@ -330,12 +360,63 @@ impl Scenario {
 }
 
 /// Whether `error`, from [`Scenario::load`], refuses a scenario written
-/// for a later model of the hall: a fault kind or a `[truth]` section this
-/// twin does not model yet. Tests over the public set beside the
-/// repository skip such a scenario and say so; any other refusal fails
-/// them.
+/// for a later model of the hall: a fault kind this twin does not model
+/// yet. Tests over the public set beside the repository skip such a
+/// scenario and say so; any other refusal fails them.
 pub fn is_later_model(error: &str) -> bool {
-    error.contains("unknown kind") || error.contains("unknown field `truth`")
+    error.contains("unknown kind")
+}
+
+/// `[site]` overlaid with `[truth]` (every field `[truth]` gives replaces
+/// the configured one, table by table), checked, and the per-rack
+/// cold-plate factors of `[truth.rack_plate_factor]`.
+fn truth_of(
+    site: Option<toml::Value>,
+    truth: Option<toml::Value>,
+) -> Result<(SiteConfig, BTreeMap<usize, f64>), String> {
+    let Some(toml::Value::Table(mut truth)) = truth else {
+        if truth.is_some() {
+            return Err("[truth] must be a table".into());
+        }
+        return Ok((site_of(site)?, BTreeMap::new()));
+    };
+    let mut factors = BTreeMap::new();
+    if let Some(t) = truth.remove("rack_plate_factor") {
+        let t: BTreeMap<String, f64> = t
+            .try_into()
+            .map_err(|e: toml::de::Error| format!("[truth.rack_plate_factor]: {}", e.message()))?;
+        for (k, v) in t {
+            let rack: usize = k
+                .parse()
+                .map_err(|_| format!("[truth.rack_plate_factor] {k:?}: a rack number"))?;
+            if !(v.is_finite() && (0.5..=20.0).contains(&v)) {
+                return Err(format!(
+                    "[truth.rack_plate_factor] {k:?} = {v}: a factor from 0.5 to 20"
+                ));
+            }
+            factors.insert(rack, v);
+        }
+    }
+    let mut merged = match site {
+        Some(toml::Value::Table(t)) => t,
+        _ => toml::Table::new(),
+    };
+    overlay(&mut merged, truth);
+    let site = site_of(Some(toml::Value::Table(merged)))
+        .map_err(|e| e.replacen("[site]", "[truth]", 1))?;
+    Ok((site, factors))
+}
+
+/// Puts every field of `top` into `base`, merging tables.
+fn overlay(base: &mut toml::Table, top: toml::Table) {
+    for (k, v) in top {
+        match (base.get_mut(&k), v) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(t)) => overlay(b, t),
+            (_, v) => {
+                base.insert(k, v);
+            }
+        }
+    }
 }
 
 /// The `[site]` table (the default site when there is none), checked.
@@ -581,5 +662,48 @@ target = "1.3.7"
             }
         }
         assert!(read > 0);
+    }
+
+    #[test]
+    fn truth_overlays_the_site_for_the_plant_and_leaves_the_configuration_alone() {
+        let base =
+            "format = \"plant-scenario/1\"\ndescription = \"t\"\nduration_s = 60\nseed = 1\n\
+                    [site]\nracks = 2\n[site.gpu]\ntdp_w = 700.0\n\
+                    [ambient]\npoints = [[0, 20.0]]\n[load]\nall = [[0, 0.5]]\n";
+        let s = Scenario::from_toml(
+            &format!(
+                "{base}[truth]\ngpu = {{ r_jc = 0.03 }}\nfacility = {{ dry_cooler_ua_w_per_k = 8400.0 }}\n\
+                 [truth.rack_plate_factor]\n\"1\" = 1.5\n"
+            ),
+            "t.toml",
+        )
+        .unwrap();
+        assert_eq!(
+            (s.truth.gpu.r_jc, s.site.gpu.r_jc),
+            (0.03, SiteConfig::default().gpu.r_jc)
+        );
+        assert_eq!(
+            s.truth.gpu.tdp_w, 700.0,
+            "what [truth] does not give is the site's"
+        );
+        assert_eq!(s.truth.facility.dry_cooler_ua_w_per_k, 8400.0);
+        assert_eq!(s.truth.racks, 2);
+        assert_eq!(s.plate_factor, vec![1.0, 1.5]);
+        assert_eq!(s.conditions(0.0, &[false; 64]).plate_factor, vec![1.0, 1.5]);
+        // Without [truth] the plant is the configuration.
+        let plain = Scenario::from_toml(base, "t.toml").unwrap();
+        assert_eq!(plain.truth, plain.site);
+        // The layout is not a figure a site gets wrong; a rack must exist.
+        let e = Scenario::from_toml(&format!("{base}[truth]\nracks = 3\n"), "t.toml").unwrap_err();
+        assert!(e.contains("racks is the hall's layout"), "{e}");
+        let e = Scenario::from_toml(
+            &format!("{base}[truth.rack_plate_factor]\n\"5\" = 1.2\n"),
+            "t.toml",
+        )
+        .unwrap_err();
+        assert!(e.contains("a rack from 0 to 1"), "{e}");
+        let e = Scenario::from_toml(&format!("{base}[truth]\ngpu = {{ rjc = 1 }}\n"), "t.toml")
+            .unwrap_err();
+        assert!(e.contains("[truth]") && e.contains("rjc"), "{e}");
     }
 }

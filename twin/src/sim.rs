@@ -441,7 +441,8 @@ struct RunState<'a> {
 impl<'a> RunState<'a> {
     /// The hall at rest at the start of `scenario`.
     fn new(scenario: &'a Scenario) -> Self {
-        let site = scenario.site.clone();
+        // The plant is the hall as it is, not as configured.
+        let site = scenario.truth.clone();
         let racks = site.racks;
         let hosts_per_rack = site.hosts_per_rack;
         let per_host = site.gpus_per_host;
@@ -673,7 +674,7 @@ impl<'a> RunState<'a> {
                 }
             }
         }
-        let lp = &self.scenario.site.secondary;
+        let lp = &self.scenario.truth.secondary;
         let lost = self
             .heartbeat_at
             .is_some_and(|h| s.t - h >= lp.heartbeat_timeout_s);
