@@ -17,12 +17,15 @@ use loopwarden_twin::oracle::Oracle;
 use loopwarden_twin::scenario::{self, FaultKind, Scenario};
 use loopwarden_twin::sim::{self, Baseline, Controller, Decision, Readings, Summary};
 
-/// The repository's own demo scenario, and the public set when it sits
-/// beside the repository (it is not part of it).
+/// The repository's own demo scenario, and the public set: beside the
+/// repository when it is there, else the copies the goldens keep
+/// (`tests/goldens/plant/`), so that a clone checks them too.
 fn scenarios() -> Vec<PathBuf> {
     let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let mut v = vec![here.join("../hall/scenarios/demo.toml")];
-    let public = here.join("../../shared/scenarios/plant");
+    let beside = here.join("../../shared/scenarios/plant");
+    let copies = here.join("../tests/goldens/plant");
+    let public = if beside.is_dir() { beside } else { copies };
     match std::fs::read_dir(&public) {
         Ok(dir) => {
             let mut found: Vec<PathBuf> = dir
@@ -32,10 +35,7 @@ fn scenarios() -> Vec<PathBuf> {
             found.sort();
             v.extend(found);
         }
-        Err(e) => eprintln!(
-            "public plant scenarios not played ({}: {e})",
-            public.display()
-        ),
+        Err(e) => panic!("public plant scenarios: {}: {e}", public.display()),
     }
     v
 }
