@@ -186,7 +186,11 @@ pub async fn play_with(cfg: PlayConfig, opts: PlayOptions) -> Result<PlayOutcome
     let sc = cfg.scenario.clone();
     let duration = cfg.duration_s.unwrap_or(sc.duration_s).min(sc.duration_s);
     let (_embedded, broker) = start_broker(&cfg)?;
-    let sim = SimSide::start(&sc).await?;
+    // The CDU watches its controller's heartbeat in real seconds: at S
+    // times real time, its timeout is S times as many simulated seconds.
+    let mut hall_sc = sc.clone();
+    hall_sc.truth.secondary.heartbeat_timeout_s *= cfg.speed.max(1.0);
+    let sim = SimSide::start(&hall_sc).await?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let s = &sc.site;
     let host_ids: Vec<String> = (0..s.racks * s.hosts_per_rack)
