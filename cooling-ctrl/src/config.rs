@@ -26,7 +26,7 @@
 //! | `hosts` | none | host ids, rack-major |
 //! | `hosts_pattern` | none | host ids from `{rack}`, `{host}`, `{index}` (`{index:02}` pads) |
 //! | `period_ms` | 1000 | control period, 100 to 60000 |
-//! | `lease_ms` | 30000 | cap lease, at least 3 periods, at most 1 h |
+//! | `lease_ms` | 30000 | cap lease, at least 3 periods, at most 10 minutes (the hosts' default cap) |
 //! | `modbus_timeout_ms` | 500 (at most the period) | one Modbus request, 10 ms to the period |
 //! | `ambient_c` | none (the core's design value) | outdoor temperature, -50 to 60 °C |
 //! | `console` | `/run/loopwarden/cooling-ctrl.sock` or under `$XDG_RUNTIME_DIR`/`/tmp` | console socket |
@@ -739,8 +739,8 @@ struct Timings {
     ambient_c: Option<f32>,
 }
 
-/// The timings: the lease at least 3 periods, the Modbus timeout at most
-/// one.
+/// The timings: the lease at least 3 periods and at most 10 minutes (what
+/// hosts take by default), the Modbus timeout at most one period.
 fn timings(src: &Sources, file: &FileConfig, flags: &Overrides) -> Result<Timings, ConfigError> {
     let period = common::period_ms(src, pick!(flags.period_ms, file.period_ms, "period-ms"))?;
     let lease = range(
@@ -749,8 +749,8 @@ fn timings(src: &Sources, file: &FileConfig, flags: &Overrides) -> Result<Timing
         "lease_ms",
         30_000.max(3 * period),
         3 * period,
-        3_600_000,
-        " ms, at least 3 periods",
+        600_000,
+        " ms, at least 3 periods, at most the hosts' 10-minute cap",
     )?;
     let modbus_timeout = range(
         src,

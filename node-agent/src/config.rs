@@ -18,9 +18,10 @@ use loopwarden_field::common;
 pub use loopwarden_field::config::ConfigError;
 use loopwarden_field::config::{self as field, local_host_name, range, Sources};
 use loopwarden_field::pick;
-use loopwarden_protocol::{Ident, Watts, WholeCelsius};
+use loopwarden_protocol::{DurationMs, Ident, Watts, WholeCelsius};
 use serde::Deserialize;
 
+use crate::caps::LeaseLimits;
 use crate::guard::GuardSettings;
 
 loopwarden_field::agent_file! {
@@ -52,6 +53,10 @@ loopwarden_field::agent_file! {
         pub health: Option<HealthFile>,
         /// Quarantine actions.
         pub quarantine: Option<QuarantineFile>,
+        /// The longest cap lease taken, ms.
+        pub max_lease_ms: Option<u64>,
+        /// The most cap leases held at once.
+        pub max_leases: Option<u64>,
     }
 }
 
@@ -107,6 +112,12 @@ loopwarden_field::agent_flags! {
         /// Deadline of one GPU call in ms.
         #[arg(long)]
         pub deadline_ms: Option<u64>,
+        /// The longest cap lease taken, in ms (default 600000: 10 minutes).
+        #[arg(long)]
+        pub max_lease_ms: Option<u64>,
+        /// The most cap leases held at once (default 16).
+        #[arg(long)]
+        pub max_leases: Option<u64>,
         /// Missed samples in a row before a GPU counts as unresponsive.
         #[arg(long)]
         pub unresponsive_after: Option<u32>,
@@ -190,6 +201,8 @@ pub struct Config {
     pub quarantine_actions: Vec<Vec<String>>,
     /// Timeout per action.
     pub quarantine_timeout: Duration,
+    /// What the host takes of cap leases.
+    pub lease_limits: LeaseLimits,
 }
 
 /// Placeholders a quarantine action may use.
@@ -225,6 +238,7 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
     let quiet_period = quiet_period(&src, &file, flags)?;
     let quarantine = quarantine(&src, &file, flags)?;
     let (keys, demo_key) = keys(&src, common.keys_file, &gpus)?;
+    let lease_limits = lease_limits(&src, &file, flags)?;
 
     Ok(Config {
         site: common.site,
@@ -247,6 +261,38 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         guard,
         quarantine_actions: quarantine.actions,
         quarantine_timeout: quarantine.timeout,
+        lease_limits,
+    })
+}
+
+/// What the host takes of cap leases: the longest (1 s to 1 h, 10 minutes
+/// by default) and how many at once (1 to 256, 16 by default).
+fn lease_limits(
+    src: &Sources,
+    file: &FileConfig,
+    flags: &Overrides,
+) -> Result<LeaseLimits, ConfigError> {
+    let max_ms = range(
+        src,
+        pick!(flags.max_lease_ms, file.max_lease_ms, "max-lease-ms"),
+        "max_lease_ms",
+        600_000,
+        1_000,
+        3_600_000,
+        " ms",
+    )?;
+    let max_leases = range(
+        src,
+        pick!(flags.max_leases, file.max_leases, "max-leases"),
+        "max_leases",
+        16,
+        1,
+        256,
+        "",
+    )?;
+    Ok(LeaseLimits {
+        max_duration: DurationMs(max_ms as u32),
+        max_leases: max_leases as usize,
     })
 }
 
@@ -612,6 +658,20 @@ mod tests {
         let e = from("site = \"a b\"\nhost = \"b\"\n").unwrap_err();
         assert_eq!(e.line, Some(1), "{e}");
         let e = from("site = \"a\"\nhost = \"b\"\nperiod_ms = \"fast\"\n").unwrap_err();
+        assert_eq!(e.line, Some(3), "{e}");
+        // Leases: ten minutes and sixteen by default, an hour at most.
+        let c = from("site = \"a\"\nhost = \"b\"\n").unwrap();
+        assert_eq!(c.lease_limits, crate::caps::LeaseLimits::default());
+        assert_eq!(c.lease_limits.max_duration, DurationMs(600_000));
+        let c = from("site = \"a\"\nhost = \"b\"\nmax_lease_ms = 60000\nmax_leases = 4\n").unwrap();
+        assert_eq!(
+            (c.lease_limits.max_duration.0, c.lease_limits.max_leases),
+            (60_000, 4)
+        );
+        let e = from("site = \"a\"\nhost = \"b\"\nmax_lease_ms = 4233600000\n").unwrap_err();
+        assert_eq!(e.line, Some(3), "{e}");
+        assert!(e.to_string().contains("max_lease_ms"), "{e}");
+        let e = from("site = \"a\"\nhost = \"b\"\nmax_leases = 0\n").unwrap_err();
         assert_eq!(e.line, Some(3), "{e}");
     }
 

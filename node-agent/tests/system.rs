@@ -312,7 +312,18 @@ fn leases_are_applied_acknowledged_refused_and_lifted() {
         AckCode::Expired
     );
 
-    let mut forged = lease(104, 5, &[(gpu(0), 300)], 4_000);
+    // Longer than the host takes (10 minutes by default): the 49 days a
+    // u32 of milliseconds allows, as a forged lease could ask.
+    let weeks = lease(104, 6, &[(gpu(0), 200)], u32::MAX);
+    let ack = ack_of_sent(&mut sub, port, host, &weeks);
+    assert_eq!(ack.code, AckCode::TooLong, "{}", ack.detail.as_str());
+    assert!(
+        ack.detail.as_str().contains("at most 600000 ms"),
+        "{}",
+        ack.detail.as_str()
+    );
+
+    let mut forged = lease(104, 7, &[(gpu(0), 300)], 4_000);
     forged
         .sign(&cmd_topic(host), 1, b"not the site key")
         .expect("signs");

@@ -16,7 +16,7 @@
 //! - *clamped*: a cap below the GPU's minimum settable limit, raised to it.
 
 use loopwarden_protocol::{
-    AckCode, CapLease, CapSource, GpuIndex, GpuSelector, NodeId, TimestampMs, Watts,
+    AckCode, CapLease, CapSource, DurationMs, GpuIndex, GpuSelector, NodeId, TimestampMs, Watts,
 };
 
 /// The settable range of one GPU, read from NVML (or the board) at start.
@@ -26,6 +26,28 @@ pub struct GpuRange {
     pub min: Watts,
     /// Highest settable power limit (the limit when nothing caps it).
     pub max: Watts,
+}
+
+/// What a host takes of leases: a longer one, or one more than the count,
+/// is refused, so a sender (a compromised one included) can neither cap a
+/// GPU for weeks nor fill the host's memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseLimits {
+    /// The longest lease taken.
+    pub max_duration: DurationMs,
+    /// The most leases held at once (a renewal of a held lease is always
+    /// taken).
+    pub max_leases: usize,
+}
+
+impl Default for LeaseLimits {
+    /// Ten minutes, sixteen leases.
+    fn default() -> Self {
+        Self {
+            max_duration: DurationMs(600_000),
+            max_leases: 16,
+        }
+    }
 }
 
 /// A lease held by the arbiter.
@@ -80,21 +102,30 @@ pub struct CapArbiter {
     ranges: Vec<GpuRange>,
     guard: Vec<Option<Watts>>,
     leases: Vec<Held>,
+    limits: LeaseLimits,
 }
 
 impl CapArbiter {
-    /// An arbiter for GPUs `0..ranges.len()` with their settable ranges.
+    /// An arbiter for GPUs `0..ranges.len()` with their settable ranges,
+    /// taking leases within the default [`LeaseLimits`].
     pub fn new(ranges: Vec<GpuRange>) -> Self {
+        Self::with_limits(ranges, LeaseLimits::default())
+    }
+
+    /// As [`CapArbiter::new`], within `limits`.
+    pub fn with_limits(ranges: Vec<GpuRange>, limits: LeaseLimits) -> Self {
         Self {
             guard: vec![None; ranges.len()],
             ranges,
             leases: Vec::new(),
+            limits,
         }
     }
 
     /// Takes a lease sent by `from` in a frame stamped `sent`. It holds
     /// until `sent + duration`; one that has already expired at `now`, names
-    /// a GPU this host does not have, or caps nothing is refused and
+    /// a GPU this host does not have, caps nothing, is longer than the
+    /// limit, or would be one lease more than the limit is refused and
     /// changes nothing.
     pub fn lease(
         &mut self,
@@ -107,9 +138,20 @@ impl CapArbiter {
         if lease.caps.is_empty() || lease.duration.0 == 0 {
             return refuse(AckCode::Malformed);
         }
+        if lease.duration.0 > self.limits.max_duration.0 {
+            return refuse(AckCode::TooLong);
+        }
         let expires = sent.after(lease.duration);
         if expires <= now {
             return refuse(AckCode::Expired);
+        }
+        self.expire(now);
+        let renewal = self
+            .leases
+            .iter()
+            .any(|h| h.from == *from && h.lease == lease.lease);
+        if !renewal && self.leases.len() >= self.limits.max_leases {
+            return refuse(AckCode::TooMany);
         }
         let mut caps = vec![None; self.ranges.len()];
         let mut clamped = false;
@@ -184,6 +226,11 @@ impl CapArbiter {
     /// The settable range of every GPU.
     pub fn ranges(&self) -> &[GpuRange] {
         &self.ranges
+    }
+
+    /// What this host takes of leases.
+    pub fn limits(&self) -> LeaseLimits {
+        self.limits
     }
 
     /// When the next lease expires, for the shell's timer.
@@ -333,6 +380,50 @@ mod tests {
         );
         assert_eq!(a.in_force(t), before);
         assert_eq!(a.next_expiry(), None);
+    }
+
+    #[test]
+    fn a_lease_too_long_or_one_too_many_is_refused_and_a_renewal_always_taken() {
+        let mut a = CapArbiter::with_limits(
+            vec![
+                GpuRange {
+                    min: Watts(200),
+                    max: Watts(700)
+                };
+                2
+            ],
+            LeaseLimits {
+                max_duration: DurationMs(600_000),
+                max_leases: 3,
+            },
+        );
+        let t = TimestampMs(0);
+        let ten_min = lease(1, &[(gpu(0), 300)], 600_000);
+        assert_eq!(a.lease(t, &cdu(), t, &ten_min).code, AckCode::Ok);
+        let longer = lease(2, &[(gpu(0), 250)], 600_001);
+        assert_eq!(a.lease(t, &cdu(), t, &longer).code, AckCode::TooLong);
+        // 49 days, as a forged lease could ask: refused, nothing changes.
+        let weeks = lease(3, &[(gpu(1), 200)], u32::MAX);
+        assert_eq!(a.lease(t, &cdu(), t, &weeks).code, AckCode::TooLong);
+        assert_eq!(a.in_force(t)[1].limit, Watts(700));
+        for id in 10..12 {
+            assert_eq!(
+                a.lease(t, &cdu(), t, &lease(id, &[(gpu(1), 400)], 1_000))
+                    .code,
+                AckCode::Ok
+            );
+        }
+        let fourth = lease(20, &[(gpu(1), 200)], 1_000);
+        assert_eq!(a.lease(t, &cdu(), t, &fourth).code, AckCode::TooMany);
+        assert_eq!(
+            a.lease(t, &cdu(), t, &ten_min).code,
+            AckCode::Ok,
+            "a renewal"
+        );
+        // Once two have lapsed there is room again.
+        let later = TimestampMs(2_000);
+        assert_eq!(a.lease(later, &cdu(), later, &fourth).code, AckCode::Ok);
+        assert_eq!(a.leases().len(), 2);
     }
 
     #[test]

@@ -21,7 +21,7 @@ use loopwarden_protocol::{
     TimestampMs, Topic, Watts,
 };
 
-use crate::caps::{CapArbiter, GpuRange, InForce, LeaseView};
+use crate::caps::{CapArbiter, GpuRange, InForce, LeaseLimits, LeaseView};
 
 /// How far a command's time may be from the host's clock, ms (both
 /// directions): a lease or a release older than this is not acted on.
@@ -64,13 +64,24 @@ pub struct CommandCore {
 
 impl CommandCore {
     /// A core for GPUs with `ranges`, checking commands signed for `own`
-    /// (this host's `cmd` topic) against `keys`.
+    /// (this host's `cmd` topic) against `keys`, with the default lease
+    /// limits.
     pub fn new(own: Topic, ranges: Vec<GpuRange>, keys: BTreeMap<u8, Vec<u8>>) -> Self {
+        Self::with_limits(own, ranges, keys, LeaseLimits::default())
+    }
+
+    /// As [`CommandCore::new`], taking leases within `limits`.
+    pub fn with_limits(
+        own: Topic,
+        ranges: Vec<GpuRange>,
+        keys: BTreeMap<u8, Vec<u8>>,
+        limits: LeaseLimits,
+    ) -> Self {
         Self {
             own,
             keys,
             last_seq: HashMap::new(),
-            arbiter: CapArbiter::new(ranges),
+            arbiter: CapArbiter::with_limits(ranges, limits),
         }
     }
 
@@ -209,6 +220,15 @@ impl CommandCore {
                 frame.time.0,
                 lease.duration.0,
                 frame.time.after(lease.duration).until(now)
+            ),
+            AckCode::TooLong => format!(
+                "the lease lasts {} ms; this host takes at most {} ms",
+                lease.duration.0,
+                self.arbiter.limits().max_duration.0
+            ),
+            AckCode::TooMany => format!(
+                "this host already holds {} leases, its most",
+                self.arbiter.limits().max_leases
             ),
             other => format!("{other:?}"),
         };

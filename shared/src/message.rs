@@ -558,6 +558,10 @@ pub enum AckCode {
     Unsupported,
     /// The GPU is not quarantined (nothing to release).
     NotQuarantined,
+    /// The lease is longer than this host takes.
+    TooLong,
+    /// This host already holds as many leases as it takes.
+    TooMany,
 }
 
 /// Whose command an ack answers: the command frame's sender and sequence.

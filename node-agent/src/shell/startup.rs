@@ -146,7 +146,8 @@ pub(super) async fn restore_leases(
     // Leases that were in force before a restart, if still valid.
     let ranges: Vec<GpuRange> = gpus.iter().map(|g| g.range).collect();
     let own_cmd = Topic::new(&config.site, Role::Host, &config.host, Family::Cmd);
-    let mut core = CommandCore::new(own_cmd, ranges, config.keys.clone());
+    let mut core =
+        CommandCore::with_limits(own_cmd, ranges, config.keys.clone(), config.lease_limits);
     let mut logged_leases = Vec::new();
     log.for_each(|r| {
         if r.kind == MessageKind::CapLease as u8 || r.kind == MessageKind::QuarantineRelease as u8 {
