@@ -99,7 +99,7 @@ mod stats;
 
 use leases::LeaseSent;
 pub use links::{BoardIo, NorthboundLink, OperatorAction, OperatorRequest};
-pub use mapping::{cap_lease, core_readings, host_report, settings};
+pub use mapping::{cap_lease, core_readings, host_report, implausible, settings, REPORT_SKEW_MS};
 pub use stats::{stats_channel, LastAck, SensorStatus, ShellStats, Snapshot};
 
 /// How long the lease that lifts a cap lasts.
@@ -310,6 +310,10 @@ struct Shell<P> {
     heartbeat: u16,
     /// The CDU took the last settings.
     writes_ok: bool,
+    /// The supply temperature, when its sensor is believed, °C.
+    supply_c: Option<f32>,
+    /// Per host index: why its reports are not believed, while they are not.
+    refused: HashMap<usize, String>,
 }
 
 /// Runs the shell for the CDU behind `cdu` until `shutdown` completes,
@@ -476,6 +480,8 @@ impl<P: CduPort> Shell<P> {
             relatch: started.relatch,
             heartbeat: 0,
             writes_ok: true,
+            supply_c: None,
+            refused: HashMap::new(),
         }
     }
 }
@@ -552,6 +558,11 @@ impl<P: CduPort> Shell<P> {
             hosts: &self.reports,
         });
         self.leak_inputs = leaks;
+        self.supply_c = readings
+            .as_ref()
+            .and_then(|r| r.supply_c)
+            .filter(|_| self.core.sensor_fault(Which::Supply).is_none())
+            .map(|s| s as f32);
         // What the step latched is in flash before anything acts on it.
         self.keep_latched().await;
         self.write_cdu(&c).await;

@@ -135,6 +135,7 @@ fn status(ctx: &Context, st: &ShellStats, now: TimestampMs) -> Value {
         "pue": pue,
         "hosts": ctx.hosts.len(),
         "hosts_heard": heard,
+        "host_reports_refused": st.host_reports_refused,
         "leaks_latched": snap.map(|s| racks(s.leaks_latched)).unwrap_or_default(),
         "leak_sensing_lost": snap.map(|s| racks(s.sensing_lost)).unwrap_or_default(),
         "isolation_failed": snap.map(|s| racks(s.isolation_failed)).unwrap_or_default(),

@@ -131,7 +131,10 @@ fn plant_rows(v: &Value) -> Vec<(&'static str, String)> {
         ),
         (
             "hosts",
-            fill(v, "{hosts_heard} heard of {hosts}, {capped_hosts} capped"),
+            fill(
+                v,
+                "{hosts_heard} heard of {hosts}, {capped_hosts} capped, {host_reports_refused} reports not believed",
+            ),
         ),
         (
             "leaks latched",

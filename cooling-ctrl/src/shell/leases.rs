@@ -110,6 +110,17 @@ impl<P: CduPort> Shell<P> {
                     return;
                 };
                 let at = self.now_ms();
+                let tdp = self.cfg.core.gpu.tdp_w;
+                if let Some(why) = implausible(t, msg.frame.time, now_ms(), self.supply_c, tdp) {
+                    self.stats.host_reports_refused += 1;
+                    let host = msg.topic.node.as_str();
+                    if self.refused.get(&h) != Some(&why) {
+                        tracing::warn!("cooling shell: a report of {host} is not believed: {why}");
+                        self.refused.insert(h, why);
+                    }
+                    return;
+                }
+                self.refused.remove(&h);
                 if let Some(slot) = self.reports.get_mut(h) {
                     *slot = Some(host_report(t, at));
                     self.stats.host_reports += 1;

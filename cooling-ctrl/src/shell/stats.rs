@@ -89,6 +89,8 @@ pub struct ShellStats {
     pub last: Option<Commands>,
     /// Host telemetry frames taken.
     pub host_reports: u64,
+    /// Host telemetry frames refused as implausible.
+    pub host_reports_refused: u64,
     /// Cap leases sent (not counting lifts).
     pub leases_sent: u64,
     /// Lifting leases sent.
