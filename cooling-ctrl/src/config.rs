@@ -10,7 +10,8 @@
 //! |---|---|---|
 //! | `site` | `site` | the site (ident) |
 //! | `cdu` | the machine's host name | this CDU's id (ident) |
-//! | `broker` | the embedded broker on 127.0.0.1:1883 | `host[:port]` |
+//! | `broker` | the embedded broker on 127.0.0.1:1883 with `demo_key` only | `host[:port]`; required with a keys file unless `embedded_broker = true` |
+//! | `embedded_broker` | false | run the embedded broker here on purpose (not with `broker`) |
 //! | `broker_user`, `broker_password_file` | none | broker login, together |
 //! | `keys_file` | none (required) | site keys, `<id> <hex secret>` per line |
 //! | `key_id` | the file's highest id | the key cap leases are signed with |
@@ -337,7 +338,9 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         "cdu",
         local_host_name(),
     )?;
-    let key = site_key(&src, &file, flags, common.keys_file)?;
+    let key = site_key(&src, &file, flags, common.keys_file.clone())?;
+    let production = (!key.demo).then_some("a real CDU with site keys");
+    common::check_broker(&src, &common, production)?;
     let link = cdu_link(&src, &file, flags)?;
     let map = register_map(&src, &file, flags)?;
     let mut core = core_config(&src, &file, flags)?;
@@ -1018,7 +1021,7 @@ mod tests {
         assert_eq!(c.flash.as_deref(), Some(Path::new("/tmp/x.flash")));
         // A list and a chosen key.
         let text = format!(
-            "cdu = \"c\"\nkeys_file = {keys:?}\nkey_id = 1\ncdu_tcp = \"127.0.0.1:502\"\nhosts = [\"a\", \"b\"]\n"
+            "cdu = \"c\"\nkeys_file = {keys:?}\nkey_id = 1\ncdu_tcp = \"127.0.0.1:502\"\nhosts = [\"a\", \"b\"]\nbroker = \"10.0.0.5\"\n"
         );
         let c = from(&text).expect("valid");
         assert_eq!(c.key_id, 1);

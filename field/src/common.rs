@@ -20,8 +20,9 @@ use crate::pick;
 
 /// Declares an agent's file structure: every field optional, unknown keys
 /// refused (with their line), the common fields first and then the
-/// agent's own. The common fields are `site`, `broker`, `broker_user`,
-/// `broker_password_file`, `keys_file`, `flash` and `console`;
+/// agent's own. The common fields are `site`, `broker`, `embedded_broker`,
+/// `broker_user`, `broker_password_file`, `keys_file`, `flash` and
+/// `console`;
 /// [`common`](CommonFile) borrows them for [`resolve`].
 #[macro_export]
 macro_rules! agent_file {
@@ -34,6 +35,8 @@ macro_rules! agent_file {
             pub site: Option<String>,
             /// Broker address; absent: the embedded broker.
             pub broker: Option<String>,
+            /// Run the embedded broker here on purpose.
+            pub embedded_broker: Option<bool>,
             /// Broker user name.
             pub broker_user: Option<String>,
             /// File holding the broker password.
@@ -53,6 +56,7 @@ macro_rules! agent_file {
                 $crate::common::CommonFile {
                     site: &self.site,
                     broker: &self.broker,
+                    embedded_broker: &self.embedded_broker,
                     broker_user: &self.broker_user,
                     broker_password_file: &self.broker_password_file,
                     keys_file: &self.keys_file,
@@ -99,6 +103,8 @@ pub struct CommonFile<'a> {
     pub site: &'a Option<String>,
     /// Broker address.
     pub broker: &'a Option<String>,
+    /// Run the embedded broker here on purpose.
+    pub embedded_broker: &'a Option<bool>,
     /// Broker user name.
     pub broker_user: &'a Option<String>,
     /// File holding the broker password.
@@ -117,9 +123,14 @@ pub struct CommonFlags {
     /// Site name (ident).
     #[arg(long)]
     pub site: Option<String>,
-    /// Broker, `host[:port]`; default: the embedded broker on 127.0.0.1:1883.
+    /// Broker, `host[:port]`; default: the embedded broker on 127.0.0.1:1883
+    /// (simulated hardware only, or with --embedded-broker).
     #[arg(long)]
     pub broker: Option<String>,
+    /// Run the embedded broker here on purpose (an agent on real hardware
+    /// or with site keys does not start it on its own).
+    #[arg(long)]
+    pub embedded_broker: bool,
     /// Broker user name.
     #[arg(long)]
     pub broker_user: Option<String>,
@@ -145,6 +156,9 @@ pub struct Common {
     pub site: Ident,
     /// Broker; `None`: embedded.
     pub broker: Option<BrokerAddr>,
+    /// The embedded broker was asked for (`embedded_broker = true`), and
+    /// the flag or line that asked.
+    pub embedded_broker: (bool, Option<&'static str>),
     /// Broker credentials.
     pub credentials: Option<(String, String)>,
     /// The keys file and the flag that gave it (`None`: the file did), to
@@ -187,9 +201,15 @@ pub fn resolve(
             "broker-password-file"
         ),
     )?;
+    let embedded = pick!(
+        flags.embedded_broker.then_some(true),
+        *file.embedded_broker,
+        "embedded-broker"
+    );
     Ok(Common {
         site,
         broker,
+        embedded_broker: (embedded.0.unwrap_or(false), embedded.1),
         credentials,
         keys_file: pick!(flags.keys_file, *file.keys_file, "keys-file"),
         flash: pick!(flags.flash, *file.flash, "flash").0,
@@ -263,5 +283,33 @@ mod tests {
         let e = check("site = \"a\"\nbrokr = \"x\"\n", &CommonFlags::default()).unwrap_err();
         assert_eq!(e.line, Some(2), "{e}");
         assert!(e.message.contains("brokr"), "{e}");
+    }
+}
+
+/// Refuses to run the embedded broker implicitly in production: an agent
+/// for which `production` says why it is one (real GPUs, a real CDU, site
+/// keys) needs a `broker`, or an explicit `embedded_broker = true`. Both
+/// together are refused too: one broker or the other.
+pub fn check_broker(
+    src: &Sources,
+    common: &Common,
+    production: Option<&str>,
+) -> Result<(), ConfigError> {
+    let (embedded, flag) = common.embedded_broker;
+    match (&common.broker, embedded, production) {
+        (Some(_), true, _) => Err(src.error(
+            flag,
+            "embedded_broker",
+            "embedded_broker = true and a broker exclude each other".into(),
+        )),
+        (None, false, Some(why)) => Err(src.error(
+            None,
+            "broker",
+            format!(
+                "no broker: an agent on {why} does not start the embedded broker on its own; \
+                 set broker = \"host:port\" (the site's broker), or embedded_broker = true to run one here"
+            ),
+        )),
+        _ => Ok(()),
     }
 }

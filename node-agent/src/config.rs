@@ -237,6 +237,12 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
     let (cdu, rack) = cooling_context(&src, &file, flags)?;
     let quiet_period = quiet_period(&src, &file, flags)?;
     let quarantine = quarantine(&src, &file, flags)?;
+    let production = match (&gpus, &common.keys_file.0) {
+        (GpuSourceKind::Nvml, _) => Some("real GPUs"),
+        (_, Some(_)) => Some("site keys"),
+        _ => None,
+    };
+    common::check_broker(&src, &common, production)?;
     let (keys, demo_key) = keys(&src, common.keys_file, &gpus)?;
     let lease_limits = lease_limits(&src, &file, flags)?;
 
@@ -660,19 +666,23 @@ mod tests {
         let e = from("site = \"a\"\nhost = \"b\"\nperiod_ms = \"fast\"\n").unwrap_err();
         assert_eq!(e.line, Some(3), "{e}");
         // Leases: ten minutes and sixteen by default, an hour at most.
-        let c = from("site = \"a\"\nhost = \"b\"\n").unwrap();
+        let c = from("site = \"a\"\nhost = \"b\"\ntwin_gpus = 2\n").unwrap();
         assert_eq!(c.lease_limits, crate::caps::LeaseLimits::default());
         assert_eq!(c.lease_limits.max_duration, DurationMs(600_000));
-        let c = from("site = \"a\"\nhost = \"b\"\nmax_lease_ms = 60000\nmax_leases = 4\n").unwrap();
+        let c = from(
+            "site = \"a\"\nhost = \"b\"\ntwin_gpus = 2\nmax_lease_ms = 60000\nmax_leases = 4\n",
+        )
+        .unwrap();
         assert_eq!(
             (c.lease_limits.max_duration.0, c.lease_limits.max_leases),
             (60_000, 4)
         );
-        let e = from("site = \"a\"\nhost = \"b\"\nmax_lease_ms = 4233600000\n").unwrap_err();
-        assert_eq!(e.line, Some(3), "{e}");
+        let e = from("site = \"a\"\nhost = \"b\"\ntwin_gpus = 2\nmax_lease_ms = 4233600000\n")
+            .unwrap_err();
+        assert_eq!(e.line, Some(4), "{e}");
         assert!(e.to_string().contains("max_lease_ms"), "{e}");
-        let e = from("site = \"a\"\nhost = \"b\"\nmax_leases = 0\n").unwrap_err();
-        assert_eq!(e.line, Some(3), "{e}");
+        let e = from("site = \"a\"\nhost = \"b\"\ntwin_gpus = 2\nmax_leases = 0\n").unwrap_err();
+        assert_eq!(e.line, Some(4), "{e}");
     }
 
     #[test]
@@ -683,7 +693,7 @@ mod tests {
         };
         let c = resolve(
             Some(Path::new("a.toml")),
-            "site = \"s\"\nhost = \"h\"\nperiod_ms = 500\n",
+            "site = \"s\"\nhost = \"h\"\nbroker = \"10.0.0.5\"\nperiod_ms = 500\n",
             &flags,
         )
         .expect("valid");
@@ -711,5 +721,24 @@ mod tests {
         assert_eq!(e.line, Some(3));
         assert!(e.message.contains("{hostname}"), "{e}");
         assert!(from("host = \"h\"\n[quarantine]\nactions = [[]]\n").is_err());
+    }
+
+    #[test]
+    fn an_agent_on_real_gpus_or_site_keys_needs_a_broker_or_asks_for_the_embedded_one() {
+        let e = from("site = \"a\"\nhost = \"b\"\n").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("an agent on real GPUs does not start the embedded broker"),
+            "{e}"
+        );
+        assert!(from("site = \"a\"\nhost = \"b\"\nbroker = \"10.0.0.5\"\n").is_ok());
+        let c = from("site = \"a\"\nhost = \"b\"\nembedded_broker = true\n").unwrap();
+        assert_eq!((c.broker, c.gpus), (None, GpuSourceKind::Nvml));
+        // Simulated GPUs with the demo key: the embedded broker by default.
+        assert!(from("site = \"a\"\nhost = \"b\"\ntwin_gpus = 8\n").is_ok());
+        let e = from("site = \"a\"\nhost = \"b\"\nbroker = \"10.0.0.5\"\nembedded_broker = true\n")
+            .unwrap_err();
+        assert_eq!(e.line, Some(4), "{e}");
+        assert!(e.to_string().contains("exclude each other"), "{e}");
     }
 }
