@@ -225,6 +225,34 @@ pub fn period_ms(src: &Sources, picked: (Option<u64>, Option<&str>)) -> Result<u
     crate::config::range(src, picked, "period_ms", 1000, 100, 60_000, " ms")
 }
 
+/// Refuses to run the embedded broker implicitly in production: an agent
+/// for which `production` says why it is one (real GPUs, a real CDU, site
+/// keys) needs a `broker`, or an explicit `embedded_broker = true`. Both
+/// together are refused too: one broker or the other.
+pub fn check_broker(
+    src: &Sources,
+    common: &Common,
+    production: Option<&str>,
+) -> Result<(), ConfigError> {
+    let (embedded, flag) = common.embedded_broker;
+    match (&common.broker, embedded, production) {
+        (Some(_), true, _) => Err(src.error(
+            flag,
+            "embedded_broker",
+            "embedded_broker = true and a broker exclude each other".into(),
+        )),
+        (None, false, Some(why)) => Err(src.error(
+            None,
+            "broker",
+            format!(
+                "no broker: an agent on {why} does not start the embedded broker on its own; \
+                 set broker = \"host:port\" (the site's broker), or embedded_broker = true to run one here"
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;
@@ -283,33 +311,5 @@ mod tests {
         let e = check("site = \"a\"\nbrokr = \"x\"\n", &CommonFlags::default()).unwrap_err();
         assert_eq!(e.line, Some(2), "{e}");
         assert!(e.message.contains("brokr"), "{e}");
-    }
-}
-
-/// Refuses to run the embedded broker implicitly in production: an agent
-/// for which `production` says why it is one (real GPUs, a real CDU, site
-/// keys) needs a `broker`, or an explicit `embedded_broker = true`. Both
-/// together are refused too: one broker or the other.
-pub fn check_broker(
-    src: &Sources,
-    common: &Common,
-    production: Option<&str>,
-) -> Result<(), ConfigError> {
-    let (embedded, flag) = common.embedded_broker;
-    match (&common.broker, embedded, production) {
-        (Some(_), true, _) => Err(src.error(
-            flag,
-            "embedded_broker",
-            "embedded_broker = true and a broker exclude each other".into(),
-        )),
-        (None, false, Some(why)) => Err(src.error(
-            None,
-            "broker",
-            format!(
-                "no broker: an agent on {why} does not start the embedded broker on its own; \
-                 set broker = \"host:port\" (the site's broker), or embedded_broker = true to run one here"
-            ),
-        )),
-        _ => Ok(()),
     }
 }
