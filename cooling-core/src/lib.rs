@@ -9,11 +9,15 @@
 //! Each step runs the layers in order of authority; a later layer works
 //! inside what an earlier one allows:
 //! 1. **safety**: leaks (close the rack's valve at once, cap its hosts to
-//!    their minimum, tell them their cooling is lost) and pump trips (start
-//!    the lag pump) in [`safety`], sensor supervision in [`sensors`], and
-//!    the mode `boot → normal ⇄ degraded → failsafe` in [`mode`]. It boots
-//!    with the pumps on and a conservative setpoint, and leaves boot only
-//!    when every required sensor has read plausibly for `boot_settle_ms`.
+//!    their minimum, tell them their cooling is lost), supervised leak
+//!    sensing and confirmed isolation with its escalation in [`safety`];
+//!    tripped and seized pumps (start the lag pump) in [`pumps`]; sensor
+//!    supervision in [`sensors`]; the mode `boot → normal ⇄ degraded →
+//!    failsafe` in [`mode`]. It boots with the pumps on and a conservative
+//!    setpoint, and leaves boot only when every required sensor has read
+//!    plausibly for `boot_settle_ms`. What it latches ([`latch`]) the
+//!    shell keeps in flash before acting and gives back to
+//!    [`Core::restore`] after a restart.
 //! 2. **regulation** ([`regulate`]): a margin loop lowers the setpoint
 //!    while the hottest GPU runs above the plan ceiling; a supply loop
 //!    trims the setpoint the CDU is given so the measured supply meets the
@@ -43,7 +47,9 @@
 //! - *fresh*: a host report younger than `host_timeout_ms`.
 //! - *plan ceiling*, *cap target*: see [`config`].
 //! - *latched leak*: a rack whose leak input fired; its valve stays shut
-//!   until an operator clears it with the input dry.
+//!   until an operator clears it with the input dry and supervised.
+//! - *escalation*: a leaking rack whose valve does not read closed in
+//!   time: both pumps stop and every host is capped (see [`safety`]).
 
 #![no_std]
 
