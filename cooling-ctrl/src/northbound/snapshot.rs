@@ -213,6 +213,36 @@ pub fn snapshot_channel() -> (
     watch::channel(NorthboundSnapshot::default())
 }
 
+/// The pump bits ([`pump_bits`]) of the readings, the pumps out of
+/// service (`failed`) and the pumps commanded `on`.
+fn pump_word(readings: Option<&CduMeasurements>, failed: [bool; 2], on: [bool; 2]) -> u16 {
+    let running = |i: usize| readings.and_then(|r| r.pumps_running[i]).unwrap_or(false);
+    [
+        (running(0), pump_bits::A_RUNNING),
+        (running(1), pump_bits::B_RUNNING),
+        (failed[0], pump_bits::A_FAILED),
+        (failed[1], pump_bits::B_FAILED),
+        (on[0], pump_bits::A_ON),
+        (on[1], pump_bits::B_ON),
+    ]
+    .iter()
+    .filter(|(set, _)| *set)
+    .fold(0, |w, (_, bit)| w | bit)
+}
+
+/// The hottest GPU among the host reports at most `timeout_ms` old at
+/// `now_ms`, °C.
+fn hottest_fresh(hosts: &[Option<HostReport>], now_ms: u64, timeout_ms: u64) -> Option<f32> {
+    hosts
+        .iter()
+        .flatten()
+        .filter(|r| {
+            r.gpus > 0 && r.hottest_c.is_finite() && now_ms.saturating_sub(r.at_ms) <= timeout_ms
+        })
+        .map(|r| r.hottest_c)
+        .reduce(f32::max)
+}
+
 /// The snapshot of the step that decided `cmds`, at `now_ms` (the core's
 /// clock, ms since the shell started). `readings`: what the CDU answered
 /// (`None`: it did not); `hosts`: the hosts' last reports as the core got
@@ -253,35 +283,11 @@ pub fn snapshot_from(
     let flow_lpm = sensor(Which::Flow, |r| r.flow_lpm);
     let facility_supply_c = sensor(Which::FacilitySupply, |r| r.facility_supply_c);
 
-    let running = |i: usize| readings.and_then(|r| r.pumps_running[i]).unwrap_or(false);
-    let failed = core.pumps_failed();
-    let mut pumps = 0u16;
-    for (on, bit) in [
-        (running(0), pump_bits::A_RUNNING),
-        (running(1), pump_bits::B_RUNNING),
-        (failed[0], pump_bits::A_FAILED),
-        (failed[1], pump_bits::B_FAILED),
-        (cmds.pump_on[0], pump_bits::A_ON),
-        (cmds.pump_on[1], pump_bits::B_ON),
-    ] {
-        if on {
-            pumps |= bit;
-        }
-    }
-
+    let pumps = pump_word(readings, core.pumps_failed(), cmds.pump_on);
     let caps = cmds.caps.iter().flatten();
     let hosts_capped = caps.clone().count().min(usize::from(u16::MAX)) as u16;
     let lowest_cap_w = caps.map(|c| c.watts).reduce(f32::min);
-    let hottest_gpu_c = hosts
-        .iter()
-        .flatten()
-        .filter(|r| {
-            r.gpus > 0
-                && r.hottest_c.is_finite()
-                && now_ms.saturating_sub(r.at_ms) <= cfg.timing.host_timeout_ms
-        })
-        .map(|r| r.hottest_c)
-        .reduce(f32::max);
+    let hottest_gpu_c = hottest_fresh(hosts, now_ms, cfg.timing.host_timeout_ms);
 
     let meter = |v: fn(&CduMeasurements) -> Option<f64>| {
         readings.and_then(v).filter(|x| x.is_finite() && *x >= 0.0)
