@@ -306,7 +306,7 @@ impl Core {
     pub fn restore(cfg: CoreConfig, l: &Latched) -> Result<Self, ConfigError> {
         let mut core = Self::new(cfg)?;
         core.safety.restore(l, cfg.layout.racks as usize);
-        core.pumps.restore(l, 0);
+        core.pumps.restore(l);
         core.sensors.restore(&l.sensors);
         core.modes.restore(l.failsafe);
         core.restored = Some(*l);

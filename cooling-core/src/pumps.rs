@@ -81,15 +81,16 @@ impl Pumps {
         self.fault
     }
 
-    /// The pumps of a restored state; the lead starts afresh at `now`.
-    pub fn restore(&mut self, l: &Latched, now: u64) {
+    /// The pumps of a restored state (before any step: the lead counts as
+    /// started at time 0, the clock of a fresh process).
+    pub fn restore(&mut self, l: &Latched) {
         self.fault = l.pumps;
         self.lead = l.lead as usize;
         // A restored lead that is out of service hands over at once.
         if self.fault[self.lead].is_some() && self.fault[1 - self.lead].is_none() {
             self.lead = 1 - self.lead;
         }
-        self.lead_since_ms = now;
+        self.lead_since_ms = 0;
     }
 
     /// Puts `p` back in service at `now`; a trip is refused while the CDU

@@ -181,25 +181,25 @@ impl Controller for Ours {
             setpoint_c: c.setpoint_c as f64,
             pump_speed: c.pump_speed as f64,
             pump_on: c.pump_on,
-            valves: (0..self.racks)
-                .map(|i| i < 16 && c.valves_open & (1 << i) != 0)
-                .collect(),
+            valves: per_rack(c.valves_open, self.racks),
             host_caps: self
                 .reports
                 .iter()
                 .enumerate()
                 .map(|(h, _)| c.caps[h].map(|cap| cap.watts as f64))
                 .collect(),
-            rack_cooling_lost: (0..self.racks)
-                .map(|i| i < 16 && c.cooling_lost & (1 << i) != 0)
-                .collect(),
+            rack_cooling_lost: per_rack(c.cooling_lost, self.racks),
             failsafe: c.mode == CduMode::Failsafe,
             heartbeat: true,
-            leak_sensing_lost: (0..self.racks)
-                .map(|i| i < 16 && c.sensing_lost & (1 << i) != 0)
-                .collect(),
+            leak_sensing_lost: per_rack(c.sensing_lost, self.racks),
         }
     }
+}
+
+/// A mask, bit n = rack n, as a list for `racks` racks (racks past 16
+/// read clear).
+fn per_rack(mask: u16, racks: usize) -> Vec<bool> {
+    (0..racks).map(|i| i < 16 && mask & (1 << i) != 0).collect()
 }
 
 /// A per-rack list as a mask, bit n = rack n (racks past 16 left out).

@@ -56,11 +56,7 @@ impl Controller for Watched {
     }
     fn step(&mut self, r: &Readings) -> Decision {
         let d = self.ours.step(r);
-        let lead = match d.pump_on {
-            [true, false] => Some(0),
-            [false, true] => Some(1),
-            _ => None,
-        };
+        let lead = sim::lead_of(d.pump_on);
         if lead.is_some() && lead != self.lead {
             if self.lead.is_some() {
                 self.changes.push(r.t_s);

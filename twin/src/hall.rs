@@ -30,7 +30,7 @@ use loopwarden_boards::pins::PinMap;
 use crate::pins::SimLines;
 use crate::plant::{Actuation, GpuState, Plant};
 use crate::scenario::{FaultKind, Scenario, SensorName};
-use crate::sim_cdu::SimCdu;
+use crate::sim_cdu::{fallback, SimCdu};
 
 /// The simulated hall.
 pub struct Hall {
@@ -182,17 +182,9 @@ impl Hall {
     /// has seen has not changed for the timeout.
     fn controller_lost(&mut self) -> Result<bool, ValueError> {
         let t = self.t;
-        let hb = self.cdu.setting("heartbeat")?;
-        if self.heartbeat.is_none_or(|(v, _)| v != hb) {
-            // The first value is the CDU's own; a change is the controller.
-            let seen = self.heartbeat.is_some();
-            self.heartbeat = Some((hb, if seen { t } else { f64::NEG_INFINITY }));
-        }
+        note_change(&mut self.heartbeat, self.cdu.setting("heartbeat")?, t);
         let level = self.lines.asserted(&self.pins.controller_healthy);
-        if self.relay.is_none_or(|(l, _)| l != level) {
-            let seen = self.relay.is_some();
-            self.relay = Some((level, if seen { t } else { f64::NEG_INFINITY }));
-        }
+        note_change(&mut self.relay, level, t);
         let timeout = self.plant.site().secondary.heartbeat_timeout_s;
         let stale = |at: f64| at.is_finite() && t - at >= timeout;
         Ok(self.heartbeat.is_some_and(|(_, at)| stale(at))
@@ -218,11 +210,8 @@ impl Hall {
             self.cdu.setting("pump_speed")? / 100.0,
         );
         if lost {
-            setpoint_c = self.plant.site().secondary.fallback_setpoint_c;
-            pump_speed = 1.0;
-            if !pump_on.iter().any(|&p| p) {
-                pump_on[lead] = true;
-            }
+            (setpoint_c, pump_speed, pump_on) =
+                fallback(&self.plant.site().secondary, pump_on, lead);
         }
         let powered_down = self.follow.apply(self.t, &mut cond.demand);
         Ok(Actuation {
@@ -337,6 +326,16 @@ impl Hall {
         self.cdu
             .set_measurement("facility_power", m.facility_w.round())?;
         Ok(())
+    }
+}
+
+/// Notes a watched signal's value `v` at `t`: when it last changed. The
+/// first value seen is the CDU's own, not the controller's: its time is
+/// never, so it cannot go stale.
+fn note_change<T: PartialEq>(slot: &mut Option<(T, f64)>, v: T, t: f64) {
+    if slot.as_ref().is_none_or(|(old, _)| *old != v) {
+        let at = if slot.is_some() { t } else { f64::NEG_INFINITY };
+        *slot = Some((v, at));
     }
 }
 

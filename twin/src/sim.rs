@@ -295,7 +295,7 @@ fn sensor(
 
 /// The lead pump of a pump command: the one pump on (`None`: both or
 /// neither).
-fn lead_of(on: [bool; 2]) -> Option<usize> {
+pub fn lead_of(on: [bool; 2]) -> Option<usize> {
     match on {
         [true, false] => Some(0),
         [false, true] => Some(1),
@@ -680,11 +680,8 @@ impl<'a> RunState<'a> {
             .is_some_and(|h| s.t - h >= lp.heartbeat_timeout_s);
         let mut told = self.cdu.clone();
         if lost && !s.writes_refused {
-            told.setpoint_c = lp.fallback_setpoint_c;
-            told.pump_speed = 1.0;
-            if !told.pump_on.iter().any(|&p| p) {
-                told.pump_on = [self.lead == 0, self.lead == 1];
-            }
+            (told.setpoint_c, told.pump_speed, told.pump_on) =
+                crate::sim_cdu::fallback(lp, told.pump_on, self.lead);
         }
         told
     }

@@ -36,6 +36,23 @@ struct Image {
     holding: BTreeMap<u16, u16>,
 }
 
+/// What a CDU that has lost its controller runs on: its own safe setpoint
+/// (`fallback_setpoint_c`) at full pump speed, the pumps it was told to
+/// run (its `lead` pump if none), its valves as they were. Returns the
+/// setpoint, the speed and the pumps.
+pub fn fallback(
+    lp: &loopwarden_boards::site::LoopModel,
+    pump_on: [bool; 2],
+    lead: usize,
+) -> (f64, f64, [bool; 2]) {
+    let pumps = if pump_on.iter().any(|&p| p) {
+        pump_on
+    } else {
+        [lead == 0, lead != 0]
+    };
+    (lp.fallback_setpoint_c, 1.0, pumps)
+}
+
 /// The simulated CDU's registers (clone it freely: one image).
 #[derive(Clone)]
 pub struct SimCdu {
