@@ -26,8 +26,8 @@ def damaged(frame):
     bad["kind"] = "not_a_kind"
     out.append(("with a wrong kind", bad))
     bad = copy.deepcopy(frame)
-    bad["protocol"] = "2.0"
-    out.append(("with protocol 2.0", bad))
+    bad["protocol"] = "3.0"
+    out.append(("with protocol 3.0", bad))
     bad = copy.deepcopy(frame)
     bad["sender"]["id"] = "a/b"
     out.append(("with a sender id holding '/'", bad))

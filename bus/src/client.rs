@@ -111,5 +111,5 @@ pub fn now_ms() -> TimestampMs {
 pub fn site_filter(site: &Ident) -> String {
     filter::site_frames(site)
         .map(|s| s.to_string())
-        .unwrap_or_else(|_| format!("dc/v1/{site}/+/+/+"))
+        .unwrap_or_else(|_| format!("dc/v2/{site}/+/+/+"))
 }

@@ -86,7 +86,7 @@ impl FromStr for BrokerAddr {
 pub struct BusConfig {
     /// The broker.
     pub broker: BrokerAddr,
-    /// The site (first level below `dc/v1`).
+    /// The site (first level below `dc/v2`).
     pub site: Ident,
     /// Who we are. A host or a CDU owns `…/<role>/<id>/…` and listens on its
     /// `cmd` topic; an operator or facility node only sends commands.
@@ -95,6 +95,8 @@ pub struct BusConfig {
     pub client_id: String,
     /// User name and password, for brokers that require them.
     pub credentials: Option<(String, String)>,
+    /// TLS to the broker (CA, our certificate, the broker's name).
+    pub tls: Option<crate::tls::Tls>,
     /// MQTT keep-alive: the broker declares us gone (and publishes the last
     /// will) after 1.5 × this without a packet.
     pub keep_alive: Duration,
@@ -126,6 +128,7 @@ impl BusConfig {
             node,
             client_id,
             credentials: None,
+            tls: None,
             keep_alive: Duration::from_secs(5),
             queue_capacity: 256,
             offline_capacity: 512,

@@ -1,79 +1,362 @@
-//! Site keys: the secrets commands are signed with.
+//! Signing keys and keyrings: the files commands are signed and checked
+//! with.
 //!
-//! A keys file holds one key per line, `<key id> <hex secret>` (at least
-//! 16 bytes, 32 hex digits), with `#` comments; several keys coexist while
-//! keys rotate. Both the agents (to verify) and the tools (to sign) read it.
+//! A signer (a CDU controller, an operator, a facility system) holds a
+//! *sign key* file, secret, readable by its owner only:
+//!
+//! ```toml
+//! node = "cdu/cdu1"          # role/name the signer sends as
+//! key_id = 1                  # which of its keys (two coexist while rotating)
+//! secret_key = "…64 hex…"     # the Ed25519 secret (its 32-byte seed)
+//! ```
+//!
+//! A host holds a *keyring*, public: who may command it and what each may do.
+//!
+//! ```toml
+//! site = "hall-1"             # optional; checked against the host's site
+//! [[signer]]
+//! node = "cdu/cdu1"           # a CDU may lease only the hosts it cools
+//! key_id = 1
+//! public_key = "…64 hex…"
+//! may = ["lease"]             # lease, release
+//! ```
+//!
+//! A name of `*` (`node = "cdu/*"`) stands for any signer of that role:
+//! the simulated hall's demonstration keyring uses it; a site should not.
 //!
 //! Glossary:
-//! - *key id*: the number a command names in its `auth.key_id`.
+//! - *seed*: the 32 secret bytes an Ed25519 key is derived from.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
-/// Reads a keys file: `<id> <hex secret>` per line, `#` comments.
-pub fn read_keys(path: &Path) -> Result<BTreeMap<u8, Vec<u8>>, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read keys file {}: {e}", path.display()))?;
-    let mut keys = BTreeMap::new();
-    for (i, raw) in text.lines().enumerate() {
-        let line = raw.split('#').next().unwrap_or("").trim();
-        if line.is_empty() {
-            continue;
-        }
-        let at = || format!("{} line {}", path.display(), i + 1);
-        let (id, hex) = line
-            .split_once(char::is_whitespace)
-            .ok_or_else(|| format!("{}: expected `<key id> <hex secret>`", at()))?;
-        let id: u8 = id
-            .parse()
-            .map_err(|_| format!("{}: key id {id:?} is not 0 to 255", at()))?;
-        let hex = hex.trim();
-        if hex.len() < 32 || hex.len() % 2 != 0 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+use loopwarden_protocol::auth::{May, Signer, SigningKey, VerifyingKey};
+use loopwarden_protocol::{Ident, NodeId, Role};
+use serde::Deserialize;
+
+/// A signer's key, as read from its sign key file.
+#[derive(Clone)]
+pub struct SignKey {
+    /// Who signs.
+    pub node: NodeId,
+    /// Which of its keys.
+    pub key_id: u8,
+    /// The secret key.
+    pub key: SigningKey,
+}
+
+impl std::fmt::Debug for SignKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "SignKey {{ node: {}/{}, key_id: {}, public: {} }}",
+            self.node.role.as_str(),
+            self.node.id.as_str(),
+            self.key_id,
+            hex(self.key.verifying_key().as_bytes())
+        )
+    }
+}
+
+impl SignKey {
+    /// The file's text (write it readable by its owner only).
+    pub fn to_toml(&self) -> String {
+        format!(
+            "# Ed25519 signing key of {}/{}: secret, readable by its owner only.\n\
+             node = \"{}/{}\"\nkey_id = {}\nsecret_key = \"{}\"\n",
+            self.node.role.as_str(),
+            self.node.id.as_str(),
+            self.node.role.as_str(),
+            self.node.id.as_str(),
+            self.key_id,
+            hex(self.key.as_bytes())
+        )
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SignKeyFile {
+    node: String,
+    key_id: u8,
+    secret_key: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeyringFile {
+    site: Option<String>,
+    #[serde(default)]
+    signer: Vec<SignerFile>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SignerFile {
+    node: String,
+    key_id: u8,
+    public_key: String,
+    may: Vec<String>,
+}
+
+/// Lower-case hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex32(s: &str) -> Result<[u8; 32], String> {
+    let s = s.trim();
+    if s.len() != 64 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(format!(
+            "expected 64 hex digits (32 bytes), found {} characters",
+            s.len()
+        ));
+    }
+    let mut out = [0u8; 32];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("checked hex");
+    }
+    Ok(out)
+}
+
+/// Parses `role/name` (a signer: not a host).
+fn signer_node(s: &str, any_name: bool) -> Result<(Role, Option<Ident>), String> {
+    let (role, name) = s
+        .split_once('/')
+        .ok_or_else(|| format!("node = {s:?}: expected `<role>/<name>`, e.g. \"cdu/cdu1\""))?;
+    let role = match role {
+        "cdu" => Role::Cdu,
+        "operator" => Role::Operator,
+        "facility" => Role::Facility,
+        "host" => return Err(format!("node = {s:?}: a host never signs commands")),
+        other => {
             return Err(format!(
-                "{}: the secret must be hex, at least 16 bytes (32 digits)",
-                at()
+                "node = {s:?}: role {other:?} is not cdu, operator or facility"
+            ))
+        }
+    };
+    if any_name && name == "*" {
+        return Ok((role, None));
+    }
+    let name = Ident::new(name).map_err(|e| format!("node = {s:?}: {e}"))?;
+    Ok((role, Some(name)))
+}
+
+fn read(path: &Path, what: &str) -> Result<String, String> {
+    std::fs::read_to_string(path).map_err(|e| format!("cannot read {what} {}: {e}", path.display()))
+}
+
+/// Refuses a secret file (`what`) that users other than its owner and
+/// group can read: it may already be known.
+pub fn check_private(path: &Path, what: &str) -> Result<(), String> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let meta = std::fs::metadata(path)
+            .map_err(|e| format!("cannot read {what} {}: {e}", path.display()))?;
+        let mode = meta.permissions().mode();
+        if mode & 0o007 != 0 {
+            return Err(format!(
+                "{what} {} is readable by others (mode {:o}): `chmod 600` it (or 640 \
+                 for a service's group), and replace it if others may have read it",
+                path.display(),
+                mode & 0o777
             ));
         }
-        let secret = (0..hex.len())
-            .step_by(2)
-            .map(|j| u8::from_str_radix(&hex[j..j + 2], 16).expect("checked hex"))
-            .collect();
-        if keys.insert(id, secret).is_some() {
-            return Err(format!("{}: key id {id} appears twice", at()));
+    }
+    Ok(())
+}
+
+/// Reads a sign key file; others than its owner and group must not be
+/// able to read it.
+pub fn read_sign_key(path: &Path) -> Result<SignKey, String> {
+    check_private(path, "sign key")?;
+    parse_sign_key(&read(path, "sign key")?).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Parses a sign key file's text.
+pub fn parse_sign_key(text: &str) -> Result<SignKey, String> {
+    let f: SignKeyFile = toml::from_str(text).map_err(|e| e.message().to_string())?;
+    let (role, name) = signer_node(&f.node, false)?;
+    let node = NodeId {
+        role,
+        id: name.expect("a named signer"),
+    };
+    let seed = unhex32(&f.secret_key).map_err(|e| format!("secret_key: {e}"))?;
+    Ok(SignKey {
+        node,
+        key_id: f.key_id,
+        key: SigningKey::from_bytes(&seed),
+    })
+}
+
+/// A keyring: the site it is for (if it says) and its signers.
+#[derive(Debug, Clone)]
+pub struct Keyring {
+    /// The site named in the file.
+    pub site: Option<Ident>,
+    /// Who may command, with what.
+    pub signers: Vec<Signer>,
+}
+
+/// Reads a keyring file.
+pub fn read_keyring(path: &Path) -> Result<Keyring, String> {
+    parse_keyring(&read(path, "keyring")?).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Parses a keyring's text. Each signer is checked: its node a signer's,
+/// its key a valid Ed25519 point, its rights known, no key twice.
+pub fn parse_keyring(text: &str) -> Result<Keyring, String> {
+    let f: KeyringFile = toml::from_str(text).map_err(|e| e.message().to_string())?;
+    let site = f
+        .site
+        .map(|s| Ident::new(&s).map_err(|e| format!("site = {s:?}: {e}")))
+        .transpose()?;
+    let mut signers: Vec<Signer> = Vec::new();
+    for (i, s) in f.signer.iter().enumerate() {
+        let at = |e: String| format!("signer {} ({}): {e}", i + 1, s.node);
+        let (role, name) = signer_node(&s.node, true).map_err(at)?;
+        let bytes = unhex32(&s.public_key).map_err(|e| at(format!("public_key: {e}")))?;
+        let key = VerifyingKey::from_bytes(&bytes)
+            .map_err(|_| at("public_key is not an Ed25519 public key".into()))?;
+        let mut may = May::default();
+        for m in &s.may {
+            match m.as_str() {
+                "lease" => may.lease = true,
+                "release" => may.release = true,
+                other => return Err(at(format!("may: {other:?} is not lease or release"))),
+            }
         }
+        if !may.lease && !may.release {
+            return Err(at("may is empty: the signer could do nothing".into()));
+        }
+        let signer = Signer {
+            role,
+            name,
+            key_id: s.key_id,
+            key,
+            may,
+        };
+        if signers
+            .iter()
+            .any(|o| o.role == role && o.name == signer.name && o.key_id == s.key_id)
+        {
+            return Err(at(format!("key id {} appears twice", s.key_id)));
+        }
+        signers.push(signer);
     }
-    if keys.is_empty() {
-        return Err(format!("keys file {} holds no key", path.display()));
+    if signers.is_empty() {
+        return Err("the keyring holds no signer: every command would be refused".into());
     }
-    Ok(keys)
+    Ok(Keyring { site, signers })
+}
+
+/// A keyring's text for `site`, one `[[signer]]` each.
+pub fn keyring_toml(site: &Ident, signers: &[Signer]) -> String {
+    let mut out = format!(
+        "# Who may command the hosts of site {site}: public keys, safe to copy.\nsite = \"{site}\"\n"
+    );
+    for s in signers {
+        let name = s.name.as_ref().map_or("*", |n| n.as_str());
+        let mut may = Vec::new();
+        if s.may.lease {
+            may.push("\"lease\"");
+        }
+        if s.may.release {
+            may.push("\"release\"");
+        }
+        out.push_str(&format!(
+            "\n[[signer]]\nnode = \"{}/{name}\"\nkey_id = {}\npublic_key = \"{}\"\nmay = [{}]\n",
+            s.role.as_str(),
+            s.key_id,
+            hex(s.key.as_bytes()),
+            may.join(", ")
+        ));
+    }
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn keys(text: &str) -> Result<BTreeMap<u8, Vec<u8>>, String> {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("site.keys");
-        std::fs::write(&path, text).unwrap();
-        read_keys(&path)
+    fn key(seed: u8) -> SignKey {
+        SignKey {
+            node: NodeId::new(Role::Cdu, "cdu1").unwrap(),
+            key_id: 2,
+            key: SigningKey::from_bytes(&[seed; 32]),
+        }
     }
 
     #[test]
-    fn reads_keys_and_says_what_is_wrong_where() {
-        let k = keys("# site keys\n1 000102030405060708090a0b0c0d0e0f\n\n2 ffeeddccbbaa99887766554433221100aa # rotating in\n").unwrap();
-        assert_eq!(k[&1][15], 0x0f);
-        assert_eq!(k[&2].len(), 17);
-        let e = keys("1 0001\n").unwrap_err();
-        assert!(
-            e.contains("line 1") && e.contains("at least 16 bytes"),
-            "{e}"
+    fn a_sign_key_round_trips_and_must_be_private() {
+        let k = key(3);
+        let back = parse_sign_key(&k.to_toml()).unwrap();
+        assert_eq!(back.key.as_bytes(), k.key.as_bytes());
+        assert_eq!((back.node, back.key_id), (k.node.clone(), 2));
+        assert!(!format!("{k:?}").contains(&hex(k.key.as_bytes())));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cdu1.sign.key");
+        std::fs::write(&path, k.to_toml()).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = read_sign_key(&path).unwrap_err();
+        assert!(e.contains("readable by others") && e.contains("644"), "{e}");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(read_sign_key(&path).unwrap().key_id, 2);
+        let e =
+            parse_sign_key("node = \"host/h01\"\nkey_id = 1\nsecret_key = \"00\"\n").unwrap_err();
+        assert!(e.contains("a host never signs"), "{e}");
+    }
+
+    #[test]
+    fn a_keyring_round_trips_and_says_what_is_wrong_where() {
+        let site = Ident::new("hall-1").unwrap();
+        let signers = vec![
+            Signer {
+                role: Role::Cdu,
+                name: Some(Ident::new("cdu1").unwrap()),
+                key_id: 1,
+                key: key(1).key.verifying_key(),
+                may: May {
+                    lease: true,
+                    release: false,
+                },
+            },
+            Signer {
+                role: Role::Operator,
+                name: None,
+                key_id: 1,
+                key: key(2).key.verifying_key(),
+                may: May {
+                    lease: true,
+                    release: true,
+                },
+            },
+        ];
+        let ring = parse_keyring(&keyring_toml(&site, &signers)).unwrap();
+        assert_eq!(ring.site, Some(site));
+        assert_eq!(ring.signers, signers);
+        let pk = hex(key(1).key.verifying_key().as_bytes());
+        let entry = |node: &str, pk: &str, may: &str| {
+            format!(
+                "[[signer]]\nnode = \"{node}\"\nkey_id = 1\npublic_key = \"{pk}\"\nmay = [{may}]\n"
+            )
+        };
+        let e = parse_keyring(&entry("host/h01", &pk, "\"lease\"")).unwrap_err();
+        assert!(e.contains("signer 1") && e.contains("never signs"), "{e}");
+        let e = parse_keyring(&entry("cdu/cdu1", "abcd", "\"lease\"")).unwrap_err();
+        assert!(e.contains("public_key") && e.contains("64 hex"), "{e}");
+        let e = parse_keyring(&entry("cdu/cdu1", &pk, "\"reboot\"")).unwrap_err();
+        assert!(e.contains("\"reboot\" is not lease or release"), "{e}");
+        let e = parse_keyring(&entry("cdu/cdu1", &pk, "")).unwrap_err();
+        assert!(e.contains("may is empty"), "{e}");
+        let twice = format!(
+            "{}{}",
+            entry("cdu/cdu1", &pk, "\"lease\""),
+            entry("cdu/cdu1", &pk, "\"lease\"")
         );
-        let e = keys("1 000102030405060708090a0b0c0d0e0f\n1 000102030405060708090a0b0c0d0e0f\n")
-            .unwrap_err();
-        assert!(e.contains("line 2") && e.contains("twice"), "{e}");
-        let e = keys("300 000102030405060708090a0b0c0d0e0f\n").unwrap_err();
-        assert!(e.contains("0 to 255"), "{e}");
-        assert!(keys("# nothing\n").unwrap_err().contains("holds no key"));
+        let e = parse_keyring(&twice).unwrap_err();
+        assert!(e.contains("signer 2") && e.contains("twice"), "{e}");
+        assert!(parse_keyring("").unwrap_err().contains("no signer"));
     }
 }

@@ -29,7 +29,9 @@ mod durable;
 pub mod embedded;
 pub mod keys;
 mod metrics;
+pub mod pki;
 pub mod recorder;
+pub mod tls;
 
 pub use backoff::Backoff;
 pub use client::{now_ms, site_filter, Bus, BusTask, Inbound, PublishError};

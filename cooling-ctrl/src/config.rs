@@ -10,11 +10,12 @@
 //! |---|---|---|
 //! | `site` | `site` | the site (ident) |
 //! | `cdu` | the machine's host name | this CDU's id (ident) |
-//! | `broker` | the embedded broker on 127.0.0.1:1883 with `demo_key` only | `host[:port]`; required with a keys file unless `embedded_broker = true` |
+//! | `broker` | none (required unless `embedded_broker = true`) | `host[:port]` |
 //! | `embedded_broker` | false | run the embedded broker here on purpose (not with `broker`) |
 //! | `broker_user`, `broker_password_file` | none | broker login, together |
-//! | `keys_file` | none (required) | site keys, `<id> <hex secret>` per line |
-//! | `key_id` | the file's highest id | the key cap leases are signed with |
+//! | `tls_ca`, `tls_cert`, `tls_key` | none (plain MQTT) | TLS to the broker: the CA, this controller's certificate and key (PEM) |
+//! | `tls_server_name` | the host of `broker` | the name the broker's certificate must carry |
+//! | `sign_key` | none (required) | this controller's Ed25519 sign key (`cdu1.sign.key` from `lwbus pki init`); it must be `cdu/<cdu>`'s |
 //! | `demo_key` | false | sign with the public demonstration key (twin only) |
 //! | `cdu_tcp` | — | the CDU on Modbus TCP, `host:port` |
 //! | `cdu_serial` | — | the CDU on Modbus RTU, a serial device |
@@ -38,8 +39,9 @@
 //! | `gpio_chip` | none | the GPIO character device of those pins, e.g. `/dev/gpiochip0` |
 //! | `unprotected_racks` | none | racks run without a leak rope, by number; with `board_pins`, every other rack must have a rope in the pin map |
 //!
-//! `site`, `broker`, `broker_user`, `broker_password_file`, `keys_file`,
-//! `flash` and `console` are the fields every agent has, declared and
+//! `site`, `broker`, `embedded_broker`, `broker_user`,
+//! `broker_password_file`, the `tls_` fields, `flash` and `console` are
+//! the fields every agent has, declared and
 //! checked in `loopwarden_field::common`; the rest are the controller's.
 //! Exactly one of `cdu_tcp` and `cdu_serial`; at most one of `hosts` and
 //! `hosts_pattern`; `board_pins` and `gpio_chip` together or neither. The
@@ -65,7 +67,8 @@ use loopwarden_field::common;
 pub use loopwarden_field::config::ConfigError;
 use loopwarden_field::config::{self as field, local_host_name, range, Sources};
 use loopwarden_field::pick;
-use loopwarden_protocol::Ident;
+use loopwarden_protocol::auth::SigningKey;
+use loopwarden_protocol::{Ident, Role};
 
 use crate::modbus::{DataBits, Link, Parity, SerialLine, StopBits};
 use crate::shell::ShellConfig;
@@ -77,8 +80,8 @@ loopwarden_field::agent_file! {
     pub struct FileConfig {
         /// CDU id.
         pub cdu: Option<String>,
-        /// The key leases are signed with.
-        pub key_id: Option<u8>,
+        /// This controller's sign key file.
+        pub sign_key: Option<PathBuf>,
         /// The public demonstration key (twin only).
         pub demo_key: Option<bool>,
         /// The CDU on Modbus TCP.
@@ -129,9 +132,10 @@ loopwarden_field::agent_flags! {
         /// This CDU's id (ident); default: the machine's host name.
         #[arg(long)]
         pub cdu: Option<String>,
-        /// The key id cap leases are signed with; default: the file's highest.
+        /// This controller's sign key file (`ID.sign.key`), which cap
+        /// leases are signed with.
         #[arg(long)]
-        pub key_id: Option<u8>,
+        pub sign_key: Option<PathBuf>,
         /// Sign leases with the public demonstration key (the twin only:
         /// anyone can forge commands with it).
         #[arg(long)]
@@ -210,10 +214,12 @@ pub struct Config {
     pub broker: Option<BrokerAddr>,
     /// Broker credentials.
     pub credentials: Option<(String, String)>,
+    /// TLS to the broker.
+    pub tls: Option<loopwarden_bus::tls::Tls>,
     /// The id of the key leases are signed with.
     pub key_id: u8,
     /// That key.
-    pub key: Vec<u8>,
+    pub key: SigningKey,
     /// The key is the public demonstration key.
     pub demo_key: bool,
     /// How the CDU is reached.
@@ -261,8 +267,9 @@ impl Config {
         let mut c = ShellConfig::new(self.site.clone(), self.cdu.clone(), broker, self.core);
         c.period = self.period;
         c.hosts = self.hosts.clone();
+        c.tls = self.tls.clone();
         c.key_id = self.key_id;
-        c.key = self.key.clone();
+        c.key = Some(self.key.clone());
         c.lease = self.lease;
         c.ambient_c = self.ambient_c;
         c
@@ -338,8 +345,14 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         "cdu",
         local_host_name(),
     )?;
-    let key = site_key(&src, &file, flags, common.keys_file.clone())?;
-    let production = (!key.demo).then_some("a real CDU with site keys");
+    let key = sign_key(&src, &file, flags, &cdu)?;
+    // Whatever its key, a controller drives a CDU over Modbus, which may
+    // be a real one: it never starts a broker unasked.
+    let production = Some(if key.demo {
+        "a CDU link (even with the demonstration key)"
+    } else {
+        "a CDU link with a site sign key"
+    });
     common::check_broker(&src, &common, production)?;
     let link = cdu_link(&src, &file, flags)?;
     let map = register_map(&src, &file, flags)?;
@@ -355,6 +368,7 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         cdu,
         broker: common.broker,
         credentials: common.credentials,
+        tls: common.tls,
         key_id: key.id,
         key: key.key,
         demo_key: key.demo,
@@ -378,68 +392,62 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
 struct SiteKey {
     /// Its id.
     id: u8,
-    /// The secret.
-    key: Vec<u8>,
+    /// The key.
+    key: SigningKey,
     /// It is the public demonstration key.
     demo: bool,
 }
 
-/// The site key: from the keys file the common fields picked (`key_id`,
-/// else the file's highest id), or the demonstration key with `demo_key`;
-/// one of the two, not both.
-fn site_key(
+/// The sign key: from `sign_key`, which must be this CDU's, or the
+/// demonstration key with `demo_key`; one of the two, not both.
+fn sign_key(
     src: &Sources,
     file: &FileConfig,
     flags: &Overrides,
-    keys_pick: (Option<PathBuf>, Option<&'static str>),
+    cdu: &Ident,
 ) -> Result<SiteKey, ConfigError> {
     let demo_flag = flags.demo_key.then_some(true);
     let (demo, demo_from) = pick!(demo_flag, file.demo_key, "demo-key");
     let demo = demo.unwrap_or(false);
-    let key_id_pick = pick!(flags.key_id, file.key_id, "key-id");
-    let (id, key) = match (keys_pick, demo) {
-        ((Some(_), flag), true) => {
-            return Err(src.error(
-                flag.or(demo_from),
-                "keys_file",
-                "keys_file and demo_key exclude each other".into(),
-            ))
-        }
+    match (pick!(flags.sign_key, file.sign_key, "sign-key"), demo) {
+        ((Some(_), flag), true) => Err(src.error(
+            flag.or(demo_from),
+            "sign_key",
+            "sign_key and demo_key exclude each other".into(),
+        )),
         ((Some(p), flag), false) => {
-            let keys = read_keys(&p).map_err(|m| src.error(flag, "keys_file", m))?;
-            match key_id_pick {
-                (Some(id), idflag) => match keys.get(&id) {
-                    Some(k) => (id, k.clone()),
-                    None => {
-                        return Err(src.error(
-                            idflag,
-                            "key_id",
-                            format!(
-                                "key_id = {id}: {} holds ids {:?}",
-                                p.display(),
-                                keys.keys().collect::<Vec<_>>()
-                            ),
-                        ))
-                    }
-                },
-                (None, _) => {
-                    let (id, k) = keys.iter().next_back().expect("read_keys refuses none");
-                    (*id, k.clone())
-                }
+            let k = read_sign_key(&p).map_err(|m| src.error(flag, "sign_key", m))?;
+            if k.node.role != Role::Cdu || k.node.id != *cdu {
+                return Err(src.error(
+                    flag,
+                    "sign_key",
+                    format!(
+                        "{} is the key of {}/{}, and this controller is cdu/{cdu}: hosts would refuse its leases",
+                        p.display(),
+                        k.node.role.as_str(),
+                        k.node.id
+                    ),
+                ));
             }
+            Ok(SiteKey {
+                id: k.key_id,
+                key: k.key,
+                demo: false,
+            })
         }
-        ((None, _), true) => (1, loopwarden_protocol::samples::DEMO_KEY.to_vec()),
-        ((None, _), false) => {
-            return Err(src.error(
-                None,
-                "keys_file",
-                "no site key: give keys_file (or --keys-file) to sign cap leases; \
-                 --demo-key signs with the public demonstration key, for the twin only"
-                    .into(),
-            ))
-        }
-    };
-    Ok(SiteKey { id, key, demo })
+        ((None, _), true) => Ok(SiteKey {
+            id: 1,
+            key: loopwarden_protocol::samples::demo_signing_key(),
+            demo: true,
+        }),
+        ((None, _), false) => Err(src.error(
+            None,
+            "sign_key",
+            "no sign key: give sign_key (or --sign-key) to sign cap leases; \
+             --demo-key signs with the public demonstration key, for the twin only"
+                .into(),
+        )),
+    }
 }
 
 /// The CDU link: exactly one of `cdu_tcp` and `cdu_serial`.
@@ -921,7 +929,7 @@ fn board_error(path: &Path, _text: &str, e: loopwarden_boards::BoardError) -> Co
     }
 }
 
-pub use loopwarden_bus::keys::read_keys;
+pub use loopwarden_bus::keys::read_sign_key;
 
 /// `/run/loopwarden/cooling-ctrl.sock` where it can be made (root), else
 /// `loopwarden-cooling-ctrl.sock` under `$XDG_RUNTIME_DIR` or `/tmp`. The
@@ -939,7 +947,8 @@ mod tests {
         resolve(Some(Path::new("cdu.toml")), text, &Overrides::default())
     }
 
-    const MIN: &str = "cdu = \"cdu-1\"\ndemo_key = true\ncdu_tcp = \"127.0.0.1:5020\"\n";
+    const MIN: &str =
+        "cdu = \"cdu-1\"\ndemo_key = true\ncdu_tcp = \"127.0.0.1:5020\"\nembedded_broker = true\n";
 
     #[test]
     fn defaults() {
@@ -972,12 +981,7 @@ mod tests {
     #[test]
     fn a_full_file() {
         let dir = tempfile::tempdir().unwrap();
-        let keys = dir.path().join("site.keys");
-        std::fs::write(
-            &keys,
-            "1 000102030405060708090a0b0c0d0e0f\n4 ffeeddccbbaa99887766554433221100\n",
-        )
-        .unwrap();
+        let keys = sign_key_file(dir.path(), "cdu-2", 4);
         let figures = dir.path().join("site.toml");
         std::fs::write(&figures, "racks = 2\nhosts_per_rack = 3\n").unwrap();
         let map = dir.path().join("map.toml");
@@ -988,7 +992,7 @@ mod tests {
         .unwrap();
         let text = format!(
             "site = \"hall-1\"\ncdu = \"cdu-2\"\nbroker = \"10.0.0.5:1884\"\n\
-             keys_file = {keys:?}\n\
+             sign_key = {keys:?}\n\
              cdu_serial = \"/dev/ttyUSB0\"\nserial_baud = 9600\nserial_parity = \"even\"\n\
              serial_data_bits = 8\nserial_stop_bits = 2\n\
              register_map = {map:?}\nsite_figures = {figures:?}\n\
@@ -999,7 +1003,8 @@ mod tests {
         let c = from(&text).expect("valid");
         assert_eq!(c.site.as_str(), "hall-1");
         assert_eq!(c.broker.as_ref().unwrap().port, 1884);
-        assert_eq!((c.key_id, c.key[0]), (4, 0xff), "the highest id signs");
+        assert_eq!(c.key_id, 4, "the key id is the sign key file's");
+        assert_eq!(c.key.as_bytes(), &[4; 32]);
         assert!(!c.demo_key);
         let Link::Rtu(line) = &c.link else {
             panic!("{:?}", c.link)
@@ -1019,26 +1024,40 @@ mod tests {
         assert_eq!(c.modbus_timeout, Duration::from_millis(200));
         assert_eq!(c.ambient_c, Some(-5.0));
         assert_eq!(c.flash.as_deref(), Some(Path::new("/tmp/x.flash")));
-        // A list and a chosen key.
+        // A list, and another CDU's key refused.
         let text = format!(
-            "cdu = \"c\"\nkeys_file = {keys:?}\nkey_id = 1\ncdu_tcp = \"127.0.0.1:502\"\nhosts = [\"a\", \"b\"]\nbroker = \"10.0.0.5\"\n"
+            "cdu = \"c\"\nsign_key = {keys:?}\ncdu_tcp = \"127.0.0.1:502\"\nhosts = [\"a\", \"b\"]\nbroker = \"10.0.0.5\"\n"
         );
-        let c = from(&text).expect("valid");
-        assert_eq!(c.key_id, 1);
+        let e = from(&text).unwrap_err();
+        assert_eq!(e.line, Some(2), "{e}");
+        assert!(e.message.contains("key of cdu/cdu-2"), "{e}");
+        let c = from(&text.replace("cdu = \"c\"", "cdu = \"cdu-2\"")).expect("valid");
         assert_eq!(c.hosts.len(), 2);
-        let e = from(&text.replace("key_id = 1", "key_id = 2")).unwrap_err();
-        assert_eq!(e.line, Some(3), "{e}");
+    }
+
+    /// A sign key file of `cdu/<cdu>` with key id `id` (its seed all `id`).
+    fn sign_key_file(dir: &Path, cdu: &str, id: u8) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let key = loopwarden_bus::keys::SignKey {
+            node: loopwarden_protocol::NodeId::new(Role::Cdu, cdu).unwrap(),
+            key_id: id,
+            key: SigningKey::from_bytes(&[id; 32]),
+        };
+        let path = dir.join(format!("{cdu}.sign.key"));
+        std::fs::write(&path, key.to_toml()).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        path
     }
 
     #[test]
     fn unknown_keys_and_wrong_types_are_refused_with_their_line() {
         let e = from(&format!("{MIN}perod_ms = 5\n")).unwrap_err();
-        assert_eq!(e.line, Some(4), "{e}");
+        assert_eq!(e.line, Some(5), "{e}");
         assert!(e.message.contains("perod_ms"), "{e}");
         let e = from(&format!("{MIN}\nperiod_ms = \"fast\"\n")).unwrap_err();
-        assert_eq!(e.line, Some(5), "{e}");
+        assert_eq!(e.line, Some(6), "{e}");
         let e = from(&format!("{MIN}hosts = \"h1\"\n")).unwrap_err();
-        assert_eq!(e.line, Some(4), "{e}");
+        assert_eq!(e.line, Some(5), "{e}");
     }
 
     #[test]
@@ -1046,33 +1065,33 @@ mod tests {
         let e = from(&format!("{MIN}\nperiod_ms = 50\n")).unwrap_err();
         assert!(
             e.to_string()
-                .contains("cdu.toml line 5: period_ms = 50 is out of range"),
+                .contains("cdu.toml line 6: period_ms = 50 is out of range"),
             "{e}"
         );
         let e = from(&format!("{MIN}period_ms = 1000\nlease_ms = 2000\n")).unwrap_err();
-        assert_eq!(e.line, Some(5), "{e}");
+        assert_eq!(e.line, Some(6), "{e}");
         let e = from(&format!("{MIN}modbus_timeout_ms = 5000\n")).unwrap_err();
-        assert_eq!(e.line, Some(4), "{e}");
+        assert_eq!(e.line, Some(5), "{e}");
         let e = from(&format!("{MIN}serial_parity = \"even\"\n")).unwrap_err();
         assert!(e.message.contains("cdu_serial"), "{e}");
-        assert_eq!(e.line, Some(4), "{e}");
+        assert_eq!(e.line, Some(5), "{e}");
         let e = from(
-            "cdu = \"c\"\ndemo_key = true\ncdu_serial = \"/dev/x\"\nserial_parity = \"mark\"\n",
+            "cdu = \"c\"\ndemo_key = true\ncdu_serial = \"/dev/x\"\nserial_parity = \"mark\"\nembedded_broker = true\n",
         )
         .unwrap_err();
         assert_eq!(e.line, Some(4), "{e}");
         let e = from(&format!("{MIN}ambient_c = 99.5\n")).unwrap_err();
-        assert_eq!(e.line, Some(4), "{e}");
+        assert_eq!(e.line, Some(5), "{e}");
         let e = from("cdu = \"a b\"\ndemo_key = true\ncdu_tcp = \"127.0.0.1:1\"\n").unwrap_err();
         assert_eq!(e.line, Some(1), "{e}");
         let many: Vec<String> = (0..17).map(|i| format!("\"h{i}\"")).collect();
         let e = from(&format!("{MIN}hosts = [{}]\n", many.join(", "))).unwrap_err();
-        assert_eq!(e.line, Some(4), "{e}");
+        assert_eq!(e.line, Some(5), "{e}");
         assert!(e.message.contains("16 hosts"), "{e}");
         let e = from(&format!("{MIN}hosts = [\"a\", \"a\"]\n")).unwrap_err();
         assert!(e.message.contains("twice"), "{e}");
         let e = from(&format!("{MIN}hosts_pattern = \"h{{slot}}\"\n")).unwrap_err();
-        assert_eq!(e.line, Some(4), "{e}");
+        assert_eq!(e.line, Some(5), "{e}");
         let e = from(&format!("{MIN}hosts_pattern = \"h\"\n")).unwrap_err();
         assert!(e.message.contains("same id"), "{e}");
     }
@@ -1112,20 +1131,20 @@ mod tests {
         };
         let e = resolve(None, MIN, &flags).unwrap_err();
         assert_eq!(e.origin, "flag --modbus-timeout-ms", "{e}");
-        // The common fields' flags, and the keys file they pick.
+        // The common fields' flags, and the sign key flag.
         let flags = Overrides {
             common: common::CommonFlags {
                 site: Some("hall-9".into()),
-                keys_file: Some("/nonexistent/site.keys".into()),
                 ..Default::default()
             },
+            sign_key: Some("/nonexistent/cdu-1.sign.key".into()),
             ..Default::default()
         };
         let e = resolve(None, MIN, &flags).unwrap_err();
-        assert_eq!(e.origin, "flag --keys-file", "{e}");
+        assert_eq!(e.origin, "flag --sign-key", "{e}");
         assert!(e.message.contains("exclude each other"), "{e}");
         let e = resolve(None, &MIN.replace("demo_key = true\n", ""), &flags).unwrap_err();
-        assert_eq!(e.origin, "flag --keys-file", "{e}");
+        assert_eq!(e.origin, "flag --sign-key", "{e}");
         let flags = Overrides {
             common: common::CommonFlags {
                 site: Some("hall-9".into()),
@@ -1153,13 +1172,13 @@ mod tests {
 
         // One without the other: refused at its line.
         let e = from(&format!("{MIN}board_pins = {pins:?}\n")).unwrap_err();
-        assert_eq!((e.origin.as_str(), e.line), ("cdu.toml", Some(4)), "{e}");
+        assert_eq!((e.origin.as_str(), e.line), ("cdu.toml", Some(5)), "{e}");
         assert!(e.message.contains("needs gpio_chip"), "{e}");
         let e = from(&format!(
             "{MIN}period_ms = 500\ngpio_chip = \"/dev/gpiochip0\"\n"
         ))
         .unwrap_err();
-        assert_eq!(e.line, Some(5), "{e}");
+        assert_eq!(e.line, Some(6), "{e}");
         assert!(e.message.contains("gpio_chip needs board_pins"), "{e}");
         // A flag completes the file, or stands alone.
         let flags = Overrides {
@@ -1194,14 +1213,14 @@ mod tests {
             "{MIN}gpio_chip = \"/dev/gpiochip0\"\nboard_pins = {missing:?}\n"
         ))
         .unwrap_err();
-        assert_eq!(e.line, Some(5), "{e}");
+        assert_eq!(e.line, Some(6), "{e}");
         assert!(e.message.contains("cannot read"), "{e}");
         // More ropes than the hall has racks.
         std::fs::write(&pins, shipped).unwrap();
         let figures = dir.path().join("site.toml");
         std::fs::write(&figures, "racks = 2\nhosts_per_rack = 3\n").unwrap();
         let e = from(&format!("{both}site_figures = {figures:?}\n")).unwrap_err();
-        assert_eq!(e.line, Some(4), "{e}");
+        assert_eq!(e.line, Some(5), "{e}");
         assert!(
             e.message
                 .contains("a leak rope for rack 2; the hall has racks 0 to 1"),

@@ -66,6 +66,7 @@ use std::vec::Vec;
 
 use loopwarden_bus::agent_flash::SeqFloor;
 use loopwarden_bus::{now_ms, BrokerAddr, Bus, BusConfig, Inbound, PublishError};
+use loopwarden_protocol::auth::SigningKey;
 use loopwarden_protocol::message::{
     Ack, AckCode, CapLease, CapSource, CduMode, CduState, CduTelemetry, CommandAuth, Event, GpuCap,
     GpuFlags, GpuSelector, HostTelemetry, LeakSensing, Pump, PumpStatus, RackCooling, RackState,
@@ -114,7 +115,7 @@ pub const STATE_EVERY: Duration = Duration::from_secs(60);
 /// What the shell runs with.
 #[derive(Debug, Clone)]
 pub struct ShellConfig {
-    /// The site (first level below `dc/v1`).
+    /// The site (first level below `dc/v2`).
     pub site: Ident,
     /// This CDU's id (its node on the bus has role `cdu`).
     pub cdu: Ident,
@@ -127,10 +128,12 @@ pub struct ShellConfig {
     /// The id on the bus of each host index (rack-major, as the core's).
     /// At most the layout's hosts; indices past the end have no host.
     pub hosts: Vec<Ident>,
-    /// The id of the site key cap leases are signed with.
+    /// TLS to the broker.
+    pub tls: Option<loopwarden_bus::tls::Tls>,
+    /// The id of the sign key cap leases are signed with.
     pub key_id: u8,
-    /// The site key itself.
-    pub key: Vec<u8>,
+    /// The sign key itself (`None`: none yet; no lease can be sent).
+    pub key: Option<SigningKey>,
     /// How long a cap lease holds (30 s by default); renewed every third
     /// of it while the cap stays.
     pub lease: Duration,
@@ -196,8 +199,8 @@ pub enum Journal {
 
 impl ShellConfig {
     /// A shell for CDU `cdu` of `site` on `broker`, with a 1 s period and
-    /// 30 s leases, no hosts and key id 1 with an empty key (set one
-    /// before leases are to be sent).
+    /// 30 s leases, no hosts, plain MQTT and no sign key (set one before
+    /// leases are to be sent).
     pub fn new(site: Ident, cdu: Ident, broker: BrokerAddr, core: CoreConfig) -> Self {
         Self {
             site,
@@ -206,8 +209,9 @@ impl ShellConfig {
             core,
             period: Duration::from_secs(1),
             hosts: Vec::new(),
+            tls: None,
             key_id: 1,
-            key: Vec::new(),
+            key: None,
             lease: Duration::from_secs(30),
             ambient_c: None,
         }
@@ -237,8 +241,8 @@ impl ShellConfig {
         if lease_ms < 3 || lease_ms > u128::from(u32::MAX) {
             return bad("lease: from 3 ms to 49 days".into());
         }
-        if self.key.is_empty() && !self.hosts.is_empty() {
-            return bad("key: a site key is needed to sign cap leases".into());
+        if self.key.is_none() && !self.hosts.is_empty() {
+            return bad("key: a sign key is needed to sign cap leases".into());
         }
         Ok(())
     }
@@ -404,6 +408,7 @@ fn bus_config(
 ) -> Result<BusConfig, ShellError> {
     let mut bus_config = BusConfig::new(cfg.broker.clone(), cfg.site.clone(), me.clone());
     bus_config.credentials = credentials;
+    bus_config.tls = cfg.tls.clone();
     for family in [Family::Telemetry, Family::Ack] {
         let f = filter::family(&cfg.site, Role::Host, family)
             .map_err(|e| ShellError::Bus(format!("the host {family:?} filter: {e:?}")))?;

@@ -304,7 +304,7 @@ fn run_refuses_a_bad_config_with_file_and_line_and_without_a_key() {
     let config = dir.path().join("bad.toml");
     std::fs::write(
         &config,
-        "cdu = \"c\"\ndemo_key = true\ncdu_tcp = \"127.0.0.1:1\"\nperiod_ms = 5\n",
+        "cdu = \"c\"\ndemo_key = true\ncdu_tcp = \"127.0.0.1:1\"\nembedded_broker = true\nperiod_ms = 5\n",
     )
     .unwrap();
     let out = Command::new(BIN)
@@ -315,7 +315,7 @@ fn run_refuses_a_bad_config_with_file_and_line_and_without_a_key() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("bad.toml line 4: period_ms = 5 is out of range"),
+        err.contains("bad.toml line 5: period_ms = 5 is out of range"),
         "{err}"
     );
     std::fs::write(&config, "cdu = \"c\"\ncdu_tcp = \"127.0.0.1:1\"\n").unwrap();
@@ -327,7 +327,7 @@ fn run_refuses_a_bad_config_with_file_and_line_and_without_a_key() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("no site key") && err.contains("--demo-key"),
+        err.contains("no sign key") && err.contains("--demo-key"),
         "{err}"
     );
 }

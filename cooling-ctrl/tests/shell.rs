@@ -14,6 +14,7 @@ use cooling_ctrl::modbus::{Link, ModbusCdu};
 use cooling_ctrl::shell::{self, ShellConfig, ShellOptions, ShellStats};
 use loopwarden_boards::modbus_map::RegisterMap;
 use loopwarden_bus::{now_ms, BrokerAddr, Bus, BusConfig, Inbound};
+use loopwarden_protocol::auth::SigningKey;
 use loopwarden_protocol::message::{
     Ack, AckCode, CapSource, CduMode, Correlation, GpuCap, GpuSelector, HostTelemetry, RackCooling,
 };
@@ -25,7 +26,11 @@ use tokio::sync::{mpsc, oneshot, watch};
 const SITE: &str = "hall-t";
 const CDU: &str = "cdu-1";
 const KEY_ID: u8 = 3;
-const KEY: &[u8] = b"shell test site key, 32 bytes..";
+const SEED: [u8; 32] = *b"shell test sign key, 32 bytes..!";
+
+fn key() -> SigningKey {
+    SigningKey::from_bytes(&SEED)
+}
 const PERIOD: Duration = Duration::from_millis(200);
 
 use loopwarden_system_tests::Mosquitto;
@@ -97,7 +102,7 @@ impl Rig {
         cfg.period = PERIOD;
         cfg.hosts = host_ids();
         cfg.key_id = KEY_ID;
-        cfg.key = KEY.to_vec();
+        cfg.key = Some(key());
         cfg.ambient_c = Some(20.0);
         let opts = ShellOptions {
             stats: Some(tx),
@@ -307,6 +312,7 @@ async fn hot_hosts_get_signed_cap_leases_and_their_acks_are_counted_and_a_lifted
     }
     assert_eq!(leases.len(), 2, "a lease for each hot host");
     let cdu_node = NodeId::new(Role::Cdu, CDU).unwrap();
+    let public = key().verifying_key();
     for (topic, frame) in &leases {
         assert!(
             hot.contains(&topic.node.as_str()),
@@ -315,12 +321,12 @@ async fn hot_hosts_get_signed_cap_leases_and_their_acks_are_counted_and_a_lifted
         assert_eq!(topic.family, Family::Cmd);
         assert_eq!(frame.sender, cdu_node);
         frame
-            .verify(topic, |k| (k == KEY_ID).then_some(KEY))
+            .verify(topic, |_, k| (k == KEY_ID).then_some(&public))
             .expect("the lease verifies for its host's cmd topic");
         let other = Topic::new(&id(SITE), Role::Host, &id("h05"), Family::Cmd);
         assert!(
             frame
-                .verify(&other, |k| (k == KEY_ID).then_some(KEY))
+                .verify(&other, |_, k| (k == KEY_ID).then_some(&public))
                 .is_err(),
             "and for no other host"
         );
@@ -389,9 +395,10 @@ async fn hot_hosts_get_signed_cap_leases_and_their_acks_are_counted_and_a_lifted
         }
     }
     assert_eq!(lifts.len(), 2, "a lift for each host capped");
+    let public = key().verifying_key();
     for (topic, frame) in &lifts {
         frame
-            .verify(topic, |k| (k == KEY_ID).then_some(KEY))
+            .verify(topic, |_, k| (k == KEY_ID).then_some(&public))
             .expect("the lift verifies");
         let Message::CapLease(l) = &frame.message else {
             unreachable!()
@@ -526,7 +533,7 @@ async fn a_config_it_cannot_run_with_is_refused_before_anything_starts() {
     );
     let mut cfg = ShellConfig::new(id(SITE), id(CDU), broker, CoreConfig::default());
     cfg.hosts = (0..17).map(|i| id(&format!("h{i:02}"))).collect();
-    cfg.key = KEY.to_vec();
+    cfg.key = Some(key());
     let e = shell::run(cfg.clone(), port, std::future::pending())
         .await
         .unwrap_err();
@@ -541,9 +548,9 @@ async fn a_config_it_cannot_run_with_is_refused_before_anything_starts() {
         "cooling shell config: hosts: h00 appears twice"
     );
     cfg.hosts.pop();
-    cfg.key.clear();
-    assert!(cfg.validate().unwrap_err().to_string().contains("site key"));
-    cfg.key = KEY.to_vec();
+    cfg.key = None;
+    assert!(cfg.validate().unwrap_err().to_string().contains("sign key"));
+    cfg.key = Some(key());
     cfg.lease = Duration::ZERO;
     assert!(cfg.validate().unwrap_err().to_string().contains("lease"));
     cfg.lease = Duration::from_secs(30);

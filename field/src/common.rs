@@ -1,5 +1,6 @@
 //! The configuration every agent has: its site, its broker and the login
-//! to it, the site's keys file, its flash file and its console socket.
+//! to it (user and password, or TLS with the device's certificate), its
+//! flash file and its console socket.
 //! Both agents declare these fields once, here ([`agent_file!`] for the
 //! file, [`agent_flags!`] with [`CommonFlags`] for the flags), and check them with one function
 //! ([`resolve`]); each agent adds its own fields and checks.
@@ -12,6 +13,7 @@
 
 use std::path::PathBuf;
 
+use loopwarden_bus::tls::{Tls, TlsFiles};
 use loopwarden_bus::BrokerAddr;
 use loopwarden_protocol::Ident;
 
@@ -21,8 +23,8 @@ use crate::pick;
 /// Declares an agent's file structure: every field optional, unknown keys
 /// refused (with their line), the common fields first and then the
 /// agent's own. The common fields are `site`, `broker`, `embedded_broker`,
-/// `broker_user`, `broker_password_file`, `keys_file`, `flash` and
-/// `console`;
+/// `broker_user`, `broker_password_file`, `tls_ca`, `tls_cert`,
+/// `tls_key`, `tls_server_name`, `flash` and `console`;
 /// [`common`](CommonFile) borrows them for [`resolve`].
 #[macro_export]
 macro_rules! agent_file {
@@ -41,8 +43,14 @@ macro_rules! agent_file {
             pub broker_user: Option<String>,
             /// File holding the broker password.
             pub broker_password_file: Option<std::path::PathBuf>,
-            /// Site keys.
-            pub keys_file: Option<std::path::PathBuf>,
+            /// CA certificate of the broker's (PEM): TLS.
+            pub tls_ca: Option<std::path::PathBuf>,
+            /// This device's certificate (PEM).
+            pub tls_cert: Option<std::path::PathBuf>,
+            /// This device's private key (PEM).
+            pub tls_key: Option<std::path::PathBuf>,
+            /// The name the broker's certificate must carry.
+            pub tls_server_name: Option<String>,
             /// Flash file.
             pub flash: Option<std::path::PathBuf>,
             /// Console socket.
@@ -59,7 +67,10 @@ macro_rules! agent_file {
                     embedded_broker: &self.embedded_broker,
                     broker_user: &self.broker_user,
                     broker_password_file: &self.broker_password_file,
-                    keys_file: &self.keys_file,
+                    tls_ca: &self.tls_ca,
+                    tls_cert: &self.tls_cert,
+                    tls_key: &self.tls_key,
+                    tls_server_name: &self.tls_server_name,
                     flash: &self.flash,
                     console: &self.console,
                 }
@@ -109,8 +120,14 @@ pub struct CommonFile<'a> {
     pub broker_user: &'a Option<String>,
     /// File holding the broker password.
     pub broker_password_file: &'a Option<PathBuf>,
-    /// Site keys.
-    pub keys_file: &'a Option<PathBuf>,
+    /// CA certificate (PEM).
+    pub tls_ca: &'a Option<PathBuf>,
+    /// Device certificate (PEM).
+    pub tls_cert: &'a Option<PathBuf>,
+    /// Device key (PEM).
+    pub tls_key: &'a Option<PathBuf>,
+    /// The broker certificate's name.
+    pub tls_server_name: &'a Option<String>,
     /// Flash file.
     pub flash: &'a Option<PathBuf>,
     /// Console socket.
@@ -137,9 +154,20 @@ pub struct CommonFlags {
     /// File holding the broker password.
     #[arg(long)]
     pub broker_password_file: Option<PathBuf>,
-    /// Site keys file (`<key id> <hex secret>` per line).
+    /// CA certificate (PEM) that signed the broker's: connect with TLS.
     #[arg(long)]
-    pub keys_file: Option<PathBuf>,
+    pub tls_ca: Option<PathBuf>,
+    /// This device's certificate (PEM); the broker takes its CN as the
+    /// user name.
+    #[arg(long)]
+    pub tls_cert: Option<PathBuf>,
+    /// This device's private key (PEM; not readable by others).
+    #[arg(long)]
+    pub tls_key: Option<PathBuf>,
+    /// The name the broker's certificate must carry, if not the host of
+    /// `broker`.
+    #[arg(long)]
+    pub tls_server_name: Option<String>,
     /// Flash file (event log, outbox, config store); default: kept in
     /// memory only.
     #[arg(long)]
@@ -161,9 +189,8 @@ pub struct Common {
     pub embedded_broker: (bool, Option<&'static str>),
     /// Broker credentials.
     pub credentials: Option<(String, String)>,
-    /// The keys file and the flag that gave it (`None`: the file did), to
-    /// be read by the agent, whose keys differ.
-    pub keys_file: (Option<PathBuf>, Option<&'static str>),
+    /// TLS to the broker, loaded and checked.
+    pub tls: Option<Tls>,
     /// Flash file; `None`: in memory only.
     pub flash: Option<PathBuf>,
     /// Console socket.
@@ -211,12 +238,60 @@ pub fn resolve(
         broker,
         embedded_broker: (embedded.0.unwrap_or(false), embedded.1),
         credentials,
-        keys_file: pick!(flags.keys_file, *file.keys_file, "keys-file"),
+        tls: tls(src, file, flags)?,
         flash: pick!(flags.flash, *file.flash, "flash").0,
         console: pick!(flags.console, *file.console, "console")
             .0
             .unwrap_or_else(default_console),
     })
+}
+
+/// The TLS settings: none without `tls_ca`; a certificate, key or server
+/// name without it is refused, and the files are read and checked here.
+fn tls(
+    src: &Sources,
+    file: CommonFile<'_>,
+    flags: &CommonFlags,
+) -> Result<Option<Tls>, ConfigError> {
+    let ca = pick!(flags.tls_ca, *file.tls_ca, "tls-ca");
+    let cert = pick!(flags.tls_cert, *file.tls_cert, "tls-cert");
+    let key = pick!(flags.tls_key, *file.tls_key, "tls-key");
+    let name = pick!(
+        flags.tls_server_name,
+        *file.tls_server_name,
+        "tls-server-name"
+    );
+    let Some(ca_path) = ca.0 else {
+        for (given, flag, field) in [
+            (cert.0.is_some(), cert.1, "tls_cert"),
+            (key.0.is_some(), key.1, "tls_key"),
+            (name.0.is_some(), name.1, "tls_server_name"),
+        ] {
+            if given {
+                return Err(src.error(
+                    flag,
+                    field,
+                    format!(
+                        "{field} without tls_ca: give the CA that signed the broker's certificate"
+                    ),
+                ));
+            }
+        }
+        return Ok(None);
+    };
+    if let Some(k) = &key.0 {
+        loopwarden_bus::keys::check_private(k, "TLS key")
+            .map_err(|m| src.error(key.1, "tls_key", m))?;
+    }
+    let files = TlsFiles {
+        ca: ca_path,
+        cert: cert.0,
+        key: key.0,
+        server_name: name.0,
+    };
+    Tls::load(files)
+        .map(Some)
+        .map_err(|m| src.error(ca.1.or(cert.1), "tls_ca", m))
 }
 
 /// The agent's loop period, ms (sampling on a host, control on a CDU):
@@ -235,6 +310,15 @@ pub fn check_broker(
     production: Option<&str>,
 ) -> Result<(), ConfigError> {
     let (embedded, flag) = common.embedded_broker;
+    if common.broker.is_none() && common.tls.is_some() {
+        return Err(src.error(
+            None,
+            "tls_ca",
+            "TLS is set but no broker: the embedded broker listens on plain loopback; \
+             set broker = \"host:port\" (the site's TLS listener)"
+                .into(),
+        ));
+    }
     match (&common.broker, embedded, production) {
         (Some(_), true, _) => Err(src.error(
             flag,
@@ -288,15 +372,31 @@ mod tests {
         assert_eq!(c.broker.unwrap().to_string(), "10.0.0.5:1883");
         assert_eq!(c.flash.as_deref(), Some(Path::new("/var/f")));
         assert_eq!(c.console, PathBuf::from("/run/x.sock"));
-        assert_eq!(c.keys_file, (None, None));
+        assert!(c.tls.is_none());
         let flags = CommonFlags {
             site: Some("hall-2".into()),
-            keys_file: Some("k".into()),
             ..CommonFlags::default()
         };
         let c = check(text, &flags).unwrap();
         assert_eq!(c.site.as_str(), "hall-2");
-        assert_eq!(c.keys_file, (Some("k".into()), Some("keys-file")));
+    }
+
+    #[test]
+    fn tls_is_whole_or_refused_with_its_line() {
+        let e = check(
+            "site = \"a\"\ntls_cert = \"/x/h01.crt\"\n",
+            &CommonFlags::default(),
+        )
+        .unwrap_err();
+        assert_eq!(e.line, Some(2), "{e}");
+        assert!(e.message.contains("without tls_ca"), "{e}");
+        let e = check(
+            "broker = \"h:8883\"\ntls_ca = \"/nonexistent/ca.crt\"\n",
+            &CommonFlags::default(),
+        )
+        .unwrap_err();
+        assert_eq!(e.line, Some(2), "{e}");
+        assert!(e.message.contains("/nonexistent/ca.crt"), "{e}");
     }
 
     #[test]

@@ -23,7 +23,7 @@ fn entry(seq: u32, class: Class, payload: &[u8]) -> Entry<'_> {
     Entry {
         seq,
         class,
-        topic: "dc/v1/s/host/h1/event",
+        topic: "dc/v2/s/host/h1/event",
         payload,
     }
 }

@@ -213,7 +213,7 @@ fn class_of(c: u8) -> Class {
     [Class::Telemetry, Class::Normal, Class::Critical][c as usize % 3]
 }
 
-const TOPIC: &str = "dc/v1/s/host/h1/event";
+const TOPIC: &str = "dc/v2/s/host/h1/event";
 
 /// What the model expects of one entry.
 #[derive(Debug, Clone, PartialEq)]

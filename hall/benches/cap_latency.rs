@@ -126,6 +126,7 @@ fn main() {
                 duration_s: None,
                 headless: true,
                 broker,
+                pki: None,
             },
             PlayOptions {
                 cap_release_ms: Some(10_000),

@@ -53,6 +53,10 @@ struct PlayArgs {
     /// Use this MQTT broker (host:port) instead of the embedded one.
     #[arg(long)]
     broker: Option<String>,
+    /// With --broker: speak TLS with the identities of this `lwbus pki
+    /// init` folder (hosts r0h0, r0h1, …, cdu1 and the reader hall-run).
+    #[arg(long, requires = "broker")]
+    pki: Option<PathBuf>,
 }
 
 /// The default scenario: ten eventful minutes.
@@ -86,6 +90,7 @@ fn play(a: &PlayArgs) -> Result<(), String> {
         duration_s: a.duration_s,
         headless: a.headless,
         broker,
+        pki: a.pki.clone(),
     };
     let rt = tokio::runtime::Runtime::new().map_err(|e| format!("runtime: {e}"))?;
     let o = rt

@@ -28,7 +28,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -69,6 +69,22 @@ pub struct PlayConfig {
     pub headless: bool,
     /// A broker to use instead of the embedded one.
     pub broker: Option<BrokerAddr>,
+    /// Speak TLS to that broker with the identities of this `lwbus pki
+    /// init` folder: one per host (`r0h0`, `r0h1`, …), `cdu1` (with its
+    /// sign key), the reader `hall-run` for the observer, and the hosts'
+    /// `keyring.toml`.
+    pub pki: Option<PathBuf>,
+}
+
+/// The TLS settings of identity `who` from the pki folder `dir`.
+fn pki_tls(dir: &Path, who: &str) -> Result<loopwarden_bus::tls::Tls, PlayError> {
+    loopwarden_bus::tls::Tls::load(loopwarden_bus::tls::TlsFiles {
+        ca: dir.join("ca.crt"),
+        cert: Some(dir.join(format!("{who}.crt"))),
+        key: Some(dir.join(format!("{who}.key"))),
+        server_name: None,
+    })
+    .map_err(|e| PlayError::Start(format!("TLS identity {who}: {e}")))
 }
 
 /// What the run saw.
@@ -200,11 +216,17 @@ pub async fn play_with(cfg: PlayConfig, opts: PlayOptions) -> Result<PlayOutcome
     let ctrl = ControllerSide {
         site: &site,
         broker: &broker,
+        pki: cfg.pki.as_deref(),
         host_ids: &host_ids,
         sim: &sim,
     };
     let (start, controller, watcher) = ctrl.start(&sc, &opts, &stop_rx)?;
-    let (observer, mut inbound, _task) = start_observer(&broker, &site)?;
+    let observer_tls = cfg
+        .pki
+        .as_deref()
+        .map(|d| pki_tls(d, "hall-run"))
+        .transpose()?;
+    let (observer, mut inbound, _task) = start_observer(&broker, &site, observer_tls)?;
     let running = Running {
         stop_tx,
         agents,
@@ -227,6 +249,12 @@ async fn stopped(mut rx: watch::Receiver<bool>) {
 fn start_broker(cfg: &PlayConfig) -> Result<(Option<EmbeddedBroker>, BrokerAddr), PlayError> {
     Ok(match &cfg.broker {
         Some(b) => (None, b.clone()),
+        None if cfg.pki.is_some() => {
+            return Err(PlayError::Start(
+                "TLS identities are given but no broker: the embedded broker is plain loopback"
+                    .into(),
+            ))
+        }
         None => {
             let e = EmbeddedBroker::start("127.0.0.1:0".parse().expect("an address"))
                 .map_err(|e| PlayError::Start(format!("embedded broker: {e}")))?;
@@ -316,12 +344,16 @@ fn start_agents(
                 broker: Some(broker.to_string()),
                 flash: Some(dir.join("flash.bin")),
                 console: Some(dir.join("console.sock")),
+                tls_ca: cfg.pki.as_ref().map(|d| d.join("ca.crt")),
+                tls_cert: cfg.pki.as_ref().map(|d| d.join(format!("{id}.crt"))),
+                tls_key: cfg.pki.as_ref().map(|d| d.join(format!("{id}.key"))),
                 ..Default::default()
             },
             host: Some(id.clone()),
             twin_gpus: Some(s.gpus_per_host as u8),
             cdu: Some("cdu1".into()),
             rack: Some((h / s.hosts_per_rack) as u8),
+            keyring: cfg.pki.as_ref().map(|d| d.join("keyring.toml")),
             ..Default::default()
         };
         let config = node_agent::config::load(None, &flags)
@@ -363,11 +395,26 @@ fn spawn_agent(
 struct ControllerSide<'a> {
     site: &'a Ident,
     broker: &'a BrokerAddr,
+    /// The `lwbus pki init` folder, for TLS and the sign key.
+    pki: Option<&'a Path>,
     host_ids: &'a [String],
     sim: &'a SimSide,
 }
 
 impl ControllerSide<'_> {
+    /// `cdu1`'s sign key from the pki folder, else the demo key.
+    fn sign_key(&self) -> Result<loopwarden_bus::keys::SignKey, PlayError> {
+        match self.pki {
+            Some(d) => loopwarden_bus::keys::read_sign_key(&d.join("cdu1.sign.key"))
+                .map_err(|e| PlayError::Start(format!("controller: {e}"))),
+            None => Ok(loopwarden_bus::keys::SignKey {
+                node: NodeId::new(Role::Cdu, "cdu1").expect("an ident"),
+                key_id: 1,
+                key: loopwarden_protocol::samples::demo_signing_key(),
+            }),
+        }
+    }
+
     /// Starts the cooling controller, driving the CDU over Modbus, and the
     /// watcher of its counters; returns when they started, the
     /// controller's task and the watcher's.
@@ -383,6 +430,7 @@ impl ControllerSide<'_> {
         if let Some(ms) = opts.cap_release_ms {
             core.timing.cap_release_ms = ms;
         }
+        let key = self.sign_key()?;
         let shell_cfg = ShellConfig {
             site: self.site.clone(),
             cdu: ident("cdu1")?,
@@ -394,8 +442,9 @@ impl ControllerSide<'_> {
                 .iter()
                 .map(|h| ident(h))
                 .collect::<Result<_, _>>()?,
-            key_id: 1,
-            key: loopwarden_protocol::samples::DEMO_KEY.to_vec(),
+            tls: self.pki.map(|d| pki_tls(d, "cdu1")).transpose()?,
+            key_id: key.key_id,
+            key: Some(key.key),
             lease: Duration::from_secs(30),
             ambient_c: Some(sc.ambient.at(0.0) as f32),
         };
@@ -439,6 +488,7 @@ impl ControllerSide<'_> {
 fn start_observer(
     broker: &BrokerAddr,
     site: &Ident,
+    tls: Option<loopwarden_bus::tls::Tls>,
 ) -> Result<(Bus, mpsc::Receiver<Inbound>, BusTask), PlayError> {
     let mut bc = BusConfig::new(
         broker.clone(),
@@ -448,6 +498,7 @@ fn start_observer(
     );
     bc.subscriptions = vec![loopwarden_bus::site_filter(site)];
     bc.inbound_capacity = 4096;
+    bc.tls = tls;
     Ok(Bus::start(bc))
 }
 

@@ -23,6 +23,11 @@
 //! failsafe during the trip, and still capped. The assertions are on what
 //! happened, never on how fast.
 //!
+//! All of it over TLS: mosquitto runs with the certificates, keys and ACL
+//! of `lwbus pki init` (each host, the controller and the observer with a
+//! certificate of its own, the hosts with the keyring, the controller
+//! signing with its own Ed25519 key).
+//!
 //! Skipped when mosquitto is not installed, except under CI (`CI=true`).
 
 use std::time::Instant;
@@ -61,11 +66,14 @@ kind = "chiller_trip"
     )
 }
 
-use loopwarden_system_tests::Mosquitto;
+use loopwarden_system_tests::PkiBroker;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chiller_trip_caps_the_hosts_through_real_agents_and_the_caps_lift_after() {
-    let Some(broker) = Mosquitto::start() else {
+    let Some(broker) = PkiBroker::start(
+        "hall-1",
+        ["r0h0,r0h1,r1h0,r1h1", "cdu1", "ops1", "hall-run"],
+    ) else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -78,7 +86,8 @@ async fn a_chiller_trip_caps_the_hosts_through_real_agents_and_the_caps_lift_aft
         speed: SPEED,
         duration_s: None,
         headless: true,
-        broker: Some(broker.addr()),
+        broker: Some(format!("127.0.0.1:{}", broker.port()).parse().unwrap()),
+        pki: Some(broker.dir().to_path_buf()),
     })
     .await
     .expect("the run completes");

@@ -31,6 +31,7 @@ async fn the_whole_system_runs_headless_and_everything_is_heard() {
         duration_s: None,
         headless: true,
         broker: None,
+        pki: None,
     })
     .await
     .expect("the run completes");

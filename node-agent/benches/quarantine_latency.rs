@@ -18,8 +18,8 @@
 use std::time::{Duration, Instant, SystemTime};
 
 use loopwarden_protocol::{
-    samples::DEMO_KEY, CommandAuth, Frame, GpuIndex, HealthState, Ident, Message, NodeId,
-    QuarantineRelease, Role, Text, TimestampMs,
+    samples, CommandAuth, Frame, GpuIndex, HealthState, Ident, Message, NodeId, QuarantineRelease,
+    Role, Text, TimestampMs,
 };
 use loopwarden_system_tests::{publish_raw, Mosquitto, Subscriber};
 
@@ -69,7 +69,7 @@ fn main() {
     }
     .expect("temp dir");
     let (site, host) = ("bench", "h01");
-    let topic = format!("dc/v1/{site}/host/{host}/health");
+    let topic = format!("dc/v2/{site}/host/{host}/health");
     let mut sub = Subscriber::start(port, &[&topic]).expect("mosquitto_sub");
 
     let board = loopwarden_boards::GpuBoard::builtin("H200-SXM").expect("board");
@@ -131,12 +131,14 @@ fn main() {
             &Ident::new(host).expect("ident"),
             loopwarden_protocol::Family::Cmd,
         );
-        release.sign(&to, 1, DEMO_KEY).expect("signs");
+        release
+            .sign(&to, 1, &samples::demo_signing_key())
+            .expect("signs");
         let mut buf = [0u8; 2048];
         let n = release.encode(&mut buf).expect("encodes");
         publish_raw(
             port,
-            &format!("dc/v1/{site}/host/{host}/cmd"),
+            &format!("dc/v2/{site}/host/{host}/cmd"),
             &buf[..n],
             false,
         )

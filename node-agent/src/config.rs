@@ -10,7 +10,6 @@
 //!   default), so an error points at it.
 //! - *twin*: simulated GPUs instead of NVML.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -22,7 +21,9 @@ use loopwarden_protocol::{DurationMs, Ident, Watts, WholeCelsius};
 use serde::Deserialize;
 
 use crate::caps::LeaseLimits;
+use crate::commands::Authority;
 use crate::guard::GuardSettings;
+use loopwarden_protocol::auth::Signer;
 
 loopwarden_field::agent_file! {
     /// The file as written (every field optional): the common fields
@@ -57,6 +58,8 @@ loopwarden_field::agent_file! {
         pub max_lease_ms: Option<u64>,
         /// The most cap leases held at once.
         pub max_leases: Option<u64>,
+        /// Who may command this host (public keys and rights).
+        pub keyring: Option<PathBuf>,
     }
 }
 
@@ -118,6 +121,11 @@ loopwarden_field::agent_flags! {
         /// The most cap leases held at once (default 16).
         #[arg(long)]
         pub max_leases: Option<u64>,
+        /// The keyring: who may command this host, with what (`lwbus pki
+        /// init` writes one); without it, twin GPUs take the public demo
+        /// key and real GPUs take no command.
+        #[arg(long)]
+        pub keyring: Option<PathBuf>,
         /// Missed samples in a row before a GPU counts as unresponsive.
         #[arg(long)]
         pub unresponsive_after: Option<u32>,
@@ -185,9 +193,11 @@ pub struct Config {
     pub flash: Option<PathBuf>,
     /// Console socket.
     pub console: PathBuf,
-    /// Site keys by id.
-    pub keys: BTreeMap<u8, Vec<u8>>,
-    /// Whether the keys are the public demonstration key (twin only).
+    /// TLS to the broker.
+    pub tls: Option<loopwarden_bus::tls::Tls>,
+    /// Who may command this host: the keyring's signers and its CDU.
+    pub authority: Authority,
+    /// Whether the keyring is the public demonstration one (twin only).
     pub demo_key: bool,
     /// The CDU whose loop cools this host.
     pub cdu: Option<Ident>,
@@ -237,13 +247,14 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
     let (cdu, rack) = cooling_context(&src, &file, flags)?;
     let quiet_period = quiet_period(&src, &file, flags)?;
     let quarantine = quarantine(&src, &file, flags)?;
-    let production = match (&gpus, &common.keys_file.0) {
+    let keyring = pick!(flags.keyring, file.keyring, "keyring");
+    let production = match (&gpus, &keyring.0) {
         (GpuSourceKind::Nvml, _) => Some("real GPUs"),
-        (_, Some(_)) => Some("site keys"),
+        (_, Some(_)) => Some("a site keyring"),
         _ => None,
     };
     common::check_broker(&src, &common, production)?;
-    let (keys, demo_key) = keys(&src, common.keys_file, &gpus)?;
+    let (signers, demo_key) = signers(&src, keyring, &gpus, &common.site)?;
     let lease_limits = lease_limits(&src, &file, flags)?;
 
     Ok(Config {
@@ -251,6 +262,7 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         host,
         broker: common.broker,
         credentials: common.credentials,
+        tls: common.tls,
         gpus,
         board,
         period: timings.period,
@@ -259,7 +271,10 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         unresponsive_after: timings.unresponsive_after,
         flash: common.flash,
         console: common.console,
-        keys,
+        authority: Authority {
+            signers,
+            cdu: cdu.clone(),
+        },
         demo_key,
         cdu,
         rack,
@@ -554,24 +569,34 @@ fn quarantine(
     })
 }
 
-/// The site keys from the keys file the common fields picked; without
-/// one, the public demonstration key for twin GPUs (`true`: it is that
-/// key), else none.
-fn keys(
+/// The keyring's signers; without a keyring, the public demonstration
+/// ones for twin GPUs (`true`: they are those), else none (every command
+/// refused). A keyring for another site is refused.
+fn signers(
     src: &Sources,
-    keys_file: (Option<PathBuf>, Option<&'static str>),
+    keyring: (Option<PathBuf>, Option<&'static str>),
     gpus: &GpuSourceKind,
-) -> Result<(BTreeMap<u8, Vec<u8>>, bool), ConfigError> {
-    Ok(match keys_file {
-        (Some(p), flag) => (
-            read_keys(&p).map_err(|m| src.error(flag, "keys_file", m))?,
-            false,
-        ),
-        (None, _) if matches!(gpus, GpuSourceKind::Twin(_)) => (
-            BTreeMap::from([(1u8, loopwarden_protocol::samples::DEMO_KEY.to_vec())]),
-            true,
-        ),
-        (None, _) => (BTreeMap::new(), false),
+    site: &Ident,
+) -> Result<(Vec<Signer>, bool), ConfigError> {
+    Ok(match keyring {
+        (Some(p), flag) => {
+            let ring = read_keyring(&p).map_err(|m| src.error(flag, "keyring", m))?;
+            if let Some(other) = ring.site.as_ref().filter(|s| *s != site) {
+                return Err(src.error(
+                    flag,
+                    "keyring",
+                    format!(
+                        "{} is the keyring of site {other}, and this host is in site {site}",
+                        p.display()
+                    ),
+                ));
+            }
+            (ring.signers, false)
+        }
+        (None, _) if matches!(gpus, GpuSourceKind::Twin(_)) => {
+            (Authority::demo(None).signers, true)
+        }
+        (None, _) => (Vec::new(), false),
     })
 }
 
@@ -604,7 +629,7 @@ fn check_action(action: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-pub use loopwarden_bus::keys::read_keys;
+pub use loopwarden_bus::keys::read_keyring;
 
 /// `/run/loopwarden/node-agent.sock` where it can be made (root), else
 /// `loopwarden-node-agent.sock` under `$XDG_RUNTIME_DIR` or `/tmp`. The
@@ -740,5 +765,40 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.line, Some(4), "{e}");
         assert!(e.to_string().contains("exclude each other"), "{e}");
+    }
+
+    #[test]
+    fn a_keyring_makes_a_production_host_and_must_be_this_sites() {
+        use loopwarden_protocol::auth::{May, SigningKey};
+        let dir = tempfile::tempdir().unwrap();
+        let ring = dir.path().join("keyring.toml");
+        let signer = Signer {
+            role: loopwarden_protocol::Role::Cdu,
+            name: Some(Ident::new("cdu1").unwrap()),
+            key_id: 1,
+            key: SigningKey::from_bytes(&[3; 32]).verifying_key(),
+            may: May {
+                lease: true,
+                release: false,
+            },
+        };
+        let site = Ident::new("hall-1").unwrap();
+        let text = loopwarden_bus::keys::keyring_toml(&site, std::slice::from_ref(&signer));
+        std::fs::write(&ring, text).unwrap();
+        let twin = format!("site = \"hall-1\"\nhost = \"h\"\ntwin_gpus = 8\nkeyring = {ring:?}\n");
+        let e = from(&twin).unwrap_err();
+        assert!(e.to_string().contains("a site keyring"), "{e}");
+        let c = from(&format!("{twin}broker = \"10.0.0.5\"\ncdu = \"cdu1\"\n")).unwrap();
+        assert_eq!(c.authority.signers, vec![signer]);
+        assert_eq!(c.authority.cdu.as_ref().map(Ident::as_str), Some("cdu1"));
+        assert!(!c.demo_key);
+        let other = twin.replace("hall-1", "hall-2") + "broker = \"10.0.0.5\"\n";
+        let e = from(&other).unwrap_err();
+        assert_eq!(e.line, Some(4), "{e}");
+        assert!(e.message.contains("keyring of site hall-1"), "{e}");
+        let demo = from("site = \"a\"\nhost = \"h\"\ntwin_gpus = 8\n").unwrap();
+        assert!(demo.demo_key && !demo.authority.signers.is_empty());
+        let tls = from("site = \"a\"\nhost = \"h\"\ntwin_gpus = 8\ntls_ca = \"/etc/hostname\"\n");
+        assert!(tls.is_err(), "a CA that is no certificate, or no broker");
     }
 }

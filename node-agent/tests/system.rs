@@ -11,9 +11,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use loopwarden_field::common::CommonFlags;
 use loopwarden_protocol::{
-    samples::DEMO_KEY, Ack, AckCode, CapLease, CapSource, CommandAuth, DurationMs, Event, Frame,
-    GpuCap, GpuIndex, GpuSelector, HealthState, Message, NodeId, ReasonCode, Role, TimestampMs,
-    Watts,
+    samples, Ack, AckCode, CapLease, CapSource, CommandAuth, DurationMs, Event, Frame, GpuCap,
+    GpuIndex, GpuSelector, HealthState, Message, NodeId, ReasonCode, Role, TimestampMs, Watts,
 };
 use loopwarden_system_tests::{publish_raw, retained, Mosquitto, Seen, Subscriber};
 
@@ -40,6 +39,7 @@ impl Agent {
         let mut cmd = Command::new(AGENT);
         cmd.args(["run", "--twin-gpus", "8", "--site", SITE, "--host", host])
             .args(["--broker", &format!("127.0.0.1:{port}")])
+            .args(["--cdu", "cdu-a"])
             .args(["--period-ms", "200", "--json-period-ms", "1000"])
             .arg("--console")
             .arg(&console)
@@ -157,20 +157,20 @@ fn cmd_topic(host: &str) -> loopwarden_protocol::Topic {
 fn send(port: u16, host: &str, frame: &Frame) {
     let mut frame = frame.clone();
     let unsigned = match &frame.message {
-        Message::CapLease(l) => l.auth.tag == [0; 16],
-        Message::QuarantineRelease(r) => r.auth.tag == [0; 16],
+        Message::CapLease(l) => l.auth.signature == [[0; 32]; 2],
+        Message::QuarantineRelease(r) => r.auth.signature == [[0; 32]; 2],
         _ => false,
     };
     if unsigned {
         frame
-            .sign(&cmd_topic(host), 1, DEMO_KEY)
+            .sign(&cmd_topic(host), 1, &samples::demo_signing_key())
             .expect("a command signs");
     }
     let mut buf = [0u8; 2048];
     let n = frame.encode(&mut buf).expect("encodes");
     publish_raw(
         port,
-        &format!("dc/v1/{SITE}/host/{host}/cmd"),
+        &format!("dc/v2/{SITE}/host/{host}/cmd"),
         &buf[..n],
         false,
     )
@@ -248,7 +248,7 @@ fn leases_are_applied_acknowledged_refused_and_lifted() {
     let dir = tempfile::tempdir().expect("temp dir");
     let host = "h1";
     let mut sub =
-        Subscriber::start(port, &[&format!("dc/v1/{SITE}/host/{host}/+")]).expect("mosquitto_sub");
+        Subscriber::start(port, &[&format!("dc/v2/{SITE}/host/{host}/+")]).expect("mosquitto_sub");
     let mut agent = Agent::start(port, host, dir.path(), None);
 
     // Telemetry of all 8 GPUs, and retained health.
@@ -260,7 +260,7 @@ fn leases_are_applied_acknowledged_refused_and_lifted() {
     assert!(!seen.is_empty(), "no telemetry");
     let health = retained(
         port,
-        &[&format!("dc/v1/{SITE}/host/{host}/health")],
+        &[&format!("dc/v2/{SITE}/host/{host}/health")],
         Duration::from_millis(500),
     )
     .expect("mosquitto_sub");
@@ -325,7 +325,11 @@ fn leases_are_applied_acknowledged_refused_and_lifted() {
 
     let mut forged = lease(104, 7, &[(gpu(0), 300)], 4_000);
     forged
-        .sign(&cmd_topic(host), 1, b"not the site key")
+        .sign(
+            &cmd_topic(host),
+            1,
+            &loopwarden_protocol::auth::SigningKey::from_bytes(&[9; 32]),
+        )
         .expect("signs");
     assert_eq!(
         ack_of_sent(&mut sub, port, host, &forged).code,
@@ -343,7 +347,7 @@ fn leases_are_applied_acknowledged_refused_and_lifted() {
     // seq to answer), the agent counts and drops them.
     publish_raw(
         port,
-        &format!("dc/v1/{SITE}/host/{host}/cmd"),
+        &format!("dc/v2/{SITE}/host/{host}/cmd"),
         b"not a frame",
         false,
     )
@@ -455,7 +459,7 @@ fn after_a_crash_only_valid_leases_are_applied_again() {
     let dir = tempfile::tempdir().expect("temp dir");
     let flash = dir.path().join("agent.flash");
     let host = "h2";
-    let mut sub = Subscriber::start(port, &[&format!("dc/v1/{SITE}/host/{host}/ack")])
+    let mut sub = Subscriber::start(port, &[&format!("dc/v2/{SITE}/host/{host}/ack")])
         .expect("mosquitto_sub");
     let mut agent = Agent::start(port, host, dir.path(), Some(&flash));
     assert_eq!(
@@ -552,6 +556,7 @@ fn run_source(
         host: Some(host.into()),
         twin_gpus: Some(gpus as u8),
         period_ms: Some(more.period_ms.unwrap_or(200)),
+        cdu: Some(more.cdu.clone().unwrap_or_else(|| "cdu-a".into())),
         ..more
     };
     let config = node_agent::config::load(None, &flags).expect("config");
@@ -594,9 +599,9 @@ fn a_fatal_xid_quarantines_runs_the_action_once_and_only_an_operator_releases() 
     let mut sub = Subscriber::start(
         port,
         &[
-            &format!("dc/v1/{SITE}/host/{host}/event"),
-            &format!("dc/v1/{SITE}/host/{host}/ack"),
-            &format!("dc/v1/{SITE}/json/host/{host}/event"),
+            &format!("dc/v2/{SITE}/host/{host}/event"),
+            &format!("dc/v2/{SITE}/host/{host}/ack"),
+            &format!("dc/v2/{SITE}/json/host/{host}/event"),
         ],
     )
     .expect("mosquitto_sub");
@@ -674,7 +679,7 @@ fn a_fatal_xid_quarantines_runs_the_action_once_and_only_an_operator_releases() 
     // The retained health says so, with the evidence.
     let health = retained(
         port,
-        &[&format!("dc/v1/{SITE}/host/{host}/health")],
+        &[&format!("dc/v2/{SITE}/host/{host}/health")],
         Duration::from_millis(500),
     )
     .expect("mosquitto_sub");
@@ -749,7 +754,7 @@ fn a_fatal_xid_quarantines_runs_the_action_once_and_only_an_operator_releases() 
     assert_eq!(why["reason"], "operator-release", "{why}");
     let health = retained(
         port,
-        &[&format!("dc/v1/{SITE}/host/{host}/health")],
+        &[&format!("dc/v2/{SITE}/host/{host}/health")],
         Duration::from_millis(500),
     )
     .expect("mosquitto_sub");
@@ -771,7 +776,7 @@ fn a_hung_gpu_does_not_stall_the_others() {
     let port = broker.port();
     let dir = tempfile::tempdir().expect("temp dir");
     let host = "h3";
-    let mut sub = Subscriber::start(port, &[&format!("dc/v1/{SITE}/host/{host}/telemetry")])
+    let mut sub = Subscriber::start(port, &[&format!("dc/v2/{SITE}/host/{host}/telemetry")])
         .expect("mosquitto_sub");
     let (control, stop_tx, agent) = in_process(port, host, 4, dir.path());
     // Let it run, then hang GPU 2.
@@ -868,8 +873,8 @@ fn a_limit_the_gpu_refuses_is_acknowledged_as_failed_and_said_once() {
     let mut sub = Subscriber::start(
         port,
         &[
-            &format!("dc/v1/{SITE}/host/{host}/ack"),
-            &format!("dc/v1/{SITE}/host/{host}/event"),
+            &format!("dc/v2/{SITE}/host/{host}/ack"),
+            &format!("dc/v2/{SITE}/host/{host}/event"),
         ],
     )
     .expect("mosquitto_sub");

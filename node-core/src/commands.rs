@@ -2,23 +2,27 @@
 //!
 //! Every command frame that reaches the host goes through
 //! [`CommandCore::command`], which checks, in order: that it is a command
-//! this host takes, its MAC against the site keys, that its sequence
-//! number is above the last one accepted from that sender, and then what
-//! it asks. A lease goes to the [`CapArbiter`]; a refused command changes
+//! this host takes, its signature against the host's keyring, that its
+//! signer may ask it of this host, that its sequence number is above the
+//! last one accepted from that sender, and then what it asks. A lease goes to the [`CapArbiter`]; a refused command changes
 //! nothing. The shell applies what [`CommandCore::targets`] says, reads
 //! the limits back, and sends the ack with the values in force.
 //!
 //! Glossary:
+//! - *authority*: who may command this host: the keyring's signers, each
+//!   with what it may do, and the CDU that cools the host (a CDU
+//!   controller may lease only the hosts of its own racks).
 //! - *verdict*: what the core decided about one command: the ack code and
 //!   the sentence for its `detail`.
 //! - *replay*: a command frame whose sequence number is not above the last
 //!   accepted from its sender (a copy, or an attacker's resend).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
+use loopwarden_protocol::auth::{May, Signer};
 use loopwarden_protocol::{
-    AckCode, AuthError, CapLease, CapSource, Frame, GpuIndex, GpuSelector, Message, NodeId,
-    TimestampMs, Topic, Watts,
+    AckCode, AuthError, CapLease, CapSource, Frame, GpuIndex, GpuSelector, Ident, Message, NodeId,
+    Role, TimestampMs, Topic, Watts,
 };
 
 use crate::caps::{CapArbiter, GpuRange, InForce, LeaseLimits, LeaseView};
@@ -26,6 +30,29 @@ use crate::caps::{CapArbiter, GpuRange, InForce, LeaseLimits, LeaseView};
 /// How far a command's time may be from the host's clock, ms (both
 /// directions): a lease or a release older than this is not acted on.
 pub const COMMAND_MAX_AGE_MS: u64 = 300_000;
+
+/// Whether a CDU state may be taken as this host's cooling context: it
+/// must come from the host's own CDU (`cdu`), and be stamped within
+/// [`COMMAND_MAX_AGE_MS`] of `now` (a state left retained by a controller
+/// that stopped long ago says nothing of the loop now). `Err` says why not.
+pub fn check_cdu_state(cdu: &Ident, frame: &Frame, now: TimestampMs) -> Result<(), String> {
+    if frame.sender.role != Role::Cdu || frame.sender.id != *cdu {
+        return Err(format!(
+            "a CDU state sent by {}/{} on cdu/{cdu}'s topic: not its controller",
+            frame.sender.role.as_str(),
+            frame.sender.id
+        ));
+    }
+    let age = now.0 as i64 - frame.time.0 as i64;
+    if age.unsigned_abs() > COMMAND_MAX_AGE_MS {
+        return Err(format!(
+            "cdu/{cdu}'s state is stamped {} s {}: too far from now to describe the loop",
+            age.unsigned_abs() / 1000,
+            if age >= 0 { "ago" } else { "ahead" }
+        ));
+    }
+    Ok(())
+}
 
 /// What became of one command.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,34 +79,109 @@ impl Verdict {
     }
 }
 
+/// Who may command a host.
+#[derive(Debug, Clone, Default)]
+pub struct Authority {
+    /// The keys the host trusts and what each signer may do.
+    pub signers: Vec<Signer>,
+    /// The CDU that cools this host, whose controller may lease it;
+    /// `None`: no CDU controller may.
+    pub cdu: Option<Ident>,
+}
+
+impl Authority {
+    /// The simulated hall's: any CDU controller or facility system may
+    /// lease and any operator may lease and release, with the public demo
+    /// key ([`loopwarden_protocol::samples::demo_signing_key`]) as key 1;
+    /// the host's own CDU rule still holds.
+    pub fn demo(cdu: Option<Ident>) -> Self {
+        let key = loopwarden_protocol::samples::demo_signing_key().verifying_key();
+        let signer = |role, release| Signer {
+            role,
+            name: None,
+            key_id: 1,
+            key,
+            may: May {
+                lease: true,
+                release,
+            },
+        };
+        Self {
+            signers: vec![
+                signer(Role::Cdu, false),
+                signer(Role::Facility, false),
+                signer(Role::Operator, true),
+            ],
+            cdu,
+        }
+    }
+
+    /// Why `frame`, authentic, may not be acted on here; `None` if it may.
+    fn forbids(&self, frame: &Frame) -> Option<String> {
+        let key_id = frame.command_auth()?.key_id;
+        let may = self
+            .signers
+            .iter()
+            .find(|s| s.is(&frame.sender, key_id))?
+            .may;
+        let who = format!(
+            "{}/{}",
+            frame.sender.role.as_str(),
+            frame.sender.id.as_str()
+        );
+        match &frame.message {
+            Message::CapLease(_) if !may.lease => Some(format!("{who} may not send cap leases")),
+            Message::QuarantineRelease(_) if !may.release => {
+                Some(format!("{who} may not release quarantines"))
+            }
+            Message::QuarantineRelease(r) if r.operator != frame.sender.id => Some(format!(
+                "{who} signed a release in the name of {}: a release names its signer",
+                r.operator
+            )),
+            Message::CapLease(_)
+                if frame.sender.role == Role::Cdu
+                    && self.cdu.as_ref() != Some(&frame.sender.id) =>
+            {
+                Some(match &self.cdu {
+                    Some(c) => format!(
+                        "{who} may lease only the hosts of its own racks; this host is cooled by cdu/{c}"
+                    ),
+                    None => format!("{who}: this host is cooled by no CDU it knows"),
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
 /// The command core of one host.
 #[derive(Debug, Clone)]
 pub struct CommandCore {
     /// This host's `cmd` topic: what its commands are signed for.
     own: Topic,
-    keys: BTreeMap<u8, Vec<u8>>,
+    authority: Authority,
     last_seq: HashMap<NodeId, u32>,
     arbiter: CapArbiter,
 }
 
 impl CommandCore {
     /// A core for GPUs with `ranges`, checking commands signed for `own`
-    /// (this host's `cmd` topic) against `keys`, with the default lease
-    /// limits.
-    pub fn new(own: Topic, ranges: Vec<GpuRange>, keys: BTreeMap<u8, Vec<u8>>) -> Self {
-        Self::with_limits(own, ranges, keys, LeaseLimits::default())
+    /// (this host's `cmd` topic) against `authority`, with the default
+    /// lease limits.
+    pub fn new(own: Topic, ranges: Vec<GpuRange>, authority: Authority) -> Self {
+        Self::with_limits(own, ranges, authority, LeaseLimits::default())
     }
 
     /// As [`CommandCore::new`], taking leases within `limits`.
     pub fn with_limits(
         own: Topic,
         ranges: Vec<GpuRange>,
-        keys: BTreeMap<u8, Vec<u8>>,
+        authority: Authority,
         limits: LeaseLimits,
     ) -> Self {
         Self {
             own,
-            keys,
+            authority,
             last_seq: HashMap::new(),
             arbiter: CapArbiter::with_limits(ranges, limits),
         }
@@ -97,15 +199,11 @@ impl CommandCore {
                 format!("{kind:?} is not a command a host takes"),
             );
         }
-        if let Err(e) = frame.verify(&self.own, |id| self.keys.get(&id).map(Vec::as_slice)) {
-            let detail = match e {
-                AuthError::UnknownKey(id) => format!("key {id} is not a key of this site"),
-                AuthError::BadTag => {
-                    "the MAC does not verify with the site key for this host".into()
-                }
-                other => other.to_string(),
-            };
-            return Verdict::refuse(AckCode::Unauthenticated, detail);
+        if let Err(e) = self.authenticate(frame) {
+            return Verdict::refuse(AckCode::Unauthenticated, e);
+        }
+        if let Some(why) = self.authority.forbids(frame) {
+            return Verdict::refuse(AckCode::Forbidden, why);
         }
         if let Some(&last) = self.last_seq.get(&frame.sender) {
             if frame.seq <= last {
@@ -158,10 +256,33 @@ impl CommandCore {
         }
     }
 
+    fn authenticate(&self, frame: &Frame) -> Result<(), String> {
+        let signers = &self.authority.signers;
+        let keys = |who: &NodeId, id: u8| signers.iter().find(|s| s.is(who, id)).map(|s| &s.key);
+        frame.verify(&self.own, keys).map_err(|e| match e {
+            AuthError::UnknownKey(id) => format!(
+                "the keyring holds no key {id} for {}/{}",
+                frame.sender.role.as_str(),
+                frame.sender.id.as_str()
+            ),
+            AuthError::BadSignature => format!(
+                "the signature does not verify with {}/{}'s key for this host",
+                frame.sender.role.as_str(),
+                frame.sender.id.as_str()
+            ),
+            other => other.to_string(),
+        })
+    }
+
     /// Takes back a lease logged before a restart, without the checks of
     /// a live command (it passed them when it came); one that has expired
     /// since is dropped. Returns whether it still holds.
+    /// Its signature and its signer's rights are checked again: a lease
+    /// whose key has left the keyring since is not taken back.
     pub fn restore(&mut self, now: TimestampMs, frame: &Frame) -> bool {
+        if self.authenticate(frame).is_err() || self.authority.forbids(frame).is_some() {
+            return false;
+        }
         let last = self.last_seq.entry(frame.sender.clone()).or_insert(0);
         *last = (*last).max(frame.seq);
         match &frame.message {
@@ -302,7 +423,37 @@ mod tests {
         samples, CommandAuth, DurationMs, GpuCap, QuarantineRelease, ReasonCode, Role, Text,
     };
 
-    const KEY: &[u8] = b"0123456789abcdef0123456789abcdef";
+    const SEED: [u8; 32] = [0x5a; 32];
+
+    fn key() -> loopwarden_protocol::auth::SigningKey {
+        loopwarden_protocol::auth::SigningKey::from_bytes(&SEED)
+    }
+
+    fn signer(role: Role, name: &str, release: bool) -> Signer {
+        Signer {
+            role,
+            name: Some(loopwarden_protocol::Ident::new(name).unwrap()),
+            key_id: 1,
+            key: key().verifying_key(),
+            may: May {
+                lease: true,
+                release,
+            },
+        }
+    }
+
+    /// cdu-a (this host's CDU) and cdu-b may lease, jdoe may also release,
+    /// all with the same test key.
+    fn authority() -> Authority {
+        Authority {
+            signers: vec![
+                signer(Role::Cdu, "cdu-a", false),
+                signer(Role::Cdu, "cdu-b", false),
+                signer(Role::Operator, "jdoe", true),
+            ],
+            cdu: Some(loopwarden_protocol::Ident::new("cdu-a").unwrap()),
+        }
+    }
 
     fn own() -> Topic {
         Topic::new(
@@ -323,7 +474,7 @@ mod tests {
                 };
                 8
             ],
-            BTreeMap::from([(1, KEY.to_vec())]),
+            authority(),
         )
     }
 
@@ -348,7 +499,7 @@ mod tests {
             time: TimestampMs(time),
             message: Message::CapLease(lease),
         };
-        f.sign(&own(), 1, KEY).unwrap();
+        f.sign(&own(), 1, &key()).unwrap();
         f
     }
 
@@ -378,10 +529,10 @@ mod tests {
             AckCode::Unauthenticated
         );
         let mut g = lease_frame(7, 1_000, &[(GpuSelector::All, 300)], 30_000);
-        g.sign(&own(), 9, KEY).unwrap();
+        g.sign(&own(), 9, &key()).unwrap();
         let v = c.command(TimestampMs(1_000), &g);
         assert_eq!(v.code, AckCode::Unauthenticated);
-        assert!(v.detail.contains("key 9"), "{}", v.detail);
+        assert!(v.detail.contains("no key 9 for cdu/cdu-a"), "{}", v.detail);
         assert_eq!(c.targets(TimestampMs(1_000))[0].limit, Watts(700));
         // A forged frame does not advance the replay counter.
         let ok = lease_frame(6, 1_000, &[(GpuSelector::All, 300)], 30_000);
@@ -428,7 +579,7 @@ mod tests {
                 auth: CommandAuth::default(),
             }),
         };
-        rel.sign(&own(), 1, KEY).unwrap();
+        rel.sign(&own(), 1, &key()).unwrap();
         let v = c.command(TimestampMs(0), &rel);
         assert_eq!(
             (v.code, v.release),
@@ -439,7 +590,7 @@ mod tests {
             r.note = Text::new(" ").unwrap();
         }
         rel.seq = 2;
-        rel.sign(&own(), 1, KEY).unwrap();
+        rel.sign(&own(), 1, &key()).unwrap();
         assert_eq!(
             c.command(TimestampMs(0), &rel).code,
             AckCode::Malformed,
@@ -457,10 +608,109 @@ mod tests {
             &loopwarden_protocol::Ident::new("h12").unwrap(),
             loopwarden_protocol::Family::Cmd,
         );
-        f.sign(&h12, 1, KEY).unwrap();
+        f.sign(&h12, 1, &key()).unwrap();
         let v = c.command(TimestampMs(1_000), &f);
         assert_eq!(v.code, AckCode::Unauthenticated, "{}", v.detail);
         assert_eq!(c.targets(TimestampMs(1_000))[0].limit, Watts(700));
+    }
+
+    #[test]
+    fn a_signer_may_do_only_what_the_keyring_says_and_a_cdu_only_for_its_own_hosts() {
+        let mut c = core();
+        // cdu-b is known and signs well, but this host is cdu-a's.
+        let mut f = lease_frame(1, 1_000, &[(gpu(0), 300)], 30_000);
+        f.sender = NodeId::new(Role::Cdu, "cdu-b").unwrap();
+        f.sign(&own(), 1, &key()).unwrap();
+        let v = c.command(TimestampMs(1_000), &f);
+        assert_eq!(v.code, AckCode::Forbidden, "{}", v.detail);
+        assert!(v.detail.contains("cooled by cdu/cdu-a"), "{}", v.detail);
+        // A controller may not release a quarantine.
+        let mut rel = lease_frame(2, 1_000, &[], 1);
+        rel.message = Message::QuarantineRelease(QuarantineRelease {
+            gpu: GpuIndex::new(3).unwrap(),
+            operator: loopwarden_protocol::Ident::new("cdu-a").unwrap(),
+            note: Text::new("fine").unwrap(),
+            auth: CommandAuth::default(),
+        });
+        rel.sign(&own(), 1, &key()).unwrap();
+        let v = c.command(TimestampMs(1_000), &rel);
+        assert_eq!(v.code, AckCode::Forbidden, "{}", v.detail);
+        assert!(v.detail.contains("may not release"), "{}", v.detail);
+        // An operator signs releases in its own name only.
+        rel.sender = NodeId::new(Role::Operator, "jdoe").unwrap();
+        rel.seq = 3;
+        rel.sign(&own(), 1, &key()).unwrap();
+        let v = c.command(TimestampMs(1_000), &rel);
+        assert_eq!(v.code, AckCode::Forbidden, "{}", v.detail);
+        assert!(v.detail.contains("in the name of cdu-a"), "{}", v.detail);
+        // A host is never a signer: its own key, under its own name or
+        // a controller's, does not verify.
+        let host_key = loopwarden_protocol::auth::SigningKey::from_bytes(&[0x11; 32]);
+        let mut f = lease_frame(3, 1_000, &[(gpu(0), 300)], 30_000);
+        f.sender = NodeId::new(Role::Host, "h12").unwrap();
+        f.sign(&own(), 1, &host_key).unwrap();
+        assert_eq!(
+            c.command(TimestampMs(1_000), &f).code,
+            AckCode::Unauthenticated
+        );
+        let mut f = lease_frame(4, 1_000, &[(gpu(0), 300)], 30_000);
+        f.sign(&own(), 1, &host_key).unwrap();
+        assert_eq!(
+            c.command(TimestampMs(1_000), &f).code,
+            AckCode::Unauthenticated
+        );
+        assert_eq!(c.targets(TimestampMs(1_000))[0].limit, Watts(700));
+        // Without a CDU of its own, a host takes no controller's lease.
+        let mut lone = CommandCore::new(
+            own(),
+            vec![
+                GpuRange {
+                    min: Watts(200),
+                    max: Watts(700)
+                };
+                8
+            ],
+            Authority {
+                cdu: None,
+                ..authority()
+            },
+        );
+        let v = lone.command(
+            TimestampMs(1_000),
+            &lease_frame(5, 1_000, &[(gpu(0), 300)], 30_000),
+        );
+        assert_eq!(v.code, AckCode::Forbidden, "{}", v.detail);
+    }
+
+    #[test]
+    fn a_cdu_state_counts_only_from_the_hosts_cdu_and_when_fresh() {
+        let cdu = loopwarden_protocol::Ident::new("cdu-a").unwrap();
+        let mut f = samples::frame(loopwarden_protocol::MessageKind::CduState);
+        let now = f.time;
+        assert_eq!(check_cdu_state(&cdu, &f, now), Ok(()));
+        let other = loopwarden_protocol::Ident::new("cdu-b").unwrap();
+        let e = check_cdu_state(&other, &f, now).unwrap_err();
+        assert!(e.contains("not its controller"), "{e}");
+        f.sender = NodeId::new(Role::Host, "cdu-a").unwrap();
+        assert!(
+            check_cdu_state(&cdu, &f, now).is_err(),
+            "a host, whatever its name"
+        );
+        let f = samples::frame(loopwarden_protocol::MessageKind::CduState);
+        let later = TimestampMs(now.0 + COMMAND_MAX_AGE_MS + 1_000);
+        let e = check_cdu_state(&cdu, &f, later).unwrap_err();
+        assert!(e.contains("s ago"), "{e}");
+        assert!(check_cdu_state(&cdu, &f, TimestampMs(now.0 + 60_000)).is_ok());
+    }
+
+    #[test]
+    fn a_lease_whose_key_left_the_keyring_is_not_restored() {
+        let f = lease_frame(1, 1_000, &[(gpu(0), 300)], 30_000);
+        assert!(core().restore(TimestampMs(2_000), &f));
+        let mut rotated = core();
+        rotated.authority.signers.retain(|s| s.role != Role::Cdu);
+        assert!(!rotated.restore(TimestampMs(2_000), &f));
+        assert_eq!(rotated.targets(TimestampMs(2_000))[0].limit, Watts(700));
     }
 
     #[test]

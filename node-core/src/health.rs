@@ -94,6 +94,10 @@ pub struct Observation {
     pub throttle: ThrottleReasons,
 }
 
+/// How long a report of the loop's state counts, ms: three of the
+/// controller's 60 s republish periods.
+pub const COOLANT_FRESH_MS: u64 = 180_000;
+
 /// The state of the host's cooling loop, as its controller reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LoopState {
@@ -288,7 +292,8 @@ pub struct HealthEngine {
     policy: Policy,
     limits: Limits,
     gpus: Vec<Track>,
-    coolant: Option<Coolant>,
+    /// The loop's last reported state and when it came (host ms).
+    coolant: Option<(Coolant, u64)>,
     /// GPUs whose heat the cooling explains in the current episode.
     attributed: u16,
     /// GPUs added to `attributed` and not yet said, and when to say them
@@ -405,11 +410,20 @@ impl HealthEngine {
 
     /// The host's loop reported its state.
     /// The episode the cooling explains ends in the peer rules, once the
-    /// loop is normal and no GPU runs hot, not on the report itself.
+    /// loop is normal and no GPU runs hot, not on the report itself. A
+    /// report not renewed within [`COOLANT_FRESH_MS`] counts for nothing:
+    /// a controller that stopped (or a state left behind) cannot excuse
+    /// hot GPUs for longer.
     pub fn coolant(&mut self, now: TimestampMs, c: Coolant) -> Vec<Output> {
-        let _ = now;
-        self.coolant = Some(c);
+        self.coolant = Some((c, now.0));
         Vec::new()
+    }
+
+    /// The loop's state at `t` (host ms), if reported recently enough.
+    pub(crate) fn fresh_coolant(&self, t: u64) -> Option<Coolant> {
+        self.coolant
+            .filter(|(_, at)| t.saturating_sub(*at) <= COOLANT_FRESH_MS)
+            .map(|(c, _)| c)
     }
 
     /// `gpu` did not answer its sample in time.

@@ -1,44 +1,54 @@
-//! Command authentication: only a holder of the site key can cap a GPU or
-//! release a quarantine.
+//! Command signatures: only a holder of a signing key the host's keyring
+//! lists can cap a GPU or release a quarantine.
 //!
-//! A command frame carries a [`CommandAuth`]: the id of the site key that
-//! signed it and a tag, HMAC-SHA-256 truncated to its first 16 bytes, over
-//! the target's `cmd` topic (UTF-8, e.g. `dc/v1/hall-1/host/h07/cmd`), one
-//! zero byte, and the frame's bytes up to (not including) the CRC,
-//! computed with the tag set to zeros. The target is inside what is
-//! signed, so a command for one host does not verify on another; the
-//! frame's timestamp and sequence number are too, so a receiver that
-//! refuses a sequence number not above the last one it accepted from that
-//! sender refuses replays.
+//! A command frame carries a [`CommandAuth`]: the id of the sender's key
+//! and an Ed25519 signature (RFC 8032, pure Ed25519) over the target's
+//! `cmd` topic (UTF-8, e.g. `dc/v2/hall-1/host/h07/cmd`), one zero byte,
+//! and the frame's bytes up to (not including) the CRC, encoded with the
+//! signature set to zeros. The target is inside what is signed, so a
+//! command for one host does not verify on another; the frame's sender,
+//! timestamp and sequence number are too, so a receiver that refuses a
+//! sequence number not above the last one it accepted from that sender
+//! refuses replays, and a signature made by one signer cannot be passed
+//! off under another's name.
+//!
+//! Hosts hold only public keys ([`VerifyingKey`]): a host that is broken
+//! into cannot sign for anyone.
 //!
 //! Glossary:
-//! - *site key*: a secret shared by the nodes of a site that may command
-//!   each other; several may be in use while keys rotate (`key_id`).
-//! - *tag*: the truncated MAC.
+//! - *signer*: a node that may command others (a CDU controller, an
+//!   operator, a facility system), known to hosts by its role, name and
+//!   key id.
+//! - *key id*: which of a signer's keys signed; two coexist while a key
+//!   rotates.
+//! - *keyring*: the public keys a host accepts, each with what its signer
+//!   may do (kept by the host, not here).
 
 use core::fmt;
 
-use hmac::{Hmac, Mac};
-use sha2::Sha256;
+use ed25519_dalek::Signer as _;
+pub use ed25519_dalek::{Signature, SigningKey, VerifyingKey};
 
 use crate::frame::{EncodeError, Frame, Message, MAX_FRAME_LEN};
+use crate::ids::{Ident, NodeId, Role};
 use crate::message::CommandAuth;
-use crate::topic::Topic;
+use crate::topic::{Topic, TOPIC_MAX};
 
-/// Bytes of the tag.
-pub const TAG_LEN: usize = 16;
+/// Bytes of a signature.
+pub const SIGNATURE_LEN: usize = 64;
 
 /// Why a command did not authenticate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum AuthError {
-    /// The frame is not a command; it carries no authentication.
+    /// The frame is not a command; it carries no signature.
     NotACommand,
-    /// No key is known under this id.
+    /// No key is known for this sender under this id.
     UnknownKey(u8),
-    /// The tag does not match: wrong key, or the frame was altered.
-    BadTag,
-    /// The frame could not be encoded to compute the tag.
+    /// The signature does not verify: another key signed, or the frame
+    /// (or its target) was altered.
+    BadSignature,
+    /// The frame could not be encoded to check its signature.
     Encode(EncodeError),
 }
 
@@ -46,17 +56,51 @@ impl fmt::Display for AuthError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             AuthError::NotACommand => write!(f, "not a command frame"),
-            AuthError::UnknownKey(id) => write!(f, "no site key with id {id}"),
-            AuthError::BadTag => write!(
+            AuthError::UnknownKey(id) => write!(f, "no key with id {id} for this sender"),
+            AuthError::BadSignature => write!(
                 f,
-                "authentication tag does not match (wrong key or altered frame)"
+                "signature does not verify (another key signed, or the frame was altered)"
             ),
-            AuthError::Encode(e) => write!(f, "cannot encode frame to authenticate it: {e}"),
+            AuthError::Encode(e) => write!(f, "cannot encode frame to check its signature: {e}"),
         }
     }
 }
 
 impl core::error::Error for AuthError {}
+
+/// What a signer may command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct May {
+    /// Send cap leases.
+    pub lease: bool,
+    /// Release quarantined GPUs.
+    pub release: bool,
+}
+
+/// A key a host trusts: whose it is and what its holder may do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Signer {
+    /// The signer's role; never [`Role::Host`].
+    pub role: Role,
+    /// The signer's name; `None` for any of the role (the simulated
+    /// hall's demo keyring only).
+    pub name: Option<Ident>,
+    /// Which of its keys this is.
+    pub key_id: u8,
+    /// The public key.
+    pub key: VerifyingKey,
+    /// What it may do.
+    pub may: May,
+}
+
+impl Signer {
+    /// Whether this entry is `who`'s key `key_id`.
+    pub fn is(&self, who: &NodeId, key_id: u8) -> bool {
+        self.role == who.role
+            && self.key_id == key_id
+            && self.name.as_ref().is_none_or(|n| *n == who.id)
+    }
+}
 
 fn auth_mut(message: &mut Message) -> Option<&mut CommandAuth> {
     match message {
@@ -66,54 +110,76 @@ fn auth_mut(message: &mut Message) -> Option<&mut CommandAuth> {
     }
 }
 
-/// The MAC over `frame` as signed for `to`: the target's topic, a zero
-/// byte, the frame's bytes before the CRC with the tag zeroed.
-fn mac(frame: &Frame, to: &Topic, key: &[u8]) -> Result<Hmac<Sha256>, AuthError> {
+/// What is signed for `frame` sent to `to`, written into `buf`: the
+/// target's topic, a zero byte, the frame's bytes before the CRC with the
+/// signature zeroed. Returns its length.
+fn signed_bytes(
+    frame: &Frame,
+    to: &Topic,
+    buf: &mut [u8; TOPIC_MAX + 1 + MAX_FRAME_LEN],
+) -> Result<usize, AuthError> {
     let mut unsigned = frame.clone();
-    let auth = auth_mut(&mut unsigned.message).ok_or(AuthError::NotACommand)?;
-    auth.tag = [0; TAG_LEN];
-    let mut buf = [0u8; MAX_FRAME_LEN];
-    let len = unsigned.encode(&mut buf).map_err(AuthError::Encode)?;
-    // HMAC takes keys of any length.
-    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(key).map_err(|_| AuthError::BadTag)?;
-    let target = to.build().map_err(|_| AuthError::BadTag)?;
-    mac.update(target.as_bytes());
-    mac.update(&[0]);
-    mac.update(&buf[..len - 4]);
-    Ok(mac)
+    auth_mut(&mut unsigned.message)
+        .ok_or(AuthError::NotACommand)?
+        .signature = [[0; 32]; 2];
+    let target = to.build().map_err(|_| AuthError::BadSignature)?;
+    let t = target.len();
+    buf[..t].copy_from_slice(target.as_bytes());
+    buf[t] = 0;
+    let len = unsigned
+        .encode(&mut buf[t + 1..])
+        .map_err(AuthError::Encode)?;
+    Ok(t + 1 + len - 4)
+}
+
+fn split(sig: &Signature) -> [[u8; 32]; 2] {
+    let (r, s) = (sig.r_bytes(), sig.s_bytes());
+    [*r, *s]
 }
 
 impl Frame {
     /// Signs a command frame for the target whose `cmd` topic is `to`,
-    /// with site key `key_id`. Call it last: any change to the frame
-    /// afterwards breaks the tag.
-    pub fn sign(&mut self, to: &Topic, key_id: u8, key: &[u8]) -> Result<(), AuthError> {
+    /// with the sender's key `key_id`. Call it last: any change to the
+    /// frame afterwards breaks the signature.
+    pub fn sign(&mut self, to: &Topic, key_id: u8, key: &SigningKey) -> Result<(), AuthError> {
         auth_mut(&mut self.message)
             .ok_or(AuthError::NotACommand)?
             .key_id = key_id;
-        let tag = mac(self, to, key)?.finalize().into_bytes();
-        let auth = auth_mut(&mut self.message).ok_or(AuthError::NotACommand)?;
-        auth.tag.copy_from_slice(&tag[..TAG_LEN]);
+        let mut buf = [0u8; TOPIC_MAX + 1 + MAX_FRAME_LEN];
+        let len = signed_bytes(self, to, &mut buf)?;
+        let signature = split(&key.sign(&buf[..len]));
+        auth_mut(&mut self.message)
+            .ok_or(AuthError::NotACommand)?
+            .signature = signature;
         Ok(())
     }
 
+    /// The signature of a command frame: who signed with which key.
+    pub fn command_auth(&self) -> Option<CommandAuth> {
+        match &self.message {
+            Message::CapLease(m) => Some(m.auth),
+            Message::QuarantineRelease(m) => Some(m.auth),
+            _ => None,
+        }
+    }
+
     /// Checks a command frame received on `to` (the receiver's own `cmd`
-    /// topic) against the key `keys` returns for its key id, in constant
-    /// time.
+    /// topic) against the key `keys` returns for its sender and key id.
+    /// Strict verification: non-canonical signatures and weak keys fail.
     pub fn verify<'k>(
         &self,
         to: &Topic,
-        keys: impl FnOnce(u8) -> Option<&'k [u8]>,
+        keys: impl FnOnce(&NodeId, u8) -> Option<&'k VerifyingKey>,
     ) -> Result<(), AuthError> {
-        let auth = match &self.message {
-            Message::CapLease(m) => m.auth,
-            Message::QuarantineRelease(m) => m.auth,
-            _ => return Err(AuthError::NotACommand),
-        };
-        let key = keys(auth.key_id).ok_or(AuthError::UnknownKey(auth.key_id))?;
-        mac(self, to, key)?
-            .verify_truncated_left(&auth.tag)
-            .map_err(|_| AuthError::BadTag)
+        let auth = self.command_auth().ok_or(AuthError::NotACommand)?;
+        let key = keys(&self.sender, auth.key_id).ok_or(AuthError::UnknownKey(auth.key_id))?;
+        let mut buf = [0u8; TOPIC_MAX + 1 + MAX_FRAME_LEN];
+        let len = signed_bytes(self, to, &mut buf)?;
+        let mut sig = [0u8; SIGNATURE_LEN];
+        sig[..32].copy_from_slice(&auth.signature[0]);
+        sig[32..].copy_from_slice(&auth.signature[1]);
+        key.verify_strict(&buf[..len], &Signature::from_bytes(&sig))
+            .map_err(|_| AuthError::BadSignature)
     }
 }
 
@@ -122,12 +188,12 @@ mod tests {
     use super::*;
     use crate::frame::MessageKind;
     use crate::ids::{Ident, Role};
-    use crate::samples::{self, DEMO_KEY};
+    use crate::samples;
     use crate::topic::Family;
     use crate::units::Watts;
 
-    fn keyring(id: u8) -> Option<&'static [u8]> {
-        (id == 1).then_some(DEMO_KEY)
+    fn demo() -> VerifyingKey {
+        samples::demo_signing_key().verifying_key()
     }
 
     fn h07() -> Topic {
@@ -136,9 +202,11 @@ mod tests {
 
     #[test]
     fn samples_are_signed_with_the_demo_key_for_h07() {
+        let key = demo();
         for kind in [MessageKind::CapLease, MessageKind::QuarantineRelease] {
+            let f = samples::frame(kind);
             assert_eq!(
-                samples::frame(kind).verify(&h07(), keyring),
+                f.verify(&h07(), |_, id| (id == 1).then_some(&key)),
                 Ok(()),
                 "{kind:?}"
             );
@@ -147,43 +215,86 @@ mod tests {
 
     #[test]
     fn a_command_for_one_host_does_not_verify_on_another() {
+        let key = demo();
         let f = samples::frame(MessageKind::QuarantineRelease);
         let site = Ident::new("hall-1").unwrap();
         let h12 = Topic::new(&site, Role::Host, &Ident::new("h12").unwrap(), Family::Cmd);
-        assert_eq!(f.verify(&h12, keyring), Err(AuthError::BadTag));
+        assert_eq!(
+            f.verify(&h12, |_, _| Some(&key)),
+            Err(AuthError::BadSignature)
+        );
         let other_site = Topic::new(
             &Ident::new("hall-2").unwrap(),
             Role::Host,
             &Ident::new("h07").unwrap(),
             Family::Cmd,
         );
-        assert_eq!(f.verify(&other_site, keyring), Err(AuthError::BadTag));
+        assert_eq!(
+            f.verify(&other_site, |_, _| Some(&key)),
+            Err(AuthError::BadSignature)
+        );
     }
 
     #[test]
-    fn any_change_breaks_the_tag() {
+    fn any_change_breaks_the_signature() {
+        let key = demo();
         let good = samples::frame(MessageKind::CapLease);
         let mut f = good.clone();
         if let Message::CapLease(l) = &mut f.message {
             l.caps[0].limit = Watts(700);
         }
-        assert_eq!(f.verify(&h07(), keyring), Err(AuthError::BadTag));
+        assert_eq!(
+            f.verify(&h07(), |_, _| Some(&key)),
+            Err(AuthError::BadSignature)
+        );
         let mut f = good.clone();
         f.seq += 1; // a replay with a new number is not signed
-        assert_eq!(f.verify(&h07(), keyring), Err(AuthError::BadTag));
         assert_eq!(
-            good.verify(&h07(), |_| Some(b"another key".as_slice())),
-            Err(AuthError::BadTag)
+            f.verify(&h07(), |_, _| Some(&key)),
+            Err(AuthError::BadSignature)
+        );
+        let mut f = good.clone();
+        f.sender = NodeId::new(Role::Cdu, "cdu-b").unwrap(); // another's name
+        assert_eq!(
+            f.verify(&h07(), |_, _| Some(&key)),
+            Err(AuthError::BadSignature)
+        );
+        let other = SigningKey::from_bytes(&[7; 32]).verifying_key();
+        assert_eq!(
+            good.verify(&h07(), |_, _| Some(&other)),
+            Err(AuthError::BadSignature)
         );
     }
 
     #[test]
+    fn the_keyring_is_asked_for_the_sender_and_key_id() {
+        let key = demo();
+        let f = samples::frame(MessageKind::CapLease);
+        let mut asked = None;
+        let _ = f.verify(&h07(), |who, id| {
+            asked = Some((who.clone(), id));
+            Some(&key)
+        });
+        assert_eq!(asked, Some((f.sender.clone(), 1)));
+    }
+
+    #[test]
     fn unknown_key_and_non_commands_are_refused() {
+        let key = demo();
         let mut f = samples::frame(MessageKind::QuarantineRelease);
-        f.sign(&h07(), 9, b"k").unwrap();
-        assert_eq!(f.verify(&h07(), keyring), Err(AuthError::UnknownKey(9)));
+        f.sign(&h07(), 9, &samples::demo_signing_key()).unwrap();
+        assert_eq!(
+            f.verify(&h07(), |_, id| (id == 1).then_some(&key)),
+            Err(AuthError::UnknownKey(9))
+        );
         let mut e = samples::frame(MessageKind::Event);
-        assert_eq!(e.sign(&h07(), 1, DEMO_KEY), Err(AuthError::NotACommand));
-        assert_eq!(e.verify(&h07(), keyring), Err(AuthError::NotACommand));
+        assert_eq!(
+            e.sign(&h07(), 1, &samples::demo_signing_key()),
+            Err(AuthError::NotACommand)
+        );
+        assert_eq!(
+            e.verify(&h07(), |_, _| Some(&key)),
+            Err(AuthError::NotACommand)
+        );
     }
 }

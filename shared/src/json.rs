@@ -2,7 +2,7 @@
 //! Home Assistant) and for people, and a JSON Schema per message kind.
 //!
 //! ```json
-//! {"protocol":"1.0","sender":{"role":"host","id":"h07"},"seq":42,"time_ms":1764450000000,
+//! {"protocol":"2.0","sender":{"role":"host","id":"h07"},"seq":42,"time_ms":1764450000000,
 //!  "kind":"host_telemetry","body":{...}}
 //! ```
 //!
@@ -132,7 +132,7 @@ fn envelope_schema<T: JsonSchema>(kind: MessageKind) -> serde_json::Value {
     obj.insert(
         "description".into(),
         format!(
-            "JSON mirror of a {} frame, published on dc/v1/<site>/json/<host|cdu>/<id>/{}",
+            "JSON mirror of a {} frame, published on dc/v2/<site>/json/<host|cdu>/<id>/{}",
             kind.name(),
             kind.family().as_str()
         )

@@ -463,16 +463,17 @@ pub enum Event {
 
 // ---------------------------------------------------------------- commands
 
-/// Proof that a command comes from a holder of the site key: an HMAC over
-/// the frame, with the tag itself zeroed. The frame's sequence number is the
-/// anti-replay counter (it only rises per sender).
+/// Proof that a command comes from a signer the receiver trusts: an
+/// Ed25519 signature over the target's topic and the frame, made with the
+/// signature itself zeroed (see [`crate::auth`]). The frame's sequence
+/// number is the anti-replay counter (it only rises per sender).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[cfg_attr(feature = "std", derive(schemars::JsonSchema))]
 pub struct CommandAuth {
-    /// Which site key signed (keys rotate).
+    /// Which of the sender's keys signed (keys rotate).
     pub key_id: u8,
-    /// HMAC-SHA-256 truncated to 128 bits.
-    pub tag: [u8; 16],
+    /// The Ed25519 signature: R, then S.
+    pub signature: [[u8; 32]; 2],
 }
 
 /// Which GPUs a cap applies to.
@@ -548,7 +549,7 @@ pub enum AckCode {
     Malformed,
     /// The lease had already expired when it arrived.
     Expired,
-    /// The MAC did not verify, or the key is unknown.
+    /// The signature did not verify, or the key is unknown.
     Unauthenticated,
     /// The sequence number was not above the last one seen from the sender.
     Replayed,
@@ -562,6 +563,8 @@ pub enum AckCode {
     TooLong,
     /// This host already holds as many leases as it takes.
     TooMany,
+    /// Authentic, but its signer may not do this (for this host).
+    Forbidden,
 }
 
 /// Whose command an ack answers: the command frame's sender and sequence.

@@ -10,9 +10,15 @@ use crate::message::*;
 use crate::reason::ReasonCode;
 use crate::units::*;
 
-/// The site key the sample commands are signed with (key id 1). For
-/// examples and tests only: a real site generates its own.
-pub const DEMO_KEY: &[u8] = b"loopwarden demo site key";
+/// The secret of the signing key the sample commands are signed with (key
+/// id 1), and the simulated hall's signers. Public, so for examples, tests
+/// and the simulator only: a real site makes its own (`lwbus pki init`).
+pub const DEMO_SIGNING_SEED: [u8; 32] = *b"loopwarden demo signing key 0001";
+
+/// The demo signing key ([`DEMO_SIGNING_SEED`]).
+pub fn demo_signing_key() -> crate::auth::SigningKey {
+    crate::auth::SigningKey::from_bytes(&DEMO_SIGNING_SEED)
+}
 
 /// 2026-11-29 12:00:00 UTC.
 pub const T0: TimestampMs = TimestampMs(1_795_953_600_000);
@@ -223,7 +229,7 @@ fn cdu_state() -> CduState {
 
 /// The frame of `kind` used in the docs and the golden fixtures: sent by
 /// host `h07` (or `cdu-a` for CDU kinds, `jdoe` for a release). Commands
-/// are signed with [`DEMO_KEY`] as key 1, for host `h07` of site `hall-1`
+/// are signed with [`demo_signing_key`] as key 1, for host `h07` of site `hall-1`
 /// ([`command_topic`]).
 pub fn frame(kind: MessageKind) -> Frame {
     let sender = match kind {
@@ -241,14 +247,14 @@ pub fn frame(kind: MessageKind) -> Frame {
     };
     if kind.family() == crate::topic::Family::Cmd {
         frame
-            .sign(&command_topic(), 1, DEMO_KEY)
+            .sign(&command_topic(), 1, &demo_signing_key())
             .expect("sample commands can be signed");
     }
     frame
 }
 
 /// The target the sample commands are signed for: host `h07` of site
-/// `hall-1` (`dc/v1/hall-1/host/h07/cmd`).
+/// `hall-1` (`dc/v2/hall-1/host/h07/cmd`).
 pub fn command_topic() -> crate::topic::Topic {
     crate::topic::Topic::new(
         &crate::ids::Ident::new("hall-1").expect("an ident"),

@@ -1,15 +1,15 @@
 //! Topic names, built and parsed in one place.
 //!
 //! ```text
-//! dc/v1/<site>/host/<id>/<family>        frames (postcard), agents' own tree
-//! dc/v1/<site>/cdu/<id>/<family>
-//! dc/v1/<site>/json/host/<id>/<family>   the JSON mirror for facility subscribers
-//! dc/v1/<site>/json/cdu/<id>/<family>
+//! dc/v2/<site>/host/<id>/<family>        frames (postcard), agents' own tree
+//! dc/v2/<site>/cdu/<id>/<family>
+//! dc/v2/<site>/json/host/<id>/<family>   the JSON mirror for facility subscribers
+//! dc/v2/<site>/json/cdu/<id>/<family>
 //! ```
 //!
 //! Families: `telemetry`, `health`, `event`, `cmd`, `ack`, `online`. The
 //! node named in the topic owns it: it publishes everything but `cmd`, which
-//! others publish to it. `v1` is the protocol's major version.
+//! others publish to it. `v2` is the protocol's major version.
 //!
 //! Glossary:
 //! - *family*: the last topic level; it fixes the QoS and retention.
@@ -22,7 +22,7 @@ use core::fmt::{self, Write};
 use crate::ids::{Ident, IdentError, Role};
 
 /// The first two levels of every topic.
-pub const ROOT: &str = "dc/v1";
+pub const ROOT: &str = "dc/v2";
 /// The longest topic or filter this module builds, in bytes.
 pub const TOPIC_MAX: usize = 128;
 
@@ -100,7 +100,7 @@ impl Family {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum TopicError {
-    /// It does not start with `dc/v1/`.
+    /// It does not start with `dc/v2/`.
     NotOurs,
     /// Too few or too many levels.
     Shape,
@@ -236,7 +236,7 @@ pub mod filter {
     /// Every frame topic of a site (not the JSON mirror).
     pub fn site_frames(site: &Ident) -> Result<TopicString, TopicError> {
         let mut s = TopicString::new();
-        // `dc/v1/<site>/+/+/+` matches host/… and cdu/… but not json/…/…/… (four levels).
+        // `dc/v2/<site>/+/+/+` matches host/… and cdu/… but not json/…/…/… (four levels).
         write!(s, "{ROOT}/{site}/+/+/+").map_err(|_| TopicError::TooLong)?;
         Ok(s)
     }
@@ -282,32 +282,32 @@ mod tests {
                 .build()
                 .unwrap()
                 .as_str(),
-            "dc/v1/s/json/host/h07/health"
+            "dc/v2/s/json/host/h07/health"
         );
     }
 
     #[test]
     fn refuses_what_is_not_ours() {
         assert_eq!(Topic::parse("foo/bar"), Err(TopicError::NotOurs));
-        assert_eq!(Topic::parse("dc/v1/s/host/h1"), Err(TopicError::Shape));
+        assert_eq!(Topic::parse("dc/v2/s/host/h1"), Err(TopicError::Shape));
         assert_eq!(
-            Topic::parse("dc/v1/s/host/h1/event/x"),
+            Topic::parse("dc/v2/s/host/h1/event/x"),
             Err(TopicError::Shape)
         );
         assert_eq!(
-            Topic::parse("dc/v1/s/rack/h1/event"),
+            Topic::parse("dc/v2/s/rack/h1/event"),
             Err(TopicError::UnknownRole)
         );
         assert_eq!(
-            Topic::parse("dc/v1/s/host/h1/nope"),
+            Topic::parse("dc/v2/s/host/h1/nope"),
             Err(TopicError::UnknownFamily)
         );
         assert!(matches!(
-            Topic::parse("dc/v1/s/host/+/event"),
+            Topic::parse("dc/v2/s/host/+/event"),
             Err(TopicError::BadName(_))
         ));
         assert!(matches!(
-            Topic::parse("dc/v1//host/h/event"),
+            Topic::parse("dc/v2//host/h/event"),
             Err(TopicError::BadName(_))
         ));
     }
@@ -324,13 +324,13 @@ mod tests {
     fn filters() {
         assert_eq!(
             filter::site_frames(&id("s")).unwrap().as_str(),
-            "dc/v1/s/+/+/+"
+            "dc/v2/s/+/+/+"
         );
         assert_eq!(
             filter::family(&id("s"), Role::Host, Family::Telemetry)
                 .unwrap()
                 .as_str(),
-            "dc/v1/s/host/+/telemetry"
+            "dc/v2/s/host/+/telemetry"
         );
     }
 }

@@ -35,11 +35,11 @@ fn unknown_kind() {
 fn newer_major_version() {
     let mut b = sample_bytes();
     b.truncate(b.len() - 4);
-    b[0] = 2;
+    b[0] = 3;
     assert_eq!(
         Frame::decode(&with_crc(b)),
         Err(DecodeError::UnsupportedVersion {
-            found: Version { major: 2, minor: 0 }
+            found: Version { major: 3, minor: 0 }
         })
     );
 }
@@ -112,11 +112,11 @@ fn malformed_values_are_refused() {
 #[test]
 fn errors_say_what_was_wrong() {
     let e = DecodeError::UnsupportedVersion {
-        found: Version { major: 2, minor: 1 },
+        found: Version { major: 3, minor: 1 },
     };
     assert_eq!(
         e.to_string(),
-        "protocol version 2.1 is not supported (this reader speaks 1.0)"
+        "protocol version 3.1 is not supported (this reader speaks 2.0)"
     );
     let e = DecodeError::BadCrc {
         carried: 1,

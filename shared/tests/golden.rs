@@ -77,7 +77,7 @@ fn eight_gpu_telemetry_fits_256_bytes() {
 #[test]
 fn golden_header_layout_is_as_documented() {
     let bytes = samples::frame(MessageKind::Event).to_vec().unwrap();
-    assert_eq!(bytes[0], 1, "major version first");
+    assert_eq!(bytes[0], 2, "major version first");
     assert_eq!(bytes[1], 0, "minor version second");
     assert_eq!(bytes[2], MessageKind::Event as u8, "kind third");
     // The trailing CRC is the zlib CRC-32 of everything before it.
@@ -86,41 +86,61 @@ fn golden_header_layout_is_as_documented() {
     assert_eq!(crc, expect.to_le_bytes());
 }
 
-/// The command tags in the golden bytes are HMAC-SHA-256 as anyone computes
-/// it: checked with Python's `hmac`, not with the crate that made them.
+/// The command signatures in the golden bytes are Ed25519 as anyone
+/// computes it: checked with Python's `cryptography` (OpenSSL), not with
+/// the crate that made them.
 #[test]
-fn golden_command_tags_verify_with_an_independent_hmac() {
+fn golden_command_signatures_verify_with_an_independent_ed25519() {
     let Ok(python) = which_python() else {
         eprintln!("SKIP: python3 not found");
         return;
     };
+    let has_module = std::process::Command::new(&python)
+        .args(["-c", "import cryptography"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has_module {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true: python module cryptography is missing"
+        );
+        eprintln!("SKIP: python module cryptography not installed");
+        return;
+    }
+    const CHECK: &str = "import sys\n\
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey\n\
+pub = Ed25519PrivateKey.from_private_bytes(bytes.fromhex(sys.argv[1])).public_key()\n\
+pub.verify(bytes.fromhex(sys.argv[2]), bytes.fromhex(sys.argv[3]))\n\
+print('ok')";
     for kind in [MessageKind::CapLease, MessageKind::QuarantineRelease] {
         let text = std::fs::read_to_string(fixture_path(kind)).unwrap();
         let bytes = from_hex(&text);
-        // The auth is the body's last field: key id, then the 16-byte tag,
-        // then the CRC.
-        let (signed, rest) = bytes.split_at(bytes.len() - 20);
-        let tag = &rest[..16];
-        // Signed for dc/v1/hall-1/host/h07/cmd: the topic, a zero byte,
-        // then the frame with its tag zeroed.
-        let mut unsigned = b"dc/v1/hall-1/host/h07/cmd\0".to_vec();
+        // The auth is the body's last field: key id, then the 64-byte
+        // signature, then the CRC.
+        let (signed, rest) = bytes.split_at(bytes.len() - 68);
+        let signature = &rest[..64];
+        // Signed for dc/v2/hall-1/host/h07/cmd: the topic, a zero byte,
+        // then the frame with its signature zeroed.
+        let mut unsigned = b"dc/v2/hall-1/host/h07/cmd\0".to_vec();
         unsigned.extend_from_slice(signed);
-        unsigned.extend_from_slice(&[0u8; 16]);
+        unsigned.extend_from_slice(&[0u8; 64]);
+        let hex = |b: &[u8]| to_hex(b).replace('\n', "");
         let out = std::process::Command::new(&python)
             .args([
                 "-c",
-                "import hmac, hashlib, sys; print(hmac.new(sys.argv[1].encode(), bytes.fromhex(sys.argv[2]), hashlib.sha256).hexdigest()[:32])",
-                std::str::from_utf8(samples::DEMO_KEY).unwrap(),
-                &to_hex(&unsigned).replace('\n', ""),
+                CHECK,
+                &hex(&samples::DEMO_SIGNING_SEED),
+                &hex(signature),
+                &hex(&unsigned),
             ])
             .output()
             .unwrap();
-        assert!(out.status.success());
         assert_eq!(
             String::from_utf8_lossy(&out.stdout).trim(),
-            to_hex(tag).trim(),
-            "{}",
-            kind.name()
+            "ok",
+            "{}: {}",
+            kind.name(),
+            String::from_utf8_lossy(&out.stderr)
         );
     }
 }

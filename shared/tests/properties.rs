@@ -81,7 +81,8 @@ fn cdu_mode() -> impl Strategy<Value = CduMode> {
 }
 
 fn auth() -> impl Strategy<Value = CommandAuth> {
-    (any::<u8>(), any::<[u8; 16]>()).prop_map(|(key_id, tag)| CommandAuth { key_id, tag })
+    (any::<u8>(), any::<[[u8; 32]; 2]>())
+        .prop_map(|(key_id, signature)| CommandAuth { key_id, signature })
 }
 
 fn gpu_cap() -> impl Strategy<Value = GpuCap> {
@@ -417,7 +418,7 @@ proptest! {
     /// survives its own round trip.
     #[test]
     fn arbitrary_bytes_with_valid_crc_never_panic(kind in 1u8..=9, body in vec(any::<u8>(), 0..400)) {
-        let mut bytes = vec![1, 0, kind];
+        let mut bytes = vec![2, 0, kind];
         bytes.extend_from_slice(&body);
         let crc = crc::Crc::<u32>::new(&crc::CRC_32_ISO_HDLC).checksum(&bytes);
         bytes.extend_from_slice(&crc.to_le_bytes());

@@ -42,7 +42,7 @@ fn sample_json_names_its_kind_and_round_trips() {
         let text = frame.to_json();
         let value: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(value["kind"], kind.name());
-        assert_eq!(value["protocol"], "1.0");
+        assert_eq!(value["protocol"], "2.0");
         assert_eq!(Frame::from_json(&text).unwrap(), frame);
     }
 }
@@ -62,11 +62,11 @@ fn json_reads_like_units() {
 #[test]
 fn json_refuses_bad_input_with_a_reason() {
     let good = samples::frame(MessageKind::Online).to_json();
-    let newer = good.replace(r#""protocol":"1.0""#, r#""protocol":"2.0""#);
+    let newer = good.replace(r#""protocol":"2.0""#, r#""protocol":"3.0""#);
     assert!(Frame::from_json(&newer)
         .unwrap_err()
         .to_string()
-        .contains("2.0"));
+        .contains("3.0"));
     let bad_pct = samples::frame(MessageKind::CduTelemetry)
         .to_json()
         .replace(r#""reservoir":81"#, r#""reservoir":181"#);

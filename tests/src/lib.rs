@@ -259,7 +259,7 @@ pub struct Subscriber {
 }
 
 /// The probe topic a subscriber waits for to know its subscription is live.
-pub const PROBE_TOPIC: &str = "dc/v1/probe";
+pub const PROBE_TOPIC: &str = "dc/v2/probe";
 
 impl Subscriber {
     /// Subscribes to `filters` on `port` and returns once the subscription
@@ -573,4 +573,100 @@ pub fn mbpoll_values(text: &str) -> Vec<i64> {
         .filter_map(|l| l.trim().strip_prefix('[')?.split_once("]:"))
         .filter_map(|(_, v)| v.split_whitespace().next()?.parse().ok())
         .collect()
+}
+
+/// A site's PKI written by `lwbus pki init` (as a library) into a fresh
+/// temporary directory, its broker on `broker_port`: hosts, CDUs,
+/// operators and readers as the command line takes them.
+pub fn pki_dir(
+    site: &str,
+    [hosts, cdus, operators, readers]: [&str; 4],
+    broker_port: u16,
+) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let split = |s: &str| s.split(',').map(String::from).collect::<Vec<_>>();
+    let args = loopwarden_bus::pki::InitArgs {
+        site: site.into(),
+        hosts: split(hosts),
+        cdus: split(cdus),
+        operators: split(operators),
+        readers: split(readers),
+        out: dir.path().to_path_buf(),
+        broker_port,
+    };
+    loopwarden_bus::pki::init(&args).expect("lwbus pki init");
+    dir
+}
+
+/// A private mosquitto started as `mosquitto -c DIR/mosquitto.conf` with
+/// the configuration, certificates and ACL of [`pki_dir`]: TLS with client
+/// certificates on a free loopback port. Stopped when dropped; its log is
+/// `DIR/mosquitto.log`.
+pub struct PkiBroker {
+    child: Child,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl PkiBroker {
+    /// Writes the PKI and starts the broker, or `None` (skip) when
+    /// mosquitto is not installed outside CI.
+    pub fn start(site: &str, identities: [&str; 4]) -> Option<PkiBroker> {
+        let bin = require_tool("mosquitto")?;
+        let port = free_port();
+        let dir = pki_dir(site, identities, port);
+        let log = std::fs::File::create(dir.path().join("mosquitto.log")).expect("a log file");
+        let mut child = Command::new(bin)
+            .arg("-c")
+            .arg(dir.path().join("mosquitto.conf"))
+            .stdout(log.try_clone().expect("the log file"))
+            .stderr(log)
+            .spawn()
+            .expect("start mosquitto");
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let listening = wait_listening(addr, Duration::from_secs(10));
+        let alive = matches!(child.try_wait(), Ok(None));
+        let broker = PkiBroker { child, port, dir };
+        assert!(
+            listening && alive,
+            "mosquitto did not come up on {addr}:\n{}",
+            broker.log()
+        );
+        Some(broker)
+    }
+
+    /// Its port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The directory with its PKI (`ID.crt`, `ID.key`, `ca.crt`, …).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// What mosquitto has logged so far (for failure messages).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("mosquitto.log")).unwrap_or_default()
+    }
+
+    /// `mosquitto_pub` or `mosquitto_sub` pointed at this broker, trusting
+    /// its CA, with the certificate and key of identity `who` (none: no
+    /// client certificate).
+    pub fn client(&self, tool: &str, who: Option<&str>) -> Option<Command> {
+        let mut cmd = client(tool, self.port)?;
+        cmd.arg("--cafile").arg(self.dir().join("ca.crt"));
+        if let Some(who) = who {
+            cmd.arg("--cert").arg(self.dir().join(format!("{who}.crt")));
+            cmd.arg("--key").arg(self.dir().join(format!("{who}.key")));
+        }
+        Some(cmd)
+    }
+}
+
+impl Drop for PkiBroker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

@@ -81,7 +81,7 @@ fn sigkill_loses_no_completed_record_and_every_queued_frame_arrives() {
     let Some(broker) = Mosquitto::start() else {
         return;
     };
-    let topic = "dc/v1/t-durable/host/h11/event";
+    let topic = "dc/v2/t-durable/host/h11/event";
     let Some(mut sub) = Subscriber::start(broker.port(), &[topic]) else {
         return;
     };
@@ -207,7 +207,7 @@ async fn events_raised_while_the_broker_is_down_all_arrive_in_order() {
     let Some(mut broker) = Mosquitto::start() else {
         return;
     };
-    let topic = "dc/v1/t-outage/host/h12/event";
+    let topic = "dc/v2/t-outage/host/h12/event";
     let Some(mut before) = Subscriber::start(broker.port(), &[topic]) else {
         return;
     };

@@ -34,7 +34,7 @@ async fn embedded_broker_serves_third_party_clients() {
     for _ in 0..20 {
         late = retained(
             port,
-            &["dc/v1/t-emb/host/h01/health"],
+            &["dc/v2/t-emb/host/h01/health"],
             Duration::from_secs(1),
         )
         .unwrap();
@@ -47,7 +47,7 @@ async fn embedded_broker_serves_third_party_clients() {
 
     // A command from a third-party client reaches the shell and decodes.
     let cmd = samples::frame(MessageKind::QuarantineRelease);
-    let cmd_topic = "dc/v1/t-emb/host/h01/cmd";
+    let cmd_topic = "dc/v2/t-emb/host/h01/cmd";
     publish_raw(port, cmd_topic, &cmd.to_vec().unwrap(), false).unwrap();
     let got = tokio::time::timeout(Duration::from_secs(10), inbound.recv())
         .await

@@ -36,7 +36,7 @@ async fn every_kind_through_mosquitto() {
     let Some(python) = require_python_jsonschema() else {
         return;
     };
-    let filter = format!("dc/v1/{SITE}/#");
+    let filter = format!("dc/v2/{SITE}/#");
     let Some(mut sub) = Subscriber::start(broker.port(), &[&filter]) else {
         return;
     };
@@ -76,7 +76,7 @@ async fn every_kind_through_mosquitto() {
             _ => (host.publish(message, time).unwrap(), ("host", "h07")),
         };
         let family = kind.family().as_str();
-        let topic = format!("dc/v1/{SITE}/{}/{}/{family}", owner.0, owner.1);
+        let topic = format!("dc/v2/{SITE}/{}/{}/{family}", owner.0, owner.1);
         expected
             .entry(topic)
             .or_default()
@@ -86,7 +86,7 @@ async fn every_kind_through_mosquitto() {
         } else {
             let publisher = if owner.0 == "cdu" { &cdu } else { &host };
             publisher.publish_json(&frame).unwrap();
-            let topic = format!("dc/v1/{SITE}/json/{}/{}/{family}", owner.0, owner.1);
+            let topic = format!("dc/v2/{SITE}/json/{}/{}/{family}", owner.0, owner.1);
             expected
                 .entry(topic)
                 .or_default()
@@ -157,12 +157,12 @@ async fn every_kind_through_mosquitto() {
     assert_eq!(received, commands);
 
     // Health and presence are retained: a late subscriber gets them at once.
-    let health = format!("dc/v1/{SITE}/+/+/health");
-    let online = format!("dc/v1/{SITE}/+/+/online");
+    let health = format!("dc/v2/{SITE}/+/+/health");
+    let online = format!("dc/v2/{SITE}/+/+/online");
     let late = retained(broker.port(), &[&health, &online], Duration::from_secs(1)).unwrap();
     for topic in [
-        format!("dc/v1/{SITE}/host/h07/health"),
-        format!("dc/v1/{SITE}/cdu/cdu-a/health"),
+        format!("dc/v2/{SITE}/host/h07/health"),
+        format!("dc/v2/{SITE}/cdu/cdu-a/health"),
     ] {
         let m = late
             .iter()
@@ -172,8 +172,8 @@ async fn every_kind_through_mosquitto() {
         assert_eq!(&m.payload, expected[&topic].last().unwrap());
     }
     for topic in [
-        format!("dc/v1/{SITE}/host/h07/online"),
-        format!("dc/v1/{SITE}/cdu/cdu-a/online"),
+        format!("dc/v2/{SITE}/host/h07/online"),
+        format!("dc/v2/{SITE}/cdu/cdu-a/online"),
     ] {
         let m = late
             .iter()

@@ -22,7 +22,7 @@ fn killed_host_is_declared_gone_by_its_last_will() {
     let Some(broker) = Mosquitto::start() else {
         return;
     };
-    let topic = "dc/v1/t-will/host/h09/online";
+    let topic = "dc/v2/t-will/host/h09/online";
     let Some(mut sub) = Subscriber::start(broker.port(), &[topic]) else {
         return;
     };
@@ -61,9 +61,9 @@ async fn clean_shutdown_delivers_everything_then_says_goodbye_once() {
     let Some(broker) = Mosquitto::start() else {
         return;
     };
-    let topic = "dc/v1/t-bye/cdu/cdu-b/online";
-    let json_topic = "dc/v1/t-bye/json/cdu/cdu-b/online";
-    let events = "dc/v1/t-bye/cdu/cdu-b/event";
+    let topic = "dc/v2/t-bye/cdu/cdu-b/online";
+    let json_topic = "dc/v2/t-bye/json/cdu/cdu-b/online";
+    let events = "dc/v2/t-bye/cdu/cdu-b/event";
     let Some(mut sub) = Subscriber::start(broker.port(), &[topic, json_topic, events]) else {
         return;
     };

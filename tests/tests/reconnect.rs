@@ -46,8 +46,8 @@ async fn events_survive_an_outage_in_order_and_telemetry_is_dropped() {
     let Some(broker) = Mosquitto::start() else {
         return;
     };
-    let events = "dc/v1/t-cut/host/h03/event";
-    let online = "dc/v1/t-cut/host/h03/online";
+    let events = "dc/v2/t-cut/host/h03/event";
+    let online = "dc/v2/t-cut/host/h03/online";
     let Some(mut sub) = Subscriber::start(broker.port(), &[events, online]) else {
         return;
     };
@@ -171,7 +171,7 @@ async fn a_queue_filling_outage_still_ends_subscribed_and_ready() {
     let cmd = samples::frame(loopwarden_protocol::MessageKind::QuarantineRelease);
     publish_raw(
         broker.port(),
-        "dc/v1/t-fill/host/h04/cmd",
+        "dc/v2/t-fill/host/h04/cmd",
         &cmd.to_vec().unwrap(),
         false,
     )
@@ -195,7 +195,7 @@ async fn the_latest_retained_state_is_announced_again_after_a_reconnection() {
     let Some(broker) = Mosquitto::start() else {
         return;
     };
-    let health = "dc/v1/t-ret/host/h04/health";
+    let health = "dc/v2/t-ret/host/h04/health";
     let Some(mut sub) = Subscriber::start(broker.port(), &[health]) else {
         return;
     };

@@ -10,8 +10,10 @@
 //!   copy): its event log, the frames its outbox still holds, and the
 //!   sequence floor.
 //! - `lwbus release`: put a quarantined GPU back in service, as an
-//!   operator: a `quarantine_release` signed with a site key, and the
-//!   host's ack.
+//!   operator: a `quarantine_release` signed with the operator's sign key,
+//!   and the host's ack.
+//! - `lwbus pki init`: a lab's or small site's certificates, keys, keyring
+//!   and broker configuration (`docs/security.md`).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -55,6 +57,9 @@ enum Command {
         /// Print each frame as one line of JSON instead of a summary.
         #[arg(long)]
         json: bool,
+        /// TLS to the broker (a reader's or an operator's certificate).
+        #[command(flatten)]
+        tls: loopwarden_bus::tls::TlsArgs,
     },
     /// Read an agent's flash file: event log, outbox, sequence floor.
     Flash {
@@ -79,18 +84,21 @@ enum Command {
         /// The GPU's index.
         #[arg(long)]
         gpu: u8,
-        /// Who releases it (an ident: your name).
-        #[arg(long)]
-        operator: String,
         /// Why it is fit again (logged and published; required).
         #[arg(long)]
         note: String,
-        /// The site keys file (`<key id> <hex secret>` per line).
+        /// The operator's sign key file (`ID.sign.key`); the release is
+        /// sent under the name it holds.
         #[arg(long)]
-        keys_file: std::path::PathBuf,
-        /// Which key of the file signs; default: the lowest id.
-        #[arg(long)]
-        key_id: Option<u8>,
+        sign_key: std::path::PathBuf,
+        /// TLS to the broker.
+        #[command(flatten)]
+        tls: loopwarden_bus::tls::TlsArgs,
+    },
+    /// Certificates and keys for a lab or a small site.
+    Pki {
+        #[command(subcommand)]
+        command: loopwarden_bus::pki::PkiCommand,
     },
     /// Publish one frame of every message kind, and its JSON mirror.
     Samples {
@@ -187,9 +195,15 @@ fn summary(message: &Message) -> String {
     }
 }
 
-async fn watch(broker: BrokerAddr, site: Ident, json: bool) -> Result<()> {
+async fn watch(
+    broker: BrokerAddr,
+    site: Ident,
+    json: bool,
+    tls: Option<loopwarden_bus::tls::Tls>,
+) -> Result<()> {
     let node = NodeId::new(Role::Operator, "lwbus-watch")?;
     let mut config = BusConfig::new(broker.clone(), site.clone(), node);
+    config.tls = tls;
     config.client_id = format!("lwbus-watch-{}", std::process::id());
     config.subscriptions.push(site_filter(&site));
     let (bus, mut inbound, _task) = Bus::start(config);
@@ -258,7 +272,7 @@ async fn publish_samples(broker: BrokerAddr, site: Ident) -> Result<()> {
                 // sender, signed again for it (the time and the target are
                 // signed too).
                 let topic = Topic::new(&site, Role::Host, &node.id, Family::Cmd);
-                frame.sign(&topic, 1, samples::DEMO_KEY)?;
+                frame.sign(&topic, 1, &samples::demo_signing_key())?;
                 bus.publish_frame(&topic, &frame)?;
             } else {
                 let topic = Topic::new(&site, node.role, &node.id, kind.family());
@@ -425,13 +439,22 @@ async fn main() -> Result<()> {
             tokio::signal::ctrl_c().await?;
             Ok(())
         }
-        Command::Watch { broker, site, json } => {
+        Command::Watch {
+            broker,
+            site,
+            json,
+            tls,
+        } => {
             let site = Ident::new(&site).map_err(|e| anyhow::anyhow!("--site: {e}"))?;
+            let tls = tls.load().map_err(|e| anyhow::anyhow!(e))?;
+            if tls.is_some() && broker.is_none() {
+                bail!("--tls-ca needs --broker: the embedded broker is plain loopback");
+            }
             let (broker, embedded) = configured_or_embedded(broker)?;
             if let Some(e) = &embedded {
                 eprintln!("lwbus: no --broker given: embedded broker on {}", e.addr());
             }
-            watch(broker, site, json).await
+            watch(broker, site, json, tls).await
         }
         Command::Flash { file, json } => dump_flash(&file, json).await,
         Command::Release {
@@ -439,16 +462,14 @@ async fn main() -> Result<()> {
             site,
             host,
             gpu,
-            operator,
             note,
-            keys_file,
-            key_id,
+            sign_key,
+            tls,
         } => {
-            release(
-                broker, &site, &host, gpu, &operator, &note, &keys_file, key_id,
-            )
-            .await
+            let tls = tls.load().map_err(|e| anyhow::anyhow!(e))?;
+            release(broker, tls, &site, &host, gpu, &note, &sign_key).await
         }
+        Command::Pki { command } => loopwarden_bus::pki::run(command),
         Command::Samples { broker, site } => {
             let site = Ident::new(&site).map_err(|e| anyhow::anyhow!("--site: {e}"))?;
             publish_samples(broker, site).await
@@ -457,44 +478,38 @@ async fn main() -> Result<()> {
 }
 
 /// Sends a signed `quarantine_release` and waits for the host's ack.
-#[allow(clippy::too_many_arguments)]
 async fn release(
     broker: BrokerAddr,
+    tls: Option<loopwarden_bus::tls::Tls>,
     site: &str,
     host: &str,
     gpu: u8,
-    operator: &str,
     note: &str,
-    keys_file: &std::path::Path,
-    key_id: Option<u8>,
+    sign_key: &std::path::Path,
 ) -> Result<()> {
     use loopwarden_protocol::{AckCode, CommandAuth, Frame, GpuIndex, QuarantineRelease, Text};
     let site = Ident::new(site).map_err(|e| anyhow::anyhow!("--site: {e}"))?;
     let host = Ident::new(host).map_err(|e| anyhow::anyhow!("--host: {e}"))?;
-    let me =
-        NodeId::new(Role::Operator, operator).map_err(|e| anyhow::anyhow!("--operator: {e}"))?;
+    let key = loopwarden_bus::keys::read_sign_key(sign_key).map_err(|e| anyhow::anyhow!(e))?;
+    let me = key.node.clone();
+    if me.role != Role::Operator {
+        bail!(
+            "--sign-key: {} is the key of {}/{}, not an operator's",
+            sign_key.display(),
+            me.role.as_str(),
+            me.id.as_str()
+        );
+    }
     let gpu = GpuIndex::new(gpu).context("--gpu: 0 to 15")?;
     let note = note.trim();
     if note.is_empty() {
         bail!("--note: say why the GPU is fit again; it is logged and published");
     }
     let note = Text::new(note).context("--note: at most 96 bytes")?;
-    let keys = loopwarden_bus::keys::read_keys(keys_file).map_err(|e| anyhow::anyhow!(e))?;
-    let (id, key) = match key_id {
-        Some(id) => (
-            id,
-            keys.get(&id)
-                .with_context(|| format!("--key-id {id}: not in the keys file"))?,
-        ),
-        None => keys
-            .iter()
-            .next()
-            .map(|(id, k)| (*id, k))
-            .context("no key")?,
-    };
     let ack_topic = Topic::new(&site, Role::Host, &host, Family::Ack);
     let mut config = BusConfig::new(broker.clone(), site.clone(), me.clone());
     config.client_id = format!("lwbus-release-{}-{}", me.id, std::process::id());
+    config.tls = tls;
     config.subscriptions.push(ack_topic.to_string());
     let (bus, mut inbound, task) = Bus::start(config);
     if !bus.wait_connected(Duration::from_secs(10)).await {
@@ -505,18 +520,18 @@ async fn release(
     // release per second and operator).
     let seq = (now_ms().0 / 1000).saturating_sub(1_577_836_800) as u32;
     let mut frame = Frame {
-        sender: me,
+        sender: me.clone(),
         seq,
         time: now_ms(),
         message: Message::QuarantineRelease(QuarantineRelease {
             gpu,
-            operator: Ident::new(operator).map_err(|e| anyhow::anyhow!("--operator: {e}"))?,
+            operator: me.id.clone(),
             note,
             auth: CommandAuth::default(),
         }),
     };
     let cmd = Topic::new(&site, Role::Host, &host, Family::Cmd);
-    frame.sign(&cmd, id, key)?;
+    frame.sign(&cmd, key.key_id, &key.key)?;
     bus.publish_frame(&cmd, &frame)?;
     let answer = tokio::time::timeout(Duration::from_secs(10), async {
         while let Some(m) = inbound.recv().await {

@@ -95,6 +95,11 @@ impl Bus {
         if let Some((user, password)) = &cfg.credentials {
             options.set_credentials(user, password);
         }
+        if let Some(tls) = &cfg.tls {
+            options.set_transport(rumqttc::Transport::tls_with_config(
+                rumqttc::TlsConfiguration::Rustls(tls.config.clone()),
+            ));
+        }
         options.set_inflight(MAX_INFLIGHT);
         let (client, eventloop) = AsyncClient::new(options, cfg.queue_capacity.max(1));
         let (inbound_tx, inbound_rx) = mpsc::channel(cfg.inbound_capacity.max(1));

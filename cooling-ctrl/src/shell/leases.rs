@@ -24,8 +24,12 @@ impl<P: CduPort> Shell<P> {
             return false;
         };
         let topic = Topic::new(&self.cfg.site, Role::Host, &host, Family::Cmd);
+        let Some(key) = &self.cfg.key else {
+            tracing::error!("cooling shell: no sign key: the lease for {host} is not sent");
+            return false;
+        };
         let mut frame = self.bus.next_frame(Message::CapLease(lease), now_ms());
-        if let Err(e) = frame.sign(&topic, self.cfg.key_id, &self.cfg.key) {
+        if let Err(e) = frame.sign(&topic, self.cfg.key_id, key) {
             tracing::error!("cooling shell: signing a lease for {host}: {e:?}");
             return false;
         }

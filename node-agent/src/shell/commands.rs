@@ -17,6 +17,11 @@ impl Agent {
         if self.coolant_topic.as_ref() == Some(&msg.topic) {
             if let Message::CduState(st) = &msg.frame.message {
                 let now = now_ms();
+                let cdu = self.config.cdu.as_ref().expect("a coolant topic has a CDU");
+                if let Err(why) = crate::commands::check_cdu_state(cdu, &msg.frame, now) {
+                    tracing::warn!("cooling context not taken: {why}");
+                    return;
+                }
                 let rack_lost = self.config.rack.is_some_and(|r| {
                     st.racks
                         .iter()

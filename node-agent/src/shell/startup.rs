@@ -146,8 +146,12 @@ pub(super) async fn restore_leases(
     // Leases that were in force before a restart, if still valid.
     let ranges: Vec<GpuRange> = gpus.iter().map(|g| g.range).collect();
     let own_cmd = Topic::new(&config.site, Role::Host, &config.host, Family::Cmd);
-    let mut core =
-        CommandCore::with_limits(own_cmd, ranges, config.keys.clone(), config.lease_limits);
+    let mut core = CommandCore::with_limits(
+        own_cmd,
+        ranges,
+        config.authority.clone(),
+        config.lease_limits,
+    );
     let mut logged_leases = Vec::new();
     log.for_each(|r| {
         if r.kind == MessageKind::CapLease as u8 || r.kind == MessageKind::QuarantineRelease as u8 {
@@ -238,6 +242,7 @@ pub(super) fn start_bus(
     let node = NodeId::new(Role::Host, config.host.as_str()).expect("host is an ident");
     let mut bus_config = BusConfig::new(broker.clone(), config.site.clone(), node.clone());
     bus_config.credentials = config.credentials.clone();
+    bus_config.tls = config.tls.clone();
     bus_config.first_seq = first_seq;
     let coolant_topic = config
         .cdu
@@ -261,11 +266,11 @@ pub(super) fn start_bus(
     );
     if config.demo_key {
         tracing::warn!(
-            "commands are checked against the public demonstration key (twin GPUs, no keys file)"
+            "commands are checked against the public demonstration key (twin GPUs, no keyring)"
         );
-    } else if config.keys.is_empty() {
+    } else if config.authority.signers.is_empty() {
         tracing::warn!(
-            "no keys file: every command (cap lease, quarantine release) will be refused as unauthenticated"
+            "no keyring: every command (cap lease, quarantine release) will be refused as unauthenticated"
         );
     }
     Ok(BusParts {

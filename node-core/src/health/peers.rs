@@ -217,9 +217,10 @@ impl HealthEngine {
             peers.samples().filter(|q| runs_hot(q, &limits)).count() + usize::from(hot_now);
         let all = peers.n + 1;
         let host_hot = all >= 2 && hot_count * 2 > all;
-        let loop_trouble = self.coolant.is_some_and(|c| c.state != LoopState::Normal);
+        let coolant = self.fresh_coolant(t);
+        let loop_trouble = coolant.is_some_and(|c| c.state != LoopState::Normal);
 
-        let supply = self.coolant.and_then(|c| c.supply_c);
+        let supply = coolant.and_then(|c| c.supply_c);
         let excess = thermal_excess(&peers, o, supply, &p);
         PeerView {
             hot_now,

@@ -1,0 +1,270 @@
+//! TLS to the broker: the site's CA, the device's certificate and key, and
+//! the broker's name checked.
+//!
+//! Every client of the bus (both agents and `lwbus`) takes the same four
+//! settings: `tls_ca` (PEM, the CA that signed the broker's certificate),
+//! `tls_cert` and `tls_key` (PEM, this device's identity; the broker takes
+//! the certificate's CN as the user name), and `tls_server_name`, the name
+//! the broker's certificate must carry when it differs from the host in
+//! `broker` (an address, say). TLS 1.2 and 1.3 only, with the ring
+//! provider; the broker's chain and name are always checked.
+//!
+//! Glossary:
+//! - *CA*: certificate authority; here the site's own (`lwbus pki init`)
+//!   or the site's existing PKI.
+//! - *server name*: the DNS name or address the broker's certificate must
+//!   name (its subject alternative names).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::WebPkiServerVerifier;
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+
+/// Where the TLS files are, as configured.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The CA certificate(s), PEM.
+    pub ca: PathBuf,
+    /// This device's certificate (chain), PEM, with its key.
+    pub cert: Option<PathBuf>,
+    /// This device's private key, PEM (PKCS#8, SEC1 or PKCS#1).
+    pub key: Option<PathBuf>,
+    /// The name the broker's certificate must carry; default: the host
+    /// of the broker address.
+    pub server_name: Option<String>,
+}
+
+/// TLS settings, loaded and checked: ready for every connection.
+#[derive(Clone)]
+pub struct Tls {
+    /// The rustls configuration.
+    pub config: Arc<ClientConfig>,
+    /// The files it came from.
+    pub files: TlsFiles,
+}
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tls {:?}", self.files)
+    }
+}
+
+/// The TLS flags of a command-line tool.
+#[derive(Debug, Default, Clone, clap::Args)]
+pub struct TlsArgs {
+    /// CA certificate (PEM) that signed the broker's: connect with TLS.
+    #[arg(long)]
+    pub tls_ca: Option<PathBuf>,
+    /// This client's certificate (PEM).
+    #[arg(long, requires = "tls_ca", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// This client's private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// The name the broker's certificate must carry, if not the broker's
+    /// host.
+    #[arg(long, requires = "tls_ca")]
+    pub tls_server_name: Option<String>,
+}
+
+impl TlsArgs {
+    /// The settings, loaded; `None` without `--tls-ca`.
+    pub fn load(&self) -> Result<Option<Tls>, String> {
+        let Some(ca) = self.tls_ca.clone() else {
+            return Ok(None);
+        };
+        Tls::load(TlsFiles {
+            ca,
+            cert: self.tls_cert.clone(),
+            key: self.tls_key.clone(),
+            server_name: self.tls_server_name.clone(),
+        })
+        .map(Some)
+    }
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn certs(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+    let at = |e: &dyn std::fmt::Display| format!("{what} {}: {e}", path.display());
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(|e| at(&e))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| at(&e))?;
+    if certs.is_empty() {
+        return Err(at(&"holds no PEM certificate"));
+    }
+    Ok(certs)
+}
+
+/// A private key file, refused if others can read it.
+fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
+    crate::keys::check_private(path, "TLS key")?;
+    PrivateKeyDer::from_pem_file(path).map_err(|e| match e {
+        rustls::pki_types::pem::Error::NoItemsFound => {
+            format!("TLS key {}: holds no PEM private key", path.display())
+        }
+        e => format!("TLS key {}: {e}", path.display()),
+    })
+}
+
+impl Tls {
+    /// Reads and checks the files: the CA parses, the certificate and key
+    /// belong together, the server name is a name or an address.
+    pub fn load(files: TlsFiles) -> Result<Tls, String> {
+        let mut roots = RootCertStore::empty();
+        for c in certs(&files.ca, "TLS CA")? {
+            roots
+                .add(c)
+                .map_err(|e| format!("TLS CA {}: {e}", files.ca.display()))?;
+        }
+        let provider = provider();
+        let builder = ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("TLS: {e}"))?;
+        let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
+            .build()
+            .map_err(|e| format!("TLS CA {}: {e}", files.ca.display()))?;
+        let builder = match &files.server_name {
+            Some(name) => {
+                let name = ServerName::try_from(name.clone()).map_err(|_| {
+                    format!("tls_server_name {name:?} is not a DNS name or address")
+                })?;
+                builder
+                    .dangerous()
+                    .with_custom_certificate_verifier(Arc::new(Named {
+                        inner: webpki,
+                        name,
+                    }))
+            }
+            None => builder.with_webpki_verifier(webpki),
+        };
+        let config = match (&files.cert, &files.key) {
+            (Some(cert), Some(key)) => builder
+                .with_client_auth_cert(certs(cert, "TLS certificate")?, private_key(key)?)
+                .map_err(|e| {
+                    format!(
+                        "TLS certificate {} and key {} do not go together: {e}",
+                        cert.display(),
+                        key.display()
+                    )
+                })?,
+            (None, None) => builder.with_no_client_auth(),
+            (Some(_), None) => return Err("tls_cert is given without tls_key".into()),
+            (None, Some(_)) => return Err("tls_key is given without tls_cert".into()),
+        };
+        Ok(Tls {
+            config: Arc::new(config),
+            files,
+        })
+    }
+}
+
+/// The web PKI verifier, checking a configured name instead of the host
+/// connected to.
+#[derive(Debug)]
+struct Named {
+    inner: Arc<WebPkiServerVerifier>,
+    name: ServerName<'static>,
+}
+
+impl ServerCertVerifier for Named {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _connected_to: &ServerName<'_>,
+        ocsp: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        self.inner
+            .verify_server_cert(end_entity, intermediates, &self.name, ocsp, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, name: &str, text: &str, mode: u32) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+        p
+    }
+
+    #[test]
+    fn bad_files_say_what_is_wrong_and_where() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let other = rcgen::generate_simple_self_signed(vec!["h01".into()]).unwrap();
+        let ca_path = write(dir.path(), "ca.crt", &ca.cert.pem(), 0o644);
+        let files = |cert: Option<PathBuf>, key: Option<PathBuf>| TlsFiles {
+            ca: ca_path.clone(),
+            cert,
+            key,
+            server_name: None,
+        };
+        assert!(Tls::load(files(None, None)).is_ok());
+        let empty = write(dir.path(), "empty.crt", "", 0o644);
+        let e = Tls::load(TlsFiles {
+            ca: empty,
+            ..files(None, None)
+        })
+        .unwrap_err();
+        assert!(
+            e.contains("TLS CA") && e.contains("no PEM certificate"),
+            "{e}"
+        );
+        let cert = write(dir.path(), "h01.crt", &ca.cert.pem(), 0o644);
+        let key = write(
+            dir.path(),
+            "h01.key",
+            &other.key_pair.serialize_pem(),
+            0o600,
+        );
+        let e = Tls::load(files(Some(cert.clone()), Some(key))).unwrap_err();
+        assert!(e.contains("do not go together"), "{e}");
+        let open = write(dir.path(), "open.key", &ca.key_pair.serialize_pem(), 0o644);
+        let e = Tls::load(files(Some(cert.clone()), Some(open))).unwrap_err();
+        assert!(e.contains("readable by others"), "{e}");
+        let good = write(dir.path(), "good.key", &ca.key_pair.serialize_pem(), 0o600);
+        assert!(Tls::load(files(Some(cert), Some(good))).is_ok());
+        let e = Tls::load(TlsFiles {
+            server_name: Some("not a name!".into()),
+            ..files(None, None)
+        })
+        .unwrap_err();
+        assert!(e.contains("tls_server_name"), "{e}");
+    }
+}
