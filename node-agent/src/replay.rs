@@ -324,6 +324,18 @@ fn write_outputs(
                 time.0
             )
             .map_err(write_error)?,
+            Output::HostStall { time, since, gpus } => writeln!(
+                notes,
+                "t={} ms: every GPU ({gpus:#06x}) silent together since t={} ms: a host stall; no GPU is marked for it",
+                time.0, since.0
+            )
+            .map_err(write_error)?,
+            Output::HostStallEnded { time, since } => writeln!(
+                notes,
+                "t={} ms: the GPUs answer again after the stall since t={} ms",
+                time.0, since.0
+            )
+            .map_err(write_error)?,
         }
     }
     Ok(())

@@ -251,7 +251,9 @@ fn raised(outs: &[Output]) -> Vec<String> {
                 "gpu {} {:?} at {} ({}: {})",
                 c.gpu, c.to, c.time.0, c.reason, c.evidence
             )),
-            Output::CoolingAttributed { .. } => None,
+            Output::CoolingAttributed { .. }
+            | Output::HostStall { .. }
+            | Output::HostStallEnded { .. } => None,
         })
         .collect()
 }

@@ -393,7 +393,8 @@ fn nvlink_and_unresponsive() -> Case {
         Expect::new(
             "A rising NVLink replay or recovery counter quarantines at once; a CRC rate above \
              100/s for a minute is a maintenance flag, a trickle or a short burst is not; three \
-             missed samples in a row mean the GPU is stuck, fewer do not.",
+             missed samples in a row while the other GPUs answer mean the GPU is stuck, fewer do \
+             not.",
         )
         .must(0, Quarantined, 100 * S, 103 * S)
         .must(4, Quarantined, 140 * S, 143 * S)
@@ -410,9 +411,61 @@ fn nvlink_errors_and_unresponsive() {
     assert_eq!(reason(4).as_deref(), Some("nvlink-errors"));
     assert_eq!(reason(2).as_deref(), Some("nvlink-errors"));
     assert_eq!(reason(1).as_deref(), Some("unresponsive"));
-    // The third miss in a row, not the first or second.
-    let third = run.verdicts.iter().find(|v| v.gpu == 1).unwrap().t;
-    assert!((122 * S..123 * S).contains(&third), "{third}");
+    // Its third miss after its peers answered: its first miss, before
+    // any peer had answered since, does not count, so the fourth in a row.
+    let fourth = run.verdicts.iter().find(|v| v.gpu == 1).unwrap().t;
+    assert!((123 * S..124 * S).contains(&fourth), "{fourth}");
+}
+
+// ------------------------------------------------------------ driver stalls
+
+fn driver_stall() -> Case {
+    case(
+        "every GPU misses 6 samples in the same rounds at 100 s (a driver stall), then again 4 at \
+         200 s; after the first stall GPU 6 never answers again",
+        37,
+        260,
+        |w| {
+            if w.during(100, 106) || w.during(200, 204) {
+                for g in w.gpus.iter_mut() {
+                    g.miss = true;
+                }
+            }
+            if w.at(100) {
+                w.gpus[6].down = true;
+            }
+        },
+        Expect::new(
+            "Misses that hit every GPU in the same rounds are the driver's or the host's, not N \
+             GPU faults: no GPU is quarantined for them. A GPU that stays silent once its peers \
+             answer again is quarantined after three misses of its own.",
+        )
+        .must(6, Quarantined, 106 * S, 109 * S + 500),
+    )
+}
+
+#[test]
+fn a_driver_stall_blames_no_gpu_and_one_that_stays_silent_is_quarantined() {
+    let c = driver_stall();
+    let run = check(&c);
+    assert_eq!(changes(&run, 6).len(), 1, "only GPU 6: {:?}", run.verdicts);
+    assert_eq!(changes(&run, 6)[0].reason, "unresponsive");
+    let stalls: Vec<_> = run
+        .per_record
+        .iter()
+        .flatten()
+        .filter_map(|o| match o {
+            Output::HostStall { since, .. } => Some(since.0),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        stalls.len(),
+        2,
+        "one stall each time, said once: {stalls:?}"
+    );
+    assert!((100 * S..101 * S).contains(&stalls[0]), "{stalls:?}");
+    assert!((200 * S..201 * S).contains(&stalls[1]), "{stalls:?}");
 }
 
 // ------------------------------------------------------------ PCIe, SBE
@@ -1021,6 +1074,7 @@ fn committed() -> Vec<(&'static str, Case)> {
         ("gen-fatal-xids", fatal_xids()),
         ("gen-memory-errors", memory_errors()),
         ("gen-nvlink-and-unresponsive", nvlink_and_unresponsive()),
+        ("gen-driver-stall", driver_stall()),
         ("gen-pcie-and-sbe-rates", pcie_and_sbe()),
         ("gen-hot-plate", hot_plate(true)),
         ("gen-straggler-and-slowed", straggler_and_slowed()),

@@ -15,7 +15,7 @@
 //! | quarantine | retired pages (single- plus double-bit) at or above 63 | `retired-pages-limit` |
 //! | quarantine | row remapping failed | `remap-failure` |
 //! | quarantine | an NVLink replay or recovery counter rises | `nvlink-errors` |
-//! | quarantine | `unresponsive_after` samples in a row missed | `unresponsive` |
+//! | quarantine | `unresponsive_after` samples in a row missed while the host's other GPUs answer (`silence`); all silent together is a host stall, not a GPU fault | `unresponsive` |
 //! | degraded | a page retirement or a row remap waits for a reset | `retired-pending`, `remap-pending` |
 //! | degraded | XID 92 (excessive corrected errors), or an XID whose action is drain-and-reset or "follow the recovery action" | `xid-<n>` |
 //! | degraded | PCIe replays above 8 per minute, sustained | `pcie-replay-rate` |
@@ -35,7 +35,8 @@
 //!
 //! This module holds the engine and its states; the rules on a GPU's own
 //! counters and flags are in `rules`, the thermal and straggler rules
-//! against the peers in `peers`, and the evidence text in `evidence`.
+//! against the peers in `peers`, missed samples and host stalls in
+//! `silence`, and the evidence text in `evidence`.
 //!
 //! Glossary:
 //! - *observation*: one sample of one GPU in natural units.
@@ -50,6 +51,7 @@ use loopwarden_protocol::{xid, HealthState, ReasonCode, ThrottleReasons, Timesta
 mod evidence;
 mod peers;
 mod rules;
+mod silence;
 
 use evidence::{fit, xid_words};
 pub use evidence::{fmt_time, At};
@@ -226,6 +228,23 @@ pub enum Output {
         /// `cooling-fault`.
         reason: ReasonCode,
     },
+    /// Every GPU of the host has stopped answering together: the driver
+    /// or the host stalls, no GPU is blamed (`silence`).
+    HostStall {
+        /// When the engine decided.
+        time: TimestampMs,
+        /// The first miss of the stall.
+        since: TimestampMs,
+        /// The silent GPUs (bit n = GPU n).
+        gpus: u16,
+    },
+    /// A GPU answers again: the stall is over.
+    HostStallEnded {
+        /// When.
+        time: TimestampMs,
+        /// When the stall began.
+        since: TimestampMs,
+    },
 }
 
 /// A GPU's state as the engine holds it.
@@ -246,6 +265,8 @@ struct Track {
     status: GpuStatus,
     last: Option<(u64, Observation)>,
     missed: u32,
+    /// Misses after a witness answered (`silence`).
+    own_missed: u32,
     first_miss: Option<u64>,
     last_degrade_evidence: u64,
     pcie: Window,
@@ -271,6 +292,7 @@ impl Track {
             },
             last: None,
             missed: 0,
+            own_missed: 0,
             first_miss: None,
             last_degrade_evidence: 0,
             pcie: Window::default(),
@@ -300,6 +322,8 @@ pub struct HealthEngine {
     /// (a moment after the first, so one event names every GPU of the
     /// round of samples).
     unsaid: Option<u64>,
+    /// Since when every GPU has been silent together (`silence`).
+    stall: Option<u64>,
 }
 
 impl HealthEngine {
@@ -312,6 +336,7 @@ impl HealthEngine {
             coolant: None,
             attributed: 0,
             unsaid: None,
+            stall: None,
         }
     }
 
@@ -426,34 +451,6 @@ impl HealthEngine {
             .map(|(c, _)| c)
     }
 
-    /// `gpu` did not answer its sample in time.
-    pub fn missed(&mut self, now: TimestampMs, gpu: u8) -> Vec<Output> {
-        let mut out = Vec::new();
-        let g = gpu as usize;
-        let Some(t) = self.gpus.get_mut(g) else {
-            return out;
-        };
-        t.missed += 1;
-        let first = *t.first_miss.get_or_insert(now.0);
-        let missed = t.missed;
-        if missed >= self.policy.unresponsive_after {
-            self.raise(
-                now.0,
-                g,
-                HealthState::Quarantined,
-                ReasonCode::UNRESPONSIVE,
-                || {
-                    format!(
-                        "missed {missed} samples in a row since {}: NVML does not answer",
-                        fmt_time(TimestampMs(first))
-                    )
-                },
-                &mut out,
-            );
-        }
-        out
-    }
-
     /// A sample of `gpu`. The rules run in a fixed order: the
     /// quarantine-level memory errors and NVLink faults, the pending
     /// resets, the sustained rates (`rules`), the peer rules (`peers`),
@@ -468,9 +465,11 @@ impl HealthEngine {
         let prev = {
             let tr = &mut self.gpus[g];
             tr.missed = 0;
+            tr.own_missed = 0;
             tr.first_miss = None;
             tr.last.replace((t, *o)).map(|(_, p)| p)
         };
+        self.end_stall(now, &mut out);
 
         self.memory_errors(t, g, o, prev, &mut out);
         self.nvlink_faults(t, g, o, prev, &mut out);

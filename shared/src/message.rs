@@ -235,6 +235,21 @@ pub struct HostHealth {
         schemars(with = "std::vec::Vec<GpuHealth>", length(max = 16))
     )]
     pub gpus: Vec<GpuHealth, MAX_GPUS>,
+    /// How well the agent can watch them now.
+    pub monitoring: Monitoring,
+}
+
+/// How well a host's agent can watch its GPUs: what it cannot see is
+/// said, not taken for health.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "std", derive(schemars::JsonSchema))]
+pub struct Monitoring {
+    /// Since when every GPU has been silent together (the driver or the
+    /// host stalls, no GPU is blamed); `None` while they answer.
+    pub stalled_since: Option<TimestampMs>,
+    /// Since when the XID watch has been down (restarting); `None` while
+    /// it runs.
+    pub xid_watch_down_since: Option<TimestampMs>,
 }
 
 // ---------------------------------------------------------------- events
@@ -449,6 +464,19 @@ pub enum Event {
         pumps_out: u8,
         /// The lead pump.
         lead: Pump,
+    },
+    /// Every GPU of the host stopped answering together: a driver or host
+    /// stall, not a GPU fault.
+    HostStalled {
+        /// The silent GPUs, one bit per index.
+        gpus: u16,
+        /// The first missed sample.
+        since: TimestampMs,
+    },
+    /// The host's GPUs answer again after a stall.
+    HostResumed {
+        /// When the stall began.
+        stalled_since: TimestampMs,
     },
     /// An operator cleared a latch: a rack's leak, or a pump's fault.
     OperatorCleared {

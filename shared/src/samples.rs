@@ -119,6 +119,7 @@ pub fn message(kind: MessageKind) -> Message {
                     },
                 })
                 .collect(),
+            monitoring: Monitoring::default(),
         }),
         MessageKind::Event => Message::Event(Event::Xid {
             gpu: gpu(3),

@@ -144,7 +144,10 @@ fn the_largest_messages_fit_a_frame() {
         sender: sender.clone(),
         seq: u32::MAX,
         time: TimestampMs(u64::MAX),
-        message: Message::HostHealth(HostHealth { gpus }),
+        message: Message::HostHealth(HostHealth {
+            gpus,
+            monitoring: Default::default(),
+        }),
     };
     let len = f.to_vec().unwrap().len();
     assert!(len <= MAX_FRAME_LEN, "largest health frame is {len} bytes");

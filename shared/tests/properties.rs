@@ -232,6 +232,13 @@ fn event() -> impl Strategy<Value = Event> {
                 pump,
                 operator
             }),
+        (any::<u16>(), any::<u64>()).prop_map(|(gpus, since)| Event::HostStalled {
+            gpus,
+            since: TimestampMs(since)
+        }),
+        any::<u64>().prop_map(|t| Event::HostResumed {
+            stalled_since: TimestampMs(t)
+        }),
     ]
 }
 
@@ -259,7 +266,21 @@ fn message() -> impl Strategy<Value = Message> {
                 }
             )
         )
-        .prop_map(|gpus| Message::HostHealth(HostHealth { gpus })),
+        .prop_flat_map(|gpus| {
+            (
+                proptest::option::of(any::<u64>()),
+                proptest::option::of(any::<u64>()),
+            )
+                .prop_map(move |(stalled, xid_down)| {
+                    Message::HostHealth(HostHealth {
+                        gpus: gpus.clone(),
+                        monitoring: Monitoring {
+                            stalled_since: stalled.map(TimestampMs),
+                            xid_watch_down_since: xid_down.map(TimestampMs),
+                        },
+                    })
+                })
+        }),
         event().prop_map(Message::Event),
         (
             any::<u32>(),

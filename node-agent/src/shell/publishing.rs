@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use loopwarden_protocol::{
     Event, GpuFlags, GpuHealth, GpuTelemetry, HostHealth, HostTelemetry, Message, MessageKind,
-    Text, TimestampMs, MAX_FRAME_LEN,
+    Monitoring, Text, TimestampMs, MAX_FRAME_LEN,
 };
 
 use super::Agent;
@@ -78,6 +78,10 @@ impl Agent {
     pub(super) fn publish_health(&mut self, now: TimestampMs) {
         let mut health = HostHealth {
             gpus: heapless::Vec::new(),
+            monitoring: Monitoring {
+                stalled_since: self.health.stalled_since(),
+                xid_watch_down_since: None,
+            },
         };
         for i in 0..self.gpus.len() {
             let _ = health.gpus.push(self.gpu_health(i));

@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use super::{health_key, Agent, RECENT_XIDS};
 use crate::actions;
 use crate::gpu::XidReport;
-use crate::health::Output;
+use crate::health::{fmt_time, Output};
 
 impl Agent {
     pub(super) async fn on_xid(&mut self, x: XidReport) {
@@ -82,6 +82,29 @@ impl Agent {
                     );
                     self.emit(Event::CoolingAttributed { gpus, reason }, now)
                         .await;
+                }
+                Output::HostStall { since, gpus, .. } => {
+                    tracing::error!(
+                        "every GPU (mask {gpus:#06x}) stopped answering together since {}: \
+                         a driver or host stall, no GPU is blamed",
+                        fmt_time(since)
+                    );
+                    self.publish_health(now);
+                    self.emit(Event::HostStalled { gpus, since }, now).await;
+                }
+                Output::HostStallEnded { since, .. } => {
+                    tracing::warn!(
+                        "the GPUs answer again after a stall since {}",
+                        fmt_time(since)
+                    );
+                    self.publish_health(now);
+                    self.emit(
+                        Event::HostResumed {
+                            stalled_since: since,
+                        },
+                        now,
+                    )
+                    .await;
                 }
             }
         }

@@ -765,6 +765,7 @@ pub fn run_engine(trace: &Trace, policy: Policy) -> Run {
                 Output::CoolingAttributed { time, gpus, .. } => {
                     run.attributions.push((time.0, *gpus))
                 }
+                Output::HostStall { .. } | Output::HostStallEnded { .. } => {}
             }
         }
         run.per_record.push(outs);
@@ -791,6 +792,7 @@ pub fn run_replay(trace: &Trace, policy: Policy) -> Run {
     // "t=1234 ms: the cooling explains the heat of GPUs 0x0080; ..."
     let attributions = notes
         .lines()
+        .filter(|l| l.contains("the cooling explains"))
         .map(|l| {
             let t = l
                 .strip_prefix("t=")

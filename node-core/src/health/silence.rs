@@ -1,0 +1,267 @@
+//! Missed samples: a GPU that stops answering, or a host whose driver
+//! stalls.
+//!
+//! When the driver or the host stalls, every GPU misses its samples in
+//! the same rounds. That is not N GPU faults, and quarantining all eight
+//! GPUs of a host for it would take a healthy host out of service. So a
+//! GPU's miss counts against it only when a *witness* answered after the
+//! GPU fell silent: then the driver works and this GPU does not. While
+//! every GPU is silent together for `unresponsive_after` rounds, the host
+//! is *stalled*. That is reported once as the host's monitoring state
+//! ([`Output::HostStall`]) and ended when any GPU answers again
+//! ([`Output::HostStallEnded`]). A GPU that stays silent after its peers
+//! came back is quarantined after `unresponsive_after` misses of its own.
+//!
+//! The first miss of a lone silent GPU counts against it only if a
+//! witness has already answered since, so at a 1 s period a GPU that
+//! falls silent alone is quarantined about one period later than a plain
+//! count of misses would quarantine it.
+//!
+//! Glossary:
+//! - *witness*: another GPU of the host that is not quarantined; a host
+//!   with none (one GPU, or all the others out) counts every miss.
+//! - *own miss*: a miss after a witness answered since the GPU's streak
+//!   began.
+//! - *stall*: every non-quarantined GPU silent, one of them for at least
+//!   `unresponsive_after` misses.
+
+use loopwarden_protocol::{HealthState, ReasonCode, TimestampMs};
+
+use super::{fmt_time, HealthEngine, Output};
+
+impl HealthEngine {
+    /// `gpu` did not answer its sample in time (a timeout or an error).
+    pub fn missed(&mut self, now: TimestampMs, gpu: u8) -> Vec<Output> {
+        let mut out = Vec::new();
+        let g = gpu as usize;
+        if g >= self.gpus.len() {
+            return out;
+        }
+        let t = now.0;
+        let first = {
+            let tr = &mut self.gpus[g];
+            tr.missed += 1;
+            *tr.first_miss.get_or_insert(t)
+        };
+        if self.witnessed_since(g, first) {
+            self.gpus[g].own_missed += 1;
+        }
+        let own = self.gpus[g].own_missed;
+        if own >= self.policy.unresponsive_after {
+            self.raise(
+                t,
+                g,
+                HealthState::Quarantined,
+                ReasonCode::UNRESPONSIVE,
+                || {
+                    format!(
+                        "missed {own} samples in a row since {} while the host's other GPUs answered: NVML does not answer for it",
+                        fmt_time(TimestampMs(first))
+                    )
+                },
+                &mut out,
+            );
+        }
+        self.begin_stall(now, &mut out);
+        out
+    }
+
+    /// Whether `g`'s misses since `first` are its own: a witness answered
+    /// at or after `first`, or it has no witness.
+    fn witnessed_since(&self, g: usize, first: u64) -> bool {
+        let mut witnesses = self
+            .gpus
+            .iter()
+            .enumerate()
+            .filter(|(i, tr)| *i != g && tr.status.state != HealthState::Quarantined)
+            .peekable();
+        if witnesses.peek().is_none() {
+            return true;
+        }
+        witnesses.any(|(_, tr)| tr.last.is_some_and(|(at, _)| at >= first))
+    }
+
+    /// A stall begins when every non-quarantined GPU is silent and one of
+    /// them has missed `unresponsive_after` samples.
+    fn begin_stall(&mut self, now: TimestampMs, out: &mut Vec<Output>) {
+        if self.stall.is_some() {
+            return;
+        }
+        let live: Vec<_> = self
+            .gpus
+            .iter()
+            .filter(|tr| tr.status.state != HealthState::Quarantined)
+            .collect();
+        let all_silent = live.len() >= 2 && live.iter().all(|tr| tr.missed > 0);
+        let long = live
+            .iter()
+            .any(|tr| tr.missed >= self.policy.unresponsive_after);
+        if all_silent && long {
+            let since = live
+                .iter()
+                .filter_map(|tr| tr.first_miss)
+                .min()
+                .unwrap_or(now.0);
+            let gpus = self
+                .gpus
+                .iter()
+                .enumerate()
+                .filter(|(_, tr)| tr.missed > 0)
+                .fold(0u16, |m, (i, _)| m | 1 << i);
+            self.stall = Some(since);
+            out.push(Output::HostStall {
+                time: now,
+                since: TimestampMs(since),
+                gpus,
+            });
+        }
+    }
+
+    /// A GPU answered: a stall, if any, is over.
+    pub(super) fn end_stall(&mut self, now: TimestampMs, out: &mut Vec<Output>) {
+        if let Some(since) = self.stall.take() {
+            out.push(Output::HostStallEnded {
+                time: now,
+                since: TimestampMs(since),
+            });
+        }
+    }
+
+    /// Since when the host has been stalled, if it is.
+    pub fn stalled_since(&self) -> Option<TimestampMs> {
+        self.stall.map(TimestampMs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::health::{Limits, Observation, Policy};
+
+    fn engine(gpus: usize) -> HealthEngine {
+        let limits = Limits {
+            max_operating_c: 87.0,
+        };
+        HealthEngine::new(gpus, limits, Policy::default(), TimestampMs(0))
+    }
+
+    fn ok() -> Observation {
+        Observation {
+            temp: 60.0,
+            power: 500.0,
+            power_limit: 700.0,
+            sm_clock: 1980.0,
+            util: 95.0,
+            ..Default::default()
+        }
+    }
+
+    /// One round at second `s`: the GPUs in `silent` miss, the others
+    /// answer, in index order as the shell feeds them.
+    fn round(e: &mut HealthEngine, s: u64, silent: &[u8]) -> Vec<Output> {
+        let mut out = Vec::new();
+        for g in 0..e.len() as u8 {
+            let now = TimestampMs(s * 1000 + 5 + u64::from(g));
+            if silent.contains(&g) {
+                out.extend(e.missed(now, g));
+            } else {
+                out.extend(e.sample(now, g, &ok()));
+            }
+        }
+        out
+    }
+
+    fn quarantined(e: &HealthEngine) -> Vec<u8> {
+        (0..e.len() as u8)
+            .filter(|g| e.status(*g).unwrap().state == HealthState::Quarantined)
+            .collect()
+    }
+
+    #[test]
+    fn a_stall_of_every_gpu_quarantines_none_and_is_the_hosts() {
+        let mut e = engine(8);
+        let all: Vec<u8> = (0..8).collect();
+        let mut outs = round(&mut e, 1, &[]);
+        for s in 2..10 {
+            outs.extend(round(&mut e, s, &all));
+        }
+        assert!(quarantined(&e).is_empty(), "{outs:?}");
+        let stalls: Vec<_> = outs
+            .iter()
+            .filter(|o| matches!(o, Output::HostStall { .. }))
+            .collect();
+        assert_eq!(stalls.len(), 1, "said once: {outs:?}");
+        assert!(matches!(
+            stalls[0],
+            Output::HostStall {
+                since: TimestampMs(2005),
+                gpus: 0xff,
+                ..
+            }
+        ));
+        assert_eq!(e.stalled_since(), Some(TimestampMs(2005)));
+        let back = round(&mut e, 10, &[]);
+        assert!(back.contains(&Output::HostStallEnded {
+            time: TimestampMs(10_005),
+            since: TimestampMs(2005)
+        }));
+        assert_eq!(e.stalled_since(), None);
+    }
+
+    #[test]
+    fn a_gpu_that_stays_silent_after_the_stall_is_quarantined() {
+        let mut e = engine(4);
+        round(&mut e, 1, &[]);
+        for s in 2..8 {
+            round(&mut e, s, &[0, 1, 2, 3]);
+        }
+        // The others come back; GPU 2 never does.
+        round(&mut e, 8, &[2]);
+        round(&mut e, 9, &[2]);
+        assert!(quarantined(&e).is_empty(), "two misses of its own so far");
+        let outs = round(&mut e, 10, &[2]);
+        assert_eq!(quarantined(&e), vec![2], "{outs:?}");
+        let st = e.status(2).unwrap();
+        assert!(st.evidence.contains("missed 3 samples"), "{}", st.evidence);
+    }
+
+    #[test]
+    fn a_lone_silent_gpu_is_quarantined_one_round_after_three_misses() {
+        let mut e = engine(8);
+        round(&mut e, 1, &[]);
+        for s in 2..5 {
+            round(&mut e, s, &[5]);
+        }
+        assert!(
+            quarantined(&e).is_empty(),
+            "its first miss is not yet its own"
+        );
+        round(&mut e, 5, &[5]);
+        assert_eq!(quarantined(&e), vec![5]);
+        assert_eq!(e.stalled_since(), None, "never a stall");
+    }
+
+    #[test]
+    fn staggered_recovery_after_a_stall_is_no_fault() {
+        let mut e = engine(4);
+        round(&mut e, 1, &[]);
+        for s in 2..8 {
+            round(&mut e, s, &[0, 1, 2, 3]);
+        }
+        round(&mut e, 8, &[1, 3]);
+        round(&mut e, 9, &[3]);
+        round(&mut e, 10, &[]);
+        assert!(quarantined(&e).is_empty());
+    }
+
+    #[test]
+    fn a_single_gpu_host_counts_every_miss() {
+        let mut e = engine(1);
+        round(&mut e, 1, &[]);
+        for s in 2..5 {
+            round(&mut e, s, &[0]);
+        }
+        assert_eq!(quarantined(&e), vec![0]);
+        assert_eq!(e.stalled_since(), None);
+    }
+}
