@@ -60,6 +60,7 @@ mod limits;
 mod publishing;
 mod quarantine;
 mod sampling;
+pub use sampling::observation;
 mod snapshot;
 mod startup;
 

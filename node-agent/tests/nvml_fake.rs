@@ -12,6 +12,9 @@
 //! - a power limit set in watts reaches NVML in milliwatts and reads back;
 //! - a GPU whose NVML call hangs times out on its own while the other GPUs
 //!   keep answering, and answers again once the call returns;
+//! - when every GPU's call hangs for six rounds (a driver stall), the
+//!   health engine fed as the agent feeds it quarantines none and reports
+//!   a host stall; the one GPU that stays hung afterwards is quarantined;
 //! - XID events reach the agent, and a GPU that cannot be registered for
 //!   them is reported;
 //! - NVML's clock-event bits map onto the bus's throttle reasons.
@@ -813,6 +816,88 @@ async fn a_hanging_gpu_times_out_alone_and_answers_once_released() {
         .expect("GPU 1 answers again");
     assert_eq!(s.temp, WholeCelsius(70));
     assert_eq!(fake.calls(1, GET_TEMPERATURE), 2);
+}
+
+/// One sampling round as the agent runs it: every worker sampled at once,
+/// each answer or miss fed to `engine` in index order at one time.
+async fn round_into(
+    workers: &[Worker],
+    engine: &mut node_agent::health::HealthEngine,
+    t_ms: u64,
+) -> Vec<node_agent::health::Output> {
+    let deadline = Duration::from_millis(50);
+    let results = futures::future::join_all(workers.iter().map(|w| w.sample(deadline))).await;
+    let now = loopwarden_protocol::TimestampMs(t_ms);
+    let mut outs = Vec::new();
+    for (i, r) in results.into_iter().enumerate() {
+        outs.extend(match r {
+            Ok(s) => engine.sample(now, i as u8, &node_agent::shell::observation(&s)),
+            Err(_) => engine.missed(now, i as u8),
+        });
+    }
+    outs
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_stall_of_six_rounds_quarantines_no_gpu_and_one_left_hung_is() {
+    use loopwarden_protocol::HealthState;
+    use node_agent::health::{HealthEngine, Limits, Output, Policy};
+
+    let mut hanging = Answers::healthy();
+    hanging.temperature_hangs = true;
+    // No errors, flags or link counters: nothing but the stall to judge.
+    hanging.ecc_total.insert((false, true), Ok(0));
+    hanging.fields = [(fi::MEMORY_TEMP, Ok(70))].into_iter().collect();
+    let fake = FakeNvml::new(vec![hanging.clone(); 4]);
+    let _release = OpenOnDrop(fake.clone());
+    let api = Arc::new(fake.clone());
+    let workers: Vec<Worker> = (0..4u8)
+        .map(|i| Worker::spawn(i, Box::new(NvmlGpu::new(api.clone(), u32::from(i)))).unwrap())
+        .collect();
+    let limits = Limits {
+        max_operating_c: 87.0,
+    };
+    let mut engine = HealthEngine::new(
+        4,
+        limits,
+        Policy::default(),
+        loopwarden_protocol::TimestampMs(0),
+    );
+    let mut outs = Vec::new();
+    // A round with every GPU answering, then six with every call hung.
+    outs.extend(round_into(&workers, &mut engine, 1_000).await);
+    fake.set_gate(true);
+    for r in 2..8 {
+        outs.extend(round_into(&workers, &mut engine, r * 1_000).await);
+    }
+    let state = |e: &HealthEngine, g: u8| e.status(g).unwrap().state;
+    assert!(
+        (0..4).all(|g| state(&engine, g) == HealthState::Healthy),
+        "{outs:?}"
+    );
+    assert!(engine.stalled_since().is_some(), "a host stall: {outs:?}");
+    // The driver comes back for GPUs 0, 1 and 3; GPU 2 stays hung.
+    for g in [0, 1, 3] {
+        fake.set(g, |a| a.temperature_hangs = false);
+    }
+    fake.set_gate(false);
+    assert!(eventually(Duration::from_secs(5), || {
+        workers
+            .iter()
+            .all(|w| !w.is_stuck(Duration::from_millis(50)))
+    }));
+    fake.set_gate(true);
+    for r in 8..13 {
+        outs.extend(round_into(&workers, &mut engine, r * 1_000).await);
+    }
+    assert_eq!(engine.stalled_since(), None);
+    assert!(outs
+        .iter()
+        .any(|o| matches!(o, Output::HostStallEnded { .. })));
+    assert_eq!(state(&engine, 2), HealthState::Quarantined, "{outs:?}");
+    for g in [0, 1, 3] {
+        assert_eq!(state(&engine, g), HealthState::Healthy);
+    }
 }
 
 // --- Partly supported groups -------------------------------------------

@@ -132,7 +132,7 @@ impl Agent {
 }
 
 /// A sample as the health engine reads it.
-fn observation(s: &GpuSample) -> Observation {
+pub fn observation(s: &GpuSample) -> Observation {
     Observation {
         temp: f64::from(s.temp.0),
         power: f64::from(s.power.0),
