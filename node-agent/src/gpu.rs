@@ -79,6 +79,18 @@ pub struct XidReport {
     pub xid: u16,
 }
 
+/// What an XID watch delivers: the XIDs, and its own state, so that a
+/// watch that died is seen and said rather than read as "no XIDs".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum XidEvent {
+    /// An XID.
+    Xid(XidReport),
+    /// The watch stopped (why); it is being restarted.
+    WatchDown(String),
+    /// The watch runs again after a restart.
+    WatchUp,
+}
+
 /// Why a GPU call failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GpuError {
@@ -150,10 +162,12 @@ pub trait GpuSource {
     /// Every GPU of the host, in index order.
     fn devices(&mut self) -> Result<Vec<Box<dyn GpuDevice>>, GpuError>;
     /// Starts delivering XID events to `sink` from a thread of the
-    /// source's own (a blocking wait, never on the agent's runtime).
-    /// Returns which GPUs could not be registered, and why.
+    /// source's own (a blocking wait, never on the agent's runtime), and
+    /// keeps the watch running: a watch that ends is said
+    /// ([`XidEvent::WatchDown`]) and restarted. Returns which GPUs could
+    /// not be registered, and why.
     fn watch_xids(
         &mut self,
-        sink: std::sync::mpsc::Sender<XidReport>,
+        sink: std::sync::mpsc::Sender<XidEvent>,
     ) -> Result<Vec<(u8, GpuError)>, GpuError>;
 }

@@ -19,7 +19,7 @@ use loopwarden_protocol::{
 };
 use loopwarden_twin::hall::Hall;
 
-use crate::gpu::{GpuDevice, GpuError, GpuInfo, GpuSample, GpuSource, XidReport};
+use crate::gpu::{GpuDevice, GpuError, GpuInfo, GpuSample, GpuSource, XidEvent, XidReport};
 
 /// One host's GPUs in a shared hall.
 pub struct HallSource {
@@ -60,7 +60,7 @@ impl GpuSource for HallSource {
             .collect())
     }
 
-    fn watch_xids(&mut self, sink: Sender<XidReport>) -> Result<Vec<(u8, GpuError)>, GpuError> {
+    fn watch_xids(&mut self, sink: Sender<XidEvent>) -> Result<Vec<(u8, GpuError)>, GpuError> {
         let hall = self.hall.clone();
         let (first, count) = (self.first, self.count);
         let stop = self.stop.clone();
@@ -75,10 +75,10 @@ impl GpuSource for HallSource {
                             let now = h.gpus()[first + k].shut_down;
                             if now && !*was {
                                 *was = true;
-                                let _ = sink.send(XidReport {
+                                let _ = sink.send(XidEvent::Xid(XidReport {
                                     gpu: k as u8,
                                     xid: 79,
-                                });
+                                }));
                             }
                         }
                     }
@@ -240,7 +240,7 @@ mod tests {
         let mut gpus = src.devices().unwrap();
         steps(&h, 10);
         let x = rx.recv_timeout(Duration::from_secs(5)).expect("an XID");
-        assert_eq!(x, XidReport { gpu: 2, xid: 79 });
+        assert_eq!(x, XidEvent::Xid(XidReport { gpu: 2, xid: 79 }));
         assert_eq!(gpus[2].sample(), Err(GpuError::Lost));
         assert!(gpus[1].sample().is_ok());
     }

@@ -29,7 +29,7 @@ use loopwarden_protocol::{
     WholeCelsius,
 };
 
-use crate::gpu::{GpuDevice, GpuError, GpuInfo, GpuSample, GpuSource, XidReport};
+use crate::gpu::{GpuDevice, GpuError, GpuInfo, GpuSample, GpuSource, XidEvent, XidReport};
 
 /// An NVML answer other than success.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -206,7 +206,7 @@ impl<A: NvmlApi> GpuSource for NvmlSource<A> {
             .collect())
     }
 
-    fn watch_xids(&mut self, sink: Sender<XidReport>) -> Result<Vec<(u8, GpuError)>, GpuError> {
+    fn watch_xids(&mut self, sink: Sender<XidEvent>) -> Result<Vec<(u8, GpuError)>, GpuError> {
         let count = self
             .api
             .device_count()
@@ -218,23 +218,7 @@ impl<A: NvmlApi> GpuSource for NvmlSource<A> {
         let stop = self.stop.clone();
         std::thread::Builder::new()
             .name("nvml-xid".into())
-            .spawn(move || {
-                let mut registered = |gpu: u32, r: NvmlResult<()>| {
-                    let _ = reg_tx.send(Some((gpu, r)));
-                };
-                let mut deliver = |gpu: u32, xid: u64| {
-                    let report = XidReport {
-                        gpu: gpu as u8,
-                        xid: xid.min(u16::MAX as u64) as u16,
-                    };
-                    let _ = sink.send(report);
-                };
-                let outcome = api.watch_xids(&gpus, &mut registered, &mut deliver, &stop);
-                if let Err(e) = &outcome {
-                    tracing::error!("NVML XID event wait ended: {e:?}; XIDs are no longer seen");
-                }
-                let _ = reg_tx.send(None);
-            })
+            .spawn(move || keep_watching(&*api, &gpus, &sink, &reg_tx, &stop))
             .map_err(|e| GpuError::Failed {
                 what: "XID thread",
                 detail: e.to_string(),
@@ -259,6 +243,76 @@ impl<A: NvmlApi> GpuSource for NvmlSource<A> {
             }
         }
         Ok(refused)
+    }
+}
+
+/// The first wait after a watch ended; it doubles up to [`WATCH_RETRY_MAX`].
+pub const WATCH_RETRY_FIRST: std::time::Duration = std::time::Duration::from_secs(1);
+/// The longest wait between restarts of the XID watch.
+pub const WATCH_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Runs the XID watch until `stop`, restarting it with backoff whenever it
+/// ends: each end is sent as [`XidEvent::WatchDown`], each restart whose
+/// registrations all answered as [`XidEvent::WatchUp`]. The first
+/// registration answers go to `first_registrations` (then `None` if the
+/// first watch ended).
+fn keep_watching<A: NvmlApi>(
+    api: &A,
+    gpus: &[u32],
+    sink: &Sender<XidEvent>,
+    first_registrations: &Sender<Option<(u32, NvmlResult<()>)>>,
+    stop: &AtomicBool,
+) {
+    let mut wait = WATCH_RETRY_FIRST;
+    let mut restarts = 0u32;
+    while !stop.load(Ordering::Relaxed) {
+        let mut answered = 0;
+        let mut registered = |gpu: u32, r: NvmlResult<()>| {
+            answered += 1;
+            if restarts == 0 {
+                let _ = first_registrations.send(Some((gpu, r)));
+            } else if answered == gpus.len() {
+                let _ = sink.send(XidEvent::WatchUp);
+            }
+        };
+        let mut deliver = |gpu: u32, xid: u64| {
+            let report = XidReport {
+                gpu: gpu as u8,
+                xid: xid.min(u16::MAX as u64) as u16,
+            };
+            let _ = sink.send(XidEvent::Xid(report));
+        };
+        let began = std::time::Instant::now();
+        let outcome = api.watch_xids(gpus, &mut registered, &mut deliver, stop);
+        if restarts == 0 {
+            let _ = first_registrations.send(None);
+        }
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let why = match outcome {
+            Err(e) => format!("{e:?}"),
+            Ok(()) => "the event wait returned".into(),
+        };
+        tracing::error!("NVML XID watch ended ({why}); restarting it in {wait:?}");
+        if sink.send(XidEvent::WatchDown(why)).is_err() {
+            return;
+        }
+        // A watch that ran for a while earns a quick restart.
+        if began.elapsed() > WATCH_RETRY_MAX {
+            wait = WATCH_RETRY_FIRST;
+        }
+        sleep_unless(stop, wait);
+        wait = (wait * 2).min(WATCH_RETRY_MAX);
+        restarts += 1;
+    }
+}
+
+/// Sleeps `d`, or less if `stop` is set meanwhile.
+fn sleep_unless(stop: &AtomicBool, d: std::time::Duration) {
+    let until = std::time::Instant::now() + d;
+    while !stop.load(Ordering::Relaxed) && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
 

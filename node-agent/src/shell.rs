@@ -144,6 +144,8 @@ pub(crate) struct Agent {
     pub health: HealthEngine,
     /// Where finished quarantine actions report.
     pub actions: mpsc::UnboundedSender<(u8, actions::Outcome)>,
+    /// Since when the XID watch has been down, if it is.
+    pub xid_watch_down: Option<TimestampMs>,
     /// The CDU state topic this host's cooling context comes from.
     pub coolant_topic: Option<Topic>,
     /// Quarantine actions still running (awaited at a clean stop).
@@ -210,6 +212,7 @@ pub async fn run(
     let mut agent = Agent {
         health,
         actions: actions_tx,
+        xid_watch_down: None,
         coolant_topic,
         running_actions: Vec::new(),
         config,

@@ -31,7 +31,7 @@ use loopwarden_protocol::{
     Unsupported, Watts, WholeCelsius,
 };
 
-use crate::gpu::{GpuDevice, GpuError, GpuInfo, GpuSample, GpuSource, XidReport};
+use crate::gpu::{GpuDevice, GpuError, GpuInfo, GpuSample, GpuSource, XidEvent, XidReport};
 
 /// Physical constants of one simulated GPU (defaults of PLANT_MODEL.md).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -379,7 +379,7 @@ struct TwinShared {
     host: TwinHost,
     /// When the model was last advanced.
     at: Instant,
-    xid_sink: Option<Sender<XidReport>>,
+    xid_sink: Option<Sender<XidEvent>>,
 }
 
 impl TwinShared {
@@ -391,7 +391,7 @@ impl TwinShared {
         let xids = self.host.take_xids();
         if let Some(sink) = &self.xid_sink {
             for x in xids {
-                let _ = sink.send(x);
+                let _ = sink.send(XidEvent::Xid(x));
             }
         }
     }
@@ -421,7 +421,7 @@ impl TwinControl {
             TwinFault::Xid { gpu, xid } => {
                 gpu_of(gpu)?;
                 if let Some(sink) = &s.xid_sink {
-                    let _ = sink.send(XidReport { gpu, xid });
+                    let _ = sink.send(XidEvent::Xid(XidReport { gpu, xid }));
                 }
             }
             TwinFault::Ecc { gpu, sbe, dbe } => {
@@ -522,7 +522,7 @@ impl GpuSource for TwinSource {
             .collect())
     }
 
-    fn watch_xids(&mut self, sink: Sender<XidReport>) -> Result<Vec<(u8, GpuError)>, GpuError> {
+    fn watch_xids(&mut self, sink: Sender<XidEvent>) -> Result<Vec<(u8, GpuError)>, GpuError> {
         self.control.shared.lock().expect("twin state").xid_sink = Some(sink);
         Ok(Vec::new())
     }

@@ -31,7 +31,7 @@ use loopwarden_protocol::{
     EccCounts, GpuFlags, MegaHertz, MemoryRepair, NvlinkErrors, Percent, ThrottleReasons,
     Unsupported, Watts, WholeCelsius,
 };
-use node_agent::gpu::{GpuDevice, GpuError, GpuInfo, GpuSample, GpuSource, XidReport};
+use node_agent::gpu::{GpuDevice, GpuError, GpuInfo, GpuSample, GpuSource, XidEvent, XidReport};
 use node_agent::nvml::{throttle_from_nvml, NvmlApi, NvmlFailure, NvmlGpu, NvmlResult, NvmlSource};
 use node_agent::worker::Worker;
 use NvmlFailure::{GpuLost, InvalidArgument, NoPermission, NotSupported};
@@ -178,6 +178,11 @@ struct State {
     watched: Vec<u32>,
     /// `watch_xids` returned because `stop` was set.
     watch_ended: bool,
+    /// While set, a running XID wait returns with it and a new one fails
+    /// at once (a driver reload, an event set that broke).
+    watch_fails: Option<NvmlFailure>,
+    /// XID waits begun.
+    watch_starts: u32,
 }
 
 impl FakeNvml {
@@ -190,6 +195,8 @@ impl FakeNvml {
                 xids: Vec::new(),
                 watched: Vec::new(),
                 watch_ended: false,
+                watch_fails: None,
+                watch_starts: 0,
             }),
             gate_closed: Mutex::new(false),
             gate: Condvar::new(),
@@ -354,6 +361,10 @@ impl NvmlApi for FakeNvml {
         // Answer outside the state lock, as NVML would call back.
         let (registrations, xids) = {
             let mut state = self.state();
+            state.watch_starts += 1;
+            if let Some(e) = state.watch_fails.clone() {
+                return Err(e);
+            }
             state.watched = gpus.to_vec();
             let registration = |&gpu: &u32| {
                 let answers = state.gpus.get(gpu as usize);
@@ -375,6 +386,9 @@ impl NvmlApi for FakeNvml {
         while !stop.load(Ordering::Relaxed) {
             if Instant::now() > give_up {
                 return Err(NvmlFailure::Other("stop was never set".into()));
+            }
+            if let Some(e) = self.state().watch_fails.clone() {
+                return Err(e);
             }
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -980,15 +994,15 @@ fn xid_events_reach_the_agent_and_refused_gpus_are_reported() {
     assert_eq!(fake.state().watched, vec![0, 1, 2]);
 
     let timeout = Duration::from_secs(2);
-    let received: Vec<XidReport> = (0..3)
+    let received: Vec<XidEvent> = (0..3)
         .map(|_| events.recv_timeout(timeout).expect("an XID report"))
         .collect();
     assert_eq!(
         received,
         vec![
-            XidReport { gpu: 0, xid: 79 },
-            XidReport { gpu: 2, xid: 48 },
-            XidReport { gpu: 0, xid: 94 },
+            XidEvent::Xid(XidReport { gpu: 0, xid: 79 }),
+            XidEvent::Xid(XidReport { gpu: 2, xid: 48 }),
+            XidEvent::Xid(XidReport { gpu: 0, xid: 94 }),
         ]
     );
     assert!(
@@ -1003,6 +1017,33 @@ fn xid_events_reach_the_agent_and_refused_gpus_are_reported() {
         events.recv_timeout(timeout),
         Err(mpsc::RecvTimeoutError::Disconnected)
     );
+}
+
+#[test]
+fn a_watch_that_ends_is_said_and_restarted_with_backoff() {
+    let fake = FakeNvml::new(vec![Answers::healthy(); 2]);
+    let mut source = NvmlSource::new(fake.clone());
+    let (sink, events) = mpsc::channel();
+    source.watch_xids(sink).expect("the XID watch starts");
+    // The driver goes away: the wait ends, and restarts fail for a while.
+    fake.state().watch_fails = Some(NvmlFailure::Other("driver reloading".into()));
+    let timeout = Duration::from_secs(5);
+    match events.recv_timeout(timeout) {
+        Ok(XidEvent::WatchDown(why)) => assert!(why.contains("driver reloading"), "{why}"),
+        other => panic!("expected the watch down, got {other:?}"),
+    }
+    // The first restart comes after 1 s and fails too: said again.
+    assert!(matches!(
+        events.recv_timeout(timeout),
+        Ok(XidEvent::WatchDown(_))
+    ));
+    // The driver is back: the next restart (2 s later) registers again.
+    fake.state().watch_fails = None;
+    assert_eq!(events.recv_timeout(timeout), Ok(XidEvent::WatchUp));
+    assert!(fake.state().watch_starts >= 3);
+    fake.state().xids = vec![];
+    drop(source);
+    assert!(eventually(timeout, || fake.state().watch_ended));
 }
 
 // --- 7. Throttle bits -------------------------------------------------------

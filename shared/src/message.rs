@@ -478,6 +478,12 @@ pub enum Event {
         /// When the stall began.
         stalled_since: TimestampMs,
     },
+    /// The XID watch stopped (`running: false`; it is being restarted,
+    /// and XIDs are not seen meanwhile) or runs again.
+    XidWatch {
+        /// Whether it runs now.
+        running: bool,
+    },
     /// An operator cleared a latch: a rack's leak, or a pump's fault.
     OperatorCleared {
         /// The rack whose leak was cleared, if a leak.

@@ -239,6 +239,7 @@ fn event() -> impl Strategy<Value = Event> {
         any::<u64>().prop_map(|t| Event::HostResumed {
             stalled_since: TimestampMs(t)
         }),
+        any::<bool>().prop_map(|running| Event::XidWatch { running }),
     ]
 }
 

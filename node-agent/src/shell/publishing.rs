@@ -80,7 +80,7 @@ impl Agent {
             gpus: heapless::Vec::new(),
             monitoring: Monitoring {
                 stalled_since: self.health.stalled_since(),
-                xid_watch_down_since: None,
+                xid_watch_down_since: self.xid_watch_down,
             },
         };
         for i in 0..self.gpus.len() {

@@ -33,6 +33,27 @@ impl Agent {
         self.emit(Event::Xid { gpu, xid: x.xid }, now).await;
     }
 
+    /// The XID watch stopped (`Some(why)`) or runs again (`None`): while it
+    /// is down the host's health says so, since XIDs go unseen.
+    pub(super) async fn on_xid_watch(&mut self, down: Option<String>) {
+        let now = now_ms();
+        let running = down.is_none();
+        match down {
+            Some(why) => {
+                tracing::error!(
+                    "the XID watch is down ({why}); XIDs are not seen until it restarts"
+                );
+                self.xid_watch_down.get_or_insert(now);
+            }
+            None => {
+                tracing::warn!("the XID watch runs again");
+                self.xid_watch_down = None;
+            }
+        }
+        self.publish_health(now);
+        self.emit(Event::XidWatch { running }, now).await;
+    }
+
     /// Carries out what the health engine decided: log and publish each
     /// change, keep the state in flash, publish the retained health, and
     /// start the quarantine actions.

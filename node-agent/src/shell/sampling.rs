@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 
 use super::{Agent, HEALTH_EVERY, JITTER_WINDOW, REREAD_EVERY};
 use crate::actions;
-use crate::gpu::{GpuError, GpuSample, XidReport};
+use crate::gpu::{GpuError, GpuSample, XidEvent};
 use crate::health::Observation;
 
 impl Agent {
@@ -22,7 +22,7 @@ impl Agent {
         &mut self,
         inbound: &mut mpsc::Receiver<Inbound>,
         actions_rx: &mut mpsc::UnboundedReceiver<(u8, actions::Outcome)>,
-        xid_rx: &mut mpsc::UnboundedReceiver<XidReport>,
+        xid_rx: &mut mpsc::UnboundedReceiver<XidEvent>,
         shutdown: impl Future<Output = ()>,
     ) {
         let mut tick = tokio::time::interval(self.config.period);
@@ -40,7 +40,11 @@ impl Agent {
                 }
                 Some(msg) = inbound.recv() => self.on_inbound(msg).await,
                 Some((gpu, outcome)) = actions_rx.recv() => self.on_action(gpu, outcome).await,
-                Some(x) = xid_rx.recv() => self.on_xid(x).await,
+                Some(x) = xid_rx.recv() => match x {
+                    XidEvent::Xid(x) => self.on_xid(x).await,
+                    XidEvent::WatchDown(why) => self.on_xid_watch(Some(why)).await,
+                    XidEvent::WatchUp => self.on_xid_watch(None).await,
+                },
                 _ = sleep_opt(expiry) => {
                     self.reconcile(now_ms(), false).await;
                 }

@@ -24,7 +24,7 @@ use super::{health_key, AgentError, GpuState};
 use crate::caps::GpuRange;
 use crate::commands::CommandCore;
 use crate::config::{Config, GpuSourceKind};
-use crate::gpu::{GpuInfo, GpuSource, XidReport};
+use crate::gpu::{GpuInfo, GpuSource, XidEvent};
 use crate::guard::ThermalGuard;
 use crate::health::{GpuStatus, HealthEngine, Limits, Policy};
 use crate::worker::Worker;
@@ -110,10 +110,10 @@ pub(super) async fn gpus(
 /// Starts the bridge of XID reports and registers for them.
 pub(super) fn watch_xids(
     source: &mut Box<dyn GpuSource + Send>,
-) -> Result<mpsc::UnboundedReceiver<XidReport>, AgentError> {
+) -> Result<mpsc::UnboundedReceiver<XidEvent>, AgentError> {
     // XIDs: the source's thread feeds a std channel; one bridge thread
     // moves them onto the runtime.
-    let (xid_std_tx, xid_std_rx) = std::sync::mpsc::channel::<XidReport>();
+    let (xid_std_tx, xid_std_rx) = std::sync::mpsc::channel::<XidEvent>();
     let (xid_tx, xid_rx) = mpsc::unbounded_channel();
     std::thread::Builder::new()
         .name("xid-bridge".into())
