@@ -551,6 +551,8 @@ fn mosquitto_conf(dir: &Path, port: u16) -> String {
          per_listener_settings false\n\
          allow_anonymous false\n\
          persistence false\n\
+         # Nagle off: without it a TLS handshake waits tens of ms on small writes.\n\
+         set_tcp_nodelay true\n\
          listener {port} 127.0.0.1\n\
          cafile {d}/ca.crt\n\
          certfile {d}/broker.crt\n\

@@ -13,10 +13,11 @@
 #   plain        `listener P 127.0.0.1`, `allow_anonymous true`.
 #   tls          the mosquitto.conf that `lwbus pki init --site bench
 #                --hosts h01 --cdus cdu1 --operators ops1 --readers bms1`
-#                writes: TLS, client certificates required, the ACL.
-#   tls_nodelay  the same with `set_tcp_nodelay true` added (mosquitto's
-#                default is false), to show what Nagle's algorithm on the
-#                broker's sockets adds to the TLS connect.
+#                writes (TLS, client certificates required, the ACL) less
+#                its `set_tcp_nodelay true`: mosquitto's default, to show
+#                what Nagle's algorithm on the broker's sockets adds to
+#                the TLS connect.
+#   tls_nodelay  that mosquitto.conf as written.
 # RUNS times, taking the modes in turn, it starts
 #   node-agent run --twin-gpus 8 --site bench --host h01 --cdu cdu1
 #     --broker 127.0.0.1:P --keyring DIR/keyring.toml --console …
@@ -85,10 +86,11 @@ pki=$dir/pki
   --readers bms1 --out "$pki" --broker-port "${port[tls]}" >/dev/null
 printf 'listener %s 127.0.0.1\nallow_anonymous true\npersistence false\n' "${port[plain]}" \
   > "$dir/plain.conf"
-cp "$pki/mosquitto.conf" "$dir/tls.conf"
+grep -v '^set_tcp_nodelay' "$pki/mosquitto.conf" > "$dir/tls.conf"
 sed -e "s/^listener ${port[tls]} /listener ${port[tls_nodelay]} /" "$pki/mosquitto.conf" \
   > "$dir/tls_nodelay.conf"
-echo "set_tcp_nodelay true" >> "$dir/tls_nodelay.conf"
+grep -q '^set_tcp_nodelay true' "$dir/tls_nodelay.conf" \
+  || echo "set_tcp_nodelay true" >> "$dir/tls_nodelay.conf"
 for m in plain tls tls_nodelay; do
   mosquitto -c "$dir/$m.conf" >"$dir/$m-broker.log" 2>&1 &
   broker[$m]=$!
