@@ -268,6 +268,7 @@ struct Track {
     /// Misses after a witness answered (`silence`).
     own_missed: u32,
     first_miss: Option<u64>,
+    last_miss: Option<u64>,
     last_degrade_evidence: u64,
     pcie: Window,
     sbe: Window,
@@ -294,6 +295,7 @@ impl Track {
             missed: 0,
             own_missed: 0,
             first_miss: None,
+            last_miss: None,
             last_degrade_evidence: 0,
             pcie: Window::default(),
             sbe: Window::default(),
@@ -467,6 +469,7 @@ impl HealthEngine {
             tr.missed = 0;
             tr.own_missed = 0;
             tr.first_miss = None;
+            tr.last_miss = None;
             tr.last.replace((t, *o)).map(|(_, p)| p)
         };
         self.end_stall(now, &mut out);

@@ -465,6 +465,15 @@ pub enum Event {
         /// The lead pump.
         lead: Pump,
     },
+    /// An operator cleared a latch: a rack's leak, or a pump's fault.
+    OperatorCleared {
+        /// The rack whose leak was cleared, if a leak.
+        rack: Option<RackIndex>,
+        /// The pump put back in service, if a pump.
+        pump: Option<Pump>,
+        /// Who asked (a console peer's user, or a serial login).
+        operator: Ident,
+    },
     /// Every GPU of the host stopped answering together: a driver or host
     /// stall, not a GPU fault.
     HostStalled {
@@ -483,15 +492,6 @@ pub enum Event {
     XidWatch {
         /// Whether it runs now.
         running: bool,
-    },
-    /// An operator cleared a latch: a rack's leak, or a pump's fault.
-    OperatorCleared {
-        /// The rack whose leak was cleared, if a leak.
-        rack: Option<RackIndex>,
-        /// The pump put back in service, if a pump.
-        pump: Option<Pump>,
-        /// Who asked (a console peer's user, or a serial login).
-        operator: Ident,
     },
 }
 

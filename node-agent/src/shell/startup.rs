@@ -131,7 +131,9 @@ pub(super) fn watch_xids(
                 tracing::warn!("GPU {gpu}: XID events cannot be registered ({e})");
             }
         }
-        Err(e) => tracing::error!("XID events are not available ({e}); XIDs will not be seen"),
+        Err(e) => tracing::error!(
+            "the XID watch did not start ({e}); it is retried, and the host's health says so until it runs"
+        ),
     }
     Ok(xid_rx)
 }

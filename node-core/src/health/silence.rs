@@ -20,8 +20,9 @@
 //! Glossary:
 //! - *witness*: another GPU of the host that is not quarantined; a host
 //!   with none (one GPU, or all the others out) counts every miss.
-//! - *own miss*: a miss after a witness answered since the GPU's streak
-//!   began.
+//! - *own miss*: a miss after a witness answered since the GPU's
+//!   previous miss (or, for the first, since the streak began); during a
+//!   stall no miss is anyone's own.
 //! - *stall*: every non-quarantined GPU silent, one of them for at least
 //!   `unresponsive_after` misses.
 
@@ -38,15 +39,18 @@ impl HealthEngine {
             return out;
         }
         let t = now.0;
-        let first = {
+        let (first, previous) = {
             let tr = &mut self.gpus[g];
             tr.missed += 1;
-            *tr.first_miss.get_or_insert(t)
+            let previous = tr.last_miss.replace(t);
+            (*tr.first_miss.get_or_insert(t), previous)
         };
-        if self.witnessed_since(g, first) {
+        // Own when a witness answered since this GPU's previous miss (or
+        // since its streak began): then the driver answers, and it does not.
+        if self.witnessed_since(g, previous.unwrap_or(first)) {
             self.gpus[g].own_missed += 1;
         }
-        let own = self.gpus[g].own_missed;
+        let (own, missed) = (self.gpus[g].own_missed, self.gpus[g].missed);
         if own >= self.policy.unresponsive_after {
             self.raise(
                 t,
@@ -55,7 +59,7 @@ impl HealthEngine {
                 ReasonCode::UNRESPONSIVE,
                 || {
                     format!(
-                        "missed {own} samples in a row since {} while the host's other GPUs answered: NVML does not answer for it",
+                        "missed {missed} samples in a row since {}, {own} while the other GPUs answered",
                         fmt_time(TimestampMs(first))
                     )
                 },
@@ -66,9 +70,9 @@ impl HealthEngine {
         out
     }
 
-    /// Whether `g`'s misses since `first` are its own: a witness answered
-    /// at or after `first`, or it has no witness.
-    fn witnessed_since(&self, g: usize, first: u64) -> bool {
+    /// Whether a witness of `g` answered at or after `since`, or `g` has
+    /// no witness.
+    fn witnessed_since(&self, g: usize, since: u64) -> bool {
         let mut witnesses = self
             .gpus
             .iter()
@@ -78,7 +82,7 @@ impl HealthEngine {
         if witnesses.peek().is_none() {
             return true;
         }
-        witnesses.any(|(_, tr)| tr.last.is_some_and(|(at, _)| at >= first))
+        witnesses.any(|(_, tr)| tr.last.is_some_and(|(at, _)| at >= since))
     }
 
     /// A stall begins when every non-quarantined GPU is silent and one of
@@ -222,7 +226,12 @@ mod tests {
         let outs = round(&mut e, 10, &[2]);
         assert_eq!(quarantined(&e), vec![2], "{outs:?}");
         let st = e.status(2).unwrap();
-        assert!(st.evidence.contains("missed 3 samples"), "{}", st.evidence);
+        assert!(
+            st.evidence.contains("missed 9 samples in a row") && st.evidence.contains("3 while"),
+            "{}",
+            st.evidence
+        );
+        assert!(!st.evidence.ends_with("..."), "fits whole: {}", st.evidence);
     }
 
     #[test]
@@ -252,6 +261,19 @@ mod tests {
         round(&mut e, 9, &[3]);
         round(&mut e, 10, &[]);
         assert!(quarantined(&e).is_empty());
+    }
+
+    #[test]
+    fn a_gpu_silent_a_round_before_a_stall_is_not_quarantined_during_it() {
+        let mut e = engine(4);
+        round(&mut e, 1, &[]);
+        round(&mut e, 2, &[1]);
+        for s in 3..10 {
+            round(&mut e, s, &[0, 1, 2, 3]);
+        }
+        assert!(quarantined(&e).is_empty());
+        round(&mut e, 10, &[]);
+        assert!(quarantined(&e).is_empty(), "it came back with the others");
     }
 
     #[test]
