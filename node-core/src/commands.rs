@@ -4,8 +4,8 @@
 //! [`CommandCore::command`], which checks, in order: that it is a command
 //! this host takes, its signature against the host's keyring, that its
 //! signer may ask it of this host, that its sequence number is above the
-//! last one accepted from that sender, and then what it asks. A lease goes to the [`CapArbiter`]; a refused command changes
-//! nothing. The shell applies what [`CommandCore::targets`] says, reads
+//! last one accepted from that sender, and then what it asks. A lease
+//! goes to the [`CapArbiter`]; a refused command changes nothing. The shell applies what [`CommandCore::targets`] says, reads
 //! the limits back, and sends the ack with the values in force.
 //!
 //! Glossary:
