@@ -5,8 +5,9 @@
 //! this host takes, its signature against the host's keyring, that its
 //! signer may ask it of this host, that its sequence number is above the
 //! last one accepted from that sender, and then what it asks. A lease
-//! goes to the [`CapArbiter`]; a refused command changes nothing. The shell applies what [`CommandCore::targets`] says, reads
-//! the limits back, and sends the ack with the values in force.
+//! goes to the [`CapArbiter`]; a refused command changes nothing. The
+//! shell applies what [`CommandCore::targets`] says, reads the limits
+//! back, and sends the ack with the values in force.
 //!
 //! Glossary:
 //! - *authority*: who may command this host: the keyring's signers, each
