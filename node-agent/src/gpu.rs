@@ -168,6 +168,6 @@ pub trait GpuSource {
     /// not be registered, and why.
     fn watch_xids(
         &mut self,
-        sink: std::sync::mpsc::Sender<XidEvent>,
+        sink: crate::xid_queue::XidSink,
     ) -> Result<Vec<(u8, GpuError)>, GpuError>;
 }

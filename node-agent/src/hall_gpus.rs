@@ -10,7 +10,6 @@
 //! - *host slot*: which host of the hall this agent is (rack-major order).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -60,7 +59,10 @@ impl GpuSource for HallSource {
             .collect())
     }
 
-    fn watch_xids(&mut self, sink: Sender<XidEvent>) -> Result<Vec<(u8, GpuError)>, GpuError> {
+    fn watch_xids(
+        &mut self,
+        sink: crate::xid_queue::XidSink,
+    ) -> Result<Vec<(u8, GpuError)>, GpuError> {
         let hall = self.hall.clone();
         let (first, count) = (self.first, self.count);
         let stop = self.stop.clone();
@@ -235,7 +237,7 @@ mod tests {
     fn a_failed_gpu_is_lost_with_xid_79() {
         let h = hall("[[fault]]\nat_s = 5\nkind = \"gpu_fail\"\ntarget = \"0.0.2\"\n");
         let mut src = HallSource::new(h.clone(), 0);
-        let (tx, rx) = std::sync::mpsc::channel();
+        let (tx, rx) = crate::xid_queue::xid_queue(16);
         src.watch_xids(tx).unwrap();
         let mut gpus = src.devices().unwrap();
         steps(&h, 10);

@@ -45,3 +45,4 @@ pub mod replay;
 pub mod shell;
 pub mod sim_gpus;
 pub mod worker;
+pub mod xid_queue;

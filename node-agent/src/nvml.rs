@@ -206,7 +206,10 @@ impl<A: NvmlApi> GpuSource for NvmlSource<A> {
             .collect())
     }
 
-    fn watch_xids(&mut self, sink: Sender<XidEvent>) -> Result<Vec<(u8, GpuError)>, GpuError> {
+    fn watch_xids(
+        &mut self,
+        sink: crate::xid_queue::XidSink,
+    ) -> Result<Vec<(u8, GpuError)>, GpuError> {
         let count = self
             .api
             .device_count()
@@ -259,7 +262,7 @@ pub const WATCH_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(
 fn keep_watching<A: NvmlApi>(
     api: &A,
     gpus: &[u32],
-    sink: &Sender<XidEvent>,
+    sink: &crate::xid_queue::XidSink,
     first_registrations: &Sender<Option<(u32, NvmlResult<()>)>>,
     stop: &AtomicBool,
 ) {

@@ -146,6 +146,8 @@ pub(crate) struct Agent {
     pub actions: mpsc::UnboundedSender<(u8, actions::Outcome)>,
     /// Since when the XID watch has been down, if it is.
     pub xid_watch_down: Option<TimestampMs>,
+    /// The XID queue's counters.
+    pub xid_stats: crate::xid_queue::XidStats,
     /// The CDU state topic this host's cooling context comes from.
     pub coolant_topic: Option<Topic>,
     /// Quarantine actions still running (awaited at a clean stop).
@@ -213,6 +215,7 @@ pub async fn run(
         health,
         actions: actions_tx,
         xid_watch_down: None,
+        xid_stats: xid_rx.stats_reader(),
         coolant_topic,
         running_actions: Vec::new(),
         config,

@@ -20,7 +20,6 @@
 //! - *R_cp(q)*: the cold plate's thermal resistance at `q` L/min.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -379,7 +378,7 @@ struct TwinShared {
     host: TwinHost,
     /// When the model was last advanced.
     at: Instant,
-    xid_sink: Option<Sender<XidEvent>>,
+    xid_sink: Option<crate::xid_queue::XidSink>,
 }
 
 impl TwinShared {
@@ -522,7 +521,10 @@ impl GpuSource for TwinSource {
             .collect())
     }
 
-    fn watch_xids(&mut self, sink: Sender<XidEvent>) -> Result<Vec<(u8, GpuError)>, GpuError> {
+    fn watch_xids(
+        &mut self,
+        sink: crate::xid_queue::XidSink,
+    ) -> Result<Vec<(u8, GpuError)>, GpuError> {
         self.control.shared.lock().expect("twin state").xid_sink = Some(sink);
         Ok(Vec::new())
     }

@@ -856,7 +856,7 @@ impl node_agent::gpu::GpuSource for Refusing {
     }
     fn watch_xids(
         &mut self,
-        sink: std::sync::mpsc::Sender<node_agent::gpu::XidEvent>,
+        sink: node_agent::xid_queue::XidSink,
     ) -> Result<Vec<(u8, node_agent::gpu::GpuError)>, node_agent::gpu::GpuError> {
         self.0.watch_xids(sink)
     }

@@ -79,6 +79,13 @@ fn status(ctx: &Context, snap: &Snapshot, now: TimestampMs) -> Value {
             "dropped_waiting": ctx.recorder.waiting().1,
         },
         "leases": snap.leases.len(),
+        "xids": {
+            "queued": snap.xids_queued,
+            "dropped": snap.xids_dropped,
+            "capacity": crate::xid_queue::XID_QUEUE_CAPACITY,
+            "watch_down_since": snap.xid_watch_down.map(|t| t.0),
+        },
+        "stalled_since": snap.stalled_since.map(|t| t.0),
         "health": {
             "healthy": count_health(snap, HealthState::Healthy),
             "degraded": count_health(snap, HealthState::Degraded),

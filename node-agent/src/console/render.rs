@@ -6,7 +6,10 @@ use std::fmt::Write as _;
 use loopwarden_field::render::{
     events_table, fill, fill_each, key_values, rows_of, table, text as s,
 };
+use loopwarden_protocol::TimestampMs;
 use serde_json::Value;
+
+use crate::health::fmt_time;
 
 use super::Request;
 
@@ -71,9 +74,30 @@ fn status(v: &Value) -> String {
             ),
         ),
         ("leases", s(&v["leases"])),
+        (
+            "XIDs",
+            format!(
+                "watch {}; {} queued, {} dropped in storms",
+                match v["xids"]["watch_down_since"].as_u64() {
+                    Some(t) => format!("DOWN since {}", fmt_time(TimestampMs(t))),
+                    None => "running".into(),
+                },
+                s(&v["xids"]["queued"]),
+                s(&v["xids"]["dropped"])
+            ),
+        ),
         ("flash", s(&v["flash"])),
     ]
     .to_vec();
+    if let Some(t) = v["stalled_since"].as_u64() {
+        rows.push((
+            "STALLED",
+            format!(
+                "every GPU silent together since {}: a driver or host stall",
+                fmt_time(TimestampMs(t))
+            ),
+        ));
+    }
     if v["demo_key"].as_bool() == Some(true) {
         rows.push((
             "WARNING",

@@ -91,6 +91,14 @@ pub struct Snapshot {
     pub gpus: Vec<GpuView>,
     /// The leases held.
     pub leases: Vec<LeaseView>,
+    /// XID events waiting in the bounded queue.
+    pub xids_queued: usize,
+    /// XID events the queue dropped in storms since the start.
+    pub xids_dropped: u64,
+    /// Since when the XID watch has been down, if it is.
+    pub xid_watch_down: Option<TimestampMs>,
+    /// Since when every GPU has been silent together, if they are.
+    pub stalled_since: Option<TimestampMs>,
 }
 
 /// A snapshot channel: the sender goes to the loop, the receiver into the

@@ -22,7 +22,7 @@ impl Agent {
         &mut self,
         inbound: &mut mpsc::Receiver<Inbound>,
         actions_rx: &mut mpsc::UnboundedReceiver<(u8, actions::Outcome)>,
-        xid_rx: &mut mpsc::UnboundedReceiver<XidEvent>,
+        xid_rx: &mut crate::xid_queue::XidQueue,
         shutdown: impl Future<Output = ()>,
     ) {
         let mut tick = tokio::time::interval(self.config.period);
@@ -40,7 +40,7 @@ impl Agent {
                 }
                 Some(msg) = inbound.recv() => self.on_inbound(msg).await,
                 Some((gpu, outcome)) = actions_rx.recv() => self.on_action(gpu, outcome).await,
-                Some(x) = xid_rx.recv() => match x {
+                x = xid_rx.recv() => match x {
                     XidEvent::Xid(x) => self.on_xid(x).await,
                     XidEvent::WatchDown(why) => self.on_xid_watch(Some(why)).await,
                     XidEvent::WatchUp => self.on_xid_watch(None).await,

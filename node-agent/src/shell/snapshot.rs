@@ -28,10 +28,15 @@ impl Agent {
                 health: self.health.status(i as u8).cloned(),
             })
             .collect();
+        let (xids_queued, xids_dropped) = self.xid_stats.get();
         Snapshot {
             timing: self.timing.clone(),
             gpus,
             leases: self.core.leases(),
+            xids_queued,
+            xids_dropped,
+            xid_watch_down: self.xid_watch_down,
+            stalled_since: self.health.stalled_since(),
         }
     }
 

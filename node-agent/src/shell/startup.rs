@@ -24,10 +24,11 @@ use super::{health_key, AgentError, GpuState};
 use crate::caps::GpuRange;
 use crate::commands::CommandCore;
 use crate::config::{Config, GpuSourceKind};
-use crate::gpu::{GpuInfo, GpuSource, XidEvent};
+use crate::gpu::{GpuInfo, GpuSource};
 use crate::guard::ThermalGuard;
 use crate::health::{GpuStatus, HealthEngine, Limits, Policy};
 use crate::worker::Worker;
+use crate::xid_queue::{xid_queue, XidQueue, XID_QUEUE_CAPACITY};
 
 /// The bus, started.
 pub(super) struct BusParts {
@@ -108,24 +109,10 @@ pub(super) async fn gpus(
 }
 
 /// Starts the bridge of XID reports and registers for them.
-pub(super) fn watch_xids(
-    source: &mut Box<dyn GpuSource + Send>,
-) -> Result<mpsc::UnboundedReceiver<XidEvent>, AgentError> {
-    // XIDs: the source's thread feeds a std channel; one bridge thread
-    // moves them onto the runtime.
-    let (xid_std_tx, xid_std_rx) = std::sync::mpsc::channel::<XidEvent>();
-    let (xid_tx, xid_rx) = mpsc::unbounded_channel();
-    std::thread::Builder::new()
-        .name("xid-bridge".into())
-        .spawn(move || {
-            for x in xid_std_rx {
-                if xid_tx.send(x).is_err() {
-                    break;
-                }
-            }
-        })
-        .map_err(AgentError::Thread)?;
-    match source.watch_xids(xid_std_tx) {
+pub(super) fn watch_xids(source: &mut Box<dyn GpuSource + Send>) -> Result<XidQueue, AgentError> {
+    // XIDs: the source's thread feeds a bounded queue the loop reads.
+    let (sink, queue) = xid_queue(XID_QUEUE_CAPACITY);
+    match source.watch_xids(sink) {
         Ok(refused) => {
             for (gpu, e) in refused {
                 tracing::warn!("GPU {gpu}: XID events cannot be registered ({e})");
@@ -135,7 +122,7 @@ pub(super) fn watch_xids(
             "the XID watch did not start ({e}); it is retried, and the host's health says so until it runs"
         ),
     }
-    Ok(xid_rx)
+    Ok(queue)
 }
 
 /// The command core, with the leases logged before a restart that are
