@@ -139,6 +139,9 @@ pub trait GpuDevice: Send + 'static {
     fn set_power_limit(&mut self, limit: Watts) -> Result<(), GpuError>;
     /// The power limit set now (read back after a set).
     fn power_limit(&mut self) -> Result<Watts, GpuError>;
+    /// Forgets what answered "not supported", so it is asked again: after
+    /// a driver reload the answer may differ. Nothing to forget by default.
+    fn reprobe(&mut self) {}
 }
 
 /// Boxed devices are devices too, so the agent can hold either kind.
@@ -154,6 +157,9 @@ impl GpuDevice for Box<dyn GpuDevice> {
     }
     fn power_limit(&mut self) -> Result<Watts, GpuError> {
         (**self).power_limit()
+    }
+    fn reprobe(&mut self) {
+        (**self).reprobe()
     }
 }
 

@@ -513,6 +513,17 @@ impl<A: NvmlApi> NvmlGpu<A> {
 }
 
 impl<A: NvmlApi> GpuDevice for NvmlGpu<A> {
+    fn reprobe(&mut self) {
+        if !self.unsupported.is_empty() || self.skipped != 0 {
+            tracing::info!(
+                "GPU {}: asking again what answered \"not supported\" (after a driver reload)",
+                self.index
+            );
+        }
+        self.unsupported = Unsupported::empty();
+        self.skipped = 0;
+    }
+
     fn describe(&mut self) -> Result<GpuInfo, GpuError> {
         let a = &self.api;
         let i = self.index;

@@ -27,6 +27,7 @@ enum Request {
     Sample,
     SetLimit(Watts),
     ReadLimit,
+    Reprobe,
 }
 
 enum Reply {
@@ -74,6 +75,10 @@ impl Worker {
                         Request::Sample => Reply::Sample(device.sample()),
                         Request::SetLimit(w) => Reply::Done(device.set_power_limit(w)),
                         Request::ReadLimit => Reply::Limit(device.power_limit()),
+                        Request::Reprobe => {
+                            device.reprobe();
+                            Reply::Done(Ok(()))
+                        }
                     };
                     drop(done);
                     // The caller may have given up; that is fine.
@@ -156,6 +161,15 @@ impl Worker {
         match self.call(Request::ReadLimit, deadline).await? {
             Reply::Limit(r) => r,
             _ => unreachable!("a read request gets a limit reply"),
+        }
+    }
+
+    /// Has the device ask again what answered "not supported"
+    /// ([`GpuDevice::reprobe`]).
+    pub async fn reprobe(&self, deadline: Duration) -> Result<(), GpuError> {
+        match self.call(Request::Reprobe, deadline).await? {
+            Reply::Done(r) => r,
+            _ => unreachable!("a reprobe request gets a done reply"),
         }
     }
 }

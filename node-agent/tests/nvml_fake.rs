@@ -576,6 +576,31 @@ fn unsupported_fields_are_recorded_once_and_not_asked_again() {
 }
 
 #[test]
+fn after_a_reprobe_what_was_not_supported_is_asked_again() {
+    let mut answers = Answers::healthy();
+    answers.power_mw = Err(NotSupported);
+    answers.fields.insert(fi::MEMORY_TEMP, Err(NotSupported));
+    let (fake, mut gpu) = one_gpu(answers);
+    let s = gpu.sample().expect("a sample");
+    assert_eq!(s.unsupported, Unsupported::POWER | Unsupported::MEM_TEMP);
+    // A new driver supports them.
+    fake.set(0, |a| {
+        a.power_mw = Ok(312_600);
+        a.fields.insert(fi::MEMORY_TEMP, Ok(74));
+    });
+    assert_eq!(
+        gpu.sample().unwrap().unsupported,
+        s.unsupported,
+        "not asked"
+    );
+    gpu.reprobe();
+    let s = gpu.sample().expect("a sample");
+    assert_eq!(s.unsupported, Unsupported::empty());
+    assert_eq!((s.power, s.mem_temp), (Watts(313), WholeCelsius(74)));
+    assert_eq!(fake.calls(0, GET_POWER_USAGE), 2);
+}
+
+#[test]
 fn unsupported_field_values_call_marks_every_field_group_once() {
     let mut answers = Answers::healthy();
     answers.fields_call = Err(NotSupported);

@@ -50,8 +50,28 @@ impl Agent {
                 self.xid_watch_down = None;
             }
         }
+        if running {
+            self.reprobe_gpus().await;
+        }
         self.publish_health(now);
         self.emit(Event::XidWatch { running }, now).await;
+    }
+
+    /// After the driver came back (a stall ended, the XID watch runs
+    /// again): every GPU asks again what answered "not supported", since a
+    /// reloaded driver may answer otherwise.
+    async fn reprobe_gpus(&self) {
+        let deadline = self.config.deadline;
+        let asks = self.workers.iter().map(|w| w.reprobe(deadline));
+        for (i, r) in futures::future::join_all(asks)
+            .await
+            .into_iter()
+            .enumerate()
+        {
+            if let Err(e) = r {
+                tracing::warn!("GPU {i}: cannot ask again what was not supported: {e}");
+            }
+        }
     }
 
     /// Carries out what the health engine decided: log and publish each
@@ -126,6 +146,7 @@ impl Agent {
                         now,
                     )
                     .await;
+                    self.reprobe_gpus().await;
                 }
             }
         }
