@@ -15,6 +15,13 @@
 //! here (up to 256, oldest dropped first) and go out in order once they
 //! can.
 //!
+//! The queue of work handed to the thread is bounded ([`JOBS_MAX`]). When
+//! it is full, what can be lost is dropped and counted ([`Recorder::dropped`]):
+//! an event published or logged without waiting, as in a storm of XIDs.
+//! What must not be lost (an ack, a config value such as a GPU's health,
+//! anything waited for) waits for room instead; the thread drains the
+//! queue at the speed of the flash, so that wait is short.
+//!
 //! Glossary:
 //! - *record*: an event-log entry (an event, or an accepted command kept
 //!   whole) or a config-store value (a GPU's health, the sequence floor).
@@ -84,10 +91,15 @@ enum Job {
 /// Frames kept in memory while the outbox is full.
 const UNSENT_MAX: usize = 256;
 
+/// Jobs queued for the thread at most.
+pub const JOBS_MAX: usize = 4096;
+
 /// The handle the loop writes through.
 #[derive(Clone)]
 pub struct Recorder {
-    jobs: mpsc::Sender<Job>,
+    jobs: mpsc::SyncSender<Job>,
+    /// Jobs dropped because the queue was full.
+    dropped: Arc<AtomicU64>,
     /// The flash file, `None`: memory.
     path: Option<Arc<Path>>,
     /// Frames waiting for room in the outbox, and dropped from that wait.
@@ -256,7 +268,7 @@ impl Recorder {
     /// `path`, `None`: in memory); frames handed over wait until a bus is
     /// [attached](Self::attach).
     pub fn start(log: Log, store: Store, path: Option<&Path>) -> std::io::Result<Self> {
-        let (jobs, rx) = mpsc::channel::<Job>();
+        let (jobs, rx) = mpsc::sync_channel::<Job>(JOBS_MAX);
         let waiting = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
         let worker = Worker {
             log,
@@ -270,9 +282,30 @@ impl Recorder {
             .spawn(move || worker.run(rx))?;
         Ok(Self {
             jobs,
+            dropped: Arc::new(AtomicU64::new(0)),
             path: path.map(Arc::from),
             waiting,
         })
+    }
+
+    /// Hands over `job` if there is room, else drops and counts it.
+    fn offer(&self, job: Job, what: &str) {
+        match self.jobs.try_send(job) {
+            Ok(()) => {}
+            Err(mpsc::TrySendError::Full(_)) => {
+                if self.dropped.fetch_add(1, Ordering::Relaxed) % 1000 == 0 {
+                    tracing::warn!("flash queue full ({JOBS_MAX} jobs): {what} dropped");
+                }
+            }
+            Err(mpsc::TrySendError::Disconnected(_)) => {
+                tracing::error!("{what} dropped: {}", Self::gone())
+            }
+        }
+    }
+
+    /// Jobs dropped because the queue was full (events in a storm).
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
     }
 
     /// Starts the recorder already attached to `bus`.
@@ -300,17 +333,19 @@ impl Recorder {
     }
 
     /// Publishes an event or an ack (through the outbox) after what was
-    /// handed over before it.
+    /// handed over before it. An event is dropped (and counted) when the
+    /// queue is full; an ack waits for room.
     pub fn publish(&self, message: Message, time: TimestampMs, mirror: bool) {
-        if self
-            .jobs
-            .send(Job::Publish {
-                message: Box::new(message),
-                time,
-                mirror,
-            })
-            .is_err()
-        {
+        let vital = matches!(message, Message::Ack(_));
+        let job = Job::Publish {
+            message: Box::new(message),
+            time,
+            mirror,
+        };
+        if !vital {
+            return self.offer(job, "an event to publish");
+        }
+        if self.jobs.send(job).is_err() {
             tracing::error!("not published: {}", Self::gone());
         }
     }
@@ -327,20 +362,16 @@ impl Recorder {
         "the recorder thread has ended".into()
     }
 
-    /// Appends to the event log without waiting.
+    /// Appends to the event log without waiting; dropped (and counted)
+    /// when the queue is full.
     pub fn append(&self, time: TimestampMs, kind: u8, body: Vec<u8>) {
-        if self
-            .jobs
-            .send(Job::Append {
-                time,
-                kind,
-                body,
-                done: None,
-            })
-            .is_err()
-        {
-            tracing::error!("not logged to flash: {}", Self::gone());
-        }
+        let job = Job::Append {
+            time,
+            kind,
+            body,
+            done: None,
+        };
+        self.offer(job, "an event-log entry");
     }
 
     /// Appends to the event log and waits until it is in flash.
@@ -411,5 +442,48 @@ impl Recorder {
             .send(Job::Read { done })
             .map_err(|_| Self::gone())?;
         rx.await.map_err(|_| Self::gone())?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use loopwarden_protocol::{samples, MessageKind};
+
+    /// A recorder whose queue holds `n` jobs and that no thread drains.
+    fn stalled(n: usize) -> (Recorder, mpsc::Receiver<Job>) {
+        let (jobs, rx) = mpsc::sync_channel(n);
+        let r = Recorder {
+            jobs,
+            dropped: Arc::new(AtomicU64::new(0)),
+            path: None,
+            waiting: Arc::new((AtomicU64::new(0), AtomicU64::new(0))),
+        };
+        (r, rx)
+    }
+
+    #[test]
+    fn a_full_queue_drops_and_counts_events_and_an_ack_waits_for_room() {
+        let (r, rx) = stalled(2);
+        for _ in 0..5 {
+            r.append(TimestampMs(0), 1, vec![1]);
+        }
+        assert_eq!(r.dropped(), 3);
+        r.publish(samples::message(MessageKind::Event), TimestampMs(0), false);
+        assert_eq!(r.dropped(), 4, "an event to publish is dropped too");
+        // An ack waits: it goes in once the thread takes a job.
+        let taker = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            rx.recv().expect("a job");
+            rx
+        });
+        r.publish(samples::message(MessageKind::Ack), TimestampMs(0), false);
+        let rx = taker.join().expect("the taker");
+        assert_eq!(r.dropped(), 4, "the ack was not dropped");
+        let left: Vec<Job> = rx.try_iter().collect();
+        assert_eq!(left.len(), 2);
+        assert!(
+            matches!(&left[1], Job::Publish { message, .. } if matches!(**message, Message::Ack(_)))
+        );
     }
 }

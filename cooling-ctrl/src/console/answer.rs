@@ -163,6 +163,7 @@ fn status(ctx: &Context, st: &ShellStats, now: TimestampMs) -> Value {
         "acks": st.acks,
         "acks_refused": st.acks_refused,
         "events_dropped": snap.map(|s| s.events_dropped),
+        "flash_queue_dropped": ctx.recorder.dropped(),
         "flash": ctx.recorder.path().map_or("memory (not kept)".to_string(), |p| p.display().to_string()),
         "demo_key": ctx.demo_key,
     })

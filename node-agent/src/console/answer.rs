@@ -77,6 +77,7 @@ fn status(ctx: &Context, snap: &Snapshot, now: TimestampMs) -> Value {
             "delivery_mismatch": m.delivery_mismatch,
             "waiting_for_outbox": ctx.recorder.waiting().0,
             "dropped_waiting": ctx.recorder.waiting().1,
+            "dropped_flash_queue": ctx.recorder.dropped(),
         },
         "leases": snap.leases.len(),
         "xids": {
