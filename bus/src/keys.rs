@@ -118,8 +118,9 @@ fn unhex32(s: &str) -> Result<[u8; 32], String> {
     Ok(out)
 }
 
-/// Parses `role/name` (a signer: not a host).
-fn signer_node(s: &str, any_name: bool) -> Result<(Role, Option<Ident>), String> {
+/// Parses `role/name` (a signer: not a host); `*` as the name, for any of
+/// the role, only with `any_name`.
+pub(crate) fn signer_node(s: &str, any_name: bool) -> Result<(Role, Option<Ident>), String> {
     let (role, name) = s
         .split_once('/')
         .ok_or_else(|| format!("node = {s:?}: expected `<role>/<name>`, e.g. \"cdu/cdu1\""))?;
@@ -127,7 +128,11 @@ fn signer_node(s: &str, any_name: bool) -> Result<(Role, Option<Ident>), String>
         "cdu" => Role::Cdu,
         "operator" => Role::Operator,
         "facility" => Role::Facility,
-        "host" => return Err(format!("node = {s:?}: a host never signs commands")),
+        "host" => {
+            return Err(format!(
+                "node = {s:?}: a host never signs commands; the role is cdu, operator or facility"
+            ))
+        }
         other => {
             return Err(format!(
                 "node = {s:?}: role {other:?} is not cdu, operator or facility"
@@ -218,14 +223,7 @@ pub fn parse_keyring(text: &str) -> Result<Keyring, String> {
         let bytes = unhex32(&s.public_key).map_err(|e| at(format!("public_key: {e}")))?;
         let key = VerifyingKey::from_bytes(&bytes)
             .map_err(|_| at("public_key is not an Ed25519 public key".into()))?;
-        let mut may = May::default();
-        for m in &s.may {
-            match m.as_str() {
-                "lease" => may.lease = true,
-                "release" => may.release = true,
-                other => return Err(at(format!("may: {other:?} is not lease or release"))),
-            }
-        }
+        let may = parse_may(&s.may).map_err(|e| at(format!("may: {e}")))?;
         if !may.lease && !may.release {
             return Err(at("may is empty: the signer could do nothing".into()));
         }
@@ -250,27 +248,46 @@ pub fn parse_keyring(text: &str) -> Result<Keyring, String> {
     Ok(Keyring { site, signers })
 }
 
+/// Rights as written: `lease`, `release`.
+pub(crate) fn parse_may(list: &[String]) -> Result<May, String> {
+    let mut may = May::default();
+    for m in list {
+        match m.as_str() {
+            "lease" => may.lease = true,
+            "release" => may.release = true,
+            other => return Err(format!("{other:?} is not lease or release")),
+        }
+    }
+    Ok(may)
+}
+
+/// One `[[signer]]` entry of a keyring.
+pub fn signer_toml(s: &Signer) -> String {
+    let name = s.name.as_ref().map_or("*", |n| n.as_str());
+    let mut may = Vec::new();
+    if s.may.lease {
+        may.push("\"lease\"");
+    }
+    if s.may.release {
+        may.push("\"release\"");
+    }
+    format!(
+        "[[signer]]\nnode = \"{}/{name}\"\nkey_id = {}\npublic_key = \"{}\"\nmay = [{}]\n",
+        s.role.as_str(),
+        s.key_id,
+        hex(s.key.as_bytes()),
+        may.join(", ")
+    )
+}
+
 /// A keyring's text for `site`, one `[[signer]]` each.
 pub fn keyring_toml(site: &Ident, signers: &[Signer]) -> String {
     let mut out = format!(
         "# Who may command the hosts of site {site}: public keys, safe to copy.\nsite = \"{site}\"\n"
     );
     for s in signers {
-        let name = s.name.as_ref().map_or("*", |n| n.as_str());
-        let mut may = Vec::new();
-        if s.may.lease {
-            may.push("\"lease\"");
-        }
-        if s.may.release {
-            may.push("\"release\"");
-        }
-        out.push_str(&format!(
-            "\n[[signer]]\nnode = \"{}/{name}\"\nkey_id = {}\npublic_key = \"{}\"\nmay = [{}]\n",
-            s.role.as_str(),
-            s.key_id,
-            hex(s.key.as_bytes()),
-            may.join(", ")
-        ));
+        out.push('\n');
+        out.push_str(&signer_toml(s));
     }
     out
 }

@@ -43,7 +43,7 @@ use rcgen::{
     KeyPair, KeyUsagePurpose, SerialNumber,
 };
 
-use crate::keys::{keyring_toml, SignKey};
+use crate::keys::{keyring_toml, parse_may, signer_node, signer_toml, SignKey};
 
 /// `lwbus pki …`.
 #[derive(Debug, clap::Subcommand)]
@@ -119,36 +119,16 @@ pub fn run(command: PkiCommand) -> anyhow::Result<()> {
 /// Writes a new sign key for `args.node`; returns the keyring entry to
 /// add to the hosts' keyrings, with a note of what to do.
 pub fn sign_key(args: &SignKeyArgs) -> Result<String, String> {
-    let (role, name) = args
-        .node
-        .split_once('/')
-        .ok_or_else(|| format!("--node {:?}: expected `<role>/<name>`", args.node))?;
-    let role = match role {
-        "cdu" => Role::Cdu,
-        "operator" => Role::Operator,
-        "facility" => Role::Facility,
-        _ => {
-            return Err(format!(
-                "--node {:?}: role is cdu, operator or facility",
-                args.node
-            ))
+    let (role, name) = signer_node(&args.node, false).map_err(|e| format!("--node: {e}"))?;
+    let name = ident("signer", name.expect("a named signer").as_str())?;
+    let may = if args.may.is_empty() {
+        May {
+            lease: true,
+            release: role == Role::Operator,
         }
+    } else {
+        parse_may(&args.may).map_err(|e| format!("--may: {e}"))?
     };
-    let name = ident("signer", name)?;
-    let mut may = May {
-        lease: true,
-        release: role == Role::Operator,
-    };
-    if !args.may.is_empty() {
-        may = May::default();
-        for m in &args.may {
-            match m.as_str() {
-                "lease" => may.lease = true,
-                "release" => may.release = true,
-                other => return Err(format!("--may {other:?}: lease or release")),
-            }
-        }
-    }
     let key = new_sign_key(role, &name, args.key_id);
     write_new(&args.out, &key.to_toml(), 0o600)?;
     let signer = Signer {
@@ -158,8 +138,7 @@ pub fn sign_key(args: &SignKeyArgs) -> Result<String, String> {
         key: key.key.verifying_key(),
         may,
     };
-    let ring = keyring_toml(&Ident::new("x").expect("an ident"), &[signer]);
-    let entry = ring.split_once("\n\n").map_or(ring.as_str(), |(_, e)| e);
+    let entry = signer_toml(&signer);
     Ok(format!(
         "wrote {} (keep it secret; mode 0600)\n\
          add to every host's keyring.toml, restart the hosts, then switch the signer to it:\n\n{entry}",

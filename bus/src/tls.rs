@@ -39,6 +39,19 @@ pub struct TlsFiles {
     pub server_name: Option<String>,
 }
 
+impl TlsFiles {
+    /// The files `lwbus pki init` wrote into `dir` for identity `who`:
+    /// `ca.crt`, `who.crt`, `who.key`.
+    pub fn of_identity(dir: &Path, who: &str) -> Self {
+        Self {
+            ca: dir.join("ca.crt"),
+            cert: Some(dir.join(format!("{who}.crt"))),
+            key: Some(dir.join(format!("{who}.key"))),
+            server_name: None,
+        }
+    }
+}
+
 /// TLS settings, loaded and checked: ready for every connection.
 #[derive(Clone)]
 pub struct Tls {
@@ -52,6 +65,40 @@ impl std::fmt::Debug for Tls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Tls {:?}", self.files)
     }
+}
+
+/// Which setting a TLS error is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsPart {
+    /// `tls_ca`.
+    Ca,
+    /// `tls_cert`.
+    Cert,
+    /// `tls_key`.
+    Key,
+    /// `tls_server_name`.
+    ServerName,
+}
+
+/// Why the TLS settings were refused, and which one is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsError {
+    /// The setting.
+    pub part: TlsPart,
+    /// What is wrong, naming the file.
+    pub message: String,
+}
+
+impl std::fmt::Display for TlsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for TlsError {}
+
+fn err(part: TlsPart) -> impl Fn(String) -> TlsError {
+    move |message| TlsError { part, message }
 }
 
 /// The TLS flags of a command-line tool.
@@ -85,6 +132,7 @@ impl TlsArgs {
             server_name: self.tls_server_name.clone(),
         })
         .map(Some)
+        .map_err(|e| e.message)
     }
 }
 
@@ -118,24 +166,26 @@ fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
 impl Tls {
     /// Reads and checks the files: the CA parses, the certificate and key
     /// belong together, the server name is a name or an address.
-    pub fn load(files: TlsFiles) -> Result<Tls, String> {
+    pub fn load(files: TlsFiles) -> Result<Tls, TlsError> {
+        let ca_err = err(TlsPart::Ca);
         let mut roots = RootCertStore::empty();
-        for c in certs(&files.ca, "TLS CA")? {
+        for c in certs(&files.ca, "TLS CA").map_err(&ca_err)? {
             roots
                 .add(c)
-                .map_err(|e| format!("TLS CA {}: {e}", files.ca.display()))?;
+                .map_err(|e| ca_err(format!("TLS CA {}: {e}", files.ca.display())))?;
         }
         let provider = provider();
         let builder = ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
-            .map_err(|e| format!("TLS: {e}"))?;
+            .map_err(|e| ca_err(format!("TLS: {e}")))?;
         let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
             .build()
-            .map_err(|e| format!("TLS CA {}: {e}", files.ca.display()))?;
+            .map_err(|e| ca_err(format!("TLS CA {}: {e}", files.ca.display())))?;
         let builder = match &files.server_name {
             Some(name) => {
-                let name = ServerName::try_from(name.clone()).map_err(|_| {
-                    format!("tls_server_name {name:?} is not a DNS name or address")
+                let name = ServerName::try_from(name.clone()).map_err(|_| TlsError {
+                    part: TlsPart::ServerName,
+                    message: format!("tls_server_name {name:?} is not a DNS name or address"),
                 })?;
                 builder
                     .dangerous()
@@ -146,19 +196,22 @@ impl Tls {
             }
             None => builder.with_webpki_verifier(webpki),
         };
+        let (cert_err, key_err) = (err(TlsPart::Cert), err(TlsPart::Key));
         let config = match (&files.cert, &files.key) {
-            (Some(cert), Some(key)) => builder
-                .with_client_auth_cert(certs(cert, "TLS certificate")?, private_key(key)?)
-                .map_err(|e| {
-                    format!(
+            (Some(cert), Some(key)) => {
+                let chain = certs(cert, "TLS certificate").map_err(&cert_err)?;
+                let secret = private_key(key).map_err(&key_err)?;
+                builder.with_client_auth_cert(chain, secret).map_err(|e| {
+                    cert_err(format!(
                         "TLS certificate {} and key {} do not go together: {e}",
                         cert.display(),
                         key.display()
-                    )
-                })?,
+                    ))
+                })?
+            }
             (None, None) => builder.with_no_client_auth(),
-            (Some(_), None) => return Err("tls_cert is given without tls_key".into()),
-            (None, Some(_)) => return Err("tls_key is given without tls_cert".into()),
+            (Some(_), None) => return Err(cert_err("tls_cert is given without tls_key".into())),
+            (None, Some(_)) => return Err(key_err("tls_key is given without tls_cert".into())),
         };
         Ok(Tls {
             config: Arc::new(config),
@@ -241,7 +294,8 @@ mod tests {
             ca: empty,
             ..files(None, None)
         })
-        .unwrap_err();
+        .unwrap_err()
+        .message;
         assert!(
             e.contains("TLS CA") && e.contains("no PEM certificate"),
             "{e}"
@@ -253,10 +307,14 @@ mod tests {
             &other.key_pair.serialize_pem(),
             0o600,
         );
-        let e = Tls::load(files(Some(cert.clone()), Some(key))).unwrap_err();
+        let e = Tls::load(files(Some(cert.clone()), Some(key)))
+            .unwrap_err()
+            .message;
         assert!(e.contains("do not go together"), "{e}");
         let open = write(dir.path(), "open.key", &ca.key_pair.serialize_pem(), 0o644);
-        let e = Tls::load(files(Some(cert.clone()), Some(open))).unwrap_err();
+        let e = Tls::load(files(Some(cert.clone()), Some(open)))
+            .unwrap_err()
+            .message;
         assert!(e.contains("readable by others"), "{e}");
         let good = write(dir.path(), "good.key", &ca.key_pair.serialize_pem(), 0o600);
         assert!(Tls::load(files(Some(cert), Some(good))).is_ok());
@@ -264,7 +322,8 @@ mod tests {
             server_name: Some("not a name!".into()),
             ..files(None, None)
         })
-        .unwrap_err();
+        .unwrap_err()
+        .message;
         assert!(e.contains("tls_server_name"), "{e}");
     }
 }

@@ -13,7 +13,7 @@
 
 use std::path::PathBuf;
 
-use loopwarden_bus::tls::{Tls, TlsFiles};
+use loopwarden_bus::tls::{Tls, TlsFiles, TlsPart};
 use loopwarden_bus::BrokerAddr;
 use loopwarden_protocol::Ident;
 
@@ -279,19 +279,21 @@ fn tls(
         }
         return Ok(None);
     };
-    if let Some(k) = &key.0 {
-        loopwarden_bus::keys::check_private(k, "TLS key")
-            .map_err(|m| src.error(key.1, "tls_key", m))?;
-    }
     let files = TlsFiles {
         ca: ca_path,
         cert: cert.0,
         key: key.0,
         server_name: name.0,
     };
-    Tls::load(files)
-        .map(Some)
-        .map_err(|m| src.error(ca.1.or(cert.1), "tls_ca", m))
+    Tls::load(files).map(Some).map_err(|e| {
+        let (flag, field) = match e.part {
+            TlsPart::Ca => (ca.1, "tls_ca"),
+            TlsPart::Cert => (cert.1, "tls_cert"),
+            TlsPart::Key => (key.1, "tls_key"),
+            TlsPart::ServerName => (name.1, "tls_server_name"),
+        };
+        src.error(flag, field, e.message)
+    })
 }
 
 /// The agent's loop period, ms (sampling on a host, control on a CDU):

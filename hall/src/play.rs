@@ -78,13 +78,8 @@ pub struct PlayConfig {
 
 /// The TLS settings of identity `who` from the pki folder `dir`.
 fn pki_tls(dir: &Path, who: &str) -> Result<loopwarden_bus::tls::Tls, PlayError> {
-    loopwarden_bus::tls::Tls::load(loopwarden_bus::tls::TlsFiles {
-        ca: dir.join("ca.crt"),
-        cert: Some(dir.join(format!("{who}.crt"))),
-        key: Some(dir.join(format!("{who}.key"))),
-        server_name: None,
-    })
-    .map_err(|e| PlayError::Start(format!("TLS identity {who}: {e}")))
+    loopwarden_bus::tls::Tls::load(loopwarden_bus::tls::TlsFiles::of_identity(dir, who))
+        .map_err(|e| PlayError::Start(format!("TLS identity {who}: {e}")))
 }
 
 /// What the run saw.

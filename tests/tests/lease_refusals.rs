@@ -100,14 +100,7 @@ fn start_h01(b: &PkiBroker) -> tokio::sync::oneshot::Sender<()> {
 
 /// The reader bms1 on h01's acks, over TLS.
 async fn ack_reader(b: &PkiBroker) -> (Bus, mpsc::Receiver<Inbound>) {
-    let d = b.dir();
-    let tls = Tls::load(TlsFiles {
-        ca: d.join("ca.crt"),
-        cert: Some(d.join("bms1.crt")),
-        key: Some(d.join("bms1.key")),
-        server_name: None,
-    })
-    .expect("bms1's TLS identity");
+    let tls = Tls::load(TlsFiles::of_identity(b.dir(), "bms1")).expect("bms1's TLS identity");
     let addr = format!("127.0.0.1:{}", b.port())
         .parse()
         .expect("an address");
