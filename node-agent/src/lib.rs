@@ -17,6 +17,7 @@
 //!   (the power-cap arbiter), [`guard`] (the thermal guard) and
 //!   [`commands`] (authentication, replay, leases and what to apply).
 //! - [`shell`]: the running agent (bus, flash, sampling, applying limits);
+//!   [`clock`]: the wall clock for stamps, a monotonic one for windows;
 //!   [`console`]: `node-agent ctl`; [`config`]: the TOML file and flags.
 //!
 //! [`replay`] runs the health engine over a recorded trace in simulated
@@ -35,6 +36,7 @@
 pub use node_core::{caps, commands, guard, health};
 
 pub mod actions;
+pub mod clock;
 pub mod config;
 pub mod console;
 pub mod gpu;

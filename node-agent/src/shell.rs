@@ -39,12 +39,13 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use loopwarden_bus::{now_ms, Bus};
+use loopwarden_bus::Bus;
 use loopwarden_protocol::{CapSource, GpuIndex, TimestampMs, Topic, Watts};
 use tokio::sync::{mpsc, watch};
 
 use crate::actions;
 use crate::caps::GpuRange;
+use crate::clock::{Clock, Steady, SystemClock};
 use crate::commands::CommandCore;
 use crate::config::Config;
 use crate::console::{self, Context, Snapshot, Timing};
@@ -154,16 +155,29 @@ pub(crate) struct Agent {
     pub running_actions: Vec<tokio::task::JoinHandle<()>>,
     /// Where the console's snapshot goes after every step.
     pub snapshots: watch::Sender<Option<Snapshot>>,
+    /// The wall clock for stamps, steady time for the health engine.
+    pub clock: Steady,
 }
 
 /// Runs the agent until `shutdown` completes, then restores the default
 /// limits it changed and leaves the bus cleanly.
 pub async fn run(
     config: Config,
-    mut source: Box<dyn GpuSource + Send>,
+    source: Box<dyn GpuSource + Send>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), AgentError> {
-    let started = now_ms();
+    run_with_clock(config, source, Arc::new(SystemClock::new()), shutdown).await
+}
+
+/// As [`run`], on the clocks given (a test steps the wall clock).
+pub async fn run_with_clock(
+    config: Config,
+    mut source: Box<dyn GpuSource + Send>,
+    clock: Arc<dyn Clock>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), AgentError> {
+    let clock = Steady::new(clock);
+    let started = clock.wall();
     // GPUs first: an agent without GPUs has nothing to do.
     let (workers, gpus) = startup::gpus(&config, &mut source).await?;
     let mut xid_rx = startup::watch_xids(&mut source)?;
@@ -228,11 +242,12 @@ pub async fn run(
         timing: Timing::default(),
         last_json: None,
         snapshots,
+        clock,
     };
 
     // Start from what the GPUs have now, then put the targets in force.
     agent.read_applied().await;
-    agent.reconcile(now_ms(), false).await;
+    agent.reconcile(agent.clock.wall(), false).await;
     agent.publish_snapshot();
 
     agent
@@ -261,5 +276,13 @@ fn health_key(gpu: usize) -> String {
 impl Agent {
     fn gpu_index(i: usize) -> GpuIndex {
         GpuIndex::new(i as u8).expect("at most 16 GPUs")
+    }
+
+    /// Steady time for the health engine, which is told the wall clock's
+    /// offset from it for its stamps.
+    fn engine_now(&mut self) -> TimestampMs {
+        let (steady, offset) = self.clock.read();
+        self.health.set_wall_offset(offset);
+        steady
     }
 }

@@ -546,6 +546,23 @@ fn run_source(
     tokio::sync::oneshot::Sender<()>,
     std::thread::JoinHandle<Result<(), node_agent::shell::AgentError>>,
 ) {
+    let config = agent_config(port, host, gpus, dir, more);
+    start_config(
+        config,
+        source,
+        std::sync::Arc::new(node_agent::clock::SystemClock::new()),
+    )
+}
+
+/// The config of an in-process agent: sampling every 200 ms unless `more`
+/// says otherwise.
+fn agent_config(
+    port: u16,
+    host: &str,
+    gpus: usize,
+    dir: &Path,
+    more: node_agent::config::Overrides,
+) -> node_agent::config::Config {
     let flags = node_agent::config::Overrides {
         common: CommonFlags {
             site: Some(SITE.into()),
@@ -559,15 +576,48 @@ fn run_source(
         cdu: Some(more.cdu.clone().unwrap_or_else(|| "cdu-a".into())),
         ..more
     };
-    let config = node_agent::config::load(None, &flags).expect("config");
+    node_agent::config::load(None, &flags).expect("config")
+}
+
+/// As [`run_source`], on a clock the test steps.
+fn run_source_with_clock(
+    port: u16,
+    host: &str,
+    gpus: usize,
+    dir: &Path,
+    more: node_agent::config::Overrides,
+    source: Box<dyn node_agent::gpu::GpuSource + Send>,
+    clock: node_agent::clock::Stepped,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    std::thread::JoinHandle<Result<(), node_agent::shell::AgentError>>,
+) {
+    let config = agent_config(port, host, gpus, dir, more);
+    start_config(config, source, std::sync::Arc::new(clock))
+}
+
+/// Runs an agent with `config` on a runtime of its own.
+fn start_config(
+    config: node_agent::config::Config,
+    source: Box<dyn node_agent::gpu::GpuSource + Send>,
+    clock: std::sync::Arc<dyn node_agent::clock::Clock>,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    std::thread::JoinHandle<Result<(), node_agent::shell::AgentError>>,
+) {
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     // The agent's loop is not `Send` (its flash stores hold borrows across
     // awaits); it runs on a runtime of its own, as in `main`.
     let agent = std::thread::spawn(move || {
         let rt = tokio::runtime::Runtime::new().expect("runtime");
-        rt.block_on(node_agent::shell::run(config, source, async {
-            let _ = stop_rx.await;
-        }))
+        rt.block_on(node_agent::shell::run_with_clock(
+            config,
+            source,
+            clock,
+            async {
+                let _ = stop_rx.await;
+            },
+        ))
     });
     (stop_tx, agent)
 }
@@ -910,4 +960,85 @@ fn a_limit_the_gpu_refuses_is_acknowledged_as_failed_and_said_once() {
     assert_eq!(caps, 0, "cap_applied events for a cap never applied");
     let _ = stop_tx.send(());
     agent.join().expect("joined").expect("agent ran");
+}
+
+#[test]
+fn a_wall_clock_step_changes_no_verdict_and_moves_the_stamps() {
+    // PCIe replays far above the limit on GPU 1 from the start: the rule
+    // needs them sustained for two minutes, so in these 12 s no verdict
+    // may come, whatever the wall clock does. A window measured on the
+    // wall clock would complete at the step of two hours forward.
+    let Some(broker) = Mosquitto::start() else {
+        return;
+    };
+    let port = broker.port();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let host = "h8";
+    let mut sub = Subscriber::start(
+        port,
+        &[
+            &format!("dc/v2/{SITE}/host/{host}/event"),
+            &format!("dc/v2/{SITE}/host/{host}/telemetry"),
+        ],
+    )
+    .expect("mosquitto_sub");
+    let board = loopwarden_boards::GpuBoard::builtin("H200-SXM").expect("board");
+    let twin = node_agent::sim_gpus::TwinSource::new(&board, 4, 3);
+    let control = twin.control();
+    let clock = node_agent::clock::Stepped::new();
+    let (stop_tx, agent) = run_source_with_clock(
+        port,
+        host,
+        4,
+        dir.path(),
+        Default::default(),
+        Box::new(twin),
+        clock.clone(),
+    );
+    let replays = |secs: u64| {
+        let end = Instant::now() + Duration::from_secs(secs);
+        while Instant::now() < end {
+            control
+                .inject(node_agent::sim_gpus::TwinFault::PcieReplay { gpu: 1, count: 50 })
+                .expect("inject");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    replays(4);
+    clock.step(2 * 3_600_000);
+    replays(4);
+    clock.step(-4 * 3_600_000);
+    replays(4);
+    let seen = sub.collect_until(Duration::from_secs(1), |_| false);
+    let _ = stop_tx.send(());
+    agent.join().expect("joined").expect("agent ran");
+    let frames: Vec<Frame> = seen.iter().filter_map(frame).collect();
+    let changes: Vec<_> = frames
+        .iter()
+        .filter_map(|f| match &f.message {
+            Message::Event(e @ Event::HealthChanged { .. }) => Some(e.clone()),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        changes.is_empty(),
+        "a clock step changed a verdict: {changes:?}"
+    );
+    // Stamps are on the wall clock: some telemetry two hours ahead, some
+    // two hours behind.
+    let real = now().0 as i64;
+    let offsets: Vec<i64> = frames
+        .iter()
+        .filter(|f| matches!(f.message, Message::HostTelemetry(_)))
+        .map(|f| (f.time.0 as i64 - real) / 3_600_000)
+        .collect();
+    assert!(offsets.contains(&0), "stamps before the step: {offsets:?}");
+    assert!(
+        offsets.contains(&1) || offsets.contains(&2),
+        "after +2 h: {offsets:?}"
+    );
+    assert!(
+        offsets.contains(&-1) || offsets.contains(&-2),
+        "after -2 h: {offsets:?}"
+    );
 }

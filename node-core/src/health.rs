@@ -326,6 +326,9 @@ pub struct HealthEngine {
     unsaid: Option<u64>,
     /// Since when every GPU has been silent together (`silence`).
     stall: Option<u64>,
+    /// The wall clock minus the engine's clock, ms: what turns a time of
+    /// the engine into a stamp (see [`HealthEngine::set_wall_offset`]).
+    wall_offset: i64,
 }
 
 impl HealthEngine {
@@ -339,7 +342,28 @@ impl HealthEngine {
             attributed: 0,
             unsaid: None,
             stall: None,
+            wall_offset: 0,
         }
+    }
+
+    /// Tells the engine how far the wall clock is from the clock its times
+    /// come in, ms (wall minus engine). The live agent runs the engine on
+    /// a monotonic clock, so a step of the wall clock changes no window
+    /// or rate; the stamps it gives (`since`, an output's `time`, the
+    /// times in evidence) are on the wall clock, this offset applied.
+    /// Replay leaves it at 0: its one clock is the trace's.
+    pub fn set_wall_offset(&mut self, wall_minus_engine_ms: i64) {
+        self.wall_offset = wall_minus_engine_ms;
+    }
+
+    /// The wall-clock stamp of engine time `t`.
+    pub(crate) fn stamp(&self, t: u64) -> TimestampMs {
+        TimestampMs(t.saturating_add_signed(self.wall_offset))
+    }
+
+    /// The engine time of wall-clock stamp `t`.
+    fn unstamp(&self, t: TimestampMs) -> u64 {
+        t.0.saturating_add_signed(-self.wall_offset)
     }
 
     /// The number of GPUs.
@@ -359,8 +383,9 @@ impl HealthEngine {
 
     /// Puts back a state kept from before a restart.
     pub fn restore(&mut self, gpu: u8, status: GpuStatus) {
+        let since = self.unstamp(status.since);
         if let Some(t) = self.gpus.get_mut(gpu as usize) {
-            t.last_degrade_evidence = status.since.0;
+            t.last_degrade_evidence = since;
             t.status = status;
         }
     }
@@ -376,6 +401,7 @@ impl HealthEngine {
         evidence: impl FnOnce() -> String,
         out: &mut Vec<Output>,
     ) {
+        let at = self.stamp(now);
         let t = &mut self.gpus[gpu];
         if to >= HealthState::Degraded {
             t.last_degrade_evidence = now;
@@ -384,7 +410,7 @@ impl HealthEngine {
             return;
         }
         let change = Change {
-            time: TimestampMs(now),
+            time: at,
             gpu: gpu as u8,
             from: t.status.state,
             to,
@@ -394,7 +420,7 @@ impl HealthEngine {
         t.status = GpuStatus {
             state: to,
             reason,
-            since: TimestampMs(now),
+            since: at,
             evidence: change.evidence.clone(),
         };
         out.push(Output::Change(change));
@@ -423,12 +449,13 @@ impl HealthEngine {
             None
         };
         if let Some(level) = level {
+            let at = self.stamp(now.0);
             self.raise(
                 now.0,
                 g,
                 level,
                 ReasonCode::xid(code).expect("catalog XIDs are below 1000"),
-                || format!("XID {code} ({}) at {}", xid_words(code), fmt_time(now)),
+                || format!("XID {code} ({}) at {}", xid_words(code), fmt_time(at)),
                 &mut out,
             );
         }
@@ -487,6 +514,7 @@ impl HealthEngine {
     fn heal_when_quiet(&mut self, now: TimestampMs, gpu: u8, out: &mut Vec<Output>) {
         let p = self.policy;
         let t = now.0;
+        let at = self.stamp(t);
         let tr = &mut self.gpus[gpu as usize];
         if tr.status.state == HealthState::Degraded
             && t.saturating_sub(tr.last_degrade_evidence) >= p.quiet_ms
@@ -500,11 +528,11 @@ impl HealthEngine {
             tr.status = GpuStatus {
                 state: HealthState::Healthy,
                 reason: ReasonCode::QUIET_PERIOD,
-                since: now,
+                since: at,
                 evidence: fit(format!("no new evidence for {quiet}")),
             };
             out.push(Output::Change(Change {
-                time: now,
+                time: at,
                 gpu,
                 from,
                 to: HealthState::Healthy,
@@ -523,6 +551,7 @@ impl HealthEngine {
         operator: &str,
         note: &str,
     ) -> Result<Change, HealthState> {
+        let at = self.stamp(now.0);
         let Some(tr) = self.gpus.get_mut(gpu as usize) else {
             return Err(HealthState::Healthy);
         };
@@ -531,19 +560,87 @@ impl HealthEngine {
         }
         let evidence = fit(format!(
             "released by {operator} at {}: {note}",
-            fmt_time(now)
+            fmt_time(at)
         ));
         let change = Change {
-            time: now,
+            time: at,
             gpu,
             from: HealthState::Quarantined,
             to: HealthState::Healthy,
             reason: ReasonCode::OPERATOR_RELEASE,
             evidence: evidence.clone(),
         };
-        *tr = Track::new(now);
+        *tr = Track::new(at);
         tr.status.reason = ReasonCode::OPERATOR_RELEASE;
         tr.status.evidence = evidence;
         Ok(change)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn engine(gpus: usize) -> HealthEngine {
+        let limits = Limits {
+            max_operating_c: 87.0,
+        };
+        HealthEngine::new(gpus, limits, Policy::default(), TimestampMs(0))
+    }
+
+    /// The engine time of the first change on GPU 0 with PCIe replays
+    /// rising fast on every sample, and its stamp; the wall clock is
+    /// `step` ms off from `step_at` on.
+    fn first_verdict(step_at: u64, step: i64) -> (u64, TimestampMs) {
+        let mut e = engine(2);
+        let mut o = Observation::default();
+        for s in 1..3_600u64 {
+            let t = s * 1000;
+            e.set_wall_offset(if t >= step_at { step } else { 0 });
+            o.pcie_replay += 100;
+            e.sample(TimestampMs(t + 1), 1, &Observation::default());
+            for out in e.sample(TimestampMs(t), 0, &o) {
+                if let Output::Change(c) = out {
+                    return (t, c.time);
+                }
+            }
+        }
+        panic!("no verdict within an hour");
+    }
+
+    #[test]
+    fn a_wall_clock_step_moves_stamps_and_no_verdict() {
+        let (t, at) = first_verdict(u64::MAX, 0);
+        assert_eq!(at, TimestampMs(t), "no step: the stamp is the engine time");
+        for step in [3_600_000i64, -3_600_000, 86_400_000] {
+            let (t2, at2) = first_verdict(t / 2, step);
+            assert_eq!(t2, t, "a step of {step} ms changed when the verdict came");
+            assert_eq!(
+                at2,
+                TimestampMs(t.saturating_add_signed(step)),
+                "stamped on the wall clock"
+            );
+        }
+    }
+
+    #[test]
+    fn a_restored_state_keeps_its_wall_stamp() {
+        let mut e = engine(1);
+        e.set_wall_offset(5_000);
+        let since = TimestampMs(1_000_000);
+        e.restore(
+            0,
+            GpuStatus {
+                state: HealthState::Degraded,
+                reason: ReasonCode::PCIE_REPLAY_RATE,
+                since,
+                evidence: String::new(),
+            },
+        );
+        assert_eq!(e.status(0).map(|s| s.since), Some(since));
+        assert_eq!(
+            e.gpus[0].last_degrade_evidence, 995_000,
+            "kept in engine time"
+        );
     }
 }

@@ -2,7 +2,7 @@
 //! health engine) and commands to this host (cap leases, quarantine
 //! releases), each logged to flash before it is acknowledged.
 
-use loopwarden_bus::{now_ms, Inbound};
+use loopwarden_bus::Inbound;
 use loopwarden_protocol::{
     Ack, AckCode, CduMode, Correlation, Event, Family, Frame, GpuCap, GpuSelector, Message,
     MessageKind, QuarantineRelease, RackCooling, Text, TimestampMs, MAX_FRAME_LEN,
@@ -16,7 +16,7 @@ impl Agent {
     pub(super) async fn on_inbound(&mut self, msg: Inbound) {
         if self.coolant_topic.as_ref() == Some(&msg.topic) {
             if let Message::CduState(st) = &msg.frame.message {
-                let now = now_ms();
+                let now = self.clock.wall();
                 let cdu = self.config.cdu.as_ref().expect("a coolant topic has a CDU");
                 if let Err(why) = crate::commands::check_cdu_state(cdu, &msg.frame, now) {
                     tracing::warn!("cooling context not taken: {why}");
@@ -38,7 +38,8 @@ impl Agent {
                     flow_lpm_per_gpu: st.flow_per_gpu.map(|f| f.value()),
                     state,
                 };
-                let outs = self.health.coolant(now, c);
+                let t = self.engine_now();
+                let outs = self.health.coolant(t, c);
                 self.on_health(outs, now).await;
             }
             return;
@@ -50,7 +51,7 @@ impl Agent {
     }
 
     async fn on_command(&mut self, msg: Inbound) {
-        let now = now_ms();
+        let now = self.clock.wall();
         let frame = msg.frame;
         let verdict = self.core.command(now, &frame);
         let mut code = verdict.code;
@@ -95,9 +96,10 @@ impl Agent {
         code: &mut AckCode,
         detail: &mut String,
     ) {
+        let t = self.engine_now();
         match self
             .health
-            .release(now, gpu, r.operator.as_str(), r.note.as_str())
+            .release(t, gpu, r.operator.as_str(), r.note.as_str())
         {
             Ok(change) => {
                 let logged = self

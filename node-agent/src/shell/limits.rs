@@ -2,7 +2,6 @@
 //! force and read them back (retrying failures), and put the defaults back
 //! at exit.
 
-use loopwarden_bus::now_ms;
 use loopwarden_protocol::{Event, TimestampMs};
 
 use super::{Agent, RETRY_MS};
@@ -115,7 +114,7 @@ impl Agent {
 
     pub(super) async fn restore_defaults(&mut self) {
         let deadline = self.config.deadline;
-        let now = now_ms();
+        let now = self.clock.wall();
         for i in 0..self.gpus.len() {
             let default = self.gpus[i].info.default_limit;
             if !self.gpus[i].changed || self.gpus[i].applied == Some(default) {

@@ -4,7 +4,6 @@
 
 use std::time::Duration;
 
-use loopwarden_bus::now_ms;
 use loopwarden_protocol::{Event, GpuIndex, HealthState, TimestampMs};
 use tokio::sync::mpsc;
 
@@ -15,7 +14,8 @@ use crate::health::{fmt_time, Output};
 
 impl Agent {
     pub(super) async fn on_xid(&mut self, x: XidReport) {
-        let now = now_ms();
+        let now = self.clock.wall();
+        let t = self.engine_now();
         let Some(gpu) = GpuIndex::new(x.gpu).filter(|g| (g.get() as usize) < self.gpus.len())
         else {
             tracing::warn!("XID {} for unknown GPU {}", x.xid, x.gpu);
@@ -28,7 +28,7 @@ impl Agent {
         }
         g.xids.push_back((now, x.xid));
         // The decision first: the quarantine is what the hall waits for.
-        let outs = self.health.xid(now, x.gpu, x.xid);
+        let outs = self.health.xid(t, x.gpu, x.xid);
         self.on_health(outs, now).await;
         self.emit(Event::Xid { gpu, xid: x.xid }, now).await;
     }
@@ -36,7 +36,7 @@ impl Agent {
     /// The XID watch stopped (`Some(why)`) or runs again (`None`): while it
     /// is down the host's health says so, since XIDs go unseen.
     pub(super) async fn on_xid_watch(&mut self, down: Option<String>) {
-        let now = now_ms();
+        let now = self.clock.wall();
         let running = down.is_none();
         match down {
             Some(why) => {
@@ -200,7 +200,7 @@ impl Agent {
             ok: o.ok,
             exit_code: o.exit_code,
         };
-        self.emit(ev, now_ms()).await;
+        self.emit(ev, self.clock.wall()).await;
     }
 
     /// At a clean stop: a drain that is running finishes (within its

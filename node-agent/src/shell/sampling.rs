@@ -7,7 +7,7 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use loopwarden_bus::{now_ms, Inbound};
+use loopwarden_bus::Inbound;
 use loopwarden_protocol::GpuFlags;
 use tokio::sync::mpsc;
 
@@ -32,7 +32,7 @@ impl Agent {
             let expiry = self
                 .core
                 .next_expiry()
-                .map(|t| Duration::from_millis(now_ms().until(t)));
+                .map(|t| Duration::from_millis(self.clock.wall().until(t)));
             tokio::select! {
                 scheduled = tick.tick() => {
                     let jitter = Instant::now().saturating_duration_since(scheduled.into_std());
@@ -46,7 +46,7 @@ impl Agent {
                     XidEvent::WatchUp => self.on_xid_watch(None).await,
                 },
                 _ = sleep_opt(expiry) => {
-                    self.reconcile(now_ms(), false).await;
+                    self.reconcile(self.clock.wall(), false).await;
                 }
                 _ = &mut shutdown => break,
             }
@@ -69,7 +69,8 @@ impl Agent {
                 results[i as usize] = Some(r);
             }
         }
-        let now = now_ms();
+        let now = self.clock.wall();
+        let t = self.engine_now();
         let settings = self.config.guard;
         for (i, r) in results.into_iter().enumerate() {
             let g = &mut self.gpus[i];
@@ -84,7 +85,7 @@ impl Agent {
                     }
                     let cap = g.guard.update(&settings, g.range, s.temp, s.power);
                     self.core.guard(Self::gpu_index(i), cap);
-                    let outs = self.health.sample(now, i as u8, &observation(&s));
+                    let outs = self.health.sample(t, i as u8, &observation(&s));
                     self.on_health(outs, now).await;
                 }
                 other => {
@@ -102,7 +103,7 @@ impl Agent {
                             g.missed
                         );
                     }
-                    let outs = self.health.missed(now, i as u8);
+                    let outs = self.health.missed(t, i as u8);
                     self.on_health(outs, now).await;
                 }
             }

@@ -13,7 +13,7 @@
 //!   GPUs ([`Output::CoolingAttributed`]).
 //! - *round*: the samples of every GPU of the host for one period.
 
-use loopwarden_protocol::{HealthState, ReasonCode, ThrottleReasons, TimestampMs, MAX_GPUS};
+use loopwarden_protocol::{HealthState, ReasonCode, ThrottleReasons, MAX_GPUS};
 
 use super::rules::Streak;
 use super::{At, HealthEngine, Limits, LoopState, Observation, Output, Policy, Track};
@@ -267,7 +267,7 @@ impl HealthEngine {
         if self.unsaid.is_some_and(|due| t >= due) {
             self.unsaid = None;
             out.push(Output::CoolingAttributed {
-                time: TimestampMs(t),
+                time: self.stamp(t),
                 gpus: self.attributed,
                 reason: ReasonCode::COOLING_FAULT,
             });
@@ -285,6 +285,7 @@ impl HealthEngine {
         out: &mut Vec<Output>,
     ) {
         let p = self.policy;
+        let when = At(self.stamp(t));
         let tr = &mut self.gpus[g];
         if let Some(e) = v.excess {
             tr.hot_excess = e;
@@ -296,7 +297,6 @@ impl HealthEngine {
         };
         let s = &v.straggling;
         let straggle_for = tr.straggle.update(t, s.slow, s.not_slow);
-        let when = At(TimestampMs(t));
         if hot_for.is_some_and(|d| d >= p.hot_sustain_ms) {
             let e = tr.hot_excess;
             let temp = o.temp;

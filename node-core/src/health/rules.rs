@@ -14,7 +14,7 @@
 
 use std::collections::VecDeque;
 
-use loopwarden_protocol::{HealthState, ReasonCode, TimestampMs};
+use loopwarden_protocol::{HealthState, ReasonCode};
 
 use super::{At, HealthEngine, Observation, Output};
 
@@ -82,7 +82,7 @@ impl HealthEngine {
         out: &mut Vec<Output>,
     ) {
         let p = self.policy;
-        let when = At(TimestampMs(t));
+        let when = At(self.stamp(t));
         let dbe_rose = match prev {
             Some(p) => o.dbe_volatile > p.dbe_volatile,
             None => o.dbe_volatile > 0,
@@ -136,7 +136,7 @@ impl HealthEngine {
         prev: Option<Observation>,
         out: &mut Vec<Output>,
     ) {
-        let when = At(TimestampMs(t));
+        let when = At(self.stamp(t));
         if let Some(pv) = prev {
             let replay = o.nvlink_replay.saturating_sub(pv.nvlink_replay);
             let recovery = o.nvlink_recovery.saturating_sub(pv.nvlink_recovery);
@@ -162,7 +162,7 @@ impl HealthEngine {
         o: &Observation,
         out: &mut Vec<Output>,
     ) {
-        let when = At(TimestampMs(t));
+        let when = At(self.stamp(t));
         if o.retired_pending {
             self.raise(
                 t,
@@ -195,7 +195,7 @@ impl HealthEngine {
         out: &mut Vec<Output>,
     ) {
         let p = self.policy;
-        let when = At(TimestampMs(t));
+        let when = At(self.stamp(t));
         let tr = &mut self.gpus[g];
         let pcie_min = tr.pcie.push(t, o.pcie_replay, 60_000);
         let sbe_min = tr.sbe.push(t, o.sbe_volatile, 60_000);

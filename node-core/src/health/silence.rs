@@ -51,6 +51,7 @@ impl HealthEngine {
             self.gpus[g].own_missed += 1;
         }
         let (own, missed) = (self.gpus[g].own_missed, self.gpus[g].missed);
+        let began = self.stamp(first);
         if own >= self.policy.unresponsive_after {
             self.raise(
                 t,
@@ -60,7 +61,7 @@ impl HealthEngine {
                 || {
                     format!(
                         "missed {missed} samples in a row since {}, {own} while the other GPUs answered",
-                        fmt_time(TimestampMs(first))
+                        fmt_time(began)
                     )
                 },
                 &mut out,
@@ -114,8 +115,8 @@ impl HealthEngine {
                 .fold(0u16, |m, (i, _)| m | 1 << i);
             self.stall = Some(since);
             out.push(Output::HostStall {
-                time: now,
-                since: TimestampMs(since),
+                time: self.stamp(now.0),
+                since: self.stamp(since),
                 gpus,
             });
         }
@@ -125,15 +126,15 @@ impl HealthEngine {
     pub(super) fn end_stall(&mut self, now: TimestampMs, out: &mut Vec<Output>) {
         if let Some(since) = self.stall.take() {
             out.push(Output::HostStallEnded {
-                time: now,
-                since: TimestampMs(since),
+                time: self.stamp(now.0),
+                since: self.stamp(since),
             });
         }
     }
 
     /// Since when the host has been stalled, if it is.
     pub fn stalled_since(&self) -> Option<TimestampMs> {
-        self.stall.map(TimestampMs)
+        self.stall.map(|t| self.stamp(t))
     }
 }
 
