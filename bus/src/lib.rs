@@ -30,6 +30,7 @@ pub mod embedded;
 pub mod keys;
 mod metrics;
 pub mod pki;
+pub mod prometheus;
 pub mod recorder;
 pub mod tls;
 

@@ -35,6 +35,7 @@
 //! | `flash` | none (events kept in memory) | flash file for the event log |
 //! | `northbound` | none (no server) | the BMS's Modbus TCP server, `address:port` |
 //! | `northbound_writes` | false | the BMS may write the bounded holding registers |
+//! | `metrics_listen` | none (not served) | Prometheus's `/metrics`, `IP:PORT` or `:PORT` |
 //! | `board_pins` | none (leaks from the CDU's register only) | the controller board's pin map TOML (`boards/pins/*.toml`) |
 //! | `gpio_chip` | none | the GPIO character device of those pins, e.g. `/dev/gpiochip0` |
 //! | `unprotected_racks` | none | racks run without a leak rope, by number; with `board_pins`, every other rack must have a rope in the pin map |
@@ -116,6 +117,8 @@ loopwarden_field::agent_file! {
         pub northbound: Option<String>,
         /// The BMS may write the northbound holding registers.
         pub northbound_writes: Option<bool>,
+        /// Prometheus's `/metrics` on this address (`IP:PORT`).
+        pub metrics_listen: Option<String>,
         /// The board's pin map file.
         pub board_pins: Option<PathBuf>,
         /// The GPIO chip of the board's pins.
@@ -191,6 +194,10 @@ loopwarden_field::agent_flags! {
         /// setpoint ceiling, plan ceiling offset, alarm acknowledge).
         #[arg(long)]
         pub northbound_writes: Option<bool>,
+        /// Serve Prometheus metrics at http://ADDR/metrics (`IP:PORT`, or
+        /// `:PORT` for every interface); off by default.
+        #[arg(long, value_name = "ADDR")]
+        pub metrics_listen: Option<String>,
         /// The controller board's pin map (TOML): leak ropes and their fault
         /// inputs per rack, the controller-healthy relay, the alarm beacon;
         /// with --gpio-chip.
@@ -246,6 +253,8 @@ pub struct Config {
     pub northbound: Option<std::net::SocketAddr>,
     /// The BMS may write the northbound holding registers.
     pub northbound_writes: bool,
+    /// Where `/metrics` is served; `None`: not served.
+    pub metrics_listen: Option<SocketAddr>,
     /// The board's pins on a GPIO chip; `None`: no board pins.
     pub board: Option<BoardConfig>,
 }
@@ -361,6 +370,7 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
     let hosts = hosts(&src, &file, flags, &core)?;
     let timings = timings(&src, &file, flags)?;
     let (northbound, northbound_writes) = northbound(&src, &file, flags)?;
+    let metrics_listen = metrics_listen(&src, &file, flags)?;
     let board = board_pins(&src, &file, flags, &core)?;
 
     Ok(Config {
@@ -384,8 +394,23 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         flash: common.flash,
         northbound,
         northbound_writes,
+        metrics_listen,
         board,
     })
+}
+
+/// `metrics_listen`: the address `/metrics` is served on, if any.
+fn metrics_listen(
+    src: &Sources,
+    file: &FileConfig,
+    flags: &Overrides,
+) -> Result<Option<SocketAddr>, ConfigError> {
+    match pick!(flags.metrics_listen, file.metrics_listen, "metrics-listen") {
+        (Some(a), flag) => loopwarden_bus::prometheus::parse_listen(&a)
+            .map(Some)
+            .map_err(|m| src.error(flag, "metrics_listen", m)),
+        (None, _) => Ok(None),
+    }
 }
 
 /// The key cap leases are signed with.

@@ -32,6 +32,8 @@ pub mod gpio;
 
 pub mod journal;
 
+pub mod metrics;
+
 pub mod modbus;
 
 pub mod northbound;

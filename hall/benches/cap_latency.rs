@@ -127,6 +127,8 @@ fn main() {
                 headless: true,
                 broker,
                 pki: None,
+                agent_config: None,
+                clear_leaks: Vec::new(),
             },
             PlayOptions {
                 cap_release_ms: Some(10_000),

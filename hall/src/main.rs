@@ -57,6 +57,24 @@ struct PlayArgs {
     /// init` folder (hosts r0h0, r0h1, …, cdu1 and the reader hall-run).
     #[arg(long, requires = "broker")]
     pki: Option<PathBuf>,
+    /// An agent config file every host's agent reads (its `[quarantine]`
+    /// and `[cooling_loss]` commands, say).
+    #[arg(long)]
+    agent_config: Option<PathBuf>,
+    /// An operator clears a latched leak at this simulated second
+    /// (`SECONDS:RACK`, repeatable), as `cooling-ctrl ctl clear-leak` would.
+    #[arg(long = "clear-leak", value_parser = parse_clear_leak)]
+    clear_leaks: Vec<(u64, usize)>,
+}
+
+/// `SECONDS:RACK`.
+fn parse_clear_leak(s: &str) -> Result<(u64, usize), String> {
+    let (at, rack) = s
+        .split_once(':')
+        .ok_or_else(|| format!("{s:?}: expected SECONDS:RACK, for example 1200:2"))?;
+    let at = at.parse().map_err(|e| format!("{s:?}: seconds {at:?}: {e}"))?;
+    let rack = rack.parse().map_err(|e| format!("{s:?}: rack {rack:?}: {e}"))?;
+    Ok((at, rack))
 }
 
 /// The default scenario: ten eventful minutes.
@@ -91,6 +109,8 @@ fn play(a: &PlayArgs) -> Result<(), String> {
         headless: a.headless,
         broker,
         pki: a.pki.clone(),
+        agent_config: a.agent_config.clone(),
+        clear_leaks: a.clear_leaks.clone(),
     };
     let rt = tokio::runtime::Runtime::new().map_err(|e| format!("runtime: {e}"))?;
     let o = rt

@@ -7,8 +7,8 @@
 //!
 //! Hosts follow their agents as the plant model says: the run listens on
 //! the bus like any facility system and tells the hall when an agent
-//! quarantined a GPU (drained 30 s later) and when the controller declared
-//! a rack's cooling lost (drained and powered down 30 s later).
+//! quarantined a GPU (drained 30 s later) and when an agent powered its
+//! host down because its rack lost cooling (and up when it is back).
 //!
 //! The run also watches the controller's own counters
 //! ([`cooling_ctrl::shell::ShellStats`], replaced after every step and
@@ -42,7 +42,7 @@ use loopwarden_field::common::CommonFlags;
 use loopwarden_protocol::message::{
     CduState, Event, HealthState, HostHealth, HostTelemetry, RackCooling,
 };
-use loopwarden_protocol::{Ident, Message, NodeId, Role};
+use loopwarden_protocol::{CoolingStep, Ident, Message, NodeId, Role};
 use loopwarden_twin::hall::Hall;
 use loopwarden_twin::pins::SimLines;
 use loopwarden_twin::scenario::Scenario;
@@ -74,6 +74,16 @@ pub struct PlayConfig {
     /// sign key), the reader `hall-run` for the observer, and the hosts'
     /// `keyring.toml`.
     pub pki: Option<PathBuf>,
+    /// An agent config file every host's agent reads (its `[quarantine]`
+    /// and `[cooling_loss]` commands, say); what the run sets (site,
+    /// broker, host, rack, flash, console) overrides it. Without one, the
+    /// agents' cooling-loss power-down is `true` (the simulated host
+    /// follows the agent's `cooling_action` event) after 30 simulated
+    /// seconds.
+    pub agent_config: Option<PathBuf>,
+    /// Operators clearing a latched leak: (simulated second, rack), as
+    /// `cooling-ctrl ctl clear-leak` would.
+    pub clear_leaks: Vec<(u64, usize)>,
 }
 
 /// The TLS settings of identity `who` from the pki folder `dir`.
@@ -96,6 +106,8 @@ pub struct PlayOutcome {
     pub quarantined: BTreeSet<usize>,
     /// Racks the controller declared lost.
     pub racks_lost: BTreeSet<usize>,
+    /// Hosts whose agents powered them down for a cooling loss.
+    pub hosts_powered_down: BTreeSet<String>,
     /// Events seen, in words.
     pub events: Vec<String>,
     /// The report's files.
@@ -214,6 +226,7 @@ pub async fn play_with(cfg: PlayConfig, opts: PlayOptions) -> Result<PlayOutcome
         pki: cfg.pki.as_deref(),
         host_ids: &host_ids,
         sim: &sim,
+        clear_leaks: &cfg.clear_leaks,
     };
     let (start, controller, watcher) = ctrl.start(&sc, &opts, &stop_rx)?;
     let observer_tls = cfg
@@ -349,14 +362,31 @@ fn start_agents(
             cdu: Some("cdu1".into()),
             rack: Some((h / s.hosts_per_rack) as u8),
             keyring: cfg.pki.as_ref().map(|d| d.join("keyring.toml")),
-            ..Default::default()
+            ..hall_cooling_loss(cfg)
         };
-        let config = node_agent::config::load(None, &flags)
+        let config = node_agent::config::load(cfg.agent_config.as_deref(), &flags)
             .map_err(|e| PlayError::Start(format!("agent {id}: {e}")))?;
         let source = Box::new(node_agent::hall_gpus::HallSource::new(hall.clone(), h));
         agents.push(spawn_agent(id.clone(), config, source, stop_rx.clone())?);
     }
     Ok(agents)
+}
+
+/// Without an agent config file: the agents power their hosts' GPUs down
+/// [`loopwarden_twin::hosts::DRAIN_S`] simulated seconds after their rack
+/// lost cooling, with `true` as the command (the simulated host follows
+/// the agent's `cooling_action` event), and up again when it is back.
+fn hall_cooling_loss(cfg: &PlayConfig) -> node_agent::config::Overrides {
+    if cfg.agent_config.is_some() {
+        return Default::default();
+    }
+    let grace = (loopwarden_twin::hosts::DRAIN_S / cfg.speed.max(1e-3)).round() as u64;
+    node_agent::config::Overrides {
+        cooling_power_down: vec!["true".into()],
+        cooling_power_up: vec!["true".into()],
+        cooling_grace_s: Some(grace),
+        ..Default::default()
+    }
 }
 
 /// An agent on its own thread and runtime, as on its own host.
@@ -394,6 +424,8 @@ struct ControllerSide<'a> {
     pki: Option<&'a Path>,
     host_ids: &'a [String],
     sim: &'a SimSide,
+    /// Operators clearing latched leaks: (simulated second, rack).
+    clear_leaks: &'a [(u64, usize)],
 }
 
 impl ControllerSide<'_> {
@@ -408,6 +440,47 @@ impl ControllerSide<'_> {
                 key: loopwarden_protocol::samples::demo_signing_key(),
             }),
         }
+    }
+
+    /// The operators of the run: a task that asks the controller to clear
+    /// each leak at its simulated second, and says what it answered.
+    fn operator(
+        &self,
+        stop_rx: &watch::Receiver<bool>,
+    ) -> Option<mpsc::Receiver<cooling_ctrl::shell::OperatorRequest>> {
+        if self.clear_leaks.is_empty() {
+            return None;
+        }
+        let (tx, rx) = mpsc::channel(4);
+        let mut due = self.clear_leaks.to_vec();
+        due.sort();
+        let hall = self.sim.hall.clone();
+        let stop = stop_rx.clone();
+        tokio::spawn(async move {
+            for (at_s, rack) in due {
+                while hall.lock().expect("hall lock").time_s() < at_s as f64 {
+                    if *stop.borrow() {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                let (reply, answer) = tokio::sync::oneshot::channel();
+                let req = cooling_ctrl::shell::OperatorRequest {
+                    action: cooling_ctrl::shell::OperatorAction::ClearLeak { rack },
+                    operator: Ident::new("hall-operator").expect("an ident"),
+                    reply,
+                };
+                if tx.send(req).await.is_err() {
+                    return;
+                }
+                match answer.await {
+                    Ok(Ok(done)) => tracing::info!("t={at_s}s operator: {done}"),
+                    Ok(Err(why)) => tracing::warn!("t={at_s}s operator: clear-leak {rack} refused: {why}"),
+                    Err(_) => return,
+                }
+            }
+        });
+        Some(rx)
     }
 
     /// Starts the cooling controller, driving the CDU over Modbus, and the
@@ -457,6 +530,7 @@ impl ControllerSide<'_> {
         let shell_opts = ShellOptions {
             stats: Some(stats_tx),
             board: Some(Box::new(board)),
+            operator: self.operator(stop_rx),
             ..Default::default()
         };
         let start = Instant::now();
@@ -673,6 +747,9 @@ impl<'a> Live<'a> {
             Message::CduTelemetry(_) => self.out.cdu_heard = true,
             Message::HostHealth(hh) => self.host_health(&node, hh, t),
             Message::CduState(st) => self.cdu_state(st, t),
+            Message::Event(Event::CoolingAction { step, ok, .. }) => {
+                self.cooling_action(&node, *step, *ok, t)
+            }
             Message::Event(e) => {
                 if matches!(
                     e,
@@ -725,16 +802,32 @@ impl<'a> Live<'a> {
         }
     }
 
-    /// The CDU's state: the hall follows the racks whose cooling is lost.
+    /// A host's agent ran a cooling-loss command: the simulated host
+    /// follows what it did (a power-down that failed leaves it running).
+    fn cooling_action(&mut self, node: &str, step: CoolingStep, ok: bool, t: f64) {
+        let Some(h) = self.host_ids.iter().position(|x| *x == node) else {
+            return;
+        };
+        self.out
+            .events
+            .push(format!("t={t:.0}s {node}: cooling {step:?} ok={ok}"));
+        let mut hall = self.sim.hall.lock().expect("hall lock");
+        match step {
+            CoolingStep::PowerDown if ok => {
+                hall.host_powered_down(h);
+                self.out.hosts_powered_down.insert(node.to_string());
+            }
+            CoolingStep::PowerUp | CoolingStep::Resume => hall.host_restored(h),
+            _ => {}
+        }
+    }
+
+    /// The CDU's state: which racks it declared lost (their hosts' agents
+    /// act on it; the hall follows the agents).
     fn cdu_state(&mut self, st: &CduState, t: f64) {
         for r in &st.racks {
             let rack = r.rack.get() as usize;
             let lost = r.cooling == RackCooling::Lost;
-            self.sim
-                .hall
-                .lock()
-                .expect("hall lock")
-                .set_rack_cooling_lost(rack, lost);
             if lost && self.out.racks_lost.insert(rack) {
                 self.out
                     .events

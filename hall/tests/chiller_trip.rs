@@ -88,6 +88,8 @@ async fn a_chiller_trip_caps_the_hosts_through_real_agents_and_the_caps_lift_aft
         headless: true,
         broker: Some(format!("127.0.0.1:{}", broker.port()).parse().unwrap()),
         pki: Some(broker.dir().to_path_buf()),
+        agent_config: None,
+        clear_leaks: Vec::new(),
     })
     .await
     .expect("the run completes");

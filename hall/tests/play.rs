@@ -32,6 +32,8 @@ async fn the_whole_system_runs_headless_and_everything_is_heard() {
         headless: true,
         broker: None,
         pki: None,
+        agent_config: None,
+        clear_leaks: Vec::new(),
     })
     .await
     .expect("the run completes");

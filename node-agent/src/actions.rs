@@ -1,5 +1,6 @@
-//! Quarantine actions: the commands a site runs when a GPU is taken out of
-//! service (a Slurm drain, a Kubernetes taint, a ticket).
+//! Site actions: the commands a site runs when a GPU is taken out of
+//! service (a Slurm drain, a Kubernetes taint, a ticket), and when a rack
+//! loses cooling (a drain, a power-down, and their undoing).
 //!
 //! Each action is an argument vector from the config, run without a shell:
 //! placeholders (`{host}`, `{site}`, `{gpu}`, `{uuid}`, `{reason}`) are
@@ -32,14 +33,27 @@ pub struct Vars {
 
 /// `action` with its placeholders replaced, argument by argument.
 pub fn expand(action: &[String], v: &Vars) -> Vec<String> {
+    let gpu = v.gpu.to_string();
+    expand_with(
+        action,
+        &[
+            ("{host}", &v.host),
+            ("{site}", &v.site),
+            ("{gpu}", &gpu),
+            ("{uuid}", &v.uuid),
+            ("{reason}", &v.reason),
+        ],
+    )
+}
+
+/// `action` with each `(placeholder, value)` replaced inside each
+/// argument (a value never adds an argument).
+pub fn expand_with(action: &[String], vars: &[(&str, &str)]) -> Vec<String> {
     action
         .iter()
         .map(|arg| {
-            arg.replace("{host}", &v.host)
-                .replace("{site}", &v.site)
-                .replace("{gpu}", &v.gpu.to_string())
-                .replace("{uuid}", &v.uuid)
-                .replace("{reason}", &v.reason)
+            vars.iter()
+                .fold(arg.clone(), |a, (name, value)| a.replace(name, value))
         })
         .collect()
 }

@@ -10,6 +10,7 @@
 //!   default), so an error points at it.
 //! - *twin*: simulated GPUs instead of NVML.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -19,6 +20,9 @@ use loopwarden_field::config::{self as field, local_host_name, range, Sources};
 use loopwarden_field::pick;
 use loopwarden_protocol::{DurationMs, Ident, Watts, WholeCelsius};
 use serde::Deserialize;
+
+mod cooling_loss;
+pub use cooling_loss::{CoolingLossActions, CoolingLossFile, COOLING_PLACEHOLDERS};
 
 use crate::caps::LeaseLimits;
 use crate::commands::Authority;
@@ -54,12 +58,17 @@ loopwarden_field::agent_file! {
         pub health: Option<HealthFile>,
         /// Quarantine actions.
         pub quarantine: Option<QuarantineFile>,
+        /// What to do when the rack loses cooling.
+        pub cooling_loss: Option<CoolingLossFile>,
         /// The longest cap lease taken, ms.
         pub max_lease_ms: Option<u64>,
         /// The most cap leases held at once.
         pub max_leases: Option<u64>,
         /// Who may command this host (public keys and rights).
         pub keyring: Option<PathBuf>,
+        /// Serve Prometheus metrics on this address (`IP:PORT`); off
+        /// when absent.
+        pub metrics_listen: Option<String>,
     }
 }
 
@@ -154,6 +163,30 @@ loopwarden_field::agent_flags! {
         /// Timeout of a quarantine action, s.
         #[arg(long)]
         pub quarantine_timeout_s: Option<u64>,
+        /// A command when the rack loses cooling, split on white space
+        /// (repeat for several; replaces the file's `drain`).
+        #[arg(long = "cooling-drain")]
+        pub cooling_drain: Vec<String>,
+        /// A command after the grace period (replaces `power_down`).
+        #[arg(long = "cooling-power-down")]
+        pub cooling_power_down: Vec<String>,
+        /// A command when cooling is back, if powered down (replaces
+        /// `power_up`).
+        #[arg(long = "cooling-power-up")]
+        pub cooling_power_up: Vec<String>,
+        /// A command when cooling is back (replaces `resume`).
+        #[arg(long = "cooling-resume")]
+        pub cooling_resume: Vec<String>,
+        /// Seconds between the drain and the power-down.
+        #[arg(long)]
+        pub cooling_grace_s: Option<u64>,
+        /// Timeout of a cooling-loss command, s.
+        #[arg(long)]
+        pub cooling_timeout_s: Option<u64>,
+        /// Serve Prometheus metrics at http://ADDR/metrics (`IP:PORT`, or
+        /// `:PORT` for every interface); off by default.
+        #[arg(long, value_name = "ADDR")]
+        pub metrics_listen: Option<String>,
     }
 }
 
@@ -211,8 +244,12 @@ pub struct Config {
     pub quarantine_actions: Vec<Vec<String>>,
     /// Timeout per action.
     pub quarantine_timeout: Duration,
+    /// What to do when the rack loses cooling, and when it is back.
+    pub cooling_loss: CoolingLossActions,
     /// What the host takes of cap leases.
     pub lease_limits: LeaseLimits,
+    /// Where `/metrics` is served; `None`: not served.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// Placeholders a quarantine action may use.
@@ -247,6 +284,8 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
     let (cdu, rack) = cooling_context(&src, &file, flags)?;
     let quiet_period = quiet_period(&src, &file, flags)?;
     let quarantine = quarantine(&src, &file, flags)?;
+    let cooling_loss =
+        cooling_loss::cooling_loss(&src, &file, flags, cdu.is_some() && rack.is_some())?;
     let keyring = pick!(flags.keyring, file.keyring, "keyring");
     let production = match (&gpus, &keyring.0) {
         (GpuSourceKind::Nvml, _) => Some("real GPUs"),
@@ -256,6 +295,7 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
     common::check_broker(&src, &common, production)?;
     let (signers, demo_key) = signers(&src, keyring, &gpus, &common.site)?;
     let lease_limits = lease_limits(&src, &file, flags)?;
+    let metrics_listen = metrics_listen(&src, &file, flags)?;
 
     Ok(Config {
         site: common.site,
@@ -282,8 +322,24 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         guard,
         quarantine_actions: quarantine.actions,
         quarantine_timeout: quarantine.timeout,
+        cooling_loss,
         lease_limits,
+        metrics_listen,
     })
+}
+
+/// `metrics_listen`: the address `/metrics` is served on, if any.
+fn metrics_listen(
+    src: &Sources,
+    file: &FileConfig,
+    flags: &Overrides,
+) -> Result<Option<SocketAddr>, ConfigError> {
+    match pick!(flags.metrics_listen, file.metrics_listen, "metrics-listen") {
+        (Some(a), flag) => loopwarden_bus::prometheus::parse_listen(&a)
+            .map(Some)
+            .map_err(|m| src.error(flag, "metrics_listen", m)),
+        (None, _) => Ok(None),
+    }
 }
 
 /// What the host takes of cap leases: the longest (1 s to 1 h, 10 minutes
@@ -547,7 +603,7 @@ fn quarantine(
         )
     };
     for action in &actions {
-        check_action(action)
+        check_action(action, &PLACEHOLDERS)
             .map_err(|m| src.section("quarantine").error(actions_flag, "actions", m))?;
     }
     let timeout = range(
@@ -600,10 +656,11 @@ fn signers(
     })
 }
 
-/// An action is a non-empty argument vector whose placeholders are known.
-fn check_action(action: &[String]) -> Result<(), String> {
+/// An action is a non-empty argument vector whose placeholders are among
+/// `known`.
+fn check_action(action: &[String], known: &[&str]) -> Result<(), String> {
     let Some(program) = action.first() else {
-        return Err("a quarantine action is empty: give the program and its arguments".into());
+        return Err("an action is empty: give the program and its arguments".into());
     };
     if program.contains('{') {
         return Err(format!(
@@ -617,10 +674,10 @@ fn check_action(action: &[String]) -> Result<(), String> {
                 .find('}')
                 .ok_or_else(|| format!("unclosed placeholder in {arg:?}"))?;
             let name = &rest[open..open + close + 1];
-            if !PLACEHOLDERS.contains(&name) {
+            if !known.contains(&name) {
                 return Err(format!(
                     "unknown placeholder {name} in {arg:?}; known: {}",
-                    PLACEHOLDERS.join(" ")
+                    known.join(" ")
                 ));
             }
             rest = &rest[open + close + 1..];
@@ -737,6 +794,23 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.origin, "flag --deadline-ms", "{e}");
+    }
+
+    #[test]
+    fn metrics_listen_is_off_by_default_and_checked() {
+        let base = "site = \"a\"\nhost = \"h\"\ntwin_gpus = 2\n";
+        assert_eq!(from(base).unwrap().metrics_listen, None);
+        let c = from(&format!("{base}metrics_listen = \":9400\"\n")).unwrap();
+        assert_eq!(c.metrics_listen, Some(([0, 0, 0, 0], 9400).into()));
+        let e = from(&format!("{base}metrics_listen = \"localhost\"\n")).unwrap_err();
+        assert_eq!(e.line, Some(4), "{e}");
+        assert!(e.message.contains("is not an address"), "{e}");
+        let flags = Overrides {
+            metrics_listen: Some("127.0.0.1:9401".into()),
+            ..Default::default()
+        };
+        let c = resolve(None, base, &flags).unwrap();
+        assert_eq!(c.metrics_listen, Some(([127, 0, 0, 1], 9401).into()));
     }
 
     #[test]

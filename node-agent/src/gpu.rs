@@ -68,6 +68,8 @@ pub struct GpuSample {
     pub pcie_replay: u32,
     /// NVLink error counters summed over links, cumulative.
     pub nvlink: NvlinkErrors,
+    /// NVLink replays and recoveries per link, where reported.
+    pub nvlink_links: crate::health::NvlinkLinks,
 }
 
 /// An XID the driver reported.

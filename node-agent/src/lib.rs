@@ -18,7 +18,8 @@
 //!   [`commands`] (authentication, replay, leases and what to apply).
 //! - [`shell`]: the running agent (bus, flash, sampling, applying limits);
 //!   [`clock`]: the wall clock for stamps, a monotonic one for windows;
-//!   [`console`]: `node-agent ctl`; [`config`]: the TOML file and flags.
+//!   [`console`]: `node-agent ctl`; [`config`]: the TOML file and flags;
+//!   [`metrics`]: Prometheus's `/metrics` (`metrics_listen`).
 //!
 //! [`replay`] runs the health engine over a recorded trace in simulated
 //! time.
@@ -33,7 +34,7 @@
 
 #![warn(missing_docs)]
 
-pub use node_core::{caps, commands, guard, health};
+pub use node_core::{caps, commands, cooling_loss, guard, health};
 
 pub mod actions;
 pub mod clock;
@@ -42,6 +43,7 @@ pub mod console;
 pub mod gpu;
 #[cfg(feature = "twin")]
 pub mod hall_gpus;
+pub mod metrics;
 pub mod nvml;
 pub mod replay;
 pub mod shell;

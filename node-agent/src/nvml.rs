@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
 
+use crate::health::NVLINK_LINKS;
 use loopwarden_protocol::{
     EccCounts, GpuFlags, MegaHertz, NvlinkErrors, Percent, ThrottleReasons, Unsupported, Watts,
     WholeCelsius,
@@ -93,6 +94,36 @@ pub mod field {
     pub const NVLINK_REPLAY_TOTAL: u32 = 52;
     /// NVLink recovery errors, all links.
     pub const NVLINK_RECOVERY_TOTAL: u32 = 59;
+    /// NVLink replay errors of link 0 (links 0 to 5 follow in order).
+    pub const NVLINK_REPLAY_L0: u32 = 46;
+    /// NVLink recovery errors of link 0 (links 0 to 5 follow in order).
+    pub const NVLINK_RECOVERY_L0: u32 = 53;
+    /// NVLink replay errors of link 6 (links 6 to 11 follow in order).
+    pub const NVLINK_REPLAY_L6: u32 = 108;
+    /// NVLink recovery errors of link 6 (links 6 to 11 follow in order).
+    pub const NVLINK_RECOVERY_L6: u32 = 114;
+
+    /// The field of link `l`'s replay (`recovery: false`) or recovery
+    /// count, for links 0 to 11.
+    pub fn nvlink_link(l: usize, recovery: bool) -> u32 {
+        let l = l as u32;
+        match (l < 6, recovery) {
+            (true, false) => NVLINK_REPLAY_L0 + l,
+            (true, true) => NVLINK_RECOVERY_L0 + l,
+            (false, false) => NVLINK_REPLAY_L6 + l - 6,
+            (false, true) => NVLINK_RECOVERY_L6 + l - 6,
+        }
+    }
+
+    /// Which link and counter a per-link field is, if it is one.
+    pub fn link_of(id: u32) -> Option<(usize, bool)> {
+        let span = |base: u32| (base..base + 6).contains(&id).then(|| (id - base) as usize);
+        span(NVLINK_REPLAY_L0)
+            .map(|l| (l, false))
+            .or_else(|| span(NVLINK_RECOVERY_L0).map(|l| (l, true)))
+            .or_else(|| span(NVLINK_REPLAY_L6).map(|l| (l + 6, false)))
+            .or_else(|| span(NVLINK_RECOVERY_L6).map(|l| (l + 6, true)))
+    }
 }
 
 /// Throttle (clock-event) reason bits of `nvml.h`.
@@ -357,6 +388,9 @@ pub struct NvmlGpu<A: NvmlApi> {
     unsupported: Unsupported,
     /// Calls found unsupported ([`call`] bits); never made again.
     skipped: u16,
+    /// Links whose per-link counters answered "not supported" (a link the
+    /// GPU does not have); not asked again until a driver reload.
+    links_skipped: u16,
 }
 
 impl<A: NvmlApi> NvmlGpu<A> {
@@ -367,6 +401,7 @@ impl<A: NvmlApi> NvmlGpu<A> {
             index,
             unsupported: Unsupported::empty(),
             skipped: 0,
+            links_skipped: 0,
         }
     }
 
@@ -460,6 +495,12 @@ impl<A: NvmlApi> NvmlGpu<A> {
             .collect();
         if !self.unsupported.contains(Unsupported::NVLINK) {
             ids.push(field::NVLINK_RECOVERY_TOTAL);
+            for l in (0..NVLINK_LINKS).filter(|l| self.links_skipped & (1 << l) == 0) {
+                ids.push(field::nvlink_link(l, false));
+                ids.push(field::nvlink_link(l, true));
+            }
+            // Read unless one of its fields fails below.
+            s.nvlink_links.read = !self.links_skipped & ((1 << NVLINK_LINKS) - 1);
         }
         if ids.is_empty() {
             return Ok(());
@@ -484,6 +525,10 @@ impl<A: NvmlApi> NvmlGpu<A> {
         let sat16 = |v: u64| v.min(u16::MAX as u64) as u16;
         let sat32 = |v: u64| v.min(u32::MAX as u64) as u32;
         for (id, answer) in ids.iter().zip(answers) {
+            if let Some((l, recovery)) = field::link_of(*id) {
+                self.link_answer(s, l, recovery, answer);
+                continue;
+            }
             let v = match answer {
                 Ok(v) => v,
                 Err(NvmlFailure::NotSupported) => {
@@ -512,6 +557,30 @@ impl<A: NvmlApi> NvmlGpu<A> {
     }
 }
 
+impl<A: NvmlApi> NvmlGpu<A> {
+    /// One per-link NVLink counter's answer: a value, or that link left
+    /// out of this sample (and of every later one when not supported).
+    /// A per-link failure never fails the sample: the totals stand in.
+    fn link_answer(&mut self, s: &mut GpuSample, l: usize, recovery: bool, a: NvmlResult<u64>) {
+        let bit = 1u16 << l;
+        match a {
+            Ok(v) => {
+                let v = v.min(u64::from(u32::MAX)) as u32;
+                if recovery {
+                    s.nvlink_links.recovery[l] = v;
+                } else {
+                    s.nvlink_links.replay[l] = v;
+                }
+            }
+            Err(NvmlFailure::NotSupported) => {
+                self.links_skipped |= bit;
+                s.nvlink_links.read &= !bit;
+            }
+            Err(_) => s.nvlink_links.read &= !bit,
+        }
+    }
+}
+
 impl<A: NvmlApi> GpuDevice for NvmlGpu<A> {
     fn reprobe(&mut self) {
         if !self.unsupported.is_empty() || self.skipped != 0 {
@@ -522,6 +591,7 @@ impl<A: NvmlApi> GpuDevice for NvmlGpu<A> {
         }
         self.unsupported = Unsupported::empty();
         self.skipped = 0;
+        self.links_skipped = 0;
     }
 
     fn describe(&mut self) -> Result<GpuInfo, GpuError> {

@@ -47,6 +47,7 @@ use crate::actions;
 use crate::caps::GpuRange;
 use crate::clock::{Clock, Steady, SystemClock};
 use crate::commands::CommandCore;
+use crate::cooling_loss::CoolingLoss;
 use crate::config::Config;
 use crate::console::{self, Context, Snapshot, Timing};
 use crate::gpu::{GpuError, GpuInfo, GpuSample, GpuSource};
@@ -57,6 +58,7 @@ use loopwarden_bus::agent_flash::{self, SeqFloor, Stores};
 use loopwarden_bus::recorder::Recorder;
 
 mod commands;
+mod cooling;
 mod limits;
 mod publishing;
 mod quarantine;
@@ -104,6 +106,9 @@ pub enum AgentError {
     /// A thread could not be started.
     #[error("thread: {0}")]
     Thread(std::io::Error),
+    /// The metrics address (`metrics_listen`) could not be bound.
+    #[error("{0}")]
+    Metrics(loopwarden_bus::prometheus::BindError),
 }
 
 /// What the agent knows of one GPU.
@@ -157,6 +162,10 @@ pub(crate) struct Agent {
     pub snapshots: watch::Sender<Option<Snapshot>>,
     /// The wall clock for stamps, steady time for the health engine.
     pub clock: Steady,
+    /// The cooling-loss decisions.
+    pub cooling: CoolingLoss,
+    /// Where cooling-loss steps go to be run, in order.
+    pub cooling_jobs: mpsc::Sender<cooling::Job>,
 }
 
 /// Runs the agent until `shutdown` completes, then restores the default
@@ -192,6 +201,8 @@ pub async fn run_with_clock(
     // Leases that were in force before a restart, if still valid.
     let core = startup::restore_leases(&config, &gpus, &mut log).await?;
     let health = startup::restore_health(&config, gpus.len(), &mut store, started).await;
+    let mut cooling_loss = CoolingLoss::new(config.cooling_loss.grace.as_millis() as u64);
+    cooling_loss.restore(cooling::restore(&mut store).await);
     let startup::BusParts {
         bus,
         mut inbound,
@@ -207,24 +218,27 @@ pub async fn run_with_clock(
         source,
     })?;
     let (actions_tx, mut actions_rx) = mpsc::unbounded_channel();
+    let (cooling_jobs, mut cooling_rx) = cooling::start_runner();
     let recorder = Recorder::start_on(log, store, flash_path.as_deref(), bus.clone())
         .map_err(AgentError::Thread)?;
     let (snapshots, snapshot_rx) = console::snapshot_channel();
-    let console_task = tokio::spawn(console::serve(
-        listener,
-        Context {
-            site: config.site.as_str().to_string(),
-            host: config.host.as_str().to_string(),
-            gpu_source: config.gpus.clone(),
-            period: config.period,
-            started,
-            flash_path: flash_path.map(|p| p.display().to_string()),
-            demo_key: config.demo_key,
-            bus: bus.clone(),
-            recorder: recorder.clone(),
-            snapshot: snapshot_rx,
-        },
-    ));
+    let context = Context {
+        site: config.site.as_str().to_string(),
+        host: config.host.as_str().to_string(),
+        gpu_source: config.gpus.clone(),
+        period: config.period,
+        started,
+        flash_path: flash_path.map(|p| p.display().to_string()),
+        demo_key: config.demo_key,
+        bus: bus.clone(),
+        recorder: recorder.clone(),
+        snapshot: snapshot_rx,
+    };
+    // Prometheus's /metrics, when asked for: a reader, as the console is.
+    let metrics_task = crate::metrics::start(config.metrics_listen, context.clone())
+        .await
+        .map_err(AgentError::Metrics)?;
+    let console_task = tokio::spawn(console::serve(listener, context));
     let mut agent = Agent {
         health,
         actions: actions_tx,
@@ -243,6 +257,8 @@ pub async fn run_with_clock(
         last_json: None,
         snapshots,
         clock,
+        cooling: cooling_loss,
+        cooling_jobs,
     };
 
     // Start from what the GPUs have now, then put the targets in force.
@@ -251,7 +267,13 @@ pub async fn run_with_clock(
     agent.publish_snapshot();
 
     agent
-        .run_loop(&mut inbound, &mut actions_rx, &mut xid_rx, shutdown)
+        .run_loop(
+            &mut inbound,
+            &mut actions_rx,
+            &mut cooling_rx,
+            &mut xid_rx,
+            shutdown,
+        )
         .await;
 
     agent.finish_actions(&mut actions_rx).await;
@@ -260,6 +282,9 @@ pub async fn run_with_clock(
     // Everything decided is written and handed to the bus before it stops.
     agent.recorder.flush().await;
     console_task.abort();
+    if let Some(t) = metrics_task {
+        t.abort();
+    }
     let _ = std::fs::remove_file(&console_path);
     if let Err(e) = agent.bus.shutdown(Duration::from_secs(3)).await {
         tracing::warn!("leaving the bus: {e}");

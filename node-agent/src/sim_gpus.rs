@@ -282,6 +282,7 @@ impl TwinHost {
             repair: g.repair,
             pcie_replay: g.pcie_replay,
             nvlink: g.nvlink,
+            nvlink_links: Default::default(),
         })
     }
 

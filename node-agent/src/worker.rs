@@ -9,10 +9,17 @@
 //! The other GPUs' threads are untouched, so they keep being sampled on
 //! time.
 //!
+//! A slow sample is not a missed one ([`Worker::sample`]): a sample that
+//! answers after the deadline is kept and handed over at the next round
+//! ([`Answer::Late`]), and only a call still running when the next round
+//! begins (no answer within a whole sampling period) is a miss.
+//!
 //! Glossary:
 //! - *deadline*: the longest the agent waits for one GPU call.
 //! - *busy*: a worker with a call in progress, marked by the caller before
 //!   the call is handed over and cleared by the worker when it is done.
+//! - *late answer*: a sample that came after its deadline, kept for the
+//!   next round.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -42,34 +49,67 @@ struct Job {
     reply: oneshot::Sender<Reply>,
 }
 
+/// A sample's answer in one round.
+#[derive(Debug, Clone)]
+pub enum Answer {
+    /// Answered within the deadline (a sample or an error).
+    Now(Result<GpuSample, GpuError>),
+    /// The answer of the previous round's call, which came after its
+    /// deadline; no new call is made this round.
+    Late(Result<GpuSample, GpuError>),
+    /// Asked now; no answer within the deadline yet (it will be `Late`).
+    Pending,
+}
+
+/// How long a GPU's calls take (the sampling calls).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CallTimes {
+    /// The last sample call, µs.
+    pub last_us: u64,
+    /// The longest sample call since start, µs.
+    pub max_us: u64,
+    /// Samples that answered after their deadline.
+    pub late: u64,
+}
+
+/// What the thread and the caller share.
+#[derive(Default)]
+struct Shared {
+    /// When the call in progress was handed over; `None` when idle.
+    busy_since: Option<Instant>,
+    /// A sample that answered after its caller stopped waiting.
+    late: Option<Result<GpuSample, GpuError>>,
+    times: CallTimes,
+}
+
 /// The worker of one GPU.
 pub struct Worker {
     index: u8,
     jobs: std::sync::mpsc::Sender<Job>,
-    /// When the call in progress was handed over; `None` when idle.
-    busy_since: Arc<Mutex<Option<Instant>>>,
+    shared: Arc<Mutex<Shared>>,
 }
 
 impl Worker {
     /// Starts the thread that owns `device`.
     pub fn spawn(index: u8, mut device: Box<dyn GpuDevice>) -> std::io::Result<Self> {
         let (jobs, rx) = std::sync::mpsc::channel::<Job>();
-        let busy_since = Arc::new(Mutex::new(None));
-        let busy = busy_since.clone();
+        let shared = Arc::new(Mutex::new(Shared::default()));
+        let mine = shared.clone();
         std::thread::Builder::new()
             .name(format!("gpu-{index}"))
             .spawn(move || {
                 // Clears the busy mark however a call ends, a panic included.
-                struct Done(Arc<Mutex<Option<Instant>>>);
+                struct Done(Arc<Mutex<Shared>>);
                 impl Drop for Done {
                     fn drop(&mut self) {
-                        if let Ok(mut b) = self.0.lock() {
-                            *b = None;
+                        if let Ok(mut s) = self.0.lock() {
+                            s.busy_since = None;
                         }
                     }
                 }
                 for job in rx {
-                    let done = Done(busy.clone());
+                    let done = Done(mine.clone());
+                    let began = Instant::now();
                     let reply = match job.request {
                         Request::Describe => Reply::Info(device.describe()),
                         Request::Sample => Reply::Sample(device.sample()),
@@ -80,15 +120,17 @@ impl Worker {
                             Reply::Done(Ok(()))
                         }
                     };
+                    let took = began.elapsed().as_micros() as u64;
+                    // Idle before the answer goes out, so a caller answered
+                    // now can call again at once.
                     drop(done);
-                    // The caller may have given up; that is fine.
-                    let _ = job.reply.send(reply);
+                    deliver(&mine, job.reply, reply, took);
                 }
             })?;
         Ok(Self {
             index,
             jobs,
-            busy_since,
+            shared,
         })
     }
 
@@ -99,24 +141,30 @@ impl Worker {
 
     /// Whether a call has been in progress for longer than `deadline`.
     pub fn is_stuck(&self, deadline: Duration) -> bool {
-        self.busy_since
+        self.shared
             .lock()
-            .expect("worker clock")
+            .expect("worker state")
+            .busy_since
             .is_some_and(|t| t.elapsed() > deadline)
+    }
+
+    /// How long its sample calls take.
+    pub fn call_times(&self) -> CallTimes {
+        self.shared.lock().expect("worker state").times
     }
 
     async fn call(&self, request: Request, deadline: Duration) -> Result<Reply, GpuError> {
         {
-            let mut busy = self.busy_since.lock().expect("worker clock");
-            if busy.is_some() {
+            let mut s = self.shared.lock().expect("worker state");
+            if s.busy_since.is_some() {
                 // The last call missed its deadline and is still running.
                 return Err(GpuError::Timeout);
             }
-            *busy = Some(Instant::now());
+            s.busy_since = Some(Instant::now());
         }
         let (tx, rx) = oneshot::channel();
         if self.jobs.send(Job { request, reply: tx }).is_err() {
-            *self.busy_since.lock().expect("worker clock") = None;
+            self.shared.lock().expect("worker state").busy_since = None;
             return Err(GpuError::Failed {
                 what: "GPU worker",
                 detail: "the worker thread has ended".into(),
@@ -140,11 +188,27 @@ impl Worker {
         }
     }
 
-    /// One sample.
-    pub async fn sample(&self, deadline: Duration) -> Result<GpuSample, GpuError> {
-        match self.call(Request::Sample, deadline).await? {
-            Reply::Sample(r) => r,
-            _ => unreachable!("a sample request gets a sample reply"),
+    /// One round's sample: a late answer of the last round if there is
+    /// one (no new call then), else a new call, answered within `deadline`
+    /// or `Pending`. A call still running from the last round is a miss
+    /// (`Now(Err(Timeout))`): no answer within a whole period.
+    pub async fn sample(&self, deadline: Duration) -> Answer {
+        {
+            let mut s = self.shared.lock().expect("worker state");
+            if let Some(late) = s.late.take() {
+                return Answer::Late(late);
+            }
+            if s.busy_since.is_some() {
+                // Still running since the last round: no answer within a
+                // whole period.
+                return Answer::Now(Err(GpuError::Timeout));
+            }
+        }
+        match self.call(Request::Sample, deadline).await {
+            Ok(Reply::Sample(r)) => Answer::Now(r),
+            Ok(_) => unreachable!("a sample request gets a sample reply"),
+            Err(GpuError::Timeout) => Answer::Pending,
+            Err(e) => Answer::Now(Err(e)),
         }
     }
 
@@ -170,6 +234,26 @@ impl Worker {
         match self.call(Request::Reprobe, deadline).await? {
             Reply::Done(r) => r,
             _ => unreachable!("a reprobe request gets a done reply"),
+        }
+    }
+}
+
+/// Hands `reply` to the caller, or keeps a sample whose caller stopped
+/// waiting as the late answer; records how long a sample call took.
+fn deliver(shared: &Mutex<Shared>, to: oneshot::Sender<Reply>, reply: Reply, took_us: u64) {
+    let is_sample = matches!(reply, Reply::Sample(_));
+    if is_sample {
+        if let Ok(mut s) = shared.lock() {
+            s.times.last_us = took_us;
+            s.times.max_us = s.times.max_us.max(took_us);
+        }
+    }
+    // The caller may have given up; a sample is then kept for the next
+    // round, anything else dropped (nobody waits for it).
+    if let Err(Reply::Sample(r)) = to.send(reply) {
+        if let Ok(mut s) = shared.lock() {
+            s.times.late += 1;
+            s.late = Some(r);
         }
     }
 }

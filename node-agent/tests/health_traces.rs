@@ -1068,6 +1068,97 @@ fn the_checker_finds_misses_and_false_alarms() {
     assert!(e.check(GPUS, &run.verdicts).is_ok());
 }
 
+// ------------------------------------------------- driver reload, XID storm
+
+fn driver_reload() -> Case {
+    case(
+        "every GPU misses 8 samples at 100 s while the driver reloads; after it every volatile \
+         counter (ECC, PCIe replays, NVLink) starts again from 0; from 150 s GPU 5's PCIe link \
+         replays 24 times a minute",
+        41,
+        420,
+        |w| {
+            if w.during(100, 108) {
+                w.all(|g| g.miss = true);
+            }
+            if w.at(108) {
+                w.all(|g| {
+                    g.s.ecc_sbe_volatile = 0;
+                    g.s.ecc_dbe_volatile = 0;
+                    g.s.pcie_replay = 0;
+                    g.s.nvlink_crc = 0;
+                    g.s.nvlink_replay = 0;
+                    g.s.nvlink_recovery = 0;
+                });
+            }
+            if w.at(150) {
+                w.gpus[5].pcie_per_s = 24.0 / 60.0;
+            }
+        },
+        Expect::new(
+            "A driver reload is a host event: the stall blames no GPU, and counters that fall to \
+             0 are a reset, not errors, so nothing is raised for them; a link that replays too \
+             often after the reload is still caught.",
+        )
+        .must(5, Degraded, 150 * S + 2 * MIN, 150 * S + 4 * MIN),
+    )
+}
+
+#[test]
+fn counters_reset_by_a_driver_reload_raise_nothing() {
+    let run = check(&driver_reload());
+    assert_eq!(changes(&run, 5).len(), 1, "only GPU 5: {:?}", run.verdicts);
+    assert_eq!(changes(&run, 5)[0].reason, "pcie-replay-rate");
+}
+
+/// Benign XIDs from every GPU at `per_s` a second for 10 s from 100 s, a
+/// fatal XID 79 on GPU 2 in the middle of it.
+fn xid_storm(per_s: u64) -> Case {
+    case(
+        &format!(
+            "from 100 s to 110 s every GPU's jobs raise XIDs 13, 43 and 45 ({per_s} a second \
+             in all); at 105.5 s GPU 2 falls off the bus (XID 79)"
+        ),
+        43,
+        200,
+        move |w| {
+            if w.during(100, 110) {
+                let t0 = w.t;
+                for k in 0..per_s {
+                    let gpu = (k % GPUS as u64) as usize;
+                    let code = [13, 43, 45][(k % 3) as usize];
+                    w.xid(gpu, code, t0 + k * 1000 / per_s);
+                }
+            }
+            if w.at(105) {
+                w.xid(2, 79, w.t + 500);
+            }
+            if w.at(106) {
+                w.gpus[2].down = true;
+            }
+        },
+        Expect::new(
+            "A storm of benign XIDs is the jobs' trouble: no GPU is degraded or quarantined for \
+             it, and a fatal XID inside it still quarantines its GPU at once.",
+        )
+        .must(2, Quarantined, 105_500, 105_500 + S),
+    )
+}
+
+#[test]
+fn an_xid_storm_blames_no_gpu_and_a_fatal_xid_in_it_still_quarantines() {
+    let c = xid_storm(1_000);
+    let run = check(&c);
+    assert_eq!(changes(&run, 2).len(), 1, "{:?}", run.verdicts);
+    assert_eq!(changes(&run, 2)[0].reason, "xid-79");
+    let i = c.trace.xid_index(2, 79).expect("in the trace");
+    assert_eq!(
+        change_at(&run, i, 2),
+        Some((Quarantined, ReasonCode::xid(79).unwrap(), 105_500)),
+        "quarantined by that very call"
+    );
+}
+
 /// The committed traces: name, scenario.
 fn committed() -> Vec<(&'static str, Case)> {
     vec![
@@ -1075,6 +1166,8 @@ fn committed() -> Vec<(&'static str, Case)> {
         ("gen-memory-errors", memory_errors()),
         ("gen-nvlink-and-unresponsive", nvlink_and_unresponsive()),
         ("gen-driver-stall", driver_stall()),
+        ("gen-driver-reload", driver_reload()),
+        ("gen-xid-storm", xid_storm(100)),
         ("gen-pcie-and-sbe-rates", pcie_and_sbe()),
         ("gen-hot-plate", hot_plate(true)),
         ("gen-straggler-and-slowed", straggler_and_slowed()),

@@ -33,7 +33,7 @@ use loopwarden_protocol::{
 };
 use node_agent::gpu::{GpuDevice, GpuError, GpuInfo, GpuSample, GpuSource, XidEvent, XidReport};
 use node_agent::nvml::{throttle_from_nvml, NvmlApi, NvmlFailure, NvmlGpu, NvmlResult, NvmlSource};
-use node_agent::worker::Worker;
+use node_agent::worker::{Answer, Worker};
 use NvmlFailure::{GpuLost, InvalidArgument, NoPermission, NotSupported};
 
 /// `nvmlDeviceGetFieldValues` ids, from `nvml.h`.
@@ -454,6 +454,8 @@ fn healthy_gpu_sample_maps_every_field() {
             replay: 102,
             recovery: 103,
         },
+        // No link answers on its own: the totals stand.
+        nvlink_links: Default::default(),
     };
     assert_eq!(sample, expected);
 }
@@ -786,10 +788,7 @@ impl Drop for OpenOnDrop {
 }
 
 /// One sample through `worker`, and how long it took.
-async fn timed_sample(
-    worker: &Worker,
-    deadline: Duration,
-) -> (Result<GpuSample, GpuError>, Duration) {
+async fn timed_sample(worker: &Worker, deadline: Duration) -> (Answer, Duration) {
     let start = Instant::now();
     let result = worker.sample(deadline).await;
     (result, start.elapsed())
@@ -816,23 +815,25 @@ async fn a_hanging_gpu_times_out_alone_and_answers_once_released() {
         .collect();
     assert_eq!(workers[1].index(), 1);
 
-    // Round 1: GPU 1 hangs in NVML and misses its deadline; 0 and 2 answer.
+    // Round 1: GPU 1 hangs in NVML past its deadline: not answered yet,
+    // not a miss; 0 and 2 answer.
     let ((r0, _), (r1, t1), (r2, _)) = tokio::join!(
         timed_sample(&workers[0], DEADLINE),
         timed_sample(&workers[1], DEADLINE),
         timed_sample(&workers[2], DEADLINE),
     );
-    assert_eq!(r0.expect("GPU 0 answers").temp, WholeCelsius(61));
-    assert_eq!(r2.expect("GPU 2 answers").temp, WholeCelsius(61));
-    assert_eq!(r1, Err(GpuError::Timeout));
+    assert_eq!(now_ok(r0).temp, WholeCelsius(61));
+    assert_eq!(now_ok(r2).temp, WholeCelsius(61));
+    assert!(matches!(r1, Answer::Pending), "{r1:?}");
     assert!(
         t1 >= DEADLINE,
-        "GPU 1 timed out after {t1:?}, before its deadline"
+        "GPU 1 gave up after {t1:?}, before its deadline"
     );
-    assert!(t1 < BOUND, "GPU 1 took {t1:?} to time out");
+    assert!(t1 < BOUND, "GPU 1 took {t1:?} to give up");
 
-    // Round 2, straight after, still stuck: GPU 1 fails at once, without a
-    // second NVML call queued behind the first; 0 and 2 still answer.
+    // Round 2, straight after, still stuck: no answer within a whole round
+    // is a miss, at once, without a second NVML call queued behind the
+    // first; 0 and 2 still answer.
     assert!(workers[1].is_stuck(DEADLINE));
     assert!(!workers[0].is_stuck(DEADLINE));
     let ((r0, _), (r1, t1), (r2, _)) = tokio::join!(
@@ -840,21 +841,63 @@ async fn a_hanging_gpu_times_out_alone_and_answers_once_released() {
         timed_sample(&workers[1], DEADLINE),
         timed_sample(&workers[2], DEADLINE),
     );
-    assert!(r0.is_ok() && r2.is_ok(), "{r0:?} {r2:?}");
-    assert_eq!(r1, Err(GpuError::Timeout));
+    now_ok(r0);
+    now_ok(r2);
+    assert!(matches!(r1, Answer::Now(Err(GpuError::Timeout))), "{r1:?}");
     assert!(t1 < DEADLINE, "a stuck GPU must fail at once, took {t1:?}");
     assert_eq!(fake.calls(1, GET_TEMPERATURE), 1);
     assert_eq!(fake.calls(0, GET_TEMPERATURE), 2);
 
-    // Released: the stuck call returns and GPU 1 answers again.
+    // Released: the stuck call returns; its answer is the next round's,
+    // without a new call; the round after asks again.
     drop(release);
     assert!(eventually(BOUND, || !workers[1].is_stuck(DEADLINE)));
-    let s = workers[1]
-        .sample(DEADLINE)
-        .await
-        .expect("GPU 1 answers again");
-    assert_eq!(s.temp, WholeCelsius(70));
+    match workers[1].sample(DEADLINE).await {
+        Answer::Late(Ok(s)) => assert_eq!(s.temp, WholeCelsius(70)),
+        other => panic!("the late answer: {other:?}"),
+    }
+    assert_eq!(fake.calls(1, GET_TEMPERATURE), 1);
+    assert_eq!(now_ok(workers[1].sample(DEADLINE).await).temp, WholeCelsius(70));
     assert_eq!(fake.calls(1, GET_TEMPERATURE), 2);
+    assert_eq!(workers[1].call_times().late, 1);
+}
+
+/// A sample answered within its deadline.
+fn now_ok(a: Answer) -> GpuSample {
+    match a {
+        Answer::Now(Ok(s)) => s,
+        other => panic!("expected an answer within the deadline: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_answer_is_not_a_missed_one() {
+    // A busy GSP: GPU 0's calls take longer than the deadline but less
+    // than a period. Every answer is used, a round later; none is a miss.
+    const DEADLINE: Duration = Duration::from_millis(50);
+    let mut slow = Answers::healthy();
+    slow.temperature_hangs = true;
+    let fake = FakeNvml::new(vec![slow]);
+    let _release = OpenOnDrop(fake.clone());
+    let api = Arc::new(fake.clone());
+    let w = Worker::spawn(0, Box::new(NvmlGpu::new(api, 0))).expect("worker thread");
+    let mut samples = 0;
+    for round in 0..6 {
+        fake.set_gate(true);
+        let a = w.sample(DEADLINE).await;
+        // The GPU answers 100 ms after it was asked, inside the period.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        fake.set_gate(false);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        match a {
+            Answer::Pending if round % 2 == 0 => {}
+            Answer::Late(Ok(_)) if round % 2 == 1 => samples += 1,
+            other => panic!("round {round}: {other:?}"),
+        }
+    }
+    assert_eq!(samples, 3, "every slow answer used");
+    assert_eq!(w.call_times().late, 3);
+    assert!(w.call_times().max_us >= 100_000, "{:?}", w.call_times());
 }
 
 /// One sampling round as the agent runs it: every worker sampled at once,
@@ -870,8 +913,11 @@ async fn round_into(
     let mut outs = Vec::new();
     for (i, r) in results.into_iter().enumerate() {
         outs.extend(match r {
-            Ok(s) => engine.sample(now, i as u8, &node_agent::shell::observation(&s)),
-            Err(_) => engine.missed(now, i as u8),
+            Answer::Now(Ok(s)) | Answer::Late(Ok(s)) => {
+                engine.sample(now, i as u8, &node_agent::shell::observation(&s))
+            }
+            Answer::Now(Err(_)) | Answer::Late(Err(_)) => engine.missed(now, i as u8),
+            Answer::Pending => Vec::new(),
         });
     }
     outs
@@ -1103,4 +1149,71 @@ fn throttle_bits_map_to_reasons_and_unknown_bits_are_ignored() {
         throttle_from_nvml(unknown | 0x4),
         ThrottleReasons::SW_POWER_CAP
     );
+}
+
+// --- NVLink per link --------------------------------------------------
+
+/// NVLink replay (46-51, 108-113) and recovery (53-58, 114-119) fields of
+/// links 0 to 11, from `nvml.h`.
+fn link_field(l: u32, recovery: bool) -> u32 {
+    match (l < 6, recovery) {
+        (true, false) => 46 + l,
+        (true, true) => 53 + l,
+        (false, false) => 108 + l - 6,
+        (false, true) => 114 + l - 6,
+    }
+}
+
+#[test]
+fn nvlink_errors_are_read_per_link_where_links_answer_and_named_in_the_evidence() {
+    use node_agent::health::{HealthEngine, Limits, Output, Policy};
+    let mut answers = Answers::healthy();
+    // Four links answer; links 4 to 11 are "not supported".
+    for l in 0..4 {
+        answers.fields.insert(link_field(l, false), Ok(10 * u64::from(l)));
+        answers.fields.insert(link_field(l, true), Ok(0));
+    }
+    let (fake, mut gpu) = one_gpu(answers);
+    let first = gpu.sample().expect("samples");
+    assert_eq!(first.nvlink_links.read, 0b1111);
+    assert_eq!(first.nvlink_links.replay[3], 30);
+    // Links that are not there are not asked again.
+    let second = gpu.sample().expect("samples");
+    let asked = fake.field_requests(0);
+    assert!(asked[0].contains(&link_field(11, true)));
+    assert!(!asked[1].contains(&link_field(4, false)), "{:?}", asked[1]);
+    assert!(asked[1].contains(&link_field(3, true)));
+    // Link 2 replays: the totals did not move (a link beyond 11 could have
+    // masked it), the link's own counter did.
+    fake.set(0, |a| {
+        a.fields.insert(link_field(2, false), Ok(23));
+    });
+    let third = gpu.sample().expect("samples");
+    let limits = Limits {
+        max_operating_c: 87.0,
+    };
+    let mut e = HealthEngine::new(1, limits, Policy::default(), loopwarden_protocol::TimestampMs(0));
+    // Only the links: this fake's healthy GPU has other faults to judge.
+    let obs = |s: &GpuSample| node_agent::health::Observation {
+        nvlink_links: s.nvlink_links,
+        ..Default::default()
+    };
+    assert!(e.sample(loopwarden_protocol::TimestampMs(1_000), 0, &obs(&second)).is_empty());
+    let outs = e.sample(loopwarden_protocol::TimestampMs(2_000), 0, &obs(&third));
+    let evidence = outs
+        .iter()
+        .find_map(|o| match o {
+            Output::Change(c) => Some(c.evidence.clone()),
+            _ => None,
+        })
+        .expect("quarantined");
+    assert!(evidence.contains("link 2 replays +3"), "{evidence}");
+    // A driver reload resets them: no rise, no verdict.
+    fake.set(0, |a| {
+        a.fields.insert(link_field(2, false), Ok(0));
+    });
+    let mut e = HealthEngine::new(1, limits, Policy::default(), loopwarden_protocol::TimestampMs(0));
+    e.sample(loopwarden_protocol::TimestampMs(1_000), 0, &obs(&third));
+    let reset = gpu.sample().expect("samples");
+    assert!(e.sample(loopwarden_protocol::TimestampMs(2_000), 0, &obs(&reset)).is_empty());
 }

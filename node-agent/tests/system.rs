@@ -1042,3 +1042,118 @@ fn a_wall_clock_step_changes_no_verdict_and_moves_the_stamps() {
         "after -2 h: {offsets:?}"
     );
 }
+
+/// The CDU's state with rack 2 lost or every rack normal, as `cdu-a`
+/// publishes it (retained) on its health topic.
+fn publish_cdu_state(port: u16, rack2_lost: bool) {
+    use loopwarden_protocol::message::{CduState, LeakSensing, RackCooling, RackState};
+    use loopwarden_protocol::{CduMode, Celsius, RackIndex};
+    let state = CduState {
+        mode: CduMode::Normal,
+        reason: ReasonCode::OK,
+        since: now(),
+        setpoint: Celsius::new(32.0).expect("fits"),
+        supply: Some(Celsius::new(32.1).expect("fits")),
+        flow_per_gpu: None,
+        racks: (0..4)
+            .map(|r| RackState {
+                rack: RackIndex::new(r).expect("rack"),
+                cooling: if r == 2 && rack2_lost {
+                    RackCooling::Lost
+                } else {
+                    RackCooling::Normal
+                },
+                sensing: LeakSensing::Supervised,
+            })
+            .collect(),
+    };
+    let f = Frame {
+        sender: NodeId::new(Role::Cdu, "cdu-a").expect("ident"),
+        seq: if rack2_lost { 1 } else { 2 },
+        time: now(),
+        message: Message::CduState(state),
+    };
+    let mut buf = [0u8; 2048];
+    let n = f.encode(&mut buf).expect("encodes");
+    publish_raw(port, &format!("dc/v2/{SITE}/cdu/cdu-a/health"), &buf[..n], true)
+        .expect("mosquitto_pub");
+}
+
+#[test]
+fn a_rack_without_cooling_drains_powers_down_after_the_grace_and_undoes_it() {
+    let Some(broker) = Mosquitto::start() else {
+        return;
+    };
+    let port = broker.port();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let host = "h6";
+    let mut sub = Subscriber::start(port, &[&format!("dc/v2/{SITE}/host/{host}/event")])
+        .expect("mosquitto_sub");
+    let log = dir.path().join("actions.log");
+    // Each command appends its step to the log: the order is the proof.
+    let script = dir.path().join("note.sh");
+    std::fs::write(&script, format!("#!/bin/sh\necho \"$*\" >> {}\n", log.display()))
+        .expect("script");
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let note = |step: &str| format!("{} {step} {{host}} {{rack}}", script.display());
+    let more = node_agent::config::Overrides {
+        rack: Some(2),
+        cooling_drain: vec![note("drain")],
+        cooling_power_down: vec![note("power_down")],
+        cooling_power_up: vec![note("power_up")],
+        cooling_resume: vec![note("resume")],
+        cooling_grace_s: Some(2),
+        common: CommonFlags {
+            flash: Some(dir.path().join("agent.flash")),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let (_control, stop, agent) = in_process_with(port, host, 2, dir.path(), more);
+    std::thread::sleep(Duration::from_millis(800));
+    let lost_at = Instant::now();
+    publish_cdu_state(port, true);
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
+    let wait_for = |want: &str, secs: u64| {
+        let end = Instant::now() + Duration::from_secs(secs);
+        while !read().contains(want) && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(read().contains(want), "{want:?} not run: log {:?}", read());
+    };
+    wait_for("drain h6 2", 5);
+    assert!(!read().contains("power_down"), "powered down before the grace");
+    wait_for("power_down h6 2", 6);
+    let grace = lost_at.elapsed();
+    assert!(grace >= Duration::from_secs(2), "powered down after {grace:?}");
+    publish_cdu_state(port, false);
+    wait_for("resume h6 2", 5);
+    assert_eq!(
+        read().lines().collect::<Vec<_>>(),
+        ["drain h6 2", "power_down h6 2", "power_up h6 2", "resume h6 2"],
+        "each step once, in order"
+    );
+    let seen = sub.collect_until(Duration::from_secs(5), |s| {
+        s.iter()
+            .filter_map(frame)
+            .filter(|f| matches!(f.message, Message::Event(Event::CoolingAction { .. })))
+            .count()
+            >= 4
+    });
+    let steps: Vec<_> = seen
+        .iter()
+        .filter_map(frame)
+        .filter_map(|f| match f.message {
+            Message::Event(Event::CoolingAction { step, ok, .. }) => Some((step, ok)),
+            _ => None,
+        })
+        .collect();
+    use loopwarden_protocol::CoolingStep::*;
+    assert_eq!(
+        steps,
+        [(Drain, true), (PowerDown, true), (PowerUp, true), (Resume, true)]
+    );
+    let _ = stop.send(());
+    agent.join().expect("joined").expect("agent ran");
+}

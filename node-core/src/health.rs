@@ -94,6 +94,44 @@ pub struct Observation {
     pub nvlink_recovery: u64,
     /// Active clock-event reasons.
     pub throttle: ThrottleReasons,
+    /// NVLink replays and recoveries per link, where the GPU reports them
+    /// (the totals above count every link, these only the first
+    /// [`NVLINK_LINKS`]).
+    pub nvlink_links: NvlinkLinks,
+}
+
+/// Links whose error counters are read one by one.
+pub const NVLINK_LINKS: usize = 12;
+
+/// NVLink error counters per link, cumulative.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NvlinkLinks {
+    /// Links whose counters were read in this sample, one bit per link.
+    pub read: u16,
+    /// Replays per link.
+    pub replay: [u32; NVLINK_LINKS],
+    /// Recoveries per link.
+    pub recovery: [u32; NVLINK_LINKS],
+}
+
+impl NvlinkLinks {
+    /// The links read in both `self` and `before` whose replay or
+    /// recovery count rose, with how much: `(link, replays, recoveries)`.
+    /// A count that fell (a reset) is not a rise.
+    pub fn rises(&self, before: &NvlinkLinks) -> Vec<(usize, u32, u32)> {
+        let both = self.read & before.read;
+        (0..NVLINK_LINKS)
+            .filter(|l| both & (1 << l) != 0)
+            .map(|l| {
+                (
+                    l,
+                    self.replay[l].saturating_sub(before.replay[l]),
+                    self.recovery[l].saturating_sub(before.recovery[l]),
+                )
+            })
+            .filter(|(_, a, b)| *a > 0 || *b > 0)
+            .collect()
+    }
 }
 
 /// How long a report of the loop's state counts, ms: three of the

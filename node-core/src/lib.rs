@@ -14,6 +14,8 @@
 //! - [`guard`]: the thermal guard, the host's own cap when a GPU runs hot.
 //! - [`commands`]: the checks of a command (authentication, replay, the
 //!   lease's bounds) and what it changes.
+//! - [`cooling_loss`]: drain, power down and undo when the rack's cooling
+//!   is lost and comes back.
 //!
 //! Glossary:
 //! - *quarantine*: a GPU taken out of service now, released only by an
@@ -25,5 +27,6 @@
 
 pub mod caps;
 pub mod commands;
+pub mod cooling_loss;
 pub mod guard;
 pub mod health;

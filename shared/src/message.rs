@@ -493,6 +493,31 @@ pub enum Event {
         /// Whether it runs now.
         running: bool,
     },
+    /// The host ran one of its cooling-loss actions (since 2.1): its
+    /// CDU said its rack lost cooling, or that cooling is back.
+    CoolingAction {
+        /// Which action.
+        step: CoolingStep,
+        /// It exited with status 0 within its timeout.
+        ok: bool,
+        /// Its exit status, if it exited.
+        exit_code: Option<i32>,
+    },
+}
+
+/// A host's actions on cooling loss, in the order they run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "std", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum CoolingStep {
+    /// The rack lost cooling: take no new work (a scheduler drain).
+    Drain,
+    /// The grace period is over: power the GPUs down or the host off.
+    PowerDown,
+    /// Cooling is back: power up what was powered down.
+    PowerUp,
+    /// Cooling is back: take work again (undo the drain).
+    Resume,
 }
 
 // ---------------------------------------------------------------- commands

@@ -1,6 +1,8 @@
 //! Each way a frame can be wrong gets its own typed error.
 
-use loopwarden_protocol::{samples, DecodeError, Frame, MessageKind, Version, MAX_FRAME_LEN};
+use loopwarden_protocol::{
+    samples, DecodeError, Frame, MessageKind, Version, MAX_FRAME_LEN, PROTOCOL,
+};
 
 fn with_crc(mut content: Vec<u8>) -> Vec<u8> {
     let crc = crc::Crc::<u32>::new(&crc::CRC_32_ISO_HDLC).checksum(&content);
@@ -39,7 +41,10 @@ fn newer_major_version() {
     assert_eq!(
         Frame::decode(&with_crc(b)),
         Err(DecodeError::UnsupportedVersion {
-            found: Version { major: 3, minor: 0 }
+            found: Version {
+                major: 3,
+                minor: PROTOCOL.minor
+            }
         })
     );
 }
@@ -116,7 +121,7 @@ fn errors_say_what_was_wrong() {
     };
     assert_eq!(
         e.to_string(),
-        "protocol version 3.1 is not supported (this reader speaks 2.0)"
+        "protocol version 3.1 is not supported (this reader speaks 2.1)"
     );
     let e = DecodeError::BadCrc {
         carried: 1,

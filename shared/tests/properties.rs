@@ -240,6 +240,21 @@ fn event() -> impl Strategy<Value = Event> {
             stalled_since: TimestampMs(t)
         }),
         any::<bool>().prop_map(|running| Event::XidWatch { running }),
+        (
+            prop_oneof![
+                Just(CoolingStep::Drain),
+                Just(CoolingStep::PowerDown),
+                Just(CoolingStep::PowerUp),
+                Just(CoolingStep::Resume)
+            ],
+            any::<bool>(),
+            proptest::option::of(any::<i32>())
+        )
+            .prop_map(|(step, ok, exit_code)| Event::CoolingAction {
+                step,
+                ok,
+                exit_code
+            }),
     ]
 }
 

@@ -4,7 +4,8 @@
 //! free loopback port per test, `mosquitto_sub`/`mosquitto_pub` as the
 //! third-party peers, a TCP proxy that cuts and restores a connection on
 //! command (fault injection without restarting the broker), and the
-//! skip-or-fail rule for missing tools.
+//! skip-or-fail rule for missing tools. [`slurm`] starts a private
+//! single-host Slurm (munged, slurmctld, one slurmd) for the site actions.
 //!
 //! Glossary:
 //! - *peer tool*: a program nobody here wrote that checks our bytes
@@ -22,6 +23,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use loopwarden_bus::BrokerAddr;
+
+pub mod prometheus;
+pub mod slurm;
 
 /// True when running under CI (`CI=true`), where missing tools are failures.
 pub fn in_ci() -> bool {
@@ -41,7 +45,7 @@ pub fn require_tool(tool: &str) -> Option<PathBuf> {
     });
     if found.is_none() {
         let why = format!(
-            "{tool} not found on PATH (.ci/run installs mosquitto, mosquitto-clients, mbpoll and socat)"
+            "{tool} not found on PATH (.ci/run installs it: mosquitto, mosquitto-clients, mbpoll, socat, Slurm, munge, Prometheus)"
         );
         if in_ci() {
             panic!("{why}; CI=true, so this is a failure");

@@ -154,6 +154,18 @@ impl Hall {
         }
     }
 
+    /// Host `host`'s agent powered its GPUs down now (its cooling-loss
+    /// action, after its grace period): from now they draw nothing.
+    pub fn host_powered_down(&mut self, host: usize) {
+        self.follow.power_down(host, self.t);
+    }
+
+    /// Host `host`'s agent said cooling is back (it powered up or resumed):
+    /// its GPUs take work again at once.
+    pub fn host_restored(&mut self, host: usize) {
+        self.follow.cooling_restored(host);
+    }
+
     fn sensor(
         &mut self,
         active: &[FaultKind],

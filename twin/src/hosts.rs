@@ -10,6 +10,10 @@
 //!   (under whatever cap the controller asked for).
 //! - A host told that its cooling is back powers its GPUs up again at once
 //!   and its jobs resume: the operator restarts them.
+//! - In the one-command hall the hosts follow their real agents instead:
+//!   a host powers down when its agent says it ran its power-down
+//!   ([`HostFollow::power_down`], after the agent's own grace period) and
+//!   up when its agent says cooling is back.
 //!
 //! GPU-time lost this way is lost work, not a shutdown.
 //!
@@ -31,7 +35,8 @@ pub struct HostFollow {
     gpus_per_host: usize,
     /// Per GPU: quarantined since, s.
     quarantined: Vec<Option<f64>>,
-    /// Per host: told its cooling is lost since, s.
+    /// Per host: when its GPUs power down (told its cooling is lost, plus
+    /// [`DRAIN_S`]; or when its agent powered them down), s.
     cooling_lost: Vec<Option<f64>>,
 }
 
@@ -66,7 +71,15 @@ impl HostFollow {
     /// first time.
     pub fn cooling_lost(&mut self, host: usize, t: f64) {
         if let Some(c) = self.cooling_lost.get_mut(host) {
-            c.get_or_insert(t);
+            c.get_or_insert(t + DRAIN_S);
+        }
+    }
+
+    /// Host `host`'s agent powered its GPUs down at `t`: from then they
+    /// draw nothing and do no work (an earlier time already set stands).
+    pub fn power_down(&mut self, host: usize, t: f64) {
+        if let Some(c) = self.cooling_lost.get_mut(host) {
+            *c = Some(c.map_or(t, |at| at.min(t)));
         }
     }
 
@@ -90,7 +103,11 @@ impl HostFollow {
     /// Whether GPU `gpu` is powered down at `t`.
     pub fn powered_down(&self, gpu: usize, t: f64) -> bool {
         let host = gpu / self.gpus_per_host;
-        Self::due(self.cooling_lost.get(host).copied().flatten(), t)
+        self.cooling_lost
+            .get(host)
+            .copied()
+            .flatten()
+            .is_some_and(|at| t + EPS_S >= at)
     }
 
     /// Whether GPU `gpu`'s job is drained at `t` (quarantined, or its host
@@ -160,6 +177,19 @@ mod tests {
         let down = f.apply(81.0, &mut d);
         assert_eq!(d, vec![0.9; 8], "jobs restarted");
         assert!(down.iter().all(|x| !x));
+    }
+
+    #[test]
+    fn a_host_whose_agent_powered_down_is_down_at_once_until_cooling_is_back() {
+        let mut f = HostFollow::new(2, 2);
+        f.power_down(0, 40.0);
+        assert!(!f.powered_down(0, 39.0), "not before");
+        assert!(f.powered_down(0, 40.0) && f.powered_down(1, 40.0));
+        assert!(!f.powered_down(2, 40.0), "the other host runs");
+        f.cooling_lost(0, 100.0);
+        assert!(f.powered_down(0, 41.0), "being told again keeps it down");
+        f.cooling_restored(0);
+        assert!(!f.powered_down(0, 42.0));
     }
 
     #[test]

@@ -27,6 +27,7 @@ use cooling_ctrl::console::{self, Request};
 #[cfg(target_os = "linux")]
 use cooling_ctrl::gpio;
 use cooling_ctrl::journal::ControllerFlash;
+use cooling_ctrl::metrics::CduMetrics;
 use cooling_ctrl::modbus::ModbusCdu;
 use cooling_ctrl::northbound;
 use cooling_ctrl::shell::{self, ShellOptions};
@@ -322,7 +323,13 @@ async fn serve(config: config::Config, notifier: Notifier) -> Result<(), String>
         recorder: recorder.clone(),
         operator: Some(operator_tx),
     };
-    let console_task = tokio::spawn(console::serve(listener, Arc::new(ctx)));
+    let ctx = Arc::new(ctx);
+    // Prometheus's /metrics, when asked for: a reader, as the console is.
+    let metrics = CduMetrics::new(ctx.clone(), &config.core.layout);
+    let metrics_task = cooling_ctrl::metrics::start(config.metrics_listen, metrics)
+        .await
+        .map_err(|e| e.to_string())?;
+    let console_task = tokio::spawn(console::serve(listener, ctx));
     tracing::info!(
         "cooling-ctrl: CDU {} on {} ({}), console {}",
         config.cdu,
@@ -354,6 +361,9 @@ async fn serve(config: config::Config, notifier: Notifier) -> Result<(), String>
     }
     recorder.flush().await;
     console_task.abort();
+    if let Some(t) = metrics_task {
+        t.abort();
+    }
     if let Some(t) = northbound_task {
         t.abort();
     }

@@ -35,6 +35,7 @@ impl<P: CduPort> Shell<P> {
             loops: self.core.loops(),
             events_dropped: self.core.events_dropped(),
             bus_connected: self.bus.is_connected(),
+            bus: self.bus.metrics(),
         }
     }
 

@@ -51,6 +51,8 @@ pub struct Snapshot {
     pub events_dropped: u32,
     /// The bus is connected.
     pub bus_connected: bool,
+    /// The bus's counters (for `/metrics`).
+    pub bus: loopwarden_bus::MetricsSnapshot,
 }
 
 /// A host's last ack of this CDU's commands.

@@ -87,6 +87,12 @@ fn status(ctx: &Context, snap: &Snapshot, now: TimestampMs) -> Value {
             "watch_down_since": snap.xid_watch_down.map(|t| t.0),
         },
         "stalled_since": snap.stalled_since.map(|t| t.0),
+        "cooling_loss": cooling_view(snap),
+        "sample_calls": {
+            "slowest_last_ms": snap.gpus.iter().map(|g| g.calls.last_us).max().unwrap_or(0) as f64 / 1000.0,
+            "longest_ms": snap.gpus.iter().map(|g| g.calls.max_us).max().unwrap_or(0) as f64 / 1000.0,
+            "late": snap.gpus.iter().map(|g| g.calls.late).sum::<u64>(),
+        },
         "health": {
             "healthy": count_health(snap, HealthState::Healthy),
             "degraded": count_health(snap, HealthState::Degraded),
@@ -95,6 +101,17 @@ fn status(ctx: &Context, snap: &Snapshot, now: TimestampMs) -> Value {
         "flash": ctx.flash_path.clone().unwrap_or_else(|| "memory (not kept)".into()),
         "demo_key": ctx.demo_key,
     })
+}
+
+/// The cooling-loss phase, its time as a wall-clock stamp.
+fn cooling_view(snap: &Snapshot) -> Value {
+    use crate::cooling_loss::Phase;
+    let wall = |t: u64| t.saturating_add_signed(snap.wall_offset_ms);
+    match snap.cooling {
+        Phase::Cooled => json!({"phase": "cooled", "since": null}),
+        Phase::Draining { since } => json!({"phase": "draining", "since": wall(since)}),
+        Phase::PoweredDown { since } => json!({"phase": "powered_down", "since": wall(since)}),
+    }
 }
 
 fn count_health(snap: &Snapshot, state: HealthState) -> usize {
@@ -132,6 +149,12 @@ fn gpus_view(snap: &Snapshot) -> Vec<Value> {
                 "nvlink": s.nvlink,
                 "flags": s.flags,
                 "unsupported": s.unsupported,
+                "call_ms": {
+                    "last": g.calls.last_us as f64 / 1000.0,
+                    "max": g.calls.max_us as f64 / 1000.0,
+                },
+                "late_answers": g.calls.late,
+                "nvlink_links_read": s.nvlink_links.read,
             })
         })
         .collect()

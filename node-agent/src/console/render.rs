@@ -86,9 +86,26 @@ fn status(v: &Value) -> String {
                 s(&v["xids"]["dropped"])
             ),
         ),
+        (
+            "GPU calls",
+            fill(
+                &v["sample_calls"],
+                "slowest last {slowest_last_ms} ms, longest {longest_ms} ms, {late} answers late",
+            ),
+        ),
         ("flash", s(&v["flash"])),
     ]
     .to_vec();
+    if let Some(since) = v["cooling_loss"]["since"].as_u64() {
+        rows.push((
+            "COOLING",
+            format!(
+                "rack lost cooling: {} since {}",
+                s(&v["cooling_loss"]["phase"]).replace('_', " "),
+                fmt_time(TimestampMs(since))
+            ),
+        ));
+    }
     if let Some(t) = v["stalled_since"].as_u64() {
         rows.push((
             "STALLED",

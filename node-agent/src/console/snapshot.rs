@@ -80,6 +80,8 @@ pub struct GpuView {
     pub xids: Vec<(TimestampMs, u16)>,
     /// Its health as the engine holds it.
     pub health: Option<GpuStatus>,
+    /// How long its sample calls take, and how many answered late.
+    pub calls: crate::worker::CallTimes,
 }
 
 /// What the loop knows after a step.
@@ -99,6 +101,10 @@ pub struct Snapshot {
     pub xid_watch_down: Option<TimestampMs>,
     /// Since when every GPU has been silent together, if they are.
     pub stalled_since: Option<TimestampMs>,
+    /// Where the host is in a cooling loss (times in steady ms).
+    pub cooling: crate::cooling_loss::Phase,
+    /// The wall clock minus steady time, ms (for showing `cooling`).
+    pub wall_offset_ms: i64,
 }
 
 /// A snapshot channel: the sender goes to the loop, the receiver into the

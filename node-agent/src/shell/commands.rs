@@ -27,6 +27,7 @@ impl Agent {
                         .iter()
                         .any(|x| x.rack.get() == r && x.cooling == RackCooling::Lost)
                 });
+                self.on_rack_cooling(rack_lost);
                 let state = match st.mode {
                     _ if rack_lost => LoopState::Failsafe,
                     CduMode::Normal => LoopState::Normal,

@@ -8,12 +8,13 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use loopwarden_bus::Inbound;
-use loopwarden_protocol::GpuFlags;
+use loopwarden_protocol::{CoolingStep, GpuFlags};
 use tokio::sync::mpsc;
 
 use super::{Agent, HEALTH_EVERY, JITTER_WINDOW, REREAD_EVERY};
 use crate::actions;
 use crate::gpu::{GpuError, GpuSample, XidEvent};
+use crate::worker::Answer;
 use crate::health::Observation;
 
 impl Agent {
@@ -22,6 +23,7 @@ impl Agent {
         &mut self,
         inbound: &mut mpsc::Receiver<Inbound>,
         actions_rx: &mut mpsc::UnboundedReceiver<(u8, actions::Outcome)>,
+        cooling_rx: &mut mpsc::Receiver<(CoolingStep, actions::Outcome)>,
         xid_rx: &mut crate::xid_queue::XidQueue,
         shutdown: impl Future<Output = ()>,
     ) {
@@ -40,6 +42,9 @@ impl Agent {
                 }
                 Some(msg) = inbound.recv() => self.on_inbound(msg).await,
                 Some((gpu, outcome)) = actions_rx.recv() => self.on_action(gpu, outcome).await,
+                Some((step, outcome)) = cooling_rx.recv() => {
+                    self.on_cooling_action(step, outcome).await;
+                }
                 x = xid_rx.recv() => match x {
                     XidEvent::Xid(x) => self.on_xid(x).await,
                     XidEvent::WatchDown(why) => self.on_xid_watch(Some(why)).await,
@@ -63,7 +68,7 @@ impl Agent {
             let w = w.clone();
             set.spawn(async move { (w.index(), w.sample(deadline).await) });
         }
-        let mut results: Vec<Option<Result<GpuSample, GpuError>>> = vec![None; self.gpus.len()];
+        let mut results: Vec<Option<Answer>> = vec![None; self.gpus.len()];
         while let Some(r) = set.join_next().await {
             if let Ok((i, r)) = r {
                 results[i as usize] = Some(r);
@@ -74,6 +79,13 @@ impl Agent {
         let settings = self.config.guard;
         for (i, r) in results.into_iter().enumerate() {
             let g = &mut self.gpus[i];
+            let r = match r {
+                // Asked, not answered within the deadline yet: its answer
+                // counts next round; a slow answer is not a missed one.
+                Some(Answer::Pending) => continue,
+                Some(Answer::Now(r) | Answer::Late(r)) => Some(r),
+                None => None,
+            };
             match r {
                 Some(Ok(s)) => {
                     g.last = Some(s);
@@ -112,6 +124,7 @@ impl Agent {
             self.read_applied().await;
         }
         self.reconcile(now, false).await;
+        self.cooling_tick();
         // Every minute too, in case a publish was lost in a full queue
         // after a long outage (the bus announces the latest again on every
         // re-connection).
@@ -156,6 +169,7 @@ pub fn observation(s: &GpuSample) -> Observation {
         nvlink_replay: u64::from(s.nvlink.replay),
         nvlink_recovery: u64::from(s.nvlink.recovery),
         throttle: s.throttle,
+        nvlink_links: s.nvlink_links,
     }
 }
 

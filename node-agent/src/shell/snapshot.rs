@@ -26,6 +26,7 @@ impl Agent {
                 guard_cap: g.guard.cap(),
                 xids: g.xids.iter().copied().collect(),
                 health: self.health.status(i as u8).cloned(),
+                calls: self.workers[i].call_times(),
             })
             .collect();
         let (xids_queued, xids_dropped) = self.xid_stats.get();
@@ -37,6 +38,8 @@ impl Agent {
             xids_dropped,
             xid_watch_down: self.xid_watch_down,
             stalled_since: self.health.stalled_since(),
+            cooling: self.cooling.phase(),
+            wall_offset_ms: self.clock.read().1,
         }
     }
 

@@ -161,6 +161,7 @@ impl Sample {
             nvlink_replay: self.nvlink_replay,
             nvlink_recovery: self.nvlink_recovery,
             throttle: self.throttle,
+            nvlink_links: Default::default(),
         }
     }
 }

@@ -127,7 +127,10 @@ impl HealthEngine {
     }
 
     /// Quarantine-level NVLink faults: a replay or recovery counter rose
-    /// since the previous sample.
+    /// since the previous sample. Per link where the GPU reports links
+    /// (the evidence names them), else, or for links beyond those, by the
+    /// totals; a counter that fell is a reset (a driver reload), not an
+    /// error.
     pub(super) fn nvlink_faults(
         &mut self,
         t: u64,
@@ -137,20 +140,29 @@ impl HealthEngine {
         out: &mut Vec<Output>,
     ) {
         let when = At(self.stamp(t));
-        if let Some(pv) = prev {
-            let replay = o.nvlink_replay.saturating_sub(pv.nvlink_replay);
-            let recovery = o.nvlink_recovery.saturating_sub(pv.nvlink_recovery);
-            if replay > 0 || recovery > 0 {
-                self.raise(
-                    t,
-                    g,
-                    HealthState::Quarantined,
-                    ReasonCode::NVLINK_ERRORS,
-                    || format!("NVLink replays +{replay}, recoveries +{recovery} at {when}"),
-                    out,
-                );
-            }
-        }
+        let Some(pv) = prev else { return };
+        let links = o.nvlink_links.rises(&pv.nvlink_links);
+        let replay = o.nvlink_replay.saturating_sub(pv.nvlink_replay);
+        let recovery = o.nvlink_recovery.saturating_sub(pv.nvlink_recovery);
+        let evidence = if !links.is_empty() {
+            let each: Vec<String> = links
+                .iter()
+                .map(|(l, a, b)| format!("link {l} replays +{a}, recoveries +{b}"))
+                .collect();
+            format!("NVLink {} at {when}", each.join("; "))
+        } else if replay > 0 || recovery > 0 {
+            format!("NVLink replays +{replay}, recoveries +{recovery} at {when}")
+        } else {
+            return;
+        };
+        self.raise(
+            t,
+            g,
+            HealthState::Quarantined,
+            ReasonCode::NVLINK_ERRORS,
+            || evidence,
+            out,
+        );
     }
 
     /// Degraded-level flags: a page retirement or a row remap waits for a

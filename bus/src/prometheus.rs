@@ -1,0 +1,232 @@
+//! Prometheus metrics for both agents: the text format ([`Exposition`]),
+//! the `/metrics` server ([`serve`]) and the metrics of what the two
+//! agents share, the bus and the recorder ([`write_bus`],
+//! [`write_recorder`]).
+//!
+//! An agent serves `/metrics` only when given an address
+//! (`metrics_listen`). Its render function reads what its loop already
+//! publishes for the console, so a scrape never waits for the loop and
+//! the loop never waits for a scrape.
+//!
+//! Glossary:
+//! - *scrape*: one `GET /metrics` by Prometheus.
+//! - *family*, *sample*: see [`text`].
+
+mod http;
+pub mod text;
+
+pub use http::{bind, serve, serve_with, BindError, Limits, Render, CONTENT_TYPE};
+pub use text::{Exposition, Metric, MetricKind};
+
+use std::net::{Ipv4Addr, SocketAddr};
+
+use crate::recorder::Recorder;
+use crate::MetricsSnapshot;
+
+/// Reads a `metrics_listen` value: `IP:PORT` (`127.0.0.1:9400`,
+/// `[::1]:9400`) or `:PORT` for every IPv4 interface. The error is the
+/// sentence a config error shows.
+pub fn parse_listen(s: &str) -> Result<SocketAddr, String> {
+    let parsed = match s.strip_prefix(':') {
+        Some(port) => port
+            .parse::<u16>()
+            .map(|p| SocketAddr::from((Ipv4Addr::UNSPECIFIED, p)))
+            .ok(),
+        None => s.parse().ok(),
+    };
+    parsed.ok_or_else(|| {
+        format!(
+            "metrics_listen = {s:?} is not an address: give IP:PORT (127.0.0.1:9400, [::1]:9400) or :PORT for every interface"
+        )
+    })
+}
+
+const BUS_CONNECTED: Metric = Metric::gauge(
+    "loopwarden_bus_connected",
+    "1 while connected to the broker with every subscription in place, else 0.",
+);
+const BUS_CONNECTS: Metric = Metric::counter(
+    "loopwarden_bus_connects_total",
+    "Connections to the broker established, the first one included.",
+);
+const BUS_CONNECTION_ERRORS: Metric = Metric::counter(
+    "loopwarden_bus_connection_errors_total",
+    "Connections to the broker lost or refused.",
+);
+const BUS_PUBLISHED: Metric = Metric::counter(
+    "loopwarden_bus_frames_published_total",
+    "Frames handed to the MQTT client, QoS 0 and 1.",
+);
+const BUS_ACKED: Metric = Metric::counter(
+    "loopwarden_bus_frames_acked_total",
+    "QoS 1 publishes the broker acknowledged.",
+);
+const BUS_RECEIVED: Metric = Metric::counter(
+    "loopwarden_bus_frames_received_total",
+    "Frames received and decoded.",
+);
+const BUS_DROPPED: Metric = Metric::counter(
+    "loopwarden_bus_frames_dropped_total",
+    "Frames dropped, by reason: offline (telemetry while the broker was unreachable), queue_full (outgoing queue), offline_overflow (QoS 1 beyond the offline buffer), inbound_full (received, not taken in time), outbox (oldest non-critical frame dropped for room).",
+);
+const BUS_REJECTED: Metric = Metric::counter(
+    "loopwarden_bus_frames_rejected_total",
+    "Received frames refused, by reason: bad_crc, version, unknown_kind, malformed, topic.",
+);
+const BUS_OUTBOX_REFUSED: Metric = Metric::counter(
+    "loopwarden_bus_outbox_refused_total",
+    "Critical frames the flash outbox had no room for (neither stored nor sent).",
+);
+const BUS_OUTBOX_RESENT: Metric = Metric::counter(
+    "loopwarden_bus_outbox_resent_total",
+    "Outbox frames handed over again from flash (after a restart, a reconnection or a deferral).",
+);
+const BUS_DELIVERY_MISMATCH: Metric = Metric::counter(
+    "loopwarden_bus_delivery_mismatch_total",
+    "Send events the bus could not match to a frame (a bookkeeping error; should stay 0).",
+);
+const FLASH_QUEUE_DROPPED: Metric = Metric::counter(
+    "loopwarden_flash_queue_dropped_total",
+    "Events dropped because the flash recorder's queue was full (in a storm).",
+);
+const OUTBOX_WAITING: Metric = Metric::gauge(
+    "loopwarden_outbox_waiting_frames",
+    "Frames waiting in memory for room in the flash outbox.",
+);
+const OUTBOX_WAITING_DROPPED: Metric = Metric::counter(
+    "loopwarden_outbox_waiting_dropped_total",
+    "Frames dropped from the wait for room in the flash outbox (oldest first).",
+);
+
+/// Writes the bus's counters (`loopwarden_bus_*`) and whether it is
+/// `connected`, every sample with `labels`.
+pub fn write_bus(
+    out: &mut Exposition,
+    m: &MetricsSnapshot,
+    connected: bool,
+    labels: &[(&str, &str)],
+) {
+    out.flag(&BUS_CONNECTED, labels, connected);
+    let plain = [
+        (&BUS_CONNECTS, m.connects),
+        (&BUS_CONNECTION_ERRORS, m.connection_errors),
+        (&BUS_PUBLISHED, m.published),
+        (&BUS_ACKED, m.acked),
+        (&BUS_RECEIVED, m.received),
+        (&BUS_OUTBOX_REFUSED, m.outbox_refused),
+        (&BUS_OUTBOX_RESENT, m.resent),
+        (&BUS_DELIVERY_MISMATCH, m.delivery_mismatch),
+    ];
+    for (metric, value) in plain {
+        out.sample(metric, labels, value as f64);
+    }
+    let dropped = [
+        ("offline", m.dropped_offline),
+        ("queue_full", m.dropped_queue_full),
+        ("offline_overflow", m.dropped_offline_overflow),
+        ("inbound_full", m.dropped_inbound_full),
+        ("outbox", m.dropped_outbox),
+    ];
+    with_reason(out, &BUS_DROPPED, labels, &dropped);
+    let rejected = [
+        ("bad_crc", m.rejected_bad_crc),
+        ("version", m.rejected_version),
+        ("unknown_kind", m.rejected_unknown_kind),
+        ("malformed", m.rejected_malformed),
+        ("topic", m.rejected_topic),
+    ];
+    with_reason(out, &BUS_REJECTED, labels, &rejected);
+}
+
+/// Serves `/metrics` on `addr`, when given one, answering each scrape
+/// with `render()`, in a task of its own that runs until aborted; `None`
+/// when there is no address. Binding fails at once, naming the address.
+pub async fn start(
+    addr: Option<SocketAddr>,
+    render: impl Fn() -> String + Send + Sync + 'static,
+) -> Result<Option<tokio::task::JoinHandle<()>>, BindError> {
+    let Some(addr) = addr else {
+        return Ok(None);
+    };
+    let listener = bind(addr).await?;
+    let at = listener.local_addr().unwrap_or(addr);
+    tracing::info!("metrics: serving http://{at}/metrics");
+    Ok(Some(tokio::spawn(serve(listener, render))))
+}
+
+/// `base` followed by `more`: the labels of one sample.
+pub fn with_labels<'a>(
+    base: &[(&'a str, &'a str)],
+    more: &[(&'a str, &'a str)],
+) -> Vec<(&'a str, &'a str)> {
+    let mut l = base.to_vec();
+    l.extend_from_slice(more);
+    l
+}
+
+/// Writes one sample of `metric` per reason, `labels` plus `reason`.
+fn with_reason(out: &mut Exposition, metric: &Metric, labels: &[(&str, &str)], by: &[(&str, u64)]) {
+    for (reason, value) in by {
+        out.sample(
+            metric,
+            &with_labels(labels, &[("reason", reason)]),
+            *value as f64,
+        );
+    }
+}
+
+/// Writes the recorder's counters: flash queue drops and the outbox wait.
+pub fn write_recorder(out: &mut Exposition, recorder: &Recorder, labels: &[(&str, &str)]) {
+    let (waiting, waiting_dropped) = recorder.waiting();
+    out.sample(&FLASH_QUEUE_DROPPED, labels, recorder.dropped() as f64);
+    out.sample(&OUTBOX_WAITING, labels, waiting as f64);
+    out.sample(&OUTBOX_WAITING_DROPPED, labels, waiting_dropped as f64);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_addresses() {
+        assert_eq!(
+            parse_listen("127.0.0.1:9400"),
+            Ok(([127, 0, 0, 1], 9400).into())
+        );
+        assert_eq!(parse_listen(":9400"), Ok(([0, 0, 0, 0], 9400).into()));
+        assert_eq!(parse_listen("[::1]:9401").map(|a| a.port()), Ok(9401));
+        for bad in ["9400", "localhost:9400", "127.0.0.1", ":", ":99999", ""] {
+            let e = parse_listen(bad).unwrap_err();
+            assert!(e.contains("is not an address"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn bus_counters_are_labelled_and_drops_carry_their_reason() {
+        let m = MetricsSnapshot {
+            published: 7,
+            dropped_queue_full: 2,
+            rejected_bad_crc: 1,
+            ..Default::default()
+        };
+        let mut out = Exposition::new();
+        write_bus(&mut out, &m, true, &[("Hostname", "h07")]);
+        let text = out.finish();
+        assert!(
+            text.contains("loopwarden_bus_connected{Hostname=\"h07\"} 1\n"),
+            "{text}"
+        );
+        assert!(text.contains("loopwarden_bus_frames_published_total{Hostname=\"h07\"} 7\n"));
+        assert!(text.contains(
+            "loopwarden_bus_frames_dropped_total{Hostname=\"h07\",reason=\"queue_full\"} 2\n"
+        ));
+        assert!(text.contains(
+            "loopwarden_bus_frames_rejected_total{Hostname=\"h07\",reason=\"bad_crc\"} 1\n"
+        ));
+        assert_eq!(
+            text.matches("# TYPE loopwarden_bus_frames_dropped_total counter")
+                .count(),
+            1
+        );
+    }
+}

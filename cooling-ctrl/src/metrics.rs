@@ -1,0 +1,318 @@
+//! The controller's Prometheus metrics (`metrics_listen`), all
+//! `loopwarden_cdu_*` but for what both agents share (`loopwarden_bus_*`,
+//! `loopwarden_flash_queue_dropped_total`, `loopwarden_outbox_*`): the
+//! mode, the setpoint and pump speed, the loop's temperatures, flow and
+//! meters, the pumps, each sensor's fault, each rack's cooling, valve and
+//! leak state, the caps sent and in force per host, and the shell's
+//! counters.
+//!
+//! Rendered from the console's [`Context`] and the shell's last
+//! [`ShellStats`], copied out of its watch channel first: a scrape never
+//! reaches into the control loop. `docs/cooling.md` ("Metrics") lists
+//! every metric. Every series has the label `cdu`; per-rack series have
+//! `rack`, per-host series `host` and `rack`, per-pump series `pump`.
+//! A reading the CDU did not give this step is absent, not zero.
+//!
+//! Glossary:
+//! - *state set*: one series per possible state, 1 for the state held and
+//!   0 for the others (`loopwarden_cdu_mode{mode="failsafe"}`).
+//! - *in force*: the lowest limit a host's last ack reported for its GPUs.
+
+use std::net::SocketAddr;
+use std::string::{String, ToString};
+use std::sync::Arc;
+use std::vec::Vec;
+
+use cooling_core::config::Layout;
+use cooling_core::sensors::Which;
+use cooling_core::Commands;
+use loopwarden_bus::prometheus::{
+    self, with_labels, write_bus, write_recorder, BindError, Exposition,
+};
+use loopwarden_protocol::message::CduMode;
+use tokio::task::JoinHandle;
+
+use crate::console::Context;
+use crate::shell::{ShellStats, Snapshot};
+
+mod names;
+use names::*;
+
+/// What `/metrics` is rendered from: the console's context and the
+/// racks of the loop.
+#[derive(Debug, Clone)]
+pub struct CduMetrics {
+    ctx: Arc<Context>,
+    racks: usize,
+    unprotected: u16,
+}
+
+impl CduMetrics {
+    /// Metrics of the controller behind `ctx`, for a loop laid out as
+    /// `layout`.
+    pub fn new(ctx: Arc<Context>, layout: &Layout) -> Self {
+        Self {
+            ctx,
+            racks: usize::from(layout.racks).min(16),
+            unprotected: layout.unprotected,
+        }
+    }
+
+    /// The `/metrics` text, as of the shell's last step.
+    pub fn render(&self) -> String {
+        // A copy, so the channel is not held while the text is written.
+        let st = self.ctx.stats.borrow().clone();
+        let mut out = Exposition::new();
+        let cdu = [("cdu", self.ctx.cdu.as_str())];
+        info(&mut out, &self.ctx, &cdu);
+        counters(&mut out, &st, &cdu);
+        if let Some(snap) = &st.status {
+            mode(&mut out, snap, st.last.as_ref(), &cdu);
+            loop_readings(&mut out, snap, &cdu);
+            pumps(&mut out, snap, st.last.as_ref(), &cdu);
+            self.racks(&mut out, snap, st.last.as_ref(), &cdu);
+            write_bus(&mut out, &snap.bus, snap.bus_connected, &cdu);
+        }
+        self.hosts(&mut out, &st, &cdu);
+        write_recorder(&mut out, &self.ctx.recorder, &cdu);
+        out.finish()
+    }
+
+    /// Each rack's valve, cooling, leak and leak sensing.
+    fn racks(
+        &self,
+        out: &mut Exposition,
+        s: &Snapshot,
+        c: Option<&Commands>,
+        cdu: &[(&str, &str)],
+    ) {
+        for r in 0..self.racks {
+            let rack = r.to_string();
+            let l = with_labels(cdu, &[("rack", rack.as_str())]);
+            let bit = |mask: u16| mask & (1 << r) != 0;
+            if let Some(c) = c {
+                out.flag(&RACK_VALVE_OPEN, &l, bit(c.valves_open));
+                out.flag(&RACK_COOLING_LOST, &l, bit(c.cooling_lost));
+            }
+            out.flag(&RACK_LEAK, &l, bit(s.leaks_now));
+            out.flag(&RACK_LEAK_LATCHED, &l, bit(s.leaks_latched));
+            out.flag(&RACK_ISOLATION_FAILED, &l, bit(s.isolation_failed));
+            let sensing = if bit(self.unprotected) {
+                "unprotected"
+            } else if bit(s.sensing_lost) {
+                "lost"
+            } else {
+                "supervised"
+            };
+            for state in ["supervised", "lost", "unprotected"] {
+                let ls = with_labels(&l, &[("state", state)]);
+                out.flag(&RACK_LEAK_SENSING, &ls, state == sensing);
+            }
+        }
+    }
+
+    /// Each host's cap sent, limit in force and last report.
+    fn hosts(&self, out: &mut Exposition, st: &ShellStats, cdu: &[(&str, &str)]) {
+        let per_rack = self.ctx.hosts_per_rack.max(1);
+        for (i, host) in self.ctx.hosts.iter().enumerate() {
+            let rack = (i / per_rack).to_string();
+            let l = with_labels(cdu, &[("host", host.as_str()), ("rack", rack.as_str())]);
+            if let Some(w) = st.caps.get(i).copied().flatten() {
+                out.sample(&HOST_CAP, &l, f64::from(w.round()));
+            }
+            let in_force = st
+                .in_force
+                .get(host)
+                .and_then(|caps| caps.iter().map(|c| c.limit.0).min());
+            if let Some(w) = in_force {
+                out.sample(&HOST_IN_FORCE, &l, f64::from(w));
+            }
+            if let Some(t) = st.heard.get(i).copied().flatten() {
+                out.sample(&HOST_HEARD, &l, t.0 as f64 / 1000.0);
+            }
+        }
+        let capped = st.caps.iter().filter(|c| c.is_some()).count();
+        out.sample(&HOSTS_CAPPED, cdu, capped as f64);
+    }
+}
+
+/// Serves `/metrics` on `addr`, when given one; the task runs until
+/// aborted.
+pub async fn start(
+    addr: Option<SocketAddr>,
+    metrics: CduMetrics,
+) -> Result<Option<JoinHandle<()>>, BindError> {
+    prometheus::start(addr, move || metrics.render()).await
+}
+
+/// What the controller is and since when.
+fn info(out: &mut Exposition, ctx: &Context, cdu: &[(&str, &str)]) {
+    let l = with_labels(
+        cdu,
+        &[
+            ("site", ctx.site.as_str()),
+            ("version", env!("CARGO_PKG_VERSION")),
+            ("register_map", ctx.map_model.as_str()),
+        ],
+    );
+    out.sample(&INFO, &l, 1.0);
+    out.sample(&STARTED, cdu, ctx.started.0 as f64 / 1000.0);
+}
+
+/// The shell's counters.
+fn counters(out: &mut Exposition, st: &ShellStats, cdu: &[(&str, &str)]) {
+    let plain = [
+        (&STEPS, st.steps),
+        (&MODBUS_READS, st.cdu_reads),
+        (&MODBUS_READ_ERRORS, st.cdu_read_errors),
+        (&MODBUS_WRITE_ERRORS, st.cdu_write_errors),
+        (&HOST_REPORTS, st.host_reports),
+        (&HOST_REPORTS_REFUSED, st.host_reports_refused),
+        (&LEASES_SENT, st.leases_sent),
+        (&LIFTS_SENT, st.lifts_sent),
+        (&PUBLISH_ERRORS, st.publish_errors),
+    ];
+    for (metric, v) in plain {
+        out.sample(metric, cdu, v as f64);
+    }
+    out.flag(&MODBUS_UP, cdu, st.cdu_reads > 0 && st.cdu_error.is_none());
+    for (result, v) in [("ok", st.acks_ok), ("refused", st.acks_refused)] {
+        out.sample(&ACKS, &with_labels(cdu, &[("result", result)]), v as f64);
+    }
+    for (kind, v) in [
+        ("telemetry", st.telemetry_published),
+        ("state", st.states_published),
+        ("event", st.events_published),
+    ] {
+        out.sample(&PUBLISHED, &with_labels(cdu, &[("kind", kind)]), v as f64);
+    }
+}
+
+/// The mode, its reason, the setpoint and speed, the alarms.
+fn mode(out: &mut Exposition, s: &Snapshot, c: Option<&Commands>, cdu: &[(&str, &str)]) {
+    for m in [
+        CduMode::Boot,
+        CduMode::Normal,
+        CduMode::Degraded,
+        CduMode::Failsafe,
+    ] {
+        out.flag(
+            &MODE,
+            &with_labels(cdu, &[("mode", mode_name(m))]),
+            s.mode == m,
+        );
+    }
+    out.sample(&MODE_REASON, cdu, s.reason.0.into());
+    out.sample(&MODE_SINCE, cdu, s.since.0 as f64 / 1000.0);
+    out.sample(&EVENTS_DROPPED, cdu, s.events_dropped.into());
+    out.flag(&REJECTION_SHORT, cdu, s.loops.rejection_short);
+    if let Some(c) = c {
+        out.sample(&SETPOINT, cdu, f64::from(c.setpoint_c));
+        out.sample(&PUMP_SPEED, cdu, f64::from(c.pump_speed));
+        out.flag(&BEACON, cdu, c.beacon);
+    }
+}
+
+/// The loop's readings this step and each sensor's fault.
+fn loop_readings(out: &mut Exposition, s: &Snapshot, cdu: &[(&str, &str)]) {
+    for sensor in &s.sensors {
+        let l = with_labels(cdu, &[("sensor", sensor_name(sensor.which))]);
+        out.flag(&SENSOR_FAULT, &l, sensor.fault.is_some());
+    }
+    let Some(r) = s.readings else {
+        return;
+    };
+    let readings = [
+        (&SUPPLY, r.supply_c),
+        (&RETURN, r.return_c),
+        (&FACILITY_SUPPLY, r.facility_supply_c),
+        (&FLOW, r.flow_lpm),
+        (&DIFF_PRESSURE, r.diff_pressure_kpa.map(|k| k * 1000.0)),
+    ];
+    for (metric, v) in readings {
+        if let Some(v) = v {
+            out.sample(metric, cdu, v);
+        }
+    }
+    for (meter, v) in [
+        ("it", r.it_w),
+        ("cooling", r.cooling_w),
+        ("facility", r.facility_w),
+    ] {
+        if let Some(v) = v {
+            out.sample(&POWER, &with_labels(cdu, &[("meter", meter)]), v);
+        }
+    }
+    if let (Some(it), Some(f)) = (r.it_w, r.facility_w) {
+        if it > 0.0 {
+            out.sample(&PUE, cdu, f / it);
+        }
+    }
+}
+
+/// Each pump: running (its feedback), commanded on, lead, failed.
+fn pumps(out: &mut Exposition, s: &Snapshot, c: Option<&Commands>, cdu: &[(&str, &str)]) {
+    for (i, pump) in ["A", "B"].into_iter().enumerate() {
+        let l = with_labels(cdu, &[("pump", pump)]);
+        if let Some(running) = s.readings.and_then(|r| r.pumps_running[i]) {
+            out.flag(&PUMP_RUNNING, &l, running);
+        }
+        if let Some(c) = c {
+            out.flag(&PUMP_ON, &l, c.pump_on[i]);
+            out.flag(&PUMP_LEAD, &l, c.lead as usize == i);
+        }
+        out.flag(&PUMP_FAILED, &l, s.pumps_failed[i]);
+    }
+}
+
+/// A mode as the bus's JSON names it.
+fn mode_name(m: CduMode) -> &'static str {
+    match m {
+        CduMode::Boot => "boot",
+        CduMode::Normal => "normal",
+        CduMode::Degraded => "degraded",
+        CduMode::Failsafe => "failsafe",
+    }
+}
+
+/// A supervised sensor's name in `sensor` labels.
+fn sensor_name(w: Which) -> &'static str {
+    match w {
+        Which::Supply => "supply",
+        Which::Return => "return",
+        Which::Flow => "flow",
+        Which::FacilitySupply => "facility_supply",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every `loopwarden_cdu_*` metric is in `docs/cooling.md`, "Metrics".
+    #[test]
+    fn every_metric_is_documented() {
+        let doc = include_str!("../../docs/cooling.md");
+        let section = &doc[doc.find("## Metrics").expect("a Metrics section")..];
+        for m in names::ALL {
+            assert!(
+                section.contains(&format!("| `{}` |", m.name)),
+                "{} not in docs/cooling.md, Metrics",
+                m.name
+            );
+        }
+    }
+
+    #[test]
+    fn names_are_unique_and_counters_end_in_total() {
+        use loopwarden_bus::prometheus::MetricKind;
+        let mut n: Vec<&str> = names::ALL.iter().map(|m| m.name).collect();
+        n.sort_unstable();
+        n.dedup();
+        assert_eq!(n.len(), names::ALL.len());
+        for m in names::ALL {
+            let total = m.name.ends_with("_total");
+            assert_eq!(total, m.kind == MetricKind::Counter, "{}", m.name);
+        }
+    }
+}

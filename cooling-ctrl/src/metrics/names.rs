@@ -1,0 +1,233 @@
+//! Every `loopwarden_cdu_*` metric: its name, type and help text, in the
+//! order `docs/cooling.md` lists them.
+//!
+//! Glossary:
+//! - *ratio*: a share from 0 to 1 (Prometheus's base unit for shares).
+
+use loopwarden_bus::prometheus::Metric;
+
+pub const INFO: Metric = Metric::gauge(
+    "loopwarden_cdu_info",
+    "Always 1; the labels say the controller's site, software version and CDU register map.",
+);
+pub const STARTED: Metric = Metric::gauge(
+    "loopwarden_cdu_start_time_seconds",
+    "When the controller started, seconds since the Unix epoch.",
+);
+pub const MODE: Metric = Metric::gauge(
+    "loopwarden_cdu_mode",
+    "The controller's mode as a state set: 1 for the mode it is in (boot, normal, degraded, failsafe), 0 for the others.",
+);
+pub const MODE_REASON: Metric = Metric::gauge(
+    "loopwarden_cdu_mode_reason_code",
+    "The reason code of the mode (docs/bus.md's reason codes).",
+);
+pub const MODE_SINCE: Metric = Metric::gauge(
+    "loopwarden_cdu_mode_changed_timestamp_seconds",
+    "When the controller entered its mode, seconds since the Unix epoch.",
+);
+pub const SETPOINT: Metric = Metric::gauge(
+    "loopwarden_cdu_supply_setpoint_celsius",
+    "The supply temperature setpoint written to the CDU, degrees Celsius.",
+);
+pub const PUMP_SPEED: Metric = Metric::gauge(
+    "loopwarden_cdu_pump_speed_ratio",
+    "The pump speed written to the CDU, a share of full speed from 0 to 1.",
+);
+pub const SUPPLY: Metric = Metric::gauge(
+    "loopwarden_cdu_supply_temperature_celsius",
+    "Secondary supply (into the racks) temperature as the CDU read it this step, degrees Celsius.",
+);
+pub const RETURN: Metric = Metric::gauge(
+    "loopwarden_cdu_return_temperature_celsius",
+    "Secondary return (out of the racks) temperature as the CDU read it this step, degrees Celsius.",
+);
+pub const FACILITY_SUPPLY: Metric = Metric::gauge(
+    "loopwarden_cdu_facility_supply_temperature_celsius",
+    "Facility water supply temperature as the CDU read it this step, degrees Celsius.",
+);
+pub const FLOW: Metric = Metric::gauge(
+    "loopwarden_cdu_flow_litres_per_minute",
+    "Secondary flow as the CDU read it this step, litres per minute.",
+);
+pub const DIFF_PRESSURE: Metric = Metric::gauge(
+    "loopwarden_cdu_differential_pressure_pascals",
+    "Loop differential pressure as the CDU read it this step, pascals.",
+);
+pub const POWER: Metric = Metric::gauge(
+    "loopwarden_cdu_power_watts",
+    "The CDU's power meters this step, watts: meter=it (the racks), cooling (the cooling plant), facility (the whole facility).",
+);
+pub const PUE: Metric = Metric::gauge(
+    "loopwarden_cdu_pue",
+    "Power usage effectiveness this step: facility power divided by IT power.",
+);
+pub const SENSOR_FAULT: Metric = Metric::gauge(
+    "loopwarden_cdu_sensor_fault",
+    "1 while the supervised sensor is lost or implausible (the controller does not believe it), else 0.",
+);
+pub const PUMP_RUNNING: Metric = Metric::gauge(
+    "loopwarden_cdu_pump_running",
+    "1 when the pump's contactor feedback says it runs, else 0; absent when the CDU gives no feedback.",
+);
+pub const PUMP_ON: Metric = Metric::gauge(
+    "loopwarden_cdu_pump_commanded_on",
+    "1 when the controller commands the pump on, else 0.",
+);
+pub const PUMP_LEAD: Metric = Metric::gauge(
+    "loopwarden_cdu_pump_lead",
+    "1 for the lead pump, 0 for the lag pump.",
+);
+pub const PUMP_FAILED: Metric = Metric::gauge(
+    "loopwarden_cdu_pump_failed",
+    "1 while the pump is out of service after a trip (an operator puts it back), else 0.",
+);
+pub const RACK_VALVE_OPEN: Metric = Metric::gauge(
+    "loopwarden_cdu_rack_valve_open",
+    "1 when the controller commands the rack's valve open, 0 when it is shut.",
+);
+pub const RACK_COOLING_LOST: Metric = Metric::gauge(
+    "loopwarden_cdu_rack_cooling_lost",
+    "1 while the rack's cooling is lost (its hosts must drain and power down), else 0.",
+);
+pub const RACK_LEAK: Metric = Metric::gauge(
+    "loopwarden_cdu_rack_leak",
+    "1 when the rack's leak input reads wet this step, else 0.",
+);
+pub const RACK_LEAK_LATCHED: Metric = Metric::gauge(
+    "loopwarden_cdu_rack_leak_latched",
+    "1 while a leak is latched on the rack (its valve stays shut until an operator clears it), else 0.",
+);
+pub const RACK_ISOLATION_FAILED: Metric = Metric::gauge(
+    "loopwarden_cdu_rack_isolation_failed",
+    "1 when isolating the rack failed and both pumps are stopped for it, else 0.",
+);
+pub const RACK_LEAK_SENSING: Metric = Metric::gauge(
+    "loopwarden_cdu_rack_leak_sensing",
+    "The rack's leak sensing as a state set: supervised, lost (a rope fault or an unreadable input) or unprotected (declared without a rope).",
+);
+pub const BEACON: Metric = Metric::gauge(
+    "loopwarden_cdu_alarm_beacon",
+    "1 while the alarm beacon is on, else 0.",
+);
+pub const REJECTION_SHORT: Metric = Metric::gauge(
+    "loopwarden_cdu_heat_rejection_short",
+    "1 while the controller believes heat rejection is short (the supply cannot be held), else 0.",
+);
+pub const HOST_CAP: Metric = Metric::gauge(
+    "loopwarden_cdu_host_cap_watts",
+    "The power cap per GPU the controller last sent the host while it caps it, watts.",
+);
+pub const HOST_IN_FORCE: Metric = Metric::gauge(
+    "loopwarden_cdu_host_limit_in_force_watts",
+    "The lowest GPU power limit in force on the host, as its last ack of this controller's commands reported, watts.",
+);
+pub const HOST_HEARD: Metric = Metric::gauge(
+    "loopwarden_cdu_host_last_report_timestamp_seconds",
+    "When the host's telemetry last reached the controller, seconds since the Unix epoch.",
+);
+pub const HOSTS_CAPPED: Metric = Metric::gauge(
+    "loopwarden_cdu_hosts_capped",
+    "Hosts the controller caps now.",
+);
+pub const STEPS: Metric = Metric::counter(
+    "loopwarden_cdu_steps_total",
+    "Control steps run since the controller started.",
+);
+pub const MODBUS_UP: Metric = Metric::gauge(
+    "loopwarden_cdu_modbus_up",
+    "1 while the CDU answers its Modbus reads, else 0.",
+);
+pub const MODBUS_READS: Metric = Metric::counter(
+    "loopwarden_cdu_modbus_reads_total",
+    "CDU Modbus reads that answered.",
+);
+pub const MODBUS_READ_ERRORS: Metric = Metric::counter(
+    "loopwarden_cdu_modbus_read_errors_total",
+    "CDU Modbus reads that failed (refused or no answer).",
+);
+pub const MODBUS_WRITE_ERRORS: Metric = Metric::counter(
+    "loopwarden_cdu_modbus_write_errors_total",
+    "CDU Modbus writes of the settings that failed.",
+);
+pub const HOST_REPORTS: Metric = Metric::counter(
+    "loopwarden_cdu_host_reports_total",
+    "Host telemetry frames taken.",
+);
+pub const HOST_REPORTS_REFUSED: Metric = Metric::counter(
+    "loopwarden_cdu_host_reports_refused_total",
+    "Host telemetry frames refused as implausible.",
+);
+pub const LEASES_SENT: Metric = Metric::counter(
+    "loopwarden_cdu_leases_sent_total",
+    "Signed cap leases sent to hosts (renewals included, lifts not).",
+);
+pub const LIFTS_SENT: Metric = Metric::counter(
+    "loopwarden_cdu_lifts_sent_total",
+    "Short leases at the GPUs' TDP sent to lift a cap.",
+);
+pub const ACKS: Metric = Metric::counter(
+    "loopwarden_cdu_acks_total",
+    "Acks of this controller's commands received, by result: ok (ok or clamped) or refused.",
+);
+pub const PUBLISHED: Metric = Metric::counter(
+    "loopwarden_cdu_published_total",
+    "Frames published by the controller, by kind: telemetry, state, event.",
+);
+pub const PUBLISH_ERRORS: Metric = Metric::counter(
+    "loopwarden_cdu_publish_errors_total",
+    "Publishes the bus did not take.",
+);
+pub const EVENTS_DROPPED: Metric = Metric::counter(
+    "loopwarden_cdu_core_events_dropped_total",
+    "Events the control core could not fit in a step since the start.",
+);
+
+/// Every metric above, for the documentation's test.
+#[cfg(test)]
+pub const ALL: &[Metric] = &[
+    INFO,
+    STARTED,
+    MODE,
+    MODE_REASON,
+    MODE_SINCE,
+    SETPOINT,
+    PUMP_SPEED,
+    SUPPLY,
+    RETURN,
+    FACILITY_SUPPLY,
+    FLOW,
+    DIFF_PRESSURE,
+    POWER,
+    PUE,
+    SENSOR_FAULT,
+    PUMP_RUNNING,
+    PUMP_ON,
+    PUMP_LEAD,
+    PUMP_FAILED,
+    RACK_VALVE_OPEN,
+    RACK_COOLING_LOST,
+    RACK_LEAK,
+    RACK_LEAK_LATCHED,
+    RACK_ISOLATION_FAILED,
+    RACK_LEAK_SENSING,
+    BEACON,
+    REJECTION_SHORT,
+    HOST_CAP,
+    HOST_IN_FORCE,
+    HOST_HEARD,
+    HOSTS_CAPPED,
+    STEPS,
+    MODBUS_UP,
+    MODBUS_READS,
+    MODBUS_READ_ERRORS,
+    MODBUS_WRITE_ERRORS,
+    HOST_REPORTS,
+    HOST_REPORTS_REFUSED,
+    LEASES_SENT,
+    LIFTS_SENT,
+    ACKS,
+    PUBLISHED,
+    PUBLISH_ERRORS,
+    EVENTS_DROPPED,
+];

@@ -1,0 +1,146 @@
+//! `[cooling_loss]`: the commands a host runs when its CDU says its rack
+//! lost cooling, and when cooling is back (see `node_core::cooling_loss`
+//! for the order and the grace period).
+//!
+//! ```toml
+//! [cooling_loss]
+//! drain = [["scontrol", "update", "NodeName={host}", "State=DRAIN", "Reason={reason}"]]
+//! power_down = [["ipmitool", "chassis", "power", "soft"]]
+//! resume = [["scontrol", "update", "NodeName={host}", "State=RESUME"]]
+//! grace_s = 60
+//! ```
+//!
+//! Each step is a list of commands (argument vectors, run without a shell,
+//! in order); a step left out does nothing. Placeholders:
+//! [`COOLING_PLACEHOLDERS`].
+
+use std::time::Duration;
+
+use loopwarden_field::config::{range, ConfigError, Sources};
+use loopwarden_field::pick;
+use serde::Deserialize;
+
+use super::{check_action, FileConfig, Overrides};
+
+/// Placeholders a cooling-loss command may use.
+pub const COOLING_PLACEHOLDERS: [&str; 5] = ["{host}", "{site}", "{cdu}", "{rack}", "{reason}"];
+
+/// `[cooling_loss]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CoolingLossFile {
+    /// Commands when the rack loses cooling (a scheduler drain).
+    pub drain: Option<Vec<Vec<String>>>,
+    /// Commands after the grace period (GPUs down, host off).
+    pub power_down: Option<Vec<Vec<String>>>,
+    /// Commands when cooling is back, if powered down.
+    pub power_up: Option<Vec<Vec<String>>>,
+    /// Commands when cooling is back (undo the drain).
+    pub resume: Option<Vec<Vec<String>>>,
+    /// Seconds between the drain and the power-down.
+    pub grace_s: Option<u64>,
+    /// Timeout per command, s.
+    pub timeout_s: Option<u64>,
+}
+
+/// The cooling-loss actions, checked.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CoolingLossActions {
+    /// When the rack loses cooling.
+    pub drain: Vec<Vec<String>>,
+    /// After the grace period.
+    pub power_down: Vec<Vec<String>>,
+    /// When cooling is back, if powered down.
+    pub power_up: Vec<Vec<String>>,
+    /// When cooling is back.
+    pub resume: Vec<Vec<String>>,
+    /// Between the drain and the power-down.
+    pub grace: Duration,
+    /// Per command.
+    pub timeout: Duration,
+}
+
+impl CoolingLossActions {
+    /// Whether any command is configured.
+    pub fn any(&self) -> bool {
+        !(self.drain.is_empty()
+            && self.power_down.is_empty()
+            && self.power_up.is_empty()
+            && self.resume.is_empty())
+    }
+}
+
+/// One step's commands: the flag's list (split on white space) replaces
+/// the file's.
+fn step(
+    src: &Sources,
+    flag: &[String],
+    flag_name: &'static str,
+    file: &Option<Vec<Vec<String>>>,
+    key: &str,
+) -> Result<Vec<Vec<String>>, ConfigError> {
+    let (actions, from_flag) = if flag.is_empty() {
+        (file.clone().unwrap_or_default(), None)
+    } else {
+        let split = flag
+            .iter()
+            .map(|a| a.split_whitespace().map(String::from).collect())
+            .collect();
+        (split, Some(flag_name))
+    };
+    for a in &actions {
+        check_action(a, &COOLING_PLACEHOLDERS)
+            .map_err(|m| src.section("cooling_loss").error(from_flag, key, m))?;
+    }
+    Ok(actions)
+}
+
+/// `[cooling_loss]`, checked: commands need the host's CDU and rack,
+/// since only the CDU's word about that rack starts them.
+pub(super) fn cooling_loss(
+    src: &Sources,
+    file: &FileConfig,
+    flags: &Overrides,
+    has_rack: bool,
+) -> Result<CoolingLossActions, ConfigError> {
+    let none = CoolingLossFile::default();
+    let f = file.cooling_loss.as_ref().unwrap_or(&none);
+    let actions = CoolingLossActions {
+        drain: step(src, &flags.cooling_drain, "cooling-drain", &f.drain, "drain")?,
+        power_down: step(
+            src,
+            &flags.cooling_power_down,
+            "cooling-power-down",
+            &f.power_down,
+            "power_down",
+        )?,
+        power_up: step(src, &flags.cooling_power_up, "cooling-power-up", &f.power_up, "power_up")?,
+        resume: step(src, &flags.cooling_resume, "cooling-resume", &f.resume, "resume")?,
+        grace: Duration::from_secs(range(
+            &src.section("cooling_loss"),
+            pick!(flags.cooling_grace_s, f.grace_s, "cooling-grace-s"),
+            "grace_s",
+            60,
+            0,
+            3600,
+            " s",
+        )?),
+        timeout: Duration::from_secs(range(
+            &src.section("cooling_loss"),
+            pick!(flags.cooling_timeout_s, f.timeout_s, "cooling-timeout-s"),
+            "timeout_s",
+            60,
+            1,
+            600,
+            " s",
+        )?),
+    };
+    if actions.any() && !has_rack {
+        return Err(src.section("cooling_loss").error(
+            None,
+            "drain",
+            "cooling-loss actions need this host's `cdu` and `rack`: only its CDU's word about its rack starts them".into(),
+        ));
+    }
+    Ok(actions)
+}

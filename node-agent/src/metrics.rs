@@ -1,0 +1,383 @@
+//! The host agent's Prometheus metrics (`metrics_listen`): the GPU fields
+//! it shares with dcgm-exporter under DCGM's names ([`dcgm`]), and its own
+//! as `loopwarden_*`: each GPU's health, cap and responsiveness, the
+//! leases, the sampling loop's timing, the XID watch and queue, the bus
+//! and the flash recorder.
+//!
+//! Rendered from the console's [`Context`] and the loop's last
+//! [`Snapshot`](crate::console::Snapshot), copied out of its watch channel
+//! first: a scrape never reaches into the loop, and holds nothing the loop
+//! waits for. `docs/node-agent.md` ("Metrics") lists every metric.
+//!
+//! Labels: every series has `Hostname` (the agent's host id); a GPU's
+//! DCGM series have dcgm-exporter's `gpu` (index), `UUID`, `device`
+//! (`nvidia<index>`) and `modelName` besides, its `loopwarden_gpu_*`
+//! series `gpu` and `UUID`.
+//!
+//! Glossary:
+//! - *state set*: one series per possible state, 1 for the state held and
+//!   0 for the others (`loopwarden_gpu_health_state{state="degraded"}`).
+
+use std::net::SocketAddr;
+
+use loopwarden_bus::prometheus::{
+    self, with_labels, write_bus, write_recorder, BindError, Exposition, Metric,
+};
+use loopwarden_protocol::{CapSource, HealthState};
+use tokio::task::JoinHandle;
+
+use crate::config::GpuSourceKind;
+use crate::console::{Context, GpuView, Snapshot};
+
+pub mod dcgm;
+
+const INFO: Metric = Metric::gauge(
+    "loopwarden_agent_info",
+    "Always 1; the labels say the agent's site, software version and GPU source.",
+);
+const STARTED: Metric = Metric::gauge(
+    "loopwarden_agent_start_time_seconds",
+    "When the agent started, seconds since the Unix epoch.",
+);
+const SAMPLES: Metric = Metric::counter(
+    "loopwarden_samples_total",
+    "Sampling rounds run since the agent started.",
+);
+const JITTER: Metric = Metric::gauge(
+    "loopwarden_sampling_jitter_seconds",
+    "How late sampling ticks ran against their schedule, seconds: stat=last (the last tick), p50 and p99 (over the last 600 ticks), max (since the start).",
+);
+const ROUND: Metric = Metric::gauge(
+    "loopwarden_sampling_round_seconds",
+    "How long a sampling round of every GPU took, seconds: stat=last or max (since the start).",
+);
+const STALLED: Metric = Metric::gauge(
+    "loopwarden_host_stalled",
+    "1 while every GPU of the host is silent together (a driver or host stall), else 0.",
+);
+const XID_WATCH_UP: Metric = Metric::gauge(
+    "loopwarden_xid_watch_up",
+    "1 while the driver's XID watch runs, 0 while it is down (XIDs are then not seen).",
+);
+const XID_QUEUED: Metric = Metric::gauge(
+    "loopwarden_xid_queue_depth",
+    "XID events waiting in the bounded queue between the driver's watch and the loop.",
+);
+const XID_DROPPED: Metric = Metric::counter(
+    "loopwarden_xid_queue_dropped_total",
+    "XID events the bounded queue dropped in storms since the agent started.",
+);
+const LEASES: Metric = Metric::gauge(
+    "loopwarden_leases_active",
+    "Power-cap leases held now (from the cooling controller, a facility budget or an operator).",
+);
+const HEALTH: Metric = Metric::gauge(
+    "loopwarden_gpu_health_state",
+    "The GPU's health as a state set: 1 for the state it is in (healthy, degraded, quarantined), 0 for the others.",
+);
+const REASON: Metric = Metric::gauge(
+    "loopwarden_gpu_health_reason_code",
+    "The reason code of the GPU's health state (0 ok, 1-999 an XID, 1000 and up a rule; docs/health.md).",
+);
+const SINCE: Metric = Metric::gauge(
+    "loopwarden_gpu_health_changed_timestamp_seconds",
+    "When the GPU entered its health state, seconds since the Unix epoch.",
+);
+const RESPONSIVE: Metric = Metric::gauge(
+    "loopwarden_gpu_responsive",
+    "1 when the GPU answered its last sample within the deadline, else 0.",
+);
+const MISSED: Metric = Metric::gauge(
+    "loopwarden_gpu_missed_samples",
+    "Samples the GPU has missed in a row (0 when it answers).",
+);
+const CAP: Metric = Metric::gauge(
+    "loopwarden_gpu_cap_watts",
+    "The power cap in force on the GPU, read back after setting it, watts; source says who set it. Absent while the GPU runs at its default limit.",
+);
+const GUARD: Metric = Metric::gauge(
+    "loopwarden_gpu_thermal_guard_cap_watts",
+    "The cap the host's own thermal guard asks for, watts. Absent while the guard does not cap.",
+);
+
+/// The `/metrics` text for the agent behind `ctx`, as of its last step.
+pub fn render(ctx: &Context) -> String {
+    // A copy, so the channel is not held while the text is written.
+    let snap = ctx.snapshot.borrow().clone();
+    let mut out = Exposition::new();
+    let host = [("Hostname", ctx.host.as_str())];
+    agent(&mut out, ctx, &host);
+    if let Some(s) = &snap {
+        loop_state(&mut out, s, &host);
+        for (i, g) in s.gpus.iter().enumerate() {
+            gpu(&mut out, &ctx.host, i, g);
+        }
+    }
+    write_bus(&mut out, &ctx.bus.metrics(), ctx.bus.is_connected(), &host);
+    write_recorder(&mut out, &ctx.recorder, &host);
+    out.finish()
+}
+
+/// What the agent is and since when.
+fn agent(out: &mut Exposition, ctx: &Context, host: &[(&str, &str)]) {
+    let source = match ctx.gpu_source {
+        GpuSourceKind::Nvml => "nvml".to_string(),
+        GpuSourceKind::Twin(n) => format!("twin-{n}"),
+    };
+    let mut info = host.to_vec();
+    info.extend([
+        ("site", ctx.site.as_str()),
+        ("version", env!("CARGO_PKG_VERSION")),
+        ("gpu_source", source.as_str()),
+    ]);
+    out.sample(&INFO, &info, 1.0);
+    out.sample(&STARTED, host, ctx.started.0 as f64 / 1000.0);
+}
+
+/// The loop's timing, the XID watch and queue, the leases.
+fn loop_state(out: &mut Exposition, s: &Snapshot, host: &[(&str, &str)]) {
+    let t = &s.timing;
+    out.sample(&SAMPLES, host, t.samples as f64);
+    let us = |v: u64| v as f64 / 1e6;
+    for (stat, v) in [
+        ("last", t.last_jitter_us),
+        ("p50", t.jitter_percentile(50.0)),
+        ("p99", t.jitter_percentile(99.0)),
+        ("max", t.max_jitter_us),
+    ] {
+        out.sample(&JITTER, &with_labels(host, &[("stat", stat)]), us(v));
+    }
+    for (stat, v) in [("last", t.last_sample_us), ("max", t.max_sample_us)] {
+        out.sample(&ROUND, &with_labels(host, &[("stat", stat)]), us(v));
+    }
+    out.flag(&STALLED, host, s.stalled_since.is_some());
+    out.flag(&XID_WATCH_UP, host, s.xid_watch_down.is_none());
+    out.sample(&XID_QUEUED, host, s.xids_queued as f64);
+    out.sample(&XID_DROPPED, host, s.xids_dropped as f64);
+    out.sample(&LEASES, host, s.leases.len() as f64);
+}
+
+/// GPU `i` of `host`: its DCGM fields and its `loopwarden_gpu_*` series.
+fn gpu(out: &mut Exposition, host: &str, i: usize, g: &GpuView) {
+    let index = i.to_string();
+    let device = format!("nvidia{i}");
+    let dcgm_labels = [
+        ("gpu", index.as_str()),
+        ("UUID", g.info.uuid.as_str()),
+        ("device", device.as_str()),
+        ("modelName", g.info.name.as_str()),
+        ("Hostname", host),
+    ];
+    dcgm::write(out, g, &dcgm_labels);
+    // Enough to join with the DCGM series (on gpu and Hostname), and all
+    // snake_case or upper case, as Prometheus's naming rules ask.
+    let labels = [
+        ("gpu", index.as_str()),
+        ("UUID", g.info.uuid.as_str()),
+        ("Hostname", host),
+    ];
+    if let Some(h) = &g.health {
+        for state in [
+            HealthState::Healthy,
+            HealthState::Degraded,
+            HealthState::Quarantined,
+        ] {
+            let l = with_labels(&labels, &[("state", health_name(state))]);
+            out.flag(&HEALTH, &l, h.state == state);
+        }
+        out.sample(&REASON, &labels, h.reason.0.into());
+        out.sample(&SINCE, &labels, h.since.0 as f64 / 1000.0);
+    }
+    out.flag(&RESPONSIVE, &labels, g.responsive);
+    out.sample(&MISSED, &labels, g.missed.into());
+    if let (Some(limit), Some(source)) = (g.applied, g.source) {
+        let l = with_labels(&labels, &[("source", source_name(source))]);
+        out.sample(&CAP, &l, limit.0.into());
+    }
+    if let Some(cap) = g.guard_cap {
+        out.sample(&GUARD, &labels, cap.0.into());
+    }
+}
+
+/// A health state as the bus's JSON names it.
+fn health_name(s: HealthState) -> &'static str {
+    match s {
+        HealthState::Healthy => "healthy",
+        HealthState::Degraded => "degraded",
+        HealthState::Quarantined => "quarantined",
+    }
+}
+
+/// A cap source as the bus's JSON names it.
+fn source_name(s: CapSource) -> &'static str {
+    match s {
+        CapSource::ThermalGuard => "thermal_guard",
+        CapSource::Cooling => "cooling",
+        CapSource::FacilityBudget => "facility_budget",
+        CapSource::Operator => "operator",
+    }
+}
+
+/// Serves `/metrics` on `addr`, when given one, for the agent behind
+/// `ctx`; the task runs until aborted.
+pub async fn start(
+    addr: Option<SocketAddr>,
+    ctx: Context,
+) -> Result<Option<JoinHandle<()>>, BindError> {
+    prometheus::start(addr, move || render(&ctx)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::caps::GpuRange;
+    use crate::gpu::{GpuInfo, GpuSample};
+    use crate::health::GpuStatus;
+    use loopwarden_protocol::{
+        ReasonCode, ThrottleReasons, TimestampMs, Unsupported, Watts, WholeCelsius,
+    };
+
+    fn view() -> GpuView {
+        GpuView {
+            info: GpuInfo {
+                name: "NVIDIA H200".into(),
+                uuid: "GPU-1234".into(),
+                default_limit: Watts(700),
+                min_limit: Watts(200),
+                max_limit: Watts(700),
+            },
+            range: GpuRange {
+                min: Watts(200),
+                max: Watts(700),
+            },
+            last: Some(GpuSample {
+                temp: WholeCelsius(71),
+                power: Watts(650),
+                power_limit: Watts(500),
+                throttle: ThrottleReasons::SW_POWER_CAP,
+                unsupported: Unsupported::NVLINK | Unsupported::MEM_TEMP,
+                ..Default::default()
+            }),
+            responsive: true,
+            missed: 0,
+            unresponsive_reported: false,
+            last_error: None,
+            applied: Some(Watts(500)),
+            source: Some(CapSource::Cooling),
+            guard_cap: None,
+            xids: vec![(TimestampMs(1), 31), (TimestampMs(2), 48)],
+            health: Some(GpuStatus {
+                state: HealthState::Degraded,
+                reason: ReasonCode(1001),
+                since: TimestampMs(1_700_000_000_000),
+                evidence: String::new(),
+            }),
+            calls: Default::default(),
+        }
+    }
+
+    fn text(g: &GpuView) -> String {
+        let mut out = Exposition::new();
+        gpu(&mut out, "h07", 3, g);
+        out.finish()
+    }
+
+    #[test]
+    fn a_gpu_has_dcgms_names_and_labels_and_only_what_it_supports() {
+        let t = text(&view());
+        let dcgm =
+            r#"{gpu="3",UUID="GPU-1234",device="nvidia3",modelName="NVIDIA H200",Hostname="h07"}"#;
+        for line in [
+            format!("DCGM_FI_DEV_GPU_TEMP{dcgm} 71\n"),
+            format!("DCGM_FI_DEV_POWER_USAGE{dcgm} 650\n"),
+            format!("DCGM_FI_DEV_POWER_MGMT_LIMIT{dcgm} 500\n"),
+            format!("DCGM_FI_DEV_ENFORCED_POWER_LIMIT{dcgm} 500\n"),
+            format!("DCGM_FI_DEV_CLOCKS_EVENT_REASONS{dcgm} 4\n"),
+            format!("DCGM_FI_DEV_XID_ERRORS{dcgm} 48\n"),
+            "# TYPE DCGM_FI_DEV_PCIE_REPLAY_COUNTER counter\n".to_string(),
+        ] {
+            assert!(t.contains(&line), "{line} in\n{t}");
+        }
+        // Not supported, or not measured (no energy reported): absent.
+        for absent in ["NVLINK", "DCGM_FI_DEV_MEMORY_TEMP", "ENERGY"] {
+            assert!(!t.contains(absent), "{absent} in\n{t}");
+        }
+    }
+
+    #[test]
+    fn health_is_a_state_set_and_the_cap_names_its_source() {
+        let t = text(&view());
+        let l = r#"gpu="3",UUID="GPU-1234",Hostname="h07""#;
+        for line in [
+            format!("loopwarden_gpu_health_state{{{l},state=\"healthy\"}} 0\n"),
+            format!("loopwarden_gpu_health_state{{{l},state=\"degraded\"}} 1\n"),
+            format!("loopwarden_gpu_health_state{{{l},state=\"quarantined\"}} 0\n"),
+            format!("loopwarden_gpu_health_reason_code{{{l}}} 1001\n"),
+            format!("loopwarden_gpu_health_changed_timestamp_seconds{{{l}}} 1700000000\n"),
+            format!("loopwarden_gpu_cap_watts{{{l},source=\"cooling\"}} 500\n"),
+            format!("loopwarden_gpu_responsive{{{l}}} 1\n"),
+        ] {
+            assert!(t.contains(&line), "{line} in\n{t}");
+        }
+        assert!(!t.contains("thermal_guard_cap"), "{t}");
+    }
+
+    /// Every family the agent writes is in `docs/node-agent.md`, section 9.
+    #[test]
+    fn every_metric_is_documented() {
+        let snap = Snapshot {
+            timing: Default::default(),
+            gpus: vec![view()],
+            leases: Vec::new(),
+            xids_queued: 0,
+            xids_dropped: 0,
+            xid_watch_down: None,
+            stalled_since: None,
+            cooling: Default::default(),
+            wall_offset_ms: 0,
+        };
+        let mut out = Exposition::new();
+        let host = [("Hostname", "h07")];
+        loop_state(&mut out, &snap, &host);
+        let mut g = view();
+        g.guard_cap = Some(Watts(600));
+        gpu(&mut out, "h07", 0, &g);
+        write_bus(&mut out, &Default::default(), true, &host);
+        let text = out.finish();
+        let mut names: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split(' ').next())
+            .collect();
+        names.extend([INFO.name, STARTED.name]);
+        names.extend(dcgm::names());
+        names.extend([
+            "loopwarden_flash_queue_dropped_total",
+            "loopwarden_outbox_waiting_frames",
+            "loopwarden_outbox_waiting_dropped_total",
+        ]);
+        let doc = include_str!("../../docs/node-agent.md");
+        let section = &doc[doc.find("## 9. Metrics").expect("section 9")..];
+        for name in names {
+            assert!(
+                section.contains(&format!("| `{name}` |")),
+                "{name} not in docs/node-agent.md §9"
+            );
+        }
+    }
+
+    #[test]
+    fn a_gpu_that_did_not_answer_has_no_dcgm_series() {
+        let mut g = view();
+        g.responsive = false;
+        g.missed = 4;
+        let t = text(&g);
+        assert!(!t.contains("DCGM_"), "{t}");
+        assert!(
+            t.contains(r#"loopwarden_gpu_responsive{gpu="3",UUID="GPU-1234",Hostname="h07"} 0"#)
+        );
+        assert!(t.contains(
+            r#"loopwarden_gpu_missed_samples{gpu="3",UUID="GPU-1234",Hostname="h07"} 4"#
+        ));
+    }
+}
