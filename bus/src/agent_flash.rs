@@ -118,9 +118,17 @@ fn image(path: Option<&Path>, board: &FlashBoard) -> Result<AgentFlash, String> 
             if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
                 let _ = std::fs::create_dir_all(dir);
             }
-            FileFlash::open(path, &board.geometry())
-                .map(AgentFlash::File)
-                .map_err(|e| format!("{}: {e}", path.display()))
+            let flash = FileFlash::open(path, &board.geometry())
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            if let Some(d) = flash.sync_delay() {
+                tracing::warn!(
+                    "{}: every flash sync is slowed by {} ms ({}, fault injection for benchmarks and tests)",
+                    path.display(),
+                    d.as_millis(),
+                    loopwarden_flash::file::SYNC_DELAY_ENV
+                );
+            }
+            Ok(AgentFlash::File(flash))
         }
         None => {
             tracing::warn!(

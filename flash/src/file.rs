@@ -1,11 +1,18 @@
 //! A NOR flash backed by a file, for Linux hosts: the same rules as a real
 //! part (see [`crate::nor`]), the geometry of the board, and `fdatasync`
 //! after every write and erase, so what returned is on disk.
+//!
+//! Fault injection, for benchmarks and tests: with the environment
+//! variable [`SYNC_DELAY_ENV`] (`LOOPWARDEN_FAULT_FLASH_SYNC_MS`) set to a
+//! number of milliseconds when the file is opened, every sync takes that
+//! much longer, as on a slow or busy disk. It is read once, at
+//! [`FileFlash::open`]; [`FileFlash::sync_delay`] says what was set.
 
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use embedded_storage_async::nor_flash::{ErrorType, MultiwriteNorFlash, NorFlash, ReadNorFlash};
 
@@ -85,6 +92,19 @@ impl core::fmt::Display for FileFlashError {
 
 impl std::error::Error for FileFlashError {}
 
+/// The environment variable that slows every sync of a flash file by its
+/// value in milliseconds (fault injection for benchmarks and tests).
+pub const SYNC_DELAY_ENV: &str = "LOOPWARDEN_FAULT_FLASH_SYNC_MS";
+
+/// The extra delay per sync that a value of [`SYNC_DELAY_ENV`] sets, if
+/// any: `None` when it is unset, zero or not a number of milliseconds.
+fn sync_delay_of(value: Option<&str>) -> Option<Duration> {
+    value
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|&ms| ms > 0)
+        .map(Duration::from_millis)
+}
+
 /// A file-backed NOR flash with sectors of `ERASE` bytes written in words of
 /// `WRITE` bytes.
 #[derive(Debug)]
@@ -92,6 +112,8 @@ pub struct FileFlash<const WRITE: usize, const ERASE: usize> {
     file: File,
     image: NorImage,
     program_page: usize,
+    /// Injected extra time per sync ([`SYNC_DELAY_ENV`]).
+    sync_delay: Option<Duration>,
 }
 
 impl<const WRITE: usize, const ERASE: usize> FileFlash<WRITE, ERASE> {
@@ -154,7 +176,14 @@ impl<const WRITE: usize, const ERASE: usize> FileFlash<WRITE, ERASE> {
             file,
             image: NorImage::new(bytes, WRITE, ERASE),
             program_page: geometry.program_page as usize,
+            sync_delay: sync_delay_of(std::env::var(SYNC_DELAY_ENV).ok().as_deref()),
         })
+    }
+
+    /// The extra time every sync takes, injected by [`SYNC_DELAY_ENV`]
+    /// when the file was opened; `None` for a flash as fast as its disk.
+    pub fn sync_delay(&self) -> Option<Duration> {
+        self.sync_delay
     }
 
     /// What the flash has done since it was opened.
@@ -175,7 +204,11 @@ impl<const WRITE: usize, const ERASE: usize> FileFlash<WRITE, ERASE> {
                 .map_err(|_| FlashError::Io)?;
             at += chunk;
         }
-        self.file.sync_data().map_err(|_| FlashError::Io)
+        self.file.sync_data().map_err(|_| FlashError::Io)?;
+        if let Some(d) = self.sync_delay {
+            std::thread::sleep(d);
+        }
+        Ok(())
     }
 }
 
@@ -270,5 +303,25 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("write size 8"), "{e}");
+    }
+
+    #[test]
+    fn an_injected_sync_delay_slows_every_write_and_erase() {
+        assert_eq!(sync_delay_of(None), None);
+        assert_eq!(sync_delay_of(Some("0")), None);
+        assert_eq!(sync_delay_of(Some("fast")), None);
+        assert_eq!(sync_delay_of(Some(" 50")), Some(Duration::from_millis(50)));
+        let dir = tempfile::tempdir().unwrap();
+        let mut f = FileFlash::<4, 4096>::open(&dir.path().join("flash.bin"), &GEO).unwrap();
+        f.sync_delay = Some(Duration::from_millis(20));
+        let t = std::time::Instant::now();
+        block_on(async {
+            f.write(0, &[1, 2, 3, 4]).await.unwrap();
+            f.erase(0, 4096).await.unwrap();
+        });
+        assert!(
+            t.elapsed() >= Duration::from_millis(40),
+            "two syncs, 20 ms each"
+        );
     }
 }

@@ -72,8 +72,12 @@ fn parse_clear_leak(s: &str) -> Result<(u64, usize), String> {
     let (at, rack) = s
         .split_once(':')
         .ok_or_else(|| format!("{s:?}: expected SECONDS:RACK, for example 1200:2"))?;
-    let at = at.parse().map_err(|e| format!("{s:?}: seconds {at:?}: {e}"))?;
-    let rack = rack.parse().map_err(|e| format!("{s:?}: rack {rack:?}: {e}"))?;
+    let at = at
+        .parse()
+        .map_err(|e| format!("{s:?}: seconds {at:?}: {e}"))?;
+    let rack = rack
+        .parse()
+        .map_err(|e| format!("{s:?}: rack {rack:?}: {e}"))?;
     Ok((at, rack))
 }
 

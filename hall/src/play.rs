@@ -475,7 +475,9 @@ impl ControllerSide<'_> {
                 }
                 match answer.await {
                     Ok(Ok(done)) => tracing::info!("t={at_s}s operator: {done}"),
-                    Ok(Err(why)) => tracing::warn!("t={at_s}s operator: clear-leak {rack} refused: {why}"),
+                    Ok(Err(why)) => {
+                        tracing::warn!("t={at_s}s operator: clear-leak {rack} refused: {why}")
+                    }
                     Err(_) => return,
                 }
             }

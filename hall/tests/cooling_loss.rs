@@ -47,7 +47,11 @@ const GRACE_S: u64 = 4;
 fn agent_config(dir: &Path, slurm: &Slurm) -> std::path::PathBuf {
     let note = dir.join("note.sh");
     let log = dir.join("power.log");
-    std::fs::write(&note, format!("#!/bin/sh\necho \"$*\" >> {}\n", log.display())).unwrap();
+    std::fs::write(
+        &note,
+        format!("#!/bin/sh\necho \"$*\" >> {}\n", log.display()),
+    )
+    .unwrap();
     std::fs::set_permissions(&note, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let conf = format!("SLURM_CONF={}", slurm.conf().display());
     let scontrol = |rest: &str| {
@@ -113,12 +117,18 @@ async fn a_leaking_rack_is_drained_in_slurm_powered_down_and_resumed() {
     watcher.join().unwrap();
     let took = started.elapsed();
 
-    assert!(out.racks_lost.contains(&0), "rack 0 declared lost: {:?}", out.events);
+    assert!(
+        out.racks_lost.contains(&0),
+        "rack 0 declared lost: {:?}",
+        out.events
+    );
     let seen = seen.lock().unwrap().clone();
     let drained: Vec<_> = seen.iter().filter(|(n, _, _)| n == "r0h0").collect();
     assert!(
-        drained.iter().any(|(_, state, reason)| state.starts_with("drain")
-            && reason.starts_with("cooling-lost: rack 0 of cdu1 lost cooling at")),
+        drained
+            .iter()
+            .any(|(_, state, reason)| state.starts_with("drain")
+                && reason.starts_with("cooling-lost: rack 0 of cdu1 lost cooling at")),
         "sinfo -R never showed r0h0 drained for the cooling loss: {seen:?}\n{}",
         slurm.log_tails()
     );
@@ -148,7 +158,10 @@ async fn a_leaking_rack_is_drained_in_slurm_powered_down_and_resumed() {
         "powered down {:.0} simulated s after the drain",
         down - drain
     );
-    assert!(out.events.iter().any(|e| e.contains("r0h0: cooling Resume ok=true")));
+    assert!(out
+        .events
+        .iter()
+        .any(|e| e.contains("r0h0: cooling Resume ok=true")));
     // Resumed: back in service, no reason left.
     slurm
         .wait_state("r0h0", "idle", Duration::from_secs(10))

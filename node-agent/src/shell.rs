@@ -47,9 +47,9 @@ use crate::actions;
 use crate::caps::GpuRange;
 use crate::clock::{Clock, Steady, SystemClock};
 use crate::commands::CommandCore;
-use crate::cooling_loss::CoolingLoss;
 use crate::config::Config;
 use crate::console::{self, Context, Snapshot, Timing};
+use crate::cooling_loss::CoolingLoss;
 use crate::gpu::{GpuError, GpuInfo, GpuSample, GpuSource};
 use crate::guard::ThermalGuard;
 use crate::health::HealthEngine;
@@ -70,6 +70,9 @@ mod startup;
 /// Frame sequence numbers reserved in flash at a time.
 /// Ticks kept for the jitter percentiles (10 minutes at 1 s).
 const JITTER_WINDOW: usize = 600;
+/// Quarantine-action outcomes waiting for the loop (a sender waits for
+/// room: an outcome is never dropped).
+const ACTION_OUTCOMES: usize = 64;
 /// XIDs kept per GPU for `why`.
 const RECENT_XIDS: usize = 8;
 /// Every this many samples the retained health is published again.
@@ -125,7 +128,8 @@ pub(crate) struct GpuState {
     pub source: Option<CapSource>,
     /// Whether we changed its limit (restored at exit).
     pub changed: bool,
-    /// A target that could not be set, and when to try it again (ms).
+    /// A target that could not be set, and when to try it again (steady
+    /// ms).
     pub retry: Option<(Watts, u64)>,
     pub guard: ThermalGuard,
     pub xids: VecDeque<(TimestampMs, u16)>,
@@ -149,7 +153,7 @@ pub(crate) struct Agent {
     /// The health engine.
     pub health: HealthEngine,
     /// Where finished quarantine actions report.
-    pub actions: mpsc::UnboundedSender<(u8, actions::Outcome)>,
+    pub actions: mpsc::Sender<(u8, actions::Outcome)>,
     /// Since when the XID watch has been down, if it is.
     pub xid_watch_down: Option<TimestampMs>,
     /// The XID queue's counters.
@@ -217,7 +221,7 @@ pub async fn run_with_clock(
         path: console_path.display().to_string(),
         source,
     })?;
-    let (actions_tx, mut actions_rx) = mpsc::unbounded_channel();
+    let (actions_tx, mut actions_rx) = mpsc::channel(ACTION_OUTCOMES);
     let (cooling_jobs, mut cooling_rx) = cooling::start_runner();
     let recorder = Recorder::start_on(log, store, flash_path.as_deref(), bus.clone())
         .map_err(AgentError::Thread)?;
@@ -303,11 +307,13 @@ impl Agent {
         GpuIndex::new(i as u8).expect("at most 16 GPUs")
     }
 
-    /// Steady time for the health engine, which is told the wall clock's
-    /// offset from it for its stamps.
+    /// Steady time for the decisions. The health engine (for its stamps)
+    /// and the command core (to turn a lease's end into steady time) are
+    /// told the wall clock's offset from it.
     fn engine_now(&mut self) -> TimestampMs {
         let (steady, offset) = self.clock.read();
         self.health.set_wall_offset(offset);
+        self.core.set_wall_offset(offset);
         steady
     }
 }

@@ -857,7 +857,10 @@ async fn a_hanging_gpu_times_out_alone_and_answers_once_released() {
         other => panic!("the late answer: {other:?}"),
     }
     assert_eq!(fake.calls(1, GET_TEMPERATURE), 1);
-    assert_eq!(now_ok(workers[1].sample(DEADLINE).await).temp, WholeCelsius(70));
+    assert_eq!(
+        now_ok(workers[1].sample(DEADLINE).await).temp,
+        WholeCelsius(70)
+    );
     assert_eq!(fake.calls(1, GET_TEMPERATURE), 2);
     assert_eq!(workers[1].call_times().late, 1);
 }
@@ -1170,7 +1173,9 @@ fn nvlink_errors_are_read_per_link_where_links_answer_and_named_in_the_evidence(
     let mut answers = Answers::healthy();
     // Four links answer; links 4 to 11 are "not supported".
     for l in 0..4 {
-        answers.fields.insert(link_field(l, false), Ok(10 * u64::from(l)));
+        answers
+            .fields
+            .insert(link_field(l, false), Ok(10 * u64::from(l)));
         answers.fields.insert(link_field(l, true), Ok(0));
     }
     let (fake, mut gpu) = one_gpu(answers);
@@ -1192,13 +1197,20 @@ fn nvlink_errors_are_read_per_link_where_links_answer_and_named_in_the_evidence(
     let limits = Limits {
         max_operating_c: 87.0,
     };
-    let mut e = HealthEngine::new(1, limits, Policy::default(), loopwarden_protocol::TimestampMs(0));
+    let mut e = HealthEngine::new(
+        1,
+        limits,
+        Policy::default(),
+        loopwarden_protocol::TimestampMs(0),
+    );
     // Only the links: this fake's healthy GPU has other faults to judge.
     let obs = |s: &GpuSample| node_agent::health::Observation {
         nvlink_links: s.nvlink_links,
         ..Default::default()
     };
-    assert!(e.sample(loopwarden_protocol::TimestampMs(1_000), 0, &obs(&second)).is_empty());
+    assert!(e
+        .sample(loopwarden_protocol::TimestampMs(1_000), 0, &obs(&second))
+        .is_empty());
     let outs = e.sample(loopwarden_protocol::TimestampMs(2_000), 0, &obs(&third));
     let evidence = outs
         .iter()
@@ -1212,8 +1224,15 @@ fn nvlink_errors_are_read_per_link_where_links_answer_and_named_in_the_evidence(
     fake.set(0, |a| {
         a.fields.insert(link_field(2, false), Ok(0));
     });
-    let mut e = HealthEngine::new(1, limits, Policy::default(), loopwarden_protocol::TimestampMs(0));
+    let mut e = HealthEngine::new(
+        1,
+        limits,
+        Policy::default(),
+        loopwarden_protocol::TimestampMs(0),
+    );
     e.sample(loopwarden_protocol::TimestampMs(1_000), 0, &obs(&third));
     let reset = gpu.sample().expect("samples");
-    assert!(e.sample(loopwarden_protocol::TimestampMs(2_000), 0, &obs(&reset)).is_empty());
+    assert!(e
+        .sample(loopwarden_protocol::TimestampMs(2_000), 0, &obs(&reset))
+        .is_empty());
 }

@@ -1004,6 +1004,12 @@ fn a_wall_clock_step_changes_no_verdict_and_moves_the_stamps() {
             std::thread::sleep(Duration::from_millis(100));
         }
     };
+    // A cap lease of a minute on GPU 0, taken before the steps: it must
+    // hold through both (a lease lapses on steady time).
+    let mut acks = Subscriber::start(port, &[&format!("dc/v2/{SITE}/host/{host}/ack")])
+        .expect("mosquitto_sub");
+    let capped = lease(1, 1, &[(gpu(0), 400)], 60_000);
+    assert_eq!(ack_of_sent(&mut acks, port, host, &capped).code, AckCode::Ok);
     replays(4);
     clock.step(2 * 3_600_000);
     replays(4);
@@ -1040,6 +1046,22 @@ fn a_wall_clock_step_changes_no_verdict_and_moves_the_stamps() {
     assert!(
         offsets.contains(&-1) || offsets.contains(&-2),
         "after -2 h: {offsets:?}"
+    );
+    let limits: Vec<u32> = frames
+        .iter()
+        .filter_map(|f| match &f.message {
+            Message::HostTelemetry(t) => Some(t.gpus[0].power_limit.0),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        limits.last(),
+        Some(&400),
+        "the lease held through both steps: {limits:?}"
+    );
+    assert!(
+        limits.iter().skip_while(|l| **l != 400).all(|l| *l == 400),
+        "once in force, never lifted: {limits:?}"
     );
 }
 
@@ -1154,6 +1176,141 @@ fn a_rack_without_cooling_drains_powers_down_after_the_grace_and_undoes_it() {
         steps,
         [(Drain, true), (PowerDown, true), (PowerUp, true), (Resume, true)]
     );
+    let _ = stop.send(());
+    agent.join().expect("joined").expect("agent ran");
+}
+
+/// A storm of benign XIDs (20,000 in about 2 s, applications' errors
+/// that change no health) with one XID 79 in the middle of it: the GPU
+/// of the XID 79 is quarantined, no other GPU changes health, and the
+/// agent's XID queue stays within its capacity, dropping what it cannot
+/// hold. No time limit is asserted beyond a generous wait: the figures
+/// are `benches/xid_storm.rs`'s.
+#[test]
+fn an_xid_storm_does_not_delay_a_fatal_xid() {
+    use node_agent::sim_gpus::TwinFault;
+    let Some(broker) = Mosquitto::start() else {
+        return;
+    };
+    let port = broker.port();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let host = "h9";
+    let (gpus, fatal_gpu) = (8u8, 5u8);
+    let mut sub = Subscriber::start(port, &[&format!("dc/v2/{SITE}/host/{host}/health")])
+        .expect("mosquitto_sub");
+    let more = node_agent::config::Overrides {
+        common: CommonFlags {
+            flash: Some(dir.path().join("agent.flash")),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let (control, stop, agent) = in_process_with(port, host, gpus as usize, dir.path(), more);
+    let console = Agent {
+        child: None,
+        console: dir.path().join(format!("{host}.sock")),
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(v) = console.ctl(&["status"]) {
+            break v;
+        }
+        assert!(Instant::now() < deadline, "the agent never answered");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let capacity = status["xids"]["capacity"].as_u64().expect("xids.capacity");
+    // On the bus, every GPU healthy.
+    let health = |s: &Seen| match frame(s).map(|f| f.message) {
+        Some(Message::HostHealth(h)) => Some(h),
+        _ => None,
+    };
+    let first = sub
+        .collect_until(Duration::from_secs(20), |s| {
+            s.iter().any(|s| health(s).is_some())
+        })
+        .iter()
+        .find_map(health)
+        .expect("the agent's health");
+    assert!(first.gpus.iter().all(|g| g.state == HealthState::Healthy));
+
+    // 100 batches of 200 benign XIDs, one every 20 ms, round-robin over
+    // the GPUs; XID 79 after the 50th batch.
+    let storm = std::thread::spawn(move || {
+        let start = Instant::now();
+        let mut n = 0u32;
+        for batch in 0..100u32 {
+            if let Some(wait) =
+                (start + Duration::from_millis(20) * batch).checked_duration_since(Instant::now())
+            {
+                std::thread::sleep(wait);
+            }
+            for _ in 0..200 {
+                let xid = [13, 31, 43, 45][(n / gpus as u32 % 4) as usize];
+                control
+                    .inject(TwinFault::Xid {
+                        gpu: (n % gpus as u32) as u8,
+                        xid,
+                    })
+                    .expect("inject");
+                n += 1;
+            }
+            if batch == 49 {
+                control
+                    .inject(TwinFault::Xid {
+                        gpu: fatal_gpu,
+                        xid: 79,
+                    })
+                    .expect("inject");
+            }
+        }
+        n
+    });
+    // The queue, as the console shows it while the storm runs.
+    let mut most_queued = 0;
+    while !storm.is_finished() {
+        if let Some(v) = console.ctl(&["status"]) {
+            let queued = v["xids"]["queued"].as_u64().expect("xids.queued");
+            assert!(queued <= capacity, "{queued} queued, capacity {capacity}");
+            most_queued = most_queued.max(queued);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let injected = storm.join().expect("the storm");
+    assert_eq!(injected, 20_000);
+
+    // The quarantine comes out, and no other GPU changed meanwhile.
+    let seen = sub.collect_until(Duration::from_secs(10), |s| {
+        s.iter()
+            .filter_map(health)
+            .any(|h| h.gpus[fatal_gpu as usize].state == HealthState::Quarantined)
+    });
+    let frames: Vec<_> = seen.iter().filter_map(health).collect();
+    assert!(
+        frames
+            .iter()
+            .any(|h| h.gpus[fatal_gpu as usize].state == HealthState::Quarantined),
+        "GPU {fatal_gpu} not quarantined within 10 s of the storm's end: {frames:?}"
+    );
+    for h in &frames {
+        for g in h.gpus.iter().filter(|g| g.gpu.get() != fatal_gpu) {
+            assert_eq!(g.state, HealthState::Healthy, "GPU {}: {h:?}", g.gpu.get());
+        }
+    }
+    let status = console.ctl(&["status"]).expect("ctl status");
+    assert_eq!(status["health"]["quarantined"], 1, "{status}");
+    assert_eq!(status["health"]["healthy"], gpus as u64 - 1, "{status}");
+    let dropped = status["xids"]["dropped"].as_u64().expect("xids.dropped");
+    let queued = status["xids"]["queued"].as_u64().expect("xids.queued");
+    assert!(queued <= capacity, "{queued} queued, capacity {capacity}");
+    assert!(
+        dropped > 0 || most_queued <= capacity,
+        "the queue neither dropped nor stayed within {capacity}: {status}"
+    );
+    let why = console
+        .ctl(&["why", &fatal_gpu.to_string()])
+        .expect("ctl why");
+    assert_eq!(why["health"], "quarantined", "{why}");
+    assert_eq!(why["reason"], "xid-79", "{why}");
     let _ = stop.send(());
     agent.join().expect("joined").expect("agent ran");
 }

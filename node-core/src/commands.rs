@@ -163,6 +163,9 @@ pub struct CommandCore {
     authority: Authority,
     last_seq: HashMap<NodeId, u32>,
     arbiter: CapArbiter,
+    /// The wall clock minus steady time, ms (see
+    /// [`CommandCore::set_wall_offset`]).
+    wall_offset: i64,
 }
 
 impl CommandCore {
@@ -185,10 +188,27 @@ impl CommandCore {
             authority,
             last_seq: HashMap::new(),
             arbiter: CapArbiter::with_limits(ranges, limits),
+            wall_offset: 0,
         }
     }
 
-    /// Decides about a command frame received at `now`.
+    /// Tells the core how far the wall clock is from steady time, ms
+    /// (wall minus steady). A command's freshness is checked on the wall
+    /// clock (it is the sender's stamp against this host's clock), but a
+    /// lease, once taken, lapses on steady time: its end is turned into
+    /// steady time when it is taken, so a step of this host's wall clock
+    /// neither lifts a cap early nor holds one longer. 0 (the default)
+    /// when both clocks are one.
+    pub fn set_wall_offset(&mut self, wall_minus_steady_ms: i64) {
+        self.wall_offset = wall_minus_steady_ms;
+    }
+
+    /// Wall-clock stamp `t` in steady time.
+    fn steady(&self, t: TimestampMs) -> TimestampMs {
+        TimestampMs(t.0.saturating_add_signed(-self.wall_offset))
+    }
+
+    /// Decides about a command frame received at `now` (wall clock).
     pub fn command(&mut self, now: TimestampMs, frame: &Frame) -> Verdict {
         let kind = frame.message.kind();
         if !matches!(
@@ -289,7 +309,12 @@ impl CommandCore {
         match &frame.message {
             Message::CapLease(lease) => matches!(
                 self.arbiter
-                    .lease(now, &frame.sender, frame.time, lease)
+                    .lease(
+                        self.steady(now),
+                        &frame.sender,
+                        self.steady(frame.time),
+                        lease
+                    )
                     .code,
                 AckCode::Ok | AckCode::Clamped
             ),
@@ -318,7 +343,8 @@ impl CommandCore {
         if lease.duration.0 == 0 {
             return Verdict::refuse(AckCode::Malformed, "the lease lasts 0 ms".into());
         }
-        let outcome = self.arbiter.lease(now, &frame.sender, frame.time, lease);
+        let (at, sent) = (self.steady(now), self.steady(frame.time));
+        let outcome = self.arbiter.lease(at, &frame.sender, sent, lease);
         let detail = match outcome.code {
             AckCode::Ok => String::new(),
             AckCode::Clamped => self.clamped_detail(lease),
@@ -396,19 +422,24 @@ impl CommandCore {
         self.arbiter.guard(gpu, cap);
     }
 
-    /// The limit every GPU must have at `now` (expired leases dropped).
-    pub fn targets(&mut self, now: TimestampMs) -> Vec<InForce> {
-        self.arbiter.in_force(now)
+    /// The limit every GPU must have at `steady` (steady time; expired
+    /// leases dropped).
+    pub fn targets(&mut self, steady: TimestampMs) -> Vec<InForce> {
+        self.arbiter.in_force(steady)
     }
 
-    /// When the next lease lapses.
+    /// When the next lease lapses, in steady time.
     pub fn next_expiry(&self) -> Option<TimestampMs> {
         self.arbiter.next_expiry()
     }
 
-    /// The leases held.
+    /// The leases held, their ends on the wall clock.
     pub fn leases(&self) -> Vec<LeaseView> {
-        self.arbiter.leases()
+        let mut v = self.arbiter.leases();
+        for l in &mut v {
+            l.expires = TimestampMs(l.expires.0.saturating_add_signed(self.wall_offset));
+        }
+        v
     }
 
     /// The GPUs' settable ranges.
@@ -741,5 +772,26 @@ mod tests {
         assert_eq!(d.targets(TimestampMs(11_000))[2].limit, Watts(700));
         // Its seq still counts against replays.
         assert_eq!(d.command(TimestampMs(11_000), &f).code, AckCode::Replayed);
+    }
+
+    #[test]
+    fn a_taken_lease_lapses_on_steady_time_whatever_the_wall_clock_does() {
+        // Steady time runs 1,000 ms behind the wall clock at first.
+        let mut c = core();
+        c.set_wall_offset(1_000);
+        let f = lease_frame(1, 2_000, &[(gpu(1), 400)], 10_000);
+        assert_eq!(c.command(TimestampMs(2_500), &f).code, AckCode::Ok);
+        // It ends at 12,000 on the wall clock: 11,000 steady.
+        assert_eq!(c.next_expiry(), Some(TimestampMs(11_000)));
+        assert_eq!(
+            c.leases()[0].expires,
+            TimestampMs(12_000),
+            "shown on the wall clock"
+        );
+        // The wall clock steps an hour forward: steady time goes on as it
+        // was, and the cap holds until its steady end.
+        c.set_wall_offset(1_000 + 3_600_000);
+        assert_eq!(c.targets(TimestampMs(10_999))[1].limit, Watts(400));
+        assert_eq!(c.targets(TimestampMs(11_000))[1].limit, Watts(700));
     }
 }

@@ -148,7 +148,11 @@ mod tests {
     fn a_restart_in_a_loss_still_undoes_it_and_waits_for_the_cdu() {
         let mut c = CoolingLoss::new(30_000);
         c.restore(Phase::Draining { since: 1_000 });
-        assert_eq!(c.tick(40_000), vec![PowerDown], "the grace ran across the restart");
+        assert_eq!(
+            c.tick(40_000),
+            vec![PowerDown],
+            "the grace ran across the restart"
+        );
         let mut c = CoolingLoss::new(30_000);
         c.restore(Phase::PoweredDown { since: 1_000 });
         assert_eq!(c.tick(1_000_000), vec![], "silence is not cooling");

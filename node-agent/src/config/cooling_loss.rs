@@ -106,7 +106,13 @@ pub(super) fn cooling_loss(
     let none = CoolingLossFile::default();
     let f = file.cooling_loss.as_ref().unwrap_or(&none);
     let actions = CoolingLossActions {
-        drain: step(src, &flags.cooling_drain, "cooling-drain", &f.drain, "drain")?,
+        drain: step(
+            src,
+            &flags.cooling_drain,
+            "cooling-drain",
+            &f.drain,
+            "drain",
+        )?,
         power_down: step(
             src,
             &flags.cooling_power_down,
@@ -114,8 +120,20 @@ pub(super) fn cooling_loss(
             &f.power_down,
             "power_down",
         )?,
-        power_up: step(src, &flags.cooling_power_up, "cooling-power-up", &f.power_up, "power_up")?,
-        resume: step(src, &flags.cooling_resume, "cooling-resume", &f.resume, "resume")?,
+        power_up: step(
+            src,
+            &flags.cooling_power_up,
+            "cooling-power-up",
+            &f.power_up,
+            "power_up",
+        )?,
+        resume: step(
+            src,
+            &flags.cooling_resume,
+            "cooling-resume",
+            &f.resume,
+            "resume",
+        )?,
         grace: Duration::from_secs(range(
             &src.section("cooling_loss"),
             pick!(flags.cooling_grace_s, f.grace_s, "cooling-grace-s"),
@@ -143,4 +161,72 @@ pub(super) fn cooling_loss(
         ));
     }
     Ok(actions)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{resolve, Overrides};
+
+    fn from(text: &str) -> Result<crate::config::Config, String> {
+        resolve(None, text, &Overrides::default()).map_err(|e| e.to_string())
+    }
+
+    const BASE: &str = "host = \"h\"\ntwin_gpus = 2\ncdu = \"cdu-a\"\nrack = 2\n";
+
+    #[test]
+    fn steps_grace_and_timeout_are_read() {
+        let c = from(&format!(
+            "{BASE}[cooling_loss]\n\
+             drain = [[\"scontrol\", \"update\", \"NodeName={{host}}\", \"State=DRAIN\", \"Reason={{reason}}\"]]\n\
+             power_down = [[\"systemctl\", \"poweroff\"]]\n\
+             resume = [[\"scontrol\", \"update\", \"NodeName={{host}}\", \"State=RESUME\"]]\n\
+             grace_s = 90\n"
+        ))
+        .expect("valid");
+        let a = &c.cooling_loss;
+        assert_eq!(a.drain[0][2], "NodeName={host}");
+        assert_eq!(
+            a.power_down,
+            vec![vec!["systemctl".to_string(), "poweroff".into()]]
+        );
+        assert!(a.power_up.is_empty());
+        assert_eq!(a.grace.as_secs(), 90);
+        assert_eq!(a.timeout.as_secs(), 60, "the default");
+        assert!(!from(BASE).expect("valid").cooling_loss.any());
+    }
+
+    #[test]
+    fn bad_cooling_loss_settings_say_what_is_wrong() {
+        let e = from("host = \"h\"\ntwin_gpus = 2\n[cooling_loss]\ndrain = [[\"drain-me\"]]\n")
+            .unwrap_err();
+        assert!(e.contains("`cdu` and `rack`"), "{e}");
+        let e = from(&format!(
+            "{BASE}[cooling_loss]\ndrain = [[\"x\", \"{{gpu}}\"]]\n"
+        ))
+        .unwrap_err();
+        assert!(
+            e.contains("unknown placeholder {gpu}") && e.contains("{rack}"),
+            "{e}"
+        );
+        let e = from(&format!("{BASE}[cooling_loss]\nresume = [[]]\n")).unwrap_err();
+        assert!(e.contains("empty"), "{e}");
+        let e = from(&format!("{BASE}[cooling_loss]\ngrace_s = 7200\n")).unwrap_err();
+        assert!(e.contains("grace_s"), "{e}");
+        let e = from(&format!("{BASE}[cooling_loss]\npower_off = [[\"x\"]]\n")).unwrap_err();
+        assert!(e.contains("power_off"), "{e}");
+    }
+
+    #[test]
+    fn a_flag_replaces_the_files_step() {
+        let flags = Overrides {
+            cooling_power_down: vec!["ipmitool chassis power soft".into()],
+            ..Default::default()
+        };
+        let text = format!("{BASE}[cooling_loss]\npower_down = [[\"systemctl\", \"poweroff\"]]\n");
+        let c = resolve(None, &text, &flags).expect("valid");
+        assert_eq!(
+            c.cooling_loss.power_down[0],
+            ["ipmitool", "chassis", "power", "soft"]
+        );
+    }
 }

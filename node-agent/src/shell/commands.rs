@@ -54,6 +54,7 @@ impl Agent {
     async fn on_command(&mut self, msg: Inbound) {
         let now = self.clock.wall();
         let frame = msg.frame;
+        self.engine_now();
         let verdict = self.core.command(now, &frame);
         let mut code = verdict.code;
         let mut detail = verdict.detail;

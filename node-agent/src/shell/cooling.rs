@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use loopwarden_bus::agent_flash::Flash;
-use loopwarden_flash::ConfigStore;
 use loopwarden_bus::recorder::Recorder;
+use loopwarden_flash::ConfigStore;
 use loopwarden_protocol::{CoolingStep, Event, TimestampMs};
 use tokio::sync::mpsc;
 
@@ -132,15 +132,26 @@ impl Agent {
         let phase = self.cooling_phase_stamped();
         keep(&self.recorder, phase);
         let rack = self.config.rack.map_or(String::new(), |r| r.to_string());
-        let cdu = self.config.cdu.as_ref().map_or("", |c| c.as_str()).to_string();
-        let reason = format!("cooling-lost: rack {rack} of {cdu} lost cooling at {}", fmt_time(wall));
+        let cdu = self
+            .config
+            .cdu
+            .as_ref()
+            .map_or("", |c| c.as_str())
+            .to_string();
+        let reason = format!(
+            "cooling-lost: rack {rack} of {cdu} lost cooling at {}",
+            fmt_time(wall)
+        );
         for step in steps {
             let cmds = commands(&self.config.cooling_loss, step);
             if cmds.is_empty() {
                 tracing::warn!("rack {rack}: cooling {step:?}: no command configured");
                 continue;
             }
-            tracing::warn!("rack {rack}: cooling {step:?}: running {} commands", cmds.len());
+            tracing::warn!(
+                "rack {rack}: cooling {step:?}: running {} commands",
+                cmds.len()
+            );
             let vars: [(&str, &str); 5] = [
                 ("{host}", self.config.host.as_str()),
                 ("{site}", self.config.site.as_str()),
@@ -150,11 +161,16 @@ impl Agent {
             ];
             let job = Job {
                 step,
-                argvs: cmds.iter().map(|a| actions::expand_with(a, &vars)).collect(),
+                argvs: cmds
+                    .iter()
+                    .map(|a| actions::expand_with(a, &vars))
+                    .collect(),
                 timeout: self.config.cooling_loss.timeout,
             };
             if let Err(e) = self.cooling_jobs.try_send(job) {
-                tracing::error!("rack {rack}: cooling {step:?} not run: the runner's queue refused it ({e})");
+                tracing::error!(
+                    "rack {rack}: cooling {step:?} not run: the runner's queue refused it ({e})"
+                );
             }
         }
     }
@@ -195,7 +211,9 @@ mod tests {
     fn phases_round_trip_through_flash_bytes() {
         for p in [
             Phase::Cooled,
-            Phase::Draining { since: 1_764_000_000_123 },
+            Phase::Draining {
+                since: 1_764_000_000_123,
+            },
             Phase::PoweredDown { since: 7 },
         ] {
             assert_eq!(decode(&encode(p)), Some(p));

@@ -32,7 +32,10 @@ impl Agent {
         now: TimestampMs,
         force: bool,
     ) -> Vec<(usize, String)> {
-        let targets = self.core.targets(now);
+        // Leases lapse and retries wait on steady time: a step of the
+        // wall clock neither hurries nor holds them off.
+        let steady = self.clock.steady().0;
+        let targets = self.core.targets(TimestampMs(steady));
         let deadline = self.config.deadline;
         let mut failures = Vec::new();
         for t in targets {
@@ -53,7 +56,7 @@ impl Agent {
             }
             if !force
                 && g.retry
-                    .is_some_and(|(target, at)| target == t.limit && now.0 < at)
+                    .is_some_and(|(target, at)| target == t.limit && steady < at)
             {
                 continue;
             }
@@ -93,7 +96,7 @@ impl Agent {
                 if g.retry.is_none_or(|(target, _)| target != t.limit) {
                     tracing::error!("{why}");
                 }
-                g.retry = Some((t.limit, now.0 + RETRY_MS));
+                g.retry = Some((t.limit, steady + RETRY_MS));
                 failures.push((i, why));
             } else {
                 g.retry = None;

@@ -180,7 +180,7 @@ impl Agent {
             self.running_actions.retain(|h| !h.is_finished());
             self.running_actions.push(tokio::spawn(async move {
                 let outcome = actions::run(&argv, timeout).await;
-                let _ = tx.send((gpu, outcome));
+                let _ = tx.send((gpu, outcome)).await;
             }));
         }
     }
@@ -208,7 +208,7 @@ impl Agent {
     /// does not run its actions again.
     pub(super) async fn finish_actions(
         &mut self,
-        actions_rx: &mut mpsc::UnboundedReceiver<(u8, actions::Outcome)>,
+        actions_rx: &mut mpsc::Receiver<(u8, actions::Outcome)>,
     ) {
         let pending: Vec<_> = std::mem::take(&mut self.running_actions)
             .into_iter()

@@ -14,15 +14,15 @@ use tokio::sync::mpsc;
 use super::{Agent, HEALTH_EVERY, JITTER_WINDOW, REREAD_EVERY};
 use crate::actions;
 use crate::gpu::{GpuError, GpuSample, XidEvent};
-use crate::worker::Answer;
 use crate::health::Observation;
+use crate::worker::Answer;
 
 impl Agent {
     /// Runs the loop until `shutdown` completes.
     pub(super) async fn run_loop(
         &mut self,
         inbound: &mut mpsc::Receiver<Inbound>,
-        actions_rx: &mut mpsc::UnboundedReceiver<(u8, actions::Outcome)>,
+        actions_rx: &mut mpsc::Receiver<(u8, actions::Outcome)>,
         cooling_rx: &mut mpsc::Receiver<(CoolingStep, actions::Outcome)>,
         xid_rx: &mut crate::xid_queue::XidQueue,
         shutdown: impl Future<Output = ()>,
@@ -34,7 +34,7 @@ impl Agent {
             let expiry = self
                 .core
                 .next_expiry()
-                .map(|t| Duration::from_millis(self.clock.wall().until(t)));
+                .map(|t| Duration::from_millis(self.clock.steady().until(t)));
             tokio::select! {
                 scheduled = tick.tick() => {
                     let jitter = Instant::now().saturating_duration_since(scheduled.into_std());
