@@ -976,6 +976,16 @@ mod tests {
         "cdu = \"cdu-1\"\ndemo_key = true\ncdu_tcp = \"127.0.0.1:5020\"\nembedded_broker = true\n";
 
     #[test]
+    fn metrics_listen_is_off_by_default_and_checked() {
+        assert_eq!(from(MIN).unwrap().metrics_listen, None);
+        let c = from(&format!("{MIN}metrics_listen = \"127.0.0.1:9410\"\n")).unwrap();
+        assert_eq!(c.metrics_listen, Some(([127, 0, 0, 1], 9410).into()));
+        let e = from(&format!("{MIN}metrics_listen = \"9410\"\n")).unwrap_err();
+        assert_eq!(e.line, Some(5), "{e}");
+        assert!(e.message.contains("is not an address"), "{e}");
+    }
+
+    #[test]
     fn defaults() {
         let c = from(MIN).expect("valid");
         assert_eq!(c.site.as_str(), "site");

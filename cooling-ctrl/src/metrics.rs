@@ -21,7 +21,6 @@
 use std::net::SocketAddr;
 use std::string::{String, ToString};
 use std::sync::Arc;
-use std::vec::Vec;
 
 use cooling_core::config::Layout;
 use cooling_core::sensors::Which;

@@ -197,7 +197,20 @@ impl Message {
 
     /// Decodes a body of `kind` from the front of `body`; returns the rest.
     fn take_body(kind: MessageKind, body: &[u8]) -> Result<(Message, &[u8]), DecodeError> {
+        Self::take_body_of(kind, body, PROTOCOL.minor)
+    }
+
+    /// As [`Message::take_body`], for a body written by minor version
+    /// `minor` of this major: a body from before a field was appended is
+    /// read in its older shape, the field taking its default.
+    fn take_body_of(
+        kind: MessageKind,
+        body: &[u8],
+        minor: u8,
+    ) -> Result<(Message, &[u8]), DecodeError> {
         Ok(match kind {
+            MessageKind::HostTelemetry if minor == 0 => take(body, "body")
+                .map(|(m, r)| (Message::HostTelemetry(older::telemetry_2_0(m)), r))?,
             MessageKind::HostTelemetry => {
                 take(body, "body").map(|(m, r)| (Message::HostTelemetry(m), r))?
             }
@@ -357,6 +370,29 @@ fn put<T: Serialize + ?Sized>(value: &T, buf: &mut [u8], at: usize) -> Result<us
     Ok(at + used.len())
 }
 
+/// Bodies in the shapes of older minor versions, read into today's.
+mod older {
+    use heapless::Vec;
+    use serde::Deserialize;
+
+    use crate::message::{GpuTelemetry, HostTelemetry};
+    use crate::MAX_GPUS;
+
+    /// `host_telemetry` as 2.0 wrote it: no `drops`.
+    #[derive(Deserialize)]
+    pub struct HostTelemetry20 {
+        gpus: Vec<GpuTelemetry, MAX_GPUS>,
+    }
+
+    /// Today's shape, `drops` all 0.
+    pub fn telemetry_2_0(t: HostTelemetry20) -> HostTelemetry {
+        HostTelemetry {
+            gpus: t.gpus,
+            drops: Default::default(),
+        }
+    }
+}
+
 fn take<'a, T: Deserialize<'a>>(
     bytes: &'a [u8],
     part: &'static str,
@@ -435,7 +471,7 @@ impl Frame {
         let kind = MessageKind::from_code(content[2])
             .ok_or(DecodeError::UnknownKind { code: content[2] })?;
         let (header, body): (HeaderRest, _) = take(&content[3..], "header")?;
-        let (message, rest) = Message::take_body(kind, body)?;
+        let (message, rest) = Message::take_body_of(kind, body, found.minor)?;
         // A newer minor may append fields to a body: ignore what we cannot read.
         let newer_minor = found.minor > PROTOCOL.minor;
         if !rest.is_empty() && !newer_minor {

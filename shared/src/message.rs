@@ -192,6 +192,26 @@ pub struct HostTelemetry {
         schemars(with = "std::vec::Vec<GpuTelemetry>", length(max = 16))
     )]
     pub gpus: Vec<GpuTelemetry, MAX_GPUS>,
+    /// What the agent's bounded queues dropped since it started (since
+    /// 2.1; a 2.0 frame reads as all 0).
+    #[serde(default)]
+    pub drops: QueueDrops,
+}
+
+/// Counts of what a host agent's bounded queues dropped since it started,
+/// each saturating at `u32::MAX`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "std", derive(schemars::JsonSchema))]
+pub struct QueueDrops {
+    /// XID events the queue between the driver's watch and the agent's
+    /// loop dropped in storms (benign ones only).
+    pub xids: u32,
+    /// Events neither logged nor published because the flash thread's
+    /// queue was full.
+    pub flash: u32,
+    /// Frames the bus client dropped (its queue full, or stale telemetry
+    /// while the broker was away).
+    pub bus: u32,
 }
 
 // ---------------------------------------------------------------- health

@@ -83,6 +83,11 @@ pub fn gpu_at_load(i: u8) -> GpuTelemetry {
 /// An 8-GPU host at full load.
 pub fn host_telemetry(gpus: u8) -> HostTelemetry {
     HostTelemetry {
+        drops: crate::message::QueueDrops {
+            xids: 12,
+            flash: 0,
+            bus: 1,
+        },
         gpus: (0..gpus.min(16)).map(gpu_at_load).collect(),
     }
 }

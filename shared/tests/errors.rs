@@ -171,6 +171,11 @@ fn the_largest_messages_fit_a_frame() {
         time: TimestampMs(u64::MAX),
         message: Message::HostTelemetry(HostTelemetry {
             gpus: (0..16).map(|_| t.clone()).collect(),
+            drops: QueueDrops {
+                xids: u32::MAX,
+                flash: u32::MAX,
+                bus: u32::MAX,
+            },
         }),
     };
     let len = f.to_vec().unwrap().len();
@@ -178,4 +183,25 @@ fn the_largest_messages_fit_a_frame() {
         len <= MAX_FRAME_LEN,
         "largest telemetry frame is {len} bytes"
     );
+}
+
+#[test]
+fn a_2_0_telemetry_frame_reads_with_no_drops_and_is_not_taken_for_2_1() {
+    let mut want = samples::frame(MessageKind::HostTelemetry);
+    // 2.0 wrote the body without `drops`: the sample's drops (12, 0, 1)
+    // are its last three bytes, one varint each.
+    let mut b = want.to_vec().unwrap();
+    b.truncate(b.len() - 4 - 3);
+    b[1] = 0;
+    let got = Frame::decode(&with_crc(b.clone())).expect("a 2.0 frame reads");
+    if let loopwarden_protocol::Message::HostTelemetry(t) = &mut want.message {
+        t.drops = Default::default();
+    }
+    assert_eq!(got, want);
+    // The same body stamped 2.1 lacks a field.
+    b[1] = 1;
+    assert!(matches!(
+        Frame::decode(&with_crc(b)),
+        Err(DecodeError::Truncated { .. })
+    ));
 }

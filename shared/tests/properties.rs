@@ -270,7 +270,12 @@ fn pump() -> impl Strategy<Value = PumpStatus> {
 
 fn message() -> impl Strategy<Value = Message> {
     prop_oneof![
-        hv(gpu_telemetry()).prop_map(|gpus| Message::HostTelemetry(HostTelemetry { gpus })),
+        (hv(gpu_telemetry()), any::<(u32, u32, u32)>()).prop_map(|(gpus, (xids, flash, bus))| {
+            Message::HostTelemetry(HostTelemetry {
+                gpus,
+                drops: QueueDrops { xids, flash, bus },
+            })
+        }),
         hv(
             (gpu(), health_state(), reason(), any::<u64>(), text()).prop_map(
                 |(gpu, state, reason, since, evidence)| GpuHealth {

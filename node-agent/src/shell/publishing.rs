@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use loopwarden_protocol::{
     Event, GpuFlags, GpuHealth, GpuTelemetry, HostHealth, HostTelemetry, Message, MessageKind,
-    Monitoring, Text, TimestampMs, MAX_FRAME_LEN,
+    Monitoring, QueueDrops, Text, TimestampMs, MAX_FRAME_LEN,
 };
 
 use super::Agent;
@@ -43,8 +43,14 @@ impl Agent {
     }
 
     pub(super) fn publish_telemetry(&mut self, now: TimestampMs) {
+        let sat = |n: u64| n.min(u64::from(u32::MAX)) as u32;
         let mut telemetry = HostTelemetry {
             gpus: heapless::Vec::new(),
+            drops: QueueDrops {
+                xids: sat(self.xid_stats.get().1),
+                flash: sat(self.recorder.dropped()),
+                bus: sat(self.bus.metrics().dropped()),
+            },
         };
         for (i, g) in self.gpus.iter().enumerate() {
             let s = g.last.unwrap_or_default();
