@@ -67,6 +67,18 @@ const XID_DROPPED: Metric = Metric::counter(
     "loopwarden_xid_queue_dropped_total",
     "XID events the bounded queue dropped in storms since the agent started.",
 );
+const COOLING: Metric = Metric::gauge(
+    "loopwarden_cooling_loss_phase",
+    "Where the host is in a cooling loss, as a state set: 1 for its phase (cooled, draining, powered_down), 0 for the others.",
+);
+const CALL: Metric = Metric::gauge(
+    "loopwarden_gpu_sample_call_seconds",
+    "How long the GPU's sample call took: stat last, or max since the start.",
+);
+const LATE: Metric = Metric::counter(
+    "loopwarden_gpu_late_answers_total",
+    "Samples that answered after the deadline and were used a round later.",
+);
 const LEASES: Metric = Metric::gauge(
     "loopwarden_leases_active",
     "Power-cap leases held now (from the cooling controller, a facility budget or an operator).",
@@ -155,6 +167,17 @@ fn loop_state(out: &mut Exposition, s: &Snapshot, host: &[(&str, &str)]) {
     out.sample(&XID_QUEUED, host, s.xids_queued as f64);
     out.sample(&XID_DROPPED, host, s.xids_dropped as f64);
     out.sample(&LEASES, host, s.leases.len() as f64);
+    use crate::cooling_loss::Phase;
+    for (name, on) in [
+        ("cooled", matches!(s.cooling, Phase::Cooled)),
+        ("draining", matches!(s.cooling, Phase::Draining { .. })),
+        (
+            "powered_down",
+            matches!(s.cooling, Phase::PoweredDown { .. }),
+        ),
+    ] {
+        out.flag(&COOLING, &with_labels(host, &[("phase", name)]), on);
+    }
 }
 
 /// GPU `i` of `host`: its DCGM fields and its `loopwarden_gpu_*` series.
@@ -190,6 +213,11 @@ fn gpu(out: &mut Exposition, host: &str, i: usize, g: &GpuView) {
     }
     out.flag(&RESPONSIVE, &labels, g.responsive);
     out.sample(&MISSED, &labels, g.missed.into());
+    for (stat, us) in [("last", g.calls.last_us), ("max", g.calls.max_us)] {
+        let l = with_labels(&labels, &[("stat", stat)]);
+        out.sample(&CALL, &l, us as f64 / 1e6);
+    }
+    out.sample(&LATE, &labels, g.calls.late as f64);
     if let (Some(limit), Some(source)) = (g.applied, g.source) {
         let l = with_labels(&labels, &[("source", source_name(source))]);
         out.sample(&CAP, &l, limit.0.into());

@@ -138,7 +138,7 @@ pub struct MemoryRepair {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[cfg_attr(feature = "std", derive(schemars::JsonSchema))]
 pub struct NvlinkErrors {
-    /// Flow-control CRC errors.
+    /// Data CRC errors (NVML's `NVLINK_CRC_DATA` counters).
     pub crc: u32,
     /// Replay errors.
     pub replay: u32,

@@ -48,8 +48,8 @@ fn id(s: &str) -> Ident {
 /// The broker, both agents, and what stops them.
 struct Rig {
     rt: tokio::runtime::Runtime,
-    _broker: EmbeddedBroker,
-    _dir: tempfile::TempDir,
+    broker: EmbeddedBroker,
+    dir: tempfile::TempDir,
     agent_metrics: SocketAddr,
     cdu_metrics: SocketAddr,
     stops: Vec<oneshot::Sender<()>>,
@@ -64,8 +64,8 @@ impl Rig {
             agent_metrics: ([127, 0, 0, 1], free_port()).into(),
             cdu_metrics: ([127, 0, 0, 1], free_port()).into(),
             rt,
-            _broker: broker,
-            _dir: dir,
+            broker,
+            dir,
             stops: Vec::new(),
         };
         rig.start_agent();
@@ -92,8 +92,8 @@ impl Rig {
         let flags = node_agent::config::Overrides {
             common: CommonFlags {
                 site: Some(SITE.into()),
-                broker: Some(self._broker.addr().to_string()),
-                console: Some(self._dir.path().join("agent.sock")),
+                broker: Some(self.broker.addr().to_string()),
+                console: Some(self.dir.path().join("agent.sock")),
                 ..Default::default()
             },
             host: Some(HOST.into()),
@@ -119,7 +119,7 @@ impl Rig {
     fn start_controller(&mut self) {
         let addr = self.cdu_metrics;
         let broker = self
-            ._broker
+            .broker
             .addr()
             .to_string()
             .parse()
