@@ -405,12 +405,8 @@ fn metrics_listen(
     file: &FileConfig,
     flags: &Overrides,
 ) -> Result<Option<SocketAddr>, ConfigError> {
-    match pick!(flags.metrics_listen, file.metrics_listen, "metrics-listen") {
-        (Some(a), flag) => loopwarden_bus::prometheus::parse_listen(&a)
-            .map(Some)
-            .map_err(|m| src.error(flag, "metrics_listen", m)),
-        (None, _) => Ok(None),
-    }
+    let given = pick!(flags.metrics_listen, file.metrics_listen, "metrics-listen");
+    common::metrics_listen(src, given)
 }
 
 /// The key cap leases are signed with.

@@ -339,6 +339,20 @@ pub fn check_broker(
     }
 }
 
+/// `metrics_listen` (or its flag), read: the address Prometheus's
+/// `/metrics` is served on, if one is given.
+pub fn metrics_listen(
+    src: &Sources,
+    (value, flag): (Option<String>, Option<&str>),
+) -> Result<Option<std::net::SocketAddr>, ConfigError> {
+    value
+        .map(|a| {
+            loopwarden_bus::prometheus::parse_listen(&a)
+                .map_err(|m| src.error(flag, "metrics_listen", m))
+        })
+        .transpose()
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;

@@ -334,12 +334,8 @@ fn metrics_listen(
     file: &FileConfig,
     flags: &Overrides,
 ) -> Result<Option<SocketAddr>, ConfigError> {
-    match pick!(flags.metrics_listen, file.metrics_listen, "metrics-listen") {
-        (Some(a), flag) => loopwarden_bus::prometheus::parse_listen(&a)
-            .map(Some)
-            .map_err(|m| src.error(flag, "metrics_listen", m)),
-        (None, _) => Ok(None),
-    }
+    let given = pick!(flags.metrics_listen, file.metrics_listen, "metrics-listen");
+    common::metrics_listen(src, given)
 }
 
 /// What the host takes of cap leases: the longest (1 s to 1 h, 10 minutes
