@@ -616,10 +616,11 @@ impl HealthEngine {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn engine(gpus: usize) -> HealthEngine {
+    /// An engine for `gpus` H200s with the default policy, from time 0.
+    pub(crate) fn engine(gpus: usize) -> HealthEngine {
         let limits = Limits {
             max_operating_c: 87.0,
         };

@@ -141,14 +141,9 @@ impl HealthEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::health::{Limits, Observation, Policy};
+    use crate::health::Observation;
 
-    fn engine(gpus: usize) -> HealthEngine {
-        let limits = Limits {
-            max_operating_c: 87.0,
-        };
-        HealthEngine::new(gpus, limits, Policy::default(), TimestampMs(0))
-    }
+    use crate::health::tests::engine;
 
     fn ok() -> Observation {
         Observation {
