@@ -190,9 +190,11 @@ async fn open_stores(path: Option<&Path>) -> Result<Stores, String> {
 /// Keeps the flash reservation of sequence numbers ahead of the bus's
 /// counter: a new block is reserved when the counter comes within half a
 /// block of the floor.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 pub struct SeqFloor {
     floor: u32,
+    /// A reservation asked for and not answered yet.
+    asked: Option<tokio::sync::oneshot::Receiver<Result<u32, String>>>,
 }
 
 impl SeqFloor {
@@ -200,16 +202,45 @@ impl SeqFloor {
     pub fn new(first_seq: u32) -> Self {
         Self {
             floor: first_seq.saturating_add(SEQ_BLOCK),
+            asked: None,
         }
     }
 
     /// Reserves the next block through `recorder` when `bus` needs it.
+    /// Half a block before the floor it asks without waiting (the loop
+    /// must not queue behind the recorder's writes, in an XID storm
+    /// thousands of them); it waits only when the counter is within an
+    /// eighth of a block of the floor and the answer has not come.
     pub async fn keep_ahead(&mut self, bus: &Bus, recorder: &Recorder) {
-        if bus.next_seq().saturating_add(SEQ_BLOCK / 2) >= self.floor {
-            match recorder.reserve_seq(SEQ_BLOCK).await {
-                Ok(floor) => self.floor = floor.saturating_add(SEQ_BLOCK),
-                Err(e) => tracing::error!("sequence numbers not reserved in flash: {e:?}"),
+        if let Some(rx) = self.asked.as_mut() {
+            match rx.try_recv() {
+                Ok(answer) => {
+                    self.asked = None;
+                    self.take(answer);
+                }
+                Err(tokio::sync::oneshot::error::TryRecvError::Empty) => {}
+                Err(tokio::sync::oneshot::error::TryRecvError::Closed) => self.asked = None,
             }
+        }
+        let next = bus.next_seq();
+        if self.asked.is_none() && next.saturating_add(SEQ_BLOCK / 2) >= self.floor {
+            self.asked = recorder.reserve_seq_later(SEQ_BLOCK);
+        }
+        if next.saturating_add(SEQ_BLOCK / 8) >= self.floor {
+            let answer = match self.asked.take() {
+                Some(rx) => rx
+                    .await
+                    .unwrap_or_else(|_| Err("the recorder has stopped".into())),
+                None => recorder.reserve_seq(SEQ_BLOCK).await,
+            };
+            self.take(answer);
+        }
+    }
+
+    fn take(&mut self, answer: Result<u32, String>) {
+        match answer {
+            Ok(floor) => self.floor = floor.saturating_add(SEQ_BLOCK),
+            Err(e) => tracing::error!("sequence numbers not reserved in flash: {e:?}"),
         }
     }
 }

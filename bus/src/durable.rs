@@ -116,6 +116,10 @@ pub(crate) struct Delivery {
     pub(crate) inflight: HashMap<u16, u32>,
     /// Outbox frames not handed over yet.
     pub(crate) deferred: bool,
+    /// Outbox frames the broker acknowledged whose removal from flash
+    /// has not happened yet (done off the bus task); never handed over
+    /// again meanwhile.
+    pub(crate) acking: std::collections::HashSet<u32>,
 }
 
 /// The outbox, shared between publishers and the bus task.
@@ -135,6 +139,7 @@ impl Delivery {
             .values()
             .copied()
             .chain(self.order.iter().flatten().copied())
+            .chain(self.acking.iter().copied())
             .collect();
         Ok(outbox
             .pending()?

@@ -427,6 +427,15 @@ impl Recorder {
         rx.await.map_err(|_| Self::gone())?
     }
 
+    /// Asks for a block of sequence numbers without waiting: the answer
+    /// comes on the returned channel once the recorder got to it; `None`
+    /// when its queue is full (ask again later).
+    pub fn reserve_seq_later(&self, block: u32) -> Option<oneshot::Receiver<Result<u32, String>>> {
+        let (done, rx) = oneshot::channel();
+        self.jobs.try_send(Job::ReserveSeq { block, done }).ok()?;
+        Some(rx)
+    }
+
     /// Waits until everything handed over before is written and published.
     pub async fn flush(&self) {
         let (done, rx) = oneshot::channel();

@@ -18,7 +18,8 @@
 //! bench prints the rate reached, the memory before, at its peak during
 //! and after the storm, the fatal XID's latency, the XID queue's counters
 //! as the agent's console shows them (`ctl status`: `xids.queued`,
-//! `xids.dropped`), and whether any other GPU changed health.
+//! `xids.dropped`), and whether any other GPU changed health. With
+//! `RUST_LOG` set, the agent's log goes to standard error.
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -55,6 +56,25 @@ fn rss_kb() -> u64 {
                 .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         })
         .unwrap_or(0)
+}
+
+/// CPU time of the whole process so far (user and system), from
+/// `/proc/self/stat` in clock ticks of 10 ms.
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The fields after the command name, which is in parentheses.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 here.
+    Duration::from_millis((ticks(11) + ticks(12)) * 10)
 }
 
 /// The agent's console answer to `status` (one line of JSON on its socket).
@@ -134,6 +154,14 @@ fn storm(control: TwinControl, rate: u64, seconds: u64, fatal: mpsc::Sender<Inst
 }
 
 fn main() {
+    // The agent's log, when asked for (`RUST_LOG=warn,node_agent::shell=error`:
+    // the storm's XIDs are each a warning).
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let numbers: Vec<u64> = std::env::args()
         .skip(1)
         .filter_map(|a| a.parse().ok())
@@ -204,13 +232,28 @@ fn main() {
             let mut samples = Vec::new();
             let mut k = 0u32;
             while !stop.load(Ordering::Relaxed) {
-                samples.push((Instant::now(), rss_kb()));
+                samples.push((Instant::now(), rss_kb(), cpu_time()));
                 k += 1;
                 if let Some(wait) = (base + RSS_EVERY * k).checked_duration_since(Instant::now()) {
                     std::thread::sleep(wait);
                 }
             }
             samples
+        })
+    };
+    // The XID queue as the console shows it, every 100 ms.
+    let watcher = {
+        let stop = stop_rss.clone();
+        let socket = socket.clone();
+        std::thread::spawn(move || {
+            let mut most = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                if let Some(v) = console_status(&socket) {
+                    most = most.max(v["xids"]["queued"].as_u64().unwrap_or(0));
+                }
+                std::thread::sleep(RSS_EVERY);
+            }
+            most
         })
     };
     std::thread::sleep(BEFORE);
@@ -242,6 +285,7 @@ fn main() {
     std::thread::sleep(AFTER.saturating_sub(storm.ended.elapsed()));
     stop_rss.store(true, Ordering::Relaxed);
     let samples = sampler.join().expect("sampler");
+    let most_queued = watcher.join().expect("watcher");
     let after = console_status(&socket);
     // Any health frame since: the last one says where every GPU stands.
     while let Some(seen) = sub.next(Duration::from_millis(500)) {
@@ -254,19 +298,20 @@ fn main() {
 
     let storm_s = (storm.ended - storm.started).as_secs_f64();
     let mb = |kb: u64| kb as f64 / 1024.0;
-    let before_kb = samples
+    let before = samples.iter().rfind(|(t, ..)| *t < storm.started);
+    let during: Vec<_> = samples
         .iter()
-        .filter(|(t, _)| *t < storm.started)
-        .map(|(_, kb)| *kb)
-        .next_back()
-        .unwrap_or(0);
-    let peak_kb = samples
-        .iter()
-        .filter(|(t, _)| *t >= storm.started && *t <= storm.ended)
-        .map(|(_, kb)| *kb)
-        .max()
-        .unwrap_or(0);
-    let after_kb = samples.last().map(|(_, kb)| *kb).unwrap_or(0);
+        .filter(|(t, ..)| *t >= storm.started && *t <= storm.ended)
+        .collect();
+    let before_kb = before.map(|s| s.1).unwrap_or(0);
+    let peak_kb = during.iter().map(|s| s.1).max().unwrap_or(0);
+    let after_kb = samples.last().map(|s| s.1).unwrap_or(0);
+    let cpu = match (during.first(), during.last()) {
+        (Some(a), Some(b)) if b.0 > a.0 => {
+            (b.2 - a.2).as_secs_f64() / (b.0 - a.0).as_secs_f64() * 100.0
+        }
+        _ => 0.0,
+    };
     println!(
         "storm: {} benign XIDs in {:.2} s ({:.0}/s asked {rate}/s; inject itself {:.2} µs each, {} batches late)",
         storm.benign,
@@ -283,6 +328,7 @@ fn main() {
         mb(peak_kb),
         mb(after_kb)
     );
+    println!("CPU of the process (agent and injector) during the storm: {cpu:.0} % of one core");
     match quarantined_at {
         Some(t) => println!(
             "XID 79 on GPU {FATAL_GPU} to retained quarantine on the broker: {:.2} ms",
@@ -294,17 +340,24 @@ fn main() {
         v.as_ref()
             .map(|v| {
                 format!(
-                    "queued {}, dropped {}, capacity {}; flash queue dropped {}",
+                    "XIDs queued {}, dropped {}, capacity {}; flash queue dropped {}; \
+                     bus published {}, dropped {}; longest sampling round {} ms; \
+                     quarantined {}",
                     v["xids"]["queued"],
                     v["xids"]["dropped"],
                     v["xids"]["capacity"],
-                    v["bus"]["dropped_flash_queue"]
+                    v["bus"]["dropped_flash_queue"],
+                    v["bus"]["published"],
+                    v["bus"]["dropped"],
+                    v["sample_ms"]["max"],
+                    v["health"]["quarantined"]
                 )
             })
             .unwrap_or_else(|| "console did not answer".into())
     };
     println!("ctl status at the storm's end: {}", xids(&at_end));
     println!("ctl status 5 s after: {}", xids(&after));
+    println!("most XIDs queued at once, as the console showed every 100 ms: {most_queued}");
     let others: Vec<String> = last_health
         .gpus
         .iter()

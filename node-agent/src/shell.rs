@@ -170,6 +170,8 @@ pub(crate) struct Agent {
     pub cooling: CoolingLoss,
     /// Where cooling-loss steps go to be run, in order.
     pub cooling_jobs: mpsc::Sender<cooling::Job>,
+    /// How many XID lines the log takes a second.
+    pub xid_log: quarantine::XidLog,
 }
 
 /// Runs the agent until `shutdown` completes, then restores the default
@@ -263,6 +265,7 @@ pub async fn run_with_clock(
         clock,
         cooling: cooling_loss,
         cooling_jobs,
+        xid_log: Default::default(),
     };
 
     // Start from what the GPUs have now, then put the targets in force.

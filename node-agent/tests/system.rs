@@ -1285,18 +1285,21 @@ fn an_xid_storm_does_not_delay_a_fatal_xid() {
             .any(|h| h.gpus[fatal_gpu as usize].state == HealthState::Quarantined)
     });
     let frames: Vec<_> = seen.iter().filter_map(health).collect();
+    let status = console.ctl(&["status"]).expect("ctl status");
     assert!(
         frames
             .iter()
             .any(|h| h.gpus[fatal_gpu as usize].state == HealthState::Quarantined),
-        "GPU {fatal_gpu} not quarantined within 10 s of the storm's end: {frames:?}"
+        "GPU {fatal_gpu} not quarantined on the bus within 10 s of the storm's end: \
+         {frames:?}; the agent says {} (bus: {})",
+        status["health"],
+        status["bus"]
     );
     for h in &frames {
         for g in h.gpus.iter().filter(|g| g.gpu.get() != fatal_gpu) {
             assert_eq!(g.state, HealthState::Healthy, "GPU {}: {h:?}", g.gpu.get());
         }
     }
-    let status = console.ctl(&["status"]).expect("ctl status");
     assert_eq!(status["health"]["quarantined"], 1, "{status}");
     assert_eq!(status["health"]["healthy"], gpus as u64 - 1, "{status}");
     let dropped = status["xids"]["dropped"].as_u64().expect("xids.dropped");

@@ -26,7 +26,7 @@ use tracing::{debug, info, warn};
 use super::state::Shared;
 use super::{Inbound, PublishError, INFLIGHT_MARGIN, MAX_INFLIGHT};
 use crate::backoff::Backoff;
-use crate::durable::{Delivery, Pending};
+use crate::durable::{Delivery, Pending, SharedOutbox};
 use crate::metrics::Metrics;
 
 /// Hands over outbox frames still deferred, once connected and once at
@@ -218,6 +218,8 @@ struct Driver {
     /// The announcement of the next connection, numbered before its will so
     /// the will is the newer of the two.
     announcement: Vec<rumqttc::Publish>,
+    /// Removes acknowledged frames from the outbox, off this task.
+    acker: Option<Acker>,
 }
 
 /// Whether the task goes on after an event.
@@ -270,6 +272,7 @@ impl Driver {
             connected_at: None,
             subscriptions,
             announcement,
+            acker: None,
         }
     }
 
@@ -278,7 +281,7 @@ impl Driver {
             let event = self.eventloop.poll().await;
             let settled = self.eventloop.state.inflight() == 0 && {
                 let d = self.shared.delivery();
-                d.order.is_empty() && !d.deferred
+                d.order.is_empty() && !d.deferred && d.acking.is_empty()
             };
             self.shared.settled.store(settled, Ordering::Relaxed);
             let flow = match event {
@@ -300,7 +303,32 @@ impl Driver {
             if let Flow::Stop = flow {
                 return;
             }
+            self.hand_over_retained();
         }
+    }
+
+    /// Hands over the retained state the client's queue had no room for,
+    /// straight to the event loop, once connected.
+    fn hand_over_retained(&mut self) {
+        if !self.shared.connected.load(Ordering::Relaxed) {
+            return;
+        }
+        let unsent = self.shared.take_unsent_retained();
+        if unsent.is_empty() {
+            return;
+        }
+        debug!(
+            count = unsent.len(),
+            "handing over retained state the queue had no room for"
+        );
+        let mut delivery = self.shared.delivery();
+        hand_over_unsent(
+            &mut self.eventloop,
+            &mut delivery,
+            unsent,
+            Vec::new(),
+            &self.shared,
+        );
     }
 
     /// Says the connection is ready (or not) to the handles.
@@ -395,33 +423,33 @@ impl Driver {
     }
 
     fn on_puback(&mut self, ack: rumqttc::PubAck) -> Flow {
-        let m = &self.shared.metrics;
-        Metrics::add(&m.acked);
-        let mut delivery = self.shared.delivery();
-        if let Some(seq) = delivery.inflight.remove(&ack.pkid) {
-            // The outbox lock is taken before the delivery lock is
-            // let go (so nothing resends the frame meanwhile); the
-            // flash write happens without the delivery lock.
-            let outbox = delivery.outbox.clone();
-            let mut guard = outbox.as_ref().map(|o| o.lock());
-            drop(delivery);
-            let result = guard.as_mut().map(|g| match g {
-                Ok(o) => o.ack(seq),
-                Err(_) => Err("the outbox lock is poisoned".to_string()),
-            });
-            match result {
-                Some(Ok(true)) => Metrics::add(&m.outbox_acked),
-                Some(Ok(false)) => {} // dropped to make room meanwhile
-                Some(Err(e)) => {
-                    warn!(seq, error = %e, "cannot remove an acknowledged frame from the outbox")
+        Metrics::add(&self.shared.metrics.acked);
+        let acked = {
+            let mut delivery = self.shared.delivery();
+            match (delivery.inflight.remove(&ack.pkid), delivery.outbox.clone()) {
+                (Some(seq), Some(outbox)) => {
+                    // Marked under the delivery lock (so nothing hands it
+                    // over again), removed from flash by the acker thread:
+                    // a flash sync never holds up this task, nor the
+                    // health frames behind it in the client's queue.
+                    delivery.acking.insert(seq);
+                    Some((seq, outbox))
                 }
-                None => {}
+                _ => None,
             }
-        } else {
-            drop(delivery);
+        };
+        if let Some((seq, outbox)) = acked {
+            self.acker(outbox).ack(seq);
         }
         top_up(&mut self.eventloop, &self.shared);
         Flow::Go
+    }
+
+    /// The acker thread, started at the first acknowledgement.
+    fn acker(&mut self, outbox: SharedOutbox) -> &Acker {
+        let shared = self.shared.clone();
+        self.acker
+            .get_or_insert_with(|| Acker::start(outbox, shared))
     }
 
     /// A QoS 1 publish went out with packet id `pkid`: the next place in
@@ -504,4 +532,49 @@ impl Driver {
         tokio::time::sleep(wait).await;
         Flow::Go
     }
+}
+
+/// The thread that removes acknowledged frames from the outbox, in the
+/// order they were acknowledged. It ends when the task drops it.
+struct Acker {
+    tx: std::sync::mpsc::Sender<u32>,
+}
+
+impl Acker {
+    fn start(outbox: SharedOutbox, shared: Arc<Shared>) -> Acker {
+        let (tx, rx) = std::sync::mpsc::channel::<u32>();
+        let spawned = std::thread::Builder::new()
+            .name("bus-acker".into())
+            .spawn(move || {
+                for seq in rx {
+                    remove_acked(&outbox, &shared, seq);
+                }
+            });
+        if let Err(e) = spawned {
+            warn!(error = %e, "no acker thread: acknowledged frames stay in the outbox until resent");
+        }
+        Acker { tx }
+    }
+
+    /// Hands `seq` to the thread. At most the in-flight window is ever
+    /// waiting: the channel needs no bound of its own.
+    fn ack(&self, seq: u32) {
+        let _ = self.tx.send(seq);
+    }
+}
+
+/// Removes acknowledged frame `seq` from the outbox, then lets it be
+/// forgotten by the delivery bookkeeping.
+fn remove_acked(outbox: &SharedOutbox, shared: &Shared, seq: u32) {
+    let m = &shared.metrics;
+    let result = match outbox.lock() {
+        Ok(mut o) => o.ack(seq),
+        Err(_) => Err("the outbox lock is poisoned".to_string()),
+    };
+    match result {
+        Ok(true) => Metrics::add(&m.outbox_acked),
+        Ok(false) => {} // dropped to make room meanwhile
+        Err(e) => warn!(seq, error = %e, "cannot remove an acknowledged frame from the outbox"),
+    }
+    shared.delivery().acking.remove(&seq);
 }

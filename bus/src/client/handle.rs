@@ -18,7 +18,7 @@ use super::event_loop::run;
 use super::state::Shared;
 use super::{now_ms, Inbound, PublishError, MAX_INFLIGHT};
 use crate::config::BusConfig;
-use crate::durable::{Delivery, DurableOutbox, StoreFailure};
+use crate::durable::{Delivery, DurableOutbox, SharedOutbox, StoreFailure};
 use crate::metrics::{Metrics, MetricsSnapshot};
 
 /// A handle to the bus. Cheap to clone; every clone publishes through the
@@ -86,6 +86,8 @@ impl Bus {
             settled: AtomicBool::new(true),
             shutting_down: AtomicBool::new(false),
             retained: Mutex::new(Default::default()),
+            retained_unsent: Mutex::new(Default::default()),
+            durable_order: Mutex::new(()),
         });
         let cfg = &shared.config;
         let mut options = MqttOptions::new(&cfg.client_id, &cfg.broker.host, cfg.broker.port);
@@ -214,39 +216,68 @@ impl Bus {
         if !self.shared.durable(topic) {
             return self.enqueue(topic, payload, None);
         }
+        let outbox = self.shared.delivery().outbox.clone();
+        let Some(outbox) = outbox else {
+            let mut delivery = self.shared.delivery();
+            return self.hand_over(&mut delivery, topic, payload, None);
+        };
+        // Durable frames are stored and handed over one at a time, in
+        // sequence order; the flash write happens without the delivery
+        // lock, so a health frame never waits for it.
+        let _in_order = self
+            .shared
+            .durable_order
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        self.store(&outbox, topic, frame, &payload)?;
         let mut delivery = self.shared.delivery();
-        if let Some(outbox) = delivery.outbox.clone() {
-            let mut outbox = outbox
-                .lock()
-                .map_err(|_| PublishError::Outbox("the outbox lock is poisoned".into()))?;
-            let name = topic.build().map_err(PublishError::Topic)?;
-            let dropped = match outbox.store(frame.seq, Class::of(&frame.message), &name, &payload)
-            {
-                Ok(d) => d,
-                Err(StoreFailure::Full) => {
-                    Metrics::add(&self.shared.metrics.outbox_refused);
-                    return Err(PublishError::OutboxFull(frame.seq));
-                }
-                Err(StoreFailure::Flash(e)) => return Err(PublishError::Outbox(e)),
-            };
-            if dropped.count > 0 {
-                self.shared
-                    .metrics
-                    .dropped_outbox
-                    .fetch_add(dropped.count as u64, Ordering::Relaxed);
-                warn!(dropped = dropped.count, first_seq = ?dropped.first_seq, class = ?dropped.worst,
-                      "outbox full: oldest frames of the class dropped");
-            }
-            if !self.is_connected() || delivery.deferred {
-                // Stored: it goes out when the connection is back, after
-                // the older frames still waiting, in sequence order.
-                delivery.deferred = true;
-                Metrics::add(&self.shared.metrics.deferred);
-                return Ok(());
-            }
-            return self.hand_over(&mut delivery, topic, payload, Some(frame.seq));
+        if !self.is_connected() || delivery.deferred {
+            // Stored: it goes out when the connection is back, after
+            // the older frames still waiting, in sequence order.
+            delivery.deferred = true;
+            Metrics::add(&self.shared.metrics.deferred);
+            return Ok(());
         }
-        self.hand_over(&mut delivery, topic, payload, None)
+        let seq = frame.seq;
+        let handed = delivery.order.contains(&Some(seq))
+            || delivery.inflight.values().any(|s| *s == seq)
+            || delivery.acking.contains(&seq);
+        if handed {
+            return Ok(()); // the task handed it over from the outbox meanwhile
+        }
+        self.hand_over(&mut delivery, topic, payload, Some(seq))
+    }
+
+    /// Stores a durable frame in the outbox (dropping older frames of its
+    /// class when full, counted).
+    fn store(
+        &self,
+        outbox: &SharedOutbox,
+        topic: &Topic,
+        frame: &Frame,
+        payload: &[u8],
+    ) -> Result<(), PublishError> {
+        let mut outbox = outbox
+            .lock()
+            .map_err(|_| PublishError::Outbox("the outbox lock is poisoned".into()))?;
+        let name = topic.build().map_err(PublishError::Topic)?;
+        let dropped = match outbox.store(frame.seq, Class::of(&frame.message), &name, payload) {
+            Ok(d) => d,
+            Err(StoreFailure::Full) => {
+                Metrics::add(&self.shared.metrics.outbox_refused);
+                return Err(PublishError::OutboxFull(frame.seq));
+            }
+            Err(StoreFailure::Flash(e)) => return Err(PublishError::Outbox(e)),
+        };
+        if dropped.count > 0 {
+            self.shared
+                .metrics
+                .dropped_outbox
+                .fetch_add(dropped.count as u64, Ordering::Relaxed);
+            warn!(dropped = dropped.count, first_seq = ?dropped.first_seq, class = ?dropped.worst,
+                  "outbox full: oldest frames of the class dropped");
+        }
+        Ok(())
     }
 
     /// Publishes the JSON mirror of `frame` on the mirror of our own topic.
@@ -301,6 +332,14 @@ impl Bus {
                 Metrics::add(&self.shared.metrics.deferred);
                 Ok(())
             }
+            // Retained state (health): only its latest value matters, and
+            // the task hands that over itself at its next event.
+            Err(PublishError::QueueFull) if retained_state(topic) => {
+                let name = topic.build().map_err(PublishError::Topic)?;
+                self.shared.retained_handed(name.as_str(), false);
+                Metrics::add(&self.shared.metrics.deferred);
+                Ok(())
+            }
             Err(PublishError::QueueFull) => {
                 Metrics::add(&self.shared.metrics.dropped_queue_full);
                 Err(PublishError::QueueFull)
@@ -320,6 +359,9 @@ impl Bus {
             .try_publish(name.as_str(), qos(family), family.retained(), payload)
         {
             Ok(()) => {
+                if retained_state(topic) {
+                    self.shared.retained_handed(name.as_str(), true);
+                }
                 Metrics::add(&m.published);
                 if family.qos() == Qos::AtLeastOnce {
                     Metrics::add(&m.published_qos1);
@@ -379,4 +421,10 @@ impl Bus {
         }
         Ok(())
     }
+}
+
+/// Whether `topic` is retained state the task announces again (`health`,
+/// frame or mirror; not presence, which is rebuilt).
+fn retained_state(topic: &Topic) -> bool {
+    topic.family.retained() && topic.family != Family::Online
 }

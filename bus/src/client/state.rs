@@ -9,7 +9,7 @@
 //!   a retained family other than `online` (`health`); the bus announces it
 //!   again, after presence, on every re-connection.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
@@ -35,6 +35,14 @@ pub(super) struct Shared {
     pub(super) shutting_down: AtomicBool,
     /// The latest retained state by topic name (see the glossary).
     pub(super) retained: Mutex<BTreeMap<String, Vec<u8>>>,
+    /// Retained-state topics whose latest value the client's queue had no
+    /// room for: the task hands them over itself at its next event (a
+    /// quarantine must reach the broker, not wait for the next change).
+    pub(super) retained_unsent: Mutex<BTreeSet<String>>,
+    /// Taken around storing a durable frame and handing it over, so they
+    /// go out in sequence order while the delivery lock is free during
+    /// the flash write.
+    pub(super) durable_order: Mutex<()>,
 }
 
 impl Shared {
@@ -113,14 +121,39 @@ impl Shared {
 
     /// The latest retained state, to announce again after a re-connection.
     pub(super) fn retained_state(&self) -> Vec<rumqttc::Publish> {
+        self.unsent_retained().clear();
         let kept = self.retained.lock().unwrap_or_else(|e| e.into_inner());
-        kept.iter()
-            .map(|(topic, payload)| {
-                let mut p =
-                    rumqttc::Publish::new(topic.as_str(), QoS::AtLeastOnce, payload.clone());
-                p.retain = true;
-                p
-            })
+        kept.iter().map(|(t, p)| retained_publish(t, p)).collect()
+    }
+
+    fn unsent_retained(&self) -> MutexGuard<'_, BTreeSet<String>> {
+        self.retained_unsent
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Notes that the latest retained state on `name` was (`true`) or was
+    /// not (`false`) handed to the client.
+    pub(super) fn retained_handed(&self, name: &str, handed: bool) {
+        let mut unsent = self.unsent_retained();
+        if handed {
+            unsent.remove(name);
+        } else {
+            unsent.insert(name.to_string());
+        }
+    }
+
+    /// The latest retained state of the topics the client's queue had no
+    /// room for, taken from the list.
+    pub(super) fn take_unsent_retained(&self) -> Vec<rumqttc::Publish> {
+        let names = std::mem::take(&mut *self.unsent_retained());
+        if names.is_empty() {
+            return Vec::new();
+        }
+        let kept = self.retained.lock().unwrap_or_else(|e| e.into_inner());
+        names
+            .iter()
+            .filter_map(|n| kept.get(n).map(|p| retained_publish(n, p)))
             .collect()
     }
 
@@ -142,4 +175,11 @@ impl Shared {
         }
         out
     }
+}
+
+/// A retained QoS 1 publish of `payload` on `topic`.
+fn retained_publish(topic: &str, payload: &[u8]) -> rumqttc::Publish {
+    let mut p = rumqttc::Publish::new(topic, QoS::AtLeastOnce, payload.to_vec());
+    p.retain = true;
+    p
 }
