@@ -15,6 +15,8 @@
 //! - *deferred*: stored in the outbox but not handed to the client (queue
 //!   full, or not connected); sent on the next connection or when the queue
 //!   drains.
+//! - *acking*: acknowledged by the broker, waiting for the acker thread to
+//!   remove it from flash (never handed over again meanwhile).
 
 use std::collections::{HashMap, VecDeque};
 
