@@ -1009,7 +1009,10 @@ fn a_wall_clock_step_changes_no_verdict_and_moves_the_stamps() {
     let mut acks = Subscriber::start(port, &[&format!("dc/v2/{SITE}/host/{host}/ack")])
         .expect("mosquitto_sub");
     let capped = lease(1, 1, &[(gpu(0), 400)], 60_000);
-    assert_eq!(ack_of_sent(&mut acks, port, host, &capped).code, AckCode::Ok);
+    assert_eq!(
+        ack_of_sent(&mut acks, port, host, &capped).code,
+        AckCode::Ok
+    );
     replays(4);
     clock.step(2 * 3_600_000);
     replays(4);
@@ -1097,8 +1100,13 @@ fn publish_cdu_state(port: u16, rack2_lost: bool) {
     };
     let mut buf = [0u8; 2048];
     let n = f.encode(&mut buf).expect("encodes");
-    publish_raw(port, &format!("dc/v2/{SITE}/cdu/cdu-a/health"), &buf[..n], true)
-        .expect("mosquitto_pub");
+    publish_raw(
+        port,
+        &format!("dc/v2/{SITE}/cdu/cdu-a/health"),
+        &buf[..n],
+        true,
+    )
+    .expect("mosquitto_pub");
 }
 
 #[test]
@@ -1114,8 +1122,11 @@ fn a_rack_without_cooling_drains_powers_down_after_the_grace_and_undoes_it() {
     let log = dir.path().join("actions.log");
     // Each command appends its step to the log: the order is the proof.
     let script = dir.path().join("note.sh");
-    std::fs::write(&script, format!("#!/bin/sh\necho \"$*\" >> {}\n", log.display()))
-        .expect("script");
+    std::fs::write(
+        &script,
+        format!("#!/bin/sh\necho \"$*\" >> {}\n", log.display()),
+    )
+    .expect("script");
     std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
         .expect("chmod");
     let note = |step: &str| format!("{} {step} {{host}} {{rack}}", script.display());
@@ -1145,15 +1156,26 @@ fn a_rack_without_cooling_drains_powers_down_after_the_grace_and_undoes_it() {
         assert!(read().contains(want), "{want:?} not run: log {:?}", read());
     };
     wait_for("drain h6 2", 5);
-    assert!(!read().contains("power_down"), "powered down before the grace");
+    assert!(
+        !read().contains("power_down"),
+        "powered down before the grace"
+    );
     wait_for("power_down h6 2", 6);
     let grace = lost_at.elapsed();
-    assert!(grace >= Duration::from_secs(2), "powered down after {grace:?}");
+    assert!(
+        grace >= Duration::from_secs(2),
+        "powered down after {grace:?}"
+    );
     publish_cdu_state(port, false);
     wait_for("resume h6 2", 5);
     assert_eq!(
         read().lines().collect::<Vec<_>>(),
-        ["drain h6 2", "power_down h6 2", "power_up h6 2", "resume h6 2"],
+        [
+            "drain h6 2",
+            "power_down h6 2",
+            "power_up h6 2",
+            "resume h6 2"
+        ],
         "each step once, in order"
     );
     let seen = sub.collect_until(Duration::from_secs(5), |s| {
@@ -1174,7 +1196,12 @@ fn a_rack_without_cooling_drains_powers_down_after_the_grace_and_undoes_it() {
     use loopwarden_protocol::CoolingStep::*;
     assert_eq!(
         steps,
-        [(Drain, true), (PowerDown, true), (PowerUp, true), (Resume, true)]
+        [
+            (Drain, true),
+            (PowerDown, true),
+            (PowerUp, true),
+            (Resume, true)
+        ]
     );
     let _ = stop.send(());
     agent.join().expect("joined").expect("agent ran");
