@@ -556,8 +556,8 @@ impl Acker {
         Acker { tx }
     }
 
-    /// Hands `seq` to the thread. At most the in-flight window is ever
-    /// waiting: the channel needs no bound of its own.
+    /// Hands `seq` to the thread. Every seq waiting is a frame still in
+    /// the outbox, so the flash's capacity bounds the channel.
     fn ack(&self, seq: u32) {
         let _ = self.tx.send(seq);
     }
