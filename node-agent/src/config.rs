@@ -586,22 +586,18 @@ fn quarantine(
 ) -> Result<Quarantine, ConfigError> {
     let none = QuarantineFile::default();
     let q = file.quarantine.as_ref().unwrap_or(&none);
-    let (actions, actions_flag) = if flags.quarantine_actions.is_empty() {
-        (q.actions.clone().unwrap_or_default(), None)
-    } else {
-        (
-            flags
-                .quarantine_actions
-                .iter()
-                .map(|a| a.split_whitespace().map(String::from).collect())
-                .collect(),
-            Some("quarantine-action"),
-        )
+    let at = ActionsAt {
+        section: "quarantine",
+        key: "actions",
+        flag: "quarantine-action",
     };
-    for action in &actions {
-        check_action(action, &PLACEHOLDERS)
-            .map_err(|m| src.section("quarantine").error(actions_flag, "actions", m))?;
-    }
+    let actions = actions(
+        src,
+        at,
+        &flags.quarantine_actions,
+        &q.actions,
+        &PLACEHOLDERS,
+    )?;
     let timeout = range(
         &src.section("quarantine"),
         pick!(
@@ -650,6 +646,39 @@ fn signers(
         }
         (None, _) => (Vec::new(), false),
     })
+}
+
+/// Where a list of actions is configured: its section, its key and the
+/// flag that replaces it.
+#[derive(Debug, Clone, Copy)]
+struct ActionsAt {
+    section: &'static str,
+    key: &'static str,
+    flag: &'static str,
+}
+
+/// A list of actions: the flag's (each string split on white space)
+/// replaces the file's; each checked by [`check_action`] against `known`.
+fn actions(
+    src: &Sources,
+    at: ActionsAt,
+    flag: &[String],
+    file: &Option<Vec<Vec<String>>>,
+    known: &[&str],
+) -> Result<Vec<Vec<String>>, ConfigError> {
+    let (actions, from_flag) = if flag.is_empty() {
+        (file.clone().unwrap_or_default(), None)
+    } else {
+        let split = flag
+            .iter()
+            .map(|a| a.split_whitespace().map(String::from).collect())
+            .collect();
+        (split, Some(at.flag))
+    };
+    for a in &actions {
+        check_action(a, known).map_err(|m| src.section(at.section).error(from_flag, at.key, m))?;
+    }
+    Ok(actions)
 }
 
 /// An action is a non-empty argument vector whose placeholders are among

@@ -20,7 +20,7 @@ use loopwarden_field::config::{range, ConfigError, Sources};
 use loopwarden_field::pick;
 use serde::Deserialize;
 
-use super::{check_action, FileConfig, Overrides};
+use super::{actions, ActionsAt, FileConfig, Overrides};
 
 /// Placeholders a cooling-loss command may use.
 pub const COOLING_PLACEHOLDERS: [&str; 5] = ["{host}", "{site}", "{cdu}", "{rack}", "{reason}"];
@@ -70,29 +70,20 @@ impl CoolingLossActions {
     }
 }
 
-/// One step's commands: the flag's list (split on white space) replaces
-/// the file's.
+/// One step's commands (`key`, replaced by flag `--FLAG`).
 fn step(
     src: &Sources,
     flag: &[String],
     flag_name: &'static str,
     file: &Option<Vec<Vec<String>>>,
-    key: &str,
+    key: &'static str,
 ) -> Result<Vec<Vec<String>>, ConfigError> {
-    let (actions, from_flag) = if flag.is_empty() {
-        (file.clone().unwrap_or_default(), None)
-    } else {
-        let split = flag
-            .iter()
-            .map(|a| a.split_whitespace().map(String::from).collect())
-            .collect();
-        (split, Some(flag_name))
+    let at = ActionsAt {
+        section: "cooling_loss",
+        key,
+        flag: flag_name,
     };
-    for a in &actions {
-        check_action(a, &COOLING_PLACEHOLDERS)
-            .map_err(|m| src.section("cooling_loss").error(from_flag, key, m))?;
-    }
-    Ok(actions)
+    actions(src, at, flag, file, &COOLING_PLACEHOLDERS)
 }
 
 /// `[cooling_loss]`, checked: commands need the host's CDU and rack,
