@@ -21,7 +21,10 @@ use loopwarden_protocol::{
     samples, CommandAuth, Frame, GpuIndex, HealthState, Ident, Message, NodeId, QuarantineRelease,
     Role, Text, TimestampMs,
 };
-use loopwarden_system_tests::{publish_raw, Mosquitto, Subscriber};
+use loopwarden_system_tests::{publish_raw, Subscriber};
+
+mod common;
+use common::{BenchAgent, HOST, SITE};
 
 fn now() -> TimestampMs {
     TimestampMs(
@@ -56,63 +59,26 @@ fn main() {
         .skip(1)
         .find_map(|a| a.parse().ok())
         .unwrap_or(200);
-    let Some(broker) = Mosquitto::start() else {
-        println!("mosquitto is not installed: nothing measured");
+    let Some(mut agent) = BenchAgent::start(8) else {
         return;
     };
-    let port = broker.port();
-    // The flash file's folder: LOOPWARDEN_BENCH_DIR (to compare disks),
-    // else the system's temporary folder.
-    let dir = match std::env::var_os("LOOPWARDEN_BENCH_DIR") {
-        Some(d) => tempfile::tempdir_in(d),
-        None => tempfile::tempdir(),
-    }
-    .expect("temp dir");
-    let (site, host) = ("bench", "h01");
-    let topic = format!("dc/v2/{site}/host/{host}/health");
-    let mut sub = Subscriber::start(port, &[&topic]).expect("mosquitto_sub");
-
-    let board = loopwarden_boards::GpuBoard::builtin("H200-SXM").expect("board");
-    let twin = node_agent::sim_gpus::TwinSource::new(&board, 8, 1);
-    let control = twin.control();
-    let flags = node_agent::config::Overrides {
-        common: loopwarden_field::common::CommonFlags {
-            site: Some(site.into()),
-            broker: Some(format!("127.0.0.1:{port}")),
-            flash: Some(dir.path().join("agent.flash")),
-            console: Some(dir.path().join("agent.sock")),
-            ..Default::default()
-        },
-        host: Some(host.into()),
-        twin_gpus: Some(8),
-        ..Default::default()
-    };
-    let config = node_agent::config::load(None, &flags).expect("config");
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let agent = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(node_agent::shell::run(config, Box::new(twin), async {
-            let _ = stop_rx.await;
-        }))
-    });
+    let (port, site, host) = (agent.port, SITE, HOST);
+    let sub = &mut agent.sub;
     // The first retained health: the agent is on the bus.
-    wait_for(&mut sub, 0, HealthState::Healthy).expect("the agent's health");
+    wait_for(sub, 0, HealthState::Healthy).expect("the agent's health");
 
     let mut lat = Vec::with_capacity(rounds);
     for round in 0..rounds {
         let gpu = round % 8;
         let t0 = Instant::now();
-        control
+        agent
+            .control
             .inject(node_agent::sim_gpus::TwinFault::Xid {
                 gpu: gpu as u8,
                 xid: 79,
             })
             .expect("inject");
-        let t1 = wait_for(&mut sub, gpu, HealthState::Quarantined).expect("quarantined");
+        let t1 = wait_for(sub, gpu, HealthState::Quarantined).expect("quarantined");
         lat.push(t1.duration_since(t0));
         let mut release = Frame {
             sender: NodeId::new(Role::Operator, "bench").expect("ident"),
@@ -143,12 +109,11 @@ fn main() {
             false,
         )
         .expect("mosquitto_pub");
-        wait_for(&mut sub, gpu, HealthState::Healthy).expect("released");
+        wait_for(sub, gpu, HealthState::Healthy).expect("released");
         // Land the next XID at a different point of the sampling period.
         std::thread::sleep(Duration::from_millis(37));
     }
-    let _ = stop_tx.send(());
-    let _ = agent.join();
+    agent.stop();
 
     lat.sort();
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;

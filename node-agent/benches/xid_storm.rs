@@ -29,7 +29,8 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use loopwarden_protocol::{Frame, HealthState, HostHealth, Message};
-use loopwarden_system_tests::{Mosquitto, Subscriber};
+mod common;
+use common::BenchAgent;
 use node_agent::sim_gpus::{TwinControl, TwinFault};
 
 /// GPUs of the host.
@@ -168,48 +169,12 @@ fn main() {
         .collect();
     let rate = numbers.first().copied().unwrap_or(10_000);
     let seconds = numbers.get(1).copied().unwrap_or(10).max(1);
-    let Some(broker) = Mosquitto::start() else {
-        println!("mosquitto is not installed: nothing measured");
+    let Some(mut agent) = BenchAgent::start(GPUS) else {
         return;
     };
-    let port = broker.port();
-    let dir = match std::env::var_os("LOOPWARDEN_BENCH_DIR") {
-        Some(d) => tempfile::tempdir_in(d),
-        None => tempfile::tempdir(),
-    }
-    .expect("temp dir");
-    let (site, host) = ("bench", "h01");
-    let topic = format!("dc/v2/{site}/host/{host}/health");
-    let mut sub = Subscriber::start(port, &[&topic]).expect("mosquitto_sub");
-    let socket = dir.path().join("agent.sock");
-
-    let board = loopwarden_boards::GpuBoard::builtin("H200-SXM").expect("board");
-    let twin = node_agent::sim_gpus::TwinSource::new(&board, GPUS as usize, 1);
-    let control = twin.control();
-    let flags = node_agent::config::Overrides {
-        common: loopwarden_field::common::CommonFlags {
-            site: Some(site.into()),
-            broker: Some(format!("127.0.0.1:{port}")),
-            flash: Some(dir.path().join("agent.flash")),
-            console: Some(socket.clone()),
-            ..Default::default()
-        },
-        host: Some(host.into()),
-        twin_gpus: Some(GPUS),
-        ..Default::default()
-    };
-    let config = node_agent::config::load(None, &flags).expect("config");
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let agent = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(node_agent::shell::run(config, Box::new(twin), async {
-            let _ = stop_rx.await;
-        }))
-    });
+    let socket = agent.socket.clone();
+    let control = agent.control.clone();
+    let sub = &mut agent.sub;
     // The first retained health: the agent is on the bus.
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut last_health = loop {
@@ -293,8 +258,7 @@ fn main() {
             last_health = h;
         }
     }
-    let _ = stop_tx.send(());
-    let _ = agent.join();
+    agent.stop();
 
     let storm_s = (storm.ended - storm.started).as_secs_f64();
     let mb = |kb: u64| kb as f64 / 1024.0;
