@@ -312,6 +312,14 @@ mod tests {
         assert_eq!(m.encode("flow", 172.8).unwrap(), vec![1728]);
         assert_eq!(m.at(Kind::Holding, 0).unwrap().name, "supply_setpoint");
         assert_eq!(m.at(Kind::Input, 0).unwrap().name, "supply_temp");
+        // The dry cooler's outdoor sensor, below 0 °C too; 0x8000 is a lost
+        // sensor's "no value".
+        assert_eq!(m.at(Kind::Input, 20).unwrap().name, "outdoor_temp");
+        assert_eq!(
+            m.encode("outdoor_temp", -12.34).unwrap(),
+            vec![(-1234i16) as u16]
+        );
+        assert_eq!(m.encode("outdoor_temp", -327.68).unwrap(), vec![0x8000]);
     }
 
     #[test]

@@ -23,7 +23,7 @@ use super::{HostCap, HostReport, MAX_HOSTS};
 use loopwarden_protocol::ReasonCode;
 
 /// Seconds ahead the coolant's rise is projected.
-const HORIZON_S: f32 = 120.0;
+const HORIZON_S: f32 = 30.0;
 /// Fastest rise of a cap, W per GPU per second.
 const RISE_W_PER_S: f32 = 2.0;
 /// A host within this of the cap target is judged, K.
@@ -64,15 +64,15 @@ impl Coordinator {
 
     /// The coordination layer's part of step `t`: fills `out` with the
     /// caps per host, sized for the trusted `supply` (else the supply the
-    /// GPUs imply), the setpoint commanded and the hosts' learned
-    /// `offsets`; true when a capacity cap is in force.
+    /// GPUs imply), the setpoint commanded and the hosts' learned thermal
+    /// `factor`; true when a capacity cap is in force.
     pub(crate) fn caps(
         &mut self,
         t: &Tick<'_>,
         seen: &Seen,
         supply: Option<f32>,
         setpoint_c: f32,
-        offsets: &[f32; MAX_HOSTS],
+        factor: &dyn Fn(usize) -> f32,
         out: &mut [Option<HostCap>; MAX_HOSTS],
     ) -> bool {
         self.step(
@@ -83,7 +83,7 @@ impl Coordinator {
             setpoint_c,
             seen.r_now,
             &|h| t.fresh(h),
-            offsets,
+            factor,
             t.cooling_lost,
             out,
         )
@@ -101,7 +101,7 @@ impl Coordinator {
         setpoint_c: f32,
         r_model: f32,
         fresh: &dyn Fn(usize) -> Option<HostReport>,
-        offsets: &[f32; MAX_HOSTS],
+        factor: &dyn Fn(usize) -> f32,
         leaks_latched: u16,
         out: &mut [Option<HostCap>; MAX_HOSTS],
     ) -> bool {
@@ -119,10 +119,10 @@ impl Coordinator {
         self.coolant = coolant_c;
         let ahead = coolant_c.map(|c| c + self.excess_rate.max(0.0) * HORIZON_S);
         let mut any = false;
-        for h in 0..lay.hosts() {
+        for (h, slot) in out.iter_mut().enumerate().take(lay.hosts()) {
             let rack = lay.rack_of(h);
             if rack < 16 && leaks_latched & (1 << rack) != 0 {
-                out[h] = Some(HostCap {
+                *slot = Some(HostCap {
                     watts: g.min_cap_w,
                     reason: ReasonCode::COOLING_LOST,
                 });
@@ -133,12 +133,10 @@ impl Coordinator {
             // Nothing new to size from leaves a cap in force as it is (the
             // host lets it lapse if it hears nothing).
             if let (Some(r), Some(ahead), Some(coolant)) = (fresh(h), ahead, coolant_c) {
-                self.resize(
-                    cfg, h, now_ms, dt_s, &r, coolant, ahead, r_model, offsets[h],
-                );
+                self.resize(cfg, h, now_ms, dt_s, &r, coolant, ahead, r_model, factor(h));
             }
             if let Some(c) = self.caps[h] {
-                out[h] = Some(HostCap {
+                *slot = Some(HostCap {
                     watts: c,
                     reason: ReasonCode::CAPACITY_SHORT,
                 });
@@ -160,17 +158,17 @@ impl Coordinator {
         coolant: f32,
         ahead: f32,
         r_model: f32,
-        offset_k: f32,
+        factor: f32,
     ) {
         let g = &cfg.gpu;
         let target = cfg.margins.cap_target_c;
         let p = r.gpu_power_w / r.gpus.max(1) as f32;
         // The host's own resistance, from its reports when it draws
-        // enough power to tell, else the model's with its offset.
+        // enough power to tell, else the model's times its learned factor.
         let r_host = if p > 150.0 {
             ((r.hottest_c - coolant) / p).max(0.5 * r_model)
         } else {
-            r_model + offset_k.max(0.0) / g.tdp_w
+            r_model * factor.max(1.0)
         };
         let allowed = (target - ahead) / r_host;
         if !allowed.is_finite() {
@@ -249,7 +247,7 @@ mod tests {
                 coolant,
                 0.045,
                 &|h| (h == 0).then_some(r),
-                &[0.0; MAX_HOSTS],
+                &|_| 1.0,
                 leaks,
                 &mut out,
             );

@@ -58,6 +58,7 @@ extern crate std;
 
 pub mod config;
 pub mod coordinate;
+pub mod estimate;
 pub mod latch;
 pub mod mode;
 pub mod model;
@@ -67,6 +68,7 @@ pub mod pumps;
 pub mod regulate;
 pub mod safety;
 pub mod sensors;
+pub mod substitute;
 pub mod view;
 
 use heapless::Vec;
@@ -75,6 +77,8 @@ use loopwarden_protocol::ReasonCode;
 
 pub use config::{ConfigError, CoreConfig};
 use coordinate::Coordinator;
+pub use estimate::Learned;
+use estimate::{Estimator, Given};
 pub use latch::{LatchError, Latched, PumpFault};
 use mode::ModeMachine;
 use optimise::{Optimiser, Proposal, RejectionWatch};
@@ -83,7 +87,7 @@ use regulate::Regulator;
 pub use safety::LeakInputs;
 use safety::Safety;
 use sensors::{Supervisor, Which};
-use view::{HallView, Tick};
+use view::{HallView, Seen, Tick};
 
 /// Racks the core can hold.
 pub const MAX_RACKS: usize = 16;
@@ -228,6 +232,7 @@ pub struct Core {
     optimiser: Optimiser,
     rejection: RejectionWatch,
     coordinator: Coordinator,
+    estimator: Estimator,
     setpoint_ceiling_c: f32,
     plan_offset_k: f32,
     events_dropped: u32,
@@ -272,6 +277,7 @@ impl Core {
             optimiser: Optimiser::new(&cfg),
             rejection: RejectionWatch::default(),
             coordinator: Coordinator::default(),
+            estimator: Estimator::new(&cfg),
             setpoint_ceiling_c: cfg.cdu.max_setpoint_c,
             plan_offset_k: 0.0,
             events_dropped: 0,
@@ -352,6 +358,27 @@ impl Core {
         self.events_dropped
     }
 
+    /// What the estimator has learned of the hall.
+    pub fn learned(&self) -> Learned {
+        *self.estimator.learned()
+    }
+
+    /// Starts from what an earlier run learned (read back from flash);
+    /// refused, and the configured figures kept, when it is not sane.
+    pub fn restore_learned(&mut self, l: &Learned) -> Result<(), &'static str> {
+        if !l.sane() {
+            return Err("learned figures out of their bounds");
+        }
+        self.estimator = Estimator::from_learned(*l);
+        Ok(())
+    }
+
+    /// The outdoor temperature planned with, °C, and whether it is the
+    /// configured fallback (no sensor reads).
+    pub fn outdoor(&self) -> (f32, bool) {
+        self.estimator.outdoor(&self.cfg)
+    }
+
     /// The loops' state.
     pub fn loops(&self) -> LoopStatus {
         let (margin_k, supply_trim_k, flow_trim) = self.regulator.trims();
@@ -428,26 +455,69 @@ impl Core {
         // Safety: sensor supervision against what the hall implies (at the
         // speed the CDU runs), and the mode the sensors allow.
         let speed = self.applied.1;
-        let seen = self.hall.see(&t, &self.sensors, speed);
-        let trusted = self
+        let est = self.estimator;
+        let seen = self.hall.see(&t, &self.sensors, speed, &|h| est.factor(h));
+        let fresh = |h| t.fresh(h).is_some();
+        let facility = self
             .sensors
-            .supervise(&t, &seen, pumps.running, speed, &mut log);
-        self.hall.learn_offsets(&t, &seen, trusted.supply);
+            .trusted(Which::FacilitySupply, t.rd.facility_supply_c);
+        let judged_by = Seen {
+            gpu_implied_supply: est.supply_expectation(
+                &t.cfg,
+                &fresh,
+                seen.gpu_implied_supply,
+                facility,
+            ),
+            ..seen
+        };
+        let read = self
+            .sensors
+            .supervise(&t, &judged_by, pumps.running, speed, &mut log);
+        // A faulty sensor's reading is replaced by what the others imply.
+        let sources = substitute::Sources {
+            cfg: &t.cfg,
+            seen: &seen,
+            flow_full_per_gpu: est.flow_per_gpu_full(),
+            speed,
+            pumping: pumps.running,
+        };
+        let (trusted, _) = substitute::fill(read, &sources);
         let judged = self.modes.judge(&t, &self.sensors, &trusted);
+
+        // What the hall really is, learned from this step.
+        self.rejection.watch(&t, trusted.supply, self.applied.0);
+        let short = self.rejection.short();
+        let given = Given {
+            supply: read.supply,
+            flow: read.flow,
+            facility,
+            speed,
+            one_pump: pumps.running && t.rd.pumps_running.iter().filter(|r| **r).count() == 1,
+            setpoint_c: self.applied.0,
+            short,
+            sensors_quiet: self.sensors.quiet(),
+        };
+        self.estimator.learn(&t, &seen, &given, &mut log);
+        let est = self.estimator;
+        let base_ceiling = self.cfg.margins.plan_ceiling_c;
+        let believed = est.believed(&t.cfg, &fresh, base_ceiling);
 
         // 3. Optimisation: one slice of the search, before regulation so
         // that regulation follows a proposal finished on this step.
-        self.rejection.watch(&t, trusted.supply, self.applied.0);
         if self.modes.searching() {
-            let short = self.rejection.short();
-            self.optimiser.slice(&t, &seen, self.hall.offsets(), short);
+            let (ambient, _) = est.outdoor(&t.cfg);
+            let factor = |h| est.factor_used(h);
+            self.optimiser
+                .slice(&t, &believed, &seen, &factor, ambient, short);
         }
 
-        // 2. Regulation.
+        // 2. Regulation, to the plan ceiling the estimates allow.
         let prop = self.optimiser.proposal();
+        let mut t_reg = t;
+        t_reg.cfg.margins.plan_ceiling_c = believed.margins.plan_ceiling_c;
         if self
             .regulator
-            .step(&t, judged.0, &prop, &trusted, &seen, pumps.running)
+            .step(&t_reg, judged.0, &prop, &trusted, &seen, pumps.running)
         {
             self.hall.extend_transient(t.now + 60_000);
         }
@@ -455,10 +525,10 @@ impl Core {
         // 4. Coordination, and the mode it leaves.
         let mut caps = [None; MAX_HOSTS];
         let (supply, setpoint_c) = (trusted.supply, self.regulator.setpoint_c());
-        let offsets = self.hall.offsets();
+        let factor = |h| est.factor(h);
         let capacity = self
             .coordinator
-            .caps(&t, &seen, supply, setpoint_c, offsets, &mut caps);
+            .caps(&t, &seen, supply, setpoint_c, &factor, &mut caps);
         let standing = mode::Standing {
             capacity_caps: capacity,
             leak_latched: self.safety.leaks_latched() != 0,

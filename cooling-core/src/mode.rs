@@ -3,10 +3,11 @@
 //!
 //! It boots with the pumps on and a conservative setpoint and leaves boot
 //! only when every required sensor has read plausibly for
-//! `boot_settle_ms`. Once booted, a required sensor under a fault, or the
-//! CDU silent for `sensor_timeout_ms`, is failsafe; otherwise it is normal,
-//! degraded when the coordination layer caps for capacity or a leak is
-//! latched. Each step judges the mode from the sensors first
+//! `boot_settle_ms`. Once booted, the CDU silent for `sensor_timeout_ms`
+//! is failsafe; a required sensor under a fault is degraded while the
+//! others stand in for it ([`super::substitute`]), failsafe when they
+//! cannot; otherwise it is normal, degraded when the coordination layer
+//! caps for capacity or a leak is latched. Each step judges the mode from the sensors first
 //! ([`ModeMachine::judge`]) and settles it once the caps are known
 //! (`ModeMachine::settle`), reporting a change.
 //!
@@ -119,6 +120,11 @@ impl ModeMachine {
             } else {
                 self.boot_ok_since = None;
             }
+        } else if !sensors_ok && cdu_ok && supply.is_some() && flow.is_some() && return_c.is_some()
+        {
+            // A required sensor is faulty, but the others stand in for it.
+            mode = CduMode::Degraded;
+            reason = ReasonCode::SENSOR_ESTIMATED;
         } else if !sensors_ok {
             mode = CduMode::Failsafe;
             reason = if !cdu_ok {

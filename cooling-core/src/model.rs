@@ -91,8 +91,13 @@ pub fn cop(f: &FacilityParams, t_fw: f32, t_amb: f32) -> f32 {
 /// What rejecting `heat_w` costs with the supply at `setpoint_c` and the
 /// outdoor air at `ambient_c`.
 pub fn rejection(cfg: &CoreConfig, setpoint_c: f32, ambient_c: f32, heat_w: f32) -> Rejection {
+    rejection_at(cfg, setpoint_c - cfg.cdu.approach_k, ambient_c, heat_w)
+}
+
+/// What rejecting `heat_w` costs with the facility water at `t_fw` and the
+/// outdoor air at `ambient_c`.
+pub fn rejection_at(cfg: &CoreConfig, t_fw: f32, ambient_c: f32, heat_w: f32) -> Rejection {
     let f = &cfg.facility;
-    let t_fw = setpoint_c - cfg.cdu.approach_k;
     let t_fwr = t_fw + heat_w / (f.water_kg_per_s * f.water_cp_j_per_kg_k);
     let drive = (t_fwr - ambient_c - f.pinch_k).max(0.0);
     let dc_max = f.dry_cooler_ua_w_per_k * drive;

@@ -40,8 +40,9 @@ pub struct HostPlan {
     pub gpus: f32,
     /// Dynamic power per GPU now, W.
     pub dynamic_w: f32,
-    /// Its hottest GPU runs this much above the model, K.
-    pub offset_k: f32,
+    /// Its hottest GPU's resistance over the model's (learned; 1: as
+    /// configured).
+    pub factor: f32,
 }
 
 /// The optimiser's choice.
@@ -55,8 +56,19 @@ pub struct Proposal {
     pub facility_w: f32,
     /// Predicted work rate.
     pub work: f32,
-    /// Every constraint held (false: the least bad was taken).
+    /// Every constraint held without a cap (false: caps are planned, or
+    /// the least bad was taken).
     pub feasible: bool,
+    /// The supply the plan expects, °C (above the setpoint where the
+    /// plant cannot hold it).
+    pub supply_c: f32,
+    /// Hosts the plan expects capped to hold the ceiling.
+    pub capped_hosts: u8,
+    /// The cost per work of the best plan of the other kind (with caps
+    /// when this one has none, without when it has), for saying why
+    /// this one was chosen; `None`: no plan of that kind held the
+    /// ceiling.
+    pub other_cost: Option<f32>,
 }
 
 /// A candidate's standing: lower is better, compared in order.
@@ -70,7 +82,15 @@ pub struct Score {
     pub cost: f32,
     /// The candidate's setpoint, °C.
     pub setpoint_c: f32,
+    /// It plans caps on hosts the water alone would leave above the
+    /// ceiling (not for a shortfall of the plant).
+    pub capping: bool,
 }
+
+/// What a plan that caps hosts for the water's sake must save against
+/// one that does not, as a fraction of its cost: the caps' cost in work
+/// is a model's, the water's cost a meter's.
+pub const CAP_PLAN_MARGIN: f32 = 0.03;
 
 impl Score {
     /// Ranks two candidates.
@@ -88,7 +108,19 @@ impl Score {
             // has warmed, and asks nothing of a chiller that is out.
             return self.setpoint_c > o.setpoint_c;
         }
-        self.cost < o.cost
+        // The same cost: the warmer water (below a supply the plant
+        // cannot hold, every setpoint is the same plan).
+        if self.capping != o.capping {
+            let (capping, other) = if self.capping { (self, o) } else { (o, self) };
+            let capping_wins = capping.cost < other.cost * (1.0 - CAP_PLAN_MARGIN);
+            return capping_wins == self.capping;
+        }
+        let same = (self.cost - o.cost).abs() <= 1e-6 * o.cost.abs();
+        if same {
+            self.setpoint_c > o.setpoint_c
+        } else {
+            self.cost < o.cost
+        }
     }
 }
 
@@ -100,6 +132,9 @@ pub struct Optimiser {
     row: Option<usize>,
     started_ms: Option<u64>,
     best: Option<(Score, Proposal)>,
+    /// The search's best costs per work without caps and with, among
+    /// plans that hold the ceiling.
+    best_cost: [Option<f32>; 2],
 }
 
 /// Rows of the grid: pump speeds from `min_speed` to 1 in 5 % steps.
@@ -117,10 +152,14 @@ impl Optimiser {
                 facility_w: 0.0,
                 work: 0.0,
                 feasible: false,
+                supply_c: cfg.margins.boot_setpoint_c,
+                capped_hosts: 0,
+                other_cost: None,
             },
             row: None,
             started_ms: None,
             best: None,
+            best_cost: [None; 2],
         }
     }
 
@@ -129,7 +168,13 @@ impl Optimiser {
         self.proposal
     }
 
-    /// Judges one candidate.
+    /// Judges one candidate. Where the plant cannot hold the setpoint
+    /// (the chiller at capacity, or believed out: `no_chiller`), the
+    /// supply settles where the dry cooler and the chiller reject the
+    /// heat, and the hosts whose GPUs would pass the plan ceiling there
+    /// at full demand are planned capped to it: the candidate's work is
+    /// what the caps leave, so that a faster pump that needs fewer caps
+    /// wins when its work is worth its power.
     pub fn judge(
         cfg: &CoreConfig,
         plans: &[HostPlan],
@@ -140,62 +185,62 @@ impl Optimiser {
         speed: f32,
     ) -> (Score, Proposal) {
         let g = &cfg.gpu;
-        let h = &cfg.host;
+        let rejecting = if no_chiller {
+            // Believed out: the dry cooler alone.
+            let mut c = *cfg;
+            c.facility.chiller_max_w = 0.0;
+            c
+        } else {
+            *cfg
+        };
         let q = model::flow_per_gpu(cfg, speed, open_gpus);
         let r = g.r_jc_k_per_w + model::r_cold_plate(g, q);
-        let full_dyn = (g.tdp_w - g.static_w).max(1.0);
-        let mut over_k = 0.0;
-        let mut gpu_w = 0.0;
-        let mut host_w = 0.0;
-        let mut work = 0.0;
-        for p in plans.iter().filter(|p| p.gpus > 0.0) {
-            let t_in = setpoint_c + p.offset_k;
-            // The ceiling must hold at full demand.
-            let full = gpu_steady(g, t_in, r, full_dyn, g.tdp_w);
-            over_k += (full.t_j - cfg.margins.plan_ceiling_c).max(0.0);
-            let now = gpu_steady(g, setpoint_c, r, p.dynamic_w, g.tdp_w);
-            gpu_w += p.gpus * now.power_w;
-            work += p.gpus * now.work;
-            let u = p.dynamic_w / full_dyn;
-            host_w += h.idle_w + (h.full_w - h.idle_w) * u;
+        let mut supply = setpoint_c;
+        let mut hall = hall_at(cfg, plans, r, supply, false);
+        let capped = hall_at(cfg, plans, r, supply, true);
+        let capping = capped.over_k < hall.over_k - 1e-3;
+        if capping || (capped.over_k == hall.over_k && capped.work >= hall.work) {
+            // Caps on the hosts that run hot hold the ceiling where the
+            // water does not (the rest of the hall is not cooled for
+            // them); the cost per work decides against colder water.
+            hall = capped;
         }
-        let it = gpu_w + host_w;
-        let mut rej = model::rejection(cfg, setpoint_c, ambient_c, it);
-        if no_chiller {
-            // Believed out: everything the dry cooler cannot take is short.
-            let dc = model::rejection(
-                &CoreConfig {
-                    facility: super::config::FacilityParams {
-                        chiller_max_w: 0.0,
-                        ..cfg.facility
-                    },
-                    ..*cfg
-                },
-                setpoint_c,
-                ambient_c,
-                it,
-            );
-            rej = dc;
+        let short = model::rejection(&rejecting, setpoint_c, ambient_c, hall.it_w).short_w > 1.0;
+        if short {
+            for _ in 0..12 {
+                let next = settled_supply(&rejecting, ambient_c, hall.it_w).max(setpoint_c);
+                hall = hall_at(cfg, plans, r, next, true);
+                let done = (next - supply).abs() < 1e-4;
+                supply = next;
+                if done {
+                    break;
+                }
+            }
         }
-        let facility = model::facility_w(cfg, it, speed, &rej);
-        let cost = if work > 1e-3 {
-            facility / work
+        let rej = model::rejection(&rejecting, supply, ambient_c, hall.it_w);
+        let facility = model::facility_w(cfg, hall.it_w, speed, &rej);
+        let cost = if hall.work > 1e-3 {
+            facility / hall.work
         } else {
             facility
         };
         (
             Score {
-                over_k,
+                over_k: hall.over_k,
                 short_w: rej.short_w,
                 cost,
                 setpoint_c,
+                capping: capping && !short,
             },
             Proposal {
                 setpoint_c,
                 speed,
                 facility_w: facility,
-                work,
-                feasible: over_k <= 0.0 && rej.short_w <= 0.0,
+                work: hall.work,
+                feasible: hall.over_k <= 0.0 && rej.short_w <= 1.0 && hall.capped == 0,
+                supply_c: supply,
+                capped_hosts: hall.capped,
+                other_cost: None,
             },
         )
     }
@@ -220,6 +265,7 @@ impl Optimiser {
             self.row = Some(0);
             self.started_ms = Some(now_ms);
             self.best = None;
+            self.best_cost = [None; 2];
         }
         let row = self.row.unwrap_or(0);
         let speed = (cfg.cdu.min_speed + 0.05 * row as f32).min(1.0);
@@ -230,12 +276,17 @@ impl Optimiser {
             let sp = (lo + 0.5 * k as f32).min(hi);
             let (score, prop) =
                 Self::judge(cfg, plans, open_gpus, ambient_c, no_chiller, sp, speed);
+            if score.over_k <= 0.0 && score.short_w <= 1.0 {
+                let kind = &mut self.best_cost[usize::from(prop.capped_hosts > 0)];
+                *kind = Some(kind.map_or(score.cost, |c| c.min(score.cost)));
+            }
             if self.best.as_ref().is_none_or(|(b, _)| score.better_than(b)) {
                 self.best = Some((score, prop));
             }
         }
         if row + 1 >= speeds(cfg) {
-            if let Some((_, p)) = self.best.take() {
+            if let Some((_, mut p)) = self.best.take() {
+                p.other_cost = self.best_cost[usize::from(p.capped_hosts == 0)];
                 self.proposal = p;
             }
             self.row = None;
@@ -246,32 +297,85 @@ impl Optimiser {
 }
 
 impl Optimiser {
-    /// The optimisation layer's part of step `t`: one slice of the search,
-    /// planning each host from what the step has `seen` and its learned
-    /// `offsets`, without the chiller when it is believed out
-    /// (`no_chiller`).
+    /// The optimisation layer's part of step `t`: one slice of the search
+    /// on the plant as `believed`, planning each host from what the step
+    /// has `seen` and its learned thermal `factor`, at the outdoor
+    /// temperature `ambient_c`, without the chiller when it is believed
+    /// out (`no_chiller`).
     pub(crate) fn slice(
         &mut self,
         t: &Tick<'_>,
+        believed: &CoreConfig,
         seen: &Seen,
-        offsets: &[f32; MAX_HOSTS],
+        factor: &dyn Fn(usize) -> f32,
+        ambient_c: f32,
         no_chiller: bool,
     ) {
-        let cfg = &t.cfg;
-        let plans = host_plans(t, seen, offsets);
-        let ambient = (t.inp.ambient_c)
-            .filter(|a| (-60.0..=70.0).contains(a))
-            .unwrap_or(cfg.margins.design_ambient_c);
-        let hosts = cfg.layout.hosts();
+        let plans = host_plans(t, seen, factor);
+        let hosts = believed.layout.hosts();
         self.step(
-            cfg,
+            believed,
             t.now,
             &plans[..hosts],
             t.open_gpus(),
-            ambient,
+            ambient_c,
             no_chiller,
         );
     }
+}
+
+/// The hall at steady state with its GPUs' coolant at `t_in`.
+#[derive(Debug, Clone, Copy, Default)]
+struct HallAt {
+    it_w: f32,
+    work: f32,
+    over_k: f32,
+    capped: u8,
+}
+
+/// The hall of `plans` at resistance `r` (times each host's factor) on
+/// coolant at `t_in`: every host must hold the plan ceiling at full
+/// demand, by a cap to it where `capping` (a cap below the GPUs' lowest
+/// counts what it still leaves above), else by the water.
+fn hall_at(cfg: &CoreConfig, plans: &[HostPlan], r: f32, t_in: f32, capping: bool) -> HallAt {
+    let (g, h) = (&cfg.gpu, &cfg.host);
+    let ceiling = cfg.margins.plan_ceiling_c;
+    let full_dyn = (g.tdp_w - g.static_w).max(1.0);
+    let mut at = HallAt::default();
+    let mut gpu_w = 0.0;
+    let mut host_w = 0.0;
+    for p in plans.iter().filter(|p| p.gpus > 0.0) {
+        let r_h = r * p.factor.max(0.3);
+        let full = gpu_steady(g, t_in, r_h, full_dyn, g.tdp_w);
+        let mut limit = g.tdp_w;
+        if full.t_j > ceiling && capping {
+            limit = ((ceiling - t_in) / r_h).clamp(g.min_cap_w, g.tdp_w);
+            at.capped = at.capped.saturating_add(1);
+            let floor = gpu_steady(g, t_in, r_h, full_dyn, limit);
+            at.over_k += (floor.t_j - ceiling).max(0.0);
+        } else {
+            at.over_k += (full.t_j - ceiling).max(0.0);
+        }
+        let now = gpu_steady(g, t_in, r_h, p.dynamic_w, limit);
+        gpu_w += p.gpus * now.power_w;
+        at.work += p.gpus * now.work;
+        let u = p.dynamic_w / full_dyn;
+        host_w += h.idle_w + (h.full_w - h.idle_w) * u;
+    }
+    at.it_w = gpu_w + host_w;
+    at
+}
+
+/// The supply at which the plant of `cfg` rejects `heat_w` with the dry
+/// cooler's fans at full and the chiller at its capacity, outdoors at
+/// `ambient_c`: `T_fw = T_amb + pinch − Q/(ṁ·c) + (Q − Q_ch)/UA`, plus the
+/// approach.
+pub fn settled_supply(cfg: &CoreConfig, ambient_c: f32, heat_w: f32) -> f32 {
+    let f = &cfg.facility;
+    let rise = heat_w / (f.water_kg_per_s * f.water_cp_j_per_kg_k).max(1.0);
+    let rest = (heat_w - f.chiller_max_w).max(0.0);
+    let t_fw = ambient_c + f.pinch_k - rise + rest / f.dry_cooler_ua_w_per_k.max(1.0);
+    t_fw + cfg.cdu.approach_k
 }
 
 /// Whether the heat rejection is believed short: the supply stays well
@@ -321,12 +425,12 @@ impl RejectionWatch {
 
 /// What the optimiser plans each host with in step `t`: its fresh report,
 /// else the hall's average from the IT meter `seen.it_w`. Hosts of racks
-/// with a latched leak are left out; `offsets` are the hosts' learned
-/// offsets.
+/// with a latched leak are left out; `factor` gives each host's learned
+/// thermal factor.
 pub(crate) fn host_plans(
     t: &Tick<'_>,
     seen: &Seen,
-    offsets: &[f32; MAX_HOSTS],
+    factor: &dyn Fn(usize) -> f32,
 ) -> [HostPlan; MAX_HOSTS] {
     let cfg = &t.cfg;
     let lay = cfg.layout;
@@ -367,7 +471,7 @@ pub(crate) fn host_plans(
         *plan = HostPlan {
             gpus,
             dynamic_w,
-            offset_k: offsets[h],
+            factor: factor(h),
         };
     }
     plans
@@ -383,7 +487,7 @@ mod tests {
             .map(|_| HostPlan {
                 gpus: cfg.layout.gpus_per_host as f32,
                 dynamic_w: d,
-                offset_k: 0.0,
+                factor: 1.0,
             })
             .collect()
     }

@@ -90,7 +90,7 @@ impl Regulator {
         // Supply and flow loops trim what the CDU is told, while tracking
         // closely (a big error is capacity, not an offset).
         let mut sp_cmd = target_sp;
-        if let Some(s) = trusted.supply {
+        if let (Some(s), false) = (trusted.supply, trusted.estimated.supply) {
             let e = target_sp - s;
             let e = if e.abs() < 1.5 && !seen.transient {
                 e
@@ -100,7 +100,7 @@ impl Regulator {
             sp_cmd += self.supply_trim.step(e, dt);
         }
         let mut speed_cmd = target_speed;
-        if let (Some(f), true) = (trusted.flow, running) {
+        if let (Some(f), true, false) = (trusted.flow, running, trusted.estimated.flow) {
             let want = cfg.cdu.design_lpm_per_gpu * cfg.layout.gpus() as f32 * target_speed;
             let e = (want - f) / (cfg.cdu.design_lpm_per_gpu * cfg.layout.gpus() as f32);
             let e = if e.abs() < 0.1 && !seen.transient {

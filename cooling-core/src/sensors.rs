@@ -160,6 +160,13 @@ impl Supervisor {
         }
     }
 
+    /// No sensor stands under a fault or is suspected of one.
+    pub fn quiet(&self) -> bool {
+        self.checks
+            .iter()
+            .all(|c| c.fault.is_none() && c.pending.is_none())
+    }
+
     /// Every required sensor is believed.
     pub fn required_ok(&self) -> bool {
         Which::ALL
@@ -245,6 +252,7 @@ impl Supervisor {
             supply: self.trusted(Which::Supply, rd.supply_c),
             flow: self.trusted(Which::Flow, rd.flow_lpm),
             return_c: self.trusted(Which::Return, rd.return_c),
+            estimated: Default::default(),
         }
     }
 
@@ -413,6 +421,8 @@ pub struct Trusted {
     pub flow: Option<f32>,
     /// Secondary return temperature, °C.
     pub return_c: Option<f32>,
+    /// Which of these are estimates, not readings ([`super::substitute`]).
+    pub estimated: super::substitute::Estimated,
 }
 
 /// The CDU's answer as the core reads it: no answer, or a value that is

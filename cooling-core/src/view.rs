@@ -1,40 +1,26 @@
 //! The hall as the core sees it in a step, for every layer to work from:
 //! which host reports count, the hottest GPU, the supply the GPUs imply,
 //! the cold plates' resistance at the flow now, the IT meter's trend and
-//! whether the loop is in a transient; and what the core learns of the
-//! hosts over time (how much hotter each runs than the model says).
+//! whether the loop is in a transient.
 //!
 //! Glossary:
 //! - *fresh*: a sane host report younger than `host_timeout_ms` from a
 //!   host on an open rack.
 //! - *transient*: a load step, a speed change or a pump change happened
 //!   lately; sensors are not judged for drift and loops do not trim then.
-//! - *offset*: how much hotter a host's hottest GPU runs than the model
-//!   says (hot spots, worn cold plates), learned over minutes.
 //! - *GPU-implied supply*: each loaded host's hottest junction less its
-//!   power times the model's resistance and its offset (median over
-//!   hosts).
+//!   power times the model's resistance and its learned thermal factor
+//!   (median over hosts; see [`super::estimate`]).
 
 use super::config::CoreConfig;
 use super::sensors::{Readings, Supervisor, Which};
 use super::{bit, model, HostReport, Inputs, MAX_HOSTS};
 
 /// What the core keeps of the hall between steps.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct HallView {
     it_filtered: Option<f32>,
-    offsets: [f32; MAX_HOSTS],
     transient_until_ms: u64,
-}
-
-impl Default for HallView {
-    fn default() -> Self {
-        Self {
-            it_filtered: None,
-            offsets: [0.0; MAX_HOSTS],
-            transient_until_ms: 0,
-        }
-    }
 }
 
 /// One step's time, configuration and inputs, for every layer to work
@@ -123,11 +109,6 @@ pub struct Seen {
 }
 
 impl HallView {
-    /// Each host's learned offset, K.
-    pub fn offsets(&self) -> &[f32; MAX_HOSTS] {
-        &self.offsets
-    }
-
     /// A pump change: the loop is in a transient until `until_ms`.
     pub fn restart_transient(&mut self, until_ms: u64) {
         self.transient_until_ms = until_ms;
@@ -140,8 +121,15 @@ impl HallView {
     }
 
     /// The hall in step `t` at pump `speed`, the flow sensor judged by
-    /// `sensors` as the last step left them.
-    pub fn see(&mut self, t: &Tick<'_>, sensors: &Supervisor, speed: f32) -> Seen {
+    /// `sensors` as the last step left them, each host's GPUs read with
+    /// its thermal `factor`.
+    pub fn see(
+        &mut self,
+        t: &Tick<'_>,
+        sensors: &Supervisor,
+        speed: f32,
+        factor: &dyn Fn(usize) -> f32,
+    ) -> Seen {
         let (cfg, now, dt) = (&t.cfg, t.now, t.dt);
         let it_w = t.rd.it_w.filter(|w| (0.0..=1.0e8).contains(w));
         if let Some(it) = it_w {
@@ -157,7 +145,7 @@ impl HallView {
         let q_now = model::flow_per_gpu(cfg, speed, open_gpus)
             .max(flow_trusted.map_or(0.0, |f| f / open_gpus.max(1) as f32));
         let r_now = cfg.gpu.r_jc_k_per_w + model::r_cold_plate(&cfg.gpu, q_now);
-        let (hottest, gpu_implied_supply) = self.gpus(t, r_now);
+        let (hottest, gpu_implied_supply) = gpus(t, r_now, factor);
         Seen {
             it_w,
             transient,
@@ -166,46 +154,30 @@ impl HallView {
             gpu_implied_supply,
         }
     }
+}
 
-    /// The hottest GPU of the fresh reports and the supply their GPUs
-    /// imply at resistance `r_now`.
-    fn gpus(&self, t: &Tick<'_>, r_now: f32) -> (Option<f32>, Option<f32>) {
-        let mut implied = [0.0f32; MAX_HOSTS];
-        let mut n_implied = 0;
-        let mut hottest: Option<f32> = None;
-        for h in 0..t.cfg.layout.hosts() {
-            if let Some(r) = t.fresh(h) {
-                hottest = Some(hottest.map_or(r.hottest_c, |t: f32| t.max(r.hottest_c)));
-                let p = r.gpu_power_w / r.gpus as f32;
-                if p > 150.0 {
-                    implied[n_implied] = r.hottest_c - p * r_now - self.offsets[h];
-                    n_implied += 1;
-                }
-            }
-        }
-        let gpu_implied_supply = if n_implied >= 2 {
-            median(&mut implied[..n_implied])
-        } else {
-            None
-        };
-        (hottest, gpu_implied_supply)
-    }
-
-    /// Learns how much hotter each host runs than the model says, on the
-    /// trusted `supply`, outside transients.
-    pub fn learn_offsets(&mut self, t: &Tick<'_>, seen: &Seen, supply: Option<f32>) {
-        let dt = t.dt;
-        if let (Some(s), false) = (supply, seen.transient) {
-            for h in 0..t.cfg.layout.hosts() {
-                if let Some(r) = t.fresh(h) {
-                    let p = r.gpu_power_w / r.gpus as f32;
-                    let off = r.hottest_c - (s + p * seen.r_now);
-                    let o = &mut self.offsets[h];
-                    *o = (*o + (off - *o) * (dt / 300.0).min(1.0)).clamp(-5.0, 15.0);
-                }
+/// The hottest GPU of the fresh reports in step `t` and the supply their
+/// GPUs imply at resistance `r_now` times each host's `factor`.
+fn gpus(t: &Tick<'_>, r_now: f32, factor: &dyn Fn(usize) -> f32) -> (Option<f32>, Option<f32>) {
+    let mut implied = [0.0f32; MAX_HOSTS];
+    let mut n_implied = 0;
+    let mut hottest: Option<f32> = None;
+    for h in 0..t.cfg.layout.hosts() {
+        if let Some(r) = t.fresh(h) {
+            hottest = Some(hottest.map_or(r.hottest_c, |t: f32| t.max(r.hottest_c)));
+            let p = r.gpu_power_w / r.gpus as f32;
+            if p > 150.0 {
+                implied[n_implied] = r.hottest_c - p * r_now * factor(h);
+                n_implied += 1;
             }
         }
     }
+    let gpu_implied_supply = if n_implied >= 2 {
+        median(&mut implied[..n_implied])
+    } else {
+        None
+    };
+    (hottest, gpu_implied_supply)
 }
 
 fn median(values: &mut [f32]) -> Option<f32> {

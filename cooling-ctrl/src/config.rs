@@ -30,7 +30,7 @@
 //! | `period_ms` | 1000 | control period, 100 to 60000 |
 //! | `lease_ms` | 30000 | cap lease, at least 3 periods, at most 10 minutes (the hosts' default cap) |
 //! | `modbus_timeout_ms` | 500 (at most the period) | one Modbus request, 10 ms to the period |
-//! | `ambient_c` | none (the core's design value) | outdoor temperature, -50 to 60 °C |
+//! | `ambient_c` | none (the core's design day, 35 °C) | fallback outdoor temperature, -50 to 60 °C; used only when no sensor reads (the CDU's `outdoor_temp`, or a value the BMS wrote in the last 300 s), and then the controller raises an alarm |
 //! | `console` | `/run/loopwarden/cooling-ctrl.sock` or under `$XDG_RUNTIME_DIR`/`/tmp` | console socket |
 //! | `flash` | none (events kept in memory) | flash file for the event log |
 //! | `northbound` | none (no server) | the BMS's Modbus TCP server, `address:port` |
@@ -111,7 +111,8 @@ loopwarden_field::agent_file! {
         pub lease_ms: Option<u64>,
         /// Modbus request timeout, ms.
         pub modbus_timeout_ms: Option<u64>,
-        /// Outdoor temperature, °C.
+        /// Fallback outdoor temperature, °C (used only when no sensor
+        /// reads).
         pub ambient_c: Option<f32>,
         /// Northbound Modbus TCP server for the BMS, `address:port`.
         pub northbound: Option<String>,
@@ -183,7 +184,9 @@ loopwarden_field::agent_flags! {
         /// Timeout of one Modbus request in ms.
         #[arg(long)]
         pub modbus_timeout_ms: Option<u64>,
-        /// Outdoor temperature, °C.
+        /// Fallback outdoor temperature, °C: used only when no sensor reads
+        /// (the CDU's outdoor_temp, or a value the BMS wrote in the last
+        /// 300 s), and then the controller raises an alarm.
         #[arg(long, allow_negative_numbers = true)]
         pub ambient_c: Option<f32>,
         /// Serve the northbound Modbus TCP map for the BMS here
@@ -243,7 +246,8 @@ pub struct Config {
     pub lease: Duration,
     /// One Modbus request's timeout.
     pub modbus_timeout: Duration,
-    /// Outdoor temperature.
+    /// Fallback outdoor temperature, °C (already in `core` as its
+    /// `margins.design_ambient_c`); `None`: the core's design day.
     pub ambient_c: Option<f32>,
     /// Console socket.
     pub console: PathBuf,
@@ -280,7 +284,6 @@ impl Config {
         c.key_id = self.key_id;
         c.key = Some(self.key.clone());
         c.lease = self.lease;
-        c.ambient_c = self.ambient_c;
         c
     }
 }
@@ -369,6 +372,11 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
     core.layout.unprotected = unprotected(&src, &file, &core)?;
     let hosts = hosts(&src, &file, flags, &core)?;
     let timings = timings(&src, &file, flags)?;
+    // The configured outdoor temperature is the fallback the core plans
+    // with when no sensor reads, not a reading.
+    if let Some(a) = timings.ambient_c {
+        core.margins.design_ambient_c = a;
+    }
     let (northbound, northbound_writes) = northbound(&src, &file, flags)?;
     let metrics_listen = metrics_listen(&src, &file, flags)?;
     let board = board_pins(&src, &file, flags, &core)?;
@@ -758,8 +766,8 @@ fn hosts(
     Ok(hosts)
 }
 
-/// The control period, the lease, the Modbus timeout and the outdoor
-/// temperature.
+/// The control period, the lease, the Modbus timeout and the fallback
+/// outdoor temperature.
 struct Timings {
     /// Control period.
     period: Duration,
@@ -767,7 +775,7 @@ struct Timings {
     lease: Duration,
     /// One Modbus request's timeout.
     modbus_timeout: Duration,
-    /// Outdoor temperature.
+    /// Fallback outdoor temperature.
     ambient_c: Option<f32>,
 }
 
@@ -1054,6 +1062,10 @@ mod tests {
         assert_eq!(c.lease, Duration::from_secs(6));
         assert_eq!(c.modbus_timeout, Duration::from_millis(200));
         assert_eq!(c.ambient_c, Some(-5.0));
+        assert_eq!(
+            c.core.margins.design_ambient_c, -5.0,
+            "the fallback the core plans with when no sensor reads"
+        );
         assert_eq!(c.flash.as_deref(), Some(Path::new("/tmp/x.flash")));
         // A list, and another CDU's key refused.
         let text = format!(

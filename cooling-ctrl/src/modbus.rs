@@ -97,6 +97,10 @@ pub struct CduMeasurements {
     pub cooling_w: Option<f64>,
     /// Facility power meter, W (`facility_power`).
     pub facility_w: Option<f64>,
+    /// Outdoor air temperature, °C (`outdoor_temp`: the dry cooler's
+    /// sensor as the CDU reports it; a lost one reads far outside any
+    /// air's range, which the shell refuses).
+    pub outdoor_c: Option<f64>,
 }
 
 /// The settings the controller writes.
@@ -153,9 +157,10 @@ const PUMP_A_FAULT: &str = "pump_a_fault";
 const PUMP_B_FAULT: &str = "pump_b_fault";
 const PUMPS_RUN: &str = "pumps_run";
 const HEARTBEAT: &str = "heartbeat";
+const OUTDOOR: &str = "outdoor_temp";
 
 /// The input registers [`CduMeasurements`] is made of.
-pub const READING_REGISTERS: [&str; 14] = [
+pub const READING_REGISTERS: [&str; 15] = [
     SUPPLY,
     RETURN,
     FLOW,
@@ -170,6 +175,7 @@ pub const READING_REGISTERS: [&str; 14] = [
     VALVES_CLOSED,
     PUMP_A_FAULT,
     PUMP_B_FAULT,
+    OUTDOOR,
 ];
 
 /// The holding registers [`CduSettings`] goes to, in the order written.
@@ -675,6 +681,7 @@ impl CduPort for ModbusCdu {
             it_w: get(IT_POWER),
             cooling_w: get(COOLING_POWER),
             facility_w: get(FACILITY_POWER),
+            outdoor_c: get(OUTDOOR),
         })
     }
 
@@ -766,9 +773,9 @@ mod tests {
             RegisterMap::sim_cdu(),
             Link::Tcp("127.0.0.1:502".parse().unwrap()),
         );
-        // 0-6 (temperatures, flow, pumps, leaks), 10-19 (three u32 meters,
-        // pressure, valve positions, pump faults).
-        assert_eq!(cdu.read_requests(), std::vec![(0, 7), (10, 10)]);
+        // 0-6 (temperatures, flow, pumps, leaks), 10-20 (three u32 meters,
+        // pressure, valve positions, pump faults, outdoor temperature).
+        assert_eq!(cdu.read_requests(), std::vec![(0, 7), (10, 11)]);
         assert!(cdu.unmapped().is_empty());
     }
 

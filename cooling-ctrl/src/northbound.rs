@@ -121,6 +121,7 @@ mod tests {
                 setpoint_ceiling_c: 40.0,
                 plan_ceiling_offset_k: -2.5,
                 alarm_acknowledged: false,
+                outdoor_c: Some(-12.5),
             },
         }
     }
@@ -175,15 +176,19 @@ mod tests {
         assert_eq!(w("setpoint_ceiling"), vec![4000]);
         assert_eq!(w("plan_ceiling_offset"), vec![(-25i16) as u16]);
         assert_eq!(w("alarm_ack"), vec![0]);
+        assert_eq!(w("outdoor_temp"), vec![(-1250i16) as u16]);
         assert_eq!(encode_snapshot(&m, &snap(), true).input[&32], 1);
         // Nothing is not a number, and a snapshot's setting outside the
         // map's range reads the nearest end.
         let mut s = snap();
         s.setpoint_c = f32::NAN;
         s.settings.setpoint_ceiling_c = 50.0;
+        s.settings.outdoor_c = None;
         let img = encode_snapshot(&m, &s, false);
         assert_eq!(img.words(&m, "setpoint").unwrap(), vec![0x8000]);
         assert_eq!(img.words(&m, "setpoint_ceiling").unwrap(), vec![4500]);
+        // No BMS outdoor temperature in force: the sentinel.
+        assert_eq!(img.words(&m, "outdoor_temp").unwrap(), vec![0x8000]);
     }
 
     #[test]
@@ -263,11 +268,11 @@ mod tests {
             Err(ExceptionCode::IllegalDataValue)
         );
         assert_eq!(
-            decode_write(&m, 3, &[0]),
+            decode_write(&m, 4, &[0]),
             Err(ExceptionCode::IllegalDataAddress)
         );
         assert_eq!(
-            decode_write(&m, 1, &[0, 1, 0]),
+            decode_write(&m, 2, &[0, 0, 0]),
             Err(ExceptionCode::IllegalDataAddress)
         );
         assert_eq!(
@@ -276,7 +281,7 @@ mod tests {
         );
         let mut s = NorthboundSettings::new(&CoreConfig::default());
         assert_eq!(s.setpoint_ceiling_c, 45.0);
-        for w in decode_write(&m, 0, &[3000, (-30i16) as u16, 1]).unwrap() {
+        for w in decode_write(&m, 0, &[3000, (-30i16) as u16, 1, (-525i16) as u16]).unwrap() {
             s.apply(w);
         }
         assert_eq!(
@@ -285,7 +290,49 @@ mod tests {
                 setpoint_ceiling_c: 30.0,
                 plan_ceiling_offset_k: -3.0,
                 alarm_acknowledged: true,
+                outdoor_c: Some(-5.25),
             }
+        );
+    }
+
+    #[test]
+    fn an_outdoor_temperature_the_bms_writes_is_bounded_to_minus_50_to_60() {
+        let m = northbound_map();
+        let outdoor = |c: f32| Ok(vec![NorthboundWrite::OutdoorTemp { celsius: c }]);
+        assert_eq!(decode_write(&m, 3, &[(-5000i16) as u16]), outdoor(-50.0));
+        assert_eq!(decode_write(&m, 3, &[6000]), outdoor(60.0));
+        assert_eq!(decode_write(&m, 3, &[0]), outdoor(0.0));
+        // Out of range (the sentinel among them): exception 3, and a
+        // multiple write with it is refused whole.
+        for raw in [6001, (-5001i16) as u16, 0x8000, 0x7FFF] {
+            assert_eq!(
+                decode_write(&m, 3, &[raw]),
+                Err(ExceptionCode::IllegalDataValue),
+                "{raw:#06x}"
+            );
+        }
+        assert_eq!(
+            decode_write(&m, 0, &[3000, 0, 0, 6001]),
+            Err(ExceptionCode::IllegalDataValue)
+        );
+        // Through the server, as a BMS's write arrives: exception 3 and
+        // nothing reaches the shell; in range, it does.
+        let (_tx, rx) = snapshot_channel();
+        let (wtx, mut wrx) = mpsc::channel(4);
+        let state = State {
+            map: m,
+            snapshots: rx,
+            writes: Some(wtx),
+        };
+        assert_eq!(
+            answer(&state, Request::WriteSingleRegister(3, 6100)),
+            Err(ExceptionCode::IllegalDataValue)
+        );
+        assert!(wrx.try_recv().is_err());
+        assert!(answer(&state, Request::WriteSingleRegister(3, 2250)).is_ok());
+        assert_eq!(
+            wrx.try_recv().unwrap(),
+            NorthboundWrite::OutdoorTemp { celsius: 22.5 }
         );
     }
 
@@ -421,10 +468,11 @@ mod tests {
                 | (NOT_AVAILABLE_BIT << flow)
                 | (NOT_AVAILABLE_BIT << fac)
         );
-        assert_eq!(s.mode, CduMode::Failsafe);
+        // The pump's curve stands in for the flow: degraded, not failsafe.
+        assert_eq!(s.mode, CduMode::Degraded);
         let img = encode_snapshot(&northbound_map(), &s, false);
         assert_eq!(img.input[&9], 0xFFFF);
-        assert_eq!(img.input[&0], 3);
+        assert_eq!(img.input[&0], 2);
     }
 
     #[tokio::test]

@@ -10,7 +10,10 @@
 //!    CDU's `leak_inputs` bitmask (the last known bits while the CDU does
 //!    not answer), a pump whose feedback the map lacks reads not running;
 //! 3. call [`Core::step`] with the time in ms since the shell started (a
-//!    monotonic clock) and the latest report of every host;
+//!    monotonic clock), the latest report of every host and the outdoor
+//!    temperature as measured ([`outdoor`]: the CDU's `outdoor_temp` if it
+//!    reads plausibly, else what the BMS wrote in the last 300 s, else
+//!    none: the core then plans with the configured fallback);
 //! 4. write the core's settings to the CDU (an error is logged, not fatal);
 //! 5. publish: `CduTelemetry` every period (QoS 0; a lost sensor is null),
 //!    `CduState` (retained, family `health`) when the mode, the setpoint
@@ -95,12 +98,14 @@ use crate::northbound::{snapshot_from, NorthboundSettings, NorthboundSnapshot, N
 mod leases;
 mod links;
 mod mapping;
+pub mod outdoor;
 mod publish;
 mod stats;
 
 use leases::LeaseSent;
 pub use links::{BoardIo, NorthboundLink, OperatorAction, OperatorRequest};
 pub use mapping::{cap_lease, core_readings, host_report, implausible, settings, REPORT_SKEW_MS};
+use outdoor::{OutdoorSource, OutdoorSources};
 pub use stats::{stats_channel, LastAck, SensorStatus, ShellStats, Snapshot};
 
 /// How long the lease that lifts a cap lasts.
@@ -137,9 +142,6 @@ pub struct ShellConfig {
     /// How long a cap lease holds (30 s by default); renewed every third
     /// of it while the cap stays.
     pub lease: Duration,
-    /// Outdoor temperature, °C, if the site gives one (else the core's
-    /// design value).
-    pub ambient_c: Option<f32>,
 }
 
 /// What [`run_with`] takes besides the config.
@@ -213,7 +215,6 @@ impl ShellConfig {
             key_id: 1,
             key: None,
             lease: Duration::from_secs(30),
-            ambient_c: None,
         }
     }
 
@@ -316,6 +317,10 @@ struct Shell<P> {
     writes_ok: bool,
     /// The supply temperature, when its sensor is believed, °C.
     supply_c: Option<f32>,
+    /// The outdoor temperature's sources (the BMS's last write).
+    outdoor: OutdoorSources,
+    /// The outdoor temperature of the last step, °C, and its source.
+    outdoor_c: Option<(f32, OutdoorSource)>,
     /// Per host index: why its reports are not believed, while they are not.
     refused: HashMap<usize, String>,
 }
@@ -486,6 +491,8 @@ impl<P: CduPort> Shell<P> {
             heartbeat: 0,
             writes_ok: true,
             supply_c: None,
+            outdoor: OutdoorSources::new(),
+            outdoor_c: None,
             refused: HashMap::new(),
         }
     }
@@ -552,12 +559,13 @@ impl<P: CduPort> Shell<P> {
         let now = self.now_ms();
         let readings = self.read_cdu().await;
         let leaks = self.leak_inputs(readings.as_ref());
-        self.northbound_writes();
+        self.northbound_writes(now);
         self.relatch(readings.as_ref());
+        self.pick_outdoor(now, readings.as_ref());
         let c = self.core.step(&Inputs {
             now_ms: now,
             cdu: readings.as_ref().map(core_readings),
-            ambient_c: self.cfg.ambient_c,
+            ambient_c: self.outdoor_c.map(|(c, _)| c),
             leaks,
             cdu_writes_ok: self.writes_ok,
             hosts: &self.reports,
@@ -776,22 +784,51 @@ impl<P: CduPort> Shell<P> {
         }
     }
 
-    /// Takes the bounded writes the BMS made since the last step.
-    fn northbound_writes(&mut self) {
+    /// Takes the bounded writes the BMS made since the last step (at
+    /// `now`, shell ms); the holding registers then read the BMS's outdoor
+    /// temperature while it is in force.
+    fn northbound_writes(&mut self, now: u64) {
         let Some(rx) = self.northbound.as_mut().and_then(|nb| nb.writes.as_mut()) else {
             return;
         };
         let mut changed = false;
         while let Ok(w) = rx.try_recv() {
             tracing::info!("cooling shell: the BMS wrote {w:?}");
+            match w {
+                NorthboundWrite::OutdoorTemp { celsius } => self.outdoor.bms_wrote(celsius, now),
+                _ => changed = true,
+            }
             self.nb_settings.apply(w);
-            changed = true;
         }
+        self.nb_settings.outdoor_c = self.outdoor.bms_fresh(now);
         if changed {
             let s = &self.nb_settings;
             self.core
                 .set_limits(s.setpoint_ceiling_c, s.plan_ceiling_offset_k);
         }
+    }
+
+    /// This step's outdoor temperature from the CDU's reading `r` and the
+    /// BMS's writes; a change of source is logged.
+    fn pick_outdoor(&mut self, now: u64, r: Option<&CduMeasurements>) {
+        let picked = self.outdoor.pick(r.and_then(|r| r.outdoor_c), now);
+        let (was, is) = (self.outdoor_c.map(|(_, s)| s), picked.map(|(_, s)| s));
+        if was != is || self.stats.steps == 0 {
+            match picked {
+                Some((c, OutdoorSource::Cdu)) => {
+                    tracing::info!("cooling shell: outdoor temperature from the CDU's sensor ({c:.1} °C)")
+                }
+                Some((c, OutdoorSource::Bms)) => tracing::warn!(
+                    "cooling shell: outdoor temperature from the BMS's writes ({c:.1} °C): the CDU's sensor does not read"
+                ),
+                None => tracing::warn!(
+                    "cooling shell: no outdoor temperature (the CDU's sensor does not read, no BMS value of the last {} s): planning with the fallback {:.1} °C",
+                    outdoor::BMS_FRESH.as_secs(),
+                    self.cfg.core.margins.design_ambient_c
+                ),
+            }
+        }
+        self.outdoor_c = picked;
     }
 
     fn journal(&self, entry: Journal) {

@@ -166,7 +166,7 @@ impl Controller for Ours {
         let c = self.core.step(&cooling_core::Inputs {
             now_ms,
             cdu,
-            ambient_c: Some(r.ambient_c as f32),
+            ambient_c: crate::shell::outdoor::cdu_outdoor(r.ambient_c, r.modbus_ok),
             leaks: LeakInputs {
                 wet: mask(&r.leaks),
                 rope_faults: mask(&r.rope_faults),

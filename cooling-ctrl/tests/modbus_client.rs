@@ -53,6 +53,7 @@ fn sim(map: RegisterMap) -> SimCdu {
         ("it_power", 108_400.0),
         ("cooling_power", 9_120.0),
         ("facility_power", 117_550.0),
+        ("outdoor_temp", -7.25),
     ] {
         cdu.set_measurement(name, value).expect("a measurement");
     }
@@ -76,6 +77,7 @@ fn assert_known_readings(r: &cooling_ctrl::modbus::CduMeasurements) {
     assert_eq!(r.it_w, Some(108_400.0));
     assert_eq!(r.cooling_w, Some(9_120.0));
     assert_eq!(r.facility_w, Some(117_550.0));
+    assert_eq!(r.outdoor_c, Some(-7.25));
 }
 
 async fn serve_tcp(cdu: SimCdu) -> SocketAddr {
@@ -104,7 +106,7 @@ const NEW: CduSettings = CduSettings {
 async fn tcp_reads_every_measurement_with_the_maps_scaling() {
     let addr = serve_tcp(sim(RegisterMap::sim_cdu())).await;
     let mut client = tcp_client(RegisterMap::sim_cdu(), addr);
-    assert_eq!(client.read_requests(), vec![(0, 7), (10, 10)]);
+    assert_eq!(client.read_requests(), vec![(0, 7), (10, 11)]);
     let r = client.read().await.expect("read");
     assert_known_readings(&r);
 }

@@ -5,8 +5,12 @@
 //! pump leading within 10 s of a seized lead pump; less facility energy
 //! per unit of GPU work than `baseline-18` and `baseline-32` where the
 //! baselines are a fair comparison (no leak: a baseline that keeps pumping
-//! a leak and keeps its hosts working is not); and within 2 % of the
-//! `oracle` on the scenarios without faults.
+//! a leak and keeps its hosts working is not); within 1 % of the `oracle`
+//! on the scenarios without faults whose plant is as configured, within
+//! 2 % on the others without a leak (sensor faults, a chiller trip, a
+//! plant unlike its configuration); and capping at most 1.2 times the
+//! oracle's host-seconds plus 60, except where a leak's isolation failed
+//! (the escalation caps every host to its minimum by design).
 
 #![cfg(feature = "twin")]
 
@@ -97,6 +101,10 @@ struct Played {
     b32: Summary,
     oracle: Summary,
     no_faults: bool,
+    /// The plant is as configured (no `[truth]`).
+    as_configured: bool,
+    /// A leak on a rack whose valve is stuck open: the isolation fails.
+    isolation_fails: bool,
     leaks: bool,
     pumped_allowed: u64,
     /// Seconds from each seizure to the next lead change.
@@ -134,6 +142,11 @@ fn play(path: &Path) -> Option<Played> {
         b32,
         oracle,
         no_faults: sc.faults.is_empty(),
+        as_configured: sc.truth == sc.site && sc.plate_factor.iter().all(|f| *f == 1.0),
+        isolation_fails: sc.faults.iter().any(|f| match f.kind {
+            FaultKind::Leak(r) => sc.faults.iter().any(|g| g.kind == FaultKind::ValveStuck(r)),
+            _ => false,
+        }),
         leaks: sc
             .faults
             .iter()
@@ -202,6 +215,13 @@ fn ours_is_safe_and_cheaper_than_both_baselines_on_every_public_scenario() {
                 bad(format!("the lag pump took over {t:?} s after a seizure"));
             }
         }
+        let cap_bound = 1.2 * oracle.cap_requests as f64 + 60.0;
+        if o.cap_requests as f64 > cap_bound && !played.isolation_fails {
+            bad(format!(
+                "{} cap host-s, the oracle's {} allow {cap_bound:.0}",
+                o.cap_requests, oracle.cap_requests
+            ));
+        }
         if played.leaks {
             continue;
         }
@@ -217,10 +237,17 @@ fn ours_is_safe_and_cheaper_than_both_baselines_on_every_public_scenario() {
                 o.kwh_per_work_gpu_h, b32.kwh_per_work_gpu_h
             ));
         }
-        if *no_faults && o.kwh_per_work_gpu_h > 1.02 * oracle.kwh_per_work_gpu_h {
+        let within = if *no_faults && played.as_configured {
+            0.01
+        } else {
+            0.02
+        };
+        if o.kwh_per_work_gpu_h > (1.0 + within) * oracle.kwh_per_work_gpu_h {
             bad(format!(
-                "{:.4} kWh/work-GPU-h, more than 2 % above the oracle's {:.4}",
-                o.kwh_per_work_gpu_h, oracle.kwh_per_work_gpu_h
+                "{:.4} kWh/work-GPU-h, more than {:.0} % above the oracle's {:.4}",
+                o.kwh_per_work_gpu_h,
+                within * 100.0,
+                oracle.kwh_per_work_gpu_h
             ));
         }
     }

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use cooling_core::CoreConfig;
 use cooling_ctrl::journal::ControllerFlash;
 use cooling_ctrl::modbus::{Link, ModbusCdu};
+use cooling_ctrl::northbound::{self, NorthboundWrite};
 use cooling_ctrl::shell::{self, ShellConfig, ShellOptions, ShellStats};
 use loopwarden_boards::modbus_map::RegisterMap;
 use loopwarden_bus::{now_ms, BrokerAddr, Bus, BusConfig, Inbound};
@@ -88,6 +89,18 @@ impl Rig {
         flash: Option<ControllerFlash>,
         prepare: impl FnOnce(&SimCdu),
     ) -> Rig {
+        Self::start_linked(broker, core, board, flash, prepare, None).await
+    }
+
+    /// As [`Rig::start_prepared`], with the northbound server's link.
+    async fn start_linked(
+        broker: Mosquitto,
+        core: CoreConfig,
+        board: Option<Box<dyn shell::BoardIo>>,
+        flash: Option<ControllerFlash>,
+        prepare: impl FnOnce(&SimCdu),
+        northbound: Option<shell::NorthboundLink>,
+    ) -> Rig {
         let cdu = sim_cdu();
         prepare(&cdu);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -103,12 +116,12 @@ impl Rig {
         cfg.hosts = host_ids();
         cfg.key_id = KEY_ID;
         cfg.key = Some(key());
-        cfg.ambient_c = Some(20.0);
         let opts = ShellOptions {
             stats: Some(tx),
             credentials: None,
             board,
             flash,
+            northbound,
             ..Default::default()
         };
         let (stop, stopped) = oneshot::channel::<()>();
@@ -263,6 +276,63 @@ async fn boots_writes_the_cdu_and_publishes_telemetry_and_a_retained_state() {
     assert!(tel.pump_a.running && !tel.pump_b.running);
     assert_eq!(tel.racks.len(), 4);
     assert!(tel.diff_pressure.is_none());
+    // The CDU's outdoor sensor, not a configured value.
+    assert_eq!(tel.ambient.map(|c| c.value()), Some(20.0));
+    let _ = probe.shutdown(Duration::from_secs(1)).await;
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outdoor_temperature_is_the_cdus_sensor_else_what_the_bms_wrote() {
+    let Some(broker) = Mosquitto::start() else {
+        return;
+    };
+    let (snapshots, mut snap_rx) = northbound::snapshot_channel();
+    let (bms, writes) = mpsc::channel(4);
+    let link = shell::NorthboundLink {
+        snapshots,
+        writes: Some(writes),
+    };
+    // The CDU's outdoor sensor lost from the start: 0x8000.
+    let rig = Rig::start_linked(
+        broker,
+        CoreConfig::default(),
+        None,
+        None,
+        |cdu| cdu.set_measurement("outdoor_temp", -327.68).unwrap(),
+        Some(link),
+    )
+    .await;
+    let (probe, mut rx) = rig.probe("probe-o", &[cdu_topic(Family::Telemetry)]).await;
+    let mut ambient = async |what: &str, want: Option<f64>| {
+        first(&mut rx, Duration::from_secs(3), what, |m| {
+            match &m.frame.message {
+                Message::CduTelemetry(t) if t.ambient.map(|c| c.value()) == want => Some(()),
+                _ => None,
+            }
+        })
+        .await
+    };
+    ambient("no outdoor temperature", None).await;
+    // The BMS writes one: in force while the CDU's sensor does not read,
+    // and the holding register reads it back.
+    bms.send(NorthboundWrite::OutdoorTemp { celsius: 18.5 })
+        .await
+        .unwrap();
+    ambient("the BMS's 18.5 °C", Some(18.5)).await;
+    let in_force = tokio::time::timeout(
+        Duration::from_secs(3),
+        snap_rx.wait_for(|s| s.settings.outdoor_c.is_some()),
+    )
+    .await
+    .expect("the BMS's value in the northbound snapshot")
+    .unwrap()
+    .settings
+    .outdoor_c;
+    assert_eq!(in_force, Some(18.5));
+    // The CDU's sensor reads again: it comes first.
+    rig.cdu.set_measurement("outdoor_temp", -3.25).unwrap();
+    ambient("the CDU's -3.25 °C", Some(-3.25)).await;
     let _ = probe.shutdown(Duration::from_secs(1)).await;
     rig.stop().await;
 }

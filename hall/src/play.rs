@@ -516,7 +516,6 @@ impl ControllerSide<'_> {
             key_id: key.key_id,
             key: Some(key.key),
             lease: Duration::from_secs(30),
-            ambient_c: Some(sc.ambient.at(0.0) as f32),
         };
         let sim = self.sim;
         let port = ModbusCdu::new(sim.map.clone(), Link::Tcp(sim.modbus_addr))

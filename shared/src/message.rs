@@ -341,6 +341,8 @@ pub enum Sensor {
     CoolingPower,
     /// Facility power meter.
     FacilityPower,
+    /// Outdoor air temperature (the dry cooler's, or the BMS's).
+    OutdoorTemp,
 }
 
 /// What is wrong with a sensor.

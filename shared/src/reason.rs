@@ -92,6 +92,9 @@ reasons! {
     LEAK_SENSING_LOST = 2012 => "leak-sensing-lost",
     /// The CDU refuses the controller's writes (local mode at its panel).
     CDU_WRITES_REFUSED = 2013 => "cdu-writes-refused",
+    /// A required sensor is under a fault and the controller runs on an
+    /// estimate of it from the others (heat balance, pump curve, GPUs).
+    SENSOR_ESTIMATED = 2014 => "sensor-estimated",
 }
 
 impl ReasonCode {

@@ -522,7 +522,7 @@ impl CutProxy {
 /// A simulated CDU as a controller first finds it: settings no controller
 /// chose (30 °C, 80 %, lead pump B, every valve shut) and the measurements
 /// of a steady loaded loop (supply 40 °C, return 49.3 °C, 192 L/min, IT
-/// 120 kW, cooling 10 kW, facility 135 kW: PUE 1.125).
+/// 120 kW, cooling 10 kW, facility 135 kW: PUE 1.125) on a 20 °C day.
 pub fn steady_sim_cdu() -> loopwarden_twin::sim_cdu::SimCdu {
     use loopwarden_boards::modbus_map::RegisterMap;
     use loopwarden_twin::sim_cdu::SimCdu;
@@ -548,6 +548,7 @@ pub fn steady_sim_cdu() -> loopwarden_twin::sim_cdu::SimCdu {
         ("it_power", 120_000.0),
         ("cooling_power", 10_000.0),
         ("facility_power", 135_000.0),
+        ("outdoor_temp", 20.0),
     ] {
         cdu.set_measurement(name, value).expect("a measurement");
     }

@@ -47,6 +47,7 @@ fn snapshot() -> NorthboundSnapshot {
             setpoint_ceiling_c: 40.0,
             plan_ceiling_offset_k: -2.5,
             alarm_acknowledged: false,
+            outdoor_c: None,
         },
     }
 }
@@ -126,10 +127,11 @@ fn mbpoll_reads_the_state_meters_and_sentinels() {
     assert!(ok, "{text}");
     assert!(text.contains("0x8000"), "{text}");
     // Holding registers: ceiling 40.00 °C, offset -2.5 K (unsigned
-    // 65511), nothing acknowledged.
-    let (ok, text) = mbpoll(s.port, &["-t", "4", "-r", "0", "-c", "3", "127.0.0.1"]);
+    // 65511), nothing acknowledged, no outdoor temperature of the BMS in
+    // force (0x8000).
+    let (ok, text) = mbpoll(s.port, &["-t", "4", "-r", "0", "-c", "4", "127.0.0.1"]);
     assert!(ok, "{text}");
-    assert_eq!(values(&text), vec![4000, 65511, 0], "{text}");
+    assert_eq!(values(&text), vec![4000, 65511, 0, 32768], "{text}");
     // A new step shows at once.
     let mut next = snapshot();
     next.mode = CduMode::Normal;
@@ -221,4 +223,35 @@ fn writes_in_range_reach_the_shell_and_out_of_range_get_exception_3() {
     let (ok, text) = mbpoll(s.port, &["-t", "4", "-r", "0", "-c", "3", "127.0.0.1"]);
     assert!(ok, "{text}");
     assert_eq!(values(&text), vec![3000, 0xFFCE, 1], "{text}");
+}
+
+#[test]
+fn an_outdoor_temperature_out_of_range_gets_exception_3() {
+    if require_tool("mbpoll").is_none() {
+        return;
+    }
+    let mut s = serve_it(true);
+    let mut writes = s.writes.take().expect("writes enabled");
+    // -7.25 °C (unsigned 64811) is taken.
+    let (ok, text) = mbpoll(s.port, &["-t", "4", "-r", "3", "127.0.0.1", "64811"]);
+    assert!(ok, "{text}");
+    assert_eq!(
+        writes.try_recv(),
+        Ok(NorthboundWrite::OutdoorTemp { celsius: -7.25 })
+    );
+    // 61.00 °C and -50.01 °C (unsigned 60535) are outside -50 to 60 °C:
+    // exception 3, nothing sent.
+    for raw in ["6100", "60535"] {
+        let (ok, text) = mbpoll(s.port, &["-t", "4", "-r", "3", "127.0.0.1", raw]);
+        assert!(!ok, "{text}");
+        assert!(text.to_lowercase().contains("illegal data value"), "{text}");
+    }
+    assert!(writes.try_recv().is_err(), "nothing reached the shell");
+    // In force, it reads back.
+    let mut next = snapshot();
+    next.settings.outdoor_c = Some(-7.25);
+    s.snapshots.send_replace(next);
+    let (ok, text) = mbpoll(s.port, &["-t", "4", "-r", "3", "127.0.0.1"]);
+    assert!(ok, "{text}");
+    assert_eq!(values(&text), vec![64811], "{text}");
 }

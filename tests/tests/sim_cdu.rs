@@ -124,3 +124,39 @@ fn pymodbus_sees_the_map_word_order_and_exceptions() {
     assert!(text.contains("read_unmapped 2"), "{text}");
     assert!(text.contains("coils 1"), "{text}");
 }
+
+/// The hall writes the dry cooler's outdoor sensor into input register 20
+/// (i16, 0.01 °C), with the scenario's faults: a lost sensor reads 0x8000,
+/// never a plausible 0 °C.
+#[test]
+fn mbpoll_reads_the_halls_outdoor_sensor_and_its_loss() {
+    if require_tool("mbpoll").is_none() {
+        return;
+    }
+    use loopwarden_boards::pins::PinMap;
+    use loopwarden_twin::hall::Hall;
+    use loopwarden_twin::pins::SimLines;
+    use loopwarden_twin::scenario::Scenario;
+    let sc = Scenario::from_toml(
+        "format = \"plant-scenario/1\"\ndescription = \"t\"\nduration_s = 60\nseed = 1\n\
+         [site]\nracks = 1\nhosts_per_rack = 1\n[ambient]\npoints = [[0, -7.25]]\n\
+         [load]\nall = [[0, 0.5]]\n\
+         [[fault]]\nat_s = 10\nkind = \"sensor_lost\"\ntarget = \"outdoor_temp\"\n",
+        "t.toml",
+    )
+    .expect("a valid scenario");
+    let (cdu, port, _rt) = serve();
+    let mut hall = Hall::new(sc, cdu, SimLines::new(), PinMap::sim_controller());
+    let outdoor = || {
+        let (ok, text) = mbpoll(port, &["-t", "3", "-r", "20", "127.0.0.1"]);
+        assert!(ok, "{text}");
+        values(&text)
+    };
+    hall.step(1.0).expect("a step");
+    // -7.25 °C: -725, unsigned 64811.
+    assert_eq!(outdoor(), vec![64811]);
+    for _ in 1..10 {
+        hall.step(1.0).expect("a step");
+    }
+    assert_eq!(outdoor(), vec![32768], "lost: 0x8000");
+}

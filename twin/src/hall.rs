@@ -6,8 +6,9 @@
 //! and the controller-healthy relay on the board, steps the plant under
 //! the scenario's conditions and faults, and writes back what a real CDU
 //! would show: its measurements in the input registers (with the
-//! scenario's sensor faults, valve positions and pump faults) and the leak
-//! ropes on the board's lines (wet, cut, or the lines failing).
+//! scenario's sensor faults, valve positions and pump faults; the outdoor
+//! temperature too, where the map has `outdoor_temp`) and the leak ropes
+//! on the board's lines (wet, cut, or the lines failing).
 //!
 //! The CDU falls back on its own, as real ones do: once it has seen the
 //! heartbeat register change or the relay pulse, a heartbeat unchanged or
@@ -24,7 +25,7 @@
 //! - *hall*: plant + simulated CDU + simulated pins + scenario clock.
 
 use crate::hosts::HostFollow;
-use loopwarden_boards::modbus_map::ValueError;
+use loopwarden_boards::modbus_map::{Type, ValueError};
 use loopwarden_boards::pins::PinMap;
 
 use crate::pins::SimLines;
@@ -43,8 +44,10 @@ pub struct Hall {
     follow: HostFollow,
     failed: Vec<bool>,
     t: f64,
-    stuck: [Option<f64>; 5],
-    drift: [f64; 5],
+    /// The CDU's sensors as faults leave them: the five of the loop, then
+    /// the outdoor one.
+    stuck: [Option<f64>; 6],
+    drift: [f64; 6],
     /// The heartbeat register's last value and when it changed, s.
     heartbeat: Option<(f64, f64)>,
     /// The relay line's last level and when it changed, s.
@@ -72,7 +75,7 @@ impl Hall {
             lines.assert(&r.leak, false);
             lines.assert(&r.fault, false);
         }
-        Self {
+        let mut hall = Self {
             plant,
             scenario,
             cdu,
@@ -82,12 +85,19 @@ impl Hall {
             follow,
             failed: vec![false; n],
             t: 0.0,
-            stuck: [None; 5],
-            drift: [0.0; 5],
+            stuck: [None; 6],
+            drift: [0.0; 6],
             heartbeat: None,
             relay: None,
             fallback: false,
+        };
+        // The outdoor sensor reads from the start (its register's 0 would
+        // pass for a 0 °C day); the loop's sensors read at the first step.
+        let sensing: Vec<FaultKind> = hall.scenario.active(0.0).cloned().collect();
+        if let Err(e) = hall.show_outdoor(&sensing) {
+            tracing::warn!("hall: the outdoor sensor's register: {e}");
         }
+        hall
     }
 
     /// Simulated time, s.
@@ -312,6 +322,7 @@ impl Hall {
             let v = self.sensor(&sensing, k, name, truth).unwrap_or(0.0);
             self.cdu.set_measurement(register, v.max(0.0))?;
         }
+        self.show_outdoor(&sensing)?;
         // A seized pump's contactor reads running; a tripped one shows
         // its drive's fault.
         let tripped = |i: usize| active.contains(&FaultKind::PumpTrip(i));
@@ -338,6 +349,43 @@ impl Hall {
         self.cdu
             .set_measurement("facility_power", m.facility_w.round())?;
         Ok(())
+    }
+}
+
+impl Hall {
+    /// The dry cooler's outdoor sensor in the CDU's `outdoor_temp`, where
+    /// its map has one, with the scenario's sensor faults. Outdoor air
+    /// may be below 0 °C, so a lost sensor cannot read 0 as the loop's
+    /// do: it reads the register type's floor (for an i16, 0x8000:
+    /// -327.68 °C at 0.01), the "no value" no air can have, which the
+    /// controller refuses as implausible. A drift is held within the
+    /// register's other values.
+    fn show_outdoor(&mut self, sensing: &[FaultKind]) -> Result<(), ValueError> {
+        const REGISTER: &str = "outdoor_temp";
+        let Some(r) = self.cdu.map().get(REGISTER) else {
+            return Ok(());
+        };
+        let (floor, lo, hi) = match r.ty {
+            Type::I16 => (
+                f64::from(i16::MIN),
+                f64::from(i16::MIN + 1),
+                f64::from(i16::MAX),
+            ),
+            Type::I32 => (
+                f64::from(i32::MIN),
+                f64::from(i32::MIN + 1),
+                f64::from(i32::MAX),
+            ),
+            Type::U16 => (0.0, 1.0, f64::from(u16::MAX)),
+            Type::U32 => (0.0, 1.0, f64::from(u32::MAX)),
+        };
+        let scale = r.scale;
+        let truth = self.scenario.ambient.at(self.t);
+        let v = match self.sensor(sensing, 5, SensorName::OutdoorTemp, truth) {
+            Some(v) => v.clamp(lo * scale, hi * scale),
+            None => floor * scale,
+        };
+        self.cdu.set_measurement(REGISTER, v)
     }
 }
 
@@ -514,6 +562,47 @@ mod tests {
             .all(|g| !g.powered_down && g.work > 0.7));
         assert!(h.gpus()[3].work > 0.7);
         assert_eq!(h.plant().totals().shutdowns, 0);
+    }
+
+    #[test]
+    fn the_outdoor_sensor_shows_in_its_register_with_its_faults() {
+        // Ambient -5 °C rising to 5 °C over 1000 s: 0.6 K a minute.
+        let (mut h, cdu, _) = hall(
+            "[[fault]]\nat_s = 100\nuntil_s = 200\nkind = \"sensor_stuck\"\ntarget = \"outdoor_temp\"\n\
+             [[fault]]\nat_s = 300\nuntil_s = 360\nkind = \"sensor_drift\"\ntarget = \"outdoor_temp\"\nvalue = 2.0\n\
+             [[fault]]\nat_s = 400\nuntil_s = 500\nkind = \"sensor_lost\"\ntarget = \"outdoor_temp\"\n\
+             [[fault]]\nat_s = 600\nuntil_s = 700\nkind = \"modbus_outage\"\n",
+        );
+        h.scenario.ambient = crate::scenario::Curve(vec![[0.0, -5.0], [1000.0, 5.0]]);
+        let truth = |t: f64| -5.0 + t / 100.0;
+        let mut seen = vec![f64::NAN];
+        for _ in 0..800 {
+            h.step(1.0).unwrap();
+            seen.push(input(&cdu, "outdoor_temp"));
+        }
+        // seen[t]: the register after the step that ended at t s.
+        assert!(
+            (seen[50] - truth(50.0)).abs() < 0.006,
+            "below 0 °C: {}",
+            seen[50]
+        );
+        assert_eq!(seen[150], seen[100], "stuck");
+        assert!((seen[250] - truth(250.0)).abs() < 0.006);
+        // 60 s of drift at 2 K/min by the last second of it.
+        let off = seen[359] - truth(359.0);
+        assert!((off - 2.0).abs() < 0.006, "{off}");
+        // Lost: 0x8000 in the register, not a plausible 0 °C.
+        assert!((seen[450] + 327.68).abs() < 1e-9, "{}", seen[450]);
+        assert_eq!(
+            cdu.map().encode("outdoor_temp", seen[450]).unwrap(),
+            vec![0x8000]
+        );
+        assert!((seen[550] - truth(550.0)).abs() < 0.006, "back");
+        // During the Modbus outage the register keeps its last value.
+        assert!((seen[600] - truth(600.0)).abs() < 0.006);
+        assert_eq!(seen[650], seen[600]);
+        assert_eq!(seen[700], seen[600]);
+        assert!((seen[750] - truth(750.0)).abs() < 0.006);
     }
 
     #[test]

@@ -112,6 +112,9 @@ pub enum SensorName {
     DiffPressure,
     /// Facility water supply temperature.
     FacilitySupplyTemp,
+    /// Outdoor dry-bulb temperature: the dry cooler's sensor, as the CDU
+    /// reports it (the controller never reads the scenario's ambient).
+    OutdoorTemp,
 }
 
 impl SensorName {
@@ -122,6 +125,7 @@ impl SensorName {
             "flow" => Self::Flow,
             "diff_pressure" => Self::DiffPressure,
             "facility_supply_temp" => Self::FacilitySupplyTemp,
+            "outdoor_temp" => Self::OutdoorTemp,
             _ => return None,
         })
     }
@@ -479,7 +483,7 @@ fn fault_of(f: &FaultFile, site: &SiteConfig) -> Result<Fault, String> {
     let sensor = || {
         SensorName::parse(&f.target).ok_or_else(|| {
             format!(
-                "target {:?}: supply_temp, return_temp, flow, diff_pressure or facility_supply_temp",
+                "target {:?}: supply_temp, return_temp, flow, diff_pressure, facility_supply_temp or outdoor_temp",
                 f.target
             )
         })
@@ -636,9 +640,31 @@ target = "1.3.7"
         assert!(bad("kind = \"chiller_trip\"", "kind = \"chiller_trp\"").contains("unknown kind"));
         assert!(bad("until_s = 3600", "until_s = 1000").contains("after at_s"));
         assert!(bad("target = \"1.3.7\"", "target = \"1.4.7\"").contains("rack.host.gpu"));
-        assert!(bad("target = \"return_temp\"", "target = \"humidity\"").contains("supply_temp"));
+        let e = bad("target = \"return_temp\"", "target = \"humidity\"");
+        assert!(
+            e.contains("supply_temp") && e.contains("outdoor_temp"),
+            "every sensor named: {e}"
+        );
         let e = bad("racks = 2", "rakcs = 2");
         assert!(e.contains("[site]") && e.contains("rakcs"), "{e}");
+    }
+
+    #[test]
+    fn the_outdoor_sensor_is_a_target_of_every_sensor_fault() {
+        let faults = "[[fault]]\nat_s = 10\nuntil_s = 20\nkind = \"sensor_stuck\"\ntarget = \"outdoor_temp\"\n\
+                      [[fault]]\nat_s = 30\nkind = \"sensor_drift\"\ntarget = \"outdoor_temp\"\nvalue = -0.5\n\
+                      [[fault]]\nat_s = 40\nkind = \"sensor_lost\"\ntarget = \"outdoor_temp\"\n";
+        let s = Scenario::from_toml(&format!("{HEATWAVE}{faults}"), "s.toml").expect("valid");
+        let outdoor: Vec<FaultKind> = s.faults[3..].iter().map(|f| f.kind.clone()).collect();
+        assert_eq!(
+            outdoor,
+            vec![
+                FaultKind::SensorStuck(SensorName::OutdoorTemp),
+                FaultKind::SensorDrift(SensorName::OutdoorTemp, -0.5),
+                FaultKind::SensorLost(SensorName::OutdoorTemp),
+            ]
+        );
+        assert_eq!(s.faults[3].until_s, Some(20));
     }
 
     /// Every scenario of the public set beside the repository reads (run

@@ -15,8 +15,10 @@
 //! restarts them).
 //!
 //! During a `modbus_outage` the CDU neither answers nor hears: the
-//! controller reads no temperature, flow or meter, and the CDU keeps the
-//! setpoint, pump speed, pumps and valves it was last told. The leak ropes
+//! controller reads no temperature, flow or meter (the outdoor
+//! temperature, the pumps' feedback and the meters hold what was last
+//! read), and the CDU keeps the setpoint, pump speed, pumps and valves it
+//! was last told. The leak ropes
 //! are board inputs and the hosts are on the bus, so both still work.
 //! During a `bus_outage` the hosts neither report nor hear: the controller
 //! sees no host reports, a host keeps a cap lease it holds until it lapses
@@ -94,8 +96,11 @@ pub struct Readings {
     pub flow_lpm: Option<f64>,
     /// Facility water supply, °C.
     pub facility_supply_c: Option<f64>,
-    /// Outdoor air, °C.
-    pub ambient_c: f64,
+    /// Outdoor air, °C, as the CDU's outdoor sensor (`outdoor_temp`)
+    /// reads it, with the scenario's sensor faults (`None`: the sensor is
+    /// lost); during a Modbus outage, the last value read. The scenario's
+    /// true ambient is the plant's, never a reading.
+    pub ambient_c: Option<f64>,
     /// Loop differential pressure, kPa.
     pub diff_pressure_kpa: Option<f64>,
     /// Per rack: its valve reads closed (position feedback, the truth: a
@@ -399,7 +404,8 @@ struct RunState<'a> {
     n: usize,
     plant: Plant,
     follow: HostFollow,
-    sensors: [SensorState; 5],
+    /// The CDU's sensors: the five of the loop, then the outdoor one.
+    sensors: [SensorState; 6],
     /// Per GPU: failed by the scenario.
     failed: Vec<bool>,
     cdu: CduCommand,
@@ -436,6 +442,8 @@ struct RunState<'a> {
     read_it_w: f64,
     /// The facility meter as last read over Modbus, W.
     read_facility_w: f64,
+    /// The outdoor sensor as last read over Modbus, °C.
+    read_ambient_c: Option<f64>,
 }
 
 impl<'a> RunState<'a> {
@@ -468,7 +476,7 @@ impl<'a> RunState<'a> {
             hosts,
             n,
             follow: HostFollow::new(hosts, per_host),
-            sensors: [SensorState::default(); 5],
+            sensors: [SensorState::default(); 6],
             failed: vec![false; n],
             leases: vec![None; hosts],
             cap_host_s: 0,
@@ -489,6 +497,7 @@ impl<'a> RunState<'a> {
             read_pumps: cdu.pump_on,
             read_it_w: last.it_w,
             read_facility_w: last.facility_w,
+            read_ambient_c: None,
             cdu,
             last,
             plant,
@@ -555,7 +564,17 @@ impl<'a> RunState<'a> {
             let v = sensor(self.scenario, s.t, name, truth, &mut self.sensors[k]);
             sensed[k] = v.filter(|_| s.modbus_ok);
         }
+        // The outdoor sensor is the CDU's too: what it reads goes with
+        // the CDU's other registers.
+        let outdoor = sensor(
+            self.scenario,
+            s.t,
+            SensorName::OutdoorTemp,
+            s.ambient,
+            &mut self.sensors[5],
+        );
         if s.modbus_ok {
+            self.read_ambient_c = outdoor;
             let tripped = |i| s.active.contains(&FaultKind::PumpTrip(i));
             self.read_pumps = [0, 1].map(|i| self.cdu.pump_on[i] && !tripped(i));
             self.read_pump_faults = [0, 1].map(tripped);
@@ -578,7 +597,7 @@ impl<'a> RunState<'a> {
             return_c: sensed[1],
             flow_lpm: sensed[2],
             facility_supply_c: sensed[3],
-            ambient_c: s.ambient,
+            ambient_c: self.read_ambient_c,
             diff_pressure_kpa: sensed[4],
             valves_closed: s
                 .modbus_ok
@@ -918,6 +937,44 @@ all = [[0, 0.3], [300, 0.9]]
             "no GPU reports without the bus"
         );
         assert!(at(1550).hottest_gpu_c.is_some());
+    }
+
+    #[test]
+    fn the_outdoor_temperature_is_a_sensor_with_the_scenarios_faults() {
+        // Ambient 20 °C rising to 24 °C over 1800 s: 0.13 K a minute.
+        let s = scenario(
+            "[[fault]]\nat_s = 300\nuntil_s = 600\nkind = \"sensor_stuck\"\ntarget = \"outdoor_temp\"\n\
+             [[fault]]\nat_s = 700\nuntil_s = 820\nkind = \"sensor_drift\"\ntarget = \"outdoor_temp\"\nvalue = -1.5\n\
+             [[fault]]\nat_s = 900\nuntil_s = 1000\nkind = \"sensor_lost\"\ntarget = \"outdoor_temp\"\n\
+             [[fault]]\nat_s = 1100\nuntil_s = 1200\nkind = \"sensor_lost\"\ntarget = \"outdoor_temp\"\n\
+             [[fault]]\nat_s = 1150\nuntil_s = 1300\nkind = \"modbus_outage\"\n\
+             [[fault]]\nat_s = 1400\nuntil_s = 1500\nkind = \"modbus_outage\"\n",
+        );
+        let (_, seen) = play(&s, |_, _| {});
+        let truth = |t: usize| s.ambient.at(t as f64);
+        let at = |t: usize| seen[t].ambient_c;
+        assert_eq!(at(100), Some(truth(100)), "a healthy sensor reads true");
+        // Stuck at what it read at 300 s while the air warmed by 0.66 K.
+        assert_eq!(at(300), Some(truth(300)));
+        assert_eq!(at(599), at(300), "stuck");
+        assert!(truth(599) - truth(300) > 0.6);
+        assert_eq!(at(600), Some(truth(600)), "cleared");
+        // 120 s at -1.5 K/min: 3 K below the truth by the end.
+        let off = at(819).unwrap() - truth(819);
+        assert!((off + 3.0).abs() < 0.05, "{off}");
+        assert_eq!(at(820), Some(truth(820)), "cleared");
+        assert_eq!(at(950), None, "lost");
+        assert_eq!(at(1000), Some(truth(1000)), "back");
+        // Lost when Modbus went out at 1150 s: nothing to hold; back when
+        // Modbus and the sensor are.
+        assert_eq!((at(1120), at(1250)), (None, None));
+        assert_eq!(at(1300), Some(truth(1300)));
+        // A healthy sensor during an outage holds its last reading, like
+        // the CDU's other registers; the true air goes on warming.
+        assert_eq!(at(1450), Some(truth(1399)));
+        assert!(truth(1450) > truth(1399));
+        assert!(!seen[1450].modbus_ok);
+        assert_eq!(at(1500), Some(truth(1500)));
     }
 
     /// Plays `s` with a controller that answers as baseline-32 changed by

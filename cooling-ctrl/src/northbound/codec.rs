@@ -75,6 +75,7 @@ fn field(name: &str, s: &NorthboundSnapshot, writes_enabled: bool) -> Option<Fie
         "setpoint_ceiling" => Value(f64::from(s.settings.setpoint_ceiling_c)),
         "plan_ceiling_offset" => Value(f64::from(s.settings.plan_ceiling_offset_k)),
         "alarm_ack" => flag(s.settings.alarm_acknowledged),
+        "outdoor_temp" => opt32(s.settings.outdoor_c),
         _ => return None,
     })
 }
@@ -245,6 +246,9 @@ pub fn decode_write(
             }),
             "alarm_ack" if raw != 0 => writes.push(NorthboundWrite::AlarmAck),
             "alarm_ack" => {}
+            "outdoor_temp" => writes.push(NorthboundWrite::OutdoorTemp {
+                celsius: value as f32,
+            }),
             _ => return Err(ExceptionCode::IllegalDataAddress),
         }
         a += n;

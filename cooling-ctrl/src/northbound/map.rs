@@ -54,6 +54,7 @@ pub(super) const KNOWN: &[(&str, Kind, bool)] = &[
     ("setpoint_ceiling", Kind::Holding, false),
     ("plan_ceiling_offset", Kind::Holding, false),
     ("alarm_ack", Kind::Holding, true),
+    ("outdoor_temp", Kind::Holding, false),
 ];
 
 /// Why a map cannot be served.

@@ -99,9 +99,9 @@ impl tokio_modbus::server::Service for Service {
 /// Serves `map` over Modbus TCP on `listener` from the latest of
 /// `snapshots` until the task is dropped or the listener fails. `writes`:
 /// where accepted writes go (`None`: writes are disabled and refused with
-/// exception 1); give it room for a few (a multiple write of every setting
-/// takes 2 places, the alarm acknowledge a third), a full channel refuses
-/// with exception 6. A map [`check_map`] refuses is an `InvalidInput`
+/// exception 1); give it room for a few (a multiple write of every
+/// register takes 4 places, 3 when the alarm acknowledge is written 0), a
+/// full channel refuses with exception 6. A map [`check_map`] refuses is an `InvalidInput`
 /// error before anything is served. When the snapshot sender is dropped it
 /// goes on serving the last snapshot (its `uptime` no longer advances).
 pub async fn serve(

@@ -152,16 +152,20 @@ pub struct NorthboundSettings {
     /// The standing alarms are acknowledged (the shell clears it when a
     /// new alarm rises).
     pub alarm_acknowledged: bool,
+    /// The outdoor temperature the BMS wrote, °C, while it is in force
+    /// (the shell drops it 300 s after the last write; `None`: none).
+    pub outdoor_c: Option<f32>,
 }
 
 impl Default for NorthboundSettings {
     /// No ceiling below the map's highest (45 °C), no offset, nothing
-    /// acknowledged.
+    /// acknowledged, no outdoor temperature.
     fn default() -> Self {
         Self {
             setpoint_ceiling_c: 45.0,
             plan_ceiling_offset_k: 0.0,
             alarm_acknowledged: false,
+            outdoor_c: None,
         }
     }
 }
@@ -182,6 +186,7 @@ impl NorthboundSettings {
             NorthboundWrite::SetpointCeiling { celsius } => self.setpoint_ceiling_c = celsius,
             NorthboundWrite::PlanCeilingOffset { kelvin } => self.plan_ceiling_offset_k = kelvin,
             NorthboundWrite::AlarmAck => self.alarm_acknowledged = true,
+            NorthboundWrite::OutdoorTemp { celsius } => self.outdoor_c = Some(celsius),
         }
     }
 }
@@ -203,6 +208,13 @@ pub enum NorthboundWrite {
     },
     /// `alarm_ack` written 1: the standing alarms are acknowledged.
     AlarmAck,
+    /// `outdoor_temp`: the outdoor temperature as the BMS measures it,
+    /// °C; used while the CDU's own sensor does not read, for 300 s after
+    /// the write.
+    OutdoorTemp {
+        /// °C.
+        celsius: f32,
+    },
 }
 
 /// A snapshot channel: the sender to the shell, the receiver to [`serve`].

@@ -125,10 +125,11 @@ impl<P: CduPort> Shell<P> {
             facility_supply: celsius(
                 self.sensor(r, Which::FacilitySupply, |r| r.facility_supply_c),
             ),
+            // As measured (the CDU's sensor or the BMS's fresh write),
+            // never the configured fallback.
             ambient: self
-                .cfg
-                .ambient_c
-                .and_then(|a| Celsius::new(f64::from(a)).ok()),
+                .outdoor_c
+                .and_then(|(a, _)| Celsius::new(f64::from(a)).ok()),
             reservoir: None,
             pump_a: pump(0),
             pump_b: pump(1),

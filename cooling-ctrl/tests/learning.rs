@@ -1,0 +1,131 @@
+//! The controller learns a hall that differs from its configuration
+//! (`[truth]`): fouled cold plates, hotter GPUs, a dry cooler smaller than
+//! its datasheet and a weaker chiller, each alone, on a three-hour day
+//! whose heat and weather move enough to show them. What the core has
+//! learned at the end is checked against the truth within the errors
+//! that docs/cooling.md states: a host's thermal factor within 3 % after
+//! an hour of load, the dry cooler's UA and the chiller's Carnot fraction
+//! within 10 % once they have been seen at work (confidence above 0.5).
+
+#![cfg(feature = "twin")]
+
+use cooling_core::model;
+use cooling_ctrl::simulated::Ours;
+use loopwarden_twin::scenario::Scenario;
+use loopwarden_twin::sim::{self, Controller, Decision, Readings};
+
+/// Ours, noting the pump speed it asked for last and what it had
+/// learned an hour in.
+struct Watched {
+    ours: Ours,
+    speed: f64,
+    at_hour: Option<cooling_core::Learned>,
+}
+
+impl Controller for Watched {
+    fn name(&self) -> &str {
+        "ours"
+    }
+    fn restart(&mut self) {
+        self.ours.restart();
+    }
+    fn step(&mut self, r: &Readings) -> Decision {
+        let d = self.ours.step(r);
+        self.speed = d.pump_speed;
+        if r.t_s >= 3600.0 && self.at_hour.is_none() {
+            self.at_hour = Some(self.ours.core().learned());
+        }
+        d
+    }
+}
+
+/// A three-hour day with `truth` and `ambient` points.
+fn day(truth: &str, ambient: &str) -> Scenario {
+    let text = format!(
+        "format = \"plant-scenario/1\"\ndescription = \"learning\"\nduration_s = 10800\nseed = 5\n\
+         [ambient]\npoints = {ambient}\n\
+         [load]\nall = [[0, 0.75], [2700, 0.95], [5400, 0.85], [8100, 0.95], [10800, 0.9]]\n\
+         [truth]\n{truth}\n"
+    );
+    Scenario::from_toml(&text, "learning day").unwrap()
+}
+
+const MILD: &str = "[[0, 24.0], [5400, 34.0], [10800, 30.0]]";
+const HOT: &str = "[[0, 34.0], [5400, 42.0], [10800, 38.0]]";
+
+fn play(sc: &Scenario) -> Watched {
+    let mut w = Watched {
+        ours: Ours::new(&sc.site).unwrap(),
+        speed: 1.0,
+        at_hour: None,
+    };
+    let s = sim::run("learning", sc, &mut w, None, 60).unwrap();
+    assert_eq!(s.shutdowns, 0);
+    assert_eq!(s.gpu_s_above_max_operating, 0);
+    w
+}
+
+/// The factor a host with `r_jc` and plates `plate` times the datasheet's
+/// has against the configuration, at pump `speed`.
+fn factor(sc: &Scenario, r_jc: f64, plate: f64, speed: f64) -> f32 {
+    let cfg = cooling_ctrl::site_figures::core_config(&sc.site).unwrap();
+    let q = cfg.cdu.design_lpm_per_gpu * speed as f32;
+    let r_cp = model::r_cold_plate(&cfg.gpu, q);
+    (r_jc as f32 + plate as f32 * r_cp) / (cfg.gpu.r_jc_k_per_w + r_cp)
+}
+
+#[test]
+fn fouled_plates_and_hotter_gpus_are_learned_per_host_within_an_hour() {
+    let sc = day(
+        "gpu = { r_jc = 0.026 }\n[truth.rack_plate_factor]\n\"2\" = 1.6",
+        MILD,
+    );
+    let w = play(&sc);
+    let l = w.ours.core().learned();
+    let hour = w.at_hour.unwrap();
+    for h in 0..16 {
+        let plate = if h / 4 == 2 { 1.6 } else { 1.0 };
+        let want = factor(&sc, 0.026, plate, w.speed);
+        for (when, got) in [("end", l.hosts[h].value), ("1 h", hour.hosts[h].value)] {
+            assert!(
+                (got / want - 1.0).abs() < 0.03,
+                "host {h} at {when}: {got} against {want}"
+            );
+        }
+        assert!(l.hosts[h].trust > 0.9, "{:?}", l.hosts[h]);
+    }
+}
+
+#[test]
+fn a_small_dry_cooler_is_learned_within_ten_percent() {
+    let sc = day("facility = { dry_cooler_ua_w_per_k = 7800.0 }", MILD);
+    let l = play(&sc).ours.core().learned();
+    let ratio = l.facility.theta[0].exp();
+    let conf = l.facility.confidence()[0];
+    assert!(conf > 0.5, "confidence {conf}");
+    assert!((ratio / 0.65 - 1.0).abs() < 0.1, "UA ratio {ratio}");
+}
+
+#[test]
+fn a_weak_chiller_is_learned_within_ten_percent_once_it_runs() {
+    let sc = day("facility = { carnot_fraction = 0.35 }", HOT);
+    let l = play(&sc).ours.core().learned();
+    let ratio = l.facility.theta[1].exp();
+    let conf = l.facility.confidence()[1];
+    assert!(conf > 0.5, "confidence {conf}");
+    assert!(
+        (ratio / 0.7 - 1.0).abs() < 0.1,
+        "Carnot fraction ratio {ratio}"
+    );
+}
+
+#[test]
+fn a_chiller_that_never_runs_is_not_trusted_to_differ() {
+    let sc = day(
+        "facility = { carnot_fraction = 0.35 }",
+        "[[0, 10.0], [10800, 14.0]]",
+    );
+    let l = play(&sc).ours.core().learned();
+    assert!(l.facility.confidence()[1] < 0.2, "{:?}", l.facility);
+    assert!(l.facility_trust[1] < 0.2);
+}
