@@ -363,6 +363,16 @@ impl Core {
         *self.estimator.learned()
     }
 
+    /// The plant as the optimiser believes it now: the configuration with
+    /// the learned figures blended in by their trust, and the plan
+    /// ceiling raised by the least trusted learned host's trust.
+    pub fn believed(&self) -> CoreConfig {
+        let learned = self.estimator.learned();
+        let fed = |h: usize| learned.hosts[h].fed_s > 0.0;
+        let base = self.cfg.margins.plan_ceiling_c;
+        self.estimator.believed(&self.limited_config(), &fed, base)
+    }
+
     /// Starts from what an earlier run learned (read back from flash);
     /// refused, and the configured figures kept, when it is not sane.
     pub fn restore_learned(&mut self, l: &Learned) -> Result<(), &'static str> {
