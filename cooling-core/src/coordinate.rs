@@ -8,7 +8,9 @@
 //! `cap = (cap_target − coolant_ahead) / R_host`, where `R_host` is what the
 //! host's reports say its hottest GPU's resistance to the coolant is (°C
 //! per W per GPU) and `coolant_ahead` is the coolant temperature now plus
-//! its rise above the setpoint over the next two minutes. A cap falls at
+//! its rise above the setpoint over the next 30 s (about a GPU's thermal
+//! time constant: a cap acts within a second, so looking further ahead
+//! caps early and costs work the margins did not require). A cap falls at
 //! once, rises at most 2 W per GPU per second, and is lifted when the host
 //! could run at its full limit for `cap_release_ms`. A rack whose cooling
 //! is lost (a latched leak) has its hosts capped to their minimum.

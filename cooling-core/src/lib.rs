@@ -29,6 +29,10 @@
 //!    below the plan ceiling even at full demand (see [`optimise`]). Its
 //!    slice of the search runs before regulation in a step, so that
 //!    regulation follows the proposal a search finishes on that step.
+//!    It plans on the hall as [`estimate`] has learned it (each host's
+//!    thermal factor, the pump's curve, the dry cooler, the chiller, the
+//!    pump's power), as far as each estimate is trusted; a faulty sensor
+//!    is stood in for by what the others imply ([`substitute`]).
 //! 4. **coordination**: when cooling falls short, a power cap per host
 //!    sized from its GPUs' thermal margin at the coolant temperature to
 //!    come; lifted when capacity has been back for `cap_release_ms`

@@ -5,8 +5,8 @@
 //!
 //! Glossary:
 //! - *dynamic power*: what a GPU's work draws above its static power.
-//! - *offset*: how much hotter a host's hottest GPU runs than the model
-//!   says, learned from its reports (hot spots, a worn cold plate).
+//! - *facility water*: the primary loop between the CDU's heat exchanger
+//!   and the dry cooler and chiller.
 
 use super::config::{CoreConfig, FacilityParams, GpuParams};
 

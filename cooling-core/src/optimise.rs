@@ -6,17 +6,23 @@
 //! accepts, pump speeds in 5 % steps from the lowest), one pump speed per
 //! step, so a step's work is bounded (a Cortex-M can run it between two
 //! Modbus polls); a whole search takes about 15 steps and starts again
-//! every `optimise_every_ms`. Each candidate is judged with [`model`]:
-//! the GPUs' junctions and power from the hosts' reports (dynamic power
-//! and learned offset per host), the hosts' other power, and the heat
-//! rejection's fans and chiller at the outdoor temperature.
+//! every `optimise_every_ms`. Each candidate is judged with [`model`] on
+//! the plant as the estimator believes it ([`super::estimate`]): the
+//! GPUs' junctions and power from the hosts' reports (dynamic power and
+//! each host's learned thermal factor), the hosts' other power, and the
+//! heat rejection's fans and chiller at the measured outdoor temperature.
 //!
-//! A candidate that would leave a GPU above the ceiling at full demand is
-//! out. One whose heat the plant cannot reject (the chiller at capacity, or
-//! believed out because the supply could not be held) is out too, unless
-//! no candidate can: then the warmest water the ceiling allows wins (it
-//! rejects the most once the loop has warmed) and the coordination layer
-//! caps what the water cannot carry.
+//! A candidate must hold every GPU at the ceiling at full demand: by its
+//! water, or by caps on the hosts the water alone leaves above it. A plan
+//! with such caps must cost [`CAP_PLAN_MARGIN`] less per unit of work than
+//! one without, or the whole CDU is cooled for those hosts. Where the
+//! plant cannot hold a candidate's setpoint (the chiller at capacity, or
+//! believed out because the supply could not be held), the candidate is
+//! judged at the supply where the plant does reject the heat
+//! ([`settled_supply`]), every host capped to the ceiling there, the heat
+//! and the supply solved together; the least cost per unit of work then
+//! picks the pump speed (faster pumps, colder plates, fewer caps), and of
+//! setpoints alike the warmest.
 //!
 //! Glossary:
 //! - *work*: GPU work rate summed over the hall (one GPU at full demand,
@@ -197,9 +203,15 @@ impl Optimiser {
         let r = g.r_jc_k_per_w + model::r_cold_plate(g, q);
         let mut supply = setpoint_c;
         let mut hall = hall_at(cfg, plans, r, supply, false);
-        let capped = hall_at(cfg, plans, r, supply, true);
+        // Only where the water alone leaves a host above the ceiling is
+        // there anything to cap.
+        let capped = if hall.over_k > 0.0 {
+            hall_at(cfg, plans, r, supply, true)
+        } else {
+            hall
+        };
         let capping = capped.over_k < hall.over_k - 1e-3;
-        if capping || (capped.over_k == hall.over_k && capped.work >= hall.work) {
+        if capping {
             // Caps on the hosts that run hot hold the ceiling where the
             // water does not (the rest of the hall is not cooled for
             // them); the cost per work decides against colder water.
