@@ -1077,6 +1077,100 @@ mod tests {
     }
 
     #[test]
+    fn a_lost_supply_sensor_is_stood_in_for_by_the_gpus_and_failsafe_needs_every_estimate_gone() {
+        let cfg = CoreConfig::default();
+        let mut core = Core::new(cfg).unwrap();
+        let mut hall = Hall::new();
+        for s in 0..120 {
+            hall.step(&mut core, s);
+        }
+        assert_eq!(core.mode().0, CduMode::Normal);
+        // The supply's 4–20 mA loop breaks: the GPUs say what it is.
+        hall.cdu.supply_c = None;
+        let mut c = hall.step(&mut core, 120);
+        for s in 121..140 {
+            c = hall.step(&mut core, s);
+        }
+        assert_eq!(core.sensor_fault(Which::Supply), Some(SensorFault::Lost));
+        assert_eq!((c.mode, c.reason), (CduMode::Degraded, ReasonCode::SENSOR_ESTIMATED));
+        // The return goes too: the GPUs still stand in for the supply,
+        // and the heat balance on it for the return.
+        hall.cdu.return_c = None;
+        for s in 140..160 {
+            c = hall.step(&mut core, s);
+        }
+        assert_eq!((c.mode, c.reason), (CduMode::Degraded, ReasonCode::SENSOR_ESTIMATED));
+        // No GPU speaks any more (reports stop), nothing stands in for the
+        // supply: failsafe, pumps at full.
+        let silent = [None; MAX_HOSTS];
+        for s in 160..200 {
+            c = core.step(&Inputs {
+                now_ms: s * 1000,
+                cdu: Some(hall.cdu),
+                ambient_c: Some(20.0),
+                leaks: LeakInputs::DRY,
+                cdu_writes_ok: true,
+                hosts: &silent,
+            });
+        }
+        assert_eq!((c.mode, c.reason), (CduMode::Failsafe, ReasonCode::SENSOR_LOST));
+        assert_eq!(c.pump_speed, 1.0);
+    }
+
+    #[test]
+    fn a_lost_flow_sensor_is_stood_in_for_by_the_pump_curve() {
+        let cfg = CoreConfig::default();
+        let mut core = Core::new(cfg).unwrap();
+        let mut hall = Hall::new();
+        for s in 0..120 {
+            hall.step(&mut core, s);
+        }
+        hall.cdu.flow_lpm = None;
+        let mut c = hall.step(&mut core, 120);
+        for s in 121..140 {
+            c = hall.step(&mut core, s);
+        }
+        assert_eq!(core.sensor_fault(Which::Flow), Some(SensorFault::Lost));
+        assert_eq!((c.mode, c.reason), (CduMode::Degraded, ReasonCode::SENSOR_ESTIMATED));
+        assert!(c.pump_speed < 1.0, "no failsafe speed: {}", c.pump_speed);
+    }
+
+    #[test]
+    fn no_outdoor_reading_for_a_minute_is_an_alarm_and_a_reading_clears_it() {
+        let cfg = CoreConfig::default();
+        let mut core = Core::new(cfg).unwrap();
+        let mut hall = Hall::new();
+        let outdoor_events = |c: &Commands| {
+            c.events
+                .iter()
+                .filter_map(|e| match e {
+                    Event::SensorFault {
+                        sensor: loopwarden_protocol::message::Sensor::OutdoorTemp,
+                        fault,
+                        ..
+                    } => Some(*fault),
+                    _ => None,
+                })
+                .collect::<std::vec::Vec<_>>()
+        };
+        for s in 0..100 {
+            assert!(outdoor_events(&hall.step(&mut core, s)).is_empty(), "{s}");
+        }
+        assert_eq!(core.outdoor(), (20.0, false));
+        hall.ambient_c = None;
+        let mut seen = std::vec::Vec::new();
+        for s in 100..170 {
+            seen.extend(outdoor_events(&hall.step(&mut core, s)));
+        }
+        assert_eq!(seen, [SensorFault::Lost]);
+        assert_eq!(core.outdoor(), (cfg.margins.design_ambient_c, true));
+        hall.ambient_c = Some(18.0);
+        let c = hall.step(&mut core, 170);
+        assert_eq!(outdoor_events(&c), [SensorFault::Cleared]);
+        assert_eq!(core.outdoor(), (18.0, false));
+    }
+
+    #[test]
     fn a_leak_while_the_cdu_is_silent_caps_and_powers_down_every_host() {
         let cfg = CoreConfig::default();
         let mut core = Core::new(cfg).unwrap();
