@@ -288,17 +288,20 @@ impl Recorder {
         })
     }
 
-    /// Hands over `job` if there is room, else drops and counts it.
-    fn offer(&self, job: Job, what: &str) {
+    /// Hands over `job` if there is room, else drops and counts it;
+    /// whether it was handed over.
+    fn offer(&self, job: Job, what: &str) -> bool {
         match self.jobs.try_send(job) {
-            Ok(()) => {}
+            Ok(()) => true,
             Err(mpsc::TrySendError::Full(_)) => {
                 if self.dropped.fetch_add(1, Ordering::Relaxed) % 1000 == 0 {
                     tracing::warn!("flash queue full ({JOBS_MAX} jobs): {what} dropped");
                 }
+                false
             }
             Err(mpsc::TrySendError::Disconnected(_)) => {
-                tracing::error!("{what} dropped: {}", Self::gone())
+                tracing::error!("{what} dropped: {}", Self::gone());
+                false
             }
         }
     }
@@ -343,7 +346,8 @@ impl Recorder {
             mirror,
         };
         if !vital {
-            return self.offer(job, "an event to publish");
+            self.offer(job, "an event to publish");
+            return;
         }
         if self.jobs.send(job).is_err() {
             tracing::error!("not published: {}", Self::gone());
@@ -372,6 +376,18 @@ impl Recorder {
             done: None,
         };
         self.offer(job, "an event-log entry");
+    }
+
+    /// Keeps a config value if the queue has room, else drops and counts
+    /// it (for a value written again later: it never blocks the caller);
+    /// whether it was handed over.
+    pub fn offer_set(&self, key: String, value: Vec<u8>) -> bool {
+        let job = Job::Set {
+            key,
+            value,
+            done: None,
+        };
+        self.offer(job, "a config value")
     }
 
     /// Appends to the event log and waits until it is in flash.
@@ -494,5 +510,15 @@ mod tests {
         assert!(
             matches!(&left[1], Job::Publish { message, .. } if matches!(**message, Message::Ack(_)))
         );
+    }
+
+    #[test]
+    fn a_config_value_offered_to_a_full_queue_is_dropped_without_waiting() {
+        let (r, rx) = stalled(1);
+        assert!(r.offer_set("a.key".into(), vec![1]));
+        assert!(!r.offer_set("a.key".into(), vec![2]), "no room: dropped");
+        assert_eq!(r.dropped(), 1);
+        let left: Vec<Job> = rx.try_iter().collect();
+        assert!(matches!(&left[..], [Job::Set { value, done: None, .. }] if value == &[1]));
     }
 }

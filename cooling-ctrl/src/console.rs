@@ -129,6 +129,185 @@ fn round(x: f64, digits: i32) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shell::outdoor::OutdoorSource;
+    use crate::shell::Snapshot;
+    use cooling_core::estimate::Scalar;
+    use cooling_core::optimise::Proposal;
+    use cooling_core::{Core, CoreConfig, Learned};
+    use serde_json::Value;
+
+    /// `ctl loops` as a field engineer reads it, for a core that learned
+    /// `l`, planned `plan`, with the outdoor temperature from `outdoor`
+    /// (`None`: the fallback).
+    fn loops_text(l: &Learned, plan: Proposal, outdoor: Option<f32>) -> (Value, String) {
+        let cfg = CoreConfig::default();
+        let mut core = Core::new(cfg).unwrap();
+        core.restore_learned(l).unwrap();
+        let mut snap = Snapshot::of_core(&core);
+        snap.loops.proposal = plan;
+        match outdoor {
+            Some(c) => {
+                snap.estimates.outdoor_c = c;
+                snap.estimates.outdoor_fallback = false;
+                snap.outdoor_source = Some(OutdoorSource::Cdu);
+            }
+            None => {
+                snap.estimates.outdoor_c = cfg.margins.design_ambient_c;
+                snap.estimates.outdoor_fallback = true;
+            }
+        }
+        let st = ShellStats {
+            status: Some(snap),
+            ..Default::default()
+        };
+        let hosts: Vec<String> = (0..16).map(|i| format!("r{}h{}", i / 4, i % 4)).collect();
+        let v = answer::loops(&hosts, &st);
+        let text = render(&Request::Loops, &v);
+        (v, text)
+    }
+
+    fn plan(capped_hosts: u8, other_cost: Option<f32>) -> Proposal {
+        let mut p = Core::new(CoreConfig::default()).unwrap().loops().proposal;
+        p.setpoint_c = 32.0;
+        p.speed = 0.6;
+        p.facility_w = 117_000.0;
+        p.work = 100.0;
+        p.feasible = capped_hosts == 0;
+        p.supply_c = 32.1;
+        p.capped_hosts = capped_hosts;
+        p.other_cost = other_cost;
+        p
+    }
+
+    fn line<'a>(text: &'a str, starts: &str) -> &'a str {
+        text.lines()
+            .find(|l| l.starts_with(starts))
+            .unwrap_or_else(|| panic!("no line starting {starts:?} in:\n{text}"))
+    }
+
+    #[test]
+    fn loops_shows_the_learned_figures_each_hosts_factor_the_ceiling_the_outdoor_and_the_plan() {
+        let cfg = CoreConfig::default();
+        let mut l = Learned::new(&cfg);
+        l.hosts[5] = Scalar {
+            value: 1.42,
+            var: 0.0,
+            fed_s: 3600.0,
+            trust: 0.6,
+        };
+        l.facility.theta = [0.65f32.ln(), 0.0, 0.0, 0.0];
+        l.facility_trust = [0.5, 0.0, 0.0, 0.0];
+        let (v, text) = loops_text(&l, plan(2, Some(1_200.0)), Some(22.4));
+        assert!(!text.contains('{') && !text.contains('}'), "{text}");
+
+        // The plant's figures: configured, estimated, used now,
+        // confidence, trust.
+        let header = line(&text, "FIGURE");
+        for col in ["CONFIGURED", "ESTIMATED", "USED NOW", "CONFIDENCE", "TRUST"] {
+            assert!(header.contains(col), "{header}");
+        }
+        let ua = cfg.facility.dry_cooler_ua_w_per_k;
+        let row = line(&text, "dry cooler UA");
+        let cells: Vec<&str> = row
+            .split("  ")
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .collect();
+        let used = v["learned"]["figures"][0]["used"].as_f64().unwrap();
+        assert_eq!(
+            cells,
+            [
+                "dry cooler UA".to_string(),
+                format!("{ua:.0} W/K"),
+                format!("{:.0} W/K (×0.65)", f64::from(ua) * 0.65),
+                format!("{used:.0} W/K"),
+                "0 %".to_string(),
+                "50 %".to_string(),
+            ],
+            "{text}"
+        );
+        // Followed half way (in ratio) by its trust: 0.65^0.5.
+        assert!((used / f64::from(ua) - 0.65f64.sqrt()).abs() < 1e-3);
+        for figure in [
+            "chiller COP (Carnot fraction)",
+            "CDU pump power at full speed",
+            "flow per GPU at full pump speed",
+            "CDU approach",
+        ] {
+            line(&text, figure);
+        }
+
+        // Each configured host in a row, with its factor and trust.
+        let header = line(&text, "HOST");
+        assert!(header.contains("THERMAL FACTOR") && header.contains("TRUST"));
+        let hosts: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with('r') && l.as_bytes().get(2) == Some(&b'h'))
+            .collect();
+        assert_eq!(hosts.len(), 16, "{text}");
+        let r1h1: Vec<&str> = line(&text, "r1h1").split_whitespace().collect();
+        assert_eq!(
+            r1h1,
+            ["r1h1", "1.42", "1.42", "100", "%", "60", "%", "60", "min"]
+        );
+        let r0h0: Vec<&str> = line(&text, "r0h0").split_whitespace().collect();
+        assert_eq!(r0h0, ["r0h0", "1.00", "1.00", "0", "%", "0", "%", "never"]);
+
+        // The plan ceiling raised by the trusted host, the outdoor
+        // temperature measured, and the plan's choice.
+        let ceiling = Core::new(cfg).map(|mut c| {
+            c.restore_learned(&l).unwrap();
+            c.believed().margins.plan_ceiling_c
+        });
+        let ceiling = ceiling.unwrap();
+        assert!(ceiling > cfg.margins.plan_ceiling_c);
+        assert_eq!(
+            line(&text, "plan ceiling"),
+            format!(
+                "plan ceiling    {} °C (configured 83 °C, raised as the hosts are trusted)",
+                round(f64::from(ceiling), 2)
+            )
+        );
+        assert_eq!(
+            line(&text, "outdoor"),
+            "outdoor         22.4 °C, measured (the CDU's sensor)"
+        );
+        assert_eq!(
+            line(&text, "plan:"),
+            "plan: cap 2 hosts rather than cool the whole CDU for them (1.170 kWh per work-GPU-h against 1.200 with colder water)"
+        );
+    }
+
+    #[test]
+    fn loops_says_why_colder_water_or_a_short_plant_and_a_fallback_outdoor_temperature() {
+        let l = Learned::new(&CoreConfig::default());
+        let (_, text) = loops_text(&l, plan(0, Some(1_250.0)), None);
+        assert_eq!(
+            line(&text, "plan:"),
+            "plan: colder water rather than caps (1.170 kWh per work-GPU-h against 1.250 with caps)"
+        );
+        assert_eq!(
+            line(&text, "outdoor"),
+            "outdoor         fallback 35 °C — no outdoor sensor reads: alarm"
+        );
+        assert_eq!(
+            line(&text, "plan ceiling"),
+            "plan ceiling    83 °C (as configured)"
+        );
+        // The plant cannot hold the setpoint: the caps follow from it.
+        let mut short = plan(16, None);
+        short.supply_c = 35.4;
+        let (_, text) = loops_text(&l, short, Some(44.0));
+        assert_eq!(
+            line(&text, "plan:"),
+            "plan: the plant is short: the supply settles at 35.4 °C, 3.4 K above the setpoint 32.0 °C; the caps on 16 hosts follow from it (1.170 kWh per work-GPU-h)"
+        );
+        let (_, text) = loops_text(&l, plan(0, None), Some(10.0));
+        assert_eq!(
+            line(&text, "plan:"),
+            "plan: the water alone holds every GPU under the ceiling (1.170 kWh per work-GPU-h)"
+        );
+    }
 
     #[test]
     fn requests_and_operator_actions_are_one_line_of_json() {

@@ -17,6 +17,17 @@
 //! back before the first step. The twin's restarts use the same
 //! [`save_latched`] and [`load_latched`] on a simulated flash.
 //!
+//! What the estimator learned of the hall (`cooling_core::estimate`) is
+//! kept under [`LEARNED_KEYS`], one key per part of its record (the
+//! loop's and the facility's figures, then the hosts eight by eight): the
+//! shell writes them every [`LEARNED_EVERY`] of running and at a clean
+//! stop, without waiting ([`learned_records`] through the recorder), and
+//! [`ControllerFlash::open`] reads them back ([`LearnedRecords`]), to be
+//! decoded against the configuration and restored into the core before
+//! the first step. A part that cannot be read or decoded is reported with
+//! its key and leaves that part as configured. The twin uses
+//! [`save_learned`] and [`load_learned`].
+//!
 //! Records: an event is kind `MessageKind::Event` with the message's body;
 //! a lease is kind `MessageKind::CapLease` with a byte for lift (1) or cap
 //! (0), the host id's length and bytes, and the signed frame as sent.
@@ -30,7 +41,8 @@ use std::path::Path;
 use std::string::String;
 use std::vec::Vec;
 
-use cooling_core::Latched;
+use cooling_core::estimate::record::{MAX_LEN, PARTS};
+use cooling_core::{CoreConfig, Latched, Learned};
 use embedded_storage_async::nor_flash::MultiwriteNorFlash;
 use loopwarden_bus::agent_flash::{self, Flash};
 pub use loopwarden_bus::recorder::{Entry, Recorder};
@@ -54,6 +66,9 @@ pub struct ControllerFlash {
     /// The latched state read back at opening: `Ok(None)` when none was
     /// ever written, an error when it cannot be read.
     pub latched: Result<Option<Latched>, String>,
+    /// What the estimator learned, as read back at opening (decoded
+    /// against the configuration by [`LearnedRecords::decode`]).
+    pub learned: LearnedRecords,
 }
 
 impl std::fmt::Debug for ControllerFlash {
@@ -71,6 +86,7 @@ impl ControllerFlash {
     pub fn open(path: Option<&Path>) -> Result<Self, String> {
         let mut stores = agent_flash::open(path)?;
         let latched = futures::executor::block_on(load_latched(&mut stores.store));
+        let learned = futures::executor::block_on(read_learned(&mut stores.store));
         let recorder = Recorder::start(stores.log, stores.store, path)
             .map_err(|e| format!("the recorder thread: {e}"))?;
         Ok(Self {
@@ -78,6 +94,7 @@ impl ControllerFlash {
             outbox: stores.outbox,
             first_seq: stores.first_seq,
             latched,
+            learned,
         })
     }
 }
@@ -112,6 +129,136 @@ pub async fn load_latched<S: MultiwriteNorFlash>(
             .map(Some)
             .map_err(|e| format!("{LATCHED_KEY}: {e}")),
     }
+}
+
+/// The config keys of what the estimator learned: part `n` of its record
+/// (`cooling_core::estimate::record`) under `cdu.learned.n`.
+pub const LEARNED_KEYS: [&str; PARTS] = [
+    "cdu.learned.0",
+    "cdu.learned.1",
+    "cdu.learned.2",
+    "cdu.learned.3",
+    "cdu.learned.4",
+    "cdu.learned.5",
+    "cdu.learned.6",
+    "cdu.learned.7",
+    "cdu.learned.8",
+];
+
+/// How often the shell keeps what the estimator learned (and at a clean
+/// stop); the twin's fast mode keeps it as often in simulated time.
+pub const LEARNED_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Each part of what `l` holds, with its key, as it is kept.
+pub fn learned_records(l: &Learned) -> Vec<(&'static str, Vec<u8>)> {
+    let mut buf = [0u8; MAX_LEN];
+    LEARNED_KEYS
+        .iter()
+        .enumerate()
+        .filter_map(|(part, key)| match l.encode_part(part, &mut buf) {
+            Ok(n) => Some((*key, buf[..n].to_vec())),
+            // Every part below PARTS encodes; a refusal is a layout bug.
+            Err(e) => {
+                tracing::error!("cooling-ctrl: {key} not encoded: {e}");
+                None
+            }
+        })
+        .collect()
+}
+
+/// Writes what `l` holds to `store`, every part.
+pub async fn save_learned<S: MultiwriteNorFlash>(
+    store: &mut ConfigStore<S>,
+    l: &Learned,
+) -> Result<(), String> {
+    for (key, value) in learned_records(l) {
+        store
+            .set(key, &value)
+            .await
+            .map_err(|e| format!("{key} not kept in flash: {e:?}"))?;
+    }
+    Ok(())
+}
+
+/// What the flash held of the learned figures: each part's bytes, `None`
+/// when it was never written, or why it could not be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LearnedRecords {
+    parts: Vec<Result<Option<Vec<u8>>, String>>,
+}
+
+impl Default for LearnedRecords {
+    /// Nothing kept.
+    fn default() -> Self {
+        Self {
+            parts: vec![Ok(None); PARTS],
+        }
+    }
+}
+
+/// The learned figures read back and decoded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LearnedRead {
+    /// The figures: the parts that read, the others as configured; `None`
+    /// when no part could be read (or none was ever kept).
+    pub learned: Option<Learned>,
+    /// The parts read, by key.
+    pub read: Vec<&'static str>,
+    /// The parts refused, each as `key: why`.
+    pub refused: Vec<String>,
+}
+
+impl LearnedRecords {
+    /// The parts read as figures for a core configured as `cfg`: a part
+    /// that cannot be read or decoded is reported and left as configured.
+    pub fn decode(&self, cfg: &CoreConfig) -> LearnedRead {
+        let mut l = Learned::new(cfg);
+        let mut read = Vec::new();
+        let mut refused = Vec::new();
+        for (part, (key, got)) in LEARNED_KEYS.iter().zip(&self.parts).enumerate() {
+            match got {
+                Ok(None) => {}
+                Ok(Some(b)) => match l.decode_part(part, b) {
+                    Ok(()) => read.push(*key),
+                    Err(e) => refused.push(format!("{key}: {e}")),
+                },
+                Err(e) => refused.push(format!("{key}: {e}")),
+            }
+        }
+        LearnedRead {
+            learned: (!read.is_empty()).then_some(l),
+            read,
+            refused,
+        }
+    }
+
+    /// Part `part`'s bytes as read, if it read.
+    pub fn bytes(&self, part: usize) -> Option<&[u8]> {
+        self.parts.get(part)?.as_ref().ok()?.as_deref()
+    }
+}
+
+/// Reads every part of the learned figures from `store`, as bytes.
+pub async fn read_learned<S: MultiwriteNorFlash>(store: &mut ConfigStore<S>) -> LearnedRecords {
+    let mut parts = Vec::with_capacity(PARTS);
+    for key in LEARNED_KEYS {
+        let mut buf = [0u8; MAX_LEN];
+        let got = match store.get(key, &mut buf).await {
+            Ok(n) => Ok(n.map(|n| buf[..n].to_vec())),
+            Err(e) => Err(format!("unreadable in flash: {e:?}")),
+        };
+        parts.push(got);
+    }
+    LearnedRecords { parts }
+}
+
+/// The learned figures in `store`, decoded for a core configured as
+/// `cfg` (see [`LearnedRecords::decode`]).
+pub async fn load_learned<S: MultiwriteNorFlash>(
+    store: &mut ConfigStore<S>,
+    cfg: &CoreConfig,
+) -> LearnedRead {
+    read_learned(store).await.decode(cfg)
 }
 
 /// Logs one of the shell's entries through `recorder`, without waiting.
@@ -210,6 +357,90 @@ mod tests {
             to: CduMode::Normal,
             reason: ReasonCode::OK,
         }
+    }
+
+    /// A config store on a simulated flash of the controller's geometry,
+    /// fresh or `flash` reopened.
+    fn sim_store(
+        flash: Option<loopwarden_bus::agent_flash::AgentFlash>,
+    ) -> ConfigStore<loopwarden_bus::agent_flash::AgentFlash> {
+        use loopwarden_bus::agent_flash::AgentFlash;
+        let board = loopwarden_boards::FlashBoard::host_file();
+        let flash = flash.unwrap_or_else(|| {
+            AgentFlash::Memory(loopwarden_flash::sim::SimFlash::new(
+                board.geometry.sectors as usize,
+            ))
+        });
+        ConfigStore::open(flash, board.layout().config).unwrap()
+    }
+
+    #[test]
+    fn learned_figures_survive_a_reopen_and_a_corrupt_part_is_refused_with_its_key() {
+        use cooling_core::estimate::Scalar;
+        use futures::executor::block_on;
+        let cfg = CoreConfig::default();
+        let configured = Learned::new(&cfg);
+        let mut store = sim_store(None);
+        // Nothing kept yet: nothing read, nothing refused.
+        let read = block_on(load_learned(&mut store, &cfg));
+        assert_eq!((read.learned, read.refused.len()), (None, 0));
+
+        let mut l = configured;
+        l.hosts[5] = Scalar {
+            value: 1.37,
+            var: 0.0004,
+            fed_s: 3600.0,
+            trust: 0.8,
+        };
+        l.hosts[12] = Scalar {
+            value: 1.21,
+            var: 0.0001,
+            fed_s: 1200.0,
+            trust: 0.4,
+        };
+        l.flow.value = 1.41;
+        l.approach.value = 2.6;
+        l.facility.theta = [-0.3, -0.2, 0.05, 700.0];
+        l.facility_trust = [0.9, 0.5, 0.1, 0.7];
+        block_on(save_learned(&mut store, &l)).unwrap();
+
+        // After the flash is opened again, every part reads back.
+        let mut store = sim_store(Some(store.into_flash()));
+        let read = block_on(load_learned(&mut store, &cfg));
+        assert!(read.refused.is_empty(), "{:?}", read.refused);
+        assert_eq!(read.read, LEARNED_KEYS);
+        let back = read.learned.unwrap();
+        assert_eq!((back.flow, back.approach), (l.flow, l.approach));
+        assert_eq!(back.facility, l.facility);
+        assert_eq!(back.facility_trust, l.facility_trust);
+        assert_eq!(back.hosts[5].value, 1.37);
+        assert!((back.hosts[5].trust - 0.8).abs() < 0.005);
+        assert_eq!(back.hosts[0], configured.hosts[0]);
+        let mut core = cooling_core::Core::new(cfg).unwrap();
+        core.restore_learned(&back).unwrap();
+        assert_eq!(core.learned().hosts[12].value, 1.21);
+
+        // Part 1 (hosts 0 to 7) written by no controller: refused with its
+        // key and why, hosts 0 to 7 as configured, the rest as kept.
+        block_on(store.set("cdu.learned.1", &[9u8; 89])).unwrap();
+        let read = block_on(load_learned(&mut store, &cfg));
+        assert_eq!(
+            read.refused,
+            ["cdu.learned.1: a learned record of version 9, not 1"]
+        );
+        assert!(!read.read.contains(&"cdu.learned.1"));
+        let back = read.learned.unwrap();
+        assert_eq!(back.hosts[5], configured.hosts[5]);
+        assert_eq!(back.hosts[12].value, 1.21);
+        assert_eq!(back.facility, l.facility);
+        // A part cut short says its length.
+        block_on(store.set("cdu.learned.0", &[1u8; 7])).unwrap();
+        let read = block_on(load_learned(&mut store, &cfg));
+        assert_eq!(
+            read.refused[0],
+            "cdu.learned.0: a learned record of 7 bytes"
+        );
+        assert_eq!(read.learned.unwrap().flow, configured.flow);
     }
 
     #[test]

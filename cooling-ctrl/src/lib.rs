@@ -27,6 +27,8 @@ pub mod config;
 
 pub mod console;
 
+pub mod estimates;
+
 #[cfg(target_os = "linux")]
 pub mod gpio;
 

@@ -4,7 +4,10 @@
 //! mode, the setpoint and pump speed, the loop's temperatures, flow and
 //! meters, the pumps, each sensor's fault, each rack's cooling, valve and
 //! leak state, the caps sent and in force per host, and the shell's
-//! counters.
+//! counters. What the controller has learned of its hall has series of
+//! its own (`loopwarden_estimate_*{figure}`,
+//! `loopwarden_host_thermal_factor{host}`, `loopwarden_outdoor_fallback`),
+//! from the same figures as `ctl loops` (`crate::estimates`).
 //!
 //! Rendered from the console's [`Context`] and the shell's last
 //! [`ShellStats`], copied out of its watch channel first: a scrape never
@@ -32,6 +35,7 @@ use loopwarden_protocol::message::CduMode;
 use tokio::task::JoinHandle;
 
 use crate::console::Context;
+use crate::estimates::FACILITY_RATIOS;
 use crate::shell::{ShellStats, Snapshot};
 
 mod names;
@@ -71,6 +75,7 @@ impl CduMetrics {
             pumps(&mut out, snap, st.last.as_ref(), &cdu);
             self.racks(&mut out, snap, st.last.as_ref(), &cdu);
             write_bus(&mut out, &snap.bus, snap.bus_connected, &cdu);
+            self.estimates(&mut out, snap, &cdu);
         }
         self.hosts(&mut out, &st, &cdu);
         write_recorder(&mut out, &self.ctx.recorder, &cdu);
@@ -108,6 +113,29 @@ impl CduMetrics {
                 out.flag(&RACK_LEAK_SENSING, &ls, state == sensing);
             }
         }
+    }
+
+    /// What the core has learned: the facility figures' ratios,
+    /// confidences and trusts, each host's thermal factor, and whether
+    /// the outdoor temperature is the fallback.
+    fn estimates(&self, out: &mut Exposition, s: &Snapshot, cdu: &[(&str, &str)]) {
+        let e = &s.estimates;
+        let figures = e.figures();
+        for (key, i) in FACILITY_RATIOS {
+            let f = &figures[i];
+            let l = with_labels(cdu, &[("figure", key)]);
+            out.sample(&ESTIMATE_RATIO, &l, f64::from(f.ratio()));
+            out.sample(&ESTIMATE_CONFIDENCE, &l, f64::from(f.confidence));
+            out.sample(&ESTIMATE_TRUST, &l, f64::from(f.trust));
+        }
+        let per_rack = self.ctx.hosts_per_rack.max(1);
+        let hosts = e.configured.layout.hosts();
+        for (i, host) in self.ctx.hosts.iter().enumerate().take(hosts) {
+            let rack = (i / per_rack).to_string();
+            let l = with_labels(cdu, &[("host", host.as_str()), ("rack", rack.as_str())]);
+            out.sample(&HOST_THERMAL_FACTOR, &l, f64::from(e.host(i).factor));
+        }
+        out.flag(&OUTDOOR_FALLBACK, cdu, e.outdoor_fallback);
     }
 
     /// Each host's cap sent, limit in force and last report.
@@ -302,14 +330,101 @@ mod tests {
         }
     }
 
+    /// The value of the series `series` (name and labels, as written) in
+    /// `text`.
+    fn value(text: &str, series: &str) -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("no {series} in:\n{text}"))
+            .parse()
+            .unwrap()
+    }
+
+    #[test]
+    fn the_learned_figures_each_hosts_factor_and_the_outdoor_fallback_are_series() {
+        use cooling_core::estimate::Scalar;
+        use cooling_core::{Core, CoreConfig, Learned};
+        use std::time::Duration;
+        let cfg = CoreConfig::default();
+        let mut core = Core::new(cfg).unwrap();
+        let mut l = Learned::new(&cfg);
+        l.hosts[5] = Scalar {
+            value: 1.42,
+            var: 0.0,
+            fed_s: 3600.0,
+            trust: 0.6,
+        };
+        l.facility.theta = [0.65f32.ln(), 0.0, 0.05f32.ln_1p(), 0.0];
+        l.facility_trust = [0.5, 0.0, 0.25, 0.0];
+        core.restore_learned(&l).unwrap();
+        let (tx, rx) = crate::shell::stats_channel();
+        tx.send_replace(ShellStats {
+            status: Some(Snapshot::of_core(&core)),
+            ..Default::default()
+        });
+        let ctx = Arc::new(Context {
+            site: "hall-t".into(),
+            cdu: "cdu-1".into(),
+            hosts: (0..16).map(|i| format!("r{}h{}", i / 4, i % 4)).collect(),
+            hosts_per_rack: 4,
+            link: "none".into(),
+            map_model: "sim-cdu".into(),
+            broker: "none".into(),
+            period: Duration::from_secs(1),
+            lease: Duration::from_secs(30),
+            demo_key: false,
+            started: loopwarden_protocol::TimestampMs(0),
+            stats: rx,
+            recorder: crate::journal::ControllerFlash::open(None)
+                .unwrap()
+                .recorder,
+            operator: None,
+        });
+        let text = CduMetrics::new(ctx, &cfg.layout).render();
+        for m in names::ESTIMATES {
+            assert!(
+                text.contains(&format!("# HELP {} ", m.name))
+                    && text.contains(&format!("# TYPE {} gauge", m.name)),
+                "{}:\n{text}",
+                m.name
+            );
+        }
+        let near = |series: &str, want: f64| {
+            let got = value(&text, series);
+            assert!((got - want).abs() < 1e-4, "{series} {got}, not {want}");
+        };
+        let ua = r#"{cdu="cdu-1",figure="dry_cooler_ua"}"#;
+        near(&format!("loopwarden_estimate_ratio{ua}"), 0.65);
+        near(&format!("loopwarden_estimate_trust{ua}"), 0.5);
+        near(&format!("loopwarden_estimate_confidence{ua}"), 0.0);
+        let pump = r#"{cdu="cdu-1",figure="pump_power"}"#;
+        near(&format!("loopwarden_estimate_ratio{pump}"), 1.05);
+        near(&format!("loopwarden_estimate_trust{pump}"), 0.25);
+        let cop = r#"{cdu="cdu-1",figure="chiller_cop"}"#;
+        near(&format!("loopwarden_estimate_ratio{cop}"), 1.0);
+        near(
+            r#"loopwarden_host_thermal_factor{cdu="cdu-1",host="r1h1",rack="1"}"#,
+            1.42,
+        );
+        near(
+            r#"loopwarden_host_thermal_factor{cdu="cdu-1",host="r3h3",rack="3"}"#,
+            1.0,
+        );
+        // A core that has read no outdoor temperature plans with the
+        // fallback.
+        near(r#"loopwarden_outdoor_fallback{cdu="cdu-1"}"#, 1.0);
+    }
+
     #[test]
     fn names_are_unique_and_counters_end_in_total() {
         use loopwarden_bus::prometheus::MetricKind;
-        let mut n: Vec<&str> = names::ALL.iter().map(|m| m.name).collect();
+        let all: Vec<&loopwarden_bus::prometheus::Metric> =
+            names::ALL.iter().chain(names::ESTIMATES).collect();
+        let mut n: Vec<&str> = all.iter().map(|m| m.name).collect();
         n.sort_unstable();
         n.dedup();
-        assert_eq!(n.len(), names::ALL.len());
-        for m in names::ALL {
+        assert_eq!(n.len(), all.len());
+        for m in all {
             let total = m.name.ends_with("_total");
             assert_eq!(total, m.kind == MetricKind::Counter, "{}", m.name);
         }

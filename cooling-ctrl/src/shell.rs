@@ -52,6 +52,13 @@
 //! loop (the `cooling-ctrl run` command writes them to flash). [`run`] is
 //! [`run_with`] without options.
 //!
+//! What the core learned of the hall (`cooling_core::estimate`) survives
+//! restarts: at start the shell restores it from the flash's
+//! `cdu.learned.*` keys (logging what it restored, or why not), and keeps
+//! it there every [`journal::LEARNED_EVERY`] of running and at a clean
+//! stop, handed to the recorder without waiting (a part whose bytes did
+//! not change is not written again).
+//!
 //! Glossary:
 //! - *lease*: a power cap that holds for its duration from the frame's
 //!   timestamp unless renewed.
@@ -91,7 +98,8 @@ use cooling_core::{
     LoopStatus, MAX_HOSTS,
 };
 
-use crate::journal::{self, ControllerFlash, Recorder, LATCHED_KEY};
+use crate::estimates::Estimates;
+use crate::journal::{self, ControllerFlash, LearnedRecords, Recorder, LATCHED_KEY};
 use crate::modbus::{CduError, CduMeasurements, CduPort, CduSettings};
 use crate::northbound::{snapshot_from, NorthboundSettings, NorthboundSnapshot, NorthboundWrite};
 
@@ -323,6 +331,11 @@ struct Shell<P> {
     outdoor_c: Option<(f32, OutdoorSource)>,
     /// Per host index: why its reports are not believed, while they are not.
     refused: HashMap<usize, String>,
+    /// Each part of the learned figures as last handed to the recorder,
+    /// by key.
+    learned_kept: HashMap<&'static str, Vec<u8>>,
+    /// When the learned figures were last kept, shell ms.
+    learned_at: u64,
 }
 
 /// Runs the shell for the CDU behind `cdu` until `shutdown` completes,
@@ -353,7 +366,8 @@ pub async fn run_with<P: CduPort>(
         Some(f) => f,
         None => ControllerFlash::open(None).map_err(ShellError::Flash)?,
     };
-    let (core, relatch) = start_core(cfg.core, &flash.latched)?;
+    let (mut core, relatch) = start_core(cfg.core, &flash.latched)?;
+    restore_learned(&mut core, &flash.learned);
     let me = NodeId::new(Role::Cdu, cfg.cdu.as_str())
         .map_err(|e| ShellError::Config(format!("cdu: {e}")))?;
     let mut bus_config = bus_config(&cfg, &me, opts.credentials.clone())?;
@@ -395,7 +409,9 @@ pub async fn run_with<P: CduPort>(
         }
     }
     tracing::info!("cooling shell: stopping");
-    // Everything decided is written and handed to the bus before it stops.
+    // What was learned is kept, and everything decided is written and
+    // handed to the bus, before it stops.
+    shell.keep_learned();
     shell.recorder.flush().await;
     if let Err(e) = shell.bus.shutdown(Duration::from_secs(3)).await {
         tracing::warn!("cooling shell: leaving the bus: {e}");
@@ -494,6 +510,8 @@ impl<P: CduPort> Shell<P> {
             outdoor: OutdoorSources::new(),
             outdoor_c: None,
             refused: HashMap::new(),
+            learned_kept: HashMap::new(),
+            learned_at: 0,
         }
     }
 }
@@ -536,6 +554,64 @@ fn start_core(
             );
             Ok((Core::new(cfg).map_err(ShellError::Core)?, true))
         }
+    }
+}
+
+/// Restores into `core` what an earlier run learned, as the flash held it
+/// (`records`); logs what was restored, or why not.
+fn restore_learned(core: &mut Core, records: &LearnedRecords) {
+    let read = records.decode(core.config());
+    for why in &read.refused {
+        tracing::error!("cooling shell: learned figures: {why}; that part starts as configured");
+    }
+    let Some(l) = read.learned else {
+        tracing::info!(
+            "cooling shell: no learned figures in flash: the hall is learned from the configured figures"
+        );
+        return;
+    };
+    match core.restore_learned(&l) {
+        Ok(()) => {
+            let e = Estimates::of(core);
+            let figures: Vec<String> = e
+                .figures()
+                .iter()
+                .map(|f| match f.key {
+                    "fixed_loads" => format!(
+                        "{} {:+.0} W (trust {:.2})",
+                        f.name,
+                        f.estimated - f.configured,
+                        f.trust
+                    ),
+                    _ => format!("{} ×{:.2} (trust {:.2})", f.name, f.ratio(), f.trust),
+                })
+                .collect();
+            let hosts: Vec<f32> = l
+                .hosts
+                .iter()
+                .take(core.config().layout.hosts())
+                .filter(|h| h.fed_s > 0.0)
+                .map(|h| h.value)
+                .collect();
+            let span = match (
+                hosts.iter().copied().reduce(f32::min),
+                hosts.iter().copied().reduce(f32::max),
+            ) {
+                (Some(lo), Some(hi)) => {
+                    format!("{} hosts' thermal factors {lo:.2} to {hi:.2}", hosts.len())
+                }
+                _ => "no host's thermal factor".to_string(),
+            };
+            tracing::info!(
+                "cooling shell: learned figures restored from flash ({} of {} parts): {}; {span}",
+                read.read.len(),
+                journal::LEARNED_KEYS.len(),
+                figures.join(", ")
+            );
+        }
+        Err(e) => tracing::error!(
+            "cooling shell: learned figures in flash not restored ({e}): the hall is learned anew from the configured figures"
+        ),
     }
 }
 
@@ -585,14 +661,19 @@ impl<P: CduPort> Shell<P> {
                 self.board_failed(e);
             }
         }
-        self.publish_telemetry(&c, readings.as_ref());
+        let estimates = Estimates::of(&self.core);
+        self.publish_telemetry(&c, readings.as_ref(), &estimates);
         self.publish_state(now, &c, readings.as_ref());
         for e in &c.events {
             self.announce(e.clone());
         }
         self.leases(now, &c);
         self.seq_floor.keep_ahead(&self.bus, &self.recorder).await;
-        self.stats.status = Some(self.snapshot(readings.as_ref()));
+        if now.saturating_sub(self.learned_at) >= journal::LEARNED_EVERY.as_millis() as u64 {
+            self.learned_at = now;
+            self.keep_learned();
+        }
+        self.stats.status = Some(self.snapshot(readings.as_ref(), estimates));
         // A new alarm needs a new acknowledgement.
         if c.beacon && !self.beacon {
             self.nb_settings.alarm_acknowledged = false;
@@ -674,7 +755,11 @@ impl<P: CduPort> Shell<P> {
         let mut l = self.core.latched();
         l.leaks |= closed & ((1u32 << self.cfg.core.layout.racks) - 1) as u16;
         match Core::restore(self.cfg.core, &l) {
-            Ok(core) => {
+            Ok(mut core) => {
+                // What was learned stays learned.
+                if let Err(e) = core.restore_learned(&self.core.learned()) {
+                    tracing::error!("cooling shell: the learned figures after relatching: {e}");
+                }
                 tracing::warn!(
                     "cooling shell: racks latched from the valves the CDU reports closed: {:#06b}",
                     l.leaks
@@ -698,6 +783,20 @@ impl<P: CduPort> Shell<P> {
             Err(e) => tracing::error!(
                 "cooling shell: the latched state is not in flash ({e}); acting on it all the same"
             ),
+        }
+    }
+
+    /// Hands what the core learned to the recorder, each part whose bytes
+    /// changed since it was last handed over, without waiting (a part the
+    /// recorder's full queue dropped goes at the next keep).
+    fn keep_learned(&mut self) {
+        for (key, value) in journal::learned_records(&self.core.learned()) {
+            if self.learned_kept.get(key) == Some(&value) {
+                continue;
+            }
+            if self.recorder.offer_set(key.to_string(), value.clone()) {
+                self.learned_kept.insert(key, value);
+            }
         }
     }
 

@@ -9,6 +9,11 @@
 //! [`save_latched`]) before a step's decision acts, and a
 //! `controller_restart` rebuilds the core from what that flash holds after
 //! it is opened again ([`load_latched`]), not from a copy in memory.
+//! What the core learned of the hall is kept in the same flash every
+//! [`LEARNED_EVERY`] of simulated time ([`save_learned`]), as the shell
+//! keeps it every ten minutes of running, and restored after a restart
+//! ([`load_learned`]): a restart loses what was learned since the last
+//! keep, not all of it.
 //!
 //! Glossary:
 //! - *scenario runner*: `loopwarden_twin::sim`, which plays a scenario on
@@ -30,7 +35,7 @@ use cooling_core::{
     CduReadings, ConfigError, Core, CoreConfig, HostReport, Latched, LeakInputs, MAX_HOSTS,
 };
 
-use crate::journal::{load_latched, save_latched};
+use crate::journal::{load_latched, load_learned, save_latched, save_learned, LEARNED_EVERY};
 use crate::site_figures::core_config;
 
 /// The core as a scenario runner's controller.
@@ -43,6 +48,9 @@ pub struct Ours {
     store: Option<ConfigStore<AgentFlash>>,
     /// The latched state last written to it.
     kept: Latched,
+    /// When the learned figures were last written to it, ms of the
+    /// scenario.
+    learned_at_ms: u64,
     /// The time at the restart, ms: the restarted process counts from it.
     epoch_ms: u64,
     restarting: bool,
@@ -72,6 +80,7 @@ impl Ours {
             reports: vec![None; cfg.layout.hosts().min(MAX_HOSTS)],
             racks: site.racks,
             store: Some(open_store(None)),
+            learned_at_ms: 0,
             epoch_ms: 0,
             restarting: false,
         })
@@ -95,8 +104,23 @@ impl Ours {
         }
     }
 
+    /// Writes what the core learned to flash every [`LEARNED_EVERY`] of
+    /// the scenario's time (`t_ms`).
+    fn keep_learned(&mut self, t_ms: u64) {
+        if t_ms.saturating_sub(self.learned_at_ms) < LEARNED_EVERY.as_millis() as u64 {
+            return;
+        }
+        self.learned_at_ms = t_ms;
+        if let Some(store) = self.store.as_mut() {
+            if let Err(e) = block_on(save_learned(store, &self.core.learned())) {
+                panic!("the simulated flash refused the learned figures: {e}");
+            }
+        }
+    }
+
     /// The process starts again at `now_ms`: the flash is opened anew and
-    /// the core rebuilt from what it holds; the host reports are gone.
+    /// the core rebuilt from what it holds (the latched state, then what
+    /// was learned); the host reports are gone.
     fn start_again(&mut self, now_ms: u64) {
         let flash = self.store.take().map(ConfigStore::into_flash);
         let mut store = open_store(flash);
@@ -109,10 +133,22 @@ impl Ours {
             None => Core::new(self.cfg),
         }
         .unwrap_or_else(|e| panic!("a configuration accepted before is refused: {e}"));
+        let learned = block_on(load_learned(&mut store, &self.cfg));
+        if let Some(why) = learned.refused.first() {
+            panic!("the simulated flash lost the learned figures: {why}");
+        }
+        if let Some(l) = learned.learned {
+            // Refused (out of their bounds): the configured figures, as
+            // the shell starts then.
+            if let Err(e) = self.core.restore_learned(&l) {
+                tracing::warn!("ours: the learned figures kept in flash are not restored: {e}");
+            }
+        }
         self.kept = self.core.latched();
         self.store = Some(store);
         self.reports.iter_mut().for_each(|r| *r = None);
         self.epoch_ms = now_ms;
+        self.learned_at_ms = now_ms;
     }
 }
 
@@ -177,6 +213,7 @@ impl Controller for Ours {
         });
         // In flash before it acts.
         self.keep_latched();
+        self.keep_learned(t_ms);
         Decision {
             setpoint_c: c.setpoint_c as f64,
             pump_speed: c.pump_speed as f64,

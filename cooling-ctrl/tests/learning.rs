@@ -96,6 +96,79 @@ fn fouled_plates_and_hotter_gpus_are_learned_per_host_within_an_hour() {
     }
 }
 
+/// Ours, noting what it had learned at its last step before a
+/// controller restart and at its first step after.
+struct AcrossRestart {
+    ours: Ours,
+    last: Option<cooling_core::Learned>,
+    before: Option<cooling_core::Learned>,
+    after: Option<cooling_core::Learned>,
+    restarting: bool,
+}
+
+impl Controller for AcrossRestart {
+    fn name(&self) -> &str {
+        "ours"
+    }
+    fn restart(&mut self) {
+        self.before = self.last.take();
+        self.restarting = true;
+        self.ours.restart();
+    }
+    fn step(&mut self, r: &Readings) -> Decision {
+        let d = self.ours.step(r);
+        let l = self.ours.core().learned();
+        if std::mem::take(&mut self.restarting) {
+            self.after = Some(l);
+        }
+        self.last = Some(l);
+        d
+    }
+}
+
+#[test]
+fn a_controller_restart_keeps_the_learned_host_factors() {
+    let text = format!(
+        "format = \"plant-scenario/1\"\ndescription = \"learning across a restart\"\n\
+         duration_s = 5700\nseed = 5\n\
+         [ambient]\npoints = {MILD}\n\
+         [load]\nall = [[0, 0.75], [2700, 0.95], [5700, 0.9]]\n\
+         [truth.rack_plate_factor]\n\"1\" = 1.5\n\
+         [[fault]]\nat_s = 5400\nkind = \"controller_restart\"\nvalue = 10.0\n"
+    );
+    let sc = Scenario::from_toml(&text, "learning across a restart").unwrap();
+    let mut w = AcrossRestart {
+        ours: Ours::new(&sc.site).unwrap(),
+        last: None,
+        before: None,
+        after: None,
+        restarting: false,
+    };
+    let s = sim::run("learning across a restart", &sc, &mut w, None, 60).unwrap();
+    assert_eq!(s.controller_restarts, 1);
+    assert_eq!(s.shutdowns, 0);
+    let (before, after) = (w.before.unwrap(), w.after.unwrap());
+    for h in 4..8 {
+        let (b, a) = (before.hosts[h], after.hosts[h]);
+        assert!(b.value > 1.2, "host {h} learned its fouled plates: {b:?}");
+        assert!(
+            (a.value / b.value - 1.0).abs() < 0.01,
+            "host {h}: {} after the restart against {} before",
+            a.value,
+            b.value
+        );
+        // Kept ten minutes before the restart at most: trust rose at most
+        // 600/1800 since, and did not start again from 0.
+        assert!(
+            a.trust > 0.5 && a.trust > b.trust - 0.34,
+            "host {h}: {a:?} after, {b:?} before"
+        );
+    }
+    // A host of another rack as well.
+    assert!((after.hosts[0].value / before.hosts[0].value - 1.0).abs() < 0.01);
+    assert!(after.facility.taken > 0 || before.facility.taken == 0);
+}
+
 #[test]
 fn a_small_dry_cooler_is_learned_within_ten_percent() {
     let sc = day("facility = { dry_cooler_ua_w_per_k = 7800.0 }", MILD);

@@ -278,8 +278,85 @@ async fn boots_writes_the_cdu_and_publishes_telemetry_and_a_retained_state() {
     assert!(tel.diff_pressure.is_none());
     // The CDU's outdoor sensor, not a configured value.
     assert_eq!(tel.ambient.map(|c| c.value()), Some(20.0));
+    // Nothing learned yet: every figure as configured, no host learned
+    // from, the outdoor temperature measured.
+    let learned = tel.learned.expect("what the controller learned");
+    assert!(!learned.outdoor_fallback, "{learned:?}");
+    assert_eq!(learned.dry_cooler_ua.ratio_permille, 1000);
+    assert_eq!(learned.host_factor_max_host, None);
+    assert_eq!(learned.flow_per_gpu_full_lpm.value(), 1.5);
     let _ = probe.shutdown(Duration::from_secs(1)).await;
     rig.stop().await;
+}
+
+/// What the core learned survives a restart: the shell restores it from
+/// the flash at start (a part it cannot read starts as configured), its
+/// telemetry says so, and a clean stop keeps it in flash again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn learned_figures_are_restored_from_flash_at_start_and_kept_at_a_clean_stop() {
+    use cooling_core::estimate::Scalar;
+    use cooling_core::Learned;
+    use cooling_ctrl::journal::{save_learned, LEARNED_KEYS};
+    let Some(broker) = Mosquitto::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cdu.flash");
+    let cfg = CoreConfig::default();
+    let mut l = Learned::new(&cfg);
+    l.hosts[5] = Scalar {
+        value: 1.37,
+        var: 0.0004,
+        fed_s: 3600.0,
+        trust: 0.8,
+    };
+    l.hosts[9].value = 1.25;
+    l.facility.theta = [-0.3, 0.0, 0.0, 0.0];
+    l.facility_trust = [0.6, 0.0, 0.0, 0.0];
+    {
+        let mut stores = loopwarden_bus::agent_flash::open(Some(&path)).expect("the flash file");
+        futures::executor::block_on(save_learned(&mut stores.store, &l)).expect("written");
+        // Hosts 8 to 15 in a record no controller writes.
+        futures::executor::block_on(stores.store.set(LEARNED_KEYS[2], &[9u8; 89]))
+            .expect("written");
+    }
+    let flash = ControllerFlash::open(Some(&path)).expect("the flash file again");
+    let mut rig = Rig::start_on(broker, cfg, None, Some(flash)).await;
+    let (probe, mut rx) = rig.probe("probe-l", &[cdu_topic(Family::Telemetry)]).await;
+    let s = rig.wait_stats("a step", |s| s.status.is_some()).await;
+    let restored = s.status.unwrap().estimates.learned;
+    assert_eq!(restored.hosts[5].value, 1.37);
+    assert_eq!(restored.hosts[9].value, 1.0, "its part was refused");
+    assert_eq!(restored.facility.theta[0], -0.3);
+    let learned = first(
+        &mut rx,
+        Duration::from_secs(3),
+        "CduTelemetry",
+        |m| match &m.frame.message {
+            Message::CduTelemetry(t) => t.learned.clone(),
+            _ => None,
+        },
+    )
+    .await;
+    assert_eq!(learned.host_factor_max_host, Some(id("h05")));
+    assert_eq!(learned.host_factor_max_permille, 1370);
+    assert_eq!(
+        learned.dry_cooler_ua.ratio_permille,
+        (f64::from(-0.3f32).exp() * 1000.0).round() as u16
+    );
+    let _ = probe.shutdown(Duration::from_secs(1)).await;
+    rig.stop().await;
+
+    // The clean stop kept what was learned: every part reads, the refused
+    // one written anew.
+    let flash = ControllerFlash::open(Some(&path)).expect("the flash file after the stop");
+    let read = flash.learned.decode(&cfg);
+    assert!(read.refused.is_empty(), "{:?}", read.refused);
+    assert_eq!(read.read, LEARNED_KEYS);
+    let kept = read.learned.unwrap();
+    assert_eq!(kept.hosts[5].value, 1.37);
+    assert_eq!(kept.hosts[9].value, 1.0);
+    assert_eq!(kept.facility.theta[0], -0.3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

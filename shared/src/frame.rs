@@ -223,6 +223,8 @@ impl Message {
                 take(body, "body").map(|(m, r)| (Message::QuarantineRelease(m), r))?
             }
             MessageKind::Ack => take(body, "body").map(|(m, r)| (Message::Ack(m), r))?,
+            MessageKind::CduTelemetry if minor < 2 => take(body, "body")
+                .map(|(m, r)| (Message::CduTelemetry(older::cdu_telemetry_2_1(m)), r))?,
             MessageKind::CduTelemetry => {
                 take(body, "body").map(|(m, r)| (Message::CduTelemetry(m), r))?
             }
@@ -375,8 +377,9 @@ mod older {
     use heapless::Vec;
     use serde::Deserialize;
 
-    use crate::message::{GpuTelemetry, HostTelemetry};
-    use crate::MAX_GPUS;
+    use crate::message::{CduTelemetry, GpuTelemetry, HostTelemetry, PumpStatus, RackStatus};
+    use crate::units::{Celsius, KiloPascals, LitresPerMinute, Percent, Pue, Watts};
+    use crate::{MAX_GPUS, MAX_RACKS};
 
     /// `host_telemetry` as 2.0 wrote it: no `drops`.
     #[derive(Deserialize)]
@@ -389,6 +392,48 @@ mod older {
         HostTelemetry {
             gpus: t.gpus,
             drops: Default::default(),
+        }
+    }
+
+    /// `cdu_telemetry` as 2.0 and 2.1 wrote it: no `learned`.
+    #[derive(Deserialize)]
+    pub struct CduTelemetry21 {
+        supply: Option<Celsius>,
+        return_temp: Option<Celsius>,
+        setpoint: Celsius,
+        flow: Option<LitresPerMinute>,
+        diff_pressure: Option<KiloPascals>,
+        facility_supply: Option<Celsius>,
+        ambient: Option<Celsius>,
+        reservoir: Option<Percent>,
+        pump_a: PumpStatus,
+        pump_b: PumpStatus,
+        racks: Vec<RackStatus, MAX_RACKS>,
+        it_power: Option<Watts>,
+        cooling_power: Option<Watts>,
+        facility_power: Option<Watts>,
+        pue: Option<Pue>,
+    }
+
+    /// Today's shape, `learned` `None`.
+    pub fn cdu_telemetry_2_1(t: CduTelemetry21) -> CduTelemetry {
+        CduTelemetry {
+            supply: t.supply,
+            return_temp: t.return_temp,
+            setpoint: t.setpoint,
+            flow: t.flow,
+            diff_pressure: t.diff_pressure,
+            facility_supply: t.facility_supply,
+            ambient: t.ambient,
+            reservoir: t.reservoir,
+            pump_a: t.pump_a,
+            pump_b: t.pump_b,
+            racks: t.racks,
+            it_power: t.it_power,
+            cooling_power: t.cooling_power,
+            facility_power: t.facility_power,
+            pue: t.pue,
+            learned: None,
         }
     }
 }

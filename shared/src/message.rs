@@ -741,6 +741,59 @@ pub struct CduTelemetry {
     pub facility_power: Option<Watts>,
     /// Live PUE from the meters.
     pub pue: Option<Pue>,
+    /// What the controller has learned of its hall, and whether it plans
+    /// with the configured outdoor temperature (since 2.2; a 2.1 frame
+    /// reads as `None`).
+    #[serde(default)]
+    pub learned: Option<HallEstimates>,
+}
+
+/// What a cooling controller has learned of its hall: the figures it
+/// estimates from what it measures, each against its configured value,
+/// with how well the data pins it down (*confidence*) and how far the
+/// optimiser follows it (*trust*). Ratios are in thousandths (1000: as
+/// configured).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "std", derive(schemars::JsonSchema))]
+pub struct HallEstimates {
+    /// The least thermal factor among the hosts learned from (a host's
+    /// hottest GPU's resistance to the supply over the configured
+    /// model's), in thousandths.
+    pub host_factor_min_permille: u16,
+    /// The greatest, in thousandths.
+    pub host_factor_max_permille: u16,
+    /// The host with the greatest factor; `None` before any host has been
+    /// learned from.
+    pub host_factor_max_host: Option<Ident>,
+    /// The least trust among the hosts learned from (what raises the plan
+    /// ceiling), in %.
+    pub host_trust_min_pct: Percent,
+    /// The dry cooler's UA.
+    pub dry_cooler_ua: FigureEstimate,
+    /// The chiller's COP (its Carnot fraction).
+    pub chiller_cop: FigureEstimate,
+    /// The CDU pump's power at full speed.
+    pub pump_power: FigureEstimate,
+    /// The flow per GPU at full pump speed, as estimated.
+    pub flow_per_gpu_full_lpm: LitresPerMinute,
+    /// The CDU's approach (supply over facility water), as estimated, in
+    /// hundredths of a kelvin.
+    pub approach_centikelvin: u16,
+    /// No outdoor temperature reads: the controller plans with the
+    /// configured fallback (an alarm).
+    pub outdoor_fallback: bool,
+}
+
+/// One plant figure estimated from the facility power meter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "std", derive(schemars::JsonSchema))]
+pub struct FigureEstimate {
+    /// The estimate over the configured figure, in thousandths.
+    pub ratio_permille: u16,
+    /// How well the data pins it down, in %.
+    pub confidence_pct: Percent,
+    /// How far the optimiser follows it, in %.
+    pub trust_pct: Percent,
 }
 
 /// The state of a rack's cooling, as its hosts need to know it.

@@ -207,6 +207,30 @@ fn cdu_telemetry() -> CduTelemetry {
         cooling_power: Some(Watts(3_900)),
         facility_power: Some(Watts(117_550)),
         pue: Some(Pue::new(1.084).expect("fits")),
+        learned: Some(HallEstimates {
+            host_factor_min_permille: 987,
+            host_factor_max_permille: 1_412,
+            host_factor_max_host: Some(Ident::new("r1h2").expect("an ident")),
+            host_trust_min_pct: pct(64),
+            dry_cooler_ua: FigureEstimate {
+                ratio_permille: 652,
+                confidence_pct: pct(83),
+                trust_pct: pct(71),
+            },
+            chiller_cop: FigureEstimate {
+                ratio_permille: 1_000,
+                confidence_pct: pct(4),
+                trust_pct: pct(4),
+            },
+            pump_power: FigureEstimate {
+                ratio_permille: 1_043,
+                confidence_pct: pct(58),
+                trust_pct: pct(58),
+            },
+            flow_per_gpu_full_lpm: LitresPerMinute::new(1.38).expect("fits"),
+            approach_centikelvin: 285,
+            outdoor_fallback: false,
+        }),
     }
 }
 

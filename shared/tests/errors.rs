@@ -183,6 +183,59 @@ fn the_largest_messages_fit_a_frame() {
         len <= MAX_FRAME_LEN,
         "largest telemetry frame is {len} bytes"
     );
+    // A CDU of 16 racks with every reading and every learned figure at
+    // its widest.
+    let figure = FigureEstimate {
+        ratio_permille: u16::MAX,
+        confidence_pct: Percent::FULL,
+        trust_pct: Percent::FULL,
+    };
+    let f = Frame {
+        sender: NodeId::new(Role::Cdu, &"c".repeat(32)).unwrap(),
+        seq: u32::MAX,
+        time: TimestampMs(u64::MAX),
+        message: Message::CduTelemetry(CduTelemetry {
+            supply: Some(Celsius::MAX),
+            return_temp: Some(Celsius::MAX),
+            setpoint: Celsius::MAX,
+            flow: Some(LitresPerMinute::MAX),
+            diff_pressure: Some(KiloPascals::MAX),
+            facility_supply: Some(Celsius::MAX),
+            ambient: Some(Celsius::MAX),
+            reservoir: Some(Percent::FULL),
+            pump_a: PumpStatus {
+                running: true,
+                command: Percent::FULL,
+                feedback: Some(Percent::FULL),
+            },
+            pump_b: PumpStatus::default(),
+            racks: (0..16u8)
+                .map(|r| RackStatus {
+                    rack: RackIndex::new(r).unwrap(),
+                    valve: Percent::FULL,
+                    leak: true,
+                })
+                .collect(),
+            it_power: Some(Watts(u32::MAX)),
+            cooling_power: Some(Watts(u32::MAX)),
+            facility_power: Some(Watts(u32::MAX)),
+            pue: Some(Pue::MAX),
+            learned: Some(HallEstimates {
+                host_factor_min_permille: u16::MAX,
+                host_factor_max_permille: u16::MAX,
+                host_factor_max_host: Some(Ident::new(&"h".repeat(32)).unwrap()),
+                host_trust_min_pct: Percent::FULL,
+                dry_cooler_ua: figure,
+                chiller_cop: figure,
+                pump_power: figure,
+                flow_per_gpu_full_lpm: LitresPerMinute::MAX,
+                approach_centikelvin: u16::MAX,
+                outdoor_fallback: true,
+            }),
+        }),
+    };
+    let len = f.to_vec().unwrap().len();
+    assert!(len <= 256, "largest CDU telemetry frame is {len} bytes");
 }
 
 #[test]
@@ -200,6 +253,32 @@ fn a_2_0_telemetry_frame_reads_with_no_drops_and_is_not_taken_for_2_1() {
     assert_eq!(got, want);
     // The same body stamped 2.1 lacks a field.
     b[1] = 1;
+    assert!(matches!(
+        Frame::decode(&with_crc(b)),
+        Err(DecodeError::Truncated { .. })
+    ));
+}
+
+#[test]
+fn a_2_1_cdu_telemetry_frame_reads_with_nothing_learned_and_is_not_taken_for_2_2() {
+    let mut want = samples::frame(MessageKind::CduTelemetry);
+    if let loopwarden_protocol::Message::CduTelemetry(t) = &mut want.message {
+        assert!(t.learned.is_some(), "the sample carries what was learned");
+        t.learned = None;
+    }
+    // 2.1 wrote the body without `learned`: today's body with `learned`
+    // `None` is 2.1's and one byte more (the `None`), before the CRC.
+    let mut b = want.to_vec().unwrap();
+    assert_eq!(b[b.len() - 5], 0, "the None of `learned`");
+    b.truncate(b.len() - 4 - 1);
+    b[1] = 1;
+    let got = Frame::decode(&with_crc(b.clone())).expect("a 2.1 frame reads");
+    assert_eq!(got, want);
+    // And 2.0's, which had the same CDU telemetry.
+    b[1] = 0;
+    assert_eq!(Frame::decode(&with_crc(b.clone())).unwrap(), want);
+    // The same body stamped 2.2 lacks a field.
+    b[1] = 2;
     assert!(matches!(
         Frame::decode(&with_crc(b)),
         Err(DecodeError::Truncated { .. })

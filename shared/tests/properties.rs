@@ -268,6 +268,43 @@ fn pump() -> impl Strategy<Value = PumpStatus> {
     })
 }
 
+fn figure_estimate() -> impl Strategy<Value = FigureEstimate> {
+    (any::<u16>(), pct(), pct()).prop_map(|(ratio_permille, confidence_pct, trust_pct)| {
+        FigureEstimate {
+            ratio_permille,
+            confidence_pct,
+            trust_pct,
+        }
+    })
+}
+
+fn hall_estimates() -> impl Strategy<Value = HallEstimates> {
+    (
+        (
+            any::<u16>(),
+            any::<u16>(),
+            proptest::option::of(ident()),
+            pct(),
+        ),
+        (figure_estimate(), figure_estimate(), figure_estimate()),
+        (any::<u32>(), any::<u16>(), any::<bool>()),
+    )
+        .prop_map(
+            |((min, max, host, trust), (ua, cop, pump), (flow, approach, fb))| HallEstimates {
+                host_factor_min_permille: min,
+                host_factor_max_permille: max,
+                host_factor_max_host: host,
+                host_trust_min_pct: trust,
+                dry_cooler_ua: ua,
+                chiller_cop: cop,
+                pump_power: pump,
+                flow_per_gpu_full_lpm: LitresPerMinute::from_raw(flow),
+                approach_centikelvin: approach,
+                outdoor_fallback: fb,
+            },
+        )
+}
+
 fn message() -> impl Strategy<Value = Message> {
     prop_oneof![
         (hv(gpu_telemetry()), any::<(u32, u32, u32)>()).prop_map(|(gpus, (xids, flash, bus))| {
@@ -357,8 +394,9 @@ fn message() -> impl Strategy<Value = Message> {
             ),
             proptest::option::of(any::<u32>()),
             proptest::option::of(any::<u16>()),
+            proptest::option::of(hall_estimates()),
         )
-            .prop_map(|(a, (pump_a, pump_b), racks, power, pue)| {
+            .prop_map(|(a, (pump_a, pump_b), racks, power, pue, learned)| {
                 Message::CduTelemetry(CduTelemetry {
                     supply: a.0,
                     return_temp: a.1,
@@ -375,6 +413,7 @@ fn message() -> impl Strategy<Value = Message> {
                     cooling_power: power.map(|p| Watts(p / 3)),
                     facility_power: None,
                     pue: pue.map(Pue::from_raw),
+                    learned,
                 })
             }),
         (

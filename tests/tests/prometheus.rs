@@ -302,6 +302,28 @@ fn loopwarden_cdu_series(p: &Prometheus) {
         wait,
         |s| s.len() == 1,
     );
+    // What it learned: a ratio, a confidence and a trust per facility
+    // figure, each host's thermal factor, and the CDU's outdoor sensor
+    // read (not the fallback).
+    for family in ["ratio", "confidence", "trust"] {
+        let figures = p.query(&format!("loopwarden_estimate_{family}{{{c}}}"));
+        let mut names: Vec<&str> = figures.iter().map(|s| s.label("figure")).collect();
+        names.sort_unstable();
+        assert_eq!(
+            names,
+            ["chiller_cop", "dry_cooler_ua", "pump_power"],
+            "{figures:#?}"
+        );
+    }
+    let factor = p.query(&format!(
+        "loopwarden_host_thermal_factor{{{c},host=\"{HOST}\"}}"
+    ));
+    assert!(
+        (0.3..=4.0).contains(&one(&factor, "thermal factor")),
+        "{factor:#?}"
+    );
+    let fallback = p.query(&format!("loopwarden_outdoor_fallback{{{c}}}"));
+    assert_eq!(one(&fallback, "outdoor fallback"), 0.0, "{fallback:#?}");
 }
 
 /// One scrape of `addr`: it parses for promtool, and every naming-rule

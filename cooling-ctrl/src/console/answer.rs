@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 
 use super::{round, Context, Request};
 use crate::journal;
+use crate::shell::outdoor::OutdoorSource;
 use crate::shell::{OperatorAction, OperatorRequest, ShellStats};
 
 fn secs_ago(now: TimestampMs, t: TimestampMs) -> f64 {
@@ -31,7 +32,7 @@ pub async fn answer(ctx: &Context, req: Request, caller: Caller) -> Value {
     match req {
         Request::Status => status(ctx, &stats, now),
         Request::Sensors => sensors(&stats),
-        Request::Loops => loops(&stats),
+        Request::Loops => loops(&ctx.hosts, &stats),
         Request::Caps => caps(ctx, &stats, now),
         Request::ClearLeak { rack } => {
             operate(ctx, OperatorAction::ClearLeak { rack }, caller).await
@@ -189,13 +190,54 @@ fn sensors(st: &ShellStats) -> Value {
     json!({ "sensors": list })
 }
 
-fn loops(st: &ShellStats) -> Value {
+/// The optimiser, the trims, what the core has learned (each figure
+/// configured, estimated and used, each of the configured `hosts`' thermal
+/// factor), the plan ceiling and the outdoor temperature in force, and
+/// the plan's choice.
+pub(super) fn loops(hosts: &[String], st: &ShellStats) -> Value {
     let Some(snap) = &st.status else {
         return json!({ "note": "no control step yet" });
     };
     let l = &snap.loops;
     let p = &l.proposal;
     let f = |x: f32, d: i32| round(f64::from(x), d);
+    let e = &snap.estimates;
+    let figures: Vec<Value> = e
+        .figures()
+        .iter()
+        .map(|x| {
+            json!({
+                "figure": x.key,
+                "name": x.name,
+                "unit": x.unit,
+                "configured": f(x.configured, 4),
+                "estimated": f(x.estimated, 4),
+                "used": f(x.used, 4),
+                "confidence": f(x.confidence, 3),
+                "trust": f(x.trust, 3),
+            })
+        })
+        .collect();
+    let host_rows: Vec<Value> = hosts
+        .iter()
+        .enumerate()
+        .take(e.configured.layout.hosts())
+        .map(|(i, h)| {
+            let x = e.host(i);
+            json!({
+                "host": h,
+                "factor": f(x.factor, 4),
+                "used": f(x.used, 4),
+                "confidence": f(x.confidence, 3),
+                "trust": f(x.trust, 3),
+                "learned_s": f(x.learned_s, 0),
+            })
+        })
+        .collect();
+    // Facility W per unit of work (one GPU at full demand) is kWh per
+    // work-GPU-hour once divided by 1000.
+    let per_work_gpu_h = |w: f32| f(w / 1000.0, 4);
+    let cost = (p.work > 1e-3).then(|| per_work_gpu_h(p.facility_w / p.work));
     json!({
         "proposal": {
             "setpoint_c": f(p.setpoint_c, 2),
@@ -211,8 +253,36 @@ fn loops(st: &ShellStats) -> Value {
         "rejection_short": l.rejection_short,
         "setpoint_c": st.last.as_ref().map(|c| f(c.setpoint_c, 2)),
         "pump_speed_pct": st.last.as_ref().map(|c| f(c.pump_speed * 100.0, 1)),
+        "plan": {
+            "setpoint_c": f(p.setpoint_c, 2),
+            "supply_c": f(p.supply_c, 2),
+            "short": p.supply_c - p.setpoint_c > PLANT_SHORT_K,
+            "capped_hosts": p.capped_hosts,
+            "kwh_per_work_gpu_h": cost,
+            "other_kwh_per_work_gpu_h": p.other_cost.filter(|_| cost.is_some()).map(per_work_gpu_h),
+        },
+        "learned": {
+            "figures": figures,
+            "hosts": host_rows,
+        },
+        "plan_ceiling_c": f(e.plan_ceiling_c(), 2),
+        "plan_ceiling_configured_c": f(e.configured.margins.plan_ceiling_c, 2),
+        "outdoor": {
+            "c": f(e.outdoor_c, 2),
+            "fallback": e.outdoor_fallback,
+            "source": match (e.outdoor_fallback, snap.outdoor_source) {
+                (true, _) => "fallback",
+                (false, Some(OutdoorSource::Cdu)) => "cdu",
+                (false, Some(OutdoorSource::Bms)) => "bms",
+                (false, None) => "last reading",
+            },
+        },
     })
 }
+
+/// The plan's supply this far above its setpoint: the plant cannot hold
+/// it, K.
+pub const PLANT_SHORT_K: f32 = 0.5;
 
 fn caps(ctx: &Context, st: &ShellStats, now: TimestampMs) -> Value {
     let hosts: Vec<Value> = ctx

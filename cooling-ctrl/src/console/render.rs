@@ -247,13 +247,16 @@ fn sensors(v: &Value) -> String {
     table(&["SENSOR", "READING", "FAULT", "REQUIRED"], &rows)
 }
 
-/// `loops`: the setpoint in force, the optimiser and the trims.
+/// `loops`: the setpoint in force, the optimiser and the trims, the plan
+/// ceiling and the outdoor temperature in force, the plan's choice in a
+/// line, then what the core has learned: the plant's figures and each
+/// host's thermal factor.
 fn loops(v: &Value) -> String {
     if v.get("proposal").is_none() {
         return "no control step yet\n".into();
     }
     let p = &v["proposal"];
-    key_values(&[
+    let mut out = key_values(&[
         (
             "in force",
             format!(
@@ -289,7 +292,177 @@ fn loops(v: &Value) -> String {
                 "enough".into()
             },
         ),
-    ])
+        ("plan ceiling", plan_ceiling(v)),
+        ("outdoor", outdoor(&v["outdoor"])),
+    ]);
+    out.push_str(&plan_line(&v["plan"]));
+    out.push_str("\n\n");
+    let learned = &v["learned"];
+    let figures = rows_of(&learned["figures"], |x| {
+        let unit = x["unit"].as_str().unwrap_or("");
+        let ratio = match (x["estimated"].as_f64(), x["configured"].as_f64()) {
+            (Some(e), Some(c)) if x["figure"] != "fixed_loads" && c.abs() > 1e-9 => {
+                format!(" (×{:.2})", e / c)
+            }
+            _ => String::new(),
+        };
+        vec![
+            s(&x["name"]),
+            figure(&x["configured"], unit),
+            format!("{}{ratio}", figure(&x["estimated"], unit)),
+            figure(&x["used"], unit),
+            share(&x["confidence"]),
+            share(&x["trust"]),
+        ]
+    });
+    out.push_str(&table(
+        &[
+            "FIGURE",
+            "CONFIGURED",
+            "ESTIMATED",
+            "USED NOW",
+            "CONFIDENCE",
+            "TRUST",
+        ],
+        &figures,
+    ));
+    out.push('\n');
+    let hosts = rows_of(&learned["hosts"], |h| {
+        vec![
+            s(&h["host"]),
+            figure(&h["factor"], ""),
+            figure(&h["used"], ""),
+            share(&h["confidence"]),
+            share(&h["trust"]),
+            match h["learned_s"].as_f64() {
+                Some(t) if t > 0.0 => format!("{:.0} min", t / 60.0),
+                _ => "never".into(),
+            },
+        ]
+    });
+    if hosts.is_empty() {
+        out.push_str("no hosts configured\n");
+    } else {
+        out.push_str(&table(
+            &[
+                "HOST",
+                "THERMAL FACTOR",
+                "USED NOW",
+                "CONFIDENCE",
+                "TRUST",
+                "LEARNED FOR",
+            ],
+            &hosts,
+        ));
+    }
+    out
+}
+
+/// A figure with its unit, to about three significant digits.
+fn figure(v: &Value, unit: &str) -> String {
+    let Some(x) = v.as_f64() else {
+        return "-".into();
+    };
+    let n = if x.abs() >= 100.0 {
+        format!("{x:.0}")
+    } else if x.abs() >= 10.0 {
+        format!("{x:.1}")
+    } else {
+        format!("{x:.2}")
+    };
+    if unit.is_empty() {
+        n
+    } else {
+        format!("{n} {unit}")
+    }
+}
+
+/// A share 0 to 1 as whole percent.
+fn share(v: &Value) -> String {
+    match v.as_f64() {
+        Some(x) => format!("{:.0} %", x * 100.0),
+        None => "-".into(),
+    }
+}
+
+/// The plan ceiling in force against the configured one.
+fn plan_ceiling(v: &Value) -> String {
+    let (Some(now), Some(cfg)) = (
+        v["plan_ceiling_c"].as_f64(),
+        v["plan_ceiling_configured_c"].as_f64(),
+    ) else {
+        return "-".into();
+    };
+    let why = if now > cfg + 0.005 {
+        format!(
+            "configured {} °C, raised as the hosts are trusted",
+            round(cfg, 2)
+        )
+    } else if now < cfg - 0.005 {
+        format!("configured {} °C, tightened by the BMS", round(cfg, 2))
+    } else {
+        "as configured".into()
+    };
+    format!("{} °C ({why})", round(now, 2))
+}
+
+/// The outdoor temperature planned with and where it comes from.
+fn outdoor(o: &Value) -> String {
+    let c = u(&o["c"], " °C");
+    match o["source"].as_str() {
+        Some("fallback") => format!("fallback {c} — no outdoor sensor reads: alarm"),
+        Some("cdu") => format!("{c}, measured (the CDU's sensor)"),
+        Some("bms") => format!("{c}, measured (the BMS's write)"),
+        _ => format!("{c}, the last reading (no sensor reads now: the fallback after 60 s)"),
+    }
+}
+
+/// The plan's choice in one line: caps or colder water, and at what
+/// cost per unit of work, or the plant short and caps following from it.
+fn plan_line(p: &Value) -> String {
+    let hosts = |n: u64| {
+        if n == 1 {
+            "1 host".to_string()
+        } else {
+            format!("{n} hosts")
+        }
+    };
+    let capped = p["capped_hosts"].as_u64().unwrap_or(0);
+    let Some(cost) = p["kwh_per_work_gpu_h"].as_f64() else {
+        return "plan: no GPU work to plan for".into();
+    };
+    let other = p["other_kwh_per_work_gpu_h"].as_f64();
+    if p["short"].as_bool() == Some(true) {
+        let (supply, setpoint) = (
+            p["supply_c"].as_f64().unwrap_or(0.0),
+            p["setpoint_c"].as_f64().unwrap_or(0.0),
+        );
+        let caps = if capped > 0 {
+            format!("the caps on {} follow from it", hosts(capped))
+        } else {
+            "no host needs a cap there".into()
+        };
+        return format!(
+            "plan: the plant is short: the supply settles at {supply:.1} °C, {:.1} K above the setpoint {setpoint:.1} °C; {caps} ({cost:.3} kWh per work-GPU-h)",
+            supply - setpoint
+        );
+    }
+    match (capped > 0, other) {
+        (true, Some(y)) => format!(
+            "plan: cap {} rather than cool the whole CDU for them ({cost:.3} kWh per work-GPU-h against {y:.3} with colder water)",
+            hosts(capped)
+        ),
+        (true, None) => format!(
+            "plan: cap {} ({cost:.3} kWh per work-GPU-h; colder water alone does not hold them under the ceiling)",
+            hosts(capped)
+        ),
+        (false, Some(y)) => format!(
+            "plan: colder water rather than caps ({cost:.3} kWh per work-GPU-h against {y:.3} with caps)"
+        ),
+        (false, None) => format!(
+            "plan: the water alone holds every GPU under the ceiling ({cost:.3} kWh per work-GPU-h)"
+        ),
+    }
 }
 
 /// `caps`: one row per host.

@@ -183,7 +183,39 @@ pub const EVENTS_DROPPED: Metric = Metric::counter(
     "Events the control core could not fit in a step since the start.",
 );
 
-/// Every metric above, for the documentation's test.
+pub const ESTIMATE_RATIO: Metric = Metric::gauge(
+    "loopwarden_estimate_ratio",
+    "The controller's estimate of a plant figure over its configured value (1: as configured), from the facility power meter: figure=dry_cooler_ua (the dry cooler's UA), chiller_cop (the chiller's Carnot fraction), pump_power (the CDU pump's power at full speed).",
+);
+pub const ESTIMATE_CONFIDENCE: Metric = Metric::gauge(
+    "loopwarden_estimate_confidence",
+    "How well the data pins the estimate of a plant figure down, 0 to 1 (1 - its standard deviation over the prior's).",
+);
+pub const ESTIMATE_TRUST: Metric = Metric::gauge(
+    "loopwarden_estimate_trust",
+    "How far the optimiser follows the estimate of a plant figure instead of its configured value, 0 to 1; never above the confidence, rising at most 1/1800 per second.",
+);
+pub const HOST_THERMAL_FACTOR: Metric = Metric::gauge(
+    "loopwarden_host_thermal_factor",
+    "The host's learned thermal factor: its hottest GPU's resistance to the supply over the configured model's (1: as the model; above 1: runs hotter, a fouled cold plate or a hotter GPU).",
+);
+pub const OUTDOOR_FALLBACK: Metric = Metric::gauge(
+    "loopwarden_outdoor_fallback",
+    "1 while no outdoor temperature reads (the CDU's sensor, the BMS's write) and the controller plans with the configured fallback ambient_c (an alarm), else 0.",
+);
+
+/// What the controller has learned of its hall (`crate::estimates`),
+/// named apart from `loopwarden_cdu_*`.
+#[cfg(test)]
+pub const ESTIMATES: &[Metric] = &[
+    ESTIMATE_RATIO,
+    ESTIMATE_CONFIDENCE,
+    ESTIMATE_TRUST,
+    HOST_THERMAL_FACTOR,
+    OUTDOOR_FALLBACK,
+];
+
+/// Every `loopwarden_cdu_*` metric above, for the documentation's test.
 #[cfg(test)]
 pub const ALL: &[Metric] = &[
     INFO,

@@ -7,7 +7,7 @@
 use super::*;
 
 impl<P: CduPort> Shell<P> {
-    pub(super) fn snapshot(&self, r: Option<&CduMeasurements>) -> Snapshot {
+    pub(super) fn snapshot(&self, r: Option<&CduMeasurements>, estimates: Estimates) -> Snapshot {
         let (mode, reason, since) = self.core.mode();
         let sensors = Which::ALL.map(|which| SensorStatus {
             which,
@@ -33,6 +33,8 @@ impl<P: CduPort> Shell<P> {
             isolation_failed: self.core.isolation_failed(),
             pumps_failed: self.core.pumps_failed(),
             loops: self.core.loops(),
+            estimates: Box::new(estimates),
+            outdoor_source: self.outdoor_c.map(|(_, s)| s),
             events_dropped: self.core.events_dropped(),
             bus_connected: self.bus.is_connected(),
             bus: self.bus.metrics(),
@@ -79,7 +81,12 @@ impl<P: CduPort> Shell<P> {
         r.and_then(v).filter(|x| x.is_finite())
     }
 
-    pub(super) fn publish_telemetry(&mut self, c: &Commands, r: Option<&CduMeasurements>) {
+    pub(super) fn publish_telemetry(
+        &mut self,
+        c: &Commands,
+        r: Option<&CduMeasurements>,
+        estimates: &Estimates,
+    ) {
         let lay = self.cfg.core.layout;
         let celsius = |x: Option<f64>| x.and_then(|v| Celsius::new(v).ok());
         let watts = |x: Option<f64>| {
@@ -138,6 +145,7 @@ impl<P: CduPort> Shell<P> {
             cooling_power: watts(meter(|r| r.cooling_w)),
             facility_power: watts(facility),
             pue,
+            learned: Some(estimates.summary(&self.cfg.hosts)),
         };
         self.publish(Message::CduTelemetry(t), now_ms(), true, |s| {
             &mut s.telemetry_published

@@ -47,12 +47,51 @@ pub struct Snapshot {
     pub pumps_failed: [bool; 2],
     /// The loops.
     pub loops: LoopStatus,
+    /// What the core has learned, and the plant it plans on.
+    pub estimates: Box<Estimates>,
+    /// Where this step's outdoor temperature came from (`None`: no
+    /// source read; the core plans with its last reading for a minute,
+    /// then with the configured fallback).
+    pub outdoor_source: Option<OutdoorSource>,
     /// Events the core could not fit in a step, since the start.
     pub events_dropped: u32,
     /// The bus is connected.
     pub bus_connected: bool,
     /// The bus's counters (for `/metrics`).
     pub bus: loopwarden_bus::MetricsSnapshot,
+}
+
+#[cfg(test)]
+impl Snapshot {
+    /// `core`'s state as a step leaves it, the CDU silent and the bus
+    /// down: for the tests of what reads a snapshot.
+    pub(crate) fn of_core(core: &Core) -> Self {
+        let (mode, reason, since) = core.mode();
+        Snapshot {
+            at: TimestampMs(0),
+            mode,
+            reason,
+            since: TimestampMs(since),
+            readings: None,
+            last_read: None,
+            sensors: Which::ALL.map(|which| SensorStatus {
+                which,
+                reading: None,
+                fault: core.sensor_fault(which),
+            }),
+            leaks_now: 0,
+            leaks_latched: core.leaks_latched(),
+            sensing_lost: core.sensing_lost(),
+            isolation_failed: core.isolation_failed(),
+            pumps_failed: core.pumps_failed(),
+            loops: core.loops(),
+            estimates: Box::new(Estimates::of(core)),
+            outdoor_source: None,
+            events_dropped: core.events_dropped(),
+            bus_connected: false,
+            bus: Default::default(),
+        }
+    }
 }
 
 /// A host's last ack of this CDU's commands.
