@@ -177,7 +177,7 @@ impl Coordinator {
             return;
         }
         let allowed = allowed.clamp(g.min_cap_w, g.tdp_w);
-        let at_limit = r.hottest_c + (ahead - coolant) > target - 0.5;
+        let at_limit = r.hottest_c + (ahead - coolant) > target;
         let near = r.hottest_c > target - WATCH_K;
         match self.caps[h] {
             None => {

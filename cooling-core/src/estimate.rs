@@ -51,10 +51,15 @@ pub const TRUST_RAMP_S: f32 = 1800.0;
 pub const OUTDOOR_TIMEOUT_MS: u64 = 60_000;
 /// Seconds between two samples for the facility filter.
 const FACILITY_EVERY_MS: u64 = 30_000;
+/// How far ahead a host's rising factor is planned for, s: a plate that
+/// keeps fouling is met by water cooled for where it will be once the
+/// search, the filter and the water have caught up (a search a minute,
+/// the filter's two minutes, the loop's minutes).
+pub const RISE_LEAD_S: f32 = 300.0;
 /// Junction temperature the plan ceiling may rise to as the hosts'
 /// factors are trusted, °C (the oracle's own ceiling: 2 K below the GPUs'
 /// maximum operating temperature).
-pub const TRUSTED_CEILING_C: f32 = 85.0;
+pub const TRUSTED_CEILING_C: f32 = 84.5;
 
 /// One filtered figure with its spread, confidence and trust.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -198,6 +203,9 @@ pub struct Estimator {
     facility_last_ms: Option<u64>,
     /// The last facility sample's time, facility water and IT power.
     facility_prev: Option<(u64, f32, f32)>,
+    /// How fast each host's factor rises, per second (filtered over ten
+    /// minutes; not kept across a restart).
+    host_rate: [f32; MAX_HOSTS],
 }
 
 /// What the estimator is given besides the tick.
@@ -236,6 +244,7 @@ impl Estimator {
             outdoor_lost: false,
             facility_last_ms: None,
             facility_prev: None,
+            host_rate: [0.0; MAX_HOSTS],
         }
     }
 
@@ -252,7 +261,11 @@ impl Estimator {
 
     /// Host `h`'s thermal factor the optimiser plans with.
     pub fn factor_used(&self, h: usize) -> f32 {
-        self.learned.hosts.get(h).map_or(1.0, |s| s.used(1.0, true))
+        let rising = self.host_rate.get(h).map_or(0.0, |r| r.max(0.0));
+        self.learned
+            .hosts
+            .get(h)
+            .map_or(1.0, |s| s.used(1.0, true) + rising * RISE_LEAD_S)
     }
 
     /// Litres per minute per GPU at full speed, as estimated.
@@ -381,7 +394,18 @@ impl Estimator {
                 let p = r.gpu_power_w / r.gpus as f32;
                 if p > 150.0 {
                     let k = ((r.hottest_c - s) / (p * r_model)).clamp(0.3, 4.0);
-                    self.learned.hosts[h].feed(k, t.dt, 600.0);
+                    // A host getting hotter (a plate fouling) is
+                    // followed in two minutes, one getting cooler in
+                    // ten: the cautious side first.
+                    let s = &mut self.learned.hosts[h];
+                    let tau = if k > s.value { 120.0 } else { 600.0 };
+                    let before = s.value;
+                    s.feed(k, t.dt, tau);
+                    if t.dt > 0.0 {
+                        let rate = (s.value - before) / t.dt;
+                        let r = &mut self.host_rate[h];
+                        *r += (rate - *r) * (t.dt / 600.0).min(1.0);
+                    }
                 }
             }
         }

@@ -242,6 +242,16 @@ pub struct Core {
     events_dropped: u32,
 }
 
+/// The hottest GPU of the fresh reports of the hosts in `hosts` (bit n =
+/// host n) in step `t`, °C.
+fn hottest_of(t: &Tick<'_>, hosts: u64) -> Option<f32> {
+    (0..t.cfg.layout.hosts().min(64))
+        .filter(|h| hosts & (1u64 << h) != 0)
+        .filter_map(|h| t.fresh(h))
+        .map(|r| r.hottest_c)
+        .reduce(f32::max)
+}
+
 /// Bit `i` of `mask` (a rack's bit).
 pub(crate) fn bit(mask: u16, i: usize) -> bool {
     i < 16 && mask & (1 << i) != 0
@@ -525,13 +535,20 @@ impl Core {
                 .slice(&t, &believed, &seen, &factor, ambient, short);
         }
 
-        // 2. Regulation, to the plan ceiling the estimates allow.
+        // 2. Regulation, to the plan ceiling the estimates allow; the
+        // hosts the plan holds by caps rather than by the water are the
+        // caps' to hold, not the margin loop's.
         let prop = self.optimiser.proposal();
         let mut t_reg = t;
         t_reg.cfg.margins.plan_ceiling_c = believed.margins.plan_ceiling_c;
+        let by_water = Seen {
+            hottest: hottest_of(&t, !prop.capped_mask)
+                .or(seen.hottest.filter(|_| prop.capped_mask == 0)),
+            ..seen
+        };
         if self
             .regulator
-            .step(&t_reg, judged.0, &prop, &trusted, &seen, pumps.running)
+            .step(&t_reg, judged.0, &prop, &trusted, &by_water, pumps.running)
         {
             self.hall.extend_transient(t.now + 60_000);
         }
@@ -1092,14 +1109,20 @@ mod tests {
             c = hall.step(&mut core, s);
         }
         assert_eq!(core.sensor_fault(Which::Supply), Some(SensorFault::Lost));
-        assert_eq!((c.mode, c.reason), (CduMode::Degraded, ReasonCode::SENSOR_ESTIMATED));
+        assert_eq!(
+            (c.mode, c.reason),
+            (CduMode::Degraded, ReasonCode::SENSOR_ESTIMATED)
+        );
         // The return goes too: the GPUs still stand in for the supply,
         // and the heat balance on it for the return.
         hall.cdu.return_c = None;
         for s in 140..160 {
             c = hall.step(&mut core, s);
         }
-        assert_eq!((c.mode, c.reason), (CduMode::Degraded, ReasonCode::SENSOR_ESTIMATED));
+        assert_eq!(
+            (c.mode, c.reason),
+            (CduMode::Degraded, ReasonCode::SENSOR_ESTIMATED)
+        );
         // No GPU speaks any more (reports stop), nothing stands in for the
         // supply: failsafe, pumps at full.
         let silent = [None; MAX_HOSTS];
@@ -1113,7 +1136,10 @@ mod tests {
                 hosts: &silent,
             });
         }
-        assert_eq!((c.mode, c.reason), (CduMode::Failsafe, ReasonCode::SENSOR_LOST));
+        assert_eq!(
+            (c.mode, c.reason),
+            (CduMode::Failsafe, ReasonCode::SENSOR_LOST)
+        );
         assert_eq!(c.pump_speed, 1.0);
     }
 
@@ -1131,7 +1157,10 @@ mod tests {
             c = hall.step(&mut core, s);
         }
         assert_eq!(core.sensor_fault(Which::Flow), Some(SensorFault::Lost));
-        assert_eq!((c.mode, c.reason), (CduMode::Degraded, ReasonCode::SENSOR_ESTIMATED));
+        assert_eq!(
+            (c.mode, c.reason),
+            (CduMode::Degraded, ReasonCode::SENSOR_ESTIMATED)
+        );
         assert!(c.pump_speed < 1.0, "no failsafe speed: {}", c.pump_speed);
     }
 

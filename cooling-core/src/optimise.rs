@@ -70,6 +70,8 @@ pub struct Proposal {
     pub supply_c: f32,
     /// Hosts the plan expects capped to hold the ceiling.
     pub capped_hosts: u8,
+    /// Which, bit n = host n (by host index).
+    pub capped_mask: u64,
     /// The cost per work of the best plan of the other kind (with caps
     /// when this one has none, without when it has), for saying why
     /// this one was chosen; `None`: no plan of that kind held the
@@ -99,8 +101,11 @@ pub struct Score {
 pub const CAP_PLAN_MARGIN: f32 = 0.03;
 
 impl Score {
-    /// Ranks two candidates.
-    pub fn better_than(&self, o: &Score) -> bool {
+    /// Ranks two candidates; `capping_now`: the plan in force caps hosts
+    /// for the water's sake (switching between a plan with such caps and
+    /// one without takes [`CAP_PLAN_MARGIN`] either way, so that the
+    /// plan does not flap between them).
+    pub fn better_than(&self, o: &Score, capping_now: bool) -> bool {
         const EPS: f32 = 1e-3;
         if (self.over_k - o.over_k).abs() > EPS {
             return self.over_k < o.over_k;
@@ -114,13 +119,17 @@ impl Score {
             // has warmed, and asks nothing of a chiller that is out.
             return self.setpoint_c > o.setpoint_c;
         }
-        // The same cost: the warmer water (below a supply the plant
-        // cannot hold, every setpoint is the same plan).
         if self.capping != o.capping {
             let (capping, other) = if self.capping { (self, o) } else { (o, self) };
-            let capping_wins = capping.cost < other.cost * (1.0 - CAP_PLAN_MARGIN);
+            let capping_wins = if capping_now {
+                capping.cost * (1.0 - CAP_PLAN_MARGIN) <= other.cost
+            } else {
+                capping.cost < other.cost * (1.0 - CAP_PLAN_MARGIN)
+            };
             return capping_wins == self.capping;
         }
+        // The same cost: the warmer water (below a supply the plant
+        // cannot hold, every setpoint is the same plan).
         let same = (self.cost - o.cost).abs() <= 1e-6 * o.cost.abs();
         if same {
             self.setpoint_c > o.setpoint_c
@@ -160,6 +169,7 @@ impl Optimiser {
                 feasible: false,
                 supply_c: cfg.margins.boot_setpoint_c,
                 capped_hosts: 0,
+                capped_mask: 0,
                 other_cost: None,
             },
             row: None,
@@ -252,6 +262,7 @@ impl Optimiser {
                 feasible: hall.over_k <= 0.0 && rej.short_w <= 1.0 && hall.capped == 0,
                 supply_c: supply,
                 capped_hosts: hall.capped,
+                capped_mask: hall.mask,
                 other_cost: None,
             },
         )
@@ -292,7 +303,13 @@ impl Optimiser {
                 let kind = &mut self.best_cost[usize::from(prop.capped_hosts > 0)];
                 *kind = Some(kind.map_or(score.cost, |c| c.min(score.cost)));
             }
-            if self.best.as_ref().is_none_or(|(b, _)| score.better_than(b)) {
+            let capping_now = self.proposal.capped_hosts > 0
+                && self.proposal.supply_c <= self.proposal.setpoint_c;
+            if self
+                .best
+                .as_ref()
+                .is_none_or(|(b, _)| score.better_than(b, capping_now))
+            {
                 self.best = Some((score, prop));
             }
         }
@@ -343,6 +360,7 @@ struct HallAt {
     work: f32,
     over_k: f32,
     capped: u8,
+    mask: u64,
 }
 
 /// The hall of `plans` at resistance `r` (times each host's factor) on
@@ -356,13 +374,14 @@ fn hall_at(cfg: &CoreConfig, plans: &[HostPlan], r: f32, t_in: f32, capping: boo
     let mut at = HallAt::default();
     let mut gpu_w = 0.0;
     let mut host_w = 0.0;
-    for p in plans.iter().filter(|p| p.gpus > 0.0) {
+    for (i, p) in plans.iter().enumerate().filter(|(_, p)| p.gpus > 0.0) {
         let r_h = r * p.factor.max(0.3);
         let full = gpu_steady(g, t_in, r_h, full_dyn, g.tdp_w);
         let mut limit = g.tdp_w;
         if full.t_j > ceiling && capping {
             limit = ((ceiling - t_in) / r_h).clamp(g.min_cap_w, g.tdp_w);
             at.capped = at.capped.saturating_add(1);
+            at.mask |= 1u64.checked_shl(i as u32).unwrap_or(0);
             let floor = gpu_steady(g, t_in, r_h, full_dyn, limit);
             at.over_k += (floor.t_j - ceiling).max(0.0);
         } else {
