@@ -51,6 +51,13 @@ pub const TRUST_RAMP_S: f32 = 1800.0;
 pub const OUTDOOR_TIMEOUT_MS: u64 = 60_000;
 /// Seconds between two samples for the facility filter.
 const FACILITY_EVERY_MS: u64 = 30_000;
+/// Settling time (s) and relative spread a host factor's confidence is
+/// judged by ([`Scalar::confidence`]).
+pub const HOST_CONFIDENCE: (f32, f32) = (900.0, 0.1);
+/// The same for the pump's flow per GPU.
+pub const FLOW_CONFIDENCE: (f32, f32) = (600.0, 0.1);
+/// The same for the CDU's approach.
+pub const APPROACH_CONFIDENCE: (f32, f32) = (600.0, 0.5);
 /// How far ahead a host's rising factor is planned for, s: a plate that
 /// keeps fouling is met by water cooled for where it will be once the
 /// search, the filter and the water have caught up (a search a minute,
@@ -347,12 +354,14 @@ impl Estimator {
         let dt = t.dt;
         let l = &mut self.learned;
         for s in l.hosts.iter_mut() {
-            let c = s.confidence(900.0, 0.1);
+            let c = s.confidence(HOST_CONFIDENCE.0, HOST_CONFIDENCE.1);
             s.trust_towards(c, dt);
         }
-        let c = l.flow.confidence(600.0, 0.1);
+        let c = l.flow.confidence(FLOW_CONFIDENCE.0, FLOW_CONFIDENCE.1);
         l.flow.trust_towards(c, dt);
-        let c = l.approach.confidence(600.0, 0.5);
+        let c = l
+            .approach
+            .confidence(APPROACH_CONFIDENCE.0, APPROACH_CONFIDENCE.1);
         l.approach.trust_towards(c, dt);
         let c = l.facility.confidence();
         for (tr, c) in l.facility_trust.iter_mut().zip(c) {

@@ -20,13 +20,7 @@ use loopwarden_protocol::message::{FigureEstimate, HallEstimates};
 use loopwarden_protocol::units::{LitresPerMinute, Percent};
 use loopwarden_protocol::Ident;
 
-/// Settling time (s) and relative spread the core judges each filtered
-/// figure's confidence by (`cooling_core::estimate`, `Estimator::learn`,
-/// and docs/cooling.md, "Confidence and trust"): host factors, the
-/// pump's flow per GPU, the CDU's approach.
-const HOST_CONFIDENCE: (f32, f32) = (900.0, 0.1);
-const FLOW_CONFIDENCE: (f32, f32) = (600.0, 0.1);
-const APPROACH_CONFIDENCE: (f32, f32) = (600.0, 0.5);
+use cooling_core::estimate::{APPROACH_CONFIDENCE, FLOW_CONFIDENCE, HOST_CONFIDENCE};
 
 /// The estimator's state after a step, as the shell copies it out.
 #[derive(Debug, Clone, PartialEq)]

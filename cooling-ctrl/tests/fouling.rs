@@ -51,7 +51,11 @@ fn a_rack_that_fouls_is_capped_alone_once_that_costs_less_than_colder_water() {
     let oracle = sim::run("fouling", &sc, &mut Oracle::new(&sc), None, 60).unwrap();
     eprintln!("ours {ours:?}\noracle {oracle:?}");
     assert_eq!(
-        (ours.shutdowns, ours.slowdown_episodes, ours.gpu_s_above_max_operating),
+        (
+            ours.shutdowns,
+            ours.slowdown_episodes,
+            ours.gpu_s_above_max_operating
+        ),
         (0, 0, 0)
     );
     // Rack 1's hosts (4 to 7) and no other.
@@ -59,7 +63,11 @@ fn a_rack_that_fouls_is_capped_alone_once_that_costs_less_than_colder_water() {
     assert_eq!(capped, vec![4, 5, 6, 7]);
     let plan = w.ours.core().loops().proposal;
     assert_eq!(plan.capped_mask, 0xF0, "{plan:?}");
-    assert!(plan.other_cost.is_some_and(|c| c > plan.facility_w / plan.work), "{plan:?}");
+    assert!(
+        plan.other_cost
+            .is_some_and(|c| c > plan.facility_w / plan.work),
+        "{plan:?}"
+    );
     assert!(
         ours.kwh_per_work_gpu_h <= oracle.kwh_per_work_gpu_h * 1.005,
         "{} against the oracle's {}",
