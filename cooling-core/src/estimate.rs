@@ -302,7 +302,20 @@ impl Estimator {
         base_ceiling_c: f32,
     ) -> CoreConfig {
         let l = &self.learned;
-        let mut c = facility::apply(cfg, &l.facility.theta, &l.facility_trust);
+        // The trust ramp holds back a bold figure (a bigger dry cooler, a
+        // better chiller, a cheaper pump); a cautious one is used as far
+        // as the data pins it down.
+        let conf = l.facility.confidence();
+        let th = &l.facility.theta;
+        let cautious = [th[0] < 0.0, th[1] < 0.0, th[2] > 0.0, th[3] > 0.0];
+        let w: [f32; facility::N] = core::array::from_fn(|i| {
+            if cautious[i] {
+                conf[i].max(l.facility_trust[i])
+            } else {
+                l.facility_trust[i]
+            }
+        });
+        let mut c = facility::apply(cfg, th, &w);
         c.cdu.design_lpm_per_gpu = l.flow.used(cfg.cdu.design_lpm_per_gpu, false);
         c.cdu.approach_k = l.approach.used(cfg.cdu.approach_k, true);
         let trust = self.hosts_trust(cfg, hosts);

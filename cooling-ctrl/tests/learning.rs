@@ -202,3 +202,24 @@ fn a_chiller_that_never_runs_is_not_trusted_to_differ() {
     assert!(l.facility.confidence()[1] < 0.2, "{:?}", l.facility);
     assert!(l.facility_trust[1] < 0.2);
 }
+
+#[test]
+fn a_dry_cooler_that_loses_capacity_mid_run_is_believed_within_twenty_minutes() {
+    let text = "format = \"plant-scenario/1\"\ndescription = \"dry cooler fouls\"\n\
+         duration_s = 3000\nseed = 4\n[ambient]\npoints = [[0, 33.0], [3000, 36.0]]\n\
+         [load]\nall = [[0, 1.0]]\n\
+         [[fault]]\nat_s = 1800\nkind = \"dry_cooler_degraded\"\nvalue = 0.4\n";
+    let sc = Scenario::from_toml(text, "dry cooler").unwrap();
+    let mut w = play(&sc);
+    // Before the fault the dry cooler was learned as configured.
+    let before = w.at_hour.take();
+    assert!(before.is_none_or(|l| l.facility.theta[0].abs() < 0.1));
+    let believed = w.ours.core().believed().facility.dry_cooler_ua_w_per_k;
+    let configured = w.ours.core().config().facility.dry_cooler_ua_w_per_k;
+    // The cautious figure is used as far as the data pins it down, not
+    // held back by the half-hour trust ramp.
+    assert!(
+        believed < 0.8 * configured,
+        "believed {believed} W/K of {configured}, 20 minutes after losing 60 %"
+    );
+}

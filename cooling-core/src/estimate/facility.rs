@@ -36,7 +36,7 @@ pub const N: usize = 4;
 /// Prior standard deviations: ln-ratios (about ×/÷ 1.5 for the dry cooler
 /// and the chiller, ×/÷ 1.2 for the pump, whose curve is tested at the
 /// factory) and the offset, W.
-const SIGMA0: [f32; N] = [0.4, 0.4, 0.2, 1500.0];
+const SIGMA0: [f32; N] = [0.4, 0.4, 0.2, 500.0];
 /// Process noise per update (variance): lets the figures age.
 const Q: [f32; N] = [2e-6, 2e-6, 2e-6, 400.0];
 /// Bounds of the state: ratios 1/3..3, offset ±20 kW.
@@ -74,6 +74,8 @@ pub struct FacilityFit {
     pub rejected: u32,
     /// Rejected in a row.
     pub in_a_row: u32,
+    /// Samples still to be taken without the gate after a reopening.
+    pub ungated: u32,
 }
 
 impl Default for FacilityFit {
@@ -88,6 +90,7 @@ impl Default for FacilityFit {
             taken: 0,
             rejected: 0,
             in_a_row: 0,
+            ungated: 0,
         }
     }
 }
@@ -140,7 +143,9 @@ impl FacilityFit {
             return false;
         }
         self.taken = self.taken.saturating_add(1);
-        if y * y > 16.0 * s_var {
+        let open = self.ungated > 0;
+        self.ungated = self.ungated.saturating_sub(1);
+        if y * y > 16.0 * s_var && !open {
             self.rejected = self.rejected.saturating_add(1);
             self.in_a_row = self.in_a_row.saturating_add(1);
             if self.in_a_row >= RESET_AFTER {
@@ -152,6 +157,9 @@ impl FacilityFit {
                     row[i] = s0 * s0;
                 }
                 self.in_a_row = 0;
+                // And believes the next few samples, far as they are:
+                // the gate is for glitches, not for a plant that changed.
+                self.ungated = RESET_AFTER;
             }
             self.age();
             return false;
