@@ -252,6 +252,19 @@ fn hottest_of(t: &Tick<'_>, hosts: u64) -> Option<f32> {
         .reduce(f32::max)
 }
 
+/// What a step made of the sensors.
+#[derive(Debug, Clone, Copy)]
+struct Sensed {
+    /// The hall as the step sees it.
+    seen: Seen,
+    /// The readings supervision trusts.
+    read: sensors::Trusted,
+    /// Those, with a stand-in for each faulty required sensor that has one.
+    trusted: sensors::Trusted,
+    /// The facility water supply, if trusted, °C.
+    facility: Option<f32>,
+}
+
 /// Bit `i` of `mask` (a rack's bit).
 pub(crate) fn bit(mask: u16, i: usize) -> bool {
     i < 16 && mask & (1 << i) != 0
@@ -451,6 +464,45 @@ impl Core {
 
     /// One step at `inp.now_ms`: the layers in order of authority.
     pub fn step(&mut self, inp: &Inputs<'_>) -> Commands {
+        let (dt, mut log) = self.begin(inp);
+
+        // 1. Safety: leaks (the board's inputs, not the CDU's), isolation,
+        // pumps; then the sensors and the mode they allow.
+        let (t, pumps) = self.safety_step(inp, dt, &mut log);
+        let escalated = self.safety.isolation_failed() != 0;
+        let sensed = self.sense(&t, &pumps, &mut log);
+        let judged = self.modes.judge(&t, &self.sensors, &sensed.trusted);
+
+        // What the hall really is, learned from this step.
+        let (believed, short) = self.learn(&t, &sensed, &pumps, &mut log);
+
+        // 3. Optimisation, then 2. regulation.
+        self.plan_and_regulate(&t, &sensed, &believed, short, judged.0, &pumps);
+
+        // 4. Coordination, and the mode it leaves.
+        let mut caps = [None; MAX_HOSTS];
+        let (supply, setpoint_c) = (sensed.trusted.supply, self.regulator.setpoint_c());
+        let est = self.estimator;
+        let factor = |h| est.factor(h);
+        let seen = sensed.seen;
+        let capacity = self
+            .coordinator
+            .caps(&t, &seen, supply, setpoint_c, &factor, &mut caps);
+        let standing = mode::Standing {
+            capacity_caps: capacity,
+            leak_latched: self.safety.leaks_latched() != 0,
+            isolation_failed: escalated,
+            writes_refused: inp.cdu.is_some() && !inp.cdu_writes_ok,
+        };
+        let settled = self.modes.settle(judged, standing, t.now, &mut log);
+        self.events_dropped = self.events_dropped.saturating_add(log.dropped);
+        self.commands(&t, settled, pumps.on, caps, seen.hottest, log.events)
+    }
+
+    /// The start of a step: the clock, what the CDU runs on, and the
+    /// restored state's event. Returns the seconds since the last step and
+    /// the step's event log.
+    fn begin(&mut self, inp: &Inputs<'_>) -> (f32, Log) {
         if self.last_ms.is_none() {
             // The CDU runs on settings this core did not give (its own, or
             // an earlier process's) until its first write goes in.
@@ -471,16 +523,16 @@ impl Core {
                 lead: l.lead,
             });
         }
+        (dt, log)
+    }
 
-        // 1. Safety: leaks (the board's inputs, not the CDU's), isolation,
-        // pumps.
-        let (t, pumps) = self.safety_step(inp, dt, &mut log);
-        let escalated = self.safety.isolation_failed() != 0;
-        // Safety: sensor supervision against what the hall implies (at the
-        // speed the CDU runs), and the mode the sensors allow.
+    /// Sensor supervision in step `t` against what the hall implies (at
+    /// the speed the CDU runs), and a faulty sensor's reading replaced by
+    /// what the others imply.
+    fn sense(&mut self, t: &Tick<'_>, pumps: &pumps::PumpsNow, log: &mut Log) -> Sensed {
         let speed = self.applied.1;
         let est = self.estimator;
-        let seen = self.hall.see(&t, &self.sensors, speed, &|h| est.factor(h));
+        let seen = self.hall.see(t, &self.sensors, speed, &|h| est.factor(h));
         let fresh = |h| t.fresh(h).is_some();
         let facility = self
             .sensors
@@ -496,8 +548,7 @@ impl Core {
         };
         let read = self
             .sensors
-            .supervise(&t, &judged_by, pumps.running, speed, &mut log);
-        // A faulty sensor's reading is replaced by what the others imply.
+            .supervise(t, &judged_by, pumps.running, speed, log);
         let sources = substitute::Sources {
             cfg: &t.cfg,
             seen: &seen,
@@ -506,69 +557,82 @@ impl Core {
             pumping: pumps.running,
         };
         let (trusted, _) = substitute::fill(read, &sources);
-        let judged = self.modes.judge(&t, &self.sensors, &trusted);
-
-        // What the hall really is, learned from this step.
-        self.rejection.watch(&t, trusted.supply, self.applied.0);
-        let short = self.rejection.short();
-        let given = Given {
-            supply: read.supply,
-            flow: read.flow,
+        Sensed {
+            seen,
+            read,
+            trusted,
             facility,
-            speed,
-            one_pump: pumps.running && t.rd.pumps_running.iter().filter(|r| **r).count() == 1,
+        }
+    }
+
+    /// The estimator's part of step `t`: learns from what was `sensed`
+    /// (the readings themselves, never the stand-ins). Returns the plant
+    /// as now believed and whether heat rejection is believed short.
+    fn learn(
+        &mut self,
+        t: &Tick<'_>,
+        sensed: &Sensed,
+        pumps: &pumps::PumpsNow,
+        log: &mut Log,
+    ) -> (CoreConfig, bool) {
+        self.rejection
+            .watch(t, sensed.trusted.supply, self.applied.0);
+        let short = self.rejection.short();
+        let running = t.rd.pumps_running.iter().filter(|r| **r).count();
+        let given = Given {
+            supply: sensed.read.supply,
+            flow: sensed.read.flow,
+            facility: sensed.facility,
+            speed: self.applied.1,
+            one_pump: pumps.running && running == 1,
             setpoint_c: self.applied.0,
             short,
             sensors_quiet: self.sensors.quiet(),
         };
-        self.estimator.learn(&t, &seen, &given, &mut log);
-        let est = self.estimator;
+        self.estimator.learn(t, &sensed.seen, &given, log);
+        let fresh = |h| t.fresh(h).is_some();
         let base_ceiling = self.cfg.margins.plan_ceiling_c;
-        let believed = est.believed(&t.cfg, &fresh, base_ceiling);
+        let believed = self.estimator.believed(&t.cfg, &fresh, base_ceiling);
+        (believed, short)
+    }
 
-        // 3. Optimisation: one slice of the search, before regulation so
-        // that regulation follows a proposal finished on this step.
+    /// One slice of the search on the `believed` plant (before regulation,
+    /// so that regulation follows a proposal finished on this step), then
+    /// regulation in `mode` to the plan ceiling the estimates allow: the
+    /// hosts the plan holds by caps rather than by the water are the
+    /// caps' to hold, not the margin loop's.
+    fn plan_and_regulate(
+        &mut self,
+        t: &Tick<'_>,
+        sensed: &Sensed,
+        believed: &CoreConfig,
+        short: bool,
+        mode: CduMode,
+        pumps: &pumps::PumpsNow,
+    ) {
+        let est = self.estimator;
+        let seen = sensed.seen;
         if self.modes.searching() {
             let (ambient, _) = est.outdoor(&t.cfg);
             let factor = |h| est.factor_used(h);
             self.optimiser
-                .slice(&t, &believed, &seen, &factor, ambient, short);
+                .slice(t, believed, &seen, &factor, ambient, short);
         }
-
-        // 2. Regulation, to the plan ceiling the estimates allow; the
-        // hosts the plan holds by caps rather than by the water are the
-        // caps' to hold, not the margin loop's.
         let prop = self.optimiser.proposal();
-        let mut t_reg = t;
+        let mut t_reg = *t;
         t_reg.cfg.margins.plan_ceiling_c = believed.margins.plan_ceiling_c;
         let by_water = Seen {
-            hottest: hottest_of(&t, !prop.capped_mask)
+            hottest: hottest_of(t, !prop.capped_mask)
                 .or(seen.hottest.filter(|_| prop.capped_mask == 0)),
             ..seen
         };
+        let trusted = &sensed.trusted;
         if self
             .regulator
-            .step(&t_reg, judged.0, &prop, &trusted, &by_water, pumps.running)
+            .step(&t_reg, mode, &prop, trusted, &by_water, pumps.running)
         {
             self.hall.extend_transient(t.now + 60_000);
         }
-
-        // 4. Coordination, and the mode it leaves.
-        let mut caps = [None; MAX_HOSTS];
-        let (supply, setpoint_c) = (trusted.supply, self.regulator.setpoint_c());
-        let factor = |h| est.factor(h);
-        let capacity = self
-            .coordinator
-            .caps(&t, &seen, supply, setpoint_c, &factor, &mut caps);
-        let standing = mode::Standing {
-            capacity_caps: capacity,
-            leak_latched: self.safety.leaks_latched() != 0,
-            isolation_failed: escalated,
-            writes_refused: inp.cdu.is_some() && !inp.cdu_writes_ok,
-        };
-        let settled = self.modes.settle(judged, standing, t.now, &mut log);
-        self.events_dropped = self.events_dropped.saturating_add(log.dropped);
-        self.commands(&t, settled, pumps.on, caps, seen.hottest, log.events)
     }
 
     /// The safety layer's part of a step `dt` s after the last: leaks and
