@@ -7,15 +7,16 @@
 //! confidence and rises at most `1/TRUST_RAMP_S` per second, so a new
 //! estimate takes half an hour to take over from the configured figure.
 //! Where an estimate is the more cautious (a host that runs hotter than
-//! configured) it is used at once; where it is the bolder, it is blended
-//! in by its trust.
+//! configured) it is used at once (a facility figure: as far as its
+//! confidence); where it is the bolder, it is blended in by its trust.
 //!
 //! What is estimated, and from what:
 //! - **each host's thermal factor** `k_h`: its hottest GPU's resistance to
 //!   the supply over the model's at the flow now,
-//!   `k_h = (T_hot − T_s) / (P̄ · (R_jc + R_cp(q)))`, filtered over five
-//!   minutes of steady, loaded operation (a fouled cold plate, a worse
-//!   TIM, a hotter GPU model all show as `k_h > 1`);
+//!   `k_h = (T_hot − T_s) / (P̄ · (R_jc + R_cp(q)))`, filtered over two
+//!   minutes rising and ten falling, in steady, loaded operation (a
+//!   fouled cold plate, a worse TIM, a hotter GPU model all show as
+//!   `k_h > 1`), its rate of rise planned [`RISE_LEAD_S`] ahead;
 //! - **the pump's flow curve**: litres per minute per GPU at full speed,
 //!   `flow / (n · GPUs)` (a clogged strainer, a smaller impeller);
 //! - **the CDU's approach**: `T_s − T_fw` at steady state;
@@ -32,7 +33,7 @@
 //! Glossary:
 //! - *steady*: no transient in the hall view, the supply within 1 K of
 //!   its setpoint, heat rejection not short.
-//! - *informative seconds*: how long an estimate has been fed.
+//! - *fed*: how long an estimate has been given samples (`fed_s`).
 
 pub mod facility;
 pub mod record;
@@ -64,8 +65,9 @@ pub const APPROACH_CONFIDENCE: (f32, f32) = (600.0, 0.5);
 /// the filter's two minutes, the loop's minutes).
 pub const RISE_LEAD_S: f32 = 300.0;
 /// Junction temperature the plan ceiling may rise to as the hosts'
-/// factors are trusted, °C (the oracle's own ceiling: 2 K below the GPUs'
-/// maximum operating temperature).
+/// factors are trusted, °C: 2.5 K below the GPUs' maximum operating
+/// temperature and 1 K below the cap target, so that the caps have a
+/// band to act in.
 pub const TRUSTED_CEILING_C: f32 = 84.5;
 
 /// One filtered figure with its spread, confidence and trust.
