@@ -605,4 +605,43 @@ mod tests {
         assert_eq!(s.over_k, 0.0);
         assert!(p.setpoint_c >= 40.0, "{p:?}");
     }
+
+    #[test]
+    fn the_settled_supply_rejects_the_heat_with_the_fans_full_and_the_chiller_at_capacity() {
+        let cfg = CoreConfig::default();
+        let mut out = cfg;
+        out.facility.chiller_max_w = 0.0;
+        let s = settled_supply(&out, 45.0, 110_000.0);
+        // At that supply the dry cooler alone takes the heat, no more.
+        let rej = model::rejection(&out, s, 45.0, 110_000.0);
+        assert!(rej.short_w.abs() < 1.0, "{s} {rej:?}");
+        let colder = model::rejection(&out, s - 0.5, 45.0, 110_000.0);
+        assert!(colder.short_w > 1_000.0, "{colder:?}");
+    }
+
+    #[test]
+    fn short_of_rejection_the_faster_pump_keeps_more_work_and_wins() {
+        let cfg = CoreConfig::default();
+        let plans = hall(&cfg, 1.0);
+        let p = search(&cfg, &plans, 45.0, true);
+        // Every host is planned capped at a supply above the setpoint.
+        assert!(
+            p.supply_c > p.setpoint_c + 1.0 && p.capped_hosts == 16,
+            "{p:?}"
+        );
+        let slow = Optimiser::judge(
+            &cfg,
+            &plans,
+            128,
+            45.0,
+            true,
+            p.setpoint_c,
+            cfg.cdu.min_speed,
+        )
+        .1;
+        assert!(
+            p.speed > 0.8 && p.work > slow.work,
+            "{p:?} against {slow:?}"
+        );
+    }
 }
