@@ -209,7 +209,6 @@ pub struct Estimator {
     learned: Learned,
     outdoor_at: Option<(f32, u64)>,
     outdoor_lost: bool,
-    facility_last_ms: Option<u64>,
     /// The last facility sample's time, facility water and IT power.
     facility_prev: Option<(u64, f32, f32)>,
     /// How fast each host's factor rises, per second (filtered over ten
@@ -251,7 +250,6 @@ impl Estimator {
             learned,
             outdoor_at: None,
             outdoor_lost: false,
-            facility_last_ms: None,
             facility_prev: None,
             host_rate: [0.0; MAX_HOSTS],
         }
@@ -451,8 +449,8 @@ impl Estimator {
 
     fn learn_facility(&mut self, t: &Tick<'_>, seen: &Seen, g: &Given) {
         let due = self
-            .facility_last_ms
-            .is_none_or(|l| t.now.saturating_sub(l) >= FACILITY_EVERY_MS);
+            .facility_prev
+            .is_none_or(|(at, _, _)| t.now.saturating_sub(at) >= FACILITY_EVERY_MS);
         let (Some(it), Some(fw), Some(fac), false) = (
             seen.it_w,
             g.facility,
@@ -471,7 +469,6 @@ impl Estimator {
         // cools, the dry cooler and the chiller shed less or more than
         // the heat (its heat capacity is megajoules per kelvin).
         let before = self.facility_prev.replace((t.now, fw, it));
-        self.facility_last_ms = Some(t.now);
         let steady = before.is_some_and(|(at, fw0, it0)| {
             t.now.saturating_sub(at) <= 2 * FACILITY_EVERY_MS
                 && (fw - fw0).abs() <= 0.05

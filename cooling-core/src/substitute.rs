@@ -93,6 +93,23 @@ pub fn fill(mut trusted: Trusted, src: &Sources<'_>) -> (Trusted, Estimated) {
 mod tests {
     use super::*;
 
+    /// What fills the gaps on the default hall: the hall `seen`, the
+    /// pump's curve, its speed and whether it pumps.
+    fn sources<'a>(
+        cfg: &'a CoreConfig,
+        seen: &'a Seen,
+        flow_full_per_gpu: f32,
+        speed: f32,
+    ) -> Sources<'a> {
+        Sources {
+            cfg,
+            seen,
+            flow_full_per_gpu,
+            speed,
+            pumping: true,
+        }
+    }
+
     fn seen(implied: Option<f32>) -> Seen {
         Seen {
             it_w: Some(100_000.0),
@@ -113,13 +130,7 @@ mod tests {
             estimated: Estimated::default(),
         };
         let s = seen(Some(37.5));
-        let src = Sources {
-            cfg: &cfg,
-            seen: &s,
-            flow_full_per_gpu: 1.5,
-            speed: 1.0,
-            pumping: true,
-        };
+        let src = sources(&cfg, &s, 1.5, 1.0);
         let (t, e) = fill(trusted, &src);
         assert_eq!((t.supply, e.supply), (Some(37.5), true));
         // No loaded GPU speaks: 100 kW over 192 L/min of PG25 is 7.7 K.
@@ -140,13 +151,7 @@ mod tests {
             estimated: Estimated::default(),
         };
         let s = seen(Some(35.0));
-        let src = Sources {
-            cfg: &cfg,
-            seen: &s,
-            flow_full_per_gpu: 1.4,
-            speed: 0.5,
-            pumping: true,
-        };
+        let src = sources(&cfg, &s, 1.4, 0.5);
         let (t, e) = fill(trusted, &src);
         assert!((t.flow.unwrap() - 1.4 * 0.5 * 128.0).abs() < 1e-3);
         assert!(e.flow && !e.supply);
@@ -170,13 +175,7 @@ mod tests {
             estimated: Estimated::default(),
         };
         let s = seen(None);
-        let src = Sources {
-            cfg: &cfg,
-            seen: &s,
-            flow_full_per_gpu: 1.5,
-            speed: 1.0,
-            pumping: true,
-        };
+        let src = sources(&cfg, &s, 1.5, 1.0);
         let (t, e) = fill(trusted, &src);
         assert_eq!((t.supply, t.return_c, e.any()), (None, None, false));
     }

@@ -14,7 +14,7 @@
 //!   loaded keeps its configured factor 1 and does not count, as in
 //!   `Core::believed`'s plan ceiling).
 
-use cooling_core::estimate::Scalar;
+use cooling_core::estimate::{facility, Scalar};
 use cooling_core::{Core, CoreConfig, Learned};
 use loopwarden_protocol::message::{FigureEstimate, HallEstimates};
 use loopwarden_protocol::units::{LitresPerMinute, Percent};
@@ -132,56 +132,31 @@ impl Estimates {
     /// speed, fixed loads), then the pump's flow and the CDU's approach.
     pub fn figures(&self) -> [Figure; 6] {
         let (c, b, l) = (&self.configured, &self.believed, &self.learned);
-        let theta = l.facility.theta;
+        // The filter's state on the configuration, as the core applies it.
+        let e = &facility::apply(c, &l.facility.theta, &[1.0; facility::N]);
         let conf = l.facility.confidence();
         let trust = l.facility_trust;
-        let facility = |i: usize, key, name, unit, configured: f32, used: f32| Figure {
+        let fig = |cfg: &CoreConfig, i: usize| match i {
+            0 => cfg.facility.dry_cooler_ua_w_per_k,
+            1 => cfg.facility.carnot_fraction,
+            2 => cfg.cdu.pump_max_w,
+            _ => cfg.facility.fixed_w,
+        };
+        let facility = |i: usize, key, name, unit| Figure {
             key,
             name,
             unit,
-            configured,
-            estimated: if i < 3 {
-                configured * theta[i].exp()
-            } else {
-                configured + theta[i]
-            },
-            used,
+            configured: fig(c, i),
+            estimated: fig(e, i),
+            used: fig(b, i),
             confidence: conf[i],
             trust: trust[i],
         };
         [
-            facility(
-                0,
-                "dry_cooler_ua",
-                "dry cooler UA",
-                "W/K",
-                c.facility.dry_cooler_ua_w_per_k,
-                b.facility.dry_cooler_ua_w_per_k,
-            ),
-            facility(
-                1,
-                "chiller_cop",
-                "chiller COP (Carnot fraction)",
-                "",
-                c.facility.carnot_fraction,
-                b.facility.carnot_fraction,
-            ),
-            facility(
-                2,
-                "pump_power",
-                "CDU pump power at full speed",
-                "W",
-                c.cdu.pump_max_w,
-                b.cdu.pump_max_w,
-            ),
-            facility(
-                3,
-                "fixed_loads",
-                "fixed loads (facility meter offset)",
-                "W",
-                c.facility.fixed_w,
-                b.facility.fixed_w,
-            ),
+            facility(0, "dry_cooler_ua", "dry cooler UA", "W/K"),
+            facility(1, "chiller_cop", "chiller COP (Carnot fraction)", ""),
+            facility(2, "pump_power", "CDU pump power at full speed", "W"),
+            facility(3, "fixed_loads", "fixed loads (facility meter offset)", "W"),
             filtered(
                 &l.flow,
                 "flow_per_gpu_full",

@@ -15,11 +15,12 @@ use loopwarden_twin::scenario::Scenario;
 use loopwarden_twin::sim::{self, Controller, Decision, Readings};
 
 /// Ours, noting the pump speed it asked for last and what it had
-/// learned an hour in.
+/// learned at `note_at_s`.
 struct Watched {
     ours: Ours,
     speed: f64,
-    at_hour: Option<cooling_core::Learned>,
+    note_at_s: f64,
+    noted: Option<cooling_core::Learned>,
 }
 
 impl Controller for Watched {
@@ -32,8 +33,8 @@ impl Controller for Watched {
     fn step(&mut self, r: &Readings) -> Decision {
         let d = self.ours.step(r);
         self.speed = d.pump_speed;
-        if r.t_s >= 3600.0 && self.at_hour.is_none() {
-            self.at_hour = Some(self.ours.core().learned());
+        if r.t_s >= self.note_at_s && self.noted.is_none() {
+            self.noted = Some(self.ours.core().learned());
         }
         d
     }
@@ -53,11 +54,18 @@ fn day(truth: &str, ambient: &str) -> Scenario {
 const MILD: &str = "[[0, 24.0], [5400, 34.0], [10800, 30.0]]";
 const HOT: &str = "[[0, 34.0], [5400, 42.0], [10800, 38.0]]";
 
+/// Plays `sc`, noting what was learned an hour in.
 fn play(sc: &Scenario) -> Watched {
+    play_noting(sc, 3600.0)
+}
+
+/// Plays `sc`, noting what was learned at `note_at_s`.
+fn play_noting(sc: &Scenario, note_at_s: f64) -> Watched {
     let mut w = Watched {
         ours: Ours::new(&sc.site).unwrap(),
         speed: 1.0,
-        at_hour: None,
+        note_at_s,
+        noted: None,
     };
     let s = sim::run("learning", sc, &mut w, None, 60).unwrap();
     assert_eq!(s.shutdowns, 0);
@@ -82,7 +90,7 @@ fn fouled_plates_and_hotter_gpus_are_learned_per_host_within_an_hour() {
     );
     let w = play(&sc);
     let l = w.ours.core().learned();
-    let hour = w.at_hour.unwrap();
+    let hour = w.noted.unwrap();
     for h in 0..16 {
         let plate = if h / 4 == 2 { 1.6 } else { 1.0 };
         let want = factor(&sc, 0.026, plate, w.speed);
@@ -210,10 +218,14 @@ fn a_dry_cooler_that_loses_capacity_mid_run_is_believed_within_twenty_minutes() 
          [load]\nall = [[0, 1.0]]\n\
          [[fault]]\nat_s = 1800\nkind = \"dry_cooler_degraded\"\nvalue = 0.4\n";
     let sc = Scenario::from_toml(text, "dry cooler").unwrap();
-    let mut w = play(&sc);
+    let w = play_noting(&sc, 1790.0);
     // Before the fault the dry cooler was learned as configured.
-    let before = w.at_hour.take();
-    assert!(before.is_none_or(|l| l.facility.theta[0].abs() < 0.1));
+    let before = w.noted.expect("noted before the fault");
+    assert!(
+        before.facility.theta[0].abs() < 0.1,
+        "{:?}",
+        before.facility
+    );
     let believed = w.ours.core().believed().facility.dry_cooler_ua_w_per_k;
     let configured = w.ours.core().config().facility.dry_cooler_ua_w_per_k;
     // The cautious figure is used as far as the data pins it down, not
