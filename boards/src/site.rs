@@ -38,6 +38,11 @@ pub struct SiteConfig {
     pub secondary: LoopModel,
     /// Heat rejection.
     pub facility: FacilityModel,
+    /// CDUs on the facility water loop, each with these racks and its own
+    /// controller (`PLANT_MODEL.md` §4.1); the dry cooler, the chiller
+    /// plant and the facility water flow are this many times the
+    /// figures of `facility`, which are one CDU's share.
+    pub cdus: usize,
 }
 
 impl Default for SiteConfig {
@@ -50,6 +55,7 @@ impl Default for SiteConfig {
             host: HostModel::default(),
             secondary: LoopModel::default(),
             facility: FacilityModel::default(),
+            cdus: 1,
         }
     }
 }
@@ -261,6 +267,9 @@ pub struct FacilityModel {
     pub distribution_loss: f64,
     /// Fixed loads, W.
     pub fixed_w: f64,
+    /// The facility water a hall of several CDUs is held at when its
+    /// target is fixed (the warmest design day's), °C.
+    pub fixed_water_c: f64,
 }
 
 impl Default for FacilityModel {
@@ -279,6 +288,7 @@ impl Default for FacilityModel {
             pumps_w: 1500.0,
             distribution_loss: 0.03,
             fixed_w: 2000.0,
+            fixed_water_c: 20.0,
         }
     }
 }

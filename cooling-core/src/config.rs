@@ -115,6 +115,27 @@ pub struct FacilityParams {
     pub distribution_loss: f32,
     /// Fixed loads, W.
     pub fixed_w: f32,
+    /// CDUs on this facility water (the figures above are one CDU's
+    /// share of the plant); above 1 the water is the facility
+    /// coordinator's to set, not this CDU's.
+    pub cdus: u8,
+}
+
+impl FacilityParams {
+    /// The whole plant of a hall of `self.cdus` CDUs: flows, conductance,
+    /// fans, chiller, pumps and fixed loads that many times one share.
+    pub fn whole(&self) -> Self {
+        let k = f32::from(self.cdus.max(1));
+        Self {
+            water_kg_per_s: self.water_kg_per_s * k,
+            dry_cooler_ua_w_per_k: self.dry_cooler_ua_w_per_k * k,
+            fan_max_w: self.fan_max_w * k,
+            chiller_max_w: self.chiller_max_w * k,
+            pumps_w: self.pumps_w * k,
+            fixed_w: self.fixed_w * k,
+            ..*self
+        }
+    }
 }
 
 /// The controller's own margins.
@@ -232,6 +253,7 @@ impl Default for CoreConfig {
                 pumps_w: 1500.0,
                 distribution_loss: 0.03,
                 fixed_w: 2000.0,
+                cdus: 1,
             },
             margins: Margins {
                 plan_ceiling_c: 83.0,
@@ -287,7 +309,7 @@ impl CoreConfig {
             return Err(ConfigError::Layout("more racks than the core holds (16)"));
         }
         if l.hosts() > super::MAX_HOSTS {
-            return Err(ConfigError::Layout("more hosts than the core holds (64)"));
+            return Err(ConfigError::Layout("more hosts than the core holds (128)"));
         }
         let g = &self.gpu;
         if !(g.min_cap_w > 0.0 && g.min_cap_w <= g.tdp_w && g.static_w < g.tdp_w) {

@@ -63,6 +63,7 @@ extern crate std;
 pub mod config;
 pub mod coordinate;
 pub mod estimate;
+pub mod facility;
 pub mod latch;
 pub mod mode;
 pub mod model;
@@ -96,7 +97,9 @@ use view::{HallView, Seen, Tick};
 /// Racks the core can hold.
 pub const MAX_RACKS: usize = 16;
 /// Hosts the core can hold.
-pub const MAX_HOSTS: usize = 64;
+pub const MAX_HOSTS: usize = 128;
+/// A set of hosts, bit n = host n (by host index).
+pub type HostMask = u128;
 /// Events one step can report.
 pub const MAX_EVENTS: usize = 16;
 
@@ -240,13 +243,21 @@ pub struct Core {
     setpoint_ceiling_c: f32,
     plan_offset_k: f32,
     events_dropped: u32,
+    /// The facility water the hall's coordinator last set, °C, and when
+    /// it was told, ms.
+    facility_target: Option<(f32, u64)>,
 }
+
+/// A facility water target not renewed for this long is dropped: the
+/// CDU plans as if its setpoint set the water (the BMS falls back to its
+/// own policy when the coordinator is silent).
+pub const FACILITY_TARGET_STALE_MS: u64 = 300_000;
 
 /// The hottest GPU of the fresh reports of the hosts in `hosts` (bit n =
 /// host n) in step `t`, °C.
-fn hottest_of(t: &Tick<'_>, hosts: u64) -> Option<f32> {
-    (0..t.cfg.layout.hosts().min(64))
-        .filter(|h| hosts & (1u64 << h) != 0)
+fn hottest_of(t: &Tick<'_>, hosts: HostMask) -> Option<f32> {
+    (0..t.cfg.layout.hosts().min(MAX_HOSTS))
+        .filter(|h| hosts & (1 << h) != 0)
         .filter_map(|h| t.fresh(h))
         .map(|r| r.hottest_c)
         .reduce(f32::max)
@@ -308,7 +319,23 @@ impl Core {
             setpoint_ceiling_c: cfg.cdu.max_setpoint_c,
             plan_offset_k: 0.0,
             events_dropped: 0,
+            facility_target: None,
         })
+    }
+
+    /// The hall's facility coordinator set the facility water to
+    /// `water_c` at `now_ms` (a hall of several CDUs): the optimiser plans
+    /// with it until [`FACILITY_TARGET_STALE_MS`] passes without another.
+    pub fn facility_target(&mut self, water_c: f32, now_ms: u64) {
+        if water_c.is_finite() {
+            self.facility_target = Some((water_c, now_ms));
+        }
+    }
+
+    /// What this CDU offers the hall's facility coordinator (a hall of
+    /// several CDUs, after the first search).
+    pub fn offer(&self) -> Option<facility::Offer> {
+        self.optimiser.offer()
     }
 
     /// The configuration.
@@ -614,6 +641,11 @@ impl Core {
         let seen = sensed.seen;
         if self.modes.searching() {
             let (ambient, _) = est.outdoor(&t.cfg);
+            let water = self
+                .facility_target
+                .filter(|(_, at)| t.now.saturating_sub(*at) < FACILITY_TARGET_STALE_MS)
+                .map(|(w, _)| w);
+            self.optimiser.share_water(water);
             let factor = |h| est.factor_used(h);
             self.optimiser
                 .slice(t, believed, &seen, &factor, ambient, short);

@@ -35,9 +35,10 @@
 //!   hall's average from the IT meter (`host_plans`).
 
 use super::config::CoreConfig;
+use super::facility::{self, Offer, OfferPoint};
 use super::model::{self, gpu_steady};
 use super::view::{Seen, Tick};
-use super::{bit, MAX_HOSTS};
+use super::{bit, HostMask, MAX_HOSTS};
 
 /// What the optimiser plans one host with.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -71,7 +72,7 @@ pub struct Proposal {
     /// Hosts the plan expects capped to hold the ceiling.
     pub capped_hosts: u8,
     /// Which, bit n = host n (by host index).
-    pub capped_mask: u64,
+    pub capped_mask: HostMask,
     /// The cost per work of the best plan of the other kind (with caps
     /// when this one has none, without when it has), for saying why
     /// this one was chosen; `None`: no plan of that kind held the
@@ -150,6 +151,12 @@ pub struct Optimiser {
     /// The search's best costs per work without caps and with, among
     /// plans that hold the ceiling.
     best_cost: [Option<f32>; 2],
+    /// The facility water the hall's coordinator set, °C (a hall of
+    /// several CDUs): the supply cannot go below it and the approach.
+    water_c: Option<f32>,
+    /// What the last search offers the facility coordinator (a hall of
+    /// several CDUs).
+    offer: Option<Offer>,
 }
 
 /// Rows of the grid: pump speeds from `min_speed` to 1 in 5 % steps.
@@ -176,7 +183,21 @@ impl Optimiser {
             started_ms: None,
             best: None,
             best_cost: [None; 2],
+            water_c: None,
+            offer: None,
         }
+    }
+
+    /// What the last finished search offers the facility coordinator;
+    /// `None` in a hall of one CDU or before a search has finished.
+    pub fn offer(&self) -> Option<Offer> {
+        self.offer
+    }
+
+    /// The facility water the searches from the next on plan with, °C
+    /// (`None`: this CDU's own setpoint sets it).
+    pub fn share_water(&mut self, water_c: Option<f32>) {
+        self.water_c = water_c;
     }
 
     /// The last finished search's choice.
@@ -197,6 +218,26 @@ impl Optimiser {
         open_gpus: usize,
         ambient_c: f32,
         no_chiller: bool,
+        setpoint_c: f32,
+        speed: f32,
+    ) -> (Score, Proposal) {
+        Self::judge_on(
+            cfg, plans, open_gpus, ambient_c, no_chiller, None, setpoint_c, speed,
+        )
+    }
+
+    /// [`Optimiser::judge`] with the facility water set by the hall
+    /// (`water_c`): the heat rejection's cost is the plant's at that
+    /// water whatever the setpoint (the hall's coordinator weighs it),
+    /// so a setpoint pays for its pumps and its GPUs' leakage only.
+    #[allow(clippy::too_many_arguments)]
+    pub fn judge_on(
+        cfg: &CoreConfig,
+        plans: &[HostPlan],
+        open_gpus: usize,
+        ambient_c: f32,
+        no_chiller: bool,
+        water_c: Option<f32>,
         setpoint_c: f32,
         speed: f32,
     ) -> (Score, Proposal) {
@@ -227,7 +268,8 @@ impl Optimiser {
             // them); the cost per work decides against colder water.
             hall = capped;
         }
-        let short = model::rejection(&rejecting, setpoint_c, ambient_c, hall.it_w).short_w > 1.0;
+        let fw = water_c.unwrap_or(setpoint_c - cfg.cdu.approach_k);
+        let short = model::rejection_at(&rejecting, fw, ambient_c, hall.it_w).short_w > 1.0;
         if short {
             for _ in 0..12 {
                 let next = settled_supply(&rejecting, ambient_c, hall.it_w).max(setpoint_c);
@@ -239,7 +281,8 @@ impl Optimiser {
                 }
             }
         }
-        let rej = model::rejection(&rejecting, supply, ambient_c, hall.it_w);
+        let fw = water_c.unwrap_or(supply - cfg.cdu.approach_k);
+        let rej = model::rejection_at(&rejecting, fw, ambient_c, hall.it_w);
         let facility = model::facility_w(cfg, hall.it_w, speed, &rej);
         let cost = if hall.work > 1e-3 {
             facility / hall.work
@@ -292,13 +335,23 @@ impl Optimiser {
         }
         let row = self.row.unwrap_or(0);
         let speed = (cfg.cdu.min_speed + 0.05 * row as f32).min(1.0);
-        let lo = cfg.cdu.min_setpoint_c;
         let hi = cfg.cdu.max_setpoint_c;
+        // Below the facility water and the approach no setpoint holds.
+        let floor = self.water_c.map_or(f32::MIN, |w| w + cfg.cdu.approach_k);
+        let lo = cfg.cdu.min_setpoint_c.max(floor).min(hi);
         let steps = ((hi - lo) / 0.5 + 1e-3) as usize;
         for k in 0..=steps {
             let sp = (lo + 0.5 * k as f32).min(hi);
-            let (score, prop) =
-                Self::judge(cfg, plans, open_gpus, ambient_c, no_chiller, sp, speed);
+            let (score, prop) = Self::judge_on(
+                cfg,
+                plans,
+                open_gpus,
+                ambient_c,
+                no_chiller,
+                self.water_c,
+                sp,
+                speed,
+            );
             if score.over_k <= 0.0 && score.short_w <= 1.0 {
                 let kind = &mut self.best_cost[usize::from(prop.capped_hosts > 0)];
                 *kind = Some(kind.map_or(score.cost, |c| c.min(score.cost)));
@@ -314,6 +367,12 @@ impl Optimiser {
             }
         }
         if row + 1 >= speeds(cfg) {
+            if cfg.facility.cdus > 1 {
+                let water = self
+                    .water_c
+                    .unwrap_or(self.proposal.supply_c - cfg.cdu.approach_k);
+                self.offer = Some(offer(cfg, plans, open_gpus, water));
+            }
             if let Some((_, mut p)) = self.best.take() {
                 p.other_cost = self.best_cost[usize::from(p.capped_hosts == 0)];
                 self.proposal = p;
@@ -360,7 +419,7 @@ struct HallAt {
     work: f32,
     over_k: f32,
     capped: u8,
-    mask: u64,
+    mask: HostMask,
 }
 
 /// The hall of `plans` at resistance `r` (times each host's factor) on
@@ -381,7 +440,7 @@ fn hall_at(cfg: &CoreConfig, plans: &[HostPlan], r: f32, t_in: f32, capping: boo
         if full.t_j > ceiling && capping {
             limit = ((ceiling - t_in) / r_h).clamp(g.min_cap_w, g.tdp_w);
             at.capped = at.capped.saturating_add(1);
-            at.mask |= 1u64.checked_shl(i as u32).unwrap_or(0);
+            at.mask |= HostMask::from(1u8).checked_shl(i as u32).unwrap_or(0);
             let floor = gpu_steady(g, t_in, r_h, full_dyn, limit);
             at.over_k += (floor.t_j - ceiling).max(0.0);
         } else {
@@ -395,6 +454,51 @@ fn hall_at(cfg: &CoreConfig, plans: &[HostPlan], r: f32, t_in: f32, capping: boo
     }
     at.it_w = gpu_w + host_w;
     at
+}
+
+/// What the hall of `plans` offers the facility coordinator
+/// ([`crate::facility`]), its pumps at full speed over `open_gpus`, its
+/// heat and work figured at facility water `water_c`.
+pub fn offer(cfg: &CoreConfig, plans: &[HostPlan], open_gpus: usize, water_c: f32) -> Offer {
+    let approach = cfg.cdu.approach_k;
+    let q = model::flow_per_gpu(cfg, 1.0, open_gpus);
+    let r = cfg.gpu.r_jc_k_per_w + model::r_cold_plate(&cfg.gpu, q);
+    let at = |w: f32, capping: bool| hall_at(cfg, plans, r, w + approach, capping);
+    let (lo, hi) = (
+        cfg.cdu.min_setpoint_c - approach,
+        cfg.cdu.max_setpoint_c - approach,
+    );
+    // The ceiling's excess only grows with the water: the first water that
+    // passes it ends the walk.
+    let mut accept_c = lo;
+    let mut w = lo;
+    while w <= hi + 1e-3 && at(w, false).over_k <= 0.0 {
+        accept_c = w;
+        w += facility::WATER_STEP_K;
+    }
+    let now = at(water_c, false);
+    let mut o = Offer {
+        heat_w: now.it_w,
+        work: now.work,
+        at_water_c: water_c,
+        heat_per_k_w: (at(water_c + 1.0, false).it_w - now.it_w).max(0.0),
+        accept_c,
+        ..Offer::default()
+    };
+    for (i, dk) in facility::OFFER_STEPS_K.iter().enumerate() {
+        let w = accept_c + dk;
+        let (plain, capped) = (at(w, false), at(w, true));
+        if w > hi + 1e-3 || capped.over_k > 0.0 {
+            break;
+        }
+        o.capped[i] = OfferPoint {
+            water_c: w,
+            work_lost: (plain.work - capped.work).max(0.0),
+            power_saved_w: (plain.it_w - capped.it_w).max(0.0),
+        };
+        o.points = i as u8 + 1;
+    }
+    o
 }
 
 /// The supply at which the plant of `cfg` rejects `heat_w` with the dry

@@ -143,6 +143,14 @@ pub const LEARNED_KEYS: [&str; PARTS] = [
     "cdu.learned.6",
     "cdu.learned.7",
     "cdu.learned.8",
+    "cdu.learned.9",
+    "cdu.learned.10",
+    "cdu.learned.11",
+    "cdu.learned.12",
+    "cdu.learned.13",
+    "cdu.learned.14",
+    "cdu.learned.15",
+    "cdu.learned.16",
 ];
 
 /// How often the shell keeps what the estimator learned (and at a clean

@@ -29,6 +29,8 @@ pub mod console;
 
 pub mod estimates;
 
+pub mod facility;
+
 #[cfg(target_os = "linux")]
 pub mod gpio;
 

@@ -31,6 +31,7 @@ use loopwarden_flash::ConfigStore;
 use loopwarden_protocol::message::CduMode;
 use loopwarden_twin::sim::{Controller, Decision, Readings};
 
+use cooling_core::facility::Offer;
 use cooling_core::{
     CduReadings, ConfigError, Core, CoreConfig, HostReport, Latched, LeakInputs, MAX_HOSTS,
 };
@@ -54,6 +55,8 @@ pub struct Ours {
     /// The time at the restart, ms: the restarted process counts from it.
     epoch_ms: u64,
     restarting: bool,
+    /// What the core offers the hall's facility coordinator.
+    offer: Option<Offer>,
 }
 
 /// The config store on a fresh simulated flash of the controller's
@@ -83,6 +86,7 @@ impl Ours {
             learned_at_ms: 0,
             epoch_ms: 0,
             restarting: false,
+            offer: None,
         })
     }
 
@@ -161,6 +165,16 @@ impl Controller for Ours {
         self.restarting = true;
     }
 
+    fn facility_offer(&self) -> Option<&dyn std::any::Any> {
+        self.offer.as_ref().map(|o| o as &dyn std::any::Any)
+    }
+
+    fn hear_facility_target(&mut self, water_c: f64, t_s: f64) {
+        let t_ms = (t_s * 1000.0).round() as u64;
+        self.core
+            .facility_target(water_c as f32, t_ms.saturating_sub(self.epoch_ms));
+    }
+
     fn step(&mut self, r: &Readings) -> Decision {
         let t_ms = (r.t_s * 1000.0).round() as u64;
         if std::mem::take(&mut self.restarting) {
@@ -211,6 +225,7 @@ impl Controller for Ours {
             cdu_writes_ok: r.writes_ok,
             hosts: &self.reports,
         });
+        self.offer = self.core.offer();
         // In flash before it acts.
         self.keep_latched();
         self.keep_learned(t_ms);
@@ -246,4 +261,49 @@ fn mask(per_rack: &[bool]) -> u16 {
         .enumerate()
         .filter(|(i, on)| **on && *i < 16)
         .fold(0u16, |m, (i, _)| m | (1 << i))
+}
+
+/// The facility coordinator ([`crate::facility::Coordinator`]) as the
+/// twin's: the offers of the `Ours` controllers of a hall of several
+/// CDUs in, the facility water and the chiller's staging out.
+pub struct SimCoordinator {
+    inner: crate::facility::Coordinator,
+}
+
+impl SimCoordinator {
+    /// The coordinator of a hall of `site` (its `cdus` CDUs).
+    pub fn new(site: &SiteConfig) -> Result<Self, ConfigError> {
+        Ok(Self {
+            inner: crate::facility::Coordinator::new(&core_config(site)?),
+        })
+    }
+}
+
+impl loopwarden_twin::sim::FacilityCoordinator for SimCoordinator {
+    fn order(
+        &mut self,
+        t_s: f64,
+        ambient_c: f64,
+        offers: &[Option<&dyn std::any::Any>],
+    ) -> loopwarden_twin::sim::FacilityOrder {
+        let now_ms = (t_s * 1000.0).round() as u64;
+        for (cdu, o) in offers.iter().enumerate() {
+            if let Some(o) = o.and_then(|o| o.downcast_ref::<Offer>()) {
+                if let Err(e) = self.inner.hear(cdu, *o, now_ms) {
+                    panic!("the twin's hall and its coordinator disagree: {e}");
+                }
+            }
+        }
+        match self.inner.plan(now_ms, ambient_c as f32) {
+            Some(p) => loopwarden_twin::sim::FacilityOrder {
+                water_c: f64::from(p.water_c),
+                chiller_stages: Some(u32::from(p.chiller_stages)),
+            },
+            // No offer yet: the water as cold as the CDUs go, every stage.
+            None => loopwarden_twin::sim::FacilityOrder {
+                water_c: f64::from(self.inner.coldest_c()),
+                chiller_stages: None,
+            },
+        }
+    }
 }

@@ -75,6 +75,7 @@ pub fn core_config(site: &SiteConfig) -> Result<CoreConfig, ConfigError> {
             pumps_w: f.pumps_w as f32,
             distribution_loss: f.distribution_loss as f32,
             fixed_w: f.fixed_w as f32,
+            cdus: site.cdus.clamp(1, 255) as u8,
         },
         margins: d.margins,
         timing: d.timing,

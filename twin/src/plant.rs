@@ -161,6 +161,16 @@ pub struct Plant {
     pump_ramp: [f64; 2],
     meters: Meters,
     totals: Totals,
+    /// The secondary side of the step under way, waiting for the facility
+    /// loop's rejection ([`Plant::step_secondary`], [`Plant::finish_step`]).
+    pending: Option<Pending>,
+}
+
+/// A step's secondary side, before the facility loop has rejected its heat.
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    pumps: Pumps,
+    it: ItLoad,
 }
 
 impl Plant {
@@ -185,6 +195,7 @@ impl Plant {
             pump_ramp: [1.0, 0.0],
             meters: Meters::default(),
             totals: Totals::default(),
+            pending: None,
             site,
         }
     }
@@ -225,21 +236,36 @@ impl Plant {
     }
 
     fn step_once(&mut self, dt: f64, act: &Actuation, cond: &Conditions) {
-        let per_rack = self.gpus_per_rack();
-        // Borrow the parts apart: the site is read while the state changes.
-        let Plant {
-            site: s,
-            gpus,
-            supply_c,
-            fw_c,
-            pump_ramp,
-            meters,
-            totals,
-        } = self;
-        let lp = &s.secondary;
-        let n = gpus.len();
+        let heat_w = self.step_secondary(dt, act, cond);
+        // One CDU's hall: its facility water follows its own setpoint.
+        let lp = &self.site.secondary;
+        let sp = act.setpoint_c.clamp(lp.min_setpoint_c(), lp.max_setpoint_c);
+        let f = &self.site.facility;
+        let rej = step_facility(
+            f,
+            &mut self.fw_c,
+            sp - lp.approach_k,
+            heat_w,
+            dt,
+            cond,
+            f.chiller_max_w,
+        );
+        self.finish_step(dt, &rej);
+    }
 
-        let pumps = step_pumps(lp, pump_ramp, n, dt, act, cond);
+    /// The first half of a step of `dt` seconds (at most 1 s) in a hall
+    /// whose facility loop is shared ([`FacilityLoop`]): pumps, coolant
+    /// and GPUs on the facility water last set ([`Plant::set_facility_c`]).
+    /// Returns the heat into the coolant, W, for the facility loop;
+    /// [`Plant::finish_step`] ends the step with this CDU's share of what
+    /// the loop rejected.
+    pub fn step_secondary(&mut self, dt: f64, act: &Actuation, cond: &Conditions) -> f64 {
+        let per_rack = self.gpus_per_rack();
+        let s = &self.site;
+        let lp = &s.secondary;
+        let n = self.gpus.len();
+
+        let pumps = step_pumps(lp, &mut self.pump_ramp, n, dt, act, cond);
         // Flow splits evenly over the open racks.
         let open: Vec<bool> = (0..s.racks)
             .map(|r| act.valves.get(r).copied().unwrap_or(true))
@@ -253,19 +279,35 @@ impl Plant {
 
         // Supply follows the setpoint, never below facility water + approach.
         let sp = act.setpoint_c.clamp(lp.min_setpoint_c(), lp.max_setpoint_c);
-        *supply_c += (sp - *supply_c) * (dt / lp.supply_tau_s).min(1.0);
-        *supply_c = supply_c.max(*fw_c + lp.approach_k);
+        self.supply_c += (sp - self.supply_c) * (dt / lp.supply_tau_s).min(1.0);
+        self.supply_c = self.supply_c.max(self.fw_c + lp.approach_k);
 
         let coolant = Coolant {
             open: &open,
             q_gpu,
-            supply_c: *supply_c,
+            supply_c: self.supply_c,
             per_rack,
         };
-        let it = step_gpus(s, gpus, totals, &coolant, dt, act, cond);
-        let rej = step_facility(s, fw_c, sp, it.heat_w, dt, cond);
-        *meters = meters_of(s, &pumps, &it, &rej, *supply_c, *fw_c);
-        add_step(totals, meters, dt);
+        let it = step_gpus(s, &mut self.gpus, &mut self.totals, &coolant, dt, act, cond);
+        self.pending = Some(Pending { pumps, it });
+        it.heat_w
+    }
+
+    /// The second half of a step of `dt` seconds: the meters and the
+    /// accounts with `rej`, this CDU's share of the facility loop's
+    /// rejection. Without a [`Plant::step_secondary`] before, nothing.
+    pub fn finish_step(&mut self, dt: f64, rej: &Rejection) {
+        let Some(p) = self.pending.take() else {
+            return;
+        };
+        self.meters = meters_of(&self.site, &p.pumps, &p.it, rej, self.supply_c, self.fw_c);
+        add_step(&mut self.totals, &self.meters, dt);
+    }
+
+    /// The facility water this CDU's heat exchanger sees, °C (a hall of
+    /// several CDUs: the shared loop's).
+    pub fn set_facility_c(&mut self, fw_c: f64) {
+        self.fw_c = fw_c;
     }
 
     /// A GPU falls off the bus (a scenario's fault, XID 79): it stops for
@@ -289,6 +331,7 @@ impl Plant {
 }
 
 /// The pumps in one step.
+#[derive(Debug, Clone, Copy)]
 struct Pumps {
     /// Secondary flow, L/min.
     flow_lpm: f64,
@@ -349,6 +392,7 @@ struct Coolant<'a> {
 }
 
 /// The IT side of one step.
+#[derive(Debug, Clone, Copy)]
 struct ItLoad {
     /// IT power (GPUs and hosts), W.
     it_w: f64,
@@ -467,30 +511,42 @@ fn gpu_safety(g: &GpuModel, gs: &mut GpuState, totals: &mut Totals, dt: f64) {
 }
 
 /// Heat rejection in one step.
-struct Rejection {
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Rejection {
     /// Heat the dry cooler rejects, W.
-    q_dc: f64,
+    pub q_dc: f64,
     /// Heat the chiller rejects, W.
-    q_ch: f64,
+    pub q_ch: f64,
     /// Dry cooler fans, W.
-    fans_w: f64,
+    pub fans_w: f64,
     /// Chiller, W.
-    chiller_w: f64,
+    pub chiller_w: f64,
+}
+
+impl Rejection {
+    /// The share `k` (0 to 1) of it: one CDU's part of a shared loop's.
+    pub fn share(&self, k: f64) -> Self {
+        Self {
+            q_dc: self.q_dc * k,
+            q_ch: self.q_ch * k,
+            fans_w: self.fans_w * k,
+            chiller_w: self.chiller_w * k,
+        }
+    }
 }
 
 /// The facility loop: the dry cooler first, the chiller takes the rest up
-/// to its capacity, the facility loop stores what neither takes.
+/// to `chiller_max_w` (its capacity, or what is staged), the facility
+/// loop stores what neither takes; the water heads for `target`, °C.
 fn step_facility(
-    s: &SiteConfig,
+    f: &FacilityModel,
     fw_c: &mut f64,
-    sp: f64,
+    target: f64,
     heat_w: f64,
     dt: f64,
     cond: &Conditions,
+    chiller_max_w: f64,
 ) -> Rejection {
-    let lp = &s.secondary;
-    let f = &s.facility;
-    let target = sp - lp.approach_k;
     let fw_return = *fw_c + heat_w / (f.water_kg_per_s * f.water_cp_j_per_kg_k);
     let ua = f.dry_cooler_ua_w_per_k * cond.dry_cooler_fraction.clamp(0.0, 1.0);
     let drive = (fw_return - cond.ambient_c - f.pinch_k).max(0.0);
@@ -507,7 +563,7 @@ fn step_facility(
     let q_ch = if cond.chiller_tripped {
         0.0
     } else {
-        (wanted - q_dc).clamp(0.0, f.chiller_max_w)
+        (wanted - q_dc).clamp(0.0, chiller_max_w.max(0.0))
     };
     let chiller_w = q_ch / f.cop(*fw_c, cond.ambient_c);
     *fw_c += dt * (heat_w - q_dc - q_ch) / f.heat_capacity_j_per_k;
@@ -516,6 +572,76 @@ fn step_facility(
         q_ch,
         fans_w,
         chiller_w,
+    }
+}
+
+/// The facility water loop of a hall of several CDUs
+/// ([`SiteConfig::cdus`], `PLANT_MODEL.md` §4.1): one dry cooler and one
+/// chiller plant, each `cdus` times one CDU's figures, the water heading
+/// for the target the hall's facility policy sets. The chiller plant is
+/// `cdus` stages of one CDU's chiller each.
+#[derive(Debug, Clone)]
+pub struct FacilityLoop {
+    model: FacilityModel,
+    fw_c: f64,
+    stages: u32,
+}
+
+impl FacilityLoop {
+    /// The loop of `site` (one CDU's share of it in `site.facility`), its
+    /// water at `start_c` less the approach, as [`Plant::new`] starts.
+    pub fn new(site: &SiteConfig, start_c: f64) -> Self {
+        let k = site.cdus.max(1) as f64;
+        let mut model = site.facility.clone();
+        model.water_kg_per_s *= k;
+        model.dry_cooler_ua_w_per_k *= k;
+        model.fan_max_w *= k;
+        model.chiller_max_w *= k;
+        model.heat_capacity_j_per_k *= k;
+        Self {
+            model,
+            fw_c: start_c - site.secondary.approach_k,
+            stages: site.cdus.max(1) as u32,
+        }
+    }
+
+    /// The whole loop's figures.
+    pub fn model(&self) -> &FacilityModel {
+        &self.model
+    }
+
+    /// Facility water supply, °C.
+    pub fn water_c(&self) -> f64 {
+        self.fw_c
+    }
+
+    /// Chiller stages in the plant.
+    pub fn stages(&self) -> u32 {
+        self.stages
+    }
+
+    /// One step of `dt` seconds with `heat_w` from every CDU together, the
+    /// water heading for `target_c`, with `staged` chiller stages running
+    /// (`None`: every stage on demand, as a BMS stages them).
+    pub fn step(
+        &mut self,
+        dt: f64,
+        heat_w: f64,
+        target_c: f64,
+        cond: &Conditions,
+        staged: Option<u32>,
+    ) -> Rejection {
+        let stages = staged.unwrap_or(self.stages).min(self.stages);
+        let capacity = self.model.chiller_max_w * f64::from(stages) / f64::from(self.stages);
+        step_facility(
+            &self.model,
+            &mut self.fw_c,
+            target_c,
+            heat_w,
+            dt,
+            cond,
+            capacity,
+        )
     }
 }
 
@@ -751,6 +877,74 @@ mod tests {
         );
         // The chiller trip left heat in the facility loop for a while.
         assert!(t.heat_out_j < t.it_j);
+    }
+
+    #[test]
+    fn identical_cdus_on_a_shared_loop_run_as_one_cdu_alone() {
+        // Three CDUs on a loop three times one CDU's plant, every CDU told
+        // the same, the water heading where one CDU's setpoint sends its
+        // own: each CDU's meters are the lone CDU's.
+        let mut alone = Plant::new(site(), 30.0);
+        let hall_site = SiteConfig { cdus: 3, ..site() };
+        let mut cdus: Vec<Plant> = (0..3).map(|_| Plant::new(site(), 30.0)).collect();
+        let mut water = FacilityLoop::new(&hall_site, 30.0);
+        let a = act(&alone, 31.0, 0.8);
+        let mut c = cond(&alone, 27.0, 0.9);
+        for t in 0..3600 {
+            c.chiller_tripped = (1200..1500).contains(&t);
+            alone.step(1.0, &a, &c);
+            let heat: f64 = cdus
+                .iter_mut()
+                .map(|p| {
+                    p.set_facility_c(water.water_c());
+                    p.step_secondary(1.0, &a, &c)
+                })
+                .sum();
+            let rej = water.step(1.0, heat, 31.0 - 3.0, &c, None);
+            for p in cdus.iter_mut() {
+                p.finish_step(1.0, &rej.share(1.0 / 3.0));
+            }
+        }
+        let (m, one) = (alone.meters(), cdus[1].meters());
+        close(
+            one.facility_w,
+            m.facility_w,
+            1e-6 * m.facility_w,
+            "facility W",
+        );
+        close(one.chiller_w, m.chiller_w, 1e-3, "chiller W");
+        close(one.supply_c, m.supply_c, 1e-9, "supply");
+        close(water.water_c(), m.facility_supply_c, 1e-9, "facility water");
+        let (ta, tc) = (alone.totals(), cdus[2].totals());
+        close(
+            tc.facility_j,
+            ta.facility_j,
+            1e-6 * ta.facility_j,
+            "facility energy",
+        );
+    }
+
+    #[test]
+    fn a_chiller_plant_staged_short_leaves_the_water_warm() {
+        let hall_site = SiteConfig { cdus: 4, ..site() };
+        let p = Plant::new(site(), 30.0);
+        let c = cond(&p, 30.0, 1.0);
+        let heat = 4.0 * 120_000.0;
+        let mut all = FacilityLoop::new(&hall_site, 30.0);
+        let mut one = FacilityLoop::new(&hall_site, 30.0);
+        for _ in 0..1800 {
+            all.step(1.0, heat, 22.0, &c, None);
+            one.step(1.0, heat, 22.0, &c, Some(1));
+        }
+        close(all.water_c(), 22.0, 0.05, "every stage holds the target");
+        assert!(
+            one.water_c() > 24.0,
+            "one stage of four: {:.2} °C",
+            one.water_c()
+        );
+        // Asking for more stages than the plant has runs them all.
+        let r = all.step(1.0, heat, 22.0, &c, Some(9));
+        assert!(r.q_ch > 0.0);
     }
 
     #[test]

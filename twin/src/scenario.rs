@@ -97,6 +97,9 @@ struct FaultFile {
     target: String,
     #[serde(default)]
     value: f64,
+    /// In a hall of several CDUs: the CDU a fault of one CDU acts on.
+    #[serde(default)]
+    cdu: Option<usize>,
 }
 
 /// A sensor of the CDU a fault can falsify.
@@ -183,6 +186,49 @@ pub struct Fault {
     pub until_s: Option<u64>,
     /// What.
     pub kind: FaultKind,
+    /// The CDU a fault of one CDU acts on (a hall of several CDUs; racks
+    /// are numbered across the hall, so a rack's fault names its CDU by
+    /// its rack). `None` in a hall of one CDU and for the facility's
+    /// faults.
+    pub cdu: Option<usize>,
+}
+
+/// What a fault acts on in a hall of several CDUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reach {
+    /// The facility loop or the bus: every CDU.
+    Hall,
+    /// One CDU's equipment.
+    Cdu,
+    /// One rack (numbered across the hall).
+    Rack(usize),
+}
+
+impl FaultKind {
+    fn reach(&self) -> Reach {
+        match self {
+            Self::ChillerTrip | Self::DryCoolerDegraded(_) | Self::BusOutage => Reach::Hall,
+            Self::Leak(r)
+            | Self::ValveStuck(r)
+            | Self::RopeCut(r)
+            | Self::GpuFail(r, _, _)
+            | Self::ColdPlateFouling(r, _) => Reach::Rack(*r),
+            _ => Reach::Cdu,
+        }
+    }
+
+    /// The same fault with its rack `r` as `r - first` (the racks of one
+    /// CDU numbered from 0).
+    fn rack_from(&self, first: usize) -> Self {
+        match self.clone() {
+            Self::Leak(r) => Self::Leak(r - first),
+            Self::ValveStuck(r) => Self::ValveStuck(r - first),
+            Self::RopeCut(r) => Self::RopeCut(r - first),
+            Self::GpuFail(r, h, g) => Self::GpuFail(r - first, h, g),
+            Self::ColdPlateFouling(r, v) => Self::ColdPlateFouling(r - first, v),
+            other => other,
+        }
+    }
 }
 
 impl Fault {
@@ -265,13 +311,20 @@ impl Scenario {
                 return Err(err(format!("[truth]: {what} is the hall's layout, not a figure the site can get wrong ({a} in [site], {b} in [truth])")));
             }
         }
-        if let Some(r) = plate_factor.keys().find(|r| **r >= site.racks) {
+        if site.cdus != truth.cdus {
+            return Err(err(format!("[truth]: cdus is the hall's layout, not a figure the site can get wrong ({} in [site], {} in [truth])", site.cdus, truth.cdus)));
+        }
+        if !(1..=64).contains(&site.cdus) {
+            return Err(err(format!("[site] cdus = {}: from 1 to 64", site.cdus)));
+        }
+        let racks = hall_racks(&site);
+        if let Some(r) = plate_factor.keys().find(|r| **r >= racks) {
             return Err(err(format!(
                 "[truth.rack_plate_factor] {r:?}: a rack from 0 to {}",
-                site.racks - 1
+                racks - 1
             )));
         }
-        let plate_factor = (0..site.racks)
+        let plate_factor = (0..racks)
             .map(|r| plate_factor.get(&r).copied().unwrap_or(1.0))
             .collect();
         file.ambient
@@ -360,6 +413,43 @@ impl Scenario {
             .iter()
             .filter(move |f| f.active(t))
             .map(|f| &f.kind)
+    }
+
+    /// CDU `c` of a hall of several CDUs as a scenario of its own: its
+    /// racks numbered from 0 with their loads and plates, its own faults
+    /// and the facility's. The site keeps `cdus` (the CDU's controller
+    /// knows its facility water is shared); its figures are one CDU's.
+    pub fn cdu_view(&self, c: usize) -> Scenario {
+        let racks = self.site.racks;
+        let first = c * racks;
+        let mine = first..first + racks;
+        let faults = self
+            .faults
+            .iter()
+            .filter(|f| match f.kind.reach() {
+                Reach::Hall => true,
+                Reach::Cdu => f.cdu.unwrap_or(0) == c,
+                Reach::Rack(r) => mine.contains(&r),
+            })
+            .map(|f| Fault {
+                kind: f.kind.rack_from(first),
+                cdu: None,
+                ..f.clone()
+            })
+            .collect();
+        Scenario {
+            plate_factor: (0..racks)
+                .map(|r| self.plate_factor.get(first + r).copied().unwrap_or(1.0))
+                .collect(),
+            load_racks: self
+                .load_racks
+                .iter()
+                .filter(|(r, _)| mine.contains(r))
+                .map(|(r, curve)| (r - first, curve.clone()))
+                .collect(),
+            faults,
+            ..self.clone()
+        }
     }
 }
 
@@ -453,11 +543,11 @@ fn loads_of(
             let rack: usize = key
                 .parse()
                 .ok()
-                .filter(|r| *r < site.racks)
+                .filter(|r| *r < hall_racks(site))
                 .ok_or_else(|| {
                     format!(
                         "[load] {key:?}: \"all\" or a rack from 0 to {}",
-                        site.racks - 1
+                        hall_racks(site) - 1
                     )
                 })?;
             load_racks.insert(rack, curve);
@@ -473,12 +563,13 @@ fn fault_of(f: &FaultFile, site: &SiteConfig) -> Result<Fault, String> {
     if f.until_s.is_some_and(|u| u <= f.at_s) {
         return Err(format!("until_s must come after at_s = {}", f.at_s));
     }
+    let racks = hall_racks(site);
     let rack = || {
         f.target
             .parse::<usize>()
             .ok()
-            .filter(|r| *r < site.racks)
-            .ok_or_else(|| format!("target {:?}: a rack from 0 to {}", f.target, site.racks - 1))
+            .filter(|r| *r < racks)
+            .ok_or_else(|| format!("target {:?}: a rack from 0 to {}", f.target, racks - 1))
     };
     let sensor = || {
         SensorName::parse(&f.target).ok_or_else(|| {
@@ -528,11 +619,33 @@ fn fault_of(f: &FaultFile, site: &SiteConfig) -> Result<Fault, String> {
             ))
         }
     };
+    let cdu = match (kind.reach(), f.cdu, site.cdus) {
+        (Reach::Cdu, None, n) if n > 1 => {
+            return Err(format!("cdu: which of the {n} CDUs, 0 to {}", n - 1))
+        }
+        (Reach::Cdu, Some(c), n) if c >= n => {
+            return Err(format!("cdu = {c}: a CDU from 0 to {}", n - 1))
+        }
+        (Reach::Cdu, c, n) if n > 1 => c,
+        (Reach::Cdu, _, _) => None,
+        (_, Some(_), _) => {
+            return Err(
+                "cdu: only a fault of one CDU's equipment names its CDU (a rack's CDU is its rack's; the facility's faults act on every CDU)".into(),
+            )
+        }
+        _ => None,
+    };
     Ok(Fault {
         at_s: f.at_s,
         until_s: f.until_s,
         kind,
+        cdu,
     })
+}
+
+/// Racks in the whole hall (every CDU's, numbered across it).
+fn hall_racks(site: &SiteConfig) -> usize {
+    site.racks * site.cdus.max(1)
 }
 
 /// A pump target: A (0) or B (1).
@@ -548,12 +661,15 @@ fn pump_of(target: &str) -> Result<usize, String> {
 fn gpu_fail_of(target: &str, site: &SiteConfig) -> Result<FaultKind, String> {
     let parts: Vec<usize> = target.split('.').filter_map(|p| p.parse().ok()).collect();
     match parts[..] {
-        [r, h, g] if r < site.racks && h < site.hosts_per_rack && g < site.gpus_per_host => {
+        [r, h, g] if r < hall_racks(site) && h < site.hosts_per_rack && g < site.gpus_per_host => {
             Ok(FaultKind::GpuFail(r, h, g))
         }
         _ => Err(format!(
             "target {:?}: \"rack.host.gpu\" within {} racks, {} hosts, {} GPUs",
-            target, site.racks, site.hosts_per_rack, site.gpus_per_host
+            target,
+            hall_racks(site),
+            site.hosts_per_rack,
+            site.gpus_per_host
         )),
     }
 }
@@ -688,6 +804,65 @@ target = "1.3.7"
             }
         }
         assert!(read > 0);
+    }
+
+    #[test]
+    fn a_hall_of_several_cdus_numbers_racks_across_it_and_names_each_faults_cdu() {
+        let text = r#"
+format = "plant-scenario/1"
+description = "two CDUs"
+duration_s = 600
+seed = 1
+[site]
+cdus = 2
+racks = 2
+[ambient]
+points = [[0, 20.0]]
+[load]
+all = [[0, 0.5]]
+"3" = [[0, 1.0]]
+[truth.rack_plate_factor]
+"2" = 1.5
+[[fault]]
+at_s = 10
+kind = "leak"
+target = "3"
+[[fault]]
+at_s = 20
+kind = "pump_trip"
+target = "A"
+cdu = 0
+[[fault]]
+at_s = 30
+kind = "chiller_trip"
+"#;
+        let s = Scenario::from_toml(text, "t").expect("reads");
+        assert_eq!(s.site.cdus, 2);
+        let (a, b) = (s.cdu_view(0), s.cdu_view(1));
+        // CDU 1's racks 2 and 3 are its 0 and 1.
+        assert_eq!(b.plate_factor, vec![1.5, 1.0]);
+        assert_eq!(a.plate_factor, vec![1.0, 1.0]);
+        assert_eq!(b.demand(1, 0.0), 1.0);
+        assert_eq!(a.demand(1, 0.0), 0.5);
+        let kinds = |v: &Scenario| v.faults.iter().map(|f| f.kind.clone()).collect::<Vec<_>>();
+        assert_eq!(
+            kinds(&a),
+            vec![FaultKind::PumpTrip(0), FaultKind::ChillerTrip]
+        );
+        assert_eq!(kinds(&b), vec![FaultKind::Leak(1), FaultKind::ChillerTrip]);
+
+        let refused =
+            |extra: &str| Scenario::from_toml(&format!("{text}{extra}"), "t").expect_err("refused");
+        let e = refused("[[fault]]\nat_s = 1\nkind = \"sensor_lost\"\ntarget = \"flow\"\n");
+        assert!(e.contains("which of the 2 CDUs"), "{e}");
+        let e = refused("[[fault]]\nat_s = 1\nkind = \"modbus_outage\"\ncdu = 2\n");
+        assert!(e.contains("cdu = 2: a CDU from 0 to 1"), "{e}");
+        let e = refused("[[fault]]\nat_s = 1\nkind = \"leak\"\ntarget = \"1\"\ncdu = 1\n");
+        assert!(e.contains("only a fault of one CDU"), "{e}");
+        let e = refused("[[fault]]\nat_s = 1\nkind = \"leak\"\ntarget = \"4\"\n");
+        assert!(e.contains("a rack from 0 to 3"), "{e}");
+        let e = Scenario::from_toml(&text.replace("cdus = 2", "cdus = 0"), "t").expect_err("0");
+        assert!(e.contains("cdus = 0"), "{e}");
     }
 
     #[test]

@@ -34,6 +34,9 @@
 
 use std::io::Write;
 
+mod multi;
+pub use multi::{run_hall, FacilityCoordinator, FacilityOrder, FacilityPolicy, HallSummary};
+
 use crate::hosts::HostFollow;
 use crate::plant::{Actuation, Conditions, Meters, Plant};
 use crate::scenario::{FaultKind, Scenario, SensorName};
@@ -174,6 +177,14 @@ pub trait Controller {
     /// what it held in memory is lost, what it wrote to its flash is not.
     /// The references hold nothing worth losing.
     fn restart(&mut self) {}
+    /// What it offers the facility coordinator of a hall of several CDUs
+    /// (the twin passes it on unread; `None`: nothing).
+    fn facility_offer(&self) -> Option<&dyn std::any::Any> {
+        None
+    }
+    /// The facility coordinator set the facility water to `water_c` at
+    /// `t_s` (heard over the bus).
+    fn hear_facility_target(&mut self, _water_c: f64, _t_s: f64) {}
 }
 
 /// A fixed setpoint, pumps at 100 % on the lead pump, valves open, no
@@ -340,32 +351,25 @@ pub fn run(
         writeln!(w, "t_s,ambient_c,setpoint_c,supply_c,return_c,flow_lpm,pump_speed,max_gpu_c,it_kw,facility_kw,caps")?;
     }
     for sec in 0..scenario.duration_s {
-        let s = st.begin_second(sec);
-        let readings = st.readings(&s);
-        let mut cond = scenario.conditions(s.t, &st.failed);
-        let demand = cond.demand.clone();
-        st.follow.apply(s.t, &mut cond.demand);
-        controller.observe(&st.plant, &cond);
-        let d = st
-            .controller_up(sec, controller)
-            .then(|| controller.step(&readings));
-        if let Some(d) = &d {
-            st.heard(d);
-        }
-        st.hosts_hear(&s, d.as_ref());
-        cond.demand = demand;
-        let powered_down = st.follow.apply(s.t, &mut cond.demand);
-        let act = st.actuation(&s, d.as_ref(), powered_down);
-        st.plant.step(1.0, &act, &cond);
+        let s = st.cdu_second(sec, scenario, controller);
+        st.plant.step(1.0, &s.act, &s.cond);
         st.last = st.plant.meters();
-        st.account(&s, &act);
+        st.account(&s.second, &s.act);
         if let Some(w) = trace.as_deref_mut() {
             if sec % trace_every_s.max(1) == 0 {
-                st.trace_row(w, &s, &act, d.as_ref())?;
+                st.trace_row(w, &s.second, &s.act)?;
             }
         }
     }
     Ok(st.summary(name, controller.name(), leaks))
+}
+
+/// One CDU's second up to the plant's step: what the scenario has in
+/// force, the conditions the plant steps under and what its actuators do.
+struct CduSecond {
+    second: Second,
+    cond: Conditions,
+    act: Actuation,
 }
 
 /// One second of a run: the time and what the scenario has in force then.
@@ -444,6 +448,8 @@ struct RunState<'a> {
     read_facility_w: f64,
     /// The outdoor sensor as last read over Modbus, °C.
     read_ambient_c: Option<f64>,
+    /// Hosts the controller's decision of this second asks to cap.
+    caps_now: usize,
 }
 
 impl<'a> RunState<'a> {
@@ -498,9 +504,42 @@ impl<'a> RunState<'a> {
             read_it_w: last.it_w,
             read_facility_w: last.facility_w,
             read_ambient_c: None,
+            caps_now: 0,
             cdu,
             last,
             plant,
+        }
+    }
+
+    /// Second `sec` of `scenario` (this CDU's) up to the plant's step: the
+    /// controller reads, decides and is heard by the hosts and the CDU.
+    fn cdu_second(
+        &mut self,
+        sec: u64,
+        scenario: &Scenario,
+        controller: &mut dyn Controller,
+    ) -> CduSecond {
+        let s = self.begin_second(sec);
+        let readings = self.readings(&s);
+        let mut cond = scenario.conditions(s.t, &self.failed);
+        let demand = cond.demand.clone();
+        self.follow.apply(s.t, &mut cond.demand);
+        controller.observe(&self.plant, &cond);
+        self.caps_now = 0;
+        let d = self
+            .controller_up(sec, controller)
+            .then(|| controller.step(&readings));
+        if let Some(d) = &d {
+            self.heard(d);
+        }
+        self.hosts_hear(&s, d.as_ref());
+        cond.demand = demand;
+        let powered_down = self.follow.apply(s.t, &mut cond.demand);
+        let act = self.actuation(&s, d.as_ref(), powered_down);
+        CduSecond {
+            second: s,
+            cond,
+            act,
         }
     }
 
@@ -635,7 +674,8 @@ impl<'a> RunState<'a> {
     /// asked, racks newly reported as having lost leak sensing.
     fn heard(&mut self, d: &Decision) {
         self.failsafe_s += u64::from(d.failsafe);
-        self.cap_host_s += d.host_caps.iter().take(self.hosts).flatten().count() as u64;
+        self.caps_now = d.host_caps.iter().take(self.hosts).flatten().count();
+        self.cap_host_s += self.caps_now as u64;
         for (r, was) in self.sensing_lost.iter_mut().enumerate() {
             let lost = d.leak_sensing_lost.get(r).copied().unwrap_or(false);
             self.sensing_alarms += u32::from(lost && !*was);
@@ -760,13 +800,7 @@ impl<'a> RunState<'a> {
     }
 
     /// One row of the trace, after the plant's step.
-    fn trace_row(
-        &self,
-        w: &mut dyn Write,
-        s: &Second,
-        act: &Actuation,
-        d: Option<&Decision>,
-    ) -> std::io::Result<()> {
+    fn trace_row(&self, w: &mut dyn Write, s: &Second, act: &Actuation) -> std::io::Result<()> {
         let (t, ambient, last) = (s.t, s.ambient, self.last);
         let max_gpu = self
             .plant
@@ -774,7 +808,7 @@ impl<'a> RunState<'a> {
             .iter()
             .map(|g| g.t_j)
             .fold(f64::MIN, f64::max);
-        let caps = d.map_or(0, |d| d.host_caps.iter().take(self.hosts).flatten().count());
+        let caps = self.caps_now;
         writeln!(
             w,
             "{t},{ambient:.2},{:.2},{:.2},{:.2},{:.1},{:.2},{max_gpu:.2},{:.2},{:.2},{caps}",

@@ -1,0 +1,130 @@
+//! The facility coordinator: the role one controller of a hall of several
+//! CDUs takes (`[facility] coordinator = true`), that sets the facility
+//! water and the chiller staging for the whole hall from what every
+//! controller offers ([`cooling_core::facility`]). It re-plans every
+//! [`REPLAN_EVERY_MS`] from the freshest offer of each CDU; an offer older
+//! than [`OFFER_STALE_MS`] is left out, and without any the coordinator
+//! says nothing (the BMS holds its own fixed water).
+//!
+//! Glossary:
+//! - *offer*: what one CDU can accept and what warmer water would cost
+//!   it, published retained by its controller.
+//! - *plan*: the coordinator's facility water target and chiller stages,
+//!   published retained and served to the BMS.
+
+use cooling_core::facility::{self, FacilityPlan, Offer};
+use cooling_core::CoreConfig;
+
+/// How often the coordinator plans again, ms.
+pub const REPLAN_EVERY_MS: u64 = 10_000;
+
+/// An offer not renewed for this long is left out, ms (a controller
+/// offers after each search, about every 15 s).
+pub const OFFER_STALE_MS: u64 = 120_000;
+
+/// The coordinator's state: the offers heard and the plan in force.
+#[derive(Debug, Clone)]
+pub struct Coordinator {
+    /// The hall: the facility figures the whole plant's, the CDU range
+    /// each CDU's.
+    hall: CoreConfig,
+    /// Chiller stages in the plant.
+    stages: u8,
+    /// The freshest offer of each CDU and when it was heard, ms.
+    offers: Vec<Option<(Offer, u64)>>,
+    plan: Option<FacilityPlan>,
+    planned_at: Option<u64>,
+}
+
+impl Coordinator {
+    /// A coordinator for the hall of `one`'s CDU figures and its share of
+    /// the facility plant, `one.facility.cdus` CDUs on it.
+    pub fn new(one: &CoreConfig) -> Self {
+        let mut hall = *one;
+        hall.facility = one.facility.whole();
+        let cdus = usize::from(one.facility.cdus.max(1));
+        Self {
+            hall,
+            stages: one.facility.cdus.max(1),
+            offers: vec![None; cdus],
+            plan: None,
+            planned_at: None,
+        }
+    }
+
+    /// CDU `cdu` (0-based) offered `offer` at `now_ms`; an index past the
+    /// hall's CDUs is refused.
+    pub fn hear(&mut self, cdu: usize, offer: Offer, now_ms: u64) -> Result<(), String> {
+        let n = self.offers.len();
+        let slot = self
+            .offers
+            .get_mut(cdu)
+            .ok_or_else(|| format!("an offer from CDU {cdu}: the hall has CDUs 0 to {}", n - 1))?;
+        *slot = Some((offer, now_ms));
+        Ok(())
+    }
+
+    /// The coldest facility water the CDUs' range allows, °C: what a BMS
+    /// holds before any plan.
+    pub fn coldest_c(&self) -> f32 {
+        self.hall.cdu.min_setpoint_c - self.hall.cdu.approach_k
+    }
+
+    /// The plan at `now_ms` with the outdoor air at `ambient_c`: a new one
+    /// every [`REPLAN_EVERY_MS`], from the fresh offers; `None` while no
+    /// CDU offers.
+    pub fn plan(&mut self, now_ms: u64, ambient_c: f32) -> Option<FacilityPlan> {
+        let due = self
+            .planned_at
+            .is_none_or(|at| now_ms.saturating_sub(at) >= REPLAN_EVERY_MS);
+        if due {
+            let fresh: Vec<Offer> = self
+                .offers
+                .iter()
+                .flatten()
+                .filter(|(_, at)| now_ms.saturating_sub(*at) < OFFER_STALE_MS)
+                .map(|(o, _)| *o)
+                .collect();
+            let capping_now = self.plan.is_some_and(|p| p.capping != 0);
+            self.plan =
+                facility::coordinate(&self.hall, &fresh, ambient_c, self.stages, capping_now);
+            self.planned_at = Some(now_ms);
+        }
+        self.plan
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn offer(accept_c: f32) -> Offer {
+        Offer {
+            heat_w: 120_000.0,
+            work: 128.0,
+            at_water_c: accept_c,
+            heat_per_k_w: 200.0,
+            accept_c,
+            ..Offer::default()
+        }
+    }
+
+    #[test]
+    fn plans_from_fresh_offers_every_ten_seconds_and_forgets_stale_ones() {
+        let mut one = CoreConfig::default();
+        one.facility.cdus = 2;
+        let mut c = Coordinator::new(&one);
+        assert_eq!(c.plan(0, 24.0), None, "no offer, no plan");
+        c.hear(0, offer(34.0), 1_000).expect("CDU 0");
+        c.hear(1, offer(27.0), 1_000).expect("CDU 1");
+        assert!(c.hear(2, offer(30.0), 1_000).is_err(), "a third CDU");
+        // Planned at 0 with nothing: the next plan is due at 10 s.
+        assert_eq!(c.plan(5_000, 24.0), None);
+        let p = c.plan(10_000, 24.0).expect("a plan");
+        assert!((p.water_c - 27.0).abs() < 1e-3, "{p:?}");
+        // CDU 1 falls silent: its offer goes stale and the water warms.
+        c.hear(0, offer(34.0), 125_000).expect("CDU 0");
+        let p = c.plan(130_000, 24.0).expect("a plan");
+        assert!(p.water_c > 30.0, "{p:?}");
+    }
+}
