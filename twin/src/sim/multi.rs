@@ -11,7 +11,9 @@
 //! rejects the heat of all of them, and each CDU's meters carry its share
 //! of the fans and the chiller (by its share of the heat). A coordinator's
 //! target reaches the controllers over the bus (not during a
-//! `bus_outage`) and acts on their next second.
+//! `bus_outage`) and acts on their next second; so does a fixed water,
+//! as the BMS's published setpoint. A BMS that follows its coldest CDU
+//! tells the CDUs nothing: their setpoints are what it follows.
 //!
 //! Glossary:
 //! - *fixed*: the facility water held at `[site.facility] fixed_water_c`
@@ -155,7 +157,11 @@ pub fn run_hall(
             st.last = st.plant.meters();
             st.account(&s.second, &s.act);
         }
-        if !seconds[0].second.bus_out {
+        // A fixed water is the BMS's published setpoint and the
+        // coordinator's plan is on the bus; a BMS that follows the coldest
+        // CDU follows what the CDUs ask, and tells them nothing.
+        let told = !matches!(policy, FacilityPolicy::FollowColdest);
+        if told && !seconds[0].second.bus_out {
             for c in controllers.iter_mut() {
                 c.hear_facility_target(order.water_c, sec as f64);
             }
