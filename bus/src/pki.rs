@@ -626,7 +626,8 @@ fn acl_cdu(out: &mut String, plan: &Plan, cdu: &Ident) {
         out,
         "\n# CDU controller {cdu}, cooling {cooled}: publishes its own telemetry,\n\
          # health, event, ack and online, and commands to the hosts it cools;\n\
-         # reads every host's telemetry and acks, and its own commands.\nuser {cdu}\n"
+         # reads every host's telemetry and acks, its own commands, and the\n\
+         # other CDUs' states (a hall's facility water plan).\nuser {cdu}\n"
     );
     topic_lines(out, "write", own_topics(s, Role::Cdu, cdu));
     topic_lines(
@@ -641,6 +642,7 @@ fn acl_cdu(out: &mut String, plan: &Plan, cdu: &Ident) {
             format!("{ROOT}/{s}/host/+/telemetry"),
             format!("{ROOT}/{s}/host/+/ack"),
             format!("{ROOT}/{s}/cdu/{cdu}/cmd"),
+            format!("{ROOT}/{s}/cdu/+/health"),
         ],
     );
 }

@@ -10,7 +10,7 @@
 //! |---|---|---|
 //! | `site` | `site` | the site (ident) |
 //! | `cdu` | the machine's host name | this CDU's id (ident) |
-//! | `broker` | none (required unless `embedded_broker = true`) | `host[:port]` |
+//! | `broker` | none (required unless `embedded_broker = true`) | `host[:port]` (one address: the node agents take a list, the controller not yet) |
 //! | `embedded_broker` | false | run the embedded broker here on purpose (not with `broker`) |
 //! | `broker_user`, `broker_password_file` | none | broker login, together |
 //! | `tls_ca`, `tls_cert`, `tls_key` | none (plain MQTT) | TLS to the broker: the CA, this controller's certificate and key (PEM) |
@@ -35,6 +35,8 @@
 //! | `flash` | none (events kept in memory) | flash file for the event log |
 //! | `northbound` | none (no server) | the BMS's Modbus TCP server, `address:port` |
 //! | `northbound_writes` | false | the BMS may write the bounded holding registers |
+//! | `facility_coordinator` | none (this CDU's setpoint sets its facility water) | a hall of several CDUs (site figures' `cdus`): the CDU whose facility water plan every CDU follows |
+//! | `facility_cdus` | none | the hall's CDUs in order; on the coordinator, itself among them |
 //! | `metrics_listen` | none (not served) | Prometheus's `/metrics`, `IP:PORT` or `:PORT` |
 //! | `board_pins` | none (leaks from the CDU's register only) | the controller board's pin map TOML (`boards/pins/*.toml`) |
 //! | `gpio_chip` | none | the GPIO character device of those pins, e.g. `/dev/gpiochip0` |
@@ -126,6 +128,11 @@ loopwarden_field::agent_file! {
         pub gpio_chip: Option<PathBuf>,
         /// Racks run without a leak rope, by number.
         pub unprotected_racks: Option<Vec<u8>>,
+        /// A hall of several CDUs: the CDU whose facility water plan
+        /// every CDU follows (the hall's coordinator).
+        pub facility_coordinator: Option<String>,
+        /// The hall's CDUs, in order (needed on the coordinator).
+        pub facility_cdus: Option<Vec<String>>,
     }
 }
 
@@ -261,6 +268,9 @@ pub struct Config {
     pub metrics_listen: Option<SocketAddr>,
     /// The board's pins on a GPIO chip; `None`: no board pins.
     pub board: Option<BoardConfig>,
+    /// This CDU's part in a hall of several CDUs; `None`: its setpoint
+    /// alone sets its facility water.
+    pub facility: Option<crate::facility::FacilityRole>,
 }
 
 /// The controller board's pins: a pin map on a GPIO chip.
@@ -342,6 +352,30 @@ pub fn expand_hosts(pattern: &str, racks: usize, per_rack: usize) -> Result<Vec<
     }
     Ok(out)
 }
+/// The controller's broker: its shell (`ShellConfig::broker`) connects to
+/// one, so a list of several (which the node agents fail over between) is
+/// refused here rather than cut to its first entry.
+fn one_broker(
+    src: &Sources,
+    file: &FileConfig,
+    flags: &Overrides,
+    brokers: Option<loopwarden_bus::Brokers>,
+) -> Result<Option<BrokerAddr>, ConfigError> {
+    match brokers {
+        Some(b) if b.len() > 1 => {
+            let (_, flag) = pick!(flags.common.broker, file.broker, "broker");
+            Err(src.error(
+                flag,
+                "broker",
+                format!(
+                    "broker = \"{b}\": the cooling controller connects to one broker; give one node of the cluster"
+                ),
+            ))
+        }
+        b => Ok(b.map(|b| b.get(0).clone())),
+    }
+}
+
 /// Checks a configuration given as text (the file at `path`) and flags:
 /// the common fields, then this CDU, its key, its link, the plant (register
 /// map and site figures), the hosts, the timings, the northbound server and
@@ -351,6 +385,7 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
     let src = Sources::new(path, text);
 
     let common = common::resolve(&src, file.common(), &flags.common, default_console)?;
+    let broker = one_broker(&src, &file, flags, common.broker.clone())?;
     let cdu = field::ident(
         &src,
         pick!(flags.cdu, file.cdu, "cdu"),
@@ -378,13 +413,14 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         core.margins.design_ambient_c = a;
     }
     let (northbound, northbound_writes) = northbound(&src, &file, flags)?;
+    let facility = facility_role(&src, &file, &cdu, &core)?;
     let metrics_listen = metrics_listen(&src, &file, flags)?;
     let board = board_pins(&src, &file, flags, &core)?;
 
     Ok(Config {
         site: common.site,
         cdu,
-        broker: common.broker,
+        broker,
         credentials: common.credentials,
         tls: common.tls,
         key_id: key.id,
@@ -402,6 +438,7 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         flash: common.flash,
         northbound,
         northbound_writes,
+        facility,
         metrics_listen,
         board,
     })
@@ -817,6 +854,65 @@ fn timings(src: &Sources, file: &FileConfig, flags: &Overrides) -> Result<Timing
     })
 }
 
+/// `facility_coordinator` and `facility_cdus`: this CDU's part in a hall of
+/// several CDUs (the site figures' `cdus` above 1); the coordinator must
+/// name the hall's CDUs, itself among them.
+fn facility_role(
+    src: &Sources,
+    file: &FileConfig,
+    me: &Ident,
+    core: &CoreConfig,
+) -> Result<Option<crate::facility::FacilityRole>, ConfigError> {
+    let Some(coordinator) = file.facility_coordinator.clone() else {
+        if file.facility_cdus.is_some() {
+            return Err(src.error(
+                None,
+                "facility_cdus",
+                "facility_cdus needs facility_coordinator (the CDU that plans the hall's water)".into(),
+            ));
+        }
+        return Ok(None);
+    };
+    let id = |key: &str, v: &str| {
+        Ident::new(v).map_err(|e| src.error(None, key, format!("{key}: {v:?} is not an id ({e})")))
+    };
+    let coordinator = id("facility_coordinator", &coordinator)?;
+    if core.facility.cdus < 2 {
+        return Err(src.error(
+            None,
+            "facility_coordinator",
+            format!(
+                "facility_coordinator = \"{coordinator}\": the site figures give one CDU on the facility water (set cdus to the hall's CDUs)"
+            ),
+        ));
+    }
+    let cdus = file
+        .facility_cdus
+        .iter()
+        .flatten()
+        .map(|c| id("facility_cdus", c))
+        .collect::<Result<Vec<_>, _>>()?;
+    if &coordinator == me && !cdus.contains(me) {
+        return Err(src.error(
+            None,
+            "facility_cdus",
+            format!("this CDU ({me}) coordinates the hall: facility_cdus must list the hall's CDUs, itself among them"),
+        ));
+    }
+    if cdus.len() > usize::from(core.facility.cdus) {
+        return Err(src.error(
+            None,
+            "facility_cdus",
+            format!(
+                "facility_cdus names {} CDUs, the site figures {} (cdus)",
+                cdus.len(),
+                core.facility.cdus
+            ),
+        ));
+    }
+    Ok(Some(crate::facility::FacilityRole { coordinator, cdus }))
+}
+
 /// The northbound server's address (`None`: no server) and whether the
 /// BMS may write, which needs an address.
 fn northbound(
@@ -987,6 +1083,16 @@ mod tests {
         let e = from(&format!("{MIN}metrics_listen = \"9410\"\n")).unwrap_err();
         assert_eq!(e.line, Some(5), "{e}");
         assert!(e.message.contains("is not an address"), "{e}");
+    }
+
+    #[test]
+    fn one_broker_is_taken_and_a_list_refused_with_its_line() {
+        let base = "cdu = \"cdu-1\"\ndemo_key = true\ncdu_tcp = \"127.0.0.1:5020\"\n";
+        let c = from(&format!("{base}broker = \"10.0.0.5:1884\"\n")).unwrap();
+        assert_eq!(c.broker.unwrap().to_string(), "10.0.0.5:1884");
+        let e = from(&format!("{base}broker = \"n1:1883,n2:1883\"\n")).unwrap_err();
+        assert_eq!(e.line, Some(4), "{e}");
+        assert!(e.message.contains("connects to one broker"), "{e}");
     }
 
     #[test]

@@ -136,6 +136,17 @@ impl CduMetrics {
             out.sample(&HOST_THERMAL_FACTOR, &l, f64::from(e.host(i).factor));
         }
         out.flag(&OUTDOOR_FALLBACK, cdu, e.outdoor_fallback);
+        if let Some(f) = &s.facility {
+            if let Some(o) = f.offer {
+                out.sample(&FACILITY_ACCEPT, cdu, f64::from(o.accept_c));
+            }
+            if let Some((w, _)) = f.following {
+                out.sample(&FACILITY_WATER_TARGET, cdu, f64::from(w));
+            }
+            if let Some((p, _)) = f.plan {
+                out.sample(&FACILITY_CHILLER_STAGES, cdu, f64::from(p.chiller_stages));
+            }
+        }
     }
 
     /// Each host's cap sent, limit in force and last report.
@@ -418,8 +429,11 @@ mod tests {
     #[test]
     fn names_are_unique_and_counters_end_in_total() {
         use loopwarden_bus::prometheus::MetricKind;
-        let all: Vec<&loopwarden_bus::prometheus::Metric> =
-            names::ALL.iter().chain(names::ESTIMATES).collect();
+        let all: Vec<&loopwarden_bus::prometheus::Metric> = names::ALL
+            .iter()
+            .chain(names::ESTIMATES)
+            .chain(names::FACILITY)
+            .collect();
         let mut n: Vec<&str> = all.iter().map(|m| m.name).collect();
         n.sort_unstable();
         n.dedup();

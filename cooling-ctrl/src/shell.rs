@@ -103,6 +103,7 @@ use crate::journal::{self, ControllerFlash, LearnedRecords, Recorder, LATCHED_KE
 use crate::modbus::{CduError, CduMeasurements, CduPort, CduSettings};
 use crate::northbound::{snapshot_from, NorthboundSettings, NorthboundSnapshot, NorthboundWrite};
 
+mod facility;
 mod leases;
 mod links;
 mod mapping;
@@ -114,7 +115,7 @@ use leases::LeaseSent;
 pub use links::{BoardIo, NorthboundLink, OperatorAction, OperatorRequest};
 pub use mapping::{cap_lease, core_readings, host_report, implausible, settings, REPORT_SKEW_MS};
 use outdoor::{OutdoorSource, OutdoorSources};
-pub use stats::{stats_channel, LastAck, SensorStatus, ShellStats, Snapshot};
+pub use stats::{stats_channel, FacilityStatus, LastAck, SensorStatus, ShellStats, Snapshot};
 
 /// How long the lease that lifts a cap lasts.
 pub const LIFT_DURATION: Duration = Duration::from_secs(5);
@@ -171,6 +172,9 @@ pub struct ShellOptions {
     pub board: Option<Box<dyn BoardIo>>,
     /// Operators' requests (from the console); `None`: none taken.
     pub operator: Option<mpsc::Receiver<OperatorRequest>>,
+    /// This CDU's part in a hall of several CDUs (`[facility]`); `None`:
+    /// its setpoint alone sets its facility water.
+    pub facility: Option<crate::facility::FacilityRole>,
 }
 
 impl std::fmt::Debug for ShellOptions {
@@ -182,6 +186,7 @@ impl std::fmt::Debug for ShellOptions {
             .field("northbound", &self.northbound.is_some())
             .field("board", &self.board.is_some())
             .field("operator", &self.operator.is_some())
+            .field("facility", &self.facility)
             .finish()
     }
 }
@@ -334,6 +339,8 @@ struct Shell<P> {
     /// Each part of the learned figures as last handed to the recorder,
     /// by key.
     learned_kept: HashMap<&'static str, Vec<u8>>,
+    /// This CDU's part in a hall of several CDUs.
+    facility: Option<facility::FacilityLink>,
     /// When the learned figures were last kept, shell ms.
     learned_at: u64,
 }
@@ -372,6 +379,15 @@ pub async fn run_with<P: CduPort>(
         .map_err(|e| ShellError::Config(format!("cdu: {e}")))?;
     let mut bus_config = bus_config(&cfg, &me, opts.credentials.clone())?;
     bus_config.first_seq = flash.first_seq;
+    let facility = opts
+        .facility
+        .map(|role| facility::FacilityLink::new(role, &cfg.cdu, &cfg.core));
+    if facility.is_some() {
+        // The other CDUs' states: the coordinator's plan, their offers.
+        let f = filter::family(&cfg.site, Role::Cdu, Family::Health)
+            .map_err(|e| ShellError::Bus(format!("the CDU health filter: {e:?}")))?;
+        bus_config.subscriptions.push(f.to_string());
+    }
     let (bus, mut inbound, bus_task) = Bus::start_with_outbox(bus_config, Box::new(flash.outbox));
     flash.recorder.attach(bus.clone());
     tracing::info!(
@@ -391,6 +407,7 @@ pub async fn run_with<P: CduPort>(
         first_seq: flash.first_seq,
     };
     let mut shell = Shell::new(cfg, started, cdu, opts.stats, opts.northbound, opts.board);
+    shell.facility = facility;
     let mut operator = opts.operator;
     let mut tick = tokio::time::interval(shell.cfg.period);
     tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
@@ -417,6 +434,11 @@ pub async fn run_with<P: CduPort>(
         tracing::warn!("cooling shell: leaving the bus: {e}");
     }
     bus_task.join(Duration::from_secs(3)).await;
+    // The last counters carry every publish, the leaving ones included.
+    if let Some(st) = shell.stats.status.as_mut() {
+        st.bus = shell.bus.metrics();
+    }
+    shell.report();
     Ok(())
 }
 
@@ -512,6 +534,7 @@ impl<P: CduPort> Shell<P> {
             refused: HashMap::new(),
             learned_kept: HashMap::new(),
             learned_at: 0,
+            facility: None,
         }
     }
 }

@@ -1091,6 +1091,7 @@ fn publish_cdu_state(port: u16, rack2_lost: bool) {
                 sensing: LeakSensing::Supervised,
             })
             .collect(),
+        facility: None,
     };
     let f = Frame {
         sender: NodeId::new(Role::Cdu, "cdu-a").expect("ident"),

@@ -50,7 +50,7 @@ impl fmt::Display for Version {
 }
 
 /// The version this crate speaks.
-pub const PROTOCOL: Version = Version { major: 2, minor: 2 };
+pub const PROTOCOL: Version = Version { major: 2, minor: 3 };
 
 /// The longest frame any node sends or accepts, in bytes.
 pub const MAX_FRAME_LEN: usize = 2048;
@@ -228,6 +228,9 @@ impl Message {
             MessageKind::CduTelemetry => {
                 take(body, "body").map(|(m, r)| (Message::CduTelemetry(m), r))?
             }
+            MessageKind::CduState if minor < 3 => {
+                take(body, "body").map(|(m, r)| (Message::CduState(older::cdu_state_2_2(m)), r))?
+            }
             MessageKind::CduState => take(body, "body").map(|(m, r)| (Message::CduState(m), r))?,
             MessageKind::Online => take(body, "body").map(|(m, r)| (Message::Online(m), r))?,
         })
@@ -377,8 +380,12 @@ mod older {
     use heapless::Vec;
     use serde::Deserialize;
 
-    use crate::message::{CduTelemetry, GpuTelemetry, HostTelemetry, PumpStatus, RackStatus};
-    use crate::units::{Celsius, KiloPascals, LitresPerMinute, Percent, Pue, Watts};
+    use crate::message::{
+        CduMode, CduState, CduTelemetry, GpuTelemetry, HostTelemetry, PumpStatus, RackState,
+        RackStatus,
+    };
+    use crate::reason::ReasonCode;
+    use crate::units::{Celsius, KiloPascals, LitresPerMinute, Percent, Pue, TimestampMs, Watts};
     use crate::{MAX_GPUS, MAX_RACKS};
 
     /// `host_telemetry` as 2.0 wrote it: no `drops`.
@@ -434,6 +441,32 @@ mod older {
             facility_power: t.facility_power,
             pue: t.pue,
             learned: None,
+        }
+    }
+
+    /// `cdu_state` as 2.0 to 2.2 wrote it: no `facility`.
+    #[derive(Deserialize)]
+    pub struct CduState22 {
+        mode: CduMode,
+        reason: ReasonCode,
+        since: TimestampMs,
+        setpoint: Celsius,
+        supply: Option<Celsius>,
+        flow_per_gpu: Option<LitresPerMinute>,
+        racks: Vec<RackState, MAX_RACKS>,
+    }
+
+    /// Today's shape, `facility` `None`.
+    pub fn cdu_state_2_2(s: CduState22) -> CduState {
+        CduState {
+            mode: s.mode,
+            reason: s.reason,
+            since: s.since,
+            setpoint: s.setpoint,
+            supply: s.supply,
+            flow_per_gpu: s.flow_per_gpu,
+            racks: s.racks,
+            facility: None,
         }
     }
 }

@@ -856,6 +856,78 @@ pub struct CduState {
         schemars(with = "std::vec::Vec<RackState>", length(max = 16))
     )]
     pub racks: Vec<RackState, MAX_RACKS>,
+    /// A hall of several CDUs on one facility water loop: what this CDU
+    /// offers the facility coordinator, and the coordinator's plan when
+    /// this controller coordinates (since 2.3; a 2.2 frame reads as
+    /// `None`).
+    #[serde(default)]
+    pub facility: Option<FacilityState>,
+}
+
+/// Capped steps a [`FacilityOffer`] holds.
+pub const OFFER_STEPS: usize = 4;
+
+/// A CDU's part in setting the facility water of a hall of several CDUs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "std", derive(schemars::JsonSchema))]
+pub struct FacilityState {
+    /// What this CDU can accept; `None` before its first search.
+    pub offer: Option<FacilityOffer>,
+    /// The plan in force, from this controller when it is the hall's
+    /// facility coordinator.
+    pub plan: Option<FacilityPlan>,
+}
+
+/// What a CDU can accept of the shared facility water, and what warmer
+/// water would cost it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "std", derive(schemars::JsonSchema))]
+pub struct FacilityOffer {
+    /// The warmest facility water at which it holds every GPU at its plan
+    /// ceiling at full demand without a cap, pumps at full speed.
+    pub accept: Celsius,
+    /// The heat it puts into the facility water at `at_water`.
+    pub heat: Watts,
+    /// The facility water its heat and work are figured at.
+    pub at_water: Celsius,
+    /// Heat added by each kelvin of warmer facility water (its GPUs'
+    /// leakage), W/K.
+    pub heat_per_k: Watts,
+    /// Its work rate, in hundredths of a GPU at full work.
+    pub work_centigpus: u32,
+    /// Warmer water than `accept` with caps on its hosts that run hot, in
+    /// rising order; water warmer than the last is more than caps hold.
+    #[cfg_attr(
+        feature = "std",
+        schemars(with = "std::vec::Vec<OfferStep>", length(max = 4))
+    )]
+    pub capped: Vec<OfferStep, OFFER_STEPS>,
+}
+
+/// The cost to a CDU of one warmer facility water.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "std", derive(schemars::JsonSchema))]
+pub struct OfferStep {
+    /// The facility water.
+    pub water: Celsius,
+    /// The work its caps take there, hundredths of a GPU at full work.
+    pub work_lost_centigpus: u32,
+    /// The IT power its caps save there.
+    pub power_saved: Watts,
+}
+
+/// The facility coordinator's plan for the hall.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "std", derive(schemars::JsonSchema))]
+pub struct FacilityPlan {
+    /// The facility water supply target, for the BMS and every CDU.
+    pub water: Celsius,
+    /// Chiller stages to run.
+    pub chiller_stages: u8,
+    /// CDUs whose offers the plan was made from.
+    pub offers: u8,
+    /// CDUs the plan expects to cap hosts.
+    pub capping: u8,
 }
 
 // ---------------------------------------------------------------- presence

@@ -254,6 +254,29 @@ fn cdu_state() -> CduState {
                 sensing: LeakSensing::Supervised,
             })
             .collect(),
+        facility: Some(FacilityState {
+            offer: Some(FacilityOffer {
+                accept: c(29.5),
+                heat: Watts(118_400),
+                at_water: c(29.0),
+                heat_per_k: Watts(310),
+                work_centigpus: 12_160,
+                capped: [(30.5, 40, 450), (31.5, 95, 1_020)]
+                    .iter()
+                    .map(|&(w, lost, saved)| OfferStep {
+                        water: c(w),
+                        work_lost_centigpus: lost,
+                        power_saved: Watts(saved),
+                    })
+                    .collect(),
+            }),
+            plan: Some(FacilityPlan {
+                water: c(29.0),
+                chiller_stages: 2,
+                offers: 4,
+                capping: 0,
+            }),
+        }),
     }
 }
 

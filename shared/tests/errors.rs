@@ -121,7 +121,7 @@ fn errors_say_what_was_wrong() {
     };
     assert_eq!(
         e.to_string(),
-        "protocol version 3.1 is not supported (this reader speaks 2.2)"
+        "protocol version 3.1 is not supported (this reader speaks 2.3)"
     );
     let e = DecodeError::BadCrc {
         carried: 1,
@@ -253,6 +253,32 @@ fn a_2_0_telemetry_frame_reads_with_no_drops_and_is_not_taken_for_2_1() {
     assert_eq!(got, want);
     // The same body stamped 2.1 lacks a field.
     b[1] = 1;
+    assert!(matches!(
+        Frame::decode(&with_crc(b)),
+        Err(DecodeError::Truncated { .. })
+    ));
+}
+
+#[test]
+fn a_2_2_cdu_state_frame_reads_with_no_facility_and_is_not_taken_for_2_3() {
+    let mut want = samples::frame(MessageKind::CduState);
+    if let loopwarden_protocol::Message::CduState(s) = &mut want.message {
+        assert!(
+            s.facility.is_some(),
+            "the sample carries an offer and a plan"
+        );
+        s.facility = None;
+    }
+    // 2.2 wrote the body without `facility`: today's body with `facility`
+    // `None` is 2.2's and one byte more (the `None`), before the CRC.
+    let mut b = want.to_vec().unwrap();
+    assert_eq!(b[b.len() - 5], 0, "the None of `facility`");
+    b.truncate(b.len() - 4 - 1);
+    b[1] = 2;
+    let got = Frame::decode(&with_crc(b.clone())).expect("a 2.2 frame reads");
+    assert_eq!(got, want);
+    // The same body stamped 2.3 lacks a field.
+    b[1] = 3;
     assert!(matches!(
         Frame::decode(&with_crc(b)),
         Err(DecodeError::Truncated { .. })

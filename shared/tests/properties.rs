@@ -447,6 +447,7 @@ fn message() -> impl Strategy<Value = Message> {
                     supply,
                     flow_per_gpu: None,
                     racks,
+                    facility: None,
                 })
             }),
         (any::<bool>(), text(), any::<u64>(), any::<bool>()).prop_map(

@@ -355,6 +355,7 @@ async fn serve(config: config::Config, notifier: Notifier) -> Result<(), String>
         // register is read in any case.
         board,
         operator: Some(operator_rx),
+        facility: config.facility.clone(),
     };
     let result = shell::run_with(config.shell_config(broker), opts, port, stop).await;
     watchdog_task.abort();

@@ -238,6 +238,22 @@ pub(super) fn loops(hosts: &[String], st: &ShellStats) -> Value {
     // work-GPU-hour once divided by 1000.
     let per_work_gpu_h = |w: f32| f(w / 1000.0, 4);
     let cost = (p.work > 1e-3).then(|| per_work_gpu_h(p.facility_w / p.work));
+    let facility = snap.facility.as_ref().map(|fs| {
+        json!({
+            "coordinator": fs.coordinator,
+            "coordinates": fs.coordinates,
+            "accept_c": fs.offer.map(|o| f(o.accept_c, 2)),
+            "heat_kw": fs.offer.map(|o| f(o.heat_w / 1000.0, 1)),
+            "water_c": fs.following.map(|(w, _)| f(w, 2)),
+            "heard_s_ago": fs.following.map(|(_, ms)| ms / 1000),
+            "plan": fs.plan.map(|(pl, offers)| json!({
+                "water_c": f(pl.water_c, 2),
+                "chiller_stages": pl.chiller_stages,
+                "offers": offers,
+                "capping": pl.capping.count_ones(),
+            })),
+        })
+    });
     json!({
         "proposal": {
             "setpoint_c": f(p.setpoint_c, 2),
@@ -265,6 +281,7 @@ pub(super) fn loops(hosts: &[String], st: &ShellStats) -> Value {
             "figures": figures,
             "hosts": host_rows,
         },
+        "facility": facility,
         "plan_ceiling_c": f(e.plan_ceiling_c(), 2),
         "plan_ceiling_configured_c": f(e.configured.margins.plan_ceiling_c, 2),
         "outdoor": {

@@ -296,6 +296,10 @@ fn loops(v: &Value) -> String {
         ("outdoor", outdoor(&v["outdoor"])),
     ]);
     out.push_str(&plan_line(&v["plan"]));
+    if let Some(line) = facility_line(&v["facility"]) {
+        out.push('\n');
+        out.push_str(&line);
+    }
     out.push_str("\n\n");
     let learned = &v["learned"];
     let figures = rows_of(&learned["figures"], |x| {
@@ -463,6 +467,39 @@ fn plan_line(p: &Value) -> String {
             "plan: the water alone holds every GPU under the ceiling ({cost:.3} kWh per work-GPU-h)"
         ),
     }
+}
+
+/// This CDU's part in its hall's facility water, in a line or two; `None`
+/// outside a hall of several CDUs.
+fn facility_line(v: &Value) -> Option<String> {
+    if v.is_null() {
+        return None;
+    }
+    let coordinator = v["coordinator"].as_str().unwrap_or("?");
+    let offer = match (v["accept_c"].as_f64(), v["heat_kw"].as_f64()) {
+        (Some(a), Some(h)) => format!("accepts facility water up to {a:.1} °C ({h:.0} kW of heat)"),
+        _ => "has no offer yet (its first search has not finished)".into(),
+    };
+    let water = match (v["water_c"].as_f64(), v["heard_s_ago"].as_u64()) {
+        (Some(w), Some(ago)) => {
+            format!("the hall's water {w:.1} °C by {coordinator}'s plan ({ago} s ago)")
+        }
+        _ => format!("no plan heard from {coordinator}: its setpoint sets its water"),
+    };
+    let mut line = format!("facility: this CDU {offer}; {water}");
+    let p = &v["plan"];
+    if !p.is_null() {
+        line.push_str(&format!(
+            "\nfacility plan (coordinating): water {:.1} °C, {} chiller stages, from {} offers, {} CDUs capping",
+            p["water_c"].as_f64().unwrap_or(0.0),
+            p["chiller_stages"].as_u64().unwrap_or(0),
+            p["offers"].as_u64().unwrap_or(0),
+            p["capping"].as_u64().unwrap_or(0)
+        ));
+    } else if v["coordinates"].as_bool() == Some(true) {
+        line.push_str("\nfacility plan (coordinating): none yet (no offer heard)");
+    }
+    Some(line)
 }
 
 /// `caps`: one row per host.

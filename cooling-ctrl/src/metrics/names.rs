@@ -204,6 +204,19 @@ pub const OUTDOOR_FALLBACK: Metric = Metric::gauge(
     "1 while no outdoor temperature reads (the CDU's sensor, the BMS's write) and the controller plans with the configured fallback ambient_c (an alarm), else 0.",
 );
 
+pub const FACILITY_ACCEPT: Metric = Metric::gauge(
+    "loopwarden_facility_accept_celsius",
+    "A hall of several CDUs: the warmest facility water at which this CDU holds every GPU at its plan ceiling at full demand without a cap, pumps at full speed (its offer to the facility coordinator).",
+);
+pub const FACILITY_WATER_TARGET: Metric = Metric::gauge(
+    "loopwarden_facility_water_target_celsius",
+    "A hall of several CDUs: the facility water the coordinator's plan sets, as this CDU follows it.",
+);
+pub const FACILITY_CHILLER_STAGES: Metric = Metric::gauge(
+    "loopwarden_facility_chiller_stages",
+    "On the hall's facility coordinator: the chiller stages its plan runs.",
+);
+
 /// What the controller has learned of its hall (`crate::estimates`),
 /// named apart from `loopwarden_cdu_*`.
 #[cfg(test)]
@@ -213,6 +226,14 @@ pub const ESTIMATES: &[Metric] = &[
     ESTIMATE_TRUST,
     HOST_THERMAL_FACTOR,
     OUTDOOR_FALLBACK,
+];
+
+/// A hall of several CDUs' facility water.
+#[cfg(test)]
+pub const FACILITY: &[Metric] = &[
+    FACILITY_ACCEPT,
+    FACILITY_WATER_TARGET,
+    FACILITY_CHILLER_STAGES,
 ];
 
 /// Every `loopwarden_cdu_*` metric above, for the documentation's test.

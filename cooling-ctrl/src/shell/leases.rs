@@ -103,7 +103,11 @@ impl<P: CduPort> Shell<P> {
     }
 
     pub(super) fn on_inbound(&mut self, msg: Inbound) {
-        if msg.topic.role != Role::Host || msg.topic.json {
+        if msg.topic.json {
+            return;
+        }
+        if msg.topic.role == Role::Cdu {
+            self.on_cdu_state(&msg);
             return;
         }
         let sender_ok =

@@ -38,6 +38,10 @@ impl<P: CduPort> Shell<P> {
             events_dropped: self.core.events_dropped(),
             bus_connected: self.bus.is_connected(),
             bus: self.bus.metrics(),
+            facility: self
+                .facility
+                .as_ref()
+                .map(|f| f.status(self.now_ms(), self.core.offer())),
         }
     }
 
@@ -153,17 +157,19 @@ impl<P: CduPort> Shell<P> {
     }
 
     pub(super) fn publish_state(&mut self, now: u64, c: &Commands, r: Option<&CduMeasurements>) {
-        let due = match &self.state_sent {
-            None => true,
-            Some((last, at)) => {
-                last.mode != c.mode
-                    || last.reason != c.reason
-                    || (last.setpoint_c - c.setpoint_c).abs() >= STATE_SETPOINT_K
-                    || last.cooling_lost != c.cooling_lost
-                    || last.sensing_lost != c.sensing_lost
-                    || now.saturating_sub(*at) >= STATE_EVERY.as_millis() as u64
-            }
-        };
+        let (facility, facility_moved) = self.facility_state(now);
+        let due = facility_moved
+            || match &self.state_sent {
+                None => true,
+                Some((last, at)) => {
+                    last.mode != c.mode
+                        || last.reason != c.reason
+                        || (last.setpoint_c - c.setpoint_c).abs() >= STATE_SETPOINT_K
+                        || last.cooling_lost != c.cooling_lost
+                        || last.sensing_lost != c.sensing_lost
+                        || now.saturating_sub(*at) >= STATE_EVERY.as_millis() as u64
+                }
+            };
         if !due || !self.bus.is_connected() {
             return;
         }
@@ -206,11 +212,13 @@ impl<P: CduPort> Shell<P> {
                 .and_then(|v| Celsius::new(v).ok()),
             flow_per_gpu,
             racks,
+            facility: facility.clone(),
         };
         if self.publish(Message::CduState(st), now_ms(), true, |s| {
             &mut s.states_published
         }) {
             self.state_sent = Some((c.clone(), now));
+            self.facility_sent(facility);
         }
     }
 }

@@ -59,6 +59,25 @@ pub struct Snapshot {
     pub bus_connected: bool,
     /// The bus's counters (for `/metrics`).
     pub bus: loopwarden_bus::MetricsSnapshot,
+    /// This CDU's part in a hall of several CDUs (`None`: its setpoint
+    /// alone sets its facility water).
+    pub facility: Option<FacilityStatus>,
+}
+
+/// This CDU's part in setting the facility water of its hall.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FacilityStatus {
+    /// The hall's coordinator.
+    pub coordinator: String,
+    /// This controller is it.
+    pub coordinates: bool,
+    /// What this CDU offers (`None` before its first search).
+    pub offer: Option<cooling_core::facility::Offer>,
+    /// The facility water the plan in force sets, °C, and how long ago
+    /// it was heard, ms (`None`: no plan heard yet).
+    pub following: Option<(f32, u64)>,
+    /// On the coordinator: its plan and how many offers it was made from.
+    pub plan: Option<(cooling_core::facility::FacilityPlan, usize)>,
 }
 
 #[cfg(test)]
@@ -90,6 +109,7 @@ impl Snapshot {
             events_dropped: core.events_dropped(),
             bus_connected: false,
             bus: Default::default(),
+            facility: None,
         }
     }
 }
