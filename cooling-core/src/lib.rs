@@ -509,7 +509,7 @@ impl Core {
         // 4. Coordination, and the mode it leaves.
         let mut caps = [None; MAX_HOSTS];
         let (supply, setpoint_c) = (sensed.trusted.supply, self.regulator.setpoint_c());
-        let est = self.estimator;
+        let est = &self.estimator;
         let factor = |h| est.factor(h);
         let seen = sensed.seen;
         let capacity = self
@@ -558,7 +558,7 @@ impl Core {
     /// what the others imply.
     fn sense(&mut self, t: &Tick<'_>, pumps: &pumps::PumpsNow, log: &mut Log) -> Sensed {
         let speed = self.applied.1;
-        let est = self.estimator;
+        let est = &self.estimator;
         let seen = self.hall.see(t, &self.sensors, speed, &|h| est.factor(h));
         let fresh = |h| t.fresh(h).is_some();
         let facility = self
@@ -637,7 +637,7 @@ impl Core {
         mode: CduMode,
         pumps: &pumps::PumpsNow,
     ) {
-        let est = self.estimator;
+        let est = &self.estimator;
         let seen = sensed.seen;
         if self.modes.searching() {
             let (ambient, _) = est.outdoor(&t.cfg);
