@@ -310,6 +310,56 @@ mod tests {
     }
 
     #[test]
+    fn loops_says_what_this_cdu_offers_the_hall_and_whose_plan_it_follows() {
+        use cooling_core::facility::{FacilityPlan, Offer};
+        let core = Core::new(CoreConfig::default()).unwrap();
+        let mut snap = Snapshot::of_core(&core);
+        let offer = Offer {
+            accept_c: 33.5,
+            heat_w: 118_400.0,
+            ..Offer::default()
+        };
+        snap.facility = Some(crate::shell::FacilityStatus {
+            coordinator: "cdu-01".into(),
+            coordinates: false,
+            offer: Some(offer),
+            following: Some((32.0, 3_400)),
+            plan: None,
+        });
+        let text = |snap: Snapshot| {
+            let st = ShellStats {
+                status: Some(snap),
+                ..Default::default()
+            };
+            render(&Request::Loops, &answer::loops(&[], &st))
+        };
+        assert_eq!(
+            line(&text(snap.clone()), "facility:"),
+            "facility: this CDU accepts facility water up to 33.5 °C (118 kW of heat); the hall's water 32.0 °C by cdu-01's plan (3 s ago)"
+        );
+        // The coordinator says its plan too.
+        let plan = FacilityPlan {
+            water_c: 32.0,
+            chiller_stages: 2,
+            capping: 0b10,
+            cost: 990.0,
+            other_cost: None,
+        };
+        if let Some(f) = snap.facility.as_mut() {
+            f.coordinates = true;
+            f.plan = Some((plan, 4));
+        }
+        assert_eq!(
+            line(&text(snap.clone()), "facility plan"),
+            "facility plan (coordinating): water 32.0 °C, 2 chiller stages, from 4 offers, 1 CDU capping"
+        );
+        // Outside a hall of several CDUs: no such line.
+        snap.facility = None;
+        let t = text(snap);
+        assert!(!t.contains("facility:") && !t.contains("facility plan"), "{t}");
+    }
+
+    #[test]
     fn requests_and_operator_actions_are_one_line_of_json() {
         let r = Request::Events { since: Some(5) };
         assert_eq!(

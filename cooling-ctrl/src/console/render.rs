@@ -489,12 +489,13 @@ fn facility_line(v: &Value) -> Option<String> {
     let mut line = format!("facility: this CDU {offer}; {water}");
     let p = &v["plan"];
     if !p.is_null() {
+        let capping = p["capping"].as_u64().unwrap_or(0);
         line.push_str(&format!(
-            "\nfacility plan (coordinating): water {:.1} °C, {} chiller stages, from {} offers, {} CDUs capping",
+            "\nfacility plan (coordinating): water {:.1} °C, {} chiller stages, from {} offers, {capping} {} capping",
             p["water_c"].as_f64().unwrap_or(0.0),
             p["chiller_stages"].as_u64().unwrap_or(0),
             p["offers"].as_u64().unwrap_or(0),
-            p["capping"].as_u64().unwrap_or(0)
+            if capping == 1 { "CDU" } else { "CDUs" }
         ));
     } else if v["coordinates"].as_bool() == Some(true) {
         line.push_str("\nfacility plan (coordinating): none yet (no offer heard)");
