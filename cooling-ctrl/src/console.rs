@@ -356,7 +356,10 @@ mod tests {
         // Outside a hall of several CDUs: no such line.
         snap.facility = None;
         let t = text(snap);
-        assert!(!t.contains("facility:") && !t.contains("facility plan"), "{t}");
+        assert!(
+            !t.contains("facility:") && !t.contains("facility plan"),
+            "{t}"
+        );
     }
 
     #[test]
