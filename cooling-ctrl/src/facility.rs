@@ -10,7 +10,8 @@
 //! - *offer*: what one CDU can accept and what warmer water would cost
 //!   it, published retained by its controller.
 //! - *plan*: the coordinator's facility water target and chiller stages,
-//!   published retained and served to the BMS.
+//!   published retained in its state, which the BMS reads in the JSON
+//!   tree.
 
 use cooling_core::facility::{self, FacilityPlan, Offer, OfferPoint, OFFER_POINTS};
 use cooling_core::CoreConfig;
