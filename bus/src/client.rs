@@ -5,7 +5,10 @@
 //! - a last will on `online` (retained): the broker tells everyone when we
 //!   vanish; on every (re)connection we announce `online` again;
 //! - QoS and retention by family, from the protocol crate, never by caller;
-//! - reconnects with exponential backoff and jitter;
+//! - reconnects with exponential backoff and jitter, to the next broker of
+//!   its list after each failure (failover between the nodes of a
+//!   clustered broker); every connection, to whichever node, announces
+//!   `online` again, renews the subscriptions and the retained state;
 //! - bounded queues everywhere, and a counter for every message dropped;
 //! - QoS 1 publishes not yet acknowledged when the connection drops are
 //!   kept (up to `offline_capacity`, oldest dropped first) and sent again

@@ -1,6 +1,7 @@
 //! How an agent reaches the bus.
 
 use std::fmt;
+use std::ops::Deref;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -81,11 +82,128 @@ impl FromStr for BrokerAddr {
     }
 }
 
+/// The brokers an agent may use, in the order it tries them: one broker,
+/// or the nodes of a clustered one (`host:port,host:port,…`). Never
+/// empty. It dereferences to the first, so what speaks of one broker
+/// (a log line, the embedded broker's address) keeps working.
+///
+/// Failover: the bus connects to the first that answers and, when a
+/// connection fails or is lost, tries the next ([`Brokers::after`]),
+/// round the list, each attempt after the reconnect backoff's wait.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Brokers(Vec<BrokerAddr>);
+
+/// Why a list of broker addresses was refused: the entry, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct BrokersError {
+    /// 1-based position of the refused entry.
+    position: usize,
+    /// Entries in the list.
+    count: usize,
+    source: BrokerAddrError,
+}
+
+impl fmt::Display for BrokersError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.count == 1 {
+            self.source.fmt(f)
+        } else {
+            write!(
+                f,
+                "entry {} of {}: {}",
+                self.position, self.count, self.source
+            )
+        }
+    }
+}
+
+impl Brokers {
+    /// The list, or `None` when it is empty.
+    pub fn new(list: Vec<BrokerAddr>) -> Option<Self> {
+        (!list.is_empty()).then_some(Brokers(list))
+    }
+
+    /// How many there are (at least one).
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Never: a list holds at least one broker.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The broker at `index`, round the list.
+    pub fn get(&self, index: usize) -> &BrokerAddr {
+        &self.0[index % self.0.len()]
+    }
+
+    /// Every broker, in order.
+    pub fn iter(&self) -> impl Iterator<Item = &BrokerAddr> {
+        self.0.iter()
+    }
+
+    /// The index of the broker to try after a connection to the one at
+    /// `index` failed or was lost: the next one, round the list (the same
+    /// one when there is only one).
+    pub fn after(&self, index: usize) -> usize {
+        (index + 1) % self.0.len()
+    }
+}
+
+impl Deref for Brokers {
+    type Target = BrokerAddr;
+
+    /// The first broker, the one tried first.
+    fn deref(&self) -> &BrokerAddr {
+        &self.0[0]
+    }
+}
+
+impl From<BrokerAddr> for Brokers {
+    fn from(addr: BrokerAddr) -> Self {
+        Brokers(vec![addr])
+    }
+}
+
+impl fmt::Display for Brokers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, b) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            b.fmt(f)?;
+        }
+        Ok(())
+    }
+}
+
+impl FromStr for Brokers {
+    type Err = BrokersError;
+
+    /// One address, or several separated by commas; an empty entry (`a,,b`,
+    /// a trailing comma) is refused like any other bad one.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let count = s.split(',').count();
+        s.split(',')
+            .enumerate()
+            .map(|(i, entry)| {
+                entry.parse().map_err(|source| BrokersError {
+                    position: i + 1,
+                    count,
+                    source,
+                })
+            })
+            .collect::<Result<Vec<BrokerAddr>, _>>()
+            .map(Brokers)
+    }
+}
+
 /// Everything the bus shell needs to know.
 #[derive(Debug, Clone)]
 pub struct BusConfig {
-    /// The broker.
-    pub broker: BrokerAddr,
+    /// The brokers, tried in order (see [`Brokers`]).
+    pub broker: Brokers,
     /// The site (first level below `dc/v2`).
     pub site: Ident,
     /// Who we are. A host or a CDU owns `…/<role>/<id>/…` and listens on its
@@ -119,8 +237,9 @@ pub struct BusConfig {
 }
 
 impl BusConfig {
-    /// Defaults for `node` at `site` on `broker`.
-    pub fn new(broker: BrokerAddr, site: Ident, node: NodeId) -> Self {
+    /// Defaults for `node` at `site` on `broker` (one address, or a list).
+    pub fn new(broker: impl Into<Brokers>, site: Ident, node: NodeId) -> Self {
+        let broker = broker.into();
         let client_id = format!("lw-{}-{}-{}", site, node.role.as_str(), node.id);
         Self {
             broker,
@@ -164,5 +283,43 @@ mod tests {
         );
         assert!(":1883".parse::<BrokerAddr>().is_err());
         assert!("h:x".parse::<BrokerAddr>().is_err());
+    }
+
+    #[test]
+    fn parses_broker_lists_and_names_a_bad_entry() {
+        let one: Brokers = "10.0.0.5".parse().unwrap();
+        assert_eq!((one.len(), one.to_string()), (1, "10.0.0.5:1883".into()));
+        assert_eq!(one.port, 1883, "a list reads as its first broker");
+        let three: Brokers = "n1:4001, n2 ,[::1]:4003".parse().unwrap();
+        assert_eq!(three.to_string(), "n1:4001,n2:1883,[::1]:4003");
+        assert_eq!(three.get(4).host, "n2", "round the list");
+        let e = "n1:4001,n2:0,n3".parse::<Brokers>().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            r#"entry 2 of 3: broker address "n2:0": port is not a number from 1 to 65535"#
+        );
+        let e = "n1:4001,".parse::<Brokers>().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            r#"entry 2 of 2: broker address "": empty host"#
+        );
+        let e = "h:0".parse::<Brokers>().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            r#"broker address "h:0": port is not a number from 1 to 65535"#,
+            "one address reads as before"
+        );
+        assert_eq!(Brokers::new(Vec::new()), None);
+    }
+
+    #[test]
+    fn a_failure_moves_on_to_the_next_broker_round_the_list() {
+        let three: Brokers = "a,b,c".parse().unwrap();
+        let order: Vec<usize> = std::iter::successors(Some(0), |i| Some(three.after(*i)))
+            .take(5)
+            .collect();
+        assert_eq!(order, [0, 1, 2, 0, 1]);
+        let one: Brokers = "a".parse().unwrap();
+        assert_eq!(one.after(0), 0, "one broker: the same again");
     }
 }

@@ -34,18 +34,19 @@ pub enum EmbeddedBrokerError {
     NotListening(SocketAddr),
 }
 
-/// The broker to use: `configured` if there is one, else an embedded broker
+/// The broker or brokers to use: `configured` if given, else an embedded broker
 /// started on [`DEFAULT_LISTEN`]. Keep the returned handle for as long as
 /// the broker is needed.
-pub fn configured_or_embedded(
-    configured: Option<BrokerAddr>,
-) -> Result<(BrokerAddr, Option<EmbeddedBroker>), EmbeddedBrokerError> {
+/// `B` is one address ([`BrokerAddr`]) or a list ([`Brokers`](crate::Brokers)).
+pub fn configured_or_embedded<B: From<BrokerAddr>>(
+    configured: Option<B>,
+) -> Result<(B, Option<EmbeddedBroker>), EmbeddedBrokerError> {
     match configured {
-        Some(addr) => Ok((addr, None)),
+        Some(brokers) => Ok((brokers, None)),
         None => {
             let listen: SocketAddr = DEFAULT_LISTEN.parse().expect("a valid default address");
             let broker = EmbeddedBroker::start(listen)?;
-            Ok((broker.broker_addr(), Some(broker)))
+            Ok((broker.broker_addr().into(), Some(broker)))
         }
     }
 }

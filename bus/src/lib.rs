@@ -36,7 +36,7 @@ pub mod tls;
 
 pub use backoff::Backoff;
 pub use client::{now_ms, site_filter, Bus, BusTask, Inbound, PublishError};
-pub use config::{BrokerAddr, BrokerAddrError, BusConfig, DEFAULT_PORT};
+pub use config::{BrokerAddr, BrokerAddrError, Brokers, BrokersError, BusConfig, DEFAULT_PORT};
 pub use durable::{DurableOutbox, Pending, StoreFailure};
 pub use metrics::{Metrics, MetricsSnapshot};
 

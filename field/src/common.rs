@@ -14,7 +14,7 @@
 use std::path::PathBuf;
 
 use loopwarden_bus::tls::{Tls, TlsFiles, TlsPart};
-use loopwarden_bus::BrokerAddr;
+use loopwarden_bus::Brokers;
 use loopwarden_protocol::Ident;
 
 use crate::config::{credentials, ident, ConfigError, Sources};
@@ -35,7 +35,9 @@ macro_rules! agent_file {
         pub struct $name {
             /// Site name.
             pub site: Option<String>,
-            /// Broker address; absent: the embedded broker.
+            /// Broker address, or the nodes of a clustered broker
+            /// (`host:port,host:port,…`, tried in turn); absent: the
+            /// embedded broker.
             pub broker: Option<String>,
             /// Run the embedded broker here on purpose.
             pub embedded_broker: Option<bool>,
@@ -140,8 +142,10 @@ pub struct CommonFlags {
     /// Site name (ident).
     #[arg(long)]
     pub site: Option<String>,
-    /// Broker, `host[:port]`; default: the embedded broker on 127.0.0.1:1883
-    /// (simulated hardware only, or with --embedded-broker).
+    /// Broker, `host[:port]`, or the nodes of a clustered broker,
+    /// `host:port,host:port,…` (the first that answers; the next one when
+    /// a connection fails or is lost); default: the embedded broker on
+    /// 127.0.0.1:1883 (simulated hardware only, or with --embedded-broker).
     #[arg(long)]
     pub broker: Option<String>,
     /// Run the embedded broker here on purpose (an agent on real hardware
@@ -182,8 +186,8 @@ pub struct CommonFlags {
 pub struct Common {
     /// Site.
     pub site: Ident,
-    /// Broker; `None`: embedded.
-    pub broker: Option<BrokerAddr>,
+    /// Brokers, tried in turn; `None`: embedded.
+    pub broker: Option<Brokers>,
     /// The embedded broker was asked for (`embedded_broker = true`), and
     /// the flag or line that asked.
     pub embedded_broker: (bool, Option<&'static str>),
@@ -198,7 +202,7 @@ pub struct Common {
 }
 
 /// Checks the common fields: the site is a name (default `site`), the
-/// broker an address, the login whole (the password file read), and the
+/// broker an address or a list of them, the login whole (the password file read), and the
 /// console `default_console()` unless given.
 pub fn resolve(
     src: &Sources,
@@ -214,7 +218,7 @@ pub fn resolve(
     )?;
     let broker = match pick!(flags.broker, *file.broker, "broker") {
         (Some(b), flag) => Some(
-            b.parse()
+            b.parse::<Brokers>()
                 .map_err(|e| src.error(flag, "broker", format!("broker = {b:?}: {e}")))?,
         ),
         (None, _) => None,
@@ -391,10 +395,14 @@ mod tests {
         assert!(c.tls.is_none());
         let flags = CommonFlags {
             site: Some("hall-2".into()),
+            broker: Some("10.0.0.5:1883,10.0.0.6:1883,10.0.0.7:1883".into()),
             ..CommonFlags::default()
         };
         let c = check(text, &flags).unwrap();
         assert_eq!(c.site.as_str(), "hall-2");
+        let brokers = c.broker.unwrap();
+        assert_eq!(brokers.len(), 3);
+        assert_eq!(brokers.get(2).to_string(), "10.0.0.7:1883");
     }
 
     #[test]
@@ -424,6 +432,17 @@ mod tests {
         .unwrap_err();
         assert_eq!(e.line, Some(2), "{e}");
         assert!(e.message.starts_with("broker = \"h:99999\""), "{e}");
+        let e = check(
+            "site = \"a\"\nbroker = \"n1:4001,n2:4002,\"\n",
+            &CommonFlags::default(),
+        )
+        .unwrap_err();
+        assert_eq!(e.line, Some(2), "{e}");
+        assert!(
+            e.message
+                .ends_with(r#"entry 3 of 3: broker address "": empty host"#),
+            "{e}"
+        );
         let e = check("site = \"a\"\nbrokr = \"x\"\n", &CommonFlags::default()).unwrap_err();
         assert_eq!(e.line, Some(2), "{e}");
         assert!(e.message.contains("brokr"), "{e}");

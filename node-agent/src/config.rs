@@ -206,8 +206,9 @@ pub struct Config {
     pub site: Ident,
     /// Host id.
     pub host: Ident,
-    /// Broker; `None`: embedded.
-    pub broker: Option<loopwarden_bus::BrokerAddr>,
+    /// Brokers, tried in turn (see `loopwarden_bus::Brokers`); `None`:
+    /// embedded.
+    pub broker: Option<loopwarden_bus::Brokers>,
     /// Broker credentials.
     pub credentials: Option<(String, String)>,
     /// GPU source.

@@ -101,7 +101,7 @@ fn start_h01(b: &PkiBroker) -> tokio::sync::oneshot::Sender<()> {
 /// The reader bms1 on h01's acks, over TLS.
 async fn ack_reader(b: &PkiBroker) -> (Bus, mpsc::Receiver<Inbound>) {
     let tls = Tls::load(TlsFiles::of_identity(b.dir(), "bms1")).expect("bms1's TLS identity");
-    let addr = format!("127.0.0.1:{}", b.port())
+    let addr: loopwarden_bus::BrokerAddr = format!("127.0.0.1:{}", b.port())
         .parse()
         .expect("an address");
     let mut cfg = BusConfig::new(

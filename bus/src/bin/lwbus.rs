@@ -21,7 +21,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use loopwarden_bus::embedded::{configured_or_embedded, EmbeddedBroker, DEFAULT_LISTEN};
-use loopwarden_bus::{now_ms, site_filter, BrokerAddr, Bus, BusConfig};
+use loopwarden_bus::{now_ms, site_filter, Brokers, Bus, BusConfig};
 use loopwarden_protocol::{
     samples, xid, Event, Family, GpuSelector, Ident, Message, MessageKind, NodeId, Role, Topic,
 };
@@ -47,10 +47,11 @@ enum Command {
     },
     /// Print every frame of a site as it passes.
     Watch {
-        /// Broker address (host[:port]); without it, the embedded broker is
+        /// Broker address (host[:port]), or the nodes of a cluster
+        /// (host:port,host:port,…); without it, the embedded broker is
         /// started on 127.0.0.1:1883 and watched.
         #[arg(long)]
-        broker: Option<BrokerAddr>,
+        broker: Option<Brokers>,
         /// The site to watch.
         #[arg(long, default_value = "lab")]
         site: String,
@@ -72,9 +73,10 @@ enum Command {
     /// Release a quarantined GPU (a signed operator command) and print
     /// the host's answer.
     Release {
-        /// Broker address (host[:port]).
+        /// Broker address (host[:port]), or the nodes of a cluster
+        /// (host:port,host:port,…).
         #[arg(long, default_value = "127.0.0.1:1883")]
-        broker: BrokerAddr,
+        broker: Brokers,
         /// The site.
         #[arg(long)]
         site: String,
@@ -102,9 +104,10 @@ enum Command {
     },
     /// Publish one frame of every message kind, and its JSON mirror.
     Samples {
-        /// Broker address (host[:port]).
+        /// Broker address (host[:port]), or the nodes of a cluster
+        /// (host:port,host:port,…).
         #[arg(long, default_value = "127.0.0.1:1883")]
-        broker: BrokerAddr,
+        broker: Brokers,
         /// The site to publish in.
         #[arg(long, default_value = "lab")]
         site: String,
@@ -196,7 +199,7 @@ fn summary(message: &Message) -> String {
 }
 
 async fn watch(
-    broker: BrokerAddr,
+    broker: Brokers,
     site: Ident,
     json: bool,
     tls: Option<loopwarden_bus::tls::Tls>,
@@ -244,7 +247,7 @@ async fn watch(
     Ok(())
 }
 
-async fn publish_samples(broker: BrokerAddr, site: Ident) -> Result<()> {
+async fn publish_samples(broker: Brokers, site: Ident) -> Result<()> {
     let host = NodeId::new(Role::Host, "h07")?;
     let cdu = NodeId::new(Role::Cdu, "cdu-a")?;
     let mut sent = 0;
@@ -479,7 +482,7 @@ async fn main() -> Result<()> {
 
 /// Sends a signed `quarantine_release` and waits for the host's ack.
 async fn release(
-    broker: BrokerAddr,
+    broker: Brokers,
     tls: Option<loopwarden_bus::tls::Tls>,
     site: &str,
     host: &str,

@@ -1,5 +1,6 @@
 //! The event loop: the one task that drives `rumqttc`'s `EventLoop`. It
-//! connects and reconnects (backoff with jitter), subscribes, announces
+//! connects and reconnects (backoff with jitter; the next broker of the
+//! list after each failure), subscribes, announces
 //! presence, hands over what was kept from the last connection and what
 //! the outbox holds, matches acknowledgements to outbox frames, and passes
 //! inbound frames on.
@@ -340,7 +341,7 @@ impl Driver {
     fn on_connack(&mut self, ack: rumqttc::ConnAck) -> Flow {
         let shared = &self.shared;
         let m = &shared.metrics;
-        info!(broker = %shared.config.broker, session = ack.session_present, "connected to the broker");
+        info!(broker = %shared.broker(), session = ack.session_present, "connected to the broker");
         self.connected_at = Some(tokio::time::Instant::now());
         self.errors_in_a_row = 0;
         Metrics::add(&m.connects);
@@ -510,6 +511,15 @@ impl Driver {
             info!("connection lost during shutdown: not reconnecting");
             return Flow::Stop;
         }
+        // The next attempt goes to the next broker of the list (the same
+        // one when there is only one), after the backoff's wait; its
+        // options are new, so the last will is set after this.
+        let failed = shared.broker.load(Ordering::Relaxed);
+        let next = shared.config.broker.after(failed);
+        if next != failed {
+            shared.broker.store(next, Ordering::Relaxed);
+            self.eventloop.mqtt_options = shared.mqtt_options(next);
+        }
         self.announcement = prepare_presence(&shared, &mut self.eventloop);
         // A connection that did not last (a broker that accepts, then
         // drops us) does not reset the backoff.
@@ -526,8 +536,9 @@ impl Driver {
         // hour must not fill the journal.
         let errors_in_a_row = self.errors_in_a_row;
         if errors_in_a_row == 1 || errors_in_a_row % 20 == 0 {
-            warn!(broker = %shared.config.broker, error = %e, retry_in_ms = wait.as_millis() as u64,
-                  attempts = errors_in_a_row, kept = self.kept.len(), "broker unreachable");
+            warn!(broker = %shared.config.broker.get(failed), error = %e, next = %shared.broker(),
+                  retry_in_ms = wait.as_millis() as u64, attempts = errors_in_a_row,
+                  kept = self.kept.len(), "broker unreachable");
         }
         tokio::time::sleep(wait).await;
         Flow::Go

@@ -3,21 +3,21 @@
 //! frames to `rumqttc`'s client queue (or to the outbox); the event loop
 //! ([`super::event_loop`]) does the rest.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use loopwarden_flash::outbox::Class;
 use loopwarden_protocol::{Family, Frame, Ident, Message, NodeId, Qos, Role, TimestampMs, Topic};
-use rumqttc::{AsyncClient, ClientError, MqttOptions, QoS};
+use rumqttc::{AsyncClient, ClientError, QoS};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tracing::warn;
 
 use super::event_loop::run;
 use super::state::Shared;
-use super::{now_ms, Inbound, PublishError, MAX_INFLIGHT};
-use crate::config::BusConfig;
+use super::{now_ms, Inbound, PublishError};
+use crate::config::{BrokerAddr, BusConfig};
 use crate::durable::{Delivery, DurableOutbox, SharedOutbox, StoreFailure};
 use crate::metrics::{Metrics, MetricsSnapshot};
 
@@ -78,6 +78,7 @@ impl Bus {
             config,
             metrics: Metrics::default(),
             connected: AtomicBool::new(false),
+            broker: AtomicUsize::new(0),
             delivery: Mutex::new(Delivery {
                 outbox: outbox.map(|o| std::sync::Arc::new(std::sync::Mutex::new(o))),
                 deferred: true, // what the outbox holds goes out on connecting
@@ -89,20 +90,8 @@ impl Bus {
             retained_unsent: Mutex::new(Default::default()),
             durable_order: Mutex::new(()),
         });
+        let options = shared.mqtt_options(0);
         let cfg = &shared.config;
-        let mut options = MqttOptions::new(&cfg.client_id, &cfg.broker.host, cfg.broker.port);
-        options.set_keep_alive(cfg.keep_alive.max(Duration::from_secs(1)));
-        options.set_clean_session(true);
-        options.set_max_packet_size(64 * 1024, 64 * 1024);
-        if let Some((user, password)) = &cfg.credentials {
-            options.set_credentials(user, password);
-        }
-        if let Some(tls) = &cfg.tls {
-            options.set_transport(rumqttc::Transport::tls_with_config(
-                rumqttc::TlsConfiguration::Rustls(tls.config.clone()),
-            ));
-        }
-        options.set_inflight(MAX_INFLIGHT);
         let (client, eventloop) = AsyncClient::new(options, cfg.queue_capacity.max(1));
         let (inbound_tx, inbound_rx) = mpsc::channel(cfg.inbound_capacity.max(1));
         let (connected_tx, connected_rx) = watch::channel(false);
@@ -118,6 +107,12 @@ impl Bus {
     /// Who we are on the bus.
     pub fn node(&self) -> &NodeId {
         &self.shared.config.node
+    }
+
+    /// The broker in use: the one connected to, or, while there is no
+    /// connection, the one tried next (one of `config.broker`).
+    pub fn broker(&self) -> &BrokerAddr {
+        self.shared.broker()
     }
 
     /// The site.

@@ -10,14 +10,15 @@
 //!   again, after presence, on every re-connection.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
 
 use loopwarden_protocol::{Family, Frame, Message, Online, Qos, Role, Text, TimestampMs, Topic};
-use rumqttc::{LastWill, QoS};
+use rumqttc::{LastWill, MqttOptions, QoS};
 
-use super::{now_ms, PublishError};
-use crate::config::BusConfig;
+use super::{now_ms, PublishError, MAX_INFLIGHT};
+use crate::config::{BrokerAddr, BusConfig};
 use crate::durable::Delivery;
 use crate::metrics::Metrics;
 
@@ -28,6 +29,9 @@ pub(super) struct Shared {
     pub(super) seq: AtomicU32,
     pub(super) metrics: Metrics,
     pub(super) connected: AtomicBool,
+    /// The index in `config.broker` of the broker in use (connected, or
+    /// tried next).
+    pub(super) broker: AtomicUsize,
     pub(super) delivery: Mutex<Delivery>,
     /// Nothing handed over is waiting for the broker (kept by the task).
     pub(super) settled: AtomicBool,
@@ -50,6 +54,32 @@ impl Shared {
         // A panic while holding the lock leaves the bookkeeping as it was;
         // go on with it rather than stop delivering.
         self.delivery.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The broker in use.
+    pub(super) fn broker(&self) -> &BrokerAddr {
+        self.config.broker.get(self.broker.load(Ordering::Relaxed))
+    }
+
+    /// The client's options for connecting to broker `index` of the list
+    /// (without the last will, which goes with each attempt).
+    pub(super) fn mqtt_options(&self, index: usize) -> MqttOptions {
+        let cfg = &self.config;
+        let broker = cfg.broker.get(index);
+        let mut options = MqttOptions::new(&cfg.client_id, &broker.host, broker.port);
+        options.set_keep_alive(cfg.keep_alive.max(Duration::from_secs(1)));
+        options.set_clean_session(true);
+        options.set_max_packet_size(64 * 1024, 64 * 1024);
+        if let Some((user, password)) = &cfg.credentials {
+            options.set_credentials(user, password);
+        }
+        if let Some(tls) = &cfg.tls {
+            options.set_transport(rumqttc::Transport::tls_with_config(
+                rumqttc::TlsConfiguration::Rustls(tls.config.clone()),
+            ));
+        }
+        options.set_inflight(MAX_INFLIGHT);
+        options
     }
 
     /// Whether a frame on `topic` goes through the outbox.
