@@ -10,7 +10,7 @@
 //! |---|---|---|
 //! | `site` | `site` | the site (ident) |
 //! | `cdu` | the machine's host name | this CDU's id (ident) |
-//! | `broker` | none (required unless `embedded_broker = true`) | `host[:port]` (one address: the node agents take a list, the controller not yet) |
+//! | `broker` | none (required unless `embedded_broker = true`) | `host[:port]`, or the nodes of a broker cluster `host:port,host:port,…` (it fails over between them) |
 //! | `embedded_broker` | false | run the embedded broker here on purpose (not with `broker`) |
 //! | `broker_user`, `broker_password_file` | none | broker login, together |
 //! | `tls_ca`, `tls_cert`, `tls_key` | none (plain MQTT) | TLS to the broker: the CA, this controller's certificate and key (PEM) |
@@ -65,7 +65,6 @@ use std::vec::Vec;
 use loopwarden_boards::modbus_map::RegisterMap;
 use loopwarden_boards::pins::PinMap;
 use loopwarden_boards::site::SiteConfig;
-use loopwarden_bus::BrokerAddr;
 use loopwarden_field::common;
 pub use loopwarden_field::config::ConfigError;
 use loopwarden_field::config::{self as field, local_host_name, range, Sources};
@@ -228,7 +227,7 @@ pub struct Config {
     /// This CDU.
     pub cdu: Ident,
     /// Broker; `None`: embedded.
-    pub broker: Option<BrokerAddr>,
+    pub broker: Option<loopwarden_bus::Brokers>,
     /// Broker credentials.
     pub credentials: Option<(String, String)>,
     /// TLS to the broker.
@@ -286,7 +285,7 @@ pub struct BoardConfig {
 
 impl Config {
     /// The shell's configuration, on `broker`.
-    pub fn shell_config(&self, broker: BrokerAddr) -> ShellConfig {
+    pub fn shell_config(&self, broker: impl Into<loopwarden_bus::Brokers>) -> ShellConfig {
         let mut c = ShellConfig::new(self.site.clone(), self.cdu.clone(), broker, self.core);
         c.period = self.period;
         c.hosts = self.hosts.clone();
@@ -352,30 +351,6 @@ pub fn expand_hosts(pattern: &str, racks: usize, per_rack: usize) -> Result<Vec<
     }
     Ok(out)
 }
-/// The controller's broker: its shell (`ShellConfig::broker`) connects to
-/// one, so a list of several (which the node agents fail over between) is
-/// refused here rather than cut to its first entry.
-fn one_broker(
-    src: &Sources,
-    file: &FileConfig,
-    flags: &Overrides,
-    brokers: Option<loopwarden_bus::Brokers>,
-) -> Result<Option<BrokerAddr>, ConfigError> {
-    match brokers {
-        Some(b) if b.len() > 1 => {
-            let (_, flag) = pick!(flags.common.broker, file.broker, "broker");
-            Err(src.error(
-                flag,
-                "broker",
-                format!(
-                    "broker = \"{b}\": the cooling controller connects to one broker; give one node of the cluster"
-                ),
-            ))
-        }
-        b => Ok(b.map(|b| b.get(0).clone())),
-    }
-}
-
 /// Checks a configuration given as text (the file at `path`) and flags:
 /// the common fields, then this CDU, its key, its link, the plant (register
 /// map and site figures), the hosts, the timings, the northbound server and
@@ -385,7 +360,6 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
     let src = Sources::new(path, text);
 
     let common = common::resolve(&src, file.common(), &flags.common, default_console)?;
-    let broker = one_broker(&src, &file, flags, common.broker.clone())?;
     let cdu = field::ident(
         &src,
         pick!(flags.cdu, file.cdu, "cdu"),
@@ -420,7 +394,7 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
     Ok(Config {
         site: common.site,
         cdu,
-        broker,
+        broker: common.broker,
         credentials: common.credentials,
         tls: common.tls,
         key_id: key.id,
@@ -1086,13 +1060,18 @@ mod tests {
     }
 
     #[test]
-    fn one_broker_is_taken_and_a_list_refused_with_its_line() {
+    fn a_broker_or_the_nodes_of_a_cluster_and_a_broken_entry_refused_with_its_line() {
         let base = "cdu = \"cdu-1\"\ndemo_key = true\ncdu_tcp = \"127.0.0.1:5020\"\n";
         let c = from(&format!("{base}broker = \"10.0.0.5:1884\"\n")).unwrap();
         assert_eq!(c.broker.unwrap().to_string(), "10.0.0.5:1884");
-        let e = from(&format!("{base}broker = \"n1:1883,n2:1883\"\n")).unwrap_err();
+        let c = from(&format!("{base}broker = \"n1:1883,n2:1884\"\n")).unwrap();
+        let b = c.broker.clone().expect("a list");
+        assert_eq!(b.len(), 2);
+        assert_eq!(b.get(1).port, 1884);
+        assert_eq!(c.shell_config(b.clone()).broker, b);
+        let e = from(&format!("{base}broker = \"n1:1883,n2:0\"\n")).unwrap_err();
         assert_eq!(e.line, Some(4), "{e}");
-        assert!(e.message.contains("connects to one broker"), "{e}");
+        assert!(e.message.contains("entry 2 of 2"), "{e}");
     }
 
     #[test]
@@ -1115,7 +1094,7 @@ mod tests {
         assert!(c.hosts.is_empty());
         assert!(c.flash.is_none());
         assert!(c.ambient_c.is_none());
-        c.shell_config(BrokerAddr {
+        c.shell_config(loopwarden_bus::BrokerAddr {
             host: "127.0.0.1".into(),
             port: 1883,
         })
@@ -1147,7 +1126,7 @@ mod tests {
         );
         let c = from(&text).expect("valid");
         assert_eq!(c.site.as_str(), "hall-1");
-        assert_eq!(c.broker.as_ref().unwrap().port, 1884);
+        assert_eq!(c.broker.as_ref().unwrap().get(0).port, 1884);
         assert_eq!(c.key_id, 4, "the key id is the sign key file's");
         assert_eq!(c.key.as_bytes(), &[4; 32]);
         assert!(!c.demo_key);

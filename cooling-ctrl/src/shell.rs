@@ -75,7 +75,7 @@ use std::vec;
 use std::vec::Vec;
 
 use loopwarden_bus::agent_flash::SeqFloor;
-use loopwarden_bus::{now_ms, BrokerAddr, Bus, BusConfig, Inbound, PublishError};
+use loopwarden_bus::{now_ms, Brokers, Bus, BusConfig, Inbound, PublishError};
 use loopwarden_protocol::auth::SigningKey;
 use loopwarden_protocol::message::{
     Ack, AckCode, CapLease, CapSource, CduMode, CduState, CduTelemetry, CommandAuth, Event, GpuCap,
@@ -133,8 +133,9 @@ pub struct ShellConfig {
     pub site: Ident,
     /// This CDU's id (its node on the bus has role `cdu`).
     pub cdu: Ident,
-    /// The broker.
-    pub broker: BrokerAddr,
+    /// The broker, or the nodes of a broker cluster: the bus connects to
+    /// the first that answers and fails over to the next.
+    pub broker: Brokers,
     /// The control core's configuration.
     pub core: CoreConfig,
     /// The control period (1 s by default).
@@ -216,11 +217,11 @@ impl ShellConfig {
     /// A shell for CDU `cdu` of `site` on `broker`, with a 1 s period and
     /// 30 s leases, no hosts, plain MQTT and no sign key (set one before
     /// leases are to be sent).
-    pub fn new(site: Ident, cdu: Ident, broker: BrokerAddr, core: CoreConfig) -> Self {
+    pub fn new(site: Ident, cdu: Ident, broker: impl Into<Brokers>, core: CoreConfig) -> Self {
         Self {
             site,
             cdu,
-            broker,
+            broker: broker.into(),
             core,
             period: Duration::from_secs(1),
             hosts: Vec::new(),

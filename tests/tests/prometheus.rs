@@ -118,7 +118,7 @@ impl Rig {
     /// its `/metrics` wired as `cooling-ctrl run` wires it.
     fn start_controller(&mut self) {
         let addr = self.cdu_metrics;
-        let broker = self
+        let broker: loopwarden_bus::BrokerAddr = self
             .broker
             .addr()
             .to_string()
