@@ -13,6 +13,7 @@
 
 #![warn(missing_docs)]
 
+pub mod fleet;
 pub mod play;
 pub mod report;
 pub mod trace;

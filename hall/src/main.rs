@@ -4,6 +4,9 @@
 //!   whole system on one machine, live, then its report.
 //! - `loopwarden-hall plot --trace FILE.csv [--summary FILE.json] --out DIR
 //!   [--title T]`: the report of a run.
+//! - `loopwarden-hall fleet --hosts N --cdus M --duration S [--broker
+//!   HOST:PORT ...] [--json]`: N real host agents and M real cooling
+//!   controllers in one process, measured (`docs/scale.md`).
 
 use std::fs::File;
 use std::io::BufReader;
@@ -31,6 +34,84 @@ enum Command {
     Play(PlayArgs),
     /// Writes the report of a run: SVG charts of its trace and report.md.
     Plot(PlotArgs),
+    /// Runs many real host agents and cooling controllers in one process
+    /// at 1 Hz real time, injects GPU failures and a cooling shortfall,
+    /// and measures the bus, the latencies, CPU and memory.
+    Fleet(FleetArgs),
+}
+
+#[derive(Debug, Args)]
+struct FleetArgs {
+    /// Host agents.
+    #[arg(long)]
+    hosts: usize,
+    /// Cooling controllers (each with its own simulated CDU and hall).
+    #[arg(long)]
+    cdus: usize,
+    /// Seconds the halls run once every agent is connected.
+    #[arg(long = "duration", value_name = "SECONDS")]
+    duration_s: u64,
+    /// A broker (host:port); repeat for a broker cluster [default: the
+    /// embedded broker].
+    #[arg(long = "broker", value_name = "HOST:PORT")]
+    brokers: Vec<String>,
+    /// The independent subscriber's broker [default: the last --broker,
+    /// else the embedded one].
+    #[arg(long, value_name = "HOST:PORT")]
+    observer_broker: Option<String>,
+    /// GPUs to fail (XID 79) [default: one host in ten, at least 2].
+    #[arg(long)]
+    xids: Option<usize>,
+    /// CDUs whose pumps fail [default: the fewest that hold 128 hosts].
+    #[arg(long)]
+    shortfall_cdus: Option<usize>,
+    /// When the pumps fail, seconds into the run [default: a tenth of it].
+    #[arg(long = "shortfall-at", value_name = "SECONDS")]
+    shortfall_at_s: Option<u64>,
+    /// Worker threads of the agents' shared runtime.
+    #[arg(long, default_value_t = 2)]
+    agent_threads: usize,
+    /// Each agent on its own thread and runtime with a thread per GPU and
+    /// its own XID watch, as on hosts of their own (for comparison).
+    #[arg(long)]
+    isolated_agents: bool,
+    /// Folder for the agents' flash files and console sockets [default: a
+    /// temporary one, removed at the end].
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Each agent's flash in memory (as an agent without a flash file)
+    /// instead of a file each on this machine's one disk.
+    #[arg(long)]
+    flash_in_memory: bool,
+    /// Outdoor temperature of every hall, °C.
+    #[arg(long, default_value_t = loopwarden_hall::fleet::DEFAULT_AMBIENT_C)]
+    ambient_c: f64,
+    /// Print one JSON object instead of a summary.
+    #[arg(long)]
+    json: bool,
+}
+
+fn fleet(a: &FleetArgs) -> Result<String, String> {
+    let addr = |b: &str| -> Result<loopwarden_bus::BrokerAddr, String> {
+        b.parse().map_err(|e| format!("--broker {b}: {e}"))
+    };
+    let mut cfg = loopwarden_hall::fleet::FleetConfig::new(a.hosts, a.cdus, a.duration_s);
+    cfg.brokers = a
+        .brokers
+        .iter()
+        .map(|b| addr(b))
+        .collect::<Result<_, _>>()?;
+    cfg.observer_broker = a.observer_broker.as_deref().map(addr).transpose()?;
+    cfg.xids = a.xids;
+    cfg.shortfall_cdus = a.shortfall_cdus;
+    cfg.shortfall_at_s = a.shortfall_at_s;
+    cfg.agent_threads = a.agent_threads;
+    cfg.isolated_agents = a.isolated_agents;
+    cfg.flash_in_memory = a.flash_in_memory;
+    cfg.ambient_c = a.ambient_c;
+    cfg.out = a.out.clone();
+    let r = loopwarden_hall::fleet::run(&cfg).map_err(|e| e.to_string())?;
+    Ok(if a.json { r.to_json() } else { r.summary() })
 }
 
 #[derive(Debug, Args)]
@@ -206,6 +287,26 @@ fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("loopwarden-hall play: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Fleet(a) => {
+            tracing_subscriber::fmt()
+                .with_env_filter(
+                    tracing_subscriber::EnvFilter::try_from_default_env()
+                        // rumqttd reports every client that leaves as an error.
+                        .unwrap_or_else(|_| "error,rumqttd=off".into()),
+                )
+                .with_writer(std::io::stderr)
+                .init();
+            match fleet(&a) {
+                Ok(out) => {
+                    println!("{out}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("loopwarden-hall fleet: {e}");
                     ExitCode::FAILURE
                 }
             }

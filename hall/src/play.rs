@@ -220,9 +220,11 @@ pub async fn play_with(cfg: PlayConfig, opts: PlayOptions) -> Result<PlayOutcome
         .map(|h| format!("r{}h{}", h / s.hosts_per_rack, h % s.hosts_per_rack))
         .collect();
     let agents = start_agents(&cfg, site_name, &broker, &host_ids, &sim.hall, &stop_rx)?;
+    let broker_value = broker.to_string();
     let ctrl = ControllerSide {
         site: &site,
-        broker: &broker,
+        cdu: "cdu1",
+        broker: &broker_value,
         pki: cfg.pki.as_deref(),
         host_ids: &host_ids,
         sim: &sim,
@@ -248,7 +250,7 @@ pub async fn play_with(cfg: PlayConfig, opts: PlayOptions) -> Result<PlayOutcome
 }
 
 /// Waits until the run is told to stop.
-async fn stopped(mut rx: watch::Receiver<bool>) {
+pub(crate) async fn stopped(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|s| *s).await;
 }
 
@@ -274,22 +276,22 @@ fn start_broker(cfg: &PlayConfig) -> Result<(Option<EmbeddedBroker>, BrokerAddr)
 
 /// The simulated side: the CDU on loopback Modbus, the hall behind it and
 /// the controller board's lines.
-struct SimSide {
+pub(crate) struct SimSide {
     /// The CDU's register map.
     map: RegisterMap,
     cdu: SimCdu,
     /// Where the CDU answers Modbus TCP.
     modbus_addr: std::net::SocketAddr,
     /// The CDU's Modbus server.
-    served: JoinHandle<std::io::Result<()>>,
+    pub(crate) served: JoinHandle<std::io::Result<()>>,
     lines: SimLines,
     pins: PinMap,
-    hall: Arc<Mutex<Hall>>,
+    pub(crate) hall: Arc<Mutex<Hall>>,
 }
 
 impl SimSide {
     /// Starts the simulated CDU on a loopback port, with the hall of `sc`.
-    async fn start(sc: &Scenario) -> Result<Self, PlayError> {
+    pub(crate) async fn start(sc: &Scenario) -> Result<Self, PlayError> {
         let map = RegisterMap::sim_cdu();
         let cdu = SimCdu::new(
             map.clone(),
@@ -417,25 +419,31 @@ fn spawn_agent(
 }
 
 /// What the cooling controller is started with.
-struct ControllerSide<'a> {
-    site: &'a Ident,
-    broker: &'a BrokerAddr,
+pub(crate) struct ControllerSide<'a> {
+    pub(crate) site: &'a Ident,
+    /// Its id on the bus (`cdu1` in a play).
+    pub(crate) cdu: &'a str,
+    /// The broker, or a cluster's brokers as `host:port,host:port`.
+    pub(crate) broker: &'a str,
     /// The `lwbus pki init` folder, for TLS and the sign key.
-    pki: Option<&'a Path>,
-    host_ids: &'a [String],
-    sim: &'a SimSide,
+    pub(crate) pki: Option<&'a Path>,
+    pub(crate) host_ids: &'a [String],
+    pub(crate) sim: &'a SimSide,
     /// Operators clearing latched leaks: (simulated second, rack).
-    clear_leaks: &'a [(u64, usize)],
+    pub(crate) clear_leaks: &'a [(u64, usize)],
 }
 
 impl ControllerSide<'_> {
-    /// `cdu1`'s sign key from the pki folder, else the demo key.
+    /// Its sign key from the pki folder, else the demo key.
     fn sign_key(&self) -> Result<loopwarden_bus::keys::SignKey, PlayError> {
         match self.pki {
-            Some(d) => loopwarden_bus::keys::read_sign_key(&d.join("cdu1.sign.key"))
-                .map_err(|e| PlayError::Start(format!("controller: {e}"))),
+            Some(d) => {
+                loopwarden_bus::keys::read_sign_key(&d.join(format!("{}.sign.key", self.cdu)))
+                    .map_err(|e| PlayError::Start(format!("controller: {e}")))
+            }
             None => Ok(loopwarden_bus::keys::SignKey {
-                node: NodeId::new(Role::Cdu, "cdu1").expect("an ident"),
+                node: NodeId::new(Role::Cdu, self.cdu)
+                    .map_err(|e| PlayError::Start(format!("controller id: {e}")))?,
                 key_id: 1,
                 key: loopwarden_protocol::samples::demo_signing_key(),
             }),
@@ -488,7 +496,7 @@ impl ControllerSide<'_> {
     /// Starts the cooling controller, driving the CDU over Modbus, and the
     /// watcher of its counters; returns when they started, the
     /// controller's task and the watcher's.
-    fn start(
+    pub(crate) fn start(
         &self,
         sc: &Scenario,
         opts: &PlayOptions,
@@ -503,8 +511,8 @@ impl ControllerSide<'_> {
         let key = self.sign_key()?;
         let shell_cfg = ShellConfig {
             site: self.site.clone(),
-            cdu: ident("cdu1")?,
-            broker: self.broker.clone(),
+            cdu: ident(self.cdu)?,
+            broker: broker_of(self.broker)?,
             core,
             period: Duration::from_secs(1),
             hosts: self
@@ -512,7 +520,7 @@ impl ControllerSide<'_> {
                 .iter()
                 .map(|h| ident(h))
                 .collect::<Result<_, _>>()?,
-            tls: self.pki.map(|d| pki_tls(d, "cdu1")).transpose()?,
+            tls: self.pki.map(|d| pki_tls(d, self.cdu)).transpose()?,
             key_id: key.key_id,
             key: Some(key.key),
             lease: Duration::from_secs(30),
@@ -551,6 +559,26 @@ impl ControllerSide<'_> {
         });
         Ok((start, controller, watcher))
     }
+}
+
+/// The broker setting of `joined` (one broker, or a cluster's as
+/// `host:port,host:port`): the whole list where the setting takes one,
+/// else its first broker.
+pub(crate) fn broker_of<T>(joined: &str) -> Result<T, PlayError>
+where
+    T: std::str::FromStr,
+    T::Err: std::fmt::Display,
+{
+    joined.parse::<T>().or_else(|e| {
+        let first = joined.split(',').next().unwrap_or(joined);
+        if first == joined {
+            return Err(PlayError::Start(format!("broker {joined}: {e}")));
+        }
+        tracing::warn!("broker {joined}: {e}; using the first, {first}");
+        first
+            .parse::<T>()
+            .map_err(|e| PlayError::Start(format!("broker {first}: {e}")))
+    })
 }
 
 /// The observer: what a facility system sees, and hosts following their
@@ -893,7 +921,7 @@ impl<'a> Live<'a> {
 
 /// Follows the controller's counters until the controller stops: caps in
 /// its commands, acks with a cap in force, and the cap episodes.
-async fn watch_caps(
+pub(crate) async fn watch_caps(
     mut rx: watch::Receiver<ShellStats>,
     start: Instant,
     hall: Arc<Mutex<Hall>>,

@@ -4,7 +4,8 @@
 //! set and read back its power limit. Two implementations live side by
 //! side: NVML ([`crate::nvml`]) for real GPUs and the twin
 //! ([`crate::sim_gpus`]) for simulated ones. Neither is trusted to return in
-//! time: the agent calls them from a [`crate::worker`] with a deadline.
+//! time: the agent calls them from a [`crate::worker`] with a deadline (on
+//! the worker's own thread, unless the device answers from memory).
 //!
 //! Glossary:
 //! - *sample*: every reading of one GPU at one instant (temperatures,
@@ -144,6 +145,13 @@ pub trait GpuDevice: Send + 'static {
     /// Forgets what answered "not supported", so it is asked again: after
     /// a driver reload the answer may differ. Nothing to forget by default.
     fn reprobe(&mut self) {}
+    /// Whether every call answers from memory at once: no driver, no
+    /// device, no lock held for long, so no call can hang. The agent then
+    /// calls it without a thread of its own, timing each call against the
+    /// same deadline ([`crate::worker`]). `false` by default; NVML never.
+    fn answers_in_memory(&self) -> bool {
+        false
+    }
 }
 
 /// Boxed devices are devices too, so the agent can hold either kind.
@@ -162,6 +170,9 @@ impl GpuDevice for Box<dyn GpuDevice> {
     }
     fn reprobe(&mut self) {
         (**self).reprobe()
+    }
+    fn answers_in_memory(&self) -> bool {
+        (**self).answers_in_memory()
     }
 }
 

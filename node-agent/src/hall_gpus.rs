@@ -6,11 +6,17 @@
 //! GPUs through NVML. A GPU the plant shuts down or the scenario fails is
 //! lost to the agent, with XID 79, as a GPU that falls off the bus is.
 //!
+//! The GPUs answer from memory (the hall's state, under its lock), so the
+//! agent calls them without a thread per GPU. XIDs come from a watch that
+//! looks at the hall every [`XID_POLL`]: a source of its own
+//! ([`HallSource::new`]) or one watch for every host of the hall
+//! ([`HallXidWatch`], when many agents share a process).
+//!
 //! Glossary:
 //! - *host slot*: which host of the hall this agent is (rack-major order).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use loopwarden_protocol::{
@@ -20,24 +26,122 @@ use loopwarden_twin::hall::Hall;
 
 use crate::gpu::{GpuDevice, GpuError, GpuInfo, GpuSample, GpuSource, XidEvent, XidReport};
 
+/// How often a watch looks for GPUs the hall lost.
+pub const XID_POLL: Duration = Duration::from_millis(50);
+
 /// One host's GPUs in a shared hall.
 pub struct HallSource {
     hall: Arc<Mutex<Hall>>,
+    host: usize,
     first: usize,
     count: usize,
     stop: Arc<AtomicBool>,
+    /// The hall's shared watch, if the source uses one.
+    shared: Option<Arc<WatchInner>>,
 }
 
 impl HallSource {
-    /// Host `host` (rack-major) of `hall`.
+    /// Host `host` (rack-major) of `hall`, with an XID watch of its own.
     pub fn new(hall: Arc<Mutex<Hall>>, host: usize) -> Self {
         let per_host = hall.lock().expect("hall").plant().site().gpus_per_host;
         Self {
             hall,
+            host,
             first: host * per_host,
             count: per_host,
             stop: Arc::new(AtomicBool::new(false)),
+            shared: None,
         }
+    }
+}
+
+/// One XID watch for every host of a hall: a thread that looks at the
+/// hall every [`XID_POLL`] and tells each host's agent of its GPUs the
+/// hall lost, with XID 79. It ends when the watch and every source made
+/// from it are dropped.
+pub struct HallXidWatch {
+    inner: Arc<WatchInner>,
+}
+
+struct WatchInner {
+    hall: Arc<Mutex<Hall>>,
+    per_host: usize,
+    /// Each host's sink, once its agent watches.
+    sinks: Mutex<Vec<Option<crate::xid_queue::XidSink>>>,
+}
+
+impl HallXidWatch {
+    /// Starts the watch of `hall`, on a thread named `name`.
+    pub fn start(hall: Arc<Mutex<Hall>>, name: &str) -> std::io::Result<Self> {
+        let (hosts, per_host) = {
+            let h = hall.lock().expect("hall");
+            let s = h.plant().site();
+            (s.racks * s.hosts_per_rack, s.gpus_per_host)
+        };
+        let inner = Arc::new(WatchInner {
+            hall,
+            per_host,
+            sinks: Mutex::new(vec![None; hosts]),
+        });
+        let weak = Arc::downgrade(&inner);
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || watch_shared(weak))?;
+        Ok(Self { inner })
+    }
+
+    /// Host `host` (rack-major) of the hall, its XIDs from this watch.
+    pub fn source(&self, host: usize) -> HallSource {
+        let per_host = self.inner.per_host;
+        HallSource {
+            hall: self.inner.hall.clone(),
+            host,
+            first: host * per_host,
+            count: per_host,
+            stop: Arc::new(AtomicBool::new(false)),
+            shared: Some(self.inner.clone()),
+        }
+    }
+}
+
+/// The shared watch's loop: every GPU of the hall, until nothing holds
+/// the watch.
+fn watch_shared(inner: Weak<WatchInner>) {
+    let mut lost: Vec<bool> = Vec::new();
+    while let Some(w) = inner.upgrade() {
+        let newly: Vec<usize> = {
+            let h = w.hall.lock().expect("hall");
+            let gpus = h.gpus();
+            lost.resize(gpus.len(), false);
+            gpus.iter()
+                .zip(lost.iter_mut())
+                .enumerate()
+                .filter_map(|(i, (g, was))| {
+                    (g.shut_down && !std::mem::replace(was, true)).then_some(i)
+                })
+                .collect()
+        };
+        if !newly.is_empty() {
+            let mut sinks = w.sinks.lock().expect("sinks");
+            for i in newly {
+                let (host, gpu) = (i / w.per_host, i % w.per_host);
+                let Some(slot) = sinks.get_mut(host) else {
+                    continue;
+                };
+                let sent = slot.as_ref().map(|s| {
+                    s.send(XidEvent::Xid(XidReport {
+                        gpu: gpu as u8,
+                        xid: 79,
+                    }))
+                });
+                if let Some(Err(_)) = sent {
+                    // Its agent is gone.
+                    *slot = None;
+                }
+            }
+        }
+        drop(w);
+        std::thread::sleep(XID_POLL);
     }
 }
 
@@ -63,6 +167,12 @@ impl GpuSource for HallSource {
         &mut self,
         sink: crate::xid_queue::XidSink,
     ) -> Result<Vec<(u8, GpuError)>, GpuError> {
+        if let Some(w) = &self.shared {
+            if let Some(slot) = w.sinks.lock().expect("sinks").get_mut(self.host) {
+                *slot = Some(sink);
+            }
+            return Ok(Vec::new());
+        }
         let hall = self.hall.clone();
         let (first, count) = (self.first, self.count);
         let stop = self.stop.clone();
@@ -84,7 +194,7 @@ impl GpuSource for HallSource {
                             }
                         }
                     }
-                    std::thread::sleep(Duration::from_millis(50));
+                    std::thread::sleep(XID_POLL);
                 }
             })
             .map_err(|e| GpuError::Failed {
@@ -164,6 +274,11 @@ impl GpuDevice for HallGpu {
         let h = self.hall.lock().expect("hall");
         let tdp = h.plant().site().gpu.tdp_w;
         Ok(Watts(h.cap(self.index).unwrap_or(tdp).round() as u32))
+    }
+
+    /// The hall's state in memory, under a lock held only for a step.
+    fn answers_in_memory(&self) -> bool {
+        true
     }
 }
 
@@ -245,5 +360,29 @@ mod tests {
         assert_eq!(x, XidEvent::Xid(XidReport { gpu: 2, xid: 79 }));
         assert_eq!(gpus[2].sample(), Err(GpuError::Lost));
         assert!(gpus[1].sample().is_ok());
+    }
+
+    #[test]
+    fn one_watch_tells_each_host_of_its_own_lost_gpus() {
+        let h = hall("[[fault]]\nat_s = 5\nkind = \"gpu_fail\"\ntarget = \"0.1.6\"\n");
+        let watch = HallXidWatch::start(h.clone(), "hall-xid").unwrap();
+        let mut queues = Vec::new();
+        for host in 0..2 {
+            let mut src = watch.source(host);
+            assert!(src.devices().unwrap()[0].answers_in_memory());
+            let (tx, rx) = crate::xid_queue::xid_queue(16);
+            src.watch_xids(tx).unwrap();
+            queues.push((src, rx));
+        }
+        steps(&h, 10);
+        let x = queues[1]
+            .1
+            .recv_timeout(Duration::from_secs(5))
+            .expect("an XID");
+        assert_eq!(x, XidEvent::Xid(XidReport { gpu: 6, xid: 79 }));
+        assert!(queues[0]
+            .1
+            .recv_timeout(Duration::from_millis(300))
+            .is_none());
     }
 }

@@ -6,7 +6,8 @@
 //! finished quarantine action, and the next lease expiry; after each it
 //! publishes a snapshot for the console. The GPUs are reached only
 //! through their [`Worker`]s, so a hung GPU costs one deadline, never the
-//! loop.
+//! loop (a GPU that answers from memory, which cannot hang, is called on
+//! the loop itself and timed against the same deadline).
 //!
 //! What it guarantees:
 //! - every limit it reports (ack `in_force`, `cap_applied`) is the value
@@ -174,6 +175,15 @@ pub(crate) struct Agent {
     pub xid_log: quarantine::XidLog,
 }
 
+/// What a process that runs many agents may ask of each (nothing by
+/// default).
+#[derive(Default)]
+pub struct RunHooks {
+    /// Given a handle of the agent's bus once it is started; its counters
+    /// stay readable after the agent stops.
+    pub bus: Option<tokio::sync::oneshot::Sender<Bus>>,
+}
+
 /// Runs the agent until `shutdown` completes, then restores the default
 /// limits it changed and leaves the bus cleanly.
 pub async fn run(
@@ -184,11 +194,38 @@ pub async fn run(
     run_with_clock(config, source, Arc::new(SystemClock::new()), shutdown).await
 }
 
+/// As [`run`], with `hooks`.
+pub async fn run_hooked(
+    config: Config,
+    source: Box<dyn GpuSource + Send>,
+    hooks: RunHooks,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), AgentError> {
+    run_agent(
+        config,
+        source,
+        Arc::new(SystemClock::new()),
+        hooks,
+        shutdown,
+    )
+    .await
+}
+
 /// As [`run`], on the clocks given (a test steps the wall clock).
 pub async fn run_with_clock(
     config: Config,
+    source: Box<dyn GpuSource + Send>,
+    clock: Arc<dyn Clock>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), AgentError> {
+    run_agent(config, source, clock, RunHooks::default(), shutdown).await
+}
+
+async fn run_agent(
+    config: Config,
     mut source: Box<dyn GpuSource + Send>,
     clock: Arc<dyn Clock>,
+    hooks: RunHooks,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), AgentError> {
     let clock = Steady::new(clock);
@@ -216,6 +253,9 @@ pub async fn run_with_clock(
         coolant_topic,
         embedded: _embedded,
     } = startup::start_bus(&config, first_seq, outbox, gpus.len())?;
+    if let Some(tx) = hooks.bus {
+        let _ = tx.send(bus.clone());
+    }
 
     // The console.
     let console_path = config.console.clone();

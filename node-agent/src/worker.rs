@@ -14,12 +14,23 @@
 //! ([`Answer::Late`]), and only a call still running when the next round
 //! begins (no answer within a whole sampling period) is a miss.
 //!
+//! A device that answers from memory ([`GpuDevice::answers_in_memory`],
+//! the simulated hall's GPUs) gets no thread: its calls run on the
+//! caller's thread, and each is timed against the same deadline. An
+//! answer that took longer than the deadline counts as one that came after
+//! it: a sample is kept for the next round, anything else is a timeout.
+//! Such a call cannot be abandoned while it runs, which is why only
+//! devices that cannot hang may say they answer from memory; NVML keeps
+//! its threads.
+//!
 //! Glossary:
 //! - *deadline*: the longest the agent waits for one GPU call.
 //! - *busy*: a worker with a call in progress, marked by the caller before
 //!   the call is handed over and cleared by the worker when it is done.
 //! - *late answer*: a sample that came after its deadline, kept for the
 //!   next round.
+//! - *inline*: a worker without a thread, for a device that answers from
+//!   memory.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -82,14 +93,72 @@ struct Shared {
     times: CallTimes,
 }
 
+/// Where a worker's calls run.
+enum Runner {
+    /// The thread that owns the device.
+    Thread(std::sync::mpsc::Sender<Job>),
+    /// The caller's thread (a device that answers from memory).
+    Inline(Mutex<Box<dyn GpuDevice>>),
+}
+
 /// The worker of one GPU.
 pub struct Worker {
     index: u8,
-    jobs: std::sync::mpsc::Sender<Job>,
+    runner: Runner,
     shared: Arc<Mutex<Shared>>,
 }
 
+/// Clears the busy mark however a call ends, a panic included.
+struct Done(Arc<Mutex<Shared>>);
+
+impl Drop for Done {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.0.lock() {
+            s.busy_since = None;
+        }
+    }
+}
+
+/// Runs `request` on `device`.
+fn execute(device: &mut dyn GpuDevice, request: Request) -> Reply {
+    match request {
+        Request::Describe => Reply::Info(device.describe()),
+        Request::Sample => Reply::Sample(device.sample()),
+        Request::SetLimit(w) => Reply::Done(device.set_power_limit(w)),
+        Request::ReadLimit => Reply::Limit(device.power_limit()),
+        Request::Reprobe => {
+            device.reprobe();
+            Reply::Done(Ok(()))
+        }
+    }
+}
+
 impl Worker {
+    /// The worker of `device`: inline when the device answers from memory,
+    /// else on a thread of its own.
+    pub fn start(index: u8, device: Box<dyn GpuDevice>) -> std::io::Result<Self> {
+        if device.answers_in_memory() {
+            Ok(Self::inline(index, device))
+        } else {
+            Self::spawn(index, device)
+        }
+    }
+
+    /// A worker without a thread: `device`'s calls run on the caller's
+    /// thread, timed against the deadline.
+    pub fn inline(index: u8, device: Box<dyn GpuDevice>) -> Self {
+        Self {
+            index,
+            runner: Runner::Inline(Mutex::new(device)),
+            shared: Arc::new(Mutex::new(Shared::default())),
+        }
+    }
+
+    /// Whether its calls run on the caller's thread.
+    pub fn is_inline(&self) -> bool {
+        matches!(self.runner, Runner::Inline(_))
+    }
+
     /// Starts the thread that owns `device`.
     pub fn spawn(index: u8, mut device: Box<dyn GpuDevice>) -> std::io::Result<Self> {
         let (jobs, rx) = std::sync::mpsc::channel::<Job>();
@@ -98,28 +167,10 @@ impl Worker {
         std::thread::Builder::new()
             .name(format!("gpu-{index}"))
             .spawn(move || {
-                // Clears the busy mark however a call ends, a panic included.
-                struct Done(Arc<Mutex<Shared>>);
-                impl Drop for Done {
-                    fn drop(&mut self) {
-                        if let Ok(mut s) = self.0.lock() {
-                            s.busy_since = None;
-                        }
-                    }
-                }
                 for job in rx {
                     let done = Done(mine.clone());
                     let began = Instant::now();
-                    let reply = match job.request {
-                        Request::Describe => Reply::Info(device.describe()),
-                        Request::Sample => Reply::Sample(device.sample()),
-                        Request::SetLimit(w) => Reply::Done(device.set_power_limit(w)),
-                        Request::ReadLimit => Reply::Limit(device.power_limit()),
-                        Request::Reprobe => {
-                            device.reprobe();
-                            Reply::Done(Ok(()))
-                        }
-                    };
+                    let reply = execute(&mut *device, job.request);
                     let took = began.elapsed().as_micros() as u64;
                     // Idle before the answer goes out, so a caller answered
                     // now can call again at once.
@@ -129,7 +180,7 @@ impl Worker {
             })?;
         Ok(Self {
             index,
-            jobs,
+            runner: Runner::Thread(jobs),
             shared,
         })
     }
@@ -162,8 +213,12 @@ impl Worker {
             }
             s.busy_since = Some(Instant::now());
         }
+        let jobs = match &self.runner {
+            Runner::Thread(jobs) => jobs,
+            Runner::Inline(device) => return self.call_inline(device, request, deadline),
+        };
         let (tx, rx) = oneshot::channel();
-        if self.jobs.send(Job { request, reply: tx }).is_err() {
+        if jobs.send(Job { request, reply: tx }).is_err() {
             self.shared.lock().expect("worker state").busy_since = None;
             return Err(GpuError::Failed {
                 what: "GPU worker",
@@ -178,6 +233,42 @@ impl Worker {
             }),
             Err(_) => Err(GpuError::Timeout),
         }
+    }
+
+    /// Runs `request` here and now, and judges its answer by how long it
+    /// took: within `deadline` it is answered, else it came after the
+    /// deadline (a sample is kept for the next round). A panic of the
+    /// device is a failed call, as a thread that ended would be.
+    fn call_inline(
+        &self,
+        device: &Mutex<Box<dyn GpuDevice>>,
+        request: Request,
+        deadline: Duration,
+    ) -> Result<Reply, GpuError> {
+        let done = Done(self.shared.clone());
+        let began = Instant::now();
+        let reply = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut d = device.lock().unwrap_or_else(|p| p.into_inner());
+            execute(&mut **d, request)
+        }));
+        let took = began.elapsed();
+        drop(done);
+        let reply = reply.map_err(|_| GpuError::Failed {
+            what: "GPU worker",
+            detail: "the device panicked during the call".into(),
+        })?;
+        let (tx, mut rx) = oneshot::channel();
+        if took > deadline {
+            // The caller stopped waiting at the deadline.
+            drop(rx);
+            deliver(&self.shared, tx, reply, took.as_micros() as u64);
+            return Err(GpuError::Timeout);
+        }
+        deliver(&self.shared, tx, reply, took.as_micros() as u64);
+        rx.try_recv().map_err(|_| GpuError::Failed {
+            what: "GPU worker",
+            detail: "no answer from an inline call".into(),
+        })
     }
 
     /// The GPU's identity and power range.
@@ -255,5 +346,123 @@ fn deliver(shared: &Mutex<Shared>, to: oneshot::Sender<Reply>, reply: Reply, too
             s.times.late += 1;
             s.late = Some(r);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A device that answers from memory, each call taking `delay`.
+    struct Slow {
+        delay: Arc<Mutex<Duration>>,
+        limit: Watts,
+    }
+
+    impl GpuDevice for Slow {
+        fn describe(&mut self) -> Result<GpuInfo, GpuError> {
+            Ok(GpuInfo {
+                name: "slow".into(),
+                uuid: "GPU-slow".into(),
+                default_limit: Watts(700),
+                min_limit: Watts(200),
+                max_limit: Watts(700),
+            })
+        }
+        fn sample(&mut self) -> Result<GpuSample, GpuError> {
+            std::thread::sleep(*self.delay.lock().unwrap());
+            Ok(GpuSample {
+                power_limit: self.limit,
+                ..GpuSample::default()
+            })
+        }
+        fn set_power_limit(&mut self, limit: Watts) -> Result<(), GpuError> {
+            std::thread::sleep(*self.delay.lock().unwrap());
+            self.limit = limit;
+            Ok(())
+        }
+        fn power_limit(&mut self) -> Result<Watts, GpuError> {
+            Ok(self.limit)
+        }
+        fn answers_in_memory(&self) -> bool {
+            true
+        }
+    }
+
+    fn slow(delay_ms: u64) -> (Worker, Arc<Mutex<Duration>>) {
+        let delay = Arc::new(Mutex::new(Duration::from_millis(delay_ms)));
+        let d = Slow {
+            delay: delay.clone(),
+            limit: Watts(700),
+        };
+        let w = Worker::start(3, Box::new(d)).unwrap();
+        (w, delay)
+    }
+
+    #[tokio::test]
+    async fn a_device_that_answers_from_memory_gets_no_thread() {
+        let (w, _) = slow(0);
+        assert!(w.is_inline());
+        let d = Duration::from_millis(100);
+        assert_eq!(w.describe(d).await.unwrap().uuid, "GPU-slow");
+        w.set_limit(Watts(400), d).await.unwrap();
+        assert_eq!(w.read_limit(d).await.unwrap(), Watts(400));
+        match w.sample(d).await {
+            Answer::Now(Ok(s)) => assert_eq!(s.power_limit, Watts(400)),
+            other => panic!("{other:?}"),
+        }
+        assert!(!w.is_stuck(Duration::ZERO));
+        assert_eq!(w.call_times().late, 0);
+    }
+
+    #[tokio::test]
+    async fn an_inline_answer_after_the_deadline_counts_as_late() {
+        let (w, delay) = slow(30);
+        let d = Duration::from_millis(5);
+        // A sample past its deadline is pending now and handed over at the
+        // next round, with no new call made then.
+        assert!(matches!(w.sample(d).await, Answer::Pending));
+        *delay.lock().unwrap() = Duration::ZERO;
+        assert!(matches!(w.sample(d).await, Answer::Late(Ok(_))));
+        assert!(matches!(w.sample(d).await, Answer::Now(Ok(_))));
+        assert_eq!(w.call_times().late, 1);
+        assert!(w.call_times().max_us >= 30_000);
+        // A set past its deadline is a timeout (it took effect, as a
+        // thread's late set does).
+        *delay.lock().unwrap() = Duration::from_millis(30);
+        assert_eq!(w.set_limit(Watts(300), d).await, Err(GpuError::Timeout));
+        assert_eq!(
+            w.read_limit(Duration::from_secs(1)).await.unwrap(),
+            Watts(300)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_device_that_may_block_keeps_its_thread() {
+        struct Blocking;
+        impl GpuDevice for Blocking {
+            fn describe(&mut self) -> Result<GpuInfo, GpuError> {
+                Err(GpuError::NotSupported)
+            }
+            fn sample(&mut self) -> Result<GpuSample, GpuError> {
+                std::thread::sleep(Duration::from_millis(200));
+                Ok(GpuSample::default())
+            }
+            fn set_power_limit(&mut self, _: Watts) -> Result<(), GpuError> {
+                Ok(())
+            }
+            fn power_limit(&mut self) -> Result<Watts, GpuError> {
+                Ok(Watts(700))
+            }
+        }
+        let w = Worker::start(0, Box::new(Blocking)).unwrap();
+        assert!(!w.is_inline());
+        let began = Instant::now();
+        assert!(matches!(
+            w.sample(Duration::from_millis(10)).await,
+            Answer::Pending
+        ));
+        assert!(began.elapsed() < Duration::from_millis(150), "not waited");
+        assert!(w.is_stuck(Duration::from_millis(5)));
     }
 }

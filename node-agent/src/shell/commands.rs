@@ -62,8 +62,9 @@ impl Agent {
             self.release(now, &frame, gpu, r, &mut code, &mut detail)
                 .await;
         }
+        let mut applied = Vec::new();
         if verdict.changed_caps {
-            self.take_lease(now, &frame, &mut code, &mut detail).await;
+            applied = self.take_lease(&frame, &mut code, &mut detail).await;
         }
         tracing::info!(
             "{:?} from {} seq {}: {code:?} {detail}",
@@ -72,6 +73,11 @@ impl Agent {
             frame.seq
         );
         self.acknowledge(now, &frame, code, &detail);
+        // The limits' events after the ack: the sender waits for the ack,
+        // and an ack queued behind a flash write per GPU comes late.
+        for ev in applied {
+            self.emit(ev, now).await;
+        }
     }
 
     /// Writes a command to the event log and waits until it is in flash.
@@ -143,14 +149,15 @@ impl Agent {
     }
 
     /// A lease that changed the caps: logged before it is acknowledged (a
-    /// crash now still knows it), then put in force at once.
+    /// crash now still knows it), then put in force at once; the
+    /// `cap_applied` events of the limits it changed, to be emitted after
+    /// the ack.
     async fn take_lease(
         &mut self,
-        now: TimestampMs,
         frame: &Frame,
         code: &mut AckCode,
         detail: &mut String,
-    ) {
+    ) -> Vec<Event> {
         let logged = self.log_command(frame, MessageKind::CapLease).await;
         if let Err(e) = logged {
             // The cap still applies (the sender needs it now); the ack
@@ -158,7 +165,7 @@ impl Agent {
             tracing::error!("lease not logged to flash: {e}");
             *detail = format!("not logged to flash ({e}): lost if the agent restarts");
         }
-        let failures = self.reconcile(now, true).await;
+        let (failures, events) = self.reconcile_quietly(true).await;
         if !failures.is_empty() {
             *code = AckCode::Failed;
             *detail = failures
@@ -167,6 +174,7 @@ impl Agent {
                 .collect::<Vec<_>>()
                 .join("; ");
         }
+        events
     }
 
     /// The ack of a command, with every limit now in force (read back).

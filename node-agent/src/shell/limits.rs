@@ -32,6 +32,21 @@ impl Agent {
         now: TimestampMs,
         force: bool,
     ) -> Vec<(usize, String)> {
+        let (failures, events) = self.reconcile_quietly(force).await;
+        for ev in events {
+            self.emit(ev, now).await;
+        }
+        failures
+    }
+
+    /// As [`Self::reconcile`], returning the `cap_applied` events instead
+    /// of emitting them (a command's ack goes out first: it then waits for
+    /// no event's flash write).
+    pub(super) async fn reconcile_quietly(
+        &mut self,
+        force: bool,
+    ) -> (Vec<(usize, String)>, Vec<Event>) {
+        let mut events = Vec::new();
         // Leases lapse and retries wait on steady time: a step of the
         // wall clock neither hurries nor holds them off.
         let steady = self.clock.steady().0;
@@ -45,12 +60,11 @@ impl Agent {
                 g.retry = None;
                 if g.source != t.source {
                     g.source = t.source;
-                    let ev = Event::CapApplied {
+                    events.push(Event::CapApplied {
                         gpu: t.gpu,
                         limit: t.limit,
                         source: t.source,
-                    };
-                    self.emit(ev, now).await;
+                    });
                 }
                 continue;
             }
@@ -103,16 +117,15 @@ impl Agent {
             }
             if let Some(limit) = g.applied {
                 if (g.applied, g.source) != before {
-                    let ev = Event::CapApplied {
+                    events.push(Event::CapApplied {
                         gpu: t.gpu,
                         limit,
                         source: g.source,
-                    };
-                    self.emit(ev, now).await;
+                    });
                 }
             }
         }
-        failures
+        (failures, events)
     }
 
     pub(super) async fn restore_defaults(&mut self) {

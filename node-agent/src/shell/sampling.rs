@@ -62,18 +62,7 @@ impl Agent {
     /// Samples every GPU, each on its own worker, within the deadline.
     async fn sample_round(&mut self, jitter: Duration) {
         let began = Instant::now();
-        let deadline = self.config.deadline;
-        let mut set = tokio::task::JoinSet::new();
-        for w in &self.workers {
-            let w = w.clone();
-            set.spawn(async move { (w.index(), w.sample(deadline).await) });
-        }
-        let mut results: Vec<Option<Answer>> = vec![None; self.gpus.len()];
-        while let Some(r) = set.join_next().await {
-            if let Ok((i, r)) = r {
-                results[i as usize] = Some(r);
-            }
-        }
+        let results = self.sample_all().await;
         let now = self.clock.wall();
         let t = self.engine_now();
         let settings = self.config.guard;
@@ -146,6 +135,31 @@ impl Agent {
             t.jitter_us.pop_front();
         }
         t.jitter_us.push_back(jitter_us);
+    }
+}
+
+impl Agent {
+    /// One answer per GPU. Workers on threads are asked together, so a
+    /// slow GPU costs one deadline, not one each; inline workers answer
+    /// at once, one after the other, with no task spawned for them.
+    async fn sample_all(&self) -> Vec<Option<Answer>> {
+        let deadline = self.config.deadline;
+        let mut results: Vec<Option<Answer>> = vec![None; self.gpus.len()];
+        let mut set = tokio::task::JoinSet::new();
+        for w in &self.workers {
+            if w.is_inline() {
+                results[w.index() as usize] = Some(w.sample(deadline).await);
+            } else {
+                let w = w.clone();
+                set.spawn(async move { (w.index(), w.sample(deadline).await) });
+            }
+        }
+        while let Some(r) = set.join_next().await {
+            if let Ok((i, r)) = r {
+                results[i as usize] = Some(r);
+            }
+        }
+        results
     }
 }
 

@@ -46,7 +46,8 @@ fn flash_err(what: &str) -> impl FnOnce(StoreError<FlashError>) -> AgentError {
     move |e: StoreError<FlashError>| AgentError::Flash(format!("{what}: {e:?}"))
 }
 
-/// Every GPU of the source, each on its own worker, with what it says
+/// Every GPU of the source, each on its own worker (a thread, unless the
+/// device answers from memory), with what it says
 /// about itself (or the board's figures when it cannot say).
 pub(super) async fn gpus(
     config: &Config,
@@ -60,7 +61,7 @@ pub(super) async fn gpus(
     let mut workers = Vec::new();
     for (i, d) in devices.into_iter().enumerate() {
         workers.push(Arc::new(
-            Worker::spawn(i as u8, d).map_err(AgentError::Thread)?,
+            Worker::start(i as u8, d).map_err(AgentError::Thread)?,
         ));
     }
     let describe_deadline = Duration::from_secs(5).max(config.deadline);

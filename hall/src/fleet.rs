@@ -1,0 +1,681 @@
+//! `loopwarden-hall fleet`: many real host agents and cooling controllers
+//! in one process, at 1 Hz real time, measured.
+//!
+//! It runs `hosts` real node agents (the real shell, bus client, health
+//! engine and caps; GPUs from the twin through the same `GpuSource` and
+//! `GpuDevice` traits as NVML) and `cdus` real cooling controllers, each
+//! with its own simulated CDU on its own loopback Modbus TCP port and its
+//! own hall of its share of the hosts ([`layout`]). Every hall runs full
+//! load on a hot day; GPUs fail (XID 79, as a scenario's `gpu_fail`) on a
+//! spread of hosts at spread times, and in enough CDUs the lead pump trips
+//! with the lag pump seized, so that their controllers cap their hosts.
+//!
+//! The agents are tasks on one shared multi-thread runtime (`agent-rt`,
+//! a few worker threads), not a thread and a runtime each; the hall's GPUs
+//! answer from memory, so the agents call them without a thread per GPU
+//! (`node_agent::worker`), and one XID watch per hall serves every host
+//! of it. The controllers, the simulated CDUs and the halls' stepping run
+//! on a runtime of their own (`fleet-rt`), and an independent subscriber
+//! ([`observer`]) on a thread of its own, so that the agents' CPU can be
+//! told apart ([`procstat`]).
+//!
+//! The order of a run: the broker (embedded unless given), the observer,
+//! the halls (stepped once, so that their CDUs read plausibly), the
+//! controllers, the agents; once every agent is connected the halls step
+//! in real time for `duration_s`; then the agents stop, the controllers
+//! stop, and the observer waits for the last messages. What each figure
+//! means is in [`report`] and `docs/scale.md`.
+//!
+//! Glossary:
+//! - *injection*: a GPU the hall failed; its instant is taken right after
+//!   the hall step that failed it.
+//! - *shortfall CDU*: one whose pumps fail (see [`layout`]).
+
+mod figures;
+mod isolated;
+mod layout;
+mod observer;
+mod procstat;
+mod report;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use loopwarden_bus::embedded::EmbeddedBroker;
+use loopwarden_bus::{BrokerAddr, Bus, MetricsSnapshot};
+use loopwarden_field::common::CommonFlags;
+use loopwarden_protocol::Ident;
+use loopwarden_twin::scenario::Scenario;
+use node_agent::gpu::GpuSource;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::play::{stopped, CapFigures, ControllerSide, PlayOptions, SimSide};
+
+pub use layout::{plan, CduLayout};
+pub use report::FleetReport;
+
+/// The halls' outdoor temperature by default, °C: warm, and cool enough
+/// that a CDU of 125 hosts at full load needs no caps unless its pumps
+/// fail.
+pub const DEFAULT_AMBIENT_C: f64 = 25.0;
+/// Hosts the shortfall must cap at least.
+const CAPPED_HOSTS_WANTED: usize = 128;
+/// How often the halls step, ms.
+const STEP_MS: u64 = 100;
+/// The longest the agents may take to connect, s.
+const CONNECT_LIMIT_S: u64 = 180;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct FleetConfig {
+    /// Host agents.
+    pub hosts: usize,
+    /// Cooling controllers.
+    pub cdus: usize,
+    /// Seconds the halls run once every agent is connected.
+    pub duration_s: u64,
+    /// Brokers (a cluster's nodes); empty: the embedded broker.
+    pub brokers: Vec<BrokerAddr>,
+    /// The observer's broker (default: the last of `brokers`, or the
+    /// embedded one).
+    pub observer_broker: Option<BrokerAddr>,
+    /// GPUs to fail (default: one host in ten, at least two).
+    pub xids: Option<usize>,
+    /// CDUs whose pumps fail (default: the fewest that hold 128 hosts).
+    pub shortfall_cdus: Option<usize>,
+    /// When the pumps fail, s into the run (default: a tenth of it).
+    pub shortfall_at_s: Option<u64>,
+    /// Worker threads of the agents' runtime.
+    pub agent_threads: usize,
+    /// Each agent as on a host of its own, for comparison: its own thread
+    /// and runtime, a thread per GPU and its own XID watch.
+    pub isolated_agents: bool,
+    /// Folder for the agents' flash files and console sockets (default: a
+    /// fresh one in the temporary folder, removed at the end).
+    pub out: Option<PathBuf>,
+    /// Each agent's flash in memory, as an agent without a flash file
+    /// keeps it, instead of a file: no agent waits on the shared disk.
+    pub flash_in_memory: bool,
+    /// Outdoor temperature of every hall, °C.
+    pub ambient_c: f64,
+}
+
+impl FleetConfig {
+    /// `hosts` agents on `cdus` controllers for `duration_s`, the rest by
+    /// default.
+    pub fn new(hosts: usize, cdus: usize, duration_s: u64) -> Self {
+        Self {
+            hosts,
+            cdus,
+            duration_s,
+            brokers: Vec::new(),
+            observer_broker: None,
+            xids: None,
+            shortfall_cdus: None,
+            shortfall_at_s: None,
+            agent_threads: 2,
+            isolated_agents: false,
+            out: None,
+            flash_in_memory: false,
+            ambient_c: DEFAULT_AMBIENT_C,
+        }
+    }
+
+    /// The faults of the run on `layouts`.
+    fn fault_plan(&self, layouts: &[CduLayout]) -> layout::FaultPlan {
+        let d = self.duration_s;
+        let xids = self.xids.unwrap_or((self.hosts / 10).max(2));
+        // From a twentieth of the run (at most 30 s) to 10 s before its end.
+        let from = (d / 20).clamp(1, 30);
+        let until = d.saturating_sub(10).max(from);
+        let k = self
+            .shortfall_cdus
+            .unwrap_or_else(|| layout::cdus_for_hosts(layouts, CAPPED_HOSTS_WANTED));
+        let at = self.shortfall_at_s.unwrap_or((d / 10).max(1));
+        layout::faults(layouts, xids, (from, until), k, at)
+    }
+}
+
+/// Why the run did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum FleetError {
+    /// What was asked cannot be built.
+    #[error("{0}")]
+    Refused(String),
+    /// A part would not start.
+    #[error("{0}")]
+    Start(String),
+}
+
+fn start_err(e: impl std::fmt::Display) -> FleetError {
+    FleetError::Start(e.to_string())
+}
+
+/// Runs the fleet and measures it.
+pub fn run(cfg: &FleetConfig) -> Result<FleetReport, FleetError> {
+    let layouts = layout::plan(cfg.hosts, cfg.cdus).map_err(FleetError::Refused)?;
+    if cfg.duration_s == 0 || cfg.agent_threads == 0 {
+        return Err(FleetError::Refused(
+            "--duration and --agent-threads must be at least 1".into(),
+        ));
+    }
+    if !(-20.0..=50.0).contains(&cfg.ambient_c) {
+        return Err(FleetError::Refused(format!(
+            "--ambient-c {}: from -20 to 50 °C",
+            cfg.ambient_c
+        )));
+    }
+    let plan = cfg.fault_plan(&layouts);
+    // Per agent: its bus socket (and the broker's end when embedded), its
+    // flash file and its console socket.
+    let want = 4 * cfg.hosts as libc::rlim_t + 256;
+    let nofile = procstat::raise_nofile(want);
+    if nofile < want {
+        return Err(FleetError::Refused(format!(
+            "{} hosts need about {want} open files; the limit is {nofile} (raise `ulimit -Hn`)",
+            cfg.hosts
+        )));
+    }
+    let (out, temporary) = match &cfg.out {
+        Some(d) => (d.clone(), false),
+        None => (
+            std::env::temp_dir().join(format!("loopwarden-fleet-{}", std::process::id())),
+            true,
+        ),
+    };
+    let broker = Brokers::start(cfg)?;
+    let observer =
+        observer::Observer::start(&broker.observer, &broker.site).map_err(FleetError::Start)?;
+    let main_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("fleet-rt")
+        .enable_all()
+        .build()
+        .map_err(start_err)?;
+    let agents_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cfg.agent_threads)
+        .thread_name("agent-rt")
+        // Threads that end take their CPU time with them: keep them.
+        .thread_keep_alive(Duration::from_secs(86_400))
+        .enable_all()
+        .build()
+        .map_err(start_err)?;
+    let ran = main_rt.block_on(run_parts(
+        cfg,
+        &layouts,
+        &plan,
+        &broker,
+        &out,
+        agents_rt.handle(),
+    ));
+    if temporary {
+        let _ = std::fs::remove_dir_all(&out);
+    }
+    let ran = ran?;
+    let published = ran.published();
+    observer.settle(
+        |h| h.received >= published,
+        Duration::from_secs(3),
+        Duration::from_secs(20),
+    );
+    let heard = observer.stop();
+    agents_rt.shutdown_timeout(Duration::from_secs(5));
+    main_rt.shutdown_timeout(Duration::from_secs(5));
+    Ok(ran.report(cfg, &layouts, &plan, &broker, &heard))
+}
+
+/// The brokers of the run.
+struct Brokers {
+    /// The embedded broker, kept while the run lasts.
+    _embedded: Option<EmbeddedBroker>,
+    /// What the agents and the controllers are given.
+    value: String,
+    /// What the report says.
+    label: String,
+    /// The observer's.
+    observer: BrokerAddr,
+    /// The site's name on the bus (fresh for every run, so nothing
+    /// retained by an earlier run is counted).
+    site: String,
+}
+
+impl Brokers {
+    fn start(cfg: &FleetConfig) -> Result<Self, FleetError> {
+        let site = format!("fleet-{}", std::process::id());
+        if cfg.brokers.is_empty() {
+            let e = EmbeddedBroker::start("127.0.0.1:0".parse().expect("an address"))
+                .map_err(|e| FleetError::Start(format!("embedded broker: {e}")))?;
+            let b = e.broker_addr();
+            return Ok(Self {
+                value: b.to_string(),
+                label: format!("embedded ({b})"),
+                observer: cfg.observer_broker.clone().unwrap_or(b),
+                _embedded: Some(e),
+                site,
+            });
+        }
+        let value = cfg
+            .brokers
+            .iter()
+            .map(|b| b.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let last = cfg.brokers.last().expect("not empty").clone();
+        Ok(Self {
+            _embedded: None,
+            label: value.clone(),
+            value,
+            observer: cfg.observer_broker.clone().unwrap_or(last),
+            site,
+        })
+    }
+}
+
+/// One CDU of the run: its hall behind its simulated CDU, its controller
+/// and the watcher of the controller's counters.
+struct CduPart {
+    sim: SimSide,
+    /// Each GPU failed so far.
+    failed: Vec<bool>,
+    controller: JoinHandle<()>,
+    watcher: JoinHandle<CapFigures>,
+}
+
+/// What the run left to report.
+struct Ran {
+    agents_start_s: f64,
+    wall_s: f64,
+    agent_cpu_s: f64,
+    agent_threads: usize,
+    cpu_by_part_s: Vec<(String, f64)>,
+    rss_before_kib: u64,
+    rss_end_kib: u64,
+    load_start: f64,
+    load_end: f64,
+    /// Each agent's bus counters at the end, by host id.
+    agents: Vec<(String, MetricsSnapshot)>,
+    /// Each controller's caps and bus counters at the end.
+    controllers: Vec<(String, CapFigures)>,
+    /// When each (host, GPU) was failed.
+    injected: HashMap<(String, u8), Instant>,
+}
+
+/// Starts every part, runs the halls for the duration and stops the
+/// parts, in the order of the module's description.
+async fn run_parts(
+    cfg: &FleetConfig,
+    layouts: &[CduLayout],
+    plan: &layout::FaultPlan,
+    broker: &Brokers,
+    out: &std::path::Path,
+    agents_rt: &tokio::runtime::Handle,
+) -> Result<Ran, FleetError> {
+    let (ctrl_stop, ctrl_stop_rx) = watch::channel(false);
+    let mut cdus = start_cdus(cfg, layouts, plan, broker, &ctrl_stop_rx).await?;
+    let pre: HashMap<u32, procstat::ThreadTicks> = procstat::threads()
+        .into_iter()
+        .map(|t| (t.tid, t))
+        .collect();
+    let rss_before_kib = procstat::rss_kib();
+    let begun = Instant::now();
+    let agents = Agents::start(
+        layouts,
+        &cdus,
+        broker,
+        out,
+        agents_rt,
+        (cfg.isolated_agents, !cfg.flash_in_memory),
+    )
+    .await?;
+    let agents_start_s = begun.elapsed().as_secs_f64();
+    let cpu_start = procstat::threads();
+    let load_start = report::load_avg();
+    let t0 = Instant::now();
+    let injected = step_halls(&mut cdus, layouts, cfg.duration_s).await;
+    let wall_s = t0.elapsed().as_secs_f64();
+    let cpu_end = procstat::threads();
+    let rss_end_kib = procstat::rss_kib();
+    let load_end = report::load_avg();
+    let (agent_cpu_s, agent_threads) = procstat::agent_cpu_s(&pre, &cpu_start, &cpu_end);
+    let cpu_by_part_s = procstat::cpu_by_group(&pre, &cpu_start, &cpu_end);
+    let agents = agents.stop().await;
+    let _ = ctrl_stop.send(true);
+    let controllers = stop_controllers(cdus, layouts).await;
+    Ok(Ran {
+        agents_start_s,
+        wall_s,
+        agent_cpu_s,
+        agent_threads,
+        cpu_by_part_s,
+        rss_before_kib,
+        rss_end_kib,
+        load_start,
+        load_end,
+        agents,
+        controllers,
+        injected,
+    })
+}
+
+/// Starts every CDU's hall behind its simulated CDU, and its controller;
+/// returns once every controller runs (and has its flash threads).
+async fn start_cdus(
+    cfg: &FleetConfig,
+    layouts: &[CduLayout],
+    plan: &layout::FaultPlan,
+    broker: &Brokers,
+    stop_rx: &watch::Receiver<bool>,
+) -> Result<Vec<CduPart>, FleetError> {
+    let site = Ident::new(&broker.site).map_err(start_err)?;
+    let mut cdus = Vec::new();
+    for (c, l) in layouts.iter().enumerate() {
+        let toml = layout::scenario_toml(c, l, plan, cfg.duration_s, cfg.ambient_c);
+        let sc = Scenario::from_toml(&toml, &format!("{}.toml", l.name)).map_err(start_err)?;
+        let sim = SimSide::start(&sc).await.map_err(start_err)?;
+        // One millisecond, so that the CDU's registers read plausibly
+        // while the agents start.
+        let n = {
+            let mut h = sim.hall.lock().expect("hall");
+            h.step(1e-3).map_err(start_err)?;
+            h.gpus().len()
+        };
+        let side = ControllerSide {
+            site: &site,
+            cdu: &l.name,
+            broker: &broker.value,
+            pki: None,
+            host_ids: &l.host_ids,
+            sim: &sim,
+            clear_leaks: &[],
+        };
+        let (_, controller, watcher) = side
+            .start(&sc, &PlayOptions::default(), stop_rx)
+            .map_err(start_err)?;
+        cdus.push(CduPart {
+            sim,
+            failed: vec![false; n],
+            controller,
+            watcher,
+        });
+    }
+    controllers_settled(layouts.len()).await;
+    match cdus
+        .iter()
+        .zip(layouts)
+        .find(|(c, _)| c.controller.is_finished())
+    {
+        Some((_, l)) => Err(FleetError::Start(format!(
+            "the controller of {} ended at its start (see the log above)",
+            l.name
+        ))),
+        None => Ok(cdus),
+    }
+}
+
+/// Waits (at most 10 s) until every controller has its flash recorder
+/// and its outbox acker, so that those threads started before the
+/// agents' and are not counted as theirs.
+async fn controllers_settled(cdus: usize) {
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let t = procstat::threads();
+        let count = |n: &str| t.iter().filter(|t| t.name == n).count();
+        if (count("recorder") >= cdus && count("bus-acker") >= cdus) || Instant::now() > until {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Steps every hall in real time for `duration_s`; returns when each GPU
+/// the halls failed was failed (right after the step that failed it).
+async fn step_halls(
+    cdus: &mut [CduPart],
+    layouts: &[CduLayout],
+    duration_s: u64,
+) -> HashMap<(String, u8), Instant> {
+    let mut injected = HashMap::new();
+    let start = Instant::now();
+    let mut last = start;
+    let mut tick = tokio::time::interval(Duration::from_millis(STEP_MS));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    while start.elapsed() < Duration::from_secs(duration_s) {
+        tick.tick().await;
+        let now = Instant::now();
+        let dt = (now - last).as_secs_f64();
+        last = now;
+        for (part, l) in cdus.iter_mut().zip(layouts) {
+            step_one(part, l, dt, &mut injected);
+        }
+    }
+    injected
+}
+
+/// Steps one hall by `dt` s and notes the GPUs it failed.
+fn step_one(
+    part: &mut CduPart,
+    l: &CduLayout,
+    dt: f64,
+    injected: &mut HashMap<(String, u8), Instant>,
+) {
+    let mut h = part.sim.hall.lock().expect("hall");
+    if let Err(e) = h.step(dt) {
+        tracing::warn!("{}: hall: {e}", l.name);
+    }
+    let now = Instant::now();
+    let per_host = h.plant().site().gpus_per_host;
+    for (i, (was, is)) in part.failed.iter_mut().zip(h.failed()).enumerate() {
+        if *is && !*was {
+            *was = true;
+            let host = l.host_ids[i / per_host].clone();
+            injected.insert((host, (i % per_host) as u8), now);
+        }
+    }
+}
+
+/// Stops the controllers (already told) and their watchers; their caps
+/// and bus counters, by CDU.
+async fn stop_controllers(cdus: Vec<CduPart>, layouts: &[CduLayout]) -> Vec<(String, CapFigures)> {
+    let mut out = Vec::new();
+    for (part, l) in cdus.into_iter().zip(layouts) {
+        let _ = tokio::time::timeout(Duration::from_secs(10), part.controller).await;
+        let caps = match tokio::time::timeout(Duration::from_secs(5), part.watcher).await {
+            Ok(Ok(caps)) => caps,
+            _ => {
+                tracing::warn!("{}: the cap watcher did not end", l.name);
+                CapFigures::default()
+            }
+        };
+        part.sim.served.abort();
+        out.push((l.name.clone(), caps));
+    }
+    out
+}
+
+/// The host agents, as tasks on the shared runtime.
+struct Agents {
+    stop: watch::Sender<bool>,
+    tasks: Vec<(String, JoinHandle<()>)>,
+    buses: Vec<Bus>,
+    /// The halls' XID watches, kept while the agents run.
+    _watches: Vec<node_agent::hall_gpus::HallXidWatch>,
+}
+
+impl Agents {
+    /// Starts one agent per host on `rt` and waits until every one is
+    /// connected to the broker.
+    async fn start(
+        layouts: &[CduLayout],
+        cdus: &[CduPart],
+        broker: &Brokers,
+        out: &std::path::Path,
+        rt: &tokio::runtime::Handle,
+        (isolated, flash): (bool, bool),
+    ) -> Result<Self, FleetError> {
+        let (stop, stop_rx) = watch::channel(false);
+        let mut tasks = Vec::new();
+        let mut waiting = Vec::new();
+        let mut watches = Vec::new();
+        for (l, part) in layouts.iter().zip(cdus) {
+            let watch =
+                node_agent::hall_gpus::HallXidWatch::start(part.sim.hall.clone(), "hall-xid")
+                    .map_err(|e| FleetError::Start(format!("{}: XID watch: {e}", l.name)))?;
+            for (h, id) in l.host_ids.iter().enumerate() {
+                let config = agent_config(&broker.site, &broker.value, l, h, out, flash)?;
+                let source: Box<dyn GpuSource + Send> = if isolated {
+                    let own = node_agent::hall_gpus::HallSource::new(part.sim.hall.clone(), h);
+                    Box::new(isolated::Threaded(own))
+                } else {
+                    Box::new(watch.source(h))
+                };
+                let (task, rx) = spawn_agent(id, config, source, &stop_rx, rt, isolated)?;
+                tasks.push((id.clone(), task));
+                waiting.push((id.clone(), rx));
+            }
+            watches.push(watch);
+        }
+        let mut buses = Vec::new();
+        for (id, rx) in waiting {
+            let bus = tokio::time::timeout(Duration::from_secs(CONNECT_LIMIT_S), rx)
+                .await
+                .map_err(|_| FleetError::Start(format!("agent {id} did not start")))?
+                .map_err(|_| FleetError::Start(format!("agent {id} ended at its start")))?;
+            buses.push(bus);
+        }
+        let agents = Self {
+            stop,
+            tasks,
+            buses,
+            _watches: watches,
+        };
+        agents.connected().await?;
+        Ok(agents)
+    }
+
+    /// Waits until every agent's bus is connected.
+    async fn connected(&self) -> Result<(), FleetError> {
+        let until = Instant::now() + Duration::from_secs(CONNECT_LIMIT_S);
+        loop {
+            let down = self.buses.iter().filter(|b| !b.is_connected()).count();
+            if down == 0 {
+                return Ok(());
+            }
+            if Instant::now() > until {
+                return Err(FleetError::Start(format!(
+                    "{down} agents not connected after {CONNECT_LIMIT_S} s"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Tells every agent to stop, waits for them (at most a minute), and
+    /// returns each one's bus counters.
+    async fn stop(self) -> Vec<(String, MetricsSnapshot)> {
+        let _ = self.stop.send(true);
+        let until = Instant::now() + Duration::from_secs(60);
+        let mut ids = Vec::new();
+        for (id, t) in self.tasks {
+            let left = until.saturating_duration_since(Instant::now());
+            if tokio::time::timeout(left, t).await.is_err() {
+                tracing::warn!("agent {id} did not stop within a minute");
+            }
+            ids.push(id);
+        }
+        ids.into_iter()
+            .zip(self.buses.iter().map(Bus::metrics))
+            .collect()
+    }
+}
+
+/// Starts agent `id` on `rt` (or, `isolated`, on a thread and runtime of
+/// its own); its task, and where its bus will be handed over.
+fn spawn_agent(
+    id: &str,
+    config: node_agent::config::Config,
+    source: Box<dyn GpuSource + Send>,
+    stop_rx: &watch::Receiver<bool>,
+    rt: &tokio::runtime::Handle,
+    isolated: bool,
+) -> Result<(JoinHandle<()>, tokio::sync::oneshot::Receiver<Bus>), FleetError> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let hooks = node_agent::shell::RunHooks { bus: Some(tx) };
+    let rx_stop = stop_rx.clone();
+    let name = id.to_string();
+    let agent = async move {
+        let run = node_agent::shell::run_hooked(config, source, hooks, stopped(rx_stop));
+        if let Err(e) = run.await {
+            tracing::error!("agent {name}: {e}");
+        }
+    };
+    let task = if isolated {
+        isolated::spawn(id, agent).map_err(start_err)?
+    } else {
+        rt.spawn(agent)
+    };
+    Ok((task, rx))
+}
+
+/// Host `h` of CDU `l`'s agent config: the run's site and brokers, its
+/// console socket and (with `flash`) its flash file under `out`, twin
+/// GPUs.
+fn agent_config(
+    site: &str,
+    brokers: &str,
+    l: &CduLayout,
+    h: usize,
+    out: &std::path::Path,
+    flash: bool,
+) -> Result<node_agent::config::Config, FleetError> {
+    let id = &l.host_ids[h];
+    let dir = out.join(id);
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| FleetError::Start(format!("{}: {e}", dir.display())))?;
+    let flags = |broker: &str| node_agent::config::Overrides {
+        common: CommonFlags {
+            site: Some(site.into()),
+            broker: Some(broker.into()),
+            flash: flash.then(|| dir.join("flash.bin")),
+            console: Some(dir.join("console.sock")),
+            ..Default::default()
+        },
+        host: Some(id.clone()),
+        twin_gpus: Some(layout::GPUS_PER_HOST as u8),
+        cdu: Some(l.name.clone()),
+        rack: Some((h / l.hosts_per_rack) as u8),
+        ..Default::default()
+    };
+    let first = brokers.split(',').next().unwrap_or(brokers);
+    node_agent::config::load(None, &flags(brokers))
+        .or_else(|e| {
+            if first == brokers {
+                return Err(e);
+            }
+            tracing::warn!("agent broker {brokers}: {e}; using the first, {first}");
+            node_agent::config::load(None, &flags(first))
+        })
+        .map_err(|e| FleetError::Start(format!("agent {id}: {e}")))
+}
+
+impl Ran {
+    /// Messages every client handed to the broker.
+    fn published(&self) -> u64 {
+        self.agents.iter().map(|(_, m)| m.published).sum::<u64>()
+            + self
+                .controllers
+                .iter()
+                .map(|(_, c)| ctrl_bus(c).published)
+                .sum::<u64>()
+    }
+}
+
+/// A controller's bus counters, as its last counters tell them.
+fn ctrl_bus(c: &CapFigures) -> MetricsSnapshot {
+    c.last
+        .as_ref()
+        .and_then(|s| s.status.as_ref())
+        .map(|s| s.bus)
+        .unwrap_or_default()
+}

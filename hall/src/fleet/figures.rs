@@ -1,0 +1,167 @@
+//! The run's figures from what its parts counted: every client's bus
+//! counters, the observer's messages, the injections and the
+//! controllers' cap episodes.
+
+use std::collections::{BTreeSet, HashMap};
+
+use super::observer::Heard;
+use super::report::{percentile_ms, FleetReport};
+use super::{ctrl_bus, layout, Brokers, CduLayout, FleetConfig, Ran};
+use loopwarden_bus::MetricsSnapshot;
+
+impl Ran {
+    /// The report of the run.
+    pub(super) fn report(
+        &self,
+        cfg: &FleetConfig,
+        layouts: &[CduLayout],
+        plan: &layout::FaultPlan,
+        broker: &Brokers,
+        heard: &Heard,
+    ) -> FleetReport {
+        let mut r = FleetReport {
+            hosts: cfg.hosts,
+            cdus: cfg.cdus,
+            layout: layouts
+                .iter()
+                .map(|l| format!("{}x{}", l.racks, l.hosts_per_rack))
+                .collect(),
+            duration_s: cfg.duration_s,
+            broker: broker.label.clone(),
+            observer_broker: broker.observer.to_string(),
+            agent_runtime_threads: cfg.agent_threads,
+            agent_flash: if cfg.flash_in_memory {
+                "memory"
+            } else {
+                "file"
+            }
+            .into(),
+            ambient_c: cfg.ambient_c,
+            agents_start_s: round2(self.agents_start_s),
+            agent_cpu_cores: round3(self.agent_cpu_s / self.wall_s),
+            agent_threads: self.agent_threads,
+            cpu_cores_by_part: self
+                .cpu_by_part_s
+                .iter()
+                .map(|(g, s)| (g.clone(), round3(s / self.wall_s)))
+                .collect(),
+            agent_rss_mib_per_host: round3(
+                (self.rss_end_kib as f64 - self.rss_before_kib as f64) / 1024.0 / cfg.hosts as f64,
+            ),
+            rss_before_mib: round2(self.rss_before_kib as f64 / 1024.0),
+            rss_end_mib: round2(self.rss_end_kib as f64 / 1024.0),
+            load_avg_start: self.load_start,
+            load_avg_end: self.load_end,
+            shortfall_cdus: plan.shortfall.len(),
+            ..Default::default()
+        };
+        self.frames(&mut r, heard);
+        self.quarantines(&mut r, heard);
+        self.caps(&mut r);
+        r
+    }
+
+    /// Every client's counters, by sender as the observer names them.
+    fn senders(&self) -> HashMap<String, MetricsSnapshot> {
+        self.agents
+            .iter()
+            .map(|(id, m)| (format!("host/{id}"), *m))
+            .chain(
+                self.controllers
+                    .iter()
+                    .map(|(id, c)| (format!("cdu/{id}"), ctrl_bus(c))),
+            )
+            .collect()
+    }
+
+    /// Messages published, received and lost.
+    fn frames(&self, r: &mut FleetReport, heard: &Heard) {
+        let senders = self.senders();
+        let sum = |f: fn(&MetricsSnapshot) -> u64| senders.values().map(f).sum::<u64>();
+        r.frames_published = sum(|m| m.published);
+        r.qos1_published = sum(|m| m.published_qos1);
+        r.client_dropped = [
+            self.agents.iter().map(|(_, m)| m.dropped()).sum(),
+            self.controllers
+                .iter()
+                .map(|(_, c)| ctrl_bus(c).dropped())
+                .sum(),
+        ];
+        let errors = |m: &MetricsSnapshot| m.connection_errors;
+        r.connection_errors = [
+            self.agents.iter().map(|(_, m)| errors(m)).sum(),
+            self.controllers
+                .iter()
+                .map(|(_, c)| errors(&ctrl_bus(c)))
+                .sum(),
+            heard.connection_errors,
+        ];
+        r.frames_received = heard.received;
+        r.received_by_family = heard.by_family.clone();
+        r.events_by_kind = heard.events.clone();
+        r.frames_lost = r.frames_published as i64 - r.frames_received as i64;
+        r.qos1_received = heard.received_qos1;
+        r.qos1_events_lost = r.qos1_published.saturating_sub(r.qos1_received);
+        // A sender spends a sequence number on every frame it builds: one
+        // it drops itself, and one last will per connection, never reach
+        // the broker.
+        r.seq_gaps = heard
+            .senders
+            .iter()
+            .map(|(s, t)| {
+                let own = senders
+                    .get(s)
+                    .map_or(0, |m| m.dropped_offline + m.dropped_queue_full + m.connects);
+                t.holes().saturating_sub(own)
+            })
+            .sum();
+        r.duplicates = heard.senders.values().map(|t| t.duplicates).sum();
+    }
+
+    /// XID → quarantined health at the observer.
+    fn quarantines(&self, r: &mut FleetReport, heard: &Heard) {
+        r.xids_injected = self.injected.len();
+        let mut lat = Vec::new();
+        for (key, at) in &self.injected {
+            if let Some(q) = heard.quarantined.get(key) {
+                lat.push(q.saturating_duration_since(*at).as_secs_f64());
+            }
+        }
+        r.quarantines = lat.len();
+        r.other_quarantines = heard
+            .quarantined
+            .keys()
+            .filter(|k| !self.injected.contains_key(*k))
+            .count();
+        r.quarantine_p50_ms = percentile_ms(&lat, 50.0);
+        r.quarantine_p99_ms = percentile_ms(&lat, 99.0);
+        r.quarantine_max_ms = percentile_ms(&lat, 100.0);
+    }
+
+    /// Cap step → each host's ack of the cap in force.
+    fn caps(&self, r: &mut FleetReport) {
+        let mut lat = Vec::new();
+        let mut acked = BTreeSet::new();
+        for (_, c) in &self.controllers {
+            r.hosts_capped += c.peak_hosts_capped;
+            for e in &c.episodes {
+                for (h, s) in &e.host_ack_s {
+                    lat.push(*s);
+                    acked.insert(h.clone());
+                }
+            }
+        }
+        r.hosts_caps_acked = acked.len();
+        r.caps_acked_p50_ms = percentile_ms(&lat, 50.0);
+        r.caps_acked_p99_ms = percentile_ms(&lat, 99.0);
+        r.caps_acked_max_ms = percentile_ms(&lat, 100.0);
+    }
+}
+
+fn round2(v: f64) -> f64 {
+    (v * 100.0).round() / 100.0
+}
+
+fn round3(v: f64) -> f64 {
+    (v * 1000.0).round() / 1000.0
+}

@@ -1,0 +1,290 @@
+//! The fleet's independent subscriber: its own MQTT connection, on its own
+//! thread and runtime, subscribed at QoS 1 to the whole site tree
+//! (`dc/v2/<site>/#`: frames, JSON mirrors, presence, commands). It
+//! counts what arrives, follows every sender's sequence numbers, and
+//! notes when it first heard each GPU quarantined.
+//!
+//! It speaks MQTT through `rumqttc` directly rather than the agents' bus
+//! client, so what it counts is what the broker delivered, not what a
+//! client of the project chose to pass on.
+//!
+//! Glossary:
+//! - *hole*: a sequence number of a sender, between the lowest and the
+//!   highest it was heard with, that has not arrived (yet).
+//! - *QoS 1 message*: one on a topic of a QoS 1 family (health, event,
+//!   cmd, ack, online), frame or JSON mirror.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use loopwarden_bus::BrokerAddr;
+use loopwarden_protocol::message::{HealthState, HostHealth};
+use loopwarden_protocol::topic::Qos;
+use loopwarden_protocol::{Frame, Message, Topic};
+use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+
+/// The most holes kept per sender (a sender that jumps further is
+/// counted, not listed).
+const HOLES_MAX: u64 = 100_000;
+
+/// One sender's sequence numbers.
+#[derive(Debug, Clone, Default)]
+pub struct SeqTrack {
+    /// Lowest and highest heard.
+    range: Option<(u32, u32)>,
+    /// Missing between them.
+    holes: BTreeSet<u32>,
+    /// Missing but not listed (a jump past [`HOLES_MAX`]).
+    unlisted: u64,
+    /// Frames heard again.
+    pub duplicates: u64,
+}
+
+impl SeqTrack {
+    /// Notes `seq`; false when it was heard before.
+    fn hear(&mut self, seq: u32) -> bool {
+        let Some((lo, hi)) = self.range else {
+            self.range = Some((seq, seq));
+            return true;
+        };
+        if seq > hi {
+            self.missing(hi + 1, seq);
+            self.range = Some((lo, seq));
+        } else if seq < lo {
+            self.missing(seq + 1, lo);
+            self.range = Some((seq, hi));
+        } else if !self.holes.remove(&seq) {
+            self.duplicates += 1;
+            return false;
+        }
+        true
+    }
+
+    fn missing(&mut self, from: u32, until: u32) {
+        let n = u64::from(until - from);
+        if n > HOLES_MAX {
+            self.unlisted += n;
+        } else {
+            self.holes.extend(from..until);
+        }
+    }
+
+    /// Sequence numbers missing between the lowest and highest heard.
+    pub fn holes(&self) -> u64 {
+        self.holes.len() as u64 + self.unlisted
+    }
+}
+
+/// What the observer heard.
+#[derive(Debug, Default)]
+pub struct Heard {
+    /// Subscribed (the broker acknowledged the subscription).
+    pub subscribed: bool,
+    /// Messages received on the site tree, duplicates included.
+    pub received: u64,
+    /// Distinct QoS 1 messages (frames by sender and sequence number,
+    /// mirrors as received).
+    pub received_qos1: u64,
+    /// Frames that did not decode.
+    pub undecodable: u64,
+    /// Each sender's frames (`host/c1r0h0`, `cdu/cdu1`).
+    pub senders: HashMap<String, SeqTrack>,
+    /// When each (host, GPU) was first heard quarantined.
+    pub quarantined: HashMap<(String, u8), Instant>,
+    /// When the last message came.
+    pub last_at: Option<Instant>,
+    /// Connection errors seen.
+    pub connection_errors: u64,
+    /// Messages by family (`telemetry`, `json/telemetry`, …).
+    pub by_family: std::collections::BTreeMap<String, u64>,
+    /// Event frames by kind of event (`Xid`, `CapApplied`, …).
+    pub events: std::collections::BTreeMap<String, u64>,
+}
+
+impl Heard {
+    fn message(&mut self, topic: &str, payload: &[u8], now: Instant) {
+        self.received += 1;
+        self.last_at = Some(now);
+        let Ok(t) = Topic::parse(topic) else {
+            return;
+        };
+        let qos1 = t.family.qos() == Qos::AtLeastOnce;
+        let family = format!("{}{:?}", if t.json { "json/" } else { "" }, t.family);
+        *self.by_family.entry(family.to_lowercase()).or_default() += 1;
+        if t.json {
+            self.received_qos1 += u64::from(qos1);
+            return;
+        }
+        let Ok(f) = Frame::decode(payload) else {
+            self.undecodable += 1;
+            return;
+        };
+        let fresh = self
+            .senders
+            .entry(f.sender.to_string())
+            .or_default()
+            .hear(f.seq);
+        if !fresh {
+            return;
+        }
+        self.received_qos1 += u64::from(qos1);
+        match &f.message {
+            Message::HostHealth(h) => self.health(f.sender.id.as_str(), h, now),
+            Message::Event(e) => {
+                let name = format!("{e:?}");
+                let kind = name.split([' ', '(', '{']).next().unwrap_or("?");
+                *self.events.entry(kind.to_string()).or_default() += 1;
+            }
+            _ => {}
+        }
+    }
+
+    fn health(&mut self, host: &str, h: &HostHealth, now: Instant) {
+        for g in &h.gpus {
+            if g.state == HealthState::Quarantined {
+                self.quarantined
+                    .entry((host.to_string(), g.gpu.get()))
+                    .or_insert(now);
+            }
+        }
+    }
+}
+
+/// The running observer.
+pub struct Observer {
+    heard: Arc<Mutex<Heard>>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Observer {
+    /// Connects to `broker` on a thread of its own and subscribes to
+    /// `site`'s tree; returns once subscribed (or an error after 15 s).
+    pub fn start(broker: &BrokerAddr, site: &str) -> Result<Self, String> {
+        let heard = Arc::new(Mutex::new(Heard::default()));
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let mut opts = MqttOptions::new(
+            format!("fleet-observer-{}", std::process::id()),
+            broker.host.clone(),
+            broker.port,
+        );
+        opts.set_keep_alive(Duration::from_secs(30));
+        opts.set_clean_session(true);
+        opts.set_max_packet_size(64 * 1024, 64 * 1024);
+        let filter = format!("dc/v2/{site}/#");
+        let h = heard.clone();
+        let thread = std::thread::Builder::new()
+            .name("observer".into())
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("the observer's runtime");
+                rt.block_on(listen(opts, filter, h, stopped));
+            })
+            .map_err(|e| format!("observer thread: {e}"))?;
+        let o = Self {
+            heard,
+            stop: Some(stop),
+            thread: Some(thread),
+        };
+        let until = Instant::now() + Duration::from_secs(15);
+        while !o.heard.lock().expect("heard").subscribed {
+            if Instant::now() > until {
+                return Err(format!("the observer could not subscribe at {broker}"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(o)
+    }
+
+    /// Reads what it heard.
+    pub fn with<R>(&self, f: impl FnOnce(&Heard) -> R) -> R {
+        f(&self.heard.lock().expect("heard"))
+    }
+
+    /// Waits until `enough` holds, or nothing came for `quiet`, or
+    /// `limit` passed.
+    pub fn settle(&self, enough: impl Fn(&Heard) -> bool, quiet: Duration, limit: Duration) {
+        let until = Instant::now() + limit;
+        loop {
+            let (done, last) = self.with(|h| (enough(h), h.last_at));
+            let idle = last.is_none_or(|t| t.elapsed() > quiet);
+            if done || idle || Instant::now() > until {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Disconnects and returns what it heard.
+    pub fn stop(mut self) -> Heard {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        std::mem::take(&mut *self.heard.lock().expect("heard"))
+    }
+}
+
+/// The observer's loop: (re)subscribes on every connection and hears
+/// every message until told to stop.
+async fn listen(
+    opts: MqttOptions,
+    filter: String,
+    heard: Arc<Mutex<Heard>>,
+    mut stopped: tokio::sync::oneshot::Receiver<()>,
+) {
+    let (client, mut events) = AsyncClient::new(opts, 1024);
+    loop {
+        let ev = tokio::select! {
+            ev = events.poll() => ev,
+            _ = &mut stopped => break,
+        };
+        match ev {
+            Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                if let Err(e) = client.subscribe(filter.clone(), QoS::AtLeastOnce).await {
+                    tracing::error!("observer: subscribe: {e}");
+                }
+            }
+            Ok(Event::Incoming(Packet::SubAck(_))) => {
+                heard.lock().expect("heard").subscribed = true;
+            }
+            Ok(Event::Incoming(Packet::Publish(p))) => {
+                let now = Instant::now();
+                heard
+                    .lock()
+                    .expect("heard")
+                    .message(&p.topic, &p.payload, now);
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!("observer: {e}");
+                heard.lock().expect("heard").connection_errors += 1;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    let _ = client.disconnect().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn holes_fill_as_late_frames_come_and_repeats_are_duplicates() {
+        let mut t = SeqTrack::default();
+        assert!(t.hear(10));
+        assert!(t.hear(13));
+        assert_eq!(t.holes(), 2);
+        assert!(t.hear(11));
+        assert!(!t.hear(11));
+        assert_eq!((t.holes(), t.duplicates), (1, 1));
+        assert!(t.hear(8));
+        assert_eq!(t.holes(), 2, "12 and 9");
+    }
+}

@@ -1,0 +1,181 @@
+//! The fleet run's figures: one JSON object (`--json`) or a short summary
+//! for people. How each figure is measured is in `docs/scale.md`.
+
+use serde::Serialize;
+
+/// Nearest-rank percentile `p` (0–100) of `v`, ms; `None` when empty.
+pub fn percentile_ms(v: &[f64], p: f64) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let i = ((p / 100.0) * s.len() as f64).ceil() as usize;
+    Some((1000.0 * s[i.clamp(1, s.len()) - 1] * 10.0).round() / 10.0)
+}
+
+/// What a fleet run measured.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct FleetReport {
+    /// Host agents.
+    pub hosts: usize,
+    /// Cooling controllers (one simulated CDU and hall each).
+    pub cdus: usize,
+    /// Each CDU's layout, `racks x hosts per rack`.
+    pub layout: Vec<String>,
+    /// Wall seconds the halls ran, after every agent was connected.
+    pub duration_s: u64,
+    /// The brokers given (`embedded` when none).
+    pub broker: String,
+    /// The observer's broker.
+    pub observer_broker: String,
+    /// Threads the agents' shared runtime ran on.
+    pub agent_runtime_threads: usize,
+    /// Where the agents' flash was: `file` (one each) or `memory`.
+    pub agent_flash: String,
+    /// The halls' outdoor temperature, °C.
+    pub ambient_c: f64,
+    /// From the first agent started to every agent connected, s.
+    pub agents_start_s: f64,
+    /// Messages every agent's and controller's bus client handed to the
+    /// broker (frames, JSON mirrors, presence, commands).
+    pub frames_published: u64,
+    /// Messages the observer received on the site tree.
+    pub frames_received: u64,
+    /// Of those, by family (`json/` for the mirrors).
+    pub received_by_family: std::collections::BTreeMap<String, u64>,
+    /// Event frames received, by kind of event.
+    pub events_by_kind: std::collections::BTreeMap<String, u64>,
+    /// `frames_published - frames_received` (0 when nothing was lost).
+    pub frames_lost: i64,
+    /// QoS 1 messages handed to the broker.
+    pub qos1_published: u64,
+    /// Distinct QoS 1 messages the observer received.
+    pub qos1_received: u64,
+    /// QoS 1 messages that never arrived at the observer.
+    pub qos1_events_lost: u64,
+    /// Sequence numbers missing in some sender's frames at the observer,
+    /// beyond what the sender itself dropped or spent on its last will.
+    pub seq_gaps: u64,
+    /// Frames received twice.
+    pub duplicates: u64,
+    /// Messages the clients dropped themselves (queue full, offline,
+    /// received with no room): the agents', the controllers'.
+    pub client_dropped: [u64; 2],
+    /// Connections lost or refused: the agents', the controllers' and the
+    /// observer's.
+    pub connection_errors: [u64; 3],
+    /// GPUs failed (XID 79).
+    pub xids_injected: usize,
+    /// Of those, heard quarantined by the observer.
+    pub quarantines: usize,
+    /// XID to quarantined health at the observer, p50, ms.
+    pub quarantine_p50_ms: Option<f64>,
+    /// The same, p99, ms.
+    pub quarantine_p99_ms: Option<f64>,
+    /// The same, the slowest, ms.
+    pub quarantine_max_ms: Option<f64>,
+    /// Other GPUs heard quarantined (not injected).
+    pub other_quarantines: usize,
+    /// CDUs whose pumps failed.
+    pub shortfall_cdus: usize,
+    /// Hosts the controllers' commands capped.
+    pub hosts_capped: usize,
+    /// Of those, hosts that acknowledged a cap in force.
+    pub hosts_caps_acked: usize,
+    /// Cap step to the host's ack of the cap in force, p50, ms.
+    pub caps_acked_p50_ms: Option<f64>,
+    /// The same, p99, ms.
+    pub caps_acked_p99_ms: Option<f64>,
+    /// The same, the slowest, ms.
+    pub caps_acked_max_ms: Option<f64>,
+    /// CPU of every host agent's threads over the run / wall time.
+    pub agent_cpu_cores: f64,
+    /// The agents' threads at the end.
+    pub agent_threads: usize,
+    /// CPU over the run / wall time by part: the agents' by kind of
+    /// thread (`agents: …`, adding up to `agent_cpu_cores`) and the others.
+    pub cpu_cores_by_part: Vec<(String, f64)>,
+    /// Process RSS growth from before the agents started to the end, per
+    /// host, MiB.
+    pub agent_rss_mib_per_host: f64,
+    /// Process RSS before the agents started, MiB.
+    pub rss_before_mib: f64,
+    /// Process RSS at the end of the run, MiB.
+    pub rss_end_mib: f64,
+    /// The 1-minute load average when the run began.
+    pub load_avg_start: f64,
+    /// The 1-minute load average at the end.
+    pub load_avg_end: f64,
+}
+
+impl FleetReport {
+    /// The JSON object.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a report serialises")
+    }
+
+    /// The short summary.
+    pub fn summary(&self) -> String {
+        let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0} ms"));
+        format!(
+            "fleet: {} hosts on {} CDUs ({}), {} s, broker {}\n\
+             frames: {} published, {} received, {} lost; QoS 1 lost {}, sequence gaps {}; \
+             connections lost (agents, controllers, observer) {:?}\n\
+             XID -> quarantine: {}/{} quarantined, p50 {}, p99 {}, max {}\n\
+             shortfall -> caps acked: {} CDUs, {}/{} hosts acked, p50 {}, p99 {}, max {}\n\
+             agents: {:.2} cores, {} threads, {:.2} MiB RSS per host, flash in {}; started in {:.1} s\n\
+             load average {:.2} at the start, {:.2} at the end",
+            self.hosts,
+            self.cdus,
+            self.layout.join(" "),
+            self.duration_s,
+            self.broker,
+            self.frames_published,
+            self.frames_received,
+            self.frames_lost,
+            self.qos1_events_lost,
+            self.seq_gaps,
+            self.connection_errors,
+            self.quarantines,
+            self.xids_injected,
+            ms(self.quarantine_p50_ms),
+            ms(self.quarantine_p99_ms),
+            ms(self.quarantine_max_ms),
+            self.shortfall_cdus,
+            self.hosts_caps_acked,
+            self.hosts_capped,
+            ms(self.caps_acked_p50_ms),
+            ms(self.caps_acked_p99_ms),
+            ms(self.caps_acked_max_ms),
+            self.agent_cpu_cores,
+            self.agent_threads,
+            self.agent_rss_mib_per_host,
+            self.agent_flash,
+            self.agents_start_s,
+            self.load_avg_start,
+            self.load_avg_end,
+        )
+    }
+}
+
+/// The 1-minute load average.
+pub fn load_avg() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_are_nearest_rank_in_ms() {
+        let v = [0.010, 0.020, 0.030, 0.040];
+        assert_eq!(percentile_ms(&v, 50.0), Some(20.0));
+        assert_eq!(percentile_ms(&v, 99.0), Some(40.0));
+        assert_eq!(percentile_ms(&[], 50.0), None);
+    }
+}

@@ -1,0 +1,99 @@
+//! `loopwarden-hall fleet`, small and fast: 40 real host agents on 2 real
+//! cooling controllers (each with its simulated CDU on Modbus TCP and its
+//! hall) through the embedded broker, 60 s of real time. Eight GPUs fail
+//! (XID 79) between 3 s and 50 s; both CDUs' pumps fail at 5 s, and at
+//! 40 °C outdoors under full load their GPUs reach the cap target about
+//! 30 s later.
+//!
+//! What must hold: every field of the JSON object is there; nothing the
+//! clients published is missing at the independent subscriber (no
+//! message, no QoS 1 message, no sequence number); every injected XID was
+//! heard as a quarantine; every capped host acknowledged its cap. The
+//! latencies are printed, not asserted: timing targets belong to
+//! `docs/scale.md`, not to a shared test machine.
+
+use std::process::Command;
+
+#[test]
+fn a_small_fleet_loses_nothing_quarantines_every_xid_and_acks_every_cap() {
+    let out = Command::new(env!("CARGO_BIN_EXE_loopwarden-hall"))
+        .args([
+            "fleet",
+            "--hosts",
+            "40",
+            "--cdus",
+            "2",
+            "--duration",
+            "60",
+            "--xids",
+            "8",
+            "--shortfall-at",
+            "5",
+            "--ambient-c",
+            "40",
+            "--json",
+        ])
+        .output()
+        .expect("loopwarden-hall runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{text}");
+    let r: serde_json::Value = serde_json::from_str(&text).expect("one JSON object");
+    for field in [
+        "frames_published",
+        "frames_received",
+        "qos1_events_lost",
+        "quarantine_p50_ms",
+        "quarantine_p99_ms",
+        "caps_acked_p50_ms",
+        "caps_acked_p99_ms",
+        "agent_cpu_cores",
+        "agent_rss_mib_per_host",
+        "hosts",
+        "cdus",
+        "duration_s",
+        "broker",
+        "quarantines",
+        "hosts_capped",
+    ] {
+        assert!(r.get(field).is_some(), "{field} missing");
+    }
+    let n = |k: &str| r[k].as_f64().unwrap_or_else(|| panic!("{k} is no number"));
+    assert_eq!((n("hosts"), n("cdus"), n("duration_s")), (40.0, 2.0, 60.0));
+    assert_eq!(n("ambient_c"), 40.0);
+    assert!(n("frames_published") > 40.0 * 60.0, "every agent published");
+    assert_eq!(
+        n("frames_received"),
+        n("frames_published"),
+        "a message lost"
+    );
+    assert_eq!(n("frames_lost"), 0.0);
+    assert_eq!(n("qos1_events_lost"), 0.0);
+    assert_eq!(n("seq_gaps"), 0.0, "a sender's sequence has a gap");
+    assert_eq!(n("xids_injected"), 8.0, "every planned failure happened");
+    assert_eq!(n("quarantines"), 8.0, "every injected XID quarantined");
+    assert!(n("quarantine_p99_ms") >= n("quarantine_p50_ms"));
+    assert!(n("hosts_capped") >= 1.0, "the shortfall capped hosts");
+    assert_eq!(
+        n("hosts_caps_acked"),
+        n("hosts_capped"),
+        "every capped host acknowledged its cap"
+    );
+    assert!(n("caps_acked_p50_ms") > 0.0);
+    assert!(n("agent_cpu_cores") > 0.0 && n("agent_rss_mib_per_host") > 0.0);
+}
+
+#[test]
+fn a_fleet_the_controllers_cannot_hold_is_refused() {
+    let out = Command::new(env!("CARGO_BIN_EXE_loopwarden-hall"))
+        .args(["fleet", "--hosts", "1000", "--cdus", "4", "--duration", "1"])
+        .output()
+        .expect("loopwarden-hall runs");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("250 hosts on a CDU") && err.contains("--cdus 8"),
+        "{err}"
+    );
+}
