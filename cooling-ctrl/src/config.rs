@@ -842,7 +842,8 @@ fn facility_role(
             return Err(src.error(
                 None,
                 "facility_cdus",
-                "facility_cdus needs facility_coordinator (the CDU that plans the hall's water)".into(),
+                "facility_cdus needs facility_coordinator (the CDU that plans the hall's water)"
+                    .into(),
             ));
         }
         return Ok(None);
