@@ -2,7 +2,8 @@
 //! CDUs takes (`[facility] coordinator = true`), that sets the facility
 //! water and the chiller staging for the whole hall from what every
 //! controller offers ([`cooling_core::facility`]). It re-plans every
-//! [`REPLAN_EVERY_MS`] from the freshest offer of each CDU; an offer older
+//! [`REPLAN_EVERY_MS`] (and at once when a CDU offers for the first time)
+//! from the freshest offer of each CDU; an offer older
 //! than [`OFFER_STALE_MS`] is left out, and without any the coordinator
 //! says nothing (the BMS holds its own fixed water).
 //!
@@ -91,17 +92,21 @@ impl Coordinator {
     /// every [`REPLAN_EVERY_MS`], from the fresh offers; `None` while no
     /// CDU offers.
     pub fn plan(&mut self, now_ms: u64, ambient_c: f32) -> Option<FacilityPlan> {
-        let due = self
-            .planned_at
-            .is_none_or(|at| now_ms.saturating_sub(at) >= REPLAN_EVERY_MS);
+        let fresh: Vec<Offer> = self
+            .offers
+            .iter()
+            .flatten()
+            .filter(|(_, at)| now_ms.saturating_sub(*at) < OFFER_STALE_MS)
+            .map(|(o, _)| *o)
+            .collect();
+        // A plan at once when there is none or a CDU's first offer came;
+        // else every period.
+        let due = self.plan.is_none()
+            || fresh.len() > self.planned_from
+            || self
+                .planned_at
+                .is_none_or(|at| now_ms.saturating_sub(at) >= REPLAN_EVERY_MS);
         if due {
-            let fresh: Vec<Offer> = self
-                .offers
-                .iter()
-                .flatten()
-                .filter(|(_, at)| now_ms.saturating_sub(*at) < OFFER_STALE_MS)
-                .map(|(o, _)| *o)
-                .collect();
             let capping_now = self.plan.is_some_and(|p| p.capping != 0);
             self.planned_from = fresh.len();
             self.plan =
@@ -229,10 +234,14 @@ mod tests {
         c.hear(0, offer(34.0), 1_000).expect("CDU 0");
         c.hear(1, offer(27.0), 1_000).expect("CDU 1");
         assert!(c.hear(2, offer(30.0), 1_000).is_err(), "a third CDU");
-        // Planned at 0 with nothing: the next plan is due at 10 s.
-        assert_eq!(c.plan(5_000, 24.0), None);
-        let p = c.plan(10_000, 24.0).expect("a plan");
+        // Without a plan, the first offers make one at once.
+        let p = c.plan(1_500, 24.0).expect("a plan");
         assert!((p.water_c - 27.0).abs() < 1e-3, "{p:?}");
+        // Then every ten seconds (or at a CDU's first offer): a warmer
+        // offer waits for the next plan.
+        c.hear(1, offer(33.0), 2_000).expect("CDU 1");
+        assert_eq!(c.plan(5_000, 24.0), Some(p));
+        assert!(c.plan(11_500, 24.0).expect("a plan").water_c > 30.0);
         // CDU 1 falls silent: its offer goes stale and the water warms.
         c.hear(0, offer(34.0), 125_000).expect("CDU 0");
         let p = c.plan(130_000, 24.0).expect("a plan");

@@ -65,7 +65,7 @@ async fn wait(
     what: &str,
     f: impl FnMut(&ShellStats) -> bool,
 ) -> ShellStats {
-    let got = tokio::time::timeout(Duration::from_secs(20), stats.wait_for(f))
+    let got = tokio::time::timeout(Duration::from_secs(45), stats.wait_for(f))
         .await
         .ok()
         .and_then(Result::ok)
@@ -73,7 +73,7 @@ async fn wait(
     match got {
         Some(s) => s,
         None => panic!(
-            "{what}: not within 20 s; stats: {:?}",
+            "{what}: not within 45 s; stats: {:?}",
             stats.borrow().status
         ),
     }
