@@ -274,6 +274,15 @@ pub struct Summary {
     pub controller_restarts: u32,
 }
 
+/// `a / b`, 0 where there is no `b` (a run with no IT or no work).
+fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 {
+        a / b
+    } else {
+        0.0
+    }
+}
+
 /// A sensor as the controller sees it, with the scenario's faults.
 #[derive(Debug, Clone, Copy, Default)]
 struct SensorState {
@@ -834,17 +843,9 @@ impl<'a> RunState<'a> {
             duration_s: self.scenario.duration_s,
             it_kwh,
             facility_kwh,
-            pue: if it_kwh > 0.0 {
-                facility_kwh / it_kwh
-            } else {
-                0.0
-            },
+            pue: ratio(facility_kwh, it_kwh),
             work_gpu_h,
-            kwh_per_work_gpu_h: if work_gpu_h > 0.0 {
-                facility_kwh / work_gpu_h
-            } else {
-                0.0
-            },
+            kwh_per_work_gpu_h: ratio(facility_kwh, work_gpu_h),
             max_gpu_temp_c: t.max_gpu_c,
             gpu_s_above_max_operating: t.gpu_s_above_max_operating.round() as u64,
             slowdown_episodes: t.slowdown_episodes,

@@ -26,7 +26,7 @@
 use std::any::Any;
 use std::io::Write;
 
-use super::{Controller, RunState, Summary};
+use super::{ratio, Controller, RunState, Summary};
 use crate::plant::FacilityLoop;
 use crate::scenario::{FaultKind, Scenario};
 
@@ -212,17 +212,9 @@ fn hall_of(name: &str, scenario: &Scenario, per_cdu: &[Summary]) -> Summary {
         duration_s: scenario.duration_s,
         it_kwh,
         facility_kwh,
-        pue: if it_kwh > 0.0 {
-            facility_kwh / it_kwh
-        } else {
-            0.0
-        },
+        pue: ratio(facility_kwh, it_kwh),
         work_gpu_h,
-        kwh_per_work_gpu_h: if work_gpu_h > 0.0 {
-            facility_kwh / work_gpu_h
-        } else {
-            0.0
-        },
+        kwh_per_work_gpu_h: ratio(facility_kwh, work_gpu_h),
         max_gpu_temp_c: per_cdu
             .iter()
             .map(|s| s.max_gpu_temp_c)
