@@ -122,6 +122,10 @@ pub(crate) struct Delivery {
     /// has not happened yet (done off the bus task); never handed over
     /// again meanwhile.
     pub(crate) acking: std::collections::HashSet<u32>,
+    /// The seqs of every outbox frame the broker acknowledged, in order,
+    /// when asked for ([`crate::Bus::keep_acked_ledger`]): what a
+    /// subscriber must have received, for a measurement.
+    pub(crate) ledger: Option<Vec<u32>>,
 }
 
 /// The outbox, shared between publishers and the bus task.

@@ -82,6 +82,7 @@ impl Class {
                 | Event::QuarantineAction { .. }
                 | Event::QuarantineReleased { .. }
                 | Event::CapApplied { .. }
+                | Event::CapsApplied { .. }
                 | Event::Leak { .. }
                 | Event::CduModeChanged { .. }
                 | Event::PumpTrip { .. } => Class::Critical,

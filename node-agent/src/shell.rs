@@ -10,7 +10,7 @@
 //! the loop itself and timed against the same deadline).
 //!
 //! What it guarantees:
-//! - every limit it reports (ack `in_force`, `cap_applied`) is the value
+//! - every limit it reports (ack `in_force`, `caps_applied`) is the value
 //!   read back from the GPU after setting it;
 //! - a lease it accepted is logged to flash before it is acknowledged, so
 //!   after a crash the leases still valid are applied again and those that

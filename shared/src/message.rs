@@ -386,6 +386,7 @@ pub enum Event {
         reason: ReasonCode,
     },
     /// The power limit in force on a GPU changed (read back from the GPU).
+    /// Hosts of 2.4 send [`Event::CapsApplied`] instead.
     CapApplied {
         /// The GPU.
         gpu: GpuIndex,
@@ -524,6 +525,17 @@ pub enum Event {
         ok: bool,
         /// Its exit status, if it exited.
         exit_code: Option<i32>,
+    },
+    /// The power limit in force on some GPUs changed, to the same limit
+    /// and source on each (read back from each GPU), as one change (since
+    /// 2.4; a host of 2.3 or older sends a `CapApplied` per GPU instead).
+    CapsApplied {
+        /// The GPUs, one bit per index.
+        gpus: u16,
+        /// The limit in force now on each.
+        limit: Watts,
+        /// The source whose cap is the lowest, or `None` when no cap is in force.
+        source: Option<CapSource>,
     },
 }
 

@@ -86,6 +86,21 @@ impl Family {
         }
     }
 
+    /// The QoS the agents subscribe with. Their sessions are clean (a
+    /// broker keeps nothing for them while they are away), so QoS 1 on a
+    /// subscription only asks the broker to queue rather than drop for a
+    /// slow reader, and some brokers keep replicated state for each QoS 1
+    /// subscription (NATS: a JetStream consumer). Frames that are renewed
+    /// (telemetry every period; health and presence retained and
+    /// republished; commands renewed by the sender until acknowledged)
+    /// are read at QoS 0; one-shot frames (events, acks) at QoS 1.
+    pub const fn subscribe_qos(self) -> Qos {
+        match self {
+            Family::Event | Family::Ack => Qos::AtLeastOnce,
+            _ => Qos::AtMostOnce,
+        }
+    }
+
     /// Whether publishers set the retain flag.
     pub const fn retained(self) -> bool {
         matches!(self, Family::Health | Family::Online)
@@ -255,6 +270,17 @@ pub mod filter {
             .map_err(|_| TopicError::TooLong)?;
         Ok(s)
     }
+
+    /// The QoS to subscribe to `filter` with: [`Family::subscribe_qos`]
+    /// when its last level names one family, QoS 1 otherwise (`#`, `+`:
+    /// several families, events among them).
+    pub fn qos(filter: &str) -> Qos {
+        filter
+            .rsplit('/')
+            .next()
+            .and_then(Family::parse)
+            .map_or(Qos::AtLeastOnce, Family::subscribe_qos)
+    }
 }
 
 #[cfg(test)]
@@ -318,6 +344,35 @@ mod tests {
         assert!(Family::Health.retained() && Family::Online.retained());
         assert!(!Family::Event.retained() && !Family::Cmd.retained());
         assert_eq!(Family::Cmd.qos(), Qos::AtLeastOnce);
+    }
+
+    #[test]
+    fn renewed_families_are_read_at_qos_0_one_shot_ones_at_qos_1() {
+        let site = id("hall-a");
+        let t = filter::family(&site, Role::Host, Family::Telemetry).unwrap();
+        assert_eq!(filter::qos(&t), Qos::AtMostOnce);
+        let one = Topic::new(&site, Role::Host, &id("h01"), Family::Telemetry)
+            .build()
+            .unwrap();
+        assert_eq!(filter::qos(&one), Qos::AtMostOnce);
+        let acks = filter::family(&site, Role::Host, Family::Ack).unwrap();
+        assert_eq!(filter::qos(&acks), Qos::AtLeastOnce);
+        let events = filter::family(&site, Role::Cdu, Family::Event).unwrap();
+        assert_eq!(filter::qos(&events), Qos::AtLeastOnce);
+        for renewed in [Family::Health, Family::Online, Family::Cmd] {
+            let t = Topic::new(&site, Role::Cdu, &id("cdu1"), renewed)
+                .build()
+                .unwrap();
+            assert_eq!(filter::qos(&t), Qos::AtMostOnce, "{renewed:?}");
+        }
+        assert_eq!(
+            filter::qos(&filter::site_json(&site).unwrap()),
+            Qos::AtLeastOnce
+        );
+        assert_eq!(
+            filter::qos(&filter::site_frames(&site).unwrap()),
+            Qos::AtLeastOnce
+        );
     }
 
     #[test]

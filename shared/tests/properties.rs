@@ -255,6 +255,16 @@ fn event() -> impl Strategy<Value = Event> {
                 ok,
                 exit_code
             }),
+        (
+            any::<u16>(),
+            any::<u32>(),
+            proptest::option::of(cap_source())
+        )
+            .prop_map(|(gpus, w, source)| Event::CapsApplied {
+                gpus,
+                limit: Watts(w),
+                source,
+            }),
     ]
 }
 

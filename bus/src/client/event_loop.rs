@@ -16,6 +16,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use loopwarden_protocol::topic::filter;
 use loopwarden_protocol::{Family, Frame, Topic};
 use rand::SeedableRng;
 use rumqttc::{
@@ -24,6 +25,7 @@ use rumqttc::{
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
+use super::handle::qos_of;
 use super::state::Shared;
 use super::{Inbound, PublishError, INFLIGHT_MARGIN, MAX_INFLIGHT};
 use crate::backoff::Backoff;
@@ -354,7 +356,7 @@ impl Driver {
             let filters = self
                 .subscriptions
                 .iter()
-                .map(|f| rumqttc::SubscribeFilter::new(f.clone(), QoS::AtLeastOnce));
+                .map(|f| rumqttc::SubscribeFilter::new(f.clone(), qos_of(filter::qos(f))));
             self.eventloop
                 .pending
                 .push_front(Request::Subscribe(rumqttc::Subscribe::new_many(filters)));
@@ -434,6 +436,9 @@ impl Driver {
                     // a flash sync never holds up this task, nor the
                     // health frames behind it in the client's queue.
                     delivery.acking.insert(seq);
+                    if let Some(l) = delivery.ledger.as_mut() {
+                        l.push(seq);
+                    }
                     Some((seq, outbox))
                 }
                 _ => None,

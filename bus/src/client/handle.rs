@@ -41,7 +41,12 @@ impl BusTask {
 }
 
 fn qos(family: Family) -> QoS {
-    match family.qos() {
+    qos_of(family.qos())
+}
+
+/// The MQTT client's QoS for the protocol's.
+pub(super) fn qos_of(q: Qos) -> QoS {
+    match q {
         Qos::AtMostOnce => QoS::AtMostOnce,
         Qos::AtLeastOnce => QoS::AtLeastOnce,
     }
@@ -128,6 +133,20 @@ impl Bus {
     /// The counters.
     pub fn metrics(&self) -> MetricsSnapshot {
         self.shared.metrics.snapshot()
+    }
+
+    /// From now on, keeps the sequence number of every outbox frame
+    /// (event, lease) the broker acknowledges, for [`Bus::acked_ledger`].
+    /// For measurements: it grows by one `u32` per such frame.
+    pub fn keep_acked_ledger(&self) {
+        self.shared.delivery().ledger.get_or_insert_with(Vec::new);
+    }
+
+    /// The outbox frames the broker acknowledged since
+    /// [`Bus::keep_acked_ledger`], by sequence number, in the order of
+    /// their acknowledgements (empty when it was never called).
+    pub fn acked_ledger(&self) -> Vec<u32> {
+        self.shared.delivery().ledger.clone().unwrap_or_default()
     }
 
     /// Connected to the broker now, with every subscription in place.

@@ -246,6 +246,24 @@ fn why(v: &Value) -> String {
     out
 }
 
+/// Whose cap is in force, `uncapped` for none.
+fn cap_source(body: &Value) -> String {
+    if body["source"].is_null() {
+        "uncapped".into()
+    } else {
+        s(&body["source"])
+    }
+}
+
+/// GPU indexes of a bit mask, `0,1,5`.
+fn gpu_list(mask: u64) -> String {
+    (0..16)
+        .filter(|i| mask & (1 << i) != 0)
+        .map(|i: u32| i.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 fn describe_event(e: &Value) -> String {
     let Some((name, body)) = e.as_object().and_then(|o| o.iter().next()) else {
         return s(e);
@@ -256,11 +274,13 @@ fn describe_event(e: &Value) -> String {
             "GPU {}: limit {} W ({})",
             s(&body["gpu"]),
             s(&body["limit"]),
-            if body["source"].is_null() {
-                "uncapped".into()
-            } else {
-                s(&body["source"])
-            }
+            cap_source(body)
+        ),
+        "caps_applied" => format!(
+            "GPUs {}: limit {} W ({})",
+            gpu_list(body["gpus"].as_u64().unwrap_or(0)),
+            s(&body["limit"]),
+            cap_source(body)
         ),
         "release_taken" => format!(
             "release from {} (seq {}): {}",

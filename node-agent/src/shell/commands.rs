@@ -150,7 +150,7 @@ impl Agent {
 
     /// A lease that changed the caps: logged before it is acknowledged (a
     /// crash now still knows it), then put in force at once; the
-    /// `cap_applied` events of the limits it changed, to be emitted after
+    /// `caps_applied` events of the limits it changed, to be emitted after
     /// the ack.
     async fn take_lease(
         &mut self,

@@ -2,7 +2,8 @@
 //! force and read them back (retrying failures), and put the defaults back
 //! at exit.
 
-use loopwarden_protocol::{Event, TimestampMs};
+use loopwarden_protocol::message::CapSource;
+use loopwarden_protocol::{Event, GpuIndex, TimestampMs, Watts};
 
 use super::{Agent, RETRY_MS};
 
@@ -25,8 +26,9 @@ impl Agent {
 
     /// Puts the targets in force; returns the GPUs that failed and why. A
     /// target that failed is tried again after [`RETRY_MS`] (at once when
-    /// `force`, for a command that waits for its ack). A `cap_applied`
-    /// event goes out when the limit read back, or who set it, changes.
+    /// `force`, for a command that waits for its ack). A `caps_applied`
+    /// event goes out when the limit read back, or who set it, changes:
+    /// one for every GPU that changed to the same limit and source.
     pub(super) async fn reconcile(
         &mut self,
         now: TimestampMs,
@@ -39,14 +41,14 @@ impl Agent {
         failures
     }
 
-    /// As [`Self::reconcile`], returning the `cap_applied` events instead
+    /// As [`Self::reconcile`], returning the `caps_applied` events instead
     /// of emitting them (a command's ack goes out first: it then waits for
     /// no event's flash write).
     pub(super) async fn reconcile_quietly(
         &mut self,
         force: bool,
     ) -> (Vec<(usize, String)>, Vec<Event>) {
-        let mut events = Vec::new();
+        let mut changes = Vec::new();
         // Leases lapse and retries wait on steady time: a step of the
         // wall clock neither hurries nor holds them off.
         let steady = self.clock.steady().0;
@@ -60,11 +62,7 @@ impl Agent {
                 g.retry = None;
                 if g.source != t.source {
                     g.source = t.source;
-                    events.push(Event::CapApplied {
-                        gpu: t.gpu,
-                        limit: t.limit,
-                        source: t.source,
-                    });
+                    changes.push((t.gpu, t.limit, t.source));
                 }
                 continue;
             }
@@ -117,20 +115,17 @@ impl Agent {
             }
             if let Some(limit) = g.applied {
                 if (g.applied, g.source) != before {
-                    events.push(Event::CapApplied {
-                        gpu: t.gpu,
-                        limit,
-                        source: g.source,
-                    });
+                    changes.push((t.gpu, limit, g.source));
                 }
             }
         }
-        (failures, events)
+        (failures, caps_applied(&changes))
     }
 
     pub(super) async fn restore_defaults(&mut self) {
         let deadline = self.config.deadline;
         let now = self.clock.wall();
+        let mut restored = Vec::new();
         for i in 0..self.gpus.len() {
             let default = self.gpus[i].info.default_limit;
             if !self.gpus[i].changed || self.gpus[i].applied == Some(default) {
@@ -142,15 +137,7 @@ impl Agent {
             match (set, back) {
                 (Ok(()), Ok(b)) if b == default => {
                     self.gpus[i].applied = Some(b);
-                    self.emit(
-                        Event::CapApplied {
-                            gpu: Self::gpu_index(i),
-                            limit: b,
-                            source: None,
-                        },
-                        now,
-                    )
-                    .await;
+                    restored.push((Self::gpu_index(i), b, None));
                 }
                 (set, back) => tracing::error!(
                     "GPU {i}: default limit {} W not restored (set: {set:?}, read back: {back:?})",
@@ -158,5 +145,76 @@ impl Agent {
                 ),
             }
         }
+        for ev in caps_applied(&restored) {
+            self.emit(ev, now).await;
+        }
+    }
+}
+
+/// One `caps_applied` event for each limit and source that some GPUs
+/// changed to, in the order each first appears.
+fn caps_applied(changes: &[(GpuIndex, Watts, Option<CapSource>)]) -> Vec<Event> {
+    let mut events: Vec<Event> = Vec::new();
+    for &(gpu, limit, source) in changes {
+        let bit = 1u16 << gpu.get();
+        let same = events.iter_mut().find_map(|e| match e {
+            Event::CapsApplied {
+                gpus,
+                limit: l,
+                source: s,
+            } if *l == limit && *s == source => Some(gpus),
+            _ => None,
+        });
+        match same {
+            Some(gpus) => *gpus |= bit,
+            None => events.push(Event::CapsApplied {
+                gpus: bit,
+                limit,
+                source,
+            }),
+        }
+    }
+    events
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpu(i: u8) -> GpuIndex {
+        GpuIndex::new(i).unwrap()
+    }
+
+    #[test]
+    fn gpus_changed_alike_make_one_event() {
+        let lease = Some(CapSource::Cooling);
+        let changes = [
+            (gpu(0), Watts(500), lease),
+            (gpu(3), Watts(700), None),
+            (gpu(1), Watts(500), lease),
+            (gpu(7), Watts(500), lease),
+            (gpu(2), Watts(500), None),
+        ];
+        assert_eq!(
+            caps_applied(&changes),
+            [
+                Event::CapsApplied {
+                    gpus: 0b1000_0011,
+                    limit: Watts(500),
+                    source: lease
+                },
+                Event::CapsApplied {
+                    gpus: 0b1000,
+                    limit: Watts(700),
+                    source: None
+                },
+                Event::CapsApplied {
+                    gpus: 0b100,
+                    limit: Watts(500),
+                    source: None
+                },
+            ]
+        );
+        assert!(caps_applied(&[]).is_empty());
     }
 }
