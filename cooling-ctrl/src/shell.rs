@@ -28,10 +28,12 @@
 //!    while it stays; when the core lifts a cap, one lease at the GPU's TDP
 //!    lasting 5 s, so the host lifts at once rather than at expiry.
 //!
-//! Between periods it takes what the bus brings: host telemetry (every
-//! host's `telemetry` family of the site), kept per host index as the
-//! core's [`HostReport`], and acks (every host's `ack` family) of the
-//! commands this CDU sent, counted in [`ShellStats`].
+//! Between periods it takes what the bus brings: host telemetry (one
+//! subscription per host of its own, at QoS 0 as telemetry is published,
+//! so the broker sends it no other CDU's hosts), kept per host index as
+//! the core's [`HostReport`], and acks (every host's `ack` family, one
+//! filter: acks are few, and a broker may keep session state per QoS 1
+//! filter) of the commands this CDU sent, counted in [`ShellStats`].
 //!
 //! Commands take their sequence numbers from the bus's one counter, as
 //! every frame of this node does; the counter starts above a block
@@ -443,8 +445,8 @@ pub async fn run_with<P: CduPort>(
     Ok(())
 }
 
-/// The bus for `cfg`'s CDU `me`: the hosts' telemetry and acks subscribed,
-/// every host's command topic checked to build.
+/// The bus for `cfg`'s CDU `me`: its own hosts' telemetry and every
+/// host's acks subscribed, every host's command topic checked to build.
 fn bus_config(
     cfg: &ShellConfig,
     me: &NodeId,
@@ -453,16 +455,27 @@ fn bus_config(
     let mut bus_config = BusConfig::new(cfg.broker.clone(), cfg.site.clone(), me.clone());
     bus_config.credentials = credentials;
     bus_config.tls = cfg.tls.clone();
-    for family in [Family::Telemetry, Family::Ack] {
-        let f = filter::family(&cfg.site, Role::Host, family)
-            .map_err(|e| ShellError::Bus(format!("the host {family:?} filter: {e:?}")))?;
-        bus_config.subscriptions.push(f.to_string());
-    }
-    // Every command topic must build before anything runs.
-    for h in &cfg.hosts {
-        Topic::new(&cfg.site, Role::Host, h, Family::Cmd)
+    // In a second a CDU hears each of its hosts' telemetry, and in a cap
+    // episode an ack from each, all at about the same instant; and it
+    // sends each a lease with its JSON mirror: room for a few seconds of
+    // that, so a step that runs late drops none of it.
+    let per_host = 4 * cfg.hosts.len();
+    bus_config.inbound_capacity = bus_config.inbound_capacity.max(per_host);
+    bus_config.queue_capacity = bus_config.queue_capacity.max(per_host);
+    let acks = filter::family(&cfg.site, Role::Host, Family::Ack)
+        .map_err(|e| ShellError::Bus(format!("the host ack filter: {e:?}")))?;
+    bus_config.subscriptions.push(acks.to_string());
+    let topic = |h: &Ident, family: Family| {
+        Topic::new(&cfg.site, Role::Host, h, family)
             .build()
-            .map_err(|e| ShellError::Bus(format!("the cmd topic of host {h}: {e:?}")))?;
+            .map_err(|e| ShellError::Bus(format!("the {family:?} topic of host {h}: {e:?}")))
+    };
+    for h in &cfg.hosts {
+        bus_config
+            .subscriptions
+            .push(topic(h, Family::Telemetry)?.to_string());
+        // Every command topic must build before anything runs.
+        topic(h, Family::Cmd)?;
     }
     Ok(bus_config)
 }
