@@ -215,11 +215,23 @@ pub fn run(cfg: &FleetConfig) -> Result<FleetReport, FleetError> {
     }
     let ran = ran?;
     let published = ran.published();
+    let missing = |h: &observer::Heard| figures::acked_events(&ran.acked, h).1;
     observer.settle(
-        |h| h.received >= published,
+        |h| h.received >= published && missing(h) == 0,
         Duration::from_secs(3),
         Duration::from_secs(20),
     );
+    // A broker sends a QoS 1 message again only after its ack wait (NATS:
+    // 30 s, deploy/nats/node.conf): an acknowledged event still missing
+    // gets that long to come.
+    if observer.with(|h| missing(h)) > 0 {
+        observer.settle(
+            |h| missing(h) == 0,
+            Duration::from_secs(35),
+            Duration::from_secs(60),
+        );
+    }
+    observer.with(|h| say_missing(&ran.acked, h));
     let heard = observer.stop();
     agents_rt.shutdown_timeout(Duration::from_secs(5));
     main_rt.shutdown_timeout(Duration::from_secs(5));
@@ -283,6 +295,30 @@ struct CduPart {
     watcher: JoinHandle<CapFigures>,
 }
 
+/// Names the first acknowledged events the observer never received, with
+/// the highest frame it heard from their senders.
+fn say_missing(acked: &[(String, Vec<u32>)], heard: &observer::Heard) {
+    let mut said = 0;
+    for (id, seq) in figures::missing_events(acked, heard) {
+        if said < 20 {
+            let last = heard
+                .senders
+                .get(&format!("host/{id}"))
+                .and_then(observer::SeqTrack::highest);
+            tracing::warn!(
+                "fleet: host {id}'s event, frame {seq}, was acknowledged by the broker and never received (last frame heard: {last:?})"
+            );
+        }
+        said += 1;
+    }
+    if said > 20 {
+        tracing::warn!(
+            "fleet: {} more acknowledged events never received",
+            said - 20
+        );
+    }
+}
+
 /// What the run left to report.
 struct Ran {
     agents_start_s: f64,
@@ -296,6 +332,9 @@ struct Ran {
     load_end: f64,
     /// Each agent's bus counters at the end, by host id.
     agents: Vec<(String, MetricsSnapshot)>,
+    /// Each agent's outbox frames (events) the broker acknowledged, by
+    /// host id and sequence number.
+    acked: Vec<(String, Vec<u32>)>,
     /// Each controller's caps and bus counters at the end.
     controllers: Vec<(String, CapFigures)>,
     /// When each (host, GPU) was failed.
@@ -332,6 +371,10 @@ async fn run_parts(
     let agents_start_s = begun.elapsed().as_secs_f64();
     let cpu_start = procstat::threads();
     let load_start = report::load_avg();
+    tracing::info!(
+        "fleet: every agent connected in {agents_start_s:.1} s; the halls run for {} s",
+        cfg.duration_s
+    );
     let t0 = Instant::now();
     let injected = step_halls(&mut cdus, layouts, cfg.duration_s).await;
     let wall_s = t0.elapsed().as_secs_f64();
@@ -340,7 +383,12 @@ async fn run_parts(
     let load_end = report::load_avg();
     let (agent_cpu_s, agent_threads) = procstat::agent_cpu_s(&pre, &cpu_start, &cpu_end);
     let cpu_by_part_s = procstat::cpu_by_group(&pre, &cpu_start, &cpu_end);
-    let agents = agents.stop().await;
+    let (agents, acked) = agents
+        .stop()
+        .await
+        .into_iter()
+        .map(|(id, m, acked)| ((id.clone(), m), (id, acked)))
+        .unzip();
     let _ = ctrl_stop.send(true);
     let controllers = stop_controllers(cdus, layouts).await;
     Ok(Ran {
@@ -354,6 +402,7 @@ async fn run_parts(
         load_start,
         load_end,
         agents,
+        acked,
         controllers,
         injected,
     })
@@ -542,6 +591,9 @@ impl Agents {
                 .await
                 .map_err(|_| FleetError::Start(format!("agent {id} did not start")))?
                 .map_err(|_| FleetError::Start(format!("agent {id} ended at its start")))?;
+            // Every event the broker acknowledges is one the observer
+            // must receive.
+            bus.keep_acked_ledger();
             buses.push(bus);
         }
         let agents = Self {
@@ -572,8 +624,8 @@ impl Agents {
     }
 
     /// Tells every agent to stop, waits for them (at most a minute), and
-    /// returns each one's bus counters.
-    async fn stop(self) -> Vec<(String, MetricsSnapshot)> {
+    /// returns each one's bus counters and acknowledged outbox frames.
+    async fn stop(self) -> Vec<(String, MetricsSnapshot, Vec<u32>)> {
         let _ = self.stop.send(true);
         let until = Instant::now() + Duration::from_secs(60);
         let mut ids = Vec::new();
@@ -585,7 +637,8 @@ impl Agents {
             ids.push(id);
         }
         ids.into_iter()
-            .zip(self.buses.iter().map(Bus::metrics))
+            .zip(&self.buses)
+            .map(|(id, b)| (id, b.metrics(), b.acked_ledger()))
             .collect()
     }
 }

@@ -139,6 +139,10 @@ pub struct CapFigures {
     pub acked_capped_at_end: BTreeSet<String>,
     /// The cap episodes, in order.
     pub episodes: Vec<CapEpisode>,
+    /// The longest time between two acks while the commands capped hosts
+    /// (leases go out every few seconds then, each acknowledged): how long
+    /// the controller went without hearing its hosts.
+    pub longest_ack_gap_s: f64,
 }
 
 /// One cap episode (see the glossary). Times are wall seconds, taken when
@@ -934,6 +938,7 @@ pub(crate) async fn watch_caps(
     // then already showed a cap (an older ack: wait for a new one).
     let mut capped_at: Vec<Option<(Instant, bool)>> = vec![None; hosts.len()];
     let mut acked: Vec<bool> = vec![false; hosts.len()];
+    let mut last_ack_at: Option<Instant> = None;
     let mut last_in_force: BTreeMap<String, Vec<loopwarden_protocol::message::GpuCap>> =
         BTreeMap::new();
     let capped_ack = |caps: &[loopwarden_protocol::message::GpuCap]| {
@@ -997,6 +1002,15 @@ pub(crate) async fn watch_caps(
                 e.end_wall_s = Some(wall);
                 f.episodes.extend(episode.take());
             }
+        }
+        let acks_before = f.last.as_ref().map_or(0, |l| l.acks);
+        if n == 0 {
+            last_ack_at = None;
+        } else if st.acks > acks_before {
+            if let Some(t) = last_ack_at {
+                f.longest_ack_gap_s = f.longest_ack_gap_s.max((now - t).as_secs_f64());
+            }
+            last_ack_at = Some(now);
         }
         last_in_force = st.in_force.clone();
         f.last = Some(st);

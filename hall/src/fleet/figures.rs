@@ -28,6 +28,7 @@ impl Ran {
                 .collect(),
             duration_s: cfg.duration_s,
             broker: broker.label.clone(),
+            site: broker.site.to_string(),
             observer_broker: broker.observer.to_string(),
             agent_runtime_threads: cfg.agent_threads,
             agent_flash: if cfg.flash_in_memory {
@@ -87,6 +88,28 @@ impl Ran {
                 .map(|(_, c)| ctrl_bus(c).dropped())
                 .sum(),
         ];
+        for (who, m) in senders.iter().map(|(s, m)| {
+            let who = if s.starts_with("host/") {
+                "agents"
+            } else {
+                "controllers"
+            };
+            (who, m)
+        }) {
+            for (kind, n) in [
+                ("offline", m.dropped_offline),
+                ("queue full", m.dropped_queue_full),
+                ("offline overflow", m.dropped_offline_overflow),
+                ("inbound full", m.dropped_inbound_full),
+                ("outbox full", m.dropped_outbox),
+            ] {
+                if n > 0 {
+                    *r.client_drops_by_kind
+                        .entry(format!("{who}: {kind}"))
+                        .or_default() += n;
+                }
+            }
+        }
         let errors = |m: &MetricsSnapshot| m.connection_errors;
         r.connection_errors = [
             self.agents.iter().map(|(_, m)| errors(m)).sum(),
@@ -101,7 +124,8 @@ impl Ran {
         r.events_by_kind = heard.events.clone();
         r.frames_lost = r.frames_published as i64 - r.frames_received as i64;
         r.qos1_received = heard.received_qos1;
-        r.qos1_events_lost = r.qos1_published.saturating_sub(r.qos1_received);
+        r.qos1_not_received = r.qos1_published.saturating_sub(r.qos1_received);
+        (r.events_acked, r.qos1_events_lost) = acked_events(&self.acked, heard);
         // A sender spends a sequence number on every frame it builds: one
         // it drops itself, and one last will per connection, never reach
         // the broker.
@@ -152,10 +176,42 @@ impl Ran {
             }
         }
         r.hosts_caps_acked = acked.len();
+        r.controller_ack_gap_max_s = round2(
+            self.controllers
+                .iter()
+                .map(|(_, c)| c.longest_ack_gap_s)
+                .fold(0.0, f64::max),
+        );
+        r.controller_steps = self
+            .controllers
+            .iter()
+            .map(|(_, c)| c.last.as_ref().map_or(0, |l| l.steps))
+            .collect();
         r.caps_acked_p50_ms = percentile_ms(&lat, 50.0);
         r.caps_acked_p99_ms = percentile_ms(&lat, 99.0);
         r.caps_acked_max_ms = percentile_ms(&lat, 100.0);
     }
+}
+
+/// The agents' events the broker acknowledged (`acked`: by host id, their
+/// sequence numbers), and of them those the observer never received.
+pub(super) fn acked_events(acked: &[(String, Vec<u32>)], heard: &Heard) -> (u64, u64) {
+    let all = acked.iter().map(|(_, s)| s.len() as u64).sum();
+    (all, missing_events(acked, heard).count() as u64)
+}
+
+/// The acknowledged events the observer never received: host id and
+/// sequence number.
+pub(super) fn missing_events<'a>(
+    acked: &'a [(String, Vec<u32>)],
+    heard: &'a Heard,
+) -> impl Iterator<Item = (&'a str, u32)> + 'a {
+    acked.iter().flat_map(move |(id, seqs)| {
+        let track = heard.senders.get(&format!("host/{id}"));
+        seqs.iter()
+            .filter(move |s| !track.is_some_and(|t| t.heard_qos1(**s)))
+            .map(move |s| (id.as_str(), *s))
+    })
 }
 
 fn round2(v: f64) -> f64 {

@@ -14,7 +14,7 @@
 //! - *QoS 1 message*: one on a topic of a QoS 1 family (health, event,
 //!   cmd, ack, online), frame or JSON mirror.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -39,6 +39,8 @@ pub struct SeqTrack {
     unlisted: u64,
     /// Frames heard again.
     pub duplicates: u64,
+    /// The QoS 1 frames heard (health, events, acks, commands).
+    qos1: HashSet<u32>,
 }
 
 impl SeqTrack {
@@ -68,6 +70,16 @@ impl SeqTrack {
         } else {
             self.holes.extend(from..until);
         }
+    }
+
+    /// The highest sequence number heard.
+    pub fn highest(&self) -> Option<u32> {
+        self.range.map(|(_, hi)| hi)
+    }
+
+    /// Whether the QoS 1 frame `seq` was heard.
+    pub fn heard_qos1(&self, seq: u32) -> bool {
+        self.qos1.contains(&seq)
     }
 
     /// Sequence numbers missing between the lowest and highest heard.
@@ -120,11 +132,11 @@ impl Heard {
             self.undecodable += 1;
             return;
         };
-        let fresh = self
-            .senders
-            .entry(f.sender.to_string())
-            .or_default()
-            .hear(f.seq);
+        let track = self.senders.entry(f.sender.to_string()).or_default();
+        let fresh = track.hear(f.seq);
+        if qos1 {
+            track.qos1.insert(f.seq);
+        }
         if !fresh {
             return;
         }
@@ -250,8 +262,18 @@ async fn listen(
                     tracing::error!("observer: subscribe: {e}");
                 }
             }
-            Ok(Event::Incoming(Packet::SubAck(_))) => {
-                heard.lock().expect("heard").subscribed = true;
+            Ok(Event::Incoming(Packet::SubAck(ack))) => {
+                let refused = ack
+                    .return_codes
+                    .iter()
+                    .any(|c| matches!(c, rumqttc::SubscribeReasonCode::Failure));
+                if refused {
+                    // Counted as subscribed no more: the run stops at its
+                    // start rather than measure nothing.
+                    tracing::error!("observer: the broker refused the subscription to {filter}");
+                } else {
+                    heard.lock().expect("heard").subscribed = true;
+                }
             }
             Ok(Event::Incoming(Packet::Publish(p))) => {
                 let now = Instant::now();

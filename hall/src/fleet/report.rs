@@ -27,6 +27,9 @@ pub struct FleetReport {
     pub duration_s: u64,
     /// The brokers given (`embedded` when none).
     pub broker: String,
+    /// The site name the run used (fresh for each run): its tree is
+    /// `dc/v2/<site>/…`.
+    pub site: String,
     /// The observer's broker.
     pub observer_broker: String,
     /// Threads the agents' shared runtime ran on.
@@ -52,7 +55,14 @@ pub struct FleetReport {
     pub qos1_published: u64,
     /// Distinct QoS 1 messages the observer received.
     pub qos1_received: u64,
-    /// QoS 1 messages that never arrived at the observer.
+    /// `qos1_published - qos1_received`, at least 0: QoS 1 messages
+    /// handed to the broker that the observer did not receive (a message
+    /// sent again after a lost connection counts twice in the first).
+    pub qos1_not_received: u64,
+    /// The agents' events (their outbox frames) the broker acknowledged.
+    pub events_acked: u64,
+    /// Of those, the ones the observer never received: each agent's event
+    /// sequence numbers that the broker took and did not deliver.
     pub qos1_events_lost: u64,
     /// Sequence numbers missing in some sender's frames at the observer,
     /// beyond what the sender itself dropped or spent on its last will.
@@ -62,6 +72,9 @@ pub struct FleetReport {
     /// Messages the clients dropped themselves (queue full, offline,
     /// received with no room): the agents', the controllers'.
     pub client_dropped: [u64; 2],
+    /// The same by kind: `agents: queue full`, `controllers: inbound full`, …
+    /// (only kinds that happened).
+    pub client_drops_by_kind: std::collections::BTreeMap<String, u64>,
     /// Connections lost or refused: the agents', the controllers' and the
     /// observer's.
     pub connection_errors: [u64; 3],
@@ -83,6 +96,14 @@ pub struct FleetReport {
     pub hosts_capped: usize,
     /// Of those, hosts that acknowledged a cap in force.
     pub hosts_caps_acked: usize,
+    /// The longest time any controller went without an ack from its hosts
+    /// while its commands capped some (leases go out every few seconds
+    /// then): how long it lost touch with them, a broker's failover
+    /// included.
+    pub controller_ack_gap_max_s: f64,
+    /// Each controller's control steps over the whole run (one a period,
+    /// whatever the bus does).
+    pub controller_steps: Vec<u64>,
     /// Cap step to the host's ack of the cap in force, p50, ms.
     pub caps_acked_p50_ms: Option<f64>,
     /// The same, p99, ms.
@@ -120,7 +141,8 @@ impl FleetReport {
         let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0} ms"));
         format!(
             "fleet: {} hosts on {} CDUs ({}), {} s, broker {}\n\
-             frames: {} published, {} received, {} lost; QoS 1 lost {}, sequence gaps {}; \
+             frames: {} published, {} received, {} lost; QoS 1 not received {}, \
+             events acked by the broker {}, of them lost {}, sequence gaps {}; \
              connections lost (agents, controllers, observer) {:?}\n\
              XID -> quarantine: {}/{} quarantined, p50 {}, p99 {}, max {}\n\
              shortfall -> caps acked: {} CDUs, {}/{} hosts acked, p50 {}, p99 {}, max {}\n\
@@ -134,6 +156,8 @@ impl FleetReport {
             self.frames_published,
             self.frames_received,
             self.frames_lost,
+            self.qos1_not_received,
+            self.events_acked,
             self.qos1_events_lost,
             self.seq_gaps,
             self.connection_errors,
