@@ -372,25 +372,11 @@ fn leases_are_applied_acknowledged_refused_and_lifted() {
     // Expiry lifts the caps: 6 at 2 s, the rest at 4 s.
     let events = sub.collect_until(Duration::from_secs(10), |s| lifted(s) >= 8);
     assert_eq!(lifted(&events), 8, "every GPU's cap lifts at expiry");
-    let lifts: Vec<u16> = events
-        .iter()
-        .filter_map(frame)
-        .filter_map(|f| match f.message {
-            Message::Event(Event::CapsApplied {
-                gpus,
-                limit: Watts(700),
-                source: None,
-            }) => Some(gpus),
-            _ => None,
-        })
-        .collect();
+    let lifts = lift_masks(&events);
     // GPU 6's lease and the others' end apart: one event for each set of
     // GPUs lifted together, never one per GPU.
     assert_eq!(lifts.iter().fold(0, |a, m| a | m), 0xFF, "{lifts:x?}");
-    assert!(
-        lifts.len() <= 2 && lifts.iter().map(|m| m.count_ones()).sum::<u32>() == 8,
-        "{lifts:x?}"
-    );
+    assert!(lifts.len() <= 2 && lifted(&events) == 8, "{lifts:x?}");
     telemetry_limits_become(&mut sub, &[700; 8]);
     let caps = agent.ctl(&["caps"]).expect("ctl caps");
     assert_eq!(caps["leases"].as_array().map(Vec::len), Some(0));
@@ -442,20 +428,25 @@ fn leases_are_applied_acknowledged_refused_and_lifted() {
     );
 }
 
-/// GPUs whose limit went back to the default, 700 W, uncapped, in
-/// `caps_applied` events among `seen`.
-fn lifted(seen: &[Seen]) -> u32 {
+/// The GPU masks of the `caps_applied` events among `seen` that put GPUs
+/// back to the default, 700 W, uncapped.
+fn lift_masks(seen: &[Seen]) -> Vec<u16> {
     seen.iter()
         .filter_map(frame)
-        .map(|f| match f.message {
+        .filter_map(|f| match f.message {
             Message::Event(Event::CapsApplied {
                 gpus,
                 limit: Watts(700),
                 source: None,
-            }) => gpus.count_ones(),
-            _ => 0,
+            }) => Some(gpus),
+            _ => None,
         })
-        .sum()
+        .collect()
+}
+
+/// GPUs put back to the default among `seen`.
+fn lifted(seen: &[Seen]) -> u32 {
+    lift_masks(seen).iter().map(|m| m.count_ones()).sum()
 }
 
 fn ack_of_sent(sub: &mut Subscriber, port: u16, host: &str, f: &Frame) -> Ack {
