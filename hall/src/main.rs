@@ -282,6 +282,7 @@ fn main() -> ExitCode {
                         .unwrap_or_else(|_| "warn".into()),
                 )
                 .with_writer(std::io::stderr)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
                 .init();
             match play(&a) {
                 Ok(()) => ExitCode::SUCCESS,
@@ -299,6 +300,7 @@ fn main() -> ExitCode {
                         .unwrap_or_else(|_| "error,rumqttd=off".into()),
                 )
                 .with_writer(std::io::stderr)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
                 .init();
             match fleet(&a) {
                 Ok(out) => {

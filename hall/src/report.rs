@@ -494,6 +494,21 @@ fn value_text(key: &str, v: &serde_json::Value) -> String {
     }
 }
 
+/// Seconds as people write them: `5.1`, `30`, `0.25`.
+fn secs(v: f64) -> String {
+    let text = if v >= 10.0 {
+        format!("{v:.0}")
+    } else if v >= 1.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    };
+    match text.strip_suffix(".0") {
+        Some(whole) => whole.to_string(),
+        None => text,
+    }
+}
+
 fn markdown(
     title: &str,
     rows: &[TraceRow],
@@ -506,7 +521,7 @@ fn markdown(
     let every = if rows.len() > 1 {
         format!(
             ", a row every {} s",
-            (last - first) / (rows.len() - 1) as f64
+            secs((last - first) / (rows.len() - 1) as f64)
         )
     } else {
         String::new()
@@ -583,4 +598,17 @@ fn markdown(
         );
     }
     md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::secs;
+
+    #[test]
+    fn seconds_read_as_people_write_them() {
+        assert_eq!(secs(5.123296238999998), "5.1");
+        assert_eq!(secs(5.0), "5");
+        assert_eq!(secs(30.4), "30");
+        assert_eq!(secs(0.25), "0.25");
+    }
 }

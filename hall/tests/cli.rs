@@ -58,6 +58,7 @@ fn plot_writes_the_report() {
         "{md}"
     );
     assert!(md.contains("| PUE | 1.210 |"), "{md}");
+    assert!(md.contains(", a row every 10 s"), "{md}");
 }
 
 #[test]

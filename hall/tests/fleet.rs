@@ -37,6 +37,10 @@ fn a_small_fleet_loses_nothing_quarantines_every_xid_and_acks_every_cap() {
         .expect("loopwarden-hall runs");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
+    assert!(
+        !stderr.contains('\x1b'),
+        "colour codes in a log that is no terminal: {stderr}"
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     eprintln!("{text}");
     let r: serde_json::Value = serde_json::from_str(&text).expect("one JSON object");

@@ -124,3 +124,21 @@ async fn clean_shutdown_delivers_everything_then_says_goodbye_once() {
     let late = retained(broker.port(), &[topic], Duration::from_secs(1)).unwrap();
     assert!(late.len() == 1 && !online_of(&late[0].payload));
 }
+
+#[test]
+fn the_test_peer_says_how_to_call_it_rather_than_panic() {
+    for args in [
+        &[][..],
+        &["127.0.0.1:1883", "hall-1"][..],
+        &["h:0", "hall-1", "h01"][..],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_bus-peer"))
+            .args(args)
+            .output()
+            .expect("bus-peer runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("usage: bus-peer BROKER SITE HOST"), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}

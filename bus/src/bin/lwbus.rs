@@ -427,6 +427,7 @@ async fn dump_flash(path: &std::path::Path, json: bool) -> Result<()> {
 async fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| "warn,loopwarden_bus=info".into()),

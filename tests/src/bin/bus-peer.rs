@@ -21,12 +21,31 @@ use loopwarden_protocol::{
     samples, CapSource, Event, GpuIndex, Ident, Message, MessageKind, NodeId, Role, Watts,
 };
 
+const USAGE: &str = "usage: bus-peer BROKER SITE HOST [--flash FILE [--period MS]]";
+
+/// The broker, site and host of the command line, or what is wrong with it.
+fn parse_peer(args: &[String]) -> Result<(BrokerAddr, Ident, NodeId), String> {
+    let [broker, site, host, ..] = args else {
+        return Err(format!("{} of 3 arguments given", args.len()));
+    };
+    let broker = broker
+        .parse()
+        .map_err(|e| format!("broker \"{broker}\": {e}"))?;
+    let site = Ident::new(site).map_err(|e| format!("site \"{site}\": {e}"))?;
+    let host = NodeId::new(Role::Host, host).map_err(|e| format!("host \"{host}\": {e}"))?;
+    Ok((broker, site, host))
+}
+
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let broker: BrokerAddr = args[0].parse().expect("broker address");
-    let site = Ident::new(&args[1]).expect("site ident");
-    let host = NodeId::new(Role::Host, &args[2]).expect("host ident");
+    let (broker, site, host) = match parse_peer(&args) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("bus-peer: {e}\n{USAGE}");
+            std::process::exit(2);
+        }
+    };
     let opt = |name: &str| {
         args.iter()
             .position(|a| a == name)
