@@ -44,10 +44,17 @@ pub use metrics::{Metrics, MetricsSnapshot};
 /// with the MQTT libraries quieted (the embedded broker off, the client's
 /// warnings only); colours only when standard error is a terminal.
 pub fn init_agent_logging() {
+    init_logging("info,rumqttd=off,rumqttc=warn");
+}
+
+/// Logs to standard error: `RUST_LOG` when set, else `default` (an
+/// `EnvFilter` directive); colours only when standard error is a terminal,
+/// so a redirected log holds no escape codes.
+pub fn init_logging(default: &str) {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,rumqttd=off,rumqttc=warn".into()),
+                .unwrap_or_else(|_| default.into()),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

@@ -276,14 +276,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Play(a) => {
-            tracing_subscriber::fmt()
-                .with_env_filter(
-                    tracing_subscriber::EnvFilter::try_from_default_env()
-                        .unwrap_or_else(|_| "warn".into()),
-                )
-                .with_writer(std::io::stderr)
-                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-                .init();
+            loopwarden_bus::init_logging("warn");
             match play(&a) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -293,15 +286,8 @@ fn main() -> ExitCode {
             }
         }
         Command::Fleet(a) => {
-            tracing_subscriber::fmt()
-                .with_env_filter(
-                    tracing_subscriber::EnvFilter::try_from_default_env()
-                        // rumqttd reports every client that leaves as an error.
-                        .unwrap_or_else(|_| "error,rumqttd=off".into()),
-                )
-                .with_writer(std::io::stderr)
-                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-                .init();
+            // rumqttd reports every client that leaves as an error.
+            loopwarden_bus::init_logging("error,rumqttd=off");
             match fleet(&a) {
                 Ok(out) => {
                     println!("{out}");

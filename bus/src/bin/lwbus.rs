@@ -425,14 +425,7 @@ async fn dump_flash(path: &std::path::Path, json: bool) -> Result<()> {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "warn,loopwarden_bus=info".into()),
-        )
-        .init();
+    loopwarden_bus::init_logging("warn,loopwarden_bus=info");
     match Cli::parse().command {
         Command::Broker { listen } => {
             let broker = EmbeddedBroker::start(listen)?;
