@@ -471,8 +471,9 @@ async fn reconnections_after_a_node_dies_are_spread_by_the_jittered_backoff() {
 
     // Spread, not lock-step: nobody comes back before half the first step
     // (125 ms), and the survivors take the connections over at least 60 ms
-    // with no sample of theirs (20 to 40 ms apart) holding a third of the
-    // hosts. (The hosts' own "back" times are when their subscriptions
+    // with no sample of theirs (20 to 40 ms apart) holding half of the
+    // hosts (the first wave spans 125 ms: 40 ms hold about a third, and
+    // a herd all of them). (The hosts' own "back" times are when their subscriptions
     // were answered, which a busy broker does in batches.)
     assert!(
         back[0] >= Duration::from_millis(120),
@@ -481,7 +482,7 @@ async fn reconnections_after_a_node_dies_are_spread_by_the_jittered_backoff() {
     );
     let (crowd, span) = acceptance_spread(&counted, since_kill);
     assert!(
-        crowd < HOSTS / 3,
+        crowd < HOSTS / 2,
         "{crowd} of {HOSTS} hosts were accepted within one sample of the survivors"
     );
     assert!(
