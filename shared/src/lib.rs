@@ -40,6 +40,7 @@ pub mod json;
 pub mod message;
 pub mod reason;
 pub mod samples;
+pub mod text;
 pub mod topic;
 pub mod units;
 pub mod xid;
