@@ -1,0 +1,573 @@
+//! The bridge's decisions: what to publish on the Sparkplug side, and
+//! when, from what the Loopwarden bus and the Sparkplug broker say. No
+//! clock, no socket: the shell passes the time in and publishes what
+//! [`Bridge::step`] returns, in order.
+//!
+//! The rules (Sparkplug 3.0, chapters 4 to 6):
+//! - each connection attempt registers an NDEATH as its MQTT will, with a
+//!   `bdSeq` one more than the last attempt's (0 to 255, wrapping);
+//! - once connected and subscribed to NCMD: NBIRTH (`seq` 0, the same
+//!   `bdSeq`, `Node Control/Rebirth` false, the bridge's own metrics), then
+//!   a DBIRTH for each CDU and host heard;
+//! - a device is born when first heard with a measurement; its telemetry,
+//!   health or state then gives DDATA with the metrics that changed; a
+//!   host whose GPUs change is born again; `online: false` gives DDEATH;
+//! - every message after NBIRTH carries the next `seq` (255 wraps to 0);
+//! - the bridge's own metrics go out as NDATA when they changed, at most
+//!   once per `ndata_every_ms`;
+//! - NCMD `Node Control/Rebirth` true: NBIRTH and every DBIRTH again;
+//! - a clean stop publishes the NDEATH itself before disconnecting.
+//!
+//! Glossary:
+//! - *session*: the Sparkplug connection from its NBIRTH to its loss.
+//! - *born*: a device whose DBIRTH went out in this session; the bridge
+//!   keeps what it last published of it to find what changed.
+//! - *resync*: publishes the shell could not queue leave hosts with gaps;
+//!   the next tick sends every birth again.
+
+use std::collections::BTreeMap;
+
+use loopwarden_protocol::{Family, Frame, Ident, Message, Role, Topic};
+
+use crate::device::{measured_at, Timed, View};
+use crate::payload::{self, DataType, Point, Value};
+
+/// The metric a host sets to ask for every birth again.
+pub const REBIRTH: &str = "Node Control/Rebirth";
+
+/// What the bridge is, for its topics and its birth.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BridgeConfig {
+    /// The Sparkplug group id (by default the site).
+    pub group: String,
+    /// The edge node id.
+    pub edge_node: String,
+    /// The Loopwarden site it bridges.
+    pub site: String,
+    /// Its software version, published in NBIRTH.
+    pub software: String,
+    /// The least time between two NDATA of its own metrics, ms.
+    pub ndata_every_ms: u64,
+}
+
+/// The Sparkplug message types the bridge publishes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// The edge node's birth.
+    NBirth,
+    /// The edge node's death.
+    NDeath,
+    /// The edge node's own metrics.
+    NData,
+    /// A device's birth.
+    DBirth,
+    /// A device's changed metrics.
+    DData,
+    /// A device's death.
+    DDeath,
+}
+
+impl Kind {
+    /// Its name in the topic.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::NBirth => "NBIRTH",
+            Kind::NDeath => "NDEATH",
+            Kind::NData => "NDATA",
+            Kind::DBirth => "DBIRTH",
+            Kind::DData => "DDATA",
+            Kind::DDeath => "DDEATH",
+        }
+    }
+}
+
+/// One MQTT publish for the shell (never retained, as Sparkplug says).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Publish {
+    /// What it is.
+    pub kind: Kind,
+    /// The device it is about, if any.
+    pub device: Option<String>,
+    /// `spBv1.0/<group>/<TYPE>/<edge node>[/<device>]`.
+    pub topic: String,
+    /// The encoded Sparkplug B payload.
+    pub payload: Vec<u8>,
+    /// 1 for NDEATH, 0 for everything else.
+    pub qos: u8,
+}
+
+/// What happened, for [`Bridge::step`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    /// The Sparkplug connection is up and subscribed to NCMD.
+    Connected,
+    /// The Sparkplug connection was lost.
+    ConnectionLost,
+    /// A frame from the Loopwarden bus, with the topic it came on.
+    Frame(Topic, Frame),
+    /// The Loopwarden bus connection went up (`true`) or down.
+    LoopwardenConnected(bool),
+    /// An NCMD payload for this edge node.
+    Command(Vec<u8>),
+    /// This many publishes could not be queued by the shell.
+    Dropped(u64),
+    /// Time passes (about once a second).
+    Tick,
+    /// A clean stop: publish the NDEATH.
+    Stop,
+}
+
+/// One Loopwarden node as a Sparkplug device.
+struct Device {
+    role: Role,
+    view: View,
+    /// What its `online` said last (`None`: nothing yet).
+    alive: Option<bool>,
+    /// What was last published of it in this session, if born.
+    published: Option<Vec<Point>>,
+}
+
+/// The bridge's own counters, its NDATA metrics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Counters {
+    frames_received: u64,
+    frames_refused: u64,
+    commands_refused: u64,
+    publishes_dropped: u64,
+    loopwarden_connected: bool,
+}
+
+/// The bridge core.
+pub struct Bridge {
+    config: BridgeConfig,
+    /// The bdSeq of the latest connection attempt (`None` before the first).
+    bd_seq: Option<u8>,
+    /// The `seq` of the next message.
+    seq: u8,
+    /// NBIRTH went out on the connection in use.
+    session: bool,
+    resync: bool,
+    devices: BTreeMap<Ident, Device>,
+    counters: Counters,
+    /// The node metrics last published, and when.
+    node_published: Vec<Point>,
+    node_published_at: u64,
+}
+
+impl Bridge {
+    /// A bridge that has not connected yet.
+    pub fn new(config: BridgeConfig) -> Self {
+        Self {
+            config,
+            bd_seq: None,
+            seq: 0,
+            session: false,
+            resync: false,
+            devices: BTreeMap::new(),
+            counters: Counters::default(),
+            node_published: Vec::new(),
+            node_published_at: 0,
+        }
+    }
+
+    /// The will for the next connection attempt: the NDEATH with the next
+    /// `bdSeq` (0 for the first attempt). Register it in that attempt's
+    /// MQTT CONNECT; the NBIRTH that follows carries the same `bdSeq`.
+    pub fn connecting(&mut self, now: u64) -> Publish {
+        self.bd_seq = Some(self.bd_seq.map_or(0, |b| b.wrapping_add(1)));
+        self.session = false;
+        self.ndeath(now)
+    }
+
+    /// The `bdSeq` of the latest connection attempt.
+    pub fn bd_seq(&self) -> Option<u8> {
+        self.bd_seq
+    }
+
+    /// Whether an NBIRTH went out on the connection in use.
+    pub fn in_session(&self) -> bool {
+        self.session
+    }
+
+    /// Decides what to publish after `input`, at `now` (ms since the Unix
+    /// epoch).
+    pub fn step(&mut self, now: u64, input: Input) -> Vec<Publish> {
+        match input {
+            Input::Connected => self.births(now),
+            Input::ConnectionLost => {
+                self.end_session();
+                Vec::new()
+            }
+            Input::Frame(topic, frame) => self.frame(now, &topic, frame),
+            Input::LoopwardenConnected(up) => self.loopwarden(now, up),
+            Input::Command(bytes) => self.command(now, &bytes),
+            Input::Dropped(n) => {
+                self.counters.publishes_dropped += n;
+                self.resync = self.session;
+                Vec::new()
+            }
+            Input::Tick => self.tick(now),
+            Input::Stop => {
+                let out = if self.session {
+                    vec![self.ndeath(now)]
+                } else {
+                    Vec::new()
+                };
+                self.end_session();
+                out
+            }
+        }
+    }
+
+    fn end_session(&mut self) {
+        self.session = false;
+        self.resync = false;
+        for d in self.devices.values_mut() {
+            d.published = None;
+        }
+    }
+
+    fn next_seq(&mut self) -> u8 {
+        let s = self.seq;
+        self.seq = self.seq.wrapping_add(1);
+        s
+    }
+
+    fn topic(&self, kind: Kind, device: Option<&str>) -> String {
+        let c = &self.config;
+        match device {
+            Some(d) => format!("spBv1.0/{}/{}/{}/{d}", c.group, kind.as_str(), c.edge_node),
+            None => format!("spBv1.0/{}/{}/{}", c.group, kind.as_str(), c.edge_node),
+        }
+    }
+
+    fn publish(
+        &mut self,
+        kind: Kind,
+        device: Option<&str>,
+        now: u64,
+        metrics: Vec<payload::Metric>,
+    ) -> Publish {
+        let seq = (kind != Kind::NDeath).then(|| self.next_seq());
+        Publish {
+            kind,
+            device: device.map(str::to_string),
+            topic: self.topic(kind, device),
+            payload: payload::encode(now, seq, metrics),
+            qos: u8::from(kind == Kind::NDeath),
+        }
+    }
+
+    fn bd_seq_point(&self, now: u64) -> Point {
+        Point {
+            name: "bdSeq".into(),
+            datatype: DataType::Int64,
+            value: Some(Value::Int64(i64::from(self.bd_seq.unwrap_or(0)))),
+            unit: None,
+            time: now,
+        }
+    }
+
+    fn ndeath(&mut self, now: u64) -> Publish {
+        let metrics = vec![self.bd_seq_point(now).to_birth()];
+        self.publish(Kind::NDeath, None, now, metrics)
+    }
+
+    /// The bridge's own metrics (those NDATA may carry).
+    fn node_metrics(&self, now: u64) -> Vec<Point> {
+        let c = &self.counters;
+        let point = |name: &str, datatype, value| Point {
+            name: name.into(),
+            datatype,
+            value: Some(value),
+            unit: None,
+            time: now,
+        };
+        let online = self
+            .devices
+            .values()
+            .filter(|d| d.published.is_some())
+            .count();
+        vec![
+            point(
+                "bridge/loopwarden_connected",
+                DataType::Boolean,
+                Value::Boolean(c.loopwarden_connected),
+            ),
+            point(
+                "bridge/devices_online",
+                DataType::UInt32,
+                Value::UInt32(online as u32),
+            ),
+            point(
+                "bridge/frames_received",
+                DataType::UInt64,
+                Value::UInt64(c.frames_received),
+            ),
+            point(
+                "bridge/frames_refused",
+                DataType::UInt64,
+                Value::UInt64(c.frames_refused),
+            ),
+            point(
+                "bridge/commands_refused",
+                DataType::UInt64,
+                Value::UInt64(c.commands_refused),
+            ),
+            point(
+                "bridge/publishes_dropped",
+                DataType::UInt64,
+                Value::UInt64(c.publishes_dropped),
+            ),
+        ]
+    }
+
+    /// NBIRTH (`seq` 0) and every DBIRTH, for a new session or a rebirth.
+    fn births(&mut self, now: u64) -> Vec<Publish> {
+        self.end_session();
+        self.session = true;
+        self.seq = 0;
+        let fixed = [
+            self.bd_seq_point(now),
+            Point {
+                name: REBIRTH.into(),
+                datatype: DataType::Boolean,
+                value: Some(Value::Boolean(false)),
+                unit: None,
+                time: now,
+            },
+            Point {
+                name: "properties/site".into(),
+                datatype: DataType::String,
+                value: Some(Value::String(self.config.site.clone())),
+                unit: None,
+                time: now,
+            },
+            Point {
+                name: "properties/software".into(),
+                datatype: DataType::String,
+                value: Some(Value::String(self.config.software.clone())),
+                unit: None,
+                time: now,
+            },
+        ];
+        // Devices first, so the birth counts them as online.
+        let ids: Vec<Ident> = self.devices.keys().cloned().collect();
+        let mut dbirths = Vec::new();
+        for id in &ids {
+            dbirths.extend(self.dbirth_if_ready(now, id));
+        }
+        // Numbered after the NBIRTH: take the device births back and
+        // number them now.
+        let node = self.node_metrics(now);
+        let metrics = fixed.iter().chain(&node).map(Point::to_birth).collect();
+        let mut out = vec![self.publish(Kind::NBirth, None, now, metrics)];
+        self.node_published = node;
+        self.node_published_at = now;
+        for (id, points) in dbirths {
+            let metrics = points.iter().map(Point::to_birth).collect();
+            out.push(self.publish(Kind::DBirth, Some(id.as_str()), now, metrics));
+        }
+        out
+    }
+
+    /// Marks a device born and returns its birth metrics when it may be
+    /// born now (alive or not yet said otherwise, with a measurement).
+    fn dbirth_if_ready(&mut self, now: u64, id: &Ident) -> Option<(Ident, Vec<Point>)> {
+        let d = self.devices.get_mut(id)?;
+        if !self.session || d.alive == Some(false) || !d.view.has_data() {
+            return None;
+        }
+        let points = d.view.metrics(now);
+        d.published = Some(points.clone());
+        Some((id.clone(), points))
+    }
+
+    /// What a device's new view makes: a birth if it is not born or its
+    /// metric set changed, the changed metrics otherwise, or nothing.
+    fn device_update(&mut self, now: u64, id: &Ident) -> Vec<Publish> {
+        let Some(d) = self.devices.get_mut(id) else {
+            return Vec::new();
+        };
+        let (Some(before), true) = (d.published.as_mut(), self.session) else {
+            return self.dbirth_now(now, id);
+        };
+        let after = d.view.metrics(now);
+        let same_set =
+            before.len() == after.len() && before.iter().zip(&after).all(|(a, b)| a.name == b.name);
+        if !same_set {
+            return self.dbirth_now(now, id);
+        }
+        let changed: Vec<payload::Metric> = before
+            .iter()
+            .zip(&after)
+            .filter(|(a, b)| a.value != b.value)
+            .map(|(_, b)| b.to_data())
+            .collect();
+        *before = after;
+        if changed.is_empty() {
+            return Vec::new();
+        }
+        vec![self.publish(Kind::DData, Some(id.as_str()), now, changed)]
+    }
+
+    fn dbirth_now(&mut self, now: u64, id: &Ident) -> Vec<Publish> {
+        match self.dbirth_if_ready(now, id) {
+            Some((id, points)) => {
+                let metrics = points.iter().map(Point::to_birth).collect();
+                vec![self.publish(Kind::DBirth, Some(id.as_str()), now, metrics)]
+            }
+            None => Vec::new(),
+        }
+    }
+
+    fn ddeath(&mut self, now: u64, id: &Ident) -> Vec<Publish> {
+        let Some(d) = self.devices.get_mut(id) else {
+            return Vec::new();
+        };
+        let was_born = d.published.take().is_some();
+        d.view = match d.role {
+            Role::Cdu => View::cdu(),
+            _ => View::host(),
+        };
+        if was_born && self.session {
+            vec![self.publish(Kind::DDeath, Some(id.as_str()), now, Vec::new())]
+        } else {
+            Vec::new()
+        }
+    }
+
+    fn frame(&mut self, now: u64, topic: &Topic, frame: Frame) -> Vec<Publish> {
+        self.counters.frames_received += 1;
+        let owner_sent_it = frame.sender.role == topic.role && frame.sender.id == topic.node;
+        let fits = matches!(
+            (topic.role, topic.family, &frame.message),
+            (Role::Host, Family::Telemetry, Message::HostTelemetry(_))
+                | (Role::Host, Family::Health, Message::HostHealth(_))
+                | (Role::Cdu, Family::Telemetry, Message::CduTelemetry(_))
+                | (Role::Cdu, Family::Health, Message::CduState(_))
+                | (Role::Host | Role::Cdu, Family::Online, Message::Online(_))
+        );
+        // Events, commands and acks are not published; a frame on another
+        // node's topic, or of the wrong kind for it, is refused.
+        if !matches!(
+            topic.family,
+            Family::Telemetry | Family::Health | Family::Online
+        ) {
+            return Vec::new();
+        }
+        if !owner_sent_it || !fits {
+            self.counters.frames_refused += 1;
+            return Vec::new();
+        }
+        let id = topic.node.clone();
+        let device = self.devices.entry(id.clone()).or_insert_with(|| Device {
+            role: topic.role,
+            view: if topic.role == Role::Cdu {
+                View::cdu()
+            } else {
+                View::host()
+            },
+            alive: None,
+            published: None,
+        });
+        if device.role != topic.role {
+            // A host and a CDU may not share an id in one site: the first
+            // one heard keeps it.
+            self.counters.frames_refused += 1;
+            return Vec::new();
+        }
+        if matches!(&frame.message, Message::Online(o) if !o.online) {
+            device.alive = Some(false);
+            return self.ddeath(now, &id);
+        }
+        let time = measured_at(frame.time.0, now);
+        match (frame.message, &mut device.view) {
+            (Message::Online(o), View::Host { software, .. } | View::Cdu { software, .. }) => {
+                device.alive = Some(true);
+                *software = Some(Timed {
+                    message: o.software.as_str().to_string(),
+                    time,
+                });
+            }
+            (Message::HostTelemetry(t), View::Host { telemetry, .. }) => {
+                *telemetry = Some(Timed { message: t, time })
+            }
+            (Message::HostHealth(h), View::Host { health, .. }) => {
+                *health = Some(Timed { message: h, time })
+            }
+            (Message::CduTelemetry(t), View::Cdu { telemetry, .. }) => {
+                *telemetry = Some(Timed { message: t, time })
+            }
+            (Message::CduState(s), View::Cdu { state, .. }) => {
+                *state = Some(Timed { message: s, time })
+            }
+            _ => return Vec::new(),
+        }
+        self.device_update(now, &id)
+    }
+
+    /// The Loopwarden bus went up or down. Down: the bridge no longer
+    /// sees its devices, so each is declared dead; they are born again
+    /// when heard again.
+    fn loopwarden(&mut self, now: u64, up: bool) -> Vec<Publish> {
+        self.counters.loopwarden_connected = up;
+        if up {
+            return Vec::new();
+        }
+        let ids: Vec<Ident> = self.devices.keys().cloned().collect();
+        let mut out = Vec::new();
+        for id in ids {
+            out.extend(self.ddeath(now, &id));
+            if let Some(d) = self.devices.get_mut(&id) {
+                d.alive = None;
+            }
+        }
+        out
+    }
+
+    fn command(&mut self, now: u64, bytes: &[u8]) -> Vec<Publish> {
+        let rebirth = match payload::decode(bytes) {
+            Ok(p) => p.metrics.iter().any(|m| {
+                m.name.as_deref() == Some(REBIRTH)
+                    && m.value == Some(payload::MetricValue::Boolean(true))
+            }),
+            Err(_) => false,
+        };
+        if !rebirth {
+            self.counters.commands_refused += 1;
+            return Vec::new();
+        }
+        if self.session {
+            self.births(now)
+        } else {
+            Vec::new()
+        }
+    }
+
+    fn tick(&mut self, now: u64) -> Vec<Publish> {
+        if !self.session {
+            return Vec::new();
+        }
+        if self.resync {
+            return self.births(now);
+        }
+        if now.saturating_sub(self.node_published_at) < self.config.ndata_every_ms {
+            return Vec::new();
+        }
+        let now_metrics = self.node_metrics(now);
+        let changed: Vec<payload::Metric> = self
+            .node_published
+            .iter()
+            .zip(&now_metrics)
+            .filter(|(a, b)| a.value != b.value)
+            .map(|(_, b)| b.to_data())
+            .collect();
+        if changed.is_empty() {
+            return Vec::new();
+        }
+        self.node_published = now_metrics;
+        self.node_published_at = now;
+        vec![self.publish(Kind::NData, None, now, changed)]
+    }
+}

@@ -1,0 +1,210 @@
+//! The command line of `lw-sparkplug`: flags, their checks, and the run.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use loopwarden_bus::tls::{Tls, TlsArgs, TlsFiles};
+use loopwarden_bus::Brokers;
+use loopwarden_protocol::Ident;
+
+use crate::bridge::BridgeConfig;
+use crate::shell::{Link, Options};
+
+/// Publish a Loopwarden site as Sparkplug B: one edge node, one device
+/// per CDU and per host.
+#[derive(Debug, Parser)]
+#[command(name = "lw-sparkplug", version)]
+pub struct Cli {
+    /// The Loopwarden broker (host[:port]), or the nodes of a cluster
+    /// (host:port,host:port,…).
+    #[arg(long, default_value = "127.0.0.1:1883")]
+    pub broker: Brokers,
+    /// The site to bridge.
+    #[arg(long)]
+    pub site: String,
+    /// TLS to the Loopwarden broker (a reader's certificate); also used
+    /// for Sparkplug when it shares the broker.
+    #[command(flatten)]
+    pub tls: TlsArgs,
+    /// The Sparkplug group id; default: the site.
+    #[arg(long)]
+    pub group: Option<String>,
+    /// The Sparkplug edge node id: unique within the group.
+    #[arg(long, default_value = "loopwarden")]
+    pub edge_node: String,
+    /// Publish Sparkplug on this broker (or cluster) instead of the
+    /// Loopwarden one.
+    #[arg(long)]
+    pub sparkplug_broker: Option<Brokers>,
+    /// CA certificate (PEM) of the Sparkplug broker: connect to it with TLS.
+    #[arg(long, requires = "sparkplug_broker")]
+    pub sparkplug_tls_ca: Option<PathBuf>,
+    /// The bridge's certificate (PEM) for the Sparkplug broker.
+    #[arg(long, requires = "sparkplug_tls_ca", requires = "sparkplug_tls_key")]
+    pub sparkplug_tls_cert: Option<PathBuf>,
+    /// Its private key (PEM).
+    #[arg(long, requires = "sparkplug_tls_cert")]
+    pub sparkplug_tls_key: Option<PathBuf>,
+    /// The name the Sparkplug broker's certificate must carry, if not its host.
+    #[arg(long, requires = "sparkplug_tls_ca")]
+    pub sparkplug_tls_server_name: Option<String>,
+    /// User name on the Sparkplug broker.
+    #[arg(long, requires = "sparkplug_password_file")]
+    pub sparkplug_user: Option<String>,
+    /// File holding that user's password (one line; mode 600).
+    #[arg(long, requires = "sparkplug_user")]
+    pub sparkplug_password_file: Option<PathBuf>,
+    /// MQTT keep-alive on the Sparkplug side, seconds: the broker
+    /// publishes the NDEATH 1.5 × this after the bridge falls silent.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=600))]
+    pub keep_alive: u64,
+    /// Least time between two NDATA of the bridge's own counters, seconds.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub ndata_every: u64,
+}
+
+/// A Sparkplug id (group, edge node): UTF-8 without `+`, `/` or `#`.
+pub fn sparkplug_id(flag: &str, id: &str) -> Result<String> {
+    if id.is_empty() {
+        bail!("{flag}: empty; Sparkplug ids need at least one character");
+    }
+    if let Some(c) = id.chars().find(|c| matches!(c, '+' | '/' | '#')) {
+        bail!("{flag} {id:?}: {c:?} is reserved in Sparkplug topics (no '+', '/' or '#')");
+    }
+    Ok(id.to_string())
+}
+
+fn password(path: &std::path::Path) -> Result<String> {
+    loopwarden_bus::keys::check_private(path, "password file").map_err(anyhow::Error::msg)?;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--sparkplug-password-file {}", path.display()))?;
+    let line = text.lines().next().unwrap_or("").to_string();
+    if line.is_empty() {
+        bail!("--sparkplug-password-file {}: empty", path.display());
+    }
+    Ok(line)
+}
+
+impl Cli {
+    /// Checks the flags and loads the files they name.
+    pub fn options(&self) -> Result<Options> {
+        let site = Ident::new(&self.site).map_err(|e| anyhow::anyhow!("--site: {e}"))?;
+        let group = sparkplug_id("--group", self.group.as_deref().unwrap_or(&self.site))?;
+        let edge_node = sparkplug_id("--edge-node", &self.edge_node)?;
+        let loopwarden_tls = self.tls.load().map_err(anyhow::Error::msg)?;
+        let (brokers, tls) = match &self.sparkplug_broker {
+            None => (self.broker.clone(), loopwarden_tls.clone()),
+            Some(b) => (b.clone(), self.sparkplug_tls()?),
+        };
+        let credentials = match (&self.sparkplug_user, &self.sparkplug_password_file) {
+            (Some(user), Some(file)) => Some((user.clone(), password(file)?)),
+            _ => None,
+        };
+        let client_id = format!("lw-sparkplug-{group}-{edge_node}");
+        Ok(Options {
+            loopwarden: self.broker.clone(),
+            loopwarden_tls,
+            site,
+            sparkplug: Link {
+                brokers,
+                tls,
+                credentials,
+                keep_alive: Duration::from_secs(self.keep_alive),
+                client_id,
+            },
+            bridge: BridgeConfig {
+                group,
+                edge_node,
+                site: self.site.clone(),
+                software: env!("CARGO_PKG_VERSION").to_string(),
+                ndata_every_ms: self.ndata_every * 1000,
+            },
+        })
+    }
+
+    fn sparkplug_tls(&self) -> Result<Option<Tls>> {
+        let Some(ca) = self.sparkplug_tls_ca.clone() else {
+            return Ok(None);
+        };
+        let files = TlsFiles {
+            ca,
+            cert: self.sparkplug_tls_cert.clone(),
+            key: self.sparkplug_tls_key.clone(),
+            server_name: self.sparkplug_tls_server_name.clone(),
+        };
+        Tls::load(files)
+            .map(Some)
+            .map_err(|e| anyhow::anyhow!("Sparkplug TLS: {e}"))
+    }
+}
+
+/// Parses the command line, runs the bridge, and says why it stopped.
+pub fn main() -> ExitCode {
+    loopwarden_bus::init_logging("info,rumqttc=warn,rumqttd=off");
+    let cli = Cli::parse();
+    let options = match cli.options() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("lw-sparkplug: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("lw-sparkplug: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(crate::shell::run(options)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("lw-sparkplug: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sparkplug_ids_refuse_the_reserved_characters() {
+        assert_eq!(sparkplug_id("--group", "hall-1").unwrap(), "hall-1");
+        assert_eq!(
+            sparkplug_id("--edge-node", "Loop warden").unwrap(),
+            "Loop warden"
+        );
+        let e = sparkplug_id("--edge-node", "a/b").unwrap_err().to_string();
+        assert_eq!(
+            e,
+            r#"--edge-node "a/b": '/' is reserved in Sparkplug topics (no '+', '/' or '#')"#
+        );
+        assert!(sparkplug_id("--group", "").is_err());
+        assert!(sparkplug_id("--group", "x#").is_err());
+    }
+
+    #[test]
+    fn the_group_defaults_to_the_site_and_sparkplug_shares_the_broker() {
+        let cli = Cli::parse_from(["lw-sparkplug", "--site", "hall-1", "--broker", "b:1884"]);
+        let o = cli.options().unwrap();
+        assert_eq!(o.bridge.group, "hall-1");
+        assert_eq!(o.bridge.edge_node, "loopwarden");
+        assert_eq!(o.sparkplug.brokers.to_string(), "b:1884");
+        assert_eq!(o.sparkplug.client_id, "lw-sparkplug-hall-1-loopwarden");
+        let cli = Cli::parse_from(["lw-sparkplug", "--site", "bad/site"]);
+        assert!(cli
+            .options()
+            .unwrap_err()
+            .to_string()
+            .starts_with("--site:"));
+    }
+}

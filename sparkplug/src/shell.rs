@@ -1,0 +1,327 @@
+//! The bridge's I/O: the Loopwarden bus in (through `loopwarden-bus`, as
+//! `lwbus watch` reads it), Sparkplug B out (a `rumqttc` client of its
+//! own, with the NDEATH as its will), a tick, and the stop signals. Every
+//! decision is the core's ([`crate::bridge`]); this file moves bytes.
+//!
+//! The Sparkplug client's event loop runs in a task of its own: it tells
+//! the main loop what happened ([`SparkplugEvent`]) and, after a lost
+//! connection, waits for the options of the next attempt (the next
+//! broker, the next will) before it reconnects, after the backoff.
+//!
+//! Glossary:
+//! - *link*: where and how the Sparkplug client connects (brokers, TLS,
+//!   credentials, keep-alive, client id).
+
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use loopwarden_bus::tls::Tls;
+use loopwarden_bus::{now_ms, Backoff, Brokers, Bus, BusConfig};
+use loopwarden_protocol::topic::filter;
+use loopwarden_protocol::{Family, Ident, NodeId, Role};
+use rand::SeedableRng;
+use rumqttc::{AsyncClient, Event, EventLoop, LastWill, MqttOptions, Outgoing, Packet, QoS};
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use crate::bridge::{Bridge, BridgeConfig, Input, Publish};
+
+/// Requests the Sparkplug client queues before it refuses more.
+const QUEUE: usize = 4096;
+
+/// Where and how the Sparkplug client connects.
+#[derive(Debug, Clone)]
+pub struct Link {
+    /// The brokers, tried in order.
+    pub brokers: Brokers,
+    /// TLS, if any.
+    pub tls: Option<Tls>,
+    /// User name and password, if the broker wants them.
+    pub credentials: Option<(String, String)>,
+    /// MQTT keep-alive: the broker publishes the NDEATH 1.5 × this after
+    /// the bridge falls silent.
+    pub keep_alive: Duration,
+    /// The MQTT client id.
+    pub client_id: String,
+}
+
+/// Everything the bridge needs to run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The Loopwarden broker(s).
+    pub loopwarden: Brokers,
+    /// TLS to the Loopwarden broker.
+    pub loopwarden_tls: Option<Tls>,
+    /// The site to bridge.
+    pub site: Ident,
+    /// The Sparkplug side.
+    pub sparkplug: Link,
+    /// The core's settings.
+    pub bridge: BridgeConfig,
+}
+
+/// What the Sparkplug client's task reports.
+#[derive(Debug)]
+enum SparkplugEvent {
+    /// Connected and subscribed to NCMD.
+    Subscribed,
+    /// An NCMD payload.
+    Command(Vec<u8>),
+    /// A QoS 1 publish was acknowledged (the NDEATH at stop).
+    Acked,
+    /// The connection failed or was lost: send the next attempt's options.
+    Lost(String),
+    /// The DISCONNECT went out: the task has ended.
+    Disconnected,
+}
+
+fn mqtt_options(link: &Link, index: usize, will: &Publish) -> MqttOptions {
+    let broker = link.brokers.get(index);
+    let mut o = MqttOptions::new(&link.client_id, &broker.host, broker.port);
+    o.set_keep_alive(link.keep_alive.max(Duration::from_secs(1)));
+    o.set_clean_session(true);
+    o.set_max_packet_size(1 << 20, 1 << 20);
+    if let Some((user, password)) = &link.credentials {
+        o.set_credentials(user, password);
+    }
+    if let Some(tls) = &link.tls {
+        o.set_transport(rumqttc::Transport::tls_with_config(
+            rumqttc::TlsConfiguration::Rustls(tls.config.clone()),
+        ));
+    }
+    // Sparkplug: the NDEATH will is QoS 1 and not retained.
+    o.set_last_will(LastWill::new(
+        &will.topic,
+        will.payload.clone(),
+        QoS::AtLeastOnce,
+        false,
+    ));
+    o
+}
+
+/// Drives the Sparkplug client's event loop: reports what happens, and
+/// after each lost connection waits for the next attempt's options.
+async fn drive_sparkplug(
+    mut eventloop: EventLoop,
+    client: AsyncClient,
+    ncmd: String,
+    events: mpsc::Sender<SparkplugEvent>,
+    mut next_options: mpsc::Receiver<MqttOptions>,
+) {
+    let mut backoff = Backoff::default();
+    let mut rng = rand::rngs::StdRng::from_entropy();
+    loop {
+        let event = match eventloop.poll().await {
+            Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                backoff.reset();
+                if let Err(e) = client.try_subscribe(&ncmd, QoS::AtLeastOnce) {
+                    warn!(error = %e, "cannot subscribe to NCMD");
+                }
+                continue;
+            }
+            Ok(Event::Incoming(Packet::SubAck(_))) => SparkplugEvent::Subscribed,
+            Ok(Event::Incoming(Packet::Publish(p))) if p.topic == ncmd => {
+                SparkplugEvent::Command(p.payload.to_vec())
+            }
+            Ok(Event::Incoming(Packet::PubAck(_))) => SparkplugEvent::Acked,
+            Ok(Event::Outgoing(Outgoing::Disconnect)) => {
+                let _ = events.send(SparkplugEvent::Disconnected).await;
+                return;
+            }
+            Ok(_) => continue,
+            Err(e) => {
+                if events
+                    .send(SparkplugEvent::Lost(e.to_string()))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                let Some(options) = next_options.recv().await else {
+                    return;
+                };
+                // rumqttc keeps the old session's requests; the next one
+                // is clean, so they go (the core publishes births again).
+                eventloop.pending.clear();
+                eventloop.mqtt_options = options;
+                tokio::time::sleep(backoff.next_wait(&mut rng)).await;
+                continue;
+            }
+        };
+        if events.send(event).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Hands the core's publishes to the client; what it cannot take is
+/// counted and makes the core send every birth again.
+fn send(client: &AsyncClient, core: &mut Bridge, out: Vec<Publish>) {
+    let mut dropped = 0;
+    for p in out {
+        let qos = if p.qos == 1 {
+            QoS::AtLeastOnce
+        } else {
+            QoS::AtMostOnce
+        };
+        if client.try_publish(&p.topic, qos, false, p.payload).is_err() {
+            dropped += 1;
+        }
+    }
+    if dropped > 0 {
+        warn!(
+            dropped,
+            "Sparkplug client queue full: publishes dropped, births follow"
+        );
+        // Nothing now: the births go out at the next tick.
+        let _ = core.step(now_ms().0, Input::Dropped(dropped));
+    }
+}
+
+/// The subscriptions on the Loopwarden bus: telemetry, health and
+/// presence of every host and CDU of the site, nothing else.
+fn loopwarden_filters(site: &Ident) -> Result<Vec<String>> {
+    let mut filters = Vec::new();
+    for role in [Role::Host, Role::Cdu] {
+        for family in [Family::Telemetry, Family::Health, Family::Online] {
+            let f = filter::family(site, role, family)
+                .map_err(|e| anyhow::anyhow!("site {site}: {e:?}"))?;
+            filters.push(f.to_string());
+        }
+    }
+    Ok(filters)
+}
+
+/// Runs the bridge until Ctrl-C or SIGTERM, then leaves cleanly: the
+/// NDEATH, a disconnect, and the Loopwarden bus closed.
+pub async fn run(options: Options) -> Result<()> {
+    let Options {
+        loopwarden,
+        loopwarden_tls,
+        site,
+        sparkplug: link,
+        bridge,
+    } = options;
+    let ncmd = format!("spBv1.0/{}/NCMD/{}", bridge.group, bridge.edge_node);
+    let mut core = Bridge::new(bridge);
+
+    let node = NodeId::new(Role::Facility, "lw-sparkplug").context("bridge node id")?;
+    let mut config = BusConfig::new(loopwarden.clone(), site.clone(), node);
+    config.tls = loopwarden_tls;
+    config.client_id = format!("lw-sparkplug-{site}-{}", std::process::id());
+    config.inbound_capacity = 4096;
+    config.subscriptions = loopwarden_filters(&site)?;
+    let (bus, mut inbound, bus_task) = Bus::start(config);
+
+    let will = core.connecting(now_ms().0);
+    let mut broker = 0;
+    let (client, eventloop) = AsyncClient::new(mqtt_options(&link, broker, &will), QUEUE);
+    let (event_tx, mut events) = mpsc::channel(64);
+    let (options_tx, options_rx) = mpsc::channel(1);
+    let mut driver = tokio::spawn(drive_sparkplug(
+        eventloop,
+        client.clone(),
+        ncmd,
+        event_tx,
+        options_rx,
+    ));
+    info!(loopwarden = %loopwarden, sparkplug = %link.brokers, %site, "bridging");
+
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("SIGTERM handler")?;
+    let mut loopwarden_up = false;
+    loop {
+        let out = tokio::select! {
+            event = events.recv() => {
+                let Some(event) = event else { bail!("the Sparkplug client stopped") };
+                let now = now_ms().0;
+                match event {
+                    SparkplugEvent::Subscribed => {
+                        info!(broker = %link.brokers.get(broker), bd_seq = ?core.bd_seq(), "Sparkplug session up: births");
+                        core.step(now, Input::Connected)
+                    }
+                    SparkplugEvent::Command(bytes) => core.step(now, Input::Command(bytes)),
+                    SparkplugEvent::Acked | SparkplugEvent::Disconnected => Vec::new(),
+                    SparkplugEvent::Lost(why) => {
+                        if core.in_session() {
+                            warn!(error = %why, "Sparkplug connection lost");
+                        } else {
+                            warn!(error = %why, broker = %link.brokers.get(broker), "cannot connect to the Sparkplug broker");
+                        }
+                        core.step(now, Input::ConnectionLost);
+                        broker = link.brokers.after(broker);
+                        let will = core.connecting(now);
+                        let _ = options_tx.send(mqtt_options(&link, broker, &will)).await;
+                        Vec::new()
+                    }
+                }
+            }
+            msg = inbound.recv() => {
+                let Some(m) = msg else { bail!("the Loopwarden bus stopped") };
+                core.step(now_ms().0, Input::Frame(m.topic, m.frame))
+            }
+            _ = tick.tick() => {
+                let now = now_ms().0;
+                let mut out = Vec::new();
+                let up = bus.is_connected();
+                if up != loopwarden_up {
+                    loopwarden_up = up;
+                    info!(connected = up, "Loopwarden bus");
+                    out = core.step(now, Input::LoopwardenConnected(up));
+                }
+                out.extend(core.step(now, Input::Tick));
+                out
+            }
+            _ = tokio::signal::ctrl_c() => break,
+            _ = terminate.recv() => break,
+        };
+        send(&client, &mut core, out);
+    }
+    stop(&client, &mut core, &mut events).await;
+    // A client between two attempts waits for options that never come.
+    drop(options_tx);
+    if tokio::time::timeout(Duration::from_secs(2), &mut driver)
+        .await
+        .is_err()
+    {
+        driver.abort();
+    }
+    let _ = bus.shutdown(Duration::from_secs(2)).await;
+    bus_task.join(Duration::from_secs(2)).await;
+    info!("stopped");
+    Ok(())
+}
+
+/// A clean stop: the NDEATH (QoS 1, acknowledged or 3 s), then a
+/// DISCONNECT, so the broker drops the will.
+async fn stop(
+    client: &AsyncClient,
+    core: &mut Bridge,
+    events: &mut mpsc::Receiver<SparkplugEvent>,
+) {
+    let out = core.step(now_ms().0, Input::Stop);
+    let said_goodbye = !out.is_empty();
+    send(client, core, out);
+    let wait = async {
+        if said_goodbye {
+            while let Some(e) = events.recv().await {
+                if matches!(e, SparkplugEvent::Acked) {
+                    break;
+                }
+            }
+        }
+        let _ = client.try_disconnect();
+        while let Some(e) = events.recv().await {
+            if matches!(e, SparkplugEvent::Disconnected) {
+                break;
+            }
+        }
+    };
+    if tokio::time::timeout(Duration::from_secs(3), wait)
+        .await
+        .is_err()
+    {
+        warn!("the Sparkplug broker did not take the goodbye in 3 s");
+    }
+}
