@@ -19,12 +19,15 @@ use loopwarden_protocol::Ident;
 
 use crate::config::{credentials, ident, ConfigError, Sources};
 use crate::pick;
+use crate::serial::SerialConsole;
 
 /// Declares an agent's file structure: every field optional, unknown keys
 /// refused (with their line), the common fields first and then the
 /// agent's own. The common fields are `site`, `broker`, `embedded_broker`,
 /// `broker_user`, `broker_password_file`, `tls_ca`, `tls_cert`,
-/// `tls_key`, `tls_server_name`, `flash` and `console`;
+/// `tls_key`, `tls_server_name`, `flash`, `console`, and the serial
+/// console's `console_serial`, `console_serial_baud`,
+/// `console_password_hash` and `console_idle_s`;
 /// [`common`](CommonFile) borrows them for [`resolve`].
 #[macro_export]
 macro_rules! agent_file {
@@ -57,6 +60,15 @@ macro_rules! agent_file {
             pub flash: Option<std::path::PathBuf>,
             /// Console socket.
             pub console: Option<std::path::PathBuf>,
+            /// Serial console device (`/dev/ttyS1`).
+            pub console_serial: Option<std::path::PathBuf>,
+            /// Its speed (8N1).
+            pub console_serial_baud: Option<u32>,
+            /// The Argon2id hash (PHC string) of the serial console's
+            /// password.
+            pub console_password_hash: Option<String>,
+            /// Seconds before an idle serial session is closed.
+            pub console_idle_s: Option<u64>,
             $($body)*
         }
 
@@ -75,6 +87,10 @@ macro_rules! agent_file {
                     tls_server_name: &self.tls_server_name,
                     flash: &self.flash,
                     console: &self.console,
+                    console_serial: &self.console_serial,
+                    console_serial_baud: &self.console_serial_baud,
+                    console_password_hash: &self.console_password_hash,
+                    console_idle_s: &self.console_idle_s,
                 }
             }
         }
@@ -134,6 +150,14 @@ pub struct CommonFile<'a> {
     pub flash: &'a Option<PathBuf>,
     /// Console socket.
     pub console: &'a Option<PathBuf>,
+    /// Serial console device.
+    pub console_serial: &'a Option<PathBuf>,
+    /// Its speed.
+    pub console_serial_baud: &'a Option<u32>,
+    /// The serial console's password hash.
+    pub console_password_hash: &'a Option<String>,
+    /// Idle seconds before a serial session is closed.
+    pub console_idle_s: &'a Option<u64>,
 }
 
 /// The common fields given as flags (each overrides the file).
@@ -179,6 +203,15 @@ pub struct CommonFlags {
     /// Console socket path.
     #[arg(long)]
     pub console: Option<PathBuf>,
+    /// Serial console on this device (`/dev/ttyS1`); default: none.
+    #[arg(long)]
+    pub console_serial: Option<PathBuf>,
+    /// The serial console's speed, 8N1; default 115200.
+    #[arg(long)]
+    pub console_serial_baud: Option<u32>,
+    /// Seconds before an idle serial session is closed; default 300.
+    #[arg(long)]
+    pub console_idle_s: Option<u64>,
 }
 
 /// The common fields, checked.
@@ -199,6 +232,8 @@ pub struct Common {
     pub flash: Option<PathBuf>,
     /// Console socket.
     pub console: PathBuf,
+    /// The serial console, if one is configured.
+    pub serial: Option<SerialConsole>,
 }
 
 /// Checks the common fields: the site is a name (default `site`), the
@@ -247,7 +282,73 @@ pub fn resolve(
         console: pick!(flags.console, *file.console, "console")
             .0
             .unwrap_or_else(default_console),
+        serial: serial(src, file, flags)?,
     })
+}
+
+/// Speeds a serial console takes.
+pub const BAUDS: [u32; 11] = [
+    1200, 2400, 4800, 9600, 19_200, 38_400, 57_600, 115_200, 230_400, 460_800, 921_600,
+];
+
+/// The serial console: none without `console_serial`; the speed one of
+/// [`BAUDS`] (default 115200), the password hash an Argon2id PHC string,
+/// the idle timeout 10 s to 24 h (default 300 s). A speed, hash or timeout
+/// without a port is refused: it would do nothing.
+fn serial(
+    src: &Sources,
+    file: CommonFile<'_>,
+    flags: &CommonFlags,
+) -> Result<Option<SerialConsole>, ConfigError> {
+    let port = pick!(flags.console_serial, *file.console_serial, "console-serial").0;
+    let baud = pick!(
+        flags.console_serial_baud,
+        *file.console_serial_baud,
+        "console-serial-baud"
+    );
+    let idle = pick!(flags.console_idle_s, *file.console_idle_s, "console-idle-s");
+    let hash = file.console_password_hash.clone();
+    let Some(port) = port else {
+        for (given, flag, key) in [
+            (baud.0.is_some(), baud.1, "console_serial_baud"),
+            (idle.0.is_some(), idle.1, "console_idle_s"),
+            (hash.is_some(), None, "console_password_hash"),
+        ] {
+            if given {
+                return Err(src.error(
+                    flag,
+                    key,
+                    format!("{key} without console_serial: give the serial console's device"),
+                ));
+            }
+        }
+        return Ok(None);
+    };
+    if let (Some(b), flag) = baud {
+        if !BAUDS.contains(&b) {
+            return Err(src.error(
+                flag,
+                "console_serial_baud",
+                format!("console_serial_baud = {b} is not a serial speed ({BAUDS:?})"),
+            ));
+        }
+    }
+    if let Some(h) = &hash {
+        crate::serial::password::check_hash(h).map_err(|e| {
+            src.error(
+                None,
+                "console_password_hash",
+                format!("console_password_hash: {e}"),
+            )
+        })?;
+    }
+    let idle_s = crate::config::range(src, idle, "console_idle_s", 300, 10, 86_400, " s")?;
+    Ok(Some(SerialConsole {
+        port,
+        baud: baud.0.unwrap_or(115_200),
+        password_hash: hash,
+        idle: std::time::Duration::from_secs(idle_s),
+    }))
 }
 
 /// The TLS settings: none without `tls_ca`; a certificate, key or server
@@ -403,6 +504,50 @@ mod tests {
         let brokers = c.broker.unwrap();
         assert_eq!(brokers.len(), 3);
         assert_eq!(brokers.get(2).to_string(), "10.0.0.7:1883");
+    }
+
+    #[test]
+    fn the_serial_console_is_checked_with_its_line() {
+        let none = check("site = \"a\"\n", &CommonFlags::default()).unwrap();
+        assert_eq!(none.serial, None);
+        let hash = crate::serial::password::hash("a long password").unwrap();
+        let text = format!("console_serial = \"/dev/ttyS1\"\nconsole_password_hash = \"{hash}\"\n");
+        let s = check(&text, &CommonFlags::default())
+            .unwrap()
+            .serial
+            .unwrap();
+        assert_eq!(s.port, PathBuf::from("/dev/ttyS1"));
+        assert_eq!(s.baud, 115_200);
+        assert_eq!(s.idle, std::time::Duration::from_secs(300));
+        assert_eq!(s.password_hash.as_deref(), Some(hash.as_str()));
+        let flags = CommonFlags {
+            console_serial: Some("/dev/ttyUSB0".into()),
+            console_serial_baud: Some(9600),
+            console_idle_s: Some(60),
+            ..CommonFlags::default()
+        };
+        let s = check("", &flags).unwrap().serial.unwrap();
+        assert_eq!((s.baud, s.idle.as_secs()), (9600, 60));
+        assert_eq!(s.password_hash, None);
+        let e = check(
+            "console_serial = \"/dev/ttyS1\"\nconsole_serial_baud = 115000\n",
+            &CommonFlags::default(),
+        )
+        .unwrap_err();
+        assert_eq!(e.line, Some(2), "{e}");
+        assert!(e.message.contains("is not a serial speed"), "{e}");
+        let e = check(
+            "console_serial = \"/dev/ttyS1\"\nconsole_password_hash = \"hunter2\"\n",
+            &CommonFlags::default(),
+        )
+        .unwrap_err();
+        assert_eq!(e.line, Some(2), "{e}");
+        assert!(e.message.contains("not a PHC string"), "{e}");
+        let e = check("console_password_hash = \"x\"\n", &CommonFlags::default()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "a.toml line 1: console_password_hash without console_serial: give the serial console's device"
+        );
     }
 
     #[test]

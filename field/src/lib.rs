@@ -10,6 +10,9 @@
 //!   connection, and the client side of `ctl` (connect, send, read the
 //!   answer, exit status 2 when the peer cannot be asked).
 //! - [`render`]: aligned tables and the cell text of a JSON value.
+//! - [`serial`]: the serial console, a line shell on the agent's serial
+//!   port answering the same commands, with a login for those that
+//!   change state.
 //! - [`time`]: `--since` and UTC clock times.
 //! - [`common`]: the configuration fields every agent has (site, broker,
 //!   login, keys file, flash, console), declared and checked once.
@@ -26,4 +29,5 @@ pub mod common;
 pub mod config;
 pub mod console;
 pub mod render;
+pub mod serial;
 pub mod time;

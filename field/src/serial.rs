@@ -1,0 +1,336 @@
+//! The serial console: a line shell on the agent's serial port, for the
+//! field engineer who reaches a controller through it when the network is
+//! the problem (`screen /dev/ttyUSB0 115200`).
+//!
+//! It answers the same commands as `ctl`, with the same answers and
+//! tables (the agent's own [`SerialAgent::run`]), plus `help`, `login`,
+//! `logout`. The decisions are in the pure [`session`] (with the
+//! [`line`] editor); this module only moves bytes: it opens the port
+//! (8N1, no flow control), feeds what comes to the session with the
+//! steady time, writes what it says, asks the agent, checks passwords off
+//! the runtime ([`password`]), and hands [`record`]s to the flash log.
+//! The port is opened again 5 s after it fails; the session then ends as
+//! "line lost".
+//!
+//! Glossary:
+//! - *port*: the serial device (`/dev/ttyS1`), or any byte stream in tests.
+//! - *operator*: the name a serial login acts under in the agent's
+//!   events: `serial-<device name>`.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::time::Instant;
+
+pub mod line;
+pub mod password;
+pub mod record;
+pub mod session;
+
+use record::Record;
+use session::{Effect, Session, Settings, Spec};
+
+/// The serial console as configured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SerialConsole {
+    /// The serial device.
+    pub port: PathBuf,
+    /// Its speed, 8N1.
+    pub baud: u32,
+    /// The Argon2id hash of the password (a PHC string); `None`:
+    /// state-changing commands are refused.
+    pub password_hash: Option<String>,
+    /// A session nobody types in is closed after this.
+    pub idle: Duration,
+}
+
+/// What the agent's command answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    /// For people, as `ctl` prints it.
+    pub text: String,
+    /// It did what was asked.
+    pub ok: bool,
+}
+
+impl Answer {
+    /// An answer of the console socket (`v`) as `ctl` would print it:
+    /// `render`ed, or `error: …`; not ok when it says `"ok": false`.
+    pub fn of(v: &Value, render: impl FnOnce(&Value) -> String) -> Answer {
+        if let Some(e) = v.get("error") {
+            return Answer {
+                text: format!("error: {}", crate::render::text(e)),
+                ok: false,
+            };
+        }
+        Answer {
+            text: render(v),
+            ok: v["ok"] != false,
+        }
+    }
+
+    /// A command that could not be asked: `why`, not ok.
+    pub fn refused(why: impl Into<String>) -> Answer {
+        Answer {
+            text: why.into(),
+            ok: false,
+        }
+    }
+}
+
+/// What an agent gives its serial console.
+pub trait SerialAgent: Send + Sync + 'static {
+    /// Who this is, for the banner ("Loopwarden cooling-ctrl 0.1.0, CDU
+    /// cdu-1 of site hall-1").
+    fn banner(&self) -> String;
+    /// The prompt's name (the host, the CDU).
+    fn name(&self) -> String;
+    /// The program, for hints ("cooling-ctrl").
+    fn program(&self) -> &'static str;
+    /// The commands besides the built-in ones.
+    fn commands(&self) -> &'static [Spec];
+    /// Carries out `words` (a command of [`commands`](Self::commands),
+    /// the login already checked) for `operator`.
+    fn run(&self, words: &[String], operator: &str) -> impl Future<Output = Answer> + Send;
+}
+
+/// The operator a login on `port` acts as: `serial-<device name>`, in the
+/// characters of a protocol name, at most 32.
+pub fn operator_name(port: &std::path::Path) -> String {
+    let dev: String = port
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        .take(25)
+        .collect();
+    if dev.is_empty() {
+        "serial".into()
+    } else {
+        format!("serial-{dev}")
+    }
+}
+
+/// How long a write to the port may take before the line counts as lost
+/// (a terminal that holds the line with flow control, a pty nobody reads).
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long after a failure the port is opened again.
+const REOPEN_AFTER: Duration = Duration::from_secs(5);
+
+/// Serves the console on its port until the task is dropped: opens it,
+/// runs the session over it, and opens it again after a failure.
+/// `journal` takes each record for the flash log.
+pub async fn serve<A, J>(console: SerialConsole, agent: Arc<A>, journal: J)
+where
+    A: SerialAgent,
+    J: Fn(Record) + Send + Sync,
+{
+    let mut session = new_session(&console, agent.as_ref());
+    let mut said = None;
+    loop {
+        match open(&console) {
+            Ok(port) => {
+                said = None;
+                let e = run(port, &mut session, &console, agent.as_ref(), &journal).await;
+                tracing::warn!(
+                    "serial console {}: line lost: {e}; opening it again in {} s",
+                    console.port.display(),
+                    REOPEN_AFTER.as_secs()
+                );
+            }
+            Err(e) => {
+                let text = e.to_string();
+                if said.as_ref() != Some(&text) {
+                    tracing::error!(
+                        "serial console {}: cannot open: {text}; trying every {} s",
+                        console.port.display(),
+                        REOPEN_AFTER.as_secs()
+                    );
+                    said = Some(text);
+                }
+            }
+        }
+        tokio::time::sleep(REOPEN_AFTER).await;
+    }
+}
+
+/// The session of `console` for `agent`.
+pub fn new_session<A: SerialAgent>(console: &SerialConsole, agent: &A) -> Session {
+    let settings = Settings {
+        port: console.port.display().to_string(),
+        banner: agent.banner(),
+        name: agent.name(),
+        program: agent.program().into(),
+        idle_ms: console.idle.as_millis() as u64,
+        password: console.password_hash.is_some(),
+    };
+    Session::new(settings, agent.commands())
+}
+
+/// Opens the serial device: 8 data bits, no parity, 1 stop bit, no flow
+/// control.
+pub fn open(console: &SerialConsole) -> std::io::Result<tokio_serial::SerialStream> {
+    let path = console.port.to_string_lossy();
+    let builder = tokio_serial::new(path, console.baud)
+        .data_bits(tokio_serial::DataBits::Eight)
+        .parity(tokio_serial::Parity::None)
+        .stop_bits(tokio_serial::StopBits::One)
+        .flow_control(tokio_serial::FlowControl::None);
+    tokio_serial::SerialStream::open(&builder).map_err(std::io::Error::from)
+}
+
+/// Runs `session` over `port` until the line fails; gives why. The
+/// session's end (if one was open) is recorded as "line lost".
+pub async fn run<S, A, J>(
+    port: S,
+    session: &mut Session,
+    console: &SerialConsole,
+    agent: &A,
+    journal: &J,
+) -> std::io::Error
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+    A: SerialAgent,
+    J: Fn(Record),
+{
+    let mut shell = Shell {
+        port,
+        start: Instant::now(),
+        console,
+        operator: operator_name(&console.port),
+        agent,
+        journal,
+    };
+    let e = shell.serve(session).await;
+    for effect in session.line_lost() {
+        if let Effect::Record(what) = effect {
+            shell.record(what);
+        }
+    }
+    e
+}
+
+/// The moving parts of one opened port.
+struct Shell<'a, S, A, J> {
+    port: S,
+    start: Instant,
+    console: &'a SerialConsole,
+    operator: String,
+    agent: &'a A,
+    journal: &'a J,
+}
+
+impl<S, A, J> Shell<'_, S, A, J>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+    A: SerialAgent,
+    J: Fn(Record),
+{
+    /// Steady ms since the port opened.
+    fn now(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
+    }
+
+    async fn serve(&mut self, session: &mut Session) -> std::io::Error {
+        if let Err(e) = self.carry_out(session, vec![session.greeting()]).await {
+            return e;
+        }
+        let mut buf = [0u8; 256];
+        loop {
+            let read = match session.idle_deadline() {
+                Some(ms) => {
+                    let at = self.start + Duration::from_millis(ms);
+                    tokio::time::timeout_at(at, self.port.read(&mut buf)).await
+                }
+                None => Ok(self.port.read(&mut buf).await),
+            };
+            let result = match read {
+                Err(_idle) => {
+                    let effects = session.tick(self.now());
+                    self.carry_out(session, effects).await
+                }
+                Ok(Ok(0)) => return std::io::ErrorKind::UnexpectedEof.into(),
+                Ok(Ok(n)) => self.typed(session, &buf[..n]).await,
+                Ok(Err(e)) => return e,
+            };
+            if let Err(e) = result {
+                return e;
+            }
+        }
+    }
+
+    /// Feeds `bytes` to the session, carrying out what each part says.
+    async fn typed(&mut self, session: &mut Session, mut bytes: &[u8]) -> std::io::Result<()> {
+        while !bytes.is_empty() {
+            let step = session.input(self.now(), bytes);
+            bytes = &bytes[step.consumed..];
+            self.carry_out(session, step.effects).await?;
+        }
+        Ok(())
+    }
+
+    /// Carries out `effects` in order, and those their answers bring.
+    async fn carry_out(
+        &mut self,
+        session: &mut Session,
+        effects: Vec<Effect>,
+    ) -> std::io::Result<()> {
+        let mut queue = VecDeque::from(effects);
+        while let Some(effect) = queue.pop_front() {
+            match effect {
+                Effect::Write(bytes) => self.write(&bytes).await?,
+                Effect::Record(what) => self.record(what),
+                Effect::Run { words } => {
+                    let answer = self.agent.run(&words, &self.operator).await;
+                    queue.extend(session.answered(&answer.text, answer.ok));
+                }
+                Effect::Verify(password) => {
+                    let ok = self.verify(password).await;
+                    queue.extend(session.verified(self.now(), ok));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        let write = async {
+            self.port.write_all(bytes).await?;
+            self.port.flush().await
+        };
+        match tokio::time::timeout(WRITE_TIMEOUT, write).await {
+            Ok(r) => r,
+            Err(_) => Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("nothing written in {} s", WRITE_TIMEOUT.as_secs()),
+            )),
+        }
+    }
+
+    /// Checks `password` against the configured hash, off the runtime.
+    async fn verify(&self, password: String) -> bool {
+        let Some(hash) = self.console.password_hash.clone() else {
+            return false;
+        };
+        tokio::task::spawn_blocking(move || password::verify(&hash, &password))
+            .await
+            .unwrap_or(false)
+    }
+
+    fn record(&self, what: record::What) {
+        (self.journal)(Record {
+            port: self.console.port.display().to_string(),
+            what,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests;
