@@ -2,511 +2,53 @@
 //! so the service manager knows when the controller is ready and restarts
 //! it when its control loop hangs.
 //!
-//! The protocol is one datagram per notice on the Unix socket named by
-//! `NOTIFY_SOCKET`: `READY=1`, `WATCHDOG=1`, `STOPPING=1`, `STATUS=…`.
-//! A [`Notifier`] holds what the environment says (the socket, the
-//! watchdog timeout) and sends them; without `NOTIFY_SOCKET` every send
-//! does nothing. Parsing takes explicit values ([`Notifier::from_values`]),
-//! so it is tested without touching the process's environment.
-//!
-//! What to send is decided by [`Heartbeat`], which only looks at how many
-//! control steps the shell has completed (`ShellStats::steps`): `READY=1`
-//! after the first step, then `WATCHDOG=1` at each check only if steps
-//! were completed since the last ping. A loop that is alive but hung (a
-//! step that never ends, a wedged runtime) stops the pings, and systemd
-//! kills and restarts the process. [`watch_steps`] is the task that runs
-//! it on the stats channel; the binary spawns it.
+//! The protocol, the [`Notifier`] and the [`Heartbeat`] that decides what
+//! to send are the agents' shared ones (`loopwarden_field::watchdog`);
+//! here they watch the number of control steps the shell has completed
+//! (`ShellStats::steps`): `READY=1` after the first step, then
+//! `WATCHDOG=1` at each check only if steps were completed since the last
+//! ping. A loop that is alive but hung (a step that never ends, a wedged
+//! runtime) stops the pings, and systemd kills and restarts the process.
+//! [`watch_steps`] is the task that runs it on the stats channel; the
+//! binary spawns it.
 //!
 //! Glossary:
-//! - *notify socket*: the datagram socket the service manager listens on
-//!   (`NOTIFY_SOCKET`); a path, or `@name` for a Linux abstract socket.
-//! - *watchdog timeout*: `WATCHDOG_USEC`, set by systemd from the unit's
-//!   `WatchdogSec=`: the longest it waits between two pings.
+//! - *step*: one completed control step of the shell, the pass the
+//!   watchdog counts.
 //! - *ping*: a `WATCHDOG=1` notice; sent every half timeout while steps
 //!   complete.
-//! - *stall*: a check that finds no step completed since the last ping.
-
-use std::ffi::OsStr;
-use std::fmt;
-use std::format;
-use std::io;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::net::{SocketAddr, UnixDatagram};
-use std::path::PathBuf;
-use std::string::String;
-use std::time::Duration;
-use std::vec::Vec;
 
 use tokio::sync::watch;
 
+pub use loopwarden_field::watchdog::{
+    announce, should_ping, Beat, Heartbeat, Notifier, NotifyError, NotifySocket, Progress,
+};
+
 use crate::shell::ShellStats;
 
-/// Why the environment's notify settings are refused, or a notice failed.
-#[derive(Debug, thiserror::Error)]
-pub enum NotifyError {
-    /// `WATCHDOG_USEC` is not a positive whole number of microseconds.
-    #[error("WATCHDOG_USEC={value:?}: {reason}")]
-    WatchdogUsec {
-        /// The value as found.
-        value: String,
-        /// What is wrong with it.
-        reason: &'static str,
-    },
-    /// `WATCHDOG_PID` is not a process id.
-    #[error("WATCHDOG_PID={value:?}: not a process id")]
-    WatchdogPid {
-        /// The value as found.
-        value: String,
-    },
-    /// `NOTIFY_SOCKET` names no socket this process can send to.
-    #[error("NOTIFY_SOCKET={value:?}: {reason}")]
-    Socket {
-        /// The value as found.
-        value: String,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// A notice could not be sent.
-    #[error("sending {notice} to the notify socket {socket}: {source}")]
-    Send {
-        /// The notice (`READY=1`, …).
-        notice: String,
-        /// The socket, as `NOTIFY_SOCKET` names it.
-        socket: NotifySocket,
-        /// Why.
-        source: io::Error,
-    },
-}
+/// The controller's loop, as its log lines and `STATUS=` name it.
+pub const CONTROL_LOOP: Progress = Progress {
+    program: "cooling-ctrl",
+    loop_name: "control loop",
+    pass: "control step",
+    count: "step",
+};
 
-/// The service manager's notify socket.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NotifySocket {
-    /// A socket file.
-    Path(PathBuf),
-    /// A Linux abstract socket: the name without the leading `@`.
-    Abstract(Vec<u8>),
-}
-
-impl fmt::Display for NotifySocket {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            NotifySocket::Path(p) => write!(f, "{}", p.display()),
-            NotifySocket::Abstract(name) => write!(f, "@{}", String::from_utf8_lossy(name)),
-        }
-    }
-}
-
-impl NotifySocket {
-    /// The socket `NOTIFY_SOCKET` names: an absolute path, or `@name`
-    /// (Linux only). `None` when it is empty.
-    pub fn parse(value: &OsStr) -> Result<Option<Self>, NotifyError> {
-        let bytes = value.as_bytes();
-        let refuse = |reason: &str| NotifyError::Socket {
-            value: value.to_string_lossy().into_owned(),
-            reason: reason.into(),
-        };
-        let socket = match bytes.first() {
-            None => return Ok(None),
-            Some(b'@') if bytes.len() == 1 => {
-                return Err(refuse("an abstract name without a name"))
-            }
-            Some(b'@') => NotifySocket::Abstract(bytes[1..].to_vec()),
-            Some(b'/') => NotifySocket::Path(PathBuf::from(value)),
-            Some(_) => return Err(refuse("neither an absolute path nor an abstract name (@…)")),
-        };
-        // An address the kernel would refuse (too long, a NUL in a path, an
-        // abstract name off Linux) is refused now, not at the first notice.
-        socket
-            .address()
-            .map_err(|e| refuse(&e.to_string()))
-            .map(|_| Some(socket))
-    }
-
-    /// The socket's address.
-    fn address(&self) -> io::Result<SocketAddr> {
-        match self {
-            NotifySocket::Path(p) => SocketAddr::from_pathname(p),
-            #[cfg(target_os = "linux")]
-            NotifySocket::Abstract(name) => {
-                use std::os::linux::net::SocketAddrExt;
-                SocketAddr::from_abstract_name(name)
-            }
-            #[cfg(not(target_os = "linux"))]
-            NotifySocket::Abstract(_) => Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                "abstract socket names exist on Linux only",
-            )),
-        }
-    }
-}
-
-/// The watchdog timeout `WATCHDOG_USEC` gives, in whole microseconds.
-pub fn parse_watchdog_usec(value: &OsStr) -> Result<Duration, NotifyError> {
-    let refuse = |reason| NotifyError::WatchdogUsec {
-        value: value.to_string_lossy().into_owned(),
-        reason,
-    };
-    let text = value
-        .to_str()
-        .ok_or_else(|| refuse("not a whole number of microseconds"))?;
-    let usec: u64 = text
-        .parse()
-        .map_err(|_| refuse("not a whole number of microseconds"))?;
-    if usec == 0 {
-        return Err(refuse("zero: no time to ping in"));
-    }
-    Ok(Duration::from_micros(usec))
-}
-
-/// The process id `WATCHDOG_PID` gives.
-pub fn parse_watchdog_pid(value: &OsStr) -> Result<u32, NotifyError> {
-    value
-        .to_str()
-        .and_then(|t| t.parse().ok())
-        .filter(|&pid| pid > 0)
-        .ok_or_else(|| NotifyError::WatchdogPid {
-            value: value.to_string_lossy().into_owned(),
-        })
-}
-
-/// What the service manager asked of this process, and the means to tell
-/// it: the notify socket (none: every notice is a no-op) and the watchdog
-/// timeout (none: no pings expected).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Notifier {
-    socket: Option<NotifySocket>,
-    watchdog: Option<Duration>,
-}
-
-impl Notifier {
-    /// A notifier that sends nothing (not under a service manager).
-    pub fn disabled() -> Self {
-        Self::default()
-    }
-
-    /// From the process's environment: `NOTIFY_SOCKET`, `WATCHDOG_USEC`
-    /// and `WATCHDOG_PID`, as [`Notifier::from_values`].
-    pub fn from_env() -> Result<Self, NotifyError> {
-        let var = |name| std::env::var_os(name);
-        Self::from_values(
-            var("NOTIFY_SOCKET").as_deref(),
-            var("WATCHDOG_USEC").as_deref(),
-            var("WATCHDOG_PID").as_deref(),
-            std::process::id(),
-        )
-    }
-
-    /// From the values of `NOTIFY_SOCKET`, `WATCHDOG_USEC` and
-    /// `WATCHDOG_PID` (each `None` when unset) for the process `our_pid`.
-    /// The watchdog is honoured when `WATCHDOG_PID` is unset or is
-    /// `our_pid` (it is meant for another process otherwise). A value that
-    /// is set but malformed is an error, even where it would not be used.
-    pub fn from_values(
-        notify_socket: Option<&OsStr>,
-        watchdog_usec: Option<&OsStr>,
-        watchdog_pid: Option<&OsStr>,
-        our_pid: u32,
-    ) -> Result<Self, NotifyError> {
-        let socket = match notify_socket {
-            Some(v) => NotifySocket::parse(v)?,
-            None => None,
-        };
-        let timeout = watchdog_usec.map(parse_watchdog_usec).transpose()?;
-        let pid = watchdog_pid.map(parse_watchdog_pid).transpose()?;
-        let ours = pid.is_none_or(|p| p == our_pid);
-        Ok(Self {
-            socket,
-            watchdog: timeout.filter(|_| ours),
-        })
-    }
-
-    /// A notifier on `socket`, with the watchdog timeout `watchdog`.
-    pub fn new(socket: NotifySocket, watchdog: Option<Duration>) -> Self {
-        Self {
-            socket: Some(socket),
-            watchdog,
-        }
-    }
-
-    /// The notify socket, if any.
-    pub fn socket(&self) -> Option<&NotifySocket> {
-        self.socket.as_ref()
-    }
-
-    /// The watchdog timeout, when pings are expected and can be sent.
-    pub fn watchdog_timeout(&self) -> Option<Duration> {
-        self.socket.as_ref().and(self.watchdog)
-    }
-
-    /// How often to check and ping: half the watchdog timeout, when pings
-    /// are expected and can be sent.
-    pub fn ping_interval(&self) -> Option<Duration> {
-        self.watchdog_timeout().map(|t| t / 2)
-    }
-
-    /// Sends `READY=1`: start-up is complete.
-    pub fn ready(&self) -> Result<(), NotifyError> {
-        self.notify("READY=1")
-    }
-
-    /// Sends `WATCHDOG=1`: the keep-alive ping.
-    pub fn watchdog(&self) -> Result<(), NotifyError> {
-        self.notify("WATCHDOG=1")
-    }
-
-    /// Sends `STOPPING=1`: shutdown has begun.
-    pub fn stopping(&self) -> Result<(), NotifyError> {
-        self.notify("STOPPING=1")
-    }
-
-    /// Sends `STATUS=text`, the line `systemctl status` shows. Line breaks
-    /// in `text` become spaces (each line of a notice is an assignment).
-    pub fn status(&self, text: &str) -> Result<(), NotifyError> {
-        let line: String = text
-            .chars()
-            .map(|c| if c == '\n' || c == '\r' { ' ' } else { c })
-            .collect();
-        self.notify(&format!("STATUS={line}"))
-    }
-
-    /// Sends `state` (one or more `KEY=value` lines) as one datagram; does
-    /// nothing without a notify socket. Never waits: a socket that cannot
-    /// take the datagram now is an error.
-    pub fn notify(&self, state: &str) -> Result<(), NotifyError> {
-        let Some(socket) = &self.socket else {
-            return Ok(());
-        };
-        let failed = |source| NotifyError::Send {
-            notice: state.into(),
-            socket: socket.clone(),
-            source,
-        };
-        let addr = socket.address().map_err(failed)?;
-        let sender = UnixDatagram::unbound().map_err(failed)?;
-        sender.set_nonblocking(true).map_err(failed)?;
-        let sent = sender
-            .send_to_addr(state.as_bytes(), &addr)
-            .map_err(failed)?;
-        if sent != state.len() {
-            return Err(failed(io::Error::new(
-                io::ErrorKind::WriteZero,
-                format!("{sent} of {} bytes sent", state.len()),
-            )));
-        }
-        Ok(())
-    }
-
-    /// What this notifier will do, in one sentence for the log; `period`
-    /// is the control period.
-    pub fn describe(&self, period: Duration) -> String {
-        match (&self.socket, self.ping_interval()) {
-            (None, _) => "no NOTIFY_SOCKET: no readiness or watchdog notices".into(),
-            (Some(s), None) => format!(
-                "notify socket {s}: READY=1 after the first control step, STOPPING=1 at \
-                 shutdown; no watchdog (WATCHDOG_USEC unset or for another process)"
-            ),
-            (Some(s), Some(every)) => format!(
-                "notify socket {s}: READY=1 after the first control step, then WATCHDOG=1 \
-                 every {} ms while control steps complete (timeout {} ms, control period {} ms), \
-                 STOPPING=1 at shutdown",
-                every.as_millis(),
-                self.watchdog.unwrap_or_default().as_millis(),
-                period.as_millis()
-            ),
-        }
-    }
-
-    /// Whether the control period is short enough for the watchdog: two
-    /// pings can be up to a period and a ping interval apart, which must
-    /// stay under the timeout. True without a watchdog.
-    pub fn fits_period(&self, period: Duration) -> bool {
-        match (self.watchdog_timeout(), self.ping_interval()) {
-            (Some(timeout), Some(every)) => period + every < timeout,
-            _ => true,
-        }
-    }
-}
-
-/// Whether a ping is due: only when steps were completed since the last
-/// ping (at `last_pinged_steps` steps).
-pub fn should_ping(last_pinged_steps: u64, steps_now: u64) -> bool {
-    steps_now > last_pinged_steps
-}
-
-/// What a check of the step count calls for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Beat {
-    /// No step completed yet: nothing to send.
-    Starting,
-    /// The first step completed: `READY=1`, and a ping.
-    Ready,
-    /// Steps completed since the last ping: a ping.
-    Alive,
-    /// Steps completed again after a stall: a ping.
-    Resumed,
-    /// The first check without a step since the last ping: no ping.
-    Stalled,
-    /// Another check without a step: no ping.
-    StillStalled,
-}
-
-impl Beat {
-    /// Whether this beat sends `WATCHDOG=1` (when a watchdog is expected).
-    pub fn pings(self) -> bool {
-        matches!(self, Beat::Ready | Beat::Alive | Beat::Resumed)
-    }
-}
-
-/// The watchdog's decisions, from the number of completed control steps at
-/// each check; no clock and no socket.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Heartbeat {
-    /// The step count at the last ping; `None` before `READY=1`.
-    last_pinged: Option<u64>,
-    /// Whether the last check found no new step.
-    stalled: bool,
-}
-
-impl Heartbeat {
-    /// Before the first step.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Checks `steps`, the number of control steps completed so far, and
-    /// records a ping when the beat calls for one.
-    pub fn check(&mut self, steps: u64) -> Beat {
-        let Some(last) = self.last_pinged else {
-            if steps == 0 {
-                return Beat::Starting;
-            }
-            self.last_pinged = Some(steps);
-            return Beat::Ready;
-        };
-        if should_ping(last, steps) {
-            self.last_pinged = Some(steps);
-            let beat = if self.stalled {
-                Beat::Resumed
-            } else {
-                Beat::Alive
-            };
-            self.stalled = false;
-            return beat;
-        }
-        let beat = if self.stalled {
-            Beat::StillStalled
-        } else {
-            Beat::Stalled
-        };
-        self.stalled = true;
-        beat
-    }
-
-    /// The step count at the last ping; `None` before `READY=1`.
-    pub fn last_pinged(&self) -> Option<u64> {
-        self.last_pinged
-    }
-}
-
-/// The watchdog task: waits for the first completed step on `stats` and
-/// sends `READY=1`, then, when a watchdog is expected, checks the step
-/// count every ping interval and pings only if it advanced. Returns when
-/// the stats sender is gone, or after `READY=1` without a watchdog.
-/// `STOPPING=1` is the caller's, at shutdown. Send failures are logged
-/// (once until a send succeeds again), never fatal.
-pub async fn watch_steps(notifier: Notifier, mut stats: watch::Receiver<ShellStats>) {
-    let mut heartbeat = Heartbeat::new();
-    let mut log = SendLog::default();
-    loop {
-        let steps = stats.borrow_and_update().steps;
-        if heartbeat.check(steps) == Beat::Ready {
-            log.outcome(notifier.ready());
-            if notifier.ping_interval().is_some() {
-                log.outcome(notifier.watchdog());
-            }
-            break;
-        }
-        if stats.changed().await.is_err() {
-            return;
-        }
-    }
-    let Some(every) = notifier.ping_interval() else {
-        return;
-    };
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        if stats.has_changed().is_err() {
-            return;
-        }
-        let steps = stats.borrow().steps;
-        let beat = heartbeat.check(steps);
-        match beat {
-            Beat::Stalled => {
-                tracing::warn!(
-                    "cooling-ctrl: watchdog: no control step completed in {} ms (still at step \
-                     {steps}); pings withheld, systemd restarts the controller if it lasts",
-                    every.as_millis()
-                );
-                log.outcome(notifier.status(&format!(
-                    "control loop stalled at step {steps}; watchdog pings withheld"
-                )));
-            }
-            Beat::Resumed => {
-                tracing::info!(
-                    "cooling-ctrl: watchdog: control steps complete again (step {steps})"
-                );
-                log.outcome(notifier.status("running"));
-            }
-            _ => {}
-        }
-        if beat.pings() {
-            log.outcome(notifier.watchdog());
-        }
-    }
-}
-
-/// Logs the first failed notice of a run of failures, and the recovery.
-#[derive(Default)]
-struct SendLog {
-    failing: bool,
-}
-
-impl SendLog {
-    fn outcome(&mut self, result: Result<(), NotifyError>) {
-        match result {
-            Ok(()) if self.failing => {
-                self.failing = false;
-                tracing::info!("cooling-ctrl: watchdog: the notify socket takes notices again");
-            }
-            Ok(()) => {}
-            Err(e) if !self.failing => {
-                self.failing = true;
-                tracing::warn!("cooling-ctrl: watchdog: {e}");
-            }
-            Err(_) => {}
-        }
-    }
+/// The watchdog task on the shell's stats: `READY=1` after the first
+/// completed control step, then, when a watchdog is expected, a ping every
+/// half timeout only if steps were completed since the last one (see
+/// `loopwarden_field::watchdog::watch_progress`). Returns when the stats
+/// sender is gone, or after `READY=1` without a watchdog. `STOPPING=1` is
+/// the caller's, at shutdown.
+pub async fn watch_steps(notifier: Notifier, stats: watch::Receiver<ShellStats>) {
+    loopwarden_field::watchdog::watch_progress(notifier, stats, |s| s.steps, CONTROL_LOOP).await
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Instant;
-
-    fn values(
-        socket: Option<&str>,
-        usec: Option<&str>,
-        pid: Option<&str>,
-    ) -> Result<Notifier, NotifyError> {
-        Notifier::from_values(
-            socket.map(OsStr::new),
-            usec.map(OsStr::new),
-            pid.map(OsStr::new),
-            4242,
-        )
-    }
+    use std::os::unix::net::UnixDatagram;
+    use std::time::{Duration, Instant};
 
     /// A datagram socket bound in a fresh temporary folder, and the
     /// notifier that sends to it.
@@ -534,195 +76,22 @@ mod tests {
     }
 
     #[test]
-    fn no_notify_socket_is_a_no_op() {
-        let n = values(None, Some("10000000"), None).unwrap();
-        assert_eq!(n.socket(), None);
-        assert_eq!(n.ping_interval(), None);
-        n.ready().unwrap();
-        n.watchdog().unwrap();
-        n.stopping().unwrap();
-        n.status("x").unwrap();
-        assert_eq!(values(Some(""), None, None).unwrap(), Notifier::disabled());
-    }
-
-    #[test]
-    fn the_environment_is_parsed() {
-        let n = values(Some("/run/systemd/notify"), Some("10000000"), None).unwrap();
-        assert_eq!(
-            n.socket(),
-            Some(&NotifySocket::Path("/run/systemd/notify".into()))
-        );
-        assert_eq!(n.watchdog_timeout(), Some(Duration::from_secs(10)));
-        assert_eq!(n.ping_interval(), Some(Duration::from_secs(5)));
-        let n = values(Some("@/org/freedesktop/systemd1/notify"), None, None).unwrap();
-        assert_eq!(
-            n.socket(),
-            Some(&NotifySocket::Abstract(
-                b"/org/freedesktop/systemd1/notify".to_vec()
-            ))
-        );
-        assert_eq!(n.ping_interval(), None);
-        assert_eq!(
-            n.socket().unwrap().to_string(),
-            "@/org/freedesktop/systemd1/notify"
-        );
-    }
-
-    #[test]
-    fn the_watchdog_is_honoured_only_for_our_pid() {
-        let ours = values(Some("/n"), Some("2000000"), Some("4242")).unwrap();
-        assert_eq!(ours.ping_interval(), Some(Duration::from_secs(1)));
-        let theirs = values(Some("/n"), Some("2000000"), Some("17")).unwrap();
-        assert_eq!(theirs.ping_interval(), None);
-        assert!(theirs.socket().is_some());
-    }
-
-    #[test]
-    fn bad_values_are_clear_errors() {
-        for (usec, says) in [
-            (
-                "ten",
-                "WATCHDOG_USEC=\"ten\": not a whole number of microseconds",
-            ),
-            (
-                "-5",
-                "WATCHDOG_USEC=\"-5\": not a whole number of microseconds",
-            ),
-            (
-                "1.5",
-                "WATCHDOG_USEC=\"1.5\": not a whole number of microseconds",
-            ),
-            ("", "WATCHDOG_USEC=\"\": not a whole number of microseconds"),
-            ("0", "WATCHDOG_USEC=\"0\": zero: no time to ping in"),
-            (
-                "99999999999999999999",
-                "WATCHDOG_USEC=\"99999999999999999999\": not a whole number of microseconds",
-            ),
-        ] {
-            let e = values(Some("/n"), Some(usec), None).unwrap_err();
-            assert_eq!(e.to_string(), says);
-        }
-        let e = values(Some("/n"), Some("1000"), Some("me")).unwrap_err();
-        assert_eq!(e.to_string(), "WATCHDOG_PID=\"me\": not a process id");
-        let e = values(Some("run/notify"), None, None).unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "NOTIFY_SOCKET=\"run/notify\": neither an absolute path nor an abstract name (@…)"
-        );
-        let e = values(Some("@"), None, None).unwrap_err();
-        assert!(e.to_string().starts_with("NOTIFY_SOCKET=\"@\""), "{e}");
-        let long = format!("/{}", "x".repeat(200));
-        let e = values(Some(&long), None, None).unwrap_err();
-        assert!(e.to_string().starts_with("NOTIFY_SOCKET="), "{e}");
-    }
-
-    #[test]
-    fn notices_arrive_as_exact_datagrams() {
-        let (_dir, rx, n) = listener(None);
-        n.ready().unwrap();
-        n.watchdog().unwrap();
-        n.status("cooling\nCDU 1").unwrap();
-        n.stopping().unwrap();
-        assert_eq!(recv(&rx), "READY=1");
-        assert_eq!(recv(&rx), "WATCHDOG=1");
-        assert_eq!(recv(&rx), "STATUS=cooling CDU 1");
-        assert_eq!(recv(&rx), "STOPPING=1");
-    }
-
-    #[cfg(target_os = "linux")]
-    #[test]
-    fn an_abstract_socket_takes_notices() {
-        use std::os::linux::net::SocketAddrExt;
-        let name = format!("loopwarden-watchdog-test-{}", std::process::id());
-        let rx = UnixDatagram::bind_addr(&SocketAddr::from_abstract_name(&name).unwrap()).unwrap();
-        rx.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let n = values(Some(&format!("@{name}")), None, None).unwrap();
-        n.ready().unwrap();
-        assert_eq!(recv(&rx), "READY=1");
-    }
-
-    #[test]
-    fn a_send_failure_names_the_socket() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("nobody-listens");
-        let n = Notifier::new(NotifySocket::Path(path.clone()), None);
-        let e = n.ready().unwrap_err();
-        let says = e.to_string();
-        assert!(
-            says.starts_with(&format!(
-                "sending READY=1 to the notify socket {}: ",
-                path.display()
-            )),
-            "{says}"
-        );
-    }
-
-    #[test]
-    fn the_ping_waits_for_a_new_step() {
-        assert!(!should_ping(7, 7));
-        assert!(should_ping(7, 8));
-        assert!(!should_ping(7, 3));
-    }
-
-    #[test]
-    fn heartbeat_readies_after_the_first_step_and_pings_only_on_progress() {
-        let mut h = Heartbeat::new();
-        assert_eq!(h.check(0), Beat::Starting);
-        assert_eq!(h.check(0), Beat::Starting);
-        assert_eq!(h.check(1), Beat::Ready);
-        assert_eq!(h.check(6), Beat::Alive);
-        assert_eq!(h.last_pinged(), Some(6));
-        // A hung loop: the count stays, no ping goes out, however long.
-        assert_eq!(h.check(6), Beat::Stalled);
-        for _ in 0..10 {
-            let beat = h.check(6);
-            assert_eq!(beat, Beat::StillStalled);
-            assert!(!beat.pings());
-        }
-        assert_eq!(h.last_pinged(), Some(6));
-        assert_eq!(h.check(7), Beat::Resumed);
-        assert_eq!(h.check(9), Beat::Alive);
-        assert_eq!(h.last_pinged(), Some(9));
-    }
-
-    #[test]
-    fn heartbeat_never_pings_without_progress() {
-        // From any history, a check at the count of the last ping never pings.
-        let mut h = Heartbeat::new();
-        let mut steps = 0;
-        for i in 0..200u64 {
-            steps += (i * 7919) % 3; // 0, 1 or 2 new steps per check
-            let before = h.last_pinged();
-            let beat = h.check(steps);
-            let advanced = before.is_none_or(|b| steps > b) && steps > 0;
-            assert_eq!(beat.pings(), advanced, "check {i}: {beat:?}");
-        }
-    }
-
-    #[test]
-    fn the_period_must_fit_the_watchdog() {
-        let n = Notifier::new(
-            NotifySocket::Path("/n".into()),
-            Some(Duration::from_secs(10)),
-        );
-        assert!(n.fits_period(Duration::from_secs(1)));
-        assert!(n.fits_period(Duration::from_millis(4900)));
-        assert!(!n.fits_period(Duration::from_secs(5)));
-        assert!(Notifier::disabled().fits_period(Duration::from_secs(60)));
-    }
-
-    #[test]
     fn the_log_line_says_what_will_happen() {
         assert_eq!(
-            Notifier::disabled().describe(Duration::from_secs(1)),
+            Notifier::disabled().describe(&CONTROL_LOOP, Duration::from_secs(1)),
             "no NOTIFY_SOCKET: no readiness or watchdog notices"
         );
         let n = Notifier::new(
             NotifySocket::Path("/n".into()),
             Some(Duration::from_secs(10)),
         );
-        let says = n.describe(Duration::from_secs(1));
+        let says = n.describe(&CONTROL_LOOP, Duration::from_secs(1));
         assert!(says.contains("WATCHDOG=1 every 5000 ms"), "{says}");
+        assert!(
+            says.contains("READY=1 after the first control step"),
+            "{says}"
+        );
+        assert!(says.contains("control loop period 1000 ms"), "{says}");
     }
 
     #[tokio::test]

@@ -19,6 +19,8 @@
 //! - [`config`]: the configuration error with its origin (file and line, a
 //!   flag, or the default), the TOML key to line lookup, range checks and
 //!   the [`pick!`] of a flag over the file.
+//! - [`watchdog`]: systemd's notify protocol (`READY=1`, `WATCHDOG=1`,
+//!   `STOPPING=1`), with pings only while the agent's loop makes progress.
 //!
 //! Glossary:
 //! - *origin*: where a configuration value came from, so an error points
@@ -31,3 +33,4 @@ pub mod console;
 pub mod render;
 pub mod serial;
 pub mod time;
+pub mod watchdog;

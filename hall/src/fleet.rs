@@ -654,7 +654,10 @@ fn spawn_agent(
     isolated: bool,
 ) -> Result<(JoinHandle<()>, tokio::sync::oneshot::Receiver<Bus>), FleetError> {
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let hooks = node_agent::shell::RunHooks { bus: Some(tx) };
+    let hooks = node_agent::shell::RunHooks {
+        bus: Some(tx),
+        ..Default::default()
+    };
     let rx_stop = stop_rx.clone();
     let name = id.to_string();
     let agent = async move {

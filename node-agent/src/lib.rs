@@ -19,7 +19,8 @@
 //! - [`shell`]: the running agent (bus, flash, sampling, applying limits);
 //!   [`clock`]: the wall clock for stamps, a monotonic one for windows;
 //!   [`console`]: `node-agent ctl`; [`config`]: the TOML file and flags;
-//!   [`metrics`]: Prometheus's `/metrics` (`metrics_listen`).
+//!   [`metrics`]: Prometheus's `/metrics` (`metrics_listen`);
+//!   [`watchdog`]: systemd's readiness and watchdog notices.
 //!
 //! [`replay`] runs the health engine over a recorded trace in simulated
 //! time.
@@ -48,5 +49,6 @@ pub mod nvml;
 pub mod replay;
 pub mod shell;
 pub mod sim_gpus;
+pub mod watchdog;
 pub mod worker;
 pub mod xid_queue;

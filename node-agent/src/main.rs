@@ -2,6 +2,10 @@
 //!
 //! - `node-agent run [--config FILE] [flags]`: the agent (flags override
 //!   the file; see `node-agent run --help` and `docs/node-agent.md`).
+//!   SIGTERM or ctrl-c stops it cleanly (exit 0). Under systemd
+//!   (`Type=notify`) it sends READY=1 after its first sampling round,
+//!   WATCHDOG=1 while rounds complete and STOPPING=1 at shutdown
+//!   (`node_agent::watchdog`).
 //! - `node-agent ctl status|gpus|caps|events [--since]|why <gpu> [--json]`:
 //!   the console of the agent on this host.
 
@@ -15,7 +19,9 @@ use node_agent::config::{self, GpuSourceKind, Overrides};
 use node_agent::console::{self, Request};
 use node_agent::gpu::GpuSource;
 use node_agent::nvml::{NvmlSource, SystemNvml};
+use node_agent::shell::RunHooks;
 use node_agent::sim_gpus::TwinSource;
+use node_agent::watchdog::{self, Notifier};
 
 #[derive(Parser)]
 #[command(
@@ -130,6 +136,15 @@ fn run(config_path: Option<PathBuf>, flags: Overrides) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // Read before anything starts: a malformed WATCHDOG_USEC is a
+    // configuration error, as a bad file is.
+    let notifier = match Notifier::from_env() {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("node-agent: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let source: Box<dyn GpuSource + Send> = match config.gpus {
         GpuSourceKind::Twin(n) => Box::new(TwinSource::new(&config.board, n as usize, 1)),
         GpuSourceKind::Nvml => match SystemNvml::init() {
@@ -145,7 +160,7 @@ fn run(config_path: Option<PathBuf>, flags: Overrides) -> ExitCode {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    let result = runtime.block_on(node_agent::shell::run(config, source, stop_signal()));
+    let result = runtime.block_on(serve(config, source, notifier));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -155,12 +170,45 @@ fn run(config_path: Option<PathBuf>, flags: Overrides) -> ExitCode {
     }
 }
 
-/// SIGINT or SIGTERM.
-async fn stop_signal() {
+/// Runs the agent under the watchdog: READY=1 after the first sampling
+/// round, WATCHDOG=1 while rounds complete, STOPPING=1 when a signal (or a
+/// failure) ends it.
+async fn serve(
+    config: node_agent::config::Config,
+    source: Box<dyn GpuSource + Send>,
+    notifier: Notifier,
+) -> Result<(), node_agent::shell::AgentError> {
     use tokio::signal::unix::{signal, SignalKind};
+    // Signals are caught from here on, before anything that takes time.
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+    watchdog::announce(&notifier, &watchdog::SAMPLING_LOOP, config.period);
+    let (snapshots, snapshot_rx) = console::snapshot_channel();
+    let watchdog_task = tokio::spawn(watchdog::watch_rounds(notifier.clone(), snapshot_rx));
+    let (on_stop, watchdog_abort) = (notifier.clone(), watchdog_task.abort_handle());
+    let stop = async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        // Rounds end here: no stall warnings while the agent restores its
+        // limits and leaves the bus, and the service manager hears of the
+        // shutdown before it takes time.
+        watchdog_abort.abort();
+        if let Err(e) = on_stop.stopping() {
+            tracing::warn!("node-agent: watchdog: {e}");
+        }
+    };
+    let hooks = RunHooks {
+        snapshots: Some(snapshots),
+        ..RunHooks::default()
+    };
+    let result = node_agent::shell::run_hooked(config, source, hooks, stop).await;
+    watchdog_task.abort();
+    if result.is_err() {
+        // Stopped by a failure, not a signal: not yet said.
+        if let Err(e) = notifier.stopping() {
+            tracing::warn!("node-agent: watchdog: {e}");
+        }
     }
+    result
 }

@@ -182,6 +182,11 @@ pub struct RunHooks {
     /// Given a handle of the agent's bus once it is started; its counters
     /// stay readable after the agent stops.
     pub bus: Option<tokio::sync::oneshot::Sender<Bus>>,
+    /// Where the loop publishes its snapshot after every step (the
+    /// console reads a receiver of it), so the caller can watch the loop
+    /// too: `node-agent run`'s watchdog counts its sampling rounds. `None`:
+    /// a channel of its own.
+    pub snapshots: Option<watch::Sender<Option<Snapshot>>>,
 }
 
 /// Runs the agent until `shutdown` completes, then restores the default
@@ -267,7 +272,13 @@ async fn run_agent(
     let (cooling_jobs, mut cooling_rx) = cooling::start_runner();
     let recorder = Recorder::start_on(log, store, flash_path.as_deref(), bus.clone())
         .map_err(AgentError::Thread)?;
-    let (snapshots, snapshot_rx) = console::snapshot_channel();
+    let (snapshots, snapshot_rx) = match hooks.snapshots {
+        Some(tx) => {
+            let rx = tx.subscribe();
+            (tx, rx)
+        }
+        None => console::snapshot_channel(),
+    };
     let context = Context {
         site: config.site.as_str().to_string(),
         host: config.host.as_str().to_string(),

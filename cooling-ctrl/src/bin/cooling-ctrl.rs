@@ -263,21 +263,6 @@ async fn start_northbound(
     Ok((northbound_link, northbound_task))
 }
 
-/// Logs what the watchdog will do, and warns when the control period is
-/// too long for its timeout.
-fn say_watchdog(notifier: &Notifier, period: std::time::Duration) {
-    tracing::info!("cooling-ctrl: watchdog: {}", notifier.describe(period));
-    if !notifier.fits_period(period) {
-        tracing::warn!(
-            "cooling-ctrl: watchdog: the control period ({} ms) is too long for the watchdog \
-             timeout ({} ms): two pings can be a period and half the timeout apart, and systemd \
-             will restart a healthy controller; raise WatchdogSec= above twice the period",
-            period.as_millis(),
-            notifier.watchdog_timeout().unwrap_or_default().as_millis()
-        );
-    }
-}
-
 async fn serve(config: config::Config, notifier: Notifier) -> Result<(), String> {
     use tokio::signal::unix::{signal, SignalKind};
     // Signals are caught from here on, before anything that takes time.
@@ -292,7 +277,7 @@ async fn serve(config: config::Config, notifier: Notifier) -> Result<(), String>
         ControllerFlash::open(config.flash.as_deref()).map_err(|e| format!("flash: {e}"))?;
     let recorder = flash.recorder.clone();
     let (stats_tx, stats_rx) = shell::stats_channel();
-    say_watchdog(&notifier, config.period);
+    watchdog::announce(&notifier, &watchdog::CONTROL_LOOP, config.period);
     // READY=1 after the first completed step, then WATCHDOG=1 only while
     // steps complete.
     let watchdog_task = tokio::spawn(watchdog::watch_steps(notifier.clone(), stats_rx.clone()));
