@@ -309,31 +309,46 @@ pub fn encode(entry: &Journal) -> Option<(TimestampMs, u8, Vec<u8>)> {
     }
 }
 
-/// An entry for the console, as JSON: `{"seq", "time_ms", "event"}` where
-/// `event` is the event's JSON, `{"lease_sent": …}` / `{"lift_sent": …}`
-/// or `{"wrapped": …}`.
+/// An entry for the console, as JSON: `{"seq", "time_ms", "event",
+/// "text"}` where `event` is the event's JSON, `{"lease_sent": …}` /
+/// `{"lift_sent": …}` or `{"wrapped": …}`, and `text` the same as a
+/// sentence.
 pub fn describe(e: &Entry) -> Value {
-    let what = if e.kind == MessageKind::Event as u8 {
+    let (what, text) = if e.kind == MessageKind::Event as u8 {
         match Message::decode_body(MessageKind::Event, &e.body) {
-            Ok(Message::Event(ev)) => serde_json::to_value(ev).unwrap_or(Value::Null),
-            _ => json!("undecodable event"),
+            Ok(Message::Event(ev)) => (
+                serde_json::to_value(&ev).unwrap_or(Value::Null),
+                ev.to_string(),
+            ),
+            _ => unreadable("undecodable event"),
         }
     } else if e.kind == MessageKind::CapLease as u8 {
-        decode_lease(&e.body).unwrap_or_else(|| json!("undecodable lease"))
+        decode_lease(&e.body).unwrap_or_else(|| unreadable("undecodable lease"))
     } else if e.kind == WRAPPED {
         match Wrapped::decode(&e.body) {
-            Some(w) => json!({ "wrapped": {
-                "lost": w.lost, "first_seq": w.first_seq, "last_seq": w.last_seq,
-            }}),
-            None => json!("undecodable wrap marker"),
+            Some(w) => (
+                json!({ "wrapped": {
+                    "lost": w.lost, "first_seq": w.first_seq, "last_seq": w.last_seq,
+                }}),
+                format!(
+                    "{} older records recycled (#{} to #{})",
+                    w.lost, w.first_seq, w.last_seq
+                ),
+            ),
+            None => unreadable("undecodable wrap marker"),
         }
     } else {
-        json!(format!("record of kind {}", e.kind))
+        unreadable(&format!("record of kind {}", e.kind))
     };
-    json!({ "seq": e.seq, "time_ms": e.time.0, "event": what })
+    json!({ "seq": e.seq, "time_ms": e.time.0, "event": what, "text": text })
 }
 
-fn decode_lease(body: &[u8]) -> Option<Value> {
+/// A record that cannot be read, as JSON and as words.
+fn unreadable(what: &str) -> (Value, String) {
+    (json!(what), what.to_string())
+}
+
+fn decode_lease(body: &[u8]) -> Option<(Value, String)> {
     let (&lift, rest) = body.split_first()?;
     let (&len, rest) = rest.split_first()?;
     let host = std::str::from_utf8(rest.get(..usize::from(len))?).ok()?;
@@ -342,14 +357,23 @@ fn decode_lease(body: &[u8]) -> Option<Value> {
         return None;
     };
     let name = if lift == 1 { "lift_sent" } else { "lease_sent" };
-    Some(json!({ name: {
+    let text = if lift == 1 {
+        format!(
+            "cap lifted on {host} (lease {}, seq {})",
+            l.lease, frame.seq
+        )
+    } else {
+        format!("{host}: {l} (seq {})", frame.seq)
+    };
+    let json = json!({ name: {
         "host": host,
         "seq": frame.seq,
         "lease": l.lease,
         "reason": l.reason,
         "limit_w": l.caps.first().map(|c| c.limit.0),
         "duration_ms": l.duration.0,
-    }}))
+    }});
+    Some((json, text))
 }
 
 #[cfg(test)]

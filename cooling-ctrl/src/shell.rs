@@ -575,13 +575,16 @@ fn start_core(
 ) -> Result<(Core, bool), ShellError> {
     match latched {
         Ok(Some(l)) => {
-            tracing::warn!(
-                "cooling shell: restored from flash: leaks latched {:#06b}, pumps out {:#04b}, lead {:?}, failsafe {:?}",
-                l.leaks,
-                l.pumps_out(),
-                l.lead,
-                l.failsafe
-            );
+            let restored = loopwarden_protocol::Event::ControllerRestored {
+                leaks_latched: l.leaks,
+                pumps_out: l.pumps_out(),
+                lead: l.lead,
+            };
+            let failsafe = match l.failsafe {
+                Some(r) => format!("; in failsafe ({r})"),
+                None => String::new(),
+            };
+            tracing::warn!("cooling shell: {restored}{failsafe}");
             Ok((Core::restore(cfg, l).map_err(ShellError::Core)?, false))
         }
         Ok(None) => Ok((Core::new(cfg).map_err(ShellError::Core)?, false)),
@@ -861,7 +864,7 @@ impl<P: CduPort> Shell<P> {
 
     /// Logs an event to flash and publishes it through the outbox.
     fn announce(&mut self, e: Event) {
-        tracing::info!("cooling shell: event {e:?}");
+        tracing::info!("cooling shell: {e}");
         let time = now_ms();
         self.journal(Journal::Event {
             time,
@@ -929,7 +932,7 @@ impl<P: CduPort> Shell<P> {
         };
         let mut changed = false;
         while let Ok(w) = rx.try_recv() {
-            tracing::info!("cooling shell: the BMS wrote {w:?}");
+            tracing::info!("cooling shell: the BMS wrote {}", bms_write(&w));
             match w {
                 NorthboundWrite::OutdoorTemp { celsius } => self.outdoor.bms_wrote(celsius, now),
                 _ => changed = true,
@@ -984,5 +987,15 @@ impl<P: CduPort> Shell<P> {
             tracing::error!("cooling shell: reading the CDU ({what}): {msg}");
             self.cdu_error = Some(msg);
         }
+    }
+}
+
+/// A BMS write in words, for the log.
+fn bms_write(w: &NorthboundWrite) -> String {
+    match w {
+        NorthboundWrite::SetpointCeiling { celsius } => format!("setpoint ceiling {celsius} °C"),
+        NorthboundWrite::PlanCeilingOffset { kelvin } => format!("plan ceiling offset {kelvin} K"),
+        NorthboundWrite::AlarmAck => "alarm acknowledged".to_string(),
+        NorthboundWrite::OutdoorTemp { celsius } => format!("outdoor temperature {celsius} °C"),
     }
 }

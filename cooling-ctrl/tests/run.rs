@@ -218,6 +218,7 @@ fn run_boots_drives_the_cdu_answers_the_console_and_stops_on_sigterm() {
         assert!(out.status.success(), "ctl {args:?}");
         let text = String::from_utf8(out.stdout).unwrap();
         assert!(text.contains(header), "ctl {args:?}:\n{text}");
+        assert_no_debug_text(&text);
     }
 
     // A leak on rack 2: its valve closes, its hosts are capped, and the
@@ -289,7 +290,10 @@ fn run_boots_drives_the_cdu_answers_the_console_and_stops_on_sigterm() {
     assert!(has_event(&events, |e| e["lease_sent"]["host"] == "r2h0"));
     let out = rig.ctl(&["events"]);
     let text = String::from_utf8(out.stdout).unwrap();
-    assert!(text.contains("cap 200 W to r2h0"), "{text}");
+    assert!(text.contains("r2h0: lease "), "{text}");
+    assert!(text.contains("all GPUs to 200 W for "), "{text}");
+    assert!(text.contains("rack 2: leak detected"), "{text}");
+    assert_no_debug_text(&text);
     let since_now = rig.json(&["events", "--since", "0s"]).unwrap();
     assert!(
         since_now["events"].as_array().unwrap().len() < events["events"].as_array().unwrap().len()
@@ -531,4 +535,14 @@ fn a_killed_controller_keeps_a_latched_valve_shut_and_a_hung_one_hands_the_cdu_i
     signal(&child.0, "-CONT");
     hall.wait("control back", Duration::from_secs(5), |h| !h.in_fallback());
     stop(&mut child.0);
+}
+
+/// What a person reads has no Rust debug text or raw JSON in it.
+fn assert_no_debug_text(text: &str) {
+    for bad in ["{", "}", "Some(", "None", "\"auth\""] {
+        assert!(
+            !text.contains(bad),
+            "{bad:?} in the console's answer:\n{text}"
+        );
+    }
 }

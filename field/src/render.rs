@@ -97,9 +97,9 @@ pub fn key_values(rows: &[(&str, String)]) -> String {
     out
 }
 
-/// The `events` answer (`{"events": [{"seq", "time_ms", "event"}]}`) as a
-/// table, each event in words by `describe`; `no events` when empty.
-pub fn events_table(v: &Value, describe: impl Fn(&Value) -> String) -> String {
+/// The `events` answer (`{"events": [{"seq", "time_ms", "event", "text"}]}`)
+/// as a table, each event as its sentence; `no events` when empty.
+pub fn events_table(v: &Value) -> String {
     let rows: Vec<Vec<String>> = v["events"]
         .as_array()
         .map(|a| {
@@ -108,7 +108,7 @@ pub fn events_table(v: &Value, describe: impl Fn(&Value) -> String) -> String {
                     vec![
                         text(&e["seq"]),
                         clock(e["time_ms"].as_u64().unwrap_or(0)),
-                        describe(&e["event"]),
+                        event_text(e),
                     ]
                 })
                 .collect()
@@ -118,6 +118,18 @@ pub fn events_table(v: &Value, describe: impl Fn(&Value) -> String) -> String {
         "no events\n".into()
     } else {
         table(&["#", "TIME (UTC)", "EVENT"], &rows)
+    }
+}
+
+/// An event-log entry in words: its `text` (the agent's sentence), or
+/// for an agent too old to send one, the name of its kind.
+fn event_text(e: &Value) -> String {
+    if let Some(t) = e["text"].as_str() {
+        return t.to_string();
+    }
+    match e["event"].as_object().and_then(|o| o.keys().next()) {
+        Some(name) => name.replace('_', " "),
+        None => text(&e["event"]),
     }
 }
 
@@ -156,11 +168,16 @@ mod tests {
         assert_eq!(text(&json!([])), "-");
         assert_eq!(text(&json!([1, "a"])), "1,a");
         assert_eq!(text(&json!("a")), "a");
-        assert_eq!(events_table(&json!({"events": []}), text), "no events\n");
-        let v = json!({"events": [{"seq": 7, "time_ms": 1_795_953_600_123u64, "event": "x"}]});
+        assert_eq!(events_table(&json!({"events": []})), "no events\n");
+        let v = json!({"events": [
+            {"seq": 7, "time_ms": 1_795_953_600_123u64, "event": {"leak": {}}, "text": "rack 1: leak detected"},
+            {"seq": 8, "time_ms": 1_795_953_600_123u64, "event": {"pump_seized": {}}},
+        ]});
         assert_eq!(
-            events_table(&v, text),
-            "#  TIME (UTC)               EVENT\n7  2026-11-29 12:00:00.123  x\n"
+            events_table(&v),
+            "#  TIME (UTC)               EVENT\n\
+             7  2026-11-29 12:00:00.123  rack 1: leak detected\n\
+             8  2026-11-29 12:00:00.123  pump seized\n"
         );
     }
 }

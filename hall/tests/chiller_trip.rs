@@ -129,6 +129,11 @@ async fn a_chiller_trip_caps_the_hosts_through_real_agents_and_the_caps_lift_aft
     }
     for e in &out.events {
         eprintln!("event {e}");
+        // The live view shows these lines: sentences, never debug text.
+        assert!(
+            !e.contains('{') && !e.contains('}') && !e.contains("Some("),
+            "debug text in the live view's event {e:?}"
+        );
     }
 
     // Everyone was there.

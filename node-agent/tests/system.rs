@@ -81,6 +81,24 @@ impl Agent {
         serde_json::from_slice(&out.stdout).ok()
     }
 
+    /// `node-agent ctl ARGS` as a person reads it; checks it holds no
+    /// Rust debug text or raw JSON.
+    fn ctl_text(&self, args: &[&str]) -> String {
+        let out = Command::new(AGENT)
+            .arg("ctl")
+            .arg("--console")
+            .arg(&self.console)
+            .args(args)
+            .output()
+            .expect("run node-agent ctl");
+        assert!(out.status.success(), "ctl {args:?}");
+        let text = String::from_utf8(out.stdout).expect("UTF-8");
+        for bad in ["{", "}", "Some(", "None", "\"auth\""] {
+            assert!(!text.contains(bad), "{bad:?} in ctl {args:?}:\n{text}");
+        }
+        text
+    }
+
     /// Stops it with SIGTERM, as systemd does, and returns its exit status.
     fn terminate(&mut self) -> std::process::ExitStatus {
         let mut child = self.child.take().expect("running");
@@ -400,6 +418,12 @@ fn leases_are_applied_acknowledged_refused_and_lifted() {
                 && e["event"]["caps_applied"]["limit"] == 700),
         "{events}"
     );
+    let text = agent.ctl_text(&["events"]);
+    assert!(text.contains("GPUs 0-7 uncapped (limit 700 W)"), "{text}");
+    assert!(text.contains("all GPUs to 450 W for 4 s (from "), "{text}");
+    for args in [&["status"][..], &["gpus"], &["caps"], &["why", "3"]] {
+        agent.ctl_text(args);
+    }
     assert!(agent.ctl(&["why", "3"]).is_some());
     assert!(
         agent.ctl(&["why", "12"]).is_none(),

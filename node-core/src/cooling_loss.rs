@@ -40,6 +40,18 @@ pub enum Phase {
     },
 }
 
+impl core::fmt::Display for Phase {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Phase::Cooled => f.write_str("cooled"),
+            Phase::Draining { since } => {
+                write!(f, "drained at {since} ms, in the grace before the power-down")
+            }
+            Phase::PoweredDown { since } => write!(f, "powered down at {since} ms"),
+        }
+    }
+}
+
 /// The cooling-loss decisions of one host.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CoolingLoss {

@@ -18,8 +18,10 @@
 use core::fmt;
 
 use crate::message::{
-    AckCode, CapSource, CduMode, CoolingStep, Event, HealthState, Pump, Sensor, SensorFault,
+    AckCode, CapLease, CapSource, CduMode, CoolingStep, Event, GpuCap, GpuSelector, HealthState,
+    Pump, QuarantineRelease, Sensor, SensorFault,
 };
+use crate::units::DurationMs;
 use crate::xid::{self, XidAction, XidCause};
 
 /// A set of GPUs (one bit per index) as people write it: `GPU 6`,
@@ -203,6 +205,62 @@ impl fmt::Display for XidCause {
             XidCause::DriverFirmware => "driver or firmware",
             XidCause::System => "host system",
         })
+    }
+}
+
+impl fmt::Display for GpuCap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.gpus {
+            GpuSelector::All => write!(f, "all GPUs to {}", self.limit),
+            GpuSelector::Gpu(g) => write!(f, "{g} to {}", self.limit),
+        }
+    }
+}
+
+/// A duration as people write it: `30 s`, `1.5 s`, `250 ms`.
+struct Span(DurationMs);
+
+impl fmt::Display for Span {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ms = self.0 .0;
+        match ms {
+            0..=999 => write!(f, "{ms} ms"),
+            _ if ms % 1000 == 0 => write!(f, "{} s", ms / 1000),
+            _ => write!(f, "{}.{} s", ms / 1000, ms % 1000 / 100),
+        }
+    }
+}
+
+/// `lease 12 from the cooling (capacity-short): all GPUs to 300 W for 30 s`
+/// (the signature is not shown).
+impl fmt::Display for CapLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "lease {} from {} ({}): ",
+            self.lease, self.source, self.reason
+        )?;
+        for (i, c) in self.caps.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{c}")?;
+        }
+        if self.caps.is_empty() {
+            f.write_str("no cap")?;
+        }
+        write!(f, " for {}", Span(self.duration))
+    }
+}
+
+/// `release GPU 3 by alice: reseated` (the signature is not shown).
+impl fmt::Display for QuarantineRelease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "release {} by {}: {}",
+            self.gpu, self.operator, self.note
+        )
     }
 }
 
@@ -624,6 +682,32 @@ mod tests {
             assert!(!s.contains("Some") && !s.contains("None"), "{s}");
             assert!(!s.contains('_'), "{s}");
         }
+    }
+
+    #[test]
+    fn commands_read_without_their_signature() {
+        use crate::frame::{Message, MessageKind};
+        let Message::CapLease(l) = crate::samples::message(MessageKind::CapLease) else {
+            panic!("the sample lease");
+        };
+        let s = format!("{l}");
+        assert!(s.starts_with(&format!("lease {} from ", l.lease)), "{s}");
+        assert!(s.contains(" to ") && s.contains(" for "), "{s}");
+        assert!(
+            !s.contains('{') && !s.contains("auth") && !s.contains("Some"),
+            "{s}"
+        );
+        let Message::QuarantineRelease(r) = crate::samples::message(MessageKind::QuarantineRelease)
+        else {
+            panic!("the sample release");
+        };
+        assert_eq!(
+            format!("{r}"),
+            format!("release {} by {}: {}", r.gpu, r.operator, r.note)
+        );
+        assert_eq!(format!("{}", Span(DurationMs(30_000))), "30 s");
+        assert_eq!(format!("{}", Span(DurationMs(1_500))), "1.5 s");
+        assert_eq!(format!("{}", Span(DurationMs(250))), "250 ms");
     }
 
     #[test]

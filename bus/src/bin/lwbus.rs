@@ -23,7 +23,7 @@ use clap::{Parser, Subcommand};
 use loopwarden_bus::embedded::{configured_or_embedded, EmbeddedBroker, DEFAULT_LISTEN};
 use loopwarden_bus::{now_ms, site_filter, Brokers, Bus, BusConfig};
 use loopwarden_protocol::{
-    samples, xid, Event, Family, GpuSelector, Ident, Message, MessageKind, NodeId, Role, Topic,
+    samples, Family, GpuSelector, Ident, Message, MessageKind, NodeId, Role, Topic,
 };
 
 #[derive(Parser)]
@@ -147,7 +147,7 @@ fn summary(message: &Message) -> String {
             .gpus
             .iter()
             .filter(|g| g.reason.0 != 0)
-            .map(|g| format!("GPU {} {:?} ({})", g.gpu.get(), g.state, g.reason))
+            .map(|g| format!("{} {} ({})", g.gpu, g.state, g.reason))
             .collect::<Vec<_>>()
             .join(", "),
         Message::CduTelemetry(c) => format!(
@@ -156,13 +156,9 @@ fn summary(message: &Message) -> String {
             c.setpoint,
             c.flow.map(|f| f.to_string()).unwrap_or("lost".into())
         ),
-        Message::CduState(s) => format!("{:?} ({})", s.mode, s.reason),
+        Message::CduState(s) => format!("mode {} ({})", s.mode, s.reason),
         Message::Online(o) => format!("online={} software {}", o.online, o.software),
-        Message::Event(Event::Xid { gpu, xid }) => match xid::lookup(*xid) {
-            Some(x) => format!("XID {xid} on {gpu}: {} ({:?})", x.meaning, x.action),
-            None => format!("XID {xid} on {gpu} (not in the catalog)"),
-        },
-        Message::Event(e) => format!("{e:?}"),
+        Message::Event(e) => e.to_string(),
         Message::CapLease(l) => {
             let caps: Vec<String> = l
                 .caps
@@ -173,7 +169,7 @@ fn summary(message: &Message) -> String {
                 })
                 .collect();
             format!(
-                "lease {} from {:?} for {} ({}): {}",
+                "lease {} from {} for {} ({}): {}",
                 l.lease,
                 l.source,
                 l.duration,
@@ -185,7 +181,7 @@ fn summary(message: &Message) -> String {
             format!("release GPU {} by {}: {}", r.gpu.get(), r.operator, r.note)
         }
         Message::Ack(a) => format!(
-            "{:?} for {} seq {}{}",
+            "{} for {} seq {}{}",
             a.code,
             a.correlation.from,
             a.correlation.seq,

@@ -27,7 +27,7 @@ pub fn render(req: &Request, v: &Value) -> String {
         Request::Status => status(v),
         Request::Sensors => sensors(v),
         Request::Loops => loops(v),
-        Request::Events { .. } => events_table(v, describe_event),
+        Request::Events { .. } => events_table(v),
         Request::Caps => caps(v),
     }
 }
@@ -551,37 +551,4 @@ fn caps(v: &Value) -> String {
         ],
         &rows,
     )
-}
-
-fn describe_event(e: &Value) -> String {
-    let Some((name, body)) = e.as_object().and_then(|o| o.iter().next()) else {
-        return s(e);
-    };
-    match name.as_str() {
-        "lease_sent" => format!(
-            "cap {} W to {} ({}, seq {})",
-            s(&body["limit_w"]),
-            s(&body["host"]),
-            s(&body["reason"]),
-            s(&body["seq"])
-        ),
-        "lift_sent" => format!(
-            "cap lifted on {} (seq {})",
-            s(&body["host"]),
-            s(&body["seq"])
-        ),
-        "wrapped" => format!(
-            "{} older records recycled (#{} to #{})",
-            s(&body["lost"]),
-            s(&body["first_seq"]),
-            s(&body["last_seq"])
-        ),
-        "cdu_mode_changed" => format!(
-            "mode {} -> {} ({})",
-            s(&body["from"]),
-            s(&body["to"]),
-            s(&body["reason"])
-        ),
-        _ => format!("{name} {body}"),
-    }
 }

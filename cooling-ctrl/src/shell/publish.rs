@@ -65,7 +65,7 @@ impl<P: CduPort> Shell<P> {
             }
             Err(e) => {
                 self.stats.publish_errors += 1;
-                tracing::warn!("cooling shell: publishing {kind:?}: {e}");
+                tracing::warn!("cooling shell: publishing {}: {e}", kind.name());
                 false
             }
         }

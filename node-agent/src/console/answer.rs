@@ -70,7 +70,11 @@ fn status(ctx: &Context, snap: &Snapshot, now: TimestampMs) -> Value {
             "published": m.published,
             "acked": m.acked,
             "received": m.received,
-            "dropped": m.dropped(),
+            // Renewed frames (telemetry) found the bus offline: the next
+            // sample replaces them. The first sample of a start usually
+            // comes before the first connection.
+            "not_sent_offline": m.dropped_offline,
+            "dropped": m.dropped() - m.dropped_offline,
             "connects": m.connects,
             "outbox_refused": m.outbox_refused,
             "dropped_outbox": m.dropped_outbox,
@@ -200,40 +204,51 @@ async fn events_view(ctx: &Context, since: u64) -> Value {
     };
     let mut events = Vec::new();
     for r in entries.iter().filter(|r| r.time.0 >= since) {
-        let what = if r.kind == MessageKind::Event as u8 {
+        let (what, text) = if r.kind == MessageKind::Event as u8 {
             match Message::decode_body(MessageKind::Event, &r.body) {
-                Ok(Message::Event(e)) => serde_json::to_value(e).unwrap_or(Value::Null),
-                _ => json!("undecodable event"),
+                Ok(Message::Event(e)) => (
+                    serde_json::to_value(&e).unwrap_or(Value::Null),
+                    e.to_string(),
+                ),
+                _ => (json!("undecodable event"), "undecodable event".into()),
             }
-        } else if r.kind == MessageKind::CapLease as u8 {
+        } else if r.kind == MessageKind::CapLease as u8
+            || r.kind == MessageKind::QuarantineRelease as u8
+        {
             match Frame::decode(&r.body) {
-                Ok(f) => command(&f, "lease_taken"),
-                Err(e) => json!(format!("undecodable lease: {e}")),
-            }
-        } else if r.kind == MessageKind::QuarantineRelease as u8 {
-            match Frame::decode(&r.body) {
-                Ok(f) => command(&f, "release_taken"),
-                Err(e) => json!(format!("undecodable release: {e}")),
+                Ok(f) => command(&f),
+                Err(e) => (
+                    json!(format!("undecodable command: {e}")),
+                    format!("undecodable command: {e}"),
+                ),
             }
         } else {
-            json!(format!("record of kind {}", r.kind))
+            let what = format!("record of kind {}", r.kind);
+            (json!(what), what)
         };
-        events.push(json!({ "seq": r.seq, "time_ms": r.time.0, "event": what }));
+        events.push(json!({ "seq": r.seq, "time_ms": r.time.0, "event": what, "text": text }));
     }
     json!({ "events": events })
 }
 
-/// A command kept in the event log, as `{name: {from, seq, body}}`.
-fn command(f: &Frame, name: &str) -> Value {
-    json!({ name: {
-        "from": format!("{}/{}", f.sender.role.as_str(), f.sender.id.as_str()),
-        "seq": f.seq,
-        "body": match &f.message {
-            Message::CapLease(l) => serde_json::to_value(l).unwrap_or(Value::Null),
-            Message::QuarantineRelease(q) => serde_json::to_value(q).unwrap_or(Value::Null),
-            _ => Value::Null,
-        },
-    }})
+/// A command kept in the event log: as `{name: {from, seq, body}}` (the
+/// body without its signature) and as a sentence.
+fn command(f: &Frame) -> (Value, String) {
+    let from = format!("{}/{}", f.sender.role.as_str(), f.sender.id.as_str());
+    let (name, mut body, text) = match &f.message {
+        Message::CapLease(l) => ("lease_taken", serde_json::to_value(l), l.to_string()),
+        Message::QuarantineRelease(q) => ("release_taken", serde_json::to_value(q), q.to_string()),
+        other => (
+            "command_taken",
+            Ok(Value::Null),
+            other.kind().name().to_string(),
+        ),
+    };
+    if let Ok(Value::Object(o)) = &mut body {
+        o.remove("auth");
+    }
+    let json = json!({ name: { "from": from, "seq": f.seq, "body": body.unwrap_or(Value::Null) }});
+    (json, format!("{text} (from {from}, seq {})", f.seq))
 }
 
 fn why(snap: &Snapshot, now: TimestampMs, gpu: u8) -> Value {
@@ -274,7 +289,7 @@ fn why(snap: &Snapshot, now: TimestampMs, gpu: u8) -> Value {
             json!({
                 "xid": x,
                 "ago_s": ms_ago(now, *t),
-                "cause": entry.map(|e| format!("{:?}", e.cause)),
+                "cause": entry.map(|e| e.cause.to_string()),
                 "name": entry.map(|e| e.mnemonic),
             })
         })

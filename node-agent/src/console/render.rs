@@ -19,7 +19,7 @@ pub fn render(req: &Request, v: &Value) -> String {
         Request::Status => status(v),
         Request::Gpus => gpus(v),
         Request::Caps => caps(v),
-        Request::Events { .. } => events_table(v, describe_event),
+        Request::Events { .. } => events_table(v),
         Request::Why { .. } => why(v),
     }
 }
@@ -36,7 +36,8 @@ fn status(v: &Value) -> String {
         (
             "bus",
             format!(
-                "{}, {} published, {} received, {} dropped, {} connects",
+                "{}, {} published, {} received, {} dropped, {} connects, \
+                 {} telemetry frames not sent while offline",
                 if v["connected"].as_bool() == Some(true) {
                     "connected"
                 } else {
@@ -45,7 +46,8 @@ fn status(v: &Value) -> String {
                 s(&v["bus"]["published"]),
                 s(&v["bus"]["received"]),
                 s(&v["bus"]["dropped"]),
-                s(&v["bus"]["connects"])
+                s(&v["bus"]["connects"]),
+                s(&v["bus"]["not_sent_offline"])
             ),
         ),
         (
@@ -244,56 +246,4 @@ fn why(v: &Value) -> String {
         );
     }
     out
-}
-
-/// Whose cap is in force, `uncapped` for none.
-fn cap_source(body: &Value) -> String {
-    if body["source"].is_null() {
-        "uncapped".into()
-    } else {
-        s(&body["source"])
-    }
-}
-
-/// GPU indexes of a bit mask, `0,1,5`.
-fn gpu_list(mask: u64) -> String {
-    (0..16)
-        .filter(|i| mask & (1 << i) != 0)
-        .map(|i: u32| i.to_string())
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-fn describe_event(e: &Value) -> String {
-    let Some((name, body)) = e.as_object().and_then(|o| o.iter().next()) else {
-        return s(e);
-    };
-    match name.as_str() {
-        "xid" => format!("GPU {}: XID {}", s(&body["gpu"]), s(&body["xid"])),
-        "cap_applied" => format!(
-            "GPU {}: limit {} W ({})",
-            s(&body["gpu"]),
-            s(&body["limit"]),
-            cap_source(body)
-        ),
-        "caps_applied" => format!(
-            "GPUs {}: limit {} W ({})",
-            gpu_list(body["gpus"].as_u64().unwrap_or(0)),
-            s(&body["limit"]),
-            cap_source(body)
-        ),
-        "release_taken" => format!(
-            "release from {} (seq {}): {}",
-            s(&body["from"]),
-            s(&body["seq"]),
-            body["body"]
-        ),
-        "lease_taken" => format!(
-            "lease from {} (seq {}): {}",
-            s(&body["from"]),
-            s(&body["seq"]),
-            body["body"]
-        ),
-        _ => format!("{name} {body}"),
-    }
 }

@@ -67,8 +67,8 @@ impl Agent {
             applied = self.take_lease(&frame, &mut code, &mut detail).await;
         }
         tracing::info!(
-            "{:?} from {} seq {}: {code:?} {detail}",
-            frame.message.kind(),
+            "{} from {} seq {}: {code} {detail}",
+            frame.message.kind().name(),
             frame.sender.id.as_str(),
             frame.seq
         );

@@ -99,7 +99,7 @@ pub(super) async fn restore(store: &mut ConfigStore<Flash>) -> Phase {
         Err(e) => unreadable(format!("{e:?}")),
     };
     if phase != Phase::Cooled {
-        tracing::warn!("a cooling loss from before the restart: {phase:?}; waiting for the CDU");
+        tracing::warn!("a cooling loss from before the restart: {phase}; waiting for the CDU");
     }
     phase
 }
@@ -145,11 +145,11 @@ impl Agent {
         for step in steps {
             let cmds = commands(&self.config.cooling_loss, step);
             if cmds.is_empty() {
-                tracing::warn!("rack {rack}: cooling {step:?}: no command configured");
+                tracing::warn!("rack {rack}: cooling-loss {step}: no command configured");
                 continue;
             }
             tracing::warn!(
-                "rack {rack}: cooling {step:?}: running {} commands",
+                "rack {rack}: cooling-loss {step}: running {} commands",
                 cmds.len()
             );
             let vars: [(&str, &str); 5] = [
@@ -169,7 +169,7 @@ impl Agent {
             };
             if let Err(e) = self.cooling_jobs.try_send(job) {
                 tracing::error!(
-                    "rack {rack}: cooling {step:?} not run: the runner's queue refused it ({e})"
+                    "rack {rack}: cooling-loss {step} not run: the runner's queue refused it ({e})"
                 );
             }
         }
@@ -189,9 +189,9 @@ impl Agent {
     /// A cooling-loss command ended: logged to flash and published.
     pub(super) async fn on_cooling_action(&mut self, step: CoolingStep, o: actions::Outcome) {
         if o.ok {
-            tracing::info!("cooling {step:?}: {} done", o.program);
+            tracing::info!("cooling-loss {step}: {} done", o.program);
         } else {
-            tracing::error!("cooling {step:?}: {} failed: {}", o.program, o.detail);
+            tracing::error!("cooling-loss {step}: {} failed: {}", o.program, o.detail);
         }
         let ev = Event::CoolingAction {
             step,

@@ -21,10 +21,10 @@ impl Agent {
             self.recorder.publish(message, time, mirror);
             return;
         }
-        let kind = message.kind();
+        let kind = message.kind().name();
         match self.bus.publish_mirrored(message, time, mirror) {
             Ok(_) | Err(loopwarden_bus::PublishError::Offline) => {}
-            Err(e) => tracing::warn!("{kind:?} not published: {e}"),
+            Err(e) => tracing::warn!("{kind} not published: {e}"),
         }
     }
 

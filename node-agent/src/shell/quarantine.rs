@@ -99,7 +99,7 @@ impl Agent {
                         tracing::error!("GPU {} quarantined ({name}): {}", c.gpu, c.evidence);
                     } else {
                         tracing::warn!(
-                            "GPU {}: {:?} -> {:?} ({name}): {}",
+                            "GPU {}: {} → {} ({name}): {}",
                             c.gpu,
                             c.from,
                             c.to,

@@ -193,7 +193,7 @@ pub(super) async fn restore_health(
             Ok(Some(n)) => match postcard::from_bytes::<GpuHealth>(&buf[..n]) {
                 Ok(h) if h.state != HealthState::Healthy => {
                     tracing::warn!(
-                        "GPU {i}: {:?} since before the restart ({})",
+                        "GPU {i}: {} since before the restart ({})",
                         h.state,
                         h.evidence.as_str()
                     );
