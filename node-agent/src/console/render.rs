@@ -33,23 +33,7 @@ fn status(v: &Value) -> String {
             fill(v, "{gpus} from {gpu_source}, {responsive} responsive"),
         ),
         ("unresponsive", s(&v["unresponsive"])),
-        (
-            "bus",
-            format!(
-                "{}, {} published, {} received, {} dropped, {} connects, \
-                 {} telemetry frames not sent while offline",
-                if v["connected"].as_bool() == Some(true) {
-                    "connected"
-                } else {
-                    "NOT CONNECTED"
-                },
-                s(&v["bus"]["published"]),
-                s(&v["bus"]["received"]),
-                s(&v["bus"]["dropped"]),
-                s(&v["bus"]["connects"]),
-                s(&v["bus"]["not_sent_offline"])
-            ),
-        ),
+        ("bus", bus_line(v)),
         (
             "uptime",
             format!("{:.0} s", v["uptime_s"].as_f64().unwrap_or(0.0)),
@@ -246,4 +230,26 @@ fn why(v: &Value) -> String {
         );
     }
     out
+}
+
+/// `connected, 11 published, 0 received, 0 dropped, 1 connects`, and how
+/// many telemetry frames found the bus offline when any did.
+fn bus_line(v: &Value) -> String {
+    let b = &v["bus"];
+    let mut line = format!(
+        "{}, {} published, {} received, {} dropped, {} connects",
+        if v["connected"].as_bool() == Some(true) {
+            "connected"
+        } else {
+            "NOT CONNECTED"
+        },
+        s(&b["published"]),
+        s(&b["received"]),
+        s(&b["dropped"]),
+        s(&b["connects"])
+    );
+    if let Some(n) = b["not_sent_offline"].as_u64().filter(|n| *n > 0) {
+        line.push_str(&format!("; {n} telemetry frames not sent while offline"));
+    }
+    line
 }
