@@ -544,7 +544,15 @@ async fn release(
             println!("GPU {} of {} released", gpu.get(), host.as_str());
             Ok(())
         }
-        Ok(Some(a)) => bail!("refused: {:?}: {}", a.code, a.detail.as_str()),
+        Ok(Some(a)) => bail!(
+            "{} ({}): {}",
+            a.code,
+            serde_json::to_value(a.code)
+                .ok()
+                .and_then(|v| v.as_str().map(String::from))
+                .unwrap_or_default(),
+            a.detail.as_str()
+        ),
         _ => bail!(
             "no answer from {} in 10 s (is its agent running, on this site?)",
             host.as_str()
