@@ -97,6 +97,9 @@ pub struct Publish {
 }
 
 /// What happened, for [`Bridge::step`].
+// A frame is moved once, straight into `step`: boxing it would cost an
+// allocation per frame and save nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Input {
     /// The Sparkplug connection is up and subscribed to NCMD.
@@ -569,5 +572,396 @@ impl Bridge {
         self.node_published = now_metrics;
         self.node_published_at = now;
         vec![self.publish(Kind::NData, None, now, changed)]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::payload::{decode, MetricValue, Payload};
+    use loopwarden_protocol::{
+        samples, ClockSource, MessageKind, NodeId, Online, Text, TimestampMs, WholeCelsius,
+    };
+    use proptest::prelude::*;
+
+    const T: u64 = 1_795_953_600_000;
+
+    fn bridge() -> Bridge {
+        Bridge::new(BridgeConfig {
+            group: "hall-1".into(),
+            edge_node: "loopwarden".into(),
+            site: "hall-1".into(),
+            software: "0.1.0".into(),
+            ndata_every_ms: 10_000,
+        })
+    }
+
+    fn input(role: Role, id: &str, message: Message) -> Input {
+        let site = Ident::new("hall-1").unwrap();
+        let node = NodeId::new(role, id).unwrap();
+        let family = message.kind().family();
+        let topic = Topic::new(&site, role, &node.id, family);
+        let frame = Frame {
+            sender: node,
+            seq: 1,
+            time: TimestampMs(T),
+            message,
+        };
+        Input::Frame(topic, frame)
+    }
+
+    fn online(role: Role, id: &str, up: bool) -> Input {
+        let o = Online {
+            online: up,
+            software: Text::truncated("0.1.0"),
+            started: TimestampMs(T),
+            clock: ClockSource::UnixEpoch,
+        };
+        input(role, id, Message::Online(o))
+    }
+
+    fn host_telemetry(id: &str, temp: u8) -> Input {
+        let mut t = samples::host_telemetry(2);
+        t.gpus[0].temp = WholeCelsius(temp);
+        input(Role::Host, id, Message::HostTelemetry(t))
+    }
+
+    fn cdu_state() -> Input {
+        input(Role::Cdu, "cdu-a", samples::message(MessageKind::CduState))
+    }
+
+    fn body(p: &Publish) -> Payload {
+        decode(&p.payload).expect("the bridge's payloads decode")
+    }
+
+    fn metric(p: &Payload, name: &str) -> Option<MetricValue> {
+        let m = p.metrics.iter().find(|m| m.name.as_deref() == Some(name))?;
+        m.value.clone()
+    }
+
+    fn kinds(out: &[Publish]) -> Vec<(Kind, Option<&str>)> {
+        out.iter().map(|p| (p.kind, p.device.as_deref())).collect()
+    }
+
+    fn connected(b: &mut Bridge) -> Vec<Publish> {
+        b.connecting(T);
+        b.step(T, Input::Connected)
+    }
+
+    fn rebirth_command() -> Vec<u8> {
+        let m = payload::Metric {
+            name: Some(REBIRTH.into()),
+            value: Some(MetricValue::Boolean(true)),
+            ..Default::default()
+        };
+        payload::encode(T, None, vec![m])
+    }
+
+    #[test]
+    fn the_birth_carries_seq_0_the_wills_bdseq_and_the_rebirth_control() {
+        let mut b = bridge();
+        let will = b.connecting(T);
+        assert_eq!(will.topic, "spBv1.0/hall-1/NDEATH/loopwarden");
+        assert_eq!((will.kind, will.qos), (Kind::NDeath, 1));
+        let death = body(&will);
+        assert_eq!(death.seq, None, "an NDEATH has no seq");
+        assert_eq!(metric(&death, "bdSeq"), Some(MetricValue::Long(0)));
+        let will = b.connecting(T);
+        assert_eq!(metric(&body(&will), "bdSeq"), Some(MetricValue::Long(1)));
+        let out = b.step(T, Input::Connected);
+        assert_eq!(kinds(&out), [(Kind::NBirth, None)]);
+        assert_eq!(out[0].topic, "spBv1.0/hall-1/NBIRTH/loopwarden");
+        let birth = body(&out[0]);
+        assert_eq!((birth.seq, birth.timestamp), (Some(0), Some(T)));
+        assert_eq!(metric(&birth, "bdSeq"), Some(MetricValue::Long(1)));
+        assert_eq!(metric(&birth, REBIRTH), Some(MetricValue::Boolean(false)));
+        assert!(birth
+            .metrics
+            .iter()
+            .all(|m| m.datatype.is_some() && m.timestamp == Some(T)));
+    }
+
+    #[test]
+    fn bdseq_wraps_from_255_to_0() {
+        let mut b = bridge();
+        for _ in 0..256 {
+            b.connecting(T);
+        }
+        assert_eq!(b.bd_seq(), Some(255));
+        let will = b.connecting(T);
+        assert_eq!(metric(&body(&will), "bdSeq"), Some(MetricValue::Long(0)));
+    }
+
+    #[test]
+    fn a_device_is_born_first_then_sends_only_what_changed() {
+        let mut b = bridge();
+        assert!(
+            b.step(T, host_telemetry("h07", 61)).is_empty(),
+            "no session yet"
+        );
+        let out = connected(&mut b);
+        assert_eq!(
+            kinds(&out),
+            [(Kind::NBirth, None), (Kind::DBirth, Some("h07"))]
+        );
+        assert_eq!(out[1].topic, "spBv1.0/hall-1/DBIRTH/loopwarden/h07");
+        assert_eq!(body(&out[1]).seq, Some(1));
+        assert!(
+            b.step(T, host_telemetry("h07", 61)).is_empty(),
+            "nothing changed"
+        );
+        let out = b.step(T + 1, host_telemetry("h07", 70));
+        assert_eq!(kinds(&out), [(Kind::DData, Some("h07"))]);
+        let data = body(&out[0]);
+        assert_eq!(data.seq, Some(2));
+        let names: Vec<_> = data
+            .metrics
+            .iter()
+            .filter_map(|m| m.name.as_deref())
+            .collect();
+        assert_eq!(names, ["hottest_gpu_c", "gpu/0/temp_c"]);
+        assert_eq!(metric(&data, "gpu/0/temp_c"), Some(MetricValue::Int(70)));
+        assert!(data.metrics.iter().all(|m| m.datatype.is_none()));
+        // A CDU heard for the first time during the session is born at once.
+        let out = b.step(T, cdu_state());
+        assert_eq!(kinds(&out), [(Kind::DBirth, Some("cdu-a"))]);
+        assert_eq!(
+            metric(&body(&out[0]), "mode"),
+            Some(MetricValue::String("degraded".into()))
+        );
+    }
+
+    #[test]
+    fn seq_counts_every_message_and_wraps_from_255_to_0() {
+        let mut b = bridge();
+        connected(&mut b);
+        let mut seqs = Vec::new();
+        for i in 0..300u64 {
+            let temp = if i % 2 == 0 { 61 } else { 62 };
+            for p in b.step(T + i, host_telemetry("h07", temp)) {
+                seqs.push(body(&p).seq.unwrap());
+            }
+        }
+        assert_eq!(seqs.len(), 300, "a birth, then one DDATA per change");
+        let want: Vec<u64> = (1..=300).map(|s| s % 256).collect();
+        assert_eq!(seqs, want);
+    }
+
+    #[test]
+    fn a_host_whose_gpus_change_is_born_again() {
+        let mut b = bridge();
+        connected(&mut b);
+        b.step(T, host_telemetry("h07", 61));
+        let t = samples::host_telemetry(4);
+        let out = b.step(T, input(Role::Host, "h07", Message::HostTelemetry(t)));
+        assert_eq!(kinds(&out), [(Kind::DBirth, Some("h07"))]);
+        assert_eq!(
+            metric(&body(&out[0]), "gpu/3/power_limit_w"),
+            Some(MetricValue::Int(700))
+        );
+    }
+
+    #[test]
+    fn offline_gives_ddeath_and_only_online_brings_the_device_back() {
+        let mut b = bridge();
+        connected(&mut b);
+        b.step(T, online(Role::Host, "h07", true));
+        assert_eq!(
+            kinds(&b.step(T, host_telemetry("h07", 61)))[0].0,
+            Kind::DBirth
+        );
+        let out = b.step(T, online(Role::Host, "h07", false));
+        assert_eq!(kinds(&out), [(Kind::DDeath, Some("h07"))]);
+        let death = body(&out[0]);
+        assert!(death.seq.is_some() && death.metrics.is_empty());
+        assert!(
+            b.step(T, host_telemetry("h07", 62)).is_empty(),
+            "a late sample"
+        );
+        assert!(
+            b.step(T, online(Role::Host, "h07", false)).is_empty(),
+            "dead once"
+        );
+        let out = b.step(T, online(Role::Host, "h07", true));
+        assert!(out.is_empty(), "back, but born with its first measurement");
+        let out = b.step(T, host_telemetry("h07", 63));
+        assert_eq!(kinds(&out), [(Kind::DBirth, Some("h07"))]);
+        let birth = body(&out[0]);
+        assert_eq!(metric(&birth, "gpu/0/temp_c"), Some(MetricValue::Int(63)));
+        let software = metric(&birth, "properties/software");
+        assert_eq!(software, Some(MetricValue::String("0.1.0".into())));
+    }
+
+    #[test]
+    fn a_rebirth_command_sends_every_birth_again_with_the_same_bdseq() {
+        let mut b = bridge();
+        connected(&mut b);
+        b.step(T, host_telemetry("h07", 61));
+        b.step(T, cdu_state());
+        b.step(T, host_telemetry("h07", 65));
+        let out = b.step(T, Input::Command(rebirth_command()));
+        let want = [
+            (Kind::NBirth, None),
+            (Kind::DBirth, Some("cdu-a")),
+            (Kind::DBirth, Some("h07")),
+        ];
+        assert_eq!(kinds(&out), want);
+        let seqs: Vec<_> = out.iter().map(|p| body(p).seq).collect();
+        assert_eq!(seqs, [Some(0), Some(1), Some(2)]);
+        assert_eq!(metric(&body(&out[0]), "bdSeq"), Some(MetricValue::Long(0)));
+        assert_eq!(
+            metric(&body(&out[2]), "gpu/0/temp_c"),
+            Some(MetricValue::Int(65))
+        );
+        // Anything else is refused and counted in the next NDATA.
+        assert!(b.step(T, Input::Command(vec![0xff, 0xff])).is_empty());
+        let out = b.step(T + 10_000, Input::Tick);
+        assert_eq!(kinds(&out), [(Kind::NData, None)]);
+        let data = body(&out[0]);
+        assert_eq!(
+            metric(&data, "bridge/commands_refused"),
+            Some(MetricValue::Long(1))
+        );
+        assert!(
+            b.step(T + 15_000, Input::Tick).is_empty(),
+            "too soon, and nothing new"
+        );
+    }
+
+    #[test]
+    fn frames_on_another_nodes_topic_or_of_a_foreign_kind_are_refused() {
+        let mut b = bridge();
+        connected(&mut b);
+        let Input::Frame(topic, mut frame) = host_telemetry("h07", 61) else {
+            unreachable!()
+        };
+        frame.sender = NodeId::new(Role::Host, "h08").unwrap();
+        assert!(b.step(T, Input::Frame(topic.clone(), frame)).is_empty());
+        // A CDU state on a host's health topic.
+        let Input::Frame(_, state) = cdu_state() else {
+            unreachable!()
+        };
+        let health = Topic {
+            family: Family::Health,
+            ..topic
+        };
+        let frame = Frame {
+            sender: NodeId::new(Role::Host, "h07").unwrap(),
+            ..state
+        };
+        assert!(b.step(T, Input::Frame(health, frame)).is_empty());
+        let out = b.step(T + 10_000, Input::Tick);
+        assert_eq!(
+            metric(&body(&out[0]), "bridge/frames_refused"),
+            Some(MetricValue::Long(2))
+        );
+    }
+
+    #[test]
+    fn losing_the_loopwarden_bus_declares_every_device_dead() {
+        let mut b = bridge();
+        connected(&mut b);
+        b.step(T, Input::LoopwardenConnected(true));
+        b.step(T, host_telemetry("h07", 61));
+        b.step(T, cdu_state());
+        let out = b.step(T, Input::LoopwardenConnected(false));
+        assert_eq!(
+            kinds(&out),
+            [(Kind::DDeath, Some("cdu-a")), (Kind::DDeath, Some("h07"))]
+        );
+        let out = b.step(T, host_telemetry("h07", 61));
+        assert_eq!(
+            kinds(&out),
+            [(Kind::DBirth, Some("h07"))],
+            "heard again: born again"
+        );
+    }
+
+    #[test]
+    fn a_clean_stop_publishes_the_ndeath_and_a_lost_queue_resyncs() {
+        let mut b = bridge();
+        connected(&mut b);
+        b.step(T, host_telemetry("h07", 61));
+        assert!(b.step(T, Input::Dropped(3)).is_empty());
+        let out = b.step(T + 1, Input::Tick);
+        assert_eq!(
+            kinds(&out),
+            [(Kind::NBirth, None), (Kind::DBirth, Some("h07"))]
+        );
+        let out = b.step(T + 2, Input::Stop);
+        assert_eq!(kinds(&out), [(Kind::NDeath, None)]);
+        assert_eq!(metric(&body(&out[0]), "bdSeq"), Some(MetricValue::Long(0)));
+        assert!(
+            b.step(T + 3, host_telemetry("h07", 70)).is_empty(),
+            "no session"
+        );
+        assert!(b.step(T + 4, Input::Stop).is_empty(), "one goodbye");
+    }
+
+    /// A random input among the few that matter.
+    fn any_input() -> impl Strategy<Value = Input> {
+        let host = prop::sample::select(vec!["h01", "h02", "h03"]);
+        prop_oneof![
+            1 => Just(Input::Connected),
+            1 => Just(Input::ConnectionLost),
+            1 => Just(Input::Tick),
+            1 => Just(Input::Command(rebirth_command())),
+            1 => Just(Input::Dropped(1)),
+            1 => any::<bool>().prop_map(Input::LoopwardenConnected),
+            2 => (host.clone(), any::<bool>()).prop_map(|(h, up)| online(Role::Host, h, up)),
+            12 => (host, 40u8..90).prop_map(|(h, t)| host_telemetry(h, t)),
+            1 => Just(cdu_state()),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Whatever happens: births come first in a session, `seq` counts
+        /// up by one (255 wraps to 0) from each NBIRTH's 0, every NBIRTH
+        /// carries the will's bdSeq, and device messages only follow that
+        /// device's birth.
+        #[test]
+        fn sessions_keep_their_order_and_numbering(inputs in prop::collection::vec(any_input(), 1..700)) {
+            let mut b = bridge();
+            let mut will_bd = None;
+            let mut last_seq: Option<u64> = None;
+            let mut born: std::collections::BTreeSet<String> = Default::default();
+            for (i, input) in inputs.into_iter().enumerate() {
+                let now = T + i as u64 * 1000;
+                if matches!(input, Input::ConnectionLost) || i == 0 {
+                    let will = b.connecting(now);
+                    will_bd = metric(&body(&will), "bdSeq");
+                    last_seq = None;
+                    born.clear();
+                }
+                let lost = matches!(input, Input::ConnectionLost);
+                for p in b.step(now, input) {
+                    let pl = body(&p);
+                    match p.kind {
+                        Kind::NBirth => {
+                            prop_assert_eq!(pl.seq, Some(0));
+                            prop_assert_eq!(metric(&pl, "bdSeq"), will_bd.clone());
+                            born.clear();
+                        }
+                        Kind::NDeath => unreachable!("only a stop publishes it"),
+                        _ => {
+                            let last = last_seq.expect("an NBIRTH first");
+                            prop_assert_eq!(pl.seq, Some((last + 1) % 256));
+                        }
+                    }
+                    match (p.kind, p.device.clone()) {
+                        (Kind::DBirth, Some(d)) => { born.insert(d); }
+                        (Kind::DData, Some(d)) => prop_assert!(born.contains(&d), "DDATA before DBIRTH"),
+                        (Kind::DDeath, Some(d)) => prop_assert!(born.remove(&d), "DDEATH of an unborn device"),
+                        _ => {}
+                    }
+                    last_seq = pl.seq;
+                }
+                if lost {
+                    prop_assert!(!b.in_session());
+                }
+            }
+        }
     }
 }

@@ -47,6 +47,9 @@ pub struct Timed<T> {
 }
 
 /// The latest of what a node said.
+// One per node of the site, kept in place: a host's view is larger than a
+// CDU's, and boxing it would save nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum View {
     /// A GPU host.

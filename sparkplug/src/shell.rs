@@ -178,12 +178,15 @@ fn send(client: &AsyncClient, core: &mut Bridge, out: Vec<Publish>) {
     }
 }
 
-/// The subscriptions on the Loopwarden bus: telemetry, health and
-/// presence of every host and CDU of the site, nothing else.
+/// The subscriptions on the Loopwarden bus: presence, health and
+/// telemetry of every host and CDU of the site, nothing else. Presence
+/// first: the broker sends the retained messages of one subscription in
+/// the order of its filters, so a node that is gone is known to be gone
+/// before its retained health arrives, and is not born just to die.
 fn loopwarden_filters(site: &Ident) -> Result<Vec<String>> {
     let mut filters = Vec::new();
-    for role in [Role::Host, Role::Cdu] {
-        for family in [Family::Telemetry, Family::Health, Family::Online] {
+    for family in [Family::Online, Family::Health, Family::Telemetry] {
+        for role in [Role::Host, Role::Cdu] {
             let f = filter::family(site, role, family)
                 .map_err(|e| anyhow::anyhow!("site {site}: {e:?}"))?;
             filters.push(f.to_string());
