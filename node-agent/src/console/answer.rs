@@ -291,6 +291,8 @@ fn why(snap: &Snapshot, now: TimestampMs, gpu: u8) -> Value {
                 "ago_s": ms_ago(now, *t),
                 "cause": entry.map(|e| e.cause.to_string()),
                 "name": entry.map(|e| e.mnemonic),
+                "meaning": entry.map(|e| e.meaning),
+                "action": entry.map(|e| e.action.to_string()),
             })
         })
         .collect();

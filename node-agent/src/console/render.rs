@@ -222,11 +222,13 @@ fn why(v: &Value) -> String {
     for x in v["recent_xids"].as_array().into_iter().flatten() {
         let _ = writeln!(
             out,
-            "xid        {} {} ({}), {:.0} s ago",
+            "xid        {} {} ({}), {:.0} s ago: {}; {}",
             s(&x["xid"]),
             s(&x["name"]),
             s(&x["cause"]),
-            x["ago_s"].as_f64().unwrap_or(0.0)
+            x["ago_s"].as_f64().unwrap_or(0.0),
+            s(&x["meaning"]),
+            s(&x["action"])
         );
     }
     out
