@@ -32,6 +32,10 @@
 //! | `modbus_timeout_ms` | 500 (at most the period) | one Modbus request, 10 ms to the period |
 //! | `ambient_c` | none (the core's design day, 35 °C) | fallback outdoor temperature, -50 to 60 °C; used only when no sensor reads (the CDU's `outdoor_temp`, or a value the BMS wrote in the last 300 s), and then the controller raises an alarm |
 //! | `console` | `/run/loopwarden/cooling-ctrl.sock` or under `$XDG_RUNTIME_DIR`/`/tmp` | console socket |
+//! | `console_serial` | none (no serial console) | the serial console's device (`/dev/ttyS1`; docs/cooling.md "Serial console") |
+//! | `console_serial_baud` | 115200 | its speed, 8N1 |
+//! | `console_password_hash` | none (`clear-leak`, `clear-pump` refused on the serial console) | the Argon2id hash of its password (`cooling-ctrl console-password`) |
+//! | `console_idle_s` | 300 | seconds before an idle serial session is closed |
 //! | `flash` | none (events kept in memory) | flash file for the event log |
 //! | `northbound` | none (no server) | the BMS's Modbus TCP server, `address:port` |
 //! | `northbound_writes` | false | the BMS may write the bounded holding registers |
@@ -257,6 +261,8 @@ pub struct Config {
     pub ambient_c: Option<f32>,
     /// Console socket.
     pub console: PathBuf,
+    /// The serial console, if one is configured.
+    pub serial: Option<loopwarden_field::serial::SerialConsole>,
     /// Flash file.
     pub flash: Option<PathBuf>,
     /// Where the northbound Modbus server listens; `None`: no server.
@@ -409,6 +415,7 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         modbus_timeout: timings.modbus_timeout,
         ambient_c: timings.ambient_c,
         console: common.console,
+        serial: common.serial,
         flash: common.flash,
         northbound,
         northbound_writes,

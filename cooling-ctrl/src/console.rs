@@ -32,9 +32,11 @@ use crate::shell::{OperatorRequest, ShellStats};
 
 mod answer;
 mod render;
+mod serial;
 
 pub use answer::answer;
 pub use render::render;
+pub use serial::SerialCdu;
 
 /// The controller, as `cooling-ctrl ctl` names it in its messages.
 pub const PEER: Peer<'static> = Peer {
@@ -118,6 +120,38 @@ pub async fn serve(listener: UnixListener, ctx: Arc<Context>) {
         async move { answer(&ctx, req, caller).await }
     })
     .await
+}
+
+/// Serves the serial console, when one is configured, until the task is
+/// aborted; its records go to the flash log.
+pub fn start_serial(
+    serial: Option<field::serial::SerialConsole>,
+    ctx: Arc<Context>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let serial = serial?;
+    tracing::info!(
+        "cooling-ctrl: serial console on {} at {} baud, {}",
+        serial.port.display(),
+        serial.baud,
+        if serial.password_hash.is_some() {
+            "state-changing commands after login"
+        } else {
+            "no password hash: state-changing commands refused"
+        }
+    );
+    let recorder = ctx.recorder.clone();
+    let journal = move |r: field::serial::record::Record| {
+        recorder.append(
+            loopwarden_bus::now_ms(),
+            field::serial::record::CONSOLE_RECORD,
+            r.encode(),
+        )
+    };
+    Some(tokio::spawn(field::serial::serve(
+        serial,
+        Arc::new(SerialCdu(ctx)),
+        journal,
+    )))
 }
 
 /// `x` rounded to `digits` decimals.

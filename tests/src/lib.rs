@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use loopwarden_bus::BrokerAddr;
 
 pub mod prometheus;
+pub mod serial_console;
 pub mod slurm;
 
 /// True when running under CI (`CI=true`), where missing tools are failures.

@@ -6,6 +6,9 @@
 //!   ctrl-c stops it cleanly (exit 0). Under systemd (`Type=notify`) it
 //!   sends READY=1 after its first control step, WATCHDOG=1 while steps
 //!   complete and STOPPING=1 at shutdown (`cooling_ctrl::watchdog`).
+//! - `cooling-ctrl console-password`: reads the serial console's
+//!   password from standard input and prints its hash (docs/cooling.md,
+//!   "Serial console").
 //! - `cooling-ctrl ctl [--console P] [--config FILE]
 //!   status|sensors|loops|events [--since T]|caps [--json]`: the console
 //!   of the controller on this machine.
@@ -67,6 +70,9 @@ enum Command {
         #[command(subcommand)]
         what: Ctl,
     },
+    /// Read the serial console's password from standard input and print
+    /// its Argon2id hash, for `console_password_hash`.
+    ConsolePassword,
     /// Play a plant scenario in simulated time and print its figures.
     #[cfg(feature = "twin")]
     Simulate {
@@ -129,6 +135,7 @@ fn main() -> ExitCode {
         Command::Ctl { target, what } => {
             ctl_command(&target, &console::PEER, || request(what), console::render)
         }
+        Command::ConsolePassword => loopwarden_field::serial::password::command("cooling-ctrl"),
     }
 }
 
@@ -319,6 +326,7 @@ async fn serve(config: config::Config, notifier: Notifier) -> Result<(), String>
     let metrics_task = cooling_ctrl::metrics::start(config.metrics_listen, metrics)
         .await
         .map_err(|e| e.to_string())?;
+    let serial_task = console::start_serial(config.serial.clone(), ctx.clone());
     let console_task = tokio::spawn(console::serve(listener, ctx));
     tracing::info!(
         "cooling-ctrl: CDU {} on {} ({}), console {}",
@@ -352,6 +360,9 @@ async fn serve(config: config::Config, notifier: Notifier) -> Result<(), String>
     }
     recorder.flush().await;
     console_task.abort();
+    if let Some(t) = serial_task {
+        t.abort();
+    }
     if let Some(t) = metrics_task {
         t.abort();
     }

@@ -9,6 +9,7 @@ use std::vec::Vec;
 
 use loopwarden_bus::now_ms;
 use loopwarden_field::console::Caller;
+use loopwarden_field::serial::record::CONSOLE_RECORD;
 use loopwarden_protocol::{Ident, TimestampMs};
 use serde_json::{json, Value};
 
@@ -27,6 +28,12 @@ fn racks(mask: u16) -> Vec<usize> {
 
 /// Answers one request from `caller`.
 pub async fn answer(ctx: &Context, req: Request, caller: Caller) -> Value {
+    answer_as(ctx, req, &caller.operator()).await
+}
+
+/// Answers one request; an operator's request in the name of `operator`
+/// (`uid-1000`, `serial-ttyS1`).
+pub async fn answer_as(ctx: &Context, req: Request, operator: &str) -> Value {
     let now = now_ms();
     let stats = ctx.stats.borrow().clone();
     match req {
@@ -35,7 +42,7 @@ pub async fn answer(ctx: &Context, req: Request, caller: Caller) -> Value {
         Request::Loops => loops(&ctx.hosts, &stats),
         Request::Caps => caps(ctx, &stats, now),
         Request::ClearLeak { rack } => {
-            operate(ctx, OperatorAction::ClearLeak { rack }, caller).await
+            operate(ctx, OperatorAction::ClearLeak { rack }, operator).await
         }
         Request::ClearPump { pump } => {
             let pump = match pump.as_str() {
@@ -43,7 +50,7 @@ pub async fn answer(ctx: &Context, req: Request, caller: Caller) -> Value {
                 "B" | "b" => loopwarden_protocol::message::Pump::B,
                 other => return json!({ "error": format!("no pump {other:?}: A or B") }),
             };
-            operate(ctx, OperatorAction::ClearPumpTrip { pump }, caller).await
+            operate(ctx, OperatorAction::ClearPumpTrip { pump }, operator).await
         }
         Request::Events { since } => {
             let since = since.unwrap_or(0);
@@ -52,7 +59,10 @@ pub async fn answer(ctx: &Context, req: Request, caller: Caller) -> Value {
                     "events": entries
                         .iter()
                         .filter(|e| e.time.0 >= since)
-                        .map(journal::describe)
+                        .map(|e| match e.kind {
+                            CONSOLE_RECORD => loopwarden_field::serial::record::entry(e.seq, e.time.0, &e.body),
+                            _ => journal::describe(e),
+                        })
                         .collect::<Vec<_>>(),
                 }),
                 Err(e) => json!({ "error": format!("reading the event log: {e}") }),
@@ -61,13 +71,13 @@ pub async fn answer(ctx: &Context, req: Request, caller: Caller) -> Value {
     }
 }
 
-/// Hands an operator's request from `caller` to the control loop and
+/// Hands an operator's request from `operator` to the control loop and
 /// waits for its answer (at most 5 s).
-async fn operate(ctx: &Context, action: OperatorAction, caller: Caller) -> Value {
+async fn operate(ctx: &Context, action: OperatorAction, operator: &str) -> Value {
     let Some(tx) = &ctx.operator else {
         return json!({ "error": "this controller takes no operator requests" });
     };
-    let Ok(operator) = Ident::new(&caller.operator()) else {
+    let Ok(operator) = Ident::new(operator) else {
         return json!({ "error": "the caller cannot be named in the log" });
     };
     let (reply, answer) = tokio::sync::oneshot::channel();

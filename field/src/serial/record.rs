@@ -100,11 +100,20 @@ pub fn to_event(body: &[u8]) -> Value {
     }
 }
 
+/// A console record of the event log as an entry of an `events` answer:
+/// `{"seq", "time_ms", "event": {"console": …}, "text"}`, `text` the
+/// record in words.
+pub fn entry(seq: u32, time_ms: u64, body: &[u8]) -> Value {
+    let event = to_event(body);
+    let text = sentence(&event["console"]);
+    json!({ "seq": seq, "time_ms": time_ms, "event": event, "text": text })
+}
+
 /// A console record (the value under `console`) in words, for the
 /// events table.
 pub fn sentence(v: &Value) -> String {
     let Ok(r) = serde_json::from_value::<Record>(v.clone()) else {
-        return format!("console {v}");
+        return "undecodable console record".into();
     };
     let what = match r.what {
         What::SessionOpened => "session opened".to_string(),
@@ -151,6 +160,12 @@ mod tests {
             "serial console /dev/ttyS1: session closed (idle), was logged in"
         );
         assert_eq!(to_event(b"{"), json!("undecodable console record"));
+        let e = entry(7, 9, &body);
+        assert_eq!(e["event"]["console"]["why"], "idle");
+        assert_eq!(
+            e["text"],
+            "serial console /dev/ttyS1: session closed (idle), was logged in"
+        );
     }
 
     #[test]
