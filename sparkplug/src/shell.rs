@@ -242,7 +242,14 @@ pub async fn run(options: Options) -> Result<()> {
                 match event {
                     SparkplugEvent::Subscribed => {
                         info!(broker = %link.brokers.get(broker), bd_seq = ?core.bd_seq(), "Sparkplug session up: births");
-                        core.step(now, Input::Connected)
+                        // The birth says whether the Loopwarden bus is up now.
+                        let mut out = Vec::new();
+                        if bus.is_connected() != loopwarden_up {
+                            loopwarden_up = !loopwarden_up;
+                            out = core.step(now, Input::LoopwardenConnected(loopwarden_up));
+                        }
+                        out.extend(core.step(now, Input::Connected));
+                        out
                     }
                     SparkplugEvent::Command(bytes) => core.step(now, Input::Command(bytes)),
                     SparkplugEvent::Acked | SparkplugEvent::Disconnected => Vec::new(),
