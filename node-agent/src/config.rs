@@ -227,6 +227,9 @@ pub struct Config {
     pub flash: Option<PathBuf>,
     /// Console socket.
     pub console: PathBuf,
+    /// The serial console, if one is configured (read-only: see
+    /// `console::SerialHost`).
+    pub serial: Option<loopwarden_field::serial::SerialConsole>,
     /// TLS to the broker.
     pub tls: Option<loopwarden_bus::tls::Tls>,
     /// Who may command this host: the keyring's signers and its CDU.
@@ -312,6 +315,7 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         unresponsive_after: timings.unresponsive_after,
         flash: common.flash,
         console: common.console,
+        serial: common.serial,
         authority: Authority {
             signers,
             cdu: cdu.clone(),

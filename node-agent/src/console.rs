@@ -26,10 +26,12 @@ use tokio::net::UnixListener;
 
 mod answer;
 mod render;
+mod serial;
 pub mod snapshot;
 
 pub use answer::answer;
 pub use render::render;
+pub use serial::SerialHost;
 pub use snapshot::{snapshot_channel, Context, GpuView, Snapshot, Timing};
 
 /// The agent, as `node-agent ctl` names it in its messages.
@@ -73,6 +75,33 @@ pub async fn serve(listener: UnixListener, ctx: Context) {
         answer(&ctx, req).await
     })
     .await
+}
+
+/// Serves the serial console, when one is configured, until the task is
+/// aborted; its records go to the flash log.
+pub fn start_serial(
+    serial: Option<field::serial::SerialConsole>,
+    ctx: Context,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let serial = serial?;
+    tracing::info!(
+        "serial console on {} at {} baud (read-only)",
+        serial.port.display(),
+        serial.baud
+    );
+    let recorder = ctx.recorder.clone();
+    let journal = move |r: field::serial::record::Record| {
+        recorder.append(
+            loopwarden_bus::now_ms(),
+            field::serial::record::CONSOLE_RECORD,
+            r.encode(),
+        )
+    };
+    Some(tokio::spawn(field::serial::serve(
+        serial,
+        std::sync::Arc::new(SerialHost(ctx)),
+        journal,
+    )))
 }
 
 #[cfg(test)]

@@ -6,6 +6,9 @@
 //!   (`Type=notify`) it sends READY=1 after its first sampling round,
 //!   WATCHDOG=1 while rounds complete and STOPPING=1 at shutdown
 //!   (`node_agent::watchdog`).
+//! - `node-agent console-password`: reads the serial console's password
+//!   from standard input and prints its hash (docs/node-agent.md,
+//!   "Serial console").
 //! - `node-agent ctl status|gpus|caps|events [--since]|why <gpu> [--json]`:
 //!   the console of the agent on this host.
 
@@ -53,6 +56,9 @@ enum Command {
         #[command(subcommand)]
         what: Ctl,
     },
+    /// Read the serial console's password from standard input and print
+    /// its Argon2id hash, for `console_password_hash`.
+    ConsolePassword,
 }
 
 #[derive(Subcommand)]
@@ -80,6 +86,7 @@ fn main() -> ExitCode {
         Command::Ctl { target, what } => {
             ctl_command(&target, &console::PEER, || request(what), console::render)
         }
+        Command::ConsolePassword => loopwarden_field::serial::password::command("node-agent"),
     }
 }
 

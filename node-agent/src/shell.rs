@@ -295,6 +295,7 @@ async fn run_agent(
     let metrics_task = crate::metrics::start(config.metrics_listen, context.clone())
         .await
         .map_err(AgentError::Metrics)?;
+    let serial_task = console::start_serial(config.serial.clone(), context.clone());
     let console_task = tokio::spawn(console::serve(listener, context));
     let mut agent = Agent {
         health,
@@ -340,6 +341,9 @@ async fn run_agent(
     // Everything decided is written and handed to the bus before it stops.
     agent.recorder.flush().await;
     console_task.abort();
+    if let Some(t) = serial_task {
+        t.abort();
+    }
     if let Some(t) = metrics_task {
         t.abort();
     }

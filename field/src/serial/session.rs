@@ -419,10 +419,14 @@ impl Session {
         if ok {
             self.refused = 0;
             self.login = Login::In;
-            let text = format!(
-                "logged in: state-changing commands are allowed until logout or {} s idle",
-                self.settings.idle_ms / 1000
-            );
+            let text = if self.commands.iter().any(|c| c.changes_state) {
+                format!(
+                    "logged in: state-changing commands are allowed until logout or {} s idle",
+                    self.settings.idle_ms / 1000
+                )
+            } else {
+                "logged in: this console offers no state-changing commands".into()
+            };
             return vec![Effect::Record(What::LoginAccepted), self.say(&text)];
         }
         self.refused = self.refused.saturating_add(1);

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use loopwarden_bus::now_ms;
+use loopwarden_field::serial::record::CONSOLE_RECORD;
 use loopwarden_protocol::{Frame, HealthState, Message, MessageKind, TimestampMs};
 use serde_json::{json, Value};
 
@@ -204,6 +205,12 @@ async fn events_view(ctx: &Context, since: u64) -> Value {
     };
     let mut events = Vec::new();
     for r in entries.iter().filter(|r| r.time.0 >= since) {
+        if r.kind == CONSOLE_RECORD {
+            events.push(loopwarden_field::serial::record::entry(
+                r.seq, r.time.0, &r.body,
+            ));
+            continue;
+        }
         let (what, text) = if r.kind == MessageKind::Event as u8 {
             match Message::decode_body(MessageKind::Event, &r.body) {
                 Ok(Message::Event(e)) => (
