@@ -51,7 +51,8 @@ use node_agent::gpu::GpuSource;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::play::{stopped, CapFigures, ControllerSide, PlayOptions, SimSide};
+use crate::play::{stopped, CapFigures, ControllerSide, PlayOptions};
+use crate::sim_side::SimSide;
 
 pub use layout::{plan, CduLayout};
 pub use report::FleetReport;

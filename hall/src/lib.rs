@@ -9,13 +9,17 @@
 //! What is here today is the report: [`trace`] reads (and writes) the
 //! run's CSV trace, the one `cooling-ctrl simulate --trace` writes, and
 //! [`report`] turns a trace and the run's summary into SVG charts and a
-//! Markdown page (`loopwarden-hall plot`).
+//! Markdown page (`loopwarden-hall plot`). [`cdu`] serves the simulated
+//! CDU alone on Modbus (`loopwarden-hall cdu`), on the parts
+//! [`sim_side`] gives `play` and `fleet` too.
 
 #![warn(missing_docs)]
 
+pub mod cdu;
 pub mod fleet;
 pub mod play;
 pub mod report;
+pub mod sim_side;
 pub mod trace;
 
 pub use report::{write_report, ReportError};

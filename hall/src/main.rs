@@ -7,6 +7,9 @@
 //! - `loopwarden-hall fleet --hosts N --cdus M --duration S [--broker
 //!   HOST:PORT ...] [--json]`: N real host agents and M real cooling
 //!   controllers in one process, measured (`docs/scale.md`).
+//! - `loopwarden-hall cdu --modbus ADDR:PORT | --serial DEV [--baud B]
+//!   [--unit N] [--scenario F] [--speed X]`: the simulated CDU alone, for
+//!   `cooling-ctrl run`, `mbpoll` or a BMS (`docs/twin.md`).
 
 use std::fs::File;
 use std::io::BufReader;
@@ -38,6 +41,83 @@ enum Command {
     /// at 1 Hz real time, injects GPU failures and a cooling shortfall,
     /// and measures the bus, the latencies, CPU and memory.
     Fleet(FleetArgs),
+    /// Serves the simulated CDU alone on Modbus TCP or RTU, the hall of a
+    /// scenario running behind its registers in real time, for
+    /// `cooling-ctrl run`, `mbpoll` or a BMS to talk to.
+    Cdu(CduArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(group = clap::ArgGroup::new("listen").required(true).args(["modbus", "serial"]))]
+struct CduArgs {
+    /// Serve Modbus TCP on this address (IP:PORT; port 0 picks a free one).
+    #[arg(long, value_name = "IP:PORT")]
+    modbus: Option<std::net::SocketAddr>,
+    /// Serve Modbus RTU on this serial device (8N1).
+    #[arg(long, value_name = "DEVICE")]
+    serial: Option<String>,
+    /// The serial line's baud rate.
+    #[arg(long, default_value_t = 19_200, requires = "serial")]
+    baud: u32,
+    /// The unit id to answer, 1 to 247 [default: the map's, 1].
+    #[arg(long)]
+    unit: Option<u8>,
+    /// The scenario behind the registers (plant-scenario/1) [default: ten
+    /// eventful minutes].
+    #[arg(long, value_name = "FILE.toml")]
+    scenario: Option<PathBuf>,
+    /// Simulated seconds per wall-clock second.
+    #[arg(long, default_value_t = 1.0)]
+    speed: f64,
+    /// Seconds between two status lines.
+    #[arg(long, default_value_t = 5.0)]
+    status_every: f64,
+}
+
+fn cdu(a: &CduArgs) -> Result<(), String> {
+    let (scenario, name) = scenario_of(a.scenario.as_deref())?;
+    let listen = match (&a.modbus, &a.serial) {
+        (Some(addr), _) => loopwarden_hall::sim_side::Listen::Tcp(*addr),
+        (None, Some(path)) => loopwarden_hall::sim_side::Listen::Rtu {
+            path: path.clone(),
+            baud: a.baud,
+        },
+        (None, None) => return Err("give --modbus IP:PORT or --serial DEVICE".into()),
+    };
+    if !(a.status_every > 0.0 && a.status_every <= 3600.0) {
+        return Err(format!(
+            "--status-every {}: between 0 and 3600 seconds",
+            a.status_every
+        ));
+    }
+    let cfg = loopwarden_hall::cdu::CduConfig {
+        scenario,
+        name,
+        listen,
+        unit: a.unit,
+        speed: a.speed,
+        status_every: std::time::Duration::from_secs_f64(a.status_every),
+    };
+    let rt = tokio::runtime::Runtime::new().map_err(|e| format!("runtime: {e}"))?;
+    rt.block_on(async {
+        let stop = told_to_stop().map_err(|e| format!("signals: {e}"))?;
+        loopwarden_hall::cdu::serve(cfg, stop, &mut std::io::stdout().lock())
+            .await
+            .map_err(|e| e.to_string())
+    })
+}
+
+/// Completes on Ctrl-C (SIGINT) or SIGTERM.
+fn told_to_stop() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut term = signal(SignalKind::terminate())?;
+    Ok(async move {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+    })
 }
 
 #[derive(Debug, Args)]
@@ -165,8 +245,11 @@ fn parse_clear_leak(s: &str) -> Result<(u64, usize), String> {
 /// The default scenario: ten eventful minutes.
 const DEMO: &str = include_str!("../scenarios/demo.toml");
 
-fn play(a: &PlayArgs) -> Result<(), String> {
-    let (scenario, name) = match &a.scenario {
+/// The scenario at `path` and its name, or the demo scenario.
+fn scenario_of(
+    path: Option<&Path>,
+) -> Result<(loopwarden_twin::scenario::Scenario, String), String> {
+    Ok(match path {
         Some(p) => (
             loopwarden_twin::scenario::Scenario::load(p)?,
             p.file_stem()
@@ -176,7 +259,11 @@ fn play(a: &PlayArgs) -> Result<(), String> {
             loopwarden_twin::scenario::Scenario::from_toml(DEMO, "demo.toml")?,
             "demo".to_string(),
         ),
-    };
+    })
+}
+
+fn play(a: &PlayArgs) -> Result<(), String> {
+    let (scenario, name) = scenario_of(a.scenario.as_deref())?;
     if !(a.speed > 0.0 && a.speed <= 100.0) {
         return Err(format!("--speed {}: between 0 and 100", a.speed));
     }
@@ -295,6 +382,16 @@ fn main() -> ExitCode {
                 }
                 Err(e) => {
                     eprintln!("loopwarden-hall fleet: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Cdu(a) => {
+            loopwarden_bus::init_logging("warn");
+            match cdu(&a) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("loopwarden-hall cdu: {e}");
                     ExitCode::FAILURE
                 }
             }

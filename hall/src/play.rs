@@ -32,10 +32,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cooling_ctrl::modbus::{Link, ModbusCdu};
+use cooling_ctrl::modbus::ModbusCdu;
 use cooling_ctrl::shell::{ShellConfig, ShellOptions, ShellStats};
-use loopwarden_boards::modbus_map::RegisterMap;
-use loopwarden_boards::pins::PinMap;
 use loopwarden_bus::embedded::EmbeddedBroker;
 use loopwarden_bus::{BrokerAddr, Bus, BusConfig, BusTask, Inbound};
 use loopwarden_field::common::CommonFlags;
@@ -44,12 +42,11 @@ use loopwarden_protocol::message::{
 };
 use loopwarden_protocol::{CoolingStep, Ident, Message, NodeId, Role};
 use loopwarden_twin::hall::Hall;
-use loopwarden_twin::pins::SimLines;
 use loopwarden_twin::scenario::Scenario;
-use loopwarden_twin::sim_cdu::SimCdu;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
+use crate::sim_side::{at_speed, Pace, SimSide};
 use crate::trace::TraceRow;
 
 /// What to play and how.
@@ -213,11 +210,9 @@ pub async fn play_with(cfg: PlayConfig, opts: PlayOptions) -> Result<PlayOutcome
     let sc = cfg.scenario.clone();
     let duration = cfg.duration_s.unwrap_or(sc.duration_s).min(sc.duration_s);
     let (_embedded, broker) = start_broker(&cfg)?;
-    // The CDU watches its controller's heartbeat in real seconds: at S
-    // times real time, its timeout is S times as many simulated seconds.
-    let mut hall_sc = sc.clone();
-    hall_sc.truth.secondary.heartbeat_timeout_s *= cfg.speed.max(1.0);
-    let sim = SimSide::start(&hall_sc).await?;
+    let sim = SimSide::start(&at_speed(&sc, cfg.speed))
+        .await
+        .map_err(|e| PlayError::Start(e.to_string()))?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let s = &sc.site;
     let host_ids: Vec<String> = (0..s.racks * s.hosts_per_rack)
@@ -276,64 +271,6 @@ fn start_broker(cfg: &PlayConfig) -> Result<(Option<EmbeddedBroker>, BrokerAddr)
             (Some(e), b)
         }
     })
-}
-
-/// The simulated side: the CDU on loopback Modbus, the hall behind it and
-/// the controller board's lines.
-pub(crate) struct SimSide {
-    /// The CDU's register map.
-    map: RegisterMap,
-    cdu: SimCdu,
-    /// Where the CDU answers Modbus TCP.
-    modbus_addr: std::net::SocketAddr,
-    /// The CDU's Modbus server.
-    pub(crate) served: JoinHandle<std::io::Result<()>>,
-    lines: SimLines,
-    pins: PinMap,
-    pub(crate) hall: Arc<Mutex<Hall>>,
-}
-
-impl SimSide {
-    /// Starts the simulated CDU on a loopback port, with the hall of `sc`.
-    pub(crate) async fn start(sc: &Scenario) -> Result<Self, PlayError> {
-        let map = RegisterMap::sim_cdu();
-        let cdu = SimCdu::new(
-            map.clone(),
-            &[
-                ("supply_setpoint", 18.0),
-                ("pump_speed", 100.0),
-                ("pumps_run", 1.0),
-            ],
-        )
-        .map_err(|e| PlayError::Start(format!("simulated CDU: {e}")))?;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .map_err(|e| PlayError::Start(format!("Modbus port: {e}")))?;
-        let modbus_addr = listener
-            .local_addr()
-            .map_err(|e| PlayError::Start(format!("Modbus port: {e}")))?;
-        let served = tokio::spawn(cdu.clone().serve(listener));
-        // The controller board's lines: the hall drives the leak ropes, the
-        // controller reads them and drives the relay and the beacon, through
-        // embedded-hal pins.
-        let lines = SimLines::new();
-        let pins = PinMap::sim_controller();
-        let hall = Arc::new(Mutex::new(Hall::new(
-            sc.clone(),
-            cdu.clone(),
-            lines.clone(),
-            pins.clone(),
-        )));
-        Ok(Self {
-            map,
-            cdu,
-            modbus_addr,
-            served,
-            lines,
-            pins,
-            hall,
-        })
-    }
 }
 
 /// One node agent per host, each on its own thread and runtime, reading
@@ -530,7 +467,7 @@ impl ControllerSide<'_> {
             lease: Duration::from_secs(30),
         };
         let sim = self.sim;
-        let port = ModbusCdu::new(sim.map.clone(), Link::Tcp(sim.modbus_addr))
+        let port = ModbusCdu::new(sim.map.clone(), sim.link().clone())
             .with_timeout(Duration::from_millis(500));
         let rx = stop_rx.clone();
         let (stats_tx, stats_rx) = cooling_ctrl::shell::stats_channel();
@@ -705,15 +642,12 @@ impl<'a> Live<'a> {
         start: Instant,
     ) -> Result<(), PlayError> {
         let duration = self.duration;
-        let mut last = Instant::now();
+        let mut pace = Pace::new(self.cfg.speed, Instant::now());
         let mut next_row = 0.0;
         let mut tick = tokio::time::interval(Duration::from_millis(250));
         loop {
             tick.tick().await;
-            let now = Instant::now();
-            let dt = (now - last).as_secs_f64() * self.cfg.speed;
-            last = now;
-            let (t, row) = self.step_hall(dt);
+            let (t, row) = self.step_hall(pace.step_s(Instant::now()));
             let cdu = &self.sim.cdu;
             self.setpoint = cdu.setting("supply_setpoint").unwrap_or(self.setpoint);
             self.speed = cdu.setting("pump_speed").map_or(self.speed, |p| p / 100.0);

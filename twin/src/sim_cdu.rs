@@ -244,12 +244,31 @@ impl SimCdu {
     ) -> impl std::future::Future<Output = std::io::Result<()>> + Send + 'static {
         let path = path.into();
         async move {
-            let port = tokio_serial::SerialStream::open(&tokio_serial::new(path, baud))?;
-            port.clear(tokio_serial::ClearBuffer::All)?;
-            tokio_modbus::server::rtu::Server::new(port)
-                .serve_forever(RtuService(self))
-                .await
+            let line = RtuLine::open(&path, baud)?;
+            self.serve_rtu_on(line).await
         }
+    }
+
+    /// Serves Modbus RTU on a line already opened (so a caller can say at
+    /// once why a device would not open) until the task is dropped or the
+    /// line fails.
+    pub async fn serve_rtu_on(self, line: RtuLine) -> std::io::Result<()> {
+        tokio_modbus::server::rtu::Server::new(line.0)
+            .serve_forever(RtuService(self))
+            .await
+    }
+}
+
+/// A serial device opened for [`SimCdu::serve_rtu_on`].
+pub struct RtuLine(tokio_serial::SerialStream);
+
+impl RtuLine {
+    /// Opens `path` at `baud`, 8 data bits, no parity, 1 stop bit, and
+    /// discards whatever arrived before. Needs a tokio runtime.
+    pub fn open(path: &str, baud: u32) -> std::io::Result<Self> {
+        let port = tokio_serial::SerialStream::open(&tokio_serial::new(path, baud))?;
+        port.clear(tokio_serial::ClearBuffer::All)?;
+        Ok(Self(port))
     }
 }
 
