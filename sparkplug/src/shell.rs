@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use loopwarden_bus::tls::Tls;
-use loopwarden_bus::{now_ms, Backoff, Brokers, Bus, BusConfig};
+use loopwarden_bus::{now_ms, Backoff, Brokers, Bus, BusConfig, BusTask};
 use loopwarden_protocol::topic::filter;
 use loopwarden_protocol::{Family, Ident, NodeId, Role};
 use rand::SeedableRng;
@@ -195,6 +195,81 @@ fn loopwarden_filters(site: &Ident) -> Result<Vec<String>> {
     Ok(filters)
 }
 
+/// The main loop's state around the core: which Sparkplug broker is in
+/// use, how to hand the next attempt's options to the client's task, and
+/// what the core last heard of the Loopwarden bus.
+struct Shell {
+    core: Bridge,
+    link: Link,
+    broker: usize,
+    next_options: mpsc::Sender<MqttOptions>,
+    loopwarden_up: bool,
+}
+
+impl Shell {
+    /// Tells the core when the Loopwarden bus went up or down.
+    fn loopwarden(&mut self, now: u64, up: bool) -> Vec<Publish> {
+        if up == self.loopwarden_up {
+            return Vec::new();
+        }
+        self.loopwarden_up = up;
+        info!(connected = up, "Loopwarden bus");
+        self.core.step(now, Input::LoopwardenConnected(up))
+    }
+
+    async fn on_event(&mut self, event: SparkplugEvent, loopwarden_up: bool) -> Vec<Publish> {
+        let now = now_ms().0;
+        match event {
+            SparkplugEvent::Subscribed => {
+                let broker = self.link.brokers.get(self.broker);
+                info!(%broker, bd_seq = ?self.core.bd_seq(), "Sparkplug session up: births");
+                // The birth says whether the Loopwarden bus is up now.
+                let mut out = self.loopwarden(now, loopwarden_up);
+                out.extend(self.core.step(now, Input::Connected));
+                out
+            }
+            SparkplugEvent::Command(bytes) => self.core.step(now, Input::Command(bytes)),
+            SparkplugEvent::Acked | SparkplugEvent::Disconnected => Vec::new(),
+            SparkplugEvent::Lost(why) => {
+                let broker = self.link.brokers.get(self.broker);
+                if self.core.in_session() {
+                    warn!(error = %why, %broker, "Sparkplug connection lost");
+                } else {
+                    warn!(error = %why, %broker, "cannot connect to the Sparkplug broker");
+                }
+                self.core.step(now, Input::ConnectionLost);
+                self.broker = self.link.brokers.after(self.broker);
+                let will = self.core.connecting(now);
+                let options = mqtt_options(&self.link, self.broker, &will);
+                let _ = self.next_options.send(options).await;
+                Vec::new()
+            }
+        }
+    }
+
+    fn on_tick(&mut self, loopwarden_up: bool) -> Vec<Publish> {
+        let now = now_ms().0;
+        let mut out = self.loopwarden(now, loopwarden_up);
+        out.extend(self.core.step(now, Input::Tick));
+        out
+    }
+}
+
+/// Starts the Loopwarden side: a reader of the site's frames.
+fn start_loopwarden(
+    brokers: Brokers,
+    tls: Option<Tls>,
+    site: &Ident,
+) -> Result<(Bus, mpsc::Receiver<loopwarden_bus::Inbound>, BusTask)> {
+    let node = NodeId::new(Role::Facility, "lw-sparkplug").context("bridge node id")?;
+    let mut config = BusConfig::new(brokers, site.clone(), node);
+    config.tls = tls;
+    config.client_id = format!("lw-sparkplug-{site}-{}", std::process::id());
+    config.inbound_capacity = 4096;
+    config.subscriptions = loopwarden_filters(site)?;
+    Ok(Bus::start(config))
+}
+
 /// Runs the bridge until Ctrl-C or SIGTERM, then leaves cleanly: the
 /// NDEATH, a disconnect, and the Loopwarden bus closed.
 pub async fn run(options: Options) -> Result<()> {
@@ -206,19 +281,10 @@ pub async fn run(options: Options) -> Result<()> {
         bridge,
     } = options;
     let ncmd = format!("spBv1.0/{}/NCMD/{}", bridge.group, bridge.edge_node);
+    let (bus, mut inbound, bus_task) = start_loopwarden(loopwarden.clone(), loopwarden_tls, &site)?;
     let mut core = Bridge::new(bridge);
-
-    let node = NodeId::new(Role::Facility, "lw-sparkplug").context("bridge node id")?;
-    let mut config = BusConfig::new(loopwarden.clone(), site.clone(), node);
-    config.tls = loopwarden_tls;
-    config.client_id = format!("lw-sparkplug-{site}-{}", std::process::id());
-    config.inbound_capacity = 4096;
-    config.subscriptions = loopwarden_filters(&site)?;
-    let (bus, mut inbound, bus_task) = Bus::start(config);
-
     let will = core.connecting(now_ms().0);
-    let mut broker = 0;
-    let (client, eventloop) = AsyncClient::new(mqtt_options(&link, broker, &will), QUEUE);
+    let (client, eventloop) = AsyncClient::new(mqtt_options(&link, 0, &will), QUEUE);
     let (event_tx, mut events) = mpsc::channel(64);
     let (options_tx, options_rx) = mpsc::channel(1);
     let mut driver = tokio::spawn(drive_sparkplug(
@@ -229,68 +295,35 @@ pub async fn run(options: Options) -> Result<()> {
         options_rx,
     ));
     info!(loopwarden = %loopwarden, sparkplug = %link.brokers, %site, "bridging");
-
+    let mut shell = Shell {
+        core,
+        link,
+        broker: 0,
+        next_options: options_tx,
+        loopwarden_up: false,
+    };
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("SIGTERM handler")?;
-    let mut loopwarden_up = false;
     loop {
         let out = tokio::select! {
             event = events.recv() => {
                 let Some(event) = event else { bail!("the Sparkplug client stopped") };
-                let now = now_ms().0;
-                match event {
-                    SparkplugEvent::Subscribed => {
-                        info!(broker = %link.brokers.get(broker), bd_seq = ?core.bd_seq(), "Sparkplug session up: births");
-                        // The birth says whether the Loopwarden bus is up now.
-                        let mut out = Vec::new();
-                        if bus.is_connected() != loopwarden_up {
-                            loopwarden_up = !loopwarden_up;
-                            out = core.step(now, Input::LoopwardenConnected(loopwarden_up));
-                        }
-                        out.extend(core.step(now, Input::Connected));
-                        out
-                    }
-                    SparkplugEvent::Command(bytes) => core.step(now, Input::Command(bytes)),
-                    SparkplugEvent::Acked | SparkplugEvent::Disconnected => Vec::new(),
-                    SparkplugEvent::Lost(why) => {
-                        if core.in_session() {
-                            warn!(error = %why, "Sparkplug connection lost");
-                        } else {
-                            warn!(error = %why, broker = %link.brokers.get(broker), "cannot connect to the Sparkplug broker");
-                        }
-                        core.step(now, Input::ConnectionLost);
-                        broker = link.brokers.after(broker);
-                        let will = core.connecting(now);
-                        let _ = options_tx.send(mqtt_options(&link, broker, &will)).await;
-                        Vec::new()
-                    }
-                }
+                shell.on_event(event, bus.is_connected()).await
             }
             msg = inbound.recv() => {
                 let Some(m) = msg else { bail!("the Loopwarden bus stopped") };
-                core.step(now_ms().0, Input::Frame(m.topic, m.frame))
+                shell.core.step(now_ms().0, Input::Frame(m.topic, m.frame))
             }
-            _ = tick.tick() => {
-                let now = now_ms().0;
-                let mut out = Vec::new();
-                let up = bus.is_connected();
-                if up != loopwarden_up {
-                    loopwarden_up = up;
-                    info!(connected = up, "Loopwarden bus");
-                    out = core.step(now, Input::LoopwardenConnected(up));
-                }
-                out.extend(core.step(now, Input::Tick));
-                out
-            }
+            _ = tick.tick() => shell.on_tick(bus.is_connected()),
             _ = tokio::signal::ctrl_c() => break,
             _ = terminate.recv() => break,
         };
-        send(&client, &mut core, out);
+        send(&client, &mut shell.core, out);
     }
-    stop(&client, &mut core, &mut events).await;
+    stop(&client, &mut shell.core, &mut events).await;
     // A client between two attempts waits for options that never come.
-    drop(options_tx);
+    drop(shell);
     if tokio::time::timeout(Duration::from_secs(2), &mut driver)
         .await
         .is_err()
