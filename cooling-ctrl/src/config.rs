@@ -39,6 +39,7 @@
 //! | `flash` | none (events kept in memory) | flash file for the event log |
 //! | `northbound` | none (no server) | the BMS's Modbus TCP server, `address:port` |
 //! | `northbound_writes` | false | the BMS may write the bounded holding registers |
+//! | `northbound_unit_id` | 1 (the northbound map's) | the Modbus unit id the northbound server answers, 1 to 247 (255 always reaches it; other ids get no answer) |
 //! | `facility_coordinator` | none (this CDU's setpoint sets its facility water) | a hall of several CDUs (site figures' `cdus`): the CDU whose facility water plan every CDU follows |
 //! | `facility_cdus` | none | the hall's CDUs in order; on the coordinator, itself among them |
 //! | `metrics_listen` | none (not served) | Prometheus's `/metrics`, `IP:PORT` or `:PORT` |
@@ -123,6 +124,8 @@ loopwarden_field::agent_file! {
         pub northbound: Option<String>,
         /// The BMS may write the northbound holding registers.
         pub northbound_writes: Option<bool>,
+        /// The unit id the northbound server answers.
+        pub northbound_unit_id: Option<u8>,
         /// Prometheus's `/metrics` on this address (`IP:PORT`).
         pub metrics_listen: Option<String>,
         /// The board's pin map file.
@@ -207,6 +210,10 @@ loopwarden_field::agent_flags! {
         /// setpoint ceiling, plan ceiling offset, alarm acknowledge).
         #[arg(long)]
         pub northbound_writes: Option<bool>,
+        /// The Modbus unit id the northbound server answers, 1 to 247
+        /// (255 always reaches it); default: 1.
+        #[arg(long)]
+        pub northbound_unit_id: Option<u8>,
         /// Serve Prometheus metrics at http://ADDR/metrics (`IP:PORT`, or
         /// `:PORT` for every interface); off by default.
         #[arg(long, value_name = "ADDR")]
@@ -269,6 +276,8 @@ pub struct Config {
     pub northbound: Option<std::net::SocketAddr>,
     /// The BMS may write the northbound holding registers.
     pub northbound_writes: bool,
+    /// The unit id the northbound server answers.
+    pub northbound_unit_id: u8,
     /// Where `/metrics` is served; `None`: not served.
     pub metrics_listen: Option<SocketAddr>,
     /// The board's pins on a GPIO chip; `None`: no board pins.
@@ -392,7 +401,11 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
     if let Some(a) = timings.ambient_c {
         core.margins.design_ambient_c = a;
     }
-    let (northbound, northbound_writes) = northbound(&src, &file, flags)?;
+    let Northbound {
+        addr: northbound,
+        writes: northbound_writes,
+        unit_id: northbound_unit_id,
+    } = northbound(&src, &file, flags)?;
     let facility = facility_role(&src, &file, &cdu, &core)?;
     let metrics_listen = metrics_listen(&src, &file, flags)?;
     let board = board_pins(&src, &file, flags, &core)?;
@@ -419,6 +432,7 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         flash: common.flash,
         northbound,
         northbound_writes,
+        northbound_unit_id,
         facility,
         metrics_listen,
         board,
@@ -895,13 +909,23 @@ fn facility_role(
     Ok(Some(crate::facility::FacilityRole { coordinator, cdus }))
 }
 
-/// The northbound server's address (`None`: no server) and whether the
-/// BMS may write, which needs an address.
+/// The northbound server's settings.
+struct Northbound {
+    /// Where it listens; `None`: no server.
+    addr: Option<SocketAddr>,
+    /// The BMS may write.
+    writes: bool,
+    /// The unit id it answers.
+    unit_id: u8,
+}
+
+/// The northbound server's address (`None`: no server), whether the BMS
+/// may write and the unit id it answers; the last two need an address.
 fn northbound(
     src: &Sources,
     file: &FileConfig,
     flags: &Overrides,
-) -> Result<(Option<SocketAddr>, bool), ConfigError> {
+) -> Result<Northbound, ConfigError> {
     let northbound = match pick!(flags.northbound, file.northbound, "northbound") {
         (None, _) => None,
         (Some(a), flag) => Some(a.parse::<SocketAddr>().map_err(|e| {
@@ -926,7 +950,26 @@ fn northbound(
             "northbound_writes = true needs a northbound address to serve".into(),
         ));
     }
-    Ok((northbound, northbound_writes))
+    let unit = pick!(
+        flags.northbound_unit_id,
+        file.northbound_unit_id,
+        "northbound-unit-id"
+    );
+    let given = unit.0.is_some();
+    let default = crate::northbound::northbound_map().unit_id;
+    let unit_id = range(src, unit, "northbound_unit_id", default, 1, 247, "")?;
+    if given && northbound.is_none() {
+        return Err(src.error(
+            None,
+            "northbound_unit_id",
+            "northbound_unit_id needs a northbound address to serve".into(),
+        ));
+    }
+    Ok(Northbound {
+        addr: northbound,
+        writes: northbound_writes,
+        unit_id,
+    })
 }
 
 /// The board's pins: `board_pins` and `gpio_chip` together or neither;
@@ -1056,6 +1099,22 @@ mod tests {
 
     const MIN: &str =
         "cdu = \"cdu-1\"\ndemo_key = true\ncdu_tcp = \"127.0.0.1:5020\"\nembedded_broker = true\n";
+
+    #[test]
+    fn the_northbound_unit_id_is_1_unless_set_and_1_to_247() {
+        assert_eq!(from(MIN).unwrap().northbound_unit_id, 1);
+        let nb = format!("{MIN}northbound = \"127.0.0.1:5502\"\n");
+        assert_eq!(from(&nb).unwrap().northbound_unit_id, 1);
+        let c = from(&format!("{nb}northbound_unit_id = 17\n")).unwrap();
+        assert_eq!(c.northbound_unit_id, 17);
+        for bad in [0, 248, 255] {
+            let e = from(&format!("{nb}northbound_unit_id = {bad}\n")).unwrap_err();
+            assert_eq!(e.line, Some(6), "{e}");
+            assert!(e.message.contains("northbound_unit_id"), "{e}");
+        }
+        let e = from(&format!("{MIN}northbound_unit_id = 3\n")).unwrap_err();
+        assert!(e.message.contains("needs a northbound address"), "{e}");
+    }
 
     #[test]
     fn metrics_listen_is_off_by_default_and_checked() {

@@ -34,7 +34,18 @@
 //!   and nothing is handed on. When the shell's channel is full the write
 //!   is refused with exception 6 (busy: try again), when the shell is gone
 //!   with exception 4;
-//! - any other function: exception 1. Any unit id is answered.
+//! - any other function: exception 1.
+//!
+//! Unit ids: it answers its own (`northbound_unit_id`, the map's `unit_id`
+//! unless configured, 1 in the shipped map) and 255, the value the Modbus
+//! TCP implementation guide recommends for a server reached directly by
+//! its IP address. A request for any other unit id, 0 (a serial line's
+//! broadcast) included, gets no answer at all, as a device on a serial
+//! line does not answer another's address, and changes nothing; the first
+//! such request of each unit id on a connection is logged with the
+//! client's address. It does not answer exception 11 (gateway target
+//! device failed to respond) for them: that would claim a gateway with
+//! devices behind it, which it is not.
 //!
 //! Glossary:
 //! - *BMS*: the building management system, the site's supervisory
@@ -62,7 +73,7 @@ mod snapshot;
 
 pub use codec::{decode_write, encode_snapshot, sentinel, Image};
 pub use map::{check_map, northbound_map, MapError, MAP_TOML};
-pub use server::serve;
+pub use server::{addressed, serve, ANY_UNIT};
 pub use snapshot::{
     pump_bits, snapshot_channel, snapshot_from, NorthboundSettings, NorthboundSnapshot,
     NorthboundWrite, FAULT_BIT, NOT_AVAILABLE_BIT,
@@ -124,6 +135,17 @@ mod tests {
                 outdoor_c: Some(-12.5),
             },
         }
+    }
+
+    #[test]
+    fn only_its_own_unit_id_and_255_reach_the_server() {
+        assert!(addressed(1, 1));
+        assert!(addressed(ANY_UNIT, 1));
+        assert!(addressed(17, 17));
+        for other in [0, 2, 16, 247, 254] {
+            assert!(!addressed(other, 1), "unit {other}");
+        }
+        assert!(!addressed(1, 17));
     }
 
     #[test]

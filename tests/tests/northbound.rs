@@ -61,6 +61,11 @@ struct Served {
 
 /// The server on a free loopback port, writes enabled or not.
 fn serve_it(writes_enabled: bool) -> Served {
+    serve_as(writes_enabled, northbound_map())
+}
+
+/// As [`serve_it`], serving `map` (and its unit id).
+fn serve_as(writes_enabled: bool, map: loopwarden_boards::modbus_map::RegisterMap) -> Served {
     let (tx, rx) = snapshot_channel();
     tx.send_replace(snapshot());
     let (wtx, wrx) = if writes_enabled {
@@ -74,7 +79,7 @@ fn serve_it(writes_enabled: bool) -> Served {
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .expect("bind");
     let port = listener.local_addr().expect("addr").port();
-    rt.spawn(serve(listener, northbound_map(), rx, wtx));
+    rt.spawn(serve(listener, map, rx, wtx));
     Served {
         port,
         snapshots: tx,
@@ -254,4 +259,70 @@ fn an_outdoor_temperature_out_of_range_gets_exception_3() {
     let (ok, text) = mbpoll(s.port, &["-t", "4", "-r", "3", "127.0.0.1"]);
     assert!(ok, "{text}");
     assert_eq!(values(&text), vec![64811], "{text}");
+}
+
+/// `mbpoll` asking unit `unit` on `port` (0-based addresses, one poll,
+/// `timeout` seconds for an answer); whether it succeeded, and what it
+/// printed.
+fn mbpoll_unit(port: u16, unit: u8, timeout: &str, args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new("mbpoll")
+        .args([
+            "-m",
+            "tcp",
+            "-0",
+            "-1",
+            "-o",
+            timeout,
+            "-p",
+            &port.to_string(),
+        ])
+        .args(["-a", &unit.to_string()])
+        .args(args)
+        .output()
+        .expect("run mbpoll");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+#[test]
+fn only_its_own_unit_id_and_255_are_answered_and_another_unit_changes_nothing() {
+    if require_tool("mbpoll").is_none() {
+        return;
+    }
+    let mut map = northbound_map();
+    map.unit_id = 17;
+    let mut s = serve_as(true, map);
+    let read = ["-t", "3", "-r", "0", "-c", "2", "127.0.0.1"];
+    // Its own unit id and 255 (the Modbus TCP "this server") read the
+    // mode and the reason.
+    for unit in [17, 255] {
+        let (ok, text) = mbpoll_unit(s.port, unit, "1", &read);
+        assert!(ok, "unit {unit}: {text}");
+        assert_eq!(values(&text), vec![2, 2005], "unit {unit}: {text}");
+    }
+    // Any other, 0 and the map's shipped 1 included: no answer at all,
+    // not an exception.
+    for unit in [0, 1, 16, 247] {
+        let (ok, text) = mbpoll_unit(s.port, unit, "0.3", &read);
+        assert!(!ok, "unit {unit} got an answer: {text}");
+        assert!(values(&text).is_empty(), "unit {unit}: {text}");
+        assert!(text.contains("timed out"), "unit {unit}: {text}");
+        assert!(!text.contains("xception"), "unit {unit}: {text}");
+    }
+    // A write to another unit is not done; the same write to its own is.
+    let write = ["-t", "4", "-r", "0", "127.0.0.1", "3550"];
+    let (ok, text) = mbpoll_unit(s.port, 5, "0.3", &write);
+    assert!(!ok, "{text}");
+    let writes = s.writes.as_mut().expect("writes enabled");
+    assert!(writes.try_recv().is_err(), "a write for unit 5 was taken");
+    let (ok, text) = mbpoll_unit(s.port, 17, "1", &write);
+    assert!(ok, "{text}");
+    assert!(
+        writes.try_recv().is_ok(),
+        "the write for unit 17 was not taken"
+    );
 }

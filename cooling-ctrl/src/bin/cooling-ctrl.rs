@@ -255,10 +255,10 @@ async fn start_northbound(
                 "disabled"
             }
         );
+        let mut map = northbound::northbound_map();
+        map.unit_id = config.northbound_unit_id;
         northbound_task = Some(tokio::spawn(async move {
-            if let Err(e) =
-                northbound::serve(listener, northbound::northbound_map(), snap_rx, writes_tx).await
-            {
+            if let Err(e) = northbound::serve(listener, map, snap_rx, writes_tx).await {
                 tracing::error!("cooling-ctrl: northbound Modbus server: {e}");
             }
         }));

@@ -1,11 +1,13 @@
 //! The Modbus TCP server: the register file every connection shares
 //! (reads from the latest snapshot, writes handed to the shell) and
-//! [`serve`], the tokio-modbus service around it.
+//! [`serve`], the tokio-modbus service around it, which answers its own
+//! unit id ([`addressed`]).
 
+use std::collections::BTreeSet;
 use std::future::{ready, Ready};
 use std::io;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::vec::Vec;
 
 use loopwarden_boards::modbus_map::{Kind, RegisterMap};
@@ -13,7 +15,7 @@ use loopwarden_boards::modbus_server::{answer, RegisterFile};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio_modbus::server::tcp::{accept_tcp_connection, Server};
-use tokio_modbus::{ExceptionCode, Request, Response};
+use tokio_modbus::{ExceptionCode, Response, SlaveRequest};
 
 use super::{check_map, decode_write, encode_snapshot, NorthboundSnapshot, NorthboundWrite};
 
@@ -82,22 +84,58 @@ impl RegisterFile for State {
     }
 }
 
-/// One connection's service.
-struct Service(Arc<State>);
+/// The unit id that reaches a Modbus TCP server itself, whatever its own
+/// (the Modbus TCP implementation guide's "non-significant" value).
+pub const ANY_UNIT: u8 = 255;
+
+/// Whether a request for `unit` is for the server of unit id `own`: its
+/// own id, or [`ANY_UNIT`]. Any other (0, the serial line's broadcast,
+/// included) is for a device this server is not, and gets no answer.
+pub fn addressed(unit: u8, own: u8) -> bool {
+    unit == own || unit == ANY_UNIT
+}
+
+/// One connection's service: answers the requests [`addressed`] to it,
+/// and logs the first request for each other unit id.
+struct Service {
+    state: Arc<State>,
+    peer: SocketAddr,
+    ignored: Mutex<BTreeSet<u8>>,
+}
 
 impl tokio_modbus::server::Service for Service {
-    type Request = Request<'static>;
-    type Response = Response;
+    type Request = SlaveRequest<'static>;
+    type Response = Option<Response>;
     type Exception = ExceptionCode;
-    type Future = Ready<Result<Response, ExceptionCode>>;
+    type Future = Ready<Result<Option<Response>, ExceptionCode>>;
 
     fn call(&self, req: Self::Request) -> Self::Future {
-        ready(answer(&*self.0, req))
+        let own = self.state.map.unit_id;
+        if addressed(req.slave, own) {
+            return ready(answer(&*self.state, req.request).map(Some));
+        }
+        let first = self
+            .ignored
+            .lock()
+            .map(|mut seen| seen.insert(req.slave))
+            .unwrap_or(false);
+        if first {
+            tracing::warn!(
+                target: TARGET,
+                "northbound: {} asks unit {}; this server is unit {own} (northbound_unit_id, \
+                 or {ANY_UNIT}): no answer",
+                self.peer,
+                req.slave
+            );
+        }
+        ready(Ok(None))
     }
 }
 
 /// Serves `map` over Modbus TCP on `listener` from the latest of
-/// `snapshots` until the task is dropped or the listener fails. `writes`:
+/// `snapshots` until the task is dropped or the listener fails, as the
+/// map's unit id (requests for other units get no answer, see
+/// [`addressed`]). `writes`:
 /// where accepted writes go (`None`: writes are disabled and refused with
 /// exception 1); give it room for a few (a multiple write of every
 /// register takes 4 places, 3 when the alarm acknowledge is written 0), a
@@ -114,8 +152,9 @@ pub async fn serve(
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(
             target: TARGET,
-            "northbound: serving {:?} on {addr}, writes {}",
+            "northbound: serving {:?} on {addr} as unit {} (and {ANY_UNIT}), writes {}",
             map.model,
+            map.unit_id,
             if writes.is_some() {
                 "enabled"
             } else {
@@ -132,8 +171,12 @@ pub async fn serve(
     let on_connected = |stream, socket_addr: SocketAddr| {
         let state = state.clone();
         async move {
-            accept_tcp_connection(stream, socket_addr, move |_| {
-                Ok(Some(Service(state.clone())))
+            accept_tcp_connection(stream, socket_addr, move |peer| {
+                Ok(Some(Service {
+                    state: state.clone(),
+                    peer,
+                    ignored: Mutex::default(),
+                }))
             })
         }
     };
