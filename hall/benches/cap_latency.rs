@@ -132,6 +132,7 @@ fn main() {
             },
             PlayOptions {
                 cap_release_ms: Some(10_000),
+                ..Default::default()
             },
         ))
         .expect("the run completes");

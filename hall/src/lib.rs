@@ -16,7 +16,9 @@
 #![warn(missing_docs)]
 
 pub mod cdu;
+pub mod compare;
 pub mod fleet;
+pub mod logging;
 pub mod play;
 pub mod report;
 pub mod sim_side;

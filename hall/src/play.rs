@@ -171,6 +171,36 @@ pub struct PlayOptions {
     /// The controller's `cap_release_ms` (how long capacity must be back
     /// before a cap is lifted), instead of the core's default (60 s).
     pub cap_release_ms: Option<u64>,
+    /// Pace the controller to a hall run this many times faster than real
+    /// time ([`paced`]); `None`: the controller keeps its real-time
+    /// figures.
+    pub controller_pace: Option<f64>,
+}
+
+/// The core's figures that pace the controller against the plant, for a
+/// plant running `speed` times faster than real time: its setpoint rise
+/// and pump slow-down per second `speed` times faster, and what it waits
+/// for in the plant (boot settle, the optimiser's period, a sensor fault
+/// confirmed or cleared, capacity back before a cap is lifted, a valve's
+/// stroke) `speed` times shorter. Its host and sensor timeouts stay in
+/// real time: the agents report and the CDU answers in real time.
+pub fn paced(mut core: cooling_core::CoreConfig, speed: f64) -> cooling_core::CoreConfig {
+    let s = speed.clamp(0.01, 100.0);
+    let m = &mut core.margins;
+    m.setpoint_rise_k_per_min *= s as f32;
+    m.speed_fall_per_s *= s as f32;
+    let t = &mut core.timing;
+    for ms in [
+        &mut t.boot_settle_ms,
+        &mut t.optimise_every_ms,
+        &mut t.fault_confirm_ms,
+        &mut t.fault_clear_ms,
+        &mut t.cap_release_ms,
+        &mut t.valve_confirm_ms,
+    ] {
+        *ms = (*ms as f64 / s).round() as u64;
+    }
+    core
 }
 
 /// Why the run could not go on.
@@ -209,7 +239,7 @@ pub async fn play_with(cfg: PlayConfig, opts: PlayOptions) -> Result<PlayOutcome
     let site = ident(site_name)?;
     let sc = cfg.scenario.clone();
     let duration = cfg.duration_s.unwrap_or(sc.duration_s).min(sc.duration_s);
-    let (_embedded, broker) = start_broker(&cfg)?;
+    let (embedded, broker) = start_broker(&cfg)?;
     let sim = SimSide::start(&at_speed(&sc, cfg.speed))
         .await
         .map_err(|e| PlayError::Start(e.to_string()))?;
@@ -235,15 +265,20 @@ pub async fn play_with(cfg: PlayConfig, opts: PlayOptions) -> Result<PlayOutcome
         .as_deref()
         .map(|d| pki_tls(d, "hall-run"))
         .transpose()?;
-    let (observer, mut inbound, _task) = start_observer(&broker, &site, observer_tls)?;
+    let (observer, mut inbound, observer_task) = start_observer(&broker, &site, observer_tls)?;
     let running = Running {
         stop_tx,
         agents,
         controller,
         watcher,
         observer,
+        observer_task,
     };
     let mut live = Live::open(&cfg, &sc, &sim, &host_ids, duration)?;
+    live.banner = banner(&cfg, &broker, embedded.is_some(), duration);
+    if cfg.headless {
+        println!("{}", live.banner);
+    }
     live.run(&mut inbound, start).await?;
     live.finish(running).await
 }
@@ -449,6 +484,9 @@ impl ControllerSide<'_> {
         if let Some(ms) = opts.cap_release_ms {
             core.timing.cap_release_ms = ms;
         }
+        if let Some(speed) = opts.controller_pace {
+            core = paced(core, speed);
+        }
         let key = self.sign_key()?;
         let shell_cfg = ShellConfig {
             site: self.site.clone(),
@@ -548,12 +586,14 @@ struct Running {
     controller: JoinHandle<()>,
     watcher: JoinHandle<CapFigures>,
     observer: Bus,
+    observer_task: BusTask,
 }
 
 impl Running {
     /// Tells the agents and the controller to stop and waits a while for
-    /// each, then for the watcher's figures; drops the observer and stops
-    /// the CDU's server.
+    /// each (each leaves the bus: goodbye, then disconnect), then for the
+    /// watcher's figures; the observer leaves the bus the same way, and
+    /// the CDU's server stops. The embedded broker outlives them all.
     async fn stop(self, served: &JoinHandle<std::io::Result<()>>) -> Option<CapFigures> {
         let _ = self.stop_tx.send(true);
         let agents = self.agents;
@@ -568,7 +608,9 @@ impl Running {
             Ok(Ok(caps)) => Some(caps),
             _ => None,
         };
-        drop(self.observer);
+        // It only listens: nothing of its own waits for an ack.
+        let _ = self.observer.shutdown(Duration::from_secs(2)).await;
+        self.observer_task.join(Duration::from_secs(2)).await;
         served.abort();
         caps
     }
@@ -594,6 +636,8 @@ struct Live<'a> {
     speed: f64,
     /// Per host: its last telemetry showed a cap.
     caps_in_force: BTreeMap<String, bool>,
+    /// What is running, the live view's first line.
+    banner: String,
 }
 
 impl<'a> Live<'a> {
@@ -630,6 +674,7 @@ impl<'a> Live<'a> {
             setpoint: 18.0,
             speed: 1.0,
             caps_in_force: BTreeMap::new(),
+            banner: String::new(),
         })
     }
 
@@ -811,7 +856,13 @@ impl<'a> Live<'a> {
                 source: e,
             })?;
         if !self.cfg.headless {
-            live(&row, &self.out, &self.cfg.name, self.duration);
+            live(
+                &row,
+                &self.out,
+                &self.banner,
+                &self.sc.description,
+                self.duration,
+            );
         }
         self.rows.push(row);
         Ok(())
@@ -828,25 +879,44 @@ impl<'a> Live<'a> {
         if let Some(caps) = running.stop(&self.sim.served).await {
             self.out.caps = caps;
         }
-        let (it_kwh, fac_kwh) = {
+        let (it_kwh, fac_kwh, work_gpu_h) = {
             let h = self.sim.hall.lock().expect("hall lock");
             let tt = h.plant().totals();
             self.out.gpu_shutdowns = u64::from(tt.shutdowns);
-            (tt.it_j / 3.6e6, tt.facility_j / 3.6e6)
+            (
+                tt.it_j / 3.6e6,
+                tt.facility_j / 3.6e6,
+                tt.work_gpu_s / 3600.0,
+            )
         };
+        let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
         let cfg = self.cfg;
+        // The references on the same scenario and length, in simulated
+        // time (well under a second for the demo).
+        let (sc, duration) = (self.sc.clone(), self.duration);
+        let baselines =
+            tokio::task::spawn_blocking(move || crate::compare::baselines(&sc, duration))
+                .await
+                .map_err(|e| PlayError::Start(format!("baselines: {e}")))?
+                .map_err(|e| PlayError::Start(format!("baselines: {e}")))?;
         let out = &mut self.out;
-        let summary = serde_json::json!({
+        let mut summary = serde_json::json!({
             "scenario": cfg.name,
             "controller": "ours (live)",
             "duration_s": self.duration,
             "it_kwh": it_kwh,
             "facility_kwh": fac_kwh,
-            "pue": if it_kwh > 0.0 { fac_kwh / it_kwh } else { 0.0 },
+            "pue": ratio(fac_kwh, it_kwh),
+            "work_gpu_h": work_gpu_h,
+            "kwh_per_work_gpu_h": ratio(fac_kwh, work_gpu_h),
             "hosts_heard": out.hosts_heard.len(),
             "quarantined": out.quarantined.len(),
             "racks_lost": out.racks_lost.len(),
         });
+        if let Some(m) = summary.as_object_mut() {
+            let b = crate::compare::baselines_json(&baselines);
+            m.insert(crate::report::BASELINES.into(), b);
+        }
         out.report = crate::report::write_report(
             &cfg.out,
             &format!("{} (live run)", cfg.name),
@@ -968,8 +1038,40 @@ pub(crate) async fn watch_caps(
     f
 }
 
+/// What the run is: the hall, the broker, the pace and where the results
+/// go (the live view's first line; printed once when headless).
+fn banner(cfg: &PlayConfig, broker: &BrokerAddr, embedded: bool, duration: u64) -> String {
+    let s = &cfg.scenario.site;
+    let hosts = s.racks * s.hosts_per_rack;
+    let cdus = match s.cdus {
+        1 => "one CDU".to_string(),
+        n => format!("{n} CDUs"),
+    };
+    let which = if embedded { "the embedded" } else { "the" };
+    format!(
+        "Loopwarden: {}: one simulated hall, {hosts} hosts ({} GPUs), {cdus}, {which} MQTT broker at {broker}, speed ×{} ({duration} s of scenario in {}), results in {}/",
+        cfg.name,
+        hosts * s.gpus_per_host,
+        cfg.speed,
+        wall_time(duration as f64 / cfg.speed),
+        cfg.out.display()
+    )
+}
+
+/// A wall-clock length as people say it: `about 3 min`, `about 45 s`.
+fn wall_time(s: f64) -> String {
+    if s >= 90.0 {
+        format!("about {:.0} min", s / 60.0)
+    } else {
+        format!("about {:.0} s", s.max(1.0))
+    }
+}
+
+/// What the live view's figures mean, in one line.
+const LEGEND: &str = "PUE: facility power ÷ IT power (1 would be no cooling at all) · setpoint: the supply water the controller asks the CDU for · capped: hosts whose GPUs are power-capped · quarantined: GPUs their host's agent took out of service";
+
 /// The live view: one screen, redrawn.
-fn live(r: &TraceRow, o: &PlayOutcome, name: &str, duration: u64) {
+fn live(r: &TraceRow, o: &PlayOutcome, banner: &str, what: &str, duration: u64) {
     let pue = if r.it_kw > 0.0 {
         r.facility_kw / r.it_kw
     } else {
@@ -978,7 +1080,7 @@ fn live(r: &TraceRow, o: &PlayOutcome, name: &str, duration: u64) {
     let mut s = String::new();
     s.push_str("\x1b[2J\x1b[H");
     s.push_str(&format!(
-        "Loopwarden hall: {name}   t = {:>5.0} / {duration} s\n\n",
+        "{banner}\n{what}\n  simulated time {:>5.0} / {duration} s\n\n",
         r.t_s
     ));
     s.push_str(&format!(
@@ -1002,6 +1104,7 @@ fn live(r: &TraceRow, o: &PlayOutcome, name: &str, duration: u64) {
         o.quarantined.len(),
         o.hosts_heard.len()
     ));
+    s.push_str(&format!("  {LEGEND}\n\n"));
     s.push_str("  events:\n");
     for e in o
         .events
@@ -1016,4 +1119,39 @@ fn live(r: &TraceRow, o: &PlayOutcome, name: &str, duration: u64) {
     }
     print!("{s}");
     let _ = std::io::stdout().flush();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_controller_is_paced_in_plant_time_and_waits_for_messages_in_real_time() {
+        let real = cooling_core::CoreConfig::default();
+        let fast = paced(real, 4.0);
+        assert_eq!(
+            fast.margins.setpoint_rise_k_per_min,
+            real.margins.setpoint_rise_k_per_min * 4.0
+        );
+        assert_eq!(
+            fast.margins.speed_fall_per_s,
+            real.margins.speed_fall_per_s * 4.0
+        );
+        assert_eq!(fast.timing.boot_settle_ms, real.timing.boot_settle_ms / 4);
+        assert_eq!(
+            fast.timing.optimise_every_ms,
+            real.timing.optimise_every_ms / 4
+        );
+        assert_eq!(fast.timing.cap_release_ms, real.timing.cap_release_ms / 4);
+        assert_eq!(fast.timing.host_timeout_ms, real.timing.host_timeout_ms);
+        assert_eq!(fast.timing.sensor_timeout_ms, real.timing.sensor_timeout_ms);
+        assert_eq!(paced(real, 1.0), real);
+    }
+
+    #[test]
+    fn wall_times_read_as_people_say_them() {
+        assert_eq!(wall_time(600.0 / 3.3), "about 3 min");
+        assert_eq!(wall_time(9.0), "about 9 s");
+        assert_eq!(wall_time(0.2), "about 1 s");
+    }
 }

@@ -509,6 +509,66 @@ fn secs(v: f64) -> String {
     }
 }
 
+/// The summary's key for the baselines' figures (see
+/// [`crate::compare::baselines_json`]).
+pub const BASELINES: &str = "baselines";
+
+/// The report's opening when the summary has the run's PUE and energy per
+/// work and the baselines' (`baselines`): a table of the three and a
+/// sentence with what the run saved against each.
+fn result(m: &serde_json::Map<String, serde_json::Value>) -> Option<String> {
+    let pue = m.get("pue")?.as_f64()?;
+    let per_work = m.get("kwh_per_work_gpu_h")?.as_f64()?;
+    let bases: Vec<(&String, f64, f64, Option<f64>)> = m
+        .get(BASELINES)?
+        .as_object()?
+        .iter()
+        .filter_map(|(name, b)| {
+            let pue = b.get("pue")?.as_f64()?;
+            let per_work = b.get("kwh_per_work_gpu_h")?.as_f64()?;
+            Some((name, pue, per_work, b.get("setpoint_c")?.as_f64()))
+        })
+        .collect();
+    if bases.is_empty() {
+        return None;
+    }
+    let who = m
+        .get("controller")
+        .and_then(|c| c.as_str())
+        .unwrap_or("ours");
+    let mut md = String::new();
+    let _ = writeln!(md, "## Result\n");
+    let _ = writeln!(
+        md,
+        "| run | PUE | facility energy per work (kWh per GPU-h) |"
+    );
+    let _ = writeln!(md, "|---|---:|---:|");
+    let _ = writeln!(md, "| this run: {} | {pue:.3} | {per_work:.3} |", cell(who));
+    for (name, b_pue, b_work, sp) in &bases {
+        let fixed = sp.map_or(String::new(), |c| format!(": supply fixed at {c:.0} °C"));
+        let _ = writeln!(md, "| {}{fixed} | {b_pue:.3} | {b_work:.3} |", cell(name));
+    }
+    let against: Vec<String> = bases
+        .iter()
+        .filter_map(|(name, b_pue, b_work, _)| {
+            let pct = crate::compare::saved_pct(per_work, *b_work)?;
+            let less = if pct >= 0.0 { "less" } else { "more" };
+            Some(format!(
+                "{:.1} % {less} than {name} (PUE {pue:.3} against {b_pue:.3})",
+                pct.abs()
+            ))
+        })
+        .collect();
+    let _ = writeln!(
+        md,
+        "\nFacility energy per unit of GPU work: {}. The baselines played the \
+         same scenario in simulated time: supply fixed, pumps at full speed, \
+         no caps.\n",
+        against.join(" and ")
+    );
+    Some(md)
+}
+
 fn markdown(
     title: &str,
     rows: &[TraceRow],
@@ -516,6 +576,9 @@ fn markdown(
 ) -> String {
     let mut md = String::new();
     let _ = writeln!(md, "# {}\n", title.trim());
+    if let Some(r) = summary.and_then(result) {
+        md.push_str(&r);
+    }
     let first = rows[0].t_s;
     let last = rows[rows.len() - 1].t_s;
     let every = if rows.len() > 1 {
@@ -547,7 +610,7 @@ fn markdown(
             }
         }
         for (key, v) in m {
-            if !FIGURES.iter().any(|f| f.0 == key) {
+            if !FIGURES.iter().any(|f| f.0 == key) && key != BASELINES {
                 let _ = writeln!(
                     md,
                     "| {} | {} |  | `{}` |",

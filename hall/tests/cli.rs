@@ -122,3 +122,74 @@ fn no_subcommand_is_a_usage_error() {
     let err = String::from_utf8(o.stderr).unwrap();
     assert!(err.contains("plot"), "{err}");
 }
+
+/// A short scenario: a job starts on 4 hosts, the controller takes over.
+const SHORT: &str = r#"
+format = "plant-scenario/1"
+description = "a short run: a job starts, the controller takes over"
+duration_s = 45
+seed = 3
+[site]
+racks = 2
+hosts_per_rack = 2
+[ambient]
+points = [[0, 28.0], [45, 28.0]]
+[load]
+all = [[0, 0.4], [10, 0.9], [45, 0.9]]
+"#;
+
+/// `play`, headless, says first what runs, ends without an ERROR line
+/// (the agents and the controller leave the embedded broker in order),
+/// and its report opens with the run against both baselines.
+#[test]
+fn play_says_what_runs_and_ends_without_error_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let scenario = dir.path().join("short.toml");
+    std::fs::write(&scenario, SHORT).unwrap();
+    let out = dir.path().join("run");
+    let o = hall(&[
+        "play".as_ref(),
+        "--headless".as_ref(),
+        "--speed".as_ref(),
+        "5".as_ref(),
+        "--scenario".as_ref(),
+        scenario.as_os_str(),
+        "--out".as_ref(),
+        out.as_os_str(),
+    ]);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stdout}\n{stderr}");
+    let first = stdout.lines().next().unwrap_or("");
+    for part in [
+        "short: one simulated hall, 4 hosts (32 GPUs), one CDU",
+        "the embedded MQTT broker at 127.0.0.1:",
+        "speed ×5 (45 s of scenario in about 9 s)",
+        &format!("results in {}/", out.display()),
+    ] {
+        assert!(
+            first.contains(part),
+            "{part:?} not in the first line: {first}"
+        );
+    }
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.contains("ERROR")).collect();
+    assert!(errors.is_empty(), "ERROR lines:\n{}", errors.join("\n"));
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    let result = md
+        .split("\n## ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no section:\n{md}"));
+    assert!(result.starts_with("Result\n"), "{md}");
+    for run in ["this run: ours (live)", "baseline-18", "baseline-32"] {
+        let row = result
+            .lines()
+            .find(|l| l.starts_with(&format!("| {run}")))
+            .unwrap_or_else(|| panic!("no row for {run}:\n{result}"));
+        let numbers = row
+            .split('|')
+            .filter_map(|c| c.trim().parse::<f64>().ok())
+            .filter(|v| *v > 0.0)
+            .count();
+        assert_eq!(numbers, 2, "PUE and energy per work: {row}");
+    }
+}

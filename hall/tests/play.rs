@@ -62,4 +62,23 @@ async fn the_whole_system_runs_headless_and_everything_is_heard() {
     ] {
         assert!(dir.path().join(f).exists(), "{f}");
     }
+    // The report opens with the run against both baselines, played on
+    // the same scenario in simulated time: PUE and energy per work each.
+    let md = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
+    let result = md.split("\n## ").nth(1).unwrap_or("");
+    assert!(result.starts_with("Result\n"), "{md}");
+    for run in ["this run: ours (live)", "baseline-18", "baseline-32"] {
+        let row = result
+            .lines()
+            .find(|l| l.starts_with(&format!("| {run}")))
+            .unwrap_or_else(|| panic!("no row for {run}:\n{result}"));
+        let figures: Vec<f64> = row
+            .split('|')
+            .filter_map(|c| c.trim().parse().ok())
+            .collect();
+        assert!(
+            figures.len() == 2 && figures[0] > 1.0 && figures[1] > 0.0,
+            "PUE above 1 and energy per work: {row}"
+        );
+    }
 }

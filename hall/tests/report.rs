@@ -165,3 +165,67 @@ fn report_refuses_no_rows_and_a_summary_that_is_no_object() {
         Err(ReportError::SummaryNotObject)
     ));
 }
+
+/// The rows of the report's first section, which must be `## Result`:
+/// (run, PUE, facility kWh per GPU-h of work), and the section's text.
+fn result_section(md: &str) -> (Vec<(String, f64, f64)>, String) {
+    let body = md.split_once("\n## ").map(|(_, b)| b).unwrap_or("");
+    assert!(body.starts_with("Result\n"), "the first section:\n{md}");
+    let section = body.split("\n## ").next().unwrap().to_string();
+    let rows = section
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| run "))
+        .map(|l| {
+            let cells: Vec<&str> = l.trim_matches('|').split('|').map(str::trim).collect();
+            let num = |c: &str| {
+                c.parse::<f64>()
+                    .unwrap_or_else(|e| panic!("{l}: {c:?}: {e}"))
+            };
+            (cells[0].to_string(), num(cells[1]), num(cells[2]))
+        })
+        .collect();
+    (rows, section)
+}
+
+#[test]
+fn report_opens_with_the_run_against_both_baselines() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = summary();
+    s["controller"] = "ours (live)".into();
+    s["pue"] = 1.1.into();
+    s["kwh_per_work_gpu_h"] = 1.0.into();
+    s["baselines"] = serde_json::json!({
+        "baseline-18": {"setpoint_c": 18.0, "pue": 1.25, "kwh_per_work_gpu_h": 1.25},
+        "baseline-32": {"setpoint_c": 32.0, "pue": 1.05, "kwh_per_work_gpu_h": 0.95},
+    });
+    write_report(dir.path(), "demo", &rows(true), Some(&s)).unwrap();
+    let md = std::fs::read_to_string(dir.path().join(REPORT)).unwrap();
+    let (rows, text) = result_section(&md);
+    assert_eq!(
+        rows,
+        [
+            ("this run: ours (live)".to_string(), 1.1, 1.0),
+            ("baseline-18: supply fixed at 18 °C".to_string(), 1.25, 1.25),
+            ("baseline-32: supply fixed at 32 °C".to_string(), 1.05, 0.95),
+        ]
+    );
+    assert!(
+        text.contains("20.0 % less than baseline-18 (PUE 1.100 against 1.250)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("5.3 % more than baseline-32 (PUE 1.100 against 1.050)"),
+        "{text}"
+    );
+    // The baselines are not repeated as a raw figure in the summary.
+    assert!(!md.contains("`baselines`"), "{md}");
+}
+
+#[test]
+fn without_baselines_the_report_opens_with_the_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    write_report(dir.path(), "t", &rows(false), Some(&summary())).unwrap();
+    let md = std::fs::read_to_string(dir.path().join(REPORT)).unwrap();
+    assert!(!md.contains("## Result"), "{md}");
+    assert!(md.starts_with("# t\n\nTrace: "), "{md}");
+}
