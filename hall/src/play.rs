@@ -759,8 +759,9 @@ impl<'a> Live<'a> {
             Message::CduTelemetry(_) => self.out.cdu_heard = true,
             Message::HostHealth(hh) => self.host_health(&node, hh, t),
             Message::CduState(st) => self.cdu_state(st, t),
-            Message::Event(Event::CoolingAction { step, ok, .. }) => {
-                self.cooling_action(&node, *step, *ok, t)
+            Message::Event(e @ Event::CoolingAction { step, ok, .. }) => {
+                self.out.events.push(format!("t={t:.0}s {node}: {e}"));
+                self.cooling_action(&node, *step, *ok)
             }
             Message::Event(e) => {
                 if matches!(
@@ -768,10 +769,15 @@ impl<'a> Live<'a> {
                     Event::Leak { .. }
                         | Event::CduModeChanged { .. }
                         | Event::PumpTrip { .. }
+                        | Event::PumpSeized { .. }
                         | Event::SensorFault { .. }
+                        | Event::LeakSensing { .. }
+                        | Event::IsolationFailed { .. }
+                        | Event::OperatorCleared { .. }
+                        | Event::ControllerRestored { .. }
                         | Event::Xid { .. }
                 ) {
-                    self.out.events.push(format!("t={t:.0}s {node}: {e:?}"));
+                    self.out.events.push(format!("t={t:.0}s {node}: {e}"));
                 }
             }
             _ => {}
@@ -816,13 +822,10 @@ impl<'a> Live<'a> {
 
     /// A host's agent ran a cooling-loss command: the simulated host
     /// follows what it did (a power-down that failed leaves it running).
-    fn cooling_action(&mut self, node: &str, step: CoolingStep, ok: bool, t: f64) {
+    fn cooling_action(&mut self, node: &str, step: CoolingStep, ok: bool) {
         let Some(h) = self.host_ids.iter().position(|x| *x == node) else {
             return;
         };
-        self.out
-            .events
-            .push(format!("t={t:.0}s {node}: cooling {step:?} ok={ok}"));
         let mut hall = self.sim.hall.lock().expect("hall lock");
         match step {
             CoolingStep::PowerDown if ok => {

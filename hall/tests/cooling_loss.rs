@@ -152,7 +152,7 @@ async fn a_leaking_rack_is_drained_in_slurm_powered_down_and_resumed() {
             .and_then(|e| e.strip_prefix("t=")?.split('s').next()?.parse::<f64>().ok())
             .unwrap_or_else(|| panic!("no {what:?} in {:?}", out.events))
     };
-    let (drain, down) = (at("r0h0: cooling Drain"), at("r0h0: cooling PowerDown"));
+    let (drain, down) = (at("r0h0: cooling-loss drain command"), at("r0h0: cooling-loss power-down command"));
     assert!(
         down - drain >= (GRACE_S as f64 - 1.0) * SPEED,
         "powered down {:.0} simulated s after the drain",
@@ -161,7 +161,7 @@ async fn a_leaking_rack_is_drained_in_slurm_powered_down_and_resumed() {
     assert!(out
         .events
         .iter()
-        .any(|e| e.contains("r0h0: cooling Resume ok=true")));
+        .any(|e| e.contains("r0h0: cooling-loss resume command ran")));
     // Resumed: back in service, no reason left.
     slurm
         .wait_state("r0h0", "idle", Duration::from_secs(10))
