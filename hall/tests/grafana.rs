@@ -232,7 +232,7 @@ impl Rig {
         let broker = EmbeddedBroker::start("127.0.0.1:0".parse().unwrap()).expect("a broker");
         let mut rig = Rig {
             rt,
-            broker: broker,
+            broker,
             dir: tempfile::tempdir().expect("a temporary directory"),
             agent_metrics: ([127, 0, 0, 1], free_port()).into(),
             cdu_metrics: ([127, 0, 0, 1], free_port()).into(),
