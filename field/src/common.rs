@@ -25,9 +25,9 @@ use crate::serial::SerialConsole;
 /// refused (with their line), the common fields first and then the
 /// agent's own. The common fields are `site`, `broker`, `embedded_broker`,
 /// `broker_user`, `broker_password_file`, `tls_ca`, `tls_cert`,
-/// `tls_key`, `tls_server_name`, `flash`, `console`, and the serial
-/// console's `console_serial`, `console_serial_baud`,
-/// `console_password_hash` and `console_idle_s`;
+/// `tls_key`, `tls_server_name`, `keep_alive_s`, `json_presence`,
+/// `flash`, `console`, and the serial console's `console_serial`,
+/// `console_serial_baud`, `console_password_hash` and `console_idle_s`;
 /// [`common`](CommonFile) borrows them for [`resolve`].
 #[macro_export]
 macro_rules! agent_file {
@@ -60,6 +60,10 @@ macro_rules! agent_file {
             pub flash: Option<std::path::PathBuf>,
             /// Console socket.
             pub console: Option<std::path::PathBuf>,
+            /// MQTT keep-alive, seconds.
+            pub keep_alive_s: Option<u64>,
+            /// The JSON `online` on a connection of its own, with a will.
+            pub json_presence: Option<bool>,
             /// Serial console device (`/dev/ttyS1`).
             pub console_serial: Option<std::path::PathBuf>,
             /// Its speed (8N1).
@@ -87,6 +91,8 @@ macro_rules! agent_file {
                     tls_server_name: &self.tls_server_name,
                     flash: &self.flash,
                     console: &self.console,
+                    keep_alive_s: &self.keep_alive_s,
+                    json_presence: &self.json_presence,
                     console_serial: &self.console_serial,
                     console_serial_baud: &self.console_serial_baud,
                     console_password_hash: &self.console_password_hash,
@@ -150,6 +156,10 @@ pub struct CommonFile<'a> {
     pub flash: &'a Option<PathBuf>,
     /// Console socket.
     pub console: &'a Option<PathBuf>,
+    /// MQTT keep-alive, seconds.
+    pub keep_alive_s: &'a Option<u64>,
+    /// The JSON `online` on a connection of its own.
+    pub json_presence: &'a Option<bool>,
     /// Serial console device.
     pub console_serial: &'a Option<PathBuf>,
     /// Its speed.
@@ -203,6 +213,16 @@ pub struct CommonFlags {
     /// Console socket path.
     #[arg(long)]
     pub console: Option<PathBuf>,
+    /// MQTT keep-alive in seconds, 1 to 600; the broker declares the
+    /// agent gone after 1.5 × this without a packet; default 5.
+    #[arg(long)]
+    pub keep_alive_s: Option<u64>,
+    /// Keep the JSON `online` on a second connection whose last will
+    /// says offline (`true`, the default), or on the one connection
+    /// (`false`: one connection fewer, but the JSON tree keeps saying
+    /// online after a crash).
+    #[arg(long)]
+    pub json_presence: Option<bool>,
     /// Serial console on this device (`/dev/ttyS1`); default: none.
     #[arg(long)]
     pub console_serial: Option<PathBuf>,
@@ -232,6 +252,11 @@ pub struct Common {
     pub flash: Option<PathBuf>,
     /// Console socket.
     pub console: PathBuf,
+    /// MQTT keep-alive.
+    pub keep_alive: std::time::Duration,
+    /// The JSON `online` on a connection of its own
+    /// (`BusConfig::json_presence`).
+    pub json_presence: bool,
     /// The serial console, if one is configured.
     pub serial: Option<SerialConsole>,
 }
@@ -282,6 +307,18 @@ pub fn resolve(
         console: pick!(flags.console, *file.console, "console")
             .0
             .unwrap_or_else(default_console),
+        keep_alive: std::time::Duration::from_secs(crate::config::range(
+            src,
+            pick!(flags.keep_alive_s, *file.keep_alive_s, "keep-alive-s"),
+            "keep_alive_s",
+            5,
+            1,
+            600,
+            " s",
+        )?),
+        json_presence: pick!(flags.json_presence, *file.json_presence, "json-presence")
+            .0
+            .unwrap_or(true),
         serial: serial(src, file, flags)?,
     })
 }
@@ -504,6 +541,31 @@ mod tests {
         let brokers = c.broker.unwrap();
         assert_eq!(brokers.len(), 3);
         assert_eq!(brokers.get(2).to_string(), "10.0.0.7:1883");
+    }
+
+    #[test]
+    fn keep_alive_and_json_presence_default_read_and_refuse_with_their_line() {
+        let c = check("site = \"a\"\n", &CommonFlags::default()).unwrap();
+        assert_eq!((c.keep_alive.as_secs(), c.json_presence), (5, true));
+        let text = "site = \"a\"\nkeep_alive_s = 2\njson_presence = false\n";
+        let c = check(text, &CommonFlags::default()).unwrap();
+        assert_eq!((c.keep_alive.as_secs(), c.json_presence), (2, false));
+        let flags = CommonFlags {
+            keep_alive_s: Some(30),
+            json_presence: Some(true),
+            ..CommonFlags::default()
+        };
+        let c = check(text, &flags).unwrap();
+        assert_eq!((c.keep_alive.as_secs(), c.json_presence), (30, true));
+        let e = check("site = \"a\"\nkeep_alive_s = 0\n", &CommonFlags::default()).unwrap_err();
+        assert_eq!(e.line, Some(2), "{e}");
+        assert!(
+            e.message
+                .contains("keep_alive_s = 0 is out of range (1 to 600 s)"),
+            "{e}"
+        );
+        let e = check("json_presence = \"yes\"\n", &CommonFlags::default()).unwrap_err();
+        assert_eq!(e.line, Some(1), "{e}");
     }
 
     #[test]
