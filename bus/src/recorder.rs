@@ -94,6 +94,11 @@ const UNSENT_MAX: usize = 256;
 /// Jobs queued for the thread at most.
 pub const JOBS_MAX: usize = 4096;
 
+/// The event-log kind of an agent's serial console record (a session, a
+/// login, a state-changing command; `loopwarden_field::serial::record`),
+/// its body JSON text. Agent-local: never a bus message.
+pub const CONSOLE_RECORD: u8 = 0xE0;
+
 /// The handle the loop writes through.
 #[derive(Clone)]
 pub struct Recorder {

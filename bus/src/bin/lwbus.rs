@@ -303,6 +303,14 @@ fn describe_record(kind: u8, body: &[u8], json: bool) -> String {
             ),
             None => "wrapped marker (unreadable)".to_string(),
         }
+    } else if kind == loopwarden_bus::recorder::CONSOLE_RECORD {
+        // A serial console record: JSON text.
+        let text = String::from_utf8_lossy(body);
+        if json {
+            format!("{{\"console\": {text}}}")
+        } else {
+            format!("{:<18} {text}", "serial_console")
+        }
     } else if MessageKind::from_code(kind).is_some_and(|k| k.family() == Family::Cmd) {
         // An accepted command is kept whole: sender, seq and time
         // are what a restart needs.
@@ -562,7 +570,20 @@ async fn release(
 
 #[cfg(test)]
 mod tests {
-    use super::utc;
+    use super::{describe_record, utc};
+
+    #[test]
+    fn a_serial_console_record_reads_as_its_json() {
+        let body = br#"{"port":"/dev/ttyS1","what":"login_refused","in_a_row":2}"#;
+        let kind = loopwarden_bus::recorder::CONSOLE_RECORD;
+        assert_eq!(
+            describe_record(kind, body, false),
+            r#"serial_console     {"port":"/dev/ttyS1","what":"login_refused","in_a_row":2}"#
+        );
+        let v: serde_json::Value =
+            serde_json::from_str(&describe_record(kind, body, true)).unwrap();
+        assert_eq!(v["console"]["in_a_row"], 2);
+    }
 
     #[test]
     fn utc_formats_epoch_milliseconds() {

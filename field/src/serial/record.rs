@@ -13,8 +13,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 /// The event-log kind of a console record: outside the protocol's
-/// message kinds (1 to 9) and the log's own markers (0xF0).
-pub const CONSOLE_RECORD: u8 = 0xE0;
+/// message kinds (1 to 9) and the log's own markers (0xF0); declared with
+/// the recorder, so `lwbus flash` knows it too.
+pub use loopwarden_bus::recorder::CONSOLE_RECORD;
 
 /// The longest command result kept, in characters.
 const RESULT_MAX: usize = 300;
