@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Debian packages of the two agents, from this checkout:
+#   target/deb/loopwarden-node-agent_<version>_<arch>.deb
+#   target/deb/loopwarden-cooling-ctrl_<version>_<arch>.deb
+# Each holds the production build of its binary (no simulator linked, no
+# debug information), its systemd unit, its example configuration under
+# /etc/loopwarden/ (a conffile: an upgrade never overwrites it), its
+# copyright and its documentation. The maintainer scripts never enable
+# or start a service: an agent starts only once its configuration is
+# edited (docs/install.md).
+#
+# Needs cargo, dpkg-deb and dpkg-shlibdeps (dpkg-dev). Run it again at
+# will: it rebuilds only what changed and replaces the packages.
+#   deploy/deb/build.sh            build, then package
+#   deploy/deb/build.sh --no-build package what target/production holds
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+out=target/deb
+work=$out/work
+profile=production
+maintainer=${DEB_MAINTAINER:-Loopwarden maintainers <maintainers@loopwarden.invalid>}
+
+for tool in cargo dpkg-deb dpkg-shlibdeps; do
+  command -v "$tool" >/dev/null || {
+    echo "deploy/deb/build.sh: $tool is not installed (dpkg-shlibdeps: apt-get install dpkg-dev)" >&2
+    exit 2
+  }
+done
+
+# The workspace's version (every crate takes it), and this machine's
+# architecture as dpkg names it.
+pkgid=$(cargo pkgid --locked -p node-agent)
+version=${pkgid##*[#@]}
+arch=$(dpkg --print-architecture)
+
+if [ "${1:-}" != --no-build ]; then
+  cargo build --profile "$profile" --locked --no-default-features -p node-agent -p cooling-ctrl
+fi
+
+rm -rf "$work"
+mkdir -p "$work/debian"
+# dpkg-shlibdeps reads debian/control for the source package's name.
+printf 'Source: loopwarden\n\nPackage: loopwarden-node-agent\nArchitecture: any\n\nPackage: loopwarden-cooling-ctrl\nArchitecture: any\n' \
+  >"$work/debian/control"
+
+# package NAME BINARY GUIDE SUMMARY DESCRIPTION [EXTRA-FILE:DEST ...]
+package() {
+  local name=$1 bin=$2 guide=$3 summary=$4 description=$5
+  shift 5
+  local root=$work/debian/$name
+  local doc=$root/usr/share/doc/$name
+  install -d -m 0755 "$root/DEBIAN" "$root/usr/bin" "$root/usr/lib/systemd/system" \
+    "$root/etc/loopwarden" "$doc"
+  install -m 0755 "target/$profile/$bin" "$root/usr/bin/$bin"
+  install -m 0644 "deploy/systemd/$bin.service" "$root/usr/lib/systemd/system/$bin.service"
+  install -m 0644 "deploy/etc/loopwarden/$bin.toml" "$root/etc/loopwarden/$bin.toml"
+  install -m 0644 docs/install.md "docs/$guide" docs/security.md "$doc/"
+  sed "s/@NAME@/$name/" deploy/deb/copyright >"$doc/copyright"
+  chmod 0644 "$doc/copyright"
+  local extra
+  for extra in "$@"; do
+    install -D -m 0644 "${extra%%:*}" "$root/${extra#*:}"
+  done
+
+  # What the binary links (libc, libgcc_s); NVML is opened at run time,
+  # so it is no dependency of the package.
+  local depends
+  depends=$(cd "$work" && dpkg-shlibdeps -O "debian/$name/usr/bin/$bin" | sed -n 's/^shlibs:Depends=//p')
+  local size
+  size=$(du -sk --exclude=DEBIAN "$root" | cut -f1)
+  cat >"$root/DEBIAN/control" <<CONTROL
+Package: $name
+Version: $version
+Architecture: $arch
+Maintainer: $maintainer
+Installed-Size: $size
+Depends: $depends
+Section: admin
+Priority: optional
+Description: $summary
+$description
+CONTROL
+  echo "/etc/loopwarden/$bin.toml" >"$root/DEBIAN/conffiles"
+  local script
+  for script in postinst prerm postrm; do
+    sed -e "s/@NAME@/$name/g" -e "s/@BIN@/$bin/g" "deploy/deb/$script" >"$root/DEBIAN/$script"
+    chmod 0755 "$root/DEBIAN/$script"
+  done
+  (cd "$root" && find usr -type f -print0 | sort -z | xargs -0 md5sum >DEBIAN/md5sums)
+  chmod 0644 "$root/DEBIAN/control" "$root/DEBIAN/conffiles" "$root/DEBIAN/md5sums"
+
+  local deb=$out/${name}_${version}_${arch}.deb
+  dpkg-deb --root-owner-group --build "$root" "$deb" >/dev/null
+  echo "$deb ($(du -k "$deb" | cut -f1) KiB; Depends: $depends)"
+}
+
+package loopwarden-node-agent node-agent node-agent.md \
+  "Loopwarden GPU host agent" \
+  " The Loopwarden agent on every GPU host of a liquid-cooled hall: it
+ samples every GPU, decides each GPU's health, quarantines failing ones,
+ applies power-cap leases from its CDU's controller and caps on its own
+ when a GPU runs hot, and reports on the site's MQTT bus.
+ .
+ It reads the GPUs through NVML (libnvidia-ml.so.1), which comes with
+ the NVIDIA driver and is loaded at run time: install the driver; the
+ package does not depend on it."
+
+package loopwarden-cooling-ctrl cooling-ctrl cooling.md \
+  "Loopwarden CDU controller" \
+  " The Loopwarden controller on every coolant distribution unit (CDU) of
+ a liquid-cooled hall: it drives the CDU over Modbus (TCP or RTU), watches
+ its leak ropes on the board's GPIO lines, runs the coolant as warm and
+ the pumps as slow as the GPUs' margins allow, and leases power caps to
+ its hosts when cooling falls short." \
+  boards/cdus/sim-cdu.toml:usr/share/doc/loopwarden-cooling-ctrl/examples/register-map.toml \
+  boards/pins/sim-controller.toml:usr/share/doc/loopwarden-cooling-ctrl/examples/pins.toml

@@ -1,0 +1,86 @@
+//! The example configuration the package installs as
+//! `/etc/loopwarden/node-agent.toml` (`deploy/etc/loopwarden/`), loaded
+//! with the agent's own loader: with a site's files where it names them
+//! (a PKI written by `lwbus pki init`), as it is and with every commented
+//! setting uncommented. A key renamed or a range narrowed in the agent
+//! fails here, not on a host.
+
+use std::path::Path;
+use std::time::Duration;
+
+use loopwarden_system_tests::{example_config, pki_dir};
+use node_agent::config::{self, GpuSourceKind, Overrides};
+
+const NAME: &str = "node-agent.toml";
+
+/// The site's files the example names, as `lwbus pki init` writes them
+/// for host h01 of hall-1 cooled by cdu1, plus the broker password file.
+fn site_files() -> tempfile::TempDir {
+    let etc = pki_dir("hall-1", ["h01@cdu1", "cdu1", "ops1", "bms1"], 8883);
+    std::fs::write(etc.path().join("broker-password"), "secret\n").unwrap();
+    etc
+}
+
+/// Loads `text`, with the site's files in `etc`, through the agent's
+/// loader (from a file, as `node-agent run --config` does).
+fn load(text: &str, etc: &Path) -> Result<config::Config, config::ConfigError> {
+    let file = example_config::write(etc, NAME, &example_config::at(text, etc));
+    config::load(Some(&file), &Overrides::default())
+}
+
+#[test]
+fn the_example_loads_as_shipped_with_the_sites_files() {
+    let etc = site_files();
+    let c = load(&example_config::read(NAME), etc.path()).expect("the example loads");
+    assert_eq!(c.site.as_str(), "hall-1");
+    assert_eq!(c.host.as_str(), "h01");
+    assert_eq!(c.gpus, GpuSourceKind::Nvml, "a real host reads NVML");
+    assert!(c.tls.is_some(), "TLS to the broker");
+    assert!(!c.demo_key);
+    assert!(
+        c.authority
+            .signers
+            .iter()
+            .any(|s| s.name.as_ref().is_some_and(|n| n.as_str() == "cdu1")),
+        "the keyring lists cdu1"
+    );
+    assert_eq!(c.cdu.as_ref().map(|c| c.as_str()), Some("cdu1"));
+    assert_eq!(c.rack, Some(0));
+    assert_eq!(c.period, Duration::from_secs(1));
+    assert_eq!(
+        c.flash.as_deref(),
+        Some(Path::new("/var/lib/loopwarden/node-agent.flash"))
+    );
+    assert!(c.quarantine_actions.is_empty() && !c.cooling_loss.any());
+}
+
+#[test]
+fn every_commented_setting_is_one_the_agent_takes() {
+    let etc = site_files();
+    let text = example_config::with_every_setting(&example_config::read(NAME));
+    let c = load(&text, etc.path()).expect("every setting loads");
+    assert_eq!(c.credentials, Some(("h01".into(), "secret".into())));
+    assert_eq!(c.deadline, Duration::from_millis(250));
+    assert_eq!(c.guard.engage.0, 85);
+    assert_eq!(c.quarantine_actions.len(), 1);
+    assert_eq!(c.quarantine_actions[0][0], "scontrol");
+    assert!(c.cooling_loss.any());
+    assert_eq!(c.metrics_listen, Some(([10, 0, 1, 7], 9400).into()));
+    assert_eq!(c.console, Path::new("/run/loopwarden/node-agent.sock"));
+}
+
+#[test]
+fn without_the_sites_files_the_example_names_the_first_it_lacks() {
+    // As installed on a host where nothing else is there yet; skipped on a
+    // machine that holds a real site's files.
+    if Path::new("/etc/loopwarden/ca.crt").exists() {
+        eprintln!("SKIP: /etc/loopwarden/ca.crt exists here");
+        return;
+    }
+    let e = config::load(
+        Some(&example_config::dir().join(NAME)),
+        &Overrides::default(),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("/etc/loopwarden/ca.crt"), "{e}");
+}
