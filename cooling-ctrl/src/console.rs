@@ -4,10 +4,15 @@
 //! One request per connection: a line of JSON (`{"cmd":"status"}`),
 //! answered by a line of JSON. `cooling-ctrl ctl` prints it as aligned
 //! tables, or as-is with `--json` for scripts. The socket is created with
-//! mode 0660: whoever may read it may see the CDU's state; nothing on it
-//! changes anything. Answers come from what the shell published after its
-//! last step ([`ShellStats`]) and from the event log; the control loop is
-//! never asked or waited for.
+//! mode 0660: whoever may read it may see the CDU's state; only
+//! `clear-leak` and `clear-pump` change anything, through the control
+//! loop. Answers come from what the shell published after its last step
+//! ([`ShellStats`]) and from the event log; the control loop is never
+//! asked or waited for, except for those two.
+//!
+//! The same requests are answered on the board's serial port when
+//! `console_serial` is set ([`SerialCdu`], [`start_serial`]): the two
+//! that change state need a login there.
 //!
 //! Glossary:
 //! - *request*: `status`, `sensors`, `loops`, `events` (with `since`, ms

@@ -10,7 +10,9 @@
 //!
 //! - [`snapshot`]: what the console answers from;
 //! - `answer`: the requests answered as JSON, on the agent's side;
-//! - `render`: the answers as tables, on the client's side.
+//! - `render`: the answers as tables, on the client's side;
+//! - `serial`: the same requests on the host's serial port
+//!   (`console_serial`, [`start_serial`]), read-only too.
 //!
 //! Glossary:
 //! - *request*: `status`, `gpus`, `caps`, `events` (with `since`, ms since
