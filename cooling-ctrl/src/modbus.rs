@@ -517,11 +517,9 @@ impl ModbusCdu {
         };
         let ctx = match &self.link {
             Link::Tcp(addr) => {
-                let stream =
-                    tokio::time::timeout_at(deadline, tokio::net::TcpStream::connect(addr))
-                        .await
-                        .map_err(|_| no_answer())?
-                        .map_err(io)?;
+                let stream = connect_tcp(*addr, deadline)
+                    .await
+                    .map_err(|e| e.map_or_else(no_answer, io))?;
                 let _ = stream.set_nodelay(true);
                 tokio_modbus::client::tcp::attach_slave(stream, slave)
             }
@@ -724,6 +722,62 @@ impl CduPort for ModbusCdu {
     }
 }
 
+/// Opens a TCP connection to `addr` by `deadline`: `Err(None)` when it was
+/// not made in time, else the failure in words ([`connect_failure`]). A
+/// stream that has no peer (its connection not made after all) is a
+/// failure with its socket's own error.
+async fn connect_tcp(
+    addr: SocketAddr,
+    deadline: Instant,
+) -> Result<tokio::net::TcpStream, Option<io::Error>> {
+    let stream = match tokio::time::timeout_at(deadline, tokio::net::TcpStream::connect(addr)).await
+    {
+        Err(_) => return Err(None),
+        Ok(Err(e)) => return Err(Some(connect_failure(addr, &e))),
+        Ok(Ok(stream)) => stream,
+    };
+    if let Err(e) = stream.peer_addr() {
+        let cause = stream.take_error().ok().flatten().unwrap_or(e);
+        return Err(Some(connect_failure(addr, &cause)));
+    }
+    Ok(stream)
+}
+
+/// A failed TCP connection to `addr` in words, of the same kind: refused
+/// (nothing listens there), unreachable, not answered, or the system's
+/// own text. A connection still being made when it failed (the system's
+/// "operation now in progress" or "already in progress") got no answer,
+/// and says so.
+pub fn connect_failure(addr: SocketAddr, e: &io::Error) -> io::Error {
+    let still_connecting = matches!(
+        e.raw_os_error(),
+        Some(libc::EINPROGRESS) | Some(libc::EALREADY)
+    );
+    let (kind, words) = match e.kind() {
+        _ if still_connecting => (
+            io::ErrorKind::TimedOut,
+            format!(
+                "{addr} did not accept the connection: no answer to it (a host that is down, \
+                 a firewall dropping it, or a server not taking connections)"
+            ),
+        ),
+        io::ErrorKind::ConnectionRefused => (
+            e.kind(),
+            format!(
+                "connection refused by {addr}: nothing listens on port {} there (the CDU's \
+                 Modbus TCP server is off, or the address or the port is wrong)",
+                addr.port()
+            ),
+        ),
+        io::ErrorKind::HostUnreachable | io::ErrorKind::NetworkUnreachable => (
+            e.kind(),
+            format!("{addr} is unreachable ({e}): check the address, the cable and the route"),
+        ),
+        _ => (e.kind(), format!("connecting to {addr}: {e}")),
+    };
+    io::Error::new(kind, words)
+}
+
 /// The map's input registers in runs of contiguous addresses, each at most
 /// [`MAX_READ`] registers.
 fn spans(map: &RegisterMap) -> Vec<Span> {
@@ -792,6 +846,35 @@ mod tests {
         assert_eq!(line.to_string(), "/dev/ttyUSB0 19200 8N1");
         // 10 bits a character at 19200 baud.
         assert_eq!(line.char_time(), Duration::from_micros(520));
+    }
+
+    #[test]
+    fn a_failed_connection_says_refused_or_unanswered_never_in_progress() {
+        let addr: SocketAddr = "10.0.3.20:502".parse().unwrap();
+        let refused = connect_failure(addr, &io::Error::from_raw_os_error(libc::ECONNREFUSED));
+        assert_eq!(refused.kind(), io::ErrorKind::ConnectionRefused);
+        assert_eq!(
+            refused.to_string(),
+            "connection refused by 10.0.3.20:502: nothing listens on port 502 there (the CDU's \
+             Modbus TCP server is off, or the address or the port is wrong)"
+        );
+        for code in [libc::EINPROGRESS, libc::EALREADY] {
+            let e = connect_failure(addr, &io::Error::from_raw_os_error(code));
+            assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+            let text = e.to_string();
+            assert!(text.starts_with("10.0.3.20:502 did not accept the connection: no answer"));
+            assert!(!text.contains("progress"), "{text}");
+        }
+        let e = connect_failure(addr, &io::Error::from_raw_os_error(libc::EHOSTUNREACH));
+        assert!(
+            e.to_string().starts_with("10.0.3.20:502 is unreachable ("),
+            "{e}"
+        );
+        let e = connect_failure(addr, &io::Error::from_raw_os_error(libc::EMFILE));
+        assert!(
+            e.to_string().starts_with("connecting to 10.0.3.20:502: "),
+            "{e}"
+        );
     }
 
     #[test]

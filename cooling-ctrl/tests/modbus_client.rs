@@ -316,7 +316,15 @@ async fn nobody_listening_is_a_link_failure_not_a_refusal() {
         .await
         .unwrap_err();
     assert!(matches!(e, CduError::Io { .. }), "{e:?}");
-    assert!(e.to_string().contains("connecting"), "{e}");
+    // The cause in words, with the address: not the system's
+    // "operation now in progress" of a connection being made.
+    let text = e.to_string();
+    assert!(text.contains("connecting"), "{text}");
+    assert!(
+        text.contains(&format!("connection refused by {addr}: nothing listens")),
+        "{text}"
+    );
+    assert!(!text.contains("progress"), "{text}");
 }
 
 // ---- RTU on a pseudo-terminal pair ----
