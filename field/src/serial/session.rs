@@ -334,12 +334,14 @@ impl Session {
     }
 
     fn help(&self) -> String {
+        let login = if self.commands.iter().any(|c| c.changes_state) {
+            "ask for the password (commands marked * need it)"
+        } else {
+            "ask for the password (no command here needs it)"
+        };
         let mut rows: Vec<(String, &str)> = vec![
             ("help".into(), "this list"),
-            (
-                "login".into(),
-                "ask for the password; commands marked * need it",
-            ),
+            ("login".into(), login),
             ("logout, exit, quit".into(), "end the session"),
         ];
         for c in self.commands {

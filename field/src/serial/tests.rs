@@ -71,6 +71,7 @@ fn help_a_table_command_and_an_unknown_one() {
     assert_eq!(rest, [Effect::Record(What::SessionOpened)]);
     assert!(text.starts_with("help\r\ncommands:\r\n"), "{text:?}");
     assert!(text.contains("  clear-leak RACK *"), "{text:?}");
+    assert!(text.contains("(commands marked * need it)"), "{text:?}");
     assert!(text.contains("  status  "), "{text:?}");
     let (text, rest) = type_in(&mut s, 1, b"frobnicate now\r");
     assert!(rest.is_empty());
