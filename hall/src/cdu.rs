@@ -127,7 +127,7 @@ pub fn status_line(v: &CduView) -> String {
         v.pump_speed_pct
     );
     if v.fallback {
-        s.push_str("  FALLBACK: no controller heartbeat");
+        s.push_str("  FALLBACK: no controller heartbeat, on its own safe setpoint at full speed");
     }
     if v.local {
         s.push_str("  LOCAL: writes refused");
@@ -267,7 +267,10 @@ mod tests {
             ..view()
         };
         let line = status_line(&v);
-        assert!(line.ends_with("  FALLBACK: no controller heartbeat  LOCAL: writes refused"));
+        assert!(line.ends_with(
+            "  FALLBACK: no controller heartbeat, on its own safe setpoint at full speed  \
+             LOCAL: writes refused"
+        ));
     }
 
     #[test]
