@@ -2,15 +2,19 @@
 //! terminal, `RUST_LOG` or a default filter), less the embedded broker's
 //! ERROR lines for clients that simply left.
 //!
-//! rumqttd (0.20) logs at ERROR level two things that are no error:
+//! rumqttd (0.20) logs at ERROR level three things that are no error:
 //! - *router-drop*: the router closed a client's link, which it does
 //!   after every orderly MQTT DISCONNECT (every agent and the controller
 //!   leave that way at the end of a run), error `Recv(Disconnected)`;
+//! - "no-connection id N is already gone": after such a DISCONNECT the
+//!   link's end brings the router a second disconnection (rumqttd's own
+//!   comment says so), or a last packet, for the connection it has just
+//!   removed;
 //! - a connection closed before its CONNECT packet (`ConnectionAborted`,
 //!   "connection closed by peer"): the embedded broker's own readiness
 //!   probe, which connects once and closes.
 //!
-//! Only those two are dropped, and only from rumqttd; any other rumqttd
+//! Only those three are dropped, and only from rumqttd; any other rumqttd
 //! error (a refused or broken connection, a listener that fails, an
 //! unexpected `disconnected`) still shows. The clients of a run log their
 //! own connection troubles besides.
@@ -52,7 +56,12 @@ pub fn is_client_leaving(target: &str, level: Level, message: &str, error: &str)
         "Error while handling MQTT connect packet" => {
             error.contains("ConnectionAborted") && error.contains("connection closed by peer")
         }
-        _ => false,
+        m => {
+            m.strip_prefix("no-connection id ")
+                .and_then(|r| r.strip_suffix(" is already gone"))
+                .is_some_and(|id| id.parse::<u64>().is_ok())
+                && error.is_empty()
+        }
     }
 }
 
@@ -116,6 +125,12 @@ mod tests {
             "Error while handling MQTT connect packet",
             r#"Network(Io(Custom { kind: ConnectionAborted, error: "connection closed by peer" }))"#
         ));
+        assert!(is_client_leaving(
+            "rumqttd::router::routing",
+            Level::ERROR,
+            "no-connection id 6 is already gone",
+            ""
+        ));
     }
 
     #[test]
@@ -132,6 +147,8 @@ mod tests {
             ("Remote link error", "NotConnectAck"),
             ("router-drop", "Send(Full)"),
             ("Server error - V4", "Io(AddrInUse)"),
+            ("no space for new connection", ""),
+            ("no-connection id x is already gone", ""),
         ] {
             assert!(
                 !is_client_leaving(BROKER, Level::ERROR, message, error),
