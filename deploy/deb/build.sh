@@ -3,7 +3,8 @@
 #   target/deb/loopwarden-node-agent_<version>_<arch>.deb
 #   target/deb/loopwarden-cooling-ctrl_<version>_<arch>.deb
 # Each holds the production build of its binary (no simulator linked, no
-# debug information), its systemd unit, its example configuration under
+# debug information; its symbols are kept on purpose, so that a backtrace
+# or the core dump of a hung agent names its functions), its systemd unit, its example configuration under
 # /etc/loopwarden/ (a conffile: an upgrade never overwrites it), its
 # copyright and its documentation. The maintainer scripts never enable
 # or start a service: an agent starts only once its configuration is
@@ -44,6 +45,16 @@ mkdir -p "$work/debian"
 printf 'Source: loopwarden\n\nPackage: loopwarden-node-agent\nArchitecture: any\n\nPackage: loopwarden-cooling-ctrl\nArchitecture: any\n' \
   >"$work/debian/control"
 
+# The Debian changelog: one entry for this version of the source
+# (loopwarden), naming the commit it was built from and its date.
+changelog() {
+  local commit date
+  commit=$(git log -1 --format='commit %H' 2>/dev/null || echo "a checkout outside git")
+  date=$(git log -1 --format=%cD 2>/dev/null || date -R)
+  printf 'loopwarden (%s) unstable; urgency=medium\n\n  * Built from %s.\n\n -- %s  %s\n' \
+    "$version" "$commit" "$maintainer" "$date"
+}
+
 # package NAME BINARY GUIDE SUMMARY DESCRIPTION [EXTRA-FILE:DEST ...]
 package() {
   local name=$1 bin=$2 guide=$3 summary=$4 description=$5
@@ -57,7 +68,8 @@ package() {
   install -m 0644 "deploy/etc/loopwarden/$bin.toml" "$root/etc/loopwarden/$bin.toml"
   install -m 0644 docs/install.md "docs/$guide" docs/security.md "$doc/"
   sed "s/@NAME@/$name/" deploy/deb/copyright >"$doc/copyright"
-  chmod 0644 "$doc/copyright"
+  changelog | gzip -9n >"$doc/changelog.gz"
+  chmod 0644 "$doc/copyright" "$doc/changelog.gz"
   local extra
   for extra in "$@"; do
     install -D -m 0644 "${extra%%:*}" "$root/${extra#*:}"
