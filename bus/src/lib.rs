@@ -24,6 +24,7 @@ pub mod agent_flash;
 mod backoff;
 mod client;
 mod config;
+pub mod console_record;
 mod durable;
 #[cfg(feature = "embedded-broker")]
 pub mod embedded;

@@ -29,7 +29,9 @@ use tokio::time::Instant;
 
 pub mod line;
 pub mod password;
-pub mod record;
+/// The records the console leaves in the flash log (in the bus crate, so
+/// `lwbus flash` reads them as the consoles do).
+pub use loopwarden_bus::console_record as record;
 pub mod session;
 
 use record::Record;

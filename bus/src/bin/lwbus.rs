@@ -303,12 +303,12 @@ fn describe_record(kind: u8, body: &[u8], json: bool) -> String {
             ),
             None => "wrapped marker (unreadable)".to_string(),
         }
-    } else if kind == loopwarden_bus::recorder::CONSOLE_RECORD {
-        // A serial console record: JSON text.
-        let text = String::from_utf8_lossy(body);
+    } else if kind == loopwarden_bus::console_record::CONSOLE_RECORD {
+        let event = loopwarden_bus::console_record::to_event(body);
         if json {
-            format!("{{\"console\": {text}}}")
+            event.to_string()
         } else {
+            let text = loopwarden_bus::console_record::sentence(&event["console"]);
             format!("{:<18} {text}", "serial_console")
         }
     } else if MessageKind::from_code(kind).is_some_and(|k| k.family() == Family::Cmd) {
@@ -573,12 +573,12 @@ mod tests {
     use super::{describe_record, utc};
 
     #[test]
-    fn a_serial_console_record_reads_as_its_json() {
+    fn a_serial_console_record_reads_as_a_sentence_or_its_json() {
         let body = br#"{"port":"/dev/ttyS1","what":"login_refused","in_a_row":2}"#;
         let kind = loopwarden_bus::recorder::CONSOLE_RECORD;
         assert_eq!(
             describe_record(kind, body, false),
-            r#"serial_console     {"port":"/dev/ttyS1","what":"login_refused","in_a_row":2}"#
+            "serial_console     serial console /dev/ttyS1: login refused (2 in a row)"
         );
         let v: serde_json::Value =
             serde_json::from_str(&describe_record(kind, body, true)).unwrap();

@@ -4,7 +4,10 @@
 //!
 //! These records stay on the agent (they are not bus messages): kind
 //! [`CONSOLE_RECORD`] in the event log, the body the record as JSON.
-//! Both agents' `ctl events` show them as `{"console": …}`.
+//! Both agents' `ctl events` and `lwbus flash` show them as sentences
+//! (`serial console /dev/ttyS1: login refused (2 in a row)`), and with
+//! `--json` as `{"console": …}`. The serial console that writes them is
+//! `loopwarden_field::serial`.
 //!
 //! Glossary:
 //! - *port*: the serial device the session came in on (`/dev/ttyS1`).
@@ -14,8 +17,8 @@ use serde_json::{json, Value};
 
 /// The event-log kind of a console record: outside the protocol's
 /// message kinds (1 to 9) and the log's own markers (0xF0); declared with
-/// the recorder, so `lwbus flash` knows it too.
-pub use loopwarden_bus::recorder::CONSOLE_RECORD;
+/// the recorder.
+pub use crate::recorder::CONSOLE_RECORD;
 
 /// The longest command result kept, in characters.
 const RESULT_MAX: usize = 300;
