@@ -4,9 +4,9 @@
 #   target/deb/loopwarden-cooling-ctrl_<version>_<arch>.deb
 # Each holds the production build of its binary (no simulator linked, no
 # debug information; its symbols are kept on purpose, so that a backtrace
-# or the core dump of a hung agent names its functions), its systemd unit, its example configuration under
-# /etc/loopwarden/ (a conffile: an upgrade never overwrites it), its
-# copyright and its documentation. The maintainer scripts never enable
+# or the core dump of a hung agent names its functions), its systemd
+# unit, its example configuration under /etc/loopwarden/ (a conffile: an
+# upgrade never overwrites it), its copyright and its documentation. The maintainer scripts never enable
 # or start a service: an agent starts only once its configuration is
 # edited (docs/install.md).
 #
@@ -16,6 +16,13 @@
 #   deploy/deb/build.sh --no-build package what target/production holds
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+case "${1:-}" in
+  "" | --no-build) ;;
+  *)
+    echo "usage: deploy/deb/build.sh [--no-build]" >&2
+    exit 2
+    ;;
+esac
 
 out=target/deb
 work=$out/work
