@@ -70,7 +70,8 @@ fn stop(child: &mut Guard, what: &str) {
     }
 }
 
-/// The simulated CDU: the process, its port and every line it printed.
+/// The simulated CDU: the process, its TCP port (0 on a serial line) and
+/// every line it printed.
 struct Cdu {
     child: Guard,
     port: u16,
@@ -78,11 +79,18 @@ struct Cdu {
 }
 
 impl Cdu {
+    /// On a free loopback port.
     fn start() -> Cdu {
+        Self::start_with(&["--modbus", "127.0.0.1:0"])
+    }
+
+    /// Serving where `listen` says, 10 times real time.
+    fn start_with(listen: &[&str]) -> Cdu {
         let mut child = Guard(
             Command::new(HALL)
-                .args(["cdu", "--modbus", "127.0.0.1:0", "--speed", "10"])
-                .args(["--status-every", "0.5"])
+                .arg("cdu")
+                .args(listen)
+                .args(["--speed", "10", "--status-every", "0.5"])
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())
                 .spawn()
@@ -94,8 +102,8 @@ impl Cdu {
         let kept = lines.clone();
         std::thread::spawn(move || {
             for line in out.lines().map_while(Result::ok) {
-                if let Some(port) = served_port(&line) {
-                    let _ = tx.send(port);
+                if line.starts_with("simulated CDU: serving ") {
+                    let _ = tx.send(served_port(&line).unwrap_or(0));
                 }
                 kept.lock().unwrap().push(line);
             }
@@ -256,4 +264,101 @@ fn cooling_ctrl_run_reads_and_drives_the_simulated_cdu_of_loopwarden_hall_cdu() 
         std::thread::sleep(Duration::from_millis(20));
     }
     let _ = setpoint;
+}
+
+/// `loopwarden-hall cdu ARGS` run to its end: exit status and stderr.
+fn refused(args: &[&str]) -> (bool, String) {
+    let out = Command::new(HALL)
+        .arg("cdu")
+        .args(args)
+        .output()
+        .expect("run loopwarden-hall cdu");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_port_in_use_a_missing_device_and_a_bad_unit_say_what_failed() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let (ok, err) = refused(&["--modbus", &addr]);
+    assert!(!ok, "{err}");
+    assert!(
+        err.starts_with(&format!(
+            "loopwarden-hall cdu: Modbus TCP {addr}: cannot listen: Address already in use"
+        )),
+        "{err}"
+    );
+    let (ok, err) = refused(&["--serial", "/nonexistent/ttyCDU"]);
+    assert!(!ok, "{err}");
+    assert!(
+        err.starts_with(
+            "loopwarden-hall cdu: Modbus RTU /nonexistent/ttyCDU: cannot open the serial device: "
+        ),
+        "{err}"
+    );
+    let (ok, err) = refused(&["--modbus", "127.0.0.1:0", "--unit", "0"]);
+    assert!(!ok, "{err}");
+    assert_eq!(
+        err,
+        "loopwarden-hall cdu: --unit 0: a unit id is 1 to 247\n"
+    );
+}
+
+#[test]
+fn on_a_serial_line_it_answers_its_unit_id_only() {
+    let (Some(socat), Some(_)) = (require_tool("socat"), require_tool("mbpoll")) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let end = |n: &str| format!("pty,raw,echo=0,link={}", dir.path().join(n).display());
+    let _socat = Guard(
+        Command::new(socat)
+            .args([&end("cdu"), &end("bms")])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start socat"),
+    );
+    let (cdu_end, bms_end) = (dir.path().join("cdu"), dir.path().join("bms"));
+    let t0 = Instant::now();
+    while !(cdu_end.exists() && bms_end.exists()) {
+        assert!(t0.elapsed() < Duration::from_secs(5), "no pseudo-terminals");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let cdu = Cdu::start_with(&["--serial", cdu_end.to_str().unwrap(), "--unit", "7"]);
+    let banner = cdu.printed();
+    assert!(
+        banner[0].starts_with(&format!(
+            "simulated CDU: serving Modbus RTU {} 19200 8N1 (unit id 7;",
+            cdu_end.display()
+        )),
+        "{banner:?}"
+    );
+    let poll = |unit: &str| {
+        let out = Command::new("mbpoll")
+            .args([
+                "-m", "rtu", "-b", "19200", "-P", "none", "-0", "-1", "-o", "0.5",
+            ])
+            .args(["-a", unit, "-t", "4", "-r", "0", "-c", "2"])
+            .arg(&bms_end)
+            .output()
+            .expect("run mbpoll");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.success(), text)
+    };
+    // Its own unit: the setpoint and the pump speed at rest.
+    let (ok, text) = poll("7");
+    assert!(ok, "{text}");
+    assert_eq!(mbpoll_values(&text), vec![1800, 1000], "{text}");
+    // Another unit on the same line: no answer.
+    let (ok, text) = poll("8");
+    assert!(!ok, "{text}");
+    assert!(mbpoll_values(&text).is_empty(), "{text}");
+    let mut cdu = cdu;
+    stop(&mut cdu.child, "loopwarden-hall cdu");
 }
