@@ -66,7 +66,8 @@ pub enum CduError {
     },
 }
 
-/// The CDU as a client reads it, for the status line.
+/// The CDU as a client reads it, for the status line: the registers'
+/// values (a register that cannot be read shows NaN).
 #[derive(Debug, Clone, PartialEq)]
 pub struct CduView {
     /// Simulated time, s.
@@ -75,7 +76,7 @@ pub struct CduView {
     pub setpoint_c: f64,
     /// Pump speed written, %.
     pub pump_speed_pct: f64,
-    /// Supply, return (°C) and flow (L/min) as the registers read.
+    /// Supply temperature, °C.
     pub supply_c: f64,
     /// Return temperature, °C.
     pub return_c: f64,
