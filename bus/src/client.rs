@@ -3,7 +3,8 @@
 //!
 //! What it guarantees:
 //! - a last will on `online` (retained): the broker tells everyone when we
-//!   vanish; on every (re)connection we announce `online` again;
+//!   vanish; on every (re)connection we announce `online` again; with
+//!   `json_presence`, the same in the JSON tree over a second connection;
 //! - QoS and retention by family, from the protocol crate, never by caller;
 //! - reconnects with exponential backoff and jitter, to the next broker of
 //!   its list after each failure (failover between the nodes of a
@@ -21,7 +22,9 @@
 //!   presence and the last will, the counters);
 //! - [`event_loop`]: the task that drives `rumqttc`'s `EventLoop`:
 //!   (re)connection with backoff, hand-over of kept and outbox frames,
-//!   acknowledgements and inbound frames.
+//!   acknowledgements and inbound frames;
+//! - [`presence`]: the second, light connection that keeps the JSON
+//!   mirror of `online`, with its own last will (`json_presence`).
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -30,6 +33,7 @@ use loopwarden_protocol::{Frame, Ident, MessageKind, Role, TimestampMs, Topic};
 
 mod event_loop;
 mod handle;
+mod presence;
 mod state;
 
 pub use handle::{Bus, BusTask};

@@ -234,6 +234,14 @@ pub struct BusConfig {
     pub software: String,
     /// Where our timestamps come from.
     pub clock: ClockSource,
+    /// Keep the JSON mirror of `online` on a second, light connection of
+    /// its own (client id `<client_id>-presence`), whose last will is the
+    /// JSON `online: false`: facility readers of the JSON tree then see a
+    /// node that dies or hangs go offline, as frame readers do. Costs one
+    /// more connection per node, idle but for its keep-alive pings; off,
+    /// the JSON mirror of `online` goes over the one connection and keeps
+    /// saying `true` after a crash.
+    pub json_presence: bool,
 }
 
 impl BusConfig {
@@ -257,7 +265,16 @@ impl BusConfig {
             backoff: Backoff::default(),
             software: env!("CARGO_PKG_VERSION").to_string(),
             clock: ClockSource::UnixEpoch,
+            json_presence: true,
         }
+    }
+
+    /// The client id of the presence connection (see
+    /// [`json_presence`](Self::json_presence)): the same on every
+    /// connection, so a broker that still holds the last one closes it,
+    /// and publishes its will, before it accepts the next.
+    pub fn presence_client_id(&self) -> String {
+        format!("{}-presence", self.client_id)
     }
 }
 

@@ -62,6 +62,14 @@ counters! {
     connects,
     /// Connections lost or refused.
     connection_errors,
+    /// Presence connections established (`BusConfig::json_presence`).
+    presence_connects,
+    /// Presence connections lost or refused.
+    presence_errors,
+    /// Presence connections that, the main one staying up, needed a fresh
+    /// announcement and will: two sequence numbers each that no frame
+    /// carries (only their JSON mirrors).
+    presence_renumbered,
     /// Telemetry dropped because the broker was unreachable (stale on arrival).
     dropped_offline,
     /// Publishes dropped because the outgoing queue was full.

@@ -15,6 +15,8 @@
 //! | `broker_user`, `broker_password_file` | none | broker login, together |
 //! | `tls_ca`, `tls_cert`, `tls_key` | none (plain MQTT) | TLS to the broker: the CA, this controller's certificate and key (PEM) |
 //! | `tls_server_name` | the host of `broker` | the name the broker's certificate must carry |
+//! | `keep_alive_s` | 5 | MQTT keep-alive, 1 to 600 s: the broker publishes the controller's last wills after 1.5 × this of silence |
+//! | `json_presence` | true | keep the JSON `online` on a second connection whose last will says offline; `false` saves that connection, but the JSON tree then keeps saying online after a crash |
 //! | `sign_key` | none (required) | this controller's Ed25519 sign key (`cdu1.sign.key` from `lwbus pki init`); it must be `cdu/<cdu>`'s |
 //! | `demo_key` | false | sign with the public demonstration key (twin only) |
 //! | `cdu_tcp` | — | the CDU on Modbus TCP, `host:port` |
@@ -48,7 +50,8 @@
 //! | `unprotected_racks` | none | racks run without a leak rope, by number; with `board_pins`, every other rack must have a rope in the pin map |
 //!
 //! `site`, `broker`, `embedded_broker`, `broker_user`,
-//! `broker_password_file`, the `tls_` fields, `flash` and `console` are
+//! `broker_password_file`, the `tls_` fields, `keep_alive_s`,
+//! `json_presence`, `flash` and `console` are
 //! the fields every agent has, declared and
 //! checked in `loopwarden_field::common`; the rest are the controller's.
 //! Exactly one of `cdu_tcp` and `cdu_serial`; at most one of `hosts` and
@@ -243,6 +246,10 @@ pub struct Config {
     pub credentials: Option<(String, String)>,
     /// TLS to the broker.
     pub tls: Option<loopwarden_bus::tls::Tls>,
+    /// MQTT keep-alive.
+    pub keep_alive: Duration,
+    /// The JSON `online` on a connection of its own, with a will.
+    pub json_presence: bool,
     /// The id of the key leases are signed with.
     pub key_id: u8,
     /// That key.
@@ -416,6 +423,8 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         broker: common.broker,
         credentials: common.credentials,
         tls: common.tls,
+        keep_alive: common.keep_alive,
+        json_presence: common.json_presence,
         key_id: key.id,
         key: key.key,
         demo_key: key.demo,

@@ -164,6 +164,11 @@ pub struct ShellOptions {
     pub stats: Option<watch::Sender<ShellStats>>,
     /// MQTT user name and password, for brokers that require them.
     pub credentials: Option<(String, String)>,
+    /// MQTT keep-alive; `None`: the bus's default (5 s).
+    pub keep_alive: Option<Duration>,
+    /// The JSON `online` on a connection of its own
+    /// (`BusConfig::json_presence`); `None`: the bus's default (on).
+    pub json_presence: Option<bool>,
     /// The controller's flash (event log, outbox, sequence floor), opened
     /// by the caller so its console can read the log; `None`: the shell
     /// opens one in memory, lost at exit.
@@ -185,6 +190,8 @@ impl std::fmt::Debug for ShellOptions {
         f.debug_struct("ShellOptions")
             .field("stats", &self.stats.is_some())
             .field("credentials", &self.credentials.as_ref().map(|(u, _)| u))
+            .field("keep_alive", &self.keep_alive)
+            .field("json_presence", &self.json_presence)
             .field("flash", &self.flash)
             .field("northbound", &self.northbound.is_some())
             .field("board", &self.board.is_some())
@@ -381,6 +388,12 @@ pub async fn run_with<P: CduPort>(
     let me = NodeId::new(Role::Cdu, cfg.cdu.as_str())
         .map_err(|e| ShellError::Config(format!("cdu: {e}")))?;
     let mut bus_config = bus_config(&cfg, &me, opts.credentials.clone())?;
+    if let Some(k) = opts.keep_alive {
+        bus_config.keep_alive = k;
+    }
+    if let Some(j) = opts.json_presence {
+        bus_config.json_presence = j;
+    }
     bus_config.first_seq = flash.first_seq;
     let facility = opts
         .facility

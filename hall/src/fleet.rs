@@ -169,9 +169,10 @@ pub fn run(cfg: &FleetConfig) -> Result<FleetReport, FleetError> {
         )));
     }
     let plan = cfg.fault_plan(&layouts);
-    // Per agent: its bus socket (and the broker's end when embedded), its
-    // flash file and its console socket.
-    let want = 4 * cfg.hosts as libc::rlim_t + 256;
+    // Per agent: its two bus sockets, the main one and the presence one
+    // (and the broker's ends when embedded), its flash file and its
+    // console socket.
+    let want = 6 * cfg.hosts as libc::rlim_t + 256;
     let nofile = procstat::raise_nofile(want);
     if nofile < want {
         return Err(FleetError::Refused(format!(

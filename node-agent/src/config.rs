@@ -211,6 +211,10 @@ pub struct Config {
     pub broker: Option<loopwarden_bus::Brokers>,
     /// Broker credentials.
     pub credentials: Option<(String, String)>,
+    /// MQTT keep-alive.
+    pub keep_alive: Duration,
+    /// The JSON `online` on a connection of its own, with a will.
+    pub json_presence: bool,
     /// GPU source.
     pub gpus: GpuSourceKind,
     /// Board model or file.
@@ -307,6 +311,8 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         broker: common.broker,
         credentials: common.credentials,
         tls: common.tls,
+        keep_alive: common.keep_alive,
+        json_presence: common.json_presence,
         gpus,
         board,
         period: timings.period,

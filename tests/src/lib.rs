@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use loopwarden_bus::BrokerAddr;
 
 pub mod example_config;
+pub mod json_presence;
 pub mod prometheus;
 pub mod serial_console;
 pub mod slurm;

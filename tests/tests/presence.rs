@@ -1,6 +1,8 @@
 //! Presence through a real mosquitto: a host that is killed (SIGKILL) is
-//! declared gone by the broker through its last will, retained; a host that
-//! leaves cleanly says so itself and leaves no will behind.
+//! declared gone by the broker through its last wills, retained, in the
+//! frame tree and in the JSON tree alike; a host whose main connection is
+//! lost reads offline in both trees until it is back; a host that leaves
+//! cleanly says so itself and leaves no will behind.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -8,7 +10,7 @@ use std::time::Duration;
 
 use loopwarden_bus::{now_ms, Bus, BusConfig};
 use loopwarden_protocol::{Event, Frame, Ident, Message, NodeId, Pump, Role};
-use loopwarden_system_tests::{retained, Mosquitto, Subscriber};
+use loopwarden_system_tests::{retained, Mosquitto, Seen, Subscriber};
 
 fn online_of(payload: &[u8]) -> bool {
     match Frame::decode(payload).expect("a presence frame").message {
@@ -23,7 +25,8 @@ fn killed_host_is_declared_gone_by_its_last_will() {
         return;
     };
     let topic = "dc/v2/t-will/host/h09/online";
-    let Some(mut sub) = Subscriber::start(broker.port(), &[topic]) else {
+    let json_topic = "dc/v2/t-will/json/host/h09/online";
+    let Some(mut sub) = Subscriber::start(broker.port(), &[topic, json_topic]) else {
         return;
     };
 
@@ -38,22 +41,133 @@ fn killed_host_is_declared_gone_by_its_last_will() {
         .unwrap();
     assert_eq!(line.trim(), "connected");
 
-    let hello = sub.next(Duration::from_secs(10)).expect("online announced");
-    assert!(online_of(&hello.payload), "first presence is online");
+    let hello = sub.collect_until(Duration::from_secs(10), |s| s.len() >= 2);
+    let hello = presence_by_tree(&hello);
+    assert_eq!(hello.len(), 2, "online announced in both trees: {hello:?}");
+    assert!(hello.iter().all(|(_, online, _)| *online), "{hello:?}");
+    assert_eq!(
+        hello[0].2, hello[1].2,
+        "the JSON mirrors the frame: {hello:?}"
+    );
 
-    // SIGKILL: no goodbye, no DISCONNECT; the socket dies with the process.
+    // SIGKILL: no goodbye, no DISCONNECT; both sockets die with the process.
     peer.kill().unwrap();
     peer.wait().unwrap();
-    let will = sub
-        .next(Duration::from_secs(15))
-        .expect("the broker publishes the last will");
-    assert_eq!(will.topic, topic);
-    assert!(!online_of(&will.payload), "the will says offline");
+    let wills = sub.collect_until(Duration::from_secs(15), |s| s.len() >= 2);
+    let wills = presence_by_tree(&wills);
+    assert_eq!(wills.len(), 2, "the broker publishes both wills: {wills:?}");
+    assert!(wills.iter().all(|(_, online, _)| !online), "{wills:?}");
+    assert_eq!(wills[0].2, wills[1].2, "one will, in two trees: {wills:?}");
+    assert!(
+        wills[0].2 > hello[0].2,
+        "the will is newer than the announcement"
+    );
 
-    // And it is retained: whoever looks later learns the host is gone.
-    let late = retained(broker.port(), &[topic], Duration::from_secs(1)).unwrap();
-    assert_eq!(late.len(), 1, "{late:?}");
-    assert!(late[0].retained && !online_of(&late[0].payload));
+    // And they are retained: whoever looks later learns the host is gone.
+    let late = retained(broker.port(), &[topic, json_topic], Duration::from_secs(1)).unwrap();
+    let late = presence_by_tree(&late);
+    assert_eq!(late.len(), 2, "{late:?}");
+    assert!(late.iter().all(|(_, online, _)| !online), "{late:?}");
+}
+
+/// Presence messages as (JSON tree, online, seq), frames first.
+fn presence_by_tree(seen: &[Seen]) -> Vec<(bool, bool, u32)> {
+    let mut out: Vec<(bool, bool, u32)> = seen
+        .iter()
+        .map(|m| {
+            let json = m.topic.contains("/json/");
+            let frame = if json {
+                Frame::from_json(std::str::from_utf8(&m.payload).unwrap()).unwrap()
+            } else {
+                Frame::decode(&m.payload).unwrap()
+            };
+            let Message::Online(o) = frame.message else {
+                panic!("not presence: {frame:?}")
+            };
+            (json, o.online, frame.seq)
+        })
+        .collect();
+    out.sort_by_key(|(json, _, _)| *json);
+    out
+}
+
+/// Presence as a tree saw it, in order: (online, seq).
+fn presence_in(seen: &[Seen], topic: &str) -> Vec<(bool, u32)> {
+    seen.iter()
+        .filter(|m| m.topic == topic)
+        .map(|m| {
+            let frame = if topic.contains("/json/") {
+                Frame::from_json(std::str::from_utf8(&m.payload).unwrap()).unwrap()
+            } else {
+                Frame::decode(&m.payload).unwrap()
+            };
+            match frame.message {
+                Message::Online(o) => (o.online, frame.seq),
+                other => panic!("not presence: {other:?}"),
+            }
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_main_connection_takes_the_json_presence_with_it() {
+    let Some(broker) = Mosquitto::start() else {
+        return;
+    };
+    let topic = "dc/v2/t-kick/host/h03/online";
+    let json_topic = "dc/v2/t-kick/json/host/h03/online";
+    let Some(mut sub) = Subscriber::start(broker.port(), &[topic, json_topic]) else {
+        return;
+    };
+    let config = BusConfig::new(
+        broker.addr(),
+        Ident::new("t-kick").unwrap(),
+        NodeId::new(Role::Host, "h03").unwrap(),
+    );
+    let client_id = config.client_id.clone();
+    let (bus, _inbound, task) = Bus::start(config);
+    assert!(bus.wait_connected(Duration::from_secs(10)).await);
+    let hello = sub.collect_until(Duration::from_secs(10), |s| s.len() >= 2);
+    assert_eq!(presence_in(&hello, json_topic).len(), 1, "{hello:?}");
+
+    // Another client takes the main connection's client id: the broker
+    // drops the main connection (its will speaks in the frame tree), and
+    // the presence connection must follow it down, then come back after
+    // the main one did.
+    let kicked = Command::new("mosquitto_pub")
+        .args(["-h", "127.0.0.1", "-p", &broker.port().to_string()])
+        .args(["-i", &client_id, "-q", "1", "-t", "t-kick/other", "-m", "x"])
+        .status()
+        .expect("run mosquitto_pub");
+    assert!(kicked.success());
+    let seen = sub.collect_until(Duration::from_secs(20), |s| {
+        presence_in(s, topic).len() >= 2 && presence_in(s, json_topic).len() >= 2
+    });
+    bus.shutdown(Duration::from_secs(5)).await.unwrap();
+    task.join(Duration::from_secs(5)).await;
+    let bye = sub.collect_until(Duration::from_secs(10), |s| s.len() >= 2);
+    assert_eq!(
+        sub.next(Duration::from_secs(1)),
+        None,
+        "a will after the goodbye"
+    );
+
+    let all: Vec<Seen> = hello.into_iter().chain(seen).chain(bye).collect();
+    let frames = presence_in(&all, topic);
+    let json = presence_in(&all, json_topic);
+    let states = |v: &[(bool, u32)]| v.iter().map(|(o, _)| *o).collect::<Vec<_>>();
+    assert_eq!(states(&frames), [true, false, true, false], "{frames:?}");
+    assert_eq!(states(&json), [true, false, true, false], "{json:?}");
+    assert_eq!(
+        json, frames,
+        "the JSON tree mirrors the frame tree, seq for seq"
+    );
+    assert!(
+        json.windows(2).all(|w| w[0].1 < w[1].1),
+        "each JSON presence newer than the last: {json:?}"
+    );
+    let late = retained(broker.port(), &[json_topic], Duration::from_secs(1)).unwrap();
+    assert_eq!(presence_in(&late, json_topic), [json[3]]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -26,7 +26,8 @@ use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
 use super::handle::qos_of;
-use super::state::Shared;
+use super::presence::{self, Want};
+use super::state::{PresencePair, Shared};
 use super::{Inbound, PublishError, INFLIGHT_MARGIN, MAX_INFLIGHT};
 use crate::backoff::Backoff;
 use crate::durable::{Delivery, Pending, SharedOutbox};
@@ -48,12 +49,12 @@ fn top_up(eventloop: &mut EventLoop, shared: &Shared) {
 
 /// Numbers the next connection's announcement, then its last will, and
 /// registers the will for the next connection attempt.
-fn prepare_presence(shared: &Shared, eventloop: &mut EventLoop) -> Vec<rumqttc::Publish> {
-    let announcement = shared.presence(true);
-    if let Some(will) = shared.last_will() {
+fn prepare_presence(shared: &Shared, eventloop: &mut EventLoop) -> PresencePair {
+    let pair = shared.presence_pair();
+    if let Some(will) = shared.will_of(&pair.will, false) {
         eventloop.mqtt_options.set_last_will(will);
     }
-    announcement
+    pair
 }
 
 /// After a lost connection: keeps the QoS 1 publishes the event loop had
@@ -218,9 +219,9 @@ struct Driver {
     awaiting_suback: bool,
     connected_at: Option<tokio::time::Instant>,
     subscriptions: Vec<String>,
-    /// The announcement of the next connection, numbered before its will so
-    /// the will is the newer of the two.
-    announcement: Vec<rumqttc::Publish>,
+    /// The presence of the next connection: its announcement, numbered
+    /// before its will so the will is the newer of the two.
+    pair: PresencePair,
     /// Removes acknowledged frames from the outbox, off this task.
     acker: Option<Acker>,
 }
@@ -238,10 +239,20 @@ pub(super) async fn run(
     eventloop: EventLoop,
     inbound: mpsc::Sender<Inbound>,
     connected: watch::Sender<bool>,
+    presence: Option<presence::Task>,
 ) {
+    let control = shared.clone();
     Driver::new(shared, eventloop, inbound, connected)
         .drive()
-        .await
+        .await;
+    // The presence connection ends with us: with the goodbye a shutdown
+    // asked for, else without one, so its will speaks.
+    if let Some(c) = &control.presence {
+        c.set(Want::End(None));
+    }
+    if let Some(task) = presence {
+        task.join(Duration::from_secs(3)).await;
+    }
 }
 
 impl Driver {
@@ -261,7 +272,7 @@ impl Driver {
         {
             subscriptions.push(cmd.to_string());
         }
-        let announcement = prepare_presence(&shared, &mut eventloop);
+        let pair = prepare_presence(&shared, &mut eventloop);
         Driver {
             shared,
             eventloop,
@@ -274,7 +285,7 @@ impl Driver {
             awaiting_suback: false,
             connected_at: None,
             subscriptions,
-            announcement,
+            pair,
             acker: None,
         }
     }
@@ -334,10 +345,26 @@ impl Driver {
         );
     }
 
-    /// Says the connection is ready (or not) to the handles.
+    /// Says the connection is ready (or not) to the handles, and to the
+    /// presence connection.
     fn set_connected(&self, connected: bool) {
         self.shared.connected.store(connected, Ordering::Relaxed);
         let _ = self.connected.send(connected);
+        self.want_presence(if connected {
+            Want::Up {
+                generation: self.shared.metrics.connects.load(Ordering::Relaxed),
+                pair: Box::new(self.pair.clone()),
+            }
+        } else {
+            Want::Down
+        });
+    }
+
+    /// Asks the presence connection for `want` (when there is one).
+    fn want_presence(&self, want: Want) {
+        if let Some(control) = &self.shared.presence {
+            control.set(want);
+        }
     }
 
     fn on_connack(&mut self, ack: rumqttc::ConnAck) -> Flow {
@@ -361,8 +388,7 @@ impl Driver {
                 .pending
                 .push_front(Request::Subscribe(rumqttc::Subscribe::new_many(filters)));
         } else {
-            shared.connected.store(true, Ordering::Relaxed);
-            let _ = self.connected.send(true);
+            self.set_connected(true);
         }
         // What was kept from the last connection, what the outbox
         // holds, then presence, ahead of anything new.
@@ -377,7 +403,7 @@ impl Driver {
             .collect();
         if shared.shutting_down.load(Ordering::Relaxed) {
             // Shut down while disconnected: goodbye, not hello.
-            for p in shared.presence(false) {
+            for p in shared.presence(&shared.online_frame(false)) {
                 self.eventloop.pending.push_back(Request::Publish(p));
                 delivery.order.push_back(None);
             }
@@ -386,7 +412,7 @@ impl Driver {
                 .push_back(Request::Disconnect(rumqttc::Disconnect));
             return Flow::Go;
         }
-        let mut presence = std::mem::take(&mut self.announcement);
+        let mut presence = shared.presence(&self.pair.announce);
         // On a re-connection, the node's retained state again after its
         // presence (the broker may have lost it, and the shell need not
         // watch for reconnections to publish it).
@@ -525,7 +551,7 @@ impl Driver {
             shared.broker.store(next, Ordering::Relaxed);
             self.eventloop.mqtt_options = shared.mqtt_options(next);
         }
-        self.announcement = prepare_presence(&shared, &mut self.eventloop);
+        self.pair = prepare_presence(&shared, &mut self.eventloop);
         // A connection that did not last (a broker that accepts, then
         // drops us) does not reset the backoff.
         if self

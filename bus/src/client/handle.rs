@@ -15,6 +15,7 @@ use tokio::task::JoinHandle;
 use tracing::warn;
 
 use super::event_loop::run;
+use super::presence::{Control, Task as PresenceTask, Want};
 use super::state::Shared;
 use super::{now_ms, Inbound, PublishError};
 use crate::config::{BrokerAddr, BusConfig};
@@ -77,7 +78,15 @@ impl Bus {
         config: BusConfig,
         outbox: Option<Box<dyn DurableOutbox>>,
     ) -> (Bus, mpsc::Receiver<Inbound>, BusTask) {
-        let shared = Arc::new(Shared {
+        let owns_online = matches!(config.node.role, Role::Host | Role::Cdu);
+        let (control, want) = match config.json_presence && owns_online {
+            true => {
+                let (c, w) = Control::new();
+                (Some(c), Some(w))
+            }
+            false => (None, None),
+        };
+        let mut shared = Shared {
             seq: AtomicU32::new(config.first_seq),
             started: now_ms(),
             config,
@@ -94,7 +103,11 @@ impl Bus {
             retained: Mutex::new(Default::default()),
             retained_unsent: Mutex::new(Default::default()),
             durable_order: Mutex::new(()),
-        });
+            presence: None,
+        };
+        shared.presence = control;
+        let shared = Arc::new(shared);
+        let presence = want.map(|w| PresenceTask::start(shared.clone(), w));
         let options = shared.mqtt_options(0);
         let cfg = &shared.config;
         let (client, eventloop) = AsyncClient::new(options, cfg.queue_capacity.max(1));
@@ -105,7 +118,7 @@ impl Bus {
             shared: shared.clone(),
             connected: connected_rx,
         };
-        let task = tokio::spawn(run(shared, eventloop, inbound_tx, connected_tx));
+        let task = tokio::spawn(run(shared, eventloop, inbound_tx, connected_tx, presence));
         (bus, inbound_rx, BusTask(task))
     }
 
@@ -393,7 +406,8 @@ impl Bus {
 
     /// Leaves cleanly: waits (at most `timeout`) until the broker has
     /// acknowledged every QoS 1 publish handed over, announces
-    /// `online: false` (retained, frame and JSON), disconnects, and stops
+    /// `online: false` (retained, frame and JSON; the JSON over the
+    /// presence connection with `json_presence`), disconnects, and stops
     /// reconnecting; the broker then drops the last will. Fails with
     /// [`PublishError::Unacknowledged`] when not everything was
     /// acknowledged (not connected, or the timeout passed). Await
@@ -401,10 +415,12 @@ impl Bus {
     pub async fn shutdown(&self, timeout: Duration) -> Result<(), PublishError> {
         self.shared.shutting_down.store(true, Ordering::Relaxed);
         let deadline = tokio::time::Instant::now() + timeout;
-        while self.is_connected()
-            && !self.shared.settled.load(Ordering::Relaxed)
-            && tokio::time::Instant::now() < deadline
-        {
+        // `settled` is what the task saw at its last event: publishes
+        // handed over since then are in `order` until they are sent.
+        let busy = || {
+            !self.shared.settled.load(Ordering::Relaxed) || !self.shared.delivery().order.is_empty()
+        };
+        while self.is_connected() && busy() && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let unacknowledged = {
@@ -412,8 +428,10 @@ impl Bus {
             d.order.len() + d.inflight.len()
         };
         let connected = self.is_connected();
+        let mut goodbye = None;
         if connected {
-            for p in self.shared.presence(false) {
+            let bye = self.shared.online_frame(false);
+            for p in self.shared.presence(&bye) {
                 let mut delivery = self.shared.delivery();
                 if self
                     .client
@@ -425,6 +443,11 @@ impl Bus {
                     Metrics::add(&self.shared.metrics.published_qos1);
                 }
             }
+            goodbye = Some(bye);
+        }
+        // The presence connection says the same goodbye in the JSON tree.
+        if let Some(control) = &self.shared.presence {
+            control.set(Want::End(goodbye.map(Box::new)));
         }
         // Never waits: with the queue full the task is told by the flag.
         let _ = self.client.try_disconnect();

@@ -17,6 +17,7 @@ use std::time::Duration;
 use loopwarden_protocol::{Family, Frame, Message, Online, Qos, Role, Text, TimestampMs, Topic};
 use rumqttc::{LastWill, MqttOptions, QoS};
 
+use super::presence::Control;
 use super::{now_ms, PublishError, MAX_INFLIGHT};
 use crate::config::{BrokerAddr, BusConfig};
 use crate::durable::Delivery;
@@ -47,6 +48,9 @@ pub(super) struct Shared {
     /// go out in sequence order while the delivery lock is free during
     /// the flash write.
     pub(super) durable_order: Mutex<()>,
+    /// What the presence connection should do (with `json_presence`, for
+    /// a node that owns an `online` topic).
+    pub(super) presence: Option<Control>,
 }
 
 impl Shared {
@@ -64,9 +68,17 @@ impl Shared {
     /// The client's options for connecting to broker `index` of the list
     /// (without the last will, which goes with each attempt).
     pub(super) fn mqtt_options(&self, index: usize) -> MqttOptions {
+        let mut options = self.options_as(&self.config.client_id, index);
+        options.set_inflight(MAX_INFLIGHT);
+        options
+    }
+
+    /// The options every connection of this node shares (broker, login,
+    /// TLS, keep-alive, clean session), under `client_id`.
+    pub(super) fn options_as(&self, client_id: &str, index: usize) -> MqttOptions {
         let cfg = &self.config;
         let broker = cfg.broker.get(index);
-        let mut options = MqttOptions::new(&cfg.client_id, &broker.host, broker.port);
+        let mut options = MqttOptions::new(client_id, &broker.host, broker.port);
         options.set_keep_alive(cfg.keep_alive.max(Duration::from_secs(1)));
         options.set_clean_session(true);
         options.set_max_packet_size(64 * 1024, 64 * 1024);
@@ -78,7 +90,6 @@ impl Shared {
                 rumqttc::TlsConfiguration::Rustls(tls.config.clone()),
             ));
         }
-        options.set_inflight(MAX_INFLIGHT);
         options
     }
 
@@ -115,7 +126,7 @@ impl Shared {
         }
     }
 
-    fn online_frame(&self, online: bool) -> Frame {
+    pub(super) fn online_frame(&self, online: bool) -> Frame {
         self.next_frame(
             Message::Online(Online {
                 online,
@@ -127,14 +138,21 @@ impl Shared {
         )
     }
 
-    /// The last will for the next connection: `online: false` with a fresh
-    /// sequence number, so it is newer than everything sent before it.
-    pub(super) fn last_will(&self) -> Option<LastWill> {
-        let topic = self.own_topic(Family::Online).ok()?.build().ok()?;
-        let payload = self.online_frame(false).to_vec().ok()?;
+    /// The presence of the next connection attempt: its announcement,
+    /// then its will, numbered in that order so the will is newer.
+    pub(super) fn presence_pair(&self) -> PresencePair {
+        let announce = self.online_frame(true);
+        let will = self.online_frame(false);
+        PresencePair { announce, will }
+    }
+
+    /// `frame` (presence) as a last will: retained, QoS 1, on our
+    /// `online` topic, or on its JSON mirror when `json`.
+    pub(super) fn will_of(&self, frame: &Frame, json: bool) -> Option<LastWill> {
+        let publish = self.presence_publish(frame, json)?;
         Some(LastWill::new(
-            topic.as_str(),
-            payload,
+            publish.topic,
+            publish.payload,
             QoS::AtLeastOnce,
             true,
         ))
@@ -187,24 +205,39 @@ impl Shared {
             .collect()
     }
 
-    /// Presence as a frame and as its JSON mirror, both retained, QoS 1.
-    pub(super) fn presence(&self, online: bool) -> Vec<rumqttc::Publish> {
-        let (Ok(topic), frame) = (self.own_topic(Family::Online), self.online_frame(online)) else {
-            return Vec::new();
-        };
-        let mut out = Vec::new();
-        for (t, payload) in [
-            (topic.build(), frame.to_vec().ok()),
-            (topic.mirror().build(), Some(frame.to_json().into_bytes())),
-        ] {
-            if let (Ok(t), Some(payload)) = (t, payload) {
-                let mut p = rumqttc::Publish::new(t.as_str(), QoS::AtLeastOnce, payload);
-                p.retain = true;
-                out.push(p);
-            }
-        }
-        out
+    /// Presence as the main connection publishes it: the frame, and its
+    /// JSON mirror unless the presence connection keeps that
+    /// (`json_presence`).
+    pub(super) fn presence(&self, frame: &Frame) -> Vec<rumqttc::Publish> {
+        let json = !self.config.json_presence;
+        [Some(false), json.then_some(true)]
+            .into_iter()
+            .flatten()
+            .filter_map(|json| self.presence_publish(frame, json))
+            .collect()
     }
+
+    /// A presence frame, or its JSON mirror when `json`, as a retained
+    /// QoS 1 publish on our `online` topic (none for a node without one).
+    pub(super) fn presence_publish(&self, frame: &Frame, json: bool) -> Option<rumqttc::Publish> {
+        let topic = self.own_topic(Family::Online).ok()?;
+        let (topic, payload) = if json {
+            (topic.mirror(), frame.to_json().into_bytes())
+        } else {
+            (topic, frame.to_vec().ok()?)
+        };
+        let topic = topic.build().ok()?;
+        Some(retained_publish(topic.as_str(), &payload))
+    }
+}
+
+/// The presence of one connection attempt (see [`Shared::presence_pair`]).
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct PresencePair {
+    /// `online: true`, sent once connected.
+    pub(super) announce: Frame,
+    /// `online: false`, the connection's last will.
+    pub(super) will: Frame,
 }
 
 /// A retained QoS 1 publish of `payload` on `topic`.

@@ -342,6 +342,8 @@ async fn serve(config: config::Config, notifier: Notifier) -> Result<(), String>
     let opts = ShellOptions {
         stats: Some(stats_tx),
         credentials: config.credentials.clone(),
+        keep_alive: Some(config.keep_alive),
+        json_presence: Some(config.json_presence),
         flash: Some(flash),
         northbound: northbound_link,
         // The board's pins on a GPIO chip when configured; the CDU's leak

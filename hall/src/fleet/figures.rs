@@ -127,15 +127,19 @@ impl Ran {
         r.qos1_not_received = r.qos1_published.saturating_sub(r.qos1_received);
         (r.events_acked, r.qos1_events_lost) = acked_events(&self.acked, heard);
         // A sender spends a sequence number on every frame it builds: one
-        // it drops itself, and one last will per connection, never reach
-        // the broker.
+        // it drops itself, one last will per connection, and the
+        // announcement and will of a presence connection that came back
+        // on its own (sent as JSON only) never reach the frame tree.
         r.seq_gaps = heard
             .senders
             .iter()
             .map(|(s, t)| {
-                let own = senders
-                    .get(s)
-                    .map_or(0, |m| m.dropped_offline + m.dropped_queue_full + m.connects);
+                let own = senders.get(s).map_or(0, |m| {
+                    m.dropped_offline
+                        + m.dropped_queue_full
+                        + m.connects
+                        + 2 * m.presence_renumbered
+                });
                 t.holes().saturating_sub(own)
             })
             .sum();

@@ -233,6 +233,8 @@ pub(super) fn start_bus(
     let mut bus_config = BusConfig::new(broker.clone(), config.site.clone(), node.clone());
     bus_config.credentials = config.credentials.clone();
     bus_config.tls = config.tls.clone();
+    bus_config.keep_alive = config.keep_alive;
+    bus_config.json_presence = config.json_presence;
     bus_config.first_seq = first_seq;
     let coolant_topic = config
         .cdu
