@@ -13,8 +13,10 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use loopwarden_bus::{now_ms, Bus, BusConfig, BusTask};
-use loopwarden_protocol::{samples, Ident, Message, MessageKind, NodeId, Role, WholeCelsius};
-use loopwarden_system_tests::{repo_root, require_python_module, Mosquitto};
+use loopwarden_protocol::{
+    samples, Celsius, Ident, Message, MessageKind, NodeId, Role, WholeCelsius,
+};
+use loopwarden_system_tests::{repo_root, require_python_module, CutProxy, Mosquitto};
 use serde_json::Value;
 
 const SITE: &str = "t-spb";
@@ -64,8 +66,15 @@ impl Reader {
     }
 
     /// Reads until `done` holds for everything seen so far (10 s at most).
-    fn wait(&mut self, what: &str, mut done: impl FnMut(&[Value]) -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(10);
+    fn wait(&mut self, what: &str, done: impl FnMut(&[Value]) -> bool) {
+        if !self.wait_for(Duration::from_secs(10), done) {
+            panic!("no {what} in 10 s; seen:\n{}", self.dump());
+        }
+    }
+
+    /// Reads until `done` holds, or `span` passed: whether it holds.
+    fn wait_for(&mut self, span: Duration, mut done: impl FnMut(&[Value]) -> bool) -> bool {
+        let deadline = Instant::now() + span;
         while !done(&self.seen) {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
@@ -73,9 +82,10 @@ impl Reader {
                     assert_ne!(m["type"], "ERROR", "the reader could not decode: {m}");
                     self.seen.push(m);
                 }
-                Err(_) => panic!("no {what} in 10 s; seen:\n{}", self.dump()),
+                Err(_) => return false,
             }
         }
+        true
     }
 
     /// Waits for the next message (after `from`) of `kind`, for `device`.
@@ -120,13 +130,29 @@ impl Drop for Reader {
     }
 }
 
-fn start_bridge(port: u16) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_sparkplug-bridge"))
+/// The bridge as a process, killed if a failing test leaves it running.
+struct BridgeProcess(Child);
+
+impl Drop for BridgeProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_bridge(port: u16) -> BridgeProcess {
+    start_bridge_with(port, &[])
+}
+
+fn start_bridge_with(port: u16, more: &[&str]) -> BridgeProcess {
+    let child = Command::new(env!("CARGO_BIN_EXE_sparkplug-bridge"))
         .args(["--broker", &format!("127.0.0.1:{port}")])
         .args(["--site", SITE, "--edge-node", EDGE])
+        .args(more)
         .stderr(Stdio::inherit())
         .spawn()
-        .expect("start the bridge")
+        .expect("start the bridge");
+    BridgeProcess(child)
 }
 
 /// The value of every metric of `device` as a host application holds
@@ -144,6 +170,24 @@ fn values(seen: &[Value], device: &str) -> BTreeMap<String, Value> {
         }
     }
     tags
+}
+
+/// Sends a sample once a second, as the agents send telemetry, until
+/// `done` holds: telemetry is not retained, so a sample sent before the
+/// bridge's subscription is live is lost.
+fn send_until(
+    reader: &mut Reader,
+    what: &str,
+    mut send: impl FnMut(),
+    done: impl Fn(&[Value]) -> bool + Copy,
+) {
+    for _ in 0..10 {
+        send();
+        if reader.wait_for(Duration::from_secs(1), done) {
+            return;
+        }
+    }
+    panic!("no {what} in 10 s; seen:\n{}", reader.dump());
 }
 
 fn holds(seen: &[Value], device: &str, want: &[(&str, Value)]) -> bool {
@@ -238,9 +282,20 @@ fn a_site_as_sparkplug_b_read_by_pysparkplug() {
     let (cdu, cdu_task) = agent(&rt, &broker, Role::Cdu, "cdu-a");
     let (host, host_task) = agent(&rt, &broker, Role::Host, "h07");
     publish(&cdu, samples::message(MessageKind::CduState));
-    publish(&cdu, samples::message(MessageKind::CduTelemetry));
     publish(&host, samples::message(MessageKind::HostHealth));
-    publish(&host, host_telemetry(61));
+    let both = |s: &[Value]| {
+        holds(s, "cdu-a", &[("supply_temp_c", 32.05.into())])
+            && holds(s, "h07", &[("gpu/0/temp_c", 61.into())])
+    };
+    send_until(
+        &mut reader,
+        "the samples",
+        || {
+            publish(&cdu, samples::message(MessageKind::CduTelemetry));
+            publish(&host, host_telemetry(61));
+        },
+        both,
+    );
 
     let (_, cdu_birth) = reader.next(0, "DBIRTH", Some("cdu-a"));
     let cm = cdu_birth["metrics"].as_object().unwrap();
@@ -325,8 +380,8 @@ fn a_site_as_sparkplug_b_read_by_pysparkplug() {
 
     // SIGKILL: no goodbye; the broker publishes the will, bdSeq 0.
     let mark = reader.seen.len();
-    bridge.kill().unwrap();
-    bridge.wait().unwrap();
+    bridge.0.kill().unwrap();
+    bridge.0.wait().unwrap();
     let (_, will) = reader.next(mark, "NDEATH", None);
     assert_eq!(will["metrics"]["bdSeq"]["value"], 0);
     assert_eq!((&will["qos"], &will["has_seq"]), (&1.into(), &false.into()));
@@ -347,11 +402,11 @@ fn a_site_as_sparkplug_b_read_by_pysparkplug() {
 
     // SIGTERM: the bridge says goodbye itself, once, and exits 0.
     let mark = reader.seen.len();
-    sigterm(&bridge);
+    sigterm(&bridge.0);
     let (_, bye) = reader.next(mark, "NDEATH", None);
     assert_eq!(bye["metrics"]["bdSeq"]["value"], 0);
     assert!(
-        bridge.wait().unwrap().success(),
+        bridge.0.wait().unwrap().success(),
         "the bridge failed to stop"
     );
     let after = reader.quiet_for(Duration::from_secs(2));
@@ -359,6 +414,70 @@ fn a_site_as_sparkplug_b_read_by_pysparkplug() {
         !after.iter().any(|m| m["type"] == "NDEATH"),
         "the will fired after a clean stop: {after:?}"
     );
+    check_numbering(&reader.seen);
+    rt.block_on(cdu.shutdown(Duration::from_secs(5))).unwrap();
+    rt.block_on(cdu_task.join(Duration::from_secs(5)));
+}
+
+fn cdu_telemetry(supply: f64) -> Message {
+    let Message::CduTelemetry(mut t) = samples::message(MessageKind::CduTelemetry) else {
+        unreachable!("the sample is CDU telemetry")
+    };
+    t.supply = Some(Celsius::new(supply).unwrap());
+    Message::CduTelemetry(t)
+}
+
+#[test]
+fn a_lost_sparkplug_connection_ends_in_the_will_and_comes_back_as_a_new_session() {
+    let Some(broker) = Mosquitto::start() else {
+        return;
+    };
+    let Some(python) = require_python_module("pysparkplug") else {
+        return;
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut reader = Reader::start(&python, broker.port());
+    // The Sparkplug side through a proxy that can cut it; the Loopwarden
+    // side straight to the broker.
+    let proxy = CutProxy::start(([127, 0, 0, 1], broker.port()).into());
+    let via = proxy.addr().to_string();
+    let mut bridge = start_bridge_with(broker.port(), &["--sparkplug-broker", &via]);
+    let (_, first) = reader.next(0, "NBIRTH", None);
+    assert_eq!(first["metrics"]["bdSeq"]["value"], 0);
+    let (cdu, cdu_task) = agent(&rt, &broker, Role::Cdu, "cdu-a");
+    let supply = |s: &[Value]| holds(s, "cdu-a", &[("supply_temp_c", 32.05.into())]);
+    send_until(
+        &mut reader,
+        "the CDU",
+        || publish(&cdu, cdu_telemetry(32.05)),
+        supply,
+    );
+
+    // The network between the bridge and the broker fails: the broker
+    // publishes the will of that connection.
+    let mark = reader.seen.len();
+    proxy.cut();
+    let (_, will) = reader.next(mark, "NDEATH", None);
+    assert_eq!(will["metrics"]["bdSeq"]["value"], 0);
+    // The hall goes on meanwhile; the bridge still reads it.
+    publish(&cdu, cdu_telemetry(33.5));
+    std::thread::sleep(Duration::from_millis(500));
+    proxy.restore();
+
+    // Back: a new session, a new bdSeq, every birth with current values.
+    let (at, birth) = reader.next(mark, "NBIRTH", None);
+    let bd_seq = birth["metrics"]["bdSeq"]["value"].as_u64().unwrap();
+    assert!(bd_seq >= 1, "a new connection, a new bdSeq: {birth}");
+    assert_eq!(birth["seq"], 0);
+    let (_, cdu_birth) = reader.next(at, "DBIRTH", Some("cdu-a"));
+    assert_eq!(cdu_birth["metrics"]["supply_temp_c"]["value"], 33.5);
+
+    // Its will is the one that matches this birth.
+    let mark = reader.seen.len();
+    bridge.0.kill().unwrap();
+    bridge.0.wait().unwrap();
+    let (_, will) = reader.next(mark, "NDEATH", None);
+    assert_eq!(will["metrics"]["bdSeq"]["value"].as_u64(), Some(bd_seq));
     check_numbering(&reader.seen);
     rt.block_on(cdu.shutdown(Duration::from_secs(5))).unwrap();
     rt.block_on(cdu_task.join(Duration::from_secs(5)));
