@@ -119,7 +119,15 @@ async fn drive_sparkplug(
                 }
                 continue;
             }
-            Ok(Event::Incoming(Packet::SubAck(_))) => SparkplugEvent::Subscribed,
+            Ok(Event::Incoming(Packet::SubAck(ack))) => {
+                if ack
+                    .return_codes
+                    .contains(&rumqttc::SubscribeReasonCode::Failure)
+                {
+                    warn!(topic = %ncmd, "the broker refused the NCMD subscription: rebirth requests will not reach the bridge");
+                }
+                SparkplugEvent::Subscribed
+            }
             Ok(Event::Incoming(Packet::Publish(p))) if p.topic == ncmd => {
                 SparkplugEvent::Command(p.payload.to_vec())
             }
@@ -140,8 +148,10 @@ async fn drive_sparkplug(
                 let Some(options) = next_options.recv().await else {
                     return;
                 };
-                // rumqttc keeps the old session's requests; the next one
-                // is clean, so they go (the core publishes births again).
+                // The old session's requests, and those queued since it
+                // broke, belong to it: the next session is clean and starts
+                // with its births, which the core publishes again.
+                eventloop.clean();
                 eventloop.pending.clear();
                 eventloop.mqtt_options = options;
                 tokio::time::sleep(backoff.next_wait(&mut rng)).await;
