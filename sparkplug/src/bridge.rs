@@ -120,6 +120,17 @@ pub enum Input {
     Stop,
 }
 
+/// A metric of the bridge itself: always a value, no unit.
+fn point(name: &str, datatype: DataType, value: Value, time: u64) -> Point {
+    Point {
+        name: name.into(),
+        datatype,
+        value: Some(value),
+        unit: None,
+        time,
+    }
+}
+
 /// One Loopwarden node as a Sparkplug device.
 struct Device {
     role: Role,
@@ -262,13 +273,8 @@ impl Bridge {
     }
 
     fn bd_seq_point(&self, now: u64) -> Point {
-        Point {
-            name: "bdSeq".into(),
-            datatype: DataType::Int64,
-            value: Some(Value::Int64(i64::from(self.bd_seq.unwrap_or(0)))),
-            unit: None,
-            time: now,
-        }
+        let bd_seq = Value::Int64(i64::from(self.bd_seq.unwrap_or(0)));
+        point("bdSeq", DataType::Int64, bd_seq, now)
     }
 
     fn ndeath(&mut self, now: u64) -> Publish {
@@ -279,13 +285,7 @@ impl Bridge {
     /// The bridge's own metrics (those NDATA may carry).
     fn node_metrics(&self, now: u64) -> Vec<Point> {
         let c = &self.counters;
-        let point = |name: &str, datatype, value| Point {
-            name: name.into(),
-            datatype,
-            value: Some(value),
-            unit: None,
-            time: now,
-        };
+        let point = |name, datatype, value| point(name, datatype, value, now);
         let online = self
             .devices
             .values()
@@ -330,38 +330,30 @@ impl Bridge {
         self.end_session();
         self.session = true;
         self.seq = 0;
+        let c = &self.config;
         let fixed = [
             self.bd_seq_point(now),
-            Point {
-                name: REBIRTH.into(),
-                datatype: DataType::Boolean,
-                value: Some(Value::Boolean(false)),
-                unit: None,
-                time: now,
-            },
-            Point {
-                name: "properties/site".into(),
-                datatype: DataType::String,
-                value: Some(Value::String(self.config.site.clone())),
-                unit: None,
-                time: now,
-            },
-            Point {
-                name: "properties/software".into(),
-                datatype: DataType::String,
-                value: Some(Value::String(self.config.software.clone())),
-                unit: None,
-                time: now,
-            },
+            point(REBIRTH, DataType::Boolean, Value::Boolean(false), now),
+            point(
+                "properties/site",
+                DataType::String,
+                Value::String(c.site.clone()),
+                now,
+            ),
+            point(
+                "properties/software",
+                DataType::String,
+                Value::String(c.software.clone()),
+                now,
+            ),
         ];
-        // Devices first, so the birth counts them as online.
+        // The devices are marked born first, so that the NBIRTH counts
+        // them online; their DBIRTHs are numbered after it.
         let ids: Vec<Ident> = self.devices.keys().cloned().collect();
         let mut dbirths = Vec::new();
         for id in &ids {
             dbirths.extend(self.dbirth_if_ready(now, id));
         }
-        // Numbered after the NBIRTH: take the device births back and
-        // number them now.
         let node = self.node_metrics(now);
         let metrics = fixed.iter().chain(&node).map(Point::to_birth).collect();
         let mut out = vec![self.publish(Kind::NBirth, None, now, metrics)];
