@@ -96,7 +96,9 @@ impl Agent {
                         .and_then(|v| v.as_str().map(String::from))
                         .unwrap_or_default();
                     if c.to == HealthState::Quarantined {
-                        tracing::error!("GPU {} quarantined ({name}): {}", c.gpu, c.evidence);
+                        // WARN, as every GPU fault found: the agent did its
+                        // job; ERROR is for what it fails to do.
+                        tracing::warn!("GPU {} quarantined ({name}): {}", c.gpu, c.evidence);
                     } else {
                         tracing::warn!(
                             "GPU {}: {} → {} ({name}): {}",
@@ -130,7 +132,7 @@ impl Agent {
                         .await;
                 }
                 Output::HostStall { since, gpus, .. } => {
-                    tracing::error!(
+                    tracing::warn!(
                         "every GPU (mask {gpus:#06x}) stopped answering together since {}: \
                          a driver or host stall, no GPU is blamed",
                         fmt_time(since)

@@ -99,7 +99,9 @@ impl Agent {
                     g.last_error = Some(e.to_string());
                     if g.missed >= self.config.unresponsive_after && !g.unresponsive_reported {
                         g.unresponsive_reported = true;
-                        tracing::error!(
+                        // WARN: a hardware fault found and handled. ERROR is
+                        // kept for what the agent fails to do itself.
+                        tracing::warn!(
                             "GPU {i} unresponsive: {} samples in a row missed ({e})",
                             g.missed
                         );
