@@ -12,11 +12,12 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use loopwarden_bus::tls::{Tls, TlsFiles};
 use loopwarden_bus::{now_ms, Bus, BusConfig, BusTask};
 use loopwarden_protocol::{
     samples, Celsius, Ident, Message, MessageKind, NodeId, Role, WholeCelsius,
 };
-use loopwarden_system_tests::{repo_root, require_python_module, CutProxy, Mosquitto};
+use loopwarden_system_tests::{repo_root, require_python_module, CutProxy, Mosquitto, PkiBroker};
 use serde_json::Value;
 
 const SITE: &str = "t-spb";
@@ -478,6 +479,69 @@ fn a_lost_sparkplug_connection_ends_in_the_will_and_comes_back_as_a_new_session(
     bridge.0.wait().unwrap();
     let (_, will) = reader.next(mark, "NDEATH", None);
     assert_eq!(will["metrics"]["bdSeq"]["value"].as_u64(), Some(bd_seq));
+    check_numbering(&reader.seen);
+    rt.block_on(cdu.shutdown(Duration::from_secs(5))).unwrap();
+    rt.block_on(cdu_task.join(Duration::from_secs(5)));
+}
+
+#[test]
+fn over_tls_with_a_readers_certificate_to_the_facilitys_own_broker() {
+    // The site's broker: TLS, client certificates, and an ACL under which
+    // the reader spb1 reads the whole site and publishes nothing.
+    let Some(site) = PkiBroker::start(SITE, ["h07@cdu-a", "cdu-a", "ops1", "spb1"]) else {
+        return;
+    };
+    // The facility's broker, plain, where Sparkplug goes.
+    let Some(facility) = Mosquitto::start() else {
+        return;
+    };
+    let Some(python) = require_python_module("pysparkplug") else {
+        return;
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut reader = Reader::start(&python, facility.port());
+    let dir = site.dir();
+    let file = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    let tls_broker = format!("127.0.0.1:{}", site.port());
+    let sparkplug = format!("127.0.0.1:{}", facility.port());
+    let bridge = Command::new(env!("CARGO_BIN_EXE_sparkplug-bridge"))
+        .args(["--broker", &tls_broker, "--site", SITE, "--edge-node", EDGE])
+        .args(["--tls-ca", &file("ca.crt")])
+        .args([
+            "--tls-cert",
+            &file("spb1.crt"),
+            "--tls-key",
+            &file("spb1.key"),
+        ])
+        .args(["--sparkplug-broker", &sparkplug])
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start the bridge");
+    let _bridge = BridgeProcess(bridge);
+    reader.next(0, "NBIRTH", None);
+
+    let mut config = BusConfig::new(
+        tls_broker.parse::<loopwarden_bus::BrokerAddr>().unwrap(),
+        Ident::new(SITE).unwrap(),
+        NodeId::new(Role::Cdu, "cdu-a").unwrap(),
+    );
+    config.tls = Some(Tls::load(TlsFiles::of_identity(dir, "cdu-a")).expect("cdu-a's identity"));
+    let (cdu, _inbound, cdu_task) = rt.block_on(async { Bus::start(config) });
+    assert!(
+        rt.block_on(cdu.wait_connected(Duration::from_secs(10))),
+        "cdu-a connects over TLS\n{}",
+        site.log()
+    );
+    publish(&cdu, samples::message(MessageKind::CduState));
+    let supply = |s: &[Value]| {
+        holds(
+            s,
+            "cdu-a",
+            &[("supply_temp_c", 32.05.into()), ("mode", "degraded".into())],
+        )
+    };
+    let telemetry = || publish(&cdu, samples::message(MessageKind::CduTelemetry));
+    send_until(&mut reader, "the CDU over TLS", telemetry, supply);
     check_numbering(&reader.seen);
     rt.block_on(cdu.shutdown(Duration::from_secs(5))).unwrap();
     rt.block_on(cdu_task.join(Duration::from_secs(5)));
