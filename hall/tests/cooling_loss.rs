@@ -152,7 +152,10 @@ async fn a_leaking_rack_is_drained_in_slurm_powered_down_and_resumed() {
             .and_then(|e| e.strip_prefix("t=")?.split('s').next()?.parse::<f64>().ok())
             .unwrap_or_else(|| panic!("no {what:?} in {:?}", out.events))
     };
-    let (drain, down) = (at("r0h0: cooling-loss drain command"), at("r0h0: cooling-loss power-down command"));
+    let (drain, down) = (
+        at("r0h0: cooling-loss drain command"),
+        at("r0h0: cooling-loss power-down command"),
+    );
     assert!(
         down - drain >= (GRACE_S as f64 - 1.0) * SPEED,
         "powered down {:.0} simulated s after the drain",

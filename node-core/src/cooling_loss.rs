@@ -45,7 +45,10 @@ impl core::fmt::Display for Phase {
         match self {
             Phase::Cooled => f.write_str("cooled"),
             Phase::Draining { since } => {
-                write!(f, "drained at {since} ms, in the grace before the power-down")
+                write!(
+                    f,
+                    "drained at {since} ms, in the grace before the power-down"
+                )
             }
             Phase::PoweredDown { since } => write!(f, "powered down at {since} ms"),
         }
