@@ -2,7 +2,8 @@
 //! declared gone by the broker through its last wills, retained, in the
 //! frame tree and in the JSON tree alike; a host whose main connection is
 //! lost reads offline in both trees until it is back; a host that leaves
-//! cleanly says so itself and leaves no will behind.
+//! cleanly says so itself and leaves no will behind. With `json_presence`
+//! off, the JSON mirror of `online` goes over the one connection.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -168,6 +169,12 @@ async fn a_lost_main_connection_takes_the_json_presence_with_it() {
     );
     let late = retained(broker.port(), &[json_topic], Duration::from_secs(1)).unwrap();
     assert_eq!(presence_in(&late, json_topic), [json[3]]);
+    let m = bus.metrics();
+    assert_eq!(
+        (m.connects, m.presence_connects, m.presence_renumbered),
+        (2, 2, 0),
+        "one presence connection per main connection, each with the main one's pair\n{m}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -255,4 +262,35 @@ fn the_test_peer_says_how_to_call_it_rather_than_panic() {
         assert!(err.contains("usage: bus-peer BROKER SITE HOST"), "{err}");
         assert!(!err.contains("panicked"), "{err}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_json_presence_the_mirror_goes_over_the_one_connection() {
+    let Some(broker) = Mosquitto::start() else {
+        return;
+    };
+    let json_topic = "dc/v2/t-one/json/host/h04/online";
+    let Some(mut sub) = Subscriber::start(broker.port(), &[json_topic]) else {
+        return;
+    };
+    let mut config = BusConfig::new(
+        broker.addr(),
+        Ident::new("t-one").unwrap(),
+        NodeId::new(Role::Host, "h04").unwrap(),
+    );
+    config.json_presence = false;
+    let (bus, _inbound, task) = Bus::start(config);
+    assert!(bus.wait_connected(Duration::from_secs(10)).await);
+    let hello = sub.collect_until(Duration::from_secs(10), |s| !s.is_empty());
+    bus.shutdown(Duration::from_secs(5)).await.unwrap();
+    task.join(Duration::from_secs(5)).await;
+    let bye = sub.collect_until(Duration::from_secs(10), |s| !s.is_empty());
+    let all: Vec<Seen> = hello.into_iter().chain(bye).collect();
+    let json = presence_in(&all, json_topic);
+    assert_eq!(
+        json.iter().map(|(o, _)| *o).collect::<Vec<_>>(),
+        [true, false]
+    );
+    let m = bus.metrics();
+    assert_eq!((m.presence_connects, m.presence_errors), (0, 0), "{m}");
 }
