@@ -255,6 +255,7 @@ impl Presence {
                     count_publish(&self.shared);
                 }
             }
+            Ok(Event::Incoming(Incoming::PubAck(_))) => Metrics::add(&self.shared.metrics.acked),
             Ok(_) => {}
             Err(e) => self.lost(e).await,
         }
@@ -303,7 +304,10 @@ async fn goodbye(shared: &Shared, mut link: Link, bye: &Frame) {
     let mut acked = false;
     while !acked {
         match tokio::time::timeout_at(until, link.eventloop.poll()).await {
-            Ok(Ok(Event::Incoming(Incoming::PubAck(_)))) => acked = true,
+            Ok(Ok(Event::Incoming(Incoming::PubAck(_)))) => {
+                Metrics::add(&shared.metrics.acked);
+                acked = true;
+            }
             Ok(Ok(_)) => {}
             Ok(Err(_)) | Err(_) => break,
         }
