@@ -144,14 +144,7 @@ pub fn start_serial(
             "no password hash: state-changing commands refused"
         }
     );
-    let recorder = ctx.recorder.clone();
-    let journal = move |r: field::serial::record::Record| {
-        recorder.append(
-            loopwarden_bus::now_ms(),
-            field::serial::record::CONSOLE_RECORD,
-            r.encode(),
-        )
-    };
+    let journal = field::serial::flash_journal(ctx.recorder.clone());
     Some(tokio::spawn(field::serial::serve(
         serial,
         Arc::new(SerialCdu(ctx)),

@@ -21,7 +21,7 @@
 use tokio::sync::watch;
 
 pub use loopwarden_field::watchdog::{
-    announce, should_ping, Beat, Heartbeat, Notifier, NotifyError, NotifySocket, Progress,
+    announce, should_ping, stopped, Beat, Heartbeat, Notifier, NotifyError, NotifySocket, Progress,
 };
 
 use crate::shell::ShellStats;

@@ -10,12 +10,11 @@
 //! Skipped when mosquitto, Python or paho-mqtt is missing, except under
 //! CI (`CI=true`), where that fails the test.
 
-use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use loopwarden_system_tests::json_presence::{check_hang_and_kill, JsonPresenceWatch};
-use loopwarden_system_tests::{steady_sim_cdu, Mosquitto};
+use loopwarden_system_tests::{serve_sim_cdu, steady_sim_cdu, Mosquitto};
 
 const BIN: &str = env!("CARGO_BIN_EXE_cooling-ctrl");
 const SITE: &str = "jp";
@@ -36,18 +35,8 @@ fn a_killed_or_hung_controller_reads_offline_in_the_json_tree_within_its_keep_al
         return;
     };
     // The simulated CDU on Modbus TCP, served by this process.
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
     let cdu = steady_sim_cdu();
-    let modbus: SocketAddr = rt.block_on(async {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        tokio::spawn(cdu.clone().serve(l));
-        addr
-    });
+    let (_rt, modbus) = serve_sim_cdu(&cdu);
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("cdu.toml");
     std::fs::write(

@@ -17,7 +17,7 @@ use serde_json::Value;
 const BIN: &str = env!("CARGO_BIN_EXE_cooling-ctrl");
 
 /// A CDU at full flow whose supply sits well above the boot setpoint.
-use loopwarden_system_tests::steady_sim_cdu as sim_cdu;
+use loopwarden_system_tests::{serve_sim_cdu, steady_sim_cdu as sim_cdu};
 
 struct Rig {
     _rt: tokio::runtime::Runtime,
@@ -35,18 +35,8 @@ impl Rig {
 
     /// A rig whose config file ends with `extra`.
     fn start_with(extra: &str) -> Rig {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
         let cdu = sim_cdu();
-        let modbus: SocketAddr = rt.block_on(async {
-            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let addr = l.local_addr().unwrap();
-            tokio::spawn(cdu.clone().serve(l));
-            addr
-        });
+        let (rt, modbus) = serve_sim_cdu(&cdu);
         let broker = EmbeddedBroker::start("127.0.0.1:0".parse().unwrap()).expect("a broker");
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("cdu.sock");

@@ -5,13 +5,12 @@
 //! cleared, `logout`; then the flash log (`ctl events`) holds the session,
 //! the logins and the command, and the clear is in the serial port's name.
 
-use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use loopwarden_bus::embedded::EmbeddedBroker;
-use loopwarden_system_tests::serial_console::{PtyPair, Terminal};
-use loopwarden_system_tests::steady_sim_cdu;
+use loopwarden_system_tests::serial_console::{console_records, PtyPair, Terminal};
+use loopwarden_system_tests::{serve_sim_cdu, steady_sim_cdu};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_cooling-ctrl");
@@ -37,41 +36,13 @@ fn ctl_json(socket: &std::path::Path, what: &str) -> Value {
     serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
 }
 
-/// The console records in `ctl events`' answer, as `what` or
-/// `what:why`.
-fn console_records(v: &Value) -> Vec<String> {
-    v["events"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|e| {
-            let c = &e["event"]["console"];
-            let what = c["what"].as_str()?;
-            Some(match c["why"].as_str() {
-                Some(why) => format!("{what}:{why}"),
-                None => what.to_string(),
-            })
-        })
-        .collect()
-}
-
 #[test]
 fn a_field_engineer_logs_in_on_the_serial_console_and_clears_a_leak() {
     let Some(line) = PtyPair::start() else {
         return;
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
     let cdu = steady_sim_cdu();
-    let modbus: SocketAddr = rt.block_on(async {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        tokio::spawn(cdu.clone().serve(l));
-        addr
-    });
+    let (_rt, modbus) = serve_sim_cdu(&cdu);
     let broker = EmbeddedBroker::start("127.0.0.1:0".parse().unwrap()).expect("a broker");
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("cdu.sock");

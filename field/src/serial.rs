@@ -101,6 +101,14 @@ pub trait SerialAgent: Send + Sync + 'static {
     fn run(&self, words: &[String], operator: &str) -> impl Future<Output = Answer> + Send;
 }
 
+/// The journal that writes each record to the agent's flash event log
+/// through its `recorder`, stamped with the time it is handed over.
+pub fn flash_journal(
+    recorder: loopwarden_bus::recorder::Recorder,
+) -> impl Fn(Record) + Send + Sync {
+    move |r| recorder.append(loopwarden_bus::now_ms(), record::CONSOLE_RECORD, r.encode())
+}
+
 /// The operator a login on `port` acts as: `serial-<device name>`, in the
 /// characters of a protocol name, at most 32.
 pub fn operator_name(port: &std::path::Path) -> String {

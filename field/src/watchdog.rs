@@ -486,6 +486,27 @@ pub async fn watch_progress<T>(
     }
 }
 
+/// Waits for Ctrl-C or SIGTERM (`term`, caught by the caller at its start,
+/// before anything that takes time), then ends the watchdog task
+/// (`watching`) and sends `STOPPING=1`: no stall warnings while the
+/// program winds down, and the service manager hears of the stop before
+/// it takes time. `program` names it in a warning.
+pub async fn stopped(
+    mut term: tokio::signal::unix::Signal,
+    notifier: Notifier,
+    watching: tokio::task::AbortHandle,
+    program: &'static str,
+) {
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    watching.abort();
+    if let Err(e) = notifier.stopping() {
+        tracing::warn!("{program}: watchdog: {e}");
+    }
+}
+
 /// Logs a stall and a recovery, and shows them in `STATUS=`.
 fn say_beat(
     notifier: &Notifier,

@@ -91,14 +91,7 @@ pub fn start_serial(
         serial.port.display(),
         serial.baud
     );
-    let recorder = ctx.recorder.clone();
-    let journal = move |r: field::serial::record::Record| {
-        recorder.append(
-            loopwarden_bus::now_ms(),
-            field::serial::record::CONSOLE_RECORD,
-            r.encode(),
-        )
-    };
+    let journal = field::serial::flash_journal(ctx.recorder.clone());
     Some(tokio::spawn(field::serial::serve(
         serial,
         std::sync::Arc::new(SerialHost(ctx)),

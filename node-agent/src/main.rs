@@ -187,24 +187,18 @@ async fn serve(
 ) -> Result<(), node_agent::shell::AgentError> {
     use tokio::signal::unix::{signal, SignalKind};
     // Signals are caught from here on, before anything that takes time.
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let term = signal(SignalKind::terminate()).expect("SIGTERM handler");
     watchdog::announce(&notifier, &watchdog::SAMPLING_LOOP, config.period);
     let (snapshots, snapshot_rx) = console::snapshot_channel();
     let watchdog_task = tokio::spawn(watchdog::watch_rounds(notifier.clone(), snapshot_rx));
-    let (on_stop, watchdog_abort) = (notifier.clone(), watchdog_task.abort_handle());
-    let stop = async move {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-        // Rounds end here: no stall warnings while the agent restores its
-        // limits and leaves the bus, and the service manager hears of the
-        // shutdown before it takes time.
-        watchdog_abort.abort();
-        if let Err(e) = on_stop.stopping() {
-            tracing::warn!("node-agent: watchdog: {e}");
-        }
-    };
+    // Rounds end at the signal, while the agent restores its limits and
+    // leaves the bus.
+    let stop = watchdog::stopped(
+        term,
+        notifier.clone(),
+        watchdog_task.abort_handle(),
+        "node-agent",
+    );
     let hooks = RunHooks {
         snapshots: Some(snapshots),
         ..RunHooks::default()

@@ -22,7 +22,7 @@
 
 use tokio::sync::watch;
 
-pub use loopwarden_field::watchdog::{announce, Notifier, NotifyError, Progress};
+pub use loopwarden_field::watchdog::{announce, stopped, Notifier, NotifyError, Progress};
 
 use crate::console::Snapshot;
 

@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use loopwarden_bus::embedded::EmbeddedBroker;
-use loopwarden_system_tests::serial_console::{PtyPair, Terminal};
+use loopwarden_system_tests::serial_console::{console_records, PtyPair, Terminal};
 use serde_json::Value;
 
 const AGENT: &str = env!("CARGO_BIN_EXE_node-agent");
@@ -33,23 +33,6 @@ fn ctl_json(socket: &std::path::Path, args: &[&str]) -> Option<Value> {
         .output()
         .unwrap();
     serde_json::from_slice(&out.stdout).ok()
-}
-
-/// The console records of `ctl events`, as `what` or `what:why`.
-fn console_records(v: &Value) -> Vec<String> {
-    v["events"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|e| {
-            let c = &e["event"]["console"];
-            let what = c["what"].as_str()?;
-            Some(match c["why"].as_str() {
-                Some(why) => format!("{what}:{why}"),
-                None => what.to_string(),
-            })
-        })
-        .collect()
 }
 
 #[test]

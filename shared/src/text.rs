@@ -31,12 +31,7 @@ pub struct GpuSet(pub u16);
 
 impl fmt::Display for GpuSet {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0.count_ones() {
-            0 => return f.write_str("no GPU"),
-            1 => return write!(f, "GPU {}", self.0.trailing_zeros()),
-            _ => f.write_str("GPUs ")?,
-        }
-        write_ranges(f, self.0 as u32, 16)
+        write_set(f, self.0, "GPU")
     }
 }
 
@@ -46,12 +41,19 @@ pub struct RackSet(pub u16);
 
 impl fmt::Display for RackSet {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0.count_ones() {
-            0 => return f.write_str("no rack"),
-            1 => return write!(f, "rack {}", self.0.trailing_zeros()),
-            _ => f.write_str("racks ")?,
+        write_set(f, self.0, "rack")
+    }
+}
+
+/// A set of `thing`s (one bit per index): `no GPU`, `GPU 6`, `GPUs 0-3,6`.
+fn write_set(f: &mut fmt::Formatter<'_>, mask: u16, thing: &str) -> fmt::Result {
+    match mask.count_ones() {
+        0 => write!(f, "no {thing}"),
+        1 => write!(f, "{thing} {}", mask.trailing_zeros()),
+        _ => {
+            write!(f, "{thing}s ")?;
+            write_ranges(f, mask as u32, 16)
         }
-        write_ranges(f, self.0 as u32, 16)
     }
 }
 

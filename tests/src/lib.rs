@@ -522,6 +522,27 @@ impl CutProxy {
     }
 }
 
+/// Serves `cdu` on Modbus TCP on a free loopback port, on a runtime of
+/// its own (kept by the caller for as long as the CDU must answer).
+pub fn serve_sim_cdu(
+    cdu: &loopwarden_twin::sim_cdu::SimCdu,
+) -> (tokio::runtime::Runtime, SocketAddr) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let addr = rt.block_on(async {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a free port");
+        let addr = l.local_addr().expect("its address");
+        tokio::spawn(cdu.clone().serve(l));
+        addr
+    });
+    (rt, addr)
+}
+
 /// A simulated CDU as a controller first finds it: settings no controller
 /// chose (30 °C, 80 %, lead pump B, every valve shut) and the measurements
 /// of a steady loaded loop (supply 40 °C, return 49.3 °C, 192 L/min, IT

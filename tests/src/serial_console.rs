@@ -133,3 +133,21 @@ impl Terminal {
         String::from_utf8_lossy(&self.seen).into_owned()
     }
 }
+
+/// The console records of an agent's `ctl events --json` answer, in
+/// order, as `what` or `what:why` (`session_closed:logout`).
+pub fn console_records(v: &serde_json::Value) -> Vec<String> {
+    v["events"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| {
+            let c = &e["event"]["console"];
+            let what = c["what"].as_str()?;
+            Some(match c["why"].as_str() {
+                Some(why) => format!("{what}:{why}"),
+                None => what.to_string(),
+            })
+        })
+        .collect()
+}

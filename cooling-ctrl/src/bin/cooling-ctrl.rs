@@ -273,7 +273,7 @@ async fn start_northbound(
 async fn serve(config: config::Config, notifier: Notifier) -> Result<(), String> {
     use tokio::signal::unix::{signal, SignalKind};
     // Signals are caught from here on, before anything that takes time.
-    let mut term = signal(SignalKind::terminate()).map_err(|e| format!("SIGTERM: {e}"))?;
+    let term = signal(SignalKind::terminate()).map_err(|e| format!("SIGTERM: {e}"))?;
     // The board's pins first: a chip or a line that cannot be had stops the
     // start before anything else is set up.
     let board = open_board(&config)?;
@@ -288,19 +288,13 @@ async fn serve(config: config::Config, notifier: Notifier) -> Result<(), String>
     // READY=1 after the first completed step, then WATCHDOG=1 only while
     // steps complete.
     let watchdog_task = tokio::spawn(watchdog::watch_steps(notifier.clone(), stats_rx.clone()));
-    let (on_stop, watchdog_abort) = (notifier.clone(), watchdog_task.abort_handle());
-    let stop = async move {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-        // Steps end here: no stall warnings while the shell winds down, and
-        // the service manager hears of the shutdown before it takes time.
-        watchdog_abort.abort();
-        if let Err(e) = on_stop.stopping() {
-            tracing::warn!("cooling-ctrl: watchdog: {e}");
-        }
-    };
+    // Steps end at the signal, while the shell winds down.
+    let stop = watchdog::stopped(
+        term,
+        notifier.clone(),
+        watchdog_task.abort_handle(),
+        "cooling-ctrl",
+    );
     let listener = console::bind(&config.console)
         .map_err(|e| format!("console socket {}: {e}", config.console.display()))?;
     let (operator_tx, operator_rx) = tokio::sync::mpsc::channel(4);

@@ -80,16 +80,7 @@ fn parse(words: &[String], now_ms: u64) -> Result<Request, String> {
         ("clear-pump", [pump]) => Ok(Request::ClearPump {
             pump: pump.to_string(),
         }),
-        _ => Err(usage(&name)),
-    }
-}
-
-/// How `name` is typed.
-fn usage(name: &str) -> String {
-    match COMMANDS.iter().find(|c| c.name == name) {
-        Some(c) if c.args.is_empty() => format!("usage: {} (no arguments)", c.name),
-        Some(c) => format!("usage: {} {}", c.name, c.args),
-        None => format!("unknown command {name:?}"),
+        _ => Err(Spec::usage(COMMANDS, &name)),
     }
 }
 

@@ -32,6 +32,18 @@ pub struct Spec {
     pub changes_state: bool,
 }
 
+impl Spec {
+    /// How the command `name` of `commands` is typed, for a line that
+    /// names it with the wrong arguments (or names none of them).
+    pub fn usage(commands: &[Spec], name: &str) -> String {
+        match commands.iter().find(|c| c.name == name) {
+            Some(c) if c.args.is_empty() => format!("usage: {} (no arguments)", c.name),
+            Some(c) => format!("usage: {} {}", c.name, c.args),
+            None => format!("unknown command {name:?}"),
+        }
+    }
+}
+
 /// What the session is told once.
 #[derive(Debug, Clone)]
 pub struct Settings {

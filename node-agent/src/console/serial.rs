@@ -67,16 +67,7 @@ fn parse(words: &[String], now_ms: u64) -> Result<Request, String> {
             .parse()
             .map(|gpu| Request::Why { gpu })
             .map_err(|_| format!("why {gpu:?}: the GPU is a number (0-based)")),
-        _ => Err(usage(&name)),
-    }
-}
-
-/// How `name` is typed.
-fn usage(name: &str) -> String {
-    match COMMANDS.iter().find(|c| c.name == name) {
-        Some(c) if c.args.is_empty() => format!("usage: {} (no arguments)", c.name),
-        Some(c) => format!("usage: {} {}", c.name, c.args),
-        None => format!("unknown command {name:?}"),
+        _ => Err(Spec::usage(COMMANDS, &name)),
     }
 }
 
