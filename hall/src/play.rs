@@ -324,11 +324,20 @@ fn start_agents(
         let dir = cfg.out.join("agents").join(id);
         std::fs::create_dir_all(&dir)
             .map_err(|e| PlayError::Start(format!("{}: {e}", dir.display())))?;
+        // Every run starts from fresh agents: a flash file of the last run
+        // in the same folder would bring back its quarantines and cooling
+        // losses at the start of this one.
+        let flash = dir.join("flash.bin");
+        match std::fs::remove_file(&flash) {
+            Ok(()) => tracing::debug!("{}: the last run's flash replaced", flash.display()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(PlayError::Start(format!("{}: {e}", flash.display()))),
+        }
         let flags = node_agent::config::Overrides {
             common: CommonFlags {
                 site: Some(site_name.into()),
                 broker: Some(broker.to_string()),
-                flash: Some(dir.join("flash.bin")),
+                flash: Some(flash),
                 console: Some(dir.join("console.sock")),
                 tls_ca: cfg.pki.as_ref().map(|d| d.join("ca.crt")),
                 tls_cert: cfg.pki.as_ref().map(|d| d.join(format!("{id}.crt"))),

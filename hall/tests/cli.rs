@@ -193,3 +193,39 @@ fn play_says_what_runs_and_ends_without_error_lines() {
         assert_eq!(numbers, 2, "PUE and energy per work: {row}");
     }
 }
+
+/// A second `play` into the same folder starts from fresh agents: the
+/// first run's flash files would bring back its quarantine at the start
+/// of the second (regression: a GPU "quarantined" at t=5 s, before its
+/// fault).
+#[test]
+fn a_second_play_in_the_same_folder_starts_from_fresh_agents() {
+    let dir = tempfile::tempdir().unwrap();
+    let scenario = dir.path().join("fault.toml");
+    let fault = "\n[[fault]]\nat_s = 25\nkind = \"gpu_fail\"\ntarget = \"0.1.5\"\n";
+    std::fs::write(&scenario, format!("{SHORT}{fault}")).unwrap();
+    let out = dir.path().join("run");
+    for run in 1..=2 {
+        let o = hall(&[
+            "play".as_ref(),
+            "--headless".as_ref(),
+            "--speed".as_ref(),
+            "5".as_ref(),
+            "--scenario".as_ref(),
+            scenario.as_os_str(),
+            "--out".as_ref(),
+            out.as_os_str(),
+        ]);
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success(), "run {run}: {stdout}");
+        let quarantined_at: Vec<f64> = stdout
+            .lines()
+            .filter(|l| l.contains("GPU 5 quarantined"))
+            .filter_map(|l| l.trim().strip_prefix("t=")?.split('s').next()?.parse().ok())
+            .collect();
+        assert!(
+            !quarantined_at.is_empty() && quarantined_at.iter().all(|t| *t >= 24.0),
+            "run {run}: GPU 5 quarantined at {quarantined_at:?} s, its fault is at 25 s:\n{stdout}"
+        );
+    }
+}
