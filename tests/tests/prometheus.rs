@@ -20,170 +20,14 @@
 //! - *rig*: the broker, both agents and their stop signals.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
-use cooling_core::CoreConfig;
-use cooling_ctrl::journal::ControllerFlash;
-use cooling_ctrl::metrics::CduMetrics;
-use cooling_ctrl::modbus::{Link, ModbusCdu};
-use cooling_ctrl::shell::{self, ShellConfig, ShellOptions};
-use loopwarden_boards::modbus_map::RegisterMap;
-use loopwarden_bus::embedded::EmbeddedBroker;
-use loopwarden_field::common::CommonFlags;
-use loopwarden_protocol::{samples, Ident};
 use loopwarden_system_tests::prometheus::{http_get, promtool_check, Prometheus, Series};
-use loopwarden_system_tests::{free_port, steady_sim_cdu, wait_listening};
-use tokio::sync::oneshot;
+
+mod agents_rig;
+use agents_rig::{Rig, CDU, GPUS, HOST};
 
 const SITE: &str = "hall-t";
-const HOST: &str = "h07";
-const CDU: &str = "cdu-1";
-const GPUS: usize = 8;
-
-fn id(s: &str) -> Ident {
-    Ident::new(s).expect("an ident")
-}
-
-/// The broker, both agents, and what stops them.
-struct Rig {
-    rt: tokio::runtime::Runtime,
-    broker: EmbeddedBroker,
-    dir: tempfile::TempDir,
-    agent_metrics: SocketAddr,
-    cdu_metrics: SocketAddr,
-    stops: Vec<oneshot::Sender<()>>,
-}
-
-impl Rig {
-    fn start() -> Rig {
-        let rt = tokio::runtime::Runtime::new().expect("a runtime");
-        let broker = EmbeddedBroker::start("127.0.0.1:0".parse().unwrap()).expect("a broker");
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        let mut rig = Rig {
-            agent_metrics: ([127, 0, 0, 1], free_port()).into(),
-            cdu_metrics: ([127, 0, 0, 1], free_port()).into(),
-            rt,
-            broker,
-            dir,
-            stops: Vec::new(),
-        };
-        rig.start_agent();
-        rig.start_controller();
-        for addr in [rig.agent_metrics, rig.cdu_metrics] {
-            assert!(
-                wait_listening(addr, Duration::from_secs(10)),
-                "/metrics on {addr}"
-            );
-        }
-        rig
-    }
-
-    fn stopped(&mut self) -> impl std::future::Future<Output = ()> {
-        let (tx, rx) = oneshot::channel::<()>();
-        self.stops.push(tx);
-        async {
-            let _ = rx.await;
-        }
-    }
-
-    /// Host h07 on 8 twin H200s, on the rig's broker, cooled by cdu-1.
-    fn start_agent(&mut self) {
-        let flags = node_agent::config::Overrides {
-            common: CommonFlags {
-                site: Some(SITE.into()),
-                broker: Some(self.broker.addr().to_string()),
-                console: Some(self.dir.path().join("agent.sock")),
-                ..Default::default()
-            },
-            host: Some(HOST.into()),
-            twin_gpus: Some(GPUS as u8),
-            cdu: Some(CDU.into()),
-            period_ms: Some(500),
-            metrics_listen: Some(self.agent_metrics.to_string()),
-            ..Default::default()
-        };
-        let config = node_agent::config::load(None, &flags).expect("the agent's config");
-        let board = loopwarden_boards::GpuBoard::builtin("H200-SXM").expect("board");
-        let source = Box::new(node_agent::sim_gpus::TwinSource::new(&board, GPUS, 11));
-        let stop = self.stopped();
-        self.rt.spawn(async move {
-            if let Err(e) = node_agent::shell::run(config, source, stop).await {
-                panic!("the node agent stopped: {e}");
-            }
-        });
-    }
-
-    /// cdu-1 in charge of the simulated CDU, h07 its first host, with
-    /// its `/metrics` wired as `cooling-ctrl run` wires it.
-    fn start_controller(&mut self) {
-        let addr = self.cdu_metrics;
-        let broker: loopwarden_bus::BrokerAddr = self
-            .broker
-            .addr()
-            .to_string()
-            .parse()
-            .expect("a broker address");
-        let stop = self.stopped();
-        self.rt.block_on(async move {
-            let cdu = steady_sim_cdu();
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let modbus = listener.local_addr().unwrap();
-            tokio::spawn(cdu.serve(listener));
-            let port = ModbusCdu::new(RegisterMap::sim_cdu(), Link::Tcp(modbus))
-                .with_timeout(Duration::from_millis(300));
-            let mut cfg = ShellConfig::new(id(SITE), id(CDU), broker, CoreConfig::default());
-            cfg.period = Duration::from_millis(500);
-            cfg.hosts = vec![id(HOST)];
-            cfg.key = Some(samples::demo_signing_key());
-            let flash = ControllerFlash::open(None).expect("a flash in memory");
-            let (stats_tx, stats_rx) = shell::stats_channel();
-            let ctx = Arc::new(console_context(&cfg, stats_rx, flash.recorder.clone()));
-            let metrics = CduMetrics::new(ctx, &cfg.core.layout);
-            cooling_ctrl::metrics::start(Some(addr), metrics)
-                .await
-                .expect("the controller's /metrics");
-            let opts = ShellOptions {
-                stats: Some(stats_tx),
-                flash: Some(flash),
-                ..Default::default()
-            };
-            tokio::spawn(shell::run_with(cfg, opts, port, stop));
-        });
-    }
-}
-
-impl Drop for Rig {
-    fn drop(&mut self) {
-        self.stops.clear();
-        // Give both a moment to leave the bus cleanly.
-        std::thread::sleep(Duration::from_millis(300));
-    }
-}
-
-/// The console context `cooling-ctrl run` builds, for `cfg`.
-fn console_context(
-    cfg: &ShellConfig,
-    stats: tokio::sync::watch::Receiver<shell::ShellStats>,
-    recorder: cooling_ctrl::journal::Recorder,
-) -> cooling_ctrl::console::Context {
-    cooling_ctrl::console::Context {
-        site: cfg.site.to_string(),
-        cdu: cfg.cdu.to_string(),
-        hosts: cfg.hosts.iter().map(|h| h.to_string()).collect(),
-        hosts_per_rack: usize::from(cfg.core.layout.hosts_per_rack),
-        link: "the simulated CDU on Modbus TCP".into(),
-        map_model: "sim-cdu".into(),
-        broker: cfg.broker.to_string(),
-        period: cfg.period,
-        lease: cfg.lease,
-        demo_key: true,
-        started: loopwarden_bus::now_ms(),
-        stats,
-        recorder,
-        operator: None,
-    }
-}
 
 /// The value of the one series of `answer`.
 fn one(answer: &[Series], what: &str) -> f64 {
@@ -344,7 +188,7 @@ fn promtool_accepts(addr: SocketAddr) {
 
 #[test]
 fn prometheus_scrapes_both_agents_and_answers_promql() {
-    let rig = Rig::start();
+    let rig = Rig::start(SITE);
     let targets = [
         ("node-agent", rig.agent_metrics),
         ("cooling-ctrl", rig.cdu_metrics),

@@ -17,32 +17,17 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cooling_core::CoreConfig;
-use cooling_ctrl::journal::ControllerFlash;
-use cooling_ctrl::metrics::CduMetrics;
-use cooling_ctrl::modbus::{Link, ModbusCdu};
-use cooling_ctrl::shell::{self, ShellConfig, ShellOptions, ShellStats};
-use loopwarden_boards::modbus_map::RegisterMap;
-use loopwarden_bus::embedded::EmbeddedBroker;
-use loopwarden_field::common::CommonFlags;
-use loopwarden_protocol::message::{GpuCap, GpuSelector};
-use loopwarden_protocol::{samples, Ident, Watts};
 use loopwarden_system_tests::prometheus::http_get;
-use loopwarden_system_tests::{free_port, repo_root, require_tool, steady_sim_cdu};
-use tokio::sync::{oneshot, watch};
+use loopwarden_system_tests::{repo_root, require_tool};
+
+mod agents_rig;
+use agents_rig::Rig;
 
 const DASHBOARD: &str = "deploy/grafana/loopwarden-hall.json";
-const SITE: &str = "hall-g";
-const HOST: &str = "h07";
-const CDU: &str = "cdu-1";
-const GPUS: usize = 8;
 
-fn id(s: &str) -> Ident {
-    Ident::new(s).expect("an ident")
-}
+const SITE: &str = "hall-g";
 
 /// Every expression of the dashboard: (where, expression).
 fn expressions(dash: &serde_json::Value) -> Vec<(String, String)> {
@@ -212,161 +197,6 @@ fn metric_names_are_told_from_functions_labels_and_variables() {
     assert_eq!(got, want);
 }
 
-/// What stops the agents.
-struct Rig {
-    rt: tokio::runtime::Runtime,
-    broker: EmbeddedBroker,
-    dir: tempfile::TempDir,
-    agent_metrics: SocketAddr,
-    cdu_metrics: SocketAddr,
-    /// The controller's console context (its counters, for the render
-    /// with a host capped).
-    cdu_ctx: Option<cooling_ctrl::console::Context>,
-    layout: cooling_core::config::Layout,
-    stops: Vec<oneshot::Sender<()>>,
-}
-
-impl Rig {
-    fn start() -> Rig {
-        let rt = tokio::runtime::Runtime::new().expect("a runtime");
-        let broker = EmbeddedBroker::start("127.0.0.1:0".parse().unwrap()).expect("a broker");
-        let mut rig = Rig {
-            rt,
-            broker,
-            dir: tempfile::tempdir().expect("a temporary directory"),
-            agent_metrics: ([127, 0, 0, 1], free_port()).into(),
-            cdu_metrics: ([127, 0, 0, 1], free_port()).into(),
-            cdu_ctx: None,
-            layout: CoreConfig::default().layout,
-            stops: Vec::new(),
-        };
-        rig.start_agent();
-        rig.start_controller();
-        rig
-    }
-
-    fn stopped(&mut self) -> impl std::future::Future<Output = ()> {
-        let (tx, rx) = oneshot::channel::<()>();
-        self.stops.push(tx);
-        async {
-            let _ = rx.await;
-        }
-    }
-
-    fn broker(&self) -> String {
-        self.broker.addr().to_string()
-    }
-
-    fn start_agent(&mut self) {
-        let flags = node_agent::config::Overrides {
-            common: CommonFlags {
-                site: Some(SITE.into()),
-                broker: Some(self.broker()),
-                console: Some(self.dir.path().join("agent.sock")),
-                ..Default::default()
-            },
-            host: Some(HOST.into()),
-            twin_gpus: Some(GPUS as u8),
-            cdu: Some(CDU.into()),
-            period_ms: Some(500),
-            metrics_listen: Some(self.agent_metrics.to_string()),
-            ..Default::default()
-        };
-        let config = node_agent::config::load(None, &flags).expect("the agent's config");
-        let board = loopwarden_boards::GpuBoard::builtin("H200-SXM").expect("board");
-        let source = Box::new(node_agent::sim_gpus::TwinSource::new(&board, GPUS, 11));
-        let stop = self.stopped();
-        self.rt.spawn(async move {
-            if let Err(e) = node_agent::shell::run(config, source, stop).await {
-                panic!("the node agent stopped: {e}");
-            }
-        });
-    }
-
-    /// The controller with its `/metrics`, as `cooling-ctrl run` wires it.
-    fn start_controller(&mut self) {
-        let broker: loopwarden_bus::BrokerAddr = self.broker().parse().expect("a broker address");
-        let mut cfg = ShellConfig::new(id(SITE), id(CDU), broker, CoreConfig::default());
-        cfg.period = Duration::from_millis(500);
-        cfg.hosts = vec![id(HOST)];
-        cfg.key = Some(samples::demo_signing_key());
-        let flash = ControllerFlash::open(None).expect("a flash in memory");
-        let (stats_tx, stats_rx) = shell::stats_channel();
-        let ctx = console_context(&cfg, stats_rx, flash.recorder.clone());
-        self.cdu_ctx = Some(ctx.clone());
-        self.layout = cfg.core.layout;
-        let addr = self.cdu_metrics;
-        let stop = self.stopped();
-        self.rt.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let modbus = listener.local_addr().unwrap();
-            tokio::spawn(steady_sim_cdu().serve(listener));
-            let port = ModbusCdu::new(RegisterMap::sim_cdu(), Link::Tcp(modbus))
-                .with_timeout(Duration::from_millis(300));
-            let metrics = CduMetrics::new(Arc::new(ctx), &cfg.core.layout);
-            cooling_ctrl::metrics::start(Some(addr), metrics)
-                .await
-                .expect("the controller's /metrics");
-            let opts = ShellOptions {
-                stats: Some(stats_tx),
-                flash: Some(flash),
-                ..Default::default()
-            };
-            tokio::spawn(shell::run_with(cfg, opts, port, stop));
-        });
-    }
-
-    /// The controller's metrics from its last counters with `HOST`
-    /// capped at 500 W and acknowledging it.
-    fn cdu_metrics_capped(&self) -> String {
-        let ctx = self.cdu_ctx.as_ref().expect("started");
-        let mut st: ShellStats = ctx.stats.borrow().clone();
-        st.caps = vec![Some(500.0)];
-        st.in_force.insert(
-            HOST.to_string(),
-            vec![GpuCap {
-                gpus: GpuSelector::All,
-                limit: Watts(500),
-            }],
-        );
-        let (_tx, rx) = watch::channel(st);
-        let mut capped = ctx.clone();
-        capped.stats = rx;
-        CduMetrics::new(Arc::new(capped), &self.layout).render()
-    }
-}
-
-impl Drop for Rig {
-    fn drop(&mut self) {
-        self.stops.clear();
-        std::thread::sleep(Duration::from_millis(300));
-    }
-}
-
-/// The console context `cooling-ctrl run` builds, for `cfg`.
-fn console_context(
-    cfg: &ShellConfig,
-    stats: watch::Receiver<ShellStats>,
-    recorder: cooling_ctrl::journal::Recorder,
-) -> cooling_ctrl::console::Context {
-    cooling_ctrl::console::Context {
-        site: cfg.site.to_string(),
-        cdu: cfg.cdu.to_string(),
-        hosts: cfg.hosts.iter().map(|h| h.to_string()).collect(),
-        hosts_per_rack: usize::from(cfg.core.layout.hosts_per_rack),
-        link: "the simulated CDU on Modbus TCP".into(),
-        map_model: "sim-cdu".into(),
-        broker: cfg.broker.to_string(),
-        period: cfg.period,
-        lease: cfg.lease,
-        demo_key: true,
-        started: loopwarden_bus::now_ms(),
-        stats,
-        recorder,
-        operator: None,
-    }
-}
-
 /// `/metrics` of `addr` once it holds `family` (the agent's first loop
 /// ran), within 30 s.
 fn scrape_once_up(addr: SocketAddr, family: &str) -> String {
@@ -417,7 +247,7 @@ fn every_metric_of_the_dashboard_is_exported_with_the_labels_it_filters_on() {
     let exprs = expressions(&dash);
     assert!(exprs.len() > 20, "{exprs:?}");
 
-    let rig = Rig::start();
+    let rig = Rig::start(SITE);
     let mut exported = families(&scrape_once_up(rig.agent_metrics, "DCGM_FI_DEV_GPU_TEMP"));
     let cdu = scrape_once_up(rig.cdu_metrics, "loopwarden_cdu_supply_temperature_celsius");
     for text in [cdu, rig.cdu_metrics_capped()] {
