@@ -279,24 +279,9 @@ async fn run_agent(
         }
         None => console::snapshot_channel(),
     };
-    let context = Context {
-        site: config.site.as_str().to_string(),
-        host: config.host.as_str().to_string(),
-        gpu_source: config.gpus.clone(),
-        period: config.period,
-        started,
-        flash_path: flash_path.map(|p| p.display().to_string()),
-        demo_key: config.demo_key,
-        bus: bus.clone(),
-        recorder: recorder.clone(),
-        snapshot: snapshot_rx,
-    };
-    // Prometheus's /metrics, when asked for: a reader, as the console is.
-    let metrics_task = crate::metrics::start(config.metrics_listen, context.clone())
-        .await
-        .map_err(AgentError::Metrics)?;
-    let serial_task = console::start_serial(config.serial.clone(), context.clone());
-    let console_task = tokio::spawn(console::serve(listener, context));
+    let flash_path = flash_path.map(|p| p.display().to_string());
+    let context = console_context(&config, started, flash_path, &bus, &recorder, snapshot_rx);
+    let readers = Readers::start(listener, console_path, &config, context).await?;
     let mut agent = Agent {
         health,
         actions: actions_tx,
@@ -335,24 +320,94 @@ async fn run_agent(
         )
         .await;
 
-    agent.finish_actions(&mut actions_rx).await;
-    tracing::info!("stopping: restoring default power limits");
-    agent.restore_defaults().await;
-    // Everything decided is written and handed to the bus before it stops.
-    agent.recorder.flush().await;
-    console_task.abort();
-    if let Some(t) = serial_task {
-        t.abort();
-    }
-    if let Some(t) = metrics_task {
-        t.abort();
-    }
-    let _ = std::fs::remove_file(&console_path);
-    if let Err(e) = agent.bus.shutdown(Duration::from_secs(3)).await {
-        tracing::warn!("leaving the bus: {e}");
-    }
-    bus_task.join(Duration::from_secs(3)).await;
+    agent.stop(&mut actions_rx, readers, bus_task).await;
     Ok(())
+}
+
+impl Agent {
+    /// The clean stop: the running actions end, the default limits are
+    /// restored, everything decided is written and handed to the bus,
+    /// then the readers stop and the agent leaves the bus.
+    async fn stop(
+        &mut self,
+        actions_rx: &mut mpsc::Receiver<(u8, actions::Outcome)>,
+        readers: Readers,
+        bus_task: loopwarden_bus::BusTask,
+    ) {
+        self.finish_actions(actions_rx).await;
+        tracing::info!("stopping: restoring default power limits");
+        self.restore_defaults().await;
+        self.recorder.flush().await;
+        readers.stop();
+        if let Err(e) = self.bus.shutdown(Duration::from_secs(3)).await {
+            tracing::warn!("leaving the bus: {e}");
+        }
+        bus_task.join(Duration::from_secs(3)).await;
+    }
+}
+
+/// What the console, the serial console and `/metrics` answer from.
+fn console_context(
+    config: &Config,
+    started: TimestampMs,
+    flash_path: Option<String>,
+    bus: &Bus,
+    recorder: &Recorder,
+    snapshot: watch::Receiver<Option<Snapshot>>,
+) -> Context {
+    Context {
+        site: config.site.as_str().to_string(),
+        host: config.host.as_str().to_string(),
+        gpu_source: config.gpus.clone(),
+        period: config.period,
+        started,
+        flash_path,
+        demo_key: config.demo_key,
+        bus: bus.clone(),
+        recorder: recorder.clone(),
+        snapshot,
+    }
+}
+
+/// What answers people while the agent runs, from what the loop
+/// publishes: the console socket, the serial console and Prometheus's
+/// `/metrics` (each only read; the loop is never asked).
+struct Readers {
+    console_path: std::path::PathBuf,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Readers {
+    /// Serves the console on `listener` (bound at `console_path`), and the
+    /// metrics listener and serial console when `config` asks for them.
+    async fn start(
+        listener: tokio::net::UnixListener,
+        console_path: std::path::PathBuf,
+        config: &Config,
+        context: Context,
+    ) -> Result<Readers, AgentError> {
+        let metrics = crate::metrics::start(config.metrics_listen, context.clone())
+            .await
+            .map_err(AgentError::Metrics)?;
+        let serial = console::start_serial(config.serial.clone(), context.clone());
+        let console = tokio::spawn(console::serve(listener, context));
+        let tasks = [Some(console), serial, metrics]
+            .into_iter()
+            .flatten()
+            .collect();
+        Ok(Readers {
+            console_path,
+            tasks,
+        })
+    }
+
+    /// Stops them and removes the console socket.
+    fn stop(self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        let _ = std::fs::remove_file(&self.console_path);
+    }
 }
 
 /// The config-store key of a GPU's health.
