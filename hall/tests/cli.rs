@@ -138,6 +138,20 @@ points = [[0, 28.0], [45, 28.0]]
 all = [[0, 0.4], [10, 0.9], [45, 0.9]]
 "#;
 
+/// `play --headless --speed 5` of `scenario` into `out`.
+fn play_headless(scenario: &Path, out: &Path) -> Output {
+    hall(&[
+        "play".as_ref(),
+        "--headless".as_ref(),
+        "--speed".as_ref(),
+        "5".as_ref(),
+        "--scenario".as_ref(),
+        scenario.as_os_str(),
+        "--out".as_ref(),
+        out.as_os_str(),
+    ])
+}
+
 /// `play`, headless, says first what runs, ends without an ERROR line
 /// (the agents and the controller leave the embedded broker in order),
 /// and its report opens with the run against both baselines.
@@ -147,16 +161,7 @@ fn play_says_what_runs_and_ends_without_error_lines() {
     let scenario = dir.path().join("short.toml");
     std::fs::write(&scenario, SHORT).unwrap();
     let out = dir.path().join("run");
-    let o = hall(&[
-        "play".as_ref(),
-        "--headless".as_ref(),
-        "--speed".as_ref(),
-        "5".as_ref(),
-        "--scenario".as_ref(),
-        scenario.as_os_str(),
-        "--out".as_ref(),
-        out.as_os_str(),
-    ]);
+    let o = play_headless(&scenario, &out);
     let stdout = String::from_utf8_lossy(&o.stdout);
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{stdout}\n{stderr}");
@@ -206,16 +211,7 @@ fn a_second_play_in_the_same_folder_starts_from_fresh_agents() {
     std::fs::write(&scenario, format!("{SHORT}{fault}")).unwrap();
     let out = dir.path().join("run");
     for run in 1..=2 {
-        let o = hall(&[
-            "play".as_ref(),
-            "--headless".as_ref(),
-            "--speed".as_ref(),
-            "5".as_ref(),
-            "--scenario".as_ref(),
-            scenario.as_os_str(),
-            "--out".as_ref(),
-            out.as_os_str(),
-        ]);
+        let o = play_headless(&scenario, &out);
         let stdout = String::from_utf8_lossy(&o.stdout);
         assert!(o.status.success(), "run {run}: {stdout}");
         let quarantined_at: Vec<f64> = stdout
