@@ -193,6 +193,9 @@ pub struct Commands {
     pub sensing_lost: u16,
     /// Racks whose isolation failed: both pumps are stopped for them.
     pub isolation_failed: u16,
+    /// Racks whose valve position input is not believed (it read closed
+    /// while the valve was commanded open), bit n = rack n.
+    pub valve_feedback_faults: u16,
     /// Caps per host (index as in [`Inputs::hosts`]).
     pub caps: [Option<HostCap>; MAX_HOSTS],
     /// Alarm beacon on.
@@ -246,6 +249,8 @@ pub struct Core {
     /// The facility water the hall's coordinator last set, °C, and when
     /// it was told, ms.
     facility_target: Option<(f32, u64)>,
+    /// The valves the last step commanded open (`None` before the first).
+    valves_commanded: Option<u16>,
 }
 
 /// A facility water target not renewed for this long is dropped: the
@@ -320,6 +325,7 @@ impl Core {
             plan_offset_k: 0.0,
             events_dropped: 0,
             facility_target: None,
+            valves_commanded: None,
         })
     }
 
@@ -371,6 +377,19 @@ impl Core {
         core.modes.restore(l.failsafe);
         core.restored = Some(*l);
         Ok(core)
+    }
+
+    /// Latches the racks of `racks` (bit n = rack n) as leaks, in place:
+    /// what the shell does after an unreadable latched record, for the
+    /// racks whose valve the CDU reports closed. Everything else the core
+    /// holds (the BMS's limits, what it learned, its loops) stays.
+    pub fn latch_racks(&mut self, racks: u16) {
+        self.safety.latch(racks, self.cfg.layout.racks as usize);
+    }
+
+    /// Racks whose valve position input is not believed, bit n = rack n.
+    pub fn valve_feedback_faults(&self) -> u16 {
+        self.safety.feedback_faults()
     }
 
     /// What the core has latched now: what must be in flash before the
@@ -493,7 +512,7 @@ impl Core {
     pub fn step(&mut self, inp: &Inputs<'_>) -> Commands {
         let (dt, mut log) = self.begin(inp);
 
-        // 1. Safety: leaks (the board's inputs, not the CDU's), isolation,
+        // 1. Safety: leaks (the board's ropes and the CDU's own input), isolation,
         // pumps; then the sensors and the mode they allow.
         let (t, pumps) = self.safety_step(inp, dt, &mut log);
         let escalated = self.safety.isolation_failed() != 0;
@@ -686,13 +705,26 @@ impl Core {
         let mut t = Tick::new(inp, dt, cfg, valves_open, latched);
         let closed = t.rd.valves_closed;
         let confirm_ms = cfg.timing.valve_confirm_ms;
+        if let Some(was) = self.valves_commanded {
+            let written = inp.cdu_writes_ok;
+            self.safety
+                .feedback(t.now, was, written, closed, confirm_ms, log);
+        }
+        self.valves_commanded = Some(valves_open);
         if self.safety.isolation(t.now, closed, confirm_ms, log) {
             t.cooling_lost = safety::all_racks(racks);
         }
         let stop = self.safety.isolation_failed() != 0;
         let (booted, speed) = (self.modes.booted(), self.applied.1);
         let hottest = t.hottest();
-        let pumps = self.pumps.step(&t, booted, stop, speed, hottest, log);
+        let faulted = pumps::Faulted {
+            flow: self.sensors.fault(Which::Flow).is_some(),
+            supply: self.sensors.fault(Which::Supply).is_some(),
+            return_c: self.sensors.fault(Which::Return).is_some(),
+        };
+        let pumps = self
+            .pumps
+            .step(&t, booted, stop, speed, hottest, faulted, log);
         if pumps.failed {
             self.hall.restart_transient(t.now + 120_000);
         }
@@ -718,6 +750,7 @@ impl Core {
             cooling_lost: t.cooling_lost,
             sensing_lost: self.safety.sensing_lost(),
             isolation_failed: self.safety.isolation_failed(),
+            valve_feedback_faults: self.safety.feedback_faults(),
             caps,
             beacon: self.beacon(&t.cfg, mode, hottest),
             mode,
@@ -746,13 +779,15 @@ impl Core {
         cfg
     }
 
-    /// The alarm beacon: a latched leak, lost leak sensing, a failed
+    /// The alarm beacon: a latched leak, lost leak sensing, a valve
+    /// position input not believed, a failed
     /// isolation, a pump out of service, failsafe, the CDU refusing
     /// writes, or a GPU above its maximum operating temperature.
     fn beacon(&self, cfg: &CoreConfig, mode: CduMode, hottest: Option<f32>) -> bool {
         let (_, reason, _) = self.modes.get();
         self.safety.leaks_latched() != 0
             || self.safety.sensing_lost() != 0
+            || self.safety.feedback_faults() != 0
             || self.pumps.faults().iter().any(|f| f.is_some())
             || mode == CduMode::Failsafe
             || reason == ReasonCode::CDU_WRITES_REFUSED

@@ -5,10 +5,15 @@
 //!   running (a pump just started gets `PUMP_START_MS` to close it);
 //! - a *seizure*: its contactor is closed, but the loop has no flow. The
 //!   flow must read far below what the commanded speed gives, confirmed
-//!   by the differential pressure reading low as well, or, where one of
-//!   the two is missing, by the GPUs heating up. A flow reading that
-//!   disagrees with a normal pressure is a sensor fault, judged by
-//!   [`super::sensors`], not a pump failure.
+//!   by the differential pressure reading low as well. Where one of the
+//!   two is missing, under a sensor fault, or reads normal while the
+//!   other reads none, the loop itself must witness it within 30 s: the
+//!   hottest GPU or the return temperature rising by 2 K, or the
+//!   return-to-supply difference collapsing (the water no longer brings
+//!   the racks' heat back). A flow reading of none against a normal
+//!   pressure is a flow sensor fault, judged by [`super::sensors`], not a
+//!   pump failure; a flow sensor supervision has faulted is not read at
+//!   all (a stuck one reads normal flow through a seizure).
 //!
 //! Both pumps are never commanded off together, except while an isolation
 //! has failed ([`super::safety`]): then both stop, on purpose.
@@ -38,6 +43,23 @@ const NO_FLOW_SHARE: f32 = 0.3;
 const HEATING_K: f32 = 2.0;
 /// No flow must last this long to be a seizure, ms.
 const SEIZE_CONFIRM_MS: u64 = 3_000;
+/// A suspicion of no flow must be witnessed within this long, ms.
+const WITNESS_WINDOW_MS: u64 = 30_000;
+/// The return-to-supply difference has collapsed when it falls below this
+/// share of what it was, from at least [`HEATING_K`].
+const COLLAPSED_SHARE: f32 = 0.2;
+
+/// The sensors under a fault in supervision's judgement: their readings
+/// witness nothing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Faulted {
+    /// The flow sensor.
+    pub flow: bool,
+    /// The supply temperature sensor.
+    pub supply: bool,
+    /// The return temperature sensor.
+    pub return_c: bool,
+}
 
 /// The pumps' standing.
 #[derive(Debug, Clone, Default)]
@@ -45,8 +67,9 @@ pub struct Pumps {
     lead: usize,
     lead_since_ms: u64,
     lead_missing_since: Option<u64>,
-    /// No flow seen since, with the hottest GPU then.
-    no_flow_since: Option<(u64, Option<f32>)>,
+    /// No flow seen since, with the hottest GPU and the return
+    /// temperature then.
+    no_flow_since: Option<(u64, Witness)>,
     fault: [Option<PumpFault>; 2],
     stopped: bool,
 }
@@ -117,8 +140,10 @@ impl Pumps {
 
     /// The pumps in step `t`, from the contactor feedback, the flow and
     /// the pressure when the CDU answered, at the `speed` commanded, with
-    /// the `hottest` GPU; failures are only judged once `booted`. `stop`:
-    /// an isolation has failed, both pumps stop.
+    /// the `hottest` GPU and the sensors supervision has `faulted`;
+    /// failures are only judged once `booted`. `stop`: an isolation has
+    /// failed, both pumps stop.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn step(
         &mut self,
         t: &Tick<'_>,
@@ -126,6 +151,7 @@ impl Pumps {
         stop: bool,
         speed: f32,
         hottest: Option<f32>,
+        faulted: Faulted,
         log: &mut Log,
     ) -> PumpsNow {
         if stop {
@@ -143,7 +169,7 @@ impl Pumps {
         }
         let failure = if self.tripped(t, booted) {
             Some(PumpFault::Tripped)
-        } else if booted && self.seized(t, speed, hottest) {
+        } else if booted && self.seized(t, speed, hottest, faulted) {
             Some(PumpFault::Seized)
         } else {
             None
@@ -202,7 +228,7 @@ impl Pumps {
 
     /// The lead reads running but the loop has had no flow long enough,
     /// confirmed by a second witness (above).
-    fn seized(&mut self, t: &Tick<'_>, speed: f32, hottest: Option<f32>) -> bool {
+    fn seized(&mut self, t: &Tick<'_>, speed: f32, hottest: Option<f32>, faulted: Faulted) -> bool {
         let (rd, now) = (&t.rd, t.now);
         let judging = rd.answered
             && self.fault[self.lead].is_none()
@@ -211,24 +237,69 @@ impl Pumps {
         let c = &t.cfg.cdu;
         let flow_low = rd
             .flow_lpm
+            .filter(|_| !faulted.flow)
             .map(|f| f < NO_FLOW_SHARE * c.design_lpm_per_gpu * t.cfg.layout.gpus() as f32 * speed);
         let dp_low = rd
             .diff_pressure_kpa
             .map(|p| p < NO_FLOW_SHARE * c.design_dp_kpa * speed * speed);
-        let suspect = flow_low.unwrap_or(false) || (flow_low.is_none() && dp_low == Some(true));
+        let suspect = flow_low == Some(true) || dp_low == Some(true);
         if !(judging && suspect) {
             self.no_flow_since = None;
             return false;
         }
-        let (since, hot0) = *self.no_flow_since.get_or_insert((now, hottest));
-        let heating = matches!((hot0, hottest), (Some(a), Some(b)) if b - a >= HEATING_K);
-        // A pressure that reads normal says the water moves: the flow
-        // reading is the one at fault.
-        let witnessed = match dp_low {
-            Some(true) => flow_low == Some(true) || heating,
-            Some(false) => false,
-            None => heating,
+        let now_seen = Witness {
+            hottest,
+            return_c: rd.return_c.filter(|_| !faulted.return_c),
+            delta_k: rd
+                .return_c
+                .zip(rd.supply_c)
+                .filter(|_| !faulted.return_c && !faulted.supply)
+                .map(|(r, s)| r - s),
+        };
+        // A witness must come soon: a suspicion left unwitnessed for a
+        // window starts again, so a slow drift is never taken for one.
+        if self
+            .no_flow_since
+            .is_some_and(|(since, _)| now.saturating_sub(since) > WITNESS_WINDOW_MS)
+        {
+            self.no_flow_since = None;
+        }
+        let (since, then) = *self.no_flow_since.get_or_insert((now, now_seen));
+        let heating = then.heating_to(&now_seen);
+        let witnessed = match (flow_low, dp_low) {
+            // Both say the water stands.
+            (Some(true), Some(true)) => true,
+            // A pressure that reads normal says the water moves: the flow
+            // reading is the one at fault.
+            (Some(true), Some(false)) => false,
+            // One says so, the other is missing, under a fault, or
+            // disagrees: the loop itself must say it heats up, or carry
+            // no heat any more.
+            (Some(true), None) | (_, Some(true)) => heating,
+            _ => false,
         };
         witnessed && now.saturating_sub(since) >= SEIZE_CONFIRM_MS
+    }
+}
+
+/// What says the loop heats up, or carries no heat: the hottest GPU
+/// (from the hosts), the return temperature and the return-to-supply
+/// difference (the CDU's), when read and believed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Witness {
+    hottest: Option<f32>,
+    return_c: Option<f32>,
+    delta_k: Option<f32>,
+}
+
+impl Witness {
+    /// From `self` to `now`: either temperature rose by [`HEATING_K`] or
+    /// more, or the return-to-supply difference collapsed (the water no
+    /// longer brings the racks' heat back).
+    fn heating_to(&self, now: &Witness) -> bool {
+        let rose = |a: Option<f32>, b: Option<f32>| matches!((a, b), (Some(a), Some(b)) if b - a >= HEATING_K);
+        let collapsed = matches!((self.delta_k, now.delta_k),
+            (Some(a), Some(b)) if a >= HEATING_K && b < COLLAPSED_SHARE * a);
+        rose(self.hottest, now.hottest) || rose(self.return_c, now.return_c) || collapsed
     }
 }

@@ -1,31 +1,43 @@
 //! Safety: the first layer, for leaks. A leak closes its rack's valve on
-//! the step the rope fires and stays latched until an operator clears it
-//! with the rope dry and supervised. The valve must confirm closed (its
-//! position read back) within `valve_confirm_ms`; if it does not, the
+//! the step any working leak input fires, and stays latched until an
+//! operator clears it with every input dry and supervised. Two inputs
+//! watch each rack and either one latches: the board's rope (wet, and its
+//! supervision line) and the CDU's own leak register; one that fails or
+//! does not answer never masks the other. The valve must confirm closed
+//! (its position read back) within `valve_confirm_ms`; if it does not, the
 //! isolation has failed and the core escalates: both secondary pumps stop,
 //! every host is capped to its minimum and told its cooling is lost, and
 //! the alarm sounds, until the valve confirms or the leak is cleared.
 //! Leak sensing is supervised: a rope whose supervision line reports a
 //! fault, a failed read of the board's inputs, or a rack without a rope is
-//! "leak sensing lost" for that rack, never "dry". The pumps are in
+//! "leak sensing lost" for that rack, never "dry". Valve position inputs
+//! are supervised too: a valve commanded open that reads closed for
+//! `valve_confirm_ms` has a lying input (a *feedback fault*); its "closed"
+//! confirms nothing, so a leak behind it escalates. The pumps are in
 //! [`super::pumps`], sensor supervision in [`super::sensors`].
 //!
 //! Glossary:
 //! - *rope*: the leak-detection cable under a rack, read as a digital
 //!   input (wet or dry) with a second supervision input from its
 //!   controller (rope fault: cut or shorted).
-//! - *latched leak*: a rack whose rope fired; its valve stays shut until
-//!   an operator clears it.
-//! - *unprotected rack*: a rack the site declared without a rope.
+//! - *CDU leak input*: the CDU's own leak register (its drip tray or its
+//!   own rope), read over Modbus with its other measurements.
+//! - *latched leak*: a rack whose leak input fired; its valve stays shut
+//!   until an operator clears it.
+//! - *unprotected rack*: a rack the site declared without a rope on the
+//!   board (the CDU's own input, if it has one, still counts).
 //! - *escalation*: what the core does when isolation fails (above).
+//! - *feedback fault*: a valve position input that reads closed while the
+//!   valve is commanded open.
 
-use loopwarden_protocol::message::Event;
+use loopwarden_protocol::message::{Event, Sensor, SensorFault};
 use loopwarden_protocol::RackIndex;
 
 use super::latch::Latched;
 use super::{bit, Log, MAX_RACKS};
 
-/// What the board's leak inputs said this step.
+/// What the leak inputs said this step: the board's ropes, and the CDU's
+/// own leak register.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct LeakInputs {
     /// Ropes reading wet, bit n = rack n.
@@ -35,19 +47,28 @@ pub struct LeakInputs {
     /// The board's input lines were read; `false`: the read failed and
     /// nothing is known of any rope this step.
     pub read_ok: bool,
+    /// The CDU's own leak register, bit n = rack n; `None`: not read this
+    /// step (the CDU did not answer, or its map has no leak register).
+    pub cdu: Option<u16>,
 }
 
 impl LeakInputs {
-    /// Every rope read, dry and supervised.
+    /// Every rope read, dry and supervised; the CDU's register not read.
     pub const DRY: Self = Self {
         wet: 0,
         rope_faults: 0,
         read_ok: true,
+        cdu: None,
     };
 
     /// Ropes reading wet, supervised, read.
     pub fn wet(wet: u16) -> Self {
         Self { wet, ..Self::DRY }
+    }
+
+    /// Whether any input that answered reads rack `r` wet.
+    pub fn reads_wet(&self, r: usize) -> bool {
+        (self.read_ok && bit(self.wet, r)) || self.cdu.is_some_and(|c| bit(c, r))
     }
 }
 
@@ -56,9 +77,15 @@ impl LeakInputs {
 pub struct Safety {
     leaks_latched: u16,
     leaks_seen: u16,
+    /// What each input read when it last answered: the ropes, the CDU.
+    board_seen: u16,
+    cdu_seen: u16,
     sensing_lost: u16,
     unconfirmed_since: [Option<u64>; MAX_RACKS],
     isolation_failed: u16,
+    /// Per rack: since when its valve, commanded open, reads closed.
+    closed_while_open_since: [Option<u64>; MAX_RACKS],
+    feedback_faults: u16,
 }
 
 fn rack_index(r: usize) -> Option<RackIndex> {
@@ -82,6 +109,12 @@ impl Safety {
         self.isolation_failed
     }
 
+    /// Racks whose valve position input is not believed (a feedback
+    /// fault), bit n = rack n.
+    pub fn feedback_faults(&self) -> u16 {
+        self.feedback_faults
+    }
+
     /// The leak latches of a restored state.
     pub fn restore(&mut self, l: &Latched, racks: usize) {
         let all = all_racks(racks);
@@ -89,11 +122,22 @@ impl Safety {
         self.isolation_failed = l.isolation_failed & self.leaks_latched;
         // A rope still wet at the start is not a new leak.
         self.leaks_seen = self.leaks_latched;
+        self.board_seen = self.leaks_latched;
     }
 
-    /// Clears rack `rack`'s latched leak (of `racks`); refused while its
-    /// rope reads wet or its sensing is lost (`unprotected` racks can only
-    /// be cleared when the operator has seen them dry).
+    /// Latches the racks of `racks_closed` (bit n = rack n, of `racks`) as
+    /// leaks in place: after an unreadable latched record, the racks whose
+    /// valve the CDU reports closed. Nothing else the core holds changes.
+    pub fn latch(&mut self, racks_closed: u16, racks: usize) {
+        let add = racks_closed & all_racks(racks);
+        self.leaks_latched |= add;
+        // Latched without a leak seen: an input wet now is not news.
+        self.leaks_seen |= add;
+    }
+
+    /// Clears rack `rack`'s latched leak (of `racks`); refused while any
+    /// input reads it wet or its sensing is lost (`unprotected` racks can
+    /// only be cleared when the operator has seen them dry).
     pub fn clear_leak(
         &mut self,
         rack: usize,
@@ -106,7 +150,7 @@ impl Safety {
         if !leaks.read_ok || bit(leaks.rope_faults, rack) || bit(self.sensing_lost, rack) {
             return Err("the rack's leak sensing is lost: it cannot be seen dry");
         }
-        if bit(leaks.wet, rack) {
+        if leaks.reads_wet(rack) {
             return Err("the rack's leak input still reads wet");
         }
         self.leaks_latched &= !(1 << rack);
@@ -115,9 +159,11 @@ impl Safety {
         Ok(())
     }
 
-    /// The board's leak inputs for `racks` racks, of which `unprotected`
-    /// have no rope: latches new leaks, supervises the sensing and reports
-    /// every change; returns the valves open.
+    /// The leak inputs for `racks` racks, of which `unprotected` have no
+    /// rope on the board: latches new leaks seen by any input that
+    /// answered (an input that did not answer keeps what it last said),
+    /// supervises the ropes and reports every change; returns the valves
+    /// open.
     pub(crate) fn leaks(
         &mut self,
         inp: &LeakInputs,
@@ -142,8 +188,12 @@ impl Safety {
         self.sensing_lost = lost;
         // A failed read says nothing of the ropes: what was seen stands.
         if inp.read_ok {
-            self.wet(inp.wet & !unprotected & all, racks, log);
+            self.board_seen = inp.wet & !unprotected & all;
         }
+        if let Some(c) = inp.cdu {
+            self.cdu_seen = c & all;
+        }
+        self.wet(self.board_seen | self.cdu_seen, racks, log);
         all & !self.leaks_latched
     }
 
@@ -178,7 +228,9 @@ impl Safety {
                 *since = None;
                 continue;
             }
-            let confirmed = valves_closed.is_some_and(|v| bit(v, r));
+            // A lying position input confirms nothing.
+            let confirmed =
+                valves_closed.is_some_and(|v| bit(v, r)) && !bit(self.feedback_faults, r);
             let failed = bit(self.isolation_failed, r);
             let change = if confirmed {
                 *since = None;
@@ -198,8 +250,58 @@ impl Safety {
     }
 }
 
+impl Safety {
+    /// Supervises the valve position inputs at `now`: each rack whose
+    /// valve was commanded open (`commanded_open`, the last settings, which
+    /// went in: `written`) and reads closed (`valves_closed`) for
+    /// `confirm_ms` has a feedback fault, reported; it clears when the
+    /// valve reads open while commanded open. Unknown positions judge
+    /// nothing.
+    pub(crate) fn feedback(
+        &mut self,
+        now: u64,
+        commanded_open: u16,
+        written: bool,
+        valves_closed: Option<u16>,
+        confirm_ms: u64,
+        log: &mut Log,
+    ) {
+        let Some(closed) = valves_closed else {
+            return;
+        };
+        for r in 0..MAX_RACKS {
+            let since = &mut self.closed_while_open_since[r];
+            let open = bit(commanded_open, r);
+            if !(open && written) {
+                *since = None;
+                continue;
+            }
+            let fault = bit(self.feedback_faults, r);
+            let change = if bit(closed, r) {
+                let from = *since.get_or_insert(now);
+                (!fault && now.saturating_sub(from) >= confirm_ms).then_some(true)
+            } else {
+                *since = None;
+                fault.then_some(false)
+            };
+            if let Some(active) = change {
+                self.feedback_faults ^= 1 << r;
+                log.push(Event::SensorFault {
+                    sensor: Sensor::ValvePosition,
+                    rack: rack_index(r),
+                    fault: if active {
+                        SensorFault::Implausible
+                    } else {
+                        SensorFault::Cleared
+                    },
+                });
+            }
+        }
+    }
+}
+
 /// Every rack of `racks`, bit n = rack n.
-pub(crate) fn all_racks(racks: usize) -> u16 {
+pub fn all_racks(racks: usize) -> u16 {
     ((1u32 << racks.min(16)) - 1) as u16
 }
 
@@ -221,6 +323,7 @@ mod tests {
             wet: 0,
             rope_faults: 0,
             read_ok: false,
+            cdu: None,
         };
         s.leaks(&failed, 4, 0b1000, &mut log);
         assert_eq!(

@@ -161,7 +161,7 @@ proptest! {
                     ..Default::default()
                 }),
                 ambient_c: w.ambient,
-                leaks: LeakInputs { wet: w.leaks, rope_faults: w.rope_faults, read_ok: w.read_ok },
+                leaks: LeakInputs { wet: w.leaks, rope_faults: w.rope_faults, read_ok: w.read_ok, cdu: None },
                 cdu_writes_ok: true,
                 hosts: &hosts,
             });

@@ -11,11 +11,12 @@
 //!
 //! The latched state of the core (leak latches, failed pumps, the lead
 //! pump, a failsafe and the sensor faults: `cooling_core::latch`) is kept
-//! in the config store under [`LATCHED_KEY`]: the shell writes it with
-//! [`Recorder::set_sync`] and waits for it to be in flash before the
-//! step's commands reach the CDU, and [`ControllerFlash::open`] reads it
-//! back before the first step. The twin's restarts use the same
-//! [`save_latched`] and [`load_latched`] on a simulated flash.
+//! in the config store under [`LATCHED_KEY`], with its generation
+//! ([`LatchRecord`]): the shell writes it with [`Recorder::set_sync`] and
+//! waits for it to be in flash before the step's commands reach the CDU,
+//! and [`ControllerFlash::open`] reads it back before the first step. The
+//! twin's restarts use the same [`save_latched`] and [`load_latched`] on a
+//! simulated flash.
 //!
 //! What the estimator learned of the hall (`cooling_core::estimate`) is
 //! kept under [`LEARNED_KEYS`], one key per part of its record (the
@@ -65,7 +66,7 @@ pub struct ControllerFlash {
     pub first_seq: u32,
     /// The latched state read back at opening: `Ok(None)` when none was
     /// ever written, an error when it cannot be read.
-    pub latched: Result<Option<Latched>, String>,
+    pub latched: Result<Option<LatchRecord>, String>,
     /// What the estimator learned, as read back at opening (decoded
     /// against the configuration by [`LearnedRecords::decode`]).
     pub learned: LearnedRecords,
@@ -101,34 +102,128 @@ impl ControllerFlash {
 
 /// The config key of the latched state.
 pub const LATCHED_KEY: &str = "cdu.latched";
+/// The config key of the latched state's generation.
+pub const LATCHED_GEN_KEY: &str = "cdu.latched.gen";
 
-/// Writes the latched state `l` to `store`.
-pub async fn save_latched<S: MultiwriteNorFlash>(
-    store: &mut ConfigStore<S>,
-    l: &Latched,
-) -> Result<(), String> {
-    store
-        .set(LATCHED_KEY, &l.encode())
-        .await
-        .map_err(|e| format!("{LATCHED_KEY} not kept in flash: {e:?}"))
+/// The latched state as kept in flash, with its generation: the record
+/// under [`LATCHED_KEY`] is the generation (u32 LE) then
+/// [`Latched::encode`]'s bytes, and [`LATCHED_GEN_KEY`] holds the same
+/// generation alone, written after the record. The store returns the
+/// newest *valid* item of a key, so a damaged newest record would read as
+/// the older state it replaced: its generation then differs from the one
+/// kept apart, and the record reads as unreadable, never as the older
+/// state. (A damaged newest generation fails the same way.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LatchRecord {
+    /// Counts the records written, from 1.
+    pub generation: u32,
+    /// The state.
+    pub latched: Latched,
 }
 
-/// The latched state in `store`: `None` when none was ever written; an
-/// error that says why when it cannot be read or decoded.
+impl LatchRecord {
+    /// The config items that keep this record, in the order they are
+    /// written: the record, then its generation.
+    pub fn items(&self) -> [(&'static str, Vec<u8>); 2] {
+        let gen = self.generation.to_le_bytes();
+        let mut record = gen.to_vec();
+        record.extend_from_slice(&self.latched.encode());
+        [(LATCHED_KEY, record), (LATCHED_GEN_KEY, gen.to_vec())]
+    }
+
+    /// The record of the two items as read back (`record` under
+    /// [`LATCHED_KEY`], `gen` under [`LATCHED_GEN_KEY`]; `None`: absent):
+    /// `Ok(None)` when neither was ever written; an error that says why
+    /// when they cannot be believed. A 16-byte record with no generation
+    /// is the format before generations, read as it is.
+    pub fn decode(record: Option<&[u8]>, gen: Option<&[u8]>) -> Result<Option<Self>, String> {
+        let gen = gen
+            .map(|g| {
+                <[u8; 4]>::try_from(g)
+                    .map(u32::from_le_bytes)
+                    .map_err(|_| format!("{LATCHED_GEN_KEY}: {} bytes, expected 4", g.len()))
+            })
+            .transpose()?;
+        let decoded = |b: &[u8]| Latched::decode(b).map_err(|e| format!("{LATCHED_KEY}: {e}"));
+        match (record, gen) {
+            (None, None) => Ok(None),
+            (Some(b), None) if b.len() == cooling_core::latch::LEN => Ok(Some(Self {
+                generation: 0,
+                latched: decoded(b)?,
+            })),
+            (Some(_), None) => Err(format!(
+                "{LATCHED_KEY}: its generation ({LATCHED_GEN_KEY}) is missing"
+            )),
+            (None, Some(g)) => Err(format!(
+                "{LATCHED_KEY}: missing, while {LATCHED_GEN_KEY} says generation {g} was written"
+            )),
+            (Some(b), Some(g)) => {
+                let Some((head, body)) = b.split_first_chunk::<4>() else {
+                    return Err(format!("{LATCHED_KEY}: {} bytes, too short", b.len()));
+                };
+                let r = u32::from_le_bytes(*head);
+                if r != g {
+                    return Err(format!(
+                        "{LATCHED_KEY}: the newest readable record is generation {r}, but generation {g} was written: the newest record is damaged"
+                    ));
+                }
+                Ok(Some(Self {
+                    generation: r,
+                    latched: decoded(body)?,
+                }))
+            }
+        }
+    }
+}
+
+/// Writes the latched record `r` to `store`: the record, then its
+/// generation.
+pub async fn save_latched<S: MultiwriteNorFlash>(
+    store: &mut ConfigStore<S>,
+    r: &LatchRecord,
+) -> Result<(), String> {
+    for (key, value) in r.items() {
+        store
+            .set(key, &value)
+            .await
+            .map_err(|e| format!("{key} not kept in flash: {e:?}"))?;
+    }
+    Ok(())
+}
+
+/// The latched record in `store`: `None` when none was ever written; an
+/// error that says why when it cannot be read, decoded or believed.
 pub async fn load_latched<S: MultiwriteNorFlash>(
     store: &mut ConfigStore<S>,
-) -> Result<Option<Latched>, String> {
-    let mut buf = [0u8; 64];
+) -> Result<Option<LatchRecord>, String> {
+    let mut rec = [0u8; 64];
+    let mut gen = [0u8; 16];
     let n = store
-        .get(LATCHED_KEY, &mut buf)
+        .get(LATCHED_KEY, &mut rec)
         .await
         .map_err(|e| format!("{LATCHED_KEY}: unreadable in flash: {e:?}"))?;
-    match n {
-        None => Ok(None),
-        Some(n) => Latched::decode(&buf[..n])
-            .map(Some)
-            .map_err(|e| format!("{LATCHED_KEY}: {e}")),
-    }
+    let g = store
+        .get(LATCHED_GEN_KEY, &mut gen)
+        .await
+        .map_err(|e| format!("{LATCHED_GEN_KEY}: unreadable in flash: {e:?}"))?;
+    LatchRecord::decode(n.map(|n| &rec[..n]), g.map(|g| &gen[..g]))
+}
+
+/// Damages the newest copy of record `r` in the raw flash `bytes` (one
+/// byte of its latched state inverted), as a fault of the flash would:
+/// what the twin's `latch_corrupt` does. False when the record is not
+/// found in the bytes.
+pub fn damage_record(bytes: &mut [u8], r: &LatchRecord) -> bool {
+    let [(_, record), _] = r.items();
+    let Some(at) = bytes
+        .windows(record.len())
+        .rposition(|w| w == record.as_slice())
+    else {
+        return false;
+    };
+    // A byte of the state (past the generation).
+    bytes[at + 5] ^= 0xff;
+    true
 }
 
 /// The config keys of what the estimator learned: part `n` of its record

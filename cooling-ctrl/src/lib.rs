@@ -27,6 +27,8 @@ pub mod config;
 
 pub mod console;
 
+pub mod decide;
+
 pub mod estimates;
 
 pub mod facility;

@@ -12,9 +12,11 @@
 //!
 //! Reads take as few requests as the map allows: one per run of contiguous
 //! input registers (at most 125 registers each). Writes take one request
-//! per setting, in the order of [`CduSettings`]' fields; every value is
-//! checked against the map before the first request goes out, and when one
-//! fails after others went in the error names both
+//! per setting, one setting at a time ([`CduPort::write_setting`]: the
+//! decision path, [`crate::decide`], orders them and holds each to the
+//! map's range); [`ModbusCdu::write`] writes a whole [`CduSettings`] for
+//! tools, every value checked against the map before the first request
+//! goes out, and when one fails after others went in the error names both
 //! ([`CduError::Partial`]). Every request runs under a timeout (500 ms
 //! unless set); after a request that got no answer, a broken link or a
 //! garbled answer, the next request opens the link afresh (for RTU: reopens
@@ -59,6 +61,7 @@ use std::string::{String, ToString};
 use std::time::Duration;
 use std::vec::Vec;
 
+use crate::decide::{MapLimits, Write};
 use loopwarden_boards::modbus_map::{Kind, Register, RegisterMap, ValueError};
 use tokio::io::AsyncReadExt as _;
 use tokio::time::Instant;
@@ -121,10 +124,10 @@ pub struct CduSettings {
 }
 
 impl CduSettings {
-    /// Register name and value of each setting, in the order they are
-    /// written: the valves and the pumps first (what isolates a leak must
-    /// not wait behind a setpoint the CDU refuses), the heartbeat last (it
-    /// says the whole step went in).
+    /// Register name and value of each setting, in the order
+    /// [`ModbusCdu::write`] writes them: the valves and the pumps first
+    /// (what isolates a leak must not wait behind a setpoint the CDU
+    /// refuses), the heartbeat last.
     pub fn registers(&self) -> [(&'static str, f64); 6] {
         [
             (VALVES_OPEN, f64::from(self.valves_open)),
@@ -301,16 +304,17 @@ pub fn exception_meaning(code: u8) -> &'static str {
     }
 }
 
-/// Access to one CDU: its measurements in, its settings out.
+/// Access to one CDU: its measurements in, its settings out, one at a
+/// time (the decision path orders them: [`crate::decide`]).
 #[allow(async_fn_in_trait)]
 pub trait CduPort {
     /// Reads every measurement the map has (the others are `None`).
     async fn read(&mut self) -> Result<CduMeasurements, CduError>;
-    /// Writes every setting the map has, in the order of the fields. A
-    /// value the map cannot encode fails with [`CduError::Value`] before
-    /// anything is sent; a failure after some settings went in is a
-    /// [`CduError::Partial`] naming them.
-    async fn write(&mut self, settings: &CduSettings) -> Result<(), CduError>;
+    /// Writes one setting. A value the map cannot encode fails with
+    /// [`CduError::Value`] and nothing is sent.
+    async fn write_setting(&mut self, w: &Write) -> Result<(), CduError>;
+    /// What the CDU's register map says of the settings.
+    fn limits(&self) -> MapLimits;
 }
 
 /// A serial line for Modbus RTU.
@@ -683,7 +687,34 @@ impl CduPort for ModbusCdu {
         })
     }
 
-    async fn write(&mut self, settings: &CduSettings) -> Result<(), CduError> {
+    async fn write_setting(&mut self, w: &Write) -> Result<(), CduError> {
+        let name = w.setting.register();
+        let Some(r) = self.map.get(name).filter(|r| r.kind == Kind::Holding) else {
+            return Ok(());
+        };
+        let r = r.clone();
+        let words = self
+            .map
+            .encode(name, w.value)
+            .map_err(|source| CduError::Value {
+                op: self.op(format_args!("write {name} at holding {}", r.address)),
+                source,
+            })?;
+        self.write_register(&r, words).await
+    }
+
+    fn limits(&self) -> MapLimits {
+        MapLimits::of(&self.map)
+    }
+}
+
+impl ModbusCdu {
+    /// Writes every setting of `settings` the map has, in the order of
+    /// its fields (for tools and commissioning; the shell writes through
+    /// the decision path). A value the map cannot encode fails with
+    /// [`CduError::Value`] before anything is sent; a failure after some
+    /// settings went in is a [`CduError::Partial`] naming them.
+    pub async fn write(&mut self, settings: &CduSettings) -> Result<(), CduError> {
         // Every value checked before the first request.
         let mut plan: Vec<(Register, Vec<u16>)> = Vec::new();
         for (name, value) in settings.registers() {

@@ -399,7 +399,7 @@ mod tests {
         for s in 0..=12u64 {
             cmds = Some(core.step(&Inputs {
                 now_ms: s * 1000,
-                cdu: Some(crate::shell::core_readings(&r)),
+                cdu: Some(crate::decide::core_readings(&r)),
                 ambient_c: None,
                 leaks: cooling_core::LeakInputs::DRY,
                 cdu_writes_ok: true,
@@ -458,7 +458,7 @@ mod tests {
             }
             cmds = Some(core.step(&Inputs {
                 now_ms: s * 1000,
-                cdu: Some(crate::shell::core_readings(&r)),
+                cdu: Some(crate::decide::core_readings(&r)),
                 ambient_c: None,
                 leaks: cooling_core::LeakInputs::DRY,
                 cdu_writes_ok: true,

@@ -96,13 +96,13 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use cooling_core::sensors::Which;
 use cooling_core::{
-    CduReadings, Commands, ConfigError, Core, CoreConfig, HostReport, Inputs, Latched, LeakInputs,
-    LoopStatus, MAX_HOSTS,
+    Commands, ConfigError, Core, CoreConfig, HostReport, LeakInputs, LoopStatus, MAX_HOSTS,
 };
 
+use crate::decide::{self, BoardRead, Decider, MapLimits, Outcome, StepIn};
 use crate::estimates::Estimates;
-use crate::journal::{self, ControllerFlash, LearnedRecords, Recorder, LATCHED_KEY};
-use crate::modbus::{CduError, CduMeasurements, CduPort, CduSettings};
+use crate::journal::{self, ControllerFlash, LatchRecord, LearnedRecords, Recorder};
+use crate::modbus::{CduError, CduMeasurements, CduPort};
 use crate::northbound::{snapshot_from, NorthboundSettings, NorthboundSnapshot, NorthboundWrite};
 
 mod facility;
@@ -115,7 +115,7 @@ mod stats;
 
 use leases::LeaseSent;
 pub use links::{BoardIo, NorthboundLink, OperatorAction, OperatorRequest};
-pub use mapping::{cap_lease, core_readings, host_report, implausible, settings, REPORT_SKEW_MS};
+pub use mapping::{cap_lease, host_report, implausible, REPORT_SKEW_MS};
 use outdoor::{OutdoorSource, OutdoorSources};
 pub use stats::{stats_channel, FacilityStatus, LastAck, SensorStatus, ShellStats, Snapshot};
 
@@ -306,13 +306,15 @@ struct Shell<P> {
     seq_floor: SeqFloor,
     last_read: Option<TimestampMs>,
     cdu: P,
-    core: Core,
+    /// The core and the decision path around it (shared with the twin).
+    decider: Decider,
     bus: Bus,
     me: NodeId,
     started: Instant,
     started_unix: u64,
     index: HashMap<Ident, usize>,
     reports: Vec<Option<HostReport>>,
+    /// The CDU's leak register as last read.
     leaks: u16,
     cdu_error: Option<String>,
     write_error: Option<String>,
@@ -329,15 +331,6 @@ struct Shell<P> {
     leak_inputs: LeakInputs,
     /// The pumps' fault bits as last read.
     pump_faults: [bool; 2],
-    /// The latched state last kept in flash.
-    kept: Option<Latched>,
-    /// The latched record was unreadable: latch the racks whose valve the
-    /// CDU reports closed at its first answer.
-    relatch: bool,
-    /// The heartbeat written with the last settings.
-    heartbeat: u16,
-    /// The CDU took the last settings.
-    writes_ok: bool,
     /// The supply temperature, when its sensor is believed, °C.
     supply_c: Option<f32>,
     /// The outdoor temperature's sources (the BMS's last write).
@@ -383,8 +376,8 @@ pub async fn run_with<P: CduPort>(
         Some(f) => f,
         None => ControllerFlash::open(None).map_err(ShellError::Flash)?,
     };
-    let (mut core, relatch) = start_core(cfg.core, &flash.latched)?;
-    restore_learned(&mut core, &flash.learned);
+    let mut decider = start_decider(cfg.core, cdu.limits(), &flash.latched)?;
+    restore_learned(decider.core_mut(), &flash.learned);
     let me = NodeId::new(Role::Cdu, cfg.cdu.as_str())
         .map_err(|e| ShellError::Config(format!("cdu: {e}")))?;
     let mut bus_config = bus_config(&cfg, &me, opts.credentials.clone())?;
@@ -415,8 +408,7 @@ pub async fn run_with<P: CduPort>(
         cfg.broker
     );
     let started = Started {
-        core,
-        relatch,
+        decider,
         bus,
         me,
         recorder: flash.recorder.clone(),
@@ -495,8 +487,7 @@ fn bus_config(
 
 /// What the shell starts with besides its config and its links.
 struct Started {
-    core: Core,
-    relatch: bool,
+    decider: Decider,
     bus: Bus,
     me: NodeId,
     recorder: Recorder,
@@ -535,7 +526,7 @@ impl<P: CduPort> Shell<P> {
             seq_floor: SeqFloor::new(started.first_seq),
             last_read: None,
             cdu,
-            core: started.core,
+            decider: started.decider,
             bus: started.bus,
             me: started.me,
             started: Instant::now(),
@@ -551,10 +542,6 @@ impl<P: CduPort> Shell<P> {
             board_error: None,
             leak_inputs: LeakInputs::DRY,
             pump_faults: [false; 2],
-            kept: None,
-            relatch: started.relatch,
-            heartbeat: 0,
-            writes_ok: true,
             supply_c: None,
             outdoor: OutdoorSources::new(),
             outdoor_c: None,
@@ -579,33 +566,45 @@ fn check_ropes(core: &CoreConfig, roped: u16) -> Result<(), ShellError> {
     }
 }
 
-/// The core at start: restored from the latched state in flash; a fresh
-/// one when none was kept; and when the record cannot be read, a fresh one
-/// that latches the racks whose valves the CDU reports closed (true).
-fn start_core(
+/// The decision path at start, on a CDU of map `limits`: the core
+/// restored from the latched record in flash, a fresh one when none was
+/// kept, and when the record cannot be read a fresh one that keeps the
+/// record and latches the racks whose valves the CDU reports closed
+/// ([`crate::decide::latch`]). Says in the log what it restored, and
+/// where the map holds the core tighter than its configuration.
+fn start_decider(
     cfg: CoreConfig,
-    latched: &Result<Option<Latched>, String>,
-) -> Result<(Core, bool), ShellError> {
-    match latched {
-        Ok(Some(l)) => {
-            let restored = loopwarden_protocol::Event::ControllerRestored {
-                leaks_latched: l.leaks,
-                pumps_out: l.pumps_out(),
-                lead: l.lead,
-            };
-            let failsafe = match l.failsafe {
-                Some(r) => format!("; in failsafe ({r})"),
-                None => String::new(),
-            };
-            tracing::warn!("cooling shell: {restored}{failsafe}");
-            Ok((Core::restore(cfg, l).map_err(ShellError::Core)?, false))
-        }
-        Ok(None) => Ok((Core::new(cfg).map_err(ShellError::Core)?, false)),
-        Err(e) => {
-            tracing::error!(
-                "cooling shell: {e}; every rack whose valve the CDU reports closed is latched at its first answer"
-            );
-            Ok((Core::new(cfg).map_err(ShellError::Core)?, true))
+    limits: MapLimits,
+    latched: &Result<Option<LatchRecord>, String>,
+) -> Result<Decider, ShellError> {
+    if let Ok(Some(r)) = latched {
+        let l = &r.latched;
+        let restored = loopwarden_protocol::Event::ControllerRestored {
+            leaks_latched: l.leaks,
+            pumps_out: l.pumps_out(),
+            lead: l.lead,
+        };
+        let failsafe = match l.failsafe {
+            Some(r) => format!("; in failsafe ({r})"),
+            None => String::new(),
+        };
+        tracing::warn!(
+            "cooling shell: {restored}{failsafe} (latched record generation {})",
+            r.generation
+        );
+    }
+    let mut d = Decider::new(cfg, limits, latched).map_err(ShellError::Core)?;
+    log_said(&mut d);
+    Ok(d)
+}
+
+/// Logs what the decision path has to say.
+fn log_said(d: &mut Decider) {
+    for (what, error) in d.take_said() {
+        if error {
+            tracing::error!("cooling shell: {what}");
+        } else {
+            tracing::warn!("cooling shell: {what}");
         }
     }
 }
@@ -687,38 +686,41 @@ impl<P: CduPort> Shell<P> {
     async fn step(&mut self) {
         let now = self.now_ms();
         let readings = self.read_cdu().await;
-        let leaks = self.leak_inputs(readings.as_ref());
+        let board = self.read_board();
         self.northbound_writes(now);
-        self.relatch(readings.as_ref());
         self.pick_outdoor(now, readings.as_ref());
-        let c = self.core.step(&Inputs {
-            now_ms: now,
-            cdu: readings.as_ref().map(core_readings),
-            ambient_c: self.outdoor_c.map(|(c, _)| c),
-            leaks,
-            cdu_writes_ok: self.writes_ok,
-            hosts: &self.reports,
-        });
-        self.leak_inputs = leaks;
+        let c = self.decider.step(
+            readings.as_ref(),
+            &StepIn {
+                now_ms: now,
+                board,
+                ambient_c: self.outdoor_c.map(|(c, _)| c),
+                hosts: &self.reports,
+            },
+        );
+        log_said(&mut self.decider);
+        self.leak_inputs = decide::leak_inputs(board, readings.as_ref().and_then(|r| r.leaks));
+        let core = self.decider.core();
         self.supply_c = readings
             .as_ref()
             .and_then(|r| r.supply_c)
-            .filter(|_| self.core.sensor_fault(Which::Supply).is_none())
+            .filter(|_| core.sensor_fault(Which::Supply).is_none())
             .map(|s| s as f32);
         // What the step latched is in flash before anything acts on it.
         self.keep_latched().await;
-        self.write_cdu(&c).await;
+        self.write_cdu(&c, readings.as_ref().and_then(|r| r.valves_closed))
+            .await;
         if let Some(b) = self.board.as_mut() {
             // One pulse of the healthy relay per completed step.
             if let Err(e) = b.pulse_healthy().and_then(|()| b.beacon(c.beacon)) {
                 self.board_failed(e);
             }
         }
-        let estimates = Estimates::of(&self.core);
+        let estimates = Estimates::of(self.decider.core());
         self.publish_telemetry(&c, readings.as_ref(), &estimates);
         self.publish_state(now, &c, readings.as_ref());
-        for e in &c.events {
-            self.announce(e.clone());
+        for e in c.events.iter().cloned().chain(self.decider.take_events()) {
+            self.announce(e);
         }
         self.leases(now, &c);
         self.seq_floor.keep_ahead(&self.bus, &self.recorder).await;
@@ -734,7 +736,7 @@ impl<P: CduPort> Shell<P> {
         self.beacon = c.beacon;
         if let Some(nb) = &self.northbound {
             nb.snapshots.send_replace(snapshot_from(
-                &self.core,
+                self.decider.core(),
                 &c,
                 now,
                 readings.as_ref(),
@@ -743,6 +745,7 @@ impl<P: CduPort> Shell<P> {
             ));
         }
         self.stats.steps += 1;
+        self.stats.settings_limited = self.decider.settings_limited();
         self.stats.cdu_error = self.cdu_error.clone();
         self.stats.last = Some(c);
         self.report();
@@ -768,82 +771,49 @@ impl<P: CduPort> Shell<P> {
         }
     }
 
-    /// The leak inputs of this step: the board's ropes and the CDU's leak
-    /// register (the last bits it gave). A board that cannot be read, or
-    /// without a board a CDU that does not answer, is leak sensing lost.
-    fn leak_inputs(&mut self, r: Option<&CduMeasurements>) -> LeakInputs {
-        if let Some(l) = r.and_then(|r| r.leaks) {
-            self.leaks = l;
-        }
+    /// The board's leak lines this step; a failed read is logged.
+    fn read_board(&mut self) -> BoardRead {
         match self.board.as_mut().map(|b| b.ropes()) {
-            Some(Ok(ropes)) => LeakInputs {
-                wet: ropes.wet | self.leaks,
-                rope_faults: ropes.faults,
-                read_ok: true,
+            Some(Ok(ropes)) => BoardRead::Read {
+                wet: ropes.wet,
+                faults: ropes.faults,
             },
             Some(Err(e)) => {
                 self.board_failed(e);
-                LeakInputs {
-                    wet: self.leaks,
-                    rope_faults: 0,
-                    read_ok: false,
-                }
+                BoardRead::Failed
             }
-            None => LeakInputs {
-                wet: self.leaks,
-                rope_faults: 0,
-                read_ok: r.is_some_and(|r| r.leaks.is_some()),
-            },
+            None => BoardRead::Absent,
         }
     }
 
-    /// After an unreadable latched record, at the CDU's first answer with
-    /// valve positions: every rack whose valve reads closed is latched, so
-    /// that no valve opens without an operator.
-    fn relatch(&mut self, r: Option<&CduMeasurements>) {
-        let Some(closed) = r.and_then(|r| r.valves_closed).filter(|_| self.relatch) else {
+    /// Writes the latched record to flash when it changed, and waits for
+    /// it to be there (the record, then its generation); the decision
+    /// path hears whether it went in.
+    async fn keep_latched(&mut self) {
+        let Some(r) = self.decider.to_keep() else {
             return;
         };
-        self.relatch = false;
-        let mut l = self.core.latched();
-        l.leaks |= closed & ((1u32 << self.cfg.core.layout.racks) - 1) as u16;
-        match Core::restore(self.cfg.core, &l) {
-            Ok(mut core) => {
-                // What was learned stays learned.
-                if let Err(e) = core.restore_learned(&self.core.learned()) {
-                    tracing::error!("cooling shell: the learned figures after relatching: {e}");
-                }
-                tracing::warn!(
-                    "cooling shell: racks latched from the valves the CDU reports closed: {:#06b}",
-                    l.leaks
-                );
-                self.core = core;
+        let mut result = Ok(());
+        for (key, value) in r.items() {
+            result = self.recorder.set_sync(key.into(), value).await;
+            if result.is_err() {
+                break;
             }
-            Err(e) => tracing::error!("cooling shell: relatching from the valves: {e}"),
         }
-    }
-
-    /// Writes the core's latched state to flash when it changed, and waits
-    /// for it to be there.
-    async fn keep_latched(&mut self) {
-        let l = self.core.latched();
-        if self.kept == Some(l) {
-            return;
+        if let Err(e) = &result {
+            tracing::error!(
+                "cooling shell: the latched state is not in flash ({e}); no valve opens until it is"
+            );
+            self.stats.latch_write_errors += 1;
         }
-        let value = l.encode().to_vec();
-        match self.recorder.set_sync(LATCHED_KEY.into(), value).await {
-            Ok(()) => self.kept = Some(l),
-            Err(e) => tracing::error!(
-                "cooling shell: the latched state is not in flash ({e}); acting on it all the same"
-            ),
-        }
+        self.decider.kept(result.is_ok());
     }
 
     /// Hands what the core learned to the recorder, each part whose bytes
     /// changed since it was last handed over, without waiting (a part the
     /// recorder's full queue dropped goes at the next keep).
     fn keep_learned(&mut self) {
-        for (key, value) in journal::learned_records(&self.core.learned()) {
+        for (key, value) in journal::learned_records(&self.decider.core().learned()) {
             if self.learned_kept.get(key) == Some(&value) {
                 continue;
             }
@@ -853,20 +823,28 @@ impl<P: CduPort> Shell<P> {
         }
     }
 
-    /// Writes the step's settings and a new heartbeat to the CDU.
-    async fn write_cdu(&mut self, c: &Commands) {
-        self.heartbeat = self.heartbeat.wrapping_add(1);
-        match self.cdu.write(&settings(c, self.heartbeat)).await {
-            Ok(()) => {
-                self.writes_ok = true;
+    /// Writes the step's settings to the CDU in safety order, each on its
+    /// own ([`decide::writes`]), with the valve positions it read
+    /// (`closed`); the first failure is logged once per change.
+    async fn write_cdu(&mut self, c: &Commands, closed: Option<u16>) {
+        let plan = self.decider.plan(c, closed);
+        let mut outcome = Outcome::default();
+        for w in &plan.writes {
+            if !outcome.due(w) {
+                continue;
+            }
+            let r = self.cdu.write_setting(w).await.map_err(|e| e.to_string());
+            outcome.record(w.setting, r);
+        }
+        self.decider.written(&outcome);
+        match outcome.first_error() {
+            None => {
                 if let Some(e) = self.write_error.take() {
                     tracing::info!("cooling shell: the CDU takes its settings again (was: {e})");
                 }
             }
-            Err(e) => {
-                self.writes_ok = false;
+            Some(msg) => {
                 self.stats.cdu_write_errors += 1;
-                let msg = e.to_string();
                 if self.write_error.as_deref() != Some(msg.as_str()) {
                     tracing::error!("cooling shell: writing the CDU's settings: {msg}");
                     self.write_error = Some(msg);
@@ -893,7 +871,8 @@ impl<P: CduPort> Shell<P> {
         let (answer, cleared) = match req.action {
             OperatorAction::ClearLeak { rack } => {
                 let done = self
-                    .core
+                    .decider
+                    .core_mut()
                     .clear_leak(rack, &self.leak_inputs)
                     .map(|()| {
                         format!("rack {rack}: leak cleared, its valve reopens at the next step")
@@ -904,7 +883,8 @@ impl<P: CduPort> Shell<P> {
             OperatorAction::ClearPumpTrip { pump } => {
                 let shown = self.pump_faults[pump as usize];
                 let done = self
-                    .core
+                    .decider
+                    .core_mut()
                     .clear_pump(pump, shown)
                     .map(|()| format!("pump {pump:?} back in service"))
                     .map_err(|e| format!("pump {pump:?}: {e}"));
@@ -955,7 +935,8 @@ impl<P: CduPort> Shell<P> {
         self.nb_settings.outdoor_c = self.outdoor.bms_fresh(now);
         if changed {
             let s = &self.nb_settings;
-            self.core
+            self.decider
+                .core_mut()
                 .set_limits(s.setpoint_ceiling_c, s.plan_ceiling_offset_k);
         }
     }

@@ -1,19 +1,26 @@
 //! The control core in charge of the twin, in simulated time: what
 //! `cooling-ctrl simulate --controller ours` runs. The scenario runner's
-//! readings become the core's inputs, the core's commands the runner's
-//! decision; nothing else sits between them, so the figures are the
-//! core's own. Built with the `twin` feature only.
+//! readings become what a Modbus client would have read of the twin's CDU
+//! ([`CduMeasurements`], the CDU's own leak register and valve positions
+//! among them) and what the board's lines gave; from there the decision
+//! path is production's ([`crate::decide`]): the same inputs, the same
+//! core, the same latched record in flash before anything acts, the same
+//! ordered writes held to the simulated CDU's register map. Built with
+//! the `twin` feature only.
 //!
-//! As the shell does, it keeps the core's latched state in flash (a
-//! simulated flash of the controller's geometry, through the same
-//! [`save_latched`]) before a step's decision acts, and a
-//! `controller_restart` rebuilds the core from what that flash holds after
-//! it is opened again ([`load_latched`]), not from a copy in memory.
-//! What the core learned of the hall is kept in the same flash every
-//! [`LEARNED_EVERY`] of simulated time ([`save_learned`]), as the shell
-//! keeps it every ten minutes of running, and restored after a restart
-//! ([`load_learned`]): a restart loses what was learned since the last
-//! keep, not all of it.
+//! The controller's flash is simulated (the controller's geometry,
+//! through the same [`save_latched`]); a `controller_restart` opens it
+//! anew and builds the decision path from what it holds ([`load_latched`],
+//! which may find it damaged: a `latch_corrupt`), not from a copy in
+//! memory. What the core learned of the hall is kept in the same flash
+//! every [`LEARNED_EVERY`] of simulated time ([`save_learned`]), as the
+//! shell keeps it every ten minutes of running, and restored after a
+//! restart ([`load_learned`]): a restart loses what was learned since the
+//! last keep, not all of it.
+//!
+//! The twin's CDU takes a step's writes together or not at all (Modbus
+//! out, or writes refused): the next step's `writes_ok` says which, and is
+//! what the decision path hears of the last plan.
 //!
 //! Glossary:
 //! - *scenario runner*: `loopwarden_twin::sim`, which plays a scenario on
@@ -23,6 +30,7 @@ use std::vec;
 use std::vec::Vec;
 
 use futures::executor::block_on;
+use loopwarden_boards::modbus_map::RegisterMap;
 use loopwarden_boards::site::SiteConfig;
 use loopwarden_boards::FlashBoard;
 use loopwarden_bus::agent_flash::AgentFlash;
@@ -32,23 +40,30 @@ use loopwarden_protocol::message::CduMode;
 use loopwarden_twin::sim::{Controller, Decision, Readings};
 
 use cooling_core::facility::Offer;
-use cooling_core::{
-    CduReadings, ConfigError, Core, CoreConfig, HostReport, Latched, LeakInputs, MAX_HOSTS,
-};
+use cooling_core::{ConfigError, Core, CoreConfig, HostReport, MAX_HOSTS};
 
-use crate::journal::{load_latched, load_learned, save_latched, save_learned, LEARNED_EVERY};
+use crate::decide::{BoardRead, Decider, MapLimits, Outcome, Plan, Setting, StepIn};
+use crate::journal::{
+    damage_record, load_latched, load_learned, save_latched, save_learned, LatchRecord,
+    LEARNED_EVERY,
+};
+use crate::modbus::CduMeasurements;
 use crate::site_figures::core_config;
 
-/// The core as a scenario runner's controller.
+/// The core, through the decision path, as a scenario runner's controller.
 pub struct Ours {
-    core: Core,
+    decider: Decider,
     cfg: CoreConfig,
+    limits: MapLimits,
     reports: Vec<Option<HostReport>>,
     racks: usize,
     /// The controller's flash, simulated.
     store: Option<ConfigStore<AgentFlash>>,
-    /// The latched state last written to it.
-    kept: Latched,
+    /// The latched record last written to it.
+    kept: Option<LatchRecord>,
+    /// The last step's writes, for the next step to hear what became of
+    /// them.
+    plan: Option<Plan>,
     /// When the learned figures were last written to it, ms of the
     /// scenario.
     learned_at_ms: u64,
@@ -72,17 +87,21 @@ fn open_store(flash: Option<AgentFlash>) -> ConfigStore<AgentFlash> {
 }
 
 impl Ours {
-    /// The core configured for `site`.
+    /// The core configured for `site`, on the simulated CDU's register
+    /// map.
     pub fn new(site: &SiteConfig) -> Result<Self, ConfigError> {
         let cfg = core_config(site)?;
-        let core = Core::new(cfg)?;
+        let limits = MapLimits::of(&RegisterMap::sim_cdu());
+        let decider = Decider::new(cfg, limits, &Ok(None))?;
         Ok(Self {
-            kept: core.latched(),
-            core,
+            decider,
             cfg,
+            limits,
             reports: vec![None; cfg.layout.hosts().min(MAX_HOSTS)],
             racks: site.racks,
             store: Some(open_store(None)),
+            kept: None,
+            plan: None,
             learned_at_ms: 0,
             epoch_ms: 0,
             restarting: false,
@@ -92,20 +111,28 @@ impl Ours {
 
     /// The core (for tests that look inside).
     pub fn core(&self) -> &Core {
-        &self.core
+        self.decider.core()
     }
 
-    /// Writes the core's latched state to flash when it changed.
+    /// The decision path (for tests that look inside).
+    pub fn decider(&self) -> &Decider {
+        &self.decider
+    }
+
+    /// Writes the latched record to flash when it changed; the decision
+    /// path hears whether it went in.
     fn keep_latched(&mut self) {
-        let now = self.core.latched();
-        if now != self.kept {
-            if let Some(store) = self.store.as_mut() {
-                if let Err(e) = block_on(save_latched(store, &now)) {
-                    panic!("the simulated flash refused the latched state: {e}");
-                }
-            }
-            self.kept = now;
+        let Some(r) = self.decider.to_keep() else {
+            return;
+        };
+        let ok = match self.store.as_mut() {
+            Some(store) => block_on(save_latched(store, &r)).is_ok(),
+            None => false,
+        };
+        if ok {
+            self.kept = Some(r);
         }
+        self.decider.kept(ok);
     }
 
     /// Writes what the core learned to flash every [`LEARNED_EVERY`] of
@@ -116,27 +143,26 @@ impl Ours {
         }
         self.learned_at_ms = t_ms;
         if let Some(store) = self.store.as_mut() {
-            if let Err(e) = block_on(save_learned(store, &self.core.learned())) {
+            if let Err(e) = block_on(save_learned(store, &self.decider.core().learned())) {
                 panic!("the simulated flash refused the learned figures: {e}");
             }
         }
     }
 
     /// The process starts again at `now_ms`: the flash is opened anew and
-    /// the core rebuilt from what it holds (the latched state, then what
-    /// was learned); the host reports are gone.
+    /// the decision path built from what it holds (the latched record,
+    /// which may be unreadable, then what was learned); the host reports
+    /// are gone.
     fn start_again(&mut self, now_ms: u64) {
         let flash = self.store.take().map(ConfigStore::into_flash);
         let mut store = open_store(flash);
-        let latched = match block_on(load_latched(&mut store)) {
-            Ok(l) => l,
-            Err(e) => panic!("the simulated flash lost the latched state: {e}"),
-        };
-        self.core = match latched {
-            Some(l) => Core::restore(self.cfg, &l),
-            None => Core::new(self.cfg),
+        let latched = block_on(load_latched(&mut store));
+        self.kept = latched.as_ref().ok().copied().flatten();
+        self.decider = Decider::new(self.cfg, self.limits, &latched)
+            .unwrap_or_else(|e| panic!("a configuration accepted before is refused: {e}"));
+        for (what, _) in self.decider.take_said() {
+            tracing::warn!("ours: {what}");
         }
-        .unwrap_or_else(|e| panic!("a configuration accepted before is refused: {e}"));
         let learned = block_on(load_learned(&mut store, &self.cfg));
         if let Some(why) = learned.refused.first() {
             panic!("the simulated flash lost the learned figures: {why}");
@@ -144,46 +170,20 @@ impl Ours {
         if let Some(l) = learned.learned {
             // Refused (out of their bounds): the configured figures, as
             // the shell starts then.
-            if let Err(e) = self.core.restore_learned(&l) {
+            if let Err(e) = self.decider.core_mut().restore_learned(&l) {
                 tracing::warn!("ours: the learned figures kept in flash are not restored: {e}");
             }
         }
-        self.kept = self.core.latched();
         self.store = Some(store);
+        self.plan = None;
         self.reports.iter_mut().for_each(|r| *r = None);
         self.epoch_ms = now_ms;
         self.learned_at_ms = now_ms;
     }
-}
 
-impl Controller for Ours {
-    fn name(&self) -> &str {
-        "ours"
-    }
-
-    fn restart(&mut self) {
-        self.restarting = true;
-    }
-
-    fn facility_offer(&self) -> Option<&dyn std::any::Any> {
-        self.offer.as_ref().map(|o| o as &dyn std::any::Any)
-    }
-
-    fn hear_facility_target(&mut self, water_c: f64, t_s: f64) {
-        let t_ms = (t_s * 1000.0).round() as u64;
-        self.core
-            .facility_target(water_c as f32, t_ms.saturating_sub(self.epoch_ms));
-    }
-
-    fn step(&mut self, r: &Readings) -> Decision {
-        let t_ms = (r.t_s * 1000.0).round() as u64;
-        if std::mem::take(&mut self.restarting) {
-            self.start_again(t_ms);
-        }
-        // The process's monotonic clock starts at its start.
-        let now_ms = t_ms - self.epoch_ms;
-        // A report keeps its arrival time: during a bus outage the core
-        // sees them age.
+    /// The host reports of `r`, each keeping its arrival time (during a
+    /// bus outage the core sees them age).
+    fn hear_hosts(&mut self, r: &Readings, now_ms: u64) {
         for h in &r.hosts {
             if let Some(slot) = self.reports.get_mut(h.host) {
                 *slot = Some(HostReport {
@@ -200,40 +200,113 @@ impl Controller for Ours {
                 });
             }
         }
-        let f = |x: Option<f64>| x.map(|v| v as f32);
-        let cdu = r.modbus_ok.then(|| CduReadings {
-            supply_c: f(r.supply_c),
-            return_c: f(r.return_c),
-            flow_lpm: f(r.flow_lpm),
-            facility_supply_c: f(r.facility_supply_c),
-            pumps_running: r.pumps_running,
-            pump_faults: r.pump_faults,
-            diff_pressure_kpa: f(r.diff_pressure_kpa),
-            valves_closed: r.valves_closed.as_deref().map(mask),
-            it_w: Some(r.it_w as f32),
-            facility_w: Some(r.facility_w as f32),
-        });
-        let c = self.core.step(&cooling_core::Inputs {
-            now_ms,
-            cdu,
-            ambient_c: crate::shell::outdoor::cdu_outdoor(r.ambient_c, r.modbus_ok),
-            leaks: LeakInputs {
-                wet: mask(&r.leaks),
-                rope_faults: mask(&r.rope_faults),
-                read_ok: r.board_ok,
+    }
+}
+
+/// What a Modbus client would have read of the twin's CDU (`None`: it
+/// did not answer).
+fn measurements(r: &Readings) -> Option<CduMeasurements> {
+    r.modbus_ok.then(|| CduMeasurements {
+        supply_c: r.supply_c,
+        return_c: r.return_c,
+        flow_lpm: r.flow_lpm,
+        facility_supply_c: r.facility_supply_c,
+        pumps_running: r.pumps_running.map(Some),
+        leaks: r.cdu_leaks.as_deref().map(mask),
+        diff_pressure_kpa: r.diff_pressure_kpa,
+        valves_closed: r.valves_closed.as_deref().map(mask),
+        pump_faults: r.pump_faults.map(Some),
+        it_w: Some(r.it_w),
+        cooling_w: None,
+        facility_w: Some(r.facility_w),
+        outdoor_c: r.ambient_c,
+    })
+}
+
+/// What the board's lines gave.
+fn board(r: &Readings) -> BoardRead {
+    match r.board_ok {
+        true => BoardRead::Read {
+            wet: mask(&r.leaks),
+            faults: mask(&r.rope_faults),
+        },
+        false => BoardRead::Failed,
+    }
+}
+
+impl Controller for Ours {
+    fn name(&self) -> &str {
+        "ours"
+    }
+
+    fn restart(&mut self) {
+        self.restarting = true;
+    }
+
+    fn damage_latch(&mut self) {
+        let (Some(store), Some(r)) = (self.store.take(), self.kept) else {
+            return;
+        };
+        let mut flash = store.into_flash();
+        let damaged = match &mut flash {
+            AgentFlash::Memory(f) => damage_record(f.bytes_mut(), &r),
+            AgentFlash::File(_) => false,
+        };
+        if !damaged {
+            tracing::warn!("ours: latch_corrupt: the newest latched record is not in the flash");
+        }
+        self.store = Some(open_store(Some(flash)));
+    }
+
+    fn facility_offer(&self) -> Option<&dyn std::any::Any> {
+        self.offer.as_ref().map(|o| o as &dyn std::any::Any)
+    }
+
+    fn hear_facility_target(&mut self, water_c: f64, t_s: f64) {
+        let t_ms = (t_s * 1000.0).round() as u64;
+        self.decider
+            .core_mut()
+            .facility_target(water_c as f32, t_ms.saturating_sub(self.epoch_ms));
+    }
+
+    fn step(&mut self, r: &Readings) -> Decision {
+        let t_ms = (r.t_s * 1000.0).round() as u64;
+        if std::mem::take(&mut self.restarting) {
+            self.start_again(t_ms);
+        }
+        if let Some(p) = self.plan.take() {
+            self.decider.written(&Outcome::whole(&p, r.writes_ok));
+        }
+        // The process's monotonic clock starts at its start.
+        let now_ms = t_ms - self.epoch_ms;
+        self.hear_hosts(r, now_ms);
+        let cdu = measurements(r);
+        let c = self.decider.step(
+            cdu.as_ref(),
+            &StepIn {
+                now_ms,
+                board: board(r),
+                ambient_c: crate::shell::outdoor::cdu_outdoor(r.ambient_c, r.modbus_ok),
+                hosts: &self.reports,
             },
-            cdu_writes_ok: r.writes_ok,
-            hosts: &self.reports,
-        });
-        self.offer = self.core.offer();
+        );
+        self.offer = self.decider.core().offer();
         // In flash before it acts.
         self.keep_latched();
         self.keep_learned(t_ms);
-        Decision {
-            setpoint_c: c.setpoint_c as f64,
-            pump_speed: c.pump_speed as f64,
+        let plan = self
+            .decider
+            .plan(&c, cdu.as_ref().and_then(|m| m.valves_closed));
+        self.decider.take_events();
+        let valves = plan.value(Setting::Valves).map(|v| v as u16);
+        let d = Decision {
+            setpoint_c: plan.value(Setting::Setpoint).unwrap_or(c.setpoint_c as f64),
+            pump_speed: plan
+                .value(Setting::PumpSpeed)
+                .map_or(c.pump_speed as f64, |p| p / 100.0),
             pump_on: c.pump_on,
-            valves: per_rack(c.valves_open, self.racks),
+            valves: per_rack(valves.unwrap_or(0), self.racks),
+            hold_valves: valves.is_none(),
             host_caps: self
                 .reports
                 .iter()
@@ -242,9 +315,12 @@ impl Controller for Ours {
                 .collect(),
             rack_cooling_lost: per_rack(c.cooling_lost, self.racks),
             failsafe: c.mode == CduMode::Failsafe,
-            heartbeat: true,
+            heartbeat: plan.value(Setting::Heartbeat).is_some(),
             leak_sensing_lost: per_rack(c.sensing_lost, self.racks),
-        }
+            valve_feedback_alarms: per_rack(c.valve_feedback_faults, self.racks),
+        };
+        self.plan = Some(plan);
+        d
     }
 }
 

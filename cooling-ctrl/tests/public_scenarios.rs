@@ -1,7 +1,8 @@
 //! The controller on every public plant scenario, against both baselines:
 //! no GPU shutdown, no hardware slowdown, no GPU-second above 87 °C; every
 //! leaking rack pumped at most 2 s per leak, or 10 s where its valve is
-//! seized open; no valve closed for a leak reopened unattended; the lag
+//! seized open or its position input lies; no valve closed for a leak
+//! reopened unattended; the lag
 //! pump leading within 10 s of a seized lead pump; less facility energy
 //! per unit of GPU work than `baseline-18` and `baseline-32` where the
 //! baselines are a fair comparison (no leak: a baseline that keeps pumping
@@ -9,8 +10,10 @@
 //! on the scenarios without faults whose plant is as configured, within
 //! 2 % on the others without a leak (sensor faults, a chiller trip, a
 //! plant unlike its configuration); and capping at most 1.2 times the
-//! oracle's host-seconds plus 60, except where a leak's isolation failed
-//! (the escalation caps every host to its minimum by design).
+//! oracle's host-seconds plus 60 (plus the host-seconds of a rack whose
+//! leak ended: it stays latched until an operator clears it, where the
+//! oracle reopens it), except where a leak's isolation failed (the
+//! escalation caps every host to its minimum by design).
 
 #![cfg(feature = "twin")]
 
@@ -75,7 +78,14 @@ impl Controller for Watched {
 /// seconds (2 per leak, 10 where the rack's valve is stuck) and when
 /// each lead pump seizes.
 fn bounds(sc: &Scenario) -> (u64, Vec<f64>) {
-    let stuck = |r: usize| sc.faults.iter().any(|f| f.kind == FaultKind::ValveStuck(r));
+    // A valve seized open, or a position input that lies: the isolation
+    // cannot be confirmed and escalates.
+    let stuck = |r: usize| {
+        sc.faults.iter().any(|f| {
+            f.kind == FaultKind::ValveStuck(r)
+                || matches!(f.kind, FaultKind::ValveFeedbackStuck(k, _) if k == r)
+        })
+    };
     let pumped = sc
         .faults
         .iter()
@@ -109,6 +119,8 @@ struct Played {
     pumped_allowed: u64,
     /// Seconds from each seizure to the next lead change.
     takeovers: Vec<Option<f64>>,
+    /// Host-seconds of racks whose leak ended before the scenario did.
+    latched_after_s: u64,
 }
 
 fn play(path: &Path) -> Option<Played> {
@@ -144,7 +156,10 @@ fn play(path: &Path) -> Option<Played> {
         no_faults: sc.faults.is_empty(),
         as_configured: sc.truth == sc.site && sc.plate_factor.iter().all(|f| *f == 1.0),
         isolation_fails: sc.faults.iter().any(|f| match f.kind {
-            FaultKind::Leak(r) => sc.faults.iter().any(|g| g.kind == FaultKind::ValveStuck(r)),
+            FaultKind::Leak(r) => sc.faults.iter().any(|g| {
+                g.kind == FaultKind::ValveStuck(r)
+                    || matches!(g.kind, FaultKind::ValveFeedbackStuck(k, _) if k == r)
+            }),
             _ => false,
         }),
         leaks: sc
@@ -153,6 +168,13 @@ fn play(path: &Path) -> Option<Played> {
             .any(|f| matches!(f.kind, FaultKind::Leak(_))),
         pumped_allowed,
         takeovers,
+        latched_after_s: sc
+            .faults
+            .iter()
+            .filter(|f| matches!(f.kind, FaultKind::Leak(_)))
+            .filter_map(|f| f.until_s)
+            .map(|u| sc.duration_s.saturating_sub(u) * sc.site.hosts_per_rack as u64)
+            .sum(),
     })
 }
 
@@ -215,7 +237,9 @@ fn ours_is_safe_and_cheaper_than_both_baselines_on_every_public_scenario() {
                 bad(format!("the lag pump took over {t:?} s after a seizure"));
             }
         }
-        let cap_bound = 1.2 * oracle.cap_requests as f64 + 60.0;
+        // A leak that ends stays latched until an operator clears it: its
+        // rack's hosts stay capped, where the oracle reopens the valve.
+        let cap_bound = 1.2 * oracle.cap_requests as f64 + 60.0 + played.latched_after_s as f64;
         if o.cap_requests as f64 > cap_bound && !played.isolation_fails {
             bad(format!(
                 "{} cap host-s, the oracle's {} allow {cap_bound:.0}",

@@ -343,6 +343,8 @@ pub enum Sensor {
     FacilityPower,
     /// Outdoor air temperature (the dry cooler's, or the BMS's).
     OutdoorTemp,
+    /// A rack valve's position input (since 2.6).
+    ValvePosition,
 }
 
 /// What is wrong with a sensor.
@@ -537,6 +539,31 @@ pub enum Event {
         /// The source whose cap is the lowest, or `None` when no cap is in force.
         source: Option<CapSource>,
     },
+    /// A setting the cooling controller wanted lies outside what the CDU's
+    /// register map accepts: the map's nearest bound is written instead
+    /// (`active`), or the wanted value fits again (`!active`). Since 2.6.
+    SettingLimited {
+        /// Which setting.
+        setting: CduSetting,
+        /// What the controller wanted, in hundredths of the setting's
+        /// unit (°C for the setpoint, % for the pump speed).
+        wanted_centi: i32,
+        /// What was written instead, in the same hundredths.
+        written_centi: i32,
+        /// The limit began (`true`) or ended (`false`).
+        active: bool,
+    },
+}
+
+/// A CDU setting the cooling controller writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "std", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum CduSetting {
+    /// The supply temperature setpoint, °C.
+    SupplySetpoint,
+    /// The pump speed command, %.
+    PumpSpeed,
 }
 
 /// A host's actions on cooling loss, in the order they run.

@@ -18,8 +18,8 @@
 use core::fmt;
 
 use crate::message::{
-    AckCode, CapLease, CapSource, CduMode, CoolingStep, Event, GpuCap, GpuSelector, HealthState,
-    Pump, QuarantineRelease, Sensor, SensorFault,
+    AckCode, CapLease, CapSource, CduMode, CduSetting, CoolingStep, Event, GpuCap, GpuSelector,
+    HealthState, Pump, QuarantineRelease, Sensor, SensorFault,
 };
 use crate::units::DurationMs;
 use crate::xid::{self, XidAction, XidCause};
@@ -128,6 +128,7 @@ impl fmt::Display for Sensor {
             Sensor::CoolingPower => "cooling power",
             Sensor::FacilityPower => "facility power",
             Sensor::OutdoorTemp => "outdoor temperature",
+            Sensor::ValvePosition => "valve position",
         })
     }
 }
@@ -341,6 +342,7 @@ impl fmt::Display for Event {
             | Event::SensorFault { .. }
             | Event::LeakSensing { .. }
             | Event::IsolationFailed { .. }
+            | Event::SettingLimited { .. }
             | Event::OperatorCleared { .. } => cooling_sentence(f, self),
             Event::ControllerRestored { .. }
             | Event::HostStalled { .. }
@@ -418,6 +420,31 @@ fn cooling_sentence(f: &mut fmt::Formatter<'_>, e: &Event) -> fmt::Result {
             (None, Some(p)) => write!(f, "{operator} put {p} back in service"),
             (None, None) => write!(f, "{operator} cleared nothing"),
         },
+        Event::SettingLimited {
+            setting,
+            wanted_centi,
+            written_centi,
+            active,
+        } => {
+            let (name, unit) = match setting {
+                CduSetting::SupplySetpoint => ("supply setpoint", " °C"),
+                CduSetting::PumpSpeed => ("pump speed", " %"),
+            };
+            let v = |c: &i32| *c as f64 / 100.0;
+            match active {
+                true => write!(
+                    f,
+                    "{name} {:.1}{unit} is outside the CDU's register map: {:.1}{unit} written",
+                    v(wanted_centi),
+                    v(written_centi)
+                ),
+                false => write!(
+                    f,
+                    "{name} within the CDU's register map again ({:.1}{unit})",
+                    v(wanted_centi)
+                ),
+            }
+        }
         _ => unreachable!("Event's fmt sends only the CDU's events here"),
     }
 }
@@ -623,6 +650,23 @@ mod tests {
             Event::IsolationFailed {
                 rack: rack(4),
                 active: false
+            },
+            Event::SettingLimited {
+                setting: CduSetting::SupplySetpoint,
+                wanted_centi: 1_400,
+                written_centi: 1_700,
+                active: true,
+            },
+            Event::SettingLimited {
+                setting: CduSetting::PumpSpeed,
+                wanted_centi: 4_000,
+                written_centi: 4_000,
+                active: false,
+            },
+            Event::SensorFault {
+                sensor: Sensor::ValvePosition,
+                rack: Some(rack(0)),
+                fault: SensorFault::Implausible
             },
             Event::ControllerRestored {
                 leaks_latched: 0b110,

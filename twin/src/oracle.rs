@@ -500,6 +500,8 @@ impl Oracle {
             failsafe: false,
             heartbeat: false,
             leak_sensing_lost: Vec::new(),
+            hold_valves: false,
+            valve_feedback_alarms: Vec::new(),
         }
     }
 }

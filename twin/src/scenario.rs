@@ -175,6 +175,12 @@ pub enum FaultKind {
     /// A rack's cold-plate resistance rises linearly from 1x at the
     /// fault's start to this factor at its `until_s`, then stays.
     ColdPlateFouling(usize, f64),
+    /// A rack's valve position input reports this (true: closed) whatever
+    /// the valve does.
+    ValveFeedbackStuck(usize, bool),
+    /// At the next controller restart, the newest latched-state record in
+    /// the controller's flash is damaged; older records are intact.
+    LatchCorrupt,
 }
 
 /// A fault and when it acts.
@@ -212,6 +218,7 @@ impl FaultKind {
             | Self::ValveStuck(r)
             | Self::RopeCut(r)
             | Self::GpuFail(r, _, _)
+            | Self::ValveFeedbackStuck(r, _)
             | Self::ColdPlateFouling(r, _) => Reach::Rack(*r),
             _ => Reach::Cdu,
         }
@@ -226,6 +233,7 @@ impl FaultKind {
             Self::RopeCut(r) => Self::RopeCut(r - first),
             Self::GpuFail(r, h, g) => Self::GpuFail(r - first, h, g),
             Self::ColdPlateFouling(r, v) => Self::ColdPlateFouling(r - first, v),
+            Self::ValveFeedbackStuck(r, v) => Self::ValveFeedbackStuck(r - first, v),
             other => other,
         }
     }
@@ -607,6 +615,17 @@ fn fault_of(f: &FaultFile, site: &SiteConfig) -> Result<Fault, String> {
         "rope_cut" => FaultKind::RopeCut(rack()?),
         "board_io_fault" => FaultKind::BoardIoFault,
         "cdu_write_refused" => FaultKind::CduWriteRefused,
+        "valve_feedback_stuck" => {
+            let closed = if f.value == 1.0 {
+                true
+            } else if f.value == 0.0 {
+                false
+            } else {
+                return Err(format!("value {}: 1 (reads closed) or 0 (reads open)", f.value));
+            };
+            FaultKind::ValveFeedbackStuck(rack()?, closed)
+        }
+        "latch_corrupt" => FaultKind::LatchCorrupt,
         "cold_plate_fouling" => {
             if !(f.value >= 1.0 && f.value <= 20.0) {
                 return Err(format!("value {}: the factor reached, 1 to 20", f.value));
@@ -615,7 +634,7 @@ fn fault_of(f: &FaultFile, site: &SiteConfig) -> Result<Fault, String> {
         }
         other => {
             return Err(format!(
-                "unknown kind {other:?}; known: chiller_trip, pump_trip, dry_cooler_degraded, leak, sensor_stuck, sensor_drift, sensor_lost, bus_outage, modbus_outage, valve_stuck, gpu_fail, pump_seized, controller_restart, rope_cut, board_io_fault, cdu_write_refused, cold_plate_fouling"
+                "unknown kind {other:?}; known: chiller_trip, pump_trip, dry_cooler_degraded, leak, sensor_stuck, sensor_drift, sensor_lost, bus_outage, modbus_outage, valve_stuck, gpu_fail, pump_seized, controller_restart, rope_cut, board_io_fault, cdu_write_refused, cold_plate_fouling, valve_feedback_stuck, latch_corrupt"
             ))
         }
     };

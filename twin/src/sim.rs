@@ -84,6 +84,15 @@ pub fn host_reports(plant: &Plant) -> Vec<HostReport> {
         .collect()
 }
 
+/// What rack `r`'s valve position input is stuck at among the `active`
+/// faults (true: closed), if it is.
+pub fn feedback_stuck(active: &[FaultKind], r: usize) -> Option<bool> {
+    active.iter().find_map(|f| match f {
+        FaultKind::ValveFeedbackStuck(k, closed) if *k == r => Some(*closed),
+        _ => None,
+    })
+}
+
 /// What the controller reads each second.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Readings {
@@ -106,9 +115,15 @@ pub struct Readings {
     pub ambient_c: Option<f64>,
     /// Loop differential pressure, kPa.
     pub diff_pressure_kpa: Option<f64>,
-    /// Per rack: its valve reads closed (position feedback, the truth: a
-    /// stuck valve reads open); `None` while Modbus is out.
+    /// Per rack: its valve reads closed (position feedback: a stuck valve
+    /// reads open, a stuck position input reads what it is stuck at);
+    /// `None` while Modbus is out.
     pub valves_closed: Option<Vec<bool>>,
+    /// Per rack: the CDU's own leak input (its leak register, read over
+    /// Modbus: it sees the rack's leak on its own line, which the board's
+    /// failing inputs do not touch; a cut rope reads dry on both); `None`
+    /// while Modbus is out.
+    pub cdu_leaks: Option<Vec<bool>>,
     /// Leak input per rack (board pins: read during a Modbus outage too; a
     /// cut rope reads dry).
     pub leaks: Vec<bool>,
@@ -162,6 +177,12 @@ pub struct Decision {
     /// Per rack: the controller reports its leak sensing lost (missing
     /// entries: not reported).
     pub leak_sensing_lost: Vec<bool>,
+    /// The valves are not written this step: the CDU keeps them as they
+    /// are (a controller that cannot yet say which to open).
+    pub hold_valves: bool,
+    /// Per rack: the controller reports its valve position input not
+    /// believed (missing entries: not reported).
+    pub valve_feedback_alarms: Vec<bool>,
 }
 
 /// A controller in charge of the CDU.
@@ -177,6 +198,9 @@ pub trait Controller {
     /// what it held in memory is lost, what it wrote to its flash is not.
     /// The references hold nothing worth losing.
     fn restart(&mut self) {}
+    /// A `latch_corrupt` fault: the newest latched-state record in the
+    /// controller's flash is damaged, before [`Controller::restart`].
+    fn damage_latch(&mut self) {}
     /// What it offers the facility coordinator of a hall of several CDUs
     /// (the twin passes it on unread; `None`: nothing).
     fn facility_offer(&self) -> Option<&dyn std::any::Any> {
@@ -221,6 +245,8 @@ impl Controller for Baseline {
             failsafe: false,
             heartbeat: false,
             leak_sensing_lost: Vec::new(),
+            hold_valves: false,
+            valve_feedback_alarms: Vec::new(),
         }
     }
 }
@@ -272,6 +298,9 @@ pub struct Summary {
     pub leak_sensing_alarms: u32,
     /// Controller restarts the scenario caused.
     pub controller_restarts: u32,
+    /// Racks the controller newly reported as having a valve position
+    /// input it does not believe.
+    pub valve_feedback_alarms: u32,
 }
 
 /// `a / b`, 0 where there is no `b` (a run with no IT or no work).
@@ -438,6 +467,12 @@ struct RunState<'a> {
     /// Per rack: the controller reported its leak sensing lost.
     sensing_lost: Vec<bool>,
     sensing_alarms: u32,
+    /// Per rack: its valve feedback reported not believed at the last
+    /// decision; and the count of new reports.
+    feedback_alarmed: Vec<bool>,
+    feedback_alarms: u32,
+    /// A `latch_corrupt` waits for the next restart.
+    latch_damage_due: bool,
     restarts: u32,
     /// The controller's process is down until this second.
     down_until: Option<u64>,
@@ -504,6 +539,9 @@ impl<'a> RunState<'a> {
             switchovers: 0,
             sensing_lost: vec![false; racks],
             sensing_alarms: 0,
+            feedback_alarmed: vec![false; racks],
+            feedback_alarms: 0,
+            latch_damage_due: false,
             restarts: 0,
             down_until: None,
             heartbeat_at: None,
@@ -571,6 +609,9 @@ impl<'a> RunState<'a> {
             if let (FaultKind::ControllerRestart(down), true) = (&f.kind, f.at_s == sec) {
                 self.down_until = Some(sec + down.ceil() as u64);
                 self.restarts += 1;
+            }
+            if f.kind == FaultKind::LatchCorrupt && f.at_s == sec {
+                self.latch_damage_due = true;
             }
         }
         for f in &active {
@@ -647,9 +688,16 @@ impl<'a> RunState<'a> {
             facility_supply_c: sensed[3],
             ambient_c: self.read_ambient_c,
             diff_pressure_kpa: sensed[4],
-            valves_closed: s
-                .modbus_ok
-                .then(|| self.valves_open.iter().map(|o| !o).collect()),
+            valves_closed: s.modbus_ok.then(|| {
+                (0..self.racks)
+                    .map(|r| feedback_stuck(&s.active, r).unwrap_or(!self.valves_open[r]))
+                    .collect()
+            }),
+            cdu_leaks: s.modbus_ok.then(|| {
+                (0..self.racks)
+                    .map(|r| s.leaking[r] && !s.rope_cut[r])
+                    .collect()
+            }),
             leaks: (0..self.racks)
                 .map(|r| s.board_ok && s.leaking[r] && !s.rope_cut[r])
                 .collect(),
@@ -672,6 +720,9 @@ impl<'a> RunState<'a> {
             Some(until) if sec < until => false,
             Some(_) => {
                 self.down_until = None;
+                if std::mem::take(&mut self.latch_damage_due) {
+                    controller.damage_latch();
+                }
                 controller.restart();
                 true
             }
@@ -689,6 +740,11 @@ impl<'a> RunState<'a> {
             let lost = d.leak_sensing_lost.get(r).copied().unwrap_or(false);
             self.sensing_alarms += u32::from(lost && !*was);
             *was = lost;
+        }
+        for (r, was) in self.feedback_alarmed.iter_mut().enumerate() {
+            let alarm = d.valve_feedback_alarms.get(r).copied().unwrap_or(false);
+            self.feedback_alarms += u32::from(alarm && !*was);
+            *was = alarm;
         }
     }
 
@@ -729,13 +785,17 @@ impl<'a> RunState<'a> {
         if let Some(d) = d {
             self.writes_ok = writes;
             if writes {
+                let valves = match d.hold_valves {
+                    true => self.cdu.valves.clone(),
+                    false => (0..racks)
+                        .map(|r| d.valves.get(r).copied().unwrap_or(true))
+                        .collect(),
+                };
                 self.cdu = CduCommand {
                     setpoint_c: d.setpoint_c,
                     pump_speed: d.pump_speed,
                     pump_on: d.pump_on,
-                    valves: (0..racks)
-                        .map(|r| d.valves.get(r).copied().unwrap_or(true))
-                        .collect(),
+                    valves,
                 };
                 if d.heartbeat {
                     self.heartbeat_at = Some(s.t);
@@ -857,6 +917,7 @@ impl<'a> RunState<'a> {
             pump_switchovers: self.switchovers,
             valve_reopened_unattended: self.valve_reopened,
             leak_sensing_alarms: self.sensing_alarms,
+            valve_feedback_alarms: self.feedback_alarms,
             controller_restarts: self.restarts,
         }
     }

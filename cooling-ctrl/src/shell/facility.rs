@@ -105,7 +105,7 @@ impl<P: CduPort> Shell<P> {
         let from = &msg.topic.node;
         if let (true, Some(plan)) = (from == &link.role.coordinator, plan_of(st)) {
             let water = plan.water.value() as f32;
-            self.core.facility_target(water, now);
+            self.decider.core_mut().facility_target(water, now);
             link.following = Some((water, now));
         }
         if let (Some(co), Some(offer)) = (link.coordinator.as_mut(), offer_in(st)) {
@@ -127,10 +127,10 @@ impl<P: CduPort> Shell<P> {
     /// hall of several CDUs. The flag says it moved enough to publish.
     pub(super) fn facility_state(&mut self, now: u64) -> (Option<FacilityState>, bool) {
         let me = self.cfg.cdu.clone();
-        let offer = self.core.offer();
+        let offer = self.decider.core().offer();
         // The core's outdoor temperature: the sensor's, else its design
         // day (colder water for the hall, never warmer, on a guess).
-        let (ambient, _) = self.core.outdoor();
+        let (ambient, _) = self.decider.core().outdoor();
         let Some(link) = self.facility.as_mut() else {
             return (None, false);
         };
@@ -142,7 +142,7 @@ impl<P: CduPort> Shell<P> {
                 }
             }
             if let Some(p) = co.plan(now, ambient) {
-                self.core.facility_target(p.water_c, now);
+                self.decider.core_mut().facility_target(p.water_c, now);
                 link.following = Some((p.water_c, now));
                 plan = Some(plan_msg(&p, co.planned_from()));
             }

@@ -1,7 +1,6 @@
 //! Pure mappings between what the shell reads or sends and what the core
-//! takes or gives: a host's telemetry as its report, the CDU's readings as
-//! the core's, the core's commands as the CDU's settings, a cap as a
-//! lease.
+//! takes or gives: a host's telemetry as its report, a cap as a lease (the
+//! CDU's readings and settings are the decision path's: [`crate::decide`]).
 use super::*;
 
 /// A host's telemetry as the core's report, at `at_ms` (shell time).
@@ -77,46 +76,6 @@ pub fn implausible(
         }
     }
     None
-}
-
-/// The core's readings from the CDU's.
-pub fn core_readings(r: &CduMeasurements) -> CduReadings {
-    let f = |x: Option<f64>| x.map(|v| v as f32);
-    CduReadings {
-        supply_c: f(r.supply_c),
-        return_c: f(r.return_c),
-        flow_lpm: f(r.flow_lpm),
-        facility_supply_c: f(r.facility_supply_c),
-        pumps_running: [
-            r.pumps_running[0].unwrap_or(false),
-            r.pumps_running[1].unwrap_or(false),
-        ],
-        pump_faults: [
-            r.pump_faults[0].unwrap_or(false),
-            r.pump_faults[1].unwrap_or(false),
-        ],
-        diff_pressure_kpa: f(r.diff_pressure_kpa),
-        valves_closed: r.valves_closed,
-        it_w: f(r.it_w),
-        facility_w: f(r.facility_w),
-    }
-}
-
-/// The settings for the CDU from the core's commands and this step's
-/// `heartbeat`, rounded to the resolution of the simulated map (0.01 °C,
-/// 0.1 %).
-pub fn settings(c: &Commands, heartbeat: u16) -> CduSettings {
-    CduSettings {
-        pumps_run: u8::from(c.pump_on[0]) | (u8::from(c.pump_on[1]) << 1),
-        heartbeat,
-        setpoint_c: (f64::from(c.setpoint_c) * 100.0).round() / 100.0,
-        pump_speed_pct: (f64::from(c.pump_speed) * 1000.0).round() / 10.0,
-        lead_pump: match c.lead {
-            loopwarden_protocol::message::Pump::A => 0,
-            loopwarden_protocol::message::Pump::B => 1,
-        },
-        valves_open: c.valves_open,
-    }
 }
 
 /// A cap lease as the shell sends it (unsigned, `auth` zero).

@@ -8,7 +8,7 @@ use super::*;
 
 impl<P: CduPort> Shell<P> {
     pub(super) fn snapshot(&self, r: Option<&CduMeasurements>, estimates: Estimates) -> Snapshot {
-        let (mode, reason, since) = self.core.mode();
+        let (mode, reason, since) = self.decider.core().mode();
         let sensors = Which::ALL.map(|which| SensorStatus {
             which,
             reading: r.and_then(|r| match which {
@@ -17,7 +17,7 @@ impl<P: CduPort> Shell<P> {
                 Which::Flow => r.flow_lpm,
                 Which::FacilitySupply => r.facility_supply_c,
             }),
-            fault: self.core.sensor_fault(which),
+            fault: self.decider.core().sensor_fault(which),
         });
         Snapshot {
             at: now_ms(),
@@ -28,20 +28,20 @@ impl<P: CduPort> Shell<P> {
             last_read: self.last_read,
             sensors,
             leaks_now: self.leaks,
-            leaks_latched: self.core.leaks_latched(),
-            sensing_lost: self.core.sensing_lost(),
-            isolation_failed: self.core.isolation_failed(),
-            pumps_failed: self.core.pumps_failed(),
-            loops: self.core.loops(),
+            leaks_latched: self.decider.core().leaks_latched(),
+            sensing_lost: self.decider.core().sensing_lost(),
+            isolation_failed: self.decider.core().isolation_failed(),
+            pumps_failed: self.decider.core().pumps_failed(),
+            loops: self.decider.core().loops(),
             estimates: Box::new(estimates),
             outdoor_source: self.outdoor_c.map(|(_, s)| s),
-            events_dropped: self.core.events_dropped(),
+            events_dropped: self.decider.core().events_dropped(),
             bus_connected: self.bus.is_connected(),
             bus: self.bus.metrics(),
             facility: self
                 .facility
                 .as_ref()
-                .map(|f| f.status(self.now_ms(), self.core.offer())),
+                .map(|f| f.status(self.now_ms(), self.decider.core().offer())),
         }
     }
 
@@ -79,7 +79,9 @@ impl<P: CduPort> Shell<P> {
         w: Which,
         v: impl Fn(&CduMeasurements) -> Option<f64>,
     ) -> Option<f64> {
-        if self.core.sensor_fault(w) == Some(loopwarden_protocol::message::SensorFault::Lost) {
+        if self.decider.core().sensor_fault(w)
+            == Some(loopwarden_protocol::message::SensorFault::Lost)
+        {
             return None;
         }
         r.and_then(v).filter(|x| x.is_finite())
@@ -174,7 +176,7 @@ impl<P: CduPort> Shell<P> {
             return;
         }
         let lay = self.cfg.core.layout;
-        let (_, _, since) = self.core.mode();
+        let (_, _, since) = self.decider.core().mode();
         let open_gpus = c.valves_open.count_ones() as f64
             * f64::from(lay.hosts_per_rack)
             * f64::from(lay.gpus_per_host);

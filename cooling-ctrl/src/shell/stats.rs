@@ -142,8 +142,13 @@ pub struct ShellStats {
     pub cdu_reads: u64,
     /// CDU reads that failed.
     pub cdu_read_errors: u64,
-    /// CDU writes that failed.
+    /// Steps with a CDU write that failed.
     pub cdu_write_errors: u64,
+    /// Writes of the setpoint or the pump speed held to the CDU's
+    /// register map (the core asked for more than it takes).
+    pub settings_limited: u64,
+    /// Latched records that did not go to flash.
+    pub latch_write_errors: u64,
     /// The CDU's last error, while it lasts.
     pub cdu_error: Option<String>,
     /// The core's last commands.

@@ -230,6 +230,7 @@ fn hall_of(name: &str, scenario: &Scenario, per_cdu: &[Summary]) -> Summary {
         valve_reopened_unattended: count32(|s| s.valve_reopened_unattended),
         leak_sensing_alarms: count32(|s| s.leak_sensing_alarms),
         controller_restarts: count32(|s| s.controller_restarts),
+        valve_feedback_alarms: count32(|s| s.valve_feedback_alarms),
     }
 }
 

@@ -1,0 +1,273 @@
+//! The one decision path between a CDU and the control core, for the
+//! real shell ([`crate::shell`], on Modbus) and the twin
+//! ([`crate::simulated`]) alike: whatever sits below it (a Modbus
+//! client, the scenario runner), the same code turns measurements into
+//! the core's inputs, runs the core, says what must be in flash before
+//! anything acts, and turns the core's commands into ordered writes.
+//! Pure: no clock, no I/O; time comes in with each step.
+//!
+//! A step, as both callers run it:
+//! 1. [`Decider::step`]: the CDU's measurements (`None`: it did not
+//!    answer), the board's leak lines and the hosts' reports in, the
+//!    core's commands out. Before the core runs, a relatch that is due
+//!    ([`latch`]) latches the racks whose valves read closed.
+//! 2. [`Decider::to_keep`] / [`Decider::kept`]: the latched record to
+//!    write to flash, and whether it went in; nothing acts before.
+//! 3. [`Decider::plan`]: the ordered writes ([`writes`]), the valves
+//!    gated by the latch, the setpoint and speed held to the map.
+//! 4. [`Decider::written`]: what the CDU took; the next step's core hears
+//!    whether its writes went in.
+//!
+//! Glossary:
+//! - *board read*: what the controller board's leak lines gave this step
+//!   ([`BoardRead`]).
+
+pub mod latch;
+pub mod writes;
+
+use std::string::String;
+use std::vec::Vec;
+
+use cooling_core::{
+    CduReadings, Commands, ConfigError, Core, CoreConfig, HostReport, Inputs, LeakInputs,
+};
+use loopwarden_protocol::message::Event;
+
+use crate::journal::LatchRecord;
+use crate::modbus::CduMeasurements;
+use latch::LatchKeeper;
+pub use writes::{MapLimits, Outcome, Plan, Setting, Write};
+
+/// What the board's leak lines gave this step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BoardRead {
+    /// No board: the CDU's leak register is the only leak input.
+    Absent,
+    /// Read: ropes wet and ropes whose supervision reports a fault, bit n
+    /// = rack n.
+    Read {
+        /// Ropes wet.
+        wet: u16,
+        /// Ropes cut or shorted.
+        faults: u16,
+    },
+    /// The read failed: nothing is known of the ropes.
+    Failed,
+}
+
+/// The core's leak inputs from the board and the CDU's leak register
+/// (`cdu`; `None`: not read this step). Each input counts on its own.
+pub fn leak_inputs(board: BoardRead, cdu: Option<u16>) -> LeakInputs {
+    match board {
+        BoardRead::Read { wet, faults } => LeakInputs {
+            wet,
+            rope_faults: faults,
+            read_ok: true,
+            cdu,
+        },
+        BoardRead::Failed => LeakInputs {
+            wet: 0,
+            rope_faults: 0,
+            read_ok: false,
+            cdu,
+        },
+        // The CDU's register stands in for the ropes: while it does not
+        // answer, leak sensing is lost.
+        BoardRead::Absent => LeakInputs {
+            wet: 0,
+            rope_faults: 0,
+            read_ok: cdu.is_some(),
+            cdu,
+        },
+    }
+}
+
+/// The core's readings from the CDU's.
+pub fn core_readings(r: &CduMeasurements) -> CduReadings {
+    let f = |x: Option<f64>| x.map(|v| v as f32);
+    CduReadings {
+        supply_c: f(r.supply_c),
+        return_c: f(r.return_c),
+        flow_lpm: f(r.flow_lpm),
+        facility_supply_c: f(r.facility_supply_c),
+        pumps_running: r.pumps_running.map(|p| p.unwrap_or(false)),
+        pump_faults: r.pump_faults.map(|p| p.unwrap_or(false)),
+        diff_pressure_kpa: f(r.diff_pressure_kpa),
+        valves_closed: r.valves_closed,
+        it_w: f(r.it_w),
+        facility_w: f(r.facility_w),
+    }
+}
+
+/// What a step is given besides the CDU.
+#[derive(Debug, Clone, Copy)]
+pub struct StepIn<'a> {
+    /// Now, ms on the process's monotonic clock.
+    pub now_ms: u64,
+    /// What the board's leak lines gave.
+    pub board: BoardRead,
+    /// The outdoor temperature as measured, °C.
+    pub ambient_c: Option<f32>,
+    /// The hosts' reports, by host index.
+    pub hosts: &'a [Option<HostReport>],
+}
+
+/// The core, the latched record's keeper and the writes' limiter.
+#[derive(Debug, Clone)]
+pub struct Decider {
+    core: Core,
+    keeper: LatchKeeper,
+    limits: MapLimits,
+    limiter: writes::Limiter,
+    heartbeat: u16,
+    /// Every write of the last step went in.
+    writes_ok: bool,
+    /// The valves the CDU last took, bit n = rack n open.
+    valves_taken: Option<u16>,
+    /// The valves planned at the last step, if written.
+    valves_planned: Option<u16>,
+    /// What the step said besides the core's events.
+    events: Vec<Event>,
+    /// What to say in the log: (words, an error).
+    said: Vec<(String, bool)>,
+}
+
+impl Decider {
+    /// A decider for `cfg` on a CDU of map `limits`, from the latched
+    /// record the flash held at start (`latched`). The core is held to
+    /// the tighter of its limits and the map's; what that changed, and
+    /// what became of the record, are in [`Decider::take_said`].
+    pub fn new(
+        mut cfg: CoreConfig,
+        limits: MapLimits,
+        latched: &Result<Option<LatchRecord>, String>,
+    ) -> Result<Self, ConfigError> {
+        let mut said: Vec<(String, bool)> = writes::tighten(&mut cfg, &limits)
+            .into_iter()
+            .map(|s| (s, false))
+            .collect();
+        let opened = LatchKeeper::open(latched);
+        said.extend(opened.said);
+        let core = match &opened.restore {
+            Some(l) => Core::restore(cfg, l)?,
+            None => Core::new(cfg)?,
+        };
+        Ok(Self {
+            core,
+            keeper: opened.keeper,
+            limits,
+            limiter: writes::Limiter::default(),
+            heartbeat: 0,
+            writes_ok: true,
+            valves_taken: None,
+            valves_planned: None,
+            events: Vec::new(),
+            said,
+        })
+    }
+
+    /// The core.
+    pub fn core(&self) -> &Core {
+        &self.core
+    }
+
+    /// The core, to change (an operator's clear, the BMS's limits, what
+    /// was learned).
+    pub fn core_mut(&mut self) -> &mut Core {
+        &mut self.core
+    }
+
+    /// The map's limits the writes are held to.
+    pub fn limits(&self) -> &MapLimits {
+        &self.limits
+    }
+
+    /// Writes the map limited, since the start.
+    pub fn settings_limited(&self) -> u64 {
+        self.limiter.count
+    }
+
+    /// A relatch is pending (the record at start was unreadable and the
+    /// valve positions are not read yet).
+    pub fn relatch_pending(&self) -> bool {
+        self.keeper.relatch_pending()
+    }
+
+    /// The last latched record did not go to flash.
+    pub fn latch_write_failed(&self) -> bool {
+        self.keeper.write_failed()
+    }
+
+    /// What to log since the last call: (words, an error).
+    pub fn take_said(&mut self) -> Vec<(String, bool)> {
+        std::mem::take(&mut self.said)
+    }
+
+    /// Step 1: the core's step on the CDU's measurements `cdu` (`None`:
+    /// no answer) and `inp`; a due relatch first.
+    pub fn step(&mut self, cdu: Option<&CduMeasurements>, inp: &StepIn<'_>) -> Commands {
+        let closed = cdu.and_then(|r| r.valves_closed);
+        let positions = self.limits.positions;
+        if let Some(racks) = self.keeper.relatch(&mut self.core, closed, positions) {
+            let how = if positions {
+                "from the valves the CDU reports closed"
+            } else {
+                "all of them: the CDU's map reads no valve positions"
+            };
+            self.said.push((
+                std::format!("racks latched {how}: {racks:#06b}"),
+                !positions,
+            ));
+        }
+        self.core.step(&Inputs {
+            now_ms: inp.now_ms,
+            cdu: cdu.map(core_readings),
+            ambient_c: inp.ambient_c,
+            leaks: leak_inputs(inp.board, cdu.and_then(|r| r.leaks)),
+            cdu_writes_ok: self.writes_ok,
+            hosts: inp.hosts,
+        })
+    }
+
+    /// Step 2: the latched record to write to flash before anything acts,
+    /// if it changed.
+    pub fn to_keep(&mut self) -> Option<LatchRecord> {
+        self.keeper.to_keep(&self.core)
+    }
+
+    /// Step 2, done: the record went to flash (`ok`) or did not.
+    pub fn kept(&mut self, ok: bool) {
+        self.keeper.kept(ok);
+    }
+
+    /// Step 3: the writes for `c`, with the valve positions the CDU read
+    /// this step (`closed`). A setting the map limits is reported in
+    /// [`Decider::take_events`].
+    pub fn plan(&mut self, c: &Commands, closed: Option<u16>) -> Plan {
+        self.heartbeat = self.heartbeat.wrapping_add(1);
+        let racks = cooling_core::safety::all_racks(self.core.config().layout.racks as usize);
+        let open_now = self.valves_taken.or(closed.map(|c| !c & racks));
+        let valves = self.keeper.valves(c.valves_open, open_now);
+        self.valves_planned = valves;
+        self.limiter
+            .plan(c, valves, self.heartbeat, &self.limits, &mut self.events)
+    }
+
+    /// Step 4: what the CDU took of the plan.
+    pub fn written(&mut self, o: &Outcome) {
+        self.writes_ok = o.all_ok();
+        let valves_in = o
+            .tried
+            .iter()
+            .any(|(s, r)| *s == Setting::Valves && r.is_ok());
+        if valves_in {
+            self.valves_taken = self.valves_planned;
+        }
+    }
+
+    /// The events of the decision path itself (a setting limited), since
+    /// the last call.
+    pub fn take_events(&mut self) -> Vec<Event> {
+        std::mem::take(&mut self.events)
+    }
+}
