@@ -1039,6 +1039,55 @@ mod tests {
     }
 
     #[test]
+    fn a_seizure_behind_a_stuck_flow_sensor_is_found_from_pressure_and_temperatures() {
+        let cfg = CoreConfig::default();
+        let mut core = Core::new(cfg).unwrap();
+        let mut hall = Hall::new();
+        for s in 0..60 {
+            hall.step(&mut core, s);
+        }
+        // A seizes; the flow sensor, stuck, still reads the flow it had.
+        // The pressure falls and the return water no longer brings the
+        // racks' heat back.
+        hall.cdu.diff_pressure_kpa = Some(0.0);
+        hall.cdu.return_c = hall.cdu.supply_c;
+        let mut lead_b = None;
+        for s in 60..75 {
+            if hall.step(&mut core, s).pump_on == [false, true] && lead_b.is_none() {
+                lead_b = Some(s);
+            }
+        }
+        assert_eq!(lead_b, Some(63), "3 s of no flow, witnessed by the loop");
+        // The pressure sensor alone failing low, the loop still carrying
+        // its heat: no pump is failed for it.
+        let mut core = Core::new(cfg).unwrap();
+        let mut hall = Hall::new();
+        for s in 0..60 {
+            hall.step(&mut core, s);
+        }
+        hall.cdu.diff_pressure_kpa = Some(0.0);
+        for s in 60..400 {
+            assert_eq!(hall.step(&mut core, s).pump_on, [true, false], "{s}");
+        }
+        assert_eq!(core.pump_faults(), [None, None]);
+    }
+
+    #[test]
+    fn a_relatch_keeps_what_the_bms_set_and_what_was_learned() {
+        let cfg = CoreConfig::default();
+        let mut core = Core::new(cfg).unwrap();
+        core.set_limits(30.0, -2.0);
+        let learned = core.learned();
+        core.latch_racks(0b0010);
+        assert_eq!(core.limits(), (30.0, -2.0));
+        assert_eq!(core.leaks_latched(), 0b0010);
+        assert_eq!(core.learned(), learned);
+        let mut hall = Hall::new();
+        let c = hall.step(&mut core, 0);
+        assert_eq!(c.valves_open & 0b0010, 0, "the latched rack stays shut");
+    }
+
+    #[test]
     fn a_restored_core_keeps_its_valves_shut_and_never_leads_with_a_failed_pump() {
         let cfg = CoreConfig::default();
         let mut core = Core::new(cfg).unwrap();

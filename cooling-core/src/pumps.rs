@@ -67,9 +67,10 @@ pub struct Pumps {
     lead: usize,
     lead_since_ms: u64,
     lead_missing_since: Option<u64>,
-    /// No flow seen since, with the hottest GPU and the return
-    /// temperature then.
+    /// No flow seen since, with what the loop read just before.
     no_flow_since: Option<(u64, Witness)>,
+    /// What the loop read at the last step without a suspicion.
+    before: Option<Witness>,
     fault: [Option<PumpFault>; 2],
     stopped: bool,
 }
@@ -243,10 +244,6 @@ impl Pumps {
             .diff_pressure_kpa
             .map(|p| p < NO_FLOW_SHARE * c.design_dp_kpa * speed * speed);
         let suspect = flow_low == Some(true) || dp_low == Some(true);
-        if !(judging && suspect) {
-            self.no_flow_since = None;
-            return false;
-        }
         let now_seen = Witness {
             hottest,
             return_c: rd.return_c.filter(|_| !faulted.return_c),
@@ -256,6 +253,11 @@ impl Pumps {
                 .filter(|_| !faulted.return_c && !faulted.supply)
                 .map(|(r, s)| r - s),
         };
+        if !(judging && suspect) {
+            self.no_flow_since = None;
+            self.before = Some(now_seen);
+            return false;
+        }
         // A witness must come soon: a suspicion left unwitnessed for a
         // window starts again, so a slow drift is never taken for one.
         if self
@@ -263,8 +265,11 @@ impl Pumps {
             .is_some_and(|(since, _)| now.saturating_sub(since) > WITNESS_WINDOW_MS)
         {
             self.no_flow_since = None;
+            self.before = Some(now_seen);
         }
-        let (since, then) = *self.no_flow_since.get_or_insert((now, now_seen));
+        // Judged from the step before the suspicion began.
+        let before = self.before.unwrap_or(now_seen);
+        let (since, then) = *self.no_flow_since.get_or_insert((now, before));
         let heating = then.heating_to(&now_seen);
         let witnessed = match (flow_low, dp_low) {
             // Both say the water stands.

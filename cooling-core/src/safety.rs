@@ -365,4 +365,95 @@ mod tests {
             assert!(!s.isolation(t * 1000, Some(0b0001), 5_000, &mut log));
         }
     }
+
+    #[test]
+    fn a_failed_board_read_never_masks_the_cdus_own_leak_input() {
+        let mut s = Safety::default();
+        let mut log = Log::default();
+        let failed_board = LeakInputs {
+            read_ok: false,
+            cdu: Some(0b0001),
+            ..LeakInputs::DRY
+        };
+        assert_eq!(s.leaks(&failed_board, 4, 0, &mut log), 0b1110);
+        assert_eq!(s.leaks_latched(), 0b0001);
+        assert_eq!(
+            s.sensing_lost(),
+            0b1111,
+            "the ropes are still reported lost"
+        );
+        // A CDU that stops answering keeps what it last said.
+        let silent = LeakInputs {
+            cdu: None,
+            ..failed_board
+        };
+        assert_eq!(s.leaks(&silent, 4, 0, &mut log), 0b1110);
+        let leaks = log
+            .events
+            .iter()
+            .filter(|e| matches!(e, Event::Leak { .. }))
+            .count();
+        assert_eq!(leaks, 1, "no leak reported cleared by a silent input");
+        // Cleared only with every input dry.
+        let wet_cdu = LeakInputs {
+            cdu: Some(0b0001),
+            ..LeakInputs::DRY
+        };
+        s.leaks(&wet_cdu, 4, 0, &mut log);
+        assert_eq!(
+            s.clear_leak(0, 4, &wet_cdu),
+            Err("the rack's leak input still reads wet")
+        );
+    }
+
+    #[test]
+    fn a_rack_without_a_rope_still_latches_on_the_cdus_own_input() {
+        let mut s = Safety::default();
+        let mut log = Log::default();
+        let inp = LeakInputs {
+            cdu: Some(0b1000),
+            ..LeakInputs::DRY
+        };
+        // Rack 3 is declared unprotected: no rope on the board.
+        assert_eq!(s.leaks(&inp, 4, 0b1000, &mut log), 0b0111);
+        assert_eq!(s.leaks_latched(), 0b1000);
+    }
+
+    #[test]
+    fn a_valve_input_that_reads_closed_while_open_is_not_believed_and_its_leak_escalates() {
+        let mut s = Safety::default();
+        let mut log = Log::default();
+        // Rack 0 commanded open, its input reads closed for 5 s.
+        for t in 0..=5 {
+            s.feedback(t * 1000, 0b1111, true, Some(0b0001), 5_000, &mut log);
+        }
+        assert_eq!(s.feedback_faults(), 0b0001);
+        assert!(log.events.iter().any(|e| matches!(
+            e,
+            Event::SensorFault {
+                sensor: Sensor::ValvePosition,
+                fault: SensorFault::Implausible,
+                ..
+            }
+        )));
+        // Rack 0 leaks: its "closed" confirms nothing.
+        s.leaks(&LeakInputs::wet(0b0001), 4, 0, &mut log);
+        for t in 6..11 {
+            assert!(!s.isolation(t * 1000, Some(0b0001), 5_000, &mut log));
+        }
+        assert!(s.isolation(11_000, Some(0b0001), 5_000, &mut log));
+        // Writes that did not go in judge nothing; an input that reads
+        // open while commanded open is believed again.
+        let mut s = Safety::default();
+        for t in 0..20 {
+            s.feedback(t * 1000, 0b0001, false, Some(0b0001), 5_000, &mut log);
+        }
+        assert_eq!(s.feedback_faults(), 0);
+        for t in 20..26 {
+            s.feedback(t * 1000, 0b0001, true, Some(0b0001), 5_000, &mut log);
+        }
+        assert_eq!(s.feedback_faults(), 0b0001);
+        s.feedback(26_000, 0b0001, true, Some(0), 5_000, &mut log);
+        assert_eq!(s.feedback_faults(), 0);
+    }
 }

@@ -25,8 +25,8 @@
 //! | `serial_parity` | `none` | `none`, `even` or `odd` |
 //! | `serial_data_bits` | 8 | 7 or 8 |
 //! | `serial_stop_bits` | 1 | 1 or 2 |
-//! | `register_map` | the simulated CDU's map | a register map TOML |
-//! | `site_figures` | the twin's hall | a site figures TOML (`SiteConfig`) |
+//! | `register_map` | none (required with a site sign key; the simulated CDU's with `demo_key`) | a register map TOML |
+//! | `site_figures` | none (required with a site sign key; the twin's hall with `demo_key`) | a site figures TOML (`SiteConfig`) |
 //! | `hosts` | none | host ids, rack-major |
 //! | `hosts_pattern` | none | host ids from `{rack}`, `{host}`, `{index}` (`{index:02}` pads) |
 //! | `period_ms` | 1000 | control period, 100 to 60000 |
@@ -38,7 +38,8 @@
 //! | `console_serial_baud` | 115200 | its speed, 8N1 |
 //! | `console_password_hash` | none (`clear-leak`, `clear-pump` refused on the serial console) | the Argon2id hash of its password (`cooling-ctrl console-password`) |
 //! | `console_idle_s` | 300 | seconds before an idle serial session is closed |
-//! | `flash` | none (events kept in memory) | flash file for the event log |
+//! | `flash` | none (required with a site sign key, unless `volatile_latch`) | flash file: the event log, the outbox and the latched state |
+//! | `volatile_latch` | false (true with `demo_key` and no `flash`) | run without a flash file on purpose: latched leaks and failed pumps are lost at every restart (said at every start) |
 //! | `northbound` | none (no server) | the BMS's Modbus TCP server, `address:port` |
 //! | `northbound_writes` | false | the BMS may write the bounded holding registers |
 //! | `northbound_unit_id` | 1 (the northbound map's) | the Modbus unit id the northbound server answers, 1 to 247 (255 always reaches it; other ids get no answer) |
@@ -137,6 +138,9 @@ loopwarden_field::agent_file! {
         pub gpio_chip: Option<PathBuf>,
         /// Racks run without a leak rope, by number.
         pub unprotected_racks: Option<Vec<u8>>,
+        /// Run without a flash file on purpose: what is latched (leaks,
+        /// failed pumps) is lost at every restart.
+        pub volatile_latch: Option<bool>,
         /// A hall of several CDUs: the CDU whose facility water plan
         /// every CDU follows (the hall's coordinator).
         pub facility_coordinator: Option<String>,
@@ -178,12 +182,18 @@ loopwarden_field::agent_flags! {
         /// Serial stop bits: 1 or 2.
         #[arg(long)]
         pub serial_stop_bits: Option<u8>,
-        /// The CDU model's register map (TOML); default: the simulated CDU's.
+        /// The CDU model's register map (TOML); required with a site sign
+        /// key; with the demonstration key: the simulated CDU's.
         #[arg(long)]
         pub register_map: Option<PathBuf>,
-        /// The hall's figures (site TOML); default: the twin's hall.
+        /// The hall's figures (site TOML); required with a site sign key;
+        /// with the demonstration key: the twin's hall.
         #[arg(long)]
         pub site_figures: Option<PathBuf>,
+        /// Run without a flash file on purpose: latched leaks and failed
+        /// pumps are lost at every restart.
+        #[arg(long)]
+        pub volatile_latch: bool,
         /// Host ids in rack-major order, comma-separated.
         #[arg(long, value_delimiter = ',')]
         pub hosts: Vec<String>,
@@ -279,6 +289,9 @@ pub struct Config {
     pub serial: Option<loopwarden_field::serial::SerialConsole>,
     /// Flash file.
     pub flash: Option<PathBuf>,
+    /// No flash file, on purpose (`volatile_latch = true`, or the
+    /// demonstration key): the latched state is lost at every restart.
+    pub volatile_latch: bool,
     /// Where the northbound Modbus server listens; `None`: no server.
     pub northbound: Option<std::net::SocketAddr>,
     /// The BMS may write the northbound holding registers.
@@ -398,8 +411,9 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
     });
     common::check_broker(&src, &common, production)?;
     let link = cdu_link(&src, &file, flags)?;
-    let map = register_map(&src, &file, flags)?;
-    let mut core = core_config(&src, &file, flags)?;
+    let map = register_map(&src, &file, flags, key.demo)?;
+    let mut core = core_config(&src, &file, flags, key.demo)?;
+    let volatile_latch = volatile_latch(&src, &file, flags, common.flash.is_some(), key.demo)?;
     core.layout.unprotected = unprotected(&src, &file, &core)?;
     let hosts = hosts(&src, &file, flags, &core)?;
     let timings = timings(&src, &file, flags)?;
@@ -439,6 +453,7 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         console: common.console,
         serial: common.serial,
         flash: common.flash,
+        volatile_latch,
         northbound,
         northbound_writes,
         northbound_unit_id,
@@ -654,14 +669,60 @@ fn serial_link(
     Ok(Link::Rtu(line))
 }
 
-/// The CDU's register map: the file given, else the simulated CDU's.
+/// What a CDU link with a site sign key may not leave out: the
+/// simulated CDU's map and the twin's figures describe no real CDU.
+fn required_on_a_real_link(src: &Sources, field: &str, what: &str) -> ConfigError {
+    src.error(
+        None,
+        field,
+        format!(
+            "{field}: required with a site sign key: give {what}; the default is the twin's, for the demonstration key only"
+        ),
+    )
+}
+
+/// `volatile_latch`: whether the controller runs without a flash file on
+/// purpose. Without `flash`, a site-keyed controller must be told so; the
+/// demonstration key runs the twin, where it is the default.
+fn volatile_latch(
+    src: &Sources,
+    file: &FileConfig,
+    flags: &Overrides,
+    flash: bool,
+    demo: bool,
+) -> Result<bool, ConfigError> {
+    let flag = flags.volatile_latch.then_some(true);
+    let (given, from) = pick!(flag, file.volatile_latch, "volatile-latch");
+    match (given.unwrap_or(false), flash) {
+        (true, true) => Err(src.error(
+            from,
+            "volatile_latch",
+            "volatile_latch = true with a flash file: give one or the other".into(),
+        )),
+        (false, false) if !demo => Err(src.error(
+            None,
+            "flash",
+            "flash: required with a site sign key: the latched state (leaks, failed pumps) must survive a restart; give a flash file, or volatile_latch = true to run without one on purpose".into(),
+        )),
+        (v, _) => Ok(v || !flash),
+    }
+}
+
+/// The CDU's register map: the file given; with the demonstration key
+/// only, the simulated CDU's.
 fn register_map(
     src: &Sources,
     file: &FileConfig,
     flags: &Overrides,
+    demo: bool,
 ) -> Result<RegisterMap, ConfigError> {
     match pick!(flags.register_map, file.register_map, "register-map") {
-        (None, _) => Ok(RegisterMap::sim_cdu()),
+        (None, _) if demo => Ok(RegisterMap::sim_cdu()),
+        (None, _) => Err(required_on_a_real_link(
+            src,
+            "register_map",
+            "this CDU model's register map (a TOML like boards/cdus/sim-cdu.toml)",
+        )),
         (Some(p), flag) => {
             let t = std::fs::read_to_string(&p).map_err(|e| {
                 src.error(
@@ -676,15 +737,22 @@ fn register_map(
 }
 
 /// The control core's configuration from the site figures (the file
-/// given, else the twin's hall), checked; its errors name that file.
+/// given; with the demonstration key only, the twin's hall), checked; its
+/// errors name that file.
 fn core_config(
     src: &Sources,
     file: &FileConfig,
     flags: &Overrides,
+    demo: bool,
 ) -> Result<CoreConfig, ConfigError> {
     let (figures, figures_path) = match pick!(flags.site_figures, file.site_figures, "site-figures")
     {
-        (None, _) => (SiteConfig::default(), None),
+        (None, _) if demo => (SiteConfig::default(), None),
+        (None, _) => return Err(required_on_a_real_link(
+            src,
+            "site_figures",
+            "the hall's figures (a site figures TOML: racks, hosts, GPUs, loop, heat rejection)",
+        )),
         (Some(p), flag) => {
             let t = std::fs::read_to_string(&p).map_err(|e| {
                 src.error(
@@ -1235,8 +1303,30 @@ mod tests {
         let e = from(&text).unwrap_err();
         assert_eq!(e.line, Some(2), "{e}");
         assert!(e.message.contains("key of cdu/cdu-2"), "{e}");
-        let c = from(&text.replace("cdu = \"c\"", "cdu = \"cdu-2\"")).expect("valid");
+        // With the site's key, nothing of the twin's is taken silently:
+        // the map, the figures and a flash file (or volatile on purpose).
+        let mut text = text.replace("cdu = \"c\"", "cdu = \"cdu-2\"");
+        for (missing, line) in [
+            ("register_map", format!("register_map = {map:?}\n")),
+            ("site_figures", format!("site_figures = {figures:?}\n")),
+            ("flash", "volatile_latch = true\n".to_string()),
+        ] {
+            let e = from(&text).unwrap_err();
+            assert!(
+                e.message.starts_with(&format!("{missing}: required")),
+                "{e}"
+            );
+            text.push_str(&line);
+        }
+        let c = from(&text).expect("valid");
         assert_eq!(c.hosts.len(), 2);
+        assert!(c.volatile_latch && c.flash.is_none());
+        let e = from(&format!("{text}flash = \"/tmp/x.flash\"\n")).unwrap_err();
+        assert!(e.message.contains("give one or the other"), "{e}");
+        assert!(
+            from(MIN).unwrap().volatile_latch,
+            "the demonstration key runs the twin without a flash file"
+        );
     }
 
     /// A sign key file of `cdu/<cdu>` with key id `id` (its seed all `id`).

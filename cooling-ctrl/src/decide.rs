@@ -271,3 +271,85 @@ impl Decider {
         std::mem::take(&mut self.events)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use loopwarden_boards::modbus_map::RegisterMap;
+
+    fn measured(valves_closed: u16) -> CduMeasurements {
+        CduMeasurements {
+            supply_c: Some(30.0),
+            return_c: Some(38.0),
+            flow_lpm: Some(192.0),
+            facility_supply_c: Some(27.0),
+            pumps_running: [Some(true), Some(false)],
+            leaks: Some(0),
+            diff_pressure_kpa: Some(100.0),
+            valves_closed: Some(valves_closed),
+            pump_faults: [Some(false); 2],
+            it_w: Some(80_000.0),
+            cooling_w: None,
+            facility_w: Some(88_000.0),
+            outdoor_c: Some(20.0),
+        }
+    }
+
+    fn step(d: &mut Decider, s: u64, cdu: Option<&CduMeasurements>) -> Plan {
+        let c = d.step(
+            cdu,
+            &StepIn {
+                now_ms: s * 1000,
+                board: BoardRead::Absent,
+                ambient_c: Some(20.0),
+                hosts: &[],
+            },
+        );
+        if let Some(r) = d.to_keep() {
+            assert!(r.latched.leaks != 0 || !d.relatch_pending());
+            d.kept(true);
+        }
+        let p = d.plan(&c, cdu.and_then(|m| m.valves_closed));
+        d.written(&Outcome::whole(&p, true));
+        p
+    }
+
+    #[test]
+    fn a_relatch_keeps_the_bms_limits_and_writes_no_valve_before_it() {
+        let lim = MapLimits::of(&RegisterMap::sim_cdu());
+        let mut d = Decider::new(
+            CoreConfig::default(),
+            lim,
+            &Err("cdu.latched: damaged".into()),
+        )
+        .unwrap();
+        assert!(d
+            .take_said()
+            .iter()
+            .any(|(s, error)| *error && s.contains("damaged")));
+        d.core_mut().set_limits(30.0, -2.0);
+        // The CDU is silent: nothing to keep, no valve written.
+        for s in 0..3 {
+            let p = step(&mut d, s, None);
+            assert_eq!(p.value(Setting::Valves), None, "{s}");
+        }
+        assert!(d.relatch_pending());
+        // It answers: rack 1's valve reads closed and stays so.
+        let m = measured(0b0010);
+        let p = step(&mut d, 3, Some(&m));
+        assert_eq!(p.value(Setting::Valves), Some(f64::from(0b1101u16)));
+        assert!(!d.relatch_pending());
+        assert_eq!(d.core().limits(), (30.0, -2.0), "the BMS's limits stand");
+        assert_eq!(d.core().leaks_latched(), 0b0010);
+    }
+
+    #[test]
+    fn without_a_board_the_cdus_register_is_the_leak_input() {
+        let l = leak_inputs(BoardRead::Absent, Some(0b0100));
+        assert!(l.read_ok && l.reads_wet(2) && !l.reads_wet(1));
+        let l = leak_inputs(BoardRead::Absent, None);
+        assert!(!l.read_ok, "a silent CDU without a board is sensing lost");
+        let l = leak_inputs(BoardRead::Failed, Some(0b0001));
+        assert!(!l.read_ok && l.reads_wet(0), "a failed board masks nothing");
+    }
+}

@@ -103,11 +103,29 @@ impl Rig {
     ) -> Rig {
         let cdu = sim_cdu();
         prepare(&cdu);
+        Self::start_cdu(broker, core, board, flash, northbound, cdu, Duration::ZERO).await
+    }
+
+    /// The shell on `broker` driving `cdu`, which answers nothing for
+    /// its first `silent` (connections are taken, requests not answered).
+    async fn start_cdu(
+        broker: Mosquitto,
+        core: CoreConfig,
+        board: Option<Box<dyn shell::BoardIo>>,
+        flash: Option<ControllerFlash>,
+        northbound: Option<shell::NorthboundLink>,
+        cdu: SimCdu,
+        silent: Duration,
+    ) -> Rig {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
-        tokio::spawn(cdu.clone().serve(listener));
+        let served = cdu.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(silent).await;
+            served.serve(listener).await
+        });
         let port = ModbusCdu::new(RegisterMap::sim_cdu(), Link::Tcp(addr))
             .with_timeout(Duration::from_millis(300));
         let (tx, stats) = shell::stats_channel();
@@ -806,6 +824,173 @@ async fn an_unreadable_latched_record_latches_the_racks_whose_valves_read_closed
         rig.cdu.setting("valves_open").unwrap(),
         11.0,
         "it stays shut"
+    );
+    rig.stop().await;
+}
+
+/// The simulated CDU's register map with `edit` applied to its TOML.
+fn sim_map_edited(edit: impl FnOnce(&str) -> String) -> RegisterMap {
+    let text = edit(include_str!("../../boards/cdus/sim-cdu.toml"));
+    RegisterMap::from_toml(&text, "sim-cdu.toml, edited").expect("the edited map")
+}
+
+/// Waits until the CDU's `valves_open` reads `want`, for at most `within`.
+async fn valves_become(cdu: &SimCdu, want: f64, within: Duration) {
+    let t0 = Instant::now();
+    while cdu.setting("valves_open").unwrap() != want {
+        assert!(
+            t0.elapsed() < within,
+            "valves_open {} after {:?}, {want} wanted",
+            cdu.setting("valves_open").unwrap(),
+            t0.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_setpoint_below_the_maps_range_is_held_to_it_and_a_leaking_racks_valve_still_closes() {
+    // A site whose 12 °C dew point allows 14 °C water; the CDU's map
+    // takes no less than 17 °C.
+    let mut core = CoreConfig::default();
+    core.cdu.min_setpoint_c = 14.0;
+    core.margins.boot_setpoint_c = 14.0;
+    let Some(mut rig) = Rig::start_with(core).await else {
+        return;
+    };
+    rig.wait_stats("the shell running", |s| s.cdu_reads >= 2)
+        .await;
+    valves_become(&rig.cdu, 15.0, Duration::from_secs(2)).await;
+    let setpoint = rig.cdu.setting("supply_setpoint").unwrap();
+    assert!((17.0..=45.0).contains(&setpoint), "{setpoint}");
+    rig.cdu.set_measurement("leak_inputs", 4.0).unwrap(); // rack 2
+    valves_become(&rig.cdu, 11.0, PERIOD + Duration::from_millis(300)).await;
+    let s = rig.wait_stats("steps", |s| s.steps >= 4).await;
+    assert_eq!(s.cdu_write_errors, 0, "nothing refused: {:?}", s.cdu_error);
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_setpoint_holds_back_neither_the_valves_nor_the_heartbeat() {
+    let Some(broker) = Mosquitto::start() else {
+        return;
+    };
+    // The CDU's own range is narrower than its map says: every setpoint
+    // the controller asks is refused with exception 3.
+    let cdu = loopwarden_system_tests::steady_sim_cdu_on(sim_map_edited(|t| {
+        t.replace("min = 17.0", "min = 44.0")
+    }));
+    let mut rig = Rig::start_cdu(
+        broker,
+        CoreConfig::default(),
+        None,
+        None,
+        None,
+        cdu,
+        Duration::ZERO,
+    )
+    .await;
+    rig.wait_stats("a refused write", |s| s.cdu_write_errors >= 2)
+        .await;
+    valves_become(&rig.cdu, 15.0, Duration::from_secs(2)).await;
+    let beat = rig.cdu.setting("heartbeat").unwrap();
+    let steps = rig.stats.borrow().steps;
+    rig.wait_stats("two more steps", |s| s.steps >= steps + 2)
+        .await;
+    assert_ne!(
+        rig.cdu.setting("heartbeat").unwrap(),
+        beat,
+        "the heartbeat goes on"
+    );
+    assert_eq!(
+        rig.cdu.setting("supply_setpoint").unwrap(),
+        0.0,
+        "the setpoint never went in"
+    );
+    rig.cdu.set_measurement("leak_inputs", 2.0).unwrap(); // rack 1
+    valves_become(&rig.cdu, 13.0, PERIOD + Duration::from_millis(300)).await;
+    rig.stop().await;
+}
+
+/// A flash file whose latched record no controller can read (version 9).
+fn unreadable_flash(path: &std::path::Path) -> ControllerFlash {
+    {
+        let mut stores = loopwarden_bus::agent_flash::open(Some(path)).expect("the flash file");
+        futures::executor::block_on(
+            stores
+                .store
+                .set(cooling_ctrl::journal::LATCHED_KEY, &[9u8; 16]),
+        )
+        .expect("written");
+    }
+    let flash = ControllerFlash::open(Some(path)).expect("the flash file again");
+    assert!(flash.latched.is_err());
+    flash
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_record_is_not_overwritten_while_the_cdu_is_silent() {
+    let Some(broker) = Mosquitto::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cdu.flash");
+    let flash = unreadable_flash(&path);
+    let cdu = sim_cdu();
+    let mut rig = Rig::start_cdu(
+        broker,
+        CoreConfig::default(),
+        None,
+        Some(flash),
+        None,
+        cdu,
+        Duration::from_secs(30),
+    )
+    .await;
+    rig.wait_stats("steps with the CDU silent", |s| {
+        s.steps >= 3 && s.cdu_read_errors >= 3
+    })
+    .await;
+    rig.stop().await;
+    let again = ControllerFlash::open(Some(&path)).expect("the flash file");
+    let e = again.latched.clone().unwrap_err();
+    assert!(e.contains("version 9"), "still the unreadable record: {e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_valve_is_written_after_an_unreadable_record_until_the_positions_are_read() {
+    let Some(broker) = Mosquitto::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let flash = unreadable_flash(&dir.path().join("cdu.flash"));
+    // Every read fails (the CDU lacks a register its map has), every
+    // write goes in; rack 2's valve was shut for a leak.
+    let served = sim_map_edited(|t| {
+        let cut = t.find("[[register]]\nname = \"outdoor_temp\"").unwrap();
+        let end = cut + t[cut..].find("\n\n").unwrap() + 2;
+        format!("{}{}", &t[..cut], &t[end..])
+    });
+    let cdu = loopwarden_system_tests::steady_sim_cdu_on(served);
+    cdu.write_setting("valves_open", 11.0).unwrap();
+    let mut rig = Rig::start_cdu(
+        broker,
+        CoreConfig::default(),
+        None,
+        Some(flash),
+        None,
+        cdu,
+        Duration::ZERO,
+    )
+    .await;
+    rig.wait_stats("steps with every read failing", |s| {
+        s.steps >= 5 && s.cdu_read_errors >= 5
+    })
+    .await;
+    assert_eq!(
+        rig.cdu.setting("valves_open").unwrap(),
+        11.0,
+        "rack 2's valve stays shut"
     );
     rig.stop().await;
 }

@@ -548,19 +548,26 @@ pub fn serve_sim_cdu(
 /// of a steady loaded loop (supply 40 °C, return 49.3 °C, 192 L/min, IT
 /// 120 kW, cooling 10 kW, facility 135 kW: PUE 1.125) on a 20 °C day.
 pub fn steady_sim_cdu() -> loopwarden_twin::sim_cdu::SimCdu {
-    use loopwarden_boards::modbus_map::RegisterMap;
+    steady_sim_cdu_on(loopwarden_boards::modbus_map::RegisterMap::sim_cdu())
+}
+
+/// As [`steady_sim_cdu`], serving the register map `map` (a CDU whose
+/// own ranges or registers differ from the map its controller is given;
+/// a setting or measurement the map cannot take is left as it starts).
+pub fn steady_sim_cdu_on(
+    map: loopwarden_boards::modbus_map::RegisterMap,
+) -> loopwarden_twin::sim_cdu::SimCdu {
     use loopwarden_twin::sim_cdu::SimCdu;
-    let cdu = SimCdu::new(
-        RegisterMap::sim_cdu(),
-        &[
-            ("supply_setpoint", 30.0),
-            ("pump_speed", 80.0),
-            ("lead_pump", 1.0),
-            ("pumps_run", 2.0),
-            ("valves_open", 0.0),
-        ],
-    )
-    .expect("settings in range");
+    let cdu = SimCdu::new(map, &[]).expect("no settings to refuse");
+    for (name, value) in [
+        ("supply_setpoint", 30.0),
+        ("pump_speed", 80.0),
+        ("lead_pump", 1.0),
+        ("pumps_run", 2.0),
+        ("valves_open", 0.0),
+    ] {
+        let _ = cdu.write_setting(name, value);
+    }
     for (name, value) in [
         ("supply_temp", 40.0),
         ("return_temp", 49.3),
@@ -574,7 +581,8 @@ pub fn steady_sim_cdu() -> loopwarden_twin::sim_cdu::SimCdu {
         ("facility_power", 135_000.0),
         ("outdoor_temp", 20.0),
     ] {
-        cdu.set_measurement(name, value).expect("a measurement");
+        // A map without the register simply does not show it.
+        let _ = cdu.set_measurement(name, value);
     }
     cdu
 }

@@ -179,6 +179,14 @@ fn run(config_path: Option<PathBuf>, flags: Overrides) -> ExitCode {
         );
         tracing::warn!("cap leases are signed with the public demonstration key");
     }
+    if config.volatile_latch {
+        eprintln!(
+            "cooling-ctrl: WARNING: no flash file (volatile_latch): latched leaks, failed pumps \
+             and the lead pump are LOST AT EVERY RESTART; a restarted controller may reopen \
+             a valve closed for a leak"
+        );
+        tracing::warn!("no flash file: the latched state is lost at every restart");
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
