@@ -616,4 +616,44 @@ mod tests {
         assert_eq!(v[1]["event"]["lease_sent"]["limit_w"], 550, "{v:?}");
         assert_eq!(v[1]["event"]["lease_sent"]["reason"], "capacity-short");
     }
+
+    #[test]
+    fn a_damaged_newest_record_is_unreadable_never_the_older_state() {
+        use futures::executor::block_on;
+        use loopwarden_bus::agent_flash::AgentFlash;
+        let mut store = sim_store(None);
+        assert_eq!(block_on(load_latched(&mut store)), Ok(None));
+        let older = LatchRecord {
+            generation: 1,
+            latched: Latched {
+                leaks: 0b0010,
+                ..Latched::default()
+            },
+        };
+        let newer = LatchRecord {
+            generation: 2,
+            latched: Latched::default(),
+        };
+        for r in [older, newer] {
+            block_on(save_latched(&mut store, &r)).unwrap();
+        }
+        assert_eq!(block_on(load_latched(&mut store)), Ok(Some(newer)));
+        // The newest record's bytes change in the flash.
+        let mut flash = store.into_flash();
+        let AgentFlash::Memory(f) = &mut flash else {
+            panic!("a simulated flash");
+        };
+        assert!(damage_record(f.bytes_mut(), &newer));
+        let mut store = sim_store(Some(flash));
+        let e = block_on(load_latched(&mut store)).unwrap_err();
+        assert!(
+            e.contains("generation 1") && e.contains("generation 2"),
+            "{e}"
+        );
+        // A record of the format before generations reads as it is.
+        let mut store = sim_store(None);
+        block_on(store.set(LATCHED_KEY, &older.latched.encode())).unwrap();
+        let read = block_on(load_latched(&mut store)).unwrap().unwrap();
+        assert_eq!(read.latched, older.latched);
+    }
 }

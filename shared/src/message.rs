@@ -343,7 +343,7 @@ pub enum Sensor {
     FacilityPower,
     /// Outdoor air temperature (the dry cooler's, or the BMS's).
     OutdoorTemp,
-    /// A rack valve's position input (since 2.6).
+    /// A rack valve's position input (since 2.5).
     ValvePosition,
 }
 
@@ -541,7 +541,7 @@ pub enum Event {
     },
     /// A setting the cooling controller wanted lies outside what the CDU's
     /// register map accepts: the map's nearest bound is written instead
-    /// (`active`), or the wanted value fits again (`!active`). Since 2.6.
+    /// (`active`), or the wanted value fits again (`!active`). Since 2.5.
     SettingLimited {
         /// Which setting.
         setting: CduSetting,
