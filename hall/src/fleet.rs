@@ -440,8 +440,9 @@ async fn start_cdus(
             host_ids: &l.host_ids,
             sim: &sim,
             clear_leaks: &[],
+            flash: None,
         };
-        let (_, controller, watcher) = side
+        let (_, controller, watcher, _) = side
             .start(&sc, &PlayOptions::default(), stop_rx)
             .map_err(start_err)?;
         cdus.push(CduPart {

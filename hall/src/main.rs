@@ -227,6 +227,10 @@ struct PlayArgs {
     /// (`SECONDS:RACK`, repeatable), as `cooling-ctrl ctl clear-leak` would.
     #[arg(long = "clear-leak", value_parser = parse_clear_leak)]
     clear_leaks: Vec<(u64, usize)>,
+    /// Print the run's summary (the JSON object `cooling-ctrl simulate`
+    /// prints, PLANT_MODEL §8.3) as the last line of standard output.
+    #[arg(long)]
+    json: bool,
 }
 
 /// `SECONDS:RACK`.
@@ -311,6 +315,11 @@ fn play(a: &PlayArgs) -> Result<(), String> {
     }
     for f in &o.report {
         println!("{}", f.display());
+    }
+    if a.json {
+        let summary = o.summary.as_ref().ok_or("the run has no summary")?;
+        let line = serde_json::to_string(summary).map_err(|e| format!("the summary: {e}"))?;
+        println!("{line}");
     }
     Ok(())
 }

@@ -32,8 +32,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cooling_ctrl::modbus::ModbusCdu;
-use cooling_ctrl::shell::{ShellConfig, ShellOptions, ShellStats};
+use cooling_ctrl::shell::{ShellConfig, ShellStats};
 use loopwarden_bus::embedded::EmbeddedBroker;
 use loopwarden_bus::{BrokerAddr, Bus, BusConfig, BusTask, Inbound};
 use loopwarden_field::common::CommonFlags;
@@ -47,7 +46,10 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::sim_side::{at_speed, Pace, SimSide};
+
+mod controller;
 use crate::trace::TraceRow;
+use controller::{fresh_file, restarts_of, ControllerRuns};
 
 /// What to play and how.
 #[derive(Debug, Clone)]
@@ -92,6 +94,9 @@ fn pki_tls(dir: &Path, who: &str) -> Result<loopwarden_bus::tls::Tls, PlayError>
 /// What the run saw.
 #[derive(Debug, Clone, Default)]
 pub struct PlayOutcome {
+    /// The figures of PLANT_MODEL §8.3, as `cooling-ctrl simulate`
+    /// reports them, of the run as played through the real shell.
+    pub summary: Option<loopwarden_twin::sim::Summary>,
     /// Hosts whose telemetry the observer received.
     pub hosts_heard: BTreeSet<String>,
     /// The CDU's telemetry was received.
@@ -258,8 +263,9 @@ pub async fn play_with(cfg: PlayConfig, opts: PlayOptions) -> Result<PlayOutcome
         host_ids: &host_ids,
         sim: &sim,
         clear_leaks: &cfg.clear_leaks,
+        flash: Some(fresh_file(&cfg.out.join("cdu1.flash"))?),
     };
-    let (start, controller, watcher) = ctrl.start(&sc, &opts, &stop_rx)?;
+    let (start, controller, watcher, declared) = ctrl.start(&sc, &opts, &stop_rx)?;
     let observer_tls = cfg
         .pki
         .as_deref()
@@ -275,6 +281,7 @@ pub async fn play_with(cfg: PlayConfig, opts: PlayOptions) -> Result<PlayOutcome
         observer_task,
     };
     let mut live = Live::open(&cfg, &sc, &sim, &host_ids, duration)?;
+    live.declared = Some(declared);
     live.banner = banner(&cfg, &broker, embedded.is_some(), duration);
     if cfg.headless {
         println!("{}", live.banner);
@@ -403,6 +410,15 @@ fn spawn_agent(
         .map_err(|e| PlayError::Start(format!("agent thread: {e}")))
 }
 
+/// The controller started: when, its task, the watcher of its counters
+/// and a receiver of them.
+pub(crate) type Started = (
+    Instant,
+    JoinHandle<()>,
+    JoinHandle<CapFigures>,
+    watch::Receiver<ShellStats>,
+);
+
 /// What the cooling controller is started with.
 pub(crate) struct ControllerSide<'a> {
     pub(crate) site: &'a Ident,
@@ -416,6 +432,9 @@ pub(crate) struct ControllerSide<'a> {
     pub(crate) sim: &'a SimSide,
     /// Operators clearing latched leaks: (simulated second, rack).
     pub(crate) clear_leaks: &'a [(u64, usize)],
+    /// The controller's flash file (kept across the scenario's
+    /// `controller_restart`s); `None`: in memory.
+    pub(crate) flash: Option<PathBuf>,
 }
 
 impl ControllerSide<'_> {
@@ -486,7 +505,7 @@ impl ControllerSide<'_> {
         sc: &Scenario,
         opts: &PlayOptions,
         stop_rx: &watch::Receiver<bool>,
-    ) -> Result<(Instant, JoinHandle<()>, JoinHandle<CapFigures>), PlayError> {
+    ) -> Result<Started, PlayError> {
         let s = &sc.site;
         let mut core = cooling_ctrl::site_figures::core_config(s)
             .map_err(|e| PlayError::Start(format!("controller config: {e}")))?;
@@ -514,38 +533,31 @@ impl ControllerSide<'_> {
             lease: Duration::from_secs(30),
         };
         let sim = self.sim;
-        let port = ModbusCdu::new(sim.map.clone(), sim.link().clone())
-            .with_timeout(Duration::from_millis(500));
-        let rx = stop_rx.clone();
         let (stats_tx, stats_rx) = cooling_ctrl::shell::stats_channel();
-        let lines = &sim.lines;
-        let board = loopwarden_boards::pins::BoardPins::new(
-            &sim.pins,
-            |l| lines.input(l),
-            |l| lines.output(l),
-        );
-        let shell_opts = ShellOptions {
-            stats: Some(stats_tx),
-            board: Some(Box::new(board)),
-            operator: self.operator(stop_rx),
-            ..Default::default()
+        let runs = ControllerRuns {
+            cfg: shell_cfg,
+            map: sim.map.clone(),
+            link: sim.link().clone(),
+            pins: sim.pins.clone(),
+            lines: sim.lines.clone(),
+            stats: stats_tx,
+            operator: self
+                .operator(stop_rx)
+                .map(|rx| Arc::new(tokio::sync::Mutex::new(rx))),
+            flash: self.flash.clone(),
+            hall: sim.hall.clone(),
+            restarts: restarts_of(sc),
         };
         let start = Instant::now();
         let watcher = tokio::spawn(watch_caps(
-            stats_rx,
+            stats_rx.clone(),
             start,
             sim.hall.clone(),
             self.host_ids.to_vec(),
             s.gpu.tdp_w,
         ));
-        let controller = tokio::spawn(async move {
-            if let Err(e) =
-                cooling_ctrl::shell::run_with(shell_cfg, shell_opts, port, stopped(rx)).await
-            {
-                tracing::error!("cooling controller: {e}");
-            }
-        });
-        Ok((start, controller, watcher))
+        let controller = tokio::spawn(runs.run(stop_rx.clone()));
+        Ok((start, controller, watcher, stats_rx))
     }
 }
 
@@ -647,6 +659,9 @@ struct Live<'a> {
     caps_in_force: BTreeMap<String, bool>,
     /// What is running, the live view's first line.
     banner: String,
+    /// The controller's counters, whose last commands say what it
+    /// declares (caps, failsafe, lost sensing, lying valve inputs).
+    declared: Option<watch::Receiver<ShellStats>>,
 }
 
 impl<'a> Live<'a> {
@@ -684,6 +699,7 @@ impl<'a> Live<'a> {
             speed: 1.0,
             caps_in_force: BTreeMap::new(),
             banner: String::new(),
+            declared: None,
         })
     }
 
@@ -729,7 +745,14 @@ impl<'a> Live<'a> {
     /// Steps the hall by `dt` simulated seconds; its time after and the
     /// trace row it shows.
     fn step_hall(&self, dt: f64) -> (f64, TraceRow) {
+        let declared = self.declared.as_ref().and_then(|rx| {
+            let s = rx.borrow();
+            s.last.as_ref().map(|c| declared_by(c, self.host_ids.len()))
+        });
         let mut h = self.sim.hall.lock().expect("hall lock");
+        if let Some(d) = declared {
+            h.declare(d);
+        }
         if let Err(e) = h.step(dt) {
             tracing::warn!("hall: {e}");
         }
@@ -893,6 +916,7 @@ impl<'a> Live<'a> {
         }
         let (it_kwh, fac_kwh, work_gpu_h) = {
             let h = self.sim.hall.lock().expect("hall lock");
+            self.out.summary = Some(h.summary(&self.cfg.name, "ours"));
             let tt = h.plant().totals();
             self.out.gpu_shutdowns = u64::from(tt.shutdowns);
             (
@@ -936,6 +960,18 @@ impl<'a> Live<'a> {
             Some(&summary),
         )?;
         Ok(self.out)
+    }
+}
+
+/// What the controller's commands `c` declare, for a hall of `hosts`
+/// hosts.
+fn declared_by(c: &cooling_core::Commands, hosts: usize) -> loopwarden_twin::tally::Declared {
+    let racks = |mask: u16| (0..16).map(|r| mask & (1 << r) != 0).collect::<Vec<bool>>();
+    loopwarden_twin::tally::Declared {
+        caps: c.caps.iter().take(hosts).flatten().count(),
+        failsafe: c.mode == loopwarden_protocol::message::CduMode::Failsafe,
+        sensing_lost: racks(c.sensing_lost),
+        feedback_alarms: racks(c.valve_feedback_faults),
     }
 }
 

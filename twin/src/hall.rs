@@ -32,6 +32,7 @@ use crate::pins::SimLines;
 use crate::plant::{Actuation, GpuState, Plant};
 use crate::scenario::{FaultKind, Scenario, SensorName};
 use crate::sim_cdu::{fallback, SimCdu};
+use crate::tally::{Declared, Tally};
 
 /// The simulated hall.
 pub struct Hall {
@@ -54,6 +55,10 @@ pub struct Hall {
     relay: Option<(bool, f64)>,
     /// The CDU ran on its own fallback at the last step.
     fallback: bool,
+    /// The summary's figures besides the plant's.
+    tally: Tally,
+    /// What the controller last declared.
+    declared: Declared,
 }
 
 impl Hall {
@@ -65,11 +70,13 @@ impl Hall {
         let n = plant.gpus().len();
         let site = plant.site();
         let follow = HostFollow::new(site.racks * site.hosts_per_rack, site.gpus_per_host);
+        let site_racks = site.racks;
         // A CDU at rest runs its lead pump.
         if cdu.setting("pumps_run").is_ok_and(|r| r == 0.0) {
             let lead = cdu.setting("lead_pump").unwrap_or(0.0).min(1.0);
             let _ = cdu.write_setting("pumps_run", if lead == 1.0 { 2.0 } else { 1.0 });
         }
+        let lead0 = cdu.setting("lead_pump").unwrap_or(0.0).min(1.0) as usize;
         // Dry, whole ropes at start.
         for r in &pins.ropes {
             lines.assert(&r.leak, false);
@@ -90,6 +97,8 @@ impl Hall {
             heartbeat: None,
             relay: None,
             fallback: false,
+            tally: Tally::new(site_racks, lead0),
+            declared: Declared::default(),
         };
         // The outdoor sensor reads from the start (its register's 0 would
         // pass for a 0 °C day); the loop's sensors read at the first step.
@@ -109,6 +118,32 @@ impl Hall {
     /// controller's heartbeat or relay).
     pub fn in_fallback(&self) -> bool {
         self.fallback
+    }
+
+    /// The controller now declares `d` (its last commands), counted from
+    /// the next step on.
+    pub fn declare(&mut self, d: Declared) {
+        self.declared = d;
+    }
+
+    /// The controller's process stopped to start again (a
+    /// `controller_restart` played through the real shell).
+    pub fn controller_restarted(&mut self) {
+        self.tally.restarted();
+    }
+
+    /// The summary of the run so far (PLANT_MODEL §8.3), as `simulate`
+    /// reports it, named `scenario`, for `controller`.
+    pub fn summary(&self, scenario: &str, controller: &str) -> crate::sim::Summary {
+        let leaks = self
+            .scenario
+            .faults
+            .iter()
+            .filter(|f| matches!(f.kind, FaultKind::Leak(_)) && (f.at_s as f64) < self.t)
+            .count() as u32;
+        let t = self.plant.totals();
+        self.tally
+            .summary(scenario, controller, self.t.round() as u64, &t, leaks)
     }
 
     /// The plant (for the report; a controller must not read it).
@@ -253,6 +288,7 @@ impl Hall {
         let site = self.plant.site();
         let per_host = site.gpus_per_host;
         let per_rack = site.hosts_per_rack * per_host;
+        let racks = site.racks;
         let active: Vec<FaultKind> = self.scenario.active(self.t).cloned().collect();
         for f in &active {
             if let FaultKind::GpuFail(r, h, g) = f {
@@ -265,14 +301,23 @@ impl Hall {
         }
         self.cdu
             .set_local(active.contains(&FaultKind::CduWriteRefused));
+        // A Modbus outage: the CDU's gateway answers nothing for it.
+        self.cdu.set_cut(active.contains(&FaultKind::ModbusOutage));
         // The hosts drain and power down by the hall's clock.
         let mut cond = self.scenario.conditions(self.t, &self.failed);
         let act = self.actuation(&active, &mut cond)?;
+        self.tally.declared(&self.declared, dt);
+        self.tally.lead(crate::sim::lead_of(act.pump_on));
         self.plant.step(dt, &act, &cond);
+        let leaking: Vec<bool> = (0..racks)
+            .map(|r| active.contains(&FaultKind::Leak(r)))
+            .collect();
+        let flowing = self.plant.meters().flow_lpm > 0.0;
+        self.tally.account(&leaking, &act.valves, flowing, dt);
         self.t += dt;
         self.show_board(&active);
-        // During a Modbus outage the registers keep their last values (the
-        // controller's reads fail on its side of the link).
+        // During a Modbus outage the registers keep their last values and
+        // every request fails (the gateway's exception 11).
         if active.contains(&FaultKind::ModbusOutage) {
             return Ok(());
         }
@@ -336,8 +381,9 @@ impl Hall {
         let bits = |f: &dyn Fn(usize) -> bool| -> f64 {
             f64::from((0..racks).filter(|r| f(*r)).map(|r| 1u32 << r).sum::<u32>())
         };
-        self.cdu
-            .set_measurement("valves_closed", bits(&|r| !act.valves[r]))?;
+        // A stuck position input reads what it is stuck at.
+        let closed = |r: usize| crate::sim::feedback_stuck(active, r).unwrap_or(!act.valves[r]);
+        self.cdu.set_measurement("valves_closed", bits(&closed))?;
         // The CDU's leak inputs are the same ropes, wired to it too.
         let leak_bits = bits(&|r| {
             active.contains(&FaultKind::Leak(r)) && !active.contains(&FaultKind::RopeCut(r))

@@ -32,3 +32,4 @@ pub mod plant;
 pub mod scenario;
 pub mod sim;
 pub mod sim_cdu;
+pub mod tally;

@@ -40,6 +40,7 @@ pub use multi::{run_hall, FacilityCoordinator, FacilityOrder, FacilityPolicy, Ha
 use crate::hosts::HostFollow;
 use crate::plant::{Actuation, Conditions, Meters, Plant};
 use crate::scenario::{FaultKind, Scenario, SensorName};
+use crate::tally::{Declared, Tally};
 
 /// What the hosts' agents report over the bus about one host.
 #[derive(Debug, Clone, PartialEq)]
@@ -304,7 +305,7 @@ pub struct Summary {
 }
 
 /// `a / b`, 0 where there is no `b` (a run with no IT or no work).
-fn ratio(a: f64, b: f64) -> f64 {
+pub(crate) fn ratio(a: f64, b: f64) -> f64 {
     if b > 0.0 {
         a / b
     } else {
@@ -453,27 +454,14 @@ struct RunState<'a> {
     cdu: CduCommand,
     /// Per host: the cap lease it holds (cap, W; lapses at, s).
     leases: Vec<Option<(f64, f64)>>,
-    cap_host_s: u64,
-    failsafe_s: u64,
-    leak_pumped_s: u64,
+    /// The figures of the summary besides the plant's.
+    tally: Tally,
     /// Per rack: the valve's real position, open.
     valves_open: Vec<bool>,
-    /// Per rack: its valve was closed while it leaked.
-    closed_for_leak: Vec<bool>,
-    valve_reopened: u32,
-    /// The lead pump the CDU was last told, and how often it changed.
+    /// The lead pump the CDU was last told.
     lead: usize,
-    switchovers: u32,
-    /// Per rack: the controller reported its leak sensing lost.
-    sensing_lost: Vec<bool>,
-    sensing_alarms: u32,
-    /// Per rack: its valve feedback reported not believed at the last
-    /// decision; and the count of new reports.
-    feedback_alarmed: Vec<bool>,
-    feedback_alarms: u32,
     /// A `latch_corrupt` waits for the next restart.
     latch_damage_due: bool,
-    restarts: u32,
     /// The controller's process is down until this second.
     down_until: Option<u64>,
     /// When the CDU last heard its heartbeat register written, s.
@@ -529,20 +517,10 @@ impl<'a> RunState<'a> {
             sensors: [SensorState::default(); 6],
             failed: vec![false; n],
             leases: vec![None; hosts],
-            cap_host_s: 0,
-            failsafe_s: 0,
-            leak_pumped_s: 0,
+            tally: Tally::new(racks, 0),
             valves_open: vec![true; racks],
-            closed_for_leak: vec![false; racks],
-            valve_reopened: 0,
             lead: 0,
-            switchovers: 0,
-            sensing_lost: vec![false; racks],
-            sensing_alarms: 0,
-            feedback_alarmed: vec![false; racks],
-            feedback_alarms: 0,
             latch_damage_due: false,
-            restarts: 0,
             down_until: None,
             heartbeat_at: None,
             writes_ok: true,
@@ -608,7 +586,7 @@ impl<'a> RunState<'a> {
         for f in &scenario.faults {
             if let (FaultKind::ControllerRestart(down), true) = (&f.kind, f.at_s == sec) {
                 self.down_until = Some(sec + down.ceil() as u64);
-                self.restarts += 1;
+                self.tally.restarted();
             }
             if f.kind == FaultKind::LatchCorrupt && f.at_s == sec {
                 self.latch_damage_due = true;
@@ -733,19 +711,8 @@ impl<'a> RunState<'a> {
     /// Counts what the controller's decision `d` declares: failsafe, caps
     /// asked, racks newly reported as having lost leak sensing.
     fn heard(&mut self, d: &Decision) {
-        self.failsafe_s += u64::from(d.failsafe);
         self.caps_now = d.host_caps.iter().take(self.hosts).flatten().count();
-        self.cap_host_s += self.caps_now as u64;
-        for (r, was) in self.sensing_lost.iter_mut().enumerate() {
-            let lost = d.leak_sensing_lost.get(r).copied().unwrap_or(false);
-            self.sensing_alarms += u32::from(lost && !*was);
-            *was = lost;
-        }
-        for (r, was) in self.feedback_alarmed.iter_mut().enumerate() {
-            let alarm = d.valve_feedback_alarms.get(r).copied().unwrap_or(false);
-            self.feedback_alarms += u32::from(alarm && !*was);
-            *was = alarm;
-        }
+        self.tally.declared(&declared(d, self.caps_now), 1.0);
     }
 
     /// The hosts hear the controller over the bus, when the bus works and
@@ -824,9 +791,9 @@ impl<'a> RunState<'a> {
     ) -> Actuation {
         let cdu = self.cdu_hears(s, d);
         if let Some(lead) = lead_of(cdu.pump_on) {
-            self.switchovers += u32::from(lead != self.lead);
             self.lead = lead;
         }
+        self.tally.lead(lead_of(cdu.pump_on));
         // A stuck valve keeps its position: open, as at the start.
         self.valves_open = (0..self.racks)
             .map(|r| s.active.contains(&FaultKind::ValveStuck(r)) || cdu.valves[r])
@@ -855,17 +822,7 @@ impl<'a> RunState<'a> {
     /// opened again.
     fn account(&mut self, s: &Second, act: &Actuation) {
         let flowing = self.last.flow_lpm > 0.0;
-        for r in 0..self.racks {
-            let open = act.valves[r];
-            if s.leaking[r] && open && flowing {
-                self.leak_pumped_s += 1;
-            }
-            if s.leaking[r] && !open {
-                self.closed_for_leak[r] = true;
-            } else if open && std::mem::take(&mut self.closed_for_leak[r]) {
-                self.valve_reopened += 1;
-            }
-        }
+        self.tally.account(&s.leaking, &act.valves, flowing, 1.0);
     }
 
     /// One row of the trace, after the plant's step.
@@ -891,35 +848,21 @@ impl<'a> RunState<'a> {
         )
     }
 
-    /// The figures of the run, from the plant's accounts and the counters.
+    /// The figures of the run, from the plant's accounts and the tally.
     fn summary(&self, name: &str, controller: &str, leaks: u32) -> Summary {
         let t = self.plant.totals();
-        let it_kwh = t.it_j / 3.6e6;
-        let facility_kwh = t.facility_j / 3.6e6;
-        let work_gpu_h = t.work_gpu_s / 3600.0;
-        Summary {
-            scenario: name.to_string(),
-            controller: controller.to_string(),
-            duration_s: self.scenario.duration_s,
-            it_kwh,
-            facility_kwh,
-            pue: ratio(facility_kwh, it_kwh),
-            work_gpu_h,
-            kwh_per_work_gpu_h: ratio(facility_kwh, work_gpu_h),
-            max_gpu_temp_c: t.max_gpu_c,
-            gpu_s_above_max_operating: t.gpu_s_above_max_operating.round() as u64,
-            slowdown_episodes: t.slowdown_episodes,
-            shutdowns: t.shutdowns,
-            cap_requests: self.cap_host_s,
-            failsafe_s: self.failsafe_s,
-            leaks,
-            leak_pumped_s: self.leak_pumped_s,
-            pump_switchovers: self.switchovers,
-            valve_reopened_unattended: self.valve_reopened,
-            leak_sensing_alarms: self.sensing_alarms,
-            valve_feedback_alarms: self.feedback_alarms,
-            controller_restarts: self.restarts,
-        }
+        self.tally
+            .summary(name, controller, self.scenario.duration_s, &t, leaks)
+    }
+}
+
+/// What decision `d` declares, with `caps` hosts capped.
+fn declared(d: &Decision, caps: usize) -> Declared {
+    Declared {
+        caps,
+        failsafe: d.failsafe,
+        sensing_lost: d.leak_sensing_lost.clone(),
+        feedback_alarms: d.valve_feedback_alarms.clone(),
     }
 }
 

@@ -12,7 +12,9 @@
 //! broadcast writes without answering), like a CDU on a shared bus. In
 //! local mode ([`SimCdu::set_local`], switched at its panel) it refuses
 //! every write with exception 4 (server device failure) and still answers
-//! reads.
+//! reads. Cut off its bus ([`SimCdu::set_cut`], a Modbus outage), every
+//! request gets exception 11 (gateway target device failed to respond),
+//! as from the gateway in front of a CDU it cannot reach.
 //!
 //! Glossary:
 //! - *image*: the registers' current words, as a client reads them.
@@ -59,6 +61,7 @@ pub struct SimCdu {
     map: Arc<RegisterMap>,
     image: Arc<Mutex<Image>>,
     local: Arc<std::sync::atomic::AtomicBool>,
+    cut: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl SimCdu {
@@ -79,6 +82,7 @@ impl SimCdu {
             map: Arc::new(map),
             image: Arc::new(Mutex::new(Image { input, holding })),
             local: Arc::default(),
+            cut: Arc::default(),
         };
         for (name, value) in settings {
             cdu.write_setting(name, *value)?;
@@ -95,6 +99,18 @@ impl SimCdu {
     pub fn set_local(&self, local: bool) {
         self.local
             .store(local, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Cuts the CDU off its bus (`true`: a Modbus outage) or joins it
+    /// again: while cut, every request is answered by the gateway in
+    /// front of it with exception 11 (gateway target device failed to
+    /// respond), and nothing is read or written.
+    pub fn set_cut(&self, cut: bool) {
+        self.cut.store(cut, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn is_cut(&self) -> bool {
+        self.cut.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// In local mode.
@@ -158,6 +174,9 @@ impl SimCdu {
     }
 
     fn read(&self, kind: Kind, addr: u16, count: u16) -> Result<Vec<u16>, ExceptionCode> {
+        if self.is_cut() {
+            return Err(ExceptionCode::GatewayTargetDevice);
+        }
         if count == 0 || count > 125 {
             return Err(ExceptionCode::IllegalDataValue);
         }
@@ -179,6 +198,9 @@ impl SimCdu {
     /// Writes `words` from `addr`: every register touched whole, every
     /// value in range, or nothing changes.
     fn write(&self, addr: u16, words: &[u16]) -> Result<(), ExceptionCode> {
+        if self.is_cut() {
+            return Err(ExceptionCode::GatewayTargetDevice);
+        }
         if self.local() {
             return Err(ExceptionCode::ServerDeviceFailure);
         }
