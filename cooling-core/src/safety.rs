@@ -456,4 +456,19 @@ mod tests {
         s.feedback(26_000, 0b0001, true, Some(0), 5_000, &mut log);
         assert_eq!(s.feedback_faults(), 0);
     }
+
+    #[test]
+    fn a_valve_whose_position_is_not_read_back_is_not_taken_for_closed() {
+        let mut s = Safety::default();
+        let mut log = Log::default();
+        s.leaks(&LeakInputs::wet(0b0001), 4, 0, &mut log);
+        for t in 0..5 {
+            assert!(!s.isolation(t * 1000, None, 5_000, &mut log), "{t}");
+        }
+        assert!(
+            s.isolation(5_000, None, 5_000, &mut log),
+            "no position: escalated"
+        );
+        assert_eq!(s.isolation_failed(), 0b0001);
+    }
 }

@@ -10,7 +10,9 @@
 //! 1. [`Decider::step`]: the CDU's measurements (`None`: it did not
 //!    answer), the board's leak lines and the hosts' reports in, the
 //!    core's commands out. Before the core runs, a relatch that is due
-//!    ([`latch`]) latches the racks whose valves read closed.
+//!    ([`latch`]) latches the racks whose valves read closed; while one
+//!    is pending, every rack is treated as latched for its hosts (caps
+//!    at their minimum, cooling lost), since any valve may be shut.
 //! 2. [`Decider::to_keep`] / [`Decider::kept`]: the latched record to
 //!    write to flash, and whether it went in; nothing acts before.
 //! 3. [`Decider::plan`]: the ordered writes ([`writes`]), the valves
@@ -219,14 +221,34 @@ impl Decider {
                 !positions,
             ));
         }
-        self.core.step(&Inputs {
+        let mut c = self.core.step(&Inputs {
             now_ms: inp.now_ms,
             cdu: cdu.map(core_readings),
             ambient_c: inp.ambient_c,
             leaks: leak_inputs(inp.board, cdu.and_then(|r| r.leaks)),
             cdu_writes_ok: self.writes_ok,
             hosts: inp.hosts,
-        })
+        });
+        if self.keeper.relatch_pending() {
+            self.unknown_racks(&mut c);
+        }
+        c
+    }
+
+    /// While a relatch is pending, which racks' valves are shut is not
+    /// known: any of them may be, so every rack's hosts are treated as
+    /// a latched rack's (capped to their minimum, told their cooling is
+    /// lost) and the alarm sounds, until the valve positions are read.
+    fn unknown_racks(&self, c: &mut Commands) {
+        let cfg = self.core.config();
+        c.cooling_lost = cooling_core::safety::all_racks(cfg.layout.racks as usize);
+        let cap = cooling_core::HostCap {
+            watts: cfg.gpu.min_cap_w,
+            reason: loopwarden_protocol::ReasonCode::COOLING_LOST,
+        };
+        let hosts = cfg.layout.hosts().min(cooling_core::MAX_HOSTS);
+        c.caps.iter_mut().take(hosts).for_each(|h| *h = Some(cap));
+        c.beacon = true;
     }
 
     /// Step 2: the latched record to write to flash before anything acts,
@@ -295,7 +317,7 @@ mod tests {
         }
     }
 
-    fn step(d: &mut Decider, s: u64, cdu: Option<&CduMeasurements>) -> Plan {
+    fn step(d: &mut Decider, s: u64, cdu: Option<&CduMeasurements>) -> (Plan, Commands) {
         let c = d.step(
             cdu,
             &StepIn {
@@ -311,7 +333,7 @@ mod tests {
         }
         let p = d.plan(&c, cdu.and_then(|m| m.valves_closed));
         d.written(&Outcome::whole(&p, true));
-        p
+        (p, c)
     }
 
     #[test]
@@ -328,19 +350,24 @@ mod tests {
             .iter()
             .any(|(s, error)| *error && s.contains("damaged")));
         d.core_mut().set_limits(30.0, -2.0);
-        // The CDU is silent: nothing to keep, no valve written.
+        // The CDU is silent: nothing to keep, no valve written, and
+        // every rack's hosts held as a latched rack's.
+        let racks = cooling_core::safety::all_racks(4);
         for s in 0..3 {
-            let p = step(&mut d, s, None);
+            let (p, c) = step(&mut d, s, None);
             assert_eq!(p.value(Setting::Valves), None, "{s}");
+            assert_eq!(c.cooling_lost, racks);
+            assert!(c.caps[..16].iter().all(|h| h.is_some()) && c.beacon);
         }
         assert!(d.relatch_pending());
         // It answers: rack 1's valve reads closed and stays so.
         let m = measured(0b0010);
-        let p = step(&mut d, 3, Some(&m));
+        let (p, c) = step(&mut d, 3, Some(&m));
         assert_eq!(p.value(Setting::Valves), Some(f64::from(0b1101u16)));
         assert!(!d.relatch_pending());
         assert_eq!(d.core().limits(), (30.0, -2.0), "the BMS's limits stand");
         assert_eq!(d.core().leaks_latched(), 0b0010);
+        assert_eq!(c.cooling_lost, 0b0010, "the other racks are cooled again");
     }
 
     #[test]

@@ -61,6 +61,9 @@ impl Controller for Watched {
     fn restart(&mut self) {
         self.ours.restart();
     }
+    fn damage_latch(&mut self) {
+        self.ours.damage_latch();
+    }
     fn step(&mut self, r: &Readings) -> Decision {
         let d = self.ours.step(r);
         let lead = sim::lead_of(d.pump_on);
