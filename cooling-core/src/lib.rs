@@ -1237,6 +1237,10 @@ mod tests {
         assert_eq!(before.mode, CduMode::Normal);
         // The clock jumps back an hour, then forward a day: no panic, no
         // new fault, no latch, the same mode and pumps.
+        // A step forward integrates at most 10 s: the setpoint warms by no
+        // more than 10 s of its slew.
+        let max_rise = cfg.margins.setpoint_rise_k_per_min * 10.0 / 60.0 + 1e-3;
+        let mut last_sp = before.setpoint_c;
         for s in (0..60).map(|k| 10 + k).chain((0..60).map(|k| 86_400 + k)) {
             let c = hall.step(&mut core, s);
             assert_eq!(
@@ -1245,6 +1249,8 @@ mod tests {
                 "{s}"
             );
             assert!(c.events.is_empty(), "{s}: {:?}", c.events);
+            assert!(c.setpoint_c - last_sp <= max_rise, "{s}: {last_sp} -> {}", c.setpoint_c);
+            last_sp = c.setpoint_c;
         }
         assert_eq!(core.latched(), Latched::default());
     }
