@@ -1249,7 +1249,11 @@ mod tests {
                 "{s}"
             );
             assert!(c.events.is_empty(), "{s}: {:?}", c.events);
-            assert!(c.setpoint_c - last_sp <= max_rise, "{s}: {last_sp} -> {}", c.setpoint_c);
+            assert!(
+                c.setpoint_c - last_sp <= max_rise,
+                "{s}: {last_sp} -> {}",
+                c.setpoint_c
+            );
             last_sp = c.setpoint_c;
         }
         assert_eq!(core.latched(), Latched::default());

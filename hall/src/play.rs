@@ -85,6 +85,26 @@ pub struct PlayConfig {
     pub clear_leaks: Vec<(u64, usize)>,
 }
 
+impl PlayConfig {
+    /// `scenario` named `name`, played whole and headless in real time
+    /// into `out`, on the embedded broker, with no agent config and no
+    /// operator: what the tests play, each changing what it needs.
+    pub fn headless(scenario: Scenario, name: &str, out: &Path) -> Self {
+        Self {
+            scenario,
+            name: name.to_string(),
+            out: out.to_path_buf(),
+            speed: 1.0,
+            duration_s: None,
+            headless: true,
+            broker: None,
+            pki: None,
+            agent_config: None,
+            clear_leaks: Vec::new(),
+        }
+    }
+}
+
 /// The TLS settings of identity `who` from the pki folder `dir`.
 fn pki_tls(dir: &Path, who: &str) -> Result<loopwarden_bus::tls::Tls, PlayError> {
     loopwarden_bus::tls::Tls::load(loopwarden_bus::tls::TlsFiles::of_identity(dir, who))

@@ -80,16 +80,10 @@ async fn a_chiller_trip_caps_the_hosts_through_real_agents_and_the_caps_lift_aft
     let scenario = Scenario::from_toml(&scenario(), "chiller_trip.toml").unwrap();
     let began = Instant::now();
     let out = play(PlayConfig {
-        scenario,
-        name: "chiller trip".into(),
-        out: dir.path().to_path_buf(),
         speed: SPEED,
-        duration_s: None,
-        headless: true,
         broker: Some(format!("127.0.0.1:{}", broker.port()).parse().unwrap()),
         pki: Some(broker.dir().to_path_buf()),
-        agent_config: None,
-        clear_leaks: Vec::new(),
+        ..PlayConfig::headless(scenario, "chiller trip", dir.path())
     })
     .await
     .expect("the run completes");

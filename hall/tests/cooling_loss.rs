@@ -100,16 +100,14 @@ async fn a_leaking_rack_is_drained_in_slurm_powered_down_and_resumed() {
     };
     let started = Instant::now();
     let out = play(PlayConfig {
-        scenario: Scenario::from_toml(LEAK, "leak.toml").unwrap(),
-        name: "leak".into(),
-        out: dir.path().join("run"),
         speed: SPEED,
-        duration_s: None,
-        headless: true,
-        broker: None,
-        pki: None,
         agent_config: Some(config),
         clear_leaks: vec![(120, 0)],
+        ..PlayConfig::headless(
+            Scenario::from_toml(LEAK, "leak.toml").unwrap(),
+            "leak",
+            &dir.path().join("run"),
+        )
     })
     .await
     .expect("the run completes");

@@ -23,20 +23,9 @@ all = [[0, 0.4], [10, 0.9], [45, 0.9]]
 async fn the_whole_system_runs_headless_and_everything_is_heard() {
     let dir = tempfile::tempdir().unwrap();
     let scenario = Scenario::from_toml(SHORT, "short.toml").unwrap();
-    let out = play(PlayConfig {
-        scenario,
-        name: "short".into(),
-        out: dir.path().to_path_buf(),
-        speed: 1.0,
-        duration_s: None,
-        headless: true,
-        broker: None,
-        pki: None,
-        agent_config: None,
-        clear_leaks: Vec::new(),
-    })
-    .await
-    .expect("the run completes");
+    let out = play(PlayConfig::headless(scenario, "short", dir.path()))
+        .await
+        .expect("the run completes");
     let want: Vec<String> = ["r0h0", "r0h1", "r1h0", "r1h1"].map(String::from).to_vec();
     assert_eq!(
         out.hosts_heard.iter().cloned().collect::<Vec<_>>(),

@@ -63,20 +63,9 @@ target = "0"
 async fn leaks_stay_isolated_through_a_damaged_latch_a_failed_board_and_a_lying_valve_input() {
     let dir = tempfile::tempdir().unwrap();
     let scenario = Scenario::from_toml(FAULTS, "faults.toml").unwrap();
-    let out = play(PlayConfig {
-        scenario,
-        name: "faults".into(),
-        out: dir.path().to_path_buf(),
-        speed: 1.0,
-        duration_s: None,
-        headless: true,
-        broker: None,
-        pki: None,
-        agent_config: None,
-        clear_leaks: Vec::new(),
-    })
-    .await
-    .expect("the run completes");
+    let out = play(PlayConfig::headless(scenario, "faults", dir.path()))
+        .await
+        .expect("the run completes");
     let s = out.summary.expect("a summary");
     eprintln!("{}", serde_json::to_string(&s).unwrap());
     assert_eq!(s.leaks, 2);
