@@ -48,6 +48,7 @@ use crate::journal::{
     LEARNED_EVERY,
 };
 use crate::modbus::CduMeasurements;
+use crate::shell::outdoor::OutdoorSources;
 use crate::site_figures::core_config;
 
 /// The core, through the decision path, as a scenario runner's controller.
@@ -286,7 +287,10 @@ impl Controller for Ours {
             &StepIn {
                 now_ms,
                 board: board(r),
-                ambient_c: crate::shell::outdoor::cdu_outdoor(r.ambient_c, r.modbus_ok),
+                // As the shell picks it, with no BMS to write one.
+                ambient_c: OutdoorSources::new()
+                    .pick(cdu.as_ref().and_then(|m| m.outdoor_c), now_ms)
+                    .map(|(c, _)| c),
                 hosts: &self.reports,
             },
         );

@@ -43,11 +43,10 @@ pub fn plausible_outdoor(c: f64) -> Option<f32> {
     PLAUSIBLE_C.contains(&c).then_some(c as f32)
 }
 
-/// What the CDU's outdoor sensor gives a step: its `reading` when the CDU
-/// `answered` and the reading is plausible. (The twin's fast mode, which
-/// has no BMS, takes this alone.)
-pub fn cdu_outdoor(reading: Option<f64>, answered: bool) -> Option<f32> {
-    reading.filter(|_| answered).and_then(plausible_outdoor)
+/// What the CDU's outdoor sensor gives a step: its `reading` if
+/// plausible (`None`: the CDU did not answer, or its map lacks it).
+fn cdu_outdoor(reading: Option<f64>) -> Option<f32> {
+    reading.and_then(plausible_outdoor)
 }
 
 impl OutdoorSources {
@@ -74,7 +73,7 @@ impl OutdoorSources {
     /// CDU's reading (`cdu`: `None` when the CDU did not answer or its map
     /// lacks the register) if plausible, else the BMS's while fresh.
     pub fn pick(&self, cdu: Option<f64>, now_ms: u64) -> Option<(f32, OutdoorSource)> {
-        cdu_outdoor(cdu, true)
+        cdu_outdoor(cdu)
             .map(|c| (c, OutdoorSource::Cdu))
             .or_else(|| self.bms_fresh(now_ms).map(|c| (c, OutdoorSource::Bms)))
     }
@@ -126,10 +125,9 @@ mod tests {
     }
 
     #[test]
-    fn a_cdu_that_did_not_answer_gives_no_outdoor_temperature() {
-        assert_eq!(cdu_outdoor(Some(12.5), true), Some(12.5));
-        assert_eq!(cdu_outdoor(Some(12.5), false), None);
-        assert_eq!(cdu_outdoor(Some(-327.68), true), None);
-        assert_eq!(cdu_outdoor(None, true), None);
+    fn the_cdus_reading_counts_only_when_it_is_plausible() {
+        assert_eq!(cdu_outdoor(Some(12.5)), Some(12.5));
+        assert_eq!(cdu_outdoor(Some(-327.68)), None);
+        assert_eq!(cdu_outdoor(None), None);
     }
 }
