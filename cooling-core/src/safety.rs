@@ -68,7 +68,12 @@ impl LeakInputs {
 
     /// Whether any input that answered reads rack `r` wet.
     pub fn reads_wet(&self, r: usize) -> bool {
-        (self.read_ok && bit(self.wet, r)) || self.cdu.is_some_and(|c| bit(c, r))
+        bit(self.wet_now(), r)
+    }
+
+    /// The racks any input that answered reads wet, bit n = rack n.
+    pub fn wet_now(&self) -> u16 {
+        (if self.read_ok { self.wet } else { 0 }) | self.cdu.unwrap_or(0)
     }
 }
 

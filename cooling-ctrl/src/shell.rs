@@ -314,8 +314,6 @@ struct Shell<P> {
     started_unix: u64,
     index: HashMap<Ident, usize>,
     reports: Vec<Option<HostReport>>,
-    /// The CDU's leak register as last read.
-    leaks: u16,
     cdu_error: Option<String>,
     write_error: Option<String>,
     sent: Vec<LeaseSent>,
@@ -531,7 +529,6 @@ impl<P: CduPort> Shell<P> {
             me: started.me,
             started: Instant::now(),
             started_unix: now_ms().0,
-            leaks: 0,
             cdu_error: None,
             write_error: None,
             state_sent: None,

@@ -27,7 +27,7 @@ impl<P: CduPort> Shell<P> {
             readings: r.copied(),
             last_read: self.last_read,
             sensors,
-            leaks_now: self.leaks,
+            leaks_now: self.leak_inputs.wet_now(),
             leaks_latched: self.decider.core().leaks_latched(),
             sensing_lost: self.decider.core().sensing_lost(),
             isolation_failed: self.decider.core().isolation_failed(),
@@ -123,7 +123,7 @@ impl<P: CduPort> Shell<P> {
                     } else {
                         Percent::ZERO
                     },
-                    leak: r.is_some() && self.leaks & (1 << i) != 0,
+                    leak: self.leak_inputs.reads_wet(i),
                 });
             }
         }
