@@ -1082,7 +1082,7 @@ mod tests {
         assert_eq!(core.limits(), (30.0, -2.0));
         assert_eq!(core.leaks_latched(), 0b0010);
         assert_eq!(core.learned(), learned);
-        let mut hall = Hall::new();
+        let hall = Hall::new();
         let c = hall.step(&mut core, 0);
         assert_eq!(c.valves_open & 0b0010, 0, "the latched rack stays shut");
     }
