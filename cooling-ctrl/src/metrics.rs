@@ -204,6 +204,8 @@ fn counters(out: &mut Exposition, st: &ShellStats, cdu: &[(&str, &str)]) {
         (&MODBUS_READS, st.cdu_reads),
         (&MODBUS_READ_ERRORS, st.cdu_read_errors),
         (&MODBUS_WRITE_ERRORS, st.cdu_write_errors),
+        (&SETTINGS_LIMITED, st.settings_limited),
+        (&LATCH_WRITE_ERRORS, st.latch_write_errors),
         (&HOST_REPORTS, st.host_reports),
         (&HOST_REPORTS_REFUSED, st.host_reports_refused),
         (&LEASES_SENT, st.leases_sent),

@@ -148,7 +148,15 @@ pub const MODBUS_READ_ERRORS: Metric = Metric::counter(
 );
 pub const MODBUS_WRITE_ERRORS: Metric = Metric::counter(
     "loopwarden_cdu_modbus_write_errors_total",
-    "CDU Modbus writes of the settings that failed.",
+    "Control steps in which a CDU Modbus settings write failed.",
+);
+pub const SETTINGS_LIMITED: Metric = Metric::counter(
+    "loopwarden_cdu_settings_limited_total",
+    "Setpoint or pump speed writes held to the CDU's register map.",
+);
+pub const LATCH_WRITE_ERRORS: Metric = Metric::counter(
+    "loopwarden_cdu_latch_write_errors_total",
+    "Latched records that did not go to flash.",
 );
 pub const HOST_REPORTS: Metric = Metric::counter(
     "loopwarden_cdu_host_reports_total",
@@ -275,6 +283,8 @@ pub const ALL: &[Metric] = &[
     MODBUS_READS,
     MODBUS_READ_ERRORS,
     MODBUS_WRITE_ERRORS,
+    SETTINGS_LIMITED,
+    LATCH_WRITE_ERRORS,
     HOST_REPORTS,
     HOST_REPORTS_REFUSED,
     LEASES_SENT,
