@@ -179,11 +179,6 @@ impl Decider {
         &mut self.core
     }
 
-    /// The map's limits the writes are held to.
-    pub fn limits(&self) -> &MapLimits {
-        &self.limits
-    }
-
     /// Writes the map limited, since the start.
     pub fn settings_limited(&self) -> u64 {
         self.limiter.count
@@ -193,11 +188,6 @@ impl Decider {
     /// valve positions are not read yet).
     pub fn relatch_pending(&self) -> bool {
         self.keeper.relatch_pending()
-    }
-
-    /// The last latched record did not go to flash.
-    pub fn latch_write_failed(&self) -> bool {
-        self.keeper.write_failed()
     }
 
     /// What to log since the last call: (words, an error).

@@ -115,11 +115,6 @@ impl Ours {
         self.decider.core()
     }
 
-    /// The decision path (for tests that look inside).
-    pub fn decider(&self) -> &Decider {
-        &self.decider
-    }
-
     /// Writes the latched record to flash when it changed; the decision
     /// path hears whether it went in.
     fn keep_latched(&mut self) {

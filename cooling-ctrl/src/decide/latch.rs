@@ -89,11 +89,6 @@ impl LatchKeeper {
         self.relatch
     }
 
-    /// The last record did not go to flash.
-    pub fn write_failed(&self) -> bool {
-        self.failed
-    }
-
     /// Relatches `core` from the valve positions the CDU reports closed
     /// (`closed`; `positions`: the map reads them at all) when a relatch
     /// is pending and they are known. Returns the racks latched.
