@@ -354,12 +354,7 @@ fn start_agents(
         // Every run starts from fresh agents: a flash file of the last run
         // in the same folder would bring back its quarantines and cooling
         // losses at the start of this one.
-        let flash = dir.join("flash.bin");
-        match std::fs::remove_file(&flash) {
-            Ok(()) => tracing::debug!("{}: the last run's flash replaced", flash.display()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(PlayError::Start(format!("{}: {e}", flash.display()))),
-        }
+        let flash = fresh_file(&dir.join("flash.bin"))?;
         let flags = node_agent::config::Overrides {
             common: CommonFlags {
                 site: Some(site_name.into()),
