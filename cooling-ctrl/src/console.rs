@@ -161,7 +161,7 @@ fn round(x: f64, digits: i32) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shell::outdoor::OutdoorSource;
+    use crate::decide::outdoor::OutdoorSource;
     use crate::shell::Snapshot;
     use cooling_core::estimate::Scalar;
     use cooling_core::optimise::Proposal;

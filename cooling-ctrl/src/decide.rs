@@ -24,7 +24,10 @@
 //! - *board read*: what the controller board's leak lines gave this step
 //!   ([`BoardRead`]).
 
+pub mod hosts;
 pub mod latch;
+pub mod leases;
+pub mod outdoor;
 pub mod writes;
 
 use std::string::String;
@@ -34,9 +37,11 @@ use cooling_core::{
     CduReadings, Commands, ConfigError, Core, CoreConfig, HostReport, Inputs, LeakInputs,
 };
 use loopwarden_protocol::message::Event;
+use loopwarden_protocol::units::TimestampMs;
 
 use crate::journal::LatchRecord;
 use crate::modbus::CduMeasurements;
+pub use hosts::{Heard, Hosts, Verdict};
 use latch::LatchKeeper;
 pub use writes::{MapLimits, Outcome, Plan, Setting, Write};
 
@@ -101,17 +106,16 @@ pub fn core_readings(r: &CduMeasurements) -> CduReadings {
     }
 }
 
-/// What a step is given besides the CDU.
+/// What a step is given besides the CDU and the hosts' reports (heard
+/// between steps: [`Decider::hear_host`]).
 #[derive(Debug, Clone, Copy)]
-pub struct StepIn<'a> {
+pub struct StepIn {
     /// Now, ms on the process's monotonic clock.
     pub now_ms: u64,
     /// What the board's leak lines gave.
     pub board: BoardRead,
     /// The outdoor temperature as measured, °C.
     pub ambient_c: Option<f32>,
-    /// The hosts' reports, by host index.
-    pub hosts: &'a [Option<HostReport>],
 }
 
 /// The core, the latched record's keeper and the writes' limiter.
@@ -119,6 +123,11 @@ pub struct StepIn<'a> {
 pub struct Decider {
     core: Core,
     keeper: LatchKeeper,
+    /// The hosts' believed reports.
+    hosts: Hosts,
+    /// The supply temperature of the last step, while its sensor is
+    /// believed, °C (what a GPU's reading is judged against).
+    supply_c: Option<f32>,
     limits: MapLimits,
     limiter: writes::Limiter,
     heartbeat: u16,
@@ -154,9 +163,12 @@ impl Decider {
             Some(l) => Core::restore(cfg, l)?,
             None => Core::new(cfg)?,
         };
+        let hosts = cfg.layout.hosts().min(cooling_core::MAX_HOSTS);
         Ok(Self {
             core,
             keeper: opened.keeper,
+            hosts: Hosts::new(hosts),
+            supply_c: None,
             limits,
             limiter: writes::Limiter::default(),
             heartbeat: 0,
@@ -179,6 +191,18 @@ impl Decider {
         &mut self.core
     }
 
+    /// Host `h`'s report as `heard` at `now` (the clock of its stamp):
+    /// believed, or refused and why ([`hosts::implausible`]).
+    pub fn hear_host(&mut self, h: usize, heard: &Heard, now: TimestampMs) -> Verdict {
+        let tdp = self.core.config().gpu.tdp_w;
+        self.hosts.hear(h, heard, now, self.supply_c, tdp)
+    }
+
+    /// The hosts' believed reports, by host index.
+    pub fn hosts(&self) -> &[Option<HostReport>] {
+        self.hosts.reports()
+    }
+
     /// Writes the map limited, since the start.
     pub fn settings_limited(&self) -> u64 {
         self.limiter.count
@@ -197,7 +221,7 @@ impl Decider {
 
     /// Step 1: the core's step on the CDU's measurements `cdu` (`None`:
     /// no answer) and `inp`; a due relatch first.
-    pub fn step(&mut self, cdu: Option<&CduMeasurements>, inp: &StepIn<'_>) -> Commands {
+    pub fn step(&mut self, cdu: Option<&CduMeasurements>, inp: &StepIn) -> Commands {
         let closed = cdu.and_then(|r| r.valves_closed);
         let positions = self.limits.positions;
         if let Some(racks) = self.keeper.relatch(&mut self.core, closed, positions) {
@@ -217,8 +241,13 @@ impl Decider {
             ambient_c: inp.ambient_c,
             leaks: leak_inputs(inp.board, cdu.and_then(|r| r.leaks)),
             cdu_writes_ok: self.writes_ok,
-            hosts: inp.hosts,
+            hosts: self.hosts.reports(),
         });
+        let supply_fault = self.core.sensor_fault(cooling_core::sensors::Which::Supply);
+        self.supply_c = cdu
+            .and_then(|r| r.supply_c)
+            .filter(|_| supply_fault.is_none())
+            .map(|s| s as f32);
         if self.keeper.relatch_pending() {
             self.unknown_racks(&mut c);
         }
@@ -314,7 +343,6 @@ mod tests {
                 now_ms: s * 1000,
                 board: BoardRead::Absent,
                 ambient_c: Some(20.0),
-                hosts: &[],
             },
         );
         if let Some(r) = d.to_keep() {

@@ -575,7 +575,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("cdu.flash");
         let rt = tokio::runtime::Runtime::new().unwrap();
-        let lease = crate::shell::cap_lease(
+        let lease = crate::decide::leases::cap_lease(
             3,
             ReasonCode::CAPACITY_SHORT,
             550.0,

@@ -80,14 +80,11 @@ use loopwarden_bus::agent_flash::SeqFloor;
 use loopwarden_bus::{now_ms, Brokers, Bus, BusConfig, Inbound, PublishError};
 use loopwarden_protocol::auth::SigningKey;
 use loopwarden_protocol::message::{
-    Ack, AckCode, CapLease, CapSource, CduMode, CduState, CduTelemetry, CommandAuth, Event, GpuCap,
-    GpuFlags, GpuSelector, HostTelemetry, LeakSensing, Pump, PumpStatus, RackCooling, RackState,
-    RackStatus, SensorFault, ThrottleReasons,
+    Ack, AckCode, CduMode, CduState, CduTelemetry, Event, GpuCap, LeakSensing, Pump, PumpStatus,
+    RackCooling, RackState, RackStatus, SensorFault,
 };
 use loopwarden_protocol::topic::filter;
-use loopwarden_protocol::units::{
-    Celsius, DurationMs, LitresPerMinute, Percent, Pue, TimestampMs, Watts,
-};
+use loopwarden_protocol::units::{Celsius, LitresPerMinute, Percent, Pue, TimestampMs, Watts};
 use loopwarden_protocol::{
     Family, Frame, Ident, Message, NodeId, RackIndex, ReasonCode, Role, Topic,
 };
@@ -95,9 +92,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 
 use cooling_core::sensors::Which;
-use cooling_core::{
-    Commands, ConfigError, Core, CoreConfig, HostReport, LeakInputs, LoopStatus, MAX_HOSTS,
-};
+use cooling_core::{Commands, ConfigError, Core, CoreConfig, LeakInputs, LoopStatus, MAX_HOSTS};
 
 use crate::decide::{self, BoardRead, Decider, MapLimits, Outcome, StepIn};
 use crate::estimates::Estimates;
@@ -108,21 +103,15 @@ use crate::northbound::{snapshot_from, NorthboundSettings, NorthboundSnapshot, N
 mod facility;
 mod leases;
 mod links;
-mod mapping;
-pub mod outdoor;
 mod publish;
 mod stats;
 
-use leases::LeaseSent;
+use crate::decide::leases::LeaseBook;
+pub use crate::decide::leases::{cap_lease, CAP_RESEND_W, LIFT_DURATION};
+use crate::decide::outdoor::{self, OutdoorSource, OutdoorSources};
 pub use links::{BoardIo, NorthboundLink, OperatorAction, OperatorRequest};
-pub use mapping::{cap_lease, host_report, implausible, REPORT_SKEW_MS};
-use outdoor::{OutdoorSource, OutdoorSources};
 pub use stats::{stats_channel, FacilityStatus, LastAck, SensorStatus, ShellStats, Snapshot};
 
-/// How long the lease that lifts a cap lasts.
-pub const LIFT_DURATION: Duration = Duration::from_secs(5);
-/// A cap that moves by this much or more is sent again at once, W.
-pub const CAP_RESEND_W: f32 = 5.0;
 /// A setpoint that moves by this much or more republishes the state, K.
 pub const STATE_SETPOINT_K: f32 = 0.5;
 /// The state is republished at least this often.
@@ -237,7 +226,7 @@ impl ShellConfig {
             tls: None,
             key_id: 1,
             key: None,
-            lease: Duration::from_secs(30),
+            lease: crate::decide::leases::LEASE_DEFAULT,
         }
     }
 
@@ -313,10 +302,10 @@ struct Shell<P> {
     started: Instant,
     started_unix: u64,
     index: HashMap<Ident, usize>,
-    reports: Vec<Option<HostReport>>,
     cdu_error: Option<String>,
     write_error: Option<String>,
-    sent: Vec<LeaseSent>,
+    /// The leases sent, and which are due.
+    lease_book: LeaseBook,
     state_sent: Option<(Commands, u64)>,
 
     stats: ShellStats,
@@ -329,14 +318,10 @@ struct Shell<P> {
     leak_inputs: LeakInputs,
     /// The pumps' fault bits as last read.
     pump_faults: [bool; 2],
-    /// The supply temperature, when its sensor is believed, °C.
-    supply_c: Option<f32>,
     /// The outdoor temperature's sources (the BMS's last write).
     outdoor: OutdoorSources,
     /// The outdoor temperature of the last step, °C, and its source.
     outdoor_c: Option<(f32, OutdoorSource)>,
-    /// Per host index: why its reports are not believed, while they are not.
-    refused: HashMap<usize, String>,
     /// Each part of the learned figures as last handed to the recorder,
     /// by key.
     learned_kept: HashMap<&'static str, Vec<u8>>,
@@ -511,8 +496,7 @@ impl<P: CduPort> Shell<P> {
                 .enumerate()
                 .map(|(i, h)| (h.clone(), i))
                 .collect(),
-            reports: vec![None; hosts],
-            sent: vec![LeaseSent::default(); hosts],
+            lease_book: LeaseBook::new(hosts, cfg.lease, cfg.core.gpu.tdp_w),
             stats: ShellStats {
                 caps: vec![None; hosts],
                 heard: vec![None; hosts],
@@ -539,10 +523,8 @@ impl<P: CduPort> Shell<P> {
             board_error: None,
             leak_inputs: LeakInputs::DRY,
             pump_faults: [false; 2],
-            supply_c: None,
             outdoor: OutdoorSources::new(),
             outdoor_c: None,
-            refused: HashMap::new(),
             learned_kept: HashMap::new(),
             learned_at: 0,
             facility: None,
@@ -692,17 +674,10 @@ impl<P: CduPort> Shell<P> {
                 now_ms: now,
                 board,
                 ambient_c: self.outdoor_c.map(|(c, _)| c),
-                hosts: &self.reports,
             },
         );
         log_said(&mut self.decider);
         self.leak_inputs = decide::leak_inputs(board, readings.as_ref().and_then(|r| r.leaks));
-        let core = self.decider.core();
-        self.supply_c = readings
-            .as_ref()
-            .and_then(|r| r.supply_c)
-            .filter(|_| core.sensor_fault(Which::Supply).is_none())
-            .map(|s| s as f32);
         // What the step latched is in flash before anything acts on it.
         self.keep_latched().await;
         self.write_cdu(&c, readings.as_ref().and_then(|r| r.valves_closed))
@@ -737,7 +712,7 @@ impl<P: CduPort> Shell<P> {
                 &c,
                 now,
                 readings.as_ref(),
-                &self.reports,
+                self.decider.hosts(),
                 &self.nb_settings,
             ));
         }

@@ -26,7 +26,6 @@
 //! - *scenario runner*: `loopwarden_twin::sim`, which plays a scenario on
 //!   the plant with a controller in charge.
 
-use std::vec;
 use std::vec::Vec;
 
 use futures::executor::block_on;
@@ -40,15 +39,20 @@ use loopwarden_protocol::message::CduMode;
 use loopwarden_twin::sim::{Controller, Decision, Readings};
 
 use cooling_core::facility::Offer;
-use cooling_core::{ConfigError, Core, CoreConfig, HostReport, MAX_HOSTS};
+use cooling_core::{Commands, ConfigError, Core, CoreConfig, HostReport, MAX_HOSTS};
+use loopwarden_protocol::units::TimestampMs;
 
-use crate::decide::{BoardRead, Decider, MapLimits, Outcome, Plan, Setting, StepIn};
+use crate::decide::hosts::OfGpu;
+use crate::decide::leases::{LeaseBook, LEASE_DEFAULT};
+use crate::decide::outdoor::OutdoorSources;
+use crate::decide::{
+    BoardRead, Decider, Heard, MapLimits, Outcome, Plan, Setting, StepIn, Verdict,
+};
 use crate::journal::{
     damage_record, load_latched, load_learned, save_latched, save_learned, LatchRecord,
     LEARNED_EVERY,
 };
 use crate::modbus::CduMeasurements;
-use crate::shell::outdoor::OutdoorSources;
 use crate::site_figures::core_config;
 
 /// The core, through the decision path, as a scenario runner's controller.
@@ -56,7 +60,9 @@ pub struct Ours {
     decider: Decider,
     cfg: CoreConfig,
     limits: MapLimits,
-    reports: Vec<Option<HostReport>>,
+    /// The hosts' caps as leased (what each host holds).
+    leases: LeaseBook,
+    hosts: usize,
     racks: usize,
     /// The controller's flash, simulated.
     store: Option<ConfigStore<AgentFlash>>,
@@ -94,11 +100,13 @@ impl Ours {
         let cfg = core_config(site)?;
         let limits = MapLimits::of(&RegisterMap::sim_cdu());
         let decider = Decider::new(cfg, limits, &Ok(None))?;
+        let hosts = cfg.layout.hosts().min(MAX_HOSTS);
         Ok(Self {
             decider,
             cfg,
             limits,
-            reports: vec![None; cfg.layout.hosts().min(MAX_HOSTS)],
+            leases: LeaseBook::new(hosts, LEASE_DEFAULT, cfg.gpu.tdp_w),
+            hosts,
             racks: site.racks,
             store: Some(open_store(None)),
             kept: None,
@@ -148,7 +156,7 @@ impl Ours {
     /// The process starts again at `now_ms`: the flash is opened anew and
     /// the decision path built from what it holds (the latched record,
     /// which may be unreadable, then what was learned); the host reports
-    /// are gone.
+    /// and the leases sent are gone.
     fn start_again(&mut self, now_ms: u64) {
         let flash = self.store.take().map(ConfigStore::into_flash);
         let mut store = open_store(flash);
@@ -172,17 +180,24 @@ impl Ours {
         }
         self.store = Some(store);
         self.plan = None;
-        self.reports.iter_mut().for_each(|r| *r = None);
+        self.leases = LeaseBook::new(self.hosts, LEASE_DEFAULT, self.cfg.gpu.tdp_w);
         self.epoch_ms = now_ms;
         self.learned_at_ms = now_ms;
     }
 
     /// The host reports of `r`, each keeping its arrival time (during a
-    /// bus outage the core sees them age).
+    /// bus outage the core sees them age), judged as the shell judges
+    /// what it hears (the twin's hosts report on time: stamped now).
     fn hear_hosts(&mut self, r: &Readings, now_ms: u64) {
+        let of_gpu = |x: Option<(usize, f64)>| {
+            x.map(|(gpu, value)| OfGpu {
+                gpu: gpu.min(255) as u8,
+                value: value as f32,
+            })
+        };
         for h in &r.hosts {
-            if let Some(slot) = self.reports.get_mut(h.host) {
-                *slot = Some(HostReport {
+            let heard = Heard {
+                report: HostReport {
                     gpus: h.gpus.min(255) as u8,
                     hottest_c: if h.hottest_c.is_finite() {
                         h.hottest_c as f32
@@ -193,9 +208,28 @@ impl Ours {
                     limit_w: h.limit_w as f32,
                     slowdown: h.slowdown,
                     at_ms: now_ms,
-                });
+                },
+                stamped: TimestampMs(now_ms),
+                coldest: of_gpu(h.coldest),
+                most_drawn: of_gpu(h.most_drawn),
+            };
+            let verdict = self.decider.hear_host(h.host, &heard, TimestampMs(now_ms));
+            if let Verdict::Refused { why, new: true } = verdict {
+                tracing::warn!("ours: a report of host {} is not believed: {why}", h.host);
             }
         }
+    }
+
+    /// The hosts' caps as the leases due at `now_ms` put them in force
+    /// (the twin's bus takes every lease).
+    fn lease(&mut self, c: &Commands, now_ms: u64) -> Vec<Option<f64>> {
+        let caps = &c.caps[..self.hosts.min(c.caps.len())];
+        for o in self.leases.due(now_ms, caps) {
+            self.leases.sent(&o, now_ms);
+        }
+        (0..self.hosts)
+            .map(|h| self.leases.in_force(h).map(f64::from))
+            .collect()
     }
 }
 
@@ -286,7 +320,6 @@ impl Controller for Ours {
                 ambient_c: OutdoorSources::new()
                     .pick(cdu.as_ref().and_then(|m| m.outdoor_c), now_ms)
                     .map(|(c, _)| c),
-                hosts: &self.reports,
             },
         );
         self.offer = self.decider.core().offer();
@@ -306,12 +339,7 @@ impl Controller for Ours {
             pump_on: c.pump_on,
             valves: per_rack(valves.unwrap_or(0), self.racks),
             hold_valves: valves.is_none(),
-            host_caps: self
-                .reports
-                .iter()
-                .enumerate()
-                .map(|(h, _)| c.caps[h].map(|cap| cap.watts as f64))
-                .collect(),
+            host_caps: self.lease(&c, now_ms),
             rack_cooling_lost: per_rack(c.cooling_lost, self.racks),
             failsafe: c.mode == CduMode::Failsafe,
             heartbeat: plan.value(Setting::Heartbeat).is_some(),

@@ -38,7 +38,7 @@ mod multi;
 pub use multi::{run_hall, FacilityCoordinator, FacilityOrder, FacilityPolicy, HallSummary};
 
 use crate::hosts::HostFollow;
-use crate::plant::{Actuation, Conditions, Meters, Plant};
+use crate::plant::{Actuation, Conditions, GpuState, Meters, Plant};
 use crate::scenario::{FaultKind, Scenario, SensorName};
 use crate::tally::{Declared, Tally};
 
@@ -60,6 +60,18 @@ pub struct HostReport {
     pub limit_w: f64,
     /// Any of its GPUs in HW slowdown.
     pub slowdown: bool,
+    /// Its coldest running GPU (index on the host) and its °C.
+    pub coldest: Option<(usize, f64)>,
+    /// Its running GPU that draws most (index on the host) and its W.
+    pub most_drawn: Option<(usize, f64)>,
+}
+
+/// The running GPU of `gpus` (index, GPU) with the greatest `key`.
+fn extreme(gpus: &[GpuState], key: impl Fn(&GpuState) -> f64) -> Option<(usize, &GpuState)> {
+    gpus.iter()
+        .enumerate()
+        .filter(|(_, g)| !g.shut_down && !g.powered_down)
+        .max_by(|a, b| key(a.1).total_cmp(&key(b.1)))
 }
 
 /// What every host reports about itself, in global host order.
@@ -80,6 +92,8 @@ pub fn host_reports(plant: &Plant) -> Vec<HostReport> {
                 gpu_power_w: gpus.iter().map(|g| g.power).sum(),
                 limit_w: running().map(|g| g.limit).fold(0.0, f64::max),
                 slowdown: running().any(|g| g.slowdown),
+                coldest: extreme(gpus, |g| -g.t_j).map(|(i, g)| (i, g.t_j)),
+                most_drawn: extreme(gpus, |g| g.power).map(|(i, g)| (i, g.power)),
             }
         })
         .collect()

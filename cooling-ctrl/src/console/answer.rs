@@ -14,8 +14,8 @@ use loopwarden_protocol::{Ident, TimestampMs};
 use serde_json::{json, Value};
 
 use super::{round, Context, Request};
+use crate::decide::outdoor::OutdoorSource;
 use crate::journal;
-use crate::shell::outdoor::OutdoorSource;
 use crate::shell::{OperatorAction, OperatorRequest, ShellStats};
 
 fn secs_ago(now: TimestampMs, t: TimestampMs) -> f64 {

@@ -1,26 +1,16 @@
-//! Caps to hosts and what comes back: a signed lease for each host the
-//! core caps (renewed, moved, lifted), and the host telemetry and acks
-//! that come in between steps.
-//!
-//! Glossary:
-//! - *lease*: a power cap that holds for its duration from the frame's
-//!   timestamp unless renewed.
-//! - *lift*: the short lease at TDP sent when a cap ends.
+//! Caps to hosts and what comes back: each lease the decision path says
+//! is due ([`crate::decide::leases`]) signed and sent, and the host
+//! telemetry (judged by [`crate::decide::hosts`]) and acks that come in
+//! between steps.
 use super::*;
-
-/// What was last sent to one host.
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct LeaseSent {
-    /// The cap, W (`None`: not capped, or lifted).
-    pub(super) watts: Option<f32>,
-    /// When, shell ms.
-    pub(super) at_ms: u64,
-}
+use crate::decide::hosts::heard_of;
+use crate::decide::leases::Order;
+use crate::decide::Verdict;
 
 impl<P: CduPort> Shell<P> {
-    /// Signs and sends a lease to host `h`; true when the bus took it.
-    fn send_lease(&mut self, h: usize, lease: CapLease, lift: bool) -> bool {
-        let Some(host) = self.cfg.hosts.get(h).cloned() else {
+    /// Signs and sends the lease of `o`; true when the bus took it.
+    fn send_lease(&mut self, o: &Order) -> bool {
+        let Some(host) = self.cfg.hosts.get(o.host).cloned() else {
             return false;
         };
         let topic = Topic::new(&self.cfg.site, Role::Host, &host, Family::Cmd);
@@ -28,7 +18,9 @@ impl<P: CduPort> Shell<P> {
             tracing::error!("cooling shell: no sign key: the lease for {host} is not sent");
             return false;
         };
-        let mut frame = self.bus.next_frame(Message::CapLease(lease), now_ms());
+        let mut frame = self
+            .bus
+            .next_frame(Message::CapLease(o.lease.clone()), now_ms());
         if let Err(e) = frame.sign(&topic, self.cfg.key_id, key) {
             tracing::error!("cooling shell: signing a lease for {host}: {e:?}");
             return false;
@@ -38,7 +30,7 @@ impl<P: CduPort> Shell<P> {
                 self.journal(Journal::Lease {
                     host,
                     frame: Box::new(frame),
-                    lift,
+                    lift: o.lift,
                 });
                 true
             }
@@ -51,53 +43,26 @@ impl<P: CduPort> Shell<P> {
     }
 
     pub(super) fn leases(&mut self, now: u64, c: &Commands) {
-        let renew_ms = (self.cfg.lease.as_millis() / 3) as u64;
-        let tdp = self.cfg.core.gpu.tdp_w;
-        for h in 0..self.cfg.hosts.len().min(self.sent.len()) {
-            let sent = self.sent[h];
-            let id = h as u32 + 1;
-            match (c.caps[h], sent.watts) {
-                (Some(cap), prev) => {
-                    let due = match prev {
-                        None => true,
-                        Some(w) => {
-                            (cap.watts - w).abs() >= CAP_RESEND_W
-                                || now.saturating_sub(sent.at_ms) >= renew_ms
-                        }
-                    };
-                    if due {
-                        let lease = cap_lease(id, cap.reason, cap.watts, self.cfg.lease);
-                        if self.send_lease(h, lease, false) {
-                            if prev.is_none() {
-                                tracing::info!(
-                                    "cooling shell: capping {} at {:.0} W per GPU ({})",
-                                    self.cfg.hosts[h],
-                                    cap.watts,
-                                    cap.reason.0
-                                );
-                            }
-                            self.sent[h] = LeaseSent {
-                                watts: Some(cap.watts),
-                                at_ms: now,
-                            };
-                            self.stats.leases_sent += 1;
-                            self.stats.caps[h] = Some(cap.watts);
-                        }
-                    }
+        let hosts = self.cfg.hosts.len().min(c.caps.len());
+        for o in self.lease_book.due(now, &c.caps[..hosts]) {
+            let host = &self.cfg.hosts[o.host];
+            if o.first {
+                if let Some(w) = o.watts {
+                    let reason = o.lease.reason.0;
+                    tracing::info!("cooling shell: capping {host} at {w:.0} W per GPU ({reason})");
                 }
-                (None, Some(_)) => {
-                    let lease = cap_lease(id, ReasonCode::OK, tdp, LIFT_DURATION);
-                    if self.send_lease(h, lease, true) {
-                        tracing::info!("cooling shell: lifting the cap of {}", self.cfg.hosts[h]);
-                        self.sent[h] = LeaseSent {
-                            watts: None,
-                            at_ms: now,
-                        };
-                        self.stats.lifts_sent += 1;
-                        self.stats.caps[h] = None;
-                    }
+            }
+            if o.lift {
+                tracing::info!("cooling shell: lifting the cap of {host}");
+            }
+            if self.send_lease(&o) {
+                self.lease_book.sent(&o, now);
+                if o.lift {
+                    self.stats.lifts_sent += 1;
+                } else {
+                    self.stats.leases_sent += 1;
                 }
-                (None, None) => {}
+                self.stats.caps[o.host] = o.watts;
             }
         }
     }
@@ -117,21 +82,20 @@ impl<P: CduPort> Shell<P> {
                 let Some(&h) = self.index.get(&msg.topic.node) else {
                     return;
                 };
-                let at = self.now_ms();
-                let tdp = self.cfg.core.gpu.tdp_w;
-                if let Some(why) = implausible(t, msg.frame.time, now_ms(), self.supply_c, tdp) {
-                    self.stats.host_reports_refused += 1;
-                    let host = msg.topic.node.as_str();
-                    if self.refused.get(&h) != Some(&why) {
-                        tracing::warn!("cooling shell: a report of {host} is not believed: {why}");
-                        self.refused.insert(h, why);
+                let heard = heard_of(t, msg.frame.time, self.now_ms());
+                match self.decider.hear_host(h, &heard, now_ms()) {
+                    Verdict::Believed => self.stats.host_reports += 1,
+                    Verdict::Refused { why, new } => {
+                        self.stats.host_reports_refused += 1;
+                        if new {
+                            let host = msg.topic.node.as_str();
+                            tracing::warn!(
+                                "cooling shell: a report of {host} is not believed: {why}"
+                            );
+                        }
+                        return;
                     }
-                    return;
-                }
-                self.refused.remove(&h);
-                if let Some(slot) = self.reports.get_mut(h) {
-                    *slot = Some(host_report(t, at));
-                    self.stats.host_reports += 1;
+                    Verdict::Unknown => return,
                 }
                 if let Some(slot) = self.stats.heard.get_mut(h) {
                     *slot = Some(now_ms());

@@ -1,0 +1,268 @@
+//! The hosts' reports as the decision path believes them. Every report
+//! heard is checked against what a working GPU can report before the core
+//! sees it; one that fails keeps the host's last believed report in
+//! place (it ages as the core judges ages) and says why, once per change
+//! of the reason. The shell hears host telemetry from the bus, the twin
+//! its hosts' readings: both through [`Hosts::hear`].
+//!
+//! Glossary:
+//! - *heard*: one host's report as it arrived ([`Heard`]): the core's
+//!   summary, its stamp, and the extremes plausibility is judged on.
+//! - *believed*: a heard report that passed [`implausible`]; the core
+//!   sees only these.
+
+use std::format;
+use std::string::String;
+use std::vec;
+use std::vec::Vec;
+
+use cooling_core::HostReport;
+use loopwarden_protocol::message::{GpuFlags, HostTelemetry, ThrottleReasons};
+use loopwarden_protocol::units::TimestampMs;
+
+/// How far a host report's stamp may be from now, ms.
+pub const REPORT_SKEW_MS: u64 = 60_000;
+/// A GPU may draw this much above its TDP (transients) and be believed.
+const TDP_MARGIN: f32 = 1.10;
+/// A GPU may read this much below the supply (sensor offsets, and a GPU
+/// lagging a supply that warms at the setpoint's slew), K.
+const BELOW_SUPPLY_K: f32 = 5.0;
+
+/// One GPU's figure and which GPU gave it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OfGpu {
+    /// The GPU's index on its host.
+    pub gpu: u8,
+    /// The figure (°C or W).
+    pub value: f32,
+}
+
+/// One host's report as heard.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Heard {
+    /// The core's summary of it (`at_ms`: when it was heard, ms on the
+    /// decision path's clock).
+    pub report: HostReport,
+    /// The sender's stamp.
+    pub stamped: TimestampMs,
+    /// Its coldest answering GPU (`None`: none answered).
+    pub coldest: Option<OfGpu>,
+    /// Its answering GPU that draws most (`None`: none answered).
+    pub most_drawn: Option<OfGpu>,
+}
+
+/// Host telemetry `t`, stamped `stamped`, heard at `at_ms`. GPUs that did
+/// not answer their queries are left out; a GPU in hardware slowdown
+/// (thermal or not) sets `slowdown`.
+pub fn heard_of(t: &HostTelemetry, stamped: TimestampMs, at_ms: u64) -> Heard {
+    let mut h = Heard {
+        report: HostReport {
+            gpus: 0,
+            hottest_c: 0.0,
+            gpu_power_w: 0.0,
+            limit_w: 0.0,
+            slowdown: false,
+            at_ms,
+        },
+        stamped,
+        coldest: None,
+        most_drawn: None,
+    };
+    let slow = ThrottleReasons::HW_SLOWDOWN | ThrottleReasons::HW_THERMAL_SLOWDOWN;
+    for g in t
+        .gpus
+        .iter()
+        .filter(|g| g.flags.contains(GpuFlags::RESPONSIVE))
+    {
+        let (gpu, temp, w) = (g.gpu.get(), f32::from(g.temp.get()), g.power.get() as f32);
+        let r = &mut h.report;
+        r.hottest_c = if r.gpus == 0 {
+            temp
+        } else {
+            r.hottest_c.max(temp)
+        };
+        r.gpus = r.gpus.saturating_add(1);
+        r.gpu_power_w += w;
+        r.limit_w = r.limit_w.max(g.power_limit.get() as f32);
+        r.slowdown |= g.throttle.bits() & slow.bits() != 0;
+        if h.coldest.is_none_or(|c| temp < c.value) {
+            h.coldest = Some(OfGpu { gpu, value: temp });
+        }
+        if h.most_drawn.is_none_or(|m| w > m.value) {
+            h.most_drawn = Some(OfGpu { gpu, value: w });
+        }
+    }
+    h
+}
+
+/// Why a host report heard at `now` cannot be believed, if it cannot: its
+/// stamp is more than a minute from now, a GPU draws more than 10 % above
+/// the TDP (`tdp_w`), or a GPU reads colder than the coolant that cools
+/// it (5 K under the believed `supply_c`). None of these a working GPU
+/// can report; a broken or compromised agent can.
+pub fn implausible(
+    h: &Heard,
+    now: TimestampMs,
+    supply_c: Option<f32>,
+    tdp_w: f32,
+) -> Option<String> {
+    let skew = h.stamped.0.abs_diff(now.0);
+    if skew > REPORT_SKEW_MS {
+        return Some(format!("stamped {} s from now", skew / 1000));
+    }
+    if let Some(m) = h.most_drawn.filter(|m| m.value > tdp_w * TDP_MARGIN) {
+        return Some(format!(
+            "GPU {} draws {} W, above its {tdp_w} W TDP",
+            m.gpu, m.value
+        ));
+    }
+    let cold = h.coldest.zip(supply_c);
+    if let Some((c, s)) = cold.filter(|(c, s)| c.value < s - BELOW_SUPPLY_K) {
+        return Some(format!(
+            "GPU {} at {} °C, colder than the {s:.1} °C supply",
+            c.gpu, c.value
+        ));
+    }
+    None
+}
+
+/// What became of a heard report.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    /// Believed: the core sees it.
+    Believed,
+    /// Not believed, for `why`; `new`: a reason not said for this host
+    /// since its last believed report (the caller logs it).
+    Refused {
+        /// Why.
+        why: String,
+        /// A change of reason.
+        new: bool,
+    },
+    /// The host index is past the layout's hosts.
+    Unknown,
+}
+
+/// The believed reports by host index, and why each host's last report was
+/// not, while it was not.
+#[derive(Debug, Clone, Default)]
+pub struct Hosts {
+    reports: Vec<Option<HostReport>>,
+    refused: Vec<Option<String>>,
+}
+
+impl Hosts {
+    /// No report yet from any of `hosts` hosts.
+    pub fn new(hosts: usize) -> Self {
+        Self {
+            reports: vec![None; hosts],
+            refused: vec![None; hosts],
+        }
+    }
+
+    /// Host `h`'s report `heard` at `now` (its stamp's clock), judged with
+    /// the believed `supply_c` and the GPUs' `tdp_w`.
+    pub fn hear(
+        &mut self,
+        h: usize,
+        heard: &Heard,
+        now: TimestampMs,
+        supply_c: Option<f32>,
+        tdp_w: f32,
+    ) -> Verdict {
+        let (Some(slot), Some(refused)) = (self.reports.get_mut(h), self.refused.get_mut(h)) else {
+            return Verdict::Unknown;
+        };
+        match implausible(heard, now, supply_c, tdp_w) {
+            Some(why) => {
+                let new = refused.as_ref() != Some(&why);
+                *refused = Some(why.clone());
+                Verdict::Refused { why, new }
+            }
+            None => {
+                *refused = None;
+                *slot = Some(heard.report);
+                Verdict::Believed
+            }
+        }
+    }
+
+    /// The believed reports, by host index.
+    pub fn reports(&self) -> &[Option<HostReport>] {
+        &self.reports
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use loopwarden_protocol::samples;
+    use loopwarden_protocol::units::{Watts, WholeCelsius};
+
+    const NOW: TimestampMs = TimestampMs(1_800_000_000_000);
+
+    fn judged(t: &HostTelemetry, stamped: TimestampMs, supply_c: Option<f32>) -> Option<String> {
+        implausible(&heard_of(t, stamped, 0), NOW, supply_c, 700.0)
+    }
+
+    #[test]
+    fn reports_no_working_gpu_could_make_are_not_believed() {
+        let t = samples::host_telemetry(8);
+        let temp = f32::from(t.gpus[0].temp.get());
+        assert_eq!(judged(&t, NOW, Some(30.0)), None);
+        let e = judged(&t, TimestampMs(NOW.0 - 61_000), Some(30.0));
+        assert_eq!(e.as_deref(), Some("stamped 61 s from now"));
+        assert!(judged(&t, TimestampMs(NOW.0 + 61_000), None).is_some());
+        let mut hot = t.clone();
+        hot.gpus[3].power = Watts(2_000);
+        let e = judged(&hot, NOW, None).unwrap();
+        assert!(e.starts_with("GPU 3 draws 2000 W"), "{e}");
+        // Colder than the water that cools it.
+        let e = judged(&t, NOW, Some(temp + 8.0)).unwrap();
+        assert!(e.contains("colder than"), "{e}");
+        let mut cold = t.clone();
+        cold.gpus[0].temp = WholeCelsius(20);
+        assert!(judged(&cold, NOW, Some(24.0)).is_none(), "within 5 K");
+    }
+
+    #[test]
+    fn a_gpu_that_does_not_answer_is_neither_summed_nor_judged() {
+        let mut t = samples::host_telemetry(4);
+        t.gpus[2].power = Watts(5_000);
+        t.gpus[2].flags = t.gpus[2].flags.with(GpuFlags::RESPONSIVE, false);
+        let h = heard_of(&t, NOW, 7);
+        assert_eq!(h.report.gpus, 3);
+        assert_eq!(h.report.at_ms, 7);
+        assert_ne!(h.most_drawn.map(|m| m.gpu), Some(2));
+        assert_eq!(implausible(&h, NOW, None, 700.0), None);
+    }
+
+    #[test]
+    fn a_refused_report_keeps_the_last_believed_one_and_says_why_once() {
+        let mut hosts = Hosts::new(2);
+        let t = samples::host_telemetry(8);
+        let good = heard_of(&t, NOW, 1_000);
+        assert_eq!(hosts.hear(0, &good, NOW, None, 700.0), Verdict::Believed);
+        let mut lying = t.clone();
+        lying.gpus[1].power = Watts(9_000);
+        let bad = heard_of(&lying, NOW, 2_000);
+        let first = hosts.hear(0, &bad, NOW, None, 700.0);
+        assert!(
+            matches!(first, Verdict::Refused { new: true, .. }),
+            "{first:?}"
+        );
+        let again = hosts.hear(0, &bad, NOW, None, 700.0);
+        assert!(
+            matches!(again, Verdict::Refused { new: false, .. }),
+            "{again:?}"
+        );
+        assert_eq!(hosts.reports()[0].map(|r| r.at_ms), Some(1_000));
+        assert_eq!(hosts.hear(0, &good, NOW, None, 700.0), Verdict::Believed);
+        let after = hosts.hear(0, &bad, NOW, None, 700.0);
+        assert!(
+            matches!(after, Verdict::Refused { new: true, .. }),
+            "said anew"
+        );
+        assert_eq!(hosts.hear(5, &good, NOW, None, 700.0), Verdict::Unknown);
+    }
+}

@@ -1,0 +1,192 @@
+//! When a host's cap goes out as a lease: a new cap at once, a cap that
+//! moved by [`CAP_RESEND_W`] or more at once, a cap that stays renewed
+//! every third of the lease, and a cap that ends lifted by a short lease
+//! at TDP. The shell signs and publishes each order; the twin's hosts take
+//! each as sent. Pure: time comes in, ms on the caller's clock.
+//!
+//! Glossary:
+//! - *lease*: a power cap that holds for its duration from the frame's
+//!   timestamp unless renewed.
+//! - *lift*: the short lease at TDP sent when a cap ends.
+//! - *in force*: the cap last sent to a host (what it holds while the
+//!   lease lasts).
+
+use core::time::Duration;
+use std::vec;
+use std::vec::Vec;
+
+use cooling_core::HostCap;
+use loopwarden_protocol::message::{CapLease, CapSource, CommandAuth, GpuCap, GpuSelector};
+use loopwarden_protocol::units::{DurationMs, Watts};
+use loopwarden_protocol::ReasonCode;
+
+/// How long a cap lease holds unless configured otherwise.
+pub const LEASE_DEFAULT: Duration = Duration::from_secs(30);
+/// How long the lease that lifts a cap lasts.
+pub const LIFT_DURATION: Duration = Duration::from_secs(5);
+/// A cap that moves by this much or more is sent again at once, W.
+pub const CAP_RESEND_W: f32 = 5.0;
+
+/// One lease to send.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Order {
+    /// The host's index.
+    pub host: usize,
+    /// The lease, unsigned.
+    pub lease: CapLease,
+    /// It lifts a cap.
+    pub lift: bool,
+    /// It is a host's first cap since it was last uncapped.
+    pub first: bool,
+    /// The cap it puts in force, W (`None`: a lift).
+    pub watts: Option<f32>,
+}
+
+/// What was last sent to one host.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Sent {
+    /// The cap, W (`None`: not capped, or lifted).
+    watts: Option<f32>,
+    /// When, ms.
+    at_ms: u64,
+}
+
+/// The leases sent, by host index.
+#[derive(Debug, Clone)]
+pub struct LeaseBook {
+    sent: Vec<Sent>,
+    lease: Duration,
+    tdp_w: f32,
+}
+
+impl LeaseBook {
+    /// Nothing sent yet to any of `hosts` hosts; caps hold for `lease`,
+    /// lifts are at `tdp_w`.
+    pub fn new(hosts: usize, lease: Duration, tdp_w: f32) -> Self {
+        Self {
+            sent: vec![Sent::default(); hosts],
+            lease,
+            tdp_w,
+        }
+    }
+
+    /// The leases due at `now` for the core's `caps`, by host index.
+    pub fn due(&self, now: u64, caps: &[Option<HostCap>]) -> Vec<Order> {
+        let renew_ms = (self.lease.as_millis() / 3) as u64;
+        let mut orders = Vec::new();
+        for (h, (cap, sent)) in caps.iter().zip(&self.sent).enumerate() {
+            let id = h as u32 + 1;
+            match (cap, sent.watts) {
+                (Some(cap), prev) => {
+                    let due = prev.is_none_or(|w| {
+                        (cap.watts - w).abs() >= CAP_RESEND_W
+                            || now.saturating_sub(sent.at_ms) >= renew_ms
+                    });
+                    if due {
+                        orders.push(Order {
+                            host: h,
+                            lease: cap_lease(id, cap.reason, cap.watts, self.lease),
+                            lift: false,
+                            first: prev.is_none(),
+                            watts: Some(cap.watts),
+                        });
+                    }
+                }
+                (None, Some(_)) => orders.push(Order {
+                    host: h,
+                    lease: cap_lease(id, ReasonCode::OK, self.tdp_w, LIFT_DURATION),
+                    lift: true,
+                    first: false,
+                    watts: None,
+                }),
+                (None, None) => {}
+            }
+        }
+        orders
+    }
+
+    /// `o` went out at `now` (an order the bus did not take is due again
+    /// at the next step).
+    pub fn sent(&mut self, o: &Order, now: u64) {
+        if let Some(s) = self.sent.get_mut(o.host) {
+            *s = Sent {
+                watts: o.watts,
+                at_ms: now,
+            };
+        }
+    }
+
+    /// The cap in force at host `h`, W, as last sent.
+    pub fn in_force(&self, h: usize) -> Option<f32> {
+        self.sent.get(h).and_then(|s| s.watts)
+    }
+}
+
+/// A cap lease as sent (unsigned, `auth` zero).
+pub fn cap_lease(lease: u32, reason: ReasonCode, watts: f32, duration: Duration) -> CapLease {
+    let mut caps = heapless::Vec::new();
+    let _ = caps.push(GpuCap {
+        gpus: GpuSelector::All,
+        limit: Watts(watts.round().max(0.0) as u32),
+    });
+    CapLease {
+        lease,
+        source: CapSource::Cooling,
+        reason,
+        caps,
+        duration: DurationMs(duration.as_millis().min(u128::from(u32::MAX)) as u32),
+        auth: CommandAuth::default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LEASE: Duration = Duration::from_secs(30);
+
+    fn cap(watts: f32) -> Option<HostCap> {
+        Some(HostCap {
+            watts,
+            reason: ReasonCode::COOLING_LOST,
+        })
+    }
+
+    fn send_all(book: &mut LeaseBook, now: u64, caps: &[Option<HostCap>]) -> Vec<Order> {
+        let orders = book.due(now, caps);
+        orders.iter().for_each(|o| book.sent(o, now));
+        orders
+    }
+
+    #[test]
+    fn a_cap_goes_at_once_is_renewed_every_third_and_lifted_when_it_ends() {
+        let mut book = LeaseBook::new(2, LEASE, 700.0);
+        let first = send_all(&mut book, 0, &[cap(300.0), None]);
+        assert_eq!(first.len(), 1);
+        assert!(first[0].first && !first[0].lift);
+        assert_eq!(first[0].lease.lease, 1);
+        assert_eq!(first[0].lease.duration, DurationMs(30_000));
+        assert_eq!(book.in_force(0), Some(300.0));
+        assert!(send_all(&mut book, 9_999, &[cap(302.0), None]).is_empty());
+        let renewed = send_all(&mut book, 10_000, &[cap(302.0), None]);
+        assert_eq!(renewed.len(), 1);
+        assert!(!renewed[0].first);
+        assert_eq!(renewed[0].lease.caps[0].limit, Watts(302));
+        let moved = send_all(&mut book, 10_500, &[cap(296.0), None]);
+        assert_eq!(moved.len(), 1, "moved 6 W: at once");
+        let lift = send_all(&mut book, 11_000, &[None, None]);
+        assert!(lift[0].lift);
+        assert_eq!(lift[0].lease.caps[0].limit, Watts(700));
+        assert_eq!(lift[0].lease.duration, DurationMs(5_000));
+        assert_eq!(book.in_force(0), None);
+        assert!(send_all(&mut book, 12_000, &[None, None]).is_empty());
+    }
+
+    #[test]
+    fn an_order_the_bus_did_not_take_is_due_again() {
+        let book = LeaseBook::new(1, LEASE, 700.0);
+        assert_eq!(book.due(0, &[cap(300.0)]).len(), 1);
+        assert_eq!(book.due(1_000, &[cap(300.0)]).len(), 1);
+        assert_eq!(book.in_force(0), None);
+    }
+}
