@@ -1,39 +1,35 @@
 //! The controller's real-time shell: the control core ([`cooling_core`]) in
 //! charge of one real CDU, on the bus. It only moves bytes; every decision
-//! is the core's.
+//! is the decision path's ([`crate::decide`], the same code `simulate`
+//! runs) or the core's.
 //!
 //! Each period (a tokio interval, `ShellConfig::period`, 1 s by default):
-//! 1. read the CDU through its [`CduPort`] (an error is logged once per
-//!    change of its message and the core gets `cdu: None`: "refused" and
-//!    "no answer" both mean no readings this step);
-//! 2. map the readings as the twin does (`simulated`): leaks from the
-//!    CDU's `leak_inputs` bitmask (the last known bits while the CDU does
-//!    not answer), a pump whose feedback the map lacks reads not running;
-//! 3. call [`Core::step`] with the time in ms since the shell started (a
-//!    monotonic clock), the latest report of every host and the outdoor
-//!    temperature as measured ([`outdoor`]: the CDU's `outdoor_temp` if it
-//!    reads plausibly, else what the BMS wrote in the last 300 s, else
-//!    none: the core then plans with the configured fallback);
-//! 4. write the core's settings to the CDU (an error is logged, not fatal);
+//! 1. read the CDU through its [`CduPort`] and the board's leak lines
+//!    (`shell/devices.rs`: an error is counted and logged once per change of its
+//!    message; "refused" and "no answer" both mean no readings this step);
+//!    take the BMS's writes and pick the outdoor temperature (`shell/bms.rs`);
+//! 2. run the decision path's step ([`Decider::step`]) with the time in ms
+//!    since the shell started (a monotonic clock);
+//! 3. write the latched record to flash when it changed, and wait for it;
+//! 4. write the planned settings to the CDU, one by one in safety order;
+//!    pulse the healthy relay, set the beacon;
 //! 5. publish: `CduTelemetry` every period (QoS 0; a lost sensor is null),
 //!    `CduState` (retained, family `health`) when the mode, the setpoint
 //!    (by 0.5 K or more) or a rack's cooling changes and at least every
 //!    60 s (the bus announces the latest again after every reconnection),
-//!    every core event as an `event`
-//!    frame, and their JSON mirrors;
-//! 6. cap leases: for each host the core caps, a signed `CapLease` (source
-//!    cooling, one lease id per host, `caps = [all GPUs at the cap]`,
-//!    duration `ShellConfig::lease`) to the host's `cmd` topic when the cap
-//!    first appears, when it moves by 5 W or more, and every `lease / 3`
-//!    while it stays; when the core lifts a cap, one lease at the GPU's TDP
-//!    lasting 5 s, so the host lifts at once rather than at expiry.
+//!    every event as an `event` frame, and their JSON mirrors;
+//! 6. sign and send the cap leases the decision path says are due
+//!    ([`crate::decide::leases`]: source cooling, one lease id per host,
+//!    `caps = [all GPUs at the cap]`, duration `ShellConfig::lease`; a
+//!    lifted cap goes as a 5-second lease at the GPU's TDP).
 //!
 //! Between periods it takes what the bus brings: host telemetry (one
 //! subscription per host of its own, at QoS 0 as telemetry is published,
-//! so the broker sends it no other CDU's hosts), kept per host index as
-//! the core's [`HostReport`], and acks (every host's `ack` family, one
-//! filter: acks are few, and a broker may keep session state per QoS 1
-//! filter) of the commands this CDU sent, counted in [`ShellStats`].
+//! so the broker sends it no other CDU's hosts), handed to the decision
+//! path, which judges it ([`crate::decide::hosts`]), and acks (every
+//! host's `ack` family, one filter: acks are few, and a broker may keep
+//! session state per QoS 1 filter) of the commands this CDU sent, counted
+//! in [`ShellStats`].
 //!
 //! Commands take their sequence numbers from the bus's one counter, as
 //! every frame of this node does; the counter starts above a block
@@ -100,6 +96,8 @@ use crate::journal::{self, ControllerFlash, LatchRecord, LearnedRecords, Recorde
 use crate::modbus::{CduError, CduMeasurements, CduPort};
 use crate::northbound::{snapshot_from, NorthboundSettings, NorthboundSnapshot, NorthboundWrite};
 
+mod bms;
+mod devices;
 mod facility;
 mod leases;
 mod links;
@@ -291,42 +289,37 @@ impl std::error::Error for ShellError {}
 struct Shell<P> {
     cfg: ShellConfig,
     stats_tx: Option<watch::Sender<ShellStats>>,
-    recorder: Recorder,
-    seq_floor: SeqFloor,
-    last_read: Option<TimestampMs>,
-    cdu: P,
+    stats: ShellStats,
     /// The core and the decision path around it (shared with the twin).
     decider: Decider,
+    /// The CDU and the board.
+    devices: devices::Devices<P>,
+    /// The northbound server and what the BMS set.
+    bms: bms::Bms,
+    /// The flash: the journal, the sequence floor, what was learned.
+    keeping: Keeping,
     bus: Bus,
     me: NodeId,
     started: Instant,
     started_unix: u64,
     index: HashMap<Ident, usize>,
-    cdu_error: Option<String>,
-    write_error: Option<String>,
     /// The leases sent, and which are due.
     lease_book: LeaseBook,
     state_sent: Option<(Commands, u64)>,
-
-    stats: ShellStats,
-    northbound: Option<NorthboundLink>,
-    nb_settings: NorthboundSettings,
-    beacon: bool,
-    board: Option<Box<dyn BoardIo>>,
-    board_error: Option<String>,
     /// What the leak inputs said at the last step.
     leak_inputs: LeakInputs,
-    /// The pumps' fault bits as last read.
-    pump_faults: [bool; 2],
-    /// The outdoor temperature's sources (the BMS's last write).
-    outdoor: OutdoorSources,
-    /// The outdoor temperature of the last step, °C, and its source.
-    outdoor_c: Option<(f32, OutdoorSource)>,
+    /// This CDU's part in a hall of several CDUs.
+    facility: Option<facility::FacilityLink>,
+}
+
+/// What the shell keeps in the controller's flash besides the latched
+/// record's path through the decision path.
+struct Keeping {
+    recorder: Recorder,
+    seq_floor: SeqFloor,
     /// Each part of the learned figures as last handed to the recorder,
     /// by key.
     learned_kept: HashMap<&'static str, Vec<u8>>,
-    /// This CDU's part in a hall of several CDUs.
-    facility: Option<facility::FacilityLink>,
     /// When the learned figures were last kept, shell ms.
     learned_at: u64,
 }
@@ -420,7 +413,7 @@ pub async fn run_with<P: CduPort>(
     // What was learned is kept, and everything decided is written and
     // handed to the bus, before it stops.
     shell.keep_learned();
-    shell.recorder.flush().await;
+    shell.keeping.recorder.flush().await;
     if let Err(e) = shell.bus.shutdown(Duration::from_secs(3)).await {
         tracing::warn!("cooling shell: leaving the bus: {e}");
     }
@@ -488,7 +481,6 @@ impl<P: CduPort> Shell<P> {
         board: Option<Box<dyn BoardIo>>,
     ) -> Self {
         let hosts = cfg.core.layout.hosts().min(MAX_HOSTS);
-        let nb_settings = NorthboundSettings::new(&cfg.core);
         Shell {
             index: cfg
                 .hosts
@@ -502,31 +494,23 @@ impl<P: CduPort> Shell<P> {
                 heard: vec![None; hosts],
                 ..Default::default()
             },
+            bms: bms::Bms::new(northbound, &cfg.core),
             cfg,
             stats_tx,
-            recorder: started.recorder,
-            seq_floor: SeqFloor::new(started.first_seq),
-            last_read: None,
-            cdu,
+            keeping: Keeping {
+                recorder: started.recorder,
+                seq_floor: SeqFloor::new(started.first_seq),
+                learned_kept: HashMap::new(),
+                learned_at: 0,
+            },
+            devices: devices::Devices::new(cdu, board),
             decider: started.decider,
             bus: started.bus,
             me: started.me,
             started: Instant::now(),
             started_unix: now_ms().0,
-            cdu_error: None,
-            write_error: None,
             state_sent: None,
-            northbound,
-            nb_settings,
-            beacon: false,
-            board,
-            board_error: None,
             leak_inputs: LeakInputs::DRY,
-            pump_faults: [false; 2],
-            outdoor: OutdoorSources::new(),
-            outdoor_c: None,
-            learned_kept: HashMap::new(),
-            learned_at: 0,
             facility: None,
         }
     }
@@ -664,16 +648,21 @@ impl<P: CduPort> Shell<P> {
 
     async fn step(&mut self) {
         let now = self.now_ms();
-        let readings = self.read_cdu().await;
-        let board = self.read_board();
-        self.northbound_writes(now);
-        self.pick_outdoor(now, readings.as_ref());
+        let readings = self.devices.read_cdu(&mut self.stats).await;
+        let board = self.devices.read_board();
+        if let Some((ceiling, offset)) = self.bms.take_writes(now) {
+            self.decider.core_mut().set_limits(ceiling, offset);
+        }
+        let fallback = self.cfg.core.margins.design_ambient_c;
+        let first = self.stats.steps == 0;
+        self.bms
+            .pick_outdoor(now, readings.as_ref(), first, fallback);
         let c = self.decider.step(
             readings.as_ref(),
             &StepIn {
                 now_ms: now,
                 board,
-                ambient_c: self.outdoor_c.map(|(c, _)| c),
+                ambient_c: self.bms.outdoor_c.map(|(c, _)| c),
             },
         );
         log_said(&mut self.decider);
@@ -682,12 +671,7 @@ impl<P: CduPort> Shell<P> {
         self.keep_latched().await;
         self.write_cdu(&c, readings.as_ref().and_then(|r| r.valves_closed))
             .await;
-        if let Some(b) = self.board.as_mut() {
-            // One pulse of the healthy relay per completed step.
-            if let Err(e) = b.pulse_healthy().and_then(|()| b.beacon(c.beacon)) {
-                self.board_failed(e);
-            }
-        }
+        self.devices.pulse(c.beacon);
         let estimates = Estimates::of(self.decider.core());
         self.publish_telemetry(&c, readings.as_ref(), &estimates);
         self.publish_state(now, &c, readings.as_ref());
@@ -695,67 +679,21 @@ impl<P: CduPort> Shell<P> {
             self.announce(e);
         }
         self.leases(now, &c);
-        self.seq_floor.keep_ahead(&self.bus, &self.recorder).await;
-        if now.saturating_sub(self.learned_at) >= journal::LEARNED_EVERY.as_millis() as u64 {
-            self.learned_at = now;
+        let k = &mut self.keeping;
+        k.seq_floor.keep_ahead(&self.bus, &k.recorder).await;
+        if now.saturating_sub(k.learned_at) >= journal::LEARNED_EVERY.as_millis() as u64 {
+            k.learned_at = now;
             self.keep_learned();
         }
         self.stats.status = Some(self.snapshot(readings.as_ref(), estimates));
-        // A new alarm needs a new acknowledgement.
-        if c.beacon && !self.beacon {
-            self.nb_settings.alarm_acknowledged = false;
-        }
-        self.beacon = c.beacon;
-        if let Some(nb) = &self.northbound {
-            nb.snapshots.send_replace(snapshot_from(
-                self.decider.core(),
-                &c,
-                now,
-                readings.as_ref(),
-                self.decider.hosts(),
-                &self.nb_settings,
-            ));
-        }
+        let hosts = self.decider.hosts();
+        self.bms
+            .publish(self.decider.core(), &c, now, readings.as_ref(), hosts);
         self.stats.steps += 1;
         self.stats.settings_limited = self.decider.settings_limited();
-        self.stats.cdu_error = self.cdu_error.clone();
+        self.stats.cdu_error = self.devices.cdu_error().cloned();
         self.stats.last = Some(c);
         self.report();
-    }
-
-    /// Reads the CDU; an error is logged once per change of its message.
-    async fn read_cdu(&mut self) -> Option<CduMeasurements> {
-        match self.cdu.read().await {
-            Ok(r) => {
-                if let Some(e) = self.cdu_error.take() {
-                    tracing::info!("cooling shell: the CDU answers again (was: {e})");
-                }
-                self.stats.cdu_reads += 1;
-                self.last_read = Some(now_ms());
-                self.pump_faults = [0, 1].map(|i| r.pump_faults[i].unwrap_or(false));
-                Some(r)
-            }
-            Err(e) => {
-                self.stats.cdu_read_errors += 1;
-                self.cdu_failed(&e);
-                None
-            }
-        }
-    }
-
-    /// The board's leak lines this step; a failed read is logged.
-    fn read_board(&mut self) -> BoardRead {
-        match self.board.as_mut().map(|b| b.ropes()) {
-            Some(Ok(ropes)) => BoardRead::Read {
-                wet: ropes.wet,
-                faults: ropes.faults,
-            },
-            Some(Err(e)) => {
-                self.board_failed(e);
-                BoardRead::Failed
-            }
-            None => BoardRead::Absent,
-        }
     }
 
     /// Writes the latched record to flash when it changed, and waits for
@@ -767,7 +705,7 @@ impl<P: CduPort> Shell<P> {
         };
         let mut result = Ok(());
         for (key, value) in r.items() {
-            result = self.recorder.set_sync(key.into(), value).await;
+            result = self.keeping.recorder.set_sync(key.into(), value).await;
             if result.is_err() {
                 break;
             }
@@ -786,11 +724,12 @@ impl<P: CduPort> Shell<P> {
     /// recorder's full queue dropped goes at the next keep).
     fn keep_learned(&mut self) {
         for (key, value) in journal::learned_records(&self.decider.core().learned()) {
-            if self.learned_kept.get(key) == Some(&value) {
+            let k = &mut self.keeping;
+            if k.learned_kept.get(key) == Some(&value) {
                 continue;
             }
-            if self.recorder.offer_set(key.to_string(), value.clone()) {
-                self.learned_kept.insert(key, value);
+            if k.recorder.offer_set(key.to_string(), value.clone()) {
+                k.learned_kept.insert(key, value);
             }
         }
     }
@@ -800,29 +739,8 @@ impl<P: CduPort> Shell<P> {
     /// (`closed`); the first failure is logged once per change.
     async fn write_cdu(&mut self, c: &Commands, closed: Option<u16>) {
         let plan = self.decider.plan(c, closed);
-        let mut outcome = Outcome::default();
-        for w in &plan.writes {
-            if !outcome.due(w) {
-                continue;
-            }
-            let r = self.cdu.write_setting(w).await.map_err(|e| e.to_string());
-            outcome.record(w.setting, r);
-        }
+        let outcome = self.devices.write(&plan, &mut self.stats).await;
         self.decider.written(&outcome);
-        match outcome.first_error() {
-            None => {
-                if let Some(e) = self.write_error.take() {
-                    tracing::info!("cooling shell: the CDU takes its settings again (was: {e})");
-                }
-            }
-            Some(msg) => {
-                self.stats.cdu_write_errors += 1;
-                if self.write_error.as_deref() != Some(msg.as_str()) {
-                    tracing::error!("cooling shell: writing the CDU's settings: {msg}");
-                    self.write_error = Some(msg);
-                }
-            }
-        }
     }
 
     /// Logs an event to flash and publishes it through the outbox.
@@ -834,7 +752,7 @@ impl<P: CduPort> Shell<P> {
             event: e.clone(),
         });
         // Through the outbox, after its log entry.
-        self.recorder.publish(Message::Event(e), time, true);
+        self.keeping.recorder.publish(Message::Event(e), time, true);
         self.stats.events_published += 1;
     }
 
@@ -853,7 +771,7 @@ impl<P: CduPort> Shell<P> {
                 (done, (RackIndex::new(rack as u8), None))
             }
             OperatorAction::ClearPumpTrip { pump } => {
-                let shown = self.pump_faults[pump as usize];
+                let shown = self.devices.pump_faults[pump as usize];
                 let done = self
                     .decider
                     .core_mut()
@@ -881,87 +799,7 @@ impl<P: CduPort> Shell<P> {
         let _ = req.reply.send(answer);
     }
 
-    fn board_failed(&mut self, e: String) {
-        if self.board_error.as_deref() != Some(e.as_str()) {
-            tracing::error!("cooling shell: board pins: {e}");
-            self.board_error = Some(e);
-        }
-    }
-
-    /// Takes the bounded writes the BMS made since the last step (at
-    /// `now`, shell ms); the holding registers then read the BMS's outdoor
-    /// temperature while it is in force.
-    fn northbound_writes(&mut self, now: u64) {
-        let Some(rx) = self.northbound.as_mut().and_then(|nb| nb.writes.as_mut()) else {
-            return;
-        };
-        let mut changed = false;
-        while let Ok(w) = rx.try_recv() {
-            tracing::info!("cooling shell: the BMS wrote {}", bms_write(&w));
-            match w {
-                NorthboundWrite::OutdoorTemp { celsius } => self.outdoor.bms_wrote(celsius, now),
-                _ => changed = true,
-            }
-            self.nb_settings.apply(w);
-        }
-        self.nb_settings.outdoor_c = self.outdoor.bms_fresh(now);
-        if changed {
-            let s = &self.nb_settings;
-            self.decider
-                .core_mut()
-                .set_limits(s.setpoint_ceiling_c, s.plan_ceiling_offset_k);
-        }
-    }
-
-    /// This step's outdoor temperature from the CDU's reading `r` and the
-    /// BMS's writes; a change of source is logged.
-    fn pick_outdoor(&mut self, now: u64, r: Option<&CduMeasurements>) {
-        let picked = self.outdoor.pick(r.and_then(|r| r.outdoor_c), now);
-        let (was, is) = (self.outdoor_c.map(|(_, s)| s), picked.map(|(_, s)| s));
-        if was != is || self.stats.steps == 0 {
-            match picked {
-                Some((c, OutdoorSource::Cdu)) => {
-                    tracing::info!("cooling shell: outdoor temperature from the CDU's sensor ({c:.1} °C)")
-                }
-                Some((c, OutdoorSource::Bms)) => tracing::warn!(
-                    "cooling shell: outdoor temperature from the BMS's writes ({c:.1} °C): the CDU's sensor does not read"
-                ),
-                None => tracing::warn!(
-                    "cooling shell: no outdoor temperature (the CDU's sensor does not read, no BMS value of the last {} s): planning with the fallback {:.1} °C",
-                    outdoor::BMS_FRESH.as_secs(),
-                    self.cfg.core.margins.design_ambient_c
-                ),
-            }
-        }
-        self.outdoor_c = picked;
-    }
-
     fn journal(&self, entry: Journal) {
-        journal::record(&self.recorder, &entry);
-    }
-
-    fn cdu_failed(&mut self, e: &CduError) {
-        let msg = e.to_string();
-        if self.cdu_error.as_deref() != Some(msg.as_str()) {
-            let what = if e.refused_code().is_some() {
-                "refused"
-            } else if e.is_no_answer() {
-                "no answer"
-            } else {
-                "failed"
-            };
-            tracing::error!("cooling shell: reading the CDU ({what}): {msg}");
-            self.cdu_error = Some(msg);
-        }
-    }
-}
-
-/// A BMS write in words, for the log.
-fn bms_write(w: &NorthboundWrite) -> String {
-    match w {
-        NorthboundWrite::SetpointCeiling { celsius } => format!("setpoint ceiling {celsius} °C"),
-        NorthboundWrite::PlanCeilingOffset { kelvin } => format!("plan ceiling offset {kelvin} K"),
-        NorthboundWrite::AlarmAck => "alarm acknowledged".to_string(),
-        NorthboundWrite::OutdoorTemp { celsius } => format!("outdoor temperature {celsius} °C"),
+        journal::record(&self.keeping.recorder, &entry);
     }
 }

@@ -25,7 +25,7 @@ impl<P: CduPort> Shell<P> {
             reason,
             since: self.unix(since),
             readings: r.copied(),
-            last_read: self.last_read,
+            last_read: self.devices.last_read,
             sensors,
             leaks_now: self.leak_inputs.wet_now(),
             leaks_latched: self.decider.core().leaks_latched(),
@@ -34,7 +34,7 @@ impl<P: CduPort> Shell<P> {
             pumps_failed: self.decider.core().pumps_failed(),
             loops: self.decider.core().loops(),
             estimates: Box::new(estimates),
-            outdoor_source: self.outdoor_c.map(|(_, s)| s),
+            outdoor_source: self.bms.outdoor_c.map(|(_, s)| s),
             events_dropped: self.decider.core().events_dropped(),
             bus_connected: self.bus.is_connected(),
             bus: self.bus.metrics(),
@@ -141,6 +141,7 @@ impl<P: CduPort> Shell<P> {
             // As measured (the CDU's sensor or the BMS's fresh write),
             // never the configured fallback.
             ambient: self
+                .bms
                 .outdoor_c
                 .and_then(|(a, _)| Celsius::new(f64::from(a)).ok()),
             reservoir: None,
