@@ -294,15 +294,18 @@ fn a_degraded_dry_cooler_is_met_with_the_chiller_and_caps_not_heat() {
         "dry_cooler.toml",
     )
     .unwrap();
-    let o = sim::run(
-        "dry_cooler",
-        &sc,
-        &mut Ours::new(&sc.site).unwrap(),
-        None,
-        60,
-    )
-    .unwrap();
+    let mut ours = Ours::new(&sc.site).unwrap();
+    let configured = ours.core().config().facility.dry_cooler_ua_w_per_k;
+    let o = sim::run("dry_cooler", &sc, &mut ours, None, 60).unwrap();
     eprintln!("{o:?}");
+    // The controller saw the dry cooler lose conductance (half of it, in
+    // truth) and plans with it: more of the chiller, caps where short.
+    let believed = ours.core().believed().facility.dry_cooler_ua_w_per_k;
+    eprintln!("dry cooler UA: configured {configured:.0} W/K, believed {believed:.0} W/K");
+    assert!(
+        believed < 0.85 * configured,
+        "the degradation is not learned: {believed} of {configured} W/K"
+    );
     assert_eq!(
         (
             o.shutdowns,
