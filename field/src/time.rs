@@ -2,24 +2,10 @@
 
 /// `YYYY-MM-DD HH:MM:SS.mmm` of a time in ms since the epoch (UTC).
 pub fn clock(ms: u64) -> String {
-    let secs = ms / 1000;
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Civil date from days since 1970-01-01 (proleptic Gregorian).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
+    let u = loopwarden_protocol::TimestampMs(ms).utc();
     format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}.{:03}",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        ms % 1000
+        "{:04}-{:02}-{:02} {:02}:{:02}:{:02}.{:03}",
+        u.year, u.month, u.day, u.hour, u.minute, u.second, u.milli
     )
 }
 

@@ -240,6 +240,49 @@ impl TimestampMs {
     pub const fn after(self, span: DurationMs) -> TimestampMs {
         TimestampMs(self.0.saturating_add(span.0 as u64))
     }
+
+    /// The UTC calendar date and time of day (proleptic Gregorian, no
+    /// leap seconds), for the consoles and tools that print times.
+    pub const fn utc(self) -> Utc {
+        let days = (self.0 / 86_400_000) as i64;
+        let rem = self.0 % 86_400_000;
+        // Civil date from days since 1970-01-01.
+        let z = days + 719_468;
+        let era = z.div_euclid(146_097);
+        let doe = z.rem_euclid(146_097);
+        let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+        let mp = (5 * doy + 2) / 153;
+        let month = if mp < 10 { mp + 3 } else { mp - 9 };
+        Utc {
+            year: yoe + era * 400 + (month <= 2) as i64,
+            month: month as u8,
+            day: (doy - (153 * mp + 2) / 5 + 1) as u8,
+            hour: (rem / 3_600_000) as u8,
+            minute: (rem / 60_000 % 60) as u8,
+            second: (rem / 1000 % 60) as u8,
+            milli: (rem % 1000) as u16,
+        }
+    }
+}
+
+/// A time as a UTC calendar date and time of day ([`TimestampMs::utc`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Utc {
+    /// The year.
+    pub year: i64,
+    /// 1 to 12.
+    pub month: u8,
+    /// 1 to 31.
+    pub day: u8,
+    /// 0 to 23.
+    pub hour: u8,
+    /// 0 to 59.
+    pub minute: u8,
+    /// 0 to 59.
+    pub second: u8,
+    /// 0 to 999.
+    pub milli: u16,
 }
 
 /// A share from 0 to 100 % in whole percent (GPU utilisation, pump speed,
@@ -288,6 +331,29 @@ impl fmt::Display for Percent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_timestamp_reads_as_its_utc_date_and_time() {
+        let utc = |ms| TimestampMs(ms).utc();
+        let at = |year, month, day, hour, minute, second, milli| Utc {
+            year,
+            month,
+            day,
+            hour,
+            minute,
+            second,
+            milli,
+        };
+        assert_eq!(utc(0), at(1970, 1, 1, 0, 0, 0, 0));
+        // A leap day of a century divisible by 400, and the day after.
+        assert_eq!(utc(951_782_400_000), at(2000, 2, 29, 0, 0, 0, 0));
+        assert_eq!(utc(951_868_800_000 - 1), at(2000, 2, 29, 23, 59, 59, 999));
+        assert_eq!(utc(951_868_800_000), at(2000, 3, 1, 0, 0, 0, 0));
+        // 2100 is not a leap year: 28 February, then 1 March.
+        assert_eq!(utc(4_107_456_000_000), at(2100, 2, 28, 0, 0, 0, 0));
+        assert_eq!(utc(4_107_542_400_000), at(2100, 3, 1, 0, 0, 0, 0));
+        assert_eq!(utc(1_795_953_600_123), at(2026, 11, 29, 12, 0, 0, 123));
+    }
 
     #[test]
     fn fixed_point_rounds_to_resolution() {

@@ -116,24 +116,11 @@ enum Command {
 
 /// `ms` since the Unix epoch as an ISO 8601 UTC time with milliseconds.
 fn utc(ms: u64) -> String {
-    let (days, rem) = ((ms / 86_400_000) as i64, ms % 86_400_000);
-    // Civil date from days since 1970-01-01 (proleptic Gregorian calendar).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    let (h, m, s, milli) = (
-        rem / 3_600_000,
-        rem / 60_000 % 60,
-        rem / 1000 % 60,
-        rem % 1000,
-    );
-    format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{milli:03}Z")
+    let u = loopwarden_protocol::TimestampMs(ms).utc();
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
+        u.year, u.month, u.day, u.hour, u.minute, u.second, u.milli
+    )
 }
 
 fn summary(message: &Message) -> String {
