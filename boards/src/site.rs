@@ -3,7 +3,7 @@
 //! and the facility's heat rejection, with the characteristic curves those
 //! figures define (cold-plate resistance against flow, static power against
 //! temperature, the chiller's COP). Every field has the default of
-//! `PLANT_MODEL.md` and is a key of a site's TOML.
+//! `docs/plant-model.md` and is a key of a site's TOML.
 //!
 //! The controller is configured with these figures (`cooling-ctrl`'s
 //! `site_figures`); the simulated hall (`loopwarden-twin`) runs its plant
@@ -19,7 +19,7 @@
 
 use serde::Deserialize;
 
-/// A hall as data; every field has the default of `PLANT_MODEL.md`.
+/// A hall as data; every field has the default of `docs/plant-model.md`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SiteConfig {
@@ -39,7 +39,7 @@ pub struct SiteConfig {
     /// Heat rejection.
     pub facility: FacilityModel,
     /// CDUs on the facility water loop, each with these racks and its own
-    /// controller (`PLANT_MODEL.md` §4.1); the dry cooler, the chiller
+    /// controller (`docs/plant-model.md` §4.1); the dry cooler, the chiller
     /// plant and the facility water flow are this many times the
     /// figures of `facility`, which are one CDU's share.
     pub cdus: usize,
@@ -60,7 +60,7 @@ impl Default for SiteConfig {
     }
 }
 
-/// One GPU (section 2).
+/// One GPU (`docs/plant-model.md` §2).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct GpuModel {
@@ -137,8 +137,48 @@ impl GpuModel {
         self.static_w * (1.0 + self.leak_per_k * (t_j - 50.0))
     }
 
+    /// Whether a GPU at `t_j` is in hardware slowdown, given whether it
+    /// `was`: it enters at the slowdown temperature and leaves below the
+    /// max operating temperature.
+    pub fn slowdown(&self, was: bool, t_j: f64) -> bool {
+        if t_j >= self.slowdown_c {
+            true
+        } else if t_j < self.max_operating_c {
+            false
+        } else {
+            was
+        }
+    }
+
+    /// The power limit a GPU runs under: `limit`, at most half the TDP in
+    /// hardware slowdown, W.
+    pub fn limit_under(&self, limit: f64, slowdown: bool) -> f64 {
+        if slowdown {
+            limit.min(0.5 * self.tdp_w)
+        } else {
+            limit
+        }
+    }
+
+    /// The junction temperature after `dt` s of drawing `power_w` with
+    /// `r_k_per_w` (junction to case plus cold plate) to coolant at
+    /// `t_in_c`, and the heat that went into the coolant meanwhile, W: the
+    /// one lumped thermal law of every simulated GPU.
+    pub fn junction_step(
+        &self,
+        t_j: f64,
+        power_w: f64,
+        t_in_c: f64,
+        r_k_per_w: f64,
+        dt: f64,
+    ) -> (f64, f64) {
+        let to_coolant = (t_j - t_in_c) / r_k_per_w;
+        let t = t_j + dt * (power_w - to_coolant) / self.heat_capacity_j_per_k;
+        (t, to_coolant)
+    }
+
     /// Power drawn and work rate of a GPU at `t_j` with demand `u` under
-    /// `limit` (section 2): static plus dynamic power when it fits, else
+    /// `limit` (`docs/plant-model.md` §2.2): static plus dynamic power when it fits, else
     /// the limit, with the clocks (work) dropped to fit it.
     pub fn draw(&self, t_j: f64, u: f64, limit: f64) -> (f64, f64) {
         let p_s = self.static_power(t_j);
@@ -153,7 +193,7 @@ impl GpuModel {
     }
 }
 
-/// Host power besides its GPUs (section 2).
+/// Host power besides its GPUs (`docs/plant-model.md` §2.5).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HostModel {
@@ -172,7 +212,7 @@ impl Default for HostModel {
     }
 }
 
-/// The secondary loop and the CDU (section 3).
+/// The secondary loop and the CDU (`docs/plant-model.md` §3).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LoopModel {
@@ -237,7 +277,7 @@ impl LoopModel {
     }
 }
 
-/// Heat rejection and the facility's own loads (sections 4 and 5).
+/// Heat rejection and the facility's own loads (`docs/plant-model.md` §4 and §5).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FacilityModel {

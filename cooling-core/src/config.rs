@@ -201,7 +201,7 @@ pub struct CoreConfig {
 
 impl Default for CoreConfig {
     /// A 4-rack hall of 4 hosts of 8 H200-class GPUs with one CDU, a dry
-    /// cooler and a trim chiller: the figures of the project's plant model.
+    /// cooler and a trim chiller: the figures of `docs/plant-model.md`.
     fn default() -> Self {
         Self {
             layout: Layout {

@@ -1,6 +1,6 @@
 //! # loopwarden-hall: the one-command run of the simulated hall
 //!
-//! This crate will become the project's main command (ARCHITECTURE.md §9):
+//! This crate will become the project's main command (`docs/twin.md`):
 //! it starts the broker, the simulated CDU, a node agent per simulated
 //! host and the cooling controller, plays a scenario and shows what
 //! happens, live and as a report with charts. It is the only crate that

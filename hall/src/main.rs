@@ -228,7 +228,7 @@ struct PlayArgs {
     #[arg(long = "clear-leak", value_parser = parse_clear_leak)]
     clear_leaks: Vec<(u64, usize)>,
     /// Print the run's summary (the JSON object `cooling-ctrl simulate`
-    /// prints, PLANT_MODEL §8.3) as the last line of standard output.
+    /// prints, `docs/plant-model.md` §8.3) as the last line of standard output.
     #[arg(long)]
     json: bool,
 }

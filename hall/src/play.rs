@@ -5,7 +5,7 @@
 //! GPUs from the hall) and the real cooling controller driving the CDU over
 //! Modbus; it plays a scenario, shows the hall live, and writes the report.
 //!
-//! Hosts follow their agents as the plant model says: the run listens on
+//! Hosts follow their agents as `docs/plant-model.md` §2.6 says: the run listens on
 //! the bus like any facility system and tells the hall when an agent
 //! quarantined a GPU (drained 30 s later) and when an agent powered its
 //! host down because its rack lost cooling (and up when it is back).
@@ -114,7 +114,7 @@ fn pki_tls(dir: &Path, who: &str) -> Result<loopwarden_bus::tls::Tls, PlayError>
 /// What the run saw.
 #[derive(Debug, Clone, Default)]
 pub struct PlayOutcome {
-    /// The figures of PLANT_MODEL §8.3, as `cooling-ctrl simulate`
+    /// The figures of `docs/plant-model.md` §8.3, as `cooling-ctrl simulate`
     /// reports them, of the run as played through the real shell.
     pub summary: Option<loopwarden_twin::sim::Summary>,
     /// Hosts whose telemetry the observer received.

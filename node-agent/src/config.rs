@@ -110,6 +110,7 @@ loopwarden_field::agent_flags! {
         #[arg(long)]
         pub host: Option<String>,
         /// Simulate this many GPUs instead of using NVML.
+        #[cfg(feature = "twin")]
         #[arg(long)]
         pub twin_gpus: Option<u8>,
         /// GPU board model (`H200-SXM`, `H100-SXM`) or a board TOML file.
@@ -387,15 +388,21 @@ fn gpu_source(
     file: &FileConfig,
     flags: &Overrides,
 ) -> Result<GpuSourceKind, ConfigError> {
-    let twin = range(
-        src,
-        pick!(flags.twin_gpus, file.twin_gpus, "twin-gpus"),
-        "twin_gpus",
-        0,
-        0,
-        16,
-        " GPUs",
-    )?;
+    #[cfg(feature = "twin")]
+    let picked = pick!(flags.twin_gpus, file.twin_gpus, "twin-gpus");
+    #[cfg(not(feature = "twin"))]
+    let picked = {
+        let _ = flags;
+        pick!(None::<u8>, file.twin_gpus, "twin-gpus")
+    };
+    let twin = range(src, picked, "twin_gpus", 0, 0, 16, " GPUs")?;
+    if twin > 0 && cfg!(not(feature = "twin")) {
+        return Err(src.error(
+            None,
+            "twin_gpus",
+            "twin_gpus: this build has no simulated GPUs (built without the `twin` feature); remove it to read the GPUs through NVML".into(),
+        ));
+    }
     Ok(if twin == 0 {
         GpuSourceKind::Nvml
     } else {

@@ -48,6 +48,7 @@ pub mod metrics;
 pub mod nvml;
 pub mod replay;
 pub mod shell;
+#[cfg(feature = "twin")]
 pub mod sim_gpus;
 pub mod watchdog;
 pub mod worker;

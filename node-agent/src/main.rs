@@ -23,6 +23,7 @@ use node_agent::console::{self, Request};
 use node_agent::gpu::GpuSource;
 use node_agent::nvml::{NvmlSource, SystemNvml};
 use node_agent::shell::RunHooks;
+#[cfg(feature = "twin")]
 use node_agent::sim_gpus::TwinSource;
 use node_agent::watchdog::{self, Notifier};
 
@@ -76,6 +77,25 @@ enum Ctl {
         /// GPU index.
         gpu: u8,
     },
+}
+
+/// What to add to an NVML error: where simulated GPUs are built in, how
+/// to use them.
+#[cfg(feature = "twin")]
+const NVML_HINT: &str = " (for simulated GPUs use --twin-gpus N)";
+#[cfg(not(feature = "twin"))]
+const NVML_HINT: &str = "";
+
+/// `n` simulated GPUs of `board`, where this build has them.
+#[cfg(feature = "twin")]
+fn twin_source(board: &loopwarden_boards::GpuBoard, n: u8) -> Option<Box<dyn GpuSource + Send>> {
+    Some(Box::new(TwinSource::new(board, n as usize, 1)))
+}
+
+/// A production build has no simulated GPUs.
+#[cfg(not(feature = "twin"))]
+fn twin_source(_board: &loopwarden_boards::GpuBoard, _n: u8) -> Option<Box<dyn GpuSource + Send>> {
+    None
 }
 
 fn main() -> ExitCode {
@@ -153,11 +173,19 @@ fn run(config_path: Option<PathBuf>, flags: Overrides) -> ExitCode {
         }
     };
     let source: Box<dyn GpuSource + Send> = match config.gpus {
-        GpuSourceKind::Twin(n) => Box::new(TwinSource::new(&config.board, n as usize, 1)),
+        GpuSourceKind::Twin(n) => match twin_source(&config.board, n) {
+            Some(s) => s,
+            None => {
+                eprintln!(
+                    "node-agent: twin_gpus: this build has no simulated GPUs (built without the `twin` feature); remove twin_gpus to read the GPUs through NVML"
+                );
+                return ExitCode::from(2);
+            }
+        },
         GpuSourceKind::Nvml => match SystemNvml::init() {
             Ok(nvml) => Box::new(NvmlSource::new(nvml)),
             Err(e) => {
-                eprintln!("node-agent: {e} (for simulated GPUs use --twin-gpus N)");
+                eprintln!("node-agent: {e}{NVML_HINT}");
                 return ExitCode::from(1);
             }
         },

@@ -1,6 +1,6 @@
 //! Simulated GPUs behind the same trait as NVML.
 //!
-//! A stand-alone host of the hall model (`PLANT_MODEL.md` section 2, with
+//! A stand-alone host of the hall model (`docs/plant-model.md` §2, with
 //! the constants of `loopwarden_boards::site`): each
 //! GPU heats up with its power and cools through its cold plate into the
 //! coolant; its static power grows with temperature (leakage); its power
@@ -32,7 +32,7 @@ use loopwarden_protocol::{
 
 use crate::gpu::{GpuDevice, GpuError, GpuInfo, GpuSample, GpuSource, XidEvent, XidReport};
 
-/// Physical constants of one simulated GPU (defaults of PLANT_MODEL.md).
+/// Physical constants of one simulated GPU (defaults of `docs/plant-model.md` §2.1).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TwinGpuParams {
     /// Default power limit, W.
@@ -198,18 +198,12 @@ impl TwinHost {
             }
             let u = (g.demand + jitter).clamp(0.0, 1.0);
             g.u = u;
-            if g.t_j >= p.t_slow {
-                g.slowdown = true;
-            } else if g.t_j < p.t_maxop {
-                g.slowdown = false;
-            }
-            let limit = if g.slowdown {
-                g.limit.min(0.5 * p.tdp)
-            } else {
-                g.limit
-            };
+            g.slowdown = self.model.slowdown(g.slowdown, g.t_j);
+            let limit = self.model.limit_under(g.limit, g.slowdown);
             (g.power, g.work) = self.model.draw(g.t_j, u, limit);
-            g.t_j += dt * (g.power - (g.t_j - self.coolant_c) / r) / p.c_j;
+            (g.t_j, _) = self
+                .model
+                .junction_step(g.t_j, g.power, self.coolant_c, r, dt);
             g.energy_j += g.power * dt;
             if g.t_j >= p.t_shut {
                 g.shut_down = true;

@@ -132,7 +132,7 @@ impl Hall {
         self.tally.restarted();
     }
 
-    /// The summary of the run so far (PLANT_MODEL §8.3), as `simulate`
+    /// The summary of the run so far (`docs/plant-model.md` §8.3), as `simulate`
     /// reports it, named `scenario`, for `controller`.
     pub fn summary(&self, scenario: &str, controller: &str) -> crate::sim::Summary {
         let leaks = self

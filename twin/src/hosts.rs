@@ -1,5 +1,5 @@
-//! Hosts follow their agents (`PLANT_MODEL.md` section 2, last
-//! paragraph): what the simulated hosts do with their GPUs when a node
+//! Hosts follow their agents (`docs/plant-model.md` §2.6): what the
+//! simulated hosts do with their GPUs when a node
 //! agent quarantines one or the controller tells a host its cooling is
 //! lost.
 //!

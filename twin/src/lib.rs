@@ -1,6 +1,6 @@
 //! # loopwarden-twin: the simulated hall
 //!
-//! The hall of `PLANT_MODEL.md` that both agents are tested against,
+//! The hall of `docs/plant-model.md` that both agents are tested against,
 //! behind the same traits as real hardware. [`plant`]: GPUs on cold
 //! plates, the CDU's loop, dry cooler, trim chiller and meters, on a
 //! site's figures (`loopwarden_boards::site`). Around it: [`scenario`]

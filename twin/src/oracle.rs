@@ -1,4 +1,4 @@
-//! The `oracle` reference controller (`PLANT_MODEL.md` section 7), for
+//! The `oracle` reference controller (`docs/plant-model.md` §7), for
 //! calibration only: it is shown the plant's true state and, every
 //! minute, picks the setpoint and pump speed that minimise facility power
 //! per work at steady state with every running GPU at or below

@@ -1,6 +1,6 @@
 //! The simulated hall: GPUs on cold plates, the CDU's secondary loop, the
 //! facility water loop with its dry cooler and trim chiller, and the power
-//! meters (`PLANT_MODEL.md` sections 2 to 5).
+//! meters (`docs/plant-model.md` §2 to §5).
 //!
 //! Pure: the plant is stepped with a time step, what the actuators are
 //! told and the outdoor conditions; it reads no clock. Every default of
@@ -443,8 +443,8 @@ fn step_gpus(
         // Heat into the coolant through the plate; the rest is stored.
         let fouling = cond.plate_factor.get(rack).copied().unwrap_or(1.0);
         let r = g.r_jc + g.r_cold_plate(q) * fouling;
-        let to_coolant = (gs.t_j - t_in) / r;
-        gs.t_j += dt * (gs.power - to_coolant) / g.heat_capacity_j_per_k;
+        let to_coolant;
+        (gs.t_j, to_coolant) = g.junction_step(gs.t_j, gs.power, t_in, r, dt);
         // A closed rack's stagnant plates keep their heat in the rack.
         if c.open[rack] {
             gpu_to_coolant += to_coolant;
@@ -475,17 +475,12 @@ fn gpu_draw(g: &GpuModel, gs: &mut GpuState, totals: &mut Totals, cap: Option<f6
         gs.work = 0.0;
         gs.slowdown = false;
     } else {
-        if gs.t_j >= g.slowdown_c && !gs.slowdown {
-            gs.slowdown = true;
+        let slowdown = g.slowdown(gs.slowdown, gs.t_j);
+        if slowdown && !gs.slowdown {
             totals.slowdown_episodes += 1;
-        } else if gs.t_j < g.max_operating_c {
-            gs.slowdown = false;
         }
-        let mut limit = cap.unwrap_or(g.tdp_w);
-        limit = limit.clamp(g.min_cap_w, g.tdp_w);
-        if gs.slowdown {
-            limit = limit.min(0.5 * g.tdp_w);
-        }
+        gs.slowdown = slowdown;
+        let limit = g.limit_under(cap.unwrap_or(g.tdp_w).clamp(g.min_cap_w, g.tdp_w), slowdown);
         gs.limit = limit;
         (gs.power, gs.work) = g.draw(gs.t_j, u, limit);
     }
@@ -576,7 +571,7 @@ fn step_facility(
 }
 
 /// The facility water loop of a hall of several CDUs
-/// ([`SiteConfig::cdus`], `PLANT_MODEL.md` §4.1): one dry cooler and one
+/// ([`SiteConfig::cdus`], `docs/plant-model.md` §4.1): one dry cooler and one
 /// chiller plant, each `cdus` times one CDU's figures, the water heading
 /// for the target the hall's facility policy sets. The chiller plant is
 /// `cdus` stages of one CDU's chiller each.
@@ -741,7 +736,7 @@ mod tests {
         );
     }
 
-    /// Steady state at three operating points against sections 2, 3 and 5
+    /// Steady state at three operating points against `docs/plant-model.md` §2, §3 and §5
     /// evaluated by hand (the arithmetic is written out below).
     #[test]
     fn steady_states_match_the_formulas_by_hand() {
@@ -821,7 +816,7 @@ mod tests {
             close(g.power, pt.power, 0.1, &format!("point {k}: power"));
             close(g.work, pt.work, 0.001, &format!("point {k}: work"));
             close(m.pump_w, pt.pump_w, 0.01, &format!("point {k}: pump"));
-            // Section 3: return = supply + Q / (m_dot c_p), with
+            // docs/plant-model.md §3.4: return = supply + Q / (m_dot c_p), with
             // Q = 128 GPUs' power + 16 hosts at 500 + 700 u W (steady: all
             // of it reaches the coolant), flow 1.5 * speed * 128 L/min.
             let q = 128.0 * pt.power + 16.0 * (500.0 + 700.0 * pt.u);
@@ -833,7 +828,7 @@ mod tests {
                 0.01,
                 &format!("point {k}: return"),
             );
-            // Section 5: facility = IT + pump + fans + chiller + 1.5 kW
+            // docs/plant-model.md §5: facility = IT + pump + fans + chiller + 1.5 kW
             // facility pumps + 3 % of IT + 2 kW.
             let want = m.it_w + m.pump_w + m.fans_w + m.chiller_w + 1500.0 + 0.03 * m.it_w + 2000.0;
             close(m.facility_w, want, 0.01, &format!("point {k}: facility"));

@@ -1,7 +1,7 @@
 //! Plant scenarios (`plant-scenario/1`): what happens to the hall over a
 //! run: outdoor temperature, workload, faults.
 //!
-//! A scenario is TOML (`PLANT_MODEL.md` section 8). It is read whole and
+//! A scenario is TOML (`docs/plant-model.md` §8). It is read whole and
 //! checked before anything runs: an unknown key, a curve out of order or
 //! out of range, a fault of an unknown kind or with a target the site does
 //! not have is refused with the field and the reason.

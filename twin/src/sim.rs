@@ -1,5 +1,5 @@
 //! Plays a scenario on the plant in simulated time, with a controller in
-//! charge of the CDU, and keeps the figures of `PLANT_MODEL.md` section 8.
+//! charge of the CDU, and keeps the figures of `docs/plant-model.md` §8.3.
 //!
 //! The controller sees what a real one would see (the CDU's sensors over
 //! Modbus, with the scenario's sensor faults applied; the leak ropes on its
@@ -266,7 +266,7 @@ impl Controller for Baseline {
     }
 }
 
-/// The figures of a run (section 8).
+/// The figures of a run (`docs/plant-model.md` §8.3).
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Summary {
     /// Scenario name.

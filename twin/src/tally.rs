@@ -1,4 +1,4 @@
-//! The figures of a run besides the plant's own accounts (PLANT_MODEL
+//! The figures of a run besides the plant's own accounts (`docs/plant-model.md`
 //! §8.3): what the controller declared (caps, failsafe, lost leak
 //! sensing, lying valve inputs), what became of leaking racks (seconds
 //! pumped, valves reopened), pump switchovers and restarts. One tally

@@ -1,9 +1,9 @@
-//! The faults of PLANT_MODEL §8.1 and §8.4 played through the real
+//! The faults of `docs/plant-model.md` §8.1 and §8.4 played through the real
 //! controller shell (`play`, headless, in real time): a leak isolated and
 //! kept shut across a restart whose newest latched record is damaged and
 //! whose CDU is silent at first, a leak the CDU's own input sees while the
 //! board's inputs fail, and a valve position input that lies. The run's
-//! summary (PLANT_MODEL §8.3, what `play --json` prints) says what
+//! summary (`docs/plant-model.md` §8.3, what `play --json` prints) says what
 //! happened, figured as `simulate` figures it.
 
 use loopwarden_hall::play::{play, PlayConfig};

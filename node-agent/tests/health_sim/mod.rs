@@ -1,7 +1,7 @@
 //! A small deterministic simulator of an 8-GPU liquid-cooled host, shared by
 //! the health engine's tests (`health_traces.rs`, `health_properties.rs`).
 //!
-//! It follows the GPU model of the plant model (static and dynamic power,
+//! It follows the GPU model of `docs/plant-model.md` §2 (static and dynamic power,
 //! power cap, thermal resistance junction to coolant, one lumped heat
 //! capacity, hardware thermal slowdown) at one sample per GPU per second,
 //! with noise from a seeded xorshift generator: the same seed gives the same

@@ -1,4 +1,4 @@
-//! A hall of several CDUs on one facility water loop (`PLANT_MODEL.md`
+//! A hall of several CDUs on one facility water loop (`docs/plant-model.md`
 //! §4.1): each CDU with its own racks, secondary loop, sensors, faults
 //! and controller, as in a run of one CDU; one dry cooler and one chiller
 //! plant for all of them, the facility water heading for the target the
