@@ -60,188 +60,53 @@
 //! pin map is read and checked here; the chip is opened at start
 //! (`crate::gpio`).
 //!
+//! This file holds the checked [`Config`] and [`resolve`], which checks
+//! the sections in turn, each in its own submodule: the file and flags as
+//! written (`file`), the sign key (`key`), the CDU link (`link`), the
+//! plant: register map, site figures, hosts and the hall's CDUs (`plant`),
+//! the timings (`timings`), the northbound server (`northbound`) and the
+//! board's pins (`board`).
+//!
 //! Glossary:
 //! - *origin*: where a value came from (a line of the file, a flag, the
 //!   default), so an error points at it.
 
-use std::format;
-use std::net::{SocketAddr, ToSocketAddrs};
+mod board;
+mod file;
+mod key;
+mod link;
+mod northbound;
+mod plant;
+mod timings;
+
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::string::{String, ToString};
+use std::string::String;
 use std::time::Duration;
 use std::vec::Vec;
 
 use loopwarden_boards::modbus_map::RegisterMap;
-use loopwarden_boards::pins::PinMap;
-use loopwarden_boards::site::SiteConfig;
 use loopwarden_field::common;
 pub use loopwarden_field::config::ConfigError;
-use loopwarden_field::config::{self as field, local_host_name, range, Sources};
+use loopwarden_field::config::{self as field, local_host_name, Sources};
 use loopwarden_field::pick;
 use loopwarden_protocol::auth::SigningKey;
-use loopwarden_protocol::{Ident, Role};
+use loopwarden_protocol::Ident;
 
-use crate::modbus::{DataBits, Link, Parity, SerialLine, StopBits};
+use crate::modbus::Link;
 use crate::shell::ShellConfig;
-use cooling_core::{CoreConfig, MAX_HOSTS};
+use cooling_core::CoreConfig;
 
-loopwarden_field::agent_file! {
-    /// The file as written (every field optional): the common fields
-    /// (`loopwarden_field::common`), then the controller's own.
-    pub struct FileConfig {
-        /// CDU id.
-        pub cdu: Option<String>,
-        /// This controller's sign key file.
-        pub sign_key: Option<PathBuf>,
-        /// The public demonstration key (twin only).
-        pub demo_key: Option<bool>,
-        /// The CDU on Modbus TCP.
-        pub cdu_tcp: Option<String>,
-        /// The CDU on Modbus RTU.
-        pub cdu_serial: Option<String>,
-        /// Baud rate.
-        pub serial_baud: Option<u32>,
-        /// Parity.
-        pub serial_parity: Option<String>,
-        /// Data bits.
-        pub serial_data_bits: Option<u8>,
-        /// Stop bits.
-        pub serial_stop_bits: Option<u8>,
-        /// Register map file.
-        pub register_map: Option<PathBuf>,
-        /// Site figures file.
-        pub site_figures: Option<PathBuf>,
-        /// Host ids, rack-major.
-        pub hosts: Option<Vec<String>>,
-        /// Host id pattern.
-        pub hosts_pattern: Option<String>,
-        /// Control period, ms.
-        pub period_ms: Option<u64>,
-        /// Cap lease duration, ms.
-        pub lease_ms: Option<u64>,
-        /// Modbus request timeout, ms.
-        pub modbus_timeout_ms: Option<u64>,
-        /// Fallback outdoor temperature, °C (used only when no sensor
-        /// reads).
-        pub ambient_c: Option<f32>,
-        /// Northbound Modbus TCP server for the BMS, `address:port`.
-        pub northbound: Option<String>,
-        /// The BMS may write the northbound holding registers.
-        pub northbound_writes: Option<bool>,
-        /// The unit id the northbound server answers.
-        pub northbound_unit_id: Option<u8>,
-        /// Prometheus's `/metrics` on this address (`IP:PORT`).
-        pub metrics_listen: Option<String>,
-        /// The board's pin map file.
-        pub board_pins: Option<PathBuf>,
-        /// The GPIO chip of the board's pins.
-        pub gpio_chip: Option<PathBuf>,
-        /// Racks run without a leak rope, by number.
-        pub unprotected_racks: Option<Vec<u8>>,
-        /// Run without a flash file on purpose: what is latched (leaks,
-        /// failed pumps) is lost at every restart.
-        pub volatile_latch: Option<bool>,
-        /// A hall of several CDUs: the CDU whose facility water plan
-        /// every CDU follows (the hall's coordinator).
-        pub facility_coordinator: Option<String>,
-        /// The hall's CDUs, in order (needed on the coordinator).
-        pub facility_cdus: Option<Vec<String>>,
-    }
-}
+pub use board::BoardConfig;
+pub use file::{FileConfig, Overrides};
+pub use plant::expand_hosts;
 
-loopwarden_field::agent_flags! {
-    /// Values given as flags, each overriding the file: the common fields,
-    /// then the controller's own.
-    pub struct Overrides {
-        /// This CDU's id (ident); default: the machine's host name.
-        #[arg(long)]
-        pub cdu: Option<String>,
-        /// This controller's sign key file (`ID.sign.key`), which cap
-        /// leases are signed with.
-        #[arg(long)]
-        pub sign_key: Option<PathBuf>,
-        /// Sign leases with the public demonstration key (the twin only:
-        /// anyone can forge commands with it).
-        #[arg(long)]
-        pub demo_key: bool,
-        /// The CDU on Modbus TCP, `host:port`.
-        #[arg(long)]
-        pub cdu_tcp: Option<String>,
-        /// The CDU on Modbus RTU, a serial device such as /dev/ttyUSB0.
-        #[arg(long)]
-        pub cdu_serial: Option<String>,
-        /// Serial baud rate.
-        #[arg(long)]
-        pub serial_baud: Option<u32>,
-        /// Serial parity: none, even or odd.
-        #[arg(long)]
-        pub serial_parity: Option<String>,
-        /// Serial data bits: 7 or 8.
-        #[arg(long)]
-        pub serial_data_bits: Option<u8>,
-        /// Serial stop bits: 1 or 2.
-        #[arg(long)]
-        pub serial_stop_bits: Option<u8>,
-        /// The CDU model's register map (TOML); required with a site sign
-        /// key; with the demonstration key: the simulated CDU's.
-        #[arg(long)]
-        pub register_map: Option<PathBuf>,
-        /// The hall's figures (site TOML); required with a site sign key;
-        /// with the demonstration key: the twin's hall.
-        #[arg(long)]
-        pub site_figures: Option<PathBuf>,
-        /// Run without a flash file on purpose: latched leaks and failed
-        /// pumps are lost at every restart.
-        #[arg(long)]
-        pub volatile_latch: bool,
-        /// Host ids in rack-major order, comma-separated.
-        #[arg(long, value_delimiter = ',')]
-        pub hosts: Vec<String>,
-        /// Host ids from a pattern: `{rack}`, `{host}` (in its rack) and
-        /// `{index}` (rack-major), `{index:02}` to pad.
-        #[arg(long)]
-        pub hosts_pattern: Option<String>,
-        /// Control period in ms.
-        #[arg(long)]
-        pub period_ms: Option<u64>,
-        /// Cap lease duration in ms.
-        #[arg(long)]
-        pub lease_ms: Option<u64>,
-        /// Timeout of one Modbus request in ms.
-        #[arg(long)]
-        pub modbus_timeout_ms: Option<u64>,
-        /// Fallback outdoor temperature, °C: used only when no sensor reads
-        /// (the CDU's outdoor_temp, or a value the BMS wrote in the last
-        /// 300 s), and then the controller raises an alarm.
-        #[arg(long, allow_negative_numbers = true)]
-        pub ambient_c: Option<f32>,
-        /// Serve the northbound Modbus TCP map for the BMS here
-        /// (`address:port`); default: no server.
-        #[arg(long)]
-        pub northbound: Option<String>,
-        /// Let the BMS write the northbound holding registers (bounded
-        /// setpoint ceiling, plan ceiling offset, alarm acknowledge).
-        #[arg(long)]
-        pub northbound_writes: Option<bool>,
-        /// The Modbus unit id the northbound server answers, 1 to 247
-        /// (255 always reaches it); default: 1.
-        #[arg(long)]
-        pub northbound_unit_id: Option<u8>,
-        /// Serve Prometheus metrics at http://ADDR/metrics (`IP:PORT`, or
-        /// `:PORT` for every interface); off by default.
-        #[arg(long, value_name = "ADDR")]
-        pub metrics_listen: Option<String>,
-        /// The controller board's pin map (TOML): leak ropes and their fault
-        /// inputs per rack, the controller-healthy relay, the alarm beacon;
-        /// with --gpio-chip.
-        #[arg(long)]
-        pub board_pins: Option<PathBuf>,
-        /// The GPIO character device of the board's pins, e.g. /dev/gpiochip0;
-        /// with --board-pins.
-        #[arg(long)]
-        pub gpio_chip: Option<PathBuf>,
-    }
-}
+use board::board_pins;
+use key::sign_key;
+use link::cdu_link;
+use northbound::{northbound, Northbound};
+use plant::{core_config, facility_role, hosts, register_map, unprotected};
+use timings::timings;
 
 /// The checked configuration.
 #[derive(Debug, Clone)]
@@ -307,17 +172,6 @@ pub struct Config {
     pub facility: Option<crate::facility::FacilityRole>,
 }
 
-/// The controller board's pins: a pin map on a GPIO chip.
-#[derive(Debug, Clone)]
-pub struct BoardConfig {
-    /// The pin map, checked.
-    pub pins: PinMap,
-    /// Where it was read.
-    pub pins_file: PathBuf,
-    /// The GPIO character device.
-    pub chip: PathBuf,
-}
-
 impl Config {
     /// The shell's configuration, on `broker`.
     pub fn shell_config(&self, broker: impl Into<loopwarden_bus::Brokers>) -> ShellConfig {
@@ -338,54 +192,6 @@ pub fn load(path: Option<&Path>, flags: &Overrides) -> Result<Config, ConfigErro
     resolve(path, &text, flags)
 }
 
-/// Builds host ids from a pattern for `racks` × `per_rack` hosts.
-pub fn expand_hosts(pattern: &str, racks: usize, per_rack: usize) -> Result<Vec<String>, String> {
-    let mut out = Vec::new();
-    for index in 0..racks * per_rack {
-        let (rack, host) = (index / per_rack.max(1), index % per_rack.max(1));
-        let mut id = String::new();
-        let mut rest = pattern;
-        while let Some(open) = rest.find('{') {
-            id.push_str(&rest[..open]);
-            let close = rest[open..]
-                .find('}')
-                .ok_or_else(|| format!("unclosed placeholder in {pattern:?}"))?;
-            let inner = &rest[open + 1..open + close];
-            let (name, width) = match inner.split_once(':') {
-                Some((n, w)) => {
-                    let width: usize = w
-                        .trim_start_matches('0')
-                        .parse()
-                        .ok()
-                        .filter(|_| w.starts_with('0'))
-                        .ok_or_else(|| format!("{{{inner}}}: the width is written :02, :03 ..."))?;
-                    (n, width)
-                }
-                None => (inner, 0),
-            };
-            let value = match name {
-                "rack" => rack,
-                "host" => host,
-                "index" => index,
-                other => {
-                    return Err(format!(
-                        "unknown placeholder {{{other}}} in {pattern:?}; known: {{rack}} {{host}} {{index}}"
-                    ))
-                }
-            };
-            id.push_str(&format!("{value:0width$}"));
-            rest = &rest[open + close + 1..];
-        }
-        id.push_str(rest);
-        out.push(id);
-    }
-    if out.len() > 1 && out[0] == out[1] {
-        return Err(format!(
-            "{pattern:?} gives every host the same id: use {{index}}, or {{rack}} and {{host}}"
-        ));
-    }
-    Ok(out)
-}
 /// Checks a configuration given as text (the file at `path`) and flags:
 /// the common fields, then this CDU, its key, its link, the plant (register
 /// map and site figures), the hosts, the timings, the northbound server and
@@ -473,214 +279,6 @@ fn metrics_listen(
     common::metrics_listen(src, given)
 }
 
-/// The key cap leases are signed with.
-struct SiteKey {
-    /// Its id.
-    id: u8,
-    /// The key.
-    key: SigningKey,
-    /// It is the public demonstration key.
-    demo: bool,
-}
-
-/// The sign key: from `sign_key`, which must be this CDU's, or the
-/// demonstration key with `demo_key`; one of the two, not both.
-fn sign_key(
-    src: &Sources,
-    file: &FileConfig,
-    flags: &Overrides,
-    cdu: &Ident,
-) -> Result<SiteKey, ConfigError> {
-    let demo_flag = flags.demo_key.then_some(true);
-    let (demo, demo_from) = pick!(demo_flag, file.demo_key, "demo-key");
-    let demo = demo.unwrap_or(false);
-    match (pick!(flags.sign_key, file.sign_key, "sign-key"), demo) {
-        ((Some(_), flag), true) => Err(src.error(
-            flag.or(demo_from),
-            "sign_key",
-            "sign_key and demo_key exclude each other".into(),
-        )),
-        ((Some(p), flag), false) => {
-            let k = read_sign_key(&p).map_err(|m| src.error(flag, "sign_key", m))?;
-            if k.node.role != Role::Cdu || k.node.id != *cdu {
-                return Err(src.error(
-                    flag,
-                    "sign_key",
-                    format!(
-                        "{} is the key of {}/{}, and this controller is cdu/{cdu}: hosts would refuse its leases",
-                        p.display(),
-                        k.node.role.as_str(),
-                        k.node.id
-                    ),
-                ));
-            }
-            Ok(SiteKey {
-                id: k.key_id,
-                key: k.key,
-                demo: false,
-            })
-        }
-        ((None, _), true) => Ok(SiteKey {
-            id: 1,
-            key: loopwarden_protocol::samples::demo_signing_key(),
-            demo: true,
-        }),
-        ((None, _), false) => Err(src.error(
-            None,
-            "sign_key",
-            "no sign key: give sign_key (or --sign-key) to sign cap leases; \
-             --demo-key signs with the public demonstration key, for the twin only"
-                .into(),
-        )),
-    }
-}
-
-/// The CDU link: exactly one of `cdu_tcp` and `cdu_serial`.
-fn cdu_link(src: &Sources, file: &FileConfig, flags: &Overrides) -> Result<Link, ConfigError> {
-    let serial = pick!(flags.cdu_serial, file.cdu_serial, "cdu-serial");
-    match (pick!(flags.cdu_tcp, file.cdu_tcp, "cdu-tcp"), serial) {
-        ((Some(_), flag), (Some(_), _)) => Err(src.error(
-            flag,
-            "cdu_tcp",
-            "cdu_tcp and cdu_serial exclude each other: the CDU has one link".into(),
-        )),
-        ((None, _), (None, _)) => Err(src.error(
-            None,
-            "cdu_tcp",
-            "a CDU link is required: cdu_tcp = \"host:port\" or cdu_serial = \"/dev/ttyUSB0\""
-                .into(),
-        )),
-        ((Some(t), flag), _) => tcp_link(src, file, flags, &t, flag),
-        (_, (Some(dev), _)) => serial_link(src, file, flags, dev),
-    }
-}
-
-/// A CDU on Modbus TCP at `t`: an address, and no serial settings.
-fn tcp_link(
-    src: &Sources,
-    file: &FileConfig,
-    flags: &Overrides,
-    t: &str,
-    flag: Option<&str>,
-) -> Result<Link, ConfigError> {
-    let serial_set = [
-        (
-            "serial_baud",
-            file.serial_baud.is_some() || flags.serial_baud.is_some(),
-        ),
-        (
-            "serial_parity",
-            file.serial_parity.is_some() || flags.serial_parity.is_some(),
-        ),
-        (
-            "serial_data_bits",
-            file.serial_data_bits.is_some() || flags.serial_data_bits.is_some(),
-        ),
-        (
-            "serial_stop_bits",
-            file.serial_stop_bits.is_some() || flags.serial_stop_bits.is_some(),
-        ),
-    ];
-    if let Some((key, _)) = serial_set.iter().find(|(_, set)| *set) {
-        return Err(src.error(
-            None,
-            key,
-            format!("{key} is for a CDU on cdu_serial, not cdu_tcp"),
-        ));
-    }
-    let addr = t
-        .to_socket_addrs()
-        .map_err(|e| {
-            src.error(
-                flag,
-                "cdu_tcp",
-                format!("cdu_tcp = {t:?}: {e} (expected host:port)"),
-            )
-        })?
-        .next()
-        .ok_or_else(|| src.error(flag, "cdu_tcp", format!("cdu_tcp = {t:?}: no address")))?;
-    Ok(Link::Tcp(addr))
-}
-
-/// A CDU on Modbus RTU at `dev`, with its line settings.
-fn serial_link(
-    src: &Sources,
-    file: &FileConfig,
-    flags: &Overrides,
-    dev: String,
-) -> Result<Link, ConfigError> {
-    let mut line = SerialLine::new(dev);
-    line.baud = range(
-        src,
-        pick!(flags.serial_baud, file.serial_baud, "serial-baud"),
-        "serial_baud",
-        19_200,
-        300,
-        1_000_000,
-        " baud",
-    )?;
-    line.parity = match pick!(flags.serial_parity, file.serial_parity, "serial-parity") {
-        (None, _) => Parity::None,
-        (Some(p), flag) => match p.as_str() {
-            "none" => Parity::None,
-            "even" => Parity::Even,
-            "odd" => Parity::Odd,
-            _ => {
-                return Err(src.error(
-                    flag,
-                    "serial_parity",
-                    format!("serial_parity = {p:?}: none, even or odd"),
-                ))
-            }
-        },
-    };
-    line.data_bits = match range(
-        src,
-        pick!(
-            flags.serial_data_bits,
-            file.serial_data_bits,
-            "serial-data-bits"
-        ),
-        "serial_data_bits",
-        8,
-        7,
-        8,
-        " bits",
-    )? {
-        7 => DataBits::Seven,
-        _ => DataBits::Eight,
-    };
-    line.stop_bits = match range(
-        src,
-        pick!(
-            flags.serial_stop_bits,
-            file.serial_stop_bits,
-            "serial-stop-bits"
-        ),
-        "serial_stop_bits",
-        1,
-        1,
-        2,
-        " bits",
-    )? {
-        2 => StopBits::Two,
-        _ => StopBits::One,
-    };
-    Ok(Link::Rtu(line))
-}
-
-/// What a CDU link with a site sign key may not leave out: the
-/// simulated CDU's map and the twin's figures describe no real CDU.
-fn required_on_a_real_link(src: &Sources, field: &str, what: &str) -> ConfigError {
-    src.error(
-        None,
-        field,
-        format!(
-            "{field}: required with a site sign key: give {what}; the default is the twin's, for the demonstration key only"
-        ),
-    )
-}
-
 /// `volatile_latch`: whether the controller runs without a flash file on
 /// purpose. Without `flash`, a site-keyed controller must be told so; the
 /// demonstration key runs the twin, where it is the default.
@@ -708,454 +306,6 @@ fn volatile_latch(
     }
 }
 
-/// The CDU's register map: the file given; with the demonstration key
-/// only, the simulated CDU's.
-fn register_map(
-    src: &Sources,
-    file: &FileConfig,
-    flags: &Overrides,
-    demo: bool,
-) -> Result<RegisterMap, ConfigError> {
-    match pick!(flags.register_map, file.register_map, "register-map") {
-        (None, _) if demo => Ok(RegisterMap::sim_cdu()),
-        (None, _) => Err(required_on_a_real_link(
-            src,
-            "register_map",
-            "this CDU model's register map (a TOML like boards/cdus/sim-cdu.toml)",
-        )),
-        (Some(p), flag) => {
-            let t = std::fs::read_to_string(&p).map_err(|e| {
-                src.error(
-                    flag,
-                    "register_map",
-                    format!("cannot read {}: {e}", p.display()),
-                )
-            })?;
-            RegisterMap::from_toml(&t, &p.display().to_string()).map_err(|e| board_error(&p, &t, e))
-        }
-    }
-}
-
-/// The control core's configuration from the site figures (the file
-/// given; with the demonstration key only, the twin's hall), checked; its
-/// errors name that file.
-fn core_config(
-    src: &Sources,
-    file: &FileConfig,
-    flags: &Overrides,
-    demo: bool,
-) -> Result<CoreConfig, ConfigError> {
-    let (figures, figures_path) = match pick!(flags.site_figures, file.site_figures, "site-figures")
-    {
-        (None, _) if demo => (SiteConfig::default(), None),
-        (None, _) => return Err(required_on_a_real_link(
-            src,
-            "site_figures",
-            "the hall's figures (a site figures TOML: racks, hosts, GPUs, loop, heat rejection)",
-        )),
-        (Some(p), flag) => {
-            let t = std::fs::read_to_string(&p).map_err(|e| {
-                src.error(
-                    flag,
-                    "site_figures",
-                    format!("cannot read {}: {e}", p.display()),
-                )
-            })?;
-            let figures: SiteConfig = field::parse(Some(&p), &t)?;
-            (figures, Some(p))
-        }
-    };
-    let figures_origin = || {
-        figures_path
-            .as_ref()
-            .map_or("the twin's site figures".to_string(), |p| {
-                p.display().to_string()
-            })
-    };
-    let core = crate::site_figures::core_config(&figures).map_err(|e| ConfigError {
-        origin: figures_origin(),
-        line: None,
-        message: format!("for the control core: {e}"),
-    })?;
-    core.validate().map_err(|e| ConfigError {
-        origin: figures_origin(),
-        line: None,
-        message: format!("for the control core: {e}"),
-    })?;
-    Ok(core)
-}
-
-/// The racks declared without a leak rope, as a mask; each must be a rack
-/// of the hall, named once.
-fn unprotected(src: &Sources, file: &FileConfig, core: &CoreConfig) -> Result<u16, ConfigError> {
-    let mut mask = 0u16;
-    for &r in file.unprotected_racks.iter().flatten() {
-        if r >= core.layout.racks {
-            return Err(src.error(
-                None,
-                "unprotected_racks",
-                format!(
-                    "rack {r}: the hall has racks 0 to {}",
-                    core.layout.racks - 1
-                ),
-            ));
-        }
-        if mask & (1 << r) != 0 {
-            return Err(src.error(None, "unprotected_racks", format!("rack {r} appears twice")));
-        }
-        mask |= 1 << r;
-    }
-    Ok(mask)
-}
-
-/// The host ids: a list or a pattern (not both), at most the hall's
-/// hosts, each a name, none twice.
-fn hosts(
-    src: &Sources,
-    file: &FileConfig,
-    flags: &Overrides,
-    core: &CoreConfig,
-) -> Result<Vec<Ident>, ConfigError> {
-    let layout_hosts = core.layout.hosts().min(MAX_HOSTS);
-    let hosts_flag = (!flags.hosts.is_empty()).then(|| flags.hosts.clone());
-    let (names, hosts_from, hosts_key) = match (
-        pick!(hosts_flag, file.hosts, "hosts"),
-        pick!(flags.hosts_pattern, file.hosts_pattern, "hosts-pattern"),
-    ) {
-        ((Some(_), flag), (Some(_), _)) => {
-            return Err(src.error(
-                flag,
-                "hosts",
-                "hosts and hosts_pattern exclude each other".into(),
-            ))
-        }
-        ((Some(list), flag), _) => (list, flag, "hosts"),
-        (_, (Some(pattern), flag)) => (
-            expand_hosts(
-                &pattern,
-                usize::from(core.layout.racks),
-                usize::from(core.layout.hosts_per_rack),
-            )
-            .map_err(|m| src.error(flag, "hosts_pattern", m))?,
-            flag,
-            "hosts_pattern",
-        ),
-        _ => (Vec::new(), None, "hosts"),
-    };
-    if names.len() > layout_hosts {
-        return Err(src.error(
-            hosts_from,
-            hosts_key,
-            format!(
-                "{} host ids for a hall of {layout_hosts} hosts ({} racks of {})",
-                names.len(),
-                core.layout.racks,
-                core.layout.hosts_per_rack
-            ),
-        ));
-    }
-    let mut hosts: Vec<Ident> = Vec::with_capacity(names.len());
-    for n in &names {
-        let h = Ident::new(n).map_err(|e| {
-            src.error(
-                hosts_from,
-                hosts_key,
-                format!("host id {n:?} is not a name: {e}"),
-            )
-        })?;
-        if hosts.contains(&h) {
-            return Err(src.error(
-                hosts_from,
-                hosts_key,
-                format!("host id {n:?} appears twice"),
-            ));
-        }
-        hosts.push(h);
-    }
-    Ok(hosts)
-}
-
-/// The control period, the lease, the Modbus timeout and the fallback
-/// outdoor temperature.
-struct Timings {
-    /// Control period.
-    period: Duration,
-    /// Cap lease duration.
-    lease: Duration,
-    /// One Modbus request's timeout.
-    modbus_timeout: Duration,
-    /// Fallback outdoor temperature.
-    ambient_c: Option<f32>,
-}
-
-/// The timings: the lease at least 3 periods and at most 10 minutes (what
-/// hosts take by default), the Modbus timeout at most one period.
-fn timings(src: &Sources, file: &FileConfig, flags: &Overrides) -> Result<Timings, ConfigError> {
-    let period = common::period_ms(src, pick!(flags.period_ms, file.period_ms, "period-ms"))?;
-    let lease = range(
-        src,
-        pick!(flags.lease_ms, file.lease_ms, "lease-ms"),
-        "lease_ms",
-        30_000.max(3 * period),
-        3 * period,
-        600_000,
-        " ms, at least 3 periods, at most the hosts' 10-minute cap",
-    )?;
-    let modbus_timeout = range(
-        src,
-        pick!(
-            flags.modbus_timeout_ms,
-            file.modbus_timeout_ms,
-            "modbus-timeout-ms"
-        ),
-        "modbus_timeout_ms",
-        500.min(period),
-        10,
-        period,
-        " ms, at most the period",
-    )?;
-    let ambient_c = match pick!(flags.ambient_c, file.ambient_c, "ambient-c") {
-        (None, _) => None,
-        p => Some(range(src, p, "ambient_c", 0.0, -50.0, 60.0, " °C")?),
-    };
-    Ok(Timings {
-        period: Duration::from_millis(period),
-        lease: Duration::from_millis(lease),
-        modbus_timeout: Duration::from_millis(modbus_timeout),
-        ambient_c,
-    })
-}
-
-/// `facility_coordinator` and `facility_cdus`: this CDU's part in a hall of
-/// several CDUs (the site figures' `cdus` above 1); the coordinator must
-/// name the hall's CDUs, itself among them.
-fn facility_role(
-    src: &Sources,
-    file: &FileConfig,
-    me: &Ident,
-    core: &CoreConfig,
-) -> Result<Option<crate::facility::FacilityRole>, ConfigError> {
-    let Some(coordinator) = file.facility_coordinator.clone() else {
-        if file.facility_cdus.is_some() {
-            return Err(src.error(
-                None,
-                "facility_cdus",
-                "facility_cdus needs facility_coordinator (the CDU that plans the hall's water)"
-                    .into(),
-            ));
-        }
-        return Ok(None);
-    };
-    let id = |key: &str, v: &str| {
-        Ident::new(v).map_err(|e| src.error(None, key, format!("{key}: {v:?} is not an id ({e})")))
-    };
-    let coordinator = id("facility_coordinator", &coordinator)?;
-    if core.facility.cdus < 2 {
-        return Err(src.error(
-            None,
-            "facility_coordinator",
-            format!(
-                "facility_coordinator = \"{coordinator}\": the site figures give one CDU on the facility water (set cdus to the hall's CDUs)"
-            ),
-        ));
-    }
-    let cdus = file
-        .facility_cdus
-        .iter()
-        .flatten()
-        .map(|c| id("facility_cdus", c))
-        .collect::<Result<Vec<_>, _>>()?;
-    if &coordinator == me && !cdus.contains(me) {
-        return Err(src.error(
-            None,
-            "facility_cdus",
-            format!("this CDU ({me}) coordinates the hall: facility_cdus must list the hall's CDUs, itself among them"),
-        ));
-    }
-    if cdus.len() > usize::from(core.facility.cdus) {
-        return Err(src.error(
-            None,
-            "facility_cdus",
-            format!(
-                "facility_cdus names {} CDUs, the site figures {} (cdus)",
-                cdus.len(),
-                core.facility.cdus
-            ),
-        ));
-    }
-    Ok(Some(crate::facility::FacilityRole { coordinator, cdus }))
-}
-
-/// The northbound server's settings.
-struct Northbound {
-    /// Where it listens; `None`: no server.
-    addr: Option<SocketAddr>,
-    /// The BMS may write.
-    writes: bool,
-    /// The unit id it answers.
-    unit_id: u8,
-}
-
-/// The northbound server's address (`None`: no server), whether the BMS
-/// may write and the unit id it answers; the last two need an address.
-fn northbound(
-    src: &Sources,
-    file: &FileConfig,
-    flags: &Overrides,
-) -> Result<Northbound, ConfigError> {
-    let northbound = match pick!(flags.northbound, file.northbound, "northbound") {
-        (None, _) => None,
-        (Some(a), flag) => Some(a.parse::<SocketAddr>().map_err(|e| {
-            src.error(
-                flag,
-                "northbound",
-                format!("northbound = {a:?} is not an address:port ({e})"),
-            )
-        })?),
-    };
-    let northbound_writes = pick!(
-        flags.northbound_writes,
-        file.northbound_writes,
-        "northbound-writes"
-    )
-    .0
-    .unwrap_or(false);
-    if northbound_writes && northbound.is_none() {
-        return Err(src.error(
-            None,
-            "northbound_writes",
-            "northbound_writes = true needs a northbound address to serve".into(),
-        ));
-    }
-    let unit = pick!(
-        flags.northbound_unit_id,
-        file.northbound_unit_id,
-        "northbound-unit-id"
-    );
-    let given = unit.0.is_some();
-    let default = crate::northbound::northbound_map().unit_id;
-    let unit_id = range(src, unit, "northbound_unit_id", default, 1, 247, "")?;
-    if given && northbound.is_none() {
-        return Err(src.error(
-            None,
-            "northbound_unit_id",
-            "northbound_unit_id needs a northbound address to serve".into(),
-        ));
-    }
-    Ok(Northbound {
-        addr: northbound,
-        writes: northbound_writes,
-        unit_id,
-    })
-}
-
-/// The board's pins: `board_pins` and `gpio_chip` together or neither;
-/// the pin map read, checked, and with no more leak ropes than racks.
-fn board_pins(
-    src: &Sources,
-    file: &FileConfig,
-    flags: &Overrides,
-    core: &CoreConfig,
-) -> Result<Option<BoardConfig>, ConfigError> {
-    match (
-        pick!(flags.board_pins, file.board_pins, "board-pins"),
-        pick!(flags.gpio_chip, file.gpio_chip, "gpio-chip"),
-    ) {
-        ((None, _), (None, _)) => Ok(None),
-        ((Some(p), flag), (Some(chip), _)) => {
-            let t = std::fs::read_to_string(&p).map_err(|e| {
-                src.error(
-                    flag,
-                    "board_pins",
-                    format!("cannot read {}: {e}", p.display()),
-                )
-            })?;
-            let pins = PinMap::from_toml(&t, &p.display().to_string())
-                .map_err(|e| board_error(&p, &t, e))?;
-            let racks = usize::from(core.layout.racks);
-            let bare = (0..racks)
-                .find(|r| pins.rope(*r).is_none() && core.layout.unprotected & (1 << r) == 0);
-            if let Some(r) = bare {
-                return Err(src.error(
-                    flag,
-                    "board_pins",
-                    format!(
-                        "{} gives rack {r} no leak rope: wire one, or name the rack in unprotected_racks to run it without leak sensing",
-                        p.display()
-                    ),
-                ));
-            }
-            if let Some(r) = pins
-                .ropes
-                .iter()
-                .find(|r| core.layout.unprotected & (1 << r.rack.min(15)) != 0)
-            {
-                return Err(src.error(
-                    flag,
-                    "board_pins",
-                    format!(
-                        "{} gives rack {} a leak rope, but unprotected_racks names it",
-                        p.display(),
-                        r.rack
-                    ),
-                ));
-            }
-            if let Some(r) = pins.ropes.iter().find(|r| r.rack >= racks) {
-                return Err(src.error(
-                    flag,
-                    "board_pins",
-                    format!(
-                        "{} has a leak rope for rack {}; the hall has racks 0 to {}",
-                        p.display(),
-                        r.rack,
-                        racks - 1
-                    ),
-                ));
-            }
-            Ok(Some(BoardConfig {
-                pins,
-                pins_file: p,
-                chip,
-            }))
-        }
-        ((Some(_), flag), (None, _)) => Err(src.error(
-            flag,
-            "board_pins",
-            "board_pins needs gpio_chip, the GPIO device of those pins (e.g. \"/dev/gpiochip0\")"
-                .into(),
-        )),
-        ((None, _), (Some(_), flag)) => Err(src.error(
-            flag,
-            "gpio_chip",
-            "gpio_chip needs board_pins, the pin map saying which line is which signal".into(),
-        )),
-    }
-}
-
-/// A register map's error, with the line when the TOML parser gave one.
-fn board_error(path: &Path, _text: &str, e: loopwarden_boards::BoardError) -> ConfigError {
-    let message = match &e {
-        loopwarden_boards::BoardError::Syntax { message, .. }
-        | loopwarden_boards::BoardError::Invalid { message, .. } => message.clone(),
-        other => other.to_string(),
-    };
-    // The TOML parser says "TOML parse error at line N, column M".
-    let line = message
-        .split_once("at line ")
-        .and_then(|(_, rest)| rest.split(|c: char| !c.is_ascii_digit()).next())
-        .and_then(|n| n.parse().ok());
-    ConfigError {
-        origin: path.display().to_string(),
-        line,
-        message: message
-            .lines()
-            .last()
-            .unwrap_or_default()
-            .trim()
-            .to_string(),
-    }
-}
-
 pub use loopwarden_bus::keys::read_sign_key;
 
 /// `/run/loopwarden/cooling-ctrl.sock` where it can be made (root), else
@@ -1168,6 +318,10 @@ pub fn default_console() -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::modbus::{Parity, StopBits};
+    use loopwarden_boards::pins::PinMap;
+    use loopwarden_boards::site::SiteConfig;
+    use loopwarden_protocol::Role;
     use std::vec;
 
     fn from(text: &str) -> Result<Config, ConfigError> {
@@ -1543,15 +697,5 @@ mod tests {
             e.message.contains("rack 9: the hall has racks 0 to 3"),
             "{e}"
         );
-    }
-
-    #[test]
-    fn host_patterns() {
-        assert_eq!(
-            expand_hosts("gpu-{index:03}", 2, 2).unwrap(),
-            ["gpu-000", "gpu-001", "gpu-002", "gpu-003"]
-        );
-        assert!(expand_hosts("h{index", 1, 2).is_err());
-        assert!(expand_hosts("h{index:2}", 1, 2).is_err());
     }
 }

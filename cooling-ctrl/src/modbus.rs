@@ -71,6 +71,13 @@ use tokio_serial::{ClearBuffer, SerialPort as _, SerialStream};
 
 pub use tokio_serial::{DataBits, Parity, StopBits};
 
+mod error;
+mod link;
+
+pub use error::{exception_meaning, CduError};
+pub use link::{connect_failure, Link, SerialLine};
+use link::{connect_tcp, drain};
+
 /// What the CDU measures, decoded with the map's scale. `None`: the map of
 /// this CDU model has no such register.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -191,119 +198,6 @@ pub const SETTING_REGISTERS: [&str; 6] = [
     HEARTBEAT,
 ];
 
-/// Why a read or write of the CDU failed. Every message says what was
-/// asked (register names, kind, addresses) and of which CDU.
-#[derive(Debug, thiserror::Error)]
-pub enum CduError {
-    /// The CDU answered with a Modbus exception.
-    #[error("{op}: the CDU refused it with exception {code} ({meaning})")]
-    Refused {
-        /// What was asked, and where.
-        op: String,
-        /// The exception code.
-        code: u8,
-        /// What the code means.
-        meaning: &'static str,
-    },
-    /// Nothing came back within the timeout.
-    #[error("{op}: no answer within {after_ms} ms")]
-    NoAnswer {
-        /// What was asked, and where.
-        op: String,
-        /// The timeout, ms.
-        after_ms: u64,
-    },
-    /// The link failed (port, connection).
-    #[error("{op}: {source}")]
-    Io {
-        /// What was asked, and where.
-        op: String,
-        /// The failure.
-        source: io::Error,
-    },
-    /// An answer that does not belong to the request.
-    #[error("{op}: the answer does not match the request: {detail}")]
-    BadAnswer {
-        /// What was asked, and where.
-        op: String,
-        /// How it does not match.
-        detail: String,
-    },
-    /// A value the map cannot encode (outside the setting's write range,
-    /// or not representable); nothing was sent.
-    #[error("{op}: {source}")]
-    Value {
-        /// What was asked, and where.
-        op: String,
-        /// Why the value does not go in.
-        source: ValueError,
-    },
-    /// A write of several settings that failed after some went in.
-    #[error(
-        "wrote {}; {failed} failed; did not try {}: {cause}",
-        list(.written),
-        list(.not_tried)
-    )]
-    Partial {
-        /// Settings (register names) the CDU took.
-        written: Vec<&'static str>,
-        /// The setting that failed (after no answer it may have gone in).
-        failed: &'static str,
-        /// Settings not sent.
-        not_tried: Vec<&'static str>,
-        /// Why it failed.
-        #[source]
-        cause: Box<CduError>,
-    },
-}
-
-fn list(names: &[&str]) -> String {
-    if names.is_empty() {
-        "none".to_string()
-    } else {
-        names.join(", ")
-    }
-}
-
-impl CduError {
-    /// The failure itself: the cause of a [`CduError::Partial`], else this.
-    pub fn root(&self) -> &CduError {
-        match self {
-            Self::Partial { cause, .. } => cause.root(),
-            other => other,
-        }
-    }
-
-    /// The exception code when the CDU refused.
-    pub fn refused_code(&self) -> Option<u8> {
-        match self.root() {
-            Self::Refused { code, .. } => Some(*code),
-            _ => None,
-        }
-    }
-
-    /// True when nothing came back in time.
-    pub fn is_no_answer(&self) -> bool {
-        matches!(self.root(), Self::NoAnswer { .. })
-    }
-}
-
-/// What a Modbus exception code means.
-pub fn exception_meaning(code: u8) -> &'static str {
-    match code {
-        1 => "illegal function",
-        2 => "illegal data address",
-        3 => "illegal data value",
-        4 => "server device failure",
-        5 => "acknowledge",
-        6 => "server device busy",
-        8 => "memory parity error",
-        10 => "gateway path unavailable",
-        11 => "gateway target device failed to respond",
-        _ => "unknown exception",
-    }
-}
-
 /// Access to one CDU: its measurements in, its settings out, one at a
 /// time (the decision path orders them: [`crate::decide`]).
 #[allow(async_fn_in_trait)]
@@ -315,90 +209,6 @@ pub trait CduPort {
     async fn write_setting(&mut self, w: &Write) -> Result<(), CduError>;
     /// What the CDU's register map says of the settings.
     fn limits(&self) -> MapLimits;
-}
-
-/// A serial line for Modbus RTU.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SerialLine {
-    /// The device, e.g. `/dev/ttyUSB0`.
-    pub path: String,
-    /// Baud rate.
-    pub baud: u32,
-    /// Parity.
-    pub parity: Parity,
-    /// Data bits.
-    pub data_bits: DataBits,
-    /// Stop bits.
-    pub stop_bits: StopBits,
-}
-
-impl SerialLine {
-    /// `path` at 19200 baud, 8 data bits, no parity, 1 stop bit.
-    pub fn new(path: impl Into<String>) -> Self {
-        Self {
-            path: path.into(),
-            baud: 19_200,
-            parity: Parity::None,
-            data_bits: DataBits::Eight,
-            stop_bits: StopBits::One,
-        }
-    }
-
-    /// The time one character takes on the line.
-    fn char_time(&self) -> Duration {
-        let data = match self.data_bits {
-            DataBits::Five => 5,
-            DataBits::Six => 6,
-            DataBits::Seven => 7,
-            DataBits::Eight => 8,
-        };
-        let parity = u32::from(self.parity != Parity::None);
-        let stop = match self.stop_bits {
-            StopBits::One => 1,
-            StopBits::Two => 2,
-        };
-        let bits = 1 + data + parity + stop;
-        Duration::from_micros(u64::from(bits) * 1_000_000 / u64::from(self.baud.max(1)))
-    }
-}
-
-impl fmt::Display for SerialLine {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let data = match self.data_bits {
-            DataBits::Five => '5',
-            DataBits::Six => '6',
-            DataBits::Seven => '7',
-            DataBits::Eight => '8',
-        };
-        let parity = match self.parity {
-            Parity::None => 'N',
-            Parity::Even => 'E',
-            Parity::Odd => 'O',
-        };
-        let stop = match self.stop_bits {
-            StopBits::One => '1',
-            StopBits::Two => '2',
-        };
-        write!(f, "{} {} {data}{parity}{stop}", self.path, self.baud)
-    }
-}
-
-/// How the CDU is reached.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Link {
-    /// Modbus TCP.
-    Tcp(SocketAddr),
-    /// Modbus RTU on a serial line.
-    Rtu(SerialLine),
-}
-
-impl fmt::Display for Link {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Tcp(addr) => write!(f, "Modbus TCP {addr}"),
-            Self::Rtu(line) => write!(f, "Modbus RTU {line}"),
-        }
-    }
 }
 
 /// A run of contiguous input registers read in one request.
@@ -753,62 +563,6 @@ impl ModbusCdu {
     }
 }
 
-/// Opens a TCP connection to `addr` by `deadline`: `Err(None)` when it was
-/// not made in time, else the failure in words ([`connect_failure`]). A
-/// stream that has no peer (its connection not made after all) is a
-/// failure with its socket's own error.
-async fn connect_tcp(
-    addr: SocketAddr,
-    deadline: Instant,
-) -> Result<tokio::net::TcpStream, Option<io::Error>> {
-    let stream = match tokio::time::timeout_at(deadline, tokio::net::TcpStream::connect(addr)).await
-    {
-        Err(_) => return Err(None),
-        Ok(Err(e)) => return Err(Some(connect_failure(addr, &e))),
-        Ok(Ok(stream)) => stream,
-    };
-    if let Err(e) = stream.peer_addr() {
-        let cause = stream.take_error().ok().flatten().unwrap_or(e);
-        return Err(Some(connect_failure(addr, &cause)));
-    }
-    Ok(stream)
-}
-
-/// A failed TCP connection to `addr` in words, of the same kind: refused
-/// (nothing listens there), unreachable, not answered, or the system's
-/// own text. A connection still being made when it failed (the system's
-/// "operation now in progress" or "already in progress") got no answer,
-/// and says so.
-pub fn connect_failure(addr: SocketAddr, e: &io::Error) -> io::Error {
-    let still_connecting = matches!(
-        e.raw_os_error(),
-        Some(libc::EINPROGRESS) | Some(libc::EALREADY)
-    );
-    let (kind, words) = match e.kind() {
-        _ if still_connecting => (
-            io::ErrorKind::TimedOut,
-            format!(
-                "{addr} did not accept the connection: no answer to it (a host that is down, \
-                 a firewall dropping it, or a server not taking connections)"
-            ),
-        ),
-        io::ErrorKind::ConnectionRefused => (
-            e.kind(),
-            format!(
-                "connection refused by {addr}: nothing listens on port {} there (the CDU's \
-                 Modbus TCP server is off, or the address or the port is wrong)",
-                addr.port()
-            ),
-        ),
-        io::ErrorKind::HostUnreachable | io::ErrorKind::NetworkUnreachable => (
-            e.kind(),
-            format!("{addr} is unreachable ({e}): check the address, the cable and the route"),
-        ),
-        _ => (e.kind(), format!("connecting to {addr}: {e}")),
-    };
-    io::Error::new(kind, words)
-}
-
 /// The map's input registers in runs of contiguous addresses, each at most
 /// [`MAX_READ`] registers.
 fn spans(map: &RegisterMap) -> Vec<Span> {
@@ -833,19 +587,6 @@ fn spans(map: &RegisterMap) -> Vec<Span> {
         }
     }
     spans
-}
-
-/// Reads and discards until the line has been quiet for `quiet`, for at
-/// most `limit`.
-async fn drain(port: &mut SerialStream, quiet: Duration, limit: Duration) {
-    let deadline = Instant::now() + limit;
-    let mut buf = [0u8; 256];
-    while Instant::now() < deadline {
-        match tokio::time::timeout(quiet, port.read(&mut buf)).await {
-            Ok(Ok(n)) if n > 0 => continue,
-            _ => break,
-        }
-    }
 }
 
 #[cfg(test)]

@@ -102,12 +102,14 @@ mod facility;
 mod leases;
 mod links;
 mod publish;
+mod start;
 mod stats;
 
 use crate::decide::leases::LeaseBook;
 pub use crate::decide::leases::{cap_lease, CAP_RESEND_W, LIFT_DURATION};
 use crate::decide::outdoor::{self, OutdoorSource, OutdoorSources};
 pub use links::{BoardIo, NorthboundLink, OperatorAction, OperatorRequest};
+use start::{bus_config, check_ropes, log_said, restore_learned, start_decider};
 pub use stats::{stats_channel, FacilityStatus, LastAck, SensorStatus, ShellStats, Snapshot};
 
 /// A setpoint that moves by this much or more republishes the state, K.
@@ -426,41 +428,6 @@ pub async fn run_with<P: CduPort>(
     Ok(())
 }
 
-/// The bus for `cfg`'s CDU `me`: its own hosts' telemetry and every
-/// host's acks subscribed, every host's command topic checked to build.
-fn bus_config(
-    cfg: &ShellConfig,
-    me: &NodeId,
-    credentials: Option<(String, String)>,
-) -> Result<BusConfig, ShellError> {
-    let mut bus_config = BusConfig::new(cfg.broker.clone(), cfg.site.clone(), me.clone());
-    bus_config.credentials = credentials;
-    bus_config.tls = cfg.tls.clone();
-    // In a second a CDU hears each of its hosts' telemetry, and in a cap
-    // episode an ack from each, all at about the same instant; and it
-    // sends each a lease with its JSON mirror: room for a few seconds of
-    // that, so a step that runs late drops none of it.
-    let per_host = 4 * cfg.hosts.len();
-    bus_config.inbound_capacity = bus_config.inbound_capacity.max(per_host);
-    bus_config.queue_capacity = bus_config.queue_capacity.max(per_host);
-    let acks = filter::family(&cfg.site, Role::Host, Family::Ack)
-        .map_err(|e| ShellError::Bus(format!("the host ack filter: {e:?}")))?;
-    bus_config.subscriptions.push(acks.to_string());
-    let topic = |h: &Ident, family: Family| {
-        Topic::new(&cfg.site, Role::Host, h, family)
-            .build()
-            .map_err(|e| ShellError::Bus(format!("the {family:?} topic of host {h}: {e:?}")))
-    };
-    for h in &cfg.hosts {
-        bus_config
-            .subscriptions
-            .push(topic(h, Family::Telemetry)?.to_string());
-        // Every command topic must build before anything runs.
-        topic(h, Family::Cmd)?;
-    }
-    Ok(bus_config)
-}
-
 /// What the shell starts with besides its config and its links.
 struct Started {
     decider: Decider,
@@ -513,120 +480,6 @@ impl<P: CduPort> Shell<P> {
             leak_inputs: LeakInputs::DRY,
             facility: None,
         }
-    }
-}
-
-/// Every rack of the layout has a rope on the board (`roped`), or is
-/// declared unprotected.
-fn check_ropes(core: &CoreConfig, roped: u16) -> Result<(), ShellError> {
-    let l = core.layout;
-    let bare = (0..l.racks.min(16)).find(|r| (roped | l.unprotected) & (1 << r) == 0);
-    match bare {
-        Some(r) => Err(ShellError::Config(format!(
-            "rack {r} has no leak rope in the board's pin map: give it one, or declare it in unprotected_racks to run it without leak sensing"
-        ))),
-        None => Ok(()),
-    }
-}
-
-/// The decision path at start, on a CDU of map `limits`: the core
-/// restored from the latched record in flash, a fresh one when none was
-/// kept, and when the record cannot be read a fresh one that keeps the
-/// record and latches the racks whose valves the CDU reports closed
-/// ([`crate::decide::latch`]). Says in the log what it restored, and
-/// where the map holds the core tighter than its configuration.
-fn start_decider(
-    cfg: CoreConfig,
-    limits: MapLimits,
-    latched: &Result<Option<LatchRecord>, String>,
-) -> Result<Decider, ShellError> {
-    if let Ok(Some(r)) = latched {
-        let l = &r.latched;
-        let restored = loopwarden_protocol::Event::ControllerRestored {
-            leaks_latched: l.leaks,
-            pumps_out: l.pumps_out(),
-            lead: l.lead,
-        };
-        let failsafe = match l.failsafe {
-            Some(r) => format!("; in failsafe ({r})"),
-            None => String::new(),
-        };
-        tracing::warn!(
-            "cooling shell: {restored}{failsafe} (latched record generation {})",
-            r.generation
-        );
-    }
-    let mut d = Decider::new(cfg, limits, latched).map_err(ShellError::Core)?;
-    log_said(&mut d);
-    Ok(d)
-}
-
-/// Logs what the decision path has to say.
-fn log_said(d: &mut Decider) {
-    for (what, error) in d.take_said() {
-        if error {
-            tracing::error!("cooling shell: {what}");
-        } else {
-            tracing::warn!("cooling shell: {what}");
-        }
-    }
-}
-
-/// Restores into `core` what an earlier run learned, as the flash held it
-/// (`records`); logs what was restored, or why not.
-fn restore_learned(core: &mut Core, records: &LearnedRecords) {
-    let read = records.decode(core.config());
-    for why in &read.refused {
-        tracing::error!("cooling shell: learned figures: {why}; that part starts as configured");
-    }
-    let Some(l) = read.learned else {
-        tracing::info!(
-            "cooling shell: no learned figures in flash: the hall is learned from the configured figures"
-        );
-        return;
-    };
-    match core.restore_learned(&l) {
-        Ok(()) => {
-            let e = Estimates::of(core);
-            let figures: Vec<String> = e
-                .figures()
-                .iter()
-                .map(|f| match f.key {
-                    "fixed_loads" => format!(
-                        "{} {:+.0} W (trust {:.2})",
-                        f.name,
-                        f.estimated - f.configured,
-                        f.trust
-                    ),
-                    _ => format!("{} ×{:.2} (trust {:.2})", f.name, f.ratio(), f.trust),
-                })
-                .collect();
-            let hosts: Vec<f32> = l
-                .hosts
-                .iter()
-                .take(core.config().layout.hosts())
-                .filter(|h| h.fed_s > 0.0)
-                .map(|h| h.value)
-                .collect();
-            let span = match (
-                hosts.iter().copied().reduce(f32::min),
-                hosts.iter().copied().reduce(f32::max),
-            ) {
-                (Some(lo), Some(hi)) => {
-                    format!("{} hosts' thermal factors {lo:.2} to {hi:.2}", hosts.len())
-                }
-                _ => "no host's thermal factor".to_string(),
-            };
-            tracing::info!(
-                "cooling shell: learned figures restored from flash ({} of {} parts): {}; {span}",
-                read.read.len(),
-                journal::LEARNED_KEYS.len(),
-                figures.join(", ")
-            );
-        }
-        Err(e) => tracing::error!(
-            "cooling shell: learned figures in flash not restored ({e}): the hall is learned anew from the configured figures"
-        ),
     }
 }
 

@@ -1,10 +1,11 @@
 //! The running agent: the thin shell around the pure cores.
 //!
 //! One task owns everything that changes (the command core, the limits
-//! applied, the last samples, the flash stores) and waits on five things:
-//! the sampling tick, a frame from the bus, an XID from the driver, a
-//! finished quarantine action, and the next lease expiry; after each it
-//! publishes a snapshot for the console. The GPUs are reached only
+//! applied, the last samples, the flash stores) and waits on six things:
+//! the sampling tick, a frame from the bus, an XID (or the XID watch going
+//! down or up) from the driver, a finished quarantine action, a finished
+//! cooling-loss step, and the next lease expiry (and, to stop, the
+//! shutdown); after each it publishes a snapshot for the console. The GPUs are reached only
 //! through their [`Worker`]s, so a hung GPU costs one deadline, never the
 //! loop (a GPU that answers from memory, which cannot hang, is called on
 //! the loop itself and timed against the same deadline).

@@ -1,0 +1,158 @@
+//! The link to the CDU: a serial line for Modbus RTU ([`SerialLine`]) or
+//! TCP ([`Link`]), connecting over TCP with a failure that says what
+//! failed and where ([`connect_failure`]), and draining a serial line of
+//! stale bytes before a request.
+use super::*;
+
+/// A serial line for Modbus RTU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SerialLine {
+    /// The device, e.g. `/dev/ttyUSB0`.
+    pub path: String,
+    /// Baud rate.
+    pub baud: u32,
+    /// Parity.
+    pub parity: Parity,
+    /// Data bits.
+    pub data_bits: DataBits,
+    /// Stop bits.
+    pub stop_bits: StopBits,
+}
+
+impl SerialLine {
+    /// `path` at 19200 baud, 8 data bits, no parity, 1 stop bit.
+    pub fn new(path: impl Into<String>) -> Self {
+        Self {
+            path: path.into(),
+            baud: 19_200,
+            parity: Parity::None,
+            data_bits: DataBits::Eight,
+            stop_bits: StopBits::One,
+        }
+    }
+
+    /// The time one character takes on the line.
+    pub(super) fn char_time(&self) -> Duration {
+        let data = match self.data_bits {
+            DataBits::Five => 5,
+            DataBits::Six => 6,
+            DataBits::Seven => 7,
+            DataBits::Eight => 8,
+        };
+        let parity = u32::from(self.parity != Parity::None);
+        let stop = match self.stop_bits {
+            StopBits::One => 1,
+            StopBits::Two => 2,
+        };
+        let bits = 1 + data + parity + stop;
+        Duration::from_micros(u64::from(bits) * 1_000_000 / u64::from(self.baud.max(1)))
+    }
+}
+
+impl fmt::Display for SerialLine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let data = match self.data_bits {
+            DataBits::Five => '5',
+            DataBits::Six => '6',
+            DataBits::Seven => '7',
+            DataBits::Eight => '8',
+        };
+        let parity = match self.parity {
+            Parity::None => 'N',
+            Parity::Even => 'E',
+            Parity::Odd => 'O',
+        };
+        let stop = match self.stop_bits {
+            StopBits::One => '1',
+            StopBits::Two => '2',
+        };
+        write!(f, "{} {} {data}{parity}{stop}", self.path, self.baud)
+    }
+}
+
+/// How the CDU is reached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Link {
+    /// Modbus TCP.
+    Tcp(SocketAddr),
+    /// Modbus RTU on a serial line.
+    Rtu(SerialLine),
+}
+
+impl fmt::Display for Link {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Tcp(addr) => write!(f, "Modbus TCP {addr}"),
+            Self::Rtu(line) => write!(f, "Modbus RTU {line}"),
+        }
+    }
+}
+
+/// Opens a TCP connection to `addr` by `deadline`: `Err(None)` when it was
+/// not made in time, else the failure in words ([`connect_failure`]). A
+/// stream that has no peer (its connection not made after all) is a
+/// failure with its socket's own error.
+pub(super) async fn connect_tcp(
+    addr: SocketAddr,
+    deadline: Instant,
+) -> Result<tokio::net::TcpStream, Option<io::Error>> {
+    let stream = match tokio::time::timeout_at(deadline, tokio::net::TcpStream::connect(addr)).await
+    {
+        Err(_) => return Err(None),
+        Ok(Err(e)) => return Err(Some(connect_failure(addr, &e))),
+        Ok(Ok(stream)) => stream,
+    };
+    if let Err(e) = stream.peer_addr() {
+        let cause = stream.take_error().ok().flatten().unwrap_or(e);
+        return Err(Some(connect_failure(addr, &cause)));
+    }
+    Ok(stream)
+}
+
+/// A failed TCP connection to `addr` in words, of the same kind: refused
+/// (nothing listens there), unreachable, not answered, or the system's
+/// own text. A connection still being made when it failed (the system's
+/// "operation now in progress" or "already in progress") got no answer,
+/// and says so.
+pub fn connect_failure(addr: SocketAddr, e: &io::Error) -> io::Error {
+    let still_connecting = matches!(
+        e.raw_os_error(),
+        Some(libc::EINPROGRESS) | Some(libc::EALREADY)
+    );
+    let (kind, words) = match e.kind() {
+        _ if still_connecting => (
+            io::ErrorKind::TimedOut,
+            format!(
+                "{addr} did not accept the connection: no answer to it (a host that is down, \
+                 a firewall dropping it, or a server not taking connections)"
+            ),
+        ),
+        io::ErrorKind::ConnectionRefused => (
+            e.kind(),
+            format!(
+                "connection refused by {addr}: nothing listens on port {} there (the CDU's \
+                 Modbus TCP server is off, or the address or the port is wrong)",
+                addr.port()
+            ),
+        ),
+        io::ErrorKind::HostUnreachable | io::ErrorKind::NetworkUnreachable => (
+            e.kind(),
+            format!("{addr} is unreachable ({e}): check the address, the cable and the route"),
+        ),
+        _ => (e.kind(), format!("connecting to {addr}: {e}")),
+    };
+    io::Error::new(kind, words)
+}
+
+/// Reads and discards until the line has been quiet for `quiet`, for at
+/// most `limit`.
+pub(super) async fn drain(port: &mut SerialStream, quiet: Duration, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    let mut buf = [0u8; 256];
+    while Instant::now() < deadline {
+        match tokio::time::timeout(quiet, port.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => continue,
+            _ => break,
+        }
+    }
+}

@@ -1,0 +1,200 @@
+//! [`NvmlApi`] on this machine's NVML, through `nvml-wrapper`: each call
+//! the agent makes, with the driver's error mapped to an [`NvmlFailure`]
+//! (not supported, no permission, GPU lost, timeout, invalid argument,
+//! or the driver's own words).
+use super::*;
+
+/// NVML of this machine, through `nvml-wrapper` (loads
+/// `libnvidia-ml.so.1` at run time, so the agent builds and runs without
+/// a driver; [`SystemNvml::init`] says why when there is none).
+pub struct SystemNvml {
+    nvml: nvml_wrapper::Nvml,
+}
+
+impl SystemNvml {
+    /// Loads and initialises NVML.
+    pub fn init() -> Result<Self, String> {
+        nvml_wrapper::Nvml::init()
+            .map(|nvml| Self { nvml })
+            .map_err(|e| format!("NVML could not be initialised: {e}"))
+    }
+
+    fn device(&self, gpu: u32) -> NvmlResult<nvml_wrapper::Device<'_>> {
+        self.nvml.device_by_index(gpu).map_err(failure)
+    }
+}
+
+fn failure(e: nvml_wrapper::error::NvmlError) -> NvmlFailure {
+    use nvml_wrapper::error::NvmlError as E;
+    match e {
+        E::NotSupported | E::FunctionNotFound => NvmlFailure::NotSupported,
+        E::NoPermission => NvmlFailure::NoPermission,
+        E::GpuLost => NvmlFailure::GpuLost,
+        E::Timeout => NvmlFailure::Timeout,
+        E::InvalidArg => NvmlFailure::InvalidArgument,
+        other => NvmlFailure::Other(other.to_string()),
+    }
+}
+
+impl NvmlApi for SystemNvml {
+    fn device_count(&self) -> NvmlResult<u32> {
+        self.nvml.device_count().map_err(failure)
+    }
+    fn name(&self, gpu: u32) -> NvmlResult<String> {
+        self.device(gpu)?.name().map_err(failure)
+    }
+    fn uuid(&self, gpu: u32) -> NvmlResult<String> {
+        self.device(gpu)?.uuid().map_err(failure)
+    }
+    fn default_limit_mw(&self, gpu: u32) -> NvmlResult<u32> {
+        self.device(gpu)?
+            .power_management_limit_default()
+            .map_err(failure)
+    }
+    fn limit_constraints_mw(&self, gpu: u32) -> NvmlResult<(u32, u32)> {
+        let c = self
+            .device(gpu)?
+            .power_management_limit_constraints()
+            .map_err(failure)?;
+        Ok((c.min_limit, c.max_limit))
+    }
+    fn limit_mw(&self, gpu: u32) -> NvmlResult<u32> {
+        self.device(gpu)?.power_management_limit().map_err(failure)
+    }
+    fn enforced_limit_mw(&self, gpu: u32) -> NvmlResult<u32> {
+        self.device(gpu)?.enforced_power_limit().map_err(failure)
+    }
+    fn set_limit_mw(&self, gpu: u32, mw: u32) -> NvmlResult<()> {
+        self.device(gpu)?
+            .set_power_management_limit(mw)
+            .map_err(failure)
+    }
+    fn temperature(&self, gpu: u32) -> NvmlResult<u32> {
+        self.device(gpu)?
+            .temperature(nvml_wrapper::enum_wrappers::device::TemperatureSensor::Gpu)
+            .map_err(failure)
+    }
+    fn power_usage_mw(&self, gpu: u32) -> NvmlResult<u32> {
+        self.device(gpu)?.power_usage().map_err(failure)
+    }
+    fn energy_mj(&self, gpu: u32) -> NvmlResult<u64> {
+        self.device(gpu)?
+            .total_energy_consumption()
+            .map_err(failure)
+    }
+    fn clocks_mhz(&self, gpu: u32) -> NvmlResult<(u32, u32)> {
+        use nvml_wrapper::enum_wrappers::device::Clock;
+        let d = self.device(gpu)?;
+        Ok((
+            d.clock_info(Clock::SM).map_err(failure)?,
+            d.clock_info(Clock::Memory).map_err(failure)?,
+        ))
+    }
+    fn utilization(&self, gpu: u32) -> NvmlResult<u32> {
+        Ok(self.device(gpu)?.utilization_rates().map_err(failure)?.gpu)
+    }
+    fn throttle_bits(&self, gpu: u32) -> NvmlResult<u64> {
+        Ok(self
+            .device(gpu)?
+            .current_throttle_reasons()
+            .map_err(failure)?
+            .bits())
+    }
+    fn ecc_enabled(&self, gpu: u32) -> NvmlResult<bool> {
+        Ok(self
+            .device(gpu)?
+            .is_ecc_enabled()
+            .map_err(failure)?
+            .currently_enabled)
+    }
+    fn ecc_total(&self, gpu: u32, corrected: bool, volatile: bool) -> NvmlResult<u64> {
+        use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError};
+        let kind = if corrected {
+            MemoryError::Corrected
+        } else {
+            MemoryError::Uncorrected
+        };
+        let counter = if volatile {
+            EccCounter::Volatile
+        } else {
+            EccCounter::Aggregate
+        };
+        self.device(gpu)?
+            .total_ecc_errors(kind, counter)
+            .map_err(failure)
+    }
+    fn fields(&self, gpu: u32, ids: &[u32]) -> NvmlResult<Vec<NvmlResult<u64>>> {
+        use nvml_wrapper::enums::device::SampleValue;
+        use nvml_wrapper::structs::device::FieldId;
+        let ids: Vec<FieldId> = ids.iter().map(|&i| FieldId(i)).collect();
+        let samples = self.device(gpu)?.field_values_for(&ids).map_err(failure)?;
+        Ok(samples
+            .into_iter()
+            .map(|s| match s.map_err(failure)?.value.map_err(failure)? {
+                SampleValue::U32(v) => Ok(v as u64),
+                SampleValue::U64(v) => Ok(v),
+                SampleValue::I64(v) => Ok(v.max(0) as u64),
+                SampleValue::F64(v) => Ok(v.max(0.0) as u64),
+            })
+            .collect())
+    }
+    fn watch_xids(
+        &self,
+        gpus: &[u32],
+        registered: &mut dyn FnMut(u32, NvmlResult<()>),
+        deliver: &mut dyn FnMut(u32, u64),
+        stop: &AtomicBool,
+    ) -> NvmlResult<()> {
+        use nvml_wrapper::bitmasks::event::EventTypes;
+        use nvml_wrapper::enums::event::XidError;
+        let mut set = self.nvml.create_event_set().map_err(failure)?;
+        for &gpu in gpus {
+            let device = match self.device(gpu) {
+                Ok(d) => d,
+                Err(e) => {
+                    registered(gpu, Err(e));
+                    continue;
+                }
+            };
+            // Registering a GPU that cannot take the event would release
+            // the whole set, so ask first.
+            match device.supported_event_types() {
+                Ok(t) if t.contains(EventTypes::CRITICAL_XID_ERROR) => {}
+                Ok(_) => {
+                    registered(gpu, Err(NvmlFailure::NotSupported));
+                    continue;
+                }
+                Err(e) => {
+                    registered(gpu, Err(failure(e)));
+                    continue;
+                }
+            }
+            set = match device.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
+                Ok(set) => {
+                    registered(gpu, Ok(()));
+                    set
+                }
+                Err(e) => {
+                    registered(gpu, Err(failure(e.error)));
+                    return Err(NvmlFailure::Other(
+                        "registering XID events failed; NVML released the event set".into(),
+                    ));
+                }
+            };
+        }
+        while !stop.load(Ordering::Relaxed) {
+            match set.wait(500) {
+                Ok(data) => {
+                    if let (Some(XidError::Value(xid)), Ok(gpu)) =
+                        (data.event_data, data.device.index())
+                    {
+                        deliver(gpu, xid);
+                    }
+                }
+                Err(nvml_wrapper::error::NvmlError::Timeout) => {}
+                Err(e) => return Err(failure(e)),
+            }
+        }
+        Ok(())
+    }
+}
