@@ -2,22 +2,28 @@
 //! as a process, commands sent with `mosquitto_pub`, everything it says
 //! read with `mosquitto_sub`, its console asked with `node-agent ctl`.
 //!
+//! Some tests run the agent in this process instead, over twin GPUs they
+//! inject faults into or GPUs of their own, on a clock they step.
+//!
+//! Each test starts its broker, directory and agents with the fixture in
+//! `system/rig.rs` ([`rig::Rig`]), which stops them when dropped.
+//!
 //! Skipped when mosquitto is not installed, except under CI (`CI=true`),
 //! where a missing tool fails the test.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+#[path = "system/rig.rs"]
+mod rig;
+
 use std::time::{Duration, Instant, SystemTime};
 
-use loopwarden_field::common::CommonFlags;
 use loopwarden_protocol::{
-    samples, Ack, AckCode, CapLease, CapSource, CommandAuth, DurationMs, Event, Frame, GpuCap,
-    GpuIndex, GpuSelector, HealthState, Message, NodeId, ReasonCode, Role, TimestampMs, Watts,
+    Ack, AckCode, CapLease, CapSource, CommandAuth, DurationMs, Event, Frame, GpuCap, GpuIndex,
+    GpuSelector, HealthState, Message, NodeId, ReasonCode, Role, TimestampMs, Watts,
 };
-use loopwarden_system_tests::{publish_raw, retained, Mosquitto, Seen, Subscriber};
+use loopwarden_system_tests::{Seen, Subscriber};
+use node_agent::config::Overrides;
 
-const SITE: &str = "sys";
-const AGENT: &str = env!("CARGO_BIN_EXE_node-agent");
+use rig::{frame, Console, Rig, SITE};
 
 fn now() -> TimestampMs {
     TimestampMs(
@@ -26,114 +32,6 @@ fn now() -> TimestampMs {
             .expect("clock after 1970")
             .as_millis() as u64,
     )
-}
-
-struct Agent {
-    child: Option<Child>,
-    console: PathBuf,
-}
-
-impl Agent {
-    fn start(port: u16, host: &str, dir: &Path, flash: Option<&Path>) -> Agent {
-        let console = dir.join(format!("{host}.sock"));
-        let mut cmd = Command::new(AGENT);
-        cmd.args(["run", "--twin-gpus", "8", "--site", SITE, "--host", host])
-            .args(["--broker", &format!("127.0.0.1:{port}")])
-            .args(["--cdu", "cdu-a"])
-            .args(["--period-ms", "200", "--json-period-ms", "1000"])
-            .arg("--console")
-            .arg(&console)
-            .env("RUST_LOG", "info,rumqttc=warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
-        if let Some(f) = flash {
-            cmd.arg("--flash").arg(f);
-        }
-        let child = cmd.spawn().expect("start node-agent");
-        let agent = Agent {
-            child: Some(child),
-            console,
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while agent.ctl(&["status"]).is_none() {
-            assert!(
-                Instant::now() < deadline,
-                "the agent's console never answered"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        agent
-    }
-
-    /// `node-agent ctl --json ARGS`, parsed; `None` when it fails.
-    fn ctl(&self, args: &[&str]) -> Option<serde_json::Value> {
-        let out = Command::new(AGENT)
-            .arg("ctl")
-            .arg("--console")
-            .arg(&self.console)
-            .arg("--json")
-            .args(args)
-            .output()
-            .expect("run node-agent ctl");
-        if !out.status.success() {
-            return None;
-        }
-        serde_json::from_slice(&out.stdout).ok()
-    }
-
-    /// `node-agent ctl ARGS` as a person reads it; checks it holds no
-    /// Rust debug text or raw JSON.
-    fn ctl_text(&self, args: &[&str]) -> String {
-        let out = Command::new(AGENT)
-            .arg("ctl")
-            .arg("--console")
-            .arg(&self.console)
-            .args(args)
-            .output()
-            .expect("run node-agent ctl");
-        assert!(out.status.success(), "ctl {args:?}");
-        let text = String::from_utf8(out.stdout).expect("UTF-8");
-        for bad in ["{", "}", "Some(", "None", "\"auth\""] {
-            assert!(!text.contains(bad), "{bad:?} in ctl {args:?}:\n{text}");
-        }
-        text
-    }
-
-    /// Stops it with SIGTERM, as systemd does, and returns its exit status.
-    fn terminate(&mut self) -> std::process::ExitStatus {
-        let mut child = self.child.take().expect("running");
-        Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status()
-            .expect("kill -TERM");
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            if let Some(status) = child.try_wait().expect("wait") {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the agent did not stop on SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// Kills it without warning (SIGKILL): a crash.
-    fn crash(&mut self) {
-        let mut child = self.child.take().expect("running");
-        child.kill().expect("kill");
-        child.wait().expect("reap");
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
 }
 
 fn lease(seq: u32, id: u32, caps: &[(GpuSelector, u32)], ms: u32) -> Frame {
@@ -156,71 +54,12 @@ fn lease(seq: u32, id: u32, caps: &[(GpuSelector, u32)], ms: u32) -> Frame {
             auth: CommandAuth::default(),
         }),
     };
-    // Unsigned: `send` signs it for the host it goes to.
+    // Unsigned: `Rig::send` signs it for the host it goes to.
     f
-}
-
-/// A host's `cmd` topic (what its commands are signed for).
-fn cmd_topic(host: &str) -> loopwarden_protocol::Topic {
-    loopwarden_protocol::Topic::new(
-        &loopwarden_protocol::Ident::new(SITE).expect("ident"),
-        Role::Host,
-        &loopwarden_protocol::Ident::new(host).expect("ident"),
-        loopwarden_protocol::Family::Cmd,
-    )
-}
-
-/// Sends a command to `host`, signed for it with the demonstration key
-/// unless the test signed it already.
-fn send(port: u16, host: &str, frame: &Frame) {
-    let mut frame = frame.clone();
-    let unsigned = match &frame.message {
-        Message::CapLease(l) => l.auth.signature == [[0; 32]; 2],
-        Message::QuarantineRelease(r) => r.auth.signature == [[0; 32]; 2],
-        _ => false,
-    };
-    if unsigned {
-        frame
-            .sign(&cmd_topic(host), 1, &samples::demo_signing_key())
-            .expect("a command signs");
-    }
-    let mut buf = [0u8; 2048];
-    let n = frame.encode(&mut buf).expect("encodes");
-    publish_raw(
-        port,
-        &format!("dc/v2/{SITE}/host/{host}/cmd"),
-        &buf[..n],
-        false,
-    )
-    .expect("mosquitto_pub");
 }
 
 fn gpu(i: u8) -> GpuSelector {
     GpuSelector::Gpu(GpuIndex::new(i).expect("index"))
-}
-
-fn frame(s: &Seen) -> Option<Frame> {
-    Frame::decode(&s.payload).ok()
-}
-
-/// Waits for the ack of `command`. An ack stamped before the command was
-/// sent is an older one (the outbox sends unconfirmed acks again after a
-/// restart) and is skipped.
-fn ack_of(sub: &mut Subscriber, command: &Frame) -> Ack {
-    let answers = |f: &Frame| {
-        f.time >= command.time
-            && matches!(f.message, Message::Ack(ref a) if a.correlation.seq == command.seq)
-    };
-    let seen = sub.collect_until(Duration::from_secs(10), |s| {
-        s.last().and_then(frame).is_some_and(|f| answers(&f))
-    });
-    match seen.last().and_then(frame) {
-        Some(f) if answers(&f) => match f.message {
-            Message::Ack(a) => a,
-            _ => unreachable!("checked"),
-        },
-        _ => panic!("no ack for command {}", command.seq),
-    }
 }
 
 fn limits(ack: &Ack) -> Vec<u32> {
@@ -228,7 +67,7 @@ fn limits(ack: &Ack) -> Vec<u32> {
 }
 
 /// The limits the console reports.
-fn console_limits(agent: &Agent) -> Vec<u64> {
+fn console_limits(agent: &Console) -> Vec<u64> {
     let caps = agent.ctl(&["caps"]).expect("ctl caps");
     caps["gpus"]
         .as_array()
@@ -259,15 +98,11 @@ fn telemetry_limits_become(sub: &mut Subscriber, want: &[u32]) {
 
 #[test]
 fn leases_are_applied_acknowledged_refused_and_lifted() {
-    let Some(broker) = Mosquitto::start() else {
+    let Some(rig) = Rig::start("h1") else {
         return;
     };
-    let port = broker.port();
-    let dir = tempfile::tempdir().expect("temp dir");
-    let host = "h1";
-    let mut sub =
-        Subscriber::start(port, &[&format!("dc/v2/{SITE}/host/{host}/+")]).expect("mosquitto_sub");
-    let mut agent = Agent::start(port, host, dir.path(), None);
+    let mut sub = rig.subscribe(&["+"]);
+    let mut agent = rig.spawn();
 
     // Telemetry of all 8 GPUs, and retained health.
     let seen = sub.collect_until(Duration::from_secs(10), |s| {
@@ -276,13 +111,7 @@ fn leases_are_applied_acknowledged_refused_and_lifted() {
         )
     });
     assert!(!seen.is_empty(), "no telemetry");
-    let health = retained(
-        port,
-        &[&format!("dc/v2/{SITE}/host/{host}/health")],
-        Duration::from_millis(500),
-    )
-    .expect("mosquitto_sub");
-    let health = health.first().and_then(frame).expect("retained health");
+    let health = rig.retained_health().expect("retained health");
     match health.message {
         Message::HostHealth(h) => {
             assert_eq!(h.gpus.len(), 8);
@@ -292,24 +121,14 @@ fn leases_are_applied_acknowledged_refused_and_lifted() {
     }
 
     // A lease on every GPU: applied, read back, acknowledged.
-    let ack = ack_of_sent(
-        &mut sub,
-        port,
-        host,
-        &lease(100, 1, &[(GpuSelector::All, 450)], 4_000),
-    );
+    let ack = rig.ack(&mut sub, &lease(100, 1, &[(GpuSelector::All, 450)], 4_000));
     assert_eq!(ack.code, AckCode::Ok, "{}", ack.detail.as_str());
     assert_eq!(limits(&ack), vec![450; 8]);
     telemetry_limits_become(&mut sub, &[450; 8]);
     assert_eq!(console_limits(&agent), vec![450; 8]);
 
     // Refused, each with its reason, and nothing changes.
-    let ack = ack_of_sent(
-        &mut sub,
-        port,
-        host,
-        &lease(101, 2, &[(gpu(12), 300)], 4_000),
-    );
+    let ack = rig.ack(&mut sub, &lease(101, 2, &[(gpu(12), 300)], 4_000));
     assert_eq!(ack.code, AckCode::UnknownGpu);
     assert!(
         ack.detail.as_str().contains("no GPU 12"),
@@ -319,21 +138,18 @@ fn leases_are_applied_acknowledged_refused_and_lifted() {
     assert_eq!(limits(&ack), vec![450; 8]);
 
     assert_eq!(
-        ack_of_sent(&mut sub, port, host, &lease(102, 3, &[], 4_000)).code,
+        rig.ack(&mut sub, &lease(102, 3, &[], 4_000)).code,
         AckCode::Malformed
     );
 
     let mut expired = lease(103, 4, &[(gpu(0), 300)], 1_000);
     expired.time = TimestampMs(now().0 - 60_000);
-    assert_eq!(
-        ack_of_sent(&mut sub, port, host, &expired).code,
-        AckCode::Expired
-    );
+    assert_eq!(rig.ack(&mut sub, &expired).code, AckCode::Expired);
 
     // Longer than the host takes (10 minutes by default): the 49 days a
     // u32 of milliseconds allows, as a forged lease could ask.
     let weeks = lease(104, 6, &[(gpu(0), 200)], u32::MAX);
-    let ack = ack_of_sent(&mut sub, port, host, &weeks);
+    let ack = rig.ack(&mut sub, &weeks);
     assert_eq!(ack.code, AckCode::TooLong, "{}", ack.detail.as_str());
     assert!(
         ack.detail.as_str().contains("at most 600000 ms"),
@@ -344,32 +160,20 @@ fn leases_are_applied_acknowledged_refused_and_lifted() {
     let mut forged = lease(104, 7, &[(gpu(0), 300)], 4_000);
     forged
         .sign(
-            &cmd_topic(host),
+            &rig.cmd_topic(),
             1,
             &loopwarden_protocol::auth::SigningKey::from_bytes(&[9; 32]),
         )
         .expect("signs");
-    assert_eq!(
-        ack_of_sent(&mut sub, port, host, &forged).code,
-        AckCode::Unauthenticated
-    );
+    assert_eq!(rig.ack(&mut sub, &forged).code, AckCode::Unauthenticated);
 
     // A replay of the first lease.
     let first = lease(100, 1, &[(GpuSelector::All, 200)], 4_000);
-    assert_eq!(
-        ack_of_sent(&mut sub, port, host, &first).code,
-        AckCode::Replayed
-    );
+    assert_eq!(rig.ack(&mut sub, &first).code, AckCode::Replayed);
 
     // Bytes that are no frame at all: no ack is possible (no sender, no
     // seq to answer), the agent counts and drops them.
-    publish_raw(
-        port,
-        &format!("dc/v2/{SITE}/host/{host}/cmd"),
-        b"not a frame",
-        false,
-    )
-    .expect("mosquitto_pub");
+    rig.publish(&rig.topic("cmd"), b"not a frame", false);
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(
         console_limits(&agent),
@@ -378,12 +182,7 @@ fn leases_are_applied_acknowledged_refused_and_lifted() {
     );
 
     // Below the minimum on one GPU: taken, clamped, said.
-    let ack = ack_of_sent(
-        &mut sub,
-        port,
-        host,
-        &lease(105, 6, &[(gpu(6), 150)], 2_000),
-    );
+    let ack = rig.ack(&mut sub, &lease(105, 6, &[(gpu(6), 150)], 2_000));
     assert_eq!(ack.code, AckCode::Clamped);
     assert_eq!(ack.in_force[6].limit, Watts(200));
 
@@ -432,10 +231,7 @@ fn leases_are_applied_acknowledged_refused_and_lifted() {
 
     // A clean stop: exit 0, and the bus learns the agent left.
     let lease_then_stop = lease(106, 7, &[(gpu(2), 333)], 60_000);
-    assert_eq!(
-        ack_of_sent(&mut sub, port, host, &lease_then_stop).code,
-        AckCode::Ok
-    );
+    assert_eq!(rig.ack(&mut sub, &lease_then_stop).code, AckCode::Ok);
     let status = agent.terminate();
     assert!(status.success(), "exit status {status}");
     let seen = sub.collect_until(Duration::from_secs(10), |s| {
@@ -473,41 +269,27 @@ fn lifted(seen: &[Seen]) -> u32 {
     lift_masks(seen).iter().map(|m| m.count_ones()).sum()
 }
 
-fn ack_of_sent(sub: &mut Subscriber, port: u16, host: &str, f: &Frame) -> Ack {
-    send(port, host, f);
-    ack_of(sub, f)
-}
-
 #[test]
 fn after_a_crash_only_valid_leases_are_applied_again() {
-    let Some(broker) = Mosquitto::start() else {
+    let Some(rig) = Rig::start("h2") else {
         return;
     };
-    let port = broker.port();
-    let dir = tempfile::tempdir().expect("temp dir");
-    let flash = dir.path().join("agent.flash");
-    let host = "h2";
-    let mut sub = Subscriber::start(port, &[&format!("dc/v2/{SITE}/host/{host}/ack")])
-        .expect("mosquitto_sub");
-    let mut agent = Agent::start(port, host, dir.path(), Some(&flash));
+    let mut sub = rig.subscribe(&["ack"]);
+    let mut agent = rig.spawn_on_flash();
     assert_eq!(
-        ack_of_sent(
-            &mut sub,
-            port,
-            host,
-            &lease(10, 1, &[(gpu(0), 400)], 60_000)
-        )
-        .code,
+        rig.ack(&mut sub, &lease(10, 1, &[(gpu(0), 400)], 60_000))
+            .code,
         AckCode::Ok
     );
     assert_eq!(
-        ack_of_sent(&mut sub, port, host, &lease(11, 2, &[(gpu(1), 300)], 1_500)).code,
+        rig.ack(&mut sub, &lease(11, 2, &[(gpu(1), 300)], 1_500))
+            .code,
         AckCode::Ok
     );
     agent.crash();
     // Lease 2 expires while the agent is down.
     std::thread::sleep(Duration::from_millis(2_000));
-    let agent = Agent::start(port, host, dir.path(), Some(&flash));
+    let agent = rig.spawn_on_flash();
     let l = console_limits(&agent);
     assert_eq!(l[0], 400, "the valid lease is in force again");
     assert_eq!(l[1], 700, "the expired one is not");
@@ -516,138 +298,10 @@ fn after_a_crash_only_valid_leases_are_applied_again() {
     assert_eq!(caps["leases"].as_array().map(Vec::len), Some(1));
     // Its replay counter survived too.
     assert_eq!(
-        ack_of_sent(
-            &mut sub,
-            port,
-            host,
-            &lease(11, 2, &[(gpu(1), 300)], 60_000)
-        )
-        .code,
+        rig.ack(&mut sub, &lease(11, 2, &[(gpu(1), 300)], 60_000))
+            .code,
         AckCode::Replayed
     );
-}
-
-/// An agent in this process over `gpus` twin GPUs, so a test can inject
-/// faults; stopped by the returned sender.
-fn in_process(
-    port: u16,
-    host: &str,
-    gpus: usize,
-    dir: &Path,
-) -> (
-    node_agent::sim_gpus::TwinControl,
-    tokio::sync::oneshot::Sender<()>,
-    std::thread::JoinHandle<Result<(), node_agent::shell::AgentError>>,
-) {
-    in_process_with(port, host, gpus, dir, Default::default())
-}
-
-/// As [`in_process`], with more flags.
-fn in_process_with(
-    port: u16,
-    host: &str,
-    gpus: usize,
-    dir: &Path,
-    more: node_agent::config::Overrides,
-) -> (
-    node_agent::sim_gpus::TwinControl,
-    tokio::sync::oneshot::Sender<()>,
-    std::thread::JoinHandle<Result<(), node_agent::shell::AgentError>>,
-) {
-    let board = loopwarden_boards::GpuBoard::builtin("H200-SXM").expect("board");
-    let twin = node_agent::sim_gpus::TwinSource::new(&board, gpus, 3);
-    let control = twin.control();
-    let (stop_tx, agent) = run_source(port, host, gpus, dir, more, Box::new(twin));
-    (control, stop_tx, agent)
-}
-
-/// Runs an agent in this process over any GPU source; stopped by the
-/// returned sender. Sampling every 200 ms unless `more` says otherwise.
-fn run_source(
-    port: u16,
-    host: &str,
-    gpus: usize,
-    dir: &Path,
-    more: node_agent::config::Overrides,
-    source: Box<dyn node_agent::gpu::GpuSource + Send>,
-) -> (
-    tokio::sync::oneshot::Sender<()>,
-    std::thread::JoinHandle<Result<(), node_agent::shell::AgentError>>,
-) {
-    let config = agent_config(port, host, gpus, dir, more);
-    start_config(
-        config,
-        source,
-        std::sync::Arc::new(node_agent::clock::SystemClock::new()),
-    )
-}
-
-/// The config of an in-process agent: sampling every 200 ms unless `more`
-/// says otherwise.
-fn agent_config(
-    port: u16,
-    host: &str,
-    gpus: usize,
-    dir: &Path,
-    more: node_agent::config::Overrides,
-) -> node_agent::config::Config {
-    let flags = node_agent::config::Overrides {
-        common: CommonFlags {
-            site: Some(SITE.into()),
-            broker: Some(format!("127.0.0.1:{port}")),
-            console: Some(dir.join(format!("{host}.sock"))),
-            ..more.common.clone()
-        },
-        host: Some(host.into()),
-        twin_gpus: Some(gpus as u8),
-        period_ms: Some(more.period_ms.unwrap_or(200)),
-        cdu: Some(more.cdu.clone().unwrap_or_else(|| "cdu-a".into())),
-        ..more
-    };
-    node_agent::config::load(None, &flags).expect("config")
-}
-
-/// As [`run_source`], on a clock the test steps.
-fn run_source_with_clock(
-    port: u16,
-    host: &str,
-    gpus: usize,
-    dir: &Path,
-    more: node_agent::config::Overrides,
-    source: Box<dyn node_agent::gpu::GpuSource + Send>,
-    clock: node_agent::clock::Stepped,
-) -> (
-    tokio::sync::oneshot::Sender<()>,
-    std::thread::JoinHandle<Result<(), node_agent::shell::AgentError>>,
-) {
-    let config = agent_config(port, host, gpus, dir, more);
-    start_config(config, source, std::sync::Arc::new(clock))
-}
-
-/// Runs an agent with `config` on a runtime of its own.
-fn start_config(
-    config: node_agent::config::Config,
-    source: Box<dyn node_agent::gpu::GpuSource + Send>,
-    clock: std::sync::Arc<dyn node_agent::clock::Clock>,
-) -> (
-    tokio::sync::oneshot::Sender<()>,
-    std::thread::JoinHandle<Result<(), node_agent::shell::AgentError>>,
-) {
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    // The agent's loop is not `Send` (its flash stores hold borrows across
-    // awaits); it runs on a runtime of its own, as in `main`.
-    let agent = std::thread::spawn(move || {
-        let rt = tokio::runtime::Runtime::new().expect("runtime");
-        rt.block_on(node_agent::shell::run_with_clock(
-            config,
-            source,
-            clock,
-            async {
-                let _ = stop_rx.await;
-            },
-        ))
-    });
-    (stop_tx, agent)
 }
 
 fn release(seq: u32, gpu: u8, note: &str) -> Frame {
@@ -662,43 +316,43 @@ fn release(seq: u32, gpu: u8, note: &str) -> Frame {
             auth: CommandAuth::default(),
         }),
     };
-    // Unsigned: `send` signs it for the host it goes to.
+    // Unsigned: `Rig::send` signs it for the host it goes to.
     f
 }
 
 #[test]
 fn a_fatal_xid_quarantines_runs_the_action_once_and_only_an_operator_releases() {
-    let Some(broker) = Mosquitto::start() else {
+    let Some(rig) = Rig::start("h4") else {
         return;
     };
-    let port = broker.port();
-    let dir = tempfile::tempdir().expect("temp dir");
-    let host = "h4";
     let mut sub = Subscriber::start(
-        port,
+        rig.port,
         &[
-            &format!("dc/v2/{SITE}/host/{host}/event"),
-            &format!("dc/v2/{SITE}/host/{host}/ack"),
-            &format!("dc/v2/{SITE}/json/host/{host}/event"),
+            &rig.topic("event"),
+            &rig.topic("ack"),
+            &format!("dc/v2/{SITE}/json/host/{}/event", rig.host),
         ],
     )
     .expect("mosquitto_sub");
-    let drained = dir.path().join("drained");
-    let more = node_agent::config::Overrides {
-        quarantine_actions: vec![format!("touch {}-{{gpu}}", drained.display())],
-        common: CommonFlags {
-            flash: Some(dir.path().join("agent.flash")),
-            ..Default::default()
-        },
-        ..Default::default()
+    let drained = rig.dir.path().join("drained");
+    // On flash, so that the quarantine outlives a restart.
+    let quarantining = || {
+        rig.agent(2)
+            .flags(Overrides {
+                quarantine_actions: vec![format!("touch {}-{{gpu}}", drained.display())],
+                ..Default::default()
+            })
+            .flash()
     };
-    let (control, stop, agent) = in_process_with(port, host, 2, dir.path(), more);
+    let agent = quarantining().start();
     std::thread::sleep(Duration::from_millis(1_000));
-    control
+    agent
+        .control()
         .inject(node_agent::sim_gpus::TwinFault::Xid { gpu: 1, xid: 79 })
         .expect("inject");
     assert!(
-        control
+        agent
+            .control()
             .inject(node_agent::sim_gpus::TwinFault::Xid { gpu: 5, xid: 79 })
             .is_err(),
         "the twin has no GPU 5"
@@ -755,13 +409,7 @@ fn a_fatal_xid_quarantines_runs_the_action_once_and_only_an_operator_releases() 
     assert_eq!(json["body"]["xid"]["gpu"], 1);
 
     // The retained health says so, with the evidence.
-    let health = retained(
-        port,
-        &[&format!("dc/v2/{SITE}/host/{host}/health")],
-        Duration::from_millis(500),
-    )
-    .expect("mosquitto_sub");
-    let Some(Message::HostHealth(h)) = health.first().and_then(frame).map(|f| f.message) else {
+    let Some(Message::HostHealth(h)) = rig.retained_health().map(|f| f.message) else {
         panic!("no retained health");
     };
     assert_eq!(h.gpus[1].state, HealthState::Quarantined);
@@ -774,33 +422,14 @@ fn a_fatal_xid_quarantines_runs_the_action_once_and_only_an_operator_releases() 
 
     // A restart keeps the quarantine (from flash) and does not run the
     // action again.
-    let _ = stop.send(());
-    agent.join().expect("joined").expect("agent ran");
+    agent.stop();
     std::fs::remove_file(drained.with_file_name("drained-1")).expect("remove marker");
-    let more = node_agent::config::Overrides {
-        quarantine_actions: vec![format!("touch {}-{{gpu}}", drained.display())],
-        common: CommonFlags {
-            flash: Some(dir.path().join("agent.flash")),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let (_control, stop, agent) = in_process_with(port, host, 2, dir.path(), more);
-    let console = Agent {
-        child: None,
-        console: dir.path().join(format!("{host}.sock")),
-    };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let why = loop {
-        if let Some(v) = console.ctl(&["why", "1"]) {
-            break v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the restarted agent never answered"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let agent = quarantining().start();
+    let why = agent.ctl_within(
+        &["why", "1"],
+        Duration::from_secs(10),
+        "the restarted agent never answered",
+    );
     assert_eq!(why["health"], "quarantined", "{why}");
     assert_eq!(why["reason"], "xid-79", "{why}");
     std::thread::sleep(Duration::from_millis(500));
@@ -810,53 +439,38 @@ fn a_fatal_xid_quarantines_runs_the_action_once_and_only_an_operator_releases() 
     );
 
     // Releasing a healthy GPU is refused; the quarantined one is released.
-    let ack = ack_of_sent(&mut sub, port, host, &release(1, 0, "checked"));
+    let ack = rig.ack(&mut sub, &release(1, 0, "checked"));
     assert_eq!(ack.code, AckCode::NotQuarantined);
-    let ack = ack_of_sent(
-        &mut sub,
-        port,
-        host,
-        &release(2, 1, "reseated; field diag passed"),
-    );
+    let ack = rig.ack(&mut sub, &release(2, 1, "reseated; field diag passed"));
     assert_eq!(ack.code, AckCode::Ok, "{}", ack.detail.as_str());
     // The release is in the event log (its events went out before the ack).
-    let log = console.ctl(&["events"]).expect("ctl events");
+    let log = agent.ctl(&["events"]).expect("ctl events");
     let released = log["events"]
         .as_array()
         .expect("events")
         .iter()
         .any(|e| e["event"]["quarantine_released"]["operator"] == "jdoe");
     assert!(released, "{log}");
-    let why = console.ctl(&["why", "1"]).expect("ctl why");
+    let why = agent.ctl(&["why", "1"]).expect("ctl why");
     assert_eq!(why["health"], "healthy", "{why}");
     assert_eq!(why["reason"], "operator-release", "{why}");
-    let health = retained(
-        port,
-        &[&format!("dc/v2/{SITE}/host/{host}/health")],
-        Duration::from_millis(500),
-    )
-    .expect("mosquitto_sub");
-    let Some(Message::HostHealth(h)) = health.first().and_then(frame).map(|f| f.message) else {
+    let Some(Message::HostHealth(h)) = rig.retained_health().map(|f| f.message) else {
         panic!("no retained health");
     };
     assert_eq!(h.gpus[1].state, HealthState::Healthy);
     assert_eq!(h.gpus[1].reason, ReasonCode::OPERATOR_RELEASE);
-    let _ = stop.send(());
-    agent.join().expect("joined").expect("agent ran");
+    agent.stop();
 }
 
 #[test]
 fn a_hung_gpu_does_not_stall_the_others() {
     // In process: the twin's fault injection needs its handle.
-    let Some(broker) = Mosquitto::start() else {
+    let Some(rig) = Rig::start("h3") else {
         return;
     };
-    let port = broker.port();
-    let dir = tempfile::tempdir().expect("temp dir");
-    let host = "h3";
-    let mut sub = Subscriber::start(port, &[&format!("dc/v2/{SITE}/host/{host}/telemetry")])
-        .expect("mosquitto_sub");
-    let (control, stop_tx, agent) = in_process(port, host, 4, dir.path());
+    let mut sub = rig.subscribe(&["telemetry"]);
+    let agent = rig.agent(4).start();
+    let control = agent.control();
     // Let it run, then hang GPU 2.
     let _ = sub.collect_until(Duration::from_secs(10), |s| s.len() >= 3);
     control
@@ -896,8 +510,7 @@ fn a_hung_gpu_does_not_stall_the_others() {
         })
     });
     assert!(!seen.is_empty(), "GPU 2 answers again");
-    let _ = stop_tx.send(());
-    agent.join().expect("joined").expect("agent ran");
+    agent.stop();
 }
 
 /// GPUs that answer everything but refuse every limit (an agent not run
@@ -942,34 +555,23 @@ impl node_agent::gpu::GpuSource for Refusing {
 
 #[test]
 fn a_limit_the_gpu_refuses_is_acknowledged_as_failed_and_said_once() {
-    let Some(broker) = Mosquitto::start() else {
+    let Some(rig) = Rig::start("h5") else {
         return;
     };
-    let port = broker.port();
-    let dir = tempfile::tempdir().expect("temp dir");
-    let host = "h5";
-    let mut sub = Subscriber::start(
-        port,
-        &[
-            &format!("dc/v2/{SITE}/host/{host}/ack"),
-            &format!("dc/v2/{SITE}/host/{host}/event"),
-        ],
-    )
-    .expect("mosquitto_sub");
+    let mut sub = rig.subscribe(&["ack", "event"]);
     let board = loopwarden_boards::GpuBoard::builtin("H200-SXM").expect("board");
-    let source = Refusing(node_agent::sim_gpus::TwinSource::new(&board, 2, 3));
-    let more = node_agent::config::Overrides {
-        period_ms: Some(100),
-        ..Default::default()
-    };
-    let (stop_tx, agent) = run_source(port, host, 2, dir.path(), more, Box::new(source));
+    let agent = rig
+        .agent(2)
+        .source(Refusing(node_agent::sim_gpus::TwinSource::new(
+            &board, 2, 3,
+        )))
+        .flags(Overrides {
+            period_ms: Some(100),
+            ..Default::default()
+        })
+        .start();
     std::thread::sleep(Duration::from_millis(500));
-    let ack = ack_of_sent(
-        &mut sub,
-        port,
-        host,
-        &lease(1, 1, &[(GpuSelector::All, 400)], 60_000),
-    );
+    let ack = rig.ack(&mut sub, &lease(1, 1, &[(GpuSelector::All, 400)], 60_000));
     assert_eq!(ack.code, AckCode::Failed);
     assert!(
         ack.detail.as_str().contains("permission"),
@@ -991,8 +593,7 @@ fn a_limit_the_gpu_refuses_is_acknowledged_as_failed_and_said_once() {
         })
         .count();
     assert_eq!(caps, 0, "caps_applied events for a cap never applied");
-    let _ = stop_tx.send(());
-    agent.join().expect("joined").expect("agent ran");
+    agent.stop();
 }
 
 #[test]
@@ -1001,33 +602,13 @@ fn a_wall_clock_step_changes_no_verdict_and_moves_the_stamps() {
     // needs them sustained for two minutes, so in these 12 s no verdict
     // may come, whatever the wall clock does. A window measured on the
     // wall clock would complete at the step of two hours forward.
-    let Some(broker) = Mosquitto::start() else {
+    let Some(rig) = Rig::start("h8") else {
         return;
     };
-    let port = broker.port();
-    let dir = tempfile::tempdir().expect("temp dir");
-    let host = "h8";
-    let mut sub = Subscriber::start(
-        port,
-        &[
-            &format!("dc/v2/{SITE}/host/{host}/event"),
-            &format!("dc/v2/{SITE}/host/{host}/telemetry"),
-        ],
-    )
-    .expect("mosquitto_sub");
-    let board = loopwarden_boards::GpuBoard::builtin("H200-SXM").expect("board");
-    let twin = node_agent::sim_gpus::TwinSource::new(&board, 4, 3);
-    let control = twin.control();
+    let mut sub = rig.subscribe(&["event", "telemetry"]);
     let clock = node_agent::clock::Stepped::new();
-    let (stop_tx, agent) = run_source_with_clock(
-        port,
-        host,
-        4,
-        dir.path(),
-        Default::default(),
-        Box::new(twin),
-        clock.clone(),
-    );
+    let agent = rig.agent(4).clock(clock.clone()).start();
+    let control = agent.control();
     let replays = |secs: u64| {
         let end = Instant::now() + Duration::from_secs(secs);
         while Instant::now() < end {
@@ -1039,21 +620,16 @@ fn a_wall_clock_step_changes_no_verdict_and_moves_the_stamps() {
     };
     // A cap lease of a minute on GPU 0, taken before the steps: it must
     // hold through both (a lease lapses on steady time).
-    let mut acks = Subscriber::start(port, &[&format!("dc/v2/{SITE}/host/{host}/ack")])
-        .expect("mosquitto_sub");
+    let mut acks = rig.subscribe(&["ack"]);
     let capped = lease(1, 1, &[(gpu(0), 400)], 60_000);
-    assert_eq!(
-        ack_of_sent(&mut acks, port, host, &capped).code,
-        AckCode::Ok
-    );
+    assert_eq!(rig.ack(&mut acks, &capped).code, AckCode::Ok);
     replays(4);
     clock.step(2 * 3_600_000);
     replays(4);
     clock.step(-4 * 3_600_000);
     replays(4);
     let seen = sub.collect_until(Duration::from_secs(1), |_| false);
-    let _ = stop_tx.send(());
-    agent.join().expect("joined").expect("agent ran");
+    agent.stop();
     let frames: Vec<Frame> = seen.iter().filter_map(frame).collect();
     let changes: Vec<_> = frames
         .iter()
@@ -1103,7 +679,7 @@ fn a_wall_clock_step_changes_no_verdict_and_moves_the_stamps() {
 
 /// The CDU's state with rack 2 lost or every rack normal, as `cdu-a`
 /// publishes it (retained) on its health topic.
-fn publish_cdu_state(port: u16, rack2_lost: bool) {
+fn publish_cdu_state(rig: &Rig, rack2_lost: bool) {
     use loopwarden_protocol::message::{CduState, LeakSensing, RackCooling, RackState};
     use loopwarden_protocol::{CduMode, Celsius, RackIndex};
     let state = CduState {
@@ -1134,28 +710,18 @@ fn publish_cdu_state(port: u16, rack2_lost: bool) {
     };
     let mut buf = [0u8; 2048];
     let n = f.encode(&mut buf).expect("encodes");
-    publish_raw(
-        port,
-        &format!("dc/v2/{SITE}/cdu/cdu-a/health"),
-        &buf[..n],
-        true,
-    )
-    .expect("mosquitto_pub");
+    rig.publish(&format!("dc/v2/{SITE}/cdu/cdu-a/health"), &buf[..n], true);
 }
 
 #[test]
 fn a_rack_without_cooling_drains_powers_down_after_the_grace_and_undoes_it() {
-    let Some(broker) = Mosquitto::start() else {
+    let Some(rig) = Rig::start("h6") else {
         return;
     };
-    let port = broker.port();
-    let dir = tempfile::tempdir().expect("temp dir");
-    let host = "h6";
-    let mut sub = Subscriber::start(port, &[&format!("dc/v2/{SITE}/host/{host}/event")])
-        .expect("mosquitto_sub");
-    let log = dir.path().join("actions.log");
+    let mut sub = rig.subscribe(&["event"]);
+    let log = rig.dir.path().join("actions.log");
     // Each command appends its step to the log: the order is the proof.
-    let script = dir.path().join("note.sh");
+    let script = rig.dir.path().join("note.sh");
     std::fs::write(
         &script,
         format!("#!/bin/sh\necho \"$*\" >> {}\n", log.display()),
@@ -1164,23 +730,22 @@ fn a_rack_without_cooling_drains_powers_down_after_the_grace_and_undoes_it() {
     std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
         .expect("chmod");
     let note = |step: &str| format!("{} {step} {{host}} {{rack}}", script.display());
-    let more = node_agent::config::Overrides {
-        rack: Some(2),
-        cooling_drain: vec![note("drain")],
-        cooling_power_down: vec![note("power_down")],
-        cooling_power_up: vec![note("power_up")],
-        cooling_resume: vec![note("resume")],
-        cooling_grace_s: Some(2),
-        common: CommonFlags {
-            flash: Some(dir.path().join("agent.flash")),
+    let agent = rig
+        .agent(2)
+        .flags(Overrides {
+            rack: Some(2),
+            cooling_drain: vec![note("drain")],
+            cooling_power_down: vec![note("power_down")],
+            cooling_power_up: vec![note("power_up")],
+            cooling_resume: vec![note("resume")],
+            cooling_grace_s: Some(2),
             ..Default::default()
-        },
-        ..Default::default()
-    };
-    let (_control, stop, agent) = in_process_with(port, host, 2, dir.path(), more);
+        })
+        .flash()
+        .start();
     std::thread::sleep(Duration::from_millis(800));
     let lost_at = Instant::now();
-    publish_cdu_state(port, true);
+    publish_cdu_state(&rig, true);
     let read = || std::fs::read_to_string(&log).unwrap_or_default();
     let wait_for = |want: &str, secs: u64| {
         let end = Instant::now() + Duration::from_secs(secs);
@@ -1200,7 +765,7 @@ fn a_rack_without_cooling_drains_powers_down_after_the_grace_and_undoes_it() {
         grace >= Duration::from_secs(2),
         "powered down after {grace:?}"
     );
-    publish_cdu_state(port, false);
+    publish_cdu_state(&rig, false);
     wait_for("resume h6 2", 5);
     assert_eq!(
         read().lines().collect::<Vec<_>>(),
@@ -1237,8 +802,7 @@ fn a_rack_without_cooling_drains_powers_down_after_the_grace_and_undoes_it() {
             (Resume, true)
         ]
     );
-    let _ = stop.send(());
-    agent.join().expect("joined").expect("agent ran");
+    agent.stop();
 }
 
 /// A storm of benign XIDs (20,000 in about 2 s, applications' errors
@@ -1250,35 +814,18 @@ fn a_rack_without_cooling_drains_powers_down_after_the_grace_and_undoes_it() {
 #[test]
 fn an_xid_storm_does_not_delay_a_fatal_xid() {
     use node_agent::sim_gpus::TwinFault;
-    let Some(broker) = Mosquitto::start() else {
+    let Some(rig) = Rig::start("h9") else {
         return;
     };
-    let port = broker.port();
-    let dir = tempfile::tempdir().expect("temp dir");
-    let host = "h9";
     let (gpus, fatal_gpu) = (8u8, 5u8);
-    let mut sub = Subscriber::start(port, &[&format!("dc/v2/{SITE}/host/{host}/health")])
-        .expect("mosquitto_sub");
-    let more = node_agent::config::Overrides {
-        common: CommonFlags {
-            flash: Some(dir.path().join("agent.flash")),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let (control, stop, agent) = in_process_with(port, host, gpus as usize, dir.path(), more);
-    let console = Agent {
-        child: None,
-        console: dir.path().join(format!("{host}.sock")),
-    };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(v) = console.ctl(&["status"]) {
-            break v;
-        }
-        assert!(Instant::now() < deadline, "the agent never answered");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let mut sub = rig.subscribe(&["health"]);
+    let agent = rig.agent(gpus as usize).flash().start();
+    let control = agent.control().clone();
+    let status = agent.ctl_within(
+        &["status"],
+        Duration::from_secs(20),
+        "the agent never answered",
+    );
     let capacity = status["xids"]["capacity"].as_u64().expect("xids.capacity");
     // On the bus, every GPU healthy.
     let health = |s: &Seen| match frame(s).map(|f| f.message) {
@@ -1329,7 +876,7 @@ fn an_xid_storm_does_not_delay_a_fatal_xid() {
     // The queue, as the console shows it while the storm runs.
     let mut most_queued = 0;
     while !storm.is_finished() {
-        if let Some(v) = console.ctl(&["status"]) {
+        if let Some(v) = agent.ctl(&["status"]) {
             let queued = v["xids"]["queued"].as_u64().expect("xids.queued");
             assert!(queued <= capacity, "{queued} queued, capacity {capacity}");
             most_queued = most_queued.max(queued);
@@ -1346,7 +893,7 @@ fn an_xid_storm_does_not_delay_a_fatal_xid() {
             .any(|h| h.gpus[fatal_gpu as usize].state == HealthState::Quarantined)
     });
     let frames: Vec<_> = seen.iter().filter_map(health).collect();
-    let status = console.ctl(&["status"]).expect("ctl status");
+    let status = agent.ctl(&["status"]).expect("ctl status");
     assert!(
         frames
             .iter()
@@ -1370,11 +917,10 @@ fn an_xid_storm_does_not_delay_a_fatal_xid() {
         dropped > 0 || most_queued <= capacity,
         "the queue neither dropped nor stayed within {capacity}: {status}"
     );
-    let why = console
+    let why = agent
         .ctl(&["why", &fatal_gpu.to_string()])
         .expect("ctl why");
     assert_eq!(why["health"], "quarantined", "{why}");
     assert_eq!(why["reason"], "xid-79", "{why}");
-    let _ = stop.send(());
-    agent.join().expect("joined").expect("agent ran");
+    agent.stop();
 }
