@@ -6,10 +6,13 @@
 //! anything acts, and turns the core's commands into ordered writes.
 //! Pure: no clock, no I/O; time comes in with each step.
 //!
-//! A step, as both callers run it:
+//! Between steps, each host report heard goes to [`Decider::hear_host`],
+//! which believes it or says why not ([`hosts`]). A step, as both
+//! callers run it:
 //! 1. [`Decider::step`]: the CDU's measurements (`None`: it did not
-//!    answer), the board's leak lines and the hosts' reports in, the
-//!    core's commands out. Before the core runs, a relatch that is due
+//!    answer), the board's leak lines and the outdoor temperature
+//!    ([`outdoor`]) in, with the hosts' believed reports; the core's
+//!    commands out. Before the core runs, a relatch that is due
 //!    ([`latch`]) latches the racks whose valves read closed; while one
 //!    is pending, every rack is treated as latched for its hosts (caps
 //!    at their minimum, cooling lost), since any valve may be shut.
@@ -19,6 +22,8 @@
 //!    gated by the latch, the setpoint and speed held to the map.
 //! 4. [`Decider::written`]: what the CDU took; the next step's core hears
 //!    whether its writes went in.
+//! 5. The leases due for the core's caps ([`leases::LeaseBook`]): the
+//!    shell signs and sends them, the twin's hosts hold them.
 //!
 //! Glossary:
 //! - *board read*: what the controller board's leak lines gave this step

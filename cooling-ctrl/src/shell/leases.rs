@@ -45,17 +45,18 @@ impl<P: CduPort> Shell<P> {
     pub(super) fn leases(&mut self, now: u64, c: &Commands) {
         let hosts = self.cfg.hosts.len().min(c.caps.len());
         for o in self.lease_book.due(now, &c.caps[..hosts]) {
-            let host = &self.cfg.hosts[o.host];
-            if o.first {
-                if let Some(w) = o.watts {
-                    let reason = o.lease.reason.0;
-                    tracing::info!("cooling shell: capping {host} at {w:.0} W per GPU ({reason})");
-                }
-            }
-            if o.lift {
-                tracing::info!("cooling shell: lifting the cap of {host}");
-            }
             if self.send_lease(&o) {
+                let host = &self.cfg.hosts[o.host];
+                match o.watts {
+                    Some(w) if o.first => {
+                        let reason = o.lease.reason.0;
+                        tracing::info!(
+                            "cooling shell: capping {host} at {w:.0} W per GPU ({reason})"
+                        );
+                    }
+                    None => tracing::info!("cooling shell: lifting the cap of {host}"),
+                    Some(_) => {}
+                }
                 self.lease_book.sent(&o, now);
                 if o.lift {
                     self.stats.lifts_sent += 1;
