@@ -24,15 +24,12 @@ use loopwarden_twin::oracle::Oracle;
 use loopwarden_twin::scenario::{self, FaultKind, Scenario};
 use loopwarden_twin::sim::{self, Baseline, Controller, Decision, Readings, Summary};
 
-/// The repository's own demo scenario, and the public set: beside the
-/// repository when it is there, else the copies the goldens keep
-/// (`tests/goldens/plant/`), so that a clone checks them too.
+/// The repository's own demo scenario, and the public set the goldens
+/// keep (`tests/goldens/plant/`).
 fn scenarios() -> Vec<PathBuf> {
     let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let mut v = vec![here.join("../hall/scenarios/demo.toml")];
-    let beside = here.join("../../shared/scenarios/plant");
-    let copies = here.join("../tests/goldens/plant");
-    let public = if beside.is_dir() { beside } else { copies };
+    let public = here.join("../tests/goldens/plant");
     match std::fs::read_dir(&public) {
         Ok(dir) => {
             let mut found: Vec<PathBuf> = dir

@@ -463,7 +463,7 @@ impl Scenario {
 
 /// Whether `error`, from [`Scenario::load`], refuses a scenario written
 /// for a later model of the hall: a fault kind this twin does not model
-/// yet. Tests over the public set beside the repository skip such a
+/// yet. Tests over the public scenarios skip such a
 /// scenario and say so; any other refusal fails them.
 pub fn is_later_model(error: &str) -> bool {
     error.contains("unknown kind")
@@ -802,16 +802,13 @@ target = "1.3.7"
         assert_eq!(s.faults[3].until_s, Some(20));
     }
 
-    /// Every scenario of the public set beside the repository reads (run
-    /// where it is present).
+    /// Every public scenario the repository keeps (`tests/goldens/plant/`)
+    /// reads.
     #[test]
-    fn the_public_scenarios_read_where_present() {
-        let dir =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/scenarios/plant");
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            eprintln!("SKIP: no public scenarios at {}", dir.display());
-            return;
-        };
+    fn the_public_scenarios_read() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/goldens/plant");
+        let entries = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("public scenarios at {}: {e}", dir.display()));
         let mut read = 0;
         for e in entries.flatten() {
             if e.path().extension().is_some_and(|x| x == "toml") {
