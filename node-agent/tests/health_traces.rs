@@ -8,7 +8,8 @@
 //! through the engine directly and, written as `gpu-trace/1` text, through
 //! `node_agent::replay::replay`. Both must print the same verdict lines,
 //! and the verdicts must meet the scenario's expectation (the semantics of
-//! `FORMAT.md`: `must`/`after_ms`/`by_ms`/`max` per GPU, `*` for the rest).
+//! `node-agent/tests/traces/README.md`: `must`/`after_ms`/`by_ms`/`max`
+//! per GPU, `*` for the rest).
 //!
 //! A few scenarios are kept as files in `tests/traces/` for the public
 //! scorer; `LOOPWARDEN_BLESS=1` writes them again, otherwise the test checks

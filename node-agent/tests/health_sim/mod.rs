@@ -15,8 +15,9 @@
 //! The same records run through the engine directly ([`run_engine`]) and,
 //! written as `gpu-trace/1` JSON lines ([`Trace::to_jsonl`]), through
 //! `node_agent::replay::replay` ([`run_replay`]). Expectations ([`Expect`])
-//! have the semantics of `FORMAT.md` (`must`/`after_ms`/`by_ms`/`max` per
-//! GPU, `*` for the rest) and are checked here as `score.py` checks them.
+//! have the semantics of `node-agent/tests/traces/README.md`
+//! ("The expectations": `must`/`after_ms`/`by_ms`/`max` per GPU, `*` for
+//! the rest) and are checked here by those rules.
 //!
 //! Glossary:
 //! - *tick*: one sampling round of every GPU, once per second.
@@ -228,7 +229,7 @@ fn loop_name(s: LoopState) -> &'static str {
 }
 
 /// The fields of `s` that differ from `prev` (all of them without `prev`),
-/// in the order of `FORMAT.md`.
+/// in the order of the expectations' format (`tests/traces/README.md`).
 fn sample_fields(s: &Sample, prev: Option<&Sample>) -> String {
     let mut f = String::new();
     macro_rules! field {
@@ -818,7 +819,7 @@ pub fn run_replay(trace: &Trace, policy: Policy) -> Run {
 
 // ----------------------------------------------------------- expectations
 
-/// One GPU's expectation (`FORMAT.md`).
+/// One GPU's expectation (`tests/traces/README.md`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Rule {
     /// The state to reach, at or after `after_ms`, no later than `by_ms`.
@@ -913,7 +914,7 @@ impl Expect {
         s
     }
 
-    /// Checks verdicts as `score.py` does: `Ok` with the detection latency
+    /// Checks verdicts by the expectations' rules: `Ok` with the detection latency
     /// of every met `must`, or every miss and false alarm.
     pub fn check(&self, gpus: usize, verdicts: &[Verdict]) -> Result<Vec<u64>, Vec<String>> {
         let mut problems = Vec::new();
