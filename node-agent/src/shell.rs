@@ -1,16 +1,20 @@
-//! The running agent: the thin shell around the pure cores.
+//! The running agent: the thin shell around the node's step.
 //!
-//! One task owns everything that changes (the command core, the limits
-//! applied, the last samples, the flash stores) and waits on six things:
-//! the sampling tick, a frame from the bus, an XID (or the XID watch going
-//! down or up) from the driver, a finished quarantine action, a finished
-//! cooling-loss step, and the next lease expiry (and, to stop, the
-//! shutdown); after each it publishes a snapshot for the console. The GPUs are reached only
+//! Every decision (health, commands, the thermal guard, caps, the cooling
+//! loss) is [`node_core::node::Node`]'s. The shell samples the GPUs, hears
+//! the bus and the driver, gives each to the node with the time, and
+//! carries out what the node returns (`effects`): a limit set and read
+//! back, a publish, a line in the log, a record in flash, an action
+//! started. One task owns it all and waits on six things: the sampling
+//! tick, a frame from the bus, an XID (or the XID watch going down or up)
+//! from the driver, a finished quarantine action, a finished cooling-loss
+//! step, and the next lease expiry (and, to stop, the shutdown); after
+//! each it publishes a snapshot for the console. The GPUs are reached only
 //! through their [`Worker`]s, so a hung GPU costs one deadline, never the
 //! loop (a GPU that answers from memory, which cannot hang, is called on
 //! the loop itself and timed against the same deadline).
 //!
-//! What it guarantees:
+//! What it guarantees, with the node:
 //! - every limit it reports (ack `in_force`, `caps_applied`) is the value
 //!   read back from the GPU after setting it;
 //! - a lease it accepted is logged to flash before it is acknowledged, so
@@ -20,20 +24,20 @@
 //!   default limit.
 //!
 //! Where it lives:
-//! - `startup`: the GPUs, the flash stores, what is kept from before a
-//!   restart, the bus;
+//! - `startup`: the GPUs, the flash stores, the node with what is kept
+//!   from before a restart, the bus;
 //! - `sampling`: the loop and the sampling round;
+//! - `effects`: the node's effects carried out, its answers given back;
 //! - `limits`: setting and reading back power limits;
-//! - `commands`: frames from the bus (leases, releases, the cooling
-//!   context) and their acks;
-//! - `quarantine`: XIDs, the health engine's decisions and the quarantine
+//! - `commands`: frames from the bus, to the node;
+//! - `quarantine`: XIDs, the health kept in flash and the quarantine
 //!   actions;
+//! - `cooling`: the cooling-loss steps' commands and the phase in flash;
 //! - `publishing`: telemetry, health, events and acks on the bus;
 //! - `snapshot`: what the console is given after every step.
 //!
 //! Glossary:
-//! - *reconcile*: set every GPU whose applied limit differs from its
-//!   target, then read it back.
+//! - *effect*: what the node decided for the shell to do.
 //! - *jitter*: how late a sampling tick ran against its schedule.
 
 use std::collections::VecDeque;
@@ -42,25 +46,23 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use loopwarden_bus::Bus;
-use loopwarden_protocol::{CapSource, GpuIndex, TimestampMs, Topic, Watts};
+use loopwarden_protocol::{GpuIndex, TimestampMs};
 use tokio::sync::{mpsc, watch};
 
 use crate::actions;
-use crate::caps::GpuRange;
 use crate::clock::{Clock, Steady, SystemClock};
-use crate::commands::CommandCore;
 use crate::config::Config;
 use crate::console::{self, Context, Snapshot, Timing};
-use crate::cooling_loss::CoolingLoss;
 use crate::gpu::{GpuError, GpuInfo, GpuSample, GpuSource};
-use crate::guard::ThermalGuard;
-use crate::health::HealthEngine;
 use crate::worker::Worker;
 use loopwarden_bus::agent_flash::{self, SeqFloor, Stores};
 use loopwarden_bus::recorder::Recorder;
+use node_core::caps::GpuRange;
+use node_core::node::{Input, Node, Now};
 
 mod commands;
 mod cooling;
+mod effects;
 mod limits;
 mod publishing;
 mod quarantine;
@@ -69,7 +71,6 @@ pub use sampling::observation;
 mod snapshot;
 mod startup;
 
-/// Frame sequence numbers reserved in flash at a time.
 /// Ticks kept for the jitter percentiles (10 minutes at 1 s).
 const JITTER_WINDOW: usize = 600;
 /// Quarantine-action outcomes waiting for the loop (a sender waits for
@@ -77,13 +78,6 @@ const JITTER_WINDOW: usize = 600;
 const ACTION_OUTCOMES: usize = 64;
 /// XIDs kept per GPU for `why`.
 const RECENT_XIDS: usize = 8;
-/// Every this many samples the retained health is published again.
-const HEALTH_EVERY: u64 = 60;
-/// How long a limit that could not be set waits before the next try, ms.
-const RETRY_MS: u64 = 30_000;
-/// Every this many samples the limits are read back again, so a limit
-/// changed behind the agent's back (`nvidia-smi -pl`) is put right.
-const REREAD_EVERY: u64 = 60;
 
 /// Why the agent could not start or run.
 #[derive(Debug, thiserror::Error)]
@@ -116,24 +110,13 @@ pub enum AgentError {
     Metrics(loopwarden_bus::prometheus::BindError),
 }
 
-/// What the agent knows of one GPU.
+/// What the agent shows of one GPU (its decisions are the node's).
 pub(crate) struct GpuState {
     pub info: GpuInfo,
     pub range: GpuRange,
     pub last: Option<GpuSample>,
     pub responsive: bool,
-    pub missed: u32,
-    pub unresponsive_reported: bool,
     pub last_error: Option<String>,
-    /// The limit read back after our last set (or at start).
-    pub applied: Option<Watts>,
-    pub source: Option<CapSource>,
-    /// Whether we changed its limit (restored at exit).
-    pub changed: bool,
-    /// A target that could not be set, and when to try it again (steady
-    /// ms).
-    pub retry: Option<(Watts, u64)>,
-    pub guard: ThermalGuard,
     pub xids: VecDeque<(TimestampMs, u16)>,
 }
 
@@ -143,37 +126,25 @@ pub(crate) struct Agent {
     pub bus: Bus,
     pub workers: Vec<Arc<Worker>>,
     pub gpus: Vec<GpuState>,
-    pub core: CommandCore,
+    /// Every decision: health, commands, guard, caps, cooling loss.
+    pub node: Node,
     /// Writes the flash (event log, config store) off the loop.
     pub recorder: Recorder,
     pub seq_floor: SeqFloor,
     pub timing: Timing,
     pub last_json: Option<Instant>,
-    /// Connections seen; a new one gets the retained health again (a
-    /// broker restarted without persistence has lost it).
-
-    /// The health engine.
-    pub health: HealthEngine,
     /// Where finished quarantine actions report.
     pub actions: mpsc::Sender<(u8, actions::Outcome)>,
-    /// Since when the XID watch has been down, if it is.
-    pub xid_watch_down: Option<TimestampMs>,
     /// The XID queue's counters.
     pub xid_stats: crate::xid_queue::XidStats,
-    /// The CDU state topic this host's cooling context comes from.
-    pub coolant_topic: Option<Topic>,
     /// Quarantine actions still running (awaited at a clean stop).
     pub running_actions: Vec<tokio::task::JoinHandle<()>>,
     /// Where the console's snapshot goes after every step.
     pub snapshots: watch::Sender<Option<Snapshot>>,
-    /// The wall clock for stamps, steady time for the health engine.
+    /// The wall clock for stamps, steady time for the decisions.
     pub clock: Steady,
-    /// The cooling-loss decisions.
-    pub cooling: CoolingLoss,
     /// Where cooling-loss steps go to be run, in order.
     pub cooling_jobs: mpsc::Sender<cooling::Job>,
-    /// How many XID lines the log takes a second.
-    pub xid_log: quarantine::XidLog,
 }
 
 /// What a process that runs many agents may ask of each (nothing by
@@ -247,16 +218,16 @@ async fn run_agent(
         first_seq,
         path: flash_path,
     } = agent_flash::open(config.flash.as_deref()).map_err(AgentError::Flash)?;
-    // Leases that were in force before a restart, if still valid.
-    let core = startup::restore_leases(&config, &gpus, &mut log).await?;
-    let health = startup::restore_health(&config, gpus.len(), &mut store, started).await;
-    let mut cooling_loss = CoolingLoss::new(config.cooling_loss.grace.as_millis() as u64);
-    cooling_loss.restore(cooling::restore(&mut store).await);
+    // The decisions, with what was kept from before a restart: the leases
+    // still valid, the health states, the cooling-loss phase.
+    let mut node = startup::node(&config, &gpus, started);
+    startup::restore_leases(&mut node, &mut log).await?;
+    startup::restore_health(&mut node, &mut store).await;
+    node.restore_cooling(cooling::restore(&mut store).await);
     let startup::BusParts {
         bus,
         mut inbound,
         task: bus_task,
-        coolant_topic,
         embedded: _embedded,
     } = startup::start_bus(&config, first_seq, outbox, gpus.len())?;
     if let Some(tx) = hooks.bus {
@@ -284,31 +255,25 @@ async fn run_agent(
     let context = console_context(&config, started, flash_path, &bus, &recorder, snapshot_rx);
     let readers = Readers::start(listener, console_path, &config, context).await?;
     let mut agent = Agent {
-        health,
         actions: actions_tx,
-        xid_watch_down: None,
         xid_stats: xid_rx.stats_reader(),
-        coolant_topic,
         running_actions: Vec::new(),
         config,
         bus,
         workers,
         gpus,
-        core,
+        node,
         recorder,
         seq_floor: SeqFloor::new(first_seq),
         timing: Timing::default(),
         last_json: None,
         snapshots,
         clock,
-        cooling: cooling_loss,
         cooling_jobs,
-        xid_log: Default::default(),
     };
 
     // Start from what the GPUs have now, then put the targets in force.
-    agent.read_applied().await;
-    agent.reconcile(agent.clock.wall(), false).await;
+    agent.step(Input::Start).await;
     agent.publish_snapshot();
 
     agent
@@ -337,7 +302,7 @@ impl Agent {
     ) {
         self.finish_actions(actions_rx).await;
         tracing::info!("stopping: restoring default power limits");
-        self.restore_defaults().await;
+        self.step(Input::Stop).await;
         self.recorder.flush().await;
         readers.stop();
         if let Err(e) = self.bus.shutdown(Duration::from_secs(3)).await {
@@ -421,13 +386,10 @@ impl Agent {
         GpuIndex::new(i as u8).expect("at most 16 GPUs")
     }
 
-    /// Steady time for the decisions. The health engine (for its stamps)
-    /// and the command core (to turn a lease's end into steady time) are
-    /// told the wall clock's offset from it.
-    fn engine_now(&mut self) -> TimestampMs {
+    /// The time of a step: steady time for the decisions, and the wall
+    /// clock's offset from it for stamps.
+    fn now(&self) -> Now {
         let (steady, offset) = self.clock.read();
-        self.health.set_wall_offset(offset);
-        self.core.set_wall_offset(offset);
-        steady
+        Now { steady, offset }
     }
 }

@@ -16,6 +16,8 @@
 //!   lease's bounds) and what it changes.
 //! - [`cooling_loss`]: drain, power down and undo when the rack's cooling
 //!   is lost and comes back.
+//! - [`node`]: the one step that owns all of the above: an input and the
+//!   time in, the effects for the agent to carry out.
 //!
 //! Glossary:
 //! - *quarantine*: a GPU taken out of service now, released only by an
@@ -30,3 +32,4 @@ pub mod commands;
 pub mod cooling_loss;
 pub mod guard;
 pub mod health;
+pub mod node;

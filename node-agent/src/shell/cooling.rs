@@ -1,6 +1,6 @@
-//! Cooling loss in the shell: the CDU's word about this host's rack goes
-//! to the pure decisions (`node_core::cooling_loss`); the steps that come
-//! out run as the configured commands, one after another on one task (a
+//! Cooling loss in the shell: the node decides (`node_core::cooling_loss`)
+//! from the CDU's word about this host's rack; the steps it hands out run
+//! here as the configured commands, one after another on one task (a
 //! drain ends before the power-down starts), each outcome logged to flash
 //! and published as a `cooling_action` event. The phase is kept in flash.
 
@@ -15,8 +15,7 @@ use tokio::sync::mpsc;
 use super::Agent;
 use crate::actions;
 use crate::config::CoolingLossActions;
-use crate::cooling_loss::Phase;
-use crate::health::fmt_time;
+use node_core::cooling_loss::Phase;
 
 /// The config-store key of the cooling-loss phase.
 const PHASE_KEY: &str = "cooling_loss";
@@ -104,85 +103,44 @@ pub(super) async fn restore(store: &mut ConfigStore<Flash>) -> Phase {
     phase
 }
 
-fn keep(recorder: &Recorder, phase: Phase) {
+/// Keeps the phase in flash (written off the loop).
+pub(super) fn keep(recorder: &Recorder, phase: Phase) {
     recorder.set(PHASE_KEY.to_string(), encode(phase).to_vec());
 }
 
 impl Agent {
-    /// The CDU said whether this host's rack lost cooling.
-    pub(super) fn on_rack_cooling(&mut self, lost: bool) {
-        let t = self.engine_now();
-        let steps = self.cooling.told(t.0, lost);
-        self.run_cooling(steps);
-    }
-
-    /// Every round: the grace period may be over.
-    pub(super) fn cooling_tick(&mut self) {
-        let t = self.engine_now();
-        let steps = self.cooling.tick(t.0);
-        self.run_cooling(steps);
-    }
-
-    /// Logs, keeps and hands `steps` to the runner.
-    fn run_cooling(&mut self, steps: Vec<CoolingStep>) {
-        if steps.is_empty() {
+    /// Hands a cooling-loss step's configured commands to the runner.
+    pub(super) fn run_cooling(&mut self, step: CoolingStep, reason: &str) {
+        let rack = self.config.rack.map_or(String::new(), |r| r.to_string());
+        let cmds = commands(&self.config.cooling_loss, step);
+        if cmds.is_empty() {
+            tracing::warn!("rack {rack}: cooling-loss {step}: no command configured");
             return;
         }
-        let wall = self.clock.wall();
-        let phase = self.cooling_phase_stamped();
-        keep(&self.recorder, phase);
-        let rack = self.config.rack.map_or(String::new(), |r| r.to_string());
-        let cdu = self
-            .config
-            .cdu
-            .as_ref()
-            .map_or("", |c| c.as_str())
-            .to_string();
-        let reason = format!(
-            "cooling-lost: rack {rack} of {cdu} lost cooling at {}",
-            fmt_time(wall)
+        tracing::warn!(
+            "rack {rack}: cooling-loss {step}: running {} commands",
+            cmds.len()
         );
-        for step in steps {
-            let cmds = commands(&self.config.cooling_loss, step);
-            if cmds.is_empty() {
-                tracing::warn!("rack {rack}: cooling-loss {step}: no command configured");
-                continue;
-            }
-            tracing::warn!(
-                "rack {rack}: cooling-loss {step}: running {} commands",
-                cmds.len()
+        let cdu = self.config.cdu.as_ref().map_or("", |c| c.as_str());
+        let vars: [(&str, &str); 5] = [
+            ("{host}", self.config.host.as_str()),
+            ("{site}", self.config.site.as_str()),
+            ("{cdu}", cdu),
+            ("{rack}", &rack),
+            ("{reason}", reason),
+        ];
+        let job = Job {
+            step,
+            argvs: cmds
+                .iter()
+                .map(|a| actions::expand_with(a, &vars))
+                .collect(),
+            timeout: self.config.cooling_loss.timeout,
+        };
+        if let Err(e) = self.cooling_jobs.try_send(job) {
+            tracing::error!(
+                "rack {rack}: cooling-loss {step} not run: the runner's queue refused it ({e})"
             );
-            let vars: [(&str, &str); 5] = [
-                ("{host}", self.config.host.as_str()),
-                ("{site}", self.config.site.as_str()),
-                ("{cdu}", &cdu),
-                ("{rack}", &rack),
-                ("{reason}", &reason),
-            ];
-            let job = Job {
-                step,
-                argvs: cmds
-                    .iter()
-                    .map(|a| actions::expand_with(a, &vars))
-                    .collect(),
-                timeout: self.config.cooling_loss.timeout,
-            };
-            if let Err(e) = self.cooling_jobs.try_send(job) {
-                tracing::error!(
-                    "rack {rack}: cooling-loss {step} not run: the runner's queue refused it ({e})"
-                );
-            }
-        }
-    }
-
-    /// The phase with its time as a wall-clock stamp, for flash.
-    fn cooling_phase_stamped(&self) -> Phase {
-        let (_, offset) = self.clock.read();
-        let wall = |t: u64| t.saturating_add_signed(offset);
-        match self.cooling.phase() {
-            Phase::Cooled => Phase::Cooled,
-            Phase::Draining { since } => Phase::Draining { since: wall(since) },
-            Phase::PoweredDown { since } => Phase::PoweredDown { since: wall(since) },
         }
     }
 

@@ -6,8 +6,8 @@
 use std::time::{Duration, Instant};
 
 use loopwarden_protocol::{
-    Event, GpuFlags, GpuHealth, GpuTelemetry, HostHealth, HostTelemetry, Message, MessageKind,
-    Monitoring, QueueDrops, Text, TimestampMs, MAX_FRAME_LEN,
+    Event, GpuFlags, GpuTelemetry, HostTelemetry, Message, MessageKind, QueueDrops, TimestampMs,
+    MAX_FRAME_LEN,
 };
 
 use super::Agent;
@@ -79,31 +79,5 @@ impl Agent {
             self.last_json = Some(Instant::now());
         }
         self.publish(Message::HostTelemetry(telemetry), now, mirror);
-    }
-
-    pub(super) fn publish_health(&mut self, now: TimestampMs) {
-        let mut health = HostHealth {
-            gpus: heapless::Vec::new(),
-            monitoring: Monitoring {
-                stalled_since: self.health.stalled_since(),
-                xid_watch_down_since: self.xid_watch_down,
-            },
-        };
-        for i in 0..self.gpus.len() {
-            let _ = health.gpus.push(self.gpu_health(i));
-        }
-        self.publish(Message::HostHealth(health), now, true);
-    }
-
-    /// One GPU's health as the bus carries it.
-    pub(super) fn gpu_health(&self, i: usize) -> GpuHealth {
-        let st = self.health.status(i as u8).expect("one status per GPU");
-        GpuHealth {
-            gpu: Self::gpu_index(i),
-            state: st.state,
-            reason: st.reason,
-            since: st.since,
-            evidence: Text::truncated(&st.evidence),
-        }
     }
 }

@@ -1,8 +1,9 @@
 //! The sampling loop: one task that waits on the sampling tick, a frame
-//! from the bus, a finished quarantine action, an XID and the next lease
-//! expiry, and after each publishes a snapshot for the console; and the
-//! sampling round itself (every GPU on its own worker, within the
-//! deadline).
+//! from the bus, a finished quarantine action or cooling-loss step, an XID
+//! (or the XID watch going down or up) and the next lease expiry, and
+//! after each publishes a snapshot for the console; and the sampling round
+//! itself (every GPU on its own worker, within the deadline), whose
+//! readings go to the node.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -11,10 +12,12 @@ use loopwarden_bus::Inbound;
 use loopwarden_protocol::{CoolingStep, GpuFlags};
 use tokio::sync::mpsc;
 
-use super::{Agent, HEALTH_EVERY, JITTER_WINDOW, REREAD_EVERY};
+use node_core::health::Observation;
+use node_core::node::{Input, Reading};
+
+use super::{Agent, JITTER_WINDOW};
 use crate::actions;
 use crate::gpu::{GpuError, GpuSample, XidEvent};
-use crate::health::Observation;
 use crate::worker::Answer;
 
 impl Agent {
@@ -32,7 +35,7 @@ impl Agent {
         tokio::pin!(shutdown);
         loop {
             let expiry = self
-                .core
+                .node
                 .next_expiry()
                 .map(|t| Duration::from_millis(self.clock.steady().until(t)));
             tokio::select! {
@@ -50,78 +53,44 @@ impl Agent {
                     XidEvent::WatchDown(why) => self.on_xid_watch(Some(why)).await,
                     XidEvent::WatchUp => self.on_xid_watch(None).await,
                 },
-                _ = sleep_opt(expiry) => {
-                    self.reconcile(self.clock.wall(), false).await;
-                }
+                _ = sleep_opt(expiry) => self.step(Input::Expiry).await,
                 _ = &mut shutdown => break,
             }
             self.publish_snapshot();
         }
     }
 
-    /// Samples every GPU, each on its own worker, within the deadline.
+    /// Samples every GPU, each on its own worker, within the deadline,
+    /// and gives the node the round.
     async fn sample_round(&mut self, jitter: Duration) {
         let began = Instant::now();
         let results = self.sample_all().await;
-        let now = self.clock.wall();
-        let t = self.engine_now();
-        let settings = self.config.guard;
-        for (i, r) in results.into_iter().enumerate() {
-            let g = &mut self.gpus[i];
-            let r = match r {
-                // Asked, not answered within the deadline yet: its answer
-                // counts next round; a slow answer is not a missed one.
-                Some(Answer::Pending) => continue,
-                Some(Answer::Now(r) | Answer::Late(r)) => Some(r),
-                None => None,
-            };
-            match r {
-                Some(Ok(s)) => {
+        let mut readings = Vec::with_capacity(results.len());
+        for (g, r) in self.gpus.iter_mut().zip(results) {
+            readings.push(match r {
+                Some(Answer::Pending) => Reading::Pending,
+                Some(Answer::Now(Ok(s)) | Answer::Late(Ok(s))) => {
                     g.last = Some(s);
                     g.responsive = true;
-                    g.missed = 0;
-                    if g.unresponsive_reported {
-                        tracing::info!("GPU {i} answers again");
-                        g.unresponsive_reported = false;
+                    Reading::Sample {
+                        observation: observation(&s),
+                        temp: s.temp,
+                        power: s.power,
                     }
-                    let cap = g.guard.update(&settings, g.range, s.temp, s.power);
-                    self.core.guard(Self::gpu_index(i), cap);
-                    let outs = self.health.sample(t, i as u8, &observation(&s));
-                    self.on_health(outs, now).await;
                 }
                 other => {
                     let e = match other {
-                        Some(Err(e)) => e,
+                        Some(Answer::Now(Err(e)) | Answer::Late(Err(e))) => e,
                         _ => GpuError::Timeout,
                     };
                     g.responsive = false;
-                    g.missed += 1;
                     g.last_error = Some(e.to_string());
-                    if g.missed >= self.config.unresponsive_after && !g.unresponsive_reported {
-                        g.unresponsive_reported = true;
-                        // WARN: a hardware fault found and handled. ERROR is
-                        // kept for what the agent fails to do itself.
-                        tracing::warn!(
-                            "GPU {i} unresponsive: {} samples in a row missed ({e})",
-                            g.missed
-                        );
-                    }
-                    let outs = self.health.missed(t, i as u8);
-                    self.on_health(outs, now).await;
+                    Reading::Missed(e.to_string())
                 }
-            }
+            });
         }
-        if self.timing.samples % REREAD_EVERY == REREAD_EVERY - 1 {
-            self.read_applied().await;
-        }
-        self.reconcile(now, false).await;
-        self.cooling_tick();
-        // Every minute too, in case a publish was lost in a full queue
-        // after a long outage (the bus announces the latest again on every
-        // re-connection).
-        if self.timing.samples % HEALTH_EVERY == 0 {
-            self.publish_health(now);
-        }
+        let now = self.clock.wall();
+        self.step(Input::Round(&readings)).await;
         self.publish_telemetry(now);
         self.seq_floor.keep_ahead(&self.bus, &self.recorder).await;
 

@@ -13,32 +13,37 @@ impl Agent {
             .gpus
             .iter()
             .enumerate()
-            .map(|(i, g)| GpuView {
-                info: g.info.clone(),
-                range: g.range,
-                last: g.last,
-                responsive: g.responsive,
-                missed: g.missed,
-                unresponsive_reported: g.unresponsive_reported,
-                last_error: g.last_error.clone(),
-                applied: g.applied,
-                source: g.source,
-                guard_cap: g.guard.cap(),
-                xids: g.xids.iter().copied().collect(),
-                health: self.health.status(i as u8).cloned(),
-                calls: self.workers[i].call_times(),
+            .map(|(i, g)| {
+                let gpu = i as u8;
+                let (missed, unresponsive_reported) = self.node.missed(gpu);
+                let (applied, source) = self.node.applied(gpu);
+                GpuView {
+                    info: g.info.clone(),
+                    range: g.range,
+                    last: g.last,
+                    responsive: g.responsive,
+                    missed,
+                    unresponsive_reported,
+                    last_error: g.last_error.clone(),
+                    applied,
+                    source,
+                    guard_cap: self.node.guard_cap(gpu),
+                    xids: g.xids.iter().copied().collect(),
+                    health: self.node.health().status(gpu).cloned(),
+                    calls: self.workers[i].call_times(),
+                }
             })
             .collect();
         let (xids_queued, xids_dropped) = self.xid_stats.get();
         Snapshot {
             timing: self.timing.clone(),
             gpus,
-            leases: self.core.leases(),
+            leases: self.node.leases(),
             xids_queued,
             xids_dropped,
-            xid_watch_down: self.xid_watch_down,
-            stalled_since: self.health.stalled_since(),
-            cooling: self.cooling.phase(),
+            xid_watch_down: self.node.xid_watch_down(),
+            stalled_since: self.node.health().stalled_since(),
+            cooling: self.node.cooling_phase(),
             wall_offset_ms: self.clock.read().1,
         }
     }

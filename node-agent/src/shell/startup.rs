@@ -1,7 +1,7 @@
 //! Startup: everything the loop needs, in order. The GPUs behind their
 //! workers, the XID bridge, the flash stores (event log, outbox, config
-//! store, the sequence reservation), the leases and health states kept from
-//! before a restart, and the bus.
+//! store, the sequence reservation), the node's decisions with the leases
+//! and health states kept from before a restart, and the bus.
 //!
 //! Glossary:
 //! - *bridge*: the thread that moves XID reports from the source's own
@@ -16,17 +16,17 @@ use loopwarden_bus::embedded::EmbeddedBroker;
 use loopwarden_bus::{now_ms, Bus, BusConfig, BusTask, Inbound};
 use loopwarden_flash::{ConfigStore, EventLog, FlashError, Outbox, StoreError};
 use loopwarden_protocol::{
-    Family, Frame, GpuHealth, HealthState, Message, MessageKind, NodeId, Role, Topic,
+    Family, Frame, GpuHealth, HealthState, Ident, Message, MessageKind, NodeId, Role, TimestampMs,
+    Topic,
 };
+use node_core::caps::GpuRange;
+use node_core::health::{GpuStatus, Limits, Policy};
+use node_core::node::{CoolantSource, GpuSetup, Node, Setup};
 use tokio::sync::mpsc;
 
 use super::{health_key, AgentError, GpuState};
-use crate::caps::GpuRange;
-use crate::commands::CommandCore;
 use crate::config::{Config, GpuSourceKind};
 use crate::gpu::{GpuInfo, GpuSource};
-use crate::guard::ThermalGuard;
-use crate::health::{GpuStatus, HealthEngine, Limits, Policy};
 use crate::worker::Worker;
 use crate::xid_queue::{xid_queue, XidQueue, XID_QUEUE_CAPACITY};
 
@@ -35,8 +35,6 @@ pub(super) struct BusParts {
     pub bus: Bus,
     pub inbound: mpsc::Receiver<Inbound>,
     pub task: BusTask,
-    /// The CDU state topic this host's cooling context comes from.
-    pub coolant_topic: Option<Topic>,
     /// The embedded broker when none is configured; runs while kept.
     pub embedded: Option<EmbeddedBroker>,
 }
@@ -95,14 +93,7 @@ pub(super) async fn gpus(
             info,
             last: None,
             responsive: false,
-            missed: 0,
-            unresponsive_reported: false,
             last_error: None,
-            applied: None,
-            source: None,
-            changed: false,
-            retry: None,
-            guard: ThermalGuard::default(),
             xids: VecDeque::new(),
         });
     }
@@ -126,68 +117,79 @@ pub(super) fn watch_xids(source: &mut Box<dyn GpuSource + Send>) -> Result<XidQu
     Ok(queue)
 }
 
-/// The command core, with the leases logged before a restart that are
-/// still valid (and the releases logged since).
+/// Every decision of the agent, as the config and the GPUs say, before
+/// anything kept from before a restart.
+pub(super) fn node(config: &Config, gpus: &[GpuState], started: TimestampMs) -> Node {
+    let setup = Setup {
+        own_cmd: Topic::new(&config.site, Role::Host, &config.host, Family::Cmd),
+        authority: config.authority.clone(),
+        lease_limits: config.lease_limits,
+        gpus: gpus
+            .iter()
+            .map(|g| GpuSetup {
+                range: g.range,
+                default_limit: g.info.default_limit,
+            })
+            .collect(),
+        guard: config.guard,
+        health_limits: Limits {
+            max_operating_c: f64::from(config.board.thermal.max_operating_c.0),
+        },
+        policy: Policy {
+            unresponsive_after: config.unresponsive_after,
+            quiet_ms: config.quiet_period.as_millis() as u64,
+            ..Policy::default()
+        },
+        cooling_grace_ms: config.cooling_loss.grace.as_millis() as u64,
+        coolant: config.cdu.as_ref().map(|cdu| CoolantSource {
+            topic: coolant_topic(config, cdu),
+            cdu: cdu.clone(),
+            rack: config.rack,
+        }),
+        started,
+    };
+    Node::new(setup)
+}
+
+/// The CDU state topic this host's cooling context comes from.
+fn coolant_topic(config: &Config, cdu: &Ident) -> Topic {
+    Topic::new(&config.site, Role::Cdu, cdu, Family::Health)
+}
+
+/// The leases logged before a restart that are still valid (and the
+/// releases logged since), taken back by `node`.
 pub(super) async fn restore_leases(
-    config: &Config,
-    gpus: &[GpuState],
+    node: &mut Node,
     log: &mut EventLog<Flash>,
-) -> Result<CommandCore, AgentError> {
-    // Leases that were in force before a restart, if still valid.
-    let ranges: Vec<GpuRange> = gpus.iter().map(|g| g.range).collect();
-    let own_cmd = Topic::new(&config.site, Role::Host, &config.host, Family::Cmd);
-    let mut core = CommandCore::with_limits(
-        own_cmd,
-        ranges,
-        config.authority.clone(),
-        config.lease_limits,
-    );
-    let mut logged_leases = Vec::new();
+) -> Result<(), AgentError> {
+    let mut logged = Vec::new();
     log.for_each(|r| {
         if r.kind == MessageKind::CapLease as u8 || r.kind == MessageKind::QuarantineRelease as u8 {
             if let Ok(f) = Frame::decode(r.body) {
-                logged_leases.push(f);
+                logged.push(f);
             }
         }
     })
     .await
     .map_err(flash_err("event log"))?;
     let now = now_ms();
-    let restored = logged_leases
+    let restored = logged
         .iter()
-        .filter(|f| core.restore(now, f))
+        .filter(|f| node.restore_command(now, f))
         .count();
-    let logged_leases: Vec<_> = logged_leases
-        .into_iter()
+    let leases = logged
+        .iter()
         .filter(|f| matches!(f.message, Message::CapLease(_)))
-        .collect();
-    if !logged_leases.is_empty() {
-        tracing::info!(
-            "{} leases in the log; {restored} still valid and applied again",
-            logged_leases.len()
-        );
+        .count();
+    if leases > 0 {
+        tracing::info!("{leases} leases in the log; {restored} still valid and applied again");
     }
-    Ok(core)
+    Ok(())
 }
 
-/// The health engine: every GPU healthy unless the flash kept a state.
-pub(super) async fn restore_health(
-    config: &Config,
-    gpu_count: usize,
-    store: &mut ConfigStore<Flash>,
-    started: loopwarden_protocol::TimestampMs,
-) -> HealthEngine {
-    // Health: every GPU healthy unless the flash kept a state.
-    let policy = Policy {
-        unresponsive_after: config.unresponsive_after,
-        quiet_ms: config.quiet_period.as_millis() as u64,
-        ..Policy::default()
-    };
-    let limits = Limits {
-        max_operating_c: f64::from(config.board.thermal.max_operating_c.0),
-    };
-    let mut health = HealthEngine::new(gpu_count, limits, policy, started);
-    for i in 0..gpu_count {
+/// Every GPU healthy unless the flash kept a state.
+pub(super) async fn restore_health(node: &mut Node, store: &mut ConfigStore<Flash>) {
+    for i in 0..node.len() {
         let mut buf = [0u8; 128];
         match store.get(&health_key(i), &mut buf).await {
             Ok(Some(n)) => match postcard::from_bytes::<GpuHealth>(&buf[..n]) {
@@ -197,7 +199,7 @@ pub(super) async fn restore_health(
                         h.state,
                         h.evidence.as_str()
                     );
-                    health.restore(
+                    node.restore_health(
                         i as u8,
                         GpuStatus {
                             state: h.state,
@@ -214,7 +216,6 @@ pub(super) async fn restore_health(
             Err(e) => tracing::error!("GPU {i}: kept health state unreadable ({e:?}); healthy"),
         }
     }
-    health
 }
 
 /// Starts the bus (the embedded broker when none is configured), with
@@ -236,12 +237,9 @@ pub(super) fn start_bus(
     bus_config.keep_alive = config.keep_alive;
     bus_config.json_presence = config.json_presence;
     bus_config.first_seq = first_seq;
-    let coolant_topic = config
-        .cdu
-        .as_ref()
-        .map(|cdu| Topic::new(&config.site, Role::Cdu, cdu, Family::Health));
-    if let Some(t) = &coolant_topic {
-        bus_config.subscriptions.push(t.to_string());
+    if let Some(cdu) = &config.cdu {
+        let topic = coolant_topic(config, cdu);
+        bus_config.subscriptions.push(topic.to_string());
     }
     let (bus, inbound, bus_task) = Bus::start_with_outbox(bus_config, Box::new(outbox));
     tracing::info!(
@@ -269,7 +267,6 @@ pub(super) fn start_bus(
         bus,
         inbound,
         task: bus_task,
-        coolant_topic,
         embedded,
     })
 }

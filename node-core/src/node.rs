@@ -1,0 +1,557 @@
+//! # The node's step: every decision of the host agent, in one place
+//!
+//! [`Node`] owns the health engine, the command core (and its cap
+//! arbiter), every GPU's thermal guard, what each GPU's limit is known to
+//! be, and the cooling-loss decisions. The agent's shell gives it one
+//! [`Input`] at a time with the time ([`Now`]) and carries out the
+//! [`Effect`]s it returns, in order: set a limit, publish, log, keep a
+//! record in flash, run an action. An effect that has a result (a limit
+//! set and read back, a record logged) is answered by the shell with the
+//! matching input ([`Input::LimitsSet`], [`Input::LimitsRead`],
+//! [`Input::Logged`], [`Input::Acknowledge`]), whose effects it carries out
+//! before the rest. So the whole agent replays without a runtime, a bus or
+//! NVML: a test plays the inputs and reads the effects.
+//!
+//! What it guarantees (with the shell that reports truly):
+//! - every limit it reports (an ack's `in_force`, `caps_applied`) is one
+//!   read back from the GPU;
+//! - a lease or a release is logged to flash before its ack goes out, and
+//!   the ack says when that failed;
+//! - a limit that could not be set is tried again after [`RETRY_MS`] (at
+//!   once for a command, whose sender waits for the ack), and said once
+//!   per target;
+//! - at the stop every GPU whose limit it changed is given back its
+//!   default.
+//!
+//! Glossary:
+//! - *round*: one sampling of every GPU ([`Input::Round`]).
+//! - *reconcile*: set every GPU whose known limit differs from its target,
+//!   then read it back.
+//! - *pending command*: a command whose ack waits for its flash write and
+//!   its limits; its limits' events go out after the ack.
+//! - *steady*/*wall*: see [`Now`].
+
+use std::collections::VecDeque;
+
+use loopwarden_protocol::{
+    CoolingStep, Event, Frame, GpuHealth, HostHealth, Ident, Monitoring, Text, TimestampMs, Topic,
+    Watts, WholeCelsius,
+};
+
+use crate::caps::{GpuRange, LeaseLimits, LeaseView};
+use crate::commands::{Authority, CommandCore};
+use crate::cooling_loss::{CoolingLoss, Phase};
+use crate::guard::{GuardSettings, ThermalGuard};
+use crate::health::{GpuStatus, HealthEngine, Limits, Observation, Policy};
+
+mod frames;
+mod health;
+mod limits;
+mod xid_log;
+
+pub use limits::{LimitResult, SetLimit};
+use xid_log::XidLog;
+
+/// How long a limit that could not be set waits before the next try, ms.
+pub const RETRY_MS: u64 = 30_000;
+/// Every this many rounds the limits are read back again, so a limit
+/// changed behind the agent's back (`nvidia-smi -pl`) is put right.
+pub const REREAD_EVERY: u64 = 60;
+/// Every this many rounds the retained health is published again (a
+/// publish lost in a full queue after a long outage is put right).
+pub const HEALTH_EVERY: u64 = 60;
+
+/// The time of a step: steady time for every window, timer and lease, and
+/// how far the wall clock is from it, for stamps and a command's
+/// freshness.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Now {
+    /// Ms in the wall's epoch as it was at start, plus the monotonic time
+    /// since; never steps.
+    pub steady: TimestampMs,
+    /// Wall minus steady, ms: 0 until the wall clock steps or drifts.
+    pub offset: i64,
+}
+
+impl Now {
+    /// Both clocks at `t` (no step).
+    pub fn at(t: u64) -> Self {
+        Self {
+            steady: TimestampMs(t),
+            offset: 0,
+        }
+    }
+
+    /// The wall clock.
+    pub fn wall(self) -> TimestampMs {
+        TimestampMs(self.steady.0.saturating_add_signed(self.offset))
+    }
+}
+
+/// One GPU as the node is set up with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuSetup {
+    /// The limits a cap may take (its uncapped limit is `range.max`).
+    pub range: GpuRange,
+    /// The limit the GPU came up with, put back at the stop.
+    pub default_limit: Watts,
+}
+
+/// Where this host's cooling context comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CoolantSource {
+    /// The CDU's state topic.
+    pub topic: Topic,
+    /// The CDU that cools this host.
+    pub cdu: Ident,
+    /// This host's rack on it; `None`: a cooling loss is never acted on.
+    pub rack: Option<u8>,
+}
+
+/// What the node is set up with.
+#[derive(Debug, Clone)]
+pub struct Setup {
+    /// This host's `cmd` topic: what its commands are signed for.
+    pub own_cmd: Topic,
+    /// Who may command this host.
+    pub authority: Authority,
+    /// The bounds of a lease.
+    pub lease_limits: LeaseLimits,
+    /// Every GPU, in index order.
+    pub gpus: Vec<GpuSetup>,
+    /// The thermal guard's settings.
+    pub guard: GuardSettings,
+    /// The health engine's limits of the board.
+    pub health_limits: Limits,
+    /// The health engine's policy (its `unresponsive_after` also says when
+    /// a GPU is reported unresponsive).
+    pub policy: Policy,
+    /// How long a rack without cooling waits before it is powered down,
+    /// ms.
+    pub cooling_grace_ms: u64,
+    /// The CDU's state this host listens to.
+    pub coolant: Option<CoolantSource>,
+    /// When the agent started (wall clock).
+    pub started: TimestampMs,
+}
+
+/// One GPU's answer in a round.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reading {
+    /// It answered.
+    Sample {
+        /// Its fields as the health engine reads them.
+        observation: Observation,
+        /// Die temperature, for the guard.
+        temp: WholeCelsius,
+        /// Power drawn, for the guard.
+        power: Watts,
+    },
+    /// It did not answer within the deadline, or failed (why, in words).
+    Missed(String),
+    /// Asked, not answered yet: its answer counts next round (a slow
+    /// answer is not a missed one).
+    Pending,
+}
+
+/// What happened, for [`Node::step`].
+#[derive(Debug, Clone, Copy)]
+pub enum Input<'a> {
+    /// The agent starts: every GPU's limit is read, then the targets put
+    /// in force.
+    Start,
+    /// A sampling round: one reading per GPU, in index order.
+    Round(&'a [Reading]),
+    /// A frame on `topic` (the CDU's state, a command to this host).
+    Frame(&'a Topic, &'a Frame),
+    /// The driver reported an XID.
+    Xid {
+        /// The GPU it names.
+        gpu: u8,
+        /// The XID.
+        xid: u16,
+    },
+    /// The XID watch stopped (`Some(why)`) or runs again (`None`).
+    XidWatch(Option<&'a str>),
+    /// The next lease expiry ([`Node::next_expiry`]) came.
+    Expiry,
+    /// Answers [`Effect::SetLimits`]: each limit set and read back.
+    LimitsSet(&'a [LimitResult]),
+    /// Answers [`Effect::ReadLimits`]: every GPU's limit as read, in index
+    /// order (`Err`: why it could not be read).
+    LimitsRead(&'a [Result<Watts, String>]),
+    /// Answers [`Effect::LogCommand`]: whether it is in flash.
+    Logged(Result<(), &'a str>),
+    /// Answers [`Effect::Acknowledge`]: the pending command's ack is due.
+    Acknowledge,
+    /// The agent stops: every limit it changed goes back to the default.
+    Stop,
+}
+
+/// How loud a line of the log is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    /// Routine.
+    Info,
+    /// A fault found and handled (a sick GPU, a refused frame).
+    Warn,
+    /// Something the agent failed to do itself.
+    Error,
+}
+
+/// What the shell is to do, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Effect {
+    /// Write a line to the log.
+    Say(Level, String),
+    /// Publish the retained health ([`Node::host_health`]).
+    PublishHealth,
+    /// Keep this GPU's health in flash ([`Node::gpu_health`]).
+    KeepHealth(u8),
+    /// Log an event to flash and publish it.
+    Emit(Event),
+    /// Start the quarantine actions of a GPU.
+    Quarantine {
+        /// The GPU.
+        gpu: u8,
+        /// Why, in words (`reason: evidence`).
+        reason: String,
+    },
+    /// Ask every GPU again what it answered "not supported" (a reloaded
+    /// driver may answer otherwise).
+    Reprobe,
+    /// Set these limits and read each back; answer [`Input::LimitsSet`].
+    SetLimits(Vec<SetLimit>),
+    /// Read every GPU's limit; answer [`Input::LimitsRead`].
+    ReadLimits,
+    /// Keep the cooling-loss phase in flash (its time on the wall clock).
+    KeepCooling(Phase),
+    /// Run a cooling-loss step's configured commands, in order.
+    RunCooling {
+        /// The step.
+        step: CoolingStep,
+        /// Why, for the commands' `{reason}`.
+        reason: String,
+    },
+    /// Log the command frame being handled to flash and wait until it is
+    /// there; answer [`Input::Logged`].
+    LogCommand,
+    /// The pending command's effects are carried out: answer
+    /// [`Input::Acknowledge`].
+    Acknowledge,
+    /// Publish this ack (its events follow).
+    Ack(loopwarden_protocol::Ack),
+}
+
+/// What the node knows of one GPU's limit and guard.
+#[derive(Debug, Clone)]
+pub(crate) struct GpuCaps {
+    setup: GpuSetup,
+    guard: ThermalGuard,
+    /// The limit read back after the last set (or at start).
+    applied: Option<Watts>,
+    /// Who set it (`None`: nobody, or not as asked).
+    source: Option<loopwarden_protocol::CapSource>,
+    /// Whether its limit was changed from the default (restored at the
+    /// stop).
+    changed: bool,
+    /// A target that could not be set, and when to try it again (steady
+    /// ms).
+    retry: Option<(Watts, u64)>,
+    /// Samples missed in a row.
+    missed: u32,
+    /// Whether it was reported unresponsive.
+    unresponsive_reported: bool,
+}
+
+/// Every decision of the host agent (see the module note).
+#[derive(Debug)]
+pub struct Node {
+    health: HealthEngine,
+    commands: CommandCore,
+    cooling: CoolingLoss,
+    gpus: Vec<GpuCaps>,
+    guard: GuardSettings,
+    unresponsive_after: u32,
+    coolant: Option<CoolantSource>,
+    xid_watch_down: Option<TimestampMs>,
+    xid_log: XidLog,
+    rounds: u64,
+    /// The steady time of the step being taken.
+    steady: u64,
+    pending: Option<frames::Pending>,
+    /// Limits being set: the changes of source already known, and whether
+    /// it is the stop's restoration.
+    reconciling: Option<limits::Reconciling>,
+}
+
+impl Node {
+    /// A node as `setup` says, every GPU healthy and uncapped.
+    pub fn new(setup: Setup) -> Self {
+        let ranges = setup.gpus.iter().map(|g| g.range).collect();
+        let commands =
+            CommandCore::with_limits(setup.own_cmd, ranges, setup.authority, setup.lease_limits);
+        let health = HealthEngine::new(
+            setup.gpus.len(),
+            setup.health_limits,
+            setup.policy,
+            setup.started,
+        );
+        let gpus = setup
+            .gpus
+            .iter()
+            .map(|&g| GpuCaps {
+                setup: g,
+                guard: ThermalGuard::default(),
+                applied: None,
+                source: None,
+                changed: false,
+                retry: None,
+                missed: 0,
+                unresponsive_reported: false,
+            })
+            .collect();
+        Self {
+            health,
+            commands,
+            cooling: CoolingLoss::new(setup.cooling_grace_ms),
+            gpus,
+            guard: setup.guard,
+            unresponsive_after: setup.policy.unresponsive_after,
+            coolant: setup.coolant,
+            xid_watch_down: None,
+            xid_log: XidLog::default(),
+            rounds: 0,
+            steady: 0,
+            pending: None,
+            reconciling: None,
+        }
+    }
+
+    /// A lease or release logged before a restart, taken again at `now`
+    /// (wall clock) if still valid; whether it was.
+    pub fn restore_command(&mut self, now: TimestampMs, frame: &Frame) -> bool {
+        self.commands.restore(now, frame)
+    }
+
+    /// A GPU's health kept from before a restart.
+    pub fn restore_health(&mut self, gpu: u8, status: GpuStatus) {
+        self.health.restore(gpu, status);
+    }
+
+    /// The cooling-loss phase kept from before a restart.
+    pub fn restore_cooling(&mut self, phase: Phase) {
+        self.cooling.restore(phase);
+    }
+
+    /// Takes one input at `now`; returns what to do, in order.
+    pub fn step(&mut self, now: Now, input: Input<'_>) -> Vec<Effect> {
+        self.steady = now.steady.0;
+        self.health.set_wall_offset(now.offset);
+        self.commands.set_wall_offset(now.offset);
+        let mut out = Vec::new();
+        match input {
+            Input::Start => out.push(Effect::ReadLimits),
+            Input::Round(readings) => self.round(now, readings, &mut out),
+            Input::Frame(topic, frame) => self.frame(now, topic, frame, &mut out),
+            Input::Xid { gpu, xid } => self.xid(now, gpu, xid, &mut out),
+            Input::XidWatch(down) => self.xid_watch(now, down, &mut out),
+            Input::Expiry => self.reconcile(false, &mut out),
+            Input::LimitsSet(results) => self.limits_set(results, &mut out),
+            Input::LimitsRead(read) => {
+                self.limits_read(read, &mut out);
+                self.reconcile(false, &mut out);
+            }
+            Input::Logged(result) => self.logged(result, &mut out),
+            Input::Acknowledge => self.acknowledge(&mut out),
+            Input::Stop => self.restore_defaults(&mut out),
+        }
+        out
+    }
+
+    /// A sampling round: the guard and the health engine take each
+    /// answer; then the limits are put right, the cooling loss may move
+    /// on, and now and then the health is published again.
+    fn round(&mut self, now: Now, readings: &[Reading], out: &mut Vec<Effect>) {
+        let t = now.steady;
+        for (i, r) in readings.iter().enumerate().take(self.gpus.len()) {
+            let gpu = i as u8;
+            let outputs = match r {
+                Reading::Pending => continue,
+                &Reading::Sample {
+                    observation,
+                    temp,
+                    power,
+                } => {
+                    let g = &mut self.gpus[i];
+                    g.missed = 0;
+                    if std::mem::take(&mut g.unresponsive_reported) {
+                        out.push(Effect::Say(Level::Info, format!("GPU {i} answers again")));
+                    }
+                    let cap = g.guard.update(&self.guard, g.setup.range, temp, power);
+                    self.commands.guard(gpu_index(gpu), cap);
+                    self.health.sample(t, gpu, &observation)
+                }
+                Reading::Missed(why) => {
+                    let g = &mut self.gpus[i];
+                    g.missed += 1;
+                    if g.missed >= self.unresponsive_after && !g.unresponsive_reported {
+                        g.unresponsive_reported = true;
+                        // Warn: a hardware fault found and handled; an
+                        // error is what the agent fails to do itself.
+                        out.push(Effect::Say(
+                            Level::Warn,
+                            format!(
+                                "GPU {i} unresponsive: {} samples in a row missed ({why})",
+                                g.missed
+                            ),
+                        ));
+                    }
+                    self.health.missed(t, gpu)
+                }
+            };
+            self.health_outputs(outputs, out);
+        }
+        if self.rounds % REREAD_EVERY == REREAD_EVERY - 1 {
+            // The read's answer reconciles.
+            out.push(Effect::ReadLimits);
+        } else {
+            self.reconcile(false, out);
+        }
+        let steps = self.cooling.tick(t.0);
+        self.run_cooling(now, steps, out);
+        if self.rounds % HEALTH_EVERY == 0 {
+            out.push(Effect::PublishHealth);
+        }
+        self.rounds += 1;
+    }
+
+    /// When the next lease lapses (steady time), if any.
+    pub fn next_expiry(&self) -> Option<TimestampMs> {
+        self.commands.next_expiry()
+    }
+
+    /// Every lease in force.
+    pub fn leases(&self) -> Vec<LeaseView> {
+        self.commands.leases()
+    }
+
+    /// The health engine (read only).
+    pub fn health(&self) -> &HealthEngine {
+        &self.health
+    }
+
+    /// The cooling-loss phase.
+    pub fn cooling_phase(&self) -> Phase {
+        self.cooling.phase()
+    }
+
+    /// Since when the XID watch has been down, if it is (wall clock).
+    pub fn xid_watch_down(&self) -> Option<TimestampMs> {
+        self.xid_watch_down
+    }
+
+    /// One GPU's health as the bus carries it.
+    pub fn gpu_health(&self, gpu: u8) -> GpuHealth {
+        let st = self.health.status(gpu).expect("one status per GPU");
+        GpuHealth {
+            gpu: gpu_index(gpu),
+            state: st.state,
+            reason: st.reason,
+            since: st.since,
+            evidence: Text::truncated(&st.evidence),
+        }
+    }
+
+    /// The host's retained health: every GPU's, and what the host cannot
+    /// see (a stall, the XID watch down).
+    pub fn host_health(&self) -> HostHealth {
+        let mut health = HostHealth {
+            gpus: heapless::Vec::new(),
+            monitoring: Monitoring {
+                stalled_since: self.health.stalled_since(),
+                xid_watch_down_since: self.xid_watch_down,
+            },
+        };
+        for i in 0..self.gpus.len() {
+            let _ = health.gpus.push(self.gpu_health(i as u8));
+        }
+        health
+    }
+
+    /// How many GPUs.
+    pub fn len(&self) -> usize {
+        self.gpus.len()
+    }
+
+    /// Whether the node has no GPU.
+    pub fn is_empty(&self) -> bool {
+        self.gpus.is_empty()
+    }
+
+    /// A GPU's limit as last read back, and who set it.
+    pub fn applied(&self, gpu: u8) -> (Option<Watts>, Option<loopwarden_protocol::CapSource>) {
+        self.gpus
+            .get(gpu as usize)
+            .map_or((None, None), |g| (g.applied, g.source))
+    }
+
+    /// A GPU's thermal-guard cap, if it caps.
+    pub fn guard_cap(&self, gpu: u8) -> Option<Watts> {
+        self.gpus.get(gpu as usize).and_then(|g| g.guard.cap())
+    }
+
+    /// A GPU's samples missed in a row, and whether it was reported
+    /// unresponsive.
+    pub fn missed(&self, gpu: u8) -> (u32, bool) {
+        self.gpus
+            .get(gpu as usize)
+            .map_or((0, false), |g| (g.missed, g.unresponsive_reported))
+    }
+
+    /// Hands cooling-loss `steps` to the shell: the phase kept in flash
+    /// first, then each step's commands.
+    fn run_cooling(&mut self, now: Now, steps: Vec<CoolingStep>, out: &mut Vec<Effect>) {
+        if steps.is_empty() {
+            return;
+        }
+        let wall = |t: u64| t.saturating_add_signed(now.offset);
+        out.push(Effect::KeepCooling(match self.cooling.phase() {
+            Phase::Cooled => Phase::Cooled,
+            Phase::Draining { since } => Phase::Draining { since: wall(since) },
+            Phase::PoweredDown { since } => Phase::PoweredDown { since: wall(since) },
+        }));
+        let (cdu, rack) = self
+            .coolant
+            .as_ref()
+            .map_or((String::new(), String::new()), |c| {
+                (
+                    c.cdu.as_str().to_string(),
+                    c.rack.map_or(String::new(), |r| r.to_string()),
+                )
+            });
+        let reason = format!(
+            "cooling-lost: rack {rack} of {cdu} lost cooling at {}",
+            crate::health::fmt_time(now.wall())
+        );
+        for step in steps {
+            out.push(Effect::RunCooling {
+                step,
+                reason: reason.clone(),
+            });
+        }
+    }
+}
+
+/// GPU `i`'s index on the bus.
+fn gpu_index(i: u8) -> loopwarden_protocol::GpuIndex {
+    loopwarden_protocol::GpuIndex::new(i).expect("at most 16 GPUs")
+}
+
+/// Pushes `effects` onto a queue's front, in order: what an answer leads
+/// to is done before what was queued after the effect it answers.
+pub fn push_front(queue: &mut VecDeque<Effect>, effects: Vec<Effect>) {
+    for e in effects.into_iter().rev() {
+        queue.push_front(e);
+    }
+}

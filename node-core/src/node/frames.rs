@@ -1,0 +1,230 @@
+//! Frames from the bus: the CDU's state (the cooling context of the
+//! health engine, and whether this host's rack lost cooling) and commands
+//! to this host (cap leases, quarantine releases), each logged to flash
+//! before its ack.
+//!
+//! Glossary:
+//! - *pending command*: a command taken, whose ack waits for its flash
+//!   write and its limits ([`Pending`]).
+
+use loopwarden_protocol::{
+    Ack, AckCode, CduMode, Correlation, Event, Family, Frame, GpuCap, GpuSelector, Message,
+    QuarantineRelease, RackCooling, Text, Topic,
+};
+
+use super::{gpu_index, Effect, Level, Node, Now};
+use crate::commands::check_cdu_state;
+use crate::health::{Coolant, LoopState};
+
+/// What a command's flash record is, for what its ack says when it could
+/// not be written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Record {
+    Release,
+    Lease,
+}
+
+/// A command whose ack is not out yet.
+#[derive(Debug)]
+pub(crate) struct Pending {
+    correlation: Correlation,
+    /// `cap_lease from c1 seq 7`, for the log.
+    what: String,
+    code: AckCode,
+    detail: String,
+    record: Option<Record>,
+    /// The `caps_applied` events of its limits, to go after the ack (the
+    /// sender waits for the ack, not for their flash writes).
+    pub(super) events: Vec<Event>,
+}
+
+impl Pending {
+    /// A limit could not be put in force: the ack says which and why.
+    pub(super) fn failed(&mut self, why: String) {
+        if self.code != AckCode::Failed {
+            self.code = AckCode::Failed;
+            self.detail.clear();
+        } else {
+            self.detail.push_str("; ");
+        }
+        self.detail.push_str(&why);
+    }
+}
+
+impl Node {
+    /// A frame on `topic`.
+    pub(super) fn frame(&mut self, now: Now, topic: &Topic, frame: &Frame, out: &mut Vec<Effect>) {
+        if self.coolant.as_ref().is_some_and(|c| &c.topic == topic) {
+            if let Message::CduState(_) = &frame.message {
+                self.cdu_state(now, frame, out);
+            }
+        } else if topic.family == Family::Cmd {
+            self.command(now, frame, out);
+        }
+    }
+
+    /// The CDU's state: whether this host's rack lost cooling, and the
+    /// cooling context of the health engine.
+    fn cdu_state(&mut self, now: Now, frame: &Frame, out: &mut Vec<Effect>) {
+        let (Some(c), Message::CduState(st)) = (&self.coolant, &frame.message) else {
+            return;
+        };
+        if let Err(why) = check_cdu_state(&c.cdu, frame, now.wall()) {
+            out.push(Effect::Say(
+                Level::Warn,
+                format!("cooling context not taken: {why}"),
+            ));
+            return;
+        }
+        let rack_lost = c.rack.is_some_and(|r| {
+            st.racks
+                .iter()
+                .any(|x| x.rack.get() == r && x.cooling == RackCooling::Lost)
+        });
+        let steps = self.cooling.told(now.steady.0, rack_lost);
+        self.run_cooling(now, steps, out);
+        let state = match st.mode {
+            _ if rack_lost => LoopState::Failsafe,
+            CduMode::Normal => LoopState::Normal,
+            CduMode::Degraded | CduMode::Boot => LoopState::Degraded,
+            CduMode::Failsafe => LoopState::Failsafe,
+        };
+        let coolant = Coolant {
+            supply_c: st.supply.map(|c| c.value()),
+            flow_lpm_per_gpu: st.flow_per_gpu.map(|f| f.value()),
+            state,
+        };
+        let outputs = self.health.coolant(now.steady, coolant);
+        self.health_outputs(outputs, out);
+    }
+
+    /// A command: checked by the command core; a release carried out by
+    /// the health engine, a lease put in force; both logged before the ack.
+    fn command(&mut self, now: Now, frame: &Frame, out: &mut Vec<Effect>) {
+        let verdict = self.commands.command(now.wall(), frame);
+        self.pending = Some(Pending {
+            correlation: Correlation {
+                from: frame.sender.clone(),
+                seq: frame.seq,
+            },
+            what: format!(
+                "{} from {} seq {}",
+                frame.message.kind().name(),
+                frame.sender.id.as_str(),
+                frame.seq
+            ),
+            code: verdict.code,
+            detail: verdict.detail,
+            record: None,
+            events: Vec::new(),
+        });
+        if let (Some(gpu), Message::QuarantineRelease(r)) = (verdict.release, &frame.message) {
+            self.release(now, gpu, r, out);
+        }
+        if verdict.changed_caps {
+            self.pending_mut().record = Some(Record::Lease);
+            out.push(Effect::LogCommand);
+            self.reconcile(true, out);
+        }
+        out.push(Effect::Acknowledge);
+    }
+
+    fn pending_mut(&mut self) -> &mut Pending {
+        self.pending.as_mut().expect("a command is pending")
+    }
+
+    /// An operator's release of a quarantined GPU: logged, published, kept
+    /// in flash; refused (`not_quarantined`) for a GPU that is not.
+    fn release(&mut self, now: Now, gpu: u8, r: &QuarantineRelease, out: &mut Vec<Effect>) {
+        let operator = r.operator.as_str();
+        match self
+            .health
+            .release(now.steady, gpu, operator, r.note.as_str())
+        {
+            Ok(change) => {
+                self.pending_mut().record = Some(Record::Release);
+                out.push(Effect::LogCommand);
+                out.push(Effect::Say(
+                    Level::Warn,
+                    format!("GPU {gpu} released by {operator}: {}", r.note.as_str()),
+                ));
+                out.push(Effect::PublishHealth);
+                out.push(Effect::KeepHealth(gpu));
+                out.push(Effect::Emit(Event::QuarantineReleased {
+                    gpu: r.gpu,
+                    operator: r.operator.clone(),
+                    note: r.note.clone(),
+                }));
+                out.push(Effect::Emit(Event::HealthChanged {
+                    gpu: r.gpu,
+                    from: change.from,
+                    to: change.to,
+                    reason: change.reason,
+                }));
+            }
+            Err(state) => {
+                let p = self.pending_mut();
+                p.code = AckCode::NotQuarantined;
+                let state = format!("{state:?}").to_lowercase();
+                p.detail = format!("GPU {gpu} is {state}, not quarantined");
+            }
+        }
+    }
+
+    /// The pending command's record is in flash, or is not (said, and the
+    /// ack says what it costs).
+    pub(super) fn logged(&mut self, result: Result<(), &str>, out: &mut Vec<Effect>) {
+        let (Err(e), Some(p)) = (result, self.pending.as_mut()) else {
+            return;
+        };
+        match p.record {
+            Some(Record::Release) => {
+                out.push(Effect::Say(
+                    Level::Error,
+                    format!("release not logged to flash: {e}"),
+                ));
+                p.detail = format!(
+                    "released, but not logged to flash ({e}): the quarantine may come back after a restart"
+                );
+            }
+            // The cap still applies (the sender needs it now); the ack
+            // says it will not survive a restart.
+            Some(Record::Lease) => {
+                out.push(Effect::Say(
+                    Level::Error,
+                    format!("lease not logged to flash: {e}"),
+                ));
+                p.detail = format!("not logged to flash ({e}): lost if the agent restarts");
+            }
+            None => {}
+        }
+    }
+
+    /// The pending command's ack, with every limit now in force (read
+    /// back), then its limits' events.
+    pub(super) fn acknowledge(&mut self, out: &mut Vec<Effect>) {
+        let Some(p) = self.pending.take() else {
+            return;
+        };
+        out.push(Effect::Say(
+            Level::Info,
+            format!("{}: {} {}", p.what, p.code, p.detail),
+        ));
+        let mut in_force = heapless::Vec::new();
+        for (i, g) in self.gpus.iter().enumerate() {
+            if let Some(limit) = g.applied {
+                let _ = in_force.push(GpuCap {
+                    gpus: GpuSelector::Gpu(gpu_index(i as u8)),
+                    limit,
+                });
+            }
+        }
+        out.push(Effect::Ack(Ack {
+            correlation: p.correlation,
+            code: p.code,
+            in_force,
+            detail: Text::truncated(&p.detail),
+        }));
+        out.extend(p.events.into_iter().map(Effect::Emit));
+    }
+}

@@ -1,0 +1,598 @@
+//! The node's step driven through a whole day's worth of trouble with no
+//! runtime, no bus and no NVML: a lease (logged before its ack, its limits
+//! read back, its events after the ack), a driver stall (no GPU blamed),
+//! a quarantine and its release, a cooling loss (drain, then power down
+//! after the grace), the lease's lapse and the stop.
+//!
+//! [`Host`] plays the shell: it carries out each effect against four fake
+//! GPUs, a fake flash and a record of what went on the bus, and answers
+//! the node as the agent does.
+
+use std::collections::VecDeque;
+
+use loopwarden_protocol::samples::{self, demo_signing_key, T0};
+use loopwarden_protocol::{
+    Ack, AckCode, CapLease, CapSource, CommandAuth, CoolingStep, DurationMs, Event, Frame, GpuCap,
+    GpuIndex, GpuSelector, HealthState, Ident, Message, MessageKind, NodeId, QuarantineRelease,
+    ReasonCode, Role, Text, TimestampMs, Topic, Watts, WholeCelsius,
+};
+use node_core::caps::{GpuRange, LeaseLimits};
+use node_core::commands::Authority;
+use node_core::cooling_loss::Phase;
+use node_core::guard::GuardSettings;
+use node_core::health::{Limits, Observation, Policy};
+use node_core::node::{
+    push_front, CoolantSource, Effect, GpuSetup, Input, LimitResult, Node, Now, Reading, Setup,
+};
+
+const GPUS: usize = 4;
+const DEFAULT: Watts = Watts(700);
+const GRACE_MS: u64 = 30_000;
+
+/// The shell, played: fake GPUs, a fake flash, and what went out.
+struct Host {
+    node: Node,
+    /// Each GPU's power limit.
+    limits: [Watts; GPUS],
+    /// Whether the flash takes a write.
+    flash_ok: bool,
+    /// Whether a GPU refuses a set (its limit stays).
+    refuse_set: bool,
+    /// What went on the bus or into flash, in order.
+    acks: Vec<Ack>,
+    events: Vec<Event>,
+    health_published: usize,
+    kept_health: Vec<u8>,
+    quarantined: Vec<u8>,
+    cooling: Vec<CoolingStep>,
+    kept_phase: Vec<Phase>,
+    logged_commands: usize,
+    /// Every effect in the order carried out.
+    trail: Vec<Effect>,
+}
+
+impl Host {
+    fn new() -> Self {
+        let setup = Setup {
+            own_cmd: samples::command_topic(),
+            authority: Authority::demo(Some(cdu())),
+            lease_limits: LeaseLimits::default(),
+            gpus: vec![
+                GpuSetup {
+                    range: GpuRange {
+                        min: Watts(200),
+                        max: DEFAULT,
+                    },
+                    default_limit: DEFAULT,
+                };
+                GPUS
+            ],
+            guard: GuardSettings {
+                engage: WholeCelsius(87),
+                release: WholeCelsius(82),
+                step: Watts(25),
+            },
+            health_limits: Limits {
+                max_operating_c: 87.0,
+            },
+            policy: Policy::default(),
+            cooling_grace_ms: GRACE_MS,
+            coolant: Some(CoolantSource {
+                topic: cdu_topic(),
+                cdu: cdu(),
+                rack: Some(2),
+            }),
+            started: T0,
+        };
+        let mut host = Self {
+            node: Node::new(setup),
+            limits: [DEFAULT; GPUS],
+            flash_ok: true,
+            refuse_set: false,
+            acks: Vec::new(),
+            events: Vec::new(),
+            health_published: 0,
+            kept_health: Vec::new(),
+            quarantined: Vec::new(),
+            cooling: Vec::new(),
+            kept_phase: Vec::new(),
+            logged_commands: 0,
+            trail: Vec::new(),
+        };
+        host.step(T0.0, Input::Start);
+        host
+    }
+
+    /// Gives the node `input` at `t` and carries out what it decides, as
+    /// the agent's shell does.
+    fn step(&mut self, t: u64, input: Input<'_>) {
+        let now = Now::at(t);
+        let mut queue = VecDeque::from(self.node.step(now, input));
+        while let Some(effect) = queue.pop_front() {
+            self.trail.push(effect.clone());
+            let answer = match effect {
+                Effect::SetLimits(sets) => {
+                    let results: Vec<LimitResult> = sets
+                        .iter()
+                        .map(|s| {
+                            let i = s.gpu as usize;
+                            let set = if self.refuse_set {
+                                Err("Not Supported".to_string())
+                            } else {
+                                self.limits[i] = s.limit;
+                                Ok(())
+                            };
+                            LimitResult {
+                                gpu: s.gpu,
+                                limit: s.limit,
+                                set,
+                                back: Ok(self.limits[i]),
+                            }
+                        })
+                        .collect();
+                    self.node.step(now, Input::LimitsSet(&results))
+                }
+                Effect::ReadLimits => {
+                    let read: Vec<_> = self.limits.iter().map(|&w| Ok(w)).collect();
+                    self.node.step(now, Input::LimitsRead(&read))
+                }
+                Effect::LogCommand => {
+                    let logged = if self.flash_ok {
+                        self.logged_commands += 1;
+                        Ok(())
+                    } else {
+                        Err("the flash is full")
+                    };
+                    self.node.step(now, Input::Logged(logged))
+                }
+                Effect::Acknowledge => self.node.step(now, Input::Acknowledge),
+                Effect::Ack(ack) => {
+                    self.acks.push(ack);
+                    continue;
+                }
+                Effect::Emit(e) => {
+                    self.events.push(e);
+                    continue;
+                }
+                Effect::PublishHealth => {
+                    self.health_published += 1;
+                    continue;
+                }
+                Effect::KeepHealth(gpu) => {
+                    self.kept_health.push(gpu);
+                    continue;
+                }
+                Effect::Quarantine { gpu, .. } => {
+                    self.quarantined.push(gpu);
+                    continue;
+                }
+                Effect::RunCooling { step, .. } => {
+                    self.cooling.push(step);
+                    continue;
+                }
+                Effect::KeepCooling(phase) => {
+                    self.kept_phase.push(phase);
+                    continue;
+                }
+                Effect::Say(..) | Effect::Reprobe => continue,
+            };
+            push_front(&mut queue, answer);
+        }
+    }
+
+    /// A round in which every GPU answers a quiet, healthy sample.
+    fn healthy_round(&mut self, t: u64) {
+        let readings: Vec<Reading> = (0..GPUS)
+            .map(|_| Reading::Sample {
+                observation: quiet(),
+                temp: WholeCelsius(60),
+                power: Watts(450),
+            })
+            .collect();
+        self.step(t, Input::Round(&readings));
+    }
+
+    /// A round in which no GPU answers.
+    fn silent_round(&mut self, t: u64) {
+        let readings = vec![Reading::Missed("timed out".into()); GPUS];
+        self.step(t, Input::Round(&readings));
+    }
+
+    fn state(&self, gpu: u8) -> HealthState {
+        self.node.health().status(gpu).unwrap().state
+    }
+}
+
+fn cdu() -> Ident {
+    Ident::new("cdu-a").unwrap()
+}
+
+fn cdu_topic() -> Topic {
+    Topic::new(
+        &Ident::new("hall-1").unwrap(),
+        Role::Cdu,
+        &cdu(),
+        loopwarden_protocol::Family::Health,
+    )
+}
+
+fn quiet() -> Observation {
+    Observation {
+        temp: 60.0,
+        power: 450.0,
+        power_limit: 700.0,
+        sm_clock: 1_980.0,
+        util: 95.0,
+        ..Observation::default()
+    }
+}
+
+/// A lease from the CDU's controller: every GPU at `watts` for `ms`.
+fn lease(seq: u32, t: u64, watts: u32, ms: u32) -> Frame {
+    let mut f = Frame {
+        sender: NodeId::new(Role::Cdu, "cdu-a").unwrap(),
+        seq,
+        time: TimestampMs(t),
+        message: Message::CapLease(CapLease {
+            lease: seq,
+            source: CapSource::Cooling,
+            reason: ReasonCode::CAPACITY_SHORT,
+            caps: [GpuCap {
+                gpus: GpuSelector::All,
+                limit: Watts(watts),
+            }]
+            .into_iter()
+            .collect(),
+            duration: DurationMs(ms),
+            auth: CommandAuth::default(),
+        }),
+    };
+    f.sign(&samples::command_topic(), 1, &demo_signing_key())
+        .unwrap();
+    f
+}
+
+/// An operator's release of `gpu`.
+fn release(seq: u32, t: u64, gpu: u8) -> Frame {
+    let mut f = Frame {
+        sender: NodeId::new(Role::Operator, "jdoe").unwrap(),
+        seq,
+        time: TimestampMs(t),
+        message: Message::QuarantineRelease(QuarantineRelease {
+            gpu: GpuIndex::new(gpu).unwrap(),
+            operator: Ident::new("jdoe").unwrap(),
+            note: Text::new("reseated, field diagnostics pass").unwrap(),
+            auth: CommandAuth::default(),
+        }),
+    };
+    f.sign(&samples::command_topic(), 1, &demo_signing_key())
+        .unwrap();
+    f
+}
+
+/// The CDU's state at `t`, rack 2 without cooling when `lost`.
+fn cdu_state(seq: u32, t: u64, lost: bool) -> Frame {
+    let mut f = samples::frame(MessageKind::CduState);
+    f.seq = seq;
+    f.time = TimestampMs(t);
+    if let Message::CduState(st) = &mut f.message {
+        for r in st.racks.iter_mut() {
+            r.cooling = if lost && r.rack.get() == 2 {
+                loopwarden_protocol::RackCooling::Lost
+            } else {
+                loopwarden_protocol::RackCooling::Normal
+            };
+        }
+    }
+    f
+}
+
+fn cmd_topic() -> Topic {
+    samples::command_topic()
+}
+
+fn caps_applied(e: &Event) -> Option<(u16, Watts, Option<CapSource>)> {
+    match e {
+        Event::CapsApplied {
+            gpus,
+            limit,
+            source,
+        } => Some((*gpus, *limit, *source)),
+        _ => None,
+    }
+}
+
+#[test]
+fn a_lease_is_logged_before_its_ack_and_its_events_follow_the_ack() {
+    let mut h = Host::new();
+    assert!(
+        h.trail.contains(&Effect::ReadLimits),
+        "the start reads first"
+    );
+    assert!(h.events.is_empty(), "nothing changed at start");
+    let t = T0.0 + 1_000;
+    h.healthy_round(t);
+    let f = lease(1, t, 500, 60_000);
+    let from = h.trail.len();
+    h.step(t, Input::Frame(&cmd_topic(), &f));
+    assert_eq!(h.limits, [Watts(500); GPUS], "every GPU set");
+    let ack = h.acks.last().expect("an ack");
+    assert_eq!(ack.code, AckCode::Ok, "{}", ack.detail.as_str());
+    assert_eq!(ack.in_force.len(), GPUS, "every limit read back");
+    assert!(ack.in_force.iter().all(|c| c.limit == Watts(500)));
+    let order: Vec<&str> = h.trail[from..]
+        .iter()
+        .filter_map(|e| match e {
+            Effect::LogCommand => Some("log"),
+            Effect::SetLimits(_) => Some("set"),
+            Effect::Ack(_) => Some("ack"),
+            Effect::Emit(e) if caps_applied(e).is_some() => Some("caps_applied"),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(order, ["log", "set", "ack", "caps_applied"]);
+    assert_eq!(
+        h.events.iter().filter_map(caps_applied).collect::<Vec<_>>(),
+        [(0b1111, Watts(500), Some(CapSource::Cooling))],
+        "one event for the four GPUs"
+    );
+
+    // Replayed: refused, nothing set, nothing logged.
+    let logged = h.logged_commands;
+    h.step(t + 10, Input::Frame(&cmd_topic(), &f));
+    assert_eq!(h.acks.last().unwrap().code, AckCode::Replayed);
+    assert_eq!(h.logged_commands, logged);
+}
+
+#[test]
+fn a_lease_the_flash_or_the_gpu_refuses_says_so_in_its_ack() {
+    let mut h = Host::new();
+    let t = T0.0 + 1_000;
+    h.flash_ok = false;
+    h.step(t, Input::Frame(&cmd_topic(), &lease(1, t, 500, 60_000)));
+    let ack = h.acks.last().unwrap();
+    assert_eq!(ack.code, AckCode::Ok, "the cap applies all the same");
+    assert!(
+        ack.detail.as_str().contains("not logged to flash"),
+        "{}",
+        ack.detail.as_str()
+    );
+    h.flash_ok = true;
+    h.refuse_set = true;
+    h.step(
+        t + 100,
+        Input::Frame(&cmd_topic(), &lease(2, t + 100, 400, 60_000)),
+    );
+    let ack = h.acks.last().unwrap();
+    assert_eq!(ack.code, AckCode::Failed);
+    assert!(
+        ack.detail.as_str().contains("500 W stays in force"),
+        "{}",
+        ack.detail.as_str()
+    );
+    assert!(
+        ack.in_force.iter().all(|c| c.limit == Watts(500)),
+        "as read back"
+    );
+    // Retried only after the wait, then taken once the GPU accepts.
+    h.refuse_set = false;
+    let sets = |h: &Host| {
+        h.trail
+            .iter()
+            .filter(|e| matches!(e, Effect::SetLimits(_)))
+            .count()
+    };
+    let before = sets(&h);
+    h.healthy_round(t + 1_100);
+    assert_eq!(
+        sets(&h),
+        before,
+        "no retry within {} ms",
+        node_core::node::RETRY_MS
+    );
+    h.healthy_round(t + 100 + node_core::node::RETRY_MS);
+    assert_eq!(h.limits, [Watts(400); GPUS]);
+    // A command does not wait for the retry: its sender waits for the ack.
+    let t = t + 200 + node_core::node::RETRY_MS;
+    h.refuse_set = true;
+    h.step(t, Input::Frame(&cmd_topic(), &lease(3, t, 300, 60_000)));
+    assert_eq!(h.acks.last().unwrap().code, AckCode::Failed);
+    h.refuse_set = false;
+    h.step(
+        t + 100,
+        Input::Frame(&cmd_topic(), &lease(4, t + 100, 300, 60_000)),
+    );
+    assert_eq!(h.acks.last().unwrap().code, AckCode::Ok);
+    assert_eq!(h.limits, [Watts(300); GPUS], "set at once");
+}
+
+#[test]
+fn a_driver_stall_blames_no_gpu_and_a_fatal_xid_quarantines_one_until_released() {
+    let mut h = Host::new();
+    let mut t = T0.0;
+    for _ in 0..30 {
+        t += 1_000;
+        h.healthy_round(t);
+    }
+    // Every GPU silent together, for two minutes: a stall, not four
+    // failures.
+    for _ in 0..120 {
+        t += 1_000;
+        h.silent_round(t);
+    }
+    assert!(
+        h.events
+            .iter()
+            .any(|e| matches!(e, Event::HostStalled { gpus: 0b1111, .. })),
+        "{:?}",
+        h.events
+    );
+    assert!(h.node.health().stalled_since().is_some());
+    for g in 0..GPUS as u8 {
+        assert_eq!(h.state(g), HealthState::Healthy, "GPU {g} not blamed");
+    }
+    assert!(h.quarantined.is_empty());
+    t += 1_000;
+    h.healthy_round(t);
+    assert!(h
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::HostResumed { .. })));
+    assert!(
+        h.trail.contains(&Effect::Reprobe),
+        "a reloaded driver is asked again"
+    );
+
+    // XID 79: the GPU fell off the bus.
+    t += 500;
+    let published = h.health_published;
+    h.step(t, Input::Xid { gpu: 2, xid: 79 });
+    assert_eq!(h.state(2), HealthState::Quarantined);
+    assert_eq!(h.quarantined, [2], "its actions started");
+    assert_eq!(h.kept_health.last(), Some(&2), "kept in flash");
+    assert!(
+        h.health_published > published,
+        "the retained health went out"
+    );
+    let xid_at = h
+        .events
+        .iter()
+        .position(|e| matches!(e, Event::Xid { .. }))
+        .unwrap();
+    let change_at = h
+        .events
+        .iter()
+        .position(|e| {
+            matches!(
+                e,
+                Event::HealthChanged {
+                    to: HealthState::Quarantined,
+                    ..
+                }
+            )
+        })
+        .unwrap();
+    assert!(change_at < xid_at, "the decision before the XID's event");
+
+    // Released by an operator, logged before the ack.
+    t += 60_000;
+    let logged = h.logged_commands;
+    h.step(t, Input::Frame(&cmd_topic(), &release(1, t, 2)));
+    assert_eq!(h.acks.last().unwrap().code, AckCode::Ok);
+    assert_eq!(h.logged_commands, logged + 1);
+    assert_eq!(h.state(2), HealthState::Healthy);
+    assert!(h
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::QuarantineReleased { .. })));
+    // A second release finds nothing to release.
+    h.step(t + 10, Input::Frame(&cmd_topic(), &release(2, t + 10, 2)));
+    let ack = h.acks.last().unwrap();
+    assert_eq!(ack.code, AckCode::NotQuarantined, "{}", ack.detail.as_str());
+}
+
+#[test]
+fn a_cooling_loss_drains_then_powers_down_after_the_grace_and_undoes_when_cooled() {
+    let mut h = Host::new();
+    let mut t = T0.0 + 1_000;
+    h.healthy_round(t);
+    // Another rack's loss is not this host's.
+    let mut other = cdu_state(1, t, false);
+    if let Message::CduState(st) = &mut other.message {
+        st.racks[0].cooling = loopwarden_protocol::RackCooling::Lost;
+    }
+    h.step(t, Input::Frame(&cdu_topic(), &other));
+    assert!(h.cooling.is_empty());
+    h.step(t, Input::Frame(&cdu_topic(), &cdu_state(2, t, true)));
+    assert_eq!(h.cooling, [CoolingStep::Drain]);
+    assert!(matches!(h.kept_phase.last(), Some(Phase::Draining { .. })));
+    while t < T0.0 + 1_000 + GRACE_MS - 1_000 {
+        t += 1_000;
+        h.healthy_round(t);
+    }
+    assert_eq!(h.cooling, [CoolingStep::Drain], "still within the grace");
+    t += 2_000;
+    h.healthy_round(t);
+    assert_eq!(h.cooling, [CoolingStep::Drain, CoolingStep::PowerDown]);
+    assert!(matches!(
+        h.kept_phase.last(),
+        Some(Phase::PoweredDown { .. })
+    ));
+    // A state from another controller on the same topic is not taken.
+    let mut forged = cdu_state(3, t, false);
+    forged.sender = NodeId::new(Role::Cdu, "cdu-b").unwrap();
+    h.step(t, Input::Frame(&cdu_topic(), &forged));
+    assert!(matches!(h.node.cooling_phase(), Phase::PoweredDown { .. }));
+    // Cooled again: powered up and resumed.
+    t += 1_000;
+    h.step(t, Input::Frame(&cdu_topic(), &cdu_state(4, t, false)));
+    assert_eq!(
+        h.cooling,
+        [
+            CoolingStep::Drain,
+            CoolingStep::PowerDown,
+            CoolingStep::PowerUp,
+            CoolingStep::Resume
+        ]
+    );
+    assert_eq!(h.kept_phase.last(), Some(&Phase::Cooled));
+}
+
+#[test]
+fn a_lease_lapses_at_its_end_and_the_stop_gives_back_the_defaults() {
+    let mut h = Host::new();
+    let t = T0.0 + 1_000;
+    h.step(t, Input::Frame(&cmd_topic(), &lease(1, t, 500, 20_000)));
+    assert_eq!(h.limits, [Watts(500); GPUS]);
+    let end = h.node.next_expiry().expect("a lease in force");
+    assert_eq!(end.0, t + 20_000);
+    h.step(end.0, Input::Expiry);
+    assert_eq!(h.limits, [DEFAULT; GPUS], "lifted at its end");
+    assert_eq!(
+        h.events.iter().filter_map(caps_applied).next_back(),
+        Some((0b1111, DEFAULT, None))
+    );
+
+    // A lease in force at the stop: the defaults go back.
+    let t = end.0 + 1_000;
+    h.step(t, Input::Frame(&cmd_topic(), &lease(2, t, 300, 600_000)));
+    assert_eq!(h.limits, [Watts(300); GPUS]);
+    h.step(t + 5_000, Input::Stop);
+    assert_eq!(h.limits, [DEFAULT; GPUS]);
+}
+
+#[test]
+fn a_hot_gpu_is_capped_by_the_guard_without_the_bus() {
+    let mut h = Host::new();
+    let mut t = T0.0;
+    for _ in 0..4 {
+        t += 1_000;
+        let mut readings: Vec<Reading> = (0..GPUS)
+            .map(|_| Reading::Sample {
+                observation: quiet(),
+                temp: WholeCelsius(60),
+                power: Watts(450),
+            })
+            .collect();
+        readings[3] = Reading::Sample {
+            observation: Observation {
+                temp: 90.0,
+                ..quiet()
+            },
+            temp: WholeCelsius(90),
+            power: Watts(650),
+        };
+        h.step(t, Input::Round(&readings));
+    }
+    assert_eq!(
+        h.node.guard_cap(3),
+        Some(Watts(550)),
+        "25 W a round from 650 W"
+    );
+    assert_eq!(h.limits[3], Watts(550), "in force, read back");
+    assert_eq!(
+        h.node.applied(3),
+        (Some(Watts(550)), Some(CapSource::ThermalGuard))
+    );
+    assert_eq!(h.limits[..3], [DEFAULT; 3]);
+}
