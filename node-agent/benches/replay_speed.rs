@@ -4,7 +4,7 @@
 //! `gpu-trace/1` trace of an 8-GPU host (1 s samples of a training job
 //! with noise, a checkpoint dip every 10 min, the loop's state every 10 s,
 //! fields left out when unchanged as recorded traces do), replays it
-//! through `node_agent::replay::replay` (JSON parsing included) three
+//! through `node_core::replay::replay` (JSON parsing included) three
 //! times and prints the median in simulated seconds per wall second.
 
 use std::fmt::Write as _;
@@ -83,9 +83,9 @@ fn main() {
         let mut out = Vec::new();
         let mut notes = Vec::new();
         let start = Instant::now();
-        node_agent::replay::replay(
+        node_core::replay::replay(
             text.as_bytes(),
-            node_agent::health::Policy::default(),
+            node_core::health::Policy::default(),
             &mut out,
             &mut notes,
         )

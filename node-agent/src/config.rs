@@ -24,10 +24,10 @@ use serde::Deserialize;
 mod cooling_loss;
 pub use cooling_loss::{CoolingLossActions, CoolingLossFile, COOLING_PLACEHOLDERS};
 
-use crate::caps::LeaseLimits;
-use crate::commands::Authority;
-use crate::guard::GuardSettings;
 use loopwarden_protocol::auth::Signer;
+use node_core::caps::LeaseLimits;
+use node_core::commands::Authority;
+use node_core::guard::GuardSettings;
 
 loopwarden_field::agent_file! {
     /// The file as written (every field optional): the common fields
@@ -792,7 +792,7 @@ mod tests {
         assert_eq!(e.line, Some(3), "{e}");
         // Leases: ten minutes and sixteen by default, an hour at most.
         let c = from("site = \"a\"\nhost = \"b\"\ntwin_gpus = 2\n").unwrap();
-        assert_eq!(c.lease_limits, crate::caps::LeaseLimits::default());
+        assert_eq!(c.lease_limits, node_core::caps::LeaseLimits::default());
         assert_eq!(c.lease_limits.max_duration, DurationMs(600_000));
         let c = from(
             "site = \"a\"\nhost = \"b\"\ntwin_gpus = 2\nmax_lease_ms = 60000\nmax_leases = 4\n",

@@ -70,7 +70,7 @@ pub struct GpuSample {
     /// NVLink error counters summed over links, cumulative.
     pub nvlink: NvlinkErrors,
     /// NVLink replays and recoveries per link, where reported.
-    pub nvlink_links: crate::health::NvlinkLinks,
+    pub nvlink_links: node_core::health::NvlinkLinks,
 }
 
 /// An XID the driver reported.

@@ -35,8 +35,6 @@
 
 #![warn(missing_docs)]
 
-pub use node_core::{caps, commands, cooling_loss, guard, health};
-
 pub mod actions;
 pub mod clock;
 pub mod config;
@@ -46,7 +44,6 @@ pub mod gpu;
 pub mod hall_gpus;
 pub mod metrics;
 pub mod nvml;
-pub mod replay;
 pub mod shell;
 #[cfg(feature = "twin")]
 pub mod sim_gpus;

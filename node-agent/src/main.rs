@@ -134,9 +134,9 @@ fn replay(trace: &std::path::Path) -> ExitCode {
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     let mut notes = std::io::stderr();
-    let result = node_agent::replay::replay(
+    let result = node_core::replay::replay(
         std::io::BufReader::new(file),
-        node_agent::health::Policy::default(),
+        node_core::health::Policy::default(),
         &mut out,
         &mut notes,
     );

@@ -167,7 +167,7 @@ fn loop_state(out: &mut Exposition, s: &Snapshot, host: &[(&str, &str)]) {
     out.sample(&XID_QUEUED, host, s.xids_queued as f64);
     out.sample(&XID_DROPPED, host, s.xids_dropped as f64);
     out.sample(&LEASES, host, s.leases.len() as f64);
-    use crate::cooling_loss::Phase;
+    use node_core::cooling_loss::Phase;
     for (name, on) in [
         ("cooled", matches!(s.cooling, Phase::Cooled)),
         ("draining", matches!(s.cooling, Phase::Draining { .. })),
@@ -258,12 +258,12 @@ pub async fn start(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::caps::GpuRange;
     use crate::gpu::{GpuInfo, GpuSample};
-    use crate::health::GpuStatus;
     use loopwarden_protocol::{
         ReasonCode, ThrottleReasons, TimestampMs, Unsupported, Watts, WholeCelsius,
     };
+    use node_core::caps::GpuRange;
+    use node_core::health::GpuStatus;
 
     fn view() -> GpuView {
         GpuView {

@@ -24,11 +24,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
 
-use crate::health::NVLINK_LINKS;
 use loopwarden_protocol::{
     EccCounts, GpuFlags, MegaHertz, NvlinkErrors, Percent, ThrottleReasons, Unsupported, Watts,
     WholeCelsius,
 };
+use node_core::health::NVLINK_LINKS;
 
 use crate::gpu::{GpuDevice, GpuError, GpuInfo, GpuSample, GpuSource, XidEvent, XidReport};
 

@@ -907,9 +907,9 @@ async fn a_slow_answer_is_not_a_missed_one() {
 /// each answer or miss fed to `engine` in index order at one time.
 async fn round_into(
     workers: &[Worker],
-    engine: &mut node_agent::health::HealthEngine,
+    engine: &mut node_core::health::HealthEngine,
     t_ms: u64,
-) -> Vec<node_agent::health::Output> {
+) -> Vec<node_core::health::Output> {
     let deadline = Duration::from_millis(50);
     let results = futures::future::join_all(workers.iter().map(|w| w.sample(deadline))).await;
     let now = loopwarden_protocol::TimestampMs(t_ms);
@@ -929,7 +929,7 @@ async fn round_into(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_driver_stall_of_six_rounds_quarantines_no_gpu_and_one_left_hung_is() {
     use loopwarden_protocol::HealthState;
-    use node_agent::health::{HealthEngine, Limits, Output, Policy};
+    use node_core::health::{HealthEngine, Limits, Output, Policy};
 
     let mut hanging = Answers::healthy();
     hanging.temperature_hangs = true;
@@ -1169,7 +1169,7 @@ fn link_field(l: u32, recovery: bool) -> u32 {
 
 #[test]
 fn nvlink_errors_are_read_per_link_where_links_answer_and_named_in_the_evidence() {
-    use node_agent::health::{HealthEngine, Limits, Output, Policy};
+    use node_core::health::{HealthEngine, Limits, Output, Policy};
     let mut answers = Answers::healthy();
     // Four links answer; links 4 to 11 are "not supported".
     for l in 0..4 {
@@ -1204,7 +1204,7 @@ fn nvlink_errors_are_read_per_link_where_links_answer_and_named_in_the_evidence(
         loopwarden_protocol::TimestampMs(0),
     );
     // Only the links: this fake's healthy GPU has other faults to judge.
-    let obs = |s: &GpuSample| node_agent::health::Observation {
+    let obs = |s: &GpuSample| node_core::health::Observation {
         nvlink_links: s.nvlink_links,
         ..Default::default()
     };

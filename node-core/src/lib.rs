@@ -2,10 +2,12 @@
 //!
 //! Every decision the node agent makes, as pure functions of what it is
 //! given and a time passed in: no clock, no socket, no file, no NVML. The
-//! crate depends on the protocol alone, so that purity is checked by the
-//! compiler, not by review; the agent (`node-agent`) is the shell that
-//! feeds them and carries out what they return, and `node-agent replay`
-//! runs the same engine over a recorded trace.
+//! crate depends on the protocol and on data crates alone (no runtime, no
+//! network, no NVML binding), so that purity is checked by the compiler,
+//! not by review. [`node::Node::step`] takes every input of the agent and
+//! returns what to do; the agent (`node-agent`) is the shell that feeds it
+//! and carries out what it returns, and `node-agent replay` runs the same
+//! health engine over a recorded trace.
 //!
 //! - [`health`]: the health engine: each GPU healthy, degraded or
 //!   quarantined, with the evidence (rules in `docs/health.md`).
@@ -16,6 +18,8 @@
 //!   lease's bounds) and what it changes.
 //! - [`cooling_loss`]: drain, power down and undo when the rack's cooling
 //!   is lost and comes back.
+//! - [`replay`]: the health engine over a recorded trace, text in and
+//!   verdict lines out (`node-agent replay`).
 //! - [`node`]: the one step that owns all of the above: an input and the
 //!   time in, the effects for the agent to carry out.
 //!
@@ -33,3 +37,4 @@ pub mod cooling_loss;
 pub mod guard;
 pub mod health;
 pub mod node;
+pub mod replay;

@@ -149,9 +149,9 @@ fn simulate_figures_match_their_goldens() {
 fn replayed(path: &Path) -> String {
     let file = std::io::BufReader::new(std::fs::File::open(path).unwrap());
     let (mut out, mut notes) = (Vec::new(), Vec::new());
-    let result = node_agent::replay::replay(
+    let result = node_core::replay::replay(
         file,
-        node_agent::health::Policy::default(),
+        node_core::health::Policy::default(),
         &mut out,
         &mut notes,
     );
@@ -166,7 +166,7 @@ fn replayed(path: &Path) -> String {
 
 #[test]
 fn replay_output_matches_its_goldens() {
-    let mut traces = listed(&root().join("node-agent/tests/traces"), ".jsonl");
+    let mut traces = listed(&root().join("node-core/tests/traces"), ".jsonl");
     match std::env::var_os("LOOPWARDEN_PUBLIC_TRACES") {
         Some(public) => {
             let found = listed(Path::new(&public), ".jsonl");

@@ -110,7 +110,7 @@ fn status(ctx: &Context, snap: &Snapshot, now: TimestampMs) -> Value {
 
 /// The cooling-loss phase, its time as a wall-clock stamp.
 fn cooling_view(snap: &Snapshot) -> Value {
-    use crate::cooling_loss::Phase;
+    use node_core::cooling_loss::Phase;
     let wall = |t: u64| t.saturating_add_signed(snap.wall_offset_ms);
     match snap.cooling {
         Phase::Cooled => json!({"phase": "cooled", "since": null}),

@@ -9,7 +9,7 @@ use loopwarden_field::render::{
 use loopwarden_protocol::TimestampMs;
 use serde_json::Value;
 
-use crate::health::fmt_time;
+use node_core::health::fmt_time;
 
 use super::Request;
 

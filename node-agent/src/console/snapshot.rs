@@ -17,11 +17,11 @@ use loopwarden_bus::Bus;
 use loopwarden_protocol::{CapSource, TimestampMs, Watts};
 use tokio::sync::watch;
 
-use crate::caps::{GpuRange, LeaseView};
 use crate::config::GpuSourceKind;
 use crate::gpu::{GpuInfo, GpuSample};
-use crate::health::GpuStatus;
 use loopwarden_bus::recorder::Recorder;
+use node_core::caps::{GpuRange, LeaseView};
+use node_core::health::GpuStatus;
 
 /// Timing of the sampling loop, for the console and the benchmarks.
 #[derive(Debug, Clone, Default)]
@@ -102,7 +102,7 @@ pub struct Snapshot {
     /// Since when every GPU has been silent together, if they are.
     pub stalled_since: Option<TimestampMs>,
     /// Where the host is in a cooling loss (times in steady ms).
-    pub cooling: crate::cooling_loss::Phase,
+    pub cooling: node_core::cooling_loss::Phase,
     /// The wall clock minus steady time, ms (for showing `cooling`).
     pub wall_offset_ms: i64,
 }

@@ -6,7 +6,7 @@ use loopwarden_protocol::{
     AckCode, CapLease, CapSource, CommandAuth, DurationMs, GpuCap, GpuIndex, GpuSelector, NodeId,
     ReasonCode, Role, TimestampMs, Watts,
 };
-use node_agent::caps::{CapArbiter, GpuRange};
+use node_core::caps::{CapArbiter, GpuRange};
 use proptest::prelude::*;
 
 const GPUS: usize = 4;

@@ -16,7 +16,7 @@ use health_sim::{
     NOMINAL_FLOW, NOMINAL_SUPPLY_C,
 };
 use loopwarden_protocol::{xid, HealthState, ReasonCode, TimestampMs};
-use node_agent::health::{HealthEngine, LoopState, Output, Policy};
+use node_core::health::{HealthEngine, LoopState, Output, Policy};
 use proptest::prelude::*;
 
 /// A cooling fault the loop's controller reports.

@@ -14,8 +14,8 @@
 //!
 //! The same records run through the engine directly ([`run_engine`]) and,
 //! written as `gpu-trace/1` JSON lines ([`Trace::to_jsonl`]), through
-//! `node_agent::replay::replay` ([`run_replay`]). Expectations ([`Expect`])
-//! have the semantics of `node-agent/tests/traces/README.md`
+//! `node_core::replay::replay` ([`run_replay`]). Expectations ([`Expect`])
+//! have the semantics of `node-core/tests/traces/README.md`
 //! ("The expectations": `must`/`after_ms`/`by_ms`/`max` per GPU, `*` for
 //! the rest) and are checked here by those rules.
 //!
@@ -28,8 +28,8 @@
 use std::fmt::Write as _;
 
 use loopwarden_protocol::{xid, HealthState, ThrottleReasons, TimestampMs};
-use node_agent::health::{Coolant, HealthEngine, Limits, LoopState, Observation, Output, Policy};
-use node_agent::replay::{replay, verdict_line};
+use node_core::health::{Coolant, HealthEngine, Limits, LoopState, Observation, Output, Policy};
+use node_core::replay::{replay, verdict_line};
 
 /// GPUs of the simulated host.
 pub const GPUS: usize = 8;
@@ -784,7 +784,7 @@ pub fn replay_text(text: &str, policy: Policy) -> (Vec<u8>, Vec<u8>) {
     (out, notes)
 }
 
-/// The trace, written as text, through `node_agent::replay::replay`.
+/// The trace, written as text, through `node_core::replay::replay`.
 pub fn run_replay(trace: &Trace, policy: Policy) -> Run {
     let (out, notes) = replay_text(&trace.to_jsonl(), policy);
     let out = String::from_utf8(out).expect("verdicts are UTF-8");

@@ -6,9 +6,9 @@
 //! samples, training near the 700 W limit with `sw_power_cap` at times,
 //! idle lead-in, noise, counters that start above zero) and run twice:
 //! through the engine directly and, written as `gpu-trace/1` text, through
-//! `node_agent::replay::replay`. Both must print the same verdict lines,
+//! `node_core::replay::replay`. Both must print the same verdict lines,
 //! and the verdicts must meet the scenario's expectation (the semantics of
-//! `node-agent/tests/traces/README.md`: `must`/`after_ms`/`by_ms`/`max`
+//! `node-core/tests/traces/README.md`: `must`/`after_ms`/`by_ms`/`max`
 //! per GPU, `*` for the rest).
 //!
 //! A few scenarios are kept as files in `tests/traces/` for the public
@@ -22,7 +22,7 @@ use health_sim::{
     GPUS, JOB_START_S, LIMITS,
 };
 use loopwarden_protocol::{HealthState, ReasonCode, ThrottleReasons, TimestampMs};
-use node_agent::health::{HealthEngine, LoopState, Output, Policy};
+use node_core::health::{HealthEngine, LoopState, Output, Policy};
 
 use HealthState::{Degraded, Healthy, Quarantined};
 
