@@ -169,15 +169,18 @@ impl Rig {
         (bus, rx)
     }
 
+    /// Waits for the shell's stats to satisfy `f`: at most 15 s (a step
+    /// against a silent CDU waits out a read and its writes, each up to
+    /// the Modbus timeout, and a loaded machine stretches that).
     async fn wait_stats(&mut self, what: &str, f: impl FnMut(&ShellStats) -> bool) -> ShellStats {
-        let got = tokio::time::timeout(Duration::from_secs(5), self.stats.wait_for(f))
+        let got = tokio::time::timeout(Duration::from_secs(15), self.stats.wait_for(f))
             .await
             .ok()
             .and_then(Result::ok)
             .map(|s| s.clone());
         match got {
             Some(s) => s,
-            None => panic!("{what}: not within 5 s; stats: {:?}", *self.stats.borrow()),
+            None => panic!("{what}: not within 15 s; stats: {:?}", *self.stats.borrow()),
         }
     }
 

@@ -1,9 +1,9 @@
 //! # loopwarden-field: what the agents share for the field engineer
 //!
 //! `node-agent` and `cooling-ctrl` each take a TOML configuration (a file,
-//! a flag per field) and answer a console on a local Unix socket. The
-//! mechanics are the same for both and live here; each agent keeps its own
-//! requests, answers, renderings and fields.
+//! a flag per field), start and stop the same way, and answer a console on
+//! a local Unix socket. The mechanics are the same for both and live here;
+//! each agent keeps its own requests, answers, renderings and fields.
 //!
 //! - [`console`]: binding the console socket (a stale one replaced, a file
 //!   that is not a socket refused, mode 0660), serving one JSON line per
@@ -19,6 +19,10 @@
 //! - [`config`]: the configuration error with its origin (file and line, a
 //!   flag, or the default), the TOML key to line lookup, range checks and
 //!   the [`pick!`] of a flag over the file.
+//! - [`lifecycle`]: one process lifecycle for both agents: logging,
+//!   configuration errors and exit statuses, the runtime, the watchdog and
+//!   the signals, and the readers (console socket, serial console,
+//!   `/metrics`) started and stopped together.
 //! - [`watchdog`]: systemd's notify protocol (`READY=1`, `WATCHDOG=1`,
 //!   `STOPPING=1`), with pings only while the agent's loop makes progress.
 //!
@@ -30,6 +34,7 @@
 pub mod common;
 pub mod config;
 pub mod console;
+pub mod lifecycle;
 pub mod render;
 pub mod serial;
 pub mod time;

@@ -18,7 +18,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use loopwarden_field::common::RunArgs;
 use loopwarden_field::console::{ctl_command, CtlArgs, EventsArgs};
-use node_agent::config::{self, GpuSourceKind, Overrides};
+use loopwarden_field::lifecycle::{self, StartError, Supervision};
+use node_agent::config::{self, Config, GpuSourceKind, Overrides};
 use node_agent::console::{self, Request};
 use node_agent::gpu::GpuSource;
 use node_agent::nvml::{NvmlSource, SystemNvml};
@@ -155,89 +156,50 @@ fn replay(trace: &std::path::Path) -> ExitCode {
 }
 
 fn run(config_path: Option<PathBuf>, flags: Overrides) -> ExitCode {
-    loopwarden_bus::init_agent_logging();
-    let config = match config::load(config_path.as_deref(), &flags) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("node-agent: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    // Read before anything starts: a malformed WATCHDOG_USEC is a
-    // configuration error, as a bad file is.
-    let notifier = match Notifier::from_env() {
-        Ok(n) => n,
-        Err(e) => {
-            eprintln!("node-agent: {e}");
-            return ExitCode::from(2);
-        }
-    };
+    lifecycle::run("node-agent", || start(config_path, &flags), serve)
+}
+
+/// The configuration and the GPUs, before the runtime.
+fn start(
+    config_path: Option<PathBuf>,
+    flags: &Overrides,
+) -> Result<(Config, Box<dyn GpuSource + Send>), StartError> {
+    let config = config::load(config_path.as_deref(), flags).map_err(StartError::config)?;
     let source: Box<dyn GpuSource + Send> = match config.gpus {
-        GpuSourceKind::Twin(n) => match twin_source(&config.board, n) {
-            Some(s) => s,
-            None => {
-                eprintln!(
-                    "node-agent: twin_gpus: this build has no simulated GPUs (built without the `twin` feature); remove twin_gpus to read the GPUs through NVML"
-                );
-                return ExitCode::from(2);
-            }
-        },
+        GpuSourceKind::Twin(n) => twin_source(&config.board, n).ok_or_else(|| {
+            StartError::config(
+                "twin_gpus: this build has no simulated GPUs (built without the `twin` feature); remove twin_gpus to read the GPUs through NVML",
+            )
+        })?,
         GpuSourceKind::Nvml => match SystemNvml::init() {
             Ok(nvml) => Box::new(NvmlSource::new(nvml)),
-            Err(e) => {
-                eprintln!("node-agent: {e}{NVML_HINT}");
-                return ExitCode::from(1);
-            }
+            Err(e) => return Err(StartError::failed(format!("{e}{NVML_HINT}"))),
         },
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    let result = runtime.block_on(serve(config, source, notifier));
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("node-agent: {e}");
-            ExitCode::from(1)
-        }
-    }
+    Ok((config, source))
 }
 
 /// Runs the agent under the watchdog: READY=1 after the first sampling
 /// round, WATCHDOG=1 while rounds complete, STOPPING=1 when a signal (or a
 /// failure) ends it.
 async fn serve(
-    config: node_agent::config::Config,
-    source: Box<dyn GpuSource + Send>,
+    (config, source): (Config, Box<dyn GpuSource + Send>),
     notifier: Notifier,
 ) -> Result<(), node_agent::shell::AgentError> {
-    use tokio::signal::unix::{signal, SignalKind};
-    // Signals are caught from here on, before anything that takes time.
-    let term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    watchdog::announce(&notifier, &watchdog::SAMPLING_LOOP, config.period);
     let (snapshots, snapshot_rx) = console::snapshot_channel();
-    let watchdog_task = tokio::spawn(watchdog::watch_rounds(notifier.clone(), snapshot_rx));
-    // Rounds end at the signal, while the agent restores its limits and
-    // leaves the bus.
-    let stop = watchdog::stopped(
-        term,
-        notifier.clone(),
-        watchdog_task.abort_handle(),
-        "node-agent",
-    );
+    let (supervision, stop) = Supervision::start(
+        notifier,
+        watchdog::SAMPLING_LOOP,
+        config.period,
+        snapshot_rx,
+        watchdog::rounds,
+    )
+    .map_err(node_agent::shell::AgentError::Signals)?;
     let hooks = RunHooks {
         snapshots: Some(snapshots),
         ..RunHooks::default()
     };
     let result = node_agent::shell::run_hooked(config, source, hooks, stop).await;
-    watchdog_task.abort();
-    if result.is_err() {
-        // Stopped by a failure, not a signal: not yet said.
-        if let Err(e) = notifier.stopping() {
-            tracing::warn!("node-agent: watchdog: {e}");
-        }
-    }
+    supervision.finish(result.is_err());
     result
 }

@@ -46,6 +46,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use loopwarden_bus::Bus;
+use loopwarden_field::lifecycle::Readers;
 use loopwarden_protocol::{GpuIndex, TimestampMs};
 use tokio::sync::{mpsc, watch};
 
@@ -108,6 +109,9 @@ pub enum AgentError {
     /// The metrics address (`metrics_listen`) could not be bound.
     #[error("{0}")]
     Metrics(loopwarden_bus::prometheus::BindError),
+    /// The signals could not be caught.
+    #[error("{0}")]
+    Signals(String),
 }
 
 /// What the agent shows of one GPU (its decisions are the node's).
@@ -253,7 +257,7 @@ async fn run_agent(
     };
     let flash_path = flash_path.map(|p| p.display().to_string());
     let context = console_context(&config, started, flash_path, &bus, &recorder, snapshot_rx);
-    let readers = Readers::start(listener, console_path, &config, context).await?;
+    let readers = start_readers(listener, console_path, &config, context).await?;
     let mut agent = Agent {
         actions: actions_tx,
         xid_stats: xid_rx.stats_reader(),
@@ -336,44 +340,21 @@ fn console_context(
 }
 
 /// What answers people while the agent runs, from what the loop
-/// publishes: the console socket, the serial console and Prometheus's
-/// `/metrics` (each only read; the loop is never asked).
-struct Readers {
+/// publishes: the console socket (bound at `console_path`), and the
+/// serial console and Prometheus's `/metrics` when `config` asks for them
+/// (each only read; the loop is never asked).
+async fn start_readers(
+    listener: tokio::net::UnixListener,
     console_path: std::path::PathBuf,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl Readers {
-    /// Serves the console on `listener` (bound at `console_path`), and the
-    /// metrics listener and serial console when `config` asks for them.
-    async fn start(
-        listener: tokio::net::UnixListener,
-        console_path: std::path::PathBuf,
-        config: &Config,
-        context: Context,
-    ) -> Result<Readers, AgentError> {
-        let metrics = crate::metrics::start(config.metrics_listen, context.clone())
-            .await
-            .map_err(AgentError::Metrics)?;
-        let serial = console::start_serial(config.serial.clone(), context.clone());
-        let console = tokio::spawn(console::serve(listener, context));
-        let tasks = [Some(console), serial, metrics]
-            .into_iter()
-            .flatten()
-            .collect();
-        Ok(Readers {
-            console_path,
-            tasks,
-        })
-    }
-
-    /// Stops them and removes the console socket.
-    fn stop(self) {
-        for t in &self.tasks {
-            t.abort();
-        }
-        let _ = std::fs::remove_file(&self.console_path);
-    }
+    config: &Config,
+    context: Context,
+) -> Result<Readers, AgentError> {
+    let metrics = crate::metrics::start(config.metrics_listen, context.clone())
+        .await
+        .map_err(AgentError::Metrics)?;
+    let serial = console::start_serial(config.serial.clone(), context.clone());
+    let console = tokio::spawn(console::serve(listener, context));
+    Ok(Readers::new(console_path, console, [serial, metrics]))
 }
 
 /// The config-store key of a GPU's health.

@@ -37,6 +37,7 @@ use cooling_ctrl::shell::{self, ShellOptions};
 use cooling_ctrl::watchdog::{self, Notifier};
 use loopwarden_field::common::RunArgs;
 use loopwarden_field::console::{ctl_command, CtlArgs, EventsArgs};
+use loopwarden_field::lifecycle::{self, Readers, StartError, Supervision};
 
 #[cfg(feature = "twin")]
 mod simulate;
@@ -127,23 +128,12 @@ fn request(what: Ctl) -> Result<Request, String> {
 }
 
 fn run(config_path: Option<PathBuf>, flags: Overrides) -> ExitCode {
-    loopwarden_bus::init_agent_logging();
-    let config = match config::load(config_path.as_deref(), &flags) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("cooling-ctrl: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    // Read before anything starts: a malformed WATCHDOG_USEC is a
-    // configuration error, as a bad file is.
-    let notifier = match Notifier::from_env() {
-        Ok(n) => n,
-        Err(e) => {
-            eprintln!("cooling-ctrl: {e}");
-            return ExitCode::from(2);
-        }
-    };
+    lifecycle::run("cooling-ctrl", || start(config_path, &flags), serve)
+}
+
+/// The configuration, and what it switches off said loudly.
+fn start(config_path: Option<PathBuf>, flags: &Overrides) -> Result<config::Config, StartError> {
+    let config = config::load(config_path.as_deref(), flags).map_err(StartError::config)?;
     if config.demo_key {
         eprintln!(
             "cooling-ctrl: WARNING: cap leases are signed with the PUBLIC DEMONSTRATION KEY \
@@ -159,18 +149,7 @@ fn run(config_path: Option<PathBuf>, flags: Overrides) -> ExitCode {
         );
         tracing::warn!("no flash file: the latched state is lost at every restart");
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    match runtime.block_on(serve(config, notifier)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("cooling-ctrl: {e}");
-            ExitCode::from(1)
-        }
-    }
+    Ok(config)
 }
 
 /// The board's pins on their GPIO chip, when configured.
@@ -251,9 +230,16 @@ async fn start_northbound(
 }
 
 async fn serve(config: config::Config, notifier: Notifier) -> Result<(), String> {
-    use tokio::signal::unix::{signal, SignalKind};
-    // Signals are caught from here on, before anything that takes time.
-    let term = signal(SignalKind::terminate()).map_err(|e| format!("SIGTERM: {e}"))?;
+    let (stats_tx, stats_rx) = shell::stats_channel();
+    // READY=1 after the first completed step, then WATCHDOG=1 only while
+    // steps complete; steps end at the signal, while the shell winds down.
+    let (supervision, stop) = Supervision::start(
+        notifier,
+        watchdog::CONTROL_LOOP,
+        config.period,
+        stats_rx.clone(),
+        |s| s.steps,
+    )?;
     // The board's pins first: a chip or a line that cannot be had stops the
     // start before anything else is set up.
     let board = open_board(&config)?;
@@ -263,20 +249,6 @@ async fn serve(config: config::Config, notifier: Notifier) -> Result<(), String>
     let flash =
         ControllerFlash::open(config.flash.as_deref()).map_err(|e| format!("flash: {e}"))?;
     let recorder = flash.recorder.clone();
-    let (stats_tx, stats_rx) = shell::stats_channel();
-    watchdog::announce(&notifier, &watchdog::CONTROL_LOOP, config.period);
-    // READY=1 after the first completed step, then WATCHDOG=1 only while
-    // steps complete.
-    let watchdog_task = tokio::spawn(watchdog::watch_steps(notifier.clone(), stats_rx.clone()));
-    // Steps end at the signal, while the shell winds down.
-    let stop = watchdog::stopped(
-        term,
-        notifier.clone(),
-        watchdog_task.abort_handle(),
-        "cooling-ctrl",
-    );
-    let listener = console::bind(&config.console)
-        .map_err(|e| format!("console socket {}: {e}", config.console.display()))?;
     let (operator_tx, operator_rx) = tokio::sync::mpsc::channel(4);
     let ctx = console::Context {
         site: config.site.to_string(),
@@ -294,14 +266,7 @@ async fn serve(config: config::Config, notifier: Notifier) -> Result<(), String>
         recorder: recorder.clone(),
         operator: Some(operator_tx),
     };
-    let ctx = Arc::new(ctx);
-    // Prometheus's /metrics, when asked for: a reader, as the console is.
-    let metrics = CduMetrics::new(ctx.clone(), &config.core.layout);
-    let metrics_task = cooling_ctrl::metrics::start(config.metrics_listen, metrics)
-        .await
-        .map_err(|e| e.to_string())?;
-    let serial_task = console::start_serial(config.serial.clone(), ctx.clone());
-    let console_task = tokio::spawn(console::serve(listener, ctx));
+    let readers = start_readers(&config, Arc::new(ctx)).await?;
     tracing::info!(
         "cooling-ctrl: CDU {} on {} ({}), console {}",
         config.cdu,
@@ -327,25 +292,33 @@ async fn serve(config: config::Config, notifier: Notifier) -> Result<(), String>
         facility: config.facility.clone(),
     };
     let result = shell::run_with(config.shell_config(broker), opts, port, stop).await;
-    watchdog_task.abort();
-    if result.is_err() {
-        // Stopped by a failure, not a signal: not yet said.
-        if let Err(e) = notifier.stopping() {
-            tracing::warn!("cooling-ctrl: watchdog: {e}");
-        }
-    }
+    supervision.finish(result.is_err());
     recorder.flush().await;
-    console_task.abort();
-    if let Some(t) = serial_task {
-        t.abort();
-    }
-    if let Some(t) = metrics_task {
-        t.abort();
-    }
+    readers.stop();
     if let Some(t) = northbound_task {
         t.abort();
     }
-    let _ = std::fs::remove_file(&config.console);
     tracing::info!("cooling-ctrl: stopped");
     result.map_err(|e| e.to_string())
+}
+
+/// The console socket, `/metrics` and the serial console, readers of what
+/// the shell publishes.
+async fn start_readers(
+    config: &config::Config,
+    ctx: Arc<console::Context>,
+) -> Result<Readers, String> {
+    let listener = console::bind(&config.console)
+        .map_err(|e| format!("console socket {}: {e}", config.console.display()))?;
+    let metrics = CduMetrics::new(ctx.clone(), &config.core.layout);
+    let metrics_task = cooling_ctrl::metrics::start(config.metrics_listen, metrics)
+        .await
+        .map_err(|e| e.to_string())?;
+    let serial_task = console::start_serial(config.serial.clone(), ctx.clone());
+    let console_task = tokio::spawn(console::serve(listener, ctx));
+    Ok(Readers::new(
+        config.console.clone(),
+        console_task,
+        [serial_task, metrics_task],
+    ))
 }
