@@ -3,7 +3,10 @@
 //! and the facility's heat rejection, with the characteristic curves those
 //! figures define (cold-plate resistance against flow, static power against
 //! temperature, the chiller's COP). Every field has the default of
-//! `docs/plant-model.md` and is a key of a site's TOML.
+//! `docs/plant-model.md` and is a key of a site's TOML; the figures the
+//! controller shares with the plant are written once, in
+//! `cooling_core::reference`, and only the plant's own (slowdown,
+//! shutdown, heat capacities, time constants) are written here.
 //!
 //! The controller is configured with these figures (`cooling-ctrl`'s
 //! `site_figures`); the simulated hall (`loopwarden-twin`) runs its plant
@@ -17,6 +20,7 @@
 //!   (leakage).
 //! - *COP*: heat a chiller removes per unit of electric power.
 
+use cooling_core::reference::{cdu, facility, gpu, host, layout};
 use serde::Deserialize;
 
 /// A hall as data; every field has the default of `docs/plant-model.md`.
@@ -48,14 +52,14 @@ pub struct SiteConfig {
 impl Default for SiteConfig {
     fn default() -> Self {
         Self {
-            racks: 4,
-            hosts_per_rack: 4,
-            gpus_per_host: 8,
+            racks: usize::from(layout::RACKS),
+            hosts_per_rack: usize::from(layout::HOSTS_PER_RACK),
+            gpus_per_host: usize::from(layout::GPUS_PER_HOST),
             gpu: GpuModel::default(),
             host: HostModel::default(),
             secondary: LoopModel::default(),
             facility: FacilityModel::default(),
-            cdus: 1,
+            cdus: usize::from(layout::CDUS),
         }
     }
 }
@@ -91,22 +95,15 @@ pub struct GpuModel {
 impl Default for GpuModel {
     fn default() -> Self {
         Self {
-            tdp_w: 700.0,
-            min_cap_w: 200.0,
-            static_w: 90.0,
-            leak_per_k: 0.015,
-            max_operating_c: 87.0,
+            tdp_w: gpu::TDP_W,
+            min_cap_w: gpu::MIN_CAP_W,
+            static_w: gpu::STATIC_W,
+            leak_per_k: gpu::LEAK_PER_K,
+            max_operating_c: gpu::MAX_OPERATING_C,
             slowdown_c: 89.0,
             shutdown_c: 92.0,
-            r_jc: 0.022,
-            r_cp: vec![
-                [0.4, 0.0389],
-                [0.6, 0.0300],
-                [1.0, 0.0245],
-                [1.4, 0.0220],
-                [2.0, 0.0204],
-                [2.4, 0.0197],
-            ],
+            r_jc: gpu::R_JC_K_PER_W,
+            r_cp: gpu::R_CP.to_vec(),
             r_cp_stagnant: 0.2,
             heat_capacity_j_per_k: 500.0,
         }
@@ -206,8 +203,8 @@ pub struct HostModel {
 impl Default for HostModel {
     fn default() -> Self {
         Self {
-            full_w: 1200.0,
-            idle_w: 500.0,
+            full_w: host::FULL_W,
+            idle_w: host::IDLE_W,
         }
     }
 }
@@ -252,18 +249,18 @@ pub struct LoopModel {
 impl Default for LoopModel {
     fn default() -> Self {
         Self {
-            design_lpm_per_gpu: 1.5,
-            min_speed: 0.3,
-            pump_max_w: 1400.0,
-            approach_k: 3.0,
+            design_lpm_per_gpu: cdu::DESIGN_LPM_PER_GPU,
+            min_speed: cdu::MIN_SPEED,
+            pump_max_w: cdu::PUMP_MAX_W,
+            approach_k: cdu::APPROACH_K,
             supply_tau_s: 30.0,
             lag_start_s: 10.0,
-            cp_j_per_kg_k: 3900.0,
-            density_kg_per_m3: 1030.0,
+            cp_j_per_kg_k: cdu::CP_J_PER_KG_K,
+            density_kg_per_m3: cdu::DENSITY_KG_PER_M3,
             dew_point_c: 15.0,
-            max_setpoint_c: 45.0,
+            max_setpoint_c: cdu::MAX_SETPOINT_C,
             stagnant_drift_k_per_s: 1.0,
-            design_dp_kpa: 100.0,
+            design_dp_kpa: cdu::DESIGN_DP_KPA,
             fallback_setpoint_c: 25.0,
             heartbeat_timeout_s: 10.0,
         }
@@ -315,19 +312,19 @@ pub struct FacilityModel {
 impl Default for FacilityModel {
     fn default() -> Self {
         Self {
-            water_kg_per_s: 6.0,
-            water_cp_j_per_kg_k: 4180.0,
-            dry_cooler_ua_w_per_k: 12_000.0,
-            fan_max_w: 4500.0,
-            pinch_k: 2.0,
-            chiller_max_w: 160_000.0,
-            cop_max: 8.0,
-            carnot_fraction: 0.5,
+            water_kg_per_s: facility::WATER_KG_PER_S,
+            water_cp_j_per_kg_k: facility::WATER_CP_J_PER_KG_K,
+            dry_cooler_ua_w_per_k: facility::DRY_COOLER_UA_W_PER_K,
+            fan_max_w: facility::FAN_MAX_W,
+            pinch_k: facility::PINCH_K,
+            chiller_max_w: facility::CHILLER_MAX_W,
+            cop_max: facility::COP_MAX,
+            carnot_fraction: facility::CARNOT_FRACTION,
             heat_capacity_j_per_k: 3_000_000.0,
             follow_tau_s: 60.0,
-            pumps_w: 1500.0,
-            distribution_loss: 0.03,
-            fixed_w: 2000.0,
+            pumps_w: facility::PUMPS_W,
+            distribution_loss: facility::DISTRIBUTION_LOSS,
+            fixed_w: facility::FIXED_W,
             fixed_water_c: 20.0,
         }
     }

@@ -200,60 +200,55 @@ pub struct CoreConfig {
 }
 
 impl Default for CoreConfig {
-    /// A 4-rack hall of 4 hosts of 8 H200-class GPUs with one CDU, a dry
-    /// cooler and a trim chiller: the figures of `docs/plant-model.md`.
+    /// The reference hall ([`crate::reference`]): 4 racks of 4 hosts of 8
+    /// H200-class GPUs with one CDU, a dry cooler and a trim chiller.
     fn default() -> Self {
+        use crate::reference::{cdu, facility, gpu, host, layout};
+        let r_cp = gpu::R_CP.map(|[q, r]| [q as f32, r as f32]);
         Self {
             layout: Layout {
-                racks: 4,
-                hosts_per_rack: 4,
-                gpus_per_host: 8,
+                racks: layout::RACKS,
+                hosts_per_rack: layout::HOSTS_PER_RACK,
+                gpus_per_host: layout::GPUS_PER_HOST,
                 unprotected: 0,
             },
             gpu: GpuParams {
-                tdp_w: 700.0,
-                min_cap_w: 200.0,
-                static_w: 90.0,
-                leak_per_k: 0.015,
-                r_jc_k_per_w: 0.022,
-                r_cp: [
-                    [0.4, 0.0389],
-                    [0.6, 0.0300],
-                    [1.0, 0.0245],
-                    [1.4, 0.0220],
-                    [2.0, 0.0204],
-                    [2.4, 0.0197],
-                ],
-                max_operating_c: 87.0,
+                tdp_w: gpu::TDP_W as f32,
+                min_cap_w: gpu::MIN_CAP_W as f32,
+                static_w: gpu::STATIC_W as f32,
+                leak_per_k: gpu::LEAK_PER_K as f32,
+                r_jc_k_per_w: gpu::R_JC_K_PER_W as f32,
+                r_cp,
+                max_operating_c: gpu::MAX_OPERATING_C as f32,
             },
             host: HostParams {
-                full_w: 1200.0,
-                idle_w: 500.0,
+                full_w: host::FULL_W as f32,
+                idle_w: host::IDLE_W as f32,
             },
             cdu: CduParams {
-                design_lpm_per_gpu: 1.5,
-                min_speed: 0.3,
-                pump_max_w: 1400.0,
-                approach_k: 3.0,
+                design_lpm_per_gpu: cdu::DESIGN_LPM_PER_GPU as f32,
+                min_speed: cdu::MIN_SPEED as f32,
+                pump_max_w: cdu::PUMP_MAX_W as f32,
+                approach_k: cdu::APPROACH_K as f32,
                 min_setpoint_c: 17.0,
-                max_setpoint_c: 45.0,
-                cp_j_per_kg_k: 3900.0,
-                density_kg_per_m3: 1030.0,
-                design_dp_kpa: 100.0,
+                max_setpoint_c: cdu::MAX_SETPOINT_C as f32,
+                cp_j_per_kg_k: cdu::CP_J_PER_KG_K as f32,
+                density_kg_per_m3: cdu::DENSITY_KG_PER_M3 as f32,
+                design_dp_kpa: cdu::DESIGN_DP_KPA as f32,
             },
             facility: FacilityParams {
-                water_kg_per_s: 6.0,
-                water_cp_j_per_kg_k: 4180.0,
-                dry_cooler_ua_w_per_k: 12_000.0,
-                fan_max_w: 4500.0,
-                pinch_k: 2.0,
-                chiller_max_w: 160_000.0,
-                cop_max: 8.0,
-                carnot_fraction: 0.5,
-                pumps_w: 1500.0,
-                distribution_loss: 0.03,
-                fixed_w: 2000.0,
-                cdus: 1,
+                water_kg_per_s: facility::WATER_KG_PER_S as f32,
+                water_cp_j_per_kg_k: facility::WATER_CP_J_PER_KG_K as f32,
+                dry_cooler_ua_w_per_k: facility::DRY_COOLER_UA_W_PER_K as f32,
+                fan_max_w: facility::FAN_MAX_W as f32,
+                pinch_k: facility::PINCH_K as f32,
+                chiller_max_w: facility::CHILLER_MAX_W as f32,
+                cop_max: facility::COP_MAX as f32,
+                carnot_fraction: facility::CARNOT_FRACTION as f32,
+                pumps_w: facility::PUMPS_W as f32,
+                distribution_loss: facility::DISTRIBUTION_LOSS as f32,
+                fixed_w: facility::FIXED_W as f32,
+                cdus: layout::CDUS,
             },
             margins: Margins {
                 plan_ceiling_c: 83.0,

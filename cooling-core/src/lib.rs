@@ -70,6 +70,7 @@ pub mod model;
 pub mod optimise;
 pub mod pid;
 pub mod pumps;
+pub mod reference;
 pub mod regulate;
 pub mod safety;
 pub mod sensors;
