@@ -18,8 +18,8 @@
 use core::fmt;
 
 use crate::message::{
-    AckCode, CapLease, CapSource, CduMode, CduSetting, CoolingStep, Event, GpuCap, GpuSelector,
-    HealthState, Pump, QuarantineRelease, Sensor, SensorFault,
+    AckCode, CapLease, CapSource, CduMode, CduSetting, CoolingStep, Event, EventClass, GpuCap,
+    GpuSelector, HealthState, Pump, QuarantineRelease, Sensor, SensorFault,
 };
 use crate::units::DurationMs;
 use crate::xid::{self, XidAction, XidCause};
@@ -335,20 +335,8 @@ impl fmt::Display for Event {
                 "{} run hot because of the cooling ({reason}), not a GPU fault",
                 GpuSet(*gpus)
             ),
-            Event::Leak { .. }
-            | Event::CduModeChanged { .. }
-            | Event::PumpTrip { .. }
-            | Event::PumpSeized { .. }
-            | Event::SensorFault { .. }
-            | Event::LeakSensing { .. }
-            | Event::IsolationFailed { .. }
-            | Event::SettingLimited { .. }
-            | Event::OperatorCleared { .. } => cooling_sentence(f, self),
-            Event::ControllerRestored { .. }
-            | Event::HostStalled { .. }
-            | Event::HostResumed { .. }
-            | Event::XidWatch { .. }
-            | Event::CoolingAction { .. } => host_sentence(f, self),
+            _ if self.class() == EventClass::Cooling => cooling_sentence(f, self),
+            _ => host_sentence(f, self),
         }
     }
 }

@@ -63,22 +63,8 @@ impl Live<'_> {
                 self.out.events.push(format!("t={t:.0}s {node}: {e}"));
                 self.cooling_action(&node, *step, *ok)
             }
-            Message::Event(e) => {
-                if matches!(
-                    e,
-                    Event::Leak { .. }
-                        | Event::CduModeChanged { .. }
-                        | Event::PumpTrip { .. }
-                        | Event::PumpSeized { .. }
-                        | Event::SensorFault { .. }
-                        | Event::LeakSensing { .. }
-                        | Event::IsolationFailed { .. }
-                        | Event::OperatorCleared { .. }
-                        | Event::ControllerRestored { .. }
-                        | Event::Xid { .. }
-                ) {
-                    self.out.events.push(format!("t={t:.0}s {node}: {e}"));
-                }
+            Message::Event(e) if e.needs_attention() => {
+                self.out.events.push(format!("t={t:.0}s {node}: {e}"));
             }
             _ => {}
         }
