@@ -56,8 +56,8 @@ use crate::gpu::{GpuError, GpuInfo, GpuSample, GpuSource};
 use crate::guard::ThermalGuard;
 use crate::health::HealthEngine;
 use crate::worker::Worker;
-use loopwarden_bus::agent_flash::{self, SeqFloor, Stores};
-use loopwarden_bus::recorder::Recorder;
+use loopwarden_store::agent_flash::{self, SeqFloor, Stores};
+use loopwarden_store::recorder::Recorder;
 
 mod commands;
 mod cooling;

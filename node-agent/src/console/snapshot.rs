@@ -21,7 +21,7 @@ use crate::caps::{GpuRange, LeaseView};
 use crate::config::GpuSourceKind;
 use crate::gpu::{GpuInfo, GpuSample};
 use crate::health::GpuStatus;
-use loopwarden_bus::recorder::Recorder;
+use loopwarden_store::recorder::Recorder;
 
 /// Timing of the sampling loop, for the console and the benchmarks.
 #[derive(Debug, Clone, Default)]

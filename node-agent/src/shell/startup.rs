@@ -11,13 +11,13 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use loopwarden_bus::agent_flash::Flash;
 use loopwarden_bus::embedded::EmbeddedBroker;
 use loopwarden_bus::{now_ms, Bus, BusConfig, BusTask, Inbound};
 use loopwarden_flash::{ConfigStore, EventLog, FlashError, Outbox, StoreError};
 use loopwarden_protocol::{
     Family, Frame, GpuHealth, HealthState, Message, MessageKind, NodeId, Role, Topic,
 };
+use loopwarden_store::agent_flash::Flash;
 use tokio::sync::mpsc;
 
 use super::{health_key, AgentError, GpuState};
