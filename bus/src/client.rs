@@ -16,27 +16,51 @@
 //!   after the reconnection. Telemetry is not: it is stale by then.
 //!   Surviving a crash or power cut is the flash outbox's job, not this one.
 //!
-//! Split the way `rumqttc` splits its client:
-//! - [`handle`]: the cloneable [`Bus`] that publishes, and the [`BusTask`];
-//! - [`state`]: what both sides share (sequence numbers, what is pending,
-//!   presence and the last will, the counters);
-//! - [`event_loop`]: the task that drives `rumqttc`'s `EventLoop`:
-//!   (re)connection with backoff, hand-over of kept and outbox frames,
-//!   acknowledgements and inbound frames;
+//! Shaped the way `rumqttc` shapes its client: cloneable handles send
+//! requests over channels to the one task that owns the connection and
+//! all of its state. Modules, each using only those listed before it:
+//! - [`status`]: the frame counter and the counters, the only state the
+//!   handles and the task share (atomics, read without asking the task);
+//! - [`node`]: who the node is (its configuration) and the packets that
+//!   follow from it: options, topics, numbered frames, presence, wills;
+//! - [`command`]: the channels between the handles and the task, and the
+//!   messages on them; the one module both sides import;
+//! - [`session`]: the delivery state, a plain struct with no I/O: order
+//!   of hand-over, packet ids and acknowledgements, what is kept across a
+//!   reconnection, what the outbox still holds, the retained state;
 //! - [`presence`]: the second, light connection that keeps the JSON
-//!   mirror of `online`, with its own last will (`json_presence`).
+//!   mirror of `online`, with its own last will (`json_presence`);
+//! - [`acker`]: the thread that removes acknowledged frames from flash;
+//! - [`event_loop`]: the task: drives `rumqttc`'s `EventLoop` (connection,
+//!   backoff, failover), owns the session and feeds it;
+//! - [`handle`]: the cloneable [`Bus`] and the [`BusTask`].
+//!
+//! This module wires the two halves together ([`Bus::start`]).
+//!
+//! Glossary:
+//! - *handle*: a clone of [`Bus`]; *task*: the event loop.
+//! - *outbox*: the flash store of QoS 1 frames not yet acknowledged
+//!   (`loopwarden-flash`), surviving a crash or power cut.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use loopwarden_protocol::topic::filter;
 use loopwarden_protocol::{Frame, Ident, MessageKind, Role, TimestampMs, Topic};
+use tokio::sync::mpsc;
 
+use crate::config::BusConfig;
+use crate::durable::DurableOutbox;
+
+mod acker;
+mod command;
 mod event_loop;
 mod handle;
+mod node;
 mod presence;
-mod state;
+mod session;
+mod status;
 
-pub use handle::{Bus, BusTask};
+pub use handle::{AckedLedger, Bus, BusTask};
 
 /// The most QoS 1 publishes in flight at once. Packet ids wrap at this
 /// number; the shell never hands over more than it leaves room for, so a
@@ -119,4 +143,40 @@ pub fn site_filter(site: &Ident) -> String {
     filter::site_frames(site)
         .map(|s| s.to_string())
         .unwrap_or_else(|_| format!("dc/v2/{site}/+/+/+"))
+}
+
+impl Bus {
+    /// Starts the bus task. Returns at once; the task connects in the
+    /// background and keeps reconnecting. Received frames arrive on the
+    /// returned channel.
+    pub fn start(config: BusConfig) -> (Bus, mpsc::Receiver<Inbound>, BusTask) {
+        start(config, None)
+    }
+
+    /// As [`Bus::start`], with every QoS 1 frame of this node stored in
+    /// `outbox` before it is sent and removed when the broker acknowledged
+    /// it; what the outbox holds from before (a crash, a power cut) is sent
+    /// again on the first connection, with its original sequence numbers.
+    /// `config.first_seq` should come from a reservation in flash
+    /// (`ConfigStore::reserve_seq`) so numbers keep rising across restarts.
+    pub fn start_with_outbox(
+        config: BusConfig,
+        outbox: Box<dyn DurableOutbox>,
+    ) -> (Bus, mpsc::Receiver<Inbound>, BusTask) {
+        start(config, Some(outbox))
+    }
+}
+
+/// The handle and the task over one set of channels.
+fn start(
+    config: BusConfig,
+    outbox: Option<Box<dyn DurableOutbox>>,
+) -> (Bus, mpsc::Receiver<Inbound>, BusTask) {
+    let outbox = outbox.map(|o| std::sync::Arc::new(std::sync::Mutex::new(o)));
+    let (inbound_tx, inbound_rx) = mpsc::channel(config.inbound_capacity.max(1));
+    let (handles, ends) = command::channels(config.queue_capacity);
+    let node = std::sync::Arc::new(node::Node::new(config));
+    let bus = Bus::new(node.clone(), handles, outbox.clone());
+    let task = tokio::spawn(event_loop::run(node, ends, inbound_tx, outbox));
+    (bus, inbound_rx, BusTask::new(task))
 }

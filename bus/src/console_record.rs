@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 /// The event-log kind of a console record: outside the protocol's
 /// message kinds (1 to 9) and the log's own markers (0xF0); declared with
 /// the recorder.
-pub use crate::recorder::CONSOLE_RECORD;
+pub use loopwarden_store::recorder::CONSOLE_RECORD;
 
 /// The longest command result kept, in characters.
 const RESULT_MAX: usize = 300;

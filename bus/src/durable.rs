@@ -2,12 +2,8 @@
 //! (`loopwarden-flash`) before they are sent, and leave it only when the
 //! broker acknowledged them.
 //!
-//! The MQTT client tells which packet id it gave each publish only as an
-//! event (`Outgoing::Publish(pkid)`), in the order it sends them. The shell
-//! therefore keeps, under one lock with every hand-over to the client, the
-//! order in which it handed QoS 1 publishes over (`order`), matches each
-//! send event to the front of that order, and each PUBACK to its frame's
-//! sequence number (`inflight`).
+//! Matching sends and acknowledgements to outbox frames is the session's
+//! job (`client::session`); this module is the outbox as the bus sees it.
 //!
 //! Glossary:
 //! - *durable*: a QoS 1 frame on the node's own frame topics, not presence
@@ -17,8 +13,6 @@
 //!   drains.
 //! - *acking*: acknowledged by the broker, waiting for the acker thread to
 //!   remove it from flash (never handed over again meanwhile).
-
-use std::collections::{HashMap, VecDeque};
 
 use loopwarden_flash::outbox::{Class, Dropped, Entry, Outbox};
 
@@ -102,55 +96,7 @@ where
     }
 }
 
-/// The bookkeeping between the outbox and the MQTT client (see the module
-/// note). One lock guards it together with every QoS 1 hand-over.
-#[derive(Default)]
-pub(crate) struct Delivery {
-    /// The outbox has a lock of its own, taken after this one: a PUBACK
-    /// removes its frame from flash without holding the delivery lock, so
-    /// a publish that does not go through the outbox (health, presence,
-    /// mirrors) never waits for a flash write.
-    pub(crate) outbox: Option<SharedOutbox>,
-    /// For every QoS 1 publish handed over and not yet sent: its frame seq
-    /// if it is in the outbox.
-    pub(crate) order: VecDeque<Option<u32>>,
-    /// Packet id -> frame seq of sent, unacknowledged outbox frames.
-    pub(crate) inflight: HashMap<u16, u32>,
-    /// Outbox frames not handed over yet.
-    pub(crate) deferred: bool,
-    /// Outbox frames the broker acknowledged whose removal from flash
-    /// has not happened yet (done off the bus task); never handed over
-    /// again meanwhile.
-    pub(crate) acking: std::collections::HashSet<u32>,
-    /// The seqs of every outbox frame the broker acknowledged, in order,
-    /// when asked for ([`crate::Bus::keep_acked_ledger`]): what a
-    /// subscriber must have received, for a measurement.
-    pub(crate) ledger: Option<Vec<u32>>,
-}
-
-/// The outbox, shared between publishers and the bus task.
+/// The outbox, shared between publishers (which store) and the bus task
+/// (which reads what to hand over, and whose acker removes what the broker
+/// acknowledged).
 pub(crate) type SharedOutbox = std::sync::Arc<std::sync::Mutex<Box<dyn DurableOutbox>>>;
-
-impl Delivery {
-    /// Outbox frames neither sent nor handed over: what to hand over now.
-    pub(crate) fn unsent(&mut self) -> Result<Vec<Pending>, String> {
-        let Some(outbox) = self.outbox.clone() else {
-            return Ok(Vec::new());
-        };
-        let mut outbox = outbox
-            .lock()
-            .map_err(|_| "the outbox lock is poisoned".to_string())?;
-        let busy: std::collections::HashSet<u32> = self
-            .inflight
-            .values()
-            .copied()
-            .chain(self.order.iter().flatten().copied())
-            .chain(self.acking.iter().copied())
-            .collect();
-        Ok(outbox
-            .pending()?
-            .into_iter()
-            .filter(|p| !busy.contains(&p.seq))
-            .collect())
-    }
-}

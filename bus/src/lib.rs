@@ -7,10 +7,9 @@
 //! counts every message it drops. The embedded broker (`rumqttd`) is the
 //! zero-install default when no broker is configured.
 //!
-//! Around it, what both agents' shells keep in flash: [`agent_flash`] (the
-//! flash image, its stores, the sequence floor) and [`recorder`] (the one
-//! thread that writes it and publishes events and acks through the
-//! outbox).
+//! What both agents keep in flash (the flash image, the recorder thread)
+//! is `loopwarden-store`, which knows no network code: [`Bus`] implements
+//! its `Publisher`, through which the recorder publishes events and acks.
 //!
 //! Glossary:
 //! - *last will*: a message the broker publishes for us when our connection
@@ -20,7 +19,6 @@
 
 #![warn(missing_docs)]
 
-pub mod agent_flash;
 mod backoff;
 mod client;
 mod config;
@@ -32,11 +30,10 @@ pub mod keys;
 mod metrics;
 pub mod pki;
 pub mod prometheus;
-pub mod recorder;
 pub mod tls;
 
 pub use backoff::Backoff;
-pub use client::{now_ms, site_filter, Bus, BusTask, Inbound, PublishError};
+pub use client::{now_ms, site_filter, AckedLedger, Bus, BusTask, Inbound, PublishError};
 pub use config::{BrokerAddr, BrokerAddrError, Brokers, BrokersError, BusConfig, DEFAULT_PORT};
 pub use durable::{DurableOutbox, Pending, StoreFailure};
 pub use metrics::{Metrics, MetricsSnapshot};

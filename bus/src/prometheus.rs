@@ -20,8 +20,8 @@ pub use text::{Exposition, Metric, MetricKind};
 
 use std::net::{Ipv4Addr, SocketAddr};
 
-use crate::recorder::Recorder;
 use crate::MetricsSnapshot;
+use loopwarden_store::recorder::Recorder;
 
 /// Reads a `metrics_listen` value: `IP:PORT` (`127.0.0.1:9400`,
 /// `[::1]:9400`) or `:PORT` for every IPv4 interface. The error is the

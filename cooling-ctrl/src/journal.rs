@@ -1,6 +1,6 @@
 //! The controller's flash: the same image, stores and recorder thread as
-//! the node agent's (`loopwarden_bus::agent_flash`,
-//! `loopwarden_bus::recorder`): the event log keeps every core event and
+//! the node agent's (`loopwarden_store::agent_flash`,
+//! `loopwarden_store::recorder`): the event log keeps every core event and
 //! every lease sent or lifted, so `cooling-ctrl ctl events` shows them
 //! across restarts; the outbox keeps the events and leases until the
 //! broker has them; the config store keeps the sequence floor. Without a
@@ -45,11 +45,11 @@ use std::vec::Vec;
 use cooling_core::estimate::record::{MAX_LEN, PARTS};
 use cooling_core::{CoreConfig, Latched, Learned};
 use embedded_storage_async::nor_flash::MultiwriteNorFlash;
-use loopwarden_bus::agent_flash::{self, Flash};
-pub use loopwarden_bus::recorder::{Entry, Recorder};
 use loopwarden_flash::log::WRAPPED;
 use loopwarden_flash::{ConfigStore, Outbox, Wrapped};
 use loopwarden_protocol::{Frame, Message, MessageKind, TimestampMs, MAX_FRAME_LEN};
+use loopwarden_store::agent_flash::{self, Flash};
+pub use loopwarden_store::recorder::{Entry, Recorder};
 use serde_json::{json, Value};
 
 use crate::shell::Journal;
@@ -489,9 +489,9 @@ mod tests {
     /// A config store on a simulated flash of the controller's geometry,
     /// fresh or `flash` reopened.
     fn sim_store(
-        flash: Option<loopwarden_bus::agent_flash::AgentFlash>,
-    ) -> ConfigStore<loopwarden_bus::agent_flash::AgentFlash> {
-        use loopwarden_bus::agent_flash::AgentFlash;
+        flash: Option<loopwarden_store::agent_flash::AgentFlash>,
+    ) -> ConfigStore<loopwarden_store::agent_flash::AgentFlash> {
+        use loopwarden_store::agent_flash::AgentFlash;
         let board = loopwarden_boards::FlashBoard::host_file();
         let flash = flash.unwrap_or_else(|| {
             AgentFlash::Memory(loopwarden_flash::sim::SimFlash::new(
@@ -620,7 +620,7 @@ mod tests {
     #[test]
     fn a_damaged_newest_record_is_unreadable_never_the_older_state() {
         use futures::executor::block_on;
-        use loopwarden_bus::agent_flash::AgentFlash;
+        use loopwarden_store::agent_flash::AgentFlash;
         let mut store = sim_store(None);
         assert_eq!(block_on(load_latched(&mut store)), Ok(None));
         let older = LatchRecord {

@@ -72,7 +72,6 @@ use std::time::Duration;
 use std::vec;
 use std::vec::Vec;
 
-use loopwarden_bus::agent_flash::SeqFloor;
 use loopwarden_bus::{now_ms, Brokers, Bus, BusConfig, Inbound, PublishError};
 use loopwarden_protocol::auth::SigningKey;
 use loopwarden_protocol::message::{
@@ -84,6 +83,7 @@ use loopwarden_protocol::units::{Celsius, LitresPerMinute, Percent, Pue, Timesta
 use loopwarden_protocol::{
     Family, Frame, Ident, Message, NodeId, RackIndex, ReasonCode, Role, Topic,
 };
+use loopwarden_store::agent_flash::SeqFloor;
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 

@@ -32,10 +32,10 @@ use futures::executor::block_on;
 use loopwarden_boards::modbus_map::RegisterMap;
 use loopwarden_boards::site::SiteConfig;
 use loopwarden_boards::FlashBoard;
-use loopwarden_bus::agent_flash::AgentFlash;
 use loopwarden_flash::sim::SimFlash;
 use loopwarden_flash::ConfigStore;
 use loopwarden_protocol::message::CduMode;
+use loopwarden_store::agent_flash::AgentFlash;
 use loopwarden_twin::sim::{Controller, Decision, Readings};
 
 use cooling_core::facility::Offer;

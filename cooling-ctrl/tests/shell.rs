@@ -335,7 +335,7 @@ async fn learned_figures_are_restored_from_flash_at_start_and_kept_at_a_clean_st
     l.facility.theta = [-0.3, 0.0, 0.0, 0.0];
     l.facility_trust = [0.6, 0.0, 0.0, 0.0];
     {
-        let mut stores = loopwarden_bus::agent_flash::open(Some(&path)).expect("the flash file");
+        let mut stores = loopwarden_store::agent_flash::open(Some(&path)).expect("the flash file");
         futures::executor::block_on(save_learned(&mut stores.store, &l)).expect("written");
         // Hosts 8 to 15 in a record no controller writes.
         futures::executor::block_on(stores.store.set(LEARNED_KEYS[2], &[9u8; 89]))
@@ -800,7 +800,7 @@ async fn an_unreadable_latched_record_latches_the_racks_whose_valves_read_closed
     let path = dir.path().join("cdu.flash");
     {
         // A record no controller writes (version 9).
-        let mut stores = loopwarden_bus::agent_flash::open(Some(&path)).expect("the flash file");
+        let mut stores = loopwarden_store::agent_flash::open(Some(&path)).expect("the flash file");
         futures::executor::block_on(
             stores
                 .store
@@ -918,7 +918,7 @@ async fn a_refused_setpoint_holds_back_neither_the_valves_nor_the_heartbeat() {
 /// A flash file whose latched record no controller can read (version 9).
 fn unreadable_flash(path: &std::path::Path) -> ControllerFlash {
     {
-        let mut stores = loopwarden_bus::agent_flash::open(Some(path)).expect("the flash file");
+        let mut stores = loopwarden_store::agent_flash::open(Some(path)).expect("the flash file");
         futures::executor::block_on(
             stores
                 .store

@@ -104,7 +104,7 @@ pub trait SerialAgent: Send + Sync + 'static {
 /// The journal that writes each record to the agent's flash event log
 /// through its `recorder`, stamped with the time it is handed over.
 pub fn flash_journal(
-    recorder: loopwarden_bus::recorder::Recorder,
+    recorder: loopwarden_store::recorder::Recorder,
 ) -> impl Fn(Record) + Send + Sync {
     move |r| recorder.append(loopwarden_bus::now_ms(), record::CONSOLE_RECORD, r.encode())
 }

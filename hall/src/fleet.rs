@@ -43,7 +43,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use loopwarden_bus::embedded::EmbeddedBroker;
-use loopwarden_bus::{BrokerAddr, Bus, MetricsSnapshot};
+use loopwarden_bus::{AckedLedger, BrokerAddr, Bus, MetricsSnapshot};
 use loopwarden_field::common::CommonFlags;
 use loopwarden_protocol::Ident;
 use loopwarden_twin::scenario::Scenario;
@@ -550,7 +550,8 @@ async fn stop_controllers(cdus: Vec<CduPart>, layouts: &[CduLayout]) -> Vec<(Str
 struct Agents {
     stop: watch::Sender<bool>,
     tasks: Vec<(String, JoinHandle<()>)>,
-    buses: Vec<Bus>,
+    /// Each agent's bus, and the outbox frames its broker acknowledged.
+    buses: Vec<(Bus, AckedLedger)>,
     /// The halls' XID watches, kept while the agents run.
     _watches: Vec<node_agent::hall_gpus::HallXidWatch>,
 }
@@ -596,8 +597,8 @@ impl Agents {
                 .map_err(|_| FleetError::Start(format!("agent {id} ended at its start")))?;
             // Every event the broker acknowledges is one the observer
             // must receive.
-            bus.keep_acked_ledger();
-            buses.push(bus);
+            let ledger = bus.keep_acked_ledger();
+            buses.push((bus, ledger));
         }
         let agents = Self {
             stop,
@@ -613,7 +614,7 @@ impl Agents {
     async fn connected(&self) -> Result<(), FleetError> {
         let until = Instant::now() + Duration::from_secs(CONNECT_LIMIT_S);
         loop {
-            let down = self.buses.iter().filter(|b| !b.is_connected()).count();
+            let down = self.buses.iter().filter(|(b, _)| !b.is_connected()).count();
             if down == 0 {
                 return Ok(());
             }
@@ -640,8 +641,8 @@ impl Agents {
             ids.push(id);
         }
         ids.into_iter()
-            .zip(&self.buses)
-            .map(|(id, b)| (id, b.metrics(), b.acked_ledger()))
+            .zip(self.buses)
+            .map(|(id, (b, mut ledger))| (id, b.metrics(), ledger.take()))
             .collect()
     }
 }

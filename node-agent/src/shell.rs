@@ -56,8 +56,8 @@ use crate::config::Config;
 use crate::console::{self, Context, Snapshot, Timing};
 use crate::gpu::{GpuError, GpuInfo, GpuSample, GpuSource};
 use crate::worker::Worker;
-use loopwarden_bus::agent_flash::{self, SeqFloor, Stores};
-use loopwarden_bus::recorder::Recorder;
+use loopwarden_store::agent_flash::{self, SeqFloor, Stores};
+use loopwarden_store::recorder::Recorder;
 use node_core::caps::GpuRange;
 use node_core::node::{Input, Node, Now};
 

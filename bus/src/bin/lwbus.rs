@@ -562,7 +562,7 @@ mod tests {
     #[test]
     fn a_serial_console_record_reads_as_a_sentence_or_its_json() {
         let body = br#"{"port":"/dev/ttyS1","what":"login_refused","in_a_row":2}"#;
-        let kind = loopwarden_bus::recorder::CONSOLE_RECORD;
+        let kind = loopwarden_bus::console_record::CONSOLE_RECORD;
         assert_eq!(
             describe_record(kind, body, false),
             "serial_console     serial console /dev/ttyS1: login refused (2 in a row)"

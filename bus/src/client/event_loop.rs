@@ -1,18 +1,22 @@
-//! The event loop: the one task that drives `rumqttc`'s `EventLoop`. It
-//! connects and reconnects (backoff with jitter; the next broker of the
-//! list after each failure), subscribes, announces
-//! presence, hands over what was kept from the last connection and what
-//! the outbox holds, matches acknowledgements to outbox frames, and passes
+//! The event loop: the one task that drives `rumqttc`'s `EventLoop` and
+//! owns the delivery state ([`Session`]). It connects and reconnects
+//! (backoff with jitter; the next broker of the list after each failure),
+//! subscribes, announces presence, takes the handles' commands and puts
+//! into the client what the session answers, reads the outbox when the
+//! session asks for it, matches sends and acknowledgements, and passes
 //! inbound frames on.
 //!
+//! The `EventLoop`'s `poll` is never cancelled: while it waits, the task
+//! serves the handles' channels beside it and hands publishes to the
+//! client's request queue (the *conduit*, a few requests deep); between
+//! two events it puts what must go ahead of that queue (subscriptions,
+//! kept and outbox frames, presence) in the `EventLoop`'s pending list.
+//!
 //! Glossary:
-//! - *order*: the outbox sequence number (or none) of every QoS 1 publish
-//!   handed over whose send the task has not seen yet, in hand-over order.
-//! - *salvage*: what is kept of the unacknowledged publishes after a lost
-//!   connection.
+//! - *ready*: connected with every subscription answered; what the
+//!   handles see as connected.
+//! - *link*: the connection the broker accepted (ready or not yet).
 
-use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,210 +24,103 @@ use loopwarden_protocol::topic::filter;
 use loopwarden_protocol::{Family, Frame, Topic};
 use rand::SeedableRng;
 use rumqttc::{
-    ConnectionError, Event, EventLoop, Outgoing, Packet, QoS, Request, SubscribeReasonCode,
+    AsyncClient, ConnectionError, Event, EventLoop, Outgoing, Packet, QoS, Request,
+    SubscribeReasonCode,
 };
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::handle::qos_of;
+use super::acker::Acker;
+use super::command::{Control, LoopEnds};
+use super::node::{qos_of, Node, PresencePair};
 use super::presence::{self, Want};
-use super::state::{PresencePair, Shared};
-use super::{Inbound, PublishError, INFLIGHT_MARGIN, MAX_INFLIGHT};
+use super::session::{Queued, Session};
+use super::{Inbound, PublishError};
 use crate::backoff::Backoff;
-use crate::durable::{Delivery, Pending, SharedOutbox};
+use crate::durable::{Pending, SharedOutbox};
 use crate::metrics::Metrics;
 
-/// Hands over outbox frames still deferred, once connected and once at
-/// least half the in-flight window is free (so the outbox is read in
-/// batches, not once per acknowledgement).
-fn top_up(eventloop: &mut EventLoop, shared: &Shared) {
-    if !shared.connected.load(Ordering::Relaxed) {
-        return;
-    }
-    let mut delivery = shared.delivery();
-    let busy = delivery.inflight.len() + delivery.order.len();
-    if delivery.deferred && busy < MAX_INFLIGHT as usize / 2 {
-        hand_over_unsent(eventloop, &mut delivery, Vec::new(), Vec::new(), shared);
-    }
-}
+/// Requests the client's queue holds at most: the command channel is the
+/// queue the handles see, this only carries its front to the `EventLoop`.
+const CONDUIT: usize = 16;
 
-/// Numbers the next connection's announcement, then its last will, and
-/// registers the will for the next connection attempt.
-fn prepare_presence(shared: &Shared, eventloop: &mut EventLoop) -> PresencePair {
-    let pair = shared.presence_pair();
-    if let Some(will) = shared.will_of(&pair.will, false) {
-        eventloop.mqtt_options.set_last_will(will);
-    }
-    pair
-}
-
-/// After a lost connection: keeps the QoS 1 publishes the event loop had
-/// not got acknowledged that are not in the outbox (the outbox resends its
-/// own), drops the rest (counted), bounds the lot, and forgets the packet
-/// ids of the old session. Runs under the delivery lock.
-fn salvage(
-    eventloop: &mut EventLoop,
-    kept: &mut VecDeque<Request>,
-    shared: &Shared,
-    delivery: &mut Delivery,
-) {
-    let m = &shared.metrics;
-    let has_outbox = delivery.outbox.is_some();
-    // Every QoS 1 publish back in `pending` whose send event the shell has
-    // not seen (drained from the client's queue, or handled just before the
-    // connection broke) still has its place at the front of `order`, in the
-    // same order. Send events of the broken connection still buffered in the
-    // client are stale: drop them so they cannot be matched after the
-    // reconnection.
-    let unseen = eventloop
-        .pending
-        .iter()
-        .filter(|r| {
-            matches!(r, Request::Publish(p)
-                if p.qos != QoS::AtMostOnce && (p.pkid == 0 || !delivery.inflight.contains_key(&p.pkid)))
-        })
-        .count();
-    delivery.order.drain(..unseen.min(delivery.order.len()));
-    delivery.inflight.clear();
-    eventloop.state.events.clear();
-    for request in eventloop.pending.drain(..) {
-        match request {
-            Request::Publish(mut p) if p.qos != QoS::AtMostOnce => {
-                let topic = Topic::parse(&p.topic).ok();
-                let in_outbox = has_outbox && topic.as_ref().is_some_and(|t| shared.durable(t));
-                let presence = topic.as_ref().is_some_and(|t| t.family == Family::Online);
-                if in_outbox || presence {
-                    continue; // resent from the outbox / announced again
-                }
-                // The next session is a clean one: the old packet id means
-                // nothing there and could collide with a new one.
-                p.pkid = 0;
-                kept.push_back(Request::Publish(p));
-            }
-            Request::Publish(_) => Metrics::add(&m.dropped_offline),
-            // Subscriptions are renewed on the next connection; acks and
-            // pings belong to the old session.
-            _ => {}
-        }
-    }
-    if has_outbox {
-        delivery.deferred = true;
-    }
-    // The client gives unacknowledged publishes back by packet id, not in
-    // the order they were sent: restore the frames' order.
-    let mut sorted: Vec<Request> = kept.drain(..).collect();
-    sorted.sort_by_key(|r| match r {
-        Request::Publish(p) => seq_of(&p.payload),
-        _ => None,
-    });
-    kept.extend(sorted);
-    while kept.len() > shared.config.offline_capacity {
-        kept.pop_front();
-        Metrics::add(&m.dropped_offline_overflow);
-    }
-}
-
-/// The sequence number of a frame or of its JSON mirror.
-fn seq_of(payload: &[u8]) -> Option<u32> {
-    Frame::decode(payload)
-        .ok()
-        .or_else(|| Frame::from_json(std::str::from_utf8(payload).ok()?).ok())
-        .map(|f| f.seq)
-}
-
-/// Hands the outbox frames not yet handed over to the event loop, ahead of
-/// the client's queue, between `before` (kept frames) and `after`
-/// (presence).
-fn hand_over_unsent(
-    eventloop: &mut EventLoop,
-    delivery: &mut Delivery,
-    before: Vec<rumqttc::Publish>,
-    after: Vec<rumqttc::Publish>,
-    shared: &Shared,
-) {
-    let m = &shared.metrics;
-    // Room for the outbox frames: never more in flight than packet ids.
-    let busy = delivery.inflight.len() + delivery.order.len() + before.len() + after.len();
-    let room = (MAX_INFLIGHT as usize).saturating_sub(busy + INFLIGHT_MARGIN);
-    let unsent: Vec<Pending> = if delivery.deferred {
-        match delivery.unsent() {
-            Ok(mut u) => {
-                if u.len() > room {
-                    u.truncate(room); // the rest on later acknowledgements
-                } else {
-                    delivery.deferred = false;
-                }
-                u
-            }
-            Err(e) => {
-                warn!(error = %e, "cannot read the outbox; will retry");
-                Vec::new()
-            }
-        }
-    } else {
-        Vec::new()
-    };
-    if let (Some(first), Some(last)) = (unsent.first(), unsent.last()) {
-        debug!(
-            count = unsent.len(),
-            first = first.seq,
-            last = last.seq,
-            "handing over outbox frames"
-        );
-    }
-    // Requests already in `pending` come first; then these; then the queue.
-    let at = eventloop
-        .pending
-        .iter()
-        .filter(|r| matches!(r, Request::Publish(p) if p.qos != QoS::AtMostOnce))
-        .count();
-    let mut entries = Vec::new();
-    let mut requests = Vec::new();
-    for p in before {
-        entries.push(None);
-        requests.push(Request::Publish(p));
-    }
-    for u in unsent {
-        let mut p = rumqttc::Publish::new(u.topic, QoS::AtLeastOnce, u.payload);
-        p.retain = Topic::parse(&p.topic).is_ok_and(|t| t.family.retained());
-        entries.push(Some(u.seq));
-        requests.push(Request::Publish(p));
-        Metrics::add(&m.resent);
-    }
-    for p in after {
-        entries.push(None);
-        requests.push(Request::Publish(p));
-    }
-    for (k, (entry, request)) in entries.into_iter().zip(requests).enumerate() {
-        delivery
-            .order
-            .insert((at + k).min(delivery.order.len()), entry);
-        eventloop.pending.push_back(request);
-        Metrics::add(&m.published);
-        Metrics::add(&m.published_qos1);
-    }
-}
-
-/// What the task keeps from one event to the next.
-struct Driver {
-    shared: Arc<Shared>,
-    eventloop: EventLoop,
+/// The bus task: drives the event loop until a shutdown or until the
+/// handles are all gone.
+pub(super) async fn run(
+    node: Arc<Node>,
+    ends: LoopEnds,
     inbound: mpsc::Sender<Inbound>,
-    connected: watch::Sender<bool>,
+    outbox: Option<SharedOutbox>,
+) {
+    let owns_online = node.own_topic(Family::Online).is_ok();
+    let (control, presence) = if node.config.json_presence && owns_online {
+        let (control, want) = presence::Control::new();
+        (
+            Some(control),
+            Some(presence::Task::start(node.clone(), want)),
+        )
+    } else {
+        (None, None)
+    };
+    let (client, mut eventloop) = AsyncClient::new(node.mqtt_options(0), CONDUIT);
+    let core = Core::new(node, client, ends, inbound, outbox, control, &mut eventloop);
+    let mut driver = Driver { eventloop, core };
+    driver.drive().await;
+    // The presence connection ends with us: with the goodbye a shutdown
+    // asked for, else without one, so its will speaks.
+    driver.core.want_presence(Want::End(None));
+    if let Some(task) = presence {
+        task.join(Duration::from_secs(3)).await;
+    }
+}
+
+/// The `EventLoop`, and everything else (borrowed apart while `poll`
+/// runs).
+struct Driver {
+    eventloop: EventLoop,
+    core: Core,
+}
+
+/// A shutdown waiting for the broker's acknowledgements.
+struct Leaving {
+    deadline: Instant,
+    answer: oneshot::Sender<Result<(), PublishError>>,
+}
+
+/// What the task keeps from one event to the next, but the `EventLoop`.
+struct Core {
+    node: Arc<Node>,
+    session: Session,
+    /// The client's request queue (the conduit).
+    client: AsyncClient,
+    ends: LoopEnds,
+    inbound: mpsc::Sender<Inbound>,
+    outbox: Option<SharedOutbox>,
+    /// Removes acknowledged frames from the outbox, off this task.
+    acker: Option<Acker>,
+    removed_tx: mpsc::UnboundedSender<u32>,
+    removed: mpsc::UnboundedReceiver<u32>,
+    ledger: Option<mpsc::UnboundedSender<u32>>,
+    presence: Option<presence::Control>,
     backoff: Backoff,
     rng: rand::rngs::StdRng,
-    /// QoS 1 publishes kept from the last connection, sent again first.
-    kept: VecDeque<Request>,
     errors_in_a_row: u32,
     /// Ready only once the broker answered the subscriptions.
     awaiting_suback: bool,
-    connected_at: Option<tokio::time::Instant>,
+    ready: bool,
+    /// The index of the broker in use in `config.broker`.
+    broker: usize,
+    connected_at: Option<Instant>,
     subscriptions: Vec<String>,
     /// The presence of the next connection: its announcement, numbered
     /// before its will so the will is the newer of the two.
     pair: PresencePair,
-    /// Removes acknowledged frames from the outbox, off this task.
-    acker: Option<Acker>,
+    /// `shutdown` was asked: do not reconnect.
+    shutting_down: bool,
+    leaving: Option<Leaving>,
+    /// Some handle is left.
+    handles: bool,
 }
 
 /// Whether the task goes on after an event.
@@ -232,127 +129,280 @@ enum Flow {
     Stop,
 }
 
-/// The bus task: drives the event loop until a shutdown or until the
-/// handles are all gone.
-pub(super) async fn run(
-    shared: Arc<Shared>,
-    eventloop: EventLoop,
-    inbound: mpsc::Sender<Inbound>,
-    connected: watch::Sender<bool>,
-    presence: Option<presence::Task>,
-) {
-    let control = shared.clone();
-    Driver::new(shared, eventloop, inbound, connected)
-        .drive()
-        .await;
-    // The presence connection ends with us: with the goodbye a shutdown
-    // asked for, else without one, so its will speaks.
-    if let Some(c) = &control.presence {
-        c.set(Want::End(None));
+/// Numbers the next connection's announcement, then its last will, and
+/// registers the will for the next connection attempt.
+fn prepare_presence(node: &Node, eventloop: &mut EventLoop) -> PresencePair {
+    let pair = node.presence_pair();
+    if let Some(will) = node.will_of(&pair.will, false) {
+        eventloop.mqtt_options.set_last_will(will);
     }
-    if let Some(task) = presence {
-        task.join(Duration::from_secs(3)).await;
-    }
+    pair
+}
+
+/// QoS 1 publishes in the `EventLoop`'s pending list (they go before the
+/// conduit's).
+fn pending_qos1(eventloop: &EventLoop) -> usize {
+    eventloop
+        .pending
+        .iter()
+        .filter(|r| matches!(r, Request::Publish(p) if p.qos != QoS::AtMostOnce))
+        .count()
+}
+
+fn push_all(eventloop: &mut EventLoop, publishes: Vec<rumqttc::Publish>) {
+    eventloop
+        .pending
+        .extend(publishes.into_iter().map(Request::Publish));
 }
 
 impl Driver {
+    async fn drive(&mut self) {
+        loop {
+            let Some(event) = next_event(&mut self.eventloop, &mut self.core).await else {
+                return; // every handle is gone
+            };
+            let flow = self.core.on_event(&mut self.eventloop, event).await;
+            if let Flow::Stop = flow {
+                return;
+            }
+        }
+    }
+}
+
+/// Serves the handles while `poll` waits for the next event; `None` once
+/// every handle is gone (and no shutdown is under way).
+async fn next_event(
+    eventloop: &mut EventLoop,
+    core: &mut Core,
+) -> Option<Result<Event, ConnectionError>> {
+    let poll = eventloop.poll();
+    tokio::pin!(poll);
+    loop {
+        core.place_queued();
+        core.check_leaving();
+        if !core.handles && !core.shutting_down {
+            return None;
+        }
+        let takes = core.handles && core.session.takes_commands();
+        let deadline = core.leaving.as_ref().map(|l| l.deadline);
+        let far = Instant::now() + Duration::from_secs(3600);
+        tokio::select! {
+            biased;
+            e = &mut poll => return Some(e),
+            Some(c) = core.ends.control.recv() => core.on_control(c),
+            Some(seq) = core.removed.recv() => core.session.removed(seq),
+            Some(()) = core.ends.outbox_bell.recv() => core.session.outbox_stored(),
+            Ok(()) = core.ends.retained.changed() => {
+                let unsent = core.ends.retained.borrow_and_update().clone();
+                core.session.offer_retained(&unsent);
+            }
+            c = core.ends.commands.recv(), if takes => match c {
+                Some(out) => core.session.accept(out),
+                None => core.handles = false,
+            },
+            () = tokio::time::sleep_until(deadline.unwrap_or(far)), if deadline.is_some() => {
+                core.finish_leaving();
+            }
+        }
+    }
+}
+
+impl Core {
     fn new(
-        shared: Arc<Shared>,
-        mut eventloop: EventLoop,
+        node: Arc<Node>,
+        client: AsyncClient,
+        ends: LoopEnds,
         inbound: mpsc::Sender<Inbound>,
-        connected: watch::Sender<bool>,
+        outbox: Option<SharedOutbox>,
+        presence: Option<presence::Control>,
+        eventloop: &mut EventLoop,
     ) -> Self {
-        let cfg = &shared.config;
-        let backoff = cfg.backoff.clone();
-        let rng = rand::rngs::StdRng::from_entropy();
+        let cfg = &node.config;
         let mut subscriptions: Vec<String> = cfg.subscriptions.clone();
-        if let Ok(cmd) = shared
+        if let Ok(cmd) = node
             .own_topic(Family::Cmd)
             .and_then(|t| t.build().map_err(PublishError::Topic))
         {
             subscriptions.push(cmd.to_string());
         }
-        let pair = prepare_presence(&shared, &mut eventloop);
-        Driver {
-            shared,
-            eventloop,
+        let session = Session::new(node.status.clone(), cfg.offline_capacity, outbox.is_some());
+        let (removed_tx, removed) = mpsc::unbounded_channel();
+        let pair = prepare_presence(&node, eventloop);
+        Core {
+            backoff: cfg.backoff.clone(),
+            session,
+            client,
+            ends,
             inbound,
-            connected,
-            backoff,
-            rng,
-            kept: VecDeque::new(),
+            outbox,
+            acker: None,
+            removed_tx,
+            removed,
+            ledger: None,
+            presence,
+            rng: rand::rngs::StdRng::from_entropy(),
             errors_in_a_row: 0,
             awaiting_suback: false,
+            ready: false,
+            broker: 0,
             connected_at: None,
             subscriptions,
             pair,
-            acker: None,
+            shutting_down: false,
+            leaving: None,
+            handles: true,
+            node,
         }
     }
 
-    async fn drive(mut self) {
-        loop {
-            let event = self.eventloop.poll().await;
-            let settled = self.eventloop.state.inflight() == 0 && {
-                let d = self.shared.delivery();
-                d.order.is_empty() && !d.deferred && d.acking.is_empty()
-            };
-            self.shared.settled.store(settled, Ordering::Relaxed);
-            let flow = match event {
-                Ok(Event::Incoming(Packet::ConnAck(ack))) => self.on_connack(ack),
-                Ok(Event::Incoming(Packet::Publish(p))) => self.on_publish(p),
-                Ok(Event::Incoming(Packet::PubAck(ack))) => self.on_puback(ack),
-                Ok(Event::Outgoing(Outgoing::Publish(pkid))) if pkid != 0 => self.on_sent(pkid),
-                Ok(Event::Incoming(Packet::SubAck(ack))) => self.on_suback(ack),
-                // At least once per keep-alive: nothing deferred waits longer.
-                Ok(Event::Incoming(Packet::PingResp)) => {
-                    top_up(&mut self.eventloop, &self.shared);
-                    Flow::Go
+    /// Puts what waits into the client's queue, while it has room.
+    fn place_queued(&mut self) {
+        while let Some(q) = self.session.next_queued() {
+            let taken = match q {
+                Queued::Publish(h) => {
+                    let p = &h.publish;
+                    if !rumqttc::valid_topic(&p.topic) {
+                        warn!(topic = %p.topic, "not a topic to publish on: dropped");
+                        self.session.drop_queued();
+                        continue;
+                    }
+                    let payload = p.payload.to_vec();
+                    self.client
+                        .try_publish(p.topic.clone(), p.qos, p.retain, payload)
                 }
-                Ok(Event::Outgoing(Outgoing::Disconnect)) => self.on_disconnect().await,
-                Ok(_) => Flow::Go,
-                Err(ConnectionError::RequestsDone) => Flow::Stop,
-                Err(e) => self.on_error(e).await,
+                Queued::Disconnect => self.client.try_disconnect(),
             };
-            if let Flow::Stop = flow {
-                return;
+            if taken.is_err() {
+                return; // full: again after the next event
             }
-            self.hand_over_retained();
+            self.session.queued();
         }
     }
 
-    /// Hands over the retained state the client's queue had no room for,
-    /// straight to the event loop, once connected.
-    fn hand_over_retained(&mut self) {
-        if !self.shared.connected.load(Ordering::Relaxed) {
+    fn on_control(&mut self, control: Control) {
+        match control {
+            Control::KeepLedger(tx) => self.ledger = Some(tx),
+            Control::Shutdown { timeout, answer } => {
+                self.shutting_down = true;
+                if let Some(earlier) = self.leaving.take() {
+                    let _ = earlier.answer.send(Err(PublishError::Stopped));
+                }
+                self.leaving = Some(Leaving {
+                    deadline: Instant::now() + timeout,
+                    answer,
+                });
+                self.check_leaving();
+            }
+        }
+    }
+
+    /// Ends a shutdown once nothing waits for the broker, the connection
+    /// is not ready, or the time is up (see [`Core::finish_leaving`]).
+    fn check_leaving(&mut self) {
+        if self.leaving.is_some() && (!self.ready || self.session.settled()) {
+            self.finish_leaving();
+        }
+    }
+
+    /// Says goodbye (`online: false`, frame and JSON; the JSON over the
+    /// presence connection with `json_presence`) when ready, queues the
+    /// disconnection, and answers the shutdown.
+    fn finish_leaving(&mut self) {
+        let Some(leaving) = self.leaving.take() else {
+            return;
+        };
+        let unacknowledged = self.session.unacknowledged();
+        let connected = self.ready;
+        let mut goodbye = None;
+        if connected {
+            let bye = self.node.online_frame(false);
+            self.session.leave(self.node.presence(&bye));
+            goodbye = Some(bye);
+        } else {
+            // Connected but not ready: leave now; not connected: the next
+            // connection says goodbye and leaves (`on_connack`).
+            self.session.leave(Vec::new());
+        }
+        self.want_presence(Want::End(goodbye.map(Box::new)));
+        self.place_queued();
+        let result = if !connected || unacknowledged > 0 {
+            Err(PublishError::Unacknowledged {
+                count: unacknowledged,
+            })
+        } else {
+            Ok(())
+        };
+        let _ = leaving.answer.send(result);
+    }
+
+    async fn on_event(
+        &mut self,
+        eventloop: &mut EventLoop,
+        event: Result<Event, ConnectionError>,
+    ) -> Flow {
+        match event {
+            Ok(Event::Incoming(Packet::ConnAck(ack))) => self.on_connack(eventloop, ack),
+            Ok(Event::Incoming(Packet::Publish(p))) => self.on_publish(p),
+            Ok(Event::Incoming(Packet::PubAck(ack))) => {
+                self.on_puback(ack.pkid);
+                self.top_up(eventloop);
+            }
+            Ok(Event::Outgoing(Outgoing::Publish(pkid))) if pkid != 0 => self.session.sent(pkid),
+            Ok(Event::Incoming(Packet::SubAck(ack))) => {
+                self.on_suback(ack);
+                // Frames stored while the subscription was pending.
+                self.top_up(eventloop);
+            }
+            // At least once per keep-alive: nothing deferred waits longer.
+            Ok(Event::Incoming(Packet::PingResp)) => self.top_up(eventloop),
+            Ok(Event::Outgoing(Outgoing::Disconnect)) => {
+                return self.on_disconnect(eventloop).await
+            }
+            Ok(_) => {}
+            Err(ConnectionError::RequestsDone) => return Flow::Stop,
+            Err(e) => return self.on_error(eventloop, e).await,
+        }
+        Flow::Go
+    }
+
+    /// Reads the outbox (a flash read); `None` when it cannot be read.
+    fn read_outbox(&self) -> Option<Vec<Pending>> {
+        let outbox = self.outbox.as_ref()?;
+        let read = match outbox.lock() {
+            Ok(mut o) => o.pending(),
+            Err(_) => Err("the outbox lock is poisoned".to_string()),
+        };
+        read.inspect_err(|e| warn!(error = %e, "cannot read the outbox; will retry"))
+            .ok()
+    }
+
+    /// Hands over outbox frames still deferred, once ready and once at
+    /// least half the in-flight window is free.
+    fn top_up(&mut self, eventloop: &mut EventLoop) {
+        if !self.ready || !self.session.wants_outbox(true) {
             return;
         }
-        let unsent = self.shared.take_unsent_retained();
-        if unsent.is_empty() {
-            return;
+        let outbox = self.read_outbox();
+        let at = pending_qos1(eventloop);
+        let first = self
+            .session
+            .hand_over_first(at, Vec::new(), outbox, Vec::new());
+        if !first.is_empty() {
+            debug!(count = first.len(), "handing over outbox frames");
         }
-        debug!(
-            count = unsent.len(),
-            "handing over retained state the queue had no room for"
-        );
-        let mut delivery = self.shared.delivery();
-        hand_over_unsent(
-            &mut self.eventloop,
-            &mut delivery,
-            unsent,
-            Vec::new(),
-            &self.shared,
-        );
+        push_all(eventloop, first);
     }
 
     /// Says the connection is ready (or not) to the handles, and to the
     /// presence connection.
-    fn set_connected(&self, connected: bool) {
-        self.shared.connected.store(connected, Ordering::Relaxed);
-        let _ = self.connected.send(connected);
-        self.want_presence(if connected {
+    fn set_ready(&mut self, ready: bool) {
+        self.ready = ready;
+        self.ends.ready.send_replace(ready);
+        let metrics = &self.node.status.metrics;
+        self.want_presence(if ready {
             Want::Up {
-                generation: self.shared.metrics.connects.load(Ordering::Relaxed),
+                generation: metrics.connects.load(std::sync::atomic::Ordering::Relaxed),
+                broker: self.broker,
                 pair: Box::new(self.pair.clone()),
             }
         } else {
@@ -362,79 +412,66 @@ impl Driver {
 
     /// Asks the presence connection for `want` (when there is one).
     fn want_presence(&self, want: Want) {
-        if let Some(control) = &self.shared.presence {
+        if let Some(control) = &self.presence {
             control.set(want);
         }
     }
 
-    fn on_connack(&mut self, ack: rumqttc::ConnAck) -> Flow {
-        let shared = &self.shared;
-        let m = &shared.metrics;
-        info!(broker = %shared.broker(), session = ack.session_present, "connected to the broker");
-        self.connected_at = Some(tokio::time::Instant::now());
+    fn on_connack(&mut self, eventloop: &mut EventLoop, ack: rumqttc::ConnAck) {
+        let node = self.node.clone();
+        let broker = node.config.broker.get(self.broker);
+        info!(broker = %broker, session = ack.session_present, "connected to the broker");
+        self.connected_at = Some(Instant::now());
         self.errors_in_a_row = 0;
-        Metrics::add(&m.connects);
-        // Subscriptions first, straight to the event loop (the
-        // client's queue may be full after an outage); ready once
-        // the broker answered them, so a command sent to us after
-        // that reaches us.
+        Metrics::add(&node.status.metrics.connects);
+        // Subscriptions first, straight to the event loop; ready once the
+        // broker answered them, so a command sent to us after that
+        // reaches us.
         self.awaiting_suback = !self.subscriptions.is_empty();
         if self.awaiting_suback {
             let filters = self
                 .subscriptions
                 .iter()
                 .map(|f| rumqttc::SubscribeFilter::new(f.clone(), qos_of(filter::qos(f))));
-            self.eventloop
+            eventloop
                 .pending
                 .push_front(Request::Subscribe(rumqttc::Subscribe::new_many(filters)));
         } else {
-            self.set_connected(true);
+            self.set_ready(true);
         }
-        // What was kept from the last connection, what the outbox
-        // holds, then presence, ahead of anything new.
-        let mut delivery = shared.delivery();
-        let before: Vec<rumqttc::Publish> = self
-            .kept
-            .drain(..)
-            .filter_map(|r| match r {
-                Request::Publish(p) => Some(p),
-                _ => None,
-            })
-            .collect();
-        if shared.shutting_down.load(Ordering::Relaxed) {
+        if self.shutting_down {
             // Shut down while disconnected: goodbye, not hello.
-            for p in shared.presence(&shared.online_frame(false)) {
-                self.eventloop.pending.push_back(Request::Publish(p));
-                delivery.order.push_back(None);
-            }
-            self.eventloop
+            let bye = node.presence(&node.online_frame(false));
+            let first = self.session.connected_to_leave(bye);
+            push_all(eventloop, first);
+            eventloop
                 .pending
                 .push_back(Request::Disconnect(rumqttc::Disconnect));
-            return Flow::Go;
+            return;
         }
-        let mut presence = shared.presence(&self.pair.announce);
-        // On a re-connection, the node's retained state again after its
-        // presence (the broker may have lost it, and the shell need not
-        // watch for reconnections to publish it).
-        if m.connects.load(Ordering::Relaxed) > 1 {
-            presence.extend(shared.retained_state());
-        }
-        hand_over_unsent(&mut self.eventloop, &mut delivery, before, presence, shared);
-        Flow::Go
+        // What was kept from the last connection, what the outbox holds,
+        // then presence (and the retained state), ahead of anything new.
+        let presence = node.presence(&self.pair.announce);
+        let outbox = match self.session.wants_outbox(false) {
+            true => self.read_outbox(),
+            false => None,
+        };
+        let first = self.session.connected(presence, outbox);
+        push_all(eventloop, first);
     }
 
-    fn on_publish(&mut self, p: rumqttc::Publish) -> Flow {
-        let m = &self.shared.metrics;
+    fn on_publish(&mut self, p: rumqttc::Publish) {
+        let m = &self.node.status.metrics;
         let topic = match Topic::parse(&p.topic) {
             Ok(t) => t,
             Err(e) => {
                 Metrics::add(&m.rejected_topic);
                 debug!(topic = %p.topic, error = %e, "message on a foreign topic");
-                return Flow::Go;
+                return;
             }
         };
         if topic.json {
-            return Flow::Go;
+            return;
         }
         match Frame::decode(&p.payload) {
             Ok(frame) => {
@@ -448,60 +485,25 @@ impl Driver {
                 warn!(topic = %p.topic, bytes = p.payload.len(), error = %e, "frame refused");
             }
         }
-        Flow::Go
     }
 
-    fn on_puback(&mut self, ack: rumqttc::PubAck) -> Flow {
-        Metrics::add(&self.shared.metrics.acked);
-        let acked = {
-            let mut delivery = self.shared.delivery();
-            match (delivery.inflight.remove(&ack.pkid), delivery.outbox.clone()) {
-                (Some(seq), Some(outbox)) => {
-                    // Marked under the delivery lock (so nothing hands it
-                    // over again), removed from flash by the acker thread:
-                    // a flash sync never holds up this task, nor the
-                    // health frames behind it in the client's queue.
-                    delivery.acking.insert(seq);
-                    if let Some(l) = delivery.ledger.as_mut() {
-                        l.push(seq);
-                    }
-                    Some((seq, outbox))
-                }
-                _ => None,
-            }
+    fn on_puback(&mut self, pkid: u16) {
+        Metrics::add(&self.node.status.metrics.acked);
+        let Some(seq) = self.session.acked(pkid) else {
+            return;
         };
-        if let Some((seq, outbox)) = acked {
-            self.acker(outbox).ack(seq);
+        if let Some(ledger) = &self.ledger {
+            let _ = ledger.send(seq);
         }
-        top_up(&mut self.eventloop, &self.shared);
-        Flow::Go
-    }
-
-    /// The acker thread, started at the first acknowledgement.
-    fn acker(&mut self, outbox: SharedOutbox) -> &Acker {
-        let shared = self.shared.clone();
-        self.acker
-            .get_or_insert_with(|| Acker::start(outbox, shared))
-    }
-
-    /// A QoS 1 publish went out with packet id `pkid`: the next place in
-    /// `order` is its.
-    fn on_sent(&mut self, pkid: u16) -> Flow {
-        let mut delivery = self.shared.delivery();
-        match delivery.order.pop_front() {
-            Some(Some(seq)) => {
-                delivery.inflight.insert(pkid, seq);
-            }
-            Some(None) => {}
-            None => {
-                Metrics::add(&self.shared.metrics.delivery_mismatch);
-                debug!(pkid, "a publish was sent that the shell did not hand over");
-            }
+        if let Some(outbox) = &self.outbox {
+            let acker = self.acker.get_or_insert_with(|| {
+                Acker::start(outbox.clone(), self.node.clone(), self.removed_tx.clone())
+            });
+            acker.ack(seq);
         }
-        Flow::Go
     }
 
-    fn on_suback(&mut self, ack: rumqttc::SubAck) -> Flow {
+    fn on_suback(&mut self, ack: rumqttc::SubAck) {
         if ack
             .return_codes
             .iter()
@@ -511,47 +513,56 @@ impl Driver {
         }
         if self.awaiting_suback {
             self.awaiting_suback = false;
-            self.set_connected(true);
+            self.set_ready(true);
         }
-        // Frames stored while the subscription was pending.
-        top_up(&mut self.eventloop, &self.shared);
-        Flow::Go
     }
 
-    async fn on_disconnect(&mut self) -> Flow {
+    async fn on_disconnect(&mut self, eventloop: &mut EventLoop) -> Flow {
         info!("disconnected from the broker on request");
-        self.set_connected(false);
-        // Let the broker read everything up to the DISCONNECT and
-        // close the connection itself: closing first could reset the
-        // socket with data unread, and the broker would publish the
-        // last will.
-        let linger = tokio::time::Instant::now() + Duration::from_millis(500);
-        while let Ok(Ok(_)) = tokio::time::timeout_at(linger, self.eventloop.poll()).await {}
+        self.set_ready(false);
+        // Let the broker read everything up to the DISCONNECT and close
+        // the connection itself: closing first could reset the socket
+        // with data unread, and the broker would publish the last will.
+        let linger = Instant::now() + Duration::from_millis(500);
+        while let Ok(Ok(_)) = tokio::time::timeout_at(linger, eventloop.poll()).await {}
         Flow::Stop
     }
 
-    async fn on_error(&mut self, e: ConnectionError) -> Flow {
-        let shared = self.shared.clone();
-        Metrics::add(&shared.metrics.connection_errors);
-        self.set_connected(false);
-        {
-            let mut delivery = shared.delivery();
-            salvage(&mut self.eventloop, &mut self.kept, &shared, &mut delivery);
-        }
-        if shared.shutting_down.load(Ordering::Relaxed) {
+    /// After a lost connection: the session keeps what it must, the
+    /// client's leftovers of the old session go, and the next attempt
+    /// waits the backoff, at the next broker of the list.
+    async fn on_error(&mut self, eventloop: &mut EventLoop, e: ConnectionError) -> Flow {
+        let node = self.node.clone();
+        Metrics::add(&node.status.metrics.connection_errors);
+        self.set_ready(false);
+        // The client gave back what it had not got acknowledged; the
+        // session has its own copy of every QoS 1 publish. Telemetry is
+        // dropped (counted); send events of the broken connection still
+        // buffered are stale.
+        let telemetry = eventloop
+            .pending
+            .iter()
+            .filter(|r| matches!(r, Request::Publish(p) if p.qos == QoS::AtMostOnce))
+            .count();
+        eventloop.pending.clear();
+        eventloop.state.events.clear();
+        self.session.connection_lost(telemetry);
+        if self.shutting_down {
+            self.finish_leaving();
             info!("connection lost during shutdown: not reconnecting");
             return Flow::Stop;
         }
         // The next attempt goes to the next broker of the list (the same
         // one when there is only one), after the backoff's wait; its
         // options are new, so the last will is set after this.
-        let failed = shared.broker.load(Ordering::Relaxed);
-        let next = shared.config.broker.after(failed);
+        let failed = self.broker;
+        let next = node.config.broker.after(failed);
         if next != failed {
-            shared.broker.store(next, Ordering::Relaxed);
-            self.eventloop.mqtt_options = shared.mqtt_options(next);
+            self.broker = next;
+            self.ends.broker.send_replace(next);
+            eventloop.mqtt_options = node.mqtt_options(next);
         }
-        self.pair = prepare_presence(&shared, &mut self.eventloop);
+        self.pair = prepare_presence(&node, eventloop);
         // A connection that did not last (a broker that accepts, then
         // drops us) does not reset the backoff.
         if self
@@ -567,56 +578,19 @@ impl Driver {
         // hour must not fill the journal.
         let errors_in_a_row = self.errors_in_a_row;
         if errors_in_a_row == 1 || errors_in_a_row % 20 == 0 {
-            warn!(broker = %shared.config.broker.get(failed), error = %e, next = %shared.broker(),
+            warn!(broker = %node.config.broker.get(failed), error = %e,
+                  next = %node.config.broker.get(next),
                   retry_in_ms = wait.as_millis() as u64, attempts = errors_in_a_row,
-                  kept = self.kept.len(), "broker unreachable");
+                  "broker unreachable");
         }
-        tokio::time::sleep(wait).await;
+        // A shutdown asked meanwhile is answered at once (not connected).
+        let until = Instant::now() + wait;
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep_until(until) => break,
+                Some(c) = self.ends.control.recv() => self.on_control(c),
+            }
+        }
         Flow::Go
     }
-}
-
-/// The thread that removes acknowledged frames from the outbox, in the
-/// order they were acknowledged. It ends when the task drops it.
-struct Acker {
-    tx: std::sync::mpsc::Sender<u32>,
-}
-
-impl Acker {
-    fn start(outbox: SharedOutbox, shared: Arc<Shared>) -> Acker {
-        let (tx, rx) = std::sync::mpsc::channel::<u32>();
-        let spawned = std::thread::Builder::new()
-            .name("bus-acker".into())
-            .spawn(move || {
-                for seq in rx {
-                    remove_acked(&outbox, &shared, seq);
-                }
-            });
-        if let Err(e) = spawned {
-            warn!(error = %e, "no acker thread: acknowledged frames stay in the outbox until resent");
-        }
-        Acker { tx }
-    }
-
-    /// Hands `seq` to the thread. Every seq waiting is a frame still in
-    /// the outbox, so the flash's capacity bounds the channel.
-    fn ack(&self, seq: u32) {
-        let _ = self.tx.send(seq);
-    }
-}
-
-/// Removes acknowledged frame `seq` from the outbox, then lets it be
-/// forgotten by the delivery bookkeeping.
-fn remove_acked(outbox: &SharedOutbox, shared: &Shared, seq: u32) {
-    let m = &shared.metrics;
-    let result = match outbox.lock() {
-        Ok(mut o) => o.ack(seq),
-        Err(_) => Err("the outbox lock is poisoned".to_string()),
-    };
-    match result {
-        Ok(true) => Metrics::add(&m.outbox_acked),
-        Ok(false) => {} // dropped to make room meanwhile
-        Err(e) => warn!(seq, error = %e, "cannot remove an acknowledged frame from the outbox"),
-    }
-    shared.delivery().acking.remove(&seq);
 }

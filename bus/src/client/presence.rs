@@ -32,7 +32,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
-use super::state::{PresencePair, Shared};
+use super::node::{Node, PresencePair};
 use crate::metrics::Metrics;
 
 /// How long a goodbye waits for the broker's acknowledgement.
@@ -49,6 +49,8 @@ pub(super) enum Want {
     Up {
         /// The main connection's count of connections.
         generation: u64,
+        /// The index of the broker it is connected to.
+        broker: usize,
         /// Its announcement and will.
         pair: Box<PresencePair>,
     },
@@ -123,9 +125,9 @@ impl Control {
 pub(super) struct Task(JoinHandle<()>);
 
 impl Task {
-    /// Starts the presence task for `shared`, steered by `want`.
-    pub(super) fn start(shared: Arc<Shared>, want: watch::Receiver<Want>) -> Task {
-        Task(tokio::spawn(run(shared, want)))
+    /// Starts the presence task for `node`, steered by `want`.
+    pub(super) fn start(node: Arc<Node>, want: watch::Receiver<Want>) -> Task {
+        Task(tokio::spawn(run(node, want)))
     }
 
     /// Waits for it to end (after `Want::End`), at most `timeout`.
@@ -147,7 +149,7 @@ struct Link {
 
 /// What the task keeps between connections.
 struct Presence {
-    shared: Arc<Shared>,
+    node: Arc<Node>,
     want: watch::Receiver<Want>,
     link: Option<Link>,
     backoff: crate::backoff::Backoff,
@@ -159,10 +161,10 @@ struct Presence {
 }
 
 /// The presence task: follows the wants until the bus ends.
-async fn run(shared: Arc<Shared>, want: watch::Receiver<Want>) {
-    let backoff = shared.config.backoff.clone();
+async fn run(node: Arc<Node>, want: watch::Receiver<Want>) {
+    let backoff = node.config.backoff.clone();
     let mut p = Presence {
-        shared,
+        node,
         want,
         link: None,
         backoff,
@@ -180,14 +182,19 @@ async fn run(shared: Arc<Shared>, want: watch::Receiver<Want>) {
             }
             Step::Close => p.close(),
             Step::Open => {
-                if let Want::Up { generation, pair } = want {
-                    p.open(generation, *pair);
+                if let Want::Up {
+                    generation,
+                    broker,
+                    pair,
+                } = want
+                {
+                    p.open(generation, broker, *pair);
                 }
             }
             Step::Drive => p.drive().await,
             Step::Goodbye => {
                 if let (Want::End(Some(bye)), Some(link)) = (want, p.link.take()) {
-                    goodbye(&p.shared, link, &bye).await;
+                    goodbye(&p.node, link, &bye).await;
                 }
                 return;
             }
@@ -205,20 +212,20 @@ impl Presence {
         }
     }
 
-    /// Opens a connection for `generation`: with `pair` unless a
-    /// connection of that generation spent it, then with fresh numbers.
-    fn open(&mut self, generation: u64, pair: PresencePair) {
-        let shared = &self.shared;
+    /// Opens a connection for `generation` to broker `index` of the list:
+    /// with `pair` unless a connection of that generation spent it, then
+    /// with fresh numbers.
+    fn open(&mut self, generation: u64, index: usize, pair: PresencePair) {
+        let node = &self.node;
         let pair = if self.spent == Some(generation) {
-            Metrics::add(&shared.metrics.presence_renumbered);
-            shared.presence_pair()
+            Metrics::add(&node.status.metrics.presence_renumbered);
+            node.presence_pair()
         } else {
             pair
         };
-        let index = shared.broker.load(std::sync::atomic::Ordering::Relaxed);
-        let mut options = shared.options_as(&shared.config.presence_client_id(), index);
+        let mut options = node.options_as(&node.config.presence_client_id(), index);
         options.set_inflight(4);
-        if let Some(will) = shared.will_of(&pair.will, true) {
+        if let Some(will) = node.will_of(&pair.will, true) {
             options.set_last_will(will);
         }
         let (client, eventloop) = AsyncClient::new(options, 4);
@@ -248,14 +255,16 @@ impl Presence {
                 link.state.accepted = true;
                 self.spent = Some(link.state.generation);
                 self.errors_in_a_row = 0;
-                Metrics::add(&self.shared.metrics.presence_connects);
+                Metrics::add(&self.node.status.metrics.presence_connects);
                 debug!("presence connection up");
-                if let Some(p) = self.shared.presence_publish(&link.announce, true) {
+                if let Some(p) = self.node.presence_publish(&link.announce, true) {
                     link.eventloop.pending.push_back(Request::Publish(p));
-                    count_publish(&self.shared);
+                    count_publish(&self.node);
                 }
             }
-            Ok(Event::Incoming(Incoming::PubAck(_))) => Metrics::add(&self.shared.metrics.acked),
+            Ok(Event::Incoming(Incoming::PubAck(_))) => {
+                Metrics::add(&self.node.status.metrics.acked)
+            }
             Ok(_) => {}
             Err(e) => self.lost(e).await,
         }
@@ -267,7 +276,7 @@ impl Presence {
         let Some(link) = self.link.take() else {
             return;
         };
-        Metrics::add(&self.shared.metrics.presence_errors);
+        Metrics::add(&self.node.status.metrics.presence_errors);
         if link.opened.elapsed() > Duration::from_secs(10) {
             self.backoff.reset();
         }
@@ -286,26 +295,26 @@ impl Presence {
 }
 
 /// Counts a presence publish the way the main connection counts its own.
-fn count_publish(shared: &Shared) {
-    Metrics::add(&shared.metrics.published);
-    Metrics::add(&shared.metrics.published_qos1);
+fn count_publish(node: &Node) {
+    Metrics::add(&node.status.metrics.published);
+    Metrics::add(&node.status.metrics.published_qos1);
 }
 
 /// Publishes the JSON mirror of `bye`, waits (at most [`GOODBYE_WAIT`])
 /// for the broker's acknowledgement, then disconnects cleanly so the
 /// broker drops the will.
-async fn goodbye(shared: &Shared, mut link: Link, bye: &Frame) {
-    let Some(p) = shared.presence_publish(bye, true) else {
+async fn goodbye(node: &Node, mut link: Link, bye: &Frame) {
+    let Some(p) = node.presence_publish(bye, true) else {
         return;
     };
     link.eventloop.pending.push_back(Request::Publish(p));
-    count_publish(shared);
+    count_publish(node);
     let until = tokio::time::Instant::now() + GOODBYE_WAIT;
     let mut acked = false;
     while !acked {
         match tokio::time::timeout_at(until, link.eventloop.poll()).await {
             Ok(Ok(Event::Incoming(Incoming::PubAck(_)))) => {
-                Metrics::add(&shared.metrics.acked);
+                Metrics::add(&node.status.metrics.acked);
                 acked = true;
             }
             Ok(Ok(_)) => {}
@@ -342,6 +351,7 @@ mod tests {
     fn up(generation: u64) -> Want {
         Want::Up {
             generation,
+            broker: 0,
             pair: Box::new(PresencePair {
                 announce: frame(1),
                 will: frame(2),

@@ -218,7 +218,7 @@ async fn reaches(hall: Arc<Mutex<Hall>>, t_s: Option<f64>) {
 /// Damages the newest latched record in the flash file at `path`.
 async fn damage_file(path: &Path) -> Result<(), String> {
     let record = {
-        let mut stores = loopwarden_bus::agent_flash::open(Some(path))?;
+        let mut stores = loopwarden_store::agent_flash::open(Some(path))?;
         cooling_ctrl::journal::load_latched(&mut stores.store)
             .await?
             .ok_or("no latched record in the flash")?

@@ -19,7 +19,7 @@ use tokio::sync::watch;
 
 use crate::config::GpuSourceKind;
 use crate::gpu::{GpuInfo, GpuSample};
-use loopwarden_bus::recorder::Recorder;
+use loopwarden_store::recorder::Recorder;
 use node_core::caps::{GpuRange, LeaseView};
 use node_core::health::GpuStatus;
 

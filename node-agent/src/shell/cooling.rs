@@ -6,10 +6,10 @@
 
 use std::time::Duration;
 
-use loopwarden_bus::agent_flash::Flash;
-use loopwarden_bus::recorder::Recorder;
 use loopwarden_flash::ConfigStore;
 use loopwarden_protocol::{CoolingStep, Event, TimestampMs};
+use loopwarden_store::agent_flash::Flash;
+use loopwarden_store::recorder::Recorder;
 use tokio::sync::mpsc;
 
 use super::Agent;

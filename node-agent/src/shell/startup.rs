@@ -11,7 +11,6 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use loopwarden_bus::agent_flash::Flash;
 use loopwarden_bus::embedded::EmbeddedBroker;
 use loopwarden_bus::{now_ms, Bus, BusConfig, BusTask, Inbound};
 use loopwarden_flash::{ConfigStore, EventLog, FlashError, Outbox, StoreError};
@@ -19,6 +18,7 @@ use loopwarden_protocol::{
     Family, Frame, GpuHealth, HealthState, Ident, Message, MessageKind, NodeId, Role, TimestampMs,
     Topic,
 };
+use loopwarden_store::agent_flash::Flash;
 use node_core::caps::GpuRange;
 use node_core::health::{GpuStatus, Limits, Policy};
 use node_core::node::{CoolantSource, GpuSetup, Node, Setup};

@@ -9,7 +9,7 @@
 //! sequence reservation before its numbers are used).
 //!
 //! The frames that go through the bus's flash outbox (events and acks) are
-//! published from here too, in the order given and after their log entry:
+//! published from here too (through a [`Publisher`], the bus), in the order given and after their log entry:
 //! storing them in the outbox is a flash write as well. Frames the full
 //! outbox refused, and frames handed over before the bus is attached, wait
 //! here (up to 256, oldest dropped first) and go out in order once they
@@ -25,9 +25,9 @@
 //! Glossary:
 //! - *record*: an event-log entry (an event, or an accepted command kept
 //!   whole) or a config-store value (a GPU's health, the sequence floor).
-//! - *attach*: give the recorder the bus it publishes on; an agent opens
-//!   its flash (and starts the recorder) before its bus, which needs the
-//!   outbox and the sequence floor from that flash.
+//! - *attach*: give the recorder the publisher (the bus) it publishes on;
+//!   an agent opens its flash (and starts the recorder) before its bus,
+//!   which needs the outbox and the sequence floor from that flash.
 
 use std::collections::VecDeque;
 use std::path::Path;
@@ -40,7 +40,7 @@ use loopwarden_protocol::{Message, TimestampMs};
 use tokio::sync::oneshot;
 
 use crate::agent_flash::Flash;
-use crate::{Bus, PublishError};
+use crate::{Publisher, Refused};
 
 type Log = EventLog<Flash>;
 type Store = ConfigStore<Flash>;
@@ -59,7 +59,7 @@ pub struct Entry {
 }
 
 enum Job {
-    Attach(Box<Bus>),
+    Attach(Box<dyn Publisher>),
     Publish {
         message: Box<Message>,
         time: TimestampMs,
@@ -121,25 +121,30 @@ impl std::fmt::Debug for Recorder {
 
 /// Publishes and its JSON mirror; gives the message back when the outbox
 /// is full.
-fn try_publish(bus: &Bus, message: Message, time: TimestampMs, mirror: bool) -> Option<Message> {
+fn try_publish(
+    bus: &dyn Publisher,
+    message: Message,
+    time: TimestampMs,
+    mirror: bool,
+) -> Option<Message> {
     let kind = message.kind();
-    match bus.publish_mirrored(message.clone(), time, mirror) {
-        Ok(_) => None,
-        Err(PublishError::OutboxFull(_)) => Some(message),
-        Err(PublishError::Offline) => None,
-        Err(e) => {
+    match bus.publish_message(message.clone(), time, mirror) {
+        Ok(()) => None,
+        Err(Refused::OutboxFull) => Some(message),
+        Err(Refused::Offline) => None,
+        Err(Refused::Failed(e)) => {
             tracing::warn!("{kind:?} not published: {e}");
             None
         }
     }
 }
 
-/// The thread's side: the stores, the bus once attached, and the frames
-/// waiting to be published.
+/// The thread's side: the stores, the publisher once attached, and the
+/// frames waiting to be published.
 struct Worker {
     log: Log,
     store: Store,
-    bus: Option<Bus>,
+    bus: Option<Box<dyn Publisher>>,
     unsent: VecDeque<(Message, TimestampMs, bool)>,
     /// Frames waiting, and frames dropped from the wait.
     counts: Arc<(AtomicU64, AtomicU64)>,
@@ -172,7 +177,7 @@ impl Worker {
     fn retry_unsent(&mut self) {
         if let Some(bus) = &self.bus {
             while let Some((m, t, mirror)) = self.unsent.pop_front() {
-                if let Some(m) = try_publish(bus, m, t, mirror) {
+                if let Some(m) = try_publish(bus.as_ref(), m, t, mirror) {
                     self.unsent.push_front((m, t, mirror));
                     break;
                 }
@@ -185,7 +190,7 @@ impl Worker {
 
     fn publish(&mut self, message: Message, time: TimestampMs, mirror: bool) {
         let held = match &self.bus {
-            Some(bus) if self.unsent.is_empty() => try_publish(bus, message, time, mirror),
+            Some(bus) if self.unsent.is_empty() => try_publish(bus.as_ref(), message, time, mirror),
             _ => Some(message),
         };
         let Some(m) = held else { return };
@@ -219,7 +224,7 @@ impl Worker {
     fn handle(&mut self, job: Job) {
         match job {
             Job::Attach(bus) => {
-                self.bus = Some(*bus);
+                self.bus = Some(bus);
                 self.retry_unsent();
             }
             Job::Publish {
@@ -321,7 +326,7 @@ impl Recorder {
         log: Log,
         store: Store,
         path: Option<&Path>,
-        bus: Bus,
+        bus: impl Publisher + 'static,
     ) -> std::io::Result<Self> {
         let r = Self::start(log, store, path)?;
         r.attach(bus);
@@ -333,8 +338,9 @@ impl Recorder {
         self.path.as_deref()
     }
 
-    /// Gives the recorder the bus it publishes on; what waited goes out.
-    pub fn attach(&self, bus: Bus) {
+    /// Gives the recorder the publisher (the bus) it publishes on; what
+    /// waited goes out.
+    pub fn attach(&self, bus: impl Publisher + 'static) {
         if self.jobs.send(Job::Attach(Box::new(bus))).is_err() {
             tracing::error!("bus not attached: {}", Self::gone());
         }

@@ -1,68 +1,43 @@
-//! What the handle and the event loop share: the configuration, the
-//! sequence counter, the delivery bookkeeping (what is pending, in flight,
-//! deferred to the outbox), the connection flags and the counters, the
-//! node's latest retained state; and the frames built from them (presence,
-//! the last will).
+//! Who the node is on the bus, and the MQTT packets that follow from it:
+//! the configuration (fixed once the bus starts), the client options for
+//! each broker of the list, the node's own topics, numbered frames,
+//! presence (its announcement and last will) and retained publishes.
+//! Nothing here does I/O or keeps delivery state; the handles, the event
+//! loop and the presence connection all build their packets here.
 //!
 //! Glossary:
 //! - *retained state*: the latest frame (and JSON mirror) the node put on
 //!   a retained family other than `online` (`health`); the bus announces it
 //!   again, after presence, on every re-connection.
+//! - *durable*: a QoS 1 frame that goes through the flash outbox (see
+//!   [`Node::durable`]).
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use loopwarden_protocol::{Family, Frame, Message, Online, Qos, Role, Text, TimestampMs, Topic};
 use rumqttc::{LastWill, MqttOptions, QoS};
 
-use super::presence::Control;
+use super::status::Status;
 use super::{now_ms, PublishError, MAX_INFLIGHT};
-use crate::config::{BrokerAddr, BusConfig};
-use crate::durable::Delivery;
-use crate::metrics::Metrics;
+use crate::config::BusConfig;
 
-/// The state behind every clone of the handle and the task.
-pub(super) struct Shared {
+/// The node, as every part of the client sees it.
+pub(super) struct Node {
     pub(super) config: BusConfig,
     pub(super) started: TimestampMs,
-    pub(super) seq: AtomicU32,
-    pub(super) metrics: Metrics,
-    pub(super) connected: AtomicBool,
-    /// The index in `config.broker` of the broker in use (connected, or
-    /// tried next).
-    pub(super) broker: AtomicUsize,
-    pub(super) delivery: Mutex<Delivery>,
-    /// Nothing handed over is waiting for the broker (kept by the task).
-    pub(super) settled: AtomicBool,
-    /// `shutdown` was called: do not reconnect.
-    pub(super) shutting_down: AtomicBool,
-    /// The latest retained state by topic name (see the glossary).
-    pub(super) retained: Mutex<BTreeMap<String, Vec<u8>>>,
-    /// Retained-state topics whose latest value the client's queue had no
-    /// room for: the task hands them over itself at its next event (a
-    /// quarantine must reach the broker, not wait for the next change).
-    pub(super) retained_unsent: Mutex<BTreeSet<String>>,
-    /// Taken around storing a durable frame and handing it over, so they
-    /// go out in sequence order while the delivery lock is free during
-    /// the flash write.
-    pub(super) durable_order: Mutex<()>,
-    /// What the presence connection should do (with `json_presence`, for
-    /// a node that owns an `online` topic).
-    pub(super) presence: Option<Control>,
+    /// The frame counter and the counters.
+    pub(super) status: Arc<Status>,
 }
 
-impl Shared {
-    pub(super) fn delivery(&self) -> MutexGuard<'_, Delivery> {
-        // A panic while holding the lock leaves the bookkeeping as it was;
-        // go on with it rather than stop delivering.
-        self.delivery.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The broker in use.
-    pub(super) fn broker(&self) -> &BrokerAddr {
-        self.config.broker.get(self.broker.load(Ordering::Relaxed))
+impl Node {
+    /// The node of `config`, started now.
+    pub(super) fn new(config: BusConfig) -> Self {
+        Self {
+            status: Arc::new(Status::new(config.first_seq)),
+            started: now_ms(),
+            config,
+        }
     }
 
     /// The client's options for connecting to broker `index` of the list
@@ -93,8 +68,8 @@ impl Shared {
         options
     }
 
-    /// Whether a frame on `topic` goes through the outbox.
-    /// Frames that go through the outbox. Not the retained state families
+    /// Whether a frame on `topic` goes through the outbox (when there is
+    /// one). Not the retained state families
     /// (`online`, `health`): only their latest value matters, the bus
     /// announces it again on every re-connection (see `retained_state`),
     /// and a decision must not wait behind a flash write to reach the
@@ -120,7 +95,7 @@ impl Shared {
     pub(super) fn next_frame(&self, message: Message, time: TimestampMs) -> Frame {
         Frame {
             sender: self.config.node.clone(),
-            seq: self.seq.fetch_add(1, Ordering::Relaxed),
+            seq: self.status.take_seq(),
             time,
             message,
         }
@@ -158,53 +133,6 @@ impl Shared {
         ))
     }
 
-    /// Keeps `payload` as the latest retained state on `topic` when its
-    /// family is retained state (not presence, which is rebuilt).
-    pub(super) fn remember_retained(&self, topic: &Topic, name: &str, payload: &[u8]) {
-        if topic.family.retained() && topic.family != Family::Online {
-            let mut kept = self.retained.lock().unwrap_or_else(|e| e.into_inner());
-            kept.insert(name.to_string(), payload.to_vec());
-        }
-    }
-
-    /// The latest retained state, to announce again after a re-connection.
-    pub(super) fn retained_state(&self) -> Vec<rumqttc::Publish> {
-        self.unsent_retained().clear();
-        let kept = self.retained.lock().unwrap_or_else(|e| e.into_inner());
-        kept.iter().map(|(t, p)| retained_publish(t, p)).collect()
-    }
-
-    fn unsent_retained(&self) -> MutexGuard<'_, BTreeSet<String>> {
-        self.retained_unsent
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Notes that the latest retained state on `name` was (`true`) or was
-    /// not (`false`) handed to the client.
-    pub(super) fn retained_handed(&self, name: &str, handed: bool) {
-        let mut unsent = self.unsent_retained();
-        if handed {
-            unsent.remove(name);
-        } else {
-            unsent.insert(name.to_string());
-        }
-    }
-
-    /// The latest retained state of the topics the client's queue had no
-    /// room for, taken from the list.
-    pub(super) fn take_unsent_retained(&self) -> Vec<rumqttc::Publish> {
-        let names = std::mem::take(&mut *self.unsent_retained());
-        if names.is_empty() {
-            return Vec::new();
-        }
-        let kept = self.retained.lock().unwrap_or_else(|e| e.into_inner());
-        names
-            .iter()
-            .filter_map(|n| kept.get(n).map(|p| retained_publish(n, p)))
-            .collect()
-    }
-
     /// Presence as the main connection publishes it: the frame, and its
     /// JSON mirror unless the presence connection keeps that
     /// (`json_presence`).
@@ -231,7 +159,7 @@ impl Shared {
     }
 }
 
-/// The presence of one connection attempt (see [`Shared::presence_pair`]).
+/// The presence of one connection attempt (see [`Node::presence_pair`]).
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct PresencePair {
     /// `online: true`, sent once connected.
@@ -241,8 +169,22 @@ pub(super) struct PresencePair {
 }
 
 /// A retained QoS 1 publish of `payload` on `topic`.
-fn retained_publish(topic: &str, payload: &[u8]) -> rumqttc::Publish {
+pub(super) fn retained_publish(topic: &str, payload: &[u8]) -> rumqttc::Publish {
     let mut p = rumqttc::Publish::new(topic, QoS::AtLeastOnce, payload.to_vec());
     p.retain = true;
     p
+}
+
+/// Whether `topic` is retained state the loop announces again (`health`,
+/// frame or mirror; not presence, which is rebuilt).
+pub(super) fn retained_state(topic: &Topic) -> bool {
+    topic.family.retained() && topic.family != Family::Online
+}
+
+/// The MQTT client's QoS for the protocol's.
+pub(super) fn qos_of(q: Qos) -> QoS {
+    match q {
+        Qos::AtMostOnce => QoS::AtMostOnce,
+        Qos::AtLeastOnce => QoS::AtLeastOnce,
+    }
 }

@@ -24,7 +24,7 @@ use loopwarden_flash::{
 };
 
 use crate::recorder::Recorder;
-use crate::Bus;
+use crate::Publisher;
 
 /// Word size of the agent flash, bytes.
 pub const WORD: usize = 4;
@@ -92,6 +92,13 @@ pub const SEQ_BLOCK: u32 = 10_000;
 /// sequence floor of an agent without a flash file.
 const SEQ_EPOCH_MS: u64 = 1_735_689_600_000;
 
+/// The system's real-time clock, ms since the Unix epoch (0 before it).
+fn clock_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// What an agent's flash holds, opened.
 pub struct Stores {
     /// Config values (a GPU's health, the sequence floor).
@@ -155,7 +162,7 @@ async fn open_stores(path: Option<&Path>) -> Result<Stores, String> {
     let mut store = ConfigStore::open(flash.clone(), layout.config.clone())
         .map_err(flash_err("config store"))?;
     if path.is_none() {
-        let clock = crate::now_ms().0.saturating_sub(SEQ_EPOCH_MS) / 100;
+        let clock = clock_ms().saturating_sub(SEQ_EPOCH_MS) / 100;
         store
             .raise_seq_floor(clock.min(u64::from(u32::MAX - SEQ_BLOCK)) as u32)
             .await
@@ -206,12 +213,13 @@ impl SeqFloor {
         }
     }
 
-    /// Reserves the next block through `recorder` when `bus` needs it.
+    /// Reserves the next block through `recorder` when `bus`'s counter
+    /// needs it.
     /// Half a block before the floor it asks without waiting (the loop
     /// must not queue behind the recorder's writes, in an XID storm
     /// thousands of them); it waits only when the counter is within an
     /// eighth of a block of the floor and the answer has not come.
-    pub async fn keep_ahead(&mut self, bus: &Bus, recorder: &Recorder) {
+    pub async fn keep_ahead(&mut self, bus: &dyn Publisher, recorder: &Recorder) {
         if let Some(rx) = self.asked.as_mut() {
             match rx.try_recv() {
                 Ok(answer) => {
@@ -263,7 +271,7 @@ mod tests {
 
     #[test]
     fn in_memory_the_floor_starts_from_the_clock() {
-        let clock = (crate::now_ms().0 - SEQ_EPOCH_MS) / 100;
+        let clock = (clock_ms() - SEQ_EPOCH_MS) / 100;
         let s = open(None).unwrap();
         assert!(s.path.is_none());
         assert!(u64::from(s.first_seq) >= clock, "{} < {clock}", s.first_seq);
