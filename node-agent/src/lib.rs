@@ -6,24 +6,25 @@
 //! on the bus, and answers a field engineer on its console. It acts on its
 //! own when the bus is down.
 //!
-//! Its decisions are pure cores (inputs and a time in, outputs out, no
-//! clock, no I/O) inside a thin shell of tokio tasks:
-//! - [`gpu`]: the `GpuDevice`/`GpuSource` traits; [`nvml`] (real GPUs) and
-//!   [`sim_gpus`] (simulated ones) implement them, and with the `twin`
-//!   feature `hall_gpus` (the simulated hall's GPUs); [`worker`] runs each GPU's
-//!   calls on its own thread with a deadline.
-//! - the pure decisions live in the crate `node-core`, re-exported here:
-//!   [`health`] (the health engine, rules in `docs/health.md`), [`caps`]
-//!   (the power-cap arbiter), [`guard`] (the thermal guard) and
-//!   [`commands`] (authentication, replay, leases and what to apply).
-//! - [`shell`]: the running agent (bus, flash, sampling, applying limits);
-//!   [`clock`]: the wall clock for stamps, a monotonic one for windows;
-//!   [`console`]: `node-agent ctl`; [`config`]: the TOML file and flags;
-//!   [`metrics`]: Prometheus's `/metrics` (`metrics_listen`);
-//!   [`watchdog`]: systemd's readiness and watchdog notices.
+//! Its decisions are one pure core (`node_core::node::Node`: an input
+//! and a time in, effects out, no clock, no I/O) inside a thin shell of
+//! tokio tasks:
+//! - [`gpu`]: the `GpuDevice`/`GpuSource` traits; [`nvml`] (real GPUs)
+//!   implements them, and with the `twin` feature `sim_gpus` (simulated
+//!   ones) and `hall_gpus` (the simulated hall's GPUs); [`worker`] runs each
+//!   GPU's calls on its own thread with a deadline.
+//! - every decision (health, commands, the thermal guard, caps, the
+//!   cooling loss) is the crate `node-core`'s, named where it is used.
+//! - [`shell`]: the running agent: it samples, hears the bus and the
+//!   driver, gives each to the node and carries out its effects (limits,
+//!   publishes, flash, actions); [`clock`]: the wall clock for stamps, a
+//!   monotonic one for windows; [`console`]: `node-agent ctl`; [`config`]:
+//!   the TOML file and flags; [`metrics`]: Prometheus's `/metrics`
+//!   (`metrics_listen`); [`watchdog`]: systemd's readiness and watchdog
+//!   notices (the lifecycle itself is `loopwarden_field::lifecycle`'s).
 //!
-//! [`replay`] runs the health engine over a recorded trace in simulated
-//! time.
+//! `node-agent replay` runs the health engine over a recorded trace in
+//! simulated time (`node_core::replay`).
 //!
 //! Glossary:
 //! - *quarantine*: a GPU taken out of service now, released only by an

@@ -296,10 +296,14 @@ impl Core {
         }
     }
 
-    /// Ends a shutdown once nothing waits for the broker, the connection
-    /// is not ready, or the time is up (see [`Core::finish_leaving`]).
+    /// Ends a shutdown once nothing waits for the broker (nor in the
+    /// command channel), the connection is not ready, or the time is up (see [`Core::finish_leaving`]).
     fn check_leaving(&mut self) {
-        if self.leaving.is_some() && (!self.ready || self.session.settled()) {
+        // What the handles sent before asking to leave is still in the
+        // command channel (the control channel is read first): it goes
+        // out before the goodbye, or it would be lost uncounted.
+        let settled = self.session.settled() && self.ends.commands.is_empty();
+        if self.leaving.is_some() && (!self.ready || settled) {
             self.finish_leaving();
         }
     }
