@@ -133,23 +133,12 @@ pub fn start_serial(
     serial: Option<field::serial::SerialConsole>,
     ctx: Arc<Context>,
 ) -> Option<tokio::task::JoinHandle<()>> {
-    let serial = serial?;
-    tracing::info!(
-        "cooling-ctrl: serial console on {} at {} baud, {}",
-        serial.port.display(),
-        serial.baud,
-        if serial.password_hash.is_some() {
-            "state-changing commands after login"
-        } else {
-            "no password hash: state-changing commands refused"
-        }
-    );
-    let journal = field::serial::flash_journal(ctx.recorder.clone());
-    Some(tokio::spawn(field::serial::serve(
-        serial,
-        Arc::new(SerialCdu(ctx)),
-        journal,
-    )))
+    let offers = match serial.as_ref().map(|s| s.password_hash.is_some()) {
+        Some(true) => "state-changing commands after login",
+        _ => "no password hash: state-changing commands refused",
+    };
+    let recorder = ctx.recorder.clone();
+    field::serial::start(serial, SerialCdu(ctx), recorder, offers)
 }
 
 /// `x` rounded to `digits` decimals.

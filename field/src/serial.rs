@@ -109,6 +109,26 @@ pub fn flash_journal(
     move |r| recorder.append(loopwarden_bus::now_ms(), record::CONSOLE_RECORD, r.encode())
 }
 
+/// Serves `agent`'s serial console, when one is configured, until the
+/// task is aborted, its records in the flash log through `recorder`;
+/// says in the log where, at what speed, and `offers` (what it takes).
+pub fn start<A: SerialAgent>(
+    serial: Option<SerialConsole>,
+    agent: A,
+    recorder: loopwarden_store::recorder::Recorder,
+    offers: &str,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let serial = serial?;
+    tracing::info!(
+        "{}: serial console on {} at {} baud, {offers}",
+        agent.program(),
+        serial.port.display(),
+        serial.baud
+    );
+    let journal = flash_journal(recorder);
+    Some(tokio::spawn(serve(serial, Arc::new(agent), journal)))
+}
+
 /// The operator a login on `port` acts as: `serial-<device name>`, in the
 /// characters of a protocol name, at most 32.
 pub fn operator_name(port: &std::path::Path) -> String {

@@ -85,18 +85,8 @@ pub fn start_serial(
     serial: Option<field::serial::SerialConsole>,
     ctx: Context,
 ) -> Option<tokio::task::JoinHandle<()>> {
-    let serial = serial?;
-    tracing::info!(
-        "serial console on {} at {} baud (read-only)",
-        serial.port.display(),
-        serial.baud
-    );
-    let journal = field::serial::flash_journal(ctx.recorder.clone());
-    Some(tokio::spawn(field::serial::serve(
-        serial,
-        std::sync::Arc::new(SerialHost(ctx)),
-        journal,
-    )))
+    let recorder = ctx.recorder.clone();
+    field::serial::start(serial, SerialHost(ctx), recorder, "read-only")
 }
 
 #[cfg(test)]
