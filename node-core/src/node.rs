@@ -277,8 +277,6 @@ pub struct Node {
     xid_watch_down: Option<TimestampMs>,
     xid_log: XidLog,
     rounds: u64,
-    /// The steady time of the step being taken.
-    steady: u64,
     pending: Option<frames::Pending>,
     /// Limits being set: the changes of source already known, and whether
     /// it is the stop's restoration.
@@ -322,7 +320,6 @@ impl Node {
             xid_watch_down: None,
             xid_log: XidLog::default(),
             rounds: 0,
-            steady: 0,
             pending: None,
             reconciling: None,
         }
@@ -346,7 +343,6 @@ impl Node {
 
     /// Takes one input at `now`; returns what to do, in order.
     pub fn step(&mut self, now: Now, input: Input<'_>) -> Vec<Effect> {
-        self.steady = now.steady.0;
         self.health.set_wall_offset(now.offset);
         self.commands.set_wall_offset(now.offset);
         let mut out = Vec::new();
@@ -356,11 +352,11 @@ impl Node {
             Input::Frame(topic, frame) => self.frame(now, topic, frame, &mut out),
             Input::Xid { gpu, xid } => self.xid(now, gpu, xid, &mut out),
             Input::XidWatch(down) => self.xid_watch(now, down, &mut out),
-            Input::Expiry => self.reconcile(false, &mut out),
-            Input::LimitsSet(results) => self.limits_set(results, &mut out),
+            Input::Expiry => self.reconcile(now, false, &mut out),
+            Input::LimitsSet(results) => self.limits_set(now, results, &mut out),
             Input::LimitsRead(read) => {
                 self.limits_read(read, &mut out);
-                self.reconcile(false, &mut out);
+                self.reconcile(now, false, &mut out);
             }
             Input::Logged(result) => self.logged(result, &mut out),
             Input::Acknowledge => self.acknowledge(&mut out),
@@ -416,7 +412,7 @@ impl Node {
             // The read's answer reconciles.
             out.push(Effect::ReadLimits);
         } else {
-            self.reconcile(false, out);
+            self.reconcile(now, false, out);
         }
         let steps = self.cooling.tick(t.0);
         self.run_cooling(now, steps, out);

@@ -124,7 +124,7 @@ impl Node {
         if verdict.changed_caps {
             self.pending_mut().record = Some(Record::Lease);
             out.push(Effect::LogCommand);
-            self.reconcile(true, out);
+            self.reconcile(now, true, out);
         }
         out.push(Effect::Acknowledge);
     }

@@ -10,7 +10,7 @@
 
 use loopwarden_protocol::{CapSource, Event, GpuIndex, TimestampMs, Watts};
 
-use super::{gpu_index, Effect, Level, Node, RETRY_MS};
+use super::{gpu_index, Effect, Level, Node, Now, RETRY_MS};
 
 /// A limit for the shell to set, then read back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,10 +66,10 @@ impl Node {
     /// Puts the arbiter's targets in force: a limit already read back is
     /// left alone (a new source is said), one that failed waits
     /// [`RETRY_MS`] unless `force` (a command waits for its ack).
-    pub(super) fn reconcile(&mut self, force: bool, out: &mut Vec<Effect>) {
+    pub(super) fn reconcile(&mut self, now: Now, force: bool, out: &mut Vec<Effect>) {
         // Leases lapse and retries wait on steady time: a step of the
         // wall clock neither hurries nor holds them off.
-        let steady = self.steady;
+        let steady = now.steady.0;
         let mut changes = Vec::new();
         let mut sets = Vec::new();
         let mut sources = Vec::new();
@@ -111,7 +111,7 @@ impl Node {
     /// The limits set and read back: what is in force now, each failure
     /// said once per target and retried later, and the `caps_applied`
     /// events of what changed.
-    pub(super) fn limits_set(&mut self, results: &[LimitResult], out: &mut Vec<Effect>) {
+    pub(super) fn limits_set(&mut self, now: Now, results: &[LimitResult], out: &mut Vec<Effect>) {
         let Some(r) = self.reconciling.take() else {
             return;
         };
@@ -149,7 +149,7 @@ impl Node {
                 if g.retry.is_none_or(|(target, _)| target != res.limit) {
                     out.push(Effect::Say(Level::Error, why.clone()));
                 }
-                g.retry = Some((res.limit, self.steady + RETRY_MS));
+                g.retry = Some((res.limit, now.steady.0 + RETRY_MS));
                 if let Some(p) = self.pending.as_mut() {
                     p.failed(why);
                 }
