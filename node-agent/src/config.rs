@@ -18,11 +18,14 @@ use loopwarden_field::common;
 pub use loopwarden_field::config::ConfigError;
 use loopwarden_field::config::{self as field, local_host_name, range, Sources};
 use loopwarden_field::pick;
-use loopwarden_protocol::{DurationMs, Ident, Watts, WholeCelsius};
+use loopwarden_protocol::{DurationMs, Ident, Watts};
 use serde::Deserialize;
 
 mod cooling_loss;
+mod protection;
+mod sampling;
 pub use cooling_loss::{CoolingLossActions, CoolingLossFile, COOLING_PLACEHOLDERS};
+use sampling::{guard, timings};
 
 use loopwarden_protocol::auth::Signer;
 use node_core::caps::LeaseLimits;
@@ -45,6 +48,9 @@ loopwarden_field::agent_file! {
         pub json_period_ms: Option<u64>,
         /// Deadline of one GPU call, ms.
         pub deadline_ms: Option<u64>,
+        /// Seconds between reads of the slow counters (aggregate ECC,
+        /// retired pages, remapped rows, PCIe replays, NVLink per link).
+        pub slow_counters_s: Option<u64>,
         /// Missed samples in a row before a GPU is reported unresponsive.
         pub unresponsive_after: Option<u32>,
         /// The CDU whose loop cools this host (its state is the health
@@ -69,6 +75,14 @@ loopwarden_field::agent_file! {
         /// Serve Prometheus metrics on this address (`IP:PORT`); off
         /// when absent.
         pub metrics_listen: Option<String>,
+        /// The highest power limit ever set on this host's GPUs, W.
+        pub site_limit_w: Option<u32>,
+        /// Simulated GPUs start at this limit, W (as an administrator's).
+        pub twin_admin_limit_w: Option<u32>,
+        /// `"none"`: no keyring on purpose; the host takes no command.
+        pub commands: Option<String>,
+        /// `"not_managed"`: no CDU of this site cools this host.
+        pub cooling: Option<String>,
     }
 }
 
@@ -125,6 +139,9 @@ loopwarden_field::agent_flags! {
         /// Deadline of one GPU call in ms.
         #[arg(long)]
         pub deadline_ms: Option<u64>,
+        /// Seconds between reads of the slow counters (default 30).
+        #[arg(long)]
+        pub slow_counters_s: Option<u64>,
         /// The longest cap lease taken, in ms (default 600000: 10 minutes).
         #[arg(long)]
         pub max_lease_ms: Option<u64>,
@@ -188,6 +205,24 @@ loopwarden_field::agent_flags! {
         /// `:PORT` for every interface); off by default.
         #[arg(long, value_name = "ADDR")]
         pub metrics_listen: Option<String>,
+        /// The highest power limit ever set on this host's GPUs, W (the
+        /// site's limit; default: the limit found on each GPU).
+        #[arg(long)]
+        pub site_limit_w: Option<u32>,
+        /// Simulated GPUs start at this power limit, W, as if an
+        /// administrator had set it.
+        #[cfg(feature = "twin")]
+        #[arg(long)]
+        pub twin_admin_limit_w: Option<u32>,
+        /// `none`: run without a keyring on purpose (no command taken).
+        #[arg(long)]
+        pub commands: Option<String>,
+        /// `not_managed`: no CDU of this site cools this host.
+        #[arg(long)]
+        pub cooling: Option<String>,
+        /// `none`: no command when the rack loses cooling, on purpose.
+        #[arg(long)]
+        pub cooling_loss_actions: Option<String>,
     }
 }
 
@@ -226,6 +261,8 @@ pub struct Config {
     pub json_period: Duration,
     /// Deadline of one GPU call.
     pub deadline: Duration,
+    /// Between reads of the slow counters (at least one period).
+    pub slow_counters: Duration,
     /// Missed samples before unresponsive.
     pub unresponsive_after: u32,
     /// Flash file.
@@ -259,10 +296,29 @@ pub struct Config {
     pub lease_limits: LeaseLimits,
     /// Where `/metrics` is served; `None`: not served.
     pub metrics_listen: Option<SocketAddr>,
+    /// The highest power limit ever set on a GPU (`site_limit_w`).
+    pub site_limit: Option<Watts>,
+    /// The limit simulated GPUs start at (`twin_admin_limit_w`).
+    pub twin_admin_limit: Option<Watts>,
+    /// The protections switched off on purpose, each as its key and what
+    /// it means, said in the log at start.
+    pub opt_outs: Vec<String>,
 }
 
 /// Placeholders a quarantine action may use.
 pub const PLACEHOLDERS: [&str; 5] = ["{host}", "{site}", "{gpu}", "{uuid}", "{reason}"];
+
+impl Config {
+    /// Samples from one read of the slow counters to the next (at least
+    /// 1): `slow_counters` rounded up to whole periods.
+    pub fn slow_every(&self) -> u32 {
+        let period = self.period.as_millis().max(1);
+        self.slow_counters
+            .as_millis()
+            .div_ceil(period)
+            .clamp(1, u128::from(u32::MAX)) as u32
+    }
+}
 
 /// Reads `path` (if any), applies `flags` and checks the result.
 pub fn load(path: Option<&Path>, flags: &Overrides) -> Result<Config, ConfigError> {
@@ -302,7 +358,17 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         _ => None,
     };
     common::check_broker(&src, &common, production)?;
-    let (signers, demo_key) = signers(&src, keyring, &gpus, &common.site)?;
+    let (signers, demo_key) = signers(&src, keyring.clone(), &gpus, &common.site)?;
+    let site_limit = protection::site_limit(&src, &file, flags, &board)?;
+    let twin_admin_limit = protection::twin_admin_limit(&src, &file, flags, &gpus, &board)?;
+    let setting = protection::Setting {
+        gpus: &gpus,
+        keyring: keyring.0.is_some(),
+        cdu: &cdu,
+        rack,
+        cooling_loss: &cooling_loss,
+    };
+    let opt_outs = protection::opt_outs(&src, &file, flags, &setting)?;
     let lease_limits = lease_limits(&src, &file, flags)?;
     let metrics_listen = metrics_listen(&src, &file, flags)?;
 
@@ -319,6 +385,7 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         period: timings.period,
         json_period: timings.json_period,
         deadline: timings.deadline,
+        slow_counters: timings.slow_counters,
         unresponsive_after: timings.unresponsive_after,
         flash: common.flash,
         console: common.console,
@@ -337,6 +404,9 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         cooling_loss,
         lease_limits,
         metrics_listen,
+        site_limit,
+        twin_admin_limit,
+        opt_outs,
     })
 }
 
@@ -433,112 +503,6 @@ fn board(
                 ))
             }
         },
-    })
-}
-
-/// The sampling timings, checked.
-struct Timings {
-    period: Duration,
-    json_period: Duration,
-    deadline: Duration,
-    unresponsive_after: u32,
-}
-
-/// The sampling period, the JSON mirror's period (at least the sampling
-/// period), the deadline of one GPU call (at most the sampling period) and
-/// the missed samples before a GPU is unresponsive.
-fn timings(src: &Sources, file: &FileConfig, flags: &Overrides) -> Result<Timings, ConfigError> {
-    let period = common::period_ms(src, pick!(flags.period_ms, file.period_ms, "period-ms"))?;
-    let json_period = range(
-        src,
-        pick!(flags.json_period_ms, file.json_period_ms, "json-period-ms"),
-        "json_period_ms",
-        (10 * period).min(3_600_000),
-        period,
-        3_600_000,
-        " ms, at least the sampling period",
-    )?;
-    let deadline = range(
-        src,
-        pick!(flags.deadline_ms, file.deadline_ms, "deadline-ms"),
-        "deadline_ms",
-        (period / 4).max(10),
-        10,
-        period,
-        " ms, at most the sampling period",
-    )?;
-    let unresponsive_after = range(
-        src,
-        pick!(
-            flags.unresponsive_after,
-            file.unresponsive_after,
-            "unresponsive-after"
-        ),
-        "unresponsive_after",
-        3,
-        1,
-        100,
-        " samples",
-    )?;
-    Ok(Timings {
-        period: Duration::from_millis(period),
-        json_period: Duration::from_millis(json_period),
-        deadline: Duration::from_millis(deadline),
-        unresponsive_after,
-    })
-}
-
-/// `[guard]`: engage under the board's shutdown temperature (by default
-/// 2 °C under its max operating one), release below engage, and the step.
-fn guard(
-    src: &Sources,
-    file: &FileConfig,
-    flags: &Overrides,
-    board: &loopwarden_boards::GpuBoard,
-) -> Result<GuardSettings, ConfigError> {
-    let none = GuardFile::default();
-    let g = file.guard.as_ref().unwrap_or(&none);
-    let max_op = board.thermal.max_operating_c.0;
-    let engage = range(
-        &src.section("guard"),
-        pick!(flags.guard_engage_c, g.engage_c, "guard-engage-c"),
-        "engage_c",
-        max_op.saturating_sub(2),
-        30,
-        board.thermal.shutdown_c.0 - 1,
-        " °C, under the board's shutdown temperature",
-    )?;
-    let release_pick = pick!(flags.guard_release_c, g.release_c, "guard-release-c");
-    let release_flag = release_pick.1;
-    let release = range(
-        &src.section("guard"),
-        release_pick,
-        "release_c",
-        engage.saturating_sub(5),
-        20,
-        100,
-        " °C",
-    )?;
-    if release >= engage {
-        return Err(src.section("guard").error(
-            release_flag,
-            "release_c",
-            format!("release_c = {release} must be below engage_c = {engage}"),
-        ));
-    }
-    let step = range(
-        &src.section("guard"),
-        pick!(flags.guard_step_w, g.step_w, "guard-step-w"),
-        "step_w",
-        25,
-        1,
-        200,
-        " W",
-    )?;
-    Ok(GuardSettings {
-        engage: WholeCelsius(engage),
-        release: WholeCelsius(release),
-        step: Watts(step),
     })
 }
 
@@ -742,6 +706,7 @@ pub fn default_console() -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use loopwarden_protocol::WholeCelsius;
 
     fn from(text: &str) -> Result<Config, ConfigError> {
         resolve(Some(Path::new("agent.toml")), text, &Overrides::default())
@@ -818,7 +783,7 @@ mod tests {
         };
         let c = resolve(
             Some(Path::new("a.toml")),
-            "site = \"s\"\nhost = \"h\"\nbroker = \"10.0.0.5\"\nperiod_ms = 500\n",
+            "site = \"s\"\nhost = \"h\"\nbroker = \"10.0.0.5\"\nperiod_ms = 500\ncommands = \"none\"\ncooling = \"not_managed\"\n",
             &flags,
         )
         .expect("valid");
@@ -873,8 +838,15 @@ mod tests {
                 .contains("an agent on real GPUs does not start the embedded broker"),
             "{e}"
         );
-        assert!(from("site = \"a\"\nhost = \"b\"\nbroker = \"10.0.0.5\"\n").is_ok());
-        let c = from("site = \"a\"\nhost = \"b\"\nembedded_broker = true\n").unwrap();
+        let unmanaged = "commands = \"none\"\ncooling = \"not_managed\"\n";
+        assert!(from(&format!(
+            "site = \"a\"\nhost = \"b\"\nbroker = \"10.0.0.5\"\n{unmanaged}"
+        ))
+        .is_ok());
+        let c = from(&format!(
+            "site = \"a\"\nhost = \"b\"\nembedded_broker = true\n{unmanaged}"
+        ))
+        .unwrap();
         assert_eq!((c.broker, c.gpus), (None, GpuSourceKind::Nvml));
         // Simulated GPUs with the demo key: the embedded broker by default.
         assert!(from("site = \"a\"\nhost = \"b\"\ntwin_gpus = 8\n").is_ok());

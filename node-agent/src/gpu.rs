@@ -189,4 +189,9 @@ pub trait GpuSource {
         &mut self,
         sink: crate::xid_queue::XidSink,
     ) -> Result<Vec<(u8, GpuError)>, GpuError>;
+    /// What each driver call has cost, where the source counts it (NVML);
+    /// `None` by default.
+    fn call_costs(&self) -> Option<crate::nvml::CallCosts> {
+        None
+    }
 }

@@ -11,6 +11,9 @@
 //!   "Serial console").
 //! - `node-agent ctl status|gpus|caps|events [--since]|why <gpu> [--json]`:
 //!   the console of the agent on this host.
+//! - `node-agent probe [--tries N] [--json]`: what each GPU supports of the
+//!   NVML calls the agent makes, and each call's median and maximum
+//!   latency (read only: nothing is set).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -50,6 +53,11 @@ enum Command {
     Replay {
         /// The trace (JSON Lines).
         trace: PathBuf,
+        /// Read the slow counters (retired pages, row remaps, PCIe
+        /// replays) only every this many seconds, as the live agent does
+        /// (`slow_counters_s`); 0: at every sample, as the trace gives them.
+        #[arg(long, default_value_t = 0)]
+        slow_counters_s: u64,
     },
     /// Ask the running agent.
     Ctl {
@@ -61,6 +69,17 @@ enum Command {
     /// Read the serial console's password from standard input and print
     /// its Argon2id hash, for `console_password_hash`.
     ConsolePassword,
+    /// What each GPU supports of the NVML calls the agent makes, and what
+    /// each costs: its median and slowest latency over `--tries` (read
+    /// only: no limit is set, no event registered).
+    Probe {
+        /// Tries of each call on each GPU.
+        #[arg(long, default_value_t = 20)]
+        tries: usize,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -87,15 +106,31 @@ const NVML_HINT: &str = " (for simulated GPUs use --twin-gpus N)";
 #[cfg(not(feature = "twin"))]
 const NVML_HINT: &str = "";
 
-/// `n` simulated GPUs of `board`, where this build has them.
+/// `n` simulated GPUs of `board` at `limit` (else their default), where
+/// this build has them.
 #[cfg(feature = "twin")]
-fn twin_source(board: &loopwarden_boards::GpuBoard, n: u8) -> Option<Box<dyn GpuSource + Send>> {
-    Some(Box::new(TwinSource::new(board, n as usize, 1)))
+fn twin_source(
+    board: &loopwarden_boards::GpuBoard,
+    n: u8,
+    limit: Option<loopwarden_protocol::Watts>,
+) -> Option<Box<dyn GpuSource + Send>> {
+    let twin = TwinSource::new(board, n as usize, 1);
+    match limit {
+        // The config checked it against the board's range.
+        Some(w) => Some(Box::new(
+            twin.at_limit(w).expect("a limit in the board's range"),
+        )),
+        None => Some(Box::new(twin)),
+    }
 }
 
 /// A production build has no simulated GPUs.
 #[cfg(not(feature = "twin"))]
-fn twin_source(_board: &loopwarden_boards::GpuBoard, _n: u8) -> Option<Box<dyn GpuSource + Send>> {
+fn twin_source(
+    _board: &loopwarden_boards::GpuBoard,
+    _n: u8,
+    _limit: Option<loopwarden_protocol::Watts>,
+) -> Option<Box<dyn GpuSource + Send>> {
     None
 }
 
@@ -103,12 +138,51 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Run(a) => run(a.config, a.flags),
-        Command::Replay { trace } => replay(&trace),
+        Command::Replay {
+            trace,
+            slow_counters_s,
+        } => replay(&trace, slow_counters_s.saturating_mul(1000)),
         Command::Ctl { target, what } => {
             ctl_command(&target, &console::PEER, || request(what), console::render)
         }
         Command::ConsolePassword => loopwarden_field::serial::password::command("node-agent"),
+        Command::Probe { tries, json } => probe(tries, json),
     }
+}
+
+/// `node-agent probe`: every NVML call the agent makes on every GPU, each
+/// `tries` times, as a table or JSON.
+fn probe(tries: usize, json: bool) -> ExitCode {
+    use node_agent::nvml::NvmlApi;
+    let nvml = match SystemNvml::init() {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("node-agent probe: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let count = match nvml.device_count() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("node-agent probe: nvmlDeviceGetCount: {e:?}");
+            return ExitCode::from(2);
+        }
+    };
+    let probes: Vec<_> = (0..count)
+        .flat_map(|gpu| node_agent::nvml::probe(&nvml, gpu, tries))
+        .collect();
+    if json {
+        match serde_json::to_string_pretty(&probes) {
+            Ok(s) => println!("{s}"),
+            Err(e) => {
+                eprintln!("node-agent probe: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    } else {
+        print!("{}", node_agent::nvml::probe_table(&probes));
+    }
+    ExitCode::SUCCESS
 }
 
 /// What `ctl` asks the running agent for each subcommand.
@@ -124,7 +198,7 @@ fn request(what: Ctl) -> Result<Request, String> {
     })
 }
 
-fn replay(trace: &std::path::Path) -> ExitCode {
+fn replay(trace: &std::path::Path, slow_ms: u64) -> ExitCode {
     let file = match std::fs::File::open(trace) {
         Ok(f) => f,
         Err(e) => {
@@ -135,9 +209,10 @@ fn replay(trace: &std::path::Path) -> ExitCode {
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     let mut notes = std::io::stderr();
-    let result = node_core::replay::replay(
+    let result = node_core::replay::replay_scheduled(
         std::io::BufReader::new(file),
         node_core::health::Policy::default(),
+        slow_ms,
         &mut out,
         &mut notes,
     );
@@ -166,13 +241,13 @@ fn start(
 ) -> Result<(Config, Box<dyn GpuSource + Send>), StartError> {
     let config = config::load(config_path.as_deref(), flags).map_err(StartError::config)?;
     let source: Box<dyn GpuSource + Send> = match config.gpus {
-        GpuSourceKind::Twin(n) => twin_source(&config.board, n).ok_or_else(|| {
+        GpuSourceKind::Twin(n) => twin_source(&config.board, n, config.twin_admin_limit).ok_or_else(|| {
             StartError::config(
                 "twin_gpus: this build has no simulated GPUs (built without the `twin` feature); remove twin_gpus to read the GPUs through NVML",
             )
         })?,
         GpuSourceKind::Nvml => match SystemNvml::init() {
-            Ok(nvml) => Box::new(NvmlSource::new(nvml)),
+            Ok(nvml) => Box::new(NvmlSource::new(nvml).slow_every(config.slow_every())),
             Err(e) => return Err(StartError::failed(format!("{e}{NVML_HINT}"))),
         },
     };

@@ -107,6 +107,14 @@ const CAP: Metric = Metric::gauge(
     "loopwarden_gpu_cap_watts",
     "The power cap in force on the GPU, read back after setting it, watts; source says who set it. Absent while the GPU runs at its default limit.",
 );
+const NVML_CALL: Metric = Metric::gauge(
+    "loopwarden_nvml_call_seconds",
+    "What an NVML call took since the agent started, seconds: stat=mean or max; call is NVML's name for it.",
+);
+const NVML_CALLS: Metric = Metric::counter(
+    "loopwarden_nvml_calls_total",
+    "NVML calls made since the agent started, by NVML's name (every GPU together).",
+);
 const GUARD: Metric = Metric::gauge(
     "loopwarden_gpu_thermal_guard_cap_watts",
     "The cap the host's own thermal guard asks for, watts. Absent while the guard does not cap.",
@@ -125,9 +133,24 @@ pub fn render(ctx: &Context) -> String {
             gpu(&mut out, &ctx.host, i, g);
         }
     }
+    if let Some(costs) = &ctx.nvml_costs {
+        nvml_calls(&mut out, costs, &host);
+    }
     write_bus(&mut out, &ctx.bus.metrics(), ctx.bus.is_connected(), &host);
     write_recorder(&mut out, &ctx.recorder, &host);
     out.finish()
+}
+
+/// What each NVML call has cost, every GPU together.
+fn nvml_calls(out: &mut Exposition, costs: &crate::nvml::CallCosts, host: &[(&str, &str)]) {
+    for (call, c) in costs.snapshot() {
+        let labels = with_labels(host, &[("call", call)]);
+        out.sample(&NVML_CALLS, &labels, c.calls as f64);
+        let mean = c.total.as_secs_f64() / c.calls.max(1) as f64;
+        for (stat, v) in [("mean", mean), ("max", c.max.as_secs_f64())] {
+            out.sample(&NVML_CALL, &with_labels(&labels, &[("stat", stat)]), v);
+        }
+    }
 }
 
 /// What the agent is and since when.
@@ -278,6 +301,7 @@ mod tests {
                 min: Watts(200),
                 max: Watts(700),
             },
+            ceiling: Watts(700),
             last: Some(GpuSample {
                 temp: WholeCelsius(71),
                 power: Watts(650),

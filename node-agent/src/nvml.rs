@@ -24,11 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
 
-use loopwarden_protocol::{
-    EccCounts, GpuFlags, MegaHertz, NvlinkErrors, Percent, ThrottleReasons, Unsupported, Watts,
-    WholeCelsius,
-};
-use node_core::health::NVLINK_LINKS;
+use loopwarden_protocol::{ThrottleReasons, Unsupported, Watts};
 
 use crate::gpu::{GpuDevice, GpuError, GpuInfo, GpuSample, GpuSource, XidEvent, XidReport};
 
@@ -71,63 +67,14 @@ impl NvmlFailure {
 /// NVML's result type.
 pub type NvmlResult<T> = Result<T, NvmlFailure>;
 
-/// Field ids of `nvmlDeviceGetFieldValues` (from `nvml.h`).
-pub mod field {
-    /// HBM temperature, °C.
-    pub const MEMORY_TEMP: u32 = 82;
-    /// Pages retired for single-bit errors.
-    pub const RETIRED_SBE: u32 = 29;
-    /// Pages retired for double-bit errors.
-    pub const RETIRED_DBE: u32 = 30;
-    /// A page retirement waits for the next reset (0 or 1).
-    pub const RETIRED_PENDING: u32 = 31;
-    /// Rows remapped for correctable errors.
-    pub const REMAPPED_COR: u32 = 142;
-    /// Rows remapped for uncorrectable errors.
-    pub const REMAPPED_UNC: u32 = 143;
-    /// A row remap waits for the next reset (0 or 1).
-    pub const REMAPPED_PENDING: u32 = 144;
-    /// Row remapping failed (0 or 1).
-    pub const REMAPPED_FAILURE: u32 = 145;
-    /// PCIe replay counter.
-    pub const PCIE_REPLAY_COUNTER: u32 = 94;
-    /// NVLink CRC data errors, all links.
-    pub const NVLINK_CRC_DATA_TOTAL: u32 = 45;
-    /// NVLink replay errors, all links.
-    pub const NVLINK_REPLAY_TOTAL: u32 = 52;
-    /// NVLink recovery errors, all links.
-    pub const NVLINK_RECOVERY_TOTAL: u32 = 59;
-    /// NVLink replay errors of link 0 (links 0 to 5 follow in order).
-    pub const NVLINK_REPLAY_L0: u32 = 46;
-    /// NVLink recovery errors of link 0 (links 0 to 5 follow in order).
-    pub const NVLINK_RECOVERY_L0: u32 = 53;
-    /// NVLink replay errors of link 6 (links 6 to 11 follow in order).
-    pub const NVLINK_REPLAY_L6: u32 = 108;
-    /// NVLink recovery errors of link 6 (links 6 to 11 follow in order).
-    pub const NVLINK_RECOVERY_L6: u32 = 114;
-
-    /// The field of link `l`'s replay (`recovery: false`) or recovery
-    /// count, for links 0 to 11.
-    pub fn nvlink_link(l: usize, recovery: bool) -> u32 {
-        let l = l as u32;
-        match (l < 6, recovery) {
-            (true, false) => NVLINK_REPLAY_L0 + l,
-            (true, true) => NVLINK_RECOVERY_L0 + l,
-            (false, false) => NVLINK_REPLAY_L6 + l - 6,
-            (false, true) => NVLINK_RECOVERY_L6 + l - 6,
-        }
-    }
-
-    /// Which link and counter a per-link field is, if it is one.
-    pub fn link_of(id: u32) -> Option<(usize, bool)> {
-        let span = |base: u32| (base..base + 6).contains(&id).then(|| (id - base) as usize);
-        span(NVLINK_REPLAY_L0)
-            .map(|l| (l, false))
-            .or_else(|| span(NVLINK_RECOVERY_L0).map(|l| (l, true)))
-            .or_else(|| span(NVLINK_REPLAY_L6).map(|l| (l + 6, false)))
-            .or_else(|| span(NVLINK_RECOVERY_L6).map(|l| (l + 6, true)))
-    }
-}
+mod costs;
+/// Field ids of `nvmlDeviceGetFieldValues` (from `nvml.h`), and their
+/// names.
+pub mod field;
+mod probe;
+mod sample;
+pub use costs::{CallCosts, Cost};
+pub use probe::{probe, table as probe_table, Probe};
 
 /// Throttle (clock-event) reason bits of `nvml.h`.
 mod nvml_throttle {
@@ -211,15 +158,32 @@ pub trait NvmlApi: Send + Sync + 'static {
 pub struct NvmlSource<A: NvmlApi> {
     api: Arc<A>,
     stop: Arc<AtomicBool>,
+    slow_every: u32,
+    /// Per GPU index: an XID came since its last sample.
+    nudges: Arc<[AtomicBool]>,
+    /// What its GPUs' calls cost.
+    costs: CallCosts,
 }
 
 impl<A: NvmlApi> NvmlSource<A> {
-    /// A source over `api`.
+    /// A source over `api`, its GPUs reading every counter at every
+    /// sample.
     pub fn new(api: A) -> Self {
         Self {
             api: Arc::new(api),
             stop: Arc::new(AtomicBool::new(false)),
+            slow_every: 1,
+            nudges: (0..loopwarden_protocol::MAX_GPUS)
+                .map(|_| AtomicBool::new(false))
+                .collect(),
+            costs: CallCosts::default(),
         }
+    }
+
+    /// Its GPUs read the slow counters every `samples` samples.
+    pub fn slow_every(mut self, samples: u32) -> Self {
+        self.slow_every = samples.max(1);
+        self
     }
 }
 
@@ -230,13 +194,22 @@ impl<A: NvmlApi> Drop for NvmlSource<A> {
 }
 
 impl<A: NvmlApi> GpuSource for NvmlSource<A> {
+    fn call_costs(&self) -> Option<CallCosts> {
+        Some(self.costs.clone())
+    }
+
     fn devices(&mut self) -> Result<Vec<Box<dyn GpuDevice>>, GpuError> {
         let count = self
             .api
             .device_count()
             .map_err(|e| e.into_gpu_error("nvmlDeviceGetCount"))?;
         Ok((0..count.min(loopwarden_protocol::MAX_GPUS as u32))
-            .map(|i| Box::new(NvmlGpu::new(self.api.clone(), i)) as Box<dyn GpuDevice>)
+            .map(|i| {
+                let mut gpu = NvmlGpu::new(self.api.clone(), i).slow_every(self.slow_every);
+                gpu.nudge = Some((self.nudges.clone(), i as usize));
+                gpu.costs = self.costs.clone();
+                Box::new(gpu) as Box<dyn GpuDevice>
+            })
             .collect())
     }
 
@@ -253,9 +226,16 @@ impl<A: NvmlApi> GpuSource for NvmlSource<A> {
         let (reg_tx, reg_rx) = std::sync::mpsc::channel();
         let api = self.api.clone();
         let stop = self.stop.clone();
+        let nudges = self.nudges.clone();
         std::thread::Builder::new()
             .name("nvml-xid".into())
-            .spawn(move || keep_watching(&*api, &gpus, &sink, &reg_tx, &stop))
+            .spawn(move || {
+                let out = Deliver {
+                    sink: &sink,
+                    nudges: &nudges,
+                };
+                keep_watching(&*api, &gpus, out, &reg_tx, &stop)
+            })
             .map_err(|e| GpuError::Failed {
                 what: "XID thread",
                 detail: e.to_string(),
@@ -283,6 +263,14 @@ impl<A: NvmlApi> GpuSource for NvmlSource<A> {
     }
 }
 
+/// Where the XID watch delivers: the agent's queue, and the GPUs' flags
+/// asking for their slow counters.
+#[derive(Clone, Copy)]
+struct Deliver<'a> {
+    sink: &'a crate::xid_queue::XidSink,
+    nudges: &'a [AtomicBool],
+}
+
 /// The first wait after a watch ended; it doubles up to [`WATCH_RETRY_MAX`].
 pub const WATCH_RETRY_FIRST: std::time::Duration = std::time::Duration::from_secs(1);
 /// The longest wait between restarts of the XID watch.
@@ -296,10 +284,11 @@ pub const WATCH_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(
 fn keep_watching<A: NvmlApi>(
     api: &A,
     gpus: &[u32],
-    sink: &crate::xid_queue::XidSink,
+    out: Deliver<'_>,
     first_registrations: &Sender<Option<(u32, NvmlResult<()>)>>,
     stop: &AtomicBool,
 ) {
+    let sink = out.sink;
     let mut wait = WATCH_RETRY_FIRST;
     let mut restarts = 0u32;
     while !stop.load(Ordering::Relaxed) {
@@ -313,6 +302,11 @@ fn keep_watching<A: NvmlApi>(
             }
         };
         let mut deliver = |gpu: u32, xid: u64| {
+            // Its slow counters (retired pages, remapped rows) are read at
+            // its next sample.
+            if let Some(n) = out.nudges.get(gpu as usize) {
+                n.store(true, Ordering::Relaxed);
+            }
             let report = XidReport {
                 gpu: gpu as u8,
                 xid: xid.min(u16::MAX as u64) as u16,
@@ -353,22 +347,6 @@ fn sleep_unless(stop: &AtomicBool, d: std::time::Duration) {
     }
 }
 
-/// Groups of fields that are asked for together and reported unsupported
-/// together.
-const FIELD_GROUPS: [(u32, Unsupported); 11] = [
-    (field::MEMORY_TEMP, Unsupported::MEM_TEMP),
-    (field::RETIRED_SBE, Unsupported::RETIRED),
-    (field::RETIRED_DBE, Unsupported::RETIRED),
-    (field::RETIRED_PENDING, Unsupported::RETIRED),
-    (field::REMAPPED_COR, Unsupported::REMAP),
-    (field::REMAPPED_UNC, Unsupported::REMAP),
-    (field::REMAPPED_PENDING, Unsupported::REMAP),
-    (field::REMAPPED_FAILURE, Unsupported::REMAP),
-    (field::PCIE_REPLAY_COUNTER, Unsupported::PCIE),
-    (field::NVLINK_CRC_DATA_TOTAL, Unsupported::NVLINK),
-    (field::NVLINK_REPLAY_TOTAL, Unsupported::NVLINK),
-];
-
 /// Single NVML calls, each skipped once it answered "not supported".
 mod call {
     pub const POWER_USAGE: u16 = 1 << 0;
@@ -394,10 +372,22 @@ pub struct NvmlGpu<A: NvmlApi> {
     /// Links whose per-link counters answered "not supported" (a link the
     /// GPU does not have); not asked again until a driver reload.
     links_skipped: u16,
+    /// Samples from one read of the slow counters to the next.
+    slow_every: u32,
+    /// Samples since the slow counters were read (`None`: never).
+    since_slow: Option<u32>,
+    /// The slow counters as last read.
+    held: sample::Held,
+    /// Set by the XID watch when this GPU reports an XID: its slow
+    /// counters are read at its next sample. (The source's flags, and
+    /// this GPU's index in them.)
+    nudge: Option<(Arc<[AtomicBool]>, usize)>,
+    /// What its calls cost (shared with the source's other GPUs).
+    costs: CallCosts,
 }
 
 impl<A: NvmlApi> NvmlGpu<A> {
-    /// GPU `index` of `api`.
+    /// GPU `index` of `api`, reading every counter at every sample.
     pub fn new(api: Arc<A>, index: u32) -> Self {
         Self {
             api,
@@ -405,7 +395,27 @@ impl<A: NvmlApi> NvmlGpu<A> {
             unsupported: Unsupported::empty(),
             skipped: 0,
             links_skipped: 0,
+            slow_every: 1,
+            since_slow: None,
+            held: sample::Held::default(),
+            nudge: None,
+            costs: CallCosts::default(),
         }
+    }
+
+    /// Makes `call` (NVML's `what`) and counts what it cost.
+    fn timed<T>(&self, what: &'static str, call: impl FnOnce(&A, u32) -> T) -> T {
+        let began = std::time::Instant::now();
+        let r = call(&self.api, self.index);
+        self.costs.record(what, began.elapsed());
+        r
+    }
+
+    /// Reads the slow counters only every `samples` samples (at least 1;
+    /// see [`sample`]).
+    pub fn slow_every(mut self, samples: u32) -> Self {
+        self.slow_every = samples.max(1);
+        self
     }
 
     /// Makes `call` unless it answered "not supported" before. A "not
@@ -421,7 +431,7 @@ impl<A: NvmlApi> NvmlGpu<A> {
         if self.skipped & bit != 0 {
             return Ok(None);
         }
-        match call(&self.api, self.index) {
+        match self.timed(what, call) {
             Ok(v) => Ok(Some(v)),
             Err(NvmlFailure::NotSupported) => {
                 self.skipped |= bit;
@@ -444,144 +454,6 @@ impl<A: NvmlApi> NvmlGpu<A> {
             self.unsupported = self.unsupported | group;
         }
     }
-
-    /// Zeroes every field of a group marked unsupported, so a sample never
-    /// carries a value next to an `unsupported` bit that says it means
-    /// nothing.
-    fn zero_unsupported(&self, s: &mut GpuSample) {
-        let u = self.unsupported;
-        if u.contains(Unsupported::MEM_TEMP) {
-            s.mem_temp = WholeCelsius(0);
-        }
-        if u.contains(Unsupported::POWER) {
-            s.power = Watts(0);
-        }
-        if u.contains(Unsupported::CLOCKS) {
-            s.sm_clock = MegaHertz(0);
-            s.mem_clock = MegaHertz(0);
-        }
-        if u.contains(Unsupported::UTIL) {
-            s.util = Percent::ZERO;
-        }
-        if u.contains(Unsupported::THROTTLE) {
-            s.throttle = ThrottleReasons::empty();
-        }
-        if u.contains(Unsupported::ECC) {
-            s.ecc = EccCounts::default();
-        }
-        if u.contains(Unsupported::RETIRED) {
-            s.repair.retired_sbe = 0;
-            s.repair.retired_dbe = 0;
-            s.flags = s.flags.with(GpuFlags::RETIRED_PENDING, false);
-        }
-        if u.contains(Unsupported::REMAP) {
-            s.repair.remap_correctable = 0;
-            s.repair.remap_uncorrectable = 0;
-            s.flags = s
-                .flags
-                .with(GpuFlags::REMAP_PENDING, false)
-                .with(GpuFlags::REMAP_FAILURE, false);
-        }
-        if u.contains(Unsupported::PCIE) {
-            s.pcie_replay = 0;
-        }
-        if u.contains(Unsupported::NVLINK) {
-            s.nvlink = NvlinkErrors::default();
-        }
-    }
-
-    fn batched_fields(&mut self, s: &mut GpuSample) -> Result<(), GpuError> {
-        let mut ids: Vec<u32> = FIELD_GROUPS
-            .iter()
-            .filter(|(_, g)| !self.unsupported.contains(*g))
-            .map(|(id, _)| *id)
-            .collect();
-        if !self.unsupported.contains(Unsupported::NVLINK) {
-            ids.push(field::NVLINK_RECOVERY_TOTAL);
-            for l in (0..NVLINK_LINKS).filter(|l| self.links_skipped & (1 << l) == 0) {
-                ids.push(field::nvlink_link(l, false));
-                ids.push(field::nvlink_link(l, true));
-            }
-            // Read unless one of its fields fails below.
-            s.nvlink_links.read = !self.links_skipped & ((1 << NVLINK_LINKS) - 1);
-        }
-        if ids.is_empty() {
-            return Ok(());
-        }
-        let answers = match self.api.fields(self.index, &ids) {
-            Ok(a) => a,
-            Err(NvmlFailure::NotSupported) => {
-                for (_, g) in FIELD_GROUPS {
-                    self.mark(g, "nvmlDeviceGetFieldValues");
-                }
-                self.mark(Unsupported::NVLINK, "nvmlDeviceGetFieldValues");
-                return Ok(());
-            }
-            Err(e) => return Err(e.into_gpu_error("nvmlDeviceGetFieldValues")),
-        };
-        let group_of = |id: u32| {
-            FIELD_GROUPS
-                .iter()
-                .find(|(f, _)| *f == id)
-                .map_or(Unsupported::NVLINK, |(_, g)| *g)
-        };
-        let sat16 = |v: u64| v.min(u16::MAX as u64) as u16;
-        let sat32 = |v: u64| v.min(u32::MAX as u64) as u32;
-        for (id, answer) in ids.iter().zip(answers) {
-            if let Some((l, recovery)) = field::link_of(*id) {
-                self.link_answer(s, l, recovery, answer);
-                continue;
-            }
-            let v = match answer {
-                Ok(v) => v,
-                Err(NvmlFailure::NotSupported) => {
-                    self.mark(group_of(*id), "a field value");
-                    continue;
-                }
-                Err(e) => return Err(e.into_gpu_error("nvmlDeviceGetFieldValues")),
-            };
-            match *id {
-                field::MEMORY_TEMP => s.mem_temp = WholeCelsius(v.min(255) as u8),
-                field::RETIRED_SBE => s.repair.retired_sbe = sat16(v),
-                field::RETIRED_DBE => s.repair.retired_dbe = sat16(v),
-                field::RETIRED_PENDING => s.flags = s.flags.with(GpuFlags::RETIRED_PENDING, v != 0),
-                field::REMAPPED_COR => s.repair.remap_correctable = sat16(v),
-                field::REMAPPED_UNC => s.repair.remap_uncorrectable = sat16(v),
-                field::REMAPPED_PENDING => s.flags = s.flags.with(GpuFlags::REMAP_PENDING, v != 0),
-                field::REMAPPED_FAILURE => s.flags = s.flags.with(GpuFlags::REMAP_FAILURE, v != 0),
-                field::PCIE_REPLAY_COUNTER => s.pcie_replay = sat32(v),
-                field::NVLINK_CRC_DATA_TOTAL => s.nvlink.crc = sat32(v),
-                field::NVLINK_REPLAY_TOTAL => s.nvlink.replay = sat32(v),
-                field::NVLINK_RECOVERY_TOTAL => s.nvlink.recovery = sat32(v),
-                _ => {}
-            }
-        }
-        Ok(())
-    }
-}
-
-impl<A: NvmlApi> NvmlGpu<A> {
-    /// One per-link NVLink counter's answer: a value, or that link left
-    /// out of this sample (and of every later one when not supported).
-    /// A per-link failure never fails the sample: the totals stand in.
-    fn link_answer(&mut self, s: &mut GpuSample, l: usize, recovery: bool, a: NvmlResult<u64>) {
-        let bit = 1u16 << l;
-        match a {
-            Ok(v) => {
-                let v = v.min(u64::from(u32::MAX)) as u32;
-                if recovery {
-                    s.nvlink_links.recovery[l] = v;
-                } else {
-                    s.nvlink_links.replay[l] = v;
-                }
-            }
-            Err(NvmlFailure::NotSupported) => {
-                self.links_skipped |= bit;
-                s.nvlink_links.read &= !bit;
-            }
-            Err(_) => s.nvlink_links.read &= !bit,
-        }
-    }
 }
 
 impl<A: NvmlApi> GpuDevice for NvmlGpu<A> {
@@ -595,6 +467,9 @@ impl<A: NvmlApi> GpuDevice for NvmlGpu<A> {
         self.unsupported = Unsupported::empty();
         self.skipped = 0;
         self.links_skipped = 0;
+        // Everything is asked again at the next sample.
+        self.since_slow = None;
+        self.held = sample::Held::default();
     }
 
     fn describe(&mut self) -> Result<GpuInfo, GpuError> {
@@ -622,111 +497,19 @@ impl<A: NvmlApi> GpuDevice for NvmlGpu<A> {
     }
 
     fn sample(&mut self) -> Result<GpuSample, GpuError> {
-        let mut s = GpuSample::default();
-        let temp = self
-            .api
-            .temperature(self.index)
-            .map_err(|e| e.into_gpu_error("nvmlDeviceGetTemperature"))?;
-        s.temp = WholeCelsius(temp.min(255) as u8);
-        let power = Some(Unsupported::POWER);
-        if let Some(mw) = self.ask(
-            call::POWER_USAGE,
-            power,
-            "nvmlDeviceGetPowerUsage",
-            |a, i| a.power_usage_mw(i),
-        )? {
-            s.power = Watts::from_milliwatts(mw);
-        }
-        // The enforced limit, else the limit set (what the agent caps).
-        let enforced = self.ask(
-            call::ENFORCED_LIMIT,
-            None,
-            "nvmlDeviceGetEnforcedPowerLimit",
-            |a, i| a.enforced_limit_mw(i),
-        )?;
-        let limit = match enforced {
-            Some(mw) => Some(mw),
-            None => self.ask(
-                call::LIMIT,
-                None,
-                "nvmlDeviceGetPowerManagementLimit",
-                |a, i| a.limit_mw(i),
-            )?,
-        };
-        s.power_limit = limit.map_or(Watts(0), Watts::from_milliwatts);
-        if let Some(mj) = self.ask(
-            call::ENERGY,
-            None,
-            "nvmlDeviceGetTotalEnergyConsumption",
-            |a, i| a.energy_mj(i),
-        )? {
-            s.energy_mj = mj;
-        }
-        let clocks = Some(Unsupported::CLOCKS);
-        if let Some((sm, mem)) =
-            self.ask(call::CLOCKS, clocks, "nvmlDeviceGetClockInfo", |a, i| {
-                a.clocks_mhz(i)
-            })?
-        {
-            s.sm_clock = MegaHertz(sm.min(u16::MAX as u32) as u16);
-            s.mem_clock = MegaHertz(mem.min(u16::MAX as u32) as u16);
-        }
-        let util = Some(Unsupported::UTIL);
-        if let Some(u) = self.ask(call::UTIL, util, "nvmlDeviceGetUtilizationRates", |a, i| {
-            a.utilization(i)
-        })? {
-            s.util = Percent::new(u.min(100) as u8).unwrap_or(Percent::FULL);
-        }
-        let throttle = Some(Unsupported::THROTTLE);
-        if let Some(bits) = self.ask(
-            call::THROTTLE,
-            throttle,
-            "nvmlDeviceGetCurrentClocksEventReasons",
-            |a, i| a.throttle_bits(i),
-        )? {
-            s.throttle = throttle_from_nvml(bits);
-        }
-        let ecc = Some(Unsupported::ECC);
-        let ecc_on = self
-            .ask(call::ECC_MODE, ecc, "nvmlDeviceGetEccMode", |a, i| {
-                a.ecc_enabled(i)
-            })?
-            .unwrap_or(false);
-        s.flags = s.flags.with(GpuFlags::ECC_ENABLED, ecc_on);
-        if ecc_on {
-            let mut counts = [0u32; 4];
-            let counters = [(true, true), (false, true), (true, false), (false, false)];
-            for (slot, (corrected, volatile)) in counters.into_iter().enumerate() {
-                let bit = call::ECC_COUNT << slot;
-                if let Some(v) = self.ask(bit, ecc, "nvmlDeviceGetTotalEccErrors", |a, i| {
-                    a.ecc_total(i, corrected, volatile)
-                })? {
-                    counts[slot] = v.min(u32::MAX as u64) as u32;
-                }
-            }
-            s.ecc = EccCounts {
-                sbe_volatile: counts[0],
-                dbe_volatile: counts[1],
-                sbe_aggregate: counts[2],
-                dbe_aggregate: counts[3],
-            };
-        }
-        self.batched_fields(&mut s)?;
-        self.zero_unsupported(&mut s);
-        s.unsupported = self.unsupported;
-        Ok(s)
+        self.read_sample()
     }
 
     fn set_power_limit(&mut self, limit: Watts) -> Result<(), GpuError> {
-        self.api
-            .set_limit_mw(self.index, limit.milliwatts())
-            .map_err(|e| e.into_gpu_error("nvmlDeviceSetPowerManagementLimit"))
+        let what = "nvmlDeviceSetPowerManagementLimit";
+        self.timed(what, |a, i| a.set_limit_mw(i, limit.milliwatts()))
+            .map_err(|e| e.into_gpu_error(what))
     }
 
     fn power_limit(&mut self) -> Result<Watts, GpuError> {
-        self.api
-            .limit_mw(self.index)
+        let what = "nvmlDeviceGetPowerManagementLimit";
+        self.timed(what, |a, i| a.limit_mw(i))
             .map(Watts::from_milliwatts)
-            .map_err(|e| e.into_gpu_error("nvmlDeviceGetPowerManagementLimit"))
+            .map_err(|e| e.into_gpu_error(what))
     }
 }

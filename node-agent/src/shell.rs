@@ -212,6 +212,7 @@ async fn run_agent(
     let clock = Steady::new(clock);
     let started = clock.wall();
     // GPUs first: an agent without GPUs has nothing to do.
+    let nvml_costs = source.call_costs();
     let (workers, gpus) = startup::gpus(&config, &mut source).await?;
     let mut xid_rx = startup::watch_xids(&mut source)?;
     // Flash: the event log, the outbox, the config store.
@@ -227,6 +228,7 @@ async fn run_agent(
     let mut node = startup::node(&config, &gpus, started);
     startup::restore_leases(&mut node, &mut log).await?;
     startup::restore_health(&mut node, &mut store).await;
+    limits::restore(&mut node, &gpus, &mut store).await;
     node.restore_cooling(cooling::restore(&mut store).await);
     let startup::BusParts {
         bus,
@@ -256,7 +258,8 @@ async fn run_agent(
         None => console::snapshot_channel(),
     };
     let flash_path = flash_path.map(|p| p.display().to_string());
-    let context = console_context(&config, started, flash_path, &bus, &recorder, snapshot_rx);
+    let mut context = console_context(&config, started, flash_path, &bus, &recorder, snapshot_rx);
+    context.nvml_costs = nvml_costs;
     let readers = start_readers(listener, console_path, &config, context).await?;
     let mut agent = Agent {
         actions: actions_tx,
@@ -295,8 +298,8 @@ async fn run_agent(
 }
 
 impl Agent {
-    /// The clean stop: the running actions end, the default limits are
-    /// restored, everything decided is written and handed to the bus,
+    /// The clean stop: the running actions end, the ceilings are put
+    /// back unless a lease is in force, everything decided is written and handed to the bus,
     /// then the readers stop and the agent leaves the bus.
     async fn stop(
         &mut self,
@@ -305,7 +308,7 @@ impl Agent {
         bus_task: loopwarden_bus::BusTask,
     ) {
         self.finish_actions(actions_rx).await;
-        tracing::info!("stopping: restoring default power limits");
+        tracing::info!("stopping");
         self.step(Input::Stop).await;
         self.recorder.flush().await;
         readers.stop();
@@ -336,6 +339,7 @@ fn console_context(
         bus: bus.clone(),
         recorder: recorder.clone(),
         snapshot,
+        nvml_costs: None,
     }
 }
 

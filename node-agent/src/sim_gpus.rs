@@ -497,6 +497,27 @@ impl TwinSource {
         }
     }
 
+    /// Every GPU starts at `limit`, as if an administrator had set it
+    /// (`nvidia-smi -pl`); refused outside the settable range, as NVML
+    /// would.
+    pub fn at_limit(self, limit: Watts) -> Result<Self, GpuError> {
+        {
+            let mut s = self.control.shared.lock().expect("twin state");
+            for i in 0..s.host.len() {
+                s.host.set_limit(i, limit)?;
+            }
+        }
+        Ok(self)
+    }
+
+    /// The same GPUs again, for an agent started after another stopped
+    /// (their limits, temperatures and faults as that one left them).
+    pub fn again(control: &TwinControl) -> Self {
+        Self {
+            control: control.clone(),
+        }
+    }
+
     /// The handle that injects faults.
     pub fn control(&self) -> TwinControl {
         self.control.clone()

@@ -51,7 +51,14 @@ fn the_example_loads_as_shipped_with_the_sites_files() {
         c.flash.as_deref(),
         Some(Path::new("/var/lib/loopwarden/node-agent.flash"))
     );
-    assert!(c.quarantine_actions.is_empty() && !c.cooling_loss.any());
+    assert!(c.quarantine_actions.is_empty());
+    assert!(
+        c.cooling_loss.any(),
+        "a rack without cooling is drained and powered down"
+    );
+    assert_eq!(c.cooling_loss.grace, Duration::from_secs(30));
+    assert!(c.opt_outs.is_empty(), "no protection switched off");
+    assert_eq!(c.site_limit, None, "the limit found on each GPU");
 }
 
 #[test]
@@ -67,6 +74,7 @@ fn every_commented_setting_is_one_the_agent_takes() {
     assert!(c.cooling_loss.any());
     assert_eq!(c.metrics_listen, Some(([10, 0, 1, 7], 9400).into()));
     assert_eq!(c.console, Path::new("/run/loopwarden/node-agent.sock"));
+    assert_eq!(c.site_limit, Some(loopwarden_protocol::Watts(600)));
 }
 
 #[test]

@@ -1236,3 +1236,114 @@ fn nvlink_errors_are_read_per_link_where_links_answer_and_named_in_the_evidence(
         .sample(loopwarden_protocol::TimestampMs(2_000), 0, &obs(&reset))
         .is_empty());
 }
+
+// --- The schedule: slow counters every few samples ----------------------
+
+const GET_ENERGY: &str = "nvmlDeviceGetTotalEnergyConsumption";
+
+/// The field ids of the last field-value request.
+fn last_request(fake: &FakeNvml) -> Vec<u32> {
+    fake.field_requests(0).last().cloned().unwrap_or_default()
+}
+
+#[test]
+fn slow_counters_are_read_every_n_samples_and_held_between() {
+    let fake = FakeNvml::new(vec![Answers::healthy()]);
+    let mut gpu = NvmlGpu::new(Arc::new(fake.clone()), 0).slow_every(3);
+    let first = gpu.sample().expect("a sample");
+    assert_eq!((first.pcie_replay, first.ecc.sbe_aggregate), (17, 1_234));
+    fake.set(0, |a| {
+        a.fields.insert(fi::PCIE_REPLAY_COUNTER, Ok(20));
+        a.fields.insert(fi::MEMORY_TEMP, Ok(75));
+        a.energy_mj = Ok(1);
+    });
+    for i in 2..=3 {
+        let s = gpu.sample().expect("a sample");
+        assert_eq!(s.pcie_replay, 17, "sample {i}: held");
+        assert_eq!(s.energy_mj, 987_654_321, "sample {i}: held");
+        assert_eq!(s.mem_temp, WholeCelsius(75), "sample {i}: fast");
+        assert_eq!(
+            last_request(&fake),
+            [
+                fi::MEMORY_TEMP,
+                fi::NVLINK_CRC_DATA_TOTAL,
+                fi::NVLINK_REPLAY_TOTAL,
+                fi::NVLINK_RECOVERY_TOTAL
+            ],
+            "sample {i}: only the fast fields"
+        );
+    }
+    assert_eq!(fake.calls(0, GET_ENERGY), 1);
+    assert_eq!(fake.calls(0, GET_ECC_MODE), 1);
+    let fourth = gpu.sample().expect("a sample");
+    assert_eq!(
+        (fourth.pcie_replay, fourth.energy_mj),
+        (20, 1),
+        "read again"
+    );
+    assert_eq!(fake.calls(0, GET_ENERGY), 2);
+    // The fast calls every sample: 4 temperatures, 4 field queries.
+    assert_eq!(fake.calls(0, GET_TEMPERATURE), 4);
+    assert_eq!(fake.calls(0, GET_FIELD_VALUES), 4);
+}
+
+#[test]
+fn an_ecc_error_or_an_xid_reads_the_slow_counters_at_once() {
+    let fake = FakeNvml::new(vec![Answers::healthy()]);
+    let mut source = NvmlSource::new(fake.clone()).slow_every(100);
+    let mut gpu = source.devices().expect("devices").remove(0);
+    gpu.sample().expect("the first sample");
+    // A corrected error, and the remap it led to.
+    fake.set(0, |a| {
+        a.ecc_total.insert((true, true), Ok(12));
+        a.fields.insert(fi::REMAPPED_PENDING, Ok(1));
+    });
+    let s = gpu.sample().expect("a sample");
+    assert!(
+        s.flags.contains(GpuFlags::REMAP_PENDING),
+        "read with the ECC error"
+    );
+    // A row remapped for an uncorrectable error, which the driver reports
+    // with an XID, the volatile counts unchanged.
+    fake.set(0, |a| {
+        a.fields.insert(fi::REMAPPED_UNC, Ok(5));
+    });
+    let s = gpu.sample().expect("a sample");
+    assert_eq!(s.repair.remap_uncorrectable, 4, "held: no reason to read");
+    fake.state().xids = vec![(0, 64)];
+    let (sink, events) = node_agent::xid_queue::xid_queue(8);
+    source.watch_xids(sink).expect("the XID watch starts");
+    assert!(
+        events.recv_timeout(Duration::from_secs(2)).is_some(),
+        "the XID"
+    );
+    let s = gpu.sample().expect("a sample");
+    assert_eq!(s.repair.remap_uncorrectable, 5, "read after the XID");
+}
+
+#[test]
+fn the_links_are_read_at_once_when_the_nvlink_totals_move() {
+    let mut answers = Answers::healthy();
+    answers.fields.insert(link_field(2, false), Ok(5));
+    answers.fields.insert(link_field(2, true), Ok(0));
+    let fake = FakeNvml::new(vec![answers]);
+    let mut gpu = NvmlGpu::new(Arc::new(fake.clone()), 0).slow_every(100);
+    let first = gpu.sample().expect("a sample");
+    assert_eq!(first.nvlink_links.replay[2], 5);
+    gpu.sample().expect("a sample");
+    assert!(
+        !last_request(&fake).contains(&link_field(2, false)),
+        "not asked"
+    );
+    fake.set(0, |a| {
+        a.fields.insert(fi::NVLINK_REPLAY_TOTAL, Ok(105));
+        a.fields.insert(link_field(2, false), Ok(8));
+    });
+    let s = gpu.sample().expect("a sample");
+    assert_eq!(s.nvlink.replay, 105);
+    assert_eq!(
+        s.nvlink_links.replay[2], 8,
+        "the link named in the same sample"
+    );
+    assert_ne!(s.nvlink_links.read & (1 << 2), 0);
+}

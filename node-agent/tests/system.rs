@@ -240,11 +240,14 @@ fn leases_are_applied_acknowledged_refused_and_lifted() {
             .is_some_and(|f| matches!(f.message, Message::Online(ref o) if !o.online))
     });
     assert!(
-        seen.iter().filter_map(frame).any(|f| matches!(
+        !seen.iter().filter_map(frame).any(|f| matches!(
             f.message,
-            Message::Event(Event::CapsApplied { gpus, limit: Watts(700), source: None }) if gpus == 1 << 2
+            Message::Event(Event::CapsApplied {
+                limit: Watts(700),
+                ..
+            })
         )),
-        "the default limit was restored on GPU 2 before leaving"
+        "a lease in force at the stop keeps its cap on GPU 2 for the next start"
     );
 }
 
@@ -923,4 +926,107 @@ fn an_xid_storm_does_not_delay_a_fatal_xid() {
     assert_eq!(why["health"], "quarantined", "{why}");
     assert_eq!(why["reason"], "xid-79", "{why}");
     agent.stop();
+}
+
+/// The highest limit any of `gpus` twin GPUs had, polled every 2 ms from
+/// a thread of its own until [`LimitWatch::highest`].
+struct LimitWatch {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<u32>,
+}
+
+impl LimitWatch {
+    fn start(control: &node_agent::sim_gpus::TwinControl, gpus: usize) -> Self {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let (control, flag) = (control.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let mut highest = 0;
+            while !flag.load(Ordering::SeqCst) {
+                let now = control.with_host(|h| (0..gpus).map(|i| h.limit(i).0).max());
+                highest = highest.max(now.unwrap_or(0));
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            highest
+        });
+        Self { stop, thread }
+    }
+
+    fn highest(self) -> u32 {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.thread.join().expect("the watch ran")
+    }
+}
+
+#[test]
+fn an_administrators_500_w_is_never_raised_and_is_back_after_a_clean_stop() {
+    let Some(rig) = Rig::start("h10") else {
+        return;
+    };
+    let mut sub = rig.subscribe(&["ack", "telemetry"]);
+    // `nvidia-smi -pl 500` on GPUs whose default is 700 W.
+    let agent = rig
+        .agent(2)
+        .flags(Overrides {
+            twin_admin_limit_w: Some(500),
+            ..Default::default()
+        })
+        .start();
+    agent.ctl_within(&["caps"], Duration::from_secs(20), "no console");
+    let control = agent.control().clone();
+    let watch = LimitWatch::start(&control, 2);
+    let caps = agent.ctl(&["caps"]).expect("ctl caps");
+    assert_eq!(caps["gpus"][0]["ceiling"], 500);
+    let above = rig.ack(&mut sub, &lease(1, 1, &[(GpuSelector::All, 600)], 2_000));
+    assert_eq!(
+        limits(&above),
+        [500, 500],
+        "a cap above the site's limit raises nothing"
+    );
+    let below = rig.ack(&mut sub, &lease(2, 2, &[(GpuSelector::All, 300)], 2_000));
+    assert_eq!(limits(&below), [300, 300]);
+    // Both lapse: back to the administrator's limit, not the default.
+    telemetry_limits_become(&mut sub, &[500, 500]);
+    agent.stop();
+    assert_eq!(watch.highest(), 500, "never above 500 W");
+    control.with_host(|h| {
+        assert_eq!(
+            [h.limit(0), h.limit(1)],
+            [Watts(500); 2],
+            "500 W after the stop"
+        );
+    });
+}
+
+#[test]
+fn a_cdu_lease_held_over_a_stop_and_a_restart_keeps_the_gpus_capped_the_whole_time() {
+    let Some(rig) = Rig::start("h11") else {
+        return;
+    };
+    let mut sub = rig.subscribe(&["ack"]);
+    let first = rig.agent(2).flash().start();
+    first.ctl_within(&["caps"], Duration::from_secs(20), "no console");
+    let control = first.control().clone();
+    // The CDU's minimum caps for a rack whose cooling is lost.
+    let ack = rig.ack(&mut sub, &lease(1, 1, &[(GpuSelector::All, 200)], 60_000));
+    assert_eq!(limits(&ack), [200, 200]);
+    let watch = LimitWatch::start(&control, 2);
+    // `systemctl restart`: a clean stop, then a new process on the same
+    // GPUs and flash.
+    first.stop();
+    let second = rig
+        .agent(2)
+        .flash()
+        .twin(node_agent::sim_gpus::TwinSource::again(&control))
+        .start();
+    let caps = second.ctl_within(&["caps"], Duration::from_secs(20), "no console");
+    assert_eq!(caps["leases"].as_array().map(Vec::len), Some(1), "{caps}");
+    assert_eq!(
+        caps["gpus"][0]["ceiling"], 700,
+        "the cap it found is its own (kept in flash), not the site's limit: {caps}"
+    );
+    // A few rounds of the new process.
+    std::thread::sleep(Duration::from_millis(1_000));
+    assert_eq!(console_limits(&second), [200, 200]);
+    assert_eq!(watch.highest(), 200, "capped the whole time");
 }

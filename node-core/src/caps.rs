@@ -24,7 +24,8 @@ use loopwarden_protocol::{
 pub struct GpuRange {
     /// Lowest settable power limit.
     pub min: Watts,
-    /// Highest settable power limit (the limit when nothing caps it).
+    /// The limit when nothing caps it: the GPU's ceiling (what the site
+    /// left on it, within its highest settable limit).
     pub max: Watts,
 }
 
@@ -221,6 +222,14 @@ impl CapArbiter {
     /// The thermal guard's cap on `gpu`.
     pub fn guard_cap(&self, gpu: GpuIndex) -> Option<Watts> {
         self.guard.get(gpu.get() as usize).copied().flatten()
+    }
+
+    /// Makes `max` the highest limit of `gpu` (its ceiling: the limit it
+    /// runs at uncapped), kept within its settable minimum.
+    pub fn set_ceiling(&mut self, gpu: GpuIndex, max: Watts) {
+        if let Some(r) = self.ranges.get_mut(gpu.get() as usize) {
+            r.max = max.max(r.min);
+        }
     }
 
     /// The settable range of every GPU.

@@ -442,6 +442,11 @@ impl CommandCore {
         v
     }
 
+    /// Makes `max` the limit `gpu` runs at uncapped (its ceiling).
+    pub fn set_ceiling(&mut self, gpu: GpuIndex, max: Watts) {
+        self.arbiter.set_ceiling(gpu, max);
+    }
+
     /// The GPUs' settable ranges.
     pub fn ranges(&self) -> &[GpuRange] {
         self.arbiter.ranges()

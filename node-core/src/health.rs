@@ -52,10 +52,12 @@ mod evidence;
 mod peers;
 mod rules;
 mod silence;
+mod slow;
 
 use evidence::{fit, xid_words};
 pub use evidence::{fmt_time, At};
 use rules::{Streak, Window};
+pub use slow::SlowCounters;
 
 /// One sample of one GPU, in natural units. Counters are cumulative.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]

@@ -20,13 +20,19 @@
 //! - a limit that could not be set is tried again after [`RETRY_MS`] (at
 //!   once for a command, whose sender waits for the ack), and said once
 //!   per target;
-//! - at the stop every GPU whose limit it changed is given back its
-//!   default.
+//! - it never sets a GPU above its ceiling: the limit found on it
+//!   (an administrator's, kept over restarts), within any configured
+//!   site limit; a limit someone else sets while it runs is the new
+//!   ceiling, said in a `power_ceiling` event;
+//! - at a stop with no lease in force every GPU is given back its
+//!   ceiling; at one with a lease, the limits stay as they are, for the
+//!   next start to apply or lift as the kept leases say.
 //!
 //! Glossary:
 //! - *round*: one sampling of every GPU ([`Input::Round`]).
 //! - *reconcile*: set every GPU whose known limit differs from its target,
 //!   then read it back.
+//! - *ceiling*: the limit a GPU runs at uncapped (see [`KeptLimit`]).
 //! - *pending command*: a command whose ack waits for its flash write and
 //!   its limits; its limits' events go out after the ack.
 //! - *steady*/*wall*: see [`Now`].
@@ -49,13 +55,14 @@ mod health;
 mod limits;
 mod xid_log;
 
-pub use limits::{LimitResult, SetLimit};
+pub use limits::{KeptLimit, LimitResult, SetLimit};
 use xid_log::XidLog;
 
 /// How long a limit that could not be set waits before the next try, ms.
 pub const RETRY_MS: u64 = 30_000;
 /// Every this many rounds the limits are read back again, so a limit
-/// changed behind the agent's back (`nvidia-smi -pl`) is put right.
+/// changed behind the agent's back (`nvidia-smi -pl`) is seen: it is the
+/// GPU's ceiling from then on.
 pub const REREAD_EVERY: u64 = 60;
 /// Every this many rounds the retained health is published again (a
 /// publish lost in a full queue after a long outage is put right).
@@ -91,10 +98,15 @@ impl Now {
 /// One GPU as the node is set up with it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GpuSetup {
-    /// The limits a cap may take (its uncapped limit is `range.max`).
+    /// The limits it can be set to: its lowest settable limit, and its
+    /// highest within the board.
     pub range: GpuRange,
-    /// The limit the GPU came up with, put back at the stop.
+    /// Its default limit (NVML's): its ceiling until a limit is read
+    /// from it, where nothing was kept and no site limit is configured.
     pub default_limit: Watts,
+    /// The site's configured ceiling for this board (`site_limit_w`), if
+    /// any: never exceeded, whatever is found on the GPU.
+    pub site_limit: Option<Watts>,
 }
 
 /// Where this host's cooling context comes from.
@@ -184,7 +196,8 @@ pub enum Input<'a> {
     Logged(Result<(), &'a str>),
     /// Answers [`Effect::Acknowledge`]: the pending command's ack is due.
     Acknowledge,
-    /// The agent stops: every limit it changed goes back to the default.
+    /// The agent stops: with no lease in force every GPU's ceiling is
+    /// put back; with one, the limits stay for the next start.
     Stop,
 }
 
@@ -224,6 +237,11 @@ pub enum Effect {
     SetLimits(Vec<SetLimit>),
     /// Read every GPU's limit; answer [`Input::LimitsRead`].
     ReadLimits,
+    /// Keep every GPU's ceiling and the limits it may be left at in
+    /// flash, in index order, and wait until they are there: it comes
+    /// before the [`Effect::SetLimits`] it covers, so a restart tells its
+    /// own limits from an administrator's.
+    KeepLimits(Vec<KeptLimit>),
     /// Keep the cooling-loss phase in flash (its time on the wall clock).
     KeepCooling(Phase),
     /// Run a cooling-loss step's configured commands, in order.
@@ -252,9 +270,13 @@ pub(crate) struct GpuCaps {
     applied: Option<Watts>,
     /// Who set it (`None`: nobody, or not as asked).
     source: Option<loopwarden_protocol::CapSource>,
-    /// Whether its limit was changed from the default (restored at the
-    /// stop).
-    changed: bool,
+    /// The limit it runs at uncapped, put back at a stop with no lease.
+    ceiling: Watts,
+    /// Whether `ceiling` was decided from a limit read from the GPU (else
+    /// it is the kept, configured or default one, until a read).
+    ceiling_read: bool,
+    /// What the flash kept of it from before a restart.
+    kept: Option<KeptLimit>,
     /// A target that could not be set, and when to try it again (steady
     /// ms).
     retry: Option<(Watts, u64)>,
@@ -286,7 +308,14 @@ pub struct Node {
 impl Node {
     /// A node as `setup` says, every GPU healthy and uncapped.
     pub fn new(setup: Setup) -> Self {
-        let ranges = setup.gpus.iter().map(|g| g.range).collect();
+        let ranges = setup
+            .gpus
+            .iter()
+            .map(|g| GpuRange {
+                min: g.range.min,
+                max: limits::within(g, g.site_limit.unwrap_or(g.default_limit)),
+            })
+            .collect();
         let commands =
             CommandCore::with_limits(setup.own_cmd, ranges, setup.authority, setup.lease_limits);
         let health = HealthEngine::new(
@@ -303,7 +332,9 @@ impl Node {
                 guard: ThermalGuard::default(),
                 applied: None,
                 source: None,
-                changed: false,
+                ceiling: limits::within(&g, g.site_limit.unwrap_or(g.default_limit)),
+                ceiling_read: false,
+                kept: None,
                 retry: None,
                 missed: 0,
                 unresponsive_reported: false,
@@ -336,6 +367,19 @@ impl Node {
         self.health.restore(gpu, status);
     }
 
+    /// What the flash kept of a GPU's limits from before a restart (the
+    /// shell gives it only for the same GPU, by its UUID).
+    pub fn restore_limit(&mut self, gpu: u8, kept: KeptLimit) {
+        if let Some(g) = self.gpus.get_mut(gpu as usize) {
+            g.kept = Some(kept);
+            if let (false, Some(index)) = (g.ceiling_read, loopwarden_protocol::GpuIndex::new(gpu))
+            {
+                g.ceiling = limits::within(&g.setup, kept.ceiling);
+                self.commands.set_ceiling(index, g.ceiling);
+            }
+        }
+    }
+
     /// The cooling-loss phase kept from before a restart.
     pub fn restore_cooling(&mut self, phase: Phase) {
         self.cooling.restore(phase);
@@ -360,7 +404,7 @@ impl Node {
             }
             Input::Logged(result) => self.logged(result, &mut out),
             Input::Acknowledge => self.acknowledge(&mut out),
-            Input::Stop => self.restore_defaults(&mut out),
+            Input::Stop => self.stop(now, &mut out),
         }
         out
     }
@@ -384,7 +428,11 @@ impl Node {
                     if std::mem::take(&mut g.unresponsive_reported) {
                         out.push(Effect::Say(Level::Info, format!("GPU {i} answers again")));
                     }
-                    let cap = g.guard.update(&self.guard, g.setup.range, temp, power);
+                    let range = GpuRange {
+                        min: g.setup.range.min,
+                        max: g.ceiling,
+                    };
+                    let cap = g.guard.update(&self.guard, range, temp, power);
                     self.commands.guard(gpu_index(gpu), cap);
                     self.health.sample(t, gpu, &observation)
                 }
@@ -483,6 +531,11 @@ impl Node {
     /// Whether the node has no GPU.
     pub fn is_empty(&self) -> bool {
         self.gpus.is_empty()
+    }
+
+    /// A GPU's ceiling: the limit it runs at uncapped.
+    pub fn ceiling(&self, gpu: u8) -> Option<Watts> {
+        self.gpus.get(gpu as usize).map(|g| g.ceiling)
     }
 
     /// A GPU's limit as last read back, and who set it.

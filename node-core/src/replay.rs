@@ -23,7 +23,7 @@ use loopwarden_protocol::{HealthState, ThrottleReasons, TimestampMs};
 use serde::Deserialize;
 
 use crate::health::{
-    Change, Coolant, HealthEngine, Limits, LoopState, Observation, Output, Policy,
+    Change, Coolant, HealthEngine, Limits, LoopState, Observation, Output, Policy, SlowCounters,
 };
 
 /// The header line.
@@ -150,6 +150,19 @@ pub fn replay(
     out: &mut impl Write,
     notes: &mut impl Write,
 ) -> Result<usize, ReplayError> {
+    replay_scheduled(input, policy, 0, out, notes)
+}
+
+/// As [`replay`], with the slow counters read only every `slow_ms` as
+/// the live agent reads them ([`SlowCounters`]; 0: at every sample, as the
+/// trace gives them).
+pub fn replay_scheduled(
+    input: impl BufRead,
+    policy: Policy,
+    slow_ms: u64,
+    out: &mut impl Write,
+    notes: &mut impl Write,
+) -> Result<usize, ReplayError> {
     let mut input = input;
     let header = read_header(&mut input)?;
     let limits = Limits {
@@ -157,6 +170,7 @@ pub fn replay(
     };
     let mut engine = HealthEngine::new(header.gpus, limits, policy, TimestampMs(0));
     let mut state = vec![Observation::default(); header.gpus];
+    let mut slow = SlowCounters::new(header.gpus, slow_ms);
     let mut last_t = 0;
     let mut count = 0;
     // One buffer for every line: a day of a host is close to a million.
@@ -173,7 +187,7 @@ pub fn replay(
         }
         let r = parse_record(&line, n, last_t)?;
         last_t = r.t_ms;
-        let outputs = step(&mut engine, &mut state, &r, n)?;
+        let outputs = step(&mut engine, &mut state, &mut slow, &r, n)?;
         count += 1;
         write_outputs(outputs, out, notes)?;
     }
@@ -263,6 +277,7 @@ fn record_gpu(r: &Record, n: usize, gpus: usize) -> Result<u8, ReplayError> {
 fn step(
     engine: &mut HealthEngine,
     state: &mut [Observation],
+    slow: &mut SlowCounters,
     r: &Record,
     n: usize,
 ) -> Result<Vec<Output>, ReplayError> {
@@ -274,10 +289,15 @@ fn step(
                 engine.missed(now, g)
             } else {
                 merge(&mut state[g as usize], s);
-                engine.sample(now, g, &state[g as usize])
+                let seen = slow.read(r.t_ms, g as usize, &state[g as usize]);
+                engine.sample(now, g, &seen)
             }
         }
-        (None, Some(x), None) => engine.xid(now, record_gpu(r, n, state.len())?, x),
+        (None, Some(x), None) => {
+            let g = record_gpu(r, n, state.len())?;
+            slow.xid(g as usize);
+            engine.xid(now, g, x)
+        }
         (None, None, Some(c)) => engine.coolant(now, coolant(c, n)?),
         _ => {
             return Err(ReplayError {

@@ -18,8 +18,8 @@
 mod health_sim;
 
 use health_sim::{
-    run_engine, run_replay, simulate, state_name, Expect, Rec, Run, Trace, Verdict, Work, World,
-    GPUS, JOB_START_S, LIMITS,
+    run_engine, run_replay, run_replay_scheduled, simulate, state_name, Expect, Rec, Run, Trace,
+    Verdict, Work, World, GPUS, JOB_START_S, LIMITS,
 };
 use loopwarden_protocol::{HealthState, ReasonCode, ThrottleReasons, TimestampMs};
 use node_core::health::{HealthEngine, LoopState, Output, Policy};
@@ -298,7 +298,9 @@ fn memory_errors() -> Case {
     case(
         "GPU 1: volatile DBE +1 at 70 s without an XID; GPUs 2 and 5 have 62 retired pages \
          since boot, GPU 5 retires one more at 100 s; GPU 3: row remap failure at 130 s; \
-         GPU 4: row remap pending at 60 s; GPU 6: page retirement pending at 90 s",
+         GPU 4: row remap pending at 60 s; GPU 6: page retirement pending at 90 s; each repair \
+         after a corrected error (SBE +1), the retirements and the pending remap with the \
+         driver's XID 63",
         21,
         200,
         |w| {
@@ -310,20 +312,29 @@ fn memory_errors() -> Case {
             if w.at(70) {
                 w.gpus[1].s.ecc_dbe_volatile += 1;
             }
+            // A page is retired, a row remapped, only after an ECC error.
+            let t = w.t;
             if w.at(100) {
+                w.gpus[5].s.ecc_sbe_volatile += 1;
                 w.gpus[5].s.retired_dbe += 1;
+                w.xid(5, 63, t + 40);
             }
             if w.at(130) {
+                w.gpus[3].s.ecc_sbe_volatile += 1;
                 w.gpus[3].s.remap_failure = true;
                 w.gpus[3].s.remap_uncorrectable += 1;
             }
             if w.at(60) {
+                w.gpus[4].s.ecc_sbe_volatile += 1;
                 w.gpus[4].s.remap_pending = true;
                 w.gpus[4].s.remap_correctable += 1;
+                w.xid(4, 63, t + 40);
             }
             if w.at(90) {
+                w.gpus[6].s.ecc_sbe_volatile += 1;
                 w.gpus[6].s.retired_pending = true;
                 w.gpus[6].s.retired_sbe += 1;
+                w.xid(6, 63, t + 40);
             }
         },
         Expect::new(
@@ -777,7 +788,10 @@ fn quiet_case() -> Case {
                 w.xid(6, 92, 40_500);
             }
             if w.at(30) {
+                // The remap follows a corrected error; the driver says so.
+                w.gpus[4].s.ecc_sbe_volatile += 1;
                 w.gpus[4].s.remap_pending = true;
+                w.xid(4, 63, 30_040);
             }
             if w.at(50) {
                 w.xid(3, 79, 50_200);
@@ -1158,6 +1172,29 @@ fn an_xid_storm_blames_no_gpu_and_a_fatal_xid_in_it_still_quarantines() {
         Some((Quarantined, ReasonCode::xid(79).unwrap(), 105_500)),
         "quarantined by that very call"
     );
+}
+
+/// Every scenario meets its expectation with the slow counters (retired
+/// pages, row remaps, PCIe replays) read every 30 s and every 60 s, as the
+/// live agent reads them, not at every sample as the traces give them.
+#[test]
+fn every_scenario_holds_with_the_slow_counters_read_every_30_and_60_s() {
+    let mut cases: Vec<Case> = committed().into_iter().map(|(_, c)| c).collect();
+    cases.push(hot_plate(false));
+    cases.push(quiet_case());
+    for c in &cases {
+        for slow_s in [30, 60] {
+            let run = run_replay_scheduled(&c.trace, c.policy, slow_s * S);
+            if let Err(problems) = c.expect.check(GPUS, &run.verdicts) {
+                panic!(
+                    "{} (slow counters every {slow_s} s):\n  {}\nverdicts:\n  {}",
+                    c.trace.description,
+                    problems.join("\n  "),
+                    run.lines.join("\n  ")
+                );
+            }
+        }
+    }
 }
 
 /// The committed traces: name, scenario.

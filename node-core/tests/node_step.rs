@@ -22,7 +22,8 @@ use node_core::cooling_loss::Phase;
 use node_core::guard::GuardSettings;
 use node_core::health::{Limits, Observation, Policy};
 use node_core::node::{
-    push_front, CoolantSource, Effect, GpuSetup, Input, LimitResult, Node, Now, Reading, Setup,
+    push_front, CoolantSource, Effect, GpuSetup, Input, KeptLimit, LimitResult, Node, Now, Reading,
+    Setup, REREAD_EVERY,
 };
 
 const GPUS: usize = 4;
@@ -47,12 +48,37 @@ struct Host {
     cooling: Vec<CoolingStep>,
     kept_phase: Vec<Phase>,
     logged_commands: usize,
+    /// The limits kept in flash, each time.
+    kept_limits: Vec<Vec<KeptLimit>>,
     /// Every effect in the order carried out.
     trail: Vec<Effect>,
 }
 
+/// How a host comes up: its GPUs' limits, a site limit, what its flash
+/// kept from before.
+#[derive(Clone, Copy)]
+struct Boot {
+    limits: Watts,
+    site_limit: Option<Watts>,
+    kept: Option<KeptLimit>,
+}
+
+impl Default for Boot {
+    fn default() -> Self {
+        Self {
+            limits: DEFAULT,
+            site_limit: None,
+            kept: None,
+        }
+    }
+}
+
 impl Host {
     fn new() -> Self {
+        Self::boot(Boot::default())
+    }
+
+    fn boot(boot: Boot) -> Self {
         let setup = Setup {
             own_cmd: samples::command_topic(),
             authority: Authority::demo(Some(cdu())),
@@ -61,9 +87,10 @@ impl Host {
                 GpuSetup {
                     range: GpuRange {
                         min: Watts(200),
-                        max: DEFAULT,
+                        max: Watts(800),
                     },
                     default_limit: DEFAULT,
+                    site_limit: boot.site_limit,
                 };
                 GPUS
             ],
@@ -84,9 +111,13 @@ impl Host {
             }),
             started: T0,
         };
+        let mut node = Node::new(setup);
+        if let Some(k) = boot.kept {
+            (0..GPUS).for_each(|i| node.restore_limit(i as u8, k));
+        }
         let mut host = Self {
-            node: Node::new(setup),
-            limits: [DEFAULT; GPUS],
+            node,
+            limits: [boot.limits; GPUS],
             flash_ok: true,
             refuse_set: false,
             acks: Vec::new(),
@@ -97,6 +128,7 @@ impl Host {
             cooling: Vec::new(),
             kept_phase: Vec::new(),
             logged_commands: 0,
+            kept_limits: Vec::new(),
             trail: Vec::new(),
         };
         host.step(T0.0, Input::Start);
@@ -172,6 +204,10 @@ impl Host {
                 }
                 Effect::KeepCooling(phase) => {
                     self.kept_phase.push(phase);
+                    continue;
+                }
+                Effect::KeepLimits(kept) => {
+                    self.kept_limits.push(kept);
                     continue;
                 }
                 Effect::Say(..) | Effect::Reprobe => continue,
@@ -539,7 +575,7 @@ fn a_cooling_loss_drains_then_powers_down_after_the_grace_and_undoes_when_cooled
 }
 
 #[test]
-fn a_lease_lapses_at_its_end_and_the_stop_gives_back_the_defaults() {
+fn a_lease_lapses_at_its_end_and_only_a_stop_with_no_lease_lifts_the_caps() {
     let mut h = Host::new();
     let t = T0.0 + 1_000;
     h.step(t, Input::Frame(&cmd_topic(), &lease(1, t, 500, 20_000)));
@@ -553,12 +589,19 @@ fn a_lease_lapses_at_its_end_and_the_stop_gives_back_the_defaults() {
         Some((0b1111, DEFAULT, None))
     );
 
-    // A lease in force at the stop: the defaults go back.
+    // A lease in force at the stop: its caps stay on for the next start
+    // (a restart in a cooling emergency never runs the GPUs uncapped).
     let t = end.0 + 1_000;
     h.step(t, Input::Frame(&cmd_topic(), &lease(2, t, 300, 600_000)));
     assert_eq!(h.limits, [Watts(300); GPUS]);
     h.step(t + 5_000, Input::Stop);
-    assert_eq!(h.limits, [DEFAULT; GPUS]);
+    assert_eq!(h.limits, [Watts(300); GPUS], "kept through the stop");
+
+    // None in force: the ceiling goes back.
+    let mut h = Host::new();
+    h.step(t, Input::Frame(&cmd_topic(), &lease(3, t, 300, 20_000)));
+    h.step(t + 25_000, Input::Stop);
+    assert_eq!(h.limits, [DEFAULT; GPUS], "the lapsed lease's caps lifted");
 }
 
 #[test]
@@ -595,4 +638,185 @@ fn a_hot_gpu_is_capped_by_the_guard_without_the_bus() {
         (Some(Watts(550)), Some(CapSource::ThermalGuard))
     );
     assert_eq!(h.limits[..3], [DEFAULT; 3]);
+}
+
+/// Rounds until the next periodic read of the limits has been answered.
+fn until_reread(h: &mut Host, mut t: u64) -> u64 {
+    for _ in 0..REREAD_EVERY {
+        t += 1_000;
+        h.healthy_round(t);
+    }
+    t
+}
+
+fn power_ceiling(e: &Event) -> Option<(u16, Watts, Watts)> {
+    match e {
+        Event::PowerCeiling { gpus, ceiling, was } => Some((*gpus, *ceiling, *was)),
+        _ => None,
+    }
+}
+
+#[test]
+fn an_administrators_limit_is_the_ceiling_never_raised_and_left_at_the_stop() {
+    // `nvidia-smi -pl 500` before the agent started: NVML's default is
+    // 700 W, and 500 W is the site's.
+    let mut h = Host::boot(Boot {
+        limits: Watts(500),
+        ..Boot::default()
+    });
+    assert_eq!(h.node.ceiling(0), Some(Watts(500)));
+    assert_eq!(h.limits, [Watts(500); GPUS], "nothing set at start");
+    let t = T0.0 + 1_000;
+    h.step(t, Input::Frame(&cmd_topic(), &lease(1, t, 600, 20_000)));
+    assert_eq!(
+        h.limits,
+        [Watts(500); GPUS],
+        "a cap above it raises nothing"
+    );
+    h.step(t, Input::Frame(&cmd_topic(), &lease(2, t, 300, 20_000)));
+    assert_eq!(h.limits, [Watts(300); GPUS]);
+    h.step(t + 20_000, Input::Expiry);
+    assert_eq!(
+        h.limits,
+        [Watts(500); GPUS],
+        "lifted to the ceiling, not the default"
+    );
+    let t = until_reread(&mut h, t + 20_000);
+    assert_eq!(h.limits, [Watts(500); GPUS]);
+    h.step(t, Input::Stop);
+    assert_eq!(h.limits, [Watts(500); GPUS], "back at 500 W after the stop");
+    assert!(h.events.iter().all(|e| power_ceiling(e).is_none()));
+    assert!(h
+        .trail
+        .iter()
+        .flat_map(|e| match e {
+            Effect::SetLimits(sets) => sets.clone(),
+            _ => Vec::new(),
+        })
+        .all(|s| s.limit <= Watts(500)));
+}
+
+#[test]
+fn a_limit_changed_while_running_is_the_new_ceiling_and_an_event_says_so() {
+    let mut h = Host::new();
+    let t = until_reread(&mut h, T0.0);
+    assert!(h.events.iter().all(|e| power_ceiling(e).is_none()));
+    // An administrator lowers GPU 1 and GPU 2 to 450 W.
+    h.limits[1] = Watts(450);
+    h.limits[2] = Watts(450);
+    let t = until_reread(&mut h, t);
+    assert_eq!(
+        h.events
+            .iter()
+            .filter_map(power_ceiling)
+            .collect::<Vec<_>>(),
+        [(0b110, Watts(450), DEFAULT)],
+        "one event for the GPUs changed alike"
+    );
+    assert_eq!(h.node.ceiling(1), Some(Watts(450)));
+    assert_eq!(
+        h.limits,
+        [DEFAULT, Watts(450), Watts(450), DEFAULT],
+        "not undone"
+    );
+    let kept = h.kept_limits.last().expect("the new ceilings kept");
+    assert_eq!(kept[1].ceiling, Watts(450));
+    assert_eq!(kept[0].ceiling, DEFAULT);
+
+    // A cap below it still holds; one above it does not raise it.
+    h.step(t, Input::Frame(&cmd_topic(), &lease(1, t, 600, 600_000)));
+    assert_eq!(h.limits, [Watts(600), Watts(450), Watts(450), Watts(600)]);
+    // Raised by hand while capped: the new ceiling, and the cap is set
+    // again.
+    h.limits[0] = Watts(650);
+    until_reread(&mut h, t);
+    assert_eq!(h.node.ceiling(0), Some(Watts(650)));
+    assert_eq!(h.limits[0], Watts(600), "the cap below it set again");
+    assert_eq!(
+        h.events.iter().filter_map(power_ceiling).next_back(),
+        Some((0b1, Watts(650), DEFAULT))
+    );
+}
+
+#[test]
+fn a_site_limit_is_a_ceiling_above_everything_found() {
+    let mut h = Host::boot(Boot {
+        site_limit: Some(Watts(600)),
+        ..Boot::default()
+    });
+    assert_eq!(
+        h.limits,
+        [Watts(600); GPUS],
+        "set down to the site limit at start"
+    );
+    h.limits[3] = Watts(700);
+    let t = until_reread(&mut h, T0.0);
+    assert_eq!(h.node.ceiling(3), Some(Watts(600)));
+    assert_eq!(h.limits[3], Watts(600), "raised by hand above it: set back");
+    h.step(t, Input::Stop);
+    assert_eq!(h.limits, [Watts(600); GPUS]);
+}
+
+#[test]
+fn a_restart_tells_its_own_limits_from_an_administrators() {
+    // Stopped with a 300 W lease in force under a 500 W ceiling.
+    let kept = KeptLimit {
+        ceiling: Watts(500),
+        asked: Watts(300),
+        before: Some(Watts(500)),
+    };
+    let h = Host::boot(Boot {
+        limits: Watts(300),
+        kept: Some(kept),
+        ..Boot::default()
+    });
+    assert_eq!(h.node.ceiling(0), Some(Watts(500)), "the agent's own cap");
+    assert_eq!(
+        h.limits,
+        [Watts(500); GPUS],
+        "its lease gone: lifted to the ceiling"
+    );
+    assert!(h.events.iter().all(|e| power_ceiling(e).is_none()));
+
+    // Set to 450 W while it was stopped: the new ceiling, said.
+    let h = Host::boot(Boot {
+        limits: Watts(450),
+        kept: Some(kept),
+        ..Boot::default()
+    });
+    assert_eq!(h.node.ceiling(0), Some(Watts(450)));
+    assert_eq!(h.limits, [Watts(450); GPUS]);
+    assert_eq!(
+        h.events
+            .iter()
+            .filter_map(power_ceiling)
+            .collect::<Vec<_>>(),
+        [(0b1111, Watts(450), Watts(500))]
+    );
+}
+
+#[test]
+fn every_set_is_kept_in_flash_before_it_is_made() {
+    let mut h = Host::new();
+    let t = T0.0 + 1_000;
+    h.step(t, Input::Frame(&cmd_topic(), &lease(1, t, 400, 20_000)));
+    h.step(t + 20_000, Input::Expiry);
+    h.step(
+        t + 21_000,
+        Input::Frame(&cmd_topic(), &lease(2, t, 350, 600_000)),
+    );
+    let mut sets = 0;
+    for (i, e) in h.trail.iter().enumerate() {
+        let Effect::SetLimits(set) = e else { continue };
+        sets += 1;
+        let Some(Effect::KeepLimits(kept)) = i.checked_sub(1).map(|j| &h.trail[j]) else {
+            panic!("set {sets} not kept first: {:?}", &h.trail[..i]);
+        };
+        for s in set {
+            let k = kept[s.gpu as usize];
+            assert_eq!(k.asked, s.limit);
+            assert!(k.before.is_some() && k.ceiling == DEFAULT);
+        }
+    }
+    assert_eq!(sets, 3);
 }

@@ -562,6 +562,21 @@ pub enum Event {
         /// The limit began (`true`) or ended (`false`).
         active: bool,
     },
+    /// The highest limit a host sets on some GPUs (its *ceiling*: the
+    /// limit they run at uncapped) changed, because a limit was found on
+    /// them that the host did not set (an administrator's `nvidia-smi
+    /// -pl`, while it ran or while it was stopped). The host never sets
+    /// them above `ceiling` and puts it back when it stops with no lease
+    /// in force. Since 2.6.
+    PowerCeiling {
+        /// The GPUs, one bit per index.
+        gpus: u16,
+        /// The ceiling now (within the board's settable range and any
+        /// configured site limit).
+        ceiling: Watts,
+        /// The ceiling before.
+        was: Watts,
+    },
 }
 
 /// A CDU setting the cooling controller writes.

@@ -321,6 +321,11 @@ impl fmt::Display for Event {
                 let (limit, source) = (*limit, *source);
                 write!(f, "{} {}", GpuSet(*gpus), Limit { limit, source })
             }
+            Event::PowerCeiling { gpus, ceiling, was } => write!(
+                f,
+                "{}: power limit changed outside the agent; uncapped limit now {ceiling} (was {was})",
+                GpuSet(*gpus)
+            ),
             Event::QuarantineAction { gpu, ok, exit_code } => {
                 let (ok, exit_code) = (*ok, *exit_code);
                 write!(f, "{gpu}: drain command {}", Outcome { ok, exit_code })
@@ -555,6 +560,15 @@ mod tests {
             source: None,
         };
         assert_eq!(format!("{lifted}"), "GPU 2 uncapped (limit 700 W)");
+        let ceiling = Event::PowerCeiling {
+            gpus: 0b1,
+            ceiling: Watts(500),
+            was: Watts(700),
+        };
+        assert_eq!(
+            format!("{ceiling}"),
+            "GPU 0: power limit changed outside the agent; uncapped limit now 500 W (was 700 W)"
+        );
         let leak = Event::Leak {
             rack: rack(3),
             active: true,
@@ -591,6 +605,11 @@ mod tests {
                 gpus: 0b11,
                 limit: w,
                 source: None
+            },
+            Event::PowerCeiling {
+                gpus: 0b100,
+                ceiling: Watts(500),
+                was: Watts(700)
             },
             Event::QuarantineReleased {
                 gpu: gpu(3),

@@ -7,7 +7,7 @@
 //! drain = [["scontrol", "update", "NodeName={host}", "State=DRAIN", "Reason={reason}"]]
 //! power_down = [["ipmitool", "chassis", "power", "soft"]]
 //! resume = [["scontrol", "update", "NodeName={host}", "State=RESUME"]]
-//! grace_s = 60
+//! grace_s = 30
 //! ```
 //!
 //! Each step is a list of commands (argument vectors, run without a shell,
@@ -41,6 +41,9 @@ pub struct CoolingLossFile {
     pub grace_s: Option<u64>,
     /// Timeout per command, s.
     pub timeout_s: Option<u64>,
+    /// `"none"`: no command on a cooling loss, on purpose (see
+    /// `protection`).
+    pub actions: Option<String>,
 }
 
 /// The cooling-loss actions, checked.
@@ -129,7 +132,7 @@ pub(super) fn cooling_loss(
             &src.section("cooling_loss"),
             pick!(flags.cooling_grace_s, f.grace_s, "cooling-grace-s"),
             "grace_s",
-            60,
+            30,
             0,
             3600,
             " s",

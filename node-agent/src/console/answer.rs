@@ -177,6 +177,7 @@ fn caps_view(snap: &Snapshot, now: TimestampMs) -> Value {
                 "source": g.source,
                 "min": g.range.min.0,
                 "max": g.range.max.0,
+                "ceiling": g.ceiling.0,
                 "default": g.info.default_limit.0,
                 "guard": g.guard_cap.map(|w| w.0),
             })

@@ -60,6 +60,8 @@ pub struct GpuView {
     pub info: GpuInfo,
     /// Its settable range.
     pub range: GpuRange,
+    /// The limit it runs at uncapped (what the site left on it).
+    pub ceiling: Watts,
     /// The last sample that answered.
     pub last: Option<GpuSample>,
     /// Whether the last sample answered.
@@ -139,4 +141,6 @@ pub struct Context {
     pub recorder: Recorder,
     /// The loop's snapshots.
     pub snapshot: watch::Receiver<Option<Snapshot>>,
+    /// What each NVML call has cost (`None` on simulated GPUs).
+    pub nvml_costs: Option<crate::nvml::CallCosts>,
 }

@@ -70,6 +70,10 @@ impl Agent {
                     self.publish(Message::Ack(ack), wall, true);
                     continue;
                 }
+                Effect::KeepLimits(limits) => {
+                    self.keep_limits(limits).await;
+                    continue;
+                }
                 Effect::SetLimits(sets) => {
                     let results = self.set_limits(&sets).await;
                     self.node.step(self.now(), Input::LimitsSet(&results))

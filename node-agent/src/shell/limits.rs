@@ -1,12 +1,60 @@
 //! Power limits as the node asks: set each and read it back, or read
-//! every GPU's as it is now, each through its worker within the deadline.
-//! What the values mean (what is in force, what to retry, what to say) is
-//! the node's.
+//! every GPU's as it is now, each through its worker within the deadline;
+//! and each GPU's ceiling kept in flash, under the GPU's UUID, before a
+//! set. What the values mean (what is in force, what to retry, what to
+//! say) is the node's.
 
+use loopwarden_flash::ConfigStore;
 use loopwarden_protocol::Watts;
-use node_core::node::{LimitResult, SetLimit};
+use loopwarden_store::agent_flash::Flash;
+use node_core::node::{KeptLimit, LimitResult, Node, SetLimit};
+use serde::{Deserialize, Serialize};
 
-use super::Agent;
+use super::{Agent, GpuState};
+
+/// The config-store key of a GPU's kept limits.
+fn limit_key(gpu: usize) -> String {
+    format!("limit.{gpu}")
+}
+
+/// One GPU's kept limits, with the GPU they belong to.
+#[derive(Serialize, Deserialize)]
+struct Kept {
+    uuid: String,
+    limit: KeptLimit,
+}
+
+/// Gives `node` the limits kept before a restart, each only for the GPU
+/// (by UUID) it was kept for: a GPU swapped since starts from what is
+/// found on it.
+pub(super) async fn restore(node: &mut Node, gpus: &[GpuState], store: &mut ConfigStore<Flash>) {
+    for (i, g) in gpus.iter().enumerate() {
+        let mut buf = [0u8; loopwarden_flash::config::MAX_VALUE];
+        let kept: Kept = match store.get(&limit_key(i), &mut buf).await {
+            Ok(Some(n)) => match postcard::from_bytes(&buf[..n]) {
+                Ok(k) => k,
+                Err(e) => {
+                    tracing::error!("GPU {i}: kept power limits unreadable ({e}); its ceiling is the limit found on it");
+                    continue;
+                }
+            },
+            Ok(None) => continue,
+            Err(e) => {
+                tracing::error!("GPU {i}: kept power limits unreadable ({e:?}); its ceiling is the limit found on it");
+                continue;
+            }
+        };
+        if kept.uuid == g.info.uuid && g.info.uuid != "unknown" {
+            node.restore_limit(i as u8, kept.limit);
+        } else {
+            tracing::warn!(
+                "GPU {i}: kept limits belong to {} and it is {}: its ceiling is the limit found on it",
+                kept.uuid,
+                g.info.uuid
+            );
+        }
+    }
+}
 
 impl Agent {
     /// Reads every GPU's limit as it is now.
@@ -17,6 +65,35 @@ impl Agent {
             read.push(w.read_limit(deadline).await.map_err(|e| e.to_string()));
         }
         read
+    }
+
+    /// Keeps every GPU's limits in flash, under its UUID, and waits until
+    /// they are there (a failure is said; the limits are set anyway: a
+    /// cap matters more than the record of it).
+    pub(super) async fn keep_limits(&mut self, limits: Vec<KeptLimit>) {
+        let mut last = None;
+        for (i, (limit, g)) in limits.into_iter().zip(&self.gpus).enumerate() {
+            let kept = Kept {
+                uuid: g.info.uuid.clone(),
+                limit,
+            };
+            match postcard::to_allocvec(&kept) {
+                // Handed over in order: waiting for the last waits for
+                // them all.
+                Ok(bytes) => {
+                    if let Some((key, value)) = last.replace((limit_key(i), bytes)) {
+                        self.recorder.set(key, value);
+                    }
+                }
+                Err(e) => tracing::error!("GPU {i}: power limits not encodable: {e}"),
+            }
+        }
+        let Some((key, value)) = last else { return };
+        if let Err(e) = self.recorder.set_sync(key, value).await {
+            tracing::error!(
+                "power limits not kept in flash ({e}): a restart may take a cap it finds for the site's limit"
+            );
+        }
     }
 
     /// Sets each limit and reads it back.

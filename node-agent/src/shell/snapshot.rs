@@ -20,6 +20,7 @@ impl Agent {
                 GpuView {
                     info: g.info.clone(),
                     range: g.range,
+                    ceiling: self.node.ceiling(gpu).unwrap_or(g.range.max),
                     last: g.last,
                     responsive: g.responsive,
                     missed,

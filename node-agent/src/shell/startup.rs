@@ -82,11 +82,10 @@ pub(super) async fn gpus(
                 }
             }
         };
-        // The uncapped limit is the GPU's default, within the board's range.
-        let max = info
-            .default_limit
-            .min(info.max_limit)
-            .min(config.board.power.max_cap_w);
+        // What it can be set to, within the board's range. Its ceiling
+        // (the limit it runs at uncapped) is the node's: the limit found
+        // on it, within any site limit.
+        let max = info.max_limit.min(config.board.power.max_cap_w);
         let min = info.min_limit.max(config.board.power.min_cap_w).min(max);
         gpus.push(GpuState {
             range: GpuRange { min, max },
@@ -129,6 +128,7 @@ pub(super) fn node(config: &Config, gpus: &[GpuState], started: TimestampMs) -> 
             .map(|g| GpuSetup {
                 range: g.range,
                 default_limit: g.info.default_limit,
+                site_limit: config.site_limit,
             })
             .collect(),
         guard: config.guard,
@@ -254,6 +254,9 @@ pub(super) fn start_bus(
         broker.host,
         broker.port
     );
+    for o in &config.opt_outs {
+        tracing::warn!("protection switched off on purpose: {o}");
+    }
     if config.demo_key {
         tracing::warn!(
             "commands are checked against the public demonstration key (twin GPUs, no keyring)"

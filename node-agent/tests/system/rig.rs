@@ -194,6 +194,7 @@ impl Rig {
             flags: Overrides::default(),
             flash: false,
             source: None,
+            twin: None,
             clock: Arc::new(SystemClock::new()),
         }
     }
@@ -316,6 +317,7 @@ pub struct Builder<'r> {
     flags: Overrides,
     flash: bool,
     source: Option<Box<dyn GpuSource + Send>>,
+    twin: Option<TwinSource>,
     clock: Arc<dyn Clock>,
 }
 
@@ -329,6 +331,13 @@ impl Builder<'_> {
     /// Keeps its state in the rig's flash.
     pub fn flash(mut self) -> Self {
         self.flash = true;
+        self
+    }
+
+    /// Runs on these twin GPUs (the ones another agent ran on, for a
+    /// restart) instead of new ones.
+    pub fn twin(mut self, twin: TwinSource) -> Self {
+        self.twin = Some(twin);
         self
     }
 
@@ -353,6 +362,7 @@ impl Builder<'_> {
             flags: more,
             flash,
             source,
+            twin,
             clock,
         } = self;
         let console = rig.console();
@@ -375,8 +385,15 @@ impl Builder<'_> {
         let (source, control) = match source {
             Some(source) => (source, None),
             None => {
-                let board = loopwarden_boards::GpuBoard::builtin("H200-SXM").expect("board");
-                let twin = TwinSource::new(&board, gpus, 3);
+                let twin = twin.unwrap_or_else(|| {
+                    let board = loopwarden_boards::GpuBoard::builtin("H200-SXM").expect("board");
+                    let twin = TwinSource::new(&board, gpus, 3);
+                    // As `main` does with `twin_admin_limit_w`.
+                    match config.twin_admin_limit {
+                        Some(w) => twin.at_limit(w).expect("a settable limit"),
+                        None => twin,
+                    }
+                });
                 let control = twin.control();
                 (Box::new(twin) as Box<dyn GpuSource + Send>, Some(control))
             }

@@ -1,16 +1,55 @@
-//! Power limits: which GPUs to set (the arbiter's targets against what
-//! each GPU was read back at, retrying failures), what a set and its read
-//! back mean, and the defaults put back at the stop.
+//! Power limits: each GPU's ceiling (what the site left on it), which
+//! GPUs to set (the arbiter's targets against what each GPU was read back
+//! at, retrying failures), what a set and its read back mean, and what a
+//! stop puts back.
+//!
+//! The ceiling is decided from the first limit read from a GPU: the limit
+//! this agent left on it before a restart (its ceiling, the last limit it
+//! asked for, or the one before: see [`KeptLimit`]) keeps the kept
+//! ceiling; any other limit was set by someone else and is the ceiling
+//! now. A limit found later that differs from the one last read back was
+//! set by someone else too. Either way a configured site limit stays
+//! above it all: the ceiling never exceeds it.
 //!
 //! Glossary:
 //! - *applied*: the limit last read back from a GPU; the only value ever
 //!   reported as in force.
 //! - *source*: who a limit was set for (a lease's sender, the guard);
 //!   `None` when nobody, or when the GPU holds another limit than asked.
+//! - *ceiling*: the limit a GPU runs at uncapped; never exceeded.
 
 use loopwarden_protocol::{CapSource, Event, GpuIndex, TimestampMs, Watts};
+use serde::{Deserialize, Serialize};
 
-use super::{gpu_index, Effect, Level, Node, Now, RETRY_MS};
+use super::{gpu_index, Effect, GpuCaps, GpuSetup, Level, Node, Now, RETRY_MS};
+
+/// What the flash keeps of one GPU's limits, written before every set:
+/// whichever of its three limits a restart finds on the GPU, the agent
+/// left it there, and the ceiling holds; any other limit is someone
+/// else's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeptLimit {
+    /// The GPU's ceiling.
+    pub ceiling: Watts,
+    /// The limit last asked for.
+    pub asked: Watts,
+    /// The limit read back before that ask (`None`: not known).
+    pub before: Option<Watts>,
+}
+
+impl KeptLimit {
+    /// Whether `found` is a limit the agent may have left on the GPU.
+    fn left(&self, found: Watts) -> bool {
+        found == self.ceiling || found == self.asked || Some(found) == self.before
+    }
+}
+
+/// `w` as a ceiling of the GPU set up as `g`: within its settable range
+/// and never above the site's configured limit.
+pub(super) fn within(g: &GpuSetup, w: Watts) -> Watts {
+    let w = g.site_limit.map_or(w, |site| w.min(site));
+    w.min(g.range.max).max(g.range.min)
+}
 
 /// A limit for the shell to set, then read back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,21 +85,74 @@ pub(crate) struct Reconciling {
 }
 
 impl Node {
-    /// Every GPU's limit as read at start or now and then: anything but
-    /// the default was set by someone, and is put back at the stop.
+    /// Every GPU's limit as read at start or now and then: the first one
+    /// read decides the GPU's ceiling, a later one that is not the limit
+    /// last read back was set by someone else and is the new ceiling.
     pub(super) fn limits_read(&mut self, read: &[Result<Watts, String>], out: &mut Vec<Effect>) {
+        let mut moved = Vec::new();
         for (i, (r, g)) in read.iter().zip(self.gpus.iter_mut()).enumerate() {
-            match r {
-                Ok(w) => {
-                    g.applied = Some(*w);
-                    g.changed = *w != g.setup.default_limit;
+            let found = match r {
+                Ok(w) => *w,
+                Err(e) => {
+                    out.push(Effect::Say(
+                        Level::Warn,
+                        format!(
+                            "GPU {i}: cannot read its power limit ({e}); its uncapped limit stays {} W",
+                            g.ceiling.0
+                        ),
+                    ));
+                    continue;
                 }
-                Err(e) => out.push(Effect::Say(
-                    Level::Warn,
-                    format!("GPU {i}: cannot read its power limit ({e})"),
-                )),
+            };
+            let was = g.ceiling;
+            let changed = match (g.ceiling_read, g.applied) {
+                (false, _) => first_ceiling(i, g, found, out),
+                (true, Some(a)) if a != found => {
+                    g.ceiling = within(&g.setup, found);
+                    out.push(Effect::Say(
+                        Level::Warn,
+                        format!(
+                            "GPU {i}: its power limit was changed outside the agent ({} W to {} W)",
+                            a.0, found.0
+                        ),
+                    ));
+                    g.ceiling != was
+                }
+                _ => false,
+            };
+            g.ceiling_read = true;
+            g.applied = Some(found);
+            self.commands.set_ceiling(gpu_index(i as u8), g.ceiling);
+            if changed {
+                moved.push((gpu_index(i as u8), g.ceiling, was));
             }
         }
+        if !moved.is_empty() {
+            out.push(Effect::KeepLimits(self.kept_limits()));
+            out.extend(power_ceiling(&moved).into_iter().map(Effect::Emit));
+        }
+    }
+
+    /// What the flash is to keep of every GPU: its ceiling, and the limit
+    /// asked for now (`asking`) or else the one last read back.
+    fn kept_limits(&self) -> Vec<KeptLimit> {
+        self.kept_asking(&[])
+    }
+
+    /// As [`Node::kept_limits`], with the limits of `sets` being asked.
+    fn kept_asking(&self, sets: &[SetLimit]) -> Vec<KeptLimit> {
+        self.gpus
+            .iter()
+            .enumerate()
+            .map(|(i, g)| {
+                let asked = sets.iter().find(|s| s.gpu as usize == i).map(|s| s.limit);
+                KeptLimit {
+                    ceiling: g.ceiling,
+                    asked: asked.or(g.applied).unwrap_or(g.ceiling),
+                    before: g.applied,
+                }
+            })
+            .collect()
     }
 
     /// Puts the arbiter's targets in force: a limit already read back is
@@ -104,6 +196,7 @@ impl Node {
                 changes,
                 restoring: false,
             });
+            out.push(Effect::KeepLimits(self.kept_asking(&sets)));
             out.push(Effect::SetLimits(sets));
         }
     }
@@ -134,14 +227,12 @@ impl Node {
             match res.back {
                 Ok(b) => {
                     g.applied = Some(b);
-                    g.changed = b != g.setup.default_limit;
                     g.source = if b == res.limit { source } else { None };
                 }
                 Err(_) => {
-                    // The set may have taken: put the default back at the
-                    // stop.
+                    // The set may have taken: the ceiling goes back at
+                    // the stop.
                     g.applied = None;
-                    g.changed = true;
                 }
             }
             if let Some(why) = why {
@@ -165,22 +256,36 @@ impl Node {
         self.caps_applied(&changes, out);
     }
 
-    /// At the stop: every GPU whose limit was changed is given back its
-    /// default.
-    pub(super) fn restore_defaults(&mut self, out: &mut Vec<Effect>) {
+    /// At the stop: with a lease in force the limits stay (the leases
+    /// are in flash, and the next start applies or lifts them: a restart
+    /// in a cooling emergency never runs the GPUs uncapped); with none,
+    /// every GPU not at its ceiling is given it back.
+    pub(super) fn stop(&mut self, now: Now, out: &mut Vec<Effect>) {
+        self.commands.targets(now.steady);
+        let leases = self.commands.leases().len();
+        if leases > 0 {
+            out.push(Effect::Say(
+                Level::Info,
+                format!(
+                    "stopping with {leases} lease(s) in force: the power limits stay as they are, for the next start to keep or lift"
+                ),
+            ));
+            return;
+        }
         let sets: Vec<SetLimit> = self
             .gpus
             .iter()
             .enumerate()
-            .filter(|(_, g)| g.changed && g.applied != Some(g.setup.default_limit))
+            .filter(|(_, g)| g.applied != Some(g.ceiling))
             .map(|(i, g)| SetLimit {
                 gpu: i as u8,
-                limit: g.setup.default_limit,
+                limit: g.ceiling,
             })
             .collect();
         if sets.is_empty() {
             return;
         }
+        out.push(Effect::KeepLimits(self.kept_asking(&sets)));
         self.reconciling = Some(Reconciling {
             sources: Vec::new(),
             changes: Vec::new(),
@@ -189,7 +294,7 @@ impl Node {
         out.push(Effect::SetLimits(sets));
     }
 
-    /// The defaults set back at the stop: each confirmed one is said in a
+    /// The ceilings set back at the stop: each confirmed one is said in a
     /// `caps_applied` event, each other one in the log.
     fn restored(&mut self, results: &[LimitResult], out: &mut Vec<Effect>) {
         let mut changes = Vec::new();
@@ -200,13 +305,12 @@ impl Node {
             match (&res.set, &res.back) {
                 (Ok(()), Ok(b)) if *b == res.limit => {
                     g.applied = Some(*b);
-                    g.changed = false;
                     changes.push((gpu_index(res.gpu), *b, None));
                 }
                 (set, back) => out.push(Effect::Say(
                     Level::Error,
                     format!(
-                        "GPU {}: default limit {} W not restored (set: {set:?}, read back: {back:?})",
+                        "GPU {}: uncapped limit {} W not restored (set: {set:?}, read back: {back:?})",
                         res.gpu, res.limit.0
                     ),
                 )),
@@ -230,6 +334,72 @@ impl Node {
     }
 }
 
+/// The ceiling of GPU `i` (set up as `g`) from the first limit read from
+/// it, `found`; whether it moved from a kept one.
+fn first_ceiling(i: usize, g: &mut GpuCaps, found: Watts, out: &mut Vec<Effect>) -> bool {
+    let was = g.ceiling;
+    match g.kept {
+        Some(k) if k.left(found) => {
+            g.ceiling = within(&g.setup, k.ceiling);
+            return g.ceiling != was;
+        }
+        Some(k) => {
+            g.ceiling = within(&g.setup, found);
+            out.push(Effect::Say(
+                Level::Warn,
+                format!(
+                    "GPU {i}: found at {} W, not a limit the agent left on it ({} W uncapped, {} W asked): set outside the agent while it was stopped; uncapped limit now {} W",
+                    found.0, k.ceiling.0, k.asked.0, g.ceiling.0
+                ),
+            ));
+        }
+        None => {
+            g.ceiling = within(&g.setup, found);
+            out.push(Effect::Say(
+                Level::Info,
+                format!(
+                    "GPU {i}: uncapped limit {} W (found at {} W{})",
+                    g.ceiling.0,
+                    found.0,
+                    g.setup
+                        .site_limit
+                        .map_or(String::new(), |s| format!("; site limit {} W", s.0))
+                ),
+            ));
+            // Nothing was known before: no change to announce.
+            return false;
+        }
+    }
+    g.ceiling != was
+}
+
+/// One `power_ceiling` event for each ceiling and former ceiling that
+/// some GPUs moved between.
+fn power_ceiling(moved: &[(GpuIndex, Watts, Watts)]) -> Vec<Event> {
+    alike(
+        moved
+            .iter()
+            .map(|&(gpu, ceiling, was)| (gpu, (ceiling, was))),
+    )
+    .into_iter()
+    .map(|(gpus, (ceiling, was))| Event::PowerCeiling { gpus, ceiling, was })
+    .collect()
+}
+
+/// The GPUs of `changes` grouped by what changed, as bit sets, in the
+/// order each change first appears.
+fn alike<K: PartialEq>(changes: impl Iterator<Item = (GpuIndex, K)>) -> Vec<(u16, K)> {
+    let mut sets: Vec<(u16, K)> = Vec::new();
+    for (gpu, k) in changes {
+        let bit = 1u16 << gpu.get();
+        match sets.iter_mut().find(|(_, s)| *s == k) {
+            Some((gpus, _)) => *gpus |= bit,
+            None => sets.push((bit, k)),
+        }
+    }
+    sets
+}
+
 /// Why a limit is not in force as asked, if it is not.
 fn failure(res: &LimitResult) -> Option<String> {
     let i = res.gpu;
@@ -250,27 +420,18 @@ fn failure(res: &LimitResult) -> Option<String> {
 /// One `caps_applied` event for each limit and source that some GPUs
 /// changed to, in the order each first appears.
 fn caps_applied(changes: &[(GpuIndex, Watts, Option<CapSource>)]) -> Vec<Event> {
-    let mut events: Vec<Event> = Vec::new();
-    for &(gpu, limit, source) in changes {
-        let bit = 1u16 << gpu.get();
-        let same = events.iter_mut().find_map(|e| match e {
-            Event::CapsApplied {
-                gpus,
-                limit: l,
-                source: s,
-            } if *l == limit && *s == source => Some(gpus),
-            _ => None,
-        });
-        match same {
-            Some(gpus) => *gpus |= bit,
-            None => events.push(Event::CapsApplied {
-                gpus: bit,
-                limit,
-                source,
-            }),
-        }
-    }
-    events
+    alike(
+        changes
+            .iter()
+            .map(|&(gpu, limit, source)| (gpu, (limit, source))),
+    )
+    .into_iter()
+    .map(|(gpus, (limit, source))| Event::CapsApplied {
+        gpus,
+        limit,
+        source,
+    })
+    .collect()
 }
 
 #[cfg(test)]

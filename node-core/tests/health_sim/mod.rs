@@ -29,7 +29,7 @@ use std::fmt::Write as _;
 
 use loopwarden_protocol::{xid, HealthState, ThrottleReasons, TimestampMs};
 use node_core::health::{Coolant, HealthEngine, Limits, LoopState, Observation, Output, Policy};
-use node_core::replay::{replay, verdict_line};
+use node_core::replay::verdict_line;
 
 /// GPUs of the simulated host.
 pub const GPUS: usize = 8;
@@ -778,15 +778,27 @@ pub fn run_engine(trace: &Trace, policy: Policy) -> Run {
 
 /// Replays trace text; returns what it printed on both streams.
 pub fn replay_text(text: &str, policy: Policy) -> (Vec<u8>, Vec<u8>) {
+    replay_text_scheduled(text, policy, 0)
+}
+
+/// As [`replay_text`], the slow counters read every `slow_ms`.
+pub fn replay_text_scheduled(text: &str, policy: Policy, slow_ms: u64) -> (Vec<u8>, Vec<u8>) {
     let mut out = Vec::new();
     let mut notes = Vec::new();
-    replay(text.as_bytes(), policy, &mut out, &mut notes).expect("the trace replays");
+    node_core::replay::replay_scheduled(text.as_bytes(), policy, slow_ms, &mut out, &mut notes)
+        .expect("the trace replays");
     (out, notes)
 }
 
 /// The trace, written as text, through `node_core::replay::replay`.
 pub fn run_replay(trace: &Trace, policy: Policy) -> Run {
-    let (out, notes) = replay_text(&trace.to_jsonl(), policy);
+    run_replay_scheduled(trace, policy, 0)
+}
+
+/// As [`run_replay`], the slow counters read every `slow_ms` as the
+/// live agent reads them.
+pub fn run_replay_scheduled(trace: &Trace, policy: Policy, slow_ms: u64) -> Run {
+    let (out, notes) = replay_text_scheduled(&trace.to_jsonl(), policy, slow_ms);
     let out = String::from_utf8(out).expect("verdicts are UTF-8");
     let notes = String::from_utf8(notes).expect("notes are UTF-8");
     let lines: Vec<String> = out.lines().map(str::to_string).collect();

@@ -34,7 +34,9 @@ impl Event {
             | Event::QuarantineAction { .. }
             | Event::QuarantineReleased { .. }
             | Event::CoolingAttributed { .. } => EventClass::Gpu,
-            Event::CapApplied { .. } | Event::CapsApplied { .. } => EventClass::Caps,
+            Event::CapApplied { .. } | Event::CapsApplied { .. } | Event::PowerCeiling { .. } => {
+                EventClass::Caps
+            }
             Event::Leak { .. }
             | Event::CduModeChanged { .. }
             | Event::PumpTrip { .. }
@@ -54,8 +56,8 @@ impl Event {
 
     /// Whether a person watching the hall must see it: a fault the
     /// driver or the loop reported, the loop's mode changed, a controller
-    /// restored after a restart, a person's act on the loop, a rack's
-    /// cooling-loss step. Routine changes (health moves, caps, a setting
+    /// restored after a restart, a person's act on the loop or on a GPU's
+    /// limit, a rack's cooling-loss step. Routine changes (health moves, caps, a setting
     /// limited, a host's own monitoring) are for the log.
     pub fn needs_attention(&self) -> bool {
         match self.class() {
@@ -67,7 +69,9 @@ impl Event {
                     Event::ControllerRestored { .. } | Event::CoolingAction { .. }
                 )
             }
-            EventClass::Caps => false,
+            // A limit someone else set on a GPU: the site's power budget
+            // moved, and whoever runs the hall should know.
+            EventClass::Caps => matches!(self, Event::PowerCeiling { .. }),
         }
     }
 }

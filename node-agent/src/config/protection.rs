@@ -1,0 +1,373 @@
+//! What keeps a host on real GPUs protected, checked at start: the site's
+//! power ceiling, and the settings without which the host would take no
+//! cap, never see its CDU, or leave powered GPUs on a rack that lost its
+//! cooling.
+//!
+//! On real GPUs each of those is refused unless its opt-out is written
+//! down (and then said in the log at every start):
+//!
+//! | missing | what it switches off | opt-out |
+//! |---|---|---|
+//! | `keyring` | every command: no CDU, facility or operator can cap the host | `commands = "none"` |
+//! | `cdu` | the CDU's leases and its word about cooling | `cooling = "not_managed"` |
+//! | `rack` (with `cdu`) | acting on the rack's loss of cooling | `[cooling_loss] actions = "none"` |
+//! | `[cooling_loss]` commands | draining and powering down a rack without cooling | `[cooling_loss] actions = "none"` |
+//!
+//! Simulated GPUs (a demonstration, a test) take the same keys but are
+//! not held to them.
+//!
+//! Glossary:
+//! - *site limit*: `site_limit_w`, the highest power limit the agent ever
+//!   sets on this host's GPUs (see `node_core::node::limits`).
+//! - *opt-out*: a key that switches a protection off on purpose.
+
+use loopwarden_field::config::{range, ConfigError, Sources};
+use loopwarden_field::pick;
+use loopwarden_protocol::{Ident, Watts};
+
+use super::{CoolingLossActions, FileConfig, GpuSourceKind, Overrides};
+
+/// `commands`'s one value: this host takes no command.
+const NO_COMMANDS: &str = "none";
+/// `cooling`'s one value: no CDU of this system cools this host.
+const NOT_MANAGED: &str = "not_managed";
+/// `[cooling_loss] actions`'s one value: no command on a cooling loss.
+const NO_ACTIONS: &str = "none";
+
+/// `site_limit_w`: the highest limit ever set on this host's GPUs,
+/// within the board's settable range; `None` when not configured.
+pub(super) fn site_limit(
+    src: &Sources,
+    file: &FileConfig,
+    flags: &Overrides,
+    board: &loopwarden_boards::GpuBoard,
+) -> Result<Option<Watts>, ConfigError> {
+    let p = &board.power;
+    optional_watts(
+        src,
+        pick!(flags.site_limit_w, file.site_limit_w, "site-limit-w"),
+        "site_limit_w",
+        (p.min_cap_w, p.max_cap_w),
+    )
+}
+
+/// `twin_admin_limit_w`: the limit simulated GPUs start at, as if an
+/// administrator had set it (`nvidia-smi -pl`); only with simulated GPUs.
+pub(super) fn twin_admin_limit(
+    src: &Sources,
+    file: &FileConfig,
+    flags: &Overrides,
+    gpus: &GpuSourceKind,
+    board: &loopwarden_boards::GpuBoard,
+) -> Result<Option<Watts>, ConfigError> {
+    #[cfg(feature = "twin")]
+    let picked = pick!(
+        flags.twin_admin_limit_w,
+        file.twin_admin_limit_w,
+        "twin-admin-limit-w"
+    );
+    #[cfg(not(feature = "twin"))]
+    let picked = {
+        let _ = flags;
+        pick!(None::<u32>, file.twin_admin_limit_w, "twin-admin-limit-w")
+    };
+    if picked.0.is_some() && *gpus == GpuSourceKind::Nvml {
+        return Err(src.error(
+            picked.1,
+            "twin_admin_limit_w",
+            "twin_admin_limit_w is for simulated GPUs (twin_gpus); a real GPU starts at the limit it has".into(),
+        ));
+    }
+    let p = &board.power;
+    optional_watts(
+        src,
+        picked,
+        "twin_admin_limit_w",
+        (p.min_cap_w, p.max_cap_w),
+    )
+}
+
+/// An optional power in watts within `lo..=hi`.
+fn optional_watts(
+    src: &Sources,
+    picked: (Option<u32>, Option<&'static str>),
+    key: &str,
+    (lo, hi): (Watts, Watts),
+) -> Result<Option<Watts>, ConfigError> {
+    match picked.0 {
+        Some(_) => Ok(Some(Watts(range(
+            src,
+            picked,
+            key,
+            lo.0,
+            lo.0,
+            hi.0,
+            " W, the board's settable range",
+        )?))),
+        None => Ok(None),
+    }
+}
+
+/// What the protection checks look at.
+pub(super) struct Setting<'a> {
+    /// Where the GPUs come from.
+    pub gpus: &'a GpuSourceKind,
+    /// Whether a keyring is configured.
+    pub keyring: bool,
+    /// The CDU that cools this host.
+    pub cdu: &'a Option<Ident>,
+    /// Its rack on that CDU.
+    pub rack: Option<u8>,
+    /// The cooling-loss commands.
+    pub cooling_loss: &'a CoolingLossActions,
+}
+
+/// The opt-outs written down, as `key = "value"` lines for the log; on
+/// real GPUs a protection that is off without its opt-out is refused,
+/// and on any GPUs an opt-out that contradicts a setting is.
+pub(super) fn opt_outs(
+    src: &Sources,
+    file: &FileConfig,
+    flags: &Overrides,
+    s: &Setting<'_>,
+) -> Result<Vec<String>, ConfigError> {
+    let commands = one_value(
+        src,
+        pick!(flags.commands, file.commands, "commands"),
+        "commands",
+        NO_COMMANDS,
+    )?;
+    let cooling = one_value(
+        src,
+        pick!(flags.cooling, file.cooling, "cooling"),
+        "cooling",
+        NOT_MANAGED,
+    )?;
+    let cl = src.section("cooling_loss");
+    let actions = one_value(
+        &cl,
+        pick!(
+            flags.cooling_loss_actions,
+            file.cooling_loss.as_ref().and_then(|c| c.actions.clone()),
+            "cooling-loss-actions"
+        ),
+        "actions",
+        NO_ACTIONS,
+    )?;
+    contradictions(src, s, (commands, cooling, actions))?;
+    if *s.gpus == GpuSourceKind::Nvml {
+        required(src, s, (commands, cooling, actions))?;
+    }
+    let mut said = Vec::new();
+    if commands {
+        said.push(format!(
+            "commands = \"{NO_COMMANDS}\": this host takes no command (no cap, no release)"
+        ));
+    }
+    if cooling {
+        said.push(format!(
+            "cooling = \"{NOT_MANAGED}\": no CDU's leases or word about cooling are taken"
+        ));
+    }
+    if actions {
+        said.push(format!("[cooling_loss] actions = \"{NO_ACTIONS}\": a rack that loses cooling is left to the CDU's caps, nothing drained or powered down"));
+    }
+    Ok(said)
+}
+
+/// Whether the opt-out `key` is given; its one allowed value is `value`.
+fn one_value(
+    src: &Sources,
+    (given, flag): (Option<String>, Option<&'static str>),
+    key: &str,
+    value: &str,
+) -> Result<bool, ConfigError> {
+    match given {
+        None => Ok(false),
+        Some(v) if v == value => Ok(true),
+        Some(v) => Err(src.error(
+            flag,
+            key,
+            format!("{key} = {v:?}: the only value is \"{value}\" (switching a protection off on purpose)"),
+        )),
+    }
+}
+
+/// Opt-outs that contradict what is configured.
+fn contradictions(
+    src: &Sources,
+    s: &Setting<'_>,
+    (commands, cooling, actions): (bool, bool, bool),
+) -> Result<(), ConfigError> {
+    if commands && s.keyring {
+        return Err(src.error(
+            None,
+            "commands",
+            format!("commands = \"{NO_COMMANDS}\" and a keyring: remove one (with a keyring the host takes the commands it allows)"),
+        ));
+    }
+    if cooling && (s.cdu.is_some() || s.rack.is_some() || s.cooling_loss.any() || actions) {
+        return Err(src.error(
+            None,
+            "cooling",
+            format!("cooling = \"{NOT_MANAGED}\" and a `cdu`, `rack` or `[cooling_loss]`: remove one or the other"),
+        ));
+    }
+    if actions && s.cooling_loss.any() {
+        return Err(src.section("cooling_loss").error(
+            None,
+            "actions",
+            format!(
+                "actions = \"{NO_ACTIONS}\" and cooling-loss commands: remove one or the other"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// On real GPUs: every protection on, or its opt-out written down.
+fn required(
+    src: &Sources,
+    s: &Setting<'_>,
+    (commands, cooling, actions): (bool, bool, bool),
+) -> Result<(), ConfigError> {
+    if !s.keyring && !commands {
+        return Err(src.error(
+            None,
+            "keyring",
+            format!("real GPUs need a keyring: without one every lease is refused, and no CDU, facility or operator can cap this host. Give keyring = PATH (`lwbus pki init` writes one), or write commands = \"{NO_COMMANDS}\" to run this host unmanaged on purpose"),
+        ));
+    }
+    let Some(cdu) = s.cdu else {
+        if cooling {
+            return Ok(());
+        }
+        return Err(src.error(
+            None,
+            "cdu",
+            format!("real GPUs need the CDU that cools this host: without `cdu` its leases are refused and a loss of cooling is never seen. Give cdu = NAME and rack = N, or write cooling = \"{NOT_MANAGED}\" when no CDU of this site's controllers cools this host"),
+        ));
+    };
+    if actions {
+        return Ok(());
+    }
+    if s.rack.is_none() {
+        return Err(src.error(
+            None,
+            "rack",
+            format!("cdu = \"{cdu}\" needs this host's rack on it: without `rack` a loss of cooling on the rack is never acted on. Give rack = 0 to 15, or write actions = \"{NO_ACTIONS}\" in [cooling_loss] to leave a rack without cooling to the CDU's caps"),
+        ));
+    }
+    if !s.cooling_loss.any() {
+        return Err(src.section("cooling_loss").error(
+            None,
+            "drain",
+            format!("no cooling-loss commands: a rack that loses cooling would stay powered at its minimum caps. Give [cooling_loss] drain and power_down commands (docs/node-agent.md, section 3.6), or write actions = \"{NO_ACTIONS}\" in [cooling_loss] to leave it to the CDU's caps on purpose"),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{resolve, Config, Overrides};
+
+    /// A real host on the site's broker, with what the test adds.
+    fn nvml(more: &str) -> Result<Config, String> {
+        let text = format!("site = \"a\"\nhost = \"h\"\nbroker = \"10.0.0.5\"\n{more}");
+        resolve(None, &text, &Overrides::default()).map_err(|e| e.to_string())
+    }
+
+    fn twin(more: &str) -> Result<Config, String> {
+        let text = format!("site = \"a\"\nhost = \"h\"\ntwin_gpus = 2\n{more}");
+        resolve(None, &text, &Overrides::default()).map_err(|e| e.to_string())
+    }
+
+    const KEYRING_OFF: &str = "commands = \"none\"\n";
+    const RACK: &str = "cdu = \"cdu1\"\nrack = 2\n";
+    const DRAIN: &str = "[cooling_loss]\ndrain = [[\"drain\", \"{host}\"]]\n";
+
+    #[test]
+    fn real_gpus_without_a_protection_are_refused_naming_its_opt_out() {
+        let e = nvml(&format!("{RACK}{DRAIN}")).unwrap_err();
+        assert!(
+            e.contains("real GPUs need a keyring") && e.contains("commands = \"none\""),
+            "{e}"
+        );
+        let e = nvml(KEYRING_OFF).unwrap_err();
+        assert!(
+            e.contains("`cdu`") && e.contains("cooling = \"not_managed\""),
+            "{e}"
+        );
+        let e = nvml(&format!("{KEYRING_OFF}cdu = \"cdu1\"\n")).unwrap_err();
+        assert!(
+            e.contains("rack") && e.contains("actions = \"none\""),
+            "{e}"
+        );
+        let e = nvml(&format!("{KEYRING_OFF}{RACK}")).unwrap_err();
+        assert!(
+            e.contains("no cooling-loss commands") && e.contains("actions = \"none\""),
+            "{e}"
+        );
+        let c = nvml(&format!("{KEYRING_OFF}{RACK}{DRAIN}")).expect("protected but for commands");
+        assert_eq!(c.opt_outs.len(), 1, "{:?}", c.opt_outs);
+        assert_eq!(
+            c.cooling_loss.grace.as_secs(),
+            30,
+            "the safety case's grace"
+        );
+    }
+
+    #[test]
+    fn each_opt_out_is_said_and_twin_gpus_are_not_held_to_them() {
+        let c = nvml("commands = \"none\"\ncooling = \"not_managed\"\n").expect("unmanaged");
+        assert!(
+            c.opt_outs[0].starts_with("commands = \"none\""),
+            "{:?}",
+            c.opt_outs
+        );
+        assert!(c.opt_outs[1].starts_with("cooling = \"not_managed\""));
+        let c = nvml(&format!(
+            "{KEYRING_OFF}cdu = \"cdu1\"\n[cooling_loss]\nactions = \"none\"\n"
+        ))
+        .expect("caps only");
+        assert!(c.opt_outs[1].starts_with("[cooling_loss] actions = \"none\""));
+        let c = twin("").expect("a demonstration");
+        assert!(c.opt_outs.is_empty());
+    }
+
+    #[test]
+    fn opt_outs_that_contradict_the_config_or_have_other_values_are_refused() {
+        let e = twin("commands = \"off\"\n").unwrap_err();
+        assert!(e.contains("the only value is \"none\""), "{e}");
+        let e = twin(&format!("cooling = \"not_managed\"\n{RACK}")).unwrap_err();
+        assert!(e.contains("remove one or the other"), "{e}");
+        let e = twin(&format!("{RACK}{DRAIN}actions = \"none\"\n")).unwrap_err();
+        assert!(
+            e.contains("actions = \"none\" and cooling-loss commands"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn site_and_twin_limits_stay_in_the_boards_range() {
+        let c = twin("site_limit_w = 500\ntwin_admin_limit_w = 450\n").expect("valid");
+        assert_eq!(
+            (c.site_limit, c.twin_admin_limit),
+            (
+                Some(loopwarden_protocol::Watts(500)),
+                Some(loopwarden_protocol::Watts(450))
+            )
+        );
+        let e = twin("site_limit_w = 50\n").unwrap_err();
+        assert!(
+            e.contains("site_limit_w") && e.contains("settable range"),
+            "{e}"
+        );
+        let e = nvml(&format!(
+            "{KEYRING_OFF}cooling = \"not_managed\"\ntwin_admin_limit_w = 500\n"
+        ))
+        .unwrap_err();
+        assert!(e.contains("for simulated GPUs"), "{e}");
+    }
+}

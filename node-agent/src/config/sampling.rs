@@ -1,0 +1,140 @@
+//! The sampling timings (period, JSON mirror, deadline, slow counters,
+//! unresponsiveness) and the thermal guard, checked against each other and
+//! the board.
+
+use std::time::Duration;
+
+use loopwarden_field::common;
+use loopwarden_field::config::{range, ConfigError, Sources};
+use loopwarden_field::pick;
+use loopwarden_protocol::{Watts, WholeCelsius};
+use node_core::guard::GuardSettings;
+
+use super::{FileConfig, GuardFile, Overrides};
+
+/// The sampling timings, checked.
+pub(super) struct Timings {
+    pub(super) period: Duration,
+    pub(super) json_period: Duration,
+    pub(super) deadline: Duration,
+    pub(super) slow_counters: Duration,
+    pub(super) unresponsive_after: u32,
+}
+
+/// The sampling period, the JSON mirror's period (at least the sampling
+/// period), the deadline of one GPU call (at most the sampling period),
+/// the time between reads of the slow counters (1 to 600 s, 30 by
+/// default, at least one period) and the missed samples before a GPU is
+/// unresponsive.
+pub(super) fn timings(
+    src: &Sources,
+    file: &FileConfig,
+    flags: &Overrides,
+) -> Result<Timings, ConfigError> {
+    let period = common::period_ms(src, pick!(flags.period_ms, file.period_ms, "period-ms"))?;
+    let json_period = range(
+        src,
+        pick!(flags.json_period_ms, file.json_period_ms, "json-period-ms"),
+        "json_period_ms",
+        (10 * period).min(3_600_000),
+        period,
+        3_600_000,
+        " ms, at least the sampling period",
+    )?;
+    let deadline = range(
+        src,
+        pick!(flags.deadline_ms, file.deadline_ms, "deadline-ms"),
+        "deadline_ms",
+        (period / 4).max(10),
+        10,
+        period,
+        " ms, at most the sampling period",
+    )?;
+    let slow_s = range(
+        src,
+        pick!(
+            flags.slow_counters_s,
+            file.slow_counters_s,
+            "slow-counters-s"
+        ),
+        "slow_counters_s",
+        30,
+        1,
+        600,
+        " s",
+    )?;
+    let unresponsive_after = range(
+        src,
+        pick!(
+            flags.unresponsive_after,
+            file.unresponsive_after,
+            "unresponsive-after"
+        ),
+        "unresponsive_after",
+        3,
+        1,
+        100,
+        " samples",
+    )?;
+    Ok(Timings {
+        period: Duration::from_millis(period),
+        json_period: Duration::from_millis(json_period),
+        deadline: Duration::from_millis(deadline),
+        slow_counters: Duration::from_secs(slow_s).max(Duration::from_millis(period)),
+        unresponsive_after,
+    })
+}
+
+/// `[guard]`: engage under the board's shutdown temperature (by default
+/// 2 °C under its max operating one), release below engage, and the step.
+pub(super) fn guard(
+    src: &Sources,
+    file: &FileConfig,
+    flags: &Overrides,
+    board: &loopwarden_boards::GpuBoard,
+) -> Result<GuardSettings, ConfigError> {
+    let none = GuardFile::default();
+    let g = file.guard.as_ref().unwrap_or(&none);
+    let max_op = board.thermal.max_operating_c.0;
+    let engage = range(
+        &src.section("guard"),
+        pick!(flags.guard_engage_c, g.engage_c, "guard-engage-c"),
+        "engage_c",
+        max_op.saturating_sub(2),
+        30,
+        board.thermal.shutdown_c.0 - 1,
+        " °C, under the board's shutdown temperature",
+    )?;
+    let release_pick = pick!(flags.guard_release_c, g.release_c, "guard-release-c");
+    let release_flag = release_pick.1;
+    let release = range(
+        &src.section("guard"),
+        release_pick,
+        "release_c",
+        engage.saturating_sub(5),
+        20,
+        100,
+        " °C",
+    )?;
+    if release >= engage {
+        return Err(src.section("guard").error(
+            release_flag,
+            "release_c",
+            format!("release_c = {release} must be below engage_c = {engage}"),
+        ));
+    }
+    let step = range(
+        &src.section("guard"),
+        pick!(flags.guard_step_w, g.step_w, "guard-step-w"),
+        "step_w",
+        25,
+        1,
+        200,
+        " W",
+    )?;
+    Ok(GuardSettings {
+        engage: WholeCelsius(engage),
+        release: WholeCelsius(release),
+        step: Watts(step),
+    })
+}

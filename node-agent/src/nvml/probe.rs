@@ -1,0 +1,216 @@
+//! `node-agent probe`: what each GPU supports of the NVML calls the agent
+//! makes, and what each call costs, so a field engineer can tell a GPU
+//! that cannot report a field from one that fails, and size
+//! `deadline_ms` from the slowest call.
+//!
+//! Read only: it never sets a limit and registers for no event. Each call
+//! is made `tries` times in a row on one GPU; each field value of the
+//! batched query is also asked alone, so a field the GPU does not
+//! support is named.
+//!
+//! Glossary:
+//! - *probe*: one call made `tries` times, with its answer and its
+//!   latency's median and maximum.
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::{field, NvmlApi, NvmlFailure, NvmlResult};
+use node_core::health::NVLINK_LINKS;
+
+/// What became of one call on one GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Probe {
+    /// The GPU's NVML index.
+    pub gpu: u32,
+    /// The NVML call (and, for a field value, the field).
+    pub call: String,
+    /// `supported`, `not supported`, or the failure in NVML's words (of
+    /// the first try that failed).
+    pub answer: String,
+    /// Tries made.
+    pub tries: usize,
+    /// Median latency, µs.
+    pub median_us: u64,
+    /// Slowest try, µs.
+    pub max_us: u64,
+}
+
+/// A call to probe: its name and how to make it.
+type Call<'a, A> = (String, Box<dyn Fn(&A, u32) -> NvmlResult<()> + 'a>);
+
+/// Every call the agent makes on a GPU, the limit's set excepted.
+fn calls<'a, A: NvmlApi>() -> Vec<Call<'a, A>> {
+    fn ok<T>(r: NvmlResult<T>) -> NvmlResult<()> {
+        r.map(|_| ())
+    }
+    let mut v: Vec<Call<'a, A>> = vec![
+        (
+            "nvmlDeviceGetName".into(),
+            Box::new(|a: &A, i| ok(a.name(i))),
+        ),
+        (
+            "nvmlDeviceGetUUID".into(),
+            Box::new(|a: &A, i| ok(a.uuid(i))),
+        ),
+        (
+            "nvmlDeviceGetPowerManagementDefaultLimit".into(),
+            Box::new(|a: &A, i| ok(a.default_limit_mw(i))),
+        ),
+        (
+            "nvmlDeviceGetPowerManagementLimitConstraints".into(),
+            Box::new(|a: &A, i| ok(a.limit_constraints_mw(i))),
+        ),
+        (
+            "nvmlDeviceGetPowerManagementLimit".into(),
+            Box::new(|a: &A, i| ok(a.limit_mw(i))),
+        ),
+        (
+            "nvmlDeviceGetEnforcedPowerLimit".into(),
+            Box::new(|a: &A, i| ok(a.enforced_limit_mw(i))),
+        ),
+        (
+            "nvmlDeviceGetTemperature".into(),
+            Box::new(|a: &A, i| ok(a.temperature(i))),
+        ),
+        (
+            "nvmlDeviceGetPowerUsage".into(),
+            Box::new(|a: &A, i| ok(a.power_usage_mw(i))),
+        ),
+        (
+            "nvmlDeviceGetTotalEnergyConsumption".into(),
+            Box::new(|a: &A, i| ok(a.energy_mj(i))),
+        ),
+        (
+            "nvmlDeviceGetClockInfo".into(),
+            Box::new(|a: &A, i| ok(a.clocks_mhz(i))),
+        ),
+        (
+            "nvmlDeviceGetUtilizationRates".into(),
+            Box::new(|a: &A, i| ok(a.utilization(i))),
+        ),
+        (
+            "nvmlDeviceGetCurrentClocksEventReasons".into(),
+            Box::new(|a: &A, i| ok(a.throttle_bits(i))),
+        ),
+        (
+            "nvmlDeviceGetEccMode".into(),
+            Box::new(|a: &A, i| ok(a.ecc_enabled(i))),
+        ),
+    ];
+    for (corrected, volatile) in [(true, true), (false, true), (true, false), (false, false)] {
+        let name = format!(
+            "nvmlDeviceGetTotalEccErrors ({}, {})",
+            if corrected {
+                "corrected"
+            } else {
+                "uncorrected"
+            },
+            if volatile { "volatile" } else { "aggregate" }
+        );
+        v.push((
+            name,
+            Box::new(move |a: &A, i| ok(a.ecc_total(i, corrected, volatile))),
+        ));
+    }
+    let ids = field_ids();
+    for &id in &ids {
+        let name = format!("nvmlDeviceGetFieldValues {}", field::name(id));
+        v.push((name, Box::new(move |a: &A, i| one_field(a, i, id))));
+    }
+    let name = format!("nvmlDeviceGetFieldValues, all {} fields at once", ids.len());
+    v.push((name, Box::new(move |a: &A, i| ok(a.fields(i, &ids)))));
+    v
+}
+
+/// Every field id the agent asks for.
+fn field_ids() -> Vec<u32> {
+    let mut ids: Vec<u32> = field::GROUPS.iter().map(|(id, _)| *id).collect();
+    ids.push(field::NVLINK_RECOVERY_TOTAL);
+    for l in 0..NVLINK_LINKS {
+        ids.push(field::nvlink_link(l, false));
+        ids.push(field::nvlink_link(l, true));
+    }
+    ids
+}
+
+/// One field value asked alone: the field's own answer.
+fn one_field<A: NvmlApi>(a: &A, gpu: u32, id: u32) -> NvmlResult<()> {
+    match a.fields(gpu, &[id])?.into_iter().next() {
+        Some(answer) => answer.map(|_| ()),
+        None => Err(NvmlFailure::Other("no answer for the field".into())),
+    }
+}
+
+/// Probes every call on GPU `gpu` of `api`, each `tries` times (at least
+/// once).
+pub fn probe<A: NvmlApi>(api: &A, gpu: u32, tries: usize) -> Vec<Probe> {
+    let tries = tries.max(1);
+    calls::<A>()
+        .into_iter()
+        .map(|(call, make)| {
+            let mut times = Vec::with_capacity(tries);
+            let mut answer = None;
+            for _ in 0..tries {
+                let began = Instant::now();
+                let r = make(api, gpu);
+                times.push(began.elapsed());
+                if let (None, Err(e)) = (&answer, r) {
+                    answer = Some(words(&e));
+                }
+            }
+            let (median_us, max_us) = spread(&mut times);
+            Probe {
+                gpu,
+                call,
+                answer: answer.unwrap_or_else(|| "supported".into()),
+                tries,
+                median_us,
+                max_us,
+            }
+        })
+        .collect()
+}
+
+/// An NVML failure as the table says it.
+fn words(e: &NvmlFailure) -> String {
+    match e {
+        NvmlFailure::NotSupported => "not supported".into(),
+        NvmlFailure::NoPermission => "no permission".into(),
+        NvmlFailure::GpuLost => "GPU lost".into(),
+        NvmlFailure::Timeout => "timeout".into(),
+        NvmlFailure::InvalidArgument => "invalid argument".into(),
+        NvmlFailure::Other(s) => s.clone(),
+    }
+}
+
+/// Median and maximum of `times`, µs.
+fn spread(times: &mut [Duration]) -> (u64, u64) {
+    times.sort();
+    let us = |d: Duration| d.as_micros().min(u128::from(u64::MAX)) as u64;
+    let median = times.get(times.len() / 2).copied().map_or(0, us);
+    let max = times.last().copied().map_or(0, us);
+    (median, max)
+}
+
+/// The probes as a table for a person: one line per call.
+pub fn table(probes: &[Probe]) -> String {
+    let width = probes
+        .iter()
+        .map(|p| p.call.len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    let mut out = format!(
+        "{:<3} {:<width$}  {:<15} {:>6} {:>11} {:>11}\n",
+        "GPU", "CALL", "ANSWER", "TRIES", "MEDIAN µs", "MAX µs"
+    );
+    for p in probes {
+        out.push_str(&format!(
+            "{:<3} {:<width$}  {:<15} {:>6} {:>11} {:>11}\n",
+            p.gpu, p.call, p.answer, p.tries, p.median_us, p.max_us
+        ));
+    }
+    out
+}

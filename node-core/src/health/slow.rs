@@ -1,0 +1,135 @@
+//! The slow counters as the agent reads them: every few seconds, not
+//! every sample (its NVML schedule). [`SlowCounters`] turns a trace's
+//! observations, where every counter is fresh at every sample, into what
+//! the engine sees live: retired pages, the row-remap flags and the PCIe
+//! replay counter as last read, read again once `every_ms` has passed
+//! since the last read, and at once at the first sample after the GPU's
+//! volatile ECC counts moved or it reported an XID (a page is retired, a
+//! row remapped, only after an ECC error, and the driver says so with an
+//! XID: 48, 63, 64, 94, 95). So `node-agent replay --slow-counters-s` and
+//! the tests score the rules under the schedule the agent runs.
+//!
+//! The volatile ECC counts, the NVLink totals, temperatures, power,
+//! clocks and clock-event reasons are read at every sample and pass
+//! through. (The per-link NVLink counters are slow too, but read at once
+//! whenever the totals move, so they are as fresh as the totals when it
+//! matters; traces carry only the totals.)
+//!
+//! Glossary:
+//! - *slow counters*: the fields above that are read every `every_ms`.
+//! - *held*: their values as last read.
+
+use super::Observation;
+
+/// The slow counters of every GPU, as last read.
+#[derive(Debug, Clone)]
+pub struct SlowCounters {
+    every_ms: u64,
+    /// Per GPU: when last read, and what.
+    held: Vec<Option<(u64, Observation)>>,
+    /// Per GPU: an XID came since the last read.
+    nudged: Vec<bool>,
+}
+
+impl SlowCounters {
+    /// Slow counters of `gpus` GPUs read every `every_ms` (0: every
+    /// sample).
+    pub fn new(gpus: usize, every_ms: u64) -> Self {
+        Self {
+            every_ms,
+            held: vec![None; gpus],
+            nudged: vec![false; gpus],
+        }
+    }
+
+    /// GPU `gpu` reported an XID: its slow counters are read at its next
+    /// sample.
+    pub fn xid(&mut self, gpu: usize) {
+        if let Some(n) = self.nudged.get_mut(gpu) {
+            *n = true;
+        }
+    }
+
+    /// `o`, GPU `gpu`'s sample at `t`, as the agent would have read it:
+    /// its slow counters fresh if a read is due, else as last read.
+    pub fn read(&mut self, t: u64, gpu: usize, o: &Observation) -> Observation {
+        let (Some(slot), Some(nudged)) = (self.held.get_mut(gpu), self.nudged.get_mut(gpu)) else {
+            return *o;
+        };
+        let nudged = std::mem::take(nudged);
+        match slot {
+            Some((at, held))
+                if t.saturating_sub(*at) < self.every_ms
+                    && t >= *at
+                    && !nudged
+                    && (o.sbe_volatile, o.dbe_volatile)
+                        == (held.sbe_volatile, held.dbe_volatile) =>
+            {
+                let mut seen = *o;
+                seen.retired_sbe = held.retired_sbe;
+                seen.retired_dbe = held.retired_dbe;
+                seen.retired_pending = held.retired_pending;
+                seen.remap_pending = held.remap_pending;
+                seen.remap_failure = held.remap_failure;
+                seen.pcie_replay = held.pcie_replay;
+                seen
+            }
+            _ => {
+                *slot = Some((t, *o));
+                *o
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slow_counters_are_held_between_reads_and_the_rest_passes() {
+        let mut s = SlowCounters::new(2, 30_000);
+        let o = |t: u64| Observation {
+            temp: 60.0 + t as f64 / 1000.0,
+            pcie_replay: t / 1000,
+            nvlink_replay: t / 1000,
+            remap_pending: t >= 5_000,
+            ..Observation::default()
+        };
+        assert_eq!(s.read(0, 0, &o(0)), o(0), "the first is read");
+        let seen = s.read(10_000, 0, &o(10_000));
+        assert_eq!(seen.pcie_replay, 0, "held");
+        assert!(!seen.remap_pending, "held");
+        assert_eq!(seen.nvlink_replay, 10, "fast");
+        assert_eq!(seen.temp, 70.0, "fast");
+        assert_eq!(s.read(30_000, 0, &o(30_000)), o(30_000), "read again");
+        let moved = Observation {
+            sbe_volatile: 1,
+            ..o(31_000)
+        };
+        assert_eq!(
+            s.read(31_000, 0, &moved),
+            moved,
+            "an ECC error: read at once"
+        );
+        let later = |t: u64| Observation {
+            sbe_volatile: 1,
+            ..o(t)
+        };
+        assert_eq!(
+            s.read(32_000, 0, &later(32_000)).pcie_replay,
+            31,
+            "held again"
+        );
+        s.xid(0);
+        assert_eq!(
+            s.read(33_000, 0, &later(33_000)).pcie_replay,
+            33,
+            "an XID: read at once"
+        );
+        assert_eq!(s.read(31_000, 1, &o(31_000)), o(31_000), "each GPU its own");
+        let mut every = SlowCounters::new(1, 0);
+        assert_eq!(every.read(1, 0, &o(1)), o(1));
+        assert_eq!(every.read(2, 0, &o(2)), o(2));
+    }
+}
