@@ -395,7 +395,22 @@ mod tests {
         g.guard_cap = Some(Watts(600));
         gpu(&mut out, "h07", 0, &g);
         write_bus(&mut out, &Default::default(), true, &host);
+        let costs = crate::nvml::CallCosts::default();
+        costs.record(
+            "nvmlDeviceGetTemperature",
+            std::time::Duration::from_micros(30),
+        );
+        costs.record(
+            "nvmlDeviceGetTemperature",
+            std::time::Duration::from_micros(50),
+        );
+        nvml_calls(&mut out, &costs, &host);
         let text = out.finish();
+        assert!(
+            text.contains(r#"loopwarden_nvml_calls_total{Hostname="h07",call="nvmlDeviceGetTemperature"} 2"#)
+                && text.contains(r#"loopwarden_nvml_call_seconds{Hostname="h07",call="nvmlDeviceGetTemperature",stat="max"} 0.00005"#),
+            "{text}"
+        );
         let mut names: Vec<&str> = text
             .lines()
             .filter_map(|l| l.strip_prefix("# TYPE "))

@@ -1347,3 +1347,42 @@ fn the_links_are_read_at_once_when_the_nvlink_totals_move() {
     );
     assert_ne!(s.nvlink_links.read & (1 << 2), 0);
 }
+
+// --- node-agent probe --------------------------------------------------
+
+#[test]
+fn probe_says_what_each_call_answers_and_names_the_fields_not_supported() {
+    let mut answers = Answers::healthy();
+    answers.energy_mj = Err(NotSupported);
+    answers.utilization = Err(GpuLost);
+    let fake = FakeNvml::new(vec![answers]);
+    let probes = node_agent::nvml::probe(&fake, 0, 5);
+    let answer = |call: &str| {
+        probes
+            .iter()
+            .find(|p| p.call == call)
+            .unwrap_or_else(|| panic!("{call} probed: {probes:?}"))
+            .answer
+            .clone()
+    };
+    assert_eq!(answer(GET_TEMPERATURE), "supported");
+    assert_eq!(answer(GET_ENERGY), "not supported");
+    assert_eq!(answer("nvmlDeviceGetUtilizationRates"), "GPU lost");
+    assert_eq!(
+        answer("nvmlDeviceGetFieldValues NVML_FI_DEV_PCIE_REPLAY_COUNTER (94)"),
+        "supported"
+    );
+    // The healthy fake answers no per-link field: each is named.
+    assert_eq!(
+        answer("nvmlDeviceGetFieldValues NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_L3 (49)"),
+        "not supported"
+    );
+    assert!(probes
+        .iter()
+        .all(|p| p.tries == 5 && p.median_us <= p.max_us));
+    assert_eq!(fake.calls(0, GET_TEMPERATURE), 5);
+    assert_eq!(fake.calls(0, SET_LIMIT), 0, "read only");
+    let table = node_agent::nvml::probe_table(&probes);
+    assert!(table.starts_with("GPU CALL"), "{table}");
+    assert_eq!(table.lines().count(), probes.len() + 1);
+}
