@@ -7,8 +7,9 @@
 //! 1. [`run`]: logging to standard error; the agent's configuration (an
 //!    error exits 2, with the message); the watchdog's notify socket from
 //!    the environment (a malformed one is a configuration error too, exit
-//!    2); a runtime of two workers; then the agent. It exits 0 when the
-//!    agent stopped at a signal, 1 with the error when it failed.
+//!    2); the runtime the agent asks for ([`Threads`]); then the agent. It
+//!    exits 0 when the agent stopped at a signal, 1 with the error when it
+//!    failed.
 //! 2. [`Supervision::start`]: SIGTERM caught before anything that takes
 //!    time; the loop announced to the service manager; the watchdog task
 //!    (`READY=1` after the first completed pass, `WATCHDOG=1` only while
@@ -64,11 +65,36 @@ impl StartError {
     }
 }
 
-/// Runs an agent's process (see the module note): `start` loads what the
-/// agent needs before its runtime (its configuration, its devices);
-/// `serve` runs it until a signal or a failure.
+/// The threads an agent's runtime runs its tasks on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Threads {
+    /// Every task on the thread that runs the agent: for an agent whose
+    /// tasks wake a few times a period, so no wake-up crosses threads.
+    Current,
+    /// This many worker threads.
+    Workers(usize),
+}
+
+/// Runs an agent's process (see the module note) on a runtime of two
+/// workers: `start` loads what the agent needs before its runtime (its
+/// configuration, its devices); `serve` runs it until a signal or a
+/// failure.
 pub fn run<C, E, Fut>(
     program: &'static str,
+    start: impl FnOnce() -> Result<C, StartError>,
+    serve: impl FnOnce(C, Notifier) -> Fut,
+) -> ExitCode
+where
+    Fut: Future<Output = Result<(), E>>,
+    E: Display,
+{
+    run_on(program, Threads::Workers(2), start, serve)
+}
+
+/// As [`run`], on the runtime `threads` says.
+pub fn run_on<C, E, Fut>(
+    program: &'static str,
+    threads: Threads,
     start: impl FnOnce() -> Result<C, StartError>,
     serve: impl FnOnce(C, Notifier) -> Fut,
 ) -> ExitCode
@@ -90,11 +116,15 @@ where
             return ExitCode::from(e.status);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
+    let mut builder = match threads {
+        Threads::Current => tokio::runtime::Builder::new_current_thread(),
+        Threads::Workers(n) => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(n.max(1));
+            b
+        }
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("{program}: the runtime: {e}");

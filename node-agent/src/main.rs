@@ -231,7 +231,16 @@ fn replay(trace: &std::path::Path, slow_ms: u64) -> ExitCode {
 }
 
 fn run(config_path: Option<PathBuf>, flags: Overrides) -> ExitCode {
-    lifecycle::run("node-agent", || start(config_path, &flags), serve)
+    // One thread for the agent's tasks: they wake a few times a period,
+    // and a wake-up that crosses threads (a futex, an eventfd) costs more
+    // than the work it wakes (docs/benchmarks.md). GPU calls, the flash
+    // and the XID watch have threads of their own.
+    lifecycle::run_on(
+        "node-agent",
+        lifecycle::Threads::Current,
+        || start(config_path, &flags),
+        serve,
+    )
 }
 
 /// The configuration and the GPUs, before the runtime.
