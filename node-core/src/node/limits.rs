@@ -80,7 +80,7 @@ pub(crate) struct Reconciling {
     sources: Vec<(u8, Option<CapSource>)>,
     /// GPUs whose source changed with their limit already in force.
     changes: Vec<(GpuIndex, Watts, Option<CapSource>)>,
-    /// The stop's restoration of the defaults.
+    /// The stop's restoration of the ceilings.
     restoring: bool,
 }
 
@@ -133,13 +133,13 @@ impl Node {
         }
     }
 
-    /// What the flash is to keep of every GPU: its ceiling, and the limit
-    /// asked for now (`asking`) or else the one last read back.
+    /// What the flash is to keep of every GPU: its ceiling and the limit
+    /// last read back.
     fn kept_limits(&self) -> Vec<KeptLimit> {
         self.kept_asking(&[])
     }
 
-    /// As [`Node::kept_limits`], with the limits of `sets` being asked.
+    /// As [`Node::kept_limits`], with the limits of `sets` asked for now.
     fn kept_asking(&self, sets: &[SetLimit]) -> Vec<KeptLimit> {
         self.gpus
             .iter()
