@@ -105,7 +105,7 @@ const MISSED: Metric = Metric::gauge(
 );
 const CAP: Metric = Metric::gauge(
     "loopwarden_gpu_cap_watts",
-    "The power cap in force on the GPU, read back after setting it, watts; source says who set it. Absent while the GPU runs at its default limit.",
+    "The power cap in force on the GPU, read back after setting it, watts; source says who set it. Absent while the GPU runs uncapped, at its ceiling.",
 );
 const NVML_CALL: Metric = Metric::gauge(
     "loopwarden_nvml_call_seconds",

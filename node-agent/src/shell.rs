@@ -20,8 +20,9 @@
 //! - a lease it accepted is logged to flash before it is acknowledged, so
 //!   after a crash the leases still valid are applied again and those that
 //!   expired meanwhile are not;
-//! - at a clean exit it sets every GPU whose limit it changed back to its
-//!   default limit.
+//! - at a clean exit with no lease in force it sets every GPU back to its
+//!   ceiling (the limit the site left on it); with a lease, the caps stay
+//!   for the next start.
 //!
 //! Where it lives:
 //! - `startup`: the GPUs, the flash stores, the node with what is kept
@@ -165,8 +166,8 @@ pub struct RunHooks {
     pub snapshots: Option<watch::Sender<Option<Snapshot>>>,
 }
 
-/// Runs the agent until `shutdown` completes, then restores the default
-/// limits it changed and leaves the bus cleanly.
+/// Runs the agent until `shutdown` completes, then puts the ceilings back
+/// (unless a lease is in force) and leaves the bus cleanly.
 pub async fn run(
     config: Config,
     source: Box<dyn GpuSource + Send>,
