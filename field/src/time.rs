@@ -20,14 +20,15 @@ pub fn parse_since(text: &str, now_ms: u64) -> Result<u64, String> {
     let n: u64 = num.parse().map_err(|_| {
         format!("--since {text:?}: expected 30s, 10m, 2h, 1d or ms since the epoch")
     })?;
-    let ms = match unit {
-        "s" => n * 1000,
-        "m" => n * 60_000,
-        "h" => n * 3_600_000,
-        "d" => n * 86_400_000,
+    let unit_ms: u64 = match unit {
+        "s" => 1000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
         _ => return Err(format!("--since {text:?}: unit must be s, m, h or d")),
     };
-    Ok(now_ms.saturating_sub(ms))
+    // Further back than the epoch is everything since the epoch.
+    Ok(now_ms.saturating_sub(n.saturating_mul(unit_ms)))
 }
 
 #[cfg(test)]
@@ -42,6 +43,10 @@ mod tests {
         assert_eq!(parse_since("10s", now), Ok(990_000));
         assert_eq!(parse_since("2m", now), Ok(880_000));
         assert_eq!(parse_since("123", now), Ok(123));
+        // A span too long for the clock is everything since the epoch,
+        // never a wrapped time in the future.
+        assert_eq!(parse_since("18446744073709551s", now), Ok(0));
+        assert_eq!(parse_since("18446744073709551615d", now), Ok(0));
         assert_eq!(parse_since("1d", now), Ok(0));
         assert_eq!(
             parse_since("10x", now),

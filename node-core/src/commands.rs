@@ -44,15 +44,25 @@ pub fn check_cdu_state(cdu: &Ident, frame: &Frame, now: TimestampMs) -> Result<(
             frame.sender.id
         ));
     }
-    let age = now.0 as i64 - frame.time.0 as i64;
-    if age.unsigned_abs() > COMMAND_MAX_AGE_MS {
+    let (age, ahead) = distance(now, frame.time);
+    if age > COMMAND_MAX_AGE_MS {
         return Err(format!(
             "cdu/{cdu}'s state is stamped {} s {}: too far from now to describe the loop",
-            age.unsigned_abs() / 1000,
-            if age >= 0 { "ago" } else { "ahead" }
+            age / 1000,
+            if ahead { "ahead" } else { "ago" }
         ));
     }
     Ok(())
+}
+
+/// How far a sender's stamp `t` is from `now`, ms, and whether it is
+/// ahead of it: exact for any two stamps (a stamp from the wire may be
+/// anything up to `u64::MAX`), never wrapping.
+fn distance(now: TimestampMs, t: TimestampMs) -> (u64, bool) {
+    match now.0.checked_sub(t.0) {
+        Some(ago) => (ago, false),
+        None => (t.0 - now.0, true),
+    }
 }
 
 /// What became of one command.
@@ -242,14 +252,14 @@ impl CommandCore {
         // A command is acted on only while it is fresh: a copy captured and
         // sent again later (or to this host after a restart that forgot its
         // sender) is refused.
-        let age = now.0 as i64 - frame.time.0 as i64;
-        if age.unsigned_abs() > COMMAND_MAX_AGE_MS {
+        let (age, ahead) = distance(now, frame.time);
+        if age > COMMAND_MAX_AGE_MS {
             return Verdict::refuse(
                 AckCode::Expired,
                 format!(
                     "sent {} s {}: commands are acted on within {} s of their time",
-                    age.unsigned_abs() / 1000,
-                    if age >= 0 { "ago" } else { "in the future" },
+                    age / 1000,
+                    if ahead { "in the future" } else { "ago" },
                     COMMAND_MAX_AGE_MS / 1000
                 ),
             );
@@ -738,6 +748,17 @@ mod tests {
         let e = check_cdu_state(&cdu, &f, later).unwrap_err();
         assert!(e.contains("s ago"), "{e}");
         assert!(check_cdu_state(&cdu, &f, TimestampMs(now.0 + 60_000)).is_ok());
+        // Stamps from the wire may be anything: none wraps the arithmetic.
+        for stamp in [1 << 63, u64::MAX] {
+            let mut f = samples::frame(loopwarden_protocol::MessageKind::CduState);
+            f.time = TimestampMs(stamp);
+            let e = check_cdu_state(&cdu, &f, now).unwrap_err();
+            assert!(e.contains("s ahead"), "{e}");
+        }
+        let mut f = samples::frame(loopwarden_protocol::MessageKind::CduState);
+        f.time = TimestampMs(0);
+        let e = check_cdu_state(&cdu, &f, TimestampMs(u64::MAX)).unwrap_err();
+        assert!(e.contains("s ago"), "{e}");
     }
 
     #[test]
@@ -761,6 +782,14 @@ mod tests {
         let v = c.command(TimestampMs(1_000), &f);
         assert_eq!(v.code, AckCode::Expired);
         assert!(v.detail.contains("in the future"), "{}", v.detail);
+        // A stamp past i64::MAX or at u64::MAX is far in the future, not a
+        // wrapped age.
+        for (seq, stamp) in [(3, 1 << 63), (4, u64::MAX)] {
+            let f = lease_frame(seq, stamp, &[(gpu(0), 300)], 3_600_000);
+            let v = c.command(TimestampMs(1_000), &f);
+            assert_eq!(v.code, AckCode::Expired);
+            assert!(v.detail.contains("in the future"), "{}", v.detail);
+        }
     }
 
     #[test]
