@@ -12,6 +12,12 @@
 //! The port is opened again 5 s after it fails; the session then ends as
 //! "line lost".
 //!
+//! One session state and one steady clock serve every opening of the
+//! port: [`serve`] starts the clock once, and the session's times (the
+//! login lock, the idle deadline) count from it. Reopening the port
+//! neither lifts a login lock nor resets the count of refused logins
+//! behind it.
+//!
 //! Glossary:
 //! - *port*: the serial device (`/dev/ttyS1`), or any byte stream in tests.
 //! - *operator*: the name a serial login acts under in the agent's
@@ -156,19 +162,23 @@ const REOPEN_AFTER: Duration = Duration::from_secs(5);
 
 /// Serves the console on its port until the task is dropped: opens it,
 /// runs the session over it, and opens it again after a failure.
-/// `journal` takes each record for the flash log.
+/// `journal` takes each record for the flash log. The session and its
+/// clock (`epoch`) are made once, here, and outlive every opening of the
+/// port: a login lock set before the line was lost still holds after.
 pub async fn serve<A, J>(console: SerialConsole, agent: Arc<A>, journal: J)
 where
     A: SerialAgent,
     J: Fn(Record) + Send + Sync,
 {
     let mut session = new_session(&console, agent.as_ref());
+    let epoch = Instant::now();
     let mut said = None;
     loop {
         match open(&console) {
             Ok(port) => {
                 said = None;
-                let e = run(port, &mut session, &console, agent.as_ref(), &journal).await;
+                let agent = agent.as_ref();
+                let e = run(port, &mut session, epoch, &console, agent, &journal).await;
                 tracing::warn!(
                     "serial console {}: line lost: {e}; opening it again in {} s",
                     console.port.display(),
@@ -217,10 +227,13 @@ pub fn open(console: &SerialConsole) -> std::io::Result<tokio_serial::SerialStre
 }
 
 /// Runs `session` over `port` until the line fails; gives why. The
-/// session's end (if one was open) is recorded as "line lost".
+/// session's end (if one was open) is recorded as "line lost". `epoch`
+/// is the session's clock's zero: the same for every opening of the port
+/// (the session's login lock and idle deadline are times on that clock).
 pub async fn run<S, A, J>(
     port: S,
     session: &mut Session,
+    epoch: Instant,
     console: &SerialConsole,
     agent: &A,
     journal: &J,
@@ -232,7 +245,7 @@ where
 {
     let mut shell = Shell {
         port,
-        start: Instant::now(),
+        epoch,
         console,
         operator: operator_name(&console.port),
         agent,
@@ -250,7 +263,8 @@ where
 /// The moving parts of one opened port.
 struct Shell<'a, S, A, J> {
     port: S,
-    start: Instant,
+    /// The session's clock's zero (not this opening's).
+    epoch: Instant,
     console: &'a SerialConsole,
     operator: String,
     agent: &'a A,
@@ -263,9 +277,9 @@ where
     A: SerialAgent,
     J: Fn(Record),
 {
-    /// Steady ms since the port opened.
+    /// Steady ms on the session's clock.
     fn now(&self) -> u64 {
-        self.start.elapsed().as_millis() as u64
+        self.epoch.elapsed().as_millis() as u64
     }
 
     async fn serve(&mut self, session: &mut Session) -> std::io::Error {
@@ -276,7 +290,7 @@ where
         loop {
             let read = match session.idle_deadline() {
                 Some(ms) => {
-                    let at = self.start + Duration::from_millis(ms);
+                    let at = self.epoch + Duration::from_millis(ms);
                     tokio::time::timeout_at(at, self.port.read(&mut buf)).await
                 }
                 None => Ok(self.port.read(&mut buf).await),

@@ -8,7 +8,10 @@
 //! command is the agent's ([`Spec`]); one that changes state is refused
 //! unless the session is logged in, and always when no password hash is
 //! configured (fail closed). A refused login locks `login` for 2 s, then
-//! 4, 8 … up to 64 s while refusals follow each other.
+//! 4, 8 … up to 64 s while refusals follow each other. The times are one
+//! clock's for the session's whole life: the shell keeps the session and
+//! its clock across every opening of the port, so a lost line neither
+//! lifts the lock nor resets the refusals.
 //!
 //! Glossary:
 //! - *session*: from the first line typed to `logout`, the idle timeout

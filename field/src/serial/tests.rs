@@ -338,7 +338,16 @@ async fn the_shell_runs_a_session_logs_it_and_closes_it_when_idle() {
     let task = tokio::spawn(async move {
         let mut session = new_session(&console, &TestAgent);
         let journal = move |r: Record| kept.lock().unwrap().push(r.what);
-        run(agent_end, &mut session, &console, &TestAgent, &journal).await
+        let epoch = Instant::now();
+        run(
+            agent_end,
+            &mut session,
+            epoch,
+            &console,
+            &TestAgent,
+            &journal,
+        )
+        .await
     });
     until(&mut engineer, "u1> ").await;
     engineer.write_all(b"status\r").await.unwrap();
@@ -377,6 +386,90 @@ async fn the_shell_runs_a_session_logs_it_and_closes_it_when_idle() {
             },
         ]
     );
+}
+
+/// Types a wrong password at the login prompt of `engineer`'s port and
+/// gives the refusal's text.
+async fn refused_login(engineer: &mut tokio::io::DuplexStream) -> String {
+    engineer.write_all(b"login\r").await.unwrap();
+    until(engineer, "password: ").await;
+    engineer.write_all(b"wrong password\r").await.unwrap();
+    until(engineer, "u1> ").await
+}
+
+#[tokio::test(start_paused = true)]
+async fn reopening_the_port_neither_lifts_the_login_lock_nor_forgets_the_refusals() {
+    let console = SerialConsole {
+        port: "/dev/ttyS1".into(),
+        baud: 115_200,
+        password_hash: Some(password::hash("right password").unwrap()),
+        idle: Duration::from_secs(300),
+    };
+    let journal = |_: Record| {};
+    let mut session = new_session(&console, &TestAgent);
+    // The console's clock, started long before the port opens.
+    let epoch = Instant::now();
+    tokio::time::sleep(Duration::from_secs(100)).await;
+    let (agent_end, mut engineer) = tokio::io::duplex(4096);
+    let first = async {
+        until(&mut engineer, "u1> ").await;
+        let text = refused_login(&mut engineer).await;
+        assert!(
+            text.contains("login refused (1 in a row); the next try in 2 s"),
+            "{text:?}"
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        refused_login(&mut engineer).await;
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let text = refused_login(&mut engineer).await;
+        assert!(
+            text.contains("(3 in a row); the next try in 8 s"),
+            "{text:?}"
+        );
+        // The line is lost 1 s into the 8 s lock.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        drop(engineer);
+    };
+    let line = run(
+        agent_end,
+        &mut session,
+        epoch,
+        &console,
+        &TestAgent,
+        &journal,
+    );
+    let (e, ()) = tokio::join!(line, first);
+    assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
+    // Opened again 5 s later: 2 s of the lock are left, and the count
+    // goes on.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (agent_end, mut engineer) = tokio::io::duplex(4096);
+    let second = async {
+        until(&mut engineer, "u1> ").await;
+        engineer.write_all(b"login\r").await.unwrap();
+        let text = until(&mut engineer, "u1> ").await;
+        assert!(
+            text.contains("login refused: wait 2 s (3 refused in a row)"),
+            "{text:?}"
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let text = refused_login(&mut engineer).await;
+        assert!(
+            text.contains("(4 in a row); the next try in 16 s"),
+            "{text:?}"
+        );
+        drop(engineer);
+    };
+    let line = run(
+        agent_end,
+        &mut session,
+        epoch,
+        &console,
+        &TestAgent,
+        &journal,
+    );
+    let (e, ()) = tokio::join!(line, second);
+    assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
 }
 
 #[test]
