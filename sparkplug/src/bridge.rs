@@ -15,7 +15,10 @@
 //! - every message after NBIRTH carries the next `seq` (255 wraps to 0);
 //! - the bridge's own metrics go out as NDATA when they changed, at most
 //!   once per `ndata_every_ms`;
-//! - NCMD `Node Control/Rebirth` true: NBIRTH and every DBIRTH again;
+//! - NCMD `Node Control/Rebirth` true: NBIRTH and every DBIRTH again, at
+//!   most once per [`REBIRTH_EVERY_MS`]: a request sooner than that waits
+//!   for the end of the window and is carried out then, once, however
+//!   many came (each counted in `bridge/rebirths_limited`);
 //! - a clean stop publishes the NDEATH itself before disconnecting.
 //!
 //! Glossary:
@@ -34,6 +37,31 @@ use crate::payload::{self, DataType, Point, Value};
 
 /// The metric a host sets to ask for every birth again.
 pub const REBIRTH: &str = "Node Control/Rebirth";
+
+/// The least time between two rebirths asked by NCMD, ms. A rebirth is
+/// the heaviest thing the bridge publishes (an NBIRTH and a DBIRTH with
+/// every metric of every CDU and host of the site); a host application
+/// asks for one when it starts or sees a gap in `seq`, and waits for the
+/// births before it would ask again. 5 s is more than a site's births
+/// take to go out and less than a host application waits for them, so a
+/// request is never lost (it is carried out at the end of the window),
+/// while a flood of NCMDs costs at most one round of births per 5 s.
+pub const REBIRTH_EVERY_MS: u64 = 5_000;
+
+/// What the core tells the shell to log (once per occurrence worth a
+/// line; the counters say the rest).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Notice {
+    /// A rebirth was asked sooner than [`REBIRTH_EVERY_MS`] after the
+    /// last: the births go out at `due` (ms since the epoch), for every
+    /// request until then. Given once per window.
+    RebirthsLimited {
+        /// When the births go out.
+        due: u64,
+        /// Requests held back since the bridge started.
+        total: u64,
+    },
+}
 
 /// What the bridge is, for its topics and its birth.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -147,6 +175,7 @@ struct Counters {
     frames_received: u64,
     frames_refused: u64,
     commands_refused: u64,
+    rebirths_limited: u64,
     publishes_dropped: u64,
     loopwarden_connected: bool,
 }
@@ -166,6 +195,12 @@ pub struct Bridge {
     /// The node metrics last published, and when.
     node_published: Vec<Point>,
     node_published_at: u64,
+    /// When the last rebirth an NCMD asked for went out.
+    rebirth_at: Option<u64>,
+    /// A rebirth was asked within the window: it goes out when it ends.
+    rebirth_waiting: bool,
+    /// What the shell is to log.
+    notice: Option<Notice>,
 }
 
 impl Bridge {
@@ -181,7 +216,15 @@ impl Bridge {
             counters: Counters::default(),
             node_published: Vec::new(),
             node_published_at: 0,
+            rebirth_at: None,
+            rebirth_waiting: false,
+            notice: None,
         }
+    }
+
+    /// What the last steps left for the shell to log, if anything.
+    pub fn take_notice(&mut self) -> Option<Notice> {
+        self.notice.take()
     }
 
     /// The will for the next connection attempt: the NDEATH with the next
@@ -236,6 +279,8 @@ impl Bridge {
     fn end_session(&mut self) {
         self.session = false;
         self.resync = false;
+        // The next session's births answer a waiting rebirth.
+        self.rebirth_waiting = false;
         for d in self.devices.values_mut() {
             d.published = None;
         }
@@ -316,6 +361,11 @@ impl Bridge {
                 "bridge/commands_refused",
                 DataType::UInt64,
                 Value::UInt64(c.commands_refused),
+            ),
+            point(
+                "bridge/rebirths_limited",
+                DataType::UInt64,
+                Value::UInt64(c.rebirths_limited),
             ),
             point(
                 "bridge/publishes_dropped",
@@ -533,16 +583,40 @@ impl Bridge {
             self.counters.commands_refused += 1;
             return Vec::new();
         }
-        if self.session {
-            self.births(now)
-        } else {
-            Vec::new()
+        if !self.session {
+            return Vec::new();
         }
+        let Some(due) = self.rebirth_due(now) else {
+            self.rebirth_at = Some(now);
+            return self.births(now);
+        };
+        self.counters.rebirths_limited += 1;
+        if !self.rebirth_waiting {
+            self.rebirth_waiting = true;
+            self.notice = Some(Notice::RebirthsLimited {
+                due,
+                total: self.counters.rebirths_limited,
+            });
+        }
+        Vec::new()
+    }
+
+    /// When a rebirth asked at `now` may go out, if not now: the last
+    /// one plus [`REBIRTH_EVERY_MS`]. A clock set back before the last
+    /// one does not hold a request back.
+    fn rebirth_due(&self, now: u64) -> Option<u64> {
+        let last = self.rebirth_at?;
+        let due = last.saturating_add(REBIRTH_EVERY_MS);
+        (last <= now && now < due).then_some(due)
     }
 
     fn tick(&mut self, now: u64) -> Vec<Publish> {
         if !self.session {
             return Vec::new();
+        }
+        if self.rebirth_waiting && self.rebirth_due(now).is_none() {
+            self.rebirth_at = Some(now);
+            return self.births(now);
         }
         if self.resync {
             return self.births(now);
@@ -818,6 +892,64 @@ mod tests {
             b.step(T + 15_000, Input::Tick).is_empty(),
             "too soon, and nothing new"
         );
+    }
+
+    #[test]
+    fn rebirths_go_out_at_most_once_per_window_and_those_held_back_wait_and_are_counted() {
+        let mut b = bridge();
+        connected(&mut b);
+        b.step(T, host_telemetry("h07", 61));
+        let rebirth = |b: &mut Bridge, at: u64| b.step(at, Input::Command(rebirth_command()));
+        let births = [(Kind::NBirth, None), (Kind::DBirth, Some("h07"))];
+        assert_eq!(kinds(&rebirth(&mut b, T)), births, "the first at once");
+        assert_eq!(b.take_notice(), None);
+        // Two more within 5 s: nothing now, one notice for the window.
+        assert!(rebirth(&mut b, T + 1_000).is_empty());
+        let due = T + REBIRTH_EVERY_MS;
+        let notice = Notice::RebirthsLimited { due, total: 1 };
+        assert_eq!(b.take_notice(), Some(notice));
+        assert!(rebirth(&mut b, T + 2_000).is_empty());
+        assert_eq!(b.take_notice(), None, "once per window");
+        assert!(b.step(due - 1, Input::Tick).is_empty());
+        // The window ends: one round of births for both.
+        let out = b.step(due, Input::Tick);
+        assert_eq!(kinds(&out), births);
+        let held = metric(&body(&out[0]), "bridge/rebirths_limited");
+        assert_eq!(held, Some(MetricValue::Long(2)));
+        assert!(b.step(due + 1_000, Input::Tick).is_empty(), "nothing waits");
+        // The births at the window's end start the next window.
+        assert!(rebirth(&mut b, due + 4_999).is_empty());
+        let notice = Notice::RebirthsLimited {
+            due: due + REBIRTH_EVERY_MS,
+            total: 3,
+        };
+        assert_eq!(b.take_notice(), Some(notice));
+        let out = b.step(due + REBIRTH_EVERY_MS, Input::Tick);
+        assert_eq!(kinds(&out), births);
+        // A quiet minute later, a request is carried out at once.
+        let later = due + 60_000;
+        assert_eq!(kinds(&rebirth(&mut b, later)), births);
+    }
+
+    #[test]
+    fn a_clock_set_back_or_a_new_session_does_not_hold_a_rebirth_back() {
+        let mut b = bridge();
+        connected(&mut b);
+        b.step(T, host_telemetry("h07", 61));
+        let rebirth = |b: &mut Bridge, at: u64| b.step(at, Input::Command(rebirth_command()));
+        assert!(!rebirth(&mut b, T + 60_000).is_empty());
+        assert!(
+            !rebirth(&mut b, T).is_empty(),
+            "the clock went back a minute"
+        );
+        assert!(rebirth(&mut b, T + 1).is_empty(), "held back");
+        // The connection is lost and made again: its births answer the
+        // waiting request, and no second round follows at the window's end.
+        b.step(T + 2, Input::ConnectionLost);
+        b.connecting(T + 3);
+        let out = b.step(T + 3, Input::Connected);
+        assert_eq!(kinds(&out)[0], (Kind::NBirth, None));
+        assert!(b.step(T + REBIRTH_EVERY_MS, Input::Tick).is_empty());
     }
 
     #[test]

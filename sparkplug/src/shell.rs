@@ -24,7 +24,7 @@ use rumqttc::{AsyncClient, Event, EventLoop, LastWill, MqttOptions, Outgoing, Pa
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
-use crate::bridge::{Bridge, BridgeConfig, Input, Publish};
+use crate::bridge::{Bridge, BridgeConfig, Input, Notice, Publish, REBIRTH_EVERY_MS};
 
 /// Requests the Sparkplug client queues before it refuses more.
 const QUEUE: usize = 4096;
@@ -238,7 +238,19 @@ impl Shell {
                 out.extend(self.core.step(now, Input::Connected));
                 out
             }
-            SparkplugEvent::Command(bytes) => self.core.step(now, Input::Command(bytes)),
+            SparkplugEvent::Command(bytes) => {
+                let out = self.core.step(now, Input::Command(bytes));
+                if let Some(Notice::RebirthsLimited { due, total }) = self.core.take_notice() {
+                    warn!(
+                        in_ms = due.saturating_sub(now),
+                        held_back = total,
+                        "rebirth requests come faster than one per {} s: the births go out once at \
+                         the window's end, for every request until then (bridge/rebirths_limited)",
+                        REBIRTH_EVERY_MS / 1000
+                    );
+                }
+                out
+            }
             SparkplugEvent::Acked | SparkplugEvent::Disconnected => Vec::new(),
             SparkplugEvent::Lost(why) => {
                 let broker = self.link.brokers.get(self.broker);
