@@ -210,6 +210,7 @@ fn counters(out: &mut Exposition, st: &ShellStats, cdu: &[(&str, &str)]) {
         (&HOST_REPORTS_REFUSED, st.host_reports_refused),
         (&LEASES_SENT, st.leases_sent),
         (&LIFTS_SENT, st.lifts_sent),
+        (&ACKS_FOREIGN, st.acks_foreign),
         (&PUBLISH_ERRORS, st.publish_errors),
     ];
     for (metric, v) in plain {

@@ -588,6 +588,58 @@ async fn hot_hosts_get_signed_cap_leases_and_their_acks_are_counted_and_a_lifted
     rig.stop().await;
 }
 
+/// An ack from `host` of command `seq` of the rig's CDU, with a limit in
+/// force of 640 W, as the host publishes it on its own ack topic.
+fn ack_from(host: &str, seq: u32) -> (Topic, Frame) {
+    let mut in_force = heapless::Vec::new();
+    let _ = in_force.push(GpuCap {
+        gpus: GpuSelector::All,
+        limit: Watts(640),
+    });
+    let frame = Frame {
+        sender: NodeId::new(Role::Host, host).unwrap(),
+        seq: 7,
+        time: now_ms(),
+        message: Message::Ack(Ack {
+            correlation: Correlation {
+                from: NodeId::new(Role::Cdu, CDU).unwrap(),
+                seq,
+            },
+            code: AckCode::Ok,
+            in_force,
+            detail: Text::default(),
+        }),
+    };
+    let topic = Topic::new(&id(SITE), Role::Host, &id(host), Family::Ack);
+    (topic, frame)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_from_hosts_not_in_the_host_list_are_counted_and_dropped() {
+    let Some(mut rig) = Rig::start().await else {
+        return;
+    };
+    let (probe, _rx) = rig.probe("otherhosts", &[]).await;
+    rig.wait_stats("the shell running", |s| s.steps >= 1).await;
+    // Hosts of the site this CDU does not cool, each acking a command
+    // "of" this CDU, then one of its own hosts.
+    for (i, host) in ["h16", "x-r9h3", "zz99"].iter().enumerate() {
+        let (topic, frame) = ack_from(host, 40 + i as u32);
+        probe.publish_frame(&topic, &frame).expect("published");
+    }
+    let (topic, frame) = ack_from("h03", 44);
+    probe.publish_frame(&topic, &frame).expect("published");
+    let s = rig
+        .wait_stats("the acks counted", |s| s.acks >= 1 && s.acks_foreign >= 3)
+        .await;
+    assert_eq!((s.acks, s.acks_ok, s.acks_foreign), (1, 1, 3));
+    let kept: Vec<&String> = s.in_force.keys().chain(s.last_ack.keys()).collect();
+    assert_eq!(kept, ["h03", "h03"], "only its own host is kept");
+    assert_eq!(s.last_ack["h03"].seq, 44);
+    let _ = probe.shutdown(Duration::from_secs(1)).await;
+    rig.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leak_closes_its_racks_valve_within_a_period_and_the_state_says_so() {
     let Some(mut rig) = Rig::start().await else {

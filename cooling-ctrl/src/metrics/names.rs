@@ -178,6 +178,10 @@ pub const ACKS: Metric = Metric::counter(
     "loopwarden_cdu_acks_total",
     "Acks of this controller's commands received, by result: ok (ok or clamped) or refused.",
 );
+pub const ACKS_FOREIGN: Metric = Metric::counter(
+    "loopwarden_cdu_acks_foreign_total",
+    "Acks naming this controller's commands from hosts not in its host list, dropped unread.",
+);
 pub const PUBLISHED: Metric = Metric::counter(
     "loopwarden_cdu_published_total",
     "Frames published by the controller, by kind: telemetry, state, event.",
@@ -290,6 +294,7 @@ pub const ALL: &[Metric] = &[
     LEASES_SENT,
     LIFTS_SENT,
     ACKS,
+    ACKS_FOREIGN,
     PUBLISHED,
     PUBLISH_ERRORS,
     EVENTS_DROPPED,

@@ -103,9 +103,31 @@ impl<P: CduPort> Shell<P> {
                 }
             }
             (Message::Ack(a), Family::Ack) if sender_ok && a.correlation.from == self.me => {
-                self.on_ack(msg.topic.node.as_str(), a);
+                if self.index.contains_key(&msg.topic.node) {
+                    self.on_ack(msg.topic.node.as_str(), a);
+                } else {
+                    self.foreign_ack(msg.topic.node.as_str());
+                }
             }
             _ => {}
+        }
+    }
+
+    /// An ack naming this CDU's command from a host that is not one of
+    /// its hosts: counted and dropped, never kept (the per-host maps hold
+    /// this CDU's hosts only, whatever the rest of the site sends). The
+    /// first is a warning, the rest debug lines.
+    fn foreign_ack(&mut self, host: &str) {
+        self.stats.acks_foreign += 1;
+        if self.stats.acks_foreign == 1 {
+            tracing::warn!(
+                "cooling shell: {host} acks a command of this CDU but is not among its hosts: \
+                 dropped (every such ack is counted in acks_foreign; the next ones are logged at debug)"
+            );
+        } else {
+            tracing::debug!(
+                "cooling shell: an ack from {host}, not among this CDU's hosts, dropped"
+            );
         }
     }
 

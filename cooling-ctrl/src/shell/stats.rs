@@ -177,6 +177,9 @@ pub struct ShellStats {
     pub acks_ok: u64,
     /// Of which anything else.
     pub acks_refused: u64,
+    /// Acks naming this CDU's commands from hosts not in its host list,
+    /// dropped (not in `acks`).
+    pub acks_foreign: u64,
     /// The limits in force the last ack of each host reported, by host id.
     pub in_force: BTreeMap<String, Vec<GpuCap>>,
     /// The last refusal: host id, code and detail.
