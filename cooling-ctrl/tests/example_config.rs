@@ -77,7 +77,12 @@ fn every_commented_setting_is_one_the_controller_takes() {
     assert_eq!(c.ambient_c, Some(35.0));
     let board = c.board.expect("the board's pins");
     assert_eq!(board.chip, Path::new("/dev/gpiochip0"));
-    assert_eq!(c.northbound, Some(([0, 0, 0, 0], 502).into()));
+    assert_eq!(c.northbound, Some(([10, 0, 3, 5], 502).into()));
+    let northbound = c.northbound.unwrap();
+    assert!(
+        !northbound.ip().is_unspecified(),
+        "the example binds the northbound server to the management address, never to every interface: {northbound}"
+    );
     assert!(!c.northbound_writes);
     assert_eq!(c.metrics_listen, Some(([10, 0, 3, 5], 9401).into()));
     assert_eq!(c.console, Path::new("/run/loopwarden/cooling-ctrl.sock"));
