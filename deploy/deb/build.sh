@@ -6,9 +6,11 @@
 # debug information; its symbols are kept on purpose, so that a backtrace
 # or the core dump of a hung agent names its functions), its systemd
 # unit, its example configuration under /etc/loopwarden/ (a conffile: an
-# upgrade never overwrites it), its copyright and its documentation. The maintainer scripts never enable
-# or start a service: an agent starts only once its configuration is
-# edited (docs/install.md).
+# upgrade never overwrites it), its copyright and its documentation, and
+# in the controller's a udev rule that gives the GPIO chips to group gpio.
+# The maintainer scripts never enable or start a service: an agent starts
+# only once its configuration is edited (docs/install.md). The
+# controller's postinst makes its system user, loopwarden-cdu.
 #
 # Needs cargo, dpkg-deb and dpkg-shlibdeps (dpkg-dev). Run it again at
 # will: it rebuilds only what changed and replaces the packages.
@@ -133,4 +135,5 @@ package loopwarden-cooling-ctrl cooling-ctrl cooling.md \
  the pumps as slow as the GPUs' margins allow, and leases power caps to
  its hosts when cooling falls short." \
   boards/cdus/sim-cdu.toml:usr/share/doc/loopwarden-cooling-ctrl/examples/register-map.toml \
-  boards/pins/sim-controller.toml:usr/share/doc/loopwarden-cooling-ctrl/examples/pins.toml
+  boards/pins/sim-controller.toml:usr/share/doc/loopwarden-cooling-ctrl/examples/pins.toml \
+  deploy/deb/60-loopwarden-gpio.rules:usr/lib/udev/rules.d/60-loopwarden-gpio.rules
