@@ -34,6 +34,8 @@
 //! | `modbus_timeout_ms` | 500 (at most the period) | one Modbus request, 10 ms to the period |
 //! | `ambient_c` | none (the core's design day, 35 °C) | fallback outdoor temperature, -50 to 60 °C; used only when no sensor reads (the CDU's `outdoor_temp`, or a value the BMS wrote in the last 300 s), and then the controller raises an alarm |
 //! | `console` | `/run/loopwarden/cooling-ctrl.sock` or under `$XDG_RUNTIME_DIR`/`/tmp` | console socket |
+//! | `console_max_connections` | 8 | connections the console socket keeps open at once, 1 to 256; one more is closed at once |
+//! | `console_socket_idle_s` | 60 | a console connection that sends no request (or takes no answer) this long is closed, 1 to 3600 s |
 //! | `console_serial` | none (no serial console) | the serial console's device (`/dev/ttyS1`; docs/cooling.md "Serial console") |
 //! | `console_serial_baud` | 115200 | its speed, 8N1 |
 //! | `console_password_hash` | none (`clear-leak`, `clear-pump` refused on the serial console) | the Argon2id hash of its password (`cooling-ctrl console-password`) |
@@ -43,6 +45,8 @@
 //! | `northbound` | none (no server) | the BMS's Modbus TCP server, `address:port` |
 //! | `northbound_writes` | false | the BMS may write the bounded holding registers |
 //! | `northbound_unit_id` | 1 (the northbound map's) | the Modbus unit id the northbound server answers, 1 to 247 (255 always reaches it; other ids get no answer) |
+//! | `northbound_max_connections` | 16 | connections the northbound server keeps open at once, 1 to 256; one more is closed at once |
+//! | `northbound_idle_s` | 120 | a northbound connection that sends no request this long is closed, 1 to 3600 s |
 //! | `facility_coordinator` | none (this CDU's setpoint sets its facility water) | a hall of several CDUs (site figures' `cdus`): the CDU whose facility water plan every CDU follows |
 //! | `facility_cdus` | none | the hall's CDUs in order; on the coordinator, itself among them |
 //! | `metrics_listen` | none (not served) | Prometheus's `/metrics`, `IP:PORT` or `:PORT` |
@@ -52,7 +56,7 @@
 //!
 //! `site`, `broker`, `embedded_broker`, `broker_user`,
 //! `broker_password_file`, the `tls_` fields, `keep_alive_s`,
-//! `json_presence`, `flash` and `console` are
+//! `json_presence`, `flash`, `console` and its bounds are
 //! the fields every agent has, declared and
 //! checked in `loopwarden_field::common`; the rest are the controller's.
 //! Exactly one of `cdu_tcp` and `cdu_serial`; at most one of `hosts` and
@@ -150,6 +154,8 @@ pub struct Config {
     pub ambient_c: Option<f32>,
     /// Console socket.
     pub console: PathBuf,
+    /// Its bounds: connections at once, idle time.
+    pub console_limits: loopwarden_field::listen::Limits,
     /// The serial console, if one is configured.
     pub serial: Option<loopwarden_field::serial::SerialConsole>,
     /// Flash file.
@@ -163,6 +169,8 @@ pub struct Config {
     pub northbound_writes: bool,
     /// The unit id the northbound server answers.
     pub northbound_unit_id: u8,
+    /// The northbound server's bounds: connections at once, idle time.
+    pub northbound_limits: loopwarden_field::listen::Limits,
     /// Where `/metrics` is served; `None`: not served.
     pub metrics_listen: Option<SocketAddr>,
     /// The board's pins on a GPIO chip; `None`: no board pins.
@@ -232,6 +240,7 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         addr: northbound,
         writes: northbound_writes,
         unit_id: northbound_unit_id,
+        limits: northbound_limits,
     } = northbound(&src, &file, flags)?;
     let facility = facility_role(&src, &file, &cdu, &core)?;
     let metrics_listen = metrics_listen(&src, &file, flags)?;
@@ -257,12 +266,14 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         modbus_timeout: timings.modbus_timeout,
         ambient_c: timings.ambient_c,
         console: common.console,
+        console_limits: common.console_limits,
         serial: common.serial,
         flash: common.flash,
         volatile_latch,
         northbound,
         northbound_writes,
         northbound_unit_id,
+        northbound_limits,
         facility,
         metrics_listen,
         board,
@@ -330,6 +341,40 @@ mod tests {
 
     const MIN: &str =
         "cdu = \"cdu-1\"\ndemo_key = true\ncdu_tcp = \"127.0.0.1:5020\"\nembedded_broker = true\n";
+
+    #[test]
+    fn the_northbound_bounds_default_read_refuse_with_their_line_and_need_an_address() {
+        let nb = format!("{MIN}northbound = \"127.0.0.1:5502\"\n");
+        let c = from(&nb).unwrap();
+        assert_eq!(c.northbound_limits, crate::northbound::LIMITS);
+        let l = c.northbound_limits;
+        assert_eq!((l.max_connections, l.idle.as_secs()), (16, 120));
+        let c = from(&format!(
+            "{nb}northbound_max_connections = 2\nnorthbound_idle_s = 5\n"
+        ))
+        .unwrap();
+        let l = c.northbound_limits;
+        assert_eq!((l.max_connections, l.idle.as_secs()), (2, 5));
+        let e = from(&format!("{nb}northbound_max_connections = 0\n")).unwrap_err();
+        assert_eq!(e.line, Some(6), "{e}");
+        assert!(
+            e.message
+                .contains("northbound_max_connections = 0 is out of range (1 to 256)"),
+            "{e}"
+        );
+        let e = from(&format!("{nb}northbound_idle_s = 86400\n")).unwrap_err();
+        assert_eq!(e.line, Some(6), "{e}");
+        assert!(e.message.contains("(1 to 3600 s)"), "{e}");
+        let e = from(&format!("{MIN}northbound_idle_s = 30\n")).unwrap_err();
+        assert_eq!(e.line, Some(5), "{e}");
+        assert_eq!(
+            e.message,
+            "northbound_idle_s needs a northbound address to serve"
+        );
+        // The console's bounds are the common fields'.
+        let c = from(&format!("{MIN}console_max_connections = 3\n")).unwrap();
+        assert_eq!(c.console_limits.max_connections, 3);
+    }
 
     #[test]
     fn the_northbound_unit_id_is_1_unless_set_and_1_to_247() {

@@ -118,9 +118,15 @@ pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
     field::console::bind(path, "controller")
 }
 
-/// Answers connections until the task is dropped.
-pub async fn serve(listener: UnixListener, ctx: Arc<Context>) {
-    field::console::serve_callers(listener, move |req: Request, caller| {
+/// Answers connections until the task is dropped, within `limits`
+/// (counted in `stats`).
+pub async fn serve(
+    listener: UnixListener,
+    ctx: Arc<Context>,
+    limits: field::listen::Limits,
+    stats: field::listen::ListenStats,
+) {
+    field::console::serve_callers(listener, limits, stats, move |req: Request, caller| {
         let ctx = ctx.clone();
         async move { answer(&ctx, req, caller).await }
     })

@@ -31,6 +31,7 @@ use cooling_core::Commands;
 use loopwarden_bus::prometheus::{
     self, with_labels, write_bus, write_recorder, BindError, Exposition,
 };
+use loopwarden_field::listen::{write_metrics, ListenStats};
 use loopwarden_protocol::message::CduMode;
 use tokio::task::JoinHandle;
 
@@ -48,6 +49,8 @@ pub struct CduMetrics {
     ctx: Arc<Context>,
     racks: usize,
     unprotected: u16,
+    /// The listeners whose refusals and idle closes are shown, by name.
+    listeners: Vec<(&'static str, ListenStats)>,
 }
 
 impl CduMetrics {
@@ -58,7 +61,15 @@ impl CduMetrics {
             ctx,
             racks: usize::from(layout.racks).min(16),
             unprotected: layout.unprotected,
+            listeners: Vec::new(),
         }
+    }
+
+    /// These metrics with the listener `name`'s counts
+    /// (`loopwarden_listener_*{listener="<name>"}`).
+    pub fn listener(mut self, name: &'static str, stats: ListenStats) -> Self {
+        self.listeners.push((name, stats));
+        self
     }
 
     /// The `/metrics` text, as of the shell's last step.
@@ -79,6 +90,9 @@ impl CduMetrics {
         }
         self.hosts(&mut out, &st, &cdu);
         write_recorder(&mut out, &self.ctx.recorder, &cdu);
+        for (name, stats) in &self.listeners {
+            write_metrics(&mut out, name, stats, &cdu);
+        }
         out.finish()
     }
 
@@ -394,7 +408,23 @@ mod tests {
                 .recorder,
             operator: None,
         });
-        let text = CduMetrics::new(ctx, &cfg.layout).render();
+        // The listeners given, each with its own series.
+        let console = ListenStats::default();
+        let northbound = ListenStats::default();
+        let text = CduMetrics::new(ctx, &cfg.layout)
+            .listener("console", console)
+            .listener("northbound", northbound)
+            .render();
+        for listener in ["console", "northbound"] {
+            let series = format!(r#"{{cdu="cdu-1",listener="{listener}"}}"#);
+            for name in [
+                "loopwarden_listener_connections",
+                "loopwarden_listener_refused_total",
+                "loopwarden_listener_idle_closed_total",
+            ] {
+                assert_eq!(value(&text, &format!("{name}{series}")), 0.0);
+            }
+        }
         for m in names::ESTIMATES {
             assert!(
                 text.contains(&format!("# HELP {} ", m.name))

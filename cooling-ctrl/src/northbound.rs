@@ -36,6 +36,12 @@
 //!   with exception 4;
 //! - any other function: exception 1.
 //!
+//! Connections: at most 16 at once (`northbound_max_connections`; one
+//! more is closed at once, unread), each closed after 120 s without a
+//! request (`northbound_idle_s`); refusals and idle closes are logged and
+//! counted (`loopwarden_listener_*{listener="northbound"}`). See
+//! [`LIMITS`] for why these.
+//!
 //! Unit ids: it answers its own (`northbound_unit_id`, the map's `unit_id`
 //! unless configured, 1 in the shipped map) and 255, the value the Modbus
 //! TCP implementation guide recommends for a server reached directly by
@@ -73,7 +79,7 @@ mod snapshot;
 
 pub use codec::{decode_write, encode_snapshot, sentinel, Image};
 pub use map::{check_map, northbound_map, MapError, MAP_TOML};
-pub use server::{addressed, serve, ANY_UNIT};
+pub use server::{addressed, serve, serve_within, ANY_UNIT, LIMITS};
 pub use snapshot::{
     pump_bits, snapshot_channel, snapshot_from, NorthboundSettings, NorthboundSnapshot,
     NorthboundWrite, FAULT_BIT, NOT_AVAILABLE_BIT,

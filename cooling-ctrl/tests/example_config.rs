@@ -86,6 +86,10 @@ fn every_commented_setting_is_one_the_controller_takes() {
     assert!(!c.northbound_writes);
     assert_eq!(c.metrics_listen, Some(([10, 0, 3, 5], 9401).into()));
     assert_eq!(c.console, Path::new("/run/loopwarden/cooling-ctrl.sock"));
+    let l = c.console_limits;
+    assert_eq!((l.max_connections, l.idle.as_secs()), (8, 60));
+    let l = c.northbound_limits;
+    assert_eq!((l.max_connections, l.idle.as_secs()), (16, 120));
 }
 
 #[test]

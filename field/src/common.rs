@@ -1,6 +1,7 @@
 //! The configuration every agent has: its site, its broker and the login
 //! to it (user and password, or TLS with the device's certificate), its
-//! flash file and its console socket.
+//! flash file and its console socket (with its bounds: connections at
+//! once and the idle time).
 //! Both agents declare these fields once, here ([`agent_file!`] for the
 //! file, [`agent_flags!`] with [`CommonFlags`] for the flags), and check them with one function
 //! ([`resolve`]); each agent adds its own fields and checks.
@@ -18,6 +19,7 @@ use loopwarden_bus::Brokers;
 use loopwarden_protocol::Ident;
 
 use crate::config::{credentials, ident, ConfigError, Sources};
+use crate::listen::Limits;
 use crate::pick;
 use crate::serial::SerialConsole;
 
@@ -26,8 +28,9 @@ use crate::serial::SerialConsole;
 /// agent's own. The common fields are `site`, `broker`, `embedded_broker`,
 /// `broker_user`, `broker_password_file`, `tls_ca`, `tls_cert`,
 /// `tls_key`, `tls_server_name`, `keep_alive_s`, `json_presence`,
-/// `flash`, `console`, and the serial console's `console_serial`,
-/// `console_serial_baud`, `console_password_hash` and `console_idle_s`;
+/// `flash`, `console`, `console_max_connections`, `console_socket_idle_s`,
+/// and the serial console's `console_serial`, `console_serial_baud`,
+/// `console_password_hash` and `console_idle_s`;
 /// [`common`](CommonFile) borrows them for [`resolve`].
 #[macro_export]
 macro_rules! agent_file {
@@ -60,6 +63,11 @@ macro_rules! agent_file {
             pub flash: Option<std::path::PathBuf>,
             /// Console socket.
             pub console: Option<std::path::PathBuf>,
+            /// Connections the console socket keeps open at once.
+            pub console_max_connections: Option<usize>,
+            /// Seconds before a console connection that sends no request
+            /// (or takes no answer) is closed.
+            pub console_socket_idle_s: Option<u64>,
             /// MQTT keep-alive, seconds.
             pub keep_alive_s: Option<u64>,
             /// The JSON `online` on a connection of its own, with a will.
@@ -91,6 +99,8 @@ macro_rules! agent_file {
                     tls_server_name: &self.tls_server_name,
                     flash: &self.flash,
                     console: &self.console,
+                    console_max_connections: &self.console_max_connections,
+                    console_socket_idle_s: &self.console_socket_idle_s,
                     keep_alive_s: &self.keep_alive_s,
                     json_presence: &self.json_presence,
                     console_serial: &self.console_serial,
@@ -156,6 +166,10 @@ pub struct CommonFile<'a> {
     pub flash: &'a Option<PathBuf>,
     /// Console socket.
     pub console: &'a Option<PathBuf>,
+    /// Connections the console socket keeps open at once.
+    pub console_max_connections: &'a Option<usize>,
+    /// Idle seconds before a console connection is closed.
+    pub console_socket_idle_s: &'a Option<u64>,
     /// MQTT keep-alive, seconds.
     pub keep_alive_s: &'a Option<u64>,
     /// The JSON `online` on a connection of its own.
@@ -213,6 +227,14 @@ pub struct CommonFlags {
     /// Console socket path.
     #[arg(long)]
     pub console: Option<PathBuf>,
+    /// Connections the console socket keeps open at once, 1 to 256 (one
+    /// more is closed at once); default 8.
+    #[arg(long)]
+    pub console_max_connections: Option<usize>,
+    /// Seconds before a console connection that sends no request, or
+    /// takes no answer, is closed, 1 to 3600; default 60.
+    #[arg(long)]
+    pub console_socket_idle_s: Option<u64>,
     /// MQTT keep-alive in seconds, 1 to 600; the broker declares the
     /// agent gone after 1.5 × this without a packet; default 5.
     #[arg(long)]
@@ -252,6 +274,8 @@ pub struct Common {
     pub flash: Option<PathBuf>,
     /// Console socket.
     pub console: PathBuf,
+    /// Its bounds: connections at once, idle time.
+    pub console_limits: Limits,
     /// MQTT keep-alive.
     pub keep_alive: std::time::Duration,
     /// The JSON `online` on a connection of its own
@@ -307,6 +331,26 @@ pub fn resolve(
         console: pick!(flags.console, *file.console, "console")
             .0
             .unwrap_or_else(default_console),
+        console_limits: listener_limits(
+            src,
+            (
+                "console_max_connections",
+                pick!(
+                    flags.console_max_connections,
+                    *file.console_max_connections,
+                    "console-max-connections"
+                ),
+            ),
+            (
+                "console_socket_idle_s",
+                pick!(
+                    flags.console_socket_idle_s,
+                    *file.console_socket_idle_s,
+                    "console-socket-idle-s"
+                ),
+            ),
+            Limits::CONSOLE,
+        )?,
         keep_alive: std::time::Duration::from_secs(crate::config::range(
             src,
             pick!(flags.keep_alive_s, *file.keep_alive_s, "keep-alive-s"),
@@ -320,6 +364,24 @@ pub fn resolve(
             .0
             .unwrap_or(true),
         serial: serial(src, file, flags)?,
+    })
+}
+
+/// A listener's bounds from its two keys, each with its picked value:
+/// the connections at once, 1 to 256, and the idle time, 1 to 3600 s;
+/// `default`'s where not given.
+pub fn listener_limits(
+    src: &Sources,
+    (max_key, max): (&str, (Option<usize>, Option<&str>)),
+    (idle_key, idle): (&str, (Option<u64>, Option<&str>)),
+    default: Limits,
+) -> Result<Limits, ConfigError> {
+    let max_connections =
+        crate::config::range(src, max, max_key, default.max_connections, 1, 256, "")?;
+    let idle_s = crate::config::range(src, idle, idle_key, default.idle.as_secs(), 1, 3600, " s")?;
+    Ok(Limits {
+        max_connections,
+        idle: std::time::Duration::from_secs(idle_s),
     })
 }
 
@@ -566,6 +628,54 @@ mod tests {
         );
         let e = check("json_presence = \"yes\"\n", &CommonFlags::default()).unwrap_err();
         assert_eq!(e.line, Some(1), "{e}");
+    }
+
+    #[test]
+    fn the_console_sockets_bounds_default_read_and_refuse_with_their_line() {
+        let c = check("site = \"a\"\n", &CommonFlags::default()).unwrap();
+        assert_eq!(c.console_limits, Limits::CONSOLE);
+        assert_eq!(
+            (
+                c.console_limits.max_connections,
+                c.console_limits.idle.as_secs()
+            ),
+            (8, 60)
+        );
+        let text = "console_max_connections = 2\nconsole_socket_idle_s = 5\n";
+        let c = check(text, &CommonFlags::default()).unwrap();
+        assert_eq!(
+            (
+                c.console_limits.max_connections,
+                c.console_limits.idle.as_secs()
+            ),
+            (2, 5)
+        );
+        let flags = CommonFlags {
+            console_max_connections: Some(3),
+            ..CommonFlags::default()
+        };
+        assert_eq!(
+            check(text, &flags).unwrap().console_limits.max_connections,
+            3
+        );
+        let e = check(
+            "site = \"a\"\nconsole_max_connections = 0\n",
+            &CommonFlags::default(),
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "a.toml line 2: console_max_connections = 0 is out of range (1 to 256)"
+        );
+        let e = check("console_socket_idle_s = 7200\n", &CommonFlags::default()).unwrap_err();
+        assert_eq!(e.line, Some(1), "{e}");
+        assert!(e.message.contains("(1 to 3600 s)"), "{e}");
+        let flags = CommonFlags {
+            console_socket_idle_s: Some(0),
+            ..CommonFlags::default()
+        };
+        let e = check("", &flags).unwrap_err();
+        assert!(e.to_string().contains("console_socket_idle_s = 0"), "{e}");
     }
 
     #[test]

@@ -4,21 +4,28 @@
 //! The server side binds the socket with mode 0660 and hands each parsed
 //! request to the agent's answer; the client side (`ctl`) sends one request
 //! and gives back the answer, or says on standard error why there is none.
+//! The server keeps at most [`Limits::max_connections`] connections open
+//! (one more is closed at once) and closes one that sends no request, or
+//! takes no answer, for [`Limits::idle`] ([`crate::listen`]; 8 and 60 s
+//! by default, `console_max_connections` and `console_socket_idle_s`).
 
 use std::future::Future;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
-use tokio::net::UnixListener;
+use tokio::net::{UnixListener, UnixStream};
 
 use crate::config::ConfigError;
+use crate::listen::{Bounded, Gate};
+pub use crate::listen::{Limits, ListenStats};
 
 /// Longest request line accepted.
 pub const MAX_REQUEST: usize = 4096;
@@ -56,17 +63,32 @@ pub fn bind(path: &Path, who: &str) -> std::io::Result<UnixListener> {
     Ok(listener)
 }
 
-/// Answers connections until the task is dropped: reads one line (at most
-/// [`MAX_REQUEST`] bytes), parses it as an `R` and writes `answer`'s value
-/// as one line; a line that cannot be read or parsed is answered with
-/// `{"error": …}`.
-pub async fn serve<R, F, Fut>(listener: UnixListener, answer: F)
+/// The gate of the console socket `listener`: `limits`, counted in
+/// `stats`.
+fn gate(listener: &UnixListener, limits: Limits, stats: ListenStats) -> Arc<Gate> {
+    let path = listener.local_addr().ok();
+    let name = match path.as_ref().and_then(|a| a.as_pathname()) {
+        Some(path) => format!("console socket {}", path.display()),
+        None => "console socket".into(),
+    };
+    Gate::new(name, "console_max_connections", limits, stats)
+}
+
+/// Answers connections until the task is dropped, at most
+/// `limits.max_connections` at once (counted in `stats`): reads one line
+/// (at most [`MAX_REQUEST`] bytes), parses it as an `R` and writes
+/// `answer`'s value as one line; a line that cannot be read or parsed is
+/// answered with `{"error": …}`.
+pub async fn serve<R, F, Fut>(listener: UnixListener, limits: Limits, stats: ListenStats, answer: F)
 where
     R: DeserializeOwned + Send + 'static,
     F: Fn(R) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = Value> + Send + 'static,
 {
-    serve_callers(listener, move |req: R, _: Caller| answer(req)).await
+    serve_callers(listener, limits, stats, move |req: R, _: Caller| {
+        answer(req)
+    })
+    .await
 }
 
 /// Who asked on the console socket: the peer's user id as the kernel
@@ -89,48 +111,85 @@ impl Caller {
 }
 
 /// As [`serve`], giving `answer` the [`Caller`] of each request.
-pub async fn serve_callers<R, F, Fut>(listener: UnixListener, answer: F)
-where
+pub async fn serve_callers<R, F, Fut>(
+    listener: UnixListener,
+    limits: Limits,
+    stats: ListenStats,
+    answer: F,
+) where
     R: DeserializeOwned + Send + 'static,
     F: Fn(R, Caller) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = Value> + Send + 'static,
 {
+    let gate = gate(&listener, limits, stats);
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of file descriptors, most likely: wait, not spin.
+                tracing::warn!("console socket: accepting a connection: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
         };
         let caller = Caller {
             uid: stream.peer_cred().ok().map(|c| c.uid()),
         };
-        let answer = answer.clone();
-        tokio::spawn(async move {
-            let (read, mut write) = stream.into_split();
-            let mut line = String::new();
-            let mut reader = tokio::io::BufReader::new(read).take(MAX_REQUEST as u64);
-            let value = match reader.read_line(&mut line).await {
-                Err(e) => json!({ "error": format!("reading the request: {e}") }),
-                Ok(_) => match serde_json::from_str::<R>(line.trim()) {
-                    Err(e) => json!({ "error": format!("bad request {:?}: {e}", line.trim()) }),
-                    Ok(req) => answer(req, caller).await,
-                },
-            };
-            let mut text = value.to_string();
-            text.push('\n');
-            let _ = write.write_all(text.as_bytes()).await;
-        });
+        // Over the cap: closed at once, unread.
+        let Some(slot) = gate.admit(&caller.operator()) else {
+            continue;
+        };
+        let conn = slot.bound(stream, caller.operator());
+        tokio::spawn(answer_one(conn, caller, answer.clone()));
     }
+}
+
+/// One connection: its request read, answered and the answer written.
+/// The time `answer` takes is not idle time; a connection that idled
+/// out before its request gets no answer.
+async fn answer_one<R, F, Fut>(conn: Bounded<UnixStream>, caller: Caller, answer: F)
+where
+    R: DeserializeOwned,
+    F: Fn(R, Caller) -> Fut,
+    Fut: Future<Output = Value>,
+{
+    let mut conn = tokio::io::BufReader::new(conn);
+    let mut line = String::new();
+    let value = match (&mut conn)
+        .take(MAX_REQUEST as u64)
+        .read_line(&mut line)
+        .await
+    {
+        Err(e) => json!({ "error": format!("reading the request: {e}") }),
+        Ok(0) if conn.get_ref().idled_out() => return,
+        Ok(_) => match serde_json::from_str::<R>(line.trim()) {
+            Err(e) => json!({ "error": format!("bad request {:?}: {e}", line.trim()) }),
+            Ok(req) => answer(req, caller).await,
+        },
+    };
+    let mut text = value.to_string();
+    text.push('\n');
+    let _ = conn.write_all(text.as_bytes()).await;
 }
 
 /// As [`serve`], answering each request with `answer(ctx, req)` on a
 /// clone of the agent's context `ctx`.
-pub async fn serve_with<C, R, F, Fut>(listener: UnixListener, ctx: C, answer: F)
-where
+pub async fn serve_with<C, R, F, Fut>(
+    listener: UnixListener,
+    limits: Limits,
+    stats: ListenStats,
+    ctx: C,
+    answer: F,
+) where
     C: Clone + Send + Sync + 'static,
     R: DeserializeOwned + Send + 'static,
     F: Fn(C, R) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Value> + Send + 'static,
 {
-    serve(listener, move |req: R| answer(ctx.clone(), req)).await
+    serve(listener, limits, stats, move |req: R| {
+        answer(ctx.clone(), req)
+    })
+    .await
 }
 
 /// Who `ctl` asks, for its messages.
@@ -267,14 +326,36 @@ pub fn ask(path: &Path, req: &impl Serialize, peer: &Peer) -> Result<Value, u8> 
     let _ = stream.set_read_timeout(Some(ANSWER_TIMEOUT));
     let mut line = serde_json::to_string(req).expect("requests serialise");
     line.push('\n');
-    if let Err(e) = stream.write_all(line.as_bytes()) {
-        eprintln!("sending the request: {e}");
-        return Err(2);
+    let closed = |e: &std::io::Error| {
+        use std::io::ErrorKind::{BrokenPipe, ConnectionReset};
+        matches!(e.kind(), BrokenPipe | ConnectionReset)
+    };
+    let unanswered = || {
+        eprintln!(
+            "the {} closed the connection without an answer: it keeps at most \
+             console_max_connections connections open at once (8 by default); try again, \
+             or see its log",
+            peer.who
+        );
+        Err(2)
+    };
+    match stream.write_all(line.as_bytes()) {
+        Err(e) if closed(&e) => return unanswered(),
+        Err(e) => {
+            eprintln!("sending the request: {e}");
+            return Err(2);
+        }
+        Ok(()) => {}
     }
     let mut answer = String::new();
-    if let Err(e) = BufReader::new(stream).read_line(&mut answer) {
-        eprintln!("reading the answer: {e}");
-        return Err(2);
+    match BufReader::new(stream).read_line(&mut answer) {
+        Ok(0) => return unanswered(),
+        Err(e) if closed(&e) => return unanswered(),
+        Err(e) => {
+            eprintln!("reading the answer: {e}");
+            return Err(2);
+        }
+        Ok(_) => {}
     }
     match serde_json::from_str(answer.trim()) {
         Ok(v) => Ok(v),
@@ -323,9 +404,13 @@ mod tests {
         let listener = rt.block_on(async { bind(&path, "agent") }).unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o660);
-        rt.spawn(serve(listener, |req: Value| async move {
-            json!({ "echo": req })
-        }));
+        let stats = ListenStats::default();
+        rt.spawn(serve(
+            listener,
+            Limits::CONSOLE,
+            stats,
+            |req: Value| async move { json!({ "echo": req }) },
+        ));
         let peer = Peer {
             who: "agent",
             program: "node-agent",
@@ -344,5 +429,98 @@ mod tests {
             ask(&dir.path().join("none.sock"), &json!({}), &peer),
             Err(2)
         );
+    }
+
+    const PEER: Peer<'static> = Peer {
+        who: "agent",
+        program: "node-agent",
+        default_socket: || PathBuf::from("/nonexistent.sock"),
+    };
+
+    /// An echoing console on a fresh socket with `limits`, in `rt`.
+    fn echo_console(
+        rt: &tokio::runtime::Runtime,
+        dir: &Path,
+        limits: Limits,
+    ) -> (PathBuf, ListenStats) {
+        let path = dir.join("x.sock");
+        let listener = rt.block_on(async { bind(&path, "agent") }).unwrap();
+        let stats = ListenStats::default();
+        rt.spawn(serve(
+            listener,
+            limits,
+            stats.clone(),
+            |req: Value| async move { json!({ "echo": req }) },
+        ));
+        (path, stats)
+    }
+
+    /// A client connected to `path` that has sent nothing yet, its reads
+    /// given up after 10 s.
+    fn silent_client(path: &Path) -> std::os::unix::net::UnixStream {
+        let s = std::os::unix::net::UnixStream::connect(path).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s
+    }
+
+    /// What the server sends on `s` until it closes.
+    fn read_to_close(mut s: std::os::unix::net::UnixStream) -> std::io::Result<String> {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut s, &mut text).map(|_| text)
+    }
+
+    #[test]
+    fn one_connection_over_the_cap_is_closed_at_once_while_the_first_still_answers() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let limits = Limits {
+            max_connections: 2,
+            idle: Duration::from_secs(60),
+        };
+        let (path, stats) = echo_console(&rt, dir.path(), limits);
+        let mut first = silent_client(&path);
+        let _second = silent_client(&path);
+        let third = silent_client(&path);
+        assert_eq!(
+            read_to_close(third).expect("closed, not left waiting"),
+            "",
+            "the connection over the cap is closed unanswered"
+        );
+        assert_eq!((stats.refused(), stats.open()), (1, 2));
+        // `ctl` over the cap: exit status 2, not a wait.
+        assert_eq!(ask(&path, &json!({"cmd": "status"}), &PEER), Err(2));
+        assert_eq!(stats.refused(), 2);
+        // The first, opened before, still answers.
+        first.write_all(b"{\"cmd\":\"status\"}\n").unwrap();
+        let answer = read_to_close(first).unwrap();
+        assert_eq!(answer, "{\"echo\":{\"cmd\":\"status\"}}\n");
+        // Its slot is free again: the next one is answered.
+        let v = ask(&path, &json!({"cmd": "gpus"}), &PEER).unwrap();
+        assert_eq!(v, json!({"echo": {"cmd": "gpus"}}));
+        assert_eq!(stats.refused(), 2);
+    }
+
+    #[test]
+    fn a_connection_that_sends_nothing_is_closed_after_the_idle_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let limits = Limits {
+            max_connections: 1,
+            idle: Duration::from_millis(300),
+        };
+        let (path, stats) = echo_console(&rt, dir.path(), limits);
+        let idle = silent_client(&path);
+        let started = std::time::Instant::now();
+        assert_eq!(read_to_close(idle).expect("closed by the agent"), "");
+        assert!(
+            started.elapsed() >= Duration::from_millis(300),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(stats.idle_closed(), 1);
+        // Its slot (the only one) is free again.
+        let v = ask(&path, &json!({"cmd": "caps"}), &PEER).unwrap();
+        assert_eq!(v, json!({"echo": {"cmd": "caps"}}));
+        assert_eq!((stats.idle_closed(), stats.refused()), (1, 0));
     }
 }

@@ -9,6 +9,9 @@
 //!   that is not a socket refused, mode 0660), serving one JSON line per
 //!   connection, and the client side of `ctl` (connect, send, read the
 //!   answer, exit status 2 when the peer cannot be asked).
+//! - [`listen`]: the bounds on a listener (the console socket, the
+//!   northbound Modbus server): a cap on open connections and an idle
+//!   timeout, logged and counted.
 //! - [`render`]: aligned tables and the cell text of a JSON value.
 //! - [`serial`]: the serial console, a line shell on the agent's serial
 //!   port answering the same commands, with a login for those that
@@ -35,6 +38,7 @@ pub mod common;
 pub mod config;
 pub mod console;
 pub mod lifecycle;
+pub mod listen;
 pub mod render;
 pub mod serial;
 pub mod time;

@@ -269,6 +269,8 @@ pub struct Config {
     pub flash: Option<PathBuf>,
     /// Console socket.
     pub console: PathBuf,
+    /// Its bounds: connections at once, idle time.
+    pub console_limits: loopwarden_field::listen::Limits,
     /// The serial console, if one is configured (read-only: see
     /// `console::SerialHost`).
     pub serial: Option<loopwarden_field::serial::SerialConsole>,
@@ -389,6 +391,7 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         unresponsive_after: timings.unresponsive_after,
         flash: common.flash,
         console: common.console,
+        console_limits: common.console_limits,
         serial: common.serial,
         authority: Authority {
             signers,

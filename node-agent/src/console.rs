@@ -71,11 +71,17 @@ pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
     field::console::bind(path, "agent")
 }
 
-/// Answers connections until the task is dropped.
-pub async fn serve(listener: UnixListener, ctx: Context) {
-    field::console::serve_with(listener, ctx, |ctx, req: Request| async move {
-        answer(&ctx, req).await
-    })
+/// Answers connections until the task is dropped, within `limits`
+/// (counted in the context's `console_stats`).
+pub async fn serve(listener: UnixListener, ctx: Context, limits: field::listen::Limits) {
+    let stats = ctx.console_stats.clone();
+    field::console::serve_with(
+        listener,
+        limits,
+        stats,
+        ctx,
+        |ctx, req: Request| async move { answer(&ctx, req).await },
+    )
     .await
 }
 

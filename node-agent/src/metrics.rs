@@ -138,6 +138,7 @@ pub fn render(ctx: &Context) -> String {
     }
     write_bus(&mut out, &ctx.bus.metrics(), ctx.bus.is_connected(), &host);
     write_recorder(&mut out, &ctx.recorder, &host);
+    loopwarden_field::listen::write_metrics(&mut out, "console", &ctx.console_stats, &host);
     out.finish()
 }
 

@@ -341,6 +341,7 @@ fn console_context(
         recorder: recorder.clone(),
         snapshot,
         nvml_costs: None,
+        console_stats: Default::default(),
     }
 }
 
@@ -358,7 +359,7 @@ async fn start_readers(
         .await
         .map_err(AgentError::Metrics)?;
     let serial = console::start_serial(config.serial.clone(), context.clone());
-    let console = tokio::spawn(console::serve(listener, context));
+    let console = tokio::spawn(console::serve(listener, context, config.console_limits));
     Ok(Readers::new(console_path, console, [serial, metrics]))
 }
 

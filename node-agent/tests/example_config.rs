@@ -74,6 +74,8 @@ fn every_commented_setting_is_one_the_agent_takes() {
     assert!(c.cooling_loss.any());
     assert_eq!(c.metrics_listen, Some(([10, 0, 1, 7], 9400).into()));
     assert_eq!(c.console, Path::new("/run/loopwarden/node-agent.sock"));
+    let l = c.console_limits;
+    assert_eq!((l.max_connections, l.idle.as_secs()), (8, 60));
     assert_eq!(c.site_limit, Some(loopwarden_protocol::Watts(600)));
 }
 

@@ -56,6 +56,11 @@ loopwarden_field::agent_file! {
         pub northbound_writes: Option<bool>,
         /// The unit id the northbound server answers.
         pub northbound_unit_id: Option<u8>,
+        /// Connections the northbound server keeps open at once.
+        pub northbound_max_connections: Option<usize>,
+        /// Seconds before a northbound connection without a request is
+        /// closed.
+        pub northbound_idle_s: Option<u64>,
         /// Prometheus's `/metrics` on this address (`IP:PORT`).
         pub metrics_listen: Option<String>,
         /// The board's pin map file.
@@ -153,6 +158,14 @@ loopwarden_field::agent_flags! {
         /// (255 always reaches it); default: 1.
         #[arg(long)]
         pub northbound_unit_id: Option<u8>,
+        /// Connections the northbound server keeps open at once, 1 to 256
+        /// (one more is closed at once); default 16.
+        #[arg(long)]
+        pub northbound_max_connections: Option<usize>,
+        /// Seconds before a northbound connection that sends no request is
+        /// closed, 1 to 3600; default 120.
+        #[arg(long)]
+        pub northbound_idle_s: Option<u64>,
         /// Serve Prometheus metrics at http://ADDR/metrics (`IP:PORT`, or
         /// `:PORT` for every interface); off by default.
         #[arg(long, value_name = "ADDR")]

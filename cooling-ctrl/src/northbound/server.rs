@@ -1,7 +1,10 @@
 //! The Modbus TCP server: the register file every connection shares
 //! (reads from the latest snapshot, writes handed to the shell) and
 //! [`serve`], the tokio-modbus service around it, which answers its own
-//! unit id ([`addressed`]).
+//! unit id ([`addressed`]). It keeps at most [`Limits::max_connections`]
+//! connections open (one more is closed at once, as a Modbus TCP server
+//! does when it has no room) and closes one that sends no request for
+//! [`Limits::idle`] ([`LIMITS`] by default; `loopwarden_field::listen`).
 
 use std::collections::BTreeSet;
 use std::future::{ready, Ready};
@@ -12,9 +15,10 @@ use std::vec::Vec;
 
 use loopwarden_boards::modbus_map::{Kind, RegisterMap};
 use loopwarden_boards::modbus_server::{answer, RegisterFile};
-use tokio::net::TcpListener;
+use loopwarden_field::listen::{Gate, Limits, ListenStats};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
-use tokio_modbus::server::tcp::{accept_tcp_connection, Server};
+use tokio_modbus::server::tcp::Server;
 use tokio_modbus::{ExceptionCode, Response, SlaveRequest};
 
 use super::{check_map, decode_write, encode_snapshot, NorthboundSnapshot, NorthboundWrite};
@@ -84,6 +88,19 @@ impl RegisterFile for State {
     }
 }
 
+/// The northbound server's bounds unless configured
+/// (`northbound_max_connections`, `northbound_idle_s`): a BMS or SCADA
+/// poller keeps one connection open and polls every few seconds, a slow
+/// poll (trends) every minute; with a historian, a commissioning laptop
+/// and a second BMS that is a handful of connections, and 16 leave room.
+/// 120 s is twice the slowest common poll, so a poller keeps its
+/// connection, while one left open by a client that went away is freed
+/// within two minutes.
+pub const LIMITS: Limits = Limits {
+    max_connections: 16,
+    idle: std::time::Duration::from_secs(120),
+};
+
 /// The unit id that reaches a Modbus TCP server itself, whatever its own
 /// (the Modbus TCP implementation guide's "non-significant" value).
 pub const ANY_UNIT: u8 = 255;
@@ -142,24 +159,42 @@ impl tokio_modbus::server::Service for Service {
 /// full channel refuses with exception 6. A map [`check_map`] refuses is an `InvalidInput`
 /// error before anything is served. When the snapshot sender is dropped it
 /// goes on serving the last snapshot (its `uptime` no longer advances).
+/// Its bounds are [`LIMITS`]; [`serve_within`] takes others.
 pub async fn serve(
     listener: TcpListener,
     map: RegisterMap,
     snapshots: watch::Receiver<NorthboundSnapshot>,
     writes: Option<mpsc::Sender<NorthboundWrite>>,
 ) -> io::Result<()> {
+    let stats = ListenStats::default();
+    serve_within(listener, map, snapshots, writes, LIMITS, stats).await
+}
+
+/// As [`serve`], keeping `limits` (connections at once, idle time),
+/// its refusals and idle closes counted in `stats`.
+pub async fn serve_within(
+    listener: TcpListener,
+    map: RegisterMap,
+    snapshots: watch::Receiver<NorthboundSnapshot>,
+    writes: Option<mpsc::Sender<NorthboundWrite>>,
+    limits: Limits,
+    stats: ListenStats,
+) -> io::Result<()> {
     check_map(&map).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(
             target: TARGET,
-            "northbound: serving {:?} on {addr} as unit {} (and {ANY_UNIT}), writes {}",
+            "northbound: serving {:?} on {addr} as unit {} (and {ANY_UNIT}), writes {}, \
+             at most {} connections, each closed after {} s without a request",
             map.model,
             map.unit_id,
             if writes.is_some() {
                 "enabled"
             } else {
                 "disabled"
-            }
+            },
+            limits.max_connections,
+            limits.idle.as_secs_f64()
         );
     }
     let state = Arc::new(State {
@@ -167,19 +202,146 @@ pub async fn serve(
         snapshots,
         writes,
     });
+    let gate = Gate::new(
+        "northbound Modbus server",
+        "northbound_max_connections",
+        limits,
+        stats,
+    );
     let server = Server::new(listener);
-    let on_connected = |stream, socket_addr: SocketAddr| {
+    let on_connected = |stream: TcpStream, peer: SocketAddr| {
         let state = state.clone();
+        let slot = gate.admit(&peer.to_string());
         async move {
-            accept_tcp_connection(stream, socket_addr, move |peer| {
-                Ok(Some(Service {
-                    state: state.clone(),
-                    peer,
-                    ignored: Mutex::default(),
-                }))
-            })
+            // Over the cap: `stream` is dropped unread, which closes it.
+            let Some(slot) = slot else {
+                return Ok(None);
+            };
+            let service = Service {
+                state,
+                peer,
+                ignored: Mutex::default(),
+            };
+            Ok(Some((service, slot.bound(stream, peer.to_string()))))
         }
     };
     let on_error = |e| tracing::warn!(target: TARGET, "northbound: Modbus connection failed: {e}");
     server.serve(&on_connected, on_error).await
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::net::TcpStream as StdStream;
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::northbound::{northbound_map, snapshot_channel};
+
+    /// The server with `limits` on a free loopback port, in `rt`: its
+    /// address and counts.
+    fn served(rt: &tokio::runtime::Runtime, limits: Limits) -> (SocketAddr, ListenStats) {
+        let listener = rt.block_on(TcpListener::bind("127.0.0.1:0")).expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (tx, rx) = snapshot_channel();
+        // The sender stays: the server reads the last snapshot either way.
+        std::mem::forget(tx);
+        let stats = ListenStats::default();
+        let counted = stats.clone();
+        rt.spawn(serve_within(
+            listener,
+            northbound_map(),
+            rx,
+            None,
+            limits,
+            counted,
+        ));
+        (addr, stats)
+    }
+
+    /// A client connected to `addr`, its reads given up after 10 s.
+    fn client(addr: SocketAddr) -> StdStream {
+        let s = StdStream::connect(addr).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s
+    }
+
+    /// Reads input register 0 (the mode) of unit 1 on `s`, as a BMS
+    /// does: the answer's function code and value.
+    fn read_mode(s: &mut StdStream, tid: u16) -> std::io::Result<(u8, u16)> {
+        let [t0, t1] = tid.to_be_bytes();
+        s.write_all(&[t0, t1, 0, 0, 0, 6, 1, 4, 0, 0, 0, 1])?;
+        let mut answer = [0u8; 11];
+        s.read_exact(&mut answer)?;
+        assert_eq!(&answer[..2], &[t0, t1], "the answer to this request");
+        Ok((answer[7], u16::from_be_bytes([answer[9], answer[10]])))
+    }
+
+    /// What the server sends on `s` before it closes: nothing, closed.
+    fn closed_unanswered(mut s: StdStream) -> bool {
+        let mut rest = Vec::new();
+        match s.read_to_end(&mut rest) {
+            Ok(_) => rest.is_empty(),
+            // A close with the client's bytes unread resets.
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        }
+    }
+
+    #[test]
+    fn a_connection_over_the_cap_is_closed_at_once_while_the_first_still_answers() {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let limits = Limits {
+            max_connections: 2,
+            idle: Duration::from_secs(60),
+        };
+        let (addr, stats) = served(&rt, limits);
+        let mut first = client(addr);
+        assert_eq!(read_mode(&mut first, 1).unwrap(), (4, 0), "boot");
+        let mut second = client(addr);
+        assert_eq!(read_mode(&mut second, 2).unwrap(), (4, 0));
+        let third = client(addr);
+        assert!(closed_unanswered(third), "the third is closed at once");
+        assert_eq!((stats.refused(), stats.open()), (1, 2));
+        // The first two still answer.
+        assert_eq!(read_mode(&mut first, 3).unwrap(), (4, 0));
+        assert_eq!(read_mode(&mut second, 4).unwrap(), (4, 0));
+        // One closes: its slot is taken by the next.
+        drop(first);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while stats.open() > 1 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let mut fourth = client(addr);
+        assert_eq!(read_mode(&mut fourth, 5).unwrap(), (4, 0));
+        assert_eq!(stats.refused(), 1);
+    }
+
+    #[test]
+    fn a_connection_without_a_request_is_closed_after_the_idle_time() {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let limits = Limits {
+            max_connections: 16,
+            idle: Duration::from_secs(1),
+        };
+        let (addr, stats) = served(&rt, limits);
+        let mut bms = client(addr);
+        assert_eq!(read_mode(&mut bms, 1).unwrap(), (4, 0));
+        let quiet_from = Instant::now();
+        assert!(closed_unanswered(bms), "closed by the server");
+        // The server's wait began as it sent the answer, a little before
+        // the client had it.
+        let quiet = quiet_from.elapsed();
+        assert!(
+            quiet >= Duration::from_millis(900),
+            "closed too soon: {quiet:?}"
+        );
+        assert_eq!((stats.idle_closed(), stats.open()), (1, 0));
+        // A poller that asks within the idle time keeps its connection.
+        let mut poller = client(addr);
+        for tid in 0..4 {
+            assert_eq!(read_mode(&mut poller, tid).unwrap(), (4, 0));
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        assert_eq!(stats.idle_closed(), 1);
+    }
 }

@@ -143,4 +143,6 @@ pub struct Context {
     pub snapshot: watch::Receiver<Option<Snapshot>>,
     /// What each NVML call has cost (`None` on simulated GPUs).
     pub nvml_costs: Option<crate::nvml::CallCosts>,
+    /// The console socket's refusals and idle closes.
+    pub console_stats: loopwarden_field::listen::ListenStats,
 }

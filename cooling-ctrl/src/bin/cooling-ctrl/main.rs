@@ -38,6 +38,7 @@ use cooling_ctrl::watchdog::{self, Notifier};
 use loopwarden_field::common::RunArgs;
 use loopwarden_field::console::{ctl_command, CtlArgs, EventsArgs};
 use loopwarden_field::lifecycle::{self, Readers, StartError, Supervision};
+use loopwarden_field::listen::ListenStats;
 
 #[cfg(feature = "twin")]
 mod simulate;
@@ -186,6 +187,7 @@ fn open_board(config: &config::Config) -> Result<Option<Box<dyn shell::BoardIo>>
 /// shell's link to it and its task.
 async fn start_northbound(
     config: &config::Config,
+    stats: ListenStats,
 ) -> Result<
     (
         Option<shell::NorthboundLink>,
@@ -216,8 +218,11 @@ async fn start_northbound(
         );
         let mut map = northbound::northbound_map();
         map.unit_id = config.northbound_unit_id;
+        let limits = config.northbound_limits;
         northbound_task = Some(tokio::spawn(async move {
-            if let Err(e) = northbound::serve(listener, map, snap_rx, writes_tx).await {
+            let served =
+                northbound::serve_within(listener, map, snap_rx, writes_tx, limits, stats).await;
+            if let Err(e) = served {
                 tracing::error!("cooling-ctrl: northbound Modbus server: {e}");
             }
         }));
@@ -227,6 +232,14 @@ async fn start_northbound(
         });
     }
     Ok((northbound_link, northbound_task))
+}
+
+/// What the controller's listeners refused and closed: the console
+/// socket's and the northbound server's counts.
+#[derive(Default)]
+struct Listeners {
+    console: ListenStats,
+    northbound: ListenStats,
 }
 
 async fn serve(config: config::Config, notifier: Notifier) -> Result<(), String> {
@@ -266,7 +279,10 @@ async fn serve(config: config::Config, notifier: Notifier) -> Result<(), String>
         recorder: recorder.clone(),
         operator: Some(operator_tx),
     };
-    let readers = start_readers(&config, Arc::new(ctx)).await?;
+    // What the console socket and the northbound server refuse and close,
+    // for /metrics.
+    let listeners = Listeners::default();
+    let readers = start_readers(&config, Arc::new(ctx), &listeners).await?;
     tracing::info!(
         "cooling-ctrl: CDU {} on {} ({}), console {}",
         config.cdu,
@@ -277,7 +293,8 @@ async fn serve(config: config::Config, notifier: Notifier) -> Result<(), String>
     let port =
         ModbusCdu::new(config.map.clone(), config.link.clone()).with_timeout(config.modbus_timeout);
     // The building management system's Modbus TCP server.
-    let (northbound_link, northbound_task) = start_northbound(&config).await?;
+    let (northbound_link, northbound_task) =
+        start_northbound(&config, listeners.northbound.clone()).await?;
     let opts = ShellOptions {
         stats: Some(stats_tx),
         credentials: config.credentials.clone(),
@@ -307,15 +324,21 @@ async fn serve(config: config::Config, notifier: Notifier) -> Result<(), String>
 async fn start_readers(
     config: &config::Config,
     ctx: Arc<console::Context>,
+    listeners: &Listeners,
 ) -> Result<Readers, String> {
     let listener = console::bind(&config.console)
         .map_err(|e| format!("console socket {}: {e}", config.console.display()))?;
-    let metrics = CduMetrics::new(ctx.clone(), &config.core.layout);
+    let mut metrics = CduMetrics::new(ctx.clone(), &config.core.layout)
+        .listener("console", listeners.console.clone());
+    if config.northbound.is_some() {
+        metrics = metrics.listener("northbound", listeners.northbound.clone());
+    }
     let metrics_task = cooling_ctrl::metrics::start(config.metrics_listen, metrics)
         .await
         .map_err(|e| e.to_string())?;
     let serial_task = console::start_serial(config.serial.clone(), ctx.clone());
-    let console_task = tokio::spawn(console::serve(listener, ctx));
+    let (limits, stats) = (config.console_limits, listeners.console.clone());
+    let console_task = tokio::spawn(console::serve(listener, ctx, limits, stats));
     Ok(Readers::new(
         config.console.clone(),
         console_task,
