@@ -21,8 +21,9 @@
 //! may = ["lease"]             # lease, release
 //! ```
 //!
-//! A name of `*` (`node = "cdu/*"`) stands for any signer of that role:
-//! the simulated hall's demonstration keyring uses it; a site should not.
+//! Every signer is named: `node = "cdu/*"` is refused. Only the twin's
+//! built-in demonstration keyring (no keyring file) takes any signer of a
+//! role, with the public demonstration key.
 //!
 //! Glossary:
 //! - *seed*: the 32 secret bytes an Ed25519 key is derived from.
@@ -118,9 +119,30 @@ fn unhex32(s: &str) -> Result<[u8; 32], String> {
     Ok(out)
 }
 
-/// Parses `role/name` (a signer: not a host); `*` as the name, for any of
-/// the role, only with `any_name`.
-pub(crate) fn signer_node(s: &str, any_name: bool) -> Result<(Role, Option<Ident>), String> {
+/// What a TOML error says. The TOML parser leaves some syntax errors
+/// without words (a control character in a comment): for those, the line
+/// and the character found there.
+fn toml_message(text: &str, e: &toml::de::Error) -> String {
+    let message = e.message().trim();
+    if !message.is_empty() {
+        return message.to_string();
+    }
+    let at = e.span().map_or(text.len(), |s| s.start.min(text.len()));
+    let line = text.as_bytes()[..at]
+        .iter()
+        .filter(|b| **b == b'\n')
+        .count()
+        + 1;
+    match text.get(at..).and_then(|rest| rest.chars().next()) {
+        Some(c) => format!("line {line}: {c:?} is not valid TOML here"),
+        None => format!("line {line}: not valid TOML"),
+    }
+}
+
+/// Parses `role/name` (a signer: not a host). A name of `*` (any signer
+/// of the role) is refused: with one shared key, anyone holding it could
+/// sign in any name of the role (an operator's release in another's).
+pub(crate) fn signer_node(s: &str) -> Result<(Role, Ident), String> {
     let (role, name) = s
         .split_once('/')
         .ok_or_else(|| format!("node = {s:?}: expected `<role>/<name>`, e.g. \"cdu/cdu1\""))?;
@@ -139,11 +161,15 @@ pub(crate) fn signer_node(s: &str, any_name: bool) -> Result<(Role, Option<Ident
             ))
         }
     };
-    if any_name && name == "*" {
-        return Ok((role, None));
+    if name == "*" {
+        return Err(format!(
+            "node = {s:?}: a signer of any name is for the twin's built-in demonstration \
+             keyring only; name each signer (\"{}/<name>\")",
+            role.as_str()
+        ));
     }
     let name = Ident::new(name).map_err(|e| format!("node = {s:?}: {e}"))?;
-    Ok((role, Some(name)))
+    Ok((role, name))
 }
 
 fn read(path: &Path, what: &str) -> Result<String, String> {
@@ -171,21 +197,57 @@ pub fn check_private(path: &Path, what: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Refuses a file that says who may command (`what`: a keyring, a sign
+/// key) when users other than its owner may change it: writable by its
+/// group or by others, or owned by someone other than root or the user
+/// this process runs as. Anyone who can write a keyring can add a signer.
+pub fn check_trusted(path: &Path, what: &str) -> Result<(), String> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(path)
+            .map_err(|e| format!("cannot read {what} {}: {e}", path.display()))?;
+        let mode = meta.mode();
+        if mode & 0o022 != 0 {
+            return Err(format!(
+                "{what} {} is writable by {} (mode {:o}): `chmod go-w` it, and check \
+                 that nobody changed it",
+                path.display(),
+                if mode & 0o002 != 0 {
+                    "others"
+                } else {
+                    "its group"
+                },
+                mode & 0o777
+            ));
+        }
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let me = unsafe { libc::geteuid() };
+        if meta.uid() != 0 && meta.uid() != me {
+            return Err(format!(
+                "{what} {} belongs to uid {}, neither root nor this process's user \
+                 (uid {me}): `chown root` it (or this service's user)",
+                path.display(),
+                meta.uid()
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Reads a sign key file; others than its owner and group must not be
-/// able to read it.
+/// able to read it, nor others than its owner write it.
 pub fn read_sign_key(path: &Path) -> Result<SignKey, String> {
     check_private(path, "sign key")?;
+    check_trusted(path, "sign key")?;
     parse_sign_key(&read(path, "sign key")?).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// Parses a sign key file's text.
 pub fn parse_sign_key(text: &str) -> Result<SignKey, String> {
-    let f: SignKeyFile = toml::from_str(text).map_err(|e| e.message().to_string())?;
-    let (role, name) = signer_node(&f.node, false)?;
-    let node = NodeId {
-        role,
-        id: name.expect("a named signer"),
-    };
+    let f: SignKeyFile = toml::from_str(text).map_err(|e| toml_message(text, &e))?;
+    let (role, id) = signer_node(&f.node)?;
+    let node = NodeId { role, id };
     let seed = unhex32(&f.secret_key).map_err(|e| format!("secret_key: {e}"))?;
     Ok(SignKey {
         node,
@@ -203,15 +265,17 @@ pub struct Keyring {
     pub signers: Vec<Signer>,
 }
 
-/// Reads a keyring file.
+/// Reads a keyring file: public, but only its owner (root or this
+/// process's user) may be able to change it ([`check_trusted`]).
 pub fn read_keyring(path: &Path) -> Result<Keyring, String> {
+    check_trusted(path, "keyring")?;
     parse_keyring(&read(path, "keyring")?).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// Parses a keyring's text. Each signer is checked: its node a signer's,
 /// its key a valid Ed25519 point, its rights known, no key twice.
 pub fn parse_keyring(text: &str) -> Result<Keyring, String> {
-    let f: KeyringFile = toml::from_str(text).map_err(|e| e.message().to_string())?;
+    let f: KeyringFile = toml::from_str(text).map_err(|e| toml_message(text, &e))?;
     let site = f
         .site
         .map(|s| Ident::new(&s).map_err(|e| format!("site = {s:?}: {e}")))
@@ -219,7 +283,8 @@ pub fn parse_keyring(text: &str) -> Result<Keyring, String> {
     let mut signers: Vec<Signer> = Vec::new();
     for (i, s) in f.signer.iter().enumerate() {
         let at = |e: String| format!("signer {} ({}): {e}", i + 1, s.node);
-        let (role, name) = signer_node(&s.node, true).map_err(at)?;
+        let (role, name) = signer_node(&s.node).map_err(at)?;
+        let name = Some(name);
         let bytes = unhex32(&s.public_key).map_err(|e| at(format!("public_key: {e}")))?;
         let key = VerifyingKey::from_bytes(&bytes)
             .map_err(|_| at("public_key is not an Ed25519 public key".into()))?;
@@ -341,7 +406,7 @@ mod tests {
             },
             Signer {
                 role: Role::Operator,
-                name: None,
+                name: Some(Ident::new("ops1").unwrap()),
                 key_id: 1,
                 key: key(2).key.verifying_key(),
                 may: May {
@@ -375,5 +440,41 @@ mod tests {
         let e = parse_keyring(&twice).unwrap_err();
         assert!(e.contains("signer 2") && e.contains("twice"), "{e}");
         assert!(parse_keyring("").unwrap_err().contains("no signer"));
+        let e = parse_keyring(&entry("operator/*", &pk, "\"release\"")).unwrap_err();
+        assert!(e.contains("demonstration keyring only"), "{e}");
+    }
+
+    #[test]
+    fn a_keyring_others_may_change_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keyring.toml");
+        let signer = Signer {
+            role: Role::Cdu,
+            name: Some(Ident::new("cdu1").unwrap()),
+            key_id: 1,
+            key: key(1).key.verifying_key(),
+            may: May {
+                lease: true,
+                release: false,
+            },
+        };
+        let site = Ident::new("hall-1").unwrap();
+        std::fs::write(&path, keyring_toml(&site, &[signer])).unwrap();
+        let mode = |m| std::fs::set_permissions(&path, std::fs::Permissions::from_mode(m)).unwrap();
+        mode(0o666);
+        let e = read_keyring(&path).unwrap_err();
+        assert!(e.contains("writable by others") && e.contains("666"), "{e}");
+        mode(0o664);
+        let e = read_keyring(&path).unwrap_err();
+        assert!(e.contains("writable by its group"), "{e}");
+        mode(0o644);
+        assert_eq!(read_keyring(&path).unwrap().signers.len(), 1, "public");
+        // Owned by another user: only root can make the file so.
+        if unsafe { libc::geteuid() } == 0 {
+            std::os::unix::fs::chown(&path, Some(4321), None).unwrap();
+            let e = read_keyring(&path).unwrap_err();
+            assert!(e.contains("belongs to uid 4321"), "{e}");
+        }
     }
 }

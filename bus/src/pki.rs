@@ -119,8 +119,8 @@ pub fn run(command: PkiCommand) -> anyhow::Result<()> {
 /// Writes a new sign key for `args.node`; returns the keyring entry to
 /// add to the hosts' keyrings, with a note of what to do.
 pub fn sign_key(args: &SignKeyArgs) -> Result<String, String> {
-    let (role, name) = signer_node(&args.node, false).map_err(|e| format!("--node: {e}"))?;
-    let name = ident("signer", name.expect("a named signer").as_str())?;
+    let (role, name) = signer_node(&args.node).map_err(|e| format!("--node: {e}"))?;
+    let name = ident("signer", name.as_str())?;
     let may = if args.may.is_empty() {
         May {
             lease: true,

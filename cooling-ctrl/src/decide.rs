@@ -196,6 +196,25 @@ impl Decider {
         &mut self.core
     }
 
+    /// Host `h`'s telemetry `t`, stamped `stamped`, heard at `at_ms` (the
+    /// decision path's clock) and `now` (the clock of its stamp): its
+    /// GPUs that no working GPU could be left out ([`hosts::Bounds`]), the
+    /// rest judged as [`Decider::hear_host`] does.
+    pub fn hear_telemetry(
+        &mut self,
+        h: usize,
+        t: &loopwarden_protocol::message::HostTelemetry,
+        stamped: TimestampMs,
+        (at_ms, now): (u64, TimestampMs),
+    ) -> Verdict {
+        let bounds = hosts::Bounds {
+            tdp_w: self.core.config().gpu.tdp_w,
+            supply_c: self.supply_c,
+        };
+        let heard = hosts::heard_of(t, stamped, at_ms, &bounds);
+        self.hear_host(h, &heard, now)
+    }
+
     /// Host `h`'s report as `heard` at `now` (the clock of its stamp):
     /// believed, or refused and why ([`hosts::implausible`]).
     pub fn hear_host(&mut self, h: usize, heard: &Heard, now: TimestampMs) -> Verdict {

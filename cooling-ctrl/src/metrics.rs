@@ -222,6 +222,7 @@ fn counters(out: &mut Exposition, st: &ShellStats, cdu: &[(&str, &str)]) {
         (&LATCH_WRITE_ERRORS, st.latch_write_errors),
         (&HOST_REPORTS, st.host_reports),
         (&HOST_REPORTS_REFUSED, st.host_reports_refused),
+        (&HOST_GPUS_LEFT_OUT, st.host_gpus_left_out),
         (&LEASES_SENT, st.leases_sent),
         (&LIFTS_SENT, st.lifts_sent),
         (&ACKS_FOREIGN, st.acks_foreign),

@@ -212,6 +212,7 @@ impl Ours {
                 stamped: TimestampMs(now_ms),
                 coldest: of_gpu(h.coldest),
                 most_drawn: of_gpu(h.most_drawn),
+                left_out: None,
             };
             let verdict = self.decider.hear_host(h.host, &heard, TimestampMs(now_ms));
             if let Verdict::Refused { why, new: true } = verdict {

@@ -525,6 +525,7 @@ pub fn check_broker(
                 .into(),
         ));
     }
+    check_password_on_plain_tcp(src, common)?;
     match (&common.broker, embedded, production) {
         (Some(_), true, _) => Err(src.error(
             flag,
@@ -540,6 +541,34 @@ pub fn check_broker(
             ),
         )),
         _ => Ok(()),
+    }
+}
+
+/// Refuses a broker password sent in the clear to another machine: with
+/// credentials and no TLS, every broker must be on this host's loopback
+/// (`127.0.0.0/8`, `::1`, `localhost`), where nobody on the network can
+/// read it.
+fn check_password_on_plain_tcp(src: &Sources, common: &Common) -> Result<(), ConfigError> {
+    let (Some(brokers), Some(_), None) = (&common.broker, &common.credentials, &common.tls) else {
+        return Ok(());
+    };
+    let loopback = |host: &str| {
+        host.eq_ignore_ascii_case("localhost")
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+    };
+    match brokers.iter().find(|b| !loopback(&b.host)) {
+        None => Ok(()),
+        Some(b) => Err(src.error(
+            None,
+            "broker_user",
+            format!(
+                "a broker password would cross the network in the clear to {b}: set \
+                 tls_ca (and the device's certificate) for that broker, or reach it on \
+                 this host's loopback"
+            ),
+        )),
     }
 }
 
@@ -676,6 +705,30 @@ mod tests {
         };
         let e = check("", &flags).unwrap_err();
         assert!(e.to_string().contains("console_socket_idle_s = 0"), "{e}");
+    }
+
+    #[test]
+    fn a_broker_password_never_crosses_the_network_in_the_clear() {
+        let dir = tempfile::tempdir().unwrap();
+        let pw = dir.path().join("pw");
+        std::fs::write(&pw, "secret\n").unwrap();
+        let with = |broker: &str| {
+            let text = format!(
+                "site = \"a\"\nbroker = \"{broker}\"\nbroker_user = \"h01\"\n\
+                 broker_password_file = {pw:?}\n"
+            );
+            let src = Sources::new(Some(Path::new("a.toml")), &text);
+            let c = check(&text, &CommonFlags::default()).unwrap();
+            check_broker(&src, &c, None)
+        };
+        let e = with("10.0.0.5:1883").unwrap_err();
+        assert_eq!(e.line, Some(3), "{e}");
+        assert!(e.message.contains("in the clear to 10.0.0.5:1883"), "{e}");
+        let e = with("127.0.0.1:1883,broker.site:1883").unwrap_err();
+        assert!(e.message.contains("broker.site:1883"), "{e}");
+        for local in ["127.0.0.1:1883", "[::1]:1883", "localhost:1883"] {
+            assert!(with(local).is_ok(), "{local}");
+        }
     }
 
     #[test]

@@ -67,6 +67,10 @@ const XID_DROPPED: Metric = Metric::counter(
     "loopwarden_xid_queue_dropped_total",
     "XID events the bounded queue dropped in storms since the agent started.",
 );
+const ACKS_WITHHELD: Metric = Metric::counter(
+    "loopwarden_acks_withheld_total",
+    "Acks to refused commands not sent, over a sender's rate (10 in a row, then one a second): a flood on the host's cmd topic.",
+);
 const COOLING: Metric = Metric::gauge(
     "loopwarden_cooling_loss_phase",
     "Where the host is in a cooling loss, as a state set: 1 for its phase (cooled, draining, powered_down), 0 for the others.",
@@ -190,6 +194,7 @@ fn loop_state(out: &mut Exposition, s: &Snapshot, host: &[(&str, &str)]) {
     out.flag(&XID_WATCH_UP, host, s.xid_watch_down.is_none());
     out.sample(&XID_QUEUED, host, s.xids_queued as f64);
     out.sample(&XID_DROPPED, host, s.xids_dropped as f64);
+    out.sample(&ACKS_WITHHELD, host, s.acks_withheld as f64);
     out.sample(&LEASES, host, s.leases.len() as f64);
     use node_core::cooling_loss::Phase;
     for (name, on) in [
@@ -384,6 +389,7 @@ mod tests {
             leases: Vec::new(),
             xids_queued: 0,
             xids_dropped: 0,
+            acks_withheld: 0,
             xid_watch_down: None,
             stalled_since: None,
             cooling: Default::default(),

@@ -68,6 +68,7 @@ mod effects;
 mod limits;
 mod publishing;
 mod quarantine;
+mod replay_floor;
 mod sampling;
 pub use sampling::observation;
 mod snapshot;
@@ -231,6 +232,7 @@ async fn run_agent(
     startup::restore_health(&mut node, &mut store).await;
     limits::restore(&mut node, &gpus, &mut store).await;
     node.restore_cooling(cooling::restore(&mut store).await);
+    replay_floor::restore(&mut node, &replay_floor::signers(&config), &mut store).await;
     let startup::BusParts {
         bus,
         mut inbound,

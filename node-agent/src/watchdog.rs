@@ -69,6 +69,7 @@ mod tests {
             leases: Vec::new(),
             xids_queued: 0,
             xids_dropped: 0,
+            acks_withheld: 0,
             xid_watch_down: None,
             stalled_since: None,
             cooling: Default::default(),

@@ -704,13 +704,24 @@ fn publish_cdu_state(rig: &Rig, rack2_lost: bool) {
             })
             .collect(),
         facility: None,
+        auth: CommandAuth::default(),
     };
-    let f = Frame {
+    let mut f = Frame {
         sender: NodeId::new(Role::Cdu, "cdu-a").expect("ident"),
         seq: if rack2_lost { 1 } else { 2 },
         time: now(),
         message: Message::CduState(state),
     };
+    // Signed as the twin's controllers sign, with the demonstration key
+    // the agent's demo keyring holds.
+    let topic = loopwarden_protocol::Topic::new(
+        &loopwarden_protocol::Ident::new(SITE).expect("ident"),
+        Role::Cdu,
+        &loopwarden_protocol::Ident::new("cdu-a").expect("ident"),
+        loopwarden_protocol::Family::Health,
+    );
+    f.sign(&topic, 1, &loopwarden_protocol::samples::demo_signing_key())
+        .expect("signs");
     let mut buf = [0u8; 2048];
     let n = f.encode(&mut buf).expect("encodes");
     rig.publish(&format!("dc/v2/{SITE}/cdu/cdu-a/health"), &buf[..n], true);

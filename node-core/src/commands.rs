@@ -129,7 +129,7 @@ impl Authority {
 
     /// Why `frame`, authentic, may not be acted on here; `None` if it may.
     fn forbids(&self, frame: &Frame) -> Option<String> {
-        let key_id = frame.command_auth()?.key_id;
+        let key_id = frame.signed_auth()?.key_id;
         let may = self
             .signers
             .iter()
@@ -149,6 +149,10 @@ impl Authority {
                 "{who} signed a release in the name of {}: a release names its signer",
                 r.operator
             )),
+            Message::CapLease(l) if !source_fits(l.source, frame.sender.role) => Some(format!(
+                "{who} may not send a lease in the name of {}: a lease's source is its signer's role",
+                l.source
+            )),
             Message::CapLease(_)
                 if frame.sender.role == Role::Cdu
                     && self.cdu.as_ref() != Some(&frame.sender.id) =>
@@ -165,6 +169,21 @@ impl Authority {
     }
 }
 
+/// Whether a lease from a signer of `role` may name `source`: a CDU
+/// controller's is `cooling`, a facility system's `facility_budget`, an
+/// operator's `operator`, so the source a lease is shown and arbitrated
+/// under is its signer's (`thermal_guard` is refused earlier, as the
+/// host's own).
+fn source_fits(source: CapSource, role: Role) -> bool {
+    matches!(
+        (source, role),
+        (CapSource::Cooling, Role::Cdu)
+            | (CapSource::FacilityBudget, Role::Facility)
+            | (CapSource::Operator, Role::Operator)
+            | (CapSource::ThermalGuard, _)
+    )
+}
+
 /// The command core of one host.
 #[derive(Debug, Clone)]
 pub struct CommandCore {
@@ -172,6 +191,8 @@ pub struct CommandCore {
     own: Topic,
     authority: Authority,
     last_seq: HashMap<NodeId, u32>,
+    /// The seq and stamp of the last CDU state taken.
+    last_state: Option<(u32, TimestampMs)>,
     arbiter: CapArbiter,
     /// The wall clock minus steady time, ms (see
     /// [`CommandCore::set_wall_offset`]).
@@ -197,6 +218,7 @@ impl CommandCore {
             own,
             authority,
             last_seq: HashMap::new(),
+            last_state: None,
             arbiter: CapArbiter::with_limits(ranges, limits),
             wall_offset: 0,
         }
@@ -287,17 +309,62 @@ impl CommandCore {
         }
     }
 
+    /// Whether a CDU state that came on `topic` (the `health` topic of
+    /// `cdu`, the host's CDU) may be taken as this host's cooling context
+    /// at `now` (wall clock): sent and signed by `cdu` with a key of the
+    /// keyring, fresh ([`check_cdu_state`]), and no replay of a state
+    /// older than the last one taken. `Err` says why not; a state refused
+    /// changes nothing.
+    pub fn cdu_state(
+        &mut self,
+        cdu: &Ident,
+        topic: &Topic,
+        frame: &Frame,
+        now: TimestampMs,
+    ) -> Result<(), String> {
+        check_cdu_state(cdu, frame, now)?;
+        if frame
+            .signed_auth()
+            .is_some_and(|a| a.signature == [[0; 32]; 2])
+        {
+            return Err(format!(
+                "cdu/{cdu}'s state is unsigned (a controller older than protocol 2.7, or one \
+                 with no sign key): a host takes only a signed state"
+            ));
+        }
+        self.authenticate_on(topic, "its state topic", frame)
+            .map_err(|e| format!("cdu/{cdu}'s state: {e}"))?;
+        if let Some((seq, time)) = self.last_state {
+            // A controller that lost its counter restarts it, but its
+            // clock goes on: only a state older on both is a replay.
+            if frame.seq < seq && frame.time <= time {
+                return Err(format!(
+                    "cdu/{cdu}'s state seq {} is older than seq {seq}, the last taken: a replay",
+                    frame.seq
+                ));
+            }
+        }
+        self.last_state = Some((frame.seq, frame.time));
+        Ok(())
+    }
+
     fn authenticate(&self, frame: &Frame) -> Result<(), String> {
+        self.authenticate_on(&self.own, "this host", frame)
+    }
+
+    /// Checks `frame`'s signature for `topic` (`target` in words) against
+    /// the keyring.
+    fn authenticate_on(&self, topic: &Topic, target: &str, frame: &Frame) -> Result<(), String> {
         let signers = &self.authority.signers;
         let keys = |who: &NodeId, id: u8| signers.iter().find(|s| s.is(who, id)).map(|s| &s.key);
-        frame.verify(&self.own, keys).map_err(|e| match e {
+        frame.verify(topic, keys).map_err(|e| match e {
             AuthError::UnknownKey(id) => format!(
                 "the keyring holds no key {id} for {}/{}",
                 frame.sender.role.as_str(),
                 frame.sender.id.as_str()
             ),
             AuthError::BadSignature => format!(
-                "the signature does not verify with {}/{}'s key for this host",
+                "the signature does not verify with {}/{}'s key for {target}",
                 frame.sender.role.as_str(),
                 frame.sender.id.as_str()
             ),
@@ -322,7 +389,7 @@ impl CommandCore {
                     .lease(
                         self.steady(now),
                         &frame.sender,
-                        self.steady(frame.time),
+                        self.steady(frame.time.min(now)),
                         lease
                     )
                     .code,
@@ -330,6 +397,20 @@ impl CommandCore {
             ),
             _ => false,
         }
+    }
+
+    /// The last sequence number accepted from `sender`: the floor a
+    /// command from it must be above, kept in flash so that a restart does
+    /// not forget it.
+    pub fn replay_floor(&self, sender: &NodeId) -> Option<u32> {
+        self.last_seq.get(sender).copied()
+    }
+
+    /// Takes back a floor kept before a restart ([`CommandCore::replay_floor`]):
+    /// commands from `sender` at or below `seq` are replays.
+    pub fn restore_replay_floor(&mut self, sender: &NodeId, seq: u32) {
+        let last = self.last_seq.entry(sender.clone()).or_insert(0);
+        *last = (*last).max(seq);
     }
 
     fn no_such_gpu(&self, gpu: u8) -> String {
@@ -353,7 +434,9 @@ impl CommandCore {
         if lease.duration.0 == 0 {
             return Verdict::refuse(AckCode::Malformed, "the lease lasts 0 ms".into());
         }
-        let (at, sent) = (self.steady(now), self.steady(frame.time));
+        // A lease runs from the earlier of its stamp and this host's clock:
+        // a stamp ahead of the clock never lengthens it.
+        let (at, sent) = (self.steady(now), self.steady(frame.time.min(now)));
         let outcome = self.arbiter.lease(at, &frame.sender, sent, lease);
         let detail = match outcome.code {
             AckCode::Ok => String::new(),
@@ -730,6 +813,28 @@ mod tests {
     }
 
     #[test]
+    fn a_leases_source_is_its_signers_role() {
+        let mut c = core();
+        let as_jdoe = |seq: u32, source: CapSource| {
+            let mut f = lease_frame(seq, 1_000, &[(gpu(0), 300)], 30_000);
+            f.sender = NodeId::new(Role::Operator, "jdoe").unwrap();
+            if let Message::CapLease(l) = &mut f.message {
+                l.source = source;
+            }
+            f.sign(&own(), 1, &key()).unwrap();
+            f
+        };
+        for (seq, source) in [(1, CapSource::Cooling), (2, CapSource::FacilityBudget)] {
+            let v = c.command(TimestampMs(1_000), &as_jdoe(seq, source));
+            assert_eq!(v.code, AckCode::Forbidden, "{}", v.detail);
+            assert!(v.detail.contains("in the name of"), "{}", v.detail);
+        }
+        assert_eq!(c.targets(TimestampMs(1_000))[0].limit, Watts(700));
+        let v = c.command(TimestampMs(1_000), &as_jdoe(3, CapSource::Operator));
+        assert_eq!(v.code, AckCode::Ok, "{}", v.detail);
+    }
+
+    #[test]
     fn a_cdu_state_counts_only_from_the_hosts_cdu_and_when_fresh() {
         let cdu = loopwarden_protocol::Ident::new("cdu-a").unwrap();
         let mut f = samples::frame(loopwarden_protocol::MessageKind::CduState);
@@ -762,6 +867,64 @@ mod tests {
     }
 
     #[test]
+    fn a_cdu_state_counts_only_signed_by_the_hosts_cdu_and_never_replayed() {
+        let cdu = loopwarden_protocol::Ident::new("cdu-a").unwrap();
+        let topic = samples::cdu_state_topic();
+        let mut c = CommandCore::new(own(), vec![], Authority::demo(Some(cdu.clone())));
+        let good = samples::frame(loopwarden_protocol::MessageKind::CduState);
+        let now = good.time;
+        assert_eq!(c.cdu_state(&cdu, &topic, &good, now), Ok(()));
+        assert_eq!(
+            c.cdu_state(&cdu, &topic, &good, now),
+            Ok(()),
+            "the same state again (a retained copy) still counts"
+        );
+        let mut unsigned = good.clone();
+        if let Message::CduState(st) = &mut unsigned.message {
+            st.auth = CommandAuth::default();
+        }
+        let e = c.cdu_state(&cdu, &topic, &unsigned, now).unwrap_err();
+        assert!(e.contains("unsigned"), "{e}");
+        let mut forged = good.clone();
+        forged.seq += 1;
+        forged.sign(&topic, 1, &key()).unwrap();
+        let e = c.cdu_state(&cdu, &topic, &forged, now).unwrap_err();
+        assert!(e.contains("does not verify"), "{e}");
+        // Signed for cdu-b's topic, sent on cdu-a's.
+        let cdu_b = Topic::new(
+            &loopwarden_protocol::Ident::new("hall-1").unwrap(),
+            Role::Cdu,
+            &loopwarden_protocol::Ident::new("cdu-b").unwrap(),
+            loopwarden_protocol::Family::Health,
+        );
+        let mut moved = good.clone();
+        moved.seq += 1;
+        moved.sign(&cdu_b, 1, &samples::demo_signing_key()).unwrap();
+        assert!(c.cdu_state(&cdu, &topic, &moved, now).is_err());
+        // A newer state, then the older one again: refused as a replay.
+        let sign = |seq: u32, time: u64| {
+            let mut f = good.clone();
+            (f.seq, f.time) = (seq, TimestampMs(time));
+            f.sign(&topic, 1, &samples::demo_signing_key()).unwrap();
+            f
+        };
+        let newer = sign(good.seq + 5, now.0 + 1_000);
+        assert_eq!(c.cdu_state(&cdu, &topic, &newer, now), Ok(()));
+        let e = c.cdu_state(&cdu, &topic, &good, now).unwrap_err();
+        assert!(e.contains("a replay"), "{e}");
+        // A controller whose counter restarted, with a later stamp, counts.
+        let restarted = sign(3, now.0 + 2_000);
+        assert_eq!(c.cdu_state(&cdu, &topic, &restarted, now), Ok(()));
+        // A key not in the keyring: no key.
+        let mut other_id = good.clone();
+        other_id
+            .sign(&topic, 7, &samples::demo_signing_key())
+            .unwrap();
+        let e = c.cdu_state(&cdu, &topic, &other_id, now).unwrap_err();
+        assert!(e.contains("no key 7"), "{e}");
+    }
+
+    #[test]
     fn a_lease_whose_key_left_the_keyring_is_not_restored() {
         let f = lease_frame(1, 1_000, &[(gpu(0), 300)], 30_000);
         assert!(core().restore(TimestampMs(2_000), &f));
@@ -790,6 +953,23 @@ mod tests {
             assert_eq!(v.code, AckCode::Expired);
             assert!(v.detail.contains("in the future"), "{}", v.detail);
         }
+    }
+
+    #[test]
+    fn a_lease_stamped_ahead_of_the_hosts_clock_lasts_no_longer() {
+        let mut c = core();
+        // Stamped 4 minutes ahead (within the 5 minutes a stamp may be
+        // off), for 10 minutes: it ends 10 minutes after it came, not 14.
+        let f = lease_frame(1, 241_000, &[(gpu(0), 300)], 600_000);
+        assert_eq!(c.command(TimestampMs(1_000), &f).code, AckCode::Ok);
+        assert_eq!(c.next_expiry(), Some(TimestampMs(601_000)));
+        assert_eq!(c.targets(TimestampMs(600_999))[0].limit, Watts(300));
+        assert_eq!(c.targets(TimestampMs(601_000))[0].limit, Watts(700));
+        // A stamp behind the clock still counts from the stamp.
+        let mut d = core();
+        let f = lease_frame(1, 1_000, &[(gpu(0), 300)], 600_000);
+        assert_eq!(d.command(TimestampMs(61_000), &f).code, AckCode::Ok);
+        assert_eq!(d.next_expiry(), Some(TimestampMs(601_000)));
     }
 
     #[test]

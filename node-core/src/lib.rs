@@ -31,6 +31,7 @@
 
 #![warn(missing_docs)]
 
+pub mod ack_limit;
 pub mod caps;
 pub mod commands;
 pub mod cooling_loss;

@@ -244,6 +244,14 @@ pub enum Effect {
     KeepLimits(Vec<KeptLimit>),
     /// Keep the cooling-loss phase in flash (its time on the wall clock).
     KeepCooling(Phase),
+    /// Keep in flash the last sequence number accepted from a signer
+    /// ([`Node::restore_replay_floor`] takes it back after a restart).
+    KeepReplayFloor {
+        /// The signer.
+        sender: loopwarden_protocol::NodeId,
+        /// Its command's sequence number.
+        seq: u32,
+    },
     /// Run a cooling-loss step's configured commands, in order.
     RunCooling {
         /// The step.
@@ -300,6 +308,8 @@ pub struct Node {
     xid_log: XidLog,
     rounds: u64,
     pending: Option<frames::Pending>,
+    /// The rate limit on acks to refused commands.
+    ack_limit: crate::ack_limit::AckLimit,
     /// Limits being set: the changes of source already known, and whether
     /// it is the stop's restoration.
     reconciling: Option<limits::Reconciling>,
@@ -352,6 +362,7 @@ impl Node {
             xid_log: XidLog::default(),
             rounds: 0,
             pending: None,
+            ack_limit: Default::default(),
             reconciling: None,
         }
     }
@@ -360,6 +371,12 @@ impl Node {
     /// (wall clock) if still valid; whether it was.
     pub fn restore_command(&mut self, now: TimestampMs, frame: &Frame) -> bool {
         self.commands.restore(now, frame)
+    }
+
+    /// The last sequence number accepted from `sender` before a restart
+    /// ([`Effect::KeepReplayFloor`]): what it sent at or below is a replay.
+    pub fn restore_replay_floor(&mut self, sender: &loopwarden_protocol::NodeId, seq: u32) {
+        self.commands.restore_replay_floor(sender, seq);
     }
 
     /// A GPU's health kept from before a restart.
@@ -403,7 +420,7 @@ impl Node {
                 self.reconcile(now, false, &mut out);
             }
             Input::Logged(result) => self.logged(result, &mut out),
-            Input::Acknowledge => self.acknowledge(&mut out),
+            Input::Acknowledge => self.acknowledge(now, &mut out),
             Input::Stop => self.stop(now, &mut out),
         }
         out
@@ -468,6 +485,11 @@ impl Node {
             out.push(Effect::PublishHealth);
         }
         self.rounds += 1;
+    }
+
+    /// Acks to refused commands withheld by the rate limit since start.
+    pub fn acks_withheld(&self) -> u64 {
+        self.ack_limit.withheld()
     }
 
     /// When the next lease lapses (steady time), if any.

@@ -47,6 +47,8 @@ struct Host {
     quarantined: Vec<u8>,
     cooling: Vec<CoolingStep>,
     kept_phase: Vec<Phase>,
+    /// The replay floors kept in flash, each time.
+    kept_floors: Vec<(NodeId, u32)>,
     logged_commands: usize,
     /// The limits kept in flash, each time.
     kept_limits: Vec<Vec<KeptLimit>>,
@@ -127,6 +129,7 @@ impl Host {
             quarantined: Vec::new(),
             cooling: Vec::new(),
             kept_phase: Vec::new(),
+            kept_floors: Vec::new(),
             logged_commands: 0,
             kept_limits: Vec::new(),
             trail: Vec::new(),
@@ -208,6 +211,10 @@ impl Host {
                 }
                 Effect::KeepLimits(kept) => {
                     self.kept_limits.push(kept);
+                    continue;
+                }
+                Effect::KeepReplayFloor { sender, seq } => {
+                    self.kept_floors.push((sender, seq));
                     continue;
                 }
                 Effect::Say(..) | Effect::Reprobe => continue,
@@ -320,6 +327,12 @@ fn cdu_state(seq: u32, t: u64, lost: bool) -> Frame {
             };
         }
     }
+    sign_state(f)
+}
+
+/// `f` signed as `cdu-a` signs its state, with the demo key.
+fn sign_state(mut f: Frame) -> Frame {
+    f.sign(&cdu_topic(), 1, &demo_signing_key()).unwrap();
     f
 }
 
@@ -537,7 +550,7 @@ fn a_cooling_loss_drains_then_powers_down_after_the_grace_and_undoes_when_cooled
     if let Message::CduState(st) = &mut other.message {
         st.racks[0].cooling = loopwarden_protocol::RackCooling::Lost;
     }
-    h.step(t, Input::Frame(&cdu_topic(), &other));
+    h.step(t, Input::Frame(&cdu_topic(), &sign_state(other)));
     assert!(h.cooling.is_empty());
     h.step(t, Input::Frame(&cdu_topic(), &cdu_state(2, t, true)));
     assert_eq!(h.cooling, [CoolingStep::Drain]);
@@ -819,4 +832,43 @@ fn every_set_is_kept_in_flash_before_it_is_made() {
         }
     }
     assert_eq!(sets, 3);
+}
+
+#[test]
+fn a_floor_is_kept_for_every_command_past_its_seq_check_and_restored_after_a_restart() {
+    let mut h = Host::new();
+    let t = T0.0 + 1_000;
+    // Eleven minutes: refused as too long, after its seq counted.
+    let long = lease(7, t, 400, 11 * 60_000);
+    h.step(t, Input::Frame(&cmd_topic(), &long));
+    assert_eq!(h.acks.last().unwrap().code, AckCode::TooLong);
+    let cdu_a = NodeId::new(Role::Cdu, "cdu-a").unwrap();
+    assert_eq!(h.kept_floors, [(cdu_a.clone(), 7)]);
+    let kept = h
+        .trail
+        .iter()
+        .position(|e| matches!(e, Effect::KeepReplayFloor { .. }));
+    let acked = h.trail.iter().position(|e| matches!(e, Effect::Ack(_)));
+    assert!(kept < acked, "kept before the ack goes: {:?}", h.trail);
+    // A forgery (signed by another key) keeps nothing.
+    let mut forged = lease(8, t, 400, 60_000);
+    forged
+        .sign(
+            &cmd_topic(),
+            1,
+            &loopwarden_protocol::auth::SigningKey::from_bytes(&[9; 32]),
+        )
+        .unwrap();
+    h.step(t, Input::Frame(&cmd_topic(), &forged));
+    assert_eq!(h.acks.last().unwrap().code, AckCode::Unauthenticated);
+    assert_eq!(h.kept_floors.len(), 1);
+    // After a restart that took the floor back, the same command is a
+    // replay; without it, it would be judged afresh.
+    let mut after = Host::new();
+    after.node.restore_replay_floor(&cdu_a, 7);
+    after.step(t + 10, Input::Frame(&cmd_topic(), &long));
+    assert_eq!(after.acks.last().unwrap().code, AckCode::Replayed);
+    let mut forgetful = Host::new();
+    forgetful.step(t + 10, Input::Frame(&cmd_topic(), &long));
+    assert_eq!(forgetful.acks.last().unwrap().code, AckCode::TooLong);
 }

@@ -1,11 +1,14 @@
 //! Command signatures: only a holder of a signing key the host's keyring
-//! lists can cap a GPU or release a quarantine.
+//! lists can cap a GPU or release a quarantine, or tell the host's rack it
+//! lost its cooling (the CDU's state is signed as commands are, since 2.7).
 //!
 //! A command frame carries a [`CommandAuth`]: the id of the sender's key
 //! and an Ed25519 signature (RFC 8032, pure Ed25519) over the target's
 //! `cmd` topic (UTF-8, e.g. `dc/v2/hall-1/host/h07/cmd`), one zero byte,
 //! and the frame's bytes up to (not including) the CRC, encoded with the
-//! signature set to zeros. The target is inside what is signed, so a
+//! signature set to zeros. A CDU state is signed the same way, over the
+//! topic it is published on (`dc/v2/hall-1/cdu/cdu1/health`): a state
+//! signed for one CDU does not verify as another's. The target is inside what is signed, so a
 //! command for one host does not verify on another; the frame's sender,
 //! timestamp and sequence number are too, so a receiver that refuses a
 //! sequence number not above the last one it accepted from that sender
@@ -41,7 +44,8 @@ pub const SIGNATURE_LEN: usize = 64;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum AuthError {
-    /// The frame is not a command; it carries no signature.
+    /// The frame is not of a kind that is signed (a command or a CDU
+    /// state); it carries no signature.
     NotACommand,
     /// No key is known for this sender under this id.
     UnknownKey(u8),
@@ -55,7 +59,7 @@ pub enum AuthError {
 impl fmt::Display for AuthError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            AuthError::NotACommand => write!(f, "not a command frame"),
+            AuthError::NotACommand => write!(f, "not a signed frame (a command or a CDU state)"),
             AuthError::UnknownKey(id) => write!(f, "no key with id {id} for this sender"),
             AuthError::BadSignature => write!(
                 f,
@@ -106,6 +110,7 @@ fn auth_mut(message: &mut Message) -> Option<&mut CommandAuth> {
     match message {
         Message::CapLease(m) => Some(&mut m.auth),
         Message::QuarantineRelease(m) => Some(&mut m.auth),
+        Message::CduState(m) => Some(&mut m.auth),
         _ => None,
     }
 }
@@ -138,9 +143,10 @@ fn split(sig: &Signature) -> [[u8; 32]; 2] {
 }
 
 impl Frame {
-    /// Signs a command frame for the target whose `cmd` topic is `to`,
-    /// with the sender's key `key_id`. Call it last: any change to the
-    /// frame afterwards breaks the signature.
+    /// Signs a command frame for the target whose `cmd` topic is `to` (a
+    /// CDU state: for the topic it is published on), with the sender's key
+    /// `key_id`. Call it last: any change to the frame afterwards breaks
+    /// the signature.
     pub fn sign(&mut self, to: &Topic, key_id: u8, key: &SigningKey) -> Result<(), AuthError> {
         auth_mut(&mut self.message)
             .ok_or(AuthError::NotACommand)?
@@ -154,24 +160,28 @@ impl Frame {
         Ok(())
     }
 
-    /// The signature of a command frame: who signed with which key.
-    pub fn command_auth(&self) -> Option<CommandAuth> {
+    /// The signature of a signed frame (a command or a CDU state): who
+    /// signed with which key.
+    pub fn signed_auth(&self) -> Option<CommandAuth> {
         match &self.message {
             Message::CapLease(m) => Some(m.auth),
             Message::QuarantineRelease(m) => Some(m.auth),
+            Message::CduState(m) => Some(m.auth),
             _ => None,
         }
     }
 
     /// Checks a command frame received on `to` (the receiver's own `cmd`
-    /// topic) against the key `keys` returns for its sender and key id.
-    /// Strict verification: non-canonical signatures and weak keys fail.
+    /// topic; for a CDU state, the topic it came on) against the key `keys`
+    /// returns for its sender and key id. Strict verification:
+    /// non-canonical signatures and weak keys fail; an unsigned state
+    /// (a zero signature) fails too.
     pub fn verify<'k>(
         &self,
         to: &Topic,
         keys: impl FnOnce(&NodeId, u8) -> Option<&'k VerifyingKey>,
     ) -> Result<(), AuthError> {
-        let auth = self.command_auth().ok_or(AuthError::NotACommand)?;
+        let auth = self.signed_auth().ok_or(AuthError::NotACommand)?;
         let key = keys(&self.sender, auth.key_id).ok_or(AuthError::UnknownKey(auth.key_id))?;
         let mut buf = [0u8; TOPIC_MAX + 1 + MAX_FRAME_LEN];
         let len = signed_bytes(self, to, &mut buf)?;

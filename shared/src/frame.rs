@@ -50,7 +50,7 @@ impl fmt::Display for Version {
 }
 
 /// The version this crate speaks.
-pub const PROTOCOL: Version = Version { major: 2, minor: 6 };
+pub const PROTOCOL: Version = Version { major: 2, minor: 7 };
 
 /// The longest frame any node sends or accepts, in bytes.
 pub const MAX_FRAME_LEN: usize = 2048;
@@ -211,6 +211,8 @@ impl Message {
         Ok(match kind {
             MessageKind::HostTelemetry if minor == 0 => take(body, "body")
                 .map(|(m, r)| (Message::HostTelemetry(older::telemetry_2_0(m)), r))?,
+            MessageKind::HostTelemetry if minor < 7 => take(body, "body")
+                .map(|(m, r)| (Message::HostTelemetry(older::telemetry_2_6(m)), r))?,
             MessageKind::HostTelemetry => {
                 take(body, "body").map(|(m, r)| (Message::HostTelemetry(m), r))?
             }
@@ -230,6 +232,9 @@ impl Message {
             }
             MessageKind::CduState if minor < 3 => {
                 take(body, "body").map(|(m, r)| (Message::CduState(older::cdu_state_2_2(m)), r))?
+            }
+            MessageKind::CduState if minor < 7 => {
+                take(body, "body").map(|(m, r)| (Message::CduState(older::cdu_state_2_6(m)), r))?
             }
             MessageKind::CduState => take(body, "body").map(|(m, r)| (Message::CduState(m), r))?,
             MessageKind::Online => take(body, "body").map(|(m, r)| (Message::Online(m), r))?,
@@ -381,8 +386,8 @@ mod older {
     use serde::Deserialize;
 
     use crate::message::{
-        CduMode, CduState, CduTelemetry, GpuTelemetry, HostTelemetry, PumpStatus, RackState,
-        RackStatus,
+        CduMode, CduState, CduTelemetry, CommandAuth, FacilityState, GpuTelemetry, HostTelemetry,
+        PumpStatus, QueueDrops, RackState, RackStatus,
     };
     use crate::reason::ReasonCode;
     use crate::units::{Celsius, KiloPascals, LitresPerMinute, Percent, Pue, TimestampMs, Watts};
@@ -399,6 +404,28 @@ mod older {
         HostTelemetry {
             gpus: t.gpus,
             drops: Default::default(),
+        }
+    }
+
+    /// `host_telemetry` as 2.1 to 2.6 wrote it: no `acks_withheld`.
+    #[derive(Deserialize)]
+    pub struct HostTelemetry26 {
+        gpus: Vec<GpuTelemetry, MAX_GPUS>,
+        xids: u32,
+        flash: u32,
+        bus: u32,
+    }
+
+    /// Today's shape, `acks_withheld` 0.
+    pub fn telemetry_2_6(t: HostTelemetry26) -> HostTelemetry {
+        HostTelemetry {
+            gpus: t.gpus,
+            drops: QueueDrops {
+                xids: t.xids,
+                flash: t.flash,
+                bus: t.bus,
+                acks_withheld: 0,
+            },
         }
     }
 
@@ -444,7 +471,7 @@ mod older {
         }
     }
 
-    /// `cdu_state` as 2.0 to 2.2 wrote it: no `facility`.
+    /// `cdu_state` as 2.0 to 2.2 wrote it: no `facility`, unsigned.
     #[derive(Deserialize)]
     pub struct CduState22 {
         mode: CduMode,
@@ -456,7 +483,7 @@ mod older {
         racks: Vec<RackState, MAX_RACKS>,
     }
 
-    /// Today's shape, `facility` `None`.
+    /// Today's shape, `facility` `None`, unsigned.
     pub fn cdu_state_2_2(s: CduState22) -> CduState {
         CduState {
             mode: s.mode,
@@ -467,6 +494,35 @@ mod older {
             flow_per_gpu: s.flow_per_gpu,
             racks: s.racks,
             facility: None,
+            auth: CommandAuth::default(),
+        }
+    }
+
+    /// `cdu_state` as 2.3 to 2.6 wrote it: unsigned.
+    #[derive(Deserialize)]
+    pub struct CduState26 {
+        mode: CduMode,
+        reason: ReasonCode,
+        since: TimestampMs,
+        setpoint: Celsius,
+        supply: Option<Celsius>,
+        flow_per_gpu: Option<LitresPerMinute>,
+        racks: Vec<RackState, MAX_RACKS>,
+        facility: Option<FacilityState>,
+    }
+
+    /// Today's shape, unsigned (`auth` zeros: no host acts on it).
+    pub fn cdu_state_2_6(s: CduState26) -> CduState {
+        CduState {
+            mode: s.mode,
+            reason: s.reason,
+            since: s.since,
+            setpoint: s.setpoint,
+            supply: s.supply,
+            flow_per_gpu: s.flow_per_gpu,
+            racks: s.racks,
+            facility: s.facility,
+            auth: CommandAuth::default(),
         }
     }
 }

@@ -221,6 +221,10 @@ pub struct QueueDrops {
     /// Frames the bus client dropped (its queue full, or stale telemetry
     /// while the broker was away).
     pub bus: u32,
+    /// Acks to refused commands withheld by the per-sender rate limit (a
+    /// flood of forged commands), since 2.7; a 2.6 frame reads as 0.
+    #[serde(default)]
+    pub acks_withheld: u32,
 }
 
 // ---------------------------------------------------------------- health

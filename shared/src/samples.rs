@@ -87,6 +87,7 @@ pub fn host_telemetry(gpus: u8) -> HostTelemetry {
             xids: 12,
             flash: 0,
             bus: 1,
+            acks_withheld: 0,
         },
         gpus: (0..gpus.min(16)).map(gpu_at_load).collect(),
     }
@@ -277,13 +278,15 @@ fn cdu_state() -> CduState {
                 capping: 0,
             }),
         }),
+        auth: CommandAuth::default(), // signed in `frame`
     }
 }
 
 /// The frame of `kind` used in the docs and the golden fixtures: sent by
 /// host `h07` (or `cdu-a` for CDU kinds, `jdoe` for a release). Commands
 /// are signed with [`demo_signing_key`] as key 1, for host `h07` of site `hall-1`
-/// ([`command_topic`]).
+/// ([`command_topic`]); the CDU state, with the same key, for its topic
+/// ([`cdu_state_topic`]).
 pub fn frame(kind: MessageKind) -> Frame {
     let sender = match kind {
         MessageKind::CduTelemetry | MessageKind::CduState | MessageKind::CapLease => {
@@ -303,7 +306,23 @@ pub fn frame(kind: MessageKind) -> Frame {
             .sign(&command_topic(), 1, &demo_signing_key())
             .expect("sample commands can be signed");
     }
+    if kind == MessageKind::CduState {
+        frame
+            .sign(&cdu_state_topic(), 1, &demo_signing_key())
+            .expect("the sample state can be signed");
+    }
     frame
+}
+
+/// The topic the sample CDU state is signed for: CDU `cdu-a` of site
+/// `hall-1` (`dc/v2/hall-1/cdu/cdu-a/health`).
+pub fn cdu_state_topic() -> crate::topic::Topic {
+    crate::topic::Topic::new(
+        &crate::ids::Ident::new("hall-1").expect("an ident"),
+        Role::Cdu,
+        &crate::ids::Ident::new("cdu-a").expect("an ident"),
+        crate::topic::Family::Health,
+    )
 }
 
 /// The target the sample commands are signed for: host `h07` of site

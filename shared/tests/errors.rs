@@ -121,7 +121,7 @@ fn errors_say_what_was_wrong() {
     };
     assert_eq!(
         e.to_string(),
-        "protocol version 3.1 is not supported (this reader speaks 2.6)"
+        "protocol version 3.1 is not supported (this reader speaks 2.7)"
     );
     let e = DecodeError::BadCrc {
         carried: 1,
@@ -175,6 +175,7 @@ fn the_largest_messages_fit_a_frame() {
                 xids: u32::MAX,
                 flash: u32::MAX,
                 bus: u32::MAX,
+                acks_withheld: u32::MAX,
             },
         }),
     };
@@ -241,10 +242,10 @@ fn the_largest_messages_fit_a_frame() {
 #[test]
 fn a_2_0_telemetry_frame_reads_with_no_drops_and_is_not_taken_for_2_1() {
     let mut want = samples::frame(MessageKind::HostTelemetry);
-    // 2.0 wrote the body without `drops`: the sample's drops (12, 0, 1)
-    // are its last three bytes, one varint each.
+    // 2.0 wrote the body without `drops`: the sample's drops (12, 0, 1,
+    // and 0 acks withheld) are its last four bytes, one varint each.
     let mut b = want.to_vec().unwrap();
-    b.truncate(b.len() - 4 - 3);
+    b.truncate(b.len() - 4 - 4);
     b[1] = 0;
     let got = Frame::decode(&with_crc(b.clone())).expect("a 2.0 frame reads");
     if let loopwarden_protocol::Message::HostTelemetry(t) = &mut want.message {
@@ -260,6 +261,23 @@ fn a_2_0_telemetry_frame_reads_with_no_drops_and_is_not_taken_for_2_1() {
 }
 
 #[test]
+fn a_2_6_telemetry_frame_reads_with_no_acks_withheld_and_is_not_taken_for_2_7() {
+    let want = samples::frame(MessageKind::HostTelemetry);
+    // 2.6 wrote `drops` without `acks_withheld`, the sample's last byte (0).
+    let mut b = want.to_vec().unwrap();
+    assert_eq!(b[b.len() - 5], 0, "acks_withheld");
+    b.truncate(b.len() - 4 - 1);
+    b[1] = 6;
+    let got = Frame::decode(&with_crc(b.clone())).expect("a 2.6 frame reads");
+    assert_eq!(got, want);
+    b[1] = 7;
+    assert!(matches!(
+        Frame::decode(&with_crc(b)),
+        Err(DecodeError::Truncated { .. })
+    ));
+}
+
+#[test]
 fn a_2_2_cdu_state_frame_reads_with_no_facility_and_is_not_taken_for_2_3() {
     let mut want = samples::frame(MessageKind::CduState);
     if let loopwarden_protocol::Message::CduState(s) = &mut want.message {
@@ -268,17 +286,51 @@ fn a_2_2_cdu_state_frame_reads_with_no_facility_and_is_not_taken_for_2_3() {
             "the sample carries an offer and a plan"
         );
         s.facility = None;
+        s.auth = Default::default();
     }
-    // 2.2 wrote the body without `facility`: today's body with `facility`
-    // `None` is 2.2's and one byte more (the `None`), before the CRC.
+    // 2.2 wrote the body without `facility` and unsigned: today's body
+    // with `facility` `None` is 2.2's, one byte more (the `None`) and the
+    // signature (AUTH_LEN bytes), before the CRC.
     let mut b = want.to_vec().unwrap();
-    assert_eq!(b[b.len() - 5], 0, "the None of `facility`");
-    b.truncate(b.len() - 4 - 1);
+    b.truncate(b.len() - 4 - AUTH_LEN);
+    assert_eq!(b[b.len() - 1], 0, "the None of `facility`");
+    b.truncate(b.len() - 1);
     b[1] = 2;
     let got = Frame::decode(&with_crc(b.clone())).expect("a 2.2 frame reads");
     assert_eq!(got, want);
     // The same body stamped 2.3 lacks a field.
     b[1] = 3;
+    assert!(matches!(
+        Frame::decode(&with_crc(b)),
+        Err(DecodeError::Truncated { .. })
+    ));
+}
+
+/// Bytes of a [`loopwarden_protocol::CommandAuth`] in a body: its key id
+/// and the 64 bytes of its signature.
+const AUTH_LEN: usize = 1 + 64;
+
+#[test]
+fn a_2_6_cdu_state_frame_reads_unsigned_and_is_not_taken_for_2_7() {
+    let mut want = samples::frame(MessageKind::CduState);
+    // 2.6 wrote the body without the signature, its last AUTH_LEN bytes.
+    let mut b = want.to_vec().unwrap();
+    b.truncate(b.len() - 4 - AUTH_LEN);
+    b[1] = 6;
+    let got = Frame::decode(&with_crc(b.clone())).expect("a 2.6 frame reads");
+    if let loopwarden_protocol::Message::CduState(s) = &mut want.message {
+        assert_ne!(s.auth, Default::default(), "the sample is signed");
+        s.auth = Default::default();
+    }
+    assert_eq!(got, want, "read as unsigned");
+    let key = samples::demo_signing_key().verifying_key();
+    assert!(
+        got.verify(&samples::cdu_state_topic(), |_, _| Some(&key))
+            .is_err(),
+        "an unsigned state does not verify"
+    );
+    // The same body stamped 2.7 lacks a field.
+    b[1] = 7;
     assert!(matches!(
         Frame::decode(&with_crc(b)),
         Err(DecodeError::Truncated { .. })

@@ -78,7 +78,7 @@ fn eight_gpu_telemetry_fits_256_bytes() {
 fn golden_header_layout_is_as_documented() {
     let bytes = samples::frame(MessageKind::Event).to_vec().unwrap();
     assert_eq!(bytes[0], 2, "major version first");
-    assert_eq!(bytes[1], 6, "minor version second");
+    assert_eq!(bytes[1], 7, "minor version second");
     assert_eq!(bytes[2], MessageKind::Event as u8, "kind third");
     // The trailing CRC is the zlib CRC-32 of everything before it.
     let (content, crc) = bytes.split_at(bytes.len() - 4);
@@ -112,16 +112,20 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey\
 pub = Ed25519PrivateKey.from_private_bytes(bytes.fromhex(sys.argv[1])).public_key()\n\
 pub.verify(bytes.fromhex(sys.argv[2]), bytes.fromhex(sys.argv[3]))\n\
 print('ok')";
-    for kind in [MessageKind::CapLease, MessageKind::QuarantineRelease] {
+    for (kind, topic) in [
+        (MessageKind::CapLease, "dc/v2/hall-1/host/h07/cmd"),
+        (MessageKind::QuarantineRelease, "dc/v2/hall-1/host/h07/cmd"),
+        (MessageKind::CduState, "dc/v2/hall-1/cdu/cdu-a/health"),
+    ] {
         let text = std::fs::read_to_string(fixture_path(kind)).unwrap();
         let bytes = from_hex(&text);
         // The auth is the body's last field: key id, then the 64-byte
         // signature, then the CRC.
         let (signed, rest) = bytes.split_at(bytes.len() - 68);
         let signature = &rest[..64];
-        // Signed for dc/v2/hall-1/host/h07/cmd: the topic, a zero byte,
-        // then the frame with its signature zeroed.
-        let mut unsigned = b"dc/v2/hall-1/host/h07/cmd\0".to_vec();
+        // Signed for the target's topic (a state: its own): the topic, a
+        // zero byte, then the frame with its signature zeroed.
+        let mut unsigned = format!("{topic}\0").into_bytes();
         unsigned.extend_from_slice(signed);
         unsigned.extend_from_slice(&[0u8; 64]);
         let hex = |b: &[u8]| to_hex(b).replace('\n', "");

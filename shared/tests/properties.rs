@@ -317,12 +317,19 @@ fn hall_estimates() -> impl Strategy<Value = HallEstimates> {
 
 fn message() -> impl Strategy<Value = Message> {
     prop_oneof![
-        (hv(gpu_telemetry()), any::<(u32, u32, u32)>()).prop_map(|(gpus, (xids, flash, bus))| {
-            Message::HostTelemetry(HostTelemetry {
-                gpus,
-                drops: QueueDrops { xids, flash, bus },
-            })
-        }),
+        (hv(gpu_telemetry()), any::<(u32, u32, u32, u32)>()).prop_map(
+            |(gpus, (xids, flash, bus, acks_withheld))| {
+                Message::HostTelemetry(HostTelemetry {
+                    gpus,
+                    drops: QueueDrops {
+                        xids,
+                        flash,
+                        bus,
+                        acks_withheld,
+                    },
+                })
+            }
+        ),
         hv(
             (gpu(), health_state(), reason(), any::<u64>(), text()).prop_map(
                 |(gpu, state, reason, since, evidence)| GpuHealth {
@@ -446,9 +453,10 @@ fn message() -> impl Strategy<Value = Message> {
                         LeakSensing::Unprotected
                     ][usize::from(s)],
                 })
-            )
+            ),
+            auth(),
         )
-            .prop_map(|(mode, reason, since, setpoint, supply, racks)| {
+            .prop_map(|(mode, reason, since, setpoint, supply, racks, auth)| {
                 Message::CduState(CduState {
                     mode,
                     reason,
@@ -458,6 +466,7 @@ fn message() -> impl Strategy<Value = Message> {
                     flow_per_gpu: None,
                     racks,
                     facility: None,
+                    auth,
                 })
             }),
         (any::<bool>(), text(), any::<u64>(), any::<bool>()).prop_map(

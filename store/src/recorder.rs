@@ -15,12 +15,16 @@
 //! here (up to 256, oldest dropped first) and go out in order once they
 //! can.
 //!
-//! The queue of work handed to the thread is bounded ([`JOBS_MAX`]). When
-//! it is full, what can be lost is dropped and counted ([`Recorder::dropped`]):
-//! an event published or logged without waiting, as in a storm of XIDs.
-//! What must not be lost (an ack, a config value such as a GPU's health,
-//! anything waited for) waits for room instead; the thread drains the
-//! queue at the speed of the flash, so that wait is short.
+//! Handing work to the thread never blocks the caller (the agent's loop
+//! runs on one thread: a blocked send would stall its sampling). What can
+//! be lost (an event published or logged without waiting, as in a storm
+//! of XIDs) is dropped and counted ([`Recorder::dropped`]) once
+//! [`JOBS_MAX`] jobs wait. What must not be lost (an ack, a config value
+//! such as a GPU's health, anything waited for) is queued beyond that, up
+//! to [`VITAL_MAX`]; past it the flash has fallen minutes behind, and it
+//! is dropped, counted and said as an error. Acks to refused commands are
+//! rate-limited before they get here, so a flood on a host's `cmd` topic
+//! cannot fill it.
 //!
 //! Glossary:
 //! - *record*: an event-log entry (an event, or an accepted command kept
@@ -31,7 +35,7 @@
 
 use std::collections::VecDeque;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
@@ -91,8 +95,11 @@ enum Job {
 /// Frames kept in memory while the outbox is full.
 const UNSENT_MAX: usize = 256;
 
-/// Jobs queued for the thread at most.
+/// Jobs queued for the thread beyond which what can be lost is dropped.
 pub const JOBS_MAX: usize = 4096;
+
+/// Jobs queued at most, what must not be lost included.
+pub const VITAL_MAX: usize = 4 * JOBS_MAX;
 
 /// The event-log kind of an agent's serial console record (a session, a
 /// login, a state-changing command; `loopwarden_field::serial::record`),
@@ -102,7 +109,11 @@ pub const CONSOLE_RECORD: u8 = 0xE0;
 /// The handle the loop writes through.
 #[derive(Clone)]
 pub struct Recorder {
-    jobs: mpsc::SyncSender<Job>,
+    jobs: mpsc::Sender<Job>,
+    /// Jobs handed over and not yet taken by the thread.
+    queued: Arc<AtomicUsize>,
+    /// [`JOBS_MAX`], smaller in tests.
+    bound: usize,
     /// Jobs dropped because the queue was full.
     dropped: Arc<AtomicU64>,
     /// The flash file, `None`: memory.
@@ -151,7 +162,7 @@ struct Worker {
 }
 
 impl Worker {
-    fn run(mut self, rx: mpsc::Receiver<Job>) {
+    fn run(mut self, rx: mpsc::Receiver<Job>, queued: Arc<AtomicUsize>) {
         loop {
             // While frames wait for the outbox, look again every second.
             let job = if self.unsent.is_empty() {
@@ -168,6 +179,7 @@ impl Worker {
             };
             self.retry_unsent();
             if let Some(job) = job {
+                queued.fetch_sub(1, Ordering::Relaxed);
                 self.handle(job);
             }
         }
@@ -278,7 +290,9 @@ impl Recorder {
     /// `path`, `None`: in memory); frames handed over wait until a bus is
     /// [attached](Self::attach).
     pub fn start(log: Log, store: Store, path: Option<&Path>) -> std::io::Result<Self> {
-        let (jobs, rx) = mpsc::sync_channel::<Job>(JOBS_MAX);
+        let (jobs, rx) = mpsc::channel::<Job>();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let taken = queued.clone();
         let waiting = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
         let worker = Worker {
             log,
@@ -289,9 +303,11 @@ impl Recorder {
         };
         std::thread::Builder::new()
             .name("recorder".into())
-            .spawn(move || worker.run(rx))?;
+            .spawn(move || worker.run(rx, taken))?;
         Ok(Self {
             jobs,
+            queued,
+            bound: JOBS_MAX,
             dropped: Arc::new(AtomicU64::new(0)),
             path: path.map(Arc::from),
             waiting,
@@ -301,19 +317,34 @@ impl Recorder {
     /// Hands over `job` if there is room, else drops and counts it;
     /// whether it was handed over.
     fn offer(&self, job: Job, what: &str) -> bool {
-        match self.jobs.try_send(job) {
-            Ok(()) => true,
-            Err(mpsc::TrySendError::Full(_)) => {
-                if self.dropped.fetch_add(1, Ordering::Relaxed) % 1000 == 0 {
-                    tracing::warn!("flash queue full ({JOBS_MAX} jobs): {what} dropped");
-                }
-                false
+        self.hand(job, self.bound, what).is_ok()
+    }
+
+    /// Hands over what must not be lost: queued up to [`VITAL_MAX`].
+    fn vital(&self, job: Job, what: &str) -> Result<(), String> {
+        self.hand(job, VITAL_MAX.max(self.bound), what)
+    }
+
+    /// Queues `job` while fewer than `limit` wait; never blocks. A job
+    /// over the limit is dropped and counted.
+    fn hand(&self, job: Job, limit: usize, what: &str) -> Result<(), String> {
+        if self.queued.fetch_add(1, Ordering::Relaxed) >= limit {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+            let n = self.dropped.fetch_add(1, Ordering::Relaxed);
+            let why = format!("flash queue full ({limit} jobs): {what} dropped");
+            match limit > self.bound {
+                true => tracing::error!("{why}: the flash has fallen far behind"),
+                false if n % 1000 == 0 => tracing::warn!("{why}"),
+                false => {}
             }
-            Err(mpsc::TrySendError::Disconnected(_)) => {
-                tracing::error!("{what} dropped: {}", Self::gone());
-                false
-            }
+            return Err(why);
         }
+        self.jobs.send(job).map_err(|_| {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+            let gone = Self::gone();
+            tracing::error!("{what} dropped: {gone}");
+            gone
+        })
     }
 
     /// Jobs dropped because the queue was full (events in a storm).
@@ -341,14 +372,13 @@ impl Recorder {
     /// Gives the recorder the publisher (the bus) it publishes on; what
     /// waited goes out.
     pub fn attach(&self, bus: impl Publisher + 'static) {
-        if self.jobs.send(Job::Attach(Box::new(bus))).is_err() {
-            tracing::error!("bus not attached: {}", Self::gone());
-        }
+        let _ = self.vital(Job::Attach(Box::new(bus)), "the bus to publish on");
     }
 
     /// Publishes an event or an ack (through the outbox) after what was
-    /// handed over before it. An event is dropped (and counted) when the
-    /// queue is full; an ack waits for room.
+    /// handed over before it, never waiting: an event is dropped (and
+    /// counted) when [`JOBS_MAX`] jobs wait, an ack only past
+    /// [`VITAL_MAX`].
     pub fn publish(&self, message: Message, time: TimestampMs, mirror: bool) {
         let vital = matches!(message, Message::Ack(_));
         let job = Job::Publish {
@@ -360,9 +390,7 @@ impl Recorder {
             self.offer(job, "an event to publish");
             return;
         }
-        if self.jobs.send(job).is_err() {
-            tracing::error!("not published: {}", Self::gone());
-        }
+        let _ = self.vital(job, "an ack to publish");
     }
 
     /// Frames waiting for room in the outbox, and those dropped from the wait.
@@ -409,14 +437,13 @@ impl Recorder {
         body: Vec<u8>,
     ) -> Result<u32, String> {
         let (done, rx) = oneshot::channel();
-        self.jobs
-            .send(Job::Append {
-                time,
-                kind,
-                body,
-                done: Some(done),
-            })
-            .map_err(|_| Self::gone())?;
+        let job = Job::Append {
+            time,
+            kind,
+            body,
+            done: Some(done),
+        };
+        self.vital(job, "an event-log entry")?;
         rx.await.map_err(|_| Self::gone())?
     }
 
@@ -427,9 +454,7 @@ impl Recorder {
             value,
             done: None,
         };
-        if self.jobs.send(job).is_err() {
-            tracing::error!("not kept in flash: {}", Self::gone());
-        }
+        let _ = self.vital(job, "a config value");
     }
 
     /// Keeps a config value and waits until it is in flash (after what
@@ -441,16 +466,14 @@ impl Recorder {
             value,
             done: Some(done),
         };
-        self.jobs.send(job).map_err(|_| Self::gone())?;
+        self.vital(job, "a config value")?;
         rx.await.map_err(|_| Self::gone())?
     }
 
     /// Reserves a block of frame sequence numbers.
     pub async fn reserve_seq(&self, block: u32) -> Result<u32, String> {
         let (done, rx) = oneshot::channel();
-        self.jobs
-            .send(Job::ReserveSeq { block, done })
-            .map_err(|_| Self::gone())?;
+        self.vital(Job::ReserveSeq { block, done }, "a sequence reservation")?;
         rx.await.map_err(|_| Self::gone())?
     }
 
@@ -459,14 +482,14 @@ impl Recorder {
     /// when its queue is full (ask again later).
     pub fn reserve_seq_later(&self, block: u32) -> Option<oneshot::Receiver<Result<u32, String>>> {
         let (done, rx) = oneshot::channel();
-        self.jobs.try_send(Job::ReserveSeq { block, done }).ok()?;
-        Some(rx)
+        self.offer(Job::ReserveSeq { block, done }, "a sequence reservation")
+            .then_some(rx)
     }
 
     /// Waits until everything handed over before is written and published.
     pub async fn flush(&self) {
         let (done, rx) = oneshot::channel();
-        if self.jobs.send(Job::Flush { done }).is_ok() {
+        if self.vital(Job::Flush { done }, "a flush").is_ok() {
             let _ = rx.await;
         }
     }
@@ -474,9 +497,7 @@ impl Recorder {
     /// Every log entry, oldest first (after what is queued before it).
     pub async fn read(&self) -> Result<Vec<Entry>, String> {
         let (done, rx) = oneshot::channel();
-        self.jobs
-            .send(Job::Read { done })
-            .map_err(|_| Self::gone())?;
+        self.vital(Job::Read { done }, "a read of the log")?;
         rx.await.map_err(|_| Self::gone())?
     }
 }
@@ -486,11 +507,14 @@ mod tests {
     use super::*;
     use loopwarden_protocol::{samples, MessageKind};
 
-    /// A recorder whose queue holds `n` jobs and that no thread drains.
+    /// A recorder that drops what may be lost once `n` jobs wait, and
+    /// that no thread drains.
     fn stalled(n: usize) -> (Recorder, mpsc::Receiver<Job>) {
-        let (jobs, rx) = mpsc::sync_channel(n);
+        let (jobs, rx) = mpsc::channel();
         let r = Recorder {
             jobs,
+            queued: Arc::new(AtomicUsize::new(0)),
+            bound: n,
             dropped: Arc::new(AtomicU64::new(0)),
             path: None,
             waiting: Arc::new((AtomicU64::new(0), AtomicU64::new(0))),
@@ -499,7 +523,7 @@ mod tests {
     }
 
     #[test]
-    fn a_full_queue_drops_and_counts_events_and_an_ack_waits_for_room() {
+    fn a_full_queue_drops_and_counts_events_and_an_ack_never_waits() {
         let (r, rx) = stalled(2);
         for _ in 0..5 {
             r.append(TimestampMs(0), 1, vec![1]);
@@ -507,20 +531,21 @@ mod tests {
         assert_eq!(r.dropped(), 3);
         r.publish(samples::message(MessageKind::Event), TimestampMs(0), false);
         assert_eq!(r.dropped(), 4, "an event to publish is dropped too");
-        // An ack waits: it goes in once the thread takes a job.
-        let taker = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(50));
-            rx.recv().expect("a job");
-            rx
-        });
+        // An ack is queued past the bound at once: nobody takes a job,
+        // and this call returns all the same.
         r.publish(samples::message(MessageKind::Ack), TimestampMs(0), false);
-        let rx = taker.join().expect("the taker");
         assert_eq!(r.dropped(), 4, "the ack was not dropped");
         let left: Vec<Job> = rx.try_iter().collect();
-        assert_eq!(left.len(), 2);
+        assert_eq!(left.len(), 3);
         assert!(
-            matches!(&left[1], Job::Publish { message, .. } if matches!(**message, Message::Ack(_)))
+            matches!(&left[2], Job::Publish { message, .. } if matches!(**message, Message::Ack(_)))
         );
+        // Past VITAL_MAX even an ack is dropped, and said.
+        let (r, _rx) = stalled(2);
+        for _ in 0..VITAL_MAX + 3 {
+            r.publish(samples::message(MessageKind::Ack), TimestampMs(0), false);
+        }
+        assert_eq!(r.dropped(), 3);
     }
 
     #[test]

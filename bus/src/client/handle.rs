@@ -131,12 +131,24 @@ impl Bus {
     /// Publishes `message` on our own topic of its family, with the next
     /// sequence number. Returns the frame as sent.
     pub fn publish(&self, message: Message, time: TimestampMs) -> Result<Frame, PublishError> {
+        self.publish_completed(message, time, |_, _| {})
+    }
+
+    /// As [`publish`](Self::publish), with `complete` finishing the frame
+    /// for the topic it goes on (a CDU signs its state) before it is sent.
+    fn publish_completed(
+        &self,
+        message: Message,
+        time: TimestampMs,
+        complete: impl FnOnce(&Topic, &mut Frame),
+    ) -> Result<Frame, PublishError> {
         let kind = message.kind();
         if kind.family() == Family::Cmd {
             return Err(PublishError::IsCommand(kind));
         }
         let topic = self.node.own_topic(kind.family())?;
-        let frame = self.node.next_frame(message, time);
+        let mut frame = self.node.next_frame(message, time);
+        complete(&topic, &mut frame);
         self.publish_frame(&topic, &frame)?;
         Ok(frame)
     }
@@ -157,7 +169,20 @@ impl Bus {
         time: TimestampMs,
         mirror: bool,
     ) -> Result<Frame, PublishError> {
-        let frame = self.publish(message, time)?;
+        self.publish_signed(message, time, mirror, |_, _| {})
+    }
+
+    /// As [`publish_mirrored`](Self::publish_mirrored), with `sign`
+    /// completing the frame for the topic it goes on (a CDU's state is
+    /// signed for its own `health` topic) before it and its mirror go.
+    pub fn publish_signed(
+        &self,
+        message: Message,
+        time: TimestampMs,
+        mirror: bool,
+        sign: impl FnOnce(&Topic, &mut Frame),
+    ) -> Result<Frame, PublishError> {
+        let frame = self.publish_completed(message, time, sign)?;
         if mirror {
             if let Err(e) = self.publish_json(&frame) {
                 tracing::debug!("JSON mirror of {:?} not sent: {e}", frame.message.kind());

@@ -66,7 +66,7 @@ pub(super) fn sign_key(
         ((None, _), false) => Err(src.error(
             None,
             "sign_key",
-            "no sign key: give sign_key (or --sign-key) to sign cap leases; \
+            "no sign key: give sign_key (or --sign-key) to sign cap leases and the CDU state; \
              --demo-key signs with the public demonstration key, for the twin only"
                 .into(),
         )),

@@ -147,6 +147,7 @@ fn status(ctx: &Context, st: &ShellStats, now: TimestampMs) -> Value {
         "hosts": ctx.hosts.len(),
         "hosts_heard": heard,
         "host_reports_refused": st.host_reports_refused,
+        "host_reports_partial": st.host_gpus_left_out,
         "leaks_latched": snap.map(|s| racks(s.leaks_latched)).unwrap_or_default(),
         "leak_sensing_lost": snap.map(|s| racks(s.sensing_lost)).unwrap_or_default(),
         "isolation_failed": snap.map(|s| racks(s.isolation_failed)).unwrap_or_default(),

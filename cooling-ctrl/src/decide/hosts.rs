@@ -1,13 +1,17 @@
-//! The hosts' reports as the decision path believes them. Every report
-//! heard is checked against what a working GPU can report before the core
-//! sees it; one that fails keeps the host's last believed report in
-//! place (it ages as the core judges ages) and says why, once per change
-//! of the reason. The shell hears host telemetry from the bus, the twin
-//! its hosts' readings: both through [`Hosts::hear`].
+//! The hosts' reports as the decision path believes them. Every GPU of a
+//! report heard is checked against what a working GPU can report
+//! ([`Bounds`]) before the core sees it: a GPU that fails is left out of
+//! its host's report, and the rest still counts (one broken sensor does
+//! not cost its host its capacity cap). A report that fails as a whole
+//! (its stamp far from now) keeps the host's last believed report in
+//! place (it ages as the core judges ages). Either says why, once per
+//! change of the reason. The shell hears host telemetry from the bus, the
+//! twin its hosts' readings: both through [`Hosts::hear`].
 //!
 //! Glossary:
 //! - *heard*: one host's report as it arrived ([`Heard`]): the core's
-//!   summary, its stamp, and the extremes plausibility is judged on.
+//!   summary of its plausible GPUs, its stamp, the extremes plausibility
+//!   is judged on, and the first GPU left out.
 //! - *believed*: a heard report that passed [`implausible`]; the core
 //!   sees only these.
 
@@ -37,8 +41,40 @@ pub struct OfGpu {
     pub value: f32,
 }
 
-/// One host's report as heard.
+/// What a working GPU can report, for the figures of one report.
 #[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Bounds {
+    /// The GPUs' TDP, W: a GPU may draw up to 10 % above it.
+    pub tdp_w: f32,
+    /// The supply the controller believes, °C: a GPU may read up to 5 K
+    /// below it (`None`: not known, no bound).
+    pub supply_c: Option<f32>,
+}
+
+impl Bounds {
+    /// No bound: every answering GPU is summed (the twin's own hosts).
+    pub const ANY: Bounds = Bounds {
+        tdp_w: f32::INFINITY,
+        supply_c: None,
+    };
+
+    /// Why GPU `gpu`, at `temp_c` drawing `w`, cannot be working, if so.
+    fn why_not(&self, gpu: u8, temp_c: f32, w: f32) -> Option<String> {
+        let tdp = self.tdp_w;
+        if w > tdp * TDP_MARGIN {
+            return Some(format!("GPU {gpu} draws {w} W, above its {tdp} W TDP"));
+        }
+        match self.supply_c {
+            Some(s) if temp_c < s - BELOW_SUPPLY_K => Some(format!(
+                "GPU {gpu} at {temp_c} °C, colder than the {s:.1} °C supply"
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// One host's report as heard.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Heard {
     /// The core's summary of it (`at_ms`: when it was heard, ms on the
     /// decision path's clock).
@@ -49,12 +85,15 @@ pub struct Heard {
     pub coldest: Option<OfGpu>,
     /// Its answering GPU that draws most (`None`: none answered).
     pub most_drawn: Option<OfGpu>,
+    /// GPUs left out as implausible, and why the first was.
+    pub left_out: Option<(u8, String)>,
 }
 
 /// Host telemetry `t`, stamped `stamped`, heard at `at_ms`. GPUs that did
-/// not answer their queries are left out; a GPU in hardware slowdown
-/// (thermal or not) sets `slowdown`.
-pub fn heard_of(t: &HostTelemetry, stamped: TimestampMs, at_ms: u64) -> Heard {
+/// not answer their queries are left out, and so are GPUs outside
+/// `bounds` (counted in `left_out`); a GPU in hardware slowdown (thermal
+/// or not) sets `slowdown`.
+pub fn heard_of(t: &HostTelemetry, stamped: TimestampMs, at_ms: u64, bounds: &Bounds) -> Heard {
     let mut h = Heard {
         report: HostReport {
             gpus: 0,
@@ -67,6 +106,7 @@ pub fn heard_of(t: &HostTelemetry, stamped: TimestampMs, at_ms: u64) -> Heard {
         stamped,
         coldest: None,
         most_drawn: None,
+        left_out: None,
     };
     let slow = ThrottleReasons::HW_SLOWDOWN | ThrottleReasons::HW_THERMAL_SLOWDOWN;
     for g in t
@@ -75,6 +115,13 @@ pub fn heard_of(t: &HostTelemetry, stamped: TimestampMs, at_ms: u64) -> Heard {
         .filter(|g| g.flags.contains(GpuFlags::RESPONSIVE))
     {
         let (gpu, temp, w) = (g.gpu.get(), f32::from(g.temp.get()), g.power.get() as f32);
+        if let Some(why) = bounds.why_not(gpu, temp, w) {
+            h.left_out = match h.left_out.take() {
+                None => Some((1, why)),
+                Some((n, first)) => Some((n.saturating_add(1), first)),
+            };
+            continue;
+        }
         let r = &mut h.report;
         r.hottest_c = if r.gpus == 0 {
             temp
@@ -131,6 +178,14 @@ pub fn implausible(
 pub enum Verdict {
     /// Believed: the core sees it.
     Believed,
+    /// Believed without some of its GPUs, left out for `why`; `new` as
+    /// for [`Verdict::Refused`].
+    BelievedWithout {
+        /// Which GPUs were left out and why.
+        why: String,
+        /// A change of reason.
+        new: bool,
+    },
     /// Not believed, for `why`; `new`: a reason not said for this host
     /// since its last believed report (the caller logs it).
     Refused {
@@ -180,9 +235,18 @@ impl Hosts {
                 Verdict::Refused { why, new }
             }
             None => {
-                *refused = None;
                 *slot = Some(heard.report);
-                Verdict::Believed
+                let Some((n, first)) = &heard.left_out else {
+                    *refused = None;
+                    return Verdict::Believed;
+                };
+                let why = match n {
+                    1 => format!("1 GPU left out: {first}"),
+                    n => format!("{n} GPUs left out, the first: {first}"),
+                };
+                let new = refused.as_ref() != Some(&why);
+                *refused = Some(why.clone());
+                Verdict::BelievedWithout { why, new }
             }
         }
     }
@@ -202,7 +266,7 @@ mod tests {
     const NOW: TimestampMs = TimestampMs(1_800_000_000_000);
 
     fn judged(t: &HostTelemetry, stamped: TimestampMs, supply_c: Option<f32>) -> Option<String> {
-        implausible(&heard_of(t, stamped, 0), NOW, supply_c, 700.0)
+        implausible(&heard_of(t, stamped, 0, &Bounds::ANY), NOW, supply_c, 700.0)
     }
 
     #[test]
@@ -230,7 +294,7 @@ mod tests {
         let mut t = samples::host_telemetry(4);
         t.gpus[2].power = Watts(5_000);
         t.gpus[2].flags = t.gpus[2].flags.with(GpuFlags::RESPONSIVE, false);
-        let h = heard_of(&t, NOW, 7);
+        let h = heard_of(&t, NOW, 7, &Bounds::ANY);
         assert_eq!(h.report.gpus, 3);
         assert_eq!(h.report.at_ms, 7);
         assert_ne!(h.most_drawn.map(|m| m.gpu), Some(2));
@@ -241,11 +305,11 @@ mod tests {
     fn a_refused_report_keeps_the_last_believed_one_and_says_why_once() {
         let mut hosts = Hosts::new(2);
         let t = samples::host_telemetry(8);
-        let good = heard_of(&t, NOW, 1_000);
+        let good = heard_of(&t, NOW, 1_000, &Bounds::ANY);
         assert_eq!(hosts.hear(0, &good, NOW, None, 700.0), Verdict::Believed);
         let mut lying = t.clone();
         lying.gpus[1].power = Watts(9_000);
-        let bad = heard_of(&lying, NOW, 2_000);
+        let bad = heard_of(&lying, NOW, 2_000, &Bounds::ANY);
         let first = hosts.hear(0, &bad, NOW, None, 700.0);
         assert!(
             matches!(first, Verdict::Refused { new: true, .. }),
@@ -264,5 +328,45 @@ mod tests {
             "said anew"
         );
         assert_eq!(hosts.hear(5, &good, NOW, None, 700.0), Verdict::Unknown);
+    }
+
+    #[test]
+    fn an_implausible_gpu_is_left_out_and_the_rest_counts() {
+        let mut hosts = Hosts::new(1);
+        let t = samples::host_telemetry(8);
+        let bounds = Bounds {
+            tdp_w: 700.0,
+            supply_c: Some(30.0),
+        };
+        let whole = heard_of(&t, NOW, 1_000, &bounds);
+        assert_eq!(whole.left_out, None);
+        let mut broken = t.clone();
+        broken.gpus[3].power = Watts(9_000);
+        broken.gpus[5].temp = WholeCelsius(3);
+        let h = heard_of(&broken, NOW, 2_000, &bounds);
+        assert_eq!(h.report.gpus, 6, "two left out, six count");
+        let w = |g: &loopwarden_protocol::message::GpuTelemetry| g.power.get() as f32;
+        let sum: f32 = (t.gpus.iter().enumerate())
+            .filter(|(i, _)| *i != 3 && *i != 5)
+            .map(|(_, g)| w(g))
+            .sum();
+        assert!((h.report.gpu_power_w - sum).abs() < 0.5);
+        let v = hosts.hear(0, &h, NOW, Some(30.0), 700.0);
+        let Verdict::BelievedWithout { why, new: true } = v else {
+            panic!("{v:?}");
+        };
+        assert_eq!(
+            why,
+            "2 GPUs left out, the first: GPU 3 draws 9000 W, above its 700 W TDP"
+        );
+        assert_eq!(hosts.reports()[0].map(|r| r.at_ms), Some(2_000), "believed");
+        assert!(matches!(
+            hosts.hear(0, &h, NOW, Some(30.0), 700.0),
+            Verdict::BelievedWithout { new: false, .. }
+        ));
+        assert_eq!(
+            hosts.hear(0, &whole, NOW, Some(30.0), 700.0),
+            Verdict::Believed
+        );
     }
 }

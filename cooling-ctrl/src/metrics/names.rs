@@ -166,6 +166,10 @@ pub const HOST_REPORTS_REFUSED: Metric = Metric::counter(
     "loopwarden_cdu_host_reports_refused_total",
     "Host telemetry frames refused as implausible.",
 );
+pub const HOST_GPUS_LEFT_OUT: Metric = Metric::counter(
+    "loopwarden_cdu_host_reports_partial_total",
+    "Host telemetry frames taken without some of their GPUs, left out as implausible.",
+);
 pub const LEASES_SENT: Metric = Metric::counter(
     "loopwarden_cdu_leases_sent_total",
     "Signed cap leases sent to hosts (renewals included, lifts not).",

@@ -3,7 +3,6 @@
 //! telemetry (judged by [`crate::decide::hosts`]) and acks that come in
 //! between steps.
 use super::*;
-use crate::decide::hosts::heard_of;
 use crate::decide::leases::Order;
 use crate::decide::Verdict;
 
@@ -83,9 +82,19 @@ impl<P: CduPort> Shell<P> {
                 let Some(&h) = self.index.get(&msg.topic.node) else {
                     return;
                 };
-                let heard = heard_of(t, msg.frame.time, self.now_ms());
-                match self.decider.hear_host(h, &heard, now_ms()) {
+                let at = (self.now_ms(), now_ms());
+                match self.decider.hear_telemetry(h, t, msg.frame.time, at) {
                     Verdict::Believed => self.stats.host_reports += 1,
+                    Verdict::BelievedWithout { why, new } => {
+                        self.stats.host_reports += 1;
+                        self.stats.host_gpus_left_out += 1;
+                        if new {
+                            let host = msg.topic.node.as_str();
+                            tracing::warn!(
+                                "cooling shell: a report of {host} counts without: {why}"
+                            );
+                        }
+                    }
                     Verdict::Refused { why, new } => {
                         self.stats.host_reports_refused += 1;
                         if new {

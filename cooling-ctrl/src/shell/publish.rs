@@ -71,6 +71,37 @@ impl<P: CduPort> Shell<P> {
         }
     }
 
+    /// Publishes the loop's state, signed with the sign key for this
+    /// CDU's `health` topic: hosts take only a state their keyring's key
+    /// for this CDU verifies. Without a key it still goes out, unsigned,
+    /// for the facility's readers; hosts do not act on it (said at start).
+    fn send_state(&mut self, st: CduState) -> bool {
+        let (key_id, key) = (self.cfg.key_id, &self.cfg.key);
+        let sign = |topic: &Topic, frame: &mut Frame| {
+            if let Some(key) = key {
+                if let Err(e) = frame.sign(topic, key_id, key) {
+                    tracing::error!("cooling shell: signing the CDU state: {e}");
+                }
+            }
+        };
+        match self
+            .bus
+            .publish_signed(Message::CduState(st), now_ms(), true, sign)
+        {
+            Ok(_) => {
+                self.stats.states_published += 1;
+                true
+            }
+            Err(e) => {
+                self.stats.publish_errors += 1;
+                if !matches!(e, PublishError::Offline) {
+                    tracing::warn!("cooling shell: publishing cdu_state: {e}");
+                }
+                false
+            }
+        }
+    }
+
     /// A reading for the bus: null when the CDU did not answer, the map
     /// lacks it, or the core holds the sensor lost.
     fn sensor(
@@ -216,10 +247,9 @@ impl<P: CduPort> Shell<P> {
             flow_per_gpu,
             racks,
             facility: facility.clone(),
+            auth: Default::default(), // signed in `send_state`
         };
-        if self.publish(Message::CduState(st), now_ms(), true, |s| {
-            &mut s.states_published
-        }) {
+        if self.send_state(st) {
             self.state_sent = Some((c.clone(), now));
             self.facility_sent(facility);
         }

@@ -157,6 +157,9 @@ pub struct ShellStats {
     pub host_reports: u64,
     /// Host telemetry frames refused as implausible.
     pub host_reports_refused: u64,
+    /// Host telemetry frames believed with some GPUs left out as
+    /// implausible.
+    pub host_gpus_left_out: u64,
     /// Cap leases sent (not counting lifts).
     pub leases_sent: u64,
     /// Lifting leases sent.

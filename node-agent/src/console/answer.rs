@@ -83,6 +83,7 @@ fn status(ctx: &Context, snap: &Snapshot, now: TimestampMs) -> Value {
             "waiting_for_outbox": ctx.recorder.waiting().0,
             "dropped_waiting": ctx.recorder.waiting().1,
             "dropped_flash_queue": ctx.recorder.dropped(),
+            "acks_withheld": snap.acks_withheld,
         },
         "leases": snap.leases.len(),
         "xids": {

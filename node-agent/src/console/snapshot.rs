@@ -99,6 +99,8 @@ pub struct Snapshot {
     pub xids_queued: usize,
     /// XID events the queue dropped in storms since the start.
     pub xids_dropped: u64,
+    /// Acks to refused commands withheld by the rate limit since the start.
+    pub acks_withheld: u64,
     /// Since when the XID watch has been down, if it is.
     pub xid_watch_down: Option<TimestampMs>,
     /// Since when every GPU has been silent together, if they are.

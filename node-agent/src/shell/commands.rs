@@ -3,15 +3,22 @@
 //! before its ack, limits set, the ack) is carried out here.
 
 use loopwarden_bus::Inbound;
-use node_core::node::Input;
+use node_core::node::{Effect, Input};
 
 use super::Agent;
 
 impl Agent {
-    /// A frame from the bus: a command, or the cooling context.
-    pub(super) async fn on_inbound(&mut self, msg: Inbound) {
+    /// A frame from the bus: a command, or the cooling context. Returns
+    /// whether it may have changed what the console shows: a command
+    /// refused changes nothing, and a flood of forged ones must not cost
+    /// a console snapshot each.
+    pub(super) async fn on_inbound(&mut self, msg: Inbound) -> bool {
         let now = self.now();
         let effects = self.node.step(now, Input::Frame(&msg.topic, &msg.frame));
+        let refused = effects
+            .iter()
+            .all(|e| matches!(e, Effect::Acknowledge | Effect::KeepReplayFloor { .. }));
         self.carry_out(now, effects, Some(&msg.frame)).await;
+        !refused
     }
 }

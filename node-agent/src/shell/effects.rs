@@ -62,6 +62,10 @@ impl Agent {
                     super::cooling::keep(&self.recorder, phase);
                     continue;
                 }
+                Effect::KeepReplayFloor { sender, seq } => {
+                    super::replay_floor::keep(&self.recorder, sender, seq);
+                    continue;
+                }
                 Effect::RunCooling { step, reason } => {
                     self.run_cooling(step, &reason);
                     continue;

@@ -50,6 +50,7 @@ impl Agent {
                 xids: sat(self.xid_stats.get().1),
                 flash: sat(self.recorder.dropped()),
                 bus: sat(self.bus.metrics().dropped()),
+                acks_withheld: sat(self.node.acks_withheld()),
             },
         };
         for (i, g) in self.gpus.iter().enumerate() {

@@ -43,7 +43,11 @@ impl Agent {
                     let jitter = Instant::now().saturating_duration_since(scheduled.into_std());
                     self.sample_round(jitter).await;
                 }
-                Some(msg) = inbound.recv() => self.on_inbound(msg).await,
+                Some(msg) = inbound.recv() => {
+                    if !self.on_inbound(msg).await {
+                        continue;
+                    }
+                }
                 Some((gpu, outcome)) = actions_rx.recv() => self.on_action(gpu, outcome).await,
                 Some((step, outcome)) = cooling_rx.recv() => {
                     self.on_cooling_action(step, outcome).await;

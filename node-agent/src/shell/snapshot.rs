@@ -42,6 +42,7 @@ impl Agent {
             leases: self.node.leases(),
             xids_queued,
             xids_dropped,
+            acks_withheld: self.node.acks_withheld(),
             xid_watch_down: self.node.xid_watch_down(),
             stalled_since: self.node.health().stalled_since(),
             cooling: self.node.cooling_phase(),

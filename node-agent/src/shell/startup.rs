@@ -151,6 +151,10 @@ pub(super) fn node(config: &Config, gpus: &[GpuState], started: TimestampMs) -> 
     Node::new(setup)
 }
 
+/// Frames from the bus waiting for the loop: a tenth of a second of a
+/// flood of 10,000 commands a second.
+const INBOUND_CAPACITY: usize = 1024;
+
 /// The CDU state topic this host's cooling context comes from.
 fn coolant_topic(config: &Config, cdu: &Ident) -> Topic {
     Topic::new(&config.site, Role::Cdu, cdu, Family::Health)
@@ -237,6 +241,9 @@ pub(super) fn start_bus(
     bus_config.keep_alive = config.keep_alive;
     bus_config.json_presence = config.json_presence;
     bus_config.first_seq = first_seq;
+    // A burst on the `cmd` topic (a flood of forgeries) waits here while
+    // the loop checks it, rather than pushing a valid command out.
+    bus_config.inbound_capacity = INBOUND_CAPACITY;
     if let Some(cdu) = &config.cdu {
         let topic = coolant_topic(config, cdu);
         bus_config.subscriptions.push(topic.to_string());

@@ -13,7 +13,6 @@ use loopwarden_protocol::{
 };
 
 use super::{gpu_index, Effect, Level, Node, Now};
-use crate::commands::check_cdu_state;
 use crate::health::{Coolant, LoopState};
 
 /// What a command's flash record is, for what its ack says when it could
@@ -69,7 +68,7 @@ impl Node {
         let (Some(c), Message::CduState(st)) = (&self.coolant, &frame.message) else {
             return;
         };
-        if let Err(why) = check_cdu_state(&c.cdu, frame, now.wall()) {
+        if let Err(why) = self.commands.cdu_state(&c.cdu, &c.topic, frame, now.wall()) {
             out.push(Effect::Say(
                 Level::Warn,
                 format!("cooling context not taken: {why}"),
@@ -101,7 +100,16 @@ impl Node {
     /// A command: checked by the command core; a release carried out by
     /// the health engine, a lease put in force; both logged before the ack.
     fn command(&mut self, now: Now, frame: &Frame, out: &mut Vec<Effect>) {
+        let floor = self.commands.replay_floor(&frame.sender);
         let verdict = self.commands.command(now.wall(), frame);
+        if self.commands.replay_floor(&frame.sender) != floor {
+            // Kept before the ack goes: after a restart, this command and
+            // those before it from its sender are replays.
+            out.push(Effect::KeepReplayFloor {
+                sender: frame.sender.clone(),
+                seq: frame.seq,
+            });
+        }
         self.pending = Some(Pending {
             correlation: Correlation {
                 from: frame.sender.clone(),
@@ -201,11 +209,17 @@ impl Node {
     }
 
     /// The pending command's ack, with every limit now in force (read
-    /// back), then its limits' events.
-    pub(super) fn acknowledge(&mut self, out: &mut Vec<Effect>) {
+    /// back), then its limits' events. A refusal over its sender's rate
+    /// ([`crate::ack_limit`]) is neither answered nor logged, only counted.
+    pub(super) fn acknowledge(&mut self, now: Now, out: &mut Vec<Effect>) {
         let Some(p) = self.pending.take() else {
             return;
         };
+        let refused = !matches!(p.code, AckCode::Ok | AckCode::Clamped);
+        if refused && !self.ack_limit.answer(&p.correlation.from, now.steady) {
+            out.extend(p.events.into_iter().map(Effect::Emit));
+            return;
+        }
         out.push(Effect::Say(
             Level::Info,
             format!("{}: {} {}", p.what, p.code, p.detail),

@@ -195,6 +195,12 @@ pub struct CduState {
     /// `None`).
     #[serde(default)]
     pub facility: Option<FacilityState>,
+    /// The controller's signature over the state's topic and frame, as a
+    /// command's ([`CommandAuth`]): a host takes a state only from its own
+    /// CDU's key (since 2.7; an older frame reads as unsigned, which a
+    /// host does not act on).
+    #[serde(default)]
+    pub auth: CommandAuth,
 }
 
 /// Capped steps a [`FacilityOffer`] holds.
