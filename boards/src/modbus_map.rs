@@ -189,7 +189,8 @@ impl RegisterMap {
             if end > 65_536 {
                 return Err(invalid(format!("{}: runs past address 65535", r.name)));
             }
-            for a in r.address..r.address + r.ty.words() {
+            // `end` is at most 65536: each of the register's addresses fits.
+            for a in (u32::from(r.address)..end).map(|a| a as u16) {
                 let key = (r.kind == Kind::Holding, a);
                 if let Some(other) = taken.insert(key, r.name.clone()) {
                     return Err(invalid(format!(
@@ -320,6 +321,34 @@ mod tests {
             vec![(-1234i16) as u16]
         );
         assert_eq!(m.encode("outdoor_temp", -327.68).unwrap(), vec![0x8000]);
+    }
+
+    /// Found by the `modbus_client` fuzz target: a register at the last
+    /// address overflowed the parser's count of its addresses.
+    #[test]
+    fn a_register_may_end_at_the_last_address_and_not_past_it() {
+        let map = |address: u32, ty: &str| {
+            let text = format!(
+                "model = \"edge\"\nword_order = \"high_first\"\nunit_id = 1\n\
+                 [[register]]\nname = \"a\"\nkind = \"input\"\naddress = {address}\n\
+                 type = \"{ty}\"\nscale = 1.0\nunit = \"\"\n"
+            );
+            RegisterMap::from_toml(&text, "edge.toml")
+        };
+        assert_eq!(
+            map(65_535, "u16")
+                .unwrap()
+                .at(Kind::Input, 65_535)
+                .unwrap()
+                .name,
+            "a"
+        );
+        assert_eq!(
+            map(65_534, "u32").unwrap().get("a").unwrap().address,
+            65_534
+        );
+        let e = map(65_535, "i32").unwrap_err();
+        assert!(e.to_string().contains("a: runs past address 65535"), "{e}");
     }
 
     #[test]

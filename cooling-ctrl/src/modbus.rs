@@ -417,7 +417,7 @@ impl ModbusCdu {
         let op = self.op(format_args!(
             "read input {}-{} ({names})",
             span.start,
-            span.start + span.count - 1
+            u32::from(span.start) + u32::from(span.count) - 1
         ));
         match self
             .exchange(

@@ -73,6 +73,7 @@
 //!   busy.
 
 mod codec;
+mod guard;
 mod map;
 mod server;
 mod snapshot;

@@ -60,8 +60,21 @@ pub fn parse<T: DeserializeOwned>(path: Option<&Path>, text: &str) -> Result<T, 
     toml::from_str(text).map_err(|e| ConfigError {
         origin: path.map_or("config".into(), |p| p.display().to_string()),
         line: span_line(text, &e),
-        message: e.message().to_string(),
+        message: match e.message() {
+            m if m.trim().is_empty() => unexplained(text, &e),
+            m => m.to_string(),
+        },
     })
+}
+
+/// What the TOML parser leaves without words (a control character in a
+/// comment): the character found where it points.
+fn unexplained(text: &str, e: &toml::de::Error) -> String {
+    let at = e.span().map_or(text.len(), |s| s.start);
+    match text.get(at..).and_then(|rest| rest.chars().next()) {
+        Some(c) => format!("{c:?} is not valid TOML here"),
+        None => "not valid TOML".into(),
+    }
 }
 
 /// Where values came from, for error messages: the file's path and text,
@@ -259,6 +272,19 @@ mod tests {
     use super::*;
 
     const FILE: &str = "site = \"a\"\nperiod_ms = 5\n\n[guard]\nperiod_ms = 6\n";
+
+    /// Found by the configuration fuzz targets: the TOML parser says
+    /// nothing of a control character in a comment, and the error was
+    /// `a.toml line 2: ` and no more.
+    #[test]
+    fn a_control_character_in_a_comment_is_named() {
+        let text = "site = \"a\"\n# the keys\u{2} of the site\n";
+        let e = parse::<toml::Table>(Some(Path::new("a.toml")), text).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "a.toml line 2: '\\u{2}' is not valid TOML here"
+        );
+    }
 
     #[test]
     fn keys_are_found_in_their_section() {

@@ -176,8 +176,8 @@ impl Image {
             Kind::Input => &self.input,
             Kind::Holding => &self.holding,
         };
-        (r.address..r.address + r.ty.words())
-            .map(|a| table.get(&a).copied())
+        (u32::from(r.address)..u32::from(r.address) + u32::from(r.ty.words()))
+            .map(|a| u16::try_from(a).ok().and_then(|a| table.get(&a).copied()))
             .collect()
     }
 }
@@ -220,8 +220,10 @@ pub fn decode_write(
     let mut writes = Vec::new();
     let mut a = u32::from(addr);
     while a < end {
-        let r = map
-            .at(Kind::Holding, a as u16)
+        // Past the last address there is nothing (not address 0 again).
+        let r = u16::try_from(a)
+            .ok()
+            .and_then(|a| map.at(Kind::Holding, a))
             .ok_or(ExceptionCode::IllegalDataAddress)?;
         let n = u32::from(r.ty.words());
         if a + n > end {

@@ -21,6 +21,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_modbus::server::tcp::Server;
 use tokio_modbus::{ExceptionCode, Response, SlaveRequest};
 
+use super::guard::Guarded;
 use super::{check_map, decode_write, encode_snapshot, NorthboundSnapshot, NorthboundWrite};
 
 /// The log target: the module's path before it was split, so log lines
@@ -222,7 +223,10 @@ pub async fn serve_within(
                 peer,
                 ignored: Mutex::default(),
             };
-            Ok(Some((service, slot.bound(stream, peer.to_string()))))
+            Ok(Some((
+                service,
+                Guarded::new(slot.bound(stream, peer.to_string())),
+            )))
         }
     };
     let on_error = |e| tracing::warn!(target: TARGET, "northbound: Modbus connection failed: {e}");
