@@ -892,5 +892,11 @@ mod tests {
         assert!(demo.demo_key && !demo.authority.signers.is_empty());
         let tls = from("site = \"a\"\nhost = \"h\"\ntwin_gpus = 8\ntls_ca = \"/etc/hostname\"\n");
         assert!(tls.is_err(), "a CA that is no certificate, or no broker");
+        // A keyring others may write is refused, with its line.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&ring, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let e = from(&format!("{twin}broker = \"10.0.0.5\"\n")).unwrap_err();
+        assert_eq!(e.line, Some(4), "{e}");
+        assert!(e.message.contains("writable by others"), "{e}");
     }
 }

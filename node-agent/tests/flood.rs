@@ -173,11 +173,6 @@ fn a_flood_of_forged_commands_leaves_sampling_on_time_and_a_valid_lease_taken() 
     });
     let answered = asked.elapsed();
     let ack = seen.iter().find_map(answer);
-    eprintln!(
-        "flood: {} acks seen while waiting, leases held {}",
-        seen.len(),
-        agent.ctl(&["status"]).expect("status")["leases"]
-    );
     let sent = flooding.join().expect("the flood");
     let telemetry = counted.join().expect("the count");
     let status = agent.ctl(&["status"]).expect("status");
