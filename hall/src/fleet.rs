@@ -298,7 +298,8 @@ struct CduPart {
 }
 
 /// Names the first acknowledged events the observer never received, with
-/// the highest frame it heard from their senders.
+/// the highest frame it heard from their senders: an error (printed at
+/// the fleet command's default log level), since the broker took them.
 fn say_missing(acked: &[(String, Vec<u32>)], heard: &observer::Heard) {
     let mut said = 0;
     for (id, seq) in figures::missing_events(acked, heard) {
@@ -307,14 +308,14 @@ fn say_missing(acked: &[(String, Vec<u32>)], heard: &observer::Heard) {
                 .senders
                 .get(&format!("host/{id}"))
                 .and_then(observer::SeqTrack::highest);
-            tracing::warn!(
+            tracing::error!(
                 "fleet: host {id}'s event, frame {seq}, was acknowledged by the broker and never received (last frame heard: {last:?})"
             );
         }
         said += 1;
     }
     if said > 20 {
-        tracing::warn!(
+        tracing::error!(
             "fleet: {} more acknowledged events never received",
             said - 20
         );

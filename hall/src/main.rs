@@ -131,9 +131,9 @@ struct FleetArgs {
     /// Seconds the halls run once every agent is connected.
     #[arg(long = "duration", value_name = "SECONDS")]
     duration_s: u64,
-    /// A broker (host:port); repeat for a broker cluster [default: the
-    /// embedded broker].
-    #[arg(long = "broker", value_name = "HOST:PORT")]
+    /// A broker (host:port); a cluster as `a,b,c` or by repeating the
+    /// flag [default: the embedded broker].
+    #[arg(long = "broker", value_name = "HOST:PORT[,HOST:PORT...]")]
     brokers: Vec<String>,
     /// The independent subscriber's broker [default: the last --broker,
     /// else the embedded one].
@@ -171,16 +171,23 @@ struct FleetArgs {
     json: bool,
 }
 
+/// The brokers of every `--broker`, each one address or a list `a,b,c`,
+/// in order.
+fn broker_list(flags: &[String]) -> Result<Vec<loopwarden_bus::BrokerAddr>, String> {
+    let mut all = Vec::new();
+    for b in flags {
+        let list: loopwarden_bus::Brokers = b.parse().map_err(|e| format!("--broker {b}: {e}"))?;
+        all.extend(list.iter().cloned());
+    }
+    Ok(all)
+}
+
 fn fleet(a: &FleetArgs) -> Result<String, String> {
     let addr = |b: &str| -> Result<loopwarden_bus::BrokerAddr, String> {
         b.parse().map_err(|e| format!("--broker {b}: {e}"))
     };
     let mut cfg = loopwarden_hall::fleet::FleetConfig::new(a.hosts, a.cdus, a.duration_s);
-    cfg.brokers = a
-        .brokers
-        .iter()
-        .map(|b| addr(b))
-        .collect::<Result<_, _>>()?;
+    cfg.brokers = broker_list(&a.brokers)?;
     cfg.observer_broker = a.observer_broker.as_deref().map(addr).transpose()?;
     cfg.xids = a.xids;
     cfg.shortfall_cdus = a.shortfall_cdus;
@@ -428,5 +435,32 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn brokers_are_taken_as_a_list_or_one_flag_each() {
+        let list = |flags: &[&str]| {
+            broker_list(&flags.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .map(|v| v.iter().map(|b| b.to_string()).collect::<Vec<_>>())
+        };
+        let three = ["127.0.0.1:14221", "127.0.0.1:14222", "127.0.0.1:14223"];
+        assert_eq!(
+            list(&["127.0.0.1:14221,127.0.0.1:14222,127.0.0.1:14223"]).unwrap(),
+            three
+        );
+        assert_eq!(list(&three).unwrap(), three);
+        assert_eq!(
+            list(&["127.0.0.1:14221", "127.0.0.1:14222,127.0.0.1:14223"]).unwrap(),
+            three
+        );
+        // A name alone takes the default port.
+        assert_eq!(list(&["127.0.0.1:14221,nope"]).unwrap()[1], "nope:1883");
+        let e = list(&["127.0.0.1:14221,:1883"]).unwrap_err();
+        assert!(e.starts_with("--broker 127.0.0.1:14221,:1883:"), "{e}");
     }
 }
