@@ -317,34 +317,39 @@ impl Recorder {
     /// Hands over `job` if there is room, else drops and counts it;
     /// whether it was handed over.
     fn offer(&self, job: Job, what: &str) -> bool {
-        self.hand(job, self.bound, what).is_ok()
+        self.hand(job, self.bound, what)
     }
 
     /// Hands over what must not be lost: queued up to [`VITAL_MAX`].
     fn vital(&self, job: Job, what: &str) -> Result<(), String> {
-        self.hand(job, VITAL_MAX.max(self.bound), what)
+        match self.hand(job, VITAL_MAX.max(self.bound), what) {
+            true => Ok(()),
+            false => Err(format!("{what} not handed to the flash thread")),
+        }
     }
 
-    /// Queues `job` while fewer than `limit` wait; never blocks. A job
-    /// over the limit is dropped and counted.
-    fn hand(&self, job: Job, limit: usize, what: &str) -> Result<(), String> {
+    /// Queues `job` while fewer than `limit` wait, and says whether it
+    /// did; never blocks. A job over the limit is dropped and counted (an
+    /// event in a storm said once a thousand, anything vital each time).
+    fn hand(&self, job: Job, limit: usize, what: &str) -> bool {
         if self.queued.fetch_add(1, Ordering::Relaxed) >= limit {
             self.queued.fetch_sub(1, Ordering::Relaxed);
             let n = self.dropped.fetch_add(1, Ordering::Relaxed);
-            let why = format!("flash queue full ({limit} jobs): {what} dropped");
-            match limit > self.bound {
-                true => tracing::error!("{why}: the flash has fallen far behind"),
-                false if n % 1000 == 0 => tracing::warn!("{why}"),
-                false => {}
+            if limit > self.bound {
+                tracing::error!(
+                    "flash queue full ({limit} jobs): {what} dropped: the flash has fallen far behind"
+                );
+            } else if n % 1000 == 0 {
+                tracing::warn!("flash queue full ({limit} jobs): {what} dropped");
             }
-            return Err(why);
+            return false;
         }
-        self.jobs.send(job).map_err(|_| {
+        if self.jobs.send(job).is_err() {
             self.queued.fetch_sub(1, Ordering::Relaxed);
-            let gone = Self::gone();
-            tracing::error!("{what} dropped: {gone}");
-            gone
-        })
+            tracing::error!("{what} dropped: {}", Self::gone());
+            return false;
+        }
+        true
     }
 
     /// Jobs dropped because the queue was full (events in a storm).

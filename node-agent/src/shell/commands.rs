@@ -9,15 +9,18 @@ use super::Agent;
 
 impl Agent {
     /// A frame from the bus: a command, or the cooling context. Returns
-    /// whether it may have changed what the console shows: a command
-    /// refused changes nothing, and a flood of forged ones must not cost
-    /// a console snapshot each.
+    /// whether it may have changed what the console shows: a command or
+    /// a state refused changes nothing (it is answered or said, no more),
+    /// and a flood of forged ones must not cost a console snapshot each.
     pub(super) async fn on_inbound(&mut self, msg: Inbound) -> bool {
         let now = self.now();
         let effects = self.node.step(now, Input::Frame(&msg.topic, &msg.frame));
-        let refused = effects
-            .iter()
-            .all(|e| matches!(e, Effect::Acknowledge | Effect::KeepReplayFloor { .. }));
+        let refused = effects.iter().all(|e| {
+            matches!(
+                e,
+                Effect::Acknowledge | Effect::KeepReplayFloor { .. } | Effect::Say(..)
+            )
+        });
         self.carry_out(now, effects, Some(&msg.frame)).await;
         !refused
     }
