@@ -40,6 +40,8 @@ pub mod json;
 pub mod message;
 pub mod reason;
 pub mod samples;
+#[cfg(feature = "std")]
+pub mod seq;
 pub mod text;
 pub mod topic;
 pub mod units;

@@ -139,6 +139,17 @@ fn prepare_presence(node: &Node, eventloop: &mut EventLoop) -> PresencePair {
     pair
 }
 
+/// Whether a connection attempt that failed with `e` surely left no will
+/// at the broker: its TCP connection was refused, its TLS handshake
+/// failed (both before any CONNECT), or the broker refused the CONNECT.
+fn no_will_registered(e: &ConnectionError) -> bool {
+    match e {
+        ConnectionError::Io(io) => io.kind() == std::io::ErrorKind::ConnectionRefused,
+        ConnectionError::Tls(_) | ConnectionError::ConnectionRefused(_) => true,
+        _ => false,
+    }
+}
+
 /// QoS 1 publishes in the `EventLoop`'s pending list (they go before the
 /// conduit's).
 fn pending_qos1(eventloop: &EventLoop) -> usize {
@@ -566,7 +577,20 @@ impl Core {
             self.ends.broker.send_replace(next);
             eventloop.mqtt_options = node.mqtt_options(next);
         }
-        self.pair = prepare_presence(&node, eventloop);
+        // A new announcement and will unless the broker surely never held
+        // this pair's will: an attempt refused before its CONNECT, or
+        // refused by the broker, published neither, and the next attempt
+        // takes the same pair, so a subscriber sees no numbers spent on
+        // announcements never made. After anything else the broker may
+        // still publish that will, and the next announcement must be
+        // newer than it.
+        if self.connected_at.is_none() && no_will_registered(&e) {
+            if let Some(will) = node.will_of(&self.pair.will, false) {
+                eventloop.mqtt_options.set_last_will(will);
+            }
+        } else {
+            self.pair = prepare_presence(&node, eventloop);
+        }
         // A connection that did not last (a broker that accepts, then
         // drops us) does not reset the backoff.
         if self

@@ -126,24 +126,22 @@ impl Ran {
         r.qos1_received = heard.received_qos1;
         r.qos1_not_received = r.qos1_published.saturating_sub(r.qos1_received);
         (r.events_acked, r.qos1_events_lost) = acked_events(&self.acked, heard);
-        // A sender spends a sequence number on every frame it builds: one
-        // it drops itself, one last will per connection, and the
-        // announcement and will of a presence connection that came back
-        // on its own (sent as JSON only) never reach the frame tree.
+        // A sender spends a sequence number on every frame it builds
+        // (docs/bus.md §4.7): the wills of the announcements heard the
+        // observer's track explains; what the sender dropped itself, and
+        // the announcement and will of a presence connection that came
+        // back on its own (sent as JSON only), its counters say.
         r.seq_gaps = heard
             .senders
             .iter()
             .map(|(s, t)| {
                 let own = senders.get(s).map_or(0, |m| {
-                    m.dropped_offline
-                        + m.dropped_queue_full
-                        + m.connects
-                        + 2 * m.presence_renumbered
+                    m.dropped_offline + m.dropped_queue_full + 2 * m.presence_renumbered
                 });
-                t.holes().saturating_sub(own)
+                t.unexplained().saturating_sub(own)
             })
             .sum();
-        r.duplicates = heard.senders.values().map(|t| t.duplicates).sum();
+        r.duplicates = heard.senders.values().map(|t| t.duplicates()).sum();
     }
 
     /// XID → quarantined health at the observer.

@@ -14,7 +14,7 @@
 //! - *QoS 1 message*: one on a topic of a QoS 1 family (health, event,
 //!   cmd, ack, online), frame or JSON mirror.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -24,57 +24,24 @@ use loopwarden_protocol::topic::Qos;
 use loopwarden_protocol::{Frame, Message, Topic};
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
 
-/// The most holes kept per sender (a sender that jumps further is
-/// counted, not listed).
-const HOLES_MAX: u64 = 100_000;
-
-/// One sender's sequence numbers.
+/// One sender's frames as heard: its sequence numbers (the protocol's
+/// rules, [`loopwarden_protocol::seq`]) and which QoS 1 frames came.
 #[derive(Debug, Clone, Default)]
 pub struct SeqTrack {
-    /// Lowest and highest heard.
-    range: Option<(u32, u32)>,
-    /// Missing between them.
-    holes: BTreeSet<u32>,
-    /// Missing but not listed (a jump past [`HOLES_MAX`]).
-    unlisted: u64,
-    /// Frames heard again.
-    pub duplicates: u64,
+    seq: loopwarden_protocol::seq::SeqTrack,
     /// The QoS 1 frames heard (health, events, acks, commands).
     qos1: HashSet<u32>,
 }
 
 impl SeqTrack {
-    /// Notes `seq`; false when it was heard before.
-    fn hear(&mut self, seq: u32) -> bool {
-        let Some((lo, hi)) = self.range else {
-            self.range = Some((seq, seq));
-            return true;
-        };
-        if seq > hi {
-            self.missing(hi + 1, seq);
-            self.range = Some((lo, seq));
-        } else if seq < lo {
-            self.missing(seq + 1, lo);
-            self.range = Some((seq, hi));
-        } else if !self.holes.remove(&seq) {
-            self.duplicates += 1;
-            return false;
-        }
-        true
-    }
-
-    fn missing(&mut self, from: u32, until: u32) {
-        let n = u64::from(until - from);
-        if n > HOLES_MAX {
-            self.unlisted += n;
-        } else {
-            self.holes.extend(from..until);
-        }
+    /// Notes `frame`; false when its number was heard before.
+    fn hear(&mut self, frame: &Frame) -> bool {
+        self.seq.hear(frame)
     }
 
     /// The highest sequence number heard.
     pub fn highest(&self) -> Option<u32> {
-        self.range.map(|(_, hi)| hi)
+        self.seq.highest()
     }
 
     /// Whether the QoS 1 frame `seq` was heard.
@@ -82,9 +49,15 @@ impl SeqTrack {
         self.qos1.contains(&seq)
     }
 
-    /// Sequence numbers missing between the lowest and highest heard.
-    pub fn holes(&self) -> u64 {
-        self.holes.len() as u64 + self.unlisted
+    /// Numbers missing between the lowest and highest heard that no will
+    /// of a heard announcement explains (rule 1 of the protocol's).
+    pub fn unexplained(&self) -> u64 {
+        self.seq.unexplained()
+    }
+
+    /// Frames heard more than once.
+    pub fn duplicates(&self) -> u64 {
+        self.seq.duplicates()
     }
 }
 
@@ -133,7 +106,7 @@ impl Heard {
             return;
         };
         let track = self.senders.entry(f.sender.to_string()).or_default();
-        let fresh = track.hear(f.seq);
+        let fresh = track.hear(&f);
         if qos1 {
             track.qos1.insert(f.seq);
         }
@@ -296,17 +269,23 @@ async fn listen(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use loopwarden_protocol::{samples, MessageKind};
 
     #[test]
     fn holes_fill_as_late_frames_come_and_repeats_are_duplicates() {
         let mut t = SeqTrack::default();
-        assert!(t.hear(10));
-        assert!(t.hear(13));
-        assert_eq!(t.holes(), 2);
-        assert!(t.hear(11));
-        assert!(!t.hear(11));
-        assert_eq!((t.holes(), t.duplicates), (1, 1));
-        assert!(t.hear(8));
-        assert_eq!(t.holes(), 2, "12 and 9");
+        let at = |seq| {
+            let mut f = samples::frame(MessageKind::HostTelemetry);
+            f.seq = seq;
+            f
+        };
+        assert!(t.hear(&at(10)));
+        assert!(t.hear(&at(13)));
+        assert_eq!(t.unexplained(), 2);
+        assert!(t.hear(&at(11)));
+        assert!(!t.hear(&at(11)));
+        assert_eq!((t.unexplained(), t.duplicates()), (1, 1));
+        assert!(t.hear(&at(8)));
+        assert_eq!(t.unexplained(), 2, "12 and 9");
     }
 }
