@@ -26,6 +26,14 @@
 # /usr/sbin/nats-server). NATS_READY_TIMEOUT: seconds to wait for
 # readiness (default 60).
 #
+# `start` creates the MQTT messages stream ($MQTT_msgs) itself before the
+# first MQTT connection, with limits retention: a QoS 1 message stays
+# NATS_MQTT_MSGS_MAX_AGE seconds (default 900) whether or not every
+# subscriber has acknowledged it, instead of NATS's own interest
+# retention, under which subscribers lost acknowledged messages across a
+# node's death (docs/brokers.md 2.3). NATS_MQTT_MSGS_MAX_AGE=0 leaves the
+# stream to NATS.
+#
 # The last line of `start` and `status` is `mqtt=HOST:PORT,HOST:PORT,...`,
 # the value of the agents' `broker` setting.
 set -euo pipefail
@@ -63,11 +71,15 @@ ports_of() { # LIST_VALUE OFFSET
     IFS=', ' read -r -a p <<<"$list"
     [[ ${#p[@]} -eq 3 ]] || die "a port list needs three ports, got \"$list\""
     for x in "${p[@]}"; do
-      [[ "$x" =~ ^[0-9]+$ ]] && ((x > 0 && x < 65536)) || die "port \"$x\" in \"$list\" is not a number from 1 to 65535"
+      if ! [[ "$x" =~ ^[0-9]+$ ]] || ((x < 1 || x > 65535)); then
+        die "port \"$x\" in \"$list\" is not a number from 1 to 65535"
+      fi
     done
     echo "${p[*]}"
   else
-    [[ "$base" =~ ^[0-9]+$ ]] && ((base > 0 && base + 33 < 65536)) || die "NATS_BASE_PORT=\"$base\" leaves no room for ports BASE+1..BASE+33"
+    if ! [[ "$base" =~ ^[0-9]+$ ]] || ((base < 1 || base + 33 > 65535)); then
+      die "NATS_BASE_PORT=\"$base\" leaves no room for ports BASE+1..BASE+33"
+    fi
     echo "$((base + offset + 1)) $((base + offset + 2)) $((base + offset + 3))"
   fi
 }
@@ -76,9 +88,13 @@ load_env() {
   [[ -f "$dir/cluster.env" ]] || die "no cluster in $dir (no cluster.env): run \`cluster.sh start $dir\` first"
   # shellcheck disable=SC1091
   source "$dir/cluster.env"
+  # shellcheck disable=SC2153 # set by cluster.env
   read -r -a client_ports <<<"$CLIENT_PORTS"
+  # shellcheck disable=SC2153
   read -r -a cluster_ports <<<"$CLUSTER_PORTS"
+  # shellcheck disable=SC2153
   read -r -a mqtt_ports <<<"$MQTT_PORTS"
+  # shellcheck disable=SC2153
   read -r -a http_ports <<<"$HTTP_PORTS"
 }
 
@@ -90,8 +106,8 @@ write_env() {
   m="$(ports_of "${NATS_MQTT_PORTS:-}" 20)"
   h="$(ports_of "${NATS_HTTP_PORTS:-}" 30)"
   local all
-  all="$(echo $c $r $m $h | tr ' ' '\n' | sort | uniq -d)"
-  [[ -z "$all" ]] || die "port(s) given twice: $(echo $all)"
+  all="$(echo "$c $r $m $h" | tr ' ' '\n' | sort | uniq -d)"
+  [[ -z "$all" ]] || die "port(s) given twice: ${all//$'\n'/ }"
   cat >"$dir/cluster.env" <<EOF
 CLIENT_PORTS="$c"
 CLUSTER_PORTS="$r"
@@ -161,7 +177,7 @@ mqtt_ready() { # MQTT_PORT
   reply="$(timeout 6 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1 \
       && printf '\x10\x0c\x00\x04MQTT\x04\x02\x00\x0a\x00\x00' >&3 \
       && head -c 4 <&3 | od -An -tx1" 2>/dev/null)" || return 1
-  [[ "$(echo $reply)" == "20 02 00 00" ]]
+  [[ "${reply//[[:space:]]/}" == "20020000" ]]
 }
 
 # Waits until every running node is healthy and takes MQTT connections.
@@ -181,6 +197,33 @@ wait_ready() {
     done
   done
   ((running > 0)) || die "no node of the cluster in $dir runs"
+}
+
+# Creates $MQTT_msgs (QoS 1 messages) on a fresh cluster before any MQTT
+# client connects: three replicas, file storage, limits retention for
+# NATS_MQTT_MSGS_MAX_AGE seconds. NATS 2.9 takes an existing stream of
+# that name as it is.
+create_msgs_stream() {
+  local age="${NATS_MQTT_MSGS_MAX_AGE:-900}" limit="${NATS_READY_TIMEOUT:-60}" start=$SECONDS reply
+  [[ "$age" =~ ^[0-9]+$ ]] || die "NATS_MQTT_MSGS_MAX_AGE=\"$age\" is not a number of seconds"
+  ((age > 0)) || return 0
+  local body
+  body="{\"name\":\"\$MQTT_msgs\",\"subjects\":[\"\$MQTT.msgs.>\"],\"retention\":\"limits\",\"max_age\":${age}000000000,\"storage\":\"file\",\"num_replicas\":3,\"discard\":\"old\",\"max_consumers\":-1,\"max_msgs\":-1,\"max_bytes\":-1,\"max_msg_size\":-1,\"max_msgs_per_subject\":-1,\"duplicate_window\":120000000000}"
+  until healthy "${http_ports[0]}" && healthy "${http_ports[1]}" && healthy "${http_ports[2]}"; do
+    ((SECONDS - start < limit)) || die "JetStream not ready after ${limit} s (see $dir/n1.log)"
+    sleep 0.2
+  done
+  while true; do
+    # shellcheck disable=SC2016
+    reply="$(timeout 5 bash -c 'exec 3<>/dev/tcp/127.0.0.1/$1 \
+        && printf "CONNECT {\"verbose\":false}\r\nSUB _INBOX.lwcreate 1\r\nPUB \$JS.API.STREAM.CREATE.\$MQTT_msgs _INBOX.lwcreate %d\r\n%s\r\n" "${#2}" "$2" >&3 \
+        && grep -m1 -a "stream_create_response" <&3' _ "${client_ports[0]}" "$body" 2>/dev/null)" || true
+    if [[ "$reply" == *stream_create_response* && "$reply" != *'"error"'* ]]; then
+      return 0
+    fi
+    ((SECONDS - start < limit)) || die "could not create \$MQTT_msgs: ${reply:-no answer}"
+    sleep 0.5
+  done
 }
 
 report() {
@@ -225,6 +268,7 @@ case "$cmd" in
     write_env
     load_env
     for n in "${nodes[@]}"; do start_node "$n"; done
+    create_msgs_stream
     wait_ready
     report
     ;;
