@@ -390,20 +390,25 @@ mod tests {
         assert!(e.contains("a host never signs"), "{e}");
     }
 
+    /// CDU `cdu1`, key 1 of seed 1, which may lease.
+    fn cdu1() -> Signer {
+        Signer {
+            role: Role::Cdu,
+            name: Some(Ident::new("cdu1").unwrap()),
+            key_id: 1,
+            key: key(1).key.verifying_key(),
+            may: May {
+                lease: true,
+                release: false,
+            },
+        }
+    }
+
     #[test]
     fn a_keyring_round_trips_and_says_what_is_wrong_where() {
         let site = Ident::new("hall-1").unwrap();
         let signers = vec![
-            Signer {
-                role: Role::Cdu,
-                name: Some(Ident::new("cdu1").unwrap()),
-                key_id: 1,
-                key: key(1).key.verifying_key(),
-                may: May {
-                    lease: true,
-                    release: false,
-                },
-            },
+            cdu1(),
             Signer {
                 role: Role::Operator,
                 name: Some(Ident::new("ops1").unwrap()),
@@ -449,18 +454,8 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("keyring.toml");
-        let signer = Signer {
-            role: Role::Cdu,
-            name: Some(Ident::new("cdu1").unwrap()),
-            key_id: 1,
-            key: key(1).key.verifying_key(),
-            may: May {
-                lease: true,
-                release: false,
-            },
-        };
         let site = Ident::new("hall-1").unwrap();
-        std::fs::write(&path, keyring_toml(&site, &[signer])).unwrap();
+        std::fs::write(&path, keyring_toml(&site, &[cdu1()])).unwrap();
         let mode = |m| std::fs::set_permissions(&path, std::fs::Permissions::from_mode(m)).unwrap();
         mode(0o666);
         let e = read_keyring(&path).unwrap_err();

@@ -19,13 +19,10 @@
 mod rig;
 
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use loopwarden_protocol::auth::SigningKey;
-use loopwarden_protocol::{
-    AckCode, CapLease, CapSource, CommandAuth, DurationMs, Frame, GpuCap, GpuSelector, Message,
-    MessageKind, NodeId, ReasonCode, Role, TimestampMs, Watts,
-};
+use loopwarden_protocol::{AckCode, Frame, GpuSelector, Message, MessageKind, NodeId, Role};
 use node_agent::config::Overrides;
 
 use rig::Rig;
@@ -34,35 +31,9 @@ use rig::Rig;
 const RATE: u64 = 10_000;
 const FLOOD: Duration = Duration::from_secs(30);
 
-fn now() -> TimestampMs {
-    TimestampMs(
-        SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .expect("clock after 1970")
-            .as_millis() as u64,
-    )
-}
-
-/// A 400 W lease of every GPU from `sender`, unsigned.
+/// A 400 W lease of every GPU from `sender` for a minute, unsigned.
 fn lease(sender: NodeId, seq: u32) -> Frame {
-    Frame {
-        sender,
-        seq,
-        time: now(),
-        message: Message::CapLease(CapLease {
-            lease: seq,
-            source: CapSource::Cooling,
-            reason: ReasonCode::CAPACITY_SHORT,
-            caps: [GpuCap {
-                gpus: GpuSelector::All,
-                limit: Watts(400),
-            }]
-            .into_iter()
-            .collect(),
-            duration: DurationMs(60_000),
-            auth: CommandAuth::default(),
-        }),
-    }
+    rig::lease_from(sender, seq, seq, &[(GpuSelector::All, 400)], 60_000)
 }
 
 /// A thousand forged commands, encoded: half in `cdu-a`'s name, half in

@@ -24,26 +24,15 @@
 #[allow(dead_code)]
 mod rig;
 
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use loopwarden_protocol::auth::{May, Signer, SigningKey};
-use loopwarden_protocol::message::{CduState, LeakSensing, RackCooling, RackState};
 use loopwarden_protocol::{
-    AckCode, CapLease, CapSource, CduMode, Celsius, CommandAuth, DurationMs, Family, Frame, GpuCap,
-    GpuSelector, Ident, Message, NodeId, RackIndex, ReasonCode, Role, TimestampMs, Topic, Watts,
+    AckCode, Family, Frame, GpuSelector, Ident, Message, NodeId, Role, Topic,
 };
 use node_agent::config::Overrides;
 
-use rig::{Rig, SITE};
-
-fn now() -> TimestampMs {
-    TimestampMs(
-        SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .expect("clock after 1970")
-            .as_millis() as u64,
-    )
-}
+use rig::{now, Rig, SITE};
 
 fn ident(s: &str) -> Ident {
     Ident::new(s).expect("ident")
@@ -56,32 +45,11 @@ fn state_topic(cdu: &str) -> Topic {
 
 /// A state with rack 2's cooling lost, sent as `sender` with `seq`.
 fn rack2_lost(sender: NodeId, seq: u32) -> Frame {
-    let state = CduState {
-        mode: CduMode::Normal,
-        reason: ReasonCode::OK,
-        since: now(),
-        setpoint: Celsius::new(32.0).expect("fits"),
-        supply: Some(Celsius::new(32.1).expect("fits")),
-        flow_per_gpu: None,
-        racks: (0..4)
-            .map(|r| RackState {
-                rack: RackIndex::new(r).expect("rack"),
-                cooling: if r == 2 {
-                    RackCooling::Lost
-                } else {
-                    RackCooling::Normal
-                },
-                sensing: LeakSensing::Supervised,
-            })
-            .collect(),
-        facility: None,
-        auth: CommandAuth::default(),
-    };
     Frame {
         sender,
         seq,
         time: now(),
-        message: Message::CduState(state),
+        message: Message::CduState(rig::cdu_state(true)),
     }
 }
 
@@ -191,24 +159,8 @@ fn a_refused_command_sent_again_after_a_restart_is_refused_as_replayed() {
     let mut sub = rig.subscribe(&["ack"]);
     let mut agent = rig.spawn_on_flash();
     // Eleven minutes: over the host's ten, refused after its seq counted.
-    let mut too_long = Frame {
-        sender: NodeId::new(Role::Cdu, "cdu-a").expect("node"),
-        seq: 700,
-        time: now(),
-        message: Message::CapLease(CapLease {
-            lease: 1,
-            source: CapSource::Cooling,
-            reason: ReasonCode::CAPACITY_SHORT,
-            caps: [GpuCap {
-                gpus: GpuSelector::All,
-                limit: Watts(400),
-            }]
-            .into_iter()
-            .collect(),
-            duration: DurationMs(11 * 60_000),
-            auth: CommandAuth::default(),
-        }),
-    };
+    let cdu_a = NodeId::new(Role::Cdu, "cdu-a").expect("node");
+    let mut too_long = rig::lease_from(cdu_a, 700, 1, &[(GpuSelector::All, 400)], 11 * 60_000);
     too_long
         .sign(
             &rig.cmd_topic(),

@@ -14,48 +14,20 @@
 #[path = "system/rig.rs"]
 mod rig;
 
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use loopwarden_protocol::{
-    Ack, AckCode, CapLease, CapSource, CommandAuth, DurationMs, Event, Frame, GpuCap, GpuIndex,
-    GpuSelector, HealthState, Message, NodeId, ReasonCode, Role, TimestampMs, Watts,
+    Ack, AckCode, CommandAuth, Event, Frame, GpuIndex, GpuSelector, HealthState, Message, NodeId,
+    ReasonCode, Role, TimestampMs, Watts,
 };
 use loopwarden_system_tests::{Seen, Subscriber};
 use node_agent::config::Overrides;
 
-use rig::{frame, Console, Rig, SITE};
-
-fn now() -> TimestampMs {
-    TimestampMs(
-        SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .expect("clock after 1970")
-            .as_millis() as u64,
-    )
-}
+use rig::{frame, now, Console, Rig, SITE};
 
 fn lease(seq: u32, id: u32, caps: &[(GpuSelector, u32)], ms: u32) -> Frame {
-    let f = Frame {
-        sender: NodeId::new(Role::Cdu, "cdu-a").expect("ident"),
-        seq,
-        time: now(),
-        message: Message::CapLease(CapLease {
-            lease: id,
-            source: CapSource::Cooling,
-            reason: ReasonCode::CAPACITY_SHORT,
-            caps: caps
-                .iter()
-                .map(|(g, w)| GpuCap {
-                    gpus: *g,
-                    limit: Watts(*w),
-                })
-                .collect(),
-            duration: DurationMs(ms),
-            auth: CommandAuth::default(),
-        }),
-    };
-    // Unsigned: `Rig::send` signs it for the host it goes to.
-    f
+    let cdu_a = NodeId::new(Role::Cdu, "cdu-a").expect("ident");
+    rig::lease_from(cdu_a, seq, id, caps, ms)
 }
 
 fn gpu(i: u8) -> GpuSelector {
@@ -683,29 +655,7 @@ fn a_wall_clock_step_changes_no_verdict_and_moves_the_stamps() {
 /// The CDU's state with rack 2 lost or every rack normal, as `cdu-a`
 /// publishes it (retained) on its health topic.
 fn publish_cdu_state(rig: &Rig, rack2_lost: bool) {
-    use loopwarden_protocol::message::{CduState, LeakSensing, RackCooling, RackState};
-    use loopwarden_protocol::{CduMode, Celsius, RackIndex};
-    let state = CduState {
-        mode: CduMode::Normal,
-        reason: ReasonCode::OK,
-        since: now(),
-        setpoint: Celsius::new(32.0).expect("fits"),
-        supply: Some(Celsius::new(32.1).expect("fits")),
-        flow_per_gpu: None,
-        racks: (0..4)
-            .map(|r| RackState {
-                rack: RackIndex::new(r).expect("rack"),
-                cooling: if r == 2 && rack2_lost {
-                    RackCooling::Lost
-                } else {
-                    RackCooling::Normal
-                },
-                sensing: LeakSensing::Supervised,
-            })
-            .collect(),
-        facility: None,
-        auth: CommandAuth::default(),
-    };
+    let state = rig::cdu_state(rack2_lost);
     let mut f = Frame {
         sender: NodeId::new(Role::Cdu, "cdu-a").expect("ident"),
         seq: if rack2_lost { 1 } else { 2 },

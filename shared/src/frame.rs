@@ -485,7 +485,7 @@ mod older {
 
     /// Today's shape, `facility` `None`, unsigned.
     pub fn cdu_state_2_2(s: CduState22) -> CduState {
-        CduState {
+        cdu_state_2_6(CduState26 {
             mode: s.mode,
             reason: s.reason,
             since: s.since,
@@ -494,8 +494,7 @@ mod older {
             flow_per_gpu: s.flow_per_gpu,
             racks: s.racks,
             facility: None,
-            auth: CommandAuth::default(),
-        }
+        })
     }
 
     /// `cdu_state` as 2.3 to 2.6 wrote it: unsigned.

@@ -7,9 +7,13 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
-use loopwarden_protocol::{samples, Ack, Frame, Message, Role};
+use loopwarden_protocol::message::{CduState, LeakSensing, RackCooling, RackState};
+use loopwarden_protocol::{
+    samples, Ack, CapLease, CapSource, CduMode, Celsius, CommandAuth, DurationMs, Frame, GpuCap,
+    GpuSelector, Message, NodeId, RackIndex, ReasonCode, Role, TimestampMs, Watts,
+};
 use loopwarden_system_tests::{publish_raw, retained, Mosquitto, Seen, Subscriber};
 use node_agent::clock::{Clock, SystemClock};
 use node_agent::config::Overrides;
@@ -20,6 +24,73 @@ use node_agent::sim_gpus::{TwinControl, TwinSource};
 /// The site every test's host is in.
 pub const SITE: &str = "sys";
 const AGENT: &str = env!("CARGO_BIN_EXE_node-agent");
+
+/// The wall clock, ms since the epoch: what the tests stamp frames with.
+pub fn now() -> TimestampMs {
+    TimestampMs(
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .expect("clock after 1970")
+            .as_millis() as u64,
+    )
+}
+
+/// A lease `id` from `sender`, stamped now, capping `caps` (GPUs and
+/// watts) for `ms`; unsigned: [`Rig::send`] signs it for the host it goes
+/// to unless the test signs it itself.
+pub fn lease_from(
+    sender: NodeId,
+    seq: u32,
+    id: u32,
+    caps: &[(GpuSelector, u32)],
+    ms: u32,
+) -> Frame {
+    Frame {
+        sender,
+        seq,
+        time: now(),
+        message: Message::CapLease(CapLease {
+            lease: id,
+            source: CapSource::Cooling,
+            reason: ReasonCode::CAPACITY_SHORT,
+            caps: caps
+                .iter()
+                .map(|(g, w)| GpuCap {
+                    gpus: *g,
+                    limit: Watts(*w),
+                })
+                .collect(),
+            duration: DurationMs(ms),
+            auth: CommandAuth::default(),
+        }),
+    }
+}
+
+/// A CDU's state as `cdu-a` publishes it, unsigned: racks 0 to 3, rack 2's
+/// cooling lost when `rack2_lost`, every other rack normal.
+pub fn cdu_state(rack2_lost: bool) -> CduState {
+    CduState {
+        mode: CduMode::Normal,
+        reason: ReasonCode::OK,
+        since: now(),
+        setpoint: Celsius::new(32.0).expect("fits"),
+        supply: Some(Celsius::new(32.1).expect("fits")),
+        flow_per_gpu: None,
+        racks: (0..4)
+            .map(|r| RackState {
+                rack: RackIndex::new(r).expect("rack"),
+                cooling: if r == 2 && rack2_lost {
+                    RackCooling::Lost
+                } else {
+                    RackCooling::Normal
+                },
+                sensing: LeakSensing::Supervised,
+            })
+            .collect(),
+        facility: None,
+        auth: CommandAuth::default(),
+    }
+}
 
 /// One test's world: a private mosquitto, a temporary directory and the
 /// host under test, with what starts agents for that host and talks to
