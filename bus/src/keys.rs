@@ -18,7 +18,7 @@
 //! node = "cdu/cdu1"           # a CDU may lease only the hosts it cools
 //! key_id = 1
 //! public_key = "…64 hex…"
-//! may = ["lease"]             # lease, release
+//! may = ["lease"]             # lease, release, resend
 //! ```
 //!
 //! Every signer is named: `node = "cdu/*"` is refused. Only the twin's
@@ -289,7 +289,7 @@ pub fn parse_keyring(text: &str) -> Result<Keyring, String> {
         let key = VerifyingKey::from_bytes(&bytes)
             .map_err(|_| at("public_key is not an Ed25519 public key".into()))?;
         let may = parse_may(&s.may).map_err(|e| at(format!("may: {e}")))?;
-        if !may.lease && !may.release {
+        if may == May::default() {
             return Err(at("may is empty: the signer could do nothing".into()));
         }
         let signer = Signer {
@@ -313,14 +313,16 @@ pub fn parse_keyring(text: &str) -> Result<Keyring, String> {
     Ok(Keyring { site, signers })
 }
 
-/// Rights as written: `lease`, `release`.
+/// Rights as written: `lease`, `release`, `resend` (a reader's: ask for
+/// logged events again).
 pub(crate) fn parse_may(list: &[String]) -> Result<May, String> {
     let mut may = May::default();
     for m in list {
         match m.as_str() {
             "lease" => may.lease = true,
             "release" => may.release = true,
-            other => return Err(format!("{other:?} is not lease or release")),
+            "resend" => may.resend = true,
+            other => return Err(format!("{other:?} is not lease, release or resend")),
         }
     }
     Ok(may)
@@ -335,6 +337,9 @@ pub fn signer_toml(s: &Signer) -> String {
     }
     if s.may.release {
         may.push("\"release\"");
+    }
+    if s.may.resend {
+        may.push("\"resend\"");
     }
     format!(
         "[[signer]]\nnode = \"{}/{name}\"\nkey_id = {}\npublic_key = \"{}\"\nmay = [{}]\n",
@@ -400,6 +405,7 @@ mod tests {
             may: May {
                 lease: true,
                 release: false,
+                resend: false,
             },
         }
     }
@@ -417,6 +423,7 @@ mod tests {
                 may: May {
                     lease: true,
                     release: true,
+                    resend: true,
                 },
             },
         ];
@@ -434,7 +441,10 @@ mod tests {
         let e = parse_keyring(&entry("cdu/cdu1", "abcd", "\"lease\"")).unwrap_err();
         assert!(e.contains("public_key") && e.contains("64 hex"), "{e}");
         let e = parse_keyring(&entry("cdu/cdu1", &pk, "\"reboot\"")).unwrap_err();
-        assert!(e.contains("\"reboot\" is not lease or release"), "{e}");
+        assert!(
+            e.contains("\"reboot\" is not lease, release or resend"),
+            "{e}"
+        );
         let e = parse_keyring(&entry("cdu/cdu1", &pk, "")).unwrap_err();
         assert!(e.contains("may is empty"), "{e}");
         let twice = format!(

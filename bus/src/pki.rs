@@ -125,6 +125,7 @@ pub fn sign_key(args: &SignKeyArgs) -> Result<String, String> {
         May {
             lease: true,
             release: role == Role::Operator,
+            resend: role == Role::Operator,
         }
     } else {
         parse_may(&args.may).map_err(|e| format!("--may: {e}"))?
@@ -178,7 +179,7 @@ pub fn init(args: &InitArgs) -> Result<String, String> {
 }
 
 /// The families a node publishes on its own subtree (all but `cmd`).
-const OWN_FAMILIES: [&str; 5] = ["telemetry", "health", "event", "ack", "online"];
+const OWN_FAMILIES: [&str; 6] = ["telemetry", "health", "event", "ack", "online", "resent"];
 
 /// Names no identity may take: the broker's and the CA's files.
 const RESERVED: [&str; 2] = ["broker", "ca"];
@@ -357,9 +358,15 @@ fn output(plan: &Plan, dir: &Path, port: u16) -> Result<Vec<OutFile>, String> {
         files.push(OutFile::secret(format!("{name}.key"), key));
     }
     let mut signers = Vec::new();
-    let cdus = plan.cdus.iter().map(|c| (Role::Cdu, c, false));
-    let operators = plan.operators.iter().map(|o| (Role::Operator, o, true));
-    for (role, name, release) in cdus.chain(operators) {
+    // CDUs lease; operators lease, release and ask for resends; readers
+    // only ask for resends (of the events they read).
+    let cdus = plan
+        .cdus
+        .iter()
+        .map(|c| (Role::Cdu, c, (true, false, false)));
+    let operators = (plan.operators.iter()).map(|o| (Role::Operator, o, (true, true, true)));
+    let readers = (plan.readers.iter()).map(|r| (Role::Facility, r, (false, false, true)));
+    for (role, name, (lease, release, resend)) in cdus.chain(operators).chain(readers) {
         let key = new_sign_key(role, name, 1);
         signers.push(Signer {
             role,
@@ -367,8 +374,9 @@ fn output(plan: &Plan, dir: &Path, port: u16) -> Result<Vec<OutFile>, String> {
             key_id: key.key_id,
             key: key.key.verifying_key(),
             may: May {
-                lease: true,
+                lease,
                 release,
+                resend,
             },
         });
         files.push(OutFile::secret(format!("{name}.sign.key"), key.to_toml()));
@@ -570,8 +578,8 @@ fn acl(plan: &Plan) -> String {
         let _ = write!(
             out,
             "\n# Host {host}, cooled by CDU {cdu}: publishes its own telemetry, health,\n\
-             # event, ack and online (never a command); reads its own commands and\n\
-             # its CDU's health.\nuser {host}\n"
+             # event, ack, online and resent (never a command); reads its own\n\
+             # commands and resend requests, and its CDU's health.\nuser {host}\n"
         );
         topic_lines(&mut out, "write", own_topics(s, Role::Host, host));
         topic_lines(
@@ -579,6 +587,7 @@ fn acl(plan: &Plan) -> String {
             "read",
             [
                 format!("{ROOT}/{s}/host/{host}/cmd"),
+                format!("{ROOT}/{s}/host/{host}/resend"),
                 format!("{ROOT}/{s}/cdu/{cdu}/health"),
             ],
         );
@@ -589,24 +598,32 @@ fn acl(plan: &Plan) -> String {
     for op in &plan.operators {
         let _ = write!(
             out,
-            "\n# Operator {op}: commands any host or CDU; reads the whole site.\nuser {op}\n"
+            "\n# Operator {op}: commands any host or CDU, asks any for resends; reads\n\
+             # the whole site.\nuser {op}\n"
         );
         topic_lines(
             &mut out,
             "write",
             ["host", "cdu"].map(|r| format!("{ROOT}/{s}/{r}/+/cmd")),
         );
+        topic_lines(&mut out, "write", resend_topics(s));
         topic_lines(&mut out, "read", [format!("{ROOT}/{s}/#")]);
     }
     for reader in &plan.readers {
         let _ = write!(
             out,
-            "\n# Facility reader {reader}: reads the whole site, publishes nothing.\n\
-             user {reader}\n"
+            "\n# Facility reader {reader}: reads the whole site; publishes only\n\
+             # requests to resend events it missed.\nuser {reader}\n"
         );
+        topic_lines(&mut out, "write", resend_topics(s));
         topic_lines(&mut out, "read", [format!("{ROOT}/{s}/#")]);
     }
     out
+}
+
+/// Every host's and CDU's `resend` topic (a reader's requests).
+fn resend_topics(s: &Ident) -> [String; 2] {
+    ["host", "cdu"].map(|r| format!("{ROOT}/{s}/{r}/+/resend"))
 }
 
 /// A CDU controller's section of the ACL.
@@ -625,9 +642,10 @@ fn acl_cdu(out: &mut String, plan: &Plan, cdu: &Ident) {
     let _ = write!(
         out,
         "\n# CDU controller {cdu}, cooling {cooled}: publishes its own telemetry,\n\
-         # health, event, ack and online, and commands to the hosts it cools;\n\
-         # reads every host's telemetry and acks, its own commands, and the\n\
-         # other CDUs' states (a hall's facility water plan).\nuser {cdu}\n"
+         # health, event, ack, online and resent, and commands to the hosts it\n\
+         # cools; reads every host's telemetry and acks, its own commands and\n\
+         # resend requests, and the other CDUs' states (a hall's facility\n\
+         # water plan).\nuser {cdu}\n"
     );
     topic_lines(out, "write", own_topics(s, Role::Cdu, cdu));
     topic_lines(
@@ -642,6 +660,7 @@ fn acl_cdu(out: &mut String, plan: &Plan, cdu: &Ident) {
             format!("{ROOT}/{s}/host/+/telemetry"),
             format!("{ROOT}/{s}/host/+/ack"),
             format!("{ROOT}/{s}/cdu/{cdu}/cmd"),
+            format!("{ROOT}/{s}/cdu/{cdu}/resend"),
             format!("{ROOT}/{s}/cdu/+/health"),
         ],
     );
@@ -661,7 +680,8 @@ fn summary(plan: &Plan, dir: &Path, port: u16) -> String {
          \x20 broker.crt/.key      the broker's identity (localhost, 127.0.0.1, ::1)\n\
          \x20 ID.crt/.key          hosts: {hosts}; CDUs: {cdus}; operators: {ops}; \
          readers: {readers}\n\
-         \x20 ID.sign.key          command signing keys of the CDUs and operators\n\
+         \x20 ID.sign.key          signing keys: CDUs and operators (commands), readers\n\
+         \x20                      (requests to resend events they missed)\n\
          \x20 keyring.toml         who may command the hosts (public: copy to every host)\n\
          \x20 mosquitto.conf, acl  TLS listener on 127.0.0.1:{port}, who may publish and \
          read what\n\
@@ -751,10 +771,16 @@ mod tests {
         for secret in ["ca.key", "broker.key", "h01.key", "h02.key", "cdu1.key"] {
             assert_eq!(mode(&out.join(secret)), 0o600, "{secret}");
         }
-        for secret in ["ops1.key", "bms1.key", "cdu1.sign.key", "ops1.sign.key"] {
+        for secret in [
+            "ops1.key",
+            "bms1.key",
+            "cdu1.sign.key",
+            "ops1.sign.key",
+            "bms1.sign.key",
+        ] {
             assert_eq!(mode(&out.join(secret)), 0o600, "{secret}");
         }
-        assert!(!out.join("h01.sign.key").exists() && !out.join("bms1.sign.key").exists());
+        assert!(!out.join("h01.sign.key").exists(), "a host signs nothing");
         let ca = std::fs::read_to_string(out.join("ca.crt")).unwrap();
         assert!(ca.starts_with("-----BEGIN CERTIFICATE-----"), "{ca}");
         let conf = std::fs::read_to_string(out.join("mosquitto.conf")).unwrap();
@@ -814,24 +840,20 @@ mod tests {
             .iter()
             .map(|s| (s.role, s.name.as_deref().unwrap(), s.key_id, s.may))
             .collect();
-        let (lease, both) = (
-            May {
-                lease: true,
-                release: false,
-            },
-            May {
-                lease: true,
-                release: true,
-            },
-        );
+        let may = |lease, release, resend| May {
+            lease,
+            release,
+            resend,
+        };
         assert_eq!(
             who,
             [
-                (Role::Cdu, "cdu1", 1, lease),
-                (Role::Operator, "ops1", 1, both)
+                (Role::Cdu, "cdu1", 1, may(true, false, false)),
+                (Role::Operator, "ops1", 1, may(true, true, true)),
+                (Role::Facility, "bms1", 1, may(false, false, true)),
             ]
         );
-        for (i, name) in ["cdu1", "ops1"].iter().enumerate() {
+        for (i, name) in ["cdu1", "ops1", "bms1"].iter().enumerate() {
             let path = dir.path().join(format!("{name}.sign.key"));
             let key = parse_sign_key(&std::fs::read_to_string(path).unwrap()).unwrap();
             assert_eq!(key.node.id.as_str(), *name);
@@ -847,7 +869,9 @@ mod tests {
         let section = acl.split("\nuser h01\n").nth(1).unwrap();
         let section = section.split("\n\n").next().unwrap();
         let lines: Vec<&str> = section.lines().filter(|l| l.starts_with("topic")).collect();
-        assert_eq!(lines.len(), 12, "{section}");
+        assert_eq!(lines.len(), 15, "{section}");
+        assert!(lines.contains(&"topic read dc/v2/lab/host/h01/resend"));
+        assert!(lines.contains(&"topic write dc/v2/lab/host/h01/resent"));
         assert!(lines.contains(&"topic write dc/v2/lab/host/h01/telemetry"));
         assert!(lines.contains(&"topic write dc/v2/lab/json/host/h01/online"));
         assert!(lines.contains(&"topic read dc/v2/lab/host/h01/cmd"));
@@ -863,7 +887,18 @@ mod tests {
         assert!(acl.contains("user cdu1\n"));
         assert!(acl.contains("topic write dc/v2/lab/host/h02/cmd\n"));
         let reader = acl.split("\nuser bms1\n").nth(1).unwrap();
-        assert_eq!(reader, "topic read dc/v2/lab/#\n");
+        assert_eq!(
+            reader
+                .lines()
+                .filter(|l| l.starts_with("topic"))
+                .collect::<Vec<_>>(),
+            [
+                "topic write dc/v2/lab/host/+/resend",
+                "topic write dc/v2/lab/cdu/+/resend",
+                "topic read dc/v2/lab/#"
+            ],
+            "a reader publishes nothing but resend requests"
+        );
     }
 
     #[test]

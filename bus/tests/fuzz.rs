@@ -38,6 +38,7 @@ fn signer(role: Role, name: Option<&str>, key_id: u8, seed: u8, may: (bool, bool
         may: May {
             lease: may.0,
             release: may.1,
+            resend: false,
         },
     }
 }

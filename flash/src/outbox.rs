@@ -90,6 +90,8 @@ impl Class {
             },
             Message::CapLease(_) | Message::CduState(_) => Class::Critical,
             Message::QuarantineRelease(_) | Message::Ack(_) => Class::Normal,
+            // Never stored (not durable): a reader asks again.
+            Message::ResendRequest(_) | Message::ResendReport(_) => Class::Telemetry,
         }
     }
 }

@@ -872,6 +872,7 @@ mod tests {
             may: May {
                 lease: true,
                 release: false,
+                resend: false,
             },
         };
         let site = Ident::new("hall-1").unwrap();

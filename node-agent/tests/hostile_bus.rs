@@ -62,6 +62,7 @@ fn cdu_signer(name: &str, key: &SigningKey) -> Signer {
         may: May {
             lease: true,
             release: false,
+            resend: false,
         },
     }
 }

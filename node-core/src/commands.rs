@@ -102,7 +102,8 @@ pub struct Authority {
 
 impl Authority {
     /// The simulated hall's: any CDU controller or facility system may
-    /// lease and any operator may lease and release, with the public demo
+    /// lease and any operator may lease and release (operators and
+    /// facility systems may ask for resends), with the public demo
     /// key ([`loopwarden_protocol::samples::demo_signing_key`]) as key 1;
     /// the host's own CDU rule still holds.
     pub fn demo(cdu: Option<Ident>) -> Self {
@@ -115,6 +116,7 @@ impl Authority {
             may: May {
                 lease: true,
                 release,
+                resend: role != Role::Cdu,
             },
         };
         Self {
@@ -568,6 +570,7 @@ mod tests {
             may: May {
                 lease: true,
                 release,
+                resend: role != Role::Cdu,
             },
         }
     }

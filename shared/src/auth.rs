@@ -79,6 +79,8 @@ pub struct May {
     pub lease: bool,
     /// Release quarantined GPUs.
     pub release: bool,
+    /// Ask for logged events to be published again (a reader's right).
+    pub resend: bool,
 }
 
 /// A key a host trusts: whose it is and what its holder may do.
@@ -111,6 +113,7 @@ fn auth_mut(message: &mut Message) -> Option<&mut CommandAuth> {
         Message::CapLease(m) => Some(&mut m.auth),
         Message::QuarantineRelease(m) => Some(&mut m.auth),
         Message::CduState(m) => Some(&mut m.auth),
+        Message::ResendRequest(m) => Some(&mut m.auth),
         _ => None,
     }
 }
@@ -167,6 +170,7 @@ impl Frame {
             Message::CapLease(m) => Some(m.auth),
             Message::QuarantineRelease(m) => Some(m.auth),
             Message::CduState(m) => Some(m.auth),
+            Message::ResendRequest(m) => Some(m.auth),
             _ => None,
         }
     }

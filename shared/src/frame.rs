@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use crate::ids::NodeId;
 use crate::message::{
     Ack, CapLease, CduState, CduTelemetry, Event, HostHealth, HostTelemetry, Online,
-    QuarantineRelease,
+    QuarantineRelease, ResendReport, ResendRequest,
 };
 use crate::topic::Family;
 use crate::units::TimestampMs;
@@ -50,7 +50,7 @@ impl fmt::Display for Version {
 }
 
 /// The version this crate speaks.
-pub const PROTOCOL: Version = Version { major: 2, minor: 7 };
+pub const PROTOCOL: Version = Version { major: 2, minor: 8 };
 
 /// The longest frame any node sends or accepts, in bytes.
 pub const MAX_FRAME_LEN: usize = 2048;
@@ -90,11 +90,15 @@ pub enum MessageKind {
     CduState = 8,
     /// [`Online`].
     Online = 9,
+    /// [`ResendRequest`].
+    ResendRequest = 10,
+    /// [`ResendReport`].
+    ResendReport = 11,
 }
 
 impl MessageKind {
     /// Every kind, in code order.
-    pub const ALL: [MessageKind; 9] = [
+    pub const ALL: [MessageKind; 11] = [
         MessageKind::HostTelemetry,
         MessageKind::HostHealth,
         MessageKind::Event,
@@ -104,6 +108,8 @@ impl MessageKind {
         MessageKind::CduTelemetry,
         MessageKind::CduState,
         MessageKind::Online,
+        MessageKind::ResendRequest,
+        MessageKind::ResendReport,
     ];
 
     /// The kind of a code, if known.
@@ -123,6 +129,8 @@ impl MessageKind {
             MessageKind::CduTelemetry => "cdu_telemetry",
             MessageKind::CduState => "cdu_state",
             MessageKind::Online => "online",
+            MessageKind::ResendRequest => "resend_request",
+            MessageKind::ResendReport => "resend_report",
         }
     }
 
@@ -135,6 +143,8 @@ impl MessageKind {
             MessageKind::CapLease | MessageKind::QuarantineRelease => Family::Cmd,
             MessageKind::Ack => Family::Ack,
             MessageKind::Online => Family::Online,
+            MessageKind::ResendRequest => Family::Resend,
+            MessageKind::ResendReport => Family::Resent,
         }
     }
 }
@@ -167,6 +177,10 @@ pub enum Message {
     CduState(CduState),
     /// See [`Online`].
     Online(Online),
+    /// See [`ResendRequest`].
+    ResendRequest(ResendRequest),
+    /// See [`ResendReport`].
+    ResendReport(ResendReport),
 }
 
 impl Message {
@@ -183,6 +197,8 @@ impl Message {
             Message::CduTelemetry(m) => put(m, buf, 0),
             Message::CduState(m) => put(m, buf, 0),
             Message::Online(m) => put(m, buf, 0),
+            Message::ResendRequest(m) => put(m, buf, 0),
+            Message::ResendReport(m) => put(m, buf, 0),
         }
     }
 
@@ -238,6 +254,12 @@ impl Message {
             }
             MessageKind::CduState => take(body, "body").map(|(m, r)| (Message::CduState(m), r))?,
             MessageKind::Online => take(body, "body").map(|(m, r)| (Message::Online(m), r))?,
+            MessageKind::ResendRequest => {
+                take(body, "body").map(|(m, r)| (Message::ResendRequest(m), r))?
+            }
+            MessageKind::ResendReport => {
+                take(body, "body").map(|(m, r)| (Message::ResendReport(m), r))?
+            }
         })
     }
 
@@ -253,6 +275,8 @@ impl Message {
             Message::CduTelemetry(_) => MessageKind::CduTelemetry,
             Message::CduState(_) => MessageKind::CduState,
             Message::Online(_) => MessageKind::Online,
+            Message::ResendRequest(_) => MessageKind::ResendRequest,
+            Message::ResendReport(_) => MessageKind::ResendReport,
         }
     }
 }

@@ -2,7 +2,7 @@
 //! Home Assistant) and for people, and a JSON Schema per message kind.
 //!
 //! ```json
-//! {"protocol":"2.7","sender":{"role":"host","id":"h07"},"seq":42,"time_ms":1764450000000,
+//! {"protocol":"2.8","sender":{"role":"host","id":"h07"},"seq":42,"time_ms":1764450000000,
 //!  "kind":"host_telemetry","body":{...}}
 //! ```
 //!
@@ -20,7 +20,7 @@ use crate::frame::{Frame, Message, MessageKind, Version, PROTOCOL};
 use crate::ids::NodeId;
 use crate::message::{
     Ack, CapLease, CduState, CduTelemetry, Event, HostHealth, HostTelemetry, Online,
-    QuarantineRelease,
+    QuarantineRelease, ResendReport, ResendRequest,
 };
 use crate::units::TimestampMs;
 
@@ -166,6 +166,8 @@ pub fn schema(kind: MessageKind) -> serde_json::Value {
         MessageKind::CduTelemetry => envelope_schema::<CduTelemetry>(kind),
         MessageKind::CduState => envelope_schema::<CduState>(kind),
         MessageKind::Online => envelope_schema::<Online>(kind),
+        MessageKind::ResendRequest => envelope_schema::<ResendRequest>(kind),
+        MessageKind::ResendReport => envelope_schema::<ResendReport>(kind),
     }
 }
 

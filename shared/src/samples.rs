@@ -177,6 +177,23 @@ pub fn message(kind: MessageKind) -> Message {
             started: TimestampMs(T0.0 - 86_400_000),
             clock: ClockSource::UnixEpoch,
         }),
+        MessageKind::ResendRequest => Message::ResendRequest(ResendRequest {
+            from: 86_390,
+            to: 86_402,
+            auth: CommandAuth::default(), // signed in `frame`
+        }),
+        MessageKind::ResendReport => Message::ResendReport(ResendReport {
+            correlation: Correlation {
+                from: node(Role::Facility, "bms1"),
+                seq: 310,
+            },
+            code: ResendCode::Limited,
+            from: 86_390,
+            to: 86_402,
+            resent: 4,
+            held_from: Some(12_001),
+            next: Some(86_399),
+        }),
     }
 }
 
@@ -293,6 +310,7 @@ pub fn frame(kind: MessageKind) -> Frame {
             node(Role::Cdu, "cdu-a")
         }
         MessageKind::QuarantineRelease => node(Role::Operator, "jdoe"),
+        MessageKind::ResendRequest => node(Role::Facility, "bms1"),
         _ => node(Role::Host, "h07"),
     };
     let mut frame = Frame {
@@ -311,6 +329,11 @@ pub fn frame(kind: MessageKind) -> Frame {
             .sign(&cdu_state_topic(), 1, &demo_signing_key())
             .expect("the sample state can be signed");
     }
+    if kind == MessageKind::ResendRequest {
+        frame
+            .sign(&resend_topic(), 1, &demo_signing_key())
+            .expect("the sample request can be signed");
+    }
     frame
 }
 
@@ -323,6 +346,14 @@ pub fn cdu_state_topic() -> crate::topic::Topic {
         &crate::ids::Ident::new("cdu-a").expect("an ident"),
         crate::topic::Family::Health,
     )
+}
+
+/// The topic the sample resend request is signed for: host `h07`'s
+/// (`dc/v2/hall-1/host/h07/resend`).
+pub fn resend_topic() -> crate::topic::Topic {
+    let mut t = command_topic();
+    t.family = crate::topic::Family::Resend;
+    t
 }
 
 /// The target the sample commands are signed for: host `h07` of site

@@ -19,7 +19,7 @@ use core::fmt;
 
 use crate::message::{
     AckCode, CapLease, CapSource, CduMode, CduSetting, CoolingStep, Event, EventClass, GpuCap,
-    GpuSelector, HealthState, Pump, QuarantineRelease, Sensor, SensorFault,
+    GpuSelector, HealthState, Pump, QuarantineRelease, ResendCode, Sensor, SensorFault,
 };
 use crate::units::DurationMs;
 use crate::xid::{self, XidAction, XidCause};
@@ -183,6 +183,20 @@ impl fmt::Display for AckCode {
             AckCode::TooLong => "refused: lease too long",
             AckCode::TooMany => "refused: too many leases",
             AckCode::Forbidden => "refused: the signer may not do this",
+        })
+    }
+}
+
+impl fmt::Display for ResendCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ResendCode::Ok => "resent",
+            ResendCode::Limited => "resent in part: the rate limit stopped it",
+            ResendCode::Malformed => "refused: malformed range",
+            ResendCode::Unauthenticated => "refused: signature not verified",
+            ResendCode::Forbidden => "refused: the signer may not ask for resends",
+            ResendCode::Replayed => "refused: replayed",
+            ResendCode::Unavailable => "failed: the log could not be read",
         })
     }
 }

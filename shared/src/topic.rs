@@ -53,17 +53,25 @@ pub enum Family {
     Ack,
     /// Alive or gone; the broker publishes the last will here. QoS 1, retained.
     Online,
+    /// Requests to the node to publish its logged events again (readers
+    /// that saw a gap). QoS 1, not retained.
+    Resend,
+    /// The node's logged event frames published again, unchanged, and its
+    /// report on each request. QoS 1, not retained.
+    Resent,
 }
 
 impl Family {
     /// Every family.
-    pub const ALL: [Family; 6] = [
+    pub const ALL: [Family; 8] = [
         Family::Telemetry,
         Family::Health,
         Family::Event,
         Family::Cmd,
         Family::Ack,
         Family::Online,
+        Family::Resend,
+        Family::Resent,
     ];
 
     /// The topic level.
@@ -75,6 +83,8 @@ impl Family {
             Family::Cmd => "cmd",
             Family::Ack => "ack",
             Family::Online => "online",
+            Family::Resend => "resend",
+            Family::Resent => "resent",
         }
     }
 
@@ -93,10 +103,11 @@ impl Family {
     /// subscription (NATS: a JetStream consumer). Frames that are renewed
     /// (telemetry every period; health and presence retained and
     /// republished; commands renewed by the sender until acknowledged)
-    /// are read at QoS 0; one-shot frames (events, acks) at QoS 1.
+    /// are read at QoS 0; one-shot frames (events, acks, frames resent)
+    /// at QoS 1. A resend request is renewed by its reader until answered.
     pub const fn subscribe_qos(self) -> Qos {
         match self {
-            Family::Event | Family::Ack => Qos::AtLeastOnce,
+            Family::Event | Family::Ack | Family::Resent => Qos::AtLeastOnce,
             _ => Qos::AtMostOnce,
         }
     }

@@ -121,7 +121,7 @@ fn errors_say_what_was_wrong() {
     };
     assert_eq!(
         e.to_string(),
-        "protocol version 3.1 is not supported (this reader speaks 2.7)"
+        "protocol version 3.1 is not supported (this reader speaks 2.8)"
     );
     let e = DecodeError::BadCrc {
         carried: 1,

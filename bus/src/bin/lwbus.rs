@@ -167,6 +167,20 @@ fn summary(message: &Message) -> String {
         Message::QuarantineRelease(r) => {
             format!("release GPU {} by {}: {}", r.gpu.get(), r.operator, r.note)
         }
+        Message::ResendRequest(r) => format!("resend {}..={}", r.from, r.to),
+        Message::ResendReport(r) => format!(
+            "{} for {} seq {}: {} of {}..={}{}{}",
+            r.code,
+            r.correlation.from,
+            r.correlation.seq,
+            r.resent,
+            r.from,
+            r.to,
+            r.held_from
+                .map(|h| format!(", log from {h}"))
+                .unwrap_or_default(),
+            r.next.map(|n| format!(", next {n}")).unwrap_or_default()
+        ),
         Message::Ack(a) => format!(
             "{} for {} seq {}{}",
             a.code,

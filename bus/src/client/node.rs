@@ -73,11 +73,15 @@ impl Node {
     /// (`online`, `health`): only their latest value matters, the bus
     /// announces it again on every re-connection (see `retained_state`),
     /// and a decision must not wait behind a flash write to reach the
-    /// broker.
+    /// broker. Not a resend request or what answers it either: the reader
+    /// asks again for what did not arrive.
     pub(super) fn durable(&self, topic: &Topic) -> bool {
         !topic.json
             && topic.family.qos() == Qos::AtLeastOnce
-            && !matches!(topic.family, Family::Online | Family::Health)
+            && !matches!(
+                topic.family,
+                Family::Online | Family::Health | Family::Resend | Family::Resent
+            )
     }
 
     pub(super) fn own_topic(&self, family: Family) -> Result<Topic, PublishError> {
