@@ -118,6 +118,9 @@ pub enum PublishError {
     /// The outbox's flash failed.
     #[error("outbox: {0}")]
     Outbox(String),
+    /// The frame could not be signed.
+    #[error("cannot sign: {0}")]
+    Sign(loopwarden_protocol::AuthError),
     /// Shutdown ended with publishes the broker had not acknowledged (not
     /// connected, or the timeout passed); with an outbox they are still in
     /// flash and go out after the next start.

@@ -30,6 +30,7 @@ pub mod keys;
 mod metrics;
 pub mod pki;
 pub mod prometheus;
+pub mod resend;
 pub mod tls;
 
 pub use backoff::Backoff;

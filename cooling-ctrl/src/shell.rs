@@ -599,13 +599,9 @@ impl<P: CduPort> Shell<P> {
     /// Logs an event to flash and publishes it through the outbox.
     fn announce(&mut self, e: Event) {
         tracing::info!("cooling shell: {e}");
-        let time = now_ms();
-        self.journal(Journal::Event {
-            time,
-            event: e.clone(),
-        });
-        // Through the outbox, after its log entry.
-        self.keeping.recorder.publish(Message::Event(e), time, true);
+        // Logged, then published through the outbox (its frame's number
+        // logged too, for a reader that asks for it again).
+        self.keeping.recorder.emit(e, now_ms());
         self.stats.events_published += 1;
     }
 

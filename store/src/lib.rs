@@ -3,7 +3,9 @@
 //! The storage half of an agent's shell, with no network code in it:
 //! [`agent_flash`] (the flash image, its stores, the sequence floor) and
 //! [`recorder`] (the one thread that writes it, and hands the frames that
-//! go through the outbox to a [`Publisher`] in the order given).
+//! go through the outbox to a [`Publisher`] in the order given), and
+//! [`resend`] (the logged events found again by their frame numbers, for
+//! a reader that missed them).
 //!
 //! The bus (`loopwarden-bus`) implements [`Publisher`]; this crate does not
 //! know it, so storage can be built and tested without MQTT.
@@ -18,5 +20,6 @@
 pub mod agent_flash;
 mod publisher;
 pub mod recorder;
+pub mod resend;
 
 pub use publisher::{Publisher, Refused};

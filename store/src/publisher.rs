@@ -27,13 +27,13 @@ pub enum Refused {
 /// `loopwarden_bus::Bus`).
 pub trait Publisher: Send + Sync {
     /// Numbers `message` with the next sequence number and publishes it,
-    /// and its JSON mirror when `mirror`.
+    /// and its JSON mirror when `mirror`; returns the number it took.
     fn publish_message(
         &self,
         message: Message,
         time: TimestampMs,
         mirror: bool,
-    ) -> Result<(), Refused>;
+    ) -> Result<u32, Refused>;
 
     /// The sequence number the next frame will carry.
     fn next_seq(&self) -> u32;

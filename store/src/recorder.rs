@@ -40,10 +40,11 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use loopwarden_flash::{ConfigStore, EventLog};
-use loopwarden_protocol::{Message, TimestampMs};
+use loopwarden_protocol::{Message, MessageKind, TimestampMs};
 use tokio::sync::oneshot;
 
 use crate::agent_flash::Flash;
+use crate::resend::{self, Resendable};
 use crate::{Publisher, Refused};
 
 type Log = EventLog<Flash>;
@@ -68,6 +69,17 @@ enum Job {
         message: Box<Message>,
         time: TimestampMs,
         mirror: bool,
+    },
+    /// An event: logged, published, and its frame's number logged.
+    Emit {
+        message: Box<Message>,
+        time: TimestampMs,
+    },
+    Resend {
+        from: u32,
+        to: u32,
+        max: usize,
+        done: oneshot::Sender<Result<Resendable, String>>,
     },
     Append {
         time: TimestampMs,
@@ -130,22 +142,36 @@ impl std::fmt::Debug for Recorder {
     }
 }
 
-/// Publishes and its JSON mirror; gives the message back when the outbox
-/// is full.
-fn try_publish(
-    bus: &dyn Publisher,
+/// A frame waiting for room in the outbox.
+struct Held {
     message: Message,
     time: TimestampMs,
     mirror: bool,
-) -> Option<Message> {
-    let kind = message.kind();
-    match bus.publish_message(message.clone(), time, mirror) {
-        Ok(()) => None,
-        Err(Refused::OutboxFull) => Some(message),
-        Err(Refused::Offline) => None,
+    /// An event's log record, whose frame number is logged once published.
+    logged: Option<u32>,
+}
+
+/// What became of a publish.
+enum Published {
+    /// Numbered and handed to the bus.
+    As(u32),
+    /// Not published, and never will be (said in the log).
+    Never,
+    /// The outbox is full: offer it again later.
+    Held(Held),
+}
+
+/// Publishes and its JSON mirror; gives the frame back when the outbox
+/// is full.
+fn try_publish(bus: &dyn Publisher, held: Held) -> Published {
+    let kind = held.message.kind();
+    match bus.publish_message(held.message.clone(), held.time, held.mirror) {
+        Ok(seq) => Published::As(seq),
+        Err(Refused::OutboxFull) => Published::Held(held),
+        Err(Refused::Offline) => Published::Never,
         Err(Refused::Failed(e)) => {
             tracing::warn!("{kind:?} not published: {e}");
-            None
+            Published::Never
         }
     }
 }
@@ -156,7 +182,7 @@ struct Worker {
     log: Log,
     store: Store,
     bus: Option<Box<dyn Publisher>>,
-    unsent: VecDeque<(Message, TimestampMs, bool)>,
+    unsent: VecDeque<Held>,
     /// Frames waiting, and frames dropped from the wait.
     counts: Arc<(AtomicU64, AtomicU64)>,
 }
@@ -187,10 +213,13 @@ impl Worker {
 
     /// Publishes what waits, in order, until one is held again.
     fn retry_unsent(&mut self) {
-        if let Some(bus) = &self.bus {
-            while let Some((m, t, mirror)) = self.unsent.pop_front() {
-                if let Some(m) = try_publish(bus.as_ref(), m, t, mirror) {
-                    self.unsent.push_front((m, t, mirror));
+        while let (Some(bus), Some(held)) = (&self.bus, self.unsent.pop_front()) {
+            let logged = held.logged;
+            match try_publish(bus.as_ref(), held) {
+                Published::As(seq) => self.mark_published(logged, seq),
+                Published::Never => {}
+                Published::Held(held) => {
+                    self.unsent.push_front(held);
                     break;
                 }
             }
@@ -200,12 +229,16 @@ impl Worker {
             .store(self.unsent.len() as u64, Ordering::Relaxed);
     }
 
-    fn publish(&mut self, message: Message, time: TimestampMs, mirror: bool) {
+    fn publish(&mut self, held: Held) {
+        let logged = held.logged;
         let held = match &self.bus {
-            Some(bus) if self.unsent.is_empty() => try_publish(bus.as_ref(), message, time, mirror),
-            _ => Some(message),
+            Some(bus) if self.unsent.is_empty() => match try_publish(bus.as_ref(), held) {
+                Published::As(seq) => return self.mark_published(logged, seq),
+                Published::Never => return,
+                Published::Held(held) => held,
+            },
+            _ => held,
         };
-        let Some(m) = held else { return };
         if self.unsent.is_empty() && self.bus.is_some() {
             tracing::warn!("the outbox is full: frames wait in memory until the broker takes some");
         }
@@ -213,10 +246,45 @@ impl Worker {
             self.unsent.pop_front();
             self.counts.1.fetch_add(1, Ordering::Relaxed);
         }
-        self.unsent.push_back((m, time, mirror));
+        self.unsent.push_back(held);
         self.counts
             .0
             .store(self.unsent.len() as u64, Ordering::Relaxed);
+    }
+
+    /// Logs an event, then publishes it; once published, the frame's
+    /// number is logged beside it (what a resend reads).
+    fn emit(&mut self, message: Message, time: TimestampMs) {
+        let logged = match resend::event_body(&message) {
+            Ok(body) => self.append(time, MessageKind::Event as u8, &body).ok(),
+            Err(e) => {
+                tracing::error!("event not encodable: {e}");
+                None
+            }
+        };
+        self.publish(Held {
+            message,
+            time,
+            mirror: true,
+            logged,
+        });
+    }
+
+    /// Logs that the event of log record `logged` went out as frame `seq`.
+    fn mark_published(&mut self, logged: Option<u32>, seq: u32) {
+        if let Some(record) = logged {
+            let body = resend::Published { record, seq }.encode();
+            let _ = self.append(TimestampMs(0), resend::PUBLISHED, &body);
+        }
+    }
+
+    fn append(&mut self, time: TimestampMs, kind: u8, body: &[u8]) -> Result<u32, String> {
+        let r = futures::executor::block_on(self.log.append(time, kind, body))
+            .map_err(|e| format!("{e:?}"));
+        if let Err(e) = &r {
+            tracing::error!("not logged to flash (kind {kind}): {e}");
+        }
+        r
     }
 
     fn read(&mut self) -> Result<Vec<Entry>, String> {
@@ -243,18 +311,28 @@ impl Worker {
                 message,
                 time,
                 mirror,
-            } => self.publish(*message, time, mirror),
+            } => self.publish(Held {
+                message: *message,
+                time,
+                mirror,
+                logged: None,
+            }),
+            Job::Emit { message, time } => self.emit(*message, time),
+            Job::Resend {
+                from,
+                to,
+                max,
+                done,
+            } => {
+                let _ = done.send(resend::read(&mut self.log, from, to, max));
+            }
             Job::Append {
                 time,
                 kind,
                 body,
                 done,
             } => {
-                let r = futures::executor::block_on(self.log.append(time, kind, &body))
-                    .map_err(|e| format!("{e:?}"));
-                if let Err(e) = &r {
-                    tracing::error!("not logged to flash (kind {kind}): {e}");
-                }
+                let r = self.append(time, kind, &body);
                 if let Some(d) = done {
                     let _ = d.send(r);
                 }
@@ -396,6 +474,35 @@ impl Recorder {
             return;
         }
         let _ = self.vital(job, "an ack to publish");
+    }
+
+    /// Logs an event and publishes it (and its JSON mirror) through the
+    /// outbox, after what was handed over before it, never waiting; once
+    /// published, the frame's number is logged beside it, so a reader
+    /// that missed the frame can have it again ([`Recorder::resendable`]).
+    /// Dropped (and counted) when [`JOBS_MAX`] jobs wait.
+    pub fn emit(&self, event: loopwarden_protocol::Event, time: TimestampMs) {
+        let job = Job::Emit {
+            message: Box::new(Message::Event(event)),
+            time,
+        };
+        self.offer(job, "an event to log and publish");
+    }
+
+    /// The logged events published as frames `from..=to`, at most `max`
+    /// of them, read from the log after what was handed over before.
+    pub async fn resendable(&self, from: u32, to: u32, max: usize) -> Result<Resendable, String> {
+        let (done, rx) = oneshot::channel();
+        let job = Job::Resend {
+            from,
+            to,
+            max,
+            done,
+        };
+        if !self.offer(job, "a read of the log for a resend") {
+            return Err("the flash queue is full".into());
+        }
+        rx.await.map_err(|_| Self::gone())?
     }
 
     /// Frames waiting for room in the outbox, and those dropped from the wait.

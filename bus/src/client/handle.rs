@@ -365,10 +365,10 @@ impl loopwarden_store::Publisher for Bus {
         message: Message,
         time: TimestampMs,
         mirror: bool,
-    ) -> Result<(), loopwarden_store::Refused> {
+    ) -> Result<u32, loopwarden_store::Refused> {
         use loopwarden_store::Refused;
         match self.publish_mirrored(message, time, mirror) {
-            Ok(_) => Ok(()),
+            Ok(frame) => Ok(frame.seq),
             Err(PublishError::OutboxFull(_)) => Err(Refused::OutboxFull),
             Err(PublishError::Offline) => Err(Refused::Offline),
             Err(e) => Err(Refused::Failed(e.to_string())),

@@ -6,8 +6,7 @@
 use std::time::{Duration, Instant};
 
 use loopwarden_protocol::{
-    Event, GpuFlags, GpuTelemetry, HostTelemetry, Message, MessageKind, QueueDrops, TimestampMs,
-    MAX_FRAME_LEN,
+    Event, GpuFlags, GpuTelemetry, HostTelemetry, Message, QueueDrops, TimestampMs,
 };
 
 use super::Agent;
@@ -29,17 +28,10 @@ impl Agent {
     }
 
     /// Logs an event to flash and publishes it, both through the
-    /// recorder, in decision order.
+    /// recorder, in decision order (the frame's number is logged too, for
+    /// a reader that asks for it again).
     pub(super) async fn emit(&mut self, event: Event, time: TimestampMs) {
-        let mut buf = [0u8; MAX_FRAME_LEN];
-        let message = Message::Event(event);
-        match message.encode_body(&mut buf) {
-            Ok(n) => self
-                .recorder
-                .append(time, MessageKind::Event as u8, buf[..n].to_vec()),
-            Err(e) => tracing::error!("event not encodable: {e:?}"),
-        }
-        self.publish(message, time, true);
+        self.recorder.emit(event, time);
     }
 
     pub(super) fn publish_telemetry(&mut self, now: TimestampMs) {

@@ -1,0 +1,213 @@
+//! The asker: when a reader asks a sender for the numbers it missed.
+//! Pure: a function of each sender's track and the time passed in.
+//!
+//! A hole is asked for once the reader has heard past it for a whole
+//! round (a frame of another topic may overtake it on the way), and only
+//! if rule 1 of the protocol (a will's number) does not account for it.
+//! One request per sender at a time covers its holes from the lowest to
+//! the highest; it is asked again after [`RETRY_MS`] without a report.
+//! Holes a report covered are settled: the sender resent what of them
+//! were events, and the rest were frames it need not resend (telemetry, or
+//! numbers it spent without a frame).
+//!
+//! Glossary:
+//! - *round*: the time between two calls of [`Asker::due`].
+//! - *covered*: the highest number a report has answered for.
+
+use std::collections::HashMap;
+
+use loopwarden_protocol::seq::SeqTrack;
+use loopwarden_protocol::{NodeId, ResendCode, ResendReport, TimestampMs, RESEND_SPAN_MAX};
+
+/// How long a request waits for its report before it is asked again.
+pub const RETRY_MS: u64 = 10_000;
+
+/// One sender, as asked.
+#[derive(Debug, Clone, Default)]
+struct Asking {
+    /// The highest number heard at the last round.
+    seen_through: Option<u32>,
+    /// The highest number a report answered for.
+    covered: Option<u32>,
+    /// The request waiting for its report: its range and when it went.
+    asked: Option<(u32, u32, TimestampMs)>,
+    /// The sender's answer when it refuses this reader for good.
+    refused: Option<ResendCode>,
+    /// The lowest number the sender's log still holds an event of.
+    held_from: Option<u32>,
+}
+
+/// A reader's requests, per sender.
+#[derive(Debug, Clone, Default)]
+pub struct Asker {
+    senders: HashMap<NodeId, Asking>,
+}
+
+impl Asker {
+    /// The range to ask `sender` for now, given its `track`, if any.
+    pub fn due(
+        &mut self,
+        now: TimestampMs,
+        sender: &NodeId,
+        track: &SeqTrack,
+    ) -> Option<(u32, u32)> {
+        let a = self.senders.entry(sender.clone()).or_default();
+        let seen_through = a.seen_through;
+        a.seen_through = track.highest();
+        if a.refused.is_some() {
+            return None;
+        }
+        if let Some((from, to, at)) = a.asked {
+            if now.0.saturating_sub(at.0) < RETRY_MS {
+                return None;
+            }
+            a.asked = Some((from, to, now));
+            return Some((from, to));
+        }
+        let ripe =
+            |h: &u32| seen_through.is_some_and(|s| *h <= s) && a.covered.is_none_or(|c| *h > c);
+        let mut holes = track.unexplained_holes().filter(ripe);
+        let from = holes.next()?;
+        let to = holes
+            .last()
+            .unwrap_or(from)
+            .min(from.saturating_add(RESEND_SPAN_MAX - 1));
+        a.asked = Some((from, to, now));
+        Some((from, to))
+    }
+
+    /// `sender` answered with `report`. Returns the code when the sender
+    /// refuses this reader for good (no key it knows, or no right), for
+    /// the caller to say once.
+    pub fn answered(&mut self, sender: &NodeId, report: &ResendReport) -> Option<ResendCode> {
+        let a = self.senders.entry(sender.clone()).or_default();
+        if a.asked
+            .is_some_and(|(f, t, _)| (f, t) == (report.from, report.to))
+        {
+            a.asked = None;
+        }
+        if report.held_from.is_some() {
+            a.held_from = report.held_from;
+        }
+        let through = match report.code {
+            ResendCode::Ok | ResendCode::Malformed => Some(report.to),
+            ResendCode::Limited => Some(report.next.map_or(report.to, |n| n.saturating_sub(1))),
+            ResendCode::Unauthenticated | ResendCode::Forbidden => {
+                let first = a.refused.is_none();
+                a.refused = Some(report.code);
+                return first.then_some(report.code);
+            }
+            ResendCode::Replayed | ResendCode::Unavailable => None,
+        };
+        if let Some(t) = through {
+            a.covered = Some(a.covered.map_or(t, |c| c.max(t)));
+        }
+        None
+    }
+
+    /// The lowest number `sender`'s log held an event of, as last reported.
+    pub fn held_from(&self, sender: &NodeId) -> Option<u32> {
+        self.senders.get(sender).and_then(|a| a.held_from)
+    }
+
+    /// Requests waiting for their report.
+    pub fn waiting(&self) -> usize {
+        self.senders.values().filter(|a| a.asked.is_some()).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use loopwarden_protocol::{Correlation, Role};
+
+    fn h1() -> NodeId {
+        NodeId::new(Role::Host, "h1").unwrap()
+    }
+
+    fn track(seqs: &[u32]) -> SeqTrack {
+        let mut t = SeqTrack::default();
+        for s in seqs {
+            t.hear_seq(*s);
+        }
+        t
+    }
+
+    fn report(code: ResendCode, from: u32, to: u32, next: Option<u32>) -> ResendReport {
+        ResendReport {
+            correlation: Correlation {
+                from: NodeId::new(Role::Facility, "r").unwrap(),
+                seq: 1,
+            },
+            code,
+            from,
+            to,
+            resent: 0,
+            held_from: Some(1),
+            next,
+        }
+    }
+
+    const T: TimestampMs = TimestampMs(1_000_000);
+
+    fn at(ms: u64) -> TimestampMs {
+        TimestampMs(T.0 + ms)
+    }
+
+    #[test]
+    fn a_hole_is_asked_for_after_a_round_and_once_until_answered() {
+        let mut a = Asker::default();
+        let t = track(&[1, 2, 4, 5, 8]);
+        assert_eq!(a.due(T, &h1(), &t), None, "first round: may still come");
+        assert_eq!(a.due(at(1), &h1(), &t), Some((3, 7)));
+        assert_eq!(a.due(at(2), &h1(), &t), None, "waiting for the report");
+        assert_eq!(
+            a.due(at(RETRY_MS + 1), &h1(), &t),
+            Some((3, 7)),
+            "no report: asked again"
+        );
+        assert_eq!(a.answered(&h1(), &report(ResendCode::Ok, 3, 7, None)), None);
+        assert_eq!(a.due(at(RETRY_MS + 2), &h1(), &t), None, "settled");
+        let t = track(&[1, 2, 4, 5, 8, 9, 11, 12]);
+        assert_eq!(a.due(at(RETRY_MS + 3), &h1(), &t), None, "10 is new");
+        assert_eq!(a.due(at(RETRY_MS + 4), &h1(), &t), Some((10, 10)));
+    }
+
+    #[test]
+    fn a_limited_answer_is_asked_again_from_where_it_stopped() {
+        let mut a = Asker::default();
+        let t = track(&[1, 5, 9]);
+        a.due(T, &h1(), &t);
+        assert_eq!(a.due(at(1), &h1(), &t), Some((2, 8)));
+        a.answered(&h1(), &report(ResendCode::Limited, 2, 8, Some(6)));
+        assert_eq!(a.due(at(2), &h1(), &t), Some((6, 8)));
+    }
+
+    #[test]
+    fn a_reader_refused_for_good_stops_asking_and_says_so_once() {
+        let mut a = Asker::default();
+        let t = track(&[1, 5]);
+        a.due(T, &h1(), &t);
+        assert!(a.due(at(1), &h1(), &t).is_some());
+        let r = report(ResendCode::Forbidden, 2, 4, None);
+        assert_eq!(a.answered(&h1(), &r), Some(ResendCode::Forbidden));
+        assert_eq!(a.answered(&h1(), &r), None);
+        assert_eq!(a.due(at(RETRY_MS * 2), &h1(), &t), None);
+    }
+
+    #[test]
+    fn the_will_after_an_announcement_is_never_asked_for() {
+        use loopwarden_protocol::{samples, Message, MessageKind};
+        let mut t = SeqTrack::default();
+        let mut online = samples::frame(MessageKind::Online);
+        online.seq = 10;
+        if let Message::Online(o) = &mut online.message {
+            o.online = true;
+        }
+        t.hear(&online);
+        t.hear_seq(12);
+        let mut a = Asker::default();
+        a.due(T, &h1(), &t);
+        assert_eq!(a.due(at(1), &h1(), &t), None, "11 is the will's number");
+    }
+}

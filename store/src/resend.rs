@@ -1,0 +1,167 @@
+//! What a resend reads: the logged events, by the number of the frame
+//! each went out as.
+//!
+//! The log keeps an event's body (`{seq, time, kind, body}`, see
+//! `loopwarden_flash::log`) before the bus numbers its frame. Once the
+//! frame is numbered and handed to the outbox, the recorder appends a
+//! [`PUBLISHED`] record: "log record `record` went out as frame `seq`".
+//! A resend finds the frames asked for through these records and rebuilds
+//! each from its event record: the same sender, number, time and body,
+//! so the same bytes (under the same protocol version).
+//!
+//! An event logged and never published (the outbox refused it and the
+//! agent stopped) has no such record and is not resent: its frame never
+//! had a number for a reader to miss.
+//!
+//! Glossary:
+//! - *record*: an entry of the event log, numbered by the log.
+//! - *frame number*: the sequence number the bus gave the event's frame.
+//! - *held from*: the lowest frame number whose event the log still
+//!   holds; what is older went to a wrap.
+
+use std::collections::HashMap;
+
+use loopwarden_flash::EventLog;
+use loopwarden_protocol::{Message, MessageKind, TimestampMs, MAX_FRAME_LEN};
+
+use crate::agent_flash::Flash;
+
+/// The event-log kind of a [`Published`] record. Agent-local: never a
+/// bus message.
+pub const PUBLISHED: u8 = 0xE1;
+
+/// "Log record `record` went out as frame `seq`."
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Published {
+    /// The event's log record.
+    pub record: u32,
+    /// The number of the frame it went out as.
+    pub seq: u32,
+}
+
+impl Published {
+    const LEN: usize = 8;
+
+    /// The record's body: both numbers, little-endian.
+    pub fn encode(&self) -> [u8; Self::LEN] {
+        let mut b = [0u8; Self::LEN];
+        b[..4].copy_from_slice(&self.record.to_le_bytes());
+        b[4..].copy_from_slice(&self.seq.to_le_bytes());
+        b
+    }
+
+    /// Decodes a record's body; `None` if it is not one.
+    pub fn decode(body: &[u8]) -> Option<Self> {
+        let b: &[u8; Self::LEN] = body.try_into().ok()?;
+        let word = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        Some(Self {
+            record: word(0),
+            seq: word(4),
+        })
+    }
+}
+
+/// An event's body as the log keeps it.
+pub fn event_body(message: &Message) -> Result<Vec<u8>, String> {
+    let mut buf = [0u8; MAX_FRAME_LEN];
+    message
+        .encode_body(&mut buf)
+        .map(|n| buf[..n].to_vec())
+        .map_err(|e| e.to_string())
+}
+
+/// A logged event, with the number of the frame it went out as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Logged {
+    /// The frame's number.
+    pub seq: u32,
+    /// The frame's time (the event's).
+    pub time: TimestampMs,
+    /// The event's message.
+    pub message: Message,
+}
+
+/// What the log holds of a range of frame numbers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Resendable {
+    /// The events of the range, in frame order, at most as many as asked.
+    pub frames: Vec<Logged>,
+    /// The lowest frame number whose event the log still holds.
+    pub held_from: Option<u32>,
+    /// The first frame number of the range left out for the limit.
+    pub next: Option<u32>,
+}
+
+/// Reads the logged events published as frames `from..=to`, at most `max`.
+/// Two passes over the log: the [`PUBLISHED`] records, then the events
+/// they name.
+pub fn read(
+    log: &mut EventLog<Flash>,
+    from: u32,
+    to: u32,
+    max: usize,
+) -> Result<Resendable, String> {
+    let mut numbers: HashMap<u32, u32> = HashMap::new();
+    let scan = log.for_each(|r| {
+        if let Some(p) = (r.kind == PUBLISHED)
+            .then(|| Published::decode(r.body))
+            .flatten()
+        {
+            numbers.insert(p.record, p.seq);
+        }
+    });
+    futures::executor::block_on(scan).map_err(|e| format!("the event log: {e:?}"))?;
+    let mut held_from: Option<u32> = None;
+    let mut found = Vec::new();
+    let mut undecodable = 0u32;
+    let scan = log.for_each(|r| {
+        let Some(&seq) = (r.kind == MessageKind::Event as u8)
+            .then(|| numbers.get(&r.seq))
+            .flatten()
+        else {
+            return;
+        };
+        held_from = Some(held_from.map_or(seq, |h| h.min(seq)));
+        if !(from..=to).contains(&seq) {
+            return;
+        }
+        match Message::decode_body(MessageKind::Event, r.body) {
+            Ok(message) => found.push(Logged {
+                seq,
+                time: r.time,
+                message,
+            }),
+            Err(_) => undecodable += 1,
+        }
+    });
+    futures::executor::block_on(scan).map_err(|e| format!("the event log: {e:?}"))?;
+    if undecodable > 0 {
+        tracing::warn!(
+            "{undecodable} logged events of frames {from}..={to} could not be decoded: not resent"
+        );
+    }
+    found.sort_by_key(|l| l.seq);
+    let next = found.get(max).map(|l| l.seq);
+    found.truncate(max);
+    Ok(Resendable {
+        frames: found,
+        held_from,
+        next,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_published_record_round_trips_and_refuses_other_lengths() {
+        let p = Published {
+            record: 7,
+            seq: 0xDEAD_BEEF,
+        };
+        assert_eq!(Published::decode(&p.encode()), Some(p));
+        assert_eq!(Published::decode(&[0; 7]), None);
+        assert_eq!(Published::decode(&[0; 9]), None);
+    }
+}
