@@ -151,6 +151,8 @@ pub(crate) struct Agent {
     pub clock: Steady,
     /// Where cooling-loss steps go to be run, in order.
     pub cooling_jobs: mpsc::Sender<cooling::Job>,
+    /// Answers readers' requests to resend logged events.
+    pub resender: loopwarden_bus::resend::Resender,
 }
 
 /// What a process that runs many agents may ask of each (nothing by
@@ -264,7 +266,13 @@ async fn run_agent(
     let mut context = console_context(&config, started, flash_path, &bus, &recorder, snapshot_rx);
     context.nvml_costs = nvml_costs;
     let readers = start_readers(listener, console_path, &config, context).await?;
+    let resender = loopwarden_bus::resend::Resender::start(
+        bus.clone(),
+        recorder.clone(),
+        config.authority.signers.clone(),
+    );
     let mut agent = Agent {
+        resender,
         actions: actions_tx,
         xid_stats: xid_rx.stats_reader(),
         running_actions: Vec::new(),

@@ -230,11 +230,14 @@ impl Core {
     ) -> Self {
         let cfg = &node.config;
         let mut subscriptions: Vec<String> = cfg.subscriptions.clone();
-        if let Ok(cmd) = node
-            .own_topic(Family::Cmd)
-            .and_then(|t| t.build().map_err(PublishError::Topic))
-        {
-            subscriptions.push(cmd.to_string());
+        // A host's or CDU's own commands, and readers' requests to resend.
+        for family in [Family::Cmd, Family::Resend] {
+            if let Ok(own) = node
+                .own_topic(family)
+                .and_then(|t| t.build().map_err(PublishError::Topic))
+            {
+                subscriptions.push(own.to_string());
+            }
         }
         let session = Session::new(node.status.clone(), cfg.offline_capacity, outbox.is_some());
         let (removed_tx, removed) = mpsc::unbounded_channel();

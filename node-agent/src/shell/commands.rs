@@ -1,8 +1,10 @@
 //! Frames from the bus: the CDU's state and commands to this host go to
 //! the node, which checks and decides; what it decides (a lease logged
-//! before its ack, limits set, the ack) is carried out here.
+//! before its ack, limits set, the ack) is carried out here. Readers'
+//! requests to resend go to the resender.
 
 use loopwarden_bus::Inbound;
+use loopwarden_protocol::Family;
 use node_core::node::{Effect, Input};
 
 use super::Agent;
@@ -13,6 +15,10 @@ impl Agent {
     /// a state refused changes nothing (it is answered or said, no more),
     /// and a flood of forged ones must not cost a console snapshot each.
     pub(super) async fn on_inbound(&mut self, msg: Inbound) -> bool {
+        if msg.topic.family == Family::Resend {
+            self.resender.offer(msg);
+            return false;
+        }
         let now = self.now();
         let effects = self.node.step(now, Input::Frame(&msg.topic, &msg.frame));
         let refused = effects.iter().all(|e| {
