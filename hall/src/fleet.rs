@@ -211,13 +211,14 @@ pub fn run(cfg: &FleetConfig) -> Result<FleetReport, FleetError> {
         &broker,
         &out,
         agents_rt.handle(),
+        &observer,
     ));
     if temporary {
         let _ = std::fs::remove_dir_all(&out);
     }
     let ran = ran?;
     let published = ran.published();
-    let missing = |h: &observer::Heard| figures::acked_events(&ran.acked, h).1;
+    let missing = |h: &observer::Heard| figures::unrepaired_events(&ran.acked, h).count();
     observer.settle(
         |h| h.received >= published && missing(h) == 0,
         Duration::from_secs(3),
@@ -297,19 +298,20 @@ struct CduPart {
     watcher: JoinHandle<CapFigures>,
 }
 
-/// Names the first acknowledged events the observer never received, with
-/// the highest frame it heard from their senders: an error (printed at
-/// the fleet command's default log level), since the broker took them.
+/// Names the first acknowledged events the observer never had, neither
+/// from the broker nor resent, with the highest frame it heard from their
+/// senders: an error (printed at the fleet command's default log level),
+/// since the broker took them.
 fn say_missing(acked: &[(String, Vec<u32>)], heard: &observer::Heard) {
     let mut said = 0;
-    for (id, seq) in figures::missing_events(acked, heard) {
+    for (id, seq) in figures::unrepaired_events(acked, heard) {
         if said < 20 {
             let last = heard
                 .senders
                 .get(&format!("host/{id}"))
                 .and_then(observer::SeqTrack::highest);
             tracing::error!(
-                "fleet: host {id}'s event, frame {seq}, was acknowledged by the broker and never received (last frame heard: {last:?})"
+                "fleet: host {id}'s event, frame {seq}, was acknowledged by the broker and never received, nor resent (last frame heard: {last:?})"
             );
         }
         said += 1;
@@ -353,6 +355,7 @@ async fn run_parts(
     broker: &Brokers,
     out: &std::path::Path,
     agents_rt: &tokio::runtime::Handle,
+    observer: &observer::Observer,
 ) -> Result<Ran, FleetError> {
     let (ctrl_stop, ctrl_stop_rx) = watch::channel(false);
     let mut cdus = start_cdus(cfg, layouts, plan, broker, &ctrl_stop_rx).await?;
@@ -384,6 +387,7 @@ async fn run_parts(
     let cpu_end = procstat::threads();
     let rss_end_kib = procstat::rss_kib();
     let load_end = report::load_avg();
+    let_repairs_finish(observer).await;
     let (agent_cpu_s, agent_threads) = procstat::agent_cpu_s(&pre, &cpu_start, &cpu_end);
     let cpu_by_part_s = procstat::cpu_by_group(&pre, &cpu_start, &cpu_end);
     let (agents, acked) = agents
@@ -409,6 +413,21 @@ async fn run_parts(
         controllers,
         injected,
     })
+}
+
+/// Gives the observer's requests to resend time to be answered while the
+/// agents still run: until none has waited at two looks 2.5 s apart (its
+/// asker looks every 2 s), at most 30 s.
+async fn let_repairs_finish(observer: &observer::Observer) {
+    let until = Instant::now() + Duration::from_secs(30);
+    let mut quiet = 0;
+    while quiet < 2 && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        quiet = match observer.with(|h| h.repairs_waiting()) {
+            0 => quiet + 1,
+            _ => 0,
+        };
+    }
 }
 
 /// Starts every CDU's hall behind its simulated CDU, and its controller;

@@ -48,6 +48,8 @@ fn a_small_fleet_loses_nothing_quarantines_every_xid_and_acks_every_cap() {
         "frames_published",
         "frames_received",
         "qos1_events_lost",
+        "events_repaired",
+        "events_lost_after_repair",
         "quarantine_p50_ms",
         "quarantine_p99_ms",
         "caps_acked_p50_ms",
@@ -76,6 +78,7 @@ fn a_small_fleet_loses_nothing_quarantines_every_xid_and_acks_every_cap() {
     assert_eq!(n("qos1_not_received"), 0.0);
     assert!(n("events_acked") > 0.0, "the caps and XIDs made events");
     assert_eq!(n("qos1_events_lost"), 0.0, "an acknowledged event lost");
+    assert_eq!(n("events_lost_after_repair"), 0.0);
     assert_eq!(n("seq_gaps"), 0.0, "a sender's sequence has a gap");
     assert_eq!(n("xids_injected"), 8.0, "every planned failure happened");
     assert_eq!(n("quarantines"), 8.0, "every injected XID quarantined");

@@ -105,6 +105,12 @@ impl SeqTrack {
         }
     }
 
+    /// Whether `seq` is a listed hole: missing between the lowest and
+    /// highest heard.
+    pub fn is_hole(&self, seq: u32) -> bool {
+        self.holes.contains(&seq)
+    }
+
     /// The lowest and highest numbers heard.
     pub fn range(&self) -> Option<(u32, u32)> {
         self.range

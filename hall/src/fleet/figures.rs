@@ -126,6 +126,12 @@ impl Ran {
         r.qos1_received = heard.received_qos1;
         r.qos1_not_received = r.qos1_published.saturating_sub(r.qos1_received);
         (r.events_acked, r.qos1_events_lost) = acked_events(&self.acked, heard);
+        r.events_repaired = missing_events(&self.acked, heard)
+            .filter(|(id, seq)| repaired(heard, id, *seq))
+            .count() as u64;
+        r.events_lost_after_repair = r.qos1_events_lost - r.events_repaired;
+        r.resend_requests = heard.resend_requests;
+        r.resent_received = heard.resent_received;
         // A sender spends a sequence number on every frame it builds
         // (docs/bus.md §4.7): the wills of the announcements heard the
         // observer's track explains; what the sender dropped itself, and
@@ -202,8 +208,25 @@ pub(super) fn acked_events(acked: &[(String, Vec<u32>)], heard: &Heard) -> (u64,
     (all, missing_events(acked, heard).count() as u64)
 }
 
-/// The acknowledged events the observer never received: host id and
-/// sequence number.
+/// Whether host `id`'s frame `seq` reached the observer only as resent.
+pub(super) fn repaired(heard: &Heard, id: &str, seq: u32) -> bool {
+    heard
+        .senders
+        .get(&format!("host/{id}"))
+        .is_some_and(|t| t.repaired(seq))
+}
+
+/// The acknowledged events the observer received neither from the broker
+/// nor as resent: host id and sequence number.
+pub(super) fn unrepaired_events<'a>(
+    acked: &'a [(String, Vec<u32>)],
+    heard: &'a Heard,
+) -> impl Iterator<Item = (&'a str, u32)> + 'a {
+    missing_events(acked, heard).filter(|(id, seq)| !repaired(heard, id, *seq))
+}
+
+/// The acknowledged events the broker never delivered to the observer:
+/// host id and sequence number.
 pub(super) fn missing_events<'a>(
     acked: &'a [(String, Vec<u32>)],
     heard: &'a Heard,

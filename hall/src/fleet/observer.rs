@@ -8,20 +8,29 @@
 //! client, so what it counts is what the broker delivered, not what a
 //! client of the project chose to pass on.
 //!
+//! It repairs as any reader may (`docs/bus.md` §4.8): every two seconds it
+//! asks each sender with holes to resend them (signed as facility
+//! `fleet-observer` with the twin's demonstration key), and counts a
+//! resent event that fills a hole as repaired, apart from what the broker
+//! delivered itself.
+//!
 //! Glossary:
 //! - *hole*: a sequence number of a sender, between the lowest and the
 //!   highest it was heard with, that has not arrived (yet).
 //! - *QoS 1 message*: one on a topic of a QoS 1 family (health, event,
 //!   cmd, ack, online), frame or JSON mirror.
+//! - *repaired*: a frame the broker did not deliver that came as the
+//!   sender resent it.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use loopwarden_bus::resend::Asker;
 use loopwarden_bus::BrokerAddr;
 use loopwarden_protocol::message::{HealthState, HostHealth};
 use loopwarden_protocol::topic::Qos;
-use loopwarden_protocol::{Frame, Message, Topic};
+use loopwarden_protocol::{Family, Frame, Message, NodeId, Topic};
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
 
 /// One sender's frames as heard: its sequence numbers (the protocol's
@@ -31,12 +40,29 @@ pub struct SeqTrack {
     seq: loopwarden_protocol::seq::SeqTrack,
     /// The QoS 1 frames heard (health, events, acks, commands).
     qos1: HashSet<u32>,
+    /// The frames that came only as resent.
+    repaired: HashSet<u32>,
 }
 
 impl SeqTrack {
     /// Notes `frame`; false when its number was heard before.
     fn hear(&mut self, frame: &Frame) -> bool {
         self.seq.hear(frame)
+    }
+
+    /// Notes a frame the sender resent; true when it filled a hole.
+    fn repair(&mut self, frame: &Frame) -> bool {
+        if !self.seq.is_hole(frame.seq) {
+            return false;
+        }
+        self.seq.hear(frame);
+        self.repaired.insert(frame.seq);
+        true
+    }
+
+    /// Whether frame `seq` came only as resent.
+    pub fn repaired(&self, seq: u32) -> bool {
+        self.repaired.contains(&seq)
     }
 
     /// The highest sequence number heard.
@@ -85,15 +111,25 @@ pub struct Heard {
     pub by_family: std::collections::BTreeMap<String, u64>,
     /// Event frames by kind of event (`Xid`, `CapApplied`, …).
     pub events: std::collections::BTreeMap<String, u64>,
+    /// Resend requests sent.
+    pub resend_requests: u64,
+    /// Frames received on `resent` topics (repairs and repeats).
+    pub resent_received: u64,
+    /// When to ask whom for what.
+    asker: Asker,
 }
 
 impl Heard {
     fn message(&mut self, topic: &str, payload: &[u8], now: Instant) {
-        self.received += 1;
-        self.last_at = Some(now);
         let Ok(t) = Topic::parse(topic) else {
+            self.received += 1;
             return;
         };
+        if t.family == Family::Resend {
+            return; // the observer's own requests, or another reader's
+        }
+        self.received += 1;
+        self.last_at = Some(now);
         let qos1 = t.family.qos() == Qos::AtLeastOnce;
         let family = format!("{}{:?}", if t.json { "json/" } else { "" }, t.family);
         *self.by_family.entry(family.to_lowercase()).or_default() += 1;
@@ -105,6 +141,10 @@ impl Heard {
             self.undecodable += 1;
             return;
         };
+        if t.family == Family::Resent {
+            self.resent(f);
+            return;
+        }
         let track = self.senders.entry(f.sender.to_string()).or_default();
         let fresh = track.hear(&f);
         if qos1 {
@@ -123,6 +163,47 @@ impl Heard {
             }
             _ => {}
         }
+    }
+
+    /// A frame on a `resent` topic: the report of a request, numbered as
+    /// any frame of its sender, or an old frame resent.
+    fn resent(&mut self, f: Frame) {
+        let track = self.senders.entry(f.sender.to_string()).or_default();
+        if let Message::ResendReport(r) = &f.message {
+            track.hear(&f);
+            if let Some(code) = self.asker.answered(&f.sender, r) {
+                tracing::error!("observer: {} refuses to resend: {code}", f.sender);
+            }
+            return;
+        }
+        self.resent_received += 1;
+        track.repair(&f);
+    }
+
+    /// The requests due now: sender and range.
+    fn due(&mut self, now: loopwarden_protocol::TimestampMs) -> Vec<(NodeId, u32, u32)> {
+        let mut due = Vec::new();
+        for (name, track) in &self.senders {
+            let Some(node) = name.split_once('/').and_then(|(r, id)| {
+                let role = match r {
+                    "host" => loopwarden_protocol::Role::Host,
+                    "cdu" => loopwarden_protocol::Role::Cdu,
+                    _ => return None,
+                };
+                NodeId::new(role, id).ok()
+            }) else {
+                continue;
+            };
+            if let Some((from, to)) = self.asker.due(now, &node, &track.seq) {
+                due.push((node, from, to));
+            }
+        }
+        due
+    }
+
+    /// Requests still waiting for their report.
+    pub fn repairs_waiting(&self) -> usize {
+        self.asker.waiting()
     }
 
     fn health(&mut self, host: &str, h: &HostHealth, now: Instant) {
@@ -158,6 +239,7 @@ impl Observer {
         opts.set_clean_session(true);
         opts.set_max_packet_size(64 * 1024, 64 * 1024);
         let filter = format!("dc/v2/{site}/#");
+        let site = loopwarden_protocol::Ident::new(site).map_err(|e| format!("site: {e}"))?;
         let h = heard.clone();
         let thread = std::thread::Builder::new()
             .name("observer".into())
@@ -166,7 +248,7 @@ impl Observer {
                     .enable_all()
                     .build()
                     .expect("the observer's runtime");
-                rt.block_on(listen(opts, filter, h, stopped));
+                rt.block_on(listen(opts, filter, site, h, stopped));
             })
             .map_err(|e| format!("observer thread: {e}"))?;
         let o = Self {
@@ -220,13 +302,20 @@ impl Observer {
 async fn listen(
     opts: MqttOptions,
     filter: String,
+    site: loopwarden_protocol::Ident,
     heard: Arc<Mutex<Heard>>,
     mut stopped: tokio::sync::oneshot::Receiver<()>,
 ) {
     let (client, mut events) = AsyncClient::new(opts, 1024);
+    let mut repair = tokio::time::interval(REPAIR_EVERY);
+    let mut asked = 0u32;
     loop {
         let ev = tokio::select! {
             ev = events.poll() => ev,
+            _ = repair.tick() => {
+                ask(&client, &site, &heard, &mut asked).await;
+                continue;
+            }
             _ = &mut stopped => break,
         };
         match ev {
@@ -264,6 +353,51 @@ async fn listen(
         }
     }
     let _ = client.disconnect().await;
+}
+
+/// How often the observer asks senders for the holes it sees.
+const REPAIR_EVERY: Duration = Duration::from_secs(2);
+
+/// Sends the resend requests due now, signed as facility `fleet-observer`
+/// with the demonstration key (the twin agents' keyring takes it).
+async fn ask(
+    client: &AsyncClient,
+    site: &loopwarden_protocol::Ident,
+    heard: &Mutex<Heard>,
+    asked: &mut u32,
+) {
+    let now = loopwarden_bus::now_ms();
+    let due = heard.lock().expect("heard").due(now);
+    let me = NodeId::new(loopwarden_protocol::Role::Facility, "fleet-observer").expect("an id");
+    let key = loopwarden_protocol::samples::demo_signing_key();
+    for (node, from, to) in due {
+        *asked += 1;
+        let topic = Topic::new(site, node.role, &node.id, Family::Resend);
+        let mut frame = Frame {
+            sender: me.clone(),
+            seq: *asked,
+            time: now,
+            message: Message::ResendRequest(loopwarden_protocol::ResendRequest {
+                from,
+                to,
+                auth: loopwarden_protocol::CommandAuth::default(),
+            }),
+        };
+        if frame.sign(&topic, 1, &key).is_err() {
+            continue;
+        }
+        let (Ok(name), Ok(bytes)) = (topic.build(), frame.to_vec()) else {
+            continue;
+        };
+        if let Err(e) = client
+            .publish(name.to_string(), QoS::AtLeastOnce, false, bytes)
+            .await
+        {
+            tracing::warn!("observer: resend request to {node}: {e}");
+            continue;
+        }
+        heard.lock().expect("heard").resend_requests += 1;
+    }
 }
 
 #[cfg(test)]

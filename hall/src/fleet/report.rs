@@ -61,9 +61,21 @@ pub struct FleetReport {
     pub qos1_not_received: u64,
     /// The agents' events (their outbox frames) the broker acknowledged.
     pub events_acked: u64,
-    /// Of those, the ones the observer never received: each agent's event
-    /// sequence numbers that the broker took and did not deliver.
+    /// Of those, the ones the broker never delivered to the observer: each
+    /// agent's event sequence numbers that the broker took and did not
+    /// deliver.
     pub qos1_events_lost: u64,
+    /// Of those, the ones the observer had from their sender as resent
+    /// (docs/bus.md §4.8).
+    pub events_repaired: u64,
+    /// `qos1_events_lost - events_repaired`: acknowledged events the
+    /// observer never had, end to end.
+    pub events_lost_after_repair: u64,
+    /// Resend requests the observer sent.
+    pub resend_requests: u64,
+    /// Frames it received on `resent` topics (repairs, and repeats of
+    /// frames it had).
+    pub resent_received: u64,
     /// Sequence numbers missing in some sender's frames at the observer,
     /// beyond what the sender itself dropped or spent on its last will.
     pub seq_gaps: u64,
@@ -142,7 +154,8 @@ impl FleetReport {
         format!(
             "fleet: {} hosts on {} CDUs ({}), {} s, broker {}\n\
              frames: {} published, {} received, {} lost; QoS 1 not received {}, \
-             events acked by the broker {}, of them lost {}, sequence gaps {}; \
+             events acked by the broker {}, of them lost {}, repaired {}, lost after repair {}, \
+             sequence gaps {}; \
              connections lost (agents, controllers, observer) {:?}\n\
              XID -> quarantine: {}/{} quarantined, p50 {}, p99 {}, max {}\n\
              shortfall -> caps acked: {} CDUs, {}/{} hosts acked, p50 {}, p99 {}, max {}\n\
@@ -159,6 +172,8 @@ impl FleetReport {
             self.qos1_not_received,
             self.events_acked,
             self.qos1_events_lost,
+            self.events_repaired,
+            self.events_lost_after_repair,
             self.seq_gaps,
             self.connection_errors,
             self.quarantines,
