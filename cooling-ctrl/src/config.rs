@@ -19,6 +19,7 @@
 //! | `json_presence` | true | keep the JSON `online` on a second connection whose last will says offline; `false` saves that connection, but the JSON tree then keeps saying online after a crash |
 //! | `sign_key` | none (required) | this controller's Ed25519 sign key (`cdu1.sign.key` from `lwbus pki init`); it must be `cdu/<cdu>`'s |
 //! | `demo_key` | false | sign with the public demonstration key (twin only) |
+//! | `keyring` | none: with `demo_key` the demonstration readers (any operator or facility system, the demonstration key), else none (every request to resend refused, said at start) | a keyring TOML (the hosts' format, of this site; others may not write it): the readers (operators, facility systems) that may ask this CDU to resend its logged events, those with `may = ["resend"]` |
 //! | `cdu_tcp` | — | the CDU on Modbus TCP, `host:port` |
 //! | `cdu_serial` | — | the CDU on Modbus RTU, a serial device |
 //! | `serial_baud` | 19200 | 300 to 1000000 |
@@ -66,7 +67,8 @@
 //!
 //! This file holds the checked [`Config`] and [`resolve`], which checks
 //! the sections in turn, each in its own submodule: the file and flags as
-//! written (`file`), the sign key (`key`), the CDU link (`link`), the
+//! written (`file`), the sign key (`key`), the readers' keyring
+//! (`keyring`), the CDU link (`link`), the
 //! plant: register map, site figures, hosts and the hall's CDUs (`plant`),
 //! the timings (`timings`), the northbound server (`northbound`) and the
 //! board's pins (`board`).
@@ -78,6 +80,7 @@
 mod board;
 mod file;
 mod key;
+mod keyring;
 mod link;
 mod northbound;
 mod plant;
@@ -94,7 +97,7 @@ use loopwarden_field::common;
 pub use loopwarden_field::config::ConfigError;
 use loopwarden_field::config::{self as field, local_host_name, Sources};
 use loopwarden_field::pick;
-use loopwarden_protocol::auth::SigningKey;
+use loopwarden_protocol::auth::{Signer, SigningKey};
 use loopwarden_protocol::Ident;
 
 use crate::modbus::Link;
@@ -103,10 +106,12 @@ use cooling_core::CoreConfig;
 
 pub use board::BoardConfig;
 pub use file::{FileConfig, Overrides};
+pub use keyring::demo_readers;
 pub use plant::expand_hosts;
 
 use board::board_pins;
 use key::sign_key;
+use keyring::readers;
 use link::cdu_link;
 use northbound::{northbound, Northbound};
 use plant::{core_config, facility_role, hosts, register_map, unprotected};
@@ -135,6 +140,10 @@ pub struct Config {
     pub key: SigningKey,
     /// The key is the public demonstration key.
     pub demo_key: bool,
+    /// The readers that may ask this CDU to resend its logged events:
+    /// the keyring's signers, the demonstration readers with the
+    /// demonstration key and no keyring, else none.
+    pub readers: Vec<Signer>,
     /// How the CDU is reached.
     pub link: Link,
     /// Its register map.
@@ -201,9 +210,10 @@ pub fn load(path: Option<&Path>, flags: &Overrides) -> Result<Config, ConfigErro
 }
 
 /// Checks a configuration given as text (the file at `path`) and flags:
-/// the common fields, then this CDU, its key, its link, the plant (register
-/// map and site figures), the hosts, the timings, the northbound server and
-/// the board's pins, each by its own function below.
+/// the common fields, then this CDU, its key, its readers' keyring, its
+/// link, the plant (register map and site figures), the hosts, the
+/// timings, the northbound server and the board's pins, each by its own
+/// function below.
 pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Config, ConfigError> {
     let file: FileConfig = field::parse(path, text)?;
     let src = Sources::new(path, text);
@@ -216,6 +226,7 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         local_host_name(),
     )?;
     let key = sign_key(&src, &file, flags, &cdu)?;
+    let readers = readers(&src, &file, flags, &common.site, key.demo)?;
     // Whatever its key, a controller drives a CDU over Modbus, which may
     // be a real one: it never starts a broker unasked.
     let production = Some(if key.demo {
@@ -257,6 +268,7 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         key_id: key.id,
         key: key.key,
         demo_key: key.demo,
+        readers,
         link,
         map,
         core,

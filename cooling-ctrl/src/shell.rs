@@ -23,7 +23,11 @@
 //!    `caps = [all GPUs at the cap]`, duration `ShellConfig::lease`; a
 //!    lifted cap goes as a 5-second lease at the GPU's TDP).
 //!
-//! Between periods it takes what the bus brings: host telemetry (one
+//! Between periods it takes what the bus brings: readers' requests to
+//! resend logged events, on this CDU's `resend` topic, handed first and
+//! unread to the resender ([`loopwarden_bus::resend::Resender`], which
+//! checks them against [`ShellOptions::readers`] and answers from the
+//! flash's event log on the `resent` topic); host telemetry (one
 //! subscription per host of its own, at QoS 0 as telemetry is published,
 //! so the broker sends it no other CDU's hosts), handed to the decision
 //! path, which judges it ([`crate::decide::hosts`]), and acks (every
@@ -72,8 +76,9 @@ use std::time::Duration;
 use std::vec;
 use std::vec::Vec;
 
+use loopwarden_bus::resend::Resender;
 use loopwarden_bus::{now_ms, Brokers, Bus, BusConfig, Inbound, PublishError};
-use loopwarden_protocol::auth::SigningKey;
+use loopwarden_protocol::auth::{Signer, SigningKey};
 use loopwarden_protocol::message::{
     Ack, AckCode, CduMode, CduState, CduTelemetry, Event, GpuCap, LeakSensing, Pump, PumpStatus,
     RackCooling, RackState, RackStatus, SensorFault,
@@ -109,7 +114,7 @@ use crate::decide::leases::LeaseBook;
 pub use crate::decide::leases::{cap_lease, CAP_RESEND_W, LIFT_DURATION};
 use crate::decide::outdoor::{self, OutdoorSource, OutdoorSources};
 pub use links::{BoardIo, NorthboundLink, OperatorAction, OperatorRequest};
-use start::{bus_config, check_ropes, log_said, restore_learned, start_decider};
+use start::{bus_config, check_ropes, log_said, restore_learned, start_decider, start_resender};
 pub use stats::{stats_channel, FacilityStatus, LastAck, SensorStatus, ShellStats, Snapshot};
 
 /// A setpoint that moves by this much or more republishes the state, K.
@@ -172,6 +177,10 @@ pub struct ShellOptions {
     /// This CDU's part in a hall of several CDUs (`[facility]`); `None`:
     /// its setpoint alone sets its facility water.
     pub facility: Option<crate::facility::FacilityRole>,
+    /// The readers (operators, facility systems) that may ask this CDU to
+    /// resend its logged events, those with the `resend` right (the
+    /// keyring's); empty: every request is refused as unauthenticated.
+    pub readers: Vec<Signer>,
 }
 
 impl std::fmt::Debug for ShellOptions {
@@ -186,6 +195,7 @@ impl std::fmt::Debug for ShellOptions {
             .field("board", &self.board.is_some())
             .field("operator", &self.operator.is_some())
             .field("facility", &self.facility)
+            .field("readers", &self.readers.len())
             .finish()
     }
 }
@@ -312,6 +322,8 @@ struct Shell<P> {
     leak_inputs: LeakInputs,
     /// This CDU's part in a hall of several CDUs.
     facility: Option<facility::FacilityLink>,
+    /// Answers readers' requests to resend logged events.
+    resender: Resender,
 }
 
 /// What the shell keeps in the controller's flash besides the latched
@@ -377,6 +389,7 @@ pub async fn run_with<P: CduPort>(
     }
     let (bus, mut inbound, bus_task) = Bus::start_with_outbox(bus_config, Box::new(flash.outbox));
     flash.recorder.attach(bus.clone());
+    let resender = start_resender(&bus, &flash.recorder, opts.readers);
     tracing::info!(
         "cooling shell: CDU {} of site {}, {} hosts, period {} ms, broker {}",
         cfg.cdu,
@@ -391,6 +404,7 @@ pub async fn run_with<P: CduPort>(
         me,
         recorder: flash.recorder.clone(),
         first_seq: flash.first_seq,
+        resender,
     };
     let mut shell = Shell::new(cfg, started, cdu, opts.stats, opts.northbound, opts.board);
     shell.facility = facility;
@@ -435,6 +449,7 @@ struct Started {
     me: NodeId,
     recorder: Recorder,
     first_seq: u32,
+    resender: Resender,
 }
 
 impl<P: CduPort> Shell<P> {
@@ -479,6 +494,7 @@ impl<P: CduPort> Shell<P> {
             state_sent: None,
             leak_inputs: LeakInputs::DRY,
             facility: None,
+            resender: started.resender,
         }
     }
 }

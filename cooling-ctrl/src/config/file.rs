@@ -21,6 +21,8 @@ loopwarden_field::agent_file! {
         pub sign_key: Option<PathBuf>,
         /// The public demonstration key (twin only).
         pub demo_key: Option<bool>,
+        /// The keyring: the readers that may ask for logged events again.
+        pub keyring: Option<PathBuf>,
         /// The CDU on Modbus TCP.
         pub cdu_tcp: Option<String>,
         /// The CDU on Modbus RTU.
@@ -95,6 +97,12 @@ loopwarden_field::agent_flags! {
         /// anyone can forge commands with it).
         #[arg(long)]
         pub demo_key: bool,
+        /// The keyring (TOML, the hosts' format): the readers (operators,
+        /// facility systems) that may ask this CDU to resend its logged
+        /// events. Default: the demonstration readers with --demo-key,
+        /// else none (every such request refused).
+        #[arg(long)]
+        pub keyring: Option<PathBuf>,
         /// The CDU on Modbus TCP, `host:port`.
         #[arg(long)]
         pub cdu_tcp: Option<String>,

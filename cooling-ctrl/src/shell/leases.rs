@@ -1,7 +1,8 @@
 //! Caps to hosts and what comes back: each lease the decision path says
 //! is due ([`crate::decide::leases`]) signed and sent, and the host
 //! telemetry (judged by [`crate::decide::hosts`]) and acks that come in
-//! between steps.
+//! between steps. Readers' requests to resend, which come the same way,
+//! go to the resender before anything here reads them.
 use super::*;
 use crate::decide::leases::Order;
 use crate::decide::Verdict;
@@ -68,6 +69,11 @@ impl<P: CduPort> Shell<P> {
     }
 
     pub(super) fn on_inbound(&mut self, msg: Inbound) {
+        // Readers' requests to resend go to the resender, unread here.
+        if msg.topic.family == Family::Resend {
+            self.resender.offer(msg);
+            return;
+        }
         if msg.topic.json {
             return;
         }

@@ -1,7 +1,8 @@
 //! What the shell does once, at start: the bus's configuration (its
 //! subscriptions, every host's command topic checked to build), the
 //! board's ropes checked against the layout, the decision path built from
-//! the latched record in flash, and what the core learned restored.
+//! the latched record in flash, what the core learned restored, and the
+//! resender that answers readers' requests for logged events.
 use super::*;
 
 /// The bus for `cfg`'s CDU `me`: its own hosts' telemetry and every
@@ -151,4 +152,20 @@ pub(super) fn restore_learned(core: &mut Core, records: &LearnedRecords) {
             "cooling shell: learned figures in flash not restored ({e}): the hall is learned anew from the configured figures"
         ),
     }
+}
+
+/// The resender of this CDU's logged events on `bus`, read through
+/// `recorder`, for the `readers` that may resend; says at start when
+/// none may, as every request will then be refused.
+pub(super) fn start_resender(bus: &Bus, recorder: &Recorder, readers: Vec<Signer>) -> Resender {
+    if readers.is_empty() {
+        tracing::warn!(
+            "cooling shell: no keyring: requests to resend logged events will be refused"
+        );
+    } else if !readers.iter().any(|r| r.may.resend) {
+        tracing::warn!(
+            "cooling shell: no reader of the keyring may resend: requests to resend logged events will be refused"
+        );
+    }
+    Resender::start(bus.clone(), recorder.clone(), readers)
 }

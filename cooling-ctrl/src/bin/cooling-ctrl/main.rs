@@ -307,6 +307,7 @@ async fn serve(config: config::Config, notifier: Notifier) -> Result<(), String>
         board,
         operator: Some(operator_rx),
         facility: config.facility.clone(),
+        readers: config.readers.clone(),
     };
     let result = shell::run_with(config.shell_config(broker), opts, port, stop).await;
     supervision.finish(result.is_err());
