@@ -158,7 +158,7 @@ enum Published {
     /// Not published, and never will be (said in the log).
     Never,
     /// The outbox is full: offer it again later.
-    Held(Held),
+    Held(Box<Held>),
 }
 
 /// Publishes and its JSON mirror; gives the frame back when the outbox
@@ -167,7 +167,7 @@ fn try_publish(bus: &dyn Publisher, held: Held) -> Published {
     let kind = held.message.kind();
     match bus.publish_message(held.message.clone(), held.time, held.mirror) {
         Ok(seq) => Published::As(seq),
-        Err(Refused::OutboxFull) => Published::Held(held),
+        Err(Refused::OutboxFull) => Published::Held(Box::new(held)),
         Err(Refused::Offline) => Published::Never,
         Err(Refused::Failed(e)) => {
             tracing::warn!("{kind:?} not published: {e}");
@@ -219,7 +219,7 @@ impl Worker {
                 Published::As(seq) => self.mark_published(logged, seq),
                 Published::Never => {}
                 Published::Held(held) => {
-                    self.unsent.push_front(held);
+                    self.unsent.push_front(*held);
                     break;
                 }
             }
@@ -235,7 +235,7 @@ impl Worker {
             Some(bus) if self.unsent.is_empty() => match try_publish(bus.as_ref(), held) {
                 Published::As(seq) => return self.mark_published(logged, seq),
                 Published::Never => return,
-                Published::Held(held) => held,
+                Published::Held(held) => *held,
             },
             _ => held,
         };

@@ -170,7 +170,9 @@ impl Heard {
     fn resent(&mut self, f: Frame) {
         let track = self.senders.entry(f.sender.to_string()).or_default();
         if let Message::ResendReport(r) = &f.message {
-            track.hear(&f);
+            if track.hear(&f) {
+                self.received_qos1 += 1;
+            }
             if let Some(code) = self.asker.answered(&f.sender, r) {
                 tracing::error!("observer: {} refuses to resend: {code}", f.sender);
             }

@@ -140,6 +140,9 @@ impl ControllerRuns {
             board: Some(Box::new(board)),
             operator,
             flash: Some(flash),
+            // The twin's: operators and facility systems of the
+            // demonstration key may ask for resends.
+            readers: cooling_ctrl::config::demo_readers(),
             ..Default::default()
         };
         let port = ModbusCdu::new(self.map.clone(), self.link.clone())

@@ -142,6 +142,7 @@ impl Rig {
             let opts = ShellOptions {
                 stats: Some(stats_tx),
                 flash: Some(flash),
+                readers: cooling_ctrl::config::demo_readers(),
                 ..Default::default()
             };
             tokio::spawn(shell::run_with(cfg, opts, port, stop));

@@ -1,0 +1,202 @@
+//! Repair from the source through a clustered broker: a node agent
+//! publishes events through node 2 of a three-node NATS cluster while an
+//! independent subscriber (`mosquitto_sub`) listens on node 1. Node 1 is
+//! killed while the events flow and started again: the broker
+//! acknowledged the events of that outage to the agent and never
+//! delivered them to the subscriber (its session is clean). A reader asks
+//! the agent to resend the numbers the subscriber missed; the subscriber
+//! then holds every event, the repaired ones byte for byte as a witness on
+//! node 3 heard them first.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use loopwarden_bus::keys::SignKey;
+use loopwarden_bus::{now_ms, Brokers, Bus, BusConfig};
+use loopwarden_field::common::CommonFlags;
+use loopwarden_protocol::{
+    samples, CapLease, CapSource, CommandAuth, DurationMs, Family, Frame, GpuCap, GpuSelector,
+    Ident, Message, NodeId, ReasonCode, ResendCode, Role, Topic, Watts,
+};
+use loopwarden_system_tests::{NatsCluster, Seen, Subscriber};
+
+const SITE: &str = "t-resend";
+
+fn ident(s: &str) -> Ident {
+    Ident::new(s).unwrap()
+}
+
+/// The node agent `h1` on two twin GPUs, through node 2 (then 3): the
+/// twin's demonstration keyring lets facility systems lease and ask for
+/// resends with the demonstration key. Stopped when the sender is dropped.
+fn start_agent(cluster: &NatsCluster, dir: &std::path::Path) -> tokio::sync::oneshot::Sender<()> {
+    let flags = node_agent::config::Overrides {
+        common: CommonFlags {
+            site: Some(SITE.into()),
+            broker: Some(cluster.brokers(&[2, 3])),
+            console: Some(dir.join("h1.sock")),
+            flash: Some(dir.join("h1.flash")),
+            ..Default::default()
+        },
+        host: Some("h1".into()),
+        twin_gpus: Some(2),
+        period_ms: Some(200),
+        ..Default::default()
+    };
+    let config = node_agent::config::load(None, &flags).expect("the agent's config");
+    let board = loopwarden_boards::GpuBoard::builtin("H200-SXM").expect("board");
+    let source = Box::new(node_agent::sim_gpus::TwinSource::new(&board, 2, 5));
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().expect("a runtime");
+        rt.block_on(node_agent::shell::run(config, source, async {
+            let _ = rx.await;
+        }))
+    });
+    tx
+}
+
+/// The reader's bus and key: facility `ems1`, on node 2.
+async fn reader(cluster: &NatsCluster) -> (Bus, SignKey) {
+    let node = NodeId::new(Role::Facility, "ems1").unwrap();
+    let brokers: Brokers = cluster.brokers(&[2, 3]).parse().unwrap();
+    let (bus, _inbound, _task) = Bus::start(BusConfig::new(brokers, ident(SITE), node.clone()));
+    assert!(bus.wait_connected(Duration::from_secs(20)).await);
+    let key = SignKey {
+        node,
+        key_id: 1,
+        key: samples::demo_signing_key(),
+    };
+    (bus, key)
+}
+
+/// A signed lease capping every GPU of h1 at `watts`, for 60 s, replacing
+/// the last one: each one that changes the limit makes the agent publish
+/// an event.
+fn lease(bus: &Bus, key: &SignKey, watts: u32) {
+    let topic = Topic::new(&ident(SITE), Role::Host, &ident("h1"), Family::Cmd);
+    let caps = [GpuCap {
+        gpus: GpuSelector::All,
+        limit: Watts(watts),
+    }]
+    .into_iter()
+    .collect();
+    let message = Message::CapLease(CapLease {
+        lease: 1,
+        source: CapSource::FacilityBudget,
+        reason: ReasonCode::CAPACITY_SHORT,
+        caps,
+        duration: DurationMs(60_000),
+        auth: CommandAuth::default(),
+    });
+    let mut frame = bus.next_frame(message, now_ms());
+    frame.sign(&topic, key.key_id, &key.key).unwrap();
+    bus.publish_frame(&topic, &frame).unwrap();
+}
+
+/// h1's event frames in `seen` on `family`, by sequence number.
+fn frames(seen: &[Seen], family: &str) -> BTreeMap<u32, (Vec<u8>, Frame)> {
+    seen.iter()
+        .filter(|s| s.topic == format!("dc/v2/{SITE}/host/h1/{family}"))
+        .filter_map(|s| {
+            Frame::decode(&s.payload)
+                .ok()
+                .map(|f| (s.payload.clone(), f))
+        })
+        .filter(|(_, f)| matches!(f.message, Message::Event(_)) || family == "resent")
+        .map(|(p, f)| (f.seq, (p, f)))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_event_a_broker_node_lost_reaches_an_independent_subscriber_through_the_repair() {
+    let Some(cluster) = NatsCluster::start() else {
+        return;
+    };
+    let tree = format!("dc/v2/{SITE}/host/h1/#");
+    let Some(mut sub) = Subscriber::start(cluster.mqtt_port(1), &[&tree]) else {
+        return;
+    };
+    let mut witness = Subscriber::start(cluster.mqtt_port(3), &[&tree]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let _agent = start_agent(&cluster, dir.path());
+    let (bus, key) = reader(&cluster).await;
+    // The agent is up once its telemetry flows.
+    let first = sub.collect_until(Duration::from_secs(30), |s| {
+        s.iter().any(|s| s.topic.ends_with("/telemetry"))
+    });
+    assert!(!first.is_empty(), "the agent never published");
+
+    // Leases every 250 ms, 500 W and 550 W in turn; node 1 (the
+    // subscriber's) is down from the 8th to the 24th.
+    let started = Instant::now();
+    for n in 1..=40u32 {
+        lease(&bus, &key, if n % 2 == 0 { 500 } else { 550 });
+        if n == 8 {
+            cluster.kill_node(1);
+            eprintln!("{:>6} ms: node 1 killed", started.elapsed().as_millis());
+        }
+        if n == 24 {
+            cluster.start_node(1);
+            eprintln!("{:>6} ms: node 1 started", started.elapsed().as_millis());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let all = witness.collect_until(Duration::from_secs(5), |_| false);
+    let mut heard = first;
+    heard.extend(sub.collect_until(Duration::from_secs(5), |_| false));
+    let published = frames(&all, "event");
+    let delivered = frames(&heard, "event");
+    let missed: BTreeSet<u32> = published
+        .keys()
+        .filter(|s| !delivered.contains_key(s))
+        .copied()
+        .collect();
+    eprintln!(
+        "{} events at the witness, {} at the subscriber, missed {missed:?}",
+        published.len(),
+        delivered.len()
+    );
+    assert!(
+        published.len() >= 20,
+        "the leases made events: {}",
+        published.len()
+    );
+    assert!(
+        !missed.is_empty(),
+        "the outage of node 1 cost the subscriber no event: nothing to repair"
+    );
+
+    // The reader asks for the range the subscriber missed.
+    let (from, to) = (*missed.first().unwrap(), *missed.last().unwrap());
+    let request = loopwarden_bus::resend::request(&bus, &key, Role::Host, &ident("h1"), from, to)
+        .expect("the request is sent");
+    let repaired = sub.collect_until(Duration::from_secs(20), |s| {
+        s.iter().any(|s| {
+            Frame::decode(&s.payload).is_ok_and(|f| {
+                matches!(&f.message, Message::ResendReport(r) if r.correlation.seq == request.seq)
+            })
+        })
+    });
+    let resent = frames(&repaired, "resent");
+    let report = resent
+        .values()
+        .find_map(|(_, f)| match &f.message {
+            Message::ResendReport(r) => Some(r.clone()),
+            _ => None,
+        })
+        .expect("a report came");
+    assert_eq!(report.code, ResendCode::Ok, "{report:?}");
+    assert!(report.held_from.is_some_and(|h| h <= from), "{report:?}");
+    for seq in &missed {
+        let (bytes, _) = resent
+            .get(seq)
+            .unwrap_or_else(|| panic!("event {seq} was not resent: {resent:?}"));
+        assert_eq!(
+            bytes, &published[seq].0,
+            "event {seq} resent differs from the original"
+        );
+    }
+    assert_eq!(report.resent as usize, resent.len() - 1, "{report:?}");
+}
