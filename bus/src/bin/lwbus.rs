@@ -3,7 +3,8 @@
 //! - `lwbus broker`: run the embedded MQTT broker in the foreground.
 //! - `lwbus watch`: decode and print every frame of a site, one line each
 //!   (or as JSON with `--json`); with no `--broker`, start the embedded
-//!   broker and watch it.
+//!   broker and watch it; with a reader's `--sign-key`, ask the senders to
+//!   resend what it missed ([`watch`], [`repair`]).
 //! - `lwbus samples`: publish one frame of every message kind and its JSON
 //!   mirror, to check a facility subscriber or a dashboard end to end.
 //! - `lwbus flash FILE`: read an agent's flash file (stopped agent, or a
@@ -21,10 +22,17 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use loopwarden_bus::embedded::{configured_or_embedded, EmbeddedBroker, DEFAULT_LISTEN};
-use loopwarden_bus::{now_ms, site_filter, Brokers, Bus, BusConfig};
+use loopwarden_bus::{now_ms, Brokers, Bus, BusConfig};
 use loopwarden_protocol::{
     samples, Family, GpuSelector, Ident, Message, MessageKind, NodeId, Role, Topic,
 };
+
+// Beside this file, not in `src/bin/` itself, where cargo would take
+// each for a program of its own.
+#[path = "lwbus/repair.rs"]
+mod repair;
+#[path = "lwbus/watch.rs"]
+mod watch;
 
 #[derive(Parser)]
 #[command(
@@ -61,6 +69,11 @@ enum Command {
         /// TLS to the broker (a reader's or an operator's certificate).
         #[command(flatten)]
         tls: loopwarden_bus::tls::TlsArgs,
+        /// A reader's or an operator's sign key file (`ID.sign.key`): ask
+        /// the hosts and CDUs to resend the frames this watch missed,
+        /// under the name it holds (their keyrings must let it resend).
+        #[arg(long)]
+        sign_key: Option<std::path::PathBuf>,
     },
     /// Read an agent's flash file: event log, outbox, sequence floor.
     Flash {
@@ -193,55 +206,6 @@ fn summary(message: &Message) -> String {
             }
         ),
     }
-}
-
-async fn watch(
-    broker: Brokers,
-    site: Ident,
-    json: bool,
-    tls: Option<loopwarden_bus::tls::Tls>,
-) -> Result<()> {
-    let node = NodeId::new(Role::Operator, "lwbus-watch")?;
-    let mut config = BusConfig::new(broker.clone(), site.clone(), node);
-    config.tls = tls;
-    config.client_id = format!("lwbus-watch-{}", std::process::id());
-    config.subscriptions.push(site_filter(&site));
-    let (bus, mut inbound, _task) = Bus::start(config);
-    if !bus.wait_connected(Duration::from_secs(10)).await {
-        eprintln!("lwbus: not connected to {broker} yet; still trying");
-    }
-    eprintln!("lwbus: watching site {site} on {broker} (Ctrl-C to stop)");
-    loop {
-        tokio::select! {
-            msg = inbound.recv() => {
-                let Some(msg) = msg else { break };
-                if json {
-                    println!("{}", msg.frame.to_json());
-                } else {
-                    println!(
-                        "{} {:<28} seq {:<8} {:<18} {}",
-                        utc(msg.frame.time.0),
-                        format!("{}/{}/{}", msg.topic.role.as_str(), msg.topic.node, msg.topic.family.as_str()),
-                        msg.frame.seq,
-                        msg.frame.message.kind().name(),
-                        summary(&msg.frame.message)
-                    );
-                }
-            }
-            _ = tokio::signal::ctrl_c() => break,
-        }
-    }
-    let m = bus.metrics();
-    if m.dropped()
-        + m.rejected_bad_crc
-        + m.rejected_malformed
-        + m.rejected_version
-        + m.rejected_unknown_kind
-        > 0
-    {
-        eprintln!("lwbus: counters at exit:\n{m}");
-    }
-    Ok(())
 }
 
 async fn publish_samples(broker: Brokers, site: Ident) -> Result<()> {
@@ -446,9 +410,11 @@ async fn main() -> Result<()> {
             site,
             json,
             tls,
+            sign_key,
         } => {
             let site = Ident::new(&site).map_err(|e| anyhow::anyhow!("--site: {e}"))?;
             let tls = tls.load().map_err(|e| anyhow::anyhow!(e))?;
+            let key = sign_key.as_deref().map(watch::reader_key).transpose()?;
             if tls.is_some() && broker.is_none() {
                 bail!("--tls-ca needs --broker: the embedded broker is plain loopback");
             }
@@ -456,7 +422,14 @@ async fn main() -> Result<()> {
             if let Some(e) = &embedded {
                 eprintln!("lwbus: no --broker given: embedded broker on {}", e.addr());
             }
-            watch(broker, site, json, tls).await
+            let options = watch::Options {
+                broker,
+                site,
+                json,
+                tls,
+                key,
+            };
+            watch::run(options).await
         }
         Command::Flash { file, json } => dump_flash(&file, json).await,
         Command::Release {

@@ -1,0 +1,219 @@
+//! `lwbus watch`: every frame of a site, one line each (or its JSON), and
+//! with a reader's sign key the gaps repaired: every 2 s it asks each
+//! sender with holes to resend them ([`super::repair`] decides), and
+//! prints a resent frame that fills a hole marked ` (resent)`.
+//!
+//! Glossary:
+//! - *reader key*: a sign key of an operator or a facility reader, listed
+//!   in the nodes' keyrings with `may = ["resend"]`.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use loopwarden_bus::keys::SignKey;
+use loopwarden_bus::tls::Tls;
+use loopwarden_bus::{now_ms, resend, site_filter, Brokers, Bus, BusConfig, Inbound};
+use loopwarden_protocol::{Ident, NodeId, Role};
+
+use super::repair::{Repair, Verdict};
+use super::{summary, utc};
+
+/// How often the senders with holes are asked.
+const ASK_EVERY: Duration = Duration::from_secs(2);
+
+/// What `lwbus watch` was asked to do.
+pub struct Options {
+    /// The broker or cluster.
+    pub broker: Brokers,
+    /// The site.
+    pub site: Ident,
+    /// One line of JSON per frame.
+    pub json: bool,
+    /// TLS to the broker.
+    pub tls: Option<Tls>,
+    /// The reader key, to repair gaps.
+    pub key: Option<SignKey>,
+}
+
+/// Reads the sign key of `--sign-key` and checks it is a reader's.
+pub fn reader_key(path: &Path) -> Result<SignKey> {
+    let key = loopwarden_bus::keys::read_sign_key(path).map_err(anyhow::Error::msg)?;
+    check_reader(&key).map_err(|e| anyhow::anyhow!("--sign-key {}: {e}", path.display()))?;
+    Ok(key)
+}
+
+/// A host's or CDU's key asks for nothing: they read no one's events.
+fn check_reader(key: &SignKey) -> Result<()> {
+    if matches!(key.node.role, Role::Host | Role::Cdu) {
+        bail!(
+            "the key of {}, a {}: resend requests are signed with a reader's (facility/NAME) \
+             or an operator's sign key (`lwbus pki sign-key`)",
+            key.node,
+            key.node.role.as_str()
+        );
+    }
+    Ok(())
+}
+
+/// The line `lwbus watch` prints for a frame, marked when resent.
+fn line(msg: &Inbound, json: bool, resent: bool) -> String {
+    let frame = &msg.frame;
+    if json {
+        let json = frame.to_json();
+        return match (resent, json.strip_suffix('}')) {
+            (true, Some(open)) => format!("{open},\"resent\":true}}"),
+            _ => json,
+        };
+    }
+    let t = &msg.topic;
+    // A resent frame reads as it would have on its own topic.
+    let family = match resent {
+        true => frame.message.kind().family(),
+        false => t.family,
+    };
+    format!(
+        "{} {:<28} seq {:<8} {:<18} {}{}",
+        utc(frame.time.0),
+        format!("{}/{}/{}", t.role.as_str(), t.node, family.as_str()),
+        frame.seq,
+        frame.message.kind().name(),
+        summary(&frame.message),
+        if resent { " (resent)" } else { "" }
+    )
+}
+
+fn start(o: &Options) -> Result<(Bus, tokio::sync::mpsc::Receiver<Inbound>)> {
+    let node = match &o.key {
+        Some(k) => k.node.clone(),
+        None => NodeId::new(Role::Operator, "lwbus-watch")?,
+    };
+    let mut config = BusConfig::new(o.broker.clone(), o.site.clone(), node);
+    config.tls = o.tls.clone();
+    config.client_id = format!("lwbus-watch-{}", std::process::id());
+    config.subscriptions.push(site_filter(&o.site));
+    let (bus, inbound, _task) = Bus::start(config);
+    Ok((bus, inbound))
+}
+
+/// Asks every sender whose holes are due; says why a request did not go.
+fn ask(bus: &Bus, key: &SignKey, repair: &mut Repair) {
+    for (sender, from, to) in repair.due(now_ms()) {
+        if let Err(e) = resend::request(bus, key, sender.role, &sender.id, from, to) {
+            eprintln!("lwbus: request to {sender} to resend {from}..={to} not sent: {e}");
+        }
+    }
+}
+
+/// Prints `msg` as `repair` (if any) decides.
+fn show(msg: &Inbound, json: bool, repair: Option<&mut Repair>) {
+    let verdict = repair.map_or(Verdict::Print, |r| {
+        let v = r.hear(&msg.topic, &msg.frame);
+        if let Verdict::Refused(code) = v {
+            eprintln!("{}", r.refusal(&msg.frame.sender, code));
+        }
+        v
+    });
+    match verdict {
+        Verdict::Again => {}
+        Verdict::Repaired => println!("{}", line(msg, json, true)),
+        Verdict::Print | Verdict::Refused(_) => println!("{}", line(msg, json, false)),
+    }
+}
+
+/// Watches until Ctrl-C, repairing gaps when `o.key` is given.
+pub async fn run(o: Options) -> Result<()> {
+    let (bus, mut inbound) = start(&o)?;
+    match &o.key {
+        Some(k) => eprintln!("lwbus: frames missed are asked for again as {}", k.node),
+        None => eprintln!("lwbus: gaps are not repaired without --sign-key (a reader's key)"),
+    }
+    if !bus.wait_connected(Duration::from_secs(10)).await {
+        eprintln!("lwbus: not connected to {} yet; still trying", o.broker);
+    }
+    eprintln!(
+        "lwbus: watching site {} on {} (Ctrl-C to stop)",
+        o.site, o.broker
+    );
+    let mut repair = o.key.as_ref().map(|k| Repair::new(k.node.clone()));
+    let mut tick = tokio::time::interval(ASK_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            msg = inbound.recv() => {
+                let Some(msg) = msg else { break };
+                show(&msg, o.json, repair.as_mut());
+            }
+            _ = tick.tick() => {
+                if let (Some(k), Some(r)) = (&o.key, repair.as_mut()) {
+                    ask(&bus, k, r);
+                }
+            }
+            _ = tokio::signal::ctrl_c() => break,
+        }
+    }
+    if let Some(r) = repair.filter(|r| r.repaired() > 0) {
+        eprintln!("lwbus: {} frames repaired by resends", r.repaired());
+    }
+    say_counters(&bus);
+    Ok(())
+}
+
+fn say_counters(bus: &Bus) {
+    let m = bus.metrics();
+    if m.dropped()
+        + m.rejected_bad_crc
+        + m.rejected_malformed
+        + m.rejected_version
+        + m.rejected_unknown_kind
+        > 0
+    {
+        eprintln!("lwbus: counters at exit:\n{m}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use loopwarden_protocol::auth::SigningKey;
+    use loopwarden_protocol::{samples, Family, Frame, MessageKind, Topic};
+
+    fn key(role: Role) -> SignKey {
+        SignKey {
+            node: NodeId::new(role, "k1").unwrap(),
+            key_id: 1,
+            key: SigningKey::from_bytes(&[3; 32]),
+        }
+    }
+
+    #[test]
+    fn a_hosts_or_cdus_key_is_refused_with_the_reason() {
+        assert!(check_reader(&key(Role::Facility)).is_ok());
+        assert!(check_reader(&key(Role::Operator)).is_ok());
+        for role in [Role::Host, Role::Cdu] {
+            let e = check_reader(&key(role)).unwrap_err().to_string();
+            assert!(e.contains("a reader's (facility/NAME)"), "{e}");
+            assert!(
+                e.starts_with(&format!("the key of {}/k1", role.as_str())),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_resent_frame_is_marked_in_words_and_in_json() {
+        let frame: Frame = samples::frame(MessageKind::Event);
+        let site = Ident::new("lab").unwrap();
+        let topic = Topic::new(&site, Role::Host, &frame.sender.id, Family::Resent);
+        let msg = Inbound { topic, frame };
+        let text = line(&msg, false, true);
+        assert!(text.ends_with(" (resent)"), "{text}");
+        assert!(text.contains(" host/h07/event "), "its own topic: {text}");
+        assert!(!line(&msg, false, false).contains("resent)"));
+        let v: serde_json::Value = serde_json::from_str(&line(&msg, true, true)).unwrap();
+        assert_eq!(v["resent"], true);
+        assert_eq!(v["kind"], "event");
+        let v: serde_json::Value = serde_json::from_str(&line(&msg, true, false)).unwrap();
+        assert!(v.get("resent").is_none());
+    }
+}
