@@ -2,15 +2,17 @@
 # Delivery across a node's death: a fresh three-node cluster
 # (cluster.sh), `loopwarden-hall fleet` on it (agents given all three
 # nodes, the observer on node 3), node 1 killed (SIGKILL) and started
-# again during the run; prints the events the broker acknowledged and
-# the ones the observer never received (docs/brokers.md §2.3).
+# again during the run; prints the events the broker acknowledged, the
+# ones it never delivered to the observer, and of those the ones the
+# observer did not get either as resent by their host (docs/brokers.md
+# §2.3, §2.4).
 #
 #   failover-run.sh [OUT]
 #
 # OUT (default ${TMPDIR:-/tmp}/loopwarden-failover-<date>) receives:
 #   report.json      the fleet's report (--json)
-#   fleet.log        its log (the acknowledged events never received are
-#                    named there, host and frame)
+#   fleet.log        its log (the acknowledged events never received,
+#                    nor resent, are named there, host and frame)
 #   witness.txt      the events a second QoS 1 subscriber on node 2
 #                    received (mosquitto_sub, persistent session): an
 #                    event the observer lacks but the witness has was in
@@ -229,10 +231,10 @@ fi
 {
   echo "shape: $hosts hosts, $cdus CDUs, $duration s; node $kill_node SIGKILLed at $kill_at s, started at $restart_at s; observer on node $observer_node"
   echo "server: $("${NATS_SERVER:-nats-server}" --version 2>/dev/null || echo '?')"
-  jq -r '"events acked \(.events_acked), lost \(.qos1_events_lost); sequence gaps \(.seq_gaps); frames published \(.frames_published), received \(.frames_received), lost \(.frames_lost); QoS 1 not received \(.qos1_not_received); duplicates \(.duplicates); connections lost (agents, controllers, observer) \(.connection_errors)"' "$out/report.json" 2>/dev/null || echo "no report (see fleet.log)"
+  jq -r '"events acked \(.events_acked), not delivered by the broker \(.qos1_events_lost), repaired \(.events_repaired), lost after repair \(.events_lost_after_repair) (resend requests \(.resend_requests), frames resent \(.resent_received)); sequence gaps \(.seq_gaps); frames published \(.frames_published), received \(.frames_received), lost \(.frames_lost); QoS 1 not received \(.qos1_not_received); duplicates \(.duplicates); connections lost (agents, controllers, observer) \(.connection_errors)"' "$out/report.json" 2>/dev/null || echo "no report (see fleet.log)"
   missing="$(grep -o "host [^ ]*'s event, frame [0-9]*" "$out/fleet.log" | sed "s/host \([^ ]*\)'s event, frame /\1 /" || true)"
   if [[ -n "$missing" ]]; then
-    echo "acknowledged, never received by the observer (first 20):"
+    echo "acknowledged, never received by the observer nor resent (first 20):"
     while read -r h s; do
       if [[ -f "$out/witness.txt" ]]; then
         if grep -qx "$h $s" "$out/witness.txt"; then w="received by the witness"; else w="NOT received by the witness either"; fi
