@@ -231,6 +231,44 @@ fn only_operators_and_cdus_publish_commands() {
 }
 
 #[test]
+fn readers_and_operators_ask_for_resends_and_only_the_node_itself_answers() {
+    let Some(b) = lab() else { return };
+    let (h01_resend, h01_resent) = ("dc/v2/lab/host/h01/resend", "dc/v2/lab/host/h01/resent");
+    let marker = "dc/v2/lab/host/h01/telemetry";
+    let reader = Sub::start(&b, "bms1", &["dc/v2/lab/#"]);
+    reader.ready(&b, "h01", marker);
+    publish(&b, "bms1", h01_resend, "reader asks");
+    publish(&b, "ops1", "dc/v2/lab/cdu/cdu1/resend", "operator asks");
+    publish(&b, "h02", h01_resend, "host asks host");
+    publish(&b, "cdu1", h01_resend, "controller asks");
+    publish(&b, "h02", h01_resent, "host answers for host");
+    publish(&b, "bms1", h01_resent, "reader answers");
+    publish(&b, "h01", h01_resent, "h01 answers");
+    let before = reader.until_marker(&b, "h01", marker);
+    assert_eq!(
+        before,
+        [
+            seen(h01_resend, "reader asks"),
+            seen("dc/v2/lab/cdu/cdu1/resend", "operator asks"),
+            seen(h01_resent, "h01 answers"),
+        ]
+    );
+    // The request reaches the node asked, and no other host.
+    let h02_resend = "dc/v2/lab/host/h02/resend";
+    let h01 = Sub::start(&b, "h01", &[h01_resend]);
+    let h02 = Sub::start(&b, "h02", &[h01_resend, h02_resend]);
+    h01.ready(&b, "bms1", h01_resend);
+    h02.ready(&b, "bms1", h02_resend);
+    publish(&b, "bms1", h01_resend, "again");
+    assert_eq!(
+        h01.until_marker(&b, "bms1", h01_resend),
+        [seen(h01_resend, "again")]
+    );
+    let to_h02 = h02.until_marker(&b, "bms1", h02_resend);
+    assert!(to_h02.is_empty(), "h02 read {to_h02:?}");
+}
+
+#[test]
 fn a_host_reads_only_its_own_commands() {
     let Some(b) = lab() else { return };
     let (h01_cmd, h02_cmd) = ("dc/v2/lab/host/h01/cmd", "dc/v2/lab/host/h02/cmd");
