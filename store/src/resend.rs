@@ -153,6 +153,95 @@ pub fn read(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    use loopwarden_protocol::{Event, GpuIndex};
+
+    use crate::recorder::Recorder;
+    use crate::{Publisher, Refused};
+
+    /// Numbers frames from 1000 on; refuses (outbox full) while `full`.
+    #[derive(Clone, Default)]
+    struct Numbering {
+        next: Arc<AtomicU32>,
+        full: Arc<Mutex<bool>>,
+    }
+
+    impl Publisher for Numbering {
+        fn publish_message(&self, _: Message, _: TimestampMs, _: bool) -> Result<u32, Refused> {
+            if *self.full.lock().unwrap() {
+                return Err(Refused::OutboxFull);
+            }
+            Ok(1000 + self.next.fetch_add(1, Ordering::Relaxed))
+        }
+
+        fn next_seq(&self) -> u32 {
+            1000 + self.next.load(Ordering::Relaxed)
+        }
+    }
+
+    fn xid(n: u16) -> Event {
+        Event::Xid {
+            gpu: GpuIndex::new(0).unwrap(),
+            xid: n,
+        }
+    }
+
+    fn recorder(bus: &Numbering) -> Recorder {
+        let stores = crate::agent_flash::open(None).unwrap();
+        Recorder::start_on(stores.log, stores.store, None, bus.clone()).unwrap()
+    }
+
+    /// Waits for `f` (the recorder's thread answers it).
+    fn wait<T>(f: impl std::future::Future<Output = T>) -> T {
+        futures::executor::block_on(f)
+    }
+
+    #[test]
+    fn logged_events_are_found_again_by_the_number_their_frame_took() {
+        let bus = Numbering::default();
+        let r = recorder(&bus);
+        // A telemetry frame between events takes a number the log never sees.
+        r.emit(xid(1), TimestampMs(10));
+        r.emit(xid(2), TimestampMs(20));
+        wait(r.flush());
+        bus.next.fetch_add(1, Ordering::Relaxed);
+        r.emit(xid(3), TimestampMs(30));
+        let got = wait(r.resendable(0, u32::MAX, 10)).unwrap();
+        let seqs: Vec<(u32, u64)> = got.frames.iter().map(|l| (l.seq, l.time.0)).collect();
+        assert_eq!(seqs, [(1000, 10), (1001, 20), (1003, 30)]);
+        assert_eq!(got.frames[2].message, Message::Event(xid(3)));
+        assert_eq!((got.held_from, got.next), (Some(1000), None));
+        let part = wait(r.resendable(1001, 1003, 1)).unwrap();
+        assert_eq!(part.frames.len(), 1);
+        assert_eq!((part.frames[0].seq, part.next), (1001, Some(1003)));
+        let none = wait(r.resendable(1002, 1002, 10)).unwrap();
+        assert!(none.frames.is_empty(), "1002 was no event");
+    }
+
+    #[test]
+    fn an_event_held_for_a_full_outbox_is_numbered_when_it_goes() {
+        let bus = Numbering::default();
+        let r = recorder(&bus);
+        *bus.full.lock().unwrap() = true;
+        r.emit(xid(1), TimestampMs(10));
+        wait(r.flush());
+        assert!(
+            wait(r.resendable(0, u32::MAX, 10))
+                .unwrap()
+                .frames
+                .is_empty(),
+            "not published yet: no number a reader could miss"
+        );
+        *bus.full.lock().unwrap() = false;
+        r.emit(xid(2), TimestampMs(20));
+        wait(r.flush());
+        let got = wait(r.resendable(0, u32::MAX, 10)).unwrap();
+        let seqs: Vec<u32> = got.frames.iter().map(|l| l.seq).collect();
+        assert_eq!(seqs, [1000, 1001], "in order, each with its own number");
+        assert_eq!(got.frames[0].message, Message::Event(xid(1)));
+    }
 
     #[test]
     fn a_published_record_round_trips_and_refuses_other_lengths() {
