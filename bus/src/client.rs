@@ -31,6 +31,7 @@
 //! - [`presence`]: the second, light connection that keeps the JSON
 //!   mirror of `online`, with its own last will (`json_presence`);
 //! - [`acker`]: the thread that removes acknowledged frames from flash;
+//! - [`subscribing`]: subscriptions the broker refused, asked for again;
 //! - [`event_loop`]: the task: drives `rumqttc`'s `EventLoop` (connection,
 //!   backoff, failover), owns the session and feeds it;
 //! - [`handle`]: the cloneable [`Bus`] and the [`BusTask`].
@@ -59,6 +60,7 @@ mod node;
 mod presence;
 mod session;
 mod status;
+mod subscribing;
 
 pub use handle::{AckedLedger, Bus, BusTask};
 

@@ -56,6 +56,8 @@ counters! {
     outbox_refused,
     /// Send events the shell could not match to a frame (bookkeeping error).
     delivery_mismatch,
+    /// Subscription filters the broker refused (each asked for again).
+    subscriptions_refused,
     /// Frames received and decoded.
     received,
     /// Connections established (the first one included).

@@ -85,6 +85,10 @@ const BUS_DELIVERY_MISMATCH: Metric = Metric::counter(
     "loopwarden_bus_delivery_mismatch_total",
     "Send events the bus could not match to a frame (a bookkeeping error; should stay 0).",
 );
+const BUS_SUBSCRIPTIONS_REFUSED: Metric = Metric::counter(
+    "loopwarden_bus_subscriptions_refused_total",
+    "Subscription filters the broker refused; each is asked for again (1 s, doubling to 30 s) while the connection lasts, and what it carries is not heard meanwhile.",
+);
 const FLASH_QUEUE_DROPPED: Metric = Metric::counter(
     "loopwarden_flash_queue_dropped_total",
     "Events dropped because the flash recorder's queue was full (in a storm).",
@@ -116,6 +120,7 @@ pub fn write_bus(
         (&BUS_OUTBOX_REFUSED, m.outbox_refused),
         (&BUS_OUTBOX_RESENT, m.resent),
         (&BUS_DELIVERY_MISMATCH, m.delivery_mismatch),
+        (&BUS_SUBSCRIPTIONS_REFUSED, m.subscriptions_refused),
     ];
     for (metric, value) in plain {
         out.sample(metric, labels, value as f64);

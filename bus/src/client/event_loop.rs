@@ -23,10 +23,7 @@ use std::time::Duration;
 use loopwarden_protocol::topic::filter;
 use loopwarden_protocol::{Family, Frame, Topic};
 use rand::SeedableRng;
-use rumqttc::{
-    AsyncClient, ConnectionError, Event, EventLoop, Outgoing, Packet, QoS, Request,
-    SubscribeReasonCode,
-};
+use rumqttc::{AsyncClient, ConnectionError, Event, EventLoop, Outgoing, Packet, QoS, Request};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -36,6 +33,7 @@ use super::command::{Control, LoopEnds};
 use super::node::{qos_of, Node, PresencePair};
 use super::presence::{self, Want};
 use super::session::{Queued, Session};
+use super::subscribing::Subscribing;
 use super::{Inbound, PublishError};
 use crate::backoff::Backoff;
 use crate::durable::{Pending, SharedOutbox};
@@ -113,6 +111,8 @@ struct Core {
     broker: usize,
     connected_at: Option<Instant>,
     subscriptions: Vec<String>,
+    /// What the broker was asked to subscribe and refused.
+    subscribing: Subscribing,
     /// The presence of the next connection: its announcement, numbered
     /// before its will so the will is the newer of the two.
     pair: PresencePair,
@@ -197,6 +197,7 @@ async fn next_event(
         let takes = core.handles && core.session.takes_commands();
         let deadline = core.leaving.as_ref().map(|l| l.deadline);
         let far = Instant::now() + Duration::from_secs(3600);
+        let resubscribe = core.subscribing.retry_at();
         tokio::select! {
             biased;
             e = &mut poll => return Some(e),
@@ -213,6 +214,9 @@ async fn next_event(
             },
             () = tokio::time::sleep_until(deadline.unwrap_or(far)), if deadline.is_some() => {
                 core.finish_leaving();
+            }
+            () = tokio::time::sleep_until(resubscribe.unwrap_or(far)), if resubscribe.is_some() => {
+                core.resubscribe();
             }
         }
     }
@@ -261,6 +265,7 @@ impl Core {
             broker: 0,
             connected_at: None,
             subscriptions,
+            subscribing: Subscribing::default(),
             pair,
             shutting_down: false,
             leaving: None,
@@ -446,6 +451,7 @@ impl Core {
         // broker answered them, so a command sent to us after that
         // reaches us.
         self.awaiting_suback = !self.subscriptions.is_empty();
+        self.subscribing.connected(self.subscriptions.clone());
         if self.awaiting_suback {
             let filters = self
                 .subscriptions
@@ -522,16 +528,34 @@ impl Core {
     }
 
     fn on_suback(&mut self, ack: rumqttc::SubAck) {
-        if ack
-            .return_codes
-            .iter()
-            .any(|c| matches!(c, SubscribeReasonCode::Failure))
-        {
-            warn!(pkid = ack.pkid, "the broker refused a subscription");
+        let refused = self.subscribing.answered(Instant::now(), &ack.return_codes);
+        if !refused.is_empty() {
+            let metrics = &self.node.status.metrics;
+            metrics
+                .subscriptions_refused
+                .fetch_add(refused.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            tracing::error!(
+                ?refused,
+                "the broker refused subscriptions: what they carry is not heard until it grants them; asking again"
+            );
         }
         if self.awaiting_suback {
             self.awaiting_suback = false;
             self.set_ready(true);
+        }
+    }
+
+    /// Asks again for the subscriptions the broker refused.
+    fn resubscribe(&mut self) {
+        let filters = self.subscribing.retry();
+        if filters.is_empty() {
+            return;
+        }
+        let subscribe = filters
+            .iter()
+            .map(|f| rumqttc::SubscribeFilter::new(f.clone(), qos_of(filter::qos(f))));
+        if self.client.try_subscribe_many(subscribe).is_err() {
+            self.subscribing.retry_failed(Instant::now(), filters);
         }
     }
 
