@@ -11,7 +11,8 @@
 //! Two budgets bound what requests can make a node publish, whoever sends
 //! them and however fast: the *frame budget* ([`FRAMES_BURST`] frames,
 //! refilled at [`FRAMES_PER_SECOND`]) pays for every frame resent and every
-//! report on a request served; the *refusal budget* ([`REFUSALS_BURST`],
+//! report on a request served, and a request served costs at least
+//! [`REQUEST_COST`] (it reads the whole log); the *refusal budget* ([`REFUSALS_BURST`],
 //! refilled at [`REFUSALS_PER_SECOND`]) for the reports of refused ones.
 //! A request that finds its budget empty is withheld: no answer (counted;
 //! the reader asks again). When both are empty a request is withheld
@@ -34,6 +35,9 @@ use loopwarden_protocol::{
 pub const FRAMES_BURST: u32 = 100;
 /// Frames a second, once the burst is spent.
 pub const FRAMES_PER_SECOND: u32 = 10;
+/// What a request served costs at least, in frames of the budget: it
+/// reads the whole log (two passes), whatever it finds.
+pub const REQUEST_COST: u32 = 10;
 /// Reports of refused requests at once at most.
 pub const REFUSALS_BURST: u32 = 10;
 /// Reports of refused requests a second, once that burst is spent.
@@ -138,7 +142,7 @@ impl Desk {
         let Message::ResendRequest(req) = &frame.message else {
             return self.withhold();
         };
-        if self.frames.whole() == 0 && self.refusals.whole() == 0 {
+        if self.frames.whole() < REQUEST_COST && self.refusals.whole() == 0 {
             return self.withhold();
         }
         let correlation = Correlation {
@@ -153,7 +157,7 @@ impl Desk {
         if req.to < req.from || req.to - req.from >= RESEND_SPAN_MAX {
             return self.refuse(correlation, req.from, req.to, ResendCode::Malformed);
         }
-        if self.frames.whole() == 0 {
+        if self.frames.whole() < REQUEST_COST {
             return self.withhold();
         }
         // One token stays for the report.
@@ -166,9 +170,10 @@ impl Desk {
         }
     }
 
-    /// What a served request published: `frames` resent and its report.
+    /// What a served request published: `frames` resent and its report
+    /// (at least [`REQUEST_COST`]).
     pub fn spent(&mut self, frames: u32) {
-        self.frames.take(frames.saturating_add(1));
+        self.frames.take(frames.saturating_add(1).max(REQUEST_COST));
     }
 
     /// Authentic, allowed and fresh, or why not.
@@ -374,6 +379,20 @@ mod tests {
             "the budget is used, not starved: {published}"
         );
         assert!(d.withheld() > 100_000);
+    }
+
+    #[test]
+    fn a_request_costs_a_read_of_the_log_even_when_it_finds_nothing() {
+        let mut d = desk();
+        let t = topic();
+        let mut served = 0;
+        for seq in 1..=100 {
+            if let Answer::Serve { .. } = d.hear(T0, &request("bms1", 1, seq, T0, (5, 5)), &t) {
+                d.spent(0);
+                served += 1;
+            }
+        }
+        assert_eq!(served, FRAMES_BURST / REQUEST_COST);
     }
 
     #[test]
