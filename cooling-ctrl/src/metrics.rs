@@ -1,11 +1,11 @@
 //! The controller's Prometheus metrics (`metrics_listen`), all
 //! `loopwarden_cdu_*` but for what both agents share (`loopwarden_bus_*`,
-//! `loopwarden_flash_queue_dropped_total`, `loopwarden_outbox_*`): the
-//! mode, the setpoint and pump speed, the loop's temperatures, flow and
-//! meters, the pumps, each sensor's fault, each rack's cooling, valve and
-//! leak state, the caps sent and in force per host, and the shell's
-//! counters. What the controller has learned of its hall has series of
-//! its own (`loopwarden_estimate_*{figure}`,
+//! `loopwarden_flash_queue_dropped_total`, `loopwarden_outbox_*`,
+//! `loopwarden_resend_*`): the mode, the setpoint and pump speed, the
+//! loop's temperatures, flow and meters, the pumps, each sensor's fault,
+//! each rack's cooling, valve and leak state, the caps sent and in force
+//! per host, and the shell's counters. What the controller has learned
+//! of its hall has series of its own (`loopwarden_estimate_*{figure}`,
 //! `loopwarden_host_thermal_factor{host}`, `loopwarden_outdoor_fallback`),
 //! from the same figures as `ctl loops` (`crate::estimates`).
 //!
@@ -37,7 +37,7 @@ use tokio::task::JoinHandle;
 
 use crate::console::Context;
 use crate::estimates::FACILITY_RATIOS;
-use crate::shell::{ShellStats, Snapshot};
+use crate::shell::{ResendCounts, ShellStats, Snapshot};
 
 mod names;
 use names::*;
@@ -86,6 +86,7 @@ impl CduMetrics {
             pumps(&mut out, snap, st.last.as_ref(), &cdu);
             self.racks(&mut out, snap, st.last.as_ref(), &cdu);
             write_bus(&mut out, &snap.bus, snap.bus_connected, &cdu);
+            resends(&mut out, snap.resend, &cdu);
             self.estimates(&mut out, snap, &cdu);
         }
         self.hosts(&mut out, &st, &cdu);
@@ -244,6 +245,20 @@ fn counters(out: &mut Exposition, st: &ShellStats, cdu: &[(&str, &str)]) {
     }
 }
 
+/// Readers' requests to resend logged events, by outcome, and the frames
+/// resent.
+fn resends(out: &mut Exposition, r: ResendCounts, cdu: &[(&str, &str)]) {
+    for (outcome, n) in [
+        ("served", r.served),
+        ("refused", r.refused),
+        ("withheld", r.withheld),
+    ] {
+        let labels = with_labels(cdu, &[("outcome", outcome)]);
+        out.sample(&RESEND_REQUESTS, &labels, n as f64);
+    }
+    out.sample(&RESEND_FRAMES, cdu, r.frames as f64);
+}
+
 /// The mode, its reason, the setpoint and speed, the alarms.
 fn mode(out: &mut Exposition, s: &Snapshot, c: Option<&Commands>, cdu: &[(&str, &str)]) {
     for m in [
@@ -357,6 +372,83 @@ mod tests {
                 m.name
             );
         }
+        // Shared with the node agent: in its table, named here.
+        let agent = include_str!("../../docs/node-agent.md");
+        let table = &agent[agent.find("## 9. Metrics").expect("section 9")..];
+        for m in names::RESEND {
+            assert!(
+                table.contains(&format!("| `{}` |", m.name)),
+                "{} not in docs/node-agent.md §9",
+                m.name
+            );
+            assert!(
+                section.contains(&format!("`{}`", m.name)),
+                "{} not named in docs/cooling.md, Metrics",
+                m.name
+            );
+        }
+    }
+
+    /// The console's context of controller `cdu-1` (16 hosts, 4 a rack)
+    /// whose shell last published `st`.
+    fn context(st: ShellStats) -> Arc<Context> {
+        let (tx, rx) = crate::shell::stats_channel();
+        tx.send_replace(st);
+        Arc::new(Context {
+            site: "hall-t".into(),
+            cdu: "cdu-1".into(),
+            hosts: (0..16).map(|i| format!("r{}h{}", i / 4, i % 4)).collect(),
+            hosts_per_rack: 4,
+            link: "none".into(),
+            map_model: "sim-cdu".into(),
+            broker: "none".into(),
+            period: std::time::Duration::from_secs(1),
+            lease: std::time::Duration::from_secs(30),
+            demo_key: false,
+            started: loopwarden_protocol::TimestampMs(0),
+            stats: rx,
+            recorder: crate::journal::ControllerFlash::open(None)
+                .unwrap()
+                .recorder,
+            operator: None,
+        })
+    }
+
+    #[test]
+    fn resends_are_counted_by_outcome_with_the_frames_resent() {
+        use cooling_core::{Core, CoreConfig};
+        let cfg = CoreConfig::default();
+        let core = Core::new(cfg).unwrap();
+        let mut snap = Snapshot::of_core(&core);
+        snap.resend = ResendCounts {
+            served: 3,
+            refused: 2,
+            withheld: 7,
+            frames: 41,
+        };
+        let ctx = context(ShellStats {
+            status: Some(snap),
+            ..Default::default()
+        });
+        let text = CduMetrics::new(ctx, &cfg.layout).render();
+        let cdu = r#"cdu="cdu-1""#;
+        for (outcome, want) in [("served", 3.0), ("refused", 2.0), ("withheld", 7.0)] {
+            let series =
+                format!(r#"loopwarden_resend_requests_total{{{cdu},outcome="{outcome}"}}"#);
+            assert_eq!(value(&text, &series), want, "{series}");
+        }
+        assert_eq!(
+            value(&text, &format!("loopwarden_resend_frames_total{{{cdu}}}")),
+            41.0
+        );
+        for m in names::RESEND {
+            assert!(
+                text.contains(&format!("# HELP {} ", m.name))
+                    && text.contains(&format!("# TYPE {} counter", m.name)),
+                "{}:\n{text}",
+                m.name
+            );
+        }
     }
 
     /// The value of the series `series` (name and labels, as written) in
@@ -373,7 +465,6 @@ mod tests {
     fn the_learned_figures_each_hosts_factor_and_the_outdoor_fallback_are_series() {
         use cooling_core::estimate::Scalar;
         use cooling_core::{Core, CoreConfig, Learned};
-        use std::time::Duration;
         let cfg = CoreConfig::default();
         let mut core = Core::new(cfg).unwrap();
         let mut l = Learned::new(&cfg);
@@ -386,28 +477,9 @@ mod tests {
         l.facility.theta = [0.65f32.ln(), 0.0, 0.05f32.ln_1p(), 0.0];
         l.facility_trust = [0.5, 0.0, 0.25, 0.0];
         core.restore_learned(&l).unwrap();
-        let (tx, rx) = crate::shell::stats_channel();
-        tx.send_replace(ShellStats {
+        let ctx = context(ShellStats {
             status: Some(Snapshot::of_core(&core)),
             ..Default::default()
-        });
-        let ctx = Arc::new(Context {
-            site: "hall-t".into(),
-            cdu: "cdu-1".into(),
-            hosts: (0..16).map(|i| format!("r{}h{}", i / 4, i % 4)).collect(),
-            hosts_per_rack: 4,
-            link: "none".into(),
-            map_model: "sim-cdu".into(),
-            broker: "none".into(),
-            period: Duration::from_secs(1),
-            lease: Duration::from_secs(30),
-            demo_key: false,
-            started: loopwarden_protocol::TimestampMs(0),
-            stats: rx,
-            recorder: crate::journal::ControllerFlash::open(None)
-                .unwrap()
-                .recorder,
-            operator: None,
         });
         // The listeners given, each with its own series.
         let console = ListenStats::default();
@@ -467,6 +539,7 @@ mod tests {
             .iter()
             .chain(names::ESTIMATES)
             .chain(names::FACILITY)
+            .chain(names::RESEND)
             .collect();
         let mut n: Vec<&str> = all.iter().map(|m| m.name).collect();
         n.sort_unstable();

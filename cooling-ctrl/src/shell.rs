@@ -115,7 +115,9 @@ pub use crate::decide::leases::{cap_lease, CAP_RESEND_W, LIFT_DURATION};
 use crate::decide::outdoor::{self, OutdoorSource, OutdoorSources};
 pub use links::{BoardIo, NorthboundLink, OperatorAction, OperatorRequest};
 use start::{bus_config, check_ropes, log_said, restore_learned, start_decider, start_resender};
-pub use stats::{stats_channel, FacilityStatus, LastAck, SensorStatus, ShellStats, Snapshot};
+pub use stats::{
+    stats_channel, FacilityStatus, LastAck, ResendCounts, SensorStatus, ShellStats, Snapshot,
+};
 
 /// A setpoint that moves by this much or more republishes the state, K.
 pub const STATE_SETPOINT_K: f32 = 0.5;

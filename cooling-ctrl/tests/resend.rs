@@ -5,7 +5,8 @@
 //! and gets them again on the `resent` topic, byte for byte, then a
 //! report; a request signed with a key the keyring does not hold gets a
 //! report that says `unauthenticated`, and no frame. What goes over the
-//! broker is read by an independent `mosquitto_sub`.
+//! broker is read by an independent `mosquitto_sub`; the controller counts
+//! one request served with its frames and one refused.
 //!
 //! Skipped when mosquitto is not installed, except under CI (`CI=true`).
 
@@ -13,7 +14,7 @@ use std::time::Duration;
 
 use cooling_core::CoreConfig;
 use cooling_ctrl::modbus::{Link, ModbusCdu};
-use cooling_ctrl::shell::{self, ShellConfig, ShellOptions, ShellStats};
+use cooling_ctrl::shell::{self, ResendCounts, ShellConfig, ShellOptions, ShellStats};
 use loopwarden_boards::modbus_map::RegisterMap;
 use loopwarden_bus::keys::SignKey;
 use loopwarden_bus::{resend, Bus, BusConfig};
@@ -209,6 +210,23 @@ async fn a_reader_gets_logged_events_again_byte_for_byte_and_a_forged_request_no
         quiet.iter().all(|s| s.topic != resent),
         "nothing more resent: {quiet:?}"
     );
+    // The console and `/metrics` count both: one served with its frames,
+    // one refused, none withheld.
+    let want = ResendCounts {
+        served: 1,
+        refused: 1,
+        withheld: 0,
+        frames: events.len() as u64,
+    };
+    let counted = tokio::time::timeout(
+        Duration::from_secs(5),
+        ctl.stats
+            .wait_for(|s| s.status.as_ref().is_some_and(|s| s.resend == want)),
+    )
+    .await
+    .is_ok_and(|r| r.is_ok());
+    let last = ctl.stats.borrow().status.as_ref().map(|s| s.resend);
+    assert!(counted, "resends counted {last:?}, not {want:?}");
 
     let _ = ctl.stop.send(());
     let stopped = tokio::time::timeout(Duration::from_secs(8), ctl.task)

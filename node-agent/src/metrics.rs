@@ -1,8 +1,8 @@
 //! The host agent's Prometheus metrics (`metrics_listen`): the GPU fields
 //! it shares with dcgm-exporter under DCGM's names ([`dcgm`]), and its own
 //! as `loopwarden_*`: each GPU's health, cap and responsiveness, the
-//! leases, the sampling loop's timing, the XID watch and queue, the bus
-//! and the flash recorder.
+//! leases, the sampling loop's timing, the XID watch and queue, the bus,
+//! the flash recorder and the resends of logged events.
 //!
 //! Rendered from the console's [`Context`] and the loop's last
 //! [`Snapshot`](crate::console::Snapshot), copied out of its watch channel
@@ -27,7 +27,7 @@ use loopwarden_protocol::{CapSource, HealthState};
 use tokio::task::JoinHandle;
 
 use crate::config::GpuSourceKind;
-use crate::console::{Context, GpuView, Snapshot};
+use crate::console::{Context, GpuView, ResendCounts, Snapshot};
 
 pub mod dcgm;
 
@@ -119,6 +119,14 @@ const NVML_CALLS: Metric = Metric::counter(
     "loopwarden_nvml_calls_total",
     "NVML calls made since the agent started, by NVML's name (every GPU together).",
 );
+const RESEND_REQUESTS: Metric = Metric::counter(
+    "loopwarden_resend_requests_total",
+    "Readers' requests to resend logged events, by outcome: served (answered with the frames and a report), refused (answered with a refusal report), withheld (dropped without an answer: the resend budget was empty, the frame was not a request, or too many waited).",
+);
+const RESEND_FRAMES: Metric = Metric::counter(
+    "loopwarden_resend_frames_total",
+    "Logged event frames published again for readers' requests to resend them.",
+);
 const GUARD: Metric = Metric::gauge(
     "loopwarden_gpu_thermal_guard_cap_watts",
     "The cap the host's own thermal guard asks for, watts. Absent while the guard does not cap.",
@@ -142,6 +150,7 @@ pub fn render(ctx: &Context) -> String {
     }
     write_bus(&mut out, &ctx.bus.metrics(), ctx.bus.is_connected(), &host);
     write_recorder(&mut out, &ctx.recorder, &host);
+    resends(&mut out, ctx.resends(), &host);
     loopwarden_field::listen::write_metrics(&mut out, "console", &ctx.console_stats, &host);
     out.finish()
 }
@@ -156,6 +165,20 @@ fn nvml_calls(out: &mut Exposition, costs: &crate::nvml::CallCosts, host: &[(&st
             out.sample(&NVML_CALL, &with_labels(&labels, &[("stat", stat)]), v);
         }
     }
+}
+
+/// Readers' requests to resend logged events, by outcome, and the frames
+/// resent.
+fn resends(out: &mut Exposition, r: ResendCounts, host: &[(&str, &str)]) {
+    for (outcome, n) in [
+        ("served", r.served),
+        ("refused", r.refused),
+        ("withheld", r.withheld),
+    ] {
+        let labels = with_labels(host, &[("outcome", outcome)]);
+        out.sample(&RESEND_REQUESTS, &labels, n as f64);
+    }
+    out.sample(&RESEND_FRAMES, host, r.frames as f64);
 }
 
 /// What the agent is and since when.
@@ -412,6 +435,7 @@ mod tests {
             std::time::Duration::from_micros(50),
         );
         nvml_calls(&mut out, &costs, &host);
+        resends(&mut out, ResendCounts::default(), &host);
         let text = out.finish();
         assert!(
             text.contains(r#"loopwarden_nvml_calls_total{Hostname="h07",call="nvmlDeviceGetTemperature"} 2"#)
@@ -437,6 +461,33 @@ mod tests {
                 section.contains(&format!("| `{name}` |")),
                 "{name} not in docs/node-agent.md §9"
             );
+        }
+    }
+
+    #[test]
+    fn resends_are_counted_by_outcome_with_the_frames_resent() {
+        let mut out = Exposition::new();
+        let counts = ResendCounts {
+            served: 3,
+            refused: 2,
+            withheld: 7,
+            frames: 41,
+        };
+        resends(&mut out, counts, &[("Hostname", "h07")]);
+        let t = out.finish();
+        for line in [
+            "# TYPE loopwarden_resend_requests_total counter\n",
+            "# TYPE loopwarden_resend_frames_total counter\n",
+            "loopwarden_resend_requests_total{Hostname=\"h07\",outcome=\"served\"} 3\n",
+            "loopwarden_resend_requests_total{Hostname=\"h07\",outcome=\"refused\"} 2\n",
+            "loopwarden_resend_requests_total{Hostname=\"h07\",outcome=\"withheld\"} 7\n",
+            "loopwarden_resend_frames_total{Hostname=\"h07\"} 41\n",
+        ] {
+            assert!(t.contains(line), "{line} in\n{t}");
+        }
+        for name in ["requests", "frames"] {
+            let help = format!("# HELP loopwarden_resend_{name}_total ");
+            assert!(t.contains(&help), "{help} in\n{t}");
         }
     }
 

@@ -46,6 +46,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use loopwarden_bus::resend::Resender;
 use loopwarden_bus::Bus;
 use loopwarden_field::lifecycle::Readers;
 use loopwarden_protocol::{GpuIndex, TimestampMs};
@@ -152,7 +153,7 @@ pub(crate) struct Agent {
     /// Where cooling-loss steps go to be run, in order.
     pub cooling_jobs: mpsc::Sender<cooling::Job>,
     /// Answers readers' requests to resend logged events.
-    pub resender: loopwarden_bus::resend::Resender,
+    pub resender: Resender,
 }
 
 /// What a process that runs many agents may ask of each (nothing by
@@ -262,15 +263,16 @@ async fn run_agent(
         }
         None => console::snapshot_channel(),
     };
-    let flash_path = flash_path.map(|p| p.display().to_string());
-    let mut context = console_context(&config, started, flash_path, &bus, &recorder, snapshot_rx);
-    context.nvml_costs = nvml_costs;
-    let readers = start_readers(listener, console_path, &config, context).await?;
-    let resender = loopwarden_bus::resend::Resender::start(
+    let resender = Resender::start(
         bus.clone(),
         recorder.clone(),
         config.authority.signers.clone(),
     );
+    let flash_path = flash_path.map(|p| p.display().to_string());
+    let counted = (&bus, &recorder, &resender);
+    let mut context = console_context(&config, started, flash_path, counted, snapshot_rx);
+    context.nvml_costs = nvml_costs;
+    let readers = start_readers(listener, console_path, &config, context).await?;
     let mut agent = Agent {
         resender,
         actions: actions_tx,
@@ -330,15 +332,17 @@ impl Agent {
     }
 }
 
-/// What the console, the serial console and `/metrics` answer from.
+/// What the console, the serial console and `/metrics` answer from:
+/// `counted`, the bus, the recorder and the resender whose counters they
+/// show, besides the loop's `snapshot`.
 fn console_context(
     config: &Config,
     started: TimestampMs,
     flash_path: Option<String>,
-    bus: &Bus,
-    recorder: &Recorder,
+    counted: (&Bus, &Recorder, &Resender),
     snapshot: watch::Receiver<Option<Snapshot>>,
 ) -> Context {
+    let (bus, recorder, resender) = counted;
     Context {
         site: config.site.as_str().to_string(),
         host: config.host.as_str().to_string(),
@@ -352,6 +356,7 @@ fn console_context(
         snapshot,
         nvml_costs: None,
         console_stats: Default::default(),
+        resender: resender.clone(),
     }
 }
 

@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use super::{round, Context, Request};
 use crate::decide::outdoor::OutdoorSource;
 use crate::journal;
-use crate::shell::{OperatorAction, OperatorRequest, ShellStats};
+use crate::shell::{OperatorAction, OperatorRequest, ResendCounts, ShellStats};
 
 fn secs_ago(now: TimestampMs, t: TimestampMs) -> f64 {
     now.0.saturating_sub(t.0) as f64 / 1000.0
@@ -170,6 +170,7 @@ fn status(ctx: &Context, st: &ShellStats, now: TimestampMs) -> Value {
             "published": st.telemetry_published + st.states_published + st.events_published,
             "publish_errors": st.publish_errors,
         },
+        "resend": snap.map(|s| resend_view(s.resend)),
         "leases_sent": st.leases_sent,
         "lifts_sent": st.lifts_sent,
         "acks": st.acks,
@@ -178,6 +179,17 @@ fn status(ctx: &Context, st: &ShellStats, now: TimestampMs) -> Value {
         "flash_queue_dropped": ctx.recorder.dropped(),
         "flash": ctx.recorder.path().map_or("memory (not kept)".to_string(), |p| p.display().to_string()),
         "demo_key": ctx.demo_key,
+    })
+}
+
+/// Readers' requests to resend logged events, by outcome, and the frames
+/// resent.
+fn resend_view(r: ResendCounts) -> Value {
+    json!({
+        "served": r.served,
+        "refused": r.refused,
+        "withheld": r.withheld,
+        "frames": r.frames,
     })
 }
 

@@ -162,7 +162,7 @@ fn plant_rows(v: &Value) -> Vec<(&'static str, String)> {
 }
 
 /// `status` rows about the links and the program: the CDU link, the bus,
-/// the leases, the uptime and the flash.
+/// the resends of logged events, the leases, the uptime and the flash.
 fn link_rows(v: &Value) -> Vec<(&'static str, String)> {
     let cdu = &v["cdu_link"];
     vec![
@@ -198,6 +198,13 @@ fn link_rows(v: &Value) -> Vec<(&'static str, String)> {
                 },
                 s(&v["bus"]["published"]),
                 s(&v["bus"]["publish_errors"])
+            ),
+        ),
+        (
+            "resends",
+            fill(
+                &v["resend"],
+                "{served} served ({frames} frames), {refused} refused, {withheld} withheld",
             ),
         ),
         (
@@ -551,4 +558,27 @@ fn caps(v: &Value) -> String {
         ],
         &rows,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn status_has_a_row_of_resends() {
+        let v = json!({
+            "bus": {"broker": "127.0.0.1:1883", "connected": true, "published": 9, "publish_errors": 0},
+            "resend": {"served": 3, "refused": 1, "withheld": 4, "frames": 12},
+        });
+        let text = render(&Request::Status, &v);
+        let row = text
+            .lines()
+            .find(|l| l.starts_with("resends "))
+            .unwrap_or_else(|| panic!("no resends row in\n{text}"));
+        assert!(
+            row.ends_with("3 served (12 frames), 1 refused, 4 withheld"),
+            "{row}"
+        );
+    }
 }

@@ -85,6 +85,7 @@ fn status(ctx: &Context, snap: &Snapshot, now: TimestampMs) -> Value {
             "dropped_flash_queue": ctx.recorder.dropped(),
             "acks_withheld": snap.acks_withheld,
         },
+        "resend": resend_view(ctx),
         "leases": snap.leases.len(),
         "xids": {
             "queued": snap.xids_queued,
@@ -106,6 +107,18 @@ fn status(ctx: &Context, snap: &Snapshot, now: TimestampMs) -> Value {
         },
         "flash": ctx.flash_path.clone().unwrap_or_else(|| "memory (not kept)".into()),
         "demo_key": ctx.demo_key,
+    })
+}
+
+/// Readers' requests to resend logged events, by outcome, and the frames
+/// resent.
+fn resend_view(ctx: &Context) -> Value {
+    let r = ctx.resends();
+    json!({
+        "served": r.served,
+        "refused": r.refused,
+        "withheld": r.withheld,
+        "frames": r.frames,
     })
 }
 

@@ -35,6 +35,13 @@ fn status(v: &Value) -> String {
         ("unresponsive", s(&v["unresponsive"])),
         ("bus", bus_line(v)),
         (
+            "resends",
+            fill(
+                &v["resend"],
+                "{served} served ({frames} frames), {refused} refused, {withheld} withheld",
+            ),
+        ),
+        (
             "uptime",
             format!("{:.0} s", v["uptime_s"].as_f64().unwrap_or(0.0)),
         ),
@@ -254,4 +261,28 @@ fn bus_line(v: &Value) -> String {
         line.push_str(&format!("; {n} telemetry frames not sent while offline"));
     }
     line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn status_has_a_row_of_resends() {
+        let v = json!({
+            "connected": true,
+            "bus": {"published": 11, "received": 2, "dropped": 0, "connects": 1},
+            "resend": {"served": 3, "refused": 1, "withheld": 4, "frames": 12},
+        });
+        let text = render(&Request::Status, &v);
+        let row = text
+            .lines()
+            .find(|l| l.starts_with("resends "))
+            .unwrap_or_else(|| panic!("no resends row in\n{text}"));
+        assert!(
+            row.ends_with("3 served (12 frames), 1 refused, 4 withheld"),
+            "{row}"
+        );
+    }
 }
