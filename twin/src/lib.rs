@@ -10,7 +10,8 @@
 //! controller that knows the true state), [`sim_cdu`] (the simulated CDU,
 //! a Modbus TCP and RTU server on a board's register map), [`pins`]
 //! (simulated board pins behind `embedded-hal`) and [`hall`] (the plant
-//! behind the simulated CDU's registers and pins, in real time).
+//! behind the simulated CDU's registers and pins, in real time). Apart
+//! from the hall, [`goodput`]: a large training job's time under failures.
 //!
 //! Production builds leave this crate out: the agents link it only behind
 //! their `twin` feature.
@@ -24,6 +25,7 @@
 
 #![warn(missing_docs)]
 
+pub mod goodput;
 pub mod hall;
 pub mod hosts;
 pub mod oracle;
