@@ -197,6 +197,42 @@ mod log_append {
     }
 }
 
+/// One read of every record of a full log: what a reader's resend request
+/// costs the flash thread twice (docs/bus.md §4.8), and a restart once.
+/// The file's pages are in the page cache after the first read, as on a
+/// host that reads its log now and then.
+mod log_scan {
+    use super::*;
+
+    fn bench_scan<S>(bencher: Bencher, log: &mut EventLog<S>)
+    where
+        S: MultiwriteNorFlash,
+        S::Error: Debug,
+    {
+        bencher.counter(ItemsCount::new(1u32)).bench_local(|| {
+            let mut n = 0u32;
+            block_on(log.for_each(|r| n += u32::from(r.kind))).expect("scan");
+            black_box(n)
+        });
+    }
+
+    #[divan::bench(args = WHAT, sample_count = 20, sample_size = 1)]
+    fn file_full(bencher: Bencher, what: &str) {
+        let mut image = full_log_image(what);
+        let dir = tempfile::tempdir().expect("temp dir");
+        let flash = file_flash(dir.path(), Some(image.bytes_mut()));
+        let mut log = block_on(EventLog::open(flash, board().layout().log)).expect("log");
+        bench_scan(bencher, &mut log);
+    }
+
+    #[divan::bench(args = WHAT, sample_count = 20, sample_size = 1)]
+    fn sim_full(bencher: Bencher, what: &str) {
+        let flash = SharedFlash::new(full_log_image(what));
+        let mut log = block_on(EventLog::open(flash, board().layout().log)).expect("log");
+        bench_scan(bencher, &mut log);
+    }
+}
+
 fn bench_round_trip<S>(bencher: Bencher, outbox: &mut Outbox<S>, what: &str)
 where
     S: MultiwriteNorFlash,
