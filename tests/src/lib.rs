@@ -30,6 +30,7 @@ mod nats;
 pub mod prometheus;
 pub mod serial_console;
 pub mod slurm;
+pub mod twin_agent;
 
 pub use nats::NatsCluster;
 

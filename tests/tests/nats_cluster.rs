@@ -22,6 +22,7 @@ use loopwarden_flash::{Outbox, SharedFlash, SimFlash};
 use loopwarden_protocol::{
     samples, Event, Frame, GpuIndex, Ident, Message, MessageKind, NodeId, Role,
 };
+use loopwarden_system_tests::twin_agent::run_twin_agent;
 use loopwarden_system_tests::{retained, NatsCluster, Seen, Subscriber};
 
 /// One cluster at a time: the measured run must not share the machine
@@ -70,16 +71,7 @@ fn start_node_agent(
     };
     let config = node_agent::config::load(None, &flags).expect("the agent's config");
     assert_eq!(config.broker.as_ref().map(Brokers::len), Some(3));
-    let board = loopwarden_boards::GpuBoard::builtin("H200-SXM").expect("board");
-    let source = Box::new(node_agent::sim_gpus::TwinSource::new(&board, 2, 5));
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Runtime::new().expect("a runtime");
-        rt.block_on(node_agent::shell::run(config, source, async {
-            let _ = rx.await;
-        }))
-    });
-    tx
+    run_twin_agent(&flags, 2, 5)
 }
 
 fn xid(n: u32) -> Message {

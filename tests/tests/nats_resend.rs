@@ -12,12 +12,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use loopwarden_bus::keys::SignKey;
-use loopwarden_bus::{now_ms, Brokers, Bus, BusConfig};
+use loopwarden_bus::{Brokers, Bus, BusConfig};
 use loopwarden_field::common::CommonFlags;
-use loopwarden_protocol::{
-    samples, CapLease, CapSource, CommandAuth, DurationMs, Family, Frame, GpuCap, GpuSelector,
-    Ident, Message, NodeId, ReasonCode, ResendCode, Role, Topic, Watts,
-};
+use loopwarden_protocol::{samples, Frame, Ident, Message, NodeId, ResendCode, Role};
+use loopwarden_system_tests::twin_agent::{run_twin_agent, signed_lease};
 use loopwarden_system_tests::{NatsCluster, Seen, Subscriber};
 
 const SITE: &str = "t-resend";
@@ -43,17 +41,7 @@ fn start_agent(cluster: &NatsCluster, dir: &std::path::Path) -> tokio::sync::one
         period_ms: Some(200),
         ..Default::default()
     };
-    let config = node_agent::config::load(None, &flags).expect("the agent's config");
-    let board = loopwarden_boards::GpuBoard::builtin("H200-SXM").expect("board");
-    let source = Box::new(node_agent::sim_gpus::TwinSource::new(&board, 2, 5));
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Runtime::new().expect("a runtime");
-        rt.block_on(node_agent::shell::run(config, source, async {
-            let _ = rx.await;
-        }))
-    });
-    tx
+    run_twin_agent(&flags, 2, 5)
 }
 
 /// The reader's bus and key: facility `ems1`, on node 2.
@@ -68,30 +56,6 @@ async fn reader(cluster: &NatsCluster) -> (Bus, SignKey) {
         key: samples::demo_signing_key(),
     };
     (bus, key)
-}
-
-/// A signed lease capping every GPU of h1 at `watts`, for 60 s, replacing
-/// the last one: each one that changes the limit makes the agent publish
-/// an event.
-fn lease(bus: &Bus, key: &SignKey, watts: u32) {
-    let topic = Topic::new(&ident(SITE), Role::Host, &ident("h1"), Family::Cmd);
-    let caps = [GpuCap {
-        gpus: GpuSelector::All,
-        limit: Watts(watts),
-    }]
-    .into_iter()
-    .collect();
-    let message = Message::CapLease(CapLease {
-        lease: 1,
-        source: CapSource::FacilityBudget,
-        reason: ReasonCode::CAPACITY_SHORT,
-        caps,
-        duration: DurationMs(60_000),
-        auth: CommandAuth::default(),
-    });
-    let mut frame = bus.next_frame(message, now_ms());
-    frame.sign(&topic, key.key_id, &key.key).unwrap();
-    bus.publish_frame(&topic, &frame).unwrap();
 }
 
 /// h1's event frames in `seen` on `family`, by sequence number.
@@ -131,7 +95,8 @@ async fn an_event_a_broker_node_lost_reaches_an_independent_subscriber_through_t
     // subscriber's) is down from the 8th to the 24th.
     let started = Instant::now();
     for n in 1..=40u32 {
-        lease(&bus, &key, if n % 2 == 0 { 500 } else { 550 });
+        let watts = if n % 2 == 0 { 500 } else { 550 };
+        signed_lease(&bus, &key, &ident(SITE), &ident("h1"), watts);
         if n == 8 {
             cluster.kill_node(1);
             eprintln!("{:>6} ms: node 1 killed", started.elapsed().as_millis());

@@ -13,12 +13,10 @@ use std::time::{Duration, Instant};
 
 use loopwarden_bus::keys::SignKey;
 use loopwarden_bus::resend::desk::{FRAMES_BURST, FRAMES_PER_SECOND};
-use loopwarden_bus::{now_ms, Bus, BusConfig};
+use loopwarden_bus::{Bus, BusConfig};
 use loopwarden_field::common::CommonFlags;
-use loopwarden_protocol::{
-    samples, CapLease, CapSource, CommandAuth, DurationMs, Family, Frame, GpuCap, GpuSelector,
-    Ident, Message, NodeId, ReasonCode, ResendCode, Role, Topic, Watts,
-};
+use loopwarden_protocol::{samples, Frame, Ident, Message, NodeId, ResendCode, Role};
+use loopwarden_system_tests::twin_agent::{run_twin_agent, signed_lease};
 use loopwarden_system_tests::{Mosquitto, Seen, Subscriber};
 
 const SITE: &str = "t-limits";
@@ -43,40 +41,7 @@ fn start_agent(broker: &Mosquitto, dir: &std::path::Path) -> tokio::sync::onesho
         period_ms: Some(500),
         ..Default::default()
     };
-    let config = node_agent::config::load(None, &flags).expect("the agent's config");
-    let board = loopwarden_boards::GpuBoard::builtin("H200-SXM").expect("board");
-    let source = Box::new(node_agent::sim_gpus::TwinSource::new(&board, 2, 5));
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Runtime::new().expect("a runtime");
-        rt.block_on(node_agent::shell::run(config, source, async {
-            let _ = rx.await;
-        }))
-    });
-    tx
-}
-
-/// A signed lease of every GPU of h1 at `watts` (lease 1, replaced each
-/// time): each change of limit is an event.
-fn lease(bus: &Bus, key: &SignKey, watts: u32) {
-    let topic = Topic::new(&ident(SITE), Role::Host, &ident("h1"), Family::Cmd);
-    let caps = [GpuCap {
-        gpus: GpuSelector::All,
-        limit: Watts(watts),
-    }]
-    .into_iter()
-    .collect();
-    let message = Message::CapLease(CapLease {
-        lease: 1,
-        source: CapSource::FacilityBudget,
-        reason: ReasonCode::CAPACITY_SHORT,
-        caps,
-        duration: DurationMs(60_000),
-        auth: CommandAuth::default(),
-    });
-    let mut frame = bus.next_frame(message, now_ms());
-    frame.sign(&topic, key.key_id, &key.key).unwrap();
-    bus.publish_frame(&topic, &frame).unwrap();
+    run_twin_agent(&flags, 2, 5)
 }
 
 fn frames(seen: &[Seen]) -> Vec<Frame> {
@@ -110,7 +75,8 @@ async fn a_flood_of_requests_gets_no_more_than_the_hosts_budget() {
     // Leases until the host has logged 40 events.
     let mut logged = Vec::new();
     for n in 0..200 {
-        lease(&bus, &key, if n % 2 == 0 { 500 } else { 550 });
+        let watts = if n % 2 == 0 { 500 } else { 550 };
+        signed_lease(&bus, &key, &ident(SITE), &ident("h1"), watts);
         let seen = sub.collect_until(Duration::from_millis(200), |s| !s.is_empty());
         logged.extend(frames(&seen).into_iter().map(|f| f.seq));
         if logged.len() >= 40 {

@@ -33,6 +33,7 @@ use loopwarden_protocol::{
     CapLease, CapSource, CommandAuth, DurationMs, Event, Family, Frame, GpuCap, GpuSelector, Ident,
     Message, NodeId, ReasonCode, Role, Topic, Watts,
 };
+use loopwarden_system_tests::twin_agent::run_twin_agent;
 use loopwarden_system_tests::{in_ci, CutProxy, Mosquitto};
 
 const SITE: &str = "wr";
@@ -212,17 +213,7 @@ fn start_h01(port: u16, dir: &Path, keyring: PathBuf) -> tokio::sync::oneshot::S
         period_ms: Some(200),
         ..Default::default()
     };
-    let config = node_agent::config::load(None, &flags).expect("the h01 config");
-    let board = loopwarden_boards::GpuBoard::builtin("H200-SXM").expect("board");
-    let source = Box::new(node_agent::sim_gpus::TwinSource::new(&board, 2, 7));
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Runtime::new().expect("a runtime");
-        rt.block_on(node_agent::shell::run(config, source, async {
-            let _ = rx.await;
-        }))
-    });
-    tx
+    run_twin_agent(&flags, 2, 7)
 }
 
 fn topic(family: Family) -> Topic {
