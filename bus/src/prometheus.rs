@@ -1,7 +1,7 @@
 //! Prometheus metrics for both agents: the text format ([`Exposition`]),
 //! the `/metrics` server ([`serve`]) and the metrics of what the two
-//! agents share, the bus and the recorder ([`write_bus`],
-//! [`write_recorder`]).
+//! agents share, the bus, the recorder and the resender ([`write_bus`],
+//! [`write_recorder`], [`write_resend`]).
 //!
 //! An agent serves `/metrics` only when given an address
 //! (`metrics_listen`). Its render function reads what its loop already
@@ -89,6 +89,32 @@ const BUS_SUBSCRIPTIONS_REFUSED: Metric = Metric::counter(
     "loopwarden_bus_subscriptions_refused_total",
     "Subscription filters the broker refused; each is asked for again (1 s, doubling to 30 s) while the connection lasts, and what it carries is not heard meanwhile.",
 );
+/// Readers' requests to resend logged events, by outcome.
+pub const RESEND_REQUESTS: Metric = Metric::counter(
+    "loopwarden_resend_requests_total",
+    "Readers' requests to resend logged events, by outcome: served (answered with the frames and a report), refused (answered with a refusal report), withheld (dropped without an answer: the resend budget was empty, the frame was not a request, or too many waited).",
+);
+/// The logged event frames published again for them.
+pub const RESEND_FRAMES: Metric = Metric::counter(
+    "loopwarden_resend_frames_total",
+    "Logged event frames published again for readers' requests to resend them.",
+);
+
+/// Writes a node's resend counts (`docs/bus.md` §4.8), every sample with
+/// `labels`.
+pub fn write_resend(out: &mut Exposition, r: crate::resend::ResendCounts, labels: &[(&str, &str)]) {
+    for (outcome, n) in [
+        ("served", r.served),
+        ("refused", r.refused),
+        ("withheld", r.withheld),
+    ] {
+        let mut l = labels.to_vec();
+        l.push(("outcome", outcome));
+        out.sample(&RESEND_REQUESTS, &l, n as f64);
+    }
+    out.sample(&RESEND_FRAMES, labels, r.frames as f64);
+}
+
 const FLASH_QUEUE_DROPPED: Metric = Metric::counter(
     "loopwarden_flash_queue_dropped_total",
     "Events dropped because the flash recorder's queue was full (in a storm).",

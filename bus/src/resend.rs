@@ -60,6 +60,44 @@ pub struct Counts {
     pub frames: AtomicU64,
 }
 
+/// [`Counts`] read at one moment: what operators see on `/metrics` and
+/// in `ctl status` (JSON `resend`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ResendCounts {
+    /// Answered with the frames asked for (in whole or part) and a report.
+    pub served: u64,
+    /// Answered with a refusal report.
+    pub refused: u64,
+    /// Dropped without an answer: the resend budget was empty, the frame
+    /// was not a request, or too many waited.
+    pub withheld: u64,
+    /// Logged event frames published again.
+    pub frames: u64,
+}
+
+impl std::fmt::Display for ResendCounts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} served ({} frames), {} refused, {} withheld",
+            self.served, self.frames, self.refused, self.withheld
+        )
+    }
+}
+
+impl Counts {
+    /// The counts now.
+    pub fn snapshot(&self) -> ResendCounts {
+        let load = |n: &AtomicU64| n.load(Ordering::Relaxed);
+        ResendCounts {
+            served: load(&self.served),
+            refused: load(&self.refused),
+            withheld: load(&self.withheld),
+            frames: load(&self.frames),
+        }
+    }
+}
+
 impl Resender {
     /// Starts the task that answers requests for `bus`'s node from the
     /// log `recorder` keeps, to the readers of `signers` that may resend.

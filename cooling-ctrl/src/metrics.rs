@@ -37,7 +37,7 @@ use tokio::task::JoinHandle;
 
 use crate::console::Context;
 use crate::estimates::FACILITY_RATIOS;
-use crate::shell::{ResendCounts, ShellStats, Snapshot};
+use crate::shell::{ShellStats, Snapshot};
 
 mod names;
 use names::*;
@@ -86,7 +86,7 @@ impl CduMetrics {
             pumps(&mut out, snap, st.last.as_ref(), &cdu);
             self.racks(&mut out, snap, st.last.as_ref(), &cdu);
             write_bus(&mut out, &snap.bus, snap.bus_connected, &cdu);
-            resends(&mut out, snap.resend, &cdu);
+            loopwarden_bus::prometheus::write_resend(&mut out, snap.resend, &cdu);
             self.estimates(&mut out, snap, &cdu);
         }
         self.hosts(&mut out, &st, &cdu);
@@ -245,20 +245,6 @@ fn counters(out: &mut Exposition, st: &ShellStats, cdu: &[(&str, &str)]) {
     }
 }
 
-/// Readers' requests to resend logged events, by outcome, and the frames
-/// resent.
-fn resends(out: &mut Exposition, r: ResendCounts, cdu: &[(&str, &str)]) {
-    for (outcome, n) in [
-        ("served", r.served),
-        ("refused", r.refused),
-        ("withheld", r.withheld),
-    ] {
-        let labels = with_labels(cdu, &[("outcome", outcome)]);
-        out.sample(&RESEND_REQUESTS, &labels, n as f64);
-    }
-    out.sample(&RESEND_FRAMES, cdu, r.frames as f64);
-}
-
 /// The mode, its reason, the setpoint and speed, the alarms.
 fn mode(out: &mut Exposition, s: &Snapshot, c: Option<&Commands>, cdu: &[(&str, &str)]) {
     for m in [
@@ -359,6 +345,7 @@ fn sensor_name(w: Which) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shell::ResendCounts;
 
     /// Every `loopwarden_cdu_*` metric is in `docs/cooling.md`, "Metrics".
     #[test]

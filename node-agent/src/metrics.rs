@@ -27,7 +27,7 @@ use loopwarden_protocol::{CapSource, HealthState};
 use tokio::task::JoinHandle;
 
 use crate::config::GpuSourceKind;
-use crate::console::{Context, GpuView, ResendCounts, Snapshot};
+use crate::console::{Context, GpuView, Snapshot};
 
 pub mod dcgm;
 
@@ -119,14 +119,6 @@ const NVML_CALLS: Metric = Metric::counter(
     "loopwarden_nvml_calls_total",
     "NVML calls made since the agent started, by NVML's name (every GPU together).",
 );
-const RESEND_REQUESTS: Metric = Metric::counter(
-    "loopwarden_resend_requests_total",
-    "Readers' requests to resend logged events, by outcome: served (answered with the frames and a report), refused (answered with a refusal report), withheld (dropped without an answer: the resend budget was empty, the frame was not a request, or too many waited).",
-);
-const RESEND_FRAMES: Metric = Metric::counter(
-    "loopwarden_resend_frames_total",
-    "Logged event frames published again for readers' requests to resend them.",
-);
 const GUARD: Metric = Metric::gauge(
     "loopwarden_gpu_thermal_guard_cap_watts",
     "The cap the host's own thermal guard asks for, watts. Absent while the guard does not cap.",
@@ -150,7 +142,7 @@ pub fn render(ctx: &Context) -> String {
     }
     write_bus(&mut out, &ctx.bus.metrics(), ctx.bus.is_connected(), &host);
     write_recorder(&mut out, &ctx.recorder, &host);
-    resends(&mut out, ctx.resends(), &host);
+    loopwarden_bus::prometheus::write_resend(&mut out, ctx.resends(), &host);
     loopwarden_field::listen::write_metrics(&mut out, "console", &ctx.console_stats, &host);
     out.finish()
 }
@@ -165,20 +157,6 @@ fn nvml_calls(out: &mut Exposition, costs: &crate::nvml::CallCosts, host: &[(&st
             out.sample(&NVML_CALL, &with_labels(&labels, &[("stat", stat)]), v);
         }
     }
-}
-
-/// Readers' requests to resend logged events, by outcome, and the frames
-/// resent.
-fn resends(out: &mut Exposition, r: ResendCounts, host: &[(&str, &str)]) {
-    for (outcome, n) in [
-        ("served", r.served),
-        ("refused", r.refused),
-        ("withheld", r.withheld),
-    ] {
-        let labels = with_labels(host, &[("outcome", outcome)]);
-        out.sample(&RESEND_REQUESTS, &labels, n as f64);
-    }
-    out.sample(&RESEND_FRAMES, host, r.frames as f64);
 }
 
 /// What the agent is and since when.
@@ -310,6 +288,7 @@ pub async fn start(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::console::ResendCounts;
     use crate::gpu::{GpuInfo, GpuSample};
     use loopwarden_protocol::{
         ReasonCode, ThrottleReasons, TimestampMs, Unsupported, Watts, WholeCelsius,
@@ -435,7 +414,7 @@ mod tests {
             std::time::Duration::from_micros(50),
         );
         nvml_calls(&mut out, &costs, &host);
-        resends(&mut out, ResendCounts::default(), &host);
+        loopwarden_bus::prometheus::write_resend(&mut out, ResendCounts::default(), &host);
         let text = out.finish();
         assert!(
             text.contains(r#"loopwarden_nvml_calls_total{Hostname="h07",call="nvmlDeviceGetTemperature"} 2"#)
@@ -473,7 +452,7 @@ mod tests {
             withheld: 7,
             frames: 41,
         };
-        resends(&mut out, counts, &[("Hostname", "h07")]);
+        loopwarden_bus::prometheus::write_resend(&mut out, counts, &[("Hostname", "h07")]);
         let t = out.finish();
         for line in [
             "# TYPE loopwarden_resend_requests_total counter\n",

@@ -185,12 +185,7 @@ fn status(ctx: &Context, st: &ShellStats, now: TimestampMs) -> Value {
 /// Readers' requests to resend logged events, by outcome, and the frames
 /// resent.
 fn resend_view(r: ResendCounts) -> Value {
-    json!({
-        "served": r.served,
-        "refused": r.refused,
-        "withheld": r.withheld,
-        "frames": r.frames,
-    })
+    json!(r)
 }
 
 fn sensors(st: &ShellStats) -> Value {

@@ -233,15 +233,6 @@ pub const FACILITY_CHILLER_STAGES: Metric = Metric::gauge(
     "On the hall's facility coordinator: the chiller stages its plan runs.",
 );
 
-pub const RESEND_REQUESTS: Metric = Metric::counter(
-    "loopwarden_resend_requests_total",
-    "Readers' requests to resend logged events, by outcome: served (answered with the frames and a report), refused (answered with a refusal report), withheld (dropped without an answer: the resend budget was empty, the frame was not a request, or too many waited).",
-);
-pub const RESEND_FRAMES: Metric = Metric::counter(
-    "loopwarden_resend_frames_total",
-    "Logged event frames published again for readers' requests to resend them.",
-);
-
 /// What the controller has learned of its hall (`crate::estimates`),
 /// named apart from `loopwarden_cdu_*`.
 #[cfg(test)]
@@ -264,7 +255,10 @@ pub const FACILITY: &[Metric] = &[
 /// Readers' requests to resend the logged events, named as the node
 /// agent names its own (`docs/node-agent.md` §9.2 lists them).
 #[cfg(test)]
-pub const RESEND: &[Metric] = &[RESEND_REQUESTS, RESEND_FRAMES];
+pub const RESEND: &[Metric] = &[
+    loopwarden_bus::prometheus::RESEND_REQUESTS,
+    loopwarden_bus::prometheus::RESEND_FRAMES,
+];
 
 /// Every `loopwarden_cdu_*` metric above, for the documentation's test.
 #[cfg(test)]

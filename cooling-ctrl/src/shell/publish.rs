@@ -38,7 +38,7 @@ impl<P: CduPort> Shell<P> {
             events_dropped: self.decider.core().events_dropped(),
             bus_connected: self.bus.is_connected(),
             bus: self.bus.metrics(),
-            resend: ResendCounts::of(self.resender.counts()),
+            resend: self.resender.counts().snapshot(),
             facility: self
                 .facility
                 .as_ref()

@@ -66,33 +66,7 @@ pub struct Snapshot {
     pub facility: Option<FacilityStatus>,
 }
 
-/// Readers' requests to resend logged events since the start, by
-/// outcome, and the frames resent for them (`docs/bus.md` §4.8).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ResendCounts {
-    /// Answered with the frames asked for (in whole or part) and a report.
-    pub served: u64,
-    /// Answered with a refusal report.
-    pub refused: u64,
-    /// Dropped without an answer: the resend budget was empty, the frame
-    /// was not a request, or too many waited.
-    pub withheld: u64,
-    /// Logged event frames published again.
-    pub frames: u64,
-}
-
-impl ResendCounts {
-    /// A copy of the resender's `counts`.
-    pub fn of(counts: &loopwarden_bus::resend::Counts) -> Self {
-        let load = |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed);
-        Self {
-            served: load(&counts.served),
-            refused: load(&counts.refused),
-            withheld: load(&counts.withheld),
-            frames: load(&counts.frames),
-        }
-    }
-}
+pub use loopwarden_bus::resend::ResendCounts;
 
 /// This CDU's part in setting the facility water of its hall.
 #[derive(Debug, Clone, PartialEq)]

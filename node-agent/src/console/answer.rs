@@ -113,13 +113,7 @@ fn status(ctx: &Context, snap: &Snapshot, now: TimestampMs) -> Value {
 /// Readers' requests to resend logged events, by outcome, and the frames
 /// resent.
 fn resend_view(ctx: &Context) -> Value {
-    let r = ctx.resends();
-    json!({
-        "served": r.served,
-        "refused": r.refused,
-        "withheld": r.withheld,
-        "frames": r.frames,
-    })
+    json!(ctx.resends())
 }
 
 /// The cooling-loss phase, its time as a wall-clock stamp.

@@ -11,10 +11,10 @@
 //!   percentiles.
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use loopwarden_bus::resend::{Counts, Resender};
+pub use loopwarden_bus::resend::ResendCounts;
+use loopwarden_bus::resend::Resender;
 use loopwarden_bus::Bus;
 use loopwarden_protocol::{CapSource, TimestampMs, Watts};
 use tokio::sync::watch;
@@ -157,34 +157,6 @@ pub struct Context {
 impl Context {
     /// What the resender has done so far.
     pub fn resends(&self) -> ResendCounts {
-        ResendCounts::of(self.resender.counts())
-    }
-}
-
-/// Readers' requests to resend logged events since the start, by
-/// outcome, and the frames resent for them (`docs/bus.md` §4.8).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ResendCounts {
-    /// Answered with the frames asked for (in whole or part) and a report.
-    pub served: u64,
-    /// Answered with a refusal report.
-    pub refused: u64,
-    /// Dropped without an answer: the resend budget was empty, the frame
-    /// was not a request, or too many waited.
-    pub withheld: u64,
-    /// Logged event frames published again.
-    pub frames: u64,
-}
-
-impl ResendCounts {
-    /// A copy of the resender's `counts`.
-    pub fn of(counts: &Counts) -> Self {
-        let load = |n: &std::sync::atomic::AtomicU64| n.load(Ordering::Relaxed);
-        Self {
-            served: load(&counts.served),
-            refused: load(&counts.refused),
-            withheld: load(&counts.withheld),
-            frames: load(&counts.frames),
-        }
+        self.resender.counts().snapshot()
     }
 }
