@@ -18,8 +18,28 @@
 //!   failure.
 //! - *coverage*: the share of a class's failures that show a precursor
 //!   the engine flags.
+//!
+//! The parts: [`job`] (the job and the policies' settings), [`mix`] (the
+//! failure mix, Llama 3's by default, or a TOML file), [`draws`] (one
+//! trial's failures, drawn once for every policy), [`engine`] (one
+//! policy's replay of a trial, where the time goes) and [`trials`] (N
+//! trials from a seed, and their summary).
 
 use serde::{Deserialize, Serialize};
+
+pub mod draws;
+pub mod engine;
+pub mod job;
+pub mod mix;
+pub mod trials;
+
+#[cfg(test)]
+mod tests;
+
+pub use engine::Policy;
+pub use job::{Job, JobError, Settings};
+pub use mix::{Mix, MixError};
+pub use trials::{run, PolicySummary, Summary};
 
 /// How long before a failure its precursor is flagged.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -85,8 +105,18 @@ pub struct FailureClass {
     pub host_visible: bool,
     /// How it shows itself to the job.
     pub onset: Onset,
-    /// What can be known of it before it strikes.
+    /// What can be known of it before it strikes [default: nothing].
+    #[serde(default = "Precursor::none")]
     pub precursor: Precursor,
+    /// Whether the job restarts without the failed host, on a spare (a
+    /// broken part); a software bug or a switch does not take a host out
+    /// [default: yes].
+    #[serde(default = "yes")]
+    pub excludes_host: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// Where a trial's GPU time went besides progress, in GPU-hours.
@@ -102,11 +132,37 @@ pub struct Lost {
     pub restart: f64,
     /// Planned restarts of drains (true and false alarms).
     pub drains: f64,
+    /// Waiting for a spare host when the pool is empty (until a repaired
+    /// host comes back).
+    #[serde(default)]
+    pub spares: f64,
 }
 
 impl Lost {
     /// Every GPU-hour lost.
     pub fn total(&self) -> f64 {
-        self.checkpoints + self.rework + self.detection + self.restart + self.drains
+        self.checkpoints + self.rework + self.detection + self.restart + self.drains + self.spares
+    }
+
+    /// Adds `other` to this.
+    pub fn add(&mut self, other: &Lost) {
+        self.checkpoints += other.checkpoints;
+        self.rework += other.rework;
+        self.detection += other.detection;
+        self.restart += other.restart;
+        self.drains += other.drains;
+        self.spares += other.spares;
+    }
+
+    /// Every part times `k`.
+    pub fn scaled(&self, k: f64) -> Lost {
+        Lost {
+            checkpoints: self.checkpoints * k,
+            rework: self.rework * k,
+            detection: self.detection * k,
+            restart: self.restart * k,
+            drains: self.drains * k,
+            spares: self.spares * k,
+        }
     }
 }

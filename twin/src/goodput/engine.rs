@@ -1,0 +1,468 @@
+//! One policy's replay of one trial: where each second of the run goes.
+//!
+//! The job is either running or down. Running, it goes round its
+//! checkpoint interval: `L − W` seconds of training, then `W` of writing,
+//! and the interval's training becomes progress when the write ends.
+//! A failure while running loses the interval so far (rework) and takes the
+//! job down; a drain waits for the end of a write, so it loses nothing. A
+//! stretch down is a row of segments: detection (the collective timeout, or
+//! the agent's latency), triage (in detection), waiting for a spare, and
+//! the restart. A failure that strikes while the job is down cuts the row
+//! where it strikes and starts its own. Every second from 0 to the end of
+//! the run lands in exactly one place, so progress and the parts of
+//! [`Lost`] add up to the wall-clock time.
+//!
+//! Glossary:
+//! - *cause*: what a lost second is charged to: a class of the mix, a
+//!   false alarm, or the checkpoints themselves.
+//! - *pending*: flagged GPUs not yet drained; drained together at the end
+//!   of the next write, or excluded at no extra cost in a restart that
+//!   begins after their flag.
+//! - *spare pool*: spare hosts free now, and failed hosts in repair that
+//!   come back to it.
+
+use super::draws::{Draws, Failure};
+use super::{Job, Lost, Mix, Onset, Settings};
+
+/// A way of handling failures (`docs/goodput.md` section 4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Policy {
+    /// A crash is found at once, a hang at the collective timeout; a
+    /// person or a script excludes the host.
+    Reactive,
+    /// What a host sees is found in the agent's detection latency, and
+    /// the host is excluded automatically.
+    Agent,
+    /// The agent, and a flagged GPU drained at the end of the next write.
+    AgentDrain,
+}
+
+impl Policy {
+    /// The three, in the report's order.
+    pub const ALL: [Policy; 3] = [Policy::Reactive, Policy::Agent, Policy::AgentDrain];
+
+    /// Its name in the report and the JSON summary.
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Reactive => "reactive",
+            Policy::Agent => "agent",
+            Policy::AgentDrain => "agent_drain",
+        }
+    }
+}
+
+/// What one trial came to under one policy, GPU-hours and counts.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Outcome {
+    /// The run's wall-clock time × GPUs.
+    pub wall_gpu_h: f64,
+    /// Training kept.
+    pub progress_gpu_h: f64,
+    /// Everything else, by part.
+    pub lost: Lost,
+    /// The same, by cause: the mix's classes in order, then false alarms,
+    /// then checkpoints.
+    pub lost_by_cause: Vec<f64>,
+    /// Failures that stopped the job.
+    pub interruptions: u32,
+    /// Planned restarts (drains).
+    pub drains: u32,
+    /// Failures drained or excluded before they struck.
+    pub failures_averted: u32,
+    /// False alarms drained or excluded.
+    pub false_alarms: u32,
+    /// Times the job waited for a spare host.
+    pub spare_waits: u32,
+}
+
+impl Outcome {
+    /// Effective training time: progress / wall.
+    pub fn ett(&self) -> f64 {
+        self.progress_gpu_h / self.wall_gpu_h
+    }
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Part {
+    Detection,
+    Spares,
+    Restart,
+    Drain,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Fate {
+    Live,
+    Pending,
+    Averted,
+    Struck,
+}
+
+/// Spare hosts free and hosts in repair.
+struct Pool {
+    free: u32,
+    back_at: Vec<f64>,
+    repair_s: f64,
+}
+
+impl Pool {
+    /// A failed host goes to repair at `t`.
+    fn send(&mut self, t: f64) {
+        self.back_at.push(t + self.repair_s);
+    }
+
+    /// The time from `t` a spare host is in hand (`t` if one is free).
+    fn take(&mut self, t: f64) -> f64 {
+        let before = self.back_at.len();
+        self.back_at.retain(|&b| b > t);
+        self.free += (before - self.back_at.len()) as u32;
+        if self.free > 0 {
+            self.free -= 1;
+            return t;
+        }
+        let (i, &first) = self
+            .back_at
+            .iter()
+            .enumerate()
+            .min_by(|a, b| a.1.total_cmp(b.1))
+            .expect("the failed host is in repair");
+        self.back_at.swap_remove(i);
+        first
+    }
+}
+
+/// The replay's state; seconds throughout, GPU-hours only at the end.
+struct Replay<'a> {
+    job: &'a Job,
+    settings: &'a Settings,
+    mix: &'a Mix,
+    policy: Policy,
+    t: f64,
+    /// Running: seconds into the current interval.
+    pos: f64,
+    /// Down: its segments (end, part), from `t` on.
+    down: Vec<(f64, Part)>,
+    /// Down: who the segments are charged to.
+    causes: Vec<usize>,
+    pool: Pool,
+    fate: Vec<Fate>,
+    /// Each failure's class, by index.
+    class_of: Vec<usize>,
+    pending: Vec<usize>,
+    drain_at: Option<f64>,
+    out: Outcome,
+    progress_s: f64,
+    lost_s: Lost,
+    by_cause_s: Vec<f64>,
+}
+
+/// Replays one trial's draws under `policy`.
+pub fn replay(job: &Job, settings: &Settings, mix: &Mix, policy: Policy, d: &Draws) -> Outcome {
+    let mut r = Replay::new(job, settings, mix, policy, d);
+    let flags = if policy == Policy::AgentDrain {
+        flags(d)
+    } else {
+        Vec::new()
+    };
+    r.play(d, &flags);
+    r.finish()
+}
+
+/// Every flag in time order: (time, entry), an entry below the number of
+/// failures being that failure, above it a false alarm.
+fn flags(d: &Draws) -> Vec<(f64, usize)> {
+    let n = d.failures.len();
+    let mut f: Vec<(f64, usize)> = d
+        .failures
+        .iter()
+        .enumerate()
+        .filter_map(|(i, x)| x.flagged_at_s.map(|t| (t, i)))
+        .chain(d.false_alarms.iter().enumerate().map(|(i, &t)| (t, n + i)))
+        .collect();
+    f.sort_by(|a, b| a.0.total_cmp(&b.0));
+    f
+}
+
+enum Next {
+    End,
+    DownEnds(f64),
+    Drain(f64),
+    Flag(f64, usize),
+    Fails(usize),
+}
+
+impl<'a> Replay<'a> {
+    fn new(job: &'a Job, settings: &'a Settings, mix: &'a Mix, policy: Policy, d: &Draws) -> Self {
+        Replay {
+            job,
+            settings,
+            mix,
+            policy,
+            t: 0.0,
+            pos: 0.0,
+            down: Vec::with_capacity(4),
+            causes: Vec::new(),
+            pool: Pool {
+                free: job.spare_hosts,
+                back_at: Vec::new(),
+                repair_s: job.repair_hours * 3600.0,
+            },
+            fate: vec![Fate::Live; d.failures.len() + d.false_alarms.len()],
+            class_of: d.failures.iter().map(|f| f.class).collect(),
+            pending: Vec::new(),
+            drain_at: None,
+            out: Outcome::default(),
+            progress_s: 0.0,
+            lost_s: Lost::default(),
+            by_cause_s: vec![0.0; mix.classes.len() + 2],
+        }
+    }
+
+    fn false_alarm_cause(&self) -> usize {
+        self.mix.classes.len()
+    }
+
+    fn checkpoint_cause(&self) -> usize {
+        self.mix.classes.len() + 1
+    }
+
+    fn play(&mut self, d: &Draws, flags: &[(f64, usize)]) {
+        let (mut fi, mut qi) = (0, 0);
+        loop {
+            while fi < d.failures.len() && self.fate[fi] == Fate::Averted {
+                fi += 1;
+            }
+            match self.next(d, fi, flags.get(qi)) {
+                Next::End => return,
+                Next::DownEnds(at) => self.resume(at),
+                Next::Drain(at) => self.drain(at),
+                Next::Flag(at, e) => {
+                    qi += 1;
+                    self.flag(at, e);
+                }
+                Next::Fails(i) => {
+                    fi += 1;
+                    self.fail(i, &d.failures[i]);
+                }
+            }
+        }
+    }
+
+    /// The earliest thing to happen before the end of the run.
+    fn next(&self, d: &Draws, fi: usize, flag: Option<&(f64, usize)>) -> Next {
+        let mut best = (self.job.horizon_s(), Next::End);
+        let mut consider = |at: f64, n: Next| {
+            if at < best.0 {
+                best = (at, n);
+            }
+        };
+        if let Some(f) = d.failures.get(fi) {
+            consider(f.at_s, Next::Fails(fi));
+        }
+        if let Some(&(at, e)) = flag {
+            consider(at.max(self.t), Next::Flag(at.max(self.t), e));
+        }
+        if let Some(&(end, _)) = self.down.last() {
+            consider(end, Next::DownEnds(end));
+        } else if let Some(at) = self.drain_at {
+            consider(at, Next::Drain(at));
+        }
+        best.1
+    }
+
+    /// Runs from `self.t` to `to`: whole intervals become progress and
+    /// checkpoint writes; the open one stays open at `self.pos`.
+    fn run_to(&mut self, to: f64) {
+        let l = self.job.interval_s();
+        let total = self.pos + (to - self.t);
+        // An interval that ends at `to` ends there, rounding aside.
+        let n = (total / l + 1e-9).floor();
+        self.progress_s += n * self.job.work_s();
+        let writes = n * self.job.checkpoint_write_s;
+        self.lost_s.checkpoints += writes;
+        let c = self.checkpoint_cause();
+        self.by_cause_s[c] += writes;
+        self.pos = (total - n * l).max(0.0);
+        self.t = to;
+    }
+
+    /// Charges the down segments up to `to` and drops what is charged.
+    fn down_to(&mut self, to: f64) {
+        let mut from = self.t;
+        let mut kept = 0;
+        for k in 0..self.down.len() {
+            let (end, part) = self.down[k];
+            let s = end.min(to) - from;
+            if s > 0.0 {
+                self.charge(part, s);
+            }
+            from = from.max(end);
+            if end > to {
+                self.down[kept] = (end, part);
+                kept += 1;
+            }
+        }
+        self.down.truncate(kept);
+        self.t = to;
+    }
+
+    fn charge(&mut self, part: Part, s: f64) {
+        match part {
+            Part::Detection => self.lost_s.detection += s,
+            Part::Spares => self.lost_s.spares += s,
+            Part::Restart => self.lost_s.restart += s,
+            Part::Drain => self.lost_s.drains += s,
+        }
+        let share = s / self.causes.len() as f64;
+        for k in 0..self.causes.len() {
+            self.by_cause_s[self.causes[k]] += share;
+        }
+    }
+
+    /// Moves the clock to `at`, running or down.
+    fn advance(&mut self, at: f64) {
+        if self.down.is_empty() {
+            self.run_to(at);
+        } else {
+            self.down_to(at);
+        }
+    }
+
+    fn resume(&mut self, at: f64) {
+        self.down_to(at);
+        self.pos = 0.0;
+        if !self.pending.is_empty() {
+            self.drain_at = Some(at + self.job.interval_s());
+        }
+    }
+
+    fn flag(&mut self, at: f64, e: usize) {
+        if self.fate[e] != Fate::Live {
+            return;
+        }
+        self.advance(at);
+        self.fate[e] = Fate::Pending;
+        self.pending.push(e);
+        if self.down.is_empty() && self.drain_at.is_none() {
+            self.drain_at = Some(at + (self.job.interval_s() - self.pos));
+        }
+    }
+
+    /// The end of a write with flagged GPUs: a planned restart without
+    /// them.
+    fn drain(&mut self, at: f64) {
+        self.run_to(at);
+        self.pos = 0.0;
+        self.drain_at = None;
+        self.causes.clear();
+        let hosts = self.avert_pending();
+        self.out.drains += 1;
+        self.go_down(at, 0.0, hosts, Part::Drain);
+    }
+
+    /// Takes every pending GPU out; returns how many hosts that is.
+    fn avert_pending(&mut self) -> u32 {
+        let nf = self.class_of.len();
+        let mut hosts = 0;
+        for k in 0..self.pending.len() {
+            let e = self.pending[k];
+            self.fate[e] = Fate::Averted;
+            hosts += 1;
+            if e >= nf {
+                self.out.false_alarms += 1;
+                self.causes.push(self.false_alarm_cause());
+            } else {
+                self.out.failures_averted += 1;
+                self.causes.push(self.class_of[e]);
+            }
+        }
+        self.pending.clear();
+        hosts
+    }
+
+    fn fail(&mut self, i: usize, f: &Failure) {
+        if self.fate[i] == Fate::Pending {
+            self.pending.retain(|&e| e != i);
+        }
+        self.advance(f.at_s);
+        self.fate[i] = Fate::Struck;
+        self.out.interruptions += 1;
+        let class = &self.mix.classes[f.class];
+        self.causes.clear();
+        self.causes.push(f.class);
+        if self.down.is_empty() {
+            self.lost_s.rework += self.pos;
+            self.by_cause_s[f.class] += self.pos;
+            self.pos = 0.0;
+        }
+        self.down.clear();
+        self.drain_at = None;
+        let (excludes, detect) = (class.excludes_host, self.detection_s(f.class));
+        // Flagged GPUs go out in the same restart, at no extra cost.
+        let flagged = self.avert_pending_into_restart();
+        self.go_down(f.at_s, detect, u32::from(excludes) + flagged, Part::Restart);
+    }
+
+    fn avert_pending_into_restart(&mut self) -> u32 {
+        let first = self.causes[0];
+        let n = self.avert_pending();
+        self.causes.truncate(1);
+        self.causes[0] = first;
+        n
+    }
+
+    /// From `at`: detection, a spare for each of `hosts`, the restart.
+    fn go_down(&mut self, at: f64, detect: f64, hosts: u32, part: Part) {
+        let found = at + detect;
+        let mut ready = found;
+        for _ in 0..hosts {
+            self.pool.send(found);
+        }
+        for _ in 0..hosts {
+            ready = ready.max(self.pool.take(found));
+        }
+        if ready > found {
+            self.out.spare_waits += 1;
+        }
+        self.down.clear();
+        self.down.push((found, Part::Detection));
+        self.down.push((ready, Part::Spares));
+        self.down.push((ready + self.job.restart_min * 60.0, part));
+        self.t = at;
+    }
+
+    /// Seconds from a failure of `class` to the job knowing which host to
+    /// leave out.
+    fn detection_s(&self, class: usize) -> f64 {
+        let c = &self.mix.classes[class];
+        let s = self.settings;
+        let named = self.policy != Policy::Reactive && c.host_visible;
+        match (c.onset, named) {
+            (Onset::Crash, true) => 0.0,
+            (Onset::Hang, true) => s.detection_s,
+            (Onset::Crash, false) => s.triage_min * 60.0,
+            (Onset::Hang, false) => (s.hang_timeout_min + s.triage_min) * 60.0,
+        }
+    }
+
+    fn finish(mut self) -> Outcome {
+        let h = self.job.horizon_s();
+        if self.down.is_empty() {
+            self.run_to(h);
+            let work = self.pos.min(self.job.work_s());
+            self.progress_s += work;
+            let write = self.pos - work;
+            self.lost_s.checkpoints += write;
+            let c = self.checkpoint_cause();
+            self.by_cause_s[c] += write;
+        } else {
+            self.down_to(h);
+        }
+        let k = f64::from(self.job.gpus) / 3600.0;
+        self.out.wall_gpu_h = h * k;
+        self.out.progress_gpu_h = self.progress_s * k;
+        self.out.lost = self.lost_s.scaled(k);
+        self.out.lost_by_cause = self.by_cause_s.iter().map(|s| s * k).collect();
+        self.out
+    }
+}
