@@ -20,6 +20,7 @@ pub mod compare;
 pub mod fleet;
 pub mod logging;
 pub mod play;
+pub mod precursors;
 pub mod report;
 pub mod sim_side;
 pub mod trace;

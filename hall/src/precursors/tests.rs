@@ -1,0 +1,270 @@
+//! The generated traces are what the repository's replay reads, the
+//! measured model comes from the engine's verdicts and is the same for a
+//! seed, and nothing healthy is flagged.
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+use super::host::{COARSE_MS, GPUS, PERIOD_MS};
+use super::*;
+
+/// Small enough for a debug build: every mechanism of every mix (10 per
+/// class), onset leads up to 1 h, two healthy hosts of 6 h.
+const SMALL: Size = Size {
+    per_class: 10,
+    healthy_hosts: 2,
+    healthy_hours: 6,
+    max_onset_lead_h: 1.0,
+};
+
+/// One measurement of [`SMALL`] for the tests that only read it.
+fn small() -> &'static Measurement {
+    static M: OnceLock<Measurement> = OnceLock::new();
+    M.get_or_init(|| measure(1, SMALL).expect("the generated traces replay"))
+}
+
+#[test]
+fn generated_traces_parse_with_the_repository_parser() {
+    let mut traces: Vec<GenTrace> = (0..MIXES.len())
+        .map(|c| failure_trace(3, c, 0, 10, 0.3))
+        .collect();
+    traces.push(healthy_trace(3, 0, 1));
+    for t in &traces {
+        let header: node_core::replay::Header =
+            serde_json::from_str(t.jsonl.lines().next().expect("a header")).expect("a header");
+        assert_eq!((header.format.as_str(), header.gpus), ("gpu-trace/1", GPUS));
+        for slow_ms in [0, SLOW_COUNTERS_MS] {
+            let mut out = Vec::new();
+            let n = node_core::replay::replay_scheduled(
+                t.jsonl.as_bytes(),
+                node_core::health::Policy::default(),
+                slow_ms,
+                &mut out,
+                &mut std::io::sink(),
+            )
+            .unwrap_or_else(|e| panic!("{}: {e}", t.name));
+            assert_eq!(n, t.records, "{}: every record read", t.name);
+        }
+        let expect: serde_json::Value = serde_json::from_str(&t.expect_json).expect("JSON");
+        assert_eq!(expect["gpus"]["*"]["max"], "healthy", "{}", t.name);
+        if let Some(f) = &t.failure {
+            let rule = &expect["gpus"][f.gpu.to_string()];
+            assert_eq!(rule["must"], "quarantined");
+            assert_eq!(rule["after_ms"], f.quarantine_window.0);
+            assert_eq!(rule["by_ms"], f.quarantine_window.1);
+        }
+    }
+}
+
+#[test]
+fn every_gpu_sees_fresh_peers_at_every_sample() {
+    // The engine judges heat and clocks against peers sampled within the
+    // last 5 s; the thinned schedule must not starve the first GPUs of a
+    // round of them.
+    let t = healthy_trace(5, 0, 1);
+    let mut last: HashMap<u64, (u64, bool)> = HashMap::new();
+    for line in t.jsonl.lines().skip(1) {
+        let r: serde_json::Value = serde_json::from_str(line).expect("JSON");
+        let (Some(g), Some(s)) = (r["gpu"].as_u64(), r.get("sample")) else {
+            continue;
+        };
+        let at = r["t_ms"].as_u64().expect("t_ms");
+        let answered = s["responsive"] != false;
+        if answered && last.len() == GPUS && last.values().all(|&(_, a)| a) {
+            for (&p, &(pt, _)) in &last {
+                assert!(
+                    p == g || at - pt <= 5_000,
+                    "GPU {g} at {at} ms: peer {p} last sampled at {pt} ms"
+                );
+            }
+        }
+        last.insert(g, (at, answered));
+    }
+    const { assert!(COARSE_MS <= 5_000) };
+}
+
+#[test]
+fn every_failure_is_quarantined_in_its_window_and_scored_clean() {
+    let m = small();
+    assert_eq!(m.failures.len(), MIXES.len() * SMALL.per_class);
+    let bad: Vec<String> = m
+        .failures
+        .iter()
+        .filter(|f| !f.score.misses.is_empty() || !f.score.false_alarms.is_empty())
+        .map(|f| format!("{:?}: {:?}", f.failure, f.score))
+        .collect();
+    assert!(bad.is_empty(), "{bad:#?}");
+    assert_eq!((m.scorer_misses, m.scorer_false_alarms), (0, 0));
+}
+
+#[test]
+fn no_healthy_gpu_is_flagged() {
+    let m = small();
+    assert!(m.healthy_gpu_days > 3.9, "{} GPU-days", m.healthy_gpu_days);
+    assert!(
+        m.false_alarms.is_empty(),
+        "flags with nothing wrong: {:#?}",
+        m.false_alarms
+    );
+    // None seen: the rule of three over the clean GPU-days.
+    let bound = m.model().false_alarms_per_gpu_day;
+    assert!((bound * m.clean_gpu_days - 2.9957).abs() < 1e-3, "{bound}");
+}
+
+#[test]
+fn abrupt_failures_keep_every_class_below_full_coverage() {
+    let model = small().model();
+    let names: Vec<&str> = model.classes.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["faulty_gpu", "hbm3", "gpu_sram", "gsp", "thermal"]);
+    for (name, p) in &model.classes {
+        assert!(p.coverage < 1.0, "{name}: {}", p.coverage);
+        match &p.lead {
+            LeadTime::Empirical { hours } => {
+                let flagged = small()
+                    .of_class(name)
+                    .filter(|f| f.precursor.is_some())
+                    .count();
+                assert_eq!(hours.len(), flagged, "{name}");
+                assert!((p.coverage - flagged as f64 / SMALL.per_class as f64).abs() < 1e-12);
+                assert!(
+                    hours
+                        .iter()
+                        .all(|&h| h > 0.0 && h <= SMALL.max_onset_lead_h),
+                    "{name}: {hours:?}"
+                );
+            }
+            other => assert_eq!(
+                (p.coverage, other),
+                (0.0, &LeadTime::Fixed { hours: 0.0 }),
+                "{name}"
+            ),
+        }
+    }
+    // Every abrupt failure goes unflagged: a flag needs a precursor.
+    for f in &small().failures {
+        if !f.failure.mechanism.has_precursor() {
+            assert!(f.precursor.is_none(), "{f:?}");
+        }
+    }
+}
+
+#[test]
+fn the_engine_flags_what_it_has_a_rule_for_and_not_what_it_has_none() {
+    for f in &small().failures {
+        let flagged = f.precursor.as_ref().map(|(_, r)| r.as_str());
+        match f.failure.mechanism {
+            Mechanism::RemapPending { .. } => assert_eq!(flagged, Some("remap-pending"), "{f:?}"),
+            Mechanism::NvlinkReplays { .. } => assert_eq!(flagged, Some("nvlink-errors"), "{f:?}"),
+            // One or two slow NVML calls and single-sample sensor spikes
+            // are, by design, not faults.
+            Mechanism::GspSlow { .. } | Mechanism::SensorGlitch { .. } => {
+                assert_eq!(flagged, None, "{f:?}")
+            }
+            _ => {}
+        }
+    }
+}
+
+#[test]
+fn detection_is_the_xid_itself_or_three_missed_samples() {
+    let m = small();
+    let det = m.detections_s();
+    assert!(det.len() >= m.failures.len() - SMALL.per_class, "{det:?}");
+    for f in &m.failures {
+        let Some(ms) = f.detection_ms else { continue };
+        let limit = match f.failure.mechanism {
+            Mechanism::AbruptGpu { xid: None } => 5 * PERIOD_MS,
+            _ => 0,
+        };
+        assert!(ms <= limit, "{f:?}");
+    }
+    let model = m.model();
+    assert!(
+        model.detection_s > 0.0 && model.detection_s < 5.0,
+        "{}",
+        model.detection_s
+    );
+}
+
+#[test]
+fn the_measured_model_is_the_same_for_a_seed_and_moves_with_it() {
+    let size = Size {
+        per_class: 4,
+        healthy_hosts: 1,
+        healthy_hours: 1,
+        max_onset_lead_h: 0.3,
+    };
+    let a = measure(9, size).expect("replays").model();
+    let b = measure(9, size).expect("replays").model();
+    assert_eq!(a, b);
+    let c = measure(10, size).expect("replays").model();
+    assert_ne!(a.classes, c.classes);
+}
+
+#[test]
+fn thinned_sampling_flags_as_sampling_every_second_does() {
+    // The same failures sampled every second, as the live agent does:
+    // the same precursors flagged, within a coarse period or two of the
+    // thinned trace (a rate or a streak seen a sample later).
+    let mut compared = 0;
+    for (c, i) in [(0, 0), (0, 1), (1, 0), (1, 3), (2, 0), (4, 0)] {
+        let thin = failure_trace(11, c, i, 10, 0.25);
+        let every = failure_trace_sampled(11, c, i, 10, 0.25, PERIOD_MS);
+        assert_eq!(thin.failure, every.failure);
+        let f = thin.failure.as_ref().expect("a failure");
+        let first = |tr: &GenTrace| {
+            replay(&tr.jsonl)
+                .expect("replays")
+                .into_iter()
+                .find(|v| v.gpu == f.gpu && v.state > State::Healthy)
+                .map(|v| (v.t_ms, v.reason))
+        };
+        let (a, b) = (first(&thin), first(&every));
+        assert!(every.records > thin.records * 2);
+        match (&a, &b) {
+            (Some((ta, ra)), Some((tb, rb))) => {
+                assert_eq!(ra, rb, "{}", thin.name);
+                assert!(
+                    ta.abs_diff(*tb) <= 2 * COARSE_MS + SLOW_COUNTERS_MS,
+                    "{}: {a:?} {b:?}",
+                    thin.name
+                );
+                compared += 1;
+            }
+            _ => panic!("{}: thinned {a:?}, every second {b:?}", thin.name),
+        }
+    }
+    assert!(compared >= 6);
+}
+
+#[test]
+fn the_poisson_bound_is_the_rule_of_three_at_zero() {
+    assert!((poisson_upper_95(0) - 2.9957).abs() < 1e-3);
+    assert!((poisson_upper_95(1) - 4.7439).abs() < 1e-3);
+    assert!((poisson_upper_95(2) - 6.2958).abs() < 1e-3);
+}
+
+#[test]
+fn the_mix_is_applied_exactly() {
+    for (class, mix) in MIXES {
+        let total: f64 = mix.iter().map(|(_, s)| s).sum();
+        assert!((total - 1.0).abs() < 1e-9, "{class}");
+        for &(k, share) in *mix {
+            let n = (0..100).filter(|&i| kind_of(mix, i, 100) == k).count();
+            assert_eq!(n as f64, (share * 100.0).round(), "{class} {k:?}");
+        }
+    }
+}
+
+/// Writes a run's traces for `score.py` (`LOOPWARDEN_PRECURSOR_DIR=DIR
+/// cargo test -p loopwarden-hall --lib precursors::tests::write -- --ignored`).
+#[test]
+#[ignore]
+fn write_traces_for_the_scorer() {
+    let dir = std::env::var("LOOPWARDEN_PRECURSOR_DIR").expect("set LOOPWARDEN_PRECURSOR_DIR");
+    let dir = std::path::Path::new(&dir);
+    std::fs::create_dir_all(dir).expect("a directory");
+    for t in generate(1, SMALL) {
+        t.write(dir).expect("written");
+    }
+}
