@@ -268,3 +268,56 @@ fn write_traces_for_the_scorer() {
         t.write(dir).expect("written");
     }
 }
+
+/// Prints what [`measured`] gives for a seed (`LOOPWARDEN_SEED`, 1 by
+/// default), for the docs: `cargo test --release -p loopwarden-hall --lib
+/// precursors::tests::print -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn print_the_measured_model() {
+    let seed = std::env::var("LOOPWARDEN_SEED").map_or(1, |s| s.parse().expect("a seed"));
+    let t0 = std::time::Instant::now();
+    let m = measure(seed, Size::DEFAULT).expect("replays");
+    let model = m.model();
+    println!(
+        "measured({seed}) in {:.1} s, {} records",
+        t0.elapsed().as_secs_f64(),
+        m.records
+    );
+    for (name, p) in &model.classes {
+        let hours = match &p.lead {
+            LeadTime::Empirical { hours } => {
+                let mut h = hours.clone();
+                h.sort_by(f64::total_cmp);
+                h.iter()
+                    .map(|x| format!("{x:.3}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            }
+            other => format!("{other:?}"),
+        };
+        println!("{name}: coverage {:.3}; lead h: {hours}", p.coverage);
+    }
+    for f in &m.failures {
+        println!(
+            "  {} {:?} gpu {} onset_lead {:?} h flagged {:?}",
+            f.failure.class,
+            f.failure.mechanism,
+            f.failure.gpu,
+            f.failure
+                .onset_ms
+                .map(|o| (f.failure.failure_ms - o) as f64 / 3.6e6),
+            f.precursor
+                .as_ref()
+                .map(|(l, r)| (*l as f64 / 3.6e6, r.clone()))
+        );
+    }
+    println!("detection_s {:.3}", model.detection_s);
+    println!(
+        "false_alarms_per_gpu_day {:.5}",
+        model.false_alarms_per_gpu_day
+    );
+    for n in &model.notes {
+        println!("- {n}");
+    }
+}
