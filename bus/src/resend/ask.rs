@@ -8,7 +8,9 @@
 //! the highest; it is asked again after [`RETRY_MS`] without a report.
 //! Holes a report covered are settled: the sender resent what of them
 //! were events, and the rest were frames it need not resend (telemetry, or
-//! numbers it spent without a frame).
+//! numbers it spent without a frame). Unless fewer resent frames of the
+//! range came than the report says went out: the broker lost some of the
+//! repair too, and the range is asked for again.
 //!
 //! Glossary:
 //! - *round*: the time between two calls of [`Asker::due`].
@@ -31,6 +33,8 @@ struct Asking {
     covered: Option<u32>,
     /// The request waiting for its report: its range and when it went.
     asked: Option<(u32, u32, TimestampMs)>,
+    /// Resent frames of the asked range heard since it was asked.
+    heard: u32,
     /// The sender's answer when it refuses this reader for good.
     refused: Option<ResendCode>,
     /// The lowest number the sender's log still holds an event of.
@@ -62,6 +66,7 @@ impl Asker {
                 return None;
             }
             a.asked = Some((from, to, now));
+            a.heard = 0;
             return Some((from, to));
         }
         let ripe =
@@ -73,7 +78,18 @@ impl Asker {
             .unwrap_or(from)
             .min(from.saturating_add(RESEND_SPAN_MAX - 1));
         a.asked = Some((from, to, now));
+        a.heard = 0;
         Some((from, to))
+    }
+
+    /// A frame `sender` resent, numbered `seq`, came (filling a hole or
+    /// not).
+    pub fn resent(&mut self, sender: &NodeId, seq: u32) {
+        if let Some(a) = self.senders.get_mut(sender) {
+            if a.asked.is_some_and(|(f, t, _)| (f..=t).contains(&seq)) {
+                a.heard += 1;
+            }
+        }
     }
 
     /// `sender` answered with `report`. Returns the code when the sender
@@ -81,10 +97,16 @@ impl Asker {
     /// the caller to say once.
     pub fn answered(&mut self, sender: &NodeId, report: &ResendReport) -> Option<ResendCode> {
         let a = self.senders.entry(sender.clone()).or_default();
-        if a.asked
-            .is_some_and(|(f, t, _)| (f, t) == (report.from, report.to))
-        {
+        let ours = a
+            .asked
+            .is_some_and(|(f, t, _)| (f, t) == (report.from, report.to));
+        if ours {
             a.asked = None;
+        }
+        let served = matches!(report.code, ResendCode::Ok | ResendCode::Limited);
+        if ours && served && a.heard < report.resent {
+            // Some of the repair was lost on the way: ask again.
+            return None;
         }
         if report.held_from.is_some() {
             a.held_from = report.held_from;
@@ -171,6 +193,24 @@ mod tests {
         let t = track(&[1, 2, 4, 5, 8, 9, 11, 12]);
         assert_eq!(a.due(at(RETRY_MS + 3), &h1(), &t), None, "10 is new");
         assert_eq!(a.due(at(RETRY_MS + 4), &h1(), &t), Some((10, 10)));
+    }
+
+    #[test]
+    fn a_repair_the_broker_lost_part_of_is_asked_for_again() {
+        let mut a = Asker::default();
+        let t = track(&[1, 5]);
+        a.due(T, &h1(), &t);
+        assert_eq!(a.due(at(1), &h1(), &t), Some((2, 4)));
+        a.resent(&h1(), 3);
+        let mut r = report(ResendCode::Ok, 2, 4, None);
+        r.resent = 2;
+        a.answered(&h1(), &r);
+        assert_eq!(a.due(at(2), &h1(), &t), Some((2, 4)), "one of two came");
+        a.resent(&h1(), 2);
+        a.resent(&h1(), 9); // not of the range
+        a.resent(&h1(), 4);
+        a.answered(&h1(), &r);
+        assert_eq!(a.due(at(3), &h1(), &t), None, "both came: settled");
     }
 
     #[test]

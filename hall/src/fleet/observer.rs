@@ -179,6 +179,7 @@ impl Heard {
             return;
         }
         self.resent_received += 1;
+        self.asker.resent(&f.sender, f.seq);
         track.repair(&f);
     }
 

@@ -82,6 +82,9 @@ impl Repair {
             };
         }
         let owner = frame.sender.role == topic.role && frame.sender.id == topic.node;
+        if owner {
+            self.asker.resent(&frame.sender, frame.seq);
+        }
         match self.tracks.get_mut(&frame.sender) {
             Some(track) if owner && track.is_hole(frame.seq) => {
                 track.hear(frame);
