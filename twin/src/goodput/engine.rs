@@ -65,6 +65,8 @@ pub struct Outcome {
     pub lost_by_cause: Vec<f64>,
     /// Failures that stopped the job.
     pub interruptions: u32,
+    /// The same, by class of the mix.
+    pub interruptions_by_class: Vec<u32>,
     /// Planned restarts (drains).
     pub drains: u32,
     /// Failures drained or excluded before they struck.
@@ -211,7 +213,10 @@ impl<'a> Replay<'a> {
             class_of: d.failures.iter().map(|f| f.class).collect(),
             pending: Vec::new(),
             drain_at: None,
-            out: Outcome::default(),
+            out: Outcome {
+                interruptions_by_class: vec![0; mix.classes.len()],
+                ..Outcome::default()
+            },
             progress_s: 0.0,
             lost_s: Lost::default(),
             by_cause_s: vec![0.0; mix.classes.len() + 2],
@@ -387,6 +392,7 @@ impl<'a> Replay<'a> {
         self.advance(f.at_s);
         self.fate[i] = Fate::Struck;
         self.out.interruptions += 1;
+        self.out.interruptions_by_class[f.class] += 1;
         let class = &self.mix.classes[f.class];
         self.causes.clear();
         self.causes.push(f.class);

@@ -23,6 +23,8 @@ pub struct PolicySummary {
     pub ett_p95: f64,
     /// Failures that stopped the job.
     pub interruptions: f64,
+    /// The same by class of the mix.
+    pub interruptions_by_class: Vec<(String, f64)>,
     /// Planned restarts.
     pub drains: f64,
     /// Failures drained or excluded before they struck.
@@ -154,6 +156,15 @@ impl Acc {
             *a += b;
         }
         s.interruptions += o.interruptions;
+        s.interruptions_by_class
+            .resize(o.interruptions_by_class.len(), 0);
+        for (a, b) in s
+            .interruptions_by_class
+            .iter_mut()
+            .zip(&o.interruptions_by_class)
+        {
+            *a += b;
+        }
         s.drains += o.drains;
         s.failures_averted += o.failures_averted;
         s.false_alarms += o.false_alarms;
@@ -172,6 +183,11 @@ impl Acc {
             ett_p05: pct(0.05),
             ett_p95: pct(0.95),
             interruptions: mean(s.interruptions),
+            interruptions_by_class: names
+                .iter()
+                .cloned()
+                .zip(s.interruptions_by_class.iter().map(|&k| mean(k)))
+                .collect(),
             drains: mean(s.drains),
             failures_averted: mean(s.failures_averted),
             false_alarms: mean(s.false_alarms),
