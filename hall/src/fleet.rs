@@ -45,7 +45,7 @@ use std::time::{Duration, Instant};
 use loopwarden_bus::embedded::EmbeddedBroker;
 use loopwarden_bus::{AckedLedger, BrokerAddr, Bus, MetricsSnapshot};
 use loopwarden_field::common::CommonFlags;
-use loopwarden_protocol::Ident;
+use loopwarden_protocol::{Family, Ident};
 use loopwarden_twin::scenario::Scenario;
 use node_agent::gpu::GpuSource;
 use tokio::sync::watch;
@@ -337,9 +337,11 @@ struct Ran {
     load_end: f64,
     /// Each agent's bus counters at the end, by host id.
     agents: Vec<(String, MetricsSnapshot)>,
-    /// Each agent's outbox frames (events) the broker acknowledged, by
-    /// host id and sequence number.
+    /// Each agent's events the broker acknowledged, by host id and
+    /// sequence number.
     acked: Vec<(String, Vec<u32>)>,
+    /// The same for its acks (the other frames of its outbox).
+    acks_acked: Vec<(String, Vec<u32>)>,
     /// Each controller's caps and bus counters at the end.
     controllers: Vec<(String, CapFigures)>,
     /// When each (host, GPU) was failed.
@@ -390,12 +392,22 @@ async fn run_parts(
     let_repairs_finish(observer).await;
     let (agent_cpu_s, agent_threads) = procstat::agent_cpu_s(&pre, &cpu_start, &cpu_end);
     let cpu_by_part_s = procstat::cpu_by_group(&pre, &cpu_start, &cpu_end);
-    let (agents, acked) = agents
-        .stop()
-        .await
-        .into_iter()
-        .map(|(id, m, acked)| ((id.clone(), m), (id, acked)))
-        .unzip();
+    let mut acked = Vec::new();
+    let mut acks_acked = Vec::new();
+    let mut metrics = Vec::new();
+    for (id, m, ledger) in agents.stop().await {
+        let of = |f| {
+            ledger
+                .iter()
+                .filter(|(_, g)| *g == f)
+                .map(|(s, _)| *s)
+                .collect()
+        };
+        acked.push((id.clone(), of(Family::Event)));
+        acks_acked.push((id.clone(), of(Family::Ack)));
+        metrics.push((id, m));
+    }
+    let agents = metrics;
     let _ = ctrl_stop.send(true);
     let controllers = stop_controllers(cdus, layouts).await;
     Ok(Ran {
@@ -410,6 +422,7 @@ async fn run_parts(
         load_end,
         agents,
         acked,
+        acks_acked,
         controllers,
         injected,
     })
@@ -649,7 +662,7 @@ impl Agents {
 
     /// Tells every agent to stop, waits for them (at most a minute), and
     /// returns each one's bus counters and acknowledged outbox frames.
-    async fn stop(self) -> Vec<(String, MetricsSnapshot, Vec<u32>)> {
+    async fn stop(self) -> Vec<(String, MetricsSnapshot, Vec<(u32, Family)>)> {
         let _ = self.stop.send(true);
         let until = Instant::now() + Duration::from_secs(60);
         let mut ids = Vec::new();

@@ -63,7 +63,7 @@ pub(super) enum Control {
     },
     /// From now on, send the sequence number of every outbox frame the
     /// broker acknowledges here.
-    KeepLedger(mpsc::UnboundedSender<u32>),
+    KeepLedger(mpsc::UnboundedSender<(u32, loopwarden_protocol::Family)>),
 }
 
 /// The latest retained state the command channel refused, by topic name.

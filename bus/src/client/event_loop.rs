@@ -99,7 +99,7 @@ struct Core {
     acker: Option<Acker>,
     removed_tx: mpsc::UnboundedSender<u32>,
     removed: mpsc::UnboundedReceiver<u32>,
-    ledger: Option<mpsc::UnboundedSender<u32>>,
+    ledger: Option<mpsc::UnboundedSender<(u32, Family)>>,
     presence: Option<presence::Control>,
     backoff: Backoff,
     rng: rand::rngs::StdRng,
@@ -513,11 +513,11 @@ impl Core {
 
     fn on_puback(&mut self, pkid: u16) {
         Metrics::add(&self.node.status.metrics.acked);
-        let Some(seq) = self.session.acked(pkid) else {
+        let Some((seq, family)) = self.session.acked(pkid) else {
             return;
         };
-        if let Some(ledger) = &self.ledger {
-            let _ = ledger.send(seq);
+        if let (Some(ledger), Some(family)) = (&self.ledger, family) {
+            let _ = ledger.send((seq, family));
         }
         if let Some(outbox) = &self.outbox {
             let acker = self.acker.get_or_insert_with(|| {

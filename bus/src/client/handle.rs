@@ -53,13 +53,14 @@ impl BusTask {
 
 /// The acknowledged outbox frames, from [`Bus::keep_acked_ledger`] on.
 #[derive(Debug)]
-pub struct AckedLedger(tokio::sync::mpsc::UnboundedReceiver<u32>);
+pub struct AckedLedger(tokio::sync::mpsc::UnboundedReceiver<(u32, Family)>);
 
 impl AckedLedger {
     /// The sequence numbers of the outbox frames the broker acknowledged
-    /// since the last call, in the order of their acknowledgements (also
-    /// after the bus stopped).
-    pub fn take(&mut self) -> Vec<u32> {
+    /// since the last call, with the family of each (`event` or `ack`),
+    /// in the order of their acknowledgements (also after the bus
+    /// stopped).
+    pub fn take(&mut self) -> Vec<(u32, Family)> {
         let mut acked = Vec::new();
         while let Ok(seq) = self.0.try_recv() {
             acked.push(seq);

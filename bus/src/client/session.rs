@@ -41,7 +41,7 @@
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::Arc;
 
-use loopwarden_protocol::{Frame, Topic};
+use loopwarden_protocol::{Family, Frame, Topic};
 use rumqttc::{Publish, QoS};
 
 use super::command::{Class, Outgoing, Unsent};
@@ -220,13 +220,14 @@ impl Session {
 
     /// The broker acknowledged packet id `pkid`: settles the publish sent
     /// with it. An outbox frame's seq, to remove from flash.
-    pub(super) fn acked(&mut self, pkid: u16) -> Option<u32> {
+    pub(super) fn acked(&mut self, pkid: u16) -> Option<(u32, Option<Family>)> {
         let at = self.inflight.iter().position(|(p, _)| *p == pkid)?;
         let (_, h) = self.inflight.remove(at)?;
         match h.what {
             What::Outbox(seq) => {
                 self.acking.insert(seq);
-                Some(seq)
+                let family = Topic::parse(&h.publish.topic).ok().map(|t| t.family);
+                Some((seq, family))
             }
             What::Kept | What::Announced => None,
         }
@@ -562,9 +563,9 @@ mod tests {
         for pkid in 1..=5 {
             s.sent(pkid);
         }
-        assert_eq!(s.acked(1), Some(7));
-        assert_eq!(s.acked(4), None, "presence is no outbox frame");
-        assert_eq!(s.acked(5), Some(10));
+        assert_eq!(s.acked(1).map(|a| a.0), Some(7));
+        assert_eq!(s.acked(4).map(|a| a.0), None, "presence is no outbox frame");
+        assert_eq!(s.acked(5).map(|a| a.0), Some(10));
         assert_eq!(count(&s, |m| &m.delivery_mismatch), 0);
     }
 
@@ -598,7 +599,7 @@ mod tests {
         s.sent(1); // presence
         s.sent(2); // event 1
         s.sent(3); // event 3
-        assert_eq!(s.acked(2), None);
+        assert_eq!(s.acked(2).map(|a| a.0), None);
         // Lost with event 3 in flight, event 4 not yet sent, and the
         // telemetry still in the client's queue.
         s.connection_lost(1);
@@ -645,7 +646,7 @@ mod tests {
         s.sent(9);
         s.sent(4);
         s.sent(7);
-        assert_eq!(s.acked(4), None);
+        assert_eq!(s.acked(4).map(|a| a.0), None);
         s.connection_lost(0);
         let first = s.connected(Vec::new(), None);
         assert_eq!(seqs(&first), some([1, 3]));
@@ -661,7 +662,7 @@ mod tests {
         s.connected(Vec::new(), Some((1..=2).map(stored).collect()));
         s.sent(1);
         s.sent(2);
-        assert_eq!(s.acked(1), Some(1));
+        assert_eq!(s.acked(1).map(|a| a.0), Some(1));
         s.connection_lost(0);
         assert!(s.wants_outbox(false));
         // Frame 1 is acknowledged and being removed: not handed over again.
@@ -669,7 +670,7 @@ mod tests {
         assert_eq!(seqs(&first), some([2]), "2 from flash, nothing kept twice");
         s.removed(1);
         s.sent(3);
-        assert_eq!(s.acked(3), Some(2));
+        assert_eq!(s.acked(3).map(|a| a.0), Some(2));
         s.removed(2);
         assert!(s.settled());
     }
@@ -681,14 +682,14 @@ mod tests {
         s.sent(11);
         s.sent(12);
         s.sent(13);
-        assert_eq!(s.acked(12), Some(2));
+        assert_eq!(s.acked(12).map(|a| a.0), Some(2));
         assert_eq!(s.unacknowledged(), 2);
         // Unknown and repeated acknowledgements change nothing.
-        assert_eq!(s.acked(12), None);
-        assert_eq!(s.acked(99), None);
+        assert_eq!(s.acked(12).map(|a| a.0), None);
+        assert_eq!(s.acked(99).map(|a| a.0), None);
         assert_eq!(s.unacknowledged(), 2);
-        assert_eq!(s.acked(13), Some(3));
-        assert_eq!(s.acked(11), Some(1));
+        assert_eq!(s.acked(13).map(|a| a.0), Some(3));
+        assert_eq!(s.acked(11).map(|a| a.0), Some(1));
         assert_eq!(s.unacknowledged(), 0);
         assert!(!s.settled(), "removal from flash still pending");
         for seq in 1..=3 {

@@ -130,6 +130,7 @@ impl Ran {
             .filter(|(id, seq)| repaired(heard, id, *seq))
             .count() as u64;
         r.events_lost_after_repair = r.qos1_events_lost - r.events_repaired;
+        (r.acks_acked, r.acks_not_delivered) = acked_events(&self.acks_acked, heard);
         r.resend_requests = heard.resend_requests;
         r.resent_received = heard.resent_received;
         // A sender spends a sequence number on every frame it builds

@@ -71,6 +71,13 @@ pub struct FleetReport {
     /// `qos1_events_lost - events_repaired`: acknowledged events the
     /// observer never had, end to end.
     pub events_lost_after_repair: u64,
+    /// The agents' acks (the other frames of their outbox) the broker
+    /// acknowledged.
+    pub acks_acked: u64,
+    /// Of those, the ones the broker never delivered to the observer. No
+    /// one resends an ack: the command's sender renews the command until
+    /// one comes (a controller its lease every period).
+    pub acks_not_delivered: u64,
     /// Resend requests the observer sent.
     pub resend_requests: u64,
     /// Frames it received on `resent` topics (repairs, and repeats of
