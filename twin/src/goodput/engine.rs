@@ -365,20 +365,24 @@ impl<'a> Replay<'a> {
         self.go_down(at, 0.0, hosts, Part::Drain);
     }
 
-    /// Takes every pending GPU out; returns how many hosts that is.
+    /// Takes every pending GPU out; returns how many hosts leave for
+    /// repair (a false alarm's host does; a failing one's as its class
+    /// says).
     fn avert_pending(&mut self) -> u32 {
         let nf = self.class_of.len();
         let mut hosts = 0;
         for k in 0..self.pending.len() {
             let e = self.pending[k];
             self.fate[e] = Fate::Averted;
-            hosts += 1;
             if e >= nf {
+                hosts += 1;
                 self.out.false_alarms += 1;
                 self.causes.push(self.false_alarm_cause());
             } else {
+                let c = self.class_of[e];
+                hosts += u32::from(self.mix.classes[c].excludes_host);
                 self.out.failures_averted += 1;
-                self.causes.push(self.class_of[e]);
+                self.causes.push(c);
             }
         }
         self.pending.clear();
