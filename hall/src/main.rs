@@ -10,6 +10,12 @@
 //! - `loopwarden-hall cdu --modbus ADDR:PORT | --serial DEV [--baud B]
 //!   [--unit N] [--scenario F] [--speed X]`: the simulated CDU alone, for
 //!   `cooling-ctrl run`, `mbpoll` or a BMS (`docs/twin.md`).
+//! - `loopwarden-hall goodput [--gpus G] [--checkpoint-min C] [--mix F]
+//!   [--trials N] [--seed S] [--out DIR] [--json] ...`: a large training
+//!   job's effective training time under failures, per way of handling
+//!   them, and its report (`docs/goodput.md`).
+
+mod goodput;
 
 use std::fs::File;
 use std::io::BufReader;
@@ -45,6 +51,10 @@ enum Command {
     /// scenario running behind its registers in real time, for
     /// `cooling-ctrl run`, `mbpoll` or a BMS to talk to.
     Cdu(CduArgs),
+    /// Prices early quarantine, fast detection and drains in a large
+    /// training job's effective training time (Monte Carlo), and writes
+    /// the report: report.md and SVG charts.
+    Goodput(goodput::GoodputArgs),
 }
 
 #[derive(Debug, Args)]
@@ -423,6 +433,18 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Goodput(a) => match goodput::run(&a) {
+            Ok(lines) => {
+                for l in lines {
+                    println!("{l}");
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("loopwarden-hall goodput: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Plot(a) => match plot(&a) {
             Ok(files) => {
                 for f in files {

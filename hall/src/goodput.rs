@@ -1,0 +1,262 @@
+//! `loopwarden-hall goodput`: what a large training job's effective
+//! training time (ETT) is under failures, handled reactively, by the host
+//! agent, and by the agent with drains (`docs/goodput.md`).
+//!
+//! The job model and the Monte Carlo engine are `loopwarden_twin::goodput`;
+//! this command gathers the inputs (flags, a `--mix` file, the `measured`
+//! precursor model of [`loopwarden_hall::precursors`]), computes every
+//! figure ([`study`]) and writes the report: `report.md` ([`report`]) and
+//! three SVG charts ([`charts`]), into `--out` (`goodput-run/`).
+//!
+//! Glossary:
+//! - *measured model*: per visible class, the precursor coverage and lead
+//!   times the real health engine achieved on generated traces, its
+//!   detection latency and a bound on its false alarms.
+//! - *swept models*: precursors given as inputs (a coverage, a lead time)
+//!   and varied in the report, since no public source gives them.
+
+pub mod charts;
+pub mod report;
+pub mod study;
+
+use std::fs;
+use std::path::PathBuf;
+
+use clap::Args;
+use loopwarden_twin::goodput::{Job, Mix, PolicySummary, Settings};
+use serde_json::{json, Map, Value};
+
+use study::{Inputs, Study};
+
+/// `loopwarden-hall goodput`'s flags: every input of the model.
+#[derive(Debug, Args)]
+pub struct GoodputArgs {
+    /// GPUs in the job (G).
+    #[arg(long, default_value_t = Job::default().gpus)]
+    gpus: u32,
+    /// GPUs to a host.
+    #[arg(long, default_value_t = Job::default().gpus_per_host)]
+    gpus_per_host: u32,
+    /// Spare hosts (S).
+    #[arg(long, default_value_t = Job::default().spare_hosts)]
+    spare_hosts: u32,
+    /// Days of wall-clock time (D).
+    #[arg(long, default_value_t = Job::default().days)]
+    days: f64,
+    /// Minutes between checkpoints, the write included (C).
+    #[arg(long, default_value_t = Job::default().checkpoint_min)]
+    checkpoint_min: f64,
+    /// Seconds the job stops to write a checkpoint (W).
+    #[arg(long, default_value_t = Job::default().checkpoint_write_s)]
+    checkpoint_write_s: f64,
+    /// Minutes from a failure found to training again (R).
+    #[arg(long, default_value_t = Job::default().restart_min)]
+    restart_min: f64,
+    /// Hours until an excluded host is back in the spare pool.
+    #[arg(long, default_value_t = Job::default().repair_hours)]
+    repair_hours: f64,
+    /// Minutes a hung collective waits before the job stops.
+    #[arg(long, default_value_t = Settings::default().hang_timeout_min)]
+    hang_timeout_min: f64,
+    /// Minutes a person or a script takes to exclude a host no agent named.
+    #[arg(long, default_value_t = Settings::default().triage_min)]
+    triage_min: f64,
+    /// Seconds from a failure the agent sees to the GPU quarantined
+    /// [default: the measured model's, else 4 s, the stall rule's worst
+    /// case at 1 s sampling].
+    #[arg(long)]
+    detection_s: Option<f64>,
+    /// Healthy GPUs flagged per GPU-day [default: the measured model's
+    /// bound, else 0].
+    #[arg(long)]
+    false_alarms_per_gpu_day: Option<f64>,
+    /// Interruptions per GPU-day [default: the mix's; Llama 3's is
+    /// 419 / (54 × 16,384)].
+    #[arg(long)]
+    rate_per_gpu_day: Option<f64>,
+    /// A failure mix (`goodput-mix/1` TOML) [default: Llama 3's Table 5].
+    #[arg(long, value_name = "FILE.toml")]
+    mix: Option<PathBuf>,
+    /// Trials of the headline run (ETT per policy, where the time goes).
+    #[arg(long, default_value_t = 1000)]
+    trials: u32,
+    /// Trials of each run of the sensitivities, the precursor and
+    /// false-alarm sweeps and the moonshot (at most --trials).
+    #[arg(long, default_value_t = 200)]
+    sweep_trials: u32,
+    /// The seed of every run (and of the measured model's traces).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Folder for report.md and the charts (made if missing).
+    #[arg(long, default_value = "goodput-run")]
+    out: PathBuf,
+    /// Leave out the measured precursor model (no trace replay).
+    #[arg(long)]
+    no_measured: bool,
+    /// Print one JSON summary object as the last line.
+    #[arg(long)]
+    json: bool,
+}
+
+/// What the measured model gives the run.
+struct Measured {
+    classes: Vec<(String, loopwarden_twin::goodput::Precursor)>,
+    detection_s: f64,
+    false_alarms_per_gpu_day: f64,
+    notes: Vec<String>,
+}
+
+fn measured(a: &GoodputArgs) -> Result<Option<Measured>, String> {
+    if a.no_measured {
+        return Ok(None);
+    }
+    let m = loopwarden_hall::precursors::measured(a.seed)
+        .map_err(|e| format!("the measured precursor model: {e}"))?;
+    Ok(Some(Measured {
+        classes: m.classes,
+        detection_s: m.detection_s,
+        false_alarms_per_gpu_day: m.false_alarms_per_gpu_day,
+        notes: m.notes,
+    }))
+}
+
+fn inputs(a: &GoodputArgs, m: Option<&Measured>) -> Result<Inputs, String> {
+    let mut mix = match &a.mix {
+        Some(p) => Mix::load(p).map_err(|e| e.to_string())?,
+        None => Mix::default(),
+    };
+    if let Some(m) = m {
+        // The measured precursors for the classes the mix has by name.
+        let known: Vec<_> = m
+            .classes
+            .iter()
+            .filter(|(name, _)| {
+                mix.classes
+                    .iter()
+                    .any(|c| c.host_visible && &c.name == name)
+            })
+            .cloned()
+            .collect();
+        mix = mix.with_precursors(&known)?;
+    }
+    if let Some(r) = a.rate_per_gpu_day {
+        mix.rate_per_gpu_day = r;
+    }
+    let job = Job {
+        gpus: a.gpus,
+        gpus_per_host: a.gpus_per_host,
+        spare_hosts: a.spare_hosts,
+        days: a.days,
+        checkpoint_min: a.checkpoint_min,
+        checkpoint_write_s: a.checkpoint_write_s,
+        restart_min: a.restart_min,
+        repair_hours: a.repair_hours,
+    };
+    let d = Settings::default();
+    let settings = Settings {
+        hang_timeout_min: a.hang_timeout_min,
+        triage_min: a.triage_min,
+        detection_s: a
+            .detection_s
+            .or(m.map(|m| m.detection_s))
+            .unwrap_or(d.detection_s),
+        false_alarms_per_gpu_day: a
+            .false_alarms_per_gpu_day
+            .or(m.map(|m| m.false_alarms_per_gpu_day))
+            .unwrap_or(d.false_alarms_per_gpu_day),
+    };
+    loopwarden_twin::goodput::trials::validate(&job, &settings, &mix, a.trials)?;
+    Ok(Inputs {
+        job,
+        settings,
+        mix,
+        measured: m.is_some(),
+        trials: a.trials,
+        sweep_trials: a.sweep_trials.clamp(1, a.trials.max(1)),
+        seed: a.seed,
+    })
+}
+
+/// Runs the command: the report's files, then (with `--json`) the
+/// summary, one line each, for standard output.
+pub fn run(a: &GoodputArgs) -> Result<Vec<String>, String> {
+    let m = measured(a)?;
+    let inputs = inputs(a, m.as_ref())?;
+    let study = Study::compute(inputs)?;
+    fs::create_dir_all(&a.out).map_err(|e| format!("{}: {e}", a.out.display()))?;
+    charts::write(&a.out, &study)?;
+    let notes = m.map(|m| m.notes).unwrap_or_default();
+    let page = a.out.join(report::REPORT);
+    fs::write(&page, report::markdown(&study, &notes))
+        .map_err(|e| format!("{}: {e}", page.display()))?;
+    let mut lines: Vec<String> = charts::CHARTS
+        .iter()
+        .map(|c| a.out.join(c).display().to_string())
+        .collect();
+    lines.push(page.display().to_string());
+    if a.json {
+        lines.push(summary_json(&study).to_string());
+    } else {
+        lines.push(headline(&study));
+    }
+    Ok(lines)
+}
+
+fn headline(s: &Study) -> String {
+    let p = &s.headline.policies;
+    let mut line = format!(
+        "ETT over {} trials: reactive {:.2} %, agent {:.2} %, agent + drain {:.2} %",
+        s.inputs.trials,
+        p[0].ett * 100.0,
+        p[1].ett * 100.0,
+        p[2].ett * 100.0
+    );
+    let quiet = s.no_false_alarms.ett * 100.0;
+    line += &format!(" ({quiet:.2} % without false alarms)");
+    line
+}
+
+fn per_policy(s: &Study, f: impl Fn(&PolicySummary) -> Value) -> Value {
+    let mut m = Map::new();
+    for p in &s.headline.policies {
+        m.insert(p.policy.name().to_string(), f(p));
+    }
+    m.insert(
+        "agent_drain_no_false_alarms".to_string(),
+        f(&s.no_false_alarms),
+    );
+    Value::Object(m)
+}
+
+fn by_name(pairs: &[(String, f64)]) -> Value {
+    Value::Object(pairs.iter().map(|(k, v)| (k.clone(), json!(v))).collect())
+}
+
+/// The `--json` summary.
+pub fn summary_json(s: &Study) -> Value {
+    let mo = &s.moonshot;
+    json!({
+        "ett": per_policy(s, |p| json!(p.ett)),
+        "ett_p05": per_policy(s, |p| json!(p.ett_p05)),
+        "ett_p95": per_policy(s, |p| json!(p.ett_p95)),
+        "interruptions": per_policy(s, |p| json!(p.interruptions)),
+        "interruptions_by_cause": per_policy(s, |p| by_name(&p.interruptions_by_class)),
+        "lost_gpu_h_by_cause": per_policy(s, |p| by_name(&p.lost_by_cause)),
+        "lost_gpu_h_by_part": per_policy(s, |p| serde_json::to_value(&p.lost).unwrap_or(Value::Null)),
+        "moonshot": {
+            "gpus": mo.job.gpus,
+            "target": study::TARGET,
+            "best_precursor": {"coverage": mo.best().coverage, "lead_h": mo.best().lead_h, "ett": mo.best().ett},
+            "reaching": mo.reaching().iter().map(|c| json!({"coverage": c.coverage, "lead_h": c.lead_h, "ett": c.ett})).collect::<Vec<_>>(),
+            "measured_ett": mo.measured.map(|(bound, none)| json!({
+                "at_false_alarm_bound": bound,
+                "without_false_alarms": none,
+            })),
+        },
+        "precursors": if s.inputs.measured { "measured" } else { "mix" },
+        "detection_s": s.inputs.settings.detection_s,
+        "false_alarms_per_gpu_day": s.inputs.settings.false_alarms_per_gpu_day,
+        "trials": s.inputs.trials,
+        "seed": s.inputs.seed,
+    })
+}

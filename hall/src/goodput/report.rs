@@ -1,0 +1,496 @@
+//! The goodput report's page, `report.md`, from a [`Study`].
+//!
+//! Glossary:
+//! - *points*: percentage points of ETT.
+//! - *per trial*: a mean over the trials; one trial is the whole job.
+
+use std::fmt::Write as _;
+
+use loopwarden_twin::goodput::mix::LLAMA3_RATE_PER_GPU_DAY;
+use loopwarden_twin::goodput::{Lost, PolicySummary};
+
+use super::charts::{causes, CHARTS};
+use super::study::{Point, Study, COVERAGE, LEAD_H, TARGET};
+
+/// The report page's name.
+pub const REPORT: &str = "report.md";
+
+/// One part of [`Lost`].
+type Part = fn(&Lost) -> f64;
+
+const POLICIES: [&str; 3] = ["reactive", "agent", "agent + drain"];
+
+fn pct(x: f64) -> String {
+    format!("{:.2} %", x * 100.0)
+}
+
+fn num(x: f64) -> String {
+    let s = format!("{x:.3}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+/// The page, with the measured model's notes if it was measured.
+pub fn markdown(s: &Study, measured_notes: &[String]) -> String {
+    let mut md = String::new();
+    let i = &s.inputs;
+    let _ = writeln!(
+        md,
+        "# Effective training time: {} GPUs for {} days\n\n\
+         {} trials from seed {} ({} for each run of the sweeps and the moonshot), every \
+         policy on the same failures. Mix: {}; \
+         {:.4e} interruptions per GPU-day ({} a day for the job). \
+         How the model works and where each input comes from: `docs/goodput.md`.\n",
+        i.job.gpus,
+        num(i.job.days),
+        i.trials,
+        i.seed,
+        i.sweep_trials.min(i.trials),
+        i.mix.source,
+        i.mix.rate_per_gpu_day,
+        num(i.mix.rate_per_gpu_day * f64::from(i.job.gpus)),
+    );
+    result(&mut md, s);
+    inputs(&mut md, s);
+    lost(&mut md, s);
+    sensitivity(&mut md, s);
+    precursors(&mut md, s);
+    false_alarms(&mut md, s);
+    moonshot(&mut md, s);
+    if !measured_notes.is_empty() {
+        md.push_str("## The measured precursor model\n\n");
+        for n in measured_notes {
+            let _ = writeln!(md, "- {n}");
+        }
+        md.push('\n');
+    }
+    md.push_str("## Charts\n\n");
+    for c in CHARTS {
+        let _ = writeln!(md, "![{c}]({c})\n");
+    }
+    md
+}
+
+fn row(md: &mut String, name: &str, p: &PolicySummary) {
+    let _ = writeln!(
+        md,
+        "| {name} | {} | {} – {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |",
+        pct(p.ett),
+        pct(p.ett_p05),
+        pct(p.ett_p95),
+        p.interruptions,
+        p.drains,
+        p.failures_averted,
+        p.false_alarms,
+        p.spare_waits
+    );
+}
+
+fn result(md: &mut String, s: &Study) {
+    md.push_str(
+        "## ETT per policy\n\n\
+         | policy | ETT (mean) | 5th – 95th percentile | interruptions | drains | \
+         failures drained before they struck | false alarms drained | waits for a spare |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for (k, p) in s.headline.policies.iter().enumerate() {
+        row(md, POLICIES[k], p);
+    }
+    row(md, "agent + drain without false alarms", &s.no_false_alarms);
+    let p = &s.headline.policies;
+    let which = if s.inputs.measured {
+        "the precursors the health engine achieves today (the measured model)"
+    } else {
+        "the mix's own precursors"
+    };
+    let _ = writeln!(
+        md,
+        "\nThe agent gains {:+.2} points over reactive handling: it finds the hangs a host \
+         sees in {} s instead of the {}-minute collective timeout, and names the host at once. \
+         Drains, with {which}, add {:+.2} points at {:.2e} false alarms per GPU-day \
+         ({:.1} a day for the job) and {:+.2} with none.\n",
+        (p[1].ett - p[0].ett) * 100.0,
+        num(s.inputs.settings.detection_s),
+        num(s.inputs.settings.hang_timeout_min),
+        (p[2].ett - p[1].ett) * 100.0,
+        s.inputs.settings.false_alarms_per_gpu_day,
+        s.inputs.settings.false_alarms_per_gpu_day * f64::from(s.inputs.job.gpus),
+        (s.no_false_alarms.ett - p[1].ett) * 100.0,
+    );
+}
+
+fn inputs(md: &mut String, s: &Study) {
+    let (j, t) = (&s.inputs.job, &s.inputs.settings);
+    let rows: [(&str, String, &str); 13] = [
+        ("GPUs (G)", j.gpus.to_string(), "--gpus"),
+        (
+            "GPUs per host",
+            j.gpus_per_host.to_string(),
+            "--gpus-per-host",
+        ),
+        (
+            "spare hosts (S)",
+            j.spare_hosts.to_string(),
+            "--spare-hosts",
+        ),
+        ("days (D)", num(j.days), "--days"),
+        (
+            "checkpoint interval (C)",
+            format!("{} min", num(j.checkpoint_min)),
+            "--checkpoint-min",
+        ),
+        (
+            "checkpoint write (W)",
+            format!("{} s", num(j.checkpoint_write_s)),
+            "--checkpoint-write-s",
+        ),
+        (
+            "restart (R)",
+            format!("{} min", num(j.restart_min)),
+            "--restart-min",
+        ),
+        (
+            "host repair",
+            format!("{} h", num(j.repair_hours)),
+            "--repair-hours",
+        ),
+        (
+            "collective timeout",
+            format!("{} min", num(t.hang_timeout_min)),
+            "--hang-timeout-min",
+        ),
+        (
+            "triage without an agent",
+            format!("{} min", num(t.triage_min)),
+            "--triage-min",
+        ),
+        (
+            "agent's detection",
+            format!("{} s", num(t.detection_s)),
+            "--detection-s",
+        ),
+        (
+            "false alarms",
+            format!("{:.3e} per GPU-day", t.false_alarms_per_gpu_day),
+            "--false-alarms-per-gpu-day",
+        ),
+        (
+            "failures",
+            format!("{:.4e} per GPU-day", s.inputs.mix.rate_per_gpu_day),
+            "--rate-per-gpu-day, --mix",
+        ),
+    ];
+    md.push_str("## Inputs\n\n| input | value | flag |\n|---|---|---|\n");
+    for (name, v, flag) in rows {
+        let _ = writeln!(md, "| {name} | {v} | `{flag}` |");
+    }
+    let _ = writeln!(
+        md,
+        "\nWith no failure the job would train {} of the time (1 − W/C).\n",
+        pct(j.ett_without_failures())
+    );
+}
+
+fn lost(md: &mut String, s: &Study) {
+    let wall = s.headline.policies[0].wall_gpu_h;
+    md.push_str(
+        "## Where the time goes\n\nGPU-hours per trial, and share of the run's.\n\n\
+         | part | reactive | agent | agent + drain | drain, no false alarms |\n\
+         |---|---:|---:|---:|---:|\n",
+    );
+    let parts: [(&str, Part); 7] = [
+        ("checkpoint writes", |l| l.checkpoints),
+        ("rework since the last checkpoint", |l| l.rework),
+        ("detection (timeouts, triage)", |l| l.detection),
+        ("restarts", |l| l.restart),
+        ("drains (planned restarts)", |l| l.drains),
+        ("waiting for a spare host", |l| l.spares),
+        ("**all lost**", |l| l.total()),
+    ];
+    for (name, f) in parts {
+        let v = s
+            .headline
+            .policies
+            .iter()
+            .chain([&s.no_false_alarms])
+            .map(|p| f(&p.lost));
+        let cells: Vec<String> = v
+            .map(|g| format!("{g:.0} ({:.2} %)", g / wall * 100.0))
+            .collect();
+        let _ = writeln!(md, "| {name} | {} |", cells.join(" | "));
+    }
+    md.push_str(
+        "\n### By cause\n\nInterruptions per trial (reactive; the agent sees the same ones) and \
+         GPU-hours lost to each cause, per trial.\n\n\
+         | cause | interruptions | reactive | agent | agent + drain | drain, no false alarms |\n\
+         |---|---:|---:|---:|---:|---:|\n",
+    );
+    let by_class = &s.headline.policies[0].interruptions_by_class;
+    for (name, v) in causes(s) {
+        let n = by_class
+            .iter()
+            .find(|(c, _)| *c == name)
+            .map_or("–".to_string(), |(_, k)| format!("{k:.1}"));
+        let [a, b, c, d] = v;
+        let _ = writeln!(md, "| {name} | {n} | {a:.0} | {b:.0} | {c:.0} | {d:.0} |");
+    }
+    md.push('\n');
+}
+
+fn table(md: &mut String, title: &str, unit: &str, points: &[Point], current: f64) {
+    let _ = writeln!(
+        md,
+        "### {title}\n\n| {unit} | reactive | agent | agent + drain, no false alarms |\n\
+         |---|---:|---:|---:|"
+    );
+    for p in points {
+        let mark = if p.x == current { " (as run)" } else { "" };
+        let e = p.ett.map(pct);
+        let _ = writeln!(
+            md,
+            "| {}{mark} | {} | {} | {} |",
+            num(p.x),
+            e[0],
+            e[1],
+            e[2]
+        );
+    }
+    md.push('\n');
+}
+
+fn sensitivity(md: &mut String, s: &Study) {
+    let (j, t) = (&s.inputs.job, &s.inputs.settings);
+    md.push_str(
+        "## Sensitivity\n\nETT with one input changed, every other as run; drains without \
+         false alarms (they are priced in their own section).\n\n",
+    );
+    table(
+        md,
+        "Checkpoint interval",
+        "C (min)",
+        &s.checkpoint,
+        j.checkpoint_min,
+    );
+    table(md, "Restart", "R (min)", &s.restart, j.restart_min);
+    table(
+        md,
+        "Checkpoint write",
+        "W (s)",
+        &s.write,
+        j.checkpoint_write_s,
+    );
+    table(
+        md,
+        "Spare pool",
+        "spare hosts",
+        &s.spares,
+        f64::from(j.spare_hosts),
+    );
+    table(
+        md,
+        "Collective timeout",
+        "timeout (min)",
+        &s.hang,
+        t.hang_timeout_min,
+    );
+    if let Some(best) = s
+        .checkpoint
+        .iter()
+        .max_by(|a, b| a.ett[0].total_cmp(&b.ett[0]))
+    {
+        let _ = writeln!(
+            md,
+            "The best checkpoint interval swept for reactive handling is {} min ({}).\n",
+            num(best.x),
+            pct(best.ett[0])
+        );
+    }
+}
+
+fn grid_table(md: &mut String, cells: &[super::study::Cell]) {
+    md.push_str("| flagged \\ lead (h) |");
+    for l in LEAD_H {
+        let _ = write!(md, " {} |", num(l));
+    }
+    md.push_str("\n|---|");
+    md.push_str(&"---:|".repeat(LEAD_H.len()));
+    md.push('\n');
+    for c in COVERAGE {
+        let _ = write!(md, "| {} % |", num(c * 100.0));
+        for l in LEAD_H {
+            let e = cells.iter().find(|x| x.coverage == c && x.lead_h == l);
+            let _ = write!(md, " {} |", e.map_or("–".into(), |e| pct(e.ett)));
+        }
+        md.push('\n');
+    }
+    md.push('\n');
+}
+
+fn precursors(md: &mut String, s: &Study) {
+    md.push_str(
+        "## Precursors\n\nETT with drains when this share of every failure a host sees \
+         (GPU, HBM3, SRAM, GSP, thermal) is flagged this many hours before it strikes. \
+         No public source gives these figures; they are swept.\n\n",
+    );
+    grid_table(md, &s.precursors);
+}
+
+fn moonshot(md: &mut String, s: &Study) {
+    let m = &s.moonshot;
+    let _ = writeln!(
+        md,
+        "## The moonshot: {} GPUs at Llama 3's rate, ETT ≥ {}\n\n\
+         The run's settings with {} GPUs and Llama 3's rate (one interruption every {:.1} h). \
+         With no precursor: reactive {}, agent {}, agent + drain {}.\n",
+        m.job.gpus,
+        pct(TARGET),
+        m.job.gpus,
+        24.0 / (LLAMA3_RATE_PER_GPU_DAY * f64::from(m.job.gpus)),
+        pct(m.baseline[0]),
+        pct(m.baseline[1]),
+        pct(m.baseline[2]),
+    );
+    grid_table(md, &m.grid);
+    let best = m.best();
+    match m.reaching().first() {
+        Some(c) => {
+            let _ = writeln!(
+                md,
+                "**Answer:** {} % of the visible failures flagged {} h ahead reach {} with these \
+                 settings.\n",
+                num(c.coverage * 100.0),
+                num(c.lead_h),
+                pct(c.ett)
+            );
+        }
+        None => {
+            let _ = writeln!(
+                md,
+                "**Answer:** no precursor reaches {} with these settings. The best, {} % flagged \
+                 {} h ahead, gives {}: the failures no host sees (switches, NICs, software, \
+                 host maintenance) and the checkpoint writes still cost {:.2} points.\n",
+                pct(TARGET),
+                num(best.coverage * 100.0),
+                num(best.lead_h),
+                pct(best.ett),
+                m.ceiling * 100.0
+            );
+        }
+    }
+    settings_answer(md, m);
+    if let Some((e, quiet)) = m.measured {
+        let _ = writeln!(
+            md,
+            "**Today:** with the precursors the health engine achieves (the measured model) \
+             and its measured detection latency ({} s), agent + drain reaches {} at the \
+             false-alarm bound of {:.2e} per GPU-day, and {} if it raised no false alarm.\n",
+            num(s.inputs.settings.detection_s),
+            pct(e),
+            s.inputs.settings.false_alarms_per_gpu_day,
+            pct(quiet)
+        );
+    } else {
+        md.push_str("The measured precursor model was not run (`--no-measured`).\n\n");
+    }
+}
+
+fn settings_answer(md: &mut String, m: &super::study::Moonshot) {
+    let reach: Vec<_> = m
+        .settings_tried
+        .iter()
+        .filter(|t| t.ett >= TARGET)
+        .collect();
+    md.push_str(
+        "With every visible failure flagged a day ahead, the settings tried \
+         (checkpoint interval and write, restart, collective timeout), best first:\n\n\
+         | C (min) | W (s) | R (min) | collective timeout (min) | ETT |\n\
+         |---:|---:|---:|---:|---:|\n",
+    );
+    for t in m.settings_tried.iter().take(8) {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} |",
+            num(t.checkpoint_min),
+            num(t.write_s),
+            num(t.restart_min),
+            num(t.hang_min),
+            pct(t.ett)
+        );
+    }
+    let relaxed = reach.iter().max_by(|a, b| {
+        let slack = |t: &&&super::study::Tried| t.checkpoint_min + t.restart_min + t.hang_min;
+        slack(a).total_cmp(&slack(b))
+    });
+    let _ = writeln!(
+        md,
+        "\n{} of {} settings tried reach {}{}. If every failure, seen by a host or not, were \
+         flagged a day ahead (a network and software watch as good as the perfect host \
+         agent), the job would reach {} with the run's settings and {} with the best above.\n",
+        reach.len(),
+        m.settings_tried.len(),
+        pct(TARGET),
+        match relaxed {
+            Some(t) => format!(
+                "; the most relaxed of them: checkpoints every {} min written in {} s, a \
+                 {}-minute restart, a {}-minute collective timeout",
+                num(t.checkpoint_min),
+                num(t.write_s),
+                num(t.restart_min),
+                num(t.hang_min)
+            ),
+            None => String::new(),
+        },
+        pct(m.all_flagged.0),
+        pct(m.all_flagged.1),
+    );
+}
+
+fn false_alarms(md: &mut String, s: &Study) {
+    let own = s
+        .inputs
+        .mix
+        .classes
+        .iter()
+        .any(|c| c.precursor.coverage > 0.0);
+    let which = match (s.inputs.measured, own) {
+        (true, _) => "the measured precursors",
+        (false, true) => "the mix's precursors",
+        (false, false) => "50 % of visible failures flagged an hour ahead",
+    };
+    let agent = s.headline.policies[1].ett;
+    let _ = writeln!(
+        md,
+        "## Drains against false alarms\n\n\
+         Each false alarm costs a planned restart and a spare host, like a true drain. \
+         ETT with drains ({which}) against the false-alarm rate; the agent without drains \
+         has {}.\n\n| false alarms per GPU-day | per day for the job | ETT with drains |\n\
+         |---:|---:|---:|",
+        pct(agent)
+    );
+    let g = f64::from(s.inputs.job.gpus);
+    for &(r, e) in &s.false_alarms {
+        let own = if r == s.inputs.settings.false_alarms_per_gpu_day {
+            " (as run)"
+        } else {
+            ""
+        };
+        let _ = writeln!(md, "| {r:.1e}{own} | {:.2} | {} |", r * g, pct(e));
+    }
+    let pays = s
+        .false_alarms
+        .iter()
+        .filter(|(_, e)| *e > agent)
+        .map(|p| p.0);
+    match pays.fold(None, |m: Option<f64>, r| Some(m.map_or(r, |m| m.max(r)))) {
+        Some(r) => {
+            let _ = writeln!(
+                md,
+                "\nDrains pay (beat the agent alone) up to {r:.1e} false alarms per GPU-day \
+                 among the rates swept. Showing a rate that low with no false alarm seen takes \
+                 3.0 / {r:.1e} = {:.0} clean GPU-days of replay (the 95 % one-sided Poisson \
+                 bound).\n",
+                3.0 / r.max(f64::MIN_POSITIVE)
+            );
+        }
+        None => md.push_str("\nDrains do not pay at any rate swept.\n\n"),
+    }
+}

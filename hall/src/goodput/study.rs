@@ -1,0 +1,424 @@
+//! Every figure of the goodput report, computed: the headline run, the
+//! sensitivities, the precursor sweep and the moonshot's answer.
+//!
+//! Nothing here reads or writes a file: [`Study::compute`] takes the
+//! inputs and returns numbers; `report.rs` and `charts.rs` lay them out.
+//!
+//! Glossary:
+//! - *headline*: the three policies on the inputs as given.
+//! - *sweep*: the same run with one input changed, every other as given.
+//! - *moonshot*: a 16,384-GPU job at Llama 3's rate reaching ETT ≥ 99 %.
+//! - *ceiling*: the drain policy's best in the precursor sweep: nearly
+//!   every failure a host sees is drained before it strikes.
+
+use loopwarden_twin::goodput::mix::LLAMA3_RATE_PER_GPU_DAY;
+use loopwarden_twin::goodput::trials::run_policies;
+use loopwarden_twin::goodput::{
+    run, Job, LeadTime, Mix, Policy, PolicySummary, Precursor, Settings, Summary,
+};
+
+/// Checkpoint intervals swept, minutes.
+pub const CHECKPOINT_MIN: [f64; 8] = [2.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 240.0];
+/// Restart times swept, minutes.
+pub const RESTART_MIN: [f64; 6] = [1.0, 2.0, 5.0, 10.0, 20.0, 30.0];
+/// Checkpoint writes swept, seconds.
+pub const WRITE_S: [f64; 6] = [0.0, 5.0, 10.0, 30.0, 60.0, 120.0];
+/// Spare pools swept, hosts.
+pub const SPARES: [u32; 8] = [0, 8, 16, 24, 32, 48, 64, 128];
+/// False-alarm rates swept, per GPU-day.
+pub const FALSE_ALARMS: [f64; 7] = [0.0, 1e-6, 1e-5, 3e-5, 1e-4, 3e-4, 1e-3];
+/// Collective timeouts swept, minutes.
+pub const HANG_MIN: [f64; 4] = [1.0, 5.0, 10.0, 30.0];
+/// Precursor coverages swept.
+pub const COVERAGE: [f64; 5] = [0.25, 0.5, 0.75, 0.9, 1.0];
+/// Precursor lead times swept, hours (every flag this long before).
+pub const LEAD_H: [f64; 7] = [0.1, 0.25, 0.5, 1.0, 2.0, 6.0, 24.0];
+/// The moonshot's target.
+pub const TARGET: f64 = 0.99;
+/// The moonshot's job size.
+pub const MOONSHOT_GPUS: u32 = 16_384;
+
+/// What the study is run on.
+#[derive(Debug, Clone)]
+pub struct Inputs {
+    /// The job.
+    pub job: Job,
+    /// The policies' settings.
+    pub settings: Settings,
+    /// The failure mix (its own precursors for the headline).
+    pub mix: Mix,
+    /// Whether the mix's visible classes carry the measured precursors
+    /// (the real health engine's), rather than their own.
+    pub measured: bool,
+    /// Trials of the headline run.
+    pub trials: u32,
+    /// Trials of every other run (the sweeps, the moonshot), at most
+    /// `trials`.
+    pub sweep_trials: u32,
+    /// The seed of every run.
+    pub seed: u64,
+}
+
+/// One swept value and the ETT of each policy there.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Point {
+    /// The input's value.
+    pub x: f64,
+    /// ETT of reactive, agent, agent + drain.
+    pub ett: [f64; 3],
+}
+
+/// A precursor's ETT under the drain policy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cell {
+    /// Share of visible failures flagged.
+    pub coverage: f64,
+    /// Hours before.
+    pub lead_h: f64,
+    /// ETT.
+    pub ett: f64,
+}
+
+/// The moonshot's answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Moonshot {
+    /// The job it is asked of (16,384 GPUs, the run's other settings).
+    pub job: Job,
+    /// The three policies with no precursor.
+    pub baseline: [f64; 3],
+    /// The drain policy over the precursor grid.
+    pub grid: Vec<Cell>,
+    /// The drain policy with the measured precursors, if any: at the
+    /// run's false-alarm rate, and with none.
+    pub measured: Option<(f64, f64)>,
+    /// Where a perfect precursor (every visible failure, a day ahead)
+    /// takes the job, best first, among the settings tried.
+    pub settings_tried: Vec<Tried>,
+    /// If every failure, seen by a host or not, were flagged a day ahead:
+    /// at the run's settings, and at the best settings tried.
+    pub all_flagged: (f64, f64),
+    /// What the failures no host sees cost at best: 1 − the ceiling.
+    pub ceiling: f64,
+}
+
+/// Settings tried for the moonshot, and the ETT there.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Tried {
+    /// Checkpoint interval, minutes.
+    pub checkpoint_min: f64,
+    /// Checkpoint write, seconds.
+    pub write_s: f64,
+    /// Restart, minutes.
+    pub restart_min: f64,
+    /// Collective timeout, minutes.
+    pub hang_min: f64,
+    /// ETT with drains.
+    pub ett: f64,
+}
+
+/// Every figure of the report.
+#[derive(Debug, Clone)]
+pub struct Study {
+    /// The inputs.
+    pub inputs: Inputs,
+    /// The three policies on the inputs as given.
+    pub headline: Summary,
+    /// The drain policy as in the headline, with no false alarm.
+    pub no_false_alarms: PolicySummary,
+    /// ETT with drains against the false-alarm rate (per GPU-day), with
+    /// the mix's precursors (else 50 % flagged an hour ahead).
+    pub false_alarms: Vec<(f64, f64)>,
+    /// ETT against the checkpoint interval (the drain policy's without
+    /// false alarms, as in every sweep).
+    pub checkpoint: Vec<Point>,
+    /// ETT against the restart time.
+    pub restart: Vec<Point>,
+    /// ETT against the checkpoint write.
+    pub write: Vec<Point>,
+    /// ETT against the spare pool.
+    pub spares: Vec<Point>,
+    /// ETT against the collective timeout.
+    pub hang: Vec<Point>,
+    /// The drain policy over the precursor grid, on the run's job, with no
+    /// false alarm (they are priced on their own).
+    pub precursors: Vec<Cell>,
+    /// The moonshot.
+    pub moonshot: Moonshot,
+}
+
+/// The same inputs with no false alarm.
+fn quiet(i: &Inputs) -> Inputs {
+    let mut q = i.clone();
+    q.settings.false_alarms_per_gpu_day = 0.0;
+    q
+}
+
+/// A precursor flagged `lead_h` ahead for `coverage` of the failures.
+pub fn fixed(coverage: f64, lead_h: f64) -> Precursor {
+    Precursor {
+        coverage,
+        lead: LeadTime::Fixed { hours: lead_h },
+    }
+}
+
+impl Study {
+    /// Runs everything.
+    pub fn compute(inputs: Inputs) -> Result<Study, String> {
+        let headline = run(
+            &inputs.job,
+            &inputs.settings,
+            &inputs.mix,
+            inputs.trials,
+            inputs.seed,
+        )?;
+        let swept = Inputs {
+            trials: inputs.sweep_trials.min(inputs.trials),
+            ..inputs.clone()
+        };
+        let i = &swept;
+        let no_false_alarms = drain_only(&quiet(&inputs), &inputs.job, &inputs.mix)?;
+        let flagged = if i.mix.classes.iter().any(|c| c.precursor.coverage > 0.0) {
+            i.mix.clone()
+        } else {
+            i.mix.with_precursor(&fixed(0.5, 1.0))
+        };
+        let false_alarms = false_alarm_sweep(i, &flagged)?;
+        let q = &quiet(i);
+        let [checkpoint, restart, write, spares, hang] = sensitivities(q)?;
+        let precursors = grid(q, &i.job, &i.mix)?;
+        let moonshot = moonshot(i)?;
+        Ok(Study {
+            headline,
+            no_false_alarms,
+            false_alarms,
+            checkpoint,
+            restart,
+            write,
+            spares,
+            hang,
+            precursors,
+            moonshot,
+            inputs,
+        })
+    }
+}
+
+/// ETT against C, R, W, the spare pool and the collective timeout.
+fn sensitivities(i: &Inputs) -> Result<[Vec<Point>; 5], String> {
+    let job = |f: &dyn Fn(&mut Job)| {
+        let mut j = i.job.clone();
+        f(&mut j);
+        (j, i.settings.clone())
+    };
+    let mut cs: Vec<f64> = CHECKPOINT_MIN.to_vec();
+    if !cs.contains(&i.job.checkpoint_min) {
+        cs.push(i.job.checkpoint_min);
+        cs.sort_by(f64::total_cmp);
+    }
+    let min_c = i.job.checkpoint_write_s / 60.0;
+    let cs = cs.into_iter().filter(|&c| c > min_c);
+    let max_w = i.job.checkpoint_min * 60.0;
+    let ws = WRITE_S.into_iter().filter(|&w| w < max_w);
+    Ok([
+        sweep(i, cs, |c| job(&|j| j.checkpoint_min = c))?,
+        sweep(i, RESTART_MIN, |r| job(&|j| j.restart_min = r))?,
+        sweep(i, ws, |w| job(&|j| j.checkpoint_write_s = w))?,
+        sweep(i, SPARES.map(f64::from), |s| {
+            job(&|j| j.spare_hosts = s as u32)
+        })?,
+        sweep(i, HANG_MIN, |h| {
+            let mut s = i.settings.clone();
+            s.hang_timeout_min = h;
+            (i.job.clone(), s)
+        })?,
+    ])
+}
+
+fn ett3(s: &Summary) -> [f64; 3] {
+    [0, 1, 2].map(|k| s.policies[k].ett)
+}
+
+fn sweep(
+    i: &Inputs,
+    xs: impl IntoIterator<Item = f64>,
+    at: impl Fn(f64) -> (Job, Settings),
+) -> Result<Vec<Point>, String> {
+    xs.into_iter()
+        .map(|x| {
+            let (job, settings) = at(x);
+            let s = run(&job, &settings, &i.mix, i.trials, i.seed)?;
+            Ok(Point { x, ett: ett3(&s) })
+        })
+        .collect()
+}
+
+fn drain_only(i: &Inputs, job: &Job, mix: &Mix) -> Result<PolicySummary, String> {
+    let s = run_policies(
+        job,
+        &i.settings,
+        mix,
+        i.trials,
+        i.seed,
+        &[Policy::AgentDrain],
+    )?;
+    Ok(s.policies.into_iter().next().expect("one policy"))
+}
+
+fn grid(i: &Inputs, job: &Job, mix: &Mix) -> Result<Vec<Cell>, String> {
+    let mut out = Vec::new();
+    for coverage in COVERAGE {
+        for lead_h in LEAD_H {
+            let m = mix.with_precursor(&fixed(coverage, lead_h));
+            let ett = drain_only(i, job, &m)?.ett;
+            out.push(Cell {
+                coverage,
+                lead_h,
+                ett,
+            });
+        }
+    }
+    Ok(out)
+}
+
+fn false_alarm_sweep(i: &Inputs, mix: &Mix) -> Result<Vec<(f64, f64)>, String> {
+    let mut rates = FALSE_ALARMS.to_vec();
+    let own = i.settings.false_alarms_per_gpu_day;
+    if !rates.contains(&own) {
+        rates.push(own);
+        rates.sort_by(f64::total_cmp);
+    }
+    rates
+        .into_iter()
+        .map(|r| {
+            let i2 = Inputs {
+                settings: Settings {
+                    false_alarms_per_gpu_day: r,
+                    ..i.settings.clone()
+                },
+                ..i.clone()
+            };
+            Ok((r, drain_only(&i2, &i.job, mix)?.ett))
+        })
+        .collect()
+}
+
+/// The moonshot's job: 16,384 GPUs at Llama 3's rate, the run's mix and
+/// settings otherwise.
+fn moonshot_job(i: &Inputs) -> (Job, Mix) {
+    let job = Job {
+        gpus: MOONSHOT_GPUS,
+        ..i.job.clone()
+    };
+    let mix = Mix {
+        rate_per_gpu_day: LLAMA3_RATE_PER_GPU_DAY,
+        ..i.mix.clone()
+    };
+    (job, mix)
+}
+
+/// Precursors are priced without false alarms here; the run's own
+/// precursors (the measured ones) with and without.
+fn moonshot(with_false_alarms: &Inputs) -> Result<Moonshot, String> {
+    let i = &quiet(with_false_alarms);
+    let (job, mix) = moonshot_job(i);
+    let plain = mix.with_precursor(&Precursor::none());
+    let baseline = ett3(&run(&job, &i.settings, &plain, i.trials, i.seed)?);
+    let grid = grid(i, &job, &mix)?;
+    let measured = if i.measured {
+        let bound = drain_only(with_false_alarms, &job, &mix)?.ett;
+        Some((bound, drain_only(i, &job, &mix)?.ett))
+    } else {
+        None
+    };
+    let best = grid.iter().map(|c| c.ett).fold(0.0, f64::max);
+    let perfect = mix.with_precursor(&fixed(1.0, 24.0));
+    let settings_tried = settings_tried(i, &job, &perfect)?;
+    let all = every_class_flagged(&mix);
+    let at_best = settings_tried.first().map_or(Ok(0.0), |t| {
+        let (j, i2) = tried(i, &job, t);
+        drain_only(&i2, &j, &all).map(|s| s.ett)
+    })?;
+    let all_flagged = (drain_only(i, &job, &all)?.ett, at_best);
+    Ok(Moonshot {
+        job,
+        baseline,
+        grid,
+        measured,
+        settings_tried,
+        all_flagged,
+        ceiling: 1.0 - best,
+    })
+}
+
+/// The mix as if a host saw every class and flagged each a day ahead.
+fn every_class_flagged(mix: &Mix) -> Mix {
+    let mut m = mix.clone();
+    for c in &mut m.classes {
+        c.host_visible = true;
+    }
+    m.with_precursor(&fixed(1.0, 24.0))
+}
+
+/// The job and inputs of a row of the settings tried.
+fn tried(i: &Inputs, job: &Job, t: &Tried) -> (Job, Inputs) {
+    let j = Job {
+        checkpoint_min: t.checkpoint_min,
+        checkpoint_write_s: t.write_s,
+        restart_min: t.restart_min,
+        ..job.clone()
+    };
+    let mut i2 = i.clone();
+    i2.settings.hang_timeout_min = t.hang_min;
+    (j, i2)
+}
+
+fn settings_tried(i: &Inputs, job: &Job, perfect: &Mix) -> Result<Vec<Tried>, String> {
+    let mut out = Vec::new();
+    let mut writes = vec![job.checkpoint_write_s, 1.0];
+    writes.dedup();
+    for checkpoint_min in [15.0, 10.0, 5.0, 3.0, 2.0, 1.0] {
+        for &write_s in &writes {
+            for restart_min in [5.0, 2.0, 1.0, 0.5] {
+                for hang_min in [10.0, 2.0, 0.5] {
+                    let mut t = Tried {
+                        checkpoint_min,
+                        write_s,
+                        restart_min,
+                        hang_min,
+                        ett: 0.0,
+                    };
+                    let (j, i2) = tried(i, job, &t);
+                    if j.validate().is_err() {
+                        continue;
+                    }
+                    t.ett = drain_only(&i2, &j, perfect)?.ett;
+                    out.push(t);
+                }
+            }
+        }
+    }
+    out.sort_by(|a, b| b.ett.total_cmp(&a.ett));
+    Ok(out)
+}
+
+impl Moonshot {
+    /// The cells of the grid at or above the target, the fewest flagged
+    /// and the shortest lead first.
+    pub fn reaching(&self) -> Vec<&Cell> {
+        let mut c: Vec<&Cell> = self.grid.iter().filter(|c| c.ett >= TARGET).collect();
+        c.sort_by(|a, b| {
+            a.coverage
+                .total_cmp(&b.coverage)
+                .then(a.lead_h.total_cmp(&b.lead_h))
+        });
+        c
+    }
+
+    /// The drain policy's best in the grid.
+    pub fn best(&self) -> &Cell {
+        self.grid
+            .iter()
+            .max_by(|a, b| a.ett.total_cmp(&b.ett))
+            .expect("a grid")
+    }
+}

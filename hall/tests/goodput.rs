@@ -1,0 +1,136 @@
+//! `loopwarden-hall goodput` as a user runs it: the JSON summary's fields,
+//! report.md and its three charts (SVG that parses), a mix from a file,
+//! and a bad mix refused with the file's name and the reason.
+
+use std::path::Path;
+use std::process::Command;
+
+fn goodput(out: &Path, extra: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_loopwarden-hall"))
+        .arg("goodput")
+        .args(["--trials", "4", "--sweep-trials", "2", "--days", "3"])
+        .args(["--no-measured", "--json", "--out"])
+        .arg(out)
+        .args(extra)
+        .output()
+        .expect("the binary runs")
+}
+
+fn svg_texts(path: &Path) -> Vec<String> {
+    let svg = std::fs::read_to_string(path).unwrap();
+    let doc = roxmltree::Document::parse(&svg)
+        .unwrap_or_else(|e| panic!("{} is not XML: {e}", path.display()));
+    assert_eq!(doc.root_element().tag_name().name(), "svg");
+    doc.descendants()
+        .filter(|n| n.has_tag_name("text"))
+        .filter_map(|n| n.text())
+        .map(|t| t.trim().to_string())
+        .collect()
+}
+
+#[test]
+fn goodput_prints_its_summary_and_writes_the_report_and_charts() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let o = goodput(&out, &["--seed", "9", "--false-alarms-per-gpu-day", "1e-4"]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    let stdout = String::from_utf8(o.stdout).unwrap();
+    let last = stdout.lines().last().unwrap();
+    let v: serde_json::Value = serde_json::from_str(last).unwrap();
+    assert_eq!(v["trials"], 4);
+    assert_eq!(v["seed"], 9);
+    for p in ["reactive", "agent", "agent_drain"] {
+        let ett = v["ett"][p].as_f64().unwrap();
+        assert!(ett > 0.5 && ett < 1.0, "{p}: {ett}");
+        assert!(v["interruptions"][p].as_f64().unwrap() > 0.0);
+        let lost = v["lost_gpu_h_by_cause"][p].as_object().unwrap();
+        assert!(lost["faulty_gpu"].as_f64().unwrap() > 0.0);
+        assert!(lost["checkpoints"].as_f64().unwrap() > 0.0);
+        assert!(lost.contains_key("false_alarm"));
+    }
+    assert!(
+        v["lost_gpu_h_by_cause"]["agent_drain"]["false_alarm"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    for heading in [
+        "## ETT per policy",
+        "## Where the time goes",
+        "### By cause",
+        "## Sensitivity",
+        "### Checkpoint interval",
+        "### Restart",
+        "## Precursors",
+        "## Drains against false alarms",
+        "## The moonshot",
+        "**Answer:**",
+    ] {
+        assert!(md.contains(heading), "report.md lacks {heading}");
+    }
+    for (chart, axis) in [
+        ("ett_vs_checkpoint.svg", "checkpoint interval (min, log)"),
+        (
+            "ett_vs_precursor.svg",
+            "lead time (hours before the failure, log)",
+        ),
+        ("lost_by_cause.svg", "GPU-hours"),
+    ] {
+        assert!(
+            md.contains(&format!("]({chart})")),
+            "report.md links {chart}"
+        );
+        let texts = svg_texts(&out.join(chart));
+        assert!(texts.iter().any(|t| t == axis), "{chart}: {texts:?}");
+        assert!(stdout.contains(chart));
+    }
+    assert!(svg_texts(&out.join("lost_by_cause.svg"))
+        .iter()
+        .any(|t| t == "faulty_gpu"));
+}
+
+#[test]
+fn goodput_reads_a_mix_file_and_refuses_a_bad_one_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let mix = dir.path().join("two.toml");
+    let text = r#"format = "goodput-mix/1"
+source = "two classes"
+rate_per_gpu_day = 0.002
+[[class]]
+name = "gpu"
+share = 0.7
+host_visible = true
+onset = "crash"
+precursor = { coverage = 0.8, lead = { kind = "fixed", hours = 2.0 } }
+[[class]]
+name = "switch"
+share = 0.3
+host_visible = false
+onset = "hang"
+excludes_host = false
+"#;
+    std::fs::write(&mix, text).unwrap();
+    let out = dir.path().join("run");
+    let o = goodput(&out, &["--mix", mix.to_str().unwrap(), "--gpus", "1024"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let stdout = String::from_utf8(o.stdout).unwrap();
+    let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let lost = v["lost_gpu_h_by_cause"]["reactive"].as_object().unwrap();
+    let mut names: Vec<&str> = lost.keys().map(String::as_str).collect();
+    names.sort();
+    assert_eq!(names, ["checkpoints", "false_alarm", "gpu", "switch"]);
+    // 80 % of the GPU failures drained two hours ahead: fewer interruptions.
+    let i = &v["interruptions"];
+    assert!(i["agent_drain"].as_f64().unwrap() < i["agent"].as_f64().unwrap());
+
+    std::fs::write(&mix, text.replace("share = 0.3", "share = 0.2")).unwrap();
+    let o = goodput(&out, &["--mix", mix.to_str().unwrap()]);
+    assert!(!o.status.success());
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        e.contains("two.toml: the shares sum to 0.900000000, not 1 (within 1e-6)"),
+        "{e}"
+    );
+}
