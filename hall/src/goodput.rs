@@ -260,3 +260,76 @@ pub fn summary_json(s: &Study) -> Value {
         "seed": s.inputs.seed,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+    use loopwarden_twin::goodput::{LeadTime, Precursor};
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: GoodputArgs,
+    }
+
+    fn args(flags: &[&str]) -> GoodputArgs {
+        let argv = std::iter::once("goodput").chain(flags.iter().copied());
+        Cli::try_parse_from(argv).unwrap().args
+    }
+
+    fn model() -> Measured {
+        let p = Precursor {
+            coverage: 0.4,
+            lead: LeadTime::Empirical {
+                hours: vec![0.5, 1.5],
+            },
+        };
+        Measured {
+            classes: vec![
+                ("hbm3".into(), p),
+                ("no_such_class".into(), Precursor::none()),
+            ],
+            detection_s: 0.25,
+            false_alarms_per_gpu_day: 1e-3,
+            notes: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_measured_model_gives_the_visible_classes_their_precursors_and_the_agent_its_figures() {
+        let i = inputs(&args(&[]), Some(&model())).unwrap();
+        let hbm = i.mix.classes.iter().find(|c| c.name == "hbm3").unwrap();
+        assert_eq!(hbm.precursor.coverage, 0.4);
+        let gpu = i
+            .mix
+            .classes
+            .iter()
+            .find(|c| c.name == "faulty_gpu")
+            .unwrap();
+        assert_eq!(gpu.precursor, Precursor::none());
+        assert_eq!(i.settings.detection_s, 0.25);
+        assert_eq!(i.settings.false_alarms_per_gpu_day, 1e-3);
+        assert!(i.measured);
+        // Flags given win over the model.
+        let flags = ["--detection-s", "2", "--false-alarms-per-gpu-day", "0"];
+        let i = inputs(&args(&flags), Some(&model())).unwrap();
+        assert_eq!(i.settings.detection_s, 2.0);
+        assert_eq!(i.settings.false_alarms_per_gpu_day, 0.0);
+        // Without it: the flags' defaults and the mix's own precursors.
+        let i = inputs(&args(&[]), None).unwrap();
+        assert_eq!(i.settings.detection_s, Settings::default().detection_s);
+        assert!(!i.measured && i.mix.classes.iter().all(|c| c.precursor.coverage == 0.0));
+    }
+
+    #[test]
+    fn an_input_out_of_range_is_refused_by_its_flag() {
+        let e = inputs(&args(&["--gpus", "100"]), None).unwrap_err();
+        assert_eq!(e, "gpus = 100: a whole number of hosts");
+        let e = inputs(&args(&["--trials", "0"]), None).unwrap_err();
+        assert_eq!(e, "trials = 0: at least 1");
+        let e = inputs(&args(&["--rate-per-gpu-day", "2"]), None).unwrap_err();
+        assert!(e.contains("rate_per_gpu_day = 2"), "{e}");
+    }
+}
