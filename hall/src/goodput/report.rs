@@ -24,6 +24,19 @@ fn pct(x: f64) -> String {
     format!("{:.2} %", x * 100.0)
 }
 
+/// 16384 as 16,384.
+fn thousands(n: u32) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (k, ch) in digits.chars().enumerate() {
+        if k > 0 && (digits.len() - k) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(ch);
+    }
+    out
+}
+
 fn num(x: f64) -> String {
     let s = format!("{x:.3}");
     s.trim_end_matches('0').trim_end_matches('.').to_string()
@@ -40,7 +53,7 @@ pub fn markdown(s: &Study, measured_notes: &[String]) -> String {
          policy on the same failures. Mix: {}; \
          {:.4e} interruptions per GPU-day ({} a day for the job). \
          How the model works and where each input comes from: `docs/goodput.md`.\n",
-        i.job.gpus,
+        thousands(i.job.gpus),
         num(i.job.days),
         i.trials,
         i.seed,
@@ -121,7 +134,7 @@ fn result(md: &mut String, s: &Study) {
 fn inputs(md: &mut String, s: &Study) {
     let (j, t) = (&s.inputs.job, &s.inputs.settings);
     let rows: [(&str, String, &str); 13] = [
-        ("GPUs (G)", j.gpus.to_string(), "--gpus"),
+        ("GPUs (G)", thousands(j.gpus), "--gpus"),
         (
             "GPUs per host",
             j.gpus_per_host.to_string(),
@@ -292,18 +305,63 @@ fn sensitivity(md: &mut String, s: &Study) {
         &s.hang,
         t.hang_timeout_min,
     );
-    if let Some(best) = s
+    choosing(md, s);
+}
+
+/// The smallest n with P(Poisson(mean) ≤ n) ≥ q.
+fn poisson_quantile(mean: f64, q: f64) -> u32 {
+    let (mut n, mut p) = (0u32, (-mean).exp());
+    let mut cdf = p;
+    while cdf < q && n < 100_000 {
+        n += 1;
+        p *= mean / f64::from(n);
+        cdf += p;
+    }
+    n
+}
+
+/// What the sweeps say about the checkpoint interval and the spare pool.
+fn choosing(md: &mut String, s: &Study) {
+    let (j, mix) = (&s.inputs.job, &s.inputs.mix);
+    let per_day = mix.rate_per_gpu_day * f64::from(j.gpus);
+    let mtbf_s = 86_400.0 / per_day.max(f64::MIN_POSITIVE);
+    let young_min = (2.0 * j.checkpoint_write_s * mtbf_s).sqrt() / 60.0;
+    let best = s
         .checkpoint
         .iter()
-        .max_by(|a, b| a.ett[0].total_cmp(&b.ett[0]))
-    {
+        .max_by(|a, b| a.ett[0].total_cmp(&b.ett[0]));
+    if let Some(best) = best {
         let _ = writeln!(
             md,
-            "The best checkpoint interval swept for reactive handling is {} min ({}).\n",
+            "**Choosing the checkpoint interval.** The best swept for reactive handling is {} min \
+             ({}); Young's √(2 W M), with M = {:.2} h between interruptions, gives {:.1} min.\n",
             num(best.x),
-            pct(best.ett[0])
+            pct(best.ett[0]),
+            mtbf_s / 3600.0,
+            young_min
         );
     }
+    let out_share: f64 = mix
+        .classes
+        .iter()
+        .filter(|c| c.excludes_host)
+        .map(|c| c.share)
+        .sum();
+    let hosts_per_day = per_day * out_share;
+    let away = hosts_per_day * j.repair_hours / 24.0;
+    let _ = writeln!(
+        md,
+        "**Choosing the spare pool.** {:.1} hosts a day leave for repair ({} of interruptions take \
+         a host out) and stay away {} h, so {:.1} are away on average; the 99th and 99.9th \
+         percentiles of that Poisson count are {} and {} hosts. A pool below them makes the whole \
+         job wait for repairs (the spare pool table); drains and false alarms take spares too.\n",
+        hosts_per_day,
+        pct(out_share),
+        num(j.repair_hours),
+        away,
+        poisson_quantile(away, 0.99),
+        poisson_quantile(away, 0.999)
+    );
 }
 
 fn grid_table(md: &mut String, cells: &[super::study::Cell]) {
@@ -341,9 +399,9 @@ fn moonshot(md: &mut String, s: &Study) {
         "## The moonshot: {} GPUs at Llama 3's rate, ETT ≥ {}\n\n\
          The run's settings with {} GPUs and Llama 3's rate (one interruption every {:.1} h). \
          With no precursor: reactive {}, agent {}, agent + drain {}.\n",
-        m.job.gpus,
+        thousands(m.job.gpus),
         pct(TARGET),
-        m.job.gpus,
+        thousands(m.job.gpus),
         24.0 / (LLAMA3_RATE_PER_GPU_DAY * f64::from(m.job.gpus)),
         pct(m.baseline[0]),
         pct(m.baseline[1]),
@@ -492,5 +550,21 @@ fn false_alarms(md: &mut String, s: &Study) {
             );
         }
         None => md.push_str("\nDrains do not pay at any rate swept.\n\n"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thousands_and_poisson_quantiles() {
+        assert_eq!(thousands(16_384), "16,384");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1_000_000), "1,000,000");
+        // Poisson(1): P(X ≤ 2) = 0.920, P(X ≤ 3) = 0.981, P(X ≤ 4) = 0.996.
+        assert_eq!(poisson_quantile(1.0, 0.95), 3);
+        assert_eq!(poisson_quantile(1.0, 0.99), 4);
+        assert_eq!(poisson_quantile(0.0, 0.999), 0);
     }
 }
