@@ -415,23 +415,29 @@ fn draw_on(
             }
         }
     }
-    draw_legend(&legend, &chart.series)?;
+    let entries = chart
+        .series
+        .iter()
+        .map(|s| (s.label.as_str(), s.color, s.dashed));
+    draw_legend(&legend, entries)?;
     Ok(())
 }
 
-/// The legend, beside the plot so it never hides a line.
-fn draw_legend(
+/// A legend beside a plot, so it never hides a line: one row per
+/// `(label, colour, dashed)`, in order (the hall's and the goodput
+/// report's charts).
+pub fn draw_legend<'a>(
     area: &DrawingArea<SVGBackend<'_>, Shift>,
-    series: &[Series],
+    entries: impl Iterator<Item = (&'a str, RGBColor, bool)>,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let x = 8;
     let style = TextStyle::from((FONT, 15).into_font())
         .color(&BLACK)
         .pos(Pos::new(HPos::Left, VPos::Center));
-    for (i, s) in series.iter().enumerate() {
+    for (i, (label, color, dashed)) in entries.enumerate() {
         let y = 30 + 26 * i as i32;
-        let line = s.color.stroke_width(3);
-        if s.dashed {
+        let line = color.stroke_width(3);
+        if dashed {
             for k in 0..3 {
                 area.draw(&PathElement::new(
                     vec![(x + 11 * k, y), (x + 11 * k + 7, y)],
@@ -441,7 +447,7 @@ fn draw_legend(
         } else {
             area.draw(&PathElement::new(vec![(x, y), (x + 29, y)], line))?;
         }
-        area.draw(&Text::new(s.label.clone(), (x + 38, y), style.clone()))?;
+        area.draw(&Text::new(label.to_string(), (x + 38, y), style.clone()))?;
     }
     Ok(())
 }

@@ -132,25 +132,8 @@ fn log_chart(root: &Area<'_>, caption: &str, x_desc: &str, lines: &[Line]) -> Re
 }
 
 fn draw_legend(area: &Area<'_>, lines: &[Line]) -> Res {
-    let style = TextStyle::from((FONT, 15).into_font())
-        .color(&BLACK)
-        .pos(Pos::new(HPos::Left, VPos::Center));
-    for (i, l) in lines.iter().enumerate() {
-        let (x, y) = (8, 30 + 26 * i as i32);
-        let stroke = l.color.stroke_width(3);
-        if l.dashed {
-            for k in 0..3 {
-                area.draw(&PathElement::new(
-                    vec![(x + 11 * k, y), (x + 11 * k + 7, y)],
-                    stroke,
-                ))?;
-            }
-        } else {
-            area.draw(&PathElement::new(vec![(x, y), (x + 29, y)], stroke))?;
-        }
-        area.draw(&Text::new(l.label.clone(), (x + 38, y), style.clone()))?;
-    }
-    Ok(())
+    let entries = lines.iter().map(|l| (l.label.as_str(), l.color, l.dashed));
+    loopwarden_hall::report::draw_legend(area, entries)
 }
 
 fn policy_lines(points: &[Point]) -> Vec<Line> {
