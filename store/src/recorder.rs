@@ -213,7 +213,11 @@ impl Worker {
 
     /// Publishes what waits, in order, until one is held again.
     fn retry_unsent(&mut self) {
-        while let (Some(bus), Some(held)) = (&self.bus, self.unsent.pop_front()) {
+        loop {
+            let Some(bus) = &self.bus else { break };
+            let Some(held) = self.unsent.pop_front() else {
+                break;
+            };
             let logged = held.logged;
             match try_publish(bus.as_ref(), held) {
                 Published::As(seq) => self.mark_published(logged, seq),

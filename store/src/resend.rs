@@ -221,6 +221,24 @@ mod tests {
     }
 
     #[test]
+    fn events_emitted_before_the_bus_is_attached_go_out_once_it_is() {
+        let bus = Numbering::default();
+        let stores = crate::agent_flash::open(None).unwrap();
+        let r = Recorder::start(stores.log, stores.store, None).unwrap();
+        for n in 1..=3 {
+            r.emit(xid(n), TimestampMs(u64::from(n)));
+        }
+        r.append(TimestampMs(4), 1, vec![1]);
+        wait(r.flush());
+        r.attach(bus.clone());
+        wait(r.flush());
+        let got = wait(r.resendable(0, u32::MAX, 10)).unwrap();
+        let seqs: Vec<u32> = got.frames.iter().map(|l| l.seq).collect();
+        assert_eq!(seqs, [1000, 1001, 1002], "none lost while waiting");
+        assert_eq!(got.frames[2].message, Message::Event(xid(3)));
+    }
+
+    #[test]
     fn an_event_held_for_a_full_outbox_is_numbered_when_it_goes() {
         let bus = Numbering::default();
         let r = recorder(&bus);
