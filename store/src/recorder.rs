@@ -213,8 +213,7 @@ impl Worker {
 
     /// Publishes what waits, in order, until one is held again.
     fn retry_unsent(&mut self) {
-        loop {
-            let Some(bus) = &self.bus else { break };
+        while let Some(bus) = &self.bus {
             let Some(held) = self.unsent.pop_front() else {
                 break;
             };
