@@ -217,9 +217,9 @@ impl Worker {
             let Some(held) = self.unsent.pop_front() else {
                 break;
             };
-            let logged = held.logged;
+            let (logged, time) = (held.logged, held.time);
             match try_publish(bus.as_ref(), held) {
-                Published::As(seq) => self.mark_published(logged, seq),
+                Published::As(seq) => self.mark_published(logged, seq, time),
                 Published::Never => {}
                 Published::Held(held) => {
                     self.unsent.push_front(*held);
@@ -233,10 +233,10 @@ impl Worker {
     }
 
     fn publish(&mut self, held: Held) {
-        let logged = held.logged;
+        let (logged, time) = (held.logged, held.time);
         let held = match &self.bus {
             Some(bus) if self.unsent.is_empty() => match try_publish(bus.as_ref(), held) {
-                Published::As(seq) => return self.mark_published(logged, seq),
+                Published::As(seq) => return self.mark_published(logged, seq, time),
                 Published::Never => return,
                 Published::Held(held) => *held,
             },
@@ -273,11 +273,12 @@ impl Worker {
         });
     }
 
-    /// Logs that the event of log record `logged` went out as frame `seq`.
-    fn mark_published(&mut self, logged: Option<u32>, seq: u32) {
+    /// Logs that the event of log record `logged`, of `time`, went out as
+    /// frame `seq`.
+    fn mark_published(&mut self, logged: Option<u32>, seq: u32, time: TimestampMs) {
         if let Some(record) = logged {
             let body = resend::Published { record, seq }.encode();
-            let _ = self.append(TimestampMs(0), resend::PUBLISHED, &body);
+            let _ = self.append(time, resend::PUBLISHED, &body);
         }
     }
 

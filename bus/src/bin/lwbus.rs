@@ -268,6 +268,11 @@ fn describe_record(kind: u8, body: &[u8], json: bool) -> String {
             ),
             None => "wrapped marker (unreadable)".to_string(),
         }
+    } else if kind == loopwarden_store::resend::PUBLISHED {
+        match loopwarden_store::resend::Published::decode(body) {
+            Some(p) => format!("{:<18} record {} as frame {}", "published", p.record, p.seq),
+            None => "published marker (unreadable)".to_string(),
+        }
     } else if kind == loopwarden_bus::console_record::CONSOLE_RECORD {
         let event = loopwarden_bus::console_record::to_event(body);
         if json {

@@ -59,6 +59,9 @@ pub async fn answer_as(ctx: &Context, req: Request, operator: &str) -> Value {
                     "events": entries
                         .iter()
                         .filter(|e| e.time.0 >= since)
+                        // An event's frame number is bookkeeping for
+                        // resends, not an event of its own.
+                        .filter(|e| e.kind != loopwarden_store::resend::PUBLISHED)
                         .map(|e| match e.kind {
                             CONSOLE_RECORD => loopwarden_field::serial::record::entry(e.seq, e.time.0, &e.body),
                             _ => journal::describe(e),

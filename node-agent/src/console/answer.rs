@@ -214,6 +214,9 @@ async fn events_view(ctx: &Context, since: u64) -> Value {
     };
     let mut events = Vec::new();
     for r in entries.iter().filter(|r| r.time.0 >= since) {
+        if r.kind == loopwarden_store::resend::PUBLISHED {
+            continue; // an event's frame number: bookkeeping for resends
+        }
         if r.kind == CONSOLE_RECORD {
             events.push(loopwarden_field::serial::record::entry(
                 r.seq, r.time.0, &r.body,
