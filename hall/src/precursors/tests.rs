@@ -321,3 +321,34 @@ fn print_the_measured_model() {
         println!("- {n}");
     }
 }
+
+/// False alarms over many healthy GPU-days, to tighten the bound the
+/// default model gives (382 GPU-days): `LOOPWARDEN_HEALTHY_HOSTS` hosts of
+/// 8 GPUs for 48 h each (6,250 hosts: 100,000 GPU-days). Run by hand in
+/// release: `cargo test --release -p loopwarden-hall --lib
+/// precursors::tests::false_alarms_at_scale -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn false_alarms_at_scale() {
+    let hosts =
+        std::env::var("LOOPWARDEN_HEALTHY_HOSTS").map_or(6_250, |s| s.parse().expect("a count"));
+    let size = Size {
+        per_class: 0,
+        healthy_hosts: hosts,
+        ..Size::DEFAULT
+    };
+    let t0 = std::time::Instant::now();
+    let m = measure(1, size).expect("replays");
+    println!(
+        "{} healthy GPU-days ({} clean GPU-days) in {:.0} s, {} records: {} false alarms, bound {:.2e} per GPU-day",
+        m.healthy_gpu_days,
+        m.clean_gpu_days,
+        t0.elapsed().as_secs_f64(),
+        m.records,
+        m.false_alarms.len(),
+        m.false_alarm_bound()
+    );
+    for f in m.false_alarms.iter().take(20) {
+        println!("{f:?}");
+    }
+}
