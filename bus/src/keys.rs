@@ -272,6 +272,20 @@ pub fn read_keyring(path: &Path) -> Result<Keyring, String> {
     parse_keyring(&read(path, "keyring")?).map_err(|e| format!("{}: {e}", path.display()))
 }
 
+/// Reads the keyring at `path` for a node of `site` (`who`: "host",
+/// "controller", as the refusal names it): its signers, or why not (the
+/// file's checks, or a keyring of another site).
+pub fn read_site_keyring(path: &Path, site: &Ident, who: &str) -> Result<Vec<Signer>, String> {
+    let ring = read_keyring(path)?;
+    match ring.site.as_ref().filter(|s| *s != site) {
+        Some(other) => Err(format!(
+            "{} is the keyring of site {other}, and this {who} is in site {site}",
+            path.display()
+        )),
+        None => Ok(ring.signers),
+    }
+}
+
 /// Parses a keyring's text. Each signer is checked: its node a signer's,
 /// its key a valid Ed25519 point, its rights known, no key twice.
 pub fn parse_keyring(text: &str) -> Result<Keyring, String> {

@@ -612,20 +612,11 @@ fn signers(
     site: &Ident,
 ) -> Result<(Vec<Signer>, bool), ConfigError> {
     Ok(match keyring {
-        (Some(p), flag) => {
-            let ring = read_keyring(&p).map_err(|m| src.error(flag, "keyring", m))?;
-            if let Some(other) = ring.site.as_ref().filter(|s| *s != site) {
-                return Err(src.error(
-                    flag,
-                    "keyring",
-                    format!(
-                        "{} is the keyring of site {other}, and this host is in site {site}",
-                        p.display()
-                    ),
-                ));
-            }
-            (ring.signers, false)
-        }
+        (Some(p), flag) => (
+            loopwarden_bus::keys::read_site_keyring(&p, site, "host")
+                .map_err(|m| src.error(flag, "keyring", m))?,
+            false,
+        ),
         (None, _) if matches!(gpus, GpuSourceKind::Twin(_)) => {
             (Authority::demo(None).signers, true)
         }

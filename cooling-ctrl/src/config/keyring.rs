@@ -12,7 +12,6 @@
 //! known and every request is refused as unauthenticated (the shell says
 //! so at start).
 
-use std::format;
 use std::vec;
 use std::vec::Vec;
 
@@ -34,21 +33,8 @@ pub(super) fn readers(
     demo: bool,
 ) -> Result<Vec<Signer>, ConfigError> {
     match pick!(flags.keyring, file.keyring, "keyring") {
-        (Some(path), flag) => {
-            let ring = loopwarden_bus::keys::read_keyring(&path)
-                .map_err(|m| src.error(flag, "keyring", m))?;
-            if let Some(other) = ring.site.as_ref().filter(|s| *s != site) {
-                return Err(src.error(
-                    flag,
-                    "keyring",
-                    format!(
-                        "{} is the keyring of site {other}, and this controller is in site {site}",
-                        path.display()
-                    ),
-                ));
-            }
-            Ok(ring.signers)
-        }
+        (Some(path), flag) => loopwarden_bus::keys::read_site_keyring(&path, site, "controller")
+            .map_err(|m| src.error(flag, "keyring", m)),
         (None, _) if demo => Ok(demo_readers()),
         (None, _) => Ok(Vec::new()),
     }
