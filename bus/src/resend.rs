@@ -193,7 +193,7 @@ async fn resend(bus: &Bus, recorder: &Recorder, from: u32, to: u32, budget: u32)
         }
     };
     report.held_from = found.held_from;
-    let topic = own(bus, Family::Resent);
+    let topic = bus.own_topic(Family::Resent).ok();
     for logged in found.frames {
         let frame = Frame {
             sender: bus.node().clone(),
@@ -220,12 +220,6 @@ async fn resend(bus: &Bus, recorder: &Recorder, from: u32, to: u32, budget: u32)
     report
 }
 
-fn own(bus: &Bus, family: Family) -> Option<Topic> {
-    let node = bus.node();
-    matches!(node.role, Role::Host | Role::Cdu)
-        .then(|| Topic::new(bus.site(), node.role, &node.id, family))
-}
-
 fn publish(bus: &Bus, report: ResendReport) {
     if let Err(e) = bus.publish(Message::ResendReport(report), now_ms()) {
         tracing::warn!("resend report not published: {e}");
@@ -244,15 +238,19 @@ pub fn request(
     to: u32,
 ) -> Result<Frame, PublishError> {
     let topic = Topic::new(bus.site(), role, id, Family::Resend);
-    let message = Message::ResendRequest(ResendRequest {
-        from,
-        to,
-        auth: CommandAuth::default(),
-    });
-    let mut frame = bus.next_frame(message, now_ms());
+    let mut frame = bus.next_frame(request_message(from, to), now_ms());
     frame
         .sign(&topic, key.key_id, &key.key)
         .map_err(PublishError::Sign)?;
     bus.publish_frame(&topic, &frame)?;
     Ok(frame)
+}
+
+/// A request for `from..=to`, to be numbered and signed.
+pub fn request_message(from: u32, to: u32) -> Message {
+    Message::ResendRequest(ResendRequest {
+        from,
+        to,
+        auth: CommandAuth::default(),
+    })
 }

@@ -87,6 +87,11 @@ impl Bus {
         self.node.config.broker.get(index)
     }
 
+    /// Our own topic of `family` (a host's or CDU's; other roles own none).
+    pub fn own_topic(&self, family: Family) -> Result<Topic, PublishError> {
+        self.node.own_topic(family)
+    }
+
     /// The site.
     pub fn site(&self) -> &Ident {
         &self.node.config.site

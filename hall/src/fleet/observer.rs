@@ -26,7 +26,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use loopwarden_bus::resend::Asker;
+use loopwarden_bus::resend::{self, Asker};
 use loopwarden_bus::BrokerAddr;
 use loopwarden_protocol::message::{HealthState, HostHealth};
 use loopwarden_protocol::topic::Qos;
@@ -380,11 +380,7 @@ async fn ask(
             sender: me.clone(),
             seq: *asked,
             time: now,
-            message: Message::ResendRequest(loopwarden_protocol::ResendRequest {
-                from,
-                to,
-                auth: loopwarden_protocol::CommandAuth::default(),
-            }),
+            message: resend::request_message(from, to),
         };
         if frame.sign(&topic, 1, &key).is_err() {
             continue;
