@@ -130,7 +130,6 @@ async fn serve(
     mut rx: mpsc::Receiver<Inbound>,
     counts: Arc<Counts>,
 ) {
-    let mut withheld = 0;
     while let Some(inbound) = rx.recv().await {
         match desk.hear(now_ms(), &inbound.frame, &inbound.topic) {
             Answer::Serve {
@@ -161,11 +160,10 @@ async fn serve(
                 counts.refused.fetch_add(1, Ordering::Relaxed);
                 publish(&bus, report);
             }
-            Answer::Withhold => {}
+            Answer::Withhold => {
+                counts.withheld.fetch_add(1, Ordering::Relaxed);
+            }
         }
-        let now = desk.withheld();
-        counts.withheld.fetch_add(now - withheld, Ordering::Relaxed);
-        withheld = now;
     }
 }
 
