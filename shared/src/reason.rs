@@ -95,6 +95,10 @@ reasons! {
     /// A required sensor is under a fault and the controller runs on an
     /// estimate of it from the others (heat balance, pump curve, GPUs).
     SENSOR_ESTIMATED = 2014 => "sensor-estimated",
+    /// The CDU's controller runs on a microcontroller, and its gateway to
+    /// the bus has heard nothing from it for 3 s: the gateway says so for
+    /// it (the CDU falls back on its heartbeat).
+    CONTROLLER_SILENT = 2015 => "controller-silent",
 }
 
 impl ReasonCode {
