@@ -1,0 +1,55 @@
+//! Boards are data: this script reads the board file
+//! (`boards/mcu/mps2-an386.toml`) and the CDU's register map
+//! (`boards/cdus/sim-cdu.toml`, the same file the Linux controller
+//! reads) and writes, into `OUT_DIR`:
+//! - `memory.x`: the linker's memory regions (cortex-m-rt's `link.x`
+//!   includes it);
+//! - `board.rs`: the board's addresses, interrupts and figures as consts;
+//! - `cdu_map.rs`: the register map as a const table, with the read spans.
+//!
+//! A file that cannot be read, parsed or believed stops the build with
+//! the file and the reason; a map without a register the firmware needs
+//! names it.
+
+use std::path::{Path, PathBuf};
+
+#[path = "build/board.rs"]
+mod board;
+#[path = "build/map.rs"]
+mod map;
+
+fn main() {
+    let here = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("set by cargo"));
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("set by cargo"));
+    let board_file = here.join("../boards/mcu/mps2-an386.toml");
+    let map_file = here.join("../boards/cdus/sim-cdu.toml");
+    for f in [&board_file, &map_file] {
+        println!("cargo:rerun-if-changed={}", f.display());
+    }
+    println!("cargo:rerun-if-changed=build");
+    if let Err(e) = generate(&board_file, &map_file, &out) {
+        // A build script's panic message is what cargo shows.
+        panic!("{e}");
+    }
+    println!("cargo:rustc-link-search={}", out.display());
+}
+
+fn generate(board_file: &Path, map_file: &Path, out: &Path) -> Result<(), String> {
+    let b = board::Board::load(board_file)?;
+    write(&out.join("memory.x"), &b.memory_x())?;
+    write(&out.join("board.rs"), &b.consts())?;
+    let m = map::Map::load(map_file)?;
+    write(&out.join("cdu_map.rs"), &m.table()?)?;
+    Ok(())
+}
+
+fn write(path: &Path, text: &str) -> Result<(), String> {
+    std::fs::write(path, text).map_err(|e| format!("{}: not written: {e}", path.display()))
+}
+
+/// The text of `path` parsed as TOML into `T`; errors name the file.
+pub fn read_toml<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("{}: cannot be read: {e}", path.display()))?;
+    toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+}

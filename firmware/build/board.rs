@@ -1,0 +1,368 @@
+//! The board file (`boards/mcu/*.toml`): memory, the NOR region, UARTs,
+//! timers, the watchdog, the FPGA's LEDs and the leak ropes' pins, checked
+//! and written out as `memory.x` and Rust consts.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde::Deserialize;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Board {
+    board: String,
+    description: String,
+    system_clock_hz: u32,
+    memory: Memory,
+    stack: Stack,
+    nor: Nor,
+    uart: Uarts,
+    timer: Timers,
+    watchdog: Watchdog,
+    fpgaio: Fpgaio,
+    leak_ropes: LeakRopes,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Region {
+    name: String,
+    base: u32,
+    size: u32,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Memory {
+    code: Region,
+    ram: Region,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Stack {
+    bytes: u32,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Nor {
+    name: String,
+    base: u32,
+    size: u32,
+    sector_bytes: u32,
+    write_bytes: u32,
+    config: [u32; 2],
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Uart {
+    name: String,
+    base: u32,
+    rx_irq: u8,
+    baud: u32,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Uarts {
+    modbus: Uart,
+    gateway: Uart,
+    trace: Uart,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Timer {
+    name: String,
+    base: u32,
+    irq: u8,
+    #[serde(default)]
+    period_ms: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Timers {
+    control: Timer,
+    micros: Timer,
+    wake: Timer,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Watchdog {
+    base: u32,
+    timeout_ms: u32,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Fpgaio {
+    base: u32,
+    leds: u8,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LeakRopes {
+    gpio: Vec<u32>,
+}
+
+fn end(r: (u32, u32)) -> u64 {
+    u64::from(r.0) + u64::from(r.1)
+}
+
+fn overlap(a: (u32, u32), b: (u32, u32)) -> bool {
+    u64::from(a.0) < end(b) && u64::from(b.0) < end(a)
+}
+
+impl Board {
+    /// Reads and checks the board file at `path`.
+    pub fn load(path: &Path) -> Result<Self, String> {
+        let b: Board = crate::read_toml(path)?;
+        b.check()
+            .map_err(|why| format!("{}: {why}", path.display()))?;
+        Ok(b)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let code = (self.memory.code.base, self.memory.code.size);
+        let ram = (self.memory.ram.base, self.memory.ram.size);
+        let nor = (self.nor.base, self.nor.size);
+        if overlap(code, ram) || overlap(nor, code) || overlap(nor, ram) {
+            return Err("memory.code, memory.ram and nor must not overlap (the NOR region lies outside the loaded image)".into());
+        }
+        let n = &self.nor;
+        if n.write_bytes == 0 || n.sector_bytes % n.write_bytes != 0 || n.size % n.sector_bytes != 0
+        {
+            return Err(format!(
+                "nor: size {} must be whole sectors of {} bytes, a sector whole words of {} bytes",
+                n.size, n.sector_bytes, n.write_bytes
+            ));
+        }
+        let sectors = n.size / n.sector_bytes;
+        if !(n.config[0] + 2 <= n.config[1] && n.config[1] <= sectors) {
+            return Err(format!(
+                "nor.config {:?}: at least two sectors within the region's {sectors}",
+                n.config
+            ));
+        }
+        if self.stack.bytes == 0
+            || self.stack.bytes % 8 != 0
+            || self.stack.bytes >= self.memory.ram.size
+        {
+            return Err(format!(
+                "stack.bytes {}: a multiple of 8, smaller than RAM",
+                self.stack.bytes
+            ));
+        }
+        for u in [&self.uart.modbus, &self.uart.gateway, &self.uart.trace] {
+            let div = self.system_clock_hz / u.baud.max(1);
+            if div < 16 {
+                return Err(format!(
+                    "uart {}: {} baud needs a divider of at least 16 at {} Hz",
+                    u.name, u.baud, self.system_clock_hz
+                ));
+            }
+        }
+        match self.timer.control.period_ms {
+            Some(p)
+                if p > 0
+                    && u64::from(p) * u64::from(self.system_clock_hz) / 1000
+                        <= u64::from(u32::MAX) => {}
+            _ => {
+                return Err(
+                    "timer.control.period_ms: above 0, and its ticks must fit the timer's 32 bits"
+                        .into(),
+                )
+            }
+        }
+        if u64::from(self.watchdog.timeout_ms) * u64::from(self.system_clock_hz) / 1000
+            > u64::from(u32::MAX)
+        {
+            return Err("watchdog.timeout_ms: its ticks must fit the watchdog's 32 bits".into());
+        }
+        if !(1..=8).contains(&self.fpgaio.leds) {
+            return Err("fpgaio.leds: 1 to 8".into());
+        }
+        Ok(())
+    }
+
+    /// The linker's memory regions.
+    pub fn memory_x(&self) -> String {
+        let (c, r) = (&self.memory.code, &self.memory.ram);
+        format!(
+            "/* Generated by firmware/build.rs from boards/mcu/{b}.toml: do not edit. */\n\
+             MEMORY\n{{\n  /* {cn} */\n  FLASH : ORIGIN = {cb:#010x}, LENGTH = {cs:#x}\n  \
+             /* {rn} */\n  RAM : ORIGIN = {rb:#010x}, LENGTH = {rs:#x}\n}}\n\n\
+             /* The stack: its top {sb} bytes of RAM, painted at reset (cortex-m-rt's\n   \
+             paint-stack) and watched for its high-water mark. */\n\
+             _stack_start = ORIGIN(RAM) + LENGTH(RAM);\n\
+             _stack_end = _stack_start - {sb};\n\
+             ASSERT(_stack_end >= __ebss, \"the statics reach into the stack budget of boards/mcu/{b}.toml\");\n",
+            b = self.board,
+            cn = c.name,
+            cb = c.base,
+            cs = c.size,
+            rn = r.name,
+            rb = r.base,
+            rs = r.size,
+            sb = self.stack.bytes,
+        )
+    }
+
+    /// The board as Rust consts.
+    pub fn consts(&self) -> String {
+        let mut s = String::new();
+        let mut c = |name: &str, ty: &str, value: String, doc: &str| {
+            let _ = writeln!(s, "/// {doc}\npub const {name}: {ty} = {value};");
+        };
+        c(
+            "NAME",
+            "&str",
+            format!("{:?}", self.board),
+            "The board's name.",
+        );
+        c(
+            "DESCRIPTION",
+            "&str",
+            format!("{:?}", self.description),
+            "What it is.",
+        );
+        c(
+            "SYSTEM_CLOCK_HZ",
+            "u32",
+            self.system_clock_hz.to_string(),
+            "SYSCLK, Hz: the CPU, timers, UARTs and watchdog.",
+        );
+        c(
+            "RAM_BASE",
+            "u32",
+            hex(self.memory.ram.base),
+            "RAM's first address.",
+        );
+        c("RAM_BYTES", "u32", hex(self.memory.ram.size), "RAM's size.");
+        c(
+            "STACK_BYTES",
+            "u32",
+            self.stack.bytes.to_string(),
+            "The stack painted and watched, at the top of RAM.",
+        );
+        let n = &self.nor;
+        c(
+            "NOR_NAME",
+            "&str",
+            format!("{:?}", n.name),
+            "What stands in for the NOR part.",
+        );
+        c(
+            "NOR_BASE",
+            "u32",
+            hex(n.base),
+            "The NOR region's first address.",
+        );
+        c("NOR_BYTES", "u32", hex(n.size), "The NOR region's size.");
+        c(
+            "NOR_SECTOR_BYTES",
+            "usize",
+            n.sector_bytes.to_string(),
+            "The NOR's erase unit.",
+        );
+        c(
+            "NOR_WRITE_BYTES",
+            "usize",
+            n.write_bytes.to_string(),
+            "The NOR's write unit.",
+        );
+        c(
+            "NOR_CONFIG",
+            "core::ops::Range<u32>",
+            format!(
+                "{}..{}",
+                n.config[0] * n.sector_bytes,
+                n.config[1] * n.sector_bytes
+            ),
+            "Offsets in the NOR region of the config store (the latched record).",
+        );
+        for (tag, u, doc) in [
+            ("MODBUS", &self.uart.modbus, "Modbus RTU to the CDU"),
+            ("GATEWAY", &self.uart.gateway, "the gateway link"),
+            ("TRACE", &self.uart.trace, "the debug and trace port"),
+        ] {
+            c(
+                &format!("UART_{tag}"),
+                "Uart",
+                format!(
+                    "Uart {{ name: {:?}, base: {}, rx_irq: {}, baud: {} }}",
+                    u.name,
+                    hex(u.base),
+                    u.rx_irq,
+                    u.baud
+                ),
+                &format!("{}: {doc}.", u.name),
+            );
+        }
+        for (tag, t, doc) in [
+            ("CONTROL", &self.timer.control, "the control tick"),
+            ("MICROS", &self.timer.micros, "the microsecond clock"),
+            ("WAKE", &self.timer.wake, "the millisecond wake-up"),
+        ] {
+            c(
+                &format!("TIMER_{tag}"),
+                "Timer",
+                format!(
+                    "Timer {{ name: {:?}, base: {}, irq: {} }}",
+                    t.name,
+                    hex(t.base),
+                    t.irq
+                ),
+                &format!("{}: {doc}.", t.name),
+            );
+        }
+        let period = self.timer.control.period_ms.unwrap_or(0);
+        c(
+            "CONTROL_PERIOD_MS",
+            "u32",
+            period.to_string(),
+            "The control period, ms.",
+        );
+        c(
+            "WATCHDOG_BASE",
+            "u32",
+            hex(self.watchdog.base),
+            "The CMSDK APB watchdog.",
+        );
+        c(
+            "WATCHDOG_TIMEOUT_MS",
+            "u32",
+            self.watchdog.timeout_ms.to_string(),
+            "Time to the watchdog's NMI; its second expiry resets the board.",
+        );
+        c(
+            "FPGAIO_BASE",
+            "u32",
+            hex(self.fpgaio.base),
+            "The FPGA's system I/O block (LEDs).",
+        );
+        c(
+            "FPGAIO_LEDS",
+            "u8",
+            self.fpgaio.leds.to_string(),
+            "LEDs on it.",
+        );
+        let pins: Vec<String> = self.leak_ropes.gpio.iter().map(|p| p.to_string()).collect();
+        c(
+            "LEAK_ROPE_PINS",
+            &format!("[u32; {}]", pins.len()),
+            format!("[{}]", pins.join(", ")),
+            "The leak ropes' GPIO pins (none: the CDU's leak register stands in).",
+        );
+        s
+    }
+}
+
+fn hex(v: u32) -> String {
+    format!("{v:#010x}")
+}

@@ -1,0 +1,182 @@
+//! The CMSDK APB UART (Arm DDI 0479C, 4.6): bytes in by interrupt into a
+//! ring the main loop reads, bytes out by polling the transmit buffer.
+//! Implements `embedded-hal-nb`'s serial traits (the Modbus master waits
+//! byte by byte with its own deadlines) and `core::fmt::Write` (the trace
+//! port's lines).
+//!
+//! Registers: DATA (+0x00), STATE (+0x04: bit 0 TX full, bit 1 RX full,
+//! bit 3 RX overrun), CTRL (+0x08: bit 0 TX enable, bit 1 RX enable,
+//! bit 3 RX interrupt enable), INTSTATUS/INTCLEAR (+0x0C: bit 1 RX),
+//! BAUDDIV (+0x10: SYSCLK / baud, at least 16).
+//!
+//! Glossary:
+//! - *ring*: the bytes received and not yet read, filled by the receive
+//!   interrupt; a byte that finds it full is dropped and the next read
+//!   reports an overrun.
+
+use core::cell::RefCell;
+use core::sync::atomic::{AtomicBool, Ordering};
+
+use cortex_m::interrupt::{self, Mutex};
+use embedded_hal_nb::nb;
+use embedded_hal_nb::serial::{self, ErrorKind, ErrorType};
+use heapless::Deque;
+
+use super::{read, write, Irq, SYSTEM_CLOCK_HZ, UART_GATEWAY, UART_MODBUS, UART_TRACE};
+
+const DATA: u32 = 0x00;
+const STATE: u32 = 0x04;
+const CTRL: u32 = 0x08;
+const INTCLEAR: u32 = 0x0C;
+const BAUDDIV: u32 = 0x10;
+
+const STATE_TX_FULL: u32 = 1 << 0;
+const STATE_RX_FULL: u32 = 1 << 1;
+const STATE_RX_OVERRUN: u32 = 1 << 3;
+const CTRL_TX_EN: u32 = 1 << 0;
+const CTRL_RX_EN: u32 = 1 << 1;
+const CTRL_RX_INT_EN: u32 = 1 << 3;
+const INT_RX: u32 = 1 << 1;
+
+/// Bytes each ring holds: more than the longest Modbus RTU frame.
+pub const RING_BYTES: usize = 512;
+
+struct Ring {
+    bytes: Mutex<RefCell<Deque<u8, RING_BYTES>>>,
+    overrun: AtomicBool,
+}
+
+impl Ring {
+    const fn new() -> Self {
+        Self {
+            bytes: Mutex::new(RefCell::new(Deque::new())),
+            overrun: AtomicBool::new(false),
+        }
+    }
+}
+
+/// The board's three UARTs, in the order of [`RINGS`].
+const UARTS: [super::Uart; 3] = [UART_MODBUS, UART_GATEWAY, UART_TRACE];
+static RINGS: [Ring; 3] = [Ring::new(), Ring::new(), Ring::new()];
+
+/// One of the board's UARTs.
+#[derive(Debug)]
+pub struct Uart {
+    base: u32,
+    ring: usize,
+}
+
+impl Uart {
+    fn open(index: usize) -> Self {
+        let u = &UARTS[index];
+        // SAFETY: the base is a CMSDK UART of this board (board file); the
+        // divider is checked at build time to be at least 16.
+        unsafe {
+            write(u.base + CTRL, 0);
+            write(u.base + BAUDDIV, SYSTEM_CLOCK_HZ / u.baud);
+            write(u.base + INTCLEAR, 0xF);
+            write(u.base + CTRL, CTRL_TX_EN | CTRL_RX_EN | CTRL_RX_INT_EN);
+            cortex_m::peripheral::NVIC::unmask(Irq(u.rx_irq));
+        }
+        Self {
+            base: u.base,
+            ring: index,
+        }
+    }
+
+    /// UART0: Modbus RTU to the CDU. Call once.
+    pub fn modbus() -> Self {
+        Self::open(0)
+    }
+
+    /// UART1: the gateway link. Call once.
+    pub fn gateway() -> Self {
+        Self::open(1)
+    }
+
+    /// UART2: the trace port. Call once.
+    pub fn trace() -> Self {
+        Self::open(2)
+    }
+}
+
+/// Moves received bytes into the ring of the UART whose receive
+/// interrupt `irq` is; called by the board's interrupt dispatch.
+pub fn on_rx_interrupt(irq: u8) {
+    let Some(i) = UARTS.iter().position(|u| u.rx_irq == irq) else {
+        return;
+    };
+    let base = UARTS[i].base;
+    let ring = &RINGS[i];
+    // SAFETY: the UART's own registers, read and cleared by its interrupt.
+    unsafe {
+        while read(base + STATE) & STATE_RX_FULL != 0 {
+            let b = read(base + DATA) as u8;
+            let full =
+                interrupt::free(|cs| ring.bytes.borrow(cs).borrow_mut().push_back(b).is_err());
+            if full {
+                ring.overrun.store(true, Ordering::Relaxed);
+            }
+        }
+        if read(base + STATE) & STATE_RX_OVERRUN != 0 {
+            ring.overrun.store(true, Ordering::Relaxed);
+            write(base + STATE, STATE_RX_OVERRUN);
+        }
+        write(base + INTCLEAR, INT_RX);
+    }
+}
+
+/// Whether any UART has received bytes not yet read (checked with
+/// interrupts off before sleeping, so no byte is slept past).
+pub fn any_received() -> bool {
+    interrupt::free(|cs| {
+        RINGS
+            .iter()
+            .any(|r| !r.bytes.borrow(cs).borrow().is_empty())
+    })
+}
+
+impl ErrorType for Uart {
+    type Error = ErrorKind;
+}
+
+impl serial::Read<u8> for Uart {
+    fn read(&mut self) -> nb::Result<u8, ErrorKind> {
+        let ring = &RINGS[self.ring];
+        if ring.overrun.swap(false, Ordering::Relaxed) {
+            return Err(nb::Error::Other(ErrorKind::Overrun));
+        }
+        interrupt::free(|cs| ring.bytes.borrow(cs).borrow_mut().pop_front())
+            .ok_or(nb::Error::WouldBlock)
+    }
+}
+
+impl serial::Write<u8> for Uart {
+    fn write(&mut self, b: u8) -> nb::Result<(), ErrorKind> {
+        // SAFETY: this UART's own registers.
+        unsafe {
+            if read(self.base + STATE) & STATE_TX_FULL != 0 {
+                return Err(nb::Error::WouldBlock);
+            }
+            write(self.base + DATA, u32::from(b));
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> nb::Result<(), ErrorKind> {
+        // SAFETY: this UART's own registers.
+        if unsafe { read(self.base + STATE) } & STATE_TX_FULL != 0 {
+            return Err(nb::Error::WouldBlock);
+        }
+        Ok(())
+    }
+}
+
+impl core::fmt::Write for Uart {
+    fn write_str(&mut self, s: &str) -> core::fmt::Result {
+        for b in s.bytes() {
+            nb::block!(serial::Write::write(self, b)).map_err(|_| core::fmt::Error)?;
+        }
+        Ok(())
+    }
+}

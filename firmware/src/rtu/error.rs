@@ -1,0 +1,184 @@
+//! What a Modbus RTU transaction can end in other than an answer, each
+//! naming the request and its registers.
+
+use core::fmt;
+
+use embedded_hal_nb::serial::ErrorKind;
+
+/// What a request asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpKind {
+    /// Read input registers (function 4).
+    ReadInput,
+    /// Write one holding register (function 6).
+    WriteSingle,
+    /// Write holding registers (function 16).
+    WriteMultiple,
+}
+
+/// One request: what, where and which registers, for the errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Op {
+    /// What it asked.
+    pub kind: OpKind,
+    /// The CDU's unit id.
+    pub unit: u8,
+    /// First address.
+    pub address: u16,
+    /// Registers (words).
+    pub count: u16,
+    /// The first register's name.
+    pub first: &'static str,
+    /// The last register's name (the first's when only one).
+    pub last: &'static str,
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let end = u32::from(self.address) + u32::from(self.count).max(1) - 1;
+        match self.kind {
+            OpKind::ReadInput if self.first == self.last => {
+                write!(f, "read {} at input {}", self.first, self.address)?
+            }
+            OpKind::ReadInput => write!(
+                f,
+                "read input {}-{end} ({} to {})",
+                self.address, self.first, self.last
+            )?,
+            OpKind::WriteSingle | OpKind::WriteMultiple => {
+                write!(f, "write {} at holding {}", self.first, self.address)?
+            }
+        }
+        write!(f, " of unit {}", self.unit)
+    }
+}
+
+/// How an answer was not the answer to the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mismatch {
+    /// Another unit answered.
+    Unit(u8),
+    /// The answer is to another function.
+    Function(u8),
+    /// A write's echo differs from what was written.
+    Echo,
+    /// The answer has the wrong number of registers or bytes.
+    Length,
+    /// The frame's CRC matched but its contents do not decode.
+    Undecodable,
+}
+
+/// Why a transaction failed (see `rtu`'s note for what each means on the
+/// line).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RtuError {
+    /// No whole answer within the response timeout.
+    NoAnswer {
+        /// The request.
+        op: Op,
+        /// The timeout, µs.
+        after_us: u32,
+        /// Bytes that did arrive.
+        got: u16,
+    },
+    /// The answer arrived whole but its CRC does not match.
+    Crc {
+        /// The request.
+        op: Op,
+        /// The CRC in the frame.
+        sent: u16,
+        /// The CRC of its bytes.
+        computed: u16,
+    },
+    /// The CDU answered with a Modbus exception.
+    Refused {
+        /// The request.
+        op: Op,
+        /// The exception code.
+        code: u8,
+    },
+    /// Something answered, but not to this request.
+    BadAnswer {
+        /// The request.
+        op: Op,
+        /// How it differs.
+        why: Mismatch,
+    },
+    /// The line never fell silent for the inter-frame gap before the
+    /// request, within the response timeout: nothing was sent.
+    LineBusy {
+        /// The request not sent.
+        op: Op,
+    },
+    /// The UART reported an error (overrun, framing, parity, noise).
+    Serial {
+        /// The request.
+        op: Op,
+        /// What the UART said.
+        kind: ErrorKind,
+    },
+}
+
+impl RtuError {
+    /// The request it concerns.
+    pub fn op(&self) -> &Op {
+        match self {
+            RtuError::NoAnswer { op, .. }
+            | RtuError::Crc { op, .. }
+            | RtuError::Refused { op, .. }
+            | RtuError::BadAnswer { op, .. }
+            | RtuError::LineBusy { op }
+            | RtuError::Serial { op, .. } => op,
+        }
+    }
+}
+
+/// What a Modbus exception code means.
+pub fn exception_meaning(code: u8) -> &'static str {
+    match code {
+        1 => "illegal function",
+        2 => "illegal data address",
+        3 => "illegal data value",
+        4 => "server device failure",
+        5 => "acknowledge",
+        6 => "server device busy",
+        8 => "memory parity error",
+        10 => "gateway path unavailable",
+        11 => "gateway target device failed to respond",
+        _ => "unknown exception",
+    }
+}
+
+impl fmt::Display for RtuError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: ", self.op())?;
+        match self {
+            RtuError::NoAnswer { after_us, got, .. } => write!(
+                f,
+                "no whole answer within {} ms ({got} bytes came)",
+                after_us / 1000
+            ),
+            RtuError::Crc { sent, computed, .. } => write!(
+                f,
+                "the answer's CRC is {sent:#06x}, its bytes give {computed:#06x}"
+            ),
+            RtuError::Refused { code, .. } => write!(
+                f,
+                "the CDU refused it with exception {code} ({})",
+                exception_meaning(*code)
+            ),
+            RtuError::BadAnswer { why, .. } => match why {
+                Mismatch::Unit(u) => write!(f, "unit {u} answered"),
+                Mismatch::Function(c) => write!(f, "the answer is to function {c}"),
+                Mismatch::Echo => write!(f, "the write's echo differs from what was written"),
+                Mismatch::Length => write!(f, "the answer has the wrong length"),
+                Mismatch::Undecodable => write!(f, "the answer does not decode"),
+            },
+            RtuError::LineBusy { .. } => {
+                write!(f, "the line never fell silent before the request; not sent")
+            }
+            RtuError::Serial { kind, .. } => write!(f, "the UART reported {kind:?}"),
+        }
+    }
+}
