@@ -43,7 +43,7 @@ use std::string::String;
 use std::vec::Vec;
 
 use cooling_core::estimate::record::{MAX_LEN, PARTS};
-use cooling_core::{CoreConfig, Latched, Learned};
+use cooling_core::{CoreConfig, Learned};
 use embedded_storage_async::nor_flash::MultiwriteNorFlash;
 use loopwarden_flash::log::WRAPPED;
 use loopwarden_flash::{ConfigStore, Outbox, Wrapped};
@@ -100,81 +100,10 @@ impl ControllerFlash {
     }
 }
 
-/// The config key of the latched state.
-pub const LATCHED_KEY: &str = "cdu.latched";
-/// The config key of the latched state's generation.
-pub const LATCHED_GEN_KEY: &str = "cdu.latched.gen";
-
-/// The latched state as kept in flash, with its generation: the record
-/// under [`LATCHED_KEY`] is the generation (u32 LE) then
-/// [`Latched::encode`]'s bytes, and [`LATCHED_GEN_KEY`] holds the same
-/// generation alone, written after the record. The store returns the
-/// newest *valid* item of a key, so a damaged newest record would read as
-/// the older state it replaced: its generation then differs from the one
-/// kept apart, and the record reads as unreadable, never as the older
-/// state. (A damaged newest generation fails the same way.)
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LatchRecord {
-    /// Counts the records written, from 1.
-    pub generation: u32,
-    /// The state.
-    pub latched: Latched,
-}
-
-impl LatchRecord {
-    /// The config items that keep this record, in the order they are
-    /// written: the record, then its generation.
-    pub fn items(&self) -> [(&'static str, Vec<u8>); 2] {
-        let gen = self.generation.to_le_bytes();
-        let mut record = gen.to_vec();
-        record.extend_from_slice(&self.latched.encode());
-        [(LATCHED_KEY, record), (LATCHED_GEN_KEY, gen.to_vec())]
-    }
-
-    /// The record of the two items as read back (`record` under
-    /// [`LATCHED_KEY`], `gen` under [`LATCHED_GEN_KEY`]; `None`: absent):
-    /// `Ok(None)` when neither was ever written; an error that says why
-    /// when they cannot be believed. A 16-byte record with no generation
-    /// is the format before generations, read as it is.
-    pub fn decode(record: Option<&[u8]>, gen: Option<&[u8]>) -> Result<Option<Self>, String> {
-        let gen = gen
-            .map(|g| {
-                <[u8; 4]>::try_from(g)
-                    .map(u32::from_le_bytes)
-                    .map_err(|_| format!("{LATCHED_GEN_KEY}: {} bytes, expected 4", g.len()))
-            })
-            .transpose()?;
-        let decoded = |b: &[u8]| Latched::decode(b).map_err(|e| format!("{LATCHED_KEY}: {e}"));
-        match (record, gen) {
-            (None, None) => Ok(None),
-            (Some(b), None) if b.len() == cooling_core::latch::LEN => Ok(Some(Self {
-                generation: 0,
-                latched: decoded(b)?,
-            })),
-            (Some(_), None) => Err(format!(
-                "{LATCHED_KEY}: its generation ({LATCHED_GEN_KEY}) is missing"
-            )),
-            (None, Some(g)) => Err(format!(
-                "{LATCHED_KEY}: missing, while {LATCHED_GEN_KEY} says generation {g} was written"
-            )),
-            (Some(b), Some(g)) => {
-                let Some((head, body)) = b.split_first_chunk::<4>() else {
-                    return Err(format!("{LATCHED_KEY}: {} bytes, too short", b.len()));
-                };
-                let r = u32::from_le_bytes(*head);
-                if r != g {
-                    return Err(format!(
-                        "{LATCHED_KEY}: the newest readable record is generation {r}, but generation {g} was written: the newest record is damaged"
-                    ));
-                }
-                Ok(Some(Self {
-                    generation: r,
-                    latched: decoded(body)?,
-                }))
-            }
-        }
-    }
-}
+/// The latched state as kept in flash, with its generation, and the keys
+/// it is kept under: the decision path's, with the firmware's
+/// ([`cooling_decide::record`]).
+pub use cooling_decide::record::{LatchRecord, LATCHED_GEN_KEY, LATCHED_KEY};
 
 /// Writes the latched record `r` to `store`: the record, then its
 /// generation.
@@ -206,7 +135,7 @@ pub async fn load_latched<S: MultiwriteNorFlash>(
         .get(LATCHED_GEN_KEY, &mut gen)
         .await
         .map_err(|e| format!("{LATCHED_GEN_KEY}: unreadable in flash: {e:?}"))?;
-    LatchRecord::decode(n.map(|n| &rec[..n]), g.map(|g| &gen[..g]))
+    LatchRecord::decode(n.map(|n| &rec[..n]), g.map(|g| &gen[..g])).map_err(|e| e.to_string())
 }
 
 /// Damages the newest copy of record `r` in the raw flash `bytes` (one
@@ -474,6 +403,7 @@ fn decode_lease(body: &[u8]) -> Option<(Value, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cooling_core::Latched;
     use loopwarden_protocol::message::{CduMode, Event};
     use loopwarden_protocol::{Ident, NodeId, ReasonCode, Role};
     use std::boxed::Box;

@@ -27,7 +27,9 @@ pub mod config;
 
 pub mod console;
 
-pub mod decide;
+/// The decision path between the CDU and the control core, shared with
+/// the firmware (the `cooling-decide` crate).
+pub use cooling_decide as decide;
 
 pub mod estimates;
 

@@ -61,7 +61,7 @@ use std::string::{String, ToString};
 use std::time::Duration;
 use std::vec::Vec;
 
-use crate::decide::{MapLimits, Write};
+use crate::decide::{MapLimits, Setting, Write};
 use loopwarden_boards::modbus_map::{Kind, Register, RegisterMap, ValueError};
 use tokio::io::AsyncReadExt as _;
 use tokio::time::Instant;
@@ -78,39 +78,22 @@ pub use error::{exception_meaning, CduError};
 pub use link::{connect_failure, Link, SerialLine};
 use link::{connect_tcp, drain};
 
-/// What the CDU measures, decoded with the map's scale. `None`: the map of
-/// this CDU model has no such register.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct CduMeasurements {
-    /// Secondary supply temperature, °C (`supply_temp`).
-    pub supply_c: Option<f64>,
-    /// Secondary return temperature, °C (`return_temp`).
-    pub return_c: Option<f64>,
-    /// Secondary flow, L/min (`flow`).
-    pub flow_lpm: Option<f64>,
-    /// Facility water supply temperature, °C (`facility_supply_temp`).
-    pub facility_supply_c: Option<f64>,
-    /// Pump A and B contactor feedback (`pump_a_running`, `pump_b_running`).
-    pub pumps_running: [Option<bool>; 2],
-    /// Leak inputs, bit n = rack n (`leak_inputs`).
-    pub leaks: Option<u16>,
-    /// Loop differential pressure, kPa (`diff_pressure`).
-    pub diff_pressure_kpa: Option<f64>,
-    /// Rack valves reading closed, bit n = rack n (`valves_closed`).
-    pub valves_closed: Option<u16>,
-    /// Pump A and B drive or overload fault (`pump_a_fault`,
-    /// `pump_b_fault`).
-    pub pump_faults: [Option<bool>; 2],
-    /// IT power meter, W (`it_power`).
-    pub it_w: Option<f64>,
-    /// Cooling plant power meter, W (`cooling_power`).
-    pub cooling_w: Option<f64>,
-    /// Facility power meter, W (`facility_power`).
-    pub facility_w: Option<f64>,
-    /// Outdoor air temperature, °C (`outdoor_temp`: the dry cooler's
-    /// sensor as the CDU reports it; a lost one reads far outside any
-    /// air's range, which the shell refuses).
-    pub outdoor_c: Option<f64>,
+/// What the CDU measures, decoded with the map's scale (the decision
+/// path's type, shared with the firmware).
+pub use cooling_decide::CduMeasurements;
+
+/// What register map `map` says of the settings the controller writes:
+/// which it has as holding registers, the ranges of the setpoint and the
+/// pump speed, and whether the CDU reports its valve positions.
+pub fn map_limits(map: &RegisterMap) -> MapLimits {
+    let holding = |name: &str| map.get(name).filter(|r| r.kind == Kind::Holding);
+    let range = |s: Setting| holding(s.register()).and_then(|r| r.min.zip(r.max));
+    MapLimits {
+        mapped: Setting::ORDER.map(|s| holding(s.register()).is_some()),
+        setpoint_c: range(Setting::Setpoint),
+        speed_pct: range(Setting::PumpSpeed),
+        positions: map.get(VALVES_CLOSED).is_some(),
+    }
 }
 
 /// The settings the controller writes.
@@ -514,7 +497,7 @@ impl CduPort for ModbusCdu {
     }
 
     fn limits(&self) -> MapLimits {
-        MapLimits::of(&self.map)
+        map_limits(&self.map)
     }
 }
 
@@ -592,6 +575,47 @@ fn spans(map: &RegisterMap) -> Vec<Span> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_simulated_cdus_map_limits_are_those_the_decision_path_is_tested_on() {
+        // cooling-decide's tests hold writes to these (writes::tests::sim_cdu).
+        let want = MapLimits {
+            mapped: [true; 6],
+            setpoint_c: Some((17.0, 45.0)),
+            speed_pct: Some((30.0, 100.0)),
+            positions: true,
+        };
+        assert_eq!(map_limits(&RegisterMap::sim_cdu()), want);
+        // A map with the setpoint alone to write, the pump speed only to
+        // read, and no valve positions.
+        let bare = r#"
+            model = "bare"
+            word_order = "high_first"
+            unit_id = 1
+            [[register]]
+            name = "supply_setpoint"
+            kind = "holding"
+            address = 0
+            type = "i16"
+            scale = 0.01
+            unit = "°C"
+            min = 20.0
+            max = 40.0
+            description = "setpoint"
+            [[register]]
+            name = "pump_speed"
+            kind = "input"
+            address = 0
+            type = "u16"
+            scale = 0.1
+            unit = "%"
+            description = "pump speed"
+        "#;
+        let lim = map_limits(&RegisterMap::from_toml(bare, "bare").unwrap());
+        assert_eq!(lim.mapped, [false, false, false, false, false, true]);
+        assert_eq!(lim.setpoint_c, Some((20.0, 40.0)));
+        assert_eq!((lim.speed_pct, lim.positions), (None, false));
+    }
 
     #[test]
     fn reads_take_one_request_per_contiguous_run() {

@@ -576,7 +576,11 @@ impl<P: CduPort> Shell<P> {
         };
         let mut result = Ok(());
         for (key, value) in r.items() {
-            result = self.keeping.recorder.set_sync(key.into(), value).await;
+            result = self
+                .keeping
+                .recorder
+                .set_sync(key.into(), value.to_vec())
+                .await;
             if result.is_err() {
                 break;
             }

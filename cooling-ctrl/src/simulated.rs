@@ -52,7 +52,7 @@ use crate::journal::{
     damage_record, load_latched, load_learned, save_latched, save_learned, LatchRecord,
     LEARNED_EVERY,
 };
-use crate::modbus::CduMeasurements;
+use crate::modbus::{map_limits, CduMeasurements};
 use crate::site_figures::core_config;
 
 /// The core, through the decision path, as a scenario runner's controller.
@@ -98,8 +98,8 @@ impl Ours {
     /// map.
     pub fn new(site: &SiteConfig) -> Result<Self, ConfigError> {
         let cfg = core_config(site)?;
-        let limits = MapLimits::of(&RegisterMap::sim_cdu());
-        let decider = Decider::new(cfg, limits, &Ok(None))?;
+        let limits = map_limits(&RegisterMap::sim_cdu());
+        let decider = Decider::new(cfg, limits, &Ok::<_, &str>(None))?;
         let hosts = cfg.layout.hosts().min(MAX_HOSTS);
         Ok(Self {
             decider,
@@ -164,7 +164,7 @@ impl Ours {
         self.kept = latched.as_ref().ok().copied().flatten();
         self.decider = Decider::new(self.cfg, self.limits, &latched)
             .unwrap_or_else(|e| panic!("a configuration accepted before is refused: {e}"));
-        for (what, _) in self.decider.take_said() {
+        for what in self.decider.take_said() {
             tracing::warn!("ours: {what}");
         }
         let learned = block_on(load_learned(&mut store, &self.cfg));
@@ -225,7 +225,8 @@ impl Ours {
     /// (the twin's bus takes every lease).
     fn lease(&mut self, c: &Commands, now_ms: u64) -> Vec<Option<f64>> {
         let caps = &c.caps[..self.hosts.min(c.caps.len())];
-        for o in self.leases.due(now_ms, caps) {
+        let due: Vec<_> = self.leases.due(now_ms, caps).collect();
+        for o in due {
             self.leases.sent(&o, now_ms);
         }
         (0..self.hosts)

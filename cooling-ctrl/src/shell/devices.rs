@@ -88,7 +88,8 @@ impl<P: CduPort> Devices<P> {
                     tracing::info!("cooling shell: the CDU takes its settings again (was: {e})");
                 }
             }
-            Some(msg) => {
+            Some(e) => {
+                let msg = e.to_string();
                 stats.cdu_write_errors += 1;
                 if self.write_error.as_deref() != Some(msg.as_str()) {
                     tracing::error!("cooling shell: writing the CDU's settings: {msg}");

@@ -44,7 +44,8 @@ impl<P: CduPort> Shell<P> {
 
     pub(super) fn leases(&mut self, now: u64, c: &Commands) {
         let hosts = self.cfg.hosts.len().min(c.caps.len());
-        for o in self.lease_book.due(now, &c.caps[..hosts]) {
+        let due: Vec<_> = self.lease_book.due(now, &c.caps[..hosts]).collect();
+        for o in due {
             if self.send_lease(&o) {
                 let host = &self.cfg.hosts[o.host];
                 match o.watts {

@@ -87,8 +87,8 @@ pub(super) fn start_decider(
 
 /// Logs what the decision path has to say.
 pub(super) fn log_said(d: &mut Decider) {
-    for (what, error) in d.take_said() {
-        if error {
+    for what in d.take_said() {
+        if what.error() {
             tracing::error!("cooling shell: {what}");
         } else {
             tracing::warn!("cooling shell: {what}");

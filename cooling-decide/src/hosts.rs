@@ -5,8 +5,9 @@
 //! not cost its host its capacity cap). A report that fails as a whole
 //! (its stamp far from now) keeps the host's last believed report in
 //! place (it ages as the core judges ages). Either says why, once per
-//! change of the reason. The shell hears host telemetry from the bus, the
-//! twin its hosts' readings: both through [`Hosts::hear`].
+//! change of the reason (as it reads: [`same_words`]). The shell hears
+//! host telemetry from the bus, the twin its hosts' readings: both
+//! through [`Hosts::hear`].
 //!
 //! Glossary:
 //! - *heard*: one host's report as it arrived ([`Heard`]): the core's
@@ -15,14 +16,15 @@
 //! - *believed*: a heard report that passed [`implausible`]; the core
 //!   sees only these.
 
-use std::format;
-use std::string::String;
-use std::vec;
-use std::vec::Vec;
+use core::fmt;
 
-use cooling_core::HostReport;
+use cooling_core::{HostReport, MAX_HOSTS};
+use heapless::Vec;
 use loopwarden_protocol::message::{GpuFlags, HostTelemetry, ThrottleReasons};
 use loopwarden_protocol::units::TimestampMs;
+use serde::{Deserialize, Serialize};
+
+use crate::said::same_words;
 
 /// How far a host report's stamp may be from now, ms.
 pub const REPORT_SKEW_MS: u64 = 60_000;
@@ -33,12 +35,83 @@ const TDP_MARGIN: f32 = 1.10;
 const BELOW_SUPPLY_K: f32 = 5.0;
 
 /// One GPU's figure and which GPU gave it.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct OfGpu {
     /// The GPU's index on its host.
     pub gpu: u8,
     /// The figure (°C or W).
     pub value: f32,
+}
+
+/// Why one GPU's figures cannot be a working GPU's.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub enum GpuFault {
+    /// It draws more than 10 % above its TDP.
+    AboveTdp {
+        /// The GPU.
+        gpu: u8,
+        /// What it draws, W.
+        w: f32,
+        /// Its TDP, W.
+        tdp_w: f32,
+    },
+    /// It reads colder than 5 K under the supply that cools it.
+    ColderThanSupply {
+        /// The GPU.
+        gpu: u8,
+        /// Its temperature, °C.
+        temp_c: f32,
+        /// The supply believed, °C.
+        supply_c: f32,
+    },
+}
+
+impl fmt::Display for GpuFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GpuFault::AboveTdp { gpu, w, tdp_w } => {
+                write!(f, "GPU {gpu} draws {w} W, above its {tdp_w} W TDP")
+            }
+            GpuFault::ColderThanSupply {
+                gpu,
+                temp_c,
+                supply_c,
+            } => write!(
+                f,
+                "GPU {gpu} at {temp_c} °C, colder than the {supply_c:.1} °C supply"
+            ),
+        }
+    }
+}
+
+/// Why a report, or some of its GPUs, is not believed.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub enum Why {
+    /// Its stamp is `s` seconds from now.
+    Stamped {
+        /// Seconds, whole.
+        s: u64,
+    },
+    /// A GPU no working GPU could be.
+    Gpu(GpuFault),
+    /// `n` GPUs left out, the first for `first`.
+    LeftOut {
+        /// How many.
+        n: u8,
+        /// Why the first was.
+        first: GpuFault,
+    },
+}
+
+impl fmt::Display for Why {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Why::Stamped { s } => write!(f, "stamped {s} s from now"),
+            Why::Gpu(g) => g.fmt(f),
+            Why::LeftOut { n: 1, first } => write!(f, "1 GPU left out: {first}"),
+            Why::LeftOut { n, first } => write!(f, "{n} GPUs left out, the first: {first}"),
+        }
+    }
 }
 
 /// What a working GPU can report, for the figures of one report.
@@ -59,25 +132,42 @@ impl Bounds {
     };
 
     /// Why GPU `gpu`, at `temp_c` drawing `w`, cannot be working, if so.
-    fn why_not(&self, gpu: u8, temp_c: f32, w: f32) -> Option<String> {
-        let tdp = self.tdp_w;
-        if w > tdp * TDP_MARGIN {
-            return Some(format!("GPU {gpu} draws {w} W, above its {tdp} W TDP"));
+    fn why_not(&self, gpu: u8, temp_c: f32, w: f32) -> Option<GpuFault> {
+        let tdp_w = self.tdp_w;
+        if w > tdp_w * TDP_MARGIN {
+            return Some(GpuFault::AboveTdp { gpu, w, tdp_w });
         }
         match self.supply_c {
-            Some(s) if temp_c < s - BELOW_SUPPLY_K => Some(format!(
-                "GPU {gpu} at {temp_c} °C, colder than the {s:.1} °C supply"
-            )),
+            Some(supply_c) if temp_c < supply_c - BELOW_SUPPLY_K => {
+                Some(GpuFault::ColderThanSupply {
+                    gpu,
+                    temp_c,
+                    supply_c,
+                })
+            }
             _ => None,
         }
     }
 }
 
+/// [`HostReport`] in a trace, field by field.
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "HostReport")]
+struct HostReportDef {
+    gpus: u8,
+    hottest_c: f32,
+    gpu_power_w: f32,
+    limit_w: f32,
+    slowdown: bool,
+    at_ms: u64,
+}
+
 /// One host's report as heard.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Heard {
     /// The core's summary of it (`at_ms`: when it was heard, ms on the
     /// decision path's clock).
+    #[serde(with = "HostReportDef")]
     pub report: HostReport,
     /// The sender's stamp.
     pub stamped: TimestampMs,
@@ -86,7 +176,7 @@ pub struct Heard {
     /// Its answering GPU that draws most (`None`: none answered).
     pub most_drawn: Option<OfGpu>,
     /// GPUs left out as implausible, and why the first was.
-    pub left_out: Option<(u8, String)>,
+    pub left_out: Option<(u8, GpuFault)>,
 }
 
 /// Host telemetry `t`, stamped `stamped`, heard at `at_ms`. GPUs that did
@@ -147,28 +237,25 @@ pub fn heard_of(t: &HostTelemetry, stamped: TimestampMs, at_ms: u64, bounds: &Bo
 /// the TDP (`tdp_w`), or a GPU reads colder than the coolant that cools
 /// it (5 K under the believed `supply_c`). None of these a working GPU
 /// can report; a broken or compromised agent can.
-pub fn implausible(
-    h: &Heard,
-    now: TimestampMs,
-    supply_c: Option<f32>,
-    tdp_w: f32,
-) -> Option<String> {
+pub fn implausible(h: &Heard, now: TimestampMs, supply_c: Option<f32>, tdp_w: f32) -> Option<Why> {
     let skew = h.stamped.0.abs_diff(now.0);
     if skew > REPORT_SKEW_MS {
-        return Some(format!("stamped {} s from now", skew / 1000));
+        return Some(Why::Stamped { s: skew / 1000 });
     }
     if let Some(m) = h.most_drawn.filter(|m| m.value > tdp_w * TDP_MARGIN) {
-        return Some(format!(
-            "GPU {} draws {} W, above its {tdp_w} W TDP",
-            m.gpu, m.value
-        ));
+        return Some(Why::Gpu(GpuFault::AboveTdp {
+            gpu: m.gpu,
+            w: m.value,
+            tdp_w,
+        }));
     }
     let cold = h.coldest.zip(supply_c);
     if let Some((c, s)) = cold.filter(|(c, s)| c.value < s - BELOW_SUPPLY_K) {
-        return Some(format!(
-            "GPU {} at {} °C, colder than the {s:.1} °C supply",
-            c.gpu, c.value
-        ));
+        return Some(Why::Gpu(GpuFault::ColderThanSupply {
+            gpu: c.gpu,
+            temp_c: c.value,
+            supply_c: s,
+        }));
     }
     None
 }
@@ -182,7 +269,7 @@ pub enum Verdict {
     /// for [`Verdict::Refused`].
     BelievedWithout {
         /// Which GPUs were left out and why.
-        why: String,
+        why: Why,
         /// A change of reason.
         new: bool,
     },
@@ -190,7 +277,7 @@ pub enum Verdict {
     /// since its last believed report (the caller logs it).
     Refused {
         /// Why.
-        why: String,
+        why: Why,
         /// A change of reason.
         new: bool,
     },
@@ -202,17 +289,19 @@ pub enum Verdict {
 /// not, while it was not.
 #[derive(Debug, Clone, Default)]
 pub struct Hosts {
-    reports: Vec<Option<HostReport>>,
-    refused: Vec<Option<String>>,
+    reports: Vec<Option<HostReport>, MAX_HOSTS>,
+    refused: Vec<Option<Why>, MAX_HOSTS>,
 }
 
 impl Hosts {
-    /// No report yet from any of `hosts` hosts.
+    /// No report yet from any of `hosts` hosts (at most [`MAX_HOSTS`]).
     pub fn new(hosts: usize) -> Self {
-        Self {
-            reports: vec![None; hosts],
-            refused: vec![None; hosts],
-        }
+        let n = hosts.min(MAX_HOSTS);
+        let mut h = Self::default();
+        // Within capacity by the bound above.
+        let _ = h.reports.resize(n, None);
+        let _ = h.refused.resize(n, None);
+        h
     }
 
     /// Host `h`'s report `heard` at `now` (its stamp's clock), judged with
@@ -228,25 +317,21 @@ impl Hosts {
         let (Some(slot), Some(refused)) = (self.reports.get_mut(h), self.refused.get_mut(h)) else {
             return Verdict::Unknown;
         };
+        let mut say = |why: Why| {
+            let new = refused.is_none_or(|was| !same_words(&was, &why));
+            *refused = Some(why);
+            new
+        };
         match implausible(heard, now, supply_c, tdp_w) {
-            Some(why) => {
-                let new = refused.as_ref() != Some(&why);
-                *refused = Some(why.clone());
-                Verdict::Refused { why, new }
-            }
+            Some(why) => Verdict::Refused { why, new: say(why) },
             None => {
                 *slot = Some(heard.report);
-                let Some((n, first)) = &heard.left_out else {
+                let Some((n, first)) = heard.left_out else {
                     *refused = None;
                     return Verdict::Believed;
                 };
-                let why = match n {
-                    1 => format!("1 GPU left out: {first}"),
-                    n => format!("{n} GPUs left out, the first: {first}"),
-                };
-                let new = refused.as_ref() != Some(&why);
-                *refused = Some(why.clone());
-                Verdict::BelievedWithout { why, new }
+                let why = Why::LeftOut { n, first };
+                Verdict::BelievedWithout { why, new: say(why) }
             }
         }
     }
@@ -262,11 +347,13 @@ mod tests {
     use super::*;
     use loopwarden_protocol::samples;
     use loopwarden_protocol::units::{Watts, WholeCelsius};
+    use std::string::{String, ToString};
 
     const NOW: TimestampMs = TimestampMs(1_800_000_000_000);
 
     fn judged(t: &HostTelemetry, stamped: TimestampMs, supply_c: Option<f32>) -> Option<String> {
         implausible(&heard_of(t, stamped, 0, &Bounds::ANY), NOW, supply_c, 700.0)
+            .map(|w| w.to_string())
     }
 
     #[test]
@@ -356,7 +443,7 @@ mod tests {
             panic!("{v:?}");
         };
         assert_eq!(
-            why,
+            why.to_string(),
             "2 GPUs left out, the first: GPU 3 draws 9000 W, above its 700 W TDP"
         );
         assert_eq!(hosts.reports()[0].map(|r| r.at_ms), Some(2_000), "believed");
@@ -367,6 +454,32 @@ mod tests {
         assert_eq!(
             hosts.hear(0, &whole, NOW, Some(30.0), 700.0),
             Verdict::Believed
+        );
+    }
+
+    #[test]
+    fn a_reason_is_new_when_its_words_change_not_its_figures() {
+        let mut hosts = Hosts::new(1);
+        let t = samples::host_telemetry(8);
+        let cold = f32::from(t.gpus.iter().map(|g| g.temp.get()).min().unwrap());
+        let h = heard_of(&t, NOW, 1_000, &Bounds::ANY);
+        // The supply the GPU is judged against drifts within its tenth of
+        // a degree: the same words, said once.
+        let supply = cold + 5.51;
+        let first = hosts.hear(0, &h, NOW, Some(supply), 700.0);
+        assert!(
+            matches!(first, Verdict::Refused { new: true, .. }),
+            "{first:?}"
+        );
+        let drifted = hosts.hear(0, &h, NOW, Some(supply + 0.02), 700.0);
+        assert!(
+            matches!(drifted, Verdict::Refused { new: false, .. }),
+            "{drifted:?}"
+        );
+        let moved = hosts.hear(0, &h, NOW, Some(supply + 0.5), 700.0);
+        assert!(
+            matches!(moved, Verdict::Refused { new: true, .. }),
+            "{moved:?}"
         );
     }
 }

@@ -2,7 +2,9 @@
 //! moved by [`CAP_RESEND_W`] or more at once, a cap that stays renewed
 //! every third of the lease, and a cap that ends lifted by a short lease
 //! at TDP. The shell signs and publishes each order; the twin's hosts take
-//! each as sent. Pure: time comes in, ms on the caller's clock.
+//! each as sent. Pure: time comes in, ms on the caller's clock. The orders
+//! due come one at a time ([`LeaseBook::due`]), so that no list of them
+//! is held.
 //!
 //! Glossary:
 //! - *lease*: a power cap that holds for its duration from the frame's
@@ -12,13 +14,14 @@
 //!   lease lasts).
 
 use core::time::Duration;
-use std::vec;
-use std::vec::Vec;
 
-use cooling_core::HostCap;
+use cooling_core::{HostCap, MAX_HOSTS};
+use heapless::Vec;
 use loopwarden_protocol::message::{CapLease, CapSource, CommandAuth, GpuCap, GpuSelector};
 use loopwarden_protocol::units::{DurationMs, Watts};
 use loopwarden_protocol::ReasonCode;
+
+use crate::float::round_f32;
 
 /// How long a cap lease holds unless configured otherwise.
 pub const LEASE_DEFAULT: Duration = Duration::from_secs(30);
@@ -54,55 +57,66 @@ struct Sent {
 /// The leases sent, by host index.
 #[derive(Debug, Clone)]
 pub struct LeaseBook {
-    sent: Vec<Sent>,
+    sent: Vec<Sent, MAX_HOSTS>,
     lease: Duration,
     tdp_w: f32,
 }
 
 impl LeaseBook {
-    /// Nothing sent yet to any of `hosts` hosts; caps hold for `lease`,
-    /// lifts are at `tdp_w`.
+    /// Nothing sent yet to any of `hosts` hosts (at most [`MAX_HOSTS`]);
+    /// caps hold for `lease`, lifts are at `tdp_w`.
     pub fn new(hosts: usize, lease: Duration, tdp_w: f32) -> Self {
-        Self {
-            sent: vec![Sent::default(); hosts],
-            lease,
-            tdp_w,
-        }
+        let mut sent = Vec::new();
+        // Within capacity by the bound.
+        let _ = sent.resize(hosts.min(MAX_HOSTS), Sent::default());
+        Self { sent, lease, tdp_w }
     }
 
-    /// The leases due at `now` for the core's `caps`, by host index.
-    pub fn due(&self, now: u64, caps: &[Option<HostCap>]) -> Vec<Order> {
+    /// The leases due at `now` for the core's `caps`, by host index, one
+    /// at a time.
+    pub fn due<'a>(
+        &'a self,
+        now: u64,
+        caps: &'a [Option<HostCap>],
+    ) -> impl Iterator<Item = Order> + 'a {
         let renew_ms = (self.lease.as_millis() / 3) as u64;
-        let mut orders = Vec::new();
-        for (h, (cap, sent)) in caps.iter().zip(&self.sent).enumerate() {
-            let id = h as u32 + 1;
-            match (cap, sent.watts) {
-                (Some(cap), prev) => {
-                    let due = prev.is_none_or(|w| {
-                        (cap.watts - w).abs() >= CAP_RESEND_W
-                            || now.saturating_sub(sent.at_ms) >= renew_ms
-                    });
-                    if due {
-                        orders.push(Order {
-                            host: h,
-                            lease: cap_lease(id, cap.reason, cap.watts, self.lease),
-                            lift: false,
-                            first: prev.is_none(),
-                            watts: Some(cap.watts),
-                        });
-                    }
-                }
-                (None, Some(_)) => orders.push(Order {
+        (caps.iter().zip(&self.sent).enumerate())
+            .filter_map(move |(h, (cap, sent))| self.order(h, cap.as_ref(), sent, now, renew_ms))
+    }
+
+    /// The lease due to host `h` for `cap`, after `sent`, if one is.
+    fn order(
+        &self,
+        h: usize,
+        cap: Option<&HostCap>,
+        sent: &Sent,
+        now: u64,
+        renew_ms: u64,
+    ) -> Option<Order> {
+        let id = h as u32 + 1;
+        match (cap, sent.watts) {
+            (Some(cap), prev) => {
+                let due = prev.is_none_or(|w| {
+                    (cap.watts - w).abs() >= CAP_RESEND_W
+                        || now.saturating_sub(sent.at_ms) >= renew_ms
+                });
+                due.then(|| Order {
                     host: h,
-                    lease: cap_lease(id, ReasonCode::OK, self.tdp_w, LIFT_DURATION),
-                    lift: true,
-                    first: false,
-                    watts: None,
-                }),
-                (None, None) => {}
+                    lease: cap_lease(id, cap.reason, cap.watts, self.lease),
+                    lift: false,
+                    first: prev.is_none(),
+                    watts: Some(cap.watts),
+                })
             }
+            (None, Some(_)) => Some(Order {
+                host: h,
+                lease: cap_lease(id, ReasonCode::OK, self.tdp_w, LIFT_DURATION),
+                lift: true,
+                first: false,
+                watts: None,
+            }),
+            (None, None) => None,
         }
-        orders
     }
 
     /// `o` went out at `now` (an order the bus did not take is due again
@@ -127,7 +141,7 @@ pub fn cap_lease(lease: u32, reason: ReasonCode, watts: f32, duration: Duration)
     let mut caps = heapless::Vec::new();
     let _ = caps.push(GpuCap {
         gpus: GpuSelector::All,
-        limit: Watts(watts.round().max(0.0) as u32),
+        limit: Watts(round_f32(watts).max(0.0) as u32),
     });
     CapLease {
         lease,
@@ -142,6 +156,7 @@ pub fn cap_lease(lease: u32, reason: ReasonCode, watts: f32, duration: Duration)
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::vec::Vec;
 
     const LEASE: Duration = Duration::from_secs(30);
 
@@ -153,7 +168,7 @@ mod tests {
     }
 
     fn send_all(book: &mut LeaseBook, now: u64, caps: &[Option<HostCap>]) -> Vec<Order> {
-        let orders = book.due(now, caps);
+        let orders: Vec<Order> = book.due(now, caps).collect();
         orders.iter().for_each(|o| book.sent(o, now));
         orders
     }
@@ -185,8 +200,8 @@ mod tests {
     #[test]
     fn an_order_the_bus_did_not_take_is_due_again() {
         let book = LeaseBook::new(1, LEASE, 700.0);
-        assert_eq!(book.due(0, &[cap(300.0)]).len(), 1);
-        assert_eq!(book.due(1_000, &[cap(300.0)]).len(), 1);
+        assert_eq!(book.due(0, &[cap(300.0)]).count(), 1);
+        assert_eq!(book.due(1_000, &[cap(300.0)]).count(), 1);
         assert_eq!(book.in_force(0), None);
     }
 }

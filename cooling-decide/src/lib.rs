@@ -1,10 +1,13 @@
-//! The one decision path between a CDU and the control core, for the
-//! real shell ([`crate::shell`], on Modbus) and the twin
-//! ([`crate::simulated`]) alike: whatever sits below it (a Modbus
-//! client, the scenario runner), the same code turns measurements into
-//! the core's inputs, runs the core, says what must be in flash before
+//! # cooling-decide: the one decision path between a CDU and the control core
+//!
+//! For the Linux controller's shell (`cooling-ctrl`, on Modbus), the twin
+//! (`cooling-ctrl`'s simulated hall) and the firmware on a CDU's
+//! microcontroller alike: whatever sits below it (a Modbus client, the
+//! scenario runner, a UART), the same code turns measurements into the
+//! core's inputs, runs the core, says what must be in flash before
 //! anything acts, and turns the core's commands into ordered writes.
-//! Pure: no clock, no I/O; time comes in with each step.
+//! Pure, `no_std` and allocation-free: no clock, no I/O; time comes in
+//! with each step.
 //!
 //! Between steps, each host report heard goes to [`Decider::hear_host`],
 //! which believes it or says why not ([`hosts`]). A step, as both
@@ -28,100 +31,39 @@
 //! Glossary:
 //! - *board read*: what the controller board's leak lines gave this step
 //!   ([`BoardRead`]).
+//! - *said*: what the decision path has for the log ([`Said`]).
 
+#![no_std]
+
+#[cfg(test)]
+extern crate std;
+
+pub mod float;
 pub mod hosts;
+pub mod inputs;
 pub mod latch;
 pub mod leases;
 pub mod outdoor;
+pub mod record;
+pub mod said;
 pub mod writes;
 
-use std::string::String;
-use std::vec::Vec;
+use core::fmt::Display;
 
-use cooling_core::{
-    CduReadings, Commands, ConfigError, Core, CoreConfig, HostReport, Inputs, LeakInputs,
-};
-use loopwarden_protocol::message::Event;
+use cooling_core::{Commands, ConfigError, Core, CoreConfig, HostReport, Inputs};
+use heapless::Vec;
 use loopwarden_protocol::units::TimestampMs;
 
-use crate::journal::LatchRecord;
-use crate::modbus::CduMeasurements;
-pub use hosts::{Heard, Hosts, Verdict};
+pub use hosts::{Heard, Hosts, Verdict, Why};
+pub use inputs::{core_readings, leak_inputs, BoardRead, CduMeasurements, StepIn};
 use latch::LatchKeeper;
-pub use writes::{MapLimits, Outcome, Plan, Setting, Write};
+pub use record::LatchRecord;
+pub use said::{Said, Words};
+pub use writes::{Asked, MapLimits, Outcome, Plan, Setting, Write, WriteError};
 
-/// What the board's leak lines gave this step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BoardRead {
-    /// No board: the CDU's leak register is the only leak input.
-    Absent,
-    /// Read: ropes wet and ropes whose supervision reports a fault, bit n
-    /// = rack n.
-    Read {
-        /// Ropes wet.
-        wet: u16,
-        /// Ropes cut or shorted.
-        faults: u16,
-    },
-    /// The read failed: nothing is known of the ropes.
-    Failed,
-}
-
-/// The core's leak inputs from the board and the CDU's leak register
-/// (`cdu`; `None`: not read this step). Each input counts on its own.
-pub fn leak_inputs(board: BoardRead, cdu: Option<u16>) -> LeakInputs {
-    match board {
-        BoardRead::Read { wet, faults } => LeakInputs {
-            wet,
-            rope_faults: faults,
-            read_ok: true,
-            cdu,
-        },
-        BoardRead::Failed => LeakInputs {
-            wet: 0,
-            rope_faults: 0,
-            read_ok: false,
-            cdu,
-        },
-        // The CDU's register stands in for the ropes: while it does not
-        // answer, leak sensing is lost.
-        BoardRead::Absent => LeakInputs {
-            wet: 0,
-            rope_faults: 0,
-            read_ok: cdu.is_some(),
-            cdu,
-        },
-    }
-}
-
-/// The core's readings from the CDU's.
-pub fn core_readings(r: &CduMeasurements) -> CduReadings {
-    let f = |x: Option<f64>| x.map(|v| v as f32);
-    CduReadings {
-        supply_c: f(r.supply_c),
-        return_c: f(r.return_c),
-        flow_lpm: f(r.flow_lpm),
-        facility_supply_c: f(r.facility_supply_c),
-        pumps_running: r.pumps_running.map(|p| p.unwrap_or(false)),
-        pump_faults: r.pump_faults.map(|p| p.unwrap_or(false)),
-        diff_pressure_kpa: f(r.diff_pressure_kpa),
-        valves_closed: r.valves_closed,
-        it_w: f(r.it_w),
-        facility_w: f(r.facility_w),
-    }
-}
-
-/// What a step is given besides the CDU and the hosts' reports (heard
-/// between steps: [`Decider::hear_host`]).
-#[derive(Debug, Clone, Copy)]
-pub struct StepIn {
-    /// Now, ms on the process's monotonic clock.
-    pub now_ms: u64,
-    /// What the board's leak lines gave.
-    pub board: BoardRead,
-    /// The outdoor temperature as measured, °C.
-    pub ambient_c: Option<f32>,
-}
+/// The lines held for the log until taken: three from the map's limits,
+/// one of the record at start, one of a relatch.
+pub const SAID: usize = 8;
 
 /// The core, the latched record's keeper and the writes' limiter.
 #[derive(Debug, Clone)]
@@ -143,27 +85,28 @@ pub struct Decider {
     /// The valves planned at the last step, if written.
     valves_planned: Option<u16>,
     /// What the step said besides the core's events.
-    events: Vec<Event>,
-    /// What to say in the log: (words, an error).
-    said: Vec<(String, bool)>,
+    events: writes::Events,
+    /// What to say in the log.
+    said: Vec<Said, SAID>,
 }
 
 impl Decider {
     /// A decider for `cfg` on a CDU of map `limits`, from the latched
-    /// record the flash held at start (`latched`). The core is held to
-    /// the tighter of its limits and the map's; what that changed, and
-    /// what became of the record, are in [`Decider::take_said`].
-    pub fn new(
+    /// record the flash held at start (`latched`; an error: why it cannot
+    /// be read). The core is held to the tighter of its limits and the
+    /// map's; what that changed, and what became of the record, are in
+    /// [`Decider::take_said`].
+    pub fn new<E: Display>(
         mut cfg: CoreConfig,
         limits: MapLimits,
-        latched: &Result<Option<LatchRecord>, String>,
+        latched: &Result<Option<LatchRecord>, E>,
     ) -> Result<Self, ConfigError> {
-        let mut said: Vec<(String, bool)> = writes::tighten(&mut cfg, &limits)
-            .into_iter()
-            .map(|s| (s, false))
-            .collect();
+        let mut said: Vec<Said, SAID> = writes::tighten(&mut cfg, &limits).into_iter().collect();
         let opened = LatchKeeper::open(latched);
-        said.extend(opened.said);
+        if let Some(s) = opened.said {
+            // At most three above: room for this one.
+            let _ = said.push(s);
+        }
         let core = match &opened.restore {
             Some(l) => Core::restore(cfg, l)?,
             None => Core::new(cfg)?,
@@ -180,7 +123,7 @@ impl Decider {
             writes_ok: true,
             valves_taken: None,
             valves_planned: None,
-            events: Vec::new(),
+            events: writes::Events::new(),
             said,
         })
     }
@@ -191,9 +134,15 @@ impl Decider {
     }
 
     /// The core, to change (an operator's clear, the BMS's limits, what
-    /// was learned).
+    /// was learned). A change made here is not in a trace: a caller that
+    /// traces makes it through [`Decider::apply`].
     pub fn core_mut(&mut self) -> &mut Core {
         &mut self.core
+    }
+
+    /// The map's limits the decider holds the writes to.
+    pub fn limits(&self) -> &MapLimits {
+        &self.limits
     }
 
     /// Host `h`'s telemetry `t`, stamped `stamped`, heard at `at_ms` (the
@@ -207,12 +156,24 @@ impl Decider {
         stamped: TimestampMs,
         (at_ms, now): (u64, TimestampMs),
     ) -> Verdict {
+        let heard = self.heard(t, stamped, at_ms);
+        self.hear_host(h, &heard, now)
+    }
+
+    /// Telemetry `t`, stamped `stamped`, heard at `at_ms`, as
+    /// [`Decider::hear_host`] takes it: its GPUs that no working GPU
+    /// could be left out, by the TDP and the supply believed now.
+    pub fn heard(
+        &self,
+        t: &loopwarden_protocol::message::HostTelemetry,
+        stamped: TimestampMs,
+        at_ms: u64,
+    ) -> Heard {
         let bounds = hosts::Bounds {
             tdp_w: self.core.config().gpu.tdp_w,
             supply_c: self.supply_c,
         };
-        let heard = hosts::heard_of(t, stamped, at_ms, &bounds);
-        self.hear_host(h, &heard, now)
+        hosts::heard_of(t, stamped, at_ms, &bounds)
     }
 
     /// Host `h`'s report as `heard` at `now` (the clock of its stamp):
@@ -238,9 +199,9 @@ impl Decider {
         self.keeper.relatch_pending()
     }
 
-    /// What to log since the last call: (words, an error).
-    pub fn take_said(&mut self) -> Vec<(String, bool)> {
-        std::mem::take(&mut self.said)
+    /// What to log since the last call.
+    pub fn take_said(&mut self) -> Vec<Said, SAID> {
+        core::mem::take(&mut self.said)
     }
 
     /// Step 1: the core's step on the CDU's measurements `cdu` (`None`:
@@ -249,15 +210,8 @@ impl Decider {
         let closed = cdu.and_then(|r| r.valves_closed);
         let positions = self.limits.positions;
         if let Some(racks) = self.keeper.relatch(&mut self.core, closed, positions) {
-            let how = if positions {
-                "from the valves the CDU reports closed"
-            } else {
-                "all of them: the CDU's map reads no valve positions"
-            };
-            self.said.push((
-                std::format!("racks latched {how}: {racks:#06b}"),
-                !positions,
-            ));
+            // Once per decider, after at most four at its start.
+            let _ = self.said.push(Said::Relatched { racks, positions });
         }
         let mut c = self.core.step(&Inputs {
             now_ms: inp.now_ms,
@@ -309,6 +263,11 @@ impl Decider {
     /// this step (`closed`). A setting the map limits is reported in
     /// [`Decider::take_events`].
     pub fn plan(&mut self, c: &Commands, closed: Option<u16>) -> Plan {
+        self.plan_asked(&Asked::of(c), closed)
+    }
+
+    /// Step 3 for what the commands ask (`c`).
+    fn plan_asked(&mut self, c: &Asked, closed: Option<u16>) -> Plan {
         self.heartbeat = self.heartbeat.wrapping_add(1);
         let racks = cooling_core::safety::all_racks(self.core.config().layout.racks as usize);
         let open_now = self.valves_taken.or(closed.map(|c| !c & racks));
@@ -331,16 +290,15 @@ impl Decider {
     }
 
     /// The events of the decision path itself (a setting limited), since
-    /// the last call.
-    pub fn take_events(&mut self) -> Vec<Event> {
-        std::mem::take(&mut self.events)
+    /// the last call (the newest [`writes::EVENTS`] of them).
+    pub fn take_events(&mut self) -> writes::Events {
+        core::mem::take(&mut self.events)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use loopwarden_boards::modbus_map::RegisterMap;
 
     fn measured(valves_closed: u16) -> CduMeasurements {
         CduMeasurements {
@@ -380,17 +338,13 @@ mod tests {
 
     #[test]
     fn a_relatch_keeps_the_bms_limits_and_writes_no_valve_before_it() {
-        let lim = MapLimits::of(&RegisterMap::sim_cdu());
-        let mut d = Decider::new(
-            CoreConfig::default(),
-            lim,
-            &Err("cdu.latched: damaged".into()),
-        )
-        .unwrap();
+        let lim = writes::tests::sim_cdu();
+        let mut d = Decider::new(CoreConfig::default(), lim, &Err("cdu.latched: damaged")).unwrap();
         assert!(d
             .take_said()
             .iter()
-            .any(|(s, error)| *error && s.contains("damaged")));
+            .any(|s| s.error()
+                && matches!(s, Said::RecordUnreadable { why } if why.contains("damaged"))));
         d.core_mut().set_limits(30.0, -2.0);
         // The CDU is silent: nothing to keep, no valve written, and
         // every rack's hosts held as a latched rack's.
@@ -410,15 +364,5 @@ mod tests {
         assert_eq!(d.core().limits(), (30.0, -2.0), "the BMS's limits stand");
         assert_eq!(d.core().leaks_latched(), 0b0010);
         assert_eq!(c.cooling_lost, 0b0010, "the other racks are cooled again");
-    }
-
-    #[test]
-    fn without_a_board_the_cdus_register_is_the_leak_input() {
-        let l = leak_inputs(BoardRead::Absent, Some(0b0100));
-        assert!(l.read_ok && l.reads_wet(2) && !l.reads_wet(1));
-        let l = leak_inputs(BoardRead::Absent, None);
-        assert!(!l.read_ok, "a silent CDU without a board is sensing lost");
-        let l = leak_inputs(BoardRead::Failed, Some(0b0001));
-        assert!(!l.read_ok && l.reads_wet(0), "a failed board masks nothing");
     }
 }

@@ -12,10 +12,11 @@
 //! - *fresh*: a BMS value the shell took less than [`BMS_FRESH`] ago, so
 //!   that a BMS that stops writing does not leave a stale value in force.
 
-use std::time::Duration;
+use core::ops::RangeInclusive;
+use core::time::Duration;
 
 /// The outdoor temperatures believed, °C.
-pub const PLAUSIBLE_C: std::ops::RangeInclusive<f64> = -50.0..=60.0;
+pub const PLAUSIBLE_C: RangeInclusive<f64> = -50.0..=60.0;
 
 /// How long a value the BMS wrote stays in force without a new write.
 pub const BMS_FRESH: Duration = Duration::from_secs(300);

@@ -8,20 +8,31 @@
 //! ends); it never holds back another write.
 //!
 //! Glossary:
+//! - *asked*: what of a step's commands the writes are made of
+//!   ([`Asked`]).
 //! - *safety writes*: the valves, the pumps to run and the lead pump.
 //! - *map limits*: the ranges the register map gives the writable
 //!   settings ([`MapLimits`]).
 
-use std::format;
-use std::string::String;
-use std::vec::Vec;
+use core::fmt::{self, Display};
 
 use cooling_core::{Commands, CoreConfig};
-use loopwarden_boards::modbus_map::{Kind, RegisterMap};
+use heapless::Vec;
 use loopwarden_protocol::message::{CduSetting, Event, Pump};
+use serde::{Deserialize, Serialize};
+
+use crate::float::round;
+use crate::said::{words, Said, Words};
+
+/// The most writes of a step: one per setting.
+pub const MAX_WRITES: usize = Setting::ORDER.len();
+/// The events of the decision path held until taken.
+pub const EVENTS: usize = 8;
+/// The events of the decision path held until taken.
+pub type Events = Vec<Event, EVENTS>;
 
 /// A CDU setting the controller writes, in the order written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Setting {
     /// Rack valves open, bit n = rack n.
     Valves,
@@ -71,7 +82,7 @@ impl Setting {
 
 /// What a register map says of the settings: which it has, the ranges of
 /// the setpoint and the pump speed, and whether the CDU reports its valve
-/// positions.
+/// positions (read from a map by the shell: `cooling_ctrl::modbus::map_limits`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MapLimits {
     /// Per [`Setting::ORDER`]: the map has it as a holding register.
@@ -85,18 +96,6 @@ pub struct MapLimits {
 }
 
 impl MapLimits {
-    /// The limits of `map`.
-    pub fn of(map: &RegisterMap) -> Self {
-        let holding = |name: &str| map.get(name).filter(|r| r.kind == Kind::Holding);
-        let range = |s: Setting| holding(s.register()).and_then(|r| r.min.zip(r.max));
-        Self {
-            mapped: Setting::ORDER.map(|s| holding(s.register()).is_some()),
-            setpoint_c: range(Setting::Setpoint),
-            speed_pct: range(Setting::PumpSpeed),
-            positions: map.get("valves_closed").is_some(),
-        }
-    }
-
     fn has(&self, s: Setting) -> bool {
         Setting::ORDER
             .iter()
@@ -107,40 +106,68 @@ impl MapLimits {
 
 /// The core's configuration `cfg` held to the map's ranges: where the map
 /// is tighter than the core's own limits (the lowest and highest
-/// setpoint, the lowest pump speed), the map's wins. Returns each change
-/// in words, for the log at start.
-pub fn tighten(cfg: &mut CoreConfig, lim: &MapLimits) -> Vec<String> {
+/// setpoint, the lowest pump speed), the map's wins. Returns each change,
+/// for the log at start.
+pub fn tighten(cfg: &mut CoreConfig, lim: &MapLimits) -> Vec<Said, 3> {
     let mut said = Vec::new();
     let c = &mut cfg.cdu;
+    // At most one of each of the three: pushes cannot fail.
     if let Some((lo, hi)) = lim.setpoint_c {
         let (lo, hi) = (lo as f32, hi as f32);
         if lo > c.min_setpoint_c {
-            said.push(format!(
-                "lowest setpoint {:.1} °C (the site's dew point allows {:.1} °C, the CDU's register map takes no less than {lo:.1} °C)",
-                lo, c.min_setpoint_c
-            ));
+            let _ = said.push(Said::LowestSetpoint {
+                map_c: lo,
+                site_c: c.min_setpoint_c,
+            });
             c.min_setpoint_c = lo;
         }
         if hi < c.max_setpoint_c {
-            said.push(format!(
-                "highest setpoint {hi:.1} °C (configured {:.1} °C, the CDU's register map takes no more)",
-                c.max_setpoint_c
-            ));
+            let _ = said.push(Said::HighestSetpoint {
+                map_c: hi,
+                configured_c: c.max_setpoint_c,
+            });
             c.max_setpoint_c = hi;
         }
     }
     if let Some((lo, _)) = lim.speed_pct {
         let lo = (lo / 100.0) as f32;
         if lo > c.min_speed {
-            said.push(format!(
-                "lowest pump speed {:.0} % (configured {:.0} %, the CDU's register map takes no less)",
-                lo * 100.0,
-                c.min_speed * 100.0
-            ));
+            let _ = said.push(Said::LowestSpeed {
+                map: lo,
+                configured: c.min_speed,
+            });
             c.min_speed = lo;
         }
     }
     said
+}
+
+/// What of a step's commands its writes are made of.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Asked {
+    /// Supply setpoint, °C.
+    pub setpoint_c: f32,
+    /// Pump speed, fraction of full.
+    pub pump_speed: f32,
+    /// Pumps A and B on.
+    pub pump_on: [bool; 2],
+    /// The lead pump.
+    pub lead: Pump,
+    /// Rack valves open, bit n = rack n.
+    pub valves_open: u16,
+}
+
+impl Asked {
+    /// What `c` asks of the CDU.
+    pub fn of(c: &Commands) -> Self {
+        Self {
+            setpoint_c: c.setpoint_c,
+            pump_speed: c.pump_speed,
+            pump_on: c.pump_on,
+            lead: c.lead,
+            valves_open: c.valves_open,
+        }
+    }
 }
 
 /// One setting to write.
@@ -157,7 +184,7 @@ pub struct Write {
 pub struct Plan {
     /// The writes; a setting the map lacks, or the valves while they are
     /// held, is not among them.
-    pub writes: Vec<Write>,
+    pub writes: Vec<Write, MAX_WRITES>,
 }
 
 impl Plan {
@@ -168,10 +195,26 @@ impl Plan {
 }
 
 /// What became of a step's writes.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Outcome {
-    /// Each write tried, with the CDU's answer (`Err`: why it failed).
-    pub tried: Vec<(Setting, Result<(), String>)>,
+    /// Each write tried, with the CDU's answer (`Err`: why it failed, as
+    /// the shell said it, cut to [`crate::said::WORDS`] bytes).
+    pub tried: Vec<(Setting, Result<(), Words>), MAX_WRITES>,
+}
+
+/// A write that failed, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WriteError {
+    /// Which.
+    pub setting: Setting,
+    /// Why, as the shell said it.
+    pub why: Words,
+}
+
+impl Display for WriteError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.setting.register(), self.why)
+    }
 }
 
 impl Outcome {
@@ -186,30 +229,38 @@ impl Outcome {
         w.setting != Setting::Heartbeat || self.tried.iter().all(|(s, r)| !s.safety() || r.is_ok())
     }
 
-    /// Records the CDU's answer to `s`.
-    pub fn record(&mut self, s: Setting, r: Result<(), String>) {
-        self.tried.push((s, r));
+    /// Records the CDU's answer to `s` (an error's words cut to
+    /// [`crate::said::WORDS`] bytes). A plan writes each setting once;
+    /// past [`MAX_WRITES`] answers, a failure takes the place of the last
+    /// success, so that a failure is never lost.
+    pub fn record<E: Display>(&mut self, s: Setting, r: Result<(), E>) {
+        let entry = (s, r.map_err(|e| words(&e)));
+        if let Err(entry) = self.tried.push(entry) {
+            let last_ok = self.tried.iter_mut().rev().find(|(_, r)| r.is_ok());
+            if let (Err(_), Some(last)) = (&entry.1, last_ok) {
+                *last = entry;
+            }
+        }
     }
 
-    /// The first failure, in words.
-    pub fn first_error(&self) -> Option<String> {
-        self.tried
-            .iter()
-            .find_map(|(s, r)| r.as_ref().err().map(|e| format!("{}: {e}", s.register())))
+    /// The first failure.
+    pub fn first_error(&self) -> Option<WriteError> {
+        self.tried.iter().find_map(|(s, r)| {
+            r.as_ref().err().map(|why| WriteError {
+                setting: *s,
+                why: why.clone(),
+            })
+        })
     }
 
     /// An outcome in which every write of `plan` went in (`ok`) or none
     /// did: a CDU that takes a step's writes together, as the twin's.
     pub fn whole(plan: &Plan, ok: bool) -> Self {
-        let r = || {
-            if ok {
-                Ok(())
-            } else {
-                Err("not taken".into())
-            }
-        };
+        let answer = if ok { Ok(()) } else { Err(words(&"not taken")) };
         Self {
-            tried: plan.writes.iter().map(|w| (w.setting, r())).collect(),
+            tried: (plan.writes.iter())
+                .map(|w| (w.setting, answer.clone()))
+                .collect(),
         }
     }
 }
@@ -225,20 +276,20 @@ pub struct Limiter {
 }
 
 impl Limiter {
-    /// The plan for commands `c`: `valves` (`None`: held, not written),
-    /// this step's `heartbeat`, the setpoint and speed held to `lim`
-    /// (rounded to 0.01 °C and 0.1 %). A limit that begins or ends is
-    /// pushed onto `events`.
+    /// The plan for what the commands ask (`c`): `valves` (`None`: held,
+    /// not written), this step's `heartbeat`, the setpoint and speed held
+    /// to `lim` (rounded to 0.01 °C and 0.1 %). A limit that begins or
+    /// ends is pushed onto `events`.
     pub fn plan(
         &mut self,
-        c: &Commands,
+        c: &Asked,
         valves: Option<u16>,
         heartbeat: u16,
         lim: &MapLimits,
-        events: &mut Vec<Event>,
+        events: &mut Events,
     ) -> Plan {
-        let setpoint = (f64::from(c.setpoint_c) * 100.0).round() / 100.0;
-        let speed = (f64::from(c.pump_speed) * 1000.0).round() / 10.0;
+        let setpoint = round(f64::from(c.setpoint_c) * 100.0) / 100.0;
+        let speed = round(f64::from(c.pump_speed) * 1000.0) / 10.0;
         let setpoint = self.held(0, setpoint, lim.setpoint_c, events);
         let speed = self.held(1, speed, lim.speed_pct, events);
         let values = [
@@ -266,7 +317,7 @@ impl Limiter {
         i: usize,
         wanted: f64,
         range: Option<(f64, f64)>,
-        events: &mut Vec<Event>,
+        events: &mut Events,
     ) -> f64 {
         let written = range.map_or(wanted, |(lo, hi)| wanted.clamp(lo, hi));
         let setting = if i == 0 {
@@ -274,29 +325,56 @@ impl Limiter {
         } else {
             CduSetting::PumpSpeed
         };
-        let centi = |v: f64| (v * 100.0).round() as i32;
+        let centi = |v: f64| round(v * 100.0) as i32;
         let now = (written != wanted).then_some((wanted, written));
         if now.is_some() {
             self.count += 1;
         }
         if now.is_some() != self.limited[i].is_some() {
-            events.push(Event::SettingLimited {
-                setting,
-                wanted_centi: centi(wanted),
-                written_centi: centi(written),
-                active: now.is_some(),
-            });
+            push_newest(
+                events,
+                Event::SettingLimited {
+                    setting,
+                    wanted_centi: centi(wanted),
+                    written_centi: centi(written),
+                    active: now.is_some(),
+                },
+            );
         }
         self.limited[i] = now;
         written
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// Pushes `e`; when `events` is full (no one took them), the oldest
+/// gives way: the newest says how a limit stands now.
+pub(crate) fn push_newest(events: &mut Events, e: Event) {
+    if events.is_full() {
+        events.remove(0);
+    }
+    // Room was made above.
+    let _ = events.push(e);
+}
 
-    fn commands(setpoint_c: f32, speed: f32) -> Commands {
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::said::WORDS;
+    use std::string::ToString;
+
+    /// The limits of the simulated CDU's register map
+    /// (`boards/cdus/sim-cdu.toml`; cooling-ctrl checks that its map reads
+    /// so).
+    pub(crate) fn sim_cdu() -> MapLimits {
+        MapLimits {
+            mapped: [true; 6],
+            setpoint_c: Some((17.0, 45.0)),
+            speed_pct: Some((30.0, 100.0)),
+            positions: true,
+        }
+    }
+
+    fn commands(setpoint_c: f32, speed: f32) -> Asked {
         let mut c = cooling_core::Core::new(CoreConfig::default())
             .unwrap()
             .step(&cooling_core::Inputs {
@@ -309,18 +387,16 @@ mod tests {
             });
         c.setpoint_c = setpoint_c;
         c.pump_speed = speed;
-        c
+        Asked::of(&c)
     }
 
     #[test]
     fn a_setpoint_outside_the_map_is_held_to_it_and_the_valves_still_go_first() {
-        let lim = MapLimits::of(&RegisterMap::sim_cdu());
-        assert_eq!(lim.setpoint_c, Some((17.0, 45.0)));
+        let lim = sim_cdu();
         let mut l = Limiter::default();
-        let mut ev = Vec::new();
+        let mut ev = Events::new();
         let p = l.plan(&commands(14.0, 0.5), Some(0b0111), 9, &lim, &mut ev);
-        let order: Vec<Setting> = p.writes.iter().map(|w| w.setting).collect();
-        assert_eq!(order, Setting::ORDER.to_vec());
+        assert!(p.writes.iter().map(|w| w.setting).eq(Setting::ORDER));
         assert_eq!(p.value(Setting::Valves), Some(7.0));
         assert_eq!(p.value(Setting::Setpoint), Some(17.0));
         assert_eq!(p.value(Setting::PumpSpeed), Some(50.0));
@@ -354,30 +430,64 @@ mod tests {
             value: 1.0,
         };
         let mut o = Outcome::default();
-        o.record(Setting::Valves, Ok(()));
-        o.record(Setting::PumpsRun, Ok(()));
+        o.record(Setting::Valves, Ok::<(), &str>(()));
+        o.record(Setting::PumpsRun, Ok::<(), &str>(()));
         assert!(o.due(&hb));
-        o.record(Setting::Setpoint, Err("exception 3".into()));
+        o.record(Setting::Setpoint, Err("exception 3"));
         assert!(o.due(&hb), "a refused setpoint does not stop the heartbeat");
-        o.record(Setting::Valves, Err("exception 4".into()));
+        o.record(Setting::Valves, Err("exception 4"));
         assert!(!o.due(&hb), "a refused valve write does");
         assert!(!o.all_ok());
         assert_eq!(
-            o.first_error().as_deref(),
+            o.first_error().map(|e| e.to_string()).as_deref(),
             Some("supply_setpoint: exception 3")
         );
     }
 
     #[test]
     fn the_core_is_held_to_the_tighter_of_its_limits_and_the_maps() {
-        let lim = MapLimits::of(&RegisterMap::sim_cdu());
+        let lim = sim_cdu();
         let mut cfg = CoreConfig::default();
         cfg.cdu.min_setpoint_c = 13.0;
         let said = tighten(&mut cfg, &lim);
         assert_eq!(cfg.cdu.min_setpoint_c, 17.0);
         assert_eq!(said.len(), 1, "{said:?}");
-        assert!(said[0].contains("dew point"), "{}", said[0]);
+        assert_eq!(
+            said[0].to_string(),
+            "lowest setpoint 17.0 °C (the site's dew point allows 13.0 °C, the CDU's register map takes no less than 17.0 °C)"
+        );
         let mut again = cfg;
         assert!(tighten(&mut again, &lim).is_empty());
+    }
+
+    #[test]
+    fn a_failure_past_the_writes_of_a_plan_is_not_lost_and_long_words_are_cut() {
+        let mut o = Outcome::default();
+        for s in Setting::ORDER {
+            o.record(s, Ok::<(), &str>(()));
+        }
+        let long = "no answer ".repeat(40);
+        o.record(Setting::Valves, Err(long.as_str()));
+        assert_eq!(o.tried.len(), MAX_WRITES);
+        assert!(!o.all_ok());
+        let e = o.first_error().unwrap();
+        assert_eq!(e.setting, Setting::Valves);
+        assert!(e.why.len() <= WORDS && e.why.starts_with("no answer"));
+    }
+
+    #[test]
+    fn events_no_one_takes_give_way_to_the_newest() {
+        let lim = sim_cdu();
+        let mut l = Limiter::default();
+        let mut ev = Events::new();
+        for i in 0..2 * EVENTS {
+            let setpoint = if i % 2 == 0 { 14.0 } else { 20.0 };
+            l.plan(&commands(setpoint, 0.5), None, 0, &lim, &mut ev);
+        }
+        assert_eq!(ev.len(), EVENTS);
+        assert!(matches!(
+            ev.last(),
+            Some(Event::SettingLimited { active: false, .. })
+        ));
     }
 }

@@ -18,12 +18,12 @@
 //! - *relatch*: latching racks from the valve positions after an
 //!   unreadable record.
 
-use std::format;
-use std::string::String;
+use core::fmt::Display;
 
 use cooling_core::{Core, Latched};
 
-use crate::journal::LatchRecord;
+use crate::record::LatchRecord;
+use crate::said::{words, Said};
 
 /// The latched state's keeper.
 #[derive(Debug, Clone)]
@@ -46,14 +46,14 @@ pub struct Opened {
     pub keeper: LatchKeeper,
     /// The state to restore the core from.
     pub restore: Option<Latched>,
-    /// What to say in the log, and whether it is an error.
-    pub said: Option<(String, bool)>,
+    /// What to say in the log.
+    pub said: Option<Said>,
 }
 
 impl LatchKeeper {
     /// The keeper for what the flash held at start: a record, none ever
     /// written, or why it cannot be read.
-    pub fn open(read: &Result<Option<LatchRecord>, String>) -> Opened {
+    pub fn open<E: Display>(read: &Result<Option<LatchRecord>, E>) -> Opened {
         let fresh = |kept, relatch| LatchKeeper {
             kept,
             offered: None,
@@ -74,12 +74,7 @@ impl LatchKeeper {
             Err(e) => Opened {
                 keeper: fresh(None, true),
                 restore: None,
-                said: Some((
-                    format!(
-                        "{e}; the record is kept as it is, no valve is written, and every rack whose valve the CDU reports closed is latched at its first answer"
-                    ),
-                    true,
-                )),
+                said: Some(Said::RecordUnreadable { why: words(e) }),
             },
         }
     }
@@ -166,9 +161,9 @@ mod tests {
 
     #[test]
     fn an_unreadable_record_is_kept_and_no_valve_written_until_the_positions_are_read() {
-        let o = LatchKeeper::open(&Err("cdu.latched: damaged".into()));
+        let o = LatchKeeper::open(&Err("cdu.latched: damaged"));
         let mut k = o.keeper;
-        assert!(o.restore.is_none() && o.said.as_ref().is_some_and(|s| s.1));
+        assert!(o.restore.is_none() && o.said.as_ref().is_some_and(|s| s.error()));
         let mut c = core();
         assert_eq!(k.to_keep(&c), None, "nothing overwrites it");
         assert_eq!(k.valves(0b1111, Some(0b1111)), None);
@@ -185,7 +180,7 @@ mod tests {
 
     #[test]
     fn no_valve_opens_after_a_failed_write_and_closing_proceeds() {
-        let mut k = LatchKeeper::open(&Ok(None)).keeper;
+        let mut k = LatchKeeper::open(&Ok::<_, &str>(None)).keeper;
         let mut c = core();
         c.latch_racks(0b0001);
         let r = k.to_keep(&c).unwrap();
@@ -202,7 +197,7 @@ mod tests {
 
     #[test]
     fn without_valve_positions_a_relatch_latches_every_rack() {
-        let mut k = LatchKeeper::open(&Err("unreadable".into())).keeper;
+        let mut k = LatchKeeper::open(&Err("unreadable")).keeper;
         let mut c = core();
         let racks = c.config().layout.racks as usize;
         assert_eq!(
