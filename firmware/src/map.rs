@@ -134,13 +134,36 @@ impl fmt::Display for ValueError {
                 value,
                 min,
                 max,
-            } => {
-                write!(f, "{name}: {value} is outside {min} to {max}")
-            }
-            ValueError::DoesNotFit { name, value } => {
-                write!(f, "{name}: {value} does not fit the register at its scale")
-            }
+            } => write!(
+                f,
+                "{name}: {} is outside {} to {}",
+                Centi(*value),
+                Centi(*min),
+                Centi(*max)
+            ),
+            ValueError::DoesNotFit { name, value } => write!(
+                f,
+                "{name}: {} does not fit the register at its scale",
+                Centi(*value)
+            ),
         }
+    }
+}
+
+/// A value printed with two decimals from an integer, so the firmware
+/// carries no float formatting.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Centi(pub f64);
+
+impl fmt::Display for Centi {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = round(self.0 * 100.0);
+        if !c.is_finite() || c.abs() > 9.0e15 {
+            return write!(f, "(not a number)");
+        }
+        let c = c as i64;
+        let sign = if c < 0 { "-" } else { "" };
+        write!(f, "{sign}{}.{:02}", c.abs() / 100, c.abs() % 100)
     }
 }
 
@@ -260,5 +283,12 @@ mod tests {
         assert_eq!(round(2.5), 3.0);
         assert_eq!(round(-2.5), -3.0);
         assert_eq!(round(-0.4), 0.0);
+        assert_eq!(std::format!("{}", Centi(-3.456)), "-3.46");
+        assert_eq!(std::format!("{}", Centi(17.0)), "17.00");
+        let e = SUPPLY_SETPOINT.encode(50.0).unwrap_err();
+        assert_eq!(
+            std::format!("{e}"),
+            "supply_setpoint: 50.00 is outside 17.00 to 45.00"
+        );
     }
 }

@@ -2,13 +2,13 @@
 //! it summarises.
 //!
 //! Glossary:
-//! - *centi*: a value printed with two decimals from an integer, so the
-//!   firmware carries no float formatting.
+//! - *median*: of the last 256 steps' instruction counts.
 
 use core::fmt;
 
 use cooling_core::Commands;
 use loopwarden_firmware::cdu::CduMeasurements;
+use loopwarden_firmware::map::Centi;
 use loopwarden_firmware::plan::Outcome;
 use loopwarden_protocol::message::{CduMode, Pump};
 
@@ -39,17 +39,6 @@ impl InsnStats {
         let mut v: heapless::Vec<u32, WINDOW> = self.last.iter().copied().collect();
         v.sort_unstable();
         v.get(v.len() / 2).copied().unwrap_or(0)
-    }
-}
-
-/// `v` with two decimals.
-struct Centi(f64);
-
-impl fmt::Display for Centi {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let c = loopwarden_firmware::map::round(self.0 * 100.0) as i64;
-        let sign = if c < 0 { "-" } else { "" };
-        write!(f, "{sign}{}.{:02}", c.abs() / 100, c.abs() % 100)
     }
 }
 

@@ -103,13 +103,20 @@ impl Uart {
 /// Moves received bytes into the ring of the UART whose receive
 /// interrupt `irq` is; called by the board's interrupt dispatch.
 pub fn on_rx_interrupt(irq: u8) {
-    let Some(i) = UARTS.iter().position(|u| u.rx_irq == irq) else {
-        return;
-    };
+    if let Some(i) = UARTS.iter().position(|u| u.rx_irq == irq) {
+        drain(i);
+    }
+}
+
+/// Moves what UART `i` holds into its ring. The interrupt is cleared
+/// before the holding register is read, so a byte that arrives after the
+/// last read raises it again.
+fn drain(i: usize) {
     let base = UARTS[i].base;
     let ring = &RINGS[i];
-    // SAFETY: the UART's own registers, read and cleared by its interrupt.
+    // SAFETY: the UART's own registers.
     unsafe {
+        write(base + INTCLEAR, INT_RX);
         while read(base + STATE) & STATE_RX_FULL != 0 {
             let b = read(base + DATA) as u8;
             let full =
@@ -122,7 +129,6 @@ pub fn on_rx_interrupt(irq: u8) {
             ring.overrun.store(true, Ordering::Relaxed);
             write(base + STATE, STATE_RX_OVERRUN);
         }
-        write(base + INTCLEAR, INT_RX);
     }
 }
 
@@ -146,7 +152,13 @@ impl serial::Read<u8> for Uart {
         if ring.overrun.swap(false, Ordering::Relaxed) {
             return Err(nb::Error::Other(ErrorKind::Overrun));
         }
-        interrupt::free(|cs| ring.bytes.borrow(cs).borrow_mut().pop_front())
+        let pop = || interrupt::free(|cs| ring.bytes.borrow(cs).borrow_mut().pop_front());
+        // A byte the interrupt has not moved yet is taken here.
+        pop()
+            .or_else(|| {
+                interrupt::free(|_| drain(self.ring));
+                pop()
+            })
             .ok_or(nb::Error::WouldBlock)
     }
 }
