@@ -47,7 +47,7 @@ trap cleanup EXIT INT TERM
 
 port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 # The pseudo-terminal first, then the listening socket QEMU connects to.
-socat PTY,raw,echo=0,link="$out/cdu.pty" "TCP-LISTEN:$port,bind=127.0.0.1,reuseaddr" 2>"$out/socat.log" &
+socat PTY,raw,echo=0,link="$out/cdu.pty" "TCP-LISTEN:$port,bind=127.0.0.1,reuseaddr,nodelay" 2>"$out/socat.log" &
 pids+=($!)
 for _ in $(seq 50); do [ -e "$out/cdu.pty" ] && break; sleep 0.1; done
 [ -e "$out/cdu.pty" ] || { echo "run-qemu.sh: socat made no pseudo-terminal" >&2; exit 1; }
@@ -62,7 +62,7 @@ for _ in $(seq 50); do grep -q "serving" "$out/cdu.log" 2>/dev/null && break; sl
 
 wall_start=$(date +%s.%N)
 qemu-system-arm -M mps2-an386 -nographic -icount shift=0 -monitor none \
-  -serial "tcp:127.0.0.1:$port" -serial null -serial "file:$out/uart2.log" \
+  -serial "tcp:127.0.0.1:$port,nodelay=on" -serial null -serial "file:$out/uart2.log" \
   -kernel "$elf" >"$out/qemu.log" 2>&1 &
 pids+=($!)
 echo "running $secs s: CDU on $out/cdu.pty (TCP $port), trace in $out/uart2.log"
