@@ -9,7 +9,10 @@
 //! It prints where it serves, the register map and the unit id, then a
 //! status line every few seconds, and stops when told (Ctrl-C, SIGTERM).
 //! Past the scenario's end its last conditions hold (load, weather, the
-//! faults still in force).
+//! faults still in force). With `--record FILE` it also writes every
+//! client write, every scenario fault as it begins and ends, and every
+//! change of its own state (fallback, pumps, valves) to FILE as it
+//! happens ([`crate::recorded`], in the format of [`crate::record`]).
 //!
 //! Glossary:
 //! - *status line*: the CDU as a client sees it, one line: simulated time,
@@ -19,12 +22,15 @@
 
 use std::future::Future;
 use std::io::Write;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use loopwarden_boards::modbus_map::{RegisterMap, WordOrder};
 use loopwarden_twin::scenario::Scenario;
 use loopwarden_twin::sim_cdu::SimCdu;
 
+use crate::record::{Record, RecordError};
+use crate::recorded::Started;
 use crate::sim_side::{at_speed, Listen, Pace, SimError, SimSide};
 
 /// The shipped map's file, as the banner names it.
@@ -45,6 +51,9 @@ pub struct CduConfig {
     pub speed: f64,
     /// Wall time between two status lines.
     pub status_every: Duration,
+    /// Where to write the record of writes, faults and the CDU's state
+    /// changes (`crate::record`), if anywhere.
+    pub record: Option<PathBuf>,
 }
 
 /// Why it stopped other than when told.
@@ -56,6 +65,9 @@ pub enum CduError {
     /// The CDU could not start.
     #[error("{0}")]
     Start(#[from] SimError),
+    /// The record could not be written.
+    #[error("{0}")]
+    Record(#[from] RecordError),
     /// The Modbus server stopped.
     #[error("{link}: the Modbus server stopped: {why}")]
     Served {
@@ -150,7 +162,7 @@ pub fn banner(cfg: &CduConfig, sim: &SimSide) -> Vec<String> {
             sim.link()
         ),
     };
-    vec![
+    let mut lines = vec![
         served,
         format!(
             "register map: {MAP_FILE} ({}, 32-bit values {})",
@@ -164,7 +176,14 @@ pub fn banner(cfg: &CduConfig, sim: &SimSide) -> Vec<String> {
             "scenario: {} ({} s: {}), {}x real time; its last conditions hold after its end",
             cfg.name, cfg.scenario.duration_s, cfg.scenario.description, cfg.speed
         ),
-    ]
+    ];
+    if let Some(path) = &cfg.record {
+        lines.push(format!(
+            "record: {} (JSON lines: writes, scenario faults, the CDU's state changes)",
+            path.display()
+        ));
+    }
+    lines
 }
 
 /// The shipped map, answering `unit` if given (1 to 247).
@@ -194,8 +213,7 @@ pub async fn serve(
             cfg.speed
         )));
     }
-    let map = map_for(cfg.unit)?;
-    let mut sim = SimSide::start_on(&at_speed(&cfg.scenario, cfg.speed), map, &cfg.listen).await?;
+    let mut sim = start(&cfg).await?;
     for l in banner(&cfg, &sim) {
         let _ = writeln!(out, "{l}");
     }
@@ -218,13 +236,7 @@ pub async fn serve(
             _ = tick.tick() => {}
         }
         let now = Instant::now();
-        let view = {
-            let mut h = sim.hall().lock().expect("hall lock");
-            if let Err(e) = h.step(pace.step_s(now)) {
-                tracing::warn!("hall: {e}");
-            }
-            CduView::read(sim.cdu(), h.time_s(), h.in_fallback())
-        };
+        let view = step(&sim, &mut pace, now)?;
         if now >= next_status {
             next_status = now + cfg.status_every;
             let _ = writeln!(out, "{}", status_line(&view));
@@ -232,9 +244,54 @@ pub async fn serve(
         }
     }
     sim.served.abort();
+    // No write is served after the record's last line.
+    let _ = (&mut sim.served).await;
+    if let Some(w) = sim.watch() {
+        let h = sim.hall().lock().expect("hall lock");
+        let mut w = w.lock().expect("record lock");
+        w.stopped(h.time_s(), Instant::now());
+        if let Some(e) = w.take_failure() {
+            return Err(e.into());
+        }
+    }
     let _ = writeln!(out, "simulated CDU: stopped");
     let _ = out.flush();
     Ok(())
+}
+
+/// The simulated side of `cfg`, recorded if it says where.
+async fn start(cfg: &CduConfig) -> Result<SimSide, CduError> {
+    let map = map_for(cfg.unit)?;
+    let sc = at_speed(&cfg.scenario, cfg.speed);
+    Ok(match &cfg.record {
+        None => SimSide::start_on(&sc, map, &cfg.listen).await?,
+        Some(path) => {
+            let record = Record::create(path)?;
+            let started = Started {
+                scenario: cfg.name.clone(),
+                speed: cfg.speed,
+            };
+            SimSide::start_recorded(&sc, map, &cfg.listen, record, started).await?
+        }
+    })
+}
+
+/// Steps the hall to `now`, records what the step did (if the CDU keeps a
+/// record) and reads the CDU as a client would.
+fn step(sim: &SimSide, pace: &mut Pace, now: Instant) -> Result<CduView, CduError> {
+    let mut h = sim.hall().lock().expect("hall lock");
+    let from_s = h.time_s();
+    if let Err(e) = h.step(pace.step_s(now)) {
+        tracing::warn!("hall: {e}");
+    }
+    if let Some(w) = sim.watch() {
+        let mut w = w.lock().expect("record lock");
+        w.stepped(from_s, &h, sim.cdu(), Instant::now());
+        if let Some(e) = w.take_failure() {
+            return Err(e.into());
+        }
+    }
+    Ok(CduView::read(sim.cdu(), h.time_s(), h.in_fallback()))
 }
 
 #[cfg(test)]

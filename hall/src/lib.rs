@@ -11,7 +11,8 @@
 //! [`report`] turns a trace and the run's summary into SVG charts and a
 //! Markdown page (`loopwarden-hall plot`). [`cdu`] serves the simulated
 //! CDU alone on Modbus (`loopwarden-hall cdu`), on the parts
-//! [`sim_side`] gives `play` and `fleet` too.
+//! [`sim_side`] gives `play` and `fleet` too, and with `--record` writes
+//! what it was told and what happened to it ([`record`], [`recorded`]).
 
 #![warn(missing_docs)]
 
@@ -21,6 +22,8 @@ pub mod fleet;
 pub mod logging;
 pub mod play;
 pub mod precursors;
+pub mod record;
+pub mod recorded;
 pub mod report;
 pub mod sim_side;
 pub mod trace;

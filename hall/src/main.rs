@@ -8,8 +8,9 @@
 //!   HOST:PORT ...] [--json]`: N real host agents and M real cooling
 //!   controllers in one process, measured (`docs/scale.md`).
 //! - `loopwarden-hall cdu --modbus ADDR:PORT | --serial DEV [--baud B]
-//!   [--unit N] [--scenario F] [--speed X]`: the simulated CDU alone, for
-//!   `cooling-ctrl run`, `mbpoll` or a BMS (`docs/twin.md`).
+//!   [--unit N] [--scenario F] [--speed X] [--record FILE]`: the simulated
+//!   CDU alone, for `cooling-ctrl run`, `mbpoll` or a BMS, and what it was
+//!   told and did (`docs/twin.md`).
 //! - `loopwarden-hall goodput [--gpus G] [--checkpoint-min C] [--mix F]
 //!   [--trials N] [--seed S] [--out DIR] [--json] ...`: a large training
 //!   job's effective training time under failures, per way of handling
@@ -82,6 +83,11 @@ struct CduArgs {
     /// Seconds between two status lines.
     #[arg(long, default_value_t = 5.0)]
     status_every: f64,
+    /// Write every client write, scenario fault and change of the CDU's
+    /// own state (fallback, pumps, valves) to this file, one JSON object
+    /// a line, each flushed as written.
+    #[arg(long, value_name = "FILE.jsonl")]
+    record: Option<PathBuf>,
 }
 
 fn cdu(a: &CduArgs) -> Result<(), String> {
@@ -107,6 +113,7 @@ fn cdu(a: &CduArgs) -> Result<(), String> {
         unit: a.unit,
         speed: a.speed,
         status_every: std::time::Duration::from_secs_f64(a.status_every),
+        record: a.record.clone(),
     };
     let rt = tokio::runtime::Runtime::new().map_err(|e| format!("runtime: {e}"))?;
     rt.block_on(async {

@@ -2,7 +2,8 @@
 //! and `cdu`: the simulated CDU serving its registers on Modbus (TCP, or
 //! RTU on a serial device), the twin's hall behind them, the controller
 //! board's simulated lines, and the pace at which the hall is stepped in
-//! real time.
+//! real time. `cdu --record` serves the CDU through its record
+//! ([`crate::recorded`]).
 //!
 //! Glossary:
 //! - *speed*: simulated seconds per wall-clock second.
@@ -23,6 +24,12 @@ use loopwarden_twin::pins::SimLines;
 use loopwarden_twin::scenario::Scenario;
 use loopwarden_twin::sim_cdu::{RtuLine, SimCdu};
 use tokio::task::JoinHandle;
+
+use crate::record::{Record, RecordError};
+use crate::recorded::{open_rtu, RecordedCdu, Started, Watch};
+
+/// The CDU's Modbus server.
+type Served = JoinHandle<std::io::Result<()>>;
 
 /// Where the simulated CDU serves Modbus.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,6 +67,9 @@ pub enum SimError {
     /// The CDU's registers refused its initial settings.
     #[error("simulated CDU: {0}")]
     Registers(#[from] loopwarden_boards::modbus_map::ValueError),
+    /// The record's first line could not be written.
+    #[error("{0}")]
+    Record(#[from] RecordError),
 }
 
 /// The settings the simulated CDU starts with, as a CDU at rest: 18 °C,
@@ -79,10 +89,12 @@ pub struct SimSide {
     /// Where the CDU serves, as a controller reaches it.
     link: Link,
     /// The CDU's Modbus server.
-    pub(crate) served: JoinHandle<std::io::Result<()>>,
+    pub(crate) served: Served,
     pub(crate) lines: SimLines,
     pub(crate) pins: PinMap,
     pub(crate) hall: Arc<Mutex<Hall>>,
+    /// The record, when the CDU keeps one.
+    watch: Option<Arc<Mutex<Watch>>>,
 }
 
 impl SimSide {
@@ -101,32 +113,29 @@ impl SimSide {
         map: RegisterMap,
         listen: &Listen,
     ) -> Result<Self, SimError> {
+        Self::start_with(sc, map, listen, None).await
+    }
+
+    /// As [`SimSide::start_on`], every write, scenario fault and change of
+    /// the CDU's state written to `record` ([`crate::recorded`]); the
+    /// record's first line says `started` and the state the CDU starts in.
+    pub async fn start_recorded(
+        sc: &Scenario,
+        map: RegisterMap,
+        listen: &Listen,
+        record: Record,
+        started: Started,
+    ) -> Result<Self, SimError> {
+        Self::start_with(sc, map, listen, Some((record, started))).await
+    }
+
+    async fn start_with(
+        sc: &Scenario,
+        map: RegisterMap,
+        listen: &Listen,
+        record: Option<(Record, Started)>,
+    ) -> Result<Self, SimError> {
         let cdu = SimCdu::new(map.clone(), &AT_REST)?;
-        let (link, served) = match listen {
-            Listen::Tcp(addr) => {
-                let listen_err = |source| SimError::Listen {
-                    addr: *addr,
-                    source,
-                };
-                let listener = tokio::net::TcpListener::bind(addr)
-                    .await
-                    .map_err(listen_err)?;
-                let bound = listener.local_addr().map_err(listen_err)?;
-                (Link::Tcp(bound), tokio::spawn(cdu.clone().serve(listener)))
-            }
-            Listen::Rtu { path, baud } => {
-                let line = RtuLine::open(path, *baud).map_err(|source| SimError::Device {
-                    path: path.clone(),
-                    source,
-                })?;
-                let mut serial = SerialLine::new(path.clone());
-                serial.baud = *baud;
-                (
-                    Link::Rtu(serial),
-                    tokio::spawn(cdu.clone().serve_rtu_on(line)),
-                )
-            }
-        };
         // The controller board's lines: the hall drives the leak ropes, a
         // controller reads them and drives the relay and the beacon,
         // through embedded-hal pins.
@@ -138,6 +147,7 @@ impl SimSide {
             lines.clone(),
             pins.clone(),
         )));
+        let (link, served, watch) = serve(listen, &cdu, &hall, sc, record).await?;
         Ok(Self {
             map,
             cdu,
@@ -146,6 +156,7 @@ impl SimSide {
             lines,
             pins,
             hall,
+            watch,
         })
     }
 
@@ -162,6 +173,73 @@ impl SimSide {
     /// The hall behind them.
     pub fn hall(&self) -> &Arc<Mutex<Hall>> {
         &self.hall
+    }
+
+    /// The record, when the CDU keeps one (lock the hall first, then it).
+    pub fn watch(&self) -> Option<&Arc<Mutex<Watch>>> {
+        self.watch.as_ref()
+    }
+}
+
+/// Serves `cdu` where `listen` says, recorded when `record` is given:
+/// where it serves, its server and the record's watch. The record starts
+/// once the address is bound or the device opened.
+async fn serve(
+    listen: &Listen,
+    cdu: &SimCdu,
+    hall: &Arc<Mutex<Hall>>,
+    sc: &Scenario,
+    record: Option<(Record, Started)>,
+) -> Result<(Link, Served, Option<Arc<Mutex<Watch>>>), SimError> {
+    let watch_on = |link: &Link, (record, started): (Record, Started)| {
+        let h = hall.lock().expect("hall lock");
+        let faults = sc.faults.clone();
+        let w = Watch::start(
+            record,
+            Instant::now(),
+            &h,
+            cdu,
+            faults,
+            started,
+            link.to_string(),
+        )?;
+        Ok::<_, SimError>(Arc::new(Mutex::new(w)))
+    };
+    let recorded = |w: &Arc<Mutex<Watch>>| RecordedCdu::new(cdu.clone(), hall.clone(), w.clone());
+    match listen {
+        Listen::Tcp(addr) => {
+            let listen_err = |source| SimError::Listen {
+                addr: *addr,
+                source,
+            };
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(listen_err)?;
+            let link = Link::Tcp(listener.local_addr().map_err(listen_err)?);
+            let Some(record) = record else {
+                return Ok((link, tokio::spawn(cdu.clone().serve(listener)), None));
+            };
+            let w = watch_on(&link, record)?;
+            let served = tokio::spawn(recorded(&w).serve(listener));
+            Ok((link, served, Some(w)))
+        }
+        Listen::Rtu { path, baud } => {
+            let device_err = |source| SimError::Device {
+                path: path.clone(),
+                source,
+            };
+            let mut serial = SerialLine::new(path.clone());
+            serial.baud = *baud;
+            let link = Link::Rtu(serial);
+            let Some(record) = record else {
+                let line = RtuLine::open(path, *baud).map_err(device_err)?;
+                return Ok((link, tokio::spawn(cdu.clone().serve_rtu_on(line)), None));
+            };
+            let line = open_rtu(path, *baud).map_err(device_err)?;
+            let w = watch_on(&link, record)?;
+            let served = tokio::spawn(recorded(&w).serve_rtu_on(line));
+            Ok((link, served, Some(w)))
+        }
     }
 }
 
