@@ -7,7 +7,8 @@
 //! core's inputs, runs the core, says what must be in flash before
 //! anything acts, and turns the core's commands into ordered writes.
 //! Pure, `no_std` and allocation-free: no clock, no I/O; time comes in
-//! with each step.
+//! with each step. Every input it is given can be recorded and replayed
+//! elsewhere through the same code ([`trace`]).
 //!
 //! Between steps, each host report heard goes to [`Decider::hear_host`],
 //! which believes it or says why not ([`hosts`]). A step, as both
@@ -46,6 +47,7 @@ pub mod leases;
 pub mod outdoor;
 pub mod record;
 pub mod said;
+pub mod trace;
 pub mod writes;
 
 use core::fmt::Display;
@@ -59,6 +61,7 @@ pub use inputs::{core_readings, leak_inputs, BoardRead, CduMeasurements, StepIn}
 use latch::LatchKeeper;
 pub use record::LatchRecord;
 pub use said::{Said, Words};
+pub use trace::{Applied, Opening, Traced};
 pub use writes::{Asked, MapLimits, Outcome, Plan, Setting, Write, WriteError};
 
 /// The lines held for the log until taken: three from the map's limits,
@@ -84,6 +87,8 @@ pub struct Decider {
     valves_taken: Option<u16>,
     /// The valves planned at the last step, if written.
     valves_planned: Option<u16>,
+    /// What the last step asked of the CDU (what a traced plan writes).
+    asked: Option<Asked>,
     /// What the step said besides the core's events.
     events: writes::Events,
     /// What to say in the log.
@@ -123,6 +128,7 @@ impl Decider {
             writes_ok: true,
             valves_taken: None,
             valves_planned: None,
+            asked: None,
             events: writes::Events::new(),
             said,
         })
@@ -229,7 +235,32 @@ impl Decider {
         if self.keeper.relatch_pending() {
             self.unknown_racks(&mut c);
         }
+        self.asked = Some(Asked::of(&c));
         c
+    }
+
+    /// Starts again from what the flash holds (`latched`), with the same
+    /// configuration and map limits: as a process that restarts.
+    pub fn restart(&mut self, latched: &Opening) -> Result<(), ConfigError> {
+        *self = Decider::new(*self.core.config(), self.limits, &latched.read())?;
+        Ok(())
+    }
+
+    /// Restores part `part` of what an earlier run learned, as the flash
+    /// held it (`bytes`: `cooling_core::estimate::record`), over what the
+    /// core holds now. Restored at start, part by part, it gives what
+    /// restoring the whole gives when every part is believed.
+    pub fn restore_learned_part(
+        &mut self,
+        part: usize,
+        bytes: &[u8],
+    ) -> Result<(), trace::LearnedRefused> {
+        let mut l = self.core.learned();
+        l.decode_part(part, bytes)
+            .map_err(trace::LearnedRefused::Record)?;
+        self.core
+            .restore_learned(&l)
+            .map_err(trace::LearnedRefused::Bounds)
     }
 
     /// While a relatch is pending, which racks' valves are shut is not
@@ -264,6 +295,12 @@ impl Decider {
     /// [`Decider::take_events`].
     pub fn plan(&mut self, c: &Commands, closed: Option<u16>) -> Plan {
         self.plan_asked(&Asked::of(c), closed)
+    }
+
+    /// Step 3 for the commands of the last step (`None`: no step yet).
+    pub fn plan_last(&mut self, closed: Option<u16>) -> Option<Plan> {
+        let asked = self.asked?;
+        Some(self.plan_asked(&asked, closed))
     }
 
     /// Step 3 for what the commands ask (`c`).
