@@ -124,6 +124,8 @@ fn board_nor() -> RamNor<'static> {
 }
 
 impl Controller {
+    /// Not inlined: its temporaries then leave the stack with its frame
+    /// instead of enlarging `main`'s for every step.
     #[inline(never)]
     fn boot(trace: &mut Uart) -> Self {
         let mut nor = board_nor();
