@@ -13,9 +13,17 @@
 //! - *gateway*: the Linux process beside it (`cooling-ctrl gateway`); it
 //!   decides nothing.
 //! - *frame*: one message on the wire ([`frame`]).
+//! - *trace*: the firmware's debug-port record of every input its
+//!   decision path took, replayed on another machine ([`trace`]).
 
 #![no_std]
 
 pub mod frame;
+pub mod message;
+pub mod trace;
 
 pub use frame::{Deframer, EncodeError, Fed, FrameError, Order, Received, SeqWatch, VERSION};
+pub use message::{
+    Clear, ClearAction, Cost, Down, Hello, RackBits, ResetCause, SignedClear, Status, Up,
+    MAX_MESSAGE,
+};
