@@ -243,10 +243,12 @@ pub async fn serve(
             let _ = out.flush();
         }
     }
+    // No new connection; a write a connection still makes after the
+    // record's last line is not recorded.
     sim.served.abort();
-    // No write is served after the record's last line.
     let _ = (&mut sim.served).await;
     if let Some(w) = sim.watch() {
+        let _held = sim.cdu().hold_writes();
         let h = sim.hall().lock().expect("hall lock");
         let mut w = w.lock().expect("record lock");
         w.stopped(h.time_s(), Instant::now());
@@ -277,8 +279,11 @@ async fn start(cfg: &CduConfig) -> Result<SimSide, CduError> {
 }
 
 /// Steps the hall to `now`, records what the step did (if the CDU keeps a
-/// record) and reads the CDU as a client would.
+/// record) and reads the CDU as a client would. A client's write waits
+/// for all of it: it is done between two steps, so a step reads one set
+/// of settings, and a recorded write the time of the step before it.
 fn step(sim: &SimSide, pace: &mut Pace, now: Instant) -> Result<CduView, CduError> {
+    let _held = sim.cdu().hold_writes();
     let mut h = sim.hall().lock().expect("hall lock");
     let from_s = h.time_s();
     if let Err(e) = h.step(pace.step_s(now)) {
@@ -286,7 +291,7 @@ fn step(sim: &SimSide, pace: &mut Pace, now: Instant) -> Result<CduView, CduErro
     }
     if let Some(w) = sim.watch() {
         let mut w = w.lock().expect("record lock");
-        w.stepped(from_s, &h, sim.cdu(), Instant::now());
+        w.stepped(from_s, &h, Instant::now());
         if let Some(e) = w.take_failure() {
             return Err(e.into());
         }

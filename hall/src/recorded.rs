@@ -1,106 +1,58 @@
-//! The simulated CDU served with a record of what it was told and what
-//! happened to it (`loopwarden-hall cdu --record`, the format in
-//! [`crate::record`]).
+//! The simulated CDU's record of what it was told and what happened to
+//! it (`loopwarden-hall cdu --record`, the format in [`crate::record`]).
 //!
-//! Nothing is sampled. Every write reaches the CDU's registers through
-//! [`RecordedCdu`], which records it as it is done or refused; and a write
-//! is done under the hall's lock, between two of its steps, so a step
-//! reads exactly the settings recorded before it. After each step
-//! [`Watch::stepped`] records the scenario faults the step began or
-//! ended and what changed in the CDU as the step left it: its fallback,
-//! its pumps, its valves. A fact's `sim_ms` is the hall's time when it
-//! happened: a write's is the time of the step before it (the plant
-//! meets it in the step after), a fault's and a state change's the end
-//! of the step that played it, when it shows in the registers.
-//!
-//! The Modbus serving repeats the simulated CDU's own (`SimCdu::serve`
-//! and `serve_rtu_on`, which serve the twin's registers only) with the
-//! recording register file in its place: the same dispatch
-//! (`loopwarden_boards::modbus_server::answer`), the same unit id rules
-//! over RTU (its own answered, broadcasts done unanswered, others
-//! ignored).
+//! Nothing is sampled. The simulated CDU hands every client write to the
+//! record as it does or refuses it ([`record_writes`], on
+//! `SimCdu::observe_writes`), and `loopwarden-hall cdu` holds client
+//! writes back while the hall steps and the record takes in what the step
+//! did (`SimCdu::hold_writes`), so a write is done between two steps and
+//! the next step reads exactly the settings recorded before it. After
+//! each step [`Watch::stepped`] records the scenario faults the step
+//! began or ended and what changed in the CDU as the hall played it
+//! (`Hall::plant_state`): its fallback, its pumps, its valves. A fact's
+//! `sim_ms` is the hall's time when it happened: a write's is the time of
+//! the step before it (the plant meets it in the step after), a fault's
+//! and a state change's the end of the step that played it, when it shows
+//! in the registers.
 //!
 //! Glossary:
 //! - *plant state*: the pumps running (contactor closed and the drive
 //!   not tripped), the valves open (as commanded, or stuck open) and the
 //!   fallback, as the hall played them in its last step.
-//! - *watch*: the record and what it last recorded of the plant state
-//!   and the faults.
+//! - *watch*: the record, what it last recorded of the plant state and
+//!   the faults, and the hall's time at its last step.
 
-use std::future::{ready, Ready};
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use loopwarden_boards::modbus_map::{Kind, RegisterMap, ValueError};
-use loopwarden_boards::modbus_server::{answer, RegisterFile};
-use loopwarden_twin::hall::Hall;
-use loopwarden_twin::scenario::{Fault, FaultKind};
-use loopwarden_twin::sim_cdu::{fallback, SimCdu};
-use tokio_modbus::server::tcp::{accept_tcp_connection, Server};
-use tokio_modbus::{ExceptionCode, Request, Response, SlaveRequest};
-use tokio_serial::SerialPort as _;
+use loopwarden_boards::modbus_map::{Kind, RegisterMap};
+use loopwarden_twin::hall::{Hall, PlantState};
+use loopwarden_twin::scenario::Fault;
+use loopwarden_twin::sim_cdu::{ClientWrite, SimCdu};
 
 use crate::record::{number, Fact, FaultFact, Record, RecordError};
-use crate::sim_side::SimError;
 
-/// The CDU as the hall played it in its last step.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PlantState {
-    /// Pump A and B running.
-    pub pumps_running: [bool; 2],
-    /// Per rack: its valve open.
-    pub valves_open: Vec<bool>,
-    /// On its own fallback.
-    pub fallback: bool,
-}
-
-impl PlantState {
-    /// What the hall played in its last step, from the settings it read
-    /// (unchanged since: writes wait for the hall's lock) and the faults
-    /// `active` in that step.
-    pub fn of(hall: &Hall, cdu: &SimCdu, active: &[&FaultKind]) -> Result<Self, ValueError> {
-        let site = hall.plant().site();
-        let run = cdu.setting("pumps_run")? as u32;
-        let lead = (cdu.setting("lead_pump")? as usize).min(1);
-        let valves = cdu.setting("valves_open")? as u32;
-        let mut pump_on = [run & 1 != 0, run & 2 != 0];
-        let on_fallback = hall.in_fallback();
-        if on_fallback {
-            pump_on = fallback(&site.secondary, pump_on, lead).2;
-        }
-        let has = |k: FaultKind| active.contains(&&k);
-        Ok(Self {
-            pumps_running: [0, 1].map(|i| pump_on[i] && !has(FaultKind::PumpTrip(i))),
-            valves_open: (0..site.racks)
-                .map(|r| valves & (1 << r) != 0 || has(FaultKind::ValveStuck(r)))
-                .collect(),
-            fallback: on_fallback,
-        })
+/// What changed from `was` to `now`: the fallback, then the pumps, then
+/// the valves rack by rack.
+pub fn changes(was: &PlantState, now: &PlantState) -> Vec<Fact> {
+    let mut facts = Vec::new();
+    if was.fallback != now.fallback {
+        facts.push(Fact::Fallback { on: now.fallback });
     }
-
-    /// What changed from `self` to `next`: the fallback, then the pumps,
-    /// then the valves rack by rack.
-    pub fn changes(&self, next: &Self) -> Vec<Fact> {
-        let mut facts = Vec::new();
-        if self.fallback != next.fallback {
-            facts.push(Fact::Fallback { on: next.fallback });
+    for (i, name) in ["A", "B"].into_iter().enumerate() {
+        if was.pumps_running[i] != now.pumps_running[i] {
+            facts.push(Fact::Pump {
+                pump: name.to_string(),
+                running: now.pumps_running[i],
+            });
         }
-        for (i, name) in ["A", "B"].into_iter().enumerate() {
-            if self.pumps_running[i] != next.pumps_running[i] {
-                facts.push(Fact::Pump {
-                    pump: name.to_string(),
-                    running: next.pumps_running[i],
-                });
-            }
-        }
-        for (rack, (was, now)) in self.valves_open.iter().zip(&next.valves_open).enumerate() {
-            if was != now {
-                facts.push(Fact::Valve { rack, open: *now });
-            }
-        }
-        facts
     }
+    for (rack, (a, b)) in was.valves_open.iter().zip(&now.valves_open).enumerate() {
+        if a != b {
+            facts.push(Fact::Valve { rack, open: *b });
+        }
+    }
+    facts
 }
 
 /// One register (or the words past the map's registers) a write touched.
@@ -168,8 +120,12 @@ pub struct Watch {
     /// Per fault: in effect at the last step.
     in_effect: Vec<bool>,
     state: PlantState,
+    /// The hall's time at its last step, s: a write's time.
+    t_s: f64,
     /// The first line that could not be written.
     failed: Option<RecordError>,
+    /// The last line is written: nothing more is.
+    ended: bool,
 }
 
 /// What the start line says besides the CDU's state.
@@ -182,30 +138,31 @@ pub struct Started {
 }
 
 impl Watch {
-    /// Starts the record of `hall` (playing `faults`) and its CDU, which
-    /// begins serving at `t0` on `serving`: its first line, the state they
-    /// start in.
+    /// Starts the record of `hall` (playing `faults`) and its CDU (serving
+    /// `map`), which begins serving at `t0` on `serving`: its first line,
+    /// the state they start in.
     pub fn start(
         record: Record,
         t0: Instant,
         hall: &Hall,
-        cdu: &SimCdu,
+        map: &RegisterMap,
         faults: Vec<Fault>,
         started: Started,
         serving: String,
-    ) -> Result<Self, SimError> {
-        let t_s = hall.time_s();
+    ) -> Result<Self, RecordError> {
         // Before the first step nothing is played: the CDU at rest, no
         // fault in effect.
-        let state = PlantState::of(hall, cdu, &[])?;
+        let state = hall.plant_state().clone();
         let mut w = Self {
             record,
             t0,
-            map: cdu.map().clone(),
+            map: map.clone(),
             in_effect: vec![false; faults.len()],
             faults,
             state: state.clone(),
+            t_s: hall.time_s(),
             failed: None,
+            ended: false,
         };
         let first = Fact::Start {
             scenario: started.scenario,
@@ -215,14 +172,14 @@ impl Watch {
             valves_open: state.valves_open,
             fallback: state.fallback,
         };
-        w.record.write(t_s, Duration::ZERO, &first)?;
+        w.record.write(w.t_s, Duration::ZERO, &first)?;
         Ok(w)
     }
 
     /// Records `fact` at scenario time `t_s` and wall time `now`; after a
-    /// line fails, writes nothing more and keeps the failure.
+    /// line fails, or the last line, writes nothing more.
     fn put(&mut self, t_s: f64, now: Instant, fact: &Fact) {
-        if self.failed.is_some() {
+        if self.failed.is_some() || self.ended {
             return;
         }
         let wall = now.saturating_duration_since(self.t0);
@@ -231,35 +188,28 @@ impl Watch {
         }
     }
 
-    /// A client's write of `words` from `addr`, done (`Ok`) or refused,
-    /// at scenario time `t_s` and wall time `now`: one line per register.
-    pub fn wrote(
-        &mut self,
-        t_s: f64,
-        now: Instant,
-        addr: u16,
-        words: &[u16],
-        result: Result<(), ExceptionCode>,
-    ) {
-        for w in written(&self.map, addr, words) {
+    /// A client's write `w`, done or refused at wall time `now` (at the
+    /// hall's time of its last step): one line per register.
+    pub fn wrote(&mut self, now: Instant, w: &ClientWrite<'_>) {
+        for reg in written(&self.map, w.address, w.words) {
             let fact = Fact::Write {
-                register: w.register,
-                address: w.address,
-                value: w.value.and_then(number),
-                words: (!w.words.is_empty()).then_some(w.words),
-                ok: result.is_ok(),
-                exception: result.err().map(|e| e.to_string()),
-                exception_code: result.err().map(u8::from),
+                register: reg.register,
+                address: reg.address,
+                value: reg.value.and_then(number),
+                words: (!reg.words.is_empty()).then_some(reg.words),
+                ok: w.outcome.is_ok(),
+                exception: w.outcome.err().map(|e| e.to_string()),
+                exception_code: w.outcome.err().map(u8::from),
             };
-            self.put(t_s, now, &fact);
+            self.put(self.t_s, now, &fact);
         }
     }
 
     /// The hall just stepped from scenario time `from_s` (to its time
     /// now), done at wall time `now`: the faults it began or ended, then
-    /// what changed in the CDU.
-    pub fn stepped(&mut self, from_s: f64, hall: &Hall, cdu: &SimCdu, now: Instant) {
-        let t_s = hall.time_s();
+    /// what changed in the CDU as it played it.
+    pub fn stepped(&mut self, from_s: f64, hall: &Hall, now: Instant) {
+        self.t_s = hall.time_s();
         let mut facts = Vec::new();
         for (i, f) in self.faults.iter().enumerate() {
             let acts = f.active(from_s);
@@ -273,27 +223,19 @@ impl Watch {
                 });
             }
         }
-        let active: Vec<&FaultKind> = self
-            .faults
-            .iter()
-            .filter(|f| f.active(from_s))
-            .map(|f| &f.kind)
-            .collect();
-        match PlantState::of(hall, cdu, &active) {
-            Ok(next) => {
-                facts.extend(self.state.changes(&next));
-                self.state = next;
-            }
-            Err(e) => tracing::warn!("record: the CDU's settings: {e}"),
-        }
+        let next = hall.plant_state();
+        facts.extend(changes(&self.state, next));
+        self.state = next.clone();
         for fact in &facts {
-            self.put(t_s, now, fact);
+            self.put(self.t_s, now, fact);
         }
     }
 
-    /// The CDU stopped as told at wall time `now`: the last line.
+    /// The CDU stopped as told at wall time `now`: the last line; a write
+    /// a connection still makes after it is not recorded.
     pub fn stopped(&mut self, t_s: f64, now: Instant) {
         self.put(t_s, now, &Fact::Stop);
+        self.ended = true;
     }
 
     /// Why the record stopped, once (then `None`).
@@ -302,109 +244,14 @@ impl Watch {
     }
 }
 
-/// The simulated CDU's registers, every write recorded (clone it freely:
-/// one CDU, one hall, one record).
-#[derive(Clone)]
-pub struct RecordedCdu {
-    cdu: SimCdu,
-    hall: Arc<Mutex<Hall>>,
-    watch: Arc<Mutex<Watch>>,
-}
-
-impl RecordedCdu {
-    /// `cdu`'s registers, `hall` behind them, recorded in `watch`.
-    pub fn new(cdu: SimCdu, hall: Arc<Mutex<Hall>>, watch: Arc<Mutex<Watch>>) -> Self {
-        Self { cdu, hall, watch }
-    }
-
-    /// Serves Modbus TCP on `listener` until the task is dropped, as
-    /// `SimCdu::serve` does.
-    pub async fn serve(self, listener: tokio::net::TcpListener) -> std::io::Result<()> {
-        let server = Server::new(listener);
-        let on_connected = |stream, socket_addr: SocketAddr| {
-            let cdu = self.clone();
-            async move {
-                accept_tcp_connection(stream, socket_addr, move |_| Ok(Some(Service(cdu.clone()))))
-            }
-        };
-        let on_error = |e| tracing::warn!("simulated CDU: Modbus connection failed: {e}");
-        server.serve(&on_connected, on_error).await
-    }
-
-    /// Serves Modbus RTU on `line` until the task is dropped or the line
-    /// fails, answering its map's unit id only, as `SimCdu::serve_rtu_on`
-    /// does.
-    pub async fn serve_rtu_on(self, line: tokio_serial::SerialStream) -> std::io::Result<()> {
-        tokio_modbus::server::rtu::Server::new(line)
-            .serve_forever(RtuService(self))
-            .await
-    }
-}
-
-/// Opens the serial device `path` at `baud`, 8N1, and discards whatever
-/// arrived before, as the simulated CDU's own line does. Needs a tokio
-/// runtime.
-pub fn open_rtu(path: &str, baud: u32) -> std::io::Result<tokio_serial::SerialStream> {
-    let port = tokio_serial::SerialStream::open(&tokio_serial::new(path, baud))?;
-    port.clear(tokio_serial::ClearBuffer::All)?;
-    Ok(port)
-}
-
-impl RegisterFile for RecordedCdu {
-    fn read_registers(&self, kind: Kind, addr: u16, count: u16) -> Result<Vec<u16>, ExceptionCode> {
-        self.cdu.read_registers(kind, addr, count)
-    }
-
-    fn write_registers(&self, addr: u16, words: &[u16]) -> Result<(), ExceptionCode> {
-        // Between two steps: the next one reads what is recorded here.
-        let hall = self.hall.lock().expect("hall lock");
-        let result = self.cdu.write_registers(addr, words);
-        let now = Instant::now();
-        self.watch
-            .lock()
-            .expect("record lock")
-            .wrote(hall.time_s(), now, addr, words, result);
-        result
-    }
-}
-
-/// One TCP connection's service.
-struct Service(RecordedCdu);
-
-impl tokio_modbus::server::Service for Service {
-    type Request = Request<'static>;
-    type Response = Response;
-    type Exception = ExceptionCode;
-    type Future = Ready<Result<Response, ExceptionCode>>;
-
-    fn call(&self, req: Self::Request) -> Self::Future {
-        ready(answer(&self.0, req))
-    }
-}
-
-/// The RTU service: answers its own unit id only; broadcast writes are
-/// done unanswered.
-struct RtuService(RecordedCdu);
-
-impl tokio_modbus::server::Service for RtuService {
-    type Request = SlaveRequest<'static>;
-    type Response = Option<Response>;
-    type Exception = ExceptionCode;
-    type Future = Ready<Result<Option<Response>, ExceptionCode>>;
-
-    fn call(&self, req: Self::Request) -> Self::Future {
-        ready(match req.slave {
-            0 => match req.request {
-                Request::WriteSingleRegister(..) | Request::WriteMultipleRegisters(..) => {
-                    let _ = answer(&self.0, req.request);
-                    Ok(None)
-                }
-                _ => Ok(None),
-            },
-            id if id == self.0.cdu.map().unit_id => answer(&self.0, req.request).map(Some),
-            _ => Ok(None),
-        })
-    }
+/// Records every client write `cdu` does or refuses from now on in
+/// `watch`, as it is done (the observer runs under the CDU's write lock:
+/// lock the watch after `SimCdu::hold_writes`, never before).
+pub fn record_writes(cdu: &SimCdu, watch: &Arc<Mutex<Watch>>) {
+    let watch = watch.clone();
+    cdu.observe_writes(move |w| {
+        watch.lock().expect("record lock").wrote(Instant::now(), w);
+    });
 }
 
 #[cfg(test)]
@@ -413,37 +260,20 @@ mod tests {
     use loopwarden_boards::pins::PinMap;
     use loopwarden_twin::pins::SimLines;
     use loopwarden_twin::scenario::Scenario;
+    use tokio_modbus::prelude::*;
 
     /// A two-rack hall playing `faults` (TOML `[[fault]]` tables), its
-    /// heartbeat timeout 2 s, the CDU at rest with both valves open.
+    /// CDU at rest with both valves open.
     fn hall(faults: &str) -> (Hall, SimCdu, Scenario) {
         let text = format!(
             "format = \"plant-scenario/1\"\ndescription = \"t\"\nduration_s = 3600\nseed = 1\n\
-             [site]\nracks = 2\n[truth.loop]\nheartbeat_timeout_s = 2.0\n\
-             [ambient]\npoints = [[0, 20.0]]\n[load]\nall = [[0, 0.8]]\n{faults}"
+             [site]\nracks = 2\n[ambient]\npoints = [[0, 20.0]]\n[load]\nall = [[0, 0.8]]\n{faults}"
         );
         let sc = Scenario::from_toml(&text, "t.toml").unwrap();
-        let cdu = SimCdu::new(
-            RegisterMap::sim_cdu(),
-            &[
-                ("supply_setpoint", 30.0),
-                ("pump_speed", 100.0),
-                ("valves_open", 3.0),
-                ("pumps_run", 1.0),
-            ],
-        )
-        .unwrap();
-        let h = Hall::new(
-            sc.clone(),
-            cdu.clone(),
-            SimLines::new(),
-            PinMap::sim_controller(),
-        );
+        let cdu = SimCdu::new(RegisterMap::sim_cdu(), &[("valves_open", 3.0)]).unwrap();
+        let pins = PinMap::sim_controller();
+        let h = Hall::new(sc.clone(), cdu.clone(), SimLines::new(), pins);
         (h, cdu, sc)
-    }
-
-    fn words(cdu: &SimCdu, name: &str, v: f64) -> Vec<u16> {
-        cdu.map().encode(name, v).unwrap()
     }
 
     #[test]
@@ -501,14 +331,14 @@ mod tests {
             valves_open: vec![true, true, true],
             fallback: false,
         };
-        assert!(a.changes(&a).is_empty());
+        assert!(changes(&a, &a).is_empty());
         let b = PlantState {
             pumps_running: [false, true],
             valves_open: vec![true, false, true],
             fallback: true,
         };
         assert_eq!(
-            a.changes(&b),
+            changes(&a, &b),
             vec![
                 Fact::Fallback { on: true },
                 Fact::Pump {
@@ -527,59 +357,6 @@ mod tests {
         );
     }
 
-    /// The plant state as the hall's own registers show it, where no
-    /// fault makes them lie.
-    fn shown(cdu: &SimCdu, fallback: bool) -> PlantState {
-        let closed = cdu.measurement("valves_closed").unwrap() as u32;
-        PlantState {
-            pumps_running: ["pump_a_running", "pump_b_running"]
-                .map(|p| cdu.measurement(p).unwrap() != 0.0),
-            valves_open: (0..2).map(|r| closed & (1 << r) == 0).collect(),
-            fallback,
-        }
-    }
-
-    #[test]
-    fn the_plant_state_is_what_the_hall_played() {
-        // A pump trip, a valve stuck open, and the heartbeat stopping.
-        let (mut h, cdu, sc) = hall(
-            "[[fault]]\nat_s = 10\nuntil_s = 30\nkind = \"pump_trip\"\ntarget = \"A\"\n\
-             [[fault]]\nat_s = 20\nkind = \"valve_stuck\"\ntarget = \"1\"\n",
-        );
-        let mut seen = Vec::new();
-        let writes: [(f64, &str, f64); 5] = [
-            (2.0, "heartbeat", 1.0),
-            (4.0, "valves_open", 1.0),
-            (12.0, "pumps_run", 3.0),
-            (24.0, "valves_open", 0.0),
-            (40.0, "pumps_run", 2.0),
-        ];
-        for k in 0..60 {
-            let t = h.time_s();
-            for (at, name, v) in writes {
-                if at == t {
-                    cdu.write_setting(name, v).unwrap();
-                }
-            }
-            h.step(1.0).unwrap();
-            let active: Vec<&FaultKind> = sc
-                .faults
-                .iter()
-                .filter(|f| f.active(t))
-                .map(|f| &f.kind)
-                .collect();
-            let state = PlantState::of(&h, &cdu, &active).unwrap();
-            assert_eq!(state, shown(&cdu, h.in_fallback()), "step {k} from {t} s");
-            seen.push(state);
-        }
-        // Each case was played: A tripped, both running, rack 1 stuck
-        // open though written shut, the fallback.
-        assert!(seen.iter().any(|s| s.pumps_running == [false, false]));
-        assert!(seen.iter().any(|s| s.pumps_running == [true, true]));
-        assert!(seen.iter().any(|s| s.valves_open == [false, true]));
-        assert!(seen.iter().any(|s| s.fallback) && !seen[0].fallback);
-    }
-
     fn lines(path: &std::path::Path) -> Vec<serde_json::Value> {
         std::fs::read_to_string(path)
             .unwrap()
@@ -588,8 +365,17 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn the_record_holds_each_write_between_the_steps_around_it() {
+    /// The hall's step `k` (1 s), and the record of it at 100 ms a step.
+    fn step(hall: &Mutex<Hall>, watch: &Mutex<Watch>, t0: Instant, k: u64) {
+        let mut h = hall.lock().unwrap();
+        let from = h.time_s();
+        h.step(1.0).unwrap();
+        let at = t0 + Duration::from_millis(100 * k);
+        watch.lock().unwrap().stepped(from, &h, at);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_record_holds_each_write_between_the_steps_around_it() {
         let (h, cdu, sc) =
             hall("[[fault]]\nat_s = 3\nuntil_s = 5\nkind = \"leak\"\ntarget = \"1\"\n");
         let dir = tempfile::tempdir().unwrap();
@@ -603,40 +389,50 @@ mod tests {
             Record::create(&path).unwrap(),
             t0,
             &h,
-            &cdu,
+            cdu.map(),
             sc.faults.clone(),
             started,
             "here".into(),
         )
         .unwrap();
         let (hall, watch) = (Arc::new(Mutex::new(h)), Arc::new(Mutex::new(w)));
-        let file = RecordedCdu::new(cdu.clone(), hall.clone(), watch.clone());
-        let step = |k: u64| {
-            let mut h = hall.lock().unwrap();
-            let from = h.time_s();
-            h.step(1.0).unwrap();
-            let at = t0 + Duration::from_millis(100 * k);
-            watch.lock().unwrap().stepped(from, &h, &cdu, at);
-        };
-        for k in 1..=4 {
-            step(k);
+        record_writes(&cdu, &watch);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(cdu.clone().serve(listener));
+        let mut ctx = tcp::connect(addr).await.unwrap();
+        for k in 1..=3 {
+            let _held = cdu.hold_writes();
+            step(&hall, &watch, t0, k);
         }
-        // The leak took effect in the step from 3 s; the rack's valve is
-        // closed by a write, refused once out of range.
-        assert_eq!(
-            file.write_registers(3, &words(&cdu, "valves_open", 1.0)),
-            Ok(())
-        );
-        assert_eq!(
-            file.write_registers(0, &[9900]),
-            Err(ExceptionCode::IllegalDataValue)
-        );
+        // The leak takes effect in the step from 3 s. A write sent while
+        // that step is under way waits for it and its record: the rack's
+        // valve is closed after the leak, at the step's end.
+        {
+            let _held = cdu.hold_writes();
+            let write = tokio::spawn(async move {
+                let done = ctx.write_single_register(3, 1).await;
+                (ctx, done)
+            });
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            step(&hall, &watch, t0, 4);
+            drop(_held);
+            let done;
+            (ctx, done) = write.await.unwrap();
+            assert!(matches!(done, Ok(Ok(()))), "{done:?}");
+        }
+        // Refused: out of range.
+        let refused = ctx.write_multiple_registers(0, &[9900]).await.unwrap();
+        assert_eq!(refused, Err(ExceptionCode::IllegalDataValue));
         for k in 5..=6 {
-            step(k);
+            let _held = cdu.hold_writes();
+            step(&hall, &watch, t0, k);
         }
-        let mut w = watch.lock().unwrap();
-        w.stopped(6.0, t0 + Duration::from_millis(700));
-        assert!(w.take_failure().is_none());
+        let stop_at = t0 + Duration::from_millis(700);
+        watch.lock().unwrap().stopped(6.0, stop_at);
+        // Past the last line nothing is recorded.
+        ctx.write_single_register(3, 3).await.unwrap().unwrap();
+        assert!(watch.lock().unwrap().take_failure().is_none());
         let got: Vec<String> = lines(&path)
             .iter()
             .map(|l| {

@@ -2,8 +2,8 @@
 //! and `cdu`: the simulated CDU serving its registers on Modbus (TCP, or
 //! RTU on a serial device), the twin's hall behind them, the controller
 //! board's simulated lines, and the pace at which the hall is stepped in
-//! real time. `cdu --record` serves the CDU through its record
-//! ([`crate::recorded`]).
+//! real time. With `cdu --record` the CDU's client writes go to its
+//! record as they are done ([`crate::recorded`]).
 //!
 //! Glossary:
 //! - *speed*: simulated seconds per wall-clock second.
@@ -26,7 +26,7 @@ use loopwarden_twin::sim_cdu::{RtuLine, SimCdu};
 use tokio::task::JoinHandle;
 
 use crate::record::{Record, RecordError};
-use crate::recorded::{open_rtu, RecordedCdu, Started, Watch};
+use crate::recorded::{record_writes, Started, Watch};
 
 /// The CDU's Modbus server.
 type Served = JoinHandle<std::io::Result<()>>;
@@ -147,7 +147,17 @@ impl SimSide {
             lines.clone(),
             pins.clone(),
         )));
-        let (link, served, watch) = serve(listen, &cdu, &hall, sc, record).await?;
+        let (link, bound) = bind(listen).await?;
+        // The record starts once the address is bound or the device
+        // opened, before the first client can write.
+        let watch = match record {
+            Some((record, started)) => Some(watch(&hall, &cdu, sc, &link, record, started)?),
+            None => None,
+        };
+        let served = match bound {
+            Bound::Tcp(listener) => tokio::spawn(cdu.clone().serve(listener)),
+            Bound::Rtu(line) => tokio::spawn(cdu.clone().serve_rtu_on(line)),
+        };
         Ok(Self {
             map,
             cdu,
@@ -181,31 +191,17 @@ impl SimSide {
     }
 }
 
-/// Serves `cdu` where `listen` says, recorded when `record` is given:
-/// where it serves, its server and the record's watch. The record starts
-/// once the address is bound or the device opened.
-async fn serve(
-    listen: &Listen,
-    cdu: &SimCdu,
-    hall: &Arc<Mutex<Hall>>,
-    sc: &Scenario,
-    record: Option<(Record, Started)>,
-) -> Result<(Link, Served, Option<Arc<Mutex<Watch>>>), SimError> {
-    let watch_on = |link: &Link, (record, started): (Record, Started)| {
-        let h = hall.lock().expect("hall lock");
-        let faults = sc.faults.clone();
-        let w = Watch::start(
-            record,
-            Instant::now(),
-            &h,
-            cdu,
-            faults,
-            started,
-            link.to_string(),
-        )?;
-        Ok::<_, SimError>(Arc::new(Mutex::new(w)))
-    };
-    let recorded = |w: &Arc<Mutex<Watch>>| RecordedCdu::new(cdu.clone(), hall.clone(), w.clone());
+/// Where the CDU is to serve, bound or opened.
+enum Bound {
+    /// Modbus TCP: the listener.
+    Tcp(tokio::net::TcpListener),
+    /// Modbus RTU: the serial line.
+    Rtu(RtuLine),
+}
+
+/// Binds the address or opens the device `listen` says: how a controller
+/// reaches it, and where to serve.
+async fn bind(listen: &Listen) -> Result<(Link, Bound), SimError> {
     match listen {
         Listen::Tcp(addr) => {
             let listen_err = |source| SimError::Listen {
@@ -216,31 +212,42 @@ async fn serve(
                 .await
                 .map_err(listen_err)?;
             let link = Link::Tcp(listener.local_addr().map_err(listen_err)?);
-            let Some(record) = record else {
-                return Ok((link, tokio::spawn(cdu.clone().serve(listener)), None));
-            };
-            let w = watch_on(&link, record)?;
-            let served = tokio::spawn(recorded(&w).serve(listener));
-            Ok((link, served, Some(w)))
+            Ok((link, Bound::Tcp(listener)))
         }
         Listen::Rtu { path, baud } => {
-            let device_err = |source| SimError::Device {
+            let line = RtuLine::open(path, *baud).map_err(|source| SimError::Device {
                 path: path.clone(),
                 source,
-            };
+            })?;
             let mut serial = SerialLine::new(path.clone());
             serial.baud = *baud;
-            let link = Link::Rtu(serial);
-            let Some(record) = record else {
-                let line = RtuLine::open(path, *baud).map_err(device_err)?;
-                return Ok((link, tokio::spawn(cdu.clone().serve_rtu_on(line)), None));
-            };
-            let line = open_rtu(path, *baud).map_err(device_err)?;
-            let w = watch_on(&link, record)?;
-            let served = tokio::spawn(recorded(&w).serve_rtu_on(line));
-            Ok((link, served, Some(w)))
+            Ok((Link::Rtu(serial), Bound::Rtu(line)))
         }
     }
+}
+
+/// The record of `hall` (playing `sc`) and `cdu`, serving on `link`: its
+/// first line written, every client write recorded from now on.
+fn watch(
+    hall: &Mutex<Hall>,
+    cdu: &SimCdu,
+    sc: &Scenario,
+    link: &Link,
+    record: Record,
+    started: Started,
+) -> Result<Arc<Mutex<Watch>>, SimError> {
+    let w = Watch::start(
+        record,
+        Instant::now(),
+        &hall.lock().expect("hall lock"),
+        cdu.map(),
+        sc.faults.clone(),
+        started,
+        link.to_string(),
+    )?;
+    let w = Arc::new(Mutex::new(w));
+    record_writes(cdu, &w);
+    Ok(w)
 }
 
 /// `sc` as played at `speed`: the CDU watches its controller's heartbeat

@@ -23,6 +23,11 @@
 //!
 //! Glossary:
 //! - *hall*: plant + simulated CDU + simulated pins + scenario clock.
+//! - *plant state*: the CDU's pumps running (contactor closed and the
+//!   drive not tripped), its valves open (as told, or stuck open) and its
+//!   fallback, as the hall played them in its last step
+//!   ([`Hall::plant_state`]); not as written, nor as its registers show
+//!   them (a Modbus outage freezes them, a stuck position input lies).
 
 use crate::hosts::HostFollow;
 use loopwarden_boards::modbus_map::{Type, ValueError};
@@ -33,6 +38,34 @@ use crate::plant::{Actuation, GpuState, Plant};
 use crate::scenario::{FaultKind, Scenario, SensorName};
 use crate::sim_cdu::{fallback, SimCdu};
 use crate::tally::{Declared, Tally};
+
+/// The CDU's pumps, valves and fallback as the hall played them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlantState {
+    /// Pump A and B running: told to (or on the fallback), the drive not
+    /// tripped. A seized pump runs, as its contactor says, and moves no
+    /// water.
+    pub pumps_running: [bool; 2],
+    /// Per rack: its valve open (as told, or stuck open).
+    pub valves_open: Vec<bool>,
+    /// On its own fallback.
+    pub fallback: bool,
+}
+
+impl PlantState {
+    /// The CDU at rest, before the hall has played anything: its pumps and
+    /// valves as `cdu`'s settings tell them, for `racks` racks, no fault,
+    /// no fallback (a setting the map lacks reads as 0).
+    fn at_rest(cdu: &SimCdu, racks: usize) -> Self {
+        let told = |name: &str| cdu.setting(name).unwrap_or(0.0) as u32;
+        let (run, valves) = (told("pumps_run"), told("valves_open"));
+        Self {
+            pumps_running: [run & 1 != 0, run & 2 != 0],
+            valves_open: (0..racks).map(|r| valves & (1 << r) != 0).collect(),
+            fallback: false,
+        }
+    }
+}
 
 /// The simulated hall.
 pub struct Hall {
@@ -53,8 +86,8 @@ pub struct Hall {
     heartbeat: Option<(f64, f64)>,
     /// The relay line's last level and when it changed, s.
     relay: Option<(bool, f64)>,
-    /// The CDU ran on its own fallback at the last step.
-    fallback: bool,
+    /// The CDU's pumps, valves and fallback as the last step played them.
+    played: PlantState,
     /// The summary's figures besides the plant's.
     tally: Tally,
     /// What the controller last declared.
@@ -77,6 +110,7 @@ impl Hall {
             let _ = cdu.write_setting("pumps_run", if lead == 1.0 { 2.0 } else { 1.0 });
         }
         let lead0 = cdu.setting("lead_pump").unwrap_or(0.0).min(1.0) as usize;
+        let played = PlantState::at_rest(&cdu, site_racks);
         // Dry, whole ropes at start.
         for r in &pins.ropes {
             lines.assert(&r.leak, false);
@@ -96,7 +130,7 @@ impl Hall {
             drift: [0.0; 6],
             heartbeat: None,
             relay: None,
-            fallback: false,
+            played,
             tally: Tally::new(site_racks, lead0),
             declared: Declared::default(),
         };
@@ -117,7 +151,13 @@ impl Hall {
     /// The CDU ran on its own fallback at the last step (it lost its
     /// controller's heartbeat or relay).
     pub fn in_fallback(&self) -> bool {
-        self.fallback
+        self.played.fallback
+    }
+
+    /// The CDU's pumps, valves and fallback as the last step played them
+    /// (before the first step: as its settings tell them, at rest).
+    pub fn plant_state(&self) -> &PlantState {
+        &self.played
     }
 
     /// The controller now declares `d` (its last commands), counted from
@@ -249,7 +289,8 @@ impl Hall {
     }
 
     /// What the plant's actuators do: what the CDU was told, or its own
-    /// fallback when it lost its controller (not in local mode).
+    /// fallback when it lost its controller (not in local mode). Notes it
+    /// as the plant state played from now.
     fn actuation(
         &mut self,
         active: &[FaultKind],
@@ -260,7 +301,6 @@ impl Hall {
         let run = self.cdu.setting("pumps_run")? as u32;
         let lead = (self.cdu.setting("lead_pump")? as usize).min(1);
         let lost = self.controller_lost()? && !self.cdu.local();
-        self.fallback = lost;
         let mut pump_on = [run & 1 != 0, run & 2 != 0];
         let (mut setpoint_c, mut pump_speed) = (
             self.cdu.setting("supply_setpoint")?,
@@ -271,13 +311,20 @@ impl Hall {
                 fallback(&self.plant.site().secondary, pump_on, lead);
         }
         let powered_down = self.follow.apply(self.t, &mut cond.demand);
+        let valves: Vec<bool> = (0..racks)
+            .map(|r| active.contains(&FaultKind::ValveStuck(r)) || valves_bits & (1 << r) != 0)
+            .collect();
+        let tripped = |i: usize| active.contains(&FaultKind::PumpTrip(i));
+        self.played = PlantState {
+            pumps_running: [0, 1].map(|i| pump_on[i] && !tripped(i)),
+            valves_open: valves.clone(),
+            fallback: lost,
+        };
         Ok(Actuation {
             setpoint_c,
             pump_speed,
             pump_on,
-            valves: (0..racks)
-                .map(|r| active.contains(&FaultKind::ValveStuck(r)) || valves_bits & (1 << r) != 0)
-                .collect(),
+            valves,
             caps: self.caps.clone(),
             powered_down,
         })
@@ -371,9 +418,9 @@ impl Hall {
         // A seized pump's contactor reads running; a tripped one shows
         // its drive's fault.
         let tripped = |i: usize| active.contains(&FaultKind::PumpTrip(i));
-        let running = |i: usize| f64::from(u8::from(act.pump_on[i] && !tripped(i)));
-        self.cdu.set_measurement("pump_a_running", running(0))?;
-        self.cdu.set_measurement("pump_b_running", running(1))?;
+        let running = self.played.pumps_running.map(|on| f64::from(u8::from(on)));
+        self.cdu.set_measurement("pump_a_running", running[0])?;
+        self.cdu.set_measurement("pump_b_running", running[1])?;
         self.cdu
             .set_measurement("pump_a_fault", f64::from(u8::from(tripped(0))))?;
         self.cdu
@@ -649,6 +696,84 @@ mod tests {
         assert_eq!(seen[650], seen[600]);
         assert_eq!(seen[700], seen[600]);
         assert!((seen[750] - truth(750.0)).abs() < 0.006);
+    }
+
+    /// The plant state as the CDU's registers show it (true where no
+    /// fault makes them lie).
+    fn shown(cdu: &SimCdu, fallback: bool) -> PlantState {
+        let closed = input(cdu, "valves_closed") as u32;
+        PlantState {
+            pumps_running: ["pump_a_running", "pump_b_running"].map(|p| input(cdu, p) != 0.0),
+            valves_open: (0..2).map(|r| closed & (1 << r) == 0).collect(),
+            fallback,
+        }
+    }
+
+    #[test]
+    fn the_plant_state_is_what_the_hall_played_whatever_its_registers_show() {
+        // A pump trip, a valve stuck open, the heartbeat stopping; then B
+        // tripping in a Modbus outage (the registers frozen) and rack 0's
+        // position input stuck open.
+        let (mut h, cdu, _) = hall(
+            "[truth.loop]\nheartbeat_timeout_s = 2.0\n\
+             [[fault]]\nat_s = 10\nuntil_s = 30\nkind = \"pump_trip\"\ntarget = \"A\"\n\
+             [[fault]]\nat_s = 20\nkind = \"valve_stuck\"\ntarget = \"1\"\n\
+             [[fault]]\nat_s = 60\nuntil_s = 70\nkind = \"modbus_outage\"\n\
+             [[fault]]\nat_s = 62\nuntil_s = 66\nkind = \"pump_trip\"\ntarget = \"B\"\n\
+             [[fault]]\nat_s = 80\nkind = \"valve_feedback_stuck\"\ntarget = \"0\"\nvalue = 0\n",
+        );
+        assert_eq!(
+            h.plant_state(),
+            &PlantState {
+                pumps_running: [true, false],
+                valves_open: vec![true, true],
+                fallback: false,
+            },
+            "at rest, as told"
+        );
+        let writes: [(f64, &str, f64); 5] = [
+            (2.0, "heartbeat", 1.0),
+            (4.0, "valves_open", 1.0),
+            (12.0, "pumps_run", 3.0),
+            (24.0, "valves_open", 0.0),
+            (40.0, "pumps_run", 2.0),
+        ];
+        // Per step, from its start time: what it played, what shows.
+        let mut seen = Vec::new();
+        for _ in 0..90 {
+            let t = h.time_s();
+            for (at, name, v) in writes {
+                if at == t {
+                    cdu.write_setting(name, v).unwrap();
+                }
+            }
+            h.step(1.0).unwrap();
+            let played = h.plant_state().clone();
+            assert_eq!(played.fallback, h.in_fallback());
+            let shows = shown(&cdu, h.in_fallback());
+            if !((60.0..70.0).contains(&t) || t >= 80.0) {
+                assert_eq!(played, shows, "the step from {t} s");
+            }
+            seen.push((played, shows));
+        }
+        // Each case was played: A tripped, both running, rack 1 stuck
+        // open though written shut, the fallback.
+        let played = |t: usize| &seen[t].0;
+        assert!(!played(0).fallback && played(50).fallback);
+        assert_eq!(played(11).pumps_running, [false, false]);
+        assert_eq!(played(15).pumps_running, [false, true]);
+        assert_eq!(played(35).pumps_running, [true, true]);
+        assert_eq!(played(35).valves_open, [false, true]);
+        // B tripped in the outage: it stopped while the frozen registers
+        // still show it running.
+        assert_eq!(played(63).pumps_running, [false, false]);
+        assert_eq!(seen[63].1.pumps_running, [false, true]);
+        assert_eq!(played(75).pumps_running, [false, true]);
+        // Rack 0's valve is shut, its input reads it open.
+        assert_eq!(
+            (played(85).valves_open[0], seen[85].1.valves_open[0]),
+            (false, true)
+        );
     }
 
     #[test]

@@ -16,15 +16,25 @@
 //! request gets exception 11 (gateway target device failed to respond),
 //! as from the gateway in front of a CDU it cannot reach.
 //!
+//! What clients write can be watched ([`SimCdu::observe_writes`]): the
+//! observer is called with every write a client makes over TCP or RTU,
+//! done or refused, in the order they were done, under the lock they are
+//! done under; while the twin holds that lock ([`SimCdu::hold_writes`],
+//! say around a step of its hall and the account of it), a client's
+//! write waits.
+//!
 //! Glossary:
 //! - *image*: the registers' current words, as a client reads them.
+//! - *client write*: a write a client sent over Modbus (a single or
+//!   multiple register write), as opposed to the twin's own
+//!   ([`SimCdu::write_setting`]), which nobody observes.
 //! - *RTU*: Modbus on a serial line (RS-485), framed by silence, with a
 //!   CRC; the serial device may be a pseudo-terminal in tests.
 
 use std::collections::BTreeMap;
 use std::future::{ready, Ready};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio_modbus::server::tcp::{accept_tcp_connection, Server};
 use tokio_modbus::{ExceptionCode, Request, Response, SlaveRequest};
@@ -55,6 +65,23 @@ pub fn fallback(
     (lp.fallback_setpoint_c, 1.0, pumps)
 }
 
+/// A client's write, as the simulated CDU did or refused it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientWrite<'a> {
+    /// The unit id it was sent to (0: a broadcast over RTU; over TCP,
+    /// whichever the client put in: every one is answered).
+    pub unit: u8,
+    /// The first register's address.
+    pub address: u16,
+    /// The words from `address` on.
+    pub words: &'a [u16],
+    /// Done, or refused with this exception (nothing changed).
+    pub outcome: Result<(), ExceptionCode>,
+}
+
+/// What is called with each client write.
+type WriteObserver = Arc<dyn Fn(&ClientWrite<'_>) + Send + Sync>;
+
 /// The simulated CDU's registers (clone it freely: one image).
 #[derive(Clone)]
 pub struct SimCdu {
@@ -62,6 +89,13 @@ pub struct SimCdu {
     image: Arc<Mutex<Image>>,
     local: Arc<std::sync::atomic::AtomicBool>,
     cut: Arc<std::sync::atomic::AtomicBool>,
+    /// The lock every client write is done under, and its observer.
+    writes: Arc<Mutex<Option<WriteObserver>>>,
+}
+
+/// Client writes held back ([`SimCdu::hold_writes`]) until it is dropped.
+pub struct WritesHeld<'a> {
+    _held: MutexGuard<'a, Option<WriteObserver>>,
 }
 
 impl SimCdu {
@@ -83,6 +117,7 @@ impl SimCdu {
             image: Arc::new(Mutex::new(Image { input, holding })),
             local: Arc::default(),
             cut: Arc::default(),
+            writes: Arc::default(),
         };
         for (name, value) in settings {
             cdu.write_setting(name, *value)?;
@@ -93,6 +128,39 @@ impl SimCdu {
     /// The map it serves.
     pub fn map(&self) -> &RegisterMap {
         &self.map
+    }
+
+    /// Calls `observer` with every client write from now on, done or
+    /// refused, in the order they are done, each before the next is done
+    /// (in place of any observer before). It runs under the lock of
+    /// [`SimCdu::hold_writes`]: it must not take that lock, nor one that
+    /// is held while waiting for it.
+    pub fn observe_writes(&self, observer: impl Fn(&ClientWrite<'_>) + Send + Sync + 'static) {
+        *self.writes.lock().expect("client writes") = Some(Arc::new(observer));
+    }
+
+    /// Holds every client write back until the guard is dropped (a write
+    /// under way is done, and observed, first). Reads go on.
+    pub fn hold_writes(&self) -> WritesHeld<'_> {
+        WritesHeld {
+            _held: self.writes.lock().expect("client writes"),
+        }
+    }
+
+    /// A client's write of `words` from `addr` to `unit`: done or
+    /// refused, then observed, under the writes' lock.
+    fn client_write(&self, unit: u8, addr: u16, words: &[u16]) -> Result<(), ExceptionCode> {
+        let observer = self.writes.lock().expect("client writes");
+        let outcome = self.write(addr, words);
+        if let Some(observe) = observer.as_ref() {
+            observe(&ClientWrite {
+                unit,
+                address: addr,
+                words,
+                outcome,
+            });
+        }
+        outcome
     }
 
     /// Switches local mode on (every client write refused) or off.
@@ -294,26 +362,39 @@ impl RtuLine {
     }
 }
 
-impl RegisterFile for SimCdu {
+/// The simulated CDU as a client addressing `unit` reaches it.
+struct Client<'a> {
+    cdu: &'a SimCdu,
+    unit: u8,
+}
+
+impl RegisterFile for Client<'_> {
     fn read_registers(&self, kind: Kind, addr: u16, count: u16) -> Result<Vec<u16>, ExceptionCode> {
-        self.read(kind, addr, count)
+        self.cdu.read(kind, addr, count)
     }
     fn write_registers(&self, addr: u16, words: &[u16]) -> Result<(), ExceptionCode> {
-        self.write(addr, words)
+        self.cdu.client_write(self.unit, addr, words)
     }
 }
 
-/// One connection's service.
+impl SimCdu {
+    /// Answers `req` from a client addressing `unit`.
+    fn answer(&self, unit: u8, req: Request<'_>) -> Result<Response, ExceptionCode> {
+        answer(&Client { cdu: self, unit }, req)
+    }
+}
+
+/// One TCP connection's service: every unit id is answered.
 struct Service(SimCdu);
 
 impl tokio_modbus::server::Service for Service {
-    type Request = Request<'static>;
+    type Request = SlaveRequest<'static>;
     type Response = Response;
     type Exception = ExceptionCode;
     type Future = Ready<Result<Response, ExceptionCode>>;
 
     fn call(&self, req: Self::Request) -> Self::Future {
-        ready(answer(&self.0, req))
+        ready(self.0.answer(req.slave, req.request))
     }
 }
 
@@ -331,13 +412,122 @@ impl tokio_modbus::server::Service for RtuService {
             // Broadcast: writes are done, nobody answers.
             0 => match req.request {
                 Request::WriteSingleRegister(..) | Request::WriteMultipleRegisters(..) => {
-                    let _ = answer(&self.0, req.request);
+                    let _ = self.0.answer(0, req.request);
                     Ok(None)
                 }
                 _ => Ok(None),
             },
-            id if id == self.0.map.unit_id => answer(&self.0, req.request).map(Some),
+            id if id == self.0.map.unit_id => self.0.answer(id, req.request).map(Some),
             _ => Ok(None),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::borrow::Cow;
+    use std::time::Duration;
+    use tokio_modbus::server::Service as _;
+
+    /// What an observer saw: unit, address, words, outcome.
+    type Seen = Arc<Mutex<Vec<(u8, u16, Vec<u16>, Result<(), ExceptionCode>)>>>;
+
+    /// The shipped map's CDU (unit id 1), its writes observed.
+    fn observed() -> (SimCdu, Seen) {
+        let cdu = SimCdu::new(RegisterMap::sim_cdu(), &[("supply_setpoint", 30.0)]).unwrap();
+        let seen: Seen = Arc::default();
+        let s = seen.clone();
+        cdu.observe_writes(move |w| {
+            s.lock()
+                .unwrap()
+                .push((w.unit, w.address, w.words.to_vec(), w.outcome));
+        });
+        (cdu, seen)
+    }
+
+    fn to(slave: u8, request: Request<'static>) -> SlaveRequest<'static> {
+        SlaveRequest { slave, request }
+    }
+
+    #[test]
+    fn every_client_write_is_observed_in_order_done_or_refused() {
+        use ExceptionCode::*;
+        let (cdu, seen) = observed();
+        cdu.write_setting("pump_speed", 50.0).unwrap();
+        let tcp = Service(cdu.clone());
+        let call = |slave, req| tcp.call(to(slave, req)).into_inner();
+        assert!(call(7, Request::WriteSingleRegister(3, 1)).is_ok());
+        let both = Request::WriteMultipleRegisters(0, Cow::Owned(vec![9900, 800]));
+        assert_eq!(call(7, both), Err(IllegalDataValue));
+        assert!(call(7, Request::ReadHoldingRegisters(0, 2)).is_ok());
+        cdu.set_local(true);
+        assert_eq!(
+            call(2, Request::WriteSingleRegister(5, 9)),
+            Err(ServerDeviceFailure)
+        );
+        cdu.set_local(false);
+        cdu.set_cut(true);
+        assert_eq!(
+            call(2, Request::WriteSingleRegister(5, 9)),
+            Err(GatewayTargetDevice)
+        );
+        // The twin's own write and the read are not clients' writes.
+        assert_eq!(
+            *seen.lock().unwrap(),
+            vec![
+                (7, 3, vec![1], Ok(())),
+                (7, 0, vec![9900, 800], Err(IllegalDataValue)),
+                (2, 5, vec![9], Err(ServerDeviceFailure)),
+                (2, 5, vec![9], Err(GatewayTargetDevice)),
+            ]
+        );
+        assert_eq!(cdu.setting("valves_open").unwrap(), 1.0);
+        assert_eq!(
+            cdu.setting("supply_setpoint").unwrap(),
+            30.0,
+            "refused whole"
+        );
+        assert_eq!(cdu.setting("pump_speed").unwrap(), 50.0);
+    }
+
+    #[test]
+    fn over_rtu_its_own_unit_and_broadcasts_are_observed_and_no_other() {
+        let (cdu, seen) = observed();
+        let rtu = RtuService(cdu.clone());
+        let call = |slave, req| rtu.call(to(slave, req)).into_inner();
+        assert!(call(1, Request::WriteSingleRegister(3, 1))
+            .unwrap()
+            .is_some());
+        assert_eq!(call(0, Request::WriteSingleRegister(4, 2)), Ok(None));
+        assert_eq!(call(9, Request::WriteSingleRegister(3, 0)), Ok(None));
+        assert_eq!(
+            *seen.lock().unwrap(),
+            vec![(1, 3, vec![1], Ok(())), (0, 4, vec![2], Ok(()))]
+        );
+        assert_eq!(cdu.setting("valves_open").unwrap(), 1.0, "unit 9 ignored");
+        assert_eq!(cdu.setting("pumps_run").unwrap(), 2.0, "the broadcast done");
+    }
+
+    #[test]
+    fn a_client_write_waits_while_the_twin_holds_writes_and_reads_go_on() {
+        let (cdu, seen) = observed();
+        let held = cdu.hold_writes();
+        let client = cdu.clone();
+        let writer = std::thread::spawn(move || {
+            Service(client)
+                .call(to(1, Request::WriteSingleRegister(3, 1)))
+                .into_inner()
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        let read = Service(cdu.clone())
+            .call(to(1, Request::ReadHoldingRegisters(3, 1)))
+            .into_inner();
+        assert_eq!(read, Ok(Response::ReadHoldingRegisters(vec![0])));
+        assert!(seen.lock().unwrap().is_empty(), "not done while held");
+        drop(held);
+        assert!(writer.join().unwrap().is_ok());
+        assert_eq!(*seen.lock().unwrap(), vec![(1, 3, vec![1], Ok(()))]);
+        assert_eq!(cdu.setting("valves_open").unwrap(), 1.0);
     }
 }
