@@ -5,7 +5,11 @@
 //! - `memory.x`: the linker's memory regions (cortex-m-rt's `link.x`
 //!   includes it);
 //! - `board.rs`: the board's addresses, interrupts and figures as consts;
-//! - `cdu_map.rs`: the register map as a const table, with the read spans.
+//! - `cdu_map.rs`: the register map as a const table, with the read spans;
+//! - `operators.rs`: the operators whose signed clears the firmware acts
+//!   on, from the file named by `LOOPWARDEN_FIRMWARE_OPERATORS` (a path
+//!   absolute or from `firmware/`; none without it: every clear is
+//!   refused).
 //!
 //! A file that cannot be read, parsed or believed stops the build with
 //! the file and the reason; a map without a register the firmware needs
@@ -17,6 +21,8 @@ use std::path::{Path, PathBuf};
 mod board;
 #[path = "build/map.rs"]
 mod map;
+#[path = "build/operators.rs"]
+mod operators;
 
 fn main() {
     let here = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("set by cargo"));
@@ -27,19 +33,30 @@ fn main() {
         println!("cargo:rerun-if-changed={}", f.display());
     }
     println!("cargo:rerun-if-changed=build");
-    if let Err(e) = generate(&board_file, &map_file, &out) {
+    println!("cargo:rerun-if-env-changed={}", operators::VAR);
+    let keyring = std::env::var_os(operators::VAR).map(PathBuf::from);
+    if let Some(k) = &keyring {
+        println!("cargo:rerun-if-changed={}", k.display());
+    }
+    if let Err(e) = generate(&board_file, &map_file, keyring.as_deref(), &out) {
         // A build script's panic message is what cargo shows.
         panic!("{e}");
     }
     println!("cargo:rustc-link-search={}", out.display());
 }
 
-fn generate(board_file: &Path, map_file: &Path, out: &Path) -> Result<(), String> {
+fn generate(
+    board_file: &Path,
+    map_file: &Path,
+    keyring: Option<&Path>,
+    out: &Path,
+) -> Result<(), String> {
     let b = board::Board::load(board_file)?;
     write(&out.join("memory.x"), &b.memory_x())?;
     write(&out.join("board.rs"), &b.consts())?;
     let m = map::Map::load(map_file)?;
     write(&out.join("cdu_map.rs"), &m.table()?)?;
+    write(&out.join("operators.rs"), &operators::table(keyring)?)?;
     Ok(())
 }
 

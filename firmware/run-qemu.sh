@@ -7,14 +7,20 @@
 # simulated CDU a pseudo-terminal bridged by socat to a TCP port, serves
 # Modbus RTU on it with a scenario behind the registers (default
 # firmware/scenarios/leak-and-pump-trip.toml: rack 2 leaks at 20 s, pump
-# A trips at 35 s), and boots the firmware in QEMU's mps2-an386 with
-# UART0 on that port, UART1 unconnected and UART2 (the trace port) in a
-# file. After SECONDS it stops everything and shows what happened: the
-# CDU's status lines, the firmware's status lines around the leak and the
-# trip, and the step's figures.
+# A trips at 35 s), and boots the firmware in QEMU's mps2-an386 with its
+# four UARTs: UART0 on that port, UART1 (the gateway link) as GATEWAY
+# says (default: what the firmware sends the gateway, captured in
+# gateway-up.bin), UART2 (the console) in console.log and UART3 (the
+# debug port's trace) in trace.bin. After SECONDS it stops everything
+# and shows what happened: the CDU's status lines, the firmware's status
+# lines around the leak and the trip, the step's figures, and the trace
+# replayed on this machine through the same decision path
+# (examples/replay_trace.rs), its digests compared step by step.
 #
 # Environment: SCENARIO (a plant-scenario/1 file), OUT (where the logs
-# go; default target/firmware/run), NO_BUILD=1 (use what is built).
+# go; default target/firmware/run), GATEWAY (a QEMU chardev for UART1,
+# e.g. tcp:127.0.0.1:7001,server=on,wait=off), NO_BUILD=1 (use what is
+# built).
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -29,10 +35,13 @@ for tool in qemu-system-arm socat python3; do
   command -v "$tool" >/dev/null || { echo "run-qemu.sh: $tool is not installed" >&2; exit 2; }
 done
 
+host=x86_64-unknown-linux-gnu
+replay="$root/target/firmware/$host/release/examples/replay_trace"
 if [ "${NO_BUILD:-0}" != 1 ]; then
   start=$(date +%s.%N)
   (cd "$here" && cargo build --release --locked --quiet)
   echo "firmware built in $(python3 -c "print(round($(date +%s.%N) - $start, 1))") s: $elf"
+  (cd "$here" && cargo build --release --locked --quiet --target "$host" --features host --example replay_trace)
   (cd "$root" && cargo build --quiet -p loopwarden-hall)
 fi
 
@@ -62,10 +71,11 @@ for _ in $(seq 50); do grep -q "serving" "$out/cdu.log" 2>/dev/null && break; sl
 
 wall_start=$(date +%s.%N)
 qemu-system-arm -M mps2-an386 -nographic -icount shift=0 -monitor none \
-  -serial "tcp:127.0.0.1:$port,nodelay=on" -serial null -serial "file:$out/uart2.log" \
+  -serial "tcp:127.0.0.1:$port,nodelay=on" -serial "${GATEWAY:-file:$out/gateway-up.bin}" \
+  -serial "file:$out/console.log" -serial "file:$out/trace.bin" \
   -kernel "$elf" >"$out/qemu.log" 2>&1 &
 pids+=($!)
-echo "running $secs s: CDU on $out/cdu.pty (TCP $port), trace in $out/uart2.log"
+echo "running $secs s: CDU on $out/cdu.pty (TCP $port), console in $out/console.log, trace in $out/trace.bin"
 sleep "$secs"
 cleanup
 trap - EXIT INT TERM
@@ -75,11 +85,11 @@ echo
 echo "== the simulated CDU (what it served)"
 cat "$out/cdu.log"
 echo
-echo "== the firmware's trace (UART2), boot and every fifth step"
-grep -v '^step ' "$out/uart2.log" | head -n 12
-awk '/^step / { n++; if (n % 5 == 1) print }' "$out/uart2.log"
+echo "== the firmware's console (UART2): boot, and every fifth step"
+grep -v '^step ' "$out/console.log" | head -n 14
+awk '/^step / { n++; if (n % 5 == 1) print }' "$out/console.log"
 echo
-python3 - "$out/uart2.log" "$elf" "$wall" "${record[1]:-}" <<'PY'
+python3 - "$out/console.log" "$elf" "$wall" "${record[1]:-}" <<'PY'
 import json, re, subprocess, sys
 trace, elf, wall, record = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 steps = [l for l in open(trace, errors="replace") if l.startswith("step ")]
@@ -107,8 +117,10 @@ if boot:
     print(boot[0])
 try:
     size = subprocess.run(["llvm-size", "-A", elf], capture_output=True, text=True, check=True).stdout
-    flash = sum(int(l.split()[1]) for l in size.splitlines() if l.split()[:1] and l.split()[0] in (".vector_table", ".text", ".rodata", ".data"))
-    print(f"flash: {flash} bytes (.vector_table, .text, .rodata, .data)")
+    sections = {l.split()[0]: int(l.split()[1]) for l in size.splitlines() if len(l.split()) == 3 and l.split()[1].isdigit()}
+    flash = sum(sections.get(s, 0) for s in (".vector_table", ".text", ".rodata", ".data"))
+    ram = sum(sections.get(s, 0) for s in (".data", ".bss", ".uninit"))
+    print(f"flash: {flash} bytes (.vector_table, .text, .rodata, .data); RAM: {ram} bytes of statics (.data, .bss, .uninit) besides the stack")
 except (OSError, subprocess.CalledProcessError):
     pass
 if record:
@@ -118,3 +130,6 @@ if record:
         print(f"the CDU's record: valves_open = {closing['value']} written at sim {closing.get('sim_ms')} ms")
 print(f"wall time of the run: {wall} s")
 PY
+echo
+echo "== the trace (UART3) replayed on this machine"
+"$replay" "$out/trace.bin"

@@ -1,6 +1,7 @@
 //! The board file (`boards/mcu/*.toml`): memory, the NOR region, UARTs,
-//! timers, the watchdog, the FPGA's LEDs and the leak ropes' pins, checked
-//! and written out as `memory.x` and Rust consts.
+//! the reset-cause word, timers, the watchdog, the FPGA's LEDs and the
+//! leak ropes' pins, checked and written out as `memory.x` and Rust
+//! consts.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -17,6 +18,7 @@ pub struct Board {
     stack: Stack,
     nor: Nor,
     uart: Uarts,
+    reset_cause: ResetCause,
     timer: Timers,
     watchdog: Watchdog,
     fpgaio: Fpgaio,
@@ -42,6 +44,7 @@ struct Memory {
 #[serde(deny_unknown_fields)]
 struct Stack {
     bytes: u32,
+    budget_bytes: u32,
 }
 
 #[derive(Debug, Deserialize)]
@@ -69,7 +72,14 @@ struct Uart {
 struct Uarts {
     modbus: Uart,
     gateway: Uart,
+    console: Uart,
     trace: Uart,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResetCause {
+    base: u32,
 }
 
 #[derive(Debug, Deserialize)]
@@ -134,6 +144,17 @@ impl Board {
         if overlap(code, ram) || overlap(nor, code) || overlap(nor, ram) {
             return Err("memory.code, memory.ram and nor must not overlap (the NOR region lies outside the loaded image)".into());
         }
+        let word = (self.reset_cause.base, 4);
+        if self.reset_cause.base % 4 != 0
+            || overlap(word, code)
+            || overlap(word, ram)
+            || overlap(word, nor)
+        {
+            return Err(format!(
+                "reset_cause.base {:#x}: a word-aligned address outside memory.code, memory.ram and nor",
+                self.reset_cause.base
+            ));
+        }
         let n = &self.nor;
         if n.write_bytes == 0 || n.sector_bytes % n.write_bytes != 0 || n.size % n.sector_bytes != 0
         {
@@ -158,7 +179,14 @@ impl Board {
                 self.stack.bytes
             ));
         }
-        for u in [&self.uart.modbus, &self.uart.gateway, &self.uart.trace] {
+        if self.stack.budget_bytes == 0 || self.stack.budget_bytes > self.stack.bytes {
+            return Err(format!(
+                "stack.budget_bytes {}: above 0, within the {} bytes painted",
+                self.stack.budget_bytes, self.stack.bytes
+            ));
+        }
+        let u = &self.uart;
+        for u in [&u.modbus, &u.gateway, &u.console, &u.trace] {
             let div = self.system_clock_hz / u.baud.max(1);
             if div < 16 {
                 return Err(format!(
@@ -250,6 +278,12 @@ impl Board {
             self.stack.bytes.to_string(),
             "The stack painted and watched, at the top of RAM.",
         );
+        c(
+            "STACK_BUDGET_BYTES",
+            "u32",
+            self.stack.budget_bytes.to_string(),
+            "The most stack the firmware may use, boot and steps alike.",
+        );
         let n = &self.nor;
         c(
             "NOR_NAME",
@@ -289,7 +323,8 @@ impl Board {
         for (tag, u, doc) in [
             ("MODBUS", &self.uart.modbus, "Modbus RTU to the CDU"),
             ("GATEWAY", &self.uart.gateway, "the gateway link"),
-            ("TRACE", &self.uart.trace, "the debug and trace port"),
+            ("CONSOLE", &self.uart.console, "the console's text lines"),
+            ("TRACE", &self.uart.trace, "the debug port's trace"),
         ] {
             c(
                 &format!("UART_{tag}"),
@@ -304,6 +339,12 @@ impl Board {
                 &format!("{}: {doc}.", u.name),
             );
         }
+        c(
+            "RESET_CAUSE_ADDR",
+            "u32",
+            hex(self.reset_cause.base),
+            "The word that says why the board last started (RAM no reset touches).",
+        );
         for (tag, t, doc) in [
             ("CONTROL", &self.timer.control, "the control tick"),
             ("MICROS", &self.timer.micros, "the microsecond clock"),

@@ -1,6 +1,6 @@
 //! Calibrates the instruction counter: runs a loop of known length
 //! (`subs` and `bne`, two instructions an iteration) and prints what
-//! SysTick counted for it on the trace port (UART2). Run under QEMU with
+//! SysTick counted for it on the console (UART2). Run under QEMU with
 //! `-icount shift=0`:
 //!
 //! ```text
@@ -40,22 +40,22 @@ fn ticks_for(n: u32) -> u32 {
 
 #[entry]
 fn main() -> ! {
-    let mut trace = Uart::trace();
+    let mut console = Uart::console();
     icount::start();
     let base = ticks_for(1);
-    let _ = writeln!(trace, "icount: an empty loop reads {base} SysTick ticks");
+    let _ = writeln!(console, "icount: an empty loop reads {base} SysTick ticks");
     for n in [20_000u32, 200_000, 2_000_000, 20_000_000] {
         let ticks = ticks_for(n);
         let insn = 2 * u64::from(n);
         let per_tick_milli = insn * 1000 / u64::from(ticks.max(1));
         let _ = writeln!(
-            trace,
+            console,
             "icount: {insn} instructions counted {ticks} ticks: {}.{:03} instructions per tick",
             per_tick_milli / 1000,
             per_tick_milli % 1000
         );
     }
-    let _ = writeln!(trace, "icount: done");
+    let _ = writeln!(console, "icount: done");
     loop {
         cortex_m::asm::wfi();
     }

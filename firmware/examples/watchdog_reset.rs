@@ -1,5 +1,5 @@
 //! Shows on QEMU that a starved watchdog resets the board, and what
-//! memory survives the reset. Each boot it prints, on the trace port:
+//! memory survives the reset. Each boot it prints, on the console (UART2):
 //! - a boot count kept in PSRAM just past the NOR region (outside the
 //!   loaded image), and a word in SSRAM2/3 between the statics and the
 //!   stack (RAM the image neither loads nor clears at startup);
@@ -25,12 +25,13 @@
 use core::fmt::Write as _;
 
 use cooling_core::Latched;
+use cooling_decide::LatchRecord;
 use cortex_m_rt::entry;
 use loopwarden_firmware::block_on::block_on;
 use loopwarden_firmware::board::nor::RamNor;
 use loopwarden_firmware::board::uart::Uart;
 use loopwarden_firmware::board::{self, clock, watchdog};
-use loopwarden_firmware::latch::{self, LatchRecord};
+use loopwarden_firmware::latch;
 use loopwarden_flash::ConfigStore;
 
 const MARKER: u32 = 0x4C57_4254;
@@ -50,7 +51,7 @@ fn poke(addr: u32, v: u32) {
 }
 
 /// Boots counted so far, this one included.
-fn count_boot(trace: &mut Uart) -> u32 {
+fn count_boot(console: &mut Uart) -> u32 {
     let boots = if peek(PSRAM_WORDS) == MARKER {
         peek(PSRAM_WORDS + 4) + 1
     } else {
@@ -65,7 +66,7 @@ fn count_boot(trace: &mut Uart) -> u32 {
     };
     poke(SSRAM_WORD, MARKER);
     let _ = writeln!(
-        trace,
+        console,
         "boot {boots}: PSRAM count kept: {}; SSRAM2/3 marker {ssram}",
         boots > 1
     );
@@ -73,7 +74,7 @@ fn count_boot(trace: &mut Uart) -> u32 {
 }
 
 /// Reads the latched record back and writes the next.
-fn latch_round(trace: &mut Uart, boots: u32) {
+fn latch_round(console: &mut Uart, boots: u32) {
     // SAFETY: the NOR region of the board file, referenced once.
     let bytes = unsafe {
         core::slice::from_raw_parts_mut(board::NOR_BASE as *mut u8, board::NOR_BYTES as usize)
@@ -84,22 +85,22 @@ fn latch_round(trace: &mut Uart, boots: u32) {
         let _ = nor.erase_sectors(r.start, r.end);
     }
     let Ok(mut store) = ConfigStore::open(nor, board::NOR_CONFIG) else {
-        let _ = writeln!(trace, "flash: the config store did not open");
+        let _ = writeln!(console, "flash: the config store did not open");
         return;
     };
     match block_on(latch::load(&mut store)) {
         Ok(Some(r)) => {
             let _ = writeln!(
-                trace,
+                console,
                 "latch: generation {} read back, leaks {:#06b}",
                 r.generation, r.latched.leaks
             );
         }
         Ok(None) => {
-            let _ = writeln!(trace, "latch: none in flash");
+            let _ = writeln!(console, "latch: none in flash");
         }
         Err(e) => {
-            let _ = writeln!(trace, "latch: {e}");
+            let _ = writeln!(console, "latch: {e}");
         }
     }
     let next = LatchRecord {
@@ -111,7 +112,7 @@ fn latch_round(trace: &mut Uart, boots: u32) {
     };
     if block_on(latch::save(&mut store, &next)).is_ok() {
         let _ = writeln!(
-            trace,
+            console,
             "latch: generation {boots} written, leaks {:#06b}",
             next.latched.leaks
         );
@@ -120,14 +121,14 @@ fn latch_round(trace: &mut Uart, boots: u32) {
 
 #[entry]
 fn main() -> ! {
-    let mut trace = Uart::trace();
+    let mut console = Uart::console();
     clock::start();
-    let boots = count_boot(&mut trace);
-    latch_round(&mut trace, boots);
+    let boots = count_boot(&mut console);
+    latch_round(&mut console, boots);
     watchdog::start();
     if boots < 3 {
         let _ = writeln!(
-            trace,
+            console,
             "watchdog: started, starving it (expect the NMI, then a reset)"
         );
         let mut warned = 0;
@@ -136,14 +137,14 @@ fn main() -> ! {
             if watchdog::warnings() != warned {
                 warned = watchdog::warnings();
                 let _ = writeln!(
-                    trace,
+                    console,
                     "watchdog: NMI at {} ms: one timeout without a feed",
                     clock::now_us() / 1000
                 );
             }
         }
     }
-    let _ = writeln!(trace, "watchdog: fed from now on; done");
+    let _ = writeln!(console, "watchdog: fed from now on; done");
     let mut tick = clock::ticks();
     loop {
         tick = clock::wait_for_tick(tick);

@@ -1,46 +1,35 @@
 //! What the CDU measures, decoded from its input registers with the map's
-//! scale and word order into [`CduMeasurements`], the same fields and
-//! meanings as the Linux controller's (`cooling_ctrl::modbus`), and
-//! turned into the control core's readings as its decision path does.
+//! scale and word order into the decision path's
+//! [`CduMeasurements`] (the same fields and meanings as the Linux
+//! controller's `cooling_ctrl::modbus`), and what the map says of the
+//! settings ([`map_limits`], as `cooling_ctrl::modbus::map_limits` reads
+//! it).
 //!
 //! Glossary:
 //! - *span words*: the registers one read request returned, by address
 //!   from the span's start.
 
-use cooling_core::CduReadings;
+use cooling_decide::{CduMeasurements, MapLimits, Setting};
 
-use crate::map::{self, Register, Span};
+use crate::map::{self, Kind, Register, Span};
 
-/// What the CDU measures. `None`: the map of this CDU model has no such
-/// register.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct CduMeasurements {
-    /// Secondary supply temperature, °C (`supply_temp`).
-    pub supply_c: Option<f64>,
-    /// Secondary return temperature, °C (`return_temp`).
-    pub return_c: Option<f64>,
-    /// Secondary flow, L/min (`flow`).
-    pub flow_lpm: Option<f64>,
-    /// Facility water supply temperature, °C (`facility_supply_temp`).
-    pub facility_supply_c: Option<f64>,
-    /// Pump A and B contactor feedback (`pump_a_running`, `pump_b_running`).
-    pub pumps_running: [Option<bool>; 2],
-    /// Leak inputs, bit n = rack n (`leak_inputs`).
-    pub leaks: Option<u16>,
-    /// Loop differential pressure, kPa (`diff_pressure`).
-    pub diff_pressure_kpa: Option<f64>,
-    /// Rack valves reading closed, bit n = rack n (`valves_closed`).
-    pub valves_closed: Option<u16>,
-    /// Pump A and B drive or overload fault (`pump_a_fault`, `pump_b_fault`).
-    pub pump_faults: [Option<bool>; 2],
-    /// IT power meter, W (`it_power`).
-    pub it_w: Option<f64>,
-    /// Cooling plant power meter, W (`cooling_power`).
-    pub cooling_w: Option<f64>,
-    /// Facility power meter, W (`facility_power`).
-    pub facility_w: Option<f64>,
-    /// Outdoor air temperature, °C (`outdoor_temp`).
-    pub outdoor_c: Option<f64>,
+/// The holding register of the map named `name`, if it has one.
+pub fn holding(name: &str) -> Option<&'static Register> {
+    map::REGISTERS
+        .iter()
+        .find(|r| r.name == name && r.kind == Kind::Holding)
+}
+
+/// What the map says of the settings: which it has, the setpoint's and
+/// the speed's ranges, and whether it reads the valve positions.
+pub fn map_limits() -> MapLimits {
+    let range = |s: Setting| holding(s.register()).and_then(|r| r.min.zip(r.max));
+    MapLimits {
+        mapped: Setting::ORDER.map(|s| holding(s.register()).is_some()),
+        setpoint_c: range(Setting::Setpoint),
+        speed_pct: range(Setting::PumpSpeed),
+        positions: map::REGISTERS.iter().any(|r| r.name == "valves_closed"),
+    }
 }
 
 /// The values of every input register, by index into
@@ -107,24 +96,6 @@ impl InputValues {
     }
 }
 
-/// The core's readings of `r`, as the Linux controller's decision path
-/// makes them (`cooling_ctrl::decide::core_readings`).
-pub fn core_readings(r: &CduMeasurements) -> CduReadings {
-    let f = |x: Option<f64>| x.map(|v| v as f32);
-    CduReadings {
-        supply_c: f(r.supply_c),
-        return_c: f(r.return_c),
-        flow_lpm: f(r.flow_lpm),
-        facility_supply_c: f(r.facility_supply_c),
-        pumps_running: r.pumps_running.map(|p| p.unwrap_or(false)),
-        pump_faults: r.pump_faults.map(|p| p.unwrap_or(false)),
-        diff_pressure_kpa: f(r.diff_pressure_kpa),
-        valves_closed: r.valves_closed,
-        it_w: f(r.it_w),
-        facility_w: f(r.facility_w),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -161,9 +132,27 @@ mod tests {
         assert_eq!(m.valves_closed, Some(0b100));
         assert_eq!(m.pump_faults, [Some(true), Some(false)]);
         assert_eq!(m.outdoor_c, Some(-3.5));
-        let c = core_readings(&m);
-        assert_eq!(c.pumps_running, [true, false]);
-        assert_eq!(c.diff_pressure_kpa, Some(100.0));
+        assert_eq!(m.diff_pressure_kpa, Some(100.0));
+    }
+
+    #[test]
+    fn the_maps_limits_are_the_linux_controllers() {
+        // As cooling-ctrl reads boards/cdus/sim-cdu.toml (its test
+        // `the_simulated_cdus_map_limits_are_those_the_decision_path_is_tested_on`).
+        let l = map_limits();
+        assert_eq!(l.mapped, [true; 6]);
+        assert_eq!(l.setpoint_c, Some((17.0, 45.0)));
+        assert_eq!(l.speed_pct, Some((30.0, 100.0)));
+        assert!(l.positions);
+        assert_eq!(
+            holding("heartbeat").map(|r| r.address),
+            Some(map::HEARTBEAT.address)
+        );
+        assert_eq!(
+            holding("supply_temp"),
+            None,
+            "an input register is no setting"
+        );
     }
 
     #[test]

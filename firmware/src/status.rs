@@ -1,46 +1,17 @@
-//! The step's status line on the trace port, and the instruction counts
-//! it summarises.
+//! The step's status line on the console: what `firmware/run-qemu.sh`
+//! reads back (the step, its time, its instructions and stack, the mode,
+//! what the CDU read, what was written), then the link's counts.
 //!
 //! Glossary:
-//! - *median*: of the last 256 steps' instruction counts.
+//! - *insn*: the decision's instructions (the decision path's step and
+//!   plan); *work*: the whole step's, its Modbus transactions excepted.
 
 use core::fmt;
 
-use cooling_core::Commands;
-use loopwarden_firmware::cdu::CduMeasurements;
+use cooling_decide::{Plan, Setting};
+use loopwarden_firmware::controller::Controller;
 use loopwarden_firmware::map::Centi;
-use loopwarden_firmware::plan::Outcome;
 use loopwarden_protocol::message::{CduMode, Pump};
-
-/// Steps whose instruction counts the median is taken over.
-const WINDOW: usize = 256;
-
-/// The core's instructions per step: the last [`WINDOW`] and the worst.
-#[derive(Debug, Default)]
-pub struct InsnStats {
-    last: heapless::Deque<u32, WINDOW>,
-    max: u32,
-    steps: u32,
-}
-
-impl InsnStats {
-    /// Adds a step's count.
-    pub fn add(&mut self, insn: u32) {
-        if self.last.is_full() {
-            self.last.pop_front();
-        }
-        let _ = self.last.push_back(insn);
-        self.max = self.max.max(insn);
-        self.steps = self.steps.saturating_add(1);
-    }
-
-    /// The median of the last steps.
-    pub fn median(&self) -> u32 {
-        let mut v: heapless::Vec<u32, WINDOW> = self.last.iter().copied().collect();
-        v.sort_unstable();
-        v.get(v.len() / 2).copied().unwrap_or(0)
-    }
-}
 
 fn mode(m: CduMode) -> &'static str {
     match m {
@@ -52,86 +23,109 @@ fn mode(m: CduMode) -> &'static str {
 }
 
 /// One step's status line.
-pub struct Status<'a> {
+pub struct Line<'a, 'd> {
     /// The control tick.
-    pub step: u32,
+    pub tick: u32,
     /// The step's time, ms since boot.
     pub now_ms: u64,
-    /// The core's instructions this step.
-    pub insn: u32,
-    /// Over the steps.
-    pub stats: &'a InsnStats,
-    /// The stack's peak (`Err`: it reached its bottom).
+    /// The controller after the step.
+    pub ctl: &'a Controller<'d>,
+    /// What was planned.
+    pub plan: &'a Plan,
+    /// Writes that failed.
+    pub failed: usize,
+    /// The step's work, instructions.
+    pub work: u32,
+    /// The steps' stack peak (`Err`: it reached the painted bottom).
     pub stack: Result<u32, u32>,
-    /// What the CDU measured.
-    pub measured: Option<&'a CduMeasurements>,
-    /// What the core decided.
-    pub commands: &'a Commands,
-    /// The heartbeat planned.
-    pub heartbeat: u16,
-    /// What became of the writes.
-    pub outcome: &'a Outcome,
+    /// Boot's stack peak.
+    pub boot_peak: u32,
     /// Watchdog NMIs since boot.
     pub watchdog_warnings: u32,
+    /// Frames dropped for the gateway and for the trace.
+    pub dropped: (u32, u32),
 }
 
-impl fmt::Display for Status<'_> {
+impl fmt::Display for Line<'_, '_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let s = self.stats;
+        let s = &self.ctl.insn;
         write!(
             f,
-            "step {} t={} ms insn {} (median {} max {} over {} steps) ",
-            self.step,
+            "step {} t={} ms insn {} (median {} max {} over {} steps) work {} ",
+            self.tick,
             self.now_ms,
-            self.insn,
+            self.ctl.insn_last(),
             s.median(),
-            s.max,
-            s.steps
+            s.max(),
+            s.steps(),
+            self.work
         )?;
         match self.stack {
-            Ok(b) => write!(f, "stack {b} B")?,
-            Err(budget) => write!(f, "stack OVER its {budget} B")?,
+            Ok(b) => write!(f, "stack {b} B (boot {} B)", self.boot_peak)?,
+            Err(bottom) => write!(f, "stack OVER its {bottom} B painted")?,
         }
-        let c = self.commands;
-        write!(f, " | {}", mode(c.mode))?;
-        match self.measured {
-            Some(m) => {
-                let bits = |v: Option<u16>| v.unwrap_or(0);
-                write!(
-                    f,
-                    " | leaks {:#06b} closed {:#06b}",
-                    bits(m.leaks),
-                    bits(m.valves_closed)
-                )?;
-                let on = |p: Option<bool>| if p == Some(true) { "on" } else { "off" };
-                write!(
-                    f,
-                    " pumps A {} B {}",
-                    on(m.pumps_running[0]),
-                    on(m.pumps_running[1])
-                )?;
-                if let Some(t) = m.supply_c {
-                    write!(f, " supply {} C", Centi(t))?;
-                }
-            }
-            None => write!(f, " | cdu not read")?,
-        }
-        let pumps = u8::from(c.pump_on[0]) | (u8::from(c.pump_on[1]) << 1);
-        let lead = if c.lead == Pump::B { "B" } else { "A" };
-        write!(f, " | valves_open {:#06b} pumps_run {pumps:#04b} lead {lead} heartbeat {} speed {} % setpoint {} C", c.valves_open, self.heartbeat, Centi(f64::from(c.pump_speed) * 100.0), Centi(f64::from(c.setpoint_c)))?;
-        let failed = self
-            .outcome
-            .tried
-            .iter()
-            .filter(|(_, r)| r.is_err())
-            .count();
-        match failed {
-            0 => write!(f, " | writes ok")?,
-            n => write!(f, " | {n} writes failed")?,
-        }
+        self.measured(f)?;
+        self.written(f)?;
+        let l = &self.ctl.link;
+        write!(
+            f,
+            " | link in {} bad {} dropped up {} trace {}",
+            l.frames, l.bad, self.dropped.0, self.dropped.1
+        )?;
         if self.watchdog_warnings > 0 {
             write!(f, " | watchdog NMIs {}", self.watchdog_warnings)?;
         }
         Ok(())
+    }
+}
+
+impl Line<'_, '_> {
+    fn measured(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (m, _, _) = self.ctl.decider().core().mode();
+        write!(f, " | {}", mode(m))?;
+        let Some(r) = self.ctl.readings() else {
+            return write!(f, " | cdu not read");
+        };
+        let bits = |v: Option<u16>| v.unwrap_or(0);
+        write!(
+            f,
+            " | leaks {:#06b} closed {:#06b}",
+            bits(r.leaks),
+            bits(r.valves_closed)
+        )?;
+        let on = |p: Option<bool>| if p == Some(true) { "on" } else { "off" };
+        write!(
+            f,
+            " pumps A {} B {}",
+            on(r.pumps_running[0]),
+            on(r.pumps_running[1])
+        )?;
+        if let Some(t) = r.supply_c {
+            write!(f, " supply {} C", Centi(t))?;
+        }
+        Ok(())
+    }
+
+    fn written(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Some(c) = self.ctl.commands() else {
+            return Ok(());
+        };
+        let pumps = u8::from(c.pump_on[0]) | (u8::from(c.pump_on[1]) << 1);
+        let lead = if c.lead == Pump::B { "B" } else { "A" };
+        let heartbeat = self.plan.value(Setting::Heartbeat).unwrap_or(0.0) as u32;
+        write!(
+            f,
+            " | valves_open {:#06b} pumps_run {pumps:#04b} lead {lead} heartbeat {heartbeat} speed {} % setpoint {} C",
+            c.valves_open,
+            Centi(f64::from(c.pump_speed) * 100.0),
+            Centi(f64::from(c.setpoint_c))
+        )?;
+        if self.plan.value(Setting::Valves).is_none() {
+            write!(f, " (valves held)")?;
+        }
+        match self.failed {
+            0 => write!(f, " | writes ok"),
+            n => write!(f, " | {n} writes failed"),
+        }
     }
 }

@@ -4,12 +4,15 @@
 //! the host; the others touch the hardware's registers and build for the
 //! target only:
 //! - [`uart`]: the CMSDK APB UARTs (UART0 Modbus RTU to the CDU, UART1
-//!   the gateway link, UART2 the trace port), bytes in by interrupt;
+//!   the gateway link, UART2 the console, UART3 the debug port's trace),
+//!   bytes in by interrupt;
 //! - [`clock`]: the control tick (TIMER0), the microsecond clock
 //!   (TIMER1) and a millisecond wake-up (the dual timer), and sleeping
 //!   until an interrupt;
 //! - [`icount`]: the instruction counter (SysTick under `-icount`);
 //! - [`watchdog`]: the CMSDK APB watchdog;
+//! - [`reset`]: why the board last started, marked in RAM no reset
+//!   touches;
 //! - [`stack`]: the painted stack's high-water mark;
 //! - [`led`]: the FPGA's LEDs as `embedded-hal` output pins.
 //!
@@ -25,6 +28,8 @@ pub mod clock;
 pub mod icount;
 #[cfg(target_arch = "arm")]
 pub mod led;
+#[cfg(target_arch = "arm")]
+pub mod reset;
 #[cfg(target_arch = "arm")]
 pub mod stack;
 #[cfg(target_arch = "arm")]
@@ -99,6 +104,7 @@ unsafe impl cortex_m::interrupt::InterruptNumber for Irq {
 unsafe fn DefaultHandler(irqn: i16) {
     let Ok(n) = u8::try_from(irqn) else {
         // A fault with no handler of its own: stop; the watchdog resets.
+        reset::fault();
         loop {
             cortex_m::asm::nop();
         }

@@ -1,8 +1,10 @@
 //! The CMSDK APB UART (Arm DDI 0479C, 4.6): bytes in by interrupt into a
 //! ring the main loop reads, bytes out by polling the transmit buffer.
 //! Implements `embedded-hal-nb`'s serial traits (the Modbus master waits
-//! byte by byte with its own deadlines) and `core::fmt::Write` (the trace
-//! port's lines).
+//! byte by byte with its own deadlines), `core::fmt::Write` (the
+//! console's lines) and [`Uart::send_from`], which moves queued frames
+//! out only while the UART takes them (the gateway link and the trace:
+//! never a wait).
 //!
 //! Registers: DATA (+0x00), STATE (+0x04: bit 0 TX full, bit 1 RX full,
 //! bit 3 RX overrun), CTRL (+0x08: bit 0 TX enable, bit 1 RX enable,
@@ -12,7 +14,7 @@
 //! Glossary:
 //! - *ring*: the bytes received and not yet read, filled by the receive
 //!   interrupt; a byte that finds it full is dropped and the next read
-//!   reports an overrun.
+//!   reports an overrun. The gateway's holds more than its longest frame.
 
 use core::cell::RefCell;
 use core::sync::atomic::{AtomicBool, Ordering};
@@ -22,7 +24,10 @@ use embedded_hal_nb::nb;
 use embedded_hal_nb::serial::{self, ErrorKind, ErrorType};
 use heapless::Deque;
 
-use super::{read, write, Irq, SYSTEM_CLOCK_HZ, UART_GATEWAY, UART_MODBUS, UART_TRACE};
+use super::{
+    read, write, Irq, SYSTEM_CLOCK_HZ, UART_CONSOLE, UART_GATEWAY, UART_MODBUS, UART_TRACE,
+};
+use crate::outbound::TxQueue;
 
 const DATA: u32 = 0x00;
 const STATE: u32 = 0x04;
@@ -38,15 +43,22 @@ const CTRL_RX_EN: u32 = 1 << 1;
 const CTRL_RX_INT_EN: u32 = 1 << 3;
 const INT_RX: u32 = 1 << 1;
 
-/// Bytes each ring holds: more than the longest Modbus RTU frame.
-pub const RING_BYTES: usize = 512;
+/// Bytes the Modbus ring holds: more than the longest RTU frame.
+pub const MODBUS_RING_BYTES: usize = 512;
+/// Bytes the gateway's ring holds: host reports for most of a step's
+/// Modbus waits (the ring is read between steps and at each step's
+/// start; five of the link's longest frames).
+pub const GATEWAY_RING_BYTES: usize = 8192;
+/// Bytes the console's and the trace's rings hold (nothing is read from
+/// them).
+const OTHER_RING_BYTES: usize = 16;
 
-struct Ring {
-    bytes: Mutex<RefCell<Deque<u8, RING_BYTES>>>,
+struct Ring<const N: usize> {
+    bytes: Mutex<RefCell<Deque<u8, N>>>,
     overrun: AtomicBool,
 }
 
-impl Ring {
+impl<const N: usize> Ring<N> {
     const fn new() -> Self {
         Self {
             bytes: Mutex::new(RefCell::new(Deque::new())),
@@ -55,9 +67,52 @@ impl Ring {
     }
 }
 
-/// The board's three UARTs, in the order of [`RINGS`].
-const UARTS: [super::Uart; 3] = [UART_MODBUS, UART_GATEWAY, UART_TRACE];
-static RINGS: [Ring; 3] = [Ring::new(), Ring::new(), Ring::new()];
+/// The board's four UARTs, by index.
+const UARTS: [super::Uart; 4] = [UART_MODBUS, UART_GATEWAY, UART_CONSOLE, UART_TRACE];
+static RING_MODBUS: Ring<MODBUS_RING_BYTES> = Ring::new();
+static RING_GATEWAY: Ring<GATEWAY_RING_BYTES> = Ring::new();
+static RING_CONSOLE: Ring<OTHER_RING_BYTES> = Ring::new();
+static RING_TRACE: Ring<OTHER_RING_BYTES> = Ring::new();
+
+/// Runs `f` on UART `i`'s ring.
+fn ring<R>(i: usize, f: impl Fn(&dyn RingOps) -> R) -> R {
+    match i {
+        0 => f(&RING_MODBUS),
+        1 => f(&RING_GATEWAY),
+        2 => f(&RING_CONSOLE),
+        _ => f(&RING_TRACE),
+    }
+}
+
+/// A ring of any size.
+trait RingOps {
+    /// Adds a received byte; a full ring drops it and marks an overrun.
+    fn push(&self, b: u8);
+    fn pop(&self) -> Option<u8>;
+    fn is_empty(&self) -> bool;
+    fn overrun(&self) -> &AtomicBool;
+}
+
+impl<const N: usize> RingOps for Ring<N> {
+    fn push(&self, b: u8) {
+        let full = interrupt::free(|cs| self.bytes.borrow(cs).borrow_mut().push_back(b).is_err());
+        if full {
+            self.overrun.store(true, Ordering::Relaxed);
+        }
+    }
+
+    fn pop(&self) -> Option<u8> {
+        interrupt::free(|cs| self.bytes.borrow(cs).borrow_mut().pop_front())
+    }
+
+    fn is_empty(&self) -> bool {
+        interrupt::free(|cs| self.bytes.borrow(cs).borrow().is_empty())
+    }
+
+    fn overrun(&self) -> &AtomicBool {
+        &self.overrun
+    }
+}
 
 /// One of the board's UARTs.
 #[derive(Debug)]
@@ -94,9 +149,28 @@ impl Uart {
         Self::open(1)
     }
 
-    /// UART2: the trace port. Call once.
-    pub fn trace() -> Self {
+    /// UART2: the console. Call once.
+    pub fn console() -> Self {
         Self::open(2)
+    }
+
+    /// UART3: the debug port's trace. Call once.
+    pub fn trace() -> Self {
+        Self::open(3)
+    }
+
+    /// Moves bytes from `q` into the UART while it takes them; returns
+    /// how many went.
+    pub fn send_from<const N: usize>(&mut self, q: &mut TxQueue<N>) -> usize {
+        let mut sent = 0;
+        while let Some(b) = q.front() {
+            if serial::Write::write(self, b).is_err() {
+                break;
+            }
+            q.pop();
+            sent += 1;
+        }
+        sent
     }
 }
 
@@ -113,33 +187,31 @@ pub fn on_rx_interrupt(irq: u8) {
 /// last read raises it again.
 fn drain(i: usize) {
     let base = UARTS[i].base;
-    let ring = &RINGS[i];
-    // SAFETY: the UART's own registers.
-    unsafe {
-        write(base + INTCLEAR, INT_RX);
-        while read(base + STATE) & STATE_RX_FULL != 0 {
-            let b = read(base + DATA) as u8;
-            let full =
-                interrupt::free(|cs| ring.bytes.borrow(cs).borrow_mut().push_back(b).is_err());
-            if full {
-                ring.overrun.store(true, Ordering::Relaxed);
+    ring(i, |ring| {
+        // SAFETY: the UART's own registers.
+        unsafe {
+            write(base + INTCLEAR, INT_RX);
+            while read(base + STATE) & STATE_RX_FULL != 0 {
+                ring.push(read(base + DATA) as u8);
+            }
+            if read(base + STATE) & STATE_RX_OVERRUN != 0 {
+                ring.overrun().store(true, Ordering::Relaxed);
+                write(base + STATE, STATE_RX_OVERRUN);
             }
         }
-        if read(base + STATE) & STATE_RX_OVERRUN != 0 {
-            ring.overrun.store(true, Ordering::Relaxed);
-            write(base + STATE, STATE_RX_OVERRUN);
-        }
-    }
+    })
 }
 
-/// Whether any UART has received bytes not yet read (checked with
-/// interrupts off before sleeping, so no byte is slept past).
+/// Whether the CDU or the gateway has sent bytes not yet read (checked
+/// with interrupts off before sleeping, so no byte is slept past).
 pub fn any_received() -> bool {
-    interrupt::free(|cs| {
-        RINGS
-            .iter()
-            .any(|r| !r.bytes.borrow(cs).borrow().is_empty())
-    })
+    // The console's and the trace's bytes are never read: not counted.
+    (0..2).any(|i| !ring(i, |r| r.is_empty()))
+}
+
+/// Whether the gateway has sent bytes not yet read.
+pub fn gateway_received() -> bool {
+    !ring(1, |r| r.is_empty())
 }
 
 impl ErrorType for Uart {
@@ -148,16 +220,15 @@ impl ErrorType for Uart {
 
 impl serial::Read<u8> for Uart {
     fn read(&mut self) -> nb::Result<u8, ErrorKind> {
-        let ring = &RINGS[self.ring];
-        if ring.overrun.swap(false, Ordering::Relaxed) {
+        let i = self.ring;
+        if ring(i, |r| r.overrun().swap(false, Ordering::Relaxed)) {
             return Err(nb::Error::Other(ErrorKind::Overrun));
         }
-        let pop = || interrupt::free(|cs| ring.bytes.borrow(cs).borrow_mut().pop_front());
         // A byte the interrupt has not moved yet is taken here.
-        pop()
+        ring(i, |r| r.pop())
             .or_else(|| {
-                interrupt::free(|_| drain(self.ring));
-                pop()
+                interrupt::free(|_| drain(i));
+                ring(i, |r| r.pop())
             })
             .ok_or(nb::Error::WouldBlock)
     }

@@ -3,7 +3,8 @@
 //! reloads; if the interrupt is still raised when it reaches zero again,
 //! it resets the board. The firmware feeds it only after a completed
 //! step, so a step that hangs is reset after two timeouts; the NMI in
-//! between says so on the trace port.
+//! between marks the reset's cause ([`super::reset`]) and is counted for
+//! the console.
 //!
 //! Registers: LOAD (+0x00), VALUE (+0x04), CTRL (+0x08: bit 0 interrupt
 //! enable, bit 1 reset enable), INTCLR (+0x0C: any write clears the
@@ -39,8 +40,10 @@ pub fn start() {
     }
 }
 
-/// Feeds the watchdog: call after a completed step only.
+/// Feeds the watchdog: call after a completed step only. The board is
+/// marked running again ([`super::reset`]).
 pub fn feed() {
+    super::reset::running();
     // SAFETY: the board's watchdog; unlocked for the one write.
     unsafe {
         write(WATCHDOG_BASE + LOCK, UNLOCK);
@@ -59,4 +62,5 @@ pub fn warnings() -> u32 {
 #[cortex_m_rt::exception]
 unsafe fn NonMaskableInt() {
     WARNINGS.fetch_add(1, Ordering::Relaxed);
+    super::reset::watchdog_expired();
 }

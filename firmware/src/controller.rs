@@ -1,0 +1,441 @@
+//! The firmware's controller around the shared decision path
+//! ([`cooling_decide::Decider`], the code `cooling-ctrl run` runs): every
+//! call into it goes through [`Decider::apply`], and each input it
+//! applies is written to the debug port ([`Trace::Input`]) with the
+//! digest of what it gave after it ([`Trace::Digest`]), so that a
+//! replayer on another machine decides the same step by step
+//! (`loopwarden_link::trace::Replayer`). Pure: the board's shell does the
+//! I/O (Modbus RTU, flash, the UARTs) between the stages, in the Linux
+//! shell's order:
+//! 1. what the gateway said since the last step ([`Controller::on_byte`],
+//!    `controller/down.rs`);
+//! 2. the CDU read (the shell's);
+//! 3. [`Controller::step`]: `Traced::Step`, its instructions counted;
+//! 4. [`Controller::to_keep`], the record to flash (the shell's),
+//!    [`Controller::kept`];
+//! 5. [`Controller::plan`], the writes (the shell's),
+//!    [`Controller::written`];
+//! 6. [`Controller::report`]: the leases due ([`LeaseBook`]), the step's
+//!    events and what the decision path said, the status, and the cost.
+//!
+//! Its ports ([`Ports`]) take messages to the gateway, records to the
+//! trace and lines for the console; none of them waits.
+//!
+//! Glossary:
+//! - *MCU clock*: ms since the board started (each step's `now_ms`).
+//! - *wall clock*: Unix ms, known from the gateway's last `Alive`.
+
+mod down;
+
+use core::fmt;
+
+use cooling_core::sensors::Which;
+use cooling_core::{Commands, LeakInputs, MAX_HOSTS};
+use cooling_decide::leases::{LeaseBook, Order, LEASE_DEFAULT};
+use cooling_decide::outdoor::OutdoorSources;
+use cooling_decide::{
+    leak_inputs, Applied, BoardRead, CduMeasurements, Decider, LatchRecord, Opening, Outcome, Plan,
+    StepIn, Traced,
+};
+use loopwarden_link::trace::Trace;
+use loopwarden_link::{Cost, Deframer, Hello, RackBits, SeqWatch, Status, Up};
+
+use crate::clears::ClearGate;
+use crate::cost::InsnStats;
+use crate::outbound::MAX_FRAME;
+
+pub use down::LinkCounts;
+
+/// Words of a line to the gateway ([`Up::Said`]).
+pub type Said = heapless::String<{ loopwarden_link::message::SAID_MAX }>;
+
+/// Leases sent in one batch (the book is read again between batches).
+const LEASE_BATCH: usize = 8;
+
+/// Where the controller's output goes; nothing here waits.
+pub trait Ports {
+    /// A message to the gateway; `false` when it could not be queued.
+    fn up(&mut self, up: &Up) -> bool;
+    /// A record for the debug port's trace.
+    fn trace(&mut self, t: &Trace);
+    /// A line for the console.
+    fn say(&mut self, line: fmt::Arguments<'_>);
+    /// The instruction counter now.
+    fn insn_mark(&mut self) -> u32;
+    /// Instructions since `mark`.
+    fn insn_since(&mut self, mark: u32) -> u32;
+    /// The deepest the stack has been since the start, bytes.
+    fn stack_peak(&mut self) -> u32;
+}
+
+/// `d` as it prints, cut on a character boundary to a [`Said`].
+pub fn said_words(d: &impl fmt::Display) -> Said {
+    let w = cooling_decide::said::words(d);
+    let mut end = w.len().min(Said::new().capacity());
+    while !w.is_char_boundary(end) {
+        end -= 1;
+    }
+    Said::try_from(&w[..end]).unwrap_or_default()
+}
+
+/// The wall clock as the gateway last gave it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WallClock {
+    /// Unix ms at `at_ms`.
+    pub unix_ms: u64,
+    /// When it was told, MCU clock.
+    pub at_ms: u64,
+}
+
+impl WallClock {
+    /// Unix ms at `now_ms` (MCU clock).
+    pub fn at(&self, now_ms: u64) -> u64 {
+        self.unix_ms
+            .saturating_add(now_ms.saturating_sub(self.at_ms))
+    }
+}
+
+/// The controller between steps.
+pub struct Controller<'d> {
+    decider: &'d mut Decider,
+    leases: LeaseBook,
+    outdoor: OutdoorSources,
+    gate: ClearGate,
+    /// The gateway link's receiving side.
+    deframer: Deframer<MAX_FRAME>,
+    seq: SeqWatch,
+    /// What the link brought.
+    pub link: LinkCounts,
+    wall: Option<WallClock>,
+    /// The gateway's broker connection, as it last said.
+    bus: bool,
+    /// When the gateway was last heard, MCU clock.
+    heard_ms: Option<u64>,
+    /// The leak inputs and the pump faults of the last step (what a
+    /// clear is judged on).
+    leaks: LeakInputs,
+    pump_faults: [bool; 2],
+    hosts: usize,
+    /// What the last step gave (its commands, kept here: they are
+    /// large, and read until the next step).
+    stepped: Applied,
+    readings: Option<CduMeasurements>,
+    outdoor_c: Option<f32>,
+    insn_now: u32,
+    /// Instructions of each step's decision.
+    pub insn: InsnStats,
+    steps: u32,
+}
+
+impl<'d> Controller<'d> {
+    /// A controller of `decider` (built for the board's configuration and
+    /// map), taking clears through `gate`.
+    pub fn new(decider: &'d mut Decider, gate: ClearGate) -> Self {
+        let cfg = *decider.core().config();
+        let hosts = cfg.layout.hosts().min(MAX_HOSTS);
+        Self {
+            leases: LeaseBook::new(hosts, LEASE_DEFAULT, cfg.gpu.tdp_w),
+            decider,
+            outdoor: OutdoorSources::new(),
+            gate,
+            deframer: Deframer::default(),
+            seq: SeqWatch::default(),
+            link: LinkCounts::default(),
+            wall: None,
+            bus: false,
+            heard_ms: None,
+            leaks: LeakInputs::DRY,
+            pump_faults: [false; 2],
+            hosts,
+            stepped: Applied::Done,
+            readings: None,
+            outdoor_c: None,
+            insn_now: 0,
+            insn: InsnStats::new(),
+            steps: 0,
+        }
+    }
+
+    /// The decision path.
+    pub fn decider(&self) -> &Decider {
+        self.decider
+    }
+
+    /// The last step's commands.
+    pub fn commands(&self) -> Option<&Commands> {
+        match &self.stepped {
+            Applied::Stepped { commands, .. } => Some(commands),
+            _ => None,
+        }
+    }
+
+    /// What the CDU answered at the last step (`None`: it did not).
+    pub fn readings(&self) -> Option<&CduMeasurements> {
+        self.readings.as_ref()
+    }
+
+    /// The last step's decision, instructions.
+    pub fn insn_last(&self) -> u32 {
+        self.insn_now
+    }
+
+    /// The wall clock at `now_ms`, if the gateway gave it.
+    pub fn wall_ms(&self, now_ms: u64) -> Option<u64> {
+        self.wall.map(|w| w.at(now_ms))
+    }
+
+    /// When the gateway was last heard, MCU clock, and whether it said
+    /// it was connected to the broker.
+    pub fn gateway(&self) -> (Option<u64>, bool) {
+        (self.heard_ms, self.bus)
+    }
+
+    /// The clears' gate (to restore the operators' last ids at start).
+    pub fn gate_mut(&mut self) -> &mut ClearGate {
+        &mut self.gate
+    }
+
+    /// `t` applied through the decision path, written to the trace with
+    /// its digest after it.
+    #[inline(never)]
+    fn apply(&mut self, p: &mut impl Ports, t: Traced) -> Applied {
+        self.apply_counted(p, t).0
+    }
+
+    /// As [`Controller::apply`], with the instructions the decision path
+    /// took.
+    fn apply_counted(&mut self, p: &mut impl Ports, t: Traced) -> (Applied, u32) {
+        // The record is made first and the input applied from it: one
+        // copy of the input on the stack.
+        let record = Trace::Input(t);
+        let Trace::Input(t) = &record else {
+            unreachable!("made as an input above")
+        };
+        let mark = p.insn_mark();
+        let a = self.decider.apply(t);
+        let insn = p.insn_since(mark);
+        p.trace(&record);
+        if let Some(d) = a.digest() {
+            p.trace(&Trace::Digest(d));
+        }
+        (a, insn)
+    }
+
+    /// A start: `hello` to the trace and the gateway, then the decision
+    /// path's start from what the flash held (`opening`), as
+    /// `Traced::Start` applies it. The decider was built from the same
+    /// `opening` ([`Decider::new`], in its static); the start is traced
+    /// for the replayer, whose own fresh decider it starts alike.
+    pub fn boot(&mut self, p: &mut impl Ports, hello: Hello, opening: Opening) {
+        p.trace(&Trace::Boot(hello.clone()));
+        if !p.up(&Up::Hello(hello)) {
+            p.say(format_args!("link: the gateway's hello was not queued"));
+        }
+        p.trace(&Trace::Input(Traced::Start { latched: opening }));
+        self.said(p);
+    }
+
+    /// Step 3: the decision path's step on what the CDU answered
+    /// (`readings`; `None`: it did not) at `now_ms`.
+    #[inline(never)]
+    pub fn step(&mut self, p: &mut impl Ports, readings: Option<CduMeasurements>, now_ms: u64) {
+        let cdu_leaks = readings.as_ref().and_then(|m| m.leaks);
+        self.leaks = leak_inputs(BoardRead::Absent, cdu_leaks);
+        if let Some(m) = &readings {
+            self.pump_faults = m.pump_faults.map(|f| f.unwrap_or(false));
+        }
+        let outdoor = readings.as_ref().and_then(|m| m.outdoor_c);
+        self.outdoor_c = self.outdoor.pick(outdoor, now_ms).map(|(c, _)| c);
+        self.readings = readings;
+        let t = Traced::Step {
+            cdu: readings,
+            inp: StepIn {
+                now_ms,
+                board: BoardRead::Absent,
+                ambient_c: self.outdoor_c,
+            },
+        };
+        // As `apply_counted`, with what it gives kept in place.
+        let record = Trace::Input(t);
+        let Trace::Input(t) = &record else {
+            unreachable!("made as an input above")
+        };
+        let mark = p.insn_mark();
+        self.stepped = self.decider.apply(t);
+        self.insn_now = p.insn_since(mark);
+        p.trace(&record);
+        if let Some(d) = self.stepped.digest() {
+            p.trace(&Trace::Digest(d));
+        }
+    }
+
+    /// Step 4: the latched record to write to flash before anything acts.
+    #[inline(never)]
+    pub fn to_keep(&mut self, p: &mut impl Ports) -> Option<LatchRecord> {
+        match self.apply(p, Traced::ToKeep) {
+            Applied::ToKeep(r) => r,
+            _ => None,
+        }
+    }
+
+    /// Step 4, done: the record went to flash (`ok`) or did not.
+    #[inline(never)]
+    pub fn kept(&mut self, p: &mut impl Ports, ok: bool) {
+        self.apply(p, Traced::Kept(ok));
+    }
+
+    /// Step 5: the writes of the step, with the valve positions read.
+    #[inline(never)]
+    pub fn plan(&mut self, p: &mut impl Ports) -> Plan {
+        let closed = self.readings.as_ref().and_then(|m| m.valves_closed);
+        let (a, insn) = self.apply_counted(p, Traced::Plan { closed });
+        self.insn_now = self.insn_now.saturating_add(insn);
+        match a {
+            Applied::Planned { plan, .. } => plan,
+            _ => Plan::default(),
+        }
+    }
+
+    /// Step 5, done: what the CDU took of the plan.
+    #[inline(never)]
+    pub fn written(&mut self, p: &mut impl Ports, o: Outcome) {
+        self.apply(p, Traced::Written(o));
+    }
+
+    /// Step 6: the leases due, the step's events, what the decision path
+    /// said, the status and the step's cost; `writes_ok`: every write of
+    /// the step went in.
+    #[inline(never)]
+    pub fn report(&mut self, p: &mut impl Ports, now_ms: u64, writes_ok: bool) {
+        self.insn.add(self.insn_now);
+        self.leases(p, now_ms);
+        self.events(p);
+        self.said(p);
+        let cost = Cost {
+            insn: self.insn_now,
+            insn_max: self.insn.max(),
+            stack_peak: p.stack_peak(),
+        };
+        if let Some(s) = self.status(now_ms, writes_ok, cost) {
+            if !p.up(&Up::Status(s)) {
+                self.link.up_dropped = self.link.up_dropped.saturating_add(1);
+            }
+        }
+        p.trace(&Trace::Cost {
+            step: self.steps,
+            cost,
+        });
+        self.steps = self.steps.wrapping_add(1);
+    }
+
+    /// The leases due for the step's caps, each to the gateway; one that
+    /// could not be queued is due again at the next step.
+    #[inline(never)]
+    fn leases(&mut self, p: &mut impl Ports, now_ms: u64) {
+        let Applied::Stepped { commands: c, .. } = &self.stepped else {
+            return;
+        };
+        let caps = &c.caps[..self.hosts];
+        let mut from = 0;
+        loop {
+            let batch: heapless::Vec<Order, LEASE_BATCH> = (self.leases.due(now_ms, caps))
+                .filter(|o| o.host >= from)
+                .take(LEASE_BATCH)
+                .collect();
+            for o in &batch {
+                let up = Up::Lease {
+                    host: o.host as u16,
+                    lease: o.lease.clone(),
+                    lift: o.lift,
+                };
+                if !p.up(&up) {
+                    continue;
+                }
+                self.leases.sent(o, now_ms);
+                match o.watts {
+                    Some(w) if o.first => p.say(format_args!(
+                        "lease: capping host {} at {} W per GPU ({})",
+                        o.host, w as u32, o.lease.reason.0
+                    )),
+                    None => p.say(format_args!("lease: lifting the cap of host {}", o.host)),
+                    Some(_) => {}
+                }
+            }
+            match batch.last() {
+                Some(o) if batch.is_full() => from = o.host + 1,
+                _ => return,
+            }
+        }
+    }
+
+    /// The step's events, the core's then the decision path's, each to
+    /// the gateway and the console.
+    fn events(&mut self, p: &mut impl Ports) {
+        let core = match &self.stepped {
+            Applied::Stepped { commands, .. } => commands.events.as_slice(),
+            _ => &[],
+        };
+        for e in core.iter().cloned().chain(self.decider.take_events()) {
+            p.say(format_args!("event: {e}"));
+            if !p.up(&Up::Event(e)) {
+                self.link.up_dropped = self.link.up_dropped.saturating_add(1);
+            }
+        }
+    }
+
+    /// What the decision path has to say, to the gateway and the console.
+    fn said(&mut self, p: &mut impl Ports) {
+        for s in self.decider.take_said() {
+            let error = s.error();
+            p.say(format_args!(
+                "{}: {s}",
+                if error { "error" } else { "warning" }
+            ));
+            let words = said_words(&s);
+            if !p.up(&Up::Said { error, words }) {
+                self.link.up_dropped = self.link.up_dropped.saturating_add(1);
+            }
+        }
+    }
+
+    /// The state after the step, as the gateway publishes it.
+    #[inline(never)]
+    fn status(&self, now_ms: u64, writes_ok: bool, cost: Cost) -> Option<Status> {
+        let c = self.commands()?;
+        let core = self.decider.core();
+        Some(Status {
+            step: self.steps,
+            at_ms: now_ms,
+            mode: core.mode(),
+            setpoint_c: c.setpoint_c,
+            pump_speed: c.pump_speed,
+            pump_on: c.pump_on,
+            lead: c.lead,
+            racks: RackBits {
+                valves_open: c.valves_open,
+                cooling_lost: c.cooling_lost,
+                sensing_lost: c.sensing_lost,
+                isolation_failed: c.isolation_failed,
+                leaks_latched: core.leaks_latched(),
+                leaks_wet: self.leaks.wet_now(),
+            },
+            pumps_failed: core.pumps_failed(),
+            beacon: c.beacon,
+            sensor_faults: [
+                Which::Supply,
+                Which::Return,
+                Which::Flow,
+                Which::FacilitySupply,
+            ]
+            .map(|w| core.sensor_fault(w)),
+            readings: self.readings,
+            outdoor_c: self.outdoor_c,
+            writes_ok,
+            events_dropped: core.events_dropped(),
+            cost,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,232 @@
+//! What the gateway says, acted on between steps: bytes from UART1 into
+//! the link's deframer, each whole frame's [`Down`] to the decision path
+//! (every call through `apply`, traced) or to the controller's own state.
+//! A frame that fails its checks, or whose message does not decode, is
+//! counted and never acted on.
+//!
+//! - `Alive`: the wall clock (kept as its offset from the MCU clock) and
+//!   whether the gateway reaches the broker;
+//! - `Host`: the report judged ([`Decider::heard`], then
+//!   `Traced::Heard`; not before the wall clock is known, for its stamp
+//!   is judged against it);
+//! - `Limits`: `Traced::SetLimits`; `FacilityTarget`:
+//!   `Traced::FacilityTarget`; `Outdoor`: the BMS's value among the
+//!   outdoor temperature's sources;
+//! - `Clear`: checked by the [`ClearGate`](crate::clears::ClearGate),
+//!   then `Traced::ClearLeak` or `Traced::ClearPump`, answered with
+//!   `Up::Answer` (and an `OperatorCleared` event when done).
+//!
+//! Glossary:
+//! - *heard*: the last time any good frame came from the gateway.
+
+use loopwarden_link::{ClearAction, Down, Fed, SignedClear, Up};
+use loopwarden_protocol::message::Event;
+use loopwarden_protocol::units::TimestampMs;
+use loopwarden_protocol::RackIndex;
+
+use cooling_decide::{Applied, Traced, Verdict};
+
+use super::{said_words, Controller, Ports, Said, WallClock};
+use crate::clears::Taken;
+
+/// What the gateway link brought since the start.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LinkCounts {
+    /// Good frames.
+    pub frames: u32,
+    /// Frames dropped: failed their checks, or their message did not
+    /// decode.
+    pub bad: u32,
+    /// Host reports set aside: the wall clock was not known yet.
+    pub hosts_early: u32,
+    /// Host reports not believed.
+    pub hosts_refused: u32,
+    /// Clears refused before they reached the decision path.
+    pub clears_refused: u32,
+    /// Messages to the gateway that found its queue full.
+    pub up_dropped: u32,
+}
+
+impl Controller<'_> {
+    /// One byte from the gateway's UART at `now_ms`; a clear taken comes
+    /// back, for the shell to keep its id in flash.
+    #[inline(never)]
+    pub fn on_byte(&mut self, p: &mut impl Ports, b: u8, now_ms: u64) -> Option<Taken> {
+        let down = match self.deframer.push(b) {
+            Fed::More => return None,
+            Fed::Dropped(e) => {
+                self.bad_frame(p, &e);
+                return None;
+            }
+            Fed::Frame(f) => {
+                let seq = f.seq;
+                match f.message::<Down>() {
+                    Ok(d) => {
+                        self.seq.hear(seq);
+                        d
+                    }
+                    Err(e) => {
+                        self.bad_frame(p, &e);
+                        return None;
+                    }
+                }
+            }
+        };
+        self.link.frames = self.link.frames.saturating_add(1);
+        self.heard_ms = Some(now_ms);
+        self.on_down(p, down, now_ms)
+    }
+
+    fn bad_frame(&mut self, p: &mut impl Ports, e: &impl core::fmt::Display) {
+        self.link.bad = self.link.bad.saturating_add(1);
+        p.say(format_args!("link: {e} (bad frames {})", self.link.bad));
+    }
+
+    /// Acts on `d`, heard at `now_ms`.
+    fn on_down(&mut self, p: &mut impl Ports, d: Down, now_ms: u64) -> Option<Taken> {
+        match d {
+            Down::Alive { unix_ms, bus } => {
+                self.wall = Some(WallClock {
+                    unix_ms,
+                    at_ms: now_ms,
+                });
+                self.bus = bus;
+            }
+            Down::Host {
+                index,
+                stamped,
+                telemetry,
+            } => self.on_host(p, usize::from(index), stamped, &telemetry, now_ms),
+            Down::Limits {
+                ceiling_c,
+                offset_k,
+            } => {
+                let t = Traced::SetLimits {
+                    setpoint_ceiling_c: ceiling_c,
+                    plan_offset_k: offset_k,
+                };
+                self.apply(p, t);
+            }
+            Down::Outdoor(c) => self.outdoor.bms_wrote(c, now_ms),
+            Down::FacilityTarget(water_c) => {
+                self.apply(p, Traced::FacilityTarget { water_c, now_ms });
+            }
+            Down::Clear(c) => return self.on_clear(p, &c, now_ms),
+        }
+        None
+    }
+
+    /// Host `h`'s telemetry, stamped `stamped`, heard at `now_ms`.
+    #[inline(never)]
+    fn on_host(
+        &mut self,
+        p: &mut impl Ports,
+        h: usize,
+        stamped: TimestampMs,
+        t: &loopwarden_protocol::message::HostTelemetry,
+        now_ms: u64,
+    ) {
+        let Some(wall) = self.wall_ms(now_ms) else {
+            self.link.hosts_early = self.link.hosts_early.saturating_add(1);
+            return;
+        };
+        let heard = self.decider.heard(t, stamped, now_ms);
+        let traced = Traced::Heard {
+            h: h as u32,
+            heard,
+            now: TimestampMs(wall),
+        };
+        let (why, new, refused) = match self.apply(p, traced) {
+            Applied::Verdict(Verdict::Refused { why, new }) => (why, new, true),
+            Applied::Verdict(Verdict::BelievedWithout { why, new }) => (why, new, false),
+            _ => return,
+        };
+        if refused {
+            self.link.hosts_refused = self.link.hosts_refused.saturating_add(1);
+        }
+        if new {
+            let how = if refused {
+                "is not believed"
+            } else {
+                "counts without"
+            };
+            p.say(format_args!("hosts: a report of host {h} {how}: {why}"));
+            let words = said_words(&format_args!("a report of host {h} {how}: {why}"));
+            p.up(&Up::Said {
+                error: false,
+                words,
+            });
+        }
+    }
+
+    /// An operator's clear `c`, heard at `now_ms`.
+    #[inline(never)]
+    fn on_clear(&mut self, p: &mut impl Ports, c: &SignedClear, now_ms: u64) -> Option<Taken> {
+        let id = c.clear.id;
+        let who = &c.clear.operator;
+        let taken = match self.gate.admit(c, self.wall_ms(now_ms)) {
+            Ok(t) => t,
+            Err(why) => {
+                self.link.clears_refused = self.link.clears_refused.saturating_add(1);
+                p.say(format_args!("clear {id} of {who} refused: {why}"));
+                answer(p, id, Err(said_words(&why)));
+                return None;
+            }
+        };
+        let (traced, rack, pump) = match c.clear.action {
+            ClearAction::Leak(rack) => {
+                let leaks = self.leaks;
+                (
+                    Traced::ClearLeak { rack, leaks },
+                    RackIndex::new(rack),
+                    None,
+                )
+            }
+            ClearAction::Pump(pump) => {
+                let fault_shown = self.pump_faults[pump as usize];
+                (Traced::ClearPump { pump, fault_shown }, None, Some(pump))
+            }
+        };
+        let what = Action(c.clear.action);
+        match self.apply(p, traced) {
+            Applied::Cleared(Ok(())) => {
+                p.say(format_args!("clear {id} of {who}: {what} cleared"));
+                answer(p, id, Ok(()));
+                let e = Event::OperatorCleared {
+                    rack,
+                    pump,
+                    operator: who.clone(),
+                };
+                p.say(format_args!("event: {e}"));
+                p.up(&Up::Event(e));
+            }
+            Applied::Cleared(Err(why)) => {
+                p.say(format_args!("clear {id} of {who}: {what}: {why}"));
+                answer(p, id, Err(said_words(&format_args!("{what}: {why}"))));
+            }
+            _ => {}
+        }
+        Some(taken)
+    }
+}
+
+/// What a clear clears, as it reads.
+struct Action(ClearAction);
+
+impl core::fmt::Display for Action {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self.0 {
+            ClearAction::Leak(rack) => write!(f, "rack {rack}'s leak"),
+            ClearAction::Pump(pump) => write!(f, "{pump}'s fault"),
+        }
+    }
+}
+
+/// The answer to clear `id`.
+fn answer(p: &mut impl Ports, id: u32, outcome: Result<(), Said>) {
+    if !p.up(&Up::Answer { id, outcome }) {
+        p.say(format_args!(
+            "link: the answer to clear {id} was not queued"
+        ));
+    }
+}

@@ -1,0 +1,378 @@
+//! The controller against a scripted CDU and gateway, its trace replayed
+//! through `loopwarden_link::trace::Replayer` as the host would.
+
+extern crate std;
+
+use std::boxed::Box;
+use std::string::{String, ToString};
+use std::vec::Vec;
+
+use cooling_core::CoreConfig;
+use cooling_decide::{CduMeasurements, Decider, LatchRecord, Opening, Outcome, Plan, Setting};
+use loopwarden_link::frame::{encode, OVERHEAD};
+use loopwarden_link::trace::{Replayer, Trace};
+use loopwarden_link::{ClearAction, Deframer, Down, Fed, Up, MAX_MESSAGE};
+use loopwarden_protocol::message::{Event, Pump};
+use loopwarden_protocol::units::TimestampMs;
+
+use super::*;
+use crate::cdu::map_limits;
+use crate::clears::tests::{ring, signed, NOW, SEED};
+use crate::outbound::{FrameBuffers, FramedPort};
+
+/// The ports as the board has them: the trace in frames on a wire.
+struct Fake {
+    trace: FramedPort<{ 64 * 1024 }>,
+    buf: Box<FrameBuffers>,
+    wire: Vec<u8>,
+    ups: Vec<Up>,
+    lines: Vec<String>,
+    /// The gateway's queue is full.
+    full: bool,
+}
+
+impl Fake {
+    fn new() -> Box<Self> {
+        Box::new(Self {
+            trace: FramedPort::new(),
+            buf: Box::new(FrameBuffers::new()),
+            wire: Vec::new(),
+            ups: Vec::new(),
+            lines: Vec::new(),
+            full: false,
+        })
+    }
+
+    fn said(&self, words: &str) -> bool {
+        self.lines.iter().any(|l| l.contains(words))
+    }
+}
+
+impl Ports for Fake {
+    fn up(&mut self, up: &Up) -> bool {
+        if !self.full {
+            self.ups.push(up.clone());
+        }
+        !self.full
+    }
+    fn trace(&mut self, t: &Trace) {
+        assert_eq!(self.trace.send(t, &mut self.buf), Ok(true));
+        self.wire
+            .extend(core::iter::from_fn(|| self.trace.queue.pop()));
+    }
+    fn say(&mut self, line: fmt::Arguments<'_>) {
+        self.lines.push(line.to_string());
+    }
+    fn insn_mark(&mut self) -> u32 {
+        0
+    }
+    fn insn_since(&mut self, _: u32) -> u32 {
+        1_000
+    }
+    fn stack_peak(&mut self) -> u32 {
+        4_096
+    }
+}
+
+fn decider(read: &Result<Option<LatchRecord>, &str>) -> Box<Decider> {
+    Box::new(Decider::new(CoreConfig::default(), map_limits(), read).unwrap())
+}
+
+/// A healthy CDU whose valves read closed where they were last written
+/// closed (`open`), with the leak inputs `leaks`.
+fn cdu(open: u16, leaks: u16) -> CduMeasurements {
+    CduMeasurements {
+        supply_c: Some(30.0),
+        return_c: Some(38.0),
+        flow_lpm: Some(192.0),
+        facility_supply_c: Some(27.0),
+        pumps_running: [Some(true), Some(false)],
+        leaks: Some(leaks),
+        diff_pressure_kpa: Some(100.0),
+        valves_closed: Some(!open & 0b1111),
+        pump_faults: [Some(false); 2],
+        it_w: Some(80_000.0),
+        cooling_w: Some(4_000.0),
+        facility_w: Some(88_000.0),
+        outdoor_c: Some(15.0),
+    }
+}
+
+/// One step as the board runs it, every write taken.
+fn step(c: &mut Controller<'_>, p: &mut Fake, m: Option<CduMeasurements>, s: u64) -> Plan {
+    c.step(p, m, s * 1000);
+    if c.to_keep(p).is_some() {
+        c.kept(p, true);
+    }
+    let plan = c.plan(p);
+    c.written(p, Outcome::whole(&plan, true));
+    c.report(p, s * 1000, true);
+    plan
+}
+
+fn bytes_of(d: &Down, seq: u32) -> Vec<u8> {
+    let mut scratch = std::vec![0u8; MAX_MESSAGE + OVERHEAD];
+    let mut out = std::vec![0u8; crate::outbound::MAX_FRAME];
+    let n = encode(d, seq, &mut scratch, &mut out).unwrap();
+    out[..n].to_vec()
+}
+
+/// `d` from the gateway at `now_ms`; the clears taken.
+fn hear(c: &mut Controller<'_>, p: &mut Fake, d: &Down, now_ms: u64) -> Vec<crate::clears::Taken> {
+    (bytes_of(d, 0).into_iter())
+        .filter_map(|b| c.on_byte(p, b, now_ms))
+        .collect()
+}
+
+fn replay(wire: &[u8]) -> Replayer {
+    let mut r = Replayer::new(CoreConfig::default(), map_limits()).unwrap();
+    let mut d = Box::new(Deframer::<{ crate::outbound::MAX_FRAME }>::default());
+    for b in wire {
+        if let Fed::Frame(f) = d.push(*b) {
+            r.hear(&f.message::<Trace>().unwrap());
+        }
+    }
+    r
+}
+
+fn hello() -> Hello {
+    Hello {
+        boot: 1,
+        reset: loopwarden_link::ResetCause::PowerOn,
+        firmware: heapless::String::try_from("test").unwrap(),
+        restored: false,
+    }
+}
+
+fn alive(s: u64) -> Down {
+    Down::Alive {
+        unix_ms: NOW + s * 1000,
+        bus: true,
+    }
+}
+
+fn valves(p: &Plan) -> u16 {
+    p.value(Setting::Valves).unwrap_or(-1.0) as u16
+}
+
+#[test]
+fn a_run_with_the_gateways_messages_and_a_leak_replays_with_every_digest_matching() {
+    let mut d = decider(&Ok(None));
+    let mut c = Controller::new(&mut d, ClearGate::new(Some("cdu1"), ring()));
+    let p = &mut *Fake::new();
+    c.boot(p, hello(), Opening::Nothing);
+    let mut open = 0b1111;
+    for s in 0..40u64 {
+        let now = s * 1000;
+        hear(&mut c, p, &alive(s), now);
+        if s == 3 {
+            let limits = Down::Limits {
+                ceiling_c: 38.0,
+                offset_k: -1.0,
+            };
+            hear(&mut c, p, &limits, now);
+            hear(&mut c, p, &Down::FacilityTarget(26.0), now);
+            hear(&mut c, p, &Down::Outdoor(12.5), now);
+        }
+        let telemetry = loopwarden_protocol::samples::host_telemetry(8);
+        let host = Down::Host {
+            index: (s % 16) as u16,
+            stamped: TimestampMs(NOW + now),
+            telemetry,
+        };
+        hear(&mut c, p, &host, now);
+        let leaks = if (20..25).contains(&s) { 0b0100 } else { 0 };
+        let plan = step(&mut c, p, Some(cdu(open, leaks)), s);
+        open = plan.value(Setting::Valves).map_or(open, |v| v as u16);
+        if s >= 20 {
+            assert_eq!(
+                valves(&plan) & 0b0100,
+                0,
+                "rack 2's valve stays shut at {s}"
+            );
+        }
+    }
+    assert_eq!(c.decider().core().limits(), (38.0, -1.0));
+    assert_eq!(c.link.bad, 0);
+    assert!(p
+        .ups
+        .iter()
+        .any(|u| matches!(u, Up::Event(Event::Leak { .. }))));
+    assert!(
+        p.ups.iter().any(|u| matches!(u, Up::Lease { host: 8, .. })),
+        "rack 2's hosts capped"
+    );
+    let statuses = p.ups.iter().filter(|u| matches!(u, Up::Status(_))).count();
+    assert_eq!(statuses, 40);
+    let r = replay(&p.wire);
+    assert!(r.all_match(), "{:?}", r.first_mismatch);
+    assert_eq!(r.boots, 1);
+    assert_eq!(r.compared, 80, "a step's and a plan's digest each step");
+    assert!(r.inputs > 40 * 5, "{}", r.inputs);
+}
+
+#[test]
+fn an_unreadable_record_relatches_from_the_valves_the_cdu_reports_closed_and_replays() {
+    let read: Result<Option<LatchRecord>, &str> = Err("cdu.latched: unreadable in flash");
+    let mut d = decider(&read);
+    let mut c = Controller::new(&mut d, ClearGate::new(None, &[]));
+    let p = &mut *Fake::new();
+    c.boot(p, hello(), Opening::of(&read));
+    assert!(p.said("cdu.latched: unreadable in flash; the record is kept as it is"));
+    let silent = step(&mut c, p, None, 0);
+    assert_eq!(
+        silent.value(Setting::Valves),
+        None,
+        "no valve written before the relatch"
+    );
+    // Rack 1's valve reads closed: latched, the others reopened.
+    let plan = step(&mut c, p, Some(cdu(0b1101, 0)), 1);
+    assert_eq!(valves(&plan), 0b1101);
+    assert_eq!(c.decider().core().leaks_latched(), 0b0010);
+    let r = replay(&p.wire);
+    assert!(
+        r.all_match() && r.compared == 4,
+        "{:?} {}",
+        r.first_mismatch,
+        r.compared
+    );
+}
+
+#[test]
+fn a_bad_frame_is_counted_and_never_acted_on() {
+    let mut d = decider(&Ok(None));
+    let mut c = Controller::new(&mut d, ClearGate::new(None, &[]));
+    let p = &mut *Fake::new();
+    let limits = Down::Limits {
+        ceiling_c: 35.0,
+        offset_k: 0.0,
+    };
+    let before = c.decider().core().limits();
+    let mut bytes = bytes_of(&limits, 7);
+    bytes[4] ^= 0x10;
+    for b in bytes {
+        assert_eq!(c.on_byte(p, b, 0), None);
+    }
+    assert_eq!((c.link.bad, c.link.frames), (1, 0));
+    assert_eq!(c.decider().core().limits(), before);
+    assert!(p.said("link frame"), "{:?}", p.lines);
+    hear(&mut c, p, &limits, 0);
+    assert_eq!(c.decider().core().limits().0, 35.0);
+    assert_eq!((c.link.bad, c.link.frames), (1, 1));
+    // A host report before the wall clock is known is set aside.
+    let host = Down::Host {
+        index: 0,
+        stamped: TimestampMs(NOW),
+        telemetry: loopwarden_protocol::samples::host_telemetry(4),
+    };
+    hear(&mut c, p, &host, 0);
+    assert_eq!(c.link.hosts_early, 1);
+    assert!(c.decider().hosts()[0].is_none());
+}
+
+fn answers(p: &Fake) -> Vec<(u32, Result<(), String>)> {
+    (p.ups.iter())
+        .filter_map(|u| match u {
+            Up::Answer { id, outcome } => {
+                Some((*id, outcome.clone().map_err(|e| e.as_str().to_string())))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_clear_is_checked_acted_on_and_answered() {
+    let mut d = decider(&Ok(None));
+    let mut c = Controller::new(&mut d, ClearGate::new(Some("cdu1"), ring()));
+    let p = &mut *Fake::new();
+    c.boot(p, hello(), Opening::Nothing);
+    let mut open = 0b1111;
+    for s in 0..6 {
+        let leaks = if s >= 2 { 0b0100 } else { 0 };
+        let plan = step(&mut c, p, Some(cdu(open, leaks)), s);
+        open = plan.value(Setting::Valves).map_or(open, |v| v as u16);
+    }
+    assert_eq!(c.decider().core().leaks_latched(), 0b0100);
+    let clear = |id| Down::Clear(signed(id, "cdu1", NOW, ClearAction::Leak(2), SEED));
+    // No wall clock yet: refused, the id not used up.
+    assert!(hear(&mut c, p, &clear(1), 6_000).is_empty());
+    hear(&mut c, p, &alive(6), 6_000);
+    // Still wet: the decision path refuses it.
+    let taken = hear(&mut c, p, &clear(1), 6_000);
+    assert_eq!(taken.len(), 1);
+    assert_eq!(c.decider().core().leaks_latched(), 0b0100);
+    for s in 6..9 {
+        let plan = step(&mut c, p, Some(cdu(open, 0)), s);
+        open = plan.value(Setting::Valves).map_or(open, |v| v as u16);
+    }
+    let taken = hear(&mut c, p, &clear(2), 9_000);
+    assert_eq!((taken[0].name, taken[0].id), ("jdoe", 2));
+    assert_eq!(c.decider().core().leaks_latched(), 0);
+    // The same clear again, and one forged.
+    hear(&mut c, p, &clear(2), 9_100);
+    let forged = Down::Clear(signed(3, "cdu1", NOW, ClearAction::Pump(Pump::A), [1; 32]));
+    hear(&mut c, p, &forged, 9_200);
+    let got = answers(p);
+    assert_eq!(got.len(), 5, "{got:?}");
+    assert!(got[0]
+        .1
+        .as_ref()
+        .unwrap_err()
+        .contains("wall clock is not known"));
+    assert_eq!(got[1].0, 1);
+    assert!(
+        got[1]
+            .1
+            .as_ref()
+            .unwrap_err()
+            .starts_with("rack 2's leak: "),
+        "{got:?}"
+    );
+    assert_eq!(got[2], (2, Ok(())));
+    assert!(got[3].1.as_ref().unwrap_err().contains("a replay"));
+    assert!(got[4]
+        .1
+        .as_ref()
+        .unwrap_err()
+        .contains("signature does not verify"));
+    assert!(p.ups.iter().any(|u| matches!(
+        u,
+        Up::Event(Event::OperatorCleared { pump: None, operator, .. }) if operator.as_str() == "jdoe"
+    )));
+    // The valve reopens at the next step, and the run replays.
+    let plan = step(&mut c, p, Some(cdu(open, 0)), 9);
+    assert_eq!(valves(&plan) & 0b0100, 0b0100);
+    let r = replay(&p.wire);
+    assert!(r.all_match(), "{:?}", r.first_mismatch);
+    assert_eq!(c.link.clears_refused, 3);
+}
+
+#[test]
+fn a_lease_the_gateway_could_not_take_is_due_again() {
+    let mut d = decider(&Ok(None));
+    let mut c = Controller::new(&mut d, ClearGate::new(None, &[]));
+    let p = &mut *Fake::new();
+    let leases = |p: &Fake| {
+        (p.ups.iter())
+            .filter(|u| matches!(u, Up::Lease { lift: false, .. }))
+            .count()
+    };
+    for s in 0..3 {
+        step(&mut c, p, Some(cdu(0b1111, 0)), s);
+    }
+    assert_eq!(leases(p), 0, "no cap, no lease");
+    p.full = true;
+    step(&mut c, p, Some(cdu(0b1111, 0b0001)), 3);
+    assert_eq!(leases(p), 0);
+    p.full = false;
+    step(&mut c, p, Some(cdu(0b1110, 0b0001)), 4);
+    let hosts: Vec<u16> = (p.ups.iter())
+        .filter_map(|u| match u {
+            Up::Lease { host, .. } => Some(*host),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(hosts, [0, 1, 2, 3], "rack 0's hosts, each at its first cap");
+    assert!(p.said("lease: capping host 0 at"));
+}

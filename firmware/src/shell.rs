@@ -1,0 +1,513 @@
+//! The board's side of the controller: it moves bytes and decides
+//! nothing. The ports ([`Ports`]): frames to the gateway on UART1 and to
+//! the debug port on UART3, each through a static queue that the UART
+//! drains as it takes bytes (never a wait), and text lines on the
+//! console (UART2). The Modbus RTU master on UART0, the flash (the
+//! latched record, the boot count, the operators' last clear ids), the
+//! LEDs, and each step's sequence and timing ([`Shell::step`]).
+//!
+//! Glossary:
+//! - *work*: the step's instructions outside its Modbus transactions
+//!   (their waits are the CDU's and the line's time, not the board's).
+
+use core::fmt::{self, Write as _};
+use core::sync::atomic::{AtomicBool, Ordering};
+
+use cooling_decide::{CduMeasurements, LatchRecord, Opening, Outcome, Plan};
+use embedded_hal::digital::{OutputPin, StatefulOutputPin};
+use embedded_hal_nb::nb;
+use embedded_hal_nb::serial::Read as _;
+use loopwarden_firmware::block_on::block_on;
+use loopwarden_firmware::board::clock::{self, BoardClock};
+use loopwarden_firmware::board::nor::RamNor;
+use loopwarden_firmware::board::{self, icount, led::Led, uart, uart::Uart, watchdog};
+use loopwarden_firmware::cdu::InputValues;
+use loopwarden_firmware::clears::{keyring, Taken};
+use loopwarden_firmware::controller::{Controller, Ports};
+use loopwarden_firmware::latch::{self, LoadError};
+use loopwarden_firmware::map::{self, Register};
+use loopwarden_firmware::outbound::{FrameBuffers, FramedPort};
+use loopwarden_firmware::writes::{self, SettingPort};
+use loopwarden_firmware::{counters, rtu};
+use loopwarden_flash::ConfigStore;
+use loopwarden_link::trace::Trace;
+use loopwarden_link::{Hello, ResetCause, Up};
+
+use crate::status::Line;
+
+/// How long the CDU is given to answer a request, µs: a read's answer
+/// is 27 bytes (14 ms at 19,200 baud); the rest is the CDU's turnaround.
+const RESPONSE_TIMEOUT_US: u32 = 200_000;
+/// The part of a control period a step's transactions may take, µs.
+pub const STEP_BUDGET_US: u64 = 800_000;
+/// Bytes of frames waiting for the gateway: a step's status, events and
+/// leases several times over.
+const GATEWAY_QUEUE: usize = 8192;
+/// Bytes of frames waiting for the debug port: a step's trace several
+/// times over.
+const TRACE_QUEUE: usize = 16384;
+
+type Cdu = rtu::RtuMaster<Uart, BoardClock>;
+type Store = ConfigStore<RamNor<'static>>;
+/// What the flash held of the latched record.
+pub type Read = Result<Option<LatchRecord>, LoadError>;
+
+static mut GATEWAY_PORT: FramedPort<GATEWAY_QUEUE> = FramedPort::new();
+static mut TRACE_PORT: FramedPort<TRACE_QUEUE> = FramedPort::new();
+static mut FRAME_BUFFERS: FrameBuffers = FrameBuffers::new();
+static TAKEN: AtomicBool = AtomicBool::new(false);
+
+/// The board's ports, its CDU, its flash and its LEDs.
+pub struct Shell {
+    /// UART2: text lines for a person.
+    pub console: Uart,
+    gateway: Uart,
+    trace: Uart,
+    up: &'static mut FramedPort<GATEWAY_QUEUE>,
+    tr: &'static mut FramedPort<TRACE_QUEUE>,
+    bufs: &'static mut FrameBuffers,
+    cdu: Cdu,
+    store: Store,
+    boots: u32,
+    step_led: Led,
+    leak_led: Led,
+    boot_peak: u32,
+    deadline_us: u64,
+    /// The step's work so far, and where its count resumed.
+    work: (u32, u32),
+    /// Bytes the gateway's receive ring could not hold.
+    overruns: u32,
+}
+
+/// The only reference to the static at `p`.
+///
+/// # Safety
+/// Called once per static, before anything else refers to it.
+unsafe fn once<T>(p: *mut T) -> &'static mut T {
+    &mut *p
+}
+
+/// The NOR region of the board file.
+fn board_nor() -> RamNor<'static> {
+    // SAFETY: the region is RAM outside the loaded image (board file,
+    // checked at build time not to overlap code or RAM); this is its only
+    // reference, taken once at boot.
+    let bytes = unsafe {
+        core::slice::from_raw_parts_mut(board::NOR_BASE as *mut u8, board::NOR_BYTES as usize)
+    };
+    RamNor::new(bytes)
+}
+
+impl Shell {
+    /// Opens the ports, the CDU's line and the flash; counts the start
+    /// and reads the latched record. Call once.
+    #[inline(never)]
+    pub fn boot(mut console: Uart, cause: ResetCause) -> (Self, Read) {
+        assert!(
+            !TAKEN.swap(true, Ordering::Relaxed),
+            "the shell is made once"
+        );
+        let _ = writeln!(console, "reset: {}", cause_words(cause));
+        let mut store = open_store(&mut console);
+        let boots = match block_on(counters::count_boot(&mut store)) {
+            Ok(n) => n,
+            Err(e) => {
+                let _ = writeln!(console, "flash: the boot count not kept: {e}");
+                0
+            }
+        };
+        let read = block_on(latch::load(&mut store));
+        let cdu = rtu::RtuMaster::new(
+            Uart::modbus(),
+            BoardClock,
+            map::UNIT_ID,
+            board::UART_MODBUS.baud,
+            RESPONSE_TIMEOUT_US,
+        );
+        let _ = writeln!(
+            console,
+            "cdu: {} unit {} on {} at {} baud 8N1, inter-frame gap {} us",
+            map::MODEL,
+            map::UNIT_ID,
+            board::UART_MODBUS.name,
+            board::UART_MODBUS.baud,
+            rtu::gap_us(board::UART_MODBUS.baud)
+        );
+        // SAFETY: the statics' only references, taken once (`TAKEN`).
+        let (up, tr, bufs) = unsafe {
+            (
+                once(&raw mut GATEWAY_PORT),
+                once(&raw mut TRACE_PORT),
+                once(&raw mut FRAME_BUFFERS),
+            )
+        };
+        let sh = Self {
+            console,
+            gateway: Uart::gateway(),
+            trace: Uart::trace(),
+            up,
+            tr,
+            bufs,
+            cdu,
+            store,
+            boots,
+            step_led: Led::new(0).expect("the board has LED 0"),
+            leak_led: Led::new(1).expect("the board has LED 1"),
+            boot_peak: 0,
+            deadline_us: 0,
+            work: (0, 0),
+            overruns: 0,
+        };
+        (sh, read)
+    }
+
+    /// The controller's start: the operators' last clear ids from the
+    /// flash, the hello, and the start from what the flash held (`read`).
+    #[inline(never)]
+    pub fn start(&mut self, ctl: &mut Controller<'_>, cause: ResetCause, read: &Read) {
+        self.restore_clears(ctl);
+        let hello = Hello {
+            boot: self.boots,
+            reset: cause,
+            firmware: heapless::String::try_from(env!("CARGO_PKG_VERSION")).unwrap_or_default(),
+            restored: matches!(read, Ok(Some(_))),
+        };
+        ctl.boot(self, hello, Opening::of(read));
+    }
+
+    /// The keyring built in, and each operator's last clear id.
+    fn restore_clears(&mut self, ctl: &mut Controller<'_>) {
+        let gate = ctl.gate_mut();
+        let Some(cdu) = gate.cdu() else {
+            let _ = writeln!(
+                self.console,
+                "clears: no operator keyring ({}): every clear is refused",
+                keyring::SOURCE
+            );
+            return;
+        };
+        let _ = writeln!(
+            self.console,
+            "clears: {} operator keys for CDU {cdu} (keyring {})",
+            keyring::OPERATORS.len(),
+            keyring::SOURCE
+        );
+        let slots: heapless::Vec<(usize, &str), { loopwarden_firmware::clears::MAX_OPERATORS }> =
+            gate.slots().collect();
+        for (slot, name) in slots {
+            match block_on(counters::last_clear(&mut self.store, slot, name)) {
+                Ok(Some(id)) => gate.restore(slot, id),
+                Ok(None) => {}
+                Err(e) => {
+                    let _ = writeln!(self.console, "clears: {name}'s last id unreadable: {e}");
+                }
+            }
+        }
+    }
+
+    /// Boot is done, its stack peak `peak` (`Err`: the painted region's
+    /// bottom was reached).
+    pub fn boot_done(&mut self, peak: Result<u32, u32>) {
+        self.boot_peak = peak.unwrap_or_else(|b| b);
+        let over = if self.boot_peak > board::STACK_BUDGET_BYTES {
+            " OVER BUDGET"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            self.console,
+            "boot: stack peak {}{} B of a {} B budget{over}; the steps' own peak is measured from here",
+            if peak.is_err() { "at least " } else { "" },
+            self.boot_peak,
+            board::STACK_BUDGET_BYTES,
+        );
+        self.pump();
+    }
+
+    /// Waits for the control tick after `seen`, acting on what the gateway
+    /// says and sending what is queued meanwhile; returns the tick.
+    pub fn wait_for_tick(&mut self, ctl: &mut Controller<'_>, seen: u32) -> u32 {
+        loop {
+            self.hear_gateway(ctl, clock::now_us() / 1000);
+            self.pump();
+            let t = clock::ticks();
+            if t != seen {
+                return t;
+            }
+            clock::sleep_unless(|| clock::ticks() != seen || uart::gateway_received());
+        }
+    }
+
+    /// Moves queued frames into their UARTs while they take them.
+    pub fn pump(&mut self) {
+        self.gateway.send_from(&mut self.up.queue);
+        self.trace.send_from(&mut self.tr.queue);
+    }
+
+    /// Acts on every byte the gateway sent, at `now_ms`.
+    #[inline(never)]
+    fn hear_gateway(&mut self, ctl: &mut Controller<'_>, now_ms: u64) {
+        loop {
+            let b = match self.gateway.read() {
+                Ok(b) => b,
+                Err(nb::Error::WouldBlock) => return,
+                Err(nb::Error::Other(_)) => {
+                    self.overruns = self.overruns.saturating_add(1);
+                    let _ = writeln!(
+                        self.console,
+                        "link: bytes from the gateway lost (receive ring full, {} times)",
+                        self.overruns
+                    );
+                    continue;
+                }
+            };
+            if let Some(t) = ctl.on_byte(self, b, now_ms) {
+                self.keep_clear(t);
+            }
+        }
+    }
+
+    /// Keeps a taken clear's id in flash, so a replay after a restart is
+    /// still refused.
+    fn keep_clear(&mut self, t: Taken) {
+        if let Err(e) = block_on(counters::keep_clear(&mut self.store, t.slot, t.name, t.id)) {
+            let _ = writeln!(
+                self.console,
+                "clears: {}'s id {} not kept in flash: {e}",
+                t.name, t.id
+            );
+        }
+    }
+
+    /// One control step at `tick`.
+    #[inline(never)]
+    pub fn step(&mut self, ctl: &mut Controller<'_>, tick: u32) {
+        let start_us = clock::now_us();
+        let now_ms = start_us / 1000;
+        self.deadline_us = start_us + STEP_BUDGET_US;
+        self.work = (0, icount::now());
+        self.hear_gateway(ctl, now_ms);
+        let readings = self.read_cdu();
+        ctl.step(self, readings, now_ms);
+        if let Some(r) = ctl.to_keep(self) {
+            let ok = self.keep_latch(&r);
+            ctl.kept(self, ok);
+        }
+        let plan = ctl.plan(self);
+        let outcome = self.write_cdu(&plan);
+        let writes_ok = outcome.all_ok();
+        let failed = outcome.tried.iter().filter(|(_, r)| r.is_err()).count();
+        ctl.written(self, outcome);
+        ctl.report(self, now_ms, writes_ok);
+        let work = self.work.0 + icount::instructions_since(self.work.1);
+        self.show(ctl);
+        watchdog::feed();
+        let line = Line {
+            tick,
+            now_ms,
+            ctl,
+            plan: &plan,
+            failed,
+            work,
+            stack: board::stack::peak_bytes(),
+            boot_peak: self.boot_peak,
+            watchdog_warnings: watchdog::warnings(),
+            dropped: (self.up.dropped, self.tr.dropped),
+        };
+        let _ = writeln!(self.console, "{line}");
+        self.pump();
+    }
+
+    /// Stops counting the step's work (a Modbus transaction begins).
+    fn pause_work(&mut self) {
+        self.work.0 += icount::instructions_since(self.work.1);
+    }
+
+    /// Counts the step's work again.
+    fn resume_work(&mut self) {
+        self.work.1 = icount::now();
+    }
+
+    fn time_left(&mut self) -> bool {
+        clock::now_us() + u64::from(self.cdu.timeout_us()) <= self.deadline_us
+    }
+
+    /// Reads every span of input registers; `None` when one fails.
+    fn read_cdu(&mut self) -> Option<CduMeasurements> {
+        self.pause_work();
+        let read = self.read_spans();
+        self.resume_work();
+        read
+    }
+
+    #[inline(never)]
+    fn read_spans(&mut self) -> Option<CduMeasurements> {
+        let mut values = InputValues::default();
+        let mut words = [0u16; rtu::MAX_READ];
+        for span in &map::SPANS {
+            if !self.time_left() {
+                let _ = writeln!(
+                    self.console,
+                    "cdu: read input {} not asked: the step's time ran out",
+                    span.start
+                );
+                return None;
+            }
+            if let Err(e) = self.cdu.read_inputs(span, &mut words) {
+                let _ = writeln!(self.console, "cdu: {e}");
+                return None;
+            }
+            values.take(span, &words[..usize::from(span.count)]);
+        }
+        Some(values.measurements())
+    }
+
+    /// Writes the plan, each setting on its own; each failure to the
+    /// console.
+    #[inline(never)]
+    fn write_cdu(&mut self, plan: &Plan) -> Outcome {
+        self.pause_work();
+        let mut port = RtuPort {
+            cdu: &mut self.cdu,
+            deadline_us: self.deadline_us,
+        };
+        let outcome = writes::execute(&mut port, plan);
+        self.resume_work();
+        for (s, r) in &outcome.tried {
+            if let Err(why) = r {
+                let _ = writeln!(self.console, "write {}: {why}", s.register());
+            }
+        }
+        outcome
+    }
+
+    /// Keeps `r` in flash; whether it went in.
+    fn keep_latch(&mut self, r: &LatchRecord) -> bool {
+        match block_on(latch::save(&mut self.store, r)) {
+            Ok(()) => {
+                let _ = writeln!(
+                    self.console,
+                    "latch: generation {} kept in flash",
+                    r.generation
+                );
+                true
+            }
+            // The decision path hears it: no valve opens on a record that
+            // did not go in.
+            Err(e) => {
+                let _ = writeln!(
+                    self.console,
+                    "latch: generation {} not kept in flash: {e}",
+                    r.generation
+                );
+                false
+            }
+        }
+    }
+
+    /// The LEDs: one toggles each completed step, one shows a latched leak.
+    fn show(&mut self, ctl: &Controller<'_>) {
+        let on = self.step_led.is_set_high().unwrap_or(false);
+        let _ = if on {
+            self.step_led.set_low()
+        } else {
+            self.step_led.set_high()
+        };
+        let lost = ctl.commands().is_some_and(|c| c.cooling_lost != 0);
+        let leak = ctl.decider().core().leaks_latched() != 0 || lost;
+        let _ = if leak {
+            self.leak_led.set_high()
+        } else {
+            self.leak_led.set_low()
+        };
+    }
+}
+
+/// The config store of the board's NOR; a store that cannot open stops
+/// the firmware (the watchdog is not started yet: it stays stopped).
+fn open_store(console: &mut Uart) -> Store {
+    let mut nor = board_nor();
+    // QEMU starts the RAM that stands in for the part as zeros, a state
+    // no NOR part is in: erased as a new part comes.
+    let range = board::NOR_CONFIG;
+    if nor.all_bytes(range.clone(), 0) && nor.erase_sectors(range.start, range.end).is_ok() {
+        let _ = writeln!(
+            console,
+            "flash: {} read all zeros (never used): erased",
+            board::NOR_NAME
+        );
+    }
+    match ConfigStore::open(nor, board::NOR_CONFIG) {
+        Ok(s) => s,
+        Err(e) => panic!("flash: the config store of {}: {e}", board::NOR_NAME),
+    }
+}
+
+fn cause_words(c: ResetCause) -> &'static str {
+    match c {
+        ResetCause::PowerOn => "power-on (or a reset not the firmware's)",
+        ResetCause::Watchdog => "the watchdog: a step did not complete in time",
+        ResetCause::Fault => "a fault stopped the firmware",
+    }
+}
+
+/// The CDU's settings through the RTU master, within the step's time.
+struct RtuPort<'a> {
+    cdu: &'a mut Cdu,
+    deadline_us: u64,
+}
+
+impl SettingPort for RtuPort<'_> {
+    type Error = rtu::RtuError;
+
+    fn write(&mut self, r: &Register, words: &[u16]) -> Result<(), rtu::RtuError> {
+        self.cdu.write(r, words)
+    }
+
+    fn time_left(&mut self) -> bool {
+        clock::now_us() + u64::from(self.cdu.timeout_us()) <= self.deadline_us
+    }
+}
+
+impl Ports for Shell {
+    fn up(&mut self, up: &Up) -> bool {
+        match self.up.send(up, self.bufs) {
+            Ok(queued) => {
+                self.gateway.send_from(&mut self.up.queue);
+                queued
+            }
+            Err(e) => {
+                let _ = writeln!(self.console, "link: a message to the gateway: {e}");
+                false
+            }
+        }
+    }
+
+    fn trace(&mut self, t: &Trace) {
+        match self.tr.send(t, self.bufs) {
+            Ok(_) => {
+                self.trace.send_from(&mut self.tr.queue);
+            }
+            Err(e) => {
+                let _ = writeln!(self.console, "trace: a record: {e}");
+            }
+        }
+    }
+
+    fn say(&mut self, line: fmt::Arguments<'_>) {
+        let _ = writeln!(self.console, "{line}");
+    }
+
+    fn insn_mark(&mut self) -> u32 {
+        icount::now()
+    }
+
+    fn insn_since(&mut self, mark: u32) -> u32 {
+        icount::instructions_since(mark)
+    }
+
+    fn stack_peak(&mut self) -> u32 {
+        let steps = board::stack::peak_bytes().unwrap_or_else(|b| b);
+        steps.max(self.boot_peak)
+    }
+}

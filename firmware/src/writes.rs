@@ -1,0 +1,214 @@
+//! A step's writes carried out: the decision path's [`Plan`] (its
+//! settings in safety order, held to the map) written to the CDU one at a
+//! time, each on its own, as the Linux controller writes them
+//! (`cooling_ctrl::modbus::ModbusCdu::write`). Each setting goes to the
+//! map's holding register of its name ([`Setting::register`]); the
+//! heartbeat only when [`Outcome::due`] says so (every safety write that
+//! was due went in); a write that fails never holds back the next, and
+//! one the step has no time left for is not sent. What became of each
+//! goes back to the decision path as an [`Outcome`].
+//!
+//! Glossary:
+//! - *setting port*: what takes one register's words (the RTU master on
+//!   the board, a script in the tests).
+
+use core::fmt;
+
+use cooling_decide::{Outcome, Plan, Setting};
+
+use crate::cdu::holding;
+use crate::map::{Register, ValueError};
+
+/// What writes one holding register.
+pub trait SettingPort {
+    /// Why a write failed on the line or at the CDU.
+    type Error: fmt::Display;
+    /// Writes `words` to `r`.
+    fn write(&mut self, r: &Register, words: &[u16]) -> Result<(), Self::Error>;
+    /// Whether the step has time left for another transaction.
+    fn time_left(&mut self) -> bool;
+}
+
+/// Why a write did not go in.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum WriteFailure<E> {
+    /// The CDU or the line failed it.
+    Port(E),
+    /// The value does not fit the register.
+    Value(ValueError),
+    /// The map has no holding register of the setting's name.
+    NotInMap(&'static str),
+    /// Not sent: a safety write failed (the heartbeat only).
+    Withheld,
+    /// Not sent: the step's time ran out.
+    OutOfTime,
+}
+
+impl<E: fmt::Display> fmt::Display for WriteFailure<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WriteFailure::Port(e) => write!(f, "{e}"),
+            WriteFailure::Value(e) => write!(f, "{e}"),
+            WriteFailure::NotInMap(name) => {
+                write!(f, "{name}: the CDU's register map has no such setting")
+            }
+            WriteFailure::Withheld => write!(f, "withheld: a safety write failed"),
+            WriteFailure::OutOfTime => write!(f, "not sent: the step's time ran out"),
+        }
+    }
+}
+
+/// Writes `plan` through `port`, in order, each write on its own.
+pub fn execute<P: SettingPort>(port: &mut P, plan: &Plan) -> Outcome {
+    let mut outcome = Outcome::default();
+    for w in &plan.writes {
+        let r = if !outcome.due(w) {
+            Err(WriteFailure::Withheld)
+        } else {
+            write_one(port, w.setting, w.value)
+        };
+        outcome.record(w.setting, r);
+    }
+    outcome
+}
+
+fn write_one<P: SettingPort>(
+    port: &mut P,
+    s: Setting,
+    value: f64,
+) -> Result<(), WriteFailure<P::Error>> {
+    let reg = holding(s.register()).ok_or(WriteFailure::NotInMap(s.register()))?;
+    let words = reg.encode(value).map_err(WriteFailure::Value)?;
+    if !port.time_left() {
+        return Err(WriteFailure::OutOfTime);
+    }
+    port.write(reg, &words).map_err(WriteFailure::Port)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cooling_decide::Write;
+    use std::string::{String, ToString};
+    use std::vec::Vec;
+
+    /// A CDU that refuses the registers named, and a step with `budget`
+    /// transactions of time.
+    struct Script {
+        refuse: &'static [&'static str],
+        budget: usize,
+        written: Vec<(&'static str, Vec<u16>)>,
+    }
+
+    impl SettingPort for Script {
+        type Error = String;
+        fn write(&mut self, r: &Register, words: &[u16]) -> Result<(), String> {
+            self.budget -= 1;
+            if self.refuse.contains(&r.name) {
+                return Err(std::format!("{}: exception 4", r.name));
+            }
+            self.written.push((r.name, words.to_vec()));
+            Ok(())
+        }
+        fn time_left(&mut self) -> bool {
+            self.budget > 0
+        }
+    }
+
+    fn plan() -> Plan {
+        let values = [11.0, 1.0, 1.0, 7.0, 80.0, 30.13];
+        Plan {
+            writes: Setting::ORDER
+                .iter()
+                .zip(values)
+                .map(|(s, v)| Write {
+                    setting: *s,
+                    value: v,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn each_setting_goes_to_its_register_in_order() {
+        let mut cdu = Script {
+            refuse: &[],
+            budget: 10,
+            written: Vec::new(),
+        };
+        let o = execute(&mut cdu, &plan());
+        assert!(o.all_ok());
+        let names: Vec<&str> = cdu.written.iter().map(|(n, _)| *n).collect();
+        assert_eq!(
+            names,
+            [
+                "valves_open",
+                "pumps_run",
+                "lead_pump",
+                "heartbeat",
+                "pump_speed",
+                "supply_setpoint"
+            ]
+        );
+        assert_eq!(cdu.written[4].1, [800], "80 % at the map's 0.1");
+        assert_eq!(cdu.written[5].1, [3013]);
+    }
+
+    #[test]
+    fn a_refused_safety_write_withholds_the_heartbeat_only() {
+        let mut cdu = Script {
+            refuse: &["pumps_run"],
+            budget: 10,
+            written: Vec::new(),
+        };
+        let o = execute(&mut cdu, &plan());
+        let failed: Vec<(Setting, String)> = (o.tried.iter())
+            .filter_map(|(s, r)| r.as_ref().err().map(|w| (*s, w.to_string())))
+            .collect();
+        assert_eq!(
+            failed,
+            [
+                (Setting::PumpsRun, "pumps_run: exception 4".into()),
+                (Setting::Heartbeat, "withheld: a safety write failed".into())
+            ]
+        );
+        let names: Vec<&str> = cdu.written.iter().map(|(n, _)| *n).collect();
+        assert_eq!(
+            names,
+            ["valves_open", "lead_pump", "pump_speed", "supply_setpoint"]
+        );
+    }
+
+    #[test]
+    fn a_write_with_no_time_left_is_not_sent() {
+        let mut cdu = Script {
+            refuse: &[],
+            budget: 2,
+            written: Vec::new(),
+        };
+        let o = execute(&mut cdu, &plan());
+        assert_eq!(cdu.written.len(), 2);
+        let e = o.first_error().unwrap();
+        assert_eq!(
+            (e.setting, e.why.as_str()),
+            (Setting::LeadPump, "not sent: the step's time ran out")
+        );
+    }
+
+    #[test]
+    fn a_value_the_register_cannot_take_fails_that_write_alone() {
+        let mut p = plan();
+        p.writes[5].value = 50.0;
+        let mut cdu = Script {
+            refuse: &[],
+            budget: 10,
+            written: Vec::new(),
+        };
+        let o = execute(&mut cdu, &p);
+        assert_eq!(cdu.written.len(), 5);
+        assert_eq!(
+            o.first_error().map(|e| e.to_string()),
+            Some("supply_setpoint: supply_setpoint: 50.00 is outside 17.00 to 45.00".into())
+        );
+    }
+}
