@@ -113,8 +113,11 @@ mod stats;
 use crate::decide::leases::LeaseBook;
 pub use crate::decide::leases::{cap_lease, CAP_RESEND_W, LIFT_DURATION};
 use crate::decide::outdoor::{self, OutdoorSource, OutdoorSources};
+pub use leases::{host_report, send_lease, LeaseNotSent};
 pub use links::{BoardIo, NorthboundLink, OperatorAction, OperatorRequest};
-use start::{bus_config, check_ropes, log_said, restore_learned, start_decider, start_resender};
+pub use publish::{cdu_state, cdu_telemetry, send_state, StateKey, StateSent, StepFacts};
+pub(crate) use start::{bus_config, start_resender};
+use start::{check_ropes, log_said, restore_learned, start_decider};
 pub use stats::{
     stats_channel, FacilityStatus, LastAck, ResendCounts, SensorStatus, ShellStats, Snapshot,
 };
@@ -319,7 +322,8 @@ struct Shell<P> {
     index: HashMap<Ident, usize>,
     /// The leases sent, and which are due.
     lease_book: LeaseBook,
-    state_sent: Option<(Commands, u64)>,
+    /// The state last published.
+    state_sent: Option<StateSent>,
     /// What the leak inputs said at the last step.
     leak_inputs: LeakInputs,
     /// This CDU's part in a hall of several CDUs.
@@ -668,9 +672,5 @@ impl<P: CduPort> Shell<P> {
         }
         // The console may have stopped waiting: nothing to do then.
         let _ = req.reply.send(answer);
-    }
-
-    fn journal(&self, entry: Journal) {
-        journal::record(&self.keeping.recorder, &entry);
     }
 }

@@ -6,6 +6,75 @@
 use super::*;
 use crate::decide::leases::Order;
 use crate::decide::Verdict;
+use loopwarden_protocol::message::{CapLease, HostTelemetry};
+
+/// Why a lease was not sent.
+#[derive(Debug)]
+pub enum LeaseNotSent {
+    /// It could not be signed.
+    Sign(String),
+    /// The bus did not take it.
+    Publish(PublishError),
+}
+
+impl fmt::Display for LeaseNotSent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Sign(e) => write!(f, "not signed: {e}"),
+            Self::Publish(e) => write!(f, "not sent: {e}"),
+        }
+    }
+}
+
+/// Signs `lease` with `key` (its id, the key) for the `cmd` topic of
+/// `host` of `site`, hands it to `bus` with the node's next sequence
+/// number and logs it to the controller's flash through `recorder` (a
+/// `lift` is the short lease that ends a cap). The frame as sent.
+pub fn send_lease(
+    bus: &Bus,
+    recorder: &Recorder,
+    (site, host): (&Ident, &Ident),
+    lease: CapLease,
+    lift: bool,
+    (key_id, key): (u8, &SigningKey),
+) -> Result<Frame, LeaseNotSent> {
+    let topic = Topic::new(site, Role::Host, host, Family::Cmd);
+    let mut frame = bus.next_frame(Message::CapLease(lease), now_ms());
+    frame
+        .sign(&topic, key_id, key)
+        .map_err(|e| LeaseNotSent::Sign(format!("{e:?}")))?;
+    bus.publish_frame(&topic, &frame)
+        .map_err(LeaseNotSent::Publish)?;
+    let entry = Journal::Lease {
+        host: host.clone(),
+        frame: Box::new(frame.clone()),
+        lift,
+    };
+    journal::record(recorder, &entry);
+    Ok(frame)
+}
+
+/// The host telemetry `msg` carries, if it is a report of one of this
+/// CDU's hosts (`index`: host id to its index, rack-major) sent by that
+/// host on its own telemetry topic: the host's index and the report.
+pub fn host_report<'a>(
+    msg: &'a Inbound,
+    index: &HashMap<Ident, usize>,
+) -> Option<(usize, &'a HostTelemetry)> {
+    match &msg.frame.message {
+        Message::HostTelemetry(t)
+            if msg.topic.family == Family::Telemetry && !msg.topic.json && from_topic_host(msg) =>
+        {
+            index.get(&msg.topic.node).map(|h| (*h, t))
+        }
+        _ => None,
+    }
+}
+
+/// The frame's sender is the host whose topic carried it.
+fn from_topic_host(msg: &Inbound) -> bool {
+    msg.frame.sender.role == Role::Host && msg.frame.sender.id == msg.topic.node
+}
 
 impl<P: CduPort> Shell<P> {
     /// Signs and sends the lease of `o`; true when the bus took it.
@@ -13,30 +82,22 @@ impl<P: CduPort> Shell<P> {
         let Some(host) = self.cfg.hosts.get(o.host).cloned() else {
             return false;
         };
-        let topic = Topic::new(&self.cfg.site, Role::Host, &host, Family::Cmd);
         let Some(key) = &self.cfg.key else {
             tracing::error!("cooling shell: no sign key: the lease for {host} is not sent");
             return false;
         };
-        let mut frame = self
-            .bus
-            .next_frame(Message::CapLease(o.lease.clone()), now_ms());
-        if let Err(e) = frame.sign(&topic, self.cfg.key_id, key) {
-            tracing::error!("cooling shell: signing a lease for {host}: {e:?}");
-            return false;
-        }
-        match self.bus.publish_frame(&topic, &frame) {
-            Ok(()) => {
-                self.journal(Journal::Lease {
-                    host,
-                    frame: Box::new(frame),
-                    lift: o.lift,
-                });
-                true
+        let to = (&self.cfg.site, &host);
+        let signing = (self.cfg.key_id, key);
+        let recorder = &self.keeping.recorder;
+        match send_lease(&self.bus, recorder, to, o.lease.clone(), o.lift, signing) {
+            Ok(_) => true,
+            Err(e @ LeaseNotSent::Sign(_)) => {
+                tracing::error!("cooling shell: a lease for {host}: {e}");
+                false
             }
             Err(e) => {
                 self.stats.publish_errors += 1;
-                tracing::warn!("cooling shell: cap lease for {host} not sent: {e}");
+                tracing::warn!("cooling shell: cap lease for {host} {e}");
                 false
             }
         }
@@ -82,42 +143,12 @@ impl<P: CduPort> Shell<P> {
             self.on_cdu_state(&msg);
             return;
         }
-        let sender_ok =
-            msg.frame.sender.role == Role::Host && msg.frame.sender.id == msg.topic.node;
+        if let Some((h, t)) = host_report(&msg, &self.index) {
+            self.on_host_report(h, t, &msg);
+            return;
+        }
+        let sender_ok = from_topic_host(&msg);
         match (&msg.frame.message, msg.topic.family) {
-            (Message::HostTelemetry(t), Family::Telemetry) if sender_ok => {
-                let Some(&h) = self.index.get(&msg.topic.node) else {
-                    return;
-                };
-                let at = (self.now_ms(), now_ms());
-                match self.decider.hear_telemetry(h, t, msg.frame.time, at) {
-                    Verdict::Believed => self.stats.host_reports += 1,
-                    Verdict::BelievedWithout { why, new } => {
-                        self.stats.host_reports += 1;
-                        self.stats.host_gpus_left_out += 1;
-                        if new {
-                            let host = msg.topic.node.as_str();
-                            tracing::warn!(
-                                "cooling shell: a report of {host} counts without: {why}"
-                            );
-                        }
-                    }
-                    Verdict::Refused { why, new } => {
-                        self.stats.host_reports_refused += 1;
-                        if new {
-                            let host = msg.topic.node.as_str();
-                            tracing::warn!(
-                                "cooling shell: a report of {host} is not believed: {why}"
-                            );
-                        }
-                        return;
-                    }
-                    Verdict::Unknown => return,
-                }
-                if let Some(slot) = self.stats.heard.get_mut(h) {
-                    *slot = Some(now_ms());
-                }
-            }
             (Message::Ack(a), Family::Ack) if sender_ok && a.correlation.from == self.me => {
                 if self.index.contains_key(&msg.topic.node) {
                     self.on_ack(msg.topic.node.as_str(), a);
@@ -126,6 +157,34 @@ impl<P: CduPort> Shell<P> {
                 }
             }
             _ => {}
+        }
+    }
+
+    /// A report of host `h` as `msg` carried it, judged by the decision
+    /// path.
+    fn on_host_report(&mut self, h: usize, t: &HostTelemetry, msg: &Inbound) {
+        let at = (self.now_ms(), now_ms());
+        let host = msg.topic.node.as_str();
+        match self.decider.hear_telemetry(h, t, msg.frame.time, at) {
+            Verdict::Believed => self.stats.host_reports += 1,
+            Verdict::BelievedWithout { why, new } => {
+                self.stats.host_reports += 1;
+                self.stats.host_gpus_left_out += 1;
+                if new {
+                    tracing::warn!("cooling shell: a report of {host} counts without: {why}");
+                }
+            }
+            Verdict::Refused { why, new } => {
+                self.stats.host_reports_refused += 1;
+                if new {
+                    tracing::warn!("cooling shell: a report of {host} is not believed: {why}");
+                }
+                return;
+            }
+            Verdict::Unknown => return,
+        }
+        if let Some(slot) = self.stats.heard.get_mut(h) {
+            *slot = Some(now_ms());
         }
     }
 

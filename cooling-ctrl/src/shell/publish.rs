@@ -1,10 +1,257 @@
 //! What the controller tells the bus: its telemetry every period, its
 //! retained state when it changes, and the console's snapshot.
 //!
+//! The messages are built by plain functions from a step's [`StepFacts`]
+//! ([`cdu_telemetry`], [`cdu_state`]), sent by one ([`send_state`]), and
+//! timed by one rule ([`StateSent::due`]): the shell gives them what its
+//! core decided, and the gateway (`crate::gateway`) what a
+//! microcontroller's status says, so both publish alike.
+//!
 //! Glossary:
 //! - *state*: the CDU's mode, setpoint and racks' cooling, retained on
 //!   the `health` family.
+//! - *step facts*: what one control step leaves for the bus, whoever ran
+//!   it.
 use super::*;
+use cooling_core::config::Layout;
+use loopwarden_protocol::message::{FacilityState, HallEstimates};
+
+/// What one control step leaves for the bus, whoever ran it: the shell's
+/// core, or a microcontroller's status heard by the gateway.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepFacts<'a> {
+    /// The mode.
+    pub mode: CduMode,
+    /// Why.
+    pub reason: ReasonCode,
+    /// Since when (Unix ms).
+    pub since: TimestampMs,
+    /// Supply setpoint commanded, °C.
+    pub setpoint_c: f32,
+    /// Pump speed commanded, a share of full speed from 0 to 1.
+    pub pump_speed: f32,
+    /// Pumps A and B commanded on.
+    pub pump_on: [bool; 2],
+    /// Valves commanded open, bit n = rack n.
+    pub valves_open: u16,
+    /// Racks whose cooling is lost, bit n = rack n.
+    pub cooling_lost: u16,
+    /// Racks whose leak sensing is lost, bit n = rack n.
+    pub sensing_lost: u16,
+    /// Racks a leak input reads wet now, bit n = rack n.
+    pub leaks_wet: u16,
+    /// What the CDU answered this step (`None`: it did not).
+    pub readings: Option<&'a CduMeasurements>,
+    /// The fault each supervised sensor stands under, in
+    /// [`Which::ALL`]'s order (supply, return, flow, facility supply).
+    pub sensor_faults: [Option<SensorFault>; 4],
+    /// The outdoor temperature as measured (the CDU's sensor or the BMS's
+    /// fresh write), °C; never the configured fallback.
+    pub outdoor_c: Option<f32>,
+}
+
+impl StepFacts<'_> {
+    /// A reading for the bus: null when the CDU did not answer, the map
+    /// lacks it, or the sensor is held lost.
+    pub fn reading(&self, w: Which) -> Option<f64> {
+        if self.sensor_faults[w as usize] == Some(SensorFault::Lost) {
+            return None;
+        }
+        let r = self.readings?;
+        match w {
+            Which::Supply => r.supply_c,
+            Which::Return => r.return_c,
+            Which::Flow => r.flow_lpm,
+            Which::FacilitySupply => r.facility_supply_c,
+        }
+        .filter(|x| x.is_finite())
+    }
+
+    /// What decides whether the state is published again.
+    pub fn state_key(&self) -> StateKey {
+        StateKey {
+            mode: self.mode,
+            reason: self.reason,
+            setpoint_c: self.setpoint_c,
+            cooling_lost: self.cooling_lost,
+            sensing_lost: self.sensing_lost,
+        }
+    }
+}
+
+/// The parts of a state whose change publishes it again.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StateKey {
+    /// The mode.
+    pub mode: CduMode,
+    /// Why.
+    pub reason: ReasonCode,
+    /// The setpoint, °C.
+    pub setpoint_c: f32,
+    /// Racks whose cooling is lost.
+    pub cooling_lost: u16,
+    /// Racks whose leak sensing is lost.
+    pub sensing_lost: u16,
+}
+
+/// The state last published, and when (ms of the publisher's clock).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StateSent {
+    /// What it said.
+    pub key: StateKey,
+    /// When, ms.
+    pub at_ms: u64,
+}
+
+impl StateSent {
+    /// Whether a state saying `key` at `now_ms` is due after `last`: the
+    /// first, a change of mode, reason, rack cooling or leak sensing, a
+    /// setpoint moved by [`STATE_SETPOINT_K`] or more, or [`STATE_EVERY`]
+    /// since the last.
+    pub fn due(last: Option<&StateSent>, key: &StateKey, now_ms: u64) -> bool {
+        let Some(last) = last else {
+            return true;
+        };
+        let was = &last.key;
+        was.mode != key.mode
+            || was.reason != key.reason
+            || (was.setpoint_c - key.setpoint_c).abs() >= STATE_SETPOINT_K
+            || was.cooling_lost != key.cooling_lost
+            || was.sensing_lost != key.sensing_lost
+            || now_ms.saturating_sub(last.at_ms) >= STATE_EVERY.as_millis() as u64
+    }
+}
+
+/// The racks of `lay`, at most 16, with `f(rack index)` for each.
+fn racks_of<T, const N: usize>(
+    lay: &Layout,
+    f: impl Fn(usize, RackIndex) -> T,
+) -> heapless::Vec<T, N> {
+    let mut racks = heapless::Vec::new();
+    for i in 0..usize::from(lay.racks).min(16) {
+        if let Some(rack) = RackIndex::new(i as u8) {
+            let _ = racks.push(f(i, rack));
+        }
+    }
+    racks
+}
+
+/// The CDU's telemetry after a step of `f`, on a loop laid out as `lay`,
+/// with what the controller has `learned` of its hall, if it says.
+pub fn cdu_telemetry(
+    f: &StepFacts<'_>,
+    lay: &Layout,
+    learned: Option<HallEstimates>,
+) -> CduTelemetry {
+    let celsius = |x: Option<f64>| x.and_then(|v| Celsius::new(v).ok());
+    let watts = |x: Option<f64>| {
+        x.filter(|v| v.is_finite() && *v >= 0.0)
+            .map(|v| Watts(v.round().min(f64::from(u32::MAX)) as u32))
+    };
+    let r = f.readings;
+    let meter = |m: fn(&CduMeasurements) -> Option<f64>| r.and_then(m);
+    let it = meter(|r| r.it_w);
+    let facility = meter(|r| r.facility_w);
+    let pue = match (it, facility) {
+        (Some(it), Some(fw)) if it > 0.0 && fw.is_finite() => Pue::new(fw / it).ok(),
+        _ => None,
+    };
+    let speed = Percent::new((f.pump_speed * 100.0).round().clamp(0.0, 100.0) as u8)
+        .unwrap_or(Percent::FULL);
+    let pump = |i: usize| PumpStatus {
+        running: r.and_then(|r| r.pumps_running[i]).unwrap_or(false),
+        command: if f.pump_on[i] { speed } else { Percent::ZERO },
+        feedback: None,
+    };
+    let racks = racks_of(lay, |i, rack| RackStatus {
+        rack,
+        valve: if f.valves_open & (1 << i) != 0 {
+            Percent::FULL
+        } else {
+            Percent::ZERO
+        },
+        leak: f.leaks_wet & (1 << i) != 0,
+    });
+    CduTelemetry {
+        supply: celsius(f.reading(Which::Supply)),
+        return_temp: celsius(f.reading(Which::Return)),
+        setpoint: Celsius::new(f64::from(f.setpoint_c)).unwrap_or_default(),
+        flow: f
+            .reading(Which::Flow)
+            .and_then(|v| LitresPerMinute::new(v).ok()),
+        diff_pressure: None,
+        facility_supply: celsius(f.reading(Which::FacilitySupply)),
+        ambient: f.outdoor_c.and_then(|a| Celsius::new(f64::from(a)).ok()),
+        reservoir: None,
+        pump_a: pump(0),
+        pump_b: pump(1),
+        racks,
+        it_power: watts(it),
+        cooling_power: watts(meter(|r| r.cooling_w)),
+        facility_power: watts(facility),
+        pue,
+        learned,
+    }
+}
+
+/// The CDU's state after a step of `f`, on a loop laid out as `lay`, with
+/// its part in a hall of several CDUs (`facility`), unsigned.
+pub fn cdu_state(f: &StepFacts<'_>, lay: &Layout, facility: Option<FacilityState>) -> CduState {
+    let open_gpus = f.valves_open.count_ones() as f64
+        * f64::from(lay.hosts_per_rack)
+        * f64::from(lay.gpus_per_host);
+    let flow_per_gpu = f
+        .reading(Which::Flow)
+        .filter(|_| open_gpus > 0.0)
+        .and_then(|v| LitresPerMinute::new(v / open_gpus).ok());
+    let racks = racks_of(lay, |i, rack| RackState {
+        rack,
+        cooling: if f.cooling_lost & (1 << i) != 0 {
+            RackCooling::Lost
+        } else {
+            RackCooling::Normal
+        },
+        sensing: if lay.unprotected & (1 << i) != 0 {
+            LeakSensing::Unprotected
+        } else if f.sensing_lost & (1 << i) != 0 {
+            LeakSensing::Lost
+        } else {
+            LeakSensing::Supervised
+        },
+    });
+    CduState {
+        mode: f.mode,
+        reason: f.reason,
+        since: f.since,
+        setpoint: Celsius::new(f64::from(f.setpoint_c)).unwrap_or_default(),
+        supply: f.reading(Which::Supply).and_then(|v| Celsius::new(v).ok()),
+        flow_per_gpu,
+        racks,
+        facility,
+        auth: Default::default(), // signed in `send_state`
+    }
+}
+
+/// Publishes the loop's state `st` (retained, with its JSON mirror),
+/// signed with `key` for this CDU's `health` topic: hosts take only a
+/// state their keyring's key for this CDU verifies. Without a key it
+/// still goes out, unsigned, for the facility's readers; hosts do not act
+/// on it (said at start). `who` names the publisher in the log.
+pub fn send_state(
+    bus: &Bus,
+    st: CduState,
+    key: Option<(u8, &SigningKey)>,
+    who: &str,
+) -> Result<Frame, PublishError> {
+    let sign = |topic: &Topic, frame: &mut Frame| {
+        if let Some((key_id, key)) = key {
+            if let Err(e) = frame.sign(topic, key_id, key) {
+                tracing::error!("{who}: signing the CDU state: {e}");
+            }
+        }
+    };
+    bus.publish_signed(Message::CduState(st), now_ms(), true, sign)
+}
 
 impl<P: CduPort> Shell<P> {
     pub(super) fn snapshot(&self, r: Option<&CduMeasurements>, estimates: Estimates) -> Snapshot {
@@ -72,51 +319,25 @@ impl<P: CduPort> Shell<P> {
         }
     }
 
-    /// Publishes the loop's state, signed with the sign key for this
-    /// CDU's `health` topic: hosts take only a state their keyring's key
-    /// for this CDU verifies. Without a key it still goes out, unsigned,
-    /// for the facility's readers; hosts do not act on it (said at start).
-    fn send_state(&mut self, st: CduState) -> bool {
-        let (key_id, key) = (self.cfg.key_id, &self.cfg.key);
-        let sign = |topic: &Topic, frame: &mut Frame| {
-            if let Some(key) = key {
-                if let Err(e) = frame.sign(topic, key_id, key) {
-                    tracing::error!("cooling shell: signing the CDU state: {e}");
-                }
-            }
-        };
-        match self
-            .bus
-            .publish_signed(Message::CduState(st), now_ms(), true, sign)
-        {
-            Ok(_) => {
-                self.stats.states_published += 1;
-                true
-            }
-            Err(e) => {
-                self.stats.publish_errors += 1;
-                if !matches!(e, PublishError::Offline) {
-                    tracing::warn!("cooling shell: publishing cdu_state: {e}");
-                }
-                false
-            }
+    /// What the step of commands `c` on readings `r` leaves for the bus.
+    fn facts<'a>(&self, c: &Commands, r: Option<&'a CduMeasurements>) -> StepFacts<'a> {
+        let core = self.decider.core();
+        let (_, _, since) = core.mode();
+        StepFacts {
+            mode: c.mode,
+            reason: c.reason,
+            since: self.unix(since),
+            setpoint_c: c.setpoint_c,
+            pump_speed: c.pump_speed,
+            pump_on: c.pump_on,
+            valves_open: c.valves_open,
+            cooling_lost: c.cooling_lost,
+            sensing_lost: c.sensing_lost,
+            leaks_wet: self.leak_inputs.wet_now(),
+            readings: r,
+            sensor_faults: Which::ALL.map(|w| core.sensor_fault(w)),
+            outdoor_c: self.bms.outdoor_c.map(|(a, _)| a),
         }
-    }
-
-    /// A reading for the bus: null when the CDU did not answer, the map
-    /// lacks it, or the core holds the sensor lost.
-    fn sensor(
-        &self,
-        r: Option<&CduMeasurements>,
-        w: Which,
-        v: impl Fn(&CduMeasurements) -> Option<f64>,
-    ) -> Option<f64> {
-        if self.decider.core().sensor_fault(w)
-            == Some(loopwarden_protocol::message::SensorFault::Lost)
-        {
-            return None;
-        }
-        r.and_then(v).filter(|x| x.is_finite())
     }
 
     pub(super) fn publish_telemetry(
@@ -125,67 +346,8 @@ impl<P: CduPort> Shell<P> {
         r: Option<&CduMeasurements>,
         estimates: &Estimates,
     ) {
-        let lay = self.cfg.core.layout;
-        let celsius = |x: Option<f64>| x.and_then(|v| Celsius::new(v).ok());
-        let watts = |x: Option<f64>| {
-            x.filter(|v| v.is_finite() && *v >= 0.0)
-                .map(|v| Watts(v.round().min(f64::from(u32::MAX)) as u32))
-        };
-        let meter = |f: fn(&CduMeasurements) -> Option<f64>| r.and_then(f);
-        let it = meter(|r| r.it_w);
-        let facility = meter(|r| r.facility_w);
-        let pue = match (it, facility) {
-            (Some(it), Some(f)) if it > 0.0 && f.is_finite() => Pue::new(f / it).ok(),
-            _ => None,
-        };
-        let speed = Percent::new((c.pump_speed * 100.0).round().clamp(0.0, 100.0) as u8)
-            .unwrap_or(Percent::FULL);
-        let pump = |i: usize| PumpStatus {
-            running: r.and_then(|r| r.pumps_running[i]).unwrap_or(false),
-            command: if c.pump_on[i] { speed } else { Percent::ZERO },
-            feedback: None,
-        };
-        let mut racks = heapless::Vec::new();
-        for i in 0..usize::from(lay.racks).min(16) {
-            if let Some(rack) = RackIndex::new(i as u8) {
-                let _ = racks.push(RackStatus {
-                    rack,
-                    valve: if c.valves_open & (1 << i) != 0 {
-                        Percent::FULL
-                    } else {
-                        Percent::ZERO
-                    },
-                    leak: self.leak_inputs.reads_wet(i),
-                });
-            }
-        }
-        let t = CduTelemetry {
-            supply: celsius(self.sensor(r, Which::Supply, |r| r.supply_c)),
-            return_temp: celsius(self.sensor(r, Which::Return, |r| r.return_c)),
-            setpoint: Celsius::new(f64::from(c.setpoint_c)).unwrap_or_default(),
-            flow: self
-                .sensor(r, Which::Flow, |r| r.flow_lpm)
-                .and_then(|v| LitresPerMinute::new(v).ok()),
-            diff_pressure: None,
-            facility_supply: celsius(
-                self.sensor(r, Which::FacilitySupply, |r| r.facility_supply_c),
-            ),
-            // As measured (the CDU's sensor or the BMS's fresh write),
-            // never the configured fallback.
-            ambient: self
-                .bms
-                .outdoor_c
-                .and_then(|(a, _)| Celsius::new(f64::from(a)).ok()),
-            reservoir: None,
-            pump_a: pump(0),
-            pump_b: pump(1),
-            racks,
-            it_power: watts(it),
-            cooling_power: watts(meter(|r| r.cooling_w)),
-            facility_power: watts(facility),
-            pue,
-            learned: Some(estimates.summary(&self.cfg.hosts)),
-        };
+        let learned = Some(estimates.summary(&self.cfg.hosts));
+        let t = cdu_telemetry(&self.facts(c, r), &self.cfg.core.layout, learned);
         self.publish(Message::CduTelemetry(t), now_ms(), true, |s| {
             &mut s.telemetry_published
         });
@@ -193,66 +355,26 @@ impl<P: CduPort> Shell<P> {
 
     pub(super) fn publish_state(&mut self, now: u64, c: &Commands, r: Option<&CduMeasurements>) {
         let (facility, facility_moved) = self.facility_state(now);
-        let due = facility_moved
-            || match &self.state_sent {
-                None => true,
-                Some((last, at)) => {
-                    last.mode != c.mode
-                        || last.reason != c.reason
-                        || (last.setpoint_c - c.setpoint_c).abs() >= STATE_SETPOINT_K
-                        || last.cooling_lost != c.cooling_lost
-                        || last.sensing_lost != c.sensing_lost
-                        || now.saturating_sub(*at) >= STATE_EVERY.as_millis() as u64
-                }
-            };
+        let facts = self.facts(c, r);
+        let key = facts.state_key();
+        let due = facility_moved || StateSent::due(self.state_sent.as_ref(), &key, now);
         if !due || !self.bus.is_connected() {
             return;
         }
-        let lay = self.cfg.core.layout;
-        let (_, _, since) = self.decider.core().mode();
-        let open_gpus = c.valves_open.count_ones() as f64
-            * f64::from(lay.hosts_per_rack)
-            * f64::from(lay.gpus_per_host);
-        let flow_per_gpu = self
-            .sensor(r, Which::Flow, |r| r.flow_lpm)
-            .filter(|_| open_gpus > 0.0)
-            .and_then(|f| LitresPerMinute::new(f / open_gpus).ok());
-        let mut racks = heapless::Vec::new();
-        for i in 0..usize::from(lay.racks).min(16) {
-            if let Some(rack) = RackIndex::new(i as u8) {
-                let _ = racks.push(RackState {
-                    rack,
-                    cooling: if c.cooling_lost & (1 << i) != 0 {
-                        RackCooling::Lost
-                    } else {
-                        RackCooling::Normal
-                    },
-                    sensing: if lay.unprotected & (1 << i) != 0 {
-                        LeakSensing::Unprotected
-                    } else if c.sensing_lost & (1 << i) != 0 {
-                        LeakSensing::Lost
-                    } else {
-                        LeakSensing::Supervised
-                    },
-                });
+        let st = cdu_state(&facts, &self.cfg.core.layout, facility.clone());
+        let signing = self.cfg.key.as_ref().map(|k| (self.cfg.key_id, k));
+        match send_state(&self.bus, st, signing, "cooling shell") {
+            Ok(_) => {
+                self.stats.states_published += 1;
+                self.state_sent = Some(StateSent { key, at_ms: now });
+                self.facility_sent(facility);
             }
-        }
-        let st = CduState {
-            mode: c.mode,
-            reason: c.reason,
-            since: self.unix(since),
-            setpoint: Celsius::new(f64::from(c.setpoint_c)).unwrap_or_default(),
-            supply: self
-                .sensor(r, Which::Supply, |r| r.supply_c)
-                .and_then(|v| Celsius::new(v).ok()),
-            flow_per_gpu,
-            racks,
-            facility: facility.clone(),
-            auth: Default::default(), // signed in `send_state`
-        };
-        if self.send_state(st) {
-            self.state_sent = Some((c.clone(), now));
-            self.facility_sent(facility);
+            Err(e) => {
+                self.stats.publish_errors += 1;
+                if !matches!(e, PublishError::Offline) {
+                    tracing::warn!("cooling shell: publishing cdu_state: {e}");
+                }
+            }
         }
     }
 }

@@ -7,7 +7,7 @@ use super::*;
 
 /// The bus for `cfg`'s CDU `me`: its own hosts' telemetry and every
 /// host's acks subscribed, every host's command topic checked to build.
-pub(super) fn bus_config(
+pub(crate) fn bus_config(
     cfg: &ShellConfig,
     me: &NodeId,
     credentials: Option<(String, String)>,
@@ -157,7 +157,7 @@ pub(super) fn restore_learned(core: &mut Core, records: &LearnedRecords) {
 /// The resender of this CDU's logged events on `bus`, read through
 /// `recorder`, for the `readers` that may resend; says at start when
 /// none may, as every request will then be refused.
-pub(super) fn start_resender(bus: &Bus, recorder: &Recorder, readers: Vec<Signer>) -> Resender {
+pub(crate) fn start_resender(bus: &Bus, recorder: &Recorder, readers: Vec<Signer>) -> Resender {
     if readers.is_empty() {
         tracing::warn!(
             "cooling shell: no keyring: requests to resend logged events will be refused"
