@@ -35,6 +35,8 @@ pub mod estimates;
 
 pub mod facility;
 
+pub mod gateway;
+
 #[cfg(target_os = "linux")]
 pub mod gpio;
 

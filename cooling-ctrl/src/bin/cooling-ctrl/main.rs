@@ -6,6 +6,10 @@
 //!   ctrl-c stops it cleanly (exit 0). Under systemd (`Type=notify`) it
 //!   sends READY=1 after its first control step, WATCHDOG=1 while steps
 //!   complete and STOPPING=1 at shutdown (`cooling_ctrl::watchdog`).
+//! - `cooling-ctrl gateway --link tcp:HOST:PORT|DEVICE [--baud B]
+//!   [--config FILE] [flags]`: the bus's side of a controller that runs
+//!   on a microcontroller, over the serial link to it (the same file and
+//!   flags as `run`; `gateway.rs`).
 //! - `cooling-ctrl console-password`: reads the serial console's
 //!   password from standard input and prints its hash (docs/cooling.md,
 //!   "Serial console").
@@ -40,6 +44,7 @@ use loopwarden_field::console::{ctl_command, CtlArgs, EventsArgs};
 use loopwarden_field::lifecycle::{self, Readers, StartError, Supervision};
 use loopwarden_field::listen::ListenStats;
 
+mod gateway;
 #[cfg(feature = "twin")]
 mod simulate;
 
@@ -60,6 +65,9 @@ struct Cli {
 enum Command {
     /// Run the controller in charge of one CDU.
     Run(RunArgs<Overrides>),
+    /// Carry a microcontroller controller's words to the bus, and the
+    /// bus's to it.
+    Gateway(gateway::Args),
     /// Ask the running controller.
     Ctl {
         #[command(flatten)]
@@ -106,6 +114,7 @@ fn main() -> ExitCode {
         #[cfg(feature = "twin")]
         Command::Simulate(a) => simulate::command(a),
         Command::Run(a) => run(a.config, a.flags),
+        Command::Gateway(a) => gateway::command(a),
         Command::Ctl { target, what } => {
             ctl_command(&target, &console::PEER, || request(what), console::render)
         }
@@ -136,11 +145,7 @@ fn run(config_path: Option<PathBuf>, flags: Overrides) -> ExitCode {
 fn start(config_path: Option<PathBuf>, flags: &Overrides) -> Result<config::Config, StartError> {
     let config = config::load(config_path.as_deref(), flags).map_err(StartError::config)?;
     if config.demo_key {
-        eprintln!(
-            "cooling-ctrl: WARNING: cap leases are signed with the PUBLIC DEMONSTRATION KEY \
-             (--demo-key): anyone can forge them; for the twin only, never on a real hall"
-        );
-        tracing::warn!("cap leases are signed with the public demonstration key");
+        demo_key_warning();
     }
     if config.volatile_latch {
         eprintln!(
@@ -151,6 +156,15 @@ fn start(config_path: Option<PathBuf>, flags: &Overrides) -> Result<config::Conf
         tracing::warn!("no flash file: the latched state is lost at every restart");
     }
     Ok(config)
+}
+
+/// Says loudly that leases are signed with the demonstration key.
+fn demo_key_warning() {
+    eprintln!(
+        "cooling-ctrl: WARNING: cap leases are signed with the PUBLIC DEMONSTRATION KEY \
+         (--demo-key): anyone can forge them; for the twin only, never on a real hall"
+    );
+    tracing::warn!("cap leases are signed with the public demonstration key");
 }
 
 /// The board's pins on their GPIO chip, when configured.

@@ -1,0 +1,117 @@
+//! `cooling-ctrl gateway --link tcp:HOST:PORT|DEVICE [--baud B] [--config
+//! FILE] [flags]`: the Linux side of a CDU controller that runs on a
+//! microcontroller (`cooling_ctrl::gateway`). The same file and flags as
+//! `run`, checked the same way; it uses the bus's part of them (this
+//! CDU, the broker and its login, TLS, the sign key, the keyring, the
+//! site figures' layout, the hosts, the flash file, `metrics_listen`) and
+//! says at start which configured parts it does not serve. SIGTERM or
+//! ctrl-c stops it cleanly (exit 0); under systemd it sends READY=1 after
+//! its first second and WATCHDOG=1 while its loop runs.
+
+use std::process::ExitCode;
+
+use cooling_ctrl::config::{self, Overrides};
+use cooling_ctrl::gateway::{self, link::LinkAddr, GatewayOptions};
+use cooling_ctrl::journal::ControllerFlash;
+use cooling_ctrl::watchdog::Notifier;
+use loopwarden_field::common::RunArgs;
+use loopwarden_field::lifecycle::{self, StartError, Supervision};
+
+/// The gateway's arguments.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Where the microcontroller is: tcp:HOST:PORT (QEMU's `-serial
+    /// tcp::PORT,server`), or a serial device such as /dev/ttyUSB0.
+    #[arg(long)]
+    link: String,
+    /// The serial device's speed, 8N1 (115200 unless given); not for
+    /// tcp:.
+    #[arg(long)]
+    baud: Option<u32>,
+    /// The configuration, as `run` takes it.
+    #[command(flatten)]
+    run: RunArgs<Overrides>,
+}
+
+/// Runs the gateway until SIGTERM or ctrl-c.
+pub fn command(a: Args) -> ExitCode {
+    lifecycle::run("cooling-ctrl gateway", || start(a), serve)
+}
+
+/// The configuration and the link, and what the gateway leaves aside
+/// said at start.
+fn start(a: Args) -> Result<(config::Config, LinkAddr), StartError> {
+    let link = LinkAddr::parse(&a.link, a.baud).map_err(StartError::config)?;
+    let config = config::load(a.run.config.as_deref(), &a.run.flags).map_err(StartError::config)?;
+    if config.demo_key {
+        super::demo_key_warning();
+    }
+    if config.flash.is_none() {
+        eprintln!(
+            "cooling-ctrl gateway: WARNING: no flash file: the event log, the outbox and the \
+             sequence floor are lost at every restart (the microcontroller keeps its latched \
+             state in its own flash)"
+        );
+    }
+    let unserved = [
+        (
+            config.northbound.is_some(),
+            "northbound (the BMS's Modbus server)",
+        ),
+        (
+            config.board.is_some(),
+            "board_pins (the microcontroller reads the leak ropes)",
+        ),
+        (
+            config.facility.is_some(),
+            "facility_coordinator (the hall's facility water)",
+        ),
+        (config.serial.is_some(), "console_serial"),
+    ];
+    for (_, what) in unserved.iter().filter(|(set, _)| *set) {
+        tracing::warn!("cooling-ctrl gateway: {what} is configured but not served by the gateway");
+    }
+    Ok((config, link))
+}
+
+async fn serve(
+    (config, link): (config::Config, LinkAddr),
+    notifier: Notifier,
+) -> Result<(), String> {
+    let (stats_tx, stats_rx) = gateway::stats_channel();
+    let (supervision, stop) = Supervision::start(
+        notifier,
+        gateway::GATEWAY_LOOP,
+        gateway::ALIVE_EVERY,
+        stats_rx.clone(),
+        |s| s.ticks,
+    )?;
+    let (broker, _embedded) =
+        loopwarden_bus::embedded::configured_or_embedded(config.broker.clone())
+            .map_err(|e| format!("broker: {e}"))?;
+    let flash =
+        ControllerFlash::open(config.flash.as_deref()).map_err(|e| format!("flash: {e}"))?;
+    let recorder = flash.recorder.clone();
+    let (cdu, rec) = (config.cdu.to_string(), recorder.clone());
+    let render = move || gateway::metrics::render(&cdu, &stats_rx.borrow().clone(), &rec);
+    let metrics_task = loopwarden_bus::prometheus::start(config.metrics_listen, render)
+        .await
+        .map_err(|e| e.to_string())?;
+    let opts = GatewayOptions {
+        stats: Some(stats_tx),
+        credentials: config.credentials.clone(),
+        keep_alive: Some(config.keep_alive),
+        json_presence: Some(config.json_presence),
+        flash: Some(flash),
+        readers: config.readers.clone(),
+        ..GatewayOptions::new(link)
+    };
+    let result = gateway::run(config.shell_config(broker), opts, stop).await;
+    supervision.finish(result.is_err());
+    recorder.flush().await;
+    if let Some(t) = metrics_task {
+        t.abort();
+    }
+    tracing::info!("cooling-ctrl gateway: stopped");
+    result.map_err(|e| e.to_string())
+}

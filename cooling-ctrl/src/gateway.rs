@@ -1,0 +1,461 @@
+//! The gateway (`cooling-ctrl gateway`): the Linux side of a CDU
+//! controller that runs as firmware on a microcontroller (`firmware/`,
+//! docs/firmware.md). The MCU reads and drives the CDU over Modbus RTU and
+//! runs the decision path itself; the gateway carries what it says to the
+//! bus and what the bus says to it, over a serial line
+//! ([`loopwarden_link`]'s frames), and decides nothing.
+//!
+//! It is on the bus what `cooling-ctrl run` is, with the same
+//! configuration ([`ShellConfig`]: this CDU's identity, broker, TLS, sign
+//! key, hosts) and the same flash (the event log, the outbox, the
+//! sequence floor):
+//! - Up: each frame goes through the core ([`bridge::Bridge`]); its
+//!   telemetry, retained signed state, events and leases are built, sent
+//!   and logged by the functions the shell uses (`crate::shell`), and
+//!   answers to readers' requests to resend events come from the same
+//!   resender.
+//! - Down: host telemetry of this CDU's hosts, as the shell subscribes to
+//!   it and maps host ids to indices ([`crate::shell::host_report`]), goes
+//!   to the MCU as [`Down::Host`]; every second [`Down::Alive`] carries
+//!   the wall clock and whether the broker is connected.
+//! - The BMS's limits and outdoor temperature, the hall's facility target
+//!   and operators' clears are not carried yet: the shell takes them from
+//!   its northbound server, its facility link and its console, which the
+//!   gateway does not run.
+//! - When the MCU is silent for 3 s, the bus is told so: a retained state
+//!   in `failsafe`, reason `controller-silent`, with the racks last heard.
+//!
+//! Its counts ([`GatewayStats`]) go to the log and to `/metrics`
+//! ([`metrics`]) when `metrics_listen` is set.
+//!
+//! Glossary:
+//! - *MCU*: the microcontroller running the control core.
+//! - *up*, *down*: from the MCU to the bus, from the bus to the MCU.
+//! - *link*: the serial line between them ([`link`]).
+
+pub mod bridge;
+pub mod link;
+pub mod metrics;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::string::String;
+use std::time::Duration;
+use std::vec::Vec;
+
+use loopwarden_bus::resend::{ResendCounts, Resender};
+use loopwarden_bus::{now_ms, Bus, Inbound, MetricsSnapshot, PublishError};
+use loopwarden_link::Down;
+use loopwarden_protocol::auth::Signer;
+use loopwarden_protocol::message::CduMode;
+use loopwarden_protocol::{Family, Ident, Message, NodeId, ReasonCode, Role};
+use loopwarden_store::agent_flash::SeqFloor;
+use loopwarden_store::recorder::Recorder;
+use tokio::sync::{mpsc, watch};
+use tokio::time::{Instant, MissedTickBehavior};
+
+use crate::journal::ControllerFlash;
+use crate::shell::{bus_config, host_report, send_lease, send_state, start_resender};
+use crate::shell::{LeaseNotSent, ShellConfig, ShellError};
+use bridge::{Act, Bridge, Level, LinkCounts, Now};
+use link::{LinkAddr, LinkEvent};
+
+/// How often the core looks at the time (silence, the summary).
+pub const TICK: Duration = Duration::from_millis(250);
+/// How often the MCU is told the gateway is alive.
+pub const ALIVE_EVERY: Duration = Duration::from_secs(1);
+
+/// What [`run`] takes besides the config.
+#[derive(Debug)]
+pub struct GatewayOptions {
+    /// Where the MCU is.
+    pub link: LinkAddr,
+    /// Where the gateway reports its counts after every second; `None`:
+    /// nowhere.
+    pub stats: Option<watch::Sender<GatewayStats>>,
+    /// MQTT user name and password, for brokers that require them.
+    pub credentials: Option<(String, String)>,
+    /// MQTT keep-alive; `None`: the bus's default (5 s).
+    pub keep_alive: Option<Duration>,
+    /// The JSON `online` on a connection of its own; `None`: the bus's
+    /// default (on).
+    pub json_presence: Option<bool>,
+    /// The controller's flash (event log, outbox, sequence floor);
+    /// `None`: one in memory, lost at exit.
+    pub flash: Option<ControllerFlash>,
+    /// The readers that may ask this CDU to resend its logged events.
+    pub readers: Vec<Signer>,
+}
+
+impl GatewayOptions {
+    /// Options for an MCU at `link`, everything else by default.
+    pub fn new(link: LinkAddr) -> Self {
+        Self {
+            link,
+            stats: None,
+            credentials: None,
+            keep_alive: None,
+            json_presence: None,
+            flash: None,
+            readers: Vec::new(),
+        }
+    }
+}
+
+/// What the gateway has done since it started.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GatewayStats {
+    /// Seconds of its loop (each sends [`Down::Alive`]).
+    pub ticks: u64,
+    /// The link's counts.
+    pub link: LinkCounts,
+    /// The line to the MCU is open.
+    pub link_open: bool,
+    /// The MCU is silent.
+    pub silent: bool,
+    /// The mode and reason of the MCU's last status.
+    pub mode: Option<(CduMode, ReasonCode)>,
+    /// Telemetry frames published.
+    pub telemetry_published: u64,
+    /// State frames published.
+    pub states_published: u64,
+    /// Events logged and handed to the bus.
+    pub events_published: u64,
+    /// Leases signed and sent.
+    pub leases_sent: u64,
+    /// Publishes the bus did not take.
+    pub publish_errors: u64,
+    /// Host reports handed to the MCU's line.
+    pub host_reports_forwarded: u64,
+    /// The bus's counters.
+    pub bus: MetricsSnapshot,
+    /// The bus is connected.
+    pub bus_connected: bool,
+    /// What the resender of logged events has done.
+    pub resend: ResendCounts,
+}
+
+/// A stats channel for [`GatewayOptions::stats`].
+pub fn stats_channel() -> (watch::Sender<GatewayStats>, watch::Receiver<GatewayStats>) {
+    watch::channel(GatewayStats::default())
+}
+
+/// The gateway's loop, as its log lines and systemd's `STATUS=` name it.
+pub const GATEWAY_LOOP: loopwarden_field::watchdog::Progress =
+    loopwarden_field::watchdog::Progress {
+        program: "cooling-ctrl gateway",
+        loop_name: "gateway loop",
+        pass: "gateway second",
+        count: "second",
+    };
+
+struct Gateway {
+    cfg: ShellConfig,
+    bridge: Bridge,
+    bus: Bus,
+    recorder: Recorder,
+    resender: Resender,
+    seq_floor: SeqFloor,
+    index: HashMap<Ident, usize>,
+    to_mcu: mpsc::Sender<Vec<u8>>,
+    stats: GatewayStats,
+    stats_tx: Option<watch::Sender<GatewayStats>>,
+    started: Instant,
+    started_unix: u64,
+}
+
+/// Runs the gateway for the CDU of `cfg` until `shutdown` completes, then
+/// leaves the bus (waiting up to 3 s for the broker to acknowledge what
+/// was handed over).
+pub async fn run(
+    cfg: ShellConfig,
+    opts: GatewayOptions,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ShellError> {
+    cfg.validate()?;
+    let flash = match opts.flash {
+        Some(f) => f,
+        None => ControllerFlash::open(None).map_err(ShellError::Flash)?,
+    };
+    let me = NodeId::new(Role::Cdu, cfg.cdu.as_str())
+        .map_err(|e| ShellError::Config(format!("cdu: {e}")))?;
+    let mut bc = bus_config(&cfg, &me, opts.credentials)?;
+    if let Some(k) = opts.keep_alive {
+        bc.keep_alive = k;
+    }
+    if let Some(j) = opts.json_presence {
+        bc.json_presence = j;
+    }
+    bc.first_seq = flash.first_seq;
+    let (bus, mut inbound, bus_task) = Bus::start_with_outbox(bc, Box::new(flash.outbox));
+    flash.recorder.attach(bus.clone());
+    let resender = start_resender(&bus, &flash.recorder, opts.readers);
+    tracing::info!(
+        "cooling gateway: CDU {} of site {}, {} hosts, the microcontroller on {}, broker {}",
+        cfg.cdu,
+        cfg.site,
+        cfg.hosts.len(),
+        opts.link,
+        cfg.broker
+    );
+    let mut link = link::start(opts.link);
+    let on_bus = OnBus {
+        bus,
+        recorder: flash.recorder,
+        resender,
+        first_seq: flash.first_seq,
+    };
+    let mut gw = Gateway::new(cfg, on_bus, link.to_mcu.clone(), opts.stats);
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
+    let mut alive = tokio::time::interval(ALIVE_EVERY);
+    alive.set_missed_tick_behavior(MissedTickBehavior::Skip);
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => gw.tick(),
+            _ = alive.tick() => gw.alive().await,
+            Some(ev) = link.events.recv() => gw.on_link(ev),
+            Some(msg) = inbound.recv() => gw.on_inbound(msg),
+            _ = &mut shutdown => break,
+        }
+    }
+    link.task.abort();
+    gw.stop(bus_task).await;
+    Ok(())
+}
+
+/// What the gateway is given on the bus.
+struct OnBus {
+    bus: Bus,
+    recorder: Recorder,
+    resender: Resender,
+    /// The first sequence number of the block reserved in flash.
+    first_seq: u32,
+}
+
+impl Gateway {
+    fn new(
+        cfg: ShellConfig,
+        on: OnBus,
+        to_mcu: mpsc::Sender<Vec<u8>>,
+        stats_tx: Option<watch::Sender<GatewayStats>>,
+    ) -> Self {
+        let started_unix = now_ms().0;
+        let bridge = Bridge::new(
+            cfg.core.layout,
+            cfg.core.margins.failsafe_setpoint_c,
+            Now {
+                mono_ms: 0,
+                unix_ms: started_unix,
+            },
+        );
+        Gateway {
+            index: cfg
+                .hosts
+                .iter()
+                .enumerate()
+                .map(|(i, h)| (h.clone(), i))
+                .collect(),
+            cfg,
+            bridge,
+            bus: on.bus,
+            recorder: on.recorder,
+            resender: on.resender,
+            seq_floor: SeqFloor::new(on.first_seq),
+            to_mcu,
+            stats: GatewayStats::default(),
+            stats_tx,
+            started: Instant::now(),
+            started_unix,
+        }
+    }
+
+    /// Says what crossed the link, hands everything to the bus and
+    /// leaves it, waiting up to 3 s for the broker's acknowledgements.
+    async fn stop(mut self, bus_task: loopwarden_bus::BusTask) {
+        tracing::info!(
+            "cooling gateway: stopping; link to the microcontroller: {}",
+            self.bridge.counts().words()
+        );
+        self.recorder.flush().await;
+        if let Err(e) = self.bus.shutdown(Duration::from_secs(3)).await {
+            tracing::warn!("cooling gateway: leaving the bus: {e}");
+        }
+        bus_task.join(Duration::from_secs(3)).await;
+        self.report();
+    }
+}
+
+impl Gateway {
+    fn now(&self) -> Now {
+        let mono_ms = self.started.elapsed().as_millis() as u64;
+        Now {
+            mono_ms,
+            // Unix ms as the bus stamps its frames, so a mode's `since`
+            // and the frame's time agree.
+            unix_ms: now_ms().0.max(self.started_unix),
+        }
+    }
+
+    fn report(&mut self) {
+        let s = &mut self.stats;
+        s.link = self.bridge.counts();
+        s.silent = self.bridge.silent();
+        s.mode = self.bridge.last_mode();
+        s.bus = self.bus.metrics();
+        s.bus_connected = self.bus.is_connected();
+        s.resend = self.resender.counts().snapshot();
+        if let Some(tx) = &self.stats_tx {
+            tx.send_replace(self.stats.clone());
+        }
+    }
+
+    fn tick(&mut self) {
+        let acts = self.bridge.tick(self.now());
+        self.perform(acts);
+        self.report();
+    }
+
+    /// Every second: the MCU hears the gateway is alive, and the bus's
+    /// sequence floor is kept ahead.
+    async fn alive(&mut self) {
+        let alive = Down::Alive {
+            unix_ms: now_ms().0,
+            bus: self.bus.is_connected(),
+        };
+        self.send_down(&alive);
+        self.seq_floor.keep_ahead(&self.bus, &self.recorder).await;
+        self.stats.ticks += 1;
+        self.report();
+    }
+
+    fn on_link(&mut self, ev: LinkEvent) {
+        match ev {
+            LinkEvent::Open(open) => self.stats.link_open = open,
+            LinkEvent::Wrote(ok) => self.bridge.wrote(ok),
+            LinkEvent::Bytes(b) => {
+                let acts = self.bridge.hear(&b, self.now());
+                self.perform(acts);
+            }
+        }
+    }
+
+    fn on_inbound(&mut self, msg: Inbound) {
+        // Readers' requests to resend go to the resender, unread here.
+        if msg.topic.family == Family::Resend {
+            self.resender.offer(msg);
+            return;
+        }
+        let Some((h, t)) = host_report(&msg, &self.index) else {
+            return;
+        };
+        let down = Down::Host {
+            index: h as u16,
+            stamped: msg.frame.time,
+            telemetry: t.clone(),
+        };
+        if self.send_down(&down) {
+            self.stats.host_reports_forwarded += 1;
+        }
+    }
+
+    /// Frames `down` and hands it to the line; false when it was not.
+    fn send_down(&mut self, down: &Down) -> bool {
+        let frame = match self.bridge.frame(down) {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::error!("cooling gateway: a frame to the microcontroller: {e}");
+                return false;
+            }
+        };
+        let handed = self.to_mcu.try_send(frame).is_ok();
+        if !handed {
+            // The line's queue is full (the line is stuck) or gone.
+            self.bridge.wrote(false);
+        }
+        handed
+    }
+
+    fn perform(&mut self, acts: Vec<Act>) {
+        for act in acts {
+            match act {
+                Act::Telemetry(t) => {
+                    let m = Message::CduTelemetry(*t);
+                    match self.bus.publish_mirrored(m, now_ms(), true) {
+                        Ok(_) => self.stats.telemetry_published += 1,
+                        Err(e) => self.publish_failed("cdu_telemetry", &e),
+                    }
+                }
+                Act::State(st, key) => {
+                    if !self.bus.is_connected() {
+                        continue;
+                    }
+                    let signing = self.cfg.key.as_ref().map(|k| (self.cfg.key_id, k));
+                    match send_state(&self.bus, *st, signing, "cooling gateway") {
+                        Ok(_) => {
+                            self.stats.states_published += 1;
+                            let at = self.now().mono_ms;
+                            self.bridge.state_published(key, at);
+                        }
+                        Err(e) => self.publish_failed("cdu_state", &e),
+                    }
+                }
+                Act::Event(e) => {
+                    tracing::info!("cooling gateway: {e}");
+                    self.recorder.emit(e, now_ms());
+                    self.stats.events_published += 1;
+                }
+                Act::Lease { host, lease, lift } => self.lease(host, lease, lift),
+                Act::Say(level, words) => say(level, &words),
+            }
+        }
+    }
+
+    fn publish_failed(&mut self, kind: &str, e: &PublishError) {
+        self.stats.publish_errors += 1;
+        if !matches!(e, PublishError::Offline) {
+            tracing::warn!("cooling gateway: publishing {kind}: {e}");
+        }
+    }
+
+    /// Signs and sends the MCU's lease for host index `host`.
+    fn lease(&mut self, host: usize, lease: loopwarden_protocol::message::CapLease, lift: bool) {
+        let Some(id) = self.cfg.hosts.get(host) else {
+            tracing::warn!(
+                "cooling gateway: the microcontroller sent a lease for host {host}, which has no host id in the configuration: dropped"
+            );
+            return;
+        };
+        let Some(key) = &self.cfg.key else {
+            tracing::error!("cooling gateway: no sign key: the lease for {id} is not sent");
+            return;
+        };
+        let to = (&self.cfg.site, id);
+        let signing = (self.cfg.key_id, key);
+        match send_lease(&self.bus, &self.recorder, to, lease, lift, signing) {
+            Ok(f) => {
+                self.stats.leases_sent += 1;
+                let what = if lift { "lift" } else { "cap lease" };
+                tracing::debug!("cooling gateway: {what} for {id} sent as seq {}", f.seq);
+            }
+            Err(e @ LeaseNotSent::Sign(_)) => {
+                tracing::error!("cooling gateway: a lease for {id}: {e}")
+            }
+            Err(e) => {
+                self.stats.publish_errors += 1;
+                tracing::warn!("cooling gateway: cap lease for {id} {e}");
+            }
+        }
+    }
+}
+
+/// Logs what the core says.
+fn say(level: Level, words: &str) {
+    match level {
+        Level::Error => tracing::error!("cooling gateway: {words}"),
+        Level::Warn => tracing::warn!("cooling gateway: {words}"),
+        Level::Info => tracing::info!("cooling gateway: {words}"),
+        Level::Debug => tracing::debug!("cooling gateway: {words}"),
+    }
+}

@@ -1,0 +1,876 @@
+//! The gateway's core: what a microcontroller's frames mean for the bus,
+//! and when it has gone silent. No I/O and no clock: the shell hands it
+//! the bytes as they came with the time ([`Now`]), and performs what it
+//! returns ([`Act`]). It decides nothing of the CDU: every state,
+//! telemetry, event and lease it returns is what the MCU said, turned
+//! into the bus's messages by the same functions `cooling-ctrl run` uses
+//! ([`crate::shell::cdu_state`], [`crate::shell::cdu_telemetry`]) and
+//! published by the same rule ([`StateSent::due`]).
+//!
+//! Up (MCU → bus), per [`Up`] message:
+//! - `Status`: the CDU's telemetry, and its retained state when due;
+//! - `Event`: the event, to log and publish;
+//! - `Lease`: the lease, to sign and send to that host;
+//! - `Hello`, `Said`, `Answer`: log lines.
+//!
+//! When no frame it can read has come for [`SILENT_AFTER_MS`] (from its
+//! start, or the last one), it says so once in the log and returns a
+//! state in `failsafe`, reason `controller-silent`, with the racks of the
+//! last status heard (due again by the same rule until frames come back);
+//! the next status after that is due at once, its mode differing.
+//!
+//! Every frame is counted ([`LinkCounts`]): taken, dropped by reason
+//! ([`FrameError`]), frames lost in gaps of the MCU's numbers, the MCU's
+//! restarts (its numbers starting again) and silences; and frames sent
+//! to it.
+//!
+//! Glossary:
+//! - *MCU clock*: ms since the MCU started; a status's times are on it.
+//!   The first status after a start anchors it to the wall clock
+//!   (`unix − at_ms`), so a mode's `since` reads in Unix ms.
+//! - *silent*: no readable frame for [`SILENT_AFTER_MS`].
+
+use std::boxed::Box;
+use std::format;
+use std::string::String;
+use std::vec;
+use std::vec::Vec;
+
+use cooling_core::config::Layout;
+use loopwarden_link::frame::{encode, max_frame, OVERHEAD};
+use loopwarden_link::{Deframer, EncodeError, Fed, FrameError, Hello, Order, ResetCause, SeqWatch};
+use loopwarden_link::{Down, Status, Up, MAX_MESSAGE};
+use loopwarden_protocol::message::{CapLease, CduMode, CduState, CduTelemetry, Event};
+use loopwarden_protocol::{ReasonCode, TimestampMs};
+
+use crate::shell::{cdu_state, cdu_telemetry, StateKey, StateSent, StepFacts};
+
+/// No readable frame for this long and the MCU is silent, ms.
+pub const SILENT_AFTER_MS: u64 = 3_000;
+
+/// The longest frame on the link, its end byte included.
+pub const FRAME_MAX: usize = max_frame(MAX_MESSAGE);
+
+/// A summary of what went wrong on the link is logged at most this often,
+/// ms (each kind of drop is logged on its own the first time).
+pub const SUMMARY_EVERY_MS: u64 = 60_000;
+
+/// The time, twice: the gateway's steady clock (ms since it started) for
+/// intervals, and the wall clock for what goes on the bus.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Now {
+    /// Steady ms.
+    pub mono_ms: u64,
+    /// Unix ms.
+    pub unix_ms: u64,
+}
+
+/// How loud a log line is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    /// Routine, rare.
+    Info,
+    /// Worth a look.
+    Warn,
+    /// Something is wrong.
+    Error,
+    /// Details, for a developer.
+    Debug,
+}
+
+/// What the shell does for the core.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Act {
+    /// Publish the CDU's telemetry.
+    Telemetry(Box<CduTelemetry>),
+    /// Publish the retained state (signed), when the broker is connected;
+    /// tell [`Bridge::state_published`] with its key once it went.
+    State(Box<CduState>, StateKey),
+    /// Log the event to flash and publish it.
+    Event(Event),
+    /// Sign this lease and send it to host `host` (its index).
+    Lease {
+        /// The host's index (rack-major).
+        host: usize,
+        /// The lease, unsigned.
+        lease: CapLease,
+        /// A lift (ends a cap).
+        lift: bool,
+    },
+    /// A line for the log.
+    Say(Level, String),
+}
+
+/// Frames dropped, by why ([`FrameError`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Dropped {
+    /// Longer than the receive buffer.
+    pub overrun: u64,
+    /// Not valid COBS.
+    pub cobs: u64,
+    /// Shorter than a frame's header and CRC.
+    pub short: u64,
+    /// The CRC does not match.
+    pub crc: u64,
+    /// Another version of the link.
+    pub version: u64,
+    /// Checked, but its message does not decode.
+    pub payload: u64,
+}
+
+impl Dropped {
+    /// Each count with its reason's name, as `/metrics` labels it.
+    pub fn by_reason(&self) -> [(&'static str, u64); 6] {
+        [
+            ("overrun", self.overrun),
+            ("cobs", self.cobs),
+            ("short", self.short),
+            ("crc", self.crc),
+            ("version", self.version),
+            ("payload", self.payload),
+        ]
+    }
+
+    /// Every frame dropped.
+    pub fn total(&self) -> u64 {
+        self.by_reason().iter().map(|(_, n)| n).sum()
+    }
+
+    fn count(&mut self, e: FrameError) -> u64 {
+        let n = match e {
+            FrameError::Overrun => &mut self.overrun,
+            FrameError::Cobs => &mut self.cobs,
+            FrameError::Short => &mut self.short,
+            FrameError::Crc => &mut self.crc,
+            FrameError::Version(_) => &mut self.version,
+            FrameError::Payload => &mut self.payload,
+        };
+        *n += 1;
+        *n
+    }
+}
+
+/// What crossed the link since the gateway started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LinkCounts {
+    /// Frames from the MCU taken (checked and decoded).
+    pub frames_in: u64,
+    /// Frames to the MCU written.
+    pub frames_out: u64,
+    /// Frames to the MCU not written (the link was down, or the write
+    /// failed).
+    pub frames_unsent: u64,
+    /// Frames from the MCU dropped, by why.
+    pub dropped: Dropped,
+    /// Gaps in the MCU's frame numbers.
+    pub gaps: u64,
+    /// Frames lost in those gaps.
+    pub lost: u64,
+    /// The MCU's restarts (its frame numbers started again).
+    pub restarts: u64,
+    /// Times the MCU fell silent.
+    pub silences: u64,
+}
+
+impl LinkCounts {
+    /// The counts in words, for the log.
+    pub fn words(&self) -> String {
+        let d = &self.dropped;
+        let dropped: Vec<String> = d
+            .by_reason()
+            .iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(r, n)| format!("{r} {n}"))
+            .collect();
+        format!(
+            "{} frames in, {} out ({} unsent), {} dropped{}, {} lost in {} gaps, {} restarts, {} silences",
+            self.frames_in,
+            self.frames_out,
+            self.frames_unsent,
+            d.total(),
+            if dropped.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", dropped.join(", "))
+            },
+            self.lost,
+            self.gaps,
+            self.restarts,
+            self.silences
+        )
+    }
+
+    /// What went wrong, without the routine counts: two counts with the
+    /// same trouble are equal.
+    fn trouble(&self) -> (Dropped, u64, u64, u64) {
+        (self.dropped, self.lost, self.restarts, self.silences)
+    }
+}
+
+/// The gateway's core (see the module note).
+#[derive(Debug)]
+pub struct Bridge {
+    layout: Layout,
+    /// The setpoint a silent MCU's state shows when it never said one, °C.
+    failsafe_setpoint_c: f32,
+    deframer: Box<Deframer<FRAME_MAX>>,
+    seq: SeqWatch,
+    out_seq: u32,
+    counts: LinkCounts,
+    started: Now,
+    /// When the last readable frame came.
+    last_frame: Option<Now>,
+    /// The last status heard.
+    last: Option<Box<Status>>,
+    /// Unix ms minus MCU ms, from the first status after a start.
+    anchor_ms: Option<i128>,
+    silent: bool,
+    state_sent: Option<StateSent>,
+    /// The trouble counts at the last summary, and when it was logged.
+    summarised: ((Dropped, u64, u64, u64), u64),
+}
+
+impl Bridge {
+    /// A bridge for a CDU laid out as `layout`, started at `now`; a silent
+    /// MCU that never said a setpoint shows `failsafe_setpoint_c`.
+    pub fn new(layout: Layout, failsafe_setpoint_c: f32, now: Now) -> Self {
+        Self {
+            layout,
+            failsafe_setpoint_c,
+            deframer: Box::default(),
+            seq: SeqWatch::default(),
+            out_seq: 0,
+            counts: LinkCounts::default(),
+            started: now,
+            last_frame: None,
+            last: None,
+            anchor_ms: None,
+            silent: false,
+            state_sent: None,
+            summarised: (LinkCounts::default().trouble(), now.mono_ms),
+        }
+    }
+
+    /// The counts so far.
+    pub fn counts(&self) -> LinkCounts {
+        self.counts
+    }
+
+    /// The MCU is silent now.
+    pub fn silent(&self) -> bool {
+        self.silent
+    }
+
+    /// The mode and reason of the last status heard.
+    pub fn last_mode(&self) -> Option<(CduMode, ReasonCode)> {
+        self.last.as_ref().map(|s| (s.mode.0, s.mode.1))
+    }
+
+    /// Takes the bytes the link brought at `now`.
+    pub fn hear(&mut self, bytes: &[u8], now: Now) -> Vec<Act> {
+        let mut acts = Vec::new();
+        for &b in bytes {
+            let got = match self.deframer.push(b) {
+                Fed::More => continue,
+                Fed::Dropped(e) => Err(e),
+                Fed::Frame(r) => Ok((r.seq, r.message::<Up>())),
+            };
+            match got {
+                Err(e) => self.dropped(e, &mut acts),
+                Ok((seq, Err(e))) => {
+                    // Checked, so its number is the MCU's: a gap is real.
+                    self.seq.hear(seq);
+                    self.dropped(e, &mut acts);
+                }
+                Ok((seq, Ok(up))) => {
+                    self.counts.frames_in += 1;
+                    self.numbered(seq, &mut acts);
+                    self.heard_from(now, &mut acts);
+                    self.take(up, now, &mut acts);
+                }
+            }
+        }
+        acts
+    }
+
+    /// Time passes: says when the MCU falls silent, and the silent state
+    /// while it is due; logs a summary of the link's trouble, when there
+    /// was any, at most every [`SUMMARY_EVERY_MS`].
+    pub fn tick(&mut self, now: Now) -> Vec<Act> {
+        let mut acts = Vec::new();
+        let quiet_from = self.last_frame.unwrap_or(self.started);
+        let quiet_ms = now.mono_ms.saturating_sub(quiet_from.mono_ms);
+        if !self.silent && quiet_ms >= SILENT_AFTER_MS {
+            self.silent = true;
+            self.counts.silences += 1;
+            let heard = if self.last_frame.is_some() {
+                "since its last frame"
+            } else {
+                "since the gateway started"
+            };
+            acts.push(Act::Say(
+                Level::Error,
+                format!(
+                    "the microcontroller has sent no readable frame for {} s {heard}: the bus is told failsafe (controller-silent), keeping the racks last heard; the CDU falls back on its heartbeat",
+                    quiet_ms / 1000
+                ),
+            ));
+        }
+        if self.silent {
+            acts.extend(self.silent_state(now));
+        }
+        let trouble = self.counts.trouble();
+        let (was, at) = self.summarised;
+        if trouble != was && now.mono_ms.saturating_sub(at) >= SUMMARY_EVERY_MS {
+            self.summarised = (trouble, now.mono_ms);
+            let words = format!("link to the microcontroller: {}", self.counts.words());
+            acts.push(Act::Say(Level::Warn, words));
+        }
+        acts
+    }
+
+    /// The state of key `key` went on the bus at `mono_ms`.
+    pub fn state_published(&mut self, key: StateKey, mono_ms: u64) {
+        self.state_sent = Some(StateSent {
+            key,
+            at_ms: mono_ms,
+        });
+    }
+
+    /// `down` as the next frame to the MCU.
+    pub fn frame(&mut self, down: &Down) -> Result<Vec<u8>, EncodeError> {
+        let mut scratch = vec![0u8; MAX_MESSAGE + OVERHEAD];
+        let mut out = vec![0u8; FRAME_MAX];
+        let n = encode(down, self.out_seq, &mut scratch, &mut out)?;
+        self.out_seq = self.out_seq.wrapping_add(1);
+        out.truncate(n);
+        Ok(out)
+    }
+
+    /// A frame to the MCU was written (`true`), or not.
+    pub fn wrote(&mut self, written: bool) {
+        if written {
+            self.counts.frames_out += 1;
+        } else {
+            self.counts.frames_unsent += 1;
+        }
+    }
+
+    fn dropped(&mut self, e: FrameError, acts: &mut Vec<Act>) {
+        let n = self.counts.dropped.count(e);
+        // The first of each kind is a warning; the rest are in the
+        // summary and at debug.
+        let level = if n == 1 { Level::Warn } else { Level::Debug };
+        acts.push(Act::Say(level, format!("{e} (the {} of its kind)", nth(n))));
+    }
+
+    fn numbered(&mut self, seq: u32, acts: &mut Vec<Act>) {
+        match self.seq.hear(seq) {
+            Order::First | Order::Next => {}
+            Order::Gap(n) => {
+                self.counts.gaps += 1;
+                self.counts.lost = self.seq.lost;
+                acts.push(Act::Say(
+                    Level::Warn,
+                    format!(
+                        "{n} frame{} from the microcontroller lost before frame {seq}",
+                        if n == 1 { "" } else { "s" }
+                    ),
+                ));
+            }
+            Order::Restart => {
+                self.counts.restarts = self.seq.restarts;
+                self.anchor_ms = None;
+                acts.push(Act::Say(
+                    Level::Warn,
+                    format!(
+                        "the microcontroller started again (its frames are numbered from {seq} again)"
+                    ),
+                ));
+            }
+        }
+    }
+
+    fn heard_from(&mut self, now: Now, acts: &mut Vec<Act>) {
+        if self.silent {
+            self.silent = false;
+            let quiet_s = self
+                .last_frame
+                .map(|f| now.mono_ms.saturating_sub(f.mono_ms) / 1000);
+            let words = match quiet_s {
+                Some(s) => format!("the microcontroller speaks again after {s} s of silence"),
+                None => {
+                    "the microcontroller speaks, after a silence from the gateway's start".into()
+                }
+            };
+            acts.push(Act::Say(Level::Warn, words));
+        }
+        self.last_frame = Some(now);
+    }
+
+    fn take(&mut self, up: Up, now: Now, acts: &mut Vec<Act>) {
+        match up {
+            Up::Hello(h) => {
+                self.anchor_ms = None;
+                acts.push(hello(&h));
+            }
+            Up::Status(s) => self.status(Box::new(s), now, acts),
+            Up::Event(e) => acts.push(Act::Event(e)),
+            Up::Lease { host, lease, lift } => acts.push(Act::Lease {
+                host: usize::from(host),
+                lease,
+                lift,
+            }),
+            Up::Answer { id, outcome } => acts.push(match outcome {
+                Ok(()) => Act::Say(Level::Warn, format!("operator's clear {id}: done")),
+                Err(why) => Act::Say(
+                    Level::Info,
+                    format!("operator's clear {id}: refused: {why}"),
+                ),
+            }),
+            Up::Said { error, words } => {
+                let level = if error { Level::Error } else { Level::Warn };
+                acts.push(Act::Say(
+                    level,
+                    format!("the microcontroller says: {words}"),
+                ));
+            }
+        }
+    }
+
+    /// MCU ms `mcu_ms` on the wall clock.
+    fn unix(&self, mcu_ms: u64) -> TimestampMs {
+        let anchor = self.anchor_ms.unwrap_or(0);
+        let unix = (anchor + i128::from(mcu_ms)).clamp(0, i128::from(u64::MAX));
+        TimestampMs(unix as u64)
+    }
+
+    fn status(&mut self, s: Box<Status>, now: Now, acts: &mut Vec<Act>) {
+        if self.anchor_ms.is_none() {
+            self.anchor_ms = Some(i128::from(now.unix_ms) - i128::from(s.at_ms));
+        }
+        let facts = StepFacts {
+            mode: s.mode.0,
+            reason: s.mode.1,
+            since: self.unix(s.mode.2),
+            setpoint_c: s.setpoint_c,
+            pump_speed: s.pump_speed,
+            pump_on: s.pump_on,
+            valves_open: s.racks.valves_open,
+            cooling_lost: s.racks.cooling_lost,
+            sensing_lost: s.racks.sensing_lost,
+            leaks_wet: s.racks.leaks_wet,
+            readings: s.readings.as_ref(),
+            sensor_faults: s.sensor_faults,
+            outdoor_c: s.outdoor_c,
+        };
+        // What the MCU has learned of its hall stays on it.
+        let telemetry = cdu_telemetry(&facts, &self.layout, None);
+        acts.push(Act::Telemetry(Box::new(telemetry)));
+        acts.extend(self.state_if_due(&facts, now));
+        self.last = Some(s);
+    }
+
+    fn state_if_due(&self, facts: &StepFacts<'_>, now: Now) -> Option<Act> {
+        let key = facts.state_key();
+        if !StateSent::due(self.state_sent.as_ref(), &key, now.mono_ms) {
+            return None;
+        }
+        let st = cdu_state(facts, &self.layout, None);
+        Some(Act::State(Box::new(st), key))
+    }
+
+    /// The state that says the MCU is silent, when due: failsafe since
+    /// its last frame (or the gateway's start), with the racks and the
+    /// setpoint of its last status.
+    fn silent_state(&self, now: Now) -> Option<Act> {
+        let since = self.last_frame.unwrap_or(self.started).unix_ms;
+        let (racks, setpoint_c) = match &self.last {
+            Some(s) => (s.racks, s.setpoint_c),
+            None => (Default::default(), self.failsafe_setpoint_c),
+        };
+        let facts = StepFacts {
+            mode: CduMode::Failsafe,
+            reason: ReasonCode::CONTROLLER_SILENT,
+            since: TimestampMs(since),
+            setpoint_c,
+            pump_speed: 0.0,
+            pump_on: [false; 2],
+            valves_open: racks.valves_open,
+            cooling_lost: racks.cooling_lost,
+            sensing_lost: racks.sensing_lost,
+            leaks_wet: racks.leaks_wet,
+            readings: None,
+            sensor_faults: [None; 4],
+            outdoor_c: None,
+        };
+        self.state_if_due(&facts, now)
+    }
+}
+
+/// The MCU's hello, for the log: a restart by its watchdog or a fault is
+/// a warning.
+fn hello(h: &Hello) -> Act {
+    let (level, cause) = match h.reset {
+        ResetCause::PowerOn => (Level::Info, "power on"),
+        ResetCause::Watchdog => (
+            Level::Warn,
+            "its watchdog (a step did not complete in time)",
+        ),
+        ResetCause::Fault => (Level::Warn, "a fault (a panic or a hard fault)"),
+    };
+    let restored = if h.restored {
+        "its latched record restored from its flash"
+    } else {
+        "no latched record in its flash"
+    };
+    Act::Say(
+        level,
+        format!(
+            "the microcontroller started: firmware {}, boot {}, reset by {cause}, {restored}",
+            h.firmware, h.boot
+        ),
+    )
+}
+
+/// 1st, 2nd, 3rd, 4th…
+fn nth(n: u64) -> String {
+    let suffix = match (n % 10, n % 100) {
+        (1, 11) | (2, 12) | (3, 13) => "th",
+        (1, _) => "st",
+        (2, _) => "nd",
+        (3, _) => "rd",
+        _ => "th",
+    };
+    format!("{n}{suffix}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cooling_core::CoreConfig;
+    use loopwarden_link::{Cost, RackBits};
+    use loopwarden_protocol::message::{LeakSensing, Pump, RackCooling};
+
+    const T0: u64 = 1_700_000_000_000;
+
+    fn at(ms: u64) -> Now {
+        Now {
+            mono_ms: ms,
+            unix_ms: T0 + ms,
+        }
+    }
+
+    fn bridge() -> Bridge {
+        let core = CoreConfig::default();
+        Bridge::new(core.layout, core.margins.failsafe_setpoint_c, at(0))
+    }
+
+    fn frame(up: &Up, seq: u32) -> Vec<u8> {
+        let mut scratch = vec![0u8; MAX_MESSAGE + OVERHEAD];
+        let mut out = vec![0u8; FRAME_MAX];
+        let n = encode(up, seq, &mut scratch, &mut out).unwrap();
+        out.truncate(n);
+        out
+    }
+
+    /// A status of step `step` at MCU ms `at_ms`, in `mode` since MCU ms
+    /// 500, with rack 1's cooling lost when `lost`.
+    fn status(step: u32, at_ms: u64, mode: CduMode, lost: bool) -> Up {
+        Up::Status(Status {
+            step,
+            at_ms,
+            mode: (mode, ReasonCode::OK, 500),
+            setpoint_c: 32.0,
+            pump_speed: 0.5,
+            pump_on: [true, false],
+            lead: Pump::A,
+            racks: RackBits {
+                valves_open: 0b1101,
+                cooling_lost: if lost { 0b0010 } else { 0 },
+                ..RackBits::default()
+            },
+            pumps_failed: [false; 2],
+            beacon: false,
+            sensor_faults: [None; 4],
+            readings: Some(cooling_decide::CduMeasurements {
+                supply_c: Some(31.5),
+                flow_lpm: Some(480.0),
+                ..Default::default()
+            }),
+            outdoor_c: Some(12.0),
+            writes_ok: true,
+            events_dropped: 0,
+            cost: Cost::default(),
+        })
+    }
+
+    fn states(acts: &[Act]) -> Vec<(&CduState, StateKey)> {
+        acts.iter()
+            .filter_map(|a| match a {
+                Act::State(s, k) => Some((&**s, *k)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn publishes(acts: &[Act]) -> usize {
+        acts.iter().filter(|a| !matches!(a, Act::Say(..))).count()
+    }
+
+    #[test]
+    fn a_status_is_telemetry_each_time_and_a_state_when_due_by_the_shells_rule() {
+        let mut b = bridge();
+        let acts = b.hear(
+            &frame(&status(1, 10_000, CduMode::Normal, false), 0),
+            at(1_000),
+        );
+        let Some(Act::Telemetry(t)) = acts.first() else {
+            panic!("{acts:?}")
+        };
+        assert_eq!(t.setpoint.value(), 32.0);
+        assert_eq!(t.supply.map(|c| c.value()), Some(31.5));
+        assert_eq!(t.ambient.map(|c| c.value()), Some(12.0));
+        assert!(t.learned.is_none(), "what the MCU learned stays on it");
+        let st = states(&acts);
+        assert_eq!(st.len(), 1);
+        let (s, key) = st[0];
+        assert_eq!((s.mode, s.reason), (CduMode::Normal, ReasonCode::OK));
+        // Heard at T0 + 1 s as MCU ms 10,000: MCU ms 500 is 9.5 s earlier.
+        assert_eq!(s.since, TimestampMs(T0 + 1_000 - 9_500));
+        assert_eq!(s.racks.len(), CoreConfig::default().layout.racks as usize);
+        b.state_published(key, 1_000);
+        // The same again: telemetry only; a change of a rack's cooling: a
+        // state; a minute without one: a state.
+        let acts = b.hear(
+            &frame(&status(2, 11_000, CduMode::Normal, false), 1),
+            at(2_000),
+        );
+        assert_eq!((publishes(&acts), states(&acts).len()), (1, 0));
+        let acts = b.hear(
+            &frame(&status(3, 12_000, CduMode::Normal, true), 2),
+            at(3_000),
+        );
+        let st = states(&acts);
+        assert_eq!(st[0].0.racks[1].cooling, RackCooling::Lost);
+        assert_eq!(st[0].0.racks[0].cooling, RackCooling::Normal);
+        b.state_published(st[0].1, 3_000);
+        let later = at(3_000 + STATE_EVERY_MS);
+        let acts = b.hear(&frame(&status(4, 72_000, CduMode::Normal, true), 3), later);
+        assert_eq!(states(&acts).len(), 1);
+        assert_eq!(b.counts().frames_in, 4);
+    }
+
+    const STATE_EVERY_MS: u64 = crate::shell::STATE_EVERY.as_millis() as u64;
+
+    #[test]
+    fn events_leases_and_words_pass_through_as_the_mcu_said_them() {
+        let mut b = bridge();
+        let said = |error, w: &str| Up::Said {
+            error,
+            words: heapless::String::try_from(w).unwrap(),
+        };
+        let lease =
+            loopwarden_protocol::samples::message(loopwarden_protocol::MessageKind::CapLease);
+        let loopwarden_protocol::Message::CapLease(lease) = lease else {
+            panic!()
+        };
+        let ups = [
+            Up::Hello(Hello {
+                boot: 4,
+                reset: ResetCause::Watchdog,
+                firmware: heapless::String::try_from("0.1.0").unwrap(),
+                restored: true,
+            }),
+            Up::Event(Event::PumpTrip {
+                pump: Pump::A,
+                lag_started: true,
+            }),
+            Up::Lease {
+                host: 5,
+                lease: lease.clone(),
+                lift: true,
+            },
+            said(true, "the latched record is not in flash"),
+        ];
+        let bytes: Vec<u8> = ups
+            .iter()
+            .enumerate()
+            .flat_map(|(i, u)| frame(u, i as u32))
+            .collect();
+        let acts = b.hear(&bytes, at(100));
+        assert!(
+            matches!(&acts[0], Act::Say(Level::Warn, w) if w.contains("boot 4") && w.contains("watchdog") && w.contains("restored")),
+            "{acts:?}"
+        );
+        assert!(matches!(
+            &acts[1],
+            Act::Event(Event::PumpTrip { pump: Pump::A, .. })
+        ));
+        assert_eq!(
+            acts[2],
+            Act::Lease {
+                host: 5,
+                lease,
+                lift: true
+            }
+        );
+        assert!(
+            matches!(&acts[3], Act::Say(Level::Error, w) if w == "the microcontroller says: the latched record is not in flash")
+        );
+        assert_eq!(acts.len(), 4);
+    }
+
+    #[test]
+    fn a_corrupt_frame_is_counted_and_dropped_never_published() {
+        let mut b = bridge();
+        let mut bad = frame(&status(1, 1_000, CduMode::Failsafe, true), 0);
+        bad[9] ^= 0x21;
+        let acts = b.hear(&bad, at(100));
+        assert_eq!(publishes(&acts), 0, "{acts:?}");
+        assert!(matches!(&acts[..], [Act::Say(Level::Warn, w)] if w.contains("dropped")));
+        assert_eq!(b.counts().dropped.total(), 1);
+        assert_eq!(b.counts().frames_in, 0);
+        // The next frame is read; its number shows the one lost.
+        let acts = b.hear(
+            &frame(&status(2, 2_000, CduMode::Normal, false), 1),
+            at(200),
+        );
+        assert_eq!(publishes(&acts), 2);
+        // A frame whose message does not decode is dropped as such.
+        let mut scratch = [0u8; 64];
+        let mut out = [0u8; 80];
+        let n = encode(&(250u8, 1u8), 2, &mut scratch, &mut out).unwrap();
+        let acts = b.hear(&out[..n], at(300));
+        assert_eq!(publishes(&acts), 0);
+        assert_eq!(b.counts().dropped.payload, 1);
+    }
+
+    #[test]
+    fn gaps_and_restarts_of_the_mcus_numbers_are_counted() {
+        let mut b = bridge();
+        for seq in [0, 1, 4] {
+            b.hear(
+                &frame(&status(seq, 1_000, CduMode::Normal, false), seq),
+                at(100),
+            );
+        }
+        assert_eq!((b.counts().gaps, b.counts().lost), (1, 2));
+        let acts = b.hear(&frame(&status(0, 10, CduMode::Boot, false), 0), at(200));
+        assert!(acts
+            .iter()
+            .any(|a| matches!(a, Act::Say(Level::Warn, w) if w.contains("started again"))));
+        assert_eq!(b.counts().restarts, 1);
+        // The restarted MCU's clock is anchored anew: its mode's `since`
+        // (MCU ms 500) is after its step at 10 ms, heard at T0 + 200.
+        let st = states(&acts);
+        assert_eq!(st[0].0.since, TimestampMs(T0 + 200 - 10 + 500));
+    }
+
+    #[test]
+    fn silence_for_3_s_says_failsafe_controller_silent_with_the_racks_last_heard() {
+        let mut b = bridge();
+        let acts = b.hear(
+            &frame(&status(1, 1_000, CduMode::Normal, true), 0),
+            at(1_000),
+        );
+        b.state_published(states(&acts)[0].1, 1_000);
+        assert!(b.tick(at(3_999)).is_empty());
+        let acts = b.tick(at(4_000));
+        assert!(
+            matches!(&acts[0], Act::Say(Level::Error, w) if w.contains("no readable frame for 3 s")),
+            "{acts:?}"
+        );
+        let st = states(&acts);
+        let (s, key) = st[0];
+        assert_eq!(
+            (s.mode, s.reason),
+            (CduMode::Failsafe, ReasonCode::CONTROLLER_SILENT)
+        );
+        assert_eq!(s.since, TimestampMs(T0 + 1_000), "since its last frame");
+        assert_eq!(s.racks[1].cooling, RackCooling::Lost);
+        assert_eq!(s.racks[0].sensing, LeakSensing::Supervised);
+        assert_eq!(s.setpoint.value(), 32.0);
+        assert_eq!((s.supply, s.flow_per_gpu), (None, None));
+        assert!(b.silent());
+        // Not published (the broker was away): due again at the next tick.
+        assert_eq!(states(&b.tick(at(4_250))).len(), 1);
+        b.state_published(key, 4_250);
+        assert!(b.tick(at(5_000)).is_empty());
+        assert_eq!(b.counts().silences, 1);
+        // Frames again: said, and the next status is a state at once.
+        let acts = b.hear(
+            &frame(&status(9, 9_000, CduMode::Normal, true), 1),
+            at(9_000),
+        );
+        assert!(
+            matches!(&acts[0], Act::Say(Level::Warn, w) if w.contains("speaks again after 8 s"))
+        );
+        assert_eq!(states(&acts)[0].0.mode, CduMode::Normal);
+        assert!(!b.silent());
+    }
+
+    #[test]
+    fn an_mcu_silent_from_the_start_is_said_at_its_failsafe_setpoint() {
+        let mut b = bridge();
+        assert!(b.tick(at(2_999)).is_empty());
+        let acts = b.tick(at(3_000));
+        let (s, _) = states(&acts)[0];
+        assert_eq!(s.reason, ReasonCode::CONTROLLER_SILENT);
+        assert_eq!(s.since, TimestampMs(T0));
+        let core = CoreConfig::default();
+        assert_eq!(
+            s.setpoint.value(),
+            f64::from(core.margins.failsafe_setpoint_c)
+        );
+        assert!(s.racks.iter().all(|r| r.cooling == RackCooling::Normal));
+    }
+
+    #[test]
+    fn frames_down_are_numbered_in_turn_and_read_back_whole() {
+        let mut b = bridge();
+        let downs = [
+            Down::Alive {
+                unix_ms: T0,
+                bus: true,
+            },
+            Down::Host {
+                index: 3,
+                stamped: TimestampMs(T0),
+                telemetry: loopwarden_protocol::samples::host_telemetry(16),
+            },
+        ];
+        let mut d = Deframer::<FRAME_MAX>::default();
+        for (i, down) in downs.iter().enumerate() {
+            let bytes = b.frame(down).unwrap();
+            let mut got = None;
+            for x in bytes {
+                if let Fed::Frame(r) = d.push(x) {
+                    got = Some((r.seq, r.message::<Down>().unwrap()));
+                }
+            }
+            assert_eq!(got, Some((i as u32, down.clone())));
+            b.wrote(true);
+        }
+        b.wrote(false);
+        assert_eq!((b.counts().frames_out, b.counts().frames_unsent), (2, 1));
+    }
+
+    #[test]
+    fn trouble_on_the_link_is_summed_up_in_the_log_at_most_every_minute() {
+        let mut b = bridge();
+        b.hear(&[1, 2, 3, 0], at(10));
+        let acts = b.tick(at(SUMMARY_EVERY_MS));
+        let summary: Vec<_> = acts
+            .iter()
+            .filter(|a| matches!(a, Act::Say(Level::Warn, w) if w.starts_with("link to the microcontroller")))
+            .collect();
+        assert_eq!(summary.len(), 1, "{acts:?}");
+        assert!(format!("{summary:?}").contains("1 dropped"));
+        // Nothing new: no summary.
+        let acts = b.tick(at(2 * SUMMARY_EVERY_MS + 10));
+        assert!(!acts
+            .iter()
+            .any(|a| matches!(a, Act::Say(Level::Warn, w) if w.starts_with("link"))));
+    }
+}

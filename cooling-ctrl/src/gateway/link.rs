@@ -1,0 +1,299 @@
+//! The line to the microcontroller: a TCP port (QEMU's `-serial
+//! tcp::PORT,server`, or a serial server on the network) or a serial
+//! device (8N1, no flow control). It only moves bytes: what comes is
+//! handed over as it came ([`LinkEvent::Bytes`]), frames to write are
+//! written whole, in order. A line that fails, or cannot be opened, is
+//! opened again after a pause (200 ms, doubling to 5 s); frames handed
+//! over meanwhile are not written, and said so ([`LinkEvent::Wrote`]).
+//!
+//! Glossary:
+//! - *link address*: `tcp:HOST:PORT`, or the path of a serial device.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::string::{String, ToString};
+use std::time::Duration;
+use std::vec::Vec;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+/// The first pause before the line is opened again.
+const REOPEN_FIRST: Duration = Duration::from_millis(200);
+/// The longest.
+const REOPEN_MAX: Duration = Duration::from_secs(5);
+
+/// Where the microcontroller is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LinkAddr {
+    /// A TCP port, `host:port`.
+    Tcp(String),
+    /// A serial device at this speed (8N1).
+    Serial {
+        /// The device.
+        path: PathBuf,
+        /// Its speed.
+        baud: u32,
+    },
+}
+
+/// The serial speed when none is given (the firmware's UART1).
+pub const DEFAULT_BAUD: u32 = 115_200;
+
+impl LinkAddr {
+    /// Reads `tcp:HOST:PORT` or a device path, with the serial speed
+    /// `baud` (a device's only; 115,200 when not given).
+    pub fn parse(s: &str, baud: Option<u32>) -> Result<Self, String> {
+        if let Some(addr) = s.strip_prefix("tcp:") {
+            if let Some(b) = baud {
+                return Err(format!(
+                    "--baud {b} is for a serial device, not the TCP port {addr}"
+                ));
+            }
+            let port_ok = addr
+                .rsplit_once(':')
+                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+            if !port_ok {
+                return Err(format!(
+                    "--link tcp:{addr}: expected tcp:HOST:PORT (tcp:127.0.0.1:4321)"
+                ));
+            }
+            return Ok(Self::Tcp(addr.to_string()));
+        }
+        if s.is_empty() {
+            return Err("--link: give tcp:HOST:PORT or a serial device (/dev/ttyUSB0)".into());
+        }
+        let baud = baud.unwrap_or(DEFAULT_BAUD);
+        if !(300..=4_000_000).contains(&baud) {
+            return Err(format!("--baud {baud}: 300 to 4,000,000"));
+        }
+        Ok(Self::Serial {
+            path: PathBuf::from(s),
+            baud,
+        })
+    }
+}
+
+impl fmt::Display for LinkAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Tcp(a) => write!(f, "tcp:{a}"),
+            Self::Serial { path, baud } => write!(f, "{} at {baud} baud", path.display()),
+        }
+    }
+}
+
+/// What the line did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LinkEvent {
+    /// Open (`true`), or lost (`false`).
+    Open(bool),
+    /// Bytes from the microcontroller.
+    Bytes(Vec<u8>),
+    /// A frame handed over was written (`true`), or not.
+    Wrote(bool),
+}
+
+/// The line's ends for the gateway: frames to write, and what came.
+#[derive(Debug)]
+pub struct Link {
+    /// Frames to the microcontroller, each written whole.
+    pub to_mcu: mpsc::Sender<Vec<u8>>,
+    /// What the line did.
+    pub events: mpsc::Receiver<LinkEvent>,
+    /// The task that carries them.
+    pub task: JoinHandle<()>,
+}
+
+/// Opens the line to `addr` in a task of its own, and keeps it open.
+pub fn start(addr: LinkAddr) -> Link {
+    let (to_mcu, from_gateway) = mpsc::channel(64);
+    let (tx, events) = mpsc::channel(256);
+    let task = tokio::spawn(carry(addr, from_gateway, tx));
+    Link {
+        to_mcu,
+        events,
+        task,
+    }
+}
+
+/// A byte stream to the microcontroller.
+trait Line: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Line for T {}
+
+async fn open(addr: &LinkAddr) -> std::io::Result<Box<dyn Line>> {
+    match addr {
+        LinkAddr::Tcp(a) => {
+            let s = tokio::net::TcpStream::connect(a.as_str()).await?;
+            s.set_nodelay(true)?;
+            Ok(Box::new(s))
+        }
+        LinkAddr::Serial { path, baud } => {
+            let builder = tokio_serial::new(path.to_string_lossy(), *baud)
+                .data_bits(tokio_serial::DataBits::Eight)
+                .parity(tokio_serial::Parity::None)
+                .stop_bits(tokio_serial::StopBits::One)
+                .flow_control(tokio_serial::FlowControl::None);
+            let s = tokio_serial::SerialStream::open(&builder).map_err(std::io::Error::from)?;
+            Ok(Box::new(s))
+        }
+    }
+}
+
+/// Keeps the line open until the gateway drops its ends.
+async fn carry(
+    addr: LinkAddr,
+    mut frames: mpsc::Receiver<Vec<u8>>,
+    events: mpsc::Sender<LinkEvent>,
+) {
+    let mut pause = REOPEN_FIRST;
+    let mut said_failing = false;
+    loop {
+        match open(&addr).await {
+            Ok(line) => {
+                tracing::info!("cooling gateway: the link to the microcontroller ({addr}) is open");
+                said_failing = false;
+                pause = REOPEN_FIRST;
+                if events.send(LinkEvent::Open(true)).await.is_err() {
+                    return;
+                }
+                let why = serve(line, &mut frames, &events).await;
+                let Some(why) = why else { return };
+                tracing::warn!(
+                    "cooling gateway: the link to the microcontroller ({addr}) is lost: {why}; opening it again"
+                );
+                if events.send(LinkEvent::Open(false)).await.is_err() {
+                    return;
+                }
+            }
+            Err(e) if !said_failing => {
+                said_failing = true;
+                tracing::warn!(
+                    "cooling gateway: the link to the microcontroller ({addr}) does not open: {e}; trying again every {} s at most",
+                    REOPEN_MAX.as_secs()
+                );
+            }
+            Err(e) => tracing::debug!("cooling gateway: {addr} still does not open: {e}"),
+        }
+        if !wait_unsent(pause, &mut frames, &events).await {
+            return;
+        }
+        pause = (pause * 2).min(REOPEN_MAX);
+    }
+}
+
+/// Waits `pause` with the line closed: frames handed over meanwhile are
+/// not written. False when the gateway is gone.
+async fn wait_unsent(
+    pause: Duration,
+    frames: &mut mpsc::Receiver<Vec<u8>>,
+    events: &mpsc::Sender<LinkEvent>,
+) -> bool {
+    let until = tokio::time::sleep(pause);
+    tokio::pin!(until);
+    loop {
+        tokio::select! {
+            _ = &mut until => return true,
+            f = frames.recv() => {
+                if f.is_none() || events.send(LinkEvent::Wrote(false)).await.is_err() {
+                    return false;
+                }
+            }
+        }
+    }
+}
+
+/// Carries bytes both ways until the line fails (why), or the gateway
+/// is gone (`None`).
+async fn serve(
+    mut line: Box<dyn Line>,
+    frames: &mut mpsc::Receiver<Vec<u8>>,
+    events: &mpsc::Sender<LinkEvent>,
+) -> Option<String> {
+    let mut buf = [0u8; 1024];
+    loop {
+        tokio::select! {
+            n = line.read(&mut buf) => match n {
+                Ok(0) => return Some("closed by the other end".into()),
+                Ok(n) => {
+                    events.send(LinkEvent::Bytes(buf[..n].to_vec())).await.ok()?;
+                }
+                Err(e) => return Some(e.to_string()),
+            },
+            f = frames.recv() => {
+                let f = f?;
+                let written = line.write_all(&f).await;
+                events.send(LinkEvent::Wrote(written.is_ok())).await.ok()?;
+                if let Err(e) = written {
+                    return Some(format!("writing: {e}"));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn link_addresses_read_as_tcp_or_a_device_with_its_speed() {
+        assert_eq!(
+            LinkAddr::parse("tcp:127.0.0.1:4321", None),
+            Ok(LinkAddr::Tcp("127.0.0.1:4321".into()))
+        );
+        assert_eq!(
+            LinkAddr::parse("/dev/ttyUSB0", None),
+            Ok(LinkAddr::Serial {
+                path: "/dev/ttyUSB0".into(),
+                baud: DEFAULT_BAUD
+            })
+        );
+        assert_eq!(
+            LinkAddr::parse("/dev/ttyS1", Some(9600)).map(|a| a.to_string()),
+            Ok("/dev/ttyS1 at 9600 baud".into())
+        );
+        for (bad, says) in [
+            ("tcp:4321", "expected tcp:HOST:PORT"),
+            ("tcp:host:99999", "expected tcp:HOST:PORT"),
+            ("", "give tcp:HOST:PORT"),
+        ] {
+            let e = LinkAddr::parse(bad, None).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+        let e = LinkAddr::parse("tcp:h:1", Some(9600)).unwrap_err();
+        assert!(e.contains("is for a serial device"), "{e}");
+        let e = LinkAddr::parse("/dev/ttyS1", Some(50)).unwrap_err();
+        assert!(e.contains("300 to 4,000,000"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn bytes_come_as_they_came_and_frames_go_whole_across_a_reopening() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = LinkAddr::Tcp(listener.local_addr().unwrap().to_string());
+        let mut link = start(addr);
+        let (mut mcu, _) = listener.accept().await.unwrap();
+        assert_eq!(link.events.recv().await, Some(LinkEvent::Open(true)));
+        mcu.write_all(b"up\0").await.unwrap();
+        let mut got = Vec::new();
+        while got.len() < 3 {
+            match link.events.recv().await {
+                Some(LinkEvent::Bytes(b)) => got.extend(b),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(got, b"up\0");
+        link.to_mcu.send(b"down\0".to_vec()).await.unwrap();
+        assert_eq!(link.events.recv().await, Some(LinkEvent::Wrote(true)));
+        let mut buf = [0u8; 5];
+        mcu.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"down\0");
+        // The MCU's side closes; the link is lost, then open again.
+        drop(mcu);
+        assert_eq!(link.events.recv().await, Some(LinkEvent::Open(false)));
+        let (_mcu, _) = listener.accept().await.unwrap();
+        assert_eq!(link.events.recv().await, Some(LinkEvent::Open(true)));
+        link.task.abort();
+    }
+}

@@ -1,0 +1,168 @@
+//! The gateway's Prometheus metrics (`metrics_listen`): the link to the
+//! microcontroller (`loopwarden_gateway_*`: frames each way, frames
+//! dropped by reason, gaps in its numbers and the frames lost in them,
+//! its restarts and silences), what went to the bus, and what every
+//! agent shares (`loopwarden_bus_*`, the recorder's and the resender's
+//! counts). Rendered from the gateway's last [`GatewayStats`]: a scrape
+//! never reaches into its loop. Every series has the label `cdu`.
+//!
+//! Glossary:
+//! - *silent*: the microcontroller sent no readable frame for 3 s.
+
+use std::string::String;
+
+use loopwarden_bus::prometheus::{with_labels, write_bus, write_recorder, write_resend};
+use loopwarden_bus::prometheus::{Exposition, Metric};
+use loopwarden_store::recorder::Recorder;
+
+use super::GatewayStats;
+
+const LINK_OPEN: Metric = Metric::gauge(
+    "loopwarden_gateway_link_open",
+    "1 while the line to the microcontroller is open, else 0.",
+);
+const FRAMES: Metric = Metric::counter(
+    "loopwarden_gateway_link_frames_total",
+    "Frames on the line to the microcontroller, by direction: in (from it, checked and decoded), out (to it, written).",
+);
+const UNSENT: Metric = Metric::counter(
+    "loopwarden_gateway_link_frames_unsent_total",
+    "Frames to the microcontroller not written: the line was down, or the write failed.",
+);
+const DROPPED: Metric = Metric::counter(
+    "loopwarden_gateway_link_frames_dropped_total",
+    "Frames from the microcontroller dropped, by reason: overrun (longer than the buffer), cobs, short, crc, version (another link version), payload (checked, but the message does not decode).",
+);
+const GAPS: Metric = Metric::counter(
+    "loopwarden_gateway_link_gaps_total",
+    "Gaps in the microcontroller's frame numbers.",
+);
+const LOST: Metric = Metric::counter(
+    "loopwarden_gateway_link_frames_lost_total",
+    "Frames from the microcontroller lost in those gaps.",
+);
+const RESTARTS: Metric = Metric::counter(
+    "loopwarden_gateway_mcu_restarts_total",
+    "Restarts of the microcontroller (its frame numbers started again).",
+);
+const SILENT: Metric = Metric::gauge(
+    "loopwarden_gateway_mcu_silent",
+    "1 while the microcontroller has sent no readable frame for 3 s (the bus is told failsafe, controller-silent), else 0.",
+);
+const SILENCES: Metric = Metric::counter(
+    "loopwarden_gateway_mcu_silences_total",
+    "Times the microcontroller fell silent.",
+);
+const PUBLISHED: Metric = Metric::counter(
+    "loopwarden_gateway_published_total",
+    "What the gateway handed to the bus for the microcontroller, by kind: telemetry, state, event, lease.",
+);
+const PUBLISH_ERRORS: Metric = Metric::counter(
+    "loopwarden_gateway_publish_errors_total",
+    "Publishes the bus did not take.",
+);
+const HOST_REPORTS: Metric = Metric::counter(
+    "loopwarden_gateway_host_reports_forwarded_total",
+    "Host telemetry frames of this CDU's hosts handed to the microcontroller's line.",
+);
+
+/// The `/metrics` text of CDU `cdu`'s gateway, as of `st`, with the
+/// recorder's counts.
+pub fn render(cdu: &str, st: &GatewayStats, recorder: &Recorder) -> String {
+    let mut out = Exposition::new();
+    let l = [("cdu", cdu)];
+    let c = &st.link;
+    out.flag(&LINK_OPEN, &l, st.link_open);
+    for (direction, n) in [("in", c.frames_in), ("out", c.frames_out)] {
+        out.sample(
+            &FRAMES,
+            &with_labels(&l, &[("direction", direction)]),
+            n as f64,
+        );
+    }
+    out.sample(&UNSENT, &l, c.frames_unsent as f64);
+    for (reason, n) in c.dropped.by_reason() {
+        out.sample(&DROPPED, &with_labels(&l, &[("reason", reason)]), n as f64);
+    }
+    out.sample(&GAPS, &l, c.gaps as f64);
+    out.sample(&LOST, &l, c.lost as f64);
+    out.sample(&RESTARTS, &l, c.restarts as f64);
+    out.flag(&SILENT, &l, st.silent);
+    out.sample(&SILENCES, &l, c.silences as f64);
+    let published = [
+        ("telemetry", st.telemetry_published),
+        ("state", st.states_published),
+        ("event", st.events_published),
+        ("lease", st.leases_sent),
+    ];
+    for (kind, n) in published {
+        out.sample(&PUBLISHED, &with_labels(&l, &[("kind", kind)]), n as f64);
+    }
+    out.sample(&PUBLISH_ERRORS, &l, st.publish_errors as f64);
+    out.sample(&HOST_REPORTS, &l, st.host_reports_forwarded as f64);
+    write_bus(&mut out, &st.bus, st.bus_connected, &l);
+    write_resend(&mut out, st.resend, &l);
+    write_recorder(&mut out, recorder, &l);
+    out.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every `loopwarden_gateway_*` metric, in the order docs/cooling.md
+    /// lists them.
+    const ALL: [&Metric; 12] = [
+        &LINK_OPEN,
+        &FRAMES,
+        &UNSENT,
+        &DROPPED,
+        &GAPS,
+        &LOST,
+        &RESTARTS,
+        &SILENT,
+        &SILENCES,
+        &PUBLISHED,
+        &PUBLISH_ERRORS,
+        &HOST_REPORTS,
+    ];
+
+    #[test]
+    fn every_gateway_metric_is_in_the_docs_in_order() {
+        let doc = include_str!("../../../docs/cooling.md");
+        let section = &doc[doc.find("## The gateway").expect("the gateway's section")..];
+        let mut from = 0;
+        for m in ALL {
+            let at = section[from..]
+                .find(&format!("`{}", m.name))
+                .unwrap_or_else(|| panic!("{} not in docs/cooling.md, The gateway", m.name));
+            from += at;
+        }
+    }
+
+    #[test]
+    fn every_count_is_a_labelled_series() {
+        let mut st = GatewayStats::default();
+        st.link.frames_in = 12;
+        st.link.dropped.crc = 2;
+        st.link.restarts = 1;
+        st.silent = true;
+        st.states_published = 3;
+        let flash = crate::journal::ControllerFlash::open(None).unwrap();
+        let text = render("cdu-1", &st, &flash.recorder);
+        for line in [
+            "loopwarden_gateway_link_frames_total{cdu=\"cdu-1\",direction=\"in\"} 12",
+            "loopwarden_gateway_link_frames_dropped_total{cdu=\"cdu-1\",reason=\"crc\"} 2",
+            "loopwarden_gateway_mcu_restarts_total{cdu=\"cdu-1\"} 1",
+            "loopwarden_gateway_mcu_silent{cdu=\"cdu-1\"} 1",
+            "loopwarden_gateway_published_total{cdu=\"cdu-1\",kind=\"state\"} 3",
+            "loopwarden_gateway_link_open{cdu=\"cdu-1\"} 0",
+            "loopwarden_bus_connected{cdu=\"cdu-1\"} 0",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "{line} missing from\n{text}"
+            );
+        }
+    }
+}

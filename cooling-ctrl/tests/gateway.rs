@@ -1,0 +1,469 @@
+//! `cooling-ctrl gateway` as a process, against a real mosquitto on a
+//! free loopback port. A scripted microcontroller (this test, speaking
+//! `loopwarden-link` frames on a TCP port the gateway connects to, as it
+//! connects to QEMU's UART) says hello, its status, an event and a cap
+//! lease: the bus shows the state signed with the demonstration key, the
+//! telemetry, the event and the lease on the host's `cmd` topic. Host
+//! telemetry published on the bus reaches the microcontroller as
+//! `Down::Host`, and `Down::Alive` comes every second. A corrupt frame is
+//! counted in `/metrics` and never published. Then the microcontroller
+//! goes silent, and within 5 s the bus shows the retained state in
+//! `failsafe`, reason `controller-silent`, with the racks it last said.
+//!
+//! Skipped when mosquitto is not installed, except under CI (`CI=true`).
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use loopwarden_link::frame::{encode, max_frame, OVERHEAD};
+use loopwarden_link::MAX_MESSAGE;
+use loopwarden_link::{Cost, Deframer, Down, Fed, Hello, RackBits, ResetCause, Status, Up};
+use loopwarden_protocol::message::{CduMode, Event, Pump, RackCooling};
+use loopwarden_protocol::{
+    samples, Family, Frame, Ident, Message, NodeId, ReasonCode, Role, Topic,
+};
+use loopwarden_system_tests::prometheus::http_get;
+use loopwarden_system_tests::{free_port, publish_raw, Mosquitto, Seen, Subscriber};
+
+const BIN: &str = env!("CARGO_BIN_EXE_cooling-ctrl");
+const SITE: &str = "hall-t";
+const CDU: &str = "cdu-1";
+/// Host index 5 of `r{rack}h{host}` with four hosts a rack.
+const HOST_5: &str = "r1h1";
+
+fn id(s: &str) -> Ident {
+    Ident::new(s).expect("an ident")
+}
+
+fn topic(role: Role, node: &str, family: Family) -> String {
+    Topic::new(&id(SITE), role, &id(node), family).to_string()
+}
+
+/// The scripted microcontroller: frames out, numbered from 0; frames in,
+/// deframed.
+struct Mcu {
+    line: TcpStream,
+    seq: u32,
+    deframer: Box<Deframer<{ max_frame(MAX_MESSAGE) }>>,
+}
+
+impl Mcu {
+    /// Waits up to 15 s for the gateway to connect to `listener`.
+    fn accept(listener: &TcpListener) -> Mcu {
+        listener.set_nonblocking(true).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let line = loop {
+            match listener.accept() {
+                Ok((s, _)) => break s,
+                Err(_) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(50))
+                }
+                Err(e) => panic!("the gateway never connected to the MCU's port: {e}"),
+            }
+        };
+        line.set_nonblocking(false).unwrap();
+        line.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        Mcu {
+            line,
+            seq: 0,
+            deframer: Box::default(),
+        }
+    }
+
+    fn frame(up: &Up, seq: u32) -> Vec<u8> {
+        let mut scratch = vec![0u8; MAX_MESSAGE + OVERHEAD];
+        let mut out = vec![0u8; max_frame(MAX_MESSAGE)];
+        let n = encode(up, seq, &mut scratch, &mut out).expect("a frame");
+        out.truncate(n);
+        out
+    }
+
+    fn send(&mut self, up: &Up) {
+        let f = Self::frame(up, self.seq);
+        self.seq += 1;
+        self.line
+            .write_all(&f)
+            .expect("the gateway takes the frame");
+    }
+
+    /// Sends `up` with one byte of its body flipped.
+    fn send_corrupt(&mut self, up: &Up) {
+        let mut f = Self::frame(up, self.seq);
+        self.seq += 1;
+        f[12] ^= 0x5a;
+        if f[12] == 0 {
+            f[12] = 1;
+        }
+        self.line
+            .write_all(&f)
+            .expect("the gateway takes the bytes");
+    }
+
+    /// What came from the gateway within `wait`.
+    fn downs(&mut self, wait: Duration) -> Vec<(u32, Down)> {
+        let deadline = Instant::now() + wait;
+        let mut got = Vec::new();
+        let mut buf = [0u8; 2048];
+        while Instant::now() < deadline {
+            let n = match self.line.read(&mut buf) {
+                Ok(0) => panic!("the gateway closed the MCU's line"),
+                Ok(n) => n,
+                Err(_) => continue,
+            };
+            for b in &buf[..n] {
+                match self.deframer.push(*b) {
+                    Fed::Frame(r) => got.push((r.seq, r.message::<Down>().expect("a Down"))),
+                    Fed::Dropped(e) => panic!("the gateway sent a bad frame: {e}"),
+                    Fed::More => {}
+                }
+            }
+        }
+        got
+    }
+}
+
+/// A status of step `step`: normal, rack 1's cooling lost, the setpoint
+/// `setpoint_c`.
+fn status(step: u32, setpoint_c: f32) -> Up {
+    Up::Status(Status {
+        step,
+        at_ms: u64::from(step) * 1_000,
+        mode: (CduMode::Normal, ReasonCode::OK, 0),
+        setpoint_c,
+        pump_speed: 0.6,
+        pump_on: [true, false],
+        lead: Pump::A,
+        racks: RackBits {
+            valves_open: 0b1101,
+            cooling_lost: 0b0010,
+            leaks_latched: 0b0010,
+            ..RackBits::default()
+        },
+        pumps_failed: [false; 2],
+        beacon: true,
+        sensor_faults: [None; 4],
+        readings: Some(cooling_decide::CduMeasurements {
+            supply_c: Some(31.8),
+            return_c: Some(40.2),
+            flow_lpm: Some(600.0),
+            ..Default::default()
+        }),
+        outdoor_c: Some(14.0),
+        writes_ok: true,
+        events_dropped: 0,
+        cost: Cost::default(),
+    })
+}
+
+fn decode(s: &Seen) -> Frame {
+    Frame::decode(&s.payload).unwrap_or_else(|e| panic!("a frame on {}: {e:?}", s.topic))
+}
+
+/// The gateway, its config in `dir`, on `broker`, reaching the MCU on
+/// `mcu` and serving `/metrics` on `metrics`.
+fn spawn(dir: &Path, broker: &Mosquitto, mcu: SocketAddr, metrics: SocketAddr) -> Child {
+    let config = dir.join("cdu.toml");
+    // The CDU link and its map are checked, as `run` checks them, and not
+    // used: the microcontroller drives the CDU.
+    std::fs::write(
+        &config,
+        format!(
+            "site = \"{SITE}\"\ncdu = \"{CDU}\"\nbroker = \"127.0.0.1:{}\"\ndemo_key = true\n\
+             cdu_tcp = \"127.0.0.1:5020\"\nhosts_pattern = \"r{{rack}}h{{host}}\"\n\
+             flash = {:?}\nconsole = {:?}\nmetrics_listen = \"{metrics}\"\n",
+            broker.port(),
+            dir.join("cdu.flash"),
+            dir.join("cdu.sock"),
+        ),
+    )
+    .unwrap();
+    Command::new(BIN)
+        .args(["gateway", "--link", &format!("tcp:{mcu}"), "--config"])
+        .arg(&config)
+        .env("RUST_LOG", "info,rumqttc=warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start cooling-ctrl gateway")
+}
+
+/// Reads `sub` until `want` has seen what it waits for, sending a status
+/// every 300 ms (a live MCU speaks every step); panics after `within`.
+fn until(
+    sub: &mut Subscriber,
+    mcu: &mut Mcu,
+    within: Duration,
+    what: &str,
+    mut want: impl FnMut(&Seen) -> bool,
+) {
+    let deadline = Instant::now() + within;
+    let mut step = 100;
+    while Instant::now() < deadline {
+        mcu.send(&status(step, 32.0));
+        step += 1;
+        let tick = Instant::now() + Duration::from_millis(300);
+        while let Some(left) = tick.checked_duration_since(Instant::now()) {
+            match sub.next(left) {
+                Some(s) if want(&s) => return,
+                Some(_) => {}
+                None => break,
+            }
+        }
+    }
+    panic!("{what}: not seen within {within:?}");
+}
+
+/// A host's telemetry frame as host `host` publishes it.
+fn host_report(host: &str, seq: u32) -> Vec<u8> {
+    Frame {
+        sender: NodeId::new(Role::Host, host).unwrap(),
+        seq,
+        time: loopwarden_bus::now_ms(),
+        message: Message::HostTelemetry(samples::host_telemetry(8)),
+    }
+    .to_vec()
+    .unwrap()
+}
+
+/// The sum of a metric's samples in a `/metrics` text.
+fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Scrapes `/metrics` at `addr` until `done` holds of its text (the
+/// gateway reports its counts four times a second), for up to 5 s.
+fn scrape_until(addr: SocketAddr, done: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (code, text) = http_get(addr, "/metrics").expect("/metrics answers");
+        assert_eq!(code, 200);
+        if done(&text) {
+            return text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/metrics never showed it:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The gateway's process, killed if the test ends before it stops.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn the_gateway_carries_the_mcu_to_the_bus_and_back_and_says_when_it_falls_silent() {
+    let Some(broker) = Mosquitto::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let metrics: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let state_topic = topic(Role::Cdu, CDU, Family::Health);
+    let mut sub =
+        Subscriber::start(broker.port(), &[&format!("dc/v2/{SITE}/#")]).expect("mosquitto_sub");
+    let mut gateway = Running(spawn(
+        dir.path(),
+        &broker,
+        listener.local_addr().unwrap(),
+        metrics,
+    ));
+    let mut mcu = Mcu::accept(&listener);
+
+    // Hello, then statuses until the bus has the signed state.
+    mcu.send(&Up::Hello(Hello {
+        boot: 1,
+        reset: ResetCause::PowerOn,
+        firmware: heapless::String::try_from("test").unwrap(),
+        restored: false,
+    }));
+    let demo = samples::demo_signing_key().verifying_key();
+    let cdu_node = NodeId::new(Role::Cdu, CDU).unwrap();
+    until(
+        &mut sub,
+        &mut mcu,
+        Duration::from_secs(20),
+        "the CDU state",
+        |s| {
+            if s.topic != state_topic {
+                return false;
+            }
+            let f = decode(s);
+            let Message::CduState(st) = &f.message else {
+                return false;
+            };
+            assert_eq!((st.mode, st.reason), (CduMode::Normal, ReasonCode::OK));
+            assert_eq!(st.racks[1].cooling, RackCooling::Lost);
+            assert_eq!(st.racks[0].cooling, RackCooling::Normal);
+            let t = Topic::parse(&s.topic).unwrap();
+            f.verify(&t, |n, k| (n == &cdu_node && k == 1).then_some(&demo))
+                .expect("the state verifies with the demonstration key");
+            true
+        },
+    );
+    let telemetry = topic(Role::Cdu, CDU, Family::Telemetry);
+    until(
+        &mut sub,
+        &mut mcu,
+        Duration::from_secs(5),
+        "the CDU telemetry",
+        |s| {
+            s.topic == telemetry
+                && matches!(decode(s).message, Message::CduTelemetry(t) if t.setpoint.value() == 32.0)
+        },
+    );
+
+    // An event, and a lease for host 5.
+    mcu.send(&Up::Event(Event::PumpTrip {
+        pump: Pump::A,
+        lag_started: true,
+    }));
+    let events = topic(Role::Cdu, CDU, Family::Event);
+    until(
+        &mut sub,
+        &mut mcu,
+        Duration::from_secs(10),
+        "the event",
+        |s| {
+            s.topic == events
+                && matches!(
+                    decode(s).message,
+                    Message::Event(Event::PumpTrip { pump: Pump::A, .. })
+                )
+        },
+    );
+    let Message::CapLease(lease) = samples::message(loopwarden_protocol::MessageKind::CapLease)
+    else {
+        unreachable!()
+    };
+    mcu.send(&Up::Lease {
+        host: 5,
+        lease: lease.clone(),
+        lift: false,
+    });
+    let cmd = topic(Role::Host, HOST_5, Family::Cmd);
+    until(
+        &mut sub,
+        &mut mcu,
+        Duration::from_secs(10),
+        "the lease",
+        |s| {
+            if s.topic != cmd {
+                return false;
+            }
+            let f = decode(s);
+            let Message::CapLease(l) = &f.message else {
+                return false;
+            };
+            assert_eq!((l.lease, &l.caps), (lease.lease, &lease.caps));
+            f.verify(&Topic::parse(&s.topic).unwrap(), |n, k| {
+                (n == &cdu_node && k == 1).then_some(&demo)
+            })
+            .expect("the lease verifies for its host's cmd topic");
+            true
+        },
+    );
+
+    // Host telemetry on the bus comes down to the MCU with the host's
+    // index; the gateway says it is alive, with the broker connected.
+    let host_topic = topic(Role::Host, HOST_5, Family::Telemetry);
+    let mut heard_host = None;
+    let mut alive = false;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut n = 0;
+    while (heard_host.is_none() || !alive) && Instant::now() < deadline {
+        publish_raw(broker.port(), &host_topic, &host_report(HOST_5, n), false);
+        n += 1;
+        for (_, d) in mcu.downs(Duration::from_millis(400)) {
+            match d {
+                Down::Host {
+                    index, telemetry, ..
+                } => heard_host = Some((index, telemetry.gpus.len())),
+                Down::Alive { bus, .. } => alive |= bus,
+                _ => {}
+            }
+        }
+    }
+    assert_eq!(heard_host, Some((5, 8)), "host 5's report, as Down::Host");
+    assert!(alive, "Down::Alive with the broker connected");
+
+    // A corrupt frame is dropped and counted; the next is read.
+    mcu.send_corrupt(&status(900, 44.0));
+    mcu.send(&status(901, 33.0));
+    until(
+        &mut sub,
+        &mut mcu,
+        Duration::from_secs(5),
+        "the status after the corrupt one",
+        |s| {
+            if s.topic != telemetry {
+                return false;
+            }
+            let Message::CduTelemetry(t) = decode(s).message else {
+                return false;
+            };
+            assert_ne!(t.setpoint.value(), 44.0, "the corrupt frame was published");
+            t.setpoint.value() == 33.0
+        },
+    );
+    let text = scrape_until(metrics, |t| {
+        metric_sum(t, "loopwarden_gateway_link_frames_dropped_total") == 1.0
+    });
+    assert!(metric_sum(&text, "loopwarden_gateway_link_frames_total") > 5.0);
+
+    // Silence: the bus hears failsafe, controller-silent, within 5 s.
+    let quiet = Instant::now();
+    let mut silent = None;
+    while silent.is_none() && quiet.elapsed() < Duration::from_secs(8) {
+        let Some(s) = sub.next(Duration::from_millis(200)) else {
+            continue;
+        };
+        if s.topic != state_topic {
+            continue;
+        }
+        if let Message::CduState(st) = decode(&s).message {
+            if st.reason == ReasonCode::CONTROLLER_SILENT {
+                silent = Some((quiet.elapsed(), st));
+            }
+        }
+    }
+    let (after, st) = silent.expect("a controller-silent state");
+    assert!(after < Duration::from_secs(5), "said after {after:?}");
+    assert_eq!(st.mode, CduMode::Failsafe);
+    assert_eq!(
+        st.racks[1].cooling,
+        RackCooling::Lost,
+        "the racks last heard"
+    );
+    scrape_until(metrics, |t| {
+        metric_sum(t, "loopwarden_gateway_mcu_silent") == 1.0
+    });
+
+    // SIGTERM: a clean stop.
+    let _ = Command::new("kill")
+        .args(["-TERM", &gateway.0.id().to_string()])
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let code = loop {
+        if let Some(s) = gateway.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the gateway did not stop");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(code.success(), "{code}");
+}
