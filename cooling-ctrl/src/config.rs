@@ -60,7 +60,9 @@
 //! `json_presence`, `flash`, `console` and its bounds are
 //! the fields every agent has, declared and
 //! checked in `loopwarden_field::common`; the rest are the controller's.
-//! Exactly one of `cdu_tcp` and `cdu_serial`; at most one of `hosts` and
+//! Exactly one of `cdu_tcp` and `cdu_serial` (for `cooling-ctrl gateway`,
+//! whose microcontroller reaches the CDU: at most one, checked and not
+//! used; [`Purpose`]); at most one of `hosts` and
 //! `hosts_pattern`; `board_pins` and `gpio_chip` together or neither. The
 //! pin map is read and checked here; the chip is opened at start
 //! (`crate::gpio`).
@@ -112,7 +114,7 @@ pub use plant::expand_hosts;
 use board::board_pins;
 use key::sign_key;
 use keyring::readers;
-use link::cdu_link;
+use link::{cdu_link, cdu_link_if_given};
 use northbound::{northbound, Northbound};
 use plant::{core_config, facility_role, hosts, register_map, unprotected};
 use timings::timings;
@@ -144,8 +146,9 @@ pub struct Config {
     /// the keyring's signers, the demonstration readers with the
     /// demonstration key and no keyring, else none.
     pub readers: Vec<Signer>,
-    /// How the CDU is reached.
-    pub link: Link,
+    /// How the CDU is reached; `None` only for the gateway, whose
+    /// microcontroller reaches it ([`Purpose::Gateway`]).
+    pub link: Option<Link>,
     /// Its register map.
     pub map: RegisterMap,
     /// The control core's configuration (from the site figures).
@@ -203,10 +206,32 @@ impl Config {
     }
 }
 
-/// Reads `path` (if any), applies `flags` and checks the result.
+/// What a configuration is read for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// `cooling-ctrl run`: the controller drives the CDU over Modbus, so
+    /// its link is required.
+    Run,
+    /// `cooling-ctrl gateway`: a microcontroller drives the CDU, and the
+    /// gateway carries its words to the bus; a CDU link given is checked,
+    /// none is needed.
+    Gateway,
+}
+
+/// Reads `path` (if any), applies `flags` and checks the result, for
+/// `cooling-ctrl run`.
 pub fn load(path: Option<&Path>, flags: &Overrides) -> Result<Config, ConfigError> {
+    load_for(path, flags, Purpose::Run)
+}
+
+/// As [`load`], for `purpose`.
+pub fn load_for(
+    path: Option<&Path>,
+    flags: &Overrides,
+    purpose: Purpose,
+) -> Result<Config, ConfigError> {
     let text = field::read_optional(path)?;
-    resolve(path, &text, flags)
+    resolve_for(path, &text, flags, purpose)
 }
 
 /// Checks a configuration given as text (the file at `path`) and flags:
@@ -215,6 +240,16 @@ pub fn load(path: Option<&Path>, flags: &Overrides) -> Result<Config, ConfigErro
 /// timings, the northbound server and the board's pins, each by its own
 /// function below.
 pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Config, ConfigError> {
+    resolve_for(path, text, flags, Purpose::Run)
+}
+
+/// As [`resolve`], for `purpose`.
+pub fn resolve_for(
+    path: Option<&Path>,
+    text: &str,
+    flags: &Overrides,
+    purpose: Purpose,
+) -> Result<Config, ConfigError> {
     let file: FileConfig = field::parse(path, text)?;
     let src = Sources::new(path, text);
 
@@ -229,13 +264,16 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
     let readers = readers(&src, &file, flags, &common.site, key.demo)?;
     // Whatever its key, a controller drives a CDU over Modbus, which may
     // be a real one: it never starts a broker unasked.
-    let production = Some(if key.demo {
-        "a CDU link (even with the demonstration key)"
-    } else {
-        "a CDU link with a site sign key"
+    let production = Some(match (purpose, key.demo) {
+        (Purpose::Gateway, _) => "a CDU's gateway",
+        (Purpose::Run, true) => "a CDU link (even with the demonstration key)",
+        (Purpose::Run, false) => "a CDU link with a site sign key",
     });
     common::check_broker(&src, &common, production)?;
-    let link = cdu_link(&src, &file, flags)?;
+    let link = match purpose {
+        Purpose::Run => Some(cdu_link(&src, &file, flags)?),
+        Purpose::Gateway => cdu_link_if_given(&src, &file, flags)?,
+    };
     let map = register_map(&src, &file, flags, key.demo)?;
     let mut core = core_config(&src, &file, flags, key.demo)?;
     let volatile_latch = volatile_latch(&src, &file, flags, common.flash.is_some(), key.demo)?;
@@ -355,6 +393,22 @@ mod tests {
         "cdu = \"cdu-1\"\ndemo_key = true\ncdu_tcp = \"127.0.0.1:5020\"\nembedded_broker = true\n";
 
     #[test]
+    fn the_gateway_needs_no_cdu_link_and_checks_one_given() {
+        let bare = "cdu = \"cdu-1\"\ndemo_key = true\nembedded_broker = true\n";
+        let e = from(bare).unwrap_err();
+        assert!(e.message.contains("a CDU link is required"), "{e}");
+        let gateway = |text: &str| {
+            let path = Some(Path::new("cdu.toml"));
+            resolve_for(path, text, &Overrides::default(), Purpose::Gateway)
+        };
+        assert_eq!(gateway(bare).unwrap().link, None);
+        assert_eq!(gateway(MIN).unwrap().link, from(MIN).unwrap().link);
+        let e = gateway(&format!("{bare}cdu_tcp = \"no port\"\n")).unwrap_err();
+        assert_eq!(e.line, Some(4), "{e}");
+        assert!(e.message.contains("expected host:port"), "{e}");
+    }
+
+    #[test]
     fn the_northbound_bounds_default_read_refuse_with_their_line_and_need_an_address() {
         let nb = format!("{MIN}northbound = \"127.0.0.1:5502\"\n");
         let c = from(&nb).unwrap();
@@ -440,7 +494,7 @@ mod tests {
         assert_eq!(c.period, Duration::from_secs(1));
         assert_eq!(c.lease, Duration::from_secs(30));
         assert_eq!(c.modbus_timeout, Duration::from_millis(500));
-        assert_eq!(c.link, Link::Tcp("127.0.0.1:5020".parse().unwrap()));
+        assert_eq!(c.link, Some(Link::Tcp("127.0.0.1:5020".parse().unwrap())));
         assert_eq!(c.map, RegisterMap::sim_cdu());
         assert_eq!(
             c.core,
@@ -485,7 +539,7 @@ mod tests {
         assert_eq!(c.key_id, 4, "the key id is the sign key file's");
         assert_eq!(c.key.as_bytes(), &[4; 32]);
         assert!(!c.demo_key);
-        let Link::Rtu(line) = &c.link else {
+        let Some(Link::Rtu(line)) = &c.link else {
             panic!("{:?}", c.link)
         };
         assert_eq!(line.baud, 9600);

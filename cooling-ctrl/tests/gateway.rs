@@ -167,13 +167,12 @@ fn decode(s: &Seen) -> Frame {
 /// `mcu` and serving `/metrics` on `metrics`.
 fn spawn(dir: &Path, broker: &Mosquitto, mcu: SocketAddr, metrics: SocketAddr) -> Child {
     let config = dir.join("cdu.toml");
-    // The CDU link and its map are checked, as `run` checks them, and not
-    // used: the microcontroller drives the CDU.
+    // No CDU link: the microcontroller drives the CDU.
     std::fs::write(
         &config,
         format!(
             "site = \"{SITE}\"\ncdu = \"{CDU}\"\nbroker = \"127.0.0.1:{}\"\ndemo_key = true\n\
-             cdu_tcp = \"127.0.0.1:5020\"\nhosts_pattern = \"r{{rack}}h{{host}}\"\n\
+             hosts_pattern = \"r{{rack}}h{{host}}\"\n\
              flash = {:?}\nconsole = {:?}\nmetrics_listen = \"{metrics}\"\n",
             broker.port(),
             dir.join("cdu.flash"),

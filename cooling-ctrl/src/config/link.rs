@@ -35,6 +35,24 @@ pub(super) fn cdu_link(
     }
 }
 
+/// The CDU link when one is given (checked as [`cdu_link`] checks it),
+/// else `None`: for the gateway, whose microcontroller reaches the CDU.
+pub(super) fn cdu_link_if_given(
+    src: &Sources,
+    file: &FileConfig,
+    flags: &Overrides,
+) -> Result<Option<Link>, ConfigError> {
+    let given = [
+        &file.cdu_tcp,
+        &flags.cdu_tcp,
+        &file.cdu_serial,
+        &flags.cdu_serial,
+    ]
+    .iter()
+    .any(|l| l.is_some());
+    given.then(|| cdu_link(src, file, flags)).transpose()
+}
+
 /// A CDU on Modbus TCP at `t`: an address, and no serial settings.
 fn tcp_link(
     src: &Sources,

@@ -1,7 +1,8 @@
 //! `cooling-ctrl gateway --link tcp:HOST:PORT|DEVICE [--baud B] [--config
 //! FILE] [flags]`: the Linux side of a CDU controller that runs on a
 //! microcontroller (`cooling_ctrl::gateway`). The same file and flags as
-//! `run`, checked the same way; it uses the bus's part of them (this
+//! `run`, checked the same way but for the CDU link, which it does not
+//! need (`config::Purpose::Gateway`); it uses the bus's part of them (this
 //! CDU, the broker and its login, TLS, the sign key, the keyring, the
 //! site figures' layout, the hosts, the flash file, `metrics_listen`) and
 //! says at start which configured parts it does not serve. SIGTERM or
@@ -10,7 +11,7 @@
 
 use std::process::ExitCode;
 
-use cooling_ctrl::config::{self, Overrides};
+use cooling_ctrl::config::{self, Overrides, Purpose};
 use cooling_ctrl::gateway::{self, link::LinkAddr, GatewayOptions};
 use cooling_ctrl::journal::ControllerFlash;
 use cooling_ctrl::watchdog::Notifier;
@@ -42,7 +43,8 @@ pub fn command(a: Args) -> ExitCode {
 /// said at start.
 fn start(a: Args) -> Result<(config::Config, LinkAddr), StartError> {
     let link = LinkAddr::parse(&a.link, a.baud).map_err(StartError::config)?;
-    let config = config::load(a.run.config.as_deref(), &a.run.flags).map_err(StartError::config)?;
+    let (path, flags) = (a.run.config.as_deref(), &a.run.flags);
+    let config = config::load_for(path, flags, Purpose::Gateway).map_err(StartError::config)?;
     if config.demo_key {
         super::demo_key_warning();
     }

@@ -257,6 +257,10 @@ struct Listeners {
 }
 
 async fn serve(config: config::Config, notifier: Notifier) -> Result<(), String> {
+    // `run` reads its file with the CDU link required (`config::load`).
+    let Some(link) = config.link.clone() else {
+        return Err("a CDU link is required: cdu_tcp or cdu_serial".into());
+    };
     let (stats_tx, stats_rx) = shell::stats_channel();
     // READY=1 after the first completed step, then WATCHDOG=1 only while
     // steps complete; steps end at the signal, while the shell winds down.
@@ -282,7 +286,7 @@ async fn serve(config: config::Config, notifier: Notifier) -> Result<(), String>
         cdu: config.cdu.to_string(),
         hosts: config.hosts.iter().map(|h| h.to_string()).collect(),
         hosts_per_rack: usize::from(config.core.layout.hosts_per_rack),
-        link: config.link.to_string(),
+        link: link.to_string(),
         map_model: config.map.model.clone(),
         broker: broker.to_string(),
         period: config.period,
@@ -300,12 +304,11 @@ async fn serve(config: config::Config, notifier: Notifier) -> Result<(), String>
     tracing::info!(
         "cooling-ctrl: CDU {} on {} ({}), console {}",
         config.cdu,
-        config.link,
+        link,
         config.map.model,
         config.console.display()
     );
-    let port =
-        ModbusCdu::new(config.map.clone(), config.link.clone()).with_timeout(config.modbus_timeout);
+    let port = ModbusCdu::new(config.map.clone(), link).with_timeout(config.modbus_timeout);
     // The building management system's Modbus TCP server.
     let (northbound_link, northbound_task) =
         start_northbound(&config, listeners.northbound.clone()).await?;
