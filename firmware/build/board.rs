@@ -144,17 +144,7 @@ impl Board {
         if overlap(code, ram) || overlap(nor, code) || overlap(nor, ram) {
             return Err("memory.code, memory.ram and nor must not overlap (the NOR region lies outside the loaded image)".into());
         }
-        let word = (self.reset_cause.base, 4);
-        if self.reset_cause.base % 4 != 0
-            || overlap(word, code)
-            || overlap(word, ram)
-            || overlap(word, nor)
-        {
-            return Err(format!(
-                "reset_cause.base {:#x}: a word-aligned address outside memory.code, memory.ram and nor",
-                self.reset_cause.base
-            ));
-        }
+        self.check_places(code, ram, nor)?;
         let n = &self.nor;
         if n.write_bytes == 0 || n.sector_bytes % n.write_bytes != 0 || n.size % n.sector_bytes != 0
         {
@@ -177,12 +167,6 @@ impl Board {
             return Err(format!(
                 "stack.bytes {}: a multiple of 8, smaller than RAM",
                 self.stack.bytes
-            ));
-        }
-        if self.stack.budget_bytes == 0 || self.stack.budget_bytes > self.stack.bytes {
-            return Err(format!(
-                "stack.budget_bytes {}: above 0, within the {} bytes painted",
-                self.stack.budget_bytes, self.stack.bytes
             ));
         }
         let u = &self.uart;
@@ -218,6 +202,35 @@ impl Board {
         Ok(())
     }
 
+    /// The reset-cause word lies outside the image, RAM and the NOR
+    /// region (regions as (base, size)); the stack's budget within what
+    /// is painted.
+    fn check_places(
+        &self,
+        code: (u32, u32),
+        ram: (u32, u32),
+        nor: (u32, u32),
+    ) -> Result<(), String> {
+        let word = (self.reset_cause.base, 4);
+        if self.reset_cause.base % 4 != 0
+            || overlap(word, code)
+            || overlap(word, ram)
+            || overlap(word, nor)
+        {
+            return Err(format!(
+                "reset_cause.base {:#x}: a word-aligned address outside memory.code, memory.ram and nor",
+                self.reset_cause.base
+            ));
+        }
+        if self.stack.budget_bytes == 0 || self.stack.budget_bytes > self.stack.bytes {
+            return Err(format!(
+                "stack.budget_bytes {}: above 0, within the {} bytes painted",
+                self.stack.budget_bytes, self.stack.bytes
+            ));
+        }
+        Ok(())
+    }
+
     /// The linker's memory regions.
     pub fn memory_x(&self) -> String {
         let (c, r) = (&self.memory.code, &self.memory.ram);
@@ -244,164 +257,184 @@ impl Board {
     /// The board as Rust consts.
     pub fn consts(&self) -> String {
         let mut s = String::new();
-        let mut c = |name: &str, ty: &str, value: String, doc: &str| {
+        for (name, ty, value, doc) in self.memory_consts().into_iter().chain(self.device_consts()) {
             let _ = writeln!(s, "/// {doc}\npub const {name}: {ty} = {value};");
-        };
-        c(
-            "NAME",
-            "&str",
-            format!("{:?}", self.board),
-            "The board's name.",
+        }
+        s
+    }
+
+    /// The board, its memory, its stack and its NOR region.
+    fn memory_consts(&self) -> Vec<Const> {
+        let (n, st) = (&self.nor, &self.stack);
+        let config = format!(
+            "{}..{}",
+            n.config[0] * n.sector_bytes,
+            n.config[1] * n.sector_bytes
         );
-        c(
-            "DESCRIPTION",
-            "&str",
-            format!("{:?}", self.description),
-            "What it is.",
-        );
-        c(
-            "SYSTEM_CLOCK_HZ",
-            "u32",
-            self.system_clock_hz.to_string(),
-            "SYSCLK, Hz: the CPU, timers, UARTs and watchdog.",
-        );
-        c(
-            "RAM_BASE",
-            "u32",
-            hex(self.memory.ram.base),
-            "RAM's first address.",
-        );
-        c("RAM_BYTES", "u32", hex(self.memory.ram.size), "RAM's size.");
-        c(
-            "STACK_BYTES",
-            "u32",
-            self.stack.bytes.to_string(),
-            "The stack painted and watched, at the top of RAM.",
-        );
-        c(
-            "STACK_BUDGET_BYTES",
-            "u32",
-            self.stack.budget_bytes.to_string(),
-            "The most stack the firmware may use, boot and steps alike.",
-        );
-        let n = &self.nor;
-        c(
-            "NOR_NAME",
-            "&str",
-            format!("{:?}", n.name),
-            "What stands in for the NOR part.",
-        );
-        c(
-            "NOR_BASE",
-            "u32",
-            hex(n.base),
-            "The NOR region's first address.",
-        );
-        c("NOR_BYTES", "u32", hex(n.size), "The NOR region's size.");
-        c(
-            "NOR_SECTOR_BYTES",
-            "usize",
-            n.sector_bytes.to_string(),
-            "The NOR's erase unit.",
-        );
-        c(
-            "NOR_WRITE_BYTES",
-            "usize",
-            n.write_bytes.to_string(),
-            "The NOR's write unit.",
-        );
-        c(
-            "NOR_CONFIG",
-            "core::ops::Range<u32>",
-            format!(
-                "{}..{}",
-                n.config[0] * n.sector_bytes,
-                n.config[1] * n.sector_bytes
+        vec![
+            konst(
+                "NAME",
+                "&str",
+                format!("{:?}", self.board),
+                "The board's name.",
             ),
-            "Offsets in the NOR region of the config store (the latched record).",
-        );
+            konst(
+                "DESCRIPTION",
+                "&str",
+                format!("{:?}", self.description),
+                "What it is.",
+            ),
+            konst(
+                "SYSTEM_CLOCK_HZ",
+                "u32",
+                self.system_clock_hz,
+                "SYSCLK, Hz: the CPU, timers, UARTs and watchdog.",
+            ),
+            konst(
+                "RAM_BASE",
+                "u32",
+                hex(self.memory.ram.base),
+                "RAM's first address.",
+            ),
+            konst("RAM_BYTES", "u32", hex(self.memory.ram.size), "RAM's size."),
+            konst(
+                "STACK_BYTES",
+                "u32",
+                st.bytes,
+                "The stack painted and watched, at the top of RAM.",
+            ),
+            konst(
+                "STACK_BUDGET_BYTES",
+                "u32",
+                st.budget_bytes,
+                "The most stack the firmware may use, boot and steps alike.",
+            ),
+            konst(
+                "NOR_NAME",
+                "&str",
+                format!("{:?}", n.name),
+                "What stands in for the NOR part.",
+            ),
+            konst(
+                "NOR_BASE",
+                "u32",
+                hex(n.base),
+                "The NOR region's first address.",
+            ),
+            konst("NOR_BYTES", "u32", hex(n.size), "The NOR region's size."),
+            konst(
+                "NOR_SECTOR_BYTES",
+                "usize",
+                n.sector_bytes,
+                "The NOR's erase unit.",
+            ),
+            konst(
+                "NOR_WRITE_BYTES",
+                "usize",
+                n.write_bytes,
+                "The NOR's write unit.",
+            ),
+            konst(
+                "NOR_CONFIG",
+                "core::ops::Range<u32>",
+                config,
+                "Offsets in the NOR region of the config store (the latched record).",
+            ),
+        ]
+    }
+
+    /// The UARTs, the reset-cause word, the timers, the watchdog, the LEDs
+    /// and the leak ropes' pins.
+    fn device_consts(&self) -> Vec<Const> {
+        let mut v = Vec::new();
         for (tag, u, doc) in [
             ("MODBUS", &self.uart.modbus, "Modbus RTU to the CDU"),
             ("GATEWAY", &self.uart.gateway, "the gateway link"),
             ("CONSOLE", &self.uart.console, "the console's text lines"),
             ("TRACE", &self.uart.trace, "the debug port's trace"),
         ] {
-            c(
+            let value = format!(
+                "Uart {{ name: {:?}, base: {}, rx_irq: {}, baud: {} }}",
+                u.name,
+                hex(u.base),
+                u.rx_irq,
+                u.baud
+            );
+            v.push(konst(
                 &format!("UART_{tag}"),
                 "Uart",
-                format!(
-                    "Uart {{ name: {:?}, base: {}, rx_irq: {}, baud: {} }}",
-                    u.name,
-                    hex(u.base),
-                    u.rx_irq,
-                    u.baud
-                ),
+                value,
                 &format!("{}: {doc}.", u.name),
-            );
+            ));
         }
-        c(
+        v.push(konst(
             "RESET_CAUSE_ADDR",
             "u32",
             hex(self.reset_cause.base),
             "The word that says why the board last started (RAM no reset touches).",
-        );
+        ));
         for (tag, t, doc) in [
             ("CONTROL", &self.timer.control, "the control tick"),
             ("MICROS", &self.timer.micros, "the microsecond clock"),
             ("WAKE", &self.timer.wake, "the millisecond wake-up"),
         ] {
-            c(
+            let value = format!(
+                "Timer {{ name: {:?}, base: {}, irq: {} }}",
+                t.name,
+                hex(t.base),
+                t.irq
+            );
+            v.push(konst(
                 &format!("TIMER_{tag}"),
                 "Timer",
-                format!(
-                    "Timer {{ name: {:?}, base: {}, irq: {} }}",
-                    t.name,
-                    hex(t.base),
-                    t.irq
-                ),
+                value,
                 &format!("{}: {doc}.", t.name),
-            );
+            ));
         }
         let period = self.timer.control.period_ms.unwrap_or(0);
-        c(
-            "CONTROL_PERIOD_MS",
-            "u32",
-            period.to_string(),
-            "The control period, ms.",
-        );
-        c(
-            "WATCHDOG_BASE",
-            "u32",
-            hex(self.watchdog.base),
-            "The CMSDK APB watchdog.",
-        );
-        c(
-            "WATCHDOG_TIMEOUT_MS",
-            "u32",
-            self.watchdog.timeout_ms.to_string(),
-            "Time to the watchdog's NMI; its second expiry resets the board.",
-        );
-        c(
-            "FPGAIO_BASE",
-            "u32",
-            hex(self.fpgaio.base),
-            "The FPGA's system I/O block (LEDs).",
-        );
-        c(
-            "FPGAIO_LEDS",
-            "u8",
-            self.fpgaio.leds.to_string(),
-            "LEDs on it.",
-        );
         let pins: Vec<String> = self.leak_ropes.gpio.iter().map(|p| p.to_string()).collect();
-        c(
-            "LEAK_ROPE_PINS",
-            &format!("[u32; {}]", pins.len()),
-            format!("[{}]", pins.join(", ")),
-            "The leak ropes' GPIO pins (none: the CDU's leak register stands in).",
-        );
-        s
+        v.extend([
+            konst(
+                "CONTROL_PERIOD_MS",
+                "u32",
+                period,
+                "The control period, ms.",
+            ),
+            konst(
+                "WATCHDOG_BASE",
+                "u32",
+                hex(self.watchdog.base),
+                "The CMSDK APB watchdog.",
+            ),
+            konst(
+                "WATCHDOG_TIMEOUT_MS",
+                "u32",
+                self.watchdog.timeout_ms,
+                "Time to the watchdog's NMI; its second expiry resets the board.",
+            ),
+            konst(
+                "FPGAIO_BASE",
+                "u32",
+                hex(self.fpgaio.base),
+                "The FPGA's system I/O block (LEDs).",
+            ),
+            konst("FPGAIO_LEDS", "u8", self.fpgaio.leds, "LEDs on it."),
+            konst(
+                "LEAK_ROPE_PINS",
+                &format!("[u32; {}]", pins.len()),
+                format!("[{}]", pins.join(", ")),
+                "The leak ropes' GPIO pins (none: the CDU's leak register stands in).",
+            ),
+        ]);
+        v
     }
+}
+
+/// One const: its name, type, value and doc line.
+type Const = (String, String, String, String);
+
+fn konst(name: &str, ty: &str, value: impl ToString, doc: &str) -> Const {
+    (name.into(), ty.into(), value.to_string(), doc.into())
 }
 
 fn hex(v: u32) -> String {

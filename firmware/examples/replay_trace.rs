@@ -74,6 +74,24 @@ fn main() -> ExitCode {
             }
         }
     }
+    let ok = r.all_match() && seq.lost == 0 && dropped == 0;
+    say(
+        &r,
+        (frames, dropped, seq.lost),
+        (steps, insn_max, stack),
+        ok,
+    );
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+/// The replay's figures as one JSON line: `(frames, dropped, lost)` and
+/// `(steps, insn_max, stack_peak)` besides the replayer's counts.
+fn say(r: &Replayer, (frames, dropped, lost): (u64, u64, u64), cost: (u64, u32, u32), ok: bool) {
+    let (steps, insn_max, stack) = cost;
     let mismatch = match r.first_mismatch {
         Some(m) => format!(
             "{{\"input\": {}, \"firmware\": {}, \"here\": {}}}",
@@ -81,16 +99,10 @@ fn main() -> ExitCode {
         ),
         None => "null".into(),
     };
-    let ok = r.all_match() && seq.lost == 0 && dropped == 0;
     println!(
         "{{\"frames\": {frames}, \"frames_dropped\": {dropped}, \"frames_lost\": {}, \"boots\": {}, \
          \"inputs\": {}, \"digests_compared\": {}, \"digests_matched\": {}, \"first_mismatch\": {mismatch}, \
          \"steps\": {steps}, \"insn_max\": {insn_max}, \"stack_peak_bytes\": {stack}, \"digest_matches\": {ok}}}",
-        seq.lost, r.boots, r.inputs, r.compared, r.matched
+        lost, r.boots, r.inputs, r.compared, r.matched
     );
-    if ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    }
 }

@@ -116,6 +116,9 @@ pub struct Controller<'d> {
     leaks: LeakInputs,
     pump_faults: [bool; 2],
     hosts: usize,
+    /// The last step's input, kept here: the decision path reads it while
+    /// its step runs, deepest on the stack.
+    input: Traced,
     /// What the last step gave (its commands, kept here: they are
     /// large, and read until the next step).
     stepped: Applied,
@@ -147,6 +150,7 @@ impl<'d> Controller<'d> {
             leaks: LeakInputs::DRY,
             pump_faults: [false; 2],
             hosts,
+            input: Traced::ToKeep,
             stepped: Applied::Done,
             readings: None,
             outdoor_c: None,
@@ -247,7 +251,7 @@ impl<'d> Controller<'d> {
         let outdoor = readings.as_ref().and_then(|m| m.outdoor_c);
         self.outdoor_c = self.outdoor.pick(outdoor, now_ms).map(|(c, _)| c);
         self.readings = readings;
-        let t = Traced::Step {
+        self.input = Traced::Step {
             cdu: readings,
             inp: StepIn {
                 now_ms,
@@ -255,15 +259,17 @@ impl<'d> Controller<'d> {
                 ambient_c: self.outdoor_c,
             },
         };
-        // As `apply_counted`, with what it gives kept in place.
-        let record = Trace::Input(t);
-        let Trace::Input(t) = &record else {
-            unreachable!("made as an input above")
-        };
         let mark = p.insn_mark();
-        self.stepped = self.decider.apply(t);
+        self.stepped = self.decider.apply(&self.input);
         self.insn_now = p.insn_since(mark);
-        p.trace(&record);
+        self.trace_step(p);
+    }
+
+    /// The last step's input and digest to the trace (in a frame of its
+    /// own, beside the step's).
+    #[inline(never)]
+    fn trace_step(&mut self, p: &mut impl Ports) {
+        p.trace(&Trace::Input(self.input.clone()));
         if let Some(d) = self.stepped.digest() {
             p.trace(&Trace::Digest(d));
         }

@@ -43,6 +43,7 @@ use loopwarden_firmware::cdu::map_limits;
 use loopwarden_firmware::clears::ClearGate;
 use loopwarden_firmware::controller::Controller;
 use loopwarden_firmware::latch::LoadError;
+use loopwarden_link::ResetCause;
 
 use shell::Shell;
 
@@ -61,7 +62,7 @@ fn main() -> ! {
     clock::start();
     icount::start();
     let cause = reset::take();
-    let (mut sh, read) = Shell::boot(console, cause);
+    let (sh, read) = shell_in_place(console, cause);
     let decider = decider_in_place(&read);
     let ctl = controller_in_place(decider);
     sh.start(ctl, cause, &read);
@@ -80,6 +81,16 @@ fn main() -> ! {
         tick = sh.wait_for_tick(ctl, tick);
         sh.step(ctl, tick);
     }
+}
+
+/// The board's shell, in its static (its buffers stay off the stack),
+/// and what the flash held of the latched record.
+#[inline(never)]
+fn shell_in_place(console: Uart, cause: ResetCause) -> (&'static mut Shell, shell::Read) {
+    let slot =
+        cortex_m::singleton!(: MaybeUninit<Shell> = MaybeUninit::uninit()).expect("made once");
+    let (sh, read) = Shell::boot(console, cause);
+    (slot.write(sh), read)
 }
 
 /// The decision path, built in its static from the record the flash

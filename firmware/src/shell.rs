@@ -117,6 +117,7 @@ impl Shell {
             }
         };
         let read = block_on(latch::load(&mut store));
+        say_read(&mut console, &read);
         let cdu = rtu::RtuMaster::new(
             Uart::modbus(),
             BoardClock,
@@ -279,7 +280,9 @@ impl Shell {
         }
     }
 
-    /// One control step at `tick`.
+    /// One control step at `tick`: what the gateway said, the CDU read,
+    /// the decision, then the rest ([`Shell::act`]) in a frame of its
+    /// own, so that the decision's deep stack sits on a short one.
     #[inline(never)]
     pub fn step(&mut self, ctl: &mut Controller<'_>, tick: u32) {
         let start_us = clock::now_us();
@@ -289,6 +292,13 @@ impl Shell {
         self.hear_gateway(ctl, now_ms);
         let readings = self.read_cdu();
         ctl.step(self, readings, now_ms);
+        self.act(ctl, tick, now_ms);
+    }
+
+    /// The step after its decision: the record to flash, the writes, the
+    /// reports, the status line, the watchdog fed.
+    #[inline(never)]
+    fn act(&mut self, ctl: &mut Controller<'_>, tick: u32, now_ms: u64) {
         if let Some(r) = ctl.to_keep(self) {
             let ok = self.keep_latch(&r);
             ctl.kept(self, ok);
@@ -441,6 +451,20 @@ fn open_store(console: &mut Uart) -> Store {
         Ok(s) => s,
         Err(e) => panic!("flash: the config store of {}: {e}", board::NOR_NAME),
     }
+}
+
+/// What the flash held of the latched record, on the console.
+fn say_read(console: &mut Uart, read: &Read) {
+    let _ = match read {
+        Ok(Some(r)) => writeln!(
+            console,
+            "latch: generation {} read from flash: the decision path starts from it",
+            r.generation
+        ),
+        Ok(None) => writeln!(console, "latch: no record in flash: starting afresh"),
+        // The decision path says what it does about it.
+        Err(e) => writeln!(console, "latch: {e}"),
+    };
 }
 
 fn cause_words(c: ResetCause) -> &'static str {

@@ -72,6 +72,15 @@ impl fmt::Display for Line<'_, '_> {
             " | link in {} bad {} dropped up {} trace {}",
             l.frames, l.bad, self.dropped.0, self.dropped.1
         )?;
+        match self.ctl.gateway() {
+            (Some(at_ms), bus) => write!(
+                f,
+                " gateway heard {} ms ago{}",
+                self.now_ms.saturating_sub(at_ms),
+                if bus { "" } else { " (no broker)" }
+            )?,
+            (None, _) => write!(f, " gateway never heard")?,
+        }
         if self.watchdog_warnings > 0 {
             write!(f, " | watchdog NMIs {}", self.watchdog_warnings)?;
         }
