@@ -48,6 +48,8 @@ pub mod modbus;
 
 pub mod northbound;
 
+pub mod replay;
+
 pub mod shell;
 
 pub mod site_figures;

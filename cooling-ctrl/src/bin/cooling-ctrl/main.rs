@@ -10,6 +10,11 @@
 //!   [--config FILE] [flags]`: the bus's side of a controller that runs
 //!   on a microcontroller, over the serial link to it (the same file and
 //!   flags as `run`; `gateway.rs`).
+//! - `cooling-ctrl replay-trace FILE [--register-map FILE]`: replays a
+//!   microcontroller's trace (its debug port captured to a file) through
+//!   this machine's decision path and prints, as one JSON object, whether
+//!   every digest agreed and what each step cost it
+//!   (`cooling_ctrl::replay`); exit 1 when one did not.
 //! - `cooling-ctrl console-password`: reads the serial console's
 //!   password from standard input and prints its hash (docs/cooling.md,
 //!   "Serial console").
@@ -78,9 +83,23 @@ enum Command {
     /// Read the serial console's password from standard input and print
     /// its Argon2id hash, for `console_password_hash`.
     ConsolePassword,
+    /// Replay a microcontroller's trace through this machine's decision
+    /// path and say whether every digest agreed, as JSON.
+    ReplayTrace(ReplayArgs),
     /// Play a plant scenario in simulated time and print its figures.
     #[cfg(feature = "twin")]
     Simulate(simulate::Args),
+}
+
+/// `replay-trace`'s arguments.
+#[derive(clap::Args)]
+struct ReplayArgs {
+    /// The trace: the firmware's debug port (UART3) captured to a file.
+    file: PathBuf,
+    /// The CDU's register map the firmware was built with [default: the
+    /// simulated CDU's, boards/cdus/sim-cdu.toml].
+    #[arg(long, value_name = "FILE.toml")]
+    register_map: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -119,6 +138,47 @@ fn main() -> ExitCode {
             ctl_command(&target, &console::PEER, || request(what), console::render)
         }
         Command::ConsolePassword => loopwarden_field::serial::password::command("cooling-ctrl"),
+        Command::ReplayTrace(a) => replay_trace(&a),
+    }
+}
+
+/// Replays a trace for a firmware of the reference hall's configuration
+/// (the one it is built with) on the map given.
+fn replay_trace(a: &ReplayArgs) -> ExitCode {
+    let map = match &a.register_map {
+        None => Ok(loopwarden_boards::modbus_map::RegisterMap::sim_cdu()),
+        Some(p) => std::fs::read_to_string(p)
+            .map_err(|e| format!("{}: {e}", p.display()))
+            .and_then(|t| {
+                loopwarden_boards::modbus_map::RegisterMap::from_toml(&t, &p.display().to_string())
+                    .map_err(|e| e.to_string())
+            }),
+    };
+    let limits = match map {
+        Ok(m) => cooling_ctrl::modbus::map_limits(&m),
+        Err(e) => {
+            eprintln!("cooling-ctrl replay-trace: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let cfg = cooling_core::CoreConfig::default();
+    match cooling_ctrl::replay::replay_file(&a.file, cfg, limits) {
+        Ok(r) => {
+            println!(
+                "{}",
+                serde_json::to_string(&r).expect("a report serialises")
+            );
+            if r.all_match {
+                ExitCode::SUCCESS
+            } else {
+                eprintln!("cooling-ctrl replay-trace: the digests do not all agree");
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("cooling-ctrl replay-trace: {e}");
+            ExitCode::from(2)
+        }
     }
 }
 
