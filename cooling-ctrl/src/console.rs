@@ -40,7 +40,7 @@ mod render;
 mod serial;
 
 pub use answer::answer;
-pub use render::render;
+pub use render::{operator as render_operator, render};
 pub use serial::SerialCdu;
 
 /// The controller, as `cooling-ctrl ctl` names it in its messages.

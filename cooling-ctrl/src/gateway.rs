@@ -18,10 +18,14 @@
 //!   it and maps host ids to indices ([`crate::shell::host_report`]), goes
 //!   to the MCU as [`Down::Host`]; every second [`Down::Alive`] carries
 //!   the wall clock and whether the broker is connected.
-//! - The BMS's limits and outdoor temperature, the hall's facility target
-//!   and operators' clears are not carried yet: the shell takes them from
-//!   its northbound server, its facility link and its console, which the
-//!   gateway does not run.
+//! - The BMS (with `northbound`): `run`'s northbound Modbus server,
+//!   whose reads come from the MCU's last status and whose writes go down
+//!   as [`Down::Limits`] and [`Down::Outdoor`] ([`bms`]).
+//! - Operators' clears, signed by the operator, from the gateway's
+//!   console socket, go down as [`Down::Clear`]; the MCU's answer goes
+//!   back to the operator's `ctl` ([`clears`]).
+//! - The hall's facility target is not carried: the MCU's status does not
+//!   carry its offer to the hall's coordinator.
 //! - When the MCU is silent for 3 s, the bus is told so: a retained state
 //!   in `failsafe`, reason `controller-silent`, with the racks last heard.
 //!
@@ -33,7 +37,9 @@
 //! - *up*, *down*: from the MCU to the bus, from the bus to the MCU.
 //! - *link*: the serial line between them ([`link`]).
 
+pub mod bms;
 pub mod bridge;
+pub mod clears;
 pub mod link;
 pub mod metrics;
 
@@ -51,13 +57,16 @@ use loopwarden_protocol::message::CduMode;
 use loopwarden_protocol::{Family, Ident, Message, NodeId, ReasonCode, Role};
 use loopwarden_store::agent_flash::SeqFloor;
 use loopwarden_store::recorder::Recorder;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::journal::ControllerFlash;
+use crate::northbound::{NorthboundSnapshot, NorthboundWrite};
 use crate::shell::{bus_config, host_report, send_lease, send_state, start_resender};
-use crate::shell::{LeaseNotSent, ShellConfig, ShellError};
+use crate::shell::{LeaseNotSent, NorthboundLink, ShellConfig, ShellError};
+use bms::{BmsBridge, Heard};
 use bridge::{Act, Bridge, Level, LinkCounts, Now};
+use clears::{ClearAsk, ClearOutcome, Pending};
 use link::{LinkAddr, LinkEvent};
 
 /// How often the core looks at the time (silence, the summary).
@@ -85,6 +94,12 @@ pub struct GatewayOptions {
     pub flash: Option<ControllerFlash>,
     /// The readers that may ask this CDU to resend its logged events.
     pub readers: Vec<Signer>,
+    /// The northbound server's link (snapshots out, the BMS's writes
+    /// in); `None`: no server.
+    pub northbound: Option<NorthboundLink>,
+    /// Operators' signed clears from the console socket; `None`: none
+    /// come.
+    pub clears: Option<mpsc::Receiver<ClearAsk>>,
 }
 
 impl GatewayOptions {
@@ -98,6 +113,8 @@ impl GatewayOptions {
             json_presence: None,
             flash: None,
             readers: Vec::new(),
+            northbound: None,
+            clears: None,
         }
     }
 }
@@ -127,12 +144,32 @@ pub struct GatewayStats {
     pub publish_errors: u64,
     /// Host reports handed to the MCU's line.
     pub host_reports_forwarded: u64,
+    /// The BMS's writes handed to the MCU's line (limits, outdoor
+    /// temperature; again when due).
+    pub bms_forwarded: u64,
+    /// Operators' clears, by what became of them.
+    pub clears: ClearCounts,
     /// The bus's counters.
     pub bus: MetricsSnapshot,
     /// The bus is connected.
     pub bus_connected: bool,
     /// What the resender of logged events has done.
     pub resend: ResendCounts,
+}
+
+/// What became of operators' clears.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClearCounts {
+    /// Handed to the MCU's line.
+    pub forwarded: u64,
+    /// Not sent: the line was not open, or its queue full.
+    pub unsent: u64,
+    /// Done, as the MCU answered.
+    pub done: u64,
+    /// Refused, as the MCU answered.
+    pub refused: u64,
+    /// Not answered in time.
+    pub unanswered: u64,
 }
 
 /// A stats channel for [`GatewayOptions::stats`].
@@ -162,6 +199,11 @@ struct Gateway {
     stats_tx: Option<watch::Sender<GatewayStats>>,
     started: Instant,
     started_unix: u64,
+    bms: BmsBridge,
+    /// Where the northbound server's snapshots go; `None`: no server.
+    snapshots: Option<watch::Sender<NorthboundSnapshot>>,
+    /// Clears sent, waiting for the MCU's answer.
+    pending: Pending<oneshot::Sender<ClearOutcome>>,
 }
 
 /// Runs the gateway for the CDU of `cfg` until `shutdown` completes, then
@@ -169,24 +211,15 @@ struct Gateway {
 /// was handed over).
 pub async fn run(
     cfg: ShellConfig,
-    opts: GatewayOptions,
+    mut opts: GatewayOptions,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ShellError> {
     cfg.validate()?;
-    let flash = match opts.flash {
+    let flash = match opts.flash.take() {
         Some(f) => f,
         None => ControllerFlash::open(None).map_err(ShellError::Flash)?,
     };
-    let me = NodeId::new(Role::Cdu, cfg.cdu.as_str())
-        .map_err(|e| ShellError::Config(format!("cdu: {e}")))?;
-    let mut bc = bus_config(&cfg, &me, opts.credentials)?;
-    if let Some(k) = opts.keep_alive {
-        bc.keep_alive = k;
-    }
-    if let Some(j) = opts.json_presence {
-        bc.json_presence = j;
-    }
-    bc.first_seq = flash.first_seq;
+    let bc = gateway_bus(&cfg, &mut opts, flash.first_seq)?;
     let (bus, mut inbound, bus_task) = Bus::start_with_outbox(bc, Box::new(flash.outbox));
     flash.recorder.attach(bus.clone());
     let resender = start_resender(&bus, &flash.recorder, opts.readers);
@@ -205,7 +238,13 @@ pub async fn run(
         resender,
         first_seq: flash.first_seq,
     };
+    let (snapshots, mut bms_writes) = match opts.northbound {
+        Some(nb) => (Some(nb.snapshots), nb.writes),
+        None => (None, None),
+    };
+    let mut clears = opts.clears;
     let mut gw = Gateway::new(cfg, on_bus, link.to_mcu.clone(), opts.stats);
+    gw.snapshots = snapshots;
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
     let mut alive = tokio::time::interval(ALIVE_EVERY);
@@ -217,12 +256,42 @@ pub async fn run(
             _ = alive.tick() => gw.alive().await,
             Some(ev) = link.events.recv() => gw.on_link(ev),
             Some(msg) = inbound.recv() => gw.on_inbound(msg),
+            Some(w) = next(&mut bms_writes) => gw.on_bms(w),
+            Some(ask) = next(&mut clears) => gw.on_clear(ask),
             _ = &mut shutdown => break,
         }
     }
     link.task.abort();
     gw.stop(bus_task).await;
     Ok(())
+}
+
+/// The bus of the gateway of `cfg`: as `run`'s, with the login and
+/// connection choices of `opts`, its frames numbered from `first_seq`.
+fn gateway_bus(
+    cfg: &ShellConfig,
+    opts: &mut GatewayOptions,
+    first_seq: u32,
+) -> Result<loopwarden_bus::BusConfig, ShellError> {
+    let me = NodeId::new(Role::Cdu, cfg.cdu.as_str())
+        .map_err(|e| ShellError::Config(format!("cdu: {e}")))?;
+    let mut bc = bus_config(cfg, &me, opts.credentials.take())?;
+    if let Some(k) = opts.keep_alive {
+        bc.keep_alive = k;
+    }
+    if let Some(j) = opts.json_presence {
+        bc.json_presence = j;
+    }
+    bc.first_seq = first_seq;
+    Ok(bc)
+}
+
+/// The next of `rx`, never when there is none.
+async fn next<T>(rx: &mut Option<mpsc::Receiver<T>>) -> Option<T> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// What the gateway is given on the bus.
@@ -242,6 +311,7 @@ impl Gateway {
         stats_tx: Option<watch::Sender<GatewayStats>>,
     ) -> Self {
         let started_unix = now_ms().0;
+        let bms = BmsBridge::new(&cfg.core);
         let bridge = Bridge::new(
             cfg.core.layout,
             cfg.core.margins.failsafe_setpoint_c,
@@ -268,6 +338,9 @@ impl Gateway {
             stats_tx,
             started: Instant::now(),
             started_unix,
+            bms,
+            snapshots: None,
+            pending: Pending::default(),
         }
     }
 
@@ -312,8 +385,21 @@ impl Gateway {
     }
 
     fn tick(&mut self) {
-        let acts = self.bridge.tick(self.now());
+        let now = self.now();
+        let acts = self.bridge.tick(now);
         self.perform(acts);
+        for (id, reply) in self.pending.expired(now.mono_ms) {
+            tracing::warn!(
+                "cooling gateway: the microcontroller did not answer operator's clear {id} within {} s",
+                clears::ANSWER_WITHIN_MS / 1000
+            );
+            self.stats.clears.unanswered += 1;
+            let _ = reply.send(ClearOutcome::NoAnswer);
+        }
+        if let Some(limits) = self.bms.due(now.mono_ms, false) {
+            self.send_bms(&limits);
+        }
+        self.publish_snapshot(now);
         self.report();
     }
 
@@ -335,8 +421,16 @@ impl Gateway {
             LinkEvent::Open(open) => self.stats.link_open = open,
             LinkEvent::Wrote(ok) => self.bridge.wrote(ok),
             LinkEvent::Bytes(b) => {
-                let acts = self.bridge.hear(&b, self.now());
+                let now = self.now();
+                let restarts = self.bridge.counts().restarts;
+                let acts = self.bridge.hear(&b, now);
                 self.perform(acts);
+                // A restarted MCU has forgotten the BMS's limits.
+                let restarted = self.bridge.counts().restarts > restarts;
+                if let Some(limits) = self.bms.due(now.mono_ms, restarted) {
+                    self.send_bms(&limits);
+                }
+                self.publish_snapshot(now);
             }
         }
     }
@@ -358,6 +452,87 @@ impl Gateway {
         if self.send_down(&down) {
             self.stats.host_reports_forwarded += 1;
         }
+    }
+
+    /// The BMS wrote `w` (the northbound server checked it against the
+    /// map): what it means goes down.
+    fn on_bms(&mut self, w: NorthboundWrite) {
+        tracing::info!("cooling gateway: the BMS wrote {w}");
+        let now = self.now();
+        if let Some(down) = self.bms.write(w, now.mono_ms) {
+            self.send_bms(&down);
+        }
+        self.publish_snapshot(now);
+    }
+
+    fn send_bms(&mut self, down: &Down) {
+        if self.send_down(down) {
+            self.stats.bms_forwarded += 1;
+        } else {
+            tracing::warn!(
+                "cooling gateway: the BMS's {down:?} was not handed to the microcontroller's line"
+            );
+        }
+    }
+
+    /// The northbound server's snapshot of what the MCU said, at `now`.
+    fn publish_snapshot(&mut self, now: Now) {
+        let Some(tx) = &self.snapshots else {
+            return;
+        };
+        let heard = match (self.bridge.silent(), self.bridge.last_status()) {
+            (true, last) => Heard::Silent {
+                last,
+                quiet_ms: self.bridge.quiet_ms(now),
+            },
+            (false, Some(s)) => Heard::Speaking(s),
+            (false, None) => Heard::Nothing,
+        };
+        tx.send_replace(self.bms.snapshot(heard, now.mono_ms));
+    }
+
+    /// An operator's signed clear: down to the MCU, its answer awaited.
+    fn on_clear(&mut self, ask: ClearAsk) {
+        let c = &ask.clear.clear;
+        let what = format!(
+            "operator {}'s clear {} ({}, asked by {})",
+            c.operator,
+            c.id,
+            clears::action_words(c.action),
+            ask.caller
+        );
+        let unsent = if !self.stats.link_open {
+            Some("the line to the microcontroller is not open")
+        } else if !self.send_down(&Down::Clear(ask.clear.clone())) {
+            Some("the line to the microcontroller does not take it (its queue is full)")
+        } else {
+            None
+        };
+        if let Some(why) = unsent {
+            tracing::warn!("cooling gateway: {what}: not sent: {why}");
+            self.stats.clears.unsent += 1;
+            let _ = ask.reply.send(ClearOutcome::NotSent(why.into()));
+            return;
+        }
+        tracing::info!("cooling gateway: {what}: sent to the microcontroller");
+        self.stats.clears.forwarded += 1;
+        self.pending.wait(c.id, self.now().mono_ms, ask.reply);
+    }
+
+    /// The MCU answered clear `id`.
+    fn answered(&mut self, id: u32, outcome: Result<(), String>) {
+        match &outcome {
+            Ok(()) => self.stats.clears.done += 1,
+            Err(_) => self.stats.clears.refused += 1,
+        }
+        let Some(reply) = self.pending.answered(id) else {
+            tracing::debug!("cooling gateway: the answer to clear {id} has nobody waiting for it");
+            return;
+        };
+        let _ = reply.send(match outcome {
+            Ok(()) => ClearOutcome::Done,
+            Err(why) => ClearOutcome::Refused(why),
+        });
     }
 
     /// Frames `down` and hands it to the line; false when it was not.
@@ -408,6 +583,7 @@ impl Gateway {
                 }
                 Act::Lease { host, lease, lift } => self.lease(host, lease, lift),
                 Act::Say(level, words) => say(level, &words),
+                Act::Answer { id, outcome } => self.answered(id, outcome),
             }
         }
     }
@@ -433,9 +609,12 @@ impl Gateway {
         };
         let to = (&self.cfg.site, id);
         let signing = (self.cfg.key_id, key);
+        let lease_kept = lease.clone();
         match send_lease(&self.bus, &self.recorder, to, lease, lift, signing) {
             Ok(f) => {
                 self.stats.leases_sent += 1;
+                let now = self.now().mono_ms;
+                self.bms.lease_sent(host, &lease_kept, lift, now);
                 let what = if lift { "lift" } else { "cap lease" };
                 tracing::debug!("cooling gateway: {what} for {id} sent as seq {}", f.seq);
             }

@@ -85,6 +85,7 @@ pub use snapshot::{
     pump_bits, snapshot_channel, snapshot_from, NorthboundSettings, NorthboundSnapshot,
     NorthboundWrite, FAULT_BIT, NOT_AVAILABLE_BIT,
 };
+pub(crate) use snapshot::{pump_word, sensors, Meters};
 
 #[cfg(test)]
 mod tests {
@@ -129,7 +130,7 @@ mod tests {
             hottest_gpu_c: None,
             proposed_setpoint_c: 34.5,
             proposed_speed_pct: 60.0,
-            rejection_short: true,
+            rejection_short: Some(true),
             beacon: false,
             pue: Some(1.0845),
             it_w: Some(108_400.0),
@@ -218,6 +219,16 @@ mod tests {
         assert_eq!(img.words(&m, "setpoint_ceiling").unwrap(), vec![4500]);
         // No BMS outdoor temperature in force: the sentinel.
         assert_eq!(img.words(&m, "outdoor_temp").unwrap(), vec![0x8000]);
+        // A belief of the optimiser not known (on a gateway): the
+        // sentinel, not 0.
+        s.rejection_short = None;
+        let img = encode_snapshot(&m, &s, false);
+        assert_eq!(img.words(&m, "rejection_short").unwrap(), vec![0xFFFF]);
+        // A belief of the optimiser not known (on a gateway): the
+        // sentinel, not 0.
+        s.rejection_short = None;
+        let img = encode_snapshot(&m, &s, false);
+        assert_eq!(img.words(&m, "rejection_short").unwrap(), vec![0xFFFF]);
     }
 
     #[test]

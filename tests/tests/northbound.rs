@@ -37,7 +37,7 @@ fn snapshot() -> NorthboundSnapshot {
         hottest_gpu_c: Some(81.25),
         proposed_setpoint_c: 34.5,
         proposed_speed_pct: 60.0,
-        rejection_short: true,
+        rejection_short: Some(true),
         beacon: true,
         pue: Some(1.0845),
         it_w: Some(108_400.0),

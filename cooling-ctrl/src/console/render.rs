@@ -32,8 +32,9 @@ pub fn render(req: &Request, v: &Value) -> String {
     }
 }
 
-/// An operator request's outcome.
-fn operator(v: &Value) -> String {
+/// An operator request's outcome (`done`, `refused`, else the error), as
+/// `run` and a gateway answer it.
+pub fn operator(v: &Value) -> String {
     if let Some(done) = v["done"].as_str() {
         format!("{done}\n")
     } else if let Some(why) = v["refused"].as_str() {

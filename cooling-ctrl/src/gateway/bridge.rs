@@ -11,7 +11,8 @@
 //! - `Status`: the CDU's telemetry, and its retained state when due;
 //! - `Event`: the event, to log and publish;
 //! - `Lease`: the lease, to sign and send to that host;
-//! - `Hello`, `Said`, `Answer`: log lines.
+//! - `Hello`, `Said`: log lines;
+//! - `Answer`: a log line, and the answer for the operator who waits.
 //!
 //! When no frame it can read has come for [`SILENT_AFTER_MS`] (from its
 //! start, or the last one), it says so once in the log and returns a
@@ -99,6 +100,14 @@ pub enum Act {
     },
     /// A line for the log.
     Say(Level, String),
+    /// The MCU's answer to operator's clear `id`: done, or why not; for
+    /// the operator who waits for it.
+    Answer {
+        /// The clear's id.
+        id: u32,
+        /// Done, or the refusal's words.
+        outcome: Result<(), String>,
+    },
 }
 
 /// Frames dropped, by why ([`FrameError`]).
@@ -261,6 +270,18 @@ impl Bridge {
         self.silent
     }
 
+    /// The last status heard.
+    pub fn last_status(&self) -> Option<&Status> {
+        self.last.as_deref()
+    }
+
+    /// How long the MCU has been quiet at `now`: since its last readable
+    /// frame, or the gateway's start, ms.
+    pub fn quiet_ms(&self, now: Now) -> u64 {
+        let from = self.last_frame.unwrap_or(self.started);
+        now.mono_ms.saturating_sub(from.mono_ms)
+    }
+
     /// The mode and reason of the last status heard.
     pub fn last_mode(&self) -> Option<(CduMode, ReasonCode)> {
         self.last.as_ref().map(|s| (s.mode.0, s.mode.1))
@@ -298,8 +319,7 @@ impl Bridge {
     /// was any, at most every [`SUMMARY_EVERY_MS`].
     pub fn tick(&mut self, now: Now) -> Vec<Act> {
         let mut acts = Vec::new();
-        let quiet_from = self.last_frame.unwrap_or(self.started);
-        let quiet_ms = now.mono_ms.saturating_sub(quiet_from.mono_ms);
+        let quiet_ms = self.quiet_ms(now);
         if !self.silent && quiet_ms >= SILENT_AFTER_MS {
             self.silent = true;
             self.counts.silences += 1;
@@ -421,13 +441,17 @@ impl Bridge {
                 lease,
                 lift,
             }),
-            Up::Answer { id, outcome } => acts.push(match outcome {
-                Ok(()) => Act::Say(Level::Warn, format!("operator's clear {id}: done")),
-                Err(why) => Act::Say(
-                    Level::Info,
-                    format!("operator's clear {id}: refused: {why}"),
-                ),
-            }),
+            Up::Answer { id, outcome } => {
+                let outcome = outcome.map_err(|why| String::from(why.as_str()));
+                acts.push(match &outcome {
+                    Ok(()) => Act::Say(Level::Warn, format!("operator's clear {id}: done")),
+                    Err(why) => Act::Say(
+                        Level::Info,
+                        format!("operator's clear {id}: refused: {why}"),
+                    ),
+                });
+                acts.push(Act::Answer { id, outcome });
+            }
             Up::Said { error, words } => {
                 let level = if error { Level::Error } else { Level::Warn };
                 acts.push(Act::Say(
@@ -719,6 +743,47 @@ mod tests {
             matches!(&acts[3], Act::Say(Level::Error, w) if w == "the microcontroller says: the latched record is not in flash")
         );
         assert_eq!(acts.len(), 4);
+    }
+
+    #[test]
+    fn the_mcus_answers_to_clears_are_logged_and_handed_on_for_the_operator() {
+        let mut b = bridge();
+        let refusal = heapless::String::try_from("its signature does not verify").unwrap();
+        let ups = [
+            Up::Answer {
+                id: 41,
+                outcome: Ok(()),
+            },
+            Up::Answer {
+                id: 42,
+                outcome: Err(refusal),
+            },
+        ];
+        let bytes: Vec<u8> = ups
+            .iter()
+            .enumerate()
+            .flat_map(|(i, u)| frame(u, i as u32))
+            .collect();
+        let acts = b.hear(&bytes, at(100));
+        assert!(matches!(&acts[0], Act::Say(Level::Warn, w) if w == "operator's clear 41: done"));
+        assert_eq!(
+            acts[1],
+            Act::Answer {
+                id: 41,
+                outcome: Ok(())
+            }
+        );
+        assert!(
+            matches!(&acts[2], Act::Say(Level::Info, w) if w.ends_with("refused: its signature does not verify"))
+        );
+        assert_eq!(
+            acts[3],
+            Act::Answer {
+                id: 42,
+                outcome: Err("its signature does not verify".into())
+            }
+        );
+        assert_eq!(acts.len(), 4, "nothing for the bus: {acts:?}");
     }
 
     #[test]

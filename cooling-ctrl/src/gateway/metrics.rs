@@ -1,9 +1,9 @@
 //! The gateway's Prometheus metrics (`metrics_listen`): the link to the
 //! microcontroller (`loopwarden_gateway_*`: frames each way, frames
 //! dropped by reason, gaps in its numbers and the frames lost in them,
-//! its restarts and silences), what went to the bus, and what every
-//! agent shares (`loopwarden_bus_*`, the recorder's and the resender's
-//! counts). Rendered from the gateway's last [`GatewayStats`]: a scrape
+//! its restarts and silences), what went to the bus, what went down for
+//! the BMS and for operators' clears, and what every agent shares
+//! (`loopwarden_bus_*`, the recorder's and the resender's counts). Rendered from the gateway's last [`GatewayStats`]: a scrape
 //! never reaches into its loop. Every series has the label `cdu`.
 //!
 //! Glossary:
@@ -66,6 +66,15 @@ const HOST_REPORTS: Metric = Metric::counter(
     "Host telemetry frames of this CDU's hosts handed to the microcontroller's line.",
 );
 
+const BMS_FORWARDED: Metric = Metric::counter(
+    "loopwarden_gateway_bms_writes_forwarded_total",
+    "The BMS's writes handed to the microcontroller's line: its limits (again every 30 s and when it starts again) and the outdoor temperature.",
+);
+const CLEARS: Metric = Metric::counter(
+    "loopwarden_gateway_clears_total",
+    "Operators' signed clears, by outcome: forwarded (handed to the microcontroller's line), unsent (the line not open or full), done and refused (as the microcontroller answered), unanswered (no answer within 10 s).",
+);
+
 /// The `/metrics` text of CDU `cdu`'s gateway, as of `st`, with the
 /// recorder's counts.
 pub fn render(cdu: &str, st: &GatewayStats, recorder: &Recorder) -> String {
@@ -100,6 +109,18 @@ pub fn render(cdu: &str, st: &GatewayStats, recorder: &Recorder) -> String {
     }
     out.sample(&PUBLISH_ERRORS, &l, st.publish_errors as f64);
     out.sample(&HOST_REPORTS, &l, st.host_reports_forwarded as f64);
+    out.sample(&BMS_FORWARDED, &l, st.bms_forwarded as f64);
+    let c = &st.clears;
+    let clears = [
+        ("forwarded", c.forwarded),
+        ("unsent", c.unsent),
+        ("done", c.done),
+        ("refused", c.refused),
+        ("unanswered", c.unanswered),
+    ];
+    for (outcome, n) in clears {
+        out.sample(&CLEARS, &with_labels(&l, &[("outcome", outcome)]), n as f64);
+    }
     write_bus(&mut out, &st.bus, st.bus_connected, &l);
     write_resend(&mut out, st.resend, &l);
     write_recorder(&mut out, recorder, &l);
@@ -112,7 +133,7 @@ mod tests {
 
     /// Every `loopwarden_gateway_*` metric, in the order docs/cooling.md
     /// lists them.
-    const ALL: [&Metric; 12] = [
+    const ALL: [&Metric; 14] = [
         &LINK_OPEN,
         &FRAMES,
         &UNSENT,
@@ -125,6 +146,8 @@ mod tests {
         &PUBLISHED,
         &PUBLISH_ERRORS,
         &HOST_REPORTS,
+        &BMS_FORWARDED,
+        &CLEARS,
     ];
 
     #[test]
@@ -148,6 +171,8 @@ mod tests {
         st.link.restarts = 1;
         st.silent = true;
         st.states_published = 3;
+        st.bms_forwarded = 4;
+        st.clears.refused = 1;
         let flash = crate::journal::ControllerFlash::open(None).unwrap();
         let text = render("cdu-1", &st, &flash.recorder);
         for line in [
@@ -157,6 +182,8 @@ mod tests {
             "loopwarden_gateway_mcu_silent{cdu=\"cdu-1\"} 1",
             "loopwarden_gateway_published_total{cdu=\"cdu-1\",kind=\"state\"} 3",
             "loopwarden_gateway_link_open{cdu=\"cdu-1\"} 0",
+            "loopwarden_gateway_bms_writes_forwarded_total{cdu=\"cdu-1\"} 4",
+            "loopwarden_gateway_clears_total{cdu=\"cdu-1\",outcome=\"refused\"} 1",
             "loopwarden_bus_connected{cdu=\"cdu-1\"} 0",
         ] {
             assert!(

@@ -63,7 +63,7 @@ fn field(name: &str, s: &NorthboundSnapshot, writes_enabled: bool) -> Option<Fie
         "hottest_gpu" => opt32(s.hottest_gpu_c),
         "proposed_setpoint" => Value(f64::from(s.proposed_setpoint_c)),
         "proposed_speed" => Value(f64::from(s.proposed_speed_pct)),
-        "rejection_short" => flag(s.rejection_short),
+        "rejection_short" => s.rejection_short.map_or(NotAvailable, flag),
         "beacon" => flag(s.beacon),
         "pue" => opt(s.pue),
         "it_power" => opt(s.it_w),

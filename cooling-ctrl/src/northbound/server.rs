@@ -73,7 +73,7 @@ impl State {
             mpsc::error::TrySendError::Closed(()) => ExceptionCode::ServerDeviceFailure,
         })?;
         for (permit, w) in permits.zip(writes) {
-            tracing::info!(target: TARGET, "northbound: the BMS writes {w:?}");
+            tracing::info!(target: TARGET, "northbound: the BMS writes {w}");
             permit.send(w);
         }
         Ok(())

@@ -3,6 +3,8 @@
 //! settings in force ([`NorthboundSettings`]) and the writes it may ask
 //! ([`NorthboundWrite`]).
 
+use core::fmt;
+
 use loopwarden_protocol::message::{CduMode, Pump, SensorFault};
 use loopwarden_protocol::ReasonCode;
 use tokio::sync::watch;
@@ -87,8 +89,9 @@ pub struct NorthboundSnapshot {
     pub proposed_setpoint_c: f32,
     /// The optimiser's proposed pump speed, %.
     pub proposed_speed_pct: f32,
-    /// Heat rejection is believed short.
-    pub rejection_short: bool,
+    /// Heat rejection is believed short (`None`: not known, as on a
+    /// gateway, where the optimiser's belief stays on the microcontroller).
+    pub rejection_short: Option<bool>,
     /// The alarm beacon is on.
     pub beacon: bool,
     /// Live PUE (facility power / IT power).
@@ -130,7 +133,7 @@ impl Default for NorthboundSnapshot {
             hottest_gpu_c: None,
             proposed_setpoint_c: 0.0,
             proposed_speed_pct: 0.0,
-            rejection_short: false,
+            rejection_short: Some(false),
             beacon: false,
             pue: None,
             it_w: None,
@@ -217,6 +220,18 @@ pub enum NorthboundWrite {
     },
 }
 
+impl fmt::Display for NorthboundWrite {
+    /// The write in words, for the log.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::SetpointCeiling { celsius } => write!(f, "setpoint ceiling {celsius} °C"),
+            Self::PlanCeilingOffset { kelvin } => write!(f, "plan ceiling offset {kelvin} K"),
+            Self::AlarmAck => f.write_str("alarm acknowledged"),
+            Self::OutdoorTemp { celsius } => write!(f, "outdoor temperature {celsius} °C"),
+        }
+    }
+}
+
 /// A snapshot channel: the sender to the shell, the receiver to [`serve`].
 pub fn snapshot_channel() -> (
     watch::Sender<NorthboundSnapshot>,
@@ -227,7 +242,11 @@ pub fn snapshot_channel() -> (
 
 /// The pump bits ([`pump_bits`]) of the readings, the pumps out of
 /// service (`failed`) and the pumps commanded `on`.
-fn pump_word(readings: Option<&CduMeasurements>, failed: [bool; 2], on: [bool; 2]) -> u16 {
+pub(crate) fn pump_word(
+    readings: Option<&CduMeasurements>,
+    failed: [bool; 2],
+    on: [bool; 2],
+) -> u16 {
     let running = |i: usize| readings.and_then(|r| r.pumps_running[i]).unwrap_or(false);
     [
         (running(0), pump_bits::A_RUNNING),
@@ -240,6 +259,75 @@ fn pump_word(readings: Option<&CduMeasurements>, failed: [bool; 2], on: [bool; 2
     .iter()
     .filter(|(set, _)| *set)
     .fold(0, |w, (_, bit)| w | bit)
+}
+
+/// The four supervised sensors as the BMS reads them, from `readings`
+/// and the fault each stands under (`faults`, in [`Which`]'s order):
+/// supply, return, flow and facility supply (°C, L/min), and the sensor
+/// fault word ([`FAULT_BIT`], [`NOT_AVAILABLE_BIT`]). A reading is not
+/// available when there is none, it is not a number, or its sensor is
+/// held lost.
+pub(crate) fn sensors(
+    readings: Option<&CduMeasurements>,
+    faults: [Option<SensorFault>; 4],
+) -> ([Option<f32>; 4], u16) {
+    let value: [fn(&CduMeasurements) -> Option<f64>; 4] = [
+        |r| r.supply_c,
+        |r| r.return_c,
+        |r| r.flow_lpm,
+        |r| r.facility_supply_c,
+    ];
+    let mut word = 0u16;
+    let mut out = [None; 4];
+    for w in Which::ALL {
+        let i = w as usize;
+        let fault = faults[i];
+        if fault.is_some_and(|f| f != SensorFault::Cleared) {
+            word |= FAULT_BIT << (w as u16);
+        }
+        out[i] = readings
+            .and_then(value[i])
+            .filter(|x| x.is_finite() && fault != Some(SensorFault::Lost))
+            .map(|x| x as f32);
+        if out[i].is_none() {
+            word |= NOT_AVAILABLE_BIT << (w as u16);
+        }
+    }
+    (out, word)
+}
+
+/// The power meters as the BMS reads them (one that is not a number, or
+/// below 0, is not available) and the PUE.
+pub(crate) struct Meters {
+    /// IT power, W.
+    pub(crate) it_w: Option<f64>,
+    /// Facility power, W.
+    pub(crate) facility_w: Option<f64>,
+    /// Cooling plant power, W.
+    pub(crate) cooling_w: Option<f64>,
+    /// Facility power over IT power.
+    pub(crate) pue: Option<f64>,
+}
+
+impl Meters {
+    /// The meters of `readings`.
+    pub(crate) fn of(readings: Option<&CduMeasurements>) -> Self {
+        let meter = |v: fn(&CduMeasurements) -> Option<f64>| {
+            readings.and_then(v).filter(|x| x.is_finite() && *x >= 0.0)
+        };
+        let it_w = meter(|r| r.it_w);
+        let facility_w = meter(|r| r.facility_w);
+        let pue = match (it_w, facility_w) {
+            (Some(it), Some(f)) if it > 0.0 => Some(f / it),
+            _ => None,
+        };
+        Self {
+            it_w,
+            facility_w,
+            cooling_w: meter(|r| r.cooling_w),
+            pue,
+        }
+    }
 }
 
 /// The hottest GPU among the host reports at most `timeout_ms` old at
@@ -275,41 +363,16 @@ pub fn snapshot_from(
     let cfg = core.config();
     let (_, _, since_ms) = core.mode();
     let secs = |ms: u64| (ms / 1000).min(u64::from(u32::MAX)) as u32;
-    let mut sensor_faults = 0u16;
-    let mut sensor = |w: Which, v: fn(&CduMeasurements) -> Option<f64>| -> Option<f32> {
-        let fault = core.sensor_fault(w);
-        if fault.is_some_and(|f| f != SensorFault::Cleared) {
-            sensor_faults |= FAULT_BIT << (w as u16);
-        }
-        let value = readings
-            .and_then(v)
-            .filter(|x| x.is_finite() && fault != Some(SensorFault::Lost))
-            .map(|x| x as f32);
-        if value.is_none() {
-            sensor_faults |= NOT_AVAILABLE_BIT << (w as u16);
-        }
-        value
-    };
-    let supply_c = sensor(Which::Supply, |r| r.supply_c);
-    let return_c = sensor(Which::Return, |r| r.return_c);
-    let flow_lpm = sensor(Which::Flow, |r| r.flow_lpm);
-    let facility_supply_c = sensor(Which::FacilitySupply, |r| r.facility_supply_c);
+    let faults = Which::ALL.map(|w| core.sensor_fault(w));
+    let ([supply_c, return_c, flow_lpm, facility_supply_c], sensor_faults) =
+        sensors(readings, faults);
 
     let pumps = pump_word(readings, core.pumps_failed(), cmds.pump_on);
     let caps = cmds.caps.iter().flatten();
     let hosts_capped = caps.clone().count().min(usize::from(u16::MAX)) as u16;
     let lowest_cap_w = caps.map(|c| c.watts).reduce(f32::min);
     let hottest_gpu_c = hottest_fresh(hosts, now_ms, cfg.timing.host_timeout_ms);
-
-    let meter = |v: fn(&CduMeasurements) -> Option<f64>| {
-        readings.and_then(v).filter(|x| x.is_finite() && *x >= 0.0)
-    };
-    let it_w = meter(|r| r.it_w);
-    let facility_w = meter(|r| r.facility_w);
-    let pue = match (it_w, facility_w) {
-        (Some(it), Some(f)) if it > 0.0 => Some(f / it),
-        _ => None,
-    };
+    let m = Meters::of(readings);
     let loops = core.loops();
     NorthboundSnapshot {
         mode: cmds.mode,
@@ -338,12 +401,12 @@ pub fn snapshot_from(
         hottest_gpu_c,
         proposed_setpoint_c: loops.proposal.setpoint_c,
         proposed_speed_pct: loops.proposal.speed * 100.0,
-        rejection_short: loops.rejection_short,
+        rejection_short: Some(loops.rejection_short),
         beacon: cmds.beacon,
-        pue,
-        it_w,
-        facility_w,
-        cooling_w: meter(|r| r.cooling_w),
+        pue: m.pue,
+        it_w: m.it_w,
+        facility_w: m.facility_w,
+        cooling_w: m.cooling_w,
         settings: *settings,
     }
 }

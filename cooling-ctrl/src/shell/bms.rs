@@ -38,7 +38,7 @@ impl Bms {
         let rx = self.link.as_mut().and_then(|nb| nb.writes.as_mut())?;
         let mut changed = false;
         while let Ok(w) = rx.try_recv() {
-            tracing::info!("cooling shell: the BMS wrote {}", bms_write(&w));
+            tracing::info!("cooling shell: the BMS wrote {w}");
             match w {
                 NorthboundWrite::OutdoorTemp { celsius } => self.outdoor.bms_wrote(celsius, now),
                 _ => changed = true,
@@ -97,15 +97,5 @@ impl Bms {
             nb.snapshots
                 .send_replace(snapshot_from(core, c, now, readings, hosts, &self.settings));
         }
-    }
-}
-
-/// A BMS write in words, for the log.
-fn bms_write(w: &NorthboundWrite) -> String {
-    match w {
-        NorthboundWrite::SetpointCeiling { celsius } => format!("setpoint ceiling {celsius} °C"),
-        NorthboundWrite::PlanCeilingOffset { kelvin } => format!("plan ceiling offset {kelvin} K"),
-        NorthboundWrite::AlarmAck => "alarm acknowledged".to_string(),
-        NorthboundWrite::OutdoorTemp { celsius } => format!("outdoor temperature {celsius} °C"),
     }
 }

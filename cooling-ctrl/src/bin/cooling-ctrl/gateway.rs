@@ -4,19 +4,32 @@
 //! `run`, checked the same way but for the CDU link, which it does not
 //! need (`config::Purpose::Gateway`); it uses the bus's part of them (this
 //! CDU, the broker and its login, TLS, the sign key, the keyring, the
-//! site figures' layout, the hosts, the flash file, `metrics_listen`) and
-//! says at start which configured parts it does not serve. SIGTERM or
-//! ctrl-c stops it cleanly (exit 0); under systemd it sends READY=1 after
-//! its first second and WATCHDOG=1 while its loop runs.
+//! site figures' layout, the hosts, the flash file, `metrics_listen`),
+//! `run`'s northbound server and its console socket (for operators'
+//! signed clears), and says at start which configured parts it does not
+//! serve. SIGTERM or ctrl-c stops it cleanly (exit 0); under systemd it
+//! sends READY=1 after its first second and WATCHDOG=1 while its loop
+//! runs.
+//!
+//! Also here, for a controller on a microcontroller: `ctl clear-leak` and
+//! `ctl clear-pump` with `--sign-key` ([`SignArgs`]: the operator's signed
+//! clear, sent to the gateway's console), and `cooling-ctrl
+//! firmware-keyring` (the operator keyring the firmware is built with).
 
 use std::process::ExitCode;
 
+use std::path::PathBuf;
+
 use cooling_ctrl::config::{self, Overrides, Purpose};
+use cooling_ctrl::gateway::clears::{self, GatewayRequest};
 use cooling_ctrl::gateway::{self, link::LinkAddr, GatewayOptions};
 use cooling_ctrl::journal::ControllerFlash;
 use cooling_ctrl::watchdog::Notifier;
 use loopwarden_field::common::RunArgs;
-use loopwarden_field::lifecycle::{self, StartError, Supervision};
+use loopwarden_field::lifecycle::{self, Readers, StartError, Supervision};
+use loopwarden_field::listen::ListenStats;
+use loopwarden_link::ClearAction;
+use loopwarden_protocol::Ident;
 
 /// The gateway's arguments.
 #[derive(clap::Args)]
@@ -57,16 +70,12 @@ fn start(a: Args) -> Result<(config::Config, LinkAddr), StartError> {
     }
     let unserved = [
         (
-            config.northbound.is_some(),
-            "northbound (the BMS's Modbus server)",
-        ),
-        (
             config.board.is_some(),
             "board_pins (the microcontroller reads the leak ropes)",
         ),
         (
             config.facility.is_some(),
-            "facility_coordinator (the hall's facility water)",
+            "facility_coordinator (the hall's facility water: the microcontroller's offer does not reach the bus)",
         ),
         (config.serial.is_some(), "console_serial"),
     ];
@@ -94,6 +103,18 @@ async fn serve(
     let flash =
         ControllerFlash::open(config.flash.as_deref()).map_err(|e| format!("flash: {e}"))?;
     let recorder = flash.recorder.clone();
+    let (clears_tx, clears_rx) = tokio::sync::mpsc::channel(8);
+    let console = loopwarden_field::console::bind(&config.console, "gateway")
+        .map_err(|e| format!("console socket {}: {e}", config.console.display()))?;
+    let console_task = tokio::spawn(clears::serve(
+        console,
+        config.console_limits,
+        ListenStats::default(),
+        clears_tx,
+    ));
+    let readers = Readers::new(config.console.clone(), console_task, []);
+    let (northbound, northbound_task) =
+        super::start_northbound(&config, ListenStats::default()).await?;
     let (cdu, rec) = (config.cdu.to_string(), recorder.clone());
     let render = move || gateway::metrics::render(&cdu, &stats_rx.borrow().clone(), &rec);
     let metrics_task = loopwarden_bus::prometheus::start(config.metrics_listen, render)
@@ -106,14 +127,86 @@ async fn serve(
         json_presence: Some(config.json_presence),
         flash: Some(flash),
         readers: config.readers.clone(),
+        northbound,
+        clears: Some(clears_rx),
         ..GatewayOptions::new(link)
     };
     let result = gateway::run(config.shell_config(broker), opts, stop).await;
     supervision.finish(result.is_err());
     recorder.flush().await;
-    if let Some(t) = metrics_task {
+    readers.stop();
+    for t in [metrics_task, northbound_task].into_iter().flatten() {
         t.abort();
     }
     tracing::info!("cooling-ctrl gateway: stopped");
     result.map_err(|e| e.to_string())
+}
+
+/// How `ctl clear-leak` and `ctl clear-pump` sign a clear for a
+/// controller on a microcontroller (its gateway's console socket as
+/// `--console`).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct SignArgs {
+    /// The operator's own sign key (`lwbus pki sign-key --node
+    /// operator/NAME`): the clear is signed with it, in the operator's
+    /// name, and sent to the gateway, which carries it to the
+    /// microcontroller.
+    #[arg(long, requires = "cdu")]
+    sign_key: Option<PathBuf>,
+    /// The CDU the clear is for (the microcontroller refuses one signed
+    /// for another).
+    #[arg(long, requires = "sign_key")]
+    cdu: Option<String>,
+}
+
+impl SignArgs {
+    /// The signed clear of `action` when a sign key was given; `None`
+    /// for an unsigned request to `run`.
+    pub fn request(
+        &self,
+        action: impl FnOnce() -> Result<ClearAction, String>,
+    ) -> Result<Option<GatewayRequest>, String> {
+        let (Some(path), Some(cdu)) = (&self.sign_key, &self.cdu) else {
+            return Ok(None);
+        };
+        let key = loopwarden_bus::keys::read_sign_key(path)?;
+        let cdu = Ident::new(cdu).map_err(|e| format!("--cdu {cdu}: {e}"))?;
+        let clear = clears::operator_clear(&key, cdu, action()?, loopwarden_bus::now_ms().0)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(Some(GatewayRequest::SignedClear { clear }))
+    }
+}
+
+/// `cooling-ctrl firmware-keyring`'s arguments.
+#[derive(clap::Args)]
+pub struct KeyringArgs {
+    /// The CDU whose firmware it is for.
+    #[arg(long)]
+    cdu: String,
+    /// The site's keyring (`lwbus pki init` writes one; `lwbus pki
+    /// sign-key --node operator/NAME` prints an operator's entry for it):
+    /// its operators' public keys are taken.
+    #[arg(long)]
+    keyring: PathBuf,
+}
+
+/// Prints the operator keyring for the firmware of `a.cdu`.
+pub fn firmware_keyring(a: &KeyringArgs) -> ExitCode {
+    let text = Ident::new(&a.cdu)
+        .map_err(|e| format!("--cdu {}: {e}", a.cdu))
+        .and_then(|cdu| {
+            let ring = loopwarden_bus::keys::read_keyring(&a.keyring)?;
+            clears::firmware_keyring(&cdu, &ring.signers)
+                .map_err(|e| format!("{}: {e}", a.keyring.display()))
+        });
+    match text {
+        Ok(t) => {
+            print!("{t}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("cooling-ctrl firmware-keyring: {e}");
+            ExitCode::from(2)
+        }
+    }
 }

@@ -20,7 +20,12 @@
 //!   "Serial console").
 //! - `cooling-ctrl ctl [--console P] [--config FILE]
 //!   status|sensors|loops|events [--since T]|caps [--json]`: the console
-//!   of the controller on this machine.
+//!   of the controller on this machine; `clear-leak RACK` and `clear-pump
+//!   A|B` with `--sign-key FILE --cdu NAME`: the operator's signed clear,
+//!   to a gateway's console (`gateway.rs`).
+//! - `cooling-ctrl firmware-keyring --cdu NAME --keyring FILE`: prints
+//!   the operator keyring a CDU's firmware is built with, from the site's
+//!   keyring (`gateway.rs`).
 //! - `cooling-ctrl simulate --scenario FILE --controller NAME [--trace
 //!   FILE.csv]`: plays a `plant-scenario/1` on the simulated hall in
 //!   simulated time with that controller in charge and prints the run's
@@ -86,6 +91,9 @@ enum Command {
     /// Replay a microcontroller's trace through this machine's decision
     /// path and say whether every digest agreed, as JSON.
     ReplayTrace(ReplayArgs),
+    /// Print the operator keyring a CDU's firmware is built with
+    /// (LOOPWARDEN_FIRMWARE_OPERATORS), from the site's keyring.
+    FirmwareKeyring(gateway::KeyringArgs),
     /// Play a plant scenario in simulated time and print its figures.
     #[cfg(feature = "twin")]
     Simulate(simulate::Args),
@@ -120,12 +128,24 @@ enum Ctl {
     ClearLeak {
         /// The rack (0-based).
         rack: usize,
+        #[command(flatten)]
+        sign: gateway::SignArgs,
     },
     /// Put a tripped pump back in service after the repair.
     ClearPump {
         /// A or B.
         pump: String,
+        #[command(flatten)]
+        sign: gateway::SignArgs,
     },
+}
+
+/// What `ctl` asks: `run`'s console, or a gateway's (a signed clear).
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum Asked {
+    Controller(Request),
+    Gateway(cooling_ctrl::gateway::clears::GatewayRequest),
 }
 
 fn main() -> ExitCode {
@@ -134,9 +154,16 @@ fn main() -> ExitCode {
         Command::Simulate(a) => simulate::command(a),
         Command::Run(a) => run(a.config, a.flags),
         Command::Gateway(a) => gateway::command(a),
-        Command::Ctl { target, what } => {
-            ctl_command(&target, &console::PEER, || request(what), console::render)
-        }
+        Command::Ctl { target, what } => ctl_command(
+            &target,
+            &console::PEER,
+            || request(what),
+            |r, v| match r {
+                Asked::Controller(req) => console::render(req, v),
+                Asked::Gateway(_) => console::render_operator(v),
+            },
+        ),
+        Command::FirmwareKeyring(a) => gateway::firmware_keyring(&a),
         Command::ConsolePassword => loopwarden_field::serial::password::command("cooling-ctrl"),
         Command::ReplayTrace(a) => replay_trace(&a),
     }
@@ -182,19 +209,29 @@ fn replay_trace(a: &ReplayArgs) -> ExitCode {
     }
 }
 
-/// What `ctl` asks the running controller for each subcommand.
-fn request(what: Ctl) -> Result<Request, String> {
-    Ok(match what {
+/// What `ctl` asks the running controller (or, for a signed clear, a
+/// gateway) for each subcommand.
+fn request(what: Ctl) -> Result<Asked, String> {
+    use cooling_ctrl::gateway::clears;
+    let signed = match &what {
+        Ctl::ClearLeak { rack, sign } => sign.request(|| clears::leak(*rack))?,
+        Ctl::ClearPump { pump, sign } => sign.request(|| clears::pump(pump))?,
+        _ => None,
+    };
+    if let Some(g) = signed {
+        return Ok(Asked::Gateway(g));
+    }
+    Ok(Asked::Controller(match what {
         Ctl::Status => Request::Status,
         Ctl::Sensors => Request::Sensors,
         Ctl::Loops => Request::Loops,
         Ctl::Caps => Request::Caps,
-        Ctl::ClearLeak { rack } => Request::ClearLeak { rack },
-        Ctl::ClearPump { pump } => Request::ClearPump { pump },
+        Ctl::ClearLeak { rack, .. } => Request::ClearLeak { rack },
+        Ctl::ClearPump { pump, .. } => Request::ClearPump { pump },
         Ctl::Events(e) => Request::Events {
             since: e.since_ms(loopwarden_bus::now_ms().0)?,
         },
-    })
+    }))
 }
 
 fn run(config_path: Option<PathBuf>, flags: Overrides) -> ExitCode {

@@ -1,0 +1,490 @@
+//! The gateway's side towards the building management system: what the
+//! northbound Modbus server (the same as `run`'s, [`crate::northbound`])
+//! shows, and what the BMS's writes become on the link. No I/O and no
+//! clock: the gateway hands it the writes, the leases it sent and the
+//! MCU's last status with the time, and sends what it returns.
+//!
+//! Reads: the input registers are the MCU's last [`Status`] in the
+//! snapshot's plain values, as `run` fills them from its step, by the
+//! same rules ([`sensors`], [`pump_word`], [`Meters`]). What the MCU does
+//! not say is not available (its type's sentinel), never guessed:
+//! `hottest_gpu` (the MCU judges the host reports; which it believed is
+//! not said), `proposed_setpoint`, `proposed_speed` and
+//! `rejection_short` (the optimiser's state stays on it). `hosts_capped`
+//! and `lowest_cap` count the leases the gateway signed and sent for the
+//! MCU that have not run out (a lift ends one). `uptime` is the MCU's
+//! own (its clock at its last status): it stops when the MCU does. A
+//! silent MCU reads as the bus tells it: `failsafe`, `controller-silent`,
+//! since its last frame, the racks last heard, nothing measured.
+//!
+//! Writes: the limits (`setpoint_ceiling`, `plan_ceiling_offset`) go
+//! down as [`Down::Limits`] at once, again every [`LIMITS_EVERY_MS`] and
+//! at once when the MCU starts again (it forgets them at a restart, and
+//! the gateway outlives it). The outdoor temperature goes down as
+//! [`Down::Outdoor`] once per write: the MCU dates it from when it hears
+//! it and keeps it for
+//! [`BMS_FRESH`](cooling_decide::outdoor::BMS_FRESH) (300 s), so a
+//! repeat would make an old value look new. `alarm_ack` is kept here, as `run` keeps it (the holding
+//! register, cleared when the beacon lights again); nothing goes down.
+//! The holding registers read what the gateway sent: the MCU does not
+//! say what it runs with.
+//!
+//! Glossary:
+//! - *steady ms*: the gateway's monotonic clock, ms since it started.
+
+use std::collections::BTreeMap;
+
+use cooling_core::CoreConfig;
+use cooling_decide::outdoor::OutdoorSources;
+use loopwarden_link::{Down, Status};
+use loopwarden_protocol::message::{CapLease, CduMode, Pump};
+use loopwarden_protocol::ReasonCode;
+
+use crate::northbound::{pump_word, sensors, Meters};
+use crate::northbound::{NorthboundSettings, NorthboundSnapshot, NorthboundWrite};
+
+/// The limits the BMS wrote go down again this often, ms.
+pub const LIMITS_EVERY_MS: u64 = 30_000;
+
+/// A lease the gateway sent for the MCU, while it holds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct LeaseHeld {
+    /// The lowest cap in it, W per GPU.
+    lowest_w: f32,
+    /// It runs out at this steady ms.
+    until_ms: u64,
+}
+
+/// What the MCU last said, as the snapshot takes it.
+#[derive(Debug, Clone, Copy)]
+pub enum Heard<'a> {
+    /// Nothing yet (and not silent yet): the MCU is booting, as `run`
+    /// before its first step.
+    Nothing,
+    /// Its last status, and it speaks.
+    Speaking(&'a Status),
+    /// It is silent: for `quiet_ms`, its last status before (if any).
+    Silent {
+        /// The last status heard.
+        last: Option<&'a Status>,
+        /// How long since its last frame (or the gateway's start), ms.
+        quiet_ms: u64,
+    },
+}
+
+/// The gateway's BMS side (see the module note).
+#[derive(Debug, Clone)]
+pub struct BmsBridge {
+    settings: NorthboundSettings,
+    outdoor: OutdoorSources,
+    /// When the limits last went down, steady ms (`None`: the BMS has not
+    /// written any).
+    limits_sent_ms: Option<u64>,
+    /// The beacon of the last status.
+    beacon: bool,
+    /// The setpoint a silent MCU that never said one shows, °C.
+    failsafe_setpoint_c: f32,
+    leases: BTreeMap<usize, LeaseHeld>,
+}
+
+impl BmsBridge {
+    /// Before the BMS wrote anything: the settings of `core` (the ceiling
+    /// at the CDU's highest setpoint, no offset).
+    pub fn new(core: &CoreConfig) -> Self {
+        Self {
+            settings: NorthboundSettings::new(core),
+            outdoor: OutdoorSources::new(),
+            limits_sent_ms: None,
+            beacon: false,
+            failsafe_setpoint_c: core.margins.failsafe_setpoint_c,
+            leases: BTreeMap::new(),
+        }
+    }
+
+    /// The settings the holding registers read at `now_ms`.
+    pub fn settings(&self, now_ms: u64) -> NorthboundSettings {
+        NorthboundSettings {
+            outdoor_c: self.outdoor.bms_fresh(now_ms),
+            ..self.settings
+        }
+    }
+
+    /// The BMS wrote `w` at `now_ms`: what goes down for it, if anything.
+    pub fn write(&mut self, w: NorthboundWrite, now_ms: u64) -> Option<Down> {
+        self.settings.apply(w);
+        match w {
+            NorthboundWrite::OutdoorTemp { celsius } => {
+                self.outdoor.bms_wrote(celsius, now_ms);
+                Some(Down::Outdoor(celsius))
+            }
+            NorthboundWrite::AlarmAck => None,
+            NorthboundWrite::SetpointCeiling { .. } | NorthboundWrite::PlanCeilingOffset { .. } => {
+                Some(self.limits(now_ms))
+            }
+        }
+    }
+
+    /// The limits again, when due at `now_ms`: every
+    /// [`LIMITS_EVERY_MS`], and at once when the MCU `restarted`, once
+    /// the BMS has written any.
+    pub fn due(&mut self, now_ms: u64, restarted: bool) -> Option<Down> {
+        let sent = self.limits_sent_ms?;
+        (restarted || now_ms.saturating_sub(sent) >= LIMITS_EVERY_MS).then(|| self.limits(now_ms))
+    }
+
+    fn limits(&mut self, now_ms: u64) -> Down {
+        self.limits_sent_ms = Some(now_ms);
+        Down::Limits {
+            ceiling_c: self.settings.setpoint_ceiling_c,
+            offset_k: self.settings.plan_ceiling_offset_k,
+        }
+    }
+
+    /// The gateway sent `lease` to host `host` at `now_ms` (`lift`: it
+    /// ends the host's cap).
+    pub fn lease_sent(&mut self, host: usize, lease: &CapLease, lift: bool, now_ms: u64) {
+        let lowest = lease.caps.iter().map(|c| c.limit.0).min();
+        match (lift, lowest) {
+            (false, Some(w)) => {
+                let held = LeaseHeld {
+                    lowest_w: w as f32,
+                    until_ms: now_ms.saturating_add(u64::from(lease.duration.0)),
+                };
+                self.leases.insert(host, held);
+            }
+            _ => {
+                self.leases.remove(&host);
+            }
+        }
+    }
+
+    /// The snapshot at `now_ms` of what the MCU said (`heard`).
+    pub fn snapshot(&mut self, heard: Heard<'_>, now_ms: u64) -> NorthboundSnapshot {
+        self.leases.retain(|_, l| l.until_ms > now_ms);
+        let settings = self.settings(now_ms);
+        let mut snap = match heard {
+            Heard::Nothing => NorthboundSnapshot {
+                settings,
+                ..NorthboundSnapshot::default()
+            },
+            Heard::Speaking(s) => {
+                if s.beacon && !self.beacon {
+                    self.settings.alarm_acknowledged = false;
+                }
+                self.beacon = s.beacon;
+                of_status(s, &self.settings(now_ms))
+            }
+            Heard::Silent { last, quiet_ms } => {
+                silent(last, quiet_ms, self.failsafe_setpoint_c, &settings)
+            }
+        };
+        snap.hosts_capped = self.leases.len().min(usize::from(u16::MAX)) as u16;
+        snap.lowest_cap_w = self.leases.values().map(|l| l.lowest_w).reduce(f32::min);
+        snap
+    }
+}
+
+/// Seconds of `ms`, held to a u32.
+fn secs(ms: u64) -> u32 {
+    (ms / 1000).min(u64::from(u32::MAX)) as u32
+}
+
+/// The snapshot of status `s`, with the BMS's `settings`. What a status
+/// does not carry is not available (see the module note).
+fn of_status(s: &Status, settings: &NorthboundSettings) -> NorthboundSnapshot {
+    let readings = s.readings.as_ref();
+    let ([supply_c, return_c, flow_lpm, facility_supply_c], sensor_faults) =
+        sensors(readings, s.sensor_faults);
+    let m = Meters::of(readings);
+    let (mode, reason, since_ms) = s.mode;
+    NorthboundSnapshot {
+        mode,
+        reason,
+        seconds_in_mode: secs(s.at_ms.saturating_sub(since_ms)),
+        uptime_s: secs(s.at_ms),
+        setpoint_c: s.setpoint_c,
+        supply_c,
+        return_c,
+        flow_lpm,
+        facility_supply_c,
+        sensor_faults,
+        pumps: pump_word(readings, s.pumps_failed, s.pump_on),
+        lead_pump: match s.lead {
+            Pump::A => 0,
+            Pump::B => 1,
+        },
+        pump_speed_pct: s.pump_speed * 100.0,
+        valves_open: s.racks.valves_open,
+        cooling_lost: s.racks.cooling_lost,
+        leaks_latched: s.racks.leaks_latched,
+        leak_sensing_lost: s.racks.sensing_lost,
+        isolation_failed: s.racks.isolation_failed,
+        hosts_capped: 0,
+        lowest_cap_w: None,
+        hottest_gpu_c: None,
+        proposed_setpoint_c: f32::NAN,
+        proposed_speed_pct: f32::NAN,
+        rejection_short: None,
+        beacon: s.beacon,
+        pue: m.pue,
+        it_w: m.it_w,
+        facility_w: m.facility_w,
+        cooling_w: m.cooling_w,
+        settings: *settings,
+    }
+}
+
+/// The snapshot of a silent MCU, quiet for `quiet_ms` after its `last`
+/// status: as the bus is told (failsafe, controller-silent, the racks and
+/// setpoint last heard, nothing measured, no pump commanded), its uptime
+/// stopped.
+fn silent(
+    last: Option<&Status>,
+    quiet_ms: u64,
+    failsafe_setpoint_c: f32,
+    settings: &NorthboundSettings,
+) -> NorthboundSnapshot {
+    let snap = match last {
+        Some(s) => of_status(s, settings),
+        None => NorthboundSnapshot {
+            setpoint_c: failsafe_setpoint_c,
+            settings: *settings,
+            ..NorthboundSnapshot::default()
+        },
+    };
+    let (_, sensor_faults) = sensors(None, last.map_or([None; 4], |s| s.sensor_faults));
+    let failed = last.map_or([false; 2], |s| s.pumps_failed);
+    let m = Meters::of(None);
+    NorthboundSnapshot {
+        mode: CduMode::Failsafe,
+        reason: ReasonCode::CONTROLLER_SILENT,
+        seconds_in_mode: secs(quiet_ms),
+        supply_c: None,
+        return_c: None,
+        flow_lpm: None,
+        facility_supply_c: None,
+        sensor_faults,
+        pumps: pump_word(None, failed, [false; 2]),
+        pump_speed_pct: 0.0,
+        pue: m.pue,
+        it_w: m.it_w,
+        facility_w: m.facility_w,
+        cooling_w: m.cooling_w,
+        ..snap
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::northbound::{encode_snapshot, northbound_map, pump_bits, NOT_AVAILABLE_BIT};
+    use cooling_decide::CduMeasurements;
+    use loopwarden_link::{Cost, RackBits};
+    use loopwarden_protocol::message::{GpuCap, GpuSelector, SensorFault};
+    use loopwarden_protocol::units::{DurationMs, Watts};
+
+    fn status(at_ms: u64, beacon: bool) -> Status {
+        Status {
+            step: 7,
+            at_ms,
+            mode: (CduMode::Degraded, ReasonCode::CAPACITY_SHORT, 2_000),
+            setpoint_c: 31.5,
+            pump_speed: 0.62,
+            pump_on: [false, true],
+            lead: Pump::B,
+            racks: RackBits {
+                valves_open: 0b1011,
+                cooling_lost: 0b0100,
+                sensing_lost: 0b1000,
+                isolation_failed: 0,
+                leaks_latched: 0b0100,
+                leaks_wet: 0b0100,
+            },
+            pumps_failed: [true, false],
+            beacon,
+            sensor_faults: [None, None, Some(SensorFault::Lost), None],
+            readings: Some(CduMeasurements {
+                supply_c: Some(31.2),
+                return_c: Some(40.0),
+                flow_lpm: Some(300.0),
+                pumps_running: [Some(false), Some(true)],
+                it_w: Some(100_000.0),
+                facility_w: Some(110_000.0),
+                ..Default::default()
+            }),
+            outdoor_c: None,
+            writes_ok: true,
+            events_dropped: 0,
+            cost: Cost::default(),
+        }
+    }
+
+    fn lease(watts: [u32; 2], duration_ms: u32) -> CapLease {
+        let Some(loopwarden_protocol::Message::CapLease(mut l)) = Some(
+            loopwarden_protocol::samples::message(loopwarden_protocol::MessageKind::CapLease),
+        ) else {
+            panic!("a lease sample")
+        };
+        l.caps.clear();
+        for w in watts {
+            l.caps
+                .push(GpuCap {
+                    gpus: GpuSelector::All,
+                    limit: Watts(w),
+                })
+                .unwrap();
+        }
+        l.duration = DurationMs(duration_ms);
+        l
+    }
+
+    #[test]
+    fn a_status_reads_as_runs_step_and_what_it_does_not_say_is_not_available() {
+        let mut b = BmsBridge::new(&CoreConfig::default());
+        let s = b.snapshot(Heard::Speaking(&status(65_400, false)), 1_000);
+        assert_eq!(
+            (s.mode, s.reason),
+            (CduMode::Degraded, ReasonCode::CAPACITY_SHORT)
+        );
+        assert_eq!((s.seconds_in_mode, s.uptime_s), (63, 65));
+        assert_eq!((s.setpoint_c, s.lead_pump), (31.5, 1));
+        assert!((s.pump_speed_pct - 62.0).abs() < 1e-4);
+        assert_eq!((s.supply_c, s.return_c), (Some(31.2), Some(40.0)));
+        // The flow's sensor is held lost: not available, with its fault.
+        assert_eq!(s.flow_lpm, None);
+        assert_eq!(
+            s.sensor_faults & (0b0100 | NOT_AVAILABLE_BIT << 2),
+            0b0100 | NOT_AVAILABLE_BIT << 2
+        );
+        assert_eq!(
+            s.pumps,
+            pump_bits::B_RUNNING | pump_bits::A_FAILED | pump_bits::B_ON
+        );
+        assert_eq!(
+            (
+                s.valves_open,
+                s.cooling_lost,
+                s.leaks_latched,
+                s.leak_sensing_lost
+            ),
+            (0b1011, 0b0100, 0b0100, 0b1000)
+        );
+        assert!((s.pue.unwrap() - 1.1).abs() < 1e-9);
+        let m = northbound_map();
+        let img = encode_snapshot(&m, &s, true);
+        for (name, sentinel) in [
+            ("hottest_gpu", 0x8000),
+            ("proposed_setpoint", 0x8000),
+            ("proposed_speed", 0xFFFF),
+            ("rejection_short", 0xFFFF),
+            ("hosts_capped", 0),
+            ("lowest_cap", 0xFFFF),
+        ] {
+            assert_eq!(img.words(&m, name).unwrap(), vec![sentinel], "{name}");
+        }
+        // Before any status (and before silence): booting, as run's first.
+        let s = b.snapshot(Heard::Nothing, 0);
+        assert_eq!((s.mode, s.reason), (CduMode::Boot, ReasonCode::BOOTING));
+    }
+
+    #[test]
+    fn the_bms_writes_go_down_at_once_and_the_limits_again_when_due() {
+        let mut b = BmsBridge::new(&CoreConfig::default());
+        assert_eq!(b.due(0, true), None, "nothing written, nothing repeated");
+        let ceiling = NorthboundWrite::SetpointCeiling { celsius: 35.5 };
+        assert_eq!(
+            b.write(ceiling, 1_000),
+            Some(Down::Limits {
+                ceiling_c: 35.5,
+                offset_k: 0.0
+            })
+        );
+        let offset = NorthboundWrite::PlanCeilingOffset { kelvin: -2.0 };
+        let both = Down::Limits {
+            ceiling_c: 35.5,
+            offset_k: -2.0,
+        };
+        assert_eq!(b.write(offset, 2_000), Some(both.clone()));
+        assert_eq!(b.due(2_000 + LIMITS_EVERY_MS - 1, false), None);
+        assert_eq!(b.due(2_000 + LIMITS_EVERY_MS, false), Some(both.clone()));
+        assert_eq!(b.due(2_000 + LIMITS_EVERY_MS + 10, false), None);
+        // The MCU started again: at once.
+        assert_eq!(b.due(2_000 + LIMITS_EVERY_MS + 20, true), Some(both));
+        // The outdoor temperature: once per write, read back while fresh.
+        let outdoor = NorthboundWrite::OutdoorTemp { celsius: -4.5 };
+        assert_eq!(b.write(outdoor, 10_000), Some(Down::Outdoor(-4.5)));
+        assert_eq!(b.settings(10_000 + 299_999).outdoor_c, Some(-4.5));
+        assert_eq!(b.settings(10_000 + 300_000).outdoor_c, None);
+        let s = b.snapshot(Heard::Nothing, 11_000);
+        assert_eq!(
+            (
+                s.settings.setpoint_ceiling_c,
+                s.settings.plan_ceiling_offset_k
+            ),
+            (35.5, -2.0)
+        );
+    }
+
+    #[test]
+    fn an_alarm_acknowledged_stays_until_the_beacon_lights_again() {
+        let mut b = BmsBridge::new(&CoreConfig::default());
+        b.snapshot(Heard::Speaking(&status(1_000, true)), 0);
+        assert_eq!(b.write(NorthboundWrite::AlarmAck, 100), None);
+        let lit = status(2_000, true);
+        assert!(
+            b.snapshot(Heard::Speaking(&lit), 200)
+                .settings
+                .alarm_acknowledged
+        );
+        b.snapshot(Heard::Speaking(&status(3_000, false)), 300);
+        let again = b.snapshot(Heard::Speaking(&status(4_000, true)), 400);
+        assert!(!again.settings.alarm_acknowledged);
+    }
+
+    #[test]
+    fn the_caps_are_the_leases_sent_that_hold() {
+        let mut b = BmsBridge::new(&CoreConfig::default());
+        b.lease_sent(3, &lease([450, 500], 30_000), false, 1_000);
+        b.lease_sent(5, &lease([380, 600], 10_000), false, 1_000);
+        let s = b.snapshot(Heard::Nothing, 2_000);
+        assert_eq!((s.hosts_capped, s.lowest_cap_w), (2, Some(380.0)));
+        // Host 5's lease runs out; host 3's is lifted.
+        let s = b.snapshot(Heard::Nothing, 11_000);
+        assert_eq!((s.hosts_capped, s.lowest_cap_w), (1, Some(450.0)));
+        b.lease_sent(3, &lease([700, 700], 5_000), true, 12_000);
+        let s = b.snapshot(Heard::Nothing, 12_000);
+        assert_eq!((s.hosts_capped, s.lowest_cap_w), (0, None));
+    }
+
+    #[test]
+    fn a_silent_mcu_reads_failsafe_controller_silent_with_its_racks_and_its_uptime_stopped() {
+        let core = CoreConfig::default();
+        let mut b = BmsBridge::new(&core);
+        let last = status(65_400, true);
+        let s = b.snapshot(
+            Heard::Silent {
+                last: Some(&last),
+                quiet_ms: 4_200,
+            },
+            70_000,
+        );
+        assert_eq!(
+            (s.mode, s.reason),
+            (CduMode::Failsafe, ReasonCode::CONTROLLER_SILENT)
+        );
+        assert_eq!((s.seconds_in_mode, s.uptime_s), (4, 65));
+        assert_eq!((s.valves_open, s.leaks_latched), (0b1011, 0b0100));
+        assert_eq!((s.supply_c, s.it_w, s.pue), (None, None, None));
+        assert_eq!(s.sensor_faults & 0x0F00, 0x0F00, "nothing measured");
+        assert_eq!(s.pumps, pump_bits::A_FAILED, "no pump commanded");
+        let s = b.snapshot(
+            Heard::Silent {
+                last: None,
+                quiet_ms: 3_000,
+            },
+            3_000,
+        );
+        assert_eq!(s.setpoint_c, core.margins.failsafe_setpoint_c);
+        assert_eq!(s.uptime_s, 0);
+    }
+}
