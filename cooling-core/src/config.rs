@@ -200,11 +200,24 @@ pub struct CoreConfig {
 }
 
 impl Default for CoreConfig {
+    /// The reference hall ([`CoreConfig::reference`]).
+    fn default() -> Self {
+        Self::reference()
+    }
+}
+
+impl CoreConfig {
     /// The reference hall ([`crate::reference`]): 4 racks of 4 hosts of 8
     /// H200-class GPUs with one CDU, a dry cooler and a trim chiller.
-    fn default() -> Self {
+    /// `const`, so that a microcontroller's static can start from it.
+    pub const fn reference() -> Self {
         use crate::reference::{cdu, facility, gpu, host, layout};
-        let r_cp = gpu::R_CP.map(|[q, r]| [q as f32, r as f32]);
+        let mut r_cp = [[0.0f32; 2]; gpu::R_CP.len()];
+        let mut i = 0;
+        while i < r_cp.len() {
+            r_cp[i] = [gpu::R_CP[i][0] as f32, gpu::R_CP[i][1] as f32];
+            i += 1;
+        }
         Self {
             layout: Layout {
                 racks: layout::RACKS,

@@ -43,6 +43,13 @@ pub struct Coordinator {
 
 impl Default for Coordinator {
     fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Coordinator {
+    /// No cap in force.
+    pub const fn new() -> Self {
         Self {
             caps: [None; MAX_HOSTS],
             free_since: [None; MAX_HOSTS],

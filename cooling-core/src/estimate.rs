@@ -175,12 +175,12 @@ pub struct Learned {
 
 impl Learned {
     /// Nothing learned yet: everything as configured in `cfg`.
-    pub fn new(cfg: &CoreConfig) -> Self {
+    pub const fn new(cfg: &CoreConfig) -> Self {
         Self {
             hosts: [Scalar::at(1.0); MAX_HOSTS],
             flow: Scalar::at(cfg.cdu.design_lpm_per_gpu),
             approach: Scalar::at(cfg.cdu.approach_k),
-            facility: FacilityFit::default(),
+            facility: FacilityFit::new(),
             facility_trust: [0.0; facility::N],
         }
     }
@@ -240,12 +240,12 @@ pub struct Given {
 
 impl Estimator {
     /// Nothing learned: the configured figures.
-    pub fn new(cfg: &CoreConfig) -> Self {
+    pub const fn new(cfg: &CoreConfig) -> Self {
         Self::from_learned(Learned::new(cfg))
     }
 
     /// Starts from what an earlier run learned.
-    pub fn from_learned(learned: Learned) -> Self {
+    pub const fn from_learned(learned: Learned) -> Self {
         Self {
             learned,
             outdoor_at: None,

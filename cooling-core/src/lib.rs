@@ -74,6 +74,7 @@ pub mod reference;
 pub mod regulate;
 pub mod safety;
 pub mod sensors;
+mod start;
 pub mod substitute;
 pub mod view;
 
@@ -304,32 +305,6 @@ impl Log {
 }
 
 impl Core {
-    /// A core for `cfg`, booting.
-    pub fn new(cfg: CoreConfig) -> Result<Self, ConfigError> {
-        cfg.validate()?;
-        Ok(Self {
-            cfg,
-            last_ms: None,
-            modes: ModeMachine::default(),
-            sensors: Supervisor::default(),
-            safety: Safety::default(),
-            pumps: Pumps::default(),
-            restored: None,
-            applied: (cfg.margins.boot_setpoint_c, 1.0),
-            hall: HallView::default(),
-            regulator: Regulator::new(cfg.margins.boot_setpoint_c),
-            optimiser: Optimiser::new(&cfg),
-            rejection: RejectionWatch::default(),
-            coordinator: Coordinator::default(),
-            estimator: Estimator::new(&cfg),
-            setpoint_ceiling_c: cfg.cdu.max_setpoint_c,
-            plan_offset_k: 0.0,
-            events_dropped: 0,
-            facility_target: None,
-            valves_commanded: None,
-        })
-    }
-
     /// The hall's facility coordinator set the facility water to
     /// `water_c` at `now_ms` (a hall of several CDUs): the optimiser plans
     /// with it until [`FACILITY_TARGET_STALE_MS`] passes without another.
@@ -363,21 +338,6 @@ impl Core {
     /// Racks with a latched leak, bit n = rack n.
     pub fn leaks_latched(&self) -> u16 {
         self.safety.leaks_latched()
-    }
-
-    /// A core for `cfg` that starts from what an earlier one latched
-    /// (read back from flash): leaks stay latched and their valves shut,
-    /// failed pumps stay out of service and never lead, a failsafe and the
-    /// sensor faults stand until judged again. Its first step reports
-    /// [`Event::ControllerRestored`].
-    pub fn restore(cfg: CoreConfig, l: &Latched) -> Result<Self, ConfigError> {
-        let mut core = Self::new(cfg)?;
-        core.safety.restore(l, cfg.layout.racks as usize);
-        core.pumps.restore(l);
-        core.sensors.restore(&l.sensors);
-        core.modes.restore(l.failsafe);
-        core.restored = Some(*l);
-        Ok(core)
     }
 
     /// Latches the racks of `racks` (bit n = rack n) as leaks, in place:
@@ -511,6 +471,15 @@ impl Core {
 
     /// One step at `inp.now_ms`: the layers in order of authority.
     pub fn step(&mut self, inp: &Inputs<'_>) -> Commands {
+        let mut out = Commands::UNSET;
+        self.step_into(inp, &mut out);
+        out
+    }
+
+    /// [`Core::step`], its commands written over `out`, every field: a
+    /// caller that keeps the last step's commands has them made in place,
+    /// with no second [`Commands`] on its stack.
+    pub fn step_into(&mut self, inp: &Inputs<'_>, out: &mut Commands) {
         let (dt, mut log) = self.begin(inp);
 
         // 1. Safety: leaks (the board's ropes and the CDU's own input), isolation,
@@ -527,14 +496,14 @@ impl Core {
         self.plan_and_regulate(&t, &sensed, &believed, short, judged.0, &pumps);
 
         // 4. Coordination, and the mode it leaves.
-        let mut caps = [None; MAX_HOSTS];
+        out.caps = [None; MAX_HOSTS];
         let (supply, setpoint_c) = (sensed.trusted.supply, self.regulator.setpoint_c());
         let est = &self.estimator;
         let factor = |h| est.factor(h);
         let seen = sensed.seen;
         let capacity = self
             .coordinator
-            .caps(&t, &seen, supply, setpoint_c, &factor, &mut caps);
+            .caps(&t, &seen, supply, setpoint_c, &factor, &mut out.caps);
         let standing = mode::Standing {
             capacity_caps: capacity,
             leak_latched: self.safety.leaks_latched() != 0,
@@ -543,7 +512,7 @@ impl Core {
         };
         let settled = self.modes.settle(judged, standing, t.now, &mut log);
         self.events_dropped = self.events_dropped.saturating_add(log.dropped);
-        self.commands(&t, settled, pumps.on, caps, seen.hottest, log.events)
+        self.commands(&t, settled, pumps.on, seen.hottest, log.events, out);
     }
 
     /// The start of a step: the clock, what the CDU runs on, and the
@@ -732,32 +701,47 @@ impl Core {
         (t, pumps)
     }
 
-    /// What step `t` commands, in mode `(mode, reason)`.
+    /// What step `t` commands, in mode `(mode, reason)`, into `out`
+    /// (its caps, the coordinator's, are there already).
     fn commands(
         &self,
         t: &Tick<'_>,
         (mode, reason): (CduMode, ReasonCode),
         pump_on: [bool; 2],
-        caps: [Option<HostCap>; MAX_HOSTS],
         hottest: Option<f32>,
         events: Vec<Event, MAX_EVENTS>,
-    ) -> Commands {
-        Commands {
-            setpoint_c: self.regulator.setpoint_c(),
-            pump_speed: self.regulator.speed(),
-            pump_on,
-            lead: self.pumps.lead(),
-            valves_open: t.valves_open,
-            cooling_lost: t.cooling_lost,
-            sensing_lost: self.safety.sensing_lost(),
-            isolation_failed: self.safety.isolation_failed(),
-            valve_feedback_faults: self.safety.feedback_faults(),
-            caps,
-            beacon: self.beacon(&t.cfg, mode, hottest),
-            mode,
-            reason,
-            events,
-        }
+        out: &mut Commands,
+    ) {
+        // Every field named: one added and not written here fails to build.
+        let Commands {
+            setpoint_c,
+            pump_speed,
+            pump_on: on,
+            lead,
+            valves_open,
+            cooling_lost,
+            sensing_lost,
+            isolation_failed,
+            valve_feedback_faults,
+            caps: _,
+            beacon,
+            mode: m,
+            reason: r,
+            events: e,
+        } = out;
+        *setpoint_c = self.regulator.setpoint_c();
+        *pump_speed = self.regulator.speed();
+        *on = pump_on;
+        *lead = self.pumps.lead();
+        *valves_open = t.valves_open;
+        *cooling_lost = t.cooling_lost;
+        *sensing_lost = self.safety.sensing_lost();
+        *isolation_failed = self.safety.isolation_failed();
+        *valve_feedback_faults = self.safety.feedback_faults();
+        *beacon = self.beacon(&t.cfg, mode, hottest);
+        *m = mode;
+        *r = reason;
+        *e = events;
     }
 
     /// Advances the clock to `now`; returns the seconds since the last
@@ -954,6 +938,11 @@ mod tests {
         }
 
         fn step(&self, core: &mut Core, s: u64) -> Commands {
+            self.with_inputs(s, |i| core.step(i))
+        }
+
+        /// The hall's inputs at second `s`, to `f`.
+        fn with_inputs<R>(&self, s: u64, f: impl FnOnce(&Inputs<'_>) -> R) -> R {
             let mut hosts = [None; MAX_HOSTS];
             for h in hosts.iter_mut().take(16) {
                 *h = Some(HostReport {
@@ -966,7 +955,7 @@ mod tests {
                 });
             }
             // The pumps run as commanded unless a test says otherwise.
-            core.step(&Inputs {
+            f(&Inputs {
                 now_ms: s * 1000,
                 cdu: self.answers.then_some(self.cdu),
                 ambient_c: self.ambient_c,
@@ -975,6 +964,72 @@ mod tests {
                 hosts: &hosts,
             })
         }
+    }
+
+    /// A core as its `Debug` shows it: every field.
+    fn shown(core: &Core) -> std::string::String {
+        std::format!("{core:?}")
+    }
+
+    #[test]
+    fn a_core_reset_in_place_is_the_core_new_or_restore_gives() {
+        let cfg = CoreConfig::default();
+        assert_eq!(shown(&Core::reference()), shown(&Core::new(cfg).unwrap()));
+        let mut core = Core::new(cfg).unwrap();
+        let mut hall = Hall::new();
+        for s in 0..40 {
+            hall.step(&mut core, s);
+        }
+        hall.leaks = LeakInputs::wet(0b0100);
+        hall.cdu.valves_closed = Some(0b0100);
+        hall.step(&mut core, 40);
+        core.set_limits(30.0, -1.0);
+        let latched = core.latched();
+        assert_ne!(latched.leaks, 0);
+        let mut other = cfg;
+        other.cdu.max_setpoint_c = 40.0;
+        core.reset(other, Some(&latched)).unwrap();
+        assert_eq!(
+            shown(&core),
+            shown(&Core::restore(other, &latched).unwrap())
+        );
+        hall.step(&mut core, 41);
+        core.reset(cfg, None).unwrap();
+        assert_eq!(shown(&core), shown(&Core::new(cfg).unwrap()));
+        // A configuration refused leaves the core as it was.
+        hall.step(&mut core, 42);
+        let before = shown(&core);
+        let mut bad = cfg;
+        bad.layout.racks = 0;
+        assert!(core.reset(bad, None).is_err());
+        assert_eq!(shown(&core), before);
+    }
+
+    #[test]
+    fn commands_written_in_place_are_the_step_s_whatever_was_there() {
+        let cfg = CoreConfig::default();
+        let (mut by_value, mut in_place) = (Core::new(cfg).unwrap(), Core::new(cfg).unwrap());
+        let mut hall = Hall::new();
+        let mut out = Commands::UNSET;
+        let mut capped = false;
+        for s in 0..120 {
+            if s == 50 {
+                hall.leaks = LeakInputs::wet(0b0001);
+                hall.cdu.valves_closed = Some(0b0001);
+            }
+            if s == 80 {
+                in_place.clear_leak(0, &LeakInputs::DRY).unwrap();
+                by_value.clear_leak(0, &LeakInputs::DRY).unwrap();
+                hall.leaks = LeakInputs::DRY;
+                hall.cdu.valves_closed = Some(0);
+            }
+            let c = hall.step(&mut by_value, s);
+            hall.with_inputs(s, |i| in_place.step_into(i, &mut out));
+            assert_eq!(out, c, "step {s}");
+            capped |= c.caps.iter().any(Option::is_some);
+        }
+        assert!(capped, "caps were set, and lifted over them");
+        assert!(out.caps.iter().all(Option::is_none));
     }
 
     #[test]

@@ -35,6 +35,13 @@ pub struct ModeMachine {
 
 impl Default for ModeMachine {
     fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ModeMachine {
+    /// Booting, since the start.
+    pub const fn new() -> Self {
         Self {
             mode: CduMode::Boot,
             reason: ReasonCode::BOOTING,

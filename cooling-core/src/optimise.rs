@@ -166,7 +166,7 @@ fn speeds(cfg: &CoreConfig) -> usize {
 
 impl Optimiser {
     /// Proposes the boot setpoint at full speed until a search finishes.
-    pub fn new(cfg: &CoreConfig) -> Self {
+    pub const fn new(cfg: &CoreConfig) -> Self {
         Self {
             proposal: Proposal {
                 setpoint_c: cfg.margins.boot_setpoint_c,
@@ -515,7 +515,7 @@ pub fn settled_supply(cfg: &CoreConfig, ambient_c: f32, heat_w: f32) -> f32 {
 
 /// Whether the heat rejection is believed short: the supply stays well
 /// above its setpoint and is not coming down to it.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct RejectionWatch {
     short_since: Option<u64>,
     supply_prev: Option<f32>,
@@ -524,7 +524,24 @@ pub struct RejectionWatch {
     short: bool,
 }
 
+impl Default for RejectionWatch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl RejectionWatch {
+    /// Nothing watched yet.
+    pub const fn new() -> Self {
+        Self {
+            short_since: None,
+            supply_prev: None,
+            supply_rate: 0.0,
+            tracking_since: None,
+            short: false,
+        }
+    }
+
     /// Heat rejection is believed short.
     pub fn short(&self) -> bool {
         self.short

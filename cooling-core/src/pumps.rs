@@ -62,7 +62,7 @@ pub struct Faulted {
 }
 
 /// The pumps' standing.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Pumps {
     lead: usize,
     lead_since_ms: u64,
@@ -73,6 +73,27 @@ pub struct Pumps {
     before: Option<Witness>,
     fault: [Option<PumpFault>; 2],
     stopped: bool,
+}
+
+impl Default for Pumps {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Pumps {
+    /// Pump A leads, none out of service.
+    pub const fn new() -> Self {
+        Self {
+            lead: 0,
+            lead_since_ms: 0,
+            lead_missing_since: None,
+            no_flow_since: None,
+            before: None,
+            fault: [None; 2],
+            stopped: false,
+        }
+    }
 }
 
 /// The pumps as a step leaves them.

@@ -39,7 +39,7 @@ pub struct Regulator {
 
 impl Regulator {
     /// Booting: `boot_setpoint_c` at full speed, the loops at rest.
-    pub fn new(boot_setpoint_c: f32) -> Self {
+    pub const fn new(boot_setpoint_c: f32) -> Self {
         Self {
             setpoint_c: boot_setpoint_c,
             speed: 1.0,

@@ -78,7 +78,7 @@ impl LeakInputs {
 }
 
 /// Leak latches, leak sensing and isolation.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Safety {
     leaks_latched: u16,
     leaks_seen: u16,
@@ -91,6 +91,29 @@ pub struct Safety {
     /// Per rack: since when its valve, commanded open, reads closed.
     closed_while_open_since: [Option<u64>; MAX_RACKS],
     feedback_faults: u16,
+}
+
+impl Default for Safety {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Safety {
+    /// Nothing latched or seen.
+    pub const fn new() -> Self {
+        Self {
+            leaks_latched: 0,
+            leaks_seen: 0,
+            board_seen: 0,
+            cdu_seen: 0,
+            sensing_lost: 0,
+            unconfirmed_since: [None; MAX_RACKS],
+            isolation_failed: 0,
+            closed_while_open_since: [None; MAX_RACKS],
+            feedback_faults: 0,
+        }
+    }
 }
 
 fn rack_index(r: usize) -> Option<RackIndex> {

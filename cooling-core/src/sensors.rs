@@ -90,7 +90,7 @@ impl Which {
 }
 
 /// One sensor's supervision state.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 struct Check {
     fault: Option<SensorFault>,
     /// A fault seen but not yet confirmed, and since when.
@@ -108,6 +108,23 @@ struct Check {
     stuck_at: Option<f32>,
 }
 
+impl Check {
+    /// Nothing seen yet.
+    const NEW: Check = Check {
+        fault: None,
+        pending: None,
+        agreeing_since: None,
+        last_seen_ms: None,
+        value: 0.0,
+        changed_ms: 0,
+        expected_at_change: None,
+        filtered: None,
+        expected_filtered: None,
+        bias: 0.0,
+        stuck_at: None,
+    };
+}
+
 /// A change of a sensor's standing, for the event log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Change {
@@ -118,9 +135,24 @@ pub struct Change {
 }
 
 /// The supervision of every sensor.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Supervisor {
     checks: [Check; 4],
+}
+
+impl Default for Supervisor {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Supervisor {
+    /// No sensor seen yet, none under a fault.
+    pub const fn new() -> Self {
+        Self {
+            checks: [Check::NEW; 4],
+        }
+    }
 }
 
 /// First-order filter step with time constant `tau_s` over `dt_s`.

@@ -17,10 +17,26 @@ use super::sensors::{Readings, Supervisor, Which};
 use super::{bit, model, HostReport, Inputs, MAX_HOSTS};
 
 /// What the core keeps of the hall between steps.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct HallView {
     it_filtered: Option<f32>,
     transient_until_ms: u64,
+}
+
+impl Default for HallView {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl HallView {
+    /// Nothing seen yet.
+    pub const fn new() -> Self {
+        Self {
+            it_filtered: None,
+            transient_until_ms: 0,
+        }
+    }
 }
 
 /// One step's time, configuration and inputs, for every layer to work

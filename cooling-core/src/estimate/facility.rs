@@ -80,9 +80,18 @@ pub struct FacilityFit {
 
 impl Default for FacilityFit {
     fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl FacilityFit {
+    /// Nothing fitted: the configured figures, each with its prior spread.
+    pub const fn new() -> Self {
         let mut p = [[0.0; N]; N];
-        for (i, row) in p.iter_mut().enumerate() {
-            row[i] = SIGMA0[i] * SIGMA0[i];
+        let mut i = 0;
+        while i < N {
+            p[i][i] = SIGMA0[i] * SIGMA0[i];
+            i += 1;
         }
         Self {
             theta: [0.0; N],
