@@ -296,12 +296,25 @@ pub struct Hosts {
 impl Hosts {
     /// No report yet from any of `hosts` hosts (at most [`MAX_HOSTS`]).
     pub fn new(hosts: usize) -> Self {
-        let n = hosts.min(MAX_HOSTS);
-        let mut h = Self::default();
-        // Within capacity by the bound above.
-        let _ = h.reports.resize(n, None);
-        let _ = h.refused.resize(n, None);
+        let mut h = Self::NONE;
+        h.reset(hosts);
         h
+    }
+
+    /// No host at all (what [`Hosts::reset`] makes room in).
+    pub const NONE: Hosts = Hosts {
+        reports: Vec::new(),
+        refused: Vec::new(),
+    };
+
+    /// As [`Hosts::new`], in place.
+    pub fn reset(&mut self, hosts: usize) {
+        let n = hosts.min(MAX_HOSTS);
+        self.reports.clear();
+        self.refused.clear();
+        // Within capacity by the bound above.
+        let _ = self.reports.resize(n, None);
+        let _ = self.refused.resize(n, None);
     }
 
     /// Host `h`'s report `heard` at `now` (its stamp's clock), judged with

@@ -56,9 +56,8 @@ impl LatchKeeper {
     pub fn open<E: Display>(read: &Result<Option<LatchRecord>, E>) -> Opened {
         let fresh = |kept, relatch| LatchKeeper {
             kept,
-            offered: None,
             relatch,
-            failed: false,
+            ..LatchKeeper::NOTHING
         };
         match read {
             Ok(Some(r)) => Opened {
@@ -78,6 +77,15 @@ impl LatchKeeper {
             },
         }
     }
+
+    /// Nothing known to be in flash, nothing offered, no relatch: the
+    /// keeper when none was ever written.
+    pub const NOTHING: LatchKeeper = LatchKeeper {
+        kept: None,
+        offered: None,
+        relatch: false,
+        failed: false,
+    };
 
     /// A relatch is pending.
     pub fn relatch_pending(&self) -> bool {

@@ -52,7 +52,7 @@ pub mod writes;
 
 use core::fmt::Display;
 
-use cooling_core::{Commands, ConfigError, Core, CoreConfig, HostReport, Inputs};
+use cooling_core::{Commands, ConfigError, Core, CoreConfig, HostReport, Inputs, MAX_HOSTS};
 use heapless::Vec;
 use loopwarden_protocol::units::TimestampMs;
 
@@ -89,6 +89,10 @@ pub struct Decider {
     valves_planned: Option<u16>,
     /// What the last step asked of the CDU (what a traced plan writes).
     asked: Option<Asked>,
+    /// The last step's commands, made here (large: not on the stack);
+    /// [`Commands::UNSET`] before the first step (`stepped`).
+    last: Commands,
+    stepped: bool,
     /// What the step said besides the core's events.
     events: writes::Events,
     /// What to say in the log.
@@ -102,36 +106,101 @@ impl Decider {
     /// map's; what that changed, and what became of the record, are in
     /// [`Decider::take_said`].
     pub fn new<E: Display>(
-        mut cfg: CoreConfig,
+        cfg: CoreConfig,
         limits: MapLimits,
         latched: &Result<Option<LatchRecord>, E>,
     ) -> Result<Self, ConfigError> {
-        let mut said: Vec<Said, SAID> = writes::tighten(&mut cfg, &limits).into_iter().collect();
-        let opened = LatchKeeper::open(latched);
-        if let Some(s) = opened.said {
-            // At most three above: room for this one.
-            let _ = said.push(s);
-        }
-        let core = match &opened.restore {
-            Some(l) => Core::restore(cfg, l)?,
-            None => Core::new(cfg)?,
-        };
-        let hosts = cfg.layout.hosts().min(cooling_core::MAX_HOSTS);
-        Ok(Self {
-            core,
-            keeper: opened.keeper,
-            hosts: Hosts::new(hosts),
+        let mut d = Self::unstarted();
+        d.start(cfg, limits, latched)?;
+        Ok(d)
+    }
+
+    /// A decider not started: the reference hall's core
+    /// ([`Core::reference`]), no host, no map limit, nothing said. Made
+    /// at compile time, for a microcontroller's static to start from
+    /// before [`Decider::start`] (a decider is some 19 KB, more than its
+    /// stack holds).
+    pub const fn unstarted() -> Self {
+        Self {
+            core: Core::reference(),
+            keeper: LatchKeeper::NOTHING,
+            hosts: Hosts::NONE,
             supply_c: None,
-            limits,
-            limiter: writes::Limiter::default(),
+            limits: MapLimits {
+                mapped: [false; 6],
+                setpoint_c: None,
+                speed_pct: None,
+                positions: false,
+            },
+            limiter: writes::Limiter::new(),
             heartbeat: 0,
             writes_ok: true,
             valves_taken: None,
             valves_planned: None,
             asked: None,
+            last: Commands::UNSET,
+            stepped: false,
             events: writes::Events::new(),
+            said: Vec::new(),
+        }
+    }
+
+    /// Starts (again), in place, as [`Decider::new`] makes a decider:
+    /// `cfg` held to the map's `limits`, from the latched record the
+    /// flash held (`latched`). Nothing as large as a core or a decider is
+    /// built on the stack. On an error the decider is as it was.
+    pub fn start<E: Display>(
+        &mut self,
+        mut cfg: CoreConfig,
+        limits: MapLimits,
+        latched: &Result<Option<LatchRecord>, E>,
+    ) -> Result<(), ConfigError> {
+        let tightened = writes::tighten(&mut cfg, &limits);
+        let opened = LatchKeeper::open(latched);
+        self.core.reset(cfg, opened.restore.as_ref())?;
+        // Every field named: one added and not started here fails to
+        // build (a test compares a started decider with a new one).
+        let Self {
+            core: _,
+            keeper,
+            hosts,
+            supply_c,
+            limits: lim,
+            limiter,
+            heartbeat,
+            writes_ok,
+            valves_taken,
+            valves_planned,
+            asked,
+            last,
+            stepped,
+            events,
             said,
-        })
+        } = self;
+        said.clear();
+        for s in tightened.into_iter().chain(opened.said) {
+            // At most three, then one: within [`SAID`].
+            let _ = said.push(s);
+        }
+        *keeper = opened.keeper;
+        hosts.reset(cfg.layout.hosts().min(MAX_HOSTS));
+        *supply_c = None;
+        *lim = limits;
+        *limiter = writes::Limiter::new();
+        *heartbeat = 0;
+        *writes_ok = true;
+        *valves_taken = None;
+        *valves_planned = None;
+        *asked = None;
+        *last = Commands::UNSET;
+        *stepped = false;
+        events.clear();
+        Ok(())
+    }
+
+    /// The last step's commands (`None` before the first).
+    pub fn last_commands(&self) -> Option<&Commands> {
+        self.stepped.then_some(&self.last)
     }
 
     /// The core.
@@ -211,45 +280,58 @@ impl Decider {
     }
 
     /// Step 1: the core's step on the CDU's measurements `cdu` (`None`:
-    /// no answer) and `inp`; a due relatch first.
+    /// no answer) and `inp`; a due relatch first. The commands are also
+    /// kept ([`Decider::last_commands`]).
     pub fn step(&mut self, cdu: Option<&CduMeasurements>, inp: &StepIn) -> Commands {
+        self.step_kept(cdu, inp).clone()
+    }
+
+    /// [`Decider::step`], its commands made where they are kept (in a
+    /// frame of its own: the deepest of a step).
+    #[inline(never)]
+    pub fn step_kept(&mut self, cdu: Option<&CduMeasurements>, inp: &StepIn) -> &Commands {
         let closed = cdu.and_then(|r| r.valves_closed);
         let positions = self.limits.positions;
         if let Some(racks) = self.keeper.relatch(&mut self.core, closed, positions) {
             // Once per decider, after at most four at its start.
             let _ = self.said.push(Said::Relatched { racks, positions });
         }
-        let mut c = self.core.step(&Inputs {
+        let inputs = Inputs {
             now_ms: inp.now_ms,
             cdu: cdu.map(core_readings),
             ambient_c: inp.ambient_c,
             leaks: leak_inputs(inp.board, cdu.and_then(|r| r.leaks)),
             cdu_writes_ok: self.writes_ok,
             hosts: self.hosts.reports(),
-        });
+        };
+        self.core.step_into(&inputs, &mut self.last);
+        self.stepped = true;
         let supply_fault = self.core.sensor_fault(cooling_core::sensors::Which::Supply);
         self.supply_c = cdu
             .and_then(|r| r.supply_c)
             .filter(|_| supply_fault.is_none())
             .map(|s| s as f32);
         if self.keeper.relatch_pending() {
-            self.unknown_racks(&mut c);
+            unknown_racks(self.core.config(), &mut self.last);
         }
-        self.asked = Some(Asked::of(&c));
-        c
+        self.asked = Some(Asked::of(&self.last));
+        &self.last
     }
 
     /// Starts again from what the flash holds (`latched`), with the same
     /// configuration and map limits: as a process that restarts.
+    #[inline(never)]
     pub fn restart(&mut self, latched: &Opening) -> Result<(), ConfigError> {
-        *self = Decider::new(*self.core.config(), self.limits, &latched.read())?;
-        Ok(())
+        let (cfg, limits) = (*self.core.config(), self.limits);
+        self.start(cfg, limits, &latched.read())
     }
 
     /// Restores part `part` of what an earlier run learned, as the flash
     /// held it (`bytes`: `cooling_core::estimate::record`), over what the
     /// core holds now. Restored at start, part by part, it gives what
-    /// restoring the whole gives when every part is believed.
+    /// restoring the whole gives when every part is believed. (In a frame
+    /// of its own: what was learned is copied through it, 2 KB.)
+    #[inline(never)]
     pub fn restore_learned_part(
         &mut self,
         part: usize,
@@ -261,22 +343,6 @@ impl Decider {
         self.core
             .restore_learned(&l)
             .map_err(trace::LearnedRefused::Bounds)
-    }
-
-    /// While a relatch is pending, which racks' valves are shut is not
-    /// known: any of them may be, so every rack's hosts are treated as
-    /// a latched rack's (capped to their minimum, told their cooling is
-    /// lost) and the alarm sounds, until the valve positions are read.
-    fn unknown_racks(&self, c: &mut Commands) {
-        let cfg = self.core.config();
-        c.cooling_lost = cooling_core::safety::all_racks(cfg.layout.racks as usize);
-        let cap = cooling_core::HostCap {
-            watts: cfg.gpu.min_cap_w,
-            reason: loopwarden_protocol::ReasonCode::COOLING_LOST,
-        };
-        let hosts = cfg.layout.hosts().min(cooling_core::MAX_HOSTS);
-        c.caps.iter_mut().take(hosts).for_each(|h| *h = Some(cap));
-        c.beacon = true;
     }
 
     /// Step 2: the latched record to write to flash before anything acts,
@@ -333,6 +399,22 @@ impl Decider {
     }
 }
 
+/// While a relatch is pending, which racks' valves are shut is not
+/// known: any of them may be, so every rack's hosts are treated as a
+/// latched rack's (capped to their minimum, told their cooling is lost)
+/// and the alarm sounds, until the valve positions are read (`c`, the
+/// commands of a core of `cfg`).
+fn unknown_racks(cfg: &CoreConfig, c: &mut Commands) {
+    c.cooling_lost = cooling_core::safety::all_racks(cfg.layout.racks as usize);
+    let cap = cooling_core::HostCap {
+        watts: cfg.gpu.min_cap_w,
+        reason: loopwarden_protocol::ReasonCode::COOLING_LOST,
+    };
+    let hosts = cfg.layout.hosts().min(MAX_HOSTS);
+    c.caps.iter_mut().take(hosts).for_each(|h| *h = Some(cap));
+    c.beacon = true;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -371,6 +453,37 @@ mod tests {
         let p = d.plan(&c, cdu.and_then(|m| m.valves_closed));
         d.written(&Outcome::whole(&p, true));
         (p, c)
+    }
+
+    #[test]
+    fn a_decider_started_again_in_place_is_the_one_new_makes() {
+        let lim = writes::tests::sim_cdu();
+        let cfg = CoreConfig::default();
+        let shown = |d: &Decider| std::format!("{d:?}");
+        let unread: Result<Option<LatchRecord>, &str> = Err("cdu.latched: damaged");
+        let mut d = Decider::new(cfg, lim, &unread).unwrap();
+        d.core_mut().set_limits(30.0, -2.0);
+        for s in 0..5 {
+            step(&mut d, s, Some(&measured(0b0010)));
+        }
+        let record = LatchRecord {
+            generation: 7,
+            latched: d.core().latched(),
+        };
+        assert_ne!(record.latched.leaks, 0, "the relatch latched rack 1");
+        assert!(d.last_commands().is_some());
+        for read in [Ok(Some(record)), Ok(None), unread] {
+            d.start(cfg, lim, &read).unwrap();
+            assert_eq!(shown(&d), shown(&Decider::new(cfg, lim, &read).unwrap()));
+            assert!(d.last_commands().is_none(), "no step since the start");
+            step(&mut d, 9, Some(&measured(0)));
+        }
+        // A configuration refused leaves the decider as it was.
+        let before = shown(&d);
+        let mut bad = cfg;
+        bad.gpu.tdp_w = f32::NAN;
+        assert!(d.start(bad, lim, &unread).is_err());
+        assert_eq!(shown(&d), before);
     }
 
     #[test]

@@ -183,11 +183,9 @@ impl Display for LearnedRefused {
     }
 }
 
-/// What applying a [`Traced`] gave: what the direct call gives.
+/// What applying a [`Traced`] gave: what the direct call gives (a step's
+/// commands stay in the decider: [`Decider::last_commands`]).
 #[derive(Debug, Clone, PartialEq)]
-// The commands are as large as a step makes them, and there is no
-// allocator to box them in.
-#[allow(clippy::large_enum_variant)]
 pub enum Applied {
     /// Started again; a configuration refused (never, for one the decider
     /// was built with).
@@ -196,11 +194,9 @@ pub enum Applied {
     Learned(Result<(), LearnedRefused>),
     /// What became of a host's report.
     Verdict(Verdict),
-    /// A step's commands and their digest.
+    /// A step, the digest of its commands.
     Stepped {
-        /// The commands.
-        commands: Commands,
-        /// [`digest_commands`] of them.
+        /// [`digest_commands`] of [`Decider::last_commands`].
         digest: u32,
     },
     /// The record to keep, if any.
@@ -242,11 +238,9 @@ impl Decider {
                 let h = usize::try_from(*h).unwrap_or(usize::MAX);
                 Applied::Verdict(self.hear_host(h, heard, *now))
             }
-            Traced::Step { cdu, inp } => {
-                let commands = self.step(cdu.as_ref(), inp);
-                let digest = digest_commands(&commands);
-                Applied::Stepped { commands, digest }
-            }
+            Traced::Step { cdu, inp } => Applied::Stepped {
+                digest: digest_commands(self.step_kept(cdu.as_ref(), inp)),
+            },
             Traced::ToKeep => Applied::ToKeep(self.to_keep()),
             Traced::Kept(ok) => {
                 self.kept(*ok);

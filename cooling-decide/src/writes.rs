@@ -266,7 +266,7 @@ impl Outcome {
 }
 
 /// Turns commands into a [`Plan`] and reports the settings the map limits.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Limiter {
     /// Per clamped setting (setpoint, speed): the limit in force now, as
     /// (wanted, written).
@@ -275,7 +275,21 @@ pub struct Limiter {
     pub count: u64,
 }
 
+impl Default for Limiter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Limiter {
+    /// No setting limited yet.
+    pub const fn new() -> Self {
+        Self {
+            limited: [None; 2],
+            count: 0,
+        }
+    }
+
     /// The plan for what the commands ask (`c`): `valves` (`None`: held,
     /// not written), this step's `heartbeat`, the setpoint and speed held
     /// to `lim` (rounded to 0.01 °C and 0.1 %). A limit that begins or

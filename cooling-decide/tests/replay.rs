@@ -6,7 +6,7 @@
 //! the same; and a changed input changes the digest where it changed.
 
 use cooling_core::estimate::record::{MAX_LEN, PARTS};
-use cooling_core::{CoreConfig, Learned};
+use cooling_core::{Commands, CoreConfig, Learned};
 use cooling_decide::hosts::heard_of;
 use cooling_decide::hosts::Bounds;
 use cooling_decide::{
@@ -102,18 +102,37 @@ impl Cdu {
     }
 }
 
+/// What a decider gave for each input, and each step's commands (kept
+/// in the decider, read after the step).
+#[derive(Default)]
+struct Gave {
+    applied: Vec<Applied>,
+    commands: Vec<Commands>,
+}
+
+impl Gave {
+    fn apply(&mut self, d: &mut Decider, t: &Traced) -> Applied {
+        let a = d.apply(t);
+        if let Applied::Stepped { .. } = a {
+            let c = d.last_commands().expect("a step's commands are kept");
+            self.commands.push(c.clone());
+        }
+        self.applied.push(a.clone());
+        a
+    }
+}
+
 /// A recording of what a decider was given and what it gave.
 struct Recorder {
     d: Decider,
     trace: Vec<Traced>,
-    applied: Vec<Applied>,
+    gave: Gave,
 }
 
 impl Recorder {
     fn apply(&mut self, t: Traced) -> Applied {
-        let a = self.d.apply(&t);
+        let a = self.gave.apply(&mut self.d, &t);
         self.trace.push(t);
-        self.applied.push(a.clone());
         a
     }
 }
@@ -128,7 +147,7 @@ fn record() -> Recorder {
     let mut r = Recorder {
         d: decider(Opening::Nothing),
         trace: Vec::new(),
-        applied: Vec::new(),
+        gave: Gave::default(),
     };
     r.apply(Traced::Start {
         latched: Opening::Nothing,
@@ -244,13 +263,17 @@ fn decode(mut bytes: &[u8]) -> Vec<Traced> {
     out
 }
 
-fn replay(trace: &[Traced]) -> Vec<Applied> {
+fn replay(trace: &[Traced]) -> Gave {
     // Built from another record than the one traced: the trace's start
     // sets it right.
     let mut d = decider(Opening::Unreadable(
         "cdu.latched: damaged".try_into().unwrap(),
     ));
-    trace.iter().map(|t| d.apply(t)).collect()
+    let mut gave = Gave::default();
+    for t in trace {
+        gave.apply(&mut d, t);
+    }
+    gave
 }
 
 fn digests(applied: &[Applied]) -> Vec<Option<u32>> {
@@ -260,18 +283,11 @@ fn digests(applied: &[Applied]) -> Vec<Option<u32>> {
 #[test]
 fn a_trace_decoded_and_replayed_gives_the_same_digests_step_by_step() {
     let r = record();
-    let stepped = r
-        .applied
-        .iter()
-        .filter(|a| matches!(a, Applied::Stepped { .. }));
+    let stepped = (r.gave.applied.iter()).filter(|a| matches!(a, Applied::Stepped { .. }));
     assert_eq!(stepped.count() as u64, STEPS);
     // The scenario did what it says.
-    let commands: Vec<&cooling_core::Commands> = (r.applied.iter())
-        .filter_map(|a| match a {
-            Applied::Stepped { commands, .. } => Some(commands),
-            _ => None,
-        })
-        .collect();
+    let commands = &r.gave.commands;
+    assert_eq!(commands.len() as u64, STEPS);
     assert_ne!(commands[10].valves_open & 0b0010, 0);
     assert_eq!(
         commands[45].valves_open & 0b0010,
@@ -279,10 +295,7 @@ fn a_trace_decoded_and_replayed_gives_the_same_digests_step_by_step() {
         "the leak's rack isolated"
     );
     assert_eq!(commands[110].lead, Pump::B, "the lag pump took over");
-    assert!(r
-        .applied
-        .iter()
-        .any(|a| matches!(a, Applied::Verdict(Verdict::Refused { .. }))));
+    assert!((r.gave.applied.iter()).any(|a| matches!(a, Applied::Verdict(Verdict::Refused { .. }))));
     let kinds: std::collections::HashSet<_> = r.trace.iter().map(std::mem::discriminant).collect();
     assert_eq!(kinds.len(), 12, "every kind of input traced");
     assert!(r.trace.contains(&Traced::Kept(false)));
@@ -290,8 +303,9 @@ fn a_trace_decoded_and_replayed_gives_the_same_digests_step_by_step() {
     let decoded = decode(&bytes);
     assert_eq!(decoded, r.trace);
     let again = replay(&decoded);
-    assert_eq!(digests(&again), digests(&r.applied));
-    assert_eq!(again, r.applied, "every result, not only the digests");
+    assert_eq!(digests(&again.applied), digests(&r.gave.applied));
+    assert_eq!(again.applied, r.gave.applied, "every result");
+    assert_eq!(again.commands, r.gave.commands, "every step's commands");
 }
 
 /// The decider driven by its direct calls, as the Linux shell drives it.
@@ -341,7 +355,7 @@ fn direct(trace: &[Traced]) -> Vec<Option<u32>> {
 #[test]
 fn applying_a_trace_gives_what_the_direct_calls_give() {
     let r = record();
-    assert_eq!(direct(&r.trace), digests(&r.applied));
+    assert_eq!(direct(&r.trace), digests(&r.gave.applied));
 }
 
 #[test]
@@ -362,8 +376,8 @@ fn a_changed_input_changes_the_digest_where_it_changed() {
         wet: 0b0100,
         faults: 0,
     };
-    let was = digests(&r.applied);
-    let now = digests(&replay(&changed));
+    let was = digests(&r.gave.applied);
+    let now = digests(&replay(&changed).applied);
     let first = (was.iter().zip(&now)).position(|(a, b)| a != b);
     assert_eq!(first, Some(at), "the same until the changed step");
     // The CDU's own leak register reads rack 3 wet at that step.
@@ -372,7 +386,7 @@ fn a_changed_input_changes_the_digest_where_it_changed() {
         unreachable!()
     };
     m.leaks = Some(0b1000);
-    let now = digests(&replay(&wet));
+    let now = digests(&replay(&wet).applied);
     let first = (was.iter().zip(&now)).position(|(a, b)| a != b);
     assert_eq!(first, Some(at));
 }

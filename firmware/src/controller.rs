@@ -31,7 +31,7 @@ use core::fmt;
 
 use cooling_core::sensors::Which;
 use cooling_core::{Commands, LeakInputs, MAX_HOSTS};
-use cooling_decide::leases::{LeaseBook, Order, LEASE_DEFAULT};
+use cooling_decide::leases::{LeaseBook, LEASE_DEFAULT};
 use cooling_decide::outdoor::OutdoorSources;
 use cooling_decide::{
     leak_inputs, Applied, BoardRead, CduMeasurements, Decider, LatchRecord, Opening, Outcome, Plan,
@@ -48,9 +48,6 @@ pub use down::LinkCounts;
 
 /// Words of a line to the gateway ([`Up::Said`]).
 pub type Said = heapless::String<{ loopwarden_link::message::SAID_MAX }>;
-
-/// Leases sent in one batch (the book is read again between batches).
-const LEASE_BATCH: usize = 8;
 
 /// Where the controller's output goes; nothing here waits.
 pub trait Ports {
@@ -119,9 +116,9 @@ pub struct Controller<'d> {
     /// The last step's input, kept here: the decision path reads it while
     /// its step runs, deepest on the stack.
     input: Traced,
-    /// What the last step gave (its commands, kept here: they are
-    /// large, and read until the next step).
-    stepped: Applied,
+    /// The digest of the last step's commands (the commands themselves
+    /// stay in the decider: [`Decider::last_commands`]).
+    digest: Option<u32>,
     readings: Option<CduMeasurements>,
     outdoor_c: Option<f32>,
     insn_now: u32,
@@ -151,7 +148,7 @@ impl<'d> Controller<'d> {
             pump_faults: [false; 2],
             hosts,
             input: Traced::ToKeep,
-            stepped: Applied::Done,
+            digest: None,
             readings: None,
             outdoor_c: None,
             insn_now: 0,
@@ -167,10 +164,7 @@ impl<'d> Controller<'d> {
 
     /// The last step's commands.
     pub fn commands(&self) -> Option<&Commands> {
-        match &self.stepped {
-            Applied::Stepped { commands, .. } => Some(commands),
-            _ => None,
-        }
+        self.decider.last_commands()
     }
 
     /// What the CDU answered at the last step (`None`: it did not).
@@ -260,7 +254,7 @@ impl<'d> Controller<'d> {
             },
         };
         let mark = p.insn_mark();
-        self.stepped = self.decider.apply(&self.input);
+        self.digest = self.decider.apply(&self.input).digest();
         self.insn_now = p.insn_since(mark);
         self.trace_step(p);
     }
@@ -270,7 +264,7 @@ impl<'d> Controller<'d> {
     #[inline(never)]
     fn trace_step(&mut self, p: &mut impl Ports) {
         p.trace(&Trace::Input(self.input.clone()));
-        if let Some(d) = self.stepped.digest() {
+        if let Some(d) = self.digest {
             p.trace(&Trace::Digest(d));
         }
     }
@@ -338,38 +332,34 @@ impl<'d> Controller<'d> {
     /// could not be queued is due again at the next step.
     #[inline(never)]
     fn leases(&mut self, p: &mut impl Ports, now_ms: u64) {
-        let Applied::Stepped { commands: c, .. } = &self.stepped else {
+        let Some(c) = self.decider.last_commands() else {
             return;
         };
         let caps = &c.caps[..self.hosts];
+        // One order at a time, the book read again for the next: a host
+        // sent to is no longer due, one not queued is passed (`from`).
         let mut from = 0;
         loop {
-            let batch: heapless::Vec<Order, LEASE_BATCH> = (self.leases.due(now_ms, caps))
-                .filter(|o| o.host >= from)
-                .take(LEASE_BATCH)
-                .collect();
-            for o in &batch {
-                let up = Up::Lease {
-                    host: o.host as u16,
-                    lease: o.lease.clone(),
-                    lift: o.lift,
-                };
-                if !p.up(&up) {
-                    continue;
-                }
-                self.leases.sent(o, now_ms);
-                match o.watts {
-                    Some(w) if o.first => p.say(format_args!(
-                        "lease: capping host {} at {} W per GPU ({})",
-                        o.host, w as u32, o.lease.reason.0
-                    )),
-                    None => p.say(format_args!("lease: lifting the cap of host {}", o.host)),
-                    Some(_) => {}
-                }
+            let Some(o) = (self.leases.due(now_ms, caps)).find(|o| o.host >= from) else {
+                return;
+            };
+            from = o.host + 1;
+            let up = Up::Lease {
+                host: o.host as u16,
+                lease: o.lease.clone(),
+                lift: o.lift,
+            };
+            if !p.up(&up) {
+                continue;
             }
-            match batch.last() {
-                Some(o) if batch.is_full() => from = o.host + 1,
-                _ => return,
+            self.leases.sent(&o, now_ms);
+            match o.watts {
+                Some(w) if o.first => p.say(format_args!(
+                    "lease: capping host {} at {} W per GPU ({})",
+                    o.host, w as u32, o.lease.reason.0
+                )),
+                None => p.say(format_args!("lease: lifting the cap of host {}", o.host)),
+                Some(_) => {}
             }
         }
     }
@@ -377,15 +367,12 @@ impl<'d> Controller<'d> {
     /// The step's events, the core's then the decision path's, each to
     /// the gateway and the console.
     fn events(&mut self, p: &mut impl Ports) {
-        let core = match &self.stepped {
-            Applied::Stepped { commands, .. } => commands.events.as_slice(),
-            _ => &[],
-        };
-        for e in core.iter().cloned().chain(self.decider.take_events()) {
-            p.say(format_args!("event: {e}"));
-            if !p.up(&Up::Event(e)) {
-                self.link.up_dropped = self.link.up_dropped.saturating_add(1);
-            }
+        let core = self.decider.last_commands().map(|c| c.events.as_slice());
+        for e in core.unwrap_or_default() {
+            event(p, &mut self.link, e.clone());
+        }
+        for e in self.decider.take_events() {
+            event(p, &mut self.link, e);
         }
     }
 
@@ -440,6 +427,15 @@ impl<'d> Controller<'d> {
             events_dropped: core.events_dropped(),
             cost,
         })
+    }
+}
+
+/// Event `e` to the console and the gateway (`link` counts it if it
+/// could not be queued).
+fn event(p: &mut impl Ports, link: &mut LinkCounts, e: loopwarden_protocol::message::Event) {
+    p.say(format_args!("event: {e}"));
+    if !p.up(&Up::Event(e)) {
+        link.up_dropped = link.up_dropped.saturating_add(1);
     }
 }
 

@@ -3,8 +3,9 @@
 //! Boot: the stack is painted (by cortex-m-rt, before `main`); the
 //! clocks start; the reset's cause is read ([`board::reset`]); the flash
 //! counts the start and gives the latched record; the decision path
-//! ([`cooling_decide::Decider`], about 15 KB) is built in its static
-//! from that record (an unreadable one is the decider's relatch at the
+//! ([`cooling_decide::Decider`], about 19 KB: more than the stack's
+//! budget) starts in place in its static, made at compile time, from
+//! that record (an unreadable one is the decider's relatch at the
 //! CDU's first answer); `Up::Hello` goes to the gateway and `Trace::Boot`
 //! and the start to the debug port; the watchdog starts.
 //!
@@ -34,8 +35,9 @@ mod status;
 
 use core::fmt::Write as _;
 use core::mem::MaybeUninit;
+use core::sync::atomic::{AtomicBool, Ordering};
 
-use cooling_core::{ConfigError, CoreConfig};
+use cooling_core::CoreConfig;
 use cooling_decide::{Decider, LatchRecord};
 use cortex_m_rt::entry;
 use loopwarden_firmware::board::{self, clock, icount, reset, uart::Uart, watchdog};
@@ -47,7 +49,10 @@ use loopwarden_link::ResetCause;
 
 use shell::Shell;
 
-type Built = Result<Decider, ConfigError>;
+/// The decision path, not started: made at compile time, for it cannot
+/// be made on the stack ([`decider_in_place`] starts it).
+static mut DECIDER: Decider = Decider::unstarted();
+static DECIDER_TAKEN: AtomicBool = AtomicBool::new(false);
 
 #[entry]
 fn main() -> ! {
@@ -93,16 +98,21 @@ fn shell_in_place(console: Uart, cause: ResetCause) -> (&'static mut Shell, shel
     (slot.write(sh), read)
 }
 
-/// The decision path, built in its static from the record the flash
+/// The decision path, started in its static from the record the flash
 /// held (`read`); a configuration it refuses stops the firmware.
 #[inline(never)]
 fn decider_in_place(read: &Result<Option<LatchRecord>, LoadError>) -> &'static mut Decider {
-    let slot =
-        cortex_m::singleton!(: MaybeUninit<Built> = MaybeUninit::uninit()).expect("made once");
-    match slot.write(Decider::new(CoreConfig::default(), map_limits(), read)) {
-        Ok(d) => d,
-        Err(e) => panic!("the decision path's configuration: {e}"),
+    assert!(
+        !DECIDER_TAKEN.swap(true, Ordering::Relaxed),
+        "the decision path is started once"
+    );
+    let p = &raw mut DECIDER;
+    // SAFETY: the static's only reference, taken once (`DECIDER_TAKEN`).
+    let d = unsafe { &mut *p };
+    if let Err(e) = d.start(CoreConfig::default(), map_limits(), read) {
+        panic!("the decision path's configuration: {e}");
     }
+    d
 }
 
 /// The controller around `decider`, in its static.

@@ -52,29 +52,44 @@ impl Controller<'_> {
     /// back, for the shell to keep its id in flash.
     #[inline(never)]
     pub fn on_byte(&mut self, p: &mut impl Ports, b: u8, now_ms: u64) -> Option<Taken> {
-        let down = match self.deframer.push(b) {
-            Fed::More => return None,
+        let down = self.message(p, b)?;
+        self.link.frames = self.link.frames.saturating_add(1);
+        self.heard_ms = Some(now_ms);
+        // A clear is checked straight from here, with no other message's
+        // frame beneath its signature's check.
+        if let Down::Clear(c) = &down {
+            return self.on_clear(p, c, now_ms);
+        }
+        self.on_down(p, &down, now_ms);
+        None
+    }
+
+    /// The message of the frame that byte `b` completes, if it passes its
+    /// checks and decodes (a frame that does not is counted). In a frame
+    /// of its own: decoding takes stack that acting on the message (a
+    /// clear's signature checked) need not sit on.
+    #[inline(never)]
+    fn message(&mut self, p: &mut impl Ports, b: u8) -> Option<Down> {
+        match self.deframer.push(b) {
+            Fed::More => None,
             Fed::Dropped(e) => {
                 self.bad_frame(p, &e);
-                return None;
+                None
             }
             Fed::Frame(f) => {
                 let seq = f.seq;
                 match f.message::<Down>() {
                     Ok(d) => {
                         self.seq.hear(seq);
-                        d
+                        Some(d)
                     }
                     Err(e) => {
                         self.bad_frame(p, &e);
-                        return None;
+                        None
                     }
                 }
             }
-        };
-        self.link.frames = self.link.frames.saturating_add(1);
-        self.heard_ms = Some(now_ms);
-        self.on_down(p, down, now_ms)
+        }
     }
 
     fn bad_frame(&mut self, p: &mut impl Ports, e: &impl core::fmt::Display) {
@@ -82,38 +97,40 @@ impl Controller<'_> {
         p.say(format_args!("link: {e} (bad frames {})", self.link.bad));
     }
 
-    /// Acts on `d`, heard at `now_ms`.
-    fn on_down(&mut self, p: &mut impl Ports, d: Down, now_ms: u64) -> Option<Taken> {
+    /// Acts on `d`, heard at `now_ms`, unless it is a clear.
+    #[inline(never)]
+    fn on_down(&mut self, p: &mut impl Ports, d: &Down, now_ms: u64) {
         match d {
             Down::Alive { unix_ms, bus } => {
                 self.wall = Some(WallClock {
-                    unix_ms,
+                    unix_ms: *unix_ms,
                     at_ms: now_ms,
                 });
-                self.bus = bus;
+                self.bus = *bus;
             }
             Down::Host {
                 index,
                 stamped,
                 telemetry,
-            } => self.on_host(p, usize::from(index), stamped, &telemetry, now_ms),
+            } => self.on_host(p, usize::from(*index), *stamped, telemetry, now_ms),
             Down::Limits {
                 ceiling_c,
                 offset_k,
             } => {
                 let t = Traced::SetLimits {
-                    setpoint_ceiling_c: ceiling_c,
-                    plan_offset_k: offset_k,
+                    setpoint_ceiling_c: *ceiling_c,
+                    plan_offset_k: *offset_k,
                 };
                 self.apply(p, t);
             }
-            Down::Outdoor(c) => self.outdoor.bms_wrote(c, now_ms),
+            Down::Outdoor(c) => self.outdoor.bms_wrote(*c, now_ms),
             Down::FacilityTarget(water_c) => {
+                let water_c = *water_c;
                 self.apply(p, Traced::FacilityTarget { water_c, now_ms });
             }
-            Down::Clear(c) => return self.on_clear(p, &c, now_ms),
+            // Taken by the caller, before this.
+            Down::Clear(_) => {}
         }
-        None
     }
 
     /// Host `h`'s telemetry, stamped `stamped`, heard at `now_ms`.
@@ -173,6 +190,15 @@ impl Controller<'_> {
                 return None;
             }
         };
+        self.clear(p, c);
+        Some(taken)
+    }
+
+    /// A clear the gate took, through the decision path and answered (in
+    /// a frame of its own, not beneath the signature's check).
+    #[inline(never)]
+    fn clear(&mut self, p: &mut impl Ports, c: &SignedClear) {
+        let (id, who) = (c.clear.id, &c.clear.operator);
         let (traced, rack, pump) = match c.clear.action {
             ClearAction::Leak(rack) => {
                 let leaks = self.leaks;
@@ -206,7 +232,6 @@ impl Controller<'_> {
             }
             _ => {}
         }
-        Some(taken)
     }
 }
 

@@ -29,6 +29,8 @@ struct Fake {
     lines: Vec<String>,
     /// The gateway's queue is full.
     full: bool,
+    /// The gateway's queue takes no lease for this host.
+    no_lease_for: Option<u16>,
 }
 
 impl Fake {
@@ -40,6 +42,7 @@ impl Fake {
             ups: Vec::new(),
             lines: Vec::new(),
             full: false,
+            no_lease_for: None,
         })
     }
 
@@ -50,10 +53,15 @@ impl Fake {
 
 impl Ports for Fake {
     fn up(&mut self, up: &Up) -> bool {
-        if !self.full {
+        let refused = match up {
+            Up::Lease { host, .. } => self.no_lease_for == Some(*host),
+            _ => false,
+        };
+        let taken = !self.full && !refused;
+        if taken {
             self.ups.push(up.clone());
         }
-        !self.full
+        taken
     }
     fn trace(&mut self, t: &Trace) {
         assert_eq!(self.trace.send(t, &mut self.buf), Ok(true));
@@ -375,4 +383,30 @@ fn a_lease_the_gateway_could_not_take_is_due_again() {
         .collect();
     assert_eq!(hosts, [0, 1, 2, 3], "rack 0's hosts, each at its first cap");
     assert!(p.said("lease: capping host 0 at"));
+}
+
+#[test]
+fn a_lease_not_queued_holds_back_no_other_host_s_and_goes_at_the_next_step() {
+    let mut d = decider(&Ok(None));
+    let mut c = Controller::new(&mut d, ClearGate::new(None, &[]));
+    let p = &mut *Fake::new();
+    let leased = |p: &Fake, from: usize| -> Vec<u16> {
+        (p.ups[from..].iter())
+            .filter_map(|u| match u {
+                Up::Lease { host, .. } => Some(*host),
+                _ => None,
+            })
+            .collect()
+    };
+    for s in 0..3 {
+        step(&mut c, p, Some(cdu(0b1111, 0)), s);
+    }
+    p.no_lease_for = Some(1);
+    let before = p.ups.len();
+    step(&mut c, p, Some(cdu(0b1110, 0b0001)), 3);
+    assert_eq!(leased(p, before), [0, 2, 3], "host 1's lease is not queued");
+    p.no_lease_for = None;
+    let before = p.ups.len();
+    step(&mut c, p, Some(cdu(0b1110, 0b0001)), 4);
+    assert_eq!(leased(p, before), [1], "due again, the others sent");
 }
