@@ -79,8 +79,21 @@ impl LeaseBook {
         now: u64,
         caps: &'a [Option<HostCap>],
     ) -> impl Iterator<Item = Order> + 'a {
+        self.due_from(now, caps, 0)
+    }
+
+    /// The leases due at `now` for the core's `caps` to hosts `from` on:
+    /// a caller that sends each before it asks for the next holds one
+    /// order at a time and reads the book once in all.
+    pub fn due_from<'a>(
+        &'a self,
+        now: u64,
+        caps: &'a [Option<HostCap>],
+        from: usize,
+    ) -> impl Iterator<Item = Order> + 'a {
         let renew_ms = (self.lease.as_millis() / 3) as u64;
         (caps.iter().zip(&self.sent).enumerate())
+            .skip(from)
             .filter_map(move |(h, (cap, sent))| self.order(h, cap.as_ref(), sent, now, renew_ms))
     }
 
@@ -203,5 +216,18 @@ mod tests {
         assert_eq!(book.due(0, &[cap(300.0)]).count(), 1);
         assert_eq!(book.due(1_000, &[cap(300.0)]).count(), 1);
         assert_eq!(book.in_force(0), None);
+    }
+
+    #[test]
+    fn leases_asked_for_one_at_a_time_from_a_host_on_are_the_ones_due() {
+        let caps = [cap(300.0), None, cap(250.0), cap(400.0), None];
+        let mut book = LeaseBook::new(caps.len(), LEASE, 700.0);
+        let second = book.due(0, &caps).nth(1).unwrap();
+        book.sent(&second, 0);
+        let all: Vec<Order> = book.due(0, &caps).collect();
+        assert_eq!(all.iter().map(|o| o.host).collect::<Vec<_>>(), [0, 3]);
+        assert_eq!(book.due_from(0, &caps, 1).collect::<Vec<_>>(), all[1..]);
+        assert_eq!(book.due_from(0, &caps, 4).count(), 0);
+        assert_eq!(book.due_from(0, &caps, 9).count(), 0, "past the hosts");
     }
 }

@@ -336,11 +336,11 @@ impl<'d> Controller<'d> {
             return;
         };
         let caps = &c.caps[..self.hosts];
-        // One order at a time, the book read again for the next: a host
-        // sent to is no longer due, one not queued is passed (`from`).
+        // One order at a time, from the host after the last one's: one
+        // not queued is passed, and due again at the next step.
         let mut from = 0;
         loop {
-            let Some(o) = (self.leases.due(now_ms, caps)).find(|o| o.host >= from) else {
+            let Some(o) = self.leases.due_from(now_ms, caps, from).next() else {
                 return;
             };
             from = o.host + 1;
