@@ -1,6 +1,7 @@
-//! The step's status line on the console: what `firmware/run-qemu.sh`
-//! reads back (the step, its time, its instructions and stack, the mode,
-//! what the CDU read, what was written), then the link's counts.
+//! The step's status line on the console (UART2): the step, its time,
+//! its instructions and stack, the mode, what the CDU read, what was
+//! written, then the link's counts (`firmware/test-qemu.sh` shows the
+//! console's end when a check fails).
 //!
 //! Glossary:
 //! - *insn*: the decision's instructions (the decision path's step and
