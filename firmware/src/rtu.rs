@@ -32,7 +32,7 @@ use embedded_hal_nb::serial::{self, Error as _};
 use modbus_core::rtu::{self, Header, RequestAdu};
 use modbus_core::{Data, Request, RequestPdu, Response};
 
-pub use error::{exception_meaning, Mismatch, Op, OpKind, RtuError};
+pub use error::{Mismatch, Op, OpKind, RtuError};
 
 use crate::map::{Register, Span};
 

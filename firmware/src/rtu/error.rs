@@ -134,22 +134,6 @@ impl RtuError {
     }
 }
 
-/// What a Modbus exception code means.
-pub fn exception_meaning(code: u8) -> &'static str {
-    match code {
-        1 => "illegal function",
-        2 => "illegal data address",
-        3 => "illegal data value",
-        4 => "server device failure",
-        5 => "acknowledge",
-        6 => "server device busy",
-        8 => "memory parity error",
-        10 => "gateway path unavailable",
-        11 => "gateway target device failed to respond",
-        _ => "unknown exception",
-    }
-}
-
 impl fmt::Display for RtuError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: ", self.op())?;
@@ -163,11 +147,14 @@ impl fmt::Display for RtuError {
                 f,
                 "the answer's CRC is {sent:#06x}, its bytes give {computed:#06x}"
             ),
-            RtuError::Refused { code, .. } => write!(
-                f,
-                "the CDU refused it with exception {code} ({})",
-                exception_meaning(*code)
-            ),
+            RtuError::Refused { code, .. } => {
+                write!(f, "the CDU refused it with exception {code} (")?;
+                // Its meaning as the Modbus codec names it.
+                match modbus_core::Exception::try_from(*code) {
+                    Ok(e) => write!(f, "{e})"),
+                    Err(_) => f.write_str("not an exception Modbus defines)"),
+                }
+            }
             RtuError::BadAnswer { why, .. } => match why {
                 Mismatch::Unit(u) => write!(f, "unit {u} answered"),
                 Mismatch::Function(c) => write!(f, "the answer is to function {c}"),

@@ -225,7 +225,7 @@ fn an_exception_is_refused_with_the_register_named() {
     assert!(matches!(e, RtuError::Refused { code: 3, .. }), "{e:?}");
     assert_eq!(
         std::format!("{e}"),
-        "write supply_setpoint at holding 0 of unit 1: the CDU refused it with exception 3 (illegal data value)"
+        "write supply_setpoint at holding 0 of unit 1: the CDU refused it with exception 3 (Illegal data value)"
     );
 }
 
