@@ -410,3 +410,47 @@ fn a_lease_not_queued_holds_back_no_other_host_s_and_goes_at_the_next_step() {
     step(&mut c, p, Some(cdu(0b1110, 0b0001)), 4);
     assert_eq!(leased(p, before), [1], "due again, the others sent");
 }
+
+#[test]
+fn with_its_gateway_dead_a_leak_is_isolated_a_tripped_pump_handed_over_and_every_step_beats() {
+    let mut d = decider(&Ok(None));
+    let mut c = Controller::new(&mut d, ClearGate::new(None, &[]));
+    let p = &mut *Fake::new();
+    // The gateway never speaks and its line takes nothing.
+    p.full = true;
+    c.boot(p, hello(), Opening::Nothing);
+    let (mut open, mut b_on, mut beats) = (0b1111u16, false, Vec::new());
+    let mut handed_over_at = None;
+    for s in 0..45u64 {
+        let leaks = if s >= 20 { 0b0100 } else { 0 };
+        let mut m = cdu(open, leaks);
+        if s >= 30 {
+            m.pumps_running = [Some(false), Some(b_on)];
+            m.pump_faults = [Some(true), Some(false)];
+        }
+        let plan = step(&mut c, p, Some(m), s);
+        open = plan.value(Setting::Valves).map_or(open, |v| v as u16);
+        let run = plan.value(Setting::PumpsRun).unwrap_or(0.0) as u16;
+        b_on = run & 0b10 != 0;
+        if b_on && s >= 30 && handed_over_at.is_none() {
+            handed_over_at = Some(s);
+        }
+        beats.push(
+            plan.value(Setting::Heartbeat)
+                .expect("a heartbeat every step"),
+        );
+        if s >= 20 {
+            assert_eq!(valves(&plan) & 0b0100, 0, "rack 2's valve shut at {s}");
+        }
+    }
+    assert!(
+        handed_over_at.is_some_and(|s| s <= 32),
+        "pump B runs within two steps of A's trip: {handed_over_at:?}"
+    );
+    assert!(
+        beats.windows(2).all(|w| w[0] != w[1]),
+        "the heartbeat changes every step"
+    );
+    assert!(p.ups.is_empty(), "nothing reached the dead gateway");
+    assert!(c.decider().core().leaks_latched() & 0b0100 != 0);
+}
