@@ -3,10 +3,11 @@
 //! independent subscriber (`mosquitto_sub`) listens on node 1. Node 1 is
 //! killed while the events flow and started again: the broker
 //! acknowledged the events of that outage to the agent and never
-//! delivered them to the subscriber (its session is clean). A reader asks
-//! the agent to resend the numbers the subscriber missed; the subscriber
-//! then holds every event, the repaired ones byte for byte as a witness on
-//! node 3 heard them first.
+//! delivered them to the subscriber (its session is clean); not every
+//! outage costs an event, so it is repeated, up to three times, until one
+//! does. A reader asks the agent to resend the numbers the subscriber
+//! missed; the subscriber then holds every event, the repaired ones byte
+//! for byte as a witness on node 3 heard them first.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -72,6 +73,27 @@ fn frames(seen: &[Seen], family: &str) -> BTreeMap<u32, (Vec<u8>, Frame)> {
         .collect()
 }
 
+/// Leases every 250 ms for 10 s, 500 W and 550 W in turn (each makes an
+/// event), with node 1 (the subscriber's) down from the 8th to the 24th;
+/// then 3 s for the last to arrive.
+async fn outage(cluster: &NatsCluster, bus: &Bus, key: &SignKey) {
+    let started = Instant::now();
+    for n in 1..=40u32 {
+        let watts = if n % 2 == 0 { 500 } else { 550 };
+        signed_lease(bus, key, &ident(SITE), &ident("h1"), watts);
+        if n == 8 {
+            cluster.kill_node(1);
+            eprintln!("{:>6} ms: node 1 killed", started.elapsed().as_millis());
+        }
+        if n == 24 {
+            cluster.start_node(1);
+            eprintln!("{:>6} ms: node 1 started", started.elapsed().as_millis());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_event_a_broker_node_lost_reaches_an_independent_subscriber_through_the_repair() {
     let Some(cluster) = NatsCluster::start() else {
@@ -91,38 +113,32 @@ async fn an_event_a_broker_node_lost_reaches_an_independent_subscriber_through_t
     });
     assert!(!first.is_empty(), "the agent never published");
 
-    // Leases every 250 ms, 500 W and 550 W in turn; node 1 (the
-    // subscriber's) is down from the 8th to the 24th.
-    let started = Instant::now();
-    for n in 1..=40u32 {
-        let watts = if n % 2 == 0 { 500 } else { 550 };
-        signed_lease(&bus, &key, &ident(SITE), &ident("h1"), watts);
-        if n == 8 {
-            cluster.kill_node(1);
-            eprintln!("{:>6} ms: node 1 killed", started.elapsed().as_millis());
-        }
-        if n == 24 {
-            cluster.start_node(1);
-            eprintln!("{:>6} ms: node 1 started", started.elapsed().as_millis());
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let all = witness.collect_until(Duration::from_secs(5), |_| false);
+    // An outage of node 1 does not always cost the subscriber an event
+    // (it depends on where the broker stands when the node dies): up to
+    // three outages, until one did.
     let mut heard = first;
-    heard.extend(sub.collect_until(Duration::from_secs(5), |_| false));
-    let published = frames(&all, "event");
-    let delivered = frames(&heard, "event");
-    let missed: BTreeSet<u32> = published
-        .keys()
-        .filter(|s| !delivered.contains_key(s))
-        .copied()
-        .collect();
-    eprintln!(
-        "{} events at the witness, {} at the subscriber, missed {missed:?}",
-        published.len(),
-        delivered.len()
-    );
+    let mut all = Vec::new();
+    let (mut published, mut missed) = (BTreeMap::new(), BTreeSet::new());
+    for round in 1..=3 {
+        outage(&cluster, &bus, &key).await;
+        all.extend(witness.collect_until(Duration::from_secs(5), |_| false));
+        heard.extend(sub.collect_until(Duration::from_secs(5), |_| false));
+        published = frames(&all, "event");
+        let delivered = frames(&heard, "event");
+        missed = published
+            .keys()
+            .filter(|s| !delivered.contains_key(s))
+            .copied()
+            .collect();
+        eprintln!(
+            "outage {round}: {} events at the witness, {} at the subscriber, missed {missed:?}",
+            published.len(),
+            delivered.len()
+        );
+        if !missed.is_empty() {
+            break;
+        }
+    }
     assert!(
         published.len() >= 20,
         "the leases made events: {}",
@@ -130,7 +146,7 @@ async fn an_event_a_broker_node_lost_reaches_an_independent_subscriber_through_t
     );
     assert!(
         !missed.is_empty(),
-        "the outage of node 1 cost the subscriber no event: nothing to repair"
+        "three outages of node 1 cost the subscriber no event: nothing to repair"
     );
 
     // The reader asks for the range the subscriber missed.
