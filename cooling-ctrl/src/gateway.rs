@@ -52,7 +52,6 @@ use std::vec::Vec;
 use loopwarden_bus::resend::{ResendCounts, Resender};
 use loopwarden_bus::{now_ms, Bus, Inbound, MetricsSnapshot, PublishError};
 use loopwarden_link::Down;
-use loopwarden_protocol::auth::Signer;
 use loopwarden_protocol::message::CduMode;
 use loopwarden_protocol::{Family, Ident, Message, NodeId, ReasonCode, Role};
 use loopwarden_store::agent_flash::SeqFloor;
@@ -63,7 +62,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use crate::journal::ControllerFlash;
 use crate::northbound::{NorthboundSnapshot, NorthboundWrite};
 use crate::shell::{bus_config, host_report, send_lease, send_state, start_resender};
-use crate::shell::{LeaseNotSent, NorthboundLink, ShellConfig, ShellError};
+use crate::shell::{BusOptions, LeaseNotSent, NorthboundLink, ShellConfig, ShellError};
 use bms::{BmsBridge, Heard};
 use bridge::{Act, Bridge, Level, LinkCounts, Now};
 use clears::{ClearAsk, ClearOutcome, Pending};
@@ -82,18 +81,9 @@ pub struct GatewayOptions {
     /// Where the gateway reports its counts after every second; `None`:
     /// nowhere.
     pub stats: Option<watch::Sender<GatewayStats>>,
-    /// MQTT user name and password, for brokers that require them.
-    pub credentials: Option<(String, String)>,
-    /// MQTT keep-alive; `None`: the bus's default (5 s).
-    pub keep_alive: Option<Duration>,
-    /// The JSON `online` on a connection of its own; `None`: the bus's
-    /// default (on).
-    pub json_presence: Option<bool>,
-    /// The controller's flash (event log, outbox, sequence floor);
-    /// `None`: one in memory, lost at exit.
-    pub flash: Option<ControllerFlash>,
-    /// The readers that may ask this CDU to resend its logged events.
-    pub readers: Vec<Signer>,
+    /// How it is on the bus: login, keep-alive, flash, readers (as
+    /// `run`).
+    pub bus: BusOptions,
     /// The northbound server's link (snapshots out, the BMS's writes
     /// in); `None`: no server.
     pub northbound: Option<NorthboundLink>,
@@ -108,11 +98,7 @@ impl GatewayOptions {
         Self {
             link,
             stats: None,
-            credentials: None,
-            keep_alive: None,
-            json_presence: None,
-            flash: None,
-            readers: Vec::new(),
+            bus: BusOptions::default(),
             northbound: None,
             clears: None,
         }
@@ -215,14 +201,14 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ShellError> {
     cfg.validate()?;
-    let flash = match opts.flash.take() {
+    let flash = match opts.bus.flash.take() {
         Some(f) => f,
         None => ControllerFlash::open(None).map_err(ShellError::Flash)?,
     };
     let bc = gateway_bus(&cfg, &mut opts, flash.first_seq)?;
     let (bus, mut inbound, bus_task) = Bus::start_with_outbox(bc, Box::new(flash.outbox));
     flash.recorder.attach(bus.clone());
-    let resender = start_resender(&bus, &flash.recorder, opts.readers);
+    let resender = start_resender(&bus, &flash.recorder, opts.bus.readers);
     tracing::info!(
         "cooling gateway: CDU {} of site {}, {} hosts, the microcontroller on {}, broker {}",
         cfg.cdu,
@@ -275,13 +261,7 @@ fn gateway_bus(
 ) -> Result<loopwarden_bus::BusConfig, ShellError> {
     let me = NodeId::new(Role::Cdu, cfg.cdu.as_str())
         .map_err(|e| ShellError::Config(format!("cdu: {e}")))?;
-    let mut bc = bus_config(cfg, &me, opts.credentials.take())?;
-    if let Some(k) = opts.keep_alive {
-        bc.keep_alive = k;
-    }
-    if let Some(j) = opts.json_presence {
-        bc.json_presence = j;
-    }
+    let mut bc = bus_config(cfg, &me, &mut opts.bus)?;
     bc.first_seq = first_seq;
     Ok(bc)
 }

@@ -26,7 +26,7 @@
 //! Between periods it takes what the bus brings: readers' requests to
 //! resend logged events, on this CDU's `resend` topic, handed first and
 //! unread to the resender ([`loopwarden_bus::resend::Resender`], which
-//! checks them against [`ShellOptions::readers`] and answers from the
+//! checks them against [`BusOptions::readers`] and answers from the
 //! flash's event log on the `resent` topic); host telemetry (one
 //! subscription per host of its own, at QoS 0 as telemetry is published,
 //! so the broker sends it no other CDU's hosts), handed to the decision
@@ -48,7 +48,7 @@
 //! every ack. Besides the counters it carries a [`Snapshot`] of the core
 //! (mode, sensors, loops, leaks, pumps) taken after each step, when each
 //! host was last heard and each host's last ack: what the console shows.
-//! [`ShellOptions::flash`] is the controller's flash (opened by the
+//! [`BusOptions::flash`] is the controller's flash (opened by the
 //! caller, in memory when `None`): every core event and every lease
 //! sent or lifted goes to its event log as a [`Journal`] entry, off the control
 //! loop (the `cooling-ctrl run` command writes them to flash). [`run`] is
@@ -155,12 +155,10 @@ pub struct ShellConfig {
     pub lease: Duration,
 }
 
-/// What [`run_with`] takes besides the config.
+/// How a controller is on the bus besides its config: the same for
+/// [`run_with`] and the gateway (`crate::gateway::run`).
 #[derive(Default)]
-pub struct ShellOptions {
-    /// Where the shell reports its counters (see [`stats_channel`]);
-    /// `None`: nowhere.
-    pub stats: Option<watch::Sender<ShellStats>>,
+pub struct BusOptions {
     /// MQTT user name and password, for brokers that require them.
     pub credentials: Option<(String, String)>,
     /// MQTT keep-alive; `None`: the bus's default (5 s).
@@ -169,9 +167,48 @@ pub struct ShellOptions {
     /// (`BusConfig::json_presence`); `None`: the bus's default (on).
     pub json_presence: Option<bool>,
     /// The controller's flash (event log, outbox, sequence floor), opened
-    /// by the caller so its console can read the log; `None`: the shell
-    /// opens one in memory, lost at exit.
+    /// by the caller so its console can read the log; `None`: one in
+    /// memory, lost at exit.
     pub flash: Option<ControllerFlash>,
+    /// The readers (operators, facility systems) that may ask this CDU to
+    /// resend its logged events, those with the `resend` right (the
+    /// keyring's); empty: every request is refused as unauthenticated.
+    pub readers: Vec<Signer>,
+}
+
+impl BusOptions {
+    /// What `config` gives, with the controller's `flash`.
+    pub fn of(config: &crate::config::Config, flash: ControllerFlash) -> Self {
+        Self {
+            credentials: config.credentials.clone(),
+            keep_alive: Some(config.keep_alive),
+            json_presence: Some(config.json_presence),
+            flash: Some(flash),
+            readers: config.readers.clone(),
+        }
+    }
+}
+
+impl std::fmt::Debug for BusOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BusOptions")
+            .field("credentials", &self.credentials.as_ref().map(|(u, _)| u))
+            .field("keep_alive", &self.keep_alive)
+            .field("json_presence", &self.json_presence)
+            .field("flash", &self.flash)
+            .field("readers", &self.readers.len())
+            .finish()
+    }
+}
+
+/// What [`run_with`] takes besides the config.
+#[derive(Default)]
+pub struct ShellOptions {
+    /// Where the shell reports its counters (see [`stats_channel`]);
+    /// `None`: nowhere.
+    pub stats: Option<watch::Sender<ShellStats>>,
+    /// How it is on the bus: login, keep-alive, flash, readers.
+    pub bus: BusOptions,
     /// The northbound Modbus server's link; `None`: no server.
     pub northbound: Option<NorthboundLink>,
     /// The board's pins; `None`: leaks come from the CDU's leak register
@@ -182,25 +219,17 @@ pub struct ShellOptions {
     /// This CDU's part in a hall of several CDUs (`[facility]`); `None`:
     /// its setpoint alone sets its facility water.
     pub facility: Option<crate::facility::FacilityRole>,
-    /// The readers (operators, facility systems) that may ask this CDU to
-    /// resend its logged events, those with the `resend` right (the
-    /// keyring's); empty: every request is refused as unauthenticated.
-    pub readers: Vec<Signer>,
 }
 
 impl std::fmt::Debug for ShellOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ShellOptions")
             .field("stats", &self.stats.is_some())
-            .field("credentials", &self.credentials.as_ref().map(|(u, _)| u))
-            .field("keep_alive", &self.keep_alive)
-            .field("json_presence", &self.json_presence)
-            .field("flash", &self.flash)
+            .field("bus", &self.bus)
             .field("northbound", &self.northbound.is_some())
             .field("board", &self.board.is_some())
             .field("operator", &self.operator.is_some())
             .field("facility", &self.facility)
-            .field("readers", &self.readers.len())
             .finish()
     }
 }
@@ -356,11 +385,11 @@ pub async fn run<P: CduPort>(
     run_with(cfg, ShellOptions::default(), cdu, shutdown).await
 }
 
-/// As [`run`], reporting to `opts.stats` and logging in to the broker with
-/// `opts.credentials`.
+/// As [`run`], reporting to `opts.stats` and on the bus as `opts.bus`
+/// says.
 pub async fn run_with<P: CduPort>(
     cfg: ShellConfig,
-    opts: ShellOptions,
+    mut opts: ShellOptions,
     cdu: P,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ShellError> {
@@ -368,7 +397,7 @@ pub async fn run_with<P: CduPort>(
     if let Some(b) = &opts.board {
         check_ropes(&cfg.core, b.roped())?;
     }
-    let flash = match opts.flash {
+    let flash = match opts.bus.flash.take() {
         Some(f) => f,
         None => ControllerFlash::open(None).map_err(ShellError::Flash)?,
     };
@@ -376,13 +405,7 @@ pub async fn run_with<P: CduPort>(
     restore_learned(decider.core_mut(), &flash.learned);
     let me = NodeId::new(Role::Cdu, cfg.cdu.as_str())
         .map_err(|e| ShellError::Config(format!("cdu: {e}")))?;
-    let mut bus_config = bus_config(&cfg, &me, opts.credentials.clone())?;
-    if let Some(k) = opts.keep_alive {
-        bus_config.keep_alive = k;
-    }
-    if let Some(j) = opts.json_presence {
-        bus_config.json_presence = j;
-    }
+    let mut bus_config = bus_config(&cfg, &me, &mut opts.bus)?;
     bus_config.first_seq = flash.first_seq;
     let facility = opts
         .facility
@@ -395,7 +418,7 @@ pub async fn run_with<P: CduPort>(
     }
     let (bus, mut inbound, bus_task) = Bus::start_with_outbox(bus_config, Box::new(flash.outbox));
     flash.recorder.attach(bus.clone());
-    let resender = start_resender(&bus, &flash.recorder, opts.readers);
+    let resender = start_resender(&bus, &flash.recorder, opts.bus.readers);
     tracing::info!(
         "cooling shell: CDU {} of site {}, {} hosts, period {} ms, broker {}",
         cfg.cdu,

@@ -85,7 +85,10 @@ async fn controller(broker: &Mosquitto, cdu: &loopwarden_twin::sim_cdu::SimCdu) 
     let (tx, stats) = shell::stats_channel();
     let opts = ShellOptions {
         stats: Some(tx),
-        readers: readers(),
+        bus: shell::BusOptions {
+            readers: readers(),
+            ..Default::default()
+        },
         ..Default::default()
     };
     let (stop, stopped) = oneshot::channel::<()>();

@@ -136,9 +136,11 @@ impl Rig {
         cfg.key = Some(key());
         let opts = ShellOptions {
             stats: Some(tx),
-            credentials: None,
+            bus: shell::BusOptions {
+                flash,
+                ..Default::default()
+            },
             board,
-            flash,
             northbound,
             ..Default::default()
         };

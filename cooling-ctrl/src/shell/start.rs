@@ -5,15 +5,22 @@
 //! resender that answers readers' requests for logged events.
 use super::*;
 
-/// The bus for `cfg`'s CDU `me`: its own hosts' telemetry and every
-/// host's acks subscribed, every host's command topic checked to build.
+/// The bus for `cfg`'s CDU `me`, as `opts` says (its login taken from
+/// it): its own hosts' telemetry and every host's acks subscribed, every
+/// host's command topic checked to build.
 pub(crate) fn bus_config(
     cfg: &ShellConfig,
     me: &NodeId,
-    credentials: Option<(String, String)>,
+    opts: &mut BusOptions,
 ) -> Result<BusConfig, ShellError> {
     let mut bus_config = BusConfig::new(cfg.broker.clone(), cfg.site.clone(), me.clone());
-    bus_config.credentials = credentials;
+    bus_config.credentials = opts.credentials.take();
+    if let Some(k) = opts.keep_alive {
+        bus_config.keep_alive = k;
+    }
+    if let Some(j) = opts.json_presence {
+        bus_config.json_presence = j;
+    }
     bus_config.tls = cfg.tls.clone();
     // In a second a CDU hears each of its hosts' telemetry, and in a cap
     // episode an ack from each, all at about the same instant; and it

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use cooling_ctrl::journal::ControllerFlash;
 use cooling_ctrl::modbus::{Link, ModbusCdu};
-use cooling_ctrl::shell::{OperatorRequest, ShellConfig, ShellOptions, ShellStats};
+use cooling_ctrl::shell::{BusOptions, OperatorRequest, ShellConfig, ShellOptions, ShellStats};
 use loopwarden_boards::modbus_map::RegisterMap;
 use loopwarden_boards::pins::PinMap;
 use loopwarden_twin::hall::Hall;
@@ -139,10 +139,13 @@ impl ControllerRuns {
             stats: Some(self.stats.clone()),
             board: Some(Box::new(board)),
             operator,
-            flash: Some(flash),
-            // The twin's: operators and facility systems of the
-            // demonstration key may ask for resends.
-            readers: cooling_ctrl::config::demo_readers(),
+            bus: BusOptions {
+                flash: Some(flash),
+                // The twin's: operators and facility systems of the
+                // demonstration key may ask for resends.
+                readers: cooling_ctrl::config::demo_readers(),
+                ..Default::default()
+            },
             ..Default::default()
         };
         let port = ModbusCdu::new(self.map.clone(), self.link.clone())

@@ -141,8 +141,11 @@ impl Rig {
                 .expect("the controller's /metrics");
             let opts = ShellOptions {
                 stats: Some(stats_tx),
-                flash: Some(flash),
-                readers: cooling_ctrl::config::demo_readers(),
+                bus: shell::BusOptions {
+                    flash: Some(flash),
+                    readers: cooling_ctrl::config::demo_readers(),
+                    ..Default::default()
+                },
                 ..Default::default()
             };
             tokio::spawn(shell::run_with(cfg, opts, port, stop));

@@ -122,11 +122,7 @@ async fn serve(
         .map_err(|e| e.to_string())?;
     let opts = GatewayOptions {
         stats: Some(stats_tx),
-        credentials: config.credentials.clone(),
-        keep_alive: Some(config.keep_alive),
-        json_presence: Some(config.json_presence),
-        flash: Some(flash),
-        readers: config.readers.clone(),
+        bus: cooling_ctrl::shell::BusOptions::of(&config, flash),
         northbound,
         clears: Some(clears_rx),
         ..GatewayOptions::new(link)

@@ -411,17 +411,13 @@ async fn serve(config: config::Config, notifier: Notifier) -> Result<(), String>
         start_northbound(&config, listeners.northbound.clone()).await?;
     let opts = ShellOptions {
         stats: Some(stats_tx),
-        credentials: config.credentials.clone(),
-        keep_alive: Some(config.keep_alive),
-        json_presence: Some(config.json_presence),
-        flash: Some(flash),
+        bus: shell::BusOptions::of(&config, flash),
         northbound: northbound_link,
         // The board's pins on a GPIO chip when configured; the CDU's leak
         // register is read in any case.
         board,
         operator: Some(operator_rx),
         facility: config.facility.clone(),
-        readers: config.readers.clone(),
     };
     let result = shell::run_with(config.shell_config(broker), opts, port, stop).await;
     supervision.finish(result.is_err());
