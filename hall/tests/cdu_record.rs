@@ -10,11 +10,11 @@
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use loopwarden_system_tests::require_tool;
+use loopwarden_system_tests::serial_console::PtyPair;
 use serde_json::Value;
 use tokio::time::timeout;
 use tokio_modbus::client::Context;
@@ -274,34 +274,14 @@ async fn the_record_holds_every_write_in_order_the_faults_and_what_the_cdu_did()
     }
 }
 
-/// A pseudo-terminal pair from socat: the CDU's end and the client's.
-fn pty_pair(dir: &Path) -> Option<(Guard, PathBuf, PathBuf)> {
-    let socat = require_tool("socat")?;
-    let end = |n: &str| format!("pty,raw,echo=0,link={}", dir.join(n).display());
-    let child = Guard(
-        Command::new(socat)
-            .args([&end("cdu"), &end("bms")])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start socat"),
-    );
-    let (cdu, bms) = (dir.join("cdu"), dir.join("bms"));
-    let t0 = Instant::now();
-    while !(cdu.exists() && bms.exists()) {
-        assert!(t0.elapsed() < Duration::from_secs(5), "no pseudo-terminals");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Some((child, cdu, bms))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_rtu_the_record_holds_its_own_unit_and_broadcasts_only() {
     let dir = tempfile::tempdir().unwrap();
-    let Some((_socat, cdu_end, bms_end)) = pty_pair(dir.path()) else {
+    // The CDU serves on one end; the client (a BMS) opens the other.
+    let Some(pair) = PtyPair::start() else {
         return;
     };
+    let (cdu_end, bms_end) = (pair.agent(), pair.engineer());
     let path = dir.path().join("cdu.jsonl");
     let listen = ["--serial", cdu_end.to_str().unwrap(), "--unit", "7"];
     let (mut cdu, first) = start_cdu(dir.path(), &listen, &path);
