@@ -61,7 +61,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::journal::ControllerFlash;
 use crate::northbound::{NorthboundSnapshot, NorthboundWrite};
-use crate::shell::{bus_config, host_report, send_lease, send_state, start_resender};
+use crate::shell::{bus_config, host_report, send_lease, send_state, start_bus};
 use crate::shell::{BusOptions, LeaseNotSent, NorthboundLink, ShellConfig, ShellError};
 use bms::{BmsBridge, Heard};
 use bridge::{Act, Bridge, Level, LinkCounts, Now};
@@ -206,9 +206,12 @@ pub async fn run(
         None => ControllerFlash::open(None).map_err(ShellError::Flash)?,
     };
     let bc = gateway_bus(&cfg, &mut opts, flash.first_seq)?;
-    let (bus, mut inbound, bus_task) = Bus::start_with_outbox(bc, Box::new(flash.outbox));
-    flash.recorder.attach(bus.clone());
-    let resender = start_resender(&bus, &flash.recorder, opts.bus.readers);
+    let (bus, mut inbound, bus_task, resender) = start_bus(
+        bc,
+        Box::new(flash.outbox),
+        &flash.recorder,
+        opts.bus.readers,
+    );
     tracing::info!(
         "cooling gateway: CDU {} of site {}, {} hosts, the microcontroller on {}, broker {}",
         cfg.cdu,

@@ -116,7 +116,7 @@ use crate::decide::outdoor::{self, OutdoorSource, OutdoorSources};
 pub use leases::{host_report, send_lease, LeaseNotSent};
 pub use links::{BoardIo, NorthboundLink, OperatorAction, OperatorRequest};
 pub use publish::{cdu_state, cdu_telemetry, send_state, StateKey, StateSent, StepFacts};
-pub(crate) use start::{bus_config, start_resender};
+pub(crate) use start::{bus_config, start_bus};
 use start::{check_ropes, log_said, restore_learned, start_decider};
 pub use stats::{
     stats_channel, FacilityStatus, LastAck, ResendCounts, SensorStatus, ShellStats, Snapshot,
@@ -416,9 +416,12 @@ pub async fn run_with<P: CduPort>(
             .map_err(|e| ShellError::Bus(format!("the CDU health filter: {e:?}")))?;
         bus_config.subscriptions.push(f.to_string());
     }
-    let (bus, mut inbound, bus_task) = Bus::start_with_outbox(bus_config, Box::new(flash.outbox));
-    flash.recorder.attach(bus.clone());
-    let resender = start_resender(&bus, &flash.recorder, opts.bus.readers);
+    let (bus, mut inbound, bus_task, resender) = start_bus(
+        bus_config,
+        Box::new(flash.outbox),
+        &flash.recorder,
+        opts.bus.readers,
+    );
     tracing::info!(
         "cooling shell: CDU {} of site {}, {} hosts, period {} ms, broker {}",
         cfg.cdu,

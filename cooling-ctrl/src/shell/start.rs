@@ -164,7 +164,26 @@ pub(super) fn restore_learned(core: &mut Core, records: &LearnedRecords) {
 /// The resender of this CDU's logged events on `bus`, read through
 /// `recorder`, for the `readers` that may resend; says at start when
 /// none may, as every request will then be refused.
-pub(crate) fn start_resender(bus: &Bus, recorder: &Recorder, readers: Vec<Signer>) -> Resender {
+/// The bus started on `bc`, its QoS 1 frames kept in `outbox`; the
+/// recorder attached to it, and the resender that answers `readers`.
+pub(crate) fn start_bus(
+    bc: BusConfig,
+    outbox: Box<dyn loopwarden_bus::DurableOutbox>,
+    recorder: &Recorder,
+    readers: Vec<Signer>,
+) -> (
+    Bus,
+    mpsc::Receiver<Inbound>,
+    loopwarden_bus::BusTask,
+    Resender,
+) {
+    let (bus, inbound, task) = Bus::start_with_outbox(bc, outbox);
+    recorder.attach(bus.clone());
+    let resender = start_resender(&bus, recorder, readers);
+    (bus, inbound, task, resender)
+}
+
+fn start_resender(bus: &Bus, recorder: &Recorder, readers: Vec<Signer>) -> Resender {
     if readers.is_empty() {
         tracing::warn!(
             "cooling shell: no keyring: requests to resend logged events will be refused"
