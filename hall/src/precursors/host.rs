@@ -114,6 +114,8 @@ pub struct Gpu {
     pub dead: bool,
     /// Samples still to miss (a slow NVML call), then it answers again.
     pub miss: u32,
+    /// Whether its last sample was missed.
+    pub missed_last: bool,
     /// What was last written, for delta samples.
     written: Option<Written>,
 }
@@ -163,6 +165,7 @@ impl Gpu {
             },
             dead: false,
             miss: 0,
+            missed_last: false,
             written: None,
         }
     }
@@ -435,7 +438,8 @@ impl Host {
         let limit = self.power_limit;
         let noise: f64 = self.rng.gen_range(-0.6..0.6);
         let gpu = &mut self.gpus[g];
-        if gpu.dead || gpu.miss > 0 {
+        gpu.missed_last = gpu.dead || gpu.miss > 0;
+        if gpu.missed_last {
             gpu.miss = gpu.miss.saturating_sub(1);
             let _ = writeln!(
                 self.out,

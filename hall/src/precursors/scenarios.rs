@@ -571,7 +571,7 @@ enum Event {
     Sbe(usize, u64),
     /// A blip of PCIe replays.
     PcieBlip(usize, u64),
-    /// A GPU misses 1 or 2 samples.
+    /// A GPU misses 1 or 2 samples (never joined to another such run).
     Missed(usize, u32),
     /// Every GPU misses 3-6 rounds: the driver or host stalls.
     Stall(u32),
@@ -689,7 +689,13 @@ impl Benign {
             Event::Sbe(g, n) => host.gpus[g].sbe += n,
             Event::PcieBlip(g, n) => host.gpus[g].pcie += n,
             Event::Missed(g, n) => {
-                if live(host, g) {
+                // One episode of one or two slow calls. One drawn while
+                // another runs on the GPU, or just after it, would join it
+                // into a longer outage of that GPU alone, which is the
+                // fault `unresponsive` is for, not this event: it is
+                // dropped.
+                let gpu = &host.gpus[g];
+                if live(host, g) && gpu.miss == 0 && !gpu.missed_last {
                     host.gpus[g].miss = n;
                     host.dense(t, t + 10_000);
                 }
@@ -737,5 +743,62 @@ impl Benign {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::SeedableRng;
+
+    use super::super::host::Host;
+    use super::*;
+
+    /// The longest run of missed samples of `gpu` in the trace `jsonl`.
+    fn longest_miss_run(jsonl: &str, gpu: usize) -> usize {
+        let own = format!("\"gpu\":{gpu},\"sample\"");
+        let (mut run, mut longest) = (0, 0);
+        for line in jsonl.lines().filter(|l| l.contains(&own)) {
+            run = if line.contains("\"responsive\":false") {
+                run + 1
+            } else {
+                0
+            };
+            longest = longest.max(run);
+        }
+        longest
+    }
+
+    /// Plays `events` on a healthy host for `secs`; its trace.
+    fn played(events: Vec<(u64, Event)>, secs: u64) -> String {
+        let mut host = Host::new(rand::rngs::StdRng::seed_from_u64(1), "t", "t");
+        let mut benign = Benign {
+            events,
+            ..Benign::default()
+        };
+        for s in 0..secs {
+            benign.apply(&mut host, s * 1_000);
+            host.step(s * 1_000);
+        }
+        host.finish().0
+    }
+
+    #[test]
+    fn two_missed_sample_events_back_to_back_stay_runs_of_at_most_two() {
+        // The second starts as the first ends, and a third inside the
+        // second's run: alone each is two samples.
+        let events = vec![
+            (60_000, Event::Missed(7, 2)),
+            (62_000, Event::Missed(7, 2)),
+            (63_000, Event::Missed(7, 2)),
+        ];
+        assert_eq!(longest_miss_run(&played(events, 80), 7), 2);
+        // Apart, both happen.
+        let apart = vec![(60_000, Event::Missed(7, 2)), (70_000, Event::Missed(7, 2))];
+        let jsonl = played(apart, 80);
+        let missed = jsonl
+            .lines()
+            .filter(|l| l.contains("\"gpu\":7,\"sample\":{\"responsive\":false"))
+            .count();
+        assert_eq!((longest_miss_run(&jsonl, 7), missed), (2, 4));
     }
 }
