@@ -156,30 +156,17 @@ pub fn damage_record(bytes: &mut [u8], r: &LatchRecord) -> bool {
 }
 
 /// The config keys of what the estimator learned: part `n` of its record
-/// (`cooling_core::estimate::record`) under `cdu.learned.n`.
-pub const LEARNED_KEYS: [&str; PARTS] = [
-    "cdu.learned.0",
-    "cdu.learned.1",
-    "cdu.learned.2",
-    "cdu.learned.3",
-    "cdu.learned.4",
-    "cdu.learned.5",
-    "cdu.learned.6",
-    "cdu.learned.7",
-    "cdu.learned.8",
-    "cdu.learned.9",
-    "cdu.learned.10",
-    "cdu.learned.11",
-    "cdu.learned.12",
-    "cdu.learned.13",
-    "cdu.learned.14",
-    "cdu.learned.15",
-    "cdu.learned.16",
-];
+/// (`cooling_core::estimate::record`) under `cdu.learned.n`; the decision
+/// path's, which the firmware keeps its parts under too
+/// ([`cooling_decide::learned`]).
+pub use cooling_decide::learned::LEARNED_KEYS;
 
 /// How often the shell keeps what the estimator learned (and at a clean
-/// stop); the twin's fast mode keeps it as often in simulated time.
-pub const LEARNED_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
+/// stop); the twin's fast mode keeps it as often in simulated time. The
+/// decision path's cadence, which the firmware keeps too
+/// ([`cooling_decide::learned::LEARNED_EVERY_MS`]).
+pub const LEARNED_EVERY: std::time::Duration =
+    std::time::Duration::from_millis(cooling_decide::learned::LEARNED_EVERY_MS);
 
 /// Each part of what `l` holds, with its key, as it is kept.
 pub fn learned_records(l: &Learned) -> Vec<(&'static str, Vec<u8>)> {

@@ -29,6 +29,10 @@
 //! 5. The leases due for the core's caps ([`leases::LeaseBook`]): the
 //!    shell signs and sends them, the twin's hosts hold them.
 //!
+//! What the core's estimator learned is kept in flash under the keys and
+//! at the cadence of [`learned`], and restored part by part at start
+//! ([`Decider::restore_learned_part`]).
+//!
 //! Glossary:
 //! - *board read*: what the controller board's leak lines gave this step
 //!   ([`BoardRead`]).
@@ -43,6 +47,7 @@ pub mod float;
 pub mod hosts;
 pub mod inputs;
 pub mod latch;
+pub mod learned;
 pub mod leases;
 pub mod outdoor;
 pub mod record;

@@ -18,6 +18,11 @@
 //! 6. [`Controller::report`]: the leases due ([`LeaseBook`]), the step's
 //!    events and what the decision path said, the status, and the cost.
 //!
+//! What the estimator learned goes to flash and back through it too
+//! ([`crate::learned`]): restored at start ([`Controller::restore_learned`],
+//! traced), kept every ten minutes ([`Controller::learned_to_keep`],
+//! [`Controller::learned_kept`]) by its keeper ([`LearnedKeeper`]).
+//!
 //! Its ports ([`Ports`]) take messages to the gateway, records to the
 //! trace and lines for the console; none of them waits.
 //!
@@ -31,6 +36,7 @@ use core::fmt;
 
 use cooling_core::sensors::Which;
 use cooling_core::{Commands, LeakInputs, MAX_HOSTS};
+use cooling_decide::learned::{LearnedKeeper, ToKeep, LEARNED_KEYS};
 use cooling_decide::leases::{LeaseBook, LEASE_DEFAULT};
 use cooling_decide::outdoor::OutdoorSources;
 use cooling_decide::{
@@ -95,6 +101,9 @@ impl WallClock {
 /// The controller between steps.
 pub struct Controller<'d> {
     decider: &'d mut Decider,
+    /// What the estimator learned, on its way to flash (in a static: it
+    /// holds the figures being kept).
+    learned: &'d mut LearnedKeeper,
     leases: LeaseBook,
     outdoor: OutdoorSources,
     gate: ClearGate,
@@ -129,13 +138,15 @@ pub struct Controller<'d> {
 
 impl<'d> Controller<'d> {
     /// A controller of `decider` (built for the board's configuration and
-    /// map), taking clears through `gate`.
-    pub fn new(decider: &'d mut Decider, gate: ClearGate) -> Self {
+    /// map), taking clears through `gate`, keeping what was learned
+    /// through `learned`.
+    pub fn new(decider: &'d mut Decider, gate: ClearGate, learned: &'d mut LearnedKeeper) -> Self {
         let cfg = *decider.core().config();
         let hosts = cfg.layout.hosts().min(MAX_HOSTS);
         Self {
             leases: LeaseBook::new(hosts, LEASE_DEFAULT, cfg.gpu.tdp_w),
             decider,
+            learned,
             outdoor: OutdoorSources::new(),
             gate,
             deframer: Deframer::default(),
@@ -302,6 +313,69 @@ impl<'d> Controller<'d> {
         self.apply(p, Traced::Written(o));
     }
 
+    /// Part `part` of what an earlier run learned, before the first step:
+    /// its bytes as the flash held them (`read`), or why they could not
+    /// be read. Restored through the decision path (traced), or refused
+    /// and said with its key, that part left as configured; whether it
+    /// was restored. The keeper hears what the flash holds.
+    #[inline(never)]
+    pub fn restore_learned(
+        &mut self,
+        p: &mut impl Ports,
+        part: usize,
+        read: Result<&[u8], &dyn fmt::Display>,
+    ) -> bool {
+        let key = LEARNED_KEYS.get(part).copied().unwrap_or("cdu.learned.?");
+        let bytes = match read {
+            Ok(b) => b,
+            Err(why) => {
+                self.refuse_learned(p, key, &format_args!("unreadable in flash: {why}"));
+                return false;
+            }
+        };
+        self.learned.held(part, bytes);
+        let (Ok(part8), Ok(bytes)) = (u8::try_from(part), heapless::Vec::from_slice(bytes)) else {
+            self.refuse_learned(
+                p,
+                key,
+                &format_args!("{} bytes, more than a part", bytes.len()),
+            );
+            return false;
+        };
+        match self.apply(p, Traced::LearnedPart { part: part8, bytes }) {
+            Applied::Learned(Ok(())) => true,
+            Applied::Learned(Err(why)) => {
+                self.refuse_learned(p, key, &why);
+                false
+            }
+            _ => false,
+        }
+    }
+
+    /// Part `key` of what was learned refused (`why`), to the console and
+    /// the gateway.
+    fn refuse_learned(&mut self, p: &mut impl Ports, key: &str, why: &dyn fmt::Display) {
+        let line = RefusedPart { key, why };
+        p.say(format_args!("{line}"));
+        let words = said_words(&line);
+        if !p.up(&Up::Said { error: true, words }) {
+            self.link.up_dropped = self.link.up_dropped.saturating_add(1);
+        }
+    }
+
+    /// After the step's writes: the next part of what was learned to
+    /// write to flash at `now_ms` (a keep begins when one is due).
+    pub fn learned_to_keep(&mut self, now_ms: u64) -> ToKeep<'_> {
+        self.learned.begin(self.decider.core(), now_ms);
+        self.learned.to_keep()
+    }
+
+    /// The part [`Controller::learned_to_keep`] gave went to flash (`ok`)
+    /// or did not.
+    pub fn learned_kept(&mut self, part: usize, ok: bool) {
+        self.learned.kept(part, ok);
+    }
+
     /// Step 6: the leases due, the step's events, what the decision path
     /// said, the status and the step's cost; `writes_ok`: every write of
     /// the step went in.
@@ -427,6 +501,22 @@ impl<'d> Controller<'d> {
             events_dropped: core.events_dropped(),
             cost,
         })
+    }
+}
+
+/// A part of what was learned, refused, as it is said.
+struct RefusedPart<'a> {
+    key: &'a str,
+    why: &'a dyn fmt::Display,
+}
+
+impl fmt::Display for RefusedPart<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "learned: {} refused ({}): that part starts as configured",
+            self.key, self.why
+        )
     }
 }
 

@@ -7,14 +7,18 @@
 //! budget) starts in place in its static, made at compile time, from
 //! that record (an unreadable one is the decider's relatch at the
 //! CDU's first answer); `Up::Hello` goes to the gateway and `Trace::Boot`
-//! and the start to the debug port; the watchdog starts.
+//! and the start to the debug port; what the estimator learned is
+//! restored from the flash, part by part, through the decision path
+//! (traced); the watchdog starts.
 //!
 //! Each control period (TIMER0's tick) a step, in the Linux shell's
 //! order ([`loopwarden_firmware::controller`]): what the gateway said,
 //! the CDU read over Modbus RTU, the decision, the record to flash, the
-//! writes, the leases, events, status and cost to the gateway, the
-//! status line on the console; then the watchdog is fed. Between steps
-//! the gateway's bytes are acted on and the queued frames go out.
+//! writes, the leases, events, status and cost to the gateway, what was
+//! learned to flash every ten minutes (the parts that changed, while the
+//! step's budget allows), the status line on the console; then the
+//! watchdog is fed. Between steps the gateway's bytes are acted on and
+//! the queued frames go out.
 //!
 //! A step's Modbus transactions stop when the period's budget
 //! ([`shell::STEP_BUDGET_US`]) would be overrun, so a silent CDU cannot
@@ -38,6 +42,7 @@ use core::mem::MaybeUninit;
 use core::sync::atomic::{AtomicBool, Ordering};
 
 use cooling_core::CoreConfig;
+use cooling_decide::learned::LearnedKeeper;
 use cooling_decide::{Decider, LatchRecord};
 use cortex_m_rt::entry;
 use loopwarden_firmware::board::{self, clock, icount, reset, uart::Uart, watchdog};
@@ -53,6 +58,9 @@ use shell::Shell;
 /// be made on the stack ([`decider_in_place`] starts it).
 static mut DECIDER: Decider = Decider::unstarted();
 static DECIDER_TAKEN: AtomicBool = AtomicBool::new(false);
+/// The keeper of what the estimator learned (the figures being kept and
+/// each part's bytes, some 4.5 KB), made at compile time.
+static mut LEARNED: LearnedKeeper = LearnedKeeper::new();
 
 #[entry]
 fn main() -> ! {
@@ -115,12 +123,17 @@ fn decider_in_place(read: &Result<Option<LatchRecord>, LoadError>) -> &'static m
     d
 }
 
-/// The controller around `decider`, in its static.
+/// The controller around `decider`, in its static, with the learned
+/// figures' keeper in its own.
 #[inline(never)]
 fn controller_in_place(decider: &'static mut Decider) -> &'static mut Controller<'static> {
     let slot = cortex_m::singleton!(: MaybeUninit<Controller<'static>> = MaybeUninit::uninit())
         .expect("made once");
-    slot.write(Controller::new(decider, ClearGate::built_in()))
+    // SAFETY: the static's only reference: this function runs once (the
+    // singleton above panics at a second call).
+    let p = &raw mut LEARNED;
+    let learned = unsafe { &mut *p };
+    slot.write(Controller::new(decider, ClearGate::built_in(), learned))
 }
 
 #[panic_handler]

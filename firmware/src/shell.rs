@@ -3,8 +3,9 @@
 //! the debug port on UART3, each through a static queue that the UART
 //! drains as it takes bytes (never a wait), and text lines on the
 //! console (UART2). The Modbus RTU master on UART0, the flash (the
-//! latched record, the boot count, the operators' last clear ids), the
-//! LEDs, and each step's sequence and timing ([`Shell::step`]).
+//! latched record, the boot count, the operators' last clear ids, what
+//! the estimator learned: [`LearnedFlash`]), the LEDs, and each step's
+//! sequence and timing ([`Shell::step`]).
 //!
 //! Glossary:
 //! - *work*: the step's instructions outside its Modbus transactions
@@ -13,23 +14,26 @@
 use core::fmt::{self, Write as _};
 use core::sync::atomic::{AtomicBool, Ordering};
 
+use cooling_core::estimate::record::MAX_LEN;
 use cooling_decide::{CduMeasurements, LatchRecord, Opening, Outcome, Plan};
 use embedded_hal::digital::{OutputPin, StatefulOutputPin};
 use embedded_hal_nb::nb;
 use embedded_hal_nb::serial::Read as _;
 use loopwarden_firmware::block_on::block_on;
 use loopwarden_firmware::board::clock::{self, BoardClock};
+use loopwarden_firmware::board::nor::NorError;
 use loopwarden_firmware::board::nor::RamNor;
 use loopwarden_firmware::board::{self, icount, led::Led, uart, uart::Uart, watchdog};
 use loopwarden_firmware::cdu::InputValues;
 use loopwarden_firmware::clears::{keyring, Taken};
 use loopwarden_firmware::controller::{Controller, Ports};
 use loopwarden_firmware::latch::{self, LoadError};
+use loopwarden_firmware::learned::{self, LearnedFlash};
 use loopwarden_firmware::map::{self, Register};
 use loopwarden_firmware::outbound::{FrameBuffers, FramedPort};
 use loopwarden_firmware::writes::{self, SettingPort};
 use loopwarden_firmware::{counters, rtu};
-use loopwarden_flash::ConfigStore;
+use loopwarden_flash::{ConfigStore, StoreError};
 use loopwarden_link::trace::Trace;
 use loopwarden_link::{Hello, ResetCause, Up};
 
@@ -40,6 +44,13 @@ use crate::status::Line;
 const RESPONSE_TIMEOUT_US: u32 = 200_000;
 /// The part of a control period a step's transactions may take, µs.
 pub const STEP_BUDGET_US: u64 = 800_000;
+/// The longest one config item's write may take on a NOR part, µs: the
+/// store may erase a sector (400 ms at worst on a W25Q-class SPI NOR)
+/// and move a sector's live items first (16 pages of 256 B, 3 ms each
+/// at worst). The PSRAM standing in for the part writes in microseconds;
+/// what was learned is written only while this much of the step's
+/// budget is left, so that a real part keeps the steps on time too.
+const NOR_ITEM_WORST_US: u64 = 450_000;
 /// Bytes of frames waiting for the gateway: a step's status, events and
 /// leases several times over.
 const GATEWAY_QUEUE: usize = 8192;
@@ -174,6 +185,7 @@ impl Shell {
             restored: matches!(read, Ok(Some(_))),
         };
         ctl.boot(self, hello, Opening::of(read));
+        learned::restore(ctl, self);
     }
 
     /// The keyring built in, and each operator's last clear id.
@@ -296,7 +308,8 @@ impl Shell {
     }
 
     /// The step after its decision: the record to flash, the writes, the
-    /// reports, the status line, the watchdog fed.
+    /// reports, what was learned to flash when due, the status line, the
+    /// watchdog fed.
     #[inline(never)]
     fn act(&mut self, ctl: &mut Controller<'_>, tick: u32, now_ms: u64) {
         if let Some(r) = ctl.to_keep(self) {
@@ -309,6 +322,9 @@ impl Shell {
         let failed = outcome.tried.iter().filter(|(_, r)| r.is_err()).count();
         ctl.written(self, outcome);
         ctl.report(self, now_ms, writes_ok);
+        // What was learned, after the writes and the reports, while the
+        // step's budget allows.
+        learned::keep(ctl, self, now_ms);
         let work = self.work.0 + icount::instructions_since(self.work.1);
         self.show(ctl);
         watchdog::feed();
@@ -490,6 +506,26 @@ impl SettingPort for RtuPort<'_> {
 
     fn time_left(&mut self) -> bool {
         clock::now_us() + u64::from(self.cdu.timeout_us()) <= self.deadline_us
+    }
+}
+
+impl LearnedFlash for Shell {
+    type Error = StoreError<NorError>;
+
+    fn read_learned(
+        &mut self,
+        key: &str,
+        out: &mut [u8; MAX_LEN],
+    ) -> Result<Option<usize>, Self::Error> {
+        learned::read_part(&mut self.store, key, out)
+    }
+
+    fn write_learned(&mut self, key: &str, bytes: &[u8]) -> Result<(), Self::Error> {
+        learned::write_part(&mut self.store, key, bytes)
+    }
+
+    fn time_for_learned(&mut self) -> bool {
+        clock::now_us() + NOR_ITEM_WORST_US <= self.deadline_us
     }
 }
 

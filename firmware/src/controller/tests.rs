@@ -166,7 +166,8 @@ fn valves(p: &Plan) -> u16 {
 #[test]
 fn a_run_with_the_gateways_messages_and_a_leak_replays_with_every_digest_matching() {
     let mut d = decider(&Ok(None));
-    let mut c = Controller::new(&mut d, ClearGate::new(Some("cdu1"), ring()));
+    let mut k = Box::new(LearnedKeeper::new());
+    let mut c = Controller::new(&mut d, ClearGate::new(Some("cdu1"), ring()), &mut k);
     let p = &mut *Fake::new();
     c.boot(p, hello(), Opening::Nothing);
     let mut open = 0b1111;
@@ -223,7 +224,8 @@ fn a_run_with_the_gateways_messages_and_a_leak_replays_with_every_digest_matchin
 fn an_unreadable_record_relatches_from_the_valves_the_cdu_reports_closed_and_replays() {
     let read: Result<Option<LatchRecord>, &str> = Err("cdu.latched: unreadable in flash");
     let mut d = decider(&read);
-    let mut c = Controller::new(&mut d, ClearGate::new(None, &[]));
+    let mut k = Box::new(LearnedKeeper::new());
+    let mut c = Controller::new(&mut d, ClearGate::new(None, &[]), &mut k);
     let p = &mut *Fake::new();
     c.boot(p, hello(), Opening::of(&read));
     assert!(p.said("cdu.latched: unreadable in flash; the record is kept as it is"));
@@ -249,7 +251,8 @@ fn an_unreadable_record_relatches_from_the_valves_the_cdu_reports_closed_and_rep
 #[test]
 fn a_bad_frame_is_counted_and_never_acted_on() {
     let mut d = decider(&Ok(None));
-    let mut c = Controller::new(&mut d, ClearGate::new(None, &[]));
+    let mut k = Box::new(LearnedKeeper::new());
+    let mut c = Controller::new(&mut d, ClearGate::new(None, &[]), &mut k);
     let p = &mut *Fake::new();
     let limits = Down::Limits {
         ceiling_c: 35.0,
@@ -292,7 +295,8 @@ fn answers(p: &Fake) -> Vec<(u32, Result<(), String>)> {
 #[test]
 fn a_clear_is_checked_acted_on_and_answered() {
     let mut d = decider(&Ok(None));
-    let mut c = Controller::new(&mut d, ClearGate::new(Some("cdu1"), ring()));
+    let mut k = Box::new(LearnedKeeper::new());
+    let mut c = Controller::new(&mut d, ClearGate::new(Some("cdu1"), ring()), &mut k);
     let p = &mut *Fake::new();
     c.boot(p, hello(), Opening::Nothing);
     let mut open = 0b1111;
@@ -359,7 +363,8 @@ fn a_clear_is_checked_acted_on_and_answered() {
 #[test]
 fn a_lease_the_gateway_could_not_take_is_due_again() {
     let mut d = decider(&Ok(None));
-    let mut c = Controller::new(&mut d, ClearGate::new(None, &[]));
+    let mut k = Box::new(LearnedKeeper::new());
+    let mut c = Controller::new(&mut d, ClearGate::new(None, &[]), &mut k);
     let p = &mut *Fake::new();
     let leases = |p: &Fake| {
         (p.ups.iter())
@@ -388,7 +393,8 @@ fn a_lease_the_gateway_could_not_take_is_due_again() {
 #[test]
 fn a_lease_not_queued_holds_back_no_other_host_s_and_goes_at_the_next_step() {
     let mut d = decider(&Ok(None));
-    let mut c = Controller::new(&mut d, ClearGate::new(None, &[]));
+    let mut k = Box::new(LearnedKeeper::new());
+    let mut c = Controller::new(&mut d, ClearGate::new(None, &[]), &mut k);
     let p = &mut *Fake::new();
     let leased = |p: &Fake, from: usize| -> Vec<u16> {
         (p.ups[from..].iter())
@@ -414,7 +420,8 @@ fn a_lease_not_queued_holds_back_no_other_host_s_and_goes_at_the_next_step() {
 #[test]
 fn with_its_gateway_dead_a_leak_is_isolated_a_tripped_pump_handed_over_and_every_step_beats() {
     let mut d = decider(&Ok(None));
-    let mut c = Controller::new(&mut d, ClearGate::new(None, &[]));
+    let mut k = Box::new(LearnedKeeper::new());
+    let mut c = Controller::new(&mut d, ClearGate::new(None, &[]), &mut k);
     let p = &mut *Fake::new();
     // The gateway never speaks and its line takes nothing.
     p.full = true;
