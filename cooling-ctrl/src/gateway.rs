@@ -61,7 +61,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::journal::ControllerFlash;
 use crate::northbound::{NorthboundSnapshot, NorthboundWrite};
-use crate::shell::{bus_config, host_report, send_lease, send_state, start_bus};
+use crate::shell::{bus_config, host_report, next, send_lease, send_state, start_bus};
 use crate::shell::{BusOptions, LeaseNotSent, NorthboundLink, ShellConfig, ShellError};
 use bms::{BmsBridge, Heard};
 use bridge::{Act, Bridge, Level, LinkCounts, Now};
@@ -267,14 +267,6 @@ fn gateway_bus(
     let mut bc = bus_config(cfg, &me, &mut opts.bus)?;
     bc.first_seq = first_seq;
     Ok(bc)
-}
-
-/// The next of `rx`, never when there is none.
-async fn next<T>(rx: &mut Option<mpsc::Receiver<T>>) -> Option<T> {
-    match rx {
-        Some(rx) => rx.recv().await,
-        None => std::future::pending().await,
-    }
 }
 
 /// What the gateway is given on the bus.

@@ -17,9 +17,11 @@
 //! [`serve`] answers every request from the latest snapshot, so a read
 //! never waits for the control loop and never sees half a step. Writes,
 //! when enabled, are checked against the map and handed to the shell as
-//! [`NorthboundWrite`]s on an [`mpsc`](tokio::sync::mpsc) channel; the shell applies them at
-//! its next step ([`NorthboundSettings::apply`]) and the holding registers
-//! read what is in force, so an accepted write reads back one step later.
+//! [`NorthboundWrite`]s on an [`mpsc`](tokio::sync::mpsc) channel; the shell takes them as they
+//! come, between its steps ([`NorthboundSettings::apply`]), and sends its
+//! snapshot again with them. The holding registers read what is in force,
+//! and a write is answered once they read it ([`WRITE_SHOWN_WITHIN`] at
+//! most), so a BMS that reads back straight after its write sees it.
 //!
 //! Answers:
 //! - input registers (function 4) and holding registers (function 3):
@@ -33,7 +35,8 @@
 //!   exception 3); all or nothing: one refused register refuses the lot
 //!   and nothing is handed on. When the shell's channel is full the write
 //!   is refused with exception 6 (busy: try again), when the shell is gone
-//!   with exception 4;
+//!   with exception 4. An accepted write is answered once the holding
+//!   registers read it, or after 200 ms ([`WRITE_SHOWN_WITHIN`]);
 //! - any other function: exception 1.
 //!
 //! Connections: at most 16 at once (`northbound_max_connections`; one
@@ -80,7 +83,7 @@ mod snapshot;
 
 pub use codec::{decode_write, encode_snapshot, sentinel, Image};
 pub use map::{check_map, northbound_map, MapError, MAP_TOML};
-pub use server::{addressed, serve, serve_within, ANY_UNIT, LIMITS};
+pub use server::{addressed, serve, serve_within, ANY_UNIT, LIMITS, WRITE_SHOWN_WITHIN};
 pub use snapshot::{
     pump_bits, snapshot_channel, snapshot_from, NorthboundSettings, NorthboundSnapshot,
     NorthboundWrite, FAULT_BIT, NOT_AVAILABLE_BIT,
@@ -530,7 +533,10 @@ mod tests {
             Err(ExceptionCode::ServerDeviceBusy)
         );
         assert!(wrx.try_recv().is_err());
-        assert_eq!(state.write(0, &[3000]), Ok(()));
+        assert_eq!(
+            state.write(0, &[3000]),
+            Ok(vec![NorthboundWrite::SetpointCeiling { celsius: 30.0 }])
+        );
         assert_eq!(
             wrx.try_recv().unwrap(),
             NorthboundWrite::SetpointCeiling { celsius: 30.0 }

@@ -7,7 +7,7 @@
 //! 1. read the CDU through its [`CduPort`] and the board's leak lines
 //!    (`shell/devices.rs`: an error is counted and logged once per change of its
 //!    message; "refused" and "no answer" both mean no readings this step);
-//!    take the BMS's writes and pick the outdoor temperature (`shell/bms.rs`);
+//!    pick the outdoor temperature (`shell/bms.rs`);
 //! 2. run the decision path's step ([`Decider::step`]) with the time in ms
 //!    since the shell started (a monotonic clock);
 //! 3. write the latched record to flash when it changed, and wait for it;
@@ -23,10 +23,12 @@
 //!    `caps = [all GPUs at the cap]`, duration `ShellConfig::lease`; a
 //!    lifted cap goes as a 5-second lease at the GPU's TDP).
 //!
-//! Between periods it takes what the bus brings: readers' requests to
-//! resend logged events, on this CDU's `resend` topic, handed first and
-//! unread to the resender ([`loopwarden_bus::resend::Resender`], which
-//! checks them against [`BusOptions::readers`] and answers from the
+//! Between periods it takes the BMS's writes as they come (`shell/bms.rs`:
+//! the holding registers read them at once, the limits are the core's from
+//! the next step), operators' requests, and what the bus brings: readers'
+//! requests to resend logged events, on this CDU's `resend` topic, handed
+//! first and unread to the resender ([`loopwarden_bus::resend::Resender`],
+//! which checks them against [`BusOptions::readers`] and answers from the
 //! flash's event log on the `resent` topic); host telemetry (one
 //! subscription per host of its own, at QoS 0 as telemetry is published,
 //! so the broker sends it no other CDU's hosts), handed to the decision
@@ -441,6 +443,7 @@ pub async fn run_with<P: CduPort>(
     let mut shell = Shell::new(cfg, started, cdu, opts.stats, opts.northbound, opts.board);
     shell.facility = facility;
     let mut operator = opts.operator;
+    let mut bms_writes = shell.bms.writes();
     let mut tick = tokio::time::interval(shell.cfg.period);
     tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
     tokio::pin!(shutdown);
@@ -448,12 +451,8 @@ pub async fn run_with<P: CduPort>(
         tokio::select! {
             _ = tick.tick() => shell.step().await,
             Some(msg) = inbound.recv() => shell.on_inbound(msg),
-            Some(req) = async {
-                match operator.as_mut() {
-                    Some(rx) => rx.recv().await,
-                    None => std::future::pending().await,
-                }
-            } => shell.on_operator(req),
+            Some(req) = next(&mut operator) => shell.on_operator(req),
+            Some(w) = next(&mut bms_writes) => shell.on_bms(w),
             _ = &mut shutdown => break,
         }
     }
@@ -472,6 +471,14 @@ pub async fn run_with<P: CduPort>(
     }
     shell.report();
     Ok(())
+}
+
+/// The next of `rx`, never when there is none.
+pub(crate) async fn next<T>(rx: &mut Option<mpsc::Receiver<T>>) -> Option<T> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// What the shell starts with besides its config and its links.
@@ -551,9 +558,7 @@ impl<P: CduPort> Shell<P> {
         let now = self.now_ms();
         let readings = self.devices.read_cdu(&mut self.stats).await;
         let board = self.devices.read_board();
-        if let Some((ceiling, offset)) = self.bms.take_writes(now) {
-            self.decider.core_mut().set_limits(ceiling, offset);
-        }
+        self.bms.refresh(now);
         let fallback = self.cfg.core.margins.design_ambient_c;
         let first = self.stats.steps == 0;
         self.bms
@@ -655,6 +660,16 @@ impl<P: CduPort> Shell<P> {
         // logged too, for a reader that asks for it again).
         self.keeping.recorder.emit(e, now_ms());
         self.stats.events_published += 1;
+    }
+
+    /// The BMS wrote `w` (the server checked it against the map),
+    /// between two steps: the holding registers read it at once, the
+    /// limits are the core's from the next step.
+    fn on_bms(&mut self, w: NorthboundWrite) {
+        let now = self.now_ms();
+        if let Some((ceiling, offset)) = self.bms.wrote(w, now) {
+            self.decider.core_mut().set_limits(ceiling, offset);
+        }
     }
 
     /// Carries out an operator's request between two steps.

@@ -5,12 +5,27 @@
 //! connections open (one more is closed at once, as a Modbus TCP server
 //! does when it has no room) and closes one that sends no request for
 //! [`Limits::idle`] ([`LIMITS`] by default; `loopwarden_field::listen`).
+//!
+//! A write is answered once the holding registers read what it wrote:
+//! the shell (or the gateway) takes it from the channel on another task
+//! and publishes a snapshot with it, and an answer sent before that would
+//! let a BMS that reads back at once (its write-verify) see the old
+//! value. It waits for the snapshot's settings to show every value the
+//! write handed on ([`shows`](super::NorthboundSettings::shows)), for
+//! [`WRITE_SHOWN_WITHIN`] at most; then it answers all the same (the
+//! write is taken, and reads back once the loop publishes it).
+//!
+//! Glossary:
+//! - *shown*: the latest snapshot's settings hold a write's value.
 
+use std::cell::RefCell;
 use std::collections::BTreeSet;
-use std::future::{ready, Ready};
+use std::future::{ready, Future};
 use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use std::vec::Vec;
 
 use loopwarden_boards::modbus_map::{Kind, RegisterMap};
@@ -27,6 +42,14 @@ use super::{check_map, decode_write, encode_snapshot, NorthboundSnapshot, Northb
 /// The log target: the module's path before it was split, so log lines
 /// and filters read as they did.
 const TARGET: &str = "cooling_ctrl::northbound";
+
+/// How long a write's answer waits for the holding registers to read what
+/// it wrote. The gateway and `run` show a write within a millisecond or
+/// so (`run` between its steps); a loop busy for longer (a step waiting
+/// on a silent CDU), or a server whose writes nobody takes, answers after
+/// this: well inside the second `mbpoll` waits for an answer by default,
+/// as BMS clients commonly do.
+pub const WRITE_SHOWN_WITHIN: Duration = Duration::from_millis(200);
 
 /// What every connection shares.
 pub(super) struct State {
@@ -60,23 +83,50 @@ impl State {
             .collect()
     }
 
-    pub(super) fn write(&self, addr: u16, words: &[u16]) -> Result<(), ExceptionCode> {
+    /// Checks the write of `words` from `addr` and hands it on: the
+    /// writes handed on (none for `alarm_ack` written 0).
+    pub(super) fn write(
+        &self,
+        addr: u16,
+        words: &[u16],
+    ) -> Result<Vec<NorthboundWrite>, ExceptionCode> {
         let Some(tx) = &self.writes else {
             return Err(ExceptionCode::IllegalFunction);
         };
         let writes = decode_write(&self.map, addr, words)?;
         if writes.is_empty() {
-            return Ok(());
+            return Ok(writes);
         }
         let permits = tx.try_reserve_many(writes.len()).map_err(|e| match e {
             mpsc::error::TrySendError::Full(()) => ExceptionCode::ServerDeviceBusy,
             mpsc::error::TrySendError::Closed(()) => ExceptionCode::ServerDeviceFailure,
         })?;
-        for (permit, w) in permits.zip(writes) {
+        for (permit, w) in permits.zip(writes.iter()) {
             tracing::info!(target: TARGET, "northbound: the BMS writes {w}");
-            permit.send(w);
+            permit.send(*w);
         }
-        Ok(())
+        Ok(writes)
+    }
+
+    /// Completes once the latest snapshot shows every one of `writes`, or
+    /// after [`WRITE_SHOWN_WITHIN`], or at once when the snapshots' sender
+    /// is gone (nothing more will show).
+    pub(super) fn shown(&self, writes: Vec<NorthboundWrite>) -> impl Future<Output = ()> + Send {
+        let mut snapshots = self.snapshots.clone();
+        async move {
+            if writes.is_empty() {
+                return;
+            }
+            let all_shown = |s: &NorthboundSnapshot| writes.iter().all(|w| s.settings.shows(*w));
+            let waited = tokio::time::timeout(WRITE_SHOWN_WITHIN, snapshots.wait_for(all_shown));
+            if waited.await.is_err() {
+                tracing::debug!(
+                    target: TARGET,
+                    "northbound: a write does not read back within {} ms: answered all the same",
+                    WRITE_SHOWN_WITHIN.as_millis()
+                );
+            }
+        }
     }
 }
 
@@ -85,7 +135,25 @@ impl RegisterFile for State {
         self.read(kind, addr, count)
     }
     fn write_registers(&self, addr: u16, words: &[u16]) -> Result<(), ExceptionCode> {
-        self.write(addr, words)
+        self.write(addr, words).map(drop)
+    }
+}
+
+/// One request's view of the register file: as [`State`], keeping the
+/// writes it handed on, whose showing its answer waits for.
+struct Call<'a> {
+    state: &'a State,
+    handed: RefCell<Vec<NorthboundWrite>>,
+}
+
+impl RegisterFile for Call<'_> {
+    fn read_registers(&self, kind: Kind, addr: u16, count: u16) -> Result<Vec<u16>, ExceptionCode> {
+        self.state.read(kind, addr, count)
+    }
+    fn write_registers(&self, addr: u16, words: &[u16]) -> Result<(), ExceptionCode> {
+        let handed = self.state.write(addr, words)?;
+        self.handed.borrow_mut().extend(handed);
+        Ok(())
     }
 }
 
@@ -125,12 +193,21 @@ impl tokio_modbus::server::Service for Service {
     type Request = SlaveRequest<'static>;
     type Response = Option<Response>;
     type Exception = ExceptionCode;
-    type Future = Ready<Result<Option<Response>, ExceptionCode>>;
+    type Future = Pin<Box<dyn Future<Output = Result<Option<Response>, ExceptionCode>> + Send>>;
 
     fn call(&self, req: Self::Request) -> Self::Future {
         let own = self.state.map.unit_id;
         if addressed(req.slave, own) {
-            return ready(answer(&*self.state, req.request).map(Some));
+            let call = Call {
+                state: &self.state,
+                handed: RefCell::default(),
+            };
+            let answered = answer(&call, req.request).map(Some);
+            let shown = self.state.shown(call.handed.into_inner());
+            return Box::pin(async move {
+                shown.await;
+                answered
+            });
         }
         let first = self
             .ignored
@@ -146,7 +223,7 @@ impl tokio_modbus::server::Service for Service {
                 req.slave
             );
         }
-        ready(Ok(None))
+        Box::pin(ready(Ok(None)))
     }
 }
 
@@ -279,6 +356,88 @@ mod tests {
         s.read_exact(&mut answer)?;
         assert_eq!(&answer[..2], &[t0, t1], "the answer to this request");
         Ok((answer[7], u16::from_be_bytes([answer[9], answer[10]])))
+    }
+
+    /// The server with writes enabled on a free loopback port, in `rt`,
+    /// beside a stand-in for the shell that takes each write and, after
+    /// `delay`, publishes a snapshot that holds it (`None`: it publishes
+    /// nothing). Its address.
+    fn served_with_writes(rt: &tokio::runtime::Runtime, delay: Option<Duration>) -> SocketAddr {
+        let listener = rt.block_on(TcpListener::bind("127.0.0.1:0")).expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (tx, rx) = snapshot_channel();
+        let (wtx, mut wrx) = mpsc::channel(16);
+        rt.spawn(serve(listener, northbound_map(), rx, Some(wtx)));
+        rt.spawn(async move {
+            while let Some(w) = wrx.recv().await {
+                if let Some(d) = delay {
+                    tokio::time::sleep(d).await;
+                    tx.send_modify(|s| s.settings.apply(w));
+                }
+            }
+        });
+        addr
+    }
+
+    /// Writes `value` to holding register `reg` of unit 1 on `s`: the
+    /// answer's function code.
+    fn write_register(s: &mut StdStream, tid: u16, reg: u16, value: u16) -> std::io::Result<u8> {
+        let ([t0, t1], [r0, r1], [v0, v1]) =
+            (tid.to_be_bytes(), reg.to_be_bytes(), value.to_be_bytes());
+        s.write_all(&[t0, t1, 0, 0, 0, 6, 1, 6, r0, r1, v0, v1])?;
+        let mut answer = [0u8; 12];
+        s.read_exact(&mut answer[..9])?;
+        if answer[7] == 6 {
+            s.read_exact(&mut answer[9..])?;
+        }
+        Ok(answer[7])
+    }
+
+    /// Reads holding register `reg` of unit 1 on `s`.
+    fn read_holding(s: &mut StdStream, tid: u16, reg: u16) -> std::io::Result<u16> {
+        let ([t0, t1], [r0, r1]) = (tid.to_be_bytes(), reg.to_be_bytes());
+        s.write_all(&[t0, t1, 0, 0, 0, 6, 1, 3, r0, r1, 0, 1])?;
+        let mut answer = [0u8; 11];
+        s.read_exact(&mut answer)?;
+        assert_eq!(answer[7], 3, "a read, not an exception: {answer:?}");
+        Ok(u16::from_be_bytes([answer[9], answer[10]]))
+    }
+
+    #[test]
+    fn a_write_is_answered_once_the_holding_registers_read_it() {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        // The shell takes the write and shows it 50 ms later: the answer
+        // waits for it, and a read straight after reads it back.
+        let mut bms = client(served_with_writes(&rt, Some(Duration::from_millis(50))));
+        let minus_4_50 = (-450i16) as u16;
+        let t0 = Instant::now();
+        assert_eq!(write_register(&mut bms, 1, 3, minus_4_50).unwrap(), 6);
+        let answered = t0.elapsed();
+        assert!(
+            answered >= Duration::from_millis(50),
+            "answered in {answered:?}"
+        );
+        assert_eq!(
+            read_holding(&mut bms, 2, 3).unwrap(),
+            minus_4_50,
+            "read back"
+        );
+        // A value already in force is answered at once.
+        let t0 = Instant::now();
+        assert_eq!(write_register(&mut bms, 3, 3, minus_4_50).unwrap(), 6);
+        assert!(
+            t0.elapsed() < Duration::from_millis(50),
+            "{:?}",
+            t0.elapsed()
+        );
+        // Nobody shows the writes: answered after WRITE_SHOWN_WITHIN all
+        // the same, and the register reads what is in force (none).
+        let mut bms = client(served_with_writes(&rt, None));
+        let t0 = Instant::now();
+        assert_eq!(write_register(&mut bms, 1, 3, minus_4_50).unwrap(), 6);
+        let answered = t0.elapsed();
+        assert!(answered >= WRITE_SHOWN_WITHIN, "answered in {answered:?}");
+        assert_eq!(read_holding(&mut bms, 2, 3).unwrap(), 0x8000);
     }
 
     /// What the server sends on `s` before it closes: nothing, closed.

@@ -192,6 +192,18 @@ impl NorthboundSettings {
             NorthboundWrite::OutdoorTemp { celsius } => self.outdoor_c = Some(celsius),
         }
     }
+
+    /// Whether these settings hold what `w` wrote, so the holding
+    /// registers read it back. The values are compared exactly: the shell
+    /// and the gateway keep the very value the server decoded.
+    pub fn shows(&self, w: NorthboundWrite) -> bool {
+        match w {
+            NorthboundWrite::SetpointCeiling { celsius } => self.setpoint_ceiling_c == celsius,
+            NorthboundWrite::PlanCeilingOffset { kelvin } => self.plan_ceiling_offset_k == kelvin,
+            NorthboundWrite::AlarmAck => self.alarm_acknowledged,
+            NorthboundWrite::OutdoorTemp { celsius } => self.outdoor_c == Some(celsius),
+        }
+    }
 }
 
 /// A write the server accepted (within the map's range), for the shell to

@@ -1,7 +1,9 @@
 //! The shell's side towards the building management system: the
 //! northbound Modbus server's link (its snapshots out, the BMS's bounded
 //! writes in), the settings the BMS made, and the outdoor temperature's
-//! sources ([`crate::decide::outdoor`]).
+//! sources ([`crate::decide::outdoor`]). The writes are taken as they
+//! come, between steps, and shown at once: the northbound server answers
+//! a write once its snapshot shows it.
 use super::*;
 
 /// The BMS's link and what it set.
@@ -30,24 +32,42 @@ impl Bms {
         }
     }
 
-    /// Takes the bounded writes the BMS made since the last step (at
-    /// `now`, shell ms); the holding registers then read the BMS's outdoor
-    /// temperature while it is in force. The limits it set, if it set
-    /// any.
-    pub(super) fn take_writes(&mut self, now: u64) -> Option<BmsLimits> {
-        let rx = self.link.as_mut().and_then(|nb| nb.writes.as_mut())?;
-        let mut changed = false;
-        while let Ok(w) = rx.try_recv() {
-            tracing::info!("cooling shell: the BMS wrote {w}");
-            match w {
-                NorthboundWrite::OutdoorTemp { celsius } => self.outdoor.bms_wrote(celsius, now),
-                _ => changed = true,
+    /// The BMS's writes, for the shell's loop to take as they come
+    /// ([`Bms::wrote`]); `None`: writes are disabled, or already taken.
+    pub(super) fn writes(&mut self) -> Option<mpsc::Receiver<NorthboundWrite>> {
+        self.link.as_mut().and_then(|nb| nb.writes.take())
+    }
+
+    /// The BMS wrote `w`, taken at `now` (shell ms) between two steps:
+    /// the settings hold it at once and the server's snapshot shows it
+    /// (the last step's, with the new settings), so the BMS reads back
+    /// what it wrote. The limits it set, when it set one.
+    pub(super) fn wrote(&mut self, w: NorthboundWrite, now: u64) -> Option<BmsLimits> {
+        tracing::info!("cooling shell: the BMS wrote {w}");
+        let limits = match w {
+            NorthboundWrite::OutdoorTemp { celsius } => {
+                self.outdoor.bms_wrote(celsius, now);
+                false
             }
-            self.settings.apply(w);
+            NorthboundWrite::AlarmAck => false,
+            NorthboundWrite::SetpointCeiling { .. } | NorthboundWrite::PlanCeilingOffset { .. } => {
+                true
+            }
+        };
+        self.settings.apply(w);
+        self.refresh(now);
+        if let Some(nb) = &self.link {
+            let settings = self.settings;
+            nb.snapshots.send_modify(|s| s.settings = settings);
         }
-        self.settings.outdoor_c = self.outdoor.bms_fresh(now);
         let s = &self.settings;
-        changed.then_some((s.setpoint_ceiling_c, s.plan_ceiling_offset_k))
+        limits.then_some((s.setpoint_ceiling_c, s.plan_ceiling_offset_k))
+    }
+
+    /// At a step at `now` (shell ms): the holding registers read the
+    /// BMS's outdoor temperature while it is in force.
+    pub(super) fn refresh(&mut self, now: u64) {
+        self.settings.outdoor_c = self.outdoor.bms_fresh(now);
     }
 
     /// This step's outdoor temperature from the CDU's reading `r` and the
@@ -97,5 +117,40 @@ impl Bms {
             nb.snapshots
                 .send_replace(snapshot_from(core, c, now, readings, hosts, &self.settings));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::northbound::snapshot_channel;
+
+    #[test]
+    fn a_write_between_steps_is_in_the_servers_snapshot_at_once() {
+        let (snapshots, rx) = snapshot_channel();
+        let (wtx, wrx) = mpsc::channel(4);
+        let link = NorthboundLink {
+            snapshots,
+            writes: Some(wrx),
+        };
+        let mut bms = Bms::new(Some(link), &CoreConfig::default());
+        assert!(bms.writes().is_some(), "the loop takes the writes");
+        assert!(bms.writes().is_none(), "once");
+        drop(wtx);
+        let outdoor = NorthboundWrite::OutdoorTemp { celsius: -4.5 };
+        assert_eq!(bms.wrote(outdoor, 1_000), None, "no limits set");
+        assert_eq!(rx.borrow().settings.outdoor_c, Some(-4.5));
+        let ceiling = NorthboundWrite::SetpointCeiling { celsius: 35.5 };
+        let offset = NorthboundWrite::PlanCeilingOffset { kelvin: -2.0 };
+        assert_eq!(bms.wrote(ceiling, 1_100), Some((35.5, 0.0)));
+        assert_eq!(bms.wrote(offset, 1_200), Some((35.5, -2.0)));
+        let shown = rx.borrow().settings;
+        assert!(shown.shows(ceiling) && shown.shows(offset) && shown.shows(outdoor));
+        // The BMS's outdoor temperature is in force 300 s from when it was
+        // taken.
+        bms.refresh(1_000 + 299_999);
+        assert_eq!(bms.settings.outdoor_c, Some(-4.5));
+        bms.refresh(1_000 + 300_000);
+        assert_eq!(bms.settings.outdoor_c, None);
     }
 }
