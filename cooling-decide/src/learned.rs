@@ -16,9 +16,9 @@
 //! keep. What the flash held at start ([`LearnedKeeper::held`]) counts as
 //! kept, so a restart rewrites nothing that did not change.
 //!
-//! The keeper holds the figures being kept and each part's bytes (some
-//! 4.5 KB): a microcontroller keeps it in a static, made at compile time
-//! ([`LearnedKeeper::new`] is `const`), off its stack.
+//! The keeper holds the figures being kept and each part's bytes (4.6 KB
+//! on a 32-bit target): a microcontroller keeps it in a static, made at
+//! compile time ([`LearnedKeeper::new`] is `const`), off its stack.
 //!
 //! Glossary:
 //! - *part*: one record of what was learned, under one key (part 0 the

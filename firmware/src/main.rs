@@ -59,7 +59,7 @@ use shell::Shell;
 static mut DECIDER: Decider = Decider::unstarted();
 static DECIDER_TAKEN: AtomicBool = AtomicBool::new(false);
 /// The keeper of what the estimator learned (the figures being kept and
-/// each part's bytes, some 4.5 KB), made at compile time.
+/// each part's bytes, 4.6 KB), made at compile time.
 static mut LEARNED: LearnedKeeper = LearnedKeeper::new();
 
 #[entry]
