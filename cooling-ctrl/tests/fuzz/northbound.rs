@@ -229,14 +229,18 @@ fn start_server(faults: &'static Faults) -> SocketAddr {
                     .expect("bind");
                 tx.send(listener.local_addr().expect("addr"))
                     .expect("the test waits");
-                let (_snap_tx, snapshots) = snapshot_channel();
+                let (snap_tx, snapshots) = snapshot_channel();
                 let (writes, mut handed_on) = tokio::sync::mpsc::channel(8);
+                // The shell's part: check each write, then publish the
+                // registers with it, as `run` and the gateway do (the
+                // server answers a write once the registers read it).
                 tokio::spawn(async move {
                     let map = northbound_map();
                     while let Some(w) = handed_on.recv().await {
                         if let Err(e) = within_range(&map, &w) {
                             faults.lock().unwrap().push(e);
                         }
+                        snap_tx.send_modify(|s| s.settings.apply(w));
                     }
                 });
                 let _ = serve(listener, northbound_map(), snapshots, Some(writes)).await;
