@@ -4,7 +4,10 @@
 //! (input: a read-only measurement; holding: a setting), address, type,
 //! scale and unit, and for settings the range the CDU accepts. The twin's
 //! simulated CDU serves a map; the controller's Modbus client reads the
-//! same file, so scaling and 32-bit word order live in one place.
+//! same file, so scaling and 32-bit word order live in one place. What a
+//! register is, how its words become a value and back, and the file's
+//! checks are `loopwarden_modbus_map`'s, which the firmware's build and
+//! run time use too; this module reads a file into a map by name.
 //!
 //! Glossary:
 //! - *raw*: the register's integer; *value*: raw × scale, in the unit.
@@ -16,98 +19,16 @@
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
+use loopwarden_modbus_map::{EncodeError, MapFile};
 
 use crate::BoardError;
 
-/// Register kind.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Kind {
-    /// Read-only measurement (function 4).
-    Input,
-    /// Setting (functions 3, 6, 16).
-    Holding,
-}
+pub use loopwarden_modbus_map::{Kind, Type, WordOrder};
 
-/// Register type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Type {
-    /// Unsigned 16 bits.
-    U16,
-    /// Signed 16 bits.
-    I16,
-    /// Unsigned 32 bits, two registers.
-    U32,
-    /// Signed 32 bits, two registers.
-    I32,
-}
-
-impl Type {
-    /// Registers it takes.
-    pub fn words(self) -> u16 {
-        match self {
-            Self::U16 | Self::I16 => 1,
-            Self::U32 | Self::I32 => 2,
-        }
-    }
-
-    fn raw_range(self) -> (f64, f64) {
-        match self {
-            Self::U16 => (0.0, u16::MAX as f64),
-            Self::I16 => (i16::MIN as f64, i16::MAX as f64),
-            Self::U32 => (0.0, u32::MAX as f64),
-            Self::I32 => (i32::MIN as f64, i32::MAX as f64),
-        }
-    }
-}
-
-/// Which register of a 32-bit value comes first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum WordOrder {
-    /// High 16 bits at the lower address.
-    HighFirst,
-    /// Low 16 bits at the lower address.
-    LowFirst,
-}
-
-/// One register (or register pair).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Register {
-    /// Name, unique in the map.
-    pub name: String,
-    /// Input or holding.
-    pub kind: Kind,
-    /// First address (0-based).
-    pub address: u16,
-    /// Type.
-    #[serde(rename = "type")]
-    pub ty: Type,
-    /// Value per raw unit.
-    pub scale: f64,
-    /// Unit of the value.
-    #[serde(default)]
-    pub unit: String,
-    /// Lowest value a write may set (holding registers).
-    pub min: Option<f64>,
-    /// Highest value a write may set (holding registers).
-    pub max: Option<f64>,
-    /// What it is.
-    #[serde(default)]
-    pub description: String,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct File {
-    model: String,
-    word_order: WordOrder,
-    unit_id: u8,
-    register: Vec<Register>,
-}
+/// One register (or register pair), as read from its map's file. What a
+/// register is and how its words become a value are
+/// `loopwarden_modbus_map`'s, shared with the firmware.
+pub type Register = loopwarden_modbus_map::Register<String>;
 
 /// Why a value cannot go into a register.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -158,51 +79,15 @@ pub struct RegisterMap {
 impl RegisterMap {
     /// Parses and checks a map; `origin` names it in errors.
     pub fn from_toml(text: &str, origin: &str) -> Result<Self, BoardError> {
-        let file: File = crate::parse_checked(text, origin, |_| Ok(()))?;
-        let invalid = |message: String| BoardError::Invalid {
-            origin: origin.to_string(),
-            message,
-        };
-        let mut by_name = BTreeMap::new();
-        let mut taken: BTreeMap<(bool, u16), String> = BTreeMap::new();
-        for r in file.register {
-            if !(r.scale.is_finite() && r.scale > 0.0) {
-                return Err(invalid(format!("{}: scale must be above 0", r.name)));
-            }
-            match (r.kind, r.min, r.max) {
-                (Kind::Holding, Some(lo), Some(hi)) if lo <= hi => {}
-                (Kind::Holding, _, _) => {
-                    return Err(invalid(format!(
-                        "{}: a holding register needs min <= max, the range a write may set",
-                        r.name
-                    )))
-                }
-                (Kind::Input, None, None) => {}
-                (Kind::Input, _, _) => {
-                    return Err(invalid(format!(
-                        "{}: min and max are for holding registers (input registers are read-only)",
-                        r.name
-                    )))
-                }
-            }
-            let end = u32::from(r.address) + u32::from(r.ty.words());
-            if end > 65_536 {
-                return Err(invalid(format!("{}: runs past address 65535", r.name)));
-            }
-            // `end` is at most 65536: each of the register's addresses fits.
-            for a in (u32::from(r.address)..end).map(|a| a as u16) {
-                let key = (r.kind == Kind::Holding, a);
-                if let Some(other) = taken.insert(key, r.name.clone()) {
-                    return Err(invalid(format!(
-                        "{} and {other} both use {:?} register {a}",
-                        r.name, r.kind
-                    )));
-                }
-            }
-            if by_name.insert(r.name.clone(), r.clone()).is_some() {
-                return Err(invalid(format!("register {:?} appears twice", r.name)));
-            }
-        }
+        let file: MapFile = crate::parse_checked(text, origin, |f: &MapFile| {
+            f.check().map_err(|e| e.to_string())
+        })?;
+        // Checked: every name is unique.
+        let by_name = file
+            .register
+            .into_iter()
+            .map(|r| (r.name.clone(), r))
+            .collect();
         Ok(Self {
             model: file.model,
             word_order: file.word_order,
@@ -240,38 +125,22 @@ impl RegisterMap {
         let r = self
             .get(name)
             .ok_or_else(|| ValueError::Unknown(name.to_string()))?;
-        if let (Some(min), Some(max)) = (r.min, r.max) {
-            if !(min..=max).contains(&value) {
-                return Err(ValueError::OutOfRange {
-                    name: r.name.clone(),
-                    value,
-                    unit: r.unit.clone(),
-                    min,
-                    max,
-                });
-            }
-        }
-        let raw = (value / r.scale).round();
-        let (lo, hi) = r.ty.raw_range();
-        if !raw.is_finite() || raw < lo || raw > hi {
-            return Err(ValueError::DoesNotFit {
+        match r.encode(self.word_order, value) {
+            Ok(words) => Ok(words.to_vec()),
+            Err(EncodeError::OutOfRange { min, max }) => Err(ValueError::OutOfRange {
+                name: r.name.clone(),
+                value,
+                unit: r.unit.clone(),
+                min,
+                max,
+            }),
+            Err(EncodeError::DoesNotFit) => Err(ValueError::DoesNotFit {
                 name: r.name.clone(),
                 value,
                 ty: r.ty,
                 scale: r.scale,
-            });
+            }),
         }
-        let bits: u32 = match r.ty {
-            Type::U16 => raw as u16 as u32,
-            Type::I16 => raw as i16 as u16 as u32,
-            Type::U32 => raw as u32,
-            Type::I32 => raw as i32 as u32,
-        };
-        Ok(match (r.ty.words(), self.word_order) {
-            (1, _) => vec![bits as u16],
-            (_, WordOrder::HighFirst) => vec![(bits >> 16) as u16, bits as u16],
-            (_, WordOrder::LowFirst) => vec![bits as u16, (bits >> 16) as u16],
-        })
     }
 
     /// The value of register `name` from its words (as many as its type
@@ -280,19 +149,7 @@ impl RegisterMap {
         let r = self
             .get(name)
             .ok_or_else(|| ValueError::Unknown(name.to_string()))?;
-        let w = |i: usize| u32::from(words.get(i).copied().unwrap_or(0));
-        let bits = match (r.ty.words(), self.word_order) {
-            (1, _) => w(0),
-            (_, WordOrder::HighFirst) => (w(0) << 16) | w(1),
-            (_, WordOrder::LowFirst) => (w(1) << 16) | w(0),
-        };
-        let raw = match r.ty {
-            Type::U16 => f64::from(bits as u16),
-            Type::I16 => f64::from(bits as u16 as i16),
-            Type::U32 => f64::from(bits),
-            Type::I32 => f64::from(bits as i32),
-        };
-        Ok(raw * r.scale)
+        Ok(r.decode(self.word_order, words))
     }
 }
 
@@ -396,6 +253,56 @@ mod tests {
         assert!(matches!(m.encode("nope", 1.0), Err(ValueError::Unknown(_))));
     }
 
+    mod agreed {
+        use super::super::{Type, WordOrder};
+        include!("../../modbus-map/src/cases.rs");
+    }
+
+    /// A map of one register laid out as `l`, named "r".
+    fn map_of(l: &agreed::Layout) -> RegisterMap {
+        let order = match l.order {
+            WordOrder::HighFirst => "high_first",
+            WordOrder::LowFirst => "low_first",
+        };
+        let ty = format!("{:?}", l.ty).to_lowercase();
+        let (kind, range) = match l.range {
+            Some((min, max)) => ("holding", format!("min = {min:?}\nmax = {max:?}\n")),
+            None => ("input", String::new()),
+        };
+        let text = format!(
+            "model = \"case\"\nword_order = \"{order}\"\nunit_id = 1\n[[register]]\n\
+             name = \"r\"\nkind = \"{kind}\"\naddress = 0\ntype = \"{ty}\"\n\
+             scale = {:?}\n{range}",
+            l.scale
+        );
+        RegisterMap::from_toml(&text, "case").expect("a valid map")
+    }
+
+    /// The words and values the firmware's tests hold its table to too
+    /// (`modbus-map/src/cases.rs`), through a map read from its text.
+    #[test]
+    fn the_agreed_cases_read_and_write_alike_through_a_map_read_from_its_file() {
+        for (l, words, want) in agreed::DECODE {
+            let got = map_of(l).decode("r", words).unwrap();
+            assert_eq!(got.to_bits(), want.to_bits(), "{l:?} {words:04X?}: {got}");
+        }
+        for (l, value, want) in agreed::ENCODE {
+            let got = match map_of(l).encode("r", *value) {
+                Ok(w) => agreed::Want::Words(Vec::leak(w)),
+                Err(ValueError::OutOfRange { min, max, .. }) => {
+                    assert_eq!(Some((min, max)), l.range, "{l:?} {value}");
+                    agreed::Want::OutOfRange
+                }
+                Err(ValueError::DoesNotFit { ty, scale, .. }) => {
+                    assert_eq!((ty, scale), (l.ty, l.scale), "{l:?} {value}");
+                    agreed::Want::DoesNotFit
+                }
+                Err(e) => panic!("{l:?} {value}: {e}"),
+            };
+            assert_eq!(got, *want, "{l:?} {value}");
+        }
+    }
+
     #[test]
     fn broken_maps_are_refused_with_the_reason() {
         let base = include_str!("../cdus/sim-cdu.toml");
@@ -424,5 +331,8 @@ mod tests {
         assert!(e.contains("u8"), "{e}");
         let e = bad("word_order = \"high_first\"", "word_order = \"big\"");
         assert!(e.contains("big"), "{e}");
+        // A misspelt field is not taken for a description.
+        let e = bad("unit = \"L/min\"", "units = \"L/min\"");
+        assert!(e.contains("unknown field `units`"), "{e}");
     }
 }

@@ -1,15 +1,18 @@
-//! The CDU's register map (`boards/cdus/*.toml`, in the format of
-//! `boards/src/modbus_map.rs`, with its checks) as a const table: every
+//! The CDU's register map (`boards/cdus/*.toml`) as a const table: every
 //! register, the runs of contiguous input registers a read takes, and a
-//! const per register the firmware reads or writes. A map without one of
-//! [`NEEDED`] is refused with its name; one of [`OPTIONAL`] it may lack
-//! (it then reads `None`, as on the Linux controller).
+//! const per register the firmware reads or writes. The file is read and
+//! checked by `loopwarden_modbus_map` (its `MapFile`, the shape and checks
+//! `loopwarden_boards::modbus_map::RegisterMap` uses on Linux). A map
+//! without one of [`NEEDED`] is refused with its name; one of [`OPTIONAL`]
+//! it may lack (it then reads `None`, as on the Linux controller).
+//!
+//! Glossary:
+//! - *span*: a run of contiguous input registers read in one request.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use serde::Deserialize;
+use loopwarden_modbus_map::{Kind, MapFile, Register};
 
 /// Registers the firmware cannot do without: what the control core's
 /// safety and regulation read, and every setting it writes.
@@ -44,110 +47,27 @@ pub const OPTIONAL: [(&str, Kind); 4] = [
 /// The most registers one read may ask for.
 const MAX_READ: u16 = 125;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Kind {
-    Input,
-    Holding,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum Type {
-    U16,
-    I16,
-    U32,
-    I32,
-}
-
-impl Type {
-    fn words(self) -> u16 {
-        match self {
-            Type::U16 | Type::I16 => 1,
-            Type::U32 | Type::I32 => 2,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum WordOrder {
-    HighFirst,
-    LowFirst,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Register {
-    name: String,
-    kind: Kind,
-    address: u16,
-    #[serde(rename = "type")]
-    ty: Type,
-    scale: f64,
-    #[serde(default)]
-    unit: String,
-    min: Option<f64>,
-    max: Option<f64>,
-    #[serde(default)]
-    #[allow(dead_code)]
-    description: String,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// A checked map file and where it came from.
 pub struct Map {
-    model: String,
-    word_order: WordOrder,
-    unit_id: u8,
-    register: Vec<Register>,
-    #[serde(skip)]
+    file: MapFile,
     origin: String,
 }
 
 impl Map {
     /// Reads and checks the map at `path`.
     pub fn load(path: &Path) -> Result<Self, String> {
-        let mut m: Map = crate::read_toml(path)?;
-        m.origin = path.display().to_string();
-        m.check().map_err(|why| format!("{}: {why}", m.origin))?;
+        let m = Map {
+            file: crate::read_toml(path)?,
+            origin: path.display().to_string(),
+        };
+        m.file.check().map_err(|e| format!("{}: {e}", m.origin))?;
+        m.check_needed()
+            .map_err(|why| format!("{}: {why}", m.origin))?;
         Ok(m)
     }
 
-    /// The checks of `RegisterMap::from_toml`.
-    fn check(&self) -> Result<(), String> {
-        let mut names = BTreeMap::new();
-        let mut taken: BTreeMap<(bool, u32), &str> = BTreeMap::new();
-        for r in &self.register {
-            if !(r.scale.is_finite() && r.scale > 0.0) {
-                return Err(format!("{}: scale must be above 0", r.name));
-            }
-            match (r.kind, r.min, r.max) {
-                (Kind::Holding, Some(lo), Some(hi)) if lo <= hi => {}
-                (Kind::Holding, _, _) => {
-                    return Err(format!("{}: a holding register needs min <= max", r.name))
-                }
-                (Kind::Input, None, None) => {}
-                (Kind::Input, _, _) => {
-                    return Err(format!("{}: min and max are for holding registers", r.name))
-                }
-            }
-            let end = u32::from(r.address) + u32::from(r.ty.words());
-            if end > 65_536 {
-                return Err(format!("{}: runs past address 65535", r.name));
-            }
-            for a in u32::from(r.address)..end {
-                if let Some(other) = taken.insert((r.kind == Kind::Holding, a), &r.name) {
-                    return Err(format!(
-                        "{} and {other} both use {:?} register {a}",
-                        r.name, r.kind
-                    ));
-                }
-            }
-            if names.insert(r.name.as_str(), ()).is_some() {
-                return Err(format!("register {:?} appears twice", r.name));
-            }
-        }
+    /// Every register of [`NEEDED`] is there, of its kind.
+    fn check_needed(&self) -> Result<(), String> {
         for (name, kind) in NEEDED {
             match self.get(name) {
                 Some(r) if r.kind == kind => {}
@@ -167,24 +87,24 @@ impl Map {
         Ok(())
     }
 
-    fn get(&self, name: &str) -> Option<&Register> {
-        self.register.iter().find(|r| r.name == name)
+    fn get(&self, name: &str) -> Option<&Register<String>> {
+        self.file.register.iter().find(|r| r.name == name)
     }
 
     fn index(&self, name: &str) -> Option<usize> {
-        self.register.iter().position(|r| r.name == name)
+        self.file.register.iter().position(|r| r.name == name)
     }
 
     /// Runs of contiguous input registers, each at most [`MAX_READ`]
     /// registers: (start, count, indices of its registers).
     fn spans(&self) -> Vec<(u16, u16, Vec<usize>)> {
-        let mut inputs: Vec<usize> = (0..self.register.len())
-            .filter(|i| self.register[*i].kind == Kind::Input)
+        let mut inputs: Vec<usize> = (0..self.file.register.len())
+            .filter(|i| self.file.register[*i].kind == Kind::Input)
             .collect();
-        inputs.sort_by_key(|i| self.register[*i].address);
+        inputs.sort_by_key(|i| self.file.register[*i].address);
         let mut spans: Vec<(u16, u16, Vec<usize>)> = Vec::new();
         for i in inputs {
-            let r = &self.register[i];
+            let r = &self.file.register[i];
             let n = r.ty.words();
             match spans.last_mut() {
                 Some((start, count, regs))
@@ -209,28 +129,28 @@ impl Map {
         let _ = writeln!(
             s,
             "/// The CDU model.\npub const MODEL: &str = {:?};",
-            self.model
+            self.file.model
         );
         let _ = writeln!(
             s,
             "/// The CDU's Modbus unit id.\npub const UNIT_ID: u8 = {};",
-            self.unit_id
+            self.file.unit_id
         );
         let _ = writeln!(
             s,
             "/// Word order of 32-bit values.\npub const WORD_ORDER: WordOrder = WordOrder::{:?};",
-            self.word_order
+            self.file.word_order
         );
         let _ = writeln!(
             s,
-            "/// Every register of the map.\npub const REGISTERS: [Register; {}] = [",
-            self.register.len()
+            "/// Every register of the map; their descriptions stay in the file,\n/// out of the image.\npub const REGISTERS: [Register; {}] = [",
+            self.file.register.len()
         );
-        for r in &self.register {
+        for r in &self.file.register {
             let opt = |v: Option<f64>| v.map_or("None".to_string(), |v| format!("Some({v:?})"));
             let _ = writeln!(
                 s,
-                "    Register {{ name: {:?}, kind: Kind::{:?}, address: {}, ty: Type::{:?}, scale: {:?}, unit: {:?}, min: {}, max: {} }},",
+                "    Register {{ name: {:?}, kind: Kind::{:?}, address: {}, ty: Type::{:?}, scale: {:?}, unit: {:?}, min: {}, max: {}, description: \"\" }},",
                 r.name, r.kind, r.address, r.ty, r.scale, r.unit, opt(r.min), opt(r.max)
             );
         }
@@ -256,7 +176,7 @@ impl Map {
         }
         for (name, kind) in OPTIONAL {
             let v = match self.index(name) {
-                Some(i) if self.register[i].kind == kind => format!("Some(&REGISTERS[{i}])"),
+                Some(i) if self.file.register[i].kind == kind => format!("Some(&REGISTERS[{i}])"),
                 _ => "None".to_string(),
             };
             let _ = writeln!(

@@ -53,8 +53,8 @@ impl InputValues {
         for &i in span.registers {
             let r = &map::REGISTERS[i];
             let at = usize::from(r.address - span.start);
-            let end = (at + r.ty.words()).min(words.len());
-            self.values[i] = words.get(at..end).map(|w| r.decode(w));
+            let end = (at + usize::from(r.ty.words())).min(words.len());
+            self.values[i] = words.get(at..end).map(|w| map::decode(r, w));
         }
     }
 

@@ -2,8 +2,10 @@
 //! `boards/cdus/sim-cdu.toml` (the file the Linux controller reads): every
 //! register with its kind, address, type, scale, unit and range, the runs
 //! of input registers one read takes, and a const for each register the
-//! firmware uses. Values are decoded and encoded here exactly as
-//! `loopwarden_boards::modbus_map::RegisterMap` does it.
+//! firmware uses. What a register is and how its words become a value and
+//! back are `loopwarden_modbus_map`'s, the same code
+//! `loopwarden_boards::modbus_map::RegisterMap` runs on Linux; here they
+//! take the map's word order and name the register in what they refuse.
 //!
 //! Glossary:
 //! - *raw*: the register's integer; *value*: raw × scale, in the unit.
@@ -13,76 +15,11 @@
 
 use core::fmt;
 
-/// Register kind.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// Read-only measurement (function 4).
-    Input,
-    /// Setting (functions 6 and 16).
-    Holding,
-}
+use loopwarden_modbus_map::EncodeError;
+pub use loopwarden_modbus_map::{round, Kind, Type, WordOrder, Words};
 
-/// Register type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Type {
-    /// Unsigned 16 bits.
-    U16,
-    /// Signed 16 bits.
-    I16,
-    /// Unsigned 32 bits, two registers.
-    U32,
-    /// Signed 32 bits, two registers.
-    I32,
-}
-
-impl Type {
-    /// Registers it takes.
-    pub const fn words(self) -> usize {
-        match self {
-            Type::U16 | Type::I16 => 1,
-            Type::U32 | Type::I32 => 2,
-        }
-    }
-
-    fn raw_range(self) -> (f64, f64) {
-        match self {
-            Type::U16 => (0.0, u16::MAX as f64),
-            Type::I16 => (i16::MIN as f64, i16::MAX as f64),
-            Type::U32 => (0.0, u32::MAX as f64),
-            Type::I32 => (i32::MIN as f64, i32::MAX as f64),
-        }
-    }
-}
-
-/// Which register of a 32-bit value comes first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WordOrder {
-    /// High 16 bits at the lower address.
-    HighFirst,
-    /// Low 16 bits at the lower address.
-    LowFirst,
-}
-
-/// One register (or register pair) of the map.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Register {
-    /// Name, unique in the map.
-    pub name: &'static str,
-    /// Input or holding.
-    pub kind: Kind,
-    /// First address (0-based).
-    pub address: u16,
-    /// Type.
-    pub ty: Type,
-    /// Value per raw unit.
-    pub scale: f64,
-    /// Unit of the value.
-    pub unit: &'static str,
-    /// Lowest value a write may set (holding registers).
-    pub min: Option<f64>,
-    /// Highest value a write may set (holding registers).
-    pub max: Option<f64>,
-}
+/// One register (or register pair) of the map, its texts built in.
+pub type Register = loopwarden_modbus_map::Register<&'static str>;
 
 /// Input registers read in one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,78 +104,31 @@ impl fmt::Display for Centi {
     }
 }
 
-/// Words of one value: one or two.
-pub type Words = heapless::Vec<u16, 2>;
-
-impl Register {
-    /// The words of `value`; for a holding register it must be within
-    /// the register's range.
-    pub fn encode(&self, value: f64) -> Result<Words, ValueError> {
-        if let (Some(min), Some(max)) = (self.min, self.max) {
-            if !(min..=max).contains(&value) {
-                return Err(ValueError::OutOfRange {
-                    name: self.name,
-                    value,
-                    min,
-                    max,
-                });
-            }
-        }
-        let raw = round(value / self.scale);
-        let (lo, hi) = self.ty.raw_range();
-        if !raw.is_finite() || raw < lo || raw > hi {
-            return Err(ValueError::DoesNotFit {
-                name: self.name,
-                value,
-            });
-        }
-        let bits: u32 = match self.ty {
-            Type::U16 => raw as u16 as u32,
-            Type::I16 => raw as i16 as u16 as u32,
-            Type::U32 => raw as u32,
-            Type::I32 => raw as i32 as u32,
-        };
-        let words: &[u16] = match (self.ty.words(), WORD_ORDER) {
-            (1, _) => &[bits as u16],
-            (_, WordOrder::HighFirst) => &[(bits >> 16) as u16, bits as u16],
-            (_, WordOrder::LowFirst) => &[bits as u16, (bits >> 16) as u16],
-        };
-        Ok(Words::from_slice(words).unwrap_or_default())
-    }
-
-    /// The value of its `words` (as many as its type takes; missing
-    /// words read 0).
-    pub fn decode(&self, words: &[u16]) -> f64 {
-        let w = |i: usize| u32::from(words.get(i).copied().unwrap_or(0));
-        let bits = match (self.ty.words(), WORD_ORDER) {
-            (1, _) => w(0),
-            (_, WordOrder::HighFirst) => (w(0) << 16) | w(1),
-            (_, WordOrder::LowFirst) => (w(1) << 16) | w(0),
-        };
-        let raw = match self.ty {
-            Type::U16 => f64::from(bits as u16),
-            Type::I16 => f64::from(bits as u16 as i16),
-            Type::U32 => f64::from(bits),
-            Type::I32 => f64::from(bits as i32),
-        };
-        raw * self.scale
-    }
+/// The words of `value` for `r` in the map's word order; for a holding
+/// register it must be within the register's range.
+pub fn encode(r: &Register, value: f64) -> Result<Words, ValueError> {
+    encode_in(WORD_ORDER, r, value)
 }
 
-/// Rounds half away from zero, as `f64::round` (which `core` lacks).
-pub fn round(x: f64) -> f64 {
-    if !x.is_finite() || x.abs() >= 4_503_599_627_370_496.0 {
-        return x;
-    }
-    let t = x as i64 as f64;
-    let frac = x - t;
-    if frac >= 0.5 {
-        t + 1.0
-    } else if frac <= -0.5 {
-        t - 1.0
-    } else {
-        t
-    }
+/// The value of `r`'s `words` in the map's word order (as many as its
+/// type takes; missing words read 0).
+pub fn decode(r: &Register, words: &[u16]) -> f64 {
+    r.decode(WORD_ORDER, words)
+}
+
+fn encode_in(order: WordOrder, r: &Register, value: f64) -> Result<Words, ValueError> {
+    r.encode(order, value).map_err(|e| match e {
+        EncodeError::OutOfRange { min, max } => ValueError::OutOfRange {
+            name: r.name,
+            value,
+            min,
+            max,
+        },
+        EncodeError::DoesNotFit => ValueError::DoesNotFit {
+            name: r.name,
+            value,
+        },
+    })
 }
 
 include!(concat!(env!("OUT_DIR"), "/cdu_map.rs"));
@@ -267,12 +157,12 @@ mod tests {
 
     #[test]
     fn values_round_trip_at_the_maps_scale_and_word_order() {
-        assert_eq!(SUPPLY_SETPOINT.encode(30.004).unwrap().as_slice(), &[3000]);
-        assert_eq!(SUPPLY_TEMP.decode(&[(-1234i16) as u16]), -12.34);
-        assert_eq!(IT_POWER.decode(&[0x0001, 0x86A0]), 100_000.0);
-        assert_eq!(PUMP_SPEED.encode(80.0).unwrap().as_slice(), &[800]);
+        assert_eq!(encode(SUPPLY_SETPOINT, 30.004).unwrap().as_slice(), &[3000]);
+        assert_eq!(decode(SUPPLY_TEMP, &[(-1234i16) as u16]), -12.34);
+        assert_eq!(decode(IT_POWER, &[0x0001, 0x86A0]), 100_000.0);
+        assert_eq!(encode(PUMP_SPEED, 80.0).unwrap().as_slice(), &[800]);
         assert_eq!(
-            SUPPLY_SETPOINT.encode(16.0),
+            encode(SUPPLY_SETPOINT, 16.0),
             Err(ValueError::OutOfRange {
                 name: "supply_setpoint",
                 value: 16.0,
@@ -285,10 +175,70 @@ mod tests {
         assert_eq!(round(-0.4), 0.0);
         assert_eq!(std::format!("{}", Centi(-3.456)), "-3.46");
         assert_eq!(std::format!("{}", Centi(17.0)), "17.00");
-        let e = SUPPLY_SETPOINT.encode(50.0).unwrap_err();
+        let e = encode(SUPPLY_SETPOINT, 50.0).unwrap_err();
         assert_eq!(
             std::format!("{e}"),
             "supply_setpoint: 50.00 is outside 17.00 to 45.00"
         );
+    }
+
+    mod agreed {
+        use super::super::{Type, WordOrder};
+        include!("../../modbus-map/src/cases.rs");
+    }
+
+    fn register(l: &agreed::Layout) -> Register {
+        Register {
+            name: "case",
+            kind: if l.range.is_some() {
+                Kind::Holding
+            } else {
+                Kind::Input
+            },
+            address: 0,
+            ty: l.ty,
+            scale: l.scale,
+            unit: "",
+            min: l.range.map(|r| r.0),
+            max: l.range.map(|r| r.1),
+            description: "",
+        }
+    }
+
+    /// The words and values loopwarden-boards' tests hold the Linux side
+    /// to (`modbus-map/src/cases.rs`), through the firmware's calls: the
+    /// map's word order through [`encode`] and [`decode`], the other
+    /// through the same path with that order.
+    #[test]
+    fn the_agreed_cases_read_and_write_as_on_linux() {
+        for (l, words, want) in agreed::DECODE {
+            let r = register(l);
+            let got = if l.order == WORD_ORDER {
+                decode(&r, words)
+            } else {
+                r.decode(l.order, words)
+            };
+            assert_eq!(got.to_bits(), want.to_bits(), "{l:?} {words:04X?}: {got}");
+        }
+        for (l, value, want) in agreed::ENCODE {
+            let r = register(l);
+            let got = if l.order == WORD_ORDER {
+                encode(&r, *value)
+            } else {
+                encode_in(l.order, &r, *value)
+            };
+            let got = match got {
+                Ok(w) => agreed::Want::Words(std::vec::Vec::leak(w.to_vec())),
+                Err(ValueError::OutOfRange { name, min, max, .. }) => {
+                    assert_eq!((name, Some((min, max))), ("case", l.range), "{l:?}");
+                    agreed::Want::OutOfRange
+                }
+                Err(ValueError::DoesNotFit { name, .. }) => {
+                    assert_eq!(name, "case");
+                    agreed::Want::DoesNotFit
+                }
+            };
+            assert_eq!(got, *want, "{l:?} {value}");
+        }
     }
 }

@@ -17,7 +17,7 @@ use core::fmt;
 use cooling_decide::{Outcome, Plan, Setting};
 
 use crate::cdu::holding;
-use crate::map::{Register, ValueError};
+use crate::map::{self, Register, ValueError};
 
 /// What writes one holding register.
 pub trait SettingPort {
@@ -78,7 +78,7 @@ fn write_one<P: SettingPort>(
     value: f64,
 ) -> Result<(), WriteFailure<P::Error>> {
     let reg = holding(s.register()).ok_or(WriteFailure::NotInMap(s.register()))?;
-    let words = reg.encode(value).map_err(WriteFailure::Value)?;
+    let words = map::encode(reg, value).map_err(WriteFailure::Value)?;
     if !port.time_left() {
         return Err(WriteFailure::OutOfTime);
     }

@@ -315,6 +315,7 @@ fn a_two_word_setting_goes_as_function_16() {
         unit: "W",
         min: Some(0.0),
         max: Some(1e9),
+        description: "",
     };
     let (mut m, wire, _) = master(std::vec![ok(frame(&[1, 16, 0, 8, 0, 2]))]);
     m.write(&reg, &[1, 0x86A0]).unwrap();

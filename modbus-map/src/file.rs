@@ -1,0 +1,138 @@
+//! The register map file (`boards/cdus/*.toml`) as serde reads it, and
+//! the checks a map must pass before anyone reads a CDU with it: the same
+//! for the Linux controller (`loopwarden_boards::modbus_map::RegisterMap`)
+//! and for the firmware's build script.
+//!
+//! Glossary:
+//! - *model*: the CDU model the map is for; *unit id*: its Modbus address.
+//! - *overlap*: two registers of one kind that share an address.
+
+use std::collections::BTreeMap;
+use std::string::String;
+use std::vec::Vec;
+
+use serde::Deserialize;
+
+use crate::{Kind, Register, WordOrder};
+
+/// A map file as written: its registers in the file's order.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MapFile {
+    /// Model name.
+    pub model: String,
+    /// Word order of 32-bit values.
+    pub word_order: WordOrder,
+    /// Modbus unit id.
+    pub unit_id: u8,
+    /// Every register, in the file's order.
+    pub register: Vec<Register<String>>,
+}
+
+/// Why a map is refused: the first register that fails a check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MapError {
+    /// Its scale is not a number above 0.
+    Scale {
+        /// The register.
+        name: String,
+    },
+    /// A holding register without a range (min and max, min <= max).
+    NoRange {
+        /// The register.
+        name: String,
+    },
+    /// An input register with a min or a max.
+    InputRange {
+        /// The register.
+        name: String,
+    },
+    /// It runs past address 65535.
+    PastEnd {
+        /// The register.
+        name: String,
+    },
+    /// It uses an address an earlier register of its kind uses.
+    Overlap {
+        /// The register.
+        name: String,
+        /// The earlier register.
+        other: String,
+        /// Their kind.
+        kind: Kind,
+        /// The first address both use.
+        address: u16,
+    },
+    /// A second register of the same name.
+    Twice {
+        /// The name.
+        name: String,
+    },
+}
+
+impl core::fmt::Display for MapError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Self::Scale { name } => write!(f, "{name}: scale must be above 0"),
+            Self::NoRange { name } => write!(
+                f,
+                "{name}: a holding register needs min <= max, the range a write may set"
+            ),
+            Self::InputRange { name } => write!(
+                f,
+                "{name}: min and max are for holding registers (input registers are read-only)"
+            ),
+            Self::PastEnd { name } => write!(f, "{name}: runs past address 65535"),
+            Self::Overlap {
+                name,
+                other,
+                kind,
+                address,
+            } => write!(f, "{name} and {other} both use {kind:?} register {address}"),
+            Self::Twice { name } => write!(f, "register {name:?} appears twice"),
+        }
+    }
+}
+
+impl std::error::Error for MapError {}
+
+impl MapFile {
+    /// Checks every register in the file's order: a scale above 0, a
+    /// range for each setting and none for a measurement, no address past
+    /// 65535, no address two registers of one kind share, no name twice.
+    pub fn check(&self) -> Result<(), MapError> {
+        let mut names: BTreeMap<&str, ()> = BTreeMap::new();
+        let mut taken: BTreeMap<(bool, u16), &str> = BTreeMap::new();
+        for r in &self.register {
+            let name = || r.name.clone();
+            if !(r.scale.is_finite() && r.scale > 0.0) {
+                return Err(MapError::Scale { name: name() });
+            }
+            match (r.kind, r.min, r.max) {
+                (Kind::Holding, Some(lo), Some(hi)) if lo <= hi => {}
+                (Kind::Holding, _, _) => return Err(MapError::NoRange { name: name() }),
+                (Kind::Input, None, None) => {}
+                (Kind::Input, _, _) => return Err(MapError::InputRange { name: name() }),
+            }
+            let end = u32::from(r.address) + u32::from(r.ty.words());
+            if end > 65_536 {
+                return Err(MapError::PastEnd { name: name() });
+            }
+            // `end` is at most 65536: each of the register's addresses fits.
+            for a in (u32::from(r.address)..end).map(|a| a as u16) {
+                if let Some(other) = taken.insert((r.kind == Kind::Holding, a), &r.name) {
+                    return Err(MapError::Overlap {
+                        name: name(),
+                        other: other.into(),
+                        kind: r.kind,
+                        address: a,
+                    });
+                }
+            }
+            if names.insert(&r.name, ()).is_some() {
+                return Err(MapError::Twice { name: name() });
+            }
+        }
+        Ok(())
+    }
+}

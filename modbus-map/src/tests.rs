@@ -1,0 +1,245 @@
+extern crate std;
+
+use std::vec::Vec;
+
+use super::*;
+
+include!("cases.rs");
+
+fn register(l: &Layout) -> Register<&'static str> {
+    Register {
+        name: "case",
+        kind: if l.range.is_some() {
+            Kind::Holding
+        } else {
+            Kind::Input
+        },
+        address: 0,
+        ty: l.ty,
+        scale: l.scale,
+        unit: "",
+        min: l.range.map(|r| r.0),
+        max: l.range.map(|r| r.1),
+        description: "",
+    }
+}
+
+#[test]
+fn the_agreed_words_decode_to_the_agreed_values() {
+    for (l, words, want) in DECODE {
+        let got = register(l).decode(l.order, words);
+        assert_eq!(got.to_bits(), want.to_bits(), "{l:?} {words:04X?}: {got}");
+    }
+}
+
+#[test]
+fn the_agreed_values_encode_to_the_agreed_words() {
+    for (l, value, want) in ENCODE {
+        let got = match register(l).encode(l.order, *value) {
+            Ok(w) => Want::Words(std::vec::Vec::leak(w.to_vec())),
+            Err(EncodeError::OutOfRange { min, max }) => {
+                assert_eq!(Some((min, max)), l.range, "{l:?} {value}");
+                Want::OutOfRange
+            }
+            Err(EncodeError::DoesNotFit) => Want::DoesNotFit,
+        };
+        assert_eq!(got, *want, "{l:?} {value}");
+    }
+}
+
+/// The encoding `loopwarden_boards` had before this crate, with `std`'s
+/// `f64::round`: the shared one must give the same words and the same
+/// refusals for every value.
+fn encoded_with_std_round(r: &Register<&str>, order: WordOrder, value: f64) -> Option<Vec<u16>> {
+    if let (Some(min), Some(max)) = (r.min, r.max) {
+        if !(min..=max).contains(&value) {
+            return None;
+        }
+    }
+    let raw = (value / r.scale).round();
+    let (lo, hi) = r.ty.raw_range();
+    if !raw.is_finite() || raw < lo || raw > hi {
+        return None;
+    }
+    let bits: u32 = match r.ty {
+        Type::U16 => raw as u16 as u32,
+        Type::I16 => raw as i16 as u16 as u32,
+        Type::U32 => raw as u32,
+        Type::I32 => raw as i32 as u32,
+    };
+    Some(match (r.ty.words(), order) {
+        (1, _) => std::vec![bits as u16],
+        (_, WordOrder::HighFirst) => std::vec![(bits >> 16) as u16, bits as u16],
+        (_, WordOrder::LowFirst) => std::vec![bits as u16, (bits >> 16) as u16],
+    })
+}
+
+/// A fixed stream of numbers (xorshift), so a failure repeats.
+struct Numbers(u64);
+
+impl Numbers {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+fn values() -> Vec<f64> {
+    let mut v = std::vec![
+        f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        0.0,
+        -0.0,
+        f64::MAX,
+        f64::MIN,
+        0.49999999999999994,
+        -0.49999999999999994,
+        4_503_599_627_370_495.5,
+        -4_503_599_627_370_495.5,
+    ];
+    for bound in [
+        65_535.0,
+        -32_768.0,
+        32_767.0,
+        4_294_967_295.0,
+        -2_147_483_648.0,
+    ] {
+        for d in [-1.0, -0.5, -0.499_999, 0.0, 0.499_999, 0.5, 1.0] {
+            v.push(bound + d);
+        }
+    }
+    for k in -20_000i32..20_000 {
+        v.extend([
+            f64::from(k) * 0.5,
+            f64::from(k) * 0.005,
+            f64::from(k) * 0.05,
+        ]);
+    }
+    let mut n = Numbers(0x9E37_79B9_7F4A_7C15);
+    for _ in 0..20_000 {
+        let x = n.next();
+        v.extend([f64::from_bits(x), (x >> 11) as f64 / 9.0e10 - 50_000.0]);
+    }
+    v
+}
+
+#[test]
+fn encoding_gives_what_std_rounding_gives_for_every_type_order_scale_and_range() {
+    let values = values();
+    for ty in [Type::U16, Type::I16, Type::U32, Type::I32] {
+        for order in [WordOrder::HighFirst, WordOrder::LowFirst] {
+            for scale in [0.01, 0.1, 1.0, 0.001, 10.0, 0.05] {
+                for range in [None, Some((17.0, 45.0)), Some((-50.0, 1e9))] {
+                    let l = Layout {
+                        ty,
+                        order,
+                        scale,
+                        range,
+                    };
+                    let r = register(&l);
+                    for &value in &values {
+                        let got = r.encode(order, value).ok().map(|w| w.to_vec());
+                        let want = encoded_with_std_round(&r, order, value);
+                        assert_eq!(got, want, "{l:?} {value:e}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn rounding_is_std_rounding_but_for_the_sign_of_zero() {
+    for x in values() {
+        let (got, want) = (round(x), x.round());
+        assert!(
+            got == want || (got.is_nan() && want.is_nan()),
+            "{x:e}: {got} against {want}"
+        );
+    }
+    assert_eq!(round(-0.4).to_bits(), 0.0f64.to_bits());
+}
+
+#[test]
+fn words_split_and_join_by_the_word_order() {
+    for order in [WordOrder::HighFirst, WordOrder::LowFirst] {
+        for ty in [Type::U16, Type::I16, Type::U32, Type::I32] {
+            let bits = if ty.words() == 1 { 0xBEEF } else { 0xDEAD_BEEF };
+            let words = order.split(ty, bits);
+            assert_eq!(words.len(), usize::from(ty.words()));
+            assert_eq!(order.join(ty, &words), bits, "{order:?} {ty:?}");
+        }
+    }
+    assert_eq!(
+        WordOrder::HighFirst
+            .split(Type::U32, 0x0001_CB2E)
+            .as_slice(),
+        &[0x0001, 0xCB2E]
+    );
+}
+
+#[cfg(feature = "std")]
+mod file {
+    use std::string::{String, ToString};
+    use std::vec::Vec;
+
+    use crate::{Kind, MapError, MapFile, Register, Type, WordOrder};
+
+    fn reg(name: &str, kind: Kind, address: u16, ty: Type) -> Register<String> {
+        let range = (kind == Kind::Holding).then_some(0.0);
+        Register {
+            name: name.into(),
+            kind,
+            address,
+            ty,
+            scale: 1.0,
+            unit: String::new(),
+            min: range,
+            max: range,
+            description: String::new(),
+        }
+    }
+
+    fn check(register: Vec<Register<String>>) -> Result<(), String> {
+        let file = MapFile {
+            model: "m".into(),
+            word_order: WordOrder::HighFirst,
+            unit_id: 1,
+            register,
+        };
+        file.check().map_err(|e: MapError| e.to_string())
+    }
+
+    #[test]
+    fn a_map_is_refused_at_its_first_bad_register_with_the_reason() {
+        let a = reg("a", Kind::Input, 10, Type::U32);
+        assert_eq!(check(std::vec![a.clone()]), Ok(()));
+        // The same addresses in the other kind are another register.
+        assert_eq!(
+            check(std::vec![a.clone(), reg("h", Kind::Holding, 10, Type::U32)]),
+            Ok(())
+        );
+        let e = check(std::vec![a.clone(), reg("b", Kind::Input, 11, Type::U16)]);
+        assert_eq!(e.unwrap_err(), "b and a both use Input register 11");
+        let e = check(std::vec![a.clone(), reg("a", Kind::Input, 12, Type::U16)]);
+        assert_eq!(e.unwrap_err(), "register \"a\" appears twice");
+        let e = check(std::vec![reg("end", Kind::Input, 65_535, Type::I32)]);
+        assert_eq!(e.unwrap_err(), "end: runs past address 65535");
+        let mut s = a.clone();
+        s.scale = f64::NAN;
+        assert_eq!(check(std::vec![s]).unwrap_err(), "a: scale must be above 0");
+        let mut i = a.clone();
+        i.max = Some(1.0);
+        assert!(check(std::vec![i])
+            .unwrap_err()
+            .starts_with("a: min and max are for holding registers"));
+        let mut h = reg("h", Kind::Holding, 0, Type::U16);
+        h.min = Some(2.0);
+        assert!(check(std::vec![h])
+            .unwrap_err()
+            .starts_with("h: a holding register needs min <= max"));
+    }
+}
