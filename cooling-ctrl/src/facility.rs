@@ -14,11 +14,15 @@
 //!   published retained in its state, which the BMS reads in the JSON
 //!   tree.
 
-use cooling_core::facility::{self, FacilityPlan, Offer, OfferPoint, OFFER_POINTS};
+use cooling_core::facility::{self, FacilityPlan, Offer};
 use cooling_core::CoreConfig;
-use loopwarden_protocol::message::{self as msg, OfferStep};
-use loopwarden_protocol::units::{Celsius, Watts};
+use cooling_decide::facility::celsius;
+use loopwarden_protocol::message as msg;
 use loopwarden_protocol::Ident;
+
+/// An offer as the bus carries it, and back: the decision path's, which
+/// the firmware sends its gateway.
+pub use cooling_decide::facility::{offer_msg, offer_of};
 
 /// How often the coordinator plans again, ms.
 pub const REPLAN_EVERY_MS: u64 = 10_000;
@@ -126,63 +130,6 @@ pub struct FacilityRole {
     pub cdus: Vec<Ident>,
 }
 
-/// A temperature for the bus (saturating at its range).
-fn celsius(c: f32) -> Celsius {
-    Celsius::new(f64::from(c)).unwrap_or(if c > 0.0 { Celsius::MAX } else { Celsius::MIN })
-}
-
-/// Power for the bus, W (negative reads 0).
-fn watts(w: f32) -> Watts {
-    Watts::from_milliwatts((w.max(0.0) * 1000.0).min(u32::MAX as f32) as u32)
-}
-
-/// A work rate in hundredths of a GPU.
-fn centi(work: f32) -> u32 {
-    (work.max(0.0) * 100.0).round().min(u32::MAX as f32) as u32
-}
-
-/// An offer as the bus carries it.
-pub fn offer_msg(o: &Offer) -> msg::FacilityOffer {
-    msg::FacilityOffer {
-        accept: celsius(o.accept_c),
-        heat: watts(o.heat_w),
-        at_water: celsius(o.at_water_c),
-        heat_per_k: watts(o.heat_per_k_w),
-        work_centigpus: centi(o.work),
-        capped: o
-            .capped
-            .iter()
-            .take(usize::from(o.points))
-            .map(|p| OfferStep {
-                water: celsius(p.water_c),
-                work_lost_centigpus: centi(p.work_lost),
-                power_saved: watts(p.power_saved_w),
-            })
-            .collect(),
-    }
-}
-
-/// An offer heard on the bus.
-pub fn offer_of(m: &msg::FacilityOffer) -> Offer {
-    let mut o = Offer {
-        heat_w: m.heat.milliwatts() as f32 / 1000.0,
-        work: m.work_centigpus as f32 / 100.0,
-        at_water_c: m.at_water.value() as f32,
-        heat_per_k_w: m.heat_per_k.milliwatts() as f32 / 1000.0,
-        accept_c: m.accept.value() as f32,
-        ..Offer::default()
-    };
-    for (i, step) in m.capped.iter().take(OFFER_POINTS).enumerate() {
-        o.capped[i] = OfferPoint {
-            water_c: step.water.value() as f32,
-            work_lost: step.work_lost_centigpus as f32 / 100.0,
-            power_saved_w: step.power_saved.milliwatts() as f32 / 1000.0,
-        };
-        o.points = i as u8 + 1;
-    }
-    o
-}
-
 /// A plan as the bus carries it, made from `offers` offers.
 pub fn plan_msg(p: &FacilityPlan, offers: usize) -> msg::FacilityPlan {
     msg::FacilityPlan {
@@ -206,23 +153,6 @@ mod tests {
             accept_c,
             ..Offer::default()
         }
-    }
-
-    #[test]
-    fn an_offer_crosses_the_bus_within_its_units() {
-        let mut o = offer(31.25);
-        o.capped[0] = OfferPoint {
-            water_c: 32.25,
-            work_lost: 0.37,
-            power_saved_w: 410.0,
-        };
-        o.points = 1;
-        let back = offer_of(&offer_msg(&o));
-        assert_eq!(back.points, 1);
-        assert!((back.accept_c - 31.25).abs() < 0.005);
-        assert!((back.heat_w - o.heat_w).abs() < 1.0);
-        assert!((back.capped[0].work_lost - 0.37).abs() < 0.005);
-        assert!((back.capped[0].power_saved_w - 410.0).abs() < 1.0);
     }
 
     #[test]

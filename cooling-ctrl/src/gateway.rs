@@ -24,8 +24,12 @@
 //! - Operators' clears, signed by the operator, from the gateway's
 //!   console socket, go down as [`Down::Clear`]; the MCU's answer goes
 //!   back to the operator's `ctl` ([`clears`]).
-//! - The hall's facility target is not carried: the MCU's status does not
-//!   carry its offer to the hall's coordinator.
+//! - A hall of several CDUs (`facility_coordinator`): the MCU's offer
+//!   ([`Up::Offer`](loopwarden_link::Up::Offer), sent when it moves) goes
+//!   in the retained state as `run` publishes it, and the coordinator's
+//!   plan heard on the bus goes down as [`Down::FacilityTarget`]; when
+//!   this CDU coordinates, the gateway plans the hall as `run` does
+//!   ([`facility`]).
 //! - When the MCU is silent for 3 s, the bus is told so: a retained state
 //!   in `failsafe`, reason `controller-silent`, with the racks last heard.
 //!
@@ -40,6 +44,7 @@
 pub mod bms;
 pub mod bridge;
 pub mod clears;
+pub mod facility;
 pub mod link;
 pub mod metrics;
 
@@ -59,9 +64,11 @@ use loopwarden_store::recorder::Recorder;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 
+use crate::facility::FacilityRole;
 use crate::journal::ControllerFlash;
 use crate::northbound::{NorthboundSnapshot, NorthboundWrite};
-use crate::shell::{bus_config, host_report, next, send_lease, send_state, start_bus};
+use crate::shell::{bus_config, hall_state, hall_subscription, host_report, next};
+use crate::shell::{send_lease, send_state, start_bus};
 use crate::shell::{BusOptions, LeaseNotSent, NorthboundLink, ShellConfig, ShellError};
 use bms::{BmsBridge, Heard};
 use bridge::{Act, Bridge, Level, LinkCounts, Now};
@@ -90,6 +97,9 @@ pub struct GatewayOptions {
     /// Operators' signed clears from the console socket; `None`: none
     /// come.
     pub clears: Option<mpsc::Receiver<ClearAsk>>,
+    /// This CDU's part in a hall of several CDUs (`facility_coordinator`);
+    /// `None`: not in one.
+    pub facility: Option<FacilityRole>,
 }
 
 impl GatewayOptions {
@@ -101,6 +111,7 @@ impl GatewayOptions {
             bus: BusOptions::default(),
             northbound: None,
             clears: None,
+            facility: None,
         }
     }
 }
@@ -133,6 +144,8 @@ pub struct GatewayStats {
     /// The BMS's writes handed to the MCU's line (limits, outdoor
     /// temperature; again when due).
     pub bms_forwarded: u64,
+    /// The hall's facility water handed to the MCU's line.
+    pub facility_forwarded: u64,
     /// Operators' clears, by what became of them.
     pub clears: ClearCounts,
     /// The bus's counters.
@@ -232,7 +245,15 @@ pub async fn run(
         None => (None, None),
     };
     let mut clears = opts.clears;
+    let facility = opts.facility.take();
     let mut gw = Gateway::new(cfg, on_bus, link.to_mcu.clone(), opts.stats);
+    if let Some(role) = facility {
+        let hall = facility::HallPart::new(role, &gw.cfg.cdu, &gw.cfg.core);
+        if hall.coordinates() {
+            tracing::info!("cooling gateway: this CDU coordinates the hall's facility water");
+        }
+        gw.bridge = gw.bridge.in_hall(hall);
+    }
     gw.snapshots = snapshots;
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
@@ -266,6 +287,10 @@ fn gateway_bus(
         .map_err(|e| ShellError::Config(format!("cdu: {e}")))?;
     let mut bc = bus_config(cfg, &me, &mut opts.bus)?;
     bc.first_seq = first_seq;
+    if opts.facility.is_some() {
+        // The other CDUs' states: the coordinator's plan, their offers.
+        bc.subscriptions.push(hall_subscription(&cfg.site)?);
+    }
     Ok(bc)
 }
 
@@ -416,6 +441,11 @@ impl Gateway {
             self.resender.offer(msg);
             return;
         }
+        if let Some((from, st)) = hall_state(&msg, &self.cfg.cdu) {
+            let acts = self.bridge.hall_state(from, st, self.now());
+            self.perform(acts);
+            return;
+        }
         let Some((h, t)) = host_report(&msg, &self.index) else {
             return;
         };
@@ -438,6 +468,20 @@ impl Gateway {
             self.send_bms(&down);
         }
         self.publish_snapshot(now);
+    }
+
+    /// The hall's facility water, °C, to the MCU.
+    fn facility_down(&mut self, water_c: f32) {
+        if self.send_down(&Down::FacilityTarget(water_c)) {
+            self.stats.facility_forwarded += 1;
+            tracing::debug!(
+                "cooling gateway: the hall's facility water, {water_c} °C, to the microcontroller"
+            );
+        } else {
+            tracing::warn!(
+                "cooling gateway: the hall's facility water, {water_c} °C, was not handed to the microcontroller's line"
+            );
+        }
     }
 
     fn send_bms(&mut self, down: &Down) {
@@ -542,11 +586,12 @@ impl Gateway {
                         continue;
                     }
                     let signing = self.cfg.key.as_ref().map(|k| (self.cfg.key_id, k));
+                    let facility = st.facility.clone();
                     match send_state(&self.bus, *st, signing, "cooling gateway") {
                         Ok(_) => {
                             self.stats.states_published += 1;
                             let at = self.now().mono_ms;
-                            self.bridge.state_published(key, at);
+                            self.bridge.state_published(key, facility, at);
                         }
                         Err(e) => self.publish_failed("cdu_state", &e),
                     }
@@ -557,6 +602,7 @@ impl Gateway {
                     self.stats.events_published += 1;
                 }
                 Act::Lease { host, lease, lift } => self.lease(host, lease, lift),
+                Act::FacilityTarget(water_c) => self.facility_down(water_c),
                 Act::Say(level, words) => say(level, &words),
                 Act::Answer { id, outcome } => self.answered(id, outcome),
             }

@@ -115,6 +115,7 @@ mod stats;
 use crate::decide::leases::LeaseBook;
 pub use crate::decide::leases::{cap_lease, CAP_RESEND_W, LIFT_DURATION};
 use crate::decide::outdoor::{self, OutdoorSource, OutdoorSources};
+pub(crate) use facility::{hall_state, hall_subscription, FacilityLink};
 pub use leases::{host_report, send_lease, LeaseNotSent};
 pub use links::{BoardIo, NorthboundLink, OperatorAction, OperatorRequest};
 pub use publish::{cdu_state, cdu_telemetry, send_state, StateKey, StateSent, StepFacts};
@@ -414,9 +415,9 @@ pub async fn run_with<P: CduPort>(
         .map(|role| facility::FacilityLink::new(role, &cfg.cdu, &cfg.core));
     if facility.is_some() {
         // The other CDUs' states: the coordinator's plan, their offers.
-        let f = filter::family(&cfg.site, Role::Cdu, Family::Health)
-            .map_err(|e| ShellError::Bus(format!("the CDU health filter: {e:?}")))?;
-        bus_config.subscriptions.push(f.to_string());
+        bus_config
+            .subscriptions
+            .push(facility::hall_subscription(&cfg.site)?);
     }
     let (bus, mut inbound, bus_task, resender) = start_bus(
         bus_config,

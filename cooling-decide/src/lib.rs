@@ -33,6 +33,9 @@
 //! at the cadence of [`learned`], and restored part by part at start
 //! ([`Decider::restore_learned_part`]).
 //!
+//! In a hall of several CDUs, the core's offer to the hall's facility
+//! coordinator is said again when it moves, by one rule ([`facility`]).
+//!
 //! Glossary:
 //! - *board read*: what the controller board's leak lines gave this step
 //!   ([`BoardRead`]).
@@ -43,6 +46,7 @@
 #[cfg(test)]
 extern crate std;
 
+pub mod facility;
 pub mod float;
 pub mod hosts;
 pub mod inputs;

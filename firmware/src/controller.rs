@@ -16,7 +16,9 @@
 //! 5. [`Controller::plan`], the writes (the shell's),
 //!    [`Controller::written`];
 //! 6. [`Controller::report`]: the leases due ([`LeaseBook`]), the step's
-//!    events and what the decision path said, the status, and the cost.
+//!    events and what the decision path said, the core's offer to the
+//!    hall's facility coordinator when it moved ([`OfferWatch`], the rule
+//!    `run` publishes it by), the status, and the cost.
 //!
 //! What the estimator learned goes to flash and back through it too
 //! ([`crate::learned`]): restored at start ([`Controller::restore_learned`],
@@ -36,6 +38,7 @@ use core::fmt;
 
 use cooling_core::sensors::Which;
 use cooling_core::{Commands, LeakInputs, MAX_HOSTS};
+use cooling_decide::facility::{offer_msg, OfferWatch};
 use cooling_decide::learned::{LearnedKeeper, ToKeep, LEARNED_KEYS};
 use cooling_decide::leases::{LeaseBook, LEASE_DEFAULT};
 use cooling_decide::outdoor::OutdoorSources;
@@ -105,6 +108,8 @@ pub struct Controller<'d> {
     /// holds the figures being kept).
     learned: &'d mut LearnedKeeper,
     leases: LeaseBook,
+    /// When the core's offer to the hall goes to the gateway.
+    offers: OfferWatch,
     outdoor: OutdoorSources,
     gate: ClearGate,
     /// The gateway link's receiving side.
@@ -145,6 +150,7 @@ impl<'d> Controller<'d> {
         let hosts = cfg.layout.hosts().min(MAX_HOSTS);
         Self {
             leases: LeaseBook::new(hosts, LEASE_DEFAULT, cfg.gpu.tdp_w),
+            offers: OfferWatch::new(),
             decider,
             learned,
             outdoor: OutdoorSources::new(),
@@ -377,14 +383,15 @@ impl<'d> Controller<'d> {
     }
 
     /// Step 6: the leases due, the step's events, what the decision path
-    /// said, the status and the step's cost; `writes_ok`: every write of
-    /// the step went in.
+    /// said, the offer when due, the status and the step's cost;
+    /// `writes_ok`: every write of the step went in.
     #[inline(never)]
     pub fn report(&mut self, p: &mut impl Ports, now_ms: u64, writes_ok: bool) {
         self.insn.add(self.insn_now);
         self.leases(p, now_ms);
         self.events(p);
         self.said(p);
+        self.offer(p, now_ms);
         let cost = Cost {
             insn: self.insn_now,
             insn_max: self.insn.max(),
@@ -462,6 +469,22 @@ impl<'d> Controller<'d> {
             if !p.up(&Up::Said { error, words }) {
                 self.link.up_dropped = self.link.up_dropped.saturating_add(1);
             }
+        }
+    }
+
+    /// The core's offer to the hall's facility coordinator, to the
+    /// gateway when it moved (or a minute after it was last sent); one
+    /// not queued is due again at the next step.
+    #[inline(never)]
+    fn offer(&mut self, p: &mut impl Ports, now_ms: u64) {
+        let offer = self.decider.core().offer();
+        if !self.offers.due(offer.as_ref(), now_ms) {
+            return;
+        }
+        if p.up(&Up::Offer(offer.as_ref().map(offer_msg))) {
+            self.offers.said(offer, now_ms);
+        } else {
+            self.link.up_dropped = self.link.up_dropped.saturating_add(1);
         }
     }
 

@@ -6,7 +6,8 @@
 //! and operators' clears, signed by the operator (the MCU checks the
 //! signature itself: the gateway cannot forge one). Out of it ([`Up`])
 //! goes what a controller tells the bus: its state every step, its
-//! events, the cap leases it asks of its hosts, and what it has to say.
+//! events, the cap leases it asks of its hosts, its offer to the hall's
+//! facility coordinator when it moves, and what it has to say.
 //!
 //! The gateway decides nothing: it turns each [`Up`] into the messages
 //! `cooling-ctrl run` would publish, and each bus message into a [`Down`].
@@ -21,7 +22,9 @@
 use cooling_decide::CduMeasurements;
 use heapless::String;
 use loopwarden_protocol::ids::Ident;
-use loopwarden_protocol::message::{CapLease, CduMode, Event, HostTelemetry, Pump, SensorFault};
+use loopwarden_protocol::message::{
+    CapLease, CduMode, Event, FacilityOffer, HostTelemetry, Pump, SensorFault,
+};
 use loopwarden_protocol::units::TimestampMs;
 use loopwarden_protocol::ReasonCode;
 use serde::{Deserialize, Serialize};
@@ -146,6 +149,12 @@ pub enum Up {
         /// The words.
         words: String<SAID_MAX>,
     },
+    /// What this CDU offers the hall's facility coordinator, as the bus
+    /// carries it in the CDU's state: sent when it moved by `run`'s rule
+    /// and again every minute while one is made
+    /// (`cooling_decide::facility::OfferWatch`); `None`: it no longer
+    /// offers. Never sent in a hall of one CDU.
+    Offer(Option<FacilityOffer>),
 }
 
 /// Why the MCU last started.
@@ -259,6 +268,25 @@ mod tests {
         got.unwrap()
     }
 
+    /// An offer with every capped step the bus holds.
+    fn offer() -> FacilityOffer {
+        let c = |v| loopwarden_protocol::units::Celsius::new(v).unwrap();
+        let w = loopwarden_protocol::units::Watts::from_milliwatts;
+        let step = |water| loopwarden_protocol::message::OfferStep {
+            water: c(water),
+            work_lost_centigpus: 37,
+            power_saved: w(410_000),
+        };
+        FacilityOffer {
+            accept: c(31.25),
+            heat: w(118_000_000),
+            at_water: c(31.25),
+            heat_per_k: w(200_000),
+            work_centigpus: 12_800,
+            capped: [32.25, 33.25, 34.25, 36.25].into_iter().map(step).collect(),
+        }
+    }
+
     fn cap_lease() -> CapLease {
         match loopwarden_protocol::samples::message(loopwarden_protocol::MessageKind::CapLease) {
             loopwarden_protocol::Message::CapLease(l) => l,
@@ -297,6 +325,8 @@ mod tests {
                 error: true,
                 words: words("the latched record is not in flash"),
             },
+            Up::Offer(Some(offer())),
+            Up::Offer(None),
         ];
         for up in ups {
             assert_eq!(through(&up), up);
@@ -360,6 +390,15 @@ mod tests {
         let got = postcard::to_slice(&lease, &mut buf).unwrap();
         assert_eq!(&got[..3], [3, 172, 2], "variant, then host 300 as a varint");
         assert_eq!(got.last(), Some(&1), "lift last");
+        let mut o = offer();
+        o.capped.truncate(1);
+        let got = postcard::to_slice(&Up::Offer(Some(o)), &mut buf).unwrap();
+        // Variant 6, Some, then the bus's offer as its units' integers:
+        // accept 31.25 °C as 3125 (zigzag varint), heat 118,000 W, at
+        // 31.25 °C, 200 W/K, 12,800 centi-GPUs, one step.
+        let want = [6, 1, 234, 48, 240, 153, 7, 234, 48, 200, 1, 128, 100, 1];
+        assert_eq!(&got[..14], want);
+        assert_eq!(&got[14..], [178, 50, 37, 154, 3], "32.25 °C, 0.37, 410 W");
     }
 
     #[test]

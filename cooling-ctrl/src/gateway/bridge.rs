@@ -11,6 +11,10 @@
 //! - `Status`: the CDU's telemetry, and its retained state when due;
 //! - `Event`: the event, to log and publish;
 //! - `Lease`: the lease, to sign and send to that host;
+//! - `Offer`: in a hall of several CDUs, kept for the retained state
+//!   ([`HallPart`], which is also told the coordinator's plan heard on
+//!   the bus: [`Bridge::hall_state`]), whose `facility` carries it as
+//!   `run`'s does; the state is due when it moved by `run`'s rule;
 //! - `Hello`, `Said`: log lines;
 //! - `Answer`: a log line, and the answer for the operator who waits.
 //!
@@ -42,8 +46,10 @@ use loopwarden_link::frame::{encode, max_frame, OVERHEAD};
 use loopwarden_link::{Deframer, EncodeError, Fed, FrameError, Hello, Order, ResetCause, SeqWatch};
 use loopwarden_link::{Down, Status, Up, MAX_MESSAGE};
 use loopwarden_protocol::message::{CapLease, CduMode, CduState, CduTelemetry, Event};
-use loopwarden_protocol::{ReasonCode, TimestampMs};
+use loopwarden_protocol::message::{FacilityOffer, FacilityState};
+use loopwarden_protocol::{Ident, ReasonCode, TimestampMs};
 
+use super::facility::HallPart;
 use crate::shell::{cdu_state, cdu_telemetry, StateKey, StateSent, StepFacts};
 
 /// No readable frame for this long and the MCU is silent, ms.
@@ -85,8 +91,12 @@ pub enum Act {
     /// Publish the CDU's telemetry.
     Telemetry(Box<CduTelemetry>),
     /// Publish the retained state (signed), when the broker is connected;
-    /// tell [`Bridge::state_published`] with its key once it went.
+    /// tell [`Bridge::state_published`] with its key and its `facility`
+    /// once it went.
     State(Box<CduState>, StateKey),
+    /// Send the hall's facility water to the MCU, °C
+    /// ([`Down::FacilityTarget`]).
+    FacilityTarget(f32),
     /// Log the event to flash and publish it.
     Event(Event),
     /// Sign this lease and send it to host `host` (its index).
@@ -237,6 +247,10 @@ pub struct Bridge {
     state_sent: Option<StateSent>,
     /// The trouble counts at the last summary, and when it was logged.
     summarised: ((Dropped, u64, u64, u64), u64),
+    /// This CDU's part in a hall of several CDUs; `None`: not in one.
+    hall: Option<HallPart>,
+    /// An offer came with no hall configured (said once).
+    offer_unplaced: bool,
 }
 
 impl Bridge {
@@ -257,7 +271,25 @@ impl Bridge {
             silent: false,
             state_sent: None,
             summarised: (LinkCounts::default().trouble(), now.mono_ms),
+            hall: None,
+            offer_unplaced: false,
         }
+    }
+
+    /// The bridge of a CDU in a hall of several, its part `hall`.
+    pub fn in_hall(mut self, hall: HallPart) -> Self {
+        self.hall = Some(hall);
+        self
+    }
+
+    /// CDU `from`'s retained state `st`, heard on the bus at `now`: in a
+    /// hall, the coordinator's plan goes down when due.
+    pub fn hall_state(&mut self, from: &Ident, st: &CduState, now: Now) -> Vec<Act> {
+        let water = self
+            .hall
+            .as_mut()
+            .and_then(|h| h.heard(from, st, now.mono_ms));
+        water.map(Act::FacilityTarget).into_iter().collect()
     }
 
     /// The counts so far.
@@ -305,8 +337,11 @@ impl Bridge {
                 }
                 Ok((seq, Ok(up))) => {
                     self.counts.frames_in += 1;
-                    self.numbered(seq, &mut acts);
+                    let restarted = self.numbered(seq, &mut acts);
                     self.heard_from(now, &mut acts);
+                    if restarted || matches!(up, Up::Hello(_)) {
+                        self.mcu_started(now, &mut acts);
+                    }
                     self.take(up, now, &mut acts);
                 }
             }
@@ -337,7 +372,7 @@ impl Bridge {
             ));
         }
         if self.silent {
-            acts.extend(self.silent_state(now));
+            self.silent_state(now, &mut acts);
         }
         let trouble = self.counts.trouble();
         let (was, at) = self.summarised;
@@ -349,12 +384,21 @@ impl Bridge {
         acts
     }
 
-    /// The state of key `key` went on the bus at `mono_ms`.
-    pub fn state_published(&mut self, key: StateKey, mono_ms: u64) {
+    /// The state of key `key`, with its part in the hall `facility`, went
+    /// on the bus at `mono_ms`.
+    pub fn state_published(
+        &mut self,
+        key: StateKey,
+        facility: Option<FacilityState>,
+        mono_ms: u64,
+    ) {
         self.state_sent = Some(StateSent {
             key,
             at_ms: mono_ms,
         });
+        if let (Some(h), Some(f)) = (self.hall.as_mut(), facility) {
+            h.sent(f);
+        }
     }
 
     /// `down` as the next frame to the MCU.
@@ -384,9 +428,10 @@ impl Bridge {
         acts.push(Act::Say(level, format!("{e} (the {} of its kind)", nth(n))));
     }
 
-    fn numbered(&mut self, seq: u32, acts: &mut Vec<Act>) {
+    /// Frame number `seq` heard; whether the MCU started again.
+    fn numbered(&mut self, seq: u32, acts: &mut Vec<Act>) -> bool {
         match self.seq.hear(seq) {
-            Order::First | Order::Next => {}
+            Order::First | Order::Next => false,
             Order::Gap(n) => {
                 self.counts.gaps += 1;
                 self.counts.lost = self.seq.lost;
@@ -397,6 +442,7 @@ impl Bridge {
                         if n == 1 { "" } else { "s" }
                     ),
                 ));
+                false
             }
             Order::Restart => {
                 self.counts.restarts = self.seq.restarts;
@@ -407,7 +453,32 @@ impl Bridge {
                         "the microcontroller started again (its frames are numbered from {seq} again)"
                     ),
                 ));
+                true
             }
+        }
+    }
+
+    /// The MCU started (its hello, or its numbers starting again): in a
+    /// hall, it has no offer until it sends one, and the water it
+    /// followed goes down again.
+    fn mcu_started(&mut self, now: Now, acts: &mut Vec<Act>) {
+        if let Some(water) = self.hall.as_mut().and_then(|h| h.restarted(now.mono_ms)) {
+            acts.push(Act::FacilityTarget(water));
+        }
+    }
+
+    /// The MCU's offer to the hall's coordinator, kept for the state.
+    fn offered(&mut self, offer: Option<FacilityOffer>, acts: &mut Vec<Act>) {
+        match self.hall.as_mut() {
+            Some(h) => h.offered(offer.as_ref()),
+            None if !self.offer_unplaced => {
+                self.offer_unplaced = true;
+                acts.push(Act::Say(
+                    Level::Warn,
+                    "the microcontroller offers facility water to a hall's coordinator, but no facility_coordinator is configured: its offer is not published".into(),
+                ));
+            }
+            None => {}
         }
     }
 
@@ -459,6 +530,7 @@ impl Bridge {
                     format!("the microcontroller says: {words}"),
                 ));
             }
+            Up::Offer(offer) => self.offered(offer, acts),
         }
     }
 
@@ -491,23 +563,35 @@ impl Bridge {
         // What the MCU has learned of its hall stays on it.
         let telemetry = cdu_telemetry(&facts, &self.layout, None);
         acts.push(Act::Telemetry(Box::new(telemetry)));
-        acts.extend(self.state_if_due(&facts, now));
+        self.state_if_due(&facts, now, acts);
         self.last = Some(s);
     }
 
-    fn state_if_due(&self, facts: &StepFacts<'_>, now: Now) -> Option<Act> {
+    /// The state of `facts` at `now`, when due by `run`'s rule: the
+    /// state's own, or, in a hall, its part moved (and the water of this
+    /// gateway's own plan, when it coordinates and it is due to go down).
+    fn state_if_due(&mut self, facts: &StepFacts<'_>, now: Now, acts: &mut Vec<Act>) {
         let key = facts.state_key();
-        if !StateSent::due(self.state_sent.as_ref(), &key, now.mono_ms) {
-            return None;
+        let speaks = !self.silent;
+        let (facility, moved) = match self.hall.as_mut() {
+            Some(h) => {
+                let (state, moved, water) = h.state(speaks, facts.outdoor_c, now.mono_ms);
+                acts.extend(water.map(Act::FacilityTarget));
+                (Some(state), moved)
+            }
+            None => (None, false),
+        };
+        if !moved && !StateSent::due(self.state_sent.as_ref(), &key, now.mono_ms) {
+            return;
         }
-        let st = cdu_state(facts, &self.layout, None);
-        Some(Act::State(Box::new(st), key))
+        let st = cdu_state(facts, &self.layout, facility);
+        acts.push(Act::State(Box::new(st), key));
     }
 
     /// The state that says the MCU is silent, when due: failsafe since
     /// its last frame (or the gateway's start), with the racks and the
-    /// setpoint of its last status.
-    fn silent_state(&self, now: Now) -> Option<Act> {
+    /// setpoint of its last status, offering nothing to the hall.
+    fn silent_state(&mut self, now: Now, acts: &mut Vec<Act>) {
         let since = self.last_frame.unwrap_or(self.started).unix_ms;
         let (racks, setpoint_c) = match &self.last {
             Some(s) => (s.racks, s.setpoint_c),
@@ -528,7 +612,7 @@ impl Bridge {
             sensor_faults: [None; 4],
             outdoor_c: None,
         };
-        self.state_if_due(&facts, now)
+        self.state_if_due(&facts, now, acts);
     }
 }
 
@@ -663,7 +747,7 @@ mod tests {
         // Heard at T0 + 1 s as MCU ms 10,000: MCU ms 500 is 9.5 s earlier.
         assert_eq!(s.since, TimestampMs(T0 + 1_000 - 9_500));
         assert_eq!(s.racks.len(), CoreConfig::default().layout.racks as usize);
-        b.state_published(key, 1_000);
+        b.state_published(key, None, 1_000);
         // The same again: telemetry only; a change of a rack's cooling: a
         // state; a minute without one: a state.
         let acts = b.hear(
@@ -678,7 +762,7 @@ mod tests {
         let st = states(&acts);
         assert_eq!(st[0].0.racks[1].cooling, RackCooling::Lost);
         assert_eq!(st[0].0.racks[0].cooling, RackCooling::Normal);
-        b.state_published(st[0].1, 3_000);
+        b.state_published(st[0].1, None, 3_000);
         let later = at(3_000 + STATE_EVERY_MS);
         let acts = b.hear(&frame(&status(4, 72_000, CduMode::Normal, true), 3), later);
         assert_eq!(states(&acts).len(), 1);
@@ -839,7 +923,7 @@ mod tests {
             &frame(&status(1, 1_000, CduMode::Normal, true), 0),
             at(1_000),
         );
-        b.state_published(states(&acts)[0].1, 1_000);
+        b.state_published(states(&acts)[0].1, None, 1_000);
         assert!(b.tick(at(3_999)).is_empty());
         let acts = b.tick(at(4_000));
         assert!(
@@ -860,7 +944,7 @@ mod tests {
         assert!(b.silent());
         // Not published (the broker was away): due again at the next tick.
         assert_eq!(states(&b.tick(at(4_250))).len(), 1);
-        b.state_published(key, 4_250);
+        b.state_published(key, None, 4_250);
         assert!(b.tick(at(5_000)).is_empty());
         assert_eq!(b.counts().silences, 1);
         // Frames again: said, and the next status is a state at once.
@@ -937,5 +1021,99 @@ mod tests {
         assert!(!acts
             .iter()
             .any(|a| matches!(a, Act::Say(Level::Warn, w) if w.starts_with("link"))));
+    }
+
+    fn offer(accept_c: f32) -> FacilityOffer {
+        crate::facility::offer_msg(&cooling_core::facility::Offer {
+            heat_w: 110_000.0,
+            work: 128.0,
+            at_water_c: accept_c,
+            heat_per_k_w: 200.0,
+            accept_c,
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn in_a_hall_the_mcus_offer_rides_in_the_state_and_a_restart_has_the_plan_again() {
+        use crate::facility::FacilityRole;
+        use loopwarden_protocol::Ident;
+        let mut core = CoreConfig::default();
+        core.facility.cdus = 2;
+        let id = |s: &str| Ident::new(s).unwrap();
+        let role = FacilityRole {
+            coordinator: id("cdu-1"),
+            cdus: vec![id("cdu-1"), id("cdu-2")],
+        };
+        let mut b = bridge().in_hall(HallPart::new(role, &id("cdu-2"), &core));
+        let acts = b.hear(&frame(&status(1, 1_000, CduMode::Normal, false), 0), at(0));
+        let (s, key) = states(&acts)[0];
+        assert_eq!(s.facility.as_ref().map(|f| &f.offer), Some(&None));
+        b.state_published(key, s.facility.clone(), 0);
+        // The offer, then a status: a state at once, carrying it.
+        b.hear(&frame(&Up::Offer(Some(offer(31.5))), 1), at(500));
+        let acts = b.hear(
+            &frame(&status(2, 2_000, CduMode::Normal, false), 2),
+            at(1_000),
+        );
+        let (s, key) = states(&acts)[0];
+        let f = s.facility.clone().expect("its part in the hall");
+        assert_eq!(f.offer, Some(offer(31.5)), "as the MCU sent it");
+        assert_eq!(f.plan, None, "cdu-1 plans");
+        b.state_published(key, Some(f), 1_000);
+        let acts = b.hear(
+            &frame(&status(3, 3_000, CduMode::Normal, false), 3),
+            at(2_000),
+        );
+        assert!(states(&acts).is_empty(), "nothing moved");
+        // The coordinator's plan goes down, and again after a restart.
+        let mut plan = samples_state();
+        plan.facility = Some(FacilityState {
+            offer: None,
+            plan: Some(loopwarden_protocol::message::FacilityPlan {
+                water: cooling_decide::facility::celsius(30.0),
+                chiller_stages: 1,
+                offers: 2,
+                capping: 0,
+            }),
+        });
+        let acts = b.hall_state(&id("cdu-1"), &plan, at(2_500));
+        assert_eq!(acts, [Act::FacilityTarget(30.0)]);
+        let acts = b.hear(&frame(&status(0, 10, CduMode::Boot, false), 0), at(3_000));
+        assert!(acts.contains(&Act::FacilityTarget(30.0)), "{acts:?}");
+        let st = states(&acts);
+        assert_eq!(
+            st[0].0.facility.as_ref().map(|f| &f.offer),
+            Some(&None),
+            "no offer yet"
+        );
+    }
+
+    #[test]
+    fn an_offer_outside_a_hall_is_said_once_and_not_published() {
+        let mut b = bridge();
+        let said = |acts: &[Act]| {
+            acts.iter()
+                .filter(
+                    |a| matches!(a, Act::Say(Level::Warn, w) if w.contains("facility_coordinator")),
+                )
+                .count()
+        };
+        let acts = b.hear(&frame(&Up::Offer(Some(offer(31.5))), 0), at(0));
+        assert_eq!(said(&acts), 1);
+        let acts = b.hear(&frame(&Up::Offer(Some(offer(32.5))), 1), at(100));
+        assert_eq!(said(&acts), 0);
+        let acts = b.hear(
+            &frame(&status(1, 1_000, CduMode::Normal, false), 2),
+            at(200),
+        );
+        assert_eq!(states(&acts)[0].0.facility, None);
+    }
+
+    fn samples_state() -> CduState {
+        match loopwarden_protocol::samples::message(loopwarden_protocol::MessageKind::CduState) {
+            loopwarden_protocol::Message::CduState(s) => s,
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -70,6 +70,10 @@ const BMS_FORWARDED: Metric = Metric::counter(
     "loopwarden_gateway_bms_writes_forwarded_total",
     "The BMS's writes handed to the microcontroller's line: its limits (again every 30 s and when it starts again) and the outdoor temperature.",
 );
+const FACILITY_FORWARDED: Metric = Metric::counter(
+    "loopwarden_gateway_facility_targets_forwarded_total",
+    "A hall of several CDUs: the coordinator's facility water handed to the microcontroller's line (when it changes, again every minute it is heard, and when the microcontroller starts again).",
+);
 const CLEARS: Metric = Metric::counter(
     "loopwarden_gateway_clears_total",
     "Operators' signed clears, by outcome: forwarded (handed to the microcontroller's line), unsent (the line not open or full), done and refused (as the microcontroller answered), unanswered (no answer within 10 s).",
@@ -110,6 +114,7 @@ pub fn render(cdu: &str, st: &GatewayStats, recorder: &Recorder) -> String {
     out.sample(&PUBLISH_ERRORS, &l, st.publish_errors as f64);
     out.sample(&HOST_REPORTS, &l, st.host_reports_forwarded as f64);
     out.sample(&BMS_FORWARDED, &l, st.bms_forwarded as f64);
+    out.sample(&FACILITY_FORWARDED, &l, st.facility_forwarded as f64);
     let c = &st.clears;
     let clears = [
         ("forwarded", c.forwarded),
@@ -133,7 +138,7 @@ mod tests {
 
     /// Every `loopwarden_gateway_*` metric, in the order docs/cooling.md
     /// lists them.
-    const ALL: [&Metric; 14] = [
+    const ALL: [&Metric; 15] = [
         &LINK_OPEN,
         &FRAMES,
         &UNSENT,
@@ -147,6 +152,7 @@ mod tests {
         &PUBLISH_ERRORS,
         &HOST_REPORTS,
         &BMS_FORWARDED,
+        &FACILITY_FORWARDED,
         &CLEARS,
     ];
 
@@ -172,6 +178,7 @@ mod tests {
         st.silent = true;
         st.states_published = 3;
         st.bms_forwarded = 4;
+        st.facility_forwarded = 2;
         st.clears.refused = 1;
         let flash = crate::journal::ControllerFlash::open(None).unwrap();
         let text = render("cdu-1", &st, &flash.recorder);
@@ -183,6 +190,7 @@ mod tests {
             "loopwarden_gateway_published_total{cdu=\"cdu-1\",kind=\"state\"} 3",
             "loopwarden_gateway_link_open{cdu=\"cdu-1\"} 0",
             "loopwarden_gateway_bms_writes_forwarded_total{cdu=\"cdu-1\"} 4",
+            "loopwarden_gateway_facility_targets_forwarded_total{cdu=\"cdu-1\"} 2",
             "loopwarden_gateway_clears_total{cdu=\"cdu-1\",outcome=\"refused\"} 1",
             "loopwarden_bus_connected{cdu=\"cdu-1\"} 0",
         ] {

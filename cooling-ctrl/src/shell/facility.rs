@@ -4,58 +4,70 @@
 //! its own, and, on the coordinator's controller, hears every CDU's offer
 //! and plans ([`crate::facility::Coordinator`]).
 //!
+//! The part itself ([`FacilityLink`]) is pure: it is told what was heard
+//! and what this CDU offers, and says what to publish and which water to
+//! follow. The shell feeds it its core's offer and follows in its core;
+//! the gateway (`crate::gateway`) feeds it the offer its microcontroller
+//! sends and sends the water down, so both take part in the hall alike.
+//!
 //! The coordinator's own offer and plan never leave the process to come
 //! back: it hears its offer at each step and follows its own plan at once.
 //!
 //! Glossary:
 //! - *offer*, *plan*: see [`cooling_core::facility`].
 
+use cooling_core::facility::Offer;
+use cooling_decide::facility::{offer_moved, offer_of};
 use loopwarden_bus::Inbound;
 use loopwarden_protocol::message::{CduState, FacilityState};
 use loopwarden_protocol::topic::Family;
-use loopwarden_protocol::{Message, Role};
+use loopwarden_protocol::{Ident, Message, Role};
 
-use super::{FacilityStatus, Shell};
-use crate::facility::{offer_msg, offer_of, plan_msg, Coordinator, FacilityRole};
+use super::{FacilityStatus, Shell, ShellError};
+use crate::facility::{offer_msg, plan_msg, Coordinator, FacilityRole};
 use crate::modbus::CduPort;
 
-/// An offer whose accept moved this far is published again, K.
-pub const REPUBLISH_ACCEPT_K: f32 = 0.25;
-
-/// An offer whose heat moved this share is published again.
-pub const REPUBLISH_HEAT: f32 = 0.05;
-
-/// This controller's part in the hall, as the shell keeps it.
+/// This controller's part in the hall (see the module note).
 #[derive(Debug, Clone)]
 pub struct FacilityLink {
     role: FacilityRole,
+    /// This CDU.
+    me: Ident,
     /// Present on the coordinator's controller.
     coordinator: Option<Coordinator>,
     /// The facility state last published.
     sent: Option<FacilityState>,
-    /// The plan last followed, °C of facility water, and when, shell ms.
-    pub(super) following: Option<(f32, u64)>,
+    /// The plan last followed, °C of facility water, and when, ms of the
+    /// caller's clock.
+    following: Option<(f32, u64)>,
 }
 
 impl FacilityLink {
     /// The link of CDU `me` in `role`, on the hall of `core`'s figures.
-    pub fn new(
-        role: FacilityRole,
-        me: &loopwarden_protocol::Ident,
-        core: &cooling_core::CoreConfig,
-    ) -> Self {
+    pub fn new(role: FacilityRole, me: &Ident, core: &cooling_core::CoreConfig) -> Self {
         let coordinator = (&role.coordinator == me).then(|| Coordinator::new(core));
         Self {
             role,
+            me: me.clone(),
             coordinator,
             sent: None,
             following: None,
         }
     }
 
-    /// What the console and `/metrics` show at `now` (shell ms), with
-    /// this CDU's `offer`.
-    pub fn status(&self, now: u64, offer: Option<cooling_core::facility::Offer>) -> FacilityStatus {
+    /// This controller plans the hall.
+    pub fn coordinates(&self) -> bool {
+        self.coordinator.is_some()
+    }
+
+    /// The plan last followed, °C of facility water, and when.
+    pub fn following(&self) -> Option<(f32, u64)> {
+        self.following
+    }
+
+    /// What the console and `/metrics` show at `now`, with this CDU's
+    /// `offer`.
+    pub fn status(&self, now: u64, offer: Option<Offer>) -> FacilityStatus {
         FacilityStatus {
             coordinator: self.role.coordinator.to_string(),
             coordinates: self.coordinator.is_some(),
@@ -67,49 +79,14 @@ impl FacilityLink {
                 .and_then(|c| c.current().map(|p| (p, c.planned_from()))),
         }
     }
-}
 
-/// Whether `now` differs enough from `sent` to be published again.
-fn moved(sent: Option<&FacilityState>, now: &FacilityState) -> bool {
-    let Some(sent) = sent else {
-        return true;
-    };
-    if sent.plan != now.plan {
-        return true;
-    }
-    match (&sent.offer, &now.offer) {
-        (Some(a), Some(b)) => {
-            let k = (a.accept.value() - b.accept.value()).abs() as f32;
-            let (ha, hb) = (a.heat.milliwatts() as f32, b.heat.milliwatts() as f32);
-            k >= REPUBLISH_ACCEPT_K || (ha - hb).abs() > REPUBLISH_HEAT * ha.max(1.0)
-        }
-        (a, b) => a.is_some() != b.is_some(),
-    }
-}
-
-impl<P: CduPort> Shell<P> {
-    /// Another CDU's retained state: the coordinator's plan is followed;
-    /// on the coordinator, each hall CDU's offer is heard.
-    pub(super) fn on_cdu_state(&mut self, msg: &Inbound) {
-        let (Message::CduState(st), Family::Health) = (&msg.frame.message, msg.topic.family) else {
-            return;
-        };
-        let sender_ok = msg.frame.sender.role == Role::Cdu && msg.frame.sender.id == msg.topic.node;
-        let now = self.now_ms();
-        let Some(link) = self.facility.as_mut() else {
-            return;
-        };
-        if !sender_ok || msg.topic.node == self.cfg.cdu {
-            return;
-        }
-        let from = &msg.topic.node;
-        if let (true, Some(plan)) = (from == &link.role.coordinator, plan_of(st)) {
-            let water = plan.water.value() as f32;
-            self.decider.core_mut().facility_target(water, now);
-            link.following = Some((water, now));
-        }
-        if let (Some(co), Some(offer)) = (link.coordinator.as_mut(), offer_in(st)) {
-            match link.role.cdus.iter().position(|c| c == from) {
+    /// CDU `from`'s retained state `st`, heard at `now`: on the
+    /// coordinator, its offer is heard; the coordinator's plan is the
+    /// water to follow, returned.
+    pub fn hear(&mut self, from: &Ident, st: &CduState, now: u64) -> Option<f32> {
+        let facility = st.facility.as_ref()?;
+        if let (Some(co), Some(offer)) = (self.coordinator.as_mut(), &facility.offer) {
+            match self.role.cdus.iter().position(|c| c == from) {
                 Some(i) => {
                     if let Err(e) = co.hear(i, offer_of(offer), now) {
                         tracing::warn!("cooling shell: the offer of {from}: {e}");
@@ -120,30 +97,37 @@ impl<P: CduPort> Shell<P> {
                 ),
             }
         }
+        let plan = facility
+            .plan
+            .as_ref()
+            .filter(|_| from == &self.role.coordinator)?;
+        let water = plan.water.value() as f32;
+        self.following = Some((water, now));
+        Some(water)
     }
 
-    /// The facility part of this step's state: this CDU's offer, and on
-    /// the coordinator the plan (followed here at once); `None` outside a
-    /// hall of several CDUs. The flag says it moved enough to publish.
-    pub(super) fn facility_state(&mut self, now: u64) -> (Option<FacilityState>, bool) {
-        let me = self.cfg.cdu.clone();
-        let offer = self.decider.core().offer();
-        // The core's outdoor temperature: the sensor's, else its design
-        // day (colder water for the hall, never warmer, on a guess).
-        let (ambient, _) = self.decider.core().outdoor();
-        let Some(link) = self.facility.as_mut() else {
-            return (None, false);
-        };
+    /// The facility part of a state at `now`, with this CDU's `offer` and
+    /// the outdoor air at `ambient_c` (the coordinator plans with it):
+    /// the state, whether it moved enough to publish, and on the
+    /// coordinator the water of its own plan, to follow at once.
+    pub fn state(
+        &mut self,
+        offer: Option<Offer>,
+        ambient_c: f32,
+        now: u64,
+    ) -> (FacilityState, bool, Option<f32>) {
         let mut plan = None;
-        if let Some(co) = link.coordinator.as_mut() {
-            if let (Some(o), Some(i)) = (offer, link.role.cdus.iter().position(|c| c == &me)) {
+        let mut follow = None;
+        if let Some(co) = self.coordinator.as_mut() {
+            let me = self.role.cdus.iter().position(|c| c == &self.me);
+            if let (Some(o), Some(i)) = (offer, me) {
                 if let Err(e) = co.hear(i, o, now) {
                     tracing::warn!("cooling shell: its own offer: {e}");
                 }
             }
-            if let Some(p) = co.plan(now, ambient) {
-                self.decider.core_mut().facility_target(p.water_c, now);
-                link.following = Some((p.water_c, now));
+            if let Some(p) = co.plan(now, ambient_c) {
+                self.following = Some((p.water_c, now));
+                follow = Some(p.water_c);
                 plan = Some(plan_msg(&p, co.planned_from()));
             }
         }
@@ -151,22 +135,177 @@ impl<P: CduPort> Shell<P> {
             offer: offer.as_ref().map(offer_msg),
             plan,
         };
-        let due = moved(link.sent.as_ref(), &state);
+        let due = moved(self.sent.as_ref(), &state);
+        (state, due, follow)
+    }
+
+    /// The facility state `s` was published.
+    pub fn sent(&mut self, s: FacilityState) {
+        self.sent = Some(s);
+    }
+}
+
+/// Whether `now` differs enough from `sent` to be published again: a new
+/// plan, or an offer moved by the decision path's rule
+/// ([`cooling_decide::facility::offer_moved`], the one the firmware says
+/// its offer by).
+fn moved(sent: Option<&FacilityState>, now: &FacilityState) -> bool {
+    let Some(sent) = sent else {
+        return true;
+    };
+    let was = sent.offer.as_ref().map(offer_of);
+    let is = now.offer.as_ref().map(offer_of);
+    sent.plan != now.plan || offer_moved(was.as_ref(), is.as_ref())
+}
+
+/// Another CDU's retained state in `msg`, and who sent it: a CDU's state
+/// on its own `health` topic, not `me`'s.
+pub fn hall_state<'a>(msg: &'a Inbound, me: &Ident) -> Option<(&'a Ident, &'a CduState)> {
+    let (Message::CduState(st), Family::Health) = (&msg.frame.message, msg.topic.family) else {
+        return None;
+    };
+    let sender_ok = msg.frame.sender.role == Role::Cdu && msg.frame.sender.id == msg.topic.node;
+    (sender_ok && &msg.topic.node != me).then_some((&msg.topic.node, st))
+}
+
+/// The subscription to every CDU's state of `site` (the coordinator's
+/// plan, the other CDUs' offers).
+pub fn hall_subscription(site: &Ident) -> Result<String, ShellError> {
+    loopwarden_protocol::topic::filter::family(site, Role::Cdu, Family::Health)
+        .map(|f| f.to_string())
+        .map_err(|e| ShellError::Bus(format!("the CDU health filter: {e:?}")))
+}
+
+impl<P: CduPort> Shell<P> {
+    /// Another CDU's retained state: the coordinator's plan is followed;
+    /// on the coordinator, each hall CDU's offer is heard.
+    pub(super) fn on_cdu_state(&mut self, msg: &Inbound) {
+        let Some((from, st)) = hall_state(msg, &self.cfg.cdu) else {
+            return;
+        };
+        let now = self.now_ms();
+        let Some(link) = self.facility.as_mut() else {
+            return;
+        };
+        if let Some(water) = link.hear(from, st, now) {
+            self.decider.core_mut().facility_target(water, now);
+        }
+    }
+
+    /// The facility part of this step's state: this CDU's offer, and on
+    /// the coordinator the plan (followed here at once); `None` outside a
+    /// hall of several CDUs. The flag says it moved enough to publish.
+    pub(super) fn facility_state(&mut self, now: u64) -> (Option<FacilityState>, bool) {
+        let offer = self.decider.core().offer();
+        // The core's outdoor temperature: the sensor's, else its design
+        // day (colder water for the hall, never warmer, on a guess).
+        let (ambient, _) = self.decider.core().outdoor();
+        let Some(link) = self.facility.as_mut() else {
+            return (None, false);
+        };
+        let (state, due, follow) = link.state(offer, ambient, now);
+        if let Some(water) = follow {
+            self.decider.core_mut().facility_target(water, now);
+        }
         (Some(state), due)
     }
 
     /// The facility state was published.
     pub(super) fn facility_sent(&mut self, state: Option<FacilityState>) {
         if let (Some(link), Some(s)) = (self.facility.as_mut(), state) {
-            link.sent = Some(s);
+            link.sent(s);
         }
     }
 }
 
-fn plan_of(st: &CduState) -> Option<&loopwarden_protocol::message::FacilityPlan> {
-    st.facility.as_ref().and_then(|f| f.plan.as_ref())
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cooling_decide::facility::REPUBLISH_ACCEPT_K;
+    use loopwarden_protocol::message::FacilityPlan;
 
-fn offer_in(st: &CduState) -> Option<&loopwarden_protocol::message::FacilityOffer> {
-    st.facility.as_ref().and_then(|f| f.offer.as_ref())
+    fn id(s: &str) -> Ident {
+        Ident::new(s).expect("an ident")
+    }
+
+    fn offer(accept_c: f32) -> Offer {
+        Offer {
+            heat_w: 120_000.0,
+            work: 128.0,
+            at_water_c: accept_c,
+            heat_per_k_w: 200.0,
+            accept_c,
+            ..Offer::default()
+        }
+    }
+
+    fn link(me: &str) -> FacilityLink {
+        let mut core = cooling_core::CoreConfig::default();
+        core.facility.cdus = 2;
+        let role = FacilityRole {
+            coordinator: id("cdu-1"),
+            cdus: vec![id("cdu-1"), id("cdu-2")],
+        };
+        FacilityLink::new(role, &id(me), &core)
+    }
+
+    fn state_of(facility: FacilityState) -> CduState {
+        let Message::CduState(mut st) =
+            loopwarden_protocol::samples::message(loopwarden_protocol::MessageKind::CduState)
+        else {
+            unreachable!("a sample state")
+        };
+        st.facility = Some(facility);
+        st
+    }
+
+    #[test]
+    fn a_state_is_due_when_its_offer_moves_by_the_decision_paths_rule() {
+        let mut l = link("cdu-2");
+        let (s, due, follow) = l.state(Some(offer(31.0)), 20.0, 0);
+        assert!(due && follow.is_none(), "the first, and no plan of its own");
+        l.sent(s);
+        let (_, due, _) = l.state(Some(offer(31.2)), 20.0, 1_000);
+        assert!(!due, "0.2 K");
+        let (_, due, _) = l.state(Some(offer(31.0 + REPUBLISH_ACCEPT_K)), 20.0, 2_000);
+        assert!(due, "a quarter kelvin");
+    }
+
+    #[test]
+    fn the_coordinators_plan_is_followed_and_another_cdus_is_not() {
+        let mut l = link("cdu-2");
+        let plan = FacilityPlan {
+            water: cooling_decide::facility::celsius(29.5),
+            chiller_stages: 1,
+            offers: 2,
+            capping: 0,
+        };
+        let planned = state_of(FacilityState {
+            offer: None,
+            plan: Some(plan),
+        });
+        assert_eq!(
+            l.hear(&id("cdu-9"), &planned, 5),
+            None,
+            "not the coordinator"
+        );
+        assert_eq!(l.hear(&id("cdu-1"), &planned, 7), Some(29.5));
+        assert_eq!(l.following(), Some((29.5, 7)));
+    }
+
+    #[test]
+    fn the_coordinator_plans_from_its_own_offer_and_another_cdus_and_follows_its_plan() {
+        let mut l = link("cdu-1");
+        assert!(l.coordinates());
+        let theirs = state_of(FacilityState {
+            offer: Some(offer_msg(&offer(30.0))),
+            plan: None,
+        });
+        assert_eq!(l.hear(&id("cdu-2"), &theirs, 0), None);
+        let (s, due, follow) = l.state(Some(offer(34.0)), 20.0, 100);
+        let plan = s.plan.expect("a plan from both offers");
+        assert_eq!(plan.offers, 2);
+        assert!(due);
+        assert_eq!(follow, Some(plan.water.value() as f32));
+    }
 }

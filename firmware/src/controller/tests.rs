@@ -20,6 +20,8 @@ use crate::cdu::map_limits;
 use crate::clears::tests::{ring, signed, NOW, SEED};
 use crate::outbound::{FrameBuffers, FramedPort};
 
+mod facility;
+
 /// The ports as the board has them: the trace in frames on a wire.
 struct Fake {
     trace: FramedPort<{ 64 * 1024 }>,

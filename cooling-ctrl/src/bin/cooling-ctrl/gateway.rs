@@ -4,10 +4,10 @@
 //! `run`, checked the same way but for the CDU link, which it does not
 //! need (`config::Purpose::Gateway`); it uses the bus's part of them (this
 //! CDU, the broker and its login, TLS, the sign key, the keyring, the
-//! site figures' layout, the hosts, the flash file, `metrics_listen`),
-//! `run`'s northbound server and its console socket (for operators'
-//! signed clears), and says at start which configured parts it does not
-//! serve. SIGTERM or ctrl-c stops it cleanly (exit 0); under systemd it
+//! site figures' layout, the hosts, the flash file, `metrics_listen`,
+//! the hall's `facility_coordinator`), `run`'s northbound server and its
+//! console socket (for operators' signed clears), and says at start
+//! which configured parts it does not serve. SIGTERM or ctrl-c stops it cleanly (exit 0); under systemd it
 //! sends READY=1 after its first second and WATCHDOG=1 while its loop
 //! runs.
 //!
@@ -73,10 +73,6 @@ fn start(a: Args) -> Result<(config::Config, LinkAddr), StartError> {
             config.board.is_some(),
             "board_pins (the microcontroller reads the leak ropes)",
         ),
-        (
-            config.facility.is_some(),
-            "facility_coordinator (the hall's facility water: the microcontroller's offer does not reach the bus)",
-        ),
         (config.serial.is_some(), "console_serial"),
     ];
     for (_, what) in unserved.iter().filter(|(set, _)| *set) {
@@ -125,6 +121,7 @@ async fn serve(
         bus: cooling_ctrl::shell::BusOptions::of(&config, flash),
         northbound,
         clears: Some(clears_rx),
+        facility: config.facility.clone(),
         ..GatewayOptions::new(link)
     };
     let result = gateway::run(config.shell_config(broker), opts, stop).await;
