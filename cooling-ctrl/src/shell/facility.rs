@@ -89,11 +89,11 @@ impl FacilityLink {
             match self.role.cdus.iter().position(|c| c == from) {
                 Some(i) => {
                     if let Err(e) = co.hear(i, offer_of(offer), now) {
-                        tracing::warn!("cooling shell: the offer of {from}: {e}");
+                        tracing::warn!("cooling facility: the offer of {from}: {e}");
                     }
                 }
                 None => tracing::warn!(
-                    "cooling shell: an offer from {from}, which is not among the hall's CDUs ([facility] cdus)"
+                    "cooling facility: an offer from {from}, which is not among the hall's CDUs (facility_cdus)"
                 ),
             }
         }
@@ -122,7 +122,7 @@ impl FacilityLink {
             let me = self.role.cdus.iter().position(|c| c == &self.me);
             if let (Some(o), Some(i)) = (offer, me) {
                 if let Err(e) = co.hear(i, o, now) {
-                    tracing::warn!("cooling shell: its own offer: {e}");
+                    tracing::warn!("cooling facility: its own offer: {e}");
                 }
             }
             if let Some(p) = co.plan(now, ambient_c) {
