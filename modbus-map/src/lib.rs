@@ -84,7 +84,7 @@ impl Type {
     }
 
     /// The bits of `raw`, a whole number within [`Type::raw_range`].
-    fn bits_of(self, raw: f64) -> u32 {
+    pub fn bits_of(self, raw: f64) -> u32 {
         match self {
             Self::U16 => raw as u16 as u32,
             Self::I16 => raw as i16 as u16 as u32,

@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::vec::Vec;
 
-use loopwarden_boards::modbus_map::{Kind, Register, RegisterMap, Type, WordOrder};
+use loopwarden_boards::modbus_map::{Kind, Register, RegisterMap, Type};
 use loopwarden_protocol::message::CduMode;
 use tokio_modbus::ExceptionCode;
 
@@ -100,40 +100,6 @@ pub fn sentinel(ty: Type) -> u32 {
     }
 }
 
-fn split(ty: Type, order: WordOrder, bits: u32) -> Vec<u16> {
-    match (ty.words(), order) {
-        (1, _) => std::vec![bits as u16],
-        (_, WordOrder::HighFirst) => std::vec![(bits >> 16) as u16, bits as u16],
-        (_, WordOrder::LowFirst) => std::vec![bits as u16, (bits >> 16) as u16],
-    }
-}
-
-fn join(ty: Type, order: WordOrder, words: &[u16]) -> u32 {
-    let w = |i: usize| u32::from(words.get(i).copied().unwrap_or(0));
-    match (ty.words(), order) {
-        (1, _) => w(0),
-        (_, WordOrder::HighFirst) => (w(0) << 16) | w(1),
-        (_, WordOrder::LowFirst) => (w(1) << 16) | w(0),
-    }
-}
-
-fn raw_of(ty: Type, bits: u32) -> i64 {
-    match ty {
-        Type::U16 => i64::from(bits as u16),
-        Type::I16 => i64::from(bits as u16 as i16),
-        Type::U32 => i64::from(bits),
-        Type::I32 => i64::from(bits as i32),
-    }
-}
-
-fn bits_of(ty: Type, raw: i64) -> u32 {
-    match ty {
-        Type::U16 | Type::U32 => raw as u32,
-        Type::I16 => raw as i16 as u16 as u32,
-        Type::I32 => raw as i32 as u32,
-    }
-}
-
 /// A setting's range in raw units.
 fn raw_bounds(r: &Register) -> (i64, i64) {
     let lo = r.min.map_or(i64::MIN, |m| (m / r.scale).round() as i64);
@@ -153,10 +119,10 @@ fn words_of(map: &RegisterMap, r: &Register, f: Field) -> Vec<u16> {
                 let (lo, hi) = raw_bounds(r);
                 raw = raw.clamp(lo, hi);
             }
-            bits_of(r.ty, raw)
+            r.ty.bits_of(raw as f64)
         }
     };
-    split(r.ty, map.word_order, bits)
+    map.word_order.split(r.ty, bits).to_vec()
 }
 
 /// The registers' words for one snapshot.
@@ -230,10 +196,9 @@ pub fn decode_write(
             return Err(ExceptionCode::IllegalDataAddress);
         }
         let from = (a - u32::from(addr)) as usize;
-        let raw = raw_of(
-            r.ty,
-            join(r.ty, map.word_order, &words[from..from + n as usize]),
-        );
+        let bits = map.word_order.join(r.ty, &words[from..from + n as usize]);
+        // Exact: every raw value of a 32-bit type is an f64.
+        let raw = r.ty.raw_of(bits) as i64;
         let (lo, hi) = raw_bounds(r);
         if raw < lo || raw > hi {
             return Err(ExceptionCode::IllegalDataValue);
