@@ -23,7 +23,7 @@ use loopwarden_modbus_map::{EncodeError, MapFile};
 
 use crate::BoardError;
 
-pub use loopwarden_modbus_map::{Kind, Type, WordOrder};
+pub use loopwarden_modbus_map::{input_spans, Kind, Span, Type, WordOrder, MAX_READ};
 
 /// One register (or register pair), as read from its map's file. What a
 /// register is and how its words become a value are

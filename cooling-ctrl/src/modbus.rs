@@ -62,7 +62,7 @@ use std::time::Duration;
 use std::vec::Vec;
 
 use crate::decide::{MapLimits, Setting, Write};
-use loopwarden_boards::modbus_map::{Kind, Register, RegisterMap, ValueError};
+use loopwarden_boards::modbus_map::{input_spans, Kind, Register, RegisterMap, ValueError};
 use tokio::io::AsyncReadExt as _;
 use tokio::time::Instant;
 use tokio_modbus::client::{Client as _, Context};
@@ -202,9 +202,6 @@ struct Span {
     /// Name and first address of each register in it.
     registers: Vec<(String, u16, u16)>,
 }
-
-/// The most registers one read may ask for.
-const MAX_READ: u16 = 125;
 
 /// The default timeout of one request.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(500);
@@ -547,29 +544,22 @@ impl ModbusCdu {
 }
 
 /// The map's input registers in runs of contiguous addresses, each at most
-/// [`MAX_READ`] registers.
+/// [`MAX_READ`](loopwarden_boards::modbus_map::MAX_READ) registers
+/// ([`input_spans`], as the firmware reads them).
 fn spans(map: &RegisterMap) -> Vec<Span> {
-    let mut inputs: Vec<&Register> = map.registers().filter(|r| r.kind == Kind::Input).collect();
-    inputs.sort_by_key(|r| r.address);
-    let mut spans: Vec<Span> = Vec::new();
-    for r in inputs {
-        let n = r.ty.words();
-        match spans.last_mut() {
-            Some(s)
-                if u32::from(s.start) + u32::from(s.count) == u32::from(r.address)
-                    && s.count + n <= MAX_READ =>
-            {
-                s.count += n;
-                s.registers.push((r.name.clone(), r.address, n));
-            }
-            _ => spans.push(Span {
-                start: r.address,
-                count: n,
-                registers: std::vec![(r.name.clone(), r.address, n)],
-            }),
-        }
-    }
-    spans
+    let regs: Vec<&Register> = map.registers().collect();
+    input_spans(regs.iter().copied())
+        .into_iter()
+        .map(|s| Span {
+            start: s.start,
+            count: s.count,
+            registers: s
+                .registers
+                .into_iter()
+                .map(|i| (regs[i].name.clone(), regs[i].address, regs[i].ty.words()))
+                .collect(),
+        })
+        .collect()
 }
 
 #[cfg(test)]

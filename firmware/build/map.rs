@@ -12,7 +12,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use loopwarden_modbus_map::{Kind, MapFile, Register};
+use loopwarden_modbus_map::{input_spans, Kind, MapFile, Register};
 
 /// Registers the firmware cannot do without: what the control core's
 /// safety and regulation read, and every setting it writes.
@@ -43,9 +43,6 @@ pub const OPTIONAL: [(&str, Kind); 4] = [
     ("diff_pressure", Kind::Input),
     ("outdoor_temp", Kind::Input),
 ];
-
-/// The most registers one read may ask for.
-const MAX_READ: u16 = 125;
 
 /// A checked map file and where it came from.
 pub struct Map {
@@ -95,31 +92,6 @@ impl Map {
         self.file.register.iter().position(|r| r.name == name)
     }
 
-    /// Runs of contiguous input registers, each at most [`MAX_READ`]
-    /// registers: (start, count, indices of its registers).
-    fn spans(&self) -> Vec<(u16, u16, Vec<usize>)> {
-        let mut inputs: Vec<usize> = (0..self.file.register.len())
-            .filter(|i| self.file.register[*i].kind == Kind::Input)
-            .collect();
-        inputs.sort_by_key(|i| self.file.register[*i].address);
-        let mut spans: Vec<(u16, u16, Vec<usize>)> = Vec::new();
-        for i in inputs {
-            let r = &self.file.register[i];
-            let n = r.ty.words();
-            match spans.last_mut() {
-                Some((start, count, regs))
-                    if u32::from(*start) + u32::from(*count) == u32::from(r.address)
-                        && *count + n <= MAX_READ =>
-                {
-                    *count += n;
-                    regs.push(i);
-                }
-                _ => spans.push((r.address, n, vec![i])),
-            }
-        }
-        spans
-    }
-
     /// The generated Rust table.
     pub fn table(&self) -> Result<String, String> {
         let mut s = format!(
@@ -155,10 +127,11 @@ impl Map {
             );
         }
         s.push_str("];\n");
-        let spans = self.spans();
+        let spans = input_spans(&self.file.register);
         let _ = writeln!(s, "/// The input registers in runs a read takes one request each for.\npub const SPANS: [Span; {}] = [", spans.len());
-        for (start, count, regs) in &spans {
-            let list: Vec<String> = regs.iter().map(|i| i.to_string()).collect();
+        for span in &spans {
+            let (start, count) = (span.start, span.count);
+            let list: Vec<String> = span.registers.iter().map(|i| i.to_string()).collect();
             let _ = writeln!(
                 s,
                 "    Span {{ start: {start}, count: {count}, registers: &[{}] }},",
