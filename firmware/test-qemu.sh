@@ -88,6 +88,9 @@ broker = "127.0.0.1:$MQTT"
 demo_key = true
 hosts_pattern = "r{rack}h{host}"
 flash = "$WORK/gateway.flash"
+# Its own console socket: another run's gateway (or a controller of this
+# host) on the default socket must not make this one's restart fail.
+console = "$WORK/gateway.sock"
 EOF
 gateway() {
   "$BIN/cooling-ctrl" gateway --link "tcp:127.0.0.1:$UART1" --config "$WORK/gateway.toml" \
