@@ -79,6 +79,24 @@ pub struct Offer {
 }
 
 impl Offer {
+    /// An offer with no capped point: `heat_w` and `work` at its accept
+    /// (`accept_c`), `heat_per_k_w` more heat each kelvin warmer.
+    pub const fn uncapped(accept_c: f32, heat_w: f32, work: f32, heat_per_k_w: f32) -> Self {
+        Self {
+            heat_w,
+            work,
+            at_water_c: accept_c,
+            heat_per_k_w,
+            accept_c,
+            capped: [OfferPoint {
+                water_c: 0.0,
+                work_lost: 0.0,
+                power_saved_w: 0.0,
+            }; OFFER_POINTS],
+            points: 0,
+        }
+    }
+
     /// The work lost and power saved at facility water `water_c`:
     /// `(0, 0)` up to its accept, along its capped points above it
     /// (linearly between them); `None` above the last.

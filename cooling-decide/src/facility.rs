@@ -142,14 +142,7 @@ mod tests {
     use super::*;
 
     fn offer(accept_c: f32, heat_w: f32) -> Offer {
-        Offer {
-            heat_w,
-            work: 128.0,
-            at_water_c: accept_c,
-            heat_per_k_w: 200.0,
-            accept_c,
-            ..Offer::default()
-        }
+        Offer::uncapped(accept_c, heat_w, 128.0, 200.0)
     }
 
     #[test]

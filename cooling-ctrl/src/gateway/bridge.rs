@@ -1024,14 +1024,8 @@ mod tests {
     }
 
     fn offer(accept_c: f32) -> FacilityOffer {
-        crate::facility::offer_msg(&cooling_core::facility::Offer {
-            heat_w: 110_000.0,
-            work: 128.0,
-            at_water_c: accept_c,
-            heat_per_k_w: 200.0,
-            accept_c,
-            ..Default::default()
-        })
+        let o = cooling_core::facility::Offer::uncapped(accept_c, 110_000.0, 128.0, 200.0);
+        crate::facility::offer_msg(&o)
     }
 
     #[test]

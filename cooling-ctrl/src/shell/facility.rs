@@ -229,14 +229,7 @@ mod tests {
     }
 
     fn offer(accept_c: f32) -> Offer {
-        Offer {
-            heat_w: 120_000.0,
-            work: 128.0,
-            at_water_c: accept_c,
-            heat_per_k_w: 200.0,
-            accept_c,
-            ..Offer::default()
-        }
+        Offer::uncapped(accept_c, 120_000.0, 128.0, 200.0)
     }
 
     fn link(me: &str) -> FacilityLink {
