@@ -9,7 +9,11 @@
 //! - `operators.rs`: the operators whose signed clears the firmware acts
 //!   on, from the file named by `LOOPWARDEN_FIRMWARE_OPERATORS` (a path
 //!   absolute or from `firmware/`; none without it: every clear is
-//!   refused).
+//!   refused);
+//! - `figures.rs`: the hall's figures the core starts with, the figures
+//!   record in the file named by `LOOPWARDEN_FIRMWARE_FIGURES` (a path
+//!   absolute or from `firmware/`; without it the reference hall's, and a
+//!   warning says so).
 //!
 //! A file that cannot be read, parsed or believed stops the build with
 //! the file and the reason; a map without a register the firmware needs
@@ -19,6 +23,8 @@ use std::path::{Path, PathBuf};
 
 #[path = "build/board.rs"]
 mod board;
+#[path = "build/figures.rs"]
+mod figures;
 #[path = "build/map.rs"]
 mod map;
 #[path = "build/operators.rs"]
@@ -38,25 +44,39 @@ fn main() {
     if let Some(k) = &keyring {
         println!("cargo:rerun-if-changed={}", k.display());
     }
-    if let Err(e) = generate(&board_file, &map_file, keyring.as_deref(), &out) {
+    println!("cargo:rerun-if-env-changed={}", figures::VAR);
+    let figures = std::env::var_os(figures::VAR).map(PathBuf::from);
+    if let Some(f) = &figures {
+        println!("cargo:rerun-if-changed={}", f.display());
+    }
+    let given = Given {
+        keyring: keyring.as_deref(),
+        figures: figures.as_deref(),
+    };
+    if let Err(e) = generate(&board_file, &map_file, &given, &out) {
         // A build script's panic message is what cargo shows.
         panic!("{e}");
     }
     println!("cargo:rustc-link-search={}", out.display());
 }
 
-fn generate(
-    board_file: &Path,
-    map_file: &Path,
-    keyring: Option<&Path>,
-    out: &Path,
-) -> Result<(), String> {
+/// The files named at build time, if any.
+struct Given<'a> {
+    keyring: Option<&'a Path>,
+    figures: Option<&'a Path>,
+}
+
+fn generate(board_file: &Path, map_file: &Path, given: &Given, out: &Path) -> Result<(), String> {
     let b = board::Board::load(board_file)?;
     write(&out.join("memory.x"), &b.memory_x())?;
     write(&out.join("board.rs"), &b.consts())?;
     let m = map::Map::load(map_file)?;
     write(&out.join("cdu_map.rs"), &m.table()?)?;
-    write(&out.join("operators.rs"), &operators::table(keyring)?)?;
+    write(&out.join("operators.rs"), &operators::table(given.keyring)?)?;
+    write(
+        &out.join("figures.rs"),
+        &figures::table(given.figures, out)?,
+    )?;
     Ok(())
 }
 

@@ -100,7 +100,13 @@ def main():
             silent = (float(stamp) - float(a.t0)) * 1000 - mcu_ms
             break
 
+    # The hall the firmware's core ran: its console's "figures:" line
+    # ("figures: SOURCE: HALL").
+    said = next((line for line in open(a.console, errors="replace")
+                 if line.startswith("figures: ")), None)
+    hall = said.rsplit(": ", 1)[-1].strip() if said else None
     out = {
+        "figures": hall,
         "steps": replay["steps"],
         "insn_per_step_median": replay["insn_per_step_median"],
         "insn_per_step_max": replay["insn_per_step_max"],
@@ -126,6 +132,8 @@ def main():
         failed.append("the CDU never fell back after the board was killed")
     if out["mcu_killed_bus_told_ms"] is None:
         failed.append("the gateway never said controller-silent on the bus")
+    if hall is None or "was not set" in said:
+        failed.append("the firmware's core did not run the figures built in (its console's figures line)")
     if not out["steps"]:
         failed.append("the trace holds no step")
     for f in failed:

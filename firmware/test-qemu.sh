@@ -10,6 +10,10 @@
 #          mosquitto broker
 #   UART2  the console (text), to a file
 #   UART3  the trace (every input of the decision path), to a file
+# The firmware is built with the figures of the scenario's hall (its
+# [site] table, the hall the simulated CDU plays; none: the twin's own),
+# written by `cooling-ctrl firmware-figures` (LOOPWARDEN_FIRMWARE_FIGURES),
+# and the trace is replayed with them.
 # The CDU plays firmware/scenarios/leak-and-pump-trip.toml: rack 2 leaks at
 # 20 s, the lead pump A trips at 35 s. The gateway is killed at 12 s and
 # started again at 42 s; the board dies at 50 s, and the run ends when
@@ -62,13 +66,36 @@ at() { # at SECONDS: sleeps until then
   python3 -c "import time; time.sleep(max(0.0, $1 - (time.time() - $T0)))"
 }
 
-say "building the firmware (release) and the host side"
+SCENARIO=firmware/scenarios/leak-and-pump-trip.toml
+say "building the host side, the hall's figures and the firmware (release)"
 build_start=$SECONDS
-(cd firmware && cargo build --release --locked --quiet)
 cargo build --locked --quiet -p loopwarden-hall -p cooling-ctrl
+BIN=$ROOT/target/debug
+# The scenario's [site] table as a site figures file (empty: the twin's
+# own hall, SiteConfig's defaults, as loopwarden-hall cdu plays it).
+python3 - "$SCENARIO" "$WORK/site.toml" <<'EOF'
+import json, sys, tomllib
+site = tomllib.load(open(sys.argv[1], "rb")).get("site", {})
+out = ["# The site figures of " + sys.argv[1] + "'s hall ([site])."]
+def emit(table, prefix):
+    if prefix:
+        out.append("[" + prefix + "]")
+    for k, v in table.items():
+        if not isinstance(v, dict):
+            out.append(k + " = " + json.dumps(v))
+    for k, v in table.items():
+        if isinstance(v, dict):
+            emit(v, prefix + "." + k if prefix else k)
+emit(site, "")
+open(sys.argv[2], "w").write("\n".join(out) + "\n")
+EOF
+FIGURES=$WORK/figures.bin
+"$BIN/cooling-ctrl" firmware-figures --site-figures "$WORK/site.toml" --out "$FIGURES" \
+  2>"$WORK/figures.log" || { cat "$WORK/figures.log" >&2; exit 1; }
+say "$(sed 's/^cooling-ctrl firmware-figures: //' "$WORK/figures.log")"
+(cd firmware && LOOPWARDEN_FIRMWARE_FIGURES=$FIGURES cargo build --release --locked --quiet)
 say "built in $((SECONDS - build_start)) s"
 ELF=$ROOT/target/firmware/thumbv7em-none-eabihf/release/loopwarden-firmware
-BIN=$ROOT/target/debug
 
 MQTT=$(free_port)
 UART0=$(free_port)
@@ -110,7 +137,7 @@ socat PTY,raw,echo=0,link="$WORK/cdu.pty" \
 PID[socat]=$!
 wait_until 5 "socat's pseudo-terminal" test -e "$WORK/cdu.pty"
 "$BIN/loopwarden-hall" cdu --serial "$WORK/cdu.pty" --baud 19200 \
-  --scenario firmware/scenarios/leak-and-pump-trip.toml --record "$WORK/cdu.jsonl" \
+  --scenario "$SCENARIO" --record "$WORK/cdu.jsonl" \
   >"$WORK/cdu.log" 2>&1 &
 PID[cdu]=$!
 wait_until 10 "the simulated CDU" grep -q '"kind":"start"' "$WORK/cdu.jsonl"
@@ -148,7 +175,7 @@ stop gateway
 stop cdu
 stop sub
 
-"$BIN/cooling-ctrl" replay-trace "$WORK/trace.bin" >"$WORK/replay.json"
+"$BIN/cooling-ctrl" replay-trace --figures "$FIGURES" "$WORK/trace.bin" >"$WORK/replay.json"
 python3 firmware/test-qemu-figures.py --elf "$ELF" --record "$WORK/cdu.jsonl" \
   --replay "$WORK/replay.json" --state "$WORK/state.log" --t0 "$T0" \
   --marks "{$(IFS=,; echo "${marks[*]}")}" --console "$WORK/console.log"

@@ -8,6 +8,10 @@
 //!   above, for every GPU at full demand (so a job starting on an idle hall
 //!   finds its water ready).
 //! - *cap target*: the junction temperature cap leases are sized to hold.
+//! - *figures record*: the configuration as bytes, for an image built
+//!   with it ([`figures`]).
+
+pub mod figures;
 
 /// The racks, hosts and GPUs the CDU feeds.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -2,12 +2,16 @@
 //! (`loopwarden_boards::site::SiteConfig`, the `site_figures` TOML): the
 //! hall's datasheet constants narrowed to the core's `f32` parameters,
 //! with the core's default margins and timings. Production and the twin
-//! configure the core through this one function.
+//! configure the core through this one function; a microcontroller's
+//! firmware is built with its result as a figures record
+//! ([`firmware_figures`], `cooling_core::config::figures`).
 //!
 //! Glossary:
 //! - *site figures*: the hall's datasheet constants (racks, hosts, GPUs,
 //!   loop, heat rejection), which the core is configured with as a real
 //!   site would be.
+
+use std::path::Path;
 
 use loopwarden_boards::site::SiteConfig;
 
@@ -82,4 +86,24 @@ pub fn core_config(site: &SiteConfig) -> Result<CoreConfig, ConfigError> {
     };
     cfg.validate()?;
     Ok(cfg)
+}
+
+/// The core's configuration `run` builds from the site figures file at
+/// `path` (read, parsed and checked as `run` does); errors name the file.
+pub fn core_config_of_file(path: &Path) -> Result<CoreConfig, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("{}: cannot be read: {e}", path.display()))?;
+    let site: SiteConfig =
+        loopwarden_field::config::parse(Some(path), &text).map_err(|e| e.to_string())?;
+    let cfg =
+        core_config(&site).map_err(|e| format!("{}: for the control core: {e}", path.display()))?;
+    Ok(cfg)
+}
+
+/// The figures record (`cooling_core::config::figures`) a CDU's firmware
+/// is built with (`LOOPWARDEN_FIRMWARE_FIGURES`), from the site figures
+/// file at `path`: the configuration [`core_config_of_file`] gives.
+pub fn firmware_figures(path: &Path) -> Result<Vec<u8>, String> {
+    let cfg = core_config_of_file(path)?;
+    Ok(cooling_core::config::figures::encode(&cfg).to_vec())
 }

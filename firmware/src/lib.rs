@@ -16,9 +16,10 @@
 //! measurements and the map's limits ([`cdu`]), the Modbus RTU master
 //! ([`rtu`]), a plan's writes carried out ([`writes`]), the latched
 //! record's flash items ([`latch`]) and the other counts kept there
-//! ([`counters`]), what the estimator learned, restored and kept
-//! ([`learned`]), operators' clears ([`clears`]), frames out without
-//! waiting ([`outbound`]), the controller around the decision path and
+//! ([`counters`]), the hall's figures built in ([`figures`]), what the
+//! estimator learned, restored and kept ([`learned`]), operators'
+//! clears ([`clears`]), frames out without waiting ([`outbound`]), the
+//! controller around the decision path and
 //! its trace ([`controller`]), the steps' cost ([`cost`]) and the NOR
 //! rules ([`board::nor`]). The drivers ([`board`]) touch registers and
 //! build for the target only.
@@ -39,6 +40,7 @@ pub mod clears;
 pub mod controller;
 pub mod cost;
 pub mod counters;
+pub mod figures;
 pub mod latch;
 pub mod learned;
 pub mod map;

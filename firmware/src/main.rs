@@ -2,10 +2,12 @@
 //!
 //! Boot: the stack is painted (by cortex-m-rt, before `main`); the
 //! clocks start; the reset's cause is read ([`board::reset`]); the flash
-//! counts the start and gives the latched record; the decision path
-//! ([`cooling_decide::Decider`], about 19 KB: more than the stack's
-//! budget) starts in place in its static, made at compile time, from
-//! that record (an unreadable one is the decider's relatch at the
+//! counts the start and gives the latched record; the hall's figures
+//! built in are decoded and checked ([`loopwarden_firmware::figures`]);
+//! the decision path ([`cooling_decide::Decider`], about 19 KB: more
+//! than the stack's budget) starts in place in its static, made at
+//! compile time, with those figures and from that record (an
+//! unreadable one is the decider's relatch at the
 //! CDU's first answer); `Up::Hello` goes to the gateway and `Trace::Boot`
 //! and the start to the debug port; what the estimator learned is
 //! restored from the flash, part by part, through the decision path
@@ -24,6 +26,12 @@
 //! ([`shell::STEP_BUDGET_US`]) would be overrun, so a silent CDU cannot
 //! make the steps late; no frame out ever waits (a dead gateway or an
 //! unread debug port only drops frames, counted).
+//!
+//! Figures the firmware refuses (a damaged record, or one the core
+//! refuses) or a configuration the decision path refuses stop it before
+//! its core runs ([`Shell::refuse`]): it says why on the console and to
+//! the gateway, never starts the watchdog or the heartbeat, and the CDU
+//! falls back on its own.
 //!
 //! Glossary:
 //! - *boot peak*: the stack's high-water mark when boot is done; the
@@ -49,6 +57,7 @@ use loopwarden_firmware::board::{self, clock, icount, reset, uart::Uart, watchdo
 use loopwarden_firmware::cdu::map_limits;
 use loopwarden_firmware::clears::ClearGate;
 use loopwarden_firmware::controller::Controller;
+use loopwarden_firmware::figures::{self, built_in};
 use loopwarden_firmware::latch::LoadError;
 use loopwarden_link::ResetCause;
 
@@ -61,6 +70,9 @@ static DECIDER_TAKEN: AtomicBool = AtomicBool::new(false);
 /// The keeper of what the estimator learned (the figures being kept and
 /// each part's bytes, 4.6 KB), made at compile time.
 static mut LEARNED: LearnedKeeper = LearnedKeeper::new();
+/// The hall's figures as the core starts with them, decoded here from
+/// the record built in (off the stack).
+static mut FIGURES: CoreConfig = CoreConfig::reference();
 
 #[entry]
 fn main() -> ! {
@@ -76,7 +88,7 @@ fn main() -> ! {
     icount::start();
     let cause = reset::take();
     let (sh, read) = shell_in_place(console, cause);
-    let decider = decider_in_place(&read);
+    let decider = core_in_place(sh, cause, &read);
     let ctl = controller_in_place(decider);
     sh.start(ctl, cause, &read);
     let boot_peak = board::stack::peak_bytes();
@@ -106,10 +118,56 @@ fn shell_in_place(console: Uart, cause: ResetCause) -> (&'static mut Shell, shel
     (slot.write(sh), read)
 }
 
-/// The decision path, started in its static from the record the flash
-/// held (`read`); a configuration it refuses stops the firmware.
+/// The decision path with the hall's figures built in, started from the
+/// record the flash held (`read`); figures or a configuration refused
+/// stop the firmware here, its core not run ([`Shell::refuse`]). The
+/// figures are decoded into their static, off the stack.
 #[inline(never)]
-fn decider_in_place(read: &Result<Option<LatchRecord>, LoadError>) -> &'static mut Decider {
+fn core_in_place(
+    sh: &mut Shell,
+    cause: ResetCause,
+    read: &Result<Option<LatchRecord>, LoadError>,
+) -> &'static mut Decider {
+    let p = &raw mut FIGURES;
+    // SAFETY: the static's only reference: this function runs once, from
+    // `main` (which never returns), and the reference ends with it.
+    let cfg = unsafe { &mut *p };
+    if let Err(e) = figures::configure(built_in::RECORD, cfg) {
+        sh.refuse(cause, format_args!("figures ({}): {e}", built_in::SOURCE));
+    }
+    say_figures(sh, cfg);
+    match decider_in_place(cfg, read) {
+        Ok(d) => d,
+        Err(e) => sh.refuse(
+            cause,
+            format_args!("the decision path's configuration: {e}"),
+        ),
+    }
+}
+
+/// The hall the core runs, on the console.
+#[inline(never)]
+fn say_figures(sh: &mut Shell, cfg: &CoreConfig) {
+    let l = &cfg.layout;
+    let _ = writeln!(
+        sh.console,
+        "figures: {}: {} racks of {} hosts of {} GPUs, {} CDU(s) on the facility water",
+        built_in::SOURCE,
+        l.racks,
+        l.hosts_per_rack,
+        l.gpus_per_host,
+        cfg.facility.cdus
+    );
+}
+
+/// The decision path, started in its static with `cfg` from the record
+/// the flash held (`read`); a configuration it refuses is the caller's
+/// to refuse.
+#[inline(never)]
+fn decider_in_place(
+    cfg: &CoreConfig,
+    read: &Result<Option<LatchRecord>, LoadError>,
+) -> Result<&'static mut Decider, cooling_core::ConfigError> {
     assert!(
         !DECIDER_TAKEN.swap(true, Ordering::Relaxed),
         "the decision path is started once"
@@ -117,10 +175,8 @@ fn decider_in_place(read: &Result<Option<LatchRecord>, LoadError>) -> &'static m
     let p = &raw mut DECIDER;
     // SAFETY: the static's only reference, taken once (`DECIDER_TAKEN`).
     let d = unsafe { &mut *p };
-    if let Err(e) = d.start(CoreConfig::default(), map_limits(), read) {
-        panic!("the decision path's configuration: {e}");
-    }
-    d
+    d.start(*cfg, map_limits(), read)?;
+    Ok(d)
 }
 
 /// The controller around `decider`, in its static, with the learned

@@ -26,7 +26,7 @@ use loopwarden_firmware::board::nor::RamNor;
 use loopwarden_firmware::board::{self, icount, led::Led, uart, uart::Uart, watchdog};
 use loopwarden_firmware::cdu::InputValues;
 use loopwarden_firmware::clears::{keyring, Taken};
-use loopwarden_firmware::controller::{Controller, Ports};
+use loopwarden_firmware::controller::{said_words, Controller, Ports};
 use loopwarden_firmware::latch::{self, LoadError};
 use loopwarden_firmware::learned::{self, LearnedFlash};
 use loopwarden_firmware::map::{self, Register};
@@ -51,6 +51,9 @@ pub const STEP_BUDGET_US: u64 = 800_000;
 /// what was learned is written only while this much of the step's
 /// budget is left, so that a real part keeps the steps on time too.
 const NOR_ITEM_WORST_US: u64 = 450_000;
+/// How often a firmware that refuses to run its core says why again, ms:
+/// to a gateway started since, and the console's reader.
+const REFUSAL_EVERY_MS: u32 = 60_000;
 /// Bytes of frames waiting for the gateway: a step's status, events and
 /// leases several times over.
 const GATEWAY_QUEUE: usize = 8192;
@@ -186,6 +189,41 @@ impl Shell {
         };
         ctl.boot(self, hello, Opening::of(read));
         learned::restore(ctl, self);
+    }
+
+    /// Does not run the core, for `why`: says so on the console and to
+    /// the gateway (a `Hello`, then `why` as an error line), and again
+    /// every [`REFUSAL_EVERY_MS`], forever. The watchdog is not started
+    /// and the CDU is written nothing, so it falls back on its own when
+    /// its heartbeat stops; the gateway tells the bus the controller is
+    /// silent between the lines.
+    #[inline(never)]
+    #[cold]
+    pub fn refuse(&mut self, cause: ResetCause, why: fmt::Arguments<'_>) -> ! {
+        let words = said_words(&why);
+        let hello = Hello {
+            boot: self.boots,
+            reset: cause,
+            firmware: heapless::String::try_from(env!("CARGO_PKG_VERSION")).unwrap_or_default(),
+            restored: false,
+        };
+        self.up(&Up::Hello(hello));
+        let every = (REFUSAL_EVERY_MS / board::CONTROL_PERIOD_MS.max(1)).max(1);
+        loop {
+            let _ = writeln!(
+                self.console,
+                "refused to run: {why}; the core does not run, the CDU is left to its own fallback"
+            );
+            self.up(&Up::Said {
+                error: true,
+                words: words.clone(),
+            });
+            let until = clock::ticks().wrapping_add(every);
+            while clock::ticks() != until {
+                self.pump();
+                clock::sleep_unless(|| clock::ticks() == until);
+            }
+        }
     }
 
     /// The keyring built in, and each operator's last clear id.

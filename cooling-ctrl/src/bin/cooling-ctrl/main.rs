@@ -10,8 +10,8 @@
 //!   [--config FILE] [flags]`: the bus's side of a controller that runs
 //!   on a microcontroller, over the serial link to it (the same file and
 //!   flags as `run`; `gateway.rs`).
-//! - `cooling-ctrl replay-trace FILE [--register-map FILE]`: replays a
-//!   microcontroller's trace (its debug port captured to a file) through
+//! - `cooling-ctrl replay-trace FILE [--register-map FILE] [--figures
+//!   FILE.bin]`: replays a microcontroller's trace (its debug port captured to a file) through
 //!   this machine's decision path and prints, as one JSON object, whether
 //!   every digest agreed and what each step cost it
 //!   (`cooling_ctrl::replay`); exit 1 when one did not.
@@ -26,6 +26,9 @@
 //! - `cooling-ctrl firmware-keyring --cdu NAME --keyring FILE`: prints
 //!   the operator keyring a CDU's firmware is built with, from the site's
 //!   keyring (`gateway.rs`).
+//! - `cooling-ctrl firmware-figures --site-figures FILE --out FILE.bin`:
+//!   writes the control core's configuration a CDU's firmware is built
+//!   with, from the hall's site figures, as `run` builds it (`figures.rs`).
 //! - `cooling-ctrl simulate --scenario FILE --controller NAME [--trace
 //!   FILE.csv]`: plays a `plant-scenario/1` on the simulated hall in
 //!   simulated time with that controller in charge and prints the run's
@@ -54,6 +57,7 @@ use loopwarden_field::console::{ctl_command, CtlArgs, EventsArgs};
 use loopwarden_field::lifecycle::{self, Readers, StartError, Supervision};
 use loopwarden_field::listen::ListenStats;
 
+mod figures;
 mod gateway;
 #[cfg(feature = "twin")]
 mod simulate;
@@ -94,6 +98,9 @@ enum Command {
     /// Print the operator keyring a CDU's firmware is built with
     /// (LOOPWARDEN_FIRMWARE_OPERATORS), from the site's keyring.
     FirmwareKeyring(gateway::KeyringArgs),
+    /// Write the control core's configuration a CDU's firmware is built
+    /// with (LOOPWARDEN_FIRMWARE_FIGURES), from the hall's site figures.
+    FirmwareFigures(figures::Args),
     /// Play a plant scenario in simulated time and print its figures.
     #[cfg(feature = "twin")]
     Simulate(simulate::Args),
@@ -108,6 +115,11 @@ struct ReplayArgs {
     /// simulated CDU's, boards/cdus/sim-cdu.toml].
     #[arg(long, value_name = "FILE.toml")]
     register_map: Option<PathBuf>,
+    /// The figures record the firmware was built with
+    /// (`firmware-figures`) [default: the reference hall's, a firmware
+    /// built without one].
+    #[arg(long, value_name = "FILE.bin")]
+    figures: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -164,13 +176,14 @@ fn main() -> ExitCode {
             },
         ),
         Command::FirmwareKeyring(a) => gateway::firmware_keyring(&a),
+        Command::FirmwareFigures(a) => figures::command(&a),
         Command::ConsolePassword => loopwarden_field::serial::password::command("cooling-ctrl"),
         Command::ReplayTrace(a) => replay_trace(&a),
     }
 }
 
-/// Replays a trace for a firmware of the reference hall's configuration
-/// (the one it is built with) on the map given.
+/// Replays a trace for a firmware built with the figures given (the
+/// reference hall's without) on the map given.
 fn replay_trace(a: &ReplayArgs) -> ExitCode {
     let map = match &a.register_map {
         None => Ok(loopwarden_boards::modbus_map::RegisterMap::sim_cdu()),
@@ -188,7 +201,17 @@ fn replay_trace(a: &ReplayArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let cfg = cooling_core::CoreConfig::default();
+    let cfg = match &a.figures {
+        None => Ok(cooling_core::CoreConfig::default()),
+        Some(p) => figures::read(p),
+    };
+    let cfg = match cfg {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("cooling-ctrl replay-trace: {e}");
+            return ExitCode::from(2);
+        }
+    };
     match cooling_ctrl::replay::replay_file(&a.file, cfg, limits) {
         Ok(r) => {
             println!(
