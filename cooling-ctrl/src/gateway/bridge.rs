@@ -33,7 +33,9 @@
 //! - *MCU clock*: ms since the MCU started; a status's times are on it.
 //!   The first status after a start anchors it to the wall clock
 //!   (`unix − at_ms`), so a mode's `since` reads in Unix ms.
-//! - *silent*: no readable frame for [`SILENT_AFTER_MS`].
+//! - *silent*: no status (a completed step's report) for
+//!   [`SILENT_AFTER_MS`]: an MCU that only says hello or errors (one that
+//!   refuses to run its core) is not controlling, and stays silent.
 
 use std::boxed::Box;
 use std::format;
@@ -52,7 +54,7 @@ use loopwarden_protocol::{Ident, ReasonCode, TimestampMs};
 use super::facility::HallPart;
 use crate::shell::{cdu_state, cdu_telemetry, StateKey, StateSent, StepFacts};
 
-/// No readable frame for this long and the MCU is silent, ms.
+/// No status for this long and the MCU is silent, ms.
 pub const SILENT_AFTER_MS: u64 = 3_000;
 
 /// The longest frame on the link, its end byte included.
@@ -237,7 +239,7 @@ pub struct Bridge {
     out_seq: u32,
     counts: LinkCounts,
     started: Now,
-    /// When the last readable frame came.
+    /// When the last status came.
     last_frame: Option<Now>,
     /// The last status heard.
     last: Option<Box<Status>>,
@@ -307,8 +309,8 @@ impl Bridge {
         self.last.as_deref()
     }
 
-    /// How long the MCU has been quiet at `now`: since its last readable
-    /// frame, or the gateway's start, ms.
+    /// How long the MCU has been quiet at `now`: since its last status,
+    /// or the gateway's start, ms.
     pub fn quiet_ms(&self, now: Now) -> u64 {
         let from = self.last_frame.unwrap_or(self.started);
         now.mono_ms.saturating_sub(from.mono_ms)
@@ -338,7 +340,9 @@ impl Bridge {
                 Ok((seq, Ok(up))) => {
                     self.counts.frames_in += 1;
                     let restarted = self.numbered(seq, &mut acts);
-                    self.heard_from(now, &mut acts);
+                    if matches!(up, Up::Status(_)) {
+                        self.heard_from(now, &mut acts);
+                    }
                     if restarted || matches!(up, Up::Hello(_)) {
                         self.mcu_started(now, &mut acts);
                     }
@@ -359,14 +363,14 @@ impl Bridge {
             self.silent = true;
             self.counts.silences += 1;
             let heard = if self.last_frame.is_some() {
-                "since its last frame"
+                "since its last"
             } else {
                 "since the gateway started"
             };
             acts.push(Act::Say(
                 Level::Error,
                 format!(
-                    "the microcontroller has sent no readable frame for {} s {heard}: the bus is told failsafe (controller-silent), keeping the racks last heard; the CDU falls back on its heartbeat",
+                    "the microcontroller has sent no status for {} s {heard}: the bus is told failsafe (controller-silent), keeping the racks last heard; the CDU falls back on its heartbeat",
                     quiet_ms / 1000
                 ),
             ));
@@ -927,7 +931,7 @@ mod tests {
         assert!(b.tick(at(3_999)).is_empty());
         let acts = b.tick(at(4_000));
         assert!(
-            matches!(&acts[0], Act::Say(Level::Error, w) if w.contains("no readable frame for 3 s")),
+            matches!(&acts[0], Act::Say(Level::Error, w) if w.contains("no status for 3 s since its last")),
             "{acts:?}"
         );
         let st = states(&acts);
@@ -956,6 +960,47 @@ mod tests {
             matches!(&acts[0], Act::Say(Level::Warn, w) if w.contains("speaks again after 8 s"))
         );
         assert_eq!(states(&acts)[0].0.mode, CduMode::Normal);
+        assert!(!b.silent());
+    }
+
+    #[test]
+    fn an_mcu_that_says_hello_and_errors_but_no_status_stays_silent() {
+        // A firmware that refuses to run its core (figures it cannot
+        // believe) says why every minute, and never steps.
+        let mut b = bridge();
+        let acts = b.hear(
+            &frame(&status(1, 1_000, CduMode::Normal, true), 0),
+            at(1_000),
+        );
+        b.state_published(states(&acts)[0].1, None, 1_000);
+        assert!(!b.tick(at(4_000)).is_empty());
+        assert!(b.silent());
+        let hello = Up::Hello(Hello {
+            boot: 5,
+            reset: ResetCause::PowerOn,
+            firmware: heapless::String::try_from("0.1.0").unwrap(),
+            restored: false,
+        });
+        let refused = Up::Said {
+            error: true,
+            words: heapless::String::try_from("figures: refused").unwrap(),
+        };
+        for (i, up) in [hello, refused].iter().enumerate() {
+            let acts = b.hear(&frame(up, i as u32), at(60_000 + i as u64));
+            assert!(
+                !acts
+                    .iter()
+                    .any(|a| matches!(a, Act::Say(_, w) if w.contains("speaks again"))),
+                "{acts:?}"
+            );
+            assert!(b.silent(), "a hello or an error is not a step");
+        }
+        assert_eq!(b.counts().silences, 1, "one silence, not one a minute");
+        // Its first status ends it.
+        b.hear(
+            &frame(&status(2, 70_000, CduMode::Normal, true), 2),
+            at(70_000),
+        );
         assert!(!b.silent());
     }
 

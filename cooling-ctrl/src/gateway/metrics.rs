@@ -7,7 +7,7 @@
 //! never reaches into its loop. Every series has the label `cdu`.
 //!
 //! Glossary:
-//! - *silent*: the microcontroller sent no readable frame for 3 s.
+//! - *silent*: the microcontroller sent no status for 3 s.
 
 use std::string::String;
 
@@ -47,7 +47,7 @@ const RESTARTS: Metric = Metric::counter(
 );
 const SILENT: Metric = Metric::gauge(
     "loopwarden_gateway_mcu_silent",
-    "1 while the microcontroller has sent no readable frame for 3 s (the bus is told failsafe, controller-silent), else 0.",
+    "1 while the microcontroller has sent no status for 3 s (the bus is told failsafe, controller-silent), else 0.",
 );
 const SILENCES: Metric = Metric::counter(
     "loopwarden_gateway_mcu_silences_total",
