@@ -13,6 +13,7 @@ use std::string::String;
 
 use loopwarden_bus::prometheus::{with_labels, write_bus, write_recorder, write_resend};
 use loopwarden_bus::prometheus::{Exposition, Metric};
+use loopwarden_field::listen::{write_metrics, ListenStats};
 use loopwarden_store::recorder::Recorder;
 
 use super::GatewayStats;
@@ -80,8 +81,14 @@ const CLEARS: Metric = Metric::counter(
 );
 
 /// The `/metrics` text of CDU `cdu`'s gateway, as of `st`, with the
-/// recorder's counts.
-pub fn render(cdu: &str, st: &GatewayStats, recorder: &Recorder) -> String {
+/// recorder's counts and those of its `listeners` (by name: the console,
+/// the northbound server), as `run` shows them.
+pub fn render(
+    cdu: &str,
+    st: &GatewayStats,
+    recorder: &Recorder,
+    listeners: &[(&str, &ListenStats)],
+) -> String {
     let mut out = Exposition::new();
     let l = [("cdu", cdu)];
     let c = &st.link;
@@ -129,6 +136,9 @@ pub fn render(cdu: &str, st: &GatewayStats, recorder: &Recorder) -> String {
     write_bus(&mut out, &st.bus, st.bus_connected, &l);
     write_resend(&mut out, st.resend, &l);
     write_recorder(&mut out, recorder, &l);
+    for (name, stats) in listeners {
+        write_metrics(&mut out, name, stats, &l);
+    }
     out.finish()
 }
 
@@ -181,7 +191,13 @@ mod tests {
         st.facility_forwarded = 2;
         st.clears.refused = 1;
         let flash = crate::journal::ControllerFlash::open(None).unwrap();
-        let text = render("cdu-1", &st, &flash.recorder);
+        let northbound = ListenStats::default();
+        let text = render(
+            "cdu-1",
+            &st,
+            &flash.recorder,
+            &[("northbound", &northbound)],
+        );
         for line in [
             "loopwarden_gateway_link_frames_total{cdu=\"cdu-1\",direction=\"in\"} 12",
             "loopwarden_gateway_link_frames_dropped_total{cdu=\"cdu-1\",reason=\"crc\"} 2",
@@ -193,6 +209,7 @@ mod tests {
             "loopwarden_gateway_facility_targets_forwarded_total{cdu=\"cdu-1\"} 2",
             "loopwarden_gateway_clears_total{cdu=\"cdu-1\",outcome=\"refused\"} 1",
             "loopwarden_bus_connected{cdu=\"cdu-1\"} 0",
+            "loopwarden_listener_refused_total{cdu=\"cdu-1\",listener=\"northbound\"} 0",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

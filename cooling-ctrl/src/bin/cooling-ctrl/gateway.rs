@@ -102,17 +102,25 @@ async fn serve(
     let (clears_tx, clears_rx) = tokio::sync::mpsc::channel(8);
     let console = loopwarden_field::console::bind(&config.console, "gateway")
         .map_err(|e| format!("console socket {}: {e}", config.console.display()))?;
+    let (console_stats, northbound_stats) = (ListenStats::default(), ListenStats::default());
     let console_task = tokio::spawn(clears::serve(
         console,
         config.console_limits,
-        ListenStats::default(),
+        console_stats.clone(),
         clears_tx,
     ));
     let readers = Readers::new(config.console.clone(), console_task, []);
     let (northbound, northbound_task) =
-        super::start_northbound(&config, ListenStats::default()).await?;
+        super::start_northbound(&config, northbound_stats.clone()).await?;
     let (cdu, rec) = (config.cdu.to_string(), recorder.clone());
-    let render = move || gateway::metrics::render(&cdu, &stats_rx.borrow().clone(), &rec);
+    let has_northbound = config.northbound.is_some();
+    let render = move || {
+        let mut listeners = vec![("console", &console_stats)];
+        if has_northbound {
+            listeners.push(("northbound", &northbound_stats));
+        }
+        gateway::metrics::render(&cdu, &stats_rx.borrow().clone(), &rec, &listeners)
+    };
     let metrics_task = loopwarden_bus::prometheus::start(config.metrics_listen, render)
         .await
         .map_err(|e| e.to_string())?;
