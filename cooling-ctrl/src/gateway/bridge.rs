@@ -32,7 +32,9 @@
 //! Glossary:
 //! - *MCU clock*: ms since the MCU started; a status's times are on it.
 //!   The first status after a start anchors it to the wall clock
-//!   (`unix − at_ms`), so a mode's `since` reads in Unix ms.
+//!   (`unix − at_ms`), so a mode's `since` reads in Unix ms; a status
+//!   that reads the anchor more than a second off (the MCU's crystal
+//!   drifting) anchors it anew.
 //! - *silent*: no status (a completed step's report) for
 //!   [`SILENT_AFTER_MS`]: an MCU that only says hello or errors (one that
 //!   refuses to run its core) is not controlling, and stays silent.
@@ -53,6 +55,10 @@ use loopwarden_protocol::{Ident, ReasonCode, TimestampMs};
 
 use super::facility::HallPart;
 use crate::shell::{cdu_state, cdu_telemetry, StateKey, StateSent, StepFacts};
+
+/// A status whose time reads the MCU clock's anchor this far off moves
+/// it, ms.
+const REANCHOR_AFTER_MS: i128 = 1_000;
 
 /// No status for this long and the MCU is silent, ms.
 pub const SILENT_AFTER_MS: u64 = 3_000;
@@ -546,8 +552,14 @@ impl Bridge {
     }
 
     fn status(&mut self, s: Box<Status>, now: Now, acts: &mut Vec<Act>) {
-        if self.anchor_ms.is_none() {
-            self.anchor_ms = Some(i128::from(now.unix_ms) - i128::from(s.at_ms));
+        // Anchored at the first status after a start, and again when a
+        // status reads it more than REANCHOR_AFTER_MS off: the MCU's
+        // crystal drifts from the wall clock (50 ppm is 4 s a day), or the
+        // wall clock stepped. The link's own delay stays well inside it.
+        let heard = i128::from(now.unix_ms) - i128::from(s.at_ms);
+        match self.anchor_ms {
+            Some(a) if (heard - a).abs() <= REANCHOR_AFTER_MS => {}
+            _ => self.anchor_ms = Some(heard),
         }
         let facts = StepFacts {
             mode: s.mode.0,
@@ -961,6 +973,32 @@ mod tests {
         );
         assert_eq!(states(&acts)[0].0.mode, CduMode::Normal);
         assert!(!b.silent());
+    }
+
+    #[test]
+    fn a_drifting_mcu_clock_is_anchored_anew_past_a_second_and_not_for_the_links_delay() {
+        let mut b = bridge();
+        let mode_since = |acts: &[Act]| states(acts)[0].0.since;
+        let heard = |mono_ms: u64, unix_ms: u64| Now { mono_ms, unix_ms };
+        // Anchored: MCU ms 0 is T0 (its mode since MCU ms 500).
+        let acts = b.hear(
+            &frame(&status(1, 1_000, CduMode::Normal, false), 0),
+            at(1_000),
+        );
+        assert_eq!(mode_since(&acts), TimestampMs(T0 + 500));
+        // A status 400 ms late (the link): the anchor stays.
+        let acts = b.hear(
+            &frame(&status(2, 2_000, CduMode::Failsafe, false), 1),
+            heard(2_400, T0 + 2_400),
+        );
+        assert_eq!(mode_since(&acts), TimestampMs(T0 + 500));
+        // A day on, the MCU's clock 4.3 s behind the wall's: anchored anew.
+        let day = 86_400_000;
+        let acts = b.hear(
+            &frame(&status(3, day, CduMode::Normal, false), 2),
+            heard(day + 4_300, T0 + day + 4_300),
+        );
+        assert_eq!(mode_since(&acts), TimestampMs(T0 + 4_300 + 500));
     }
 
     #[test]
