@@ -60,8 +60,9 @@
 //! restarts: at start the shell restores it from the flash's
 //! `cdu.learned.*` keys (logging what it restored, or why not), and keeps
 //! it there every [`journal::LEARNED_EVERY`] of running and at a clean
-//! stop, handed to the recorder without waiting (a part whose bytes did
-//! not change is not written again).
+//! stop, handed to the recorder without waiting (a part whose bytes are
+//! what the flash held at start or was last handed is not written again:
+//! `cooling_decide::learned::LearnedKeeper`, the firmware's keeper).
 //!
 //! Glossary:
 //! - *lease*: a power cap that holds for its duration from the frame's
@@ -97,6 +98,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use cooling_core::sensors::Which;
 use cooling_core::{Commands, ConfigError, Core, CoreConfig, LeakInputs, LoopStatus, MAX_HOSTS};
 
+use crate::decide::learned::{LearnedKeeper, ToKeep};
 use crate::decide::{self, BoardRead, Decider, MapLimits, Outcome, StepIn};
 use crate::estimates::Estimates;
 use crate::journal::{self, ControllerFlash, LatchRecord, LearnedRecords, Recorder};
@@ -369,11 +371,10 @@ struct Shell<P> {
 struct Keeping {
     recorder: Recorder,
     seq_floor: SeqFloor,
-    /// Each part of the learned figures as last handed to the recorder,
-    /// by key.
-    learned_kept: HashMap<&'static str, Vec<u8>>,
-    /// When the learned figures were last kept, shell ms.
-    learned_at: u64,
+    /// Which parts of the learned figures changed since they were last
+    /// handed to the recorder, and when the next keep is due (the
+    /// firmware's keeper, `cooling_decide::learned`).
+    learned: Box<LearnedKeeper>,
 }
 
 /// Runs the shell for the CDU behind `cdu` until `shutdown` completes,
@@ -440,6 +441,7 @@ pub async fn run_with<P: CduPort>(
         recorder: flash.recorder.clone(),
         first_seq: flash.first_seq,
         resender,
+        learned: learned_keeper(&flash.learned),
     };
     let mut shell = Shell::new(cfg, started, cdu, opts.stats, opts.northbound, opts.board);
     shell.facility = facility;
@@ -460,7 +462,8 @@ pub async fn run_with<P: CduPort>(
     tracing::info!("cooling shell: stopping");
     // What was learned is kept, and everything decided is written and
     // handed to the bus, before it stops.
-    shell.keep_learned();
+    let now = shell.now_ms();
+    shell.keep_learned(now, true);
     shell.keeping.recorder.flush().await;
     if let Err(e) = shell.bus.shutdown(Duration::from_secs(3)).await {
         tracing::warn!("cooling shell: leaving the bus: {e}");
@@ -490,6 +493,19 @@ struct Started {
     recorder: Recorder,
     first_seq: u32,
     resender: Resender,
+    learned: Box<LearnedKeeper>,
+}
+
+/// The keeper of what was learned, knowing what the flash held at start
+/// (`records`), so a restart writes again only the parts that changed.
+fn learned_keeper(records: &LearnedRecords) -> Box<LearnedKeeper> {
+    let mut k = Box::new(LearnedKeeper::new());
+    for part in 0..journal::LEARNED_KEYS.len() {
+        if let Some(bytes) = records.bytes(part) {
+            k.held(part, bytes);
+        }
+    }
+    k
 }
 
 impl<P: CduPort> Shell<P> {
@@ -522,8 +538,7 @@ impl<P: CduPort> Shell<P> {
             keeping: Keeping {
                 recorder: started.recorder,
                 seq_floor: SeqFloor::new(started.first_seq),
-                learned_kept: HashMap::new(),
-                learned_at: 0,
+                learned: started.learned,
             },
             devices: devices::Devices::new(cdu, board),
             decider: started.decider,
@@ -588,10 +603,7 @@ impl<P: CduPort> Shell<P> {
         self.leases(now, &c);
         let k = &mut self.keeping;
         k.seq_floor.keep_ahead(&self.bus, &k.recorder).await;
-        if now.saturating_sub(k.learned_at) >= journal::LEARNED_EVERY.as_millis() as u64 {
-            k.learned_at = now;
-            self.keep_learned();
-        }
+        self.keep_learned(now, false);
         self.stats.status = Some(self.snapshot(readings.as_ref(), estimates));
         let hosts = self.decider.hosts();
         self.bms
@@ -630,18 +642,23 @@ impl<P: CduPort> Shell<P> {
         self.decider.kept(result.is_ok());
     }
 
-    /// Hands what the core learned to the recorder, each part whose bytes
+    /// Hands what the core learned to the recorder when a keep is due at
+    /// `now` (shell ms; `stopping`: at once), each part whose bytes
     /// changed since it was last handed over, without waiting (a part the
     /// recorder's full queue dropped goes at the next keep).
-    fn keep_learned(&mut self) {
-        for (key, value) in journal::learned_records(&self.decider.core().learned()) {
-            let k = &mut self.keeping;
-            if k.learned_kept.get(key) == Some(&value) {
-                continue;
-            }
-            if k.recorder.offer_set(key.to_string(), value.clone()) {
-                k.learned_kept.insert(key, value);
-            }
+    fn keep_learned(&mut self, now: u64, stopping: bool) {
+        let (k, core) = (&mut self.keeping, self.decider.core());
+        let under_way = if stopping {
+            k.learned.begin_now(core, now)
+        } else {
+            k.learned.begin(core, now)
+        };
+        if !under_way {
+            return;
+        }
+        while let ToKeep::Part { part, key, bytes } = k.learned.to_keep() {
+            let taken = k.recorder.offer_set(key.to_string(), bytes.to_vec());
+            k.learned.kept(part, taken);
         }
     }
 

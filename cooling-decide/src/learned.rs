@@ -152,13 +152,22 @@ impl LearnedKeeper {
     /// Begins a keep of what `core` learned, at `now_ms`, when one is due
     /// and none is under way; whether one is under way now.
     pub fn begin(&mut self, core: &Core, now_ms: u64) -> bool {
-        if self.next.is_none() && self.due(now_ms) {
+        if self.due(now_ms) {
+            self.begin_now(core, now_ms);
+        }
+        self.next.is_some()
+    }
+
+    /// Begins a keep of what `core` learned at `now_ms`, due or not (a
+    /// clean stop), unless one is under way; whether one is under way now.
+    pub fn begin_now(&mut self, core: &Core, now_ms: u64) -> bool {
+        if self.next.is_none() {
             self.figures = core.learned();
             self.next = Some(0);
             self.began_ms = now_ms;
             self.tally = Tally::default();
         }
-        self.next.is_some()
+        true
     }
 
     /// The next part of the keep under way whose bytes changed since it
