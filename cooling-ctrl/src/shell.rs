@@ -648,12 +648,9 @@ impl<P: CduPort> Shell<P> {
     /// recorder's full queue dropped goes at the next keep).
     fn keep_learned(&mut self, now: u64, stopping: bool) {
         let (k, core) = (&mut self.keeping, self.decider.core());
-        let under_way = if stopping {
-            k.learned.begin_now(core, now)
-        } else {
-            k.learned.begin(core, now)
-        };
-        if !under_way {
+        if stopping {
+            k.learned.begin_now(core, now);
+        } else if !k.learned.begin(core, now) {
             return;
         }
         while let ToKeep::Part { part, key, bytes } = k.learned.to_keep() {

@@ -159,15 +159,14 @@ impl LearnedKeeper {
     }
 
     /// Begins a keep of what `core` learned at `now_ms`, due or not (a
-    /// clean stop), unless one is under way; whether one is under way now.
-    pub fn begin_now(&mut self, core: &Core, now_ms: u64) -> bool {
+    /// clean stop), unless one is under way.
+    pub fn begin_now(&mut self, core: &Core, now_ms: u64) {
         if self.next.is_none() {
             self.figures = core.learned();
             self.next = Some(0);
             self.began_ms = now_ms;
             self.tally = Tally::default();
         }
-        true
     }
 
     /// The next part of the keep under way whose bytes changed since it
