@@ -205,8 +205,11 @@ pub struct Policy {
     pub straggler_sustain_ms: u64,
     /// Responsive peers needed for a peer rule.
     pub min_peers: usize,
-    /// A peer's sample older than this is not compared, ms.
-    pub peer_fresh_ms: u64,
+    /// Samples of the host's GPUs at most this far apart are one round,
+    /// ms: a GPU is judged against its peers' samples of its own round,
+    /// never against older ones. Under half the sampling period
+    /// ([`Policy::with_period`]).
+    pub round_ms: u64,
     /// Quiet time after which `degraded` falls back to `healthy`, ms.
     pub quiet_ms: u64,
 }
@@ -230,8 +233,24 @@ impl Default for Policy {
             straggler_min_util: 90.0,
             straggler_sustain_ms: 60_000,
             min_peers: 3,
-            peer_fresh_ms: 5_000,
+            round_ms: 500,
             quiet_ms: 6 * 3_600_000,
+        }
+    }
+}
+
+impl Policy {
+    /// The default policy for samples every `period_ms`.
+    pub fn for_period(period_ms: u64) -> Self {
+        Self::default().with_period(period_ms)
+    }
+
+    /// `self` for samples every `period_ms`: a round spans less than half
+    /// a period, so two rounds never read as one.
+    pub fn with_period(self, period_ms: u64) -> Self {
+        Self {
+            round_ms: self.round_ms.min(period_ms / 2),
+            ..self
         }
     }
 }
@@ -320,6 +339,9 @@ struct Track {
     straggle: Streak,
     /// The peers' thermal resistance at the last judgement, for evidence.
     hot_excess: f64,
+    /// The last sample and its time, while it waits for the rest of its
+    /// round to be judged against its peers (`peers`).
+    unjudged: Option<(u64, Observation)>,
 }
 
 impl Track {
@@ -346,6 +368,7 @@ impl Track {
             hot: Streak::default(),
             straggle: Streak::default(),
             hot_excess: 0.0,
+            unjudged: None,
         }
     }
 }
@@ -522,8 +545,9 @@ impl HealthEngine {
 
     /// A sample of `gpu`. The rules run in a fixed order: the
     /// quarantine-level memory errors and NVLink faults, the pending
-    /// resets, the sustained rates (`rules`), the peer rules (`peers`),
-    /// then the quiet period.
+    /// resets, the sustained rates (`rules`), the peer rules (`peers`,
+    /// once the sample's round is in: maybe at a later input), then the
+    /// quiet period.
     pub fn sample(&mut self, now: TimestampMs, gpu: u8, o: &Observation) -> Vec<Output> {
         let mut out = Vec::new();
         let g = gpu as usize;
@@ -531,6 +555,9 @@ impl HealthEngine {
             return out;
         }
         let t = now.0;
+        // A round this sample ends is judged before the sample joins the
+        // next.
+        self.judge_rounds(t, &mut out);
         let prev = {
             let tr = &mut self.gpus[g];
             tr.missed = 0;
@@ -545,7 +572,8 @@ impl HealthEngine {
         self.nvlink_faults(t, g, o, prev, &mut out);
         self.pending_resets(t, g, o, &mut out);
         self.sustained_rates(t, g, o, &mut out);
-        self.peer_rules(t, g, o, &mut out);
+        self.gpus[g].unjudged = Some((t, *o));
+        self.judge_rounds(t, &mut out);
         self.heal_when_quiet(now, gpu, &mut out);
         out
     }

@@ -26,6 +26,10 @@ use crate::health::{
     Change, Coolant, HealthEngine, Limits, LoopState, Observation, Output, Policy, SlowCounters,
 };
 
+/// The sampling period of a trace whose header names none, ms (the
+/// agent's default).
+const DEFAULT_PERIOD_MS: u64 = 1_000;
+
 /// The header line.
 #[derive(Debug, Deserialize)]
 pub struct Header {
@@ -143,7 +147,8 @@ pub fn verdict_line(c: &Change) -> String {
 }
 
 /// Replays `input`, writing verdicts to `out` and notes (cooling
-/// attributions) to `notes`. Returns the number of records read.
+/// attributions) to `notes`, with `policy` set for the trace's sampling
+/// period ([`Policy::with_period`]). Returns the number of records read.
 pub fn replay(
     input: impl BufRead,
     policy: Policy,
@@ -168,6 +173,7 @@ pub fn replay_scheduled(
     let limits = Limits {
         max_operating_c: header.limits.max_operating_c,
     };
+    let policy = policy.with_period(header.period_ms.unwrap_or(DEFAULT_PERIOD_MS));
     let mut engine = HealthEngine::new(header.gpus, limits, policy, TimestampMs(0));
     let mut state = vec![Observation::default(); header.gpus];
     let mut slow = SlowCounters::new(header.gpus, slow_ms);
@@ -236,7 +242,7 @@ fn read_header(input: &mut impl BufRead) -> Result<Header, ReplayError> {
             message: format!("gpus = {}: 1 to 16", header.gpus),
         });
     }
-    let _ = (&header.host, header.period_ms);
+    let _ = &header.host;
     Ok(header)
 }
 

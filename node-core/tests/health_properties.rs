@@ -13,7 +13,7 @@ mod health_sim;
 
 use health_sim::{
     feed, replay_text, run_engine, simulate, Rec, Trace, Work, World, GPUS, JOB_START_S, LIMITS,
-    NOMINAL_FLOW, NOMINAL_SUPPLY_C,
+    NOMINAL_FLOW, NOMINAL_SUPPLY_C, PERIOD_MS,
 };
 use loopwarden_protocol::{xid, HealthState, ReasonCode, TimestampMs};
 use node_core::health::{HealthEngine, LoopState, Output, Policy};
@@ -240,6 +240,7 @@ fn simulate_plan(p: &Plan, mut extra: impl FnMut(&mut World)) -> Trace {
     Trace {
         description: format!("benign host: {p:?}"),
         gpus: GPUS,
+        period_ms: PERIOD_MS,
         recs: simulate(p.seed, p.secs, hook),
     }
 }
@@ -271,9 +272,14 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
     #[test]
-    fn benign_traces_never_raise_a_gpu(p in plan()) {
-        let trace = benign(&p);
-        let mut e = HealthEngine::new(GPUS, LIMITS, Policy::default(), TimestampMs(0));
+    fn benign_traces_never_raise_a_gpu(
+        p in plan(),
+        every in proptest::sample::select(vec![1u64, 5, 10, 30]),
+    ) {
+        // Sampled every period, or as an agent sampling slower sees it.
+        let trace = benign(&p).thinned(every);
+        let policy = Policy::for_period(PERIOD_MS * every);
+        let mut e = HealthEngine::new(GPUS, LIMITS, policy, TimestampMs(0));
         for r in &trace.recs {
             let outs = feed(&mut e, r);
             let changes = raised(&outs);

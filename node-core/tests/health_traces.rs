@@ -19,7 +19,7 @@ mod health_sim;
 
 use health_sim::{
     run_engine, run_replay, run_replay_scheduled, simulate, state_name, Expect, Rec, Run, Trace,
-    Verdict, Work, World, GPUS, JOB_START_S, LIMITS,
+    Verdict, Work, World, GPUS, JOB_START_S, LIMITS, PERIOD_MS,
 };
 use loopwarden_protocol::{HealthState, ReasonCode, ThrottleReasons, TimestampMs};
 use node_core::health::{HealthEngine, LoopState, Output, Policy};
@@ -47,6 +47,7 @@ fn case(
         trace: Trace {
             description: description.into(),
             gpus: GPUS,
+            period_ms: PERIOD_MS,
             recs: simulate(seed, secs, hook),
         },
         expect,
@@ -1014,6 +1015,7 @@ fn the_generator_is_deterministic_and_realistic() {
     let other = Trace {
         description: String::new(),
         gpus: GPUS,
+        period_ms: PERIOD_MS,
         recs: simulate(22, 200, |_| {}),
     };
     assert_ne!(memory_errors().trace.recs, other.recs);
@@ -1193,6 +1195,34 @@ fn every_scenario_holds_with_the_slow_counters_read_every_30_and_60_s() {
                     run.lines.join("\n  ")
                 );
             }
+        }
+    }
+}
+
+/// Found in review: a peer's sample counted for 5 s whatever the period,
+/// so at 10 s a GPU sampled early in a round had no fresh peers and the
+/// straggler and heat rules went quiet without a word. Each peer-rule
+/// scenario, sampled every 5, 10 and 30 s, still finds what it must and
+/// raises nothing else, with the policy the agent and the replay set for
+/// that period.
+#[test]
+fn the_peer_rules_hold_at_slower_sampling_periods() {
+    let cases = [
+        hot_plate(true),
+        hot_plate(false),
+        hot_plate_loop_in_trouble(LoopState::Failsafe),
+        hot_plate_loop_in_trouble(LoopState::Degraded),
+        straggler_and_slowed(),
+    ];
+    for c in &cases {
+        for k in [5, 10, 30] {
+            let trace = c.trace.thinned(k);
+            let thinned = Case {
+                trace,
+                expect: c.expect.clone(),
+                policy: Policy::for_period(PERIOD_MS * k),
+            };
+            check(&thinned);
         }
     }
 }

@@ -26,9 +26,8 @@ use rand::Rng;
 /// The sampling period of the live agent, ms.
 pub const PERIOD_MS: u64 = 1_000;
 /// The sampling period outside dense windows, ms. The engine judges a
-/// GPU against peers sampled within the last 5 s (`peer_fresh_ms`), and
-/// a host's GPUs are sampled one after the other, so the first GPU of a
-/// round sees its peers' previous round: 5 s keeps them fresh.
+/// GPU against its peers' samples of the same round, however far apart
+/// rounds are (`Policy::round_ms`), so coarse rounds lose no peer rule.
 pub const COARSE_MS: u64 = 5_000;
 /// A full sample (every field) at least this often, ms.
 const FULL_EVERY_MS: u64 = 300_000;

@@ -138,7 +138,7 @@ pub(super) fn node(config: &Config, gpus: &[GpuState], started: TimestampMs) -> 
         policy: Policy {
             unresponsive_after: config.unresponsive_after,
             quiet_ms: config.quiet_period.as_millis() as u64,
-            ..Policy::default()
+            ..Policy::for_period(config.period.as_millis() as u64)
         },
         cooling_grace_ms: config.cooling_loss.grace.as_millis() as u64,
         coolant: config.cdu.as_ref().map(|cdu| CoolantSource {

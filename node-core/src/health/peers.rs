@@ -6,6 +6,13 @@
 //! loop reports trouble, or most of the host's GPUs run hot together); the
 //! GPUs that ran hot then are named once per episode in an attribution.
 //!
+//! A GPU is judged against its peers' samples of its own round, never
+//! against older ones: at a 30 s period a GPU sampled first would
+//! otherwise meet its peers as they were 30 s before, hotter or cooler
+//! than now. So a sample waits until every other GPU has answered or
+//! missed its round, or until the round is over (`round_ms` has passed),
+//! and is judged then.
+//!
 //! Glossary:
 //! - *excess*: how many kelvin hotter a GPU runs than the median of its
 //!   peers' predictions.
@@ -67,12 +74,12 @@ struct Peers<'a> {
 }
 
 impl<'a> Peers<'a> {
-    /// The GPUs other than `g` that answered their last sample, at most
-    /// `fresh_ms` before `t`.
-    fn of(gpus: &'a [Track], g: usize, t: u64, fresh_ms: u64) -> Self {
+    /// The GPUs other than `g` that answered in the round of `t`: their
+    /// last sample at most `round_ms` from `t`.
+    fn of(gpus: &'a [Track], g: usize, t: u64, round_ms: u64) -> Self {
         let fresh = |tr: &Track| {
             tr.last
-                .filter(|(lt, _)| t.saturating_sub(*lt) <= fresh_ms && tr.missed == 0)
+                .filter(|(lt, _)| t.abs_diff(*lt) <= round_ms && tr.missed == 0)
         };
         let mut idx = [0usize; MAX_GPUS];
         let mut n = 0;
@@ -195,21 +202,48 @@ struct PeerView {
 }
 
 impl HealthEngine {
-    /// The thermal and straggler rules, against the peers.
-    pub(super) fn peer_rules(&mut self, t: u64, g: usize, o: &Observation, out: &mut Vec<Output>) {
-        let v = self.peer_view(t, g, o);
-        let held = self.attribute_to_cooling(t, g, &v);
-        self.say_attribution(t, out);
-        if !held {
-            self.judge_against_peers(t, g, o, &v, out);
+    /// Judges, at `now`, every sample waiting for its round whose round is
+    /// in or over.
+    pub(super) fn judge_rounds(&mut self, now: u64, out: &mut Vec<Output>) {
+        for g in 0..self.gpus.len() {
+            let Some((t, o)) = self.gpus[g].unjudged else {
+                continue;
+            };
+            if now > t.saturating_add(self.policy.round_ms) || self.round_in(g, t) {
+                self.gpus[g].unjudged = None;
+                self.peer_rules(now, t, g, &o, out);
+            }
         }
     }
 
-    /// Reads `o` against the fresh peers of `g` and the loop's state.
+    /// Whether every GPU other than `g` has answered or missed the round
+    /// of `t`.
+    fn round_in(&self, g: usize, t: u64) -> bool {
+        let since = t.saturating_sub(self.policy.round_ms);
+        self.gpus.iter().enumerate().all(|(i, tr)| {
+            i == g
+                || tr.last.is_some_and(|(lt, _)| lt >= since)
+                || tr.last_miss.is_some_and(|lm| lm >= since)
+        })
+    }
+
+    /// The thermal and straggler rules at `now`, against the peers, for
+    /// `g`'s sample `o` of time `t`.
+    fn peer_rules(&mut self, now: u64, t: u64, g: usize, o: &Observation, out: &mut Vec<Output>) {
+        let v = self.peer_view(t, g, o);
+        let held = self.attribute_to_cooling(now, g, &v);
+        self.say_attribution(now, out);
+        if !held {
+            self.judge_against_peers(now, t, g, o, &v, out);
+        }
+    }
+
+    /// Reads `g`'s sample `o` of time `t` against its peers of that round
+    /// and the loop's state.
     fn peer_view(&self, t: u64, g: usize, o: &Observation) -> PeerView {
         let p = self.policy;
         let limits = self.limits;
-        let peers = Peers::of(&self.gpus, g, t, p.peer_fresh_ms);
+        let peers = Peers::of(&self.gpus, g, t, p.round_ms);
 
         // Is the host hot as a whole, or does the loop report trouble?
         let hot_now = runs_hot(o, &limits);
@@ -274,10 +308,12 @@ impl HealthEngine {
         }
     }
 
-    /// The sustained verdicts: `hot-for-power` (not while the cooling
-    /// explains the heat) and `straggler`.
+    /// The sustained verdicts, at `now`, on `g`'s sample `o` of time `t`:
+    /// `hot-for-power` (not while the cooling explains the heat) and
+    /// `straggler`.
     fn judge_against_peers(
         &mut self,
+        now: u64,
         t: u64,
         g: usize,
         o: &Observation,
@@ -285,7 +321,7 @@ impl HealthEngine {
         out: &mut Vec<Output>,
     ) {
         let p = self.policy;
-        let when = At(self.stamp(t));
+        let when = At(self.stamp(now));
         let tr = &mut self.gpus[g];
         if let Some(e) = v.excess {
             tr.hot_excess = e;
@@ -301,14 +337,75 @@ impl HealthEngine {
             let e = tr.hot_excess;
             let temp = o.temp;
             let power = o.power;
-            self.raise(t, g, HealthState::Degraded, ReasonCode::HOT_FOR_POWER,
+            self.raise(now, g, HealthState::Degraded, ReasonCode::HOT_FOR_POWER,
                 || format!("{temp:.0} C at {power:.0} W, {e:.0} K above its peers, at {when}: check the cold plate"), out);
         }
         if straggle_for.is_some_and(|d| d >= p.straggler_sustain_ms) {
             let clock = o.sm_clock;
             let m = s.peer_clock.unwrap_or(0.0);
-            self.raise(t, g, HealthState::Degraded, ReasonCode::STRAGGLER,
+            self.raise(now, g, HealthState::Degraded, ReasonCode::STRAGGLER,
                 || format!("SM {clock:.0} MHz vs peers {m:.0} MHz at the same load, no power or thermal cause, at {when}"), out);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use loopwarden_protocol::{HealthState, ReasonCode, TimestampMs};
+
+    use crate::health::tests::engine;
+    use crate::health::{Observation, Output, Policy};
+
+    const PERIOD_MS: u64 = 30_000;
+
+    /// A loaded GPU at `temp`, no coolant known.
+    fn at(temp: f64) -> Observation {
+        Observation {
+            temp,
+            power: 600.0,
+            power_limit: 700.0,
+            sm_clock: 1980.0,
+            util: 95.0,
+            ..Default::default()
+        }
+    }
+
+    /// Four GPUs sampled every 30 s, GPU 0 first in each round (its
+    /// peers 3 ms after it), at `temp(round, gpu)`; the changes.
+    fn rounds(temp: impl Fn(u64, usize) -> f64) -> Vec<(u64, u8, HealthState, ReasonCode)> {
+        let mut e = engine(4);
+        e.policy = Policy::for_period(PERIOD_MS);
+        let mut changes = Vec::new();
+        for r in 1..=6u64 {
+            for g in 0..4 {
+                let t = r * PERIOD_MS + g as u64;
+                for o in e.sample(TimestampMs(t), g as u8, &at(temp(r, g))) {
+                    if let Output::Change(c) = o {
+                        changes.push((c.time.0, c.gpu, c.to, c.reason));
+                    }
+                }
+            }
+        }
+        changes
+    }
+
+    #[test]
+    fn a_gpu_sampled_first_meets_its_peers_of_the_same_round() {
+        // The whole host warms 12.5 K a round (below its max operating
+        // temperature): against its peers of the round before, GPU 0 would
+        // read 12.5 K hot in every round.
+        assert_eq!(rounds(|r, _| 10.0 + 12.5 * r as f64), vec![]);
+        // GPU 0 alone runs 20 K hot: judged once its round is in, at its
+        // last peer's sample.
+        let hot = rounds(|_, g| if g == 0 { 75.0 } else { 55.0 });
+        assert_eq!(
+            hot,
+            vec![(
+                3 * PERIOD_MS + 3,
+                0,
+                HealthState::Degraded,
+                ReasonCode::HOT_FOR_POWER
+            )]
+        );
     }
 }

@@ -197,6 +197,8 @@ pub struct Trace {
     pub description: String,
     /// GPUs of the host.
     pub gpus: usize,
+    /// The sampling period, ms.
+    pub period_ms: u64,
     /// The records, in time order.
     pub recs: Vec<Rec>,
 }
@@ -273,6 +275,31 @@ fn sample_fields(s: &Sample, prev: Option<&Sample>) -> String {
 }
 
 impl Trace {
+    /// The trace as an agent sampling every `k` periods would have seen
+    /// it: the samples and misses of every `k`-th round, every XID and
+    /// cooling report.
+    pub fn thinned(&self, k: u64) -> Trace {
+        let kept = |t: u64| (t / self.period_ms) % k == 0;
+        Trace {
+            description: format!(
+                "{} (sampled every {} ms)",
+                self.description,
+                self.period_ms * k
+            ),
+            gpus: self.gpus,
+            period_ms: self.period_ms * k,
+            recs: self
+                .recs
+                .iter()
+                .filter(|r| match r {
+                    Rec::Sample { t, .. } | Rec::Missed { t, .. } => kept(*t),
+                    Rec::Xid { .. } | Rec::Coolant { .. } => true,
+                })
+                .cloned()
+                .collect(),
+        }
+    }
+
     /// The trace as `gpu-trace/1` JSON lines: a header, then one record a
     /// line; a sample lists only the fields that changed since that GPU's
     /// last sample, and all of them every 5 minutes.
@@ -280,10 +307,11 @@ impl Trace {
         let mut out = String::new();
         writeln!(
             out,
-            "{{\"format\":\"gpu-trace/1\",\"host\":\"sim01\",\"gpus\":{},\"model\":\"H200-SXM\",\"period_ms\":{PERIOD_MS},\
+            "{{\"format\":\"gpu-trace/1\",\"host\":\"sim01\",\"gpus\":{},\"model\":\"H200-SXM\",\"period_ms\":{},\
              \"limits\":{{\"tdp_w\":700,\"min_cap_w\":200,\"max_operating_c\":87,\"slowdown_c\":89,\"shutdown_c\":92,\"mem_max_c\":95}},\
              \"description\":{}}}",
             self.gpus,
+            self.period_ms,
             js(&self.description)
         )
         .expect("a string");
