@@ -1,7 +1,9 @@
 //! Boards are data: this script reads the board file
-//! (`boards/mcu/mps2-an386.toml`) and the CDU's register map
-//! (`boards/cdus/sim-cdu.toml`, the same file the Linux controller
-//! reads) and writes, into `OUT_DIR`:
+//! (`boards/mcu/mps2-an386.toml`) and the CDU's register map (the file
+//! named by `LOOPWARDEN_FIRMWARE_CDU_MAP`, a path absolute or from
+//! `firmware/`; without it `boards/cdus/sim-cdu.toml`, the simulated
+//! CDU's; the same files the Linux controller reads) and writes, into
+//! `OUT_DIR`:
 //! - `memory.x`: the linker's memory regions (cortex-m-rt's `link.x`
 //!   includes it);
 //! - `board.rs`: the board's addresses, interrupts and figures as consts;
@@ -30,11 +32,17 @@ mod map;
 #[path = "build/operators.rs"]
 mod operators;
 
+/// The variable naming the CDU's register map.
+const MAP_VAR: &str = "LOOPWARDEN_FIRMWARE_CDU_MAP";
+
 fn main() {
     let here = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("set by cargo"));
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("set by cargo"));
     let board_file = here.join("../boards/mcu/mps2-an386.toml");
-    let map_file = here.join("../boards/cdus/sim-cdu.toml");
+    println!("cargo:rerun-if-env-changed={MAP_VAR}");
+    let map_file = std::env::var_os(MAP_VAR)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| here.join("../boards/cdus/sim-cdu.toml"));
     for f in [&board_file, &map_file] {
         println!("cargo:rerun-if-changed={}", f.display());
     }

@@ -1,5 +1,6 @@
-//! The CDU's register map, as the build generated it from
-//! `boards/cdus/sim-cdu.toml` (the file the Linux controller reads): every
+//! The CDU's register map, as the build generated it from the CDU's map
+//! file (`LOOPWARDEN_FIRMWARE_CDU_MAP`; without it
+//! `boards/cdus/sim-cdu.toml`; the files the Linux controller reads): every
 //! register with its kind, address, type, scale, unit and range, the runs
 //! of input registers one read takes, and a const for each register the
 //! firmware uses. What a register is and how its words become a value and
