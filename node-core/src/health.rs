@@ -339,9 +339,9 @@ struct Track {
     straggle: Streak,
     /// The peers' thermal resistance at the last judgement, for evidence.
     hot_excess: f64,
-    /// The last sample and its time, while it waits for the rest of its
-    /// round to be judged against its peers (`peers`).
-    unjudged: Option<(u64, Observation)>,
+    /// `last` waits for the rest of its round to be judged against its
+    /// peers (`peers`).
+    unjudged: bool,
 }
 
 impl Track {
@@ -368,7 +368,7 @@ impl Track {
             hot: Streak::default(),
             straggle: Streak::default(),
             hot_excess: 0.0,
-            unjudged: None,
+            unjudged: false,
         }
     }
 }
@@ -572,7 +572,7 @@ impl HealthEngine {
         self.nvlink_faults(t, g, o, prev, &mut out);
         self.pending_resets(t, g, o, &mut out);
         self.sustained_rates(t, g, o, &mut out);
-        self.gpus[g].unjudged = Some((t, *o));
+        self.gpus[g].unjudged = true;
         self.judge_rounds(t, &mut out);
         self.heal_when_quiet(now, gpu, &mut out);
         out

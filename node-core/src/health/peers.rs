@@ -206,11 +206,12 @@ impl HealthEngine {
     /// in or over.
     pub(super) fn judge_rounds(&mut self, now: u64, out: &mut Vec<Output>) {
         for g in 0..self.gpus.len() {
-            let Some((t, o)) = self.gpus[g].unjudged else {
+            let tr = &self.gpus[g];
+            let Some((t, o)) = tr.last.filter(|_| tr.unjudged) else {
                 continue;
             };
             if now > t.saturating_add(self.policy.round_ms) || self.round_in(g, t) {
-                self.gpus[g].unjudged = None;
+                self.gpus[g].unjudged = false;
                 self.peer_rules(now, t, g, &o, out);
             }
         }
