@@ -6,7 +6,7 @@
 //!
 //! Reads: the input registers are the MCU's last [`Status`] in the
 //! snapshot's plain values, as `run` fills them from its step, by the
-//! same rules ([`sensors`], [`pump_word`], [`Meters`]). What the MCU does
+//! same rules (the northbound server's `sensors`, `pump_word` and `Meters`). What the MCU does
 //! not say is not available (its type's sentinel), never guessed:
 //! `hottest_gpu` (the MCU judges the host reports; which it believed is
 //! not said), `proposed_setpoint`, `proposed_speed` and

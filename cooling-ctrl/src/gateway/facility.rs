@@ -1,6 +1,6 @@
 //! The gateway's part in a hall of several CDUs on one facility water
 //! loop (`facility_coordinator` in the config), as `run` takes it: the
-//! same part ([`FacilityLink`], the shell's) is fed the offer the MCU
+//! same part (the shell's `FacilityLink`) is fed the offer the MCU
 //! sends ([`Up::Offer`](loopwarden_link::Up::Offer)) instead of a core's,
 //! and the water to follow goes down to the MCU as
 //! [`Down::FacilityTarget`](loopwarden_link::Down::FacilityTarget)

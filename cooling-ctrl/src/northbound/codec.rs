@@ -150,7 +150,7 @@ impl Image {
 
 /// Encodes `snap` as `map` lays it out; `writes_enabled` fills the
 /// register of that name. Registers the server does not know read 0 (a
-/// map that passed [`check_map`] has none).
+/// map that passed [`check_map`](super::map::check_map) has none).
 pub fn encode_snapshot(
     map: &RegisterMap,
     snap: &NorthboundSnapshot,

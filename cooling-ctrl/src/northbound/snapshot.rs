@@ -244,7 +244,7 @@ impl fmt::Display for NorthboundWrite {
     }
 }
 
-/// A snapshot channel: the sender to the shell, the receiver to [`serve`].
+/// A snapshot channel: the sender to the shell, the receiver to [`serve`](super::server::serve).
 pub fn snapshot_channel() -> (
     watch::Sender<NorthboundSnapshot>,
     watch::Receiver<NorthboundSnapshot>,
