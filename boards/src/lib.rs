@@ -7,7 +7,7 @@
 //! map (`northbound/`), the pin maps of controller boards ([`pins`],
 //! `pins/`), and a site's figures ([`site`]: the hall a CDU serves, its
 //! GPUs, loop and heat rejection). With the `modbus-server` feature,
-//! [`modbus_server`] is the one register dispatch every Modbus server of
+//! `modbus_server` is the one register dispatch every Modbus server of
 //! the project answers with.
 //!
 //! No runtime and no simulator: the production agents link this crate,

@@ -2,8 +2,8 @@
 //! to it (user and password, or TLS with the device's certificate), its
 //! flash file and its console socket (with its bounds: connections at
 //! once and the idle time).
-//! Both agents declare these fields once, here ([`agent_file!`] for the
-//! file, [`agent_flags!`] with [`CommonFlags`] for the flags), and check them with one function
+//! Both agents declare these fields once, here ([`agent_file!`](crate::agent_file!) for the
+//! file, [`agent_flags!`](crate::agent_flags!) with [`CommonFlags`] for the flags), and check them with one function
 //! ([`resolve`]); each agent adds its own fields and checks.
 //!
 //! Glossary:

@@ -5,7 +5,7 @@
 //! It answers the same commands as `ctl`, with the same answers and
 //! tables (the agent's own [`SerialAgent::run`]), plus `help`, `login`,
 //! `logout`. The decisions are in the pure [`session`] (with the
-//! [`line`] editor); this module only moves bytes: it opens the port
+//! [`line`](mod@line) editor); this module only moves bytes: it opens the port
 //! (8N1, no flow control), feeds what comes to the session with the
 //! steady time, writes what it says, asks the agent, checks passwords off
 //! the runtime ([`password`]), and hands [`record`]s to the flash log.

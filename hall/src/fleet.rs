@@ -5,7 +5,7 @@
 //! engine and caps; GPUs from the twin through the same `GpuSource` and
 //! `GpuDevice` traits as NVML) and `cdus` real cooling controllers, each
 //! with its own simulated CDU on its own loopback Modbus TCP port and its
-//! own hall of its share of the hosts ([`layout`]). Every hall runs full
+//! own hall of its share of the hosts (`layout`). Every hall runs full
 //! load on a hot day; GPUs fail (XID 79, as a scenario's `gpu_fail`) on a
 //! spread of hosts at spread times, and in enough CDUs the lead pump trips
 //! with the lag pump seized, so that their controllers cap their hosts.
@@ -16,20 +16,20 @@
 //! (`node_agent::worker`), and one XID watch per hall serves every host
 //! of it. The controllers, the simulated CDUs and the halls' stepping run
 //! on a runtime of their own (`fleet-rt`), and an independent subscriber
-//! ([`observer`]) on a thread of its own, so that the agents' CPU can be
-//! told apart ([`procstat`]).
+//! (`observer`) on a thread of its own, so that the agents' CPU can be
+//! told apart (`procstat`).
 //!
 //! The order of a run: the broker (embedded unless given), the observer,
 //! the halls (stepped once, so that their CDUs read plausibly), the
 //! controllers, the agents; once every agent is connected the halls step
 //! in real time for `duration_s`; then the agents stop, the controllers
 //! stop, and the observer waits for the last messages. What each figure
-//! means is in [`report`] and `docs/scale.md`.
+//! means is in the `report` submodule and `docs/scale.md`.
 //!
 //! Glossary:
 //! - *injection*: a GPU the hall failed; its instant is taken right after
 //!   the hall step that failed it.
-//! - *shortfall CDU*: one whose pumps fail (see [`layout`]).
+//! - *shortfall CDU*: one whose pumps fail (see `layout`).
 
 mod figures;
 mod isolated;

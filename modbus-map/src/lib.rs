@@ -3,8 +3,8 @@
 //! `loopwarden_boards::modbus_map`, which reads the map files) and for the
 //! firmware (which has the map turned into a const table at build time).
 //! `no_std`, no allocation; with the `std` feature, the map file's shape
-//! and its checks ([`MapFile`]) and which input registers one read takes
-//! ([`input_spans`]), for the hosts that read the file.
+//! and its checks (`MapFile`) and which input registers one read takes
+//! (`input_spans`), for the hosts that read the file.
 //!
 //! Glossary:
 //! - *raw*: the register's integer; *value*: raw × scale, in the unit.

@@ -5,7 +5,7 @@
 //! the flash recorder and the resends of logged events.
 //!
 //! Rendered from the console's [`Context`] and the loop's last
-//! [`Snapshot`](crate::console::Snapshot), copied out of its watch channel
+//! [`Snapshot`], copied out of its watch channel
 //! first: a scrape never reaches into the loop, and holds nothing the loop
 //! waits for. `docs/node-agent.md` ("Metrics") lists every metric.
 //!

@@ -412,7 +412,7 @@ impl<A: NvmlApi> NvmlGpu<A> {
     }
 
     /// Reads the slow counters only every `samples` samples (at least 1;
-    /// see [`sample`]).
+    /// see [`sample`](GpuDevice::sample)).
     pub fn slow_every(mut self, samples: u32) -> Self {
         self.slow_every = samples.max(1);
         self

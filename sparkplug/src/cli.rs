@@ -18,8 +18,8 @@ use crate::shell::{Link, Options};
 #[derive(Debug, Parser)]
 #[command(name = "lw-sparkplug", version)]
 pub struct Cli {
-    /// The Loopwarden broker (host[:port]), or the nodes of a cluster
-    /// (host:port,host:port,…).
+    /// The Loopwarden broker (`host[:port]`), or the nodes of a cluster
+    /// (`host:port,host:port,…`).
     #[arg(long, default_value = "127.0.0.1:1883")]
     pub broker: Brokers,
     /// The site to bridge.

@@ -4,7 +4,7 @@
 //! decision is the core's ([`crate::bridge`]); this file moves bytes.
 //!
 //! The Sparkplug client's event loop runs in a task of its own: it tells
-//! the main loop what happened ([`SparkplugEvent`]) and, after a lost
+//! the main loop what happened (`SparkplugEvent`) and, after a lost
 //! connection, waits for the options of the next attempt (the next
 //! broker, the next will) before it reconnects, after the backoff.
 //!

@@ -55,8 +55,8 @@ enum Command {
     },
     /// Print every frame of a site as it passes.
     Watch {
-        /// Broker address (host[:port]), or the nodes of a cluster
-        /// (host:port,host:port,…); without it, the embedded broker is
+        /// Broker address (`host[:port]`), or the nodes of a cluster
+        /// (`host:port,host:port,…`); without it, the embedded broker is
         /// started on 127.0.0.1:1883 and watched.
         #[arg(long)]
         broker: Option<Brokers>,
@@ -86,8 +86,8 @@ enum Command {
     /// Release a quarantined GPU (a signed operator command) and print
     /// the host's answer.
     Release {
-        /// Broker address (host[:port]), or the nodes of a cluster
-        /// (host:port,host:port,…).
+        /// Broker address (`host[:port]`), or the nodes of a cluster
+        /// (`host:port,host:port,…`).
         #[arg(long, default_value = "127.0.0.1:1883")]
         broker: Brokers,
         /// The site.
@@ -117,8 +117,8 @@ enum Command {
     },
     /// Publish one frame of every message kind, and its JSON mirror.
     Samples {
-        /// Broker address (host[:port]), or the nodes of a cluster
-        /// (host:port,host:port,…).
+        /// Broker address (`host[:port]`), or the nodes of a cluster
+        /// (`host:port,host:port,…`).
         #[arg(long, default_value = "127.0.0.1:1883")]
         broker: Brokers,
         /// The site to publish in.

@@ -2,12 +2,12 @@
 //! site's TOML: `cooling-ctrl firmware-figures` writes the configuration
 //! `run` builds from a site figures file, a microcontroller's build
 //! embeds it, and the firmware decodes it at start. One field list
-//! ([`fields`]) serves both directions, so the two cannot disagree on an
+//! (`fields`) serves both directions, so the two cannot disagree on an
 //! order; a field added to the configuration does not build until it is
 //! named there.
 //!
 //! The record, 267 bytes: the tag `LWFG`, the format's version (1 byte),
-//! every figure in [`fields`]'s order (`u8`, `u16` and `u64` as
+//! every figure in `fields`'s order (`u8`, `u16` and `u64` as
 //! little-endian integers, `f32` as its bits little-endian), then a
 //! CRC-32 (ISO-HDLC, little-endian) of all before it.
 //!

@@ -102,7 +102,7 @@ enum Busy {
 const LOCK_MAX_MS: u64 = 64_000;
 
 /// How long `login` stays locked after `refused` refusals in a row:
-/// 2 s, doubling, at most [`LOCK_MAX_MS`].
+/// 2 s, doubling, at most `LOCK_MAX_MS`.
 pub fn lock_ms(refused: u32) -> u64 {
     let doublings = refused.saturating_sub(1).min(6);
     (2_000u64 << doublings).min(LOCK_MAX_MS)
