@@ -536,6 +536,58 @@ fn pcie_and_sbe_rates_sustained_degrade_blips_do_not() {
     assert!(t >= 80 * S + MIN, "sustained for a minute first: {t}");
 }
 
+/// Found in review: a trailing minute of few replays, between bursts,
+/// ended the 2-minute sustain, so a link averaging 20 replays a minute in
+/// bursts of 60 s and lulls of 90 s was never flagged.
+fn pcie_bursts() -> Case {
+    case(
+        "GPU 4: PCIe replays from 60 s in bursts of 60 s at ~43/min and lulls of 90 s at \
+         ~5/min (20/min on average); GPU 5: bursts of 40 s at ~12/min, lulls of 80 s at \
+         ~1/min (5/min on average); GPU 1: two blips of 12, 150 s apart; GPU 2: one blip \
+         of 20",
+        42,
+        600,
+        |w| {
+            let s = w.secs();
+            let whole = w.t % S == 0;
+            if whole && s >= 60 && (s - 60) % 150 == 0 {
+                w.gpus[4].pcie_per_s = 43.0 / 60.0;
+            }
+            if whole && s >= 120 && (s - 120) % 150 == 0 {
+                w.gpus[4].pcie_per_s = 5.0 / 60.0;
+            }
+            if whole && s >= 60 && (s - 60) % 120 == 0 {
+                w.gpus[5].pcie_per_s = 12.0 / 60.0;
+            }
+            if whole && s >= 100 && (s - 100) % 120 == 0 {
+                w.gpus[5].pcie_per_s = 1.0 / 60.0;
+            }
+            if w.at(100) || w.at(250) {
+                w.gpus[1].s.pcie_replay += 12;
+            }
+            if w.at(300) {
+                w.gpus[2].s.pcie_replay += 20;
+            }
+        },
+        Expect::new(
+            "A link whose replays average above 8/min over the sustain, in bursts and lulls, is \
+             marginal; below it on average, or in blips, it is not.",
+        )
+        .must(4, Degraded, 60 * S, 60 * S + 5 * MIN),
+    )
+}
+
+#[test]
+fn pcie_replays_in_bursts_and_lulls_degrade_blips_do_not() {
+    let run = check(&pcie_bursts());
+    let v = changes(&run, 4)[0];
+    assert_eq!(v.reason, "pcie-replay-rate");
+    assert!(
+        v.t >= 60 * S + 2 * MIN,
+        "sustained for 2 minutes first: {v:?}"
+    );
+}
+
 // --------------------------------------------------------------- thermal
 
 fn hot_plate(publish: bool) -> Case {
@@ -895,7 +947,8 @@ fn release_returns_a_quarantined_gpu_to_healthy_and_refuses_others() {
 #[test]
 fn flapping_conditions_change_state_once_and_hysteresis_holds() {
     let mut c = case(
-        "GPU 2: PCIe replays at ~8.5/min, in and out of the limit; GPU 5: a cold plate \
+        "GPU 2: PCIe replays at ~7.5/min, in and out of the limit minute by minute, below it \
+         on average; GPU 5: a cold plate \
          alternating between ~10 K and ~14 K too hot every 30 s (in the hysteresis band); GPU \
          3: between ~4 K and ~15 K every 60 s (clearly cool in between); GPU 6: a \
          remap-pending flag that reads true and false by turns every 20 s",
@@ -903,7 +956,7 @@ fn flapping_conditions_change_state_once_and_hysteresis_holds() {
         600,
         |w| {
             if w.at(0) {
-                w.gpus[2].pcie_per_s = 8.5 / 60.0;
+                w.gpus[2].pcie_per_s = 7.5 / 60.0;
             }
             w.gpus[5].r_extra = if w.secs() / 30 % 2 == 0 {
                 0.0145

@@ -198,7 +198,11 @@ impl HealthEngine {
     }
 
     /// Degraded-level rates of counters over the last minute, sustained:
-    /// PCIe replays, corrected ECC errors, NVLink CRC errors.
+    /// PCIe replays, corrected ECC errors, NVLink CRC errors. A streak
+    /// ends once the rate over its sustain time is down to the limit, so
+    /// a lull between bursts does not end it while the bursts keep the
+    /// average above the limit; for ECC and CRC errors, whose sustain is
+    /// the minute the rate is read over, that is the minute's rate.
     pub(super) fn sustained_rates(
         &mut self,
         t: u64,
@@ -210,11 +214,14 @@ impl HealthEngine {
         let when = At(self.stamp(t));
         let tr = &mut self.gpus[g];
         let pcie_min = tr.pcie.push(t, o.pcie_replay, 60_000);
+        let pcie_sustained = tr.pcie_sustain.push(t, o.pcie_replay, p.pcie_sustain_ms);
         let sbe_min = tr.sbe.push(t, o.sbe_volatile, 60_000);
         let crc_min = tr.crc.push(t, o.nvlink_crc, 60_000);
-        let pcie_for = tr
-            .pcie_high
-            .update(t, pcie_min > p.pcie_replays_per_min, true);
+        let pcie_for = tr.pcie_high.update(
+            t,
+            pcie_min > p.pcie_replays_per_min,
+            pcie_sustained * 60_000 <= p.pcie_replays_per_min * p.pcie_sustain_ms,
+        );
         let sbe_for = tr.sbe_high.update(t, sbe_min > p.sbe_per_min, true);
         let crc_for = tr
             .crc_high
@@ -227,7 +234,8 @@ impl HealthEngine {
                 ReasonCode::PCIE_REPLAY_RATE,
                 || {
                     format!(
-                        "{pcie_min} PCIe replays in the last minute at {when} (limit {}/min)",
+                        "{pcie_min} PCIe replays in the last minute, {pcie_sustained} in {} min, at {when} (limit {}/min)",
+                        p.pcie_sustain_ms / 60_000,
                         p.pcie_replays_per_min
                     )
                 },
