@@ -57,30 +57,29 @@ fn generated_traces_parse_with_the_repository_parser() {
 }
 
 #[test]
-fn every_gpu_sees_fresh_peers_at_every_sample() {
-    // The engine judges heat and clocks against peers sampled within the
-    // last 5 s; the thinned schedule must not starve the first GPUs of a
-    // round of them.
+fn every_round_samples_every_gpu_together() {
+    // The engine judges heat and clocks against the peers' samples of the
+    // same round (at most `Policy::round_ms` apart): the thinned schedule
+    // must sample, or miss, every GPU in each round it samples one.
     let t = healthy_trace(5, 0, 1);
-    let mut last: HashMap<u64, (u64, bool)> = HashMap::new();
+    let round_ms = node_core::health::Policy::default().round_ms;
+    let mut rounds: HashMap<u64, Vec<(u64, u64)>> = HashMap::new();
     for line in t.jsonl.lines().skip(1) {
         let r: serde_json::Value = serde_json::from_str(line).expect("JSON");
-        let (Some(g), Some(s)) = (r["gpu"].as_u64(), r.get("sample")) else {
-            continue;
-        };
-        let at = r["t_ms"].as_u64().expect("t_ms");
-        let answered = s["responsive"] != false;
-        if answered && last.len() == GPUS && last.values().all(|&(_, a)| a) {
-            for (&p, &(pt, _)) in &last {
-                assert!(
-                    p == g || at - pt <= 5_000,
-                    "GPU {g} at {at} ms: peer {p} last sampled at {pt} ms"
-                );
-            }
+        if let (Some(g), Some(_)) = (r["gpu"].as_u64(), r.get("sample")) {
+            let at = r["t_ms"].as_u64().expect("t_ms");
+            rounds.entry(at / PERIOD_MS).or_default().push((g, at));
         }
-        last.insert(g, (at, answered));
     }
-    const { assert!(COARSE_MS <= 5_000) };
+    assert!(rounds.len() >= 720, "{} rounds in an hour", rounds.len());
+    for (second, mut round) in rounds {
+        round.sort_unstable();
+        let gpus: Vec<u64> = round.iter().map(|&(g, _)| g).collect();
+        assert_eq!(gpus, (0..GPUS as u64).collect::<Vec<_>>(), "at {second} s");
+        let times = round.iter().map(|&(_, at)| at);
+        let span = times.clone().max().unwrap() - times.min().unwrap();
+        assert!(span <= round_ms, "at {second} s the round spans {span} ms");
+    }
 }
 
 #[test]
@@ -205,9 +204,12 @@ fn the_measured_model_is_the_same_for_a_seed_and_moves_with_it() {
 fn thinned_sampling_flags_as_sampling_every_second_does() {
     // The same failures sampled every second, as the live agent does:
     // the same precursors flagged, within a coarse period or two of the
-    // thinned trace (a rate or a streak seen a sample later).
+    // thinned trace (a rate or a streak seen a sample later). Not
+    // faulty_gpu 0: a link at 6.3 replays a minute, below the limit on
+    // average, whose bursts (drawn anew for each sampling) carry the
+    // 2-minute average above the limit in one trace and not the other.
     let mut compared = 0;
-    for (c, i) in [(0, 0), (0, 1), (1, 0), (1, 3), (2, 0), (4, 0)] {
+    for (c, i) in [(0, 1), (0, 2), (1, 0), (1, 3), (2, 0), (4, 0)] {
         let thin = failure_trace(11, c, i, 10, 0.25);
         let every = failure_trace_sampled(11, c, i, 10, 0.25, PERIOD_MS);
         assert_eq!(thin.failure, every.failure);
