@@ -341,9 +341,6 @@ struct Track {
     straggle: Streak,
     /// The peers' thermal resistance at the last judgement, for evidence.
     hot_excess: f64,
-    /// `last` waits for the rest of its round to be judged against its
-    /// peers (`peers`).
-    unjudged: bool,
 }
 
 impl Track {
@@ -371,7 +368,6 @@ impl Track {
             hot: Streak::default(),
             straggle: Streak::default(),
             hot_excess: 0.0,
-            unjudged: false,
         }
     }
 }
@@ -392,6 +388,9 @@ pub struct HealthEngine {
     unsaid: Option<u64>,
     /// Since when every GPU has been silent together (`silence`).
     stall: Option<u64>,
+    /// GPUs whose last sample waits for the rest of its round to be
+    /// judged against its peers (bit n = GPU n; `peers`).
+    waiting: u16,
     /// The wall clock minus the engine's clock, ms: what turns a time of
     /// the engine into a stamp (see [`HealthEngine::set_wall_offset`]).
     wall_offset: i64,
@@ -408,6 +407,7 @@ impl HealthEngine {
             attributed: 0,
             unsaid: None,
             stall: None,
+            waiting: 0,
             wall_offset: 0,
         }
     }
@@ -560,7 +560,7 @@ impl HealthEngine {
         let t = now.0;
         // A round this sample ends is judged before the sample joins the
         // next.
-        self.judge_rounds(t, &mut out);
+        self.judge_rounds(t, false, &mut out);
         let prev = {
             let tr = &mut self.gpus[g];
             tr.missed = 0;
@@ -575,8 +575,8 @@ impl HealthEngine {
         self.nvlink_faults(t, g, o, prev, &mut out);
         self.pending_resets(t, g, o, &mut out);
         self.sustained_rates(t, g, o, &mut out);
-        self.gpus[g].unjudged = true;
-        self.judge_rounds(t, &mut out);
+        self.waiting |= 1 << g;
+        self.judge_rounds(t, true, &mut out);
         self.heal_when_quiet(now, gpu, &mut out);
         out
     }

@@ -203,25 +203,32 @@ struct PeerView {
 
 impl HealthEngine {
     /// Judges, at `now`, every sample waiting for its round whose round is
-    /// in or over.
-    pub(super) fn judge_rounds(&mut self, now: u64, out: &mut Vec<Output>) {
-        for g in 0..self.gpus.len() {
-            let tr = &self.gpus[g];
-            let Some((t, o)) = tr.last.filter(|_| tr.unjudged) else {
+    /// over, or (`or_in`: after a sample or a miss was taken) in.
+    pub(super) fn judge_rounds(&mut self, now: u64, or_in: bool, out: &mut Vec<Output>) {
+        let mut left = self.waiting;
+        while left != 0 {
+            let g = left.trailing_zeros() as usize;
+            left &= left - 1;
+            let Some(t) = self.gpus[g].last.as_ref().map(|(t, _)| *t) else {
+                // Released since: nothing to judge.
+                self.waiting &= !(1 << g);
                 continue;
             };
-            if now > t.saturating_add(self.policy.round_ms) || self.round_in(g, t) {
-                self.gpus[g].unjudged = false;
+            let over = now > t.saturating_add(self.policy.round_ms);
+            if over || (or_in && self.round_in(g, t)) {
+                self.waiting &= !(1 << g);
+                let o = self.gpus[g].last.expect("a waiting GPU has a sample").1;
                 self.peer_rules(now, t, g, &o, out);
             }
         }
     }
 
     /// Whether every GPU other than `g` has answered or missed the round
-    /// of `t`.
+    /// of `t`. From the last GPU down: a round is taken in GPU order, so
+    /// the first one missing is found at once.
     fn round_in(&self, g: usize, t: u64) -> bool {
         let since = t.saturating_sub(self.policy.round_ms);
-        self.gpus.iter().enumerate().all(|(i, tr)| {
+        self.gpus.iter().enumerate().rev().all(|(i, tr)| {
             i == g
                 || tr.last.is_some_and(|(lt, _)| lt >= since)
                 || tr.last_miss.is_some_and(|lm| lm >= since)

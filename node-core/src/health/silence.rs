@@ -39,7 +39,7 @@ impl HealthEngine {
             return out;
         }
         let t = now.0;
-        self.judge_rounds(t, &mut out);
+        self.judge_rounds(t, false, &mut out);
         let (first, previous) = {
             let tr = &mut self.gpus[g];
             tr.missed += 1;
@@ -70,7 +70,7 @@ impl HealthEngine {
         }
         self.begin_stall(now, &mut out);
         // A miss may be the last of a round the peers wait for.
-        self.judge_rounds(t, &mut out);
+        self.judge_rounds(t, true, &mut out);
         out
     }
 
