@@ -242,6 +242,12 @@ fn read_header(input: &mut impl BufRead) -> Result<Header, ReplayError> {
             message: format!("gpus = {}: 1 to 16", header.gpus),
         });
     }
+    if let Some(p @ (0 | 3_600_001..)) = header.period_ms {
+        return Err(ReplayError {
+            line: 1,
+            message: format!("period_ms = {p}: 1 to 3,600,000 (one sample an hour)"),
+        });
+    }
     let _ = &header.host;
     Ok(header)
 }
@@ -365,4 +371,64 @@ fn write_outputs(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HEAD: &str =
+        r#"{"format":"gpu-trace/1","gpus":2,"period_ms":1000,"limits":{"max_operating_c":87}}"#;
+
+    /// The replay's refusal of `text`, as it prints it.
+    fn refusal(text: &str) -> String {
+        let (mut out, mut notes) = (Vec::new(), Vec::new());
+        let policy = Policy::default();
+        replay(text.as_bytes(), policy, &mut out, &mut notes)
+            .expect_err("refused")
+            .to_string()
+    }
+
+    #[test]
+    fn a_bad_trace_is_refused_with_its_line_and_what_is_wrong() {
+        let head = |from: &str, to: &str| HEAD.replace(from, to);
+        let cases = [
+            ("not json".to_string(), "line 1: bad header"),
+            (
+                head("gpu-trace/1", "gpu-trace/2"),
+                "line 1: format \"gpu-trace/2\"",
+            ),
+            (
+                head(r#""gpus":2"#, r#""gpus":0"#),
+                "line 1: gpus = 0: 1 to 16",
+            ),
+            (
+                head(r#""gpus":2"#, r#""gpus":17"#),
+                "line 1: gpus = 17: 1 to 16",
+            ),
+            (head("1000", "0"), "line 1: period_ms = 0: 1 to 3,600,000"),
+            (
+                format!("{HEAD}\n{}", r#"{"t_ms":5,"gpu":2,"xid":79}"#),
+                "line 2: gpu 2: the host has 2 GPUs",
+            ),
+            (
+                format!(
+                    "{HEAD}\n{}\n{}",
+                    r#"{"t_ms":5,"gpu":0,"xid":13}"#, r#"{"t_ms":4,"gpu":0,"xid":13}"#
+                ),
+                "line 3: t_ms 4 goes back before 5",
+            ),
+            (
+                format!("{HEAD}\n{}", r#"{"t_ms":5,"coolant":{"state":"boiling"}}"#),
+                "line 2: coolant state \"boiling\"",
+            ),
+        ];
+        for (text, want) in cases {
+            let got = refusal(&text);
+            assert!(
+                got.starts_with(want),
+                "{text}\n  refused as: {got}\n  expected: {want}"
+            );
+        }
+    }
 }
