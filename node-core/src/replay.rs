@@ -390,6 +390,21 @@ mod tests {
     }
 
     #[test]
+    fn counters_at_the_top_of_their_range_are_judged_not_overflowed() {
+        let max = u64::MAX;
+        let text = [
+            HEAD.to_string(),
+            format!(r#"{{"t_ms":1000,"gpu":0,"sample":{{"pcie_replay":0,"retired_sbe":{max},"retired_dbe":{max}}}}}"#),
+            format!(r#"{{"t_ms":2000,"gpu":0,"sample":{{"pcie_replay":{max}}}}}"#),
+        ]
+        .join("\n");
+        let (mut out, mut notes) = (Vec::new(), Vec::new());
+        replay(text.as_bytes(), Policy::default(), &mut out, &mut notes).expect("replays");
+        let out = String::from_utf8(out).unwrap();
+        assert!(out.contains("retired-pages-limit"), "{out}");
+    }
+
+    #[test]
     fn a_bad_trace_is_refused_with_its_line_and_what_is_wrong() {
         let head = |from: &str, to: &str| HEAD.replace(from, to);
         let cases = [

@@ -98,7 +98,7 @@ impl HealthEngine {
                 out,
             );
         }
-        let retired = o.retired_sbe + o.retired_dbe;
+        let retired = o.retired_sbe.saturating_add(o.retired_dbe);
         if retired >= p.retired_pages_limit {
             self.raise(
                 t,
@@ -220,7 +220,9 @@ impl HealthEngine {
         let pcie_for = tr.pcie_high.update(
             t,
             pcie_min > p.pcie_replays_per_min,
-            pcie_sustained * 60_000 <= p.pcie_replays_per_min * p.pcie_sustain_ms,
+            // Saturating: a trace may hold any count.
+            pcie_sustained.saturating_mul(60_000)
+                <= p.pcie_replays_per_min.saturating_mul(p.pcie_sustain_ms),
         );
         let sbe_for = tr.sbe_high.update(t, sbe_min > p.sbe_per_min, true);
         let crc_for = tr
