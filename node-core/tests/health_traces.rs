@@ -1280,6 +1280,31 @@ fn the_peer_rules_hold_at_slower_sampling_periods() {
     }
 }
 
+/// A round's samples may come in any order and spread over part of the
+/// period: each peer-rule scenario, its GPUs sampled in reverse order 40
+/// ms apart, and at offsets up to 450 ms in no order, finds what it must
+/// and raises nothing else.
+#[test]
+fn the_peer_rules_hold_whatever_the_order_and_spread_of_a_round() {
+    let cases = [
+        hot_plate(true),
+        hot_plate(false),
+        hot_plate_loop_in_trouble(LoopState::Failsafe),
+        straggler_and_slowed(),
+    ];
+    let reversed = |g: u8| 40 * u64::from(GPUS as u8 - 1 - g);
+    let scattered = |g: u8| [310, 20, 450, 140, 0, 260, 90, 380][g as usize % 8];
+    for c in &cases {
+        for trace in [c.trace.shifted(reversed), c.trace.shifted(scattered)] {
+            check(&Case {
+                trace,
+                expect: c.expect.clone(),
+                policy: c.policy,
+            });
+        }
+    }
+}
+
 /// The committed traces: name, scenario.
 fn committed() -> Vec<(&'static str, Case)> {
     vec![

@@ -300,6 +300,34 @@ impl Trace {
         }
     }
 
+    /// The trace with each GPU's samples and misses taken `offset(gpu)`
+    /// ms later, in time order again: rounds in another order, spread
+    /// over part of a period.
+    pub fn shifted(&self, offset: impl Fn(u8) -> u64) -> Trace {
+        let mut recs: Vec<Rec> = self
+            .recs
+            .iter()
+            .map(|r| match *r {
+                Rec::Sample { t, gpu, s } => Rec::Sample {
+                    t: t + offset(gpu),
+                    gpu,
+                    s,
+                },
+                Rec::Missed { t, gpu } => Rec::Missed {
+                    t: t + offset(gpu),
+                    gpu,
+                },
+                ref other => other.clone(),
+            })
+            .collect();
+        recs.sort_by_key(Rec::t);
+        Trace {
+            description: format!("{} (samples shifted per GPU)", self.description),
+            recs,
+            ..self.clone()
+        }
+    }
+
     /// The trace as `gpu-trace/1` JSON lines: a header, then one record a
     /// line; a sample lists only the fields that changed since that GPU's
     /// last sample, and all of them every 5 minutes.
