@@ -65,17 +65,19 @@ fn mutate_records(rng: &mut Rng, text: &str) -> String {
     let i = rng.below(n.max(1)).min(n.saturating_sub(1));
     match rng.below(6) {
         0 | 1 => lines[i] = set_a_number(rng, &lines[i]),
-        // Every value of the record at once: counters that add up.
-        5 => {
-            let v: &str = BOUNDARIES[rng.below(BOUNDARIES.len())];
-            lines[i] = set_every_value(&lines[i], v);
-        }
         2 => lines[i] = drop_a_field(rng, &lines[i]),
+        // Repeated, at a place of its own: time may go back.
         3 => {
             let copy = lines[i].clone();
             lines.insert(rng.below(n + 1), copy);
         }
-        _ => lines[i] = lines[i].replacen("\"gpu\":", "\"gpu\":1", 1),
+        // A GPU out of range (a 1 before its number).
+        4 => lines[i] = lines[i].replacen("\"gpu\":", "\"gpu\":1", 1),
+        // Every number of the record at once: counters that add up.
+        _ => {
+            let v: &str = BOUNDARIES[rng.below(BOUNDARIES.len())];
+            lines[i] = set_every_value(&lines[i], v);
+        }
     }
     lines.join("\n") + "\n"
 }
