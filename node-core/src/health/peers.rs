@@ -18,7 +18,9 @@
 //!   peers' predictions.
 //! - *attribution*: the note that the cooling explains the heat of some
 //!   GPUs ([`Output::CoolingAttributed`]).
-//! - *round*: the samples of every GPU of the host for one period.
+//! - *round*: the samples of every GPU of the host for one period, at
+//!   most `round_ms` apart (`Policy::round_ms`).
+//! - *waiting*: a sample whose round is not in yet, not judged yet.
 
 use loopwarden_protocol::{HealthState, ReasonCode, ThrottleReasons, MAX_GPUS};
 
