@@ -255,6 +255,7 @@ mod tests {
 
     mod agreed {
         use super::super::{Type, WordOrder};
+        use loopwarden_modbus_map::{Kind, Register};
         include!("../../modbus-map/src/cases.rs");
     }
 

@@ -185,25 +185,8 @@ mod tests {
 
     mod agreed {
         use super::super::{Type, WordOrder};
+        use loopwarden_modbus_map::{Kind, Register};
         include!("../../modbus-map/src/cases.rs");
-    }
-
-    fn register(l: &agreed::Layout) -> Register {
-        Register {
-            name: "case",
-            kind: if l.range.is_some() {
-                Kind::Holding
-            } else {
-                Kind::Input
-            },
-            address: 0,
-            ty: l.ty,
-            scale: l.scale,
-            unit: "",
-            min: l.range.map(|r| r.0),
-            max: l.range.map(|r| r.1),
-            description: "",
-        }
     }
 
     /// The words and values loopwarden-boards' tests hold the Linux side
@@ -213,7 +196,7 @@ mod tests {
     #[test]
     fn the_agreed_cases_read_and_write_as_on_linux() {
         for (l, words, want) in agreed::DECODE {
-            let r = register(l);
+            let r = l.register();
             let got = if l.order == WORD_ORDER {
                 decode(&r, words)
             } else {
@@ -222,7 +205,7 @@ mod tests {
             assert_eq!(got.to_bits(), want.to_bits(), "{l:?} {words:04X?}: {got}");
         }
         for (l, value, want) in agreed::ENCODE {
-            let r = register(l);
+            let r = l.register();
             let got = if l.order == WORD_ORDER {
                 encode(&r, *value)
             } else {

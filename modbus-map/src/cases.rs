@@ -4,8 +4,9 @@
 // and values that are not numbers. Not a module: `include!`d by the tests
 // of this crate (through `Register` itself), of loopwarden-boards (through
 // `RegisterMap`, the map read from a file) and of the firmware (through its
-// built-in table's calls), each of which has `Type` and `WordOrder` in
-// scope, so the Linux side and the firmware are held to the same answers.
+// built-in table's calls), each of which has `Type`, `WordOrder`, `Kind`
+// and `Register` in scope, so the Linux side and the firmware are held to
+// the same answers.
 
 /// A register for a case: type, word order, scale and, for a setting
 /// (a holding register), the range a write may set (`None`: an input).
@@ -15,6 +16,29 @@ pub struct Layout {
     pub order: WordOrder,
     pub scale: f64,
     pub range: Option<(f64, f64)>,
+}
+
+impl Layout {
+    /// The case as a register of its own (named "case", at address 0),
+    /// for the tests that call a `Register` rather than read a map file.
+    #[allow(dead_code)] // loopwarden-boards' tests read a map file instead
+    pub fn register(&self) -> Register<&'static str> {
+        Register {
+            name: "case",
+            kind: if self.range.is_some() {
+                Kind::Holding
+            } else {
+                Kind::Input
+            },
+            address: 0,
+            ty: self.ty,
+            scale: self.scale,
+            unit: "",
+            min: self.range.map(|r| r.0),
+            max: self.range.map(|r| r.1),
+            description: "",
+        }
+    }
 }
 
 const fn input(ty: Type, order: WordOrder, scale: f64) -> Layout {

@@ -6,28 +6,10 @@ use super::*;
 
 include!("cases.rs");
 
-fn register(l: &Layout) -> Register<&'static str> {
-    Register {
-        name: "case",
-        kind: if l.range.is_some() {
-            Kind::Holding
-        } else {
-            Kind::Input
-        },
-        address: 0,
-        ty: l.ty,
-        scale: l.scale,
-        unit: "",
-        min: l.range.map(|r| r.0),
-        max: l.range.map(|r| r.1),
-        description: "",
-    }
-}
-
 #[test]
 fn the_agreed_words_decode_to_the_agreed_values() {
     for (l, words, want) in DECODE {
-        let got = register(l).decode(l.order, words);
+        let got = l.register().decode(l.order, words);
         assert_eq!(got.to_bits(), want.to_bits(), "{l:?} {words:04X?}: {got}");
     }
 }
@@ -35,7 +17,7 @@ fn the_agreed_words_decode_to_the_agreed_values() {
 #[test]
 fn the_agreed_values_encode_to_the_agreed_words() {
     for (l, value, want) in ENCODE {
-        let got = match register(l).encode(l.order, *value) {
+        let got = match l.register().encode(l.order, *value) {
             Ok(w) => Want::Words(std::vec::Vec::leak(w.to_vec())),
             Err(EncodeError::OutOfRange { min, max }) => {
                 assert_eq!(Some((min, max)), l.range, "{l:?} {value}");
@@ -139,7 +121,7 @@ fn encoding_gives_what_std_rounding_gives_for_every_type_order_scale_and_range()
                         scale,
                         range,
                     };
-                    let r = register(&l);
+                    let r = l.register();
                     for &value in &values {
                         let got = r.encode(order, value).ok().map(|w| w.to_vec());
                         let want = encoded_with_std_round(&r, order, value);
