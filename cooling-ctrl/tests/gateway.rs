@@ -19,7 +19,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use gateway_mcu::{config, spawn, status, topic, Mcu, CDU, HOST_5, SITE};
-use loopwarden_link::{Down, Hello, ResetCause, Up};
+use loopwarden_link::{Down, Up};
 use loopwarden_protocol::message::{CduMode, Event, Pump, RackCooling};
 use loopwarden_protocol::{samples, Family, Frame, Message, NodeId, ReasonCode, Role, Topic};
 use loopwarden_system_tests::prometheus::http_get;
@@ -113,12 +113,7 @@ fn the_gateway_carries_the_mcu_to_the_bus_and_back_and_says_when_it_falls_silent
     let mut mcu = Mcu::accept(&listener);
 
     // Hello, then statuses until the bus has the signed state.
-    mcu.send(&Up::Hello(Hello {
-        boot: 1,
-        reset: ResetCause::PowerOn,
-        firmware: heapless::String::try_from("test").unwrap(),
-        restored: false,
-    }));
+    mcu.hello();
     let demo = samples::demo_signing_key().verifying_key();
     let cdu_node = NodeId::new(Role::Cdu, CDU).unwrap();
     until(

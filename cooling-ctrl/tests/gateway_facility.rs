@@ -16,7 +16,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use gateway_mcu::{config, spawn, status, topic, Mcu, Running, CDU, SITE};
-use loopwarden_link::{Down, Hello, ResetCause, Up};
+use loopwarden_link::{Down, Up};
 use loopwarden_protocol::message::OfferStep;
 use loopwarden_protocol::message::{CduState, FacilityOffer, FacilityPlan, FacilityState};
 use loopwarden_protocol::units::{Celsius, Watts};
@@ -52,12 +52,7 @@ fn start(broker: &Mosquitto, dir: &Path, coordinator: &str, extra: &str) -> (Run
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let gateway = spawn(&config, listener.local_addr().unwrap());
     let mut mcu = Mcu::accept(&listener);
-    mcu.send(&Up::Hello(Hello {
-        boot: 1,
-        reset: ResetCause::PowerOn,
-        firmware: heapless::String::try_from("test").unwrap(),
-        restored: false,
-    }));
+    mcu.hello();
     (gateway, mcu)
 }
 

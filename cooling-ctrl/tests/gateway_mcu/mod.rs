@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use loopwarden_link::frame::{encode, max_frame, OVERHEAD};
 use loopwarden_link::MAX_MESSAGE;
-use loopwarden_link::{Cost, Deframer, Down, Fed, RackBits, Status, Up};
+use loopwarden_link::{Cost, Deframer, Down, Fed, Hello, RackBits, ResetCause, Status, Up};
 use loopwarden_protocol::message::{CduMode, Pump};
 use loopwarden_protocol::{Family, Ident, ReasonCode, Role, Topic};
 use loopwarden_system_tests::Mosquitto;
@@ -77,6 +77,17 @@ impl Mcu {
         self.line
             .write_all(&f)
             .expect("the gateway takes the frame");
+    }
+
+    /// Says hello as a microcontroller that has just powered on (boot 1,
+    /// nothing restored).
+    pub fn hello(&mut self) {
+        self.send(&Up::Hello(Hello {
+            boot: 1,
+            reset: ResetCause::PowerOn,
+            firmware: heapless::String::try_from("test").unwrap(),
+            restored: false,
+        }));
     }
 
     /// Sends `up` with one byte of its body flipped.
