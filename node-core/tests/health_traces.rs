@@ -1252,6 +1252,18 @@ fn every_scenario_holds_with_the_slow_counters_read_every_30_and_60_s() {
     }
 }
 
+/// The scenarios of the peer rules: a hot plate with and without the
+/// loop's reports, with the loop in trouble, a straggler.
+fn peer_rule_cases() -> [Case; 5] {
+    [
+        hot_plate(true),
+        hot_plate(false),
+        hot_plate_loop_in_trouble(LoopState::Failsafe),
+        hot_plate_loop_in_trouble(LoopState::Degraded),
+        straggler_and_slowed(),
+    ]
+}
+
 /// Found in review: a peer's sample counted for 5 s whatever the period,
 /// so at 10 s a GPU sampled early in a round had no fresh peers and the
 /// straggler and heat rules went quiet without a word. Each peer-rule
@@ -1260,14 +1272,7 @@ fn every_scenario_holds_with_the_slow_counters_read_every_30_and_60_s() {
 /// that period.
 #[test]
 fn the_peer_rules_hold_at_slower_sampling_periods() {
-    let cases = [
-        hot_plate(true),
-        hot_plate(false),
-        hot_plate_loop_in_trouble(LoopState::Failsafe),
-        hot_plate_loop_in_trouble(LoopState::Degraded),
-        straggler_and_slowed(),
-    ];
-    for c in &cases {
+    for c in &peer_rule_cases() {
         for k in [5, 10, 30] {
             let trace = c.trace.thinned(k);
             let thinned = Case {
@@ -1286,15 +1291,9 @@ fn the_peer_rules_hold_at_slower_sampling_periods() {
 /// and raises nothing else.
 #[test]
 fn the_peer_rules_hold_whatever_the_order_and_spread_of_a_round() {
-    let cases = [
-        hot_plate(true),
-        hot_plate(false),
-        hot_plate_loop_in_trouble(LoopState::Failsafe),
-        straggler_and_slowed(),
-    ];
     let reversed = |g: u8| 40 * u64::from(GPUS as u8 - 1 - g);
     let scattered = |g: u8| [310, 20, 450, 140, 0, 260, 90, 380][g as usize % 8];
-    for c in &cases {
+    for c in &peer_rule_cases() {
         for trace in [c.trace.shifted(reversed), c.trace.shifted(scattered)] {
             check(&Case {
                 trace,
