@@ -330,8 +330,6 @@ struct Track {
     last_miss: Option<u64>,
     last_degrade_evidence: u64,
     pcie: Window,
-    /// PCIe replays over the sustain time, for when a streak ends.
-    pcie_sustain: Window,
     sbe: Window,
     crc: Window,
     pcie_high: Streak,
@@ -359,7 +357,6 @@ impl Track {
             last_miss: None,
             last_degrade_evidence: 0,
             pcie: Window::default(),
-            pcie_sustain: Window::default(),
             sbe: Window::default(),
             crc: Window::default(),
             pcie_high: Streak::default(),

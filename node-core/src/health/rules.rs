@@ -43,6 +43,20 @@ impl Window {
         }
         v - self.points.front().map_or(v, |&(_, first)| first)
     }
+
+    /// The increase at `t` over the last `span` ms, at most the span
+    /// pushed with: from the newest point at least `span` old, else the
+    /// oldest kept (as [`Window::push`] counts).
+    fn increase_over(&self, t: u64, span: u64) -> u64 {
+        let Some(&(_, last)) = self.points.back() else {
+            return 0;
+        };
+        // Points run oldest first: those at least `span` old come first.
+        let old = self
+            .points
+            .partition_point(|&(pt, _)| t.saturating_sub(pt) >= span);
+        last - self.points[old.saturating_sub(1)].1
+    }
 }
 
 /// A condition that must hold for a while.
@@ -213,8 +227,11 @@ impl HealthEngine {
         let p = self.policy;
         let when = At(self.stamp(t));
         let tr = &mut self.gpus[g];
-        let pcie_min = tr.pcie.push(t, o.pcie_replay, 60_000);
-        let pcie_sustained = tr.pcie_sustain.push(t, o.pcie_replay, p.pcie_sustain_ms);
+        // One window for both spans of PCIe replays.
+        tr.pcie
+            .push(t, o.pcie_replay, p.pcie_sustain_ms.max(60_000));
+        let pcie_min = tr.pcie.increase_over(t, 60_000);
+        let pcie_sustained = tr.pcie.increase_over(t, p.pcie_sustain_ms);
         let sbe_min = tr.sbe.push(t, o.sbe_volatile, 60_000);
         let crc_min = tr.crc.push(t, o.nvlink_crc, 60_000);
         let pcie_for = tr.pcie_high.update(
