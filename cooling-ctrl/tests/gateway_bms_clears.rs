@@ -8,7 +8,8 @@
 //! - an operator's clear, signed by `cooling-ctrl ctl clear-leak
 //!   --sign-key` with the operator's own key, reaches it as `Down::Clear`
 //!   whose signature verifies with the operator's public key, and its
-//!   `Up::Answer` is what `ctl` prints;
+//!   `Up::Answer` is what `ctl` prints; a second clear asked at once has
+//!   an id above the first's;
 //! - a clear signed with another key is carried all the same: the
 //!   microcontroller refuses it, not the gateway.
 //!
@@ -241,6 +242,23 @@ fn the_bms_writes_and_operators_signed_clears_reach_the_microcontroller() {
         out.contains("rack 1's leak") && out.contains("cleared by the microcontroller"),
         "{out}"
     );
+
+    // A second clear asked the moment the first was answered (a script
+    // clearing a leak, then a pump) has an id of its own, above the
+    // first's: the MCU would refuse the same id as a replay.
+    let asked = ctl(
+        &socket,
+        &["clear-pump", "A", "--sign-key", key, "--cdu", CDU],
+    );
+    let (second, said) = clear_answered(&mut mcu, &mut step, asked, Ok(()));
+    assert!(said.status.success(), "{said:?}");
+    assert!(
+        second.clear.id > clear.clear.id,
+        "ids {} then {}",
+        clear.clear.id,
+        second.clear.id
+    );
+    assert!(signed_by(&second, &public));
 
     // Signed with another key: carried all the same, refused by the MCU,
     // its refusal printed.

@@ -66,6 +66,30 @@ pub fn clear_id(unix_ms: u64) -> u32 {
     (unix_ms / 1000).min(u64::from(u32::MAX)) as u32
 }
 
+/// The most waits [`signing_ms`] makes for a second of its own.
+const SIGNING_WAITS: usize = 3;
+
+/// The wall clock to sign a clear at: the first reading of `now` (Unix
+/// ms) in a later second than the first reading, waiting with `sleep`
+/// (at most about a second). A clear's id is its second, so clears asked
+/// one after another (a script's `clear-leak 2` then `clear-pump B`)
+/// each get an id of their own and the MCU takes both; without the wait
+/// the second would be refused as a replay. After [`SIGNING_WAITS`]
+/// waits (a wall clock stepped back) it signs at the last reading, and a
+/// replay refusal says so.
+pub fn signing_ms(mut now: impl FnMut() -> u64, mut sleep: impl FnMut(Duration)) -> u64 {
+    let mut at = now();
+    let first = clear_id(at);
+    for _ in 0..SIGNING_WAITS {
+        if clear_id(at) > first {
+            break;
+        }
+        sleep(Duration::from_millis(1000 - at % 1000));
+        at = now();
+    }
+    at
+}
+
 /// What a clear's signature covers: [`CLEAR_CONTEXT`], then the clear's
 /// postcard bytes.
 pub fn signed_bytes(clear: &Clear) -> Result<Vec<u8>, String> {
@@ -352,6 +376,47 @@ mod tests {
             key_id: 2,
             key: SigningKey::from_bytes(&[seed; 32]),
         }
+    }
+
+    /// A wall clock that `sleep` moves on, `step_back_ms` back at the
+    /// first sleep (an NTP step), and a little on at each reading.
+    fn clock(start_ms: u64, step_back_ms: u64) -> (impl FnMut() -> u64, impl FnMut(Duration)) {
+        let t = std::rc::Rc::new(std::cell::Cell::new((start_ms, step_back_ms)));
+        let (read, slept) = (t.clone(), t);
+        let now = move || {
+            let (ms, back) = read.get();
+            read.set((ms + 3, back));
+            ms
+        };
+        let sleep = move |d: Duration| {
+            let (ms, back) = slept.get();
+            slept.set((ms + d.as_millis() as u64 - back, 0));
+        };
+        (now, sleep)
+    }
+
+    #[test]
+    fn clears_asked_one_after_another_each_get_a_second_of_their_own() {
+        let mut ids = Vec::new();
+        let mut t = NOW;
+        for _ in 0..3 {
+            // Each clear asked the moment the one before was signed.
+            let (now, sleep) = clock(t, 0);
+            let at = signing_ms(now, sleep);
+            assert!(at - t <= 1_000, "waited {} ms", at - t);
+            ids.push(clear_id(at));
+            t = at;
+        }
+        let first = clear_id(NOW);
+        assert_eq!(ids, [first + 1, first + 2, first + 3]);
+        // Asked on the last millisecond of a second: a wait of one.
+        let (now, sleep) = clock(1_700_000_000_999, 0);
+        let at = signing_ms(now, sleep);
+        assert!((1_700_000_001_000..1_700_000_001_010).contains(&at), "{at}");
+        // A clock stepped back 10 s: the wait ends, at the time it reads.
+        let (now, sleep) = clock(NOW, 10_000);
+        let at = signing_ms(now, sleep);
+        assert!(clear_id(at) <= clear_id(NOW), "{at}");
     }
 
     #[test]

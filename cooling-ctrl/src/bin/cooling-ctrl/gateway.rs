@@ -172,7 +172,9 @@ impl SignArgs {
         };
         let key = loopwarden_bus::keys::read_sign_key(path)?;
         let cdu = Ident::new(cdu).map_err(|e| format!("--cdu {cdu}: {e}"))?;
-        let clear = clears::operator_clear(&key, cdu, action()?, loopwarden_bus::now_ms().0)
+        let action = action()?;
+        let at = clears::signing_ms(|| loopwarden_bus::now_ms().0, std::thread::sleep);
+        let clear = clears::operator_clear(&key, cdu, action, at)
             .map_err(|e| format!("{}: {e}", path.display()))?;
         Ok(Some(GatewayRequest::SignedClear { clear }))
     }
