@@ -1,0 +1,319 @@
+//! The agent's shell, played for the node's tests (`node_step.rs`,
+//! `ceiling_properties.rs`): four fake GPUs with their power limits, a
+//! fake flash (the commands logged, the limits, health, phases and replay
+//! floors kept), and a record of what went on the bus; it carries out
+//! each effect of the node and answers it as the agent does.
+//!
+//! Glossary:
+//! - *boot*: how a host comes up: its GPUs' limits, a site limit, what its
+//!   flash kept from before ([`Boot`], [`Start`]).
+//! - *trail*: every effect, in the order carried out.
+
+#![allow(dead_code)]
+
+use std::collections::VecDeque;
+
+use loopwarden_protocol::samples::{self, T0};
+use loopwarden_protocol::{
+    Ack, CoolingStep, Event, Frame, HealthState, Ident, NodeId, Role, TimestampMs, Topic, Watts,
+    WholeCelsius,
+};
+use node_core::caps::{GpuRange, LeaseLimits};
+use node_core::commands::Authority;
+use node_core::cooling_loss::Phase;
+use node_core::guard::GuardSettings;
+use node_core::health::{Limits, Observation, Policy};
+use node_core::node::{
+    push_front, CoolantSource, Effect, GpuSetup, Input, KeptLimit, LimitResult, Node, Now, Reading,
+    Setup,
+};
+
+pub const GPUS: usize = 4;
+pub const DEFAULT: Watts = Watts(700);
+pub const GRACE_MS: u64 = 30_000;
+/// Every GPU's settable range.
+pub const RANGE: GpuRange = GpuRange {
+    min: Watts(200),
+    max: Watts(800),
+};
+/// The thermal guard's settings.
+pub const GUARD: GuardSettings = GuardSettings {
+    engage: WholeCelsius(87),
+    release: WholeCelsius(82),
+    step: Watts(25),
+};
+
+/// The shell, played: fake GPUs, a fake flash, and what went out.
+pub struct Host {
+    pub node: Node,
+    /// Each GPU's power limit.
+    pub limits: [Watts; GPUS],
+    /// Whether the flash takes a write.
+    pub flash_ok: bool,
+    /// Whether a GPU refuses a set (its limit stays).
+    pub refuse_set: bool,
+    /// What went on the bus or into flash, in order.
+    pub acks: Vec<Ack>,
+    pub events: Vec<Event>,
+    pub health_published: usize,
+    pub kept_health: Vec<u8>,
+    pub quarantined: Vec<u8>,
+    pub cooling: Vec<CoolingStep>,
+    pub kept_phase: Vec<Phase>,
+    /// The replay floors kept in flash, each time.
+    pub kept_floors: Vec<(NodeId, u32)>,
+    pub logged_commands: usize,
+    /// The command frames logged to flash, in order (a restart takes
+    /// back the leases among them).
+    pub logged: Vec<Frame>,
+    /// The limits kept in flash, each time.
+    pub kept_limits: Vec<Vec<KeptLimit>>,
+    /// Every effect in the order carried out.
+    pub trail: Vec<Effect>,
+}
+
+/// How a host comes up: its GPUs' limits, a site limit, what its flash
+/// kept from before.
+#[derive(Clone, Copy)]
+pub struct Boot {
+    pub limits: Watts,
+    pub site_limit: Option<Watts>,
+    pub kept: Option<KeptLimit>,
+}
+
+impl Default for Boot {
+    fn default() -> Self {
+        Self {
+            limits: DEFAULT,
+            site_limit: None,
+            kept: None,
+        }
+    }
+}
+
+/// As [`Boot`], GPU by GPU, with the commands the flash logged and the
+/// time of the start.
+#[derive(Clone)]
+pub struct Start {
+    /// Each GPU's power limit when the agent starts.
+    pub limits: [Watts; GPUS],
+    pub site_limit: Option<Watts>,
+    /// What the flash kept of each GPU's limits.
+    pub kept: [Option<KeptLimit>; GPUS],
+    /// The command frames the flash logged, taken back in order.
+    pub logged: Vec<Frame>,
+    /// When the agent starts (both clocks), ms.
+    pub at: u64,
+}
+
+impl Host {
+    pub fn new() -> Self {
+        Self::boot(Boot::default())
+    }
+
+    pub fn boot(boot: Boot) -> Self {
+        Self::start(Start {
+            limits: [boot.limits; GPUS],
+            site_limit: boot.site_limit,
+            kept: [boot.kept; GPUS],
+            logged: Vec::new(),
+            at: T0.0,
+        })
+    }
+
+    /// A host started as `boot` says, as the agent starts: the leases
+    /// logged still valid taken back, the kept limits given, then the
+    /// start's read and reconcile.
+    pub fn start(boot: Start) -> Self {
+        let setup = Setup {
+            own_cmd: samples::command_topic(),
+            authority: Authority::demo(Some(cdu())),
+            lease_limits: LeaseLimits::default(),
+            gpus: vec![
+                GpuSetup {
+                    range: RANGE,
+                    default_limit: DEFAULT,
+                    site_limit: boot.site_limit,
+                };
+                GPUS
+            ],
+            guard: GUARD,
+            health_limits: Limits {
+                max_operating_c: 87.0,
+            },
+            policy: Policy::default(),
+            cooling_grace_ms: GRACE_MS,
+            coolant: Some(CoolantSource {
+                topic: cdu_topic(),
+                cdu: cdu(),
+                rack: Some(2),
+            }),
+            started: T0,
+        };
+        let mut node = Node::new(setup);
+        for f in &boot.logged {
+            node.restore_command(TimestampMs(boot.at), f);
+        }
+        for (i, k) in boot.kept.iter().enumerate() {
+            if let Some(k) = k {
+                node.restore_limit(i as u8, *k);
+            }
+        }
+        let mut host = Self {
+            node,
+            limits: boot.limits,
+            flash_ok: true,
+            refuse_set: false,
+            acks: Vec::new(),
+            events: Vec::new(),
+            health_published: 0,
+            kept_health: Vec::new(),
+            quarantined: Vec::new(),
+            cooling: Vec::new(),
+            kept_phase: Vec::new(),
+            kept_floors: Vec::new(),
+            logged_commands: 0,
+            logged: boot.logged,
+            kept_limits: Vec::new(),
+            trail: Vec::new(),
+        };
+        host.step(boot.at, Input::Start);
+        host
+    }
+
+    /// Gives the node `input` at `t` and carries out what it decides, as
+    /// the agent's shell does.
+    pub fn step(&mut self, t: u64, input: Input<'_>) {
+        let now = Now::at(t);
+        let command = match input {
+            Input::Frame(_, f) => Some(f.clone()),
+            _ => None,
+        };
+        let mut queue = VecDeque::from(self.node.step(now, input));
+        while let Some(effect) = queue.pop_front() {
+            self.trail.push(effect.clone());
+            let answer = match effect {
+                Effect::SetLimits(sets) => {
+                    let results: Vec<LimitResult> = sets
+                        .iter()
+                        .map(|s| {
+                            let i = s.gpu as usize;
+                            let set = if self.refuse_set {
+                                Err("Not Supported".to_string())
+                            } else {
+                                self.limits[i] = s.limit;
+                                Ok(())
+                            };
+                            LimitResult {
+                                gpu: s.gpu,
+                                limit: s.limit,
+                                set,
+                                back: Ok(self.limits[i]),
+                            }
+                        })
+                        .collect();
+                    self.node.step(now, Input::LimitsSet(&results))
+                }
+                Effect::ReadLimits => {
+                    let read: Vec<_> = self.limits.iter().map(|&w| Ok(w)).collect();
+                    self.node.step(now, Input::LimitsRead(&read))
+                }
+                Effect::LogCommand => {
+                    let logged = if self.flash_ok {
+                        self.logged_commands += 1;
+                        self.logged.extend(command.clone());
+                        Ok(())
+                    } else {
+                        Err("the flash is full")
+                    };
+                    self.node.step(now, Input::Logged(logged))
+                }
+                Effect::Acknowledge => self.node.step(now, Input::Acknowledge),
+                Effect::Ack(ack) => {
+                    self.acks.push(ack);
+                    continue;
+                }
+                Effect::Emit(e) => {
+                    self.events.push(e);
+                    continue;
+                }
+                Effect::PublishHealth => {
+                    self.health_published += 1;
+                    continue;
+                }
+                Effect::KeepHealth(gpu) => {
+                    self.kept_health.push(gpu);
+                    continue;
+                }
+                Effect::Quarantine { gpu, .. } => {
+                    self.quarantined.push(gpu);
+                    continue;
+                }
+                Effect::RunCooling { step, .. } => {
+                    self.cooling.push(step);
+                    continue;
+                }
+                Effect::KeepCooling(phase) => {
+                    self.kept_phase.push(phase);
+                    continue;
+                }
+                Effect::KeepLimits(kept) => {
+                    self.kept_limits.push(kept);
+                    continue;
+                }
+                Effect::KeepReplayFloor { sender, seq } => {
+                    self.kept_floors.push((sender, seq));
+                    continue;
+                }
+                Effect::Say(..) | Effect::Reprobe => continue,
+            };
+            push_front(&mut queue, answer);
+        }
+    }
+
+    /// A round in which every GPU answers a quiet, healthy sample.
+    pub fn healthy_round(&mut self, t: u64) {
+        let readings: Vec<Reading> = (0..GPUS)
+            .map(|_| Reading::Sample {
+                observation: quiet(),
+                temp: WholeCelsius(60),
+                power: Watts(450),
+            })
+            .collect();
+        self.step(t, Input::Round(&readings));
+    }
+
+    /// A round in which no GPU answers.
+    pub fn silent_round(&mut self, t: u64) {
+        let readings = vec![Reading::Missed("timed out".into()); GPUS];
+        self.step(t, Input::Round(&readings));
+    }
+
+    pub fn state(&self, gpu: u8) -> HealthState {
+        self.node.health().status(gpu).unwrap().state
+    }
+}
+
+pub fn cdu() -> Ident {
+    Ident::new("cdu-a").unwrap()
+}
+
+pub fn cdu_topic() -> Topic {
+    Topic::new(
+        &Ident::new("hall-1").unwrap(),
+        Role::Cdu,
+        &cdu(),
+        loopwarden_protocol::Family::Health,
+    )
+}
+
+pub fn quiet() -> Observation {
+    Observation {
+        temp: 60.0,
+        power: 450.0,
+        power_limit: 700.0,
+        sm_clock: 1_980.0,
+        util: 95.0,
+        ..Observation::default()
+    }
+}
