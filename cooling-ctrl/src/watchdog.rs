@@ -6,8 +6,8 @@
 //! to send are the agents' shared ones (`loopwarden_field::watchdog`);
 //! here they watch the number of control steps the shell has completed
 //! (`ShellStats::steps`): `READY=1` after the first step, then
-//! `WATCHDOG=1` at each check only if steps were completed since the last
-//! ping. A loop that is alive but hung (a step that never ends, a wedged
+//! `WATCHDOG=1` at each check if steps were completed since the last ping
+//! or the next step is not yet late. A loop that is alive but hung (a step that never ends, a wedged
 //! runtime) stops the pings, and systemd kills and restarts the process.
 //! [`watch_steps`] is the task that runs it on the stats channel; the
 //! binary spawns it.
@@ -36,12 +36,17 @@ pub const CONTROL_LOOP: Progress = Progress {
 
 /// The watchdog task on the shell's stats: `READY=1` after the first
 /// completed control step, then, when a watchdog is expected, a ping every
-/// half timeout only if steps were completed since the last one (see
+/// half timeout while steps of `period` complete (see
 /// `loopwarden_field::watchdog::watch_progress`). Returns when the stats
 /// sender is gone, or after `READY=1` without a watchdog. `STOPPING=1` is
 /// the caller's, at shutdown.
-pub async fn watch_steps(notifier: Notifier, stats: watch::Receiver<ShellStats>) {
-    loopwarden_field::watchdog::watch_progress(notifier, stats, |s| s.steps, CONTROL_LOOP).await
+pub async fn watch_steps(
+    notifier: Notifier,
+    stats: watch::Receiver<ShellStats>,
+    period: std::time::Duration,
+) {
+    loopwarden_field::watchdog::watch_progress(notifier, stats, |s| s.steps, CONTROL_LOOP, period)
+        .await
 }
 
 #[cfg(test)]
@@ -99,7 +104,7 @@ mod tests {
         // A 400 ms timeout: a check every 200 ms.
         let (_dir, rx, n) = listener(Some(Duration::from_millis(400)));
         let (tx, stats) = crate::shell::stats_channel();
-        let task = tokio::spawn(watch_steps(n, stats));
+        let task = tokio::spawn(watch_steps(n, stats, Duration::from_millis(50)));
         let rx = std::sync::Arc::new(rx);
         let get = |within: Duration| {
             let rx = rx.clone();
@@ -149,7 +154,7 @@ mod tests {
     async fn without_a_watchdog_only_ready_is_sent() {
         let (_dir, rx, n) = listener(None);
         let (tx, stats) = crate::shell::stats_channel();
-        let task = tokio::spawn(watch_steps(n, stats));
+        let task = tokio::spawn(watch_steps(n, stats, Duration::from_millis(50)));
         tx.send_modify(|s| s.steps = 1);
         tokio::time::timeout(Duration::from_secs(5), task)
             .await

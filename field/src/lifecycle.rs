@@ -166,7 +166,13 @@ impl Supervision {
         use tokio::signal::unix::{signal, SignalKind};
         let term = signal(SignalKind::terminate()).map_err(|e| format!("SIGTERM: {e}"))?;
         announce(&notifier, &what, period);
-        let watchdog = tokio::spawn(watch_progress(notifier.clone(), progress, passes, what));
+        let watchdog = tokio::spawn(watch_progress(
+            notifier.clone(),
+            progress,
+            passes,
+            what,
+            period,
+        ));
         // Passes end at the signal, while the agent winds down.
         let stop = stopped(
             term,

@@ -11,11 +11,13 @@
 //!
 //! What to send is decided by [`Heartbeat`], which only looks at how many
 //! passes of its loop the agent has completed (the controller's control
-//! steps, the host agent's sampling rounds): `READY=1` after the first
-//! pass, then `WATCHDOG=1` at each check only if passes were completed
-//! since the last ping. A loop that is alive but hung (a pass that never
-//! ends, a wedged runtime) stops the pings, and systemd kills and restarts
-//! the process. [`watch_progress`] is the task that runs it on a watch
+//! steps, the host agent's sampling rounds) and when: `READY=1` after the
+//! first pass, then `WATCHDOG=1` at each check if passes were completed
+//! since the last ping, or if the last pass is not yet late (a loop whose
+//! period is longer than the ping interval: a 30 s sampling period under
+//! a 10 s `WatchdogSec`). A loop that is alive but hung (a pass that never
+//! ends, a wedged runtime) stops the pings once it is late, and systemd
+//! kills and restarts the process. [`watch_progress`] is the task that runs it on a watch
 //! channel the loop updates; each agent says what its loop is called
 //! ([`Progress`]) and where the count is.
 //!
@@ -28,7 +30,10 @@
 //!   sampling round); the count only grows.
 //! - *ping*: a `WATCHDOG=1` notice; sent every half timeout while passes
 //!   complete.
-//! - *stall*: a check that finds no pass completed since the last ping.
+//! - *late*: no new pass for the loop's period and its slack (the shorter
+//!   of the period and the ping interval) since one was last seen.
+//! - *stall*: a check that finds no pass completed since the last ping,
+//!   with the loop late.
 
 use std::ffi::OsStr;
 use std::fmt;
@@ -321,41 +326,34 @@ impl Notifier {
             ),
             (Some(s), Some(every)) => format!(
                 "notify socket {s}: READY=1 after the first {pass}, then WATCHDOG=1 every {} ms \
-                 while {pass}s complete (timeout {} ms, {} period {} ms), STOPPING=1 at shutdown",
+                 while {pass}s complete (timeout {} ms, {} period {} ms: a hung loop is \
+                 restarted within {} ms), STOPPING=1 at shutdown",
                 every.as_millis(),
                 self.watchdog.unwrap_or_default().as_millis(),
                 what.loop_name,
-                period.as_millis()
+                period.as_millis(),
+                self.hung_for_at_most(period).map_or(0, |d| d.as_millis())
             ),
         }
     }
 
-    /// Whether the loop's period is short enough for the watchdog: two
-    /// pings can be up to a period and a ping interval apart, which must
-    /// stay under the timeout. True without a watchdog.
-    pub fn fits_period(&self, period: Duration) -> bool {
-        match (self.watchdog_timeout(), self.ping_interval()) {
-            (Some(timeout), Some(every)) => period + every < timeout,
-            _ => true,
-        }
+    /// The longest a hung loop of `period` runs before the service
+    /// manager kills it, from its last pass: up to a ping interval until
+    /// a check sees that pass, the checks that still ping within the
+    /// period's grace ([`Heartbeat::grace`]), then the timeout. `None`
+    /// without a watchdog.
+    pub fn hung_for_at_most(&self, period: Duration) -> Option<Duration> {
+        let (timeout, every) = (self.watchdog_timeout()?, self.ping_interval()?);
+        let between = Heartbeat::grace(period, every).as_nanos() / every.as_nanos().max(1);
+        let between = every.saturating_mul(u32::try_from(between).unwrap_or(u32::MAX));
+        Some(every.saturating_add(between).saturating_add(timeout))
     }
 }
 
-/// Logs what the watchdog will do, and warns when the loop's `period` is
-/// too long for its timeout (systemd would restart a healthy agent).
+/// Logs what the watchdog will do.
 pub fn announce(notifier: &Notifier, what: &Progress, period: Duration) {
     let program = what.program;
     tracing::info!("{program}: watchdog: {}", notifier.describe(what, period));
-    if !notifier.fits_period(period) {
-        tracing::warn!(
-            "{program}: watchdog: the {} period ({} ms) is too long for the watchdog timeout \
-             ({} ms): two pings can be a period and half the timeout apart, and systemd will \
-             restart a healthy {program}; raise WatchdogSec= above twice the period",
-            what.loop_name,
-            period.as_millis(),
-            notifier.watchdog_timeout().unwrap_or_default().as_millis()
-        );
-    }
 }
 
 /// Whether a ping is due: only when passes were completed since the last
@@ -375,6 +373,9 @@ pub enum Beat {
     Alive,
     /// Passes completed again after a stall: a ping.
     Resumed,
+    /// No pass since the last ping, but the loop is not late (its period
+    /// is longer than the checks'): a ping.
+    Between,
     /// The first check without a pass since the last ping: no ping.
     Stalled,
     /// Another check without a pass: no ping.
@@ -384,38 +385,63 @@ pub enum Beat {
 impl Beat {
     /// Whether this beat sends `WATCHDOG=1` (when a watchdog is expected).
     pub fn pings(self) -> bool {
-        matches!(self, Beat::Ready | Beat::Alive | Beat::Resumed)
+        matches!(
+            self,
+            Beat::Ready | Beat::Alive | Beat::Resumed | Beat::Between
+        )
     }
 }
 
 /// The watchdog's decisions, from the number of completed passes at each
-/// check; no clock and no socket.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// check and the check's time; no clock and no socket.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Heartbeat {
     /// The pass count at the last ping; `None` before `READY=1`.
     last_pinged: Option<u64>,
-    /// Whether the last check found no new pass.
+    /// Whether the last check found the loop late.
     stalled: bool,
+    /// When a new pass was last seen (a check's time).
+    seen_at: Duration,
+    /// How long after that the loop is late.
+    grace: Duration,
 }
 
 impl Heartbeat {
-    /// Before the first pass.
-    pub fn new() -> Self {
-        Self::default()
+    /// Before the first pass, for a loop with a pass every `period`
+    /// checked every `every`.
+    pub fn new(period: Duration, every: Duration) -> Self {
+        Self {
+            last_pinged: None,
+            stalled: false,
+            seen_at: Duration::ZERO,
+            grace: Self::grace(period, every),
+        }
     }
 
-    /// Checks `passes`, the number of passes completed so far, and records
-    /// a ping when the beat calls for one.
-    pub fn check(&mut self, passes: u64) -> Beat {
+    /// How long after a pass was seen a loop of `period`, checked every
+    /// `every`, is late: a period and the shorter of the period and
+    /// `every` (a pass may end a whole round after its tick). Under
+    /// `every` (a period shorter than the checks), every check must find
+    /// a new pass, as it always does for a loop that turns.
+    pub fn grace(period: Duration, every: Duration) -> Duration {
+        period + period.min(every)
+    }
+
+    /// Checks `passes`, the number of passes completed so far, at `now`
+    /// (any clock that only goes forward), and records a ping when the
+    /// beat calls for one.
+    pub fn check(&mut self, passes: u64, now: Duration) -> Beat {
         let Some(last) = self.last_pinged else {
             if passes == 0 {
                 return Beat::Starting;
             }
             self.last_pinged = Some(passes);
+            self.seen_at = now;
             return Beat::Ready;
         };
         if should_ping(last, passes) {
             self.last_pinged = Some(passes);
+            self.seen_at = now;
             let beat = if self.stalled {
                 Beat::Resumed
             } else {
@@ -424,6 +450,9 @@ impl Heartbeat {
             self.stalled = false;
             return beat;
         }
+        if now.saturating_sub(self.seen_at) <= self.grace {
+            return Beat::Between;
+        }
         let beat = if self.stalled {
             Beat::StillStalled
         } else {
@@ -431,6 +460,11 @@ impl Heartbeat {
         };
         self.stalled = true;
         beat
+    }
+
+    /// How long after a pass was seen the loop is late ([`Self::grace`]).
+    pub fn late_after(&self) -> Duration {
+        self.grace
     }
 
     /// The pass count at the last ping; `None` before `READY=1`.
@@ -442,7 +476,8 @@ impl Heartbeat {
 /// The watchdog task: waits for the first completed pass on `progress`
 /// (`passes` reads the count from its value) and sends `READY=1`, then,
 /// when a watchdog is expected, checks the count every ping interval and
-/// pings only if it advanced. Returns when the sender of `progress` is
+/// pings only if it advanced or the loop (a pass every `period`) is not
+/// yet late. Returns when the sender of `progress` is
 /// gone, or after `READY=1` without a watchdog. `STOPPING=1` is the
 /// caller's, at shutdown. Send failures are logged (once until a send
 /// succeeds again), never fatal.
@@ -451,12 +486,15 @@ pub async fn watch_progress<T>(
     mut progress: watch::Receiver<T>,
     passes: fn(&T) -> u64,
     what: Progress,
+    period: Duration,
 ) {
-    let mut heartbeat = Heartbeat::new();
+    let every = notifier.ping_interval().unwrap_or(period);
+    let mut heartbeat = Heartbeat::new(period, every);
+    let start = tokio::time::Instant::now();
     let mut log = SendLog::new(what.program);
     loop {
         let n = passes(&progress.borrow_and_update());
-        if heartbeat.check(n) == Beat::Ready {
+        if heartbeat.check(n, start.elapsed()) == Beat::Ready {
             log.outcome(notifier.ready());
             if notifier.ping_interval().is_some() {
                 log.outcome(notifier.watchdog());
@@ -478,8 +516,8 @@ pub async fn watch_progress<T>(
             return;
         }
         let n = passes(&progress.borrow());
-        let beat = heartbeat.check(n);
-        say_beat(&notifier, &mut log, &what, beat, n, every);
+        let beat = heartbeat.check(n, start.elapsed());
+        say_beat(&notifier, &mut log, &what, beat, n, heartbeat.late_after());
         if beat.pings() {
             log.outcome(notifier.watchdog());
         }
@@ -514,16 +552,16 @@ fn say_beat(
     what: &Progress,
     beat: Beat,
     n: u64,
-    every: Duration,
+    late_after: Duration,
 ) {
     let (program, count) = (what.program, what.count);
     match beat {
         Beat::Stalled => {
             tracing::warn!(
-                "{program}: watchdog: no {} completed in {} ms (still at {count} {n}); pings \
-                 withheld, systemd restarts {program} if it lasts",
+                "{program}: watchdog: no {} completed for over {} ms (still at {count} {n}); \
+                 pings withheld, systemd restarts {program} if it lasts",
                 what.pass,
-                every.as_millis()
+                late_after.as_millis()
             );
             log.outcome(notifier.status(&format!(
                 "{} stalled at {count} {n}; watchdog pings withheld",
@@ -789,51 +827,82 @@ mod tests {
         assert!(!should_ping(7, 3));
     }
 
+    const SECOND: Duration = Duration::from_secs(1);
+
+    /// A loop's period under the checks' of the tasks tested here.
+    const FAST: Duration = Duration::from_millis(50);
+
     #[test]
     fn heartbeat_readies_after_the_first_pass_and_pings_only_on_progress() {
-        let mut h = Heartbeat::new();
-        assert_eq!(h.check(0), Beat::Starting);
-        assert_eq!(h.check(0), Beat::Starting);
-        assert_eq!(h.check(1), Beat::Ready);
-        assert_eq!(h.check(6), Beat::Alive);
+        // A pass a second, checked every 5 s.
+        let mut h = Heartbeat::new(SECOND, 5 * SECOND);
+        let at = |check: u32| check * 5 * SECOND;
+        assert_eq!(h.check(0, at(0)), Beat::Starting);
+        assert_eq!(h.check(0, at(1)), Beat::Starting);
+        assert_eq!(h.check(1, at(2)), Beat::Ready);
+        assert_eq!(h.check(6, at(3)), Beat::Alive);
         assert_eq!(h.last_pinged(), Some(6));
         // A hung loop: the count stays, no ping goes out, however long.
-        assert_eq!(h.check(6), Beat::Stalled);
-        for _ in 0..10 {
-            let beat = h.check(6);
+        assert_eq!(h.check(6, at(4)), Beat::Stalled);
+        for i in 5..15 {
+            let beat = h.check(6, at(i));
             assert_eq!(beat, Beat::StillStalled);
             assert!(!beat.pings());
         }
         assert_eq!(h.last_pinged(), Some(6));
-        assert_eq!(h.check(7), Beat::Resumed);
-        assert_eq!(h.check(9), Beat::Alive);
+        assert_eq!(h.check(7, at(15)), Beat::Resumed);
+        assert_eq!(h.check(9, at(16)), Beat::Alive);
         assert_eq!(h.last_pinged(), Some(9));
     }
 
     #[test]
-    fn heartbeat_never_pings_without_progress() {
-        // From any history, a check at the count of the last ping never pings.
-        let mut h = Heartbeat::new();
+    fn heartbeat_of_a_fast_loop_never_pings_without_progress() {
+        // A period under the checks': from any history, a check at the
+        // count of the last ping never pings.
+        let mut h = Heartbeat::new(SECOND, 5 * SECOND);
         let mut passes = 0;
         for i in 0..200u64 {
             passes += (i * 7919) % 3; // 0, 1 or 2 new passes per check
             let before = h.last_pinged();
-            let beat = h.check(passes);
+            let beat = h.check(passes, 5 * SECOND * i as u32);
             let advanced = before.is_none_or(|b| passes > b) && passes > 0;
             assert_eq!(beat.pings(), advanced, "check {i}: {beat:?}");
         }
     }
 
     #[test]
-    fn the_period_must_fit_the_watchdog() {
-        let n = Notifier::new(
-            NotifySocket::Path("/n".into()),
-            Some(Duration::from_secs(10)),
+    fn a_slow_loop_is_pinged_between_its_passes_and_stopped_once_late() {
+        // A 30 s sampling period under WatchdogSec=10: checks every 5 s.
+        let (period, every) = (30 * SECOND, 5 * SECOND);
+        let mut h = Heartbeat::new(period, every);
+        assert_eq!(h.late_after(), 35 * SECOND);
+        assert_eq!(h.check(1, Duration::ZERO), Beat::Ready);
+        // A healthy loop: a pass every 30 s, each up to 4 s late; every
+        // check pings, so pings are never more than 5 s apart.
+        let mut passes = 1;
+        for check in 1..=60u32 {
+            let now = check * every;
+            if check % 6 == 0 {
+                passes += 1;
+            }
+            let beat = h.check(passes, now);
+            assert!(beat.pings(), "check at {now:?}: {beat:?}");
+        }
+        // It hangs after the pass seen at 300 s: pings go on while the
+        // next pass could still come, then stop.
+        let pinged: Vec<bool> = (61..=70u32)
+            .map(|check| h.check(passes, check * every).pings())
+            .collect();
+        assert_eq!(
+            pinged,
+            [true, true, true, true, true, true, true, false, false, false],
+            "late 35 s after the last pass was seen"
         );
-        assert!(n.fits_period(Duration::from_secs(1)));
-        assert!(n.fits_period(Duration::from_millis(4900)));
-        assert!(!n.fits_period(Duration::from_secs(5)));
-        assert!(Notifier::disabled().fits_period(Duration::from_secs(60)));
+        let n = Notifier::new(NotifySocket::Path("/n".into()), Some(10 * SECOND));
+        assert_eq!(n.hung_for_at_most(period), Some(50 * SECOND));
+        assert_eq!(n.hung_for_at_most(SECOND), Some(15 * SECOND));
+        assert_eq!(n.hung_for_at_most(5 * SECOND / 2), Some(20 * SECOND));
+        assert_eq!(Notifier::disabled().hung_for_at_most(period), None);
     }
 
     #[test]
@@ -850,8 +919,8 @@ mod tests {
         assert_eq!(
             n.describe(&LOOP, period),
             "notify socket /n: READY=1 after the first round, then WATCHDOG=1 every 5000 ms \
-             while rounds complete (timeout 10000 ms, main loop period 1000 ms), STOPPING=1 \
-             at shutdown"
+             while rounds complete (timeout 10000 ms, main loop period 1000 ms: a hung loop \
+             is restarted within 15000 ms), STOPPING=1 at shutdown"
         );
         let n = Notifier::new(NotifySocket::Path("/n".into()), None);
         assert!(n.describe(&LOOP, period).contains("no watchdog"));
@@ -872,7 +941,7 @@ mod tests {
         let n = l.notifier(Some(Duration::from_millis(400)));
         let l = std::sync::Arc::new(l);
         let (tx, rx) = watch::channel(0u64);
-        let task = tokio::spawn(watch_progress(n, rx, |c| *c, LOOP));
+        let task = tokio::spawn(watch_progress(n, rx, |c| *c, LOOP, FAST));
         // Nothing before the first pass.
         assert_eq!(next(&l, Duration::from_millis(500)).await, None);
         tx.send_replace(1);
@@ -900,7 +969,7 @@ mod tests {
     async fn without_a_watchdog_only_ready_is_sent() {
         let (_dir, l) = listener();
         let (tx, rx) = watch::channel(0u64);
-        let task = tokio::spawn(watch_progress(l.notifier(None), rx, |c| *c, LOOP));
+        let task = tokio::spawn(watch_progress(l.notifier(None), rx, |c| *c, LOOP, FAST));
         tx.send_replace(3);
         tokio::time::timeout(Duration::from_secs(5), task)
             .await

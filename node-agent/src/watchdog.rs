@@ -8,10 +8,12 @@
 //! ([`Timing::samples`](crate::console::Timing) in the snapshot the loop
 //! publishes for the console after every step): `READY=1` after the first
 //! round (the GPUs found, the flash open, the bus started, the console
-//! bound, every GPU sampled once), then `WATCHDOG=1` at each check only
-//! if rounds were completed since the last ping. A GPU that hangs costs a
-//! round one deadline and does not stop the pings; a loop that no longer
-//! turns (a wedged runtime, a round that never ends) does, and systemd
+//! bound, every GPU sampled once), then `WATCHDOG=1` at each check if
+//! rounds were completed since the last ping, or the next round is not
+//! yet late (a sampling period longer than the checks', up to 60 s under
+//! a 10 s `WatchdogSec`). A GPU that hangs costs a round one deadline and
+//! does not stop the pings; a loop that no longer turns (a wedged
+//! runtime, a round that never ends) does once it is late, and systemd
 //! kills and restarts the agent. Frames, XIDs and action outcomes also
 //! publish snapshots but complete no round: they never count as progress.
 //!
@@ -19,6 +21,8 @@
 //! - *round*: one completed sampling round, the pass the watchdog counts.
 //! - *ping*: a `WATCHDOG=1` notice; sent every half timeout while rounds
 //!   complete.
+
+use std::time::Duration;
 
 use tokio::sync::watch;
 
@@ -42,12 +46,17 @@ pub fn rounds(snapshot: &Option<Snapshot>) -> u64 {
 
 /// The watchdog task on the console's snapshots: `READY=1` after the
 /// first completed sampling round, then, when a watchdog is expected, a
-/// ping every half timeout only if rounds were completed since the last
-/// one (see `loopwarden_field::watchdog::watch_progress`). Returns when
+/// ping every half timeout while rounds of `period` complete (see
+/// `loopwarden_field::watchdog::watch_progress`). Returns when
 /// the agent drops its snapshot sender, or after `READY=1` without a
 /// watchdog. `STOPPING=1` is the caller's, at shutdown.
-pub async fn watch_rounds(notifier: Notifier, snapshots: watch::Receiver<Option<Snapshot>>) {
-    loopwarden_field::watchdog::watch_progress(notifier, snapshots, rounds, SAMPLING_LOOP).await
+pub async fn watch_rounds(
+    notifier: Notifier,
+    snapshots: watch::Receiver<Option<Snapshot>>,
+    period: Duration,
+) {
+    loopwarden_field::watchdog::watch_progress(notifier, snapshots, rounds, SAMPLING_LOOP, period)
+        .await
 }
 
 #[cfg(test)]
@@ -95,6 +104,9 @@ mod tests {
 
     const LONG: Duration = Duration::from_secs(5);
 
+    /// The sampling period of the loops played here, under the checks'.
+    const FAST: Duration = Duration::from_millis(50);
+
     #[test]
     fn rounds_are_read_from_the_snapshot() {
         assert_eq!(rounds(&None), 0);
@@ -108,7 +120,7 @@ mod tests {
         // A 2 s timeout: a check every second.
         let n = l.notifier(Some(Duration::from_secs(2)));
         let (tx, rx) = snapshot_channel();
-        let task = tokio::spawn(watch_rounds(n, rx));
+        let task = tokio::spawn(watch_rounds(n, rx, FAST));
         // Started but not sampled yet (the first snapshot comes before
         // the first round): nothing.
         tx.send_replace(after(0));
@@ -138,7 +150,7 @@ mod tests {
         let (_dir, l) = manager();
         let n = l.notifier(Some(Duration::from_millis(400)));
         let (tx, rx) = snapshot_channel();
-        let task = tokio::spawn(watch_rounds(n, rx));
+        let task = tokio::spawn(watch_rounds(n, rx, FAST));
         tx.send_replace(after(3));
         assert_eq!(next(&l, LONG).await.as_deref(), Some("READY=1"));
         assert_eq!(next(&l, LONG).await.as_deref(), Some("WATCHDOG=1"));
@@ -161,11 +173,59 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_period_longer_than_the_timeout_is_pinged_between_rounds() {
+        // Rounds every 2 s under a 400 ms timeout (a check every 200 ms):
+        // the pings go on while the rounds come, however far apart; once
+        // a round is late, they stop.
+        let (_dir, l) = manager();
+        let n = l.notifier(Some(Duration::from_millis(400)));
+        let (tx, rx) = snapshot_channel();
+        let period = Duration::from_secs(2);
+        let task = tokio::spawn(watch_rounds(n, rx, period));
+        tx.send_replace(after(1));
+        assert_eq!(next(&l, LONG).await.as_deref(), Some("READY=1"));
+        let sampler = tokio::spawn(async move {
+            for samples in 2..=3 {
+                tokio::time::sleep(period).await;
+                tx.send_replace(after(samples));
+            }
+            tx
+        });
+        // Two rounds, 4 s: every notice a ping, none a second apart (a
+        // ping only at each round would leave 2 s gaps).
+        let started = std::time::Instant::now();
+        while started.elapsed() < 2 * period {
+            let ping = next(&l, Duration::from_secs(1)).await;
+            assert_eq!(
+                ping.as_deref(),
+                Some("WATCHDOG=1"),
+                "{:?}",
+                started.elapsed()
+            );
+        }
+        // No round after the third: late 2.2 s (a period and a check)
+        // after it was seen, then silence.
+        let _tx = sampler.await.unwrap();
+        let stalled = "STATUS=sampling loop stalled at round 3; watchdog pings withheld";
+        loop {
+            match next(&l, LONG).await.as_deref() {
+                Some("WATCHDOG=1") => continue,
+                said => {
+                    assert_eq!(said, Some(stalled));
+                    break;
+                }
+            }
+        }
+        assert_eq!(next(&l, Duration::from_millis(800)).await, None);
+        task.abort();
+    }
+
+    #[tokio::test]
     async fn an_agent_that_never_samples_is_never_ready() {
         let (_dir, l) = manager();
         let n = l.notifier(Some(Duration::from_millis(400)));
         let (tx, rx) = snapshot_channel();
-        let task = tokio::spawn(watch_rounds(n, rx));
+        let task = tokio::spawn(watch_rounds(n, rx, FAST));
         tx.send_replace(after(0));
         assert_eq!(next(&l, Duration::from_millis(1200)).await, None);
         drop(tx);
