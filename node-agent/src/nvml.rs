@@ -8,8 +8,10 @@
 //!   with scripted answers.
 //! - [`NvmlSource`] / [`NvmlGpu`]: the [`GpuSource`] and [`GpuDevice`] the
 //!   agent uses, built on any `NvmlApi`. A field the GPU does not support
-//!   is recorded once in the sample's `unsupported` set (and logged once),
-//!   then no longer asked for.
+//!   is recorded in the sample's `unsupported` set (and logged once,
+//!   by name), then no longer asked for until a reprobe; one that answered
+//!   before and then says "not supported" is a lost sensor: a warning, and
+//!   asked again at every read of the slow counters (`nvml::support`).
 //!
 //! Glossary:
 //! - *field value*: NVML's batched query (`nvmlDeviceGetFieldValues`):
@@ -347,8 +349,10 @@ fn sleep_unless(stop: &AtomicBool, d: std::time::Duration) {
     }
 }
 
-/// Single NVML calls, each skipped once it answered "not supported".
+/// Single NVML calls, each an item of [`support::Support`].
 mod call {
+    use loopwarden_protocol::Unsupported;
+
     pub const POWER_USAGE: u16 = 1 << 0;
     pub const ENFORCED_LIMIT: u16 = 1 << 1;
     pub const LIMIT: u16 = 1 << 2;
@@ -359,19 +363,30 @@ mod call {
     pub const ECC_MODE: u16 = 1 << 7;
     /// Four bits from here: the ECC counters.
     pub const ECC_COUNT: u16 = 1 << 8;
+
+    /// The group call `bit` is reported unsupported with (none for the
+    /// limits and energy, which have no bit of their own).
+    pub fn group(bit: u16) -> Unsupported {
+        match bit {
+            POWER_USAGE => Unsupported::POWER,
+            CLOCKS => Unsupported::CLOCKS,
+            UTIL => Unsupported::UTIL,
+            THROTTLE => Unsupported::THROTTLE,
+            b if b == ECC_MODE || b & (0xF * ECC_COUNT) != 0 => Unsupported::ECC,
+            _ => Unsupported::empty(),
+        }
+    }
 }
+
+mod support;
+use support::{Change, Item};
 
 /// One GPU through NVML.
 pub struct NvmlGpu<A: NvmlApi> {
     api: Arc<A>,
     index: u32,
-    /// Field groups reported unsupported.
-    unsupported: Unsupported,
-    /// Calls found unsupported ([`call`] bits); never made again.
-    skipped: u16,
-    /// Links whose per-link counters answered "not supported" (a link the
-    /// GPU does not have); not asked again until a driver reload.
-    links_skipped: u16,
+    /// What answered "not supported", and whether it answered before.
+    support: support::Support,
     /// Samples from one read of the slow counters to the next.
     slow_every: u32,
     /// Samples since the slow counters were read (`None`: never).
@@ -392,9 +407,7 @@ impl<A: NvmlApi> NvmlGpu<A> {
         Self {
             api,
             index,
-            unsupported: Unsupported::empty(),
-            skipped: 0,
-            links_skipped: 0,
+            support: support::Support::default(),
             slow_every: 1,
             since_slow: None,
             held: sample::Held::default(),
@@ -418,26 +431,29 @@ impl<A: NvmlApi> NvmlGpu<A> {
         self
     }
 
-    /// Makes `call` unless it answered "not supported" before. A "not
-    /// supported" answer is logged once, marks `group` (if any) unsupported
-    /// and yields `None`; any other failure is an error.
+    /// Makes call `bit` (NVML's `what`) unless it is not to be asked now
+    /// ([`support`]). "Not supported" yields `None` and is said once; any
+    /// other failure is an error.
     fn ask<T>(
         &mut self,
         bit: u16,
-        group: Option<Unsupported>,
         what: &'static str,
         call: impl FnOnce(&A, u32) -> NvmlResult<T>,
     ) -> Result<Option<T>, GpuError> {
-        if self.skipped & bit != 0 {
+        let item = Item::Call(bit);
+        if !self.support.asks(item) {
             return Ok(None);
         }
         match self.timed(what, call) {
-            Ok(v) => Ok(Some(v)),
+            Ok(v) => {
+                if let Some(c) = self.support.answered(item) {
+                    self.say(c, what, Unsupported::empty());
+                }
+                Ok(Some(v))
+            }
             Err(NvmlFailure::NotSupported) => {
-                self.skipped |= bit;
-                match group {
-                    Some(g) => self.mark(g, what),
-                    None => tracing::info!("GPU {}: {what} is not supported", self.index),
+                if let Some(c) = self.support.not_supported(item) {
+                    self.say(c, what, call::group(bit));
                 }
                 Ok(None)
             }
@@ -445,28 +461,44 @@ impl<A: NvmlApi> NvmlGpu<A> {
         }
     }
 
-    fn mark(&mut self, group: Unsupported, what: &str) {
-        if !self.unsupported.contains(group) {
-            tracing::info!(
-                "GPU {}: {what} is not supported; reported as unsupported from now on",
-                self.index
-            );
-            self.unsupported = self.unsupported | group;
+    /// Says `change` of `what`, which is reported with `group`.
+    fn say(&self, change: Change, what: &str, group: Unsupported) {
+        let i = self.index;
+        let names: Vec<&str> = Unsupported::NAMES
+            .iter()
+            .filter(|(g, _)| group.contains(*g))
+            .map(|(_, n)| *n)
+            .collect();
+        let reported = if names.is_empty() {
+            String::new()
+        } else {
+            format!("; {} reported as unsupported", names.join(", "))
+        };
+        match change {
+            Change::Unsupported if names.is_empty() => {
+                tracing::info!("GPU {i}: {what} is not supported")
+            }
+            Change::Unsupported => {
+                tracing::info!("GPU {i}: {what} is not supported{reported} from now on")
+            }
+            Change::Lost => tracing::warn!(
+                "GPU {i}: {what} answered before and now is not supported (a driver \
+                 change, or the GPU in a bad state){reported}; asked again at every \
+                 read of the slow counters"
+            ),
+            Change::Back => tracing::info!("GPU {i}: {what} answers again"),
         }
     }
 }
 
 impl<A: NvmlApi> GpuDevice for NvmlGpu<A> {
     fn reprobe(&mut self) {
-        if !self.unsupported.is_empty() || self.skipped != 0 {
+        if self.support.forget() {
             tracing::info!(
                 "GPU {}: asking again what answered \"not supported\" (after a driver reload)",
                 self.index
             );
         }
-        self.unsupported = Unsupported::empty();
-        self.skipped = 0;
-        self.links_skipped = 0;
         // Everything is asked again at the next sample.
         self.since_slow = None;
         self.held = sample::Held::default();

@@ -23,6 +23,10 @@
 //! devices that cannot hang may say they answer from memory; NVML keeps
 //! its threads.
 //!
+//! A reprobe ([`Worker::reprobe`]) is never lost: asked while a call still
+//! runs (a GPU not back yet when a host stall ends), it is kept and done
+//! before the GPU's next call.
+//!
 //! Glossary:
 //! - *deadline*: the longest the agent waits for one GPU call.
 //! - *busy*: a worker with a call in progress, marked by the caller before
@@ -91,6 +95,8 @@ struct Shared {
     /// A sample that answered after its caller stopped waiting.
     late: Option<Result<GpuSample, GpuError>>,
     times: CallTimes,
+    /// A reprobe asked while a call ran: done before the next call.
+    reprobe: bool,
 }
 
 /// Where a worker's calls run.
@@ -170,6 +176,7 @@ impl Worker {
                 for job in rx {
                     let done = Done(mine.clone());
                     let began = Instant::now();
+                    reprobe_if_asked(&mine, &mut *device);
                     let reply = execute(&mut *device, job.request);
                     let took = began.elapsed().as_micros() as u64;
                     // Idle before the answer goes out, so a caller answered
@@ -249,6 +256,7 @@ impl Worker {
         let began = Instant::now();
         let reply = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let mut d = device.lock().unwrap_or_else(|p| p.into_inner());
+            reprobe_if_asked(&self.shared, &mut **d);
             execute(&mut **d, request)
         }));
         let took = began.elapsed();
@@ -320,12 +328,29 @@ impl Worker {
     }
 
     /// Has the device ask again what answered "not supported"
-    /// ([`GpuDevice::reprobe`]).
+    /// ([`GpuDevice::reprobe`]): now, or, while a call still runs (or past
+    /// `deadline`), before its next call. It is never lost.
     pub async fn reprobe(&self, deadline: Duration) -> Result<(), GpuError> {
-        match self.call(Request::Reprobe, deadline).await? {
-            Reply::Done(r) => r,
-            _ => unreachable!("a reprobe request gets a done reply"),
+        match self.call(Request::Reprobe, deadline).await {
+            Ok(Reply::Done(r)) => r,
+            Ok(_) => unreachable!("a reprobe request gets a done reply"),
+            Err(GpuError::Timeout) => {
+                self.shared.lock().expect("worker state").reprobe = true;
+                Ok(())
+            }
+            Err(e) => Err(e),
         }
+    }
+}
+
+/// Does the reprobe asked while a call ran, if one was.
+fn reprobe_if_asked(shared: &Mutex<Shared>, device: &mut dyn GpuDevice) {
+    let asked = shared
+        .lock()
+        .map(|mut s| std::mem::take(&mut s.reprobe))
+        .unwrap_or(false);
+    if asked {
+        device.reprobe();
     }
 }
 

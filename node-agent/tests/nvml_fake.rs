@@ -17,7 +17,15 @@
 //!   a host stall; the one GPU that stays hung afterwards is quarantined;
 //! - XID events reach the agent, and a GPU that cannot be registered for
 //!   them is reported;
-//! - NVML's clock-event bits map onto the bus's throttle reasons.
+//! - NVML's clock-event bits map onto the bus's throttle reasons;
+//! - it fails closed: a slow read that fails on its turn is a miss and is
+//!   read again at the next sample, never held; a field that answered and
+//!   then says "not supported" is warned of by name once and asked again
+//!   at the next scheduled read; a field-value answer short of the fields
+//!   asked fails the sample; counters that go back are a reset to the
+//!   health engine, never a huge rise; nothing from before a reprobe or a
+//!   reset is held as current, and a reprobe asked while a call hangs is
+//!   kept for the GPU's next call.
 //!
 //! Field ids and throttle bits are written out from `nvml.h` rather than
 //! taken from `node_agent::nvml`, so a wrong constant there shows here.
@@ -99,6 +107,8 @@ struct Answers {
     fields_call: NvmlResult<()>,
     /// Per field id; an id not here answers NotSupported.
     fields: BTreeMap<u32, NvmlResult<u64>>,
+    /// The field-values call answers one field fewer than it was asked.
+    fields_short: bool,
     /// The answer to registering this GPU for XID events.
     xid_registration: NvmlResult<()>,
 }
@@ -149,6 +159,7 @@ impl Answers {
             .into_iter()
             .map(|(id, v)| (id, Ok(v)))
             .collect(),
+            fields_short: false,
             xid_registration: Ok(()),
         }
     }
@@ -348,7 +359,8 @@ impl NvmlApi for FakeNvml {
         self.answer(gpu, GET_FIELD_VALUES, |a| {
             a.fields_call.clone()?;
             let answer = |id| a.fields.get(id).cloned().unwrap_or(Err(NotSupported));
-            Ok(ids.iter().map(answer).collect())
+            let asked = ids.len() - usize::from(a.fields_short && !ids.is_empty());
+            Ok(ids[..asked].iter().map(answer).collect())
         })
     }
     fn watch_xids(
@@ -1385,4 +1397,325 @@ fn probe_says_what_each_call_answers_and_names_the_fields_not_supported() {
     let table = node_agent::nvml::probe_table(&probes);
     assert!(table.starts_with("GPU CALL"), "{table}");
     assert_eq!(table.lines().count(), probes.len() + 1);
+}
+
+// --- Failing closed: a read that fails is never a held "all is well" ----
+
+/// Runs `f` with the log written to a buffer, and returns that text.
+fn logged<T>(f: impl FnOnce() -> T) -> (T, String) {
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("log buffer").extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buf = Buf::default();
+    let writer = buf.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .without_time()
+        .finish();
+    let out = tracing::subscriber::with_default(subscriber, f);
+    let text = String::from_utf8_lossy(&buf.0.lock().expect("log buffer")).into_owned();
+    (out, text)
+}
+
+/// The lines of `log` that hold every one of `words`.
+fn lines_with<'a>(log: &'a str, words: &[&str]) -> Vec<&'a str> {
+    log.lines()
+        .filter(|l| words.iter().all(|w| l.contains(w)))
+        .collect()
+}
+
+#[test]
+fn a_slow_read_that_fails_on_its_turn_is_a_miss_and_is_read_again_not_held() {
+    let fake = FakeNvml::new(vec![Answers::healthy()]);
+    let mut gpu = NvmlGpu::new(Arc::new(fake.clone()), 0).slow_every(3);
+    for _ in 0..3 {
+        gpu.sample().expect("read, then held twice");
+    }
+    // On its turn the aggregate ECC read fails: the GPU is in trouble.
+    fake.set(0, |a| {
+        a.ecc_total.insert((false, false), Err(GpuLost));
+        a.fields.insert(fi::PCIE_REPLAY_COUNTER, Ok(40));
+    });
+    assert_eq!(
+        gpu.sample(),
+        Err(GpuError::Lost),
+        "a miss, not the held values"
+    );
+    // Still failing: the next sample reads the slow counters again instead
+    // of passing on what it held for the rest of the period.
+    let energy = fake.calls(0, GET_ENERGY);
+    assert_eq!(gpu.sample(), Err(GpuError::Lost));
+    assert_eq!(fake.calls(0, GET_ENERGY), energy + 1, "read again");
+    fake.set(0, |a| {
+        a.ecc_total.insert((false, false), Ok(6));
+    });
+    let s = gpu.sample().expect("answers again");
+    assert_eq!((s.ecc.dbe_aggregate, s.pcie_replay), (6, 40), "fresh");
+    // A slow field that fails on its turn: the same.
+    fake.set(0, |a| {
+        a.fields
+            .insert(fi::REMAPPED_UNC, Err(NvmlFailure::Other("unknown".into())));
+    });
+    gpu.sample().expect("held: not its turn");
+    gpu.sample().expect("held: not its turn");
+    let err = gpu.sample().expect_err("its turn");
+    assert_eq!(err, failed(GET_FIELD_VALUES, "unknown"));
+    gpu.sample()
+        .expect_err("asked again at once, and fails again");
+    assert!(last_request(&fake).contains(&fi::REMAPPED_UNC));
+}
+
+#[test]
+fn a_per_link_counter_that_fails_leaves_its_link_out_and_is_asked_again_next_sample() {
+    let mut answers = Answers::healthy();
+    for l in 0..3 {
+        answers.fields.insert(link_field(l, false), Ok(1));
+        answers.fields.insert(link_field(l, true), Ok(0));
+    }
+    answers.fields.insert(
+        link_field(1, false),
+        Err(NvmlFailure::Other("unknown".into())),
+    );
+    let fake = FakeNvml::new(vec![answers]);
+    let mut gpu = NvmlGpu::new(Arc::new(fake.clone()), 0).slow_every(100);
+    let s = gpu.sample().expect("a per-link failure fails no sample");
+    assert_eq!(s.nvlink_links.read, 0b101, "link 1 is not known");
+    fake.set(0, |a| {
+        a.fields.insert(link_field(1, false), Ok(4));
+    });
+    let s = gpu.sample().expect("a sample");
+    assert!(
+        last_request(&fake).contains(&link_field(1, false)),
+        "asked again at once: {:?}",
+        last_request(&fake)
+    );
+    assert_eq!(s.nvlink_links.read, 0b111);
+    assert_eq!(s.nvlink_links.replay[1], 4);
+    gpu.sample().expect("a sample");
+    assert!(
+        !last_request(&fake).contains(&link_field(1, false)),
+        "then on the schedule again"
+    );
+}
+
+#[test]
+fn a_sensor_that_answered_and_then_says_not_supported_is_warned_by_name_and_asked_again() {
+    let mut answers = Answers::healthy();
+    // Never supported here: said once, at info, and left alone.
+    answers
+        .fields
+        .insert(fi::RETIRED_PENDING, Err(NotSupported));
+    let fake = FakeNvml::new(vec![answers]);
+    let mut gpu = NvmlGpu::new(Arc::new(fake.clone()), 0).slow_every(3);
+    let (s, log) = logged(|| gpu.sample().expect("a sample"));
+    assert_eq!(s.unsupported, Unsupported::RETIRED);
+    let never = lines_with(
+        &log,
+        &["INFO", "NVML_FI_DEV_RETIRED_PENDING (31) is not supported"],
+    );
+    assert_eq!(never.len(), 1, "{log}");
+    assert!(!log.contains("answered before"), "{log}");
+
+    // A driver change or a GPU in a bad state: the HBM temperature and the
+    // power draw, which answered, now say "not supported".
+    fake.set(0, |a| {
+        a.fields.insert(fi::MEMORY_TEMP, Err(NotSupported));
+        a.power_mw = Err(NotSupported);
+    });
+    let (s, log) = logged(|| gpu.sample().expect("a sample"));
+    let lost = Unsupported::RETIRED | Unsupported::MEM_TEMP | Unsupported::POWER;
+    assert_eq!(s.unsupported, lost);
+    assert_eq!((s.mem_temp, s.power), (WholeCelsius(0), Watts(0)));
+    for name in ["NVML_FI_DEV_MEMORY_TEMP (82)", GET_POWER_USAGE] {
+        let warned = lines_with(&log, &["WARN", name, "answered before"]);
+        assert_eq!(warned.len(), 1, "{name}: {log}");
+    }
+    // Said once: not again while it stays lost, and not asked until the
+    // next scheduled read of the slow counters.
+    let (s, log) = logged(|| gpu.sample().expect("a sample"));
+    assert_eq!(s.unsupported, lost);
+    assert!(log.is_empty(), "{log}");
+    assert!(!last_request(&fake).contains(&fi::MEMORY_TEMP));
+    let power_calls = fake.calls(0, GET_POWER_USAGE);
+    let (s, log) = logged(|| gpu.sample().expect("the scheduled read"));
+    assert_eq!(s.unsupported, lost, "still lost");
+    assert!(log.is_empty(), "{log}");
+    let asked = last_request(&fake);
+    assert!(asked.contains(&fi::MEMORY_TEMP), "{asked:?}");
+    assert!(
+        !asked.contains(&fi::RETIRED_PENDING),
+        "never supported: {asked:?}"
+    );
+    assert_eq!(fake.calls(0, GET_POWER_USAGE), power_calls + 1);
+    // They answer again: back at the next scheduled read, without a
+    // reprobe, and said so.
+    fake.set(0, |a| {
+        a.fields.insert(fi::MEMORY_TEMP, Ok(75));
+        a.power_mw = Ok(400_000);
+    });
+    for _ in 0..2 {
+        assert_eq!(gpu.sample().expect("a sample").unsupported, lost);
+    }
+    let (s, log) = logged(|| gpu.sample().expect("the scheduled read"));
+    assert_eq!(s.unsupported, Unsupported::RETIRED);
+    assert_eq!((s.mem_temp, s.power), (WholeCelsius(75), Watts(400)));
+    assert_eq!(lines_with(&log, &["answers again"]).len(), 2, "{log}");
+}
+
+/// A GPU with no error, flag or fault for the health engine to judge.
+fn clean() -> Answers {
+    let mut a = Answers::healthy();
+    a.ecc_total.insert((false, true), Ok(0));
+    for id in [fi::RETIRED_PENDING, fi::REMAPPED_FAILURE] {
+        a.fields.insert(id, Ok(0));
+    }
+    a
+}
+
+#[test]
+fn counters_that_go_back_are_a_reset_to_the_engine_never_a_huge_rise() {
+    use loopwarden_protocol::TimestampMs;
+    use node_core::health::{HealthEngine, Limits, Output, Policy};
+    let (fake, mut gpu) = one_gpu(clean());
+    let limits = Limits {
+        max_operating_c: 87.0,
+    };
+    let mut engine = HealthEngine::new(1, limits, Policy::default(), TimestampMs(0));
+    let changes = |outs: Vec<Output>| -> Vec<String> {
+        outs.into_iter()
+            .filter_map(|o| match o {
+                Output::Change(c) => Some(c.evidence.to_string()),
+                _ => None,
+            })
+            .collect()
+    };
+    let mut judge = |t: u64, s: &GpuSample| {
+        changes(engine.sample(TimestampMs(t), 0, &node_agent::shell::observation(s)))
+    };
+    let s = gpu.sample().expect("a sample");
+    assert_eq!(judge(1_000, &s), Vec::<String>::new());
+    // A driver reload: every counter starts again from 0.
+    fake.set(0, |a| {
+        for k in [(true, true), (true, false), (false, false)] {
+            a.ecc_total.insert(k, Ok(0));
+        }
+        for id in [fi::PCIE_REPLAY_COUNTER].into_iter().chain(fi::NVLINK) {
+            a.fields.insert(id, Ok(0));
+        }
+    });
+    let s = gpu.sample().expect("a sample");
+    assert_eq!(
+        (
+            s.ecc.sbe_aggregate,
+            s.ecc.sbe_volatile,
+            s.pcie_replay,
+            s.nvlink.replay
+        ),
+        (0, 0, 0, 0),
+        "read as they are"
+    );
+    assert_eq!(judge(2_000, &s), Vec::<String>::new(), "no rise");
+    // A real rise after the reset counts from the reset.
+    fake.set(0, |a| {
+        a.fields.insert(fi::NVLINK_REPLAY_TOTAL, Ok(1));
+    });
+    let s = gpu.sample().expect("a sample");
+    let evidence = judge(3_000, &s);
+    assert_eq!(evidence.len(), 1, "{evidence:?}");
+    assert!(evidence[0].contains("replays +1,"), "{evidence:?}");
+    // A count past 32 bits stays at the top rather than wrap to a small
+    // number, which would read as a reset.
+    fake.set(0, |a| {
+        a.fields
+            .insert(fi::NVLINK_CRC_DATA_TOTAL, Ok((1 << 32) + 5));
+    });
+    assert_eq!(gpu.sample().expect("a sample").nvlink.crc, u32::MAX);
+}
+
+#[test]
+fn field_values_short_of_the_fields_asked_fail_the_sample_instead_of_reading_zero() {
+    let mut answers = Answers::healthy();
+    answers.fields_short = true;
+    let (fake, mut gpu) = one_gpu(answers);
+    match gpu.sample() {
+        Err(GpuError::Failed { what, detail }) => {
+            assert_eq!(what, GET_FIELD_VALUES);
+            assert!(detail.contains("answers for"), "{detail}");
+        }
+        other => panic!("the sample must fail: {other:?}"),
+    }
+    fake.set(0, |a| a.fields_short = false);
+    let s = gpu.sample().expect("answers whole again");
+    assert_eq!(s.nvlink.recovery, 103, "the last field asked");
+}
+
+#[test]
+fn no_value_from_before_a_reprobe_or_a_reset_is_held_as_current() {
+    let (fake, mut gpu) = one_gpu(Answers::healthy());
+    let mut gpu_slow = NvmlGpu::new(Arc::new(fake.clone()), 0).slow_every(100);
+    gpu_slow.sample().expect("a sample");
+    fake.set(0, |a| {
+        a.fields.insert(fi::PCIE_REPLAY_COUNTER, Ok(30));
+        a.fields.insert(fi::RETIRED_PENDING, Ok(0));
+    });
+    let s = gpu_slow.sample().expect("a sample");
+    assert_eq!(s.pcie_replay, 17, "held between reads");
+    gpu_slow.reprobe();
+    let s = gpu_slow.sample().expect("a sample");
+    assert_eq!(s.pcie_replay, 30, "read after the reprobe");
+    assert!(!s.flags.contains(GpuFlags::RETIRED_PENDING));
+
+    // A reset that turns ECC off: no count from before it went off.
+    let s = gpu.sample().expect("a sample");
+    assert_eq!((s.ecc.sbe_aggregate, s.ecc.dbe_aggregate), (1_234, 5));
+    fake.set(0, |a| a.temperature = Err(GpuLost));
+    assert_eq!(gpu.sample(), Err(GpuError::Lost), "the reset");
+    fake.set(0, |a| {
+        a.temperature = Ok(40);
+        a.ecc_enabled = Ok(false);
+    });
+    let s = gpu.sample().expect("back after the reset");
+    assert!(!s.flags.contains(GpuFlags::ECC_ENABLED));
+    assert_eq!(s.ecc, EccCounts::default(), "no stale aggregate count");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reprobe_asked_while_a_call_hangs_is_done_before_the_next_call() {
+    const DEADLINE: Duration = Duration::from_millis(50);
+    let mut answers = Answers::healthy();
+    answers.power_mw = Err(NotSupported);
+    let fake = FakeNvml::new(vec![answers]);
+    let release = OpenOnDrop(fake.clone());
+    let api = Arc::new(fake.clone());
+    let w = Worker::spawn(0, Box::new(NvmlGpu::new(api, 0))).expect("worker thread");
+    let s = now_ok(w.sample(DEADLINE).await);
+    assert_eq!(s.unsupported, Unsupported::POWER);
+    // The driver stalls and comes back, supporting power now; this GPU's
+    // call still hangs when the agent asks every GPU to probe again.
+    fake.set(0, |a| {
+        a.power_mw = Ok(312_600);
+        a.temperature_hangs = true;
+    });
+    fake.set_gate(true);
+    assert!(matches!(w.sample(DEADLINE).await, Answer::Pending));
+    assert_eq!(w.reprobe(DEADLINE).await, Ok(()), "kept, not refused");
+    drop(release);
+    assert!(eventually(Duration::from_secs(2), || !w.is_stuck(DEADLINE)));
+    fake.set(0, |a| a.temperature_hangs = false);
+    match w.sample(DEADLINE).await {
+        Answer::Late(Ok(s)) => assert_eq!(s.unsupported, Unsupported::POWER, "asked before"),
+        other => panic!("the late answer: {other:?}"),
+    }
+    let s = now_ok(w.sample(DEADLINE).await);
+    assert_eq!(s.unsupported, Unsupported::empty(), "asked again");
+    assert_eq!(s.power, Watts(313));
 }

@@ -16,6 +16,14 @@
 //! (`node_core::health::SlowCounters` plays the same schedule over a
 //! trace).
 //!
+//! Failing closed: a read that fails (an NVML error, not "not supported")
+//! fails the whole sample, a miss, and the next sample reads every slow
+//! counter again, so a held value is never passed on for one that could
+//! not be read. A per-link NVLink counter that fails leaves its link out
+//! of the sample (the totals still judge) and is asked again at the next
+//! sample. A field-value answer that does not match what was asked, or a
+//! value NVML cannot give as a count, fails the sample too.
+//!
 //! Glossary:
 //! - *slow counters*: the fields above read every few periods.
 //! - *held*: the slow counters as last read, carried by the samples
@@ -27,6 +35,7 @@ use loopwarden_protocol::{
 };
 use node_core::health::{NvlinkLinks, NVLINK_LINKS};
 
+use super::support::{Change, Item};
 use super::{call, field, throttle_from_nvml, NvmlApi, NvmlFailure, NvmlGpu};
 use crate::gpu::{GpuError, GpuSample};
 
@@ -46,6 +55,9 @@ pub(super) struct Held {
     links_at: Option<(u32, u32)>,
     /// The volatile ECC counts when the slow counters were read.
     ecc_at: Option<(u32, u32)>,
+    /// A per-link counter failed in this sample: the links are asked
+    /// again at the next.
+    links_failed: bool,
 }
 
 /// The flags the slow fields set.
@@ -70,6 +82,11 @@ impl<A: NvmlApi> NvmlGpu<A> {
         // Until this sample is read whole, the next is a first one again.
         let prior = self.since_slow.take();
         let first = prior.is_none();
+        let due = prior.is_none_or(|n| n + 1 >= self.slow_every);
+        if due {
+            // A lost sensor is asked again at every scheduled read.
+            self.support.retry_lost();
+        }
         if first {
             self.ecc_mode()?;
         }
@@ -78,10 +95,7 @@ impl<A: NvmlApi> NvmlGpu<A> {
         self.ecc_volatile(&mut s)?;
         let ecc = (s.ecc.sbe_volatile, s.ecc.dbe_volatile);
         let nudged = self.take_nudge();
-        let slow = first
-            || nudged
-            || self.held.ecc_at != Some(ecc)
-            || prior.is_some_and(|n| n + 1 >= self.slow_every);
+        let slow = due || nudged || self.held.ecc_at != Some(ecc);
         if slow {
             self.slow_calls(!first)?;
             self.held.ecc_at = Some(ecc);
@@ -92,8 +106,8 @@ impl<A: NvmlApi> NvmlGpu<A> {
             self.link_fields(&mut s)?;
         }
         self.hold(&mut s, slow, slow || links);
-        self.zero_unsupported(&mut s);
-        s.unsupported = self.unsupported;
+        s.unsupported = self.unsupported();
+        zero_unsupported(&mut s);
         self.since_slow = Some(if slow { 0 } else { prior.map_or(0, |n| n + 1) });
         Ok(s)
     }
@@ -115,54 +129,30 @@ impl<A: NvmlApi> NvmlGpu<A> {
             .timed(what, |a, i| a.temperature(i))
             .map_err(|e| e.into_gpu_error(what))?;
         s.temp = WholeCelsius(temp.min(255) as u8);
-        let power = Some(Unsupported::POWER);
-        if let Some(mw) = self.ask(
-            call::POWER_USAGE,
-            power,
-            "nvmlDeviceGetPowerUsage",
-            |a, i| a.power_usage_mw(i),
-        )? {
+        let what = "nvmlDeviceGetPowerUsage";
+        if let Some(mw) = self.ask(call::POWER_USAGE, what, |a, i| a.power_usage_mw(i))? {
             s.power = Watts::from_milliwatts(mw);
         }
         // The enforced limit, else the limit set (what the agent caps).
-        let enforced = self.ask(
-            call::ENFORCED_LIMIT,
-            None,
-            "nvmlDeviceGetEnforcedPowerLimit",
-            |a, i| a.enforced_limit_mw(i),
-        )?;
-        let limit = match enforced {
+        let what = "nvmlDeviceGetEnforcedPowerLimit";
+        let limit = match self.ask(call::ENFORCED_LIMIT, what, |a, i| a.enforced_limit_mw(i))? {
             Some(mw) => Some(mw),
-            None => self.ask(
-                call::LIMIT,
-                None,
-                "nvmlDeviceGetPowerManagementLimit",
-                |a, i| a.limit_mw(i),
-            )?,
+            None => self.ask(call::LIMIT, "nvmlDeviceGetPowerManagementLimit", |a, i| {
+                a.limit_mw(i)
+            })?,
         };
         s.power_limit = limit.map_or(Watts(0), Watts::from_milliwatts);
-        let clocks = Some(Unsupported::CLOCKS);
-        if let Some((sm, mem)) =
-            self.ask(call::CLOCKS, clocks, "nvmlDeviceGetClockInfo", |a, i| {
-                a.clocks_mhz(i)
-            })?
-        {
+        let what = "nvmlDeviceGetClockInfo";
+        if let Some((sm, mem)) = self.ask(call::CLOCKS, what, |a, i| a.clocks_mhz(i))? {
             s.sm_clock = MegaHertz(sm.min(u16::MAX as u32) as u16);
             s.mem_clock = MegaHertz(mem.min(u16::MAX as u32) as u16);
         }
-        let util = Some(Unsupported::UTIL);
-        if let Some(u) = self.ask(call::UTIL, util, "nvmlDeviceGetUtilizationRates", |a, i| {
-            a.utilization(i)
-        })? {
+        let what = "nvmlDeviceGetUtilizationRates";
+        if let Some(u) = self.ask(call::UTIL, what, |a, i| a.utilization(i))? {
             s.util = Percent::new(u.min(100) as u8).unwrap_or(Percent::FULL);
         }
-        let throttle = Some(Unsupported::THROTTLE);
-        if let Some(bits) = self.ask(
-            call::THROTTLE,
-            throttle,
-            "nvmlDeviceGetCurrentClocksEventReasons",
-            |a, i| a.throttle_bits(i),
-        )? {
+        let what = "nvmlDeviceGetCurrentClocksEventReasons";
+        if let Some(bits) = self.ask(call::THROTTLE, what, |a, i| a.throttle_bits(i))? {
             s.throttle = throttle_from_nvml(bits);
         }
         Ok(())
@@ -171,31 +161,32 @@ impl<A: NvmlApi> NvmlGpu<A> {
     /// Energy, the ECC mode (unless `mode` is false: just read) and the
     /// aggregate ECC counts, into [`Held`].
     fn slow_calls(&mut self, mode: bool) -> Result<(), GpuError> {
-        if let Some(mj) = self.ask(
-            call::ENERGY,
-            None,
-            "nvmlDeviceGetTotalEnergyConsumption",
-            |a, i| a.energy_mj(i),
-        )? {
+        let what = "nvmlDeviceGetTotalEnergyConsumption";
+        if let Some(mj) = self.ask(call::ENERGY, what, |a, i| a.energy_mj(i))? {
             self.held.energy_mj = mj;
         }
         if mode {
             self.ecc_mode()?;
         }
-        if self.held.ecc_on {
-            self.held.sbe_aggregate = self.ecc_count(2, true, false)?;
-            self.held.dbe_aggregate = self.ecc_count(3, false, false)?;
-        }
+        // With ECC off there is no count: none from before it went off.
+        let (sbe, dbe) = if self.held.ecc_on {
+            (
+                self.ecc_count(2, true, false)?,
+                self.ecc_count(3, false, false)?,
+            )
+        } else {
+            (0, 0)
+        };
+        self.held.sbe_aggregate = sbe;
+        self.held.dbe_aggregate = dbe;
         Ok(())
     }
 
     /// Whether ECC is on, into [`Held`].
     fn ecc_mode(&mut self) -> Result<(), GpuError> {
-        let ecc = Some(Unsupported::ECC);
+        let what = "nvmlDeviceGetEccMode";
         self.held.ecc_on = self
-            .ask(call::ECC_MODE, ecc, "nvmlDeviceGetEccMode", |a, i| {
-                a.ecc_enabled(i)
-            })?
+            .ask(call::ECC_MODE, what, |a, i| a.ecc_enabled(i))?
             .unwrap_or(false);
         Ok(())
     }
@@ -213,9 +204,8 @@ impl<A: NvmlApi> NvmlGpu<A> {
     /// One ECC counter (`slot` 0 to 3 of [`call::ECC_COUNT`]).
     fn ecc_count(&mut self, slot: u16, corrected: bool, volatile: bool) -> Result<u32, GpuError> {
         let bit = call::ECC_COUNT << slot;
-        let ecc = Some(Unsupported::ECC);
         Ok(self
-            .ask(bit, ecc, "nvmlDeviceGetTotalEccErrors", |a, i| {
+            .ask(bit, "nvmlDeviceGetTotalEccErrors", |a, i| {
                 a.ecc_total(i, corrected, volatile)
             })?
             .map_or(0, |v| v.min(u32::MAX as u64) as u32))
@@ -240,13 +230,9 @@ impl<A: NvmlApi> NvmlGpu<A> {
         self.batched_fields(s, ids)
     }
 
-    /// The per-link field ids still asked for.
+    /// Every per-link field id.
     fn link_ids(&self) -> Vec<u32> {
-        if self.unsupported.contains(Unsupported::NVLINK) {
-            return Vec::new();
-        }
         (0..NVLINK_LINKS)
-            .filter(|l| self.links_skipped & (1 << l) == 0)
             .flat_map(|l| [field::nvlink_link(l, false), field::nvlink_link(l, true)])
             .collect()
     }
@@ -269,7 +255,9 @@ impl<A: NvmlApi> NvmlGpu<A> {
         }
         if links {
             h.links = s.nvlink_links;
-            h.links_at = Some((s.nvlink.replay, s.nvlink.recovery));
+            // A link that failed is asked again at the next sample.
+            let failed = std::mem::take(&mut h.links_failed);
+            h.links_at = (!failed).then_some((s.nvlink.replay, s.nvlink.recovery));
         }
         s.energy_mj = h.energy_mj;
         s.ecc.sbe_aggregate = h.sbe_aggregate;
@@ -282,117 +270,164 @@ impl<A: NvmlApi> NvmlGpu<A> {
         s.nvlink_links = h.links;
     }
 
-    /// Asks for the field values `ids` (those of groups not marked
-    /// unsupported) and puts each answer into `s`.
+    /// Asks for the field values `ids` (those still asked: [`super::support`])
+    /// and puts each answer into `s`.
     fn batched_fields(&mut self, s: &mut GpuSample, mut ids: Vec<u32>) -> Result<(), GpuError> {
-        ids.retain(|&id| !self.unsupported.contains(field::group_of(id)));
-        if ids.is_empty() {
+        const WHAT: &str = "nvmlDeviceGetFieldValues";
+        ids.retain(|&id| self.support.asks(Item::Field(id)));
+        if ids.is_empty() || !self.support.asks(Item::FieldsCall) {
             return Ok(());
         }
-        if ids.iter().any(|&id| field::link_of(id).is_some()) {
-            // Read unless one of its fields fails below.
-            s.nvlink_links.read = !self.links_skipped & ((1 << NVLINK_LINKS) - 1);
-        }
-        let answers = match self.timed("nvmlDeviceGetFieldValues", |a, i| a.fields(i, &ids)) {
+        s.nvlink_links.read = asked_links(&ids);
+        let answers = match self.timed(WHAT, |a, i| a.fields(i, &ids)) {
             Ok(a) => a,
             Err(NvmlFailure::NotSupported) => {
-                for (_, g) in field::GROUPS {
-                    self.mark(g, "nvmlDeviceGetFieldValues");
+                if let Some(c) = self.support.not_supported(Item::FieldsCall) {
+                    self.say(c, WHAT, fields_call_groups());
                 }
-                self.mark(Unsupported::NVLINK, "nvmlDeviceGetFieldValues");
+                s.nvlink_links.read = 0;
                 return Ok(());
             }
-            Err(e) => return Err(e.into_gpu_error("nvmlDeviceGetFieldValues")),
+            Err(e) => return Err(e.into_gpu_error(WHAT)),
         };
-        for (id, answer) in ids.iter().zip(answers) {
-            if let Some((l, recovery)) = field::link_of(*id) {
-                self.link_answer(s, l, recovery, answer);
-                continue;
-            }
+        if answers.len() != ids.len() {
+            return Err(GpuError::Failed {
+                what: WHAT,
+                detail: format!("{} answers for {} fields", answers.len(), ids.len()),
+            });
+        }
+        if let Some(c) = self.support.answered(Item::FieldsCall) {
+            self.say(c, WHAT, Unsupported::empty());
+        }
+        for (&id, answer) in ids.iter().zip(answers) {
             match answer {
-                Ok(v) => put_field(s, *id, v),
-                Err(NvmlFailure::NotSupported) => self.mark(
-                    field::group_of(*id),
-                    &format!("field value {}", field::name(*id)),
-                ),
-                Err(e) => return Err(e.into_gpu_error("nvmlDeviceGetFieldValues")),
+                Ok(v) => {
+                    if let Some(c) = self.support.answered(Item::Field(id)) {
+                        self.say(
+                            c,
+                            &format!("field value {}", field::name(id)),
+                            field_group(id),
+                        );
+                    }
+                    put_field(s, id, v);
+                }
+                Err(NvmlFailure::NotSupported) => {
+                    s.nvlink_links.read &= !link_bit(id);
+                    let change = self.support.not_supported(Item::Field(id));
+                    // A link the GPU does not have is no news: its bit says it.
+                    let quiet = field::link_of(id).is_some() && change == Some(Change::Unsupported);
+                    if let (Some(c), false) = (change, quiet) {
+                        self.say(
+                            c,
+                            &format!("field value {}", field::name(id)),
+                            field_group(id),
+                        );
+                    }
+                }
+                // A per-link failure never fails the sample: the totals
+                // stand in, and the link is asked again at the next sample.
+                Err(e) if field::link_of(id).is_some() => {
+                    tracing::debug!("GPU {}: {} failed: {e:?}", self.index, field::name(id));
+                    s.nvlink_links.read &= !link_bit(id);
+                    self.held.links_failed = true;
+                }
+                Err(e) => return Err(e.into_gpu_error(WHAT)),
             }
         }
         Ok(())
     }
 
-    /// One per-link NVLink counter's answer: a value, or that link left
-    /// out of this sample (and of every later one when not supported).
-    /// A per-link failure never fails the sample: the totals stand in.
-    fn link_answer(
-        &mut self,
-        s: &mut GpuSample,
-        l: usize,
-        recovery: bool,
-        a: super::NvmlResult<u64>,
-    ) {
-        let bit = 1u16 << l;
-        match a {
-            Ok(v) => {
-                let v = v.min(u64::from(u32::MAX)) as u32;
-                if recovery {
-                    s.nvlink_links.recovery[l] = v;
-                } else {
-                    s.nvlink_links.replay[l] = v;
+    /// The groups reported unsupported now: those of every call and field
+    /// not supported now ([`super::support`]).
+    pub(super) fn unsupported(&self) -> Unsupported {
+        self.support
+            .not_supported_now()
+            .fold(Unsupported::empty(), |acc, item| {
+                acc | match item {
+                    Item::Call(bit) => call::group(bit),
+                    // A link the GPU lacks is left out of `read`, not the group.
+                    Item::Field(id) if field::link_of(id).is_some() => Unsupported::empty(),
+                    Item::Field(id) => field::group_of(id),
+                    Item::FieldsCall => fields_call_groups(),
                 }
-            }
-            Err(NvmlFailure::NotSupported) => {
-                self.links_skipped |= bit;
-                s.nvlink_links.read &= !bit;
-            }
-            Err(_) => s.nvlink_links.read &= !bit,
-        }
+            })
     }
+}
 
-    /// Zeroes every field of a group marked unsupported, so a sample never
-    /// carries a value next to an `unsupported` bit that says it means
-    /// nothing.
-    fn zero_unsupported(&self, s: &mut GpuSample) {
-        let u = self.unsupported;
-        if u.contains(Unsupported::MEM_TEMP) {
-            s.mem_temp = WholeCelsius(0);
-        }
-        if u.contains(Unsupported::POWER) {
-            s.power = Watts(0);
-        }
-        if u.contains(Unsupported::CLOCKS) {
-            s.sm_clock = MegaHertz(0);
-            s.mem_clock = MegaHertz(0);
-        }
-        if u.contains(Unsupported::UTIL) {
-            s.util = Percent::ZERO;
-        }
-        if u.contains(Unsupported::THROTTLE) {
-            s.throttle = ThrottleReasons::empty();
-        }
-        if u.contains(Unsupported::ECC) {
-            s.ecc = EccCounts::default();
-        }
-        if u.contains(Unsupported::RETIRED) {
-            s.repair.retired_sbe = 0;
-            s.repair.retired_dbe = 0;
-            s.flags = s.flags.with(GpuFlags::RETIRED_PENDING, false);
-        }
-        if u.contains(Unsupported::REMAP) {
-            s.repair.remap_correctable = 0;
-            s.repair.remap_uncorrectable = 0;
-            s.flags = s
-                .flags
-                .with(GpuFlags::REMAP_PENDING, false)
-                .with(GpuFlags::REMAP_FAILURE, false);
-        }
-        if u.contains(Unsupported::PCIE) {
-            s.pcie_replay = 0;
-        }
-        if u.contains(Unsupported::NVLINK) {
-            s.nvlink = NvlinkErrors::default();
-            s.nvlink_links = NvlinkLinks::default();
-        }
+/// The groups of every field value: what an unsupported field-value query
+/// leaves unsupported.
+fn fields_call_groups() -> Unsupported {
+    field::GROUPS
+        .iter()
+        .fold(Unsupported::NVLINK, |acc, (_, g)| acc | *g)
+}
+
+/// The group field `id` is reported with (none for a per-link counter).
+fn field_group(id: u32) -> Unsupported {
+    match field::link_of(id) {
+        Some(_) => Unsupported::empty(),
+        None => field::group_of(id),
+    }
+}
+
+/// The bit of the link field `id` counts, if it is a per-link field.
+fn link_bit(id: u32) -> u16 {
+    field::link_of(id).map_or(0, |(l, _)| 1 << l)
+}
+
+/// The links both of whose counters are among `ids`.
+fn asked_links(ids: &[u32]) -> u16 {
+    (0..NVLINK_LINKS)
+        .filter(|&l| {
+            let (replay, recovery) = (field::nvlink_link(l, false), field::nvlink_link(l, true));
+            ids.contains(&replay) && ids.contains(&recovery)
+        })
+        .fold(0, |acc, l| acc | 1 << l)
+}
+
+/// Zeroes every field of a group `s` reports unsupported, so a sample
+/// never carries a value next to an `unsupported` bit that says it means
+/// nothing.
+fn zero_unsupported(s: &mut GpuSample) {
+    let u = s.unsupported;
+    if u.contains(Unsupported::MEM_TEMP) {
+        s.mem_temp = WholeCelsius(0);
+    }
+    if u.contains(Unsupported::POWER) {
+        s.power = Watts(0);
+    }
+    if u.contains(Unsupported::CLOCKS) {
+        s.sm_clock = MegaHertz(0);
+        s.mem_clock = MegaHertz(0);
+    }
+    if u.contains(Unsupported::UTIL) {
+        s.util = Percent::ZERO;
+    }
+    if u.contains(Unsupported::THROTTLE) {
+        s.throttle = ThrottleReasons::empty();
+    }
+    if u.contains(Unsupported::ECC) {
+        s.ecc = EccCounts::default();
+    }
+    if u.contains(Unsupported::RETIRED) {
+        s.repair.retired_sbe = 0;
+        s.repair.retired_dbe = 0;
+        s.flags = s.flags.with(GpuFlags::RETIRED_PENDING, false);
+    }
+    if u.contains(Unsupported::REMAP) {
+        s.repair.remap_correctable = 0;
+        s.repair.remap_uncorrectable = 0;
+        s.flags = s
+            .flags
+            .with(GpuFlags::REMAP_PENDING, false)
+            .with(GpuFlags::REMAP_FAILURE, false);
+    }
+    if u.contains(Unsupported::PCIE) {
+        s.pcie_replay = 0;
+    }
+    if u.contains(Unsupported::NVLINK) {
+        s.nvlink = NvlinkErrors::default();
+        s.nvlink_links = NvlinkLinks::default();
     }
 }
 
@@ -413,6 +448,10 @@ fn put_field(s: &mut GpuSample, id: u32, v: u64) {
         field::NVLINK_CRC_DATA_TOTAL => s.nvlink.crc = sat32(v),
         field::NVLINK_REPLAY_TOTAL => s.nvlink.replay = sat32(v),
         field::NVLINK_RECOVERY_TOTAL => s.nvlink.recovery = sat32(v),
-        _ => {}
+        _ => match field::link_of(id) {
+            Some((l, false)) => s.nvlink_links.replay[l] = sat32(v),
+            Some((l, true)) => s.nvlink_links.recovery[l] = sat32(v),
+            None => {}
+        },
     }
 }

@@ -36,6 +36,24 @@ fn failure(e: nvml_wrapper::error::NvmlError) -> NvmlFailure {
     }
 }
 
+/// A field value as a count. A negative or non-finite value is no count:
+/// it fails the field (a miss), never reads as 0, which the health engine
+/// would take for "no errors" or for a counter reset.
+fn count(v: nvml_wrapper::enums::device::SampleValue) -> NvmlResult<u64> {
+    use nvml_wrapper::enums::device::SampleValue;
+    match v {
+        SampleValue::U32(v) => Ok(u64::from(v)),
+        SampleValue::U64(v) => Ok(v),
+        SampleValue::I64(v) => {
+            u64::try_from(v).map_err(|_| NvmlFailure::Other(format!("negative field value {v}")))
+        }
+        SampleValue::F64(v) if v.is_finite() && v >= 0.0 => Ok(v.round() as u64),
+        SampleValue::F64(v) => Err(NvmlFailure::Other(format!(
+            "field value {v} is not a count"
+        ))),
+    }
+}
+
 impl NvmlApi for SystemNvml {
     fn device_count(&self) -> NvmlResult<u32> {
         self.nvml.device_count().map_err(failure)
@@ -124,18 +142,12 @@ impl NvmlApi for SystemNvml {
             .map_err(failure)
     }
     fn fields(&self, gpu: u32, ids: &[u32]) -> NvmlResult<Vec<NvmlResult<u64>>> {
-        use nvml_wrapper::enums::device::SampleValue;
         use nvml_wrapper::structs::device::FieldId;
         let ids: Vec<FieldId> = ids.iter().map(|&i| FieldId(i)).collect();
         let samples = self.device(gpu)?.field_values_for(&ids).map_err(failure)?;
         Ok(samples
             .into_iter()
-            .map(|s| match s.map_err(failure)?.value.map_err(failure)? {
-                SampleValue::U32(v) => Ok(v as u64),
-                SampleValue::U64(v) => Ok(v),
-                SampleValue::I64(v) => Ok(v.max(0) as u64),
-                SampleValue::F64(v) => Ok(v.max(0.0) as u64),
-            })
+            .map(|s| count(s.map_err(failure)?.value.map_err(failure)?))
             .collect())
     }
     fn watch_xids(
@@ -196,5 +208,30 @@ impl NvmlApi for SystemNvml {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nvml_wrapper::enums::device::SampleValue;
+
+    #[test]
+    fn a_field_value_that_is_no_count_fails_instead_of_reading_as_zero() {
+        assert_eq!(count(SampleValue::U32(7)), Ok(7));
+        assert_eq!(count(SampleValue::U64(1 << 40)), Ok(1 << 40));
+        assert_eq!(count(SampleValue::I64(12)), Ok(12));
+        assert_eq!(count(SampleValue::F64(3.0)), Ok(3));
+        for bad in [
+            SampleValue::I64(-1),
+            SampleValue::F64(-2.0),
+            SampleValue::F64(f64::NAN),
+            SampleValue::F64(f64::INFINITY),
+        ] {
+            assert!(
+                matches!(count(bad.clone()), Err(NvmlFailure::Other(_))),
+                "{bad:?}"
+            );
+        }
     }
 }
