@@ -73,9 +73,9 @@ enum Command {
     /// each costs: its median and slowest latency over `--tries` (read
     /// only: no limit is set, no event registered).
     Probe {
-        /// Tries of each call on each GPU.
-        #[arg(long, default_value_t = 20)]
-        tries: usize,
+        /// Tries of each call on each GPU, 1 to 10000.
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u16).range(1..=10_000))]
+        tries: u16,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -146,7 +146,7 @@ fn main() -> ExitCode {
             ctl_command(&target, &console::PEER, || request(what), console::render)
         }
         Command::ConsolePassword => loopwarden_field::serial::password::command("node-agent"),
-        Command::Probe { tries, json } => probe(tries, json),
+        Command::Probe { tries, json } => probe(usize::from(tries), json),
     }
 }
 
@@ -286,4 +286,35 @@ async fn serve(
     let result = node_agent::shell::run_hooked(config, source, hooks, stop).await;
     supervision.finish(result.is_err());
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn probe_takes_1_to_10000_tries() {
+        let tries = |args: &[&str]| match Cli::try_parse_from(args) {
+            Ok(Cli {
+                command: Command::Probe { tries, .. },
+            }) => Ok(tries),
+            Ok(_) => panic!("not probe"),
+            Err(e) => Err(e.to_string()),
+        };
+        assert_eq!(tries(&["node-agent", "probe"]), Ok(20));
+        assert_eq!(
+            tries(&["node-agent", "probe", "--tries", "10000"]),
+            Ok(10_000)
+        );
+        for bad in ["0", "10001", "many"] {
+            let e = tries(&["node-agent", "probe", "--tries", bad]).unwrap_err();
+            assert!(e.contains("--tries"), "{bad}: {e}");
+        }
+    }
 }
