@@ -23,15 +23,17 @@
 //! - it never sets a GPU above its ceiling: the limit found on it
 //!   (an administrator's, kept over restarts), within any configured
 //!   site limit; a limit someone else sets while it runs is the new
-//!   ceiling, said in a `power_ceiling` event;
+//!   ceiling, said in a `power_ceiling` event; every GPU's limit is read
+//!   before any is set and at the stop, so no set overwrites such a
+//!   limit unseen;
 //! - at a stop with no lease in force every GPU is given back its
 //!   ceiling; at one with a lease, the limits stay as they are, for the
 //!   next start to apply or lift as the kept leases say.
 //!
 //! Glossary:
 //! - *round*: one sampling of every GPU ([`Input::Round`]).
-//! - *reconcile*: set every GPU whose known limit differs from its target,
-//!   then read it back.
+//! - *reconcile*: set every GPU whose known limit differs from its target
+//!   (after a read of every GPU's limit), then read it back.
 //! - *ceiling*: the limit a GPU runs at uncapped (see [`KeptLimit`]).
 //! - *pending command*: a command whose ack waits for its flash write and
 //!   its limits; its limits' events go out after the ack.
@@ -196,8 +198,9 @@ pub enum Input<'a> {
     Logged(Result<(), &'a str>),
     /// Answers [`Effect::Acknowledge`]: the pending command's ack is due.
     Acknowledge,
-    /// The agent stops: with no lease in force every GPU's ceiling is
-    /// put back; with one, the limits stay for the next start.
+    /// The agent stops: every GPU's limit is read; then with no lease in
+    /// force every GPU's ceiling is put back; with one, the limits stay
+    /// for the next start.
     Stop,
 }
 
@@ -313,6 +316,8 @@ pub struct Node {
     /// Limits being set: the changes of source already known, and whether
     /// it is the stop's restoration.
     reconciling: Option<limits::Reconciling>,
+    /// What waits for the read of the limits asked before a set.
+    after_read: Option<limits::AfterRead>,
 }
 
 impl Node {
@@ -364,6 +369,7 @@ impl Node {
             pending: None,
             ack_limit: Default::default(),
             reconciling: None,
+            after_read: None,
         }
     }
 
@@ -417,11 +423,11 @@ impl Node {
             Input::LimitsSet(results) => self.limits_set(now, results, &mut out),
             Input::LimitsRead(read) => {
                 self.limits_read(read, &mut out);
-                self.reconcile(now, false, &mut out);
+                self.read_done(now, &mut out);
             }
             Input::Logged(result) => self.logged(result, &mut out),
             Input::Acknowledge => self.acknowledge(now, &mut out),
-            Input::Stop => self.stop(now, &mut out),
+            Input::Stop => self.stop(&mut out),
         }
         out
     }

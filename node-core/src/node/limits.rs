@@ -8,8 +8,10 @@
 //! asked for, or the one before: see [`KeptLimit`]) keeps the kept
 //! ceiling; any other limit was set by someone else and is the ceiling
 //! now. A limit found later that differs from the one last read back was
-//! set by someone else too. Either way a configured site limit stays
-//! above it all: the ceiling never exceeds it.
+//! set by someone else too: every GPU's limit is read before any is set
+//! and at the stop, so such a limit is seen before a set would overwrite
+//! it. Either way a configured site limit stays above it all: the
+//! ceiling never exceeds it.
 //!
 //! Glossary:
 //! - *applied*: the limit last read back from a GPU; the only value ever
@@ -71,6 +73,25 @@ pub struct LimitResult {
     pub set: Result<(), String>,
     /// The limit read back after it: `Err` says why it could not be read.
     pub back: Result<Watts, String>,
+}
+
+/// What waits for a read of every GPU's limit ([`Effect::ReadLimits`])
+/// asked before setting any.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum AfterRead {
+    /// Put the targets in force (`force`: see [`Node::reconcile`]).
+    Reconcile { force: bool },
+    /// The stop.
+    Stop,
+}
+
+impl GpuCaps {
+    /// Whether a set of `limit` that failed waits for its retry at
+    /// `steady`.
+    fn waits(&self, limit: Watts, steady: u64) -> bool {
+        self.retry
+            .is_some_and(|(target, at)| target == limit && steady < at)
+    }
 }
 
 /// Limits handed to the shell, waiting for their results.
@@ -155,10 +176,38 @@ impl Node {
             .collect()
     }
 
+    /// Puts the arbiter's targets in force, as [`Node::put_in_force`]
+    /// does, after a read of every GPU's limit when one is to be set: a
+    /// limit an administrator set since the last read is seen (the new
+    /// ceiling) before a set overwrites it.
+    pub(super) fn reconcile(&mut self, now: Now, force: bool, out: &mut Vec<Effect>) {
+        let steady = now.steady.0;
+        let sets = self.commands.targets(TimestampMs(steady)).iter().any(|t| {
+            let g = &self.gpus[t.gpu.get() as usize];
+            g.applied != Some(t.limit) && (force || !g.waits(t.limit, steady))
+        });
+        if sets {
+            self.after_read = Some(AfterRead::Reconcile { force });
+            out.push(Effect::ReadLimits);
+        } else {
+            self.put_in_force(now, force, out);
+        }
+    }
+
+    /// Every GPU's limit was read ([`Node::limits_read`]): what waited
+    /// for it goes on.
+    pub(super) fn read_done(&mut self, now: Now, out: &mut Vec<Effect>) {
+        match self.after_read.take() {
+            Some(AfterRead::Stop) => self.stopping(now, out),
+            Some(AfterRead::Reconcile { force }) => self.put_in_force(now, force, out),
+            None => self.put_in_force(now, false, out),
+        }
+    }
+
     /// Puts the arbiter's targets in force: a limit already read back is
     /// left alone (a new source is said), one that failed waits
     /// [`RETRY_MS`] unless `force` (a command waits for its ack).
-    pub(super) fn reconcile(&mut self, now: Now, force: bool, out: &mut Vec<Effect>) {
+    fn put_in_force(&mut self, now: Now, force: bool, out: &mut Vec<Effect>) {
         // Leases lapse and retries wait on steady time: a step of the
         // wall clock neither hurries nor holds them off.
         let steady = now.steady.0;
@@ -176,10 +225,7 @@ impl Node {
                 }
                 continue;
             }
-            let waits = g
-                .retry
-                .is_some_and(|(target, at)| target == t.limit && steady < at);
-            if waits && !force {
+            if g.waits(t.limit, steady) && !force {
                 continue;
             }
             sets.push(SetLimit {
@@ -256,11 +302,20 @@ impl Node {
         self.caps_applied(&changes, out);
     }
 
-    /// At the stop: with a lease in force the limits stay (the leases
-    /// are in flash, and the next start applies or lifts them: a restart
-    /// in a cooling emergency never runs the GPUs uncapped); with none,
-    /// every GPU not at its ceiling is given it back.
-    pub(super) fn stop(&mut self, now: Now, out: &mut Vec<Effect>) {
+    /// The stop reads every GPU's limit first: a limit an administrator
+    /// set since the last read is the ceiling put back, or kept in flash
+    /// for the next start (see [`Node::stopping`]).
+    pub(super) fn stop(&mut self, out: &mut Vec<Effect>) {
+        self.after_read = Some(AfterRead::Stop);
+        out.push(Effect::ReadLimits);
+    }
+
+    /// At the stop, the limits read: with a lease in force the limits
+    /// stay (the leases are in flash, and the next start applies or lifts
+    /// them: a restart in a cooling emergency never runs the GPUs
+    /// uncapped); with none, every GPU not at its ceiling is given it
+    /// back.
+    fn stopping(&mut self, now: Now, out: &mut Vec<Effect>) {
         self.commands.targets(now.steady);
         let leases = self.commands.leases().len();
         if leases > 0 {
