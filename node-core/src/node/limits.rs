@@ -107,10 +107,13 @@ pub(crate) struct Reconciling {
 
 impl Node {
     /// Every GPU's limit as read at start or now and then: the first one
-    /// read decides the GPU's ceiling, a later one that is not the limit
-    /// last read back was set by someone else and is the new ceiling.
+    /// read decides the GPU's ceiling (kept in flash at once where nothing
+    /// was kept: a limit set while the agent is stopped is then told from
+    /// its own), a later one that is not the limit last read back was set
+    /// by someone else and is the new ceiling.
     pub(super) fn limits_read(&mut self, read: &[Result<Watts, String>], out: &mut Vec<Effect>) {
         let mut moved = Vec::new();
+        let mut unkept = false;
         for (i, (r, g)) in read.iter().zip(self.gpus.iter_mut()).enumerate() {
             let found = match r {
                 Ok(w) => *w,
@@ -126,6 +129,7 @@ impl Node {
                 }
             };
             let was = g.ceiling;
+            unkept |= !g.ceiling_read && g.kept.is_none();
             let changed = match (g.ceiling_read, g.applied) {
                 (false, _) => first_ceiling(i, g, found, out),
                 (true, Some(a)) if a != found => {
@@ -148,10 +152,10 @@ impl Node {
                 moved.push((gpu_index(i as u8), g.ceiling, was));
             }
         }
-        if !moved.is_empty() {
+        if !moved.is_empty() || unkept {
             out.push(Effect::KeepLimits(self.kept_limits()));
-            out.extend(power_ceiling(&moved).into_iter().map(Effect::Emit));
         }
+        out.extend(power_ceiling(&moved).into_iter().map(Effect::Emit));
     }
 
     /// What the flash is to keep of every GPU: its ceiling and the limit
