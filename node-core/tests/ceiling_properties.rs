@@ -70,9 +70,10 @@ enum Op {
         caps: Vec<(Option<u8>, u32)>,
         ms: u32,
     },
-    /// A held lease renewed for 10 s with its caps lifted.
+    /// A held lease renewed with its caps lifted, for 10 s (or to its
+    /// end, if later: see [`lease`]).
     Release(u32),
-    /// The shell's timer at the next lease's end.
+    /// The time goes on to the next lease's end.
     Expiry,
     /// A clean stop, the administrator's limits set while stopped, the
     /// time stopped, and a start from what the flash kept.
@@ -93,8 +94,10 @@ struct Held {
 /// What the sequence says of the host (see the module note).
 #[derive(Debug)]
 struct Model {
+    /// Now (both clocks), ms.
     t: u64,
     site: Option<Watts>,
+    /// Each GPU's administrator's last limit.
     admin: [Watts; GPUS],
     /// The ceiling the node must hold: the administrator's limit as of
     /// the last read of it, within the site limit and the range.
@@ -102,8 +105,11 @@ struct Model {
     /// The rounds since the start at an unseen change, per GPU.
     unseen: [Option<u64>; GPUS],
     reported: [Watts; GPUS],
+    /// Every lease taken (those lapsed too, until a restart).
     leases: Vec<Held>,
+    /// The CDU's last command's sequence number.
     seq: u32,
+    /// Each GPU's thermal guard, fed the temperatures the node is fed.
     guard: [ThermalGuard; GPUS],
     /// Rounds since the start.
     rounds: u64,
@@ -230,7 +236,7 @@ fn check_step(m: &mut Model, host: &Host, from: usize, events: usize) -> Result<
                     );
                     prop_assert!(
                         m.unseen[i].is_none(),
-                        "GPU {i}: set to {} W over the administrator's {} W, not read yet",
+                        "GPU {i}: set to {} W with the administrator's {} W not read yet",
                         s.limit.0,
                         m.admin[i].0
                     );
@@ -286,9 +292,22 @@ fn step(m: &mut Model, host: &mut Host, input: Input<'_>) -> Result<(), TestCase
     check_step(m, host, from, events)
 }
 
+/// The time goes on to `t`: the shell's timer wakes the node at every
+/// lease's end due by then (at once for one already due), as the agent
+/// does, and each step is checked.
+fn timer(m: &mut Model, host: &mut Host, t: u64) -> Result<(), TestCaseError> {
+    while let Some(end) = host.node.next_expiry().filter(|e| e.0 <= t) {
+        m.t = m.t.max(end.0);
+        step(m, host, Input::Expiry)?;
+        check_targets(m, host)?;
+    }
+    m.t = t;
+    Ok(())
+}
+
 /// One round a second after the last, the GPUs of `hot` at 90 °C.
 fn round(m: &mut Model, host: &mut Host, hot: u8) -> Result<(), TestCaseError> {
-    m.t += 1_000;
+    timer(m, host, m.t + 1_000)?;
     let mut readings = Vec::new();
     for i in 0..GPUS {
         let temp = if hot & (1 << i) != 0 { 90 } else { 60 };
@@ -341,7 +360,7 @@ fn lease(
     caps: &[(Option<u8>, u32)],
     ms: u32,
 ) -> Result<(), TestCaseError> {
-    m.t += 100;
+    timer(m, host, m.t + 100)?;
     m.seq += 1;
     // A renewal never ends before the lease it renews: at a start, the
     // flash's log gives the renewed lease back when its renewal has
@@ -407,7 +426,7 @@ fn restart(
     admin: &[(u8, u32)],
     stopped_s: u32,
 ) -> Result<(), TestCaseError> {
-    m.t += 100;
+    timer(m, host, m.t + 100)?;
     let before = host.limits;
     let leases = m.in_force().count();
     let (from, events) = (host.trail.len(), host.events.len());
@@ -476,14 +495,11 @@ fn play(m: &mut Model, host: &mut Host, op: &Op) -> Result<(), TestCaseError> {
             Ok(())
         }
         Op::Expiry => {
-            if let Some(end) = m.leases.iter().map(|l| l.expires).min() {
-                m.t = m.t.max(end);
-                step(m, host, Input::Expiry)?;
-                let t = m.t;
-                m.leases.retain(|l| l.expires > t);
-                check_targets(m, host)?;
+            let t = m.t;
+            match m.in_force().map(|l| l.expires).min() {
+                Some(end) => timer(m, host, end.max(t)),
+                None => Ok(()),
             }
-            Ok(())
         }
         Op::Restart { admin, stopped_s } => restart(m, host, admin, *stopped_s),
     }
