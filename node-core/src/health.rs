@@ -33,10 +33,15 @@
 //! release; `degraded` falls back to `healthy` after a quiet period without
 //! any degraded-level evidence.
 //!
+//! A field the GPU does not support (NVML "not supported") is never read
+//! as a value: a counter group not known holds its last known values, and
+//! is judged from its new ones when known again (`unknown`).
+//!
 //! This module holds the engine and its states; the rules on a GPU's own
 //! counters and flags are in `rules`, the thermal and straggler rules
 //! against the peers in `peers`, missed samples and host stalls in
-//! `silence`, and the evidence text in `evidence`.
+//! `silence`, fields not known in `unknown`, and the evidence text in
+//! `evidence`.
 //!
 //! Glossary:
 //! - *observation*: one sample of one GPU in natural units.
@@ -46,13 +51,16 @@
 //!   thermal and straggler rules.
 //! - *episode*: a stretch of time in which the cooling explains the heat.
 
-use loopwarden_protocol::{xid, HealthState, ReasonCode, ThrottleReasons, TimestampMs};
+use loopwarden_protocol::{
+    xid, HealthState, ReasonCode, ThrottleReasons, TimestampMs, Unsupported,
+};
 
 mod evidence;
 mod peers;
 mod rules;
 mod silence;
 mod slow;
+mod unknown;
 
 use evidence::{fit, xid_words};
 pub use evidence::{fmt_time, At};
@@ -100,6 +108,12 @@ pub struct Observation {
     /// (the totals above count every link, these only the first
     /// [`NVLINK_LINKS`]).
     pub nvlink_links: NvlinkLinks,
+    /// The groups of fields this sample does not know (NVML "not
+    /// supported"): their values are zeros that mean nothing. The rules
+    /// hold a counter group's last known values meanwhile (`unknown`),
+    /// and judge no GPU on clocks or clock-event reasons it does not
+    /// know.
+    pub unknown: Unsupported,
 }
 
 /// Links whose error counters are read one by one.
@@ -367,6 +381,20 @@ impl Track {
             hot_excess: 0.0,
         }
     }
+
+    /// The rate windows of the counter groups `rebased` (known again)
+    /// start again.
+    fn restart_windows(&mut self, rebased: Unsupported) {
+        for (group, window) in [
+            (Unsupported::PCIE, &mut self.pcie),
+            (Unsupported::ECC, &mut self.sbe),
+            (Unsupported::NVLINK, &mut self.crc),
+        ] {
+            if rebased.contains(group) {
+                *window = Window::default();
+            }
+        }
+    }
 }
 
 /// The health engine of one host.
@@ -558,16 +586,20 @@ impl HealthEngine {
         // A round this sample ends is judged before the sample joins the
         // next.
         self.judge_rounds(t, false, &mut out);
-        let prev = {
+        let settled = {
             let tr = &mut self.gpus[g];
             tr.missed = 0;
             tr.own_missed = 0;
             tr.first_miss = None;
             tr.last_miss = None;
-            tr.last.replace((t, *o)).map(|(_, p)| p)
+            let s = unknown::settle(o, tr.last.map(|(_, p)| p));
+            tr.last = Some((t, s.now));
+            tr.restart_windows(s.rebased);
+            s
         };
         self.end_stall(now, &mut out);
 
+        let (o, prev) = (&settled.now, settled.prev);
         self.memory_errors(t, g, o, prev, &mut out);
         self.nvlink_faults(t, g, o, prev, &mut out);
         self.pending_resets(t, g, o, &mut out);

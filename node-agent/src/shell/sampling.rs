@@ -159,6 +159,7 @@ pub fn observation(s: &GpuSample) -> Observation {
         nvlink_recovery: u64::from(s.nvlink.recovery),
         throttle: s.throttle,
         nvlink_links: s.nvlink_links,
+        unknown: s.unsupported,
     }
 }
 
@@ -166,5 +167,49 @@ async fn sleep_opt(d: Option<Duration>) {
     match d {
         Some(d) => tokio::time::sleep(d).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use loopwarden_protocol::{NvlinkErrors, TimestampMs, Unsupported, WholeCelsius};
+    use node_core::health::{HealthEngine, Limits, Output, Policy};
+
+    #[test]
+    fn fields_not_supported_reach_the_engine_as_unknown_not_as_zeros() {
+        let counting = GpuSample {
+            temp: WholeCelsius(60),
+            pcie_replay: 1_000,
+            nvlink: NvlinkErrors {
+                replay: 500,
+                ..NvlinkErrors::default()
+            },
+            ..GpuSample::default()
+        };
+        // The NVLink and PCIe fields stop answering for a while: zeros,
+        // flagged.
+        let blind = GpuSample {
+            unsupported: Unsupported::NVLINK | Unsupported::PCIE,
+            temp: WholeCelsius(60),
+            ..GpuSample::default()
+        };
+        assert_eq!(observation(&blind).unknown, blind.unsupported);
+        let limits = Limits {
+            max_operating_c: 87.0,
+        };
+        let mut engine = HealthEngine::new(1, limits, Policy::default(), TimestampMs(0));
+        let mut changes = Vec::new();
+        for (i, s) in [counting, blind, blind, counting, counting]
+            .iter()
+            .enumerate()
+        {
+            let t = TimestampMs(1_000 * (i as u64 + 1));
+            changes.extend(
+                (engine.sample(t, 0, &observation(s)).into_iter())
+                    .filter(|o| matches!(o, Output::Change(_))),
+            );
+        }
+        assert!(changes.is_empty(), "{changes:?}");
     }
 }

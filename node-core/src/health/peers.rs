@@ -22,7 +22,7 @@
 //!   most `round_ms` apart (`Policy::round_ms`).
 //! - *waiting*: a sample whose round is not in yet, not judged yet.
 
-use loopwarden_protocol::{HealthState, ReasonCode, ThrottleReasons, MAX_GPUS};
+use loopwarden_protocol::{HealthState, ReasonCode, ThrottleReasons, Unsupported, MAX_GPUS};
 
 use super::rules::Streak;
 use super::{At, HealthEngine, Limits, LoopState, Observation, Output, Policy, Track};
@@ -148,7 +148,17 @@ struct Straggling {
     peer_clock: Option<f64>,
 }
 
-/// Straggler: clocks behind loaded peers, nothing to explain it.
+/// Whether the straggler rule can read `o`: its clocks, load and
+/// clock-event reasons are known.
+fn clocks_known(o: &Observation) -> bool {
+    !(o.unknown.contains(Unsupported::CLOCKS)
+        || o.unknown.contains(Unsupported::UTIL)
+        || o.unknown.contains(Unsupported::THROTTLE))
+}
+
+/// Straggler: clocks behind loaded peers, nothing to explain it. A GPU
+/// whose clocks, load or clock-event reasons are not known is not judged
+/// (a streak ends), nor counted among the peers.
 fn straggling(peers: &Peers, o: &Observation, p: &Policy, limits: &Limits) -> Straggling {
     let explained = o.throttle.contains(ThrottleReasons::SW_POWER_CAP)
         || o.throttle.contains(ThrottleReasons::HW_THERMAL_SLOWDOWN)
@@ -159,11 +169,11 @@ fn straggling(peers: &Peers, o: &Observation, p: &Policy, limits: &Limits) -> St
         || (o.power_limit > 0.0 && o.power >= 0.95 * o.power_limit);
     let mut peer_clocks = Few::new();
     for q in peers.samples() {
-        if q.util >= p.straggler_min_util {
+        if q.util >= p.straggler_min_util && clocks_known(q) {
             peer_clocks.push(q.sm_clock);
         }
     }
-    let loaded = o.util >= p.straggler_min_util;
+    let loaded = o.util >= p.straggler_min_util && clocks_known(o);
     let peer_clock = if peer_clocks.n >= p.min_peers {
         peer_clocks.median()
     } else {

@@ -163,6 +163,7 @@ impl Sample {
             nvlink_recovery: self.nvlink_recovery,
             throttle: self.throttle,
             nvlink_links: Default::default(),
+            unknown: Default::default(),
         }
     }
 }
