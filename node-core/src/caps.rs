@@ -194,6 +194,13 @@ impl CapArbiter {
         }
     }
 
+    /// Drops lease `lease` of `from`, if held: a renewal of it, taken
+    /// before a restart, has expired since ([`crate::commands::CommandCore::restore`]).
+    pub fn forget(&mut self, from: &NodeId, lease: u32) {
+        self.leases
+            .retain(|h| !(h.from == *from && h.lease == lease));
+    }
+
     /// Drops the leases that have expired at `now` (their caps lift).
     pub fn expire(&mut self, now: TimestampMs) {
         self.leases.retain(|h| h.expires > now);

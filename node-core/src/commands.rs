@@ -379,24 +379,26 @@ impl CommandCore {
     /// since is dropped. Returns whether it still holds.
     /// Its signature and its signer's rights are checked again: a lease
     /// whose key has left the keyring since is not taken back.
+    /// Only a lease that was taken is logged, so one expired since was a
+    /// renewal that replaced its sender's lease of the same id, and ends
+    /// that one too: a lease shortened by its renewal is not back at its
+    /// first length after a restart.
     pub fn restore(&mut self, now: TimestampMs, frame: &Frame) -> bool {
         if self.authenticate(frame).is_err() || self.authority.forbids(frame).is_some() {
             return false;
         }
         let last = self.last_seq.entry(frame.sender.clone()).or_insert(0);
         *last = (*last).max(frame.seq);
-        match &frame.message {
-            Message::CapLease(lease) => matches!(
-                self.arbiter
-                    .lease(
-                        self.steady(now),
-                        &frame.sender,
-                        self.steady(frame.time.min(now)),
-                        lease
-                    )
-                    .code,
-                AckCode::Ok | AckCode::Clamped
-            ),
+        let Message::CapLease(lease) = &frame.message else {
+            return false;
+        };
+        let (at, sent) = (self.steady(now), self.steady(frame.time.min(now)));
+        match self.arbiter.lease(at, &frame.sender, sent, lease).code {
+            AckCode::Ok | AckCode::Clamped => true,
+            AckCode::Expired => {
+                self.arbiter.forget(&frame.sender, lease.lease);
+                false
+            }
             _ => false,
         }
     }
@@ -989,6 +991,24 @@ mod tests {
         assert_eq!(d.targets(TimestampMs(11_000))[2].limit, Watts(700));
         // Its seq still counts against replays.
         assert_eq!(d.command(TimestampMs(11_000), &f).code, AckCode::Replayed);
+    }
+
+    #[test]
+    fn a_renewal_that_shortened_a_lease_still_ends_it_after_a_restart() {
+        // 300 W for 60 s, renewed at 10 s for 1 s: lifted at 11 s.
+        let first = lease_frame(1, 1_000, &[(gpu(0), 300)], 60_000);
+        let renewal = lease_frame(2, 10_000, &[(gpu(0), 300)], 1_000);
+        let mut c = core();
+        assert!(c.restore(TimestampMs(20_000), &first), "valid until 61 s");
+        assert!(!c.restore(TimestampMs(20_000), &renewal), "lapsed at 11 s");
+        assert_eq!(c.targets(TimestampMs(20_000))[0].limit, Watts(700));
+        assert!(c.arbiter.leases().is_empty());
+        // Still in force at the restart: the renewal holds, as it did.
+        let mut d = core();
+        assert!(d.restore(TimestampMs(10_500), &first));
+        assert!(d.restore(TimestampMs(10_500), &renewal));
+        assert_eq!(d.targets(TimestampMs(10_500))[0].limit, Watts(300));
+        assert_eq!(d.next_expiry(), Some(TimestampMs(11_000)));
     }
 
     #[test]

@@ -362,18 +362,6 @@ fn lease(
 ) -> Result<(), TestCaseError> {
     timer(m, host, m.t + 100)?;
     m.seq += 1;
-    // A renewal never ends before the lease it renews: at a start, the
-    // flash's log gives the renewed lease back when its renewal has
-    // lapsed and it has not (`CommandCore::restore` refuses the lapsed
-    // renewal and leaves the lease it replaced), and caps the GPUs again
-    // until the first lease's end. Not a rule of the ceiling: a fault of
-    // the restore, left to it.
-    let t = m.t;
-    let held = m.leases.iter().filter(|l| l.id == id && l.expires > t);
-    let ms = match held.map(|l| l.expires - t).max() {
-        Some(left) if ms <= MAX_LEASE_MS => ms.max(left as u32),
-        _ => ms,
-    };
     let frame = lease_frame(m.seq, m.t, id, caps, ms);
     let code = lease_code(caps, ms);
     if code.is_some() {
