@@ -291,7 +291,7 @@ mod tests {
     use crate::console::ResendCounts;
     use crate::gpu::{GpuInfo, GpuSample};
     use loopwarden_protocol::{
-        ReasonCode, ThrottleReasons, TimestampMs, Unsupported, Watts, WholeCelsius,
+        EccCounts, ReasonCode, ThrottleReasons, TimestampMs, Unsupported, Watts, WholeCelsius,
     };
     use node_core::caps::GpuRange;
     use node_core::health::GpuStatus;
@@ -361,6 +361,45 @@ mod tests {
         // Not supported, or not measured (no energy reported): absent.
         for absent in ["NVLINK", "DCGM_FI_DEV_MEMORY_TEMP", "ENERGY"] {
             assert!(!t.contains(absent), "{absent} in\n{t}");
+        }
+    }
+
+    /// Each ECC group hides only its own series: a GPU lacking the
+    /// aggregate counts still exports its volatile ones, and the other way.
+    #[test]
+    fn each_ecc_group_hides_only_its_own_series() {
+        let dcgm =
+            r#"{gpu="3",UUID="GPU-1234",device="nvidia3",modelName="NVIDIA H200",Hostname="h07"}"#;
+        let volatile = [
+            format!("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL{dcgm} 7\n"),
+            format!("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{dcgm} 1\n"),
+        ];
+        let aggregate = [
+            format!("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL{dcgm} 40\n"),
+            format!("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL{dcgm} 2\n"),
+        ];
+        let cases = [
+            (Unsupported::ECC_AGGREGATE, &volatile, &aggregate),
+            (Unsupported::ECC, &aggregate, &volatile),
+        ];
+        for (unsupported, present, absent) in cases {
+            let mut g = view();
+            let s = g.last.as_mut().expect("a sample");
+            s.unsupported = unsupported;
+            s.ecc = EccCounts {
+                sbe_volatile: 7,
+                dbe_volatile: 1,
+                sbe_aggregate: 40,
+                dbe_aggregate: 2,
+            };
+            let t = text(&g);
+            for line in present {
+                assert!(t.contains(line.as_str()), "{unsupported:?}: {line} in\n{t}");
+            }
+            for line in absent {
+                let name = line.split('{').next().unwrap_or_default();
+                assert!(!t.contains(name), "{unsupported:?}: {name} in\n{t}");
+            }
         }
     }
 

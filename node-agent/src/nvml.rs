@@ -361,18 +361,27 @@ mod call {
     pub const UTIL: u16 = 1 << 5;
     pub const THROTTLE: u16 = 1 << 6;
     pub const ECC_MODE: u16 = 1 << 7;
-    /// Four bits from here: the ECC counters.
-    pub const ECC_COUNT: u16 = 1 << 8;
+    /// The four ECC counters: corrected (SBE) and uncorrected (DBE), since
+    /// the driver loaded (volatile) and over the GPU's life (aggregate).
+    pub const ECC_SBE_VOLATILE: u16 = 1 << 8;
+    pub const ECC_DBE_VOLATILE: u16 = 1 << 9;
+    pub const ECC_SBE_AGGREGATE: u16 = 1 << 10;
+    pub const ECC_DBE_AGGREGATE: u16 = 1 << 11;
 
     /// The group call `bit` is reported unsupported with (none for the
-    /// limits and energy, which have no bit of their own).
+    /// limits and energy, which have no bit of their own). The aggregate
+    /// ECC counters have a group of their own: a GPU lacking one still
+    /// reports its volatile counts, which the health rules read.
     pub fn group(bit: u16) -> Unsupported {
         match bit {
             POWER_USAGE => Unsupported::POWER,
             CLOCKS => Unsupported::CLOCKS,
             UTIL => Unsupported::UTIL,
             THROTTLE => Unsupported::THROTTLE,
-            b if b == ECC_MODE || b & (0xF * ECC_COUNT) != 0 => Unsupported::ECC,
+            // Without the mode no ECC count is read, of either kind.
+            ECC_MODE => Unsupported::ECC | Unsupported::ECC_AGGREGATE,
+            ECC_SBE_VOLATILE | ECC_DBE_VOLATILE => Unsupported::ECC,
+            ECC_SBE_AGGREGATE | ECC_DBE_AGGREGATE => Unsupported::ECC_AGGREGATE,
             _ => Unsupported::empty(),
         }
     }

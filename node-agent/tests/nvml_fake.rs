@@ -8,7 +8,9 @@
 //!   units, and `describe` reports its identity and power range;
 //! - a "not supported" answer is recorded once in `unsupported` and never
 //!   asked again, while any other failure fails the call with the matching
-//!   [`GpuError`];
+//!   [`GpuError`]; an aggregate ECC counter the GPU lacks hides only the
+//!   aggregate counts (`ecc_aggregate`), so a double-bit error still
+//!   reaches the health rules through the volatile count;
 //! - a power limit set in watts reaches NVML in milliwatts and reads back;
 //! - a GPU whose NVML call hangs times out on its own while the other GPUs
 //!   keep answering, and answers again once the call returns;
@@ -653,7 +655,8 @@ fn unsupported_ecc_mode_reports_ecc_unsupported_and_off() {
     let (fake, mut gpu) = one_gpu(answers);
     for _ in 0..2 {
         let s = gpu.sample().expect("sample");
-        assert_eq!(s.unsupported, Unsupported::ECC);
+        // No count of either kind is read without the mode.
+        assert_eq!(s.unsupported, Unsupported::ECC | Unsupported::ECC_AGGREGATE);
         assert!(!s.flags.contains(GpuFlags::ECC_ENABLED));
         assert_eq!(s.ecc, EccCounts::default());
     }
@@ -1025,7 +1028,7 @@ fn an_unsupported_enforced_limit_hides_neither_power_nor_the_limit() {
 }
 
 #[test]
-fn one_unsupported_ecc_counter_keeps_the_ecc_mode() {
+fn one_unsupported_aggregate_ecc_counter_hides_only_the_aggregates() {
     let mut answers = Answers::healthy();
     answers.ecc_total.insert((true, false), Err(NotSupported));
     let (fake, mut gpu) = one_gpu(answers);
@@ -1035,11 +1038,80 @@ fn one_unsupported_ecc_counter_keeps_the_ecc_mode() {
             s.flags.contains(GpuFlags::ECC_ENABLED),
             "sample {round}: ECC is on"
         );
-        assert!(s.unsupported.contains(Unsupported::ECC), "sample {round}");
+        assert_eq!(s.unsupported, Unsupported::ECC_AGGREGATE, "sample {round}");
         assert_eq!(
             s.ecc,
-            EccCounts::default(),
-            "sample {round}: no count beside an unsupported bit"
+            EccCounts {
+                sbe_volatile: 11,
+                dbe_volatile: 2,
+                sbe_aggregate: 0,
+                dbe_aggregate: 0,
+            },
+            "sample {round}: the volatile counts stand, no aggregate beside its bit"
+        );
+    }
+    assert_eq!(fake.calls(0, GET_ECC_MODE), 3, "the mode is still read");
+}
+
+#[test]
+fn unsupported_aggregate_ecc_counters_leave_a_dbe_rise_to_the_rules() {
+    use loopwarden_protocol::{HealthState, ReasonCode, TimestampMs};
+    use node_core::health::{HealthEngine, Limits, Output, Policy};
+    let mut answers = clean();
+    for corrected in [true, false] {
+        answers
+            .ecc_total
+            .insert((corrected, false), Err(NotSupported));
+    }
+    let (fake, mut gpu) = one_gpu(answers);
+    let limits = Limits {
+        max_operating_c: 87.0,
+    };
+    let mut engine = HealthEngine::new(1, limits, Policy::default(), TimestampMs(0));
+    let s = gpu.sample().expect("a sample");
+    assert_eq!(s.unsupported, Unsupported::ECC_AGGREGATE, "not ecc");
+    assert_eq!((s.ecc.sbe_volatile, s.ecc.dbe_volatile), (11, 0));
+    let observed = |s: &GpuSample| node_agent::shell::observation(s);
+    let outs = engine.sample(TimestampMs(1_000), 0, &observed(&s));
+    assert!(outs.is_empty(), "{outs:?}");
+    // A double-bit error: the volatile count rises.
+    fake.set(0, |a| {
+        a.ecc_total.insert((false, true), Ok(1));
+    });
+    let s = gpu.sample().expect("a sample");
+    assert_eq!(s.unsupported, Unsupported::ECC_AGGREGATE);
+    assert_eq!(s.ecc.dbe_volatile, 1, "the rise reaches the sample");
+    let outs = engine.sample(TimestampMs(2_000), 0, &observed(&s));
+    assert!(
+        outs.iter().any(|o| matches!(o, Output::Change(c)
+            if c.reason == ReasonCode::DBE_VOLATILE && c.to == HealthState::Quarantined)),
+        "{outs:?}"
+    );
+    // Each aggregate counter was asked once; the volatile ones every sample.
+    assert_eq!(fake.calls(0, GET_ECC_TOTAL), 2 + 2 * 2);
+}
+
+#[test]
+fn one_unsupported_volatile_ecc_counter_reports_ecc_and_keeps_the_aggregates() {
+    let mut answers = Answers::healthy();
+    answers.ecc_total.insert((true, true), Err(NotSupported));
+    let (fake, mut gpu) = one_gpu(answers);
+    for round in 0..3 {
+        let s = gpu.sample().expect("samples");
+        assert!(
+            s.flags.contains(GpuFlags::ECC_ENABLED),
+            "sample {round}: ECC is on"
+        );
+        assert_eq!(s.unsupported, Unsupported::ECC, "sample {round}");
+        assert_eq!(
+            s.ecc,
+            EccCounts {
+                sbe_volatile: 0,
+                dbe_volatile: 0,
+                sbe_aggregate: 1_234,
+                dbe_aggregate: 5,
+            },
+            "sample {round}: no volatile count beside its bit, the aggregates stand"
         );
     }
     assert_eq!(fake.calls(0, GET_ECC_MODE), 3, "the mode is still read");

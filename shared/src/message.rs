@@ -102,7 +102,8 @@ name_set! {
         UTIL = 3 => "util",
         /// Clock-event reasons.
         THROTTLE = 4 => "throttle",
-        /// ECC counters.
+        /// ECC: the mode or a volatile count (since the driver loaded),
+        /// what the health rules read.
         ECC = 5 => "ecc",
         /// Retired pages.
         RETIRED = 6 => "retired",
@@ -112,6 +113,10 @@ name_set! {
         PCIE = 8 => "pcie",
         /// NVLink error counters.
         NVLINK = 9 => "nvlink",
+        /// The aggregate ECC counts (over the GPU's life): a group of its
+        /// own, so a GPU lacking them still shows its volatile counts. Set
+        /// with `ecc` when the mode is not supported (no count is read).
+        ECC_AGGREGATE = 10 => "ecc_aggregate",
     }
 }
 

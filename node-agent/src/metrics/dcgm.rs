@@ -178,7 +178,7 @@ const FIELDS: &[Field] = &[
             "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
             "Total number of single-bit persistent ECC errors.",
         ),
-        U::ECC,
+        U::ECC_AGGREGATE,
         |_, s| Some(s.ecc.sbe_aggregate.into()),
     ),
     field(
@@ -186,7 +186,7 @@ const FIELDS: &[Field] = &[
             "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
             "Total number of double-bit persistent ECC errors.",
         ),
-        U::ECC,
+        U::ECC_AGGREGATE,
         |_, s| Some(s.ecc.dbe_aggregate.into()),
     ),
     field(

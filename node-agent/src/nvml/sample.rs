@@ -30,8 +30,8 @@
 //!   between reads.
 
 use loopwarden_protocol::{
-    EccCounts, GpuFlags, MegaHertz, MemoryRepair, NvlinkErrors, Percent, ThrottleReasons,
-    Unsupported, Watts, WholeCelsius,
+    GpuFlags, MegaHertz, MemoryRepair, NvlinkErrors, Percent, ThrottleReasons, Unsupported, Watts,
+    WholeCelsius,
 };
 use node_core::health::{NvlinkLinks, NVLINK_LINKS};
 
@@ -171,8 +171,8 @@ impl<A: NvmlApi> NvmlGpu<A> {
         // With ECC off there is no count: none from before it went off.
         let (sbe, dbe) = if self.held.ecc_on {
             (
-                self.ecc_count(2, true, false)?,
-                self.ecc_count(3, false, false)?,
+                self.ecc_count(call::ECC_SBE_AGGREGATE, true, false)?,
+                self.ecc_count(call::ECC_DBE_AGGREGATE, false, false)?,
             )
         } else {
             (0, 0)
@@ -195,15 +195,16 @@ impl<A: NvmlApi> NvmlGpu<A> {
     fn ecc_volatile(&mut self, s: &mut GpuSample) -> Result<(), GpuError> {
         s.flags = s.flags.with(GpuFlags::ECC_ENABLED, self.held.ecc_on);
         if self.held.ecc_on {
-            s.ecc.sbe_volatile = self.ecc_count(0, true, true)?;
-            s.ecc.dbe_volatile = self.ecc_count(1, false, true)?;
+            s.ecc.sbe_volatile = self.ecc_count(call::ECC_SBE_VOLATILE, true, true)?;
+            s.ecc.dbe_volatile = self.ecc_count(call::ECC_DBE_VOLATILE, false, true)?;
         }
         Ok(())
     }
 
-    /// One ECC counter (`slot` 0 to 3 of [`call::ECC_COUNT`]).
-    fn ecc_count(&mut self, slot: u16, corrected: bool, volatile: bool) -> Result<u32, GpuError> {
-        let bit = call::ECC_COUNT << slot;
+    /// One ECC counter: call `bit` (one of `call::ECC_*_VOLATILE`,
+    /// `call::ECC_*_AGGREGATE`), the `corrected` or uncorrected count,
+    /// `volatile` or aggregate.
+    fn ecc_count(&mut self, bit: u16, corrected: bool, volatile: bool) -> Result<u32, GpuError> {
         Ok(self
             .ask(bit, "nvmlDeviceGetTotalEccErrors", |a, i| {
                 a.ecc_total(i, corrected, volatile)
@@ -406,8 +407,15 @@ fn zero_unsupported(s: &mut GpuSample) {
     if u.contains(Unsupported::THROTTLE) {
         s.throttle = ThrottleReasons::empty();
     }
+    // Each ECC group zeroes its own counts: an aggregate counter the GPU
+    // lacks leaves the volatile ones to the health rules.
     if u.contains(Unsupported::ECC) {
-        s.ecc = EccCounts::default();
+        s.ecc.sbe_volatile = 0;
+        s.ecc.dbe_volatile = 0;
+    }
+    if u.contains(Unsupported::ECC_AGGREGATE) {
+        s.ecc.sbe_aggregate = 0;
+        s.ecc.dbe_aggregate = 0;
     }
     if u.contains(Unsupported::RETIRED) {
         s.repair.retired_sbe = 0;
