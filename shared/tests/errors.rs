@@ -94,7 +94,7 @@ fn trailing_bytes_same_minor_refused_newer_minor_ignored() {
         Err(DecodeError::TrailingBytes { count: 3 })
     );
     // A newer minor may append fields: the tail is ignored.
-    b[1] = 9;
+    b[1] = PROTOCOL.minor + 1;
     let f = Frame::decode(&with_crc(b)).unwrap();
     assert_eq!(f, samples::frame(MessageKind::HostTelemetry));
 }
@@ -121,7 +121,7 @@ fn errors_say_what_was_wrong() {
     };
     assert_eq!(
         e.to_string(),
-        "protocol version 3.1 is not supported (this reader speaks 2.8)"
+        "protocol version 3.1 is not supported (this reader speaks 2.9)"
     );
     let e = DecodeError::BadCrc {
         carried: 1,

@@ -78,7 +78,7 @@ fn eight_gpu_telemetry_fits_256_bytes() {
 fn golden_header_layout_is_as_documented() {
     let bytes = samples::frame(MessageKind::Event).to_vec().unwrap();
     assert_eq!(bytes[0], 2, "major version first");
-    assert_eq!(bytes[1], 8, "minor version second");
+    assert_eq!(bytes[1], 9, "minor version second");
     assert_eq!(bytes[2], MessageKind::Event as u8, "kind third");
     // The trailing CRC is the zlib CRC-32 of everything before it.
     let (content, crc) = bytes.split_at(bytes.len() - 4);

@@ -42,7 +42,7 @@ fn sample_json_names_its_kind_and_round_trips() {
         let text = frame.to_json();
         let value: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(value["kind"], kind.name());
-        assert_eq!(value["protocol"], "2.8");
+        assert_eq!(value["protocol"], "2.9");
         assert_eq!(Frame::from_json(&text).unwrap(), frame);
     }
 }
@@ -62,7 +62,7 @@ fn json_reads_like_units() {
 #[test]
 fn json_refuses_bad_input_with_a_reason() {
     let good = samples::frame(MessageKind::Online).to_json();
-    let newer = good.replace(r#""protocol":"2.8""#, r#""protocol":"3.0""#);
+    let newer = good.replace(r#""protocol":"2.9""#, r#""protocol":"3.0""#);
     assert!(Frame::from_json(&newer)
         .unwrap_err()
         .to_string()
