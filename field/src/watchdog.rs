@@ -17,9 +17,9 @@
 //! period is longer than the ping interval: a 30 s sampling period under
 //! a 10 s `WatchdogSec`). A loop that is alive but hung (a pass that never
 //! ends, a wedged runtime) stops the pings once it is late, and systemd
-//! kills and restarts the process. [`watch_progress`] is the task that runs it on a watch
-//! channel the loop updates; each agent says what its loop is called
-//! ([`Progress`]) and where the count is.
+//! kills and restarts the process. [`watch_progress`] is the task that
+//! runs it on a watch channel the loop updates; each agent says what its
+//! loop is called ([`Progress`]) and where the count is.
 //!
 //! Glossary:
 //! - *notify socket*: the datagram socket the service manager listens on
@@ -420,9 +420,10 @@ impl Heartbeat {
 
     /// How long after a pass was seen a loop of `period`, checked every
     /// `every`, is late: a period and the shorter of the period and
-    /// `every` (a pass may end a whole round after its tick). Under
-    /// `every` (a period shorter than the checks), every check must find
-    /// a new pass, as it always does for a loop that turns.
+    /// `every` (a pass may end a whole round after its tick). With a
+    /// period under half of `every`, the grace is shorter than the time
+    /// between two checks: every check must find a new pass, as it always
+    /// does for a loop that turns.
     pub fn grace(period: Duration, every: Duration) -> Duration {
         period + period.min(every)
     }
