@@ -8,8 +8,8 @@
 //!   write and its limits ([`Pending`]).
 
 use loopwarden_protocol::{
-    Ack, AckCode, CduMode, Correlation, Event, Family, Frame, GpuCap, GpuSelector, Message,
-    QuarantineRelease, RackCooling, Text, Topic,
+    Ack, AckCode, CduMode, CduState, Correlation, Event, Family, Frame, GpuCap, GpuSelector,
+    Message, QuarantineRelease, RackCooling, Text, Topic,
 };
 
 use super::{gpu_index, Effect, Level, Node, Now};
@@ -75,15 +75,14 @@ impl Node {
             ));
             return;
         }
-        let rack_lost = c.rack.is_some_and(|r| {
-            st.racks
-                .iter()
-                .any(|x| x.rack.get() == r && x.cooling == RackCooling::Lost)
-        });
-        let steps = self.cooling.told(now.steady.0, rack_lost);
+        let lost = rack_lost(c, st, out);
+        let steps = match lost {
+            Some(lost) => self.cooling.told(now.steady.0, lost),
+            None => self.cooling.tick(now.steady.0),
+        };
         self.run_cooling(now, steps, out);
         let state = match st.mode {
-            _ if rack_lost => LoopState::Failsafe,
+            _ if lost == Some(true) => LoopState::Failsafe,
             CduMode::Normal => LoopState::Normal,
             CduMode::Degraded | CduMode::Boot => LoopState::Degraded,
             CduMode::Failsafe => LoopState::Failsafe,
@@ -241,4 +240,25 @@ impl Node {
         }));
         out.extend(p.events.into_iter().map(Effect::Emit));
     }
+}
+
+/// Whether the state `st` says this host's rack lost cooling: `None` when
+/// it does not list the rack (said), which says no more that cooling is
+/// back than silence does. A host without a rack never lost it.
+fn rack_lost(c: &super::CoolantSource, st: &CduState, out: &mut Vec<Effect>) -> Option<bool> {
+    let Some(r) = c.rack else {
+        return Some(false);
+    };
+    let Some(rack) = st.racks.iter().find(|x| x.rack.get() == r) else {
+        out.push(Effect::Say(
+            Level::Warn,
+            format!(
+                "cdu/{}'s state does not list rack {r}, this host's: \
+                 nothing is known of its cooling",
+                c.cdu
+            ),
+        ));
+        return None;
+    };
+    Some(rack.cooling == RackCooling::Lost)
 }
