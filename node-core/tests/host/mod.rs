@@ -1,5 +1,5 @@
 //! The agent's shell, played for the node's tests (`node_step.rs`,
-//! `ceiling_properties.rs`): four fake GPUs with their power limits, a
+//! `ceiling_properties.rs`, `cooling_properties.rs`): four fake GPUs with their power limits, a
 //! fake flash (the commands logged, the limits, health, phases and replay
 //! floors kept), and a record of what went on the bus; it carries out
 //! each effect of the node and answers it as the agent does.
@@ -22,7 +22,7 @@ use node_core::caps::{GpuRange, LeaseLimits};
 use node_core::commands::Authority;
 use node_core::cooling_loss::Phase;
 use node_core::guard::GuardSettings;
-use node_core::health::{Limits, Observation, Policy};
+use node_core::health::{GpuStatus, Limits, Observation, Policy};
 use node_core::node::{
     push_front, CoolantSource, Effect, GpuSetup, Input, KeptLimit, LimitResult, Node, Now, Reading,
     Setup,
@@ -59,8 +59,11 @@ pub struct Host {
     pub kept_health: Vec<u8>,
     pub quarantined: Vec<u8>,
     pub cooling: Vec<CoolingStep>,
+    /// The cooling-loss phases kept in flash, each time (a host started
+    /// with [`Kept`] begins with the phase it was given).
     pub kept_phase: Vec<Phase>,
-    /// The replay floors kept in flash, each time.
+    /// The replay floors kept in flash, each time (a host started with
+    /// [`Kept`] begins with the floors it was given).
     pub kept_floors: Vec<(NodeId, u32)>,
     pub logged_commands: usize,
     /// The command frames logged to flash, in order (a restart takes
@@ -68,6 +71,10 @@ pub struct Host {
     pub logged: Vec<Frame>,
     /// The limits kept in flash, each time.
     pub kept_limits: Vec<Vec<KeptLimit>>,
+    /// What the flash holds of each GPU's limits now.
+    pub flash_limits: [Option<KeptLimit>; GPUS],
+    /// Each GPU's health as last kept in flash.
+    pub kept_status: [Option<GpuStatus>; GPUS],
     /// Every effect in the order carried out.
     pub trail: Vec<Effect>,
 }
@@ -106,6 +113,15 @@ pub struct Start {
     pub at: u64,
 }
 
+/// What else the flash kept and the agent gives back before its start:
+/// the cooling-loss phase, the replay floors, each GPU's health.
+#[derive(Clone, Default)]
+pub struct Kept {
+    pub phase: Option<Phase>,
+    pub floors: Vec<(NodeId, u32)>,
+    pub health: [Option<GpuStatus>; GPUS],
+}
+
 impl Host {
     pub fn new() -> Self {
         Self::boot(Boot::default())
@@ -125,6 +141,13 @@ impl Host {
     /// logged still valid taken back, the kept limits given, then the
     /// start's read and reconcile.
     pub fn start(boot: Start) -> Self {
+        Self::start_kept(boot, Kept::default())
+    }
+
+    /// As [`Host::start`], with the rest of what the flash kept given back
+    /// first, as the agent gives it (a GPU's health only when not
+    /// healthy).
+    pub fn start_kept(boot: Start, kept: Kept) -> Self {
         let setup = Setup {
             own_cmd: samples::command_topic(),
             authority: Authority::demo(Some(cdu())),
@@ -159,6 +182,17 @@ impl Host {
                 node.restore_limit(i as u8, *k);
             }
         }
+        for (i, status) in kept.health.iter().enumerate() {
+            if let Some(st) = status.as_ref().filter(|s| s.state != HealthState::Healthy) {
+                node.restore_health(i as u8, st.clone());
+            }
+        }
+        if let Some(phase) = kept.phase {
+            node.restore_cooling(phase);
+        }
+        for (sender, seq) in &kept.floors {
+            node.restore_replay_floor(sender, *seq);
+        }
         let mut host = Self {
             node,
             limits: boot.limits,
@@ -170,11 +204,13 @@ impl Host {
             kept_health: Vec::new(),
             quarantined: Vec::new(),
             cooling: Vec::new(),
-            kept_phase: Vec::new(),
-            kept_floors: Vec::new(),
+            kept_phase: kept.phase.into_iter().collect(),
+            kept_floors: kept.floors,
             logged_commands: 0,
             logged: boot.logged,
             kept_limits: Vec::new(),
+            flash_limits: boot.kept,
+            kept_status: kept.health,
             trail: Vec::new(),
         };
         host.step(boot.at, Input::Start);
@@ -243,6 +279,7 @@ impl Host {
                 }
                 Effect::KeepHealth(gpu) => {
                     self.kept_health.push(gpu);
+                    self.kept_status[gpu as usize] = self.node.health().status(gpu).cloned();
                     continue;
                 }
                 Effect::Quarantine { gpu, .. } => {
@@ -258,6 +295,9 @@ impl Host {
                     continue;
                 }
                 Effect::KeepLimits(kept) => {
+                    for (f, k) in self.flash_limits.iter_mut().zip(&kept) {
+                        *f = Some(*k);
+                    }
                     self.kept_limits.push(kept);
                     continue;
                 }
@@ -269,6 +309,27 @@ impl Host {
             };
             push_front(&mut queue, answer);
         }
+    }
+
+    /// The host started again at `at` from everything its flash kept
+    /// (after a stop): the GPUs' limits as they are, the kept limits, the
+    /// commands logged, the cooling-loss phase, the replay floors and the
+    /// health states.
+    pub fn restarted(&self, at: u64) -> Self {
+        Self::start_kept(
+            Start {
+                limits: self.limits,
+                site_limit: None,
+                kept: self.flash_limits,
+                logged: self.logged.clone(),
+                at,
+            },
+            Kept {
+                phase: self.kept_phase.last().copied(),
+                floors: self.kept_floors.clone(),
+                health: self.kept_status.clone(),
+            },
+        )
     }
 
     /// A round in which every GPU answers a quiet, healthy sample.
