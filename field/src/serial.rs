@@ -38,6 +38,7 @@ pub mod password;
 /// The records the console leaves in the flash log (in the bus crate, so
 /// `lwbus flash` reads them as the consoles do).
 pub use loopwarden_bus::console_record as record;
+pub mod request;
 pub mod session;
 
 use record::Record;
@@ -89,17 +90,58 @@ impl Answer {
             ok: false,
         }
     }
+
+    /// A command line carried out as `ctl` does it: its request
+    /// (`parsed`; refused with why when the line is not one) `answer`ed
+    /// as the console socket answers it, and the answer `render`ed.
+    pub async fn asked<R, F>(
+        parsed: Result<R, String>,
+        answer: impl FnOnce(R) -> F,
+        render: impl FnOnce(&R, &Value) -> String,
+    ) -> Answer
+    where
+        R: Clone,
+        F: Future<Output = Value>,
+    {
+        let req = match parsed {
+            Ok(r) => r,
+            Err(why) => return Answer::refused(why),
+        };
+        let v = answer(req.clone()).await;
+        Answer::of(&v, |v| render(&req, v))
+    }
+}
+
+/// Who an agent is, for its serial console's banner and prompt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// The program, for the banner and for hints: "cooling-ctrl".
+    pub program: &'static str,
+    /// Its version.
+    pub version: &'static str,
+    /// What it looks after, in a word: "CDU", "host".
+    pub role: &'static str,
+    /// Which one: the prompt's name ("cdu-1").
+    pub name: String,
+    /// Its site.
+    pub site: String,
+}
+
+impl Identity {
+    /// The banner's line: "Loopwarden cooling-ctrl 0.1.0, CDU cdu-1 of
+    /// site hall-1".
+    pub fn banner(&self) -> String {
+        format!(
+            "Loopwarden {} {}, {} {} of site {}",
+            self.program, self.version, self.role, self.name, self.site
+        )
+    }
 }
 
 /// What an agent gives its serial console.
 pub trait SerialAgent: Send + Sync + 'static {
-    /// Who this is, for the banner ("Loopwarden cooling-ctrl 0.1.0, CDU
-    /// cdu-1 of site hall-1").
-    fn banner(&self) -> String;
-    /// The prompt's name (the host, the CDU).
-    fn name(&self) -> String;
-    /// The program, for hints ("cooling-ctrl").
-    fn program(&self) -> &'static str;
+    /// Who this is, for the banner and the prompt.
+    fn identity(&self) -> Identity;
     /// The commands besides the built-in ones.
     fn commands(&self) -> &'static [Spec];
     /// Carries out `words` (a command of [`commands`](Self::commands),
@@ -127,7 +169,7 @@ pub fn start<A: SerialAgent>(
     let serial = serial?;
     tracing::info!(
         "{}: serial console on {} at {} baud, {offers}",
-        agent.program(),
+        agent.identity().program,
         serial.port.display(),
         serial.baud
     );
@@ -203,11 +245,12 @@ where
 
 /// The session of `console` for `agent`.
 pub fn new_session<A: SerialAgent>(console: &SerialConsole, agent: &A) -> Session {
+    let identity = agent.identity();
     let settings = Settings {
         port: console.port.display().to_string(),
-        banner: agent.banner(),
-        name: agent.name(),
-        program: agent.program().into(),
+        banner: identity.banner(),
+        program: identity.program.into(),
+        name: identity.name,
         idle_ms: console.idle.as_millis() as u64,
         password: console.password_hash.is_some(),
     };

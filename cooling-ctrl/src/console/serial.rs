@@ -7,8 +7,9 @@
 
 use std::sync::Arc;
 
+use loopwarden_field::serial::request::{events_since, split, EVENTS};
 use loopwarden_field::serial::session::Spec;
-use loopwarden_field::serial::{Answer, SerialAgent};
+use loopwarden_field::serial::{Answer, Identity, SerialAgent};
 
 use super::{answer, render, Context, Request};
 
@@ -40,12 +41,7 @@ const COMMANDS: &[Spec] = &[
         summary: "caps per host: asked, why, the last ack",
         changes_state: false,
     },
-    Spec {
-        name: "events",
-        args: "[--since T]",
-        summary: "the event log (T: 30s, 10m, 2h, 1d)",
-        changes_state: false,
-    },
+    EVENTS,
     Spec {
         name: "clear-leak",
         args: "RACK",
@@ -62,17 +58,13 @@ const COMMANDS: &[Spec] = &[
 
 /// The request a command line asks for, or why it is not one.
 fn parse(words: &[String], now_ms: u64) -> Result<Request, String> {
-    let args: Vec<&str> = words[1..].iter().map(String::as_str).collect();
-    let name = words[0].to_ascii_lowercase();
+    let (name, args) = split(words);
     match (name.as_str(), args.as_slice()) {
         ("status", []) => Ok(Request::Status),
         ("sensors", []) => Ok(Request::Sensors),
         ("loops", []) => Ok(Request::Loops),
         ("caps", []) => Ok(Request::Caps),
-        ("events", []) => Ok(Request::Events { since: None }),
-        ("events", ["--since", t]) => Ok(Request::Events {
-            since: Some(super::parse_since(t, now_ms)?),
-        }),
+        ("events", args) => events_since(args, now_ms).map(|since| Request::Events { since }),
         ("clear-leak", [rack]) => rack
             .parse()
             .map(|rack| Request::ClearLeak { rack })
@@ -85,21 +77,14 @@ fn parse(words: &[String], now_ms: u64) -> Result<Request, String> {
 }
 
 impl SerialAgent for SerialCdu {
-    fn banner(&self) -> String {
-        format!(
-            "Loopwarden cooling-ctrl {}, CDU {} of site {}",
-            env!("CARGO_PKG_VERSION"),
-            self.0.cdu,
-            self.0.site
-        )
-    }
-
-    fn name(&self) -> String {
-        self.0.cdu.clone()
-    }
-
-    fn program(&self) -> &'static str {
-        "cooling-ctrl"
+    fn identity(&self) -> Identity {
+        Identity {
+            program: "cooling-ctrl",
+            version: env!("CARGO_PKG_VERSION"),
+            role: "CDU",
+            name: self.0.cdu.clone(),
+            site: self.0.site.clone(),
+        }
     }
 
     fn commands(&self) -> &'static [Spec] {
@@ -107,12 +92,9 @@ impl SerialAgent for SerialCdu {
     }
 
     async fn run(&self, words: &[String], operator: &str) -> Answer {
-        let req = match parse(words, loopwarden_bus::now_ms().0) {
-            Ok(r) => r,
-            Err(why) => return Answer::refused(why),
-        };
-        let v = answer::answer_as(&self.0, req.clone(), operator).await;
-        Answer::of(&v, |v| render(&req, v))
+        let parsed = parse(words, loopwarden_bus::now_ms().0);
+        let ask = |req| answer::answer_as(&self.0, req, operator);
+        Answer::asked(parsed, ask, render).await
     }
 }
 

@@ -281,14 +281,14 @@ proptest! {
 struct TestAgent;
 
 impl SerialAgent for TestAgent {
-    fn banner(&self) -> String {
-        "Loopwarden test-agent, unit u1".into()
-    }
-    fn name(&self) -> String {
-        "u1".into()
-    }
-    fn program(&self) -> &'static str {
-        "test-agent"
+    fn identity(&self) -> Identity {
+        Identity {
+            program: "test-agent",
+            version: "0.0.0",
+            role: "unit",
+            name: "u1".into(),
+            site: "lab".into(),
+        }
     }
     fn commands(&self) -> &'static [Spec] {
         COMMANDS
@@ -481,6 +481,48 @@ fn operators_are_named_after_the_device() {
         "/dev/serial/by-id/usb-FTDI_FT232R_USB_UART_A50285BI-if00-port0",
     ));
     assert!(long.len() <= 32, "{long}");
+}
+
+#[test]
+fn the_banner_names_the_program_its_version_what_it_runs_and_the_site() {
+    assert_eq!(
+        TestAgent.identity().banner(),
+        "Loopwarden test-agent 0.0.0, unit u1 of site lab"
+    );
+}
+
+#[tokio::test]
+async fn a_command_line_is_refused_answered_or_an_error_as_ctl_prints_it() {
+    let render = |req: &u8, v: &Value| format!("{req}: {}", v["a"]);
+    let refused = Answer::asked(
+        Err::<u8, _>("usage: x".into()),
+        |_| async { serde_json::json!({}) },
+        render,
+    )
+    .await;
+    assert_eq!(refused, Answer::refused("usage: x"));
+    let answered = Answer::asked(
+        Ok(7u8),
+        |r| async move { serde_json::json!({ "a": r * 2 }) },
+        render,
+    )
+    .await;
+    let want = Answer {
+        text: "7: 14".into(),
+        ok: true,
+    };
+    assert_eq!(answered, want);
+    let failed = Answer::asked(
+        Ok(1u8),
+        |_| async { serde_json::json!({"error": "no such rack"}) },
+        render,
+    )
+    .await;
+    let want = Answer {
+        text: "error: no such rack".into(),
+        ok: false,
+    };
+    assert_eq!(failed, want);
 }
 
 use std::path::Path;

@@ -10,8 +10,9 @@
 //! the serial console offers no release; `login` works (and is logged)
 //! for a uniform procedure on both agents.
 
+use loopwarden_field::serial::request::{events_since, split, EVENTS};
 use loopwarden_field::serial::session::Spec;
-use loopwarden_field::serial::{Answer, SerialAgent};
+use loopwarden_field::serial::{Answer, Identity, SerialAgent};
 
 use super::{answer, render, Context, Request};
 
@@ -37,12 +38,7 @@ const COMMANDS: &[Spec] = &[
         summary: "limits in force and the leases behind them",
         changes_state: false,
     },
-    Spec {
-        name: "events",
-        args: "[--since T]",
-        summary: "the event log (T: 30s, 10m, 2h, 1d)",
-        changes_state: false,
-    },
+    EVENTS,
     Spec {
         name: "why",
         args: "GPU",
@@ -53,16 +49,12 @@ const COMMANDS: &[Spec] = &[
 
 /// The request a command line asks for, or why it is not one.
 fn parse(words: &[String], now_ms: u64) -> Result<Request, String> {
-    let args: Vec<&str> = words[1..].iter().map(String::as_str).collect();
-    let name = words[0].to_ascii_lowercase();
+    let (name, args) = split(words);
     match (name.as_str(), args.as_slice()) {
         ("status", []) => Ok(Request::Status),
         ("gpus", []) => Ok(Request::Gpus),
         ("caps", []) => Ok(Request::Caps),
-        ("events", []) => Ok(Request::Events { since: None }),
-        ("events", ["--since", t]) => Ok(Request::Events {
-            since: Some(super::parse_since(t, now_ms)?),
-        }),
+        ("events", args) => events_since(args, now_ms).map(|since| Request::Events { since }),
         ("why", [gpu]) => gpu
             .parse()
             .map(|gpu| Request::Why { gpu })
@@ -72,21 +64,14 @@ fn parse(words: &[String], now_ms: u64) -> Result<Request, String> {
 }
 
 impl SerialAgent for SerialHost {
-    fn banner(&self) -> String {
-        format!(
-            "Loopwarden node-agent {}, host {} of site {}",
-            env!("CARGO_PKG_VERSION"),
-            self.0.host,
-            self.0.site
-        )
-    }
-
-    fn name(&self) -> String {
-        self.0.host.clone()
-    }
-
-    fn program(&self) -> &'static str {
-        "node-agent"
+    fn identity(&self) -> Identity {
+        Identity {
+            program: "node-agent",
+            version: env!("CARGO_PKG_VERSION"),
+            role: "host",
+            name: self.0.host.clone(),
+            site: self.0.site.clone(),
+        }
     }
 
     fn commands(&self) -> &'static [Spec] {
@@ -94,12 +79,8 @@ impl SerialAgent for SerialHost {
     }
 
     async fn run(&self, words: &[String], _operator: &str) -> Answer {
-        let req = match parse(words, loopwarden_bus::now_ms().0) {
-            Ok(r) => r,
-            Err(why) => return Answer::refused(why),
-        };
-        let v = answer(&self.0, req.clone()).await;
-        Answer::of(&v, |v| render(&req, v))
+        let parsed = parse(words, loopwarden_bus::now_ms().0);
+        Answer::asked(parsed, |req| answer(&self.0, req), render).await
     }
 }
 
