@@ -97,6 +97,16 @@ pub fn key_values(rows: &[(&str, String)]) -> String {
     out
 }
 
+/// The resends of logged events in `status`, from the resender's counts
+/// (`{"served", "frames", "refused", "withheld"}`): "3 served (12
+/// frames), 1 refused, 4 withheld".
+pub fn resends(v: &Value) -> String {
+    fill(
+        v,
+        "{served} served ({frames} frames), {refused} refused, {withheld} withheld",
+    )
+}
+
 /// The `events` answer (`{"events": [{"seq", "time_ms", "event", "text"}]}`)
 /// as a table, each event as its sentence; `no events` when empty.
 pub fn events_table(v: &Value) -> String {
@@ -145,6 +155,12 @@ mod tests {
             "3 of x, true; - -"
         );
         assert_eq!(fill(&v, "no fields"), "no fields");
+    }
+
+    #[test]
+    fn resends_say_what_was_served_refused_and_withheld() {
+        let v = serde_json::json!({"served": 3, "refused": 1, "withheld": 4, "frames": 12});
+        assert_eq!(resends(&v), "3 served (12 frames), 1 refused, 4 withheld");
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::vec::Vec;
 use std::{format, vec};
 
 use loopwarden_field::render::{
-    events_table, fill, fill_each, key_values, rows_of, table, text as s,
+    events_table, fill, fill_each, key_values, resends, rows_of, table, text as s,
 };
 use serde_json::Value;
 
@@ -201,13 +201,7 @@ fn link_rows(v: &Value) -> Vec<(&'static str, String)> {
                 s(&v["bus"]["publish_errors"])
             ),
         ),
-        (
-            "resends",
-            fill(
-                &v["resend"],
-                "{served} served ({frames} frames), {refused} refused, {withheld} withheld",
-            ),
-        ),
+        ("resends", resends(&v["resend"])),
         (
             "leases",
             fill(

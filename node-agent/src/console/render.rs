@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 
 use loopwarden_field::render::{
-    events_table, fill, fill_each, key_values, rows_of, table, text as s,
+    events_table, fill, fill_each, key_values, resends, rows_of, table, text as s,
 };
 use loopwarden_protocol::TimestampMs;
 use serde_json::Value;
@@ -34,13 +34,7 @@ fn status(v: &Value) -> String {
         ),
         ("unresponsive", s(&v["unresponsive"])),
         ("bus", bus_line(v)),
-        (
-            "resends",
-            fill(
-                &v["resend"],
-                "{served} served ({frames} frames), {refused} refused, {withheld} withheld",
-            ),
-        ),
+        ("resends", resends(&v["resend"])),
         (
             "uptime",
             format!("{:.0} s", v["uptime_s"].as_f64().unwrap_or(0.0)),
