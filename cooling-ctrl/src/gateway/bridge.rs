@@ -579,14 +579,24 @@ impl Bridge {
         // What the MCU has learned of its hall stays on it.
         let telemetry = cdu_telemetry(&facts, &self.layout, None);
         acts.push(Act::Telemetry(Box::new(telemetry)));
-        self.state_if_due(&facts, now, acts);
+        self.state_if_due(&facts, true, now, acts);
         self.last = Some(s);
     }
 
     /// The state of `facts` at `now`, when due by `run`'s rule: the
     /// state's own, or, in a hall, its part moved (and the water of this
     /// gateway's own plan, when it coordinates and it is due to go down).
-    fn state_if_due(&mut self, facts: &StepFacts<'_>, now: Now, acts: &mut Vec<Act>) {
+    /// Without `racks_known` (no status heard since the gateway started)
+    /// the state lists no rack: hosts then know nothing of their rack's
+    /// cooling, as from silence, and neither end a cooling loss (a rack
+    /// may still be shut after a leak) nor start one.
+    fn state_if_due(
+        &mut self,
+        facts: &StepFacts<'_>,
+        racks_known: bool,
+        now: Now,
+        acts: &mut Vec<Act>,
+    ) {
         let key = facts.state_key();
         let speaks = !self.silent;
         let (facility, moved) = match self.hall.as_mut() {
@@ -600,13 +610,17 @@ impl Bridge {
         if !moved && !StateSent::due(self.state_sent.as_ref(), &key, now.mono_ms) {
             return;
         }
-        let st = cdu_state(facts, &self.layout, facility);
+        let mut st = cdu_state(facts, &self.layout, facility);
+        if !racks_known {
+            st.racks.clear();
+        }
         acts.push(Act::State(Box::new(st), key));
     }
 
     /// The state that says the MCU is silent, when due: failsafe since
     /// its last frame (or the gateway's start), with the racks and the
-    /// setpoint of its last status, offering nothing to the hall.
+    /// setpoint of its last status (no rack, and the failsafe setpoint,
+    /// before any status), offering nothing to the hall.
     fn silent_state(&mut self, now: Now, acts: &mut Vec<Act>) {
         let since = self.last_frame.unwrap_or(self.started).unix_ms;
         let (racks, setpoint_c) = match &self.last {
@@ -628,7 +642,8 @@ impl Bridge {
             sensor_faults: [None; 4],
             outdoor_c: None,
         };
-        self.state_if_due(&facts, now, acts);
+        let racks_known = self.last.is_some();
+        self.state_if_due(&facts, racks_known, now, acts);
     }
 }
 
@@ -1043,7 +1058,7 @@ mod tests {
     }
 
     #[test]
-    fn an_mcu_silent_from_the_start_is_said_at_its_failsafe_setpoint() {
+    fn an_mcu_silent_from_the_start_is_said_at_its_failsafe_setpoint_with_no_rack() {
         let mut b = bridge();
         assert!(b.tick(at(2_999)).is_empty());
         let acts = b.tick(at(3_000));
@@ -1055,7 +1070,9 @@ mod tests {
             s.setpoint.value(),
             f64::from(core.margins.failsafe_setpoint_c)
         );
-        assert!(s.racks.iter().all(|r| r.cooling == RackCooling::Normal));
+        // Nothing is known of the racks: none is listed, so no host reads
+        // "cooling back" (a rack may still be shut after a leak) or "lost".
+        assert!(s.racks.is_empty(), "{:?}", s.racks);
     }
 
     #[test]
