@@ -46,20 +46,10 @@ use node_agent::nvml::{throttle_from_nvml, NvmlApi, NvmlFailure, NvmlGpu, NvmlRe
 use node_agent::worker::{Answer, Worker};
 use NvmlFailure::{GpuLost, InvalidArgument, NoPermission, NotSupported};
 
-/// `nvmlDeviceGetFieldValues` ids, from `nvml.h`.
+/// `nvmlDeviceGetFieldValues` ids, as the agent asks for them.
 mod fi {
-    pub const MEMORY_TEMP: u32 = 82;
-    pub const RETIRED_SBE: u32 = 29;
-    pub const RETIRED_DBE: u32 = 30;
-    pub const RETIRED_PENDING: u32 = 31;
-    pub const REMAPPED_COR: u32 = 142;
-    pub const REMAPPED_UNC: u32 = 143;
-    pub const REMAPPED_PENDING: u32 = 144;
-    pub const REMAPPED_FAILURE: u32 = 145;
-    pub const PCIE_REPLAY_COUNTER: u32 = 94;
-    pub const NVLINK_CRC_DATA_TOTAL: u32 = 45;
-    pub const NVLINK_REPLAY_TOTAL: u32 = 52;
-    pub const NVLINK_RECOVERY_TOTAL: u32 = 59;
+    pub use node_agent::nvml::field::*;
+    /// The NVLink totals.
     pub const NVLINK: [u32; 3] = [
         NVLINK_CRC_DATA_TOTAL,
         NVLINK_REPLAY_TOTAL,
