@@ -74,9 +74,9 @@ const SIGNING_WAITS: usize = 3;
 /// (at most about a second). A clear's id is its second, so clears asked
 /// one after another (a script's `clear-leak 2` then `clear-pump B`)
 /// each get an id of their own and the MCU takes both; without the wait
-/// the second would be refused as a replay. After [`SIGNING_WAITS`]
-/// waits (a wall clock stepped back) it signs at the last reading, and a
-/// replay refusal says so.
+/// the second would be refused as a replay. After three waits
+/// (`SIGNING_WAITS`; a wall clock stepped back) it signs at the last
+/// reading, and a replay refusal says so.
 pub fn signing_ms(mut now: impl FnMut() -> u64, mut sleep: impl FnMut(Duration)) -> u64 {
     let mut at = now();
     let first = clear_id(at);
