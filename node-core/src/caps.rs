@@ -295,7 +295,8 @@ impl CapArbiter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use loopwarden_protocol::{CommandAuth, DurationMs, GpuCap, ReasonCode, Role};
+    use loopwarden_protocol::samples::cooling_lease as lease;
+    use loopwarden_protocol::{DurationMs, Role};
 
     fn arbiter() -> CapArbiter {
         CapArbiter::new(vec![
@@ -305,23 +306,6 @@ mod tests {
             };
             4
         ])
-    }
-
-    fn lease(id: u32, caps: &[(GpuSelector, u32)], ms: u32) -> CapLease {
-        CapLease {
-            lease: id,
-            source: CapSource::Cooling,
-            reason: ReasonCode::CAPACITY_SHORT,
-            caps: caps
-                .iter()
-                .map(|(g, w)| GpuCap {
-                    gpus: *g,
-                    limit: Watts(*w),
-                })
-                .collect(),
-            duration: DurationMs(ms),
-            auth: CommandAuth::default(),
-        }
     }
 
     fn cdu() -> NodeId {

@@ -553,9 +553,7 @@ impl CommandCore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use loopwarden_protocol::{
-        samples, CommandAuth, DurationMs, GpuCap, QuarantineRelease, ReasonCode, Role, Text,
-    };
+    use loopwarden_protocol::{samples, CommandAuth, QuarantineRelease, Role, Text};
 
     const SEED: [u8; 32] = [0x5a; 32];
 
@@ -614,20 +612,7 @@ mod tests {
     }
 
     fn lease_frame(seq: u32, time: u64, caps: &[(GpuSelector, u32)], ms: u32) -> Frame {
-        let lease = CapLease {
-            lease: 1,
-            source: CapSource::Cooling,
-            reason: ReasonCode::CAPACITY_SHORT,
-            caps: caps
-                .iter()
-                .map(|(g, w)| GpuCap {
-                    gpus: *g,
-                    limit: Watts(*w),
-                })
-                .collect(),
-            duration: DurationMs(ms),
-            auth: CommandAuth::default(),
-        };
+        let lease = samples::cooling_lease(1, caps, ms);
         let mut f = Frame {
             sender: NodeId::new(Role::Cdu, "cdu-a").unwrap(),
             seq,

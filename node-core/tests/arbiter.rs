@@ -2,10 +2,8 @@
 //! always the lowest of the valid leases and the guard, within the GPU's
 //! settable range, and a refused lease changes nothing.
 
-use loopwarden_protocol::{
-    AckCode, CapLease, CapSource, CommandAuth, DurationMs, GpuCap, GpuIndex, GpuSelector, NodeId,
-    ReasonCode, Role, TimestampMs, Watts,
-};
+use loopwarden_protocol::samples::cooling_lease;
+use loopwarden_protocol::{AckCode, GpuIndex, GpuSelector, NodeId, Role, TimestampMs, Watts};
 use node_core::caps::{CapArbiter, GpuRange};
 use proptest::prelude::*;
 
@@ -86,20 +84,11 @@ proptest! {
             match op {
                 Op::Lease { from, id, caps, sent_ago, ms } => {
                     let sent = now - sent_ago as u64;
-                    let lease = CapLease {
-                        lease: id,
-                        source: CapSource::Cooling,
-                        reason: ReasonCode::CAPACITY_SHORT,
-                        caps: caps
-                            .iter()
-                            .map(|(g, w)| GpuCap {
-                                gpus: g.map_or(GpuSelector::All, |g| GpuSelector::Gpu(GpuIndex::new(g).unwrap())),
-                                limit: Watts(*w),
-                            })
-                            .collect(),
-                        duration: DurationMs(ms),
-                        auth: CommandAuth::default(),
-                    };
+                    let selected: Vec<_> = caps
+                        .iter()
+                        .map(|(g, w)| (g.map_or(GpuSelector::All, |g| GpuSelector::Gpu(GpuIndex::new(g).unwrap())), *w))
+                        .collect();
+                    let lease = cooling_lease(id, &selected, ms);
                     let code = a.lease(TimestampMs(now), &sender(from), TimestampMs(sent), &lease).code;
                     let unknown = caps.iter().any(|(g, _)| g.is_some_and(|g| g as usize >= GPUS));
                     let expected = if caps.is_empty() || ms == 0 {

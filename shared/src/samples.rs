@@ -93,6 +93,29 @@ pub fn host_telemetry(gpus: u8) -> HostTelemetry {
     }
 }
 
+/// A cooling lease `lease` of `caps` (the GPUs and their limit in watts,
+/// at most 16) for `duration_ms`, as a CDU asks when its capacity runs
+/// short, unsigned: the sample lease, and the one tests build for their
+/// own caps.
+pub fn cooling_lease(lease: u32, caps: &[(GpuSelector, u32)], duration_ms: u32) -> CapLease {
+    let mut list = Vec::new();
+    for &(gpus, watts) in caps {
+        list.push(GpuCap {
+            gpus,
+            limit: Watts(watts),
+        })
+        .expect("a lease holds at most 16 caps");
+    }
+    CapLease {
+        lease,
+        source: CapSource::Cooling,
+        reason: ReasonCode::CAPACITY_SHORT,
+        caps: list,
+        duration: DurationMs(duration_ms),
+        auth: CommandAuth::default(),
+    }
+}
+
 /// The message of `kind` used in the docs and the golden fixtures.
 pub fn message(kind: MessageKind) -> Message {
     match kind {
@@ -131,24 +154,12 @@ pub fn message(kind: MessageKind) -> Message {
             gpu: gpu(3),
             xid: 79,
         }),
-        MessageKind::CapLease => Message::CapLease(CapLease {
-            lease: 17,
-            source: CapSource::Cooling,
-            reason: ReasonCode::CAPACITY_SHORT,
-            caps: Vec::from_slice(&[
-                GpuCap {
-                    gpus: GpuSelector::All,
-                    limit: Watts(550),
-                },
-                GpuCap {
-                    gpus: GpuSelector::Gpu(gpu(6)),
-                    limit: Watts(450),
-                },
-            ])
-            .expect("two caps fit"),
-            duration: DurationMs(30_000),
-            auth: CommandAuth::default(), // signed in `frame`
-        }),
+        // Signed in `frame`.
+        MessageKind::CapLease => Message::CapLease(cooling_lease(
+            17,
+            &[(GpuSelector::All, 550), (GpuSelector::Gpu(gpu(6)), 450)],
+            30_000,
+        )),
         MessageKind::QuarantineRelease => Message::QuarantineRelease(QuarantineRelease {
             gpu: gpu(3),
             operator: Ident::new("jdoe").expect("an ident"),

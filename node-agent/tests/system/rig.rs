@@ -11,8 +11,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use loopwarden_protocol::message::{CduState, LeakSensing, RackCooling, RackState};
 use loopwarden_protocol::{
-    samples, Ack, CapLease, CapSource, CduMode, Celsius, CommandAuth, DurationMs, Frame, GpuCap,
-    GpuSelector, Message, NodeId, RackIndex, ReasonCode, Role, TimestampMs, Watts,
+    samples, Ack, CduMode, Celsius, CommandAuth, Frame, GpuSelector, Message, NodeId, RackIndex,
+    ReasonCode, Role, TimestampMs,
 };
 use loopwarden_system_tests::{publish_raw, retained, Mosquitto, Seen, Subscriber};
 use node_agent::clock::{Clock, SystemClock};
@@ -49,20 +49,7 @@ pub fn lease_from(
         sender,
         seq,
         time: now(),
-        message: Message::CapLease(CapLease {
-            lease: id,
-            source: CapSource::Cooling,
-            reason: ReasonCode::CAPACITY_SHORT,
-            caps: caps
-                .iter()
-                .map(|(g, w)| GpuCap {
-                    gpus: *g,
-                    limit: Watts(*w),
-                })
-                .collect(),
-            duration: DurationMs(ms),
-            auth: CommandAuth::default(),
-        }),
+        message: Message::CapLease(samples::cooling_lease(id, caps, ms)),
     }
 }
 
