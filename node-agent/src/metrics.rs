@@ -425,16 +425,8 @@ mod tests {
     #[test]
     fn every_metric_is_documented() {
         let snap = Snapshot {
-            timing: Default::default(),
             gpus: vec![view()],
-            leases: Vec::new(),
-            xids_queued: 0,
-            xids_dropped: 0,
-            acks_withheld: 0,
-            xid_watch_down: None,
-            stalled_since: None,
-            cooling: Default::default(),
-            wall_offset_ms: 0,
+            ..Snapshot::default()
         };
         let mut out = Exposition::new();
         let host = [("Hostname", "h07")];

@@ -74,15 +74,7 @@ mod tests {
                 samples,
                 ..Timing::default()
             },
-            gpus: Vec::new(),
-            leases: Vec::new(),
-            xids_queued: 0,
-            xids_dropped: 0,
-            acks_withheld: 0,
-            xid_watch_down: None,
-            stalled_since: None,
-            cooling: Default::default(),
-            wall_offset_ms: 0,
+            ..Snapshot::default()
         })
     }
 

@@ -88,8 +88,9 @@ pub struct GpuView {
     pub calls: crate::worker::CallTimes,
 }
 
-/// What the loop knows after a step.
-#[derive(Debug, Clone)]
+/// What the loop knows after a step; empty by default (no GPU, no lease,
+/// nothing counted).
+#[derive(Debug, Clone, Default)]
 pub struct Snapshot {
     /// Timing of the sampling loop.
     pub timing: Timing,
