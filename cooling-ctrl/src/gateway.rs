@@ -58,16 +58,15 @@ use loopwarden_bus::resend::{ResendCounts, Resender};
 use loopwarden_bus::{now_ms, Bus, Inbound, MetricsSnapshot, PublishError};
 use loopwarden_link::Down;
 use loopwarden_protocol::message::CduMode;
-use loopwarden_protocol::{Family, Ident, Message, NodeId, ReasonCode, Role};
+use loopwarden_protocol::{Family, Ident, Message, ReasonCode};
 use loopwarden_store::agent_flash::SeqFloor;
 use loopwarden_store::recorder::Recorder;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::facility::FacilityRole;
-use crate::journal::ControllerFlash;
 use crate::northbound::{NorthboundSnapshot, NorthboundWrite};
-use crate::shell::{bus_config, hall_state, hall_subscription, host_report, next};
+use crate::shell::{bus_config, hall_state, host_report, next};
 use crate::shell::{send_lease, send_state, start_bus};
 use crate::shell::{BusOptions, LeaseNotSent, NorthboundLink, ShellConfig, ShellError};
 use bms::{BmsBridge, Heard};
@@ -214,11 +213,9 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ShellError> {
     cfg.validate()?;
-    let flash = match opts.bus.flash.take() {
-        Some(f) => f,
-        None => ControllerFlash::open(None).map_err(ShellError::Flash)?,
-    };
-    let bc = gateway_bus(&cfg, &mut opts, flash.first_seq)?;
+    let flash = opts.bus.take_flash()?;
+    let in_hall = opts.facility.is_some();
+    let (_, bc) = bus_config(&cfg, &mut opts.bus, flash.first_seq, in_hall)?;
     let (bus, mut inbound, bus_task, resender) = start_bus(
         bc,
         Box::new(flash.outbox),
@@ -274,24 +271,6 @@ pub async fn run(
     link.task.abort();
     gw.stop(bus_task).await;
     Ok(())
-}
-
-/// The bus of the gateway of `cfg`: as `run`'s, with the login and
-/// connection choices of `opts`, its frames numbered from `first_seq`.
-fn gateway_bus(
-    cfg: &ShellConfig,
-    opts: &mut GatewayOptions,
-    first_seq: u32,
-) -> Result<loopwarden_bus::BusConfig, ShellError> {
-    let me = NodeId::new(Role::Cdu, cfg.cdu.as_str())
-        .map_err(|e| ShellError::Config(format!("cdu: {e}")))?;
-    let mut bc = bus_config(cfg, &me, &mut opts.bus)?;
-    bc.first_seq = first_seq;
-    if opts.facility.is_some() {
-        // The other CDUs' states: the coordinator's plan, their offers.
-        bc.subscriptions.push(hall_subscription(&cfg.site)?);
-    }
-    Ok(bc)
 }
 
 /// What the gateway is given on the bus.

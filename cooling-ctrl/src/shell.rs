@@ -192,6 +192,15 @@ impl BusOptions {
             readers: config.readers.clone(),
         }
     }
+
+    /// The controller's flash as given, else one in memory (lost at
+    /// exit).
+    pub(crate) fn take_flash(&mut self) -> Result<ControllerFlash, ShellError> {
+        match self.flash.take() {
+            Some(f) => Ok(f),
+            None => ControllerFlash::open(None).map_err(ShellError::Flash),
+        }
+    }
 }
 
 impl std::fmt::Debug for BusOptions {
@@ -401,25 +410,14 @@ pub async fn run_with<P: CduPort>(
     if let Some(b) = &opts.board {
         check_ropes(&cfg.core, b.roped())?;
     }
-    let flash = match opts.bus.flash.take() {
-        Some(f) => f,
-        None => ControllerFlash::open(None).map_err(ShellError::Flash)?,
-    };
+    let flash = opts.bus.take_flash()?;
     let mut decider = start_decider(cfg.core, cdu.limits(), &flash.latched)?;
     restore_learned(decider.core_mut(), &flash.learned);
-    let me = NodeId::new(Role::Cdu, cfg.cdu.as_str())
-        .map_err(|e| ShellError::Config(format!("cdu: {e}")))?;
-    let mut bus_config = bus_config(&cfg, &me, &mut opts.bus)?;
-    bus_config.first_seq = flash.first_seq;
+    let in_hall = opts.facility.is_some();
+    let (me, bus_config) = bus_config(&cfg, &mut opts.bus, flash.first_seq, in_hall)?;
     let facility = opts
         .facility
         .map(|role| facility::FacilityLink::new(role, &cfg.cdu, &cfg.core));
-    if facility.is_some() {
-        // The other CDUs' states: the coordinator's plan, their offers.
-        bus_config
-            .subscriptions
-            .push(facility::hall_subscription(&cfg.site)?);
-    }
     let (bus, mut inbound, bus_task, resender) = start_bus(
         bus_config,
         Box::new(flash.outbox),

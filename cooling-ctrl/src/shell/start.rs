@@ -5,15 +5,21 @@
 //! resender that answers readers' requests for logged events.
 use super::*;
 
-/// The bus for `cfg`'s CDU `me`, as `opts` says (its login taken from
-/// it): its own hosts' telemetry and every host's acks subscribed, every
+/// The bus of `cfg`'s CDU as `opts` says (its login taken from it), and
+/// the CDU's node on it: its frames numbered from `first_seq` (the block
+/// reserved in flash), its own hosts' telemetry and every host's acks
+/// subscribed, and with `facility` the hall's other CDUs' states; every
 /// host's command topic checked to build.
 pub(crate) fn bus_config(
     cfg: &ShellConfig,
-    me: &NodeId,
     opts: &mut BusOptions,
-) -> Result<BusConfig, ShellError> {
+    first_seq: u32,
+    facility: bool,
+) -> Result<(NodeId, BusConfig), ShellError> {
+    let me = NodeId::new(Role::Cdu, cfg.cdu.as_str())
+        .map_err(|e| ShellError::Config(format!("cdu: {e}")))?;
     let mut bus_config = BusConfig::new(cfg.broker.clone(), cfg.site.clone(), me.clone());
+    bus_config.first_seq = first_seq;
     bus_config.credentials = opts.credentials.take();
     if let Some(k) = opts.keep_alive {
         bus_config.keep_alive = k;
@@ -44,7 +50,11 @@ pub(crate) fn bus_config(
         // Every command topic must build before anything runs.
         topic(h, Family::Cmd)?;
     }
-    Ok(bus_config)
+    if facility {
+        // The other CDUs' states: the coordinator's plan, their offers.
+        bus_config.subscriptions.push(hall_subscription(&cfg.site)?);
+    }
+    Ok((me, bus_config))
 }
 
 /// Every rack of the layout has a rope on the board (`roped`), or is
