@@ -33,6 +33,8 @@
 # RUNS (3), WINDOW_AT_S (10), STEADY_S (60) and MODES ("off listen
 # scraped") set the runs; a run takes about WINDOW_AT_S + STEADY_S + 1 s.
 set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. "$(dirname "$0")/lib.sh"
 runs=${RUNS:-3}
 window_at=${WINDOW_AT_S:-10}
 steady=${STEADY_S:-60}
@@ -40,22 +42,8 @@ modes=${MODES:-off listen scraped}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 agent_bin=${CARGO_TARGET_DIR:-$root/target}/release/node-agent
 [ -x "$agent_bin" ] || { echo "build first: cargo build --release -p node-agent" >&2; exit 1; }
-for c in mosquitto prometheus promtool curl python3; do
-  command -v "$c" >/dev/null || { echo "$c is needed" >&2; exit 1; }
-done
-
-dir=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
+need mosquitto prometheus promtool curl python3
+bench_dir
 
 port=$(free_port)
 printf 'listener %s 127.0.0.1\nallow_anonymous true\npersistence false\n' "$port" > "$dir/m.conf"
@@ -65,9 +53,6 @@ pids+=("$broker")
 sleep 0.5
 kill -0 "$broker" 2>/dev/null || { echo "mosquitto did not start:" >&2; cat "$dir/broker.log" >&2; exit 1; }
 
-tick=$(getconf CLK_TCK)
-# utime + stime of a process, ticks.
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 # Sum of the run time of every thread of a process, ns.
 threads_ns() {
   local f s=0 v
@@ -79,10 +64,6 @@ threads_ns() {
 }
 # A field of /proc/PID/status, kB.
 status_kb() { awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/status"; }
-# Sleeps until $2 seconds after the moment $1 ($EPOCHREALTIME).
-sleep_until() {
-  python3 -c "import time; time.sleep(max(0.0, $1 + $2 - time.time()))"
-}
 # The value of an instant query's one series on Prometheus at $1, or NA.
 promql() {
   python3 - "$1" "$2" <<'PY'
@@ -155,7 +136,7 @@ PY
   tail -1 "$results"
 }
 
-echo "machine: $(nproc) CPUs, $(lscpu | sed -n 's/^Model name: *//p'), $(uname -sr); load $(cut -d' ' -f1-3 /proc/loadavg)"
+machine
 echo "$(prometheus --version 2>&1 | head -1); mosquitto on 127.0.0.1:$port"
 echo "$runs runs of each of: $modes; CPU from ${window_at} s for ${steady} s, memory at its end"
 echo "mode run VmRSS_kB VmHWM_kB cpu_ms(ticks) cpu_ms(schedstat) cpu_%_of_a_core up scrape_ms samples_per_scrape answer_bytes promtool_exit window_s"
@@ -164,23 +145,7 @@ for i in $(seq "$runs"); do
 done
 echo "load at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 
-python3 - "$results" "$steady" $modes <<'PY'
-import statistics, sys
-rows = [l.split() for l in open(sys.argv[1])]
-steady = float(sys.argv[2])
-modes = sys.argv[3:]
-cols = [("resident memory (VmRSS)", 2, "kB"), ("peak (VmHWM)", 3, "kB"),
-        ("CPU, utime+stime", 4, "ms"), ("CPU, schedstat", 5, "ms"),
-        ("CPU, share of a core", 6, "%"), ("scrape duration", 8, "ms"),
-        ("samples per scrape", 9, ""), ("answer size", 10, "B")]
-print()
-print(f"medians over the runs (CPU over {steady:.0f} s); [min - max]")
-print(f"{'':26}" + "".join(f"{m:>32}" for m in modes))
-for name, c, unit in cols:
-    line = f"{name:26}"
-    for m in modes:
-        v = [float(r[c]) for r in rows if r[0] == m and r[c] != "NA"]
-        cell = f"{statistics.median(v):.2f} [{min(v):.2f} - {max(v):.2f}]" if v else "-"
-        line += f"{cell:>32}"
-    print(line + f"  {unit}")
-PY
+medians "$results" "$steady" 32 2 - "$modes" \
+  "resident memory (VmRSS)|2|kB" "peak (VmHWM)|3|kB" \
+  "CPU, utime+stime|4|ms" "CPU, schedstat|5|ms" "CPU, share of a core|6|%" \
+  "scrape duration|8|ms" "samples per scrape|9|" "answer size|10|B"

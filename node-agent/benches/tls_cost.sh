@@ -47,6 +47,8 @@
 # ("plain tls tls_nodelay") set the runs; a run takes about
 # WINDOW_AT_S + STEADY_S + 1 s.
 set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. "$(dirname "$0")/lib.sh"
 runs=${RUNS:-10}
 mem_at=${MEM_AT_S:-10}
 window_at=${WINDOW_AT_S:-15}
@@ -59,22 +61,8 @@ lwbus_bin=$target/release/lwbus
 for b in "$agent_bin" "$lwbus_bin"; do
   [ -x "$b" ] || { echo "build first: cargo build --release -p node-agent -p loopwarden-bus" >&2; exit 1; }
 done
-for c in mosquitto mosquitto_sub ss stdbuf python3; do
-  command -v "$c" >/dev/null || { echo "$c is needed" >&2; exit 1; }
-done
-
-dir=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
+need mosquitto mosquitto_sub ss stdbuf python3
+bench_dir
 
 # The brokers: port and pid per mode.
 declare -A port broker
@@ -102,10 +90,7 @@ for m in plain tls tls_nodelay; do
 done
 
 topic=dc/v2/bench/host/h01/online
-tick=$(getconf CLK_TCK)
 
-# utime + stime of a process, ticks.
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 # "tid ns" for every thread of a process (run time from schedstat).
 threads_ns() {
   local f tid
@@ -127,10 +112,6 @@ wire_bytes() {
            if (match($0, /bytes_received:[0-9]+/)) r += substr($0, RSTART+15, RLENGTH-15)
            want=0 }
     END {print s+0, r+0}'
-}
-# Sleeps until $2 seconds after the moment $1 ($EPOCHREALTIME).
-sleep_until() {
-  python3 -c "import time; time.sleep(max(0.0, $1 + $2 - time.time()))"
 }
 
 results=$dir/results
@@ -198,7 +179,7 @@ PY
   tail -1 "$results"
 }
 
-echo "machine: $(nproc) CPUs, $(lscpu | sed -n 's/^Model name: *//p'), $(uname -sr); load $(cut -d' ' -f1-3 /proc/loadavg)"
+machine
 echo "brokers on 127.0.0.1: plain :${port[plain]}, tls :${port[tls]}, tls_nodelay :${port[tls_nodelay]}"
 echo "$runs runs of each of: $modes; VmHWM at ${mem_at} s; CPU and wire from ${window_at} s for ${steady} s"
 echo "mode run connect_ms VmHWM_kB agent_cpu_ms(ticks) agent_cpu_ms(schedstat) threads_ended broker_cpu_ms(ticks) broker_cpu_ms(schedstat) sent_B_per_min received_B_per_min window_s"
@@ -207,25 +188,15 @@ for i in $(seq "$runs"); do
 done
 echo "load at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 
-python3 - "$results" "$steady" $modes <<'PY'
-import statistics, sys
+medians "$results" "$steady" 30 1 "no data" "$modes" \
+  "connect to online seen|2|ms" "peak RSS (VmHWM)|3|kB" \
+  "agent CPU, utime+stime|4|ms" "agent CPU, schedstat|5|ms" \
+  "broker CPU, utime+stime|7|ms" "broker CPU, schedstat|8|ms" \
+  "agent bytes sent|9|B/min" "agent bytes received|10|B/min"
+python3 - "$results" $modes <<'PY'
+import sys
 rows = [l.split() for l in open(sys.argv[1])]
-steady = float(sys.argv[2])
-modes = sys.argv[3:]
-cols = [("connect to online seen", 2, "ms"), ("peak RSS (VmHWM)", 3, "kB"),
-        ("agent CPU, utime+stime", 4, "ms"), ("agent CPU, schedstat", 5, "ms"),
-        ("broker CPU, utime+stime", 7, "ms"), ("broker CPU, schedstat", 8, "ms"),
-        ("agent bytes sent", 9, "B/min"), ("agent bytes received", 10, "B/min")]
-print()
-print(f"medians over the runs (CPU over {steady:.0f} s); [min - max]")
-print(f"{'':26}" + "".join(f"{m:>30}" for m in modes))
-for name, c, unit in cols:
-    line = f"{name:26}"
-    for m in modes:
-        v = [float(r[c]) for r in rows if r[0] == m and r[c] != "NA"]
-        cell = f"{statistics.median(v):.1f} [{min(v):.1f} - {max(v):.1f}]" if v else "no data"
-        line += f"{cell:>30}"
-    print(line + f"  {unit}")
+modes = sys.argv[2:]
 print("runs per mode: " + ", ".join(f"{m} {sum(1 for r in rows if r[0] == m and r[2] != 'NA')}" for m in modes))
 print(f"agent threads that ended inside a window (their CPU not in the schedstat figure): {sum(int(r[6]) for r in rows)}")
 PY
