@@ -1017,10 +1017,13 @@ mod tests {
                 hall.leaks = LeakInputs::wet(0b0001);
                 hall.cdu.valves_closed = Some(0b0001);
             }
+            // Repaired at 80; cleared once a step has read it dry.
             if s == 80 {
+                hall.leaks = LeakInputs::DRY;
+            }
+            if s == 82 {
                 in_place.clear_leak(0, &LeakInputs::DRY).unwrap();
                 by_value.clear_leak(0, &LeakInputs::DRY).unwrap();
-                hall.leaks = LeakInputs::DRY;
                 hall.cdu.valves_closed = Some(0);
             }
             let c = hall.step(&mut by_value, s);

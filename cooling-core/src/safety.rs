@@ -164,8 +164,13 @@ impl Safety {
     }
 
     /// Clears rack `rack`'s latched leak (of `racks`); refused while any
-    /// input reads it wet or its sensing is lost (`unprotected` racks can
-    /// only be cleared when the operator has seen them dry).
+    /// input reads it wet, or read it wet when last heard (the CDU did not
+    /// answer the last step, or no step has read the inputs since the
+    /// start), or its sensing is lost (`unprotected` racks can only be
+    /// cleared when the operator has seen them dry). An input not heard
+    /// since it read wet is taken as still wet: a wet input the core has
+    /// seen is no new leak, so a clear taken then would not latch it
+    /// again, and the valve would reopen onto the leak.
     pub fn clear_leak(
         &mut self,
         rack: usize,
@@ -180,6 +185,11 @@ impl Safety {
         }
         if leaks.reads_wet(rack) {
             return Err("the rack's leak input still reads wet");
+        }
+        if bit(self.board_seen | self.cdu_seen, rack) {
+            return Err(
+                "a leak input read the rack wet when last heard and has not read it dry since",
+            );
         }
         self.leaks_latched &= !(1 << rack);
         self.isolation_failed &= !(1 << rack);
@@ -432,6 +442,49 @@ mod tests {
             s.clear_leak(0, 4, &wet_cdu),
             Err("the rack's leak input still reads wet")
         );
+    }
+
+    #[test]
+    fn a_clear_waits_for_every_input_last_heard_wet_to_read_dry() {
+        let mut s = Safety::default();
+        let mut log = Log::default();
+        let wet_cdu = LeakInputs {
+            cdu: Some(0b0010),
+            ..LeakInputs::DRY
+        };
+        s.leaks(&wet_cdu, 4, 0, &mut log);
+        assert_eq!(s.leaks_latched(), 0b0010);
+        // The CDU does not answer a step: the ropes alone read dry, and
+        // its last word was wet. Taken, the clear would not latch the
+        // still wet input again (seen before): the valve would reopen.
+        let silent = LeakInputs {
+            cdu: None,
+            ..LeakInputs::DRY
+        };
+        s.leaks(&silent, 4, 0, &mut log);
+        let last_heard =
+            "a leak input read the rack wet when last heard and has not read it dry since";
+        assert_eq!(s.clear_leak(1, 4, &silent), Err(last_heard));
+        let dry = LeakInputs {
+            cdu: Some(0),
+            ..LeakInputs::DRY
+        };
+        s.leaks(&dry, 4, 0, &mut log);
+        assert_eq!(s.clear_leak(1, 4, &dry), Ok(()));
+
+        // Restored latched from flash, before any step has read the
+        // inputs: the shells judge a clear on dry inputs then.
+        let mut r = Safety::default();
+        r.restore(
+            &Latched {
+                leaks: 0b0100,
+                ..Latched::default()
+            },
+            4,
+        );
+        assert_eq!(r.clear_leak(2, 4, &LeakInputs::DRY), Err(last_heard));
+        r.leaks(&dry, 4, 0, &mut log);
+        assert_eq!(r.clear_leak(2, 4, &dry), Ok(()));
     }
 
     #[test]

@@ -495,26 +495,11 @@ fn wet_seen(site: &Site, h: &Hall, w: &World) -> u16 {
 /// (on the last step's leak inputs): if the core takes it, the rules
 /// must allow it, and the rack is released.
 fn clear(d: &mut Decider, m: &mut Model, site: &Site, rack: usize) -> Result<(), TestCaseError> {
-    // Left out, two clears the core takes while a working input still
-    // reads the rack wet, which it then does not latch again (it holds
-    // that input's wetness as already seen, so no new leak): the valve
-    // reopens onto the leak, against property 1.
-    // - A clear before a process's first step: both shells judge it on
-    //   `LeakInputs::DRY`, and the restored core holds every latched rack
-    //   as seen wet.
-    // - A clear after a step in which a CDU with a leak register did not
-    //   answer: judged on the ropes alone, while the core's last CDU
-    //   answer said wet.
-    // Both belong to cooling-core's `Safety::clear_leak`, which judges
-    // the clear on the inputs handed to it rather than on what each
-    // input last said (`board_seen | cdu_seen`); refusing while those
-    // read the rack wet passes this test with both cases played.
-    let Some(last) = m.last_leaks else {
-        return Ok(());
-    };
-    if site.cdu_leaks && last.cdu.is_none() {
-        return Ok(());
-    }
+    // Before a process's first step both shells judge a clear on
+    // `LeakInputs::DRY`; after a step the CDU did not answer, on the ropes
+    // alone. The core refuses either while an input last heard read the
+    // rack wet.
+    let last = m.last_leaks.unwrap_or(LeakInputs::DRY);
     if d.core_mut().clear_leak(rack, &last).is_err() {
         return Ok(());
     }
