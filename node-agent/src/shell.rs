@@ -236,6 +236,9 @@ async fn run_agent(
     limits::restore(&mut node, &gpus, &mut store).await;
     node.restore_cooling(cooling::restore(&mut store).await);
     replay_floor::restore(&mut node, &replay_floor::signers(&config), &mut store).await;
+    if let Some(cdu) = &config.cdu {
+        replay_floor::restore_state(&mut node, cdu, &mut store).await;
+    }
     let startup::BusParts {
         bus,
         mut inbound,

@@ -410,6 +410,16 @@ impl CommandCore {
         self.last_seq.get(sender).copied()
     }
 
+    /// Takes back the last CDU state taken before a restart (its seq and
+    /// stamp, [`CommandCore::cdu_state`]): an older state sent again after
+    /// the restart is a replay, as it was before. A newer one already
+    /// taken is kept.
+    pub fn restore_state_floor(&mut self, seq: u32, time: TimestampMs) {
+        if self.last_state.is_none_or(|(s, t)| s < seq && t <= time) {
+            self.last_state = Some((seq, time));
+        }
+    }
+
     /// Takes back a floor kept before a restart ([`CommandCore::replay_floor`]):
     /// commands from `sender` at or below `seq` are replays.
     pub fn restore_replay_floor(&mut self, sender: &NodeId, seq: u32) {

@@ -255,6 +255,19 @@ pub enum Effect {
         /// Its command's sequence number.
         seq: u32,
     },
+    /// Keep in flash the last CDU state taken, its seq and stamp
+    /// ([`Node::restore_state_floor`] takes it back after a restart), so
+    /// that an older state sent again after a restart (a "cooled" that
+    /// would end a loss, a "lost" that would start one) is refused as a
+    /// replay, as it was before.
+    KeepStateFloor {
+        /// The CDU whose state it is.
+        cdu: Ident,
+        /// The state's sequence number.
+        seq: u32,
+        /// Its stamp.
+        time: TimestampMs,
+    },
     /// Run a cooling-loss step's configured commands, in order.
     RunCooling {
         /// The step.
@@ -383,6 +396,12 @@ impl Node {
     /// ([`Effect::KeepReplayFloor`]): what it sent at or below is a replay.
     pub fn restore_replay_floor(&mut self, sender: &loopwarden_protocol::NodeId, seq: u32) {
         self.commands.restore_replay_floor(sender, seq);
+    }
+
+    /// The last CDU state taken before a restart
+    /// ([`Effect::KeepStateFloor`]): an older one is a replay.
+    pub fn restore_state_floor(&mut self, seq: u32, time: TimestampMs) {
+        self.commands.restore_state_floor(seq, time);
     }
 
     /// A GPU's health kept from before a restart.

@@ -66,6 +66,10 @@ impl Agent {
                     super::replay_floor::keep(&self.recorder, sender, seq);
                     continue;
                 }
+                Effect::KeepStateFloor { cdu, seq, time } => {
+                    super::replay_floor::keep_state(&self.recorder, cdu, seq, time);
+                    continue;
+                }
                 Effect::RunCooling { step, reason } => {
                     self.run_cooling(step, &reason);
                     continue;

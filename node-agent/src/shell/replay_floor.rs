@@ -1,7 +1,9 @@
 //! The replay floors in flash: the last sequence number accepted from each
 //! signer, so that a command refused (or taken) before a restart is
 //! refused as `replayed` after it, not acted on for the minutes its stamp
-//! is still fresh.
+//! is still fresh; and the last state taken from the host's CDU (its seq
+//! and stamp), so that an older state sent again after a restart (a
+//! "cooled" that would end a cooling loss) is refused as a replay too.
 //!
 //! One config-store value per signer, under a key made from a hash of its
 //! role and name (a name may be longer than a key), holding the signer and
@@ -14,7 +16,7 @@
 //!   at or below it is a replay.
 
 use loopwarden_flash::ConfigStore;
-use loopwarden_protocol::{NodeId, Role};
+use loopwarden_protocol::{Ident, NodeId, Role, TimestampMs};
 use loopwarden_store::agent_flash::Flash;
 use loopwarden_store::recorder::Recorder;
 use node_core::node::Node;
@@ -50,6 +52,44 @@ pub(super) fn keep(recorder: &Recorder, sender: NodeId, seq: u32) {
     match postcard::to_allocvec(&Kept { sender, seq }) {
         Ok(value) => recorder.set(key, value),
         Err(e) => tracing::error!("replay floor {key} not kept: {e}"),
+    }
+}
+
+/// The config-store key of the last CDU state taken.
+const STATE_KEY: &str = "replay.cdu-state";
+
+/// What is kept of the last CDU state taken: its CDU, seq and stamp.
+#[derive(Serialize, Deserialize)]
+struct KeptState {
+    cdu: Ident,
+    seq: u32,
+    time: TimestampMs,
+}
+
+/// Keeps the last state taken from `cdu`, without waiting.
+pub(super) fn keep_state(recorder: &Recorder, cdu: Ident, seq: u32, time: TimestampMs) {
+    match postcard::to_allocvec(&KeptState { cdu, seq, time }) {
+        Ok(value) => recorder.set(STATE_KEY.to_string(), value),
+        Err(e) => tracing::error!("{STATE_KEY} not kept: {e}"),
+    }
+}
+
+/// Gives `node` the last state taken from `cdu` before the restart, if
+/// the flash kept one of that CDU (one kept for another CDU, before the
+/// configuration changed, is not its).
+pub(super) async fn restore_state(node: &mut Node, cdu: &Ident, store: &mut ConfigStore<Flash>) {
+    let mut buf = [0u8; loopwarden_flash::config::MAX_VALUE];
+    match store.get(STATE_KEY, &mut buf).await {
+        Ok(Some(n)) => match postcard::from_bytes::<KeptState>(&buf[..n]) {
+            Ok(k) if k.cdu == *cdu => node.restore_state_floor(k.seq, k.time),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(
+                "the last state of cdu/{cdu} taken: unreadable in flash ({e}); a state sent \
+                 before the restart is checked against its time only"
+            ),
+        },
+        Ok(None) => {}
+        Err(e) => tracing::warn!("the last state of cdu/{cdu} taken: flash read failed: {e:?}"),
     }
 }
 
@@ -114,6 +154,14 @@ mod tests {
             seq: u32::MAX,
         };
         let bytes = postcard::to_allocvec(&kept).unwrap();
+        assert!(bytes.len() <= loopwarden_flash::config::MAX_VALUE);
+        assert!(STATE_KEY.len() <= loopwarden_flash::config::MAX_KEY);
+        let state = KeptState {
+            cdu: Ident::new(&long).unwrap(),
+            seq: u32::MAX,
+            time: TimestampMs(u64::MAX),
+        };
+        let bytes = postcard::to_allocvec(&state).unwrap();
         assert!(bytes.len() <= loopwarden_flash::config::MAX_VALUE);
     }
 }

@@ -75,6 +75,11 @@ impl Node {
             ));
             return;
         }
+        out.push(Effect::KeepStateFloor {
+            cdu: c.cdu.clone(),
+            seq: frame.seq,
+            time: frame.time,
+        });
         let lost = rack_lost(c, st, out);
         let steps = match lost {
             Some(lost) => self.cooling.told(now.steady.0, lost),

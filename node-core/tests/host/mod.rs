@@ -65,6 +65,8 @@ pub struct Host {
     /// The replay floors kept in flash, each time (a host started with
     /// [`Kept`] begins with the floors it was given).
     pub kept_floors: Vec<(NodeId, u32)>,
+    /// The last CDU state's floor kept in flash.
+    pub kept_state_floor: Option<(u32, TimestampMs)>,
     pub logged_commands: usize,
     /// The command frames logged to flash, in order (a restart takes
     /// back the leases among them).
@@ -119,6 +121,8 @@ pub struct Start {
 pub struct Kept {
     pub phase: Option<Phase>,
     pub floors: Vec<(NodeId, u32)>,
+    /// The last CDU state taken: its seq and stamp.
+    pub state_floor: Option<(u32, TimestampMs)>,
     pub health: [Option<GpuStatus>; GPUS],
 }
 
@@ -193,6 +197,9 @@ impl Host {
         for (sender, seq) in &kept.floors {
             node.restore_replay_floor(sender, *seq);
         }
+        if let Some((seq, time)) = kept.state_floor {
+            node.restore_state_floor(seq, time);
+        }
         let mut host = Self {
             node,
             limits: boot.limits,
@@ -206,6 +213,7 @@ impl Host {
             cooling: Vec::new(),
             kept_phase: kept.phase.into_iter().collect(),
             kept_floors: kept.floors,
+            kept_state_floor: kept.state_floor,
             logged_commands: 0,
             logged: boot.logged,
             kept_limits: Vec::new(),
@@ -305,6 +313,10 @@ impl Host {
                     self.kept_floors.push((sender, seq));
                     continue;
                 }
+                Effect::KeepStateFloor { seq, time, .. } => {
+                    self.kept_state_floor = Some((seq, time));
+                    continue;
+                }
                 Effect::Say(..) | Effect::Reprobe => continue,
             };
             push_front(&mut queue, answer);
@@ -327,6 +339,7 @@ impl Host {
             Kept {
                 phase: self.kept_phase.last().copied(),
                 floors: self.kept_floors.clone(),
+                state_floor: self.kept_state_floor,
                 health: self.kept_status.clone(),
             },
         )
