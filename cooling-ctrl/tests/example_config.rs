@@ -43,7 +43,7 @@ fn site_files() -> tempfile::TempDir {
 /// Loads `text`, with the site's files in `etc`, through the controller's
 /// loader (from a file, as `cooling-ctrl run --config` does).
 fn load(text: &str, etc: &Path) -> Result<config::Config, config::ConfigError> {
-    let file = example_config::write(etc, NAME, &example_config::at(text, etc));
+    let file = example_config::write_at(etc, NAME, text);
     config::load(Some(&file), &Overrides::default())
 }
 
@@ -94,18 +94,10 @@ fn every_commented_setting_is_one_the_controller_takes() {
 
 #[test]
 fn as_shipped_without_the_sites_files_it_does_not_start() {
-    // As installed on a CDU where nothing else is there yet; skipped on a
-    // machine that holds a real site's files.
-    if Path::new("/etc/loopwarden/ca.crt").exists() {
-        eprintln!("SKIP: /etc/loopwarden/ca.crt exists here");
-        return;
-    }
-    let e = config::load(
-        Some(&example_config::dir().join(NAME)),
-        &Overrides::default(),
-    )
-    .unwrap_err();
-    assert!(e.to_string().contains("/etc/loopwarden/ca.crt"), "{e}");
+    // As installed on a CDU where nothing else is there yet.
+    example_config::assert_names_the_missing_ca(NAME, |file| {
+        config::load(Some(file), &Overrides::default())
+    });
 }
 
 #[test]
