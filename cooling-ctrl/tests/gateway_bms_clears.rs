@@ -18,6 +18,7 @@
 //!
 //! Skipped when mosquitto is not installed, except under CI (`CI=true`).
 
+mod bms_client;
 mod gateway_mcu;
 
 use std::net::{SocketAddr, TcpListener};
@@ -128,14 +129,8 @@ fn clear_answered(
 /// temperature as a BMS does, on the northbound server at `addr`: the
 /// input registers 0..33, and the holding registers read back.
 fn bms(addr: SocketAddr) -> (Vec<u16>, Vec<u16>) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let (rt, mut ctx) = bms_client::connect(addr);
     rt.block_on(async {
-        let mut ctx = tokio_modbus::client::tcp::connect(addr)
-            .await
-            .expect("the northbound server answers");
         let input = ctx
             .read_input_registers(0, 33)
             .await

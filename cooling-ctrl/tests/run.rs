@@ -5,6 +5,8 @@
 //! and caps its hosts, stops with exit 0 on SIGTERM, and after a restart
 //! on the same flash file `ctl events` still shows what happened before.
 
+mod bms_client;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -296,30 +298,26 @@ fn run_boots_drives_the_cdu_answers_the_console_and_stops_on_sigterm() {
 fn run_refuses_a_bad_config_with_file_and_line_and_without_a_key() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("bad.toml");
-    std::fs::write(
-        &config,
+    // `run` with `text` as its configuration file: refused (status 2),
+    // and what it said.
+    let refused = |text: &str| {
+        std::fs::write(&config, text).unwrap();
+        let out = Command::new(BIN)
+            .args(["run", "--config"])
+            .arg(&config)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = refused(
         "cdu = \"c\"\ndemo_key = true\ncdu_tcp = \"127.0.0.1:1\"\nembedded_broker = true\nperiod_ms = 5\n",
-    )
-    .unwrap();
-    let out = Command::new(BIN)
-        .args(["run", "--config"])
-        .arg(&config)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
+    );
     assert!(
         err.contains("bad.toml line 5: period_ms = 5 is out of range"),
         "{err}"
     );
-    std::fs::write(&config, "cdu = \"c\"\ncdu_tcp = \"127.0.0.1:1\"\n").unwrap();
-    let out = Command::new(BIN)
-        .args(["run", "--config"])
-        .arg(&config)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused("cdu = \"c\"\ncdu_tcp = \"127.0.0.1:1\"\n");
     assert!(
         err.contains("no sign key") && err.contains("--demo-key"),
         "{err}"
@@ -355,14 +353,8 @@ fn run_serves_the_bms_on_northbound_modbus_and_takes_a_bounded_ceiling() {
     rig.wait("a status with a mode", &["status"], |v| {
         v["steps"].as_u64() >= Some(2)
     });
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let (rt, mut ctx) = bms_client::connect(addr);
     rt.block_on(async {
-        let mut ctx = tokio_modbus::client::tcp::connect(addr)
-            .await
-            .expect("the northbound server answers");
         let regs = ctx
             .read_input_registers(0, 33)
             .await
