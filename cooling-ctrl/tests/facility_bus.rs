@@ -6,77 +6,38 @@
 //!
 //! Skipped when mosquitto is not installed, except under CI (`CI=true`).
 
+mod shell_rig;
+
 use std::time::Duration;
 
 use cooling_core::CoreConfig;
 use cooling_ctrl::facility::FacilityRole;
-use cooling_ctrl::modbus::{Link, ModbusCdu};
-use cooling_ctrl::shell::{self, ShellConfig, ShellOptions, ShellStats};
-use loopwarden_boards::modbus_map::RegisterMap;
-use loopwarden_protocol::Ident;
-use loopwarden_system_tests::{retained, steady_sim_cdu, Mosquitto};
-use tokio::sync::{oneshot, watch};
+use cooling_ctrl::shell::{ShellConfig, ShellOptions, ShellStats};
+use loopwarden_system_tests::Mosquitto;
+use shell_rig::{id, retained_now, sim_cdu, Running};
 
 const SITE: &str = "hall-f";
 
-fn id(s: &str) -> Ident {
-    Ident::new(s).expect("an ident")
-}
-
 /// A controller of CDU `cdu` in a hall of two, `cdu-1` coordinating.
-async fn controller(
-    broker: &Mosquitto,
-    cdu: &str,
-) -> (
-    watch::Receiver<ShellStats>,
-    oneshot::Sender<()>,
-    tokio::task::JoinHandle<Result<(), shell::ShellError>>,
-) {
-    let sim = steady_sim_cdu();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(sim.serve(listener));
-    let port = ModbusCdu::new(RegisterMap::sim_cdu(), Link::Tcp(addr))
-        .with_timeout(Duration::from_millis(300));
+async fn controller(broker: &Mosquitto, cdu: &str) -> Running {
+    let port = sim_cdu().await;
     let mut core = CoreConfig::default();
     core.facility.cdus = 2;
     let mut cfg = ShellConfig::new(id(SITE), id(cdu), broker.addr(), core);
     cfg.period = Duration::from_millis(100);
-    let (tx, stats) = shell::stats_channel();
     let opts = ShellOptions {
-        stats: Some(tx),
         facility: Some(FacilityRole {
             coordinator: id("cdu-1"),
             cdus: vec![id("cdu-1"), id("cdu-2")],
         }),
         ..Default::default()
     };
-    let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(shell::run_with(cfg, opts, port, async {
-        let _ = stopped.await;
-    }));
-    (stats, stop, task)
+    Running::start(cfg, opts, port)
 }
 
-async fn wait(
-    stats: &mut watch::Receiver<ShellStats>,
-    what: &str,
-    f: impl FnMut(&ShellStats) -> bool,
-) -> ShellStats {
-    let got = tokio::time::timeout(Duration::from_secs(45), stats.wait_for(f))
-        .await
-        .ok()
-        .and_then(Result::ok)
-        .map(|s| s.clone());
-    match got {
-        Some(s) => s,
-        None => panic!(
-            "{what}: not within 45 s; stats: {:?}",
-            stats.borrow().status
-        ),
-    }
+/// The first stats of `shell` that `f` holds for, within 45 s.
+async fn wait(shell: &mut Running, what: &str, f: impl FnMut(&ShellStats) -> bool) -> ShellStats {
+    shell.wait(Duration::from_secs(45), what, f).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -84,8 +45,8 @@ async fn the_coordinator_plans_from_both_offers_and_the_other_cdu_follows_its_pl
     let Some(broker) = Mosquitto::start() else {
         return;
     };
-    let (mut one, stop_one, task_one) = controller(&broker, "cdu-1").await;
-    let (mut two, stop_two, task_two) = controller(&broker, "cdu-2").await;
+    let mut one = controller(&broker, "cdu-1").await;
+    let mut two = controller(&broker, "cdu-2").await;
 
     let coordinating = wait(&mut one, "a plan from both offers", |s| {
         let f = s.status.as_ref().and_then(|st| st.facility.clone());
@@ -116,17 +77,12 @@ async fn the_coordinator_plans_from_both_offers_and_the_other_cdu_follows_its_pl
     assert_eq!(f.coordinator, "cdu-1");
 
     // The facility's systems read both in the JSON mirror, retained.
-    let port = broker.port();
-    let states = tokio::task::spawn_blocking(move || {
-        retained(
-            port,
-            &[&format!("dc/v2/{SITE}/json/cdu/+/health")],
-            Duration::from_secs(2),
-        )
-    })
-    .await
-    .expect("mosquitto_sub runs")
-    .expect("mosquitto_sub is installed");
+    let states = retained_now(
+        broker.port(),
+        format!("dc/v2/{SITE}/json/cdu/+/health"),
+        Duration::from_secs(2),
+    )
+    .await;
     let body = |cdu: &str| -> serde_json::Value {
         let seen = states
             .iter()
@@ -141,12 +97,6 @@ async fn the_coordinator_plans_from_both_offers_and_the_other_cdu_follows_its_pl
     assert!(f2["offer"]["accept"].is_number(), "{f2}");
     assert!(f2["offer"]["heat"].as_u64().is_some_and(|w| w > 0), "{f2}");
 
-    for (stop, task) in [(stop_one, task_one), (stop_two, task_two)] {
-        let _ = stop.send(());
-        tokio::time::timeout(Duration::from_secs(8), task)
-            .await
-            .expect("stops")
-            .expect("no panic")
-            .expect("clean stop");
-    }
+    one.stop().await;
+    two.stop().await;
 }
