@@ -83,25 +83,10 @@ fn a_cdu_state_in_a_hosts_name_unsigned_or_signed_by_another_cdu_changes_nothing
         loopwarden_bus::keys::keyring_toml(&ident(SITE), &signers),
     )
     .expect("keyring");
-    let log = rig.dir.path().join("actions.log");
-    let script = rig.dir.path().join("note.sh");
-    std::fs::write(
-        &script,
-        format!("#!/bin/sh\necho \"$*\" >> {}\n", log.display()),
-    )
-    .expect("script");
-    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-        .expect("chmod");
-    let note = |step: &str| format!("{} {step} {{host}} {{rack}}", script.display());
+    let (flags, log) = rig.noted_cooling_steps(2, 60);
     let flags = Overrides {
-        rack: Some(2),
-        cooling_drain: vec![note("drain")],
-        cooling_power_down: vec![note("power_down")],
-        cooling_power_up: vec![note("power_up")],
-        cooling_resume: vec![note("resume")],
-        cooling_grace_s: Some(60),
         keyring: Some(ring),
-        ..Default::default()
+        ..flags
     };
     let agent = rig.agent(2).flags(flags).flash().start();
     std::thread::sleep(Duration::from_millis(800));

@@ -683,30 +683,9 @@ fn a_rack_without_cooling_drains_powers_down_after_the_grace_and_undoes_it() {
         return;
     };
     let mut sub = rig.subscribe(&["event"]);
-    let log = rig.dir.path().join("actions.log");
     // Each command appends its step to the log: the order is the proof.
-    let script = rig.dir.path().join("note.sh");
-    std::fs::write(
-        &script,
-        format!("#!/bin/sh\necho \"$*\" >> {}\n", log.display()),
-    )
-    .expect("script");
-    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-        .expect("chmod");
-    let note = |step: &str| format!("{} {step} {{host}} {{rack}}", script.display());
-    let agent = rig
-        .agent(2)
-        .flags(Overrides {
-            rack: Some(2),
-            cooling_drain: vec![note("drain")],
-            cooling_power_down: vec![note("power_down")],
-            cooling_power_up: vec![note("power_up")],
-            cooling_resume: vec![note("resume")],
-            cooling_grace_s: Some(2),
-            ..Default::default()
-        })
-        .flash()
-        .start();
+    let (flags, log) = rig.noted_cooling_steps(2, 2);
+    let agent = rig.agent(2).flags(flags).flash().start();
     std::thread::sleep(Duration::from_millis(800));
     let lost_at = Instant::now();
     publish_cdu_state(&rig, true);

@@ -125,6 +125,32 @@ impl Rig {
         self.dir.path().join("agent.flash")
     }
 
+    /// The flags of a host of rack `rack` whose cooling-loss steps only
+    /// note themselves, after a grace of `grace_s`: each step appends
+    /// `<step> <host> <rack>` to the log, whose path comes with them.
+    pub fn noted_cooling_steps(&self, rack: u8, grace_s: u64) -> (Overrides, PathBuf) {
+        let log = self.dir.path().join("actions.log");
+        let script = self.dir.path().join("note.sh");
+        std::fs::write(
+            &script,
+            format!("#!/bin/sh\necho \"$*\" >> {}\n", log.display()),
+        )
+        .expect("script");
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod");
+        let note = |step: &str| vec![format!("{} {step} {{host}} {{rack}}", script.display())];
+        let flags = Overrides {
+            rack: Some(rack),
+            cooling_drain: note("drain"),
+            cooling_power_down: note("power_down"),
+            cooling_power_up: note("power_up"),
+            cooling_resume: note("resume"),
+            cooling_grace_s: Some(grace_s),
+            ..Default::default()
+        };
+        (flags, log)
+    }
+
     /// The console of the host's agent, whichever kind runs.
     pub fn console(&self) -> Console {
         Console(self.dir.path().join(format!("{}.sock", self.host)))
