@@ -124,19 +124,7 @@ fn no_subcommand_is_a_usage_error() {
 }
 
 /// A short scenario: a job starts on 4 hosts, the controller takes over.
-const SHORT: &str = r#"
-format = "plant-scenario/1"
-description = "a short run: a job starts, the controller takes over"
-duration_s = 45
-seed = 3
-[site]
-racks = 2
-hosts_per_rack = 2
-[ambient]
-points = [[0, 28.0], [45, 28.0]]
-[load]
-all = [[0, 0.4], [10, 0.9], [45, 0.9]]
-"#;
+const SHORT: &str = include_str!("scenarios/short.toml");
 
 /// `play --headless --speed 5` of `scenario` into `out`.
 fn play_headless(scenario: &Path, out: &Path) -> Output {

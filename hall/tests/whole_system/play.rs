@@ -5,19 +5,8 @@
 use loopwarden_hall::play::{play, PlayConfig};
 use loopwarden_twin::scenario::Scenario;
 
-const SHORT: &str = r#"
-format = "plant-scenario/1"
-description = "a short run: a job starts, the controller takes over"
-duration_s = 45
-seed = 3
-[site]
-racks = 2
-hosts_per_rack = 2
-[ambient]
-points = [[0, 28.0], [45, 28.0]]
-[load]
-all = [[0, 0.4], [10, 0.9], [45, 0.9]]
-"#;
+/// A short scenario: a job starts on 4 hosts, the controller takes over.
+const SHORT: &str = include_str!("../scenarios/short.toml");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_whole_system_runs_headless_and_everything_is_heard() {
