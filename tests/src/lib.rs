@@ -595,8 +595,19 @@ pub fn steady_sim_cdu_on(
 /// addresses, one poll) with `args`; whether it succeeded, and what it
 /// printed (stdout then stderr).
 pub fn mbpoll(port: u16, args: &[&str]) -> (bool, String) {
+    run_mbpoll(port, &["-a", "1"], args)
+}
+
+/// As [`mbpoll`], asking unit `unit` and waiting `timeout` seconds (`-o`)
+/// for an answer.
+pub fn mbpoll_unit(port: u16, unit: u8, timeout: &str, args: &[&str]) -> (bool, String) {
+    run_mbpoll(port, &["-a", &unit.to_string(), "-o", timeout], args)
+}
+
+fn run_mbpoll(port: u16, options: &[&str], args: &[&str]) -> (bool, String) {
     let out = Command::new("mbpoll")
-        .args(["-m", "tcp", "-a", "1", "-0", "-1", "-p", &port.to_string()])
+        .args(["-m", "tcp", "-0", "-1", "-p", &port.to_string()])
+        .args(options)
         .args(args)
         .output()
         .expect("run mbpoll");

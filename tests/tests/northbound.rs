@@ -8,7 +8,7 @@ use cooling_ctrl::northbound::{
 };
 use loopwarden_protocol::message::CduMode;
 use loopwarden_protocol::ReasonCode;
-use loopwarden_system_tests::{mbpoll, mbpoll_values as values, require_tool};
+use loopwarden_system_tests::{mbpoll, mbpoll_unit, mbpoll_values as values, require_tool};
 use tokio::sync::{mpsc, watch};
 
 /// A known step: degraded for capacity, the return sensor lost.
@@ -259,33 +259,6 @@ fn an_outdoor_temperature_out_of_range_gets_exception_3() {
     let (ok, text) = mbpoll(s.port, &["-t", "4", "-r", "3", "127.0.0.1"]);
     assert!(ok, "{text}");
     assert_eq!(values(&text), vec![64811], "{text}");
-}
-
-/// `mbpoll` asking unit `unit` on `port` (0-based addresses, one poll,
-/// `timeout` seconds for an answer); whether it succeeded, and what it
-/// printed.
-fn mbpoll_unit(port: u16, unit: u8, timeout: &str, args: &[&str]) -> (bool, String) {
-    let out = std::process::Command::new("mbpoll")
-        .args([
-            "-m",
-            "tcp",
-            "-0",
-            "-1",
-            "-o",
-            timeout,
-            "-p",
-            &port.to_string(),
-        ])
-        .args(["-a", &unit.to_string()])
-        .args(args)
-        .output()
-        .expect("run mbpoll");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
 }
 
 #[test]
