@@ -49,6 +49,17 @@ machine() {
   echo "machine: $(nproc) CPUs, $(lscpu | sed -n 's/^Model name: *//p'), $(uname -sr); load $(cut -d' ' -f1-3 /proc/loadavg)"
 }
 
+# each_run RUNS "MODES": runs the benchmark's `one_run MODE RUN` RUNS
+# times over MODES, the modes in turn, then says the load.
+each_run() {
+  local i m
+  for i in $(seq "$1"); do
+    # shellcheck disable=SC2086 # MODES is a list of words
+    for m in $2; do one_run "$m" "$i"; done
+  done
+  echo "load at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+}
+
 # medians RESULTS STEADY_S WIDTH DIGITS EMPTY "MODES" "NAME|COLUMN|UNIT"...
 # The table at the end: for each figure NAME (column COLUMN of RESULTS,
 # 0-based, in UNIT) a row, for each mode a cell of WIDTH characters, the

@@ -140,10 +140,7 @@ machine
 echo "$(prometheus --version 2>&1 | head -1); mosquitto on 127.0.0.1:$port"
 echo "$runs runs of each of: $modes; CPU from ${window_at} s for ${steady} s, memory at its end"
 echo "mode run VmRSS_kB VmHWM_kB cpu_ms(ticks) cpu_ms(schedstat) cpu_%_of_a_core up scrape_ms samples_per_scrape answer_bytes promtool_exit window_s"
-for i in $(seq "$runs"); do
-  for m in $modes; do one_run "$m" "$i"; done
-done
-echo "load at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+each_run "$runs" "$modes"
 
 medians "$results" "$steady" 32 2 - "$modes" \
   "resident memory (VmRSS)|2|kB" "peak (VmHWM)|3|kB" \

@@ -183,10 +183,7 @@ machine
 echo "brokers on 127.0.0.1: plain :${port[plain]}, tls :${port[tls]}, tls_nodelay :${port[tls_nodelay]}"
 echo "$runs runs of each of: $modes; VmHWM at ${mem_at} s; CPU and wire from ${window_at} s for ${steady} s"
 echo "mode run connect_ms VmHWM_kB agent_cpu_ms(ticks) agent_cpu_ms(schedstat) threads_ended broker_cpu_ms(ticks) broker_cpu_ms(schedstat) sent_B_per_min received_B_per_min window_s"
-for i in $(seq "$runs"); do
-  for m in $modes; do one_run "$m" "$i"; done
-done
-echo "load at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+each_run "$runs" "$modes"
 
 medians "$results" "$steady" 30 1 "no data" "$modes" \
   "connect to online seen|2|ms" "peak RSS (VmHWM)|3|kB" \
