@@ -17,6 +17,10 @@
 //! host kept its sender's last sequence number in flash (it would
 //! otherwise be judged afresh for as long as its stamp is fresh).
 //!
+//! An older signed state of the host's own CDU sent again after the agent
+//! restarted (a "cooled" that would end the rack's cooling loss) is
+//! refused as a replay: the host kept the last state it took in flash.
+//!
 //! Skipped when mosquitto is not installed, except under CI (`CI=true`),
 //! where a missing tool fails the test.
 
@@ -173,4 +177,76 @@ fn a_refused_command_sent_again_after_a_restart_is_refused_as_replayed() {
     });
     let ack = seen.iter().find_map(answer).expect("the copy is answered");
     assert_eq!(ack.code, AckCode::Replayed, "{}", ack.detail.as_str());
+}
+
+#[test]
+fn an_older_cdu_state_sent_again_after_a_restart_does_not_end_a_cooling_loss() {
+    let Some(rig) = Rig::start("h33") else {
+        return;
+    };
+    let key_a = SigningKey::from_bytes(&[0xa1; 32]);
+    let ring = rig.dir.path().join("keyring.toml");
+    std::fs::write(
+        &ring,
+        loopwarden_bus::keys::keyring_toml(&ident(SITE), &[cdu_signer("cdu-a", &key_a)]),
+    )
+    .expect("keyring");
+    let (flags, log) = rig.noted_cooling_steps(2, 600);
+    let flags = Overrides {
+        keyring: Some(ring),
+        ..flags
+    };
+    let a_topic = state_topic("cdu-a");
+    let cdu_a = NodeId::new(Role::Cdu, "cdu-a").expect("node");
+    let state = |seq: u32, lost: bool| {
+        let mut f = Frame {
+            message: Message::CduState(rig::cdu_state(lost)),
+            ..rack2_lost(cdu_a.clone(), seq)
+        };
+        f.sign(&a_topic, 1, &key_a).expect("signs");
+        f
+    };
+    let publish = |f: &Frame| {
+        let bytes = f.to_vec().expect("encodes");
+        rig.publish(&a_topic.build().expect("topic"), &bytes, true);
+    };
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
+    let until = |want: &str| {
+        let wait = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < wait && !read().ends_with(want) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        read()
+    };
+    let agent = rig.agent(2).flags(flags.clone()).flash().start();
+    std::thread::sleep(Duration::from_millis(800));
+    // Lost, cooled, lost again: the host drains, resumes, drains.
+    let cooled = state(21, false);
+    for (f, step) in [
+        (state(20, true), "drain h33 2\n"),
+        (cooled.clone(), "resume h33 2\n"),
+        (state(22, true), "drain h33 2\n"),
+    ] {
+        publish(&f);
+        until(step);
+    }
+    let before = read();
+    assert_eq!(before.lines().count(), 3, "{before}");
+    agent.stop();
+
+    // While the agent is down, the "cooled" of seq 21 is sent again
+    // (retained, so it is the first state the agent meets at its start),
+    // within its stamp's 5 minutes: older than the last state taken (22).
+    publish(&cooled);
+    let agent = rig.agent(2).flags(flags.clone()).flash().start();
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(read(), before, "a replayed state ended the loss");
+    // The controller's own next "cooled" does, within the same wait.
+    publish(&state(23, false));
+    assert!(
+        until("resume h33 2\n").ends_with("resume h33 2\n"),
+        "{}",
+        read()
+    );
+    agent.stop();
 }
