@@ -41,6 +41,13 @@ pub const OFFER_STEPS_K: [f32; OFFER_POINTS] = [1.0, 2.0, 3.0, 5.0];
 /// apart, K.
 pub const WATER_STEP_K: f32 = 0.25;
 
+/// A water this little above an offer's accept or one of its capped
+/// points is held as at that point, K: the bus carries an offer's
+/// temperatures to a hundredth of a degree, and float rounding leaves a
+/// CDU's walk up the grid a hair off the coordinator's, so a CDU's accept
+/// may read just below the grid water it stands for.
+pub const HELD_WITHIN_K: f32 = 0.01;
+
 /// The chiller is staged for this share of the heat above what the dry
 /// cooler takes at the planned water.
 pub const STAGE_MARGIN: f32 = 0.1;
@@ -99,9 +106,10 @@ impl Offer {
 
     /// The work lost and power saved at facility water `water_c`:
     /// `(0, 0)` up to its accept, along its capped points above it
-    /// (linearly between them); `None` above the last.
+    /// (linearly between them); `None` above the last. Each point holds
+    /// [`HELD_WITHIN_K`] above it.
     pub fn cost_at(&self, water_c: f32) -> Option<(f32, f32)> {
-        if water_c <= self.accept_c {
+        if water_c <= self.accept_c + HELD_WITHIN_K {
             return Some((0.0, 0.0));
         }
         let mut prev = OfferPoint {
@@ -109,9 +117,9 @@ impl Offer {
             ..OfferPoint::default()
         };
         for p in self.capped.iter().take(self.points as usize) {
-            if water_c <= p.water_c {
+            if water_c <= p.water_c + HELD_WITHIN_K {
                 let span = (p.water_c - prev.water_c).max(1e-3);
-                let k = (water_c - prev.water_c) / span;
+                let k = ((water_c - prev.water_c) / span).min(1.0);
                 let lerp = |a: f32, b: f32| a + (b - a) * k;
                 return Some((
                     lerp(prev.work_lost, p.work_lost),
@@ -140,6 +148,32 @@ pub struct FacilityPlan {
     pub other_cost: Option<f32>,
 }
 
+/// A sum over the hall's CDUs of one figure, in whole millionths of it
+/// (each figure truncated, below zero or NaN as none, the sum saturating
+/// near 1.8·10¹³): the same in any order of the offers, where a float
+/// sum's rounding could tip a near tie to another water, and finite
+/// whatever a broken estimator offers.
+#[derive(Debug, Clone, Copy, Default)]
+struct HallSum(u64);
+
+impl HallSum {
+    fn add(&mut self, x: f32) {
+        self.0 = self.0.saturating_add((f64::from(x) * 1e6) as u64);
+    }
+
+    fn total(self) -> f32 {
+        (self.0 as f64 * 1e-6) as f32
+    }
+}
+
+impl FromIterator<f32> for HallSum {
+    fn from_iter<I: IntoIterator<Item = f32>>(figures: I) -> Self {
+        let mut sum = Self::default();
+        figures.into_iter().for_each(|x| sum.add(x));
+        sum
+    }
+}
+
 /// One facility water temperature judged for the hall.
 #[derive(Debug, Clone, Copy)]
 struct Judged {
@@ -153,15 +187,16 @@ struct Judged {
 /// plant is short there, and which CDUs cap; `None` where some CDU's caps
 /// cannot hold the ceiling.
 fn judge(hall: &CoreConfig, offers: &[Offer], ambient_c: f32, water_c: f32) -> Option<Judged> {
-    let (mut heat, mut work, mut capping) = (0.0f32, 0.0f32, 0u64);
+    let (mut heat, mut work, mut capping) = (HallSum::default(), HallSum::default(), 0u64);
     for (i, o) in offers.iter().enumerate() {
         let (lost, saved) = o.cost_at(water_c)?;
-        heat += (o.heat_w + o.heat_per_k_w * (water_c - o.at_water_c) - saved).max(0.0);
-        work += (o.work - lost).max(0.0);
+        heat.add(o.heat_w + o.heat_per_k_w * (water_c - o.at_water_c) - saved);
+        work.add(o.work - lost);
         if lost > 0.0 {
             capping |= 1u64.checked_shl(i as u32).unwrap_or(0);
         }
     }
+    let (heat, work) = (heat.total(), work.total());
     let f = &hall.facility;
     let rej = model::rejection_at(hall, water_c, ambient_c, heat);
     // All IT heat goes into the liquid: the IT power is the heat.
@@ -245,24 +280,25 @@ pub fn coordinate(
         [None, None] => {
             // No water holds every CDU: the coldest, where caps do most.
             let water = lo;
-            let heat: f32 = offers.iter().map(|o| o.heat_w).sum();
-            let work: f32 = offers.iter().map(|o| o.work).sum();
+            let heat = offers.iter().map(|o| o.heat_w).collect::<HallSum>();
+            let work = offers.iter().map(|o| o.work).collect::<HallSum>();
             let j = Judged {
                 water_c: water,
-                cost: heat / work.max(1e-3),
+                cost: heat.total() / work.total().max(1e-3),
                 short: true,
                 capping: 0,
             };
             (j, None)
         }
     };
-    let heat: f32 = offers
+    let heat = offers
         .iter()
         .map(|o| o.heat_w + o.heat_per_k_w * (chosen.water_c - o.at_water_c))
-        .sum();
+        .collect::<HallSum>()
+        .total();
     Some(FacilityPlan {
         water_c: chosen.water_c,
-        chiller_stages: stages_for(hall, chosen.water_c, ambient_c, heat.max(0.0), stages),
+        chiller_stages: stages_for(hall, chosen.water_c, ambient_c, heat, stages),
         capping: chosen.capping,
         cost: chosen.cost,
         other_cost: other.filter(|o| !o.short).map(|o| o.cost),
