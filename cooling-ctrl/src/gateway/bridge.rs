@@ -27,7 +27,12 @@
 //! Every frame is counted ([`LinkCounts`]): taken, dropped by reason
 //! ([`FrameError`]), frames lost in gaps of the MCU's numbers, the MCU's
 //! restarts (its numbers starting again) and silences; and frames sent
-//! to it.
+//! to it. A frame that comes again (the same number and message as the
+//! last one checked: the line repeated it) is counted and not taken
+//! again: its lease, event or answer is not handed on twice, and it is
+//! not read as the MCU starting again. A frame whose message does not
+//! read still counts by its number: when that number says the MCU
+//! started again, the next frame that reads is taken as its start.
 //!
 //! Glossary:
 //! - *MCU clock*: ms since the MCU started; a status's times are on it.
@@ -195,6 +200,8 @@ pub struct LinkCounts {
     pub lost: u64,
     /// The MCU's restarts (its frame numbers started again).
     pub restarts: u64,
+    /// Frames that came again as the last one checked (not taken again).
+    pub repeats: u64,
     /// Times the MCU fell silent.
     pub silences: u64,
 }
@@ -210,7 +217,7 @@ impl LinkCounts {
             .map(|(r, n)| format!("{r} {n}"))
             .collect();
         format!(
-            "{} frames in, {} out ({} unsent), {} dropped{}, {} lost in {} gaps, {} restarts, {} silences",
+            "{} frames in, {} out ({} unsent), {} dropped{}, {} repeated, {} lost in {} gaps, {} restarts, {} silences",
             self.frames_in,
             self.frames_out,
             self.frames_unsent,
@@ -220,6 +227,7 @@ impl LinkCounts {
             } else {
                 format!(" ({})", dropped.join(", "))
             },
+            self.repeats,
             self.lost,
             self.gaps,
             self.restarts,
@@ -229,8 +237,9 @@ impl LinkCounts {
 
     /// What went wrong, without the routine counts: two counts with the
     /// same trouble are equal.
-    fn trouble(&self) -> (Dropped, u64, u64, u64) {
-        (self.dropped, self.lost, self.restarts, self.silences)
+    fn trouble(&self) -> (Dropped, [u64; 4]) {
+        let n = [self.lost, self.restarts, self.repeats, self.silences];
+        (self.dropped, n)
     }
 }
 
@@ -242,6 +251,12 @@ pub struct Bridge {
     failsafe_setpoint_c: f32,
     deframer: Box<Deframer<FRAME_MAX>>,
     seq: SeqWatch,
+    /// The last frame checked (taken, or its message unread): its number
+    /// and message bytes.
+    last_in: Option<(u32, Vec<u8>)>,
+    /// A frame whose message did not read was numbered as the MCU
+    /// starting again: the next frame that reads is taken as its start.
+    restart_unread: bool,
     out_seq: u32,
     counts: LinkCounts,
     started: Now,
@@ -254,7 +269,7 @@ pub struct Bridge {
     silent: bool,
     state_sent: Option<StateSent>,
     /// The trouble counts at the last summary, and when it was logged.
-    summarised: ((Dropped, u64, u64, u64), u64),
+    summarised: ((Dropped, [u64; 4]), u64),
     /// This CDU's part in a hall of several CDUs; `None`: not in one.
     hall: Option<HallPart>,
     /// An offer came with no hall configured (said once).
@@ -270,6 +285,8 @@ impl Bridge {
             failsafe_setpoint_c,
             deframer: Box::default(),
             seq: SeqWatch::default(),
+            last_in: None,
+            restart_unread: false,
             out_seq: 0,
             counts: LinkCounts::default(),
             started: now,
@@ -334,16 +351,29 @@ impl Bridge {
             let got = match self.deframer.push(b) {
                 Fed::More => continue,
                 Fed::Dropped(e) => Err(e),
-                Fed::Frame(r) => Ok((r.seq, r.message::<Up>())),
+                Fed::Frame(r)
+                    if self
+                        .last_in
+                        .as_ref()
+                        .is_some_and(|(seq, m)| *seq == r.seq && m[..] == *r.payload) =>
+                {
+                    Ok((r.seq, None))
+                }
+                Fed::Frame(r) => {
+                    self.last_in = Some((r.seq, r.payload.to_vec()));
+                    Ok((r.seq, Some(r.message::<Up>())))
+                }
             };
             match got {
                 Err(e) => self.dropped(e, &mut acts),
-                Ok((seq, Err(e))) => {
-                    // Checked, so its number is the MCU's: a gap is real.
-                    self.seq.hear(seq);
+                Ok((seq, None)) => self.repeated(seq, &mut acts),
+                Ok((seq, Some(Err(e)))) => {
+                    // Checked, so its number is the MCU's: a gap is real,
+                    // and a restart is taken at the next frame that reads.
+                    self.restart_unread |= self.seq.hear(seq) == Order::Restart;
                     self.dropped(e, &mut acts);
                 }
-                Ok((seq, Ok(up))) => {
+                Ok((seq, Some(Ok(up)))) => {
                     self.counts.frames_in += 1;
                     let restarted = self.numbered(seq, &mut acts);
                     if matches!(up, Up::Status(_)) {
@@ -438,11 +468,26 @@ impl Bridge {
         acts.push(Act::Say(level, format!("{e} (the {} of its kind)", nth(n))));
     }
 
+    /// Frame `seq` came again as the last one checked: counted, not taken.
+    fn repeated(&mut self, seq: u32, acts: &mut Vec<Act>) {
+        self.counts.repeats += 1;
+        let level = if self.counts.repeats == 1 {
+            Level::Warn
+        } else {
+            Level::Debug
+        };
+        acts.push(Act::Say(
+            level,
+            format!("frame {seq} from the microcontroller came again: not taken again"),
+        ));
+    }
+
     /// Frame number `seq` heard; whether the MCU started again.
     fn numbered(&mut self, seq: u32, acts: &mut Vec<Act>) -> bool {
+        let unread = std::mem::take(&mut self.restart_unread);
         match self.seq.hear(seq) {
-            Order::First | Order::Next => false,
-            Order::Gap(n) => {
+            Order::First | Order::Next if !unread => false,
+            Order::Gap(n) if !unread => {
                 self.counts.gaps += 1;
                 self.counts.lost = self.seq.lost;
                 acts.push(Act::Say(
@@ -454,7 +499,8 @@ impl Bridge {
                 ));
                 false
             }
-            Order::Restart => {
+            // Numbered again from here, or from a frame that did not read.
+            _ => {
                 self.counts.restarts = self.seq.restarts;
                 self.anchor_ms = None;
                 acts.push(Act::Say(
@@ -620,9 +666,11 @@ impl Bridge {
     /// The state that says the MCU is silent, when due: failsafe since
     /// its last frame (or the gateway's start), with the racks and the
     /// setpoint of its last status (no rack, and the failsafe setpoint,
-    /// before any status), offering nothing to the hall.
+    /// before any status), offering nothing to the hall. The silence is
+    /// timed on the steady clock and read on the wall clock now, so a
+    /// wall clock stepped back since never dates it after now.
     fn silent_state(&mut self, now: Now, acts: &mut Vec<Act>) {
-        let since = self.last_frame.unwrap_or(self.started).unix_ms;
+        let since = now.unix_ms.saturating_sub(self.quiet_ms(now));
         let (racks, setpoint_c) = match &self.last {
             Some(s) => (s.racks, s.setpoint_c),
             None => (Default::default(), self.failsafe_setpoint_c),
@@ -945,6 +993,28 @@ mod tests {
         // (MCU ms 500) is after its step at 10 ms, heard at T0 + 200.
         let st = states(&acts);
         assert_eq!(st[0].0.since, TimestampMs(T0 + 200 - 10 + 500));
+    }
+
+    #[test]
+    fn a_frame_the_line_repeats_is_counted_and_not_taken_again() {
+        let mut b = bridge();
+        let lease = Up::Lease {
+            host: 2,
+            lease: loopwarden_protocol::samples::cooling_lease(3, &[], 30_000),
+            lift: false,
+        };
+        let once = frame(&lease, 7);
+        let acts = b.hear(&[once.clone(), once.clone()].concat(), at(100));
+        let leases = acts.iter().filter(|a| matches!(a, Act::Lease { .. }));
+        assert_eq!(leases.count(), 1, "{acts:?}");
+        assert!(acts
+            .iter()
+            .any(|a| matches!(a, Act::Say(Level::Warn, w) if w.contains("came again"))));
+        let c = b.counts();
+        assert_eq!((c.frames_in, c.repeats, c.restarts), (1, 1, 0));
+        // The same message under the next number is the MCU's own: taken.
+        let acts = b.hear(&frame(&lease, 8), at(200));
+        assert_eq!(publishes(&acts), 1);
     }
 
     #[test]
