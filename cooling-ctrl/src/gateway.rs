@@ -501,6 +501,8 @@ impl Gateway {
         );
         let unsent = if !self.stats.link_open {
             Some("the line to the microcontroller is not open")
+        } else if self.pending.waits(c.id) {
+            Some("a clear of the same id (signed in the same second) waits for the microcontroller's answer: ask again")
         } else if !self.send_down(&Down::Clear(ask.clear.clone())) {
             Some("the line to the microcontroller does not take it (its queue is full)")
         } else {

@@ -63,10 +63,10 @@
 //! - Two clears of one id waiting at once (two operators signing in the
 //!   same second, or one clear asked twice): the MCU's answer names the
 //!   clear by its id alone (`Up::Answer`), ids are unique per operator
-//!   only, and the gateway's loop sends a clear whose id already waits;
-//!   when the first of two such clears is lost on the line, the answer to
-//!   the second goes to the first, and the second has none. So each
-//!   clear here has an id of its own.
+//!   only. The gateway's loop refuses, as not sent, a clear whose id
+//!   already waits (`Pending::waits`; its own unit test), a rule of the
+//!   loop this test does not play, so each clear here has an id of its
+//!   own.
 //!
 //! Glossary:
 //! - *taken*: a frame the line delivered whole, checked and decoded.

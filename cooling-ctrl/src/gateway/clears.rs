@@ -243,6 +243,13 @@ impl<R> Pending<R> {
         self.waiting.push((id, until, reply));
     }
 
+    /// Whether a clear of `id` waits for its answer: the MCU's answer
+    /// names a clear by its id alone, so a second clear of that id (two
+    /// operators signing in the same second) is not sent meanwhile.
+    pub fn waits(&self, id: u32) -> bool {
+        self.waiting.iter().any(|(w, _, _)| *w == id)
+    }
+
     /// The MCU answered clear `id`: where the answer goes (the first that
     /// waits with that id), if anyone waits.
     pub fn answered(&mut self, id: u32) -> Option<R> {
@@ -522,6 +529,19 @@ mod tests {
         assert_eq!(p.len(), 1);
         assert_eq!(p.answered(6), Some("other"));
         assert!(p.is_empty());
+    }
+
+    #[test]
+    fn a_clear_of_an_id_that_waits_is_known_to_wait_until_answered_or_expired() {
+        let mut p = Pending::default();
+        assert!(!p.waits(5));
+        p.wait(5, 0, "first");
+        assert!(p.waits(5) && !p.waits(6));
+        assert_eq!(p.answered(5), Some("first"));
+        assert!(!p.waits(5), "answered: a new clear of that id may go");
+        p.wait(5, 0, "again");
+        p.expired(ANSWER_WITHIN_MS);
+        assert!(!p.waits(5), "expired");
     }
 
     fn signer(role: Role, name: &str, key_id: u8, seed: u8) -> Signer {

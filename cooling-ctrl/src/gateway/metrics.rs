@@ -42,6 +42,10 @@ const LOST: Metric = Metric::counter(
     "loopwarden_gateway_link_frames_lost_total",
     "Frames from the microcontroller lost in those gaps.",
 );
+const REPEATS: Metric = Metric::counter(
+    "loopwarden_gateway_link_frames_repeated_total",
+    "Frames from the microcontroller that repeated the last one (its number and message): counted, not taken again.",
+);
 const RESTARTS: Metric = Metric::counter(
     "loopwarden_gateway_mcu_restarts_total",
     "Restarts of the microcontroller (its frame numbers started again).",
@@ -106,6 +110,7 @@ pub fn render(
     }
     out.sample(&GAPS, &l, c.gaps as f64);
     out.sample(&LOST, &l, c.lost as f64);
+    out.sample(&REPEATS, &l, c.repeats as f64);
     out.sample(&RESTARTS, &l, c.restarts as f64);
     out.flag(&SILENT, &l, st.silent);
     out.sample(&SILENCES, &l, c.silences as f64);
@@ -148,13 +153,14 @@ mod tests {
 
     /// Every `loopwarden_gateway_*` metric, in the order docs/cooling.md
     /// lists them.
-    const ALL: [&Metric; 15] = [
+    const ALL: [&Metric; 16] = [
         &LINK_OPEN,
         &FRAMES,
         &UNSENT,
         &DROPPED,
         &GAPS,
         &LOST,
+        &REPEATS,
         &RESTARTS,
         &SILENT,
         &SILENCES,
@@ -185,6 +191,7 @@ mod tests {
         st.link.frames_in = 12;
         st.link.dropped.crc = 2;
         st.link.restarts = 1;
+        st.link.repeats = 5;
         st.silent = true;
         st.states_published = 3;
         st.bms_forwarded = 4;
@@ -202,6 +209,7 @@ mod tests {
             "loopwarden_gateway_link_frames_total{cdu=\"cdu-1\",direction=\"in\"} 12",
             "loopwarden_gateway_link_frames_dropped_total{cdu=\"cdu-1\",reason=\"crc\"} 2",
             "loopwarden_gateway_mcu_restarts_total{cdu=\"cdu-1\"} 1",
+            "loopwarden_gateway_link_frames_repeated_total{cdu=\"cdu-1\"} 5",
             "loopwarden_gateway_mcu_silent{cdu=\"cdu-1\"} 1",
             "loopwarden_gateway_published_total{cdu=\"cdu-1\",kind=\"state\"} 3",
             "loopwarden_gateway_link_open{cdu=\"cdu-1\"} 0",
