@@ -48,17 +48,16 @@
 
 mod host;
 
-use host::{cdu_topic, quiet, Host, GPUS, GRACE_MS};
+use host::{cdu_topic, Host, GPUS, GRACE_MS};
 use loopwarden_protocol::auth::SigningKey;
 use loopwarden_protocol::samples::{self, demo_signing_key, T0};
 use loopwarden_protocol::{
-    AckCode, CommandAuth, CoolingStep, Family, Frame, GpuIndex, HealthState, Ident, Message,
-    MessageKind, NodeId, QuarantineRelease, RackCooling, RackIndex, Role, Text, TimestampMs, Topic,
-    Watts, WholeCelsius,
+    AckCode, CoolingStep, Family, Frame, HealthState, Ident, Message, MessageKind, NodeId,
+    RackCooling, RackIndex, Role, TimestampMs, Topic,
 };
 use node_core::commands::COMMAND_MAX_AGE_MS;
 use node_core::cooling_loss::Phase;
-use node_core::node::{Effect, Input, Reading};
+use node_core::node::{Effect, Input};
 use proptest::prelude::*;
 
 /// This host's rack on `cdu-a` (as `host/` sets it up).
@@ -292,22 +291,6 @@ fn hostile(m: &Model, how: Hostile, word: Word) -> (Frame, Topic) {
     (frame, ours)
 }
 
-/// An operator's release of `gpu`.
-fn release_frame(seq: u32, t: u64, gpu: u8) -> Frame {
-    let f = Frame {
-        sender: NodeId::new(Role::Operator, "jdoe").unwrap(),
-        seq,
-        time: TimestampMs(t),
-        message: Message::QuarantineRelease(QuarantineRelease {
-            gpu: GpuIndex::new(gpu).unwrap(),
-            operator: Ident::new("jdoe").unwrap(),
-            note: Text::new("reseated, diagnostics pass").unwrap(),
-            auth: CommandAuth::default(),
-        }),
-    };
-    signed(f, &samples::command_topic(), 1, &demo_signing_key())
-}
-
 /// What a state says of rack 2.
 fn word_of(f: &Frame) -> Word {
     let Message::CduState(st) = &f.message else {
@@ -395,13 +378,7 @@ fn step(
 /// One round a second after the last, every GPU quiet.
 fn round(m: &mut Model, host: &mut Host) -> Result<(), TestCaseError> {
     m.t += 1_000;
-    let readings: Vec<Reading> = (0..GPUS)
-        .map(|_| Reading::Sample {
-            observation: quiet(),
-            temp: WholeCelsius(60),
-            power: Watts(450),
-        })
-        .collect();
+    let readings = host::healthy_readings();
     let expected = m.due();
     step(m, host, Input::Round(&readings), &expected, &[], "a round")
 }
@@ -489,7 +466,7 @@ fn play(m: &mut Model, host: &mut Host, op: &Op) -> Result<(), TestCaseError> {
 fn release(m: &mut Model, host: &mut Host, gpu: u8) -> Result<(), TestCaseError> {
     m.t += 100;
     m.op_seq += 1;
-    let f = release_frame(m.op_seq, m.t, gpu);
+    let f = host::release(m.op_seq, m.t, gpu);
     let was = std::mem::replace(&mut m.quarantined[gpu as usize], false);
     let acks = host.acks.len();
     let cmd = samples::command_topic();

@@ -10,12 +10,12 @@
 
 mod host;
 
-use host::{cdu_topic, quiet, Boot, Host, DEFAULT, GPUS, GRACE_MS};
+use host::{cdu_topic, quiet, release, Boot, Host, DEFAULT, GPUS, GRACE_MS};
 use loopwarden_protocol::samples::{self, demo_signing_key, T0};
 use loopwarden_protocol::{
     AckCode, CapLease, CapSource, CommandAuth, CoolingStep, DurationMs, Event, Frame, GpuCap,
-    GpuIndex, GpuSelector, HealthState, Ident, Message, MessageKind, NodeId, QuarantineRelease,
-    ReasonCode, Role, Text, TimestampMs, Topic, Watts, WholeCelsius,
+    GpuSelector, HealthState, Message, MessageKind, NodeId, ReasonCode, Role, TimestampMs, Topic,
+    Watts, WholeCelsius,
 };
 use node_core::cooling_loss::Phase;
 use node_core::health::Observation;
@@ -38,24 +38,6 @@ fn lease(seq: u32, t: u64, watts: u32, ms: u32) -> Frame {
             .into_iter()
             .collect(),
             duration: DurationMs(ms),
-            auth: CommandAuth::default(),
-        }),
-    };
-    f.sign(&samples::command_topic(), 1, &demo_signing_key())
-        .unwrap();
-    f
-}
-
-/// An operator's release of `gpu`.
-fn release(seq: u32, t: u64, gpu: u8) -> Frame {
-    let mut f = Frame {
-        sender: NodeId::new(Role::Operator, "jdoe").unwrap(),
-        seq,
-        time: TimestampMs(t),
-        message: Message::QuarantineRelease(QuarantineRelease {
-            gpu: GpuIndex::new(gpu).unwrap(),
-            operator: Ident::new("jdoe").unwrap(),
-            note: Text::new("reseated, field diagnostics pass").unwrap(),
             auth: CommandAuth::default(),
         }),
     };

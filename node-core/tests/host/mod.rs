@@ -13,10 +13,10 @@
 
 use std::collections::VecDeque;
 
-use loopwarden_protocol::samples::{self, T0};
+use loopwarden_protocol::samples::{self, demo_signing_key, T0};
 use loopwarden_protocol::{
-    Ack, CoolingStep, Event, Frame, HealthState, Ident, NodeId, Role, TimestampMs, Topic, Watts,
-    WholeCelsius,
+    Ack, CommandAuth, CoolingStep, Event, Frame, GpuIndex, HealthState, Ident, Message, NodeId,
+    QuarantineRelease, Role, Text, TimestampMs, Topic, Watts, WholeCelsius,
 };
 use node_core::caps::{GpuRange, LeaseLimits};
 use node_core::commands::Authority;
@@ -347,14 +347,7 @@ impl Host {
 
     /// A round in which every GPU answers a quiet, healthy sample.
     pub fn healthy_round(&mut self, t: u64) {
-        let readings: Vec<Reading> = (0..GPUS)
-            .map(|_| Reading::Sample {
-                observation: quiet(),
-                temp: WholeCelsius(60),
-                power: Watts(450),
-            })
-            .collect();
-        self.step(t, Input::Round(&readings));
+        self.step(t, Input::Round(&healthy_readings()));
     }
 
     /// A round in which no GPU answers.
@@ -390,4 +383,33 @@ pub fn quiet() -> Observation {
         util: 95.0,
         ..Observation::default()
     }
+}
+
+/// Every GPU's quiet, healthy sample of a round.
+pub fn healthy_readings() -> Vec<Reading> {
+    (0..GPUS)
+        .map(|_| Reading::Sample {
+            observation: quiet(),
+            temp: WholeCelsius(60),
+            power: Watts(450),
+        })
+        .collect()
+}
+
+/// An operator's release of `gpu`, signed with the demonstration key.
+pub fn release(seq: u32, t: u64, gpu: u8) -> Frame {
+    let mut f = Frame {
+        sender: NodeId::new(Role::Operator, "jdoe").unwrap(),
+        seq,
+        time: TimestampMs(t),
+        message: Message::QuarantineRelease(QuarantineRelease {
+            gpu: GpuIndex::new(gpu).unwrap(),
+            operator: Ident::new("jdoe").unwrap(),
+            note: Text::new("reseated, field diagnostics pass").unwrap(),
+            auth: CommandAuth::default(),
+        }),
+    };
+    f.sign(&samples::command_topic(), 1, &demo_signing_key())
+        .unwrap();
+    f
 }
