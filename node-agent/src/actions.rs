@@ -7,7 +7,10 @@
 //! replaced inside single arguments, so no text of a reason or an evidence
 //! can add an argument or a command. Each runs once per decision, with a
 //! timeout after which it is killed; its outcome is logged and published
-//! as a `quarantine_action` event.
+//! (a `quarantine_action` or `cooling_action` event). One that did not end
+//! well before a restart (cut by a crash, or failed) runs again after it
+//! (`shell::quarantine`, `shell::cooling`): drains and taints are
+//! idempotent, a lost one leaves the scheduler unaware.
 //!
 //! Glossary:
 //! - *action*: one program and its arguments.
@@ -72,7 +75,15 @@ pub struct Outcome {
     pub detail: String,
 }
 
-/// Runs `argv` (no shell), waits at most `timeout`, kills it after.
+/// How long the end of a command's standard error is waited for once it
+/// exited: a process it left running may hold it open.
+const STDERR_GRACE: Duration = Duration::from_millis(200);
+/// The end of standard error kept, bytes.
+const STDERR_KEPT: usize = 4096;
+
+/// Runs `argv` (no shell), waits at most `timeout`, kills it after. Its
+/// outcome is its exit status: a process it started and left running
+/// changes nothing.
 pub async fn run(argv: &[String], timeout: Duration) -> Outcome {
     let program = argv.first().cloned().unwrap_or_default();
     let mut cmd = tokio::process::Command::new(&program);
@@ -81,59 +92,80 @@ pub async fn run(argv: &[String], timeout: Duration) -> Outcome {
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true);
-    let child = match cmd.spawn() {
+    let failed = |detail: String| Outcome {
+        program: program.clone(),
+        ok: false,
+        exit_code: None,
+        detail,
+    };
+    let mut child = match cmd.spawn() {
         Ok(c) => c,
-        Err(e) => {
-            return Outcome {
-                program,
-                ok: false,
-                exit_code: None,
-                detail: format!("cannot start: {e}"),
-            }
+        Err(e) => return failed(format!("cannot start: {e}")),
+    };
+    // Read as it comes, so a command that writes much never waits on a
+    // full pipe.
+    let mut stderr = tokio::spawn(read_tail(child.stderr.take()));
+    let status = match tokio::time::timeout(timeout, child.wait()).await {
+        Ok(Ok(status)) => status,
+        Ok(Err(e)) => {
+            stderr.abort();
+            return failed(format!("waiting for it: {e}"));
+        }
+        // Dropping the child kills it (kill_on_drop).
+        Err(_) => {
+            stderr.abort();
+            return failed(format!("killed after {} s", timeout.as_secs()));
         }
     };
-    match tokio::time::timeout(timeout, child.wait_with_output()).await {
-        Ok(Ok(out)) => {
-            let code = out.status.code();
-            let ok = out.status.success();
-            let err = String::from_utf8_lossy(&out.stderr);
-            let tail: String = err
-                .trim()
-                .chars()
-                .rev()
-                .take(200)
-                .collect::<Vec<_>>()
-                .into_iter()
-                .rev()
-                .collect();
-            Outcome {
-                program,
-                ok,
-                exit_code: code,
-                detail: if ok {
-                    String::new()
-                } else {
-                    format!(
-                        "exit {}: {tail}",
-                        code.map_or("by signal".into(), |c| c.to_string())
-                    )
-                },
-            }
+    let err = match tokio::time::timeout(STDERR_GRACE, &mut stderr).await {
+        Ok(Ok(bytes)) => bytes,
+        _ => {
+            stderr.abort();
+            Vec::new()
         }
-        Ok(Err(e)) => Outcome {
-            program,
-            ok: false,
-            exit_code: None,
-            detail: format!("waiting for it: {e}"),
-        },
-        // Dropping the future kills the child (kill_on_drop).
-        Err(_) => Outcome {
-            program,
-            ok: false,
-            exit_code: None,
-            detail: format!("killed after {} s", timeout.as_secs()),
+    };
+    let code = status.code();
+    let ok = status.success();
+    let err = String::from_utf8_lossy(&err);
+    let tail: String = err
+        .trim()
+        .chars()
+        .rev()
+        .take(200)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    Outcome {
+        program,
+        ok,
+        exit_code: code,
+        detail: if ok {
+            String::new()
+        } else {
+            format!(
+                "exit {}: {tail}",
+                code.map_or("by signal".into(), |c| c.to_string())
+            )
         },
     }
+}
+
+/// The last [`STDERR_KEPT`] bytes of `stderr`, read to its end.
+async fn read_tail(stderr: Option<tokio::process::ChildStderr>) -> Vec<u8> {
+    use tokio::io::AsyncReadExt;
+    let Some(mut stderr) = stderr else {
+        return Vec::new();
+    };
+    let mut kept = Vec::new();
+    let mut buf = [0u8; 1024];
+    while let Ok(n @ 1..) = stderr.read(&mut buf).await {
+        kept.extend_from_slice(&buf[..n]);
+        if kept.len() > STDERR_KEPT {
+            kept.drain(..kept.len() - STDERR_KEPT);
+        }
+    }
+    kept
 }
 
 #[cfg(test)]
@@ -187,6 +219,38 @@ mod tests {
             !missing.ok && missing.detail.contains("cannot start"),
             "{missing:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_command_that_exits_is_read_by_its_exit_not_by_what_it_left_running() {
+        // It exits 0 at once, leaving a process that holds its standard
+        // error open for 5 s.
+        let started = std::time::Instant::now();
+        let o = run(
+            &[
+                "sh".into(),
+                "-c".into(),
+                "sleep 5 & echo gone >&2; exit 0".into(),
+            ],
+            Duration::from_secs(2),
+        )
+        .await;
+        assert!(o.ok && o.exit_code == Some(0), "{o:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        let failed = run(
+            &[
+                "sh".into(),
+                "-c".into(),
+                "sleep 5 & echo nope >&2; exit 4".into(),
+            ],
+            Duration::from_secs(2),
+        )
+        .await;
+        assert_eq!((failed.ok, failed.exit_code), (false, Some(4)));
     }
 
     #[tokio::test]
