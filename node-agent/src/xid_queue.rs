@@ -7,10 +7,14 @@
 //! most stays: a *vital* event (a fatal-hardware XID, or a change of the
 //! watch's own state) takes the place of the oldest event that is not
 //! vital, so a fatal XID still quarantines its GPU in a storm of benign
-//! ones. An XID that is not vital is dropped when the queue is full; a
-//! vital one is dropped only when the queue holds nothing but vital
-//! events (its GPU is then already on its way out). The loop takes the
-//! oldest vital event first, so a fatal XID does not wait behind a storm.
+//! ones. An XID that is not vital is dropped when the queue is full. When
+//! the queue holds nothing but vital events (a storm of fatal XIDs), a
+//! fatal XID of a GPU that already has one queued is dropped, the new one
+//! or a later one of a GPU queued twice, so the first fatal XID of every
+//! GPU still gets through (each one quarantines its GPU; the others add
+//! nothing). The loop takes the oldest vital event first, so a fatal XID
+//! does not wait behind a storm, and says in its log when the queue
+//! dropped events.
 //!
 //! Glossary:
 //! - *vital*: an event that must not be lost to a storm (above).
@@ -81,19 +85,50 @@ pub fn is_vital(e: &XidEvent) -> bool {
 }
 
 /// Puts `e` into `q` of `capacity`; returns whether an event was dropped
-/// (the new one, or the oldest that is not vital).
+/// (the new one, the oldest that is not vital, or a vital XID of a GPU
+/// with another one queued).
 pub fn push(q: &mut VecDeque<XidEvent>, capacity: usize, e: XidEvent) -> bool {
     if q.len() < capacity {
         q.push_back(e);
         return false;
     }
-    if is_vital(&e) {
-        if let Some(i) = q.iter().position(|x| !is_vital(x)) {
-            q.remove(i);
-            q.push_back(e);
-        }
+    if !is_vital(&e) {
+        return true;
+    }
+    let redundant = match q.iter().position(|x| !is_vital(x)) {
+        Some(i) => Some(i),
+        None if vital_xid_of(q, &e) => None,
+        None => last_repeated_vital_xid(q),
+    };
+    if let Some(i) = redundant {
+        q.remove(i);
+        q.push_back(e);
     }
     true
+}
+
+/// Whether `e` is an XID of a GPU that has a vital XID in `q`.
+fn vital_xid_of(q: &VecDeque<XidEvent>, e: &XidEvent) -> bool {
+    let XidEvent::Xid(new) = e else {
+        return false;
+    };
+    q.iter()
+        .any(|x| matches!(x, XidEvent::Xid(o) if o.gpu == new.gpu && is_vital(x)))
+}
+
+/// The place of the last vital XID in `q` whose GPU has another vital XID
+/// before it, if any.
+fn last_repeated_vital_xid(q: &VecDeque<XidEvent>) -> Option<usize> {
+    let mut seen = [false; 256];
+    let mut last = None;
+    for (i, x) in q.iter().enumerate() {
+        if let (XidEvent::Xid(r), true) = (x, is_vital(x)) {
+            if std::mem::replace(&mut seen[r.gpu as usize], true) {
+                last = Some(i);
+            }
+        }
+    }
+    last
 }
 
 impl XidSink {
@@ -206,6 +241,55 @@ mod tests {
         assert!(is_vital(&XidEvent::WatchDown("gone".into())));
         assert!(!is_vital(&x(0, 13)));
         assert!(is_vital(&x(0, 48)));
+    }
+
+    #[test]
+    fn a_storm_of_fatal_xids_keeps_the_first_fatal_xid_of_every_gpu() {
+        let (sink, queue) = xid_queue(64);
+        // Seven GPUs repeat fatal XIDs until the queue holds nothing else.
+        for n in 0..10_000u32 {
+            sink.send(x((n % 7) as u8, [79, 48, 95][(n / 7 % 3) as usize]))
+                .unwrap();
+        }
+        sink.send(x(7, 79)).unwrap();
+        sink.send(x(7, 48)).unwrap();
+        for n in 0..10_000u32 {
+            sink.send(x((n % 7) as u8, 79)).unwrap();
+        }
+        let (queued, dropped) = queue.stats();
+        assert_eq!((queued, dropped), (64, 20_002 - 64));
+        let held: Vec<_> = std::iter::from_fn(|| queue.try_recv()).collect();
+        let gpus: std::collections::BTreeSet<u8> = held
+            .iter()
+            .map(|e| match e {
+                XidEvent::Xid(r) => r.gpu,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(gpus, (0..8).collect(), "every GPU's fatal XID kept");
+        assert_eq!(held.iter().filter(|e| **e == x(7, 79)).count(), 1);
+        assert!(!held.contains(&x(7, 48)), "GPU 7 was queued already");
+    }
+
+    #[test]
+    fn a_full_queue_of_vital_events_of_distinct_gpus_drops_the_new_repeat() {
+        let mut q = VecDeque::new();
+        for g in 0..3 {
+            push(&mut q, 4, x(g, 79));
+        }
+        push(&mut q, 4, XidEvent::WatchUp);
+        assert!(
+            push(&mut q, 4, x(1, 48)),
+            "GPU 1 is queued: the new one goes"
+        );
+        assert!(
+            push(&mut q, 4, x(9, 79)),
+            "nothing repeated: the new one goes"
+        );
+        assert_eq!(
+            q,
+            VecDeque::from(vec![x(0, 79), x(1, 79), x(2, 79), XidEvent::WatchUp])
+        );
     }
 
     #[tokio::test]
