@@ -22,7 +22,11 @@
 //!   expired meanwhile are not;
 //! - at a clean exit with no lease in force it sets every GPU back to its
 //!   ceiling (the limit the site left on it); with a lease, the caps stay
-//!   for the next start.
+//!   for the next start;
+//! - a quarantine's actions and a cooling-loss step run at least once: one
+//!   decided before a crash and not known to have ended well runs again
+//!   after the restart, and a clean stop waits for those running (at most
+//!   [`stop::STOP_WAIT`]).
 //!
 //! Where it lives:
 //! - `startup`: the GPUs, the flash stores, the node with what is kept
@@ -34,6 +38,7 @@
 //! - `quarantine`: XIDs, the health kept in flash and the quarantine
 //!   actions;
 //! - `cooling`: the cooling-loss steps' commands and the phase in flash;
+//! - `stop`: the clean stop's wait for the running actions;
 //! - `publishing`: telemetry, health, events and acks on the bus;
 //! - `snapshot`: what the console is given after every step.
 //!
@@ -41,7 +46,7 @@
 //! - *effect*: what the node decided for the shell to do.
 //! - *jitter*: how late a sampling tick ran against its schedule.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -52,7 +57,6 @@ use loopwarden_field::lifecycle::Readers;
 use loopwarden_protocol::{GpuIndex, TimestampMs};
 use tokio::sync::{mpsc, watch};
 
-use crate::actions;
 use crate::clock::{Clock, Steady, SystemClock};
 use crate::config::Config;
 use crate::console::{self, Context, Snapshot, Timing};
@@ -74,6 +78,7 @@ mod sampling;
 pub use sampling::observation;
 mod snapshot;
 mod startup;
+mod stop;
 
 /// Ticks kept for the jitter percentiles (10 minutes at 1 s).
 const JITTER_WINDOW: usize = 600;
@@ -141,17 +146,21 @@ pub(crate) struct Agent {
     pub timing: Timing,
     pub last_json: Option<Instant>,
     /// Where finished quarantine actions report.
-    pub actions: mpsc::Sender<(u8, actions::Outcome)>,
+    pub actions: mpsc::Sender<quarantine::ActionDone>,
     /// The XID queue's counters.
     pub xid_stats: crate::xid_queue::XidStats,
+    /// XIDs the queue dropped, as last said in the log.
+    pub xids_dropped_said: u64,
     /// Quarantine actions still running (awaited at a clean stop).
     pub running_actions: Vec<tokio::task::JoinHandle<()>>,
+    /// The quarantines whose actions run, by GPU and stamp.
+    pub quarantine_runs: BTreeMap<(u8, u64), quarantine::Run>,
     /// Where the console's snapshot goes after every step.
     pub snapshots: watch::Sender<Option<Snapshot>>,
     /// The wall clock for stamps, steady time for the decisions.
     pub clock: Steady,
-    /// Where cooling-loss steps go to be run, in order.
-    pub cooling_jobs: mpsc::Sender<cooling::Job>,
+    /// The cooling-loss steps: their runner, and those pending.
+    pub cooling: cooling::Steps,
     /// Answers readers' requests to resend logged events.
     pub resender: Resender,
 }
@@ -228,17 +237,10 @@ async fn run_agent(
         first_seq,
         path: flash_path,
     } = agent_flash::open(config.flash.as_deref()).map_err(AgentError::Flash)?;
-    // The decisions, with what was kept from before a restart: the leases
-    // still valid, the health states, the cooling-loss phase.
+    // The decisions, with what was kept from before a restart.
     let mut node = startup::node(&config, &gpus, started);
     startup::restore_leases(&mut node, &mut log).await?;
-    startup::restore_health(&mut node, &mut store).await;
-    limits::restore(&mut node, &gpus, &mut store).await;
-    node.restore_cooling(cooling::restore(&mut store).await);
-    replay_floor::restore(&mut node, &replay_floor::signers(&config), &mut store).await;
-    if let Some(cdu) = &config.cdu {
-        replay_floor::restore_state(&mut node, cdu, &mut store).await;
-    }
+    let undone = restore_kept(&mut node, &config, &gpus, &mut store).await;
     let startup::BusParts {
         bus,
         mut inbound,
@@ -256,7 +258,7 @@ async fn run_agent(
         source,
     })?;
     let (actions_tx, mut actions_rx) = mpsc::channel(ACTION_OUTCOMES);
-    let (cooling_jobs, mut cooling_rx) = cooling::start_runner();
+    let (cooling, mut cooling_rx) = cooling::start_runner();
     let recorder = Recorder::start_on(log, store, flash_path.as_deref(), bus.clone())
         .map_err(AgentError::Thread)?;
     let (snapshots, snapshot_rx) = match hooks.snapshots {
@@ -280,7 +282,9 @@ async fn run_agent(
         resender,
         actions: actions_tx,
         xid_stats: xid_rx.stats_reader(),
+        xids_dropped_said: 0,
         running_actions: Vec::new(),
+        quarantine_runs: BTreeMap::new(),
         config,
         bus,
         workers,
@@ -292,8 +296,11 @@ async fn run_agent(
         last_json: None,
         snapshots,
         clock,
-        cooling_jobs,
+        cooling,
     };
+    // What a crash (or a failure) left undone runs again.
+    agent.resume_actions(&undone.quarantines);
+    agent.resume_cooling(undone.phase, undone.steps);
 
     // Start from what the GPUs have now, then put the targets in force.
     agent.step(Input::Start).await;
@@ -302,28 +309,71 @@ async fn run_agent(
     agent
         .run_loop(
             &mut inbound,
-            &mut actions_rx,
-            &mut cooling_rx,
+            (&mut actions_rx, &mut cooling_rx),
             &mut xid_rx,
             shutdown,
         )
         .await;
 
-    agent.stop(&mut actions_rx, readers, bus_task).await;
+    let outcomes = (&mut actions_rx, &mut cooling_rx);
+    agent.stop(outcomes, readers, bus_task).await;
     Ok(())
 }
 
+/// The site actions a restart found not done.
+struct Undone {
+    /// The GPUs kept quarantined whose actions are not known done.
+    quarantines: Vec<u8>,
+    /// The cooling-loss phase kept.
+    phase: node_core::cooling_loss::Phase,
+    /// The cooling-loss steps kept pending.
+    steps: Vec<loopwarden_protocol::CoolingStep>,
+}
+
+/// Gives `node` what the config store kept from before a restart (the
+/// health states, the limits, the cooling-loss phase, the replay floors);
+/// returns the site actions found not done.
+async fn restore_kept(
+    node: &mut Node,
+    config: &Config,
+    gpus: &[GpuState],
+    store: &mut loopwarden_flash::ConfigStore<loopwarden_store::agent_flash::Flash>,
+) -> Undone {
+    startup::restore_health(node, store).await;
+    let quarantines = quarantine::not_done(store, node.health()).await;
+    limits::restore(node, gpus, store).await;
+    let (phase, steps) = cooling::restore(store).await;
+    node.restore_cooling(phase);
+    replay_floor::restore(node, &replay_floor::signers(config), store).await;
+    if let Some(cdu) = &config.cdu {
+        replay_floor::restore_state(node, cdu, store).await;
+    }
+    Undone {
+        quarantines,
+        phase,
+        steps,
+    }
+}
+
+/// Where the outcomes of quarantine actions and cooling-loss commands come
+/// back to the loop.
+type Outcomes<'a> = (
+    &'a mut mpsc::Receiver<quarantine::ActionDone>,
+    &'a mut mpsc::Receiver<cooling::StepDone>,
+);
+
 impl Agent {
-    /// The clean stop: the running actions end, the ceilings are put
-    /// back unless a lease is in force, everything decided is written and handed to the bus,
-    /// then the readers stop and the agent leaves the bus.
+    /// The clean stop: the running actions and cooling-loss steps end
+    /// (within [`stop::STOP_WAIT`]), the ceilings are put back unless a
+    /// lease is in force, everything decided is written and handed to the
+    /// bus, then the readers stop and the agent leaves the bus.
     async fn stop(
         &mut self,
-        actions_rx: &mut mpsc::Receiver<(u8, actions::Outcome)>,
+        outcomes: Outcomes<'_>,
         readers: Readers,
         bus_task: loopwarden_bus::BusTask,
     ) {
-        self.finish_actions(actions_rx).await;
+        self.finish_actions(outcomes).await;
         tracing::info!("stopping");
         self.step(Input::Stop).await;
         self.recorder.flush().await;

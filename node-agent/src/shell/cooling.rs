@@ -2,52 +2,132 @@
 //! from the CDU's word about this host's rack; the steps it hands out run
 //! here as the configured commands, one after another on one task (a
 //! drain ends before the power-down starts), each outcome logged to flash
-//! and published as a `cooling_action` event. The phase is kept in flash.
+//! and published as a `cooling_action` event.
+//!
+//! The phase is kept in flash together with the steps handed out and not
+//! known done, in one record written before their commands start: a step
+//! is done once every one of its commands ended well, and the record is
+//! written again (before the outcome is published). At the start, the
+//! steps kept pending (the agent was killed before or while they ran, or
+//! one failed) run again: a drain, a power-up and a resume at once, each
+//! harmless twice; a power-down once the CDU's first state taken after
+//! the start leaves the rack powered down, or once [`HELD_WAIT`] (or the
+//! grace, if longer) passed without one (silence is not cooling), since a
+//! host-off command that cut the host before its outcome was kept must not
+//! switch the host off again at every start after cooling came back. A
+//! step undone by a later one (a resume after a drain) is pending no more.
+//!
+//! Glossary:
+//! - *job*: one step's commands, numbered, for the runner.
+//! - *pending*: handed out and not known done, in order.
+//! - *held*: a power-down pending from before the restart, waiting for
+//!   the CDU's word (until when, at most).
 
 use std::time::Duration;
 
 use loopwarden_flash::ConfigStore;
 use loopwarden_protocol::{CoolingStep, Event, TimestampMs};
 use loopwarden_store::agent_flash::Flash;
-use loopwarden_store::recorder::Recorder;
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 
 use super::Agent;
 use crate::actions;
 use crate::config::CoolingLossActions;
 use node_core::cooling_loss::Phase;
 
-/// The config-store key of the cooling-loss phase.
+/// The config-store key of the cooling-loss phase and pending steps.
 const PHASE_KEY: &str = "cooling_loss";
-/// Steps waiting for the runner (a loss has at most four).
+/// How long a power-down held from before a restart waits for the CDU's
+/// word at least (the grace, if longer): its retained state comes within
+/// a second of the connection. A host switched off by a power-down whose
+/// outcome was not kept, started again once cooling is back, is switched
+/// off again only if the broker does not answer within this.
+pub(crate) const HELD_WAIT: Duration = Duration::from_secs(5);
+/// Jobs waiting for the runner: a loss hands out at most four steps, and
+/// a CDU that says lost and cooled a few times in a row a few more.
 const QUEUE: usize = 16;
 
 /// One step for the runner: its commands, already expanded.
 pub(crate) struct Job {
+    id: u64,
     step: CoolingStep,
     argvs: Vec<Vec<String>>,
     timeout: Duration,
 }
 
-/// Starts the runner; returns where to send steps and where their
-/// outcomes come back.
-pub(crate) fn start_runner() -> (
-    mpsc::Sender<Job>,
-    mpsc::Receiver<(CoolingStep, actions::Outcome)>,
-) {
+/// A command of a step ended.
+#[derive(Debug)]
+pub(crate) struct StepDone {
+    id: u64,
+    step: CoolingStep,
+    outcome: actions::Outcome,
+    /// After the step's last command: whether every one ended well.
+    ended: Option<bool>,
+}
+
+/// The steps' state in the shell: the runner, what is pending, and the
+/// phase kept with it.
+pub(crate) struct Steps {
+    jobs: Option<mpsc::Sender<Job>>,
+    runner: Option<JoinHandle<()>>,
+    pending: Pending,
+    /// The phase last kept (its stamps on the wall clock).
+    kept: Phase,
+    held: Option<(Job, std::time::Instant)>,
+    next_id: u64,
+    /// Jobs handed to the runner and not ended.
+    in_runner: usize,
+}
+
+/// Starts the runner; returns the steps' state and where outcomes come
+/// back.
+pub(crate) fn start_runner() -> (Steps, mpsc::Receiver<StepDone>) {
     let (jobs_tx, mut jobs_rx) = mpsc::channel::<Job>(QUEUE);
     let (done_tx, done_rx) = mpsc::channel(QUEUE * 4);
-    tokio::spawn(async move {
+    let runner = tokio::spawn(async move {
         while let Some(job) = jobs_rx.recv().await {
-            for argv in &job.argvs {
+            let mut ok = true;
+            for (i, argv) in job.argvs.iter().enumerate() {
                 let outcome = actions::run(argv, job.timeout).await;
-                if done_tx.send((job.step, outcome)).await.is_err() {
+                ok &= outcome.ok;
+                let last = i + 1 == job.argvs.len();
+                let done = StepDone {
+                    id: job.id,
+                    step: job.step,
+                    outcome,
+                    ended: last.then_some(ok),
+                };
+                if done_tx.send(done).await.is_err() {
                     return;
                 }
             }
         }
     });
-    (jobs_tx, done_rx)
+    let steps = Steps {
+        jobs: Some(jobs_tx),
+        runner: Some(runner),
+        pending: Pending::default(),
+        kept: Phase::Cooled,
+        held: None,
+        next_id: 0,
+        in_runner: 0,
+    };
+    (steps, done_rx)
+}
+
+impl Steps {
+    /// At a stop: no more jobs; those queued still run. Returns the
+    /// runner, to wait for (a held power-down stays pending in flash).
+    pub(super) fn close(&mut self) -> Option<JoinHandle<()>> {
+        self.jobs = None;
+        self.runner.take()
+    }
+
+    /// Jobs handed to the runner and not ended.
+    pub(super) fn in_runner(&self) -> usize {
+        self.in_runner
+    }
 }
 
 /// The commands of `step`.
@@ -60,67 +140,169 @@ fn commands(c: &CoolingLossActions, step: CoolingStep) -> &[Vec<String>] {
     }
 }
 
-/// The phase as kept in flash: a tag and the wall-clock stamp.
-fn encode(phase: Phase) -> [u8; 9] {
+/// The step that undoes `step`.
+fn undoing(step: CoolingStep) -> CoolingStep {
+    match step {
+        CoolingStep::Drain => CoolingStep::Resume,
+        CoolingStep::Resume => CoolingStep::Drain,
+        CoolingStep::PowerDown => CoolingStep::PowerUp,
+        CoolingStep::PowerUp => CoolingStep::PowerDown,
+    }
+}
+
+/// Steps handed out and not known done, in order, each with its job's
+/// number.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Pending(Vec<(u64, CoolingStep)>);
+
+impl Pending {
+    /// `step` was decided: the same step or the one it undoes, still
+    /// pending, is pending no more (the new decision stands for both).
+    fn supersede(&mut self, step: CoolingStep) {
+        self.0.retain(|&(_, s)| s != step && s != undoing(step));
+    }
+
+    /// Job `id` of `step` is handed out.
+    fn push(&mut self, id: u64, step: CoolingStep) {
+        self.0.push((id, step));
+    }
+
+    /// Job `id` ended (`ok`: every command well): done and no more
+    /// pending, or still pending; whether that changed anything.
+    fn ended(&mut self, id: u64, ok: bool) -> bool {
+        let before = self.0.len();
+        if ok {
+            self.0.retain(|&(i, _)| i != id);
+        }
+        self.0.len() != before
+    }
+
+    /// Job `id` is dropped unrun.
+    fn remove(&mut self, id: u64) {
+        self.0.retain(|&(i, _)| i != id);
+    }
+
+    fn steps(&self) -> Vec<CoolingStep> {
+        self.0.iter().map(|&(_, s)| s).collect()
+    }
+}
+
+fn step_code(step: CoolingStep) -> u8 {
+    match step {
+        CoolingStep::Drain => 0,
+        CoolingStep::PowerDown => 1,
+        CoolingStep::PowerUp => 2,
+        CoolingStep::Resume => 3,
+    }
+}
+
+fn step_of(code: u8) -> Option<CoolingStep> {
+    Some(match code {
+        0 => CoolingStep::Drain,
+        1 => CoolingStep::PowerDown,
+        2 => CoolingStep::PowerUp,
+        3 => CoolingStep::Resume,
+        _ => return None,
+    })
+}
+
+/// The phase and the pending steps as kept in flash: a tag, the
+/// wall-clock stamp, then one byte per pending step (none in a record
+/// kept before steps were).
+fn encode(phase: Phase, pending: &[CoolingStep]) -> Vec<u8> {
     let (tag, since) = match phase {
         Phase::Cooled => (0u8, 0u64),
         Phase::Draining { since } => (1, since),
         Phase::PoweredDown { since } => (2, since),
     };
-    let mut b = [0u8; 9];
-    b[0] = tag;
-    b[1..].copy_from_slice(&since.to_le_bytes());
+    let mut b = vec![tag];
+    b.extend_from_slice(&since.to_le_bytes());
+    b.extend(pending.iter().map(|&s| step_code(s)));
     b
 }
 
-fn decode(b: &[u8]) -> Option<Phase> {
+fn decode(b: &[u8]) -> Option<(Phase, Vec<CoolingStep>)> {
     let since = u64::from_le_bytes(b.get(1..9)?.try_into().ok()?);
-    match b.first()? {
-        0 => Some(Phase::Cooled),
-        1 => Some(Phase::Draining { since }),
-        2 => Some(Phase::PoweredDown { since }),
-        _ => None,
-    }
+    let phase = match b.first()? {
+        0 => Phase::Cooled,
+        1 => Phase::Draining { since },
+        2 => Phase::PoweredDown { since },
+        _ => return None,
+    };
+    let pending = b[9..].iter().map(|&c| step_of(c)).collect::<Option<_>>()?;
+    Some((phase, pending))
 }
 
-/// The phase kept from before a restart: cooled when none was kept, or
-/// when it cannot be read (said; a rack still without cooling is drained
-/// again at the CDU's next word).
-pub(super) async fn restore(store: &mut ConfigStore<Flash>) -> Phase {
-    let mut buf = [0u8; 16];
+/// The phase and the pending steps kept from before a restart: cooled
+/// and none when nothing was kept, or when it cannot be read (said; a
+/// rack still without cooling is drained again at the CDU's next word).
+pub(super) async fn restore(store: &mut ConfigStore<Flash>) -> (Phase, Vec<CoolingStep>) {
+    let mut buf = [0u8; 32];
     let unreadable = |why: String| {
         tracing::error!("cooling-loss phase in flash unreadable ({why}): taken as cooled");
-        Phase::Cooled
+        (Phase::Cooled, Vec::new())
     };
-    let phase = match store.get(PHASE_KEY, &mut buf).await {
+    let (phase, pending) = match store.get(PHASE_KEY, &mut buf).await {
         Ok(Some(n)) => decode(&buf[..n]).unwrap_or_else(|| unreadable(format!("{n} bytes"))),
-        Ok(None) => Phase::Cooled,
+        Ok(None) => (Phase::Cooled, Vec::new()),
         Err(e) => unreadable(format!("{e:?}")),
     };
     if phase != Phase::Cooled {
         tracing::warn!("a cooling loss from before the restart: {phase}; waiting for the CDU");
     }
-    phase
-}
-
-/// Keeps the phase in flash (written off the loop).
-pub(super) fn keep(recorder: &Recorder, phase: Phase) {
-    recorder.set(PHASE_KEY.to_string(), encode(phase).to_vec());
+    (phase, pending)
 }
 
 impl Agent {
-    /// Hands a cooling-loss step's configured commands to the runner.
-    pub(super) fn run_cooling(&mut self, step: CoolingStep, reason: &str) {
+    /// Keeps `phase` (when given) and hands out `steps` (each with its
+    /// reason): the phase and every pending step are kept in one record
+    /// before any command starts.
+    pub(super) fn keep_and_run_cooling(
+        &mut self,
+        phase: Option<Phase>,
+        steps: Vec<(CoolingStep, String)>,
+    ) {
+        if let Some(p) = phase {
+            self.cooling.kept = p;
+        }
+        let mut jobs = Vec::new();
+        for (step, reason) in steps {
+            self.cooling.pending.supersede(step);
+            if self
+                .cooling
+                .held
+                .as_ref()
+                .is_some_and(|(h, _)| h.step == step || h.step == undoing(step))
+            {
+                self.cooling.held = None;
+            }
+            if let Some(job) = self.cooling_job(step, &reason) {
+                self.cooling.pending.push(job.id, step);
+                jobs.push(job);
+            }
+        }
+        self.keep_cooling();
+        for job in jobs {
+            self.submit_cooling(job);
+        }
+    }
+
+    /// Keeps the phase and the pending steps in flash (written off the
+    /// loop, in order with everything else).
+    fn keep_cooling(&self) {
+        let record = encode(self.cooling.kept, &self.cooling.pending.steps());
+        self.recorder.set(PHASE_KEY.to_string(), record);
+    }
+
+    /// The job of a step: its configured commands, expanded; none (said)
+    /// when it has no command.
+    fn cooling_job(&mut self, step: CoolingStep, reason: &str) -> Option<Job> {
         let rack = self.config.rack.map_or(String::new(), |r| r.to_string());
         let cmds = commands(&self.config.cooling_loss, step);
         if cmds.is_empty() {
             tracing::warn!("rack {rack}: cooling-loss {step}: no command configured");
-            return;
+            return None;
         }
-        tracing::warn!(
-            "rack {rack}: cooling-loss {step}: running {} commands",
-            cmds.len()
-        );
         let cdu = self.config.cdu.as_ref().map_or("", |c| c.as_str());
         let vars: [(&str, &str); 5] = [
             ("{host}", self.config.host.as_str()),
@@ -129,27 +311,152 @@ impl Agent {
             ("{rack}", &rack),
             ("{reason}", reason),
         ];
-        let job = Job {
+        self.cooling.next_id += 1;
+        Some(Job {
+            id: self.cooling.next_id,
             step,
             argvs: cmds
                 .iter()
                 .map(|a| actions::expand_with(a, &vars))
                 .collect(),
             timeout: self.config.cooling_loss.timeout,
+        })
+    }
+
+    /// Hands a job to the runner; one it cannot take (its queue full, or
+    /// the agent stopping) is said, published as a failed `cooling_action`
+    /// and stays pending in flash, to run at the next start.
+    fn submit_cooling(&mut self, job: Job) {
+        let (step, n) = (job.step, job.argvs.len());
+        let refused = match &self.cooling.jobs {
+            Some(jobs) => jobs.try_send(job).err().map(|e| e.to_string()),
+            None => Some("the agent is stopping".to_string()),
         };
-        if let Err(e) = self.cooling_jobs.try_send(job) {
+        let rack = self.config.rack.map_or(String::new(), |r| r.to_string());
+        if refused.is_none() {
+            self.cooling.in_runner += 1;
+            tracing::warn!("rack {rack}: cooling-loss {step}: running {n} commands");
+        }
+        if let Some(why) = refused {
             tracing::error!(
-                "rack {rack}: cooling-loss {step} not run: the runner's queue refused it ({e})"
+                "rack {rack}: cooling-loss {step} not run now ({why}): it runs at the next start"
             );
+            let ev = Event::CoolingAction {
+                step,
+                ok: false,
+                exit_code: None,
+            };
+            self.recorder.emit(ev, self.clock.wall());
         }
     }
 
-    /// A cooling-loss command ended: logged to flash and published.
-    pub(super) async fn on_cooling_action(&mut self, step: CoolingStep, o: actions::Outcome) {
+    /// At the start: the phase and the steps pending from before the
+    /// restart; each runs again, a power-down once the CDU's word allows
+    /// (see the module note).
+    pub(super) fn resume_cooling(&mut self, phase: Phase, pending: Vec<CoolingStep>) {
+        self.cooling.kept = phase;
+        if pending.is_empty() {
+            return;
+        }
+        let rack = self.config.rack.map_or(String::new(), |r| r.to_string());
+        let cdu = self
+            .config
+            .cdu
+            .as_ref()
+            .map_or("", |c| c.as_str())
+            .to_string();
+        for step in pending {
+            let powered_down = matches!(phase, Phase::PoweredDown { .. });
+            if step == CoolingStep::PowerDown && !powered_down {
+                continue; // undone already: nothing to power down
+            }
+            tracing::warn!(
+                "rack {rack}: cooling-loss {step} not known done before the restart: run again"
+            );
+            let reason =
+                format!("cooling-lost: rack {rack} of {cdu}: {step} run again after a restart");
+            let Some(job) = self.cooling_job(step, &reason) else {
+                continue;
+            };
+            self.cooling.pending.push(job.id, step);
+            if step == CoolingStep::PowerDown {
+                let wait = HELD_WAIT.max(self.config.cooling_loss.grace);
+                tracing::warn!(
+                    "rack {rack}: the power-down waits for the CDU's word that the rack still has no cooling, {} s at most",
+                    wait.as_secs()
+                );
+                self.cooling.held = Some((job, std::time::Instant::now() + wait));
+            } else {
+                self.submit_cooling(job);
+            }
+        }
+        self.keep_cooling();
+    }
+
+    /// The node took a state of the CDU: a power-down held from before the
+    /// restart runs if the rack is still powered down (the CDU did not say
+    /// cooling is back), else it is dropped.
+    pub(super) fn cdu_word_taken(&mut self) {
+        let Some((job, _)) = self.cooling.held.take() else {
+            return;
+        };
+        if matches!(self.node.cooling_phase(), Phase::PoweredDown { .. }) {
+            tracing::warn!(
+                "the CDU still says the rack has no cooling: cooling-loss power-down run again"
+            );
+            self.submit_cooling(job);
+        } else {
+            tracing::info!(
+                "the CDU says the rack has cooling again: the power-down cut before the restart is not run"
+            );
+            self.cooling.pending.remove(job.id);
+            self.keep_cooling();
+        }
+    }
+
+    /// Each round: a power-down held from before the restart whose wait
+    /// for the CDU's word is over runs (silence is not cooling).
+    pub(super) fn run_held_when_due(&mut self) {
+        let due = self
+            .cooling
+            .held
+            .as_ref()
+            .is_some_and(|(_, until)| std::time::Instant::now() >= *until);
+        if !due {
+            return;
+        }
+        if let Some((job, _)) = self.cooling.held.take() {
+            tracing::warn!(
+                "no word from the CDU since the start: cooling-loss power-down run again"
+            );
+            self.submit_cooling(job);
+        }
+    }
+
+    /// A cooling-loss command ended: logged, the step's state kept in
+    /// flash once it ended, and the outcome published.
+    pub(super) async fn on_cooling_action(&mut self, done: StepDone) {
+        let StepDone {
+            id,
+            step,
+            outcome: o,
+            ended,
+        } = done;
         if o.ok {
             tracing::info!("cooling-loss {step}: {} done", o.program);
         } else {
             tracing::error!("cooling-loss {step}: {} failed: {}", o.program, o.detail);
+        }
+        if let Some(ok) = ended {
+            self.cooling.in_runner = self.cooling.in_runner.saturating_sub(1);
+            if self.cooling.pending.ended(id, ok) {
+                self.keep_cooling();
+            }
+            if !ok {
+                tracing::error!(
+                    "cooling-loss {step} failed: it is not run again while the agent runs, and runs again at the next start unless undone first"
+                );
+            }
         }
         let ev = Event::CoolingAction {
             step,
@@ -164,9 +471,10 @@ impl Agent {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use CoolingStep::*;
 
     #[test]
-    fn phases_round_trip_through_flash_bytes() {
+    fn phases_and_pending_steps_round_trip_through_flash_bytes() {
         for p in [
             Phase::Cooled,
             Phase::Draining {
@@ -174,9 +482,40 @@ mod tests {
             },
             Phase::PoweredDown { since: 7 },
         ] {
-            assert_eq!(decode(&encode(p)), Some(p));
+            assert_eq!(decode(&encode(p, &[])), Some((p, vec![])));
+            let steps = [Drain, PowerDown, PowerUp, Resume];
+            assert_eq!(decode(&encode(p, &steps)), Some((p, steps.to_vec())));
         }
         assert_eq!(decode(&[9, 0, 0, 0, 0, 0, 0, 0, 0]), None);
         assert_eq!(decode(&[1, 2]), None);
+        assert_eq!(decode(&[1, 0, 0, 0, 0, 0, 0, 0, 0, 4]), None, "no step 4");
+    }
+
+    #[test]
+    fn a_step_is_pending_until_it_ended_well_or_is_undone() {
+        let mut p = Pending::default();
+        p.push(1, Drain);
+        p.push(2, PowerDown);
+        assert!(!p.ended(1, false), "failed: still pending");
+        assert!(p.ended(2, true));
+        assert_eq!(p.steps(), [Drain]);
+        // Cooling is back: the resume undoes the failed drain.
+        p.supersede(Resume);
+        p.push(3, Resume);
+        assert_eq!(p.steps(), [Resume]);
+        // Lost again before the resume ran: the new drain stands alone.
+        p.supersede(Drain);
+        p.push(4, Drain);
+        assert_eq!(p.steps(), [Drain]);
+        assert!(
+            !p.ended(3, true),
+            "the undone resume ended: nothing left of it"
+        );
+        p.supersede(PowerUp);
+        p.push(5, PowerDown);
+        p.supersede(PowerUp);
+        assert_eq!(p.steps(), [Drain], "a power-up undoes a power-down");
+        p.remove(4);
+        assert_eq!(p.steps(), []);
     }
 }

@@ -59,7 +59,14 @@ impl Agent {
                     continue;
                 }
                 Effect::KeepCooling(phase) => {
-                    super::cooling::keep(&self.recorder, phase);
+                    // With the steps decided with it: one record.
+                    let mut steps = Vec::new();
+                    while let Some(Effect::RunCooling { .. }) = queue.front() {
+                        if let Some(Effect::RunCooling { step, reason }) = queue.pop_front() {
+                            steps.push((step, reason));
+                        }
+                    }
+                    self.keep_and_run_cooling(Some(phase), steps);
                     continue;
                 }
                 Effect::KeepReplayFloor { sender, seq } => {
@@ -68,10 +75,11 @@ impl Agent {
                 }
                 Effect::KeepStateFloor { cdu, seq, time } => {
                     super::replay_floor::keep_state(&self.recorder, cdu, seq, time);
+                    self.cdu_word_taken();
                     continue;
                 }
                 Effect::RunCooling { step, reason } => {
-                    self.run_cooling(step, &reason);
+                    self.keep_and_run_cooling(None, vec![(step, reason)]);
                     continue;
                 }
                 Effect::Ack(ack) => {

@@ -9,14 +9,13 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use loopwarden_bus::Inbound;
-use loopwarden_protocol::{CoolingStep, GpuFlags};
+use loopwarden_protocol::GpuFlags;
 use tokio::sync::mpsc;
 
 use node_core::health::Observation;
 use node_core::node::{Input, Reading};
 
-use super::{Agent, JITTER_WINDOW};
-use crate::actions;
+use super::{Agent, Outcomes, JITTER_WINDOW};
 use crate::gpu::{GpuError, GpuSample, XidEvent};
 use crate::worker::Answer;
 
@@ -25,8 +24,7 @@ impl Agent {
     pub(super) async fn run_loop(
         &mut self,
         inbound: &mut mpsc::Receiver<Inbound>,
-        actions_rx: &mut mpsc::Receiver<(u8, actions::Outcome)>,
-        cooling_rx: &mut mpsc::Receiver<(CoolingStep, actions::Outcome)>,
+        (actions_rx, cooling_rx): Outcomes<'_>,
         xid_rx: &mut crate::xid_queue::XidQueue,
         shutdown: impl Future<Output = ()>,
     ) {
@@ -48,10 +46,8 @@ impl Agent {
                         continue;
                     }
                 }
-                Some((gpu, outcome)) = actions_rx.recv() => self.on_action(gpu, outcome).await,
-                Some((step, outcome)) = cooling_rx.recv() => {
-                    self.on_cooling_action(step, outcome).await;
-                }
+                Some(done) = actions_rx.recv() => self.on_action(done).await,
+                Some(done) = cooling_rx.recv() => self.on_cooling_action(done).await,
                 x = xid_rx.recv() => match x {
                     XidEvent::Xid(x) => self.on_xid(x).await,
                     XidEvent::WatchDown(why) => self.on_xid_watch(Some(why)).await,
@@ -94,6 +90,8 @@ impl Agent {
             });
         }
         let now = self.clock.wall();
+        self.say_xids_dropped();
+        self.run_held_when_due();
         self.step(Input::Round(&readings)).await;
         self.publish_telemetry(now);
         self.seq_floor.keep_ahead(&self.bus, &self.recorder).await;

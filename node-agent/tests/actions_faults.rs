@@ -1,0 +1,533 @@
+//! The site actions through crashes and faults: a GPU's quarantine
+//! actions and a rack's cooling-loss steps when the agent is killed in
+//! the middle, when a command hangs, fails or cannot start, when the agent
+//! is stopped while one runs, and in a storm of fatal XIDs on every GPU.
+//!
+//! The agent runs in a process of its own (the test binary run again at
+//! [`agent_process`], `rig::twin_process`), so a test can inject XIDs into
+//! its twin GPUs and kill it with SIGKILL. Each command is a script that
+//! appends a line to `actions.log`: the lines are the proof of what ran,
+//! and in which order.
+//!
+//! Skipped when mosquitto is not installed, except under CI (`CI=true`),
+//! where a missing tool fails the test.
+
+#[path = "system/rig.rs"]
+#[allow(dead_code)]
+mod rig;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use loopwarden_protocol::{CoolingStep, Event, HealthState, Message};
+use loopwarden_system_tests::{Seen, Subscriber};
+
+use rig::twin_process::twin_process_main;
+use rig::{frame, Rig};
+
+/// The test [`Rig::spawn_twin_process`] runs as the agent.
+const ENTRY: &str = "agent_process";
+
+/// Not a test: the agent of the tests below, in a process of its own.
+#[test]
+#[ignore = "the agent process of the tests of this file, started by them"]
+fn agent_process() {
+    twin_process_main();
+}
+
+/// Owned flags from words.
+fn flags(words: &[&str]) -> Vec<String> {
+    words.iter().map(|w| w.to_string()).collect()
+}
+
+/// The log of the actions' scripts, and a script `name` that appends
+/// `<word> <its arguments>` to it, then runs `then` (a shell line).
+fn noting(rig: &Rig, name: &str, word: &str, then: &str) -> PathBuf {
+    let log = actions_log(rig);
+    rig.script(
+        name,
+        &format!("echo \"{word} $*\" >> {}\n{then}", log.display()),
+    )
+}
+
+fn actions_log(rig: &Rig) -> PathBuf {
+    rig.dir.path().join("actions.log")
+}
+
+fn read(log: &Path) -> String {
+    std::fs::read_to_string(log).unwrap_or_default()
+}
+
+/// Waits until the log holds `want`; returns it. Fails after `secs`.
+fn wait_for(log: &Path, want: &str, secs: u64) -> String {
+    let end = Instant::now() + Duration::from_secs(secs);
+    while !read(log).contains(want) && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let text = read(log);
+    assert!(text.contains(want), "{want:?} not in the log:\n{text}");
+    text
+}
+
+/// The events among `seen`.
+fn events(seen: &[Seen]) -> Vec<Event> {
+    seen.iter()
+        .filter_map(frame)
+        .filter_map(|f| match f.message {
+            Message::Event(e) => Some(e),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Collects events on `sub` until `done` holds of them, for `secs` at
+/// most; returns them.
+fn events_until(sub: &mut Subscriber, secs: u64, done: impl Fn(&[Event]) -> bool) -> Vec<Event> {
+    events(&sub.collect_until(Duration::from_secs(secs), |s| done(&events(s))))
+}
+
+/// The `quarantine_action` outcomes of GPU `gpu` among `ev`.
+fn quarantine_outcomes(ev: &[Event], gpu: u8) -> Vec<(bool, Option<i32>)> {
+    ev.iter()
+        .filter_map(|e| match e {
+            Event::QuarantineAction {
+                gpu: g,
+                ok,
+                exit_code,
+            } if g.get() == gpu => Some((*ok, *exit_code)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The `cooling_action` outcomes among `ev`.
+fn cooling_outcomes(ev: &[Event]) -> Vec<(CoolingStep, bool, Option<i32>)> {
+    ev.iter()
+        .filter_map(|e| match e {
+            Event::CoolingAction {
+                step,
+                ok,
+                exit_code,
+            } => Some((*step, *ok, *exit_code)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn quarantined(ev: &[Event], gpu: u8) -> bool {
+    ev.iter().any(|e| {
+        matches!(e, Event::HealthChanged { gpu: g, to: HealthState::Quarantined, .. }
+            if g.get() == gpu)
+    })
+}
+
+/// The lines of the log.
+fn lines(log: &Path) -> Vec<String> {
+    read(log).lines().map(String::from).collect()
+}
+
+/// An agent killed while its quarantine action ran (the quarantine kept
+/// in flash, the action's outcome not known) runs the action again after
+/// its restart, and once that one ended well, not again at the next.
+#[test]
+fn a_quarantine_cut_by_a_crash_runs_its_actions_again_after_the_restart() {
+    let Some(rig) = Rig::start("f1") else {
+        return;
+    };
+    let log = actions_log(&rig);
+    let hangs = noting(&rig, "hang.sh", "started", "exec sleep 20");
+    let notes = noting(&rig, "note.sh", "ran", "");
+    let action = |script: &Path| {
+        flags(&[
+            "--quarantine-action",
+            &format!("{} {{gpu}}", script.display()),
+        ])
+    };
+    let mut sub = rig.subscribe(&["event"]);
+    let mut agent = rig.spawn_twin_process(ENTRY, 2, &action(&hangs));
+    agent.xids(&[(1, 79)]);
+    wait_for(&log, "started 1", 5);
+    // The health is kept in flash before its event goes out (the
+    // recorder writes in the order decided): seen, the crash comes after
+    // the keep.
+    events_until(&mut sub, 5, |ev| quarantined(ev, 1));
+    agent.crash();
+
+    let mut agent = rig.spawn_twin_process(ENTRY, 2, &action(&notes));
+    wait_for(&log, "ran 1", 5);
+    let ev = events_until(&mut sub, 5, |ev| !quarantine_outcomes(ev, 1).is_empty());
+    assert_eq!(quarantine_outcomes(&ev, 1), [(true, Some(0))]);
+    // Its outcome is kept before it is published: a crash now does not
+    // run it a third time.
+    agent.crash();
+    let _agent = rig.spawn_twin_process(ENTRY, 2, &action(&notes));
+    std::thread::sleep(Duration::from_millis(1_500));
+    assert_eq!(lines(&log), ["started 1", "ran 1"], "once done, not again");
+}
+
+/// The cooling-loss flags of rack 2 with no grace: `drain` runs the
+/// script `drain`, and so on.
+fn cooling_flags(drain: &Path, power_down: &Path, power_up: &Path, resume: &Path) -> Vec<String> {
+    let step = |s: &Path, name: &str| format!("{} {name} {{host}} {{rack}}", s.display());
+    flags(&[
+        "--rack",
+        "2",
+        "--cooling-grace-s",
+        "0",
+        "--cooling-drain",
+        &step(drain, "drain"),
+        "--cooling-power-down",
+        &step(power_down, "power_down"),
+        "--cooling-power-up",
+        &step(power_up, "power_up"),
+        "--cooling-resume",
+        &step(resume, "resume"),
+    ])
+}
+
+/// An agent killed while its drain ran, with the power-down decided and
+/// kept in flash behind it but not started: after the restart, with the
+/// CDU still saying the rack has no cooling, the drain runs again and the
+/// power-down runs; once the CDU says cooling is back, the power-up and
+/// the resume.
+#[test]
+fn a_cooling_loss_cut_by_a_crash_runs_its_steps_after_the_restart() {
+    let Some(rig) = Rig::start("f2") else {
+        return;
+    };
+    let log = actions_log(&rig);
+    let hangs = noting(&rig, "hang.sh", "started", "exec sleep 20");
+    let notes = noting(&rig, "note.sh", "ran", "");
+    let mut agent =
+        rig.spawn_twin_process(ENTRY, 2, &cooling_flags(&hangs, &notes, &notes, &notes));
+    rig.publish_cdu_state(true, 1);
+    wait_for(&log, "started drain f2 2", 5);
+    // The phase (powered down) is kept before the drain's command starts;
+    // the recorder writes it within milliseconds.
+    std::thread::sleep(Duration::from_millis(500));
+    agent.crash();
+
+    let _agent = rig.spawn_twin_process(ENTRY, 2, &cooling_flags(&notes, &notes, &notes, &notes));
+    wait_for(&log, "ran power_down f2 2", 5);
+    rig.publish_cdu_state(false, 2);
+    wait_for(&log, "ran resume f2 2", 5);
+    assert_eq!(
+        lines(&log),
+        [
+            "started drain f2 2",
+            "ran drain f2 2",
+            "ran power_down f2 2",
+            "ran power_up f2 2",
+            "ran resume f2 2"
+        ]
+    );
+}
+
+/// An agent killed while its power-down ran: when the CDU says cooling is
+/// back before the restart, the power-down is not run again (a host-off
+/// command must not switch a host off again at every start); the power-up
+/// and the resume run.
+#[test]
+fn a_power_down_cut_by_a_crash_is_not_run_again_once_cooling_is_back() {
+    let Some(rig) = Rig::start("f3") else {
+        return;
+    };
+    let log = actions_log(&rig);
+    let hangs = noting(&rig, "hang.sh", "started", "exec sleep 20");
+    let notes = noting(&rig, "note.sh", "ran", "");
+    let mut agent =
+        rig.spawn_twin_process(ENTRY, 2, &cooling_flags(&notes, &hangs, &notes, &notes));
+    rig.publish_cdu_state(true, 1);
+    wait_for(&log, "started power_down f3 2", 5);
+    std::thread::sleep(Duration::from_millis(500));
+    agent.crash();
+    rig.publish_cdu_state(false, 2);
+
+    let started = Instant::now();
+    let _agent = rig.spawn_twin_process(ENTRY, 2, &cooling_flags(&notes, &notes, &notes, &notes));
+    wait_for(&log, "ran resume f3 2", 5);
+    // Past the wait for the CDU's word, had it not come.
+    std::thread::sleep(Duration::from_secs(6).saturating_sub(started.elapsed()));
+    assert_eq!(
+        lines(&log),
+        [
+            "ran drain f3 2",
+            "started power_down f3 2",
+            "ran power_up f3 2",
+            "ran resume f3 2"
+        ]
+    );
+}
+
+/// An agent killed while its power-down ran, started again with no word
+/// from the CDU (its state gone from the broker): the power-down runs
+/// again once the wait for the CDU's word is over (5 s with no grace):
+/// silence is not cooling.
+#[test]
+fn a_power_down_cut_by_a_crash_runs_again_when_the_cdu_says_nothing() {
+    let Some(rig) = Rig::start("f8") else {
+        return;
+    };
+    let log = actions_log(&rig);
+    let hangs = noting(&rig, "hang.sh", "started", "exec sleep 20");
+    let notes = noting(&rig, "note.sh", "ran", "");
+    let mut agent =
+        rig.spawn_twin_process(ENTRY, 2, &cooling_flags(&notes, &hangs, &notes, &notes));
+    rig.publish_cdu_state(true, 1);
+    wait_for(&log, "started power_down f8 2", 5);
+    std::thread::sleep(Duration::from_millis(500));
+    agent.crash();
+    // The CDU's retained state is cleared: nothing comes at the start.
+    rig.publish(&format!("dc/v2/{}/cdu/cdu-a/health", rig::SITE), b"", true);
+
+    let started = Instant::now();
+    let _agent = rig.spawn_twin_process(ENTRY, 2, &cooling_flags(&notes, &notes, &notes, &notes));
+    wait_for(&log, "ran power_down f8 2", 9);
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_secs(5), "ran after {waited:?}");
+    assert_eq!(
+        lines(&log),
+        [
+            "ran drain f8 2",
+            "started power_down f8 2",
+            "ran power_down f8 2"
+        ]
+    );
+}
+
+/// Quarantine actions that fail (exit 3), hang past their timeout, or
+/// cannot start: each is published as a failed `quarantine_action` and
+/// logged as an error, and not retried while the agent runs; at the next
+/// start the failed ones run again (a failure is never read as done).
+#[test]
+fn quarantine_actions_that_fail_hang_or_cannot_start_are_reported_and_run_again_at_the_start() {
+    let Some(rig) = Rig::start("f4") else {
+        return;
+    };
+    let log = actions_log(&rig);
+    let fails = noting(&rig, "fail.sh", "failed", "echo nope >&2; exit 3");
+    let hangs = noting(&rig, "hang.sh", "started", "exec sleep 20");
+    let notes = noting(&rig, "note.sh", "ran", "");
+    let three = |a: &Path, b: &Path, c: &str| {
+        flags(&[
+            "--quarantine-timeout-s",
+            "1",
+            "--quarantine-action",
+            &format!("{} {{gpu}}", a.display()),
+            "--quarantine-action",
+            &format!("{} {{gpu}}", b.display()),
+            "--quarantine-action",
+            &format!("{c} {{gpu}}"),
+        ])
+    };
+    let mut sub = rig.subscribe(&["event"]);
+    let mut agent = rig.spawn_twin_process(ENTRY, 2, &three(&fails, &hangs, "/nonexistent/drain"));
+    agent.xids(&[(0, 79)]);
+    let ev = events_until(&mut sub, 8, |ev| quarantine_outcomes(ev, 0).len() >= 3);
+    let mut outcomes = quarantine_outcomes(&ev, 0);
+    outcomes.sort();
+    assert_eq!(outcomes, [(false, None), (false, None), (false, Some(3))]);
+    let text = agent.log_text();
+    for said in [
+        "GPU 0: quarantine action",
+        "failed: exit 3: nope",
+        "failed: killed after 1 s",
+        "failed: cannot start",
+    ] {
+        assert!(text.contains(said), "{said:?} not logged:\n{text}");
+    }
+    // Not retried while the agent runs.
+    let more = events_until(&mut sub, 2, |ev| !quarantine_outcomes(ev, 0).is_empty());
+    assert_eq!(quarantine_outcomes(&more, 0), [], "retried");
+    let (status, _) = agent.terminate(Duration::from_secs(10));
+    assert!(status.success(), "{status}");
+
+    // At the next start every action of the quarantine runs again.
+    let _agent = rig.spawn_twin_process(
+        ENTRY,
+        2,
+        &three(&notes, &notes, notes.to_str().expect("path")),
+    );
+    let ev = events_until(&mut sub, 5, |ev| quarantine_outcomes(ev, 0).len() >= 3);
+    assert_eq!(quarantine_outcomes(&ev, 0), [(true, Some(0)); 3]);
+    assert_eq!(
+        lines(&log).iter().filter(|l| *l == "ran 0").count(),
+        3,
+        "{}",
+        read(&log)
+    );
+}
+
+/// Cooling-loss steps that fail, hang or cannot start: each is published
+/// as a failed `cooling_action` and logged, and the later steps still run
+/// in order.
+#[test]
+fn cooling_steps_that_fail_hang_or_cannot_start_are_reported_and_the_next_steps_still_run() {
+    let Some(rig) = Rig::start("f5") else {
+        return;
+    };
+    let log = actions_log(&rig);
+    let fails = noting(&rig, "fail.sh", "failed", "echo nope >&2; exit 3");
+    let hangs = noting(&rig, "hang.sh", "started", "exec sleep 20");
+    let notes = noting(&rig, "note.sh", "ran", "");
+    let mut f = cooling_flags(&fails, &hangs, Path::new("/nonexistent/power-up"), &notes);
+    f.extend(flags(&["--cooling-timeout-s", "1"]));
+    let mut sub = rig.subscribe(&["event"]);
+    let agent = rig.spawn_twin_process(ENTRY, 2, &f);
+    rig.publish_cdu_state(true, 1);
+    let ev = events_until(&mut sub, 6, |ev| cooling_outcomes(ev).len() >= 2);
+    assert_eq!(
+        cooling_outcomes(&ev),
+        [
+            (CoolingStep::Drain, false, Some(3)),
+            (CoolingStep::PowerDown, false, None)
+        ]
+    );
+    rig.publish_cdu_state(false, 2);
+    let ev = events_until(&mut sub, 6, |ev| cooling_outcomes(ev).len() >= 2);
+    assert_eq!(
+        cooling_outcomes(&ev),
+        [
+            (CoolingStep::PowerUp, false, None),
+            (CoolingStep::Resume, true, Some(0))
+        ]
+    );
+    let text = agent.log_text();
+    for said in [
+        "cooling-loss drain: ",
+        "failed: exit 3: nope",
+        "failed: killed after 1 s",
+        "failed: cannot start",
+    ] {
+        assert!(text.contains(said), "{said:?} not logged:\n{text}");
+    }
+    assert_eq!(
+        lines(&log),
+        [
+            "failed drain f5 2",
+            "started power_down f5 2",
+            "ran resume f5 2"
+        ]
+    );
+}
+
+/// A clean stop (SIGTERM) while a quarantine action and a cooling-loss
+/// step run: the stop waits for both, publishes their outcomes, runs the
+/// step decided behind the running one, and ends well within systemd's
+/// `TimeoutStopSec`; the next start runs none of them again.
+#[test]
+fn a_clean_stop_waits_for_the_running_actions_and_keeps_their_outcomes() {
+    let Some(rig) = Rig::start("f6") else {
+        return;
+    };
+    let log = actions_log(&rig);
+    let slow = noting(
+        &rig,
+        "slow.sh",
+        "started",
+        &format!("sleep 2; echo \"done $*\" >> {}", log.display()),
+    );
+    let notes = noting(&rig, "note.sh", "ran", "");
+    let mut f = cooling_flags(&slow, &notes, &notes, &notes);
+    f.extend(flags(&[
+        "--quarantine-action",
+        &format!("{} gpu-{{gpu}}", slow.display()),
+    ]));
+    let mut sub = rig.subscribe(&["event"]);
+    let mut agent = rig.spawn_twin_process(ENTRY, 2, &f);
+    agent.xids(&[(1, 79)]);
+    rig.publish_cdu_state(true, 1);
+    wait_for(&log, "started gpu-1", 5);
+    wait_for(&log, "started drain f6 2", 5);
+    let (status, took) = agent.terminate(Duration::from_secs(12));
+    assert!(status.success(), "{status}");
+    assert!(took < Duration::from_secs(8), "the stop took {took:?}");
+    let text = read(&log);
+    for ran in ["done gpu-1", "done drain f6 2", "ran power_down f6 2"] {
+        assert!(
+            text.contains(ran),
+            "{ran:?} not run before the exit:\n{text}"
+        );
+    }
+    let ev = events_until(&mut sub, 5, |ev| {
+        !quarantine_outcomes(ev, 1).is_empty() && cooling_outcomes(ev).len() >= 2
+    });
+    assert_eq!(quarantine_outcomes(&ev, 1), [(true, Some(0))]);
+    assert_eq!(
+        cooling_outcomes(&ev),
+        [
+            (CoolingStep::Drain, true, Some(0)),
+            (CoolingStep::PowerDown, true, Some(0))
+        ]
+    );
+    let before = read(&log);
+    let _agent = rig.spawn_twin_process(ENTRY, 2, &f);
+    std::thread::sleep(Duration::from_millis(1_500));
+    assert_eq!(read(&log), before, "run again after a clean stop");
+}
+
+/// A storm of fatal XIDs on seven GPUs, with the eighth GPU's one fatal
+/// XID in the middle of it: every GPU is quarantined and its action runs
+/// exactly once, with its outcome in the event log; the bounded XID queue
+/// overflows, and says so in the log. (The outcomes reach the bus behind
+/// the storm's thousands of `xid` events, in the outbox's order: later
+/// than this test waits.)
+#[test]
+fn an_xid_storm_over_eight_gpus_runs_every_gpus_action_once() {
+    let Some(rig) = Rig::start("f7") else {
+        return;
+    };
+    let log = actions_log(&rig);
+    let notes = noting(&rig, "note.sh", "ran", "");
+    let mut agent = rig.spawn_twin_process(
+        ENTRY,
+        8,
+        &flags(&[
+            "--quarantine-action",
+            &format!("{} {{gpu}}", notes.display()),
+        ]),
+    );
+    // Fewer than the recorder's 4096 jobs, more than the queue's 1024.
+    let storm: Vec<(u8, u16)> = (0..1_500u32)
+        .map(|i| ((i % 7) as u8, [79, 48, 95][(i / 7 % 3) as usize]))
+        .collect();
+    let mut xids = storm.clone();
+    xids.push((7, 79));
+    xids.extend(storm);
+    agent.xids(&xids);
+    let want: Vec<String> = (0..8).map(|g| format!("ran {g}")).collect();
+    let end = Instant::now() + Duration::from_secs(10);
+    let outcomes = loop {
+        let logged = agent.ctl(&["events"]).expect("ctl events");
+        let outcomes: Vec<(u64, bool)> = logged["events"]
+            .as_array()
+            .expect("events")
+            .iter()
+            .filter_map(|e| {
+                let a = &e["event"]["quarantine_action"];
+                Some((a["gpu"].as_u64()?, a["ok"].as_bool()?))
+            })
+            .collect();
+        if outcomes.len() >= 8 || Instant::now() > end {
+            break outcomes;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let mut ran = lines(&log);
+    ran.sort();
+    assert_eq!(ran, want, "each GPU's action once");
+    let mut outcomes = outcomes;
+    outcomes.sort();
+    assert_eq!(outcomes, (0..8).map(|g| (g, true)).collect::<Vec<_>>());
+    let status = agent.ctl(&["status"]).expect("ctl status");
+    let dropped = status["xids"]["dropped"].as_u64().expect("xids.dropped");
+    assert!(
+        dropped > 0,
+        "the storm did not overflow the queue: {status}"
+    );
+    let text = agent.log_text();
+    assert!(
+        text.contains("XIDs dropped by the full XID queue"),
+        "{dropped} dropped, not said:\n{text}"
+    );
+}
