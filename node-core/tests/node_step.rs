@@ -231,6 +231,17 @@ fn a_driver_stall_blames_no_gpu_and_a_fatal_xid_quarantines_one_until_released()
     h.step(t, Input::Xid { gpu: 2, xid: 79 });
     assert_eq!(h.state(2), HealthState::Quarantined);
     assert_eq!(h.quarantined, [2], "its actions started");
+    // The actions' `{reason}`: the reason's name, then the evidence.
+    let reason = h.trail.iter().find_map(|e| match e {
+        Effect::Quarantine { reason, .. } => Some(reason.clone()),
+        _ => None,
+    });
+    assert!(
+        reason
+            .as_deref()
+            .is_some_and(|r| r.starts_with("xid-79: XID 79")),
+        "{reason:?}"
+    );
     assert_eq!(h.kept_health.last(), Some(&2), "kept in flash");
     assert!(
         h.health_published > published,

@@ -20,7 +20,9 @@ impl Node {
         for o in outputs {
             match o {
                 Output::Change(c) => {
-                    let name = c.reason.name().unwrap_or_default();
+                    // `xid-79`, `dbe-volatile`: the name a site command
+                    // gets in `{reason}`.
+                    let name = c.reason.to_string();
                     // Warn, as every GPU fault found: the agent did its
                     // job; an error is what it fails to do.
                     out.push(Effect::Say(
