@@ -185,6 +185,30 @@ fn cooling_flags(drain: &Path, power_down: &Path, power_up: &Path, resume: &Path
     ])
 }
 
+/// An agent on twin GPUs whose cooling step `hanging` (`drain` or
+/// `power_down`) hangs, killed while that step runs after the CDU said
+/// the rack lost cooling: its actions' log, and the script that notes a
+/// step ran.
+fn crashed_in_step(rig: &Rig, hanging: &str) -> (PathBuf, PathBuf) {
+    let log = actions_log(rig);
+    let hangs = noting(rig, "hang.sh", "started", "exec sleep 20");
+    let notes = noting(rig, "note.sh", "ran", "");
+    let (drain, power_down) = if hanging == "drain" {
+        (&hangs, &notes)
+    } else {
+        (&notes, &hangs)
+    };
+    let mut agent =
+        rig.spawn_twin_process(ENTRY, 2, &cooling_flags(drain, power_down, &notes, &notes));
+    rig.publish_cdu_state(true, 1);
+    wait_for(&log, &format!("started {hanging} {} 2", rig.host), 5);
+    // The phase is kept before the step's command starts; the recorder
+    // writes it within milliseconds.
+    std::thread::sleep(Duration::from_millis(500));
+    agent.crash();
+    (log, notes)
+}
+
 /// An agent killed while its drain ran, with the power-down decided and
 /// kept in flash behind it but not started: after the restart, with the
 /// CDU still saying the rack has no cooling, the drain runs again and the
@@ -195,17 +219,7 @@ fn a_cooling_loss_cut_by_a_crash_runs_its_steps_after_the_restart() {
     let Some(rig) = Rig::start("f2") else {
         return;
     };
-    let log = actions_log(&rig);
-    let hangs = noting(&rig, "hang.sh", "started", "exec sleep 20");
-    let notes = noting(&rig, "note.sh", "ran", "");
-    let mut agent =
-        rig.spawn_twin_process(ENTRY, 2, &cooling_flags(&hangs, &notes, &notes, &notes));
-    rig.publish_cdu_state(true, 1);
-    wait_for(&log, "started drain f2 2", 5);
-    // The phase (powered down) is kept before the drain's command starts;
-    // the recorder writes it within milliseconds.
-    std::thread::sleep(Duration::from_millis(500));
-    agent.crash();
+    let (log, notes) = crashed_in_step(&rig, "drain");
 
     let _agent = rig.spawn_twin_process(ENTRY, 2, &cooling_flags(&notes, &notes, &notes, &notes));
     wait_for(&log, "ran power_down f2 2", 5);
@@ -232,15 +246,7 @@ fn a_power_down_cut_by_a_crash_is_not_run_again_once_cooling_is_back() {
     let Some(rig) = Rig::start("f3") else {
         return;
     };
-    let log = actions_log(&rig);
-    let hangs = noting(&rig, "hang.sh", "started", "exec sleep 20");
-    let notes = noting(&rig, "note.sh", "ran", "");
-    let mut agent =
-        rig.spawn_twin_process(ENTRY, 2, &cooling_flags(&notes, &hangs, &notes, &notes));
-    rig.publish_cdu_state(true, 1);
-    wait_for(&log, "started power_down f3 2", 5);
-    std::thread::sleep(Duration::from_millis(500));
-    agent.crash();
+    let (log, notes) = crashed_in_step(&rig, "power_down");
     rig.publish_cdu_state(false, 2);
 
     let started = Instant::now();
@@ -268,15 +274,7 @@ fn a_power_down_cut_by_a_crash_runs_again_when_the_cdu_says_nothing() {
     let Some(rig) = Rig::start("f8") else {
         return;
     };
-    let log = actions_log(&rig);
-    let hangs = noting(&rig, "hang.sh", "started", "exec sleep 20");
-    let notes = noting(&rig, "note.sh", "ran", "");
-    let mut agent =
-        rig.spawn_twin_process(ENTRY, 2, &cooling_flags(&notes, &hangs, &notes, &notes));
-    rig.publish_cdu_state(true, 1);
-    wait_for(&log, "started power_down f8 2", 5);
-    std::thread::sleep(Duration::from_millis(500));
-    agent.crash();
+    let (log, notes) = crashed_in_step(&rig, "power_down");
     // The CDU's retained state is cleared: nothing comes at the start.
     rig.publish(&format!("dc/v2/{}/cdu/cdu-a/health", rig::SITE), b"", true);
 

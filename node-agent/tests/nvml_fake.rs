@@ -1017,10 +1017,12 @@ fn an_unsupported_enforced_limit_hides_neither_power_nor_the_limit() {
     assert_eq!(fake.calls(0, GET_POWER_USAGE), 3);
 }
 
-#[test]
-fn one_unsupported_aggregate_ecc_counter_hides_only_the_aggregates() {
+/// A GPU whose ECC counter `counter` (corrected, volatile) answers "not
+/// supported": every sample reports `group` and the counts `ecc`, and the
+/// mode is still read.
+fn one_ecc_counter_unsupported(counter: (bool, bool), group: Unsupported, ecc: EccCounts) {
     let mut answers = Answers::healthy();
-    answers.ecc_total.insert((true, false), Err(NotSupported));
+    answers.ecc_total.insert(counter, Err(NotSupported));
     let (fake, mut gpu) = one_gpu(answers);
     for round in 0..3 {
         let s = gpu.sample().expect("samples");
@@ -1028,19 +1030,25 @@ fn one_unsupported_aggregate_ecc_counter_hides_only_the_aggregates() {
             s.flags.contains(GpuFlags::ECC_ENABLED),
             "sample {round}: ECC is on"
         );
-        assert_eq!(s.unsupported, Unsupported::ECC_AGGREGATE, "sample {round}");
-        assert_eq!(
-            s.ecc,
-            EccCounts {
-                sbe_volatile: 11,
-                dbe_volatile: 2,
-                sbe_aggregate: 0,
-                dbe_aggregate: 0,
-            },
-            "sample {round}: the volatile counts stand, no aggregate beside its bit"
-        );
+        assert_eq!(s.unsupported, group, "sample {round}");
+        assert_eq!(s.ecc, ecc, "sample {round}: no count beside its bit");
     }
     assert_eq!(fake.calls(0, GET_ECC_MODE), 3, "the mode is still read");
+}
+
+#[test]
+fn one_unsupported_aggregate_ecc_counter_hides_only_the_aggregates() {
+    // The volatile counts stand.
+    one_ecc_counter_unsupported(
+        (true, false),
+        Unsupported::ECC_AGGREGATE,
+        EccCounts {
+            sbe_volatile: 11,
+            dbe_volatile: 2,
+            sbe_aggregate: 0,
+            dbe_aggregate: 0,
+        },
+    );
 }
 
 #[test]
@@ -1083,28 +1091,17 @@ fn unsupported_aggregate_ecc_counters_leave_a_dbe_rise_to_the_rules() {
 
 #[test]
 fn one_unsupported_volatile_ecc_counter_reports_ecc_and_keeps_the_aggregates() {
-    let mut answers = Answers::healthy();
-    answers.ecc_total.insert((true, true), Err(NotSupported));
-    let (fake, mut gpu) = one_gpu(answers);
-    for round in 0..3 {
-        let s = gpu.sample().expect("samples");
-        assert!(
-            s.flags.contains(GpuFlags::ECC_ENABLED),
-            "sample {round}: ECC is on"
-        );
-        assert_eq!(s.unsupported, Unsupported::ECC, "sample {round}");
-        assert_eq!(
-            s.ecc,
-            EccCounts {
-                sbe_volatile: 0,
-                dbe_volatile: 0,
-                sbe_aggregate: 1_234,
-                dbe_aggregate: 5,
-            },
-            "sample {round}: no volatile count beside its bit, the aggregates stand"
-        );
-    }
-    assert_eq!(fake.calls(0, GET_ECC_MODE), 3, "the mode is still read");
+    // The aggregates stand.
+    one_ecc_counter_unsupported(
+        (true, true),
+        Unsupported::ECC,
+        EccCounts {
+            sbe_volatile: 0,
+            dbe_volatile: 0,
+            sbe_aggregate: 1_234,
+            dbe_aggregate: 5,
+        },
+    );
 }
 
 #[test]
