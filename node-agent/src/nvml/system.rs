@@ -2,25 +2,70 @@
 //! the agent makes, with the driver's error mapped to an [`NvmlFailure`]
 //! (not supported, no permission, GPU lost, timeout, invalid argument,
 //! or the driver's own words).
+use std::sync::OnceLock;
+
 use super::*;
 
 /// NVML of this machine, through `nvml-wrapper` (loads
 /// `libnvidia-ml.so.1` at run time, so the agent builds and runs without
 /// a driver; [`SystemNvml::init`] says why when there is none).
+///
+/// Each GPU's handle is looked up once and kept: NVML's handles hold
+/// until `nvmlShutdown`, and a lookup per call would add a call to every
+/// call a sample makes. NVML is initialised once for the process and
+/// lives as long as it (the handles borrow it), so `nvmlShutdown` is left
+/// to the process's exit.
 pub struct SystemNvml {
-    nvml: nvml_wrapper::Nvml,
+    nvml: &'static nvml_wrapper::Nvml,
+    /// Each GPU's handle, once looked up (one per GPU NVML counted at
+    /// the start; a GPU beyond is looked up at every call).
+    handles: Box<[OnceLock<nvml_wrapper::Device<'static>>]>,
 }
 
 impl SystemNvml {
     /// Loads and initialises NVML.
     pub fn init() -> Result<Self, String> {
-        nvml_wrapper::Nvml::init()
-            .map(|nvml| Self { nvml })
-            .map_err(|e| format!("NVML could not be initialised: {e}"))
+        let nvml = nvml_wrapper::Nvml::init()
+            .map_err(|e| format!("NVML could not be initialised: {e}"))?;
+        let nvml: &'static nvml_wrapper::Nvml = Box::leak(Box::new(nvml));
+        // A count that fails here fails again where the agent asks for it.
+        let n = nvml.device_count().unwrap_or(0) as usize;
+        let handles = (0..n).map(|_| OnceLock::new()).collect();
+        Ok(Self { nvml, handles })
     }
 
-    fn device(&self, gpu: u32) -> NvmlResult<nvml_wrapper::Device<'_>> {
-        self.nvml.device_by_index(gpu).map_err(failure)
+    /// GPU `gpu`'s handle: the one kept, or looked up (and kept once
+    /// found).
+    fn device(&self, gpu: u32) -> NvmlResult<DeviceRef<'_>> {
+        let Some(slot) = self.handles.get(gpu as usize) else {
+            return self
+                .nvml
+                .device_by_index(gpu)
+                .map(DeviceRef::Looked)
+                .map_err(failure);
+        };
+        if let Some(d) = slot.get() {
+            return Ok(DeviceRef::Kept(d));
+        }
+        let d = self.nvml.device_by_index(gpu).map_err(failure)?;
+        // Two threads may look it up at once: either handle is the same.
+        Ok(DeviceRef::Kept(slot.get_or_init(|| d)))
+    }
+}
+
+/// A GPU's handle, kept or looked up for this call.
+enum DeviceRef<'a> {
+    Kept(&'a nvml_wrapper::Device<'static>),
+    Looked(nvml_wrapper::Device<'static>),
+}
+
+impl std::ops::Deref for DeviceRef<'_> {
+    type Target = nvml_wrapper::Device<'static>;
+    fn deref(&self) -> &Self::Target {
+        match self {
+            DeviceRef::Kept(d) => d,
+            DeviceRef::Looked(d) => d,
+        }
     }
 }
 
@@ -83,7 +128,11 @@ impl NvmlApi for SystemNvml {
         self.device(gpu)?.enforced_power_limit().map_err(failure)
     }
     fn set_limit_mw(&self, gpu: u32, mw: u32) -> NvmlResult<()> {
-        self.device(gpu)?
+        // The setter takes its handle mutably: a handle of its own (sets
+        // are rare).
+        self.nvml
+            .device_by_index(gpu)
+            .map_err(failure)?
             .set_power_management_limit(mw)
             .map_err(failure)
     }
