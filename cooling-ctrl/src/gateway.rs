@@ -401,12 +401,9 @@ impl Gateway {
             LinkEvent::Wrote(ok) => self.bridge.wrote(ok),
             LinkEvent::Bytes(b) => {
                 let now = self.now();
-                let restarts = self.bridge.counts().restarts;
                 let acts = self.bridge.hear(&b, now);
                 self.perform(acts);
-                // A restarted MCU has forgotten the BMS's limits.
-                let restarted = self.bridge.counts().restarts > restarts;
-                if let Some(limits) = self.bms.due(now.mono_ms, restarted) {
+                if let Some(limits) = self.bms.due(now.mono_ms, false) {
                     self.send_bms(&limits);
                 }
                 self.publish_snapshot(now);
@@ -584,6 +581,12 @@ impl Gateway {
                 }
                 Act::Lease { host, lease, lift } => self.lease(host, lease, lift),
                 Act::FacilityTarget(water_c) => self.facility_down(water_c),
+                Act::Started => {
+                    // A started MCU has forgotten the BMS's limits.
+                    if let Some(limits) = self.bms.due(self.now().mono_ms, true) {
+                        self.send_bms(&limits);
+                    }
+                }
                 Act::Say(level, words) => say(level, &words),
                 Act::Answer { id, outcome } => self.answered(id, outcome),
             }

@@ -988,11 +988,12 @@ impl World {
         let bytes = self.pieces[i].bytes[from..to].to_vec();
         let acts = self.gw.bridge.hear(&bytes, now);
         let after = self.gw.bridge.counts();
-        let mut renumbered = false;
+        let started_acts = acts.iter().filter(|a| matches!(a, Act::Started)).count();
+        let (mut renumbered, mut hello) = (false, false);
         match ended {
             Ended::Nothing => prop_assert!(acts.is_empty(), "no frame ended: {acts:?}"),
             Ended::Piece(p) if self.pieces[p].kind == Kind::Whole => {
-                renumbered = self.taken(p, acts, now)?
+                (renumbered, hello) = self.taken(p, acts, now)?
             }
             Ended::Piece(_) | Ended::Junk => {
                 prop_assert!(
@@ -1007,25 +1008,30 @@ impl World {
                 }
             }
         }
-        // The gateway's loop: a restarted MCU has forgotten the limits.
         let restarted = after.restarts > before.restarts;
         prop_assert_eq!(restarted, renumbered, "an MCU restart by its numbers");
-        if let Some(down) = self.gw.bms.due(now.mono_ms, restarted) {
+        // A hello or numbers starting again: the MCU started, once.
+        let started = renumbered || hello;
+        prop_assert_eq!(started_acts, usize::from(started), "started once");
+        // The gateway's loop: a started MCU has forgotten the limits.
+        if started {
+            if let Some(down) = self.gw.bms.due(now.mono_ms, true) {
+                self.bms_down(&down)?;
+            }
+        }
+        if let Some(down) = self.gw.bms.due(now.mono_ms, false) {
             self.bms_down(&down)?;
         }
-        if restarted && self.x.limits_down.is_some() {
-            prop_assert_eq!(
-                self.x.limits_down,
-                Some(self.t),
-                "limits again at a restart"
-            );
+        if started && self.x.limits_down.is_some() {
+            prop_assert_eq!(self.x.limits_down, Some(self.t), "limits again at a start");
         }
         self.check_bms(now)
     }
 
     /// Piece `p` was taken whole, its acts `acts`: checks them against
-    /// what the MCU said. Whether its numbers say the MCU started again.
-    fn taken(&mut self, p: usize, acts: Vec<Act>, now: Now) -> Result<bool, TestCaseError> {
+    /// what the MCU said. Whether its numbers say the MCU started again,
+    /// and whether it was a hello.
+    fn taken(&mut self, p: usize, acts: Vec<Act>, now: Now) -> Result<(bool, bool), TestCaseError> {
         let said = self.pieces[p].said.clone();
         let bytes = self.pieces[p].bytes.clone();
         if self.x.last_in.as_ref() == Some(&(said.seq, bytes.clone())) {
@@ -1033,7 +1039,7 @@ impl World {
                 acts.iter().all(|a| matches!(a, Act::Say(..))),
                 "a frame the line repeated is taken again: {acts:?}"
             );
-            return Ok(false);
+            return Ok((false, false));
         }
         let renumbered = std::mem::take(&mut self.x.restart_unread)
             || self
@@ -1082,7 +1088,7 @@ impl World {
                 }
             }
         }
-        Ok(renumbered)
+        Ok((renumbered, matches!(said.up, Up::Hello(_))))
     }
 
     /// Piece `p` was checked, and its message did not read: its number
@@ -1132,7 +1138,7 @@ impl World {
                     }
                 }
                 Act::FacilityTarget(water_c) => self.check_water(water_c)?,
-                Act::Say(..) => {}
+                Act::Say(..) | Act::Started => {}
                 Act::Answer { id, outcome } => {
                     self.answered(id, &outcome, taken)?;
                     handed.push(Act::Answer { id, outcome });

@@ -29,8 +29,10 @@
 //! What the rules leave open is said where it is checked: a valve input
 //! stuck at "open" read at a relatch or before a process's first valve
 //! write ([`after_step`], [`check_plan`]), and closing where no valve
-//! position can be known ([`check_plan`]). Two clears the core takes
-//! wrongly are left out of the sequences ([`clear`]).
+//! position can be known ([`check_plan`]). Clears are asked before a
+//! process's first step and after a step the CDU did not answer too, and
+//! the core must refuse them while an input last heard read wet
+//! ([`clear`]).
 //!
 //! Glossary:
 //! - *must-latch*: the racks the sequence says are latched now (a leak

@@ -19,8 +19,9 @@
 //!
 //! Writes: the limits (`setpoint_ceiling`, `plan_ceiling_offset`) go
 //! down as [`Down::Limits`] at once, again every [`LIMITS_EVERY_MS`] and
-//! at once when the MCU starts again (it forgets them at a restart, and
-//! the gateway outlives it). The outdoor temperature goes down as
+//! at once when the MCU starts again, by its hello or by its frame
+//! numbers starting again (it forgets them at a restart, and the gateway
+//! outlives it). The outdoor temperature goes down as
 //! [`Down::Outdoor`] once per write: the MCU dates it from when it hears
 //! it and keeps it for
 //! [`BMS_FRESH`](cooling_decide::outdoor::BMS_FRESH) (300 s), so a
@@ -125,8 +126,9 @@ impl BmsBridge {
     }
 
     /// The limits again, when due at `now_ms`: every
-    /// [`LIMITS_EVERY_MS`], and at once when the MCU `restarted`, once
-    /// the BMS has written any.
+    /// [`LIMITS_EVERY_MS`], and at once when the MCU `restarted` (the
+    /// bridge's [`Act::Started`](super::bridge::Act::Started)), once the
+    /// BMS has written any.
     pub fn due(&mut self, now_ms: u64, restarted: bool) -> Option<Down> {
         let sent = self.limits_sent_ms?;
         (restarted || now_ms.saturating_sub(sent) >= LIMITS_EVERY_MS).then(|| self.limits(now_ms))

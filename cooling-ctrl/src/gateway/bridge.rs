@@ -121,6 +121,9 @@ pub enum Act {
         /// A lift (ends a cap).
         lift: bool,
     },
+    /// The MCU started (its hello, or its numbers starting again): it
+    /// forgot what it was told (the BMS's limits), which goes down again.
+    Started,
     /// A line for the log.
     Say(Level, String),
     /// The MCU's answer to operator's clear `id`: done, or why not; for
@@ -514,10 +517,12 @@ impl Bridge {
         }
     }
 
-    /// The MCU started (its hello, or its numbers starting again): in a
-    /// hall, it has no offer until it sends one, and the water it
-    /// followed goes down again.
+    /// The MCU started (its hello, or its numbers starting again): what
+    /// the gateway told it goes down again ([`Act::Started`] for the BMS's
+    /// limits); in a hall, it has no offer until it sends one, and the
+    /// water it followed goes down again.
     fn mcu_started(&mut self, now: Now, acts: &mut Vec<Act>) {
+        acts.push(Act::Started);
         if let Some(water) = self.hall.as_mut().and_then(|h| h.restarted(now.mono_ms)) {
             acts.push(Act::FacilityTarget(water));
         }
