@@ -14,13 +14,52 @@
 //! publishes it (`cooling_action`); the phase is kept in flash, so a
 //! restart in the middle of a loss still undoes it.
 //!
+//! A restart also gives back the steps handed out and not known done
+//! ([`CoolingLoss::restore`]); at the start ([`CoolingLoss::resume`]) a
+//! drain, a power-up and a resume run again at once, each harmless twice.
+//! A power-down is held: a host-off command that cut the host before its
+//! outcome was kept must not switch it off again at every start once
+//! cooling is back. It runs once the CDU's first state taken after the
+//! start leaves the host powered down ([`CoolingLoss::word_taken`]), or at
+//! the first round at or after the wait ([`CoolingLoss::held_due`]:
+//! silence is not cooling); it is dropped when that state says cooling is
+//! back. All on the time passed in, so a restart replays.
+//!
 //! Glossary:
 //! - *grace*: the time between the drain and the power-down.
 //! - *phase*: where the host is: cooled, draining (since when), or powered
 //!   down (since when).
 //! - *step*: one action ([`CoolingStep`]).
+//! - *kept pending*: a step handed out before a restart and not known
+//!   done (the shell keeps them in flash with the phase).
+//! - *held*: a power-down kept pending, waiting for the CDU's word until
+//!   the end of the *wait* (`max(`[`HELD_WAIT_MS`]`, grace)` after the
+//!   start) at most.
 
 pub use loopwarden_protocol::CoolingStep;
+
+/// How long a power-down held from before a restart waits for the CDU's
+/// word at least, ms (the grace, if longer): its retained state comes
+/// within a second of the connection. A host switched off by a
+/// power-down whose outcome was not kept, started again once cooling is
+/// back, is switched off again only if no state is taken within this.
+pub const HELD_WAIT_MS: u64 = 5_000;
+
+/// What becomes of a step kept pending from before a restart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Again {
+    /// It runs again now.
+    Run(CoolingStep),
+    /// The power-down waits for the CDU's word, until `until_ms` at most.
+    Held {
+        /// When the wait is over (the node's steady clock), ms.
+        until_ms: u64,
+    },
+    /// It is not run, and is pending no more: a power-down with the host
+    /// no longer powered down (undone already, or the CDU said cooling is
+    /// back while it was held).
+    Dropped(CoolingStep),
+}
 
 /// Where the host is in a cooling loss.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -60,6 +99,10 @@ impl core::fmt::Display for Phase {
 pub struct CoolingLoss {
     grace_ms: u64,
     phase: Phase,
+    /// The steps kept pending from before a restart, until the start.
+    kept: Vec<CoolingStep>,
+    /// The held power-down's end of wait, ms.
+    held_until_ms: Option<u64>,
 }
 
 impl CoolingLoss {
@@ -69,12 +112,78 @@ impl CoolingLoss {
         Self {
             grace_ms,
             phase: Phase::Cooled,
+            kept: Vec::new(),
+            held_until_ms: None,
         }
     }
 
-    /// Puts back the phase kept from before a restart.
-    pub fn restore(&mut self, phase: Phase) {
+    /// Puts back the phase and the steps kept pending from before a
+    /// restart (each once, in order), to be decided at the start
+    /// ([`CoolingLoss::resume`]).
+    pub fn restore(&mut self, phase: Phase, pending: &[CoolingStep]) {
         self.phase = phase;
+        self.kept.clear();
+        for &step in pending {
+            if !self.kept.contains(&step) {
+                self.kept.push(step);
+            }
+        }
+    }
+
+    /// The start, at `t_ms`: what becomes of each step kept pending, in
+    /// order. A drain, a power-up and a resume run again; a power-down is
+    /// held if the host is still powered down, else dropped (nothing to
+    /// power down).
+    pub fn resume(&mut self, t_ms: u64) -> Vec<Again> {
+        let kept = std::mem::take(&mut self.kept);
+        let powered_down = matches!(self.phase, Phase::PoweredDown { .. });
+        kept.into_iter()
+            .map(|step| match step {
+                CoolingStep::PowerDown if powered_down => {
+                    let until_ms = t_ms.saturating_add(self.held_wait_ms());
+                    self.held_until_ms = Some(until_ms);
+                    Again::Held { until_ms }
+                }
+                CoolingStep::PowerDown => Again::Dropped(step),
+                _ => Again::Run(step),
+            })
+            .collect()
+    }
+
+    /// How long a held power-down waits for the CDU's word, ms.
+    pub fn held_wait_ms(&self) -> u64 {
+        HELD_WAIT_MS.max(self.grace_ms)
+    }
+
+    /// When the held power-down's wait is over, ms; `None`: none held.
+    pub fn held_until_ms(&self) -> Option<u64> {
+        self.held_until_ms
+    }
+
+    /// A state of the CDU was taken (after [`CoolingLoss::told`], or one
+    /// that does not list the rack): the held power-down runs if the host
+    /// is still powered down, else it is dropped. `None`: none held.
+    pub fn word_taken(&mut self) -> Option<Again> {
+        self.held_until_ms.take()?;
+        Some(self.held_decided())
+    }
+
+    /// A round at `t_ms`: the held power-down whose wait is over runs
+    /// (silence is not cooling). `None`: none held, or still waiting.
+    pub fn held_due(&mut self, t_ms: u64) -> Option<Again> {
+        if self.held_until_ms? > t_ms {
+            return None;
+        }
+        self.held_until_ms = None;
+        Some(self.held_decided())
+    }
+
+    /// The held power-down, decided now: run while powered down.
+    fn held_decided(&self) -> Again {
+        match self.phase {
+            Phase::PoweredDown { .. } => Again::Run(CoolingStep::PowerDown),
+            _ => Again::Dropped(CoolingStep::PowerDown),
+        }
     }
 
     /// The phase now.
@@ -162,15 +271,85 @@ mod tests {
     #[test]
     fn a_restart_in_a_loss_still_undoes_it_and_waits_for_the_cdu() {
         let mut c = CoolingLoss::new(30_000);
-        c.restore(Phase::Draining { since: 1_000 });
+        c.restore(Phase::Draining { since: 1_000 }, &[]);
         assert_eq!(
             c.tick(40_000),
             vec![PowerDown],
             "the grace ran across the restart"
         );
         let mut c = CoolingLoss::new(30_000);
-        c.restore(Phase::PoweredDown { since: 1_000 });
+        c.restore(Phase::PoweredDown { since: 1_000 }, &[]);
         assert_eq!(c.tick(1_000_000), vec![], "silence is not cooling");
         assert_eq!(c.told(1_000_001, false), vec![PowerUp, Resume]);
+    }
+
+    #[test]
+    fn a_restart_runs_the_kept_steps_again_and_holds_the_power_down() {
+        let mut c = CoolingLoss::new(30_000);
+        c.restore(Phase::PoweredDown { since: 1_000 }, &[Drain, PowerDown]);
+        assert_eq!(
+            c.resume(100_000),
+            vec![Again::Run(Drain), Again::Held { until_ms: 130_000 }],
+            "the wait is the grace, longer than 5 s"
+        );
+        assert_eq!(c.resume(100_001), vec![], "decided once");
+        assert_eq!(c.held_due(129_999), None);
+        assert_eq!(c.held_due(130_000), Some(Again::Run(PowerDown)));
+        assert_eq!(c.held_due(200_000), None, "once");
+        assert_eq!(c.word_taken(), None, "no longer held");
+    }
+
+    #[test]
+    fn the_cdus_first_word_decides_the_held_power_down() {
+        let held = || {
+            let mut c = CoolingLoss::new(0);
+            c.restore(Phase::PoweredDown { since: 1_000 }, &[PowerDown]);
+            assert_eq!(c.resume(50_000), vec![Again::Held { until_ms: 55_000 }]);
+            c
+        };
+        let mut c = held();
+        assert_eq!(c.told(51_000, true), vec![]);
+        assert_eq!(c.word_taken(), Some(Again::Run(PowerDown)), "still lost");
+        let mut c = held();
+        assert_eq!(
+            c.tick(51_000),
+            vec![],
+            "a state that does not list the rack"
+        );
+        assert_eq!(c.word_taken(), Some(Again::Run(PowerDown)), "still down");
+        let mut c = held();
+        assert_eq!(c.told(51_000, false), vec![PowerUp, Resume]);
+        assert_eq!(c.word_taken(), Some(Again::Dropped(PowerDown)));
+        assert_eq!(c.held_due(90_000), None, "dropped: never runs later");
+        // The word comes after the wait, before any round: it decides.
+        let mut c = held();
+        assert_eq!(c.told(60_000, false), vec![PowerUp, Resume]);
+        assert_eq!(c.word_taken(), Some(Again::Dropped(PowerDown)));
+    }
+
+    #[test]
+    fn a_power_down_kept_with_the_host_not_powered_down_is_dropped() {
+        let mut c = CoolingLoss::new(30_000);
+        c.restore(Phase::Cooled, &[PowerDown, Resume, Resume]);
+        assert_eq!(
+            c.resume(0),
+            vec![Again::Dropped(PowerDown), Again::Run(Resume)],
+            "each kept step once"
+        );
+        assert_eq!(c.held_until_ms(), None);
+        assert_eq!(c.held_due(u64::MAX), None);
+    }
+
+    #[test]
+    fn the_held_wait_is_five_seconds_or_the_grace_if_longer() {
+        assert_eq!(CoolingLoss::new(0).held_wait_ms(), HELD_WAIT_MS);
+        assert_eq!(CoolingLoss::new(4_000).held_wait_ms(), 5_000);
+        assert_eq!(CoolingLoss::new(30_000).held_wait_ms(), 30_000);
+        let mut c = CoolingLoss::new(0);
+        c.restore(Phase::PoweredDown { since: 0 }, &[PowerDown]);
+        assert_eq!(
+            c.resume(u64::MAX - 1),
+            vec![Again::Held { until_ms: u64::MAX }]
+        );
     }
 }

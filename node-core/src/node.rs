@@ -424,7 +424,7 @@ impl Node {
 
     /// The cooling-loss phase kept from before a restart.
     pub fn restore_cooling(&mut self, phase: Phase) {
-        self.cooling.restore(phase);
+        self.cooling.restore(phase, &[]);
     }
 
     /// Takes one input at `now`; returns what to do, in order.
