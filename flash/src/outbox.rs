@@ -85,7 +85,15 @@ impl Class {
                 | Event::CapsApplied { .. }
                 | Event::Leak { .. }
                 | Event::CduModeChanged { .. }
-                | Event::PumpTrip { .. } => Class::Critical,
+                | Event::PumpTrip { .. }
+                | Event::PumpSeized { .. }
+                | Event::IsolationFailed { .. }
+                | Event::OperatorCleared { .. }
+                | Event::CoolingAction { .. } => Class::Critical,
+                // Faults that can come and go many times in an outage
+                // (a sensor, a rope's sensing) stay normal, so they can
+                // never crowd a leak out of the critical part; they stay
+                // in the event log, to be asked for again.
                 _ => Class::Normal,
             },
             Message::CapLease(_) | Message::CduState(_) => Class::Critical,

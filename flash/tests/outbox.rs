@@ -5,7 +5,8 @@ use futures::executor::block_on;
 use loopwarden_flash::outbox::OutboxLayout;
 use loopwarden_flash::{Class, ConfigStore, Entry, Outbox, SimFlash, StoreError};
 use loopwarden_protocol::{
-    samples, Event, GpuIndex, HealthState, Message, MessageKind, ReasonCode,
+    samples, CoolingStep, Event, GpuIndex, HealthState, Ident, Message, MessageKind, Pump,
+    RackIndex, ReasonCode,
 };
 
 type Flash = SimFlash<4, 1024>;
@@ -136,6 +137,37 @@ fn classes_follow_what_must_never_be_lost() {
     assert_eq!(
         Class::of(&samples::message(MessageKind::HostHealth)),
         Class::Critical
+    );
+    // The loop's faults a person must act on, and a person's acts on it,
+    // are never dropped; a sensor's faults, which can repeat through an
+    // outage, are.
+    let rack = RackIndex::new(2).unwrap();
+    for critical in [
+        Event::IsolationFailed { rack, active: true },
+        Event::PumpSeized {
+            pump: Pump::A,
+            lag_started: true,
+        },
+        Event::OperatorCleared {
+            rack: Some(rack),
+            pump: None,
+            operator: Ident::new("uid-0").unwrap(),
+        },
+        Event::CoolingAction {
+            step: CoolingStep::PowerDown,
+            ok: true,
+            exit_code: Some(0),
+        },
+    ] {
+        assert_eq!(
+            Class::of(&Message::Event(critical.clone())),
+            Class::Critical,
+            "{critical:?}"
+        );
+    }
+    assert_eq!(
+        Class::of(&Message::Event(Event::LeakSensing { rack, lost: true })),
+        Class::Normal
     );
     assert_eq!(
         Class::of(&samples::message(MessageKind::Online)),
