@@ -437,7 +437,8 @@ impl Core {
     }
 
     /// An operator clears rack `rack`'s latched leak; refused while its
-    /// rope reads wet or its leak sensing is lost (`leaks_now`).
+    /// rope or the CDU's leak input reads wet in `leaks_now`, an input
+    /// read it wet when last heard, or its leak sensing is lost.
     pub fn clear_leak(&mut self, rack: usize, leaks_now: &LeakInputs) -> Result<(), &'static str> {
         let racks = self.cfg.layout.racks as usize;
         self.safety.clear_leak(rack, racks, leaks_now)

@@ -1,5 +1,7 @@
-//! The controller's configuration for `cooling-ctrl run`: a TOML file,
-//! every field overridable by a flag, checked as a whole at start.
+//! The controller's configuration for `cooling-ctrl run` and `gateway`: a
+//! TOML file, most fields overridable by a flag (not
+//! `console_password_hash`, `unprotected_racks`, `facility_coordinator`,
+//! `facility_cdus`), checked as a whole at start.
 //!
 //! A key the controller does not know, a value of the wrong type or a
 //! value out of its range stops the start with the file, the line and the
@@ -26,7 +28,7 @@
 //! | `serial_parity` | `none` | `none`, `even` or `odd` |
 //! | `serial_data_bits` | 8 | 7 or 8 |
 //! | `serial_stop_bits` | 1 | 1 or 2 |
-//! | `register_map` | none (required with a site sign key; the simulated CDU's with `demo_key`) | a register map TOML |
+//! | `register_map` | none (required with a site sign key; the simulated CDU's with `demo_key`; the gateway needs none: its microcontroller carries its map) | a register map TOML |
 //! | `site_figures` | none (required with a site sign key; the twin's hall with `demo_key`) | a site figures TOML (`SiteConfig`) |
 //! | `hosts` | none | host ids, rack-major |
 //! | `hosts_pattern` | none | host ids from `{rack}`, `{host}`, `{index}` (`{index:02}` pads) |
@@ -116,7 +118,7 @@ use key::sign_key;
 use keyring::readers;
 use link::{cdu_link, cdu_link_if_given};
 use northbound::{northbound, Northbound};
-use plant::{core_config, facility_role, hosts, register_map, unprotected};
+use plant::{core_config, facility_role, hosts, register_map, register_map_if_given, unprotected};
 use timings::timings;
 
 /// The checked configuration.
@@ -149,8 +151,9 @@ pub struct Config {
     /// How the CDU is reached; `None` only for the gateway, whose
     /// microcontroller reaches it ([`Purpose::Gateway`]).
     pub link: Option<Link>,
-    /// Its register map.
-    pub map: RegisterMap,
+    /// Its register map; `None` only for the gateway given none (its
+    /// microcontroller carries the map it was built with).
+    pub map: Option<RegisterMap>,
     /// The control core's configuration (from the site figures).
     pub core: CoreConfig,
     /// Host ids, rack-major.
@@ -274,9 +277,19 @@ pub fn resolve_for(
         Purpose::Run => Some(cdu_link(&src, &file, flags)?),
         Purpose::Gateway => cdu_link_if_given(&src, &file, flags)?,
     };
-    let map = register_map(&src, &file, flags, key.demo)?;
+    let map = match purpose {
+        Purpose::Run => Some(register_map(&src, &file, flags, key.demo)?),
+        Purpose::Gateway => register_map_if_given(&src, &file, flags)?,
+    };
     let mut core = core_config(&src, &file, flags, key.demo)?;
-    let volatile_latch = volatile_latch(&src, &file, flags, common.flash.is_some(), key.demo)?;
+    let volatile_latch = volatile_latch(
+        &src,
+        &file,
+        flags,
+        purpose,
+        common.flash.is_some(),
+        key.demo,
+    )?;
     core.layout.unprotected = unprotected(&src, &file, &core)?;
     let hosts = hosts(&src, &file, flags, &core)?;
     let timings = timings(&src, &file, flags)?;
@@ -347,11 +360,18 @@ fn volatile_latch(
     src: &Sources,
     file: &FileConfig,
     flags: &Overrides,
+    purpose: Purpose,
     flash: bool,
     demo: bool,
 ) -> Result<bool, ConfigError> {
     let flag = flags.volatile_latch.then_some(true);
     let (given, from) = pick!(flag, file.volatile_latch, "volatile-latch");
+    let kept = match purpose {
+        Purpose::Run => "the latched state (leaks, failed pumps) must survive a restart",
+        Purpose::Gateway => {
+            "the gateway's event log, outbox and sequence floor must survive a restart (the microcontroller keeps the latched state in its own flash)"
+        }
+    };
     match (given.unwrap_or(false), flash) {
         (true, true) => Err(src.error(
             from,
@@ -361,7 +381,7 @@ fn volatile_latch(
         (false, false) if !demo => Err(src.error(
             None,
             "flash",
-            "flash: required with a site sign key: the latched state (leaks, failed pumps) must survive a restart; give a flash file, or volatile_latch = true to run without one on purpose".into(),
+            format!("flash: required with a site sign key: {kept}; give a flash file, or volatile_latch = true to run without one on purpose"),
         )),
         (v, _) => Ok(v || !flash),
     }
@@ -495,7 +515,7 @@ mod tests {
         assert_eq!(c.lease, Duration::from_secs(30));
         assert_eq!(c.modbus_timeout, Duration::from_millis(500));
         assert_eq!(c.link, Some(Link::Tcp("127.0.0.1:5020".parse().unwrap())));
-        assert_eq!(c.map, RegisterMap::sim_cdu());
+        assert_eq!(c.map, Some(RegisterMap::sim_cdu()));
         assert_eq!(
             c.core,
             crate::site_figures::core_config(&SiteConfig::default()).unwrap()
@@ -545,7 +565,7 @@ mod tests {
         assert_eq!(line.baud, 9600);
         assert_eq!(line.parity, Parity::Even);
         assert_eq!(line.stop_bits, StopBits::Two);
-        assert_eq!(c.map.unit_id, 7);
+        assert_eq!(c.map.map(|m| m.unit_id), Some(7));
         assert_eq!(c.core.layout.racks, 2);
         let hosts: Vec<&str> = c.hosts.iter().map(|h| h.as_str()).collect();
         assert_eq!(
@@ -592,6 +612,25 @@ mod tests {
             from(MIN).unwrap().volatile_latch,
             "the demonstration key runs the twin without a flash file"
         );
+        // The gateway needs no register map (its microcontroller carries
+        // one), and its flash keeps its own log, not a latch.
+        let gateway = |text: &str| {
+            let path = Some(Path::new("cdu.toml"));
+            resolve_for(path, text, &Overrides::default(), Purpose::Gateway)
+        };
+        let text = text
+            .replace(&format!("register_map = {map:?}\n"), "")
+            .replace("volatile_latch = true\n", "");
+        let e = gateway(&text).unwrap_err();
+        assert!(e.message.starts_with("flash: required"), "{e}");
+        assert!(e.message.contains("the gateway's event log"), "{e}");
+        let c = gateway(&format!("{text}flash = \"/tmp/x.flash\"\n")).expect("valid");
+        assert_eq!(c.map, None);
+        let c = gateway(&format!(
+            "{text}flash = \"/tmp/x.flash\"\nregister_map = {map:?}\n"
+        ))
+        .expect("valid");
+        assert_eq!(c.map.map(|m| m.unit_id), Some(7), "a map given is read");
     }
 
     /// A sign key file of `cdu/<cdu>` with key id `id` (its seed all `id`).

@@ -192,8 +192,9 @@ pub struct CommonFlags {
     pub site: Option<String>,
     /// Broker, `host[:port]`, or the nodes of a clustered broker,
     /// `host:port,host:port,…` (the first that answers; the next one when
-    /// a connection fails or is lost); default: the embedded broker on
-    /// 127.0.0.1:1883 (simulated hardware only, or with --embedded-broker).
+    /// a connection fails or is lost). Without it, only an agent on
+    /// simulated hardware starts the embedded broker on 127.0.0.1:1883 on
+    /// its own; elsewhere give it, or --embedded-broker.
     #[arg(long)]
     pub broker: Option<String>,
     /// Run the embedded broker here on purpose (an agent on real hardware

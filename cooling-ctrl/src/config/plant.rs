@@ -39,6 +39,20 @@ fn required_on_a_real_link(src: &Sources, field: &str, what: &str) -> ConfigErro
 
 /// The CDU's register map: the file given; with the demonstration key
 /// only, the simulated CDU's.
+/// The register map when one is given (the gateway's: its
+/// microcontroller carries the map it was built with), read and checked
+/// as `run` reads it.
+pub(super) fn register_map_if_given(
+    src: &Sources,
+    file: &FileConfig,
+    flags: &Overrides,
+) -> Result<Option<RegisterMap>, ConfigError> {
+    let given = flags.register_map.is_some() || file.register_map.is_some();
+    given
+        .then(|| register_map(src, file, flags, false))
+        .transpose()
+}
+
 pub(super) fn register_map(
     src: &Sources,
     file: &FileConfig,

@@ -68,7 +68,7 @@ pub enum Heard<'a> {
     Silent {
         /// The last status heard.
         last: Option<&'a Status>,
-        /// How long since its last frame (or the gateway's start), ms.
+        /// How long since its last status (or the gateway's start), ms.
         quiet_ms: u64,
     },
 }

@@ -80,7 +80,8 @@ where
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OperatorAction {
     /// Reopen a rack whose leak is latched (refused while its rope or the
-    /// CDU's leak input still reads wet, or its leak sensing is lost).
+    /// CDU's leak input reads wet, or read wet when last heard, or its leak
+    /// sensing is lost).
     ClearLeak {
         /// The rack.
         rack: usize,

@@ -136,7 +136,8 @@ enum Ctl {
     /// Caps per host: asked, why, the last ack and the limits in force.
     Caps,
     /// Reopen a rack whose leak is latched, after the repair (refused while
-    /// its rope still reads wet).
+    /// its rope or the CDU's leak input reads wet, or read wet when last
+    /// heard, or its leak sensing is lost).
     ClearLeak {
         /// The rack (0-based).
         rack: usize,
@@ -381,6 +382,9 @@ async fn serve(config: config::Config, notifier: Notifier) -> Result<(), String>
     let Some(link) = config.link.clone() else {
         return Err("a CDU link is required: cdu_tcp or cdu_serial".into());
     };
+    let Some(map) = config.map.clone() else {
+        return Err("the CDU's register map is required: register_map".into());
+    };
     let (stats_tx, stats_rx) = shell::stats_channel();
     // READY=1 after the first completed step, then WATCHDOG=1 only while
     // steps complete; steps end at the signal, while the shell winds down.
@@ -407,7 +411,7 @@ async fn serve(config: config::Config, notifier: Notifier) -> Result<(), String>
         hosts: config.hosts.iter().map(|h| h.to_string()).collect(),
         hosts_per_rack: usize::from(config.core.layout.hosts_per_rack),
         link: link.to_string(),
-        map_model: config.map.model.clone(),
+        map_model: map.model.clone(),
         broker: broker.to_string(),
         period: config.period,
         lease: config.lease,
@@ -425,10 +429,10 @@ async fn serve(config: config::Config, notifier: Notifier) -> Result<(), String>
         "cooling-ctrl: CDU {} on {} ({}), console {}",
         config.cdu,
         link,
-        config.map.model,
+        map.model,
         config.console.display()
     );
-    let port = ModbusCdu::new(config.map.clone(), link).with_timeout(config.modbus_timeout);
+    let port = ModbusCdu::new(map, link).with_timeout(config.modbus_timeout);
     // The building management system's Modbus TCP server.
     let (northbound_link, northbound_task) =
         start_northbound(&config, listeners.northbound.clone()).await?;
