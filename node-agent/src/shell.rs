@@ -343,7 +343,7 @@ async fn restore_kept(
     let quarantines = quarantine::not_done(store, node.health()).await;
     limits::restore(node, gpus, store).await;
     let (phase, steps) = cooling::restore(store).await;
-    node.restore_cooling(phase);
+    node.restore_cooling(phase, &steps);
     replay_floor::restore(node, &replay_floor::signers(config), store).await;
     if let Some(cdu) = &config.cdu {
         replay_floor::restore_state(node, cdu, store).await;

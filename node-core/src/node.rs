@@ -29,6 +29,10 @@
 //! - at a stop with no lease in force every GPU is given back its
 //!   ceiling; at one with a lease, the limits stay as they are, for the
 //!   next start to apply or lift as the kept leases say.
+//! - a cooling-loss step kept pending over a restart runs again once at
+//!   the start; a power-down only once the CDU's first state taken after
+//!   it leaves the rack powered down, or at the first round at or after
+//!   the wait (on the time passed in: see `cooling`).
 //!
 //! Glossary:
 //! - *round*: one sampling of every GPU ([`Input::Round`]).
@@ -52,6 +56,7 @@ use crate::cooling_loss::{CoolingLoss, Phase};
 use crate::guard::{GuardSettings, ThermalGuard};
 use crate::health::{GpuStatus, HealthEngine, Limits, Observation, Policy};
 
+mod cooling;
 mod frames;
 mod health;
 mod limits;
@@ -171,8 +176,10 @@ pub enum Reading {
 /// What happened, for [`Node::step`].
 #[derive(Debug, Clone, Copy)]
 pub enum Input<'a> {
-    /// The agent starts: every GPU's limit is read, then the targets put
-    /// in force.
+    /// The agent starts: the cooling-loss steps kept pending from before
+    /// the restart ([`Node::restore_cooling`]) run again, are dropped or
+    /// (a power-down) held for the CDU's word; every GPU's limit is read,
+    /// then the targets put in force.
     Start,
     /// A sampling round: one reading per GPU, in index order.
     Round(&'a [Reading]),
@@ -268,7 +275,14 @@ pub enum Effect {
         /// Its stamp.
         time: TimestampMs,
     },
-    /// Run a cooling-loss step's configured commands, in order.
+    /// Forget a cooling-loss step kept pending from before the restart:
+    /// it is not run (the host is no longer powered down, or the CDU said
+    /// cooling is back while a power-down was held); the phase and the
+    /// steps still pending are kept in flash again.
+    DropCooling(CoolingStep),
+    /// Run a cooling-loss step's configured commands, in order (a step
+    /// kept pending from before the restart is pending no more: this run
+    /// stands for it).
     RunCooling {
         /// The step.
         step: CoolingStep,
@@ -422,18 +436,16 @@ impl Node {
         }
     }
 
-    /// The cooling-loss phase kept from before a restart.
-    pub fn restore_cooling(&mut self, phase: Phase) {
-        self.cooling.restore(phase, &[]);
-    }
-
     /// Takes one input at `now`; returns what to do, in order.
     pub fn step(&mut self, now: Now, input: Input<'_>) -> Vec<Effect> {
         self.health.set_wall_offset(now.offset);
         self.commands.set_wall_offset(now.offset);
         let mut out = Vec::new();
         match input {
-            Input::Start => out.push(Effect::ReadLimits),
+            Input::Start => {
+                self.resume_cooling(now, &mut out);
+                out.push(Effect::ReadLimits);
+            }
             Input::Round(readings) => self.round(now, readings, &mut out),
             Input::Frame(topic, frame) => self.frame(now, topic, frame, &mut out),
             Input::Xid { gpu, xid } => self.xid(now, gpu, xid, &mut out),
@@ -504,8 +516,7 @@ impl Node {
         } else {
             self.reconcile(now, false, out);
         }
-        let steps = self.cooling.tick(t.0);
-        self.run_cooling(now, steps, out);
+        self.cooling_round(now, out);
         if self.rounds % HEALTH_EVERY == 0 {
             out.push(Effect::PublishHealth);
         }
@@ -603,39 +614,6 @@ impl Node {
         self.gpus
             .get(gpu as usize)
             .map_or((0, false), |g| (g.missed, g.unresponsive_reported))
-    }
-
-    /// Hands cooling-loss `steps` to the shell: the phase kept in flash
-    /// first, then each step's commands.
-    fn run_cooling(&mut self, now: Now, steps: Vec<CoolingStep>, out: &mut Vec<Effect>) {
-        if steps.is_empty() {
-            return;
-        }
-        let wall = |t: u64| t.saturating_add_signed(now.offset);
-        out.push(Effect::KeepCooling(match self.cooling.phase() {
-            Phase::Cooled => Phase::Cooled,
-            Phase::Draining { since } => Phase::Draining { since: wall(since) },
-            Phase::PoweredDown { since } => Phase::PoweredDown { since: wall(since) },
-        }));
-        let (cdu, rack) = self
-            .coolant
-            .as_ref()
-            .map_or((String::new(), String::new()), |c| {
-                (
-                    c.cdu.as_str().to_string(),
-                    c.rack.map_or(String::new(), |r| r.to_string()),
-                )
-            });
-        let reason = format!(
-            "cooling-lost: rack {rack} of {cdu} lost cooling at {}",
-            crate::health::fmt_time(now.wall())
-        );
-        for step in steps {
-            out.push(Effect::RunCooling {
-                step,
-                reason: reason.clone(),
-            });
-        }
     }
 }
 

@@ -48,7 +48,7 @@
 
 mod host;
 
-use host::{cdu_topic, Host, GPUS, GRACE_MS};
+use host::{cdu_topic, Host, Kept, Start, GPUS, GRACE_MS};
 use loopwarden_protocol::auth::SigningKey;
 use loopwarden_protocol::samples::{self, demo_signing_key, T0};
 use loopwarden_protocol::{
@@ -56,7 +56,7 @@ use loopwarden_protocol::{
     RackCooling, RackIndex, Role, TimestampMs, Topic,
 };
 use node_core::commands::COMMAND_MAX_AGE_MS;
-use node_core::cooling_loss::Phase;
+use node_core::cooling_loss::{Phase, HELD_WAIT_MS};
 use node_core::node::{Effect, Input};
 use proptest::prelude::*;
 
@@ -404,6 +404,8 @@ fn deliver(m: &mut Model, host: &mut Host, f: &Frame, what: &str) -> Result<(), 
 }
 
 fn play(m: &mut Model, host: &mut Host, op: &Op) -> Result<(), TestCaseError> {
+    // The steps handed out ended well since the last op.
+    host.cooling_ended();
     match *op {
         Op::State {
             word,
@@ -561,6 +563,102 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u8..GPUS as u8).prop_map(Op::Release),
         2 => prop_oneof![2 => 0u16..=10, 2 => 10u16..=60, 1 => 60u16..=400].prop_map(Op::Restart),
     ]
+}
+
+/// A host started at `at` from a flash that kept a power-down pending
+/// (its outcome not kept), powered down since a minute before.
+fn held_from(at: u64) -> Host {
+    let start = Start {
+        limits: [host::DEFAULT; GPUS],
+        site_limit: None,
+        kept: [None; GPUS],
+        logged: Vec::new(),
+        at,
+    };
+    let kept = Kept {
+        phase: Some(Phase::PoweredDown { since: at - 60_000 }),
+        pending: vec![CoolingStep::PowerDown],
+        ..Kept::default()
+    };
+    Host::start_kept(start, kept)
+}
+
+/// `cdu-a`'s state `seq`, stamped `t`, saying `word` of the rack.
+fn genuine(seq: u32, t: u64, word: Word) -> Frame {
+    let f = state("cdu-a", seq, t, word, false);
+    signed(f, &cdu_topic(), 1, &demo_signing_key())
+}
+
+/// The held power-down is the node's decision on the time passed in: it
+/// runs at the first round at or after the start plus the wait, however
+/// far that time is from the machine's clock, with no time passing (a
+/// decision on the machine's clock, as the shell made it before, would
+/// not run within this test), and the same inputs give the same effects.
+#[test]
+fn a_held_power_down_follows_the_time_passed_in_not_the_wall_clock() {
+    use CoolingStep::PowerDown;
+    let wait_ms = HELD_WAIT_MS.max(GRACE_MS);
+    let played = |at: u64| {
+        let mut h = held_from(at);
+        assert_eq!(h.node.cooling_held_until_ms(), Some(at + wait_ms));
+        assert_eq!(h.flash_pending, [(PowerDown, false)], "pending, not run");
+        for t in (at + 1_000..at + wait_ms).step_by(1_000) {
+            h.healthy_round(t);
+        }
+        assert!(h.cooling.is_empty(), "held for the wait: {:?}", h.cooling);
+        h.healthy_round(at + wait_ms);
+        assert_eq!(h.cooling, [PowerDown]);
+        h.healthy_round(at + wait_ms + 1_000);
+        assert_eq!(h.cooling, [PowerDown], "once");
+        assert_eq!(h.flash_pending, [(PowerDown, true)]);
+        h.trail
+    };
+    // 2026, and 2100: decades from the machine's clock.
+    for at in [T0.0, 4_102_444_800_000] {
+        assert_eq!(played(at), played(at), "replayed from {at}");
+    }
+}
+
+/// The CDU's first taken state after the start decides the held
+/// power-down, before the wait is over or after it (no round between):
+/// lost or silent about the rack, it runs; cooled, it is dropped and the
+/// undo runs. A round at the end of the wait runs it first.
+#[test]
+fn a_held_power_down_waits_for_the_cdus_first_word() {
+    use CoolingStep::*;
+    let at = T0.0;
+    let wait_ms = HELD_WAIT_MS.max(GRACE_MS);
+    let first_word = |word: Word, t: u64, round_first: bool| {
+        let mut h = held_from(at);
+        if round_first {
+            h.healthy_round(t - 1);
+        }
+        h.step(t, Input::Frame(&cdu_topic(), &genuine(1, t, word)));
+        h.healthy_round(t + wait_ms);
+        let pending: Vec<_> = h.flash_pending.iter().map(|&(s, _)| s).collect();
+        (h.cooling, pending)
+    };
+    for t in [at + 2_000, at + wait_ms + 1_000] {
+        assert_eq!(
+            first_word(Word::Lost, t, false),
+            (vec![PowerDown], vec![PowerDown])
+        );
+        assert_eq!(
+            first_word(Word::Unlisted, t, false),
+            (vec![PowerDown], vec![PowerDown])
+        );
+        assert_eq!(
+            first_word(Word::Cooled, t, false),
+            (vec![PowerUp, Resume], vec![PowerUp, Resume]),
+            "dropped: never run"
+        );
+    }
+    let t = at + wait_ms + 1;
+    assert_eq!(
+        first_word(Word::Cooled, t, true),
+        (vec![PowerDown, PowerUp, Resume], vec![PowerUp, Resume]),
+        "the round at the end of the wait came first"
+    );
 }
 
 proptest! {

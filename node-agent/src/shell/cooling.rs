@@ -9,19 +9,22 @@
 //! is done once every one of its commands ended well, and the record is
 //! written again (before the outcome is published). At the start, the
 //! steps kept pending (the agent was killed before or while they ran, or
-//! one failed) run again: a drain, a power-up and a resume at once, each
-//! harmless twice; a power-down once the CDU's first state taken after
-//! the start leaves the rack powered down, or once [`HELD_WAIT`] (or the
-//! grace, if longer) passed without one (silence is not cooling), since a
-//! host-off command that cut the host before its outcome was kept must not
-//! switch the host off again at every start after cooling came back. A
-//! step undone by a later one (a resume after a drain) is pending no more.
+//! one failed) are given back to the node, and stay pending here until
+//! it decides each (at `Input::Start`, on its own clock): a drain, a
+//! power-up and a resume run again at once, each harmless twice; a
+//! power-down once the CDU's first state taken after the start leaves the
+//! rack powered down, or at the first round once
+//! `node_core::cooling_loss::HELD_WAIT_MS` (or the grace, if longer)
+//! passed without one (silence is not cooling), since a host-off command
+//! that cut the host before its outcome was kept must not switch the host
+//! off again at every start after cooling came back. A kept step the node
+//! drops (`Effect::DropCooling`) is pending no more; so is a step undone
+//! by a later one (a resume after a drain).
 //!
 //! Glossary:
 //! - *job*: one step's commands, numbered, for the runner.
-//! - *pending*: handed out and not known done, in order.
-//! - *held*: a power-down pending from before the restart, waiting for
-//!   the CDU's word (until when, at most).
+//! - *pending*: handed out, or kept from before the restart, and not
+//!   known done, in order.
 
 use std::time::Duration;
 
@@ -38,12 +41,6 @@ use node_core::cooling_loss::Phase;
 
 /// The config-store key of the cooling-loss phase and pending steps.
 const PHASE_KEY: &str = "cooling_loss";
-/// How long a power-down held from before a restart waits for the CDU's
-/// word at least (the grace, if longer): its retained state comes within
-/// a second of the connection. A host switched off by a power-down whose
-/// outcome was not kept, started again once cooling is back, is switched
-/// off again only if the broker does not answer within this.
-pub(crate) const HELD_WAIT: Duration = Duration::from_secs(5);
 /// Jobs waiting for the runner: a loss hands out at most four steps, and
 /// a CDU that says lost and cooled a few times in a row a few more.
 const QUEUE: usize = 16;
@@ -74,7 +71,6 @@ pub(crate) struct Steps {
     pending: Pending,
     /// The phase last kept (its stamps on the wall clock).
     kept: Phase,
-    held: Option<(Job, std::time::Instant)>,
     next_id: u64,
     /// Jobs handed to the runner and not ended.
     in_runner: usize,
@@ -109,7 +105,6 @@ pub(crate) fn start_runner() -> (Steps, mpsc::Receiver<StepDone>) {
         runner: Some(runner),
         pending: Pending::default(),
         kept: Phase::Cooled,
-        held: None,
         next_id: 0,
         in_runner: 0,
     };
@@ -118,7 +113,8 @@ pub(crate) fn start_runner() -> (Steps, mpsc::Receiver<StepDone>) {
 
 impl Steps {
     /// At a stop: no more jobs; those queued still run. Returns the
-    /// runner, to wait for (a held power-down stays pending in flash).
+    /// runner, to wait for (a power-down the node holds stays pending in
+    /// flash).
     pub(super) fn close(&mut self) -> Option<JoinHandle<()>> {
         self.jobs = None;
         self.runner.take()
@@ -177,9 +173,9 @@ impl Pending {
         self.0.len() != before
     }
 
-    /// Job `id` is dropped unrun.
-    fn remove(&mut self, id: u64) {
-        self.0.retain(|&(i, _)| i != id);
+    /// `step`, kept from before the restart, is dropped unrun.
+    fn forget(&mut self, step: CoolingStep) {
+        self.0.retain(|&(_, s)| s != step);
     }
 
     fn steps(&self) -> Vec<CoolingStep> {
@@ -268,14 +264,6 @@ impl Agent {
         let mut jobs = Vec::new();
         for (step, reason) in steps {
             self.cooling.pending.supersede(step);
-            if self
-                .cooling
-                .held
-                .as_ref()
-                .is_some_and(|(h, _)| h.step == step || h.step == undoing(step))
-            {
-                self.cooling.held = None;
-            }
             if let Some(job) = self.cooling_job(step, &reason) {
                 self.cooling.pending.push(job.id, step);
                 jobs.push(job);
@@ -350,87 +338,22 @@ impl Agent {
         }
     }
 
-    /// At the start: the phase and the steps pending from before the
-    /// restart; each runs again, a power-down once the CDU's word allows
-    /// (see the module note).
+    /// At the start, before the node's: the phase and the steps kept
+    /// pending from before the restart, pending still (in flash) until the
+    /// node runs each again or drops it (see the module note).
     pub(super) fn resume_cooling(&mut self, phase: Phase, pending: Vec<CoolingStep>) {
         self.cooling.kept = phase;
-        if pending.is_empty() {
-            return;
-        }
-        let rack = self.config.rack.map_or(String::new(), |r| r.to_string());
-        let cdu = self
-            .config
-            .cdu
-            .as_ref()
-            .map_or("", |c| c.as_str())
-            .to_string();
         for step in pending {
-            let powered_down = matches!(phase, Phase::PoweredDown { .. });
-            if step == CoolingStep::PowerDown && !powered_down {
-                continue; // undone already: nothing to power down
-            }
-            tracing::warn!(
-                "rack {rack}: cooling-loss {step} not known done before the restart: run again"
-            );
-            let reason =
-                format!("cooling-lost: rack {rack} of {cdu}: {step} run again after a restart");
-            let Some(job) = self.cooling_job(step, &reason) else {
-                continue;
-            };
-            self.cooling.pending.push(job.id, step);
-            if step == CoolingStep::PowerDown {
-                let wait = HELD_WAIT.max(self.config.cooling_loss.grace);
-                tracing::warn!(
-                    "rack {rack}: the power-down waits for the CDU's word that the rack still has no cooling, {} s at most",
-                    wait.as_secs()
-                );
-                self.cooling.held = Some((job, std::time::Instant::now() + wait));
-            } else {
-                self.submit_cooling(job);
-            }
+            self.cooling.next_id += 1;
+            self.cooling.pending.push(self.cooling.next_id, step);
         }
+    }
+
+    /// The node dropped `step`, kept pending from before the restart: it
+    /// is not run, and the record is kept without it.
+    pub(super) fn drop_cooling(&mut self, step: CoolingStep) {
+        self.cooling.pending.forget(step);
         self.keep_cooling();
-    }
-
-    /// The node took a state of the CDU: a power-down held from before the
-    /// restart runs if the rack is still powered down (the CDU did not say
-    /// cooling is back), else it is dropped.
-    pub(super) fn cdu_word_taken(&mut self) {
-        let Some((job, _)) = self.cooling.held.take() else {
-            return;
-        };
-        if matches!(self.node.cooling_phase(), Phase::PoweredDown { .. }) {
-            tracing::warn!(
-                "the CDU still says the rack has no cooling: cooling-loss power-down run again"
-            );
-            self.submit_cooling(job);
-        } else {
-            tracing::info!(
-                "the CDU says the rack has cooling again: the power-down cut before the restart is not run"
-            );
-            self.cooling.pending.remove(job.id);
-            self.keep_cooling();
-        }
-    }
-
-    /// Each round: a power-down held from before the restart whose wait
-    /// for the CDU's word is over runs (silence is not cooling).
-    pub(super) fn run_held_when_due(&mut self) {
-        let due = self
-            .cooling
-            .held
-            .as_ref()
-            .is_some_and(|(_, until)| std::time::Instant::now() >= *until);
-        if !due {
-            return;
-        }
-        if let Some((job, _)) = self.cooling.held.take() {
-            tracing::warn!(
-                "no word from the CDU since the start: cooling-loss power-down run again"
-            );
-            self.submit_cooling(job);
-        }
     }
 
     /// A cooling-loss command ended: logged, the step's state kept in
@@ -515,7 +438,7 @@ mod tests {
         p.push(5, PowerDown);
         p.supersede(PowerUp);
         assert_eq!(p.steps(), [Drain], "a power-up undoes a power-down");
-        p.remove(4);
+        p.forget(Drain);
         assert_eq!(p.steps(), []);
     }
 }

@@ -75,7 +75,10 @@ impl Agent {
                 }
                 Effect::KeepStateFloor { cdu, seq, time } => {
                     super::replay_floor::keep_state(&self.recorder, cdu, seq, time);
-                    self.cdu_word_taken();
+                    continue;
+                }
+                Effect::DropCooling(step) => {
+                    self.drop_cooling(step);
                     continue;
                 }
                 Effect::RunCooling { step, reason } => {

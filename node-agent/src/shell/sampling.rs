@@ -91,7 +91,6 @@ impl Agent {
         }
         let now = self.clock.wall();
         self.say_xids_dropped();
-        self.run_held_when_due();
         self.step(Input::Round(&readings)).await;
         self.publish_telemetry(now);
         self.seq_floor.keep_ahead(&self.bus, &self.recorder).await;

@@ -85,6 +85,7 @@ impl Node {
             Some(lost) => self.cooling.told(now.steady.0, lost),
             None => self.cooling.tick(now.steady.0),
         };
+        self.cooling_word_taken(now, out);
         self.run_cooling(now, steps, out);
         let state = match st.mode {
             _ if lost == Some(true) => LoopState::Failsafe,

@@ -1,10 +1,15 @@
 //! The agent's shell, played for the node's tests (`node_step.rs`,
 //! `ceiling_properties.rs`, `cooling_properties.rs`): four fake GPUs with their power limits, a
-//! fake flash (the commands logged, the limits, health, phases and replay
-//! floors kept), and a record of what went on the bus; it carries out
-//! each effect of the node and answers it as the agent does.
+//! fake flash (the commands logged, the limits, health, phases, pending
+//! cooling-loss steps and replay floors kept), and a record of what went
+//! on the bus; it carries out each effect of the node and answers it as
+//! the agent does. A host restarts from its flash after a clean stop or
+//! a crash ([`Host::restarted`], [`Host::crashed`]).
 //!
 //! Glossary:
+//! - *pending*: a cooling-loss step handed out (its commands running)
+//!   or kept from before a restart, and not known done, as the agent's
+//!   shell keeps it in flash with the phase ([`Host::flash_pending`]).
 //! - *boot*: how a host comes up: its GPUs' limits, a site limit, what its
 //!   flash kept from before ([`Boot`], [`Start`]).
 //! - *trail*: every effect, in the order carried out.
@@ -62,6 +67,10 @@ pub struct Host {
     /// The cooling-loss phases kept in flash, each time (a host started
     /// with [`Kept`] begins with the phase it was given).
     pub kept_phase: Vec<Phase>,
+    /// The cooling-loss steps pending in flash, in order: handed out
+    /// (`true`: running until [`Host::cooling_ended`]) or kept from before
+    /// the restart (`false`).
+    pub flash_pending: Vec<(CoolingStep, bool)>,
     /// The replay floors kept in flash, each time (a host started with
     /// [`Kept`] begins with the floors it was given).
     pub kept_floors: Vec<(NodeId, u32)>,
@@ -120,6 +129,8 @@ pub struct Start {
 #[derive(Clone, Default)]
 pub struct Kept {
     pub phase: Option<Phase>,
+    /// The cooling-loss steps pending, in order.
+    pub pending: Vec<CoolingStep>,
     pub floors: Vec<(NodeId, u32)>,
     /// The last CDU state taken: its seq and stamp.
     pub state_floor: Option<(u32, TimestampMs)>,
@@ -191,9 +202,7 @@ impl Host {
                 node.restore_health(i as u8, st.clone());
             }
         }
-        if let Some(phase) = kept.phase {
-            node.restore_cooling(phase);
-        }
+        node.restore_cooling(kept.phase.unwrap_or_default(), &kept.pending);
         for (sender, seq) in &kept.floors {
             node.restore_replay_floor(sender, *seq);
         }
@@ -212,6 +221,7 @@ impl Host {
             quarantined: Vec::new(),
             cooling: Vec::new(),
             kept_phase: kept.phase.into_iter().collect(),
+            flash_pending: kept.pending.iter().map(|&s| (s, false)).collect(),
             kept_floors: kept.floors,
             kept_state_floor: kept.state_floor,
             logged_commands: 0,
@@ -295,7 +305,16 @@ impl Host {
                     continue;
                 }
                 Effect::RunCooling { step, .. } => {
+                    // As the shell: the new run stands for the same step
+                    // and the one it undoes, still pending.
+                    let undo = undoing(step);
+                    self.flash_pending.retain(|&(s, _)| s != step && s != undo);
+                    self.flash_pending.push((step, true));
                     self.cooling.push(step);
+                    continue;
+                }
+                Effect::DropCooling(step) => {
+                    self.flash_pending.retain(|&(s, _)| s != step);
                     continue;
                 }
                 Effect::KeepCooling(phase) => {
@@ -323,10 +342,28 @@ impl Host {
         }
     }
 
+    /// The cooling-loss steps handed out ended well: pending no more.
+    pub fn cooling_ended(&mut self) {
+        self.flash_pending.retain(|&(_, running)| !running);
+    }
+
+    /// The host killed now, the first `done` of the cooling-loss steps
+    /// running having ended well before (the rest cut, still pending),
+    /// and started again at `at` from its flash (no stop).
+    pub fn crashed(&mut self, done: usize, at: u64) -> Self {
+        let mut ended = 0;
+        self.flash_pending.retain(|&(_, running)| {
+            let end = running && ended < done;
+            ended += usize::from(end);
+            !end
+        });
+        self.restarted(at)
+    }
+
     /// The host started again at `at` from everything its flash kept
-    /// (after a stop): the GPUs' limits as they are, the kept limits, the
-    /// commands logged, the cooling-loss phase, the replay floors and the
-    /// health states.
+    /// (after a stop or a crash): the GPUs' limits as they are, the kept
+    /// limits, the commands logged, the cooling-loss phase and steps
+    /// pending, the replay floors and the health states.
     pub fn restarted(&self, at: u64) -> Self {
         Self::start_kept(
             Start {
@@ -338,6 +375,7 @@ impl Host {
             },
             Kept {
                 phase: self.kept_phase.last().copied(),
+                pending: self.flash_pending.iter().map(|&(s, _)| s).collect(),
                 floors: self.kept_floors.clone(),
                 state_floor: self.kept_state_floor,
                 health: self.kept_status.clone(),
@@ -358,6 +396,16 @@ impl Host {
 
     pub fn state(&self, gpu: u8) -> HealthState {
         self.node.health().status(gpu).unwrap().state
+    }
+}
+
+/// The cooling-loss step that undoes `step`.
+pub fn undoing(step: CoolingStep) -> CoolingStep {
+    match step {
+        CoolingStep::Drain => CoolingStep::Resume,
+        CoolingStep::Resume => CoolingStep::Drain,
+        CoolingStep::PowerDown => CoolingStep::PowerUp,
+        CoolingStep::PowerUp => CoolingStep::PowerDown,
     }
 }
 

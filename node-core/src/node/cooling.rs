@@ -1,0 +1,166 @@
+//! The cooling-loss part of the node's step: the steps
+//! [`CoolingLoss`](crate::cooling_loss::CoolingLoss) decides, handed to the
+//! shell with the phase to keep in flash first; and after a restart, the
+//! steps kept pending from before it: run again at the start, dropped, or
+//! (a power-down) held until the CDU's first taken state or the end of the
+//! wait, on the node's clock, so a restart replays like every other input.
+//!
+//! Glossary:
+//! - *kept pending*: a step handed out before a restart and not known done
+//!   ([`Node::restore_cooling`]).
+//! - *held*: a kept power-down waiting for the CDU's word.
+//! - *dropped*: a kept step not run, pending no more
+//!   ([`Effect::DropCooling`]).
+
+use loopwarden_protocol::CoolingStep;
+
+use super::{Effect, Level, Node, Now};
+use crate::cooling_loss::{Again, Phase};
+
+impl Node {
+    /// The cooling-loss phase and the steps kept pending from before a
+    /// restart (the flash's): the steps are decided at [`Input::Start`]
+    /// (see the module note).
+    ///
+    /// [`Input::Start`]: super::Input::Start
+    pub fn restore_cooling(&mut self, phase: Phase, pending: &[CoolingStep]) {
+        self.cooling.restore(phase, pending);
+    }
+
+    /// When the power-down held from before the restart runs without the
+    /// CDU's word (steady time, ms), if one is held.
+    pub fn cooling_held_until_ms(&self) -> Option<u64> {
+        self.cooling.held_until_ms()
+    }
+
+    /// At the start: each step kept pending runs again, is held or is
+    /// dropped, each said.
+    pub(super) fn resume_cooling(&mut self, now: Now, out: &mut Vec<Effect>) {
+        let (cdu, rack) = self.cdu_and_rack();
+        let mut again = Vec::new();
+        for decided in self.cooling.resume(now.steady.0) {
+            let step = match decided {
+                Again::Run(step) => step,
+                Again::Held { .. } => CoolingStep::PowerDown,
+                Again::Dropped(step) => {
+                    let why = format!(
+                        "rack {rack}: cooling-loss {step} not known done before the restart: \
+                         not run, the host is not powered down"
+                    );
+                    out.push(Effect::Say(Level::Info, why));
+                    out.push(Effect::DropCooling(step));
+                    continue;
+                }
+            };
+            let why = format!(
+                "rack {rack}: cooling-loss {step} not known done before the restart: run again"
+            );
+            out.push(Effect::Say(Level::Warn, why));
+            if let Again::Held { until_ms } = decided {
+                let wait_s = until_ms.saturating_sub(now.steady.0) / 1_000;
+                let why = format!(
+                    "rack {rack}: the power-down waits for the CDU's word that the rack still \
+                     has no cooling, {wait_s} s at most"
+                );
+                out.push(Effect::Say(Level::Warn, why));
+            } else {
+                again.push((step, again_reason(&cdu, &rack, step)));
+            }
+        }
+        self.keep_and_run(now, again, out);
+    }
+
+    /// A state of the CDU was taken (the loss told first): the held
+    /// power-down runs if the rack is still powered down, else is dropped.
+    pub(super) fn cooling_word_taken(&mut self, now: Now, out: &mut Vec<Effect>) {
+        let decided = self.cooling.word_taken();
+        let ran = "the CDU still says the rack has no cooling: cooling-loss power-down run again";
+        let dropped = "the CDU says the rack has cooling again: \
+                       the power-down cut before the restart is not run";
+        self.held_decided(now, decided, ran, dropped, out);
+    }
+
+    /// A round: the held power-down whose wait is over runs (silence is
+    /// not cooling); then the grace may be over.
+    pub(super) fn cooling_round(&mut self, now: Now, out: &mut Vec<Effect>) {
+        let decided = self.cooling.held_due(now.steady.0);
+        let ran = "no word from the CDU since the start: cooling-loss power-down run again";
+        let dropped = "the host is no longer powered down: \
+                       the power-down cut before the restart is not run";
+        self.held_decided(now, decided, ran, dropped, out);
+        let steps = self.cooling.tick(now.steady.0);
+        self.run_cooling(now, steps, out);
+    }
+
+    /// The held power-down decided (`None`: none was, or still waits):
+    /// run again, or dropped; said either way.
+    fn held_decided(
+        &mut self,
+        now: Now,
+        decided: Option<Again>,
+        ran: &str,
+        dropped: &str,
+        out: &mut Vec<Effect>,
+    ) {
+        match decided {
+            Some(Again::Run(step)) => {
+                out.push(Effect::Say(Level::Warn, ran.to_string()));
+                let (cdu, rack) = self.cdu_and_rack();
+                let reason = again_reason(&cdu, &rack, step);
+                self.keep_and_run(now, vec![(step, reason)], out);
+            }
+            Some(Again::Dropped(step)) => {
+                out.push(Effect::Say(Level::Info, dropped.to_string()));
+                out.push(Effect::DropCooling(step));
+            }
+            Some(Again::Held { .. }) | None => {}
+        }
+    }
+
+    /// Hands cooling-loss `steps`, decided now, to the shell (see
+    /// [`Node::keep_and_run`]), each with the loss as its reason.
+    pub(super) fn run_cooling(&mut self, now: Now, steps: Vec<CoolingStep>, out: &mut Vec<Effect>) {
+        let (cdu, rack) = self.cdu_and_rack();
+        let reason = format!(
+            "cooling-lost: rack {rack} of {cdu} lost cooling at {}",
+            crate::health::fmt_time(now.wall())
+        );
+        let steps = steps.into_iter().map(|s| (s, reason.clone())).collect();
+        self.keep_and_run(now, steps, out);
+    }
+
+    /// Hands `steps` (each with its reason) to the shell: the phase kept
+    /// in flash first (its stamps on the wall clock), then each step's
+    /// commands. Nothing when there is no step.
+    fn keep_and_run(&mut self, now: Now, steps: Vec<(CoolingStep, String)>, out: &mut Vec<Effect>) {
+        if steps.is_empty() {
+            return;
+        }
+        let wall = |t: u64| t.saturating_add_signed(now.offset);
+        out.push(Effect::KeepCooling(match self.cooling.phase() {
+            Phase::Cooled => Phase::Cooled,
+            Phase::Draining { since } => Phase::Draining { since: wall(since) },
+            Phase::PoweredDown { since } => Phase::PoweredDown { since: wall(since) },
+        }));
+        for (step, reason) in steps {
+            out.push(Effect::RunCooling { step, reason });
+        }
+    }
+
+    /// This host's CDU and rack, for the log and the commands' reason.
+    fn cdu_and_rack(&self) -> (String, String) {
+        self.coolant
+            .as_ref()
+            .map_or((String::new(), String::new()), |c| {
+                (
+                    c.cdu.as_str().to_string(),
+                    c.rack.map_or(String::new(), |r| r.to_string()),
+                )
+            })
+    }
+}
+
+/// The reason of a step run again after a restart.
+fn again_reason(cdu: &str, rack: &str, step: CoolingStep) -> String {
+    format!("cooling-lost: rack {rack} of {cdu}: {step} run again after a restart")
+}
