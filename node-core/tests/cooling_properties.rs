@@ -8,7 +8,9 @@
 //! the keyring lacks; signed for another topic; stamped too old or too far
 //! ahead); earlier states sent again; silence (rounds and nothing from the
 //! CDU, past the state's 180 s); fatal XIDs and operators' releases; clean
-//! stops and starts from what the flash kept, at any point. After every
+//! stops and starts from what the flash kept, at any point; crashes, each
+//! after some of the steps handed out ended well and before the rest did
+//! (their outcomes not kept), and a start from the flash. After every
 //! step:
 //!
 //! 1. a taken state that says the rack lost cooling drains at once; the
@@ -17,26 +19,41 @@
 //!    before it; a restart in between neither restarts nor skips the
 //!    grace;
 //! 2. only a taken state moves the phase: anything else (hostile, stale,
-//!    replayed, silence, a release, an XID, a stop or start) runs no step;
+//!    replayed, silence, a release, an XID, a stop or start) runs no
+//!    step, save at a start the steps kept pending (6 and 7);
 //! 3. the undo runs in reverse (`power_up` if powered down, then
 //!    `resume`), once per loss, also after a restart;
 //! 4. every step run was kept in flash (the phase after it) before it was
-//!    run, and the flash holds the phase the sequence gives, so a restart
-//!    neither runs a step twice nor forgets one;
+//!    run, and the flash holds the phase the sequence gives and the steps
+//!    it leaves pending (handed out and not ended, or kept from before the
+//!    start), so a restart neither runs a step twice nor forgets one;
 //! 5. each GPU is quarantined exactly when the sequence says (a fatal XID,
 //!    until an operator's release), whatever the cooling does, and a
-//!    release or an XID runs no cooling-loss step.
+//!    release or an XID runs no cooling-loss step;
+//! 6. a drain, power-up or resume kept pending runs again at the start,
+//!    once; a power-down kept pending with the host not powered down is
+//!    dropped there;
+//! 7. a power-down kept pending with the host powered down is held: it
+//!    runs again exactly once, at the CDU's first taken state after the
+//!    start if that state leaves the rack powered down (it says lost, or
+//!    does not list the rack), or at the first round at or after the
+//!    start plus the wait (`max(HELD_WAIT_MS, grace)`) if no state was
+//!    taken before; it is dropped, never run, when that first state says
+//!    cooled (then `power_up` and `resume` run, as without a restart).
 //!
 //! At the end the steps run, across every restart, are checked as a whole:
 //! each loss is `drain`, then `power_down` no sooner than the grace after
 //! it, then `power_up` and `resume` (or `resume` alone when cooling came
-//! back within the grace).
+//! back within the grace); the steps run again after a restart repeat one
+//! of these and are left out of that order.
 //!
 //! The model ([`Model`]) takes a state as section 3.4 of docs/security.md
 //! says (the sender, the key, the topic, the 5-minute window, not older
 //! by both seq and stamp than the last taken) and derives the phase and
 //! the steps from the states it takes and the time; never from the node's
-//! answers. What the generator leaves out, and why, is said where it does.
+//! answers; it keeps the pending steps as the shell's flash record does
+//! (a step run stands for the same step and the one it undoes). What the
+//! generator leaves out, and why, is said where it does.
 //!
 //! Glossary:
 //! - *taken*: a state the rules accept as this CDU's word about the loop
@@ -45,10 +62,12 @@
 //!   sequence counter.
 //! - *step*: a cooling-loss action run (`drain`, `power_down`,
 //!   `power_up`, `resume`).
+//! - *again*: a step run again after a restart, kept pending from before.
+//! - *held*: a power-down kept pending, waiting for the CDU's word.
 
 mod host;
 
-use host::{cdu_topic, Host, Kept, Start, GPUS, GRACE_MS};
+use host::{cdu_topic, undoing, Host, Kept, Start, GPUS, GRACE_MS};
 use loopwarden_protocol::auth::SigningKey;
 use loopwarden_protocol::samples::{self, demo_signing_key, T0};
 use loopwarden_protocol::{
@@ -124,6 +143,24 @@ enum Op {
     /// A clean stop, this many seconds stopped, and a start from what the
     /// flash kept.
     Restart(u16),
+    /// A crash after the first `done` of the steps running ended well
+    /// (the rest cut, their outcomes not kept), `down_s` seconds down,
+    /// and a start from what the flash kept. What the node handed to
+    /// flash before is there: the shell writes it in order, within
+    /// milliseconds, and a crash before it is a crash one step earlier.
+    Crash { done: u8, down_s: u16 },
+}
+
+/// What the model expects of one step of the node.
+#[derive(Debug, Default)]
+struct Expect {
+    /// The steps run, in order, each with whether it runs again (kept
+    /// pending from before the restart).
+    run: Vec<(CoolingStep, bool)>,
+    /// The steps kept pending from before the restart dropped unrun.
+    dropped: Vec<CoolingStep>,
+    /// The GPUs whose quarantine actions start.
+    quarantined: Vec<u8>,
 }
 
 /// What the sequence says of the host (see the module note).
@@ -143,8 +180,18 @@ struct Model {
     op_seq: u32,
     /// Which GPUs are quarantined.
     quarantined: [bool; GPUS],
-    /// Every step run, with its time, across restarts.
-    ran: Vec<(u64, CoolingStep)>,
+    /// Every step run, with its time and whether it ran again, across
+    /// restarts.
+    ran: Vec<(u64, CoolingStep, bool)>,
+    /// The steps pending in flash, in order: running (`true`) or kept
+    /// from before the start.
+    pending: Vec<(CoolingStep, bool)>,
+    /// The held power-down's end of wait.
+    held_until: Option<u64>,
+    /// Whether a state taken since the start said the rack is cooled.
+    cooled_since_start: bool,
+    /// The power-downs run again since the start.
+    held_runs: usize,
 }
 
 impl Model {
@@ -158,6 +205,10 @@ impl Model {
             op_seq: 0,
             quarantined: [false; GPUS],
             ran: Vec::new(),
+            pending: Vec::new(),
+            held_until: None,
+            cooled_since_start: false,
+            held_runs: 0,
         }
     }
 
@@ -201,6 +252,83 @@ impl Model {
             }
             _ => self.due(),
         }
+    }
+
+    /// A state taken now says `word`: the held power-down decided, then
+    /// the steps the word runs.
+    fn taken(&mut self, word: Word) -> Expect {
+        let steps = self.told(word);
+        self.cooled_since_start |= word == Word::Cooled;
+        let mut e = Expect::default();
+        if self.held_until.is_some() {
+            self.held_decided(&mut e);
+        }
+        e.run.extend(steps.into_iter().map(|s| (s, false)));
+        e
+    }
+
+    /// A round now: the held power-down whose wait is over, then the
+    /// grace.
+    fn round(&mut self) -> Expect {
+        let mut e = Expect::default();
+        if self.held_until.is_some_and(|until| self.t >= until) {
+            self.held_decided(&mut e);
+        }
+        e.run.extend(self.due().into_iter().map(|s| (s, false)));
+        e
+    }
+
+    /// The held power-down decided now: run again while powered down,
+    /// else dropped.
+    fn held_decided(&mut self, e: &mut Expect) {
+        self.held_until = None;
+        match self.phase {
+            Phase::PoweredDown { .. } => e.run.push((CoolingStep::PowerDown, true)),
+            _ => e.dropped.push(CoolingStep::PowerDown),
+        }
+    }
+
+    /// A start now from the flash: every step pending is kept from
+    /// before; each runs again, is held or is dropped (6 and 7).
+    fn start(&mut self) -> Expect {
+        self.held_until = None;
+        self.cooled_since_start = false;
+        self.held_runs = 0;
+        let mut e = Expect::default();
+        for (step, running) in &mut self.pending {
+            *running = false;
+            match (*step, self.phase) {
+                (CoolingStep::PowerDown, Phase::PoweredDown { .. }) => {
+                    self.held_until = Some(self.t + HELD_WAIT_MS.max(GRACE_MS));
+                }
+                (CoolingStep::PowerDown, _) => e.dropped.push(CoolingStep::PowerDown),
+                (step, _) => e.run.push((step, true)),
+            }
+        }
+        e
+    }
+
+    /// The flash's pending steps after `e`: the dropped ones gone, each
+    /// run standing for the same step and the one it undoes.
+    fn keep(&mut self, e: &Expect) {
+        for d in &e.dropped {
+            self.pending.retain(|(s, _)| s != d);
+        }
+        for &(step, _) in &e.run {
+            self.pending
+                .retain(|&(s, _)| s != step && s != undoing(step));
+            self.pending.push((step, true));
+        }
+    }
+
+    /// The first `done` of the steps running ended well.
+    fn ended(&mut self, done: usize) {
+        let mut ended = 0;
+        self.pending.retain(|&(_, running)| {
+            let end = running && ended < done;
+            ended += usize::from(end);
+            !end
+        });
     }
 }
 
@@ -303,24 +431,23 @@ fn word_of(f: &Frame) -> Word {
     }
 }
 
-/// Checks the step whose effects are `host.trail[from..]` against the
-/// steps the model expects (properties 1 to 4) and the GPUs it expects
-/// quarantined in it (property 5); records the steps run.
+/// Checks the step whose effects are `host.trail[from..]` against what
+/// the model expects of it (properties 1 to 7); records the steps run.
 fn check_step(
     m: &mut Model,
     host: &Host,
     from: usize,
-    expected: &[CoolingStep],
-    quarantined: &[u8],
+    e: &Expect,
     what: &str,
 ) -> Result<(), TestCaseError> {
     let mut run = Vec::new();
+    let mut dropped = Vec::new();
     let mut kept = None;
     let mut newly = Vec::new();
     for effect in &host.trail[from..] {
         match effect {
             Effect::KeepCooling(p) => kept = Some(*p),
-            Effect::RunCooling { step, .. } => {
+            Effect::RunCooling { step, reason } => {
                 prop_assert_eq!(
                     kept,
                     Some(m.phase),
@@ -328,25 +455,29 @@ fn check_step(
                     what,
                     step
                 );
-                run.push(*step);
+                let again = reason.ends_with("run again after a restart");
+                check_again(m, *step, again, what)?;
+                run.push((*step, again));
             }
+            Effect::DropCooling(step) => dropped.push(*step),
             Effect::Quarantine { gpu, .. } => newly.push(*gpu),
             _ => {}
         }
     }
-    prop_assert_eq!(&run, expected, "{}: the steps run", what);
+    prop_assert_eq!(&run, &e.run, "{}: the steps run (again)", what);
+    prop_assert_eq!(&dropped, &e.dropped, "{}: the kept steps dropped", what);
     if run.is_empty() {
         prop_assert_eq!(kept, None, "{}: a phase kept with no step", what);
     }
-    m.ran.extend(run.iter().map(|&s| (m.t, s)));
-    prop_assert_eq!(host.node.cooling_phase(), m.phase, "{}: the phase", what);
+    m.ran.extend(run.iter().map(|&(s, again)| (m.t, s, again)));
+    m.keep(e);
+    check_flash(m, host, what)?;
     prop_assert_eq!(
-        host.kept_phase.last().copied().unwrap_or_default(),
-        m.phase,
-        "{}: the phase in flash",
+        newly,
+        e.quarantined.clone(),
+        "{}: quarantine actions started",
         what
     );
-    prop_assert_eq!(newly, quarantined, "{}: quarantine actions started", what);
     for (g, &q) in m.quarantined.iter().enumerate() {
         let state = host.state(g as u8);
         prop_assert_eq!(
@@ -361,51 +492,98 @@ fn check_step(
     Ok(())
 }
 
+/// Property 7 on what the node ran: a power-down again runs once since
+/// the start, and never once a taken state said cooled.
+fn check_again(
+    m: &mut Model,
+    step: CoolingStep,
+    again: bool,
+    what: &str,
+) -> Result<(), TestCaseError> {
+    if step != CoolingStep::PowerDown || !again {
+        return Ok(());
+    }
+    m.held_runs += 1;
+    prop_assert_eq!(
+        m.held_runs,
+        1,
+        "{}: the held power-down ran again twice",
+        what
+    );
+    prop_assert!(
+        !m.cooled_since_start,
+        "{}: the held power-down ran after the CDU said cooled",
+        what
+    );
+    Ok(())
+}
+
+/// Property 4 on the flash: the phase and the pending steps the sequence
+/// gives.
+fn check_flash(m: &Model, host: &Host, what: &str) -> Result<(), TestCaseError> {
+    prop_assert_eq!(host.node.cooling_phase(), m.phase, "{}: the phase", what);
+    prop_assert_eq!(
+        host.kept_phase.last().copied().unwrap_or_default(),
+        m.phase,
+        "{}: the phase in flash",
+        what
+    );
+    prop_assert_eq!(
+        &host.flash_pending,
+        &m.pending,
+        "{}: the steps pending in flash",
+        what
+    );
+    let held = m.held_until;
+    prop_assert_eq!(
+        host.node.cooling_held_until_ms(),
+        held,
+        "{}: the held power-down",
+        what
+    );
+    Ok(())
+}
+
 /// Gives the node `input` now and checks the step.
 fn step(
     m: &mut Model,
     host: &mut Host,
     input: Input<'_>,
-    expected: &[CoolingStep],
-    quarantined: &[u8],
+    e: &Expect,
     what: &str,
 ) -> Result<(), TestCaseError> {
     let from = host.trail.len();
     host.step(m.t, input);
-    check_step(m, host, from, expected, quarantined, what)
+    check_step(m, host, from, e, what)
 }
 
 /// One round a second after the last, every GPU quiet.
 fn round(m: &mut Model, host: &mut Host) -> Result<(), TestCaseError> {
     m.t += 1_000;
     let readings = host::healthy_readings();
-    let expected = m.due();
-    step(m, host, Input::Round(&readings), &expected, &[], "a round")
+    let e = m.round();
+    step(m, host, Input::Round(&readings), &e, "a round")
 }
 
 /// A genuine state of `cdu-a` delivered now: taken as the rules say.
 fn deliver(m: &mut Model, host: &mut Host, f: &Frame, what: &str) -> Result<(), TestCaseError> {
     let taken = m.takes(f.seq, f.time.0);
-    let expected = if taken {
+    let e = if taken {
         m.last_taken = Some((f.seq, f.time.0));
-        m.told(word_of(f))
+        m.taken(word_of(f))
     } else {
-        Vec::new()
+        Expect::default()
     };
     let what = format!("{what} (seq {}, {:?}, taken: {taken})", f.seq, word_of(f));
-    step(
-        m,
-        host,
-        Input::Frame(&cdu_topic(), f),
-        &expected,
-        &[],
-        &what,
-    )
+    step(m, host, Input::Frame(&cdu_topic(), f), &e, &what)
 }
 
 fn play(m: &mut Model, host: &mut Host, op: &Op) -> Result<(), TestCaseError> {
-    // The steps handed out ended well since the last op.
-    host.cooling_ended();
+    if !matches!(op, Op::Crash { .. }) {
+        // The steps handed out ended well since the last op.
+        host.cooling_ended();
+        m.ended(usize::MAX);
+    }
     match *op {
         Op::State {
             word,
@@ -434,7 +612,7 @@ fn play(m: &mut Model, host: &mut Host, op: &Op) -> Result<(), TestCaseError> {
             m.t += 100;
             let (f, topic) = hostile(m, how, word);
             let what = format!("a hostile state ({how:?}, {word:?})");
-            step(m, host, Input::Frame(&topic, &f), &[], &[], &what)?;
+            step(m, host, Input::Frame(&topic, &f), &Expect::default(), &what)?;
         }
         Op::Replay(i) => {
             if !m.sent.is_empty() {
@@ -446,19 +624,23 @@ fn play(m: &mut Model, host: &mut Host, op: &Op) -> Result<(), TestCaseError> {
         Op::Rounds(n) => (0..n).try_for_each(|_| round(m, host))?,
         Op::Xid(gpu) => {
             m.t += 100;
-            let newly: Vec<u8> = (!m.quarantined[gpu as usize])
-                .then_some(gpu)
-                .into_iter()
-                .collect();
+            let e = Expect {
+                quarantined: (!m.quarantined[gpu as usize])
+                    .then_some(gpu)
+                    .into_iter()
+                    .collect(),
+                ..Expect::default()
+            };
             m.quarantined[gpu as usize] = true;
             let xid = Input::Xid {
                 gpu,
                 xid: FATAL_XID,
             };
-            step(m, host, xid, &[], &newly, "a fatal XID")?;
+            step(m, host, xid, &e, "a fatal XID")?;
         }
         Op::Release(gpu) => release(m, host, gpu)?,
         Op::Restart(stopped_s) => restart(m, host, stopped_s)?,
+        Op::Crash { done, down_s } => crash(m, host, done, down_s)?,
     }
     Ok(())
 }
@@ -472,7 +654,13 @@ fn release(m: &mut Model, host: &mut Host, gpu: u8) -> Result<(), TestCaseError>
     let was = std::mem::replace(&mut m.quarantined[gpu as usize], false);
     let acks = host.acks.len();
     let cmd = samples::command_topic();
-    step(m, host, Input::Frame(&cmd, &f), &[], &[], "a release")?;
+    step(
+        m,
+        host,
+        Input::Frame(&cmd, &f),
+        &Expect::default(),
+        "a release",
+    )?;
     if was {
         prop_assert_eq!(host.acks.len(), acks + 1, "a release is answered");
         prop_assert_eq!(host.acks[acks].code, AckCode::Ok);
@@ -484,27 +672,42 @@ fn release(m: &mut Model, host: &mut Host, gpu: u8) -> Result<(), TestCaseError>
 }
 
 /// A clean stop, `stopped_s` seconds stopped, and a start from what the
-/// flash kept: nothing runs at either, and the phase and the quarantines
-/// come back.
+/// flash kept: nothing runs at the stop (the steps handed out ended
+/// before it), a held power-down is held again at the start, and the
+/// phase and the quarantines come back.
 fn restart(m: &mut Model, host: &mut Host, stopped_s: u16) -> Result<(), TestCaseError> {
     m.t += 100;
-    step(m, host, Input::Stop, &[], &[], "the stop")?;
+    step(m, host, Input::Stop, &Expect::default(), "the stop")?;
     m.t += u64::from(stopped_s) * 1_000;
     // The last state taken is kept over the restart (its seq and stamp),
     // so a state from before it sent again is still a replay: the model
     // keeps it, and replays are drawn from before the restart too.
     *host = host.restarted(m.t);
-    check_step(m, host, 0, &[], &[], "the start")
+    let e = m.start();
+    check_step(m, host, 0, &e, "the start")
 }
 
-/// Properties 1 and 3 over every step run: each loss is a drain, a
-/// power-down no sooner than the grace after it, then the undo in
-/// reverse; or a drain and a resume alone.
-fn check_losses(ran: &[(u64, CoolingStep)]) -> Result<(), TestCaseError> {
+/// A crash (no stop) once the first `done` of the steps running ended
+/// well, `down_s` seconds down, and a start from what the flash kept: the
+/// steps cut are pending there (property 4), and decided at the start
+/// (6 and 7).
+fn crash(m: &mut Model, host: &mut Host, done: u8, down_s: u16) -> Result<(), TestCaseError> {
+    m.t += 100;
+    m.ended(usize::from(done));
+    m.t += u64::from(down_s) * 1_000;
+    *host = host.crashed(usize::from(done), m.t);
+    let e = m.start();
+    check_step(m, host, 0, &e, "the start after a crash")
+}
+
+/// Properties 1 and 3 over every step run (those run again left out):
+/// each loss is a drain, a power-down no sooner than the grace after it,
+/// then the undo in reverse; or a drain and a resume alone.
+fn check_losses(ran: &[(u64, CoolingStep, bool)]) -> Result<(), TestCaseError> {
     use CoolingStep::*;
     let mut drained: Option<u64> = None;
     let mut last: Option<CoolingStep> = None;
-    for &(t, s) in ran {
+    for &(t, s, _) in ran.iter().filter(|&&(_, _, again)| !again) {
         let follows = match s {
             Drain => matches!(last, None | Some(Resume)),
             PowerDown => last == Some(Drain),
@@ -562,7 +765,39 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u8..GPUS as u8).prop_map(Op::Xid),
         1 => (0u8..GPUS as u8).prop_map(Op::Release),
         2 => prop_oneof![2 => 0u16..=10, 2 => 10u16..=60, 1 => 60u16..=400].prop_map(Op::Restart),
+        2 => (0u8..=3, prop_oneof![2 => 0u16..=10, 1 => 10u16..=400])
+            .prop_map(|(done, down_s)| Op::Crash { done, down_s }),
     ]
+}
+
+/// A loss, rounds past its grace (the power-down handed out), and a
+/// crash before the power-down's outcome was kept (`done` 0; or 1, when
+/// the rounds found it decided already): the power-down kept pending.
+fn crash_in_the_power_down() -> impl Strategy<Value = Vec<Op>> {
+    let grace_s = (GRACE_MS / 1_000) as u16;
+    (grace_s..grace_s + 5, 0u8..=1, 0u16..=60).prop_map(|(rounds, done, down_s)| {
+        vec![
+            Op::State {
+                word: Word::Lost,
+                other_lost: false,
+                late_s: 0,
+            },
+            Op::Rounds(rounds),
+            Op::Crash { done, down_s },
+        ]
+    })
+}
+
+/// Plays `ops` from a first start, checking each step and the losses as
+/// a whole (see the module note).
+fn play_all(ops: &[Op]) -> Result<(), TestCaseError> {
+    let mut m = Model::new();
+    let mut host = Host::new();
+    check_step(&mut m, &host, 0, &Expect::default(), "the first start")?;
+    for op in ops {
+        play(&mut m, &mut host, op)?;
+    }
+    check_losses(&m.ran)
 }
 
 /// A host started at `at` from a flash that kept a power-down pending
@@ -668,12 +903,17 @@ proptest! {
     fn a_loss_drains_waits_the_grace_and_only_the_cdu_undoes_it(
         ops in prop::collection::vec(op(), 1..50),
     ) {
-        let mut m = Model::new();
-        let mut host = Host::new();
-        check_step(&mut m, &host, 0, &[], &[], "the first start")?;
-        for op in &ops {
-            play(&mut m, &mut host, op)?;
-        }
-        check_losses(&m.ran)?;
+        play_all(&ops)?;
+    }
+
+    #[test]
+    fn a_power_down_cut_by_a_crash_runs_again_once_unless_the_cdu_says_cooled_first(
+        (before, cut, after) in (
+            prop::collection::vec(op(), 0..15),
+            crash_in_the_power_down(),
+            prop::collection::vec(op(), 1..30),
+        ),
+    ) {
+        play_all(&[before, cut, after].concat())?;
     }
 }
