@@ -147,7 +147,8 @@ fn split(sig: &Signature) -> [[u8; 32]; 2] {
 
 impl Frame {
     /// Signs a command frame for the target whose `cmd` topic is `to` (a
-    /// CDU state: for the topic it is published on), with the sender's key
+    /// CDU state or a resend request: for the topic it is published on),
+    /// with the sender's key
     /// `key_id`. Call it last: any change to the frame afterwards breaks
     /// the signature.
     pub fn sign(&mut self, to: &Topic, key_id: u8, key: &SigningKey) -> Result<(), AuthError> {

@@ -151,7 +151,7 @@ impl fmt::Display for TopicError {
             TopicError::UnknownRole => write!(f, "topic role is neither host nor cdu"),
             TopicError::UnknownFamily => write!(
                 f,
-                "topic family is not one of telemetry, health, event, cmd, ack, online"
+                "topic family is not one of telemetry, health, event, cmd, ack, online, resend, resent"
             ),
             TopicError::BadName(e) => write!(f, "topic name: {e}"),
             TopicError::TooLong => write!(f, "topic longer than {TOPIC_MAX} bytes"),
