@@ -183,13 +183,14 @@ impl FakeNvml {
         cmd
     }
 
-    /// The same fake, logging nothing (for a measurement of the agent's
-    /// own cost).
-    fn without_log(self) -> Self {
+    /// The same fake without its log and control file: no call writes,
+    /// and the event set's wait blocks its whole timeout instead of
+    /// polling (for a measurement of the agent's own cost).
+    fn quiet(self) -> Self {
         let text = std::fs::read_to_string(&self.script).expect("the fake's script");
         let kept: String = text
             .lines()
-            .filter(|l| !l.starts_with("log "))
+            .filter(|l| !l.starts_with("log ") && !l.starts_with("control "))
             .map(|l| format!("{l}\n"))
             .collect();
         std::fs::write(&self.script, kept).expect("the fake's script");
@@ -1113,7 +1114,7 @@ fn measure_the_agents_own_cost_on_8_fake_gpus() {
     let (Some(lib), Some(rig)) = (fake_library(), Rig::start("h69")) else {
         return;
     };
-    let fake = FakeNvml::new(lib, rig.dir.path(), 8, HOST_GPUS).without_log();
+    let fake = FakeNvml::new(lib, rig.dir.path(), 8, HOST_GPUS).quiet();
     let nvml = measure(
         &rig,
         &fake,

@@ -66,7 +66,8 @@ const DRIVER_VERSION: &str = "550.54.15";
 const _: () = assert!(DRIVER_VERSION.len() < SYSTEM_DRIVER_VERSION_BUFFER_SIZE as usize);
 /// The longest the control file goes unread.
 const CONTROL_EVERY: Duration = Duration::from_millis(20);
-/// How often the event set's wait looks for a queued XID.
+/// How often the event set's wait looks for a queued XID (with a control
+/// file).
 const WAIT_POLL: Duration = Duration::from_millis(50);
 
 /// Every numeric key of a GPU, with its value until the script sets it.
@@ -165,11 +166,10 @@ impl Gpu {
 /// `s`, if it fits a buffer of `size` bytes with its NUL, as NVML's
 /// names do.
 fn fits(s: String, size: c_uint) -> Result<String, String> {
-    if s.len() < size as usize {
-        Ok(s)
-    } else {
-        Err(format!("{s:?} is longer than NVML's {} bytes", size - 1))
-    }
+    let room = size as usize - 1;
+    (s.len() <= room)
+        .then_some(s)
+        .ok_or(format!("longer than NVML's {room} bytes"))
 }
 
 /// The control file and how far it was read.
@@ -207,10 +207,7 @@ impl Fake {
     /// The fake the script at `path` describes.
     fn load(path: &str) -> Result<Fake, String> {
         let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
-        let mut fake = Fake {
-            inits: 1,
-            ..Fake::default()
-        };
+        let mut fake = Fake::default();
         for (n, line) in text.lines().enumerate() {
             fake.script_line(line)
                 .map_err(|e| format!("line {}: {e}", n + 1))?;
@@ -282,7 +279,7 @@ impl Fake {
         match word.parse::<usize>() {
             Ok(i) if i < self.gpus.len() => Ok(i),
             _ => Err(format!(
-                "no GPU {word:?} (the script gives {}; `gpus N` comes first)",
+                "no GPU {word:?} of {} (`gpus N` first)",
                 self.gpus.len()
             )),
         }
@@ -457,26 +454,22 @@ fn put_str(buf: *mut c_char, len: c_uint, s: &str) -> Return {
 #[no_mangle]
 pub extern "C" fn nvmlInit_v2() -> Return {
     let mut guard = lock();
-    if let Some(fake) = guard.as_mut() {
-        fake.inits += 1;
-        fake.note("nvmlInit_v2", "-", &format!(" {}", std::process::id()));
-        return SUCCESS;
+    if guard.is_none() {
+        let path = std::env::var("FAKE_NVML_SCRIPT").unwrap_or_default();
+        match Fake::load(&path) {
+            Ok(fake) => *guard = Some(fake),
+            Err(e) => {
+                eprintln!("fake NVML: FAKE_NVML_SCRIPT={path:?}: {e}");
+                return ERROR_DRIVER_NOT_LOADED;
+            }
+        }
     }
-    let Ok(path) = std::env::var("FAKE_NVML_SCRIPT") else {
-        eprintln!("fake NVML: FAKE_NVML_SCRIPT is not set");
-        return ERROR_DRIVER_NOT_LOADED;
+    let Some(fake) = guard.as_mut() else {
+        return ERROR_UNKNOWN;
     };
-    match Fake::load(&path) {
-        Ok(mut fake) => {
-            fake.note("nvmlInit_v2", "-", &format!(" {}", std::process::id()));
-            *guard = Some(fake);
-            SUCCESS
-        }
-        Err(e) => {
-            eprintln!("fake NVML: {path}: {e}");
-            ERROR_UNKNOWN
-        }
-    }
+    fake.inits += 1;
+    fake.note("nvmlInit_v2", "-", &format!(" {}", std::process::id()));
+    SUCCESS
 }
 
 #[no_mangle]
@@ -750,18 +743,25 @@ pub unsafe extern "C" fn nvmlEventSetFree(set: EventSet) -> Return {
 }
 
 /// The next queued XID of a GPU registered on set `id`, taken off the
-/// queue; `Err` when there is no such set.
-fn next_xid(id: usize) -> Result<Option<(usize, u64)>, Return> {
+/// queue, and whether more can come (there is a control file); `Err` when
+/// there is no such set. The wait is logged when `first`.
+fn next_xid(id: usize, first: bool) -> Result<(Option<(usize, u64)>, bool), Return> {
     let mut guard = lock();
     let Some(fake) = guard.as_mut() else {
         return Err(ERROR_UNINITIALIZED);
     };
     fake.poll_control();
+    if first {
+        fake.note("nvmlEventSetWait_v2", "-", "");
+    }
     let Some(&mask) = fake.sets.get(&id) else {
         return Err(ERROR_INVALID_ARGUMENT);
     };
     let at = fake.xids.iter().position(|(gpu, _)| mask & (1 << gpu) != 0);
-    Ok(at.and_then(|at| fake.xids.remove(at)))
+    Ok((
+        at.and_then(|at| fake.xids.remove(at)),
+        fake.control.is_some(),
+    ))
 }
 
 #[no_mangle]
@@ -771,29 +771,28 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
     timeout_ms: c_uint,
 ) -> Return {
     let deadline = Instant::now() + Duration::from_millis(timeout_ms.into());
-    let begun = on_fake("nvmlEventSetWait_v2", "-", "", |_| SUCCESS);
-    if begun != SUCCESS {
-        return begun;
-    }
+    let mut first = true;
     loop {
-        match next_xid(set as usize) {
+        let (next, more) = match next_xid(set as usize, std::mem::take(&mut first)) {
+            Ok(v) => v,
             Err(e) => return e,
-            Ok(Some((gpu, xid))) => {
-                let event = EventData {
-                    device: handle(gpu),
-                    event_type: EVENT_TYPE_XID_CRITICAL_ERROR,
-                    event_data: xid,
-                    gpu_instance_id: u32::MAX,
-                    compute_instance_id: u32::MAX,
-                };
-                return put(data, event);
-            }
-            Ok(None) => {}
+        };
+        if let Some((gpu, xid)) = next {
+            let event = EventData {
+                device: handle(gpu),
+                event_type: EVENT_TYPE_XID_CRITICAL_ERROR,
+                event_data: xid,
+                gpu_instance_id: u32::MAX,
+                compute_instance_id: u32::MAX,
+            };
+            return put(data, event);
         }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return ERROR_TIMEOUT;
         }
-        std::thread::sleep(left.min(WAIT_POLL));
+        // Without a control file no XID can come: the whole timeout is
+        // slept, as a driver's wait blocks, instead of polling.
+        std::thread::sleep(if more { left.min(WAIT_POLL) } else { left });
     }
 }
