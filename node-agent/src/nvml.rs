@@ -136,7 +136,9 @@ pub trait NvmlApi: Send + Sync + 'static {
     fn clocks_mhz(&self, gpu: u32) -> NvmlResult<(u32, u32)>;
     /// `nvmlDeviceGetUtilizationRates`, the GPU part, %.
     fn utilization(&self, gpu: u32) -> NvmlResult<u32>;
-    /// `nvmlDeviceGetCurrentClocksEventReasons`, NVML's bits.
+    /// `nvmlDeviceGetCurrentClocksThrottleReasons` (what nvml-wrapper
+    /// calls; newer drivers also name it `…ClocksEventReasons`, with the
+    /// same bits), NVML's bits.
     fn throttle_bits(&self, gpu: u32) -> NvmlResult<u64>;
     /// `nvmlDeviceGetEccMode`: whether ECC is on now.
     fn ecc_enabled(&self, gpu: u32) -> NvmlResult<bool>;

@@ -333,7 +333,7 @@ impl NvmlApi for FakeNvml {
         })
     }
     fn throttle_bits(&self, gpu: u32) -> NvmlResult<u64> {
-        self.answer(gpu, "nvmlDeviceGetCurrentClocksEventReasons", |a| {
+        self.answer(gpu, "nvmlDeviceGetCurrentClocksThrottleReasons", |a| {
             a.throttle_bits.clone()
         })
     }
@@ -713,7 +713,7 @@ fn failures_other_than_not_supported_fail_the_sample() {
     assert!(matches!(
         sample_error(|a| a.throttle_bits = Err(NvmlFailure::Timeout)),
         GpuError::Failed {
-            what: "nvmlDeviceGetCurrentClocksEventReasons",
+            what: "nvmlDeviceGetCurrentClocksThrottleReasons",
             ..
         }
     ));

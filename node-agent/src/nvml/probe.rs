@@ -91,7 +91,7 @@ fn calls<'a, A: NvmlApi>() -> Vec<Call<'a, A>> {
             Box::new(|a: &A, i| ok(a.utilization(i))),
         ),
         (
-            "nvmlDeviceGetCurrentClocksEventReasons".into(),
+            "nvmlDeviceGetCurrentClocksThrottleReasons".into(),
             Box::new(|a: &A, i| ok(a.throttle_bits(i))),
         ),
         (

@@ -151,7 +151,7 @@ impl<A: NvmlApi> NvmlGpu<A> {
         if let Some(u) = self.ask(call::UTIL, what, |a, i| a.utilization(i))? {
             s.util = Percent::new(u.min(100) as u8).unwrap_or(Percent::FULL);
         }
-        let what = "nvmlDeviceGetCurrentClocksEventReasons";
+        let what = "nvmlDeviceGetCurrentClocksThrottleReasons";
         if let Some(bits) = self.ask(call::THROTTLE, what, |a, i| a.throttle_bits(i))? {
             s.throttle = throttle_from_nvml(bits);
         }
