@@ -592,8 +592,11 @@ impl Core {
         pumps: &pumps::PumpsNow,
         log: &mut Log,
     ) -> (CoreConfig, bool) {
-        self.rejection
-            .watch(t, sensed.trusted.supply, self.applied.0);
+        // Judged on the supply sensor itself: a stand-in for a lost one
+        // (the GPUs' word on factors not yet learned) is no evidence that
+        // the supply cannot be held, and a short believed holds for ten
+        // minutes.
+        self.rejection.watch(t, sensed.read.supply, self.applied.0);
         let short = self.rejection.short();
         let running = t.rd.pumps_running.iter().filter(|r| **r).count();
         let given = Given {
