@@ -30,7 +30,8 @@
 //! - *proposal*: the last finished search's choice.
 //! - *rejection short*: the supply has stayed 1.5 K above its setpoint for
 //!   two minutes without coming down; the search plans without the chiller
-//!   until the supply has tracked for ten minutes ([`RejectionWatch`]).
+//!   until the supply sensor has tracked for ten minutes, a lone spike
+//!   above not restarting them ([`RejectionWatch`]).
 //! - *host plan*: what a host is planned with: its fresh report, else the
 //!   hall's average from the IT meter (`host_plans`).
 
@@ -547,33 +548,53 @@ impl RejectionWatch {
         self.short
     }
 
-    /// Watches the trusted `supply` against the setpoint last commanded,
+    /// Watches the `supply` sensor against the setpoint last commanded,
     /// `setpoint_c`, in step `t`.
     pub(crate) fn watch(&mut self, t: &Tick<'_>, supply: Option<f32>, setpoint_c: f32) {
-        let (now, dt) = (t.now, t.dt);
         if let Some(s) = supply {
-            if let (Some(prev), true) = (self.supply_prev, dt > 0.0) {
-                let rate = (s - prev) / dt;
-                self.supply_rate += (rate - self.supply_rate) * (dt / 30.0).min(1.0);
+            self.watch_at(t.now, t.dt, s, setpoint_c);
+        }
+    }
+
+    /// One reading `s` at `now` (ms), `dt` s after the last step. Short
+    /// after [`SHORT_AFTER_MS`] well above the setpoint and not coming
+    /// down; no longer once it tracked for [`TRACKED_AFTER_MS`]. The
+    /// tracking restarts only when the supply stays well above for
+    /// [`TRACK_BROKEN_AFTER_MS`]: one sample off (a spike on the line) is
+    /// no evidence either way.
+    fn watch_at(&mut self, now: u64, dt: f32, s: f32, setpoint_c: f32) {
+        if let (Some(prev), true) = (self.supply_prev, dt > 0.0) {
+            let rate = (s - prev) / dt;
+            self.supply_rate += (rate - self.supply_rate) * (dt / 30.0).min(1.0);
+        }
+        self.supply_prev = Some(s);
+        if s > setpoint_c + 1.5 && self.supply_rate > -0.005 {
+            let above_ms = now.saturating_sub(*self.short_since.get_or_insert(now));
+            if above_ms >= SHORT_AFTER_MS {
+                self.short = true;
             }
-            self.supply_prev = Some(s);
-            let cmd = setpoint_c;
-            if s > cmd + 1.5 && self.supply_rate > -0.005 {
-                let since = *self.short_since.get_or_insert(now);
-                if now.saturating_sub(since) >= 120_000 && !self.short {
-                    self.short = true;
-                }
+            if above_ms >= TRACK_BROKEN_AFTER_MS {
                 self.tracking_since = None;
-            } else if s < cmd + 0.5 {
-                self.short_since = None;
-                let since = *self.tracking_since.get_or_insert(now);
-                if now.saturating_sub(since) >= 600_000 {
-                    self.short = false;
-                }
+            }
+        } else if s < setpoint_c + 0.5 {
+            self.short_since = None;
+            let since = *self.tracking_since.get_or_insert(now);
+            if now.saturating_sub(since) >= TRACKED_AFTER_MS {
+                self.short = false;
             }
         }
     }
 }
+
+/// How long the supply stays well above its setpoint before rejection is
+/// believed short, ms.
+const SHORT_AFTER_MS: u64 = 120_000;
+/// How long the supply tracks its setpoint before rejection is no longer
+/// believed short, ms.
+const TRACKED_AFTER_MS: u64 = 600_000;
+/// How long the supply stays well above its setpoint before the tracking
+/// starts again, ms.
+const TRACK_BROKEN_AFTER_MS: u64 = 30_000;
 
 /// What the optimiser plans each host with in step `t`: its fresh report,
 /// else the hall's average from the IT meter `seen.it_w`. Hosts of racks
@@ -764,5 +785,40 @@ mod tests {
             p.speed > 0.8 && p.work > slow.work,
             "{p:?} against {slow:?}"
         );
+    }
+
+    #[test]
+    fn rejection_is_short_after_two_minutes_above_and_spikes_do_not_keep_it_so() {
+        let mut w = RejectionWatch::new();
+        let sp = 40.0;
+        // Two minutes well above, not coming down: short.
+        for s in 0..=120u64 {
+            w.watch_at(s * 1000, 1.0, sp + 3.0, sp);
+        }
+        assert!(w.short());
+        // Back on the setpoint, with a 20 K spike every 45 s: the ten
+        // minutes of tracking still end it.
+        let t0 = 121u64;
+        for s in t0..t0 + 601 {
+            let spike = if (s - t0) % 45 == 44 { 20.0 } else { 0.0 };
+            w.watch_at(s * 1000, 1.0, sp + spike, sp);
+        }
+        assert!(!w.short(), "one sample off is no evidence");
+        // Short again, then half a minute well above while tracking: the
+        // ten minutes start again.
+        let mut w = RejectionWatch::new();
+        for s in 0..=120u64 {
+            w.watch_at(s * 1000, 1.0, sp + 3.0, sp);
+        }
+        for s in 121..421u64 {
+            w.watch_at(s * 1000, 1.0, sp, sp);
+        }
+        for s in 421..452u64 {
+            w.watch_at(s * 1000, 1.0, sp + 3.0, sp);
+        }
+        for s in 452..1100u64 {
+            w.watch_at(s * 1000, 1.0, sp, sp);
+            assert_eq!(w.short(), s < 452 + 600, "at {s} s");
+        }
     }
 }
