@@ -342,12 +342,7 @@ impl RealAgent {
 
     /// [`RealAgent::start`] with the `node-agent` at `bin`.
     fn start_at(rig: &Rig, fake: &FakeNvml, bin: &Path, config: &Path) -> RealAgent {
-        let log = rig.dir.path().join("agent.log");
-        let stderr = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)
-            .expect("agent log");
+        let (stderr, log) = rig.agent_log();
         let child = fake
             .agent_at(bin, &["run", "--config"])
             .arg(config)

@@ -125,6 +125,18 @@ impl Rig {
         self.dir.path().join("agent.flash")
     }
 
+    /// `agent.log` in the rig's folder, opened for an agent process's
+    /// output to be appended (across its restarts); and its path.
+    pub fn agent_log(&self) -> (std::fs::File, PathBuf) {
+        let path = self.dir.path().join("agent.log");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .expect("agent log");
+        (file, path)
+    }
+
     /// The flags of a host of rack `rack` whose cooling-loss steps only
     /// note themselves, after a grace of `grace_s`: each step appends
     /// `<step> <host> <rack>` to the log, whose path comes with them.
@@ -633,12 +645,7 @@ pub mod twin_process {
             args.push("--flash".into());
             args.push(self.flash().display().to_string());
             args.extend(flags.iter().cloned());
-            let log_path = self.dir.path().join("agent.log");
-            let log = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&log_path)
-                .expect("agent log");
+            let (log, log_path) = self.agent_log();
             let mut child = Command::new(std::env::current_exe().expect("the test binary"))
                 .args([
                     entry,
