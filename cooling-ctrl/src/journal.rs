@@ -525,7 +525,7 @@ mod tests {
         }
         let r = ControllerFlash::open(Some(&path)).unwrap().recorder;
         assert_eq!(r.path(), Some(path.as_path()));
-        let entries = rt.block_on(r.read()).unwrap();
+        let entries = rt.block_on(r.read()).unwrap().entries;
         assert_eq!(entries.len(), 2);
         let v: Vec<Value> = entries.iter().map(describe).collect();
         assert_eq!(v[0]["event"]["cdu_mode_changed"]["to"], "normal", "{v:?}");

@@ -107,9 +107,22 @@ pub fn resends(v: &Value) -> String {
     )
 }
 
-/// The `events` answer (`{"events": [{"seq", "time_ms", "event", "text"}]}`)
-/// as a table, each event as its sentence; `no events` when empty.
+/// The `events` answer (`{"events": [{"seq", "time_ms", "event", "text"}],
+/// "queued_for_flash"}`) as a table, each event as its sentence; `no
+/// events` when empty. Writes still queued for the flash when it was read
+/// (a storm's) are said below it: their events are not in it yet.
 pub fn events_table(v: &Value) -> String {
+    let mut out = events_rows(v);
+    match v["queued_for_flash"].as_u64() {
+        Some(n) if n > 0 => out.push_str(&format!(
+            "({n} writes were still queued for the flash: events among them are not shown yet; ask again)\n"
+        )),
+        _ => {}
+    }
+    out
+}
+
+fn events_rows(v: &Value) -> String {
     let rows: Vec<Vec<String>> = v["events"]
         .as_array()
         .map(|a| {
@@ -185,6 +198,14 @@ mod tests {
         assert_eq!(text(&json!([1, "a"])), "1,a");
         assert_eq!(text(&json!("a")), "a");
         assert_eq!(events_table(&json!({"events": []})), "no events\n");
+        assert_eq!(
+            events_table(&json!({"events": [], "queued_for_flash": 2})),
+            "no events\n(2 writes were still queued for the flash: events among them are not shown yet; ask again)\n"
+        );
+        assert_eq!(
+            events_table(&json!({"events": [], "queued_for_flash": 0})),
+            "no events\n"
+        );
         let v = json!({"events": [
             {"seq": 7, "time_ms": 1_795_953_600_123u64, "event": {"leak": {}}, "text": "rack 1: leak detected"},
             {"seq": 8, "time_ms": 1_795_953_600_123u64, "event": {"pump_seized": {}}},

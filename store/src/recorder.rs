@@ -26,6 +26,13 @@
 //! rate-limited before they get here, so a flood on a host's `cmd` topic
 //! cannot fill it.
 //!
+//! A read of the log for the console waits behind the jobs queued, so it
+//! shows what was done before it; but past [`READ_AHEAD_OVER`] jobs (a
+//! storm of XIDs queues thousands, each synced) it goes ahead of them:
+//! the field engineer asking for the events must not wait minutes. It
+//! then shows the log as it is in flash and says how many jobs were still
+//! queued ([`LogRead::queued`]); asked again later, it shows them.
+//!
 //! Glossary:
 //! - *record*: an event-log entry (an event, or an accepted command kept
 //!   whole) or a config-store value (a GPU's health, the sequence floor).
@@ -36,7 +43,7 @@
 use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use loopwarden_flash::{ConfigStore, EventLog};
@@ -96,16 +103,36 @@ enum Job {
         block: u32,
         done: oneshot::Sender<Result<u32, String>>,
     },
+    /// A read of the log, in its turn.
     Read {
-        done: oneshot::Sender<Result<Vec<Entry>, String>>,
+        done: oneshot::Sender<Result<LogRead, String>>,
     },
+    /// Wakes the thread for the reads waiting in [`Reads`].
+    Wake,
     Flush {
         done: oneshot::Sender<()>,
     },
 }
 
+/// The event log as a read found it in flash.
+#[derive(Debug, Clone)]
+pub struct LogRead {
+    /// Every entry, oldest first.
+    pub entries: Vec<Entry>,
+    /// Jobs handed over and not yet done when it was read: records among
+    /// them are not in `entries` yet.
+    pub queued: usize,
+}
+
+/// Reads of the log waiting for the thread: served before its next job.
+type Reads = Arc<Mutex<Vec<oneshot::Sender<Result<LogRead, String>>>>>;
+
 /// Frames kept in memory while the outbox is full.
 const UNSENT_MAX: usize = 256;
+
+/// Jobs queued beyond which a read of the log goes ahead of them (each
+/// a synced write, some milliseconds: under a second behind fewer).
+pub const READ_AHEAD_OVER: usize = 64;
 
 /// Jobs queued for the thread beyond which what can be lost is dropped.
 pub const JOBS_MAX: usize = 4096;
@@ -132,6 +159,8 @@ pub struct Recorder {
     path: Option<Arc<Path>>,
     /// Frames waiting for room in the outbox, and dropped from that wait.
     waiting: Arc<(AtomicU64, AtomicU64)>,
+    /// Reads of the log waiting for the thread.
+    reads: Reads,
 }
 
 impl std::fmt::Debug for Recorder {
@@ -185,10 +214,14 @@ struct Worker {
     unsent: VecDeque<Held>,
     /// Frames waiting, and frames dropped from the wait.
     counts: Arc<(AtomicU64, AtomicU64)>,
+    /// Reads of the log waiting: served before the next job.
+    reads: Reads,
+    /// Jobs handed over and not yet done.
+    queued: Arc<AtomicUsize>,
 }
 
 impl Worker {
-    fn run(mut self, rx: mpsc::Receiver<Job>, queued: Arc<AtomicUsize>) {
+    fn run(mut self, rx: mpsc::Receiver<Job>) {
         loop {
             // While frames wait for the outbox, look again every second.
             let job = if self.unsent.is_empty() {
@@ -204,11 +237,35 @@ impl Worker {
                 }
             };
             self.retry_unsent();
-            if let Some(job) = job {
-                queued.fetch_sub(1, Ordering::Relaxed);
-                self.handle(job);
+            self.serve_reads();
+            match job {
+                Some(Job::Wake) | None => {}
+                Some(job) => {
+                    self.queued.fetch_sub(1, Ordering::Relaxed);
+                    self.handle(job);
+                }
             }
         }
+    }
+
+    /// Answers the reads waiting, ahead of the jobs queued (the one just
+    /// taken counted among them).
+    fn serve_reads(&mut self) {
+        let waiting = std::mem::take(&mut *self.reads.lock().unwrap_or_else(|e| e.into_inner()));
+        if waiting.is_empty() {
+            return;
+        }
+        let read = self.read_now();
+        for done in waiting {
+            let _ = done.send(read.clone());
+        }
+    }
+
+    /// The log in flash, and the jobs queued.
+    fn read_now(&mut self) -> Result<LogRead, String> {
+        let entries = self.read()?;
+        let queued = self.queued.load(Ordering::Relaxed);
+        Ok(LogRead { entries, queued })
     }
 
     /// Publishes what waits, in order, until one is held again.
@@ -361,8 +418,9 @@ impl Worker {
                 let _ = done.send(());
             }
             Job::Read { done } => {
-                let _ = done.send(self.read());
+                let _ = done.send(self.read_now());
             }
+            Job::Wake => {}
         }
     }
 }
@@ -376,16 +434,19 @@ impl Recorder {
         let queued = Arc::new(AtomicUsize::new(0));
         let taken = queued.clone();
         let waiting = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
+        let reads = Reads::default();
         let worker = Worker {
             log,
             store,
             bus: None,
             unsent: VecDeque::new(),
             counts: waiting.clone(),
+            reads: reads.clone(),
+            queued: taken,
         };
         std::thread::Builder::new()
             .name("recorder".into())
-            .spawn(move || worker.run(rx, taken))?;
+            .spawn(move || worker.run(rx))?;
         Ok(Self {
             jobs,
             queued,
@@ -393,6 +454,7 @@ impl Recorder {
             dropped: Arc::new(AtomicU64::new(0)),
             path: path.map(Arc::from),
             waiting,
+            reads,
         })
     }
 
@@ -610,10 +672,25 @@ impl Recorder {
         }
     }
 
-    /// Every log entry, oldest first (after what is queued before it).
-    pub async fn read(&self) -> Result<Vec<Entry>, String> {
+    /// Every log entry in flash, oldest first, and the jobs still queued:
+    /// after what was handed over before, unless more than
+    /// [`READ_AHEAD_OVER`] jobs wait; then ahead of them (it waits for
+    /// the one being done only). To read all that was handed over
+    /// before, [`flush`](Self::flush) first.
+    pub async fn read(&self) -> Result<LogRead, String> {
         let (done, rx) = oneshot::channel();
-        self.vital(Job::Read { done }, "a read of the log")?;
+        if self.queued.load(Ordering::Relaxed) <= READ_AHEAD_OVER {
+            self.vital(Job::Read { done }, "a read of the log")?;
+        } else {
+            self.reads
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(done);
+            // The wake-up is not a job: never dropped, never counted.
+            if self.jobs.send(Job::Wake).is_err() {
+                return Err(Self::gone());
+            }
+        }
         rx.await.map_err(|_| Self::gone())?
     }
 }
@@ -622,6 +699,7 @@ impl Recorder {
 mod tests {
     use super::*;
     use loopwarden_protocol::{samples, MessageKind};
+    use std::future::Future;
 
     /// A recorder that drops what may be lost once `n` jobs wait, and
     /// that no thread drains.
@@ -634,6 +712,7 @@ mod tests {
             dropped: Arc::new(AtomicU64::new(0)),
             path: None,
             waiting: Arc::new((AtomicU64::new(0), AtomicU64::new(0))),
+            reads: Reads::default(),
         };
         (r, rx)
     }
@@ -662,6 +741,49 @@ mod tests {
             r.publish(samples::message(MessageKind::Ack), TimestampMs(0), false);
         }
         assert_eq!(r.dropped(), 3);
+    }
+
+    #[test]
+    fn a_read_behind_many_jobs_goes_ahead_and_counts_them() {
+        let stores = crate::agent_flash::open(None).expect("a memory flash");
+        let (r, rx) = stalled(JOBS_MAX);
+        for i in 0..100u8 {
+            r.append(TimestampMs(u64::from(i)), 1, vec![i]);
+        }
+        let mut read = std::pin::pin!(r.read());
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        assert!(read.as_mut().poll(&mut cx).is_pending(), "no thread yet");
+        // The thread starts with the 100 appends and the read queued.
+        let worker = Worker {
+            log: stores.log,
+            store: stores.store,
+            bus: None,
+            unsent: VecDeque::new(),
+            counts: r.waiting.clone(),
+            reads: r.reads.clone(),
+            queued: r.queued.clone(),
+        };
+        std::thread::spawn(move || worker.run(rx));
+        let first = futures::executor::block_on(read).expect("the log");
+        assert!(first.entries.is_empty(), "{:?}", first.entries);
+        assert_eq!(first.queued, 100, "served before the first write");
+        futures::executor::block_on(r.flush());
+        let after = futures::executor::block_on(r.read()).expect("the log");
+        assert_eq!(after.entries.len(), 100);
+        assert_eq!(after.queued, 0);
+        assert_eq!(after.entries[99].body, [99]);
+    }
+
+    #[test]
+    fn a_read_behind_few_jobs_waits_for_them() {
+        let stores = crate::agent_flash::open(None).expect("a memory flash");
+        let r = Recorder::start(stores.log, stores.store, None).expect("the thread");
+        for i in 0..READ_AHEAD_OVER as u8 {
+            r.append(TimestampMs(u64::from(i)), 1, vec![i]);
+        }
+        let read = futures::executor::block_on(r.read()).expect("the log");
+        assert_eq!(read.entries.len(), READ_AHEAD_OVER, "all written before");
+        assert_eq!(read.queued, 0);
     }
 
     #[test]

@@ -55,8 +55,9 @@ pub async fn answer_as(ctx: &Context, req: Request, operator: &str) -> Value {
         Request::Events { since } => {
             let since = since.unwrap_or(0);
             match ctx.recorder.read().await {
-                Ok(entries) => json!({
-                    "events": entries
+                Ok(read) => json!({
+                    "events": read
+                        .entries
                         .iter()
                         .filter(|e| e.time.0 >= since)
                         // An event's frame number is bookkeeping for
@@ -67,6 +68,7 @@ pub async fn answer_as(ctx: &Context, req: Request, operator: &str) -> Value {
                             _ => journal::describe(e),
                         })
                         .collect::<Vec<_>>(),
+                    "queued_for_flash": read.queued,
                 }),
                 Err(e) => json!({ "error": format!("reading the event log: {e}") }),
             }

@@ -208,12 +208,12 @@ fn caps_view(snap: &Snapshot, now: TimestampMs) -> Value {
 }
 
 async fn events_view(ctx: &Context, since: u64) -> Value {
-    let entries = match ctx.recorder.read().await {
-        Ok(e) => e,
+    let read = match ctx.recorder.read().await {
+        Ok(r) => r,
         Err(e) => return json!({ "error": format!("reading the event log: {e}") }),
     };
     let mut events = Vec::new();
-    for r in entries.iter().filter(|r| r.time.0 >= since) {
+    for r in read.entries.iter().filter(|r| r.time.0 >= since) {
         if r.kind == loopwarden_store::resend::PUBLISHED {
             continue; // an event's frame number: bookkeeping for resends
         }
@@ -247,7 +247,7 @@ async fn events_view(ctx: &Context, since: u64) -> Value {
         };
         events.push(json!({ "seq": r.seq, "time_ms": r.time.0, "event": what, "text": text }));
     }
-    json!({ "events": events })
+    json!({ "events": events, "queued_for_flash": read.queued })
 }
 
 /// A command kept in the event log: as `{name: {from, seq, body}}` (the

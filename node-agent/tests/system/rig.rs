@@ -621,6 +621,18 @@ pub mod twin_process {
         /// appended to `agent.log` in the rig's directory
         /// ([`TwinProcess::log`]). Returns once its console answers.
         pub fn spawn_twin_process(&self, entry: &str, gpus: u8, flags: &[String]) -> TwinProcess {
+            self.spawn_twin_process_with(entry, gpus, flags, &[])
+        }
+
+        /// [`Rig::spawn_twin_process`] with these variables set in the
+        /// agent's environment (a fault injected, as a slow flash).
+        pub fn spawn_twin_process_with(
+            &self,
+            entry: &str,
+            gpus: u8,
+            flags: &[String],
+            env: &[(&str, &str)],
+        ) -> TwinProcess {
             let console = self.console();
             let mut args: Vec<String> = [
                 "--twin-gpus",
@@ -659,6 +671,7 @@ pub mod twin_process {
                     serde_json::to_string(&args).expect("JSON"),
                 )
                 .env("RUST_LOG", "info,rumqttc=warn")
+                .envs(env.iter().copied())
                 .stdin(Stdio::piped())
                 .stdout(Stdio::null())
                 .stderr(log)
