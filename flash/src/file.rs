@@ -7,6 +7,10 @@
 //! number of milliseconds when the file is opened, every sync takes that
 //! much longer, as on a slow or busy disk. It is read once, at
 //! [`FileFlash::open`]; [`FileFlash::sync_delay`] says what was set.
+//!
+//! A file that is missing or 0 bytes long is made erased at opening, and
+//! [`FileFlash::created`] says so: what it holds is nothing an earlier run
+//! kept (a replaced disk, a state folder not mounted, a path changed).
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -114,11 +118,13 @@ pub struct FileFlash<const WRITE: usize, const ERASE: usize> {
     program_page: usize,
     /// Injected extra time per sync ([`SYNC_DELAY_ENV`]).
     sync_delay: Option<Duration>,
+    /// The file was made erased at this opening.
+    created: bool,
 }
 
 impl<const WRITE: usize, const ERASE: usize> FileFlash<WRITE, ERASE> {
     /// Opens `path` as a flash of `geometry`, creating it erased (all `0xFF`)
-    /// if it does not exist. A file of another size, or a geometry this
+    /// if it does not exist or is 0 bytes long ([`FileFlash::created`]). A file of another size, or a geometry this
     /// type cannot be, is refused with the reason.
     pub fn open(path: &Path, geometry: &FlashGeometry) -> Result<Self, FileFlashError> {
         let io = |source| FileFlashError::Io {
@@ -177,7 +183,14 @@ impl<const WRITE: usize, const ERASE: usize> FileFlash<WRITE, ERASE> {
             image: NorImage::new(bytes, WRITE, ERASE),
             program_page: geometry.program_page as usize,
             sync_delay: sync_delay_of(std::env::var(SYNC_DELAY_ENV).ok().as_deref()),
+            created: found == 0,
         })
+    }
+
+    /// The file was made erased at this opening (it was missing or 0
+    /// bytes long): it holds nothing an earlier run kept.
+    pub fn created(&self) -> bool {
+        self.created
     }
 
     /// The extra time every sync takes, injected by [`SYNC_DELAY_ENV`]
@@ -276,6 +289,22 @@ mod tests {
             f.read(4096, &mut b).await.unwrap();
             assert_eq!(b, [1, 2, 3, 4, 0xFF, 0xFF, 0xFF, 0xFF]);
         });
+    }
+
+    #[test]
+    fn says_whether_the_file_was_made_blank_at_this_opening() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("flash.bin");
+        let f = FileFlash::<4, 4096>::open(&path, &GEO).unwrap();
+        assert!(f.created(), "a missing file is made blank");
+        drop(f);
+        let f = FileFlash::<4, 4096>::open(&path, &GEO).unwrap();
+        assert!(!f.created(), "an existing file, even all erased, is not");
+        drop(f);
+        std::fs::write(&path, []).unwrap();
+        let f = FileFlash::<4, 4096>::open(&path, &GEO).unwrap();
+        assert!(f.created(), "a file of 0 bytes is made blank");
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 4 * 4096);
     }
 
     #[test]

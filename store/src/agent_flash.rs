@@ -6,9 +6,13 @@
 //! demonstrations and says so in the log at start. Opening reserves a
 //! block of frame sequence numbers in the config store ([`SeqFloor`] keeps
 //! the reservation ahead of the bus's counter), so a restarted agent's
-//! frames are never taken for duplicates of its earlier ones. In memory
-//! the reservation starts from the clock (tenths of a second since
-//! 2025-01-01 UTC), which rises across restarts as flash would.
+//! frames are never taken for duplicates of its earlier ones. On a blank
+//! flash (memory, at every start; a file made at this opening, missing or
+//! 0 bytes long, said in a warning) the reservation starts from the clock
+//! (tenths of a second since 2025-01-01 UTC), which rises across restarts
+//! as flash would, so receivers that keep a floor of the agent's numbers
+//! from before do not refuse its frames as replayed. [`Stores::blank`]
+//! says the flash held nothing an earlier run kept.
 //!
 //! Glossary:
 //! - *agent flash*: the one flash image an agent's stores share.
@@ -82,6 +86,17 @@ impl NorFlash for AgentFlash {
 
 impl MultiwriteNorFlash for AgentFlash {}
 
+impl AgentFlash {
+    /// It holds nothing an earlier run kept: memory, or a file made at
+    /// this opening.
+    pub fn blank(&self) -> bool {
+        match self {
+            Self::File(f) => f.created(),
+            Self::Memory(_) => true,
+        }
+    }
+}
+
 /// The agent flash as its stores share it.
 pub type Flash = SharedFlash<AgentFlash>;
 
@@ -113,6 +128,16 @@ pub struct Stores {
     pub path: Option<PathBuf>,
 }
 
+impl Stores {
+    /// The flash held nothing an earlier run kept when it was opened:
+    /// memory (at every start), or a file made at this opening (missing
+    /// or 0 bytes long). (A method, not a field: agents take the stores
+    /// apart field by field.)
+    pub fn blank(&mut self) -> bool {
+        self.log.flash().with(|f| f.blank())
+    }
+}
+
 fn flash_err(what: &'static str) -> impl FnOnce(StoreError<FlashError>) -> String {
     move |e| format!("{what}: {e:?}")
 }
@@ -127,6 +152,12 @@ fn image(path: Option<&Path>, board: &FlashBoard) -> Result<AgentFlash, String> 
             }
             let flash = FileFlash::open(path, &board.geometry())
                 .map_err(|e| format!("{}: {e}", path.display()))?;
+            if flash.created() {
+                tracing::warn!(
+                    "{}: a new flash file (it was missing or empty): nothing an earlier run kept is in it; sequence numbers start from the clock",
+                    path.display()
+                );
+            }
             if let Some(d) = flash.sync_delay() {
                 tracing::warn!(
                     "{}: every flash sync is slowed by {} ms ({}, fault injection for benchmarks and tests)",
@@ -158,10 +189,12 @@ pub fn open(path: Option<&Path>) -> Result<Stores, String> {
 async fn open_stores(path: Option<&Path>) -> Result<Stores, String> {
     let board = FlashBoard::host_file();
     let layout = board.layout();
-    let flash = SharedFlash::new(image(path, &board)?);
+    let image = image(path, &board)?;
+    let blank = image.blank();
+    let flash = SharedFlash::new(image);
     let mut store = ConfigStore::open(flash.clone(), layout.config.clone())
         .map_err(flash_err("config store"))?;
-    if path.is_none() {
+    if blank {
         let clock = clock_ms().saturating_sub(SEQ_EPOCH_MS) / 100;
         store
             .raise_seq_floor(clock.min(u64::from(u32::MAX - SEQ_BLOCK)) as u32)
@@ -270,10 +303,34 @@ mod tests {
     }
 
     #[test]
+    fn a_new_file_reserves_from_the_clock_and_a_reopened_one_above_its_last_block() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("new.flash");
+        let clock = (clock_ms() - SEQ_EPOCH_MS) / 100;
+        let mut first = open(Some(&path)).unwrap();
+        assert!(first.blank(), "made at this opening");
+        assert!(
+            u64::from(first.first_seq) >= clock,
+            "{} < {clock}",
+            first.first_seq
+        );
+        let a = first.first_seq;
+        drop(first);
+        let mut again = open(Some(&path)).unwrap();
+        assert!(!again.blank());
+        assert_eq!(again.first_seq, a + SEQ_BLOCK);
+        drop(again);
+        // Emptied (a state folder rebuilt): blank again, from the clock.
+        std::fs::write(&path, []).unwrap();
+        let mut emptied = open(Some(&path)).unwrap();
+        assert!(emptied.blank() && u64::from(emptied.first_seq) >= clock);
+    }
+
+    #[test]
     fn in_memory_the_floor_starts_from_the_clock() {
         let clock = (clock_ms() - SEQ_EPOCH_MS) / 100;
-        let s = open(None).unwrap();
-        assert!(s.path.is_none());
+        let mut s = open(None).unwrap();
+        assert!(s.path.is_none() && s.blank());
         assert!(u64::from(s.first_seq) >= clock, "{} < {clock}", s.first_seq);
         let later = open(None).unwrap().first_seq;
         assert!(later >= s.first_seq, "a restart in memory does not go back");
