@@ -150,6 +150,19 @@ impl CoolingLoss {
             .collect()
     }
 
+    /// At the start, at `t_ms`: a phase kept with a stamp after `t_ms`
+    /// (the clock was ahead when it was kept, or is behind now, as a host
+    /// booted before its time is synchronised) is stamped `t_ms`, so the
+    /// grace runs out one grace from now at the latest, never waits for a
+    /// time to come. Returns the stamp it had.
+    pub fn restamp_ahead(&mut self, t_ms: u64) -> Option<u64> {
+        let since = match &mut self.phase {
+            Phase::Draining { since } | Phase::PoweredDown { since } if *since > t_ms => since,
+            _ => return None,
+        };
+        Some(core::mem::replace(since, t_ms))
+    }
+
     /// How long a held power-down waits for the CDU's word, ms.
     pub fn held_wait_ms(&self) -> u64 {
         HELD_WAIT_MS.max(self.grace_ms)
@@ -236,6 +249,26 @@ impl CoolingLoss {
 mod tests {
     use super::*;
     use CoolingStep::*;
+
+    #[test]
+    fn a_phase_stamped_after_the_start_counts_its_grace_from_the_start() {
+        let mut c = CoolingLoss::new(30_000);
+        c.restore(Phase::Draining { since: 900_000 }, &[Drain]);
+        assert_eq!(c.restamp_ahead(100_000), Some(900_000));
+        assert_eq!(c.phase(), Phase::Draining { since: 100_000 });
+        assert_eq!(c.tick(129_999), vec![]);
+        assert_eq!(
+            c.tick(130_000),
+            vec![PowerDown],
+            "one grace after the start"
+        );
+        // A stamp at or before the start is kept as it is.
+        c.restore(Phase::PoweredDown { since: 5 }, &[]);
+        assert_eq!(c.restamp_ahead(100_000), None);
+        assert_eq!(c.phase(), Phase::PoweredDown { since: 5 });
+        c.restore(Phase::Cooled, &[]);
+        assert_eq!(c.restamp_ahead(0), None);
+    }
 
     #[test]
     fn drain_at_once_power_down_after_the_grace_undo_in_reverse() {

@@ -648,6 +648,23 @@ impl Recorder {
         rx.await.map_err(|_| Self::gone())?
     }
 
+    /// Keeps a config value without waiting; the returned channel says
+    /// when it is in flash (after what was handed over before it).
+    /// `None`: not handed over (said).
+    pub fn set_later(
+        &self,
+        key: String,
+        value: Vec<u8>,
+    ) -> Option<oneshot::Receiver<Result<(), String>>> {
+        let (done, rx) = oneshot::channel();
+        let job = Job::Set {
+            key,
+            value,
+            done: Some(done),
+        };
+        self.vital(job, "a config value").ok().map(|()| rx)
+    }
+
     /// Reserves a block of frame sequence numbers.
     pub async fn reserve_seq(&self, block: u32) -> Result<u32, String> {
         let (done, rx) = oneshot::channel();

@@ -5,7 +5,9 @@
 //! and published as a `cooling_action` event.
 //!
 //! The phase is kept in flash together with the steps handed out and not
-//! known done, in one record written before their commands start: a step
+//! known done, in one record written before their commands start (the
+//! runner waits for the flash's word before the first command; the loop
+//! does not): a step
 //! is done once every one of its commands ended well, and the record is
 //! written again (before the outcome is published). At the start, the
 //! steps kept pending (the agent was killed before or while they ran, or
@@ -51,6 +53,27 @@ pub(crate) struct Job {
     step: CoolingStep,
     argvs: Vec<Vec<String>>,
     timeout: Duration,
+    /// The flash's word that the record naming this step is kept: the
+    /// runner waits for it before the first command.
+    kept: Option<Kept>,
+}
+
+/// The answer of the flash to a record handed to it.
+type Kept = tokio::sync::oneshot::Receiver<Result<(), String>>;
+
+/// Waits until the record `kept` names is in flash. A record the flash
+/// could not keep is said, and the step runs all the same: a power-down
+/// for a rack without cooling matters more than the record of it (a
+/// restart may then run it again, or not at all).
+async fn wait_kept(step: CoolingStep, kept: Kept) {
+    let why = match kept.await {
+        Ok(Ok(())) => return,
+        Ok(Err(e)) => e,
+        Err(_) => "the flash thread has ended".to_string(),
+    };
+    tracing::error!(
+        "cooling-loss {step}: the phase was not kept in flash ({why}): its commands run anyway"
+    );
 }
 
 /// A command of a step ended.
@@ -82,7 +105,10 @@ pub(crate) fn start_runner() -> (Steps, mpsc::Receiver<StepDone>) {
     let (jobs_tx, mut jobs_rx) = mpsc::channel::<Job>(QUEUE);
     let (done_tx, done_rx) = mpsc::channel(QUEUE * 4);
     let runner = tokio::spawn(async move {
-        while let Some(job) = jobs_rx.recv().await {
+        while let Some(mut job) = jobs_rx.recv().await {
+            if let Some(kept) = job.kept.take() {
+                wait_kept(job.step, kept).await;
+            }
             let mut ok = true;
             for (i, argv) in job.argvs.iter().enumerate() {
                 let outcome = actions::run(argv, job.timeout).await;
@@ -269,8 +295,10 @@ impl Agent {
                 jobs.push(job);
             }
         }
-        self.keep_cooling();
-        for job in jobs {
+        let mut kept = self.keep_cooling_told();
+        for mut job in jobs {
+            // The runner takes jobs in order: the first waits for all.
+            job.kept = kept.take();
             self.submit_cooling(job);
         }
     }
@@ -280,6 +308,13 @@ impl Agent {
     fn keep_cooling(&self) {
         let record = encode(self.cooling.kept, &self.cooling.pending.steps());
         self.recorder.set(PHASE_KEY.to_string(), record);
+    }
+
+    /// [`Agent::keep_cooling`], with the flash's word once it is kept
+    /// (`None`: not handed to the flash thread, said).
+    fn keep_cooling_told(&self) -> Option<Kept> {
+        let record = encode(self.cooling.kept, &self.cooling.pending.steps());
+        self.recorder.set_later(PHASE_KEY.to_string(), record)
     }
 
     /// The job of a step: its configured commands, expanded; none (said)
@@ -308,6 +343,7 @@ impl Agent {
                 .map(|a| actions::expand_with(a, &vars))
                 .collect(),
             timeout: self.config.cooling_loss.timeout,
+            kept: None,
         })
     }
 
@@ -395,6 +431,40 @@ impl Agent {
 mod tests {
     use super::*;
     use CoolingStep::*;
+
+    #[tokio::test]
+    async fn the_runner_runs_a_step_once_its_record_is_kept_or_said_lost() {
+        let (steps, mut done) = start_runner();
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let job = |id: u64, kept: Kept| Job {
+            id,
+            step: Drain,
+            argvs: vec![vec![
+                "touch".into(),
+                dir.path().join(format!("ran-{id}")).display().to_string(),
+            ]],
+            timeout: Duration::from_secs(10),
+            kept: Some(kept),
+        };
+        let (tell, kept) = tokio::sync::oneshot::channel();
+        let jobs = steps.jobs.as_ref().expect("the runner's queue");
+        jobs.try_send(job(1, kept)).expect("queued");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !dir.path().join("ran-1").exists(),
+            "ran before its record was kept"
+        );
+        tell.send(Ok(())).expect("the runner waits");
+        let d = done.recv().await.expect("an outcome");
+        assert!(d.outcome.ok && dir.path().join("ran-1").exists());
+        // A record the flash refused: the step runs all the same.
+        let (tell, kept) = tokio::sync::oneshot::channel();
+        jobs.try_send(job(2, kept)).expect("queued");
+        tell.send(Err("flash full".into()))
+            .expect("the runner waits");
+        let d = done.recv().await.expect("an outcome");
+        assert!(d.outcome.ok && dir.path().join("ran-2").exists());
+    }
 
     #[test]
     fn phases_and_pending_steps_round_trip_through_flash_bytes() {

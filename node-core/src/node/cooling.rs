@@ -12,7 +12,7 @@
 //! - *dropped*: a kept step not run, pending no more
 //!   ([`Effect::DropCooling`]).
 
-use loopwarden_protocol::CoolingStep;
+use loopwarden_protocol::{CoolingStep, TimestampMs};
 
 use super::{Effect, Level, Node, Now};
 use crate::cooling_loss::{Again, Phase};
@@ -37,6 +37,14 @@ impl Node {
     /// dropped, each said.
     pub(super) fn resume_cooling(&mut self, now: Now, out: &mut Vec<Effect>) {
         let (cdu, rack) = self.cdu_and_rack();
+        if let Some(stamp) = self.cooling.restamp_ahead(now.steady.0) {
+            let why = format!(
+                "rack {rack}: the cooling-loss phase kept before the restart is stamped {},                  after this start ({}): the clock was ahead then or is behind now;                  its grace counts from now",
+                crate::health::fmt_time(TimestampMs(stamp)),
+                crate::health::fmt_time(now.steady)
+            );
+            out.push(Effect::Say(Level::Warn, why));
+        }
         let mut again = Vec::new();
         for decided in self.cooling.resume(now.steady.0) {
             let step = match decided {
