@@ -6,6 +6,10 @@
 //! Glossary:
 //! - *model*: the CDU model the map is for; *unit id*: its Modbus address.
 //! - *overlap*: two registers of one kind that share an address.
+//! - *bit word*: a register the controller reads or writes as bits or as
+//!   a 0/1 flag ([`BIT_REGISTERS`]): it must carry its bits as they are,
+//!   a `u16` at scale 1 (a signed or scaled one would misread a leak bit
+//!   as dry).
 
 use std::collections::BTreeMap;
 use std::string::String;
@@ -13,7 +17,25 @@ use std::vec::Vec;
 
 use serde::Deserialize;
 
-use crate::{Kind, Register, WordOrder};
+use crate::{Kind, Register, Type, WordOrder};
+
+/// The registers read or written as bits or as 0/1 flags, and what each
+/// is: each must be a `u16` at scale 1 where a map has it.
+pub const BIT_REGISTERS: [(&str, &str); 10] = [
+    ("leak_inputs", "the leak inputs, bit n = rack n"),
+    (
+        "valves_closed",
+        "the valves' closed feedback, bit n = rack n",
+    ),
+    ("valves_open", "the rack valves to open, bit n = rack n"),
+    ("pumps_run", "the pumps to run, bit 0 A, bit 1 B"),
+    ("lead_pump", "the lead pump, 0 A, 1 B"),
+    ("pump_a_running", "pump A's running flag"),
+    ("pump_b_running", "pump B's running flag"),
+    ("pump_a_fault", "pump A's fault flag"),
+    ("pump_b_fault", "pump B's fault flag"),
+    ("heartbeat", "the heartbeat counter"),
+];
 
 /// A map file as written: its registers in the file's order.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -68,6 +90,15 @@ pub enum MapError {
         /// The name.
         name: String,
     },
+    /// A bit word ([`BIT_REGISTERS`]) that is not a `u16` at scale 1.
+    NotBits {
+        /// The register.
+        name: String,
+        /// What it is.
+        what: &'static str,
+        /// Its type and scale, as the map gives them.
+        found: String,
+    },
 }
 
 impl core::fmt::Display for MapError {
@@ -90,6 +121,10 @@ impl core::fmt::Display for MapError {
                 address,
             } => write!(f, "{name} and {other} both use {kind:?} register {address}"),
             Self::Twice { name } => write!(f, "register {name:?} appears twice"),
+            Self::NotBits { name, what, found } => write!(
+                f,
+                "{name}: {what}, read as bits: a bit word needs type u16 at scale 1, not {found}"
+            ),
         }
     }
 }
@@ -98,8 +133,9 @@ impl std::error::Error for MapError {}
 
 impl MapFile {
     /// Checks every register in the file's order: a scale above 0, a
-    /// range for each setting and none for a measurement, no address past
-    /// 65535, no address two registers of one kind share, no name twice.
+    /// range for each setting and none for a measurement, each bit word
+    /// a `u16` at scale 1, no address past 65535, no address two
+    /// registers of one kind share, no name twice.
     pub fn check(&self) -> Result<(), MapError> {
         let mut names: BTreeMap<&str, ()> = BTreeMap::new();
         let mut taken: BTreeMap<(bool, u16), &str> = BTreeMap::new();
@@ -108,6 +144,7 @@ impl MapFile {
             if !(r.scale.is_finite() && r.scale > 0.0) {
                 return Err(MapError::Scale { name: name() });
             }
+            check_bits(r)?;
             match (r.kind, r.min, r.max) {
                 (Kind::Holding, Some(lo), Some(hi)) if lo <= hi => {}
                 (Kind::Holding, _, _) => return Err(MapError::NoRange { name: name() }),
@@ -134,5 +171,132 @@ impl MapFile {
             }
         }
         Ok(())
+    }
+}
+
+/// A bit word ([`BIT_REGISTERS`]) is a `u16` at scale 1; other registers
+/// pass.
+fn check_bits(r: &Register<String>) -> Result<(), MapError> {
+    let Some((_, what)) = BIT_REGISTERS.iter().find(|(n, _)| *n == r.name) else {
+        return Ok(());
+    };
+    if r.ty == Type::U16 && r.scale == 1.0 {
+        return Ok(());
+    }
+    Err(MapError::NotBits {
+        name: r.name.clone(),
+        what,
+        found: std::format!("{:?} at scale {}", r.ty, r.scale).to_lowercase(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::string::{String, ToString};
+    use std::vec::Vec;
+
+    use super::*;
+
+    fn reg(name: &str, kind: Kind, address: u16, ty: Type, scale: f64) -> Register<String> {
+        let range = (kind == Kind::Holding).then_some(0.0);
+        Register {
+            name: name.into(),
+            kind,
+            address,
+            ty,
+            scale,
+            unit: String::new(),
+            min: range,
+            max: range.map(|_| 65_535.0),
+            description: String::new(),
+        }
+    }
+
+    fn check(register: Vec<Register<String>>) -> Result<(), String> {
+        let file = MapFile {
+            model: "m".into(),
+            word_order: WordOrder::HighFirst,
+            unit_id: 1,
+            register,
+        };
+        file.check().map_err(|e| e.to_string())
+    }
+
+    /// Every bit word as the shipped map (`boards/cdus/sim-cdu.toml`)
+    /// has it: the inputs at 4-6 and 17-19, the settings at holding 2-5.
+    fn shipped_bits() -> Vec<Register<String>> {
+        let at = |name: &str| match name {
+            "pump_a_running" => (Kind::Input, 4),
+            "pump_b_running" => (Kind::Input, 5),
+            "leak_inputs" => (Kind::Input, 6),
+            "valves_closed" => (Kind::Input, 17),
+            "pump_a_fault" => (Kind::Input, 18),
+            "pump_b_fault" => (Kind::Input, 19),
+            "lead_pump" => (Kind::Holding, 2),
+            "valves_open" => (Kind::Holding, 3),
+            "pumps_run" => (Kind::Holding, 4),
+            _ => (Kind::Holding, 5),
+        };
+        BIT_REGISTERS
+            .iter()
+            .map(|(name, _)| {
+                let (kind, address) = at(name);
+                reg(name, kind, address, Type::U16, 1.0)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn bit_words_as_shipped_pass_and_other_registers_may_be_signed_and_scaled() {
+        let mut regs = shipped_bits();
+        regs.push(reg("supply_temp", Kind::Input, 0, Type::I16, 0.01));
+        regs.push(reg("flow", Kind::Input, 2, Type::U16, 0.1));
+        assert_eq!(check(regs), Ok(()));
+    }
+
+    #[test]
+    fn a_signed_or_scaled_bit_word_is_refused_naming_it() {
+        // An i16 with rack 15 wet (bit 15) decodes negative, and at scale
+        // 0.1 rack 2 wet (raw 4) decodes 0.4: both would read dry.
+        for (name, _) in BIT_REGISTERS {
+            for (ty, scale, found) in [
+                (Type::I16, 1.0, "i16 at scale 1"),
+                (Type::U16, 0.1, "u16 at scale 0.1"),
+                (Type::U32, 1.0, "u32 at scale 1"),
+            ] {
+                let regs: Vec<_> = shipped_bits()
+                    .into_iter()
+                    .map(|mut r| {
+                        if r.name == name {
+                            (r.ty, r.scale) = (ty, scale);
+                        }
+                        r
+                    })
+                    .collect();
+                let e = check(regs).unwrap_err();
+                assert!(
+                    e.starts_with(&std::format!("{name}: ")),
+                    "{name} {found}: {e}"
+                );
+                assert!(
+                    e.ends_with(&std::format!(
+                        "read as bits: a bit word needs type u16 at scale 1, not {found}"
+                    )),
+                    "{e}"
+                );
+            }
+        }
+        let e = check(std::vec![reg(
+            "leak_inputs",
+            Kind::Input,
+            6,
+            Type::I16,
+            1.0
+        )]);
+        assert_eq!(
+            e.unwrap_err(),
+            "leak_inputs: the leak inputs, bit n = rack n, read as bits: a bit word needs \
+             type u16 at scale 1, not i16 at scale 1"
+        );
     }
 }

@@ -26,7 +26,7 @@ extern crate std;
 mod file;
 
 #[cfg(feature = "std")]
-pub use file::{MapError, MapFile};
+pub use file::{MapError, MapFile, BIT_REGISTERS};
 
 #[cfg(feature = "std")]
 mod spans;
