@@ -127,6 +127,11 @@ pub use stats::{
     stats_channel, FacilityStatus, LastAck, ResendCounts, SensorStatus, ShellStats, Snapshot,
 };
 
+/// Why a pump's trip is not cleared while the CDU is not read.
+const NOT_READ: &str =
+    "not cleared: the CDU has not answered since the start or does not answer now, \
+     so whether it still shows the pump's fault is unknown";
+
 /// A setpoint that moves by this much or more republishes the state, K.
 pub const STATE_SETPOINT_K: f32 = 0.5;
 /// The state is republished at least this often.
@@ -571,7 +576,7 @@ impl<P: CduPort> Shell<P> {
     async fn step(&mut self) {
         let now = self.now_ms();
         let readings = self.devices.read_cdu(&mut self.stats).await;
-        let board = self.devices.read_board();
+        let board = self.devices.read_board(&mut self.stats);
         self.bms.refresh(now);
         let fallback = self.cfg.core.margins.design_ambient_c;
         let first = self.stats.steps == 0;
@@ -591,7 +596,7 @@ impl<P: CduPort> Shell<P> {
         self.keep_latched().await;
         self.write_cdu(&c, readings.as_ref().and_then(|r| r.valves_closed))
             .await;
-        self.devices.pulse(c.beacon);
+        self.devices.pulse(c.beacon, &mut self.stats);
         let estimates = Estimates::of(self.decider.core());
         self.publish_telemetry(&c, readings.as_ref(), &estimates);
         self.publish_state(now, &c, readings.as_ref());
@@ -700,13 +705,17 @@ impl<P: CduPort> Shell<P> {
                 (done, (RackIndex::new(rack as u8), None))
             }
             OperatorAction::ClearPumpTrip { pump } => {
-                let shown = self.devices.pump_faults[pump as usize];
-                let done = self
-                    .decider
-                    .core_mut()
-                    .clear_pump(pump, shown)
-                    .map(|()| format!("pump {pump:?} back in service"))
-                    .map_err(|e| format!("pump {pump:?}: {e}"));
+                // A map without the pump's fault bit cannot show it.
+                let done = match self.devices.pump_faults {
+                    Some(f) => self
+                        .decider
+                        .core_mut()
+                        .clear_pump(pump, f[pump as usize].unwrap_or(false))
+                        .map(|()| format!("pump {pump:?} back in service"))
+                        .map_err(String::from),
+                    None => Err(NOT_READ.to_string()),
+                }
+                .map_err(|e| format!("pump {pump:?}: {e}"));
                 (done, (None, Some(pump)))
             }
         };

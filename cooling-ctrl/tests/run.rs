@@ -267,6 +267,20 @@ fn run_boots_drives_the_cdu_answers_the_console_and_stops_on_sigterm() {
     });
     let out = rig.ctl(&["clear-pump", "C"]);
     assert_eq!(out.status.code(), Some(1), "no pump C: {out:?}");
+    // While the CDU does not answer, whether it still shows a pump's
+    // fault is unknown: no clear is taken.
+    rig.cdu.set_cut(true);
+    rig.wait("the CDU silent", &["status"], |v| {
+        v["cdu_link"]["answering"] == false
+    });
+    let out = rig.ctl(&["clear-pump", "A"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("unknown"), "{text}");
+    rig.cdu.set_cut(false);
+    rig.wait("the CDU answering again", &["status"], |v| {
+        v["cdu_link"]["answering"] == true
+    });
 
     stop(&mut child.0);
     assert!(

@@ -128,7 +128,17 @@ fn status(ctx: &Context, st: &ShellStats, now: TimestampMs) -> Value {
             })
         })
         .collect();
-    json!({
+    let cdu_link = json!({
+        "link": ctx.link,
+        "map": ctx.map_model,
+        "answering": st.cdu_reads > 0 && st.cdu_error.is_none(),
+        "last_error": st.cdu_error,
+        "last_read_s": snap.and_then(|s| s.last_read).map(|t| secs_ago(now, t)),
+        "reads": st.cdu_reads,
+        "read_errors": st.cdu_read_errors,
+        "write_errors": st.cdu_write_errors,
+    });
+    let mut v = json!({
         "site": ctx.site,
         "cdu": ctx.cdu,
         "software": env!("CARGO_PKG_VERSION"),
@@ -159,16 +169,7 @@ fn status(ctx: &Context, st: &ShellStats, now: TimestampMs) -> Value {
         "leaks_now": snap.map(|s| racks(s.leaks_now)).unwrap_or_default(),
         "valves_open": c.map(|c| racks(c.valves_open)).unwrap_or_default(),
         "capped_hosts": st.caps.iter().filter(|c| c.is_some()).count(),
-        "cdu_link": {
-            "link": ctx.link,
-            "map": ctx.map_model,
-            "answering": st.cdu_reads > 0 && st.cdu_error.is_none(),
-            "last_error": st.cdu_error,
-            "last_read_s": snap.and_then(|s| s.last_read).map(|t| secs_ago(now, t)),
-            "reads": st.cdu_reads,
-            "read_errors": st.cdu_read_errors,
-            "write_errors": st.cdu_write_errors,
-        },
+        "cdu_link": cdu_link,
         "bus": {
             "broker": ctx.broker,
             "connected": snap.map(|s| s.bus_connected),
@@ -184,7 +185,10 @@ fn status(ctx: &Context, st: &ShellStats, now: TimestampMs) -> Value {
         "flash_queue_dropped": ctx.recorder.dropped(),
         "flash": ctx.recorder.path().map_or("memory (not kept)".to_string(), |p| p.display().to_string()),
         "demo_key": ctx.demo_key,
-    })
+    });
+    // Past the macro's recursion limit: added after.
+    v["board_errors"] = json!(st.board_errors);
+    v
 }
 
 /// Readers' requests to resend logged events, by outcome, and the frames

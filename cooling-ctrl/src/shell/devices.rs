@@ -1,9 +1,51 @@
 //! The shell's devices: the CDU on its Modbus link and the controller
 //! board's pins. Each read and write goes here, and each failure is
-//! counted and logged once per change of its message; what a reading
-//! means and what is written are the decision path's.
+//! counted and logged once per change of its message, and its end said;
+//! what a reading means and what is written are the decision path's.
+//! The board's outputs are driven each on its own: a relay line that
+//! fails does not keep the beacon dark.
 use super::*;
 use crate::decide::Plan;
+
+/// A device's failure, said once per change of its message, and its end.
+#[derive(Debug, Default)]
+struct Failing(Option<String>);
+
+impl Failing {
+    /// `what` failed with `e`: said when the message changed.
+    fn failed(&mut self, what: &str, e: String) {
+        if self.0.as_deref() != Some(e.as_str()) {
+            tracing::error!("cooling shell: {what}: {e}");
+            self.0 = Some(e);
+        }
+    }
+
+    /// `what` worked: said when it had failed.
+    fn worked(&mut self, what: &str) {
+        if let Some(e) = self.0.take() {
+            tracing::info!("cooling shell: {what} works again (was: {e})");
+        }
+    }
+
+    /// Counts a failure in `errors` and says it; or says the end of one.
+    fn judge(&mut self, what: &str, r: Result<(), String>, errors: &mut u64) {
+        match r {
+            Ok(()) => self.worked(what),
+            Err(e) => {
+                *errors += 1;
+                self.failed(what, e);
+            }
+        }
+    }
+}
+
+/// The board's pins, each as it last did.
+#[derive(Debug, Default)]
+struct BoardErrors {
+    ropes: Failing,
+    relay: Failing,
+    beacon: Failing,
+}
 
 /// The CDU, the board, and what each last said.
 pub(super) struct Devices<P> {
@@ -11,11 +53,13 @@ pub(super) struct Devices<P> {
     board: Option<Box<dyn BoardIo>>,
     cdu_error: Option<String>,
     write_error: Option<String>,
-    board_error: Option<String>,
+    board_errors: BoardErrors,
     /// When the CDU last answered a read.
     pub(super) last_read: Option<TimestampMs>,
-    /// The pumps' fault bits as last read.
-    pub(super) pump_faults: [bool; 2],
+    /// The pumps' fault bits as last read (`None` in one: the map has no
+    /// such bit); `None` before the first read and while the CDU does
+    /// not answer: unknown.
+    pub(super) pump_faults: Option<[Option<bool>; 2]>,
 }
 
 impl<P: CduPort> Devices<P> {
@@ -25,9 +69,9 @@ impl<P: CduPort> Devices<P> {
             board,
             cdu_error: None,
             write_error: None,
-            board_error: None,
+            board_errors: BoardErrors::default(),
             last_read: None,
-            pump_faults: [false; 2],
+            pump_faults: None,
         }
     }
 
@@ -45,29 +89,15 @@ impl<P: CduPort> Devices<P> {
                 }
                 stats.cdu_reads += 1;
                 self.last_read = Some(now_ms());
-                self.pump_faults = [0, 1].map(|i| r.pump_faults[i].unwrap_or(false));
+                self.pump_faults = Some(r.pump_faults);
                 Some(r)
             }
             Err(e) => {
                 stats.cdu_read_errors += 1;
+                self.pump_faults = None;
                 self.cdu_failed(&e);
                 None
             }
-        }
-    }
-
-    /// The board's leak lines this step.
-    pub(super) fn read_board(&mut self) -> BoardRead {
-        match self.board.as_mut().map(|b| b.ropes()) {
-            Some(Ok(ropes)) => BoardRead::Read {
-                wet: ropes.wet,
-                faults: ropes.faults,
-            },
-            Some(Err(e)) => {
-                self.board_failed(e);
-                BoardRead::Failed
-            }
-            None => BoardRead::Absent,
         }
     }
 
@@ -100,23 +130,6 @@ impl<P: CduPort> Devices<P> {
         outcome
     }
 
-    /// One pulse of the healthy relay (once per completed step), and the
-    /// beacon as the step left it.
-    pub(super) fn pulse(&mut self, beacon: bool) {
-        if let Some(b) = self.board.as_mut() {
-            if let Err(e) = b.pulse_healthy().and_then(|()| b.beacon(beacon)) {
-                self.board_failed(e);
-            }
-        }
-    }
-
-    fn board_failed(&mut self, e: String) {
-        if self.board_error.as_deref() != Some(e.as_str()) {
-            tracing::error!("cooling shell: board pins: {e}");
-            self.board_error = Some(e);
-        }
-    }
-
     fn cdu_failed(&mut self, e: &CduError) {
         let msg = e.to_string();
         if self.cdu_error.as_deref() != Some(msg.as_str()) {
@@ -130,5 +143,108 @@ impl<P: CduPort> Devices<P> {
             tracing::error!("cooling shell: reading the CDU ({what}): {msg}");
             self.cdu_error = Some(msg);
         }
+    }
+}
+
+/// The board's pins: the same whatever the CDU's link.
+impl<P> Devices<P> {
+    /// The board's leak lines this step.
+    pub(super) fn read_board(&mut self, stats: &mut ShellStats) -> BoardRead {
+        let Some(board) = self.board.as_mut() else {
+            return BoardRead::Absent;
+        };
+        let read = board.ropes();
+        let judged = read.as_ref().map(|_| ()).map_err(Clone::clone);
+        let what = "board pins: the leak lines";
+        self.board_errors
+            .ropes
+            .judge(what, judged, &mut stats.board_errors);
+        match read {
+            Ok(ropes) => BoardRead::Read {
+                wet: ropes.wet,
+                faults: ropes.faults,
+            },
+            Err(_) => BoardRead::Failed,
+        }
+    }
+
+    /// One pulse of the healthy relay (once per completed step), and the
+    /// beacon as the step left it: each driven whatever the other did.
+    pub(super) fn pulse(&mut self, beacon: bool, stats: &mut ShellStats) {
+        let Some(b) = self.board.as_mut() else {
+            return;
+        };
+        let errors = &mut stats.board_errors;
+        let relay = b.pulse_healthy();
+        let lit = b.beacon(beacon);
+        let e = &mut self.board_errors;
+        e.relay
+            .judge("board pins: the healthy relay", relay, errors);
+        e.beacon.judge("board pins: the beacon", lit, errors);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shell::links::Ropes;
+
+    /// A board whose relay line fails and whose beacon lights.
+    #[derive(Default)]
+    struct RelayBroken {
+        beacon: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl BoardIo for RelayBroken {
+        fn ropes(&mut self) -> Result<Ropes, String> {
+            Err("/dev/gpiochip0 line 4: read failed".into())
+        }
+        fn roped(&self) -> u16 {
+            0b1
+        }
+        fn pulse_healthy(&mut self) -> Result<(), String> {
+            Err("/dev/gpiochip0 line 7: write failed".into())
+        }
+        fn beacon(&mut self, on: bool) -> Result<(), String> {
+            self.beacon.store(on, std::sync::atomic::Ordering::Relaxed);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_failed_relay_line_leaves_the_beacon_driven_and_each_failure_is_counted() {
+        let board = RelayBroken::default();
+        let lit = board.beacon.clone();
+        let mut d = Devices {
+            cdu: (),
+            board: Some(Box::new(board)),
+            cdu_error: None,
+            write_error: None,
+            board_errors: BoardErrors::default(),
+            last_read: None,
+            pump_faults: None,
+        };
+        let mut stats = ShellStats::default();
+        d.pulse(true, &mut stats);
+        assert!(
+            lit.load(std::sync::atomic::Ordering::Relaxed),
+            "beacon dark"
+        );
+        assert_eq!(stats.board_errors, 1, "the relay's failure");
+        assert_eq!(d.read_board(&mut stats), BoardRead::Failed);
+        assert_eq!(stats.board_errors, 2);
+        assert!(d.board_errors.relay.0.is_some() && d.board_errors.ropes.0.is_some());
+        assert!(d.board_errors.beacon.0.is_none());
+    }
+
+    #[test]
+    fn a_failure_is_said_once_per_message_and_its_end_said() {
+        let mut f = Failing::default();
+        let mut n = 0;
+        f.judge("x", Err("a".into()), &mut n);
+        f.judge("x", Err("a".into()), &mut n);
+        assert_eq!((n, f.0.as_deref()), (2, Some("a")));
+        f.judge("x", Ok(()), &mut n);
+        assert_eq!((n, f.0.as_deref()), (2, None));
     }
 }

@@ -149,6 +149,9 @@ pub struct ShellStats {
     pub cdu_read_errors: u64,
     /// Steps with a CDU write that failed.
     pub cdu_write_errors: u64,
+    /// Reads and writes of the board's pins that failed (leak lines,
+    /// healthy relay, beacon).
+    pub board_errors: u64,
     /// Writes of the setpoint or the pump speed held to the CDU's
     /// register map (the core asked for more than it takes).
     pub settings_limited: u64,
