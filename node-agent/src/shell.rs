@@ -163,6 +163,9 @@ pub(crate) struct Agent {
     pub cooling: cooling::Steps,
     /// Answers readers' requests to resend logged events.
     pub resender: Resender,
+    /// Whether the log said that the limits of a GPU whose UUID is
+    /// unknown are not kept.
+    pub unkept_limits_said: bool,
 }
 
 /// What a process that runs many agents may ask of each (nothing by
@@ -297,6 +300,7 @@ async fn run_agent(
         snapshots,
         clock,
         cooling,
+        unkept_limits_said: false,
     };
     // What a crash (or a failure) left undone runs again.
     agent.resume_actions(&undone.quarantines);
@@ -339,8 +343,10 @@ async fn restore_kept(
     gpus: &[GpuState],
     store: &mut loopwarden_flash::ConfigStore<loopwarden_store::agent_flash::Flash>,
 ) -> Undone {
-    startup::restore_health(node, store).await;
-    let quarantines = quarantine::not_done(store, node.health()).await;
+    let uuids: Vec<&str> = gpus.iter().map(|g| g.info.uuid.as_str()).collect();
+    quarantine::upgrade_kept(store, &uuids).await;
+    startup::restore_health(node, &uuids, store).await;
+    let quarantines = quarantine::not_done(store, node.health(), &uuids).await;
     limits::restore(node, gpus, store).await;
     let (phase, steps) = cooling::restore(store).await;
     node.restore_cooling(phase, &steps);
@@ -431,9 +437,23 @@ async fn start_readers(
     Ok(Readers::new(console_path, console, [serial, metrics]))
 }
 
-/// The config-store key of a GPU's health.
-fn health_key(gpu: usize) -> String {
-    format!("health.{gpu}")
+/// What a GPU's UUID reads as when its description failed.
+const UNKNOWN_UUID: &str = "unknown";
+
+/// A GPU's identity in the keys of its kept records (its health, its
+/// quarantine's stamp): the 64-bit FNV-1a hash of its UUID, since a UUID
+/// is longer than a config-store key may be. `None` when its UUID is
+/// unknown: nothing is kept or restored for it under a guessed identity.
+fn identity(uuid: &str) -> Option<u64> {
+    if uuid == UNKNOWN_UUID {
+        return None;
+    }
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in uuid.bytes() {
+        hash ^= u64::from(b);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    Some(hash)
 }
 
 impl Agent {

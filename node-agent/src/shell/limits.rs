@@ -10,7 +10,7 @@ use loopwarden_store::agent_flash::Flash;
 use node_core::node::{KeptLimit, LimitResult, Node, SetLimit};
 use serde::{Deserialize, Serialize};
 
-use super::{Agent, GpuState};
+use super::{Agent, GpuState, UNKNOWN_UUID};
 
 /// The config-store key of a GPU's kept limits.
 fn limit_key(gpu: usize) -> String {
@@ -44,7 +44,7 @@ pub(super) async fn restore(node: &mut Node, gpus: &[GpuState], store: &mut Conf
                 continue;
             }
         };
-        if kept.uuid == g.info.uuid && g.info.uuid != "unknown" {
+        if kept.uuid == g.info.uuid && g.info.uuid != UNKNOWN_UUID {
             node.restore_limit(i as u8, kept.limit);
         } else {
             tracing::warn!(
@@ -69,10 +69,17 @@ impl Agent {
 
     /// Keeps every GPU's limits in flash, under its UUID, and waits until
     /// they are there (a failure is said; the limits are set anyway: a
-    /// cap matters more than the record of it).
+    /// cap matters more than the record of it). A GPU whose UUID is
+    /// unknown has none kept (said once).
     pub(super) async fn keep_limits(&mut self, limits: Vec<KeptLimit>) {
         let mut last = None;
+        let mut unknown = Vec::new();
         for (i, (limit, g)) in limits.into_iter().zip(&self.gpus).enumerate() {
+            if g.info.uuid == UNKNOWN_UUID {
+                // Not the GPU's record, maybe another's: left as it is.
+                unknown.push(i);
+                continue;
+            }
             let kept = Kept {
                 uuid: g.info.uuid.clone(),
                 limit,
@@ -86,6 +93,14 @@ impl Agent {
                     }
                 }
                 Err(e) => tracing::error!("GPU {i}: power limits not encodable: {e}"),
+            }
+        }
+        if !unknown.is_empty() && !self.unkept_limits_said {
+            self.unkept_limits_said = true;
+            for i in unknown {
+                tracing::warn!(
+                    "GPU {i}: its UUID is unknown: its power limits are not kept in flash (a restart starts it from the limit found on it)"
+                );
             }
         }
         let Some((key, value)) = last else { return };

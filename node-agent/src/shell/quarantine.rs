@@ -3,6 +3,12 @@
 //! asks; the quarantine actions run each on its own task, and their
 //! outcomes are logged and published.
 //!
+//! A GPU's health and its quarantine's stamp are kept under its identity
+//! (its UUID's hash), so they follow the GPU when the GPUs are numbered
+//! otherwise after a reboot; a GPU whose UUID is unknown has nothing kept
+//! or restored. Records kept by earlier versions under GPU indexes are
+//! moved at the start ([`upgrade_kept`]).
+//!
 //! A quarantine's actions are *done* once every one of them ended well:
 //! then the quarantine's stamp is kept in flash beside the GPU's health
 //! (before the last outcome is published). At the start, a GPU kept
@@ -20,7 +26,7 @@ use loopwarden_protocol::{Event, HealthState};
 use loopwarden_store::agent_flash::Flash;
 use node_core::node::Input;
 
-use super::{health_key, Agent, RECENT_XIDS};
+use super::{Agent, RECENT_XIDS};
 use crate::actions;
 use crate::gpu::XidReport;
 
@@ -44,18 +50,184 @@ pub(crate) struct Run {
     ok: bool,
 }
 
-/// The config-store key of the stamp of a GPU's last quarantine whose
-/// actions are done.
-fn done_key(gpu: usize) -> String {
-    format!("quarantine_done.{gpu}")
+/// A record kept in flash for each GPU, under its identity (its UUID's
+/// hash, [`identity`]), so it follows the GPU when the GPUs are numbered
+/// otherwise (one pulled, or fallen off the bus, before a reboot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Record {
+    /// Its health state (postcard `GpuHealth`).
+    Health,
+    /// The stamp of its last quarantine whose actions are done (wall ms,
+    /// 8 bytes little-endian).
+    Done,
 }
 
-/// The GPUs kept quarantined in `store` whose quarantine's actions are not
-/// known done (a stamp other than theirs, or none, kept under
-/// [`done_key`]).
+impl Record {
+    /// Its config-store key for the GPU of identity `id`.
+    pub(super) fn key(self, id: u64) -> String {
+        format!("{}.{id:016x}", self.prefix())
+    }
+
+    /// Its key under a GPU's index, as earlier versions kept it.
+    fn index_key(self, gpu: usize) -> String {
+        format!("{}.{gpu}", self.prefix())
+    }
+
+    fn prefix(self) -> &'static str {
+        match self {
+            Record::Health => "health",
+            Record::Done => "quarantine_done",
+        }
+    }
+
+    fn what(self) -> &'static str {
+        match self {
+            Record::Health => "health state",
+            Record::Done => "quarantine-done stamp",
+        }
+    }
+}
+
+/// The first byte of a record kept by identity (never the first byte of an
+/// earlier version's record: a GPU index, or an 8-byte stamp).
+const TAG: u8 = 0xff;
+
+/// A record's value: [`TAG`], the GPU's identity (8 bytes little-endian),
+/// then `payload`.
+pub(super) fn tagged(id: u64, payload: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(9 + payload.len());
+    v.push(TAG);
+    v.extend_from_slice(&id.to_le_bytes());
+    v.extend_from_slice(payload);
+    v
+}
+
+/// The identity and payload of a value [`tagged`]; `None`: a value kept by
+/// an earlier version, under a GPU's index.
+fn untag(value: &[u8]) -> Option<(u64, &[u8])> {
+    if value.len() < 9 || value[0] != TAG {
+        return None;
+    }
+    let id = u64::from_le_bytes(value[1..9].try_into().ok()?);
+    Some((id, &value[9..]))
+}
+
+async fn get(store: &mut ConfigStore<Flash>, key: &str) -> Result<Option<Vec<u8>>, String> {
+    let mut buf = [0u8; loopwarden_flash::config::MAX_VALUE];
+    match store.get(key, &mut buf).await {
+        Ok(Some(n)) => Ok(Some(buf[..n].to_vec())),
+        Ok(None) => Ok(None),
+        Err(e) => Err(format!("{key}: {e:?}")),
+    }
+}
+
+/// The payload of the record `what` kept for the GPU of identity `id`.
+pub(super) async fn read_kept(
+    store: &mut ConfigStore<Flash>,
+    what: Record,
+    id: u64,
+) -> Result<Option<Vec<u8>>, String> {
+    let key = what.key(id);
+    match get(store, &key).await? {
+        None => Ok(None),
+        Some(value) => match untag(&value) {
+            Some((kept, payload)) if kept == id => Ok(Some(payload.to_vec())),
+            Some((kept, _)) => Err(format!("{key} holds the record of GPU {kept:016x}")),
+            None => Err(format!("{key} holds no GPU identity")),
+        },
+    }
+}
+
+/// At the start, before anything kept is read: the records that earlier
+/// versions kept under GPU indexes are moved under the GPUs' identities,
+/// each taken (as before) for the GPU at its index now, unless that GPU
+/// has a record under its identity already (the identity's wins). The
+/// move first tags the record in place with the GPU's identity, then
+/// writes it under the identity's key, then removes it: a power cut at
+/// any point leaves records the next start moves to the right GPU.
+pub(super) async fn upgrade_kept(store: &mut ConfigStore<Flash>, uuids: &[&str]) {
+    for what in [Record::Health, Record::Done] {
+        for (i, uuid) in uuids.iter().enumerate() {
+            if let Err(e) = claim(store, what, i, uuid).await {
+                tracing::error!(
+                    "GPU {i}: the {} an earlier version kept under its index is not taken ({e}): left as it is, the next start tries again",
+                    what.what()
+                );
+            }
+        }
+        for i in 0..loopwarden_protocol::ids::MAX_GPUS {
+            if let Err(e) = move_claimed(store, what, i).await {
+                tracing::error!("{} of GPU index {i}: not moved under its GPU's UUID ({e}); the next start tries again", what.what());
+            }
+        }
+    }
+}
+
+/// An earlier version's record `what` under index `gpu`, tagged in place
+/// with the identity of the GPU at that index now (`uuid`), unless that
+/// GPU has a record under its identity already.
+async fn claim(
+    store: &mut ConfigStore<Flash>,
+    what: Record,
+    gpu: usize,
+    uuid: &str,
+) -> Result<(), String> {
+    let index_key = what.index_key(gpu);
+    let Some(old) = get(store, &index_key).await? else {
+        return Ok(());
+    };
+    if untag(&old).is_some() {
+        return Ok(());
+    }
+    let Some(id) = super::identity(uuid) else {
+        tracing::error!("GPU {gpu}: its UUID is unknown: the {} an earlier version kept under its index ({index_key}) is left as it is, not applied", what.what());
+        return Ok(());
+    };
+    if get(store, &what.key(id)).await?.is_some() {
+        tracing::warn!("GPU {gpu} ({uuid}): has a {} under its UUID; the one an earlier version kept under its index ({index_key}) is left as it is, not applied", what.what());
+        return Ok(());
+    }
+    tracing::warn!("GPU {gpu} ({uuid}): the {} an earlier version kept under its index ({index_key}) is taken for it, as before, and kept under its UUID from now on", what.what());
+    store
+        .set(&index_key, &tagged(id, &old))
+        .await
+        .map_err(|e| format!("{index_key}: {e:?}"))
+}
+
+/// A record `what` under index `gpu` tagged with a GPU's identity: written
+/// under the identity's key (unless one is there: it wins), then removed.
+async fn move_claimed(
+    store: &mut ConfigStore<Flash>,
+    what: Record,
+    gpu: usize,
+) -> Result<(), String> {
+    let index_key = what.index_key(gpu);
+    let Some(value) = get(store, &index_key).await? else {
+        return Ok(());
+    };
+    let Some((id, _)) = untag(&value) else {
+        return Ok(());
+    };
+    let key = what.key(id);
+    if get(store, &key).await?.is_none() {
+        store
+            .set(&key, &value)
+            .await
+            .map_err(|e| format!("{key}: {e:?}"))?;
+    }
+    store
+        .remove(&index_key)
+        .await
+        .map_err(|e| format!("{index_key}: {e:?}"))
+}
+
+/// The GPUs kept quarantined (`health`; `uuids`: every GPU's, in index
+/// order) whose quarantine's actions are not known done (a stamp other
+/// than theirs, or none, kept as [`Record::Done`]).
 pub(super) async fn not_done(
     store: &mut ConfigStore<Flash>,
     health: &node_core::health::HealthEngine,
+    uuids: &[&str],
 ) -> Vec<u8> {
     let mut gpus = Vec::new();
     for gpu in 0..health.len() as u8 {
@@ -65,14 +237,19 @@ pub(super) async fn not_done(
         if st.state != HealthState::Quarantined {
             continue;
         }
-        let mut buf = [0u8; 8];
-        let done = match store.get(&done_key(gpu as usize), &mut buf).await {
-            Ok(Some(8)) => Some(u64::from_le_bytes(buf)),
-            Ok(_) => None,
-            Err(e) => {
-                tracing::error!("GPU {gpu}: whether its quarantine actions ran is unreadable ({e:?}): taken as not");
-                None
-            }
+        let id = uuids.get(gpu as usize).and_then(|u| super::identity(u));
+        let done = match id {
+            Some(id) => match read_kept(store, Record::Done, id).await {
+                Ok(Some(stamp)) => <[u8; 8]>::try_from(stamp.as_slice())
+                    .ok()
+                    .map(u64::from_le_bytes),
+                Ok(None) => None,
+                Err(e) => {
+                    tracing::error!("GPU {gpu}: whether its quarantine actions ran is unreadable ({e}): taken as not");
+                    None
+                }
+            },
+            None => None,
         };
         if done != Some(st.since.0) {
             gpus.push(gpu);
@@ -123,12 +300,27 @@ impl Agent {
     /// Keeps a GPU's health in flash, so a restart does not forget a
     /// quarantine.
     pub(super) fn keep_health(&mut self, gpu: u8) {
-        let i = gpu as usize;
         let h = self.node.gpu_health(gpu);
+        let Some(id) = self.identity(gpu) else {
+            tracing::error!(
+                "GPU {gpu}: its UUID is unknown: its health ({}) is not kept in flash, and a restart does not restore it",
+                h.state
+            );
+            return;
+        };
         match postcard::to_allocvec(&h) {
-            Ok(bytes) => self.recorder.set(health_key(i), bytes),
-            Err(e) => tracing::error!("GPU {i}: health state not encodable: {e}"),
+            Ok(bytes) => self
+                .recorder
+                .set(Record::Health.key(id), tagged(id, &bytes)),
+            Err(e) => tracing::error!("GPU {gpu}: health state not encodable: {e}"),
         }
+    }
+
+    /// The identity of `gpu`'s kept records; `None` when its UUID is
+    /// unknown.
+    fn identity(&self, gpu: u8) -> Option<u64> {
+        let g = self.gpus.get(gpu as usize)?;
+        super::identity(&g.info.uuid)
     }
 
     /// Starts every configured action for a quarantine of `gpu`, each on
@@ -212,8 +404,7 @@ impl Agent {
                 let ok = run.ok;
                 self.quarantine_runs.remove(&(gpu, since));
                 if ok {
-                    self.recorder
-                        .set(done_key(gpu as usize), since.to_le_bytes().to_vec());
+                    self.keep_done(gpu, since);
                 } else {
                     tracing::error!(
                         "GPU {gpu}: a quarantine action failed: it is not run again while the agent runs (drain the GPU by hand), and runs again at the next start"
@@ -229,6 +420,19 @@ impl Agent {
         self.emit(ev, self.clock.wall()).await;
     }
 
+    /// Keeps in flash that the actions of `gpu`'s quarantine of `since`
+    /// are done.
+    fn keep_done(&mut self, gpu: u8, since: u64) {
+        match self.identity(gpu) {
+            Some(id) => self
+                .recorder
+                .set(Record::Done.key(id), tagged(id, &since.to_le_bytes())),
+            None => tracing::error!(
+                "GPU {gpu}: its UUID is unknown: that its quarantine actions are done is not kept in flash"
+            ),
+        }
+    }
+
     /// Says in the log when the XID queue dropped events since it last
     /// said so (at most once a round).
     pub(super) fn say_xids_dropped(&mut self) {
@@ -240,5 +444,55 @@ impl Agent {
             );
             self.xids_dropped_said = dropped;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use loopwarden_flash::config::{MAX_KEY, MAX_VALUE};
+    use loopwarden_protocol::{GpuHealth, GpuIndex, ReasonCode, Text, TimestampMs};
+
+    #[test]
+    fn identities_are_fnv1a_of_the_uuid_and_none_when_unknown() {
+        assert_eq!(super::super::identity("a"), Some(0xaf63_dc4c_8601_ec8c));
+        assert_eq!(super::super::identity("unknown"), None);
+        let a = super::super::identity("GPU-aaaaaaaa-aaaa-aaaa-aaaa-aaaaaaaaaaaa");
+        let b = super::super::identity("GPU-aaaaaaaa-aaaa-aaaa-aaaa-aaaaaaaaaaab");
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn keys_and_the_longest_records_fit_the_store() {
+        for what in [Record::Health, Record::Done] {
+            let k = what.key(u64::MAX);
+            assert!(k.len() <= MAX_KEY, "{k}");
+            assert_ne!(what.key(0), what.index_key(0));
+        }
+        let h = GpuHealth {
+            gpu: GpuIndex::new(15).unwrap(),
+            state: HealthState::Quarantined,
+            reason: ReasonCode(u16::MAX),
+            since: TimestampMs(u64::MAX),
+            evidence: Text::truncated(&"é".repeat(200)),
+        };
+        let v = tagged(u64::MAX, &postcard::to_allocvec(&h).unwrap());
+        assert!(v.len() <= MAX_VALUE, "{}", v.len());
+        assert_eq!(untag(&v).map(|(id, _)| id), Some(u64::MAX));
+    }
+
+    #[test]
+    fn records_of_earlier_versions_are_told_from_tagged_ones() {
+        let h = GpuHealth {
+            gpu: GpuIndex::new(3).unwrap(),
+            state: HealthState::Quarantined,
+            reason: ReasonCode(79),
+            since: TimestampMs(1),
+            evidence: Text::truncated("x"),
+        };
+        assert_eq!(untag(&postcard::to_allocvec(&h).unwrap()), None);
+        assert_eq!(untag(&u64::MAX.to_le_bytes()), None, "a stamp");
+        let v = tagged(7, &5u64.to_le_bytes());
+        assert_eq!(untag(&v), Some((7, &5u64.to_le_bytes()[..])));
     }
 }

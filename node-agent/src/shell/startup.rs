@@ -24,7 +24,8 @@ use node_core::health::{GpuStatus, Limits, Policy};
 use node_core::node::{CoolantSource, GpuSetup, Node, Setup};
 use tokio::sync::mpsc;
 
-use super::{health_key, AgentError, GpuState};
+use super::quarantine::{read_kept, Record};
+use super::{identity, AgentError, GpuState};
 use crate::config::{Config, GpuSourceKind};
 use crate::gpu::{GpuInfo, GpuSource};
 use crate::worker::Worker;
@@ -169,8 +170,12 @@ pub(super) async fn restore_leases(
     let mut logged = Vec::new();
     log.for_each(|r| {
         if r.kind == MessageKind::CapLease as u8 || r.kind == MessageKind::QuarantineRelease as u8 {
-            if let Ok(f) = Frame::decode(r.body) {
-                logged.push(f);
+            match Frame::decode(r.body) {
+                Ok(f) => logged.push(f),
+                Err(e) => tracing::warn!(
+                    "event log record {}: a logged command that does not decode ({e}): not applied again",
+                    r.seq
+                ),
             }
         }
     })
@@ -191,12 +196,22 @@ pub(super) async fn restore_leases(
     Ok(())
 }
 
-/// Every GPU healthy unless the flash kept a state.
-pub(super) async fn restore_health(node: &mut Node, store: &mut ConfigStore<Flash>) {
-    for i in 0..node.len() {
-        let mut buf = [0u8; 128];
-        match store.get(&health_key(i), &mut buf).await {
-            Ok(Some(n)) => match postcard::from_bytes::<GpuHealth>(&buf[..n]) {
+/// Every GPU healthy unless the flash kept a state for it, by its UUID
+/// (`uuids`: every GPU's, in index order).
+pub(super) async fn restore_health(
+    node: &mut Node,
+    uuids: &[&str],
+    store: &mut ConfigStore<Flash>,
+) {
+    for (i, uuid) in uuids.iter().enumerate().take(node.len()) {
+        let Some(id) = identity(uuid) else {
+            tracing::error!(
+                "GPU {i}: its UUID is unknown, so no kept health state can be matched to it: none is restored (a quarantine kept for it is not), and none is kept while it runs"
+            );
+            continue;
+        };
+        match read_kept(store, Record::Health, id).await {
+            Ok(Some(bytes)) => match postcard::from_bytes::<GpuHealth>(&bytes) {
                 Ok(h) if h.state != HealthState::Healthy => {
                     tracing::warn!(
                         "GPU {i}: {} since before the restart ({})",
@@ -217,7 +232,7 @@ pub(super) async fn restore_health(node: &mut Node, store: &mut ConfigStore<Flas
                 Err(e) => tracing::error!("GPU {i}: kept health state unreadable ({e}); healthy"),
             },
             Ok(None) => {}
-            Err(e) => tracing::error!("GPU {i}: kept health state unreadable ({e:?}); healthy"),
+            Err(e) => tracing::error!("GPU {i}: kept health state unreadable ({e}); healthy"),
         }
     }
 }
@@ -279,4 +294,199 @@ pub(super) fn start_bus(
         task: bus_task,
         embedded,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    //! What a restart restores of each GPU's health and quarantine stamp,
+    //! through the shell's own restore, when the GPUs are numbered
+    //! otherwise, after an upgrade from the records kept by index, and for
+    //! a GPU whose UUID is unknown.
+
+    use super::super::quarantine::tagged;
+    use super::super::restore_kept;
+    use super::*;
+    use loopwarden_protocol::{GpuIndex, ReasonCode, Text, Watts};
+
+    const X: &str = "GPU-00000000-0000-0000-0000-00000000000x";
+    const A: &str = "GPU-aaaaaaaa-aaaa-aaaa-aaaa-aaaaaaaaaaaa";
+    const B: &str = "GPU-bbbbbbbb-bbbb-bbbb-bbbb-bbbbbbbbbbbb";
+    const SINCE: u64 = 1_764_000_000_000;
+
+    fn config() -> Config {
+        let text = "site = \"s1\"\nhost = \"h1\"\ntwin_gpus = 3\n";
+        let flags = crate::config::Overrides::default();
+        crate::config::resolve(Some(std::path::Path::new("agent.toml")), text, &flags)
+            .expect("valid")
+    }
+
+    fn gpu(uuid: &str) -> GpuState {
+        GpuState {
+            info: GpuInfo {
+                name: "twin".into(),
+                uuid: uuid.into(),
+                default_limit: Watts(700),
+                min_limit: Watts(200),
+                max_limit: Watts(700),
+            },
+            range: GpuRange {
+                min: Watts(200),
+                max: Watts(700),
+            },
+            last: None,
+            responsive: true,
+            last_error: None,
+            xids: VecDeque::new(),
+        }
+    }
+
+    /// The health an agent keeps of a GPU quarantined at `index`.
+    fn quarantined(index: u8) -> Vec<u8> {
+        let h = GpuHealth {
+            gpu: GpuIndex::new(index).unwrap(),
+            state: HealthState::Quarantined,
+            reason: ReasonCode(79),
+            since: TimestampMs(SINCE),
+            evidence: Text::truncated("XID 79: fallen off the bus"),
+        };
+        postcard::to_allocvec(&h).unwrap()
+    }
+
+    fn id(uuid: &str) -> u64 {
+        identity(uuid).unwrap()
+    }
+
+    fn set(store: &mut ConfigStore<Flash>, key: &str, value: &[u8]) {
+        futures::executor::block_on(store.set(key, value)).unwrap();
+    }
+
+    fn has(store: &mut ConfigStore<Flash>, key: &str) -> bool {
+        let mut buf = [0u8; loopwarden_flash::config::MAX_VALUE];
+        futures::executor::block_on(store.get(key, &mut buf))
+            .unwrap()
+            .is_some()
+    }
+
+    /// A start with the GPUs `uuids`: the state of each, and the GPUs
+    /// whose quarantine actions run again.
+    fn start(store: &mut ConfigStore<Flash>, uuids: [&str; 3]) -> (Vec<HealthState>, Vec<u8>) {
+        let config = config();
+        let gpus: Vec<GpuState> = uuids.iter().map(|u| gpu(u)).collect();
+        let mut node = node(&config, &gpus, TimestampMs(SINCE + 10_000));
+        let undone = futures::executor::block_on(restore_kept(&mut node, &config, &gpus, store));
+        let states = (0..3)
+            .map(|i| node.health().status(i).unwrap().state)
+            .collect();
+        (states, undone.quarantines)
+    }
+
+    use HealthState::{Healthy, Quarantined};
+
+    #[test]
+    fn a_quarantine_and_its_stamp_follow_the_gpu_renumbered() {
+        let mut store = loopwarden_store::agent_flash::open(None).unwrap().store;
+        // A quarantined at index 2, its actions done.
+        let a = id(A);
+        set(
+            &mut store,
+            &Record::Health.key(a),
+            &tagged(a, &quarantined(2)),
+        );
+        set(
+            &mut store,
+            &Record::Done.key(a),
+            &tagged(a, &SINCE.to_le_bytes()),
+        );
+        assert_eq!(
+            start(&mut store, [X, B, A]),
+            (vec![Healthy, Healthy, Quarantined], vec![])
+        );
+        // A is 1 now, B 2: A stays out, B in service, A's actions done.
+        assert_eq!(
+            start(&mut store, [X, A, B]),
+            (vec![Healthy, Quarantined, Healthy], vec![])
+        );
+        // A absent: its record stays for when it is back.
+        assert_eq!(start(&mut store, [X, B, B]).0, vec![Healthy; 3]);
+        assert_eq!(
+            start(&mut store, [A, X, B]),
+            (vec![Quarantined, Healthy, Healthy], vec![])
+        );
+        // Not known done: A's actions run again, wherever it is.
+        let other = tagged(a, &(SINCE - 1).to_le_bytes());
+        set(&mut store, &Record::Done.key(a), &other);
+        assert_eq!(start(&mut store, [X, A, B]).1, vec![1]);
+    }
+
+    #[test]
+    fn records_kept_by_index_are_taken_for_the_gpu_there_and_moved() {
+        let mut store = loopwarden_store::agent_flash::open(None).unwrap().store;
+        // An earlier version kept A's quarantine, at index 2.
+        set(&mut store, "health.2", &quarantined(2));
+        set(&mut store, "quarantine_done.2", &SINCE.to_le_bytes());
+        assert_eq!(
+            start(&mut store, [X, B, A]),
+            (vec![Healthy, Healthy, Quarantined], vec![])
+        );
+        assert!(!has(&mut store, "health.2") && !has(&mut store, "quarantine_done.2"));
+        assert!(has(&mut store, &Record::Health.key(id(A))));
+        // Moved: it follows A from now on.
+        assert_eq!(
+            start(&mut store, [X, A, B]),
+            (vec![Healthy, Quarantined, Healthy], vec![])
+        );
+    }
+
+    #[test]
+    fn a_gpu_with_a_record_under_its_uuid_takes_no_record_by_index() {
+        let mut store = loopwarden_store::agent_flash::open(None).unwrap().store;
+        let b = id(B);
+        let healthy = GpuHealth {
+            state: Healthy,
+            ..postcard::from_bytes(&quarantined(2)).unwrap()
+        };
+        let healthy = postcard::to_allocvec(&healthy).unwrap();
+        set(&mut store, &Record::Health.key(b), &tagged(b, &healthy));
+        set(&mut store, "health.2", &quarantined(2));
+        assert_eq!(start(&mut store, [X, A, B]).0, vec![Healthy; 3]);
+        assert!(has(&mut store, "health.2"), "left as it is");
+    }
+
+    #[test]
+    fn a_move_cut_by_a_power_loss_ends_at_the_next_start_on_the_right_gpu() {
+        let a = id(A);
+        let record = tagged(a, &quarantined(2));
+        // Cut after the record was tagged in place with A's identity, and
+        // after it was written under A's key too; the GPUs renumbered.
+        for written in [false, true] {
+            let mut store = loopwarden_store::agent_flash::open(None).unwrap().store;
+            set(&mut store, "health.2", &record);
+            if written {
+                set(&mut store, &Record::Health.key(a), &record);
+            }
+            let (states, _) = start(&mut store, [X, A, B]);
+            assert_eq!(
+                states,
+                vec![Healthy, Quarantined, Healthy],
+                "written: {written}"
+            );
+            assert!(!has(&mut store, "health.2"));
+        }
+    }
+
+    #[test]
+    fn a_gpu_whose_uuid_is_unknown_has_nothing_restored_or_moved() {
+        let mut store = loopwarden_store::agent_flash::open(None).unwrap().store;
+        let a = id(A);
+        set(
+            &mut store,
+            &Record::Health.key(a),
+            &tagged(a, &quarantined(2)),
+        );
+        set(&mut store, "health.1", &quarantined(1));
+        assert_eq!(identity("unknown"), None);
+        let (states, _) = start(&mut store, [X, "unknown", A]);
+        assert_eq!(states, vec![Healthy, Healthy, Quarantined]);
+        assert!(has(&mut store, "health.1"), "left as it is");
+    }
 }
