@@ -25,7 +25,9 @@
 //!   site limit; a limit someone else sets while it runs is the new
 //!   ceiling, said in a `power_ceiling` event; every GPU's limit is read
 //!   before any is set and at the stop, so no set overwrites such a
-//!   limit unseen;
+//!   limit unseen; a GPU whose read failed is set only to a limit no
+//!   higher than the lowest the agent may have left on it (a cap goes
+//!   down), a raise waits for a good read;
 //! - at a stop with no lease in force every GPU is given back its
 //!   ceiling; at one with a lease, the limits stay as they are, for the
 //!   next start to apply or lift as the kept leases say.
@@ -304,8 +306,12 @@ pub enum Effect {
 pub(crate) struct GpuCaps {
     setup: GpuSetup,
     guard: ThermalGuard,
-    /// The limit read back after the last set (or at start).
+    /// The limit read back after the last set (or at start); `None` when
+    /// not known (never read, or the last read-back failed).
     applied: Option<Watts>,
+    /// While the last read-back failed: the limit asked for and the one
+    /// read before it, either of which the agent may have left on it.
+    unconfirmed: Option<limits::Unconfirmed>,
     /// Who set it (`None`: nobody, or not as asked).
     source: Option<loopwarden_protocol::CapSource>,
     /// The limit it runs at uncapped, put back at a stop with no lease.
@@ -373,6 +379,7 @@ impl Node {
                 setup: g,
                 guard: ThermalGuard::default(),
                 applied: None,
+                unconfirmed: None,
                 source: None,
                 ceiling: limits::within(&g, g.site_limit.unwrap_or(g.default_limit)),
                 ceiling_read: false,
@@ -453,8 +460,8 @@ impl Node {
             Input::Expiry => self.reconcile(now, false, &mut out),
             Input::LimitsSet(results) => self.limits_set(now, results, &mut out),
             Input::LimitsRead(read) => {
-                self.limits_read(read, &mut out);
-                self.read_done(now, &mut out);
+                let read = self.limits_read(read, &mut out);
+                self.read_done(now, &read, &mut out);
             }
             Input::Logged(result) => self.logged(result, &mut out),
             Input::Acknowledge => self.acknowledge(now, &mut out),

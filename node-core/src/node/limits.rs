@@ -13,9 +13,20 @@
 //! it. Either way a configured site limit stays above it all: the
 //! ceiling never exceeds it.
 //!
+//! A GPU whose limit could not be read in that read is set only to a
+//! limit no higher than the lowest the agent may have left on it (a cap
+//! goes down: safety wins, even over a limit set since the last good
+//! read, unseen); a raise waits [`RETRY_MS`] for a good read, said once
+//! per target, as a failed set does (it could overwrite an
+//! administrator's lower limit unseen). After a failed read-back the
+//! agent may have left the limit asked or the one read before it: a
+//! later read finding neither finds an administrator's.
+//!
 //! Glossary:
 //! - *applied*: the limit last read back from a GPU; the only value ever
 //!   reported as in force.
+//! - *left*: a limit the agent may have left on a GPU: the one read back,
+//!   or, after a failed read-back, the one asked or the one read before.
 //! - *source*: who a limit was set for (a lease's sender, the guard);
 //!   `None` when nobody, or when the GPU holds another limit than asked.
 //! - *ceiling*: the limit a GPU runs at uncapped; never exceeded.
@@ -75,6 +86,16 @@ pub struct LimitResult {
     pub back: Result<Watts, String>,
 }
 
+/// A set whose read-back failed: what the agent may have left on the GPU
+/// until its limit is read again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Unconfirmed {
+    /// The limit asked for.
+    asked: Watts,
+    /// The limit last read from the GPU before it (`None`: not known).
+    read: Option<Watts>,
+}
+
 /// What waits for a read of every GPU's limit ([`Effect::ReadLimits`])
 /// asked before setting any.
 #[derive(Debug, Clone, Copy)]
@@ -92,6 +113,74 @@ impl GpuCaps {
         self.retry
             .is_some_and(|(target, at)| target == limit && steady < at)
     }
+
+    /// Whether `found` is a limit the agent may have left on the GPU.
+    fn left(&self, found: Watts) -> bool {
+        match (self.applied, self.unconfirmed) {
+            (Some(a), _) => a == found,
+            (None, Some(u)) => u.asked == found || u.read == Some(found),
+            (None, None) => false,
+        }
+    }
+
+    /// The lowest limit the agent may have left on the GPU (`None`: not
+    /// known); before its first read, the lowest of those kept in flash.
+    fn lowest_left(&self) -> Option<Watts> {
+        match (self.applied, self.unconfirmed, self.kept) {
+            (Some(a), ..) => Some(a),
+            (None, Some(u), _) => u.read.map(|r| r.min(u.asked)),
+            (None, None, Some(k)) if !self.ceiling_read => {
+                Some(k.before.map_or(k.asked, |b| b.min(k.asked)).min(k.ceiling))
+            }
+            (None, None, _) => None,
+        }
+    }
+
+    /// Whether `limit` may be set with the GPU's limit not read just
+    /// now: only a cap that goes down from every limit the agent may have
+    /// left on it (a raise could overwrite an administrator's lower
+    /// limit unseen).
+    fn settable_unread(&self, limit: Watts) -> bool {
+        self.lowest_left().is_some_and(|low| limit <= low)
+    }
+
+    /// Why `limit` is not set with the GPU's limit not read, in words.
+    fn unread_raise(&self, limit: Watts) -> String {
+        match self.lowest_left() {
+            Some(low) => format!(
+                "its power limit could not be read, and {} W is above {} W, the lowest the agent may have left on it",
+                limit.0, low.0
+            ),
+            None => "its power limit could not be read, and no limit the agent left on it is known"
+                .to_string(),
+        }
+    }
+
+    /// The limits the agent may have left on the GPU, in words.
+    fn left_words(&self) -> String {
+        match (self.applied, self.unconfirmed) {
+            (Some(a), _) => format!("{} W", a.0),
+            (
+                None,
+                Some(Unconfirmed {
+                    asked,
+                    read: Some(r),
+                }),
+            ) => {
+                format!("{} W, or {} W asked and not read back", r.0, asked.0)
+            }
+            (None, Some(Unconfirmed { asked, read: None })) => {
+                format!("{} W asked and not read back", asked.0)
+            }
+            (None, None) => "not known".to_string(),
+        }
+    }
+}
+
+/// Whether GPU `i`'s limit was read just now (`read`: one flag per GPU,
+/// in index order; a GPU missing from it was not).
+fn was_read(read: &[bool], i: usize) -> bool {
+    read.get(i).copied().unwrap_or(false)
 }
 
 /// Limits handed to the shell, waiting for their results.
@@ -110,43 +199,41 @@ impl Node {
     /// read decides the GPU's ceiling (kept in flash at once where nothing
     /// was kept: a limit set while the agent is stopped is then told from
     /// its own), a later one that is not the limit last read back was set
-    /// by someone else and is the new ceiling.
-    pub(super) fn limits_read(&mut self, read: &[Result<Watts, String>], out: &mut Vec<Effect>) {
+    /// by someone else and is the new ceiling. Returns whether each GPU's
+    /// limit was read (one that was not is said, and set only lower).
+    pub(super) fn limits_read(
+        &mut self,
+        read: &[Result<Watts, String>],
+        out: &mut Vec<Effect>,
+    ) -> Vec<bool> {
         let mut moved = Vec::new();
         let mut unkept = false;
-        for (i, (r, g)) in read.iter().zip(self.gpus.iter_mut()).enumerate() {
-            let found = match r {
-                Ok(w) => *w,
-                Err(e) => {
-                    out.push(Effect::Say(
-                        Level::Warn,
-                        format!(
-                            "GPU {i}: cannot read its power limit ({e}); its uncapped limit stays {} W",
-                            g.ceiling.0
-                        ),
-                    ));
+        let mut was_read = vec![false; self.gpus.len()];
+        for (i, g) in self.gpus.iter_mut().enumerate() {
+            let found = match read.get(i) {
+                Some(Ok(w)) => *w,
+                r => {
+                    let why = match r {
+                        Some(Err(e)) => e.as_str(),
+                        _ => "no answer",
+                    };
+                    out.push(Effect::Say(Level::Warn, unreadable(i, g, why)));
                     continue;
                 }
             };
+            was_read[i] = true;
             let was = g.ceiling;
             unkept |= !g.ceiling_read && g.kept.is_none();
-            let changed = match (g.ceiling_read, g.applied) {
-                (false, _) => first_ceiling(i, g, found, out),
-                (true, Some(a)) if a != found => {
-                    g.ceiling = within(&g.setup, found);
-                    out.push(Effect::Say(
-                        Level::Warn,
-                        format!(
-                            "GPU {i}: its power limit was changed outside the agent ({} W to {} W)",
-                            a.0, found.0
-                        ),
-                    ));
-                    g.ceiling != was
-                }
-                _ => false,
+            let changed = if !g.ceiling_read {
+                first_ceiling(i, g, found, out)
+            } else if !g.left(found) {
+                changed_outside(i, g, found, out)
+            } else {
+                false
             };
             g.ceiling_read = true;
             g.applied = Some(found);
+            g.unconfirmed = None;
             self.commands.set_ceiling(gpu_index(i as u8), g.ceiling);
             if changed {
                 moved.push((gpu_index(i as u8), g.ceiling, was));
@@ -156,6 +243,7 @@ impl Node {
             out.push(Effect::KeepLimits(self.kept_limits()));
         }
         out.extend(power_ceiling(&moved).into_iter().map(Effect::Emit));
+        was_read
     }
 
     /// What the flash is to keep of every GPU: its ceiling and the limit
@@ -164,17 +252,25 @@ impl Node {
         self.kept_asking(&[])
     }
 
-    /// As [`Node::kept_limits`], with the limits of `sets` asked for now.
+    /// As [`Node::kept_limits`], with the limits of `sets` asked for now
+    /// (after a failed read-back, the limit asked then and the one read
+    /// before it stand for the last asked and the last read).
     fn kept_asking(&self, sets: &[SetLimit]) -> Vec<KeptLimit> {
         self.gpus
             .iter()
             .enumerate()
             .map(|(i, g)| {
-                let asked = sets.iter().find(|s| s.gpu as usize == i).map(|s| s.limit);
+                let asking = sets.iter().find(|s| s.gpu as usize == i).map(|s| s.limit);
+                let (asked, before) = match (asking, g.applied, g.unconfirmed) {
+                    (_, Some(a), _) => (asking.unwrap_or(a), Some(a)),
+                    (Some(new), None, Some(u)) => (new, Some(u.asked)),
+                    (None, None, Some(u)) => (u.asked, u.read),
+                    (_, None, None) => (asking.unwrap_or(g.ceiling), None),
+                };
                 KeptLimit {
                     ceiling: g.ceiling,
-                    asked: asked.or(g.applied).unwrap_or(g.ceiling),
-                    before: g.applied,
+                    asked,
+                    before,
                 }
             })
             .collect()
@@ -194,30 +290,53 @@ impl Node {
             self.after_read = Some(AfterRead::Reconcile { force });
             out.push(Effect::ReadLimits);
         } else {
-            self.put_in_force(now, force, out);
+            // Nothing to set: no GPU was read, none is set.
+            self.put_in_force(now, force, &[], out);
         }
     }
 
-    /// Every GPU's limit was read ([`Node::limits_read`]): what waited
-    /// for it goes on.
-    pub(super) fn read_done(&mut self, now: Now, out: &mut Vec<Effect>) {
+    /// A raise of GPU `i` to `limit` not made, its limit not read just
+    /// now: tried again after [`RETRY_MS`] (at once for a command), with a
+    /// read first; said once per target, and in a pending command's ack.
+    fn hold(&mut self, now: Now, i: u8, limit: Watts, out: &mut Vec<Effect>) {
+        let g = &mut self.gpus[i as usize];
+        let why = format!(
+            "GPU {i}: {} W not set: {}; tried again after a read",
+            limit.0,
+            g.unread_raise(limit)
+        );
+        if g.retry.is_none_or(|(target, _)| target != limit) {
+            out.push(Effect::Say(Level::Warn, why.clone()));
+        }
+        g.retry = Some((limit, now.steady.0 + RETRY_MS));
+        if let Some(p) = self.pending.as_mut() {
+            p.failed(why);
+        }
+    }
+
+    /// Every GPU's limit was read ([`Node::limits_read`]; `read`: whether
+    /// each one's was): what waited for it goes on.
+    pub(super) fn read_done(&mut self, now: Now, read: &[bool], out: &mut Vec<Effect>) {
         match self.after_read.take() {
-            Some(AfterRead::Stop) => self.stopping(now, out),
-            Some(AfterRead::Reconcile { force }) => self.put_in_force(now, force, out),
-            None => self.put_in_force(now, false, out),
+            Some(AfterRead::Stop) => self.stopping(now, read, out),
+            Some(AfterRead::Reconcile { force }) => self.put_in_force(now, force, read, out),
+            None => self.put_in_force(now, false, read, out),
         }
     }
 
     /// Puts the arbiter's targets in force: a limit already read back is
     /// left alone (a new source is said), one that failed waits
-    /// [`RETRY_MS`] unless `force` (a command waits for its ack).
-    fn put_in_force(&mut self, now: Now, force: bool, out: &mut Vec<Effect>) {
+    /// [`RETRY_MS`] unless `force` (a command waits for its ack); on a GPU
+    /// whose limit was not read just now (`read`), only a cap that goes
+    /// down is set, a raise is held ([`Node::hold`]).
+    fn put_in_force(&mut self, now: Now, force: bool, read: &[bool], out: &mut Vec<Effect>) {
         // Leases lapse and retries wait on steady time: a step of the
         // wall clock neither hurries nor holds them off.
         let steady = now.steady.0;
         let mut changes = Vec::new();
         let mut sets = Vec::new();
         let mut sources = Vec::new();
+        let mut held = Vec::new();
         for t in self.commands.targets(TimestampMs(steady)) {
             let i = t.gpu.get();
             let g = &mut self.gpus[i as usize];
@@ -232,11 +351,18 @@ impl Node {
             if g.waits(t.limit, steady) && !force {
                 continue;
             }
+            if !was_read(read, i as usize) && !g.settable_unread(t.limit) {
+                held.push((i, t.limit));
+                continue;
+            }
             sets.push(SetLimit {
                 gpu: i,
                 limit: t.limit,
             });
             sources.push((i, t.source));
+        }
+        for (i, limit) in held {
+            self.hold(now, i, limit, out);
         }
         if sets.is_empty() {
             self.caps_applied(&changes, out);
@@ -277,11 +403,19 @@ impl Node {
             match res.back {
                 Ok(b) => {
                     g.applied = Some(b);
+                    g.unconfirmed = None;
                     g.source = if b == res.limit { source } else { None };
                 }
                 Err(_) => {
-                    // The set may have taken: the ceiling goes back at
-                    // the stop.
+                    // The set may have taken: the GPU holds the limit
+                    // asked or the one read before (a later read finding
+                    // neither finds an administrator's); the ceiling goes
+                    // back at the stop.
+                    let read = g.applied.or(g.unconfirmed.and_then(|u| u.read));
+                    g.unconfirmed = Some(Unconfirmed {
+                        asked: res.limit,
+                        read,
+                    });
                     g.applied = None;
                 }
             }
@@ -318,8 +452,10 @@ impl Node {
     /// stay (the leases are in flash, and the next start applies or lifts
     /// them: a restart in a cooling emergency never runs the GPUs
     /// uncapped); with none, every GPU not at its ceiling is given it
-    /// back.
-    fn stopping(&mut self, now: Now, out: &mut Vec<Effect>) {
+    /// back (one whose limit was not read just now, `read`, only where
+    /// that lowers it: a raise could overwrite an administrator's limit
+    /// unseen, and is said).
+    fn stopping(&mut self, now: Now, read: &[bool], out: &mut Vec<Effect>) {
         self.commands.targets(now.steady);
         let leases = self.commands.leases().len();
         if leases > 0 {
@@ -331,16 +467,27 @@ impl Node {
             ));
             return;
         }
-        let sets: Vec<SetLimit> = self
-            .gpus
-            .iter()
-            .enumerate()
-            .filter(|(_, g)| g.applied != Some(g.ceiling))
-            .map(|(i, g)| SetLimit {
+        let mut sets = Vec::new();
+        for (i, g) in self.gpus.iter().enumerate() {
+            if g.applied == Some(g.ceiling) {
+                continue;
+            }
+            if !was_read(read, i) && !g.settable_unread(g.ceiling) {
+                out.push(Effect::Say(
+                    Level::Error,
+                    format!(
+                        "GPU {i}: uncapped limit {} W not restored: {}",
+                        g.ceiling.0,
+                        g.unread_raise(g.ceiling)
+                    ),
+                ));
+                continue;
+            }
+            sets.push(SetLimit {
                 gpu: i as u8,
                 limit: g.ceiling,
-            })
-            .collect();
+            });
+        }
         if sets.is_empty() {
             return;
         }
@@ -430,6 +577,34 @@ fn first_ceiling(i: usize, g: &mut GpuCaps, found: Watts, out: &mut Vec<Effect>)
         }
     }
     g.ceiling != was
+}
+
+/// GPU `i` (as `g`) found at `found`, which is no limit the agent left
+/// on it: an administrator's, the new ceiling; whether the ceiling moved.
+fn changed_outside(i: usize, g: &mut GpuCaps, found: Watts, out: &mut Vec<Effect>) -> bool {
+    let was = g.ceiling;
+    g.ceiling = within(&g.setup, found);
+    out.push(Effect::Say(
+        Level::Warn,
+        format!(
+            "GPU {i}: its power limit was changed outside the agent ({} to {} W)",
+            g.left_words(),
+            found.0
+        ),
+    ));
+    g.ceiling != was
+}
+
+/// What is said of GPU `i` (as `g`) whose limit could not be read (`why`).
+fn unreadable(i: usize, g: &GpuCaps, why: &str) -> String {
+    let sets = match g.lowest_left() {
+        Some(low) => format!("it is set no higher than {} W until a read", low.0),
+        None => "no limit is set on it until a read".to_string(),
+    };
+    format!(
+        "GPU {i}: cannot read its power limit ({why}); its uncapped limit stays {} W, and {sets}",
+        g.ceiling.0
+    )
 }
 
 /// One `power_ceiling` event for each ceiling and former ceiling that

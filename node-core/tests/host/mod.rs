@@ -4,7 +4,9 @@
 //! cooling-loss steps and replay floors kept), and a record of what went
 //! on the bus; it carries out each effect of the node and answers it as
 //! the agent does. A host restarts from its flash after a clean stop or
-//! a crash ([`Host::restarted`], [`Host::crashed`]).
+//! a crash ([`Host::restarted`], [`Host::crashed`]). A GPU's limit reads
+//! can be made to fail ([`Host::unreadable`], [`Host::back_fails`]), as
+//! a worker busy past its deadline or an NVML error makes them.
 //!
 //! Glossary:
 //! - *pending*: a cooling-loss step handed out (its commands running)
@@ -57,6 +59,12 @@ pub struct Host {
     pub flash_ok: bool,
     /// Whether a GPU refuses a set (its limit stays).
     pub refuse_set: bool,
+    /// The GPUs whose limit cannot be read in a read of every GPU's
+    /// limit ([`Effect::ReadLimits`]); a set still takes.
+    pub unreadable: [bool; GPUS],
+    /// The GPUs whose limit cannot be read back after a set (the set
+    /// takes unless refused).
+    pub back_fails: [bool; GPUS],
     /// What went on the bus or into flash, in order.
     pub acks: Vec<Ack>,
     pub events: Vec<Event>,
@@ -163,6 +171,32 @@ impl Host {
     /// first, as the agent gives it (a GPU's health only when not
     /// healthy).
     pub fn start_kept(boot: Start, kept: Kept) -> Self {
+        let at = boot.at;
+        let mut host = Self::assemble(boot, kept);
+        host.step(at, Input::Start);
+        host
+    }
+
+    /// As [`Host::boot`], the limits of the GPUs of `unreadable` not
+    /// readable from the start on.
+    pub fn boot_unreadable(boot: Boot, unreadable: [bool; GPUS]) -> Self {
+        let mut host = Self::assemble(
+            Start {
+                limits: [boot.limits; GPUS],
+                site_limit: boot.site_limit,
+                kept: [boot.kept; GPUS],
+                logged: Vec::new(),
+                at: T0.0,
+            },
+            Kept::default(),
+        );
+        host.unreadable = unreadable;
+        host.step(T0.0, Input::Start);
+        host
+    }
+
+    /// The host as [`Host::start_kept`] makes it, not started yet.
+    fn assemble(boot: Start, kept: Kept) -> Self {
         let setup = Setup {
             own_cmd: samples::command_topic(),
             authority: Authority::demo(Some(cdu())),
@@ -209,11 +243,13 @@ impl Host {
         if let Some((seq, time)) = kept.state_floor {
             node.restore_state_floor(seq, time);
         }
-        let mut host = Self {
+        Self {
             node,
             limits: boot.limits,
             flash_ok: true,
             refuse_set: false,
+            unreadable: [false; GPUS],
+            back_fails: [false; GPUS],
             acks: Vec::new(),
             events: Vec::new(),
             health_published: 0,
@@ -230,9 +266,7 @@ impl Host {
             flash_limits: boot.kept,
             kept_status: kept.health,
             trail: Vec::new(),
-        };
-        host.step(boot.at, Input::Start);
-        host
+        }
     }
 
     /// Gives the node `input` at `t` and carries out what it decides, as
@@ -258,18 +292,28 @@ impl Host {
                                 self.limits[i] = s.limit;
                                 Ok(())
                             };
+                            let back = if self.back_fails[i] {
+                                Err("Timeout".to_string())
+                            } else {
+                                Ok(self.limits[i])
+                            };
                             LimitResult {
                                 gpu: s.gpu,
                                 limit: s.limit,
                                 set,
-                                back: Ok(self.limits[i]),
+                                back,
                             }
                         })
                         .collect();
                     self.node.step(now, Input::LimitsSet(&results))
                 }
                 Effect::ReadLimits => {
-                    let read: Vec<_> = self.limits.iter().map(|&w| Ok(w)).collect();
+                    let read: Vec<_> = (0..GPUS)
+                        .map(|i| match self.unreadable[i] {
+                            true => Err("Timeout".to_string()),
+                            false => Ok(self.limits[i]),
+                        })
+                        .collect();
                     self.node.step(now, Input::LimitsRead(&read))
                 }
                 Effect::LogCommand => {

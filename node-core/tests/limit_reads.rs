@@ -1,0 +1,217 @@
+//! A GPU's limit that cannot be read (its worker busy past the deadline,
+//! an NVML error) never lets the node raise it above an administrator's
+//! limit (docs/node-agent.md section 5.1): a read that fails before a set
+//! lets only a cap that goes down through, a raise waits for a good read
+//! (said once), at a reconcile, at the start and at the stop; after a
+//! read-back that failed, a limit found that is neither the one asked nor
+//! the one read before is an administrator's, the new ceiling.
+//!
+//! [`Host`] (in `host/`) plays the shell, its reads failing where told.
+
+mod host;
+
+use host::{Boot, Host, DEFAULT, GPUS};
+use loopwarden_protocol::samples::{self, demo_signing_key, T0};
+use loopwarden_protocol::{
+    CapLease, CapSource, CommandAuth, DurationMs, Event, Frame, GpuCap, GpuSelector, Message,
+    NodeId, ReasonCode, Role, TimestampMs, Watts,
+};
+use node_core::node::{Effect, Input, Level, RETRY_MS};
+
+/// A lease from the CDU's controller: every GPU at `watts` for `ms`.
+fn lease(seq: u32, t: u64, watts: u32, ms: u32) -> Frame {
+    let mut f = Frame {
+        sender: NodeId::new(Role::Cdu, "cdu-a").unwrap(),
+        seq,
+        time: TimestampMs(t),
+        message: Message::CapLease(CapLease {
+            lease: seq,
+            source: CapSource::Cooling,
+            reason: ReasonCode::CAPACITY_SHORT,
+            caps: [GpuCap {
+                gpus: GpuSelector::All,
+                limit: Watts(watts),
+            }]
+            .into_iter()
+            .collect(),
+            duration: DurationMs(ms),
+            auth: CommandAuth::default(),
+        }),
+    };
+    f.sign(&samples::command_topic(), 1, &demo_signing_key())
+        .unwrap();
+    f
+}
+
+fn lease_now(h: &mut Host, seq: u32, t: u64, watts: u32, ms: u32) {
+    h.step(
+        t,
+        Input::Frame(&samples::command_topic(), &lease(seq, t, watts, ms)),
+    );
+}
+
+/// Every limit the node asked GPU `gpu` to be set to, in order.
+fn sets_of(h: &Host, gpu: u8) -> Vec<Watts> {
+    h.trail
+        .iter()
+        .flat_map(|e| match e {
+            Effect::SetLimits(sets) => sets.clone(),
+            _ => Vec::new(),
+        })
+        .filter(|s| s.gpu == gpu)
+        .map(|s| s.limit)
+        .collect()
+}
+
+/// The lines said that contain `part`.
+fn said(h: &Host, part: &str) -> Vec<(Level, String)> {
+    h.trail
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Say(level, line) if line.contains(part) => Some((*level, line.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn power_ceilings(h: &Host) -> Vec<(u16, Watts, Watts)> {
+    h.events
+        .iter()
+        .filter_map(|e| match e {
+            Event::PowerCeiling { gpus, ceiling, was } => Some((*gpus, *ceiling, *was)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_lift_after_a_failed_read_waits_for_a_good_read_and_keeps_the_administrators_limit() {
+    // An administrator's 500 W on every GPU: the ceiling.
+    let mut h = Host::boot(Boot {
+        limits: Watts(500),
+        ..Boot::default()
+    });
+    // GPU 2's worker is busy past its deadline: its reads fail at once,
+    // its sets take. A cap goes down all the same.
+    h.unreadable[2] = true;
+    let mut t = T0.0 + 1_000;
+    lease_now(&mut h, 1, t, 300, 20_000);
+    assert_eq!(h.limits, [Watts(300); GPUS], "a cap goes down unread");
+
+    // The administrator lowers GPU 2's 500 W to 400 W (it is at 300 W,
+    // capped); the lease lapses with GPU 2 still unread.
+    h.limits[2] = Watts(400);
+    t += 20_000;
+    h.step(t, Input::Expiry);
+    assert_eq!(
+        h.limits,
+        [Watts(500), Watts(500), Watts(400), Watts(500)],
+        "GPU 2 not lifted above the administrator's 400 W"
+    );
+    assert_eq!(sets_of(&h, 2), [Watts(300)]);
+
+    // Still unread: tried again, said once.
+    for _ in 0..(2 * RETRY_MS / 1_000 + 5) {
+        t += 1_000;
+        h.healthy_round(t);
+    }
+    assert_eq!(h.limits[2], Watts(400));
+    assert_eq!(sets_of(&h, 2), [Watts(300)]);
+    let held = said(&h, "GPU 2: 500 W not set");
+    assert_eq!(held.len(), 1, "said once: {held:?}");
+    assert_eq!(held[0].0, Level::Warn);
+
+    // Read again: the administrator's 400 W is the new ceiling, kept.
+    h.unreadable[2] = false;
+    for _ in 0..(RETRY_MS / 1_000 + 1) {
+        t += 1_000;
+        h.healthy_round(t);
+    }
+    assert_eq!(h.node.ceiling(2), Some(Watts(400)));
+    assert_eq!(power_ceilings(&h), [(0b100, Watts(400), Watts(500))]);
+    assert_eq!(h.limits, [Watts(500), Watts(500), Watts(400), Watts(500)]);
+    assert!(sets_of(&h, 2).iter().all(|&w| w <= Watts(400)));
+}
+
+#[test]
+fn a_stop_with_a_failed_read_never_lifts_a_gpu_above_the_administrators_limit() {
+    let mut h = Host::new();
+    let t = T0.0 + 1_000;
+    lease_now(&mut h, 1, t, 300, 20_000);
+    assert_eq!(h.limits, [Watts(300); GPUS]);
+    // While capped, the administrator sets GPU 1 to 400 W; the stop's
+    // read of GPU 1 fails, the lease has lapsed.
+    h.limits[1] = Watts(400);
+    h.unreadable[1] = true;
+    h.step(t + 25_000, Input::Stop);
+    assert_eq!(h.limits, [DEFAULT, Watts(400), DEFAULT, DEFAULT]);
+    assert_eq!(sets_of(&h, 1), [Watts(300)], "GPU 1 not set at the stop");
+    let lines = said(&h, "GPU 1: uncapped limit 700 W not restored");
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0].0, Level::Error);
+}
+
+#[test]
+fn a_gpu_unread_at_the_start_is_not_set_to_a_limit_never_read_from_it() {
+    // An administrator's 500 W before the first start; NVML's default
+    // is 700 W. GPU 3's first read fails.
+    let mut unreadable = [false; GPUS];
+    unreadable[3] = true;
+    let mut h = Host::boot_unreadable(
+        Boot {
+            limits: Watts(500),
+            ..Boot::default()
+        },
+        unreadable,
+    );
+    assert_eq!(h.limits, [Watts(500); GPUS], "nothing set at start");
+    assert!(sets_of(&h, 3).is_empty());
+    assert_eq!(said(&h, "GPU 3: 700 W not set").len(), 1);
+
+    // Read after the retry: 500 W is its ceiling, and no set is needed.
+    h.unreadable[3] = false;
+    let mut t = T0.0;
+    for _ in 0..(RETRY_MS / 1_000 + 1) {
+        t += 1_000;
+        h.healthy_round(t);
+    }
+    assert_eq!(h.node.ceiling(3), Some(Watts(500)));
+    assert!(sets_of(&h, 3).is_empty());
+    assert!(power_ceilings(&h).is_empty());
+}
+
+#[test]
+fn after_a_failed_read_back_an_administrators_limit_is_still_seen() {
+    let mut h = Host::boot(Boot {
+        limits: Watts(500),
+        ..Boot::default()
+    });
+    // The caps take on GPUs 1 and 2, their read-backs fail.
+    h.back_fails[1] = true;
+    h.back_fails[2] = true;
+    let mut t = T0.0 + 1_000;
+    lease_now(&mut h, 1, t, 300, 600_000);
+    assert_eq!(h.limits, [Watts(300); GPUS]);
+    assert_eq!(h.node.applied(2).0, None, "not confirmed");
+
+    // Before the next read, the administrator sets GPU 2 to 400 W; GPU 1
+    // keeps the agent's 300 W.
+    h.back_fails = [false; GPUS];
+    h.limits[2] = Watts(400);
+    for _ in 0..(RETRY_MS / 1_000 + 1) {
+        t += 1_000;
+        h.healthy_round(t);
+    }
+    assert_eq!(h.node.ceiling(2), Some(Watts(400)), "the administrator's");
+    assert_eq!(h.node.ceiling(1), Some(Watts(500)), "the agent's own 300 W");
+    assert_eq!(power_ceilings(&h), [(0b100, Watts(400), Watts(500))]);
+    assert_eq!(
+        said(&h, "changed outside the agent").len(),
+        1,
+        "GPU 2 only: {:?}",
+        said(&h, "changed outside the agent")
+    );
+    assert_eq!(h.limits, [Watts(300); GPUS], "the cap below it set again");
+    let kept = h.kept_limits.last().expect("the new ceiling kept");
+    assert_eq!(kept[2].ceiling, Watts(400));
+}
