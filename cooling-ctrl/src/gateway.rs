@@ -417,8 +417,9 @@ impl Gateway {
             self.resender.offer(msg);
             return;
         }
-        if let Some((from, st)) = hall_state(&msg, &self.cfg.cdu) {
-            let acts = self.bridge.hall_state(from, st, self.now());
+        let now = self.now();
+        if let Some((from, st)) = hall_state(&msg, &self.cfg.cdu, now.unix_ms) {
+            let acts = self.bridge.hall_state(from, st, now);
             self.perform(acts);
             return;
         }

@@ -17,6 +17,7 @@
 //! - *offer*, *plan*: see [`cooling_core::facility`].
 
 use cooling_core::facility::Offer;
+use cooling_core::FACILITY_TARGET_STALE_MS;
 use cooling_decide::facility::{offer_moved, offer_of};
 use loopwarden_bus::Inbound;
 use loopwarden_protocol::message::{CduState, FacilityState};
@@ -159,13 +160,33 @@ fn moved(sent: Option<&FacilityState>, now: &FacilityState) -> bool {
 }
 
 /// Another CDU's retained state in `msg`, and who sent it: a CDU's state
-/// on its own `health` topic, not `me`'s.
-pub fn hall_state<'a>(msg: &'a Inbound, me: &Ident) -> Option<(&'a Ident, &'a CduState)> {
+/// on its own `health` topic, not `me`'s, stamped within
+/// [`FACILITY_TARGET_STALE_MS`] of `wall_ms` (Unix ms). An older one (a
+/// silent controller's retained state, delivered again at every
+/// connection, or clocks that far apart) is neither a plan to follow nor
+/// an offer to hear: said, and dropped.
+pub fn hall_state<'a>(
+    msg: &'a Inbound,
+    me: &Ident,
+    wall_ms: u64,
+) -> Option<(&'a Ident, &'a CduState)> {
     let (Message::CduState(st), Family::Health) = (&msg.frame.message, msg.topic.family) else {
         return None;
     };
     let sender_ok = msg.frame.sender.role == Role::Cdu && msg.frame.sender.id == msg.topic.node;
-    (sender_ok && &msg.topic.node != me).then_some((&msg.topic.node, st))
+    if !sender_ok || &msg.topic.node == me {
+        return None;
+    }
+    let age_ms = wall_ms.saturating_sub(msg.frame.time.0);
+    if age_ms > FACILITY_TARGET_STALE_MS && st.facility.is_some() {
+        tracing::warn!(
+            "cooling facility: the state of {} is {} s old (a silent controller's retained state, or clocks apart): its offer and plan are not taken",
+            msg.topic.node,
+            age_ms / 1000
+        );
+        return None;
+    }
+    Some((&msg.topic.node, st))
 }
 
 /// The subscription to every CDU's state of `site` (the coordinator's
@@ -180,7 +201,8 @@ impl<P: CduPort> Shell<P> {
     /// Another CDU's retained state: the coordinator's plan is followed;
     /// on the coordinator, each hall CDU's offer is heard.
     pub(super) fn on_cdu_state(&mut self, msg: &Inbound) {
-        let Some((from, st)) = hall_state(msg, &self.cfg.cdu) else {
+        let wall_ms = self.unix(self.now_ms()).0;
+        let Some((from, st)) = hall_state(msg, &self.cfg.cdu, wall_ms) else {
             return;
         };
         let now = self.now_ms();
@@ -250,6 +272,44 @@ mod tests {
         };
         st.facility = Some(facility);
         st
+    }
+
+    /// `st` as CDU `from` publishes it on its health topic, stamped `time`.
+    fn inbound(from: &str, st: CduState, time: u64) -> Inbound {
+        let sender = loopwarden_protocol::NodeId::new(Role::Cdu, from).expect("a node");
+        Inbound {
+            topic: loopwarden_protocol::topic::Topic::new(
+                &id("hall-1"),
+                Role::Cdu,
+                &id(from),
+                Family::Health,
+            ),
+            frame: loopwarden_protocol::Frame {
+                sender,
+                seq: 1,
+                time: loopwarden_protocol::TimestampMs(time),
+                message: Message::CduState(st),
+            },
+        }
+    }
+
+    #[test]
+    fn a_hall_state_older_than_a_plans_life_is_not_taken() {
+        let st = state_of(FacilityState {
+            offer: None,
+            plan: None,
+        });
+        let wall = 1_800_000_000_000;
+        let fresh = inbound("cdu-1", st.clone(), wall - FACILITY_TARGET_STALE_MS);
+        assert!(hall_state(&fresh, &id("cdu-2"), wall).is_some());
+        let ahead = inbound("cdu-1", st.clone(), wall + 60_000);
+        assert!(
+            hall_state(&ahead, &id("cdu-2"), wall).is_some(),
+            "clock ahead"
+        );
+        let old = inbound("cdu-1", st.clone(), wall - FACILITY_TARGET_STALE_MS - 1);
+        assert!(hall_state(&old, &id("cdu-2"), wall).is_none());
+        assert!(hall_state(&fresh, &id("cdu-1"), wall).is_none(), "its own");
     }
 
     #[test]
