@@ -31,6 +31,7 @@ use loopwarden_protocol::{ThrottleReasons, Unsupported, Watts};
 use crate::gpu::{GpuDevice, GpuError, GpuInfo, GpuSample, GpuSource, XidEvent, XidReport};
 
 mod system;
+mod watch;
 pub use system::SystemNvml;
 
 /// An NVML answer other than success.
@@ -148,7 +149,9 @@ pub trait NvmlApi: Send + Sync + 'static {
     fn fields(&self, gpu: u32, ids: &[u32]) -> NvmlResult<Vec<NvmlResult<u64>>>;
     /// Registers `gpus` for critical XID events on one event set and waits
     /// on it until `stop`, calling `deliver` per event. `registered` is
-    /// told, per GPU, whether it could be registered.
+    /// told, per GPU, whether it could be registered; a GPU that could not
+    /// is left out of the wait. With no GPU registered it fails instead of
+    /// waiting on an empty set.
     fn watch_xids(
         &self,
         gpus: &[u32],
@@ -281,10 +284,14 @@ pub const WATCH_RETRY_FIRST: std::time::Duration = std::time::Duration::from_sec
 pub const WATCH_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Runs the XID watch until `stop`, restarting it with backoff whenever it
-/// ends: each end is sent as [`XidEvent::WatchDown`], each restart whose
-/// registrations all answered as [`XidEvent::WatchUp`]. The first
-/// registration answers go to `first_registrations` (then `None` if the
-/// first watch ended).
+/// ends: each end is sent as [`XidEvent::WatchDown`]. A restart that
+/// registered every GPU is sent as [`XidEvent::WatchUp`]; one that left a
+/// GPU out (its handle, its event types or its registration failed) as
+/// [`XidEvent::WatchDown`] naming each GPU left out and NVML's answer,
+/// while the wait goes on for the GPUs registered (the watch stays down
+/// until a restart registers them all). The first registration answers go
+/// to `first_registrations` (then `None` if the first watch ended), which
+/// reports the GPUs refused at the start.
 fn keep_watching<A: NvmlApi>(
     api: &A,
     gpus: &[u32],
@@ -296,13 +303,24 @@ fn keep_watching<A: NvmlApi>(
     let mut wait = WATCH_RETRY_FIRST;
     let mut restarts = 0u32;
     while !stop.load(Ordering::Relaxed) {
-        let mut answered = 0;
+        let mut answers = watch::Registrations::new(gpus.len());
+        // This start already said the watch is down.
+        let mut said_down = false;
         let mut registered = |gpu: u32, r: NvmlResult<()>| {
-            answered += 1;
             if restarts == 0 {
-                let _ = first_registrations.send(Some((gpu, r)));
-            } else if answered == gpus.len() {
-                let _ = sink.send(XidEvent::WatchUp);
+                let _ = first_registrations.send(Some((gpu, r.clone())));
+            }
+            match answers.answer(gpu, r) {
+                Some(_) if restarts == 0 => {}
+                None => {}
+                Some(Ok(())) => {
+                    let _ = sink.send(XidEvent::WatchUp);
+                }
+                Some(Err(why)) => {
+                    tracing::error!("NVML XID watch restarted, {why}");
+                    said_down = true;
+                    let _ = sink.send(XidEvent::WatchDown(why));
+                }
             }
         };
         let mut deliver = |gpu: u32, xid: u64| {
@@ -325,12 +343,17 @@ fn keep_watching<A: NvmlApi>(
         if stop.load(Ordering::Relaxed) {
             return;
         }
-        let why = match outcome {
+        let mut why = match outcome {
             Err(e) => format!("{e:?}"),
             Ok(()) => "the event wait returned".into(),
         };
+        if let Some(names) = answers.refused() {
+            why.push_str(&format!("; not registered: {names}"));
+        }
         tracing::error!("NVML XID watch ended ({why}); restarting it in {wait:?}");
-        if sink.send(XidEvent::WatchDown(why)).is_err() {
+        // A start that already said the watch is down (a GPU refused) is
+        // not said again.
+        if !said_down && sink.send(XidEvent::WatchDown(why)).is_err() {
             return;
         }
         // A watch that ran for a while earns a quick restart.

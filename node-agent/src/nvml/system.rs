@@ -53,6 +53,9 @@ impl SystemNvml {
     }
 }
 
+/// NVML's event set, for as long as NVML.
+type EventSet = nvml_wrapper::EventSet<'static>;
+
 /// A GPU's handle, kept or looked up for this call.
 enum DeviceRef<'a> {
     Kept(&'a nvml_wrapper::Device<'static>),
@@ -206,54 +209,90 @@ impl NvmlApi for SystemNvml {
         deliver: &mut dyn FnMut(u32, u64),
         stop: &AtomicBool,
     ) -> NvmlResult<()> {
-        use nvml_wrapper::bitmasks::event::EventTypes;
-        use nvml_wrapper::enums::event::XidError;
         let mut set = self.nvml.create_event_set().map_err(failure)?;
+        let mut taken = 0;
         for &gpu in gpus {
-            let device = match self.device(gpu) {
-                Ok(d) => d,
-                Err(e) => {
-                    registered(gpu, Err(e));
-                    continue;
-                }
-            };
-            // Registering a GPU that cannot take the event would release
-            // the whole set, so ask first.
-            match device.supported_event_types() {
-                Ok(t) if t.contains(EventTypes::CRITICAL_XID_ERROR) => {}
-                Ok(_) => {
-                    registered(gpu, Err(NvmlFailure::NotSupported));
-                    continue;
-                }
-                Err(e) => {
-                    registered(gpu, Err(failure(e)));
-                    continue;
-                }
-            }
-            set = match device.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
-                Ok(set) => {
+            match self.register(gpu, set) {
+                Ok(kept) => {
+                    set = kept;
+                    taken += 1;
                     registered(gpu, Ok(()));
-                    set
                 }
-                Err(e) => {
-                    registered(gpu, Err(failure(e.error)));
+                Err((Some(kept), e)) => {
+                    set = kept;
+                    registered(gpu, Err(e));
+                }
+                Err((None, e)) => {
+                    registered(gpu, Err(e));
                     return Err(NvmlFailure::Other(
                         "registering XID events failed; NVML released the event set".into(),
                     ));
                 }
-            };
+            }
         }
+        // A set with no GPU on it would wait for nothing, and never say so.
+        if taken == 0 && !gpus.is_empty() {
+            return Err(NvmlFailure::Other(
+                "no GPU could be registered for XID events".into(),
+            ));
+        }
+        self.wait_xids(&set, deliver, stop)
+    }
+}
+
+impl SystemNvml {
+    /// Registers `gpu` for critical XIDs on `set`. On failure, NVML's
+    /// answer and the set back, unless NVML released it.
+    fn register(
+        &self,
+        gpu: u32,
+        set: EventSet,
+    ) -> Result<EventSet, (Option<EventSet>, NvmlFailure)> {
+        use nvml_wrapper::bitmasks::event::EventTypes;
+        let device = match self.device(gpu) {
+            Ok(d) => d,
+            Err(e) => return Err((Some(set), e)),
+        };
+        // Registering a GPU that cannot take the event would release the
+        // whole set, so ask first.
+        match device.supported_event_types() {
+            Ok(t) if t.contains(EventTypes::CRITICAL_XID_ERROR) => {}
+            Ok(_) => return Err((Some(set), NvmlFailure::NotSupported)),
+            Err(e) => return Err((Some(set), failure(e))),
+        }
+        device
+            .register_events(EventTypes::CRITICAL_XID_ERROR, set)
+            .map_err(|e| (None, failure(e.error)))
+    }
+
+    /// Waits on `set` until `stop`, delivering each XID; an event that
+    /// names no GPU or carries no XID value is dropped and said
+    /// ([`watch::Unread`]).
+    fn wait_xids(
+        &self,
+        set: &EventSet,
+        deliver: &mut dyn FnMut(u32, u64),
+        stop: &AtomicBool,
+    ) -> NvmlResult<()> {
+        use nvml_wrapper::enums::event::XidError;
+        let mut unread = super::watch::Unread::default();
         while !stop.load(Ordering::Relaxed) {
-            match set.wait(500) {
-                Ok(data) => {
-                    if let (Some(XidError::Value(xid)), Ok(gpu)) =
-                        (data.event_data, data.device.index())
-                    {
-                        deliver(gpu, xid);
-                    }
-                }
-                Err(nvml_wrapper::error::NvmlError::Timeout) => {}
+            let data = match set.wait(500) {
+                Ok(data) => data,
+                Err(nvml_wrapper::error::NvmlError::Timeout) => continue,
                 Err(e) => return Err(failure(e)),
+            };
+            let why = match (data.event_data, data.device.index()) {
+                (Some(XidError::Value(xid)), Ok(gpu)) => {
+                    deliver(gpu, xid);
+                    continue;
+                }
+                (_, Err(e)) => format!("no GPU index: {:?}", failure(e)),
+                (Some(XidError::Unknown), Ok(gpu)) => format!("GPU {gpu}: an unknown XID"),
+                (None, Ok(gpu)) => format!("GPU {gpu}: no XID in it"),
+            };
+            if let Some(line) = unread.dropped(std::time::Instant::now(), &why) {
+                tracing::warn!("{line}");
             }
         }
         Ok(())

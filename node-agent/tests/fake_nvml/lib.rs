@@ -20,17 +20,21 @@
 //! 1 unsupported nvmlDeviceGetPowerUsage
 //! 1 unsupported_field 94
 //! 0 field 82 61                # field id 82 answers 61
+//! * fail nvmlDeviceRegisterEvents 999   # answers NVML_ERROR_UNKNOWN
 //! ```
 //!
 //! Keys: `name`, `uuid`, the numbers of [`NUMBERS`], `ecc on|off`, `field
 //! ID VALUE`, `unsupported CALL` (that entry point answers
-//! `NVML_ERROR_NOT_SUPPORTED` on that GPU) and `unsupported_field ID`. A
-//! field not given answers 0.
+//! `NVML_ERROR_NOT_SUPPORTED` on that GPU), `fail CALL CODE` (it answers
+//! the `nvmlReturn_t` CODE on that GPU; 0 makes it answer again) and
+//! `unsupported_field ID`. A field not given answers 0.
 //!
 //! The control file, appended to while the agent runs, takes the same
 //! per-GPU lines (`0 limit_mw 450000` is an administrator's `nvidia-smi -i
-//! 0 -pl 450`) and `xid GPU CODE`, which the event set's wait delivers; the
-//! fake reads what was added when the file grew, at most every 20 ms. The
+//! 0 -pl 450`), `xid GPU CODE`, which the event set's wait delivers, and
+//! `wait_fails CODE`: the next wait of an event set answers the
+//! `nvmlReturn_t` CODE (a driver hiccup that ends the agent's XID watch);
+//! the fake reads what was added when the file grew, at most every 20 ms. The
 //! log gets one whole line per call, `NAME GPU [VALUE]` (`-` for no GPU;
 //! VALUE the mW of a limit set, the process id of `nvmlInit_v2`), and
 //! `control LINE` per control line applied. The state file keeps each
@@ -105,6 +109,8 @@ struct Gpu {
     numbers: BTreeMap<&'static str, u64>,
     fields: BTreeMap<u32, u64>,
     unsupported: BTreeSet<String>,
+    /// Entry points that fail on this GPU, with NVML's answer.
+    failing: BTreeMap<String, Return>,
     unsupported_fields: BTreeSet<u32>,
 }
 
@@ -117,6 +123,7 @@ impl Gpu {
             numbers: NUMBERS.into_iter().collect(),
             fields: BTreeMap::new(),
             unsupported: BTreeSet::new(),
+            failing: BTreeMap::new(),
             unsupported_fields: BTreeSet::new(),
         }
     }
@@ -157,6 +164,14 @@ impl Gpu {
             ("unsupported", _) => drop(self.unsupported.insert(one()?.into())),
             ("unsupported_field", _) => drop(self.unsupported_fields.insert(num(one()?)? as u32)),
             ("field", [id, v]) => drop(self.fields.insert(num(id)? as u32, num(v)?)),
+            ("fail", [call, code]) => {
+                let code = num(code)? as Return;
+                if code == SUCCESS {
+                    self.failing.remove(*call);
+                } else {
+                    self.failing.insert(call.to_string(), code);
+                }
+            }
             _ => return Err(format!("unknown key {key:?} (or its values {args:?})")),
         }
         Ok(())
@@ -190,6 +205,8 @@ struct Fake {
     state: Option<PathBuf>,
     /// XIDs waiting for an event set's wait: GPU index and code.
     xids: VecDeque<(usize, u64)>,
+    /// What the next event set's wait answers instead (`wait_fails`).
+    wait_fails: Option<Return>,
     /// Each event set's registered GPUs, one bit each.
     sets: BTreeMap<usize, u64>,
     next_set: usize,
@@ -252,12 +269,20 @@ impl Fake {
         Ok(())
     }
 
-    /// `GPU KEY VALUE…` (GPU an index or `*`), or `xid GPU CODE`.
+    /// `GPU KEY VALUE…` (GPU an index or `*`), `xid GPU CODE` or
+    /// `wait_fails CODE`.
     fn gpu_line(&mut self, words: &[&str]) -> Result<(), String> {
         if let ["xid", gpu, code] = words {
             let gpu = self.gpu_index(gpu)?;
             let code = code.parse().map_err(|e| format!("xid {code}: {e}"))?;
             self.xids.push_back((gpu, code));
+            return Ok(());
+        }
+        if let ["wait_fails", code] = words {
+            let code = code
+                .parse()
+                .map_err(|e| format!("wait_fails {code}: {e}"))?;
+            self.wait_fails = Some(code);
             return Ok(());
         }
         let [which, key, args @ ..] = words else {
@@ -417,6 +442,9 @@ fn on_gpu_with(
     if fake.gpus[i].unsupported.contains(name) {
         return ERROR_NOT_SUPPORTED;
     }
+    if let Some(&code) = fake.gpus[i].failing.get(name) {
+        return code;
+    }
     f(fake, i)
 }
 
@@ -512,6 +540,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
     on_fake(name, &index.to_string(), "", |fake| {
         match fake.gpus.get(index as usize) {
             Some(g) if g.unsupported.contains(name) => ERROR_NOT_SUPPORTED,
+            Some(g) if g.failing.contains_key(name) => g.failing[name],
             Some(_) => put(device, handle(index as usize)),
             None => ERROR_INVALID_ARGUMENT,
         }
@@ -744,7 +773,8 @@ pub unsafe extern "C" fn nvmlEventSetFree(set: EventSet) -> Return {
 
 /// The next queued XID of a GPU registered on set `id`, taken off the
 /// queue, and whether more can come (there is a control file); `Err` when
-/// there is no such set. The wait is logged when `first`.
+/// there is no such set, or the wait was told to fail (`wait_fails`). The
+/// wait is logged when `first`.
 fn next_xid(id: usize, first: bool) -> Result<(Option<(usize, u64)>, bool), Return> {
     let mut guard = lock();
     let Some(fake) = guard.as_mut() else {
@@ -757,6 +787,9 @@ fn next_xid(id: usize, first: bool) -> Result<(Option<(usize, u64)>, bool), Retu
     let Some(&mask) = fake.sets.get(&id) else {
         return Err(ERROR_INVALID_ARGUMENT);
     };
+    if let Some(code) = fake.wait_fails.take() {
+        return Err(code);
+    }
     let at = fake.xids.iter().position(|(gpu, _)| mask & (1 << gpu) != 0);
     Ok((
         at.and_then(|at| fake.xids.remove(at)),
