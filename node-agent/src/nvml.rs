@@ -311,13 +311,19 @@ fn keep_watching<A: NvmlApi>(
                 let _ = first_registrations.send(Some((gpu, r.clone())));
             }
             match answers.answer(gpu, r) {
-                Some(_) if restarts == 0 => {}
                 None => {}
+                // At the start the watch is taken as up until said down.
+                Some(Ok(())) if restarts == 0 => {}
                 Some(Ok(())) => {
                     let _ = sink.send(XidEvent::WatchUp);
                 }
                 Some(Err(why)) => {
-                    tracing::error!("NVML XID watch restarted, {why}");
+                    let how = if restarts == 0 {
+                        "started"
+                    } else {
+                        "restarted"
+                    };
+                    tracing::error!("NVML XID watch {how}, {why}");
                     said_down = true;
                     let _ = sink.send(XidEvent::WatchDown(why));
                 }

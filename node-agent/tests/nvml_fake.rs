@@ -1139,11 +1139,17 @@ fn xid_events_reach_the_agent_and_refused_gpus_are_reported() {
     assert_eq!(fake.state().watched, vec![0, 1, 2]);
 
     let timeout = Duration::from_secs(2);
-    let received: Vec<XidEvent> = (0..3)
+    let received: Vec<XidEvent> = (0..4)
         .map(|_| events.recv_timeout(timeout).expect("an XID report"))
         .collect();
+    // GPU 1's XIDs are not seen: the watch is said down, naming it,
+    // and the other GPUs' XIDs still come.
+    match &received[0] {
+        XidEvent::WatchDown(why) => assert!(why.contains("GPU 1"), "{why}"),
+        other => panic!("expected the watch down first, got {other:?}"),
+    }
     assert_eq!(
-        received,
+        received[1..],
         vec![
             XidEvent::Xid(XidReport { gpu: 0, xid: 79 }),
             XidEvent::Xid(XidReport { gpu: 2, xid: 48 }),
