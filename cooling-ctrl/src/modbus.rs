@@ -8,7 +8,11 @@
 //! word order of 32-bit values. A measurement or setting the map does not
 //! have reads `None` and is not written; nothing here judges whether a
 //! value is plausible (a lost 4–20 mA sensor reads raw 0, which the control
-//! core tells from a real 0).
+//! core tells from a real 0). Before the controller starts on a map,
+//! [`check_map`] refuses one it does not fit: a name it neither reads nor
+//! writes, no `valves_open`, `pumps_run` or `heartbeat`, a setting's range
+//! that leaves out what it writes. The heartbeat counter is written within
+//! its register's range, wrapping ([`heartbeat_value`]).
 //!
 //! Reads take as few requests as the map allows: one per run of contiguous
 //! input registers (at most 125 registers each). Writes take one request
@@ -94,6 +98,196 @@ pub fn map_limits(map: &RegisterMap) -> MapLimits {
         speed_pct: range(Setting::PumpSpeed),
         positions: map.get(VALVES_CLOSED).is_some(),
     }
+}
+
+/// Why the controller will not start on a register map ([`check_map`]).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum UnfitMap {
+    /// A register the controller neither reads nor writes: a misspelt
+    /// name would leave the register it meant unread or unwritten.
+    #[error(
+        "register {name:?} is not one the controller reads or writes{}",
+        near.map(|n| format!(" (did you mean {n:?}?)")).unwrap_or_default()
+    )]
+    Unknown {
+        /// The name in the map.
+        name: String,
+        /// A known name within two letters of it.
+        near: Option<&'static str>,
+    },
+    /// A known register of the other kind.
+    #[error("{name}: the controller needs it as a {wanted} register, the map has it as {found}")]
+    WrongKind {
+        /// The register.
+        name: String,
+        /// The kind the controller reads or writes it as.
+        wanted: &'static str,
+        /// The kind in the map.
+        found: &'static str,
+    },
+    /// A safety setting the map lacks.
+    #[error("{name}: the map lacks it; the controller needs it as a holding register: {what}")]
+    Missing {
+        /// The register.
+        name: &'static str,
+        /// What the controller does with it.
+        what: &'static str,
+    },
+    /// A setting whose range leaves out values the controller writes.
+    #[error("{name}: its range {min} to {max} must hold {lo} to {hi} ({what})")]
+    Narrow {
+        /// The register.
+        name: &'static str,
+        /// Its range in the map.
+        min: f64,
+        /// Its range in the map.
+        max: f64,
+        /// The values the controller writes, lowest.
+        lo: f64,
+        /// The values the controller writes, highest.
+        hi: f64,
+        /// What they are.
+        what: String,
+    },
+    /// A heartbeat range of fewer than two whole values: it cannot change.
+    #[error("heartbeat: its range {min} to {max} holds fewer than two whole values: the heartbeat could not change every step")]
+    StillHeartbeat {
+        /// Its range in the map.
+        min: f64,
+        /// Its range in the map.
+        max: f64,
+    },
+}
+
+/// The settings a map must have, as holding registers, and what the
+/// controller does with each.
+const NEEDED: [(&str, &str); 3] = [
+    (VALVES_OPEN, "it closes a leaking rack's valve"),
+    (
+        PUMPS_RUN,
+        "it stops the pumps when a leak cannot be isolated",
+    ),
+    (
+        HEARTBEAT,
+        "it tells the CDU the controller is alive, or the CDU falls back",
+    ),
+];
+
+/// Checks, before the controller starts on it, that `map` fits a CDU of
+/// `racks` racks: every register one the controller reads (input) or
+/// writes (holding), of that kind; `valves_open`, `pumps_run` and
+/// `heartbeat` there; each setting's range holding every value the
+/// controller writes (every valve of the racks open to all closed, both
+/// pumps, either lead pump) and the heartbeat's at least two values.
+/// That bit words are `u16` at scale 1 the map's own check says
+/// ([`RegisterMap::from_toml`]).
+pub fn check_map(map: &RegisterMap, racks: u8) -> Result<(), UnfitMap> {
+    for r in map.registers() {
+        check_name(r)?;
+    }
+    for (name, what) in NEEDED {
+        if map.get(name).is_none() {
+            return Err(UnfitMap::Missing { name, what });
+        }
+    }
+    let all = f64::from((1u32 << racks.min(31)) - 1);
+    let wanted = [
+        (
+            VALVES_OPEN,
+            all,
+            format!("every valve of {racks} racks, bit n = rack n"),
+        ),
+        (
+            PUMPS_RUN,
+            3.0,
+            "0 both pumps stopped, 3 both running".into(),
+        ),
+        (LEAD_PUMP, 1.0, "0 pump A, 1 pump B".into()),
+    ];
+    for (name, hi, what) in wanted {
+        let Some((min, max)) = map.get(name).and_then(|r| r.min.zip(r.max)) else {
+            continue;
+        };
+        if min > 0.0 || max < hi {
+            let lo = 0.0;
+            return Err(UnfitMap::Narrow {
+                name,
+                min,
+                max,
+                lo,
+                hi,
+                what,
+            });
+        }
+    }
+    if let Some((min, max)) = map.get(HEARTBEAT).and_then(|r| r.min.zip(r.max)) {
+        if max.floor() - min.ceil() < 1.0 {
+            return Err(UnfitMap::StillHeartbeat { min, max });
+        }
+    }
+    Ok(())
+}
+
+/// `r` is a register the controller reads or writes, of its kind.
+fn check_name(r: &Register) -> Result<(), UnfitMap> {
+    let kind = |k: Kind| if k == Kind::Input { "input" } else { "holding" };
+    let wanted = if READING_REGISTERS.contains(&r.name.as_str()) {
+        Kind::Input
+    } else if SETTING_REGISTERS.contains(&r.name.as_str()) {
+        Kind::Holding
+    } else {
+        let known = READING_REGISTERS.iter().chain(&SETTING_REGISTERS);
+        let near = known.copied().find(|k| edits(k, &r.name) <= 2);
+        return Err(UnfitMap::Unknown {
+            name: r.name.clone(),
+            near,
+        });
+    };
+    if r.kind != wanted {
+        return Err(UnfitMap::WrongKind {
+            name: r.name.clone(),
+            wanted: kind(wanted),
+            found: kind(r.kind),
+        });
+    }
+    Ok(())
+}
+
+/// Letters to insert, delete or change to make `a` into `b`
+/// (Levenshtein distance).
+fn edits(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diag = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let here = (diag + usize::from(ca != *cb))
+                .min(row[j] + 1)
+                .min(row[j + 1] + 1);
+            diag = row[j + 1];
+            row[j + 1] = here;
+        }
+    }
+    row[b.len()]
+}
+
+/// The value written for heartbeat step `counter` to register `r`:
+/// `min + counter mod (max - min + 1)` over the whole numbers of its
+/// range, so it changes every step whatever the range (a range of 0 to
+/// 255 would refuse step 256 on, and the heartbeat would stop for good).
+/// Without a range, `counter` itself.
+pub fn heartbeat_value(r: &Register, counter: f64) -> f64 {
+    let Some((min, max)) = r.min.zip(r.max) else {
+        return counter;
+    };
+    let (lo, hi) = (min.ceil(), max.floor());
+    let values = hi - lo + 1.0;
+    if values.is_nan() || values < 1.0 {
+        // No whole value at all: [`check_map`] refuses such a map.
+        return counter;
+    }
+    lo + counter.rem_euclid(values)
 }
 
 /// The settings the controller writes.
@@ -483,9 +677,13 @@ impl CduPort for ModbusCdu {
             return Ok(());
         };
         let r = r.clone();
+        let value = match w.setting {
+            Setting::Heartbeat => heartbeat_value(&r, w.value),
+            _ => w.value,
+        };
         let words = self
             .map
-            .encode(name, w.value)
+            .encode(name, value)
             .map_err(|source| CduError::Value {
                 op: self.op(format_args!("write {name} at holding {}", r.address)),
                 source,
@@ -510,6 +708,11 @@ impl ModbusCdu {
         for (name, value) in settings.registers() {
             let Some(r) = self.map.get(name).filter(|r| r.kind == Kind::Holding) else {
                 continue;
+            };
+            let value = if name == HEARTBEAT {
+                heartbeat_value(r, value)
+            } else {
+                value
             };
             let words = self
                 .map
@@ -605,6 +808,172 @@ mod tests {
         assert_eq!(lim.mapped, [false, false, false, false, false, true]);
         assert_eq!(lim.setpoint_c, Some((20.0, 40.0)));
         assert_eq!((lim.speed_pct, lim.positions), (None, false));
+    }
+
+    /// The simulated CDU's map with `from` replaced by `to` once.
+    fn sim_edited(from: &str, to: &str) -> Result<RegisterMap, String> {
+        let text = include_str!("../../boards/cdus/sim-cdu.toml");
+        assert!(text.contains(from), "{from:?}");
+        RegisterMap::from_toml(&text.replacen(from, to, 1), "edited.toml")
+            .map_err(|e| e.to_string())
+    }
+
+    /// `check_map`'s answer, as text, for the simulated CDU's map edited.
+    fn unfit(from: &str, to: &str, racks: u8) -> String {
+        let map = sim_edited(from, to).expect("the map reads");
+        check_map(&map, racks).expect_err("refused").to_string()
+    }
+
+    #[test]
+    fn the_shipped_map_fits_the_controller_up_to_sixteen_racks() {
+        for racks in 1..=16 {
+            assert_eq!(check_map(&RegisterMap::sim_cdu(), racks), Ok(()));
+        }
+    }
+
+    #[test]
+    fn every_register_read_as_bits_must_be_a_plain_u16() {
+        // The map's own check, which the controller's map goes through;
+        // each name this module reads as bits or a flag is among them.
+        let bits = [
+            LEAKS,
+            VALVES_CLOSED,
+            PUMP_A,
+            PUMP_B,
+            PUMP_A_FAULT,
+            PUMP_B_FAULT,
+            VALVES_OPEN,
+            PUMPS_RUN,
+            LEAD_PUMP,
+            HEARTBEAT,
+        ];
+        let text = include_str!("../../boards/cdus/sim-cdu.toml");
+        for name in bits {
+            let at = text.find(&format!("name = \"{name}\"")).unwrap();
+            let edited = format!(
+                "{}{}",
+                &text[..at],
+                text[at..].replacen("type = \"u16\"", "type = \"i16\"", 1)
+            );
+            let e = RegisterMap::from_toml(&edited, "m.toml")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(&format!("{name}: ")), "{e}");
+            assert!(
+                e.contains("a bit word needs type u16 at scale 1, not i16 at scale 1"),
+                "{e}"
+            );
+        }
+        let e = sim_edited(
+            "type = \"u16\"\nscale = 1.0\nunit = \"\"\ndescription = \"leak",
+            "type = \"u16\"\nscale = 0.1\nunit = \"\"\ndescription = \"leak",
+        )
+        .unwrap_err();
+        assert!(e.contains("leak_inputs: the leak inputs, bit n = rack n, read as bits: a bit word needs type u16 at scale 1, not u16 at scale 0.1"), "{e}");
+    }
+
+    #[test]
+    fn a_map_without_a_safety_setting_or_with_a_misspelt_name_is_refused() {
+        for (name, typo) in [
+            ("valves_open", "valve_open"),
+            ("pumps_run", "pump_run"),
+            ("heartbeat", "hearbeat"),
+        ] {
+            let e = unfit(
+                &format!("name = \"{name}\""),
+                &format!("name = \"{typo}\""),
+                4,
+            );
+            assert_eq!(
+                e,
+                format!("register \"{typo}\" is not one the controller reads or writes (did you mean \"{name}\"?)")
+            );
+        }
+        let e = unfit("name = \"heartbeat\"", "name = \"watchdog_word\"", 4);
+        assert_eq!(
+            e,
+            "register \"watchdog_word\" is not one the controller reads or writes"
+        );
+        // Left out altogether: refused, naming what it is for.
+        let text = include_str!("../../boards/cdus/sim-cdu.toml");
+        let cut = text.find("[[register]]\nname = \"heartbeat\"").unwrap();
+        let map = RegisterMap::from_toml(&text[..cut], "m.toml").unwrap();
+        assert_eq!(
+            check_map(&map, 4).unwrap_err().to_string(),
+            "heartbeat: the map lacks it; the controller needs it as a holding register: \
+             it tells the CDU the controller is alive, or the CDU falls back"
+        );
+        // Of the wrong kind: an input valves_open would never be written.
+        let e = unfit(
+            "name = \"valves_open\"\nkind = \"holding\"\naddress = 3\ntype = \"u16\"\nscale = 1.0\nunit = \"\"\nmin = 0.0\nmax = 65535.0",
+            "name = \"valves_open\"\nkind = \"input\"\naddress = 7\ntype = \"u16\"\nscale = 1.0\nunit = \"\"",
+            4,
+        );
+        assert_eq!(
+            e,
+            "valves_open: the controller needs it as a holding register, the map has it as input"
+        );
+    }
+
+    #[test]
+    fn a_setting_range_that_leaves_out_what_the_controller_writes_is_refused() {
+        let from = "min = 0.0\nmax = 65535.0\ndescription = \"rack valves";
+        let to = "min = 0.0\nmax = 255.0\ndescription = \"rack valves";
+        assert_eq!(check_map(&sim_edited(from, to).unwrap(), 8), Ok(()));
+        assert_eq!(
+            unfit(from, to, 10),
+            "valves_open: its range 0 to 255 must hold 0 to 1023 (every valve of 10 racks, bit n = rack n)"
+        );
+        let e = unfit("min = 0.0\nmax = 3.0", "min = 0.0\nmax = 1.0", 4);
+        assert_eq!(
+            e,
+            "pumps_run: its range 0 to 1 must hold 0 to 3 (0 both pumps stopped, 3 both running)"
+        );
+        let e = unfit("min = 0.0\nmax = 3.0", "min = 1.0\nmax = 3.0", 4);
+        assert!(
+            e.starts_with("pumps_run: its range 1 to 3 must hold 0 to 3"),
+            "{e}"
+        );
+        let hb = "min = 0.0\nmax = 65535.0\ndescription = \"written";
+        let e = unfit(hb, "min = 7.0\nmax = 7.5\ndescription = \"written", 4);
+        assert!(
+            e.starts_with("heartbeat: its range 7 to 7.5 holds fewer than two whole values"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_heartbeat_wraps_within_its_register_range_and_keeps_changing() {
+        let map = sim_edited(
+            "min = 0.0\nmax = 65535.0\ndescription = \"written",
+            "min = 10.0\nmax = 265.0\ndescription = \"written",
+        )
+        .unwrap();
+        assert_eq!(check_map(&map, 4), Ok(()));
+        let r = map.get(HEARTBEAT).unwrap();
+        // 256 values, 10 to 265: step 255 writes 265, step 256 writes 10.
+        let written: Vec<f64> = (254..=258)
+            .map(|c| heartbeat_value(r, f64::from(c)))
+            .collect();
+        assert_eq!(written, [264.0, 265.0, 10.0, 11.0, 12.0]);
+        for c in 0..=u16::MAX {
+            let v = heartbeat_value(r, f64::from(c));
+            assert!(map.encode(HEARTBEAT, v).is_ok(), "step {c}: {v}");
+            assert_ne!(v, heartbeat_value(r, f64::from(c) + 1.0), "step {c}");
+        }
+        // The full range writes the counter as it is.
+        let full = RegisterMap::sim_cdu();
+        let r = full.get(HEARTBEAT).unwrap();
+        assert_eq!(heartbeat_value(r, 65_535.0), 65_535.0);
+        assert_eq!(heartbeat_value(r, 1.0), 1.0);
+    }
+
+    #[test]
+    fn a_name_two_letters_off_is_near() {
+        assert_eq!(edits("heartbeat", "hearbeat"), 1);
+        assert_eq!(edits("valves_open", "valve_opne"), 3);
+        assert_eq!(edits("", "abc"), 3);
+        assert_eq!(edits("pumps_run", "pumps_run"), 0);
     }
 
     #[test]

@@ -385,6 +385,10 @@ async fn serve(config: config::Config, notifier: Notifier) -> Result<(), String>
     let Some(map) = config.map.clone() else {
         return Err("the CDU's register map is required: register_map".into());
     };
+    // A map the controller does not fit (a misspelt or missing safety
+    // setting, a range that leaves out what it writes) stops the start.
+    cooling_ctrl::modbus::check_map(&map, config.core.layout.racks)
+        .map_err(|e| format!("register map of {:?}: {e}", map.model))?;
     let (stats_tx, stats_rx) = shell::stats_channel();
     // READY=1 after the first completed step, then WATCHDOG=1 only while
     // steps complete; steps end at the signal, while the shell winds down.
@@ -433,6 +437,13 @@ async fn serve(config: config::Config, notifier: Notifier) -> Result<(), String>
         config.console.display()
     );
     let port = ModbusCdu::new(map, link).with_timeout(config.modbus_timeout);
+    let unmapped = port.unmapped();
+    if !unmapped.is_empty() {
+        tracing::info!(
+            "cooling-ctrl: the register map has no {}: read as unknown, not written",
+            unmapped.join(", ")
+        );
+    }
     // The building management system's Modbus TCP server.
     let (northbound_link, northbound_task) =
         start_northbound(&config, listeners.northbound.clone()).await?;
