@@ -559,12 +559,14 @@ impl<A: NvmlApi> GpuDevice for NvmlGpu<A> {
         let (min, max) = a
             .limit_constraints_mw(i)
             .map_err(|e| e.into_gpu_error("nvmlDeviceGetPowerManagementLimitConstraints"))?;
+        // Limits in whole watts inside NVML's: a ceiling read as 450.6 W
+        // is never put back as 451 W.
         Ok(GpuInfo {
             name,
             uuid,
-            default_limit: Watts::from_milliwatts(default),
-            min_limit: Watts::from_milliwatts(min),
-            max_limit: Watts::from_milliwatts(max),
+            default_limit: Watts::from_milliwatts_down(default),
+            min_limit: Watts::from_milliwatts_up(min),
+            max_limit: Watts::from_milliwatts_down(max),
         })
     }
 
@@ -581,7 +583,7 @@ impl<A: NvmlApi> GpuDevice for NvmlGpu<A> {
     fn power_limit(&mut self) -> Result<Watts, GpuError> {
         let what = "nvmlDeviceGetPowerManagementLimit";
         self.timed(what, |a, i| a.limit_mw(i))
-            .map(Watts::from_milliwatts)
+            .map(Watts::from_milliwatts_down)
             .map_err(|e| e.into_gpu_error(what))
     }
 }

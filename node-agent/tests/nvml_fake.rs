@@ -510,7 +510,8 @@ fn describe_maps_identity_and_limits_per_gpu() {
             max_limit: Watts(725),
         })
     );
-    // The second device is GPU 1; milliwatts round to the nearest watt.
+    // The second device is GPU 1; the limits are whole watts inside
+    // NVML's: the default and the maximum rounded down, the minimum up.
     assert_eq!(
         devices[1].describe(),
         Ok(GpuInfo {
@@ -518,7 +519,7 @@ fn describe_maps_identity_and_limits_per_gpu() {
             uuid: "GPU-second".into(),
             default_limit: Watts(600),
             min_limit: Watts(150),
-            max_limit: Watts(700),
+            max_limit: Watts(699),
         })
     );
 }
@@ -768,9 +769,10 @@ async fn set_limit_reaches_nvml_in_milliwatts_and_reads_back_in_watts() {
     // Read back is the management limit (the enforced one is 650 W here).
     assert_eq!(gpu.power_limit(), Ok(Watts(450)));
     assert_eq!(fake.calls(0, GET_LIMIT), 1);
-    // A limit the driver holds in non-whole watts rounds to the nearest.
+    // A limit the driver holds in non-whole watts rounds down: taken as
+    // a ceiling, it is never put back above what was set.
     fake.set(0, |a| a.limit_mw = Ok(449_600));
-    assert_eq!(gpu.power_limit(), Ok(Watts(450)));
+    assert_eq!(gpu.power_limit(), Ok(Watts(449)));
 
     // The same through the GPU's worker thread.
     let deadline = Duration::from_secs(2);

@@ -718,9 +718,10 @@ fn leases_cap_and_lift_to_the_administrators_limit_and_never_above_it() {
     let sets = fake.sets_until(Duration::from_secs(10), |s| last_set(s, 0) == Some(500_000));
     assert_eq!(sets, [(0, 400_000), (0, 500_000)], "the cap, then its lift");
 
-    // The administrator sets GPU 0 to 450 W while the agent runs. The
-    // read of every limit before the next set sees it: the new ceiling.
-    fake.control("0 limit_mw 450000");
+    // The administrator sets GPU 0 to 450.6 W (`nvidia-smi -pl 450.6`)
+    // while the agent runs. The read of every limit before the next set
+    // sees it: the new ceiling, in whole watts rounded down, never above.
+    fake.control("0 limit_mw 450600");
     let ack = rig.ack(&mut acks, &lease(2, 2, &[(GpuSelector::All, 480)], 2_000));
     assert_eq!(ack.code, AckCode::Ok, "{ack:?}");
     let in_force: Vec<u32> = ack.in_force.iter().map(|c| c.limit.0).collect();
@@ -743,9 +744,10 @@ fn leases_cap_and_lift_to_the_administrators_limit_and_never_above_it() {
         "lease 2 lifted: {sets:?}"
     );
 
-    // A clean stop with no lease in force leaves each GPU at its ceiling.
+    // A clean stop with no lease in force leaves each GPU at its ceiling:
+    // GPU 0 never set since, at the administrator's 450.6 W as it was.
     agent.terminate();
-    assert_eq!(fake.limits(), [450_000, 500_000]);
+    assert_eq!(fake.limits(), [450_600, 500_000]);
 
     // No set ever went above a ceiling: 500 W, and 450 W on GPU 0 once the
     // administrator set it.
@@ -758,7 +760,7 @@ fn leases_cap_and_lift_to_the_administrators_limit_and_never_above_it() {
     assert!(all.iter().all(|&(_, mw)| mw <= 500_000), "{all:?}");
     let after = limit_sets(&calls[admin..]);
     assert!(
-        after.iter().all(|&(g, mw)| g != 0 || mw <= 450_000),
+        after.iter().all(|&(g, mw)| g != 0 || mw <= 450_600),
         "{after:?}"
     );
     assert!(after.contains(&(1, 480_000)), "{after:?}");

@@ -224,6 +224,18 @@ impl Watts {
         Self(mw / 1000 + if mw % 1000 >= 500 { 1 } else { 0 })
     }
 
+    /// From NVML's milliwatts, rounded down: a power limit read as a
+    /// ceiling, never above what was set (450.6 W is 450 W).
+    pub const fn from_milliwatts_down(mw: u32) -> Self {
+        Self(mw / 1000)
+    }
+
+    /// From NVML's milliwatts, rounded up: a lowest settable limit, never
+    /// below what the GPU takes.
+    pub const fn from_milliwatts_up(mw: u32) -> Self {
+        Self(mw.div_ceil(1000))
+    }
+
     /// In milliwatts, as NVML takes a power limit (saturating).
     pub const fn milliwatts(self) -> u32 {
         self.0.saturating_mul(1000)
@@ -384,6 +396,11 @@ mod tests {
     fn watts_from_nvml_milliwatts_rounds() {
         assert_eq!(Watts::from_milliwatts(655_200), Watts(655));
         assert_eq!(Watts::from_milliwatts(655_500), Watts(656));
+        assert_eq!(Watts::from_milliwatts_down(450_600), Watts(450));
+        assert_eq!(Watts::from_milliwatts_down(450_000), Watts(450));
+        assert_eq!(Watts::from_milliwatts_up(200_001), Watts(201));
+        assert_eq!(Watts::from_milliwatts_up(200_000), Watts(200));
+        assert_eq!(Watts::from_milliwatts_up(u32::MAX), Watts(4_294_968));
         assert_eq!(Watts(700).milliwatts(), 700_000);
         assert_eq!(WholeCelsius(61).to_celsius(), Celsius::from_raw(6100));
     }

@@ -141,7 +141,7 @@ impl<A: NvmlApi> NvmlGpu<A> {
                 a.limit_mw(i)
             })?,
         };
-        s.power_limit = limit.map_or(Watts(0), Watts::from_milliwatts);
+        s.power_limit = limit.map_or(Watts(0), Watts::from_milliwatts_down);
         let what = "nvmlDeviceGetClockInfo";
         if let Some((sm, mem)) = self.ask(call::CLOCKS, what, |a, i| a.clocks_mhz(i))? {
             s.sm_clock = MegaHertz(sm.min(u16::MAX as u32) as u16);
