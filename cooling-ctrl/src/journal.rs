@@ -70,6 +70,9 @@ pub struct ControllerFlash {
     /// What the estimator learned, as read back at opening (decoded
     /// against the configuration by [`LearnedRecords::decode`]).
     pub learned: LearnedRecords,
+    /// The flash file was made at this opening (missing or empty): what
+    /// an earlier run latched is not in it ([`NEW_FLASH`], said).
+    pub new_file: bool,
 }
 
 impl std::fmt::Debug for ControllerFlash {
@@ -87,6 +90,10 @@ impl ControllerFlash {
     pub fn open(path: Option<&Path>) -> Result<Self, String> {
         let mut stores = agent_flash::open(path)?;
         let latched = futures::executor::block_on(load_latched(&mut stores.store));
+        let new_file = path.is_some() && stores.blank();
+        if let (Some(p), true) = (path, new_file) {
+            tracing::warn!("{}: {NEW_FLASH}", p.display());
+        }
         let learned = futures::executor::block_on(read_learned(&mut stores.store));
         let recorder = Recorder::start(stores.log, stores.store, path)
             .map_err(|e| format!("the recorder thread: {e}"))?;
@@ -96,9 +103,14 @@ impl ControllerFlash {
             first_seq: stores.first_seq,
             latched,
             learned,
+            new_file,
         })
     }
 }
+
+/// Said at the start on a flash file made at this opening: what an
+/// earlier controller latched is not in it.
+pub const NEW_FLASH: &str = "a new flash file: no latched state is in it, so a rack an earlier run isolated for a leak (before a disk was replaced, a state folder went unmounted or the path changed) would reopen; at a first commissioning nothing was latched, otherwise check every rack isolated for a leak and close its manual valve before this start, or restore the old flash file";
 
 /// The latched state as kept in flash, with its generation, and the keys
 /// it is kept under: the decision path's, with the firmware's
@@ -485,6 +497,17 @@ mod tests {
             "cdu.learned.0: a learned record of 7 bytes"
         );
         assert_eq!(read.learned.unwrap().flow, configured.flow);
+    }
+
+    #[test]
+    fn a_flash_file_made_at_opening_is_said_new_and_a_reopened_one_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cdu.flash");
+        let first = ControllerFlash::open(Some(&path)).unwrap();
+        assert!(first.new_file && matches!(first.latched, Ok(None)));
+        drop(first);
+        assert!(!ControllerFlash::open(Some(&path)).unwrap().new_file);
+        assert!(!ControllerFlash::open(None).unwrap().new_file, "memory");
     }
 
     #[test]
