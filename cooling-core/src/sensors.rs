@@ -61,6 +61,14 @@ impl Which {
         !matches!(self, Self::FacilitySupply)
     }
 
+    /// Whether `v` is within the plausible range of a reading: a value
+    /// outside it (a CDU's "no value" sentinel, −327.68 °C) is no figure,
+    /// before the supervision confirms the fault.
+    pub fn plausible(self, v: f64) -> bool {
+        let (lo, hi) = self.range();
+        (f64::from(lo)..=f64::from(hi)).contains(&v)
+    }
+
     /// Plausible range of a reading.
     fn range(self) -> (f32, f32) {
         match self {

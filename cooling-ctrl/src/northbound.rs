@@ -469,6 +469,30 @@ mod tests {
     }
 
     #[test]
+    fn a_cdus_sentinel_reads_not_available_at_once() {
+        let core = Core::new(CoreConfig::default()).unwrap();
+        let cmds = cooling_core::Commands::UNSET;
+        let mut r = readings();
+        // 0x8000 of a centidegree register: the CDU's "no value".
+        r.supply_c = Some(-327.68);
+        let s = snapshot_from(
+            &core,
+            &cmds,
+            1_000,
+            Some(&r),
+            &[],
+            &NorthboundSettings::default(),
+        );
+        assert_eq!(s.supply_c, None, "not a figure, before any fault");
+        let supply = Which::Supply as u16;
+        assert_eq!(
+            s.sensor_faults & (NOT_AVAILABLE_BIT << supply),
+            NOT_AVAILABLE_BIT << supply
+        );
+        assert_eq!(s.return_c, readings().return_c.map(|x| x as f32));
+    }
+
+    #[test]
     fn a_lost_sensor_reads_not_available_with_its_fault_bit() {
         let mut core = Core::new(CoreConfig::default()).unwrap();
         let mut r = readings();

@@ -297,9 +297,11 @@ pub(crate) fn sensors(
         if fault.is_some_and(|f| f != SensorFault::Cleared) {
             word |= FAULT_BIT << (w as u16);
         }
+        // A value out of the plausible range (a sentinel) is none, at
+        // once: the supervision confirms its fault only later.
         out[i] = readings
             .and_then(value[i])
-            .filter(|x| x.is_finite() && fault != Some(SensorFault::Lost))
+            .filter(|&x| w.plausible(x) && fault != Some(SensorFault::Lost))
             .map(|x| x as f32);
         if out[i].is_none() {
             word |= NOT_AVAILABLE_BIT << (w as u16);

@@ -52,7 +52,8 @@ pub struct StepFacts<'a> {
 
 impl StepFacts<'_> {
     /// A reading for the bus: null when the CDU did not answer, the map
-    /// lacks it, or the sensor is held lost.
+    /// lacks it, the sensor is held lost, or the value is outside any
+    /// plausible reading (a sentinel, before its fault is confirmed).
     pub fn reading(&self, w: Which) -> Option<f64> {
         if self.sensor_faults[w as usize] == Some(SensorFault::Lost) {
             return None;
@@ -64,7 +65,7 @@ impl StepFacts<'_> {
             Which::Flow => r.flow_lpm,
             Which::FacilitySupply => r.facility_supply_c,
         }
-        .filter(|x| x.is_finite())
+        .filter(|&x| w.plausible(x))
     }
 
     /// What decides whether the state is published again.
