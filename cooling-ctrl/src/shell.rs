@@ -613,6 +613,7 @@ impl<P: CduPort> Shell<P> {
             .publish(self.decider.core(), &c, now, readings.as_ref(), hosts);
         self.stats.steps += 1;
         self.stats.settings_limited = self.decider.settings_limited();
+        self.stats.relatch_pending = self.decider.relatch_pending();
         self.stats.cdu_error = self.devices.cdu_error().cloned();
         self.stats.last = Some(c);
         self.report();

@@ -188,6 +188,7 @@ fn status(ctx: &Context, st: &ShellStats, now: TimestampMs) -> Value {
     });
     // Past the macro's recursion limit: added after.
     v["board_errors"] = json!(st.board_errors);
+    v["relatch_pending"] = json!(st.relatch_pending);
     v
 }
 

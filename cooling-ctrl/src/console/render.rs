@@ -139,9 +139,14 @@ fn plant_rows(v: &Value) -> Vec<(&'static str, String)> {
         ),
         (
             "leaks latched",
-            match s(&v["leaks_latched"]).as_str() {
-                "-" => "none".into(),
-                r => format!("racks {r}"),
+            match (s(&v["leaks_latched"]).as_str(), v["relatch_pending"] == true) {
+                (_, true) => {
+                    "UNKNOWN: the latched record is unreadable; no valve is written until \
+                     the CDU's valve positions are read, then those closed are latched"
+                        .into()
+                }
+                ("-", false) => "none".into(),
+                (r, false) => format!("racks {r}"),
             },
         ),
         (
@@ -158,7 +163,13 @@ fn plant_rows(v: &Value) -> Vec<(&'static str, String)> {
                 r => format!("FAILED on racks {r}: pumps stopped, every host capped"),
             },
         ),
-        ("valves open", s(&v["valves_open"])),
+        (
+            "valves open",
+            match v["relatch_pending"] == true {
+                true => format!("{} (commanded, not written)", s(&v["valves_open"])),
+                false => s(&v["valves_open"]),
+            },
+        ),
     ]
 }
 
@@ -575,5 +586,22 @@ mod tests {
             row.ends_with("3 served (12 frames), 1 refused, 4 withheld"),
             "{row}"
         );
+    }
+
+    #[test]
+    fn a_pending_relatch_says_the_latches_unknown_and_the_valves_not_written() {
+        let row = |v: &Value, name: &str| {
+            let text = render(&Request::Status, v);
+            text.lines()
+                .find(|l| l.starts_with(name))
+                .unwrap_or_else(|| panic!("no {name} row in\n{text}"))
+                .to_string()
+        };
+        let v = json!({"leaks_latched": [], "valves_open": [0, 1, 2, 3], "relatch_pending": true});
+        assert!(row(&v, "leaks latched").contains("UNKNOWN"));
+        assert!(row(&v, "valves open").ends_with("(commanded, not written)"));
+        let v = json!({"leaks_latched": [2], "valves_open": [0, 1, 3], "relatch_pending": false});
+        assert!(row(&v, "leaks latched").ends_with("racks 2"));
+        assert!(!row(&v, "valves open").contains("not written"));
     }
 }

@@ -152,6 +152,10 @@ pub struct ShellStats {
     /// Reads and writes of the board's pins that failed (leak lines,
     /// healthy relay, beacon).
     pub board_errors: u64,
+    /// The latched record was unreadable at start and the racks are not
+    /// yet relatched from the CDU's valve positions: no valve is written,
+    /// and what the core commands is not what the CDU has.
+    pub relatch_pending: bool,
     /// Writes of the setpoint or the pump speed held to the CDU's
     /// register map (the core asked for more than it takes).
     pub settings_limited: u64,
