@@ -277,8 +277,8 @@ pub(crate) fn pump_word(
 /// and the fault each stands under (`faults`, in [`Which`]'s order):
 /// supply, return, flow and facility supply (°C, L/min), and the sensor
 /// fault word ([`FAULT_BIT`], [`NOT_AVAILABLE_BIT`]). A reading is not
-/// available when there is none, it is not a number, or its sensor is
-/// held lost.
+/// available when there is none, it is outside any plausible reading
+/// (not a number, or a CDU's sentinel), or its sensor is held lost.
 pub(crate) fn sensors(
     readings: Option<&CduMeasurements>,
     faults: [Option<SensorFault>; 4],
