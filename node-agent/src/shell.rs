@@ -344,7 +344,7 @@ async fn restore_kept(
     store: &mut loopwarden_flash::ConfigStore<loopwarden_store::agent_flash::Flash>,
 ) -> Undone {
     let uuids: Vec<&str> = gpus.iter().map(|g| g.info.uuid.as_str()).collect();
-    quarantine::upgrade_kept(store, &uuids).await;
+    quarantine::upgrade_kept(store, &uuids);
     startup::restore_health(node, &uuids, store).await;
     let quarantines = quarantine::not_done(store, node.health(), &uuids).await;
     limits::restore(node, gpus, store).await;

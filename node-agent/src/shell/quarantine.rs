@@ -145,7 +145,14 @@ pub(super) async fn read_kept(
 /// move first tags the record in place with the GPU's identity, then
 /// writes it under the identity's key, then removes it: a power cut at
 /// any point leaves records the next start moves to the right GPU.
-pub(super) async fn upgrade_kept(store: &mut ConfigStore<Flash>, uuids: &[&str]) {
+///
+/// It blocks for the flash's reads and writes (once, at the start): the
+/// store's writes are not futures an agent's task may hold (not `Send`).
+pub(super) fn upgrade_kept(store: &mut ConfigStore<Flash>, uuids: &[&str]) {
+    futures::executor::block_on(upgrade(store, uuids));
+}
+
+async fn upgrade(store: &mut ConfigStore<Flash>, uuids: &[&str]) {
     for what in [Record::Health, Record::Done] {
         for (i, uuid) in uuids.iter().enumerate() {
             if let Err(e) = claim(store, what, i, uuid).await {
