@@ -373,7 +373,12 @@ mod tests {
         let config = config();
         let gpus: Vec<GpuState> = uuids.iter().map(|u| gpu(u)).collect();
         let mut node = node(&config, &gpus, TimestampMs(SINCE + 10_000));
-        let undone = futures::executor::block_on(restore_kept(&mut node, &config, &gpus, store));
+        // On the agent's runtime, as at a start (the move of records kept
+        // by index blocks inside it).
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime");
+        let undone = rt.block_on(restore_kept(&mut node, &config, &gpus, store));
         let states = (0..3)
             .map(|i| node.health().status(i).unwrap().state)
             .collect();
