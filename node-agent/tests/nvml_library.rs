@@ -293,6 +293,16 @@ const HOST_GPUS: &str = "\
 * field 45 2
 ";
 
+/// A rig on `host`, and the fake driver of its two GPUs ([`HOST_GPUS`])
+/// in its folder; `None` where a test cannot run here (no mosquitto, no
+/// compiler for the fake library), said by those helpers.
+fn two_gpu_host(host: &'static str) -> Option<(Rig, FakeNvml)> {
+    let lib = fake_library()?;
+    let rig = Rig::start(host)?;
+    let fake = FakeNvml::new(lib, rig.dir.path(), 2, HOST_GPUS);
+    Some((rig, fake))
+}
+
 /// A real host's configuration for the rig's host, written in its folder:
 /// its keyring (the demonstration key as `cdu/cdu-a`'s, so [`Rig::send`]
 /// signs for it), its CDU and rack, cooling-loss commands, a 200 ms
@@ -658,13 +668,9 @@ fn last_set(sets: &[(usize, u64)], gpu: usize) -> Option<u64> {
 
 #[test]
 fn leases_cap_and_lift_to_the_administrators_limit_and_never_above_it() {
-    let Some(lib) = fake_library() else {
+    let Some((rig, fake)) = two_gpu_host("h61") else {
         return;
     };
-    let Some(rig) = Rig::start("h61") else {
-        return;
-    };
-    let fake = FakeNvml::new(lib, rig.dir.path(), 2, HOST_GPUS);
     let metrics: std::net::SocketAddr =
         ([127, 0, 0, 1], loopwarden_system_tests::free_port()).into();
     let config = host_config(&rig, &format!("metrics_listen = \"{metrics}\"\n"));
@@ -776,13 +782,9 @@ fn leases_cap_and_lift_to_the_administrators_limit_and_never_above_it() {
 
 #[test]
 fn a_lease_in_force_keeps_its_cap_over_a_sigterm_and_a_restart() {
-    let Some(lib) = fake_library() else {
+    let Some((rig, fake)) = two_gpu_host("h62") else {
         return;
     };
-    let Some(rig) = Rig::start("h62") else {
-        return;
-    };
-    let fake = FakeNvml::new(lib, rig.dir.path(), 2, HOST_GPUS);
     let flash = format!("flash = \"{}\"\n", rig.flash().display());
     let config = host_config(&rig, &flash);
     let mut acks = rig.subscribe(&["ack"]);
@@ -833,13 +835,9 @@ fn a_lease_in_force_keeps_its_cap_over_a_sigterm_and_a_restart() {
 
 #[test]
 fn an_xid_79_from_the_event_set_quarantines_its_gpu() {
-    let Some(lib) = fake_library() else {
+    let Some((rig, fake)) = two_gpu_host("h63") else {
         return;
     };
-    let Some(rig) = Rig::start("h63") else {
-        return;
-    };
-    let fake = FakeNvml::new(lib, rig.dir.path(), 2, HOST_GPUS);
     let config = host_config(&rig, "");
     let mut health = rig.subscribe(&["health"]);
     let agent = RealAgent::start(&rig, &fake, &config);
@@ -921,13 +919,9 @@ fn watch_down_since(rig: &Rig, agent: &RealAgent, down: bool) -> serde_json::Val
 
 #[test]
 fn a_restart_that_registers_no_gpu_keeps_the_xid_watch_down_and_retries() {
-    let Some(lib) = fake_library() else {
+    let Some((rig, fake)) = two_gpu_host("h65") else {
         return;
     };
-    let Some(rig) = Rig::start("h65") else {
-        return;
-    };
-    let fake = FakeNvml::new(lib, rig.dir.path(), 2, HOST_GPUS);
     let config = host_config(&rig, "");
     let agent = RealAgent::start(&rig, &fake, &config);
     registered_for_xids(&fake, &agent, 2);
@@ -1034,13 +1028,9 @@ fn a_start_that_registers_no_gpu_reports_the_xid_watch_down_and_retries() {
 
 #[test]
 fn a_restart_that_leaves_a_gpu_out_keeps_the_xid_watch_down_naming_it() {
-    let Some(lib) = fake_library() else {
+    let Some((rig, fake)) = two_gpu_host("h66") else {
         return;
     };
-    let Some(rig) = Rig::start("h66") else {
-        return;
-    };
-    let fake = FakeNvml::new(lib, rig.dir.path(), 2, HOST_GPUS);
     let config = host_config(&rig, "");
     let mut health = rig.subscribe(&["health"]);
     let agent = RealAgent::start(&rig, &fake, &config);
@@ -1133,13 +1123,9 @@ fn sample_calls(calls: &[Call], gpu: usize) -> Vec<BTreeMap<String, usize>> {
 
 #[test]
 fn a_sample_makes_ten_calls_per_gpu_on_a_handle_looked_up_once() {
-    let Some(lib) = fake_library() else {
+    let Some((rig, fake)) = two_gpu_host("h64") else {
         return;
     };
-    let Some(rig) = Rig::start("h64") else {
-        return;
-    };
-    let fake = FakeNvml::new(lib, rig.dir.path(), 2, HOST_GPUS);
     let config = host_config(&rig, "");
     let agent = RealAgent::start(&rig, &fake, &config);
     let deadline = Instant::now() + Duration::from_secs(10);

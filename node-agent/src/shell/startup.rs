@@ -387,16 +387,17 @@ mod tests {
 
     use HealthState::{Healthy, Quarantined};
 
+    /// GPU `a` kept quarantined (as GPU 2 once was), under its identity.
+    fn keep_quarantined(store: &mut ConfigStore<Flash>, a: u64) {
+        set(store, &Record::Health.key(a), &tagged(a, &quarantined(2)));
+    }
+
     #[test]
     fn a_quarantine_and_its_stamp_follow_the_gpu_renumbered() {
         let mut store = loopwarden_store::agent_flash::open(None).unwrap().store;
         // A quarantined at index 2, its actions done.
         let a = id(A);
-        set(
-            &mut store,
-            &Record::Health.key(a),
-            &tagged(a, &quarantined(2)),
-        );
+        keep_quarantined(&mut store, a);
         set(
             &mut store,
             &Record::Done.key(a),
@@ -483,11 +484,7 @@ mod tests {
     fn a_gpu_whose_uuid_is_unknown_has_nothing_restored_or_moved() {
         let mut store = loopwarden_store::agent_flash::open(None).unwrap().store;
         let a = id(A);
-        set(
-            &mut store,
-            &Record::Health.key(a),
-            &tagged(a, &quarantined(2)),
-        );
+        keep_quarantined(&mut store, a);
         set(&mut store, "health.1", &quarantined(1));
         assert_eq!(identity("unknown"), None);
         let (states, _) = start(&mut store, [X, "unknown", A]);
