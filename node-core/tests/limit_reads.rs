@@ -10,38 +10,10 @@
 
 mod host;
 
-use host::{Boot, Host, DEFAULT, GPUS};
-use loopwarden_protocol::samples::{self, demo_signing_key, T0};
-use loopwarden_protocol::{
-    CapLease, CapSource, CommandAuth, DurationMs, Event, Frame, GpuCap, GpuSelector, Message,
-    NodeId, ReasonCode, Role, TimestampMs, Watts,
-};
+use host::{lease, Boot, Host, DEFAULT, GPUS};
+use loopwarden_protocol::samples::{self, T0};
+use loopwarden_protocol::{Event, Watts};
 use node_core::node::{Effect, Input, Level, RETRY_MS};
-
-/// A lease from the CDU's controller: every GPU at `watts` for `ms`.
-fn lease(seq: u32, t: u64, watts: u32, ms: u32) -> Frame {
-    let mut f = Frame {
-        sender: NodeId::new(Role::Cdu, "cdu-a").unwrap(),
-        seq,
-        time: TimestampMs(t),
-        message: Message::CapLease(CapLease {
-            lease: seq,
-            source: CapSource::Cooling,
-            reason: ReasonCode::CAPACITY_SHORT,
-            caps: [GpuCap {
-                gpus: GpuSelector::All,
-                limit: Watts(watts),
-            }]
-            .into_iter()
-            .collect(),
-            duration: DurationMs(ms),
-            auth: CommandAuth::default(),
-        }),
-    };
-    f.sign(&samples::command_topic(), 1, &demo_signing_key())
-        .unwrap();
-    f
-}
 
 fn lease_now(h: &mut Host, seq: u32, t: u64, watts: u32, ms: u32) {
     h.step(

@@ -10,41 +10,15 @@
 
 mod host;
 
-use host::{cdu_topic, quiet, release, Boot, Host, DEFAULT, GPUS, GRACE_MS};
+use host::{cdu_topic, lease, quiet, release, Boot, Host, DEFAULT, GPUS, GRACE_MS};
 use loopwarden_protocol::samples::{self, demo_signing_key, T0};
 use loopwarden_protocol::{
-    AckCode, CapLease, CapSource, CommandAuth, CoolingStep, DurationMs, Event, Frame, GpuCap,
-    GpuSelector, HealthState, Message, MessageKind, NodeId, ReasonCode, Role, TimestampMs, Topic,
-    Watts, WholeCelsius,
+    AckCode, CapSource, CoolingStep, Event, Frame, HealthState, Message, MessageKind, NodeId, Role,
+    TimestampMs, Topic, Watts, WholeCelsius,
 };
 use node_core::cooling_loss::Phase;
 use node_core::health::Observation;
 use node_core::node::{Effect, Input, KeptLimit, Reading, REREAD_EVERY};
-
-/// A lease from the CDU's controller: every GPU at `watts` for `ms`.
-fn lease(seq: u32, t: u64, watts: u32, ms: u32) -> Frame {
-    let mut f = Frame {
-        sender: NodeId::new(Role::Cdu, "cdu-a").unwrap(),
-        seq,
-        time: TimestampMs(t),
-        message: Message::CapLease(CapLease {
-            lease: seq,
-            source: CapSource::Cooling,
-            reason: ReasonCode::CAPACITY_SHORT,
-            caps: [GpuCap {
-                gpus: GpuSelector::All,
-                limit: Watts(watts),
-            }]
-            .into_iter()
-            .collect(),
-            duration: DurationMs(ms),
-            auth: CommandAuth::default(),
-        }),
-    };
-    f.sign(&samples::command_topic(), 1, &demo_signing_key())
-        .unwrap();
-    f
-}
 
 /// The CDU's state at `t`, rack 2 without cooling when `lost`.
 fn cdu_state(seq: u32, t: u64, lost: bool) -> Frame {

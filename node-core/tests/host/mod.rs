@@ -22,8 +22,9 @@ use std::collections::VecDeque;
 
 use loopwarden_protocol::samples::{self, demo_signing_key, T0};
 use loopwarden_protocol::{
-    Ack, CommandAuth, CoolingStep, Event, Frame, GpuIndex, HealthState, Ident, Message, NodeId,
-    QuarantineRelease, Role, Text, TimestampMs, Topic, Watts, WholeCelsius,
+    Ack, CapLease, CapSource, CommandAuth, CoolingStep, DurationMs, Event, Frame, GpuCap, GpuIndex,
+    GpuSelector, HealthState, Ident, Message, NodeId, QuarantineRelease, ReasonCode, Role, Text,
+    TimestampMs, Topic, Watts, WholeCelsius,
 };
 use node_core::caps::{GpuRange, LeaseLimits};
 use node_core::commands::Authority;
@@ -486,6 +487,31 @@ pub fn healthy_readings() -> Vec<Reading> {
             power: Watts(450),
         })
         .collect()
+}
+
+/// A lease from the CDU's controller: every GPU at `watts` for `ms`.
+pub fn lease(seq: u32, t: u64, watts: u32, ms: u32) -> Frame {
+    let mut f = Frame {
+        sender: NodeId::new(Role::Cdu, "cdu-a").unwrap(),
+        seq,
+        time: TimestampMs(t),
+        message: Message::CapLease(CapLease {
+            lease: seq,
+            source: CapSource::Cooling,
+            reason: ReasonCode::CAPACITY_SHORT,
+            caps: [GpuCap {
+                gpus: GpuSelector::All,
+                limit: Watts(watts),
+            }]
+            .into_iter()
+            .collect(),
+            duration: DurationMs(ms),
+            auth: CommandAuth::default(),
+        }),
+    };
+    f.sign(&samples::command_topic(), 1, &demo_signing_key())
+        .unwrap();
+    f
 }
 
 /// An operator's release of `gpu`, signed with the demonstration key.
