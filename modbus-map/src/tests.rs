@@ -168,7 +168,7 @@ mod file {
     use std::string::{String, ToString};
     use std::vec::Vec;
 
-    use crate::{Kind, MapError, MapFile, Register, Type, WordOrder};
+    use crate::{Kind, MapError, MapFile, Register, Type, WordOrder, BIT_REGISTERS};
 
     fn reg(name: &str, kind: Kind, address: u16, ty: Type) -> Register<String> {
         let range = (kind == Kind::Holding).then_some(0.0);
@@ -223,5 +223,82 @@ mod file {
         assert!(check(std::vec![h])
             .unwrap_err()
             .starts_with("h: a holding register needs min <= max"));
+    }
+
+    /// `r` at `scale`.
+    fn scaled(r: Register<String>, scale: f64) -> Register<String> {
+        Register { scale, ..r }
+    }
+
+    /// Every bit word as the shipped map (`boards/cdus/sim-cdu.toml`)
+    /// has it: the inputs at 4-6 and 17-19, the settings at holding 2-5.
+    fn shipped_bits() -> Vec<Register<String>> {
+        let at = |name: &str| match name {
+            "pump_a_running" => (Kind::Input, 4),
+            "pump_b_running" => (Kind::Input, 5),
+            "leak_inputs" => (Kind::Input, 6),
+            "valves_closed" => (Kind::Input, 17),
+            "pump_a_fault" => (Kind::Input, 18),
+            "pump_b_fault" => (Kind::Input, 19),
+            "lead_pump" => (Kind::Holding, 2),
+            "valves_open" => (Kind::Holding, 3),
+            "pumps_run" => (Kind::Holding, 4),
+            _ => (Kind::Holding, 5),
+        };
+        BIT_REGISTERS
+            .iter()
+            .map(|(name, _)| {
+                let (kind, address) = at(name);
+                reg(name, kind, address, Type::U16)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn bit_words_as_shipped_pass_and_other_registers_may_be_signed_and_scaled() {
+        let mut regs = shipped_bits();
+        regs.push(scaled(reg("supply_temp", Kind::Input, 0, Type::I16), 0.01));
+        regs.push(scaled(reg("flow", Kind::Input, 2, Type::U16), 0.1));
+        assert_eq!(check(regs), Ok(()));
+    }
+
+    #[test]
+    fn a_signed_or_scaled_bit_word_is_refused_naming_it() {
+        // An i16 with rack 15 wet (bit 15) decodes negative, and at scale
+        // 0.1 rack 2 wet (raw 4) decodes 0.4: both would read dry.
+        for (name, _) in BIT_REGISTERS {
+            for (ty, scale, found) in [
+                (Type::I16, 1.0, "i16 at scale 1"),
+                (Type::U16, 0.1, "u16 at scale 0.1"),
+                (Type::U32, 1.0, "u32 at scale 1"),
+            ] {
+                let regs: Vec<_> = shipped_bits()
+                    .into_iter()
+                    .map(|mut r| {
+                        if r.name == name {
+                            (r.ty, r.scale) = (ty, scale);
+                        }
+                        r
+                    })
+                    .collect();
+                let e = check(regs).unwrap_err();
+                assert!(
+                    e.starts_with(&std::format!("{name}: ")),
+                    "{name} {found}: {e}"
+                );
+                assert!(
+                    e.ends_with(&std::format!(
+                        "read as bits: a bit word needs type u16 at scale 1, not {found}"
+                    )),
+                    "{e}"
+                );
+            }
+        }
+        let e = check(std::vec![reg("leak_inputs", Kind::Input, 6, Type::I16)]);
+        assert_eq!(
+            e.unwrap_err(),
+            "leak_inputs: the leak inputs, bit n = rack n, read as bits: a bit word needs \
+             type u16 at scale 1, not i16 at scale 1"
+        );
     }
 }
