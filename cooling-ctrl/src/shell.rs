@@ -682,12 +682,15 @@ impl<P: CduPort> Shell<P> {
     }
 
     /// The BMS wrote `w` (the server checked it against the map),
-    /// between two steps: the holding registers read it at once, the
-    /// limits are the core's from the next step.
+    /// between two steps: the limits are the core's from the next step,
+    /// and the holding registers read what is in force (the core holds a
+    /// limit within the site's setpoints, said when that differs).
     fn on_bms(&mut self, w: NorthboundWrite) {
         let now = self.now_ms();
         if let Some((ceiling, offset)) = self.bms.wrote(w, now) {
-            self.decider.core_mut().set_limits(ceiling, offset);
+            let core = self.decider.core_mut();
+            core.set_limits(ceiling, offset);
+            self.bms.in_force(core.limits());
         }
     }
 

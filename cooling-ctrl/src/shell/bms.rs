@@ -64,6 +64,26 @@ impl Bms {
         limits.then_some((s.setpoint_ceiling_c, s.plan_ceiling_offset_k))
     }
 
+    /// The limits the core holds after the BMS's write: where they differ
+    /// from what it wrote (outside the site's setpoints), said, and the
+    /// holding registers read them, not what was written.
+    pub(super) fn in_force(&mut self, (ceiling_c, offset_k): BmsLimits) {
+        let s = &mut self.settings;
+        if (s.setpoint_ceiling_c, s.plan_ceiling_offset_k) == (ceiling_c, offset_k) {
+            return;
+        }
+        tracing::warn!(
+            "cooling shell: the BMS wrote a setpoint ceiling of {:.2} °C and a plan offset of {:.2} K; in force: {ceiling_c:.2} °C and {offset_k:.2} K (the site's setpoint range holds them)",
+            s.setpoint_ceiling_c,
+            s.plan_ceiling_offset_k
+        );
+        (s.setpoint_ceiling_c, s.plan_ceiling_offset_k) = (ceiling_c, offset_k);
+        if let Some(nb) = &self.link {
+            let settings = self.settings;
+            nb.snapshots.send_modify(|s| s.settings = settings);
+        }
+    }
+
     /// At a step at `now` (shell ms): the holding registers read the
     /// BMS's outdoor temperature while it is in force.
     pub(super) fn refresh(&mut self, now: u64) {
@@ -152,5 +172,24 @@ mod tests {
         assert_eq!(bms.settings.outdoor_c, Some(-4.5));
         bms.refresh(1_000 + 300_000);
         assert_eq!(bms.settings.outdoor_c, None);
+    }
+
+    #[test]
+    fn a_ceiling_the_core_holds_higher_reads_back_as_held() {
+        let (snapshots, rx) = snapshot_channel();
+        let link = NorthboundLink {
+            snapshots,
+            writes: None,
+        };
+        let mut cfg = CoreConfig::default();
+        cfg.cdu.min_setpoint_c = 24.0;
+        let mut core = cooling_core::Core::new(cfg.clone()).unwrap();
+        let mut bms = Bms::new(Some(link), &cfg);
+        let ceiling = NorthboundWrite::SetpointCeiling { celsius: 20.0 };
+        let (c, o) = bms.wrote(ceiling, 0).expect("a limit");
+        core.set_limits(c, o);
+        bms.in_force(core.limits());
+        assert_eq!(rx.borrow().settings.setpoint_ceiling_c, 24.0, "in force");
+        assert!(!rx.borrow().settings.shows(ceiling));
     }
 }
