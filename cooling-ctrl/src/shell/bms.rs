@@ -183,7 +183,7 @@ mod tests {
         };
         let mut cfg = CoreConfig::default();
         cfg.cdu.min_setpoint_c = 24.0;
-        let mut core = cooling_core::Core::new(cfg.clone()).unwrap();
+        let mut core = cooling_core::Core::new(cfg).unwrap();
         let mut bms = Bms::new(Some(link), &cfg);
         let ceiling = NorthboundWrite::SetpointCeiling { celsius: 20.0 };
         let (c, o) = bms.wrote(ceiling, 0).expect("a limit");
