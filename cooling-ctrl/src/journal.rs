@@ -90,7 +90,7 @@ impl ControllerFlash {
     pub fn open(path: Option<&Path>) -> Result<Self, String> {
         let mut stores = agent_flash::open(path)?;
         let latched = futures::executor::block_on(load_latched(&mut stores.store));
-        let new_file = path.is_some() && stores.blank();
+        let new_file = path.is_some() && stores.blank;
         if let (Some(p), true) = (path, new_file) {
             tracing::warn!("{}: {NEW_FLASH}", p.display());
         }

@@ -239,6 +239,7 @@ async fn run_agent(
         outbox,
         first_seq,
         path: flash_path,
+        blank: _,
     } = agent_flash::open(config.flash.as_deref()).map_err(AgentError::Flash)?;
     // The decisions, with what was kept from before a restart.
     let mut node = startup::node(&config, &gpus, started);

@@ -126,16 +126,10 @@ pub struct Stores {
     pub first_seq: u32,
     /// The flash file, `None` when kept in memory.
     pub path: Option<PathBuf>,
-}
-
-impl Stores {
     /// The flash held nothing an earlier run kept when it was opened:
     /// memory (at every start), or a file made at this opening (missing
-    /// or 0 bytes long). (A method, not a field: agents take the stores
-    /// apart field by field.)
-    pub fn blank(&mut self) -> bool {
-        self.log.flash().with(|f| f.blank())
-    }
+    /// or 0 bytes long).
+    pub blank: bool,
 }
 
 fn flash_err(what: &'static str) -> impl FnOnce(StoreError<FlashError>) -> String {
@@ -224,6 +218,7 @@ async fn open_stores(path: Option<&Path>) -> Result<Stores, String> {
         outbox,
         first_seq,
         path: path.map(Path::to_path_buf),
+        blank,
     })
 }
 
@@ -307,8 +302,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("new.flash");
         let clock = (clock_ms() - SEQ_EPOCH_MS) / 100;
-        let mut first = open(Some(&path)).unwrap();
-        assert!(first.blank(), "made at this opening");
+        let first = open(Some(&path)).unwrap();
+        assert!(first.blank, "made at this opening");
         assert!(
             u64::from(first.first_seq) >= clock,
             "{} < {clock}",
@@ -316,21 +311,21 @@ mod tests {
         );
         let a = first.first_seq;
         drop(first);
-        let mut again = open(Some(&path)).unwrap();
-        assert!(!again.blank());
+        let again = open(Some(&path)).unwrap();
+        assert!(!again.blank);
         assert_eq!(again.first_seq, a + SEQ_BLOCK);
         drop(again);
         // Emptied (a state folder rebuilt): blank again, from the clock.
         std::fs::write(&path, []).unwrap();
-        let mut emptied = open(Some(&path)).unwrap();
-        assert!(emptied.blank() && u64::from(emptied.first_seq) >= clock);
+        let emptied = open(Some(&path)).unwrap();
+        assert!(emptied.blank && u64::from(emptied.first_seq) >= clock);
     }
 
     #[test]
     fn in_memory_the_floor_starts_from_the_clock() {
         let clock = (clock_ms() - SEQ_EPOCH_MS) / 100;
-        let mut s = open(None).unwrap();
-        assert!(s.path.is_none() && s.blank());
+        let s = open(None).unwrap();
+        assert!(s.path.is_none() && s.blank);
         assert!(u64::from(s.first_seq) >= clock, "{} < {clock}", s.first_seq);
         let later = open(None).unwrap().first_seq;
         assert!(later >= s.first_seq, "a restart in memory does not go back");

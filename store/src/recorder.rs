@@ -638,31 +638,26 @@ impl Recorder {
     /// Keeps a config value and waits until it is in flash (after what
     /// was handed over before it).
     pub async fn set_sync(&self, key: String, value: Vec<u8>) -> Result<(), String> {
-        let (done, rx) = oneshot::channel();
-        let job = Job::Set {
-            key,
-            value,
-            done: Some(done),
-        };
-        self.vital(job, "a config value")?;
-        rx.await.map_err(|_| Self::gone())?
+        self.set_later(key, value)?
+            .await
+            .map_err(|_| Self::gone())?
     }
 
     /// Keeps a config value without waiting; the returned channel says
-    /// when it is in flash (after what was handed over before it).
-    /// `None`: not handed over (said).
+    /// when it is in flash (after what was handed over before it). An
+    /// error: not handed over (said).
     pub fn set_later(
         &self,
         key: String,
         value: Vec<u8>,
-    ) -> Option<oneshot::Receiver<Result<(), String>>> {
+    ) -> Result<oneshot::Receiver<Result<(), String>>, String> {
         let (done, rx) = oneshot::channel();
         let job = Job::Set {
             key,
             value,
             done: Some(done),
         };
-        self.vital(job, "a config value").ok().map(|()| rx)
+        self.vital(job, "a config value").map(|()| rx)
     }
 
     /// Reserves a block of frame sequence numbers.

@@ -7,33 +7,38 @@
 use super::*;
 use crate::decide::Plan;
 
-/// A device's failure, said once per change of its message, and its end.
+/// A device's failure in force, so it is said once per change of its
+/// message, and its end said.
 #[derive(Debug, Default)]
 struct Failing(Option<String>);
 
 impl Failing {
-    /// `what` failed with `e`: said when the message changed.
-    fn failed(&mut self, what: &str, e: String) {
-        if self.0.as_deref() != Some(e.as_str()) {
-            tracing::error!("cooling shell: {what}: {e}");
-            self.0 = Some(e);
-        }
+    /// A failure with message `e`: whether it is news (to be said).
+    fn failed(&mut self, e: String) -> bool {
+        let news = self.0.as_deref() != Some(e.as_str());
+        self.0 = Some(e);
+        news
     }
 
-    /// `what` worked: said when it had failed.
-    fn worked(&mut self, what: &str) {
-        if let Some(e) = self.0.take() {
-            tracing::info!("cooling shell: {what} works again (was: {e})");
-        }
+    /// It worked: the failure that ended, if one was in force (to be said).
+    fn worked(&mut self) -> Option<String> {
+        self.0.take()
     }
 
-    /// Counts a failure in `errors` and says it; or says the end of one.
+    /// A board pin's outcome `r`: a failure counted in `errors`, and
+    /// said when news; the end of one said.
     fn judge(&mut self, what: &str, r: Result<(), String>, errors: &mut u64) {
         match r {
-            Ok(()) => self.worked(what),
+            Ok(()) => {
+                if let Some(e) = self.worked() {
+                    tracing::info!("cooling shell: {what} works again (was: {e})");
+                }
+            }
             Err(e) => {
                 *errors += 1;
-                self.failed(what, e);
+                if self.failed(e.clone()) {
+                    tracing::error!("cooling shell: {what}: {e}");
+                }
             }
         }
     }
@@ -51,8 +56,8 @@ struct BoardErrors {
 pub(super) struct Devices<P> {
     pub(super) cdu: P,
     board: Option<Box<dyn BoardIo>>,
-    cdu_error: Option<String>,
-    write_error: Option<String>,
+    cdu_error: Failing,
+    write_error: Failing,
     board_errors: BoardErrors,
     /// When the CDU last answered a read.
     pub(super) last_read: Option<TimestampMs>,
@@ -67,8 +72,8 @@ impl<P: CduPort> Devices<P> {
         Self {
             cdu,
             board,
-            cdu_error: None,
-            write_error: None,
+            cdu_error: Failing::default(),
+            write_error: Failing::default(),
             board_errors: BoardErrors::default(),
             last_read: None,
             pump_faults: None,
@@ -77,14 +82,14 @@ impl<P: CduPort> Devices<P> {
 
     /// The last read's error, while the CDU does not answer.
     pub(super) fn cdu_error(&self) -> Option<&String> {
-        self.cdu_error.as_ref()
+        self.cdu_error.0.as_ref()
     }
 
     /// Reads the CDU.
     pub(super) async fn read_cdu(&mut self, stats: &mut ShellStats) -> Option<CduMeasurements> {
         match self.cdu.read().await {
             Ok(r) => {
-                if let Some(e) = self.cdu_error.take() {
+                if let Some(e) = self.cdu_error.worked() {
                     tracing::info!("cooling shell: the CDU answers again (was: {e})");
                 }
                 stats.cdu_reads += 1;
@@ -114,16 +119,15 @@ impl<P: CduPort> Devices<P> {
         }
         match outcome.first_error() {
             None => {
-                if let Some(e) = self.write_error.take() {
+                if let Some(e) = self.write_error.worked() {
                     tracing::info!("cooling shell: the CDU takes its settings again (was: {e})");
                 }
             }
             Some(e) => {
                 let msg = e.to_string();
                 stats.cdu_write_errors += 1;
-                if self.write_error.as_deref() != Some(msg.as_str()) {
+                if self.write_error.failed(msg.clone()) {
                     tracing::error!("cooling shell: writing the CDU's settings: {msg}");
-                    self.write_error = Some(msg);
                 }
             }
         }
@@ -132,7 +136,7 @@ impl<P: CduPort> Devices<P> {
 
     fn cdu_failed(&mut self, e: &CduError) {
         let msg = e.to_string();
-        if self.cdu_error.as_deref() != Some(msg.as_str()) {
+        if self.cdu_error.failed(msg.clone()) {
             let what = if e.refused_code().is_some() {
                 "refused"
             } else if e.is_no_answer() {
@@ -141,7 +145,6 @@ impl<P: CduPort> Devices<P> {
                 "failed"
             };
             tracing::error!("cooling shell: reading the CDU ({what}): {msg}");
-            self.cdu_error = Some(msg);
         }
     }
 }
@@ -218,8 +221,8 @@ mod tests {
         let mut d = Devices {
             cdu: (),
             board: Some(Box::new(board)),
-            cdu_error: None,
-            write_error: None,
+            cdu_error: Failing::default(),
+            write_error: Failing::default(),
             board_errors: BoardErrors::default(),
             last_read: None,
             pump_faults: None,

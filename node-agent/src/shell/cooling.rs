@@ -295,7 +295,7 @@ impl Agent {
                 jobs.push(job);
             }
         }
-        let mut kept = self.keep_cooling_told();
+        let mut kept = self.keep_cooling();
         for mut job in jobs {
             // The runner takes jobs in order: the first waits for all.
             job.kept = kept.take();
@@ -304,17 +304,11 @@ impl Agent {
     }
 
     /// Keeps the phase and the pending steps in flash (written off the
-    /// loop, in order with everything else).
-    fn keep_cooling(&self) {
+    /// loop, in order with everything else); the flash's word once it is
+    /// kept (`None`: not handed to the flash thread, said).
+    fn keep_cooling(&self) -> Option<Kept> {
         let record = encode(self.cooling.kept, &self.cooling.pending.steps());
-        self.recorder.set(PHASE_KEY.to_string(), record);
-    }
-
-    /// [`Agent::keep_cooling`], with the flash's word once it is kept
-    /// (`None`: not handed to the flash thread, said).
-    fn keep_cooling_told(&self) -> Option<Kept> {
-        let record = encode(self.cooling.kept, &self.cooling.pending.steps());
-        self.recorder.set_later(PHASE_KEY.to_string(), record)
+        self.recorder.set_later(PHASE_KEY.to_string(), record).ok()
     }
 
     /// The job of a step: its configured commands, expanded; none (said)

@@ -307,27 +307,23 @@ impl Agent {
     /// Keeps a GPU's health in flash, so a restart does not forget a
     /// quarantine.
     pub(super) fn keep_health(&mut self, gpu: u8) {
-        let h = self.node.gpu_health(gpu);
-        let Some(id) = self.identity(gpu) else {
-            tracing::error!(
-                "GPU {gpu}: its UUID is unknown: its health ({}) is not kept in flash, and a restart does not restore it",
-                h.state
-            );
-            return;
-        };
-        match postcard::to_allocvec(&h) {
-            Ok(bytes) => self
-                .recorder
-                .set(Record::Health.key(id), tagged(id, &bytes)),
+        match postcard::to_allocvec(&self.node.gpu_health(gpu)) {
+            Ok(bytes) => self.keep_record(gpu, Record::Health, &bytes),
             Err(e) => tracing::error!("GPU {gpu}: health state not encodable: {e}"),
         }
     }
 
-    /// The identity of `gpu`'s kept records; `None` when its UUID is
-    /// unknown.
-    fn identity(&self, gpu: u8) -> Option<u64> {
-        let g = self.gpus.get(gpu as usize)?;
-        super::identity(&g.info.uuid)
+    /// Keeps `payload` as `gpu`'s record `what`, under its identity;
+    /// nothing (said) when its UUID is unknown.
+    fn keep_record(&self, gpu: u8, what: Record, payload: &[u8]) {
+        let uuid = self.gpus.get(gpu as usize).map(|g| g.info.uuid.as_str());
+        match uuid.and_then(super::identity) {
+            Some(id) => self.recorder.set(what.key(id), tagged(id, payload)),
+            None => tracing::error!(
+                "GPU {gpu}: its UUID is unknown: its {} is not kept in flash, and a restart does not restore it",
+                what.what()
+            ),
+        }
     }
 
     /// Starts every configured action for a quarantine of `gpu`, each on
@@ -411,7 +407,7 @@ impl Agent {
                 let ok = run.ok;
                 self.quarantine_runs.remove(&(gpu, since));
                 if ok {
-                    self.keep_done(gpu, since);
+                    self.keep_record(gpu, Record::Done, &since.to_le_bytes());
                 } else {
                     tracing::error!(
                         "GPU {gpu}: a quarantine action failed: it is not run again while the agent runs (drain the GPU by hand), and runs again at the next start"
@@ -425,19 +421,6 @@ impl Agent {
             exit_code: o.exit_code,
         };
         self.emit(ev, self.clock.wall()).await;
-    }
-
-    /// Keeps in flash that the actions of `gpu`'s quarantine of `since`
-    /// are done.
-    fn keep_done(&mut self, gpu: u8, since: u64) {
-        match self.identity(gpu) {
-            Some(id) => self
-                .recorder
-                .set(Record::Done.key(id), tagged(id, &since.to_le_bytes())),
-            None => tracing::error!(
-                "GPU {gpu}: its UUID is unknown: that its quarantine actions are done is not kept in flash"
-            ),
-        }
     }
 
     /// Says in the log when the XID queue dropped events since it last
