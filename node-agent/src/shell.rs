@@ -446,15 +446,19 @@ const UNKNOWN_UUID: &str = "unknown";
 /// is longer than a config-store key may be. `None` when its UUID is
 /// unknown: nothing is kept or restored for it under a guessed identity.
 fn identity(uuid: &str) -> Option<u64> {
-    if uuid == UNKNOWN_UUID {
-        return None;
-    }
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in uuid.bytes() {
-        hash ^= u64::from(b);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    Some(hash)
+    (uuid != UNKNOWN_UUID).then(|| fnv1a(&[uuid.as_bytes()]))
+}
+
+/// The 64-bit FNV-1a hash of `parts`, one after the other: what a
+/// config-store key holds of a name too long for it (a GPU's UUID, a
+/// sender's role and name).
+fn fnv1a(parts: &[&[u8]]) -> u64 {
+    parts
+        .iter()
+        .flat_map(|p| p.iter())
+        .fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
 }
 
 impl Agent {

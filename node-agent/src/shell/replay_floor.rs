@@ -34,15 +34,11 @@ struct Kept {
 /// The config-store key of `sender`'s floor: `replay.` and the 64-bit
 /// FNV-1a hash of its role and name, in hex.
 fn key(sender: &NodeId) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let bytes = [
+    let h = super::fnv1a(&[
         sender.role.as_str().as_bytes(),
         b"/",
         sender.id.as_str().as_bytes(),
-    ];
-    for b in bytes.iter().flat_map(|s| s.iter()) {
-        h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
-    }
+    ]);
     format!("replay.{h:016x}")
 }
 
