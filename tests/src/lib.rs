@@ -13,13 +13,14 @@
 //! - *skip*: outside CI a test whose tool is missing says so and passes
 //!   without checking anything; with `CI=true` it fails instead.
 
+use std::collections::HashSet;
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use loopwarden_bus::BrokerAddr;
@@ -101,19 +102,62 @@ pub fn require_python_jsonschema() -> Option<PathBuf> {
 }
 
 /// A free TCP port on loopback (free when asked; a test binds it at once).
+///
+/// Chosen below the kernel's ephemeral range, so that no outgoing
+/// connection (a client's own source port) can take it before the service
+/// binds it, and no probe of it can connect to itself; and never the same
+/// port twice in one test process, so that two services started at once
+/// cannot race for one port. Falls back to a kernel-chosen port when the
+/// low range is full.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("an ephemeral port on loopback")
+    static GIVEN: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let (low, span) = below_ephemeral();
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    let given = given.get_or_insert_with(HashSet::new);
+    // A per-process start in the range, so that two test binaries run one
+    // after the other do not walk the same ports.
+    let start = std::process::id().wrapping_mul(2_654_435_761) % span;
+    for _ in 0..span {
+        let step = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (low + (start + step) % span) as u16;
+        if !given.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.insert(port);
+            return port;
+        }
+    }
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("an ephemeral port on loopback");
+        if given.insert(port) {
+            return port;
+        }
+    }
 }
 
-/// Waits until something accepts TCP connections on `addr`.
+/// The ports `free_port` chooses from: `(first, how many)`, from 20000 up
+/// to the start of the kernel's ephemeral range (32768 when unreadable).
+fn below_ephemeral() -> (u32, u32) {
+    const LOW: u32 = 20_000;
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768);
+    (LOW, ephemeral.saturating_sub(LOW).max(1))
+}
+
+/// Waits until something accepts TCP connections on `addr`. A connection
+/// to itself (a source port equal to `addr`'s, which the kernel allows on
+/// loopback) is not a listener.
 pub fn wait_listening(addr: SocketAddr, timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
-        if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
-            return true;
+        if let Ok(stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(100)) {
+            if stream.local_addr().ok() != Some(addr) {
+                return true;
+            }
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -288,6 +332,44 @@ impl Subscriber {
         filters: &[&str],
         client_id: Option<&str>,
     ) -> Option<Subscriber> {
+        let mut sub = Self::spawn(port, filters, client_id)?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            // mosquitto_sub gives up when its one connection is refused (a
+            // loaded machine, now and then): start it again.
+            if let Ok(Some(status)) = sub.child.try_wait() {
+                eprintln!("mosquitto_sub on port {port} ended ({status}) before its probe: again");
+                let early = std::mem::take(&mut sub.early);
+                sub = Self::spawn(port, filters, client_id)?;
+                sub.early = early;
+            }
+            publish_raw(port, PROBE_TOPIC, b"probe", false)?;
+            match sub.lines.recv_timeout(Duration::from_millis(300)) {
+                Ok(seen) if seen.topic == PROBE_TOPIC => break,
+                // Retained messages may arrive before the probe: keep them.
+                Ok(seen) => sub.early.push(seen),
+                Err(_) => {}
+            }
+            assert!(
+                Instant::now() < deadline,
+                "mosquitto_sub never received its probe"
+            );
+        }
+        // Drain late duplicates of the probe for a moment; keep anything else.
+        let settle = Instant::now() + Duration::from_millis(100);
+        while let Some(left) = settle.checked_duration_since(Instant::now()) {
+            match sub.lines.recv_timeout(left) {
+                Ok(seen) if seen.topic == PROBE_TOPIC => {}
+                Ok(seen) => sub.early.push(seen),
+                Err(_) => break,
+            }
+        }
+        Some(sub)
+    }
+
+    /// Starts `mosquitto_sub` on `filters` and the probe topic, its output
+    /// read line by line on a thread.
+    fn spawn(port: u16, filters: &[&str], client_id: Option<&str>) -> Option<Subscriber> {
         let mut cmd = client("mosquitto_sub", port)?;
         cmd.args(["-q", "1", "-F", SUB_FORMAT]);
         if let Some(id) = client_id {
@@ -313,35 +395,11 @@ impl Subscriber {
                 }
             }
         });
-        let mut sub = Subscriber {
+        Some(Subscriber {
             child,
             lines: rx,
             early: Vec::new(),
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            publish_raw(port, PROBE_TOPIC, b"probe", false)?;
-            match sub.lines.recv_timeout(Duration::from_millis(300)) {
-                Ok(seen) if seen.topic == PROBE_TOPIC => break,
-                // Retained messages may arrive before the probe: keep them.
-                Ok(seen) => sub.early.push(seen),
-                Err(_) => {}
-            }
-            assert!(
-                Instant::now() < deadline,
-                "mosquitto_sub never received its probe"
-            );
-        }
-        // Drain late duplicates of the probe for a moment; keep anything else.
-        let settle = Instant::now() + Duration::from_millis(100);
-        while let Some(left) = settle.checked_duration_since(Instant::now()) {
-            match sub.lines.recv_timeout(left) {
-                Ok(seen) if seen.topic == PROBE_TOPIC => {}
-                Ok(seen) => sub.early.push(seen),
-                Err(_) => break,
-            }
-        }
-        Some(sub)
+        })
     }
 
     /// The next message, or `None` after `timeout`. Probes are skipped.
