@@ -303,6 +303,9 @@ async fn run_agent(
         cooling,
         unkept_limits_said: false,
     };
+    for &gpu in &undone.unreadable {
+        agent.keep_health(gpu);
+    }
     // What a crash (or a failure) left undone runs again.
     agent.resume_actions(&undone.quarantines);
     agent.resume_cooling(undone.phase, undone.steps);
@@ -329,6 +332,9 @@ async fn run_agent(
 struct Undone {
     /// The GPUs kept quarantined whose actions are not known done.
     quarantines: Vec<u8>,
+    /// The GPUs whose kept health state was unreadable, marked degraded:
+    /// their new state is kept, replacing the record that failed.
+    unreadable: Vec<u8>,
     /// The cooling-loss phase kept.
     phase: node_core::cooling_loss::Phase,
     /// The cooling-loss steps kept pending.
@@ -346,7 +352,7 @@ async fn restore_kept(
 ) -> Undone {
     let uuids: Vec<&str> = gpus.iter().map(|g| g.info.uuid.as_str()).collect();
     quarantine::upgrade_kept(store, &uuids);
-    startup::restore_health(node, &uuids, store).await;
+    let unreadable = startup::restore_health(node, &uuids, store).await;
     let quarantines = quarantine::not_done(store, node.health(), &uuids).await;
     limits::restore(node, gpus, store).await;
     let (phase, steps) = cooling::restore(store).await;
@@ -357,6 +363,7 @@ async fn restore_kept(
     }
     Undone {
         quarantines,
+        unreadable,
         phase,
         steps,
     }

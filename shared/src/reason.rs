@@ -61,6 +61,11 @@ reasons! {
     QUIET_PERIOD = 1012 => "quiet-period",
     /// The host's loop reports trouble: the heat is the cooling's fault.
     COOLING_FAULT = 1013 => "cooling-fault",
+    /// The health state kept in flash from before a restart could not be
+    /// read (or the GPU's UUID, which matches it, is unknown): the GPU may
+    /// have been quarantined, so it is marked degraded, not taken as
+    /// healthy.
+    KEPT_STATE_UNREADABLE = 1014 => "kept-state-unreadable",
     /// The controller is booting and waits for every required sensor.
     BOOTING = 2000 => "booting",
     /// A required sensor stopped reporting.

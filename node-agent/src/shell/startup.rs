@@ -15,8 +15,8 @@ use loopwarden_bus::embedded::EmbeddedBroker;
 use loopwarden_bus::{now_ms, Bus, BusConfig, BusTask, Inbound};
 use loopwarden_flash::{ConfigStore, EventLog, FlashError, Outbox, StoreError};
 use loopwarden_protocol::{
-    Family, Frame, GpuHealth, HealthState, Ident, Message, MessageKind, NodeId, Role, TimestampMs,
-    Topic,
+    Family, Frame, GpuHealth, HealthState, Ident, Message, MessageKind, NodeId, ReasonCode, Role,
+    TimestampMs, Topic,
 };
 use loopwarden_store::agent_flash::Flash;
 use node_core::caps::GpuRange;
@@ -197,43 +197,64 @@ pub(super) async fn restore_leases(
 }
 
 /// Every GPU healthy unless the flash kept a state for it, by its UUID
-/// (`uuids`: every GPU's, in index order).
+/// (`uuids`: every GPU's, in index order). A GPU whose kept state cannot
+/// be read, or whose UUID is unknown so that none can be matched to it,
+/// may have been quarantined before the restart: it is marked degraded
+/// (reason `kept-state-unreadable`) rather than taken as healthy. Returns
+/// the GPUs so marked, for the caller to keep their new state.
 pub(super) async fn restore_health(
     node: &mut Node,
     uuids: &[&str],
     store: &mut ConfigStore<Flash>,
-) {
+) -> Vec<u8> {
+    let mut marked = Vec::new();
     for (i, uuid) in uuids.iter().enumerate().take(node.len()) {
-        let Some(id) = identity(uuid) else {
-            tracing::error!(
-                "GPU {i}: its UUID is unknown, so no kept health state can be matched to it: none is restored (a quarantine kept for it is not), and none is kept while it runs"
-            );
-            continue;
-        };
-        match read_kept(store, Record::Health, id).await {
-            Ok(Some(bytes)) => match postcard::from_bytes::<GpuHealth>(&bytes) {
-                Ok(h) if h.state != HealthState::Healthy => {
-                    tracing::warn!(
-                        "GPU {i}: {} since before the restart ({})",
-                        h.state,
-                        h.evidence.as_str()
-                    );
-                    node.restore_health(
-                        i as u8,
-                        GpuStatus {
-                            state: h.state,
-                            reason: h.reason,
-                            since: h.since,
-                            evidence: h.evidence.as_str().to_string(),
-                        },
-                    );
-                }
-                Ok(_) => {}
-                Err(e) => tracing::error!("GPU {i}: kept health state unreadable ({e}); healthy"),
+        let kept = match identity(uuid) {
+            Some(id) => match read_kept(store, Record::Health, id).await {
+                Ok(Some(bytes)) => postcard::from_bytes::<GpuHealth>(&bytes)
+                    .map(Some)
+                    .map_err(|e| format!("{} bytes that do not decode: {e}", bytes.len())),
+                Ok(None) => Ok(None),
+                Err(e) => Err(e),
             },
-            Ok(None) => {}
-            Err(e) => tracing::error!("GPU {i}: kept health state unreadable ({e}); healthy"),
-        }
+            None => Err("its UUID is unknown, so no kept state can be matched to it".into()),
+        };
+        let status = match kept {
+            Ok(Some(h)) if h.state != HealthState::Healthy => {
+                tracing::warn!(
+                    "GPU {i}: {} since before the restart ({})",
+                    h.state,
+                    h.evidence.as_str()
+                );
+                GpuStatus {
+                    state: h.state,
+                    reason: h.reason,
+                    since: h.since,
+                    evidence: h.evidence.as_str().to_string(),
+                }
+            }
+            Ok(_) => continue,
+            Err(why) => {
+                tracing::error!(
+                    "GPU {i}: kept health state unreadable ({why}); it may have been quarantined before the restart: marked degraded until the quiet period passes without evidence"
+                );
+                marked.push(i as u8);
+                unreadable(now_ms())
+            }
+        };
+        node.restore_health(i as u8, status);
+    }
+    marked
+}
+
+/// The state of a GPU whose kept health state cannot be read, from `now`.
+fn unreadable(now: TimestampMs) -> GpuStatus {
+    GpuStatus {
+        state: HealthState::Degraded,
+        reason: ReasonCode::KEPT_STATE_UNREADABLE,
+        since: now,
+        evidence: "its health state from before the restart could not be read from flash"
+            .to_string(),
     }
 }
 
@@ -306,7 +327,7 @@ mod tests {
     use super::super::quarantine::tagged;
     use super::super::restore_kept;
     use super::*;
-    use loopwarden_protocol::{GpuIndex, ReasonCode, Text, Watts};
+    use loopwarden_protocol::{GpuIndex, Text, Watts};
 
     const X: &str = "GPU-00000000-0000-0000-0000-00000000000x";
     const A: &str = "GPU-aaaaaaaa-aaaa-aaaa-aaaa-aaaaaaaaaaaa";
@@ -367,9 +388,9 @@ mod tests {
             .is_some()
     }
 
-    /// A start with the GPUs `uuids`: the state of each, and the GPUs
-    /// whose quarantine actions run again.
-    fn start(store: &mut ConfigStore<Flash>, uuids: [&str; 3]) -> (Vec<HealthState>, Vec<u8>) {
+    /// A start with the GPUs `uuids`: the node, with what it restored,
+    /// and what the start found undone.
+    fn restored(store: &mut ConfigStore<Flash>, uuids: [&str; 3]) -> (Node, super::super::Undone) {
         let config = config();
         let gpus: Vec<GpuState> = uuids.iter().map(|u| gpu(u)).collect();
         let mut node = node(&config, &gpus, TimestampMs(SINCE + 10_000));
@@ -379,13 +400,20 @@ mod tests {
             .build()
             .expect("a runtime");
         let undone = rt.block_on(restore_kept(&mut node, &config, &gpus, store));
+        (node, undone)
+    }
+
+    /// A start with the GPUs `uuids`: the state of each, and the GPUs
+    /// whose quarantine actions run again.
+    fn start(store: &mut ConfigStore<Flash>, uuids: [&str; 3]) -> (Vec<HealthState>, Vec<u8>) {
+        let (node, undone) = restored(store, uuids);
         let states = (0..3)
             .map(|i| node.health().status(i).unwrap().state)
             .collect();
         (states, undone.quarantines)
     }
 
-    use HealthState::{Healthy, Quarantined};
+    use HealthState::{Degraded, Healthy, Quarantined};
 
     /// GPU `a` kept quarantined (as GPU 2 once was), under its identity.
     fn keep_quarantined(store: &mut ConfigStore<Flash>, a: u64) {
@@ -481,14 +509,42 @@ mod tests {
     }
 
     #[test]
-    fn a_gpu_whose_uuid_is_unknown_has_nothing_restored_or_moved() {
+    fn a_gpu_whose_uuid_is_unknown_has_nothing_restored_or_moved_and_is_marked() {
         let mut store = loopwarden_store::agent_flash::open(None).unwrap().store;
         let a = id(A);
         keep_quarantined(&mut store, a);
         set(&mut store, "health.1", &quarantined(1));
         assert_eq!(identity("unknown"), None);
         let (states, _) = start(&mut store, [X, "unknown", A]);
-        assert_eq!(states, vec![Healthy, Healthy, Quarantined]);
+        // It may be the GPU kept quarantined: not taken as healthy.
+        assert_eq!(states, vec![Healthy, Degraded, Quarantined]);
         assert!(has(&mut store, "health.1"), "left as it is");
+    }
+
+    #[test]
+    fn a_kept_state_that_cannot_be_read_marks_its_gpu_degraded_not_healthy() {
+        let a = id(A);
+        let b = id(B);
+        let undecodable = tagged(a, &[0xff; 5]);
+        let someone_elses = tagged(b, &quarantined(2));
+        for (record, why) in [
+            (undecodable, "does not decode"),
+            (someone_elses, "another GPU's"),
+        ] {
+            let mut store = loopwarden_store::agent_flash::open(None).unwrap().store;
+            set(&mut store, &Record::Health.key(a), &record);
+            let (node, undone) = restored(&mut store, [X, A, B]);
+            assert_eq!(undone.unreadable, vec![1], "{why}");
+            assert_eq!(undone.quarantines, Vec::<u8>::new(), "{why}");
+            let st = node.health().status(1).unwrap();
+            assert_eq!(
+                (st.state, st.reason),
+                (Degraded, ReasonCode::KEPT_STATE_UNREADABLE),
+                "{why}"
+            );
+            for other in [0, 2] {
+                assert_eq!(node.health().status(other).unwrap().state, Healthy);
+            }
+        }
     }
 }
