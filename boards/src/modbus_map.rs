@@ -151,6 +151,16 @@ impl RegisterMap {
             .ok_or_else(|| ValueError::Unknown(name.to_string()))?;
         Ok(r.decode(self.word_order, words))
     }
+
+    /// The measurement register `name`'s words carry, or `None` where the
+    /// device says it has none (its type's sentinel, bit words excepted:
+    /// [`Register::reading`]).
+    pub fn reading(&self, name: &str, words: &[u16]) -> Result<Option<f64>, ValueError> {
+        let r = self
+            .get(name)
+            .ok_or_else(|| ValueError::Unknown(name.to_string()))?;
+        Ok(r.reading(self.word_order, words))
+    }
 }
 
 #[cfg(test)]

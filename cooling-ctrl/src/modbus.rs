@@ -642,12 +642,16 @@ impl CduPort for ModbusCdu {
                 let at = usize::from(address - span.start);
                 let value = self
                     .map
-                    .decode(name, &words[at..at + usize::from(*n)])
+                    .reading(name, &words[at..at + usize::from(*n)])
                     .map_err(|source| CduError::Value {
                         op: self.op(format_args!("decode {name} at input {address}")),
                         source,
                     })?;
-                values.push((name.clone(), value));
+                // The CDU's "not available" (its sentinel) is no reading:
+                // a sensor it names lost reads lost, never a figure.
+                if let Some(value) = value {
+                    values.push((name.clone(), value));
+                }
             }
         }
         let get = |name: &str| values.iter().find(|(n, _)| n == name).map(|(_, v)| *v);

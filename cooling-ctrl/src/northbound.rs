@@ -81,7 +81,7 @@ mod map;
 mod server;
 mod snapshot;
 
-pub use codec::{decode_write, encode_snapshot, sentinel, Image};
+pub use codec::{decode_write, encode_snapshot, Image};
 pub use map::{check_map, northbound_map, MapError, MAP_TOML};
 pub use server::{addressed, serve, serve_within, ANY_UNIT, LIMITS, WRITE_SHOWN_WITHIN};
 pub use snapshot::{

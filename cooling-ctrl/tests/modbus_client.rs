@@ -140,6 +140,31 @@ async fn a_measurement_the_map_lacks_reads_none() {
 }
 
 #[tokio::test]
+async fn the_cdus_not_available_reads_none_never_a_figure() {
+    let cdu = sim(RegisterMap::sim_cdu());
+    // The values whose words are the types' sentinels: 0x8000 in the i16
+    // supply, 0xFFFF in the u16 flow (6,553.5 L/min would pass for a
+    // flow), 0xFFFFFFFF in the u32 IT meter; and every leak input wet,
+    // 0xFFFF in a bit word, which is bits, not a sentinel.
+    for (name, value) in [
+        ("supply_temp", -327.68),
+        ("flow", 6_553.5),
+        ("it_power", f64::from(u32::MAX)),
+        ("leak_inputs", 65_535.0),
+    ] {
+        cdu.set_measurement(name, value).expect("a measurement");
+    }
+    let addr = serve_tcp(cdu).await;
+    let r = tcp_client(RegisterMap::sim_cdu(), addr)
+        .read()
+        .await
+        .expect("read");
+    assert_eq!((r.supply_c, r.flow_lpm, r.it_w), (None, None, None));
+    assert_eq!(r.leaks, Some(0xFFFF));
+    assert_eq!((r.return_c, r.cooling_w), (Some(-1.5), Some(9_120.0)));
+}
+
+#[tokio::test]
 async fn tcp_writes_settings_that_the_cdu_takes() {
     let cdu = sim(RegisterMap::sim_cdu());
     let addr = serve_tcp(cdu.clone()).await;

@@ -54,7 +54,7 @@ impl InputValues {
             let r = &map::REGISTERS[i];
             let at = usize::from(r.address - span.start);
             let end = (at + usize::from(r.ty.words())).min(words.len());
-            self.values[i] = words.get(at..end).map(|w| map::decode(r, w));
+            self.values[i] = words.get(at..end).and_then(|w| map::reading(r, w));
         }
     }
 
@@ -153,6 +153,22 @@ mod tests {
             None,
             "an input register is no setting"
         );
+    }
+
+    #[test]
+    fn the_cdus_sentinels_read_as_no_reading_and_its_bit_words_as_bits() {
+        let mut v = InputValues::default();
+        // Supply 0x8000 (i16), flow 0xFFFF (u16), every leak input wet.
+        v.take(&map::SPANS[0], &[0x8000, 3850, 0xFFFF, 2700, 1, 0, 0xFFFF]);
+        // The IT meter 0xFFFFFFFF (u32), every valve closed.
+        let mut w = [0u16; 11];
+        w[..2].copy_from_slice(&[0xFFFF, 0xFFFF]);
+        w[7] = 0xFFFF;
+        v.take(&map::SPANS[1], &w);
+        let m = v.measurements();
+        assert_eq!((m.supply_c, m.flow_lpm, m.it_w), (None, None, None));
+        assert_eq!(m.return_c, Some(38.5));
+        assert_eq!((m.leaks, m.valves_closed), (Some(0xFFFF), Some(0xFFFF)));
     }
 
     #[test]

@@ -117,6 +117,13 @@ pub fn decode(r: &Register, words: &[u16]) -> f64 {
     r.decode(WORD_ORDER, words)
 }
 
+/// The measurement `r`'s `words` carry in the map's word order, or `None`
+/// where the CDU says it has none (its type's sentinel; bit words keep
+/// every pattern), as the Linux controller reads it.
+pub fn reading(r: &Register, words: &[u16]) -> Option<f64> {
+    r.reading(WORD_ORDER, words)
+}
+
 fn encode_in(order: WordOrder, r: &Register, value: f64) -> Result<Words, ValueError> {
     r.encode(order, value).map_err(|e| match e {
         EncodeError::OutOfRange { min, max } => ValueError::OutOfRange {

@@ -17,25 +17,7 @@ use std::vec::Vec;
 
 use serde::Deserialize;
 
-use crate::{Kind, Register, Type, WordOrder};
-
-/// The registers read or written as bits or as 0/1 flags, and what each
-/// is: each must be a `u16` at scale 1 where a map has it.
-pub const BIT_REGISTERS: [(&str, &str); 10] = [
-    ("leak_inputs", "the leak inputs, bit n = rack n"),
-    (
-        "valves_closed",
-        "the valves' closed feedback, bit n = rack n",
-    ),
-    ("valves_open", "the rack valves to open, bit n = rack n"),
-    ("pumps_run", "the pumps to run, bit 0 A, bit 1 B"),
-    ("lead_pump", "the lead pump, 0 A, 1 B"),
-    ("pump_a_running", "pump A's running flag"),
-    ("pump_b_running", "pump B's running flag"),
-    ("pump_a_fault", "pump A's fault flag"),
-    ("pump_b_fault", "pump B's fault flag"),
-    ("heartbeat", "the heartbeat counter"),
-];
+use crate::{Kind, Register, Type, WordOrder, BIT_REGISTERS};
 
 /// A map file as written: its registers in the file's order.
 #[derive(Debug, Clone, PartialEq, Deserialize)]

@@ -26,7 +26,7 @@ extern crate std;
 mod file;
 
 #[cfg(feature = "std")]
-pub use file::{MapError, MapFile, BIT_REGISTERS};
+pub use file::{MapError, MapFile};
 
 #[cfg(feature = "std")]
 mod spans;
@@ -36,6 +36,24 @@ pub use spans::{input_spans, Span, MAX_READ};
 
 #[cfg(feature = "std")]
 use serde::Deserialize;
+
+/// The registers read or written as bits or as 0/1 flags, and what each
+/// is: each must be a `u16` at scale 1 where a map has it.
+pub const BIT_REGISTERS: [(&str, &str); 10] = [
+    ("leak_inputs", "the leak inputs, bit n = rack n"),
+    (
+        "valves_closed",
+        "the valves' closed feedback, bit n = rack n",
+    ),
+    ("valves_open", "the rack valves to open, bit n = rack n"),
+    ("pumps_run", "the pumps to run, bit 0 A, bit 1 B"),
+    ("lead_pump", "the lead pump, 0 A, 1 B"),
+    ("pump_a_running", "pump A's running flag"),
+    ("pump_b_running", "pump B's running flag"),
+    ("pump_a_fault", "pump A's fault flag"),
+    ("pump_b_fault", "pump B's fault flag"),
+    ("heartbeat", "the heartbeat counter"),
+];
 
 /// Register kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +95,18 @@ impl Type {
             Self::I16 => (i16::MIN as f64, i16::MAX as f64),
             Self::U32 => (0.0, u32::MAX as f64),
             Self::I32 => (i32::MIN as f64, i32::MAX as f64),
+        }
+    }
+
+    /// The bits a device puts in a measurement of this type to say "not
+    /// available": `0xFFFF` (u16), `0x8000` (i16), `0xFFFFFFFF` (u32),
+    /// `0x80000000` (i32). The northbound server writes them the same way.
+    pub const fn sentinel(self) -> u32 {
+        match self {
+            Self::U16 => 0xFFFF,
+            Self::I16 => 0x8000,
+            Self::U32 => 0xFFFF_FFFF,
+            Self::I32 => 0x8000_0000,
         }
     }
 
@@ -239,6 +269,21 @@ impl<S> Register<S> {
     /// is, for the caller to judge.
     pub fn decode(&self, order: WordOrder, words: &[u16]) -> f64 {
         self.ty.raw_of(order.join(self.ty, words)) * self.scale
+    }
+}
+
+impl<S: AsRef<str>> Register<S> {
+    /// The measurement its `words` in `order` carry, as [`Register::decode`]
+    /// reads it, or `None` where the device says it has none: a register
+    /// that is not a bit word ([`BIT_REGISTERS`]) holding its type's
+    /// [`Type::sentinel`]. A bit word keeps every pattern (`0xFFFF` is
+    /// every leak input wet).
+    pub fn reading(&self, order: WordOrder, words: &[u16]) -> Option<f64> {
+        let bit_word = BIT_REGISTERS.iter().any(|(n, _)| *n == self.name.as_ref());
+        if !bit_word && order.join(self.ty, words) == self.ty.sentinel() {
+            return None;
+        }
+        Some(self.decode(order, words))
     }
 }
 

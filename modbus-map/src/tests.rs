@@ -302,3 +302,39 @@ mod file {
         );
     }
 }
+
+#[test]
+fn a_measurements_sentinel_reads_none_and_a_bit_word_keeps_every_pattern() {
+    let cases: [(Type, WordOrder, &[u16]); 6] = [
+        (Type::U16, HF, &[0xFFFF]),
+        (Type::I16, HF, &[0x8000]),
+        (Type::U32, HF, &[0xFFFF, 0xFFFF]),
+        (Type::U32, LF, &[0xFFFF, 0xFFFF]),
+        (Type::I32, HF, &[0x8000, 0x0000]),
+        (Type::I32, LF, &[0x0000, 0x8000]),
+    ];
+    for (ty, order, words) in cases {
+        let r = input(ty, order, 0.1).register();
+        assert_eq!(
+            r.reading(order, words),
+            None,
+            "{ty:?} {order:?} {words:04X?}"
+        );
+        // One bit off the sentinel is a figure, the nearest there is.
+        let mut near = words.to_vec();
+        let last = near.len() - 1;
+        near[last] ^= 1;
+        assert_eq!(
+            r.reading(order, &near),
+            Some(r.decode(order, &near)),
+            "{ty:?} {order:?} {near:04X?}"
+        );
+    }
+    for (name, _) in BIT_REGISTERS {
+        let r = Register {
+            name,
+            ..input(Type::U16, HF, 1.0).register()
+        };
+        assert_eq!(r.reading(HF, &[0xFFFF]), Some(65_535.0), "{name}");
+    }
+}

@@ -450,8 +450,8 @@ impl Hall {
     /// its map has one, with the scenario's sensor faults. Outdoor air
     /// may be below 0 °C, so a lost sensor cannot read 0 as the loop's
     /// do: it reads the register type's floor (for an i16, 0x8000:
-    /// -327.68 °C at 0.01), the "no value" no air can have, which the
-    /// controller refuses as implausible. A drift is held within the
+    /// -327.68 °C at 0.01), the type's "no value" sentinel, which the
+    /// controller reads as no reading. A drift is held within the
     /// register's other values.
     fn show_outdoor(&mut self, sensing: &[FaultKind]) -> Result<(), ValueError> {
         const REGISTER: &str = "outdoor_temp";

@@ -90,16 +90,6 @@ fn usable(ty: Type) -> (f64, f64) {
     }
 }
 
-/// The raw bits of "not available" for a type.
-pub fn sentinel(ty: Type) -> u32 {
-    match ty {
-        Type::U16 => 0xFFFF,
-        Type::I16 => 0x8000,
-        Type::U32 => 0xFFFF_FFFF,
-        Type::I32 => 0x8000_0000,
-    }
-}
-
 /// A setting's range in raw units.
 fn raw_bounds(r: &Register) -> (i64, i64) {
     let lo = r.min.map_or(i64::MIN, |m| (m / r.scale).round() as i64);
@@ -109,9 +99,9 @@ fn raw_bounds(r: &Register) -> (i64, i64) {
 
 fn words_of(map: &RegisterMap, r: &Register, f: Field) -> Vec<u16> {
     let bits = match f {
-        Field::NotAvailable => sentinel(r.ty),
+        Field::NotAvailable => r.ty.sentinel(),
         Field::Bits(b) => u32::from(b),
-        Field::Value(v) if !v.is_finite() => sentinel(r.ty),
+        Field::Value(v) if !v.is_finite() => r.ty.sentinel(),
         Field::Value(v) => {
             let (lo, hi) = usable(r.ty);
             let mut raw = (v / r.scale).round().clamp(lo, hi) as i64;
