@@ -455,8 +455,9 @@ impl Gateway {
                 "cooling gateway: the hall's facility water, {water_c} °C, to the microcontroller"
             );
         } else {
+            self.bridge.facility_not_sent();
             tracing::warn!(
-                "cooling gateway: the hall's facility water, {water_c} °C, was not handed to the microcontroller's line"
+                "cooling gateway: the hall's facility water, {water_c} °C, was not handed to the microcontroller's line; it goes again at the next word"
             );
         }
     }

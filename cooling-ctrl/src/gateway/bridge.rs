@@ -320,6 +320,14 @@ impl Bridge {
         water.map(Act::FacilityTarget).into_iter().collect()
     }
 
+    /// The hall's water last handed out ([`Act::FacilityTarget`]) did
+    /// not reach the MCU's line: it goes down again at the next word.
+    pub fn facility_not_sent(&mut self) {
+        if let Some(h) = self.hall.as_mut() {
+            h.not_sent();
+        }
+    }
+
     /// The counts so far.
     pub fn counts(&self) -> LinkCounts {
         self.counts

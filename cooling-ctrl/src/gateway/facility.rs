@@ -113,6 +113,12 @@ impl HallPart {
         self.link.sent(s);
     }
 
+    /// The water last handed out to go down did not reach the MCU's line:
+    /// it is due again at the next state heard or made, not in a minute.
+    pub fn not_sent(&mut self) {
+        self.down = None;
+    }
+
     /// Water `water_c` heard or planned at `now_ms`: down when it differs
     /// from the last sent, or that went [`RENEW_EVERY_MS`] ago.
     fn follow(&mut self, water_c: f32, now_ms: u64) -> Option<f32> {
@@ -190,6 +196,16 @@ mod tests {
         assert_eq!(h.restarted(90_000), Some(30.5), "the MCU forgot it");
         // A plan not heard for five minutes is not sent again.
         assert_eq!(h.restarted(80_000 + FACILITY_TARGET_STALE_MS + 1), None);
+    }
+
+    #[test]
+    fn water_that_did_not_reach_the_line_goes_down_again_at_the_next_word() {
+        let mut h = part("cdu-2");
+        let c = id("cdu-1");
+        assert_eq!(h.heard(&c, &planned(29.0), 0), Some(29.0));
+        h.not_sent();
+        assert_eq!(h.heard(&c, &planned(29.0), 1_000), Some(29.0), "again");
+        assert_eq!(h.heard(&c, &planned(29.0), 2_000), None, "it went");
     }
 
     #[test]
