@@ -277,17 +277,11 @@ fn edits(a: &str, b: &str) -> usize {
 /// range, so it changes every step whatever the range (a range of 0 to
 /// 255 would refuse step 256 on, and the heartbeat would stop for good).
 /// Without a range, `counter` itself.
+///
+/// [`Register::heartbeat`] computes it, for the firmware too. A range with
+/// no whole value at all writes `counter`: [`check_map`] refuses such a map.
 pub fn heartbeat_value(r: &Register, counter: f64) -> f64 {
-    let Some((min, max)) = r.min.zip(r.max) else {
-        return counter;
-    };
-    let (lo, hi) = (min.ceil(), max.floor());
-    let values = hi - lo + 1.0;
-    if values.is_nan() || values < 1.0 {
-        // No whole value at all: [`check_map`] refuses such a map.
-        return counter;
-    }
-    lo + counter.rem_euclid(values)
+    r.heartbeat(counter)
 }
 
 /// The settings the controller writes.

@@ -4,7 +4,8 @@
 //! (`cooling_ctrl::modbus::ModbusCdu::write`). Each setting goes to the
 //! map's holding register of its name ([`Setting::register`]); the
 //! heartbeat only when [`Outcome::due`] says so (every safety write that
-//! was due went in); a write that fails never holds back the next, and
+//! was due went in), its counter cycled through the register's range
+//! ([`Register::heartbeat`], as Linux writes it); a write that fails never holds back the next, and
 //! one the step has no time left for is not sent. What became of each
 //! goes back to the decision path as an [`Outcome`].
 //!
@@ -78,6 +79,22 @@ fn write_one<P: SettingPort>(
     value: f64,
 ) -> Result<(), WriteFailure<P::Error>> {
     let reg = holding(s.register()).ok_or(WriteFailure::NotInMap(s.register()))?;
+    write_to(port, reg, s, value)
+}
+
+/// Writes `value` of `s` to `reg`: the heartbeat's counter within the
+/// register's range, as the Linux controller writes it
+/// ([`Register::heartbeat`]).
+fn write_to<P: SettingPort>(
+    port: &mut P,
+    reg: &Register,
+    s: Setting,
+    value: f64,
+) -> Result<(), WriteFailure<P::Error>> {
+    let value = match s {
+        Setting::Heartbeat => reg.heartbeat(value),
+        _ => value,
+    };
     let words = map::encode(reg, value).map_err(WriteFailure::Value)?;
     if !port.time_left() {
         return Err(WriteFailure::OutOfTime);
@@ -193,6 +210,28 @@ mod tests {
             (e.setting, e.why.as_str()),
             (Setting::LeadPump, "not sent: the step's time ran out")
         );
+    }
+
+    #[test]
+    fn the_heartbeat_cycles_through_a_narrow_range_instead_of_leaving_it() {
+        let byte = Register {
+            min: Some(0.0),
+            max: Some(255.0),
+            ..*holding("heartbeat").unwrap()
+        };
+        let mut cdu = Script {
+            refuse: &[],
+            budget: 10,
+            written: Vec::new(),
+        };
+        for counter in [255.0, 256.0, 257.0] {
+            write_to(&mut cdu, &byte, Setting::Heartbeat, counter).unwrap();
+        }
+        let words: Vec<u16> = cdu.written.iter().map(|(_, w)| w[0]).collect();
+        assert_eq!(words, [255, 0, 1], "step 256 writes 0, not out of range");
+        // Other settings are written as they are, and held to the range.
+        let e = write_to(&mut cdu, &byte, Setting::PumpSpeed, 256.0).unwrap_err();
+        assert!(matches!(e, WriteFailure::Value(_)), "{e}");
     }
 
     #[test]

@@ -270,6 +270,62 @@ impl<S> Register<S> {
     pub fn decode(&self, order: WordOrder, words: &[u16]) -> f64 {
         self.ty.raw_of(order.join(self.ty, words)) * self.scale
     }
+
+    /// The value written for heartbeat step `counter` (a whole number):
+    /// `min + counter mod (max - min + 1)` over the whole numbers of its
+    /// range, so it changes every step whatever the range (a range of 0
+    /// to 255 would refuse step 256 on, and the heartbeat would stop for
+    /// good). Without a range, or with one that holds no whole number or
+    /// reaches past ±2^53, or for a `counter` that is not a whole number
+    /// within ±2^53, `counter` itself.
+    pub fn heartbeat(&self, counter: f64) -> f64 {
+        let Some((min, max)) = self.min.zip(self.max) else {
+            return counter;
+        };
+        let whole = (
+            whole_at_least(min),
+            whole_at_most(max),
+            exact_whole(counter),
+        );
+        let (Some(lo), Some(hi), Some(c)) = whole else {
+            return counter;
+        };
+        // Within ±2^53 each: no overflow, and every result is exact.
+        let values = hi - lo + 1;
+        if values < 1 {
+            return counter;
+        }
+        (lo + c.rem_euclid(values)) as f64
+    }
+}
+
+/// 2^53: up to it every whole number is an f64, and an i64 holds it.
+const EXACT: f64 = 9_007_199_254_740_992.0;
+
+/// The least whole number at or above `x` (`x.ceil()`), where it lies
+/// within ±2^53.
+fn whole_at_least(x: f64) -> Option<i64> {
+    if x.is_nan() || x.abs() > EXACT {
+        return None;
+    }
+    // Cut toward zero, exactly.
+    let t = x as i64;
+    Some(if (t as f64) < x { t + 1 } else { t })
+}
+
+/// The greatest whole number at or below `x` (`x.floor()`), where it
+/// lies within ±2^53.
+fn whole_at_most(x: f64) -> Option<i64> {
+    if x.is_nan() || x.abs() > EXACT {
+        return None;
+    }
+    let t = x as i64;
+    Some(if (t as f64) > x { t - 1 } else { t })
+}
+
+/// `x` as an integer, where it is a whole number within ±2^53.
+fn exact_whole(x: f64) -> Option<i64> {
+    whole_at_least(x).filter(|t| *t as f64 == x)
 }
 
 impl<S: AsRef<str>> Register<S> {

@@ -338,3 +338,56 @@ fn a_measurements_sentinel_reads_none_and_a_bit_word_keeps_every_pattern() {
         assert_eq!(r.reading(HF, &[0xFFFF]), Some(65_535.0), "{name}");
     }
 }
+
+/// The heartbeat as `std`'s `f64` has it (`ceil`, `floor`, `rem_euclid`):
+/// the shared one, in whole numbers, must give the same.
+fn heartbeat_with_std(r: &Register<&str>, counter: f64) -> f64 {
+    let Some((min, max)) = r.min.zip(r.max) else {
+        return counter;
+    };
+    let values = max.floor() - min.ceil() + 1.0;
+    if values.is_nan() || values < 1.0 {
+        return counter;
+    }
+    min.ceil() + counter.rem_euclid(values)
+}
+
+#[test]
+fn the_heartbeat_cycles_through_the_whole_numbers_of_its_range() {
+    let hb = |min: f64, max: f64| Layout {
+        range: Some((min, max)),
+        ..setting(Type::I16, HF, 1.0, 0.0, 0.0)
+    };
+    let steps = |r: &Register<&str>, from: u32, to: u32| -> Vec<f64> {
+        (from..=to).map(|c| r.heartbeat(f64::from(c))).collect()
+    };
+    // 0 to 255: step 256 writes 0 again, and never a value out of range.
+    let byte = hb(0.0, 255.0).register();
+    assert_eq!(steps(&byte, 254, 258), [254.0, 255.0, 0.0, 1.0, 2.0]);
+    assert_eq!(byte.heartbeat(65_535.0), 255.0);
+    // A negative minimum: -3 to 1, five values.
+    let below = hb(-3.0, 1.0).register();
+    assert_eq!(
+        steps(&below, 0, 6),
+        [-3.0, -2.0, -1.0, 0.0, 1.0, -3.0, -2.0]
+    );
+    let negative = hb(-7.5, -5.2).register();
+    assert_eq!(steps(&negative, 0, 3), [-7.0, -6.0, -7.0, -6.0]);
+    // A fractional range: its whole numbers 1 to 3.
+    let fraction = hb(0.5, 3.7).register();
+    assert_eq!(steps(&fraction, 0, 4), [1.0, 2.0, 3.0, 1.0, 2.0]);
+    // No range: the counter as it is.
+    let free = input(Type::U16, HF, 1.0).register();
+    assert_eq!(steps(&free, 65_534, 65_536), [65_534.0, 65_535.0, 65_536.0]);
+    // No whole number in the range: the counter, for the map's check to
+    // refuse before any write.
+    assert_eq!(hb(7.2, 7.5).register().heartbeat(3.0), 3.0);
+    for r in [byte, below, negative, fraction, hb(10.0, 265.0).register()] {
+        for c in (0..=70_000).step_by(7) {
+            let c = f64::from(c);
+            let v = r.heartbeat(c);
+            assert_eq!(v, heartbeat_with_std(&r, c), "{:?} {c}", r.min.zip(r.max));
+            assert!(r.encode(HF, v).is_ok(), "{:?} {c}: {v}", r.min.zip(r.max));
+        }
+    }
+}
