@@ -6,8 +6,16 @@
 //! before the first step. The decision path says when to write it and
 //! hears whether it went in; this module only moves the bytes.
 //!
+//! Once a record has gone in, a mark ([`KEPT_KEY`]) is kept beside it:
+//! a store that holds the mark but no record has lost the record (the
+//! store skips an item whose check fails, a damaged sector's), and reads
+//! as unreadable ([`LoadError::Lost`]), never as "nothing latched". A
+//! store with neither is one no record ever went into (a boot count
+//! alone does not say so: a start may stop before its first step).
+//!
 //! Glossary:
 //! - *item*: one key and its bytes in the config store.
+//! - *mark*: the item saying a record was kept in this store.
 
 use core::fmt;
 
@@ -15,6 +23,9 @@ use cooling_decide::record::{RecordError, LATCHED_GEN_KEY, LATCHED_KEY, RECORD_L
 use cooling_decide::LatchRecord;
 use embedded_storage_async::nor_flash::MultiwriteNorFlash;
 use loopwarden_flash::{ConfigStore, StoreError};
+
+/// The config key of the mark that a record was kept in this store.
+pub const KEPT_KEY: &str = "fw.latch.kept";
 
 /// Why the kept record cannot be believed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,6 +38,9 @@ pub enum LoadError {
     /// The items read back, but do not make a record that can be
     /// believed.
     Record(RecordError),
+    /// Neither the record nor its generation is in the store, and the
+    /// mark says one was kept: the flash lost it.
+    Lost,
 }
 
 impl fmt::Display for LoadError {
@@ -34,6 +48,10 @@ impl fmt::Display for LoadError {
         match self {
             Self::Unreadable { key } => write!(f, "{key}: unreadable in flash"),
             Self::Record(e) => e.fmt(f),
+            Self::Lost => write!(
+                f,
+                "the latched record is missing from flash, though an earlier start kept one ({KEPT_KEY} is set): the flash lost it (a damaged sector?), so what was latched is unknown"
+            ),
         }
     }
 }
@@ -50,7 +68,20 @@ pub async fn save<S: MultiwriteNorFlash>(
     Ok(())
 }
 
-/// The record in `store`: `None` when none was ever written.
+/// Keeps the mark that a record went into `store` ([`KEPT_KEY`]), unless
+/// it is there already.
+pub async fn mark<S: MultiwriteNorFlash>(
+    store: &mut ConfigStore<S>,
+) -> Result<(), StoreError<S::Error>> {
+    let mut b = [0u8; 4];
+    if store.get(KEPT_KEY, &mut b).await?.is_none() {
+        store.set(KEPT_KEY, &[1]).await?;
+    }
+    Ok(())
+}
+
+/// The record in `store`: `None` when none was ever written (no record
+/// and no mark); a record lost since it was kept is [`LoadError::Lost`].
 pub async fn load<S: MultiwriteNorFlash>(
     store: &mut ConfigStore<S>,
 ) -> Result<Option<LatchRecord>, LoadError> {
@@ -61,7 +92,15 @@ pub async fn load<S: MultiwriteNorFlash>(
     let unreadable = |key| move |_| LoadError::Unreadable { key };
     let n = (store.get(LATCHED_KEY, &mut rec).await).map_err(unreadable(LATCHED_KEY))?;
     let g = (store.get(LATCHED_GEN_KEY, &mut gen).await).map_err(unreadable(LATCHED_GEN_KEY))?;
-    LatchRecord::decode(n.map(|n| &rec[..n]), g.map(|g| &gen[..g])).map_err(LoadError::Record)
+    let read = LatchRecord::decode(n.map(|n| &rec[..n]), g.map(|g| &gen[..g]));
+    if !matches!(read, Ok(None)) {
+        return read.map_err(LoadError::Record);
+    }
+    match store.get(KEPT_KEY, &mut gen).await {
+        Ok(None) => Ok(None),
+        Ok(Some(_)) => Err(LoadError::Lost),
+        Err(_) => Err(LoadError::Unreadable { key: KEPT_KEY }),
+    }
 }
 
 #[cfg(test)]
@@ -129,5 +168,63 @@ mod tests {
             e.to_string().ends_with("the newest record is damaged"),
             "{e}"
         );
+    }
+
+    /// Flips a byte in every item whose key starts `cdu.latched` (the
+    /// record and its generation), as a damaged sector would: the store
+    /// skips them.
+    fn damage_record(mem: &mut [u8]) -> usize {
+        let key = LATCHED_KEY.as_bytes();
+        let at: std::vec::Vec<usize> = (0..mem.len() - key.len())
+            .filter(|&i| &mem[i..i + key.len()] == key)
+            .collect();
+        for &i in &at {
+            mem[i] ^= 0x01;
+        }
+        at.len()
+    }
+
+    #[test]
+    fn a_record_lost_after_it_was_kept_reads_as_unreadable_never_as_none() {
+        let mut mem = std::vec![0xFFu8; 8 * 4096];
+        let mut s = store(&mut mem);
+        let r = LatchRecord {
+            generation: 1,
+            latched: Latched {
+                leaks: 0b1,
+                ..Latched::default()
+            },
+        };
+        block_on(save(&mut s, &r)).unwrap();
+        block_on(mark(&mut s)).unwrap();
+        let _ = s.into_flash();
+        assert_eq!(damage_record(&mut mem), 2, "the record and its generation");
+        let mut s = store(&mut mem);
+        let e = block_on(load(&mut s)).unwrap_err();
+        assert_eq!(e, LoadError::Lost);
+        assert!(e.to_string().contains("missing from flash"), "{e}");
+    }
+
+    #[test]
+    fn a_store_no_record_went_into_reads_as_none_whatever_its_boot_count() {
+        let mut mem = std::vec![0xFFu8; 8 * 4096];
+        let mut s = store(&mut mem);
+        // Starts that stopped before their first step kept no record.
+        block_on(crate::counters::count_boot(&mut s)).unwrap();
+        block_on(crate::counters::count_boot(&mut s)).unwrap();
+        assert_eq!(block_on(load(&mut s)), Ok(None));
+    }
+
+    #[test]
+    fn the_mark_is_written_once() {
+        let mut mem = std::vec![0xFFu8; 8 * 4096];
+        let mut s = store(&mut mem);
+        block_on(mark(&mut s)).unwrap();
+        let _ = s.into_flash();
+        let before = mem.clone();
+        let mut s = store(&mut mem);
+        block_on(mark(&mut s)).unwrap();
+        let _ = s.into_flash();
+        assert!(before == mem, "a mark already there is not written again");
     }
 }

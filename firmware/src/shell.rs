@@ -3,8 +3,9 @@
 //! the debug port on UART3, each through a static queue that the UART
 //! drains as it takes bytes (never a wait), and text lines on the
 //! console (UART2). The Modbus RTU master on UART0, the flash (the
-//! latched record, the boot count, the operators' last clear ids, what
-//! the estimator learned: [`LearnedFlash`]), the LEDs, and each step's
+//! latched record and the mark that one was kept, the boot count, the
+//! operators' last clear ids, what the estimator learned:
+//! [`LearnedFlash`]), the LEDs, and each step's
 //! sequence and timing ([`Shell::step`]).
 //!
 //! Glossary:
@@ -82,6 +83,8 @@ pub struct Shell {
     bufs: &'static mut FrameBuffers,
     cdu: Cdu,
     store: Store,
+    /// The mark that a record was kept is known to be in flash.
+    marked: bool,
     boots: u32,
     step_led: Led,
     leak_led: Led,
@@ -132,6 +135,8 @@ impl Shell {
         };
         let read = block_on(latch::load(&mut store));
         say_read(&mut console, &read);
+        // A record kept before the mark existed gets its mark now.
+        let marked = matches!(read, Ok(Some(_))) && mark(&mut console, &mut store);
         let cdu = rtu::RtuMaster::new(
             Uart::modbus(),
             BoardClock,
@@ -165,6 +170,7 @@ impl Shell {
             bufs,
             cdu,
             store,
+            marked,
             boots,
             step_led: Led::new(0).expect("the board has LED 0"),
             leak_led: Led::new(1).expect("the board has LED 1"),
@@ -454,6 +460,9 @@ impl Shell {
                     "latch: generation {} kept in flash",
                     r.generation
                 );
+                if !self.marked {
+                    self.marked = mark(&mut self.console, &mut self.store);
+                }
                 true
             }
             // The decision path hears it: no valve opens on a record that
@@ -507,6 +516,21 @@ fn open_store(console: &mut Uart) -> Store {
     }
 }
 
+/// Keeps the mark that a record went into `store`; whether it is there.
+/// Without it a record the flash later loses reads as never written.
+fn mark(console: &mut Uart, store: &mut Store) -> bool {
+    let e = match block_on(latch::mark(store)) {
+        Ok(()) => return true,
+        Err(e) => e,
+    };
+    let _ = writeln!(
+        console,
+        "latch: the mark that a record was kept ({}) not written: {e}; tried again when the next record is kept, and at the next start",
+        latch::KEPT_KEY
+    );
+    false
+}
+
 /// What the flash held of the latched record, on the console.
 fn say_read(console: &mut Uart, read: &Read) {
     let _ = match read {
@@ -515,7 +539,10 @@ fn say_read(console: &mut Uart, read: &Read) {
             "latch: generation {} read from flash: the decision path starts from it",
             r.generation
         ),
-        Ok(None) => writeln!(console, "latch: no record in flash: starting afresh"),
+        Ok(None) => writeln!(
+            console,
+            "latch: no record in flash, and none was ever kept in it: starting afresh, nothing latched"
+        ),
         // The decision path says what it does about it.
         Err(e) => writeln!(console, "latch: {e}"),
     };
