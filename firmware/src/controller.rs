@@ -123,9 +123,11 @@ pub struct Controller<'d> {
     /// When the gateway was last heard, MCU clock.
     heard_ms: Option<u64>,
     /// The leak inputs and the pump faults of the last step (what a
-    /// clear is judged on).
+    /// clear is judged on); the pump faults `None` while the CDU has not
+    /// answered since the start or did not answer at the last step (a
+    /// pump's clear is refused then), a bit `None` where the map lacks it.
     leaks: LeakInputs,
-    pump_faults: [bool; 2],
+    pump_faults: Option<[Option<bool>; 2]>,
     hosts: usize,
     /// The last step's input, kept here: the decision path reads it while
     /// its step runs, deepest on the stack.
@@ -162,7 +164,7 @@ impl<'d> Controller<'d> {
             bus: false,
             heard_ms: None,
             leaks: LeakInputs::DRY,
-            pump_faults: [false; 2],
+            pump_faults: None,
             hosts,
             input: Traced::ToKeep,
             digest: None,
@@ -256,9 +258,7 @@ impl<'d> Controller<'d> {
     pub fn step(&mut self, p: &mut impl Ports, readings: Option<CduMeasurements>, now_ms: u64) {
         let cdu_leaks = readings.as_ref().and_then(|m| m.leaks);
         self.leaks = leak_inputs(BoardRead::Absent, cdu_leaks);
-        if let Some(m) = &readings {
-            self.pump_faults = m.pump_faults.map(|f| f.unwrap_or(false));
-        }
+        self.pump_faults = readings.as_ref().map(|m| m.pump_faults);
         let outdoor = readings.as_ref().and_then(|m| m.outdoor_c);
         self.outdoor_c = self.outdoor.pick(outdoor, now_ms).map(|(c, _)| c);
         self.readings = readings;

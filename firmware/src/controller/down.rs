@@ -14,7 +14,10 @@
 //!   outdoor temperature's sources;
 //! - `Clear`: checked by the [`ClearGate`](crate::clears::ClearGate),
 //!   then `Traced::ClearLeak` or `Traced::ClearPump`, answered with
-//!   `Up::Answer` (and an `OperatorCleared` event when done).
+//!   `Up::Answer` (and an `OperatorCleared` event when done). A pump's
+//!   clear while the CDU's pump faults are not read (no answer since the
+//!   start, or none at the last step) is refused, as on Linux: whether
+//!   the CDU still shows the fault is unknown.
 //!
 //! Glossary:
 //! - *heard*: the last time any good frame came from the gateway.
@@ -41,7 +44,8 @@ pub struct LinkCounts {
     pub hosts_early: u32,
     /// Host reports not believed.
     pub hosts_refused: u32,
-    /// Clears refused before they reached the decision path.
+    /// Clears refused before they reached the decision path (a pump's
+    /// among them while the CDU's pump faults are not read).
     pub clears_refused: u32,
     /// Messages to the gateway that found its queue full.
     pub up_dropped: u32,
@@ -199,6 +203,7 @@ impl Controller<'_> {
     #[inline(never)]
     fn clear(&mut self, p: &mut impl Ports, c: &SignedClear) {
         let (id, who) = (c.clear.id, &c.clear.operator);
+        let what = Action(c.clear.action);
         let (traced, rack, pump) = match c.clear.action {
             ClearAction::Leak(rack) => {
                 let leaks = self.leaks;
@@ -209,11 +214,17 @@ impl Controller<'_> {
                 )
             }
             ClearAction::Pump(pump) => {
-                let fault_shown = self.pump_faults[pump as usize];
+                let Some(faults) = self.pump_faults else {
+                    self.link.clears_refused = self.link.clears_refused.saturating_add(1);
+                    p.say(format_args!("clear {id} of {who}: {what}: {NOT_READ}"));
+                    answer(p, id, Err(said_words(&format_args!("{what}: {NOT_READ}"))));
+                    return;
+                };
+                // A map without the pump's fault bit cannot show it.
+                let fault_shown = faults[pump as usize].unwrap_or(false);
                 (Traced::ClearPump { pump, fault_shown }, None, Some(pump))
             }
         };
-        let what = Action(c.clear.action);
         match self.apply(p, traced) {
             Applied::Cleared(Ok(())) => {
                 p.say(format_args!("clear {id} of {who}: {what} cleared"));
@@ -234,6 +245,11 @@ impl Controller<'_> {
         }
     }
 }
+
+/// Why a pump's clear is refused while the CDU's pump faults are not
+/// read (as the Linux controller says it, within an answer's words).
+const NOT_READ: &str =
+    "not cleared: the CDU's pump fault has not been read (no answer since the start, or none now)";
 
 /// What a clear clears, as it reads.
 struct Action(ClearAction);

@@ -363,6 +363,65 @@ fn a_clear_is_checked_acted_on_and_answered() {
 }
 
 #[test]
+fn a_pump_clear_is_refused_while_the_cdus_pump_fault_is_not_read() {
+    let latched = cooling_core::Latched {
+        pumps: [Some(cooling_core::PumpFault::Tripped), None],
+        lead: Pump::B,
+        ..Default::default()
+    };
+    let read: Result<Option<LatchRecord>, &str> = Ok(Some(LatchRecord {
+        generation: 1,
+        latched,
+    }));
+    let mut d = decider(&read);
+    let mut k = Box::new(LearnedKeeper::new());
+    let mut c = Controller::new(&mut d, ClearGate::new(Some("cdu1"), ring()), &mut k);
+    let p = &mut *Fake::new();
+    c.boot(p, hello(), Opening::of(&read));
+    hear(&mut c, p, &alive(0), 0);
+    let clear = |id| Down::Clear(signed(id, "cdu1", NOW, ClearAction::Pump(Pump::A), SEED));
+    // A's fault shown, or not, with B running.
+    let read_b = |a_fault: bool| {
+        let mut m = cdu(0b1111, 0);
+        m.pumps_running = [Some(false), Some(true)];
+        m.pump_faults = [Some(a_fault), Some(false)];
+        Some(m)
+    };
+    // Before the CDU ever answered, then while it is silent: refused.
+    hear(&mut c, p, &clear(1), 0);
+    step(&mut c, p, None, 0);
+    hear(&mut c, p, &clear(2), 0);
+    assert_eq!(c.decider().core().pumps_failed(), [true, false]);
+    // Read, the fault shown: the decision path refuses it.
+    step(&mut c, p, read_b(true), 1);
+    hear(&mut c, p, &clear(3), 1_000);
+    // Read clear, then silent again: refused.
+    step(&mut c, p, read_b(false), 2);
+    step(&mut c, p, None, 3);
+    hear(&mut c, p, &clear(4), 3_000);
+    assert_eq!(c.decider().core().pumps_failed(), [true, false]);
+    // Refused before the decision path: 1, 2 and 4, not 3.
+    assert_eq!(c.link.clears_refused, 3);
+    // Read with the fault clear: taken.
+    step(&mut c, p, read_b(false), 4);
+    let taken = hear(&mut c, p, &clear(5), 4_000);
+    assert_eq!((taken[0].name, taken[0].id), ("jdoe", 5));
+    assert_eq!(c.decider().core().pumps_failed(), [false, false]);
+    let got = answers(p);
+    let ids: Vec<u32> = got.iter().map(|(id, _)| *id).collect();
+    assert_eq!(ids, [1, 2, 3, 4, 5]);
+    for (id, outcome) in &got[..4] {
+        let why = outcome.as_ref().unwrap_err();
+        let unread = why.contains("the CDU's pump fault has not been read");
+        assert_eq!(unread, *id != 3, "clear {id}: {why}");
+        assert!(why.starts_with("pump A's fault: "), "clear {id}: {why}");
+    }
+    assert_eq!(got[4], (5, Ok(())));
+    let r = replay(&p.wire);
+    assert!(r.all_match(), "{:?}", r.first_mismatch);
+}
+
+#[test]
 fn a_lease_the_gateway_could_not_take_is_due_again() {
     let mut d = decider(&Ok(None));
     let mut k = Box::new(LearnedKeeper::new());
