@@ -10,7 +10,9 @@
 //! 4. the wall clock is known (from the gateway's `Alive`) and the clear
 //!    was signed within [`CLEAR_SKEW_MS`] of it, either way;
 //! 5. its id is above the last one taken from that operator (kept in
-//!    flash across restarts: `crate::counters`).
+//!    flash across restarts: `crate::counters`), and that last one is
+//!    known: an operator whose last id the flash could not read, or
+//!    could not keep, has every clear refused until it can ([`Last`]).
 //!
 //! Each refusal says which of these failed ([`Refusal`]). What a taken
 //! clear does (a leak's latch or a pump's trip cleared) is the decision
@@ -90,6 +92,20 @@ pub enum Refusal {
         /// How far after, s.
         ahead_s: u64,
     },
+    /// The operator's last id could not be read from flash: a replay
+    /// cannot be told apart.
+    LastUnread {
+        /// The operator.
+        operator: Ident,
+    },
+    /// The operator's last id could not be kept in flash: after a
+    /// restart it would be forgotten.
+    LastUnkept {
+        /// The operator.
+        operator: Ident,
+        /// The id not kept.
+        id: u32,
+    },
     /// An id not above the last one taken from this operator.
     Replayed {
         /// The clear's id.
@@ -131,6 +147,14 @@ impl fmt::Display for Refusal {
                 f,
                 "signed {ahead_s} s ahead of this controller's clock (at most {skew_s} s)"
             ),
+            Refusal::LastUnread { operator } => write!(
+                f,
+                "the last clear number of operator {operator} could not be read from flash, so a replayed clear could not be told apart: their clears are refused until it is read"
+            ),
+            Refusal::LastUnkept { operator, id } => write!(
+                f,
+                "the last clear number of operator {operator}, {id}, could not be kept in flash, so a restart would forget it: their clears are refused until it is kept"
+            ),
             Refusal::Replayed { id, last } => write!(
                 f,
                 "id {id} is not above the operator's last, {last}: a replay"
@@ -150,12 +174,27 @@ pub struct Taken {
     pub id: u32,
 }
 
+/// What the gate knows of an operator's last id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Last {
+    /// None taken: none kept in flash, none since.
+    Nothing,
+    /// This id: read from flash, or taken since (and kept by the
+    /// shell).
+    Id(u32),
+    /// The flash could not say: the operator's clears are refused.
+    Unread,
+    /// This id was taken and the flash did not keep it: the operator's
+    /// clears are refused until it does.
+    Unkept(u32),
+}
+
 /// The keyring and the last id taken from each operator.
 #[derive(Debug, Clone)]
 pub struct ClearGate {
     ring: &'static [Operator],
     cdu: Option<&'static str>,
-    last: [Option<u32>; MAX_OPERATORS],
+    last: [Last; MAX_OPERATORS],
 }
 
 impl ClearGate {
@@ -164,7 +203,7 @@ impl ClearGate {
         Self {
             ring,
             cdu,
-            last: [None; MAX_OPERATORS],
+            last: [Last::Nothing; MAX_OPERATORS],
         }
     }
 
@@ -188,9 +227,23 @@ impl ClearGate {
 
     /// Operator `slot`'s last id, as the flash kept it.
     pub fn restore(&mut self, slot: usize, id: u32) {
+        self.set(slot, Last::Id(id));
+    }
+
+    /// Sets what is known of operator `slot`'s last id: what the flash
+    /// read or kept, or could not.
+    pub fn set(&mut self, slot: usize, last: Last) {
         if let Some(l) = self.last.get_mut(slot) {
-            *l = Some(id);
+            *l = last;
         }
+    }
+
+    /// The operators whose last id the flash could not read or keep
+    /// (slot, name, what is known), each once.
+    pub fn unsettled(&self) -> impl Iterator<Item = (usize, &'static str, Last)> + '_ {
+        self.slots()
+            .map(|(i, name)| (i, name, self.last[i]))
+            .filter(|(_, _, l)| matches!(l, Last::Unread | Last::Unkept(_)))
     }
 
     fn slot_of(&self, name: &str) -> Option<usize> {
@@ -219,10 +272,26 @@ impl ClearGate {
             .ok_or_else(unknown)?;
         verify(op, c)?;
         fresh(clear.at.0, wall_ms)?;
-        if let Some(last) = self.last[slot].filter(|last| clear.id <= *last) {
-            return Err(Refusal::Replayed { id: clear.id, last });
+        let operator = || clear.operator.clone();
+        match self.last[slot] {
+            Last::Nothing => {}
+            Last::Id(last) if clear.id <= last => {
+                return Err(Refusal::Replayed { id: clear.id, last })
+            }
+            Last::Id(_) => {}
+            Last::Unread => {
+                return Err(Refusal::LastUnread {
+                    operator: operator(),
+                })
+            }
+            Last::Unkept(id) => {
+                return Err(Refusal::LastUnkept {
+                    operator: operator(),
+                    id,
+                })
+            }
         }
-        self.last[slot] = Some(clear.id);
+        self.last[slot] = Last::Id(clear.id);
         Ok(Taken {
             slot,
             name: op.name,
@@ -379,5 +448,72 @@ pub(crate) mod tests {
             g.admit(&c, Some(NOW)),
             Err(Refusal::Replayed { id: 9, last: 9 })
         );
+    }
+
+    #[test]
+    fn an_operator_whose_last_id_the_flash_could_not_read_has_every_clear_refused() {
+        let mut g = ClearGate::new(Some("cdu1"), ring());
+        g.set(0, Last::Unread);
+        assert_eq!(
+            g.unsettled().collect::<std::vec::Vec<_>>(),
+            [(0, "jdoe", Last::Unread)]
+        );
+        let c = signed(1_000, "cdu1", NOW, ClearAction::Leak(0), SEED);
+        let r = g.admit(&c, Some(NOW)).unwrap_err();
+        assert_eq!(
+            r,
+            Refusal::LastUnread {
+                operator: Ident::new("jdoe").unwrap()
+            }
+        );
+        assert!(
+            r.to_string()
+                .contains("last clear number of operator jdoe could not be read from flash"),
+            "{r}"
+        );
+        // A forged one still says it is forged.
+        let forged = signed(1_000, "cdu1", NOW, ClearAction::Leak(0), [8; 32]);
+        assert_eq!(g.admit(&forged, Some(NOW)), Err(Refusal::BadSignature));
+        // Read at last: the replay check holds again.
+        g.restore(0, 1_000);
+        assert_eq!(g.unsettled().count(), 0);
+        assert_eq!(
+            g.admit(&c, Some(NOW)),
+            Err(Refusal::Replayed {
+                id: 1_000,
+                last: 1_000
+            })
+        );
+        let next = signed(1_001, "cdu1", NOW, ClearAction::Leak(0), SEED);
+        assert!(g.admit(&next, Some(NOW)).is_ok());
+    }
+
+    #[test]
+    fn an_operator_whose_last_id_the_flash_did_not_keep_has_every_clear_refused_until_it_does() {
+        let mut g = ClearGate::new(Some("cdu1"), ring());
+        let c = signed(5, "cdu1", NOW, ClearAction::Leak(0), SEED);
+        let t = g.admit(&c, Some(NOW)).unwrap();
+        g.set(t.slot, Last::Unkept(t.id));
+        let next = signed(6, "cdu1", NOW, ClearAction::Leak(1), SEED);
+        let r = g.admit(&next, Some(NOW)).unwrap_err();
+        assert_eq!(
+            r,
+            Refusal::LastUnkept {
+                operator: Ident::new("jdoe").unwrap(),
+                id: 5
+            }
+        );
+        assert!(
+            r.to_string().contains("5, could not be kept in flash"),
+            "{r}"
+        );
+        assert_eq!(
+            g.unsettled().collect::<std::vec::Vec<_>>(),
+            [(0, "jdoe", Last::Unkept(5))]
+        );
+        // Kept at last.
+        g.set(0, Last::Id(5));
+        assert!(g.admit(&c, Some(NOW)).is_err(), "still no replay");
+        assert!(g.admit(&next, Some(NOW)).is_ok());
     }
 }

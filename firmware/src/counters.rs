@@ -43,7 +43,8 @@ fn clear_key(n: usize) -> heapless::String<16> {
 }
 
 /// The last clear id kept for operator `name`, `n`th in the keyring
-/// (`None`: none kept, or kept for another name).
+/// (`None`: none kept, or kept for another name; a value too short to
+/// hold an id is an error, never "none").
 pub async fn last_clear<S: MultiwriteNorFlash>(
     store: &mut ConfigStore<S>,
     n: usize,
@@ -54,7 +55,7 @@ pub async fn last_clear<S: MultiwriteNorFlash>(
         return Ok(None);
     };
     let Some((kept_name, id)) = b[..len].split_last_chunk::<4>() else {
-        return Ok(None);
+        return Err(StoreError::BadValue);
     };
     Ok((kept_name == name.as_bytes()).then(|| u32::from_le_bytes(*id)))
 }
@@ -97,5 +98,16 @@ mod tests {
         let mut s = ConfigStore::open(RamNor::new(&mut mem), 0..4 * 4096).unwrap();
         assert_eq!(block_on(count_boot(&mut s)).ok(), Some(3));
         assert_eq!(block_on(last_clear(&mut s, 0, "jdoe")).ok(), Some(Some(42)));
+    }
+
+    #[test]
+    fn a_clear_id_too_short_to_read_is_an_error_never_none() {
+        let mut mem = std::vec![0xFFu8; 8 * 4096];
+        let mut s = ConfigStore::open(RamNor::new(&mut mem), 0..4 * 4096).unwrap();
+        block_on(s.set("clear.0", &[1, 2])).unwrap();
+        assert!(matches!(
+            block_on(last_clear(&mut s, 0, "jdoe")),
+            Err(StoreError::BadValue)
+        ));
     }
 }

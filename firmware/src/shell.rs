@@ -26,7 +26,7 @@ use loopwarden_firmware::board::nor::NorError;
 use loopwarden_firmware::board::nor::RamNor;
 use loopwarden_firmware::board::{self, icount, led::Led, uart, uart::Uart, watchdog};
 use loopwarden_firmware::cdu::InputValues;
-use loopwarden_firmware::clears::{keyring, Taken};
+use loopwarden_firmware::clears::{keyring, Last, Taken, MAX_OPERATORS};
 use loopwarden_firmware::controller::{said_words, Controller, Ports};
 use loopwarden_firmware::latch::{self, LoadError};
 use loopwarden_firmware::learned::{self, LearnedFlash};
@@ -249,15 +249,46 @@ impl Shell {
             keyring::OPERATORS.len(),
             keyring::SOURCE
         );
-        let slots: heapless::Vec<(usize, &str), { loopwarden_firmware::clears::MAX_OPERATORS }> =
-            gate.slots().collect();
+        let slots: heapless::Vec<(usize, &str), MAX_OPERATORS> = gate.slots().collect();
         for (slot, name) in slots {
             match block_on(counters::last_clear(&mut self.store, slot, name)) {
                 Ok(Some(id)) => gate.restore(slot, id),
                 Ok(None) => {}
                 Err(e) => {
-                    let _ = writeln!(self.console, "clears: {name}'s last id unreadable: {e}");
+                    gate.set(slot, Last::Unread);
+                    let _ = writeln!(
+                        self.console,
+                        "clears: {name}'s last clear number unreadable in flash: {e}; {name}'s clears are refused until it is read (tried again each step)"
+                    );
                 }
+            }
+        }
+    }
+
+    /// The operators whose last clear number the flash could not read
+    /// or keep: read or kept again; one that now is has its clears taken
+    /// again (said on the console). A try that fails again is not said.
+    #[inline(never)]
+    fn settle_clears(&mut self, ctl: &mut Controller<'_>) {
+        let gate = ctl.gate_mut();
+        let unsettled: heapless::Vec<(usize, &str, Last), MAX_OPERATORS> =
+            gate.unsettled().collect();
+        for (slot, name, last) in unsettled {
+            let settled = match last {
+                Last::Unread => block_on(counters::last_clear(&mut self.store, slot, name))
+                    .ok()
+                    .map(|l| (l.map_or(Last::Nothing, Last::Id), "read from")),
+                Last::Unkept(id) => block_on(counters::keep_clear(&mut self.store, slot, name, id))
+                    .ok()
+                    .map(|()| (Last::Id(id), "kept in")),
+                Last::Nothing | Last::Id(_) => None,
+            };
+            if let Some((l, how)) = settled {
+                gate.set(slot, l);
+                let _ = writeln!(
+                    self.console,
+                    "clears: {name}'s last clear number {how} flash: {name}'s clears are taken again"
+                );
             }
         }
     }
@@ -319,19 +350,22 @@ impl Shell {
                 }
             };
             if let Some(t) = ctl.on_byte(self, b, now_ms) {
-                self.keep_clear(t);
+                self.keep_clear(ctl, t);
             }
         }
     }
 
     /// Keeps a taken clear's id in flash, so a replay after a restart is
-    /// still refused.
-    fn keep_clear(&mut self, t: Taken) {
+    /// still refused. One the flash does not keep refuses every further
+    /// clear of that operator until a later try keeps it
+    /// ([`Shell::settle_clears`], each step).
+    fn keep_clear(&mut self, ctl: &mut Controller<'_>, t: Taken) {
         if let Err(e) = block_on(counters::keep_clear(&mut self.store, t.slot, t.name, t.id)) {
+            ctl.gate_mut().set(t.slot, Last::Unkept(t.id));
             let _ = writeln!(
                 self.console,
-                "clears: {}'s id {} not kept in flash: {e}",
-                t.name, t.id
+                "clears: {}'s clear number {} not kept in flash: {e}; the clear was acted on, and {}'s clears are refused until the number is kept (tried again each step)",
+                t.name, t.id, t.name
             );
         }
     }
@@ -345,6 +379,7 @@ impl Shell {
         let now_ms = start_us / 1000;
         self.deadline_us = start_us + STEP_BUDGET_US;
         self.work = (0, icount::now());
+        self.settle_clears(ctl);
         self.hear_gateway(ctl, now_ms);
         let readings = self.read_cdu();
         ctl.step(self, readings, now_ms);
