@@ -1,7 +1,9 @@
 //! The board file (`boards/mcu/*.toml`): memory, the NOR region, UARTs,
-//! the reset-cause word, timers, the watchdog, the FPGA's LEDs and the
-//! leak ropes' pins, checked and written out as `memory.x` and Rust
-//! consts.
+//! the reset-cause word, timers, the watchdog and the FPGA's LEDs,
+//! checked and written out as `memory.x` and Rust consts. Its leak ropes'
+//! pins must be none: this firmware reads no rope pins yet (the CDU's
+//! `leak_inputs` register stands in), so a board file naming some is
+//! refused rather than built to never see a wet or cut rope.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -120,6 +122,22 @@ struct LeakRopes {
     gpio: Vec<u32>,
 }
 
+impl LeakRopes {
+    /// No pins: this firmware reads none, and a pin named would be a rope
+    /// that is never read.
+    fn check(&self) -> Result<(), String> {
+        if self.gpio.is_empty() {
+            return Ok(());
+        }
+        Err(format!(
+            "leak_ropes.gpio {:?}: this firmware reads no rope pins (the CDU's leak_inputs \
+             register stands in for the ropes), so a rope on these pins would never be seen; \
+             leave it empty (gpio = []) until the firmware reads rope pins",
+            self.gpio
+        ))
+    }
+}
+
 fn end(r: (u32, u32)) -> u64 {
     u64::from(r.0) + u64::from(r.1)
 }
@@ -199,7 +217,7 @@ impl Board {
         if !(1..=8).contains(&self.fpgaio.leds) {
             return Err("fpgaio.leds: 1 to 8".into());
         }
-        Ok(())
+        self.leak_ropes.check()
     }
 
     /// The reset-cause word lies outside the image, RAM and the NOR
@@ -343,8 +361,8 @@ impl Board {
         ]
     }
 
-    /// The UARTs, the reset-cause word, the timers, the watchdog, the LEDs
-    /// and the leak ropes' pins.
+    /// The UARTs, the reset-cause word, the timers, the watchdog and the
+    /// LEDs.
     fn device_consts(&self) -> Vec<Const> {
         let mut v = Vec::new();
         for (tag, u, doc) in [
@@ -392,7 +410,6 @@ impl Board {
             ));
         }
         let period = self.timer.control.period_ms.unwrap_or(0);
-        let pins: Vec<String> = self.leak_ropes.gpio.iter().map(|p| p.to_string()).collect();
         v.extend([
             konst(
                 "CONTROL_PERIOD_MS",
@@ -419,12 +436,6 @@ impl Board {
                 "The FPGA's system I/O block (LEDs).",
             ),
             konst("FPGAIO_LEDS", "u8", self.fpgaio.leds, "LEDs on it."),
-            konst(
-                "LEAK_ROPE_PINS",
-                &format!("[u32; {}]", pins.len()),
-                format!("[{}]", pins.join(", ")),
-                "The leak ropes' GPIO pins (none: the CDU's leak register stands in).",
-            ),
         ]);
         v
     }
@@ -439,4 +450,37 @@ fn konst(name: &str, ty: &str, value: impl ToString, doc: &str) -> Const {
 
 fn hex(v: u32) -> String {
     format!("{v:#010x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shipped board file, its `[leak_ropes]` table's `gpio` set to
+    /// `gpio`, loaded from a file of its own named `name`.
+    fn load_with(gpio: &str, name: &str) -> Result<Board, String> {
+        let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(here.join("../boards/mcu/mps2-an386.toml")).unwrap();
+        assert_eq!(text.matches("\ngpio = []\n").count(), 1);
+        let file = std::env::temp_dir().join(format!("{name}-{}.toml", std::process::id()));
+        std::fs::write(
+            &file,
+            text.replace("\ngpio = []\n", &format!("\ngpio = {gpio}\n")),
+        )
+        .unwrap();
+        let b = Board::load(&file);
+        std::fs::remove_file(&file).unwrap();
+        b
+    }
+
+    #[test]
+    fn a_board_naming_rope_pins_is_refused_for_the_firmware_reads_none() {
+        assert!(load_with("[]", "no-ropes").is_ok());
+        let e = load_with("[3, 7]", "two-ropes").unwrap_err();
+        assert!(e.contains("two-ropes-"), "names the file: {e}");
+        assert!(
+            e.contains(".toml: leak_ropes.gpio [3, 7]: this firmware reads no rope pins"),
+            "{e}"
+        );
+    }
 }
