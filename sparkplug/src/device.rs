@@ -3,7 +3,9 @@
 //!
 //! A host's metrics are its GPUs' temperatures, power, power limit (the
 //! cap in force), utilisation and health; a CDU's are its loop's
-//! temperatures, setpoint, flow, pumps, meters and mode. Every metric of
+//! temperatures, setpoint, flow, pumps, meters and mode. A GPU that did
+//! not answer in time repeats its last good sample: its measurements are
+//! null and the host's power and hottest die leave it out. Every metric of
 //! a device is in every birth of it, with a null value until a message
 //! gives it one, so the set changes only when a host's GPUs do (then the
 //! device is born again). Names carry their unit (`_c`, `_w`, `_pct`,
@@ -17,8 +19,8 @@
 //!   from its boot; then the bridge's receive time is used).
 
 use loopwarden_protocol::{
-    CduState, CduTelemetry, GpuFlags, HealthState, HostHealth, HostTelemetry, RackCooling,
-    Unsupported,
+    CduState, CduTelemetry, GpuFlags, GpuTelemetry, HealthState, HostHealth, HostTelemetry,
+    RackCooling, Unsupported,
 };
 
 use crate::payload::{DataType, Point, Value};
@@ -183,45 +185,85 @@ fn host_metrics(
 ) -> Vec<Point> {
     let mut out = Vec::new();
     software_point(&mut out, software, now);
+    let gpus = gpu_indices(telemetry.map(|t| &t.message), health.map(|h| &h.message));
+    host_telemetry_points(&mut out, telemetry, &gpus, now);
+    host_health_points(&mut out, health, &gpus, now);
+    out
+}
+
+/// The GPUs of a sample that answered in time: a GPU that did not
+/// repeats its last good values, which are not current.
+fn responsive(t: &HostTelemetry) -> impl Iterator<Item = &GpuTelemetry> {
+    t.gpus
+        .iter()
+        .filter(|g| g.flags.contains(GpuFlags::RESPONSIVE))
+}
+
+/// The host's power (the responsive GPUs that report it) and hottest die
+/// (the responsive GPUs); each `None` when no GPU counts.
+fn host_figures(t: &HostTelemetry) -> (Option<u32>, Option<u8>) {
+    let power: Vec<u32> = responsive(t)
+        .filter(|g| !g.unsupported.contains(Unsupported::POWER))
+        .map(|g| g.power.0)
+        .collect();
+    let power = (!power.is_empty()).then(|| power.iter().sum());
+    (power, responsive(t).map(|g| g.temp.0).max())
+}
+
+fn host_telemetry_points(
+    out: &mut Vec<Point>,
+    telemetry: Option<&Timed<HostTelemetry>>,
+    gpus: &[u8],
+    now: u64,
+) {
     let t = telemetry.map(|t| &t.message);
-    let h = health.map(|h| &h.message);
-    let gpus = gpu_indices(t, h);
     let mut p = Points {
-        out: &mut out,
+        out,
         time: stamp(telemetry, now),
     };
-    let power = t.map(|t| Value::UInt32(t.gpus.iter().map(|g| g.power.0).sum()));
-    p.add("power_w".into(), DataType::UInt32, Some("W"), power);
-    let hottest = t.and_then(|t| t.gpus.iter().map(|g| g.temp.0).max());
+    let (power, hottest) = t.map_or((None, None), host_figures);
+    p.add(
+        "power_w".into(),
+        DataType::UInt32,
+        Some("W"),
+        power.map(Value::UInt32),
+    );
     p.add(
         "hottest_gpu_c".into(),
         DataType::UInt8,
         Some("°C"),
         hottest.map(Value::UInt8),
     );
-    for &i in &gpus {
+    for &i in gpus {
         let g = t.and_then(|t| t.gpus.iter().find(|g| g.gpu.get() == i));
-        let has = |field: Unsupported| g.filter(|g| !g.unsupported.contains(field));
+        // Measured values only from a GPU that answered in time.
+        let live = g.filter(|g| g.flags.contains(GpuFlags::RESPONSIVE));
+        let has = |field: Unsupported| live.filter(|g| !g.unsupported.contains(field));
         let name = |m: &str| format!("gpu/{i}/{m}");
-        p.add(
-            name("temp_c"),
-            DataType::UInt8,
-            Some("°C"),
-            g.map(|g| Value::UInt8(g.temp.0)),
-        );
+        let temp = live.map(|g| Value::UInt8(g.temp.0));
+        p.add(name("temp_c"), DataType::UInt8, Some("°C"), temp);
         let mem = has(Unsupported::MEM_TEMP).map(|g| Value::UInt8(g.mem_temp.0));
         p.add(name("mem_temp_c"), DataType::UInt8, Some("°C"), mem);
         let power = has(Unsupported::POWER).map(|g| Value::UInt32(g.power.0));
         p.add(name("power_w"), DataType::UInt32, Some("W"), power);
-        let limit = g.map(|g| Value::UInt32(g.power_limit.0));
+        let limit = live.map(|g| Value::UInt32(g.power_limit.0));
         p.add(name("power_limit_w"), DataType::UInt32, Some("W"), limit);
         let util = has(Unsupported::UTIL).map(|g| Value::UInt8(g.util.get()));
         p.add(name("util_pct"), DataType::UInt8, Some("%"), util);
         let responsive = g.map(|g| Value::Boolean(g.flags.contains(GpuFlags::RESPONSIVE)));
         p.add(name("responsive"), DataType::Boolean, None, responsive);
     }
+}
+
+fn host_health_points(
+    out: &mut Vec<Point>,
+    health: Option<&Timed<HostHealth>>,
+    gpus: &[u8],
+    now: u64,
+) {
+    let h = health.map(|h| &h.message);
     let mut p = Points {
-        out: &mut out,
+        out,
         time: stamp(health, now),
     };
     let quarantined = h.map(|h| {
@@ -245,7 +287,7 @@ fn host_metrics(
         None,
         stalled,
     );
-    for &i in &gpus {
+    for &i in gpus {
         let g = h.and_then(|h| h.gpus.iter().find(|g| g.gpu.get() == i));
         let name = |m: &str| format!("gpu/{i}/{m}");
         let state = g.map(|g| Value::String(health_name(g.state).into()));
@@ -255,7 +297,6 @@ fn host_metrics(
         let q = g.map(|g| Value::Boolean(g.state == HealthState::Quarantined));
         p.add(name("quarantined"), DataType::Boolean, None, q);
     }
-    out
 }
 
 fn health_name(s: HealthState) -> &'static str {
@@ -432,7 +473,7 @@ fn mode_name(m: loopwarden_protocol::CduMode) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use loopwarden_protocol::{samples, Message, MessageKind};
+    use loopwarden_protocol::{samples, Message, MessageKind, WholeCelsius};
 
     fn value(points: &[Point], name: &str) -> Option<Value> {
         points
@@ -500,6 +541,49 @@ mod tests {
         assert_eq!(value(&m, "gpu/2/mem_temp_c"), None);
         assert_eq!(value(&m, "gpu/2/power_w"), None);
         assert_eq!(value(&m, "gpu/2/temp_c"), Some(Value::UInt8(63)));
+    }
+
+    #[test]
+    fn an_unresponsive_gpus_repeated_values_are_null_and_left_out_of_the_host() {
+        let mut view = sample_host();
+        let View::Host {
+            telemetry: Some(t), ..
+        } = &mut view
+        else {
+            unreachable!("the sample host has telemetry")
+        };
+        let gpus = &mut t.message.gpus;
+        let (hot_power, others) = (gpus[4].power.0, 5324 - gpus[4].power.0);
+        gpus[4].temp = WholeCelsius(95);
+        gpus[4].flags = gpus[4].flags.with(GpuFlags::RESPONSIVE, false);
+        let m = view.metrics(9);
+        for metric in [
+            "temp_c",
+            "mem_temp_c",
+            "power_w",
+            "power_limit_w",
+            "util_pct",
+        ] {
+            assert_eq!(value(&m, &format!("gpu/4/{metric}")), None, "{metric}");
+        }
+        assert_eq!(value(&m, "gpu/4/responsive"), Some(Value::Boolean(false)));
+        assert_eq!(value(&m, "gpu/0/temp_c"), Some(Value::UInt8(61)));
+        assert!(hot_power > 0, "the sample's GPU 4 draws power");
+        assert_eq!(value(&m, "power_w"), Some(Value::UInt32(others)));
+        assert_ne!(value(&m, "hottest_gpu_c"), Some(Value::UInt8(95)));
+        // No GPU answered: the host's figures are unknown, not 0.
+        let View::Host {
+            telemetry: Some(t), ..
+        } = &mut view
+        else {
+            unreachable!("the sample host has telemetry")
+        };
+        for g in t.message.gpus.iter_mut() {
+            g.flags = g.flags.with(GpuFlags::RESPONSIVE, false);
+        }
+        let m = view.metrics(9);
+        assert_eq!(value(&m, "power_w"), None);
+        assert_eq!(value(&m, "hottest_gpu_c"), None);
     }
 
     #[test]
