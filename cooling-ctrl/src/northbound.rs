@@ -75,12 +75,14 @@
 //!   address / illegal data value / server device failure / server device
 //!   busy.
 
+mod alarms;
 mod codec;
 mod guard;
 mod map;
 mod server;
 mod snapshot;
 
+pub use alarms::{AlarmAck, Alarms};
 pub use codec::{decode_write, encode_snapshot, Image};
 pub use map::{check_map, northbound_map, MapError, MAP_TOML};
 pub use server::{addressed, serve, serve_within, ANY_UNIT, LIMITS, WRITE_SHOWN_WITHIN};

@@ -25,8 +25,10 @@
 //! [`Down::Outdoor`] once per write: the MCU dates it from when it hears
 //! it and keeps it for
 //! [`BMS_FRESH`](cooling_decide::outdoor::BMS_FRESH) (300 s), so a
-//! repeat would make an old value look new. `alarm_ack` is kept here, as `run` keeps it (the holding
-//! register, cleared when the beacon lights again); nothing goes down.
+//! repeat would make an old value look new. `alarm_ack` is kept here, as `run` keeps it
+//! ([`AlarmAck`]: the holding register, cleared when a snapshot shows
+//! anything alarming the acknowledgement did not cover); nothing goes
+//! down.
 //! The holding registers read what the gateway sent: the MCU does not
 //! say what it runs with.
 //!
@@ -42,7 +44,7 @@ use loopwarden_protocol::message::{CapLease, CduMode, Pump};
 use loopwarden_protocol::ReasonCode;
 
 use crate::northbound::{pump_word, sensors, Meters};
-use crate::northbound::{NorthboundSettings, NorthboundSnapshot, NorthboundWrite};
+use crate::northbound::{AlarmAck, NorthboundSettings, NorthboundSnapshot, NorthboundWrite};
 
 /// The limits the BMS wrote go down again this often, ms.
 pub const LIMITS_EVERY_MS: u64 = 30_000;
@@ -81,8 +83,10 @@ pub struct BmsBridge {
     /// When the limits last went down, steady ms (`None`: the BMS has not
     /// written any).
     limits_sent_ms: Option<u64>,
-    /// The beacon of the last status.
-    beacon: bool,
+    /// The BMS's acknowledgement of the alarms the snapshots showed.
+    ack: AlarmAck,
+    /// A GPU above this is alarming, °C.
+    gpu_max_c: f32,
     /// The setpoint a silent MCU that never said one shows, °C.
     failsafe_setpoint_c: f32,
     leases: BTreeMap<usize, LeaseHeld>,
@@ -96,7 +100,8 @@ impl BmsBridge {
             settings: NorthboundSettings::new(core),
             outdoor: OutdoorSources::new(),
             limits_sent_ms: None,
-            beacon: false,
+            ack: AlarmAck::default(),
+            gpu_max_c: core.gpu.max_operating_c,
             failsafe_setpoint_c: core.margins.failsafe_setpoint_c,
             leases: BTreeMap::new(),
         }
@@ -118,7 +123,10 @@ impl BmsBridge {
                 self.outdoor.bms_wrote(celsius, now_ms);
                 Some(Down::Outdoor(celsius))
             }
-            NorthboundWrite::AlarmAck => None,
+            NorthboundWrite::AlarmAck => {
+                self.ack.acknowledge();
+                None
+            }
             NorthboundWrite::SetpointCeiling { .. } | NorthboundWrite::PlanCeilingOffset { .. } => {
                 Some(self.limits(now_ms))
             }
@@ -160,7 +168,9 @@ impl BmsBridge {
         }
     }
 
-    /// The snapshot at `now_ms` of what the MCU said (`heard`).
+    /// The snapshot at `now_ms` of what the MCU said (`heard`). Anything
+    /// alarming in it that the BMS's acknowledgement did not cover (a
+    /// silent MCU's failsafe included) clears the acknowledgement.
     pub fn snapshot(&mut self, heard: Heard<'_>, now_ms: u64) -> NorthboundSnapshot {
         self.leases.retain(|_, l| l.until_ms > now_ms);
         let settings = self.settings(now_ms);
@@ -169,17 +179,12 @@ impl BmsBridge {
                 settings,
                 ..NorthboundSnapshot::default()
             },
-            Heard::Speaking(s) => {
-                if s.beacon && !self.beacon {
-                    self.settings.alarm_acknowledged = false;
-                }
-                self.beacon = s.beacon;
-                of_status(s, &self.settings(now_ms))
-            }
+            Heard::Speaking(s) => of_status(s, &settings),
             Heard::Silent { last, quiet_ms } => {
                 silent(last, quiet_ms, self.failsafe_setpoint_c, &settings)
             }
         };
+        self.settings.alarm_acknowledged = self.ack.shown(&mut snap, self.gpu_max_c);
         snap.hosts_capped = self.leases.len().min(usize::from(u16::MAX)) as u16;
         snap.lowest_cap_w = self.leases.values().map(|l| l.lowest_w).reduce(f32::min);
         snap
@@ -428,8 +433,9 @@ mod tests {
     }
 
     #[test]
-    fn an_alarm_acknowledged_stays_until_the_beacon_lights_again() {
+    fn an_alarm_acknowledged_stays_until_anything_new_is_alarming() {
         let mut b = BmsBridge::new(&CoreConfig::default());
+        // Rack 3's sensing lost, rack 2's leak and pump A light the beacon.
         b.snapshot(Heard::Speaking(&status(1_000, true)), 0);
         assert_eq!(b.write(NorthboundWrite::AlarmAck, 100), None);
         let lit = status(2_000, true);
@@ -438,9 +444,29 @@ mod tests {
                 .settings
                 .alarm_acknowledged
         );
-        b.snapshot(Heard::Speaking(&status(3_000, false)), 300);
-        let again = b.snapshot(Heard::Speaking(&status(4_000, true)), 400);
+        // Rack 0 leaks while the beacon is still lit: a new alarm.
+        let mut leak = status(3_000, true);
+        leak.racks.leaks_latched |= 0b0001;
+        let s = b.snapshot(Heard::Speaking(&leak), 300);
+        assert!(!s.settings.alarm_acknowledged, "rack 0's leak is new");
+        assert!(!b.settings(300).alarm_acknowledged, "the register reads 0");
+        b.write(NorthboundWrite::AlarmAck, 400);
+        assert!(
+            b.snapshot(Heard::Speaking(&leak), 500)
+                .settings
+                .alarm_acknowledged
+        );
+        // The beacon going out and lighting again.
+        b.snapshot(Heard::Speaking(&status(4_000, false)), 600);
+        let again = b.snapshot(Heard::Speaking(&status(5_000, true)), 700);
         assert!(!again.settings.alarm_acknowledged);
+        // The MCU falling silent: failsafe, controller-silent, is new.
+        b.write(NorthboundWrite::AlarmAck, 800);
+        let quiet = Heard::Silent {
+            last: Some(&lit),
+            quiet_ms: 3_000,
+        };
+        assert!(!b.snapshot(quiet, 900).settings.alarm_acknowledged);
     }
 
     #[test]

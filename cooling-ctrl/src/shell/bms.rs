@@ -1,10 +1,12 @@
 //! The shell's side towards the building management system: the
 //! northbound Modbus server's link (its snapshots out, the BMS's bounded
-//! writes in), the settings the BMS made, and the outdoor temperature's
-//! sources ([`crate::decide::outdoor`]). The writes are taken as they
+//! writes in), the settings the BMS made, its acknowledgement of the
+//! alarms (as [`AlarmAck`] keeps it, the gateway's too), and the outdoor
+//! temperature's sources ([`crate::decide::outdoor`]). The writes are taken as they
 //! come, between steps, and shown at once: the northbound server answers
 //! a write once its snapshot shows it.
 use super::*;
+use crate::northbound::AlarmAck;
 
 /// The BMS's link and what it set.
 pub(super) struct Bms {
@@ -13,8 +15,8 @@ pub(super) struct Bms {
     outdoor: OutdoorSources,
     /// The outdoor temperature of the last step, °C, and its source.
     pub(super) outdoor_c: Option<(f32, OutdoorSource)>,
-    /// The beacon as the last step left it.
-    beacon: bool,
+    /// The BMS's acknowledgement of the alarms the snapshots showed.
+    ack: AlarmAck,
 }
 
 /// The limits the BMS set: the setpoint ceiling, °C, and the plan's
@@ -28,7 +30,7 @@ impl Bms {
             settings: NorthboundSettings::new(core),
             outdoor: OutdoorSources::new(),
             outdoor_c: None,
-            beacon: false,
+            ack: AlarmAck::default(),
         }
     }
 
@@ -49,7 +51,10 @@ impl Bms {
                 self.outdoor.bms_wrote(celsius, now);
                 false
             }
-            NorthboundWrite::AlarmAck => false,
+            NorthboundWrite::AlarmAck => {
+                self.ack.acknowledge();
+                false
+            }
             NorthboundWrite::SetpointCeiling { .. } | NorthboundWrite::PlanCeilingOffset { .. } => {
                 true
             }
@@ -119,8 +124,9 @@ impl Bms {
         self.outdoor_c = picked;
     }
 
-    /// After a step: a new alarm needs a new acknowledgement, and the
-    /// server gets the step's snapshot.
+    /// After a step: the server gets the step's snapshot, and anything
+    /// alarming in it that the BMS's acknowledgement did not cover clears
+    /// it ([`AlarmAck`]).
     pub(super) fn publish(
         &mut self,
         core: &Core,
@@ -129,13 +135,11 @@ impl Bms {
         readings: Option<&CduMeasurements>,
         hosts: &[Option<cooling_core::HostReport>],
     ) {
-        if c.beacon && !self.beacon {
-            self.settings.alarm_acknowledged = false;
-        }
-        self.beacon = c.beacon;
         if let Some(nb) = &self.link {
-            nb.snapshots
-                .send_replace(snapshot_from(core, c, now, readings, hosts, &self.settings));
+            let mut snap = snapshot_from(core, c, now, readings, hosts, &self.settings);
+            let gpu_max_c = core.config().gpu.max_operating_c;
+            self.settings.alarm_acknowledged = self.ack.shown(&mut snap, gpu_max_c);
+            nb.snapshots.send_replace(snap);
         }
     }
 }
