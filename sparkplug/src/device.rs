@@ -3,7 +3,9 @@
 //!
 //! A host's metrics are its GPUs' temperatures, power, power limit (the
 //! cap in force), utilisation and health; a CDU's are its loop's
-//! temperatures, setpoint, flow, pumps, meters and mode. A GPU that did
+//! temperatures, setpoint, flow, pumps, meters, leak, racks without leak
+//! sensing, and mode; `leak` is null, not false, when no rack reads wet
+//! but some rack's leak sensing is lost. A GPU that did
 //! not answer in time repeats its last good sample: its measurements are
 //! null and the host's power and hottest die leave it out. Every metric of
 //! a device is in every birth of it, with a null value until a message
@@ -20,7 +22,7 @@
 
 use loopwarden_protocol::{
     CduState, CduTelemetry, GpuFlags, GpuTelemetry, HealthState, HostHealth, HostTelemetry,
-    RackCooling, Unsupported,
+    LeakSensing, RackCooling, Unsupported,
 };
 
 use crate::payload::{DataType, Point, Value};
@@ -316,6 +318,7 @@ fn cdu_metrics(
     let mut out = Vec::new();
     software_point(&mut out, software, now);
     cdu_telemetry_points(&mut out, telemetry, now);
+    leak_point(&mut out, telemetry, state, now);
     cdu_state_points(&mut out, state, now);
     out
 }
@@ -416,7 +419,34 @@ fn cdu_telemetry_points(out: &mut Vec<Point>, telemetry: Option<&Timed<CduTeleme
     );
     let pue = t.and_then(|t| t.pue).map(|p| Value::Double(p.value()));
     p.add("pue".into(), DataType::Double, None, pue);
-    let leak = t.map(|t| Value::Boolean(t.racks.iter().any(|r| r.leak)));
+}
+
+/// The racks whose leak sensing is lost: a leak there would not be seen.
+fn leak_sensing_lost(s: &CduState) -> usize {
+    s.racks
+        .iter()
+        .filter(|r| r.sensing == LeakSensing::Lost)
+        .count()
+}
+
+/// `leak`: true when a rack's leak input is active; false only when none
+/// is and no rack's sensing is lost (a lost rope reads dry); else null.
+fn leak_point(
+    out: &mut Vec<Point>,
+    telemetry: Option<&Timed<CduTelemetry>>,
+    state: Option<&Timed<CduState>>,
+    now: u64,
+) {
+    let wet = telemetry.map(|t| t.message.racks.iter().any(|r| r.leak));
+    let blind = state.is_some_and(|s| leak_sensing_lost(&s.message) > 0);
+    let leak = match wet {
+        Some(false) if blind => None,
+        wet => wet.map(Value::Boolean),
+    };
+    let mut p = Points {
+        out,
+        time: stamp(telemetry, now),
+    };
     p.add("leak".into(), DataType::Boolean, None, leak);
 }
 
@@ -439,6 +469,13 @@ fn cdu_state_points(out: &mut Vec<Point>, state: Option<&Timed<CduState>>, now: 
         Value::UInt8(n as u8)
     });
     p.add("racks_cooling_lost".into(), DataType::UInt8, None, lost);
+    let blind = s.map(|s| Value::UInt8(leak_sensing_lost(s) as u8));
+    p.add(
+        "racks_leak_sensing_lost".into(),
+        DataType::UInt8,
+        None,
+        blind,
+    );
     let per_gpu = s
         .and_then(|s| s.flow_per_gpu)
         .map(|f| Value::Double(f.value()));
@@ -634,6 +671,51 @@ mod tests {
             "the set does not depend on what was heard"
         );
         assert!(empty.iter().all(|p| p.value.is_none() && p.time == 9));
+    }
+
+    #[test]
+    fn a_cdu_whose_leak_sensing_is_lost_does_not_read_dry() {
+        let (Message::CduTelemetry(t), Message::CduState(s)) = (
+            samples::message(MessageKind::CduTelemetry),
+            samples::message(MessageKind::CduState),
+        ) else {
+            unreachable!("the samples are of their kinds")
+        };
+        let view = |t: &CduTelemetry, s: &CduState| View::Cdu {
+            telemetry: Some(Timed {
+                message: t.clone(),
+                time: 1,
+            }),
+            state: Some(Timed {
+                message: s.clone(),
+                time: 2,
+            }),
+            software: None,
+        };
+        let m = view(&t, &s).metrics(9);
+        assert_eq!(value(&m, "leak"), Some(Value::Boolean(false)));
+        assert_eq!(value(&m, "racks_leak_sensing_lost"), Some(Value::UInt8(0)));
+        let mut blind = s.clone();
+        blind.racks[1].sensing = LeakSensing::Lost;
+        let m = view(&t, &blind).metrics(9);
+        assert_eq!(value(&m, "leak"), None, "dry racks, one of them unseen");
+        assert_eq!(value(&m, "racks_leak_sensing_lost"), Some(Value::UInt8(1)));
+        let mut wet = t.clone();
+        wet.racks[0].leak = true;
+        let m = view(&wet, &blind).metrics(9);
+        assert_eq!(
+            value(&m, "leak"),
+            Some(Value::Boolean(true)),
+            "a leak is seen"
+        );
+        let mut unprotected = s.clone();
+        unprotected.racks[1].sensing = LeakSensing::Unprotected;
+        let m = view(&t, &unprotected).metrics(9);
+        assert_eq!(
+            value(&m, "leak"),
+            Some(Value::Boolean(false)),
+            "declared so"
+        );
     }
 
     #[test]
