@@ -184,8 +184,9 @@ pub enum Last {
     Id(u32),
     /// The flash could not say: the operator's clears are refused.
     Unread,
-    /// This id was taken and the flash did not keep it: the operator's
-    /// clears are refused until it does.
+    /// This id passed the checks and the flash did not keep it (so the
+    /// clear was not acted on): the operator's clears are refused until
+    /// it does.
     Unkept(u32),
 }
 

@@ -49,7 +49,7 @@ use cooling_decide::{
 use loopwarden_link::trace::Trace;
 use loopwarden_link::{Cost, Deframer, Hello, RackBits, SeqWatch, Status, Up};
 
-use crate::clears::ClearGate;
+use crate::clears::{ClearGate, Taken};
 use crate::cost::InsnStats;
 use crate::outbound::MAX_FRAME;
 
@@ -72,6 +72,10 @@ pub trait Ports {
     fn insn_since(&mut self, mark: u32) -> u32;
     /// The deepest the stack has been since the start, bytes.
     fn stack_peak(&mut self) -> u32;
+    /// Keeps clear `t`'s number in flash as its operator's last, before
+    /// the clear is acted on; whether it went in (one that did not is
+    /// said on the console here).
+    fn keep_clear(&mut self, t: &Taken) -> bool;
 }
 
 /// `d` as it prints, cut on a character boundary to a [`Said`].

@@ -349,24 +349,7 @@ impl Shell {
                     continue;
                 }
             };
-            if let Some(t) = ctl.on_byte(self, b, now_ms) {
-                self.keep_clear(ctl, t);
-            }
-        }
-    }
-
-    /// Keeps a taken clear's id in flash, so a replay after a restart is
-    /// still refused. One the flash does not keep refuses every further
-    /// clear of that operator until a later try keeps it
-    /// ([`Shell::settle_clears`], each step).
-    fn keep_clear(&mut self, ctl: &mut Controller<'_>, t: Taken) {
-        if let Err(e) = block_on(counters::keep_clear(&mut self.store, t.slot, t.name, t.id)) {
-            ctl.gate_mut().set(t.slot, Last::Unkept(t.id));
-            let _ = writeln!(
-                self.console,
-                "clears: {}'s clear number {} not kept in flash: {e}; the clear was acted on, and {}'s clears are refused until the number is kept (tried again each step)",
-                t.name, t.id, t.name
-            );
+            ctl.on_byte(self, b, now_ms);
         }
     }
 
@@ -669,5 +652,21 @@ impl Ports for Shell {
     fn stack_peak(&mut self) -> u32 {
         let steps = board::stack::peak_bytes().unwrap_or_else(|b| b);
         steps.max(self.boot_peak)
+    }
+
+    /// Keeps a clear's number in flash before it is acted on, so a replay
+    /// after a restart is still refused. One the flash does not keep is
+    /// not acted on, and refuses every further clear of that operator
+    /// until a later try keeps it ([`Shell::settle_clears`], each step).
+    fn keep_clear(&mut self, t: &Taken) -> bool {
+        let Err(e) = block_on(counters::keep_clear(&mut self.store, t.slot, t.name, t.id)) else {
+            return true;
+        };
+        let _ = writeln!(
+            self.console,
+            "clears: {}'s clear number {} not kept in flash: {e}; the clear is not acted on, and {}'s clears are refused until the number is kept (tried again each step)",
+            t.name, t.id, t.name
+        );
+        false
     }
 }

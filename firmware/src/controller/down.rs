@@ -13,11 +13,16 @@
 //!   `Traced::FacilityTarget`; `Outdoor`: the BMS's value among the
 //!   outdoor temperature's sources;
 //! - `Clear`: checked by the [`ClearGate`](crate::clears::ClearGate),
-//!   then `Traced::ClearLeak` or `Traced::ClearPump`, answered with
-//!   `Up::Answer` (and an `OperatorCleared` event when done). A pump's
-//!   clear while the CDU's pump faults are not read (no answer since the
-//!   start, or none at the last step) is refused, as on Linux: whether
-//!   the CDU still shows the fault is unknown.
+//!   its number kept in flash ([`Ports::keep_clear`]) before anything
+//!   acts on it, then `Traced::ClearLeak` or `Traced::ClearPump`,
+//!   answered with `Up::Answer` (and an `OperatorCleared` event when
+//!   done). A clear whose number the flash did not keep is not acted on
+//!   (a restart would forget the number, and the same signed clear could
+//!   be taken again): refused, and its operator's clears with it until a
+//!   later try keeps the number. A pump's clear while the CDU's pump
+//!   faults are not read (no answer since the start, or none at the last
+//!   step) is refused, as on Linux: whether the CDU still shows the fault
+//!   is unknown.
 //!
 //! Glossary:
 //! - *heard*: the last time any good frame came from the gateway.
@@ -30,7 +35,7 @@ use loopwarden_protocol::RackIndex;
 use cooling_decide::{Applied, Traced, Verdict};
 
 use super::{said_words, Controller, Ports, Said, WallClock};
-use crate::clears::Taken;
+use crate::clears::Last;
 
 /// What the gateway link brought since the start.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -52,11 +57,12 @@ pub struct LinkCounts {
 }
 
 impl Controller<'_> {
-    /// One byte from the gateway's UART at `now_ms`; a clear taken comes
-    /// back, for the shell to keep its id in flash.
+    /// One byte from the gateway's UART at `now_ms`.
     #[inline(never)]
-    pub fn on_byte(&mut self, p: &mut impl Ports, b: u8, now_ms: u64) -> Option<Taken> {
-        let down = self.message(p, b)?;
+    pub fn on_byte(&mut self, p: &mut impl Ports, b: u8, now_ms: u64) {
+        let Some(down) = self.message(p, b) else {
+            return;
+        };
         self.link.frames = self.link.frames.saturating_add(1);
         self.heard_ms = Some(now_ms);
         // A clear is checked straight from here, with no other message's
@@ -65,7 +71,6 @@ impl Controller<'_> {
             return self.on_clear(p, c, now_ms);
         }
         self.on_down(p, &down, now_ms);
-        None
     }
 
     /// The message of the frame that byte `b` completes, if it passes its
@@ -180,22 +185,30 @@ impl Controller<'_> {
         }
     }
 
-    /// An operator's clear `c`, heard at `now_ms`.
+    /// An operator's clear `c`, heard at `now_ms`: acted on only once the
+    /// gate took it and its number is kept in flash.
     #[inline(never)]
-    fn on_clear(&mut self, p: &mut impl Ports, c: &SignedClear, now_ms: u64) -> Option<Taken> {
-        let id = c.clear.id;
-        let who = &c.clear.operator;
+    fn on_clear(&mut self, p: &mut impl Ports, c: &SignedClear, now_ms: u64) {
         let taken = match self.gate.admit(c, self.wall_ms(now_ms)) {
             Ok(t) => t,
-            Err(why) => {
-                self.link.clears_refused = self.link.clears_refused.saturating_add(1);
-                p.say(format_args!("clear {id} of {who} refused: {why}"));
-                answer(p, id, Err(said_words(&why)));
-                return None;
-            }
+            Err(why) => return self.refuse_clear(p, c, &why),
         };
-        self.clear(p, c);
-        Some(taken)
+        if p.keep_clear(&taken) {
+            return self.clear(p, c);
+        }
+        // Refused until a later try keeps the number (the shell's, each
+        // step): a restart would forget it, and the clear would hold again.
+        self.gate.set(taken.slot, Last::Unkept(taken.id));
+        self.refuse_clear(p, c, &UNKEPT);
+    }
+
+    /// Clear `c` refused before the decision path, for `why`: counted,
+    /// said and answered.
+    fn refuse_clear(&mut self, p: &mut impl Ports, c: &SignedClear, why: &dyn core::fmt::Display) {
+        let (id, who) = (c.clear.id, &c.clear.operator);
+        self.link.clears_refused = self.link.clears_refused.saturating_add(1);
+        p.say(format_args!("clear {id} of {who} refused: {why}"));
+        answer(p, id, Err(said_words(&why)));
     }
 
     /// A clear the gate took, through the decision path and answered (in
@@ -245,6 +258,10 @@ impl Controller<'_> {
         }
     }
 }
+
+/// Why a clear the gate took is refused when its number did not go into
+/// flash.
+const UNKEPT: &str = "not acted on: its number could not be kept in flash";
 
 /// Why a pump's clear is refused while the CDU's pump faults are not
 /// read (as the Linux controller says it, within an answer's words).

@@ -33,6 +33,10 @@ struct Fake {
     full: bool,
     /// The gateway's queue takes no lease for this host.
     no_lease_for: Option<u16>,
+    /// The clears whose number went into flash.
+    kept: Vec<crate::clears::Taken>,
+    /// The flash keeps no clear's number.
+    unkeepable: bool,
 }
 
 impl Fake {
@@ -45,6 +49,8 @@ impl Fake {
             lines: Vec::new(),
             full: false,
             no_lease_for: None,
+            kept: Vec::new(),
+            unkeepable: false,
         })
     }
 
@@ -81,6 +87,12 @@ impl Ports for Fake {
     }
     fn stack_peak(&mut self) -> u32 {
         4_096
+    }
+    fn keep_clear(&mut self, t: &crate::clears::Taken) -> bool {
+        if !self.unkeepable {
+            self.kept.push(*t);
+        }
+        !self.unkeepable
     }
 }
 
@@ -127,11 +139,13 @@ fn bytes_of(d: &Down, seq: u32) -> Vec<u8> {
     out[..n].to_vec()
 }
 
-/// `d` from the gateway at `now_ms`; the clears taken.
+/// `d` from the gateway at `now_ms`; the clears taken, their number kept.
 fn hear(c: &mut Controller<'_>, p: &mut Fake, d: &Down, now_ms: u64) -> Vec<crate::clears::Taken> {
-    (bytes_of(d, 0).into_iter())
-        .filter_map(|b| c.on_byte(p, b, now_ms))
-        .collect()
+    let before = p.kept.len();
+    for b in bytes_of(d, 0) {
+        c.on_byte(p, b, now_ms);
+    }
+    p.kept[before..].to_vec()
 }
 
 fn replay(wire: &[u8]) -> Replayer {
@@ -264,7 +278,7 @@ fn a_bad_frame_is_counted_and_never_acted_on() {
     let mut bytes = bytes_of(&limits, 7);
     bytes[4] ^= 0x10;
     for b in bytes {
-        assert_eq!(c.on_byte(p, b, 0), None);
+        c.on_byte(p, b, 0);
     }
     assert_eq!((c.link.bad, c.link.frames), (1, 0));
     assert_eq!(c.decider().core().limits(), before);
@@ -360,6 +374,65 @@ fn a_clear_is_checked_acted_on_and_answered() {
     let r = replay(&p.wire);
     assert!(r.all_match(), "{:?}", r.first_mismatch);
     assert_eq!(c.link.clears_refused, 3);
+}
+
+#[test]
+fn a_clear_whose_number_the_flash_does_not_keep_is_not_acted_on() {
+    let mut d = decider(&Ok(None));
+    let mut k = Box::new(LearnedKeeper::new());
+    let mut c = Controller::new(&mut d, ClearGate::new(Some("cdu1"), ring()), &mut k);
+    let p = &mut *Fake::new();
+    c.boot(p, hello(), Opening::Nothing);
+    let mut open = 0b1111;
+    for s in 0..8 {
+        let leaks = if (2..5).contains(&s) { 0b0100 } else { 0 };
+        let plan = step(&mut c, p, Some(cdu(open, leaks)), s);
+        open = plan.value(Setting::Valves).map_or(open, |v| v as u16);
+    }
+    assert_eq!(c.decider().core().leaks_latched(), 0b0100);
+    hear(&mut c, p, &alive(8), 8_000);
+    let clear = |id| Down::Clear(signed(id, "cdu1", NOW, ClearAction::Leak(2), SEED));
+    p.unkeepable = true;
+    hear(&mut c, p, &clear(1), 8_000);
+    assert_eq!(
+        c.decider().core().leaks_latched(),
+        0b0100,
+        "not acted on before its number is kept"
+    );
+    assert_eq!(c.link.clears_refused, 1);
+    assert!(p.said("clear 1 of jdoe refused: not acted on: its number could not be kept in flash"));
+    // The operator's next clear too, while the number is not kept.
+    p.unkeepable = false;
+    hear(&mut c, p, &clear(2), 8_100);
+    assert_eq!(c.decider().core().leaks_latched(), 0b0100);
+    let got = answers(p);
+    assert_eq!(
+        got[0],
+        (
+            1,
+            Err("not acted on: its number could not be kept in flash".to_string())
+        )
+    );
+    assert!(
+        got[1]
+            .1
+            .as_ref()
+            .unwrap_err()
+            .contains("1, could not be kept in flash"),
+        "{got:?}"
+    );
+    assert!(!p
+        .ups
+        .iter()
+        .any(|u| matches!(u, Up::Event(Event::OperatorCleared { .. }))));
+    // The shell's retry kept it: the next clear is kept, then acted on.
+    c.gate_mut().set(0, crate::clears::Last::Id(1));
+    let taken = hear(&mut c, p, &clear(3), 8_200);
+    assert_eq!((taken.len(), taken[0].id), (1, 3));
+    assert_eq!(c.decider().core().leaks_latched(), 0);
+    assert_eq!(answers(p)[2], (3, Ok(())));
+    let r = replay(&p.wire);
+    assert!(r.all_match(), "{:?}", r.first_mismatch);
 }
 
 #[test]

@@ -164,6 +164,9 @@ impl Ports for Board<'_> {
     fn stack_peak(&mut self) -> u32 {
         4_096
     }
+    fn keep_clear(&mut self, _: &crate::clears::Taken) -> bool {
+        true
+    }
 }
 
 fn decider() -> Box<Decider> {
