@@ -15,7 +15,10 @@
 //! MCU that have not run out (a lift ends one). `uptime` is the MCU's
 //! own (its clock at its last status): it stops when the MCU does. A
 //! silent MCU reads as the bus tells it: `failsafe`, `controller-silent`,
-//! since its last frame, the racks last heard, nothing measured.
+//! since its last frame, the racks last heard, nothing measured. Before
+//! the MCU's first status (booting, or silent from the start) it reads
+//! as `run` before its first step: nothing measured, and the setpoint
+//! (while booting), the proposals and `rejection_short` not available.
 //!
 //! Writes: the limits (`setpoint_ceiling`, `plan_ceiling_offset`) go
 //! down as [`Down::Limits`] at once, again every [`LIMITS_EVERY_MS`] and
@@ -392,6 +395,42 @@ mod tests {
         // Before any status (and before silence): booting, as run's first.
         let s = b.snapshot(Heard::Nothing, 0);
         assert_eq!((s.mode, s.reason), (CduMode::Boot, ReasonCode::BOOTING));
+    }
+
+    #[test]
+    fn before_any_status_what_was_never_said_reads_not_available() {
+        let core = CoreConfig::default();
+        let m = northbound_map();
+        let mut b = BmsBridge::new(&core);
+        let booting = b.snapshot(Heard::Nothing, 0);
+        let silent = b.snapshot(
+            Heard::Silent {
+                last: None,
+                quiet_ms: 3_000,
+            },
+            3_000,
+        );
+        for (when, s) in [("booting", &booting), ("silent", &silent)] {
+            let img = encode_snapshot(&m, s, true);
+            for (name, sentinel) in [
+                ("proposed_setpoint", 0x8000),
+                ("proposed_speed", 0xFFFF),
+                ("rejection_short", 0xFFFF),
+                ("supply_temp", 0x8000),
+            ] {
+                assert_eq!(
+                    img.words(&m, name).unwrap(),
+                    vec![sentinel],
+                    "{when} {name}"
+                );
+            }
+            assert_eq!(s.sensor_faults & 0x0F00, 0x0F00, "{when}: nothing measured");
+        }
+        // No setpoint said yet; a silent MCU that never spoke shows the
+        // failsafe setpoint it runs.
+        let img = encode_snapshot(&m, &booting, true);
+        assert_eq!(img.words(&m, "setpoint").unwrap(), vec![0x8000]);
+        assert_eq!(silent.setpoint_c, core.margins.failsafe_setpoint_c);
     }
 
     #[test]

@@ -49,7 +49,8 @@ pub struct NorthboundSnapshot {
     pub seconds_in_mode: u32,
     /// Seconds since the shell started, at this step (the heartbeat).
     pub uptime_s: u32,
-    /// Supply setpoint in force, °C.
+    /// Supply setpoint in force, °C (not a number: none yet, the
+    /// register reads its sentinel).
     pub setpoint_c: f32,
     /// Secondary supply temperature, °C.
     pub supply_c: Option<f32>,
@@ -85,9 +86,10 @@ pub struct NorthboundSnapshot {
     pub lowest_cap_w: Option<f32>,
     /// The hottest GPU among fresh host reports, °C.
     pub hottest_gpu_c: Option<f32>,
-    /// The optimiser's proposed supply setpoint, °C.
+    /// The optimiser's proposed supply setpoint, °C (not a number: not
+    /// known).
     pub proposed_setpoint_c: f32,
-    /// The optimiser's proposed pump speed, %.
+    /// The optimiser's proposed pump speed, % (not a number: not known).
     pub proposed_speed_pct: f32,
     /// Heat rejection is believed short (`None`: not known, as on a
     /// gateway, where the optimiser's belief stays on the microcontroller).
@@ -107,19 +109,22 @@ pub struct NorthboundSnapshot {
 }
 
 impl Default for NorthboundSnapshot {
-    /// Before the first step: booting, nothing measured.
+    /// Before the first step (and on a gateway before the MCU's first
+    /// status): booting, nothing measured, nothing commanded or proposed
+    /// yet (the setpoint, the proposals and `rejection_short` read not
+    /// available, never 0).
     fn default() -> Self {
         Self {
             mode: CduMode::Boot,
             reason: ReasonCode::BOOTING,
             seconds_in_mode: 0,
             uptime_s: 0,
-            setpoint_c: 0.0,
+            setpoint_c: f32::NAN,
             supply_c: None,
             return_c: None,
             flow_lpm: None,
             facility_supply_c: None,
-            sensor_faults: 0,
+            sensor_faults: sensors(None, [None; 4]).1,
             pumps: 0,
             lead_pump: 0,
             pump_speed_pct: 0.0,
@@ -131,9 +136,9 @@ impl Default for NorthboundSnapshot {
             hosts_capped: 0,
             lowest_cap_w: None,
             hottest_gpu_c: None,
-            proposed_setpoint_c: 0.0,
-            proposed_speed_pct: 0.0,
-            rejection_short: Some(false),
+            proposed_setpoint_c: f32::NAN,
+            proposed_speed_pct: f32::NAN,
+            rejection_short: None,
             beacon: false,
             pue: None,
             it_w: None,
