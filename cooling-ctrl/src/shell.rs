@@ -119,7 +119,9 @@ pub use crate::decide::leases::{cap_lease, CAP_RESEND_W, LIFT_DURATION};
 use crate::decide::outdoor::{self, OutdoorSource, OutdoorSources};
 pub(crate) use facility::{hall_state, hall_subscription, FacilityLink};
 pub use leases::{host_report, send_lease, LeaseNotSent};
-pub use links::{BoardIo, NorthboundLink, OperatorAction, OperatorRequest};
+pub use links::{
+    BoardIo, NorthboundLink, OperatorAction, OperatorRequest, PendingRequest, RequestOutcome,
+};
 pub use publish::{cdu_state, cdu_telemetry, send_state, StateKey, StateSent, StepFacts};
 pub(crate) use start::{bus_config, start_bus};
 use start::{check_ropes, log_said, restore_learned, start_decider};
@@ -696,6 +698,14 @@ impl<P: CduPort> Shell<P> {
 
     /// Carries out an operator's request between two steps.
     fn on_operator(&mut self, req: OperatorRequest) {
+        if !req.take() {
+            tracing::warn!(
+                "cooling shell: operator {}: {:?} withdrawn by the console before the loop took it: not carried out",
+                req.operator,
+                req.action
+            );
+            return;
+        }
         let (answer, cleared) = match req.action {
             OperatorAction::ClearLeak { rack } => {
                 let done = self
@@ -737,7 +747,7 @@ impl<P: CduPort> Shell<P> {
             }
             Err(why) => tracing::info!("cooling shell: operator {who}: request refused: {why}"),
         }
-        // The console may have stopped waiting: nothing to do then.
+        // Taken: the asker waits for this answer.
         let _ = req.reply.send(answer);
     }
 }

@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use super::{round, Context, Request};
 use crate::decide::outdoor::OutdoorSource;
 use crate::journal;
-use crate::shell::{OperatorAction, OperatorRequest, ResendCounts, ShellStats};
+use crate::shell::{OperatorAction, OperatorRequest, RequestOutcome, ResendCounts, ShellStats};
 
 fn secs_ago(now: TimestampMs, t: TimestampMs) -> f64 {
     now.0.saturating_sub(t.0) as f64 / 1000.0
@@ -85,20 +85,17 @@ async fn operate(ctx: &Context, action: OperatorAction, operator: &str) -> Value
     let Ok(operator) = Ident::new(operator) else {
         return json!({ "error": "the caller cannot be named in the log" });
     };
-    let (reply, answer) = tokio::sync::oneshot::channel();
-    let req = OperatorRequest {
-        action,
-        operator,
-        reply,
-    };
+    let (req, pending) = OperatorRequest::new(action, operator);
     if tx.send(req).await.is_err() {
         return json!({ "error": "the control loop has stopped" });
     }
-    match tokio::time::timeout(Duration::from_secs(5), answer).await {
-        Ok(Ok(Ok(done))) => json!({ "ok": true, "done": done }),
-        Ok(Ok(Err(why))) => json!({ "ok": false, "refused": why }),
-        Ok(Err(_)) => json!({ "error": "the control loop dropped the request" }),
-        Err(_) => json!({ "error": "the control loop did not answer within 5 s" }),
+    match pending.outcome(Duration::from_secs(5)).await {
+        RequestOutcome::Answered(Ok(done)) => json!({ "ok": true, "done": done }),
+        RequestOutcome::Answered(Err(why)) => json!({ "ok": false, "refused": why }),
+        RequestOutcome::Dropped => json!({ "error": "the control loop dropped the request" }),
+        RequestOutcome::Withdrawn => json!({
+            "error": "the control loop did not take the request within 5 s: it is withdrawn and will not be carried out; check `ctl status`, then ask again"
+        }),
     }
 }
 

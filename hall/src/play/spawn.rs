@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cooling_ctrl::shell::{ShellConfig, ShellStats};
+use cooling_ctrl::shell::{RequestOutcome, ShellConfig, ShellStats};
 use loopwarden_bus::embedded::EmbeddedBroker;
 use loopwarden_bus::BrokerAddr;
 use loopwarden_field::common::CommonFlags;
@@ -210,21 +210,23 @@ impl ControllerSide<'_> {
                     }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
-                let (reply, answer) = tokio::sync::oneshot::channel();
-                let req = cooling_ctrl::shell::OperatorRequest {
-                    action: cooling_ctrl::shell::OperatorAction::ClearLeak { rack },
-                    operator: Ident::new("hall-operator").expect("an ident"),
-                    reply,
-                };
+                let (req, pending) = cooling_ctrl::shell::OperatorRequest::new(
+                    cooling_ctrl::shell::OperatorAction::ClearLeak { rack },
+                    Ident::new("hall-operator").expect("an ident"),
+                );
                 if tx.send(req).await.is_err() {
                     return;
                 }
-                match answer.await {
-                    Ok(Ok(done)) => tracing::info!("t={at_s}s operator: {done}"),
-                    Ok(Err(why)) => {
+                // The scenario's operator waits as long as it takes.
+                let answer = pending.outcome(Duration::MAX).await;
+                match answer {
+                    RequestOutcome::Answered(Ok(done)) => {
+                        tracing::info!("t={at_s}s operator: {done}")
+                    }
+                    RequestOutcome::Answered(Err(why)) => {
                         tracing::warn!("t={at_s}s operator: clear-leak {rack} refused: {why}")
                     }
-                    Err(_) => return,
+                    RequestOutcome::Withdrawn | RequestOutcome::Dropped => return,
                 }
             }
         });
