@@ -8,7 +8,8 @@
 //!   `bdSeq` one more than the last attempt's (0 to 255, wrapping);
 //! - once connected and subscribed to NCMD: NBIRTH (`seq` 0, the same
 //!   `bdSeq`, `Node Control/Rebirth` false, the bridge's own metrics), then
-//!   a DBIRTH for each CDU and host heard;
+//!   a DBIRTH for each CDU and host heard, and a DDEATH for each one born
+//!   before that is dead now (its DDEATH may have been a dropped publish);
 //! - a device is born when first heard with a measurement; its telemetry,
 //!   health or state then gives DDATA with the metrics that changed; a
 //!   host whose GPUs change is born again; `online: false` gives DDEATH;
@@ -167,6 +168,10 @@ struct Device {
     alive: Option<bool>,
     /// What was last published of it in this session, if born.
     published: Option<Vec<Point>>,
+    /// It was born at least once since the bridge started: a host
+    /// application knows it, and every round of births says it is dead
+    /// while it is.
+    ever_born: bool,
 }
 
 /// The bridge's own counters, its NDATA metrics.
@@ -401,8 +406,13 @@ impl Bridge {
         // them online; their DBIRTHs are numbered after it.
         let ids: Vec<Ident> = self.devices.keys().cloned().collect();
         let mut dbirths = Vec::new();
+        let mut dead = Vec::new();
         for id in &ids {
-            dbirths.extend(self.dbirth_if_ready(now, id));
+            match self.dbirth_if_ready(now, id) {
+                Some(birth) => dbirths.push(birth),
+                None if self.devices[id].ever_born => dead.push(id),
+                None => {}
+            }
         }
         let node = self.node_metrics(now);
         let metrics = fixed.iter().chain(&node).map(Point::to_birth).collect();
@@ -412,6 +422,11 @@ impl Bridge {
         for (id, points) in dbirths {
             let metrics = points.iter().map(Point::to_birth).collect();
             out.push(self.publish(Kind::DBirth, Some(id.as_str()), now, metrics));
+        }
+        // A death the host application may have missed (a dropped
+        // publish) is said again, so it never shows a dead device alive.
+        for id in dead {
+            out.push(self.publish(Kind::DDeath, Some(id.as_str()), now, Vec::new()));
         }
         out
     }
@@ -425,6 +440,7 @@ impl Bridge {
         }
         let points = d.view.metrics(now);
         d.published = Some(points.clone());
+        d.ever_born = true;
         Some((id.clone(), points))
     }
 
@@ -515,6 +531,7 @@ impl Bridge {
             },
             alive: None,
             published: None,
+            ever_born: false,
         });
         if device.role != topic.role {
             // A host and a CDU may not share an id in one site: the first
@@ -1022,6 +1039,41 @@ mod tests {
         assert!(b.step(T + 4, Input::Stop).is_empty(), "one goodbye");
     }
 
+    #[test]
+    fn a_dropped_ddeath_is_said_again_by_the_births_that_follow() {
+        let mut b = bridge();
+        b.step(T, online(Role::Host, "h09", false));
+        b.step(T, host_telemetry("h09", 61));
+        connected(&mut b);
+        b.step(T, host_telemetry("h07", 61));
+        b.step(T, cdu_state());
+        let out = b.step(T, online(Role::Host, "h07", false));
+        assert_eq!(kinds(&out), [(Kind::DDeath, Some("h07"))]);
+        // The shell could not queue that DDEATH.
+        b.step(T, Input::Dropped(1));
+        let out = b.step(T + 1, Input::Tick);
+        let want = [
+            (Kind::NBirth, None),
+            (Kind::DBirth, Some("cdu-a")),
+            (Kind::DDeath, Some("h07")),
+        ];
+        assert_eq!(kinds(&out), want, "h09 was never born: no death");
+        let seqs: Vec<_> = out.iter().map(|p| body(p).seq).collect();
+        assert_eq!(seqs, [Some(0), Some(1), Some(2)]);
+        let online_now = metric(&body(&out[0]), "bridge/devices_online");
+        assert_eq!(online_now, Some(MetricValue::Int(1)));
+        // Back and born again: the births that follow say it is alive.
+        b.step(T + 2, online(Role::Host, "h07", true));
+        b.step(T + 2, host_telemetry("h07", 62));
+        let out = b.step(T + 3, Input::Command(rebirth_command()));
+        let want = [
+            (Kind::NBirth, None),
+            (Kind::DBirth, Some("cdu-a")),
+            (Kind::DBirth, Some("h07")),
+        ];
+        assert_eq!(kinds(&out), want);
+    }
+
     /// A random input among the few that matter.
     fn any_input() -> impl Strategy<Value = Input> {
         let host = prop::sample::select(vec!["h01", "h02", "h03"]);
@@ -1051,6 +1103,7 @@ mod tests {
             let mut will_bd = None;
             let mut last_seq: Option<u64> = None;
             let mut born: std::collections::BTreeSet<String> = Default::default();
+            let mut ever_born = born.clone();
             for (i, input) in inputs.into_iter().enumerate() {
                 let now = T + i as u64 * 1000;
                 if matches!(input, Input::ConnectionLost) || i == 0 {
@@ -1060,7 +1113,9 @@ mod tests {
                     born.clear();
                 }
                 let lost = matches!(input, Input::ConnectionLost);
-                for p in b.step(now, input) {
+                let out = b.step(now, input);
+                let births = out.first().is_some_and(|p| p.kind == Kind::NBirth);
+                for p in out {
                     let pl = body(&p);
                     match p.kind {
                         Kind::NBirth => {
@@ -1075,9 +1130,14 @@ mod tests {
                         }
                     }
                     match (p.kind, p.device.clone()) {
-                        (Kind::DBirth, Some(d)) => { born.insert(d); }
+                        (Kind::DBirth, Some(d)) => { born.insert(d.clone()); ever_born.insert(d); }
                         (Kind::DData, Some(d)) => prop_assert!(born.contains(&d), "DDATA before DBIRTH"),
-                        (Kind::DDeath, Some(d)) => prop_assert!(born.remove(&d), "DDEATH of an unborn device"),
+                        // A round of births says again that a device once
+                        // born is dead.
+                        (Kind::DDeath, Some(d)) => prop_assert!(
+                            born.remove(&d) || (births && ever_born.contains(&d)),
+                            "DDEATH of a device never born"
+                        ),
                         _ => {}
                     }
                     last_seq = pl.seq;
