@@ -58,6 +58,12 @@ struct Nor {
     sector_bytes: u32,
     write_bytes: u32,
     config: [u32; 2],
+    /// The region reads all zeros before its first use (RAM standing in
+    /// for a part): a config store found so is erased at start. Without
+    /// it, one found so is refused: no NOR part reads so, erased or
+    /// written, and erasing it could wipe the latched record.
+    #[serde(default)]
+    starts_zeroed: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -357,6 +363,12 @@ impl Board {
                 "core::ops::Range<u32>",
                 config,
                 "Offsets in the NOR region of the config store (the latched record).",
+            ),
+            konst(
+                "NOR_STARTS_ZEROED",
+                "bool",
+                n.starts_zeroed,
+                "The NOR region reads all zeros before its first use (RAM standing in for a part): a config store found so is erased at start, not refused.",
             ),
         ]
     }

@@ -28,7 +28,7 @@ use cooling_core::Latched;
 use cooling_decide::LatchRecord;
 use cortex_m_rt::entry;
 use loopwarden_firmware::block_on::block_on;
-use loopwarden_firmware::board::nor::RamNor;
+use loopwarden_firmware::board::nor::{store_start, RamNor, StoreStart};
 use loopwarden_firmware::board::uart::Uart;
 use loopwarden_firmware::board::{self, clock, watchdog};
 use loopwarden_firmware::latch;
@@ -81,7 +81,7 @@ fn latch_round(console: &mut Uart, boots: u32) {
     };
     let mut nor = RamNor::new(bytes);
     let r = board::NOR_CONFIG;
-    if nor.all_bytes(r.clone(), 0) {
+    if store_start(&nor, r.clone(), board::NOR_STARTS_ZEROED) == StoreStart::Erase {
         let _ = nor.erase_sectors(r.start, r.end);
     }
     let Ok(mut store) = ConfigStore::open(nor, board::NOR_CONFIG) else {

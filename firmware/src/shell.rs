@@ -23,7 +23,7 @@ use embedded_hal_nb::serial::Read as _;
 use loopwarden_firmware::block_on::block_on;
 use loopwarden_firmware::board::clock::{self, BoardClock};
 use loopwarden_firmware::board::nor::NorError;
-use loopwarden_firmware::board::nor::RamNor;
+use loopwarden_firmware::board::nor::{store_start, RamNor, StoreStart};
 use loopwarden_firmware::board::{self, icount, led::Led, uart, uart::Uart, watchdog};
 use loopwarden_firmware::cdu::InputValues;
 use loopwarden_firmware::clears::{keyring, Last, Taken, MAX_OPERATORS};
@@ -514,19 +514,40 @@ impl Shell {
     }
 }
 
-/// The config store of the board's NOR; a store that cannot open stops
-/// the firmware (the watchdog is not started yet: it stays stopped).
+/// The config store of the board's NOR; a store that reads all zeros on
+/// a board whose NOR does not start so ([`store_start`]), or that cannot
+/// open, stops the firmware (the watchdog is not started yet: it stays
+/// stopped, and the CDU falls back on its own).
 fn open_store(console: &mut Uart) -> Store {
     let mut nor = board_nor();
-    // QEMU starts the RAM that stands in for the part as zeros, a state
-    // no NOR part is in: erased as a new part comes.
     let range = board::NOR_CONFIG;
-    if nor.all_bytes(range.clone(), 0) && nor.erase_sectors(range.start, range.end).is_ok() {
-        let _ = writeln!(
-            console,
-            "flash: {} read all zeros (never used): erased",
-            board::NOR_NAME
-        );
+    match store_start(&nor, range.clone(), board::NOR_STARTS_ZEROED) {
+        StoreStart::Open => {}
+        // QEMU starts the RAM that stands in for the part as zeros: erased
+        // as a new part comes.
+        StoreStart::Erase => {
+            if nor.erase_sectors(range.start, range.end).is_ok() {
+                let _ = writeln!(
+                    console,
+                    "flash: {} read all zeros (never used, as this board's starts): erased",
+                    board::NOR_NAME
+                );
+            }
+        }
+        StoreStart::Refuse => {
+            let _ = writeln!(
+                console,
+                "flash: the config store of {} (bytes {:#x}..{:#x}) reads all zeros, which no NOR part does, erased or written (a read path stuck low?), and the board file does not say its NOR starts zeroed (nor.starts_zeroed): not erased, for it may hold the latched record; the firmware does not start, the CDU is left to its own fallback",
+                board::NOR_NAME,
+                range.start,
+                range.end
+            );
+            // Stopped here for good: no panic, whose line would promise
+            // a watchdog reset that never comes.
+            loop {
+                cortex_m::asm::wfi();
+            }
+        }
     }
     match ConfigStore::open(nor, board::NOR_CONFIG) {
         Ok(s) => s,

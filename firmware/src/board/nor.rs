@@ -146,6 +146,36 @@ impl<'a> RamNor<'a> {
     }
 }
 
+/// What a start does with the config store it finds, before opening it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreStart {
+    /// Open it as it is.
+    Open,
+    /// Erase it first: it reads all zeros on a board whose NOR region
+    /// starts so before its first use (RAM standing in for a part).
+    Erase,
+    /// Do not start: it reads all zeros on a board whose NOR region does
+    /// not start so. No NOR part reads so, erased (`0xFF`) or written
+    /// (the store's headers); a read path stuck low does, and erasing
+    /// would wipe the latched record it may hold.
+    Refuse,
+}
+
+/// What a start does with the config store at `range` of `nor`;
+/// `starts_zeroed`: the board file's `nor.starts_zeroed`
+/// ([`super::NOR_STARTS_ZEROED`]).
+pub fn store_start(
+    nor: &RamNor<'_>,
+    range: core::ops::Range<u32>,
+    starts_zeroed: bool,
+) -> StoreStart {
+    match (nor.all_bytes(range, 0), starts_zeroed) {
+        (false, _) => StoreStart::Open,
+        (true, true) => StoreStart::Erase,
+        (true, false) => StoreStart::Refuse,
+    }
+}
+
 impl ErrorType for RamNor<'_> {
     type Error = NorError;
 }
@@ -180,6 +210,27 @@ impl MultiwriteNorFlash for RamNor<'_> {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_all_zero_store_is_erased_only_on_a_board_whose_nor_starts_zeroed() {
+        let sectors = 0..(2 * NOR_SECTOR_BYTES) as u32;
+        let mut zeros = std::vec![0u8; 3 * NOR_SECTOR_BYTES];
+        let nor = RamNor::new(&mut zeros);
+        assert_eq!(store_start(&nor, sectors.clone(), true), StoreStart::Erase);
+        assert_eq!(
+            store_start(&nor, sectors.clone(), false),
+            StoreStart::Refuse
+        );
+        // Erased, or one byte not zero: opened as it is, either way.
+        let mut erased = std::vec![0xFFu8; 3 * NOR_SECTOR_BYTES];
+        let nor = RamNor::new(&mut erased);
+        assert_eq!(store_start(&nor, sectors.clone(), false), StoreStart::Open);
+        let mut used = std::vec![0u8; 3 * NOR_SECTOR_BYTES];
+        used[NOR_SECTOR_BYTES + 17] = 0x5A;
+        let nor = RamNor::new(&mut used);
+        assert_eq!(store_start(&nor, sectors.clone(), false), StoreStart::Open);
+        assert_eq!(store_start(&nor, sectors, true), StoreStart::Open);
+    }
 
     #[test]
     fn writes_only_clear_bits_and_erase_sets_a_sector_to_ff() {
