@@ -5,12 +5,36 @@ use std::ops::Deref;
 use std::str::FromStr;
 use std::time::Duration;
 
-use loopwarden_protocol::{ClockSource, Ident, NodeId};
+use loopwarden_protocol::topic::TOPIC_MAX;
+use loopwarden_protocol::{ClockSource, Ident, NodeId, MAX_FRAME_LEN};
 
 use crate::backoff::Backoff;
 
 /// The MQTT port when none is given.
 pub const DEFAULT_PORT: u16 = 1883;
+
+/// Bytes of JSON mirror a frame byte becomes at most: field names, digits
+/// and escapes; the samples of every message kind measure under 15.
+const JSON_PER_FRAME_BYTE: usize = 16;
+
+/// What an MQTT 3.1.1 PUBLISH adds to its topic and payload: the fixed
+/// header (1 byte and at most 4 of remaining length), the topic's length
+/// (2) and the packet id (2).
+const PUBLISH_OVERHEAD: usize = 1 + 4 + 2 + 2;
+
+/// The largest MQTT packet the protocol needs, whole (headers included):
+/// a topic of at most [`TOPIC_MAX`] bytes and a payload of at most a
+/// frame ([`MAX_FRAME_LEN`]) or its JSON mirror. Brokers refuse anything
+/// larger (`max_packet_size` in the generated `mosquitto.conf`, the
+/// embedded broker likewise), so no packet a client can publish reaches a
+/// subscriber above the client's own cap ([`CLIENT_MAX_PACKET`]), which
+/// would cost it its connection.
+pub const MAX_PACKET_SIZE: usize =
+    PUBLISH_OVERHEAD + TOPIC_MAX + JSON_PER_FRAME_BYTE * MAX_FRAME_LEN;
+
+/// The largest packet the client sends or takes (rumqttc drops the
+/// connection over it): twice what brokers let through, as margin.
+pub(crate) const CLIENT_MAX_PACKET: usize = 2 * MAX_PACKET_SIZE;
 
 /// A broker's host and port (`host`, `host:port`, `[v6]:port`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -281,6 +305,32 @@ impl BusConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_packet_limit_holds_any_frame_and_every_json_mirror_with_room_to_spare() {
+        // The longest topic with the largest frame.
+        const { assert!(MAX_PACKET_SIZE >= PUBLISH_OVERHEAD + TOPIC_MAX + MAX_FRAME_LEN) };
+        let mut frames: Vec<_> = loopwarden_protocol::MessageKind::ALL
+            .iter()
+            .map(|k| loopwarden_protocol::samples::frame(*k))
+            .collect();
+        let mut full = frames[0].clone();
+        full.message = loopwarden_protocol::Message::HostTelemetry(
+            loopwarden_protocol::samples::host_telemetry(loopwarden_protocol::MAX_GPUS as u8),
+        );
+        frames.push(full);
+        for f in &frames {
+            let (bin, json) = (f.to_vec().unwrap().len(), f.to_json().len());
+            assert!(
+                json <= JSON_PER_FRAME_BYTE * bin,
+                "{:?}: {json} > 16 x {bin}",
+                f.message.kind()
+            );
+            assert!(PUBLISH_OVERHEAD + TOPIC_MAX + 2 * json <= MAX_PACKET_SIZE);
+        }
+        // What a broker lets through never reaches the client's cap.
+        const { assert!(MAX_PACKET_SIZE < CLIENT_MAX_PACKET) };
+    }
 
     #[test]
     fn parses_broker_addresses() {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use rumqttd::{Broker, Config, ConnectionSettings, RouterConfig, ServerSettings};
 use tracing::{error, info};
 
-use crate::config::BrokerAddr;
+use crate::config::{BrokerAddr, MAX_PACKET_SIZE};
 
 /// Where the embedded broker listens by default.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:1883";
@@ -82,7 +82,8 @@ impl EmbeddedBroker {
             next_connection_delay_ms: 1,
             connections: ConnectionSettings {
                 connection_timeout_ms: 10_000,
-                max_payload_size: 64 * 1024,
+                // Larger packets cost their publisher its connection.
+                max_payload_size: MAX_PACKET_SIZE,
                 max_inflight_count: 256,
                 auth: None,
                 external_auth: None,

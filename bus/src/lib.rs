@@ -35,7 +35,9 @@ pub mod tls;
 
 pub use backoff::Backoff;
 pub use client::{now_ms, site_filter, AckedLedger, Bus, BusTask, Inbound, PublishError};
-pub use config::{BrokerAddr, BrokerAddrError, Brokers, BrokersError, BusConfig, DEFAULT_PORT};
+pub use config::{
+    BrokerAddr, BrokerAddrError, Brokers, BrokersError, BusConfig, DEFAULT_PORT, MAX_PACKET_SIZE,
+};
 pub use durable::{DurableOutbox, Pending, StoreFailure};
 pub use metrics::{Metrics, MetricsSnapshot};
 

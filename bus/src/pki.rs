@@ -540,13 +540,19 @@ fn mosquitto_conf(dir: &Path, port: u16) -> String {
          persistence false\n\
          # Nagle off: without it a TLS handshake waits tens of ms on small writes.\n\
          set_tcp_nodelay true\n\
+         # No frame (nor its JSON mirror) needs more; a larger publish would be\n\
+         # delivered to the agents, and a packet over their cap costs them the\n\
+         # connection (again on every reconnection, if retained). Mosquitto\n\
+         # drops the publisher's connection instead, and keeps nothing.\n\
+         max_packet_size {max_packet}\n\
          listener {port} 127.0.0.1\n\
          cafile {d}/ca.crt\n\
          certfile {d}/broker.crt\n\
          keyfile {d}/broker.key\n\
          require_certificate true\n\
          use_identity_as_username true\n\
-         acl_file {d}/acl\n"
+         acl_file {d}/acl\n",
+        max_packet = crate::MAX_PACKET_SIZE,
     )
 }
 
@@ -786,6 +792,8 @@ mod tests {
         let conf = std::fs::read_to_string(out.join("mosquitto.conf")).unwrap();
         let abs = out.canonicalize().unwrap();
         assert!(conf.contains("listener 18883 127.0.0.1\n"), "{conf}");
+        let limit = format!("\nmax_packet_size {}\n", crate::MAX_PACKET_SIZE);
+        assert!(conf.contains(&limit), "{conf}");
         assert!(conf.contains(&format!("acl_file {}/acl\n", abs.display())));
         let e = init(&args(&out, "h01,h02", "cdu1")).unwrap_err();
         assert!(e.contains("already holds a CA"), "{e}");

@@ -20,7 +20,7 @@ use rumqttc::{LastWill, MqttOptions, QoS};
 
 use super::status::Status;
 use super::{now_ms, PublishError, MAX_INFLIGHT};
-use crate::config::BusConfig;
+use crate::config::{BusConfig, CLIENT_MAX_PACKET};
 
 /// The node, as every part of the client sees it.
 pub(super) struct Node {
@@ -56,7 +56,7 @@ impl Node {
         let mut options = MqttOptions::new(client_id, &broker.host, broker.port);
         options.set_keep_alive(cfg.keep_alive.max(Duration::from_secs(1)));
         options.set_clean_session(true);
-        options.set_max_packet_size(64 * 1024, 64 * 1024);
+        options.set_max_packet_size(CLIENT_MAX_PACKET, CLIENT_MAX_PACKET);
         if let Some((user, password)) = &cfg.credentials {
             options.set_credentials(user, password);
         }
