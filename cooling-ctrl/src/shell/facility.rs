@@ -177,12 +177,18 @@ pub fn hall_state<'a>(
     if !sender_ok || &msg.topic.node == me {
         return None;
     }
-    let age_ms = wall_ms.saturating_sub(msg.frame.time.0);
-    if age_ms > FACILITY_TARGET_STALE_MS && st.facility.is_some() {
+    // Either way: a stamp far ahead is a clock apart, and would keep a
+    // dead coordinator's retained plan in force long after it stopped.
+    let apart_ms = wall_ms.abs_diff(msg.frame.time.0);
+    if apart_ms > FACILITY_TARGET_STALE_MS && st.facility.is_some() {
+        let (how, s) = if msg.frame.time.0 > wall_ms {
+            ("ahead of this clock", apart_ms / 1000)
+        } else {
+            ("old", apart_ms / 1000)
+        };
         tracing::warn!(
-            "cooling facility: the state of {} is {} s old (a silent controller's retained state, or clocks apart): its offer and plan are not taken",
+            "cooling facility: the state of {} is {s} s {how} (a silent controller's retained state, or clocks apart): its offer and plan are not taken",
             msg.topic.node,
-            age_ms / 1000
         );
         return None;
     }
@@ -307,6 +313,10 @@ mod tests {
             hall_state(&ahead, &id("cdu-2"), wall).is_some(),
             "clock ahead"
         );
+        // A stamp further ahead than a plan's life: clocks apart, and a
+        // dead coordinator's retained plan would stay in force.
+        let far = inbound("cdu-1", st.clone(), wall + FACILITY_TARGET_STALE_MS + 1);
+        assert!(hall_state(&far, &id("cdu-2"), wall).is_none(), "far ahead");
         let old = inbound("cdu-1", st.clone(), wall - FACILITY_TARGET_STALE_MS - 1);
         assert!(hall_state(&old, &id("cdu-2"), wall).is_none());
         assert!(hall_state(&fresh, &id("cdu-1"), wall).is_none(), "its own");
