@@ -300,7 +300,7 @@ fn a_site_as_sparkplug_b_read_by_pysparkplug() {
 
     let (_, cdu_birth) = reader.next(0, "DBIRTH", Some("cdu-a"));
     let cm = cdu_birth["metrics"].as_object().unwrap();
-    assert_eq!(cm.len(), 25, "every CDU metric in its birth: {cdu_birth}");
+    assert_eq!(cm.len(), 26, "every CDU metric in its birth: {cdu_birth}");
     assert_eq!(cm["supply_temp_c"]["datatype"], "DOUBLE");
     assert_eq!(cm["supply_temp_c"]["unit"], "°C");
     assert_eq!(cm["facility_power_w"]["datatype"], "UINT32");
