@@ -119,6 +119,9 @@ pub struct Controller<'d> {
     /// The gateway link's receiving side.
     deframer: Deframer<MAX_FRAME>,
     seq: SeqWatch,
+    /// The last frame's number and its bytes' fingerprint, to tell a
+    /// repeat.
+    last_in: Option<(u32, u32)>,
     /// What the link brought.
     pub link: LinkCounts,
     wall: Option<WallClock>,
@@ -163,6 +166,7 @@ impl<'d> Controller<'d> {
             gate,
             deframer: Deframer::default(),
             seq: SeqWatch::default(),
+            last_in: None,
             link: LinkCounts::default(),
             wall: None,
             bus: false,

@@ -1,6 +1,8 @@
 //! The step's status line on the console (UART2): the step, its time,
 //! its instructions and stack, the mode, what the CDU read, what was
-//! written, then the link's counts (`firmware/test-qemu.sh` shows the
+//! written, then the link's counts (frames in, bad, repeated, the gaps
+//! in their numbers and the frames lost in them, the gateway's restarts,
+//! frames dropped out; `firmware/test-qemu.sh` shows the
 //! console's end when a check fails).
 //!
 //! Glossary:
@@ -70,8 +72,8 @@ impl fmt::Display for Line<'_, '_> {
         let l = &self.ctl.link;
         write!(
             f,
-            " | link in {} bad {} dropped up {} trace {}",
-            l.frames, l.bad, self.dropped.0, self.dropped.1
+            " | link in {} bad {} repeats {} gaps {} (lost {}) restarts {} dropped up {} trace {}",
+            l.frames, l.bad, l.repeats, l.gaps, l.lost, l.restarts, self.dropped.0, self.dropped.1
         )?;
         match self.ctl.gateway() {
             (Some(at_ms), bus) => write!(

@@ -2,7 +2,12 @@
 //! the link's deframer, each whole frame's [`Down`] to the decision path
 //! (every call through `apply`, traced) or to the controller's own state.
 //! A frame that fails its checks, or whose message does not decode, is
-//! counted and never acted on.
+//! counted and never acted on. A frame with the last one's number and
+//! bytes is a repeat: counted and not acted on again (a repeated
+//! `Outdoor` would make an old value look new). The frames' numbers
+//! tell the gaps (frames lost) and the gateway's restarts (numbered from
+//! 0 again: a lower number, or the last one's with other bytes), counted
+//! and said; the frames after a restart are acted on.
 //!
 //! - `Alive`: the wall clock (kept as its offset from the MCU clock) and
 //!   whether the gateway reaches the broker;
@@ -26,8 +31,9 @@
 //!
 //! Glossary:
 //! - *heard*: the last time any good frame came from the gateway.
+//! - *repeat*: a frame whose number and bytes are the last frame's.
 
-use loopwarden_link::{ClearAction, Down, Fed, SignedClear, Up};
+use loopwarden_link::{ClearAction, Down, Fed, Order, SignedClear, Up};
 use loopwarden_protocol::message::Event;
 use loopwarden_protocol::units::TimestampMs;
 use loopwarden_protocol::RackIndex;
@@ -54,6 +60,15 @@ pub struct LinkCounts {
     pub clears_refused: u32,
     /// Messages to the gateway that found its queue full.
     pub up_dropped: u32,
+    /// Frames that came again (the last one's number and bytes): not
+    /// acted on again.
+    pub repeats: u32,
+    /// Gaps in the frames' numbers, and the frames lost in them.
+    pub gaps: u32,
+    /// Frames lost in the gaps.
+    pub lost: u32,
+    /// Times the gateway started again (its numbers from 0 again).
+    pub restarts: u32,
 }
 
 impl Controller<'_> {
@@ -86,12 +101,13 @@ impl Controller<'_> {
                 None
             }
             Fed::Frame(f) => {
-                let seq = f.seq;
-                match f.message::<Down>() {
-                    Ok(d) => {
-                        self.seq.hear(seq);
-                        Some(d)
-                    }
+                let (seq, mark) = (f.seq, fingerprint(f.payload));
+                let decoded = f.message::<Down>();
+                if !self.numbered(p, seq, mark) {
+                    return None;
+                }
+                match decoded {
+                    Ok(d) => Some(d),
                     Err(e) => {
                         self.bad_frame(p, &e);
                         None
@@ -99,6 +115,38 @@ impl Controller<'_> {
                 }
             }
         }
+    }
+
+    /// Frame number `seq`, its bytes' fingerprint `mark`, heard; whether
+    /// it is to be acted on (`false`: the last frame again). A gap and a
+    /// restart of the gateway are counted and said; the frame is new.
+    fn numbered(&mut self, p: &mut impl Ports, seq: u32, mark: u32) -> bool {
+        if self.last_in == Some((seq, mark)) {
+            self.link.repeats = self.link.repeats.saturating_add(1);
+            p.say(format_args!(
+                "link: frame {seq} from the gateway came again: not acted on again (repeats {})",
+                self.link.repeats
+            ));
+            return false;
+        }
+        self.last_in = Some((seq, mark));
+        match self.seq.hear(seq) {
+            Order::First | Order::Next => {}
+            Order::Gap(n) => {
+                self.link.gaps = self.link.gaps.saturating_add(1);
+                self.link.lost = self.link.lost.saturating_add(n);
+                p.say(format_args!(
+                    "link: {n} frame(s) from the gateway lost before frame {seq}"
+                ));
+            }
+            Order::Restart => {
+                self.link.restarts = self.link.restarts.saturating_add(1);
+                p.say(format_args!(
+                    "link: the gateway started again (its frames numbered from {seq} again)"
+                ));
+            }
+        }
+        true
     }
 
     fn bad_frame(&mut self, p: &mut impl Ports, e: &impl core::fmt::Display) {
@@ -267,6 +315,14 @@ const UNKEPT: &str = "not acted on: its number could not be kept in flash";
 /// read (as the Linux controller says it, within an answer's words).
 const NOT_READ: &str =
     "not cleared: the CDU's pump fault has not been read (no answer since the start, or none now)";
+
+/// A fingerprint of a frame's message bytes (FNV-1a, 32 bits): with its
+/// number, what tells a repeated frame from a restarted gateway's.
+fn fingerprint(bytes: &[u8]) -> u32 {
+    bytes.iter().fold(0x811c_9dc5, |h, b| {
+        (h ^ u32::from(*b)).wrapping_mul(0x0100_0193)
+    })
+}
 
 /// What a clear clears, as it reads.
 struct Action(ClearAction);

@@ -37,6 +37,8 @@ struct Fake {
     kept: Vec<crate::clears::Taken>,
     /// The flash keeps no clear's number.
     unkeepable: bool,
+    /// The gateway's next frame number.
+    seq: u32,
 }
 
 impl Fake {
@@ -51,6 +53,7 @@ impl Fake {
             no_lease_for: None,
             kept: Vec::new(),
             unkeepable: false,
+            seq: 0,
         })
     }
 
@@ -141,8 +144,21 @@ fn bytes_of(d: &Down, seq: u32) -> Vec<u8> {
 
 /// `d` from the gateway at `now_ms`; the clears taken, their number kept.
 fn hear(c: &mut Controller<'_>, p: &mut Fake, d: &Down, now_ms: u64) -> Vec<crate::clears::Taken> {
+    let seq = p.seq;
+    p.seq = p.seq.wrapping_add(1);
+    hear_numbered(c, p, d, seq, now_ms)
+}
+
+/// `d` from the gateway in frame `seq` at `now_ms`; the clears taken.
+fn hear_numbered(
+    c: &mut Controller<'_>,
+    p: &mut Fake,
+    d: &Down,
+    seq: u32,
+    now_ms: u64,
+) -> Vec<crate::clears::Taken> {
     let before = p.kept.len();
-    for b in bytes_of(d, 0) {
+    for b in bytes_of(d, seq) {
         c.on_byte(p, b, now_ms);
     }
     p.kept[before..].to_vec()
@@ -295,6 +311,53 @@ fn a_bad_frame_is_counted_and_never_acted_on() {
     hear(&mut c, p, &host, 0);
     assert_eq!(c.link.hosts_early, 1);
     assert!(c.decider().hosts()[0].is_none());
+}
+
+#[test]
+fn a_repeated_frame_is_not_acted_on_again_and_a_restarted_gateway_is_heard() {
+    let mut d = decider(&Ok(None));
+    let mut k = Box::new(LearnedKeeper::new());
+    let mut c = Controller::new(&mut d, ClearGate::new(None, &[]), &mut k);
+    let p = &mut *Fake::new();
+    c.boot(p, hello(), Opening::Nothing);
+    let outdoor = |p: &Fake| {
+        (p.ups.iter().rev())
+            .find_map(|u| match u {
+                Up::Status(s) => Some(s.outdoor_c),
+                _ => None,
+            })
+            .flatten()
+    };
+    // No outdoor sensor on the CDU: the BMS's value while it is fresh.
+    let no_sensor = || {
+        let mut m = cdu(0b1111, 0);
+        m.outdoor_c = None;
+        Some(m)
+    };
+    hear_numbered(&mut c, p, &Down::Outdoor(12.5), 10, 0);
+    step(&mut c, p, no_sensor(), 1);
+    assert_eq!(outdoor(p), Some(12.5));
+    // The same frame again at 290 s: not taken, so the value is stale
+    // 300 s after it came, not 300 s after its repeat.
+    hear_numbered(&mut c, p, &Down::Outdoor(12.5), 10, 290_000);
+    assert_eq!((c.link.repeats, c.link.frames), (1, 1));
+    assert!(p.said("link: frame 10 from the gateway came again: not acted on again"));
+    step(&mut c, p, no_sensor(), 301);
+    assert_eq!(outdoor(p), None, "the repeat did not make it new");
+    // A gap, then the gateway started again: its frames are acted on.
+    hear_numbered(&mut c, p, &alive(302), 14, 302_000);
+    assert_eq!((c.link.gaps, c.link.lost), (1, 3));
+    hear_numbered(&mut c, p, &alive(303), 0, 303_000);
+    hear_numbered(&mut c, p, &Down::Outdoor(14.0), 1, 303_000);
+    assert!(p.said("link: the gateway started again (its frames numbered from 0 again)"));
+    step(&mut c, p, no_sensor(), 304);
+    assert_eq!(outdoor(p), Some(14.0));
+    // Started again after one frame: the same number, other bytes.
+    hear_numbered(&mut c, p, &Down::Outdoor(16.0), 1, 305_000);
+    step(&mut c, p, no_sensor(), 305);
+    assert_eq!(outdoor(p), Some(16.0));
+    assert_eq!(c.link.restarts, 2);
+    assert_eq!((c.link.frames, c.link.repeats, c.link.bad), (5, 1, 0));
 }
 
 fn answers(p: &Fake) -> Vec<(u32, Result<(), String>)> {
