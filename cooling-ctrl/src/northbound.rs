@@ -177,6 +177,26 @@ mod tests {
     }
 
     #[test]
+    fn the_reason_registers_description_names_every_cdu_reason() {
+        let block = MAP_TOML
+            .split("[[register]]")
+            .find(|b| b.contains("name = \"reason\""))
+            .expect("the reason register");
+        let description = block
+            .lines()
+            .find(|l| l.starts_with("description"))
+            .expect("its description")
+            .to_lowercase();
+        let cdu = ReasonCode::NAMED
+            .iter()
+            .filter(|(c, _)| c.0 == 0 || (2000..3000).contains(&c.0));
+        for (code, label) in cdu {
+            let named = format!("{} {}", code.0, label.replace('-', " "));
+            assert!(description.contains(&named), "{named} missing");
+        }
+    }
+
+    #[test]
     fn snapshot_encoding_follows_scale_sentinels_and_clamps() {
         let m = northbound_map();
         let img = encode_snapshot(&m, &snap(), false);
