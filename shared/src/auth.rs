@@ -6,8 +6,14 @@
 //! and an Ed25519 signature (RFC 8032, pure Ed25519) over the target's
 //! `cmd` topic (UTF-8, e.g. `dc/v2/hall-1/host/h07/cmd`), one zero byte,
 //! and the frame's bytes up to (not including) the CRC, encoded with the
-//! signature set to zeros. A CDU state is signed the same way, over the
-//! topic it is published on (`dc/v2/hall-1/cdu/cdu1/health`): a state
+//! signature set to zeros. Those bytes are the ones sent: a received
+//! frame is checked with the minor version its sender wrote in byte 1
+//! (recorded by [`Frame::decode`]), not this version's, so any two minors
+//! whose body of that kind is alike verify each other's signatures (a
+//! signed kind's body never grows within a major). A frame whose body goes
+//! on past what this version reads cannot be checked, and is refused as
+//! such ([`AuthError::NewerFields`]). A CDU state is signed the same way,
+//! over the topic it is published on (`dc/v2/hall-1/cdu/cdu1/health`): a state
 //! signed for one CDU does not verify as another's. The target is inside what is signed, so a
 //! command for one host does not verify on another; the frame's sender,
 //! timestamp and sequence number are too, so a receiver that refuses a
@@ -32,9 +38,9 @@ use core::fmt;
 use ed25519_dalek::Signer as _;
 pub use ed25519_dalek::{Signature, SigningKey, VerifyingKey};
 
-use crate::frame::{EncodeError, Frame, Message, MAX_FRAME_LEN};
+use crate::frame::{EncodeError, Frame, Message, Version, MAX_FRAME_LEN, PROTOCOL};
 use crate::ids::{Ident, NodeId, Role};
-use crate::message::CommandAuth;
+use crate::message::{CommandAuth, ReceivedAs};
 use crate::topic::{Topic, TOPIC_MAX};
 
 /// Bytes of a signature.
@@ -54,6 +60,13 @@ pub enum AuthError {
     BadSignature,
     /// The frame could not be encoded to check its signature.
     Encode(EncodeError),
+    /// The frame came from a newer minor with fields after the
+    /// ones this version reads: they are signed, and this version cannot
+    /// rebuild the bytes to check them.
+    NewerFields {
+        /// The frame's minor version.
+        minor: u8,
+    },
 }
 
 impl fmt::Display for AuthError {
@@ -66,6 +79,15 @@ impl fmt::Display for AuthError {
                 "signature does not verify (another key signed, or the frame was altered)"
             ),
             AuthError::Encode(e) => write!(f, "cannot encode frame to check its signature: {e}"),
+            AuthError::NewerFields { minor } => write!(
+                f,
+                "a newer minor's command with fields this version cannot check; upgrade this \
+                 receiver (the frame is {}, this receiver {PROTOCOL})",
+                Version {
+                    major: PROTOCOL.major,
+                    minor: *minor
+                }
+            ),
         }
     }
 }
@@ -108,7 +130,8 @@ impl Signer {
     }
 }
 
-fn auth_mut(message: &mut Message) -> Option<&mut CommandAuth> {
+/// The auth of a signed kind.
+pub(crate) fn auth_mut(message: &mut Message) -> Option<&mut CommandAuth> {
     match message {
         Message::CapLease(m) => Some(&mut m.auth),
         Message::QuarantineRelease(m) => Some(&mut m.auth),
@@ -120,16 +143,17 @@ fn auth_mut(message: &mut Message) -> Option<&mut CommandAuth> {
 
 /// What is signed for `frame` sent to `to`, written into `buf`: the
 /// target's topic, a zero byte, the frame's bytes before the CRC with the
-/// signature zeroed. Returns its length.
+/// signature zeroed, and in byte 1 the minor version the frame was received
+/// with (this version's for a frame made here). Returns its length.
 fn signed_bytes(
     frame: &Frame,
     to: &Topic,
     buf: &mut [u8; TOPIC_MAX + 1 + MAX_FRAME_LEN],
 ) -> Result<usize, AuthError> {
     let mut unsigned = frame.clone();
-    auth_mut(&mut unsigned.message)
-        .ok_or(AuthError::NotACommand)?
-        .signature = [[0; 32]; 2];
+    let auth = auth_mut(&mut unsigned.message).ok_or(AuthError::NotACommand)?;
+    auth.signature = [[0; 32]; 2];
+    let minor = auth.received.minor;
     let target = to.build().map_err(|_| AuthError::BadSignature)?;
     let t = target.len();
     buf[..t].copy_from_slice(target.as_bytes());
@@ -137,6 +161,7 @@ fn signed_bytes(
     let len = unsigned
         .encode(&mut buf[t + 1..])
         .map_err(AuthError::Encode)?;
+    buf[t + 2] = minor; // byte 1 of the frame
     Ok(t + 1 + len - 4)
 }
 
@@ -150,11 +175,12 @@ impl Frame {
     /// CDU state or a resend request: for the topic it is published on),
     /// with the sender's key
     /// `key_id`. Call it last: any change to the frame afterwards breaks
-    /// the signature.
+    /// the signature. It signs the frame as this version encodes it (a
+    /// received frame signed again loses its record of how it came).
     pub fn sign(&mut self, to: &Topic, key_id: u8, key: &SigningKey) -> Result<(), AuthError> {
-        auth_mut(&mut self.message)
-            .ok_or(AuthError::NotACommand)?
-            .key_id = key_id;
+        let auth = auth_mut(&mut self.message).ok_or(AuthError::NotACommand)?;
+        auth.key_id = key_id;
+        auth.received = ReceivedAs::default();
         let mut buf = [0u8; TOPIC_MAX + 1 + MAX_FRAME_LEN];
         let len = signed_bytes(self, to, &mut buf)?;
         let signature = split(&key.sign(&buf[..len]));
@@ -180,13 +206,20 @@ impl Frame {
     /// topic; for a CDU state, the topic it came on) against the key `keys`
     /// returns for its sender and key id. Strict verification:
     /// non-canonical signatures and weak keys fail; an unsigned state
-    /// (a zero signature) fails too.
+    /// (a zero signature) fails too. A frame from a newer minor with fields
+    /// this version does not read cannot be checked
+    /// ([`AuthError::NewerFields`]).
     pub fn verify<'k>(
         &self,
         to: &Topic,
         keys: impl FnOnce(&NodeId, u8) -> Option<&'k VerifyingKey>,
     ) -> Result<(), AuthError> {
         let auth = self.signed_auth().ok_or(AuthError::NotACommand)?;
+        if auth.received.unread_tail {
+            return Err(AuthError::NewerFields {
+                minor: auth.received.minor,
+            });
+        }
         let key = keys(&self.sender, auth.key_id).ok_or(AuthError::UnknownKey(auth.key_id))?;
         let mut buf = [0u8; TOPIC_MAX + 1 + MAX_FRAME_LEN];
         let len = signed_bytes(self, to, &mut buf)?;

@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use crate::ids::NodeId;
 use crate::message::{
     Ack, CapLease, CduState, CduTelemetry, Event, HostHealth, HostTelemetry, Online,
-    QuarantineRelease, ResendReport, ResendRequest,
+    QuarantineRelease, ReceivedAs, ResendReport, ResendRequest,
 };
 use crate::topic::Family;
 use crate::units::TimestampMs;
@@ -628,11 +628,18 @@ impl Frame {
         let kind = MessageKind::from_code(content[2])
             .ok_or(DecodeError::UnknownKind { code: content[2] })?;
         let (header, body): (HeaderRest, _) = take(&content[3..], "header")?;
-        let (message, rest) = Message::take_body_of(kind, body, found.minor)?;
+        let (mut message, rest) = Message::take_body_of(kind, body, found.minor)?;
         // A newer minor may append fields to a body: ignore what we cannot read.
         let newer_minor = found.minor > PROTOCOL.minor;
         if !rest.is_empty() && !newer_minor {
             return Err(DecodeError::TrailingBytes { count: rest.len() });
+        }
+        // A signature covers the bytes as sent: keep what re-encoding loses.
+        if let Some(auth) = crate::auth::auth_mut(&mut message) {
+            auth.received = ReceivedAs {
+                minor: found.minor,
+                unread_tail: !rest.is_empty(),
+            };
         }
         Ok(Frame {
             sender: header.sender,

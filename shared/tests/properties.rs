@@ -81,8 +81,11 @@ fn cdu_mode() -> impl Strategy<Value = CduMode> {
 }
 
 fn auth() -> impl Strategy<Value = CommandAuth> {
-    (any::<u8>(), any::<[[u8; 32]; 2]>())
-        .prop_map(|(key_id, signature)| CommandAuth { key_id, signature })
+    (any::<u8>(), any::<[[u8; 32]; 2]>()).prop_map(|(key_id, signature)| CommandAuth {
+        key_id,
+        signature,
+        ..CommandAuth::default()
+    })
 }
 
 fn gpu_cap() -> impl Strategy<Value = GpuCap> {
