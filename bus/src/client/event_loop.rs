@@ -13,8 +13,9 @@
 //! kept and outbox frames, presence) in the `EventLoop`'s pending list.
 //!
 //! Glossary:
-//! - *ready*: connected with every subscription answered; what the
-//!   handles see as connected.
+//! - *ready*: connected with every subscription granted; what the
+//!   handles see as connected. A filter the broker refuses keeps the
+//!   connection not ready until a retry is granted.
 //! - *link*: the connection the broker accepted (ready or not yet).
 
 use std::sync::Arc;
@@ -104,8 +105,7 @@ struct Core {
     backoff: Backoff,
     rng: rand::rngs::StdRng,
     errors_in_a_row: u32,
-    /// Ready only once the broker answered the subscriptions.
-    awaiting_suback: bool,
+    /// Ready only once the broker granted every subscription.
     ready: bool,
     /// The index of the broker in use in `config.broker`.
     broker: usize,
@@ -260,7 +260,6 @@ impl Core {
             presence,
             rng: rand::rngs::StdRng::from_entropy(),
             errors_in_a_row: 0,
-            awaiting_suback: false,
             ready: false,
             broker: 0,
             connected_at: None,
@@ -450,9 +449,8 @@ impl Core {
         // Subscriptions first, straight to the event loop; ready once the
         // broker answered them, so a command sent to us after that
         // reaches us.
-        self.awaiting_suback = !self.subscriptions.is_empty();
         self.subscribing.connected(self.subscriptions.clone());
-        if self.awaiting_suback {
+        if !self.subscriptions.is_empty() {
             let filters = self
                 .subscriptions
                 .iter()
@@ -534,13 +532,14 @@ impl Core {
             metrics
                 .subscriptions_refused
                 .fetch_add(refused.len() as u64, std::sync::atomic::Ordering::Relaxed);
-            tracing::error!(
-                ?refused,
-                "the broker refused subscriptions: what they carry is not heard until it grants them; asking again"
-            );
+            for filter in &refused {
+                tracing::error!(
+                    %filter,
+                    "the broker refused a subscription: what it carries is not heard, and the bus is not connected, until it grants it; asking again"
+                );
+            }
         }
-        if self.awaiting_suback {
-            self.awaiting_suback = false;
+        if !self.ready && self.subscribing.all_granted() {
             self.set_ready(true);
         }
     }
