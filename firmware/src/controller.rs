@@ -15,10 +15,11 @@
 //!    [`Controller::kept`];
 //! 5. [`Controller::plan`], the writes (the shell's),
 //!    [`Controller::written`];
-//! 6. [`Controller::report`]: the leases due ([`LeaseBook`]), the step's
-//!    events and what the decision path said, the core's offer to the
-//!    hall's facility coordinator when it moved ([`OfferWatch`], the rule
-//!    `run` publishes it by), the status, and the cost.
+//! 6. [`Controller::report`]: the step's events and what the decision
+//!    path said, the core's offer to the hall's facility coordinator when
+//!    it moved ([`OfferWatch`], the rule `run` publishes it by), the
+//!    status, then the leases due ([`LeaseBook`]: one not queued is due
+//!    again, so they go after what would be lost), and the cost.
 //!
 //! What the estimator learned goes to flash and back through it too
 //! ([`crate::learned`]): restored at start ([`Controller::restore_learned`],
@@ -390,13 +391,15 @@ impl<'d> Controller<'d> {
         self.learned.kept(part, ok);
     }
 
-    /// Step 6: the leases due, the step's events, what the decision path
-    /// said, the offer when due, the status and the step's cost;
-    /// `writes_ok`: every write of the step went in.
+    /// Step 6: the step's events, what the decision path said, the offer
+    /// when due, the status, then the leases due, and the step's cost;
+    /// `writes_ok`: every write of the step went in. The leases go last:
+    /// one the gateway's queue has no room for is due again at the next
+    /// step, while an event or a status not queued is lost, so the
+    /// leases of a step that caps many hosts never crowd them out.
     #[inline(never)]
     pub fn report(&mut self, p: &mut impl Ports, now_ms: u64, writes_ok: bool) {
         self.insn.add(self.insn_now);
-        self.leases(p, now_ms);
         self.events(p);
         self.said(p);
         self.offer(p, now_ms);
@@ -410,6 +413,7 @@ impl<'d> Controller<'d> {
                 self.link.up_dropped = self.link.up_dropped.saturating_add(1);
             }
         }
+        self.leases(p, now_ms);
         p.trace(&Trace::Cost {
             step: self.steps,
             cost,

@@ -16,7 +16,7 @@
 //! Each control period (TIMER0's tick) a step, in the Linux shell's
 //! order ([`loopwarden_firmware::controller`]): what the gateway said,
 //! the CDU read over Modbus RTU, the decision, the record to flash, the
-//! writes, the leases, events, status and cost to the gateway, what was
+//! writes, the events, status, leases and cost to the gateway, what was
 //! learned to flash every ten minutes (the parts that changed, while the
 //! step's budget allows), the status line on the console; then the
 //! watchdog is fed. Between steps the gateway's bytes are acted on and

@@ -18,6 +18,12 @@ use serde::Serialize;
 /// The longest frame either port sends.
 pub const MAX_FRAME: usize = max_frame(MAX_MESSAGE);
 
+/// Bytes of frames waiting for the gateway: a step's status, events and
+/// leases several times over (the leases of a CDU of 128 hosts capped at
+/// once do not all fit: those not queued are due again at the next
+/// step, and the step's events and status are queued before them).
+pub const GATEWAY_QUEUE: usize = 8192;
+
 /// The buffers a frame is made in: one pair for every port, used one
 /// frame at a time.
 #[derive(Debug)]

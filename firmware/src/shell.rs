@@ -31,7 +31,7 @@ use loopwarden_firmware::controller::{said_words, Controller, Ports};
 use loopwarden_firmware::latch::{self, LoadError};
 use loopwarden_firmware::learned::{self, LearnedFlash};
 use loopwarden_firmware::map::{self, Register};
-use loopwarden_firmware::outbound::{FrameBuffers, FramedPort};
+use loopwarden_firmware::outbound::{FrameBuffers, FramedPort, GATEWAY_QUEUE};
 use loopwarden_firmware::writes::{self, SettingPort};
 use loopwarden_firmware::{counters, rtu};
 use loopwarden_flash::{ConfigStore, StoreError};
@@ -55,9 +55,6 @@ const NOR_ITEM_WORST_US: u64 = 450_000;
 /// How often a firmware that refuses to run its core says why again, ms:
 /// to a gateway started since, and the console's reader.
 const REFUSAL_EVERY_MS: u32 = 60_000;
-/// Bytes of frames waiting for the gateway: a step's status, events and
-/// leases several times over.
-const GATEWAY_QUEUE: usize = 8192;
 /// Bytes of frames waiting for the debug port: a step's trace several
 /// times over.
 const TRACE_QUEUE: usize = 16384;

@@ -39,6 +39,9 @@ struct Fake {
     unkeepable: bool,
     /// The gateway's next frame number.
     seq: u32,
+    /// The gateway's queue as the board has it, when a test wants its
+    /// size to bind (never drained but by the test).
+    gateway: Option<Box<FramedPort<{ crate::outbound::GATEWAY_QUEUE }>>>,
 }
 
 impl Fake {
@@ -54,6 +57,7 @@ impl Fake {
             kept: Vec::new(),
             unkeepable: false,
             seq: 0,
+            gateway: None,
         })
     }
 
@@ -68,7 +72,11 @@ impl Ports for Fake {
             Up::Lease { host, .. } => self.no_lease_for == Some(*host),
             _ => false,
         };
-        let taken = !self.full && !refused;
+        let queued = match &mut self.gateway {
+            Some(g) => g.send(up, &mut self.buf) == Ok(true),
+            None => true,
+        };
+        let taken = !self.full && !refused && queued;
         if taken {
             self.ups.push(up.clone());
         }
@@ -612,6 +620,60 @@ fn a_lease_not_queued_holds_back_no_other_host_s_and_goes_at_the_next_step() {
     let before = p.ups.len();
     step(&mut c, p, Some(cdu(0b1110, 0b0001)), 4);
     assert_eq!(leased(p, before), [1], "due again, the others sent");
+}
+
+#[test]
+fn a_step_capping_every_host_of_a_large_cdu_queues_its_events_and_status_before_its_leases() {
+    // 120 hosts: 15 racks of 8 (a layout of 16 racks trips the core's
+    // check of its unprotected racks).
+    let mut cfg = CoreConfig::default();
+    cfg.layout.racks = 15;
+    cfg.layout.hosts_per_rack = 8;
+    let mut d = Box::new(Decider::new::<&str>(cfg, map_limits(), &Ok(None)).unwrap());
+    let mut k = Box::new(LearnedKeeper::new());
+    let mut c = Controller::new(&mut d, ClearGate::new(None, &[]), &mut k);
+    let p = &mut *Fake::new();
+    p.gateway = Some(Box::new(FramedPort::new()));
+    let every = 0x7FFF;
+    // Every rack's valve reads as written: open, then shut.
+    let read = |open: u16, leaks: u16| {
+        let mut m = cdu(0, leaks);
+        m.valves_closed = Some(!open);
+        Some(m)
+    };
+    for s in 0..3 {
+        step(&mut c, p, read(every, 0), s);
+    }
+    let drain = |p: &mut Fake| while p.gateway.as_mut().unwrap().queue.pop().is_some() {};
+    drain(p);
+    let before = p.ups.len();
+    // Every rack leaks: every host capped in one step.
+    step(&mut c, p, read(every, every), 3);
+    let sent = &p.ups[before..];
+    let leaks = (sent.iter())
+        .filter(|u| matches!(u, Up::Event(Event::Leak { .. })))
+        .count();
+    let leases = (sent.iter())
+        .filter(|u| matches!(u, Up::Lease { .. }))
+        .count();
+    assert_eq!(leaks, 15, "every rack's leak event queued");
+    assert!(
+        sent.iter().any(|u| matches!(u, Up::Status(_))),
+        "the status queued"
+    );
+    assert!(
+        (1..120).contains(&leases),
+        "the queue held some leases, not all: {leases}"
+    );
+    assert_eq!(c.link.up_dropped, 0, "nothing but leases went unqueued");
+    // The rest go when the queue has room again.
+    drain(p);
+    let before = p.ups.len();
+    step(&mut c, p, read(0, every), 4);
+    let more = (p.ups[before..].iter())
+        .filter(|u| matches!(u, Up::Lease { lift: false, .. }))
+        .count();
+    assert!(more >= 120 - leases, "{more} more leases");
 }
 
 #[test]
