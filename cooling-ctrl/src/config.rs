@@ -304,6 +304,9 @@ pub fn resolve_for(
         unit_id: northbound_unit_id,
         limits: northbound_limits,
     } = northbound(&src, &file, flags)?;
+    if northbound.is_some() {
+        northbound_ceiling(&src, &file, flags, &core)?;
+    }
     let facility = facility_role(&src, &file, &cdu, &core)?;
     let metrics_listen = metrics_listen(&src, &file, flags)?;
     let board = board_pins(&src, &file, flags, &core)?;
@@ -389,6 +392,45 @@ fn volatile_latch(
 
 pub use loopwarden_bus::keys::read_sign_key;
 
+/// With a northbound server: every setpoint ceiling that can be in force
+/// must fit the map's `setpoint_ceiling` register, else it reads the
+/// nearest end of the register's range, not what is in force. In force
+/// is the site's highest setpoint until the BMS writes one, and then the
+/// written value held within the site's setpoints, so the highest
+/// setpoint inside the register's range is what it takes.
+fn northbound_ceiling(
+    src: &Sources,
+    file: &FileConfig,
+    flags: &Overrides,
+    core: &CoreConfig,
+) -> Result<(), ConfigError> {
+    let map = crate::northbound::northbound_map();
+    let Some(r) = map.get("setpoint_ceiling") else {
+        return Ok(());
+    };
+    let (lo, hi) = (r.min.unwrap_or(f64::MIN), r.max.unwrap_or(f64::MAX));
+    let (min, max) = (
+        f64::from(core.cdu.min_setpoint_c),
+        f64::from(core.cdu.max_setpoint_c),
+    );
+    if (lo..=hi).contains(&max) {
+        return Ok(());
+    }
+    let (_, flag) = pick!(flags.northbound, file.northbound, "northbound");
+    Err(src.error(
+        flag,
+        "northbound",
+        format!(
+            "the site's setpoint range, {min:.2} to {max:.2} °C (site_figures), does not fit \
+             the northbound map's setpoint_ceiling register, {lo:.2} to {hi:.2} °C: the BMS \
+             would read {:.2} °C while a ceiling of {max:.2} °C is in force; bring \
+             max_setpoint_c in the site figures' [loop] within {lo:.2} to {hi:.2} °C, or \
+             serve no northbound",
+            max.clamp(lo, hi)
+        ),
+    ))
+}
+
 /// `/run/loopwarden/cooling-ctrl.sock` where it can be made (root), else
 /// `loopwarden-cooling-ctrl.sock` under `$XDG_RUNTIME_DIR` or `/tmp`. The
 /// same for `run` and `ctl`, so `ctl` finds the controller without flags.
@@ -460,6 +502,23 @@ mod tests {
         // The console's bounds are the common fields'.
         let c = from(&format!("{MIN}console_max_connections = 3\n")).unwrap();
         assert_eq!(c.console_limits.max_connections, 3);
+    }
+
+    #[test]
+    fn a_site_setpoint_range_the_northbound_ceiling_register_cannot_hold_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let figures = dir.path().join("site.toml");
+        std::fs::write(&figures, "[loop]\nmax_setpoint_c = 48.0\n").unwrap();
+        let hot = format!("{MIN}site_figures = {figures:?}\n");
+        // Without a northbound server, nothing reads the register.
+        assert_eq!(from(&hot).unwrap().core.cdu.max_setpoint_c, 48.0);
+        let e = from(&format!("{hot}northbound = \"127.0.0.1:5502\"\n")).unwrap_err();
+        assert_eq!(e.line, Some(6), "{e}");
+        for named in ["to 48.00 °C", "20.00 to 45.00 °C", "setpoint_ceiling"] {
+            assert!(e.message.contains(named), "{named}: {e}");
+        }
+        // The shipped range fits.
+        from(&format!("{MIN}northbound = \"127.0.0.1:5502\"\n")).unwrap();
     }
 
     #[test]
