@@ -10,6 +10,12 @@
 //! report. A resent frame is shown only when it fills a hole: the same
 //! frame resent for another reader, or asked twice, is not new.
 //!
+//! A frame counts only on a topic its sender owns (its role and id are
+//! the topic's), but for commands and resend requests, whose topic names
+//! the node addressed: anything else is a forgery (a sender writing in
+//! another's name where the ACL lets it), tracked and answered never, and
+//! said ([`Verdict::NotOwner`]).
+//!
 //! Glossary:
 //! - *track*: one sender's numbers as heard ([`SeqTrack`]).
 //! - *repaired*: a frame first heard as resent.
@@ -33,6 +39,9 @@ pub enum Verdict {
     /// Print it as usual (a report to this reader), and say once that
     /// its sender refuses this reader's requests, and why.
     Refused(ResendCode),
+    /// Leave it out and say so: its sender does not own the topic it came
+    /// on (see the module note).
+    NotOwner,
 }
 
 /// The tracks of the senders heard and the requests asked of them.
@@ -48,6 +57,13 @@ pub struct Repair {
 /// Only hosts and CDUs own a subtree and keep a log to resend from.
 fn tracked(sender: &NodeId) -> bool {
     matches!(sender.role, Role::Host | Role::Cdu)
+}
+
+/// Whether `frame`'s sender may publish on `topic`: its own topics, and
+/// commands and resend requests to anyone.
+fn may_publish_on(topic: &Topic, frame: &Frame) -> bool {
+    let owner = frame.sender.role == topic.role && frame.sender.id == topic.node;
+    owner || matches!(topic.family, Family::Cmd | Family::Resend)
 }
 
 impl Repair {
@@ -66,6 +82,9 @@ impl Repair {
         if topic.json || !tracked(&frame.sender) {
             return Verdict::Print;
         }
+        if !may_publish_on(topic, frame) {
+            return Verdict::NotOwner;
+        }
         if topic.family != Family::Resent {
             self.hear_live(topic, frame);
             return Verdict::Print;
@@ -81,12 +100,9 @@ impl Repair {
                 None => Verdict::Print,
             };
         }
-        let owner = frame.sender.role == topic.role && frame.sender.id == topic.node;
-        if owner {
-            self.asker.resent(&frame.sender, frame.seq);
-        }
+        self.asker.resent(&frame.sender, frame.seq);
         match self.tracks.get_mut(&frame.sender) {
-            Some(track) if owner && track.is_hole(frame.seq) => {
+            Some(track) if track.is_hole(frame.seq) => {
                 track.hear(frame);
                 self.repaired += 1;
                 Verdict::Repaired
@@ -130,6 +146,18 @@ impl Repair {
     /// Frames repaired so far.
     pub fn repaired(&self) -> u64 {
         self.repaired
+    }
+
+    /// The line that says `frame`, heard on `topic`, counts for nothing.
+    pub fn not_owner(topic: &Topic, frame: &Frame) -> String {
+        let on = topic
+            .build()
+            .map_or_else(|e| format!("a topic ({e})"), |t| t.to_string());
+        format!(
+            "lwbus: a frame of {} (seq {}) on {on} ignored: a sender publishes only on its own \
+             topics; not shown, not counted, not answered",
+            frame.sender, frame.seq
+        )
     }
 
     /// The line that says `sender` refuses this reader's requests.
@@ -221,12 +249,48 @@ mod tests {
         // A frame resent on another node's topic fills nothing.
         let (mut t, f) = resent(13);
         t.node = Ident::new("h2").unwrap();
-        assert_eq!(r.hear(&t, &f), Verdict::Again);
+        assert_eq!(r.hear(&t, &f), Verdict::NotOwner);
         assert_eq!(hear(&mut r, resent(13)), Verdict::Repaired);
-        // A sender never heard on the frame tree has no holes.
+        // Nor one in another's name.
         let (t, mut f) = resent(5);
         f.sender = NodeId::new(Role::Cdu, "cdu-a").unwrap();
-        assert_eq!(r.hear(&t, &f), Verdict::Again);
+        assert_eq!(r.hear(&t, &f), Verdict::NotOwner);
+    }
+
+    #[test]
+    fn frames_in_another_nodes_name_are_neither_tracked_nor_answered() {
+        let mut r = Repair::new(me());
+        for seq in [1, 3] {
+            hear(&mut r, event(seq));
+        }
+        r.due(T);
+        assert_eq!(r.due(TimestampMs(T.0 + 2_000)), [(h1(), 2, 2)]);
+        // h2, on its own topics, in h1's name: a report refusing this
+        // reader and a live event. Neither answers nor extends h1's track.
+        let h2 = NodeId::new(Role::Host, "h2").unwrap();
+        let (_, f) = report(4, &me(), ResendCode::Forbidden, (2, 2));
+        let on_h2 = topic(&h2, Family::Resent);
+        assert_eq!(r.hear(&on_h2, &f), Verdict::NotOwner);
+        let (_, f) = event(500);
+        assert_eq!(r.hear(&topic(&h2, Family::Event), &f), Verdict::NotOwner);
+        assert_eq!(r.tracks[&h1()].range(), Some((1, 3)), "h1's track as heard");
+        assert!(!r.tracks.contains_key(&h2), "nothing of h2's heard");
+        // The refusal was not taken: h1 is asked again.
+        assert_eq!(r.due(TimestampMs(T.0 + 60_000)), [(h1(), 2, 2)]);
+        // h1's own report on its own topic is taken.
+        assert_eq!(
+            hear(&mut r, report(5, &me(), ResendCode::Forbidden, (2, 2))),
+            Verdict::Refused(ResendCode::Forbidden)
+        );
+        let line = Repair::not_owner(&on_h2, &f);
+        assert!(
+            line.contains("host/h1") && line.contains("host/h2"),
+            "{line}"
+        );
+        // A CDU's command to a host is the CDU's, on the host's topic.
+        let mut lease = samples::frame(MessageKind::CapLease);
+        lease.sender = NodeId::new(Role::Cdu, "cdu-a").unwrap();
+        assert_eq!(r.hear(&topic(&h1(), Family::Cmd), &lease), Verdict::Print);
     }
 
     #[test]

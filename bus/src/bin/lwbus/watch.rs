@@ -109,13 +109,15 @@ fn ask(bus: &Bus, key: &SignKey, repair: &mut Repair) {
 fn show(msg: &Inbound, json: bool, repair: Option<&mut Repair>) {
     let verdict = repair.map_or(Verdict::Print, |r| {
         let v = r.hear(&msg.topic, &msg.frame);
-        if let Verdict::Refused(code) = v {
-            eprintln!("{}", r.refusal(&msg.frame.sender, code));
+        match v {
+            Verdict::Refused(code) => eprintln!("{}", r.refusal(&msg.frame.sender, code)),
+            Verdict::NotOwner => eprintln!("{}", Repair::not_owner(&msg.topic, &msg.frame)),
+            _ => {}
         }
         v
     });
     match verdict {
-        Verdict::Again => {}
+        Verdict::Again | Verdict::NotOwner => {}
         Verdict::Repaired => println!("{}", line(msg, json, true)),
         Verdict::Print | Verdict::Refused(_) => println!("{}", line(msg, json, false)),
     }
