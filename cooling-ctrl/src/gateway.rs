@@ -45,6 +45,7 @@ pub mod bms;
 pub mod bridge;
 pub mod clears;
 pub mod facility;
+pub mod held;
 pub mod link;
 pub mod metrics;
 
@@ -72,6 +73,7 @@ use crate::shell::{BusOptions, LeaseNotSent, NorthboundLink, ShellConfig, ShellE
 use bms::{BmsBridge, Heard};
 use bridge::{Act, Bridge, Level, LinkCounts, Now};
 use clears::{ClearAsk, ClearOutcome, Pending};
+use held::HeldLeases;
 use link::{LinkAddr, LinkEvent};
 
 /// How often the core looks at the time (silence, the summary).
@@ -202,6 +204,8 @@ struct Gateway {
     snapshots: Option<watch::Sender<NorthboundSnapshot>>,
     /// Clears sent, waiting for the MCU's answer.
     pending: Pending<oneshot::Sender<ClearOutcome>>,
+    /// The MCU's latest lease of each host while the bus is down.
+    held: HeldLeases,
 }
 
 /// Runs the gateway for the CDU of `cfg` until `shutdown` completes, then
@@ -320,6 +324,7 @@ impl Gateway {
             bms,
             snapshots: None,
             pending: Pending::default(),
+            held: HeldLeases::default(),
         }
     }
 
@@ -377,6 +382,11 @@ impl Gateway {
         }
         if let Some(limits) = self.bms.due(now.mono_ms, false) {
             self.send_bms(&limits);
+        }
+        if !self.held.is_empty() && self.bus.is_connected() {
+            for (host, lease, lift) in self.held.take(now.mono_ms) {
+                self.lease(host, lease, lift);
+            }
         }
         self.publish_snapshot(now);
         self.report();
@@ -627,6 +637,14 @@ impl Gateway {
             }
             Err(e @ LeaseNotSent::Sign(_)) => {
                 tracing::error!("cooling gateway: a lease for {id}: {e}")
+            }
+            Err(LeaseNotSent::Offline) => {
+                let now = self.now().mono_ms;
+                if self.held.hold(host, lease_kept, lift, now) {
+                    tracing::info!(
+                        "cooling gateway: the bus is down: the microcontroller's latest lease of each host is held, and sent at the reconnection for the life it has left"
+                    );
+                }
             }
             Err(e) => {
                 self.stats.publish_errors += 1;

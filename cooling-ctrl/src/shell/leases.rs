@@ -15,6 +15,12 @@ pub enum LeaseNotSent {
     Sign(String),
     /// The bus did not take it.
     Publish(PublishError),
+    /// Not signed nor stored: the bus is not connected, and a lease kept
+    /// to go out at the reconnection would reach the host stale (its
+    /// life runs from its stamp) and fill the outbox's part that never
+    /// drops anything, ahead of a leak's event. The caller sends a fresh
+    /// one once connected.
+    Offline,
 }
 
 impl fmt::Display for LeaseNotSent {
@@ -22,6 +28,7 @@ impl fmt::Display for LeaseNotSent {
         match self {
             Self::Sign(e) => write!(f, "not signed: {e}"),
             Self::Publish(e) => write!(f, "not sent: {e}"),
+            Self::Offline => write!(f, "held: the bus is not connected"),
         }
     }
 }
@@ -29,7 +36,8 @@ impl fmt::Display for LeaseNotSent {
 /// Signs `lease` with `key` (its id, the key) for the `cmd` topic of
 /// `host` of `site`, hands it to `bus` with the node's next sequence
 /// number and logs it to the controller's flash through `recorder` (a
-/// `lift` is the short lease that ends a cap). The frame as sent.
+/// `lift` is the short lease that ends a cap). The frame as sent; nothing
+/// while the bus is not connected ([`LeaseNotSent::Offline`]).
 pub fn send_lease(
     bus: &Bus,
     recorder: &Recorder,
@@ -38,6 +46,9 @@ pub fn send_lease(
     lift: bool,
     (key_id, key): (u8, &SigningKey),
 ) -> Result<Frame, LeaseNotSent> {
+    if !bus.is_connected() {
+        return Err(LeaseNotSent::Offline);
+    }
     let topic = Topic::new(site, Role::Host, host, Family::Cmd);
     let mut frame = bus.next_frame(Message::CapLease(lease), now_ms());
     frame
@@ -95,6 +106,14 @@ impl<P: CduPort> Shell<P> {
                 tracing::error!("cooling shell: a lease for {host}: {e}");
                 false
             }
+            // Still due: sent fresh at the first step once connected.
+            Err(LeaseNotSent::Offline) => {
+                if !self.stats.leases_held_offline {
+                    tracing::info!("cooling shell: the bus is down: leases are held, and sent fresh once it is back");
+                }
+                self.stats.leases_held_offline = true;
+                false
+            }
             Err(e) => {
                 self.stats.publish_errors += 1;
                 tracing::warn!("cooling shell: cap lease for {host} {e}");
@@ -104,6 +123,9 @@ impl<P: CduPort> Shell<P> {
     }
 
     pub(super) fn leases(&mut self, now: u64, c: &Commands) {
+        if self.bus.is_connected() {
+            self.stats.leases_held_offline = false;
+        }
         let hosts = self.cfg.hosts.len().min(c.caps.len());
         let due: Vec<_> = self.lease_book.due(now, &c.caps[..hosts]).collect();
         for o in due {

@@ -176,6 +176,9 @@ pub struct ShellStats {
     pub leases_sent: u64,
     /// Lifting leases sent.
     pub lifts_sent: u64,
+    /// Leases are held because the bus is down (sent fresh once it is
+    /// back; said once per outage).
+    pub leases_held_offline: bool,
     /// The cap last sent to each host index while it is capped, W.
     pub caps: Vec<Option<f32>>,
     /// Telemetry frames published.
