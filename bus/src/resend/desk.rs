@@ -65,15 +65,15 @@ impl Budget {
         }
     }
 
-    /// Refills for the time since the last look (a clock that went back
-    /// refills nothing).
+    /// Refills for the time since the last look. A clock that went back
+    /// refills nothing for the step and the refill goes on from the new
+    /// time: kept at the old one, it would stop until the clock caught up
+    /// (an hour's step, an hour with no resend).
     fn refill(&mut self, now: TimestampMs) {
         let elapsed = self.at.map_or(0, |t| now.0.saturating_sub(t.0));
         let max = u64::from(self.burst) * 1000;
         self.milli = (self.milli + elapsed.saturating_mul(u64::from(self.per_second))).min(max);
-        if self.at.is_none_or(|t| now > t) {
-            self.at = Some(now);
-        }
+        self.at = Some(now);
     }
 
     fn whole(&self) -> u32 {
@@ -415,5 +415,25 @@ mod tests {
             panic!()
         };
         assert_eq!(budget, FRAMES_BURST - 1);
+    }
+
+    #[test]
+    fn the_budget_refills_again_after_the_clock_steps_back() {
+        let mut d = desk();
+        let t = topic();
+        let r = |seq, now| request("bms1", 1, seq, now, (0, 10));
+        let Answer::Serve { budget, .. } = d.hear(T0, &r(1, T0), &t) else {
+            panic!()
+        };
+        d.spent(budget);
+        // The clock steps back an hour (NTP, an operator): nothing is
+        // refilled for the step, and the refill goes on from there.
+        let back = TimestampMs(T0.0 - 3_600_000);
+        assert_eq!(d.hear(back, &r(2, back), &t), Answer::Withhold);
+        let later = TimestampMs(back.0 + 2_000);
+        let Answer::Serve { budget, .. } = d.hear(later, &r(3, later), &t) else {
+            panic!("the budget stays empty until the clock is back at {T0:?}")
+        };
+        assert_eq!(budget, 2 * FRAMES_PER_SECOND - 1);
     }
 }
