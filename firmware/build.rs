@@ -27,10 +27,14 @@ use std::path::{Path, PathBuf};
 mod board;
 #[path = "build/figures.rs"]
 mod figures;
+#[path = "build/input.rs"]
+mod input;
 #[path = "build/map.rs"]
 mod map;
 #[path = "build/operators.rs"]
 mod operators;
+
+pub use input::read_toml;
 
 /// The variable naming the CDU's register map.
 const MAP_VAR: &str = "LOOPWARDEN_FIRMWARE_CDU_MAP";
@@ -90,11 +94,4 @@ fn generate(board_file: &Path, map_file: &Path, given: &Given, out: &Path) -> Re
 
 fn write(path: &Path, text: &str) -> Result<(), String> {
     std::fs::write(path, text).map_err(|e| format!("{}: not written: {e}", path.display()))
-}
-
-/// The text of `path` parsed as TOML into `T`; errors name the file.
-pub fn read_toml<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("{}: cannot be read: {e}", path.display()))?;
-    toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
 }

@@ -155,7 +155,7 @@ fn overlap(a: (u32, u32), b: (u32, u32)) -> bool {
 impl Board {
     /// Reads and checks the board file at `path`.
     pub fn load(path: &Path) -> Result<Self, String> {
-        let b: Board = crate::read_toml(path)?;
+        let b: Board = super::read_toml(path)?;
         b.check()
             .map_err(|why| format!("{}: {why}", path.display()))?;
         Ok(b)
@@ -468,21 +468,35 @@ fn hex(v: u32) -> String {
 mod tests {
     use super::*;
 
-    /// The shipped board file, its `[leak_ropes]` table's `gpio` set to
-    /// `gpio`, loaded from a file of its own named `name`.
-    fn load_with(gpio: &str, name: &str) -> Result<Board, String> {
+    /// The shipped board file, its line `line` (once in it) replaced by
+    /// `with`, loaded from a file of its own named `name`.
+    fn load_edited(line: &str, with: &str, name: &str) -> Result<Board, String> {
         let here = Path::new(env!("CARGO_MANIFEST_DIR"));
         let text = std::fs::read_to_string(here.join("../boards/mcu/mps2-an386.toml")).unwrap();
-        assert_eq!(text.matches("\ngpio = []\n").count(), 1);
+        let line = format!("\n{line}\n");
+        assert_eq!(text.matches(&line).count(), 1, "{line}");
         let file = std::env::temp_dir().join(format!("{name}-{}.toml", std::process::id()));
-        std::fs::write(
-            &file,
-            text.replace("\ngpio = []\n", &format!("\ngpio = {gpio}\n")),
-        )
-        .unwrap();
+        std::fs::write(&file, text.replace(&line, &format!("\n{with}\n"))).unwrap();
         let b = Board::load(&file);
         std::fs::remove_file(&file).unwrap();
         b
+    }
+
+    /// The shipped board file, its `[leak_ropes]` table's `gpio` set to
+    /// `gpio`, loaded from a file of its own named `name`.
+    fn load_with(gpio: &str, name: &str) -> Result<Board, String> {
+        load_edited("gpio = []", &format!("gpio = {gpio}"), name)
+    }
+
+    #[test]
+    fn a_nor_starts_zeroed_only_where_its_board_file_says_so() {
+        let zeroed = "pub const NOR_STARTS_ZEROED: bool = true;";
+        let shipped = load_edited("starts_zeroed = true", "starts_zeroed = true", "qemu");
+        assert!(shipped.unwrap().consts().contains(zeroed));
+        let real = load_edited("starts_zeroed = true", "", "real-part").unwrap();
+        let consts = real.consts();
+        assert!(!consts.contains(zeroed));
+        assert!(consts.contains("pub const NOR_STARTS_ZEROED: bool = false;"));
     }
 
     #[test]

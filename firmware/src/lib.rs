@@ -21,8 +21,10 @@
 //! clears ([`clears`]), frames out without waiting ([`outbound`]), the
 //! controller around the decision path and
 //! its trace ([`controller`]), the steps' cost ([`cost`]) and the NOR
-//! rules ([`board::nor`]). The drivers ([`board`]) touch registers and
-//! build for the target only.
+//! rules ([`board::nor`]). The build script's checks of the board file
+//! run with them (`build_checks`: `cargo test` runs no build script's
+//! tests). The drivers ([`board`]) touch registers and build for the
+//! target only.
 //!
 //! Glossary:
 //! - *step*: one control period's read, decision and writes.
@@ -35,6 +37,8 @@
 
 pub mod block_on;
 pub mod board;
+#[cfg(test)]
+mod build_checks;
 pub mod cdu;
 pub mod clears;
 pub mod controller;
