@@ -330,6 +330,11 @@ pub fn ask(path: &Path, req: &impl Serialize, peer: &Peer) -> Result<Value, u8> 
         use std::io::ErrorKind::{BrokenPipe, ConnectionReset};
         matches!(e.kind(), BrokenPipe | ConnectionReset)
     };
+    // A read timeout is `WouldBlock` on Unix sockets, `TimedOut` elsewhere.
+    let timed_out = |e: &std::io::Error| {
+        use std::io::ErrorKind::{TimedOut, WouldBlock};
+        matches!(e.kind(), WouldBlock | TimedOut)
+    };
     let unanswered = || {
         eprintln!(
             "the {} closed the connection without an answer: it keeps at most \
@@ -351,6 +356,14 @@ pub fn ask(path: &Path, req: &impl Serialize, peer: &Peer) -> Result<Value, u8> 
     match BufReader::new(stream).read_line(&mut answer) {
         Ok(0) => return unanswered(),
         Err(e) if closed(&e) => return unanswered(),
+        Err(e) if timed_out(&e) => {
+            eprintln!(
+                "the {} did not answer within {} s: it may be stuck or very busy; see its log",
+                peer.who,
+                ANSWER_TIMEOUT.as_secs()
+            );
+            return Err(2);
+        }
         Err(e) => {
             eprintln!("reading the answer: {e}");
             return Err(2);

@@ -50,6 +50,13 @@ pub fn verify(hash: &str, password: &str) -> bool {
 /// parameters as the crate sets them: 19 MiB, 2 passes, 1 lane) with a
 /// random 16-byte salt.
 pub fn hash(password: &str) -> Result<String, String> {
+    // The serial line's editor takes printable ASCII only: a password
+    // with anything else could never be typed at `login`.
+    if let Some(c) = password.chars().find(|c| !(' '..='~').contains(c)) {
+        return Err(format!(
+            "the password holds {c:?}, which a serial console cannot type: use printable ASCII (letters, digits, space and punctuation)"
+        ));
+    }
     if password.chars().count() < MIN_PASSWORD {
         return Err(format!(
             "the password is shorter than {MIN_PASSWORD} characters"
@@ -119,6 +126,15 @@ fn read_hidden(prompt: &str) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_password_a_serial_console_cannot_type_is_refused() {
+        for p in ["correct horsé", "correct\thorse", "correct horse\u{7f}"] {
+            let e = hash(p).unwrap_err();
+            assert!(e.contains("a serial console cannot type"), "{p:?}: {e}");
+        }
+        assert!(hash("correct horse ~!").is_ok());
+    }
 
     #[test]
     fn a_hash_verifies_its_password_only() {
