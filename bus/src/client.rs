@@ -32,6 +32,7 @@
 //!   mirror of `online`, with its own last will (`json_presence`);
 //! - [`acker`]: the thread that removes acknowledged frames from flash;
 //! - [`subscribing`]: subscriptions the broker refused, asked for again;
+//! - [`log_limit`]: which refused inbound frames are logged (all counted);
 //! - [`event_loop`]: the task: drives `rumqttc`'s `EventLoop` (connection,
 //!   backoff, failover), owns the session and feeds it;
 //! - [`handle`]: the cloneable [`Bus`] and the [`BusTask`].
@@ -56,6 +57,7 @@ mod acker;
 mod command;
 mod event_loop;
 mod handle;
+mod log_limit;
 mod node;
 mod presence;
 mod session;

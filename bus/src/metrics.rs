@@ -98,13 +98,17 @@ impl Metrics {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(crate) fn rejected(&self, e: &DecodeError) {
-        Self::add(match e {
-            DecodeError::BadCrc { .. } => &self.rejected_bad_crc,
-            DecodeError::UnsupportedVersion { .. } => &self.rejected_version,
-            DecodeError::UnknownKind { .. } => &self.rejected_unknown_kind,
-            _ => &self.rejected_malformed,
-        });
+    /// Counts a frame refused for `e`; returns the reason, as the metric's
+    /// label says it (`bad_crc`, `version`, `unknown_kind`, `malformed`).
+    pub(crate) fn rejected(&self, e: &DecodeError) -> &'static str {
+        let (counter, reason) = match e {
+            DecodeError::BadCrc { .. } => (&self.rejected_bad_crc, "bad_crc"),
+            DecodeError::UnsupportedVersion { .. } => (&self.rejected_version, "version"),
+            DecodeError::UnknownKind { .. } => (&self.rejected_unknown_kind, "unknown_kind"),
+            _ => (&self.rejected_malformed, "malformed"),
+        };
+        Self::add(counter);
+        reason
     }
 }
 

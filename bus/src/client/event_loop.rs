@@ -4,7 +4,8 @@
 //! subscribes, announces presence, takes the handles' commands and puts
 //! into the client what the session answers, reads the outbox when the
 //! session asks for it, matches sends and acknowledgements, and passes
-//! inbound frames on.
+//! inbound frames on (refused ones counted, and logged as
+//! [`LogLimit`] allows).
 //!
 //! The `EventLoop`'s `poll` is never cancelled: while it waits, the task
 //! serves the handles' channels beside it and hands publishes to the
@@ -31,6 +32,7 @@ use tracing::{debug, info, warn};
 
 use super::acker::Acker;
 use super::command::{Control, LoopEnds};
+use super::log_limit::LogLimit;
 use super::node::{qos_of, Node, PresencePair};
 use super::presence::{self, Want};
 use super::session::{Queued, Session};
@@ -113,6 +115,8 @@ struct Core {
     subscriptions: Vec<String>,
     /// What the broker was asked to subscribe and refused.
     subscribing: Subscribing,
+    /// Which refused inbound frames are logged.
+    refusal_log: LogLimit,
     /// The presence of the next connection: its announcement, numbered
     /// before its will so the will is the newer of the two.
     pair: PresencePair,
@@ -265,6 +269,7 @@ impl Core {
             connected_at: None,
             subscriptions,
             subscribing: Subscribing::default(),
+            refusal_log: LogLimit::default(),
             pair,
             shutting_down: false,
             leaving: None,
@@ -503,8 +508,12 @@ impl Core {
                 }
             }
             Err(e) => {
-                m.rejected(&e);
-                warn!(topic = %p.topic, bytes = p.payload.len(), error = %e, "frame refused");
+                let reason = m.rejected(&e);
+                let now = Instant::now();
+                if let Some(unlogged) = self.refusal_log.hit(now, &p.topic, reason) {
+                    warn!(topic = %p.topic, bytes = p.payload.len(), error = %e, reason, unlogged,
+                          "frame refused (each counted; logged the first of its topic and reason, then at most once a minute with those unlogged since)");
+                }
             }
         }
     }
