@@ -350,7 +350,8 @@ impl CoreConfig {
                 "cdu: the design differential pressure must be positive",
             ));
         }
-        if l.unprotected >> l.racks.min(16) != 0 {
+        // `>> 16` would overflow a u16: a mask of the racks on the loop.
+        if l.unprotected & !crate::safety::all_racks(usize::from(l.racks)) != 0 {
             return Err(ConfigError::Layout(
                 "an unprotected rack is not on the loop",
             ));
@@ -371,5 +372,25 @@ impl CoreConfig {
             return Err(ConfigError::Figure("margins: plan ceiling and cap target must be below the GPU's max operating temperature"));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unprotected_racks_are_checked_against_the_loop_up_to_sixteen_racks() {
+        let mut cfg = CoreConfig::default();
+        cfg.layout.racks = 16;
+        cfg.layout.hosts_per_rack = 8;
+        cfg.layout.unprotected = 1 << 15;
+        assert_eq!(cfg.validate(), Ok(()), "rack 15 of 16");
+        cfg.layout.racks = 3;
+        cfg.layout.unprotected = 1 << 5;
+        assert_eq!(
+            cfg.validate(),
+            Err(ConfigError::Layout("an unprotected rack is not on the loop"))
+        );
     }
 }
