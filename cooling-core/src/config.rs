@@ -390,7 +390,9 @@ mod tests {
         cfg.layout.unprotected = 1 << 5;
         assert_eq!(
             cfg.validate(),
-            Err(ConfigError::Layout("an unprotected rack is not on the loop"))
+            Err(ConfigError::Layout(
+                "an unprotected rack is not on the loop"
+            ))
         );
     }
 }
