@@ -1,6 +1,8 @@
 //! The zero-install default: an MQTT broker (rumqttd) inside the agent's own
 //! process, on loopback, used when no broker address is configured. One
-//! machine then runs the whole system with nothing installed.
+//! machine then runs the whole system with nothing installed. It has no
+//! authentication and no TLS, so it refuses to listen anywhere but on
+//! loopback.
 //!
 //! rumqttd has no shutdown: the broker lives until the process ends. Tests
 //! give each embedded broker its own port (or its own process).
@@ -29,6 +31,9 @@ pub enum EmbeddedBrokerError {
         /// Why.
         source: std::io::Error,
     },
+    /// Not a loopback address.
+    #[error("the embedded broker listens on loopback only (127.0.0.0/8 or ::1), not on {0}: it has no authentication and no TLS; to serve a network, run mosquitto with the configuration of `lwbus pki init`")]
+    NotLoopback(SocketAddr),
     /// The broker did not accept connections in time.
     #[error("embedded broker on {0} did not come up within 5 s")]
     NotListening(SocketAddr),
@@ -58,9 +63,12 @@ pub struct EmbeddedBroker {
 }
 
 impl EmbeddedBroker {
-    /// Starts a broker listening on `listen` and waits until it accepts
-    /// connections. Port 0 picks a free port.
+    /// Starts a broker listening on `listen`, a loopback address, and
+    /// waits until it accepts connections. Port 0 picks a free port.
     pub fn start(listen: SocketAddr) -> Result<Self, EmbeddedBrokerError> {
+        if !listen.ip().is_loopback() {
+            return Err(EmbeddedBrokerError::NotLoopback(listen));
+        }
         // rumqttd reports a taken port only in its own thread; find out here,
         // and resolve port 0 to a concrete free port.
         let addr = {
@@ -133,5 +141,34 @@ impl EmbeddedBroker {
             host: self.addr.ip().to_string(),
             port: self.addr.port(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn it_refuses_to_listen_beyond_loopback() {
+        for addr in [
+            "0.0.0.0:0",
+            "[::]:0",
+            "10.0.0.5:1883",
+            "[::ffff:127.0.0.1]:0",
+        ] {
+            let addr: SocketAddr = addr.parse().unwrap();
+            let e = EmbeddedBroker::start(addr).unwrap_err();
+            assert!(
+                matches!(e, EmbeddedBrokerError::NotLoopback(a) if a == addr),
+                "{e}"
+            );
+            let text = e.to_string();
+            assert!(
+                text.contains("loopback only") && text.contains(&addr.to_string()),
+                "{text}"
+            );
+        }
+        let broker = EmbeddedBroker::start("127.0.0.1:0".parse().unwrap()).unwrap();
+        assert!(broker.addr().ip().is_loopback());
     }
 }

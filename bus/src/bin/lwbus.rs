@@ -21,7 +21,9 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use loopwarden_bus::embedded::{configured_or_embedded, EmbeddedBroker, DEFAULT_LISTEN};
+use loopwarden_bus::embedded::{
+    configured_or_embedded, EmbeddedBroker, EmbeddedBrokerError, DEFAULT_LISTEN,
+};
 use loopwarden_bus::{now_ms, Brokers, Bus, BusConfig};
 use loopwarden_protocol::{
     samples, Family, GpuSelector, Ident, Message, MessageKind, NodeId, Role, Topic,
@@ -49,8 +51,9 @@ struct Cli {
 enum Command {
     /// Run the embedded MQTT broker in the foreground.
     Broker {
-        /// Address to listen on.
-        #[arg(long, default_value = DEFAULT_LISTEN)]
+        /// Address to listen on: loopback only (the embedded broker has
+        /// no authentication and no TLS).
+        #[arg(long, default_value = DEFAULT_LISTEN, value_parser = loopback_listen)]
         listen: SocketAddr,
     },
     /// Print every frame of a site as it passes.
@@ -397,6 +400,17 @@ async fn dump_flash(path: &std::path::Path, json: bool) -> Result<()> {
     }
 }
 
+/// `--listen` of `lwbus broker`: an address and port on loopback.
+fn loopback_listen(s: &str) -> Result<SocketAddr, String> {
+    let addr: SocketAddr = s
+        .parse()
+        .map_err(|e| format!("{s:?} is not an address and port ({e})"))?;
+    if !addr.ip().is_loopback() {
+        return Err(EmbeddedBrokerError::NotLoopback(addr).to_string());
+    }
+    Ok(addr)
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     loopwarden_bus::init_logging("warn,loopwarden_bus=info");
@@ -549,7 +563,26 @@ async fn release(
 
 #[cfg(test)]
 mod tests {
-    use super::{describe_record, utc};
+    use super::{describe_record, utc, Cli, Command};
+    use clap::Parser;
+
+    #[test]
+    fn the_embedded_broker_listens_on_loopback_only() {
+        let listen = |addr: &str| {
+            Cli::try_parse_from(["lwbus", "broker", "--listen", addr]).map(|c| match c.command {
+                Command::Broker { listen } => listen,
+                _ => unreachable!("a broker command"),
+            })
+        };
+        assert_eq!(listen("127.0.0.1:1884").unwrap().port(), 1884);
+        assert!(listen("[::1]:1884").is_ok());
+        for addr in ["0.0.0.0:1883", "10.0.0.5:1883", "[::]:1883"] {
+            let e = listen(addr).unwrap_err().to_string();
+            assert!(e.contains("loopback only") && e.contains(addr), "{e}");
+        }
+        let e = listen("broker.hall").unwrap_err().to_string();
+        assert!(e.contains("not an address and port"), "{e}");
+    }
 
     #[test]
     fn a_serial_console_record_reads_as_a_sentence_or_its_json() {
