@@ -43,7 +43,10 @@
 //! more is closed at once, unread), each closed after 120 s without a
 //! request (`northbound_idle_s`); refusals and idle closes are logged and
 //! counted (`loopwarden_listener_*{listener="northbound"}`). See
-//! [`LIMITS`] for why these.
+//! [`LIMITS`] for why these. An `accept()` that fails (file descriptors
+//! or memory run out, a connection aborted) closes the connections open
+//! and the server serves again on the same socket after a short backoff,
+//! each failure logged.
 //!
 //! Unit ids: it answers its own (`northbound_unit_id`, the map's `unit_id`
 //! unless configured, 1 in the shipped map) and 255, the value the Modbus
@@ -75,6 +78,7 @@
 //!   address / illegal data value / server device failure / server device
 //!   busy.
 
+mod again;
 mod alarms;
 mod codec;
 mod guard;

@@ -5,6 +5,8 @@
 //! connections open (one more is closed at once, as a Modbus TCP server
 //! does when it has no room) and closes one that sends no request for
 //! [`Limits::idle`] ([`LIMITS`] by default; `loopwarden_field::listen`).
+//! When the listener fails to accept, it serves again on the same socket
+//! after a short backoff ([`super::again`]).
 //!
 //! A write is answered once the holding registers read what it wrote:
 //! the shell (or the gateway) takes it from the channel on another task
@@ -36,12 +38,13 @@ use tokio::sync::{mpsc, watch};
 use tokio_modbus::server::tcp::Server;
 use tokio_modbus::{ExceptionCode, Response, SlaveRequest};
 
+use super::again::{serve_again, BACKOFF};
 use super::guard::Guarded;
 use super::{check_map, decode_write, encode_snapshot, NorthboundSnapshot, NorthboundWrite};
 
 /// The log target: the module's path before it was split, so log lines
 /// and filters read as they did.
-const TARGET: &str = "cooling_ctrl::northbound";
+pub(super) const TARGET: &str = "cooling_ctrl::northbound";
 
 /// How long a write's answer waits for the holding registers to read what
 /// it wrote. The gateway and `run` show a write within a millisecond or
@@ -228,8 +231,7 @@ impl tokio_modbus::server::Service for Service {
 }
 
 /// Serves `map` over Modbus TCP on `listener` from the latest of
-/// `snapshots` until the task is dropped or the listener fails, as the
-/// map's unit id (requests for other units get no answer, see
+/// `snapshots` until the task is dropped, as the map's unit id (requests for other units get no answer, see
 /// [`addressed`]). `writes`:
 /// where accepted writes go (`None`: writes are disabled and refused with
 /// exception 1); give it room for a few (a multiple write of every
@@ -237,6 +239,9 @@ impl tokio_modbus::server::Service for Service {
 /// full channel refuses with exception 6. A map [`check_map`] refuses is an `InvalidInput`
 /// error before anything is served. When the snapshot sender is dropped it
 /// goes on serving the last snapshot (its `uptime` no longer advances).
+/// When the listener fails to accept, the connections open are closed and
+/// it serves again on the same socket after a short backoff, the failure
+/// logged ([`serve_again`](super::again::serve_again)).
 /// Its bounds are [`LIMITS`]; [`serve_within`] takes others.
 pub async fn serve(
     listener: TcpListener,
@@ -286,28 +291,34 @@ pub async fn serve_within(
         limits,
         stats,
     );
-    let server = Server::new(listener);
-    let on_connected = |stream: TcpStream, peer: SocketAddr| {
-        let state = state.clone();
-        let slot = gate.admit(&peer.to_string());
-        async move {
-            // Over the cap: `stream` is dropped unread, which closes it.
-            let Some(slot) = slot else {
-                return Ok(None);
-            };
-            let service = Service {
-                state,
-                peer,
-                ignored: Mutex::default(),
-            };
-            Ok(Some((
-                service,
-                Guarded::new(slot.bound(stream, peer.to_string())),
-            )))
-        }
-    };
+    let socket = listener.into_std()?;
     let on_error = |e| tracing::warn!(target: TARGET, "northbound: Modbus connection failed: {e}");
-    server.serve(&on_connected, on_error).await
+    serve_again(socket, "the Modbus server", BACKOFF, |listener| {
+        let (state, gate) = (state.clone(), gate.clone());
+        async move {
+            let on_connected = |stream: TcpStream, peer: SocketAddr| {
+                let state = state.clone();
+                let slot = gate.admit(&peer.to_string());
+                async move {
+                    // Over the cap: `stream` is dropped unread, which closes it.
+                    let Some(slot) = slot else {
+                        return Ok(None);
+                    };
+                    let service = Service {
+                        state,
+                        peer,
+                        ignored: Mutex::default(),
+                    };
+                    Ok(Some((
+                        service,
+                        Guarded::new(slot.bound(stream, peer.to_string())),
+                    )))
+                }
+            };
+            Server::new(listener).serve(&on_connected, on_error).await
+        }
+    })
+    .await
 }
 
 #[cfg(test)]
