@@ -179,6 +179,39 @@ mod tests {
     }
 
     #[test]
+    fn a_new_alarm_under_the_lit_beacon_clears_the_acknowledgement() {
+        let (snapshots, rx) = snapshot_channel();
+        let link = NorthboundLink {
+            snapshots,
+            writes: None,
+        };
+        let cfg = CoreConfig::default();
+        let mut core = cooling_core::Core::new(cfg).unwrap();
+        let mut bms = Bms::new(Some(link), &cfg);
+        let hosts = [None; cooling_core::MAX_HOSTS];
+        let mut cut = core.step(&cooling_core::Inputs {
+            now_ms: 0,
+            cdu: None,
+            ambient_c: None,
+            leaks: cooling_core::LeakInputs::DRY,
+            cdu_writes_ok: true,
+            hosts: &hosts,
+        });
+        // Rack 1's rope is cut: the beacon lights; the BMS acknowledges.
+        (cut.beacon, cut.sensing_lost) = (true, 1 << 1);
+        bms.publish(&core, &cut, 1_000, None, &hosts);
+        bms.wrote(NorthboundWrite::AlarmAck, 1_100);
+        bms.publish(&core, &cut, 2_000, None, &hosts);
+        assert!(rx.borrow().settings.alarm_acknowledged);
+        // Rack 4's sensing is lost too, the beacon still lit: new.
+        let mut more = cut.clone();
+        more.sensing_lost |= 1 << 4;
+        bms.publish(&core, &more, 3_000, None, &hosts);
+        assert!(!rx.borrow().settings.alarm_acknowledged);
+        assert!(!bms.settings.alarm_acknowledged);
+    }
+
+    #[test]
     fn a_ceiling_the_core_holds_higher_reads_back_as_held() {
         let (snapshots, rx) = snapshot_channel();
         let link = NorthboundLink {
