@@ -29,7 +29,7 @@ use cooling_core::config::Layout;
 use cooling_core::sensors::Which;
 use cooling_core::Commands;
 use loopwarden_bus::prometheus::{
-    self, with_labels, write_bus, write_recorder, BindError, Exposition,
+    self, with_labels, write_bus, write_recorder, BindError, Exposition, Metric,
 };
 use loopwarden_field::listen::{write_metrics, ListenStats};
 use loopwarden_protocol::message::CduMode;
@@ -274,22 +274,17 @@ fn mode(out: &mut Exposition, s: &Snapshot, c: Option<&Commands>, cdu: &[(&str, 
 fn loop_readings(out: &mut Exposition, s: &Snapshot, cdu: &[(&str, &str)]) {
     for sensor in &s.sensors {
         let l = with_labels(cdu, &[("sensor", sensor_name(sensor.which))]);
-        out.flag(&SENSOR_FAULT, &l, sensor.fault.is_some());
+        out.flag(&SENSOR_FAULT, &l, sensor.faulted());
+        // A lost or implausible reading is no figure (as on the bus).
+        if let Some(v) = sensor.shown() {
+            out.sample(sensor_metric(sensor.which), cdu, v);
+        }
     }
     let Some(r) = s.readings else {
         return;
     };
-    let readings = [
-        (&SUPPLY, r.supply_c),
-        (&RETURN, r.return_c),
-        (&FACILITY_SUPPLY, r.facility_supply_c),
-        (&FLOW, r.flow_lpm),
-        (&DIFF_PRESSURE, r.diff_pressure_kpa.map(|k| k * 1000.0)),
-    ];
-    for (metric, v) in readings {
-        if let Some(v) = v {
-            out.sample(metric, cdu, v);
-        }
+    if let Some(kpa) = r.diff_pressure_kpa {
+        out.sample(&DIFF_PRESSURE, cdu, kpa * 1000.0);
     }
     for (meter, v) in [
         ("it", r.it_w),
@@ -333,6 +328,15 @@ fn mode_name(m: CduMode) -> &'static str {
 }
 
 /// A supervised sensor's name in `sensor` labels.
+fn sensor_metric(w: Which) -> &'static Metric {
+    match w {
+        Which::Supply => &SUPPLY,
+        Which::Return => &RETURN,
+        Which::Flow => &FLOW,
+        Which::FacilitySupply => &FACILITY_SUPPLY,
+    }
+}
+
 fn sensor_name(w: Which) -> &'static str {
     match w {
         Which::Supply => "supply",
@@ -435,6 +439,58 @@ mod tests {
                 "{}:\n{text}",
                 m.name
             );
+        }
+    }
+
+    #[test]
+    fn a_lost_or_implausible_reading_is_no_series_and_any_fault_is_flagged() {
+        use crate::shell::SensorStatus;
+        use cooling_core::{Core, CoreConfig};
+        use loopwarden_protocol::message::SensorFault;
+        let cfg = CoreConfig::default();
+        let core = Core::new(cfg).unwrap();
+        let mut snap = Snapshot::of_core(&core);
+        let sensor = |which, reading, fault| SensorStatus {
+            which,
+            reading: Some(reading),
+            fault,
+        };
+        snap.sensors = [
+            // A CDU's "no value", before its fault is confirmed.
+            sensor(Which::Supply, -327.68, None),
+            sensor(Which::Return, 38.0, Some(SensorFault::Lost)),
+            sensor(Which::Flow, 170.0, Some(SensorFault::Stuck)),
+            sensor(Which::FacilitySupply, 27.0, None),
+        ];
+        snap.readings = Some(cooling_decide::CduMeasurements {
+            supply_c: Some(-327.68),
+            return_c: Some(38.0),
+            flow_lpm: Some(170.0),
+            facility_supply_c: Some(27.0),
+            ..Default::default()
+        });
+        let ctx = context(ShellStats {
+            status: Some(snap),
+            ..Default::default()
+        });
+        let text = CduMetrics::new(ctx, &cfg.layout).render();
+        let cdu = r#"cdu="cdu-1""#;
+        for m in [&SUPPLY, &RETURN] {
+            assert!(
+                !text.contains(&format!("{}{{{cdu}}}", m.name)),
+                "{}:\n{text}",
+                m.name
+            );
+        }
+        // Stuck is believed no longer, but its reading is still the CDU's.
+        assert_eq!(value(&text, &format!("{}{{{cdu}}}", FLOW.name)), 170.0);
+        assert_eq!(
+            value(&text, &format!("{}{{{cdu}}}", FACILITY_SUPPLY.name)),
+            27.0
+        );
+        for (sensor, want) in [("supply", 0.0), ("return", 1.0), ("flow", 1.0)] {
+            let series = format!(r#"{}{{{cdu},sensor="{sensor}"}}"#, SENSOR_FAULT.name);
+            assert_eq!(value(&text, &series), want, "{series}");
         }
     }
 

@@ -14,6 +14,8 @@ use loopwarden_protocol::{Ident, TimestampMs};
 use serde_json::{json, Value};
 
 use super::{round, Context, Request};
+use cooling_core::sensors::Which;
+
 use crate::decide::outdoor::OutdoorSource;
 use crate::journal;
 use crate::shell::{OperatorAction, OperatorRequest, RequestOutcome, ResendCounts, ShellStats};
@@ -102,6 +104,11 @@ async fn operate(ctx: &Context, action: OperatorAction, operator: &str) -> Value
 fn status(ctx: &Context, st: &ShellStats, now: TimestampMs) -> Value {
     let snap = st.status.as_ref();
     let r = snap.and_then(|s| s.readings);
+    // A lost or implausible reading is no figure, as on the bus.
+    let shown = |w: Which| {
+        snap.and_then(|s| s.sensors.iter().find(|x| x.which == w))
+            .and_then(|x| x.shown())
+    };
     let c = st.last.as_ref();
     let pue = r.and_then(|r| match (r.it_w, r.facility_w) {
         (Some(it), Some(f)) if it > 0.0 => Some(round(f / it, 3)),
@@ -148,10 +155,10 @@ fn status(ctx: &Context, st: &ShellStats, now: TimestampMs) -> Value {
         "for_s": snap.map(|s| secs_ago(now, s.since)),
         "setpoint_c": c.map(|c| round(f64::from(c.setpoint_c), 2)),
         "pump_speed_pct": c.map(|c| round(f64::from(c.pump_speed) * 100.0, 1)),
-        "supply_c": r.and_then(|r| r.supply_c),
-        "return_c": r.and_then(|r| r.return_c),
-        "flow_lpm": r.and_then(|r| r.flow_lpm),
-        "facility_supply_c": r.and_then(|r| r.facility_supply_c),
+        "supply_c": shown(Which::Supply),
+        "return_c": shown(Which::Return),
+        "flow_lpm": shown(Which::Flow),
+        "facility_supply_c": shown(Which::FacilitySupply),
         "pumps": pumps,
         "it_w": r.and_then(|r| r.it_w),
         "facility_w": r.and_then(|r| r.facility_w),

@@ -64,7 +64,7 @@ pub const PUE: Metric = Metric::gauge(
 );
 pub const SENSOR_FAULT: Metric = Metric::gauge(
     "loopwarden_cdu_sensor_fault",
-    "1 while the supervised sensor is lost or implausible (the controller does not believe it), else 0.",
+    "1 while the controller holds the supervised sensor under a fault (lost, implausible, stuck or drifting: it does not believe it), else 0.",
 );
 pub const PUMP_RUNNING: Metric = Metric::gauge(
     "loopwarden_cdu_pump_running",

@@ -18,6 +18,22 @@ pub struct SensorStatus {
     pub fault: Option<SensorFault>,
 }
 
+impl SensorStatus {
+    /// Its reading as a figure to show: none while it is held lost, or
+    /// when the value is outside any plausible reading (a CDU's "no value"
+    /// at once, before its fault is confirmed), as the bus and the
+    /// northbound registers show it.
+    pub fn shown(&self) -> Option<f64> {
+        self.reading
+            .filter(|&x| self.which.plausible(x) && self.fault != Some(SensorFault::Lost))
+    }
+
+    /// Whether the core holds it under a fault now.
+    pub fn faulted(&self) -> bool {
+        self.fault.is_some_and(|f| f != SensorFault::Cleared)
+    }
+}
+
 /// The core's state after the last step, for the console.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Snapshot {
