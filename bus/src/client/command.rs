@@ -17,7 +17,7 @@
 //! which broker of the list is in use.
 //!
 //! Glossary:
-//! - *ready*: connected with every subscription granted.
+//! - *ready*: connected with every subscription answered.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -14,9 +14,8 @@
 //! kept and outbox frames, presence) in the `EventLoop`'s pending list.
 //!
 //! Glossary:
-//! - *ready*: connected with every subscription granted; what the
-//!   handles see as connected. A filter the broker refuses keeps the
-//!   connection not ready until a retry is granted.
+//! - *ready*: connected with every subscription answered; what the
+//!   handles see as connected.
 //! - *link*: the connection the broker accepted (ready or not yet).
 
 use std::sync::Arc;
@@ -107,7 +106,8 @@ struct Core {
     backoff: Backoff,
     rng: rand::rngs::StdRng,
     errors_in_a_row: u32,
-    /// Ready only once the broker granted every subscription.
+    /// Ready only once the broker answered the subscriptions.
+    awaiting_suback: bool,
     ready: bool,
     /// The index of the broker in use in `config.broker`.
     broker: usize,
@@ -264,6 +264,7 @@ impl Core {
             presence,
             rng: rand::rngs::StdRng::from_entropy(),
             errors_in_a_row: 0,
+            awaiting_suback: false,
             ready: false,
             broker: 0,
             connected_at: None,
@@ -454,8 +455,9 @@ impl Core {
         // Subscriptions first, straight to the event loop; ready once the
         // broker answered them, so a command sent to us after that
         // reaches us.
+        self.awaiting_suback = !self.subscriptions.is_empty();
         self.subscribing.connected(self.subscriptions.clone());
-        if !self.subscriptions.is_empty() {
+        if self.awaiting_suback {
             let filters = self
                 .subscriptions
                 .iter()
@@ -541,14 +543,13 @@ impl Core {
             metrics
                 .subscriptions_refused
                 .fetch_add(refused.len() as u64, std::sync::atomic::Ordering::Relaxed);
-            for filter in &refused {
-                tracing::error!(
-                    %filter,
-                    "the broker refused a subscription: what it carries is not heard, and the bus is not connected, until it grants it; asking again"
-                );
-            }
+            tracing::error!(
+                ?refused,
+                "the broker refused subscriptions: what they carry is not heard until it grants them; asking again"
+            );
         }
-        if !self.ready && self.subscribing.all_granted() {
+        if self.awaiting_suback {
+            self.awaiting_suback = false;
             self.set_ready(true);
         }
     }

@@ -8,8 +8,7 @@
 //! its hosts' acks, a host its CDU's state. So the filters refused are
 //! asked for again, after 1 s, then twice as long each time up to 30 s,
 //! for as long as the connection lasts; a new connection subscribes to
-//! everything anew. Until every filter is granted the connection is not
-//! ready: the handles do not see it as connected.
+//! everything anew.
 //!
 //! Glossary:
 //! - *asked*: a SUBSCRIBE sent and not yet answered; the broker answers
@@ -74,13 +73,6 @@ impl Subscribing {
         refused
     }
 
-    /// Whether the broker granted every filter asked for: none waits for
-    /// its answer, none refused waits to be asked again. The connection is
-    /// ready only then.
-    pub(super) fn all_granted(&self) -> bool {
-        self.asked.is_empty() && self.refused.is_empty()
-    }
-
     /// When to ask again, if anything was refused.
     pub(super) fn retry_at(&self) -> Option<Instant> {
         self.retry_at
@@ -133,28 +125,6 @@ mod tests {
         assert!(s.answered(t0, &[ok()]).is_empty());
         assert_eq!(s.retry_at(), None);
         assert!(s.retry().is_empty());
-    }
-
-    #[test]
-    fn all_is_granted_only_once_every_filter_is_granted() {
-        let mut s = Subscribing::default();
-        s.connected(filters(&["a", "b", "c"]));
-        assert!(!s.all_granted(), "asked, not answered");
-        let t0 = Instant::now();
-        s.answered(t0, &[ok(), Failure, ok()]);
-        assert!(!s.all_granted(), "b refused");
-        s.retry();
-        assert!(!s.all_granted(), "b asked again, not answered");
-        s.answered(t0, &[Failure]);
-        assert!(!s.all_granted(), "b refused again");
-        s.retry();
-        s.answered(t0, &[ok()]);
-        assert!(s.all_granted());
-        s.connected(filters(&["a"]));
-        s.answered(t0, &[ok()]);
-        assert!(s.all_granted());
-        s.connected(Vec::new());
-        assert!(s.all_granted(), "nothing to ask for");
     }
 
     #[test]
