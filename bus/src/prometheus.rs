@@ -43,7 +43,7 @@ pub fn parse_listen(s: &str) -> Result<SocketAddr, String> {
 
 const BUS_CONNECTED: Metric = Metric::gauge(
     "loopwarden_bus_connected",
-    "1 while connected to the broker with every subscription in place, else 0.",
+    "1 while connected to the broker with every subscription answered, else 0 (a refused one is counted in loopwarden_bus_subscriptions_refused_total).",
 );
 const BUS_CONNECTS: Metric = Metric::counter(
     "loopwarden_bus_connects_total",

@@ -543,10 +543,12 @@ impl Core {
             metrics
                 .subscriptions_refused
                 .fetch_add(refused.len() as u64, std::sync::atomic::Ordering::Relaxed);
-            tracing::error!(
-                ?refused,
-                "the broker refused subscriptions: what they carry is not heard until it grants them; asking again"
-            );
+            for filter in &refused {
+                tracing::error!(
+                    %filter,
+                    "the broker refused a subscription (its ACL?): what it carries is not heard until it grants it; asking again"
+                );
+            }
         }
         if self.awaiting_suback {
             self.awaiting_suback = false;

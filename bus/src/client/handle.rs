@@ -119,12 +119,16 @@ impl Bus {
         AckedLedger(rx)
     }
 
-    /// Connected to the broker now, with every subscription in place.
+    /// Connected to the broker now, with every subscription answered. A
+    /// filter the broker refused is logged by name, counted
+    /// (`subscriptions_refused`) and asked for again; it does not make the
+    /// node offline: what it publishes (a CDU's state, its leases) must
+    /// not wait on a subscription an ACL refused.
     pub fn is_connected(&self) -> bool {
         *self.ends.ready.borrow()
     }
 
-    /// Waits until connected with every subscription in place, at most
+    /// Waits until connected with every subscription answered, at most
     /// `timeout`. True if connected.
     pub async fn wait_connected(&self, timeout: Duration) -> bool {
         let mut rx = self.ends.ready.clone();
