@@ -563,13 +563,34 @@ fn take<'a, T: Deserialize<'a>>(
 impl Frame {
     /// Encodes into `buf`; returns the frame's length.
     pub fn encode(&self, buf: &mut [u8]) -> Result<usize, EncodeError> {
+        self.encode_minor(buf, PROTOCOL.minor)
+    }
+
+    /// Encodes a received command as its sender wrote it: with the minor
+    /// version its sender wrote in byte 1, which its signature covers
+    /// ([`crate::message::ReceivedAs`]), so that a log of it verifies
+    /// again after a restart. Any other frame, and one made here, as
+    /// [`Frame::encode`]. (A signed kind's body does not change within a
+    /// major from 2.7 up, so only byte 1 can differ.)
+    pub fn encode_as_received(&self, buf: &mut [u8]) -> Result<usize, EncodeError> {
+        let minor = match &self.message {
+            Message::CapLease(m) => m.auth.received.minor,
+            Message::QuarantineRelease(m) => m.auth.received.minor,
+            Message::CduState(m) => m.auth.received.minor,
+            Message::ResendRequest(m) => m.auth.received.minor,
+            _ => PROTOCOL.minor,
+        };
+        self.encode_minor(buf, minor)
+    }
+
+    fn encode_minor(&self, buf: &mut [u8], minor: u8) -> Result<usize, EncodeError> {
         let limit = buf.len().min(MAX_FRAME_LEN);
         let buf = &mut buf[..limit];
         if buf.len() < 3 {
             return Err(EncodeError::TooLong);
         }
         buf[0] = PROTOCOL.major;
-        buf[1] = PROTOCOL.minor;
+        buf[1] = minor;
         buf[2] = self.message.kind() as u8;
         let header = HeaderRest {
             sender: self.sender.clone(),
