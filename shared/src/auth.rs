@@ -153,15 +153,13 @@ fn signed_bytes(
     let mut unsigned = frame.clone();
     let auth = auth_mut(&mut unsigned.message).ok_or(AuthError::NotACommand)?;
     auth.signature = [[0; 32]; 2];
-    let minor = auth.received.minor;
     let target = to.build().map_err(|_| AuthError::BadSignature)?;
     let t = target.len();
     buf[..t].copy_from_slice(target.as_bytes());
     buf[t] = 0;
     let len = unsigned
-        .encode(&mut buf[t + 1..])
+        .encode_as_received(&mut buf[t + 1..])
         .map_err(AuthError::Encode)?;
-    buf[t + 2] = minor; // byte 1 of the frame
     Ok(t + 1 + len - 4)
 }
 
