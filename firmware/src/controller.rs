@@ -7,8 +7,8 @@
 //! (`loopwarden_link::trace::Replayer`). Pure: the board's shell does the
 //! I/O (Modbus RTU, flash, the UARTs) between the stages, in the Linux
 //! shell's order:
-//! 1. what the gateway said since the last step ([`Controller::on_byte`],
-//!    `controller/down.rs`);
+//! 1. what the gateway said since the last step ([`Controller::hear`],
+//!    at most [`HEAR_MAX_BYTES`] a call, `controller/down.rs`);
 //! 2. the CDU read (the shell's);
 //! 3. [`Controller::step`]: `Traced::Step`, its instructions counted;
 //! 4. [`Controller::to_keep`], the record to flash (the shell's),
@@ -54,7 +54,7 @@ use crate::clears::{ClearGate, Taken};
 use crate::cost::InsnStats;
 use crate::outbound::MAX_FRAME;
 
-pub use down::LinkCounts;
+pub use down::{LinkCounts, HEAR_MAX_BYTES};
 
 /// Words of a line to the gateway ([`Up::Said`]).
 pub type Said = heapless::String<{ loopwarden_link::message::SAID_MAX }>;

@@ -18,8 +18,6 @@ use core::sync::atomic::{AtomicBool, Ordering};
 use cooling_core::estimate::record::MAX_LEN;
 use cooling_decide::{CduMeasurements, LatchRecord, Opening, Outcome, Plan};
 use embedded_hal::digital::{OutputPin, StatefulOutputPin};
-use embedded_hal_nb::nb;
-use embedded_hal_nb::serial::Read as _;
 use loopwarden_firmware::block_on::block_on;
 use loopwarden_firmware::board::clock::{self, BoardClock};
 use loopwarden_firmware::board::nor::NorError;
@@ -89,8 +87,6 @@ pub struct Shell {
     deadline_us: u64,
     /// The step's work so far, and where its count resumed.
     work: (u32, u32),
-    /// Bytes the gateway's receive ring could not hold.
-    overruns: u32,
 }
 
 /// The only reference to the static at `p`.
@@ -174,7 +170,6 @@ impl Shell {
             boot_peak: 0,
             deadline_us: 0,
             work: (0, 0),
-            overruns: 0,
         };
         (sh, read)
     }
@@ -329,25 +324,13 @@ impl Shell {
         self.trace.send_from(&mut self.tr.queue);
     }
 
-    /// Acts on every byte the gateway sent, at `now_ms`.
+    /// Acts on the bytes the gateway sent, at `now_ms`: at most
+    /// `controller::HEAR_MAX_BYTES` a call, none of them said on the console (bad
+    /// frames and bytes the ring lost are counted, on the status line).
     #[inline(never)]
     fn hear_gateway(&mut self, ctl: &mut Controller<'_>, now_ms: u64) {
-        loop {
-            let b = match self.gateway.read() {
-                Ok(b) => b,
-                Err(nb::Error::WouldBlock) => return,
-                Err(nb::Error::Other(_)) => {
-                    self.overruns = self.overruns.saturating_add(1);
-                    let _ = writeln!(
-                        self.console,
-                        "link: bytes from the gateway lost (receive ring full, {} times)",
-                        self.overruns
-                    );
-                    continue;
-                }
-            };
-            ctl.on_byte(self, b, now_ms);
-        }
+        let mut rx = self.gateway.receiver();
+        ctl.hear(self, &mut rx, now_ms);
     }
 
     /// One control step at `tick`: what the gateway said, the CDU read,

@@ -1,6 +1,7 @@
 //! The step's status line on the console (UART2): the step, its time,
 //! its instructions and stack, the mode, what the CDU read, what was
-//! written, then the link's counts (frames in, bad, repeated, the gaps
+//! written, then the link's counts (frames in, bad and why the last
+//! was, bytes the receive ring lost, repeated, the gaps
 //! in their numbers and the frames lost in them, the gateway's restarts,
 //! frames dropped out; `firmware/test-qemu.sh` shows the
 //! console's end when a check fails).
@@ -70,10 +71,14 @@ impl fmt::Display for Line<'_, '_> {
         self.measured(f)?;
         self.written(f)?;
         let l = &self.ctl.link;
+        write!(f, " | link in {} bad {}", l.frames, l.bad)?;
+        if let Some(e) = l.last_bad {
+            write!(f, " (last: {e})")?;
+        }
         write!(
             f,
-            " | link in {} bad {} repeats {} gaps {} (lost {}) restarts {} dropped up {} trace {}",
-            l.frames, l.bad, l.repeats, l.gaps, l.lost, l.restarts, self.dropped.0, self.dropped.1
+            " overruns {} repeats {} gaps {} (lost {}) restarts {} dropped up {} trace {}",
+            l.overruns, l.repeats, l.gaps, l.lost, l.restarts, self.dropped.0, self.dropped.1
         )?;
         match self.ctl.gateway() {
             (Some(at_ms), bus) => write!(

@@ -218,7 +218,32 @@ impl ErrorType for Uart {
     type Error = ErrorKind;
 }
 
+/// A UART's receiving side alone: it reads the UART's ring, so that
+/// what the gateway sent can be read while the rest of the board's shell
+/// is borrowed (a copy reads the same ring).
+#[derive(Debug, Clone, Copy)]
+pub struct Receiver {
+    ring: usize,
+}
+
+impl Uart {
+    /// This UART's receiving side.
+    pub fn receiver(&self) -> Receiver {
+        Receiver { ring: self.ring }
+    }
+}
+
+impl ErrorType for Receiver {
+    type Error = ErrorKind;
+}
+
 impl serial::Read<u8> for Uart {
+    fn read(&mut self) -> nb::Result<u8, ErrorKind> {
+        self.receiver().read()
+    }
+}
+
+impl serial::Read<u8> for Receiver {
     fn read(&mut self) -> nb::Result<u8, ErrorKind> {
         let i = self.ring;
         if ring(i, |r| r.overrun().swap(false, Ordering::Relaxed)) {

@@ -1,13 +1,17 @@
 //! What the gateway says, acted on between steps: bytes from UART1 into
-//! the link's deframer, each whole frame's [`Down`] to the decision path
-//! (every call through `apply`, traced) or to the controller's own state.
-//! A frame that fails its checks, or whose message does not decode, is
-//! counted and never acted on. A frame with the last one's number and
-//! bytes is a repeat: counted and not acted on again (a repeated
-//! `Outdoor` would make an old value look new). The frames' numbers
-//! tell the gaps (frames lost) and the gateway's restarts (numbered from
-//! 0 again: a lower number, or the last one's with other bytes), counted
-//! and said; the frames after a restart are acted on.
+//! the link's deframer ([`Controller::hear`], at most [`HEAR_MAX_BYTES`]
+//! a call, so a line that never stops cannot hold a step), each whole
+//! frame's [`Down`] to the decision path (every call through `apply`,
+//! traced) or to the controller's own state. A frame that fails its
+//! checks, or whose message does not decode, is counted and never acted
+//! on; so are bytes the receive ring lost. A frame with the last one's
+//! number and bytes is a repeat: counted and not acted on again (a
+//! repeated `Outdoor` would make an old value look new). These counts
+//! are said once a step, on the console's status line, never a line
+//! each: the console is slower than a line of garbage. The frames'
+//! numbers tell the gaps (frames lost) and the gateway's restarts
+//! (numbered from 0 again: a lower number, or the last one's with other
+//! bytes), counted and said; the frames after a restart are acted on.
 //!
 //! - `Alive`: the wall clock (kept as its offset from the MCU clock) and
 //!   whether the gateway reaches the broker;
@@ -33,7 +37,9 @@
 //! - *heard*: the last time any good frame came from the gateway.
 //! - *repeat*: a frame whose number and bytes are the last frame's.
 
-use loopwarden_link::{ClearAction, Down, Fed, Order, SignedClear, Up};
+use embedded_hal_nb::nb;
+use embedded_hal_nb::serial::Read;
+use loopwarden_link::{ClearAction, Down, Fed, FrameError, Order, SignedClear, Up};
 use loopwarden_protocol::message::Event;
 use loopwarden_protocol::units::TimestampMs;
 use loopwarden_protocol::RackIndex;
@@ -51,6 +57,8 @@ pub struct LinkCounts {
     /// Frames dropped: failed their checks, or their message did not
     /// decode.
     pub bad: u32,
+    /// Why the last frame was dropped.
+    pub last_bad: Option<FrameError>,
     /// Host reports set aside: the wall clock was not known yet.
     pub hosts_early: u32,
     /// Host reports not believed.
@@ -69,9 +77,38 @@ pub struct LinkCounts {
     pub lost: u32,
     /// Times the gateway started again (its numbers from 0 again).
     pub restarts: u32,
+    /// Times the receive ring was full and bytes from the gateway were
+    /// lost.
+    pub overruns: u32,
 }
 
+/// The most bytes [`Controller::hear`] takes in one call: the gateway's
+/// receive ring whole (`board::uart::GATEWAY_RING_BYTES`), so a call ends
+/// however fast the bytes come; what is left waits for the next call.
+pub const HEAR_MAX_BYTES: usize = 8192;
+
 impl Controller<'_> {
+    /// What the gateway sent, read from `rx` at `now_ms` until it has no
+    /// more or [`HEAR_MAX_BYTES`] were taken; bytes lost to a full ring
+    /// are counted ([`LinkCounts::overruns`]), not said. Returns the bytes
+    /// taken.
+    pub fn hear(&mut self, p: &mut impl Ports, rx: &mut impl Read<u8>, now_ms: u64) -> usize {
+        let mut taken = 0;
+        while taken < HEAR_MAX_BYTES {
+            match rx.read() {
+                Ok(b) => {
+                    taken += 1;
+                    self.on_byte(p, b, now_ms);
+                }
+                Err(nb::Error::WouldBlock) => break,
+                Err(nb::Error::Other(_)) => {
+                    self.link.overruns = self.link.overruns.saturating_add(1);
+                }
+            }
+        }
+        taken
+    }
+
     /// One byte from the gateway's UART at `now_ms`.
     #[inline(never)]
     pub fn on_byte(&mut self, p: &mut impl Ports, b: u8, now_ms: u64) {
@@ -97,7 +134,7 @@ impl Controller<'_> {
         match self.deframer.push(b) {
             Fed::More => None,
             Fed::Dropped(e) => {
-                self.bad_frame(p, &e);
+                self.bad_frame(&e);
                 None
             }
             Fed::Frame(f) => {
@@ -109,7 +146,7 @@ impl Controller<'_> {
                 match decoded {
                     Ok(d) => Some(d),
                     Err(e) => {
-                        self.bad_frame(p, &e);
+                        self.bad_frame(&e);
                         None
                     }
                 }
@@ -122,11 +159,9 @@ impl Controller<'_> {
     /// restart of the gateway are counted and said; the frame is new.
     fn numbered(&mut self, p: &mut impl Ports, seq: u32, mark: u32) -> bool {
         if self.last_in == Some((seq, mark)) {
+            // Counted on the status line, not said: a line repeating one
+            // frame would flood the console.
             self.link.repeats = self.link.repeats.saturating_add(1);
-            p.say(format_args!(
-                "link: frame {seq} from the gateway came again: not acted on again (repeats {})",
-                self.link.repeats
-            ));
             return false;
         }
         self.last_in = Some((seq, mark));
@@ -149,9 +184,12 @@ impl Controller<'_> {
         true
     }
 
-    fn bad_frame(&mut self, p: &mut impl Ports, e: &impl core::fmt::Display) {
+    /// A frame dropped for `e`: counted, and said only on the status
+    /// line, once a step (garbage on the line makes a bad frame every few
+    /// bytes, faster than the console prints a line).
+    fn bad_frame(&mut self, e: &FrameError) {
         self.link.bad = self.link.bad.saturating_add(1);
-        p.say(format_args!("link: {e} (bad frames {})", self.link.bad));
+        self.link.last_bad = Some(*e);
     }
 
     /// Acts on `d`, heard at `now_ms`, unless it is a clear.
