@@ -60,6 +60,12 @@ pub enum FileFlashError {
         /// What differs.
         detail: std::string::String,
     },
+    /// Another process (or another opening in this one) has the file open
+    /// as a flash: two writers would tear each other's records.
+    InUse {
+        /// The file.
+        path: PathBuf,
+    },
     /// The file's size is not the board's capacity: refused, not reformatted.
     WrongSize {
         /// The file.
@@ -80,6 +86,11 @@ impl core::fmt::Display for FileFlashError {
             FileFlashError::Geometry { path, detail } => {
                 write!(f, "flash file {}: {detail}", path.display())
             }
+            FileFlashError::InUse { path } => write!(
+                f,
+                "flash file {} is in use by another process (an agent or controller already                  running on it? `systemctl status`): two writers would tear its records",
+                path.display()
+            ),
             FileFlashError::WrongSize {
                 path,
                 found,
@@ -161,6 +172,17 @@ impl<const WRITE: usize, const ERASE: usize> FileFlash<WRITE, ERASE> {
             .truncate(false)
             .open(path)
             .map_err(io)?;
+        // Held while this flash lives (released when the file closes, a
+        // crash included): one writer per file.
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(FileFlashError::InUse {
+                    path: path.to_path_buf(),
+                })
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
+        }
         let found = file.metadata().map_err(io)?.len();
         if found == 0 {
             // New: pre-fill erased.
@@ -289,6 +311,18 @@ mod tests {
             f.read(4096, &mut b).await.unwrap();
             assert_eq!(b, [1, 2, 3, 4, 0xFF, 0xFF, 0xFF, 0xFF]);
         });
+    }
+
+    #[test]
+    fn a_file_open_as_a_flash_is_refused_to_a_second_writer_until_it_closes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("flash.bin");
+        let first = FileFlash::<4, 4096>::open(&path, &GEO).unwrap();
+        let e = FileFlash::<4, 4096>::open(&path, &GEO).unwrap_err();
+        assert!(matches!(&e, FileFlashError::InUse { path: p } if *p == path), "{e}");
+        assert!(e.to_string().contains("in use by another process"), "{e}");
+        drop(first);
+        FileFlash::<4, 4096>::open(&path, &GEO).expect("free again once closed");
     }
 
     #[test]
