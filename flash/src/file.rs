@@ -120,6 +120,28 @@ fn sync_delay_of(value: Option<&str>) -> Option<Duration> {
         .map(Duration::from_millis)
 }
 
+/// Locks `file` (at `path`) for this flash alone: an exclusive `flock`,
+/// held while the file is open (released when it closes, a crash
+/// included), refused at once when another opening holds it.
+fn lock(file: &File, path: &Path) -> Result<(), FileFlashError> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `flock` reads only the descriptor, which `file` keeps open
+    // for the duration of the call.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    if e.kind() == io::ErrorKind::WouldBlock {
+        return Err(FileFlashError::InUse {
+            path: path.to_path_buf(),
+        });
+    }
+    Err(FileFlashError::Io {
+        path: path.to_path_buf(),
+        source: e,
+    })
+}
+
 /// A file-backed NOR flash with sectors of `ERASE` bytes written in words of
 /// `WRITE` bytes.
 #[derive(Debug)]
@@ -172,17 +194,7 @@ impl<const WRITE: usize, const ERASE: usize> FileFlash<WRITE, ERASE> {
             .truncate(false)
             .open(path)
             .map_err(io)?;
-        // Held while this flash lives (released when the file closes, a
-        // crash included): one writer per file.
-        match file.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => {
-                return Err(FileFlashError::InUse {
-                    path: path.to_path_buf(),
-                })
-            }
-            Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
-        }
+        lock(&file, path)?;
         let found = file.metadata().map_err(io)?.len();
         if found == 0 {
             // New: pre-fill erased.
