@@ -64,6 +64,11 @@ struct Nor {
     /// written, and erasing it could wipe the latched record.
     #[serde(default)]
     starts_zeroed: bool,
+    /// The longest one config item's write may take on the part, µs: a
+    /// sector's erase and a sector's live items moved first, at the
+    /// part's worst (its datasheet's maxima). The step's time is planned
+    /// on it (the latched record's keep, what was learned).
+    item_worst_us: u32,
 }
 
 #[derive(Debug, Deserialize)]
@@ -176,6 +181,9 @@ impl Board {
                 "nor: size {} must be whole sectors of {} bytes, a sector whole words of {} bytes",
                 n.size, n.sector_bytes, n.write_bytes
             ));
+        }
+        if n.item_worst_us == 0 {
+            return Err("nor.item_worst_us 0: give the part's worst time for one item's write (a sector's erase and a sector's moves), µs".into());
         }
         let sectors = n.size / n.sector_bytes;
         if !(n.config[0] + 2 <= n.config[1] && n.config[1] <= sectors) {
@@ -365,6 +373,12 @@ impl Board {
                 "Offsets in the NOR region of the config store (the latched record).",
             ),
             konst(
+                "NOR_ITEM_WORST_US",
+                "u64",
+                n.item_worst_us,
+                "The longest one config item's write may take on the NOR part, µs (a sector's erase and a sector's moves).",
+            ),
+            konst(
                 "NOR_STARTS_ZEROED",
                 "bool",
                 n.starts_zeroed,
@@ -497,6 +511,23 @@ mod tests {
         let consts = real.consts();
         assert!(!consts.contains(zeroed));
         assert!(consts.contains("pub const NOR_STARTS_ZEROED: bool = false;"));
+    }
+
+    #[test]
+    fn a_nors_worst_item_write_is_the_board_files_and_must_be_given() {
+        let line = "item_worst_us = 450_000";
+        let shipped = load_edited(line, line, "item-worst").unwrap();
+        assert!(shipped
+            .consts()
+            .contains("pub const NOR_ITEM_WORST_US: u64 = 450000;"));
+        let slow = load_edited(line, "item_worst_us = 1_200_000", "slow-part").unwrap();
+        assert!(slow
+            .consts()
+            .contains("pub const NOR_ITEM_WORST_US: u64 = 1200000;"));
+        let e = load_edited(line, "", "no-worst").unwrap_err();
+        assert!(e.contains("item_worst_us"), "{e}");
+        let e = load_edited(line, "item_worst_us = 0", "zero-worst").unwrap_err();
+        assert!(e.contains("nor.item_worst_us 0"), "{e}");
     }
 
     #[test]

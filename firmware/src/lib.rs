@@ -14,7 +14,8 @@
 //! (`cargo test --target x86_64-unknown-linux-gnu --lib`): the register
 //! map ([`map`], generated from `boards/cdus/*.toml`), the CDU's
 //! measurements and the map's limits ([`cdu`]), the Modbus RTU master
-//! ([`rtu`]), a plan's writes carried out ([`writes`]), the latched
+//! ([`rtu`]), a step's time planned on the worst of its waits
+//! ([`budget`]), a plan's writes carried out ([`writes`]), the latched
 //! record's flash items ([`latch`]) and the other counts kept there
 //! ([`counters`]), the hall's figures built in ([`figures`]), what the
 //! estimator learned, restored and kept ([`learned`]), operators'
@@ -37,6 +38,7 @@
 
 pub mod block_on;
 pub mod board;
+pub mod budget;
 #[cfg(test)]
 mod build_checks;
 pub mod cdu;

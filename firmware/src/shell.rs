@@ -16,13 +16,14 @@ use core::fmt::{self, Write as _};
 use core::sync::atomic::{AtomicBool, Ordering};
 
 use cooling_core::estimate::record::MAX_LEN;
-use cooling_decide::{CduMeasurements, LatchRecord, Opening, Outcome, Plan};
+use cooling_decide::{CduMeasurements, LatchRecord, Opening, Outcome, Plan, Setting};
 use embedded_hal::digital::{OutputPin, StatefulOutputPin};
 use loopwarden_firmware::block_on::block_on;
 use loopwarden_firmware::board::clock::{self, BoardClock};
 use loopwarden_firmware::board::nor::NorError;
 use loopwarden_firmware::board::nor::{store_start, RamNor, StoreStart};
 use loopwarden_firmware::board::{self, icount, led::Led, uart, uart::Uart, watchdog};
+use loopwarden_firmware::budget::{self, StepBudget};
 use loopwarden_firmware::cdu::InputValues;
 use loopwarden_firmware::clears::{keyring, Last, Taken, MAX_OPERATORS};
 use loopwarden_firmware::controller::{said_words, Controller, Ports};
@@ -43,13 +44,14 @@ use crate::status::Line;
 const RESPONSE_TIMEOUT_US: u32 = 200_000;
 /// The part of a control period a step's transactions may take, µs.
 pub const STEP_BUDGET_US: u64 = 800_000;
-/// The longest one config item's write may take on a NOR part, µs: the
-/// store may erase a sector (400 ms at worst on a W25Q-class SPI NOR)
-/// and move a sector's live items first (16 pages of 256 B, 3 ms each
-/// at worst). The PSRAM standing in for the part writes in microseconds;
-/// what was learned is written only while this much of the step's
-/// budget is left, so that a real part keeps the steps on time too.
-const NOR_ITEM_WORST_US: u64 = 450_000;
+/// One Modbus transaction's worst on the CDU's line, µs.
+const TRANSACTION_WORST_US: u64 =
+    budget::transaction_worst_us(board::UART_MODBUS.baud, RESPONSE_TIMEOUT_US);
+/// The latched record's keep at its worst on the board's NOR part, µs
+/// (the board file's `nor.item_worst_us` for each item). The PSRAM
+/// standing in for the part writes in microseconds; the step is planned
+/// on the part a real board carries.
+const LATCH_KEEP_WORST_US: u64 = budget::LATCH_ITEMS * board::NOR_ITEM_WORST_US;
 /// How often a firmware that refuses to run its core says why again, ms:
 /// to a gateway started since, and the console's reader.
 const REFUSAL_EVERY_MS: u32 = 60_000;
@@ -84,7 +86,8 @@ pub struct Shell {
     step_led: Led,
     leak_led: Led,
     boot_peak: u32,
-    deadline_us: u64,
+    /// The step's time.
+    budget: StepBudget,
     /// The step's work so far, and where its count resumed.
     work: (u32, u32),
 }
@@ -168,7 +171,7 @@ impl Shell {
             step_led: Led::new(0).expect("the board has LED 0"),
             leak_led: Led::new(1).expect("the board has LED 1"),
             boot_peak: 0,
-            deadline_us: 0,
+            budget: StepBudget::new(0, STEP_BUDGET_US, TRANSACTION_WORST_US),
             work: (0, 0),
         };
         (sh, read)
@@ -340,7 +343,7 @@ impl Shell {
     pub fn step(&mut self, ctl: &mut Controller<'_>, tick: u32) {
         let start_us = clock::now_us();
         let now_ms = start_us / 1000;
-        self.deadline_us = start_us + STEP_BUDGET_US;
+        self.budget = StepBudget::new(start_us, STEP_BUDGET_US, TRANSACTION_WORST_US);
         self.work = (0, icount::now());
         self.settle_clears(ctl);
         self.hear_gateway(ctl, now_ms);
@@ -355,7 +358,11 @@ impl Shell {
     #[inline(never)]
     fn act(&mut self, ctl: &mut Controller<'_>, tick: u32, now_ms: u64) {
         if let Some(r) = ctl.to_keep(self) {
+            self.close_first(ctl);
+            let before = clock::now_us();
             let ok = self.keep_latch(&r);
+            let took = clock::now_us().saturating_sub(before);
+            self.budget.kept(took, LATCH_KEEP_WORST_US);
             ctl.kept(self, ok);
         }
         let plan = ctl.plan(self);
@@ -397,7 +404,48 @@ impl Shell {
     }
 
     fn time_left(&mut self) -> bool {
-        clock::now_us() + u64::from(self.cdu.timeout_us()) <= self.deadline_us
+        self.budget.transaction_fits(clock::now_us())
+    }
+
+    /// Before the latched record's keep, when its worst leaves the step
+    /// no time for a write after it: the valves the step closes, written
+    /// closed (a word that opens none, [`budget::closings`]), so a leak
+    /// is shut in the step that latches it however long the flash takes.
+    /// The latch's rule allows it: closing always proceeds.
+    #[inline(never)]
+    fn close_first(&mut self, ctl: &Controller<'_>) {
+        if !self
+            .budget
+            .closings_first(clock::now_us(), LATCH_KEEP_WORST_US)
+        {
+            return;
+        }
+        let Some(asked) = ctl.commands().map(|c| c.valves_open) else {
+            return;
+        };
+        let racks = ctl.decider().core().config().layout.racks;
+        let mask = (1u32 << racks.min(16)).wrapping_sub(1) as u16;
+        let closed = ctl.readings().and_then(|m| m.valves_closed);
+        let Some(word) = budget::closings(asked, closed, mask) else {
+            return;
+        };
+        self.pause_work();
+        let mut port = RtuPort {
+            cdu: &mut self.cdu,
+            budget: self.budget,
+        };
+        let r = writes::write_one(&mut port, Setting::Valves, f64::from(word));
+        self.resume_work();
+        let _ = match r {
+            Ok(()) => writeln!(
+                self.console,
+                "latch: valves_open {word:#06b} written before the record goes to flash (closings only)"
+            ),
+            Err(e) => writeln!(
+                self.console,
+                "latch: the closings before the record ({word:#06b}) not written: {e}"
+            ),
+        };
     }
 
     /// Reads every span of input registers; `None` when one fails.
@@ -437,7 +485,7 @@ impl Shell {
         self.pause_work();
         let mut port = RtuPort {
             cdu: &mut self.cdu,
-            deadline_us: self.deadline_us,
+            budget: self.budget,
         };
         let outcome = writes::execute(&mut port, plan);
         self.resume_work();
@@ -578,7 +626,7 @@ fn cause_words(c: ResetCause) -> &'static str {
 /// The CDU's settings through the RTU master, within the step's time.
 struct RtuPort<'a> {
     cdu: &'a mut Cdu,
-    deadline_us: u64,
+    budget: StepBudget,
 }
 
 impl SettingPort for RtuPort<'_> {
@@ -589,7 +637,7 @@ impl SettingPort for RtuPort<'_> {
     }
 
     fn time_left(&mut self) -> bool {
-        clock::now_us() + u64::from(self.cdu.timeout_us()) <= self.deadline_us
+        self.budget.transaction_fits(clock::now_us())
     }
 }
 
@@ -609,7 +657,7 @@ impl LearnedFlash for Shell {
     }
 
     fn time_for_learned(&mut self) -> bool {
-        clock::now_us() + NOR_ITEM_WORST_US <= self.deadline_us
+        (self.budget).item_fits(clock::now_us(), board::NOR_ITEM_WORST_US)
     }
 }
 

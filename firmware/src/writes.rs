@@ -26,7 +26,8 @@ pub trait SettingPort {
     type Error: fmt::Display;
     /// Writes `words` to `r`.
     fn write(&mut self, r: &Register, words: &[u16]) -> Result<(), Self::Error>;
-    /// Whether the step has time left for another transaction.
+    /// Whether the step has time left for another whole transaction, at
+    /// its worst ([`crate::budget`]).
     fn time_left(&mut self) -> bool;
 }
 
@@ -73,7 +74,9 @@ pub fn execute<P: SettingPort>(port: &mut P, plan: &Plan) -> Outcome {
     outcome
 }
 
-fn write_one<P: SettingPort>(
+/// Writes `value` of setting `s` to its register, when the step has
+/// time for it.
+pub fn write_one<P: SettingPort>(
     port: &mut P,
     s: Setting,
     value: f64,
