@@ -4,9 +4,10 @@
 //! A flash write ends with a sync and, now and then, a sector erase; on a
 //! busy disk that can take tens of milliseconds. The agent's loop must not
 //! wait for it while a GPU is failing or a leak is being isolated: it hands
-//! records to this thread, which writes them in the order given, and waits
-//! only where it must (a lease is in flash before its ack goes out; a
-//! sequence reservation before its numbers are used).
+//! records to this thread, which writes them in the order given (what is
+//! waited for first, below), and waits only where it must (a lease is in
+//! flash before its ack goes out; a sequence reservation before its
+//! numbers are used).
 //!
 //! The frames that go through the bus's flash outbox (events and acks) are
 //! published from here too (through a [`Publisher`], the bus), in the order given and after their log entry:
@@ -16,7 +17,12 @@
 //! can.
 //!
 //! Handing work to the thread never blocks the caller (the agent's loop
-//! runs on one thread: a blocked send would stall its sampling). What can
+//! runs on one thread: a blocked send would stall its sampling). Work
+//! goes by two channels: what a caller waits for (a lease's record, a
+//! config value, a sequence reservation), config values and acks go by a
+//! priority channel that the thread drains before each job of the FIFO
+//! channel, in their own order; so a cap or a cooling-loss step waits for
+//! one write at most, never behind a storm's events. What can
 //! be lost (an event published or logged without waiting, as in a storm
 //! of XIDs) is dropped and counted ([`Recorder::dropped`]) once
 //! [`JOBS_MAX`] jobs wait. What must not be lost (an ack, a config value
@@ -107,7 +113,8 @@ enum Job {
     Read {
         done: oneshot::Sender<Result<LogRead, String>>,
     },
-    /// Wakes the thread for the reads waiting in [`Reads`].
+    /// Wakes the thread for the reads waiting in [`Reads`], or for a
+    /// job on the priority channel.
     Wake,
     Flush {
         done: oneshot::Sender<()>,
@@ -145,12 +152,32 @@ pub const VITAL_MAX: usize = 4 * JOBS_MAX;
 /// its body JSON text. Agent-local: never a bus message.
 pub const CONSOLE_RECORD: u8 = 0xE0;
 
+/// Which channel a job goes by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lane {
+    /// In the order given, behind what can be dropped.
+    Fifo,
+    /// Ahead of the FIFO channel's jobs (what the caller waits for), in
+    /// the order given among themselves.
+    Priority,
+}
+
+/// The thread's ends of the two channels.
+struct Inbox {
+    jobs: mpsc::Receiver<Job>,
+    urgent: mpsc::Receiver<Job>,
+}
+
 /// The handle the loop writes through.
 #[derive(Clone)]
 pub struct Recorder {
     jobs: mpsc::Sender<Job>,
-    /// Jobs handed over and not yet taken by the thread.
+    /// The priority channel: what the caller waits for.
+    urgent: mpsc::Sender<Job>,
+    /// Jobs handed over on the FIFO channel and not yet taken by the thread.
     queued: Arc<AtomicUsize>,
+    /// Jobs handed over on the priority channel and not yet taken.
+    pressing: Arc<AtomicUsize>,
     /// [`JOBS_MAX`], smaller in tests.
     bound: usize,
     /// Jobs dropped because the queue was full.
@@ -216,26 +243,32 @@ struct Worker {
     counts: Arc<(AtomicU64, AtomicU64)>,
     /// Reads of the log waiting: served before the next job.
     reads: Reads,
-    /// Jobs handed over and not yet done.
+    /// Jobs handed over on the FIFO channel and not yet done.
     queued: Arc<AtomicUsize>,
+    /// Jobs handed over on the priority channel and not yet done.
+    pressing: Arc<AtomicUsize>,
 }
 
 impl Worker {
-    fn run(mut self, rx: mpsc::Receiver<Job>) {
+    fn run(mut self, inbox: Inbox) {
         loop {
+            self.drain_urgent(&inbox.urgent);
             // While frames wait for the outbox, look again every second.
             let job = if self.unsent.is_empty() {
-                match rx.recv() {
+                match inbox.jobs.recv() {
                     Ok(j) => Some(j),
                     Err(_) => break,
                 }
             } else {
-                match rx.recv_timeout(Duration::from_secs(1)) {
+                match inbox.jobs.recv_timeout(Duration::from_secs(1)) {
                     Ok(j) => Some(j),
                     Err(mpsc::RecvTimeoutError::Timeout) => None,
                     Err(mpsc::RecvTimeoutError::Disconnected) => break,
                 }
             };
+            // What came on the priority channel while this one was taken
+            // goes first.
+            self.drain_urgent(&inbox.urgent);
             self.retry_unsent();
             self.serve_reads();
             match job {
@@ -246,6 +279,20 @@ impl Worker {
                 }
             }
         }
+        self.drain_urgent(&inbox.urgent);
+    }
+
+    /// Does every job waiting on the priority channel, in order.
+    fn drain_urgent(&mut self, urgent: &mpsc::Receiver<Job>) {
+        while let Ok(job) = urgent.try_recv() {
+            self.pressing.fetch_sub(1, Ordering::Relaxed);
+            self.handle(job);
+        }
+    }
+
+    /// Jobs handed over and not yet done, both channels.
+    fn backlog(&self) -> usize {
+        self.queued.load(Ordering::Relaxed) + self.pressing.load(Ordering::Relaxed)
     }
 
     /// Answers the reads waiting, ahead of the jobs queued (the one just
@@ -264,7 +311,7 @@ impl Worker {
     /// The log in flash, and the jobs queued.
     fn read_now(&mut self) -> Result<LogRead, String> {
         let entries = self.read()?;
-        let queued = self.queued.load(Ordering::Relaxed);
+        let queued = self.backlog();
         Ok(LogRead { entries, queued })
     }
 
@@ -430,54 +477,87 @@ impl Recorder {
     /// `path`, `None`: in memory); frames handed over wait until a bus is
     /// [attached](Self::attach).
     pub fn start(log: Log, store: Store, path: Option<&Path>) -> std::io::Result<Self> {
+        let (r, inbox) = Self::unstarted(JOBS_MAX, path);
+        let worker = r.worker(log, store);
+        std::thread::Builder::new()
+            .name("recorder".into())
+            .spawn(move || worker.run(inbox))?;
+        Ok(r)
+    }
+
+    /// The handle and the thread's ends of its channels, no thread yet;
+    /// what can be lost is dropped once `bound` jobs wait.
+    fn unstarted(bound: usize, path: Option<&Path>) -> (Self, Inbox) {
         let (jobs, rx) = mpsc::channel::<Job>();
-        let queued = Arc::new(AtomicUsize::new(0));
-        let taken = queued.clone();
-        let waiting = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
-        let reads = Reads::default();
-        let worker = Worker {
+        let (urgent, urgent_rx) = mpsc::channel::<Job>();
+        let r = Self {
+            jobs,
+            urgent,
+            queued: Arc::new(AtomicUsize::new(0)),
+            pressing: Arc::new(AtomicUsize::new(0)),
+            bound,
+            dropped: Arc::new(AtomicU64::new(0)),
+            path: path.map(Arc::from),
+            waiting: Arc::new((AtomicU64::new(0), AtomicU64::new(0))),
+            reads: Reads::default(),
+        };
+        let inbox = Inbox {
+            jobs: rx,
+            urgent: urgent_rx,
+        };
+        (r, inbox)
+    }
+
+    /// The thread's side of this handle, over `log` and `store`.
+    fn worker(&self, log: Log, store: Store) -> Worker {
+        Worker {
             log,
             store,
             bus: None,
             unsent: VecDeque::new(),
-            counts: waiting.clone(),
-            reads: reads.clone(),
-            queued: taken,
-        };
-        std::thread::Builder::new()
-            .name("recorder".into())
-            .spawn(move || worker.run(rx))?;
-        Ok(Self {
-            jobs,
-            queued,
-            bound: JOBS_MAX,
-            dropped: Arc::new(AtomicU64::new(0)),
-            path: path.map(Arc::from),
-            waiting,
-            reads,
-        })
+            counts: self.waiting.clone(),
+            reads: self.reads.clone(),
+            queued: self.queued.clone(),
+            pressing: self.pressing.clone(),
+        }
     }
 
     /// Hands over `job` if there is room, else drops and counts it;
     /// whether it was handed over.
     fn offer(&self, job: Job, what: &str) -> bool {
-        self.hand(job, self.bound, what)
+        self.hand(job, self.bound, what, Lane::Fifo)
     }
 
-    /// Hands over what must not be lost: queued up to [`VITAL_MAX`].
+    /// Hands over what must not be lost, in the FIFO channel: queued up
+    /// to [`VITAL_MAX`].
     fn vital(&self, job: Job, what: &str) -> Result<(), String> {
-        match self.hand(job, VITAL_MAX.max(self.bound), what) {
+        self.vital_by(job, what, Lane::Fifo)
+    }
+
+    /// Hands over what must not be lost and should not wait behind what
+    /// can be: the priority channel, up to [`VITAL_MAX`] of its own.
+    fn pressing(&self, job: Job, what: &str) -> Result<(), String> {
+        self.vital_by(job, what, Lane::Priority)
+    }
+
+    fn vital_by(&self, job: Job, what: &str, lane: Lane) -> Result<(), String> {
+        match self.hand(job, VITAL_MAX.max(self.bound), what, lane) {
             true => Ok(()),
             false => Err(format!("{what} not handed to the flash thread")),
         }
     }
 
-    /// Queues `job` while fewer than `limit` wait, and says whether it
-    /// did; never blocks. A job over the limit is dropped and counted (an
-    /// event in a storm said once a thousand, anything vital each time).
-    fn hand(&self, job: Job, limit: usize, what: &str) -> bool {
-        if self.queued.fetch_add(1, Ordering::Relaxed) >= limit {
-            self.queued.fetch_sub(1, Ordering::Relaxed);
+    /// Queues `job` on `lane` while fewer than `limit` wait there, and
+    /// says whether it did; never blocks. A job over the limit is dropped
+    /// and counted (an event in a storm said once a thousand, anything
+    /// vital each time).
+    fn hand(&self, job: Job, limit: usize, what: &str, lane: Lane) -> bool {
+        let (count, tx) = match lane {
+            Lane::Fifo => (&self.queued, &self.jobs),
+            Lane::Priority => (&self.pressing, &self.urgent),
+        };
+        if count.fetch_add(1, Ordering::Relaxed) >= limit {
+            count.fetch_sub(1, Ordering::Relaxed);
             let n = self.dropped.fetch_add(1, Ordering::Relaxed);
             if limit > self.bound {
                 tracing::error!(
@@ -488,10 +568,15 @@ impl Recorder {
             }
             return false;
         }
-        if self.jobs.send(job).is_err() {
-            self.queued.fetch_sub(1, Ordering::Relaxed);
+        if tx.send(job).is_err() {
+            count.fetch_sub(1, Ordering::Relaxed);
             tracing::error!("{what} dropped: {}", Self::gone());
             return false;
+        }
+        // The thread may be waiting on the FIFO channel: a wake-up there
+        // (not a job: never dropped, never counted).
+        if lane == Lane::Priority {
+            let _ = self.jobs.send(Job::Wake);
         }
         true
     }
@@ -521,13 +606,14 @@ impl Recorder {
     /// Gives the recorder the publisher (the bus) it publishes on; what
     /// waited goes out.
     pub fn attach(&self, bus: impl Publisher + 'static) {
-        let _ = self.vital(Job::Attach(Box::new(bus)), "the bus to publish on");
+        let _ = self.pressing(Job::Attach(Box::new(bus)), "the bus to publish on");
     }
 
-    /// Publishes an event or an ack (through the outbox) after what was
-    /// handed over before it, never waiting: an event is dropped (and
-    /// counted) when [`JOBS_MAX`] jobs wait, an ack only past
-    /// [`VITAL_MAX`].
+    /// Publishes an event or an ack (through the outbox), never waiting:
+    /// an event after what was handed over before it, dropped (and
+    /// counted) when [`JOBS_MAX`] jobs wait; an ack by the priority
+    /// channel, ahead of the events queued (a lease's ack must not wait
+    /// behind a storm's writes), dropped only past [`VITAL_MAX`].
     pub fn publish(&self, message: Message, time: TimestampMs, mirror: bool) {
         let vital = matches!(message, Message::Ack(_));
         let job = Job::Publish {
@@ -539,7 +625,7 @@ impl Recorder {
             self.offer(job, "an event to publish");
             return;
         }
-        let _ = self.vital(job, "an ack to publish");
+        let _ = self.pressing(job, "an ack to publish");
     }
 
     /// Logs an event and publishes it (and its JSON mirror) through the
@@ -607,7 +693,9 @@ impl Recorder {
         self.offer(job, "a config value")
     }
 
-    /// Appends to the event log and waits until it is in flash.
+    /// Appends to the event log and waits until it is in flash; by the
+    /// priority channel, ahead of what can be dropped (events, appends
+    /// without waiting), after the other waited-for writes.
     pub async fn append_sync(
         &self,
         time: TimestampMs,
@@ -621,22 +709,24 @@ impl Recorder {
             body,
             done: Some(done),
         };
-        self.vital(job, "an event-log entry")?;
+        self.pressing(job, "an event-log entry")?;
         rx.await.map_err(|_| Self::gone())?
     }
 
-    /// Keeps a config value, without waiting.
+    /// Keeps a config value, without waiting; by the priority channel, in
+    /// order with the values waited for ([`set_sync`](Self::set_sync)).
     pub fn set(&self, key: String, value: Vec<u8>) {
         let job = Job::Set {
             key,
             value,
             done: None,
         };
-        let _ = self.vital(job, "a config value");
+        let _ = self.pressing(job, "a config value");
     }
 
-    /// Keeps a config value and waits until it is in flash (after what
-    /// was handed over before it).
+    /// Keeps a config value and waits until it is in flash (by the
+    /// priority channel: after the values and waited-for writes handed
+    /// over before it, ahead of events).
     pub async fn set_sync(&self, key: String, value: Vec<u8>) -> Result<(), String> {
         self.set_later(key, value)?
             .await
@@ -644,8 +734,8 @@ impl Recorder {
     }
 
     /// Keeps a config value without waiting; the returned channel says
-    /// when it is in flash (after what was handed over before it). An
-    /// error: not handed over (said).
+    /// when it is in flash (by the priority channel, as
+    /// [`set_sync`](Self::set_sync)). An error: not handed over (said).
     pub fn set_later(
         &self,
         key: String,
@@ -657,23 +747,25 @@ impl Recorder {
             value,
             done: Some(done),
         };
-        self.vital(job, "a config value").map(|()| rx)
+        self.pressing(job, "a config value").map(|()| rx)
     }
 
-    /// Reserves a block of frame sequence numbers.
+    /// Reserves a block of frame sequence numbers (by the priority
+    /// channel).
     pub async fn reserve_seq(&self, block: u32) -> Result<u32, String> {
         let (done, rx) = oneshot::channel();
-        self.vital(Job::ReserveSeq { block, done }, "a sequence reservation")?;
+        self.pressing(Job::ReserveSeq { block, done }, "a sequence reservation")?;
         rx.await.map_err(|_| Self::gone())?
     }
 
-    /// Asks for a block of sequence numbers without waiting: the answer
-    /// comes on the returned channel once the recorder got to it; `None`
-    /// when its queue is full (ask again later).
+    /// Asks for a block of sequence numbers without waiting (by the
+    /// priority channel): the answer comes on the returned channel once
+    /// the recorder got to it; `None` when not handed over (said).
     pub fn reserve_seq_later(&self, block: u32) -> Option<oneshot::Receiver<Result<u32, String>>> {
         let (done, rx) = oneshot::channel();
-        self.offer(Job::ReserveSeq { block, done }, "a sequence reservation")
-            .then_some(rx)
+        self.pressing(Job::ReserveSeq { block, done }, "a sequence reservation")
+            .ok()
+            .map(|()| rx)
     }
 
     /// Waits until everything handed over before is written and published.
@@ -691,7 +783,8 @@ impl Recorder {
     /// before, [`flush`](Self::flush) first.
     pub async fn read(&self) -> Result<LogRead, String> {
         let (done, rx) = oneshot::channel();
-        if self.queued.load(Ordering::Relaxed) <= READ_AHEAD_OVER {
+        let backlog = self.queued.load(Ordering::Relaxed) + self.pressing.load(Ordering::Relaxed);
+        if backlog <= READ_AHEAD_OVER {
             self.vital(Job::Read { done }, "a read of the log")?;
         } else {
             self.reads
@@ -715,18 +808,25 @@ mod tests {
 
     /// A recorder that drops what may be lost once `n` jobs wait, and
     /// that no thread drains.
-    fn stalled(n: usize) -> (Recorder, mpsc::Receiver<Job>) {
-        let (jobs, rx) = mpsc::channel();
-        let r = Recorder {
-            jobs,
-            queued: Arc::new(AtomicUsize::new(0)),
-            bound: n,
-            dropped: Arc::new(AtomicU64::new(0)),
-            path: None,
-            waiting: Arc::new((AtomicU64::new(0), AtomicU64::new(0))),
-            reads: Reads::default(),
-        };
-        (r, rx)
+    fn stalled(n: usize) -> (Recorder, Inbox) {
+        Recorder::unstarted(n, None)
+    }
+
+    /// Starts the thread of `r` (from [`stalled`]) over a memory flash,
+    /// with the jobs handed over so far waiting for it.
+    fn start_stalled(r: &Recorder, inbox: Inbox) {
+        let stores = crate::agent_flash::open(None).expect("a memory flash");
+        let worker = r.worker(stores.log, stores.store);
+        std::thread::spawn(move || worker.run(inbox));
+    }
+
+    /// The jobs of `inbox`'s FIFO channel, wake-ups left out.
+    fn fifo(inbox: &Inbox) -> Vec<Job> {
+        inbox
+            .jobs
+            .try_iter()
+            .filter(|j| !matches!(j, Job::Wake))
+            .collect()
     }
 
     #[test]
@@ -738,14 +838,14 @@ mod tests {
         assert_eq!(r.dropped(), 3);
         r.publish(samples::message(MessageKind::Event), TimestampMs(0), false);
         assert_eq!(r.dropped(), 4, "an event to publish is dropped too");
-        // An ack is queued past the bound at once: nobody takes a job,
-        // and this call returns all the same.
+        // An ack is queued past the bound at once (by the priority
+        // channel): nobody takes a job, and this call returns all the same.
         r.publish(samples::message(MessageKind::Ack), TimestampMs(0), false);
         assert_eq!(r.dropped(), 4, "the ack was not dropped");
-        let left: Vec<Job> = rx.try_iter().collect();
-        assert_eq!(left.len(), 3);
+        assert_eq!(fifo(&rx).len(), 2);
+        let urgent: Vec<Job> = rx.urgent.try_iter().collect();
         assert!(
-            matches!(&left[2], Job::Publish { message, .. } if matches!(**message, Message::Ack(_)))
+            matches!(&urgent[..], [Job::Publish { message, .. }] if matches!(**message, Message::Ack(_)))
         );
         // Past VITAL_MAX even an ack is dropped, and said.
         let (r, _rx) = stalled(2);
@@ -766,15 +866,7 @@ mod tests {
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         assert!(read.as_mut().poll(&mut cx).is_pending(), "no thread yet");
         // The thread starts with the 100 appends and the read queued.
-        let worker = Worker {
-            log: stores.log,
-            store: stores.store,
-            bus: None,
-            unsent: VecDeque::new(),
-            counts: r.waiting.clone(),
-            reads: r.reads.clone(),
-            queued: r.queued.clone(),
-        };
+        let worker = r.worker(stores.log, stores.store);
         std::thread::spawn(move || worker.run(rx));
         let first = futures::executor::block_on(read).expect("the log");
         assert!(first.entries.is_empty(), "{:?}", first.entries);
@@ -804,7 +896,39 @@ mod tests {
         assert!(r.offer_set("a.key".into(), vec![1]));
         assert!(!r.offer_set("a.key".into(), vec![2]), "no room: dropped");
         assert_eq!(r.dropped(), 1);
-        let left: Vec<Job> = rx.try_iter().collect();
+        let left = fifo(&rx);
         assert!(matches!(&left[..], [Job::Set { value, done: None, .. }] if value == &[1]));
+    }
+
+    #[test]
+    fn what_is_waited_for_goes_ahead_of_the_droppable_backlog_in_its_own_order() {
+        let (r, inbox) = stalled(JOBS_MAX);
+        // A storm's backlog: droppable appends (fewer than a full queue:
+        // the memory log would recycle the first).
+        for i in 0..200u32 {
+            r.append(TimestampMs(u64::from(i)), 1, i.to_le_bytes().to_vec());
+        }
+        let mut lease = std::pin::pin!(r.append_sync(TimestampMs(1), 2, b"lease".to_vec()));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        assert!(lease.as_mut().poll(&mut cx).is_pending(), "handed over");
+        let kept = r.set_later("limit.0".into(), vec![7]).expect("handed over");
+        let reserved = r.reserve_seq_later(10).expect("handed over");
+        start_stalled(&r, inbox);
+        let seq = futures::executor::block_on(lease).expect("the lease in flash");
+        futures::executor::block_on(kept)
+            .expect("the thread answered")
+            .expect("kept");
+        let first = futures::executor::block_on(reserved).expect("answered");
+        assert!(first.is_ok(), "{first:?}");
+        futures::executor::block_on(r.flush());
+        let read = futures::executor::block_on(r.read()).expect("the log");
+        let lease_at = read.entries.iter().position(|e| e.seq == seq);
+        assert_eq!(
+            lease_at,
+            Some(0),
+            "the waited-for record is written before the droppable backlog"
+        );
+        assert_eq!(read.entries[0].body, b"lease");
+        assert_eq!(read.entries.len(), 201, "none of the backlog lost");
     }
 }
