@@ -31,7 +31,7 @@ use cooling_core::Commands;
 use loopwarden_bus::prometheus::{
     self, with_labels, write_bus, write_recorder, BindError, Exposition, Metric,
 };
-use loopwarden_field::listen::{write_metrics, ListenStats};
+use loopwarden_field::listen::{bind_retrying, write_metrics, ListenStats};
 use loopwarden_protocol::message::CduMode;
 use tokio::task::JoinHandle;
 
@@ -190,12 +190,30 @@ impl CduMetrics {
 }
 
 /// Serves `/metrics` on `addr`, when given one; the task runs until
-/// aborted.
+/// aborted. Binding fails at once, naming the address (for a rig that
+/// wants the port bound before it goes on; `run` uses [`start_retrying`]).
 pub async fn start(
     addr: Option<SocketAddr>,
     metrics: CduMetrics,
 ) -> Result<Option<JoinHandle<()>>, BindError> {
     prometheus::start(addr, move || metrics.render()).await
+}
+
+/// Serves `/metrics` on `addr`, when given one; the task runs until
+/// aborted. An address that cannot be bound is logged and tried again in
+/// the background, counted in `stats` (`listen::bind_retrying`): the
+/// controller runs on without `/metrics` meanwhile.
+pub fn start_retrying(
+    addr: Option<SocketAddr>,
+    metrics: CduMetrics,
+    stats: ListenStats,
+) -> Option<JoinHandle<()>> {
+    let addr = addr?;
+    Some(bind_retrying("metrics listener", addr, stats, move |l| {
+        let at = l.local_addr().unwrap_or(addr);
+        tracing::info!("metrics: serving http://{at}/metrics");
+        prometheus::serve(l, move || metrics.render())
+    }))
 }
 
 /// What the controller is and since when.

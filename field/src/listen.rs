@@ -11,6 +11,12 @@
 //! its writes fail; each such close is logged once. Both are counted in
 //! [`ListenStats`], which the agents' `/metrics` show ([`write_metrics`]).
 //!
+//! A TCP listener that cannot bind its address (taken, not an address of
+//! this machine) does not stop the agent: [`bind_retrying`] logs an error
+//! naming the address and the OS's reason, tries again in the background
+//! ([`Backoff`]: 1 s doubling to a minute) while the agent controls, and
+//! serves once bound. Failed tries are counted in [`ListenStats`] too.
+//!
 //! Glossary:
 //! - *slot*: the right of one open connection; freed when the connection
 //!   is dropped.
@@ -22,6 +28,7 @@
 
 use std::future::Future;
 use std::io;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -30,6 +37,8 @@ use std::time::Duration;
 
 use loopwarden_bus::prometheus::{with_labels, Exposition, Metric};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
 use tokio::time::{Instant, Sleep};
 
 /// How many connections a listener keeps open, and for how long without
@@ -63,6 +72,8 @@ struct Counts {
     open: AtomicUsize,
     refused: AtomicU64,
     idle_closed: AtomicU64,
+    bind_failures: AtomicU64,
+    unbound: AtomicBool,
 }
 
 impl ListenStats {
@@ -79,6 +90,17 @@ impl ListenStats {
     /// Connections closed for idling since the start.
     pub fn idle_closed(&self) -> u64 {
         self.0.idle_closed.load(Ordering::Relaxed)
+    }
+
+    /// Tries to bind its address that failed since the start.
+    pub fn bind_failures(&self) -> u64 {
+        self.0.bind_failures.load(Ordering::Relaxed)
+    }
+
+    /// Whether it is not listening because its address could not be
+    /// bound yet (and is being tried again).
+    pub fn unbound(&self) -> bool {
+        self.0.unbound.load(Ordering::Relaxed)
     }
 }
 
@@ -311,6 +333,82 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Bounded<S> {
     }
 }
 
+/// The waits between tries to bind a listener's address: from
+/// [`Backoff::FIRST`], doubled after each failure, at most
+/// [`Backoff::MAX`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff(Duration);
+
+impl Backoff {
+    /// The wait after the first failure.
+    pub const FIRST: Duration = Duration::from_secs(1);
+    /// The longest wait: a freed address is taken within a minute.
+    pub const MAX: Duration = Duration::from_secs(60);
+
+    /// The first wait.
+    pub fn new() -> Backoff {
+        Backoff(Self::FIRST)
+    }
+
+    /// The wait now, and the next one set.
+    pub fn next_wait(&mut self) -> Duration {
+        let now = self.0;
+        self.0 = (now * 2).min(Self::MAX);
+        now
+    }
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff::new()
+    }
+}
+
+/// Binds `addr` for the listener `name` (for the log: "metrics listener",
+/// "northbound Modbus server") in a task of its own, then runs
+/// `serve(listener)` in it. An address that cannot be bound is an error in
+/// the log, naming it and the OS's reason, counted in `stats`, and tried
+/// again after a [`Backoff`] wait until it binds; the agent goes on
+/// meanwhile. The task runs until `serve` returns or it is aborted.
+pub fn bind_retrying<F, Fut>(
+    name: impl Into<String>,
+    addr: SocketAddr,
+    stats: ListenStats,
+    serve: F,
+) -> JoinHandle<()>
+where
+    F: FnOnce(TcpListener) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let name = name.into();
+    tokio::spawn(async move {
+        let mut backoff = Backoff::new();
+        let listener = loop {
+            match TcpListener::bind(addr).await {
+                Ok(l) => break l,
+                Err(e) => {
+                    let wait = backoff.next_wait();
+                    stats.0.bind_failures.fetch_add(1, Ordering::Relaxed);
+                    stats.0.unbound.store(true, Ordering::Relaxed);
+                    tracing::error!(
+                        "{name} on {addr}: cannot listen: {e}; not served, tried again in {} s \
+                         (the agent goes on without it)",
+                        wait.as_secs()
+                    );
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        };
+        if stats.0.unbound.swap(false, Ordering::Relaxed) {
+            tracing::info!(
+                "{name} on {addr}: listening, after {} failed tries",
+                stats.bind_failures()
+            );
+        }
+        serve(listener).await;
+    })
+}
+
 const OPEN: Metric = Metric::gauge(
     "loopwarden_listener_connections",
     "Connections open now on the listener (console, northbound).",
@@ -322,6 +420,15 @@ const REFUSED: Metric = Metric::counter(
 const IDLE_CLOSED: Metric = Metric::counter(
     "loopwarden_listener_idle_closed_total",
     "Connections closed after the listener's idle time without a request or a read.",
+);
+
+const BIND_FAILURES: Metric = Metric::counter(
+    "loopwarden_listener_bind_failures_total",
+    "Tries to bind the listener's address that failed (in use, not an address of this machine).",
+);
+const UNBOUND: Metric = Metric::gauge(
+    "loopwarden_listener_unbound",
+    "1 while the listener's address could not be bound yet and is tried again; 0 listening.",
 );
 
 /// The listener `listener`'s counts as `loopwarden_listener_*{listener}`
@@ -336,6 +443,8 @@ pub fn write_metrics(
     out.sample(&OPEN, &l, stats.open() as f64);
     out.sample(&REFUSED, &l, stats.refused() as f64);
     out.sample(&IDLE_CLOSED, &l, stats.idle_closed() as f64);
+    out.sample(&BIND_FAILURES, &l, stats.bind_failures() as f64);
+    out.flag(&UNBOUND, &l, stats.unbound());
 }
 
 #[cfg(test)]
@@ -439,8 +548,56 @@ mod tests {
             r#"loopwarden_listener_connections{cdu="cdu1",listener="console"} 1"#,
             r#"loopwarden_listener_refused_total{cdu="cdu1",listener="console"} 1"#,
             r#"loopwarden_listener_idle_closed_total{cdu="cdu1",listener="console"} 0"#,
+            r#"loopwarden_listener_bind_failures_total{cdu="cdu1",listener="console"} 0"#,
+            r#"loopwarden_listener_unbound{cdu="cdu1",listener="console"} 0"#,
         ] {
             assert!(text.lines().any(|l| l == line), "{line} not in:\n{text}");
         }
+    }
+
+    #[test]
+    fn the_wait_between_binds_doubles_from_a_second_to_a_minute() {
+        let mut b = Backoff::new();
+        let waits: Vec<u64> = (0..9).map(|_| b.next_wait().as_secs()).collect();
+        assert_eq!(waits, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
+    }
+
+    /// Sleeps (in the paused clock) until `f` holds.
+    async fn until(what: &str, f: impl Fn() -> bool) {
+        for _ in 0..10_000 {
+            if f() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("{what}: never");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_taken_address_is_tried_again_and_served_once_freed() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = taken.local_addr().unwrap();
+        let stats = ListenStats::default();
+        let task = bind_retrying("test listener", addr, stats.clone(), |l| async move {
+            let (mut conn, _) = l.accept().await.unwrap();
+            conn.write_all(b"served").await.unwrap();
+        });
+        until("two failed tries", || stats.bind_failures() >= 2).await;
+        assert!(stats.unbound());
+        assert!(!task.is_finished(), "still trying");
+        let mut out = Exposition::new();
+        write_metrics(&mut out, "metrics", &stats, &[]);
+        let text = out.finish();
+        assert!(
+            text.contains(r#"loopwarden_listener_unbound{listener="metrics"} 1"#),
+            "{text}"
+        );
+        drop(taken);
+        until("listening", || !stats.unbound()).await;
+        let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut got = String::new();
+        conn.read_to_string(&mut got).await.unwrap();
+        assert_eq!(got, "served");
+        task.await.unwrap();
     }
 }

@@ -21,8 +21,9 @@
 use std::net::SocketAddr;
 
 use loopwarden_bus::prometheus::{
-    self, with_labels, write_bus, write_recorder, BindError, Exposition, Metric,
+    self, with_labels, write_bus, write_recorder, Exposition, Metric,
 };
+use loopwarden_field::listen::bind_retrying;
 use loopwarden_protocol::{CapSource, HealthState};
 use tokio::task::JoinHandle;
 
@@ -277,12 +278,17 @@ fn source_name(s: CapSource) -> &'static str {
 }
 
 /// Serves `/metrics` on `addr`, when given one, for the agent behind
-/// `ctx`; the task runs until aborted.
-pub async fn start(
-    addr: Option<SocketAddr>,
-    ctx: Context,
-) -> Result<Option<JoinHandle<()>>, BindError> {
-    prometheus::start(addr, move || render(&ctx)).await
+/// `ctx`; the task runs until aborted. An address that cannot be bound is
+/// logged and tried again in the background
+/// (`loopwarden_field::listen::bind_retrying`).
+pub fn start(addr: Option<SocketAddr>, ctx: Context) -> Option<JoinHandle<()>> {
+    let addr = addr?;
+    let stats = loopwarden_field::listen::ListenStats::default();
+    Some(bind_retrying("metrics listener", addr, stats, move |l| {
+        let at = l.local_addr().unwrap_or(addr);
+        tracing::info!("metrics: serving http://{at}/metrics");
+        prometheus::serve(l, move || render(&ctx))
+    }))
 }
 
 #[cfg(test)]

@@ -114,9 +114,6 @@ pub enum AgentError {
     /// A thread could not be started.
     #[error("thread: {0}")]
     Thread(std::io::Error),
-    /// The metrics address (`metrics_listen`) could not be bound.
-    #[error("{0}")]
-    Metrics(loopwarden_bus::prometheus::BindError),
     /// The signals could not be caught.
     #[error("{0}")]
     Signals(String),
@@ -281,7 +278,7 @@ async fn run_agent(
     let counted = (&bus, &recorder, &resender);
     let mut context = console_context(&config, started, flash_path, counted, snapshot_rx);
     context.nvml_costs = nvml_costs;
-    let readers = start_readers(listener, console_path, &config, context).await?;
+    let readers = start_readers(listener, console_path, &config, context);
     let mut agent = Agent {
         resender,
         actions: actions_tx,
@@ -430,19 +427,19 @@ fn console_context(
 /// What answers people while the agent runs, from what the loop
 /// publishes: the console socket (bound at `console_path`), and the
 /// serial console and Prometheus's `/metrics` when `config` asks for them
-/// (each only read; the loop is never asked).
-async fn start_readers(
+/// (each only read; the loop is never asked). A metrics address that
+/// cannot be bound is logged and tried again in the background: the agent
+/// guards its GPUs without `/metrics` meanwhile.
+fn start_readers(
     listener: tokio::net::UnixListener,
     console_path: std::path::PathBuf,
     config: &Config,
     context: Context,
-) -> Result<Readers, AgentError> {
-    let metrics = crate::metrics::start(config.metrics_listen, context.clone())
-        .await
-        .map_err(AgentError::Metrics)?;
+) -> Readers {
+    let metrics = crate::metrics::start(config.metrics_listen, context.clone());
     let serial = console::start_serial(config.serial.clone(), context.clone());
     let console = tokio::spawn(console::serve(listener, context, config.console_limits));
-    Ok(Readers::new(console_path, console, [serial, metrics]))
+    Readers::new(console_path, console, [serial, metrics])
 }
 
 /// What a GPU's UUID reads as when its description failed.

@@ -55,7 +55,7 @@ use cooling_ctrl::watchdog::{self, Notifier};
 use loopwarden_field::common::RunArgs;
 use loopwarden_field::console::{ctl_command, CtlArgs, EventsArgs};
 use loopwarden_field::lifecycle::{self, Readers, StartError, Supervision};
-use loopwarden_field::listen::ListenStats;
+use loopwarden_field::listen::{self, ListenStats};
 
 mod figures;
 mod gateway;
@@ -319,7 +319,11 @@ fn open_board(config: &config::Config) -> Result<Option<Box<dyn shell::BoardIo>>
 }
 
 /// The northbound Modbus TCP server for the BMS, when configured: the
-/// shell's link to it and its task.
+/// shell's link to it and its task. An address that cannot be bound (in
+/// use, no longer on this machine) is logged and tried again in the
+/// background, counted in `stats`: the controller drives the CDU
+/// meanwhile, and the BMS is served once it binds. (Never an error now;
+/// the gateway's start shares it.)
 async fn start_northbound(
     config: &config::Config,
     stats: ListenStats,
@@ -330,43 +334,44 @@ async fn start_northbound(
     ),
     String,
 > {
-    let mut northbound_link = None;
-    let mut northbound_task = None;
-    if let Some(addr) = config.northbound {
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|e| format!("northbound Modbus server on {addr}: {e}"))?;
-        let (snap_tx, snap_rx) = northbound::snapshot_channel();
-        let (writes_tx, writes_rx) = if config.northbound_writes {
-            let (tx, rx) = tokio::sync::mpsc::channel(16);
-            (Some(tx), Some(rx))
+    let Some(addr) = config.northbound else {
+        return Ok((None, None));
+    };
+    let (snap_tx, snap_rx) = northbound::snapshot_channel();
+    let (writes_tx, writes_rx) = if config.northbound_writes {
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        (Some(tx), Some(rx))
+    } else {
+        (None, None)
+    };
+    tracing::info!(
+        "cooling-ctrl: northbound Modbus TCP on {addr}, writes {}",
+        if config.northbound_writes {
+            "enabled"
         } else {
-            (None, None)
-        };
-        tracing::info!(
-            "cooling-ctrl: northbound Modbus TCP on {addr}, writes {}",
-            if config.northbound_writes {
-                "enabled"
-            } else {
-                "disabled"
-            }
-        );
-        let mut map = northbound::northbound_map();
-        map.unit_id = config.northbound_unit_id;
-        let limits = config.northbound_limits;
-        northbound_task = Some(tokio::spawn(async move {
+            "disabled"
+        }
+    );
+    let mut map = northbound::northbound_map();
+    map.unit_id = config.northbound_unit_id;
+    let limits = config.northbound_limits;
+    let task = listen::bind_retrying(
+        "northbound Modbus server",
+        addr,
+        stats.clone(),
+        move |listener| async move {
             let served =
                 northbound::serve_within(listener, map, snap_rx, writes_tx, limits, stats).await;
             if let Err(e) = served {
                 tracing::error!("cooling-ctrl: northbound Modbus server: {e}");
             }
-        }));
-        northbound_link = Some(shell::NorthboundLink {
-            snapshots: snap_tx,
-            writes: writes_rx,
-        });
-    }
-    Ok((northbound_link, northbound_task))
+        },
+    );
+    let link = shell::NorthboundLink {
+        snapshots: snap_tx,
+        writes: writes_rx,
+    };
+    Ok((Some(link), Some(task)))
 }
 
 /// What the controller's listeners refused and closed: the console
@@ -482,9 +487,12 @@ async fn start_readers(
     if config.northbound.is_some() {
         metrics = metrics.listener("northbound", listeners.northbound.clone());
     }
-    let metrics_task = cooling_ctrl::metrics::start(config.metrics_listen, metrics)
-        .await
-        .map_err(|e| e.to_string())?;
+    // An address it cannot bind is in the log, and tried again.
+    let metrics_task = cooling_ctrl::metrics::start_retrying(
+        config.metrics_listen,
+        metrics,
+        ListenStats::default(),
+    );
     let serial_task = console::start_serial(config.serial.clone(), ctx.clone());
     let (limits, stats) = (config.console_limits, listeners.console.clone());
     let console_task = tokio::spawn(console::serve(listener, ctx, limits, stats));
