@@ -20,7 +20,7 @@
 //! | `keep_alive_s` | 5 | MQTT keep-alive, 1 to 600 s: the broker publishes the controller's last wills after 1.5 × this of silence |
 //! | `json_presence` | true | keep the JSON `online` on a second connection whose last will says offline; `false` saves that connection, but the JSON tree then keeps saying online after a crash |
 //! | `sign_key` | none (required) | this controller's Ed25519 sign key (`cdu1.sign.key` from `lwbus pki init`); it must be `cdu/<cdu>`'s |
-//! | `demo_key` | false | sign with the public demonstration key (twin only) |
+//! | `demo_key` | false | sign with the public demonstration key (twin only: a build without the `twin` feature, as the packages', refuses it) |
 //! | `keyring` | none: with `demo_key` the demonstration readers (any operator or facility system, the demonstration key), else none (every request to resend refused, said at start) | a keyring TOML (the hosts' format, of this site; others may not write it): the readers (operators, facility systems) that may ask this CDU to resend its logged events, those with `may = ["resend"]` |
 //! | `cdu_tcp` | — | the CDU on Modbus TCP, `host:port` |
 //! | `cdu_serial` | — | the CDU on Modbus RTU, a serial device |
