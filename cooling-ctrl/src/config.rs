@@ -1,7 +1,9 @@
 //! The controller's configuration for `cooling-ctrl run` and `gateway`: a
 //! TOML file, most fields overridable by a flag (not
 //! `console_password_hash`, `unprotected_racks`, `facility_coordinator`,
-//! `facility_cdus`), checked as a whole at start.
+//! `facility_cdus`, `northbound_writes_any_address`), checked as a whole
+//! at start. [`load_for`] logs the protections switched off on purpose
+//! and the warnings the configuration gives.
 //!
 //! A key the controller does not know, a value of the wrong type or a
 //! value out of its range stops the start with the file, the line and the
@@ -45,8 +47,9 @@
 //! | `console_idle_s` | 300 | seconds before an idle serial session is closed |
 //! | `flash` | none (required with a site sign key, unless `volatile_latch`) | flash file: the event log, the outbox and the latched state |
 //! | `volatile_latch` | false (true with `demo_key` and no `flash`) | run without a flash file on purpose: latched leaks and failed pumps are lost at every restart (said at every start) |
-//! | `northbound` | none (no server) | the BMS's Modbus TCP server, `address:port` |
-//! | `northbound_writes` | false | the BMS may write the bounded holding registers |
+//! | `northbound` | none (no server) | the BMS's Modbus TCP server, `address:port`; an unspecified address (`0.0.0.0`, `::`) is warned of at start |
+//! | `northbound_writes` | false | the BMS may write the bounded holding registers; refused on an unspecified address unless `northbound_writes_any_address` |
+//! | `northbound_writes_any_address` | false | writes on an unspecified address on purpose (every network may write: no Modbus login); said at every start |
 //! | `northbound_unit_id` | 1 (the northbound map's) | the Modbus unit id the northbound server answers, 1 to 247 (255 always reaches it; other ids get no answer) |
 //! | `northbound_max_connections` | 16 | connections the northbound server keeps open at once, 1 to 256; one more is closed at once |
 //! | `northbound_idle_s` | 120 | a northbound connection that sends no request this long is closed, 1 to 3600 s |
@@ -193,6 +196,12 @@ pub struct Config {
     /// This CDU's part in a hall of several CDUs; `None`: its setpoint
     /// alone sets its facility water.
     pub facility: Option<crate::facility::FacilityRole>,
+    /// The protections switched off on purpose, as lines for the log at
+    /// every start (`northbound_writes_any_address`).
+    pub opt_outs: Vec<String>,
+    /// What the configuration allows but says at start (a northbound
+    /// server on every interface).
+    pub warnings: Vec<String>,
 }
 
 impl Config {
@@ -227,14 +236,22 @@ pub fn load(path: Option<&Path>, flags: &Overrides) -> Result<Config, ConfigErro
     load_for(path, flags, Purpose::Run)
 }
 
-/// As [`load`], for `purpose`.
+/// As [`load`], for `purpose`; the configuration's opt-outs and
+/// warnings are logged.
 pub fn load_for(
     path: Option<&Path>,
     flags: &Overrides,
     purpose: Purpose,
 ) -> Result<Config, ConfigError> {
     let text = field::read_optional(path)?;
-    resolve_for(path, &text, flags, purpose)
+    let config = resolve_for(path, &text, flags, purpose)?;
+    for o in &config.opt_outs {
+        tracing::warn!("protection switched off on purpose: {o}");
+    }
+    for w in &config.warnings {
+        tracing::warn!("{w}");
+    }
+    Ok(config)
 }
 
 /// Checks a configuration given as text (the file at `path`) and flags:
@@ -303,6 +320,8 @@ pub fn resolve_for(
         writes: northbound_writes,
         unit_id: northbound_unit_id,
         limits: northbound_limits,
+        opt_out,
+        warning,
     } = northbound(&src, &file, flags)?;
     if northbound.is_some() {
         northbound_ceiling(&src, &file, flags, &core)?;
@@ -343,6 +362,8 @@ pub fn resolve_for(
         facility,
         metrics_listen,
         board,
+        opt_outs: opt_out.into_iter().collect(),
+        warnings: warning.into_iter().collect(),
     })
 }
 
@@ -502,6 +523,67 @@ mod tests {
         // The console's bounds are the common fields'.
         let c = from(&format!("{MIN}console_max_connections = 3\n")).unwrap();
         assert_eq!(c.console_limits.max_connections, 3);
+    }
+
+    #[test]
+    fn northbound_writes_on_every_interface_need_their_opt_out_and_are_said() {
+        // A named address: nothing to say.
+        let c = from(&format!(
+            "{MIN}northbound = \"127.0.0.1:5502\"\nnorthbound_writes = true\n"
+        ))
+        .unwrap();
+        assert!(c.northbound_writes && c.opt_outs.is_empty() && c.warnings.is_empty());
+        for every in ["0.0.0.0:502", "[::]:502"] {
+            let nb = format!("{MIN}northbound = \"{every}\"\n");
+            // Read only: allowed, and warned of.
+            let c = from(&nb).unwrap();
+            assert!(c.opt_outs.is_empty(), "{:?}", c.opt_outs);
+            assert_eq!(c.warnings.len(), 1, "{every}");
+            assert!(
+                c.warnings[0].contains("every interface"),
+                "{:?}",
+                c.warnings
+            );
+            // Writes: refused at the address's line, naming the opt-out.
+            let e = from(&format!("{nb}northbound_writes = true\n")).unwrap_err();
+            assert_eq!(e.line, Some(5), "{e}");
+            for said in ["no login", "northbound_writes_any_address = true"] {
+                assert!(e.message.contains(said), "{said}: {e}");
+            }
+            // The opt-out: taken, and said as one.
+            let c = from(&format!(
+                "{nb}northbound_writes = true\nnorthbound_writes_any_address = true\n"
+            ))
+            .unwrap();
+            assert!(c.northbound_writes && c.warnings.is_empty());
+            assert_eq!(c.opt_outs.len(), 1, "{every}");
+            assert!(
+                c.opt_outs[0].starts_with("northbound_writes_any_address = true"),
+                "{:?}",
+                c.opt_outs
+            );
+        }
+        // The opt-out where it opts out of nothing is refused.
+        for text in [
+            format!("{MIN}northbound_writes_any_address = true\n"),
+            format!("{MIN}northbound = \"0.0.0.0:502\"\nnorthbound_writes_any_address = true\n"),
+            format!(
+                "{MIN}northbound = \"127.0.0.1:502\"\nnorthbound_writes = true\n\
+                 northbound_writes_any_address = true\n"
+            ),
+        ] {
+            let e = from(&text).unwrap_err();
+            assert!(e.message.contains("goes only with"), "{e}");
+            assert_eq!(e.line, text.lines().count().into(), "{e}");
+        }
+        // The writes flag over a file's address is refused too.
+        let flags = Overrides {
+            northbound_writes: Some(true),
+            ..Default::default()
+        };
+        let nb = format!("{MIN}northbound = \"0.0.0.0:502\"\n");
+        let e = resolve(Some(Path::new("cdu.toml")), &nb, &flags).unwrap_err();
+        assert_eq!(e.line, Some(5), "{e}");
     }
 
     #[test]

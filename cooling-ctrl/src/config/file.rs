@@ -56,6 +56,9 @@ loopwarden_field::agent_file! {
         pub northbound: Option<String>,
         /// The BMS may write the northbound holding registers.
         pub northbound_writes: Option<bool>,
+        /// Writes on an unspecified address (every interface), on
+        /// purpose: a protection switched off (file only).
+        pub northbound_writes_any_address: Option<bool>,
         /// The unit id the northbound server answers.
         pub northbound_unit_id: Option<u8>,
         /// Connections the northbound server keeps open at once.

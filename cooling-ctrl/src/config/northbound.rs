@@ -5,6 +5,12 @@
 //! the idle time (`northbound_idle_s`); all but the first need an
 //! address.
 //!
+//! Modbus TCP has no login: whoever reaches the address may read, and
+//! with `northbound_writes` write. An unspecified address (`0.0.0.0`,
+//! `::`: every interface) is said at start; with writes it is refused
+//! unless `northbound_writes_any_address = true` (file only) switches that
+//! protection off on purpose, which is then said at every start too.
+//!
 //! Glossary:
 //! - *BMS*: the building management system, the northbound server's
 //!   client.
@@ -29,6 +35,10 @@ pub(super) struct Northbound {
     pub(super) unit_id: u8,
     /// Its bounds: connections at once, idle time.
     pub(super) limits: Limits,
+    /// A protection switched off on purpose, as a line for the log.
+    pub(super) opt_out: Option<String>,
+    /// What is allowed but worth a warning at start.
+    pub(super) warning: Option<String>,
 }
 
 /// The northbound server's address (`None`: no server), whether the BMS
@@ -63,6 +73,7 @@ pub(super) fn northbound(
             "northbound_writes = true needs a northbound address to serve".into(),
         ));
     }
+    let (opt_out, warning) = any_address(src, file, flags, northbound, northbound_writes)?;
     let unit = pick!(
         flags.northbound_unit_id,
         file.northbound_unit_id,
@@ -111,5 +122,67 @@ pub(super) fn northbound(
         writes: northbound_writes,
         unit_id,
         limits,
+        opt_out,
+        warning,
     })
+}
+
+/// The opt-out key that lets the BMS write on every interface.
+const ANY_ADDRESS: &str = "northbound_writes_any_address";
+
+/// An unspecified address (every interface): with writes refused unless
+/// `northbound_writes_any_address = true`, which then is the opt-out
+/// said at start; without writes a warning. The opt-out anywhere else is
+/// refused as contradicting the configuration.
+fn any_address(
+    src: &Sources,
+    file: &FileConfig,
+    flags: &Overrides,
+    addr: Option<SocketAddr>,
+    writes: bool,
+) -> Result<(Option<String>, Option<String>), ConfigError> {
+    let opted = file.northbound_writes_any_address.unwrap_or(false);
+    let every = addr.filter(|a| a.ip().is_unspecified());
+    match (every, writes, opted) {
+        (Some(a), true, true) => Ok((
+            Some(format!(
+                "{ANY_ADDRESS} = true: the BMS's writable registers (setpoint ceiling, plan \
+                 ceiling offset, outdoor temperature, alarm acknowledge; Modbus has no login) are offered on every \
+                 interface ({a}): only a firewall keeps other networks from writing them"
+            )),
+            None,
+        )),
+        (Some(a), true, false) => {
+            let (_, flag) = pick!(flags.northbound, file.northbound, "northbound");
+            Err(src.error(
+                flag,
+                "northbound",
+                format!(
+                    "northbound = \"{a}\" with northbound_writes = true: Modbus has no login, so \
+                     every network this CDU is on could write the setpoint ceiling, the plan \
+                     ceiling offset and the outdoor temperature, and acknowledge alarms; give the address of the BMS's \
+                     network (e.g. \"10.0.3.5:{}\"), or set {ANY_ADDRESS} = true to offer \
+                     the writes on every interface on purpose",
+                    a.port()
+                ),
+            ))
+        }
+        (_, _, true) => Err(src.error(
+            None,
+            ANY_ADDRESS,
+            format!(
+                "{ANY_ADDRESS} = true goes only with northbound_writes = true on an unspecified \
+                 northbound address (0.0.0.0 or ::), and this configuration has none: remove it"
+            ),
+        )),
+        (Some(a), false, false) => Ok((
+            None,
+            Some(format!(
+                "northbound = \"{a}\" listens on every interface: the BMS's registers can be \
+                 read (Modbus has no login) from every network this CDU is on; give the address \
+                 of the BMS's network to keep them there"
+            )),
+        )),
+        (None, _, false) => Ok((None, None)),
+    }
 }
