@@ -84,7 +84,7 @@ fn every_commented_setting_is_one_the_controller_takes() {
         "the example binds the northbound server to the management address, never to every interface: {northbound}"
     );
     assert!(!c.northbound_writes);
-    assert_eq!(c.metrics_listen, Some(([10, 0, 3, 5], 9401).into()));
+    assert_eq!(c.metrics_listen, Some(([10, 0, 3, 5], 19401).into()));
     assert_eq!(c.console, Path::new("/run/loopwarden/cooling-ctrl.sock"));
     let l = c.console_limits;
     assert_eq!((l.max_connections, l.idle.as_secs()), (8, 60));
