@@ -23,10 +23,12 @@
 //! priority channel that the thread drains before each job of the FIFO
 //! channel, in their own order; so a cap or a cooling-loss step waits for
 //! one write at most, never behind a storm's events. What can
-//! be lost (an event published or logged without waiting, as in a storm
-//! of XIDs) is dropped and counted ([`Recorder::dropped`]) once
-//! [`JOBS_MAX`] jobs wait. What must not be lost (an ack, a config value
-//! such as a GPU's health, anything waited for) is queued beyond that, up
+//! be lost (an event of the outbox's normal class published or logged
+//! without waiting, as in a storm of XIDs) is dropped and counted
+//! ([`Recorder::dropped`]) once [`JOBS_MAX`] jobs wait. What must not be
+//! lost (a critical event such as a leak, a cap applied or a quarantine,
+//! an ack, a config value such as a GPU's health, anything waited for)
+//! is queued beyond that, up
 //! to [`VITAL_MAX`]; past it the flash has fallen minutes behind, and it
 //! is dropped, counted and said as an error. Acks to refused commands are
 //! rate-limited before they get here, so a flood on a host's `cmd` topic
@@ -52,7 +54,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
-use loopwarden_flash::{ConfigStore, EventLog};
+use loopwarden_flash::{Class, ConfigStore, EventLog};
 use loopwarden_protocol::{Message, MessageKind, TimestampMs};
 use tokio::sync::oneshot;
 
@@ -611,34 +613,49 @@ impl Recorder {
 
     /// Publishes an event or an ack (through the outbox), never waiting:
     /// an event after what was handed over before it, dropped (and
-    /// counted) when [`JOBS_MAX`] jobs wait; an ack by the priority
-    /// channel, ahead of the events queued (a lease's ack must not wait
-    /// behind a storm's writes), dropped only past [`VITAL_MAX`].
+    /// counted) when [`JOBS_MAX`] jobs wait unless it is
+    /// [critical](Class::Critical) (then only past [`VITAL_MAX`]); an
+    /// ack by the priority channel, ahead of the events queued (a lease's
+    /// ack must not wait behind a storm's writes), dropped only past
+    /// [`VITAL_MAX`].
     pub fn publish(&self, message: Message, time: TimestampMs, mirror: bool) {
-        let vital = matches!(message, Message::Ack(_));
+        let ack = matches!(message, Message::Ack(_));
+        let critical = Class::of(&message) == Class::Critical;
         let job = Job::Publish {
             message: Box::new(message),
             time,
             mirror,
         };
-        if !vital {
+        if ack {
+            let _ = self.pressing(job, "an ack to publish");
+        } else if critical {
+            let _ = self.vital(job, "a critical event to publish");
+        } else {
             self.offer(job, "an event to publish");
-            return;
         }
-        let _ = self.pressing(job, "an ack to publish");
     }
 
     /// Logs an event and publishes it (and its JSON mirror) through the
     /// outbox, after what was handed over before it, never waiting; once
     /// published, the frame's number is logged beside it, so a reader
     /// that missed the frame can have it again ([`Recorder::resendable`]).
-    /// Dropped (and counted) when [`JOBS_MAX`] jobs wait.
+    /// Dropped (and counted) when [`JOBS_MAX`] jobs wait, unless its
+    /// class is [critical](Class::Critical) (a leak, a cap applied, a
+    /// quarantine, an isolation failed): that one is vital, queued in its
+    /// turn beyond [`JOBS_MAX`] and dropped only past [`VITAL_MAX`]
+    /// (said as an error).
     pub fn emit(&self, event: loopwarden_protocol::Event, time: TimestampMs) {
+        let message = Message::Event(event);
+        let critical = Class::of(&message) == Class::Critical;
         let job = Job::Emit {
-            message: Box::new(Message::Event(event)),
+            message: Box::new(message),
             time,
         };
-        self.offer(job, "an event to log and publish");
+        if critical {
+            let _ = self.vital(job, "a critical event to log and publish");
+        } else {
+            self.offer(job, "an event to log and publish");
+        }
     }
 
     /// The logged events published as frames `from..=to`, at most `max`
@@ -898,6 +915,43 @@ mod tests {
         assert_eq!(r.dropped(), 1);
         let left = fifo(&rx);
         assert!(matches!(&left[..], [Job::Set { value, done: None, .. }] if value == &[1]));
+    }
+
+    #[test]
+    fn a_critical_event_is_queued_in_its_turn_when_an_xid_would_be_dropped() {
+        let (r, rx) = stalled(2);
+        for _ in 0..3 {
+            r.emit(xid(), TimestampMs(0));
+        }
+        assert_eq!(r.dropped(), 1, "the third XID is dropped");
+        let leak = loopwarden_protocol::Event::Leak {
+            rack: loopwarden_protocol::RackIndex::new(3).expect("a rack"),
+            active: true,
+        };
+        r.emit(leak.clone(), TimestampMs(1));
+        r.publish(Message::Event(leak), TimestampMs(2), true);
+        assert_eq!(r.dropped(), 1, "neither the leak's log nor its publish");
+        let left = fifo(&rx);
+        assert_eq!(left.len(), 4);
+        assert!(matches!(
+            &left[2],
+            Job::Emit { message, .. }
+                if matches!(**message, Message::Event(loopwarden_protocol::Event::Leak { .. }))
+        ));
+        assert!(matches!(
+            &left[3],
+            Job::Publish {
+                time: TimestampMs(2),
+                ..
+            }
+        ));
+    }
+
+    fn xid() -> loopwarden_protocol::Event {
+        match samples::message(MessageKind::Event) {
+            Message::Event(e) => e,
+            other => panic!("not an event: {other:?}"),
+        }
     }
 
     #[test]
