@@ -171,10 +171,15 @@ pub struct Learned {
     pub facility: FacilityFit,
     /// The facility figures' trust.
     pub facility_trust: [f32; facility::N],
+    /// Whose figures these are: kept with them, and what a kept record
+    /// must match to be read back ([`record`]).
+    pub ids: record::HostIds,
 }
 
 impl Learned {
-    /// Nothing learned yet: everything as configured in `cfg`.
+    /// Nothing learned yet: everything as configured in `cfg`, its hosts
+    /// known by index ([`record::HostIds::indices`]; a controller that
+    /// knows their names sets [`Learned::ids`]).
     pub const fn new(cfg: &CoreConfig) -> Self {
         Self {
             hosts: [Scalar::at(1.0); MAX_HOSTS],
@@ -182,6 +187,9 @@ impl Learned {
             approach: Scalar::at(cfg.cdu.approach_k),
             facility: FacilityFit::new(),
             facility_trust: [0.0; facility::N],
+            ids: record::HostIds::indices(
+                cfg.layout.racks as usize * cfg.layout.hosts_per_rack as usize,
+            ),
         }
     }
 

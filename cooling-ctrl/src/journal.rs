@@ -25,9 +25,12 @@
 //! stop, without waiting ([`learned_records`] through the recorder), and
 //! [`ControllerFlash::open`] reads them back ([`LearnedRecords`]), to be
 //! decoded against the configuration and restored into the core before
-//! the first step. A part that cannot be read or decoded is reported with
-//! its key and leaves that part as configured. The twin uses
-//! [`save_learned`] and [`load_learned`].
+//! the first step. Each part names the hosts its figures were learned on
+//! (part 0 their count, a hosts' part a hash of its eight hosts' ids:
+//! [`host_ids`]). A part that cannot be read or decoded, or that was kept
+//! for other hosts than those now configured in its place, is reported
+//! with its key and leaves that part as configured. The twin uses
+//! [`save_learned`] and [`load_learned`] (its hosts known by index).
 //!
 //! Records: an event is kind `MessageKind::Event` with the message's body;
 //! a lease is kind `MessageKind::CapLease` with a byte for lift (1) or cap
@@ -42,12 +45,12 @@ use std::path::Path;
 use std::string::String;
 use std::vec::Vec;
 
-use cooling_core::estimate::record::{MAX_LEN, PARTS};
+use cooling_core::estimate::record::{HostIds, MAX_LEN, PARTS};
 use cooling_core::{CoreConfig, Learned};
 use embedded_storage_async::nor_flash::MultiwriteNorFlash;
 use loopwarden_flash::log::WRAPPED;
 use loopwarden_flash::{ConfigStore, Outbox, Wrapped};
-use loopwarden_protocol::{Frame, Message, MessageKind, TimestampMs, MAX_FRAME_LEN};
+use loopwarden_protocol::{Frame, Ident, Message, MessageKind, TimestampMs, MAX_FRAME_LEN};
 use loopwarden_store::agent_flash::{self, Flash};
 pub use loopwarden_store::recorder::{Entry, Recorder};
 use serde_json::{json, Value};
@@ -240,10 +243,21 @@ pub struct LearnedRead {
 }
 
 impl LearnedRecords {
-    /// The parts read as figures for a core configured as `cfg`: a part
-    /// that cannot be read or decoded is reported and left as configured.
+    /// The parts read as figures for a core configured as `cfg`, its
+    /// hosts known by index (see [`LearnedRecords::decode_on`]).
     pub fn decode(&self, cfg: &CoreConfig) -> LearnedRead {
+        self.decode_on(cfg, Learned::new(cfg).ids)
+    }
+
+    /// The parts read as figures for a core configured as `cfg` whose
+    /// hosts are `ids` ([`host_ids`]): a part that cannot be read or
+    /// decoded, or that was kept for other hosts (a hosts' part for
+    /// others than those now in its place, part 0 for another host
+    /// count), is reported and left as configured. The figures name
+    /// `ids`, whatever was read.
+    pub fn decode_on(&self, cfg: &CoreConfig, ids: HostIds) -> LearnedRead {
         let mut l = Learned::new(cfg);
+        l.ids = ids;
         let mut read = Vec::new();
         let mut refused = Vec::new();
         for (part, (key, got)) in LEARNED_KEYS.iter().zip(&self.parts).enumerate() {
@@ -267,6 +281,12 @@ impl LearnedRecords {
     pub fn bytes(&self, part: usize) -> Option<&[u8]> {
         self.parts.get(part)?.as_ref().ok()?.as_deref()
     }
+}
+
+/// Whose figures the learned records of a CDU of `hosts` (its configured
+/// host ids, in order) hold: what they are kept with and checked against.
+pub fn host_ids(hosts: &[Ident]) -> HostIds {
+    HostIds::named(hosts.iter().map(|h| h.as_str().as_bytes()))
 }
 
 /// Reads every part of the learned figures from `store`, as bytes.
@@ -478,11 +498,11 @@ mod tests {
 
         // Part 1 (hosts 0 to 7) written by no controller: refused with its
         // key and why, hosts 0 to 7 as configured, the rest as kept.
-        block_on(store.set("cdu.learned.1", &[9u8; 89])).unwrap();
+        block_on(store.set("cdu.learned.1", &[9u8; 93])).unwrap();
         let read = block_on(load_learned(&mut store, &cfg));
         assert_eq!(
             read.refused,
-            ["cdu.learned.1: a learned record of version 9, not 1"]
+            ["cdu.learned.1: a learned record of version 9, not 2"]
         );
         assert!(!read.read.contains(&"cdu.learned.1"));
         let back = read.learned.unwrap();
@@ -490,13 +510,70 @@ mod tests {
         assert_eq!(back.hosts[12].value, 1.21);
         assert_eq!(back.facility, l.facility);
         // A part cut short says its length.
-        block_on(store.set("cdu.learned.0", &[1u8; 7])).unwrap();
+        block_on(store.set("cdu.learned.0", &[2u8; 7])).unwrap();
         let read = block_on(load_learned(&mut store, &cfg));
         assert_eq!(
             read.refused[0],
             "cdu.learned.0: a learned record of 7 bytes"
         );
         assert_eq!(read.learned.unwrap().flow, configured.flow);
+    }
+
+    #[test]
+    fn learned_host_factors_follow_the_host_not_its_place_in_the_list() {
+        use cooling_core::estimate::Scalar;
+        use futures::executor::block_on;
+        let cfg = CoreConfig::default();
+        let hosts = |swap: bool| {
+            let mut h: Vec<Ident> = (0..16)
+                .map(|i| Ident::new(&format!("h{i:02}")).unwrap())
+                .collect();
+            if swap {
+                h.swap(5, 9);
+            }
+            host_ids(&h)
+        };
+        let mut l = Learned::new(&cfg);
+        l.ids = hosts(false);
+        // Host h05's plate fouled, its factor trusted; h09 as designed.
+        l.hosts[5] = Scalar {
+            value: 1.37,
+            var: 0.0004,
+            fed_s: 3600.0,
+            trust: 0.8,
+        };
+        l.hosts[9].fed_s = 3600.0;
+        l.hosts[13].value = 1.2;
+        let mut store = sim_store(None);
+        block_on(save_learned(&mut store, &l)).unwrap();
+        let records = block_on(read_learned(&mut store));
+
+        // The same list: every part as kept.
+        let read = records.decode_on(&cfg, hosts(false));
+        assert!(read.refused.is_empty(), "{:?}", read.refused);
+        let back = read.learned.unwrap();
+        assert_eq!((back.hosts[5].value, back.hosts[13].value), (1.37, 1.2));
+        assert_eq!(back.ids, hosts(false));
+
+        // h05 and h09 exchange places: neither part is read, so h09 is not
+        // planned as fouled nor h05 as clean, each as configured.
+        let read = records.decode_on(&cfg, hosts(true));
+        assert_eq!(read.refused.len(), 2, "{:?}", read.refused);
+        assert!(
+            read.refused[0].starts_with(
+                "cdu.learned.1: learned on other hosts than those configured as hosts 0 to 7"
+            ),
+            "{:?}",
+            read.refused
+        );
+        assert!(read.refused[1].starts_with("cdu.learned.2: "));
+        let back = read.learned.unwrap();
+        let configured = Learned::new(&cfg);
+        assert_eq!(back.hosts[..16], configured.hosts[..16]);
+        assert_eq!(back.ids, hosts(true), "kept next under the new list");
+        // Read by a core that knows its hosts by index only, the named
+        // hosts' parts are other hosts' too.
+        assert_eq!(records.decode(&cfg).refused.len(), 2);
     }
 
     #[test]

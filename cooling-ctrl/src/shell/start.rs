@@ -4,6 +4,8 @@
 //! the latched record in flash, what the core learned restored, and the
 //! resender that answers readers' requests for logged events.
 use super::*;
+use cooling_core::estimate::record::HostIds;
+use cooling_core::Learned;
 
 /// The bus of `cfg`'s CDU as `opts` says (its login taken from it), and
 /// the CDU's node on it: its frames numbered from `first_seq` (the block
@@ -114,61 +116,90 @@ pub(super) fn log_said(d: &mut Decider) {
 }
 
 /// Restores into `core` what an earlier run learned, as the flash held it
-/// (`records`); logs what was restored, or why not.
+/// (`records`), its hosts known by index ([`restore_learned_on`]).
 pub(super) fn restore_learned(core: &mut Core, records: &LearnedRecords) {
-    let read = records.decode(core.config());
+    let ids = Learned::new(core.config()).ids;
+    restore_learned_on(core, records, ids);
+}
+
+/// Restores into `core`, whose hosts are `ids` (its configured host list,
+/// [`journal::host_ids`]), what an earlier run learned, as the flash held
+/// it (`records`); logs what was restored, or why not. A part kept for
+/// other hosts (the list reordered, a host replaced or added) is refused
+/// with its key and starts as configured, as one that does not read; what
+/// the core learns from now on is kept as `ids`' figures.
+pub(super) fn restore_learned_on(core: &mut Core, records: &LearnedRecords, ids: HostIds) {
+    let read = records.decode_on(core.config(), ids);
     for why in &read.refused {
         tracing::error!("cooling shell: learned figures: {why}; that part starts as configured");
     }
-    let Some(l) = read.learned else {
-        tracing::info!(
-            "cooling shell: no learned figures in flash: the hall is learned from the configured figures"
-        );
-        return;
-    };
-    match core.restore_learned(&l) {
-        Ok(()) => {
-            let e = Estimates::of(core);
-            let figures: Vec<String> = e
-                .figures()
-                .iter()
-                .map(|f| match f.key {
-                    "fixed_loads" => format!(
-                        "{} {:+.0} W (trust {:.2})",
-                        f.name,
-                        f.estimated - f.configured,
-                        f.trust
-                    ),
-                    _ => format!("{} ×{:.2} (trust {:.2})", f.name, f.ratio(), f.trust),
-                })
-                .collect();
-            let hosts: Vec<f32> = l
-                .hosts
-                .iter()
-                .take(core.config().layout.hosts())
-                .filter(|h| h.fed_s > 0.0)
-                .map(|h| h.value)
-                .collect();
-            let span = match (
-                hosts.iter().copied().reduce(f32::min),
-                hosts.iter().copied().reduce(f32::max),
-            ) {
-                (Some(lo), Some(hi)) => {
-                    format!("{} hosts' thermal factors {lo:.2} to {hi:.2}", hosts.len())
-                }
-                _ => "no host's thermal factor".to_string(),
-            };
+    let restored = match &read.learned {
+        None if read.refused.is_empty() => {
             tracing::info!(
-                "cooling shell: learned figures restored from flash ({} of {} parts): {}; {span}",
-                read.read.len(),
-                journal::LEARNED_KEYS.len(),
-                figures.join(", ")
+                "cooling shell: no learned figures in flash: the hall is learned from the configured figures"
             );
+            false
         }
-        Err(e) => tracing::error!(
-            "cooling shell: learned figures in flash not restored ({e}): the hall is learned anew from the configured figures"
-        ),
+        None => false,
+        Some(l) => match core.restore_learned(l) {
+            Ok(()) => {
+                log_restored(core, l, read.read.len());
+                true
+            }
+            Err(e) => {
+                tracing::error!(
+                    "cooling shell: learned figures in flash not restored ({e}): the hall is learned anew from the configured figures"
+                );
+                false
+            }
+        },
+    };
+    if !restored {
+        let mut fresh = Learned::new(core.config());
+        fresh.ids = ids;
+        if let Err(e) = core.restore_learned(&fresh) {
+            tracing::error!("cooling shell: the configured figures as learned: {e}");
+        }
     }
+}
+
+/// Logs what was restored of what was learned (`l`, `parts` of them).
+fn log_restored(core: &Core, l: &Learned, parts: usize) {
+    let e = Estimates::of(core);
+    let figures: Vec<String> = e
+        .figures()
+        .iter()
+        .map(|f| match f.key {
+            "fixed_loads" => format!(
+                "{} {:+.0} W (trust {:.2})",
+                f.name,
+                f.estimated - f.configured,
+                f.trust
+            ),
+            _ => format!("{} ×{:.2} (trust {:.2})", f.name, f.ratio(), f.trust),
+        })
+        .collect();
+    let hosts: Vec<f32> = l
+        .hosts
+        .iter()
+        .take(core.config().layout.hosts())
+        .filter(|h| h.fed_s > 0.0)
+        .map(|h| h.value)
+        .collect();
+    let span = match (
+        hosts.iter().copied().reduce(f32::min),
+        hosts.iter().copied().reduce(f32::max),
+    ) {
+        (Some(lo), Some(hi)) => {
+            format!("{} hosts' thermal factors {lo:.2} to {hi:.2}", hosts.len())
+        }
+        _ => "no host's thermal factor".to_string(),
+    };
+    tracing::info!(
+        "cooling shell: learned figures restored from flash ({parts} of {} parts): {}; {span}",
+        journal::LEARNED_KEYS.len(),
+        figures.join(", ")
+    );
 }
 
 /// The resender of this CDU's logged events on `bus`, read through
@@ -204,4 +235,75 @@ fn start_resender(bus: &Bus, recorder: &Recorder, readers: Vec<Signer>) -> Resen
         );
     }
     Resender::start(bus.clone(), recorder.clone(), readers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cooling_core::estimate::Scalar;
+    use futures::executor::block_on;
+    use loopwarden_flash::ConfigStore;
+    use loopwarden_store::agent_flash::AgentFlash;
+
+    /// Sixteen hosts' ids, h05 and h09 exchanged with `swap`.
+    fn hosts(swap: bool) -> HostIds {
+        let mut h: Vec<Ident> = (0..16)
+            .map(|i| Ident::new(&format!("h{i:02}")).unwrap())
+            .collect();
+        if swap {
+            h.swap(5, 9);
+        }
+        journal::host_ids(&h)
+    }
+
+    /// The records a flash holds once `l` was kept in it.
+    fn kept(l: &Learned) -> LearnedRecords {
+        let board = loopwarden_boards::FlashBoard::host_file();
+        let flash = AgentFlash::Memory(loopwarden_flash::sim::SimFlash::new(
+            board.geometry.sectors as usize,
+        ));
+        let mut store = ConfigStore::open(flash, board.layout().config).unwrap();
+        block_on(journal::save_learned(&mut store, l)).unwrap();
+        block_on(journal::read_learned(&mut store))
+    }
+
+    /// A core of the reference hall, `records` restored into it for hosts
+    /// `ids`.
+    fn restored(records: &LearnedRecords, ids: HostIds) -> Core {
+        let mut core = Core::new(CoreConfig::default()).unwrap();
+        restore_learned_on(&mut core, records, ids);
+        core
+    }
+
+    #[test]
+    fn a_fouled_hosts_factor_is_not_restored_onto_the_host_now_in_its_place() {
+        let mut l = Learned::new(&CoreConfig::default());
+        l.ids = hosts(false);
+        l.hosts[5] = Scalar {
+            value: 1.37,
+            var: 0.0004,
+            fed_s: 3600.0,
+            trust: 0.8,
+        };
+        l.hosts[9].fed_s = 3600.0;
+        l.hosts[9].trust = 0.8;
+        let records = kept(&l);
+
+        let same = restored(&records, hosts(false)).learned();
+        assert_eq!(same.hosts[5].value, 1.37);
+        assert!((same.hosts[9].trust - 0.8).abs() < 0.005);
+
+        let swapped = restored(&records, hosts(true)).learned();
+        let configured = Learned::new(&CoreConfig::default());
+        assert_eq!(swapped.hosts[5], configured.hosts[5], "h09, now 5th");
+        assert_eq!(swapped.hosts[9], configured.hosts[9], "h05, now 9th");
+        assert_eq!(swapped.ids, hosts(true), "kept next under the new list");
+    }
+
+    #[test]
+    fn with_nothing_in_flash_what_is_learned_is_kept_under_the_hosts_ids() {
+        let core = restored(&LearnedRecords::default(), hosts(false));
+        assert_eq!(core.learned().ids, hosts(false));
+        assert_eq!(core.learned().hosts, Learned::new(core.config()).hosts);
+    }
 }

@@ -10,7 +10,7 @@ use std::rc::Rc;
 use std::string::{String, ToString};
 use std::vec::Vec;
 
-use cooling_core::estimate::record::PARTS;
+use cooling_core::estimate::record::{HostIds, PARTS};
 use cooling_core::{CoreConfig, Learned};
 use cooling_decide::learned::{LearnedKeeper, LEARNED_EVERY_MS};
 use cooling_decide::{Decider, LatchRecord, Traced};
@@ -340,7 +340,7 @@ fn a_corrupted_part_is_refused_with_its_key_and_the_others_restored() {
     kept_once(&mut mem, &writes, &l).unwrap();
     // Part 2 (hosts 8..16) damaged: a version no firmware wrote.
     let mut b = Board::on(&mut mem, &writes);
-    write_part(&mut b.store, LEARNED_KEYS[2], &[9u8; 89]).unwrap();
+    write_part(&mut b.store, LEARNED_KEYS[2], &[9u8; 93]).unwrap();
     // Part 1 (hosts 0..8) cannot be read.
     b.unreadable = Some(LEARNED_KEYS[1]);
     let mut d = decider();
@@ -356,7 +356,7 @@ fn a_corrupted_part_is_refused_with_its_key_and_the_others_restored() {
     );
     assert!(
         b.said(
-            "learned: cdu.learned.2 refused (a learned record of version 9, not 1): \
+            "learned: cdu.learned.2 refused (a learned record of version 9, not 2): \
              that part starts as configured"
         ),
         "{:?}",
@@ -392,6 +392,53 @@ fn a_corrupted_part_is_refused_with_its_key_and_the_others_restored() {
             failed: 0
         })
     );
+}
+
+#[test]
+fn parts_kept_for_another_host_count_are_refused_and_the_rest_restored() {
+    // Kept by an image built for 12 hosts; restored by one of 16 (the
+    // reference hall): the hosts are known by their index only.
+    let mut mem = std::vec![0xFFu8; 8 * 4096];
+    let writes = Rc::new(Cell::new(0));
+    let mut twelve = figures();
+    twelve.ids = HostIds::indices(12);
+    let mut b = Board::on(&mut mem, &writes);
+    let mut buf = [0; MAX_LEN];
+    for (part, key) in LEARNED_KEYS.iter().enumerate() {
+        let n = twelve.encode_part(part, &mut buf).unwrap();
+        write_part(&mut b.store, key, &buf[..n]).unwrap();
+    }
+    let mut d = decider();
+    let mut k = Box::new(LearnedKeeper::new());
+    let mut c = Controller::new(&mut d, ClearGate::new(None, &[]), &mut k);
+    let r = restore(&mut c, &mut *b);
+    assert_eq!(
+        r,
+        Restored {
+            restored: PARTS as u8 - 2,
+            refused: 2
+        }
+    );
+    assert!(
+        b.said(
+            "learned: cdu.learned.0 refused (learned on a loop of 12 hosts, not the 16 configured)"
+        ),
+        "{:?}",
+        b.lines
+    );
+    assert!(
+        b.said("learned: cdu.learned.2 refused (learned on other hosts than those configured as hosts 8 to 15"),
+        "{:?}",
+        b.lines
+    );
+    // Part 0 and hosts 8 to 15 as configured; hosts 0 to 7 as kept.
+    let mut want = through_parts(&figures());
+    let configured = Learned::new(&CoreConfig::default());
+    want.hosts[8..16].copy_from_slice(&configured.hosts[8..16]);
+    (want.flow, want.approach) = (configured.flow, configured.approach);
+    (want.facility, want.facility_trust) = (configured.facility, configured.facility_trust);
+    assert_eq!(c.decider().core().learned(), want);
+    assert_eq!(replayed(&b.wire), want, "the trace refuses them alike");
 }
 
 #[test]
