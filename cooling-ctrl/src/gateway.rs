@@ -16,8 +16,15 @@
 //!   resender.
 //! - Down: host telemetry of this CDU's hosts, as the shell subscribes to
 //!   it and maps host ids to indices ([`crate::shell::host_report`]), goes
-//!   to the MCU as [`Down::Host`]; every second [`Down::Alive`] carries
-//!   the wall clock and whether the broker is connected.
+//!   to the MCU as [`Down::Host`]; every second, and at once when the MCU
+//!   starts, [`Down::Alive`] carries the wall clock, whether the broker
+//!   is connected and the layout those indices follow
+//!   ([`Bridge::alive`]). An MCU whose figures lay the CDU out otherwise
+//!   takes no host report and sends no status or lease, and says so (an
+//!   error line naming both layouts and its figures' digest, logged at
+//!   each of its starts and every minute): the gateway then hears no
+//!   status and tells the bus the controller is silent, as for a silent
+//!   MCU.
 //! - The BMS (with `northbound`): `run`'s northbound Modbus server,
 //!   whose reads come from the MCU's last status and whose writes go down
 //!   as [`Down::Limits`] and [`Down::Outdoor`] ([`bms`]).
@@ -395,14 +402,17 @@ impl Gateway {
     /// Every second: the MCU hears the gateway is alive, and the bus's
     /// sequence floor is kept ahead.
     async fn alive(&mut self) {
-        let alive = Down::Alive {
-            unix_ms: now_ms().0,
-            bus: self.bus.is_connected(),
-        };
-        self.send_down(&alive);
+        self.send_alive();
         self.seq_floor.keep_ahead(&self.bus, &self.recorder).await;
         self.stats.ticks += 1;
         self.report();
+    }
+
+    /// The MCU hears the gateway is alive, with the wall clock and the
+    /// layout the gateway maps hosts by ([`Bridge::alive`]).
+    fn send_alive(&mut self) {
+        let alive = self.bridge.alive(now_ms().0, self.bus.is_connected());
+        self.send_down(&alive);
     }
 
     fn on_link(&mut self, ev: LinkEvent) {
@@ -594,7 +604,10 @@ impl Gateway {
                 Act::Lease { host, lease, lift } => self.lease(host, lease, lift),
                 Act::FacilityTarget(water_c) => self.facility_down(water_c),
                 Act::Started => {
-                    // A started MCU has forgotten the BMS's limits.
+                    // A started MCU has forgotten the gateway's layout
+                    // (it sends no status until it hears one that is its
+                    // own) and the BMS's limits.
+                    self.send_alive();
                     if let Some(limits) = self.bms.due(self.now().mono_ms, true) {
                         self.send_bms(&limits);
                     }

@@ -5,7 +5,8 @@
 //! lease: the bus shows the state signed with the demonstration key, the
 //! telemetry, the event and the lease on the host's `cmd` topic. Host
 //! telemetry published on the bus reaches the microcontroller as
-//! `Down::Host`, and `Down::Alive` comes every second. A corrupt frame is
+//! `Down::Host`, and `Down::Alive` comes every second with the layout the
+//! gateway maps host ids by. A corrupt frame is
 //! counted in `/metrics` and never published. Then the microcontroller
 //! goes silent, and within 5 s the bus shows the retained state in
 //! `failsafe`, reason `controller-silent`, with the racks it last said.
@@ -19,11 +20,19 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use gateway_mcu::{config, spawn, status, topic, Mcu, CDU, HOST_5, SITE};
-use loopwarden_link::{Down, Up};
+use loopwarden_link::{CduLayout, Down, Up};
 use loopwarden_protocol::message::{CduMode, Event, Pump, RackCooling};
 use loopwarden_protocol::{samples, Family, Frame, Message, NodeId, ReasonCode, Role, Topic};
 use loopwarden_system_tests::prometheus::http_get;
 use loopwarden_system_tests::{free_port, publish_raw, Mosquitto, Seen, Subscriber};
+
+/// The layout of the gateway's configuration (the reference hall's:
+/// hosts `r{rack}h{host}`, four a rack).
+const LAYOUT: CduLayout = CduLayout {
+    racks: 4,
+    hosts_per_rack: 4,
+    gpus_per_host: 8,
+};
 
 fn decode(s: &Seen) -> Frame {
     Frame::decode(&s.payload).unwrap_or_else(|e| panic!("a frame on {}: {e:?}", s.topic))
@@ -216,13 +225,19 @@ fn the_gateway_carries_the_mcu_to_the_bus_and_back_and_says_when_it_falls_silent
                 Down::Host {
                     index, telemetry, ..
                 } => heard_host = Some((index, telemetry.gpus.len())),
-                Down::Alive { bus, .. } => alive |= bus,
+                Down::Alive { bus, layout, .. } => {
+                    assert_eq!(layout, LAYOUT, "the layout the gateway maps host ids by");
+                    alive |= bus
+                }
                 _ => {}
             }
         }
     }
     assert_eq!(heard_host, Some((5, 8)), "host 5's report, as Down::Host");
-    assert!(alive, "Down::Alive with the broker connected");
+    assert!(
+        alive,
+        "Down::Alive with the broker connected and the gateway's layout"
+    );
 
     // A corrupt frame is dropped and counted; the next is read.
     mcu.send_corrupt(&status(900, 44.0));

@@ -19,7 +19,12 @@
 //!    path said, the core's offer to the hall's facility coordinator when
 //!    it moved ([`OfferWatch`], the rule `run` publishes it by), the
 //!    status, then the leases due ([`LeaseBook`]: one not queued is due
-//!    again, so they go after what would be lost), and the cost.
+//!    again, so they go after what would be lost), and the cost. The
+//!    status and the leases go only while the gateway's layout (its
+//!    `Alive`) is this controller's: against another, a rack's bit or a
+//!    host's index names another rack or host there, so the gateway
+//!    hears no status and tells the bus the controller is silent, and
+//!    host reports are not taken either (`controller/down.rs`).
 //!
 //! What the estimator learned goes to flash and back through it too
 //! ([`crate::learned`]): restored at start ([`Controller::restore_learned`],
@@ -48,7 +53,7 @@ use cooling_decide::{
     StepIn, Traced,
 };
 use loopwarden_link::trace::Trace;
-use loopwarden_link::{Cost, Deframer, Hello, RackBits, SeqWatch, Status, Up};
+use loopwarden_link::{CduLayout, Cost, Deframer, Hello, RackBits, SeqWatch, Status, Up};
 
 use crate::clears::{ClearGate, Taken};
 use crate::cost::InsnStats;
@@ -137,6 +142,15 @@ pub struct Controller<'d> {
     leaks: LeakInputs,
     pump_faults: Option<[Option<bool>; 2]>,
     hosts: usize,
+    /// The layout of the figures built in, their record's digest, and
+    /// the gateway's layout as its last `Alive` gave it (none since the
+    /// start, or since it started again): host reports, the status and
+    /// the leases cross the link only while the two agree.
+    layout: CduLayout,
+    figures_digest: u32,
+    gateway_layout: Option<CduLayout>,
+    /// When the disagreement was last said, MCU clock.
+    disagreement_said_ms: Option<u64>,
     /// The last step's input, kept here: the decision path reads it while
     /// its step runs, deepest on the stack.
     input: Traced,
@@ -175,6 +189,10 @@ impl<'d> Controller<'d> {
             leaks: LeakInputs::DRY,
             pump_faults: None,
             hosts,
+            layout: CduLayout::from(&cfg.layout),
+            figures_digest: 0,
+            gateway_layout: None,
+            disagreement_said_ms: None,
             input: Traced::ToKeep,
             digest: None,
             readings: None,
@@ -183,6 +201,24 @@ impl<'d> Controller<'d> {
             insn: InsnStats::new(),
             steps: 0,
         }
+    }
+
+    /// The digest of the figures record built in
+    /// ([`crate::figures::digest`]), said with a layout the gateway does
+    /// not share.
+    pub fn set_digest(&mut self, digest: u32) {
+        self.figures_digest = digest;
+    }
+
+    /// This controller's layout, and the gateway's as it last said it.
+    pub fn layouts(&self) -> (CduLayout, Option<CduLayout>) {
+        (self.layout, self.gateway_layout)
+    }
+
+    /// The gateway said its layout, and it is this controller's: host
+    /// indices and rack bits mean the same hosts and racks on both ends.
+    pub fn layouts_agree(&self) -> bool {
+        self.gateway_layout == Some(self.layout)
     }
 
     /// The decision path.
@@ -392,7 +428,8 @@ impl<'d> Controller<'d> {
     }
 
     /// Step 6: the step's events, what the decision path said, the offer
-    /// when due, the status, then the leases due, and the step's cost;
+    /// when due, the status, then the leases due (these two only while
+    /// the gateway's layout is this controller's), and the step's cost;
     /// `writes_ok`: every write of the step went in. The leases go last:
     /// one the gateway's queue has no room for is due again at the next
     /// step, while an event or a status not queued is lost, so the
@@ -408,12 +445,20 @@ impl<'d> Controller<'d> {
             insn_max: self.insn.max(),
             stack_peak: p.stack_peak(),
         };
-        if let Some(s) = self.status(now_ms, writes_ok, cost) {
-            if !p.up(&Up::Status(s)) {
-                self.link.up_dropped = self.link.up_dropped.saturating_add(1);
+        // Read against another layout, the racks' bits and the hosts'
+        // leases would name other racks and hosts: neither goes up (the
+        // gateway then tells the bus the controller is silent), and the
+        // leases stay due.
+        if self.layouts_agree() {
+            if let Some(s) = self.status(now_ms, writes_ok, cost) {
+                if !p.up(&Up::Status(s)) {
+                    self.link.up_dropped = self.link.up_dropped.saturating_add(1);
+                }
             }
+            self.leases(p, now_ms);
+        } else {
+            self.link.withheld = self.link.withheld.saturating_add(1);
         }
-        self.leases(p, now_ms);
         p.trace(&Trace::Cost {
             step: self.steps,
             cost,

@@ -31,6 +31,27 @@ pub fn configure(record: Option<&[u8]>, cfg: &mut CoreConfig) -> Result<(), Figu
     }
 }
 
+/// The digest of the figures the core runs: the CRC-32 that ends their
+/// record (`record`, as built in; the reference hall's record when
+/// none), so the console and the gateway's log name the figures an image
+/// was built with (`tail -c 4` of the file `cooling-ctrl
+/// firmware-figures` wrote, little-endian).
+pub fn digest(record: Option<&[u8]>) -> u32 {
+    let tail = |b: &[u8]| {
+        let mut w = [0u8; 4];
+        if let Some(t) = b.len().checked_sub(4).and_then(|i| b.get(i..)) {
+            w.copy_from_slice(t);
+        }
+        u32::from_le_bytes(w)
+    };
+    match record {
+        Some(bytes) => tail(bytes),
+        None => tail(&cooling_core::config::figures::encode(
+            &CoreConfig::reference(),
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -85,6 +106,17 @@ mod tests {
             matches!(e, FiguresError::Refused(ConfigError::Layout(_))),
             "{e}"
         );
+    }
+
+    #[test]
+    fn the_digest_is_the_records_crc_and_the_reference_halls_without_one() {
+        let r = encode(&hall());
+        let crc = u32::from_le_bytes(r[r.len() - 4..].try_into().unwrap());
+        assert_eq!(digest(Some(&r)), crc);
+        let reference = encode(&CoreConfig::reference());
+        assert_eq!(digest(None), digest(Some(&reference)));
+        assert_ne!(digest(None), crc, "another hall, another digest");
+        assert_eq!(digest(Some(&[1, 2])), 0, "too short to carry one");
     }
 
     #[test]

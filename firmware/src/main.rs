@@ -90,6 +90,7 @@ fn main() -> ! {
     let (sh, read) = shell_in_place(console, cause);
     let decider = core_in_place(sh, cause, &read);
     let ctl = controller_in_place(decider);
+    ctl.set_digest(figures::digest(built_in::RECORD));
     sh.start(ctl, cause, &read);
     let boot_peak = board::stack::peak_bytes();
     sh.boot_done(boot_peak);
@@ -151,12 +152,13 @@ fn say_figures(sh: &mut Shell, cfg: &CoreConfig) {
     let l = &cfg.layout;
     let _ = writeln!(
         sh.console,
-        "figures: {}: {} racks of {} hosts of {} GPUs, {} CDU(s) on the facility water",
+        "figures: {}: {} racks of {} hosts of {} GPUs, {} CDU(s) on the facility water (digest {:#010x})",
         built_in::SOURCE,
         l.racks,
         l.hosts_per_rack,
         l.gpus_per_host,
-        cfg.facility.cdus
+        cfg.facility.cdus,
+        figures::digest(built_in::RECORD)
     );
 }
 

@@ -89,6 +89,13 @@ impl fmt::Display for Line<'_, '_> {
             )?,
             (None, _) => write!(f, " gateway never heard")?,
         }
+        match self.ctl.layouts() {
+            (_, Some(theirs)) if !self.ctl.layouts_agree() => {
+                write!(f, " | LAYOUT DIFFERS: the gateway's {theirs}")?
+            }
+            (_, None) => write!(f, " | the gateway's layout not heard")?,
+            _ => {}
+        }
         if self.watchdog_warnings > 0 {
             write!(f, " | watchdog NMIs {}", self.watchdog_warnings)?;
         }

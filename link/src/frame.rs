@@ -24,8 +24,9 @@
 use crc::{Crc, CRC_32_ISO_HDLC};
 use serde::{de::DeserializeOwned, Serialize};
 
-/// The link's version: the first byte of every frame (2: `Up::Offer`).
-pub const VERSION: u8 = 2;
+/// The link's version: the first byte of every frame (2: `Up::Offer`;
+/// 3: the gateway's layout in `Down::Alive`).
+pub const VERSION: u8 = 3;
 
 /// The frame's end.
 pub const END: u8 = 0x00;

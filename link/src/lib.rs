@@ -24,6 +24,6 @@ pub mod trace;
 
 pub use frame::{Deframer, EncodeError, Fed, FrameError, Order, Received, SeqWatch, VERSION};
 pub use message::{
-    Clear, ClearAction, Cost, Down, Hello, RackBits, ResetCause, SignedClear, Status, Up,
-    MAX_MESSAGE,
+    CduLayout, Clear, ClearAction, Cost, Down, Hello, RackBits, ResetCause, SignedClear, Status,
+    Up, MAX_MESSAGE,
 };

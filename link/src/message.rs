@@ -42,13 +42,18 @@ pub const SAID_MAX: usize = 120;
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Down {
-    /// The gateway is alive (sent every second): the wall clock, and
-    /// whether it is connected to the broker.
+    /// The gateway is alive (sent every second, and at once when the MCU
+    /// starts): the wall clock, whether it is connected to the broker,
+    /// and the layout it maps host ids and racks by. The MCU takes no host
+    /// report and sends no status or lease while that layout is not its
+    /// own ([`CduLayout`]).
     Alive {
         /// Unix ms.
         unix_ms: u64,
         /// Connected to the broker.
         bus: bool,
+        /// The gateway's layout of this CDU.
+        layout: CduLayout,
     },
     /// A host's telemetry as the bus carried it.
     Host {
@@ -73,6 +78,40 @@ pub enum Down {
     FacilityTarget(f32),
     /// An operator asks to clear a latch, signed.
     Clear(SignedClear),
+}
+
+/// A CDU's layout, by which both ends index its hosts (rack-major) and
+/// its racks: the MCU's from the figures built into its image, the
+/// gateway's from its configuration. Where they differ, a host index or a
+/// rack bit means another host or rack on each end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CduLayout {
+    /// Racks.
+    pub racks: u8,
+    /// Hosts per rack.
+    pub hosts_per_rack: u8,
+    /// GPUs per host.
+    pub gpus_per_host: u8,
+}
+
+impl From<&cooling_core::config::Layout> for CduLayout {
+    fn from(l: &cooling_core::config::Layout) -> Self {
+        Self {
+            racks: l.racks,
+            hosts_per_rack: l.hosts_per_rack,
+            gpus_per_host: l.gpus_per_host,
+        }
+    }
+}
+
+impl core::fmt::Display for CduLayout {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "{} racks of {} hosts of {} GPUs",
+            self.racks, self.hosts_per_rack, self.gpus_per_host
+        )
+    }
 }
 
 /// What an operator clears.
@@ -254,6 +293,19 @@ mod tests {
     use super::*;
     use crate::frame::{encode, max_frame, Deframer, Fed};
 
+    const LAYOUT: CduLayout = CduLayout {
+        racks: 4,
+        hosts_per_rack: 4,
+        gpus_per_host: 8,
+    };
+
+    #[test]
+    fn a_layout_reads_as_the_figures_say_it() {
+        let l = CduLayout::from(&cooling_core::CoreConfig::reference().layout);
+        assert_eq!(l, LAYOUT);
+        assert_eq!(std::format!("{l}"), "4 racks of 4 hosts of 8 GPUs");
+    }
+
     fn through<T: Serialize + serde::de::DeserializeOwned>(m: &T) -> T {
         let mut scratch = [0u8; MAX_MESSAGE + crate::frame::OVERHEAD];
         let mut out = [0u8; max_frame(MAX_MESSAGE)];
@@ -346,6 +398,7 @@ mod tests {
             Down::Alive {
                 unix_ms: 1_700_000_000_000,
                 bus: true,
+                layout: LAYOUT,
             },
             Down::Limits {
                 ceiling_c: 40.0,
@@ -367,10 +420,15 @@ mod tests {
         let alive = Down::Alive {
             unix_ms: 1_700_000_000_000,
             bus: true,
+            layout: LAYOUT,
         };
         let mut buf = [0u8; 256];
         let got = postcard::to_slice(&alive, &mut buf).unwrap();
-        assert_eq!(got, [0, 128, 208, 149, 255, 188, 49, 1]);
+        assert_eq!(
+            got,
+            [0, 128, 208, 149, 255, 188, 49, 1, 4, 4, 8],
+            "the layout last: racks, hosts per rack, GPUs per host"
+        );
         let hello = Up::Hello(Hello {
             boot: 3,
             reset: ResetCause::Fault,

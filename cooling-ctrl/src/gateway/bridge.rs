@@ -52,8 +52,8 @@ use std::vec::Vec;
 
 use cooling_core::config::Layout;
 use loopwarden_link::frame::{encode, max_frame, OVERHEAD};
+use loopwarden_link::{CduLayout, Down, Status, Up, MAX_MESSAGE};
 use loopwarden_link::{Deframer, EncodeError, Fed, FrameError, Hello, Order, ResetCause, SeqWatch};
-use loopwarden_link::{Down, Status, Up, MAX_MESSAGE};
 use loopwarden_protocol::message::{CapLease, CduMode, CduState, CduTelemetry, Event};
 use loopwarden_protocol::message::{FacilityOffer, FacilityState};
 use loopwarden_protocol::{Ident, ReasonCode, TimestampMs};
@@ -449,6 +449,20 @@ impl Bridge {
         });
         if let (Some(h), Some(f)) = (self.hall.as_mut(), facility) {
             h.sent(f);
+        }
+    }
+
+    /// The gateway's [`Down::Alive`] at Unix ms `unix_ms`, `bus` saying
+    /// whether the broker is connected, with the layout this gateway maps
+    /// host ids and racks by: an MCU whose figures lay the CDU out
+    /// otherwise takes no host report and sends no status or lease (its
+    /// silence is then said on the bus as any other), and says why as
+    /// an error line naming both layouts and its figures' digest.
+    pub fn alive(&self, unix_ms: u64, bus: bool) -> Down {
+        Down::Alive {
+            unix_ms,
+            bus,
+            layout: CduLayout::from(&self.layout),
         }
     }
 
@@ -1161,13 +1175,47 @@ mod tests {
     }
 
     #[test]
-    fn frames_down_are_numbered_in_turn_and_read_back_whole() {
-        let mut b = bridge();
-        let downs = [
+    fn the_gateways_alive_carries_the_layout_it_maps_hosts_by() {
+        let mut core = CoreConfig::default();
+        core.layout.racks = 6;
+        core.layout.hosts_per_rack = 3;
+        core.layout.gpus_per_host = 4;
+        let b = Bridge::new(core.layout, core.margins.failsafe_setpoint_c, at(0));
+        let want = CduLayout {
+            racks: 6,
+            hosts_per_rack: 3,
+            gpus_per_host: 4,
+        };
+        assert_eq!(
+            b.alive(T0, true),
             Down::Alive {
                 unix_ms: T0,
                 bus: true,
-            },
+                layout: want
+            }
+        );
+        // An MCU of another layout says so as an error, which is logged
+        // as one with both layouts and its figures' digest.
+        let said = Up::Said {
+            error: true,
+            words: heapless::String::try_from(
+                "layout differs: mine 4x4x8 (figures 0x1a2b3c4d), yours 6x3x4: no host report, status or lease",
+            )
+            .unwrap(),
+        };
+        let mut b = b;
+        let acts = b.hear(&frame(&said, 0), at(100));
+        assert!(
+            matches!(&acts[..], [Act::Say(Level::Error, w)] if w.contains("mine 4x4x8 (figures 0x1a2b3c4d), yours 6x3x4")),
+            "{acts:?}"
+        );
+    }
+
+    #[test]
+    fn frames_down_are_numbered_in_turn_and_read_back_whole() {
+        let mut b = bridge();
+        let downs = [
+            b.alive(T0, true),
             Down::Host {
                 index: 3,
                 stamped: TimestampMs(T0),

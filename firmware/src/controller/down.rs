@@ -13,11 +13,16 @@
 //! (numbered from 0 again: a lower number, or the last one's with other
 //! bytes), counted and said; the frames after a restart are acted on.
 //!
-//! - `Alive`: the wall clock (kept as its offset from the MCU clock) and
-//!   whether the gateway reaches the broker;
+//! - `Alive`: the wall clock (kept as its offset from the MCU clock),
+//!   whether the gateway reaches the broker, and the gateway's layout:
+//!   one that is not this controller's (the figures built in) is said as
+//!   an error to the console and the gateway, naming both and the
+//!   figures' digest, at the first `Alive` after each start of either
+//!   end and every minute while it lasts;
 //! - `Host`: the report judged ([`Decider::heard`], then
 //!   `Traced::Heard`; not before the wall clock is known, for its stamp
-//!   is judged against it);
+//!   is judged against it; not while the layouts differ, for its index
+//!   would name another host here);
 //! - `Limits`: `Traced::SetLimits`; `FacilityTarget`:
 //!   `Traced::FacilityTarget`; `Outdoor`: the BMS's value among the
 //!   outdoor temperature's sources;
@@ -39,7 +44,7 @@
 
 use embedded_hal_nb::nb;
 use embedded_hal_nb::serial::Read;
-use loopwarden_link::{ClearAction, Down, Fed, FrameError, Order, SignedClear, Up};
+use loopwarden_link::{CduLayout, ClearAction, Down, Fed, FrameError, Order, SignedClear, Up};
 use loopwarden_protocol::message::Event;
 use loopwarden_protocol::units::TimestampMs;
 use loopwarden_protocol::RackIndex;
@@ -80,7 +85,16 @@ pub struct LinkCounts {
     /// Times the receive ring was full and bytes from the gateway were
     /// lost.
     pub overruns: u32,
+    /// Host reports set aside: the gateway's layout is not this
+    /// controller's (or not said yet).
+    pub hosts_unmapped: u32,
+    /// Steps whose status and leases were held back: the gateway's
+    /// layout is not this controller's (or not said yet).
+    pub withheld: u32,
 }
+
+/// How often a layout the gateway does not share is said again, ms.
+pub const DISAGREEMENT_EVERY_MS: u64 = 60_000;
 
 /// The most bytes [`Controller::hear`] takes in one call: the gateway's
 /// receive ring whole (`board::uart::GATEWAY_RING_BYTES`), so a call ends
@@ -175,6 +189,9 @@ impl Controller<'_> {
                 ));
             }
             Order::Restart => {
+                // A layout it does not share is said again at its next
+                // `Alive`, for the restarted gateway's log.
+                self.disagreement_said_ms = None;
                 self.link.restarts = self.link.restarts.saturating_add(1);
                 p.say(format_args!(
                     "link: the gateway started again (its frames numbered from {seq} again)"
@@ -196,12 +213,17 @@ impl Controller<'_> {
     #[inline(never)]
     fn on_down(&mut self, p: &mut impl Ports, d: &Down, now_ms: u64) {
         match d {
-            Down::Alive { unix_ms, bus } => {
+            Down::Alive {
+                unix_ms,
+                bus,
+                layout,
+            } => {
                 self.wall = Some(WallClock {
                     unix_ms: *unix_ms,
                     at_ms: now_ms,
                 });
                 self.bus = *bus;
+                self.gateway_laid_out(p, *layout, now_ms);
             }
             Down::Host {
                 index,
@@ -228,6 +250,47 @@ impl Controller<'_> {
         }
     }
 
+    /// The gateway's layout `theirs`, heard at `now_ms`: one that is not
+    /// this controller's is said when it is new and every
+    /// [`DISAGREEMENT_EVERY_MS`]; agreement again is said once.
+    #[inline(never)]
+    fn gateway_laid_out(&mut self, p: &mut impl Ports, theirs: CduLayout, now_ms: u64) {
+        let was = self.gateway_layout.replace(theirs);
+        let ours = self.layout;
+        if theirs == ours {
+            if self.disagreement_said_ms.take().is_some() {
+                p.say(format_args!(
+                    "layout: the gateway's is this controller's again ({ours}): host reports, the status and leases cross the link again"
+                ));
+            }
+            return;
+        }
+        let due = was != Some(theirs)
+            || self
+                .disagreement_said_ms
+                .is_none_or(|at| now_ms.saturating_sub(at) >= DISAGREEMENT_EVERY_MS);
+        if !due {
+            return;
+        }
+        self.disagreement_said_ms = Some(now_ms);
+        let digest = self.figures_digest;
+        p.say(format_args!(
+            "error: layout: this controller's figures (digest {digest:#010x}) lay out {ours}, the gateway's configuration {theirs}: host reports are not taken and no status or lease is sent until they agree; the CDU is kept safe on this controller's own figures"
+        ));
+        let words = said_words(&format_args!(
+            "layout differs: mine {}x{}x{} (figures {digest:#010x}), yours {}x{}x{}: no host report, status or lease",
+            ours.racks,
+            ours.hosts_per_rack,
+            ours.gpus_per_host,
+            theirs.racks,
+            theirs.hosts_per_rack,
+            theirs.gpus_per_host
+        ));
+        if !p.up(&Up::Said { error: true, words }) {
+            self.link.up_dropped = self.link.up_dropped.saturating_add(1);
+        }
+    }
+
     /// Host `h`'s telemetry, stamped `stamped`, heard at `now_ms`.
     #[inline(never)]
     fn on_host(
@@ -238,6 +301,10 @@ impl Controller<'_> {
         t: &loopwarden_protocol::message::HostTelemetry,
         now_ms: u64,
     ) {
+        if !self.layouts_agree() {
+            self.link.hosts_unmapped = self.link.hosts_unmapped.saturating_add(1);
+            return;
+        }
         let Some(wall) = self.wall_ms(now_ms) else {
             self.link.hosts_early = self.link.hosts_early.saturating_add(1);
             return;

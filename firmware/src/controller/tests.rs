@@ -192,10 +192,16 @@ fn hello() -> Hello {
     }
 }
 
+/// The layout of the figures the tests' controllers run.
+fn layout() -> loopwarden_link::CduLayout {
+    (&CoreConfig::default().layout).into()
+}
+
 fn alive(s: u64) -> Down {
     Down::Alive {
         unix_ms: NOW + s * 1000,
         bus: true,
+        layout: layout(),
     }
 }
 
@@ -311,14 +317,15 @@ fn a_bad_frame_is_counted_and_never_acted_on() {
     hear(&mut c, p, &limits, 0);
     assert_eq!(c.decider().core().limits().0, 35.0);
     assert_eq!((c.link.bad, c.link.frames), (1, 1));
-    // A host report before the wall clock is known is set aside.
+    // A host report before the gateway's layout (and the wall clock, with
+    // it in its `Alive`) is known is set aside.
     let host = Down::Host {
         index: 0,
         stamped: TimestampMs(NOW),
         telemetry: loopwarden_protocol::samples::host_telemetry(4),
     };
     hear(&mut c, p, &host, 0);
-    assert_eq!(c.link.hosts_early, 1);
+    assert_eq!(c.link.hosts_unmapped, 1);
     assert!(c.decider().hosts()[0].is_none());
 }
 
@@ -343,13 +350,14 @@ fn a_repeated_frame_is_not_acted_on_again_and_a_restarted_gateway_is_heard() {
         m.outdoor_c = None;
         Some(m)
     };
+    hear_numbered(&mut c, p, &alive(0), 9, 0);
     hear_numbered(&mut c, p, &Down::Outdoor(12.5), 10, 0);
     step(&mut c, p, no_sensor(), 1);
     assert_eq!(outdoor(p), Some(12.5));
     // The same frame again at 290 s: not taken, so the value is stale
     // 300 s after it came, not 300 s after its repeat.
     hear_numbered(&mut c, p, &Down::Outdoor(12.5), 10, 290_000);
-    assert_eq!((c.link.repeats, c.link.frames), (1, 1));
+    assert_eq!((c.link.repeats, c.link.frames), (1, 2));
     assert!(!p.said("came again"), "counted, not said: {:?}", p.lines);
     step(&mut c, p, no_sensor(), 301);
     assert_eq!(outdoor(p), None, "the repeat did not make it new");
@@ -366,7 +374,88 @@ fn a_repeated_frame_is_not_acted_on_again_and_a_restarted_gateway_is_heard() {
     step(&mut c, p, no_sensor(), 305);
     assert_eq!(outdoor(p), Some(16.0));
     assert_eq!(c.link.restarts, 2);
-    assert_eq!((c.link.frames, c.link.repeats, c.link.bad), (5, 1, 0));
+    assert_eq!((c.link.frames, c.link.repeats, c.link.bad), (6, 1, 0));
+}
+
+#[test]
+fn a_gateway_of_another_layout_gets_no_status_or_lease_and_hands_down_no_host_report() {
+    let mut d = decider(&Ok(None));
+    let mut k = Box::new(LearnedKeeper::new());
+    let mut c = Controller::new(&mut d, ClearGate::new(None, &[]), &mut k);
+    c.set_digest(0x1a2b_3c4d);
+    let p = &mut *Fake::new();
+    c.boot(p, hello(), Opening::Nothing);
+    let other = loopwarden_link::CduLayout {
+        racks: 6,
+        hosts_per_rack: 3,
+        gpus_per_host: 4,
+    };
+    let alive_as = |s: u64, layout| Down::Alive {
+        unix_ms: NOW + s * 1000,
+        bus: true,
+        layout,
+    };
+    let errors = |p: &Fake| -> Vec<String> {
+        (p.ups.iter())
+            .filter_map(|u| match u {
+                Up::Said { error: true, words } => Some(words.to_string()),
+                _ => None,
+            })
+            .collect()
+    };
+    let counted = |p: &Fake, from: usize| {
+        let n = |f: fn(&Up) -> bool| p.ups[from..].iter().filter(|u| f(u)).count();
+        (
+            n(|u| matches!(u, Up::Status(_))),
+            n(|u| matches!(u, Up::Lease { .. })),
+            n(|u| matches!(u, Up::Event(_))),
+        )
+    };
+    hear(&mut c, p, &alive_as(0, other), 0);
+    assert!(!c.layouts_agree());
+    assert_eq!(
+        errors(p),
+        ["layout differs: mine 4x4x8 (figures 0x1a2b3c4d), yours 6x3x4: no host report, status or lease"]
+    );
+    assert!(
+        p.said("lay out 4 racks of 4 hosts of 8 GPUs, the gateway's configuration 6 racks of 3 hosts of 4 GPUs"),
+        "{:?}",
+        p.lines
+    );
+    // Its host 5 is another host here: not taken.
+    let host = Down::Host {
+        index: 5,
+        stamped: TimestampMs(NOW),
+        telemetry: loopwarden_protocol::samples::host_telemetry(8),
+    };
+    hear(&mut c, p, &host, 0);
+    assert_eq!(c.link.hosts_unmapped, 1);
+    assert!(c.decider().hosts()[5].is_none());
+    // The CDU is still run: rack 0 leaks and is shut; its event goes up,
+    // no status and no lease for its hosts.
+    let before = p.ups.len();
+    for s in 0..3 {
+        hear(&mut c, p, &alive_as(s, other), s * 1000);
+        step(&mut c, p, Some(cdu(0b1111, 0)), s);
+    }
+    let plan = step(&mut c, p, Some(cdu(0b1111, 0b0001)), 3);
+    assert_eq!(valves(&plan) & 1, 0, "rack 0 shut");
+    let (statuses, leases, events) = counted(p, before);
+    assert_eq!((statuses, leases), (0, 0));
+    assert!(events > 0);
+    assert_eq!(c.link.withheld, 4);
+    assert_eq!(errors(p).len(), 1, "said again a minute on, not each Alive");
+    hear(&mut c, p, &alive_as(61, other), 61_000);
+    assert_eq!(errors(p).len(), 2);
+    // The gateway laid out as this controller: the status goes up, and
+    // the leases held back with it.
+    hear(&mut c, p, &alive(62), 62_000);
+    assert!(c.layouts_agree());
+    assert!(p.said("layout: the gateway's is this controller's again"));
+    let before = p.ups.len();
+    step(&mut c, p, Some(cdu(0b1110, 0b0001)), 62);
+    let (statuses, leases, _) = counted(p, before);
+    assert_eq!((statuses, leases), (1, 4), "rack 0's four hosts' leases");
 }
 
 /// A gateway line that never stops: garbage (a bad frame every few
@@ -626,6 +715,7 @@ fn a_lease_the_gateway_could_not_take_is_due_again() {
     let mut k = Box::new(LearnedKeeper::new());
     let mut c = Controller::new(&mut d, ClearGate::new(None, &[]), &mut k);
     let p = &mut *Fake::new();
+    hear(&mut c, p, &alive(0), 0);
     let leases = |p: &Fake| {
         (p.ups.iter())
             .filter(|u| matches!(u, Up::Lease { lift: false, .. }))
@@ -656,6 +746,7 @@ fn a_lease_not_queued_holds_back_no_other_host_s_and_goes_at_the_next_step() {
     let mut k = Box::new(LearnedKeeper::new());
     let mut c = Controller::new(&mut d, ClearGate::new(None, &[]), &mut k);
     let p = &mut *Fake::new();
+    hear(&mut c, p, &alive(0), 0);
     let leased = |p: &Fake, from: usize| -> Vec<u16> {
         (p.ups[from..].iter())
             .filter_map(|u| match u {
@@ -688,6 +779,12 @@ fn a_step_capping_every_host_of_a_large_cdu_queues_its_events_and_status_before_
     let mut k = Box::new(LearnedKeeper::new());
     let mut c = Controller::new(&mut d, ClearGate::new(None, &[]), &mut k);
     let p = &mut *Fake::new();
+    let wide = Down::Alive {
+        unix_ms: NOW,
+        bus: true,
+        layout: (&cfg.layout).into(),
+    };
+    hear(&mut c, p, &wide, 0);
     p.gateway = Some(Box::new(FramedPort::new()));
     let every = 0x7FFF;
     // Every rack's valve reads as written: open, then shut.
