@@ -6,8 +6,11 @@
 # debug information; its symbols are kept on purpose, so that a backtrace
 # or the core dump of a hung agent names its functions), its systemd
 # unit, its example configuration under /etc/loopwarden/ (a conffile: an
-# upgrade never overwrites it), its copyright and its documentation, and
-# in the controller's a udev rule that gives the GPIO chips to group gpio.
+# upgrade never overwrites it; it may hold secrets such as
+# console_password_hash, so it is shipped readable by root alone and the
+# postinst gives the controller's to its group, 0640), its copyright and
+# its documentation, and in the controller's a udev rule that gives the
+# GPIO chips to group gpio.
 # The maintainer scripts never enable or start a service: an agent starts
 # only once its configuration is edited (docs/install.md). The
 # controller's postinst makes its system user, loopwarden-cdu.
@@ -64,17 +67,17 @@ changelog() {
     "$version" "$commit" "$maintainer" "$date"
 }
 
-# package NAME BINARY GUIDE SUMMARY DESCRIPTION [EXTRA-FILE:DEST ...]
+# package NAME BINARY CONF-MODE GUIDE SUMMARY DESCRIPTION [EXTRA-FILE:DEST ...]
 package() {
-  local name=$1 bin=$2 guide=$3 summary=$4 description=$5
-  shift 5
+  local name=$1 bin=$2 conf_mode=$3 guide=$4 summary=$5 description=$6
+  shift 6
   local root=$work/debian/$name
   local doc=$root/usr/share/doc/$name
   install -d -m 0755 "$root/DEBIAN" "$root/usr/bin" "$root/usr/lib/systemd/system" \
     "$root/etc/loopwarden" "$doc"
   install -m 0755 "target/$profile/$bin" "$root/usr/bin/$bin"
   install -m 0644 "deploy/systemd/$bin.service" "$root/usr/lib/systemd/system/$bin.service"
-  install -m 0644 "deploy/etc/loopwarden/$bin.toml" "$root/etc/loopwarden/$bin.toml"
+  install -m "$conf_mode" "deploy/etc/loopwarden/$bin.toml" "$root/etc/loopwarden/$bin.toml"
   install -m 0644 docs/install.md "docs/$guide" docs/security.md "$doc/"
   sed "s/@NAME@/$name/" deploy/deb/copyright >"$doc/copyright"
   changelog | gzip -9n >"$doc/changelog.gz"
@@ -116,7 +119,10 @@ CONTROL
   echo "$deb ($(du -k "$deb" | cut -f1) KiB; Depends: $depends)"
 }
 
-package loopwarden-node-agent node-agent node-agent.md \
+# The host agent runs as root: its configuration is root's alone. The
+# controller reads its own through its group (root:loopwarden-cdu, set by
+# the postinst once that group exists).
+package loopwarden-node-agent node-agent 0600 node-agent.md \
   "Loopwarden GPU host agent" \
   " The Loopwarden agent on every GPU host of a liquid-cooled hall: it
  samples every GPU, decides each GPU's health, quarantines failing ones,
@@ -127,7 +133,7 @@ package loopwarden-node-agent node-agent node-agent.md \
  the NVIDIA driver and is loaded at run time: install the driver; the
  package does not depend on it."
 
-package loopwarden-cooling-ctrl cooling-ctrl cooling.md \
+package loopwarden-cooling-ctrl cooling-ctrl 0640 cooling.md \
   "Loopwarden CDU controller" \
   " The Loopwarden controller on every coolant distribution unit (CDU) of
  a liquid-cooled hall: it drives the CDU over Modbus (TCP or RTU), watches
