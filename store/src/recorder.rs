@@ -13,8 +13,12 @@
 //! published from here too (through a [`Publisher`], the bus), in the order given and after their log entry:
 //! storing them in the outbox is a flash write as well. Frames the full
 //! outbox refused, and frames handed over before the bus is attached, wait
-//! here (up to 256, oldest dropped first) and go out in order once they
-//! can.
+//! here and go out in order once they can: in order within their outbox
+//! class, so a frame whose class's part has room goes past a held one of
+//! another class. Up to 256 wait; past that the oldest of the lowest
+//! class is dropped (a critical one only when all are, said as an error).
+//! A flush (before a stop) and the thread's end say, as an error, how
+//! many still wait.
 //!
 //! Handing work to the thread never blocks the caller (the agent's loop
 //! runs on one thread: a blocked send would stall its sampling). Work
@@ -207,6 +211,21 @@ struct Held {
     mirror: bool,
     /// An event's log record, whose frame number is logged once published.
     logged: Option<u32>,
+    /// Its outbox class: the part of the outbox it waits for.
+    class: Class,
+}
+
+impl Held {
+    fn new(message: Message, time: TimestampMs, mirror: bool, logged: Option<u32>) -> Self {
+        let class = Class::of(&message);
+        Self {
+            message,
+            time,
+            mirror,
+            logged,
+            class,
+        }
+    }
 }
 
 /// What became of a publish.
@@ -282,6 +301,9 @@ impl Worker {
             }
         }
         self.drain_urgent(&inbox.urgent);
+        if let Some(note) = self.unsent_note() {
+            tracing::error!("the recorder stops: {note}");
+        }
     }
 
     /// Does every job waiting on the priority channel, in order.
@@ -317,48 +339,112 @@ impl Worker {
         Ok(LogRead { entries, queued })
     }
 
-    /// Publishes what waits, in order, until one is held again.
+    /// Publishes what waits, in order within each class, until one of
+    /// that class is held again: a class whose part of the outbox is full
+    /// does not hold back the others.
     fn retry_unsent(&mut self) {
-        while let Some(bus) = &self.bus {
-            let Some(held) = self.unsent.pop_front() else {
-                break;
-            };
-            let (logged, time) = (held.logged, held.time);
-            match try_publish(bus.as_ref(), held) {
-                Published::As(seq) => self.mark_published(logged, seq, time),
-                Published::Never => {}
-                Published::Held(held) => {
-                    self.unsent.push_front(*held);
-                    break;
+        if let Some(bus) = self.bus.take() {
+            let mut full: Vec<Class> = Vec::new();
+            for held in std::mem::take(&mut self.unsent) {
+                if full.contains(&held.class) {
+                    self.unsent.push_back(held);
+                    continue;
+                }
+                let (logged, time, class) = (held.logged, held.time, held.class);
+                match try_publish(bus.as_ref(), held) {
+                    Published::As(seq) => self.mark_published(logged, seq, time),
+                    Published::Never => {}
+                    Published::Held(held) => {
+                        full.push(class);
+                        self.unsent.push_back(*held);
+                    }
                 }
             }
+            self.bus = Some(bus);
         }
+        self.count_unsent();
+    }
+
+    /// Publishes `held` at once unless a frame of its class waits (then
+    /// behind it), else holds it.
+    fn publish(&mut self, held: Held) {
+        let behind = self.unsent.iter().any(|h| h.class == held.class);
+        let held = match self.bus.take() {
+            Some(bus) if !behind => {
+                let (logged, time) = (held.logged, held.time);
+                let published = try_publish(bus.as_ref(), held);
+                self.bus = Some(bus);
+                match published {
+                    Published::As(seq) => return self.mark_published(logged, seq, time),
+                    Published::Never => return,
+                    Published::Held(held) => *held,
+                }
+            }
+            bus => {
+                self.bus = bus;
+                held
+            }
+        };
+        if self.unsent.is_empty() && self.bus.is_some() {
+            tracing::warn!("the outbox is full: frames wait in memory until the broker takes some");
+        }
+        self.hold(held);
+    }
+
+    /// Keeps `held` waiting; with [`UNSENT_MAX`] waiting, the oldest of
+    /// the lowest class among them and `held` is dropped.
+    fn hold(&mut self, held: Held) {
+        let held = match self.unsent.len() >= UNSENT_MAX {
+            true => self.evict_for(held),
+            false => Some(held),
+        };
+        if let Some(held) = held {
+            self.unsent.push_back(held);
+        }
+        self.count_unsent();
+    }
+
+    /// Drops the oldest frame of the lowest class among those waiting and
+    /// `held` (counted; a critical one said as an error); `held` back
+    /// unless it was the one.
+    fn evict_for(&mut self, held: Held) -> Option<Held> {
+        let lowest = (self.unsent.iter().enumerate())
+            .min_by_key(|(i, h)| (h.class, *i))
+            .map(|(i, h)| (i, h.class));
+        let (dropped, kept) = match lowest {
+            Some((i, class)) if class <= held.class => (self.unsent.remove(i), Some(held)),
+            _ => (Some(held), None),
+        };
+        self.counts.1.fetch_add(1, Ordering::Relaxed);
+        if let Some(d) = dropped.filter(|d| d.class == Class::Critical) {
+            tracing::error!(
+                "{UNSENT_MAX} critical frames wait for room in the outbox: the oldest ({:?} of {} ms) is dropped, never published (it stays in the event log)",
+                d.message.kind(),
+                d.time.0
+            );
+        }
+        kept
+    }
+
+    fn count_unsent(&self) {
         self.counts
             .0
             .store(self.unsent.len() as u64, Ordering::Relaxed);
     }
 
-    fn publish(&mut self, held: Held) {
-        let (logged, time) = (held.logged, held.time);
-        let held = match &self.bus {
-            Some(bus) if self.unsent.is_empty() => match try_publish(bus.as_ref(), held) {
-                Published::As(seq) => return self.mark_published(logged, seq, time),
-                Published::Never => return,
-                Published::Held(held) => *held,
-            },
-            _ => held,
-        };
-        if self.unsent.is_empty() && self.bus.is_some() {
-            tracing::warn!("the outbox is full: frames wait in memory until the broker takes some");
+    /// What is said when the frames waiting may be lost (a flush before a
+    /// stop, the thread's end): how many wait, and how many are critical.
+    fn unsent_note(&self) -> Option<String> {
+        if self.unsent.is_empty() {
+            return None;
         }
-        if self.unsent.len() == UNSENT_MAX {
-            self.unsent.pop_front();
-            self.counts.1.fetch_add(1, Ordering::Relaxed);
-        }
-        self.unsent.push_back(held);
-        self.counts
-            .0
-            .store(self.unsent.len() as u64, Ordering::Relaxed);
+        let critical = (self.unsent.iter())
+            .filter(|h| h.class == Class::Critical)
+            .count();
+        Some(format!(
+            "{} frames ({critical} critical) still wait in memory for room in the outbox: not published, and lost if the agent stops now (their events stay in the event log)",
+            self.unsent.len()
+        ))
     }
 
     /// Logs an event, then publishes it; once published, the frame's
@@ -371,12 +457,7 @@ impl Worker {
                 None
             }
         };
-        self.publish(Held {
-            message,
-            time,
-            mirror: true,
-            logged,
-        });
+        self.publish(Held::new(message, time, true, logged));
     }
 
     /// Logs that the event of log record `logged`, of `time`, went out as
@@ -421,12 +502,7 @@ impl Worker {
                 message,
                 time,
                 mirror,
-            } => self.publish(Held {
-                message: *message,
-                time,
-                mirror,
-                logged: None,
-            }),
+            } => self.publish(Held::new(*message, time, mirror, None)),
             Job::Emit { message, time } => self.emit(*message, time),
             Job::Resend {
                 from,
@@ -464,6 +540,10 @@ impl Worker {
                 let _ = done.send(r);
             }
             Job::Flush { done } => {
+                // A flush comes before a stop: what waits is said.
+                if let Some(note) = self.unsent_note() {
+                    tracing::error!("{note}");
+                }
                 let _ = done.send(());
             }
             Job::Read { done } => {
@@ -820,6 +900,7 @@ impl Recorder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{Publisher, Refused};
     use loopwarden_protocol::{samples, MessageKind};
     use std::future::Future;
 
@@ -952,6 +1033,106 @@ mod tests {
             Message::Event(e) => e,
             other => panic!("not an event: {other:?}"),
         }
+    }
+
+    /// A bus whose outbox parts of the classes in `full` are full;
+    /// numbers what it takes from 0 on.
+    #[derive(Clone, Default)]
+    struct Parts {
+        full: Arc<Mutex<Vec<Class>>>,
+        sent: Arc<Mutex<Vec<Message>>>,
+    }
+
+    impl Publisher for Parts {
+        fn publish_message(&self, m: Message, _: TimestampMs, _: bool) -> Result<u32, Refused> {
+            if self.full.lock().unwrap().contains(&Class::of(&m)) {
+                return Err(Refused::OutboxFull);
+            }
+            let mut sent = self.sent.lock().unwrap();
+            sent.push(m);
+            Ok(sent.len() as u32 - 1)
+        }
+
+        fn next_seq(&self) -> u32 {
+            self.sent.lock().unwrap().len() as u32
+        }
+    }
+
+    /// A worker over a memory flash publishing on `bus`, run by the test.
+    fn worker_on(bus: &Parts) -> Worker {
+        let stores = crate::agent_flash::open(None).expect("a memory flash");
+        let (r, _) = stalled(JOBS_MAX);
+        let mut w = r.worker(stores.log, stores.store);
+        w.bus = Some(Box::new(bus.clone()));
+        w
+    }
+
+    fn leak(rack: u8) -> Message {
+        Message::Event(loopwarden_protocol::Event::Leak {
+            rack: loopwarden_protocol::RackIndex::new(rack).expect("a rack"),
+            active: true,
+        })
+    }
+
+    #[test]
+    fn a_full_wait_list_drops_the_oldest_of_the_lowest_class_and_keeps_a_leak() {
+        let bus = Parts::default();
+        *bus.full.lock().unwrap() = vec![Class::Normal, Class::Critical];
+        let mut w = worker_on(&bus);
+        w.publish(Held::new(leak(1), TimestampMs(1), false, None));
+        for t in 2..UNSENT_MAX as u64 + 10 {
+            let xid = Message::Event(xid());
+            w.publish(Held::new(xid, TimestampMs(t), false, None));
+        }
+        assert_eq!(w.unsent.len(), UNSENT_MAX);
+        assert!(matches!(
+            w.unsent[0].message,
+            Message::Event(loopwarden_protocol::Event::Leak { .. })
+        ));
+        assert_eq!(w.unsent[1].time, TimestampMs(11), "the oldest XIDs went");
+        assert_eq!(w.counts.1.load(Ordering::Relaxed), 9);
+        // Full of critical frames, a later XID is the one dropped.
+        let mut w = worker_on(&bus);
+        for t in 0..UNSENT_MAX as u64 {
+            w.publish(Held::new(leak(2), TimestampMs(t), false, None));
+        }
+        w.publish(Held::new(
+            Message::Event(xid()),
+            TimestampMs(999),
+            false,
+            None,
+        ));
+        assert!(w.unsent.iter().all(|h| h.class == Class::Critical));
+        assert_eq!(w.unsent[0].time, TimestampMs(0));
+        let note = w.unsent_note().expect("said at a flush or the end");
+        assert!(
+            note.starts_with("256 frames (256 critical) still wait"),
+            "{note}"
+        );
+    }
+
+    #[test]
+    fn a_frame_of_another_class_goes_past_a_held_critical_one() {
+        let bus = Parts::default();
+        *bus.full.lock().unwrap() = vec![Class::Critical];
+        let mut w = worker_on(&bus);
+        w.publish(Held::new(leak(1), TimestampMs(1), false, None));
+        w.publish(Held::new(
+            Message::Event(xid()),
+            TimestampMs(2),
+            false,
+            None,
+        ));
+        w.publish(Held::new(leak(2), TimestampMs(3), false, None));
+        assert_eq!(*bus.sent.lock().unwrap(), [Message::Event(xid())]);
+        assert_eq!(w.unsent.len(), 2, "both leaks wait, in order");
+        bus.full.lock().unwrap().clear();
+        w.retry_unsent();
+        assert_eq!(
+            *bus.sent.lock().unwrap(),
+            [Message::Event(xid()), leak(1), leak(2)]
+        );
+        assert!(w.unsent_note().is_none());
     }
 
     #[test]
