@@ -120,26 +120,38 @@ fn sync_delay_of(value: Option<&str>) -> Option<Duration> {
         .map(Duration::from_millis)
 }
 
+/// How long [`lock`] waits for another opening to let the file go: an
+/// agent restarted in the same process (a test, the hall) while the last
+/// threads of its former run still close their handles.
+const LOCK_WAIT: Duration = Duration::from_secs(5);
+
 /// Locks `file` (at `path`) for this flash alone: an exclusive `flock`,
 /// held while the file is open (released when it closes, a crash
-/// included), refused at once when another opening holds it.
+/// included). Refused when another opening still holds it after
+/// [`LOCK_WAIT`].
 fn lock(file: &File, path: &Path) -> Result<(), FileFlashError> {
     use std::os::fd::AsRawFd;
-    // SAFETY: `flock` reads only the descriptor, which `file` keeps open
-    // for the duration of the call.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-        return Ok(());
+    let until = std::time::Instant::now() + LOCK_WAIT;
+    loop {
+        // SAFETY: `flock` reads only the descriptor, which `file` keeps
+        // open for the duration of the call.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::WouldBlock {
+            return Err(FileFlashError::Io {
+                path: path.to_path_buf(),
+                source: e,
+            });
+        }
+        if std::time::Instant::now() >= until {
+            return Err(FileFlashError::InUse {
+                path: path.to_path_buf(),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
-    let e = io::Error::last_os_error();
-    if e.kind() == io::ErrorKind::WouldBlock {
-        return Err(FileFlashError::InUse {
-            path: path.to_path_buf(),
-        });
-    }
-    Err(FileFlashError::Io {
-        path: path.to_path_buf(),
-        source: e,
-    })
 }
 
 /// A file-backed NOR flash with sectors of `ERASE` bytes written in words of
@@ -331,10 +343,18 @@ mod tests {
         let path = dir.path().join("flash.bin");
         let first = FileFlash::<4, 4096>::open(&path, &GEO).unwrap();
         let e = FileFlash::<4, 4096>::open(&path, &GEO).unwrap_err();
-        assert!(matches!(&e, FileFlashError::InUse { path: p } if *p == path), "{e}");
+        assert!(
+            matches!(&e, FileFlashError::InUse { path: p } if *p == path),
+            "{e}"
+        );
         assert!(e.to_string().contains("in use by another process"), "{e}");
-        drop(first);
-        FileFlash::<4, 4096>::open(&path, &GEO).expect("free again once closed");
+        // One let go while a second opening waits is taken.
+        let closing = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            drop(first);
+        });
+        FileFlash::<4, 4096>::open(&path, &GEO).expect("taken once the first closed");
+        closing.join().unwrap();
     }
 
     #[test]
