@@ -419,7 +419,7 @@ pub async fn run_with<P: CduPort>(
     }
     let flash = opts.bus.take_flash()?;
     let mut decider = start_decider(cfg.core, cdu.limits(), &flash.latched)?;
-    restore_learned(decider.core_mut(), &flash.learned);
+    restore_learned(decider.core_mut(), &flash.learned, &cfg.hosts);
     let in_hall = opts.facility.is_some();
     let (me, bus_config) = bus_config(&cfg, &mut opts.bus, flash.first_seq, in_hall)?;
     let facility = opts

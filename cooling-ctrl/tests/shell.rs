@@ -307,6 +307,8 @@ async fn learned_figures_are_restored_from_flash_at_start_and_kept_at_a_clean_st
     let path = dir.path().join("cdu.flash");
     let cfg = CoreConfig::default();
     let mut l = Learned::new(&cfg);
+    // Learned on the rig's hosts, by their ids.
+    l.ids = cooling_ctrl::journal::host_ids(&host_ids());
     l.hosts[5] = Scalar {
         value: 1.37,
         var: 0.0004,
@@ -353,7 +355,9 @@ async fn learned_figures_are_restored_from_flash_at_start_and_kept_at_a_clean_st
     // The clean stop kept what was learned: every part reads, the refused
     // one written anew.
     let flash = ControllerFlash::open(Some(&path)).expect("the flash file after the stop");
-    let read = flash.learned.decode(&cfg);
+    let read = flash
+        .learned
+        .decode_on(&cfg, cooling_ctrl::journal::host_ids(&host_ids()));
     assert!(read.refused.is_empty(), "{:?}", read.refused);
     assert_eq!(read.read, LEARNED_KEYS);
     let kept = read.learned.unwrap();

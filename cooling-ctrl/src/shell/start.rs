@@ -116,9 +116,14 @@ pub(super) fn log_said(d: &mut Decider) {
 }
 
 /// Restores into `core` what an earlier run learned, as the flash held it
-/// (`records`), its hosts known by index ([`restore_learned_on`]).
-pub(super) fn restore_learned(core: &mut Core, records: &LearnedRecords) {
-    let ids = Learned::new(core.config()).ids;
+/// (`records`), its hosts known by their ids in `hosts` (the configured
+/// list), or by index when none is configured ([`restore_learned_on`]).
+pub(super) fn restore_learned(core: &mut Core, records: &LearnedRecords, hosts: &[Ident]) {
+    let ids = if hosts.is_empty() {
+        Learned::new(core.config()).ids
+    } else {
+        journal::host_ids(hosts)
+    };
     restore_learned_on(core, records, ids);
 }
 
