@@ -4,8 +4,10 @@
 //!
 //! The file survives restarts and power cuts; the memory form is for
 //! demonstrations and says so in the log at start. Opening reserves a
-//! block of frame sequence numbers in the config store ([`SeqFloor`] keeps
-//! the reservation ahead of the bus's counter), so a restarted agent's
+//! block of frame sequence numbers in the config store (the recorder
+//! thread keeps the reservation ahead of the bus's counter before it
+//! numbers a frame, and [`SeqFloor`] has it do so for the frames the bus
+//! numbers itself), so a restarted agent's
 //! frames are never taken for duplicates of its earlier ones. On a blank
 //! flash (memory, at every start; a file made at this opening, missing or
 //! 0 bytes long, said in a warning) the reservation starts from the clock
@@ -20,9 +22,12 @@
 //!   bus's counter stays below it.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 
 use embedded_storage_async::nor_flash::{ErrorType, MultiwriteNorFlash, NorFlash, ReadNorFlash};
 use loopwarden_boards::FlashBoard;
+use loopwarden_flash::config::SEQ_FLOOR_KEY;
 use loopwarden_flash::{
     ConfigStore, EventLog, FileFlash, FlashError, Outbox, SharedFlash, SimFlash, StoreError,
 };
@@ -102,6 +107,11 @@ pub type Flash = SharedFlash<AgentFlash>;
 
 /// Frame sequence numbers reserved at a time.
 pub const SEQ_BLOCK: u32 = 10_000;
+
+/// Numbers kept reserved ahead of the next frame's: with fewer left
+/// below the floor, the recorder reserves the next block before it
+/// numbers a frame.
+pub const SEQ_MARGIN: u32 = SEQ_BLOCK / 2;
 
 /// 2025-01-01T00:00:00Z, ms since the Unix epoch: the origin of the
 /// sequence floor of an agent without a flash file.
@@ -222,9 +232,80 @@ async fn open_stores(path: Option<&Path>) -> Result<Stores, String> {
     })
 }
 
+/// The sequence floor as the recorder thread keeps it (it owns the config
+/// store): before it numbers a frame within [`SEQ_MARGIN`] of the floor it
+/// reserves the next block in flash, and a reservation that fails leaves
+/// the floor where it is (the recorder then numbers no frame past it).
+#[derive(Debug)]
+pub(crate) struct FloorKeeper {
+    floor: u32,
+    /// The floor, for the handles ([`Recorder::seq_floor`]).
+    shared: Arc<AtomicU32>,
+}
+
+impl FloorKeeper {
+    /// The floor stored in `store`; 0 when unset or unreadable (said: the
+    /// first frame then reserves, or waits).
+    pub(crate) fn read(store: &mut ConfigStore<Flash>, shared: Arc<AtomicU32>) -> Self {
+        let mut b = [0u8; 4];
+        let floor = match futures::executor::block_on(store.get(SEQ_FLOOR_KEY, &mut b)) {
+            Ok(Some(4)) => u32::from_le_bytes(b),
+            Ok(None) => 0,
+            other => {
+                tracing::error!("the sequence floor in flash is unreadable ({other:?}): frames wait for a reservation");
+                0
+            }
+        };
+        shared.store(floor, Ordering::Relaxed);
+        Self { floor, shared }
+    }
+
+    /// The first number not reserved in flash.
+    pub(crate) fn floor(&self) -> u32 {
+        self.floor
+    }
+
+    /// Reserves the next block when `next` (the next frame's number) is
+    /// within [`SEQ_MARGIN`] of the floor; the floor after. An error:
+    /// not reserved, the floor is where it was.
+    pub(crate) fn ahead(
+        &mut self,
+        store: &mut ConfigStore<Flash>,
+        next: u32,
+    ) -> Result<u32, String> {
+        if next.saturating_add(SEQ_MARGIN) < self.floor {
+            return Ok(self.floor);
+        }
+        if next >= self.floor {
+            tracing::error!(
+                "frame {next} is at or past the sequence floor in flash ({}): raised past it now; a crash before could repeat numbers",
+                self.floor
+            );
+        }
+        let floor = self.floor;
+        let first = futures::executor::block_on(async {
+            if next >= floor {
+                store.raise_seq_floor(next).await?;
+            }
+            store.reserve_seq(SEQ_BLOCK).await
+        })
+        .map_err(|e| format!("sequence numbers not reserved in flash: {e:?}"))?;
+        self.reserved(first, SEQ_BLOCK);
+        Ok(self.floor)
+    }
+
+    /// Takes a reservation of `block` numbers from `first`.
+    pub(crate) fn reserved(&mut self, first: u32, block: u32) {
+        self.floor = self.floor.max(first.saturating_add(block));
+        self.shared.store(self.floor, Ordering::Relaxed);
+    }
+}
+
 /// Keeps the flash reservation of sequence numbers ahead of the bus's
-/// counter: a new block is reserved when the counter comes within half a
-/// block of the floor.
+/// counter for the frames the bus numbers itself (telemetry, health,
+/// its connections): the recorder reserves the next block (if it has not
+/// already, before numbering an event or an ack) when the counter comes
+/// within half a block of the floor.
 #[derive(Debug)]
 pub struct SeqFloor {
     floor: u32,
@@ -241,12 +322,11 @@ impl SeqFloor {
         }
     }
 
-    /// Reserves the next block through `recorder` when `bus`'s counter
-    /// needs it.
-    /// Half a block before the floor it asks without waiting (the loop
-    /// must not queue behind the recorder's writes, in an XID storm
-    /// thousands of them); it waits only when the counter is within an
-    /// eighth of a block of the floor and the answer has not come.
+    /// Has `recorder` reserve the next block when `bus`'s counter needs
+    /// it. Half a block before the floor it asks without waiting (by the
+    /// recorder's priority channel: behind one write at most); it waits
+    /// only when the counter is within an eighth of a block of the floor
+    /// and the answer has not come.
     pub async fn keep_ahead(&mut self, bus: &dyn Publisher, recorder: &Recorder) {
         if let Some(rx) = self.asked.as_mut() {
             match rx.try_recv() {
@@ -258,24 +338,27 @@ impl SeqFloor {
                 Err(tokio::sync::oneshot::error::TryRecvError::Closed) => self.asked = None,
             }
         }
+        // What the recorder reserved before numbering events.
+        self.floor = self.floor.max(recorder.seq_floor());
         let next = bus.next_seq();
-        if self.asked.is_none() && next.saturating_add(SEQ_BLOCK / 2) >= self.floor {
-            self.asked = recorder.reserve_seq_later(SEQ_BLOCK);
+        if self.asked.is_none() && next.saturating_add(SEQ_MARGIN) >= self.floor {
+            self.asked = recorder.keep_seq_ahead_later(next);
         }
         if next.saturating_add(SEQ_BLOCK / 8) >= self.floor {
             let answer = match self.asked.take() {
                 Some(rx) => rx
                     .await
                     .unwrap_or_else(|_| Err("the recorder has stopped".into())),
-                None => recorder.reserve_seq(SEQ_BLOCK).await,
+                None => recorder.keep_seq_ahead(next).await,
             };
             self.take(answer);
         }
     }
 
+    /// Takes the recorder's answer: the floor after its reservation.
     fn take(&mut self, answer: Result<u32, String>) {
         match answer {
-            Ok(floor) => self.floor = floor.saturating_add(SEQ_BLOCK),
+            Ok(floor) => self.floor = self.floor.max(floor),
             Err(e) => tracing::error!("sequence numbers not reserved in flash: {e:?}"),
         }
     }
@@ -319,6 +402,42 @@ mod tests {
         std::fs::write(&path, []).unwrap();
         let emptied = open(Some(&path)).unwrap();
         assert!(emptied.blank && u64::from(emptied.first_seq) >= clock);
+    }
+
+    /// A bus that numbers nothing: only its counter, at `0`.
+    struct Counter(u32);
+
+    impl Publisher for Counter {
+        fn publish_message(
+            &self,
+            _: loopwarden_protocol::Message,
+            _: loopwarden_protocol::TimestampMs,
+            _: bool,
+        ) -> Result<u32, crate::Refused> {
+            Err(crate::Refused::Failed("not in this test".into()))
+        }
+
+        fn next_seq(&self) -> u32 {
+            self.0
+        }
+    }
+
+    #[test]
+    fn the_loop_and_the_recorder_reserve_one_block_between_them() {
+        let s = open(None).unwrap();
+        let floor = s.first_seq + SEQ_BLOCK;
+        let r = Recorder::start(s.log, s.store, None).unwrap();
+        let mut seq = SeqFloor::new(s.first_seq);
+        let bus = Counter(floor - SEQ_MARGIN);
+        futures::executor::block_on(seq.keep_ahead(&bus, &r));
+        futures::executor::block_on(r.flush());
+        assert_eq!(r.seq_floor(), floor + SEQ_BLOCK, "asked without waiting");
+        // The thread has it already: asked again, no second block.
+        futures::executor::block_on(seq.keep_ahead(&bus, &r));
+        futures::executor::block_on(r.flush());
+        assert_eq!(seq.floor, floor + SEQ_BLOCK);
+        assert_eq!(r.seq_floor(), floor + SEQ_BLOCK);
+        assert!(seq.asked.is_none());
     }
 
     #[test]

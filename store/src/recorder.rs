@@ -54,7 +54,7 @@
 
 use std::collections::VecDeque;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
@@ -62,7 +62,7 @@ use loopwarden_flash::{Class, ConfigStore, EventLog};
 use loopwarden_protocol::{Message, MessageKind, TimestampMs};
 use tokio::sync::oneshot;
 
-use crate::agent_flash::Flash;
+use crate::agent_flash::{Flash, FloorKeeper};
 use crate::resend::{self, Resendable};
 use crate::{Publisher, Refused};
 
@@ -113,6 +113,12 @@ enum Job {
     },
     ReserveSeq {
         block: u32,
+        done: oneshot::Sender<Result<u32, String>>,
+    },
+    /// Reserves the next block if frame `next` is within the margin of
+    /// the floor; answers the floor.
+    KeepSeqAhead {
+        next: u32,
         done: oneshot::Sender<Result<u32, String>>,
     },
     /// A read of the log, in its turn.
@@ -194,6 +200,8 @@ pub struct Recorder {
     waiting: Arc<(AtomicU64, AtomicU64)>,
     /// Reads of the log waiting for the thread.
     reads: Reads,
+    /// The sequence floor in flash, as the thread last kept it.
+    floor: Arc<AtomicU32>,
 }
 
 impl std::fmt::Debug for Recorder {
@@ -268,6 +276,8 @@ struct Worker {
     queued: Arc<AtomicUsize>,
     /// Jobs handed over on the priority channel and not yet done.
     pressing: Arc<AtomicUsize>,
+    /// The sequence floor: no frame is numbered past it.
+    floor: FloorKeeper,
 }
 
 impl Worker {
@@ -344,9 +354,11 @@ impl Worker {
     /// does not hold back the others.
     fn retry_unsent(&mut self) {
         if let Some(bus) = self.bus.take() {
-            let mut full: Vec<Class> = Vec::new();
+            let (mut full, mut numbering) = (Vec::new(), true);
             for held in std::mem::take(&mut self.unsent) {
-                if full.contains(&held.class) {
+                numbering =
+                    numbering && (full.contains(&held.class) || self.may_number(bus.as_ref()));
+                if !numbering || full.contains(&held.class) {
                     self.unsent.push_back(held);
                     continue;
                 }
@@ -370,7 +382,7 @@ impl Worker {
     fn publish(&mut self, held: Held) {
         let behind = self.unsent.iter().any(|h| h.class == held.class);
         let held = match self.bus.take() {
-            Some(bus) if !behind => {
+            Some(bus) if !behind && self.may_number(bus.as_ref()) => {
                 let (logged, time) = (held.logged, held.time);
                 let published = try_publish(bus.as_ref(), held);
                 self.bus = Some(bus);
@@ -389,6 +401,25 @@ impl Worker {
             tracing::warn!("the outbox is full: frames wait in memory until the broker takes some");
         }
         self.hold(held);
+    }
+
+    /// Whether `bus` may number a frame now: the sequence floor in flash
+    /// is kept [ahead](FloorKeeper::ahead) of its next number first. A
+    /// failed reservation is said; frames are then numbered only below
+    /// the floor, and held once they reach it (fail closed).
+    fn may_number(&mut self, bus: &dyn Publisher) -> bool {
+        let next = bus.next_seq();
+        match self.floor.ahead(&mut self.store, next) {
+            Ok(_) => true,
+            Err(e) if next < self.floor.floor() => {
+                tracing::error!("{e}: frames are numbered up to the floor, then held");
+                true
+            }
+            Err(e) => {
+                tracing::error!("{e}: frames wait in memory, not numbered past the floor");
+                false
+            }
+        }
     }
 
     /// Keeps `held` waiting; with [`UNSENT_MAX`] waiting, the oldest of
@@ -537,7 +568,13 @@ impl Worker {
             Job::ReserveSeq { block, done } => {
                 let r = futures::executor::block_on(self.store.reserve_seq(block))
                     .map_err(|e| format!("{e:?}"));
+                if let Ok(first) = r {
+                    self.floor.reserved(first, block);
+                }
                 let _ = done.send(r);
+            }
+            Job::KeepSeqAhead { next, done } => {
+                let _ = done.send(self.floor.ahead(&mut self.store, next));
             }
             Job::Flush { done } => {
                 // A flush comes before a stop: what waits is said.
@@ -582,6 +619,7 @@ impl Recorder {
             path: path.map(Arc::from),
             waiting: Arc::new((AtomicU64::new(0), AtomicU64::new(0))),
             reads: Reads::default(),
+            floor: Arc::new(AtomicU32::new(0)),
         };
         let inbox = Inbox {
             jobs: rx,
@@ -591,8 +629,10 @@ impl Recorder {
     }
 
     /// The thread's side of this handle, over `log` and `store`.
-    fn worker(&self, log: Log, store: Store) -> Worker {
+    fn worker(&self, log: Log, mut store: Store) -> Worker {
+        let floor = FloorKeeper::read(&mut store, self.floor.clone());
         Worker {
+            floor,
             log,
             store,
             bus: None,
@@ -855,6 +895,37 @@ impl Recorder {
         rx.await.map_err(|_| Self::gone())?
     }
 
+    /// The sequence floor in flash as the recorder thread last kept it
+    /// (0 before it read it): the bus's counter must stay below it.
+    pub fn seq_floor(&self) -> u32 {
+        self.floor.load(Ordering::Relaxed)
+    }
+
+    /// Has the thread reserve the next block of sequence numbers if frame
+    /// `next` is within [`SEQ_MARGIN`](crate::agent_flash::SEQ_MARGIN) of
+    /// the floor (the thread does so itself before it numbers an event or
+    /// an ack), by the priority channel; the floor after.
+    pub async fn keep_seq_ahead(&self, next: u32) -> Result<u32, String> {
+        self.keep_seq_ahead_later(next)
+            .ok_or_else(|| "a sequence reservation not handed to the flash thread".to_string())?
+            .await
+            .map_err(|_| Self::gone())?
+    }
+
+    /// As [`keep_seq_ahead`](Self::keep_seq_ahead) without waiting: the
+    /// answer comes on the returned channel; `None` when not handed over
+    /// (said).
+    pub fn keep_seq_ahead_later(
+        &self,
+        next: u32,
+    ) -> Option<oneshot::Receiver<Result<u32, String>>> {
+        let (done, rx) = oneshot::channel();
+        let job = Job::KeepSeqAhead { next, done };
+        self.pressing(job, "a sequence reservation")
+            .ok()
+            .map(|()| rx)
+    }
+
     /// Asks for a block of sequence numbers without waiting (by the
     /// priority channel): the answer comes on the returned channel once
     /// the recorder got to it; `None` when not handed over (said).
@@ -1041,6 +1112,8 @@ mod tests {
     struct Parts {
         full: Arc<Mutex<Vec<Class>>>,
         sent: Arc<Mutex<Vec<Message>>>,
+        /// The first number.
+        base: u32,
     }
 
     impl Publisher for Parts {
@@ -1050,17 +1123,20 @@ mod tests {
             }
             let mut sent = self.sent.lock().unwrap();
             sent.push(m);
-            Ok(sent.len() as u32 - 1)
+            Ok(self.base + sent.len() as u32 - 1)
         }
 
         fn next_seq(&self) -> u32 {
-            self.sent.lock().unwrap().len() as u32
+            self.base + self.sent.lock().unwrap().len() as u32
         }
     }
 
     /// A worker over a memory flash publishing on `bus`, run by the test.
     fn worker_on(bus: &Parts) -> Worker {
-        let stores = crate::agent_flash::open(None).expect("a memory flash");
+        worker_over(crate::agent_flash::open(None).expect("a memory flash"), bus)
+    }
+
+    fn worker_over(stores: crate::agent_flash::Stores, bus: &Parts) -> Worker {
         let (r, _) = stalled(JOBS_MAX);
         let mut w = r.worker(stores.log, stores.store);
         w.bus = Some(Box::new(bus.clone()));
@@ -1133,6 +1209,84 @@ mod tests {
             [Message::Event(xid()), leak(1), leak(2)]
         );
         assert!(w.unsent_note().is_none());
+    }
+
+    /// The sequence floor kept in `w`'s flash.
+    fn stored_floor(w: &mut Worker) -> u32 {
+        let mut b = [0u8; 4];
+        let key = loopwarden_flash::config::SEQ_FLOOR_KEY;
+        let n = futures::executor::block_on(w.store.get(key, &mut b)).expect("readable");
+        assert_eq!(n, Some(4));
+        u32::from_le_bytes(b)
+    }
+
+    #[test]
+    fn the_floor_is_reserved_ahead_before_a_frame_is_numbered_near_it() {
+        use crate::agent_flash::{SEQ_BLOCK, SEQ_MARGIN};
+        let stores = crate::agent_flash::open(None).expect("a memory flash");
+        let floor = stores.first_seq + SEQ_BLOCK;
+        // No early request from the loop came (dropped, or behind a
+        // storm): the next frame is the first within the margin.
+        let bus = Parts {
+            base: floor - SEQ_MARGIN,
+            ..Parts::default()
+        };
+        let mut w = worker_over(stores, &bus);
+        assert_eq!(w.floor.floor(), floor, "read at start");
+        w.publish(Held::new(
+            Message::Event(xid()),
+            TimestampMs(1),
+            false,
+            None,
+        ));
+        assert_eq!(bus.sent.lock().unwrap().len(), 1);
+        assert_eq!(
+            stored_floor(&mut w),
+            floor + SEQ_BLOCK,
+            "reserved before it"
+        );
+        assert_eq!(w.floor.floor(), floor + SEQ_BLOCK);
+        w.publish(Held::new(
+            Message::Event(xid()),
+            TimestampMs(2),
+            false,
+            None,
+        ));
+        assert_eq!(stored_floor(&mut w), floor + SEQ_BLOCK, "once a block");
+    }
+
+    #[test]
+    fn a_failed_reservation_numbers_no_frame_past_the_floor() {
+        let stores = crate::agent_flash::open(None).expect("a memory flash");
+        let floor = stores.first_seq + crate::agent_flash::SEQ_BLOCK;
+        let bus = Parts {
+            base: floor - 1,
+            ..Parts::default()
+        };
+        let mut w = worker_over(stores, &bus);
+        let key = loopwarden_flash::config::SEQ_FLOOR_KEY;
+        // A floor the store cannot read back: every reservation fails.
+        futures::executor::block_on(w.store.set(key, &[1, 2, 3])).expect("set");
+        for t in 0..3 {
+            w.publish(Held::new(
+                Message::Event(xid()),
+                TimestampMs(t),
+                false,
+                None,
+            ));
+        }
+        assert_eq!(
+            bus.sent.lock().unwrap().len(),
+            1,
+            "the last number below it"
+        );
+        assert_eq!(bus.next_seq(), floor);
+        assert_eq!(w.unsent.len(), 2, "held, not numbered past it");
+        // The flash takes a reservation again: they go, above a new floor.
+        futures::executor::block_on(w.store.set(key, &floor.to_le_bytes())).expect("set");
+        w.retry_unsent();
+        assert_eq!(bus.sent.lock().unwrap().len(), 3);
+        assert!(stored_floor(&mut w) > floor + 2);
     }
 
     #[test]
