@@ -713,6 +713,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let pw = dir.path().join("pw");
         std::fs::write(&pw, "secret\n").unwrap();
+        // A password file others cannot read (`check_private`).
+        let private = std::os::unix::fs::PermissionsExt::from_mode(0o600);
+        std::fs::set_permissions(&pw, private).unwrap();
         let with = |broker: &str| {
             let text = format!(
                 "site = \"a\"\nbroker = \"{broker}\"\nbroker_user = \"h01\"\n\

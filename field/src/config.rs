@@ -211,7 +211,9 @@ pub fn ident(
 
 /// The broker login from the picked `broker_user` and
 /// `broker_password_file` (read here, trailing white space dropped): both
-/// or neither.
+/// or neither. The password file is refused when others than its owner
+/// and group can read it, as a key is
+/// ([`check_private`](loopwarden_bus::keys::check_private)).
 pub fn credentials(
     src: &Sources,
     user: (Option<String>, Option<&str>),
@@ -219,6 +221,8 @@ pub fn credentials(
 ) -> Result<Option<(String, String)>, ConfigError> {
     match (user, password_file) {
         ((Some(user), _), (Some(pw), flag)) => {
+            loopwarden_bus::keys::check_private(&pw, "broker password file")
+                .map_err(|m| src.error(flag, "broker_password_file", m))?;
             let password = std::fs::read_to_string(&pw).map_err(|e| {
                 src.error(
                     flag,
@@ -360,9 +364,37 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let pw = dir.path().join("pw");
         std::fs::write(&pw, "secret\n").unwrap();
+        set_mode(&pw, 0o640);
         assert_eq!(
             credentials(&src, (Some("u".into()), None), (Some(pw), None)),
             Ok(Some(("u".into(), "secret".into())))
         );
+    }
+
+    #[test]
+    fn a_password_file_others_can_read_is_refused_with_its_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let pw = dir.path().join("pw");
+        std::fs::write(&pw, "secret\n").unwrap();
+        set_mode(&pw, 0o604);
+        let text = format!("broker_user = \"u\"\nbroker_password_file = {pw:?}\n");
+        let src = Sources::new(Some(Path::new("a.toml")), &text);
+        let e = credentials(&src, (Some("u".into()), None), (Some(pw.clone()), None)).unwrap_err();
+        assert_eq!((e.origin.as_str(), e.line), ("a.toml", Some(2)), "{e}");
+        assert!(
+            e.message.contains("broker password file")
+                && e.message.contains("readable by others (mode 604)"),
+            "{e}"
+        );
+        let flag = Some("broker-password-file");
+        let e = credentials(&src, (Some("u".into()), None), (Some(pw.clone()), flag)).unwrap_err();
+        assert_eq!(e.origin, "flag --broker-password-file", "{e}");
+        set_mode(&pw, 0o600);
+        assert!(credentials(&src, (Some("u".into()), None), (Some(pw), None)).is_ok());
+    }
+
+    fn set_mode(path: &Path, mode: u32) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
     }
 }
