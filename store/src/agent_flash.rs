@@ -10,7 +10,8 @@
 //! numbers itself), so a restarted agent's
 //! frames are never taken for duplicates of its earlier ones. On a blank
 //! flash (memory, at every start; a file made at this opening, missing or
-//! 0 bytes long, said in a warning) the reservation starts from the clock
+//! 0 bytes long, said in a warning), and on a file with no floor kept
+//! (said too), the reservation starts from the clock
 //! (tenths of a second since 2025-01-01 UTC), which rises across restarts
 //! as flash would, so receivers that keep a floor of the agent's numbers
 //! from before do not refuse its frames as replayed. [`Stores::blank`]
@@ -198,7 +199,14 @@ async fn open_stores(path: Option<&Path>) -> Result<Stores, String> {
     let flash = SharedFlash::new(image);
     let mut store = ConfigStore::open(flash.clone(), layout.config.clone())
         .map_err(flash_err("config store"))?;
-    if blank {
+    let mut b = [0u8; 4];
+    let unset = (store.get(SEQ_FLOOR_KEY, &mut b).await).map_err(flash_err("sequence floor"))?;
+    if unset.is_none() && !blank {
+        tracing::warn!(
+            "flash: no sequence floor in it (lost, or never kept): sequence numbers start from the clock"
+        );
+    }
+    if blank || unset.is_none() {
         let clock = clock_ms().saturating_sub(SEQ_EPOCH_MS) / 100;
         store
             .raise_seq_floor(clock.min(u64::from(u32::MAX - SEQ_BLOCK)) as u32)
@@ -438,6 +446,23 @@ mod tests {
         assert_eq!(seq.floor, floor + SEQ_BLOCK);
         assert_eq!(r.seq_floor(), floor + SEQ_BLOCK);
         assert!(seq.asked.is_none());
+    }
+
+    #[test]
+    fn a_file_without_a_floor_kept_reserves_from_the_clock() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.flash");
+        let mut first = open(Some(&path)).unwrap();
+        futures::executor::block_on(first.store.remove(SEQ_FLOOR_KEY)).unwrap();
+        drop(first);
+        let clock = (clock_ms() - SEQ_EPOCH_MS) / 100;
+        let again = open(Some(&path)).unwrap();
+        assert!(!again.blank, "the file held what an earlier run kept");
+        assert!(
+            u64::from(again.first_seq) >= clock,
+            "{} < {clock}: not from 0",
+            again.first_seq
+        );
     }
 
     #[test]
