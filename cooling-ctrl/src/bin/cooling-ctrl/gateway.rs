@@ -121,9 +121,19 @@ async fn serve(
         }
         gateway::metrics::render(&cdu, &stats_rx.borrow().clone(), &rec, &listeners)
     };
-    let metrics_task = loopwarden_bus::prometheus::start(config.metrics_listen, render)
-        .await
-        .map_err(|e| e.to_string())?;
+    // An address it cannot bind is tried again while the gateway runs.
+    let metrics_task = config.metrics_listen.map(|addr| {
+        loopwarden_field::listen::bind_retrying(
+            "metrics listener",
+            addr,
+            ListenStats::default(),
+            move |l| {
+                let at = l.local_addr().unwrap_or(addr);
+                tracing::info!("metrics: serving http://{at}/metrics");
+                loopwarden_bus::prometheus::serve(l, render)
+            },
+        )
+    });
     let opts = GatewayOptions {
         stats: Some(stats_tx),
         bus: cooling_ctrl::shell::BusOptions::of(&config, flash),
