@@ -820,7 +820,10 @@ impl Recorder {
 
     /// Keeps a config value if the queue has room, else drops and counts
     /// it (for a value written again later: it never blocks the caller);
-    /// whether it was handed over.
+    /// whether it was handed over. It goes by the FIFO channel, behind
+    /// events: a key written by [`set`](Self::set) or
+    /// [`set_sync`](Self::set_sync) (the priority channel) must never be
+    /// offered, or an older value offered could land after a newer one.
     pub fn offer_set(&self, key: String, value: Vec<u8>) -> bool {
         let job = Job::Set {
             key,
