@@ -60,8 +60,8 @@ pub enum FileFlashError {
         /// What differs.
         detail: std::string::String,
     },
-    /// Another process (or another opening in this one) has the file open
-    /// as a flash: two writers would tear each other's records.
+    /// Another process has the file open as a flash: two writers would
+    /// tear each other's records.
     InUse {
         /// The file.
         path: PathBuf,
@@ -120,37 +120,34 @@ fn sync_delay_of(value: Option<&str>) -> Option<Duration> {
         .map(Duration::from_millis)
 }
 
-/// How long [`lock`] waits for another opening to let the file go: an
-/// agent restarted in the same process (a test, the hall) while the last
-/// threads of its former run still close their handles.
-const LOCK_WAIT: Duration = Duration::from_secs(5);
-
-/// Locks `file` (at `path`) for this flash alone: an exclusive `flock`,
-/// held while the file is open (released when it closes, a crash
-/// included). Refused when another opening still holds it after
-/// [`LOCK_WAIT`].
+/// Locks `file` (at `path`) for this process alone: a POSIX write lock
+/// over the whole file (`fcntl` `F_SETLK`), held while the process keeps
+/// the file open and released when it exits, a crash included. Another
+/// process that holds it is refused at once. Within one process the lock
+/// is the process's own: an agent restarted in the same process (a test,
+/// the hall) opens its file again whatever handles of its former run
+/// linger; nothing else in an agent opens its flash file.
 fn lock(file: &File, path: &Path) -> Result<(), FileFlashError> {
     use std::os::fd::AsRawFd;
-    let until = std::time::Instant::now() + LOCK_WAIT;
-    loop {
-        // SAFETY: `flock` reads only the descriptor, which `file` keeps
-        // open for the duration of the call.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-            return Ok(());
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::WouldBlock {
-            return Err(FileFlashError::Io {
-                path: path.to_path_buf(),
-                source: e,
-            });
-        }
-        if std::time::Instant::now() >= until {
-            return Err(FileFlashError::InUse {
-                path: path.to_path_buf(),
-            });
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    // SAFETY: a zeroed `flock` is a valid value of the plain C struct.
+    let mut whole: libc::flock = unsafe { std::mem::zeroed() };
+    whole.l_type = libc::F_WRLCK as libc::c_short;
+    whole.l_whence = libc::SEEK_SET as libc::c_short;
+    // l_start 0, l_len 0: the whole file, however long it grows.
+    // SAFETY: `fcntl` reads the descriptor, which `file` keeps open, and
+    // the struct, which lives for the call.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLK, &whole) } == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EAGAIN) | Some(libc::EACCES) => Err(FileFlashError::InUse {
+            path: path.to_path_buf(),
+        }),
+        _ => Err(FileFlashError::Io {
+            path: path.to_path_buf(),
+            source: e,
+        }),
     }
 }
 
@@ -338,23 +335,43 @@ mod tests {
     }
 
     #[test]
-    fn a_file_open_as_a_flash_is_refused_to_a_second_writer_until_it_closes() {
+    fn a_file_another_process_holds_is_refused_and_this_one_may_reopen_its_own() {
+        use std::io::{BufRead, BufReader};
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("flash.bin");
-        let first = FileFlash::<4, 4096>::open(&path, &GEO).unwrap();
+        let mine = FileFlash::<4, 4096>::open(&path, &GEO).unwrap();
+        // This process again (an agent restarted in it): its own lock.
+        FileFlash::<4, 4096>::open(&path, &GEO).expect("this process's own file");
+        drop(mine);
+        // Another process holding a POSIX lock on it (Python's lockf).
+        let Ok(mut other) = std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import fcntl,sys,time; f=open(sys.argv[1],'r+'); \
+                 fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB); print('held', flush=True); \
+                 time.sleep(60)",
+            ])
+            .arg(&path)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+        else {
+            eprintln!("SKIP: no python3 to hold the file from another process");
+            return;
+        };
+        let mut line = String::new();
+        BufReader::new(other.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "held");
         let e = FileFlash::<4, 4096>::open(&path, &GEO).unwrap_err();
+        other.kill().unwrap();
+        other.wait().unwrap();
         assert!(
             matches!(&e, FileFlashError::InUse { path: p } if *p == path),
             "{e}"
         );
         assert!(e.to_string().contains("in use by another process"), "{e}");
-        // One let go while a second opening waits is taken.
-        let closing = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(200));
-            drop(first);
-        });
-        FileFlash::<4, 4096>::open(&path, &GEO).expect("taken once the first closed");
-        closing.join().unwrap();
+        FileFlash::<4, 4096>::open(&path, &GEO).expect("free once the other exited");
     }
 
     #[test]
