@@ -17,7 +17,11 @@ const NAME: &str = "node-agent.toml";
 /// for host h01 of hall-1 cooled by cdu1, plus the broker password file.
 fn site_files() -> tempfile::TempDir {
     let etc = pki_dir("hall-1", ["h01@cdu1", "cdu1", "ops1", "bms1"], 8883);
-    std::fs::write(etc.path().join("broker-password"), "secret\n").unwrap();
+    let password = etc.path().join("broker-password");
+    std::fs::write(&password, "secret\n").unwrap();
+    // Private, as the agent asks of a secret.
+    let private = std::os::unix::fs::PermissionsExt::from_mode(0o600);
+    std::fs::set_permissions(&password, private).unwrap();
     etc
 }
 
@@ -72,7 +76,7 @@ fn every_commented_setting_is_one_the_agent_takes() {
     assert_eq!(c.quarantine_actions.len(), 1);
     assert_eq!(c.quarantine_actions[0][0], "scontrol");
     assert!(c.cooling_loss.any());
-    assert_eq!(c.metrics_listen, Some(([10, 0, 1, 7], 9400).into()));
+    assert_eq!(c.metrics_listen, Some(([10, 0, 1, 7], 19400).into()));
     assert_eq!(c.console, Path::new("/run/loopwarden/node-agent.sock"));
     let l = c.console_limits;
     assert_eq!((l.max_connections, l.idle.as_secs()), (8, 60));
