@@ -1,0 +1,203 @@
+//! An operator's clear heard from the gateway: checked by the gate,
+//! its number kept in flash before it is acted on, acted on by the
+//! decision path, and answered; refused while what it depends on (the
+//! CDU's pump faults, the flash) is not known.
+
+use super::*;
+
+fn answers(p: &Fake) -> Vec<(u32, Result<(), String>)> {
+    (p.ups.iter())
+        .filter_map(|u| match u {
+            Up::Answer { id, outcome } => {
+                Some((*id, outcome.clone().map_err(|e| e.as_str().to_string())))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_clear_is_checked_acted_on_and_answered() {
+    let mut d = decider(&Ok(None));
+    let mut k = Box::new(LearnedKeeper::new());
+    let mut c = Controller::new(&mut d, ClearGate::new(Some("cdu1"), ring()), &mut k);
+    let p = &mut *Fake::new();
+    c.boot(p, hello(), Opening::Nothing);
+    let mut open = 0b1111;
+    for s in 0..6 {
+        let leaks = if s >= 2 { 0b0100 } else { 0 };
+        let plan = step(&mut c, p, Some(cdu(open, leaks)), s);
+        open = plan.value(Setting::Valves).map_or(open, |v| v as u16);
+    }
+    assert_eq!(c.decider().core().leaks_latched(), 0b0100);
+    let clear = |id| Down::Clear(signed(id, "cdu1", NOW, ClearAction::Leak(2), SEED));
+    // No wall clock yet: refused, the id not used up.
+    assert!(hear(&mut c, p, &clear(1), 6_000).is_empty());
+    hear(&mut c, p, &alive(6), 6_000);
+    // Still wet: the decision path refuses it.
+    let taken = hear(&mut c, p, &clear(1), 6_000);
+    assert_eq!(taken.len(), 1);
+    assert_eq!(c.decider().core().leaks_latched(), 0b0100);
+    for s in 6..9 {
+        let plan = step(&mut c, p, Some(cdu(open, 0)), s);
+        open = plan.value(Setting::Valves).map_or(open, |v| v as u16);
+    }
+    let taken = hear(&mut c, p, &clear(2), 9_000);
+    assert_eq!((taken[0].name, taken[0].id), ("jdoe", 2));
+    assert_eq!(c.decider().core().leaks_latched(), 0);
+    // The same clear again, and one forged.
+    hear(&mut c, p, &clear(2), 9_100);
+    let forged = Down::Clear(signed(3, "cdu1", NOW, ClearAction::Pump(Pump::A), [1; 32]));
+    hear(&mut c, p, &forged, 9_200);
+    let got = answers(p);
+    assert_eq!(got.len(), 5, "{got:?}");
+    assert!(got[0]
+        .1
+        .as_ref()
+        .unwrap_err()
+        .contains("wall clock is not known"));
+    assert_eq!(got[1].0, 1);
+    assert!(
+        got[1]
+            .1
+            .as_ref()
+            .unwrap_err()
+            .starts_with("rack 2's leak: "),
+        "{got:?}"
+    );
+    assert_eq!(got[2], (2, Ok(())));
+    assert!(got[3].1.as_ref().unwrap_err().contains("a replay"));
+    assert!(got[4]
+        .1
+        .as_ref()
+        .unwrap_err()
+        .contains("signature does not verify"));
+    assert!(p.ups.iter().any(|u| matches!(
+        u,
+        Up::Event(Event::OperatorCleared { pump: None, operator, .. }) if operator.as_str() == "jdoe"
+    )));
+    // The valve reopens at the next step, and the run replays.
+    let plan = step(&mut c, p, Some(cdu(open, 0)), 9);
+    assert_eq!(valves(&plan) & 0b0100, 0b0100);
+    let r = replay(&p.wire);
+    assert!(r.all_match(), "{:?}", r.first_mismatch);
+    assert_eq!(c.link.clears_refused, 3);
+}
+
+#[test]
+fn a_clear_whose_number_the_flash_does_not_keep_is_not_acted_on() {
+    let mut d = decider(&Ok(None));
+    let mut k = Box::new(LearnedKeeper::new());
+    let mut c = Controller::new(&mut d, ClearGate::new(Some("cdu1"), ring()), &mut k);
+    let p = &mut *Fake::new();
+    c.boot(p, hello(), Opening::Nothing);
+    let mut open = 0b1111;
+    for s in 0..8 {
+        let leaks = if (2..5).contains(&s) { 0b0100 } else { 0 };
+        let plan = step(&mut c, p, Some(cdu(open, leaks)), s);
+        open = plan.value(Setting::Valves).map_or(open, |v| v as u16);
+    }
+    assert_eq!(c.decider().core().leaks_latched(), 0b0100);
+    hear(&mut c, p, &alive(8), 8_000);
+    let clear = |id| Down::Clear(signed(id, "cdu1", NOW, ClearAction::Leak(2), SEED));
+    p.unkeepable = true;
+    hear(&mut c, p, &clear(1), 8_000);
+    assert_eq!(
+        c.decider().core().leaks_latched(),
+        0b0100,
+        "not acted on before its number is kept"
+    );
+    assert_eq!(c.link.clears_refused, 1);
+    assert!(p.said("clear 1 of jdoe refused: not acted on: its number could not be kept in flash"));
+    // The operator's next clear too, while the number is not kept.
+    p.unkeepable = false;
+    hear(&mut c, p, &clear(2), 8_100);
+    assert_eq!(c.decider().core().leaks_latched(), 0b0100);
+    let got = answers(p);
+    assert_eq!(
+        got[0],
+        (
+            1,
+            Err("not acted on: its number could not be kept in flash".to_string())
+        )
+    );
+    assert!(
+        got[1]
+            .1
+            .as_ref()
+            .unwrap_err()
+            .contains("1, could not be kept in flash"),
+        "{got:?}"
+    );
+    assert!(!p
+        .ups
+        .iter()
+        .any(|u| matches!(u, Up::Event(Event::OperatorCleared { .. }))));
+    // The shell's retry kept it: the next clear is kept, then acted on.
+    c.gate_mut().set(0, crate::clears::Last::Id(1));
+    let taken = hear(&mut c, p, &clear(3), 8_200);
+    assert_eq!((taken.len(), taken[0].id), (1, 3));
+    assert_eq!(c.decider().core().leaks_latched(), 0);
+    assert_eq!(answers(p)[2], (3, Ok(())));
+    let r = replay(&p.wire);
+    assert!(r.all_match(), "{:?}", r.first_mismatch);
+}
+
+#[test]
+fn a_pump_clear_is_refused_while_the_cdus_pump_fault_is_not_read() {
+    let latched = cooling_core::Latched {
+        pumps: [Some(cooling_core::PumpFault::Tripped), None],
+        lead: Pump::B,
+        ..Default::default()
+    };
+    let read: Result<Option<LatchRecord>, &str> = Ok(Some(LatchRecord {
+        generation: 1,
+        latched,
+    }));
+    let mut d = decider(&read);
+    let mut k = Box::new(LearnedKeeper::new());
+    let mut c = Controller::new(&mut d, ClearGate::new(Some("cdu1"), ring()), &mut k);
+    let p = &mut *Fake::new();
+    c.boot(p, hello(), Opening::of(&read));
+    hear(&mut c, p, &alive(0), 0);
+    let clear = |id| Down::Clear(signed(id, "cdu1", NOW, ClearAction::Pump(Pump::A), SEED));
+    // A's fault shown, or not, with B running.
+    let read_b = |a_fault: bool| {
+        let mut m = cdu(0b1111, 0);
+        m.pumps_running = [Some(false), Some(true)];
+        m.pump_faults = [Some(a_fault), Some(false)];
+        Some(m)
+    };
+    // Before the CDU ever answered, then while it is silent: refused.
+    hear(&mut c, p, &clear(1), 0);
+    step(&mut c, p, None, 0);
+    hear(&mut c, p, &clear(2), 0);
+    assert_eq!(c.decider().core().pumps_failed(), [true, false]);
+    // Read, the fault shown: the decision path refuses it.
+    step(&mut c, p, read_b(true), 1);
+    hear(&mut c, p, &clear(3), 1_000);
+    // Read clear, then silent again: refused.
+    step(&mut c, p, read_b(false), 2);
+    step(&mut c, p, None, 3);
+    hear(&mut c, p, &clear(4), 3_000);
+    assert_eq!(c.decider().core().pumps_failed(), [true, false]);
+    // Refused before the decision path: 1, 2 and 4, not 3.
+    assert_eq!(c.link.clears_refused, 3);
+    // Read with the fault clear: taken.
+    step(&mut c, p, read_b(false), 4);
+    let taken = hear(&mut c, p, &clear(5), 4_000);
+    assert_eq!((taken[0].name, taken[0].id), ("jdoe", 5));
+    assert_eq!(c.decider().core().pumps_failed(), [false, false]);
+    let got = answers(p);
+    let ids: Vec<u32> = got.iter().map(|(id, _)| *id).collect();
+    assert_eq!(ids, [1, 2, 3, 4, 5]);
+    for (id, outcome) in &got[..4] {
+        let why = outcome.as_ref().unwrap_err();
+        let unread = why.contains("the CDU's pump fault has not been read");
+        assert_eq!(unread, *id != 3, "clear {id}: {why}");
+        assert!(why.starts_with("pump A's fault: "), "clear {id}: {why}");
+    }
+    assert_eq!(got[4], (5, Ok(())));
+    let r = replay(&p.wire);
+    assert!(r.all_match(), "{:?}", r.first_mismatch);
+}
