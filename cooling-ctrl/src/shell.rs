@@ -125,6 +125,7 @@ pub use links::{
 pub use publish::{cdu_state, cdu_telemetry, send_state, StateKey, StateSent, StepFacts};
 pub(crate) use start::{bus_config, start_bus};
 use start::{check_ropes, log_said, restore_learned, start_decider};
+pub(crate) use stats::shown;
 pub use stats::{
     stats_channel, FacilityStatus, LastAck, ResendCounts, SensorStatus, ShellStats, Snapshot,
 };

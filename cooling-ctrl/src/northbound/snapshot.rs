@@ -304,10 +304,7 @@ pub(crate) fn sensors(
         }
         // A value out of the plausible range (a sentinel) is none, at
         // once: the supervision confirms its fault only later.
-        out[i] = readings
-            .and_then(value[i])
-            .filter(|&x| w.plausible(x) && fault != Some(SensorFault::Lost))
-            .map(|x| x as f32);
+        out[i] = crate::shell::shown(w, readings.and_then(value[i]), fault).map(|x| x as f32);
         if out[i].is_none() {
             word |= NOT_AVAILABLE_BIT << (w as u16);
         }

@@ -55,17 +55,14 @@ impl StepFacts<'_> {
     /// lacks it, the sensor is held lost, or the value is outside any
     /// plausible reading (a sentinel, before its fault is confirmed).
     pub fn reading(&self, w: Which) -> Option<f64> {
-        if self.sensor_faults[w as usize] == Some(SensorFault::Lost) {
-            return None;
-        }
         let r = self.readings?;
-        match w {
+        let reading = match w {
             Which::Supply => r.supply_c,
             Which::Return => r.return_c,
             Which::Flow => r.flow_lpm,
             Which::FacilitySupply => r.facility_supply_c,
-        }
-        .filter(|&x| w.plausible(x))
+        };
+        super::stats::shown(w, reading, self.sensor_faults[w as usize])
     }
 
     /// What decides whether the state is published again.

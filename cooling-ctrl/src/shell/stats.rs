@@ -18,14 +18,18 @@ pub struct SensorStatus {
     pub fault: Option<SensorFault>,
 }
 
+/// Sensor `w`'s `reading` as a figure to show, under `fault`: none while
+/// it is held lost, or when the value is outside any plausible reading (a
+/// CDU's "no value" at once, before its fault is confirmed). What the bus,
+/// the northbound registers, `/metrics` and the console show.
+pub(crate) fn shown(w: Which, reading: Option<f64>, fault: Option<SensorFault>) -> Option<f64> {
+    reading.filter(|&x| w.plausible(x) && fault != Some(SensorFault::Lost))
+}
+
 impl SensorStatus {
-    /// Its reading as a figure to show: none while it is held lost, or
-    /// when the value is outside any plausible reading (a CDU's "no value"
-    /// at once, before its fault is confirmed), as the bus and the
-    /// northbound registers show it.
+    /// Its reading as a figure to show ([`shown`]).
     pub fn shown(&self) -> Option<f64> {
-        self.reading
-            .filter(|&x| self.which.plausible(x) && self.fault != Some(SensorFault::Lost))
+        shown(self.which, self.reading, self.fault)
     }
 
     /// Whether the core holds it under a fault now.
