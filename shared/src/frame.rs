@@ -573,13 +573,9 @@ impl Frame {
     /// [`Frame::encode`]. (A signed kind's body does not change within a
     /// major from 2.7 up, so only byte 1 can differ.)
     pub fn encode_as_received(&self, buf: &mut [u8]) -> Result<usize, EncodeError> {
-        let minor = match &self.message {
-            Message::CapLease(m) => m.auth.received.minor,
-            Message::QuarantineRelease(m) => m.auth.received.minor,
-            Message::CduState(m) => m.auth.received.minor,
-            Message::ResendRequest(m) => m.auth.received.minor,
-            _ => PROTOCOL.minor,
-        };
+        let minor = self
+            .signed_auth()
+            .map_or(PROTOCOL.minor, |a| a.received.minor);
         self.encode_minor(buf, minor)
     }
 
