@@ -27,11 +27,20 @@ impl<E> From<sequential_storage::Error<E>> for StoreError<E> {
     }
 }
 
-impl<E: fmt::Debug> fmt::Display for StoreError<E> {
+impl<E: fmt::Display> fmt::Display for StoreError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use sequential_storage::Error as Below;
         match self {
             StoreError::Range(why) => write!(f, "flash range unusable: {why}"),
-            StoreError::Flash(e) => write!(f, "flash store: {e:?}"),
+            // The flash's own error in its words, not the store's wrapping.
+            StoreError::Flash(Below::Storage { value, .. }) => write!(f, "{value}"),
+            StoreError::Flash(Below::Corrupted { .. }) => {
+                write!(
+                    f,
+                    "flash store corrupted (its items do not read back as written)"
+                )
+            }
+            StoreError::Flash(e) => write!(f, "flash store: {e}"),
             StoreError::TooLarge { len } => {
                 write!(f, "item of {len} bytes is larger than the store can hold")
             }
@@ -41,7 +50,7 @@ impl<E: fmt::Debug> fmt::Display for StoreError<E> {
     }
 }
 
-impl<E: fmt::Debug> core::error::Error for StoreError<E> {}
+impl<E: fmt::Debug + fmt::Display> core::error::Error for StoreError<E> {}
 
 pub(crate) fn queue_range<S: embedded_storage_async::nor_flash::NorFlash, E>(
     range: core::ops::Range<u32>,

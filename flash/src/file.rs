@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use embedded_storage_async::nor_flash::{ErrorType, MultiwriteNorFlash, NorFlash, ReadNorFlash};
 
-use crate::nor::{FlashError, FlashStats, NorImage};
+use crate::nor::{FlashError, FlashStats, IoOp, NorImage};
 
 /// The geometry of a flash part, as a board definition states it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,6 +162,8 @@ pub struct FileFlash<const WRITE: usize, const ERASE: usize> {
     sync_delay: Option<Duration>,
     /// The file was made erased at this opening.
     created: bool,
+    /// A failed write whose bytes could not be read back ([`FileFlash::broken`]).
+    broken: Option<FlashError>,
 }
 
 impl<const WRITE: usize, const ERASE: usize> FileFlash<WRITE, ERASE> {
@@ -227,6 +229,7 @@ impl<const WRITE: usize, const ERASE: usize> FileFlash<WRITE, ERASE> {
             program_page: geometry.program_page as usize,
             sync_delay: sync_delay_of(std::env::var(SYNC_DELAY_ENV).ok().as_deref()),
             created: found == 0,
+            broken: None,
         })
     }
 
@@ -247,9 +250,47 @@ impl<const WRITE: usize, const ERASE: usize> FileFlash<WRITE, ERASE> {
         self.image.stats.clone()
     }
 
+    /// Writes `len` bytes of the image at `offset` to the file and syncs
+    /// them. Where the file refuses, the image is put back to what the
+    /// file holds, so memory is never ahead of the disk, and the error
+    /// names the operation, the address and the system's cause. Where
+    /// even that read fails, memory and file may differ: every later
+    /// operation fails with the same error ([`FileFlash::broken`]).
+    fn persist(&mut self, offset: usize, len: usize) -> Result<(), FlashError> {
+        let result = self.write_through(offset, len);
+        if let Err(e) = result {
+            let range = offset..offset + len;
+            if self
+                .file
+                .read_exact_at(&mut self.image.bytes[range], offset as u64)
+                .is_err()
+            {
+                self.broken = Some(e);
+            }
+        }
+        result
+    }
+
+    /// The error that left memory and the file apart, if one did: every
+    /// operation since has failed with it.
+    pub fn broken(&self) -> Option<FlashError> {
+        self.broken
+    }
+
+    fn usable(&self) -> Result<(), FlashError> {
+        self.broken.map_or(Ok(()), Err)
+    }
+
     /// Program operations a real part would need for `len` bytes at `offset`
-    /// (writes split at program-page boundaries).
-    fn persist(&self, offset: usize, len: usize) -> Result<(), FlashError> {
+    /// (writes split at program-page boundaries), then the sync.
+    fn write_through(&self, offset: usize, len: usize) -> Result<(), FlashError> {
+        let failed = |op, at: usize| {
+            move |e: io::Error| FlashError::Io {
+                op,
+                at: at as u32,
+                os_error: e.raw_os_error(),
+            }
+        };
         let mut at = offset;
         let end = offset + len;
         while at < end {
@@ -257,10 +298,10 @@ impl<const WRITE: usize, const ERASE: usize> FileFlash<WRITE, ERASE> {
             let chunk = page_end.min(end) - at;
             self.file
                 .write_all_at(&self.image.bytes[at..at + chunk], at as u64)
-                .map_err(|_| FlashError::Io)?;
+                .map_err(failed(IoOp::Write, at))?;
             at += chunk;
         }
-        self.file.sync_data().map_err(|_| FlashError::Io)?;
+        self.file.sync_data().map_err(failed(IoOp::Sync, offset))?;
         if let Some(d) = self.sync_delay {
             std::thread::sleep(d);
         }
@@ -276,6 +317,7 @@ impl<const WRITE: usize, const ERASE: usize> ReadNorFlash for FileFlash<WRITE, E
     const READ_SIZE: usize = 1;
 
     async fn read(&mut self, offset: u32, bytes: &mut [u8]) -> Result<(), FlashError> {
+        self.usable()?;
         self.image.read(offset, bytes)
     }
 
@@ -289,11 +331,13 @@ impl<const WRITE: usize, const ERASE: usize> NorFlash for FileFlash<WRITE, ERASE
     const ERASE_SIZE: usize = ERASE;
 
     async fn erase(&mut self, from: u32, to: u32) -> Result<(), FlashError> {
+        self.usable()?;
         let r = self.image.erase(from, to)?;
         self.persist(r.start, r.len())
     }
 
     async fn write(&mut self, offset: u32, bytes: &[u8]) -> Result<(), FlashError> {
+        self.usable()?;
         let n = self.image.write(offset, bytes)?;
         self.persist(offset as usize, n)
     }
@@ -312,6 +356,57 @@ mod tests {
         program_page: 256,
         sectors: 4,
     };
+
+    #[test]
+    fn a_write_the_file_refuses_says_why_and_leaves_memory_as_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("flash.bin");
+        block_on(async {
+            let mut f = FileFlash::<4, 4096>::open(&path, &GEO).unwrap();
+            f.write(0, &[1, 2, 3, 4]).await.unwrap();
+            // The same file, opened for reading only: writes fail (EBADF).
+            f.file = File::open(&path).unwrap();
+            let err = f.write(4100, &[5, 6, 7, 8]).await.unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    FlashError::Io {
+                        op: IoOp::Write,
+                        at: 4100,
+                        os_error: Some(_)
+                    }
+                ),
+                "{err:?}"
+            );
+            let words = err.to_string();
+            assert!(
+                words.contains("writing at 0x1004") && words.contains("os error"),
+                "{words}"
+            );
+            let mut b = [0; 4];
+            f.read(4100, &mut b).await.unwrap();
+            assert_eq!(b, [0xFF; 4], "memory went back to what the file holds");
+            assert_eq!(f.broken(), None);
+            f.read(0, &mut b).await.unwrap();
+            assert_eq!(b, [1, 2, 3, 4]);
+        });
+    }
+
+    #[test]
+    fn a_write_whose_bytes_cannot_be_read_back_fails_every_later_operation() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("flash.bin");
+        block_on(async {
+            let mut f = FileFlash::<4, 4096>::open(&path, &GEO).unwrap();
+            // A folder: neither written nor read as a file.
+            f.file = File::open(dir.path()).unwrap();
+            let err = f.write(0, &[1, 2, 3, 4]).await.unwrap_err();
+            assert_eq!(f.broken(), Some(err));
+            let mut b = [0; 4];
+            assert_eq!(f.read(0, &mut b).await, Err(err));
+            assert_eq!(f.erase(0, 4096).await, Err(err));
+        });
+    }
 
     #[test]
     fn creates_erased_and_keeps_what_was_written() {

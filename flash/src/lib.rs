@@ -50,7 +50,7 @@ pub use error::StoreError;
 pub use file::{FileFlash, FileFlashError, FlashGeometry};
 pub use log::{EventLog, Record, Wrapped};
 #[cfg(feature = "std")]
-pub use nor::{FlashError, FlashStats};
+pub use nor::{FlashError, FlashStats, IoOp};
 pub use outbox::{Class, Dropped, Entry, Outbox};
 #[cfg(feature = "std")]
 pub use shared::SharedFlash;

@@ -34,8 +34,40 @@ pub enum FlashError {
     },
     /// Power was cut during or before this operation.
     PowerCut,
-    /// The backing file failed (file-backed flash only).
-    Io,
+    /// The backing file failed (file-backed flash only). The flash's
+    /// image in memory is put back to what the file holds.
+    Io {
+        /// What failed.
+        op: IoOp,
+        /// The flash address the operation was for.
+        at: u32,
+        /// The operating system's error number, where it gave one.
+        os_error: Option<i32>,
+    },
+    /// An operation of a flash shared between threads did not finish at
+    /// once, as a file's or memory's always does.
+    NotReady,
+}
+
+/// The file operation behind a [`FlashError::Io`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoOp {
+    /// Writing the changed bytes to the file.
+    Write,
+    /// Syncing them to the disk (`fdatasync`).
+    Sync,
+}
+
+/// An operating system's error number in words.
+struct OsError(Option<i32>);
+
+impl fmt::Display for OsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(code) => write!(f, "{}", std::io::Error::from_raw_os_error(code)),
+            None => write!(f, "no error number given"),
+        }
+    }
 }
 
 impl fmt::Display for FlashError {
@@ -54,7 +86,18 @@ impl fmt::Display for FlashError {
                 write!(f, "word at {at:#x} written too often since its erase")
             }
             FlashError::PowerCut => write!(f, "power cut"),
-            FlashError::Io => write!(f, "backing file failed"),
+            FlashError::Io { op, at, os_error } => {
+                let op = match op {
+                    IoOp::Write => "writing",
+                    IoOp::Sync => "syncing",
+                };
+                write!(
+                    f,
+                    "flash file failed {op} at {at:#x}: {}",
+                    OsError(*os_error)
+                )
+            }
+            FlashError::NotReady => write!(f, "shared flash operation did not finish at once"),
         }
     }
 }

@@ -33,7 +33,7 @@ impl<F> SharedFlash<F> {
 }
 
 fn now<T>(fut: impl core::future::Future<Output = Result<T, FlashError>>) -> Result<T, FlashError> {
-    fut.now_or_never().unwrap_or(Err(FlashError::Io))
+    fut.now_or_never().unwrap_or(Err(FlashError::NotReady))
 }
 
 impl<F: ErrorType<Error = FlashError>> ErrorType for SharedFlash<F> {

@@ -144,7 +144,7 @@ pub struct Stores {
 }
 
 fn flash_err(what: &'static str) -> impl FnOnce(StoreError<FlashError>) -> String {
-    move |e| format!("{what}: {e:?}")
+    move |e| format!("{what}: {e}")
 }
 
 /// The agent's flash image: the file at `path` (made, with its folder, if
@@ -297,7 +297,7 @@ impl FloorKeeper {
             }
             store.reserve_seq(SEQ_BLOCK).await
         })
-        .map_err(|e| format!("sequence numbers not reserved in flash: {e:?}"))?;
+        .map_err(|e| format!("sequence numbers not reserved in flash: {e}"))?;
         self.reserved(first, SEQ_BLOCK);
         Ok(self.floor)
     }
@@ -367,7 +367,7 @@ impl SeqFloor {
     fn take(&mut self, answer: Result<u32, String>) {
         match answer {
             Ok(floor) => self.floor = self.floor.max(floor),
-            Err(e) => tracing::error!("sequence numbers not reserved in flash: {e:?}"),
+            Err(e) => tracing::error!("sequence numbers not reserved in flash: {e}"),
         }
     }
 }

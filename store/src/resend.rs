@@ -110,7 +110,7 @@ pub fn read(
             numbers.insert(p.record, p.seq);
         }
     });
-    futures::executor::block_on(scan).map_err(|e| format!("the event log: {e:?}"))?;
+    futures::executor::block_on(scan).map_err(|e| format!("the event log: {e}"))?;
     let mut held_from: Option<u32> = None;
     let mut found = Vec::new();
     let mut undecodable = 0u32;
@@ -134,7 +134,7 @@ pub fn read(
             Err(_) => undecodable += 1,
         }
     });
-    futures::executor::block_on(scan).map_err(|e| format!("the event log: {e:?}"))?;
+    futures::executor::block_on(scan).map_err(|e| format!("the event log: {e}"))?;
     if undecodable > 0 {
         tracing::warn!(
             "{undecodable} logged events of frames {from}..={to} could not be decoded: not resent"

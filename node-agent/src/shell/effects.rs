@@ -129,7 +129,7 @@ impl Agent {
                 .append_sync(frame.time, kind as u8, buf[..n].to_vec())
                 .await
                 .map(|_| ()),
-            Err(e) => Err(format!("{e:?}")),
+            Err(e) => Err(format!("{e}")),
         }
     }
 }

@@ -85,7 +85,7 @@ pub(super) async fn restore_state(node: &mut Node, cdu: &Ident, store: &mut Conf
             ),
         },
         Ok(None) => {}
-        Err(e) => tracing::warn!("the last state of cdu/{cdu} taken: flash read failed: {e:?}"),
+        Err(e) => tracing::warn!("the last state of cdu/{cdu} taken: flash read failed: {e}"),
     }
 }
 
@@ -124,7 +124,7 @@ pub(super) async fn restore(node: &mut Node, signers: &[NodeId], store: &mut Con
             },
             Ok(None) => {}
             Err(e) => tracing::warn!(
-                "replay floor of {}/{}: flash read failed: {e:?}",
+                "replay floor of {}/{}: flash read failed: {e}",
                 sender.role.as_str(),
                 sender.id
             ),

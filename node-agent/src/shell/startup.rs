@@ -42,7 +42,7 @@ pub(super) struct BusParts {
 
 fn flash_err(what: &str) -> impl FnOnce(StoreError<FlashError>) -> AgentError {
     let what = what.to_string();
-    move |e: StoreError<FlashError>| AgentError::Flash(format!("{what}: {e:?}"))
+    move |e: StoreError<FlashError>| AgentError::Flash(format!("{what}: {e}"))
 }
 
 /// Every GPU of the source, each on its own worker (a thread, unless the

@@ -308,7 +308,7 @@ impl Worker {
         body: &[u8],
     ) -> Result<u32, String> {
         let r = futures::executor::block_on(self.log.append(time, kind, body))
-            .map_err(|e| format!("{e:?}"));
+            .map_err(|e| format!("{e}"));
         if let Err(e) = &r {
             tracing::error!("not logged to flash (kind {kind}): {e}");
         }
@@ -326,7 +326,7 @@ impl Worker {
             })
         }))
         .map(|_| entries)
-        .map_err(|e| format!("{e:?}"))
+        .map_err(|e| format!("{e}"))
     }
 
     pub(super) fn handle(&mut self, job: Job) {
@@ -362,7 +362,7 @@ impl Worker {
             }
             Job::Set { key, value, done } => {
                 let r = futures::executor::block_on(self.store.set(&key, &value))
-                    .map_err(|e| format!("{key} not kept in flash: {e:?}"));
+                    .map_err(|e| format!("{key} not kept in flash: {e}"));
                 match (done, r) {
                     (Some(done), r) => {
                         let _ = done.send(r);
@@ -373,7 +373,7 @@ impl Worker {
             }
             Job::ReserveSeq { block, done } => {
                 let r = futures::executor::block_on(self.store.reserve_seq(block))
-                    .map_err(|e| format!("{e:?}"));
+                    .map_err(|e| format!("{e}"));
                 if let Ok(first) = r {
                     self.floor.reserved(first, block);
                 }
