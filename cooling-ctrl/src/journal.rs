@@ -33,13 +33,15 @@
 //! [`save_learned`] and [`load_learned`] (its hosts known by index).
 //!
 //! Records: an event is kind `MessageKind::Event` with the message's body;
-//! a lease is kind `MessageKind::CapLease` with a byte for lift (1) or cap
-//! (0), the host id's length and bytes, and the signed frame as sent.
+//! a lease is kind `MessageKind::CapLease`, a
+//! [`LeaseRecord`](loopwarden_store::lease_record::LeaseRecord): lift or
+//! cap, the host and the signed frame as sent.
 //!
 //! Glossary:
 //! - *recorder*: the thread that writes the flash.
 //! - *journal entry*: what the shell asks to be logged.
 
+use std::fmt;
 use std::format;
 use std::path::Path;
 use std::string::String;
@@ -50,8 +52,9 @@ use cooling_core::{CoreConfig, Learned};
 use embedded_storage_async::nor_flash::MultiwriteNorFlash;
 use loopwarden_flash::log::WRAPPED;
 use loopwarden_flash::{ConfigStore, Outbox, Wrapped};
-use loopwarden_protocol::{Frame, Ident, Message, MessageKind, TimestampMs, MAX_FRAME_LEN};
+use loopwarden_protocol::{Ident, Message, MessageKind, TimestampMs, MAX_FRAME_LEN};
 use loopwarden_store::agent_flash::{self, Flash};
+use loopwarden_store::lease_record::LeaseRecord;
 pub use loopwarden_store::recorder::{Entry, Recorder};
 use serde_json::{json, Value};
 
@@ -122,7 +125,7 @@ pub use cooling_decide::record::{LatchRecord, LATCHED_GEN_KEY, LATCHED_KEY};
 
 /// Writes the latched record `r` to `store`: the record, then its
 /// generation.
-pub async fn save_latched<S: MultiwriteNorFlash>(
+pub async fn save_latched<S: MultiwriteNorFlash<Error: fmt::Display>>(
     store: &mut ConfigStore<S>,
     r: &LatchRecord,
 ) -> Result<(), String> {
@@ -130,14 +133,14 @@ pub async fn save_latched<S: MultiwriteNorFlash>(
         store
             .set(key, &value)
             .await
-            .map_err(|e| format!("{key} not kept in flash: {e:?}"))?;
+            .map_err(|e| format!("{key} not kept in flash: {e}"))?;
     }
     Ok(())
 }
 
 /// The latched record in `store`: `None` when none was ever written; an
 /// error that says why when it cannot be read, decoded or believed.
-pub async fn load_latched<S: MultiwriteNorFlash>(
+pub async fn load_latched<S: MultiwriteNorFlash<Error: fmt::Display>>(
     store: &mut ConfigStore<S>,
 ) -> Result<Option<LatchRecord>, String> {
     let mut rec = [0u8; 64];
@@ -145,11 +148,11 @@ pub async fn load_latched<S: MultiwriteNorFlash>(
     let n = store
         .get(LATCHED_KEY, &mut rec)
         .await
-        .map_err(|e| format!("{LATCHED_KEY}: unreadable in flash: {e:?}"))?;
+        .map_err(|e| format!("{LATCHED_KEY}: unreadable in flash: {e}"))?;
     let g = store
         .get(LATCHED_GEN_KEY, &mut gen)
         .await
-        .map_err(|e| format!("{LATCHED_GEN_KEY}: unreadable in flash: {e:?}"))?;
+        .map_err(|e| format!("{LATCHED_GEN_KEY}: unreadable in flash: {e}"))?;
     LatchRecord::decode(n.map(|n| &rec[..n]), g.map(|g| &gen[..g])).map_err(|e| e.to_string())
 }
 
@@ -201,7 +204,7 @@ pub fn learned_records(l: &Learned) -> Vec<(&'static str, Vec<u8>)> {
 }
 
 /// Writes what `l` holds to `store`, every part.
-pub async fn save_learned<S: MultiwriteNorFlash>(
+pub async fn save_learned<S: MultiwriteNorFlash<Error: fmt::Display>>(
     store: &mut ConfigStore<S>,
     l: &Learned,
 ) -> Result<(), String> {
@@ -209,7 +212,7 @@ pub async fn save_learned<S: MultiwriteNorFlash>(
         store
             .set(key, &value)
             .await
-            .map_err(|e| format!("{key} not kept in flash: {e:?}"))?;
+            .map_err(|e| format!("{key} not kept in flash: {e}"))?;
     }
     Ok(())
 }
@@ -290,13 +293,15 @@ pub fn host_ids(hosts: &[Ident]) -> HostIds {
 }
 
 /// Reads every part of the learned figures from `store`, as bytes.
-pub async fn read_learned<S: MultiwriteNorFlash>(store: &mut ConfigStore<S>) -> LearnedRecords {
+pub async fn read_learned<S: MultiwriteNorFlash<Error: fmt::Display>>(
+    store: &mut ConfigStore<S>,
+) -> LearnedRecords {
     let mut parts = Vec::with_capacity(PARTS);
     for key in LEARNED_KEYS {
         let mut buf = [0u8; MAX_LEN];
         let got = match store.get(key, &mut buf).await {
             Ok(n) => Ok(n.map(|n| buf[..n].to_vec())),
-            Err(e) => Err(format!("unreadable in flash: {e:?}")),
+            Err(e) => Err(format!("unreadable in flash: {e}")),
         };
         parts.push(got);
     }
@@ -305,7 +310,7 @@ pub async fn read_learned<S: MultiwriteNorFlash>(store: &mut ConfigStore<S>) -> 
 
 /// The learned figures in `store`, decoded for a core configured as
 /// `cfg` (see [`LearnedRecords::decode`]).
-pub async fn load_learned<S: MultiwriteNorFlash>(
+pub async fn load_learned<S: MultiwriteNorFlash<Error: fmt::Display>>(
     store: &mut ConfigStore<S>,
     cfg: &CoreConfig,
 ) -> LearnedRead {
@@ -334,19 +339,18 @@ pub fn encode(entry: &Journal) -> Option<(TimestampMs, u8, Vec<u8>)> {
             Some((*time, MessageKind::Event as u8, buf[..n].to_vec()))
         }
         Journal::Lease { host, frame, lift } => {
-            let n = match frame.encode(&mut buf) {
-                Ok(n) => n,
+            let record = LeaseRecord {
+                host: host.clone(),
+                lift: *lift,
+                frame: (**frame).clone(),
+            };
+            let body = match record.encode() {
+                Ok(body) => body,
                 Err(e) => {
                     tracing::error!("cooling-ctrl: lease not logged: {e:?}");
                     return None;
                 }
             };
-            let h = host.as_str().as_bytes();
-            let mut body = Vec::with_capacity(2 + h.len() + n);
-            body.push(u8::from(*lift));
-            body.push(h.len() as u8);
-            body.extend_from_slice(h);
-            body.extend_from_slice(&buf[..n]);
             Some((frame.time, MessageKind::CapLease as u8, body))
         }
     }
@@ -366,7 +370,7 @@ pub fn describe(e: &Entry) -> Value {
             _ => unreadable("undecodable event"),
         }
     } else if e.kind == MessageKind::CapLease as u8 {
-        decode_lease(&e.body).unwrap_or_else(|| unreadable("undecodable lease"))
+        decode_lease(&e.body).unwrap_or_else(|e| unreadable(&format!("undecodable lease: {e}")))
     } else if e.kind == WRAPPED {
         match Wrapped::decode(&e.body) {
             Some(w) => (
@@ -391,23 +395,18 @@ fn unreadable(what: &str) -> (Value, String) {
     (json!(what), what.to_string())
 }
 
-fn decode_lease(body: &[u8]) -> Option<(Value, String)> {
-    let (&lift, rest) = body.split_first()?;
-    let (&len, rest) = rest.split_first()?;
-    let host = std::str::from_utf8(rest.get(..usize::from(len))?).ok()?;
-    let frame = Frame::decode(rest.get(usize::from(len)..)?).ok()?;
-    let Message::CapLease(l) = &frame.message else {
-        return None;
+fn decode_lease(body: &[u8]) -> Result<(Value, String), String> {
+    let record = LeaseRecord::decode(body).map_err(|e| e.to_string())?;
+    let Message::CapLease(l) = &record.frame.message else {
+        let kind = record.frame.message.kind().name();
+        return Err(format!("lease record holds a {kind} frame"));
     };
-    let name = if lift == 1 { "lift_sent" } else { "lease_sent" };
-    let text = if lift == 1 {
-        format!(
-            "cap lifted on {host} (lease {}, seq {})",
-            l.lease, frame.seq
-        )
+    let name = if record.lift {
+        "lift_sent"
     } else {
-        format!("{host}: {l} (seq {})", frame.seq)
+        "lease_sent"
     };
+    let (host, frame) = (&record.host, &record.frame);
     let json = json!({ name: {
         "host": host,
         "seq": frame.seq,
@@ -416,7 +415,7 @@ fn decode_lease(body: &[u8]) -> Option<(Value, String)> {
         "limit_w": l.caps.first().map(|c| c.limit.0),
         "duration_ms": l.duration.0,
     }});
-    Some((json, text))
+    Ok((json, record.to_string()))
 }
 
 #[cfg(test)]
@@ -424,7 +423,7 @@ mod tests {
     use super::*;
     use cooling_core::Latched;
     use loopwarden_protocol::message::{CduMode, Event};
-    use loopwarden_protocol::{Ident, NodeId, ReasonCode, Role};
+    use loopwarden_protocol::{Frame, Ident, NodeId, ReasonCode, Role};
     use std::boxed::Box;
 
     fn event() -> Event {

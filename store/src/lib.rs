@@ -3,7 +3,8 @@
 //! The storage half of an agent's shell, with no network code in it:
 //! [`agent_flash`] (the flash image, its stores, the sequence floor) and
 //! [`recorder`] (the one thread that writes it, and hands the frames that
-//! go through the outbox to a [`Publisher`] in the order given), and
+//! go through the outbox to a [`Publisher`] in the order given),
+//! [`lease_record`] (a controller's sent lease as its log keeps it) and
 //! [`resend`] (the logged events found again by their frame numbers, for
 //! a reader that missed them).
 //!
@@ -18,6 +19,7 @@
 #![warn(missing_docs)]
 
 pub mod agent_flash;
+pub mod lease_record;
 mod publisher;
 pub mod recorder;
 pub mod resend;

@@ -258,7 +258,8 @@ async fn publish_samples(broker: Brokers, site: Ident) -> Result<()> {
 }
 
 /// One event-log record in words (or its JSON with `json`): a wrap
-/// marker, an accepted command kept whole, or a message body.
+/// marker, an accepted command kept whole, a controller's sent lease, or
+/// a message body.
 fn describe_record(kind: u8, body: &[u8], json: bool) -> String {
     use loopwarden_flash::log::WRAPPED;
     use loopwarden_flash::Wrapped;
@@ -297,7 +298,21 @@ fn describe_record(kind: u8, body: &[u8], json: bool) -> String {
                 f.seq,
                 summary(&f.message)
             ),
-            Err(e) => format!("kind {} command frame unreadable: {e}", kind),
+            // A controller logs the leases it sent with the host's id
+            // before the frame.
+            Err(e) => match loopwarden_store::lease_record::LeaseRecord::decode(body) {
+                Ok(r) if json => format!(
+                    r#"{{"lease_record":{{"host":{},"lift":{},"frame":{}}}}}"#,
+                    serde_json::json!(r.host),
+                    r.lift,
+                    r.frame.to_json()
+                ),
+                Ok(r) => format!(
+                    "{:<18} {r}",
+                    if r.lift { "lift_sent" } else { "lease_sent" }
+                ),
+                Err(_) => format!("kind {} command frame unreadable: {e}", kind),
+            },
         }
     } else {
         match MessageKind::from_code(kind).map(|k| Message::decode_body(k, body)) {
