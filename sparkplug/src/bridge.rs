@@ -765,6 +765,57 @@ mod tests {
     }
 
     #[test]
+    fn the_largest_births_fit_the_loopwarden_brokers_packet_limit() {
+        // Every name at its longest, a host of the most GPUs, every GPU
+        // with a health entry: the births a shared broker must let through.
+        let long = |c: char| std::iter::repeat_n(c, loopwarden_protocol::ids::IDENT_MAX).collect();
+        let mut b = Bridge::new(BridgeConfig {
+            group: long('g'),
+            edge_node: long('e'),
+            site: "hall-1".into(),
+            software: "0.1.0".into(),
+            ndata_every_ms: 10_000,
+        });
+        let host: String = long('h');
+        let gpus = loopwarden_protocol::MAX_GPUS as u8;
+        let telemetry = samples::host_telemetry(gpus);
+        let Message::HostHealth(mut health) = samples::message(MessageKind::HostHealth) else {
+            unreachable!("the sample is a health report")
+        };
+        let first = health.gpus[0].clone();
+        health.gpus.clear();
+        for i in 0..gpus {
+            let mut g = first.clone();
+            g.gpu = loopwarden_protocol::GpuIndex::new(i).unwrap();
+            health.gpus.push(g).unwrap();
+        }
+        b.step(
+            T,
+            input(Role::Host, &host, Message::HostTelemetry(telemetry)),
+        );
+        b.step(T, input(Role::Host, &host, Message::HostHealth(health)));
+        b.step(T, cdu_state());
+        let out = connected(&mut b);
+        assert_eq!(out.len(), 3, "{:?}", kinds(&out));
+        let birth = out
+            .iter()
+            .find(|p| p.device.as_deref() == Some(host.as_str()));
+        let gpu_metrics = body(birth.expect("the host is born")).metrics.len();
+        assert!(gpu_metrics > 9 * usize::from(gpus), "{gpu_metrics} metrics");
+        for p in &out {
+            // An MQTT PUBLISH: fixed header (at most 5), topic length (2),
+            // packet id (2), topic and payload.
+            let packet = 9 + p.topic.len() + p.payload.len();
+            assert!(
+                packet <= loopwarden_bus::MAX_PACKET_SIZE,
+                "{} is {packet} bytes, over the broker's {}",
+                p.topic,
+                loopwarden_bus::MAX_PACKET_SIZE
+            );
+        }
+    }
+
+    #[test]
     fn bdseq_wraps_from_255_to_0() {
         let mut b = bridge();
         for _ in 0..256 {
