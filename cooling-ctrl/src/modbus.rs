@@ -21,7 +21,9 @@
 //! map's range); [`ModbusCdu::write`] writes a whole [`CduSettings`] for
 //! tools, every value checked against the map before the first request
 //! goes out, and when one fails after others went in the error names both
-//! ([`CduError::Partial`]). Every request runs under a timeout (500 ms
+//! ([`CduError::Partial`]). A write is done only when the CDU's answer
+//! echoes it (the register and the value; for two words the first
+//! register and the count). Every request runs under a timeout (500 ms
 //! unless set); after a request that got no answer, a broken link or a
 //! garbled answer, the next request opens the link afresh (for RTU: reopens
 //! the port and discards whatever arrives until the line is quiet, so a
@@ -47,8 +49,10 @@
 //!   while asking: the serial port cannot be opened, the TCP connection is
 //!   refused or closed.
 //! - *bad answer* ([`CduError::BadAnswer`]): something answered, but not to
-//!   this request (another unit, another function, the wrong length): noise
-//!   on the line, two masters on one bus, or a late answer.
+//!   this request (another unit, another function, the wrong length, a
+//!   write's echo with another register or value, which may be a value the
+//!   CDU clamped): noise on the line, two masters on one bus, a late
+//!   answer, or a CDU that did not write what was asked.
 //! - *value* ([`CduError::Value`]): a setting the map says the CDU cannot
 //!   take; nothing was sent.
 //! - *unit id*: the CDU's Modbus address on its bus (from the map).
@@ -597,33 +601,50 @@ impl ModbusCdu {
             Response::ReadInputRegisters(words) if words.len() == usize::from(span.count) => {
                 Ok(words)
             }
-            Response::ReadInputRegisters(words) => {
-                self.ctx = None;
-                self.resync = true;
-                Err(CduError::BadAnswer {
-                    op,
-                    detail: format!("{} registers for {} asked", words.len(), span.count),
-                })
-            }
-            other => {
-                self.ctx = None;
-                self.resync = true;
-                Err(CduError::BadAnswer {
-                    op,
-                    detail: format!("{other:?}"),
-                })
-            }
+            Response::ReadInputRegisters(words) => Err(self.bad_answer(
+                op,
+                format!("{} registers for {} asked", words.len(), span.count),
+            )),
+            other => Err(self.bad_answer(op, format!("{other:?}"))),
         }
     }
 
-    /// Writes one holding register (one or two words).
+    /// A bad answer to `op`: the link is opened afresh and, for RTU, the
+    /// line cleared before the next request.
+    fn bad_answer(&mut self, op: String, detail: String) -> CduError {
+        self.ctx = None;
+        self.resync = true;
+        CduError::BadAnswer { op, detail }
+    }
+
+    /// Writes one holding register (one or two words). Done only when the
+    /// CDU echoes the request: the address and the value for one word
+    /// (function 6), the address and the count for two (function 16). Any
+    /// other echo (a value it clamped, another register's) is a bad answer.
     async fn write_register(&mut self, r: &Register, words: Vec<u16>) -> Result<(), CduError> {
         let op = self.op(format_args!("write {} at holding {}", r.name, r.address));
-        let req = match words.as_slice() {
-            [w] => Request::WriteSingleRegister(r.address, *w),
-            _ => Request::WriteMultipleRegisters(r.address, Cow::Owned(words)),
+        let (req, echo) = if let [w] = *words.as_slice() {
+            (
+                Request::WriteSingleRegister(r.address, w),
+                Response::WriteSingleRegister(r.address, w),
+            )
+        } else {
+            let n = words.len() as u16;
+            (
+                Request::WriteMultipleRegisters(r.address, Cow::Owned(words)),
+                Response::WriteMultipleRegisters(r.address, n),
+            )
         };
-        self.exchange(op, req).await.map(|_| ())
+        let answer = self.exchange(op.clone(), req).await?;
+        if answer == echo {
+            return Ok(());
+        }
+        let detail = format!(
+            "the CDU echoed {}, not {}: the value it holds is unknown",
+            echo_text(&answer),
+            echo_text(&echo)
+        );
+        Err(self.bad_answer(op, detail))
     }
 }
 
@@ -741,6 +762,16 @@ impl ModbusCdu {
             }
         }
         Ok(())
+    }
+}
+
+/// A write's echo in words: the register and the value written, or the
+/// first register and the count.
+fn echo_text(echo: &Response) -> String {
+    match echo {
+        Response::WriteSingleRegister(a, v) => format!("holding {a} = {v:#06x}"),
+        Response::WriteMultipleRegisters(a, n) => format!("holding {a}, {n} registers"),
+        other => format!("{other:?}"),
     }
 }
 
