@@ -209,40 +209,21 @@ impl NvmlApi for SystemNvml {
         deliver: &mut dyn FnMut(u32, u64),
         stop: &AtomicBool,
     ) -> NvmlResult<()> {
-        let mut set = self.nvml.create_event_set().map_err(failure)?;
-        let mut taken = 0;
-        for &gpu in gpus {
-            match self.register(gpu, set) {
-                Ok(kept) => {
-                    set = kept;
-                    taken += 1;
-                    registered(gpu, Ok(()));
-                }
-                Err((Some(kept), e)) => {
-                    set = kept;
-                    registered(gpu, Err(e));
-                }
-                Err((None, e)) => {
-                    registered(gpu, Err(e));
-                    return Err(NvmlFailure::Other(
-                        "registering XID events failed; NVML released the event set".into(),
-                    ));
-                }
-            }
-        }
-        // A set with no GPU on it would wait for nothing, and never say so.
-        if taken == 0 && !gpus.is_empty() {
-            return Err(NvmlFailure::Other(
-                "no GPU could be registered for XID events".into(),
-            ));
-        }
+        let set = super::watch::register_all(self, gpus, registered)?;
         self.wait_xids(&set, deliver, stop)
     }
 }
 
-impl SystemNvml {
-    /// Registers `gpu` for critical XIDs on `set`. On failure, NVML's
-    /// answer and the set back, unless NVML released it.
+impl super::watch::EventSets for SystemNvml {
+    type Set = EventSet;
+
+    fn create(&self) -> NvmlResult<EventSet> {
+        self.nvml.create_event_set().map_err(failure)
+    }
+
+    /// A refused `nvmlDeviceRegisterEvents` releases the set
+    /// (`nvml-wrapper` frees it on any error, as NVML asks after an
+    /// unknown error), so the GPU's event types are asked first.
     fn register(
         &self,
         gpu: u32,
@@ -253,8 +234,6 @@ impl SystemNvml {
             Ok(d) => d,
             Err(e) => return Err((Some(set), e)),
         };
-        // Registering a GPU that cannot take the event would release the
-        // whole set, so ask first.
         match device.supported_event_types() {
             Ok(t) if t.contains(EventTypes::CRITICAL_XID_ERROR) => {}
             Ok(_) => return Err((Some(set), NvmlFailure::NotSupported)),
@@ -264,7 +243,9 @@ impl SystemNvml {
             .register_events(EventTypes::CRITICAL_XID_ERROR, set)
             .map_err(|e| (None, failure(e.error)))
     }
+}
 
+impl SystemNvml {
     /// Waits on `set` until `stop`, delivering each XID; an event that
     /// names no GPU or carries no XID value is dropped and said
     /// ([`watch::Unread`]).

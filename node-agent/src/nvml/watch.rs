@@ -1,16 +1,21 @@
 //! What one start of the XID watch found, kept apart from NVML so it can
 //! be tested alone: which GPUs the event set took ([`Registrations`]:
 //! the watch is up only when it took every GPU, and a GPU it refused is
-//! named with NVML's answer), and the events its wait could not read
-//! ([`Unread`]: said in the log, at most once a minute).
+//! named with NVML's answer), how the GPUs are put on one event set when
+//! a refused registration releases it ([`register_all`]), and the events
+//! its wait could not read ([`Unread`]: said in the log, at
+//! most once a minute).
 //!
 //! Glossary:
 //! - *refused*: a GPU whose handle, supported event types or registration
 //!   failed; its XIDs are not seen.
+//! - *released*: NVML freed the event set (a failed
+//!   `nvmlDeviceRegisterEvents` does, in `nvml-wrapper`), with every GPU
+//!   registered on it.
 
 use std::time::{Duration, Instant};
 
-use super::NvmlFailure;
+use super::{NvmlFailure, NvmlResult};
 
 /// The registration answers of one start of the watch.
 #[derive(Debug)]
@@ -73,6 +78,74 @@ impl Registrations {
             .collect();
         Some(each.join(", "))
     }
+}
+
+/// NVML's event sets, as [`register_all`] uses them.
+pub(super) trait EventSets {
+    /// An event set.
+    type Set;
+    /// `nvmlEventSetCreate`.
+    fn create(&self) -> NvmlResult<Self::Set>;
+    /// Registers `gpu` for critical XIDs on `set`: the set back, or NVML's
+    /// answer with the set back unless NVML released it.
+    fn register(
+        &self,
+        gpu: u32,
+        set: Self::Set,
+    ) -> Result<Self::Set, (Option<Self::Set>, NvmlFailure)>;
+}
+
+/// Puts every GPU of `gpus` it can on one event set, telling `registered`
+/// each GPU's answer. A refusal that released the set leaves that GPU out:
+/// a new set is made, the GPUs taken so far are registered on it again,
+/// and the rest are asked. Fails when no set can be made, when a GPU taken
+/// before is refused on the new set, or when no GPU was taken (a set with
+/// no GPU would wait for nothing, and never say so).
+pub(super) fn register_all<E: EventSets>(
+    api: &E,
+    gpus: &[u32],
+    registered: &mut dyn FnMut(u32, NvmlResult<()>),
+) -> NvmlResult<E::Set> {
+    let mut set = api.create()?;
+    let mut taken = Vec::new();
+    for &gpu in gpus {
+        match api.register(gpu, set) {
+            Ok(kept) => {
+                set = kept;
+                taken.push(gpu);
+                registered(gpu, Ok(()));
+            }
+            Err((Some(kept), e)) => {
+                set = kept;
+                registered(gpu, Err(e));
+            }
+            Err((None, e)) => {
+                registered(gpu, Err(e));
+                set = register_again(api, &taken)?;
+            }
+        }
+    }
+    if taken.is_empty() && !gpus.is_empty() {
+        return Err(NvmlFailure::Other(
+            "no GPU could be registered for XID events".into(),
+        ));
+    }
+    Ok(set)
+}
+
+/// A new event set with `taken` on it, after NVML released the one they
+/// were on.
+fn register_again<E: EventSets>(api: &E, taken: &[u32]) -> NvmlResult<E::Set> {
+    let mut set = api.create()?;
+    for &gpu in taken {
+        set = api.register(gpu, set).map_err(|(_, e)| {
+            NvmlFailure::Other(format!(
+                "NVML released the XID event set after a refused registration, and GPU \
+                 {gpu}, registered before, was refused on a new one ({e:?})"
+            ))
+        })?;
+    }
+    Ok(set)
 }
 
 /// The shortest time between two lines about unreadable events.
@@ -156,6 +229,98 @@ mod tests {
         r.answer(0, Ok(()));
         r.answer(1, Err(NvmlFailure::NoPermission));
         assert_eq!(r.refused().as_deref(), Some("GPU 1 (NoPermission)"));
+    }
+
+    /// Event sets as NVML keeps them: each set's GPUs, by set number; a
+    /// refused registration releases its set (as `nvml-wrapper` does),
+    /// so the GPUs on it are no longer watched.
+    #[derive(Default)]
+    struct FakeSets {
+        sets: std::cell::RefCell<Vec<Option<Vec<u32>>>>,
+        /// GPUs whose registration is refused, with the answer.
+        refusing: Vec<(u32, NvmlFailure)>,
+        /// GPUs refused only once registered before (a GPU lost meanwhile).
+        refusing_again: Vec<u32>,
+    }
+
+    impl EventSets for FakeSets {
+        type Set = usize;
+        fn create(&self) -> NvmlResult<usize> {
+            let mut sets = self.sets.borrow_mut();
+            sets.push(Some(Vec::new()));
+            Ok(sets.len() - 1)
+        }
+        fn register(&self, gpu: u32, set: usize) -> Result<usize, (Option<usize>, NvmlFailure)> {
+            let mut sets = self.sets.borrow_mut();
+            let on = sets[set]
+                .as_mut()
+                .expect("a set NVML released is never used");
+            let again = self.refusing_again.contains(&gpu) && set > 0;
+            let refused = self.refusing.iter().find(|(g, _)| *g == gpu);
+            if let Some(e) = refused
+                .map(|(_, e)| e.clone())
+                .or(again.then_some(NvmlFailure::GpuLost))
+            {
+                sets[set] = None;
+                return Err((None, e));
+            }
+            on.push(gpu);
+            Ok(set)
+        }
+    }
+
+    /// Registers `gpus` on `fake`: the GPUs on the set returned (or why
+    /// none), and each answer.
+    fn register(fake: &FakeSets, gpus: &[u32]) -> (NvmlResult<Vec<u32>>, Vec<(u32, bool)>) {
+        let mut answers = Vec::new();
+        let set = register_all(fake, gpus, &mut |gpu, r| answers.push((gpu, r.is_ok())));
+        let on = set.map(|s| fake.sets.borrow()[s].clone().expect("a live set"));
+        (on, answers)
+    }
+
+    #[test]
+    fn a_refusal_that_releases_the_set_leaves_only_that_gpu_out() {
+        let fake = FakeSets {
+            refusing: vec![(1, NvmlFailure::Other("Unknown Error".into()))],
+            ..FakeSets::default()
+        };
+        let (on, answers) = register(&fake, &[0, 1, 2, 3]);
+        assert_eq!(on, Ok(vec![0, 2, 3]), "GPU 0 taken again, 2 and 3 asked");
+        let answers_expected = vec![(0, true), (1, false), (2, true), (3, true)];
+        assert_eq!(answers, answers_expected);
+
+        // Refused first and last: the others are watched.
+        let fake = FakeSets {
+            refusing: vec![(0, NvmlFailure::GpuLost), (3, NvmlFailure::NoPermission)],
+            ..FakeSets::default()
+        };
+        assert_eq!(register(&fake, &[0, 1, 2, 3]).0, Ok(vec![1, 2]));
+    }
+
+    #[test]
+    fn no_set_when_no_gpu_is_taken_or_a_gpu_taken_is_refused_on_the_new_set() {
+        let fake = FakeSets {
+            refusing: vec![(0, NvmlFailure::GpuLost), (1, NvmlFailure::GpuLost)],
+            ..FakeSets::default()
+        };
+        let (on, answers) = register(&fake, &[0, 1]);
+        assert!(
+            matches!(&on, Err(NvmlFailure::Other(w)) if w.starts_with("no GPU")),
+            "{on:?}"
+        );
+        assert_eq!(answers, vec![(0, false), (1, false)]);
+
+        let fake = FakeSets {
+            refusing: vec![(1, NvmlFailure::GpuLost)],
+            refusing_again: vec![0],
+            ..FakeSets::default()
+        };
+        let (on, answers) = register(&fake, &[0, 1, 2]);
+        let Err(NvmlFailure::Other(why)) = on else {
+            panic!("GPU 0 lost meanwhile: {on:?}");
+        };
+        assert!(why.contains("GPU 0, registered before"), "{why}");
+        assert_eq!(answers, vec![(0, true), (1, false)], "GPU 2 is not asked");
     }
 
     #[test]
