@@ -51,8 +51,9 @@
 //! - *bad answer* ([`CduError::BadAnswer`]): something answered, but not to
 //!   this request (another unit, another function, the wrong length, a
 //!   write's echo with another register or value, which may be a value the
-//!   CDU clamped): noise on the line, two masters on one bus, a late
-//!   answer, or a CDU that did not write what was asked.
+//!   CDU clamped, or an answer that does not decode, such as a bad RTU
+//!   CRC): noise on the line, two masters on one bus, a late answer, or a
+//!   CDU that did not write what was asked.
 //! - *value* ([`CduError::Value`]): a setting the map says the CDU cannot
 //!   take; nothing was sent.
 //! - *unit id*: the CDU's Modbus address on its bus (from the map).
@@ -418,6 +419,7 @@ impl fmt::Debug for ModbusCdu {
             .field("unit_id", &self.map.unit_id)
             .field("timeout", &self.timeout)
             .field("connected", &self.ctx.is_some())
+            .field("resync", &self.resync)
             .finish()
     }
 }
@@ -532,7 +534,9 @@ impl ModbusCdu {
         Ok(())
     }
 
-    /// One request and its answer, within the timeout.
+    /// One request and its answer, within the timeout. After no answer, a
+    /// bad answer or a failed link the next request opens the link afresh
+    /// and, on a serial line, waits for it to be quiet first (`resync`).
     async fn exchange(&mut self, op: String, req: Request<'_>) -> Result<Response, CduError> {
         let mut deadline = Instant::now() + self.timeout;
         if self.ctx.is_none() {
@@ -544,39 +548,32 @@ impl ModbusCdu {
             }
         }
         let ctx = self.ctx.as_mut().expect("connected");
-        let outcome = tokio::time::timeout_at(deadline, ctx.call(req)).await;
-        let lost = match &outcome {
-            Ok(Ok(_)) => false,
-            Ok(Err(tokio_modbus::Error::Protocol(_))) | Err(_) => {
-                self.resync = true;
-                true
-            }
-            Ok(Err(tokio_modbus::Error::Transport(_))) => true,
-        };
-        if lost {
-            // Open afresh next time: no late answer read as the next one.
-            self.ctx = None;
-        }
-        match outcome {
-            Err(_) => Err(CduError::NoAnswer {
-                op,
-                after_ms: self.timeout.as_millis() as u64,
-            }),
-            Ok(Err(tokio_modbus::Error::Transport(source))) => Err(CduError::Io { op, source }),
-            Ok(Err(tokio_modbus::Error::Protocol(e))) => Err(CduError::BadAnswer {
-                op,
-                detail: e.to_string(),
-            }),
+        let failure = match tokio::time::timeout_at(deadline, ctx.call(req)).await {
+            Ok(Ok(Ok(response))) => return Ok(response),
             Ok(Ok(Err(code))) => {
                 let code = u8::from(code);
-                Err(CduError::Refused {
+                return Err(CduError::Refused {
                     op,
                     code,
                     meaning: exception_meaning(code),
-                })
+                });
             }
-            Ok(Ok(Ok(response))) => Ok(response),
-        }
+            Err(_) => CduError::NoAnswer {
+                op,
+                after_ms: self.timeout.as_millis() as u64,
+            },
+            Ok(Err(tokio_modbus::Error::Protocol(e))) => CduError::BadAnswer {
+                op,
+                detail: e.to_string(),
+            },
+            Ok(Err(tokio_modbus::Error::Transport(e))) => transport_failure(op, e),
+        };
+        // Open afresh next time: no late answer read as the next one. A
+        // serial line that failed mid-answer may still carry its rest.
+        self.ctx = None;
+        let rtu = matches!(self.link, Link::Rtu(_));
+        self.resync |= rtu || !matches!(failure, CduError::Io { .. });
+        Err(failure)
     }
 
     /// Reads one span of input registers.
@@ -763,6 +760,20 @@ impl ModbusCdu {
         }
         Ok(())
     }
+}
+
+/// A failure of the transport under a request, as the controller reports
+/// it: an answer the codec could not decode (tokio-modbus reports a bad
+/// RTU CRC or a malformed frame as `InvalidData`) is a bad answer, the
+/// rest a link failure.
+fn transport_failure(op: String, e: io::Error) -> CduError {
+    if e.kind() == io::ErrorKind::InvalidData {
+        return CduError::BadAnswer {
+            op,
+            detail: format!("it could not be decoded ({e})"),
+        };
+    }
+    CduError::Io { op, source: e }
 }
 
 /// A write's echo in words: the register and the value written, or the

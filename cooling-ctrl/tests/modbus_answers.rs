@@ -5,10 +5,14 @@
 
 use std::future::{ready, Ready};
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
-use cooling_ctrl::modbus::{CduError, CduSettings, Link, ModbusCdu};
+use cooling_ctrl::modbus::{CduError, CduPort, CduSettings, Link, ModbusCdu, SerialLine};
 use loopwarden_boards::modbus_map::RegisterMap;
+use loopwarden_twin::sim_cdu::SimCdu;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_modbus::server::tcp::{accept_tcp_connection, Server};
 use tokio_modbus::{ExceptionCode, Request, Response, SlaveRequest};
 
@@ -193,4 +197,127 @@ async fn a_two_word_write_echoed_with_another_count_or_address_is_a_bad_answer()
         .write(&SETTINGS)
         .await
         .expect("a two-word write echoed right");
+}
+
+// ---- RTU on a pseudo-terminal pair ----
+
+/// Two pseudo-terminals joined by `socat` (the two ends of an RS-485
+/// cable), or `None` (skip, said on stderr) without socat outside CI.
+/// socat is killed when this is dropped.
+struct PtyPair {
+    socat: Child,
+    dir: tempfile::TempDir,
+}
+
+impl PtyPair {
+    fn start() -> Option<PtyPair> {
+        let socat = loopwarden_system_tests::require_tool("socat")?;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let end = |n: &str| format!("pty,raw,echo=0,link={}", dir.path().join(n).display());
+        let child = Command::new(socat)
+            .args(["-d", "-d", &end("a"), &end("b")])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start socat");
+        let pair = PtyPair { socat: child, dir };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !(pair.end("a").exists() && pair.end("b").exists()) {
+            assert!(
+                Instant::now() < deadline,
+                "socat made no pseudo-terminals in 5 s"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Some(pair)
+    }
+
+    /// End `a` (the controller's) or `b` (the CDU's), as a path.
+    fn end(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.end(name).to_str().expect("a UTF-8 path").to_string()
+    }
+}
+
+impl Drop for PtyPair {
+    fn drop(&mut self) {
+        let _ = self.socat.kill();
+        let _ = self.socat.wait();
+    }
+}
+
+/// Modbus RTU CRC-16 (polynomial 0xA001, initial 0xFFFF), low byte first.
+fn crc16(bytes: &[u8]) -> [u8; 2] {
+    let mut crc: u16 = 0xFFFF;
+    for b in bytes {
+        crc ^= u16::from(*b);
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0xA001
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    crc.to_le_bytes()
+}
+
+/// A CDU on end `b` that answers one request with `answer`.
+fn answer_once(pair: &PtyPair, answer: Vec<u8>) -> tokio::task::JoinHandle<()> {
+    let b = pair.path("b");
+    tokio::spawn(async move {
+        let mut port =
+            tokio_serial::SerialStream::open(&tokio_serial::new(b, 19_200)).expect("open b");
+        let mut req = [0u8; 8];
+        port.read_exact(&mut req).await.expect("a request");
+        assert_eq!(&req[..2], &[1, 4], "a read of input registers of unit 1");
+        port.write_all(&answer).await.expect("the answer");
+        port.flush().await.expect("flush");
+        // Give socat time to pass it on before the port closes.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    })
+}
+
+#[tokio::test]
+async fn a_garbled_rtu_answer_is_a_bad_answer_and_the_line_is_cleared_before_the_next() {
+    let Some(pair) = PtyPair::start() else {
+        return;
+    };
+    // A frame with a right CRC whose register bytes are odd in number, and
+    // a run of bytes no CRC fits.
+    let mut odd = vec![1, 4, 3, 0x12, 0x34, 0x56];
+    odd.extend(crc16(&odd));
+    let noise = vec![0u8; 200];
+    let line = SerialLine::new(pair.path("a"));
+    let mut client = ModbusCdu::new(RegisterMap::sim_cdu(), Link::Rtu(line))
+        .with_timeout(Duration::from_millis(2_000));
+    for (answer, why) in [(odd, "invalid quantity"), (noise, "Too many retries")] {
+        let cdu = answer_once(&pair, answer);
+        let e = client.read().await.unwrap_err();
+        let CduError::BadAnswer { detail, .. } = &e else {
+            panic!("not a bad answer: {e:?}");
+        };
+        assert_eq!(detail, &format!("it could not be decoded ({why})"));
+        assert!(
+            e.to_string()
+                .starts_with("read input 0-6 (supply_temp to leak_inputs) of unit 1 on Modbus RTU"),
+            "{e}"
+        );
+        // The next request reopens the port and waits for a quiet line.
+        let state = format!("{client:?}");
+        assert!(state.contains("connected: false, resync: true"), "{state}");
+        cdu.await.expect("the garbling CDU");
+    }
+    // The real CDU takes the line over: the client reads it.
+    let cdu = SimCdu::new(RegisterMap::sim_cdu(), &[]).expect("a CDU");
+    cdu.set_measurement("supply_temp", 32.05)
+        .expect("a measurement");
+    let server = tokio::spawn(cdu.serve_rtu(pair.path("b"), 19_200));
+    let r = client.read().await.expect("a read after the garbled ones");
+    assert_eq!(r.supply_c, Some(32.05));
+    server.abort();
 }
