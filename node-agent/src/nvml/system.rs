@@ -255,7 +255,6 @@ impl SystemNvml {
         deliver: &mut dyn FnMut(u32, u64),
         stop: &AtomicBool,
     ) -> NvmlResult<()> {
-        use nvml_wrapper::enums::event::XidError;
         let mut unread = super::watch::Unread::default();
         while !stop.load(Ordering::Relaxed) {
             let data = match set.wait(500) {
@@ -263,20 +262,36 @@ impl SystemNvml {
                 Err(nvml_wrapper::error::NvmlError::Timeout) => continue,
                 Err(e) => return Err(failure(e)),
             };
-            let why = match (data.event_data, data.device.index()) {
-                (Some(XidError::Value(xid)), Ok(gpu)) => {
-                    deliver(gpu, xid);
-                    continue;
+            match xid_of(data.event_data, data.device.index().map_err(failure)) {
+                Ok((gpu, xid)) => deliver(gpu, xid),
+                Err(why) => {
+                    if let Some(line) = unread.dropped(std::time::Instant::now(), &why) {
+                        tracing::warn!("{line}");
+                    }
                 }
-                (_, Err(e)) => format!("no GPU index: {:?}", failure(e)),
-                (Some(XidError::Unknown), Ok(gpu)) => format!("GPU {gpu}: an unknown XID"),
-                (None, Ok(gpu)) => format!("GPU {gpu}: no XID in it"),
-            };
-            if let Some(line) = unread.dropped(std::time::Instant::now(), &why) {
-                tracing::warn!("{line}");
             }
         }
         Ok(())
+    }
+}
+
+/// The XID NVML reports when it cannot name the XID (`eventData` 999 in
+/// `nvml.h`; `nvml-wrapper`'s `XidError::Unknown`).
+const UNKNOWN_XID: u64 = 999;
+
+/// An event's GPU and XID, from its XID data and its GPU's index; or why
+/// it cannot be read. An XID NVML cannot name is still an XID of that GPU:
+/// it is delivered as [`UNKNOWN_XID`], never dropped.
+fn xid_of(
+    data: Option<nvml_wrapper::enums::event::XidError>,
+    gpu: NvmlResult<u32>,
+) -> Result<(u32, u64), String> {
+    use nvml_wrapper::enums::event::XidError;
+    match (data, gpu) {
+        (Some(XidError::Value(xid)), Ok(gpu)) => Ok((gpu, xid)),
+        (Some(XidError::Unknown), Ok(gpu)) => Ok((gpu, UNKNOWN_XID)),
+        (_, Err(e)) => Err(format!("no GPU index: {e:?}")),
+        (None, Ok(gpu)) => Err(format!("GPU {gpu}: no XID in it")),
     }
 }
 
@@ -302,5 +317,16 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    #[test]
+    fn an_xid_nvml_cannot_name_is_delivered_as_999_not_dropped() {
+        use nvml_wrapper::enums::event::XidError;
+        assert_eq!(xid_of(Some(XidError::Value(79)), Ok(2)), Ok((2, 79)));
+        assert_eq!(xid_of(Some(XidError::Unknown), Ok(5)), Ok((5, 999)));
+        // What cannot be read is still dropped (and said).
+        let lost = xid_of(Some(XidError::Unknown), Err(NvmlFailure::GpuLost));
+        assert_eq!(lost, Err("no GPU index: GpuLost".into()));
+        assert_eq!(xid_of(None, Ok(1)), Err("GPU 1: no XID in it".into()));
     }
 }
