@@ -614,12 +614,22 @@ impl ModbusCdu {
         CduError::BadAnswer { op, detail }
     }
 
-    /// Writes one holding register (one or two words). Done only when the
+    /// Writes `value`, as `words`, to holding register `r` (one or two
+    /// words); every error names the value and the words. Done only when the
     /// CDU echoes the request: the address and the value for one word
     /// (function 6), the address and the count for two (function 16). Any
     /// other echo (a value it clamped, another register's) is a bad answer.
-    async fn write_register(&mut self, r: &Register, words: Vec<u16>) -> Result<(), CduError> {
-        let op = self.op(format_args!("write {} at holding {}", r.name, r.address));
+    async fn write_register(
+        &mut self,
+        r: &Register,
+        value: f64,
+        words: Vec<u16>,
+    ) -> Result<(), CduError> {
+        let op = format!(
+            "{}, {}",
+            self.op(format_args!("write {} at holding {}", r.name, r.address)),
+            written(value, &r.unit, &words)
+        );
         let (req, echo) = if let [w] = *words.as_slice() {
             (
                 Request::WriteSingleRegister(r.address, w),
@@ -704,7 +714,7 @@ impl CduPort for ModbusCdu {
                 op: self.op(format_args!("write {name} at holding {}", r.address)),
                 source,
             })?;
-        self.write_register(&r, words).await
+        self.write_register(&r, value, words).await
     }
 
     fn limits(&self) -> MapLimits {
@@ -720,7 +730,7 @@ impl ModbusCdu {
     /// settings went in is a [`CduError::Partial`] naming them.
     pub async fn write(&mut self, settings: &CduSettings) -> Result<(), CduError> {
         // Every value checked before the first request.
-        let mut plan: Vec<(Register, Vec<u16>)> = Vec::new();
+        let mut plan: Vec<(Register, f64, Vec<u16>)> = Vec::new();
         for (name, value) in settings.registers() {
             let Some(r) = self.map.get(name).filter(|r| r.kind == Kind::Holding) else {
                 continue;
@@ -737,16 +747,16 @@ impl ModbusCdu {
                     op: self.op(format_args!("write {name} at holding {}", r.address)),
                     source,
                 })?;
-            plan.push((r.clone(), words));
+            plan.push((r.clone(), value, words));
         }
         let names: Vec<&'static str> = settings
             .registers()
             .iter()
             .map(|(n, _)| *n)
-            .filter(|n| plan.iter().any(|(r, _)| r.name == *n))
+            .filter(|n| plan.iter().any(|(r, _, _)| r.name == *n))
             .collect();
-        for (i, (r, words)) in plan.into_iter().enumerate() {
-            if let Err(cause) = self.write_register(&r, words).await {
+        for (i, (r, value, words)) in plan.into_iter().enumerate() {
+            if let Err(cause) = self.write_register(&r, value, words).await {
                 if i == 0 {
                     return Err(cause);
                 }
@@ -774,6 +784,18 @@ fn transport_failure(op: String, e: io::Error) -> CduError {
         };
     }
     CduError::Io { op, source: e }
+}
+
+/// The value a write tries, in `unit`, and the raw words that carry it:
+/// `value 50 °C (raw 0x1388)`.
+fn written(value: f64, unit: &str, words: &[u16]) -> String {
+    let unit = if unit.is_empty() {
+        String::new()
+    } else {
+        format!(" {unit}")
+    };
+    let raw: Vec<String> = words.iter().map(|w| format!("{w:#06x}")).collect();
+    format!("value {value}{unit} (raw {})", raw.join(" "))
 }
 
 /// A write's echo in words: the register and the value written, or the
@@ -1006,6 +1028,17 @@ mod tests {
         let r = full.get(HEARTBEAT).unwrap();
         assert_eq!(heartbeat_value(r, 65_535.0), 65_535.0);
         assert_eq!(heartbeat_value(r, 1.0), 1.0);
+    }
+
+    #[test]
+    fn a_write_names_its_value_in_the_registers_unit_and_its_raw_words() {
+        assert_eq!(written(50.0, "°C", &[5000]), "value 50 °C (raw 0x1388)");
+        assert_eq!(written(-5.0, "°C", &[0xFE0C]), "value -5 °C (raw 0xfe0c)");
+        assert_eq!(written(11.0, "", &[11]), "value 11 (raw 0x000b)");
+        assert_eq!(
+            written(117_550.0, "W", &[0x0001, 0xCB2E]),
+            "value 117550 W (raw 0x0001 0xcb2e)"
+        );
     }
 
     #[test]

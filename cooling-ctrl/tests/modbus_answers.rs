@@ -199,6 +199,31 @@ async fn a_two_word_write_echoed_with_another_count_or_address_is_a_bad_answer()
         .expect("a two-word write echoed right");
 }
 
+#[tokio::test]
+async fn a_refused_write_names_the_value_and_the_raw_words_it_tried() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let cdu = SimCdu::new(RegisterMap::sim_cdu(), &[]).expect("a CDU");
+    tokio::spawn(cdu.serve(listener));
+    // This client's map lets the setpoint go to 60 °C; the CDU stops at 45.
+    let wide = map_with("max = 45.0", "max = 60.0");
+    let e = tcp_client(wide, addr)
+        .write(&CduSettings {
+            setpoint_c: 50.0,
+            ..SETTINGS
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.refused_code(), Some(3), "{e:?}");
+    let want = format!(
+        "write supply_setpoint at holding 0 of unit 1 on Modbus TCP {addr}, value 50 °C \
+         (raw 0x1388): the CDU refused it with exception 3 (illegal data value)"
+    );
+    assert!(e.to_string().ends_with(&want), "{e}");
+}
+
 // ---- RTU on a pseudo-terminal pair ----
 
 /// Two pseudo-terminals joined by `socat` (the two ends of an RS-485
