@@ -369,7 +369,6 @@ struct Shell<P> {
     bus: Bus,
     me: NodeId,
     started: Instant,
-    started_unix: u64,
     index: HashMap<Ident, usize>,
     /// The leases sent, and which are due.
     lease_book: LeaseBook,
@@ -551,7 +550,6 @@ impl<P: CduPort> Shell<P> {
             bus: started.bus,
             me: started.me,
             started: Instant::now(),
-            started_unix: now_ms().0,
             state_sent: None,
             leak_inputs: LeakInputs::DRY,
             facility: None,
@@ -565,9 +563,13 @@ impl<P: CduPort> Shell<P> {
         self.started.elapsed().as_millis() as u64
     }
 
-    /// Shell ms as a Unix timestamp.
+    /// Shell ms as a Unix timestamp: as long before the wall clock's now
+    /// as it is before the shell's, so a wall clock stepped since the
+    /// start (NTP after a boot without a real-time clock) is followed, as
+    /// the frames' own stamps and other nodes' follow it.
     fn unix(&self, shell_ms: u64) -> TimestampMs {
-        TimestampMs(self.started_unix.saturating_add(shell_ms))
+        let ago = self.now_ms().saturating_sub(shell_ms);
+        TimestampMs(now_ms().0.saturating_sub(ago))
     }
 
     fn report(&self) {
@@ -623,23 +625,29 @@ impl<P: CduPort> Shell<P> {
     }
 
     /// Writes the latched record to flash when it changed, and waits for
-    /// it to be there (the record, then its generation); the decision
-    /// path hears whether it went in.
+    /// it to be there (the record, then its generation) for at most half
+    /// a period; the decision path hears whether it went in.
     async fn keep_latched(&mut self) {
         let Some(r) = self.decider.to_keep() else {
             return;
         };
-        let mut result = Ok(());
-        for (key, value) in r.items() {
-            result = self
-                .keeping
-                .recorder
-                .set_sync(key.into(), value.to_vec())
-                .await;
-            if result.is_err() {
-                break;
+        // A flash that does not answer (a hung fsync on a failing card)
+        // holds no valve open: past half a period the record counts as
+        // not kept, and only closings are written.
+        let wait = self.cfg.period / 2;
+        let recorder = &self.keeping.recorder;
+        let write = async {
+            for (key, value) in r.items() {
+                recorder.set_sync(key.into(), value.to_vec()).await?;
             }
-        }
+            Ok(())
+        };
+        let result = tokio::time::timeout(wait, write).await.unwrap_or_else(|_| {
+            Err(format!(
+                "the flash did not answer within {} ms",
+                wait.as_millis()
+            ))
+        });
         if let Err(e) = &result {
             tracing::error!(
                 "cooling shell: the latched state is not in flash ({e}); no valve opens until it is"

@@ -19,7 +19,7 @@
 use cooling_core::facility::Offer;
 use cooling_core::FACILITY_TARGET_STALE_MS;
 use cooling_decide::facility::{offer_moved, offer_of};
-use loopwarden_bus::Inbound;
+use loopwarden_bus::{now_ms, Inbound};
 use loopwarden_protocol::message::{CduState, FacilityState};
 use loopwarden_protocol::topic::Family;
 use loopwarden_protocol::{Ident, Message, Role};
@@ -207,7 +207,7 @@ impl<P: CduPort> Shell<P> {
     /// Another CDU's retained state: the coordinator's plan is followed;
     /// on the coordinator, each hall CDU's offer is heard.
     pub(super) fn on_cdu_state(&mut self, msg: &Inbound) {
-        let wall_ms = self.unix(self.now_ms()).0;
+        let wall_ms = now_ms().0;
         let Some((from, st)) = hall_state(msg, &self.cfg.cdu, wall_ms) else {
             return;
         };
