@@ -114,6 +114,7 @@ impl Hall {
             ambient_c: Some(22.0),
             leaks: LeakInputs::DRY,
             cdu_writes_ok: true,
+            valves_held: 0,
             hosts: &self.hosts,
         });
         self.setpoint_c = c.setpoint_c;

@@ -43,6 +43,7 @@ fn exercise() -> usize {
             ambient_c: Some(25.0),
             leaks: LeakInputs::DRY,
             cdu_writes_ok: true,
+            valves_held: 0,
             hosts: &hosts,
         });
         n += usize::from(c.pump_on[0] || c.pump_on[1]);

@@ -163,6 +163,12 @@ pub struct Inputs<'a> {
     /// The CDU took the last settings written (`false`: it refused them,
     /// or they could not be written).
     pub cdu_writes_ok: bool,
+    /// Racks whose valve the last step commanded open but the shell did
+    /// not write open (bit n = rack n): it holds openings back while the
+    /// latched record is not in flash, and writes no valve while a
+    /// relatch is pending. Such a valve reading closed is no fault of
+    /// its position input. 0 where every valve commanded was written.
+    pub valves_held: u16,
     /// The last report of each host, by host index (rack-major).
     pub hosts: &'a [Option<HostReport>],
 }
@@ -680,9 +686,9 @@ impl Core {
         let closed = t.rd.valves_closed;
         let confirm_ms = cfg.timing.valve_confirm_ms;
         if let Some(was) = self.valves_commanded {
-            let written = inp.cdu_writes_ok;
+            let (written, opened) = (inp.cdu_writes_ok, was & !inp.valves_held);
             self.safety
-                .feedback(t.now, was, written, closed, confirm_ms, log);
+                .feedback(t.now, opened, written, closed, confirm_ms, log);
         }
         self.valves_commanded = Some(valves_open);
         if self.safety.isolation(t.now, closed, confirm_ms, log) {
@@ -821,6 +827,7 @@ mod tests {
                 ambient_c: Some(30.0),
                 leaks: LeakInputs::DRY,
                 cdu_writes_ok: true,
+                valves_held: 0,
                 hosts: &hosts,
             }));
         }
@@ -845,6 +852,7 @@ mod tests {
             ambient_c: Some(20.0),
             leaks: LeakInputs::DRY,
             cdu_writes_ok: true,
+            valves_held: 0,
             hosts: &hosts,
         })
     }
@@ -965,6 +973,7 @@ mod tests {
                 ambient_c: self.ambient_c,
                 leaks: self.leaks,
                 cdu_writes_ok: true,
+                valves_held: 0,
                 hosts: &hosts,
             })
         }
@@ -1283,6 +1292,7 @@ mod tests {
             ambient_c: Some(20.0),
             leaks: LeakInputs::DRY,
             cdu_writes_ok: true,
+            valves_held: 0,
             hosts: &hosts,
         });
         assert!(!c.beacon && c.caps[0].is_none());
@@ -1400,6 +1410,7 @@ mod tests {
                 ambient_c: Some(20.0),
                 leaks: LeakInputs::DRY,
                 cdu_writes_ok: true,
+                valves_held: 0,
                 hosts: &silent,
             });
         }

@@ -163,6 +163,7 @@ proptest! {
                 ambient_c: w.ambient,
                 leaks: LeakInputs { wet: w.leaks, rope_faults: w.rope_faults, read_ok: w.read_ok, cdu: None },
                 cdu_writes_ok: true,
+                valves_held: 0,
                 hosts: &hosts,
             });
             let all = (1u16 << racks) - 1;

@@ -80,6 +80,7 @@ fn run(k: [f32; 4], noises: &[Noise]) -> Core {
             ambient_c: Some(25.0),
             leaks: LeakInputs::DRY,
             cdu_writes_ok: true,
+            valves_held: 0,
             hosts: &hosts,
         });
         (sp, speed) = (c.setpoint_c, c.pump_speed);

@@ -450,6 +450,7 @@ mod tests {
                 ambient_c: None,
                 leaks: cooling_core::LeakInputs::DRY,
                 cdu_writes_ok: true,
+                valves_held: 0,
                 hosts: &hosts,
             }));
         }
@@ -533,6 +534,7 @@ mod tests {
                 ambient_c: None,
                 leaks: cooling_core::LeakInputs::DRY,
                 cdu_writes_ok: true,
+                valves_held: 0,
                 hosts: &[],
             }));
         }

@@ -96,6 +96,12 @@ pub struct Decider {
     valves_taken: Option<u16>,
     /// The valves planned at the last step, if written.
     valves_planned: Option<u16>,
+    /// The valves the last plan was for (the core's, bit n = rack n open).
+    valves_asked: u16,
+    /// Of those, the ones not written open at the last step (held back
+    /// by the latch's keeper, or the valve write failed): told to the
+    /// core, which judges no valve position it did not get.
+    valves_held: u16,
     /// What the last step asked of the CDU (what a traced plan writes).
     asked: Option<Asked>,
     /// The last step's commands, made here (large: not on the stack);
@@ -146,6 +152,8 @@ impl Decider {
             writes_ok: true,
             valves_taken: None,
             valves_planned: None,
+            valves_asked: 0,
+            valves_held: 0,
             asked: None,
             last: Commands::UNSET,
             stepped: false,
@@ -180,6 +188,8 @@ impl Decider {
             writes_ok,
             valves_taken,
             valves_planned,
+            valves_asked,
+            valves_held,
             asked,
             last,
             stepped,
@@ -200,6 +210,8 @@ impl Decider {
         *writes_ok = true;
         *valves_taken = None;
         *valves_planned = None;
+        *valves_asked = 0;
+        *valves_held = 0;
         *asked = None;
         *last = Commands::UNSET;
         *stepped = false;
@@ -311,6 +323,7 @@ impl Decider {
             ambient_c: inp.ambient_c,
             leaks: leak_inputs(inp.board, cdu.and_then(|r| r.leaks)),
             cdu_writes_ok: self.writes_ok,
+            valves_held: self.valves_held,
             hosts: self.hosts.reports(),
         };
         self.core.step_into(&inputs, &mut self.last);
@@ -385,6 +398,7 @@ impl Decider {
         let open_now = self.valves_taken.or(closed.map(|c| !c & racks));
         let valves = self.keeper.valves(c.valves_open, open_now);
         self.valves_planned = valves;
+        self.valves_asked = c.valves_open;
         self.limiter
             .plan(c, valves, self.heartbeat, &self.limits, &mut self.events)
     }
@@ -399,6 +413,8 @@ impl Decider {
         if valves_in {
             self.valves_taken = self.valves_planned;
         }
+        let opened = self.valves_planned.filter(|_| valves_in).unwrap_or(0);
+        self.valves_held = self.valves_asked & !opened;
     }
 
     /// The events of the decision path itself (a setting limited), since
@@ -493,6 +509,65 @@ mod tests {
         bad.gpu.tdp_w = f32::NAN;
         assert!(d.start(bad, lim, &unread).is_err());
         assert_eq!(shown(&d), before);
+    }
+
+    /// The valve-position faults among a step's events.
+    fn position_faults(c: &Commands) -> usize {
+        use loopwarden_protocol::{Event, Sensor};
+        let fault = |e: &&Event| {
+            matches!(
+                e,
+                Event::SensorFault {
+                    sensor: Sensor::ValvePosition,
+                    ..
+                }
+            )
+        };
+        c.events.iter().filter(fault).count()
+    }
+
+    #[test]
+    fn a_valve_held_shut_while_the_record_is_not_in_flash_is_no_position_fault() {
+        let lim = writes::tests::sim_cdu();
+        let fresh: Result<Option<LatchRecord>, &str> = Ok(None);
+        let mut d = Decider::new(CoreConfig::default(), lim, &fresh).unwrap();
+        // Commissioning: every valve reads closed, and the flash keeps no
+        // record, so only closings are written: the core's openings wait.
+        let shut = measured(0b1111);
+        let step_at = |d: &mut Decider, s: u64, keeps: bool| {
+            let c = d.step(
+                Some(&shut),
+                &StepIn {
+                    now_ms: s * 1000,
+                    board: BoardRead::Absent,
+                    ambient_c: Some(20.0),
+                },
+            );
+            if d.to_keep().is_some() {
+                d.kept(keeps);
+            }
+            let p = d.plan(&c, shut.valves_closed);
+            d.written(&Outcome::whole(&p, true));
+            (p, c)
+        };
+        for s in 0..30 {
+            let (p, c) = step_at(&mut d, s, false);
+            assert_eq!(p.value(Setting::Valves), Some(0.0), "step {s}: held shut");
+            assert_eq!(position_faults(&c), 0, "step {s}: {:?}", c.events);
+        }
+        // Kept: the openings are written, and a valve that still reads
+        // closed then is a fault of its position input.
+        let mut faults = 0;
+        for s in 30..40 {
+            let (p, c) = step_at(&mut d, s, true);
+            assert_eq!(
+                p.value(Setting::Valves),
+                Some(15.0),
+                "step {s}: written open"
+            );
+            faults += position_faults(&c);
+        }
+        assert_eq!(faults, 4, "one per rack");
     }
 
     #[test]

@@ -397,6 +397,7 @@ pub(crate) mod tests {
                 ambient_c: None,
                 leaks: cooling_core::LeakInputs::DRY,
                 cdu_writes_ok: true,
+                valves_held: 0,
                 hosts: &[],
             });
         c.setpoint_c = setpoint_c;

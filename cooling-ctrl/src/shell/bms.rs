@@ -195,6 +195,7 @@ mod tests {
             ambient_c: None,
             leaks: cooling_core::LeakInputs::DRY,
             cdu_writes_ok: true,
+            valves_held: 0,
             hosts: &hosts,
         });
         // Rack 1's rope is cut: the beacon lights; the BMS acknowledges.
