@@ -79,11 +79,16 @@ pub fn core_config(site: &SiteConfig) -> Result<CoreConfig, ConfigError> {
             pumps_w: f.pumps_w as f32,
             distribution_loss: f.distribution_loss as f32,
             fixed_w: f.fixed_w as f32,
-            cdus: site.cdus.clamp(1, 255) as u8,
+            cdus: narrow(site.cdus, "cdus: more than 255 CDUs on one facility loop")?,
         },
         margins: d.margins,
         timing: d.timing,
     };
+    if cfg.facility.cdus == 0 {
+        return Err(ConfigError::Layout(
+            "cdus: at least 1 (the CDUs on the facility loop, this one among them)",
+        ));
+    }
     cfg.validate()?;
     Ok(cfg)
 }
@@ -106,4 +111,21 @@ pub fn core_config_of_file(path: &Path) -> Result<CoreConfig, String> {
 pub fn firmware_figures(path: &Path) -> Result<Vec<u8>, String> {
     let cfg = core_config_of_file(path)?;
     Ok(cooling_core::config::figures::encode(&cfg).to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_count_of_cdus_the_core_cannot_hold_is_refused_never_clamped() {
+        let mut site = SiteConfig::default();
+        for (cdus, said) in [(0, "at least 1"), (256, "more than 255")] {
+            site.cdus = cdus;
+            let err = core_config(&site).unwrap_err().to_string();
+            assert!(err.contains("cdus") && err.contains(said), "{cdus}: {err}");
+        }
+        site.cdus = 255;
+        assert_eq!(core_config(&site).unwrap().facility.cdus, 255);
+    }
 }
