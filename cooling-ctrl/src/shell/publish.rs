@@ -51,6 +51,17 @@ pub struct StepFacts<'a> {
 }
 
 impl StepFacts<'_> {
+    /// The valves open (bit n = rack n, of `racks`) as the CDU reports
+    /// their positions where it reads them, else as the step commands: a
+    /// valve held shut (a pending relatch, a latched record the flash did
+    /// not keep) shows shut, not as commanded.
+    pub fn valves_open_now(&self, racks: u8) -> u16 {
+        let all = cooling_core::safety::all_racks(usize::from(racks));
+        self.readings
+            .and_then(|r| r.valves_closed)
+            .map_or(self.valves_open, |closed| !closed & all)
+    }
+
     /// A reading for the bus: null when the CDU did not answer, the map
     /// lacks it, the sensor is held lost, or the value is outside any
     /// plausible reading (a sentinel, before its fault is confirmed).
@@ -161,9 +172,10 @@ pub fn cdu_telemetry(
         command: if f.pump_on[i] { speed } else { Percent::ZERO },
         feedback: None,
     };
+    let open = f.valves_open_now(lay.racks);
     let racks = racks_of(lay, |i, rack| RackStatus {
         rack,
-        valve: if f.valves_open & (1 << i) != 0 {
+        valve: if open & (1 << i) != 0 {
             Percent::FULL
         } else {
             Percent::ZERO
@@ -195,7 +207,7 @@ pub fn cdu_telemetry(
 /// The CDU's state after a step of `f`, on a loop laid out as `lay`, with
 /// its part in a hall of several CDUs (`facility`), unsigned.
 pub fn cdu_state(f: &StepFacts<'_>, lay: &Layout, facility: Option<FacilityState>) -> CduState {
-    let open_gpus = f.valves_open.count_ones() as f64
+    let open_gpus = f.valves_open_now(lay.racks).count_ones() as f64
         * f64::from(lay.hosts_per_rack)
         * f64::from(lay.gpus_per_host);
     let flow_per_gpu = f
@@ -374,5 +386,47 @@ impl<P: CduPort> Shell<P> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts(readings: Option<&CduMeasurements>) -> StepFacts<'_> {
+        StepFacts {
+            mode: CduMode::Normal,
+            reason: ReasonCode::BOOTING,
+            since: TimestampMs(0),
+            setpoint_c: 32.0,
+            pump_speed: 0.6,
+            pump_on: [true, false],
+            valves_open: 0b1111,
+            cooling_lost: 0,
+            sensing_lost: 0,
+            leaks_wet: 0,
+            readings,
+            sensor_faults: [None; 4],
+            outdoor_c: None,
+        }
+    }
+
+    #[test]
+    fn a_rack_valve_shows_the_position_the_cdu_reads_else_the_command() {
+        let lay = CoreConfig::default().layout;
+        let read = CduMeasurements {
+            valves_closed: Some(0b0100),
+            ..CduMeasurements::default()
+        };
+        let shown = |f: &StepFacts<'_>| -> Vec<u8> {
+            let t = cdu_telemetry(f, &lay, None);
+            t.racks.iter().map(|r| r.valve.get()).collect()
+        };
+        // Commanded open, held shut (or stuck): it shows shut.
+        assert_eq!(shown(&facts(Some(&read))), [100, 100, 0, 100]);
+        // No position read: as commanded.
+        let unread = CduMeasurements::default();
+        assert_eq!(shown(&facts(Some(&unread))), [100; 4]);
+        assert_eq!(shown(&facts(None)), [100; 4]);
     }
 }
