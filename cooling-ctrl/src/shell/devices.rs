@@ -107,15 +107,29 @@ impl<P: CduPort> Devices<P> {
     }
 
     /// Writes `plan` to the CDU in its order, each setting on its own
-    /// (one that is not due after an earlier failure is skipped).
+    /// (one that is not due after an earlier failure is skipped). After a
+    /// write the CDU did not answer (no answer in time, or the link
+    /// failed), the rest are not tried this step: each would wait out its
+    /// own timeout, and a step of such waits outlasts its period.
     pub(super) async fn write(&mut self, plan: &Plan, stats: &mut ShellStats) -> Outcome {
         let mut outcome = Outcome::default();
+        let mut unanswered: Option<&'static str> = None;
         for w in &plan.writes {
             if !outcome.due(w) {
                 continue;
             }
-            let r = self.cdu.write_setting(w).await.map_err(|e| e.to_string());
-            outcome.record(w.setting, r);
+            if let Some(first) = unanswered {
+                let why = format!("not tried: the CDU did not answer the {first} write");
+                outcome.record(w.setting, Err(why));
+                continue;
+            }
+            let r = self.cdu.write_setting(w).await;
+            if r.as_ref().is_err_and(|e| {
+                e.is_no_answer() || matches!(e.root(), crate::modbus::CduError::Io { .. })
+            }) {
+                unanswered = Some(w.setting.register());
+            }
+            outcome.record(w.setting, r.map_err(|e| e.to_string()));
         }
         match outcome.first_error() {
             None => {
@@ -190,6 +204,7 @@ impl<P> Devices<P> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decide::{Setting, Write};
     use crate::shell::links::Ropes;
 
     /// A board whose relay line fails and whose beacon lights.
@@ -212,6 +227,71 @@ mod tests {
             self.beacon.store(on, std::sync::atomic::Ordering::Relaxed);
             Ok(())
         }
+    }
+
+    /// A CDU that answers no write: each would cost its timeout.
+    #[derive(Default)]
+    struct Silent {
+        writes: usize,
+    }
+
+    impl CduPort for Silent {
+        async fn read(&mut self) -> Result<CduMeasurements, crate::modbus::CduError> {
+            Ok(CduMeasurements::default())
+        }
+        async fn write_setting(&mut self, w: &Write) -> Result<(), crate::modbus::CduError> {
+            self.writes += 1;
+            Err(crate::modbus::CduError::NoAnswer {
+                op: format!("write {}", w.setting.register()),
+                after_ms: 500,
+            })
+        }
+        fn limits(&self) -> MapLimits {
+            MapLimits {
+                mapped: [true; 6],
+                setpoint_c: None,
+                speed_pct: None,
+                positions: true,
+            }
+        }
+    }
+
+    #[test]
+    fn after_a_write_the_cdu_does_not_answer_the_rest_are_not_tried_this_step() {
+        let mut d = Devices::new(Silent::default(), None);
+        let mut plan = Plan::default();
+        for setting in Setting::ORDER {
+            plan.writes
+                .push(Write {
+                    setting,
+                    value: 1.0,
+                })
+                .unwrap();
+        }
+        let mut stats = ShellStats::default();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let o = rt.block_on(d.write(&plan, &mut stats));
+        assert_eq!(
+            d.cdu.writes, 1,
+            "only the first write waited for its answer"
+        );
+        assert_eq!(stats.cdu_write_errors, 1);
+        let not_tried: Vec<Setting> = o
+            .tried
+            .iter()
+            .filter(|(_, r)| r.as_ref().is_err_and(|w| w.contains("not tried")))
+            .map(|(s, _)| *s)
+            .collect();
+        // The heartbeat is not due after a safety write failed.
+        let want = [
+            Setting::PumpsRun,
+            Setting::LeadPump,
+            Setting::PumpSpeed,
+            Setting::Setpoint,
+        ];
+        assert_eq!(not_tried, want, "{:?}", o.tried);
     }
 
     #[test]
