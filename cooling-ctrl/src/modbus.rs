@@ -47,7 +47,9 @@
 //!   in.
 //! - *link failure* ([`CduError::Io`]): the link itself failed before or
 //!   while asking: the serial port cannot be opened, the TCP connection is
-//!   refused or closed.
+//!   refused or closed ("the CDU closed the connection": the CDU, or a
+//!   gateway or firewall on the way, dropped it; the next request
+//!   connects again).
 //! - *bad answer* ([`CduError::BadAnswer`]): something answered, but not to
 //!   this request (another unit, another function, the wrong length, a
 //!   write's echo with another register or value, which may be a value the
@@ -67,6 +69,8 @@ use std::format;
 use std::io;
 use std::net::SocketAddr;
 use std::string::{String, ToString};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use std::vec::Vec;
 
@@ -85,7 +89,7 @@ mod link;
 
 pub use error::{exception_meaning, CduError};
 pub use link::{connect_failure, Link, SerialLine};
-use link::{connect_tcp, drain};
+use link::{connect_tcp, drain, Watched};
 
 /// What the CDU measures, decoded with the map's scale (the decision
 /// path's type, shared with the firmware).
@@ -406,6 +410,8 @@ pub struct ModbusCdu {
     timeout: Duration,
     spans: Vec<Span>,
     ctx: Option<Context>,
+    /// Set once the CDU closed the TCP connection `ctx` is on.
+    closed: Option<Arc<AtomicBool>>,
     /// The last request got no answer or a garbled one: clear the line
     /// before the next.
     resync: bool,
@@ -436,6 +442,7 @@ impl ModbusCdu {
             timeout: DEFAULT_TIMEOUT,
             spans,
             ctx: None,
+            closed: None,
             resync: false,
         }
     }
@@ -509,6 +516,8 @@ impl ModbusCdu {
                     .await
                     .map_err(|e| e.map_or_else(no_answer, io))?;
                 let _ = stream.set_nodelay(true);
+                let (stream, closed) = Watched::new(stream);
+                self.closed = Some(closed);
                 tokio_modbus::client::tcp::attach_slave(stream, slave)
             }
             Link::Rtu(line) => {
@@ -566,7 +575,13 @@ impl ModbusCdu {
                 op,
                 detail: e.to_string(),
             },
-            Ok(Err(tokio_modbus::Error::Transport(e))) => transport_failure(op, e),
+            Ok(Err(tokio_modbus::Error::Transport(e))) => {
+                let closed = self
+                    .closed
+                    .as_ref()
+                    .is_some_and(|c| c.load(Ordering::Relaxed));
+                transport_failure(op, e, closed)
+            }
         };
         // Open afresh next time: no late answer read as the next one. A
         // serial line that failed mid-answer may still carry its rest.
@@ -775,15 +790,24 @@ impl ModbusCdu {
 /// A failure of the transport under a request, as the controller reports
 /// it: an answer the codec could not decode (tokio-modbus reports a bad
 /// RTU CRC or a malformed frame as `InvalidData`) is a bad answer, the
-/// rest a link failure.
-fn transport_failure(op: String, e: io::Error) -> CduError {
+/// rest a link failure; where the CDU had `closed` the TCP connection, it
+/// says so in place of whatever errno tokio-modbus put there ([`Watched`]).
+fn transport_failure(op: String, e: io::Error, closed: bool) -> CduError {
     if e.kind() == io::ErrorKind::InvalidData {
         return CduError::BadAnswer {
             op,
             detail: format!("it could not be decoded ({e})"),
         };
     }
-    CduError::Io { op, source: e }
+    let source = if closed {
+        io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the CDU closed the connection before a whole answer came",
+        )
+    } else {
+        e
+    };
+    CduError::Io { op, source }
 }
 
 /// The value a write tries, in `unit`, and the raw words that carry it:
@@ -1039,6 +1063,25 @@ mod tests {
             written(117_550.0, "W", &[0x0001, 0xCB2E]),
             "value 117550 W (raw 0x0001 0xcb2e)"
         );
+    }
+
+    #[test]
+    fn a_closed_tcp_connection_says_so_in_place_of_a_stray_errno() {
+        // What tokio-modbus makes of the end of the stream: errno as it was.
+        for code in [0, libc::EAGAIN, libc::EINPROGRESS] {
+            let e = transport_failure("read".into(), io::Error::from_raw_os_error(code), true);
+            assert_eq!(
+                e.to_string(),
+                "read: the CDU closed the connection before a whole answer came"
+            );
+        }
+        let reset = io::Error::from_raw_os_error(libc::ECONNRESET);
+        let e = transport_failure("read".into(), reset, false);
+        assert!(matches!(e, CduError::Io { .. }), "{e:?}");
+        assert!(e.to_string().contains("(os error"), "{e}");
+        let garbled = io::Error::new(io::ErrorKind::InvalidData, "Invalid CRC");
+        let e = transport_failure("read".into(), garbled, true);
+        assert!(matches!(e, CduError::BadAnswer { .. }), "{e:?}");
     }
 
     #[test]

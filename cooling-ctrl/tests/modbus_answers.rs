@@ -224,6 +224,47 @@ async fn a_refused_write_names_the_value_and_the_raw_words_it_tried() {
     assert!(e.to_string().ends_with(&want), "{e}");
 }
 
+/// A TCP peer that takes one connection, reads a request, writes `answer`
+/// and closes the connection.
+async fn closing_peer(answer: &'static [u8]) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.expect("a connection");
+        let mut request = [0u8; 12];
+        stream.read_exact(&mut request).await.expect("a request");
+        stream.write_all(answer).await.expect("the answer");
+        stream.shutdown().await.expect("close");
+    });
+    addr
+}
+
+#[tokio::test]
+async fn a_cdu_that_closes_the_connection_says_so_with_no_stray_system_error() {
+    // Nothing, or the first 9 of the 23 bytes a read of 7 registers takes.
+    let half: &[u8] = &[0, 0, 0, 0, 0, 17, 1, 4, 14];
+    for answer in [&[][..], half] {
+        let addr = closing_peer(answer).await;
+        let mut client = tcp_client(RegisterMap::sim_cdu(), addr);
+        let e = client.read().await.unwrap_err();
+        assert!(matches!(e, CduError::Io { .. }), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "read input 0-6 (supply_temp to leak_inputs) of unit 1 on Modbus TCP {addr}: \
+                 the CDU closed the connection before a whole answer came"
+            )
+        );
+        // Still a link failure: the next request connects again.
+        assert!(
+            format!("{client:?}").contains("connected: false"),
+            "{client:?}"
+        );
+    }
+}
+
 // ---- RTU on a pseudo-terminal pair ----
 
 /// Two pseudo-terminals joined by `socat` (the two ends of an RS-485

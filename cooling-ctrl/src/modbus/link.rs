@@ -1,8 +1,11 @@
 //! The link to the CDU: a serial line for Modbus RTU ([`SerialLine`]) or
 //! TCP ([`Link`]), connecting over TCP with a failure that says what
-//! failed and where ([`connect_failure`]), and draining a serial line of
-//! stale bytes before a request.
+//! failed and where ([`connect_failure`]), telling when the CDU closed a
+//! TCP connection ([`Watched`]), and draining a serial line of stale bytes
+//! before a request.
 use super::*;
+use std::pin::Pin;
+use std::task::Poll;
 
 /// A serial line for Modbus RTU.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -154,5 +157,67 @@ pub(super) async fn drain(port: &mut SerialStream, quiet: Duration, limit: Durat
             Ok(Ok(n)) if n > 0 => continue,
             _ => break,
         }
+    }
+}
+
+/// A TCP stream to the CDU that notes when the CDU closed it (a read that
+/// ends the stream). tokio-modbus 0.17 reports the end of the stream as
+/// `io::Error::last_os_error()`, with whatever errno the thread last held
+/// ("Success (os error 0)", "Resource temporarily unavailable (os error
+/// 11)", "Operation now in progress (os error 115)"), so its error alone
+/// cannot tell a closed connection.
+#[derive(Debug)]
+pub(super) struct Watched {
+    stream: tokio::net::TcpStream,
+    closed: Arc<AtomicBool>,
+}
+
+impl Watched {
+    /// `stream`, and the flag set once the CDU closed it.
+    pub(super) fn new(stream: tokio::net::TcpStream) -> (Self, Arc<AtomicBool>) {
+        let closed = Arc::new(AtomicBool::new(false));
+        let watched = Self {
+            stream,
+            closed: closed.clone(),
+        };
+        (watched, closed)
+    }
+}
+
+impl tokio::io::AsyncRead for Watched {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let room = buf.remaining();
+        let poll = Pin::new(&mut this.stream).poll_read(cx, buf);
+        // No bytes into room for some: the end of the stream.
+        if matches!(poll, Poll::Ready(Ok(()))) && room > 0 && buf.remaining() == room {
+            this.closed.store(true, Ordering::Relaxed);
+        }
+        poll
+    }
+}
+
+impl tokio::io::AsyncWrite for Watched {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
     }
 }
