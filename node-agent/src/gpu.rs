@@ -183,8 +183,12 @@ pub trait GpuSource {
     /// Starts delivering XID events to `sink` from a thread of the
     /// source's own (a blocking wait, never on the agent's runtime), and
     /// keeps the watch running: a watch that ends is said
-    /// ([`XidEvent::WatchDown`]) and restarted. Returns which GPUs could
-    /// not be registered, and why.
+    /// ([`XidEvent::WatchDown`]) and restarted, and one that cannot start
+    /// or register is said down on `sink` and retried. Returns which GPUs
+    /// could not be registered at the start, and why (those known, when
+    /// the answers are slow). `Err` only when no watch runs at all (its
+    /// thread could not start): nothing retries it, nothing is said on
+    /// `sink`, and the caller says it down.
     fn watch_xids(
         &mut self,
         sink: crate::xid_queue::XidSink,

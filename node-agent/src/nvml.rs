@@ -23,7 +23,6 @@
 //!   every limit set on it); the *management limit* is the one we set.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::Sender;
 use std::sync::Arc;
 
 use loopwarden_protocol::{ThrottleReasons, Unsupported, Watts};
@@ -170,6 +169,8 @@ pub struct NvmlSource<A: NvmlApi> {
     nudges: Arc<[AtomicBool]>,
     /// What its GPUs' calls cost.
     costs: CallCosts,
+    /// How long `watch_xids` waits for the first registration answers.
+    first_answers_wait: std::time::Duration,
 }
 
 impl<A: NvmlApi> NvmlSource<A> {
@@ -184,7 +185,15 @@ impl<A: NvmlApi> NvmlSource<A> {
                 .map(|_| AtomicBool::new(false))
                 .collect(),
             costs: CallCosts::default(),
+            first_answers_wait: FIRST_ANSWERS_WAIT,
         }
+    }
+
+    /// `watch_xids` waits `limit` for the first registration answers
+    /// (default [`FIRST_ANSWERS_WAIT`]).
+    pub fn first_answers_wait(mut self, limit: std::time::Duration) -> Self {
+        self.first_answers_wait = limit;
+        self
     }
 
     /// Its GPUs read the slow counters every `samples` samples.
@@ -224,16 +233,10 @@ impl<A: NvmlApi> GpuSource for NvmlSource<A> {
         &mut self,
         sink: crate::xid_queue::XidSink,
     ) -> Result<Vec<(u8, GpuError)>, GpuError> {
-        let count = self
-            .api
-            .device_count()
-            .map_err(|e| e.into_gpu_error("nvmlDeviceGetCount"))?
-            .min(loopwarden_protocol::MAX_GPUS as u32);
-        let gpus: Vec<u32> = (0..count).collect();
-        let (reg_tx, reg_rx) = std::sync::mpsc::channel();
-        let api = self.api.clone();
-        let stop = self.stop.clone();
-        let nudges = self.nudges.clone();
+        let first = Arc::new(watch::FirstStart::default());
+        let said = sink.clone();
+        let (api, stop, nudges) = (self.api.clone(), self.stop.clone(), self.nudges.clone());
+        let answers = first.clone();
         std::thread::Builder::new()
             .name("nvml-xid".into())
             .spawn(move || {
@@ -241,32 +244,28 @@ impl<A: NvmlApi> GpuSource for NvmlSource<A> {
                     sink: &sink,
                     nudges: &nudges,
                 };
-                keep_watching(&*api, &gpus, out, &reg_tx, &stop)
+                keep_watching(&*api, out, &answers, &stop)
             })
             .map_err(|e| GpuError::Failed {
                 what: "XID thread",
                 detail: e.to_string(),
             })?;
-        // Registration answers come first; a `None` means the watch ended.
-        let mut refused = Vec::new();
-        let mut answered = 0;
-        while answered < count {
-            match reg_rx.recv_timeout(std::time::Duration::from_secs(10)) {
-                Ok(Some((gpu, r))) => {
-                    answered += 1;
-                    if let Err(e) = r {
-                        refused.push((gpu as u8, e.into_gpu_error("nvmlDeviceRegisterEvents")));
-                    }
-                }
-                Ok(None) | Err(_) => {
-                    return Err(GpuError::Failed {
-                        what: "nvmlEventSetCreate/nvmlDeviceRegisterEvents",
-                        detail: "the XID event set could not be set up".into(),
-                    })
-                }
-            }
-        }
-        Ok(refused)
+        // The first registration answers, or the watch said down without
+        // them; it says itself up once they come.
+        let limit = self.first_answers_wait;
+        let gave_up = || {
+            let why = format!(
+                "the GPUs' registration answers did not come within {limit:?} (a busy \
+                 driver or GPU System Processor); the watch is down until they do"
+            );
+            tracing::error!("NVML XID watch: {why}");
+            let _ = said.send(XidEvent::WatchDown(why));
+        };
+        let refused = first.wait(limit, gave_up).unwrap_or_default();
+        Ok(refused
+            .into_iter()
+            .map(|(gpu, e)| (gpu as u8, e.into_gpu_error("nvmlDeviceRegisterEvents")))
+            .collect())
     }
 }
 
@@ -282,6 +281,9 @@ struct Deliver<'a> {
 pub const WATCH_RETRY_FIRST: std::time::Duration = std::time::Duration::from_secs(1);
 /// The longest wait between restarts of the XID watch.
 pub const WATCH_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(60);
+/// How long [`NvmlSource`]'s `watch_xids` waits for the first registration
+/// answers before it says the watch down and returns without them.
+pub const FIRST_ANSWERS_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Runs the XID watch until `stop`, restarting it with backoff whenever it
 /// ends: each end is sent as [`XidEvent::WatchDown`]. A restart that
@@ -289,77 +291,27 @@ pub const WATCH_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(
 /// GPU out (its handle, its event types or its registration failed) as
 /// [`XidEvent::WatchDown`] naming each GPU left out and NVML's answer,
 /// while the wait goes on for the GPUs registered (the watch stays down
-/// until a restart registers them all). The first registration answers go
-/// to `first_registrations` (then `None` if the first watch ended), which
-/// reports the GPUs refused at the start.
+/// until a restart registers them all). The first start's answers go to
+/// `first`; a first start that registers every GPU after its caller
+/// stopped waiting (and said the watch down) is sent as `WatchUp` too.
 fn keep_watching<A: NvmlApi>(
     api: &A,
-    gpus: &[u32],
     out: Deliver<'_>,
-    first_registrations: &Sender<Option<(u32, NvmlResult<()>)>>,
+    first: &watch::FirstStart,
     stop: &AtomicBool,
 ) {
-    let sink = out.sink;
     let mut wait = WATCH_RETRY_FIRST;
     let mut restarts = 0u32;
     while !stop.load(Ordering::Relaxed) {
-        let mut answers = watch::Registrations::new(gpus.len());
-        // This start already said the watch is down.
-        let mut said_down = false;
-        let mut registered = |gpu: u32, r: NvmlResult<()>| {
-            if restarts == 0 {
-                let _ = first_registrations.send(Some((gpu, r.clone())));
-            }
-            match answers.answer(gpu, r) {
-                None => {}
-                // At the start the watch is taken as up until said down.
-                Some(Ok(())) if restarts == 0 => {}
-                Some(Ok(())) => {
-                    let _ = sink.send(XidEvent::WatchUp);
-                }
-                Some(Err(why)) => {
-                    let how = if restarts == 0 {
-                        "started"
-                    } else {
-                        "restarted"
-                    };
-                    tracing::error!("NVML XID watch {how}, {why}");
-                    said_down = true;
-                    let _ = sink.send(XidEvent::WatchDown(why));
-                }
-            }
-        };
-        let mut deliver = |gpu: u32, xid: u64| {
-            // Its slow counters (retired pages, remapped rows) are read at
-            // its next sample.
-            if let Some(n) = out.nudges.get(gpu as usize) {
-                n.store(true, Ordering::Relaxed);
-            }
-            let report = XidReport {
-                gpu: gpu as u8,
-                xid: xid.min(u16::MAX as u64) as u16,
-            };
-            let _ = sink.send(XidEvent::Xid(report));
-        };
         let began = std::time::Instant::now();
-        let outcome = api.watch_xids(gpus, &mut registered, &mut deliver, stop);
-        if restarts == 0 {
-            let _ = first_registrations.send(None);
-        }
-        if stop.load(Ordering::Relaxed) {
+        let start = (restarts == 0).then_some(first);
+        let Some((why, said_down)) = watch_once(api, out, start, stop) else {
             return;
-        }
-        let mut why = match outcome {
-            Err(e) => format!("{e:?}"),
-            Ok(()) => "the event wait returned".into(),
         };
-        if let Some(names) = answers.refused() {
-            why.push_str(&format!("; not registered: {names}"));
-        }
         tracing::error!("NVML XID watch ended ({why}); restarting it in {wait:?}");
         // A start that already said the watch is down (a GPU refused) is
         // not said again.
-        if !said_down && sink.send(XidEvent::WatchDown(why)).is_err() {
+        if !said_down && out.sink.send(XidEvent::WatchDown(why)).is_err() {
             return;
         }
         // A watch that ran for a while earns a quick restart.
@@ -369,6 +321,93 @@ fn keep_watching<A: NvmlApi>(
         sleep_unless(stop, wait);
         wait = (wait * 2).min(WATCH_RETRY_MAX);
         restarts += 1;
+    }
+}
+
+/// One start of the XID watch, over the GPUs NVML counts now, until it
+/// ends: why it ended, and whether it said the watch down already; `None`
+/// when `stop` ended it. `first`: this is the first start, whose answers
+/// go there too.
+fn watch_once<A: NvmlApi>(
+    api: &A,
+    out: Deliver<'_>,
+    first: Option<&watch::FirstStart>,
+    stop: &AtomicBool,
+) -> Option<(String, bool)> {
+    let sink = out.sink;
+    let gpus: Result<Vec<u32>, String> = match api.device_count() {
+        Ok(0) => Err("NVML counts no GPU".into()),
+        Ok(n) => Ok((0..n.min(loopwarden_protocol::MAX_GPUS as u32)).collect()),
+        Err(e) => Err(format!("nvmlDeviceGetCount failed: {e:?}")),
+    };
+    let mut answers = watch::Registrations::new(gpus.as_ref().map_or(0, Vec::len));
+    // This start already said the watch is down.
+    let mut said_down = false;
+    let mut registered = |gpu: u32, r: NvmlResult<()>| {
+        if let Some(f) = first {
+            f.answer(gpu, &r);
+        }
+        let Some(all) = answers.answer(gpu, r) else {
+            return;
+        };
+        // `Some(false)`: the first start, its caller took the watch as up.
+        let late = first.map(watch::FirstStart::over);
+        match all {
+            Ok(()) if late == Some(false) => {}
+            Ok(()) => {
+                let _ = sink.send(XidEvent::WatchUp);
+            }
+            Err(why) => {
+                let how = if first.is_some() {
+                    "started"
+                } else {
+                    "restarted"
+                };
+                tracing::error!("NVML XID watch {how}, {why}");
+                said_down = true;
+                let _ = sink.send(XidEvent::WatchDown(why));
+            }
+        }
+    };
+    let outcome = match &gpus {
+        Ok(gpus) => api
+            .watch_xids(
+                gpus,
+                &mut registered,
+                &mut |gpu, xid| out.xid(gpu, xid),
+                stop,
+            )
+            .map_err(|e| format!("{e:?}")),
+        Err(why) => Err(why.clone()),
+    };
+    // A first start that ended before every GPU answered is over too.
+    if let Some(f) = first {
+        f.over();
+    }
+    if stop.load(Ordering::Relaxed) {
+        return None;
+    }
+    let mut why = outcome
+        .err()
+        .unwrap_or_else(|| "the event wait returned".into());
+    if let Some(names) = answers.refused() {
+        why.push_str(&format!("; not registered: {names}"));
+    }
+    Some((why, said_down))
+}
+
+impl Deliver<'_> {
+    /// An XID of `gpu`: to the queue, and its slow counters (retired
+    /// pages, remapped rows) are read at its next sample.
+    fn xid(&self, gpu: u32, xid: u64) {
+        if let Some(n) = self.nudges.get(gpu as usize) {
+            n.store(true, Ordering::Relaxed);
+        }
+        let report = XidReport {
+            gpu: gpu as u8,
+            xid: xid.min(u16::MAX as u64) as u16,
+        };
+        let _ = self.sink.send(XidEvent::Xid(report));
     }
 }
 

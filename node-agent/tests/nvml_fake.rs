@@ -18,7 +18,9 @@
 //!   health engine fed as the agent feeds it quarantines none and reports
 //!   a host stall; the one GPU that stays hung afterwards is quarantined;
 //! - XID events reach the agent, and a GPU that cannot be registered for
-//!   them is reported;
+//!   them is reported; a GPU count that fails at the start, or
+//!   registration answers slower than the source waits for, leave the
+//!   watch said down (not silent) until it runs;
 //! - NVML's clock-event bits map onto the bus's throttle reasons;
 //! - it fails closed: a slow read that fails on its turn is a miss and is
 //!   read again at the next sample, never held; a field that answered and
@@ -186,6 +188,11 @@ struct State {
     watch_fails: Option<NvmlFailure>,
     /// XID waits begun.
     watch_starts: u32,
+    /// While set, `device_count` fails with it (a driver not ready yet).
+    count_fails: Option<NvmlFailure>,
+    /// The XID registration answers wait at the gate (a busy GPU System
+    /// Processor at boot).
+    registration_hangs: bool,
 }
 
 impl FakeNvml {
@@ -200,6 +207,8 @@ impl FakeNvml {
                 watch_ended: false,
                 watch_fails: None,
                 watch_starts: 0,
+                count_fails: None,
+                registration_hangs: false,
             }),
             gate_closed: Mutex::new(false),
             gate: Condvar::new(),
@@ -270,7 +279,11 @@ impl FakeNvml {
 
 impl NvmlApi for FakeNvml {
     fn device_count(&self) -> NvmlResult<u32> {
-        Ok(self.state().gpus.len() as u32)
+        let state = self.state();
+        match state.count_fails.clone() {
+            Some(e) => Err(e),
+            None => Ok(state.gpus.len() as u32),
+        }
     }
     fn name(&self, gpu: u32) -> NvmlResult<String> {
         self.answer(gpu, "nvmlDeviceGetName", |a| a.name.clone())
@@ -363,7 +376,7 @@ impl NvmlApi for FakeNvml {
         stop: &AtomicBool,
     ) -> NvmlResult<()> {
         // Answer outside the state lock, as NVML would call back.
-        let (registrations, xids) = {
+        let (registrations, xids, hangs) = {
             let mut state = self.state();
             state.watch_starts += 1;
             if let Some(e) = state.watch_fails.clone() {
@@ -378,8 +391,11 @@ impl NvmlApi for FakeNvml {
                 )
             };
             let registrations: Vec<_> = gpus.iter().map(registration).collect();
-            (registrations, state.xids.clone())
+            (registrations, state.xids.clone(), state.registration_hangs)
         };
+        if hangs {
+            self.wait_at_gate();
+        }
         for (gpu, answer) in registrations {
             registered(gpu, answer);
         }
@@ -1193,6 +1209,66 @@ fn a_watch_that_ends_is_said_and_restarted_with_backoff() {
     assert_eq!(events.recv_timeout(timeout), Some(XidEvent::WatchUp));
     assert!(fake.state().watch_starts >= 3);
     fake.state().xids = vec![];
+    drop(source);
+    assert!(eventually(timeout, || fake.state().watch_ended));
+}
+
+#[test]
+fn a_gpu_count_that_fails_at_the_start_is_said_down_and_retried() {
+    let fake = FakeNvml::new(vec![Answers::healthy(); 2]);
+    fake.state().count_fails = Some(NvmlFailure::Other("driver not ready".into()));
+    let mut source = NvmlSource::new(fake.clone());
+    let (sink, events) = node_agent::xid_queue::xid_queue(64);
+    let refused = source.watch_xids(sink).expect("the watch runs, said down");
+    assert_eq!(refused, vec![]);
+    let timeout = Duration::from_secs(5);
+    match events.recv_timeout(timeout) {
+        Some(XidEvent::WatchDown(why)) => {
+            assert!(why.contains("nvmlDeviceGetCount"), "{why}");
+            assert!(why.contains("driver not ready"), "{why}");
+        }
+        other => panic!("expected the watch down, got {other:?}"),
+    }
+    // The driver is ready: a restart counts the GPUs and registers them
+    // (a restart before this line is said down again).
+    fake.state().count_fails = None;
+    let next = (0..3).find_map(|_| match events.recv_timeout(timeout) {
+        Some(XidEvent::WatchDown(_)) => None,
+        other => Some(other),
+    });
+    assert_eq!(next, Some(Some(XidEvent::WatchUp)));
+    assert_eq!(fake.state().watched, vec![0, 1]);
+    drop(source);
+    assert!(eventually(timeout, || fake.state().watch_ended));
+}
+
+#[test]
+fn registration_answers_slower_than_the_wait_are_said_down_then_up() {
+    let fake = FakeNvml::new(vec![Answers::healthy(); 2]);
+    fake.state().registration_hangs = true;
+    fake.state().xids = vec![(1, 79)];
+    fake.set_gate(true);
+    let mut source = NvmlSource::new(fake.clone()).first_answers_wait(Duration::ZERO);
+    let (sink, events) = node_agent::xid_queue::xid_queue(64);
+    let refused = source.watch_xids(sink).expect("the watch runs, said down");
+    assert_eq!(refused, vec![]);
+    match events.try_recv() {
+        Some(XidEvent::WatchDown(why)) => assert!(why.contains("did not come"), "{why}"),
+        other => panic!("expected the watch down at once, got {other:?}"),
+    }
+    // The answers come: every GPU registered, the watch is up.
+    fake.set_gate(false);
+    let timeout = Duration::from_secs(5);
+    assert_eq!(events.recv_timeout(timeout), Some(XidEvent::WatchUp));
+    assert_eq!(
+        events.recv_timeout(timeout),
+        Some(XidEvent::Xid(XidReport { gpu: 1, xid: 79 }))
+    );
+    assert_eq!(
+        fake.state().watch_starts,
+        1,
+        "the first start, not a restart"
+    );
     drop(source);
     assert!(eventually(timeout, || fake.state().watch_ended));
 }

@@ -2,8 +2,9 @@
 //! be tested alone: which GPUs the event set took ([`Registrations`]:
 //! the watch is up only when it took every GPU, and a GPU it refused is
 //! named with NVML's answer), how the GPUs are put on one event set when
-//! a refused registration releases it ([`register_all`]), and the events
-//! its wait could not read ([`Unread`]: said in the log, at
+//! a refused registration releases it ([`register_all`]), the first
+//! start's answers handed to the source's caller ([`FirstStart`]), and
+//! the events its wait could not read ([`Unread`]: said in the log, at
 //! most once a minute).
 //!
 //! Glossary:
@@ -13,6 +14,7 @@
 //!   `nvmlDeviceRegisterEvents` does, in `nvml-wrapper`), with every GPU
 //!   registered on it.
 
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use super::{NvmlFailure, NvmlResult};
@@ -146,6 +148,71 @@ fn register_again<E: EventSets>(api: &E, taken: &[u32]) -> NvmlResult<E::Set> {
         })?;
     }
     Ok(set)
+}
+
+/// The first start's registration answers, handed from the watch thread
+/// to the source's `watch_xids`, which waits for them a while and goes on
+/// without them past that (saying the watch down, so that a late "up"
+/// comes after it).
+#[derive(Debug, Default)]
+pub(super) struct FirstStart {
+    state: Mutex<First>,
+    changed: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct First {
+    /// The GPUs refused so far, with NVML's answer.
+    refused: Vec<(u32, NvmlFailure)>,
+    /// Every GPU answered, or the first watch ended before.
+    over: bool,
+    /// The caller stopped waiting before that.
+    abandoned: bool,
+}
+
+impl FirstStart {
+    fn lock(&self) -> std::sync::MutexGuard<'_, First> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `gpu`'s registration answer.
+    pub(super) fn answer(&self, gpu: u32, r: &NvmlResult<()>) {
+        if let Err(e) = r {
+            self.lock().refused.push((gpu, e.clone()));
+        }
+    }
+
+    /// The first start is over: every GPU answered, or its watch ended.
+    /// Returns whether the caller had stopped waiting before (and said
+    /// the watch down): then the watch thread says what comes next.
+    pub(super) fn over(&self) -> bool {
+        let mut s = self.lock();
+        s.over = true;
+        self.changed.notify_all();
+        s.abandoned
+    }
+
+    /// Waits at most `limit` for the first start to be over: the GPUs it
+    /// refused. Past `limit`, runs `gave_up` (which says the watch down)
+    /// before the watch thread can see that the caller went on, and
+    /// returns `None`.
+    pub(super) fn wait(
+        &self,
+        limit: Duration,
+        gave_up: impl FnOnce(),
+    ) -> Option<Vec<(u32, NvmlFailure)>> {
+        let s = self.lock();
+        let (mut s, _) = self
+            .changed
+            .wait_timeout_while(s, limit, |s| !s.over)
+            .unwrap_or_else(|e| e.into_inner());
+        if s.over {
+            return Some(std::mem::take(&mut s.refused));
+        }
+        gave_up();
+        s.abandoned = true;
+        None
+    }
 }
 
 /// The shortest time between two lines about unreadable events.
@@ -321,6 +388,26 @@ mod tests {
         };
         assert!(why.contains("GPU 0, registered before"), "{why}");
         assert_eq!(answers, vec![(0, true), (1, false)], "GPU 2 is not asked");
+    }
+
+    #[test]
+    fn the_first_answers_reach_a_caller_that_waits() {
+        let first = FirstStart::default();
+        first.answer(0, &Ok(()));
+        first.answer(1, &Err(NvmlFailure::NotSupported));
+        assert!(!first.over(), "the caller waits: it takes the answers");
+        let refused = first.wait(Duration::from_secs(5), || panic!("not given up"));
+        assert_eq!(refused, Some(vec![(1, NvmlFailure::NotSupported)]));
+    }
+
+    #[test]
+    fn a_caller_that_gave_up_says_so_and_the_late_end_is_told() {
+        let first = FirstStart::default();
+        let mut said = false;
+        assert_eq!(first.wait(Duration::ZERO, || said = true), None);
+        assert!(said, "the caller said the watch down");
+        first.answer(0, &Ok(()));
+        assert!(first.over(), "the watch thread says it up itself");
     }
 
     #[test]

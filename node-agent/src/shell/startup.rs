@@ -27,7 +27,7 @@ use tokio::sync::mpsc;
 use super::quarantine::{read_kept, Record};
 use super::{identity, AgentError, GpuState};
 use crate::config::{Config, GpuSourceKind};
-use crate::gpu::{GpuInfo, GpuSource};
+use crate::gpu::{GpuInfo, GpuSource, XidEvent};
 use crate::worker::Worker;
 use crate::xid_queue::{xid_queue, XidQueue, XID_QUEUE_CAPACITY};
 
@@ -100,19 +100,25 @@ pub(super) async fn gpus(
     Ok((workers, gpus))
 }
 
-/// Starts the bridge of XID reports and registers for them.
+/// Starts the bridge of XID reports and registers for them. A watch that
+/// could not start is said down on the queue, so the host's health says
+/// so from the first report.
 pub(super) fn watch_xids(source: &mut Box<dyn GpuSource + Send>) -> Result<XidQueue, AgentError> {
     // XIDs: the source's thread feeds a bounded queue the loop reads.
     let (sink, queue) = xid_queue(XID_QUEUE_CAPACITY);
-    match source.watch_xids(sink) {
+    match source.watch_xids(sink.clone()) {
         Ok(refused) => {
             for (gpu, e) in refused {
                 tracing::warn!("GPU {gpu}: XID events cannot be registered ({e})");
             }
         }
-        Err(e) => tracing::error!(
-            "the XID watch did not start ({e}); it is retried, and the host's health says so until it runs"
-        ),
+        Err(e) => {
+            tracing::error!(
+                "the XID watch did not start ({e}); XIDs are not seen and it is not retried: \
+                 the host's health says the watch is down until the agent restarts"
+            );
+            let _ = sink.send(XidEvent::WatchDown(format!("it did not start: {e}")));
+        }
     }
     Ok(queue)
 }
@@ -322,11 +328,13 @@ mod tests {
     //! What a restart restores of each GPU's health and quarantine stamp,
     //! through the shell's own restore, when the GPUs are numbered
     //! otherwise, after an upgrade from the records kept by index, and for
-    //! a GPU whose UUID is unknown.
+    //! a GPU whose UUID is unknown; and an XID watch that did not start,
+    //! said down to the loop.
 
     use super::super::quarantine::tagged;
     use super::super::restore_kept;
     use super::*;
+    use crate::gpu::GpuError;
     use loopwarden_protocol::{GpuIndex, Text, Watts};
 
     const X: &str = "GPU-00000000-0000-0000-0000-00000000000x";
@@ -418,6 +426,37 @@ mod tests {
     /// GPU `a` kept quarantined (as GPU 2 once was), under its identity.
     fn keep_quarantined(store: &mut ConfigStore<Flash>, a: u64) {
         set(store, &Record::Health.key(a), &tagged(a, &quarantined(2)));
+    }
+
+    /// A source whose XID watch cannot start.
+    struct NoWatch;
+
+    impl GpuSource for NoWatch {
+        fn devices(&mut self) -> Result<Vec<Box<dyn crate::gpu::GpuDevice>>, GpuError> {
+            Ok(Vec::new())
+        }
+        fn watch_xids(
+            &mut self,
+            _sink: crate::xid_queue::XidSink,
+        ) -> Result<Vec<(u8, GpuError)>, GpuError> {
+            Err(GpuError::Failed {
+                what: "XID thread",
+                detail: "no more threads".into(),
+            })
+        }
+    }
+
+    #[test]
+    fn an_xid_watch_that_did_not_start_is_said_down_to_the_loop() {
+        let mut source: Box<dyn GpuSource + Send> = Box::new(NoWatch);
+        let queue = watch_xids(&mut source).expect("the queue");
+        match queue.try_recv() {
+            Some(XidEvent::WatchDown(why)) => {
+                assert!(why.contains("did not start"), "{why}");
+                assert!(why.contains("no more threads"), "{why}");
+            }
+            other => panic!("expected the watch down, got {other:?}"),
+        }
     }
 
     #[test]
