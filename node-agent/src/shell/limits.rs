@@ -1,7 +1,8 @@
 //! Power limits as the node asks: set each and read it back, or read
-//! every GPU's as it is now, each through its worker within the deadline;
-//! and each GPU's ceiling kept in flash, under the GPU's UUID, before a
-//! set. What the values mean (what is in force, what to retry, what to
+//! every GPU's as it is now, each through its worker within the deadline,
+//! all GPUs at once; and each GPU's ceiling kept in flash, under the
+//! GPU's UUID (an earlier version's, under its index, is found by the
+//! UUID it names), before a set. What the values mean (what is in force, what to retry, what to
 //! say) is the node's.
 
 use loopwarden_flash::ConfigStore;
@@ -10,10 +11,18 @@ use loopwarden_store::agent_flash::Flash;
 use node_core::node::{KeptLimit, LimitResult, Node, SetLimit};
 use serde::{Deserialize, Serialize};
 
-use super::{Agent, GpuState, UNKNOWN_UUID};
+use super::{Agent, GpuState};
 
-/// The config-store key of a GPU's kept limits.
-fn limit_key(gpu: usize) -> String {
+/// The config-store key of a GPU's kept limits: under its identity (its
+/// UUID's hash), so a GPU renumbered (one taken off the bus, a driver
+/// that counts them otherwise) finds its own; `None` when its UUID is
+/// unknown.
+fn limit_key(uuid: &str) -> Option<String> {
+    super::identity(uuid).map(|id| format!("limit.{id:016x}"))
+}
+
+/// Where an earlier version kept a GPU's limits: under its index then.
+fn index_key(gpu: usize) -> String {
     format!("limit.{gpu}")
 }
 
@@ -24,47 +33,66 @@ struct Kept {
     limit: KeptLimit,
 }
 
+/// The record under `key`, if one is there.
+async fn read_kept(store: &mut ConfigStore<Flash>, key: &str) -> Result<Option<Kept>, String> {
+    let mut buf = [0u8; loopwarden_flash::config::MAX_VALUE];
+    match store.get(key, &mut buf).await {
+        Ok(Some(n)) => postcard::from_bytes(&buf[..n])
+            .map(Some)
+            .map_err(|e| format!("{key}: {e}")),
+        Ok(None) => Ok(None),
+        Err(e) => Err(format!("{key}: {e}")),
+    }
+}
+
+/// The limits kept for the GPU of `uuid`: under its UUID, else (kept by
+/// an earlier version) under whichever index they were kept for it.
+async fn kept_for(store: &mut ConfigStore<Flash>, uuid: &str) -> Result<Option<KeptLimit>, String> {
+    let Some(key) = limit_key(uuid) else {
+        return Ok(None);
+    };
+    let mine = |k: Kept| (k.uuid == uuid).then_some(k.limit);
+    if let Some(k) = read_kept(store, &key).await? {
+        return Ok(mine(k));
+    }
+    for i in 0..loopwarden_protocol::MAX_GPUS {
+        // An unreadable old record is another GPU's as likely as this one's.
+        if let Ok(Some(limit)) = read_kept(store, &index_key(i))
+            .await
+            .map(|k| k.and_then(mine))
+        {
+            return Ok(Some(limit));
+        }
+    }
+    Ok(None)
+}
+
 /// Gives `node` the limits kept before a restart, each only for the GPU
 /// (by UUID) it was kept for: a GPU swapped since starts from what is
 /// found on it.
 pub(super) async fn restore(node: &mut Node, gpus: &[GpuState], store: &mut ConfigStore<Flash>) {
     for (i, g) in gpus.iter().enumerate() {
-        let mut buf = [0u8; loopwarden_flash::config::MAX_VALUE];
-        let kept: Kept = match store.get(&limit_key(i), &mut buf).await {
-            Ok(Some(n)) => match postcard::from_bytes(&buf[..n]) {
-                Ok(k) => k,
-                Err(e) => {
-                    tracing::error!("GPU {i}: kept power limits unreadable ({e}); its ceiling is the limit found on it");
-                    continue;
-                }
-            },
-            Ok(None) => continue,
-            Err(e) => {
-                tracing::error!("GPU {i}: kept power limits unreadable ({e:?}); its ceiling is the limit found on it");
-                continue;
-            }
-        };
-        if kept.uuid == g.info.uuid && g.info.uuid != UNKNOWN_UUID {
-            node.restore_limit(i as u8, kept.limit);
-        } else {
-            tracing::warn!(
-                "GPU {i}: kept limits belong to {} and it is {}: its ceiling is the limit found on it",
-                kept.uuid,
-                g.info.uuid
-            );
+        match kept_for(store, &g.info.uuid).await {
+            Ok(Some(limit)) => node.restore_limit(i as u8, limit),
+            Ok(None) => {}
+            Err(e) => tracing::error!(
+                "GPU {i}: kept power limits unreadable ({e}); its ceiling is the limit found on it"
+            ),
         }
     }
 }
 
 impl Agent {
-    /// Reads every GPU's limit as it is now.
+    /// Reads every GPU's limit as it is now, all GPUs at once: a slow
+    /// GPU costs the round one deadline, not one per GPU.
     pub(super) async fn read_limits(&mut self) -> Vec<Result<Watts, String>> {
         let deadline = self.config.deadline;
-        let mut read = Vec::with_capacity(self.workers.len());
-        for w in &self.workers {
-            read.push(w.read_limit(deadline).await.map_err(|e| e.to_string()));
-        }
-        read
+        let reads = self.workers.iter().map(|w| w.read_limit(deadline));
+        futures::future::join_all(reads)
+            .await
+            .into_iter()
+            .map(|r| r.map_err(|e| e.to_string()))
+            .collect()
     }
 
     /// Keeps every GPU's limits in flash, under its UUID, and waits until
@@ -75,11 +103,11 @@ impl Agent {
         let mut last = None;
         let mut unknown = Vec::new();
         for (i, (limit, g)) in limits.into_iter().zip(&self.gpus).enumerate() {
-            if g.info.uuid == UNKNOWN_UUID {
-                // Not the GPU's record, maybe another's: left as it is.
+            let Some(key) = limit_key(&g.info.uuid) else {
+                // Its UUID is unknown: nothing is kept under a guess.
                 unknown.push(i);
                 continue;
-            }
+            };
             let kept = Kept {
                 uuid: g.info.uuid.clone(),
                 limit,
@@ -88,7 +116,7 @@ impl Agent {
                 // Handed over in order: waiting for the last waits for
                 // them all.
                 Ok(bytes) => {
-                    if let Some((key, value)) = last.replace((limit_key(i), bytes)) {
+                    if let Some((key, value)) = last.replace((key, bytes)) {
                         self.recorder.set(key, value);
                     }
                 }
@@ -111,23 +139,66 @@ impl Agent {
         }
     }
 
-    /// Sets each limit and reads it back.
+    /// Sets each limit and reads it back, every GPU's at once (each
+    /// through its own worker): a slow GPU holds back no other's cap.
     pub(super) async fn set_limits(&mut self, sets: &[SetLimit]) -> Vec<LimitResult> {
         let deadline = self.config.deadline;
-        let mut results = Vec::with_capacity(sets.len());
-        for s in sets {
-            let Some(w) = self.workers.get(s.gpu as usize) else {
-                continue;
-            };
-            let set = w.set_limit(s.limit, deadline).await;
-            let back = w.read_limit(deadline).await;
-            results.push(LimitResult {
-                gpu: s.gpu,
-                limit: s.limit,
-                set: set.map_err(|e| e.to_string()),
-                back: back.map_err(|e| e.to_string()),
-            });
+        let jobs = sets.iter().filter_map(|s| {
+            let w = self.workers.get(s.gpu as usize)?;
+            Some(async move {
+                let set = w.set_limit(s.limit, deadline).await;
+                let back = w.read_limit(deadline).await;
+                LimitResult {
+                    gpu: s.gpu,
+                    limit: s.limit,
+                    set: set.map_err(|e| e.to_string()),
+                    back: back.map_err(|e| e.to_string()),
+                }
+            })
+        });
+        futures::future::join_all(jobs).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use loopwarden_protocol::Watts;
+
+    fn limit(asked: u32) -> KeptLimit {
+        KeptLimit {
+            ceiling: Watts(700),
+            asked: Watts(asked),
+            before: None,
         }
-        results
+    }
+
+    async fn put(store: &mut ConfigStore<Flash>, key: &str, uuid: &str, asked: u32) {
+        let kept = Kept {
+            uuid: uuid.into(),
+            limit: limit(asked),
+        };
+        let bytes = postcard::to_allocvec(&kept).unwrap();
+        store.set(key, &bytes).await.unwrap();
+    }
+
+    #[test]
+    fn a_gpu_finds_its_own_kept_limits_whatever_its_index() {
+        let (a, b) = ("GPU-aaaa", "GPU-bbbb");
+        let mut stores = loopwarden_store::agent_flash::open(None).unwrap();
+        let store = &mut stores.store;
+        futures::executor::block_on(async {
+            // An earlier version kept them by index; the GPUs are
+            // numbered the other way round now.
+            put(store, &index_key(0), a, 300).await;
+            put(store, &index_key(1), b, 450).await;
+            assert_eq!(kept_for(store, b).await, Ok(Some(limit(450))));
+            assert_eq!(kept_for(store, a).await, Ok(Some(limit(300))));
+            // Kept under its UUID since: that record is the one.
+            put(store, &limit_key(a).unwrap(), a, 550).await;
+            assert_eq!(kept_for(store, a).await, Ok(Some(limit(550))));
+            assert_eq!(kept_for(store, "GPU-cccc").await, Ok(None));
+            assert_eq!(kept_for(store, "unknown").await, Ok(None));
+        });
     }
 }
