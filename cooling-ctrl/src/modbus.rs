@@ -11,8 +11,10 @@
 //! core tells from a real 0). Before the controller starts on a map,
 //! [`check_map`] refuses one it does not fit: a name it neither reads nor
 //! writes, no `valves_open`, `pumps_run` or `heartbeat`, a setting's range
-//! that leaves out what it writes. The heartbeat counter is written within
-//! its register's range, wrapping ([`heartbeat_value`]).
+//! that leaves out what it writes, a unit other than the one the
+//! controller takes the register in ([`UNITS`]: it converts nothing). The
+//! heartbeat counter is written within its register's range, wrapping
+//! ([`heartbeat_value`]).
 //!
 //! Reads take as few requests as the map allows: one per run of contiguous
 //! input registers (at most 125 registers each). Writes take one request
@@ -158,6 +160,21 @@ pub enum UnfitMap {
         /// What they are.
         what: String,
     },
+    /// A register in another unit than the controller's: it converts
+    /// nothing, so kW would be read as W, degF as °C.
+    #[error(
+        "{name}: the map gives its unit as {}, the controller takes it in {} and converts nothing",
+        unit_text(found),
+        unit_text(wanted)
+    )]
+    WrongUnit {
+        /// The register.
+        name: String,
+        /// The unit in the map.
+        found: String,
+        /// The unit the controller takes it in ([`UNITS`]).
+        wanted: &'static str,
+    },
     /// A heartbeat range of fewer than two whole values: it cannot change.
     #[error("heartbeat: its range {min} to {max} holds fewer than two whole values: the heartbeat could not change every step")]
     StillHeartbeat {
@@ -167,6 +184,42 @@ pub enum UnfitMap {
         max: f64,
     },
 }
+
+/// A unit as the map spells it, in quotes, or that there is none.
+fn unit_text(unit: &str) -> String {
+    if unit.is_empty() {
+        "none (\"\": bits or a count)".to_string()
+    } else {
+        format!("{unit:?}")
+    }
+}
+
+/// The unit of each register the controller reads or writes, spelt as in
+/// the maps (`boards/cdus/*.toml`); `""` for bit words, flags and the
+/// heartbeat counter, which have none.
+pub const UNITS: [(&str, &str); 21] = [
+    (SUPPLY, "°C"),
+    (RETURN, "°C"),
+    (FLOW, "L/min"),
+    (FACILITY_SUPPLY, "°C"),
+    (PUMP_A, ""),
+    (PUMP_B, ""),
+    (LEAKS, ""),
+    (IT_POWER, "W"),
+    (COOLING_POWER, "W"),
+    (FACILITY_POWER, "W"),
+    (DIFF_PRESSURE, "kPa"),
+    (VALVES_CLOSED, ""),
+    (PUMP_A_FAULT, ""),
+    (PUMP_B_FAULT, ""),
+    (OUTDOOR, "°C"),
+    (VALVES_OPEN, ""),
+    (PUMPS_RUN, ""),
+    (LEAD_PUMP, ""),
+    (PUMP_SPEED, "%"),
+    (SETPOINT, "°C"),
+    (HEARTBEAT, ""),
+];
 
 /// The settings a map must have, as holding registers, and what the
 /// controller does with each.
@@ -184,10 +237,11 @@ const NEEDED: [(&str, &str); 3] = [
 
 /// Checks, before the controller starts on it, that `map` fits a CDU of
 /// `racks` racks: every register one the controller reads (input) or
-/// writes (holding), of that kind; `valves_open`, `pumps_run` and
-/// `heartbeat` there; each setting's range holding every value the
-/// controller writes (every valve of the racks open to all closed, both
-/// pumps, either lead pump) and the heartbeat's at least two values.
+/// writes (holding), of that kind and in its unit ([`UNITS`]);
+/// `valves_open`, `pumps_run` and `heartbeat` there; each setting's range
+/// holding every value the controller writes (every valve of the racks
+/// open to all closed, both pumps, either lead pump) and the heartbeat's
+/// at least two values.
 /// That bit words are `u16` at scale 1 the map's own check says
 /// ([`RegisterMap::from_toml`]).
 pub fn check_map(map: &RegisterMap, racks: u8) -> Result<(), UnfitMap> {
@@ -259,7 +313,16 @@ fn check_name(r: &Register) -> Result<(), UnfitMap> {
             found: kind(r.kind),
         });
     }
-    Ok(())
+    // Every known name has its unit: a test holds UNITS to the names.
+    let unit = UNITS.iter().find(|(n, _)| *n == r.name).map(|(_, u)| *u);
+    match unit {
+        Some(wanted) if r.unit == wanted => Ok(()),
+        wanted => Err(UnfitMap::WrongUnit {
+            name: r.name.clone(),
+            found: r.unit.clone(),
+            wanted: wanted.unwrap_or("?"),
+        }),
+    }
 }
 
 /// Letters to insert, delete or change to make `a` into `b`
@@ -999,6 +1062,52 @@ mod tests {
             e,
             "valves_open: the controller needs it as a holding register, the map has it as input"
         );
+    }
+
+    #[test]
+    fn every_register_the_controller_reads_or_writes_has_its_unit() {
+        let names: Vec<&str> = READING_REGISTERS
+            .iter()
+            .chain(&SETTING_REGISTERS)
+            .copied()
+            .collect();
+        let units: Vec<&str> = UNITS.iter().map(|(n, _)| *n).collect();
+        assert_eq!(units, names);
+        // The shipped map spells each as UNITS does.
+        let map = RegisterMap::sim_cdu();
+        for (name, unit) in UNITS {
+            assert_eq!(map.get(name).map(|r| r.unit.as_str()), Some(unit), "{name}");
+        }
+    }
+
+    #[test]
+    fn a_register_in_another_unit_is_refused_naming_both_units() {
+        assert_eq!(unit_text(""), "none (\"\": bits or a count)");
+        assert_eq!(unit_text("°C"), "\"°C\"");
+        let hb = "min = 0.0\nmax = 65535.0\ndescription = \"written";
+        // Each register's unit in the shipped map and the text after it
+        // (to find it), and the unit put there.
+        let cases = [
+            ("it_power", "W", "\ndescription = \"IT", "kW"),
+            ("flow", "L/min", "", "m3/h"),
+            ("supply_setpoint", "°C", "\nmin = 17.0", "degF"),
+            ("pump_speed", "%", "", "rpm"),
+            // No unit where one is taken, and one where none is.
+            ("diff_pressure", "kPa", "", ""),
+            ("heartbeat", "", &format!("\n{hb}"), "s"),
+        ];
+        for (name, unit, after, found) in cases {
+            let from = format!("unit = \"{unit}\"{after}");
+            let to = format!("unit = \"{found}\"{after}");
+            let (found, wanted) = (unit_text(found), unit_text(unit));
+            assert_eq!(
+                unfit(&from, &to, 4),
+                format!(
+                    "{name}: the map gives its unit as {found}, the controller takes it in \
+                     {wanted} and converts nothing"
+                )
+            );
+        }
     }
 
     #[test]
