@@ -203,11 +203,30 @@ impl FakeNvml {
     /// of a call).
     fn control(&self, line: &str) {
         use std::io::Write;
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let applied = |calls: Vec<Call>| {
+            calls
+                .iter()
+                .filter(|c| c.name == "control" && c.args == words)
+                .count()
+        };
+        let before = applied(self.calls());
         let mut f = std::fs::OpenOptions::new()
             .append(true)
             .open(&self.control)
             .expect("the control file");
         writeln!(f, "{line}").expect("a control line");
+        // The fake reads its control file at its next call at most every
+        // 20 ms: what the test does next must find the line applied, as
+        // a real driver's state is there at once.
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while applied(self.calls()) == before {
+            assert!(
+                std::time::Instant::now() < until,
+                "the fake NVML did not apply {line:?}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     /// Every call so far.
