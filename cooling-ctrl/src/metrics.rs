@@ -234,6 +234,7 @@ fn info(out: &mut Exposition, ctx: &Context, cdu: &[(&str, &str)]) {
 fn counters(out: &mut Exposition, st: &ShellStats, cdu: &[(&str, &str)]) {
     let plain = [
         (&STEPS, st.steps),
+        (&STEPS_LATE, st.steps_late),
         (&MODBUS_READS, st.cdu_reads),
         (&MODBUS_READ_ERRORS, st.cdu_read_errors),
         (&MODBUS_WRITE_ERRORS, st.cdu_write_errors),

@@ -369,6 +369,8 @@ struct Shell<P> {
     bus: Bus,
     me: NodeId,
     started: Instant,
+    /// The last step took longer than the period (said once per onset).
+    late: bool,
     index: HashMap<Ident, usize>,
     /// The leases sent, and which are due.
     lease_book: LeaseBook,
@@ -457,7 +459,11 @@ pub async fn run_with<P: CduPort>(
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
-            _ = tick.tick() => shell.step().await,
+            _ = tick.tick() => {
+                let began = Instant::now();
+                shell.step().await;
+                shell.timed(began.elapsed());
+            }
             Some(msg) = inbound.recv() => shell.on_inbound(msg),
             Some(req) = next(&mut operator) => shell.on_operator(req),
             Some(w) = next(&mut bms_writes) => shell.on_bms(w),
@@ -550,6 +556,7 @@ impl<P: CduPort> Shell<P> {
             bus: started.bus,
             me: started.me,
             started: Instant::now(),
+            late: false,
             state_sent: None,
             leak_inputs: LeakInputs::DRY,
             facility: None,
@@ -575,6 +582,27 @@ impl<P: CduPort> Shell<P> {
     fn report(&self) {
         if let Some(tx) = &self.stats_tx {
             tx.send_replace(self.stats.clone());
+        }
+    }
+
+    /// A step took `took`: one longer than the period is counted, and
+    /// said when the steps begin to run late and when they fit again.
+    fn timed(&mut self, took: Duration) {
+        let late = took > self.cfg.period;
+        if late {
+            self.stats.steps_late += 1;
+        }
+        if late != self.late {
+            self.late = late;
+            if late {
+                tracing::warn!(
+                    "cooling shell: a control step took {} ms, more than the period of {} ms (waiting on the CDU or the flash): steps are skipped, and caps, leases and relay pulses come late",
+                    took.as_millis(),
+                    self.cfg.period.as_millis()
+                );
+            } else {
+                tracing::info!("cooling shell: control steps fit their period again");
+            }
         }
     }
 

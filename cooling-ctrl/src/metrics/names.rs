@@ -134,6 +134,10 @@ pub const STEPS: Metric = Metric::counter(
     "loopwarden_cdu_steps_total",
     "Control steps run since the controller started.",
 );
+pub const STEPS_LATE: Metric = Metric::counter(
+    "loopwarden_cdu_steps_late_total",
+    "Control steps that took longer than the control period.",
+);
 pub const MODBUS_UP: Metric = Metric::gauge(
     "loopwarden_cdu_modbus_up",
     "1 while the CDU answers its Modbus reads, else 0.",
@@ -295,6 +299,7 @@ pub const ALL: &[Metric] = &[
     HOST_HEARD,
     HOSTS_CAPPED,
     STEPS,
+    STEPS_LATE,
     MODBUS_UP,
     MODBUS_READS,
     MODBUS_READ_ERRORS,

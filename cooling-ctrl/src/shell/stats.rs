@@ -163,6 +163,9 @@ pub fn stats_channel() -> (watch::Sender<ShellStats>, watch::Receiver<ShellStats
 pub struct ShellStats {
     /// Control steps run.
     pub steps: u64,
+    /// Control steps that took longer than the period (a CDU that does
+    /// not answer, a slow flash): the next tick was skipped.
+    pub steps_late: u64,
     /// CDU reads that answered.
     pub cdu_reads: u64,
     /// CDU reads that failed.
