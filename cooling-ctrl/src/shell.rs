@@ -716,8 +716,11 @@ impl<P: CduPort> Shell<P> {
         tracing::info!("cooling shell: {e}");
         // Logged, then published through the outbox (its frame's number
         // logged too, for a reader that asks for it again).
-        self.keeping.recorder.emit(e, now_ms());
-        self.stats.events_published += 1;
+        // One the flash queue had no room for is counted there
+        // (`flash_queue_dropped`), not as published.
+        if self.keeping.recorder.emit(e, now_ms()) {
+            self.stats.events_published += 1;
+        }
     }
 
     /// The BMS wrote `w` (the server checked it against the map),

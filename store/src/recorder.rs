@@ -387,8 +387,8 @@ impl Recorder {
     /// class is [critical](Class::Critical) (a leak, a cap applied, a
     /// quarantine, an isolation failed): that one is vital, queued in its
     /// turn beyond [`JOBS_MAX`] and dropped only past [`VITAL_MAX`]
-    /// (said as an error).
-    pub fn emit(&self, event: loopwarden_protocol::Event, time: TimestampMs) {
+    /// (said as an error). Returns whether it was taken.
+    pub fn emit(&self, event: loopwarden_protocol::Event, time: TimestampMs) -> bool {
         let message = Message::Event(event);
         let critical = Class::of(&message) == Class::Critical;
         let job = Job::Emit {
@@ -396,9 +396,10 @@ impl Recorder {
             time,
         };
         if critical {
-            let _ = self.vital(job, "a critical event to log and publish");
+            self.vital(job, "a critical event to log and publish")
+                .is_ok()
         } else {
-            self.offer(job, "an event to log and publish");
+            self.offer(job, "an event to log and publish")
         }
     }
 
@@ -699,15 +700,21 @@ mod tests {
     #[test]
     fn a_critical_event_is_queued_in_its_turn_when_an_xid_would_be_dropped() {
         let (r, rx) = stalled(2);
-        for _ in 0..3 {
-            r.emit(xid(), TimestampMs(0));
-        }
-        assert_eq!(r.dropped(), 1, "the third XID is dropped");
+        let taken: Vec<bool> = (0..3).map(|_| r.emit(xid(), TimestampMs(0))).collect();
+        assert_eq!(
+            taken,
+            [true, true, false],
+            "the third XID is dropped, and said so"
+        );
+        assert_eq!(r.dropped(), 1);
         let leak = loopwarden_protocol::Event::Leak {
             rack: loopwarden_protocol::RackIndex::new(3).expect("a rack"),
             active: true,
         };
-        r.emit(leak.clone(), TimestampMs(1));
+        assert!(
+            r.emit(leak.clone(), TimestampMs(1)),
+            "a critical event is taken"
+        );
         r.publish(Message::Event(leak), TimestampMs(2), true);
         assert_eq!(r.dropped(), 1, "neither the leak's log nor its publish");
         let left = fifo(&rx);
