@@ -1156,11 +1156,22 @@ mod tests {
             assert!(map.encode(HEARTBEAT, v).is_ok(), "step {c}: {v}");
             assert_ne!(v, heartbeat_value(r, f64::from(c) + 1.0), "step {c}");
         }
-        // The full range writes the counter as it is.
+        // The full range writes the counter as it is, then wraps.
         let full = RegisterMap::sim_cdu();
         let r = full.get(HEARTBEAT).unwrap();
         assert_eq!(heartbeat_value(r, 65_535.0), 65_535.0);
+        assert_eq!(heartbeat_value(r, 65_536.0), 0.0);
         assert_eq!(heartbeat_value(r, 1.0), 1.0);
+        // 255 values divide 65,535: the count past 65,535 still changes
+        // the value written (a count that wrapped to 0 wrote 0 twice).
+        let map = sim_edited(
+            "min = 0.0\nmax = 65535.0\ndescription = \"written",
+            "min = 0.0\nmax = 254.0\ndescription = \"written",
+        )
+        .unwrap();
+        let r = map.get(HEARTBEAT).unwrap();
+        assert_eq!(heartbeat_value(r, 65_535.0), 0.0);
+        assert_eq!(heartbeat_value(r, 65_536.0), 1.0);
     }
 
     #[test]

@@ -89,7 +89,10 @@ pub struct Decider {
     supply_c: Option<f32>,
     limits: MapLimits,
     limiter: writes::Limiter,
-    heartbeat: u16,
+    /// The heartbeat's step count: wide enough never to wrap (a count of
+    /// u16 wrapping to 0 wrote the same value twice in a range of
+    /// 255 values, 65,535 = 255 × 257).
+    heartbeat: u32,
     /// Every write of the last step went in.
     writes_ok: bool,
     /// The valves the CDU last took, bit n = rack n open.
@@ -509,6 +512,20 @@ mod tests {
         bad.gpu.tdp_w = f32::NAN;
         assert!(d.start(bad, lim, &unread).is_err());
         assert_eq!(shown(&d), before);
+    }
+
+    #[test]
+    fn the_heartbeat_count_goes_on_past_a_words_range() {
+        let lim = writes::tests::sim_cdu();
+        let fresh: Result<Option<LatchRecord>, &str> = Ok(None);
+        let mut d = Decider::new(CoreConfig::default(), lim, &fresh).unwrap();
+        d.heartbeat = u32::from(u16::MAX) - 1;
+        let m = measured(0);
+        let beats: std::vec::Vec<Option<f64>> = (0..3)
+            .map(|s| step(&mut d, s, Some(&m)).0.value(Setting::Heartbeat))
+            .collect();
+        // The register's range takes it from there (0 to 254: 0, 1, 2).
+        assert_eq!(beats, [Some(65_535.0), Some(65_536.0), Some(65_537.0)]);
     }
 
     /// The valve-position faults among a step's events.

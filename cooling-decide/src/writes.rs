@@ -298,7 +298,7 @@ impl Limiter {
         &mut self,
         c: &Asked,
         valves: Option<u16>,
-        heartbeat: u16,
+        heartbeat: u32,
         lim: &MapLimits,
         events: &mut Events,
     ) -> Plan {

@@ -276,11 +276,13 @@ impl<S> Register<S> {
     /// range, so it changes every step whatever the range (a range of 0
     /// to 255 would refuse step 256 on, and the heartbeat would stop for
     /// good). Without a range, or with one that holds no whole number or
-    /// reaches past ±2^53, or for a `counter` that is not a whole number
-    /// within ±2^53, `counter` itself.
+    /// reaches past ±2^53, `counter` as a 16-bit word holds it (modulo
+    /// 65,536); a `counter` that is not a whole number within ±2^53
+    /// itself.
     pub fn heartbeat(&self, counter: f64) -> f64 {
+        let word = |c: f64| exact_whole(c).map_or(c, |c| c.rem_euclid(65_536) as f64);
         let Some((min, max)) = self.min.zip(self.max) else {
-            return counter;
+            return word(counter);
         };
         let whole = (
             whole_at_least(min),
@@ -288,12 +290,12 @@ impl<S> Register<S> {
             exact_whole(counter),
         );
         let (Some(lo), Some(hi), Some(c)) = whole else {
-            return counter;
+            return word(counter);
         };
         // Within ±2^53 each: no overflow, and every result is exact.
         let values = hi - lo + 1;
         if values < 1 {
-            return counter;
+            return word(counter);
         }
         (lo + c.rem_euclid(values)) as f64
     }

@@ -343,11 +343,11 @@ fn a_measurements_sentinel_reads_none_and_a_bit_word_keeps_every_pattern() {
 /// the shared one, in whole numbers, must give the same.
 fn heartbeat_with_std(r: &Register<&str>, counter: f64) -> f64 {
     let Some((min, max)) = r.min.zip(r.max) else {
-        return counter;
+        return counter.rem_euclid(65_536.0);
     };
     let values = max.floor() - min.ceil() + 1.0;
     if values.is_nan() || values < 1.0 {
-        return counter;
+        return counter.rem_euclid(65_536.0);
     }
     min.ceil() + counter.rem_euclid(values)
 }
@@ -376,9 +376,9 @@ fn the_heartbeat_cycles_through_the_whole_numbers_of_its_range() {
     // A fractional range: its whole numbers 1 to 3.
     let fraction = hb(0.5, 3.7).register();
     assert_eq!(steps(&fraction, 0, 4), [1.0, 2.0, 3.0, 1.0, 2.0]);
-    // No range: the counter as it is.
+    // No range: the counter as a word holds it.
     let free = input(Type::U16, HF, 1.0).register();
-    assert_eq!(steps(&free, 65_534, 65_536), [65_534.0, 65_535.0, 65_536.0]);
+    assert_eq!(steps(&free, 65_534, 65_536), [65_534.0, 65_535.0, 0.0]);
     // No whole number in the range: the counter, for the map's check to
     // refuse before any write.
     assert_eq!(hb(7.2, 7.5).register().heartbeat(3.0), 3.0);
