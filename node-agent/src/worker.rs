@@ -114,13 +114,34 @@ pub struct Worker {
     shared: Arc<Mutex<Shared>>,
 }
 
-/// Clears the busy mark however a call ends, a panic included.
-struct Done(Arc<Mutex<Shared>>);
+/// Clears the busy mark however a call ends: with its answer handed over
+/// ([`Done::finish`]), or alone when the call panicked.
+struct Done(Option<Arc<Mutex<Shared>>>);
+
+impl Done {
+    fn new(shared: Arc<Mutex<Shared>>) -> Self {
+        Self(Some(shared))
+    }
+
+    /// Hands `reply` over ([`deliver`]) and clears the busy mark under the
+    /// same lock. Whoever finds the worker idle therefore also finds a late
+    /// sample already kept: no round can start a new call in between, be
+    /// answered, and be handed the older late sample at the next round
+    /// (counters going backwards, which the health engine reads as a reset).
+    fn finish(mut self, to: oneshot::Sender<Reply>, reply: Reply, took_us: u64) {
+        let Some(shared) = self.0.take() else { return };
+        let mut s = shared.lock().unwrap_or_else(|p| p.into_inner());
+        deliver(&mut s, to, reply, took_us);
+        s.busy_since = None;
+    }
+}
 
 impl Drop for Done {
     fn drop(&mut self) {
-        if let Ok(mut s) = self.0.lock() {
-            s.busy_since = None;
+        if let Some(shared) = self.0.take() {
+            if let Ok(mut s) = shared.lock() {
+                s.busy_since = None;
+            }
         }
     }
 }
@@ -174,15 +195,14 @@ impl Worker {
             .name(format!("gpu-{index}"))
             .spawn(move || {
                 for job in rx {
-                    let done = Done(mine.clone());
+                    let done = Done::new(mine.clone());
                     let began = Instant::now();
                     reprobe_if_asked(&mine, &mut *device);
                     let reply = execute(&mut *device, job.request);
                     let took = began.elapsed().as_micros() as u64;
-                    // Idle before the answer goes out, so a caller answered
+                    // Idle as the answer goes out, so a caller answered
                     // now can call again at once.
-                    drop(done);
-                    deliver(&mine, job.reply, reply, took);
+                    done.finish(job.reply, reply, took);
                 }
             })?;
         Ok(Self {
@@ -252,7 +272,7 @@ impl Worker {
         request: Request,
         deadline: Duration,
     ) -> Result<Reply, GpuError> {
-        let done = Done(self.shared.clone());
+        let done = Done::new(self.shared.clone());
         let began = Instant::now();
         let reply = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let mut d = device.lock().unwrap_or_else(|p| p.into_inner());
@@ -260,23 +280,24 @@ impl Worker {
             execute(&mut **d, request)
         }));
         let took = began.elapsed();
-        drop(done);
-        let reply = reply.map_err(|_| GpuError::Failed {
-            what: "GPU worker",
-            detail: "the device panicked during the call".into(),
-        })?;
-        let (tx, mut rx) = oneshot::channel();
-        if took > deadline {
-            // The caller stopped waiting at the deadline.
-            drop(rx);
-            deliver(&self.shared, tx, reply, took.as_micros() as u64);
-            return Err(GpuError::Timeout);
+        let Ok(reply) = reply else {
+            drop(done);
+            return Err(GpuError::Failed {
+                what: "GPU worker",
+                detail: "the device panicked during the call".into(),
+            });
+        };
+        let (tx, rx) = oneshot::channel();
+        // Past the deadline the caller stopped waiting: no receiver.
+        let rx = (took <= deadline).then_some(rx);
+        done.finish(tx, reply, took.as_micros() as u64);
+        match rx {
+            None => Err(GpuError::Timeout),
+            Some(mut rx) => rx.try_recv().map_err(|_| GpuError::Failed {
+                what: "GPU worker",
+                detail: "no answer from an inline call".into(),
+            }),
         }
-        deliver(&self.shared, tx, reply, took.as_micros() as u64);
-        rx.try_recv().map_err(|_| GpuError::Failed {
-            what: "GPU worker",
-            detail: "no answer from an inline call".into(),
-        })
     }
 
     /// The GPU's identity and power range.
@@ -356,21 +377,16 @@ fn reprobe_if_asked(shared: &Mutex<Shared>, device: &mut dyn GpuDevice) {
 
 /// Hands `reply` to the caller, or keeps a sample whose caller stopped
 /// waiting as the late answer; records how long a sample call took.
-fn deliver(shared: &Mutex<Shared>, to: oneshot::Sender<Reply>, reply: Reply, took_us: u64) {
-    let is_sample = matches!(reply, Reply::Sample(_));
-    if is_sample {
-        if let Ok(mut s) = shared.lock() {
-            s.times.last_us = took_us;
-            s.times.max_us = s.times.max_us.max(took_us);
-        }
+fn deliver(s: &mut Shared, to: oneshot::Sender<Reply>, reply: Reply, took_us: u64) {
+    if matches!(reply, Reply::Sample(_)) {
+        s.times.last_us = took_us;
+        s.times.max_us = s.times.max_us.max(took_us);
     }
     // The caller may have given up; a sample is then kept for the next
     // round, anything else dropped (nobody waits for it).
     if let Err(Reply::Sample(r)) = to.send(reply) {
-        if let Ok(mut s) = shared.lock() {
-            s.times.late += 1;
-            s.late = Some(r);
-        }
+        s.times.late += 1;
+        s.late = Some(r);
     }
 }
 
