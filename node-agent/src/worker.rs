@@ -3,16 +3,20 @@
 //! NVML calls block, and on a sick GPU some never return. Each GPU's
 //! device lives on its own OS thread; the agent sends it one request at a
 //! time and waits at most a deadline. A call that misses the deadline is
-//! reported as [`GpuError::Timeout`]; while that call is still running,
-//! new requests for the same GPU fail at once instead of queueing behind it
-//! (a queued limit would otherwise be applied late, when nobody waits).
-//! The other GPUs' threads are untouched, so they keep being sampled on
-//! time.
+//! reported as [`GpuError::Timeout`] ("did not answer"). A limit, describe
+//! or reprobe request that finds the GPU still busy (a late sample, or a
+//! call past its deadline) waits for it to end, then runs, all within its
+//! own deadline counted from when it was asked; if the GPU is still busy
+//! at that deadline the request is never made (nothing is queued to be
+//! applied when nobody waits) and its error says the GPU was still busy
+//! with a late sample or with an earlier call. The other GPUs' threads are
+//! untouched, so they keep being sampled on time.
 //!
 //! A slow sample is not a missed one ([`Worker::sample`]): a sample that
 //! answers after the deadline is kept and handed over at the next round
 //! ([`Answer::Late`]), and only a call still running when the next round
-//! begins (no answer within a whole sampling period) is a miss.
+//! begins (no answer within a whole sampling period) is a miss: a sample
+//! never waits for its turn.
 //!
 //! A device that answers from memory ([`GpuDevice::answers_in_memory`],
 //! the simulated hall's GPUs) gets no thread: its calls run on the
@@ -24,13 +28,14 @@
 //! its threads.
 //!
 //! A reprobe ([`Worker::reprobe`]) is never lost: asked while a call still
-//! runs (a GPU not back yet when a host stall ends), it is kept and done
-//! before the GPU's next call.
+//! runs past the reprobe's deadline (a GPU not back yet when a host stall
+//! ends), it is kept and done before the GPU's next call.
 //!
 //! Glossary:
 //! - *deadline*: the longest the agent waits for one GPU call.
 //! - *busy*: a worker with a call in progress, marked by the caller before
-//!   the call is handed over and cleared by the worker when it is done.
+//!   the call is handed over and cleared by the worker when it is done,
+//!   under the same lock as the answer (a late sample) is kept.
 //! - *late answer*: a sample that came after its deadline, kept for the
 //!   next round.
 //! - *inline*: a worker without a thread, for a device that answers from
@@ -40,7 +45,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use loopwarden_protocol::Watts;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Notify};
 
 use crate::gpu::{GpuDevice, GpuError, GpuInfo, GpuSample};
 
@@ -87,16 +92,85 @@ pub struct CallTimes {
     pub late: u64,
 }
 
+/// The call in progress.
+#[derive(Debug, Clone, Copy)]
+struct Busy {
+    /// When it was handed over.
+    since: Instant,
+    /// Whether it is a sample (else a describe, a limit or a reprobe).
+    sample: bool,
+}
+
+impl Busy {
+    /// Why a call that waited for this one was never made: its words, as
+    /// the caller's error.
+    fn error(self) -> GpuError {
+        let what = if self.sample {
+            "a late sample"
+        } else {
+            "an earlier call that did not answer"
+        };
+        GpuError::Failed {
+            what: "GPU call",
+            detail: format!(
+                "not made before its deadline: the GPU was still busy with {what} (asked {} ms before)",
+                self.since.elapsed().as_millis()
+            ),
+        }
+    }
+}
+
+/// Why a call gave no answer.
+enum CallError {
+    /// Not made: the GPU was still busy with another call at the deadline.
+    Busy(Busy),
+    /// Made, but not answered before its deadline.
+    NoAnswer,
+    /// The worker could not take it.
+    Failed(GpuError),
+}
+
+impl From<CallError> for GpuError {
+    fn from(e: CallError) -> Self {
+        match e {
+            CallError::Busy(b) => b.error(),
+            CallError::NoAnswer => GpuError::Timeout,
+            CallError::Failed(e) => e,
+        }
+    }
+}
+
 /// What the thread and the caller share.
 #[derive(Default)]
 struct Shared {
-    /// When the call in progress was handed over; `None` when idle.
-    busy_since: Option<Instant>,
+    /// The call in progress; `None` when idle.
+    busy: Option<Busy>,
     /// A sample that answered after its caller stopped waiting.
     late: Option<Result<GpuSample, GpuError>>,
     times: CallTimes,
     /// A reprobe asked while a call ran: done before the next call.
     reprobe: bool,
+}
+
+/// [`Shared`], and the signal that the worker has become idle.
+#[derive(Default)]
+struct State {
+    shared: Mutex<Shared>,
+    /// Woken each time the busy mark is cleared.
+    idle: Notify,
+}
+
+impl State {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Shared> {
+        self.shared.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Clears the busy mark and wakes the calls waiting for their turn.
+    fn set_idle(&self, mut s: std::sync::MutexGuard<'_, Shared>) {
+        s.busy = None;
+        drop(s);
+        self.idle.notify_waiters();
+    }
 }
 
 /// Where a worker's calls run.
@@ -111,16 +185,16 @@ enum Runner {
 pub struct Worker {
     index: u8,
     runner: Runner,
-    shared: Arc<Mutex<Shared>>,
+    state: Arc<State>,
 }
 
 /// Clears the busy mark however a call ends: with its answer handed over
 /// ([`Done::finish`]), or alone when the call panicked.
-struct Done(Option<Arc<Mutex<Shared>>>);
+struct Done(Option<Arc<State>>);
 
 impl Done {
-    fn new(shared: Arc<Mutex<Shared>>) -> Self {
-        Self(Some(shared))
+    fn new(state: Arc<State>) -> Self {
+        Self(Some(state))
     }
 
     /// Hands `reply` over ([`deliver`]) and clears the busy mark under the
@@ -129,19 +203,17 @@ impl Done {
     /// answered, and be handed the older late sample at the next round
     /// (counters going backwards, which the health engine reads as a reset).
     fn finish(mut self, to: oneshot::Sender<Reply>, reply: Reply, took_us: u64) {
-        let Some(shared) = self.0.take() else { return };
-        let mut s = shared.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(state) = self.0.take() else { return };
+        let mut s = state.lock();
         deliver(&mut s, to, reply, took_us);
-        s.busy_since = None;
+        state.set_idle(s);
     }
 }
 
 impl Drop for Done {
     fn drop(&mut self) {
-        if let Some(shared) = self.0.take() {
-            if let Ok(mut s) = shared.lock() {
-                s.busy_since = None;
-            }
+        if let Some(state) = self.0.take() {
+            state.set_idle(state.lock());
         }
     }
 }
@@ -177,7 +249,7 @@ impl Worker {
         Self {
             index,
             runner: Runner::Inline(Mutex::new(device)),
-            shared: Arc::new(Mutex::new(Shared::default())),
+            state: Arc::default(),
         }
     }
 
@@ -189,15 +261,15 @@ impl Worker {
     /// Starts the thread that owns `device`.
     pub fn spawn(index: u8, mut device: Box<dyn GpuDevice>) -> std::io::Result<Self> {
         let (jobs, rx) = std::sync::mpsc::channel::<Job>();
-        let shared = Arc::new(Mutex::new(Shared::default()));
-        let mine = shared.clone();
+        let state = Arc::<State>::default();
+        let mine = state.clone();
         std::thread::Builder::new()
             .name(format!("gpu-{index}"))
             .spawn(move || {
                 for job in rx {
                     let done = Done::new(mine.clone());
                     let began = Instant::now();
-                    reprobe_if_asked(&mine, &mut *device);
+                    reprobe_if_asked(&mine.shared, &mut *device);
                     let reply = execute(&mut *device, job.request);
                     let took = began.elapsed().as_micros() as u64;
                     // Idle as the answer goes out, so a caller answered
@@ -208,7 +280,7 @@ impl Worker {
         Ok(Self {
             index,
             runner: Runner::Thread(jobs),
-            shared,
+            state,
         })
     }
 
@@ -219,46 +291,82 @@ impl Worker {
 
     /// Whether a call has been in progress for longer than `deadline`.
     pub fn is_stuck(&self, deadline: Duration) -> bool {
-        self.shared
+        self.state
             .lock()
-            .expect("worker state")
-            .busy_since
-            .is_some_and(|t| t.elapsed() > deadline)
+            .busy
+            .is_some_and(|b| b.since.elapsed() > deadline)
     }
 
     /// How long its sample calls take.
     pub fn call_times(&self) -> CallTimes {
-        self.shared.lock().expect("worker state").times
+        self.state.lock().times
     }
 
-    async fn call(&self, request: Request, deadline: Duration) -> Result<Reply, GpuError> {
-        {
-            let mut s = self.shared.lock().expect("worker state");
-            if s.busy_since.is_some() {
-                // The last call missed its deadline and is still running.
-                return Err(GpuError::Timeout);
+    /// Makes `request` once the worker is idle, and waits for its answer:
+    /// the wait for its turn and the call together within `deadline`,
+    /// counted from now.
+    async fn call(&self, request: Request, deadline: Duration) -> Result<Reply, CallError> {
+        let until = tokio::time::Instant::now() + deadline;
+        self.take_turn(until).await?;
+        self.run(request, until).await
+    }
+
+    /// Marks the worker busy with a call that is not a sample, once it is
+    /// idle: at once, or when the call in progress (a late sample, or a
+    /// call past its deadline) ends, if that is before `until`. A call that
+    /// waits for its turn is made only while its caller still waits, never
+    /// queued to be made when nobody does.
+    async fn take_turn(&self, until: tokio::time::Instant) -> Result<(), CallError> {
+        loop {
+            let idle = self.state.idle.notified();
+            tokio::pin!(idle);
+            // Registered before the mark is read: a clearing in between
+            // still wakes it.
+            idle.as_mut().enable();
+            let busy = {
+                let mut s = self.state.lock();
+                match s.busy {
+                    Some(b) => b,
+                    None => {
+                        s.busy = Some(Busy {
+                            since: Instant::now(),
+                            sample: false,
+                        });
+                        return Ok(());
+                    }
+                }
+            };
+            if tokio::time::timeout_at(until, idle).await.is_err() {
+                return Err(CallError::Busy(busy));
             }
-            s.busy_since = Some(Instant::now());
         }
+    }
+
+    /// Makes `request` on a worker already marked busy with it, and waits
+    /// for its answer until `until`.
+    async fn run(&self, request: Request, until: tokio::time::Instant) -> Result<Reply, CallError> {
         let jobs = match &self.runner {
             Runner::Thread(jobs) => jobs,
-            Runner::Inline(device) => return self.call_inline(device, request, deadline),
+            Runner::Inline(device) => {
+                let left = until.saturating_duration_since(tokio::time::Instant::now());
+                return self.call_inline(device, request, left);
+            }
         };
         let (tx, rx) = oneshot::channel();
         if jobs.send(Job { request, reply: tx }).is_err() {
-            self.shared.lock().expect("worker state").busy_since = None;
-            return Err(GpuError::Failed {
+            self.state.set_idle(self.state.lock());
+            return Err(CallError::Failed(GpuError::Failed {
                 what: "GPU worker",
                 detail: "the worker thread has ended".into(),
-            });
+            }));
         }
-        match tokio::time::timeout(deadline, rx).await {
+        match tokio::time::timeout_at(until, rx).await {
             Ok(Ok(reply)) => Ok(reply),
-            Ok(Err(_)) => Err(GpuError::Failed {
+            Ok(Err(_)) => Err(CallError::Failed(GpuError::Failed {
                 what: "GPU worker",
                 detail: "the worker thread ended during the call".into(),
-            }),
-            Err(_) => Err(GpuError::Timeout),
+            })),
+            Err(_) => Err(CallError::NoAnswer),
         }
     }
 
@@ -271,31 +379,33 @@ impl Worker {
         device: &Mutex<Box<dyn GpuDevice>>,
         request: Request,
         deadline: Duration,
-    ) -> Result<Reply, GpuError> {
-        let done = Done::new(self.shared.clone());
+    ) -> Result<Reply, CallError> {
+        let done = Done::new(self.state.clone());
         let began = Instant::now();
         let reply = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let mut d = device.lock().unwrap_or_else(|p| p.into_inner());
-            reprobe_if_asked(&self.shared, &mut **d);
+            reprobe_if_asked(&self.state.shared, &mut **d);
             execute(&mut **d, request)
         }));
         let took = began.elapsed();
         let Ok(reply) = reply else {
             drop(done);
-            return Err(GpuError::Failed {
+            return Err(CallError::Failed(GpuError::Failed {
                 what: "GPU worker",
                 detail: "the device panicked during the call".into(),
-            });
+            }));
         };
         let (tx, rx) = oneshot::channel();
         // Past the deadline the caller stopped waiting: no receiver.
         let rx = (took <= deadline).then_some(rx);
         done.finish(tx, reply, took.as_micros() as u64);
         match rx {
-            None => Err(GpuError::Timeout),
-            Some(mut rx) => rx.try_recv().map_err(|_| GpuError::Failed {
-                what: "GPU worker",
-                detail: "no answer from an inline call".into(),
+            None => Err(CallError::NoAnswer),
+            Some(mut rx) => rx.try_recv().map_err(|_| {
+                CallError::Failed(GpuError::Failed {
+                    what: "GPU worker",
+                    detail: "no answer from an inline call".into(),
+                })
             }),
         }
     }
@@ -313,26 +423,31 @@ impl Worker {
     /// or `Pending`. A call still running from the last round is a miss
     /// (`Now(Err(Timeout))`): no answer within a whole period.
     pub async fn sample(&self, deadline: Duration) -> Answer {
+        let until = tokio::time::Instant::now() + deadline;
         {
-            let mut s = self.shared.lock().expect("worker state");
+            let mut s = self.state.lock();
             if let Some(late) = s.late.take() {
                 return Answer::Late(late);
             }
-            if s.busy_since.is_some() {
-                // Still running since the last round: no answer within a
-                // whole period.
+            if s.busy.is_some() {
+                // Still running since the last round (or a limit call
+                // past its deadline): no answer within a whole period.
                 return Answer::Now(Err(GpuError::Timeout));
             }
+            s.busy = Some(Busy {
+                since: Instant::now(),
+                sample: true,
+            });
         }
-        match self.call(Request::Sample, deadline).await {
+        match self.run(Request::Sample, until).await {
             Ok(Reply::Sample(r)) => Answer::Now(r),
             Ok(_) => unreachable!("a sample request gets a sample reply"),
-            Err(GpuError::Timeout) => Answer::Pending,
-            Err(e) => Answer::Now(Err(e)),
+            Err(CallError::NoAnswer) => Answer::Pending,
+            Err(e) => Answer::Now(Err(e.into())),
         }
     }
 
-    /// Sets the power limit.
+    /// Sets the power limit (after a call in progress, within `deadline`).
     pub async fn set_limit(&self, limit: Watts, deadline: Duration) -> Result<(), GpuError> {
         match self.call(Request::SetLimit(limit), deadline).await? {
             Reply::Done(r) => r,
@@ -340,7 +455,8 @@ impl Worker {
         }
     }
 
-    /// Reads the power limit back.
+    /// Reads the power limit back (after a call in progress, within
+    /// `deadline`).
     pub async fn read_limit(&self, deadline: Duration) -> Result<Watts, GpuError> {
         match self.call(Request::ReadLimit, deadline).await? {
             Reply::Limit(r) => r,
@@ -349,17 +465,18 @@ impl Worker {
     }
 
     /// Has the device ask again what answered "not supported"
-    /// ([`GpuDevice::reprobe`]): now, or, while a call still runs (or past
-    /// `deadline`), before its next call. It is never lost.
+    /// ([`GpuDevice::reprobe`]): now (once a call in progress has ended),
+    /// or, if the GPU is still busy at `deadline` or the reprobe itself
+    /// answers after it, before its next call. It is never lost.
     pub async fn reprobe(&self, deadline: Duration) -> Result<(), GpuError> {
         match self.call(Request::Reprobe, deadline).await {
             Ok(Reply::Done(r)) => r,
             Ok(_) => unreachable!("a reprobe request gets a done reply"),
-            Err(GpuError::Timeout) => {
-                self.shared.lock().expect("worker state").reprobe = true;
+            Err(CallError::Busy(_) | CallError::NoAnswer) => {
+                self.state.lock().reprobe = true;
                 Ok(())
             }
-            Err(e) => Err(e),
+            Err(CallError::Failed(e)) => Err(e),
         }
     }
 }
@@ -505,5 +622,132 @@ mod tests {
         ));
         assert!(began.elapsed() < Duration::from_millis(150), "not waited");
         assert!(w.is_stuck(Duration::from_millis(5)));
+    }
+
+    /// A device on a thread whose samples wait for the test to let each
+    /// one answer; its limit calls answer at once, or, once `hang_sets` is
+    /// set, sets never answer.
+    struct Gated {
+        go: std::sync::mpsc::Receiver<()>,
+        limit: Watts,
+        sets: Arc<Mutex<u32>>,
+        hang_sets: Arc<Mutex<bool>>,
+    }
+
+    impl GpuDevice for Gated {
+        fn describe(&mut self) -> Result<GpuInfo, GpuError> {
+            Err(GpuError::NotSupported)
+        }
+        fn sample(&mut self) -> Result<GpuSample, GpuError> {
+            let _ = self.go.recv();
+            Ok(GpuSample {
+                power_limit: self.limit,
+                ..GpuSample::default()
+            })
+        }
+        fn set_power_limit(&mut self, limit: Watts) -> Result<(), GpuError> {
+            *self.sets.lock().unwrap() += 1;
+            if *self.hang_sets.lock().unwrap() {
+                let _ = self.go.recv();
+            }
+            self.limit = limit;
+            Ok(())
+        }
+        fn power_limit(&mut self) -> Result<Watts, GpuError> {
+            Ok(self.limit)
+        }
+    }
+
+    struct GatedWorker {
+        w: Worker,
+        go: std::sync::mpsc::Sender<()>,
+        sets: Arc<Mutex<u32>>,
+        hang_sets: Arc<Mutex<bool>>,
+    }
+
+    fn gated() -> GatedWorker {
+        let (go, rx) = std::sync::mpsc::channel();
+        let sets = Arc::new(Mutex::new(0));
+        let hang_sets = Arc::new(Mutex::new(false));
+        let d = Gated {
+            go: rx,
+            limit: Watts(700),
+            sets: sets.clone(),
+            hang_sets: hang_sets.clone(),
+        };
+        let w = Worker::start(1, Box::new(d)).unwrap();
+        assert!(!w.is_inline());
+        GatedWorker {
+            w,
+            go,
+            sets,
+            hang_sets,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_limit_asked_during_a_late_sample_waits_for_it_and_is_set() {
+        let g = gated();
+        let short = Duration::from_millis(5);
+        let long = Duration::from_secs(30);
+        // The round's sample is late: still running when the round ends.
+        assert!(matches!(g.w.sample(short).await, Answer::Pending));
+        // A lease's cap arrives meanwhile: it waits for its turn...
+        let mut set = Box::pin(g.w.set_limit(Watts(300), long));
+        let first = futures::FutureExt::now_or_never(&mut set);
+        assert!(first.is_none(), "answered at once: {first:?}");
+        assert_eq!(*g.sets.lock().unwrap(), 0);
+        // ...and is set once the late sample has answered.
+        g.go.send(()).unwrap();
+        assert_eq!(set.await, Ok(()));
+        assert_eq!(*g.sets.lock().unwrap(), 1);
+        assert_eq!(g.w.read_limit(long).await, Ok(Watts(300)));
+        // The late sample is the next round's answer, then new calls.
+        match g.w.sample(long).await {
+            Answer::Late(Ok(s)) => assert_eq!(s.power_limit, Watts(700)),
+            other => panic!("{other:?}"),
+        }
+        g.go.send(()).unwrap();
+        match g.w.sample(long).await {
+            Answer::Now(Ok(s)) => assert_eq!(s.power_limit, Watts(300)),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_call_never_made_says_the_gpu_was_busy_and_one_made_did_not_answer() {
+        let g = gated();
+        let short = Duration::from_millis(5);
+        assert!(matches!(g.w.sample(short).await, Answer::Pending));
+        // Still busy with the late sample at the set's deadline: not made.
+        let e = g.w.set_limit(Watts(300), short).await.unwrap_err();
+        assert!(
+            e.to_string().contains("still busy with a late sample"),
+            "{e}"
+        );
+        assert_eq!(*g.sets.lock().unwrap(), 0);
+        g.go.send(()).unwrap();
+        // (A read waits for the late sample to be kept.)
+        assert_eq!(
+            g.w.read_limit(Duration::from_secs(30)).await,
+            Ok(Watts(700))
+        );
+        assert!(matches!(g.w.sample(short).await, Answer::Late(Ok(_))));
+        // A set made that hangs did not answer; a read behind it is not
+        // made, and says so.
+        *g.hang_sets.lock().unwrap() = true;
+        let e = g.w.set_limit(Watts(300), short).await.unwrap_err();
+        assert_eq!(e, GpuError::Timeout);
+        assert_eq!(e.to_string(), "did not answer before its deadline");
+        let e = g.w.read_limit(short).await.unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("still busy with an earlier call that did not answer"),
+            "{e}"
+        );
+        // A reprobe asked then is kept, not lost.
+        assert_eq!(g.w.reprobe(short).await, Ok(()));
+        assert!(g.w.state.lock().reprobe);
+        g.go.send(()).unwrap();
     }
 }
