@@ -480,6 +480,23 @@ pub struct NvmlGpu<A: NvmlApi> {
     costs: CallCosts,
 }
 
+/// What [`NvmlGpu`]'s `describe` gives for a power limit NVML could not
+/// read (no GPU's limit is 0 W): the shell puts the board's figure in
+/// its place.
+pub const UNREAD_LIMIT: Watts = Watts(0);
+
+/// NVML's answer `e` as NVML names it.
+fn nvml_said(e: &NvmlFailure) -> String {
+    match e {
+        NvmlFailure::NotSupported => "NVML_ERROR_NOT_SUPPORTED".into(),
+        NvmlFailure::NoPermission => "NVML_ERROR_NO_PERMISSION".into(),
+        NvmlFailure::GpuLost => "NVML_ERROR_GPU_IS_LOST".into(),
+        NvmlFailure::Timeout => "NVML_ERROR_TIMEOUT".into(),
+        NvmlFailure::InvalidArgument => "NVML_ERROR_INVALID_ARGUMENT".into(),
+        NvmlFailure::Other(s) => s.clone(),
+    }
+}
+
 impl<A: NvmlApi> NvmlGpu<A> {
     /// GPU `index` of `api`, reading every counter at every sample.
     pub fn new(api: Arc<A>, index: u32) -> Self {
@@ -570,6 +587,29 @@ impl<A: NvmlApi> NvmlGpu<A> {
     }
 }
 
+/// Its description's power limit reads.
+impl<A: NvmlApi> NvmlGpu<A> {
+    /// A power limit read of the description: `None` where NVML fails it
+    /// (said, naming the call, NVML's answer and what stands `instead`),
+    /// except a lost GPU, which fails the description.
+    fn limit_read<T>(
+        &self,
+        what: &'static str,
+        instead: &str,
+        call: impl FnOnce(&A, u32) -> NvmlResult<T>,
+    ) -> Result<Option<T>, GpuError> {
+        match call(&self.api, self.index) {
+            Ok(v) => Ok(Some(v)),
+            Err(NvmlFailure::GpuLost) => Err(GpuError::Lost),
+            Err(e) => {
+                let i = self.index;
+                tracing::warn!("GPU {i}: {what} failed ({}): {instead}", nvml_said(&e));
+                Ok(None)
+            }
+        }
+    }
+}
+
 impl<A: NvmlApi> GpuDevice for NvmlGpu<A> {
     fn reprobe(&mut self) {
         if self.support.forget() {
@@ -583,29 +623,42 @@ impl<A: NvmlApi> GpuDevice for NvmlGpu<A> {
         self.held = sample::Held::default();
     }
 
+    /// The name and the UUID are read on their own: a power limit that
+    /// cannot be read costs neither, and is [`UNREAD_LIMIT`] (said, with
+    /// NVML's answer). Only a failed name or UUID, or a lost GPU, fails
+    /// the description.
     fn describe(&mut self) -> Result<GpuInfo, GpuError> {
-        let a = &self.api;
-        let i = self.index;
+        let (a, i) = (&self.api, self.index);
         let name = a
             .name(i)
             .map_err(|e| e.into_gpu_error("nvmlDeviceGetName"))?;
         let uuid = a
             .uuid(i)
             .map_err(|e| e.into_gpu_error("nvmlDeviceGetUUID"))?;
-        let default = a
-            .default_limit_mw(i)
-            .map_err(|e| e.into_gpu_error("nvmlDeviceGetPowerManagementDefaultLimit"))?;
-        let (min, max) = a
-            .limit_constraints_mw(i)
-            .map_err(|e| e.into_gpu_error("nvmlDeviceGetPowerManagementLimitConstraints"))?;
+        let default = self.limit_read(
+            "nvmlDeviceGetPowerManagementDefaultLimit",
+            "the board's tdp_w stands in for its default limit",
+            |a, i| a.default_limit_mw(i),
+        )?;
+        let range = self.limit_read(
+            "nvmlDeviceGetPowerManagementLimitConstraints",
+            "the board's min_cap_w to max_cap_w stands in for its range",
+            |a, i| a.limit_constraints_mw(i),
+        )?;
         // Limits in whole watts inside NVML's: a ceiling read as 450.6 W
         // is never put back as 451 W.
+        let (min, max) = range.map_or((UNREAD_LIMIT, UNREAD_LIMIT), |(min, max)| {
+            (
+                Watts::from_milliwatts_up(min),
+                Watts::from_milliwatts_down(max),
+            )
+        });
         Ok(GpuInfo {
             name,
             uuid,
-            default_limit: Watts::from_milliwatts_down(default),
-            min_limit: Watts::from_milliwatts_up(min),
-            max_limit: Watts::from_milliwatts_down(max),
+            default_limit: default.map_or(UNREAD_LIMIT, Watts::from_milliwatts_down),
+            min_limit: min,
+            max_limit: max,
         })
     }
 

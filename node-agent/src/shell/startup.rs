@@ -16,7 +16,7 @@ use loopwarden_bus::{now_ms, Bus, BusConfig, BusTask, Inbound};
 use loopwarden_flash::{ConfigStore, EventLog, FlashError, Outbox, StoreError};
 use loopwarden_protocol::{
     Family, Frame, GpuHealth, HealthState, Ident, Message, MessageKind, NodeId, ReasonCode, Role,
-    TimestampMs, Topic,
+    TimestampMs, Topic, Watts,
 };
 use loopwarden_store::agent_flash::Flash;
 use node_core::caps::GpuRange;
@@ -25,9 +25,10 @@ use node_core::node::{CoolantSource, GpuSetup, Node, Setup};
 use tokio::sync::mpsc;
 
 use super::quarantine::{read_kept, Record};
-use super::{identity, AgentError, GpuState};
+use super::{identity, AgentError, GpuState, UNKNOWN_UUID};
 use crate::config::{Config, GpuSourceKind};
 use crate::gpu::{GpuInfo, GpuSource, XidEvent};
+use crate::nvml::UNREAD_LIMIT;
 use crate::worker::Worker;
 use crate::xid_queue::{xid_queue, XidQueue, XID_QUEUE_CAPACITY};
 
@@ -67,7 +68,7 @@ pub(super) async fn gpus(
     let mut gpus = Vec::new();
     for w in &workers {
         let info = match w.describe(describe_deadline).await {
-            Ok(info) => info,
+            Ok(info) => with_board_limits(info, config),
             Err(e) => {
                 tracing::error!(
                     "GPU {}: cannot read its identity and limits ({e}); using the board's",
@@ -76,7 +77,7 @@ pub(super) async fn gpus(
                 let p = &config.board.power;
                 GpuInfo {
                     name: config.board.model.clone(),
-                    uuid: "unknown".into(),
+                    uuid: UNKNOWN_UUID.into(),
                     default_limit: p.tdp_w,
                     min_limit: p.min_cap_w,
                     max_limit: p.max_cap_w,
@@ -98,6 +99,20 @@ pub(super) async fn gpus(
         });
     }
     Ok((workers, gpus))
+}
+
+/// `info` with the board's figure for each power limit the GPU could not
+/// read ([`UNREAD_LIMIT`]; the GPU said which, and why): its name and
+/// UUID are kept.
+fn with_board_limits(info: GpuInfo, config: &Config) -> GpuInfo {
+    let p = &config.board.power;
+    let or = |read: Watts, board: Watts| if read == UNREAD_LIMIT { board } else { read };
+    GpuInfo {
+        default_limit: or(info.default_limit, p.tdp_w),
+        min_limit: or(info.min_limit, p.min_cap_w),
+        max_limit: or(info.max_limit, p.max_cap_w),
+        ..info
+    }
 }
 
 /// Starts the bridge of XID reports and registers for them. A watch that
@@ -545,6 +560,87 @@ mod tests {
             );
             assert!(!has(&mut store, "health.2"));
         }
+    }
+
+    /// A source whose GPUs describe themselves as `0`, one by one.
+    struct Described(Vec<GpuInfo>);
+
+    /// A GPU that describes itself as `0`.
+    struct Describes(GpuInfo);
+
+    impl crate::gpu::GpuDevice for Describes {
+        fn describe(&mut self) -> Result<GpuInfo, GpuError> {
+            Ok(self.0.clone())
+        }
+        fn sample(&mut self) -> Result<crate::gpu::GpuSample, GpuError> {
+            Err(GpuError::NotSupported)
+        }
+        fn set_power_limit(&mut self, _: Watts) -> Result<(), GpuError> {
+            Err(GpuError::NotSupported)
+        }
+        fn power_limit(&mut self) -> Result<Watts, GpuError> {
+            Err(GpuError::NotSupported)
+        }
+        fn answers_in_memory(&self) -> bool {
+            true
+        }
+    }
+
+    impl GpuSource for Described {
+        fn devices(&mut self) -> Result<Vec<Box<dyn crate::gpu::GpuDevice>>, GpuError> {
+            Ok(self
+                .0
+                .iter()
+                .map(|i| Box::new(Describes(i.clone())) as Box<dyn crate::gpu::GpuDevice>)
+                .collect())
+        }
+        fn watch_xids(
+            &mut self,
+            _sink: crate::xid_queue::XidSink,
+        ) -> Result<Vec<(u8, GpuError)>, GpuError> {
+            Ok(Vec::new())
+        }
+    }
+
+    #[test]
+    fn a_gpu_whose_limits_cannot_be_read_keeps_its_uuid_and_its_quarantine() {
+        let config = config();
+        let p = config.board.power.clone();
+        let mut store = loopwarden_store::agent_flash::open(None).unwrap().store;
+        keep_quarantined(&mut store, id(A));
+        // A's default limit and constraints could not be read.
+        let unread = GpuInfo {
+            default_limit: UNREAD_LIMIT,
+            min_limit: UNREAD_LIMIT,
+            max_limit: UNREAD_LIMIT,
+            ..gpu(A).info
+        };
+        let mut source: Box<dyn GpuSource + Send> =
+            Box::new(Described(vec![gpu(X).info, gpu(B).info, unread]));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("a runtime");
+        let (_, found) = rt.block_on(gpus(&config, &mut source)).expect("GPUs");
+        let a = &found[2];
+        assert_eq!((a.info.uuid.as_str(), a.info.name.as_str()), (A, "twin"));
+        assert_eq!(
+            (a.info.default_limit, a.info.min_limit, a.info.max_limit),
+            (p.tdp_w, p.min_cap_w, p.max_cap_w),
+            "the board's, for each limit not read"
+        );
+        assert_eq!(
+            a.range,
+            GpuRange {
+                min: p.min_cap_w,
+                max: p.max_cap_w
+            }
+        );
+        // Known by its UUID: its quarantine is restored as it was.
+        let mut node = node(&config, &found, TimestampMs(SINCE + 10_000));
+        let undone = rt.block_on(restore_kept(&mut node, &config, &found, &mut store));
+        assert_eq!(node.health().status(2).unwrap().state, Quarantined);
+        assert_eq!(undone.unreadable, Vec::<u8>::new());
     }
 
     #[test]

@@ -1,0 +1,204 @@
+//! A GPU's description at start when NVML fails a power-limit call,
+//! tested through [`NvmlGpu`] over a scripted [`NvmlApi`]: a default
+//! limit or limit constraints that cannot be read (not supported, an
+//! unknown error, a timeout, no permission) keep the name and the UUID,
+//! and give [`UNREAD_LIMIT`] for that limit only; a failed UUID or name,
+//! or a lost GPU, still fail the description.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+use loopwarden_protocol::Watts;
+use node_agent::gpu::{GpuDevice, GpuError, GpuInfo};
+use node_agent::nvml::{NvmlApi, NvmlFailure, NvmlGpu, NvmlResult, UNREAD_LIMIT};
+
+const NAME: &str = "NVIDIA H200";
+const UUID: &str = "GPU-0c1d2e3f-0000-4000-8000-000000000000";
+
+/// What the scripted GPU answers, and what was asked of it.
+#[derive(Clone)]
+struct Script {
+    name: NvmlResult<String>,
+    uuid: NvmlResult<String>,
+    default_mw: NvmlResult<u32>,
+    /// The GPU's real range, mW: a set outside it is refused as invalid.
+    range_mw: (u32, u32),
+    /// How `nvmlDeviceGetPowerManagementLimitConstraints` fails, if it
+    /// does.
+    constraints_fail: Option<NvmlFailure>,
+    /// Every set refused as invalid (a handle NVML takes for invalid).
+    refuse_every_set: bool,
+    limit_mw: u32,
+    /// Every limit asked, mW, in order.
+    sets: Vec<u32>,
+    constraint_reads: u32,
+}
+
+impl Script {
+    fn healthy() -> Self {
+        Self {
+            name: Ok(NAME.into()),
+            uuid: Ok(UUID.into()),
+            default_mw: Ok(700_000),
+            range_mw: (200_000, 700_000),
+            constraints_fail: None,
+            refuse_every_set: false,
+            limit_mw: 700_000,
+            sets: Vec::new(),
+            constraint_reads: 0,
+        }
+    }
+}
+
+struct Fake(Mutex<Script>);
+
+impl Fake {
+    fn script(&self) -> std::sync::MutexGuard<'_, Script> {
+        self.0.lock().unwrap()
+    }
+}
+
+/// A GPU over `script`, and the script to change and read.
+fn gpu(script: Script) -> (Arc<Fake>, NvmlGpu<Fake>) {
+    let fake = Arc::new(Fake(Mutex::new(script)));
+    (fake.clone(), NvmlGpu::new(fake, 0))
+}
+
+fn info(default: Watts, min: Watts, max: Watts) -> GpuInfo {
+    GpuInfo {
+        name: NAME.into(),
+        uuid: UUID.into(),
+        default_limit: default,
+        min_limit: min,
+        max_limit: max,
+    }
+}
+
+impl NvmlApi for Fake {
+    fn device_count(&self) -> NvmlResult<u32> {
+        Ok(1)
+    }
+    fn name(&self, _: u32) -> NvmlResult<String> {
+        self.script().name.clone()
+    }
+    fn uuid(&self, _: u32) -> NvmlResult<String> {
+        self.script().uuid.clone()
+    }
+    fn default_limit_mw(&self, _: u32) -> NvmlResult<u32> {
+        self.script().default_mw.clone()
+    }
+    fn limit_constraints_mw(&self, _: u32) -> NvmlResult<(u32, u32)> {
+        let mut s = self.script();
+        s.constraint_reads += 1;
+        match &s.constraints_fail {
+            Some(e) => Err(e.clone()),
+            None => Ok(s.range_mw),
+        }
+    }
+    fn limit_mw(&self, _: u32) -> NvmlResult<u32> {
+        Ok(self.script().limit_mw)
+    }
+    fn enforced_limit_mw(&self, _: u32) -> NvmlResult<u32> {
+        Ok(self.script().limit_mw)
+    }
+    fn set_limit_mw(&self, _: u32, mw: u32) -> NvmlResult<()> {
+        let mut s = self.script();
+        s.sets.push(mw);
+        let (min, max) = s.range_mw;
+        if s.refuse_every_set || !(min..=max).contains(&mw) {
+            return Err(NvmlFailure::InvalidArgument);
+        }
+        s.limit_mw = mw;
+        Ok(())
+    }
+    fn temperature(&self, _: u32) -> NvmlResult<u32> {
+        Err(NvmlFailure::NotSupported)
+    }
+    fn power_usage_mw(&self, _: u32) -> NvmlResult<u32> {
+        Err(NvmlFailure::NotSupported)
+    }
+    fn energy_mj(&self, _: u32) -> NvmlResult<u64> {
+        Err(NvmlFailure::NotSupported)
+    }
+    fn clocks_mhz(&self, _: u32) -> NvmlResult<(u32, u32)> {
+        Err(NvmlFailure::NotSupported)
+    }
+    fn utilization(&self, _: u32) -> NvmlResult<u32> {
+        Err(NvmlFailure::NotSupported)
+    }
+    fn throttle_bits(&self, _: u32) -> NvmlResult<u64> {
+        Err(NvmlFailure::NotSupported)
+    }
+    fn ecc_enabled(&self, _: u32) -> NvmlResult<bool> {
+        Err(NvmlFailure::NotSupported)
+    }
+    fn ecc_total(&self, _: u32, _: bool, _: bool) -> NvmlResult<u64> {
+        Err(NvmlFailure::NotSupported)
+    }
+    fn fields(&self, _: u32, _: &[u32]) -> NvmlResult<Vec<NvmlResult<u64>>> {
+        Err(NvmlFailure::NotSupported)
+    }
+    fn watch_xids(
+        &self,
+        _: &[u32],
+        _: &mut dyn FnMut(u32, NvmlResult<()>),
+        _: &mut dyn FnMut(u32, u64),
+        _: &AtomicBool,
+    ) -> NvmlResult<()> {
+        Err(NvmlFailure::NotSupported)
+    }
+}
+
+/// The failures a power-limit read may answer that keep the GPU's
+/// identity.
+fn failures() -> [NvmlFailure; 5] {
+    [
+        NvmlFailure::NotSupported,
+        NvmlFailure::Other("Unknown Error".into()),
+        NvmlFailure::Timeout,
+        NvmlFailure::NoPermission,
+        NvmlFailure::InvalidArgument,
+    ]
+}
+
+#[test]
+fn unreadable_limit_constraints_keep_the_name_uuid_and_default() {
+    for e in failures() {
+        let (_, mut gpu) = gpu(Script {
+            constraints_fail: Some(e.clone()),
+            ..Script::healthy()
+        });
+        assert_eq!(
+            gpu.describe(),
+            Ok(info(Watts(700), UNREAD_LIMIT, UNREAD_LIMIT)),
+            "{e:?}"
+        );
+    }
+}
+
+#[test]
+fn an_unreadable_default_limit_keeps_the_name_uuid_and_range() {
+    for e in failures() {
+        let (_, mut gpu) = gpu(Script {
+            default_mw: Err(e.clone()),
+            ..Script::healthy()
+        });
+        assert_eq!(
+            gpu.describe(),
+            Ok(info(UNREAD_LIMIT, Watts(200), Watts(700))),
+            "{e:?}"
+        );
+    }
+}
+
+#[test]
+fn an_unreadable_uuid_or_a_lost_gpu_fails_the_description() {
+    let (fake, mut gpu) = gpu(Script {
+        uuid: Err(NvmlFailure::NotSupported),
+        ..Script::healthy()
+    });
+    assert_eq!(gpu.describe(), Err(GpuError::NotSupported));
+    fake.script().uuid = Ok(UUID.into());
+    fake.script().constraints_fail = Some(NvmlFailure::GpuLost);
+    assert_eq!(gpu.describe(), Err(GpuError::Lost));
+}
