@@ -49,9 +49,11 @@ pub struct GpuSample {
     pub mem_temp: WholeCelsius,
     /// Power draw.
     pub power: Watts,
-    /// Energy since the driver loaded, millijoules.
+    /// Energy since the driver loaded, millijoules; 0: not known (no
+    /// `unsupported` bit covers it, and a GPU that ran has used energy).
     pub energy_mj: u64,
-    /// The limit the GPU enforces now.
+    /// The limit the GPU enforces now; 0 W: not known (no `unsupported`
+    /// bit covers it, and no GPU is limited to 0 W).
     pub power_limit: Watts,
     /// SM clock.
     pub sm_clock: MegaHertz,

@@ -24,6 +24,12 @@
 //! sample. A field-value answer that does not match what was asked, or a
 //! value NVML cannot give as a count, fails the sample too.
 //!
+//! Energy and the power limit have no `unsupported` bit: energy not known
+//! (not supported, or lost: answered, then "not supported") is sent as 0,
+//! never the last value held, and the limit as 0 W when neither limit call
+//! answers. Every reader takes those zeros as "not known" (no GPU that ran
+//! has used no energy, none is limited to 0 W).
+//!
 //! Glossary:
 //! - *slow counters*: the fields above read every few periods.
 //! - *held*: the slow counters as last read, carried by the samples
@@ -162,9 +168,10 @@ impl<A: NvmlApi> NvmlGpu<A> {
     /// aggregate ECC counts, into [`Held`].
     fn slow_calls(&mut self, mode: bool) -> Result<(), GpuError> {
         let what = "nvmlDeviceGetTotalEnergyConsumption";
-        if let Some(mj) = self.ask(call::ENERGY, what, |a, i| a.energy_mj(i))? {
-            self.held.energy_mj = mj;
-        }
+        // Not known (not supported, lost): 0, never the last value held.
+        self.held.energy_mj = self
+            .ask(call::ENERGY, what, |a, i| a.energy_mj(i))?
+            .unwrap_or(0);
         if mode {
             self.ecc_mode()?;
         }
