@@ -478,12 +478,29 @@ pub struct NvmlGpu<A: NvmlApi> {
     nudge: Option<(Arc<[AtomicBool]>, usize)>,
     /// What its calls cost (shared with the source's other GPUs).
     costs: CallCosts,
+    /// Its power limit constraints, as far as they were read.
+    constraints: Constraints,
+    /// The last limit set otherwise than asked, or refused with its
+    /// constraints unreadable, that was said (and what was set instead).
+    said: Option<(Watts, Option<Watts>)>,
 }
 
 /// What [`NvmlGpu`]'s `describe` gives for a power limit NVML could not
 /// read (no GPU's limit is 0 W): the shell puts the board's figure in
 /// its place.
 pub const UNREAD_LIMIT: Watts = Watts(0);
+
+/// Whether a GPU's power limit constraints are known, and since when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Constraints {
+    /// Not read: its description did not read them (or has not run).
+    Unread,
+    /// Read by its description: the shell's range for it is inside them.
+    AtStart,
+    /// Read after NVML refused a set: a limit outside them is set to the
+    /// nearer end.
+    Late { min: Watts, max: Watts },
+}
 
 /// NVML's answer `e` as NVML names it.
 fn nvml_said(e: &NvmlFailure) -> String {
@@ -509,6 +526,8 @@ impl<A: NvmlApi> NvmlGpu<A> {
             held: sample::Held::default(),
             nudge: None,
             costs: CallCosts::default(),
+            constraints: Constraints::Unread,
+            said: None,
         }
     }
 
@@ -587,7 +606,7 @@ impl<A: NvmlApi> NvmlGpu<A> {
     }
 }
 
-/// Its description's power limit reads.
+/// Its description's power limit reads, and its limit sets.
 impl<A: NvmlApi> NvmlGpu<A> {
     /// A power limit read of the description: `None` where NVML fails it
     /// (said, naming the call, NVML's answer and what stands `instead`),
@@ -606,6 +625,68 @@ impl<A: NvmlApi> NvmlGpu<A> {
                 tracing::warn!("GPU {i}: {what} failed ({}): {instead}", nvml_said(&e));
                 Ok(None)
             }
+        }
+    }
+
+    /// Sets `limit` as it is.
+    fn set(&self, limit: Watts) -> Result<(), GpuError> {
+        let what = "nvmlDeviceSetPowerManagementLimit";
+        self.timed(what, |a, i| a.set_limit_mw(i, limit.milliwatts()))
+            .map_err(|e| e.into_gpu_error(what))
+    }
+
+    /// `limit` within the constraints read after the start, where they
+    /// were: the nearer end when outside them, said once per limit.
+    fn within_late(&mut self, limit: Watts) -> Watts {
+        let Constraints::Late { min, max } = self.constraints else {
+            return limit;
+        };
+        let target = limit.max(min).min(max);
+        if target != limit && self.said != Some((limit, Some(target))) {
+            self.said = Some((limit, Some(target)));
+            tracing::warn!(
+                "GPU {}: {} W is outside its limit constraints, {} W to {} W (read after NVML \
+                 refused a set; they could not be read at start): {} W is set instead",
+                self.index,
+                limit.0,
+                min.0,
+                max.0,
+                target.0
+            );
+        }
+        target
+    }
+
+    /// NVML refused `tried` (for `limit`) as invalid on a GPU whose limit
+    /// constraints were not read at start: they are read again and
+    /// `limit` is set within them. The refusal stands where they cannot
+    /// be read (said once per limit), or where `tried` is within them.
+    fn set_after_refusal(&mut self, limit: Watts, tried: Watts) -> Result<(), GpuError> {
+        let what = "nvmlDeviceGetPowerManagementLimitConstraints";
+        match self.timed(what, |a, i| a.limit_constraints_mw(i)) {
+            Ok((min, max)) => {
+                self.constraints = Constraints::Late {
+                    min: Watts::from_milliwatts_up(min),
+                    max: Watts::from_milliwatts_down(max),
+                };
+            }
+            Err(e) => {
+                if self.said != Some((limit, None)) {
+                    self.said = Some((limit, None));
+                    tracing::warn!(
+                        "GPU {}: NVML refused {} W as invalid, and its limit constraints \
+                         cannot be read ({what} failed: {}): the limit is not set",
+                        self.index,
+                        tried.0,
+                        nvml_said(&e)
+                    );
+                }
+                return Err(GpuError::InvalidArgument);
+            }
+        }
+        match self.within_late(limit) {
+            target if target == tried => Err(GpuError::InvalidArgument),
+            target => self.set(target),
         }
     }
 }
@@ -642,9 +723,14 @@ impl<A: NvmlApi> GpuDevice for NvmlGpu<A> {
         )?;
         let range = self.limit_read(
             "nvmlDeviceGetPowerManagementLimitConstraints",
-            "the board's min_cap_w to max_cap_w stands in for its range",
+            "the board's min_cap_w to max_cap_w stands in for its range; a limit NVML \
+             refuses as invalid has them read again and is set within them",
             |a, i| a.limit_constraints_mw(i),
         )?;
+        self.constraints = match range {
+            Some(_) => Constraints::AtStart,
+            None => Constraints::Unread,
+        };
         // Limits in whole watts inside NVML's: a ceiling read as 450.6 W
         // is never put back as 451 W.
         let (min, max) = range.map_or((UNREAD_LIMIT, UNREAD_LIMIT), |(min, max)| {
@@ -666,10 +752,17 @@ impl<A: NvmlApi> GpuDevice for NvmlGpu<A> {
         self.read_sample()
     }
 
+    /// On a GPU whose limit constraints were not read at start, a limit
+    /// NVML refuses as invalid has them read again, and is set within
+    /// them ([`NvmlGpu::set_after_refusal`]).
     fn set_power_limit(&mut self, limit: Watts) -> Result<(), GpuError> {
-        let what = "nvmlDeviceSetPowerManagementLimit";
-        self.timed(what, |a, i| a.set_limit_mw(i, limit.milliwatts()))
-            .map_err(|e| e.into_gpu_error(what))
+        let target = self.within_late(limit);
+        match self.set(target) {
+            Err(GpuError::InvalidArgument) if self.constraints != Constraints::AtStart => {
+                self.set_after_refusal(limit, target)
+            }
+            r => r,
+        }
     }
 
     fn power_limit(&mut self) -> Result<Watts, GpuError> {

@@ -1,9 +1,15 @@
-//! A GPU's description at start when NVML fails a power-limit call,
-//! tested through [`NvmlGpu`] over a scripted [`NvmlApi`]: a default
-//! limit or limit constraints that cannot be read (not supported, an
-//! unknown error, a timeout, no permission) keep the name and the UUID,
-//! and give [`UNREAD_LIMIT`] for that limit only; a failed UUID or name,
-//! or a lost GPU, still fail the description.
+//! A GPU's description at start, and its limit sets, when NVML fails a
+//! power-limit call, tested through [`NvmlGpu`] over a scripted
+//! [`NvmlApi`]:
+//! - a default limit or limit constraints that cannot be read (not
+//!   supported, an unknown error, a timeout, no permission) keep the
+//!   name and the UUID, and give [`UNREAD_LIMIT`] for that limit only; a
+//!   failed UUID or name, or a lost GPU, still fail the description;
+//! - on a GPU whose constraints were not read at start, a limit NVML
+//!   refuses as invalid has them read again and is set within them, and
+//!   later limits are set within them without a refusal first; where the
+//!   constraints cannot be read, or the limit refused is within them,
+//!   the refusal stands. Constraints read at start are never read again.
 
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
@@ -201,4 +207,70 @@ fn an_unreadable_uuid_or_a_lost_gpu_fails_the_description() {
     fake.script().uuid = Ok(UUID.into());
     fake.script().constraints_fail = Some(NvmlFailure::GpuLost);
     assert_eq!(gpu.describe(), Err(GpuError::Lost));
+}
+
+/// A GPU described with its constraints unreadable, readable since.
+fn unread_at_start() -> (Arc<Fake>, NvmlGpu<Fake>) {
+    let (fake, mut gpu) = gpu(Script {
+        constraints_fail: Some(NvmlFailure::NotSupported),
+        ..Script::healthy()
+    });
+    gpu.describe().expect("described");
+    fake.script().constraints_fail = None;
+    (fake, gpu)
+}
+
+#[test]
+fn a_limit_refused_with_constraints_unread_at_start_is_set_within_them() {
+    let (fake, mut gpu) = unread_at_start();
+    // The board allows 150 W; this GPU takes no less than 200 W.
+    assert_eq!(gpu.set_power_limit(Watts(150)), Ok(()));
+    assert_eq!(fake.script().sets, vec![150_000, 200_000]);
+    assert_eq!(gpu.power_limit(), Ok(Watts(200)));
+    // Its constraints are known now: set within them at once.
+    assert_eq!(gpu.set_power_limit(Watts(150)), Ok(()));
+    assert_eq!(gpu.set_power_limit(Watts(900)), Ok(()));
+    assert_eq!(gpu.set_power_limit(Watts(450)), Ok(()));
+    assert_eq!(
+        fake.script().sets,
+        vec![150_000, 200_000, 200_000, 700_000, 450_000]
+    );
+    assert_eq!(
+        fake.script().constraint_reads,
+        2,
+        "once at start, once after"
+    );
+}
+
+#[test]
+fn a_refusal_stands_where_the_constraints_cannot_say_why() {
+    // Still unreadable: nothing else is set.
+    let (fake, mut gpu) = unread_at_start();
+    fake.script().constraints_fail = Some(NvmlFailure::Other("Unknown Error".into()));
+    assert_eq!(
+        gpu.set_power_limit(Watts(150)),
+        Err(GpuError::InvalidArgument)
+    );
+    assert_eq!(fake.script().sets, vec![150_000]);
+    // Readable, and the limit is within them: not a range the agent can
+    // mend.
+    let (fake, mut gpu) = unread_at_start();
+    fake.script().refuse_every_set = true;
+    assert_eq!(
+        gpu.set_power_limit(Watts(450)),
+        Err(GpuError::InvalidArgument)
+    );
+    assert_eq!(fake.script().sets, vec![450_000]);
+}
+
+#[test]
+fn constraints_read_at_start_are_not_read_again_at_a_refusal() {
+    let (fake, mut gpu) = gpu(Script::healthy());
+    gpu.describe().expect("described");
+    assert_eq!(
+        gpu.set_power_limit(Watts(150)),
+        Err(GpuError::InvalidArgument)
+    );
+    assert_eq!(fake.script().sets, vec![150_000]);
+    assert_eq!(fake.script().constraint_reads, 1);
 }
