@@ -1,8 +1,11 @@
 //! [`NvmlApi`] on this machine's NVML, through `nvml-wrapper`: each call
 //! the agent makes, with the driver's error mapped to an [`NvmlFailure`]
 //! (not supported, no permission, GPU lost, timeout, invalid argument,
-//! or the driver's own words).
-use std::sync::OnceLock;
+//! or the driver's own words). A field value of a type `nvml-wrapper`
+//! cannot read is that field's "not supported", said once per GPU and
+//! field ([`field_value`]).
+use std::collections::HashSet;
+use std::sync::{Mutex, OnceLock};
 
 use super::*;
 
@@ -20,6 +23,8 @@ pub struct SystemNvml {
     /// Each GPU's handle, once looked up (one per GPU NVML counted at
     /// the start; a GPU beyond is looked up at every call).
     handles: Box<[OnceLock<nvml_wrapper::Device<'static>>]>,
+    /// The (GPU, field) pairs whose value type was said unreadable.
+    unreadable_said: Mutex<HashSet<(u32, u32)>>,
 }
 
 impl SystemNvml {
@@ -31,7 +36,11 @@ impl SystemNvml {
         // A count that fails here fails again where the agent asks for it.
         let n = nvml.device_count().unwrap_or(0) as usize;
         let handles = (0..n).map(|_| OnceLock::new()).collect();
-        Ok(Self { nvml, handles })
+        Ok(Self {
+            nvml,
+            handles,
+            unreadable_said: Mutex::default(),
+        })
     }
 
     /// GPU `gpu`'s handle: the one kept, or looked up (and kept once
@@ -99,6 +108,42 @@ fn count(v: nvml_wrapper::enums::device::SampleValue) -> NvmlResult<u64> {
         SampleValue::F64(v) => Err(NvmlFailure::Other(format!(
             "field value {v} is not a count"
         ))),
+    }
+}
+
+/// One field's answer as a count. A value of a type `nvml-wrapper` 0.13
+/// does not know (`NVML_VALUE_TYPE_SIGNED_INT` (5) and
+/// `NVML_VALUE_TYPE_UNSIGNED_SHORT` (6), which newer drivers may give; the
+/// wrapper's `UnexpectedVariant`, the only error it makes of a field's own
+/// answer) is that field's "not supported": reported as such, not read as
+/// 0, and not a failure of the whole sample every round.
+fn field_value(
+    s: Result<
+        nvml_wrapper::struct_wrappers::device::FieldValueSample,
+        nvml_wrapper::error::NvmlError,
+    >,
+) -> NvmlResult<u64> {
+    match s {
+        Ok(s) => count(s.value.map_err(failure)?),
+        Err(nvml_wrapper::error::NvmlError::UnexpectedVariant(_)) => Err(NvmlFailure::NotSupported),
+        Err(e) => Err(failure(e)),
+    }
+}
+
+impl SystemNvml {
+    /// Says, once per GPU and field, that field `id` came with value type
+    /// `t`, which cannot be read.
+    fn say_unreadable(&self, gpu: u32, id: u32, t: u32) {
+        let mut said = self
+            .unreadable_said
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if said.insert((gpu, id)) {
+            tracing::warn!(
+                "GPU {gpu}: field value {} came with NVML value type {t}, which this build cannot read; it is reported as not supported",
+                super::field::name(id)
+            );
+        }
     }
 }
 
@@ -195,11 +240,20 @@ impl NvmlApi for SystemNvml {
     }
     fn fields(&self, gpu: u32, ids: &[u32]) -> NvmlResult<Vec<NvmlResult<u64>>> {
         use nvml_wrapper::structs::device::FieldId;
-        let ids: Vec<FieldId> = ids.iter().map(|&i| FieldId(i)).collect();
-        let samples = self.device(gpu)?.field_values_for(&ids).map_err(failure)?;
-        Ok(samples
-            .into_iter()
-            .map(|s| count(s.map_err(failure)?.value.map_err(failure)?))
+        let asked: Vec<FieldId> = ids.iter().map(|&i| FieldId(i)).collect();
+        let samples = self
+            .device(gpu)?
+            .field_values_for(&asked)
+            .map_err(failure)?;
+        Ok(ids
+            .iter()
+            .zip(samples)
+            .map(|(&id, s)| {
+                if let Err(nvml_wrapper::error::NvmlError::UnexpectedVariant(t)) = &s {
+                    self.say_unreadable(gpu, id, *t);
+                }
+                field_value(s)
+            })
             .collect())
     }
     fn watch_xids(
@@ -317,6 +371,36 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    /// A field as the driver answers it, read by `nvml-wrapper` as the
+    /// agent's NVML does.
+    fn answered(value_type: u32, value: u32) -> NvmlResult<u64> {
+        use nvml_wrapper::struct_wrappers::device::FieldValueSample;
+        use nvml_wrapper_sys::bindings::{nvmlFieldValue_t, nvmlValue_t};
+        let raw = nvmlFieldValue_t {
+            fieldId: 82,
+            scopeId: 0,
+            timestamp: 0,
+            latencyUsec: 0,
+            valueType: value_type,
+            nvmlReturn: 0,
+            value: nvmlValue_t { uiVal: value },
+        };
+        field_value(FieldValueSample::try_from(raw))
+    }
+
+    #[test]
+    fn a_field_of_a_value_type_the_wrapper_cannot_read_is_not_supported_not_a_failure() {
+        // NVML_VALUE_TYPE_UNSIGNED_INT, which it reads.
+        assert_eq!(answered(1, 41), Ok(41));
+        // NVML_VALUE_TYPE_SIGNED_INT and _UNSIGNED_SHORT, which it does not:
+        // that field is not supported, not a failed sample.
+        assert_eq!(answered(5, 41), Err(NvmlFailure::NotSupported));
+        assert_eq!(answered(6, 41), Err(NvmlFailure::NotSupported));
+        // A field's own failure is still a failure.
+        let failed = Err(nvml_wrapper::error::NvmlError::Unknown);
+        assert!(matches!(field_value(failed), Err(NvmlFailure::Other(_))));
     }
 
     #[test]
