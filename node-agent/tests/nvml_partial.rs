@@ -1,9 +1,21 @@
-//! One NVML read that fails or is lost does not pass on a value that
-//! could not be read.
+//! One NVML read that fails does not throw away a GPU's whole sample,
+//! nor pass on a value that could not be read.
 //!
 //! Through a small scripted [`NvmlApi`] (healthy answers, any call or
 //! field made to fail with a chosen NVML answer), these tests check
-//! [`NvmlGpu`]:
+//! [`NvmlGpu`] and the health engine fed as the agent feeds it:
+//! - an aggregate ECC read that fails with an error about its own data
+//!   (`NVML_ERROR_CORRUPTED_INFOROM`, as on a GPU with a bad InfoROM)
+//!   costs only the aggregate counts: the sample keeps its temperature,
+//!   power and volatile counts, `ecc_aggregate` is unknown, the failure
+//!   is said once, and the GPU is never counted as missed;
+//! - a lost GPU, an NVML timeout, an uninitialised library or a driver
+//!   not loaded still fail the sample, and the GPU is quarantined
+//!   `unresponsive` as before;
+//! - a slow counter whose read failed stays unknown until the next read
+//!   of the slow counters, never held as if read, and a fast one is
+//!   unknown in its own sample only;
+//! - the whole field-value query failing that way costs only its fields;
 //! - an energy counter that answered and then says "not supported" (lost)
 //!   is sent as 0, not known, never its last value, and comes back when it
 //!   answers; a power limit neither limit call answers is 0 W, not known.
@@ -11,10 +23,16 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use loopwarden_protocol::Watts;
-use node_agent::gpu::GpuDevice;
+use loopwarden_protocol::{HealthState, TimestampMs, Unsupported, Watts, WholeCelsius};
+use node_agent::gpu::{GpuDevice, GpuError, GpuSample};
 use node_agent::nvml::field;
 use node_agent::nvml::{NvmlApi, NvmlFailure, NvmlGpu, NvmlResult};
+use node_core::health::{HealthEngine, Limits, Policy};
+
+/// NVML's words for `NVML_ERROR_CORRUPTED_INFOROM`, as the agent gets them.
+const CORRUPTED_INFOROM: &str = "the infoROM is corrupted";
+/// NVML's words for `NVML_ERROR_NO_DATA`.
+const NO_DATA: &str = "no data";
 
 /// What the fake answers: healthy values, except the calls (by the keys
 /// below) and the fields scripted to fail.
@@ -40,6 +58,21 @@ impl Fake {
             Some(e) => s.fails.insert(key, e),
             None => s.fails.remove(key),
         };
+    }
+
+    /// Makes field `id` fail with `e` (`None`: answer again).
+    fn fail_field(&self, id: u32, e: Option<NvmlFailure>) {
+        let mut s = self.0.lock().expect("script");
+        match e {
+            Some(e) => s.field_fails.insert(id, e),
+            None => s.field_fails.remove(&id),
+        };
+    }
+
+    /// How many times call `key` was made.
+    fn calls(&self, key: &str) -> usize {
+        let s = self.0.lock().expect("script");
+        s.calls.get(key).copied().unwrap_or(0)
     }
 
     /// Call `key`'s answer: `v`, or the failure scripted for it.
@@ -140,6 +173,210 @@ impl NvmlApi for Fake {
     ) -> NvmlResult<()> {
         Err(NvmlFailure::NotSupported)
     }
+}
+
+/// Runs `f` with the log written to a buffer, and returns that text.
+fn logged<T>(f: impl FnOnce() -> T) -> (T, String) {
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("log buffer").extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buf = Buf::default();
+    let writer = buf.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .without_time()
+        .finish();
+    let out = tracing::subscriber::with_default(subscriber, f);
+    let text = String::from_utf8_lossy(&buf.0.lock().expect("log buffer")).into_owned();
+    (out, text)
+}
+
+/// The lines of `log` that hold every one of `words`.
+fn lines_with<'a>(log: &'a str, words: &[&str]) -> Vec<&'a str> {
+    log.lines()
+        .filter(|l| words.iter().all(|w| l.contains(w)))
+        .collect()
+}
+
+/// Two GPUs, each on its own fake: GPU 0 scripted by the test, GPU 1
+/// healthy, its witness.
+fn two_gpus() -> (Fake, Vec<NvmlGpu<Fake>>) {
+    let fake = Fake::default();
+    let gpus = vec![
+        NvmlGpu::new(Arc::new(fake.clone()), 0),
+        NvmlGpu::new(Arc::new(Fake::default()), 1),
+    ];
+    (fake, gpus)
+}
+
+/// `rounds` rounds of every GPU sampled and fed to a health engine as
+/// the agent feeds it; every sample, and the engine.
+fn rounds(
+    gpus: &mut [NvmlGpu<Fake>],
+    n: u64,
+) -> (Vec<Vec<Result<GpuSample, GpuError>>>, HealthEngine) {
+    let limits = Limits {
+        max_operating_c: 87.0,
+    };
+    let mut engine = HealthEngine::new(gpus.len(), limits, Policy::default(), TimestampMs(0));
+    let mut all = Vec::new();
+    for r in 1..=n {
+        let now = TimestampMs(r * 1_000);
+        let mut round = Vec::new();
+        for (i, g) in gpus.iter_mut().enumerate() {
+            let s = g.sample();
+            match &s {
+                Ok(s) => engine.sample(now, i as u8, &node_agent::shell::observation(s)),
+                Err(_) => engine.missed(now, i as u8),
+            };
+            round.push(s);
+        }
+        all.push(round);
+    }
+    (all, engine)
+}
+
+#[test]
+fn a_corrupted_inforom_on_the_aggregate_ecc_read_costs_only_the_aggregate_counts() {
+    let (fake, mut gpus) = two_gpus();
+    for corrected in [true, false] {
+        let e = NvmlFailure::Other(CORRUPTED_INFOROM.into());
+        fake.fail(ecc_key(corrected, false), Some(e));
+    }
+    let ((samples, engine), log) = logged(|| rounds(&mut gpus, 8));
+    for round in &samples {
+        let s = round[0].as_ref().expect("a sample, not a miss");
+        assert_eq!(s.temp, WholeCelsius(61), "the thermal guard sees it");
+        assert_eq!(s.power, Watts(313));
+        assert_eq!(s.power_limit, Watts(650));
+        assert_eq!(s.unsupported, Unsupported::ECC_AGGREGATE);
+        assert_eq!((s.ecc.sbe_aggregate, s.ecc.dbe_aggregate), (0, 0));
+        assert_eq!(s.ecc.sbe_volatile, 11, "the volatile counts still judge");
+        assert_eq!(s.pcie_replay, 17, "the other slow counters are read");
+    }
+    assert_eq!(
+        fake.calls("ecc dbe aggregate"),
+        8,
+        "asked again at every read"
+    );
+    let status = engine.status(0).expect("GPU 0");
+    assert_eq!(status.state, HealthState::Healthy, "{status:?}");
+    // Said once per counter and error, with NVML's words.
+    for counter in ["(corrected, aggregate)", "(uncorrected, aggregate)"] {
+        let said = lines_with(&log, &["GPU 0", counter, CORRUPTED_INFOROM]);
+        assert_eq!(said.len(), 1, "{log}");
+        assert!(
+            said[0].contains("ecc_aggregate reported as unsupported"),
+            "{log}"
+        );
+    }
+}
+
+#[test]
+fn a_lost_gpu_a_timeout_or_a_driver_gone_still_fail_the_sample() {
+    let gone = [
+        (NvmlFailure::GpuLost, GpuError::Lost),
+        (
+            NvmlFailure::Timeout,
+            GpuError::Failed {
+                what: "nvmlDeviceGetTotalEccErrors",
+                detail: "NVML timeout".into(),
+            },
+        ),
+    ];
+    let words = [
+        "NVML was not first initialized with `Nvml::init()`",
+        "NVIDIA driver is not loaded",
+    ];
+    let gone = gone.into_iter().chain(words.map(|w| {
+        let e = GpuError::Failed {
+            what: "nvmlDeviceGetTotalEccErrors",
+            detail: w.into(),
+        };
+        (NvmlFailure::Other(w.into()), e)
+    }));
+    for (failure, error) in gone {
+        let (fake, mut gpus) = two_gpus();
+        fake.fail(ecc_key(false, false), Some(failure));
+        let (samples, engine) = rounds(&mut gpus, 8);
+        for round in &samples {
+            assert_eq!(round[0], Err(error.clone()));
+        }
+        let status = engine.status(0).expect("GPU 0");
+        assert_eq!(
+            status.state,
+            HealthState::Quarantined,
+            "{error}: {status:?}"
+        );
+        assert_eq!(engine.status(1).expect("GPU 1").state, HealthState::Healthy);
+    }
+}
+
+#[test]
+fn a_slow_counter_that_failed_stays_unknown_until_its_next_read_and_a_fast_one_for_its_sample() {
+    let fake = Fake::default();
+    let mut gpu = NvmlGpu::new(Arc::new(fake.clone()), 0).slow_every(3);
+    fake.fail_field(
+        field::PCIE_REPLAY_COUNTER,
+        Some(NvmlFailure::Other(NO_DATA.into())),
+    );
+    let s = gpu.sample().expect("a sample");
+    assert_eq!((s.unsupported, s.pcie_replay), (Unsupported::PCIE, 0));
+    assert_eq!(
+        s.repair.remap_correctable, 6,
+        "the rest of the query is read"
+    );
+    fake.fail_field(field::PCIE_REPLAY_COUNTER, None);
+    for _ in 0..2 {
+        let s = gpu.sample().expect("held");
+        assert_eq!(
+            s.unsupported,
+            Unsupported::PCIE,
+            "unknown, not held as read"
+        );
+    }
+    let s = gpu.sample().expect("the next read");
+    assert_eq!((s.unsupported, s.pcie_replay), (Unsupported::empty(), 17));
+    // A fast read: unknown in its own sample only.
+    fake.fail("clocks", Some(NvmlFailure::Other(NO_DATA.into())));
+    let s = gpu.sample().expect("a sample");
+    assert_eq!(s.unsupported, Unsupported::CLOCKS);
+    assert_eq!((s.temp, s.util.get()), (WholeCelsius(61), 87));
+    fake.fail("clocks", None);
+    assert_eq!(
+        gpu.sample().expect("a sample").unsupported,
+        Unsupported::empty()
+    );
+}
+
+#[test]
+fn a_field_value_query_that_fails_on_its_data_costs_only_its_fields() {
+    let fake = Fake::default();
+    let mut gpu = NvmlGpu::new(Arc::new(fake.clone()), 0).slow_every(100);
+    gpu.sample().expect("the first sample");
+    fake.fail("fields", Some(NvmlFailure::Other(NO_DATA.into())));
+    let s = gpu.sample().expect("a sample");
+    assert_eq!(s.unsupported, Unsupported::MEM_TEMP | Unsupported::NVLINK);
+    assert_eq!((s.temp, s.power), (WholeCelsius(61), Watts(313)));
+    assert_eq!(s.pcie_replay, 17, "held from its read");
+    // With the slow counters, every group it asked for.
+    let mut gpu = NvmlGpu::new(Arc::new(fake.clone()), 0);
+    let s = gpu.sample().expect("a sample");
+    let asked = Unsupported::MEM_TEMP
+        | Unsupported::NVLINK
+        | Unsupported::RETIRED
+        | Unsupported::REMAP
+        | Unsupported::PCIE;
+    assert_eq!(s.unsupported, asked);
 }
 
 #[test]

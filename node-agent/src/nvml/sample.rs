@@ -16,24 +16,48 @@
 //! (`node_core::health::SlowCounters` plays the same schedule over a
 //! trace).
 //!
-//! Failing closed: a read that fails (an NVML error, not "not supported")
-//! fails the whole sample, a miss, and the next sample reads every slow
-//! counter again, so a held value is never passed on for one that could
-//! not be read. A per-link NVLink counter that fails leaves its link out
-//! of the sample (the totals still judge) and is asked again at the next
-//! sample. A field-value answer that does not match what was asked, or a
-//! value NVML cannot give as a count, fails the sample too.
+//! Failing closed, per NVML's answer to one call:
+//! - "not supported": the GPU lacks it (`nvml::support`): its group is
+//!   reported unsupported and it is not asked again.
+//! - An error that says the GPU itself cannot be read now fails the whole
+//!   sample, a miss, and the next sample reads every slow counter again,
+//!   so a held value is never passed on for one that could not be read:
+//!   `NVML_ERROR_GPU_IS_LOST`, `NVML_ERROR_TIMEOUT`,
+//!   `NVML_ERROR_INVALID_ARGUMENT` (the handle is not a GPU's), and any
+//!   other error but those below: the library not initialised, the driver
+//!   not loaded or not matching the library, a reset required, an
+//!   interrupt issue, the device blocked by the OS, power cables not
+//!   attached, `NVML_ERROR_NO_PERMISSION`, and an answer the agent does
+//!   not know (not guessed to be harmless). The die temperature is
+//!   required: any error of its read fails the sample.
+//! - An error about the call's own data ([`CALL_ONLY`]: a corrupted
+//!   InfoROM, `NVML_ERROR_UNKNOWN`, no data, not found, in use, out of
+//!   memory) leaves the GPU readable: only that call's group is unknown,
+//!   reported in `unsupported` like a group not supported, and the sample
+//!   goes on with temperature and power (were the GPU itself gone, the
+//!   temperature read, first in every sample, would fail the sample). The
+//!   call is said once per error (`GPU n: … failed: …`, a warning) and
+//!   asked again at its next read; a slow counter's group stays unknown
+//!   until the next read of the slow counters. A failed enforced limit
+//!   falls back to the limit set.
+//!
+//! A per-link NVLink counter that fails leaves its link out of the sample
+//! (the totals still judge) and is asked again at the next sample. A
+//! field-value answer that does not match what was asked, or a value
+//! NVML cannot give as a count, fails the sample.
 //!
 //! Energy and the power limit have no `unsupported` bit: energy not known
-//! (not supported, or lost: answered, then "not supported") is sent as 0,
-//! never the last value held, and the limit as 0 W when neither limit call
-//! answers. Every reader takes those zeros as "not known" (no GPU that ran
-//! has used no energy, none is limited to 0 W).
+//! (not supported, lost: answered, then "not supported", or failed) is
+//! sent as 0, never the last value held, and the limit as 0 W when neither
+//! limit call answers. Every reader takes those zeros as "not known" (no
+//! GPU that ran has used no energy, none is limited to 0 W).
 //!
 //! Glossary:
 //! - *slow counters*: the fields above read every few periods.
 //! - *held*: the slow counters as last read, carried by the samples
 //!   between reads.
+//! - *unknown*: a group whose read failed with an error of [`CALL_ONLY`],
+//!   reported in the sample's `unsupported` set.
 
 use loopwarden_protocol::{
     GpuFlags, MegaHertz, MemoryRepair, NvlinkErrors, Percent, ThrottleReasons, Unsupported, Watts,
@@ -42,7 +66,7 @@ use loopwarden_protocol::{
 use node_core::health::{NvlinkLinks, NVLINK_LINKS};
 
 use super::support::{Change, Item};
-use super::{call, field, throttle_from_nvml, NvmlApi, NvmlFailure, NvmlGpu};
+use super::{call, field, throttle_from_nvml, NvmlApi, NvmlFailure, NvmlGpu, NvmlResult};
 use crate::gpu::{GpuError, GpuSample};
 
 /// The slow counters as last read.
@@ -64,7 +88,42 @@ pub(super) struct Held {
     /// A per-link counter failed in this sample: the links are asked
     /// again at the next.
     links_failed: bool,
+    /// The groups whose read failed at the last read of the slow
+    /// counters: unknown until the next.
+    unknown: Unsupported,
 }
+
+/// NVML's answers, in `nvml-wrapper`'s words (as `NvmlFailure::Other`
+/// carries them), that are about one call's own data, not the GPU: that
+/// call's fields are unknown, the rest of the sample goes on. Any other
+/// error fails the sample (the module note).
+pub(super) const CALL_ONLY: [&str; 7] = [
+    // NVML_ERROR_CORRUPTED_INFOROM
+    "the infoROM is corrupted",
+    // NVML_ERROR_UNKNOWN
+    "an internal driver error occurred",
+    // NVML_ERROR_NO_DATA
+    "no data",
+    // NVML_ERROR_NOT_FOUND
+    "a query to find an object was unsuccessful",
+    // NVML_ERROR_IN_USE
+    "operation cannot be performed because the GPU is currently in use",
+    // NVML_ERROR_MEMORY
+    "insufficient memory",
+    // NVML_ERROR_VGPU_ECC_NOT_SUPPORTED
+    "the requested vgpu operation is not available on the target device because ECC is enabled",
+];
+
+/// Whether NVML's `words` for a failed call leave the GPU readable
+/// ([`CALL_ONLY`]).
+fn call_only(words: &str) -> bool {
+    CALL_ONLY.contains(&words)
+}
+
+/// The groups of fields read with the slow counters: one whose read
+/// failed stays unknown until their next read.
+const SLOW_FIELD_GROUPS: [Unsupported; 3] =
+    [Unsupported::RETIRED, Unsupported::REMAP, Unsupported::PCIE];
 
 /// The flags the slow fields set.
 const SLOW_FLAGS: [GpuFlags; 3] = [
@@ -93,26 +152,34 @@ impl<A: NvmlApi> NvmlGpu<A> {
             // A lost sensor is asked again at every scheduled read.
             self.support.retry_lost();
         }
+        // `s.unsupported` gathers the groups unknown in this sample alone.
+        let mut s = GpuSample::default();
         if first {
+            self.held.unknown = Unsupported::empty();
             self.ecc_mode()?;
         }
-        let mut s = GpuSample::default();
         self.fast_calls(&mut s)?;
         self.ecc_volatile(&mut s)?;
-        let ecc = (s.ecc.sbe_volatile, s.ecc.dbe_volatile);
+        // Volatile counts not known this sample are no move.
+        let ecc = (!s.unsupported.contains(Unsupported::ECC))
+            .then_some((s.ecc.sbe_volatile, s.ecc.dbe_volatile));
         let nudged = self.take_nudge();
-        let slow = due || nudged || self.held.ecc_at != Some(ecc);
+        let slow = due || nudged || ecc.is_some_and(|e| self.held.ecc_at != Some(e));
         if slow {
+            if !first {
+                self.held.unknown = Unsupported::empty();
+            }
             self.slow_calls(!first)?;
-            self.held.ecc_at = Some(ecc);
+            self.held.ecc_at = ecc.or(self.held.ecc_at);
         }
         self.fields(&mut s, slow)?;
-        let links = self.links_moved(&s);
+        let totals = !s.unsupported.contains(Unsupported::NVLINK);
+        let links = totals && self.links_moved(&s);
         if links && !slow {
             self.link_fields(&mut s)?;
         }
-        self.hold(&mut s, slow, slow || links);
-        s.unsupported = self.unsupported();
+        self.hold(&mut s, slow, (slow || links) && totals);
+        s.unsupported = s.unsupported | self.held.unknown | self.unsupported();
         zero_unsupported(&mut s);
         self.since_slow = Some(if slow { 0 } else { prior.map_or(0, |n| n + 1) });
         Ok(s)
@@ -135,66 +202,118 @@ impl<A: NvmlApi> NvmlGpu<A> {
             .timed(what, |a, i| a.temperature(i))
             .map_err(|e| e.into_gpu_error(what))?;
         s.temp = WholeCelsius(temp.min(255) as u8);
+        let u = &mut s.unsupported;
         let what = "nvmlDeviceGetPowerUsage";
-        if let Some(mw) = self.ask(call::POWER_USAGE, what, |a, i| a.power_usage_mw(i))? {
+        if let Some(mw) = self.read(call::POWER_USAGE, what, u, |a, i| a.power_usage_mw(i))? {
             s.power = Watts::from_milliwatts(mw);
         }
-        // The enforced limit, else the limit set (what the agent caps).
+        // The enforced limit, else the limit set (what the agent caps);
+        // 0 W when neither is known.
         let what = "nvmlDeviceGetEnforcedPowerLimit";
-        let limit = match self.ask(call::ENFORCED_LIMIT, what, |a, i| a.enforced_limit_mw(i))? {
+        let limit = match self.read(call::ENFORCED_LIMIT, what, u, |a, i| a.enforced_limit_mw(i))? {
             Some(mw) => Some(mw),
-            None => self.ask(call::LIMIT, "nvmlDeviceGetPowerManagementLimit", |a, i| {
-                a.limit_mw(i)
-            })?,
+            None => self.read(
+                call::LIMIT,
+                "nvmlDeviceGetPowerManagementLimit",
+                u,
+                |a, i| a.limit_mw(i),
+            )?,
         };
         s.power_limit = limit.map_or(Watts(0), Watts::from_milliwatts_down);
         let what = "nvmlDeviceGetClockInfo";
-        if let Some((sm, mem)) = self.ask(call::CLOCKS, what, |a, i| a.clocks_mhz(i))? {
+        if let Some((sm, mem)) = self.read(call::CLOCKS, what, u, |a, i| a.clocks_mhz(i))? {
             s.sm_clock = MegaHertz(sm.min(u16::MAX as u32) as u16);
             s.mem_clock = MegaHertz(mem.min(u16::MAX as u32) as u16);
         }
         let what = "nvmlDeviceGetUtilizationRates";
-        if let Some(u) = self.ask(call::UTIL, what, |a, i| a.utilization(i))? {
-            s.util = Percent::new(u.min(100) as u8).unwrap_or(Percent::FULL);
+        if let Some(p) = self.read(call::UTIL, what, u, |a, i| a.utilization(i))? {
+            s.util = Percent::new(p.min(100) as u8).unwrap_or(Percent::FULL);
         }
         let what = "nvmlDeviceGetCurrentClocksThrottleReasons";
-        if let Some(bits) = self.ask(call::THROTTLE, what, |a, i| a.throttle_bits(i))? {
+        if let Some(bits) = self.read(call::THROTTLE, what, u, |a, i| a.throttle_bits(i))? {
             s.throttle = throttle_from_nvml(bits);
         }
         Ok(())
     }
 
+    /// [`NvmlGpu::ask`], but an error of [`CALL_ONLY`] is said once (per
+    /// call and error), adds the call's group to `unknown` and yields
+    /// `None`, as "not supported" does, without marking it unsupported:
+    /// it is asked again at its next read.
+    fn read<T>(
+        &mut self,
+        bit: u16,
+        what: &'static str,
+        unknown: &mut Unsupported,
+        call: impl FnOnce(&A, u32) -> NvmlResult<T>,
+    ) -> Result<Option<T>, GpuError> {
+        match self.ask(bit, what, call) {
+            Err(GpuError::Failed { detail, .. }) if call_only(&detail) => {
+                let group = call::group(bit);
+                self.say_failed(Item::Call(bit), &call_name(bit, what), &detail, group);
+                *unknown = *unknown | group;
+                Ok(None)
+            }
+            other => other,
+        }
+    }
+
+    /// Says, once per item and NVML's `words`, that `name` failed and
+    /// what the sample goes without meanwhile (`group`).
+    fn say_failed(&mut self, item: Item, name: &str, words: &str, group: Unsupported) {
+        if !self.support.failed(item, words) {
+            return;
+        }
+        let without = match (group_names(group), item) {
+            (names, _) if !names.is_empty() => format!("{names} reported as unsupported"),
+            (_, Item::Call(call::ENFORCED_LIMIT)) => "the limit set is read in its place".into(),
+            (_, Item::Call(call::ENERGY | call::LIMIT)) => "sent as 0 (not known)".into(),
+            // Only per-link counters: their links are left out.
+            _ => "the per-link NVLink counters left out".into(),
+        };
+        tracing::warn!(
+            "GPU {}: {name} failed: {words}; {without} while it fails, the rest of the \
+             sample goes on; asked again at its next read",
+            self.index
+        );
+    }
+
     /// Energy, the ECC mode (unless `mode` is false: just read) and the
-    /// aggregate ECC counts, into [`Held`].
+    /// aggregate ECC counts, into [`Held`]; the groups whose read failed
+    /// into `held.unknown`.
     fn slow_calls(&mut self, mode: bool) -> Result<(), GpuError> {
+        let mut unknown = Unsupported::empty();
         let what = "nvmlDeviceGetTotalEnergyConsumption";
-        // Not known (not supported, lost): 0, never the last value held.
-        self.held.energy_mj = self
-            .ask(call::ENERGY, what, |a, i| a.energy_mj(i))?
-            .unwrap_or(0);
+        // Not known (not supported, lost, failed): 0, never the last value
+        // held.
+        let energy = self.read(call::ENERGY, what, &mut unknown, |a, i| a.energy_mj(i))?;
+        self.held.energy_mj = energy.unwrap_or(0);
         if mode {
             self.ecc_mode()?;
         }
         // With ECC off there is no count: none from before it went off.
         let (sbe, dbe) = if self.held.ecc_on {
             (
-                self.ecc_count(call::ECC_SBE_AGGREGATE, true, false)?,
-                self.ecc_count(call::ECC_DBE_AGGREGATE, false, false)?,
+                self.ecc_count(call::ECC_SBE_AGGREGATE, true, false, &mut unknown)?,
+                self.ecc_count(call::ECC_DBE_AGGREGATE, false, false, &mut unknown)?,
             )
         } else {
             (0, 0)
         };
         self.held.sbe_aggregate = sbe;
         self.held.dbe_aggregate = dbe;
+        self.held.unknown = self.held.unknown | unknown;
         Ok(())
     }
 
-    /// Whether ECC is on, into [`Held`].
+    /// Whether ECC is on, into [`Held`]; a mode that could not be read
+    /// is off, its groups unknown until the next read.
     fn ecc_mode(&mut self) -> Result<(), GpuError> {
         let what = "nvmlDeviceGetEccMode";
-        self.held.ecc_on = self
-            .ask(call::ECC_MODE, what, |a, i| a.ecc_enabled(i))?
-            .unwrap_or(false);
+        let mut unknown = self.held.unknown;
+        let on = self.read(call::ECC_MODE, what, &mut unknown, |a, i| a.ecc_enabled(i))?;
+        self.held.ecc_on = on.unwrap_or(false);
+        self.held.unknown = unknown;
         Ok(())
     }
 
@@ -202,18 +321,27 @@ impl<A: NvmlApi> NvmlGpu<A> {
     fn ecc_volatile(&mut self, s: &mut GpuSample) -> Result<(), GpuError> {
         s.flags = s.flags.with(GpuFlags::ECC_ENABLED, self.held.ecc_on);
         if self.held.ecc_on {
-            s.ecc.sbe_volatile = self.ecc_count(call::ECC_SBE_VOLATILE, true, true)?;
-            s.ecc.dbe_volatile = self.ecc_count(call::ECC_DBE_VOLATILE, false, true)?;
+            let u = &mut s.unsupported;
+            s.ecc.sbe_volatile = self.ecc_count(call::ECC_SBE_VOLATILE, true, true, u)?;
+            s.ecc.dbe_volatile = self.ecc_count(call::ECC_DBE_VOLATILE, false, true, u)?;
         }
         Ok(())
     }
 
     /// One ECC counter: call `bit` (one of `call::ECC_*_VOLATILE`,
     /// `call::ECC_*_AGGREGATE`), the `corrected` or uncorrected count,
-    /// `volatile` or aggregate.
-    fn ecc_count(&mut self, bit: u16, corrected: bool, volatile: bool) -> Result<u32, GpuError> {
+    /// `volatile` or aggregate; its group into `unknown` when its read
+    /// fails ([`Self::read`]).
+    fn ecc_count(
+        &mut self,
+        bit: u16,
+        corrected: bool,
+        volatile: bool,
+        unknown: &mut Unsupported,
+    ) -> Result<u32, GpuError> {
+        let what = "nvmlDeviceGetTotalEccErrors";
         Ok(self
-            .ask(bit, "nvmlDeviceGetTotalEccErrors", |a, i| {
+            .read(bit, what, unknown, |a, i| {
                 a.ecc_total(i, corrected, volatile)
             })?
             .map_or(0, |v| v.min(u32::MAX as u64) as u32))
@@ -296,6 +424,16 @@ impl<A: NvmlApi> NvmlGpu<A> {
                 s.nvlink_links.read = 0;
                 return Ok(());
             }
+            Err(NvmlFailure::Other(words)) if call_only(&words) => {
+                let groups = ids
+                    .iter()
+                    .fold(Unsupported::empty(), |acc, &id| acc | field_group(id));
+                self.say_failed(Item::FieldsCall, WHAT, &words, groups);
+                for &id in &ids {
+                    self.field_unknown(s, id);
+                }
+                return Ok(());
+            }
             Err(e) => return Err(e.into_gpu_error(WHAT)),
         };
         if answers.len() != ids.len() {
@@ -336,13 +474,35 @@ impl<A: NvmlApi> NvmlGpu<A> {
                 // stand in, and the link is asked again at the next sample.
                 Err(e) if field::link_of(id).is_some() => {
                     tracing::debug!("GPU {}: {} failed: {e:?}", self.index, field::name(id));
-                    s.nvlink_links.read &= !link_bit(id);
-                    self.held.links_failed = true;
+                    self.field_unknown(s, id);
+                }
+                Err(NvmlFailure::Other(words)) if call_only(&words) => {
+                    let name = format!("field value {}", field::name(id));
+                    self.say_failed(Item::Field(id), &name, &words, field_group(id));
+                    self.field_unknown(s, id);
                 }
                 Err(e) => return Err(e.into_gpu_error(WHAT)),
             }
         }
         Ok(())
+    }
+
+    /// Field `id` could not be read in this sample: a per-link counter
+    /// leaves its link out (asked again at the next sample), a slow
+    /// field's group is unknown until the next read of the slow counters,
+    /// a fast field's in this sample.
+    fn field_unknown(&mut self, s: &mut GpuSample, id: u32) {
+        if field::link_of(id).is_some() {
+            s.nvlink_links.read &= !link_bit(id);
+            self.held.links_failed = true;
+            return;
+        }
+        let g = field::group_of(id);
+        if SLOW_FIELD_GROUPS.contains(&g) {
+            self.held.unknown = self.held.unknown | g;
+        } else {
+            s.unsupported = s.unsupported | g;
+        }
     }
 
     /// The groups reported unsupported now: those of every call and field
@@ -360,6 +520,29 @@ impl<A: NvmlApi> NvmlGpu<A> {
                 }
             })
     }
+}
+
+/// The names of `group`'s groups, comma-separated (empty for none).
+fn group_names(group: Unsupported) -> String {
+    let names: Vec<&str> = Unsupported::NAMES
+        .iter()
+        .filter(|(g, _)| group.contains(*g))
+        .map(|(_, n)| *n)
+        .collect();
+    names.join(", ")
+}
+
+/// How the log names call `bit` (NVML's `what`): which ECC counter, as
+/// `node-agent probe` names it.
+fn call_name(bit: u16, what: &str) -> String {
+    let counter = match bit {
+        call::ECC_SBE_VOLATILE => " (corrected, volatile)",
+        call::ECC_DBE_VOLATILE => " (uncorrected, volatile)",
+        call::ECC_SBE_AGGREGATE => " (corrected, aggregate)",
+        call::ECC_DBE_AGGREGATE => " (uncorrected, aggregate)",
+        _ => "",
+    };
+    format!("{what}{counter}")
 }
 
 /// The groups of every field value: what an unsupported field-value query
@@ -468,5 +651,48 @@ fn put_field(s: &mut GpuSample, id: u32, v: u64) {
             Some((l, true)) => s.nvlink_links.recovery[l] = sat32(v),
             None => {}
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nvml_wrapper::error::NvmlError as E;
+
+    /// `NvmlFailure::Other` carries `nvml-wrapper`'s words: these pin the
+    /// ones [`CALL_ONLY`] knows to the library's, so a rewording there
+    /// fails here instead of turning a call's error into a missed sample.
+    #[test]
+    fn errors_about_a_calls_own_data_are_told_from_those_about_the_gpu() {
+        let call_only_errors = [
+            E::CorruptedInfoROM,
+            E::Unknown,
+            E::NoData,
+            E::NotFound,
+            E::InUse,
+            E::InsufficientMemory,
+            E::VgpuEccNotSupported,
+        ];
+        for e in call_only_errors {
+            assert!(call_only(&e.to_string()), "{e}");
+        }
+        let gpu_errors = [
+            E::Uninitialized,
+            E::DriverNotLoaded,
+            E::LibraryNotFound,
+            E::LibRmVersionMismatch,
+            E::ResetRequired,
+            E::IrqIssue,
+            E::OperatingSystem,
+            E::InsufficientPower,
+            E::GpuLost,
+            E::Timeout,
+            E::InvalidArg,
+            E::NoPermission,
+        ];
+        for e in gpu_errors {
+            assert!(!call_only(&e.to_string()), "{e}");
+        }
+        assert!(!call_only("x"), "an answer the agent does not know");
     }
 }

@@ -10,14 +10,20 @@
 //! again at every scheduled read of the slow counters, so it comes back
 //! when it answers again, without waiting for a driver reload.
 //!
+//! An item that fails with an NVML error that leaves the GPU readable
+//! (`nvml::sample` says which) changes no state here: it is asked again at
+//! its next read. What is kept is which errors each item was said to fail
+//! with, so each (item, error) is said once, until a reprobe.
+//!
 //! Glossary:
 //! - *item*: one NVML call (by its bit in `nvml::call`), one field value
 //!   (by its id), or the field-value query as a whole.
 //! - *unsupported*: said "not supported" and never answered.
 //! - *lost*: answered, then said "not supported".
+//! - *failed*: answered an NVML error other than "not supported".
 //! - *reprobe*: forgetting every answer, so everything is asked again.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// One thing asked of NVML.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -56,6 +62,8 @@ pub(super) enum Change {
 #[derive(Debug, Clone, Default)]
 pub(super) struct Support {
     items: BTreeMap<Item, State>,
+    /// Every item and NVML's words it was said to have failed with.
+    failures_said: BTreeSet<(Item, String)>,
 }
 
 impl Support {
@@ -88,6 +96,12 @@ impl Support {
         change
     }
 
+    /// `item` failed with NVML's `words`: whether that is news (not said
+    /// for this item and these words since the start or a reprobe).
+    pub(super) fn failed(&mut self, item: Item, words: &str) -> bool {
+        self.failures_said.insert((item, words.to_owned()))
+    }
+
     /// Every lost item is asked again at the next chance.
     pub(super) fn retry_lost(&mut self) {
         for s in self.items.values_mut() {
@@ -105,10 +119,12 @@ impl Support {
             .map(|(i, _)| *i)
     }
 
-    /// Forgets every answer (a reprobe); whether any was "not supported".
+    /// Forgets every answer and every failure said (a reprobe); whether
+    /// any was "not supported".
     pub(super) fn forget(&mut self) -> bool {
         let any = self.not_supported_now().next().is_some();
         self.items.clear();
+        self.failures_said.clear();
         any
     }
 }
@@ -139,5 +155,22 @@ mod tests {
         assert!(s.forget());
         assert!(s.asks(never));
         assert!(!s.forget());
+    }
+
+    #[test]
+    fn a_failure_is_news_once_per_item_and_error_until_a_reprobe_and_changes_no_state() {
+        let mut s = Support::default();
+        let (ecc, field) = (Item::Call(1 << 11), Item::Field(94));
+        assert!(s.failed(ecc, "the infoROM is corrupted"));
+        assert!(!s.failed(ecc, "the infoROM is corrupted"), "said once");
+        assert!(s.failed(ecc, "no data"), "another error is news");
+        assert!(s.failed(field, "no data"), "another item is news");
+        assert!(s.asks(ecc), "a failed item is asked again");
+        assert_eq!(s.not_supported_now().count(), 0, "and is not unsupported");
+        assert!(!s.forget());
+        assert!(
+            s.failed(ecc, "the infoROM is corrupted"),
+            "said again after a reprobe"
+        );
     }
 }
