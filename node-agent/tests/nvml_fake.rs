@@ -48,6 +48,9 @@ use node_agent::nvml::{throttle_from_nvml, NvmlApi, NvmlFailure, NvmlGpu, NvmlRe
 use node_agent::worker::{Answer, Worker};
 use NvmlFailure::{GpuLost, InvalidArgument, NoPermission, NotSupported};
 
+mod logs;
+use logs::{lines_with, logged};
+
 /// `nvmlDeviceGetFieldValues` ids, as the agent asks for them.
 mod fi {
     pub use node_agent::nvml::field::*;
@@ -1543,38 +1546,6 @@ fn probe_says_what_each_call_answers_and_names_the_fields_not_supported() {
 }
 
 // --- Failing closed: a read that fails is never a held "all is well" ----
-
-/// Runs `f` with the log written to a buffer, and returns that text.
-fn logged<T>(f: impl FnOnce() -> T) -> (T, String) {
-    #[derive(Clone, Default)]
-    struct Buf(Arc<Mutex<Vec<u8>>>);
-    impl std::io::Write for Buf {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().expect("log buffer").extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let buf = Buf::default();
-    let writer = buf.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .without_time()
-        .finish();
-    let out = tracing::subscriber::with_default(subscriber, f);
-    let text = String::from_utf8_lossy(&buf.0.lock().expect("log buffer")).into_owned();
-    (out, text)
-}
-
-/// The lines of `log` that hold every one of `words`.
-fn lines_with<'a>(log: &'a str, words: &[&str]) -> Vec<&'a str> {
-    log.lines()
-        .filter(|l| words.iter().all(|w| l.contains(w)))
-        .collect()
-}
 
 #[test]
 fn a_slow_read_that_fails_on_its_turn_is_a_miss_and_is_read_again_not_held() {

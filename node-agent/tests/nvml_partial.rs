@@ -29,6 +29,9 @@ use node_agent::nvml::field;
 use node_agent::nvml::{NvmlApi, NvmlFailure, NvmlGpu, NvmlResult};
 use node_core::health::{HealthEngine, Limits, Policy};
 
+mod logs;
+use logs::{lines_with, logged};
+
 /// NVML's words for `NVML_ERROR_CORRUPTED_INFOROM`, as the agent gets them.
 const CORRUPTED_INFOROM: &str = "the infoROM is corrupted";
 /// NVML's words for `NVML_ERROR_NO_DATA`.
@@ -175,38 +178,6 @@ impl NvmlApi for Fake {
     }
 }
 
-/// Runs `f` with the log written to a buffer, and returns that text.
-fn logged<T>(f: impl FnOnce() -> T) -> (T, String) {
-    #[derive(Clone, Default)]
-    struct Buf(Arc<Mutex<Vec<u8>>>);
-    impl std::io::Write for Buf {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().expect("log buffer").extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let buf = Buf::default();
-    let writer = buf.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .without_time()
-        .finish();
-    let out = tracing::subscriber::with_default(subscriber, f);
-    let text = String::from_utf8_lossy(&buf.0.lock().expect("log buffer")).into_owned();
-    (out, text)
-}
-
-/// The lines of `log` that hold every one of `words`.
-fn lines_with<'a>(log: &'a str, words: &[&str]) -> Vec<&'a str> {
-    log.lines()
-        .filter(|l| words.iter().all(|w| l.contains(w)))
-        .collect()
-}
-
 /// Two GPUs, each on its own fake: GPU 0 scripted by the test, GPU 1
 /// healthy, its witness.
 fn two_gpus() -> (Fake, Vec<NvmlGpu<Fake>>) {
@@ -247,6 +218,7 @@ fn rounds(
 
 #[test]
 fn a_corrupted_inforom_on_the_aggregate_ecc_read_costs_only_the_aggregate_counts() {
+    let _one = logs::one_at_a_time();
     let (fake, mut gpus) = two_gpus();
     for corrected in [true, false] {
         let e = NvmlFailure::Other(CORRUPTED_INFOROM.into());
@@ -283,6 +255,7 @@ fn a_corrupted_inforom_on_the_aggregate_ecc_read_costs_only_the_aggregate_counts
 
 #[test]
 fn a_lost_gpu_a_timeout_or_a_driver_gone_still_fail_the_sample() {
+    let _one = logs::one_at_a_time();
     let gone = [
         (NvmlFailure::GpuLost, GpuError::Lost),
         (
@@ -323,6 +296,7 @@ fn a_lost_gpu_a_timeout_or_a_driver_gone_still_fail_the_sample() {
 
 #[test]
 fn a_slow_counter_that_failed_stays_unknown_until_its_next_read_and_a_fast_one_for_its_sample() {
+    let _one = logs::one_at_a_time();
     let fake = Fake::default();
     let mut gpu = NvmlGpu::new(Arc::new(fake.clone()), 0).slow_every(3);
     fake.fail_field(
@@ -360,6 +334,7 @@ fn a_slow_counter_that_failed_stays_unknown_until_its_next_read_and_a_fast_one_f
 
 #[test]
 fn a_field_value_query_that_fails_on_its_data_costs_only_its_fields() {
+    let _one = logs::one_at_a_time();
     let fake = Fake::default();
     let mut gpu = NvmlGpu::new(Arc::new(fake.clone()), 0).slow_every(100);
     gpu.sample().expect("the first sample");
@@ -381,6 +356,7 @@ fn a_field_value_query_that_fails_on_its_data_costs_only_its_fields() {
 
 #[test]
 fn a_lost_energy_counter_is_sent_as_not_known_never_held_and_so_is_an_unread_limit() {
+    let _one = logs::one_at_a_time();
     let fake = Fake::default();
     let mut gpu = NvmlGpu::new(Arc::new(fake.clone()), 0);
     assert_eq!(gpu.sample().expect("a sample").energy_mj, 987_654_321);

@@ -1,0 +1,48 @@
+//! The agent's log as text, for tests that check what it says.
+//!
+//! A log line's callsite remembers whether anyone listens to it. One first
+//! reached on a thread with no subscriber, while another thread sets its
+//! own up to capture it, can be remembered as unheard and the capture
+//! miss the line. The tests of a binary that captures lines run one at a
+//! time: each takes [`one_at_a_time`] first.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Held for a whole test: no two tests of the binary run together.
+#[allow(dead_code)] // a binary whose captured lines no other test reaches runs freely
+pub fn one_at_a_time() -> MutexGuard<'static, ()> {
+    static ONE: Mutex<()> = Mutex::new(());
+    ONE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Runs `f` with the log written to a buffer, and returns that text.
+pub fn logged<T>(f: impl FnOnce() -> T) -> (T, String) {
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("log buffer").extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buf = Buf::default();
+    let writer = buf.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .without_time()
+        .finish();
+    let out = tracing::subscriber::with_default(subscriber, f);
+    let text = String::from_utf8_lossy(&buf.0.lock().expect("log buffer")).into_owned();
+    (out, text)
+}
+
+/// The lines of `log` that hold every one of `words`.
+pub fn lines_with<'a>(log: &'a str, words: &[&str]) -> Vec<&'a str> {
+    log.lines()
+        .filter(|l| words.iter().all(|w| l.contains(w)))
+        .collect()
+}
