@@ -288,6 +288,22 @@ pub fn check_map(map: &RegisterMap, racks: u8) -> Result<(), UnfitMap> {
             return Err(UnfitMap::StillHeartbeat { min, max });
         }
     }
+    // The core's full speed is the register's 100 %: a map that stops
+    // short would have a failsafe's full speed written lower, and the
+    // loop's flow judged against a speed the pumps do not run.
+    if let Some((min, max)) = map.get(PUMP_SPEED).and_then(|r| r.min.zip(r.max)) {
+        if max < 100.0 {
+            return Err(UnfitMap::Narrow {
+                name: PUMP_SPEED,
+                min,
+                max,
+                lo: min,
+                hi: 100.0,
+                what: "full speed, which a failsafe asks for and the loop's flow is judged against"
+                    .into(),
+            });
+        }
+    }
     Ok(())
 }
 
@@ -1129,6 +1145,18 @@ mod tests {
             e.starts_with("pumps_run: its range 1 to 3 must hold 0 to 3"),
             "{e}"
         );
+        let speed = "min = 30.0\nmax = 100.0\ndescription = \"pump speed";
+        let e = unfit(
+            speed,
+            "min = 30.0\nmax = 80.0\ndescription = \"pump speed",
+            4,
+        );
+        assert!(
+            e.starts_with("pump_speed: its range 30 to 80 must hold 30 to 100 (full speed"),
+            "{e}"
+        );
+        let faster = "min = 30.0\nmax = 110.0\ndescription = \"pump speed";
+        assert_eq!(check_map(&sim_edited(speed, faster).unwrap(), 4), Ok(()));
         let hb = "min = 0.0\nmax = 65535.0\ndescription = \"written";
         let e = unfit(hb, "min = 7.0\nmax = 7.5\ndescription = \"written", 4);
         assert!(
