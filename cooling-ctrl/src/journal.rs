@@ -34,7 +34,7 @@
 //!
 //! Records: an event is kind `MessageKind::Event` with the message's body;
 //! a lease is kind `MessageKind::CapLease`, a
-//! [`LeaseRecord`](loopwarden_store::lease_record::LeaseRecord): lift or
+//! [`LeaseRecord`]: lift or
 //! cap, the host and the signed frame as sent.
 //!
 //! Glossary:

@@ -99,6 +99,12 @@ impl CduError {
     pub fn is_no_answer(&self) -> bool {
         matches!(self.root(), Self::NoAnswer { .. })
     }
+
+    /// True when the CDU did not answer at all: nothing in time, or the
+    /// link failed (as opposed to an answer that refused or made no sense).
+    pub fn is_unanswered(&self) -> bool {
+        matches!(self.root(), Self::NoAnswer { .. } | Self::Io { .. })
+    }
 }
 
 /// What a Modbus exception code means.

@@ -124,9 +124,7 @@ impl<P: CduPort> Devices<P> {
                 continue;
             }
             let r = self.cdu.write_setting(w).await;
-            if r.as_ref().is_err_and(|e| {
-                e.is_no_answer() || matches!(e.root(), crate::modbus::CduError::Io { .. })
-            }) {
+            if r.as_ref().is_err_and(|e| e.is_unanswered()) {
                 unanswered = Some(w.setting.register());
             }
             outcome.record(w.setting, r.map_err(|e| e.to_string()));
