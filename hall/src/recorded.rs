@@ -414,7 +414,9 @@ mod tests {
                 let done = ctx.write_single_register(3, 1).await;
                 (ctx, done)
             });
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            // Waiting on the runtime here could wait forever: the held
+            // write may block the thread that drives its timers.
+            std::thread::sleep(Duration::from_millis(200));
             step(&hall, &watch, t0, 4);
             drop(_held);
             let done;

@@ -141,6 +141,11 @@ impl SimCdu {
 
     /// Holds every client write back until the guard is dropped (a write
     /// under way is done, and observed, first). Reads go on.
+    ///
+    /// A held-back write blocks the runtime thread serving its connection,
+    /// and a blocked thread may be the one that drives the runtime's
+    /// timers and sockets: hold writes for synchronous work only, never
+    /// across an `.await` on the runtime serving the CDU.
     pub fn hold_writes(&self) -> WritesHeld<'_> {
         WritesHeld {
             _held: self.writes.lock().expect("client writes"),
