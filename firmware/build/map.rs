@@ -2,9 +2,13 @@
 //! register, the runs of contiguous input registers a read takes, and a
 //! const per register the firmware reads or writes. The file is read and
 //! checked by `loopwarden_modbus_map` (its `MapFile`, the shape and checks
-//! `loopwarden_boards::modbus_map::RegisterMap` uses on Linux). A map
-//! without one of [`NEEDED`] is refused with its name; one of [`OPTIONAL`]
-//! it may lack (it then reads `None`, as on the Linux controller).
+//! `loopwarden_boards::modbus_map::RegisterMap` uses on Linux) and held to
+//! what the controllers read and write (`fit::check_fit`, the Linux
+//! controller's check at start: names, kinds, units, the settings'
+//! ranges but the valve word's, which the firmware judges at start
+//! against the racks of its figures). A map without one of [`NEEDED`] is
+//! refused with its name; one of [`OPTIONAL`] it may lack (it then reads
+//! `None`, as on the Linux controller).
 //!
 //! Glossary:
 //! - *span*: a run of contiguous input registers read in one request.
@@ -12,6 +16,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
+use loopwarden_modbus_map::fit::check_fit;
 use loopwarden_modbus_map::{input_spans, Kind, MapFile, Register};
 
 /// Registers the firmware cannot do without: what the control core's
@@ -58,6 +63,9 @@ impl Map {
             origin: path.display().to_string(),
         };
         m.file.check().map_err(|e| format!("{}: {e}", m.origin))?;
+        // The valve word's range is judged against the racks at start,
+        // when the hall's figures give them (`cdu::valves_fit`).
+        check_fit(&m.file.register, None).map_err(|e| format!("{}: {e}", m.origin))?;
         m.check_needed()
             .map_err(|why| format!("{}: {why}", m.origin))?;
         Ok(m)

@@ -11,6 +11,8 @@
 
 use cooling_decide::{CduMeasurements, MapLimits, Setting};
 
+use loopwarden_modbus_map::{every_valve, range_holds};
+
 use crate::map::{self, Kind, Register, Span};
 
 /// The holding register of the map named `name`, if it has one.
@@ -29,6 +31,44 @@ pub fn map_limits() -> MapLimits {
         setpoint_c: range(Setting::Setpoint),
         speed_pct: range(Setting::PumpSpeed),
         positions: map::REGISTERS.iter().any(|r| r.name == "valves_closed"),
+    }
+}
+
+/// The map's valve word cannot carry every valve of the hall's racks
+/// ([`valves_fit`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ValvesUnfit {
+    /// The word's range in the map.
+    pub min: f64,
+    /// The word's range in the map.
+    pub max: f64,
+    /// The racks of the figures.
+    pub racks: u8,
+}
+
+impl core::fmt::Display for ValvesUnfit {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let Self { min, max, racks } = self;
+        write!(
+            f,
+            "valves_open: its range {min} to {max} must hold 0 to {} (every valve of {racks} racks, bit n = rack n)",
+            every_valve(*racks)
+        )
+    }
+}
+
+/// Whether `valves` (the map's `valves_open`) holds every valve of
+/// `racks` racks open to all closed, as the Linux controller asks of a
+/// map at start: the build checked the rest of the map, but the racks
+/// come with the hall's figures. A narrower word would have the CDU
+/// refuse every write that opens a rack past it, a leak's closing
+/// included.
+pub fn valves_fit(valves: &Register, racks: u8) -> Result<(), ValvesUnfit> {
+    let (min, max) = (valves.min.unwrap_or(0.0), valves.max.unwrap_or(0.0));
+    if range_holds(min, max, every_valve(racks)) {
+        Ok(())
+    } else {
+        Err(ValvesUnfit { min, max, racks })
     }
 }
 
@@ -99,6 +139,33 @@ impl InputValues {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::string::ToString;
+
+    #[test]
+    fn the_valve_word_must_carry_every_rack_of_the_figures() {
+        for racks in 1..=16 {
+            assert_eq!(
+                valves_fit(map::VALVES_OPEN, racks),
+                Ok(()),
+                "the shipped map"
+            );
+        }
+        let narrow = Register {
+            max: Some(255.0),
+            ..*map::VALVES_OPEN
+        };
+        assert_eq!(valves_fit(&narrow, 8), Ok(()));
+        let e = valves_fit(&narrow, 10).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "valves_open: its range 0 to 255 must hold 0 to 1023 (every valve of 10 racks, bit n = rack n)"
+        );
+        let from_one = Register {
+            min: Some(1.0),
+            ..*map::VALVES_OPEN
+        };
+        assert!(valves_fit(&from_one, 1).is_err(), "all closed left out");
+    }
 
     #[test]
     fn the_two_reads_decode_into_the_controllers_fields() {

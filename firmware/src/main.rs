@@ -54,11 +54,12 @@ use cooling_decide::learned::LearnedKeeper;
 use cooling_decide::{Decider, LatchRecord};
 use cortex_m_rt::entry;
 use loopwarden_firmware::board::{self, clock, icount, reset, uart::Uart, watchdog};
-use loopwarden_firmware::cdu::map_limits;
+use loopwarden_firmware::cdu::{map_limits, valves_fit};
 use loopwarden_firmware::clears::ClearGate;
 use loopwarden_firmware::controller::Controller;
 use loopwarden_firmware::figures::{self, built_in};
 use loopwarden_firmware::latch::LoadError;
+use loopwarden_firmware::map;
 use loopwarden_link::ResetCause;
 
 use shell::Shell;
@@ -137,6 +138,12 @@ fn core_in_place(
         sh.refuse(cause, format_args!("figures ({}): {e}", built_in::SOURCE));
     }
     say_figures(sh, cfg);
+    if let Err(e) = valves_fit(map::VALVES_OPEN, cfg.layout.racks) {
+        sh.refuse(
+            cause,
+            format_args!("the CDU's register map ({}): {e}", map::MODEL),
+        );
+    }
     match decider_in_place(cfg, read) {
         Ok(d) => d,
         Err(e) => sh.refuse(

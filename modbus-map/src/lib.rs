@@ -29,6 +29,9 @@ mod file;
 pub use file::{MapError, MapFile};
 
 #[cfg(feature = "std")]
+pub mod fit;
+
+#[cfg(feature = "std")]
 mod spans;
 
 #[cfg(feature = "std")]
@@ -54,6 +57,18 @@ pub const BIT_REGISTERS: [(&str, &str); 10] = [
     ("pump_b_fault", "pump B's fault flag"),
     ("heartbeat", "the heartbeat counter"),
 ];
+
+/// The valve word's value for every valve of `racks` racks open (bit n =
+/// rack n).
+pub fn every_valve(racks: u8) -> f64 {
+    f64::from((1u32 << racks.min(31)) - 1)
+}
+
+/// Whether a setting's range `min` to `max` holds every value from 0 to
+/// `hi` (a bit word's every bit clear to every bit wanted set).
+pub fn range_holds(min: f64, max: f64, hi: f64) -> bool {
+    min <= 0.0 && max >= hi
+}
 
 /// Register kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
