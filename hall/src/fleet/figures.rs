@@ -132,6 +132,7 @@ impl Ran {
         r.events_lost_after_repair = r.qos1_events_lost - r.events_repaired;
         (r.acks_acked, r.acks_not_delivered) = acked_events(&self.acks_acked, heard);
         r.resend_requests = heard.resend_requests;
+        r.resend_requests_unsent = heard.resend_requests_unsent;
         r.resent_received = heard.resent_received;
         // A sender spends a sequence number on every frame it builds
         // (docs/bus.md §4.7): the wills of the announcements heard the

@@ -113,6 +113,9 @@ pub struct Heard {
     pub events: std::collections::BTreeMap<String, u64>,
     /// Resend requests sent.
     pub resend_requests: u64,
+    /// Resend requests the client's channel had no room for (asked again
+    /// at their retry).
+    pub resend_requests_unsent: u64,
     /// Frames received on `resent` topics (repairs and repeats).
     pub resent_received: u64,
     /// When to ask whom for what.
@@ -309,24 +312,30 @@ async fn listen(
     heard: Arc<Mutex<Heard>>,
     mut stopped: tokio::sync::oneshot::Receiver<()>,
 ) {
+    // Only `events.poll()` below takes requests from the client's
+    // channel: a request that waited for room in it would wait for good,
+    // so every request is tried and one the channel has no room for goes
+    // again later.
     let (client, mut events) = AsyncClient::new(opts, 1024);
     let mut repair = tokio::time::interval(REPAIR_EVERY);
     let mut asked = 0u32;
+    let mut subscribe = false;
     loop {
+        if subscribe {
+            subscribe = client
+                .try_subscribe(filter.clone(), QoS::AtLeastOnce)
+                .is_err();
+        }
         let ev = tokio::select! {
             ev = events.poll() => ev,
             _ = repair.tick() => {
-                ask(&client, &site, &heard, &mut asked).await;
+                ask(&client, &site, &heard, &mut asked);
                 continue;
             }
             _ = &mut stopped => break,
         };
         match ev {
-            Ok(Event::Incoming(Packet::ConnAck(_))) => {
-                if let Err(e) = client.subscribe(filter.clone(), QoS::AtLeastOnce).await {
-                    tracing::error!("observer: subscribe: {e}");
-                }
-            }
+            Ok(Event::Incoming(Packet::ConnAck(_))) => subscribe = true,
             Ok(Event::Incoming(Packet::SubAck(ack))) => {
                 let refused = ack
                     .return_codes
@@ -355,15 +364,17 @@ async fn listen(
             }
         }
     }
-    let _ = client.disconnect().await;
+    let _ = client.try_disconnect();
 }
 
 /// How often the observer asks senders for the holes it sees.
 const REPAIR_EVERY: Duration = Duration::from_secs(2);
 
 /// Sends the resend requests due now, signed as facility `fleet-observer`
-/// with the demonstration key (the twin agents' keyring takes it).
-async fn ask(
+/// with the demonstration key (the twin agents' keyring takes it). With
+/// the client's channel full the rest wait for their retry
+/// ([`resend::RETRY_MS`]) and are counted.
+fn ask(
     client: &AsyncClient,
     site: &loopwarden_protocol::Ident,
     heard: &Mutex<Heard>,
@@ -388,14 +399,13 @@ async fn ask(
         let (Ok(name), Ok(bytes)) = (topic.build(), frame.to_vec()) else {
             continue;
         };
-        if let Err(e) = client
-            .publish(name.to_string(), QoS::AtLeastOnce, false, bytes)
-            .await
-        {
-            tracing::warn!("observer: resend request to {node}: {e}");
+        let sent = client.try_publish(name.to_string(), QoS::AtLeastOnce, false, bytes);
+        let mut h = heard.lock().expect("heard");
+        if sent.is_err() {
+            h.resend_requests_unsent += 1;
             continue;
         }
-        heard.lock().expect("heard").resend_requests += 1;
+        h.resend_requests += 1;
     }
 }
 
@@ -403,6 +413,35 @@ async fn ask(
 mod tests {
     use super::*;
     use loopwarden_protocol::{samples, MessageKind};
+
+    #[test]
+    fn resend_requests_never_wait_for_room_in_the_clients_channel() {
+        // Five senders with a hole each; a channel of two that nothing
+        // empties, as while the observer's own loop is busy asking.
+        let mut heard = Heard::default();
+        for h in 1..=5 {
+            let mut track = SeqTrack::default();
+            for seq in [1, 3] {
+                let mut f = samples::frame(MessageKind::HostTelemetry);
+                f.seq = seq;
+                track.hear(&f);
+            }
+            heard.senders.insert(format!("host/h{h}"), track);
+        }
+        let heard = Mutex::new(heard);
+        let (client, _events) = AsyncClient::new(MqttOptions::new("o", "127.0.0.1", 1), 2);
+        let site = loopwarden_protocol::Ident::new("lab").unwrap();
+        let mut asked = 0;
+        // The first round hears past the holes; the second asks.
+        ask(&client, &site, &heard, &mut asked);
+        assert_eq!(asked, 0);
+        ask(&client, &site, &heard, &mut asked);
+        let h = heard.lock().unwrap();
+        assert_eq!(
+            (asked, h.resend_requests, h.resend_requests_unsent),
+            (5, 2, 3)
+        );
+    }
 
     #[test]
     fn holes_fill_as_late_frames_come_and_repeats_are_duplicates() {

@@ -80,6 +80,9 @@ pub struct FleetReport {
     pub acks_not_delivered: u64,
     /// Resend requests the observer sent.
     pub resend_requests: u64,
+    /// Resend requests its client's channel had no room for, asked again
+    /// at their retry.
+    pub resend_requests_unsent: u64,
     /// Frames it received on `resent` topics (repairs, and repeats of
     /// frames it had).
     pub resent_received: u64,
