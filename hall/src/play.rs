@@ -340,13 +340,19 @@ impl Running {
     /// the CDU's server stops. The embedded broker outlives them all.
     async fn stop(self, served: &JoinHandle<std::io::Result<()>>) -> Option<CapFigures> {
         let _ = self.stop_tx.send(true);
-        let agents = self.agents;
-        let joined = tokio::task::spawn_blocking(move || {
-            for a in agents {
-                let _ = a.join();
+        // Waited for here, not joined on a blocking thread: the runtime
+        // would wait for that thread at its end, with no limit.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        for a in self.agents {
+            while !a.is_finished() && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
             }
-        });
-        let _ = tokio::time::timeout(Duration::from_secs(15), joined).await;
+            if a.is_finished() {
+                let _ = a.join();
+            } else {
+                tracing::warn!("play: a node agent did not stop within 15 s: left running");
+            }
+        }
         let _ = tokio::time::timeout(Duration::from_secs(5), self.controller).await;
         let caps = match tokio::time::timeout(Duration::from_secs(5), self.watcher).await {
             Ok(Ok(caps)) => Some(caps),
