@@ -23,6 +23,9 @@ use loopwarden_modbus_map::{EncodeError, MapFile};
 
 use crate::BoardError;
 
+/// Whether a map fits the controllers (names, kinds, units, the
+/// settings' ranges): the check the firmware's build makes too.
+pub use loopwarden_modbus_map::fit;
 pub use loopwarden_modbus_map::{input_spans, Kind, Span, Type, WordOrder, MAX_READ};
 
 /// One register (or register pair), as read from its map's file. What a

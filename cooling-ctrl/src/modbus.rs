@@ -821,7 +821,7 @@ mod tests {
 
     #[test]
     fn every_register_the_controller_reads_or_writes_has_its_unit() {
-        use loopwarden_modbus_map::fit::{READINGS, SETTINGS};
+        use loopwarden_boards::modbus_map::fit::{READINGS, SETTINGS};
         let names = |list: &[(&'static str, &'static str)]| {
             list.iter().map(|(n, _)| *n).collect::<Vec<_>>()
         };
@@ -840,7 +840,7 @@ mod tests {
 
     #[test]
     fn a_register_in_another_unit_is_refused_naming_both_units() {
-        use loopwarden_modbus_map::fit::unit_text;
+        use loopwarden_boards::modbus_map::fit::unit_text;
         let hb = "min = 0.0\nmax = 65535.0\ndescription = \"written";
         // Each register's unit in the shipped map and the text after it
         // (to find it), and the unit put there.

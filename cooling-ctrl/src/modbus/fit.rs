@@ -1,11 +1,11 @@
 //! Whether a register map fits the controller, checked before it starts
-//! on it ([`check_map`], the check `loopwarden_modbus_map::fit` makes for
-//! the firmware's build too): every register one it reads or writes, of
-//! its kind and unit, the safety settings there, and each setting's range
-//! holding what is written; and what a map says of the settings
+//! on it ([`check_map`]: `loopwarden_modbus_map::fit`, the check the
+//! firmware's build makes too): every register one it reads or writes,
+//! of its kind and unit, the safety settings there, and each setting's
+//! range holding what is written; and what a map says of the settings
 //! ([`map_limits`]).
-use loopwarden_modbus_map::fit::check_fit;
-pub use loopwarden_modbus_map::fit::UnfitMap;
+use loopwarden_boards::modbus_map::fit::check_fit;
+pub use loopwarden_boards::modbus_map::fit::UnfitMap;
 
 use super::*;
 /// What register map `map` says of the settings the controller writes:
