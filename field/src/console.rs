@@ -33,6 +33,22 @@ pub const MAX_REQUEST: usize = 4096;
 /// How long `ctl` waits for the answer.
 pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// How long a program's answer to one console request may take (on the
+/// socket and on the serial console) before the request is answered
+/// with [`unanswered_text`] and its slot freed: a flash log or a loop
+/// that hangs must not hold every console slot, nor the serial line.
+/// Under [`ANSWER_TIMEOUT`], so `ctl` prints the reason.
+pub const ANSWER_LIMIT: Duration = Duration::from_secs(12);
+
+/// What a request that got no answer within [`ANSWER_LIMIT`] is told.
+pub fn unanswered_text() -> String {
+    format!(
+        "no answer within {} s: the program may be stuck (its flash log, its loop; see its log); \
+         whether a change asked for was made is not known: look with status",
+        ANSWER_LIMIT.as_secs()
+    )
+}
+
 /// Binds the console socket at `path`, replacing a stale one; `who` names
 /// the program in errors ("agent", "controller").
 ///
@@ -164,7 +180,10 @@ where
         Ok(0) if conn.get_ref().idled_out() => return,
         Ok(_) => match serde_json::from_str::<R>(line.trim()) {
             Err(e) => json!({ "error": format!("bad request {:?}: {e}", line.trim()) }),
-            Ok(req) => answer(req, caller).await,
+            Ok(req) => match tokio::time::timeout(ANSWER_LIMIT, answer(req, caller)).await {
+                Ok(value) => value,
+                Err(_) => json!({ "error": unanswered_text() }),
+            },
         },
     };
     let mut text = value.to_string();
@@ -535,5 +554,40 @@ mod tests {
         let v = ask(&path, &json!({"cmd": "caps"}), &PEER).unwrap();
         assert_eq!(v, json!({"echo": {"cmd": "caps"}}));
         assert_eq!((stats.idle_closed(), stats.refused()), (1, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_that_never_comes_frees_its_slot_after_the_answer_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.sock");
+        let listener = bind(&path, "agent").unwrap();
+        let limits = Limits {
+            max_connections: 1,
+            idle: Duration::from_secs(60),
+        };
+        let stats = ListenStats::default();
+        // A flash log that hangs: no answer ever.
+        let never = |_: Value| std::future::pending::<Value>();
+        tokio::spawn(serve(listener, limits, stats.clone(), never));
+        let started = tokio::time::Instant::now();
+        let mut conn = tokio::net::UnixStream::connect(&path).await.unwrap();
+        conn.write_all(b"{\"cmd\":\"events\"}\n").await.unwrap();
+        let mut answer = String::new();
+        tokio::io::AsyncReadExt::read_to_string(&mut conn, &mut answer)
+            .await
+            .unwrap();
+        assert_eq!(started.elapsed(), ANSWER_LIMIT);
+        let v: Value = serde_json::from_str(&answer).unwrap();
+        assert_eq!(v["error"], unanswered_text());
+        // Its slot is free: the next request is taken, not refused.
+        drop(conn);
+        let mut next = tokio::net::UnixStream::connect(&path).await.unwrap();
+        next.write_all(b"{}\n").await.unwrap();
+        answer.clear();
+        tokio::io::AsyncReadExt::read_to_string(&mut next, &mut answer)
+            .await
+            .unwrap();
+        assert!(answer.contains("no answer within 12 s"), "{answer}");
+        assert_eq!(stats.refused(), 0);
     }
 }

@@ -41,6 +41,7 @@ pub use loopwarden_bus::console_record as record;
 pub mod request;
 pub mod session;
 
+use crate::console::{unanswered_text, ANSWER_LIMIT};
 use record::Record;
 use session::{Effect, Session, Settings, Spec};
 
@@ -195,9 +196,42 @@ pub fn operator_name(port: &std::path::Path) -> String {
     }
 }
 
-/// How long a write to the port may take before the line counts as lost
-/// (a terminal that holds the line with flow control, a pty nobody reads).
+/// How long the port may take no byte of a write before the line counts
+/// as lost (a terminal that holds the line with flow control, a pty
+/// nobody reads); a slow line that keeps taking bytes is not lost.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Writes `bytes` to `port`, then flushes; each step (a part of the
+/// bytes taken, the flush) is timed by [`stalled_after`] on its own.
+async fn write_moving<W: AsyncWrite + Unpin>(
+    port: &mut W,
+    mut bytes: &[u8],
+) -> std::io::Result<()> {
+    while !bytes.is_empty() {
+        let n = stalled_after(WRITE_TIMEOUT, async { port.write(bytes).await }).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        bytes = &bytes[n..];
+    }
+    stalled_after(WRITE_TIMEOUT, async { port.flush().await }).await
+}
+
+/// `step`, or an error when it took longer than `limit`: nothing
+/// written for that long, the line counts as lost (a terminal that holds
+/// it with flow control, a pty nobody reads).
+async fn stalled_after<T>(
+    limit: Duration,
+    step: impl Future<Output = std::io::Result<T>>,
+) -> std::io::Result<T> {
+    match tokio::time::timeout(limit, step).await {
+        Ok(r) => r,
+        Err(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("nothing written in {} s", limit.as_secs()),
+        )),
+    }
+}
 
 /// How long after a failure the port is opened again.
 const REOPEN_AFTER: Duration = Duration::from_secs(5);
@@ -375,8 +409,12 @@ where
                 Effect::Write(bytes) => self.write(&bytes).await?,
                 Effect::Record(what) => self.record(what),
                 Effect::Run { words } => {
-                    let answer = self.agent.run(&words, &self.operator).await;
-                    queue.extend(session.answered(&answer.text, answer.ok));
+                    let run = self.agent.run(&words, &self.operator);
+                    let (text, ok) = match tokio::time::timeout(ANSWER_LIMIT, run).await {
+                        Ok(answer) => (answer.text, answer.ok),
+                        Err(_) => (unanswered_text(), false),
+                    };
+                    queue.extend(session.answered(&text, ok));
                 }
                 Effect::Verify(password) => {
                     let ok = self.verify(password).await;
@@ -387,18 +425,11 @@ where
         Ok(())
     }
 
+    /// Writes `bytes` as fast as the line takes them: a long answer at a
+    /// slow baud rate takes as long as it takes, and the line counts as
+    /// lost only when no byte went out for [`WRITE_TIMEOUT`].
     async fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-        let write = async {
-            self.port.write_all(bytes).await?;
-            self.port.flush().await
-        };
-        match tokio::time::timeout(WRITE_TIMEOUT, write).await {
-            Ok(r) => r,
-            Err(_) => Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("nothing written in {} s", WRITE_TIMEOUT.as_secs()),
-            )),
-        }
+        write_moving(&mut self.port, bytes).await
     }
 
     /// Checks `password` against the configured hash, off the runtime.

@@ -211,13 +211,25 @@ fn summary(message: &Message) -> String {
     }
 }
 
+/// A client id for this run of `what`: the process id and random bits,
+/// so two runs with one process id (PID 1 in two containers) do not
+/// push each other off the broker, which drops the older of two clients
+/// with one id.
+fn client_id(what: &str) -> String {
+    format!(
+        "lwbus-{what}-{}-{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    )
+}
+
 async fn publish_samples(broker: Brokers, site: Ident) -> Result<()> {
     let host = NodeId::new(Role::Host, "h07")?;
     let cdu = NodeId::new(Role::Cdu, "cdu-a")?;
     let mut sent = 0;
     for node in [host, cdu] {
         let mut config = BusConfig::new(broker.clone(), site.clone(), node.clone());
-        config.client_id = format!("lwbus-samples-{}-{}", node.id, std::process::id());
+        config.client_id = client_id(&format!("samples-{}", node.id));
         let (bus, _inbound, task) = Bus::start(config);
         if !bus.wait_connected(Duration::from_secs(10)).await {
             bail!("cannot reach the broker at {broker}");
@@ -517,7 +529,7 @@ async fn release(
     let note = Text::new(note).context("--note: at most 96 bytes")?;
     let ack_topic = Topic::new(&site, Role::Host, &host, Family::Ack);
     let mut config = BusConfig::new(broker.clone(), site.clone(), me.clone());
-    config.client_id = format!("lwbus-release-{}-{}", me.id, std::process::id());
+    config.client_id = client_id(&format!("release-{}", me.id));
     config.tls = tls;
     config.subscriptions.push(ack_topic.to_string());
     let (bus, mut inbound, task) = Bus::start(config);
@@ -578,8 +590,16 @@ async fn release(
 
 #[cfg(test)]
 mod tests {
-    use super::{describe_record, utc, Cli, Command};
+    use super::{client_id, describe_record, utc, Cli, Command};
     use clap::Parser;
+
+    #[test]
+    fn two_runs_with_one_process_id_get_two_client_ids() {
+        let (a, b) = (client_id("watch"), client_id("watch"));
+        let pid = std::process::id();
+        assert!(a.starts_with(&format!("lwbus-watch-{pid}-")), "{a}");
+        assert_ne!(a, b);
+    }
 
     #[test]
     fn the_embedded_broker_listens_on_loopback_only() {

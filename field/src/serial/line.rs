@@ -82,6 +82,16 @@ impl LineEditor {
         }
     }
 
+    /// Starts afresh as [`LineEditor::new`] does, but for a CR just
+    /// taken: the LF of a CR LF that ended the last line still ends that
+    /// line, not an empty one.
+    pub fn restart(&mut self) {
+        *self = LineEditor {
+            after_cr: self.after_cr,
+            ..LineEditor::new()
+        };
+    }
+
     /// Hides (or shows again) what is typed from now on.
     pub fn set_hidden(&mut self, hidden: bool) {
         self.hidden = hidden;

@@ -402,7 +402,7 @@ impl Session {
         self.open = false;
         self.login = Login::Out;
         self.busy = None;
-        self.editor = LineEditor::new();
+        self.editor.restart();
     }
 
     /// The agent answered the command with `text`; `ok`: it did what was

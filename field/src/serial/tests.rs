@@ -154,6 +154,28 @@ fn a_state_change_needs_a_login_and_a_wrong_password_locks_login() {
 }
 
 #[test]
+fn a_logout_ended_with_cr_lf_opens_no_session_after_it() {
+    // Lines may end with CR, LF or both: the LF after `logout`'s CR ends
+    // that line, not an empty one that opens a session nobody typed.
+    let mut s = Session::new(settings(true), COMMANDS);
+    let (_, rest) = type_in(&mut s, 0, b"help\r\n");
+    assert_eq!(rest, [Effect::Record(What::SessionOpened)]);
+    let (text, rest) = type_in(&mut s, 1, b"logout\r\n");
+    assert_eq!(
+        rest,
+        [Effect::Record(What::SessionClosed {
+            why: CloseReason::Logout,
+            logged_in: false
+        })]
+    );
+    assert!(text.ends_with("u1> "), "{text:?}");
+    assert!(!s.is_open());
+    // The next line typed opens one.
+    let (_, rest) = type_in(&mut s, 2, b"help\r\n");
+    assert_eq!(rest, [Effect::Record(What::SessionOpened)]);
+}
+
+#[test]
 fn refusals_in_a_row_lock_login_longer() {
     assert_eq!(
         [1, 2, 3, 6, 7, 8, 1000].map(lock_ms),
@@ -526,3 +548,98 @@ async fn a_command_line_is_refused_answered_or_an_error_as_ctl_prints_it() {
 }
 
 use std::path::Path;
+
+/// An agent whose `status` answers `lines` lines of text, or never
+/// (`None`: its loop or its flash hangs).
+struct Answering {
+    lines: Option<usize>,
+}
+
+impl SerialAgent for Answering {
+    fn identity(&self) -> Identity {
+        TestAgent.identity()
+    }
+    fn commands(&self) -> &'static [Spec] {
+        COMMANDS
+    }
+    async fn run(&self, _words: &[String], _operator: &str) -> Answer {
+        let Some(lines) = self.lines else {
+            return std::future::pending().await;
+        };
+        let text = (0..lines).map(|i| format!("event {i:>6} of a long log\n"));
+        Answer {
+            text: text.collect(),
+            ok: true,
+        }
+    }
+}
+
+/// Runs the shell for `agent` over a line that takes 64 bytes at a time;
+/// gives the engineer's end and what the journal took.
+fn slow_line(agent: Answering) -> (tokio::io::DuplexStream, Arc<Mutex<Vec<What>>>) {
+    let console = SerialConsole {
+        port: "/dev/ttyS1".into(),
+        baud: 9_600,
+        password_hash: None,
+        idle: Duration::from_secs(600),
+    };
+    let (agent_end, engineer) = tokio::io::duplex(64);
+    let records = Arc::new(Mutex::new(Vec::new()));
+    let kept = records.clone();
+    tokio::spawn(async move {
+        let mut session = new_session(&console, &agent);
+        let journal = move |r: Record| kept.lock().unwrap().push(r.what);
+        run(
+            agent_end,
+            &mut session,
+            Instant::now(),
+            &console,
+            &agent,
+            &journal,
+        )
+        .await
+    });
+    (engineer, records)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_long_answer_on_a_slow_line_is_written_whole_however_long_it_takes() {
+    // 4,000 lines, some 112 KB: 64 bytes every 100 ms takes nearly 3
+    // minutes, far past the 30 s the line may take no byte at all.
+    let (mut engineer, records) = slow_line(Answering { lines: Some(4_000) });
+    until(&mut engineer, "u1> ").await;
+    engineer.write_all(b"status\r").await.unwrap();
+    let started = Instant::now();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 64];
+    while !String::from_utf8_lossy(&seen).ends_with("u1> ") {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let n = engineer.read(&mut buf).await.unwrap();
+        assert!(n > 0, "the line closed after {} bytes", seen.len());
+        seen.extend_from_slice(&buf[..n]);
+    }
+    assert!(started.elapsed() > Duration::from_secs(150));
+    let text = String::from_utf8(seen).unwrap();
+    assert!(
+        text.contains("event   3999 of a long log\r\n"),
+        "the last line"
+    );
+    assert_eq!(*records.lock().unwrap(), [What::SessionOpened]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_agent_that_never_answers_gets_the_line_back_after_the_answer_limit() {
+    let (mut engineer, _records) = slow_line(Answering { lines: None });
+    until(&mut engineer, "u1> ").await;
+    engineer.write_all(b"status\r").await.unwrap();
+    let started = Instant::now();
+    let text = until(&mut engineer, "u1> ").await;
+    assert_eq!(started.elapsed(), ANSWER_LIMIT);
+    assert!(
+        text.contains("no answer within 12 s: the program may be stuck"),
+        "{text:?}"
+    );
+    // The line is the engineer's again.
+    engineer.write_all(b"help\r").await.unwrap();
+    assert!(until(&mut engineer, "u1> ").await.contains("commands:"));
+}

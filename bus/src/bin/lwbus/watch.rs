@@ -83,6 +83,9 @@ fn line(msg: &Inbound, json: bool, resent: bool) -> String {
     )
 }
 
+/// Frames kept for the terminal (the retained frames of 8,000 nodes).
+const INBOUND_CAPACITY: usize = 16_384;
+
 fn start(o: &Options) -> Result<(Bus, tokio::sync::mpsc::Receiver<Inbound>)> {
     let node = match &o.key {
         Some(k) => k.node.clone(),
@@ -90,8 +93,12 @@ fn start(o: &Options) -> Result<(Bus, tokio::sync::mpsc::Receiver<Inbound>)> {
     };
     let mut config = BusConfig::new(o.broker.clone(), o.site.clone(), node);
     config.tls = o.tls.clone();
-    config.client_id = format!("lwbus-watch-{}", std::process::id());
+    config.client_id = crate::client_id("watch");
     config.subscriptions.push(site_filter(&o.site));
+    // The broker sends every retained frame of the site at once (each
+    // node's presence and health) and a terminal prints slower than the
+    // client decodes: what waits for the terminal is kept, not dropped.
+    config.inbound_capacity = INBOUND_CAPACITY;
     let (bus, inbound, _task) = Bus::start(config);
     Ok((bus, inbound))
 }
@@ -138,6 +145,7 @@ pub async fn run(o: Options) -> Result<()> {
         o.site, o.broker
     );
     let mut repair = o.key.as_ref().map(|k| Repair::new(k.node.clone()));
+    let mut dropped = 0;
     let mut tick = tokio::time::interval(ASK_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -150,6 +158,7 @@ pub async fn run(o: Options) -> Result<()> {
                 if let (Some(k), Some(r)) = (&o.key, repair.as_mut()) {
                     ask(&bus, k, r);
                 }
+                dropped = say_dropped(&bus, dropped);
             }
             _ = tokio::signal::ctrl_c() => break,
         }
@@ -159,6 +168,23 @@ pub async fn run(o: Options) -> Result<()> {
     }
     say_counters(&bus);
     Ok(())
+}
+
+/// Says, as it happens, that frames were dropped since `before` (the
+/// count then) because the terminal took them slower than they came;
+/// gives the count now.
+fn say_dropped(bus: &Bus, before: u64) -> u64 {
+    let now = bus.metrics().dropped_inbound_full;
+    if now > before {
+        eprintln!("{}", dropped_line(now - before, now));
+    }
+    now
+}
+
+fn dropped_line(new: u64, total: u64) -> String {
+    format!(
+        "lwbus: {new} frames not shown ({total} in all): they came faster than this terminal took          them ({INBOUND_CAPACITY} kept waiting); narrow the watch or send it to a file"
+    )
 }
 
 fn say_counters(bus: &Bus) {
