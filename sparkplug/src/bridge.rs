@@ -206,6 +206,10 @@ pub struct Bridge {
     rebirth_waiting: bool,
     /// What the shell is to log.
     notice: Option<Notice>,
+    /// The Loopwarden bus was said down, and not up since: a frame still
+    /// coming was taken before the loss and says nothing of the devices
+    /// now (their DDEATH went out).
+    loopwarden_lost: bool,
 }
 
 impl Bridge {
@@ -224,6 +228,7 @@ impl Bridge {
             rebirth_at: None,
             rebirth_waiting: false,
             notice: None,
+            loopwarden_lost: false,
         }
     }
 
@@ -500,6 +505,9 @@ impl Bridge {
 
     fn frame(&mut self, now: u64, topic: &Topic, frame: Frame) -> Vec<Publish> {
         self.counters.frames_received += 1;
+        if self.loopwarden_lost {
+            return Vec::new();
+        }
         let owner_sent_it = frame.sender.role == topic.role && frame.sender.id == topic.node;
         let fits = matches!(
             (topic.role, topic.family, &frame.message),
@@ -574,6 +582,7 @@ impl Bridge {
     /// when heard again.
     fn loopwarden(&mut self, now: u64, up: bool) -> Vec<Publish> {
         self.counters.loopwarden_connected = up;
+        self.loopwarden_lost = !up;
         if up {
             return Vec::new();
         }
@@ -1061,7 +1070,11 @@ mod tests {
             kinds(&out),
             [(Kind::DDeath, Some("cdu-a")), (Kind::DDeath, Some("h07"))]
         );
-        let out = b.step(T, host_telemetry("h07", 61));
+        // A frame the bus took before the loss, stepped after it: not
+        // the device now, and no birth over its DDEATH.
+        assert!(b.step(T, host_telemetry("h07", 61)).is_empty());
+        assert!(b.step(T, Input::LoopwardenConnected(true)).is_empty());
+        let out = b.step(T, host_telemetry("h07", 62));
         assert_eq!(
             kinds(&out),
             [(Kind::DBirth, Some("h07"))],

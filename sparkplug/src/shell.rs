@@ -99,6 +99,10 @@ fn mqtt_options(link: &Link, index: usize, will: &Publish) -> MqttOptions {
     o
 }
 
+/// How long a connection must have lasted for the next attempt to start
+/// the backoff afresh.
+const LASTED: Duration = Duration::from_secs(10);
+
 /// Drives the Sparkplug client's event loop: reports what happens, and
 /// after each lost connection waits for the next attempt's options.
 async fn drive_sparkplug(
@@ -110,10 +114,11 @@ async fn drive_sparkplug(
 ) {
     let mut backoff = Backoff::default();
     let mut rng = rand::rngs::StdRng::from_entropy();
+    let mut connected_at: Option<std::time::Instant> = None;
     loop {
         let event = match eventloop.poll().await {
             Ok(Event::Incoming(Packet::ConnAck(_))) => {
-                backoff.reset();
+                connected_at = Some(std::time::Instant::now());
                 if let Err(e) = client.try_subscribe(&ncmd, QoS::AtLeastOnce) {
                     warn!(error = %e, "cannot subscribe to NCMD");
                 }
@@ -154,6 +159,13 @@ async fn drive_sparkplug(
                 eventloop.clean();
                 eventloop.pending.clear();
                 eventloop.mqtt_options = options;
+                // Only a connection that lasted resets the backoff: a
+                // broker that accepts, then drops the bridge (another
+                // bridge with its edge node id, an ACL that disconnects)
+                // is not tried four times a second, with births each time.
+                if connected_at.take().is_some_and(|t| t.elapsed() > LASTED) {
+                    backoff.reset();
+                }
                 tokio::time::sleep(backoff.next_wait(&mut rng)).await;
                 continue;
             }
@@ -335,7 +347,12 @@ pub async fn run(options: Options) -> Result<()> {
             }
             msg = inbound.recv() => {
                 let Some(m) = msg else { bail!("the Loopwarden bus stopped") };
-                shell.core.step(now_ms().0, Input::Frame(m.topic, m.frame))
+                // Frames the bus took before it went down may come after:
+                // the core hears of the loss first, and ignores them.
+                let now = now_ms().0;
+                let mut out = shell.loopwarden(now, bus.is_connected());
+                out.extend(shell.core.step(now, Input::Frame(m.topic, m.frame)));
+                out
             }
             _ = tick.tick() => shell.on_tick(bus.is_connected()),
             _ = tokio::signal::ctrl_c() => break,
