@@ -309,9 +309,12 @@ pub async fn serve_within(
                         peer,
                         ignored: Mutex::default(),
                     };
+                    // The idle time runs over whole requests: the guard
+                    // hands on whole frames only, so bytes that trickle
+                    // in without making one are not progress.
                     Ok(Some((
                         service,
-                        Guarded::new(slot.bound(stream, peer.to_string())),
+                        slot.bound(Guarded::new(stream), peer.to_string()),
                     )))
                 }
             };
@@ -517,5 +520,31 @@ mod tests {
             std::thread::sleep(Duration::from_millis(250));
         }
         assert_eq!(stats.idle_closed(), 1);
+    }
+
+    #[test]
+    fn bytes_that_trickle_in_without_making_a_request_do_not_keep_the_connection() {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let limits = Limits {
+            max_connections: 16,
+            idle: Duration::from_secs(1),
+        };
+        let (addr, stats) = served(&rt, limits);
+        let mut slow = client(addr);
+        // A header that promises 254 bytes, then one byte every 300 ms.
+        slow.write_all(&[0, 1, 0, 0, 0, 0xFE, 1]).unwrap();
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(3) && stats.idle_closed() == 0 {
+            std::thread::sleep(Duration::from_millis(300));
+            if slow.write_all(&[3]).is_err() {
+                break;
+            }
+        }
+        let closed_after = t0.elapsed();
+        assert_eq!(stats.idle_closed(), 1, "open after {closed_after:?}");
+        assert!(
+            closed_after < Duration::from_millis(2_500),
+            "{closed_after:?}"
+        );
     }
 }
