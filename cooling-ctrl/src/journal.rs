@@ -32,6 +32,9 @@
 //! with its key and leaves that part as configured. The twin uses
 //! [`save_learned`] and [`load_learned`] (its hosts known by index).
 //!
+//! The limits the BMS set are kept under [`BMS_LIMITS_KEY`] (`bms`),
+//! read back at opening and restored before the first step.
+//!
 //! Records: an event is kind `MessageKind::Event` with the message's body;
 //! a lease is kind `MessageKind::CapLease`, a
 //! [`LeaseRecord`]: lift or
@@ -60,6 +63,9 @@ use serde_json::{json, Value};
 
 use crate::shell::Journal;
 
+mod bms;
+pub use bms::{decode_bms_limits, encode_bms_limits, read_bms_limits, BMS_LIMITS_KEY};
+
 /// The controller's flash, opened: its recorder, and what the bus takes
 /// from it when the shell starts it (the outbox and the first sequence
 /// number of the block reserved in flash).
@@ -76,6 +82,9 @@ pub struct ControllerFlash {
     /// What the estimator learned, as read back at opening (decoded
     /// against the configuration by [`LearnedRecords::decode`]).
     pub learned: LearnedRecords,
+    /// The limits the BMS set, as read back at opening: `Ok(None)` when
+    /// none were ever kept ([`BMS_LIMITS_KEY`]).
+    pub bms_limits: Result<Option<(f32, f32)>, String>,
     /// The flash file was made at this opening (missing or empty): what
     /// an earlier run latched is not in it ([`NEW_FLASH`], said).
     pub new_file: bool,
@@ -101,6 +110,7 @@ impl ControllerFlash {
             tracing::warn!("{}: {NEW_FLASH}", p.display());
         }
         let learned = futures::executor::block_on(read_learned(&mut stores.store));
+        let bms_limits = futures::executor::block_on(read_bms_limits(&mut stores.store));
         let recorder = Recorder::start(stores.log, stores.store, path)
             .map_err(|e| format!("the recorder thread: {e}"))?;
         Ok(Self {
@@ -109,6 +119,7 @@ impl ControllerFlash {
             first_seq: stores.first_seq,
             latched,
             learned,
+            bms_limits,
             new_file,
         })
     }

@@ -124,7 +124,7 @@ pub use links::{
 };
 pub use publish::{cdu_state, cdu_telemetry, send_state, StateKey, StateSent, StepFacts};
 pub(crate) use start::{bus_config, start_bus};
-use start::{check_ropes, log_said, restore_learned, start_decider};
+use start::{check_ropes, log_said, restore_bms_limits, restore_learned, start_decider};
 pub(crate) use stats::shown;
 pub use stats::{
     stats_channel, FacilityStatus, LastAck, ResendCounts, SensorStatus, ShellStats, Snapshot,
@@ -393,6 +393,9 @@ struct Keeping {
     /// handed to the recorder, and when the next keep is due (the
     /// firmware's keeper, `cooling_decide::learned`).
     learned: Box<LearnedKeeper>,
+    /// The BMS's limits in force, not yet handed to the recorder (its
+    /// queue was full): handed at the next step.
+    bms_unkept: Option<bms::BmsLimits>,
 }
 
 /// Runs the shell for the CDU behind `cdu` until `shutdown` completes,
@@ -422,6 +425,7 @@ pub async fn run_with<P: CduPort>(
     let flash = opts.bus.take_flash()?;
     let mut decider = start_decider(cfg.core, cdu.limits(), &flash.latched)?;
     restore_learned(decider.core_mut(), &flash.learned, &cfg.hosts);
+    let bms_limits = restore_bms_limits(decider.core_mut(), &flash.bms_limits);
     let in_hall = opts.facility.is_some();
     let (me, bus_config) = bus_config(&cfg, &mut opts.bus, flash.first_seq, in_hall)?;
     let facility = opts
@@ -451,6 +455,9 @@ pub async fn run_with<P: CduPort>(
         learned: learned_keeper(&flash.learned),
     };
     let mut shell = Shell::new(cfg, started, cdu, opts.stats, opts.northbound, opts.board);
+    if let Some(limits) = bms_limits {
+        shell.bms.restored(limits);
+    }
     shell.facility = facility;
     let mut operator = opts.operator;
     let mut bms_writes = shell.bms.writes();
@@ -475,6 +482,7 @@ pub async fn run_with<P: CduPort>(
     // handed to the bus, before it stops.
     let now = shell.now_ms();
     shell.keep_learned(now, true);
+    shell.keep_bms_limits();
     shell.keeping.recorder.flush().await;
     if let Err(e) = shell.bus.shutdown(Duration::from_secs(3)).await {
         tracing::warn!("cooling shell: leaving the bus: {e}");
@@ -550,6 +558,7 @@ impl<P: CduPort> Shell<P> {
                 recorder: started.recorder,
                 seq_floor: SeqFloor::new(started.first_seq),
                 learned: started.learned,
+                bms_unkept: None,
             },
             devices: devices::Devices::new(cdu, board),
             decider: started.decider,
@@ -640,6 +649,7 @@ impl<P: CduPort> Shell<P> {
         let k = &mut self.keeping;
         k.seq_floor.keep_ahead(&self.bus, &k.recorder).await;
         self.keep_learned(now, false);
+        self.keep_bms_limits();
         self.stats.status = Some(self.snapshot(readings.as_ref(), estimates));
         let hosts = self.decider.hosts();
         self.bms
@@ -733,6 +743,22 @@ impl<P: CduPort> Shell<P> {
             let core = self.decider.core_mut();
             core.set_limits(ceiling, offset);
             self.bms.in_force(core.limits());
+            self.keeping.bms_unkept = Some(core.limits());
+            self.keep_bms_limits();
+        }
+    }
+
+    /// Hands the BMS's limits in force to the recorder, if they changed
+    /// since they were last handed, without waiting; a full queue leaves
+    /// them for the next step (said once).
+    fn keep_bms_limits(&mut self) {
+        let k = &mut self.keeping;
+        let Some(limits) = k.bms_unkept else {
+            return;
+        };
+        let record = journal::encode_bms_limits(limits).to_vec();
+        if k.recorder.offer_set(journal::BMS_LIMITS_KEY.into(), record) {
+            k.bms_unkept = None;
         }
     }
 

@@ -371,12 +371,7 @@ async fn the_outdoor_temperature_is_the_cdus_sensor_else_what_the_bms_wrote() {
     let Some(broker) = Mosquitto::start() else {
         return;
     };
-    let (snapshots, mut snap_rx) = northbound::snapshot_channel();
-    let (bms, writes) = mpsc::channel(4);
-    let link = shell::NorthboundLink {
-        snapshots,
-        writes: Some(writes),
-    };
+    let (link, mut snap_rx, bms) = bms_link();
     // The CDU's outdoor sensor lost from the start: 0x8000.
     let rig = Rig::start_linked(
         broker,
@@ -418,6 +413,68 @@ async fn the_outdoor_temperature_is_the_cdus_sensor_else_what_the_bms_wrote() {
     rig.cdu.set_measurement("outdoor_temp", -3.25).unwrap();
     ambient("the CDU's -3.25 °C", Some(-3.25)).await;
     let _ = probe.shutdown(Duration::from_secs(1)).await;
+    rig.stop().await;
+}
+
+/// A northbound link: its snapshots, and the BMS's side of its writes.
+fn bms_link() -> (
+    shell::NorthboundLink,
+    tokio::sync::watch::Receiver<northbound::NorthboundSnapshot>,
+    mpsc::Sender<NorthboundWrite>,
+) {
+    let (snapshots, snap_rx) = northbound::snapshot_channel();
+    let (bms, writes) = mpsc::channel(4);
+    let link = shell::NorthboundLink {
+        snapshots,
+        writes: Some(writes),
+    };
+    (link, snap_rx, bms)
+}
+
+/// The limits the BMS set survive a restart of the controller (a BMS
+/// writes a limit once, when it changes): kept in flash as it writes
+/// them, restored before the first step, and the holding registers read
+/// them again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_limits_the_bms_set_survive_a_controller_restart() {
+    let Some(broker) = Mosquitto::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cdu.flash");
+    let flash = ControllerFlash::open(Some(&path)).expect("the flash file");
+    assert_eq!(flash.bms_limits, Ok(None));
+    let (link, mut snap_rx, bms) = bms_link();
+    let cfg = CoreConfig::default();
+    let mut rig = Rig::start_linked(broker, cfg, None, Some(flash), |_| {}, Some(link)).await;
+    rig.wait_stats("a step", |s| s.steps >= 1).await;
+    bms.send(NorthboundWrite::SetpointCeiling { celsius: 30.0 })
+        .await
+        .unwrap();
+    bms.send(NorthboundWrite::PlanCeilingOffset { kelvin: -2.0 })
+        .await
+        .unwrap();
+    let limits = |s: &northbound::NorthboundSnapshot| {
+        (
+            s.settings.setpoint_ceiling_c,
+            s.settings.plan_ceiling_offset_k,
+        )
+    };
+    tokio::time::timeout(
+        Duration::from_secs(3),
+        snap_rx.wait_for(|s| limits(s) == (30.0, -2.0)),
+    )
+    .await
+    .expect("the BMS's limits in force")
+    .unwrap();
+    let broker = rig.stop_keeping_broker().await;
+
+    let flash = ControllerFlash::open(Some(&path)).expect("the flash file again");
+    assert_eq!(flash.bms_limits, Ok(Some((30.0, -2.0))));
+    let (link, mut snap_rx, _bms) = bms_link();
+    let mut rig = Rig::start_linked(broker, cfg, None, Some(flash), |_| {}, Some(link)).await;
+    rig.wait_stats("a step", |s| s.steps >= 1).await;
+    assert_eq!(limits(&snap_rx.borrow_and_update()), (30.0, -2.0));
     rig.stop().await;
 }
 

@@ -61,10 +61,7 @@ impl Bms {
         };
         self.settings.apply(w);
         self.refresh(now);
-        if let Some(nb) = &self.link {
-            let settings = self.settings;
-            nb.snapshots.send_modify(|s| s.settings = settings);
-        }
+        self.show_settings();
         let s = &self.settings;
         limits.then_some((s.setpoint_ceiling_c, s.plan_ceiling_offset_k))
     }
@@ -83,6 +80,20 @@ impl Bms {
             s.plan_ceiling_offset_k
         );
         (s.setpoint_ceiling_c, s.plan_ceiling_offset_k) = (ceiling_c, offset_k);
+        self.show_settings();
+    }
+
+    /// The limits the BMS set before this start, restored from flash and
+    /// in force: the holding registers read them.
+    pub(super) fn restored(&mut self, (ceiling_c, offset_k): BmsLimits) {
+        let s = &mut self.settings;
+        (s.setpoint_ceiling_c, s.plan_ceiling_offset_k) = (ceiling_c, offset_k);
+        self.show_settings();
+    }
+
+    /// The server's snapshot takes the settings as they are now: the
+    /// holding registers read them.
+    fn show_settings(&self) {
         if let Some(nb) = &self.link {
             let settings = self.settings;
             nb.snapshots.send_modify(|s| s.settings = settings);

@@ -1,7 +1,8 @@
 //! What the shell does once, at start: the bus's configuration (its
 //! subscriptions, every host's command topic checked to build), the
 //! board's ropes checked against the layout, the decision path built from
-//! the latched record in flash, what the core learned restored, and the
+//! the latched record in flash, what the core learned and the limits the
+//! BMS set restored, and the
 //! resender that answers readers' requests for logged events.
 use super::*;
 use cooling_core::estimate::record::HostIds;
@@ -125,6 +126,32 @@ pub(super) fn restore_learned(core: &mut Core, records: &LearnedRecords, hosts: 
         journal::host_ids(hosts)
     };
     restore_learned_on(core, records, ids);
+}
+
+/// Restores into `core` the limits the BMS set before this start, as the
+/// flash held them (`read`), and logs them, or why not; gives the limits
+/// then in force, for the northbound registers to read.
+pub(super) fn restore_bms_limits(
+    core: &mut Core,
+    read: &Result<Option<(f32, f32)>, String>,
+) -> Option<bms::BmsLimits> {
+    match read {
+        Ok(None) => None,
+        Ok(Some((ceiling, offset))) => {
+            core.set_limits(*ceiling, *offset);
+            let (c, o) = core.limits();
+            tracing::info!(
+                "cooling shell: the BMS's limits restored from flash: setpoint ceiling {c:.2} °C, plan ceiling offset {o:.2} K"
+            );
+            Some((c, o))
+        }
+        Err(e) => {
+            tracing::error!(
+                "cooling shell: the BMS's limits: {e}: none in force until the BMS writes them again"
+            );
+            None
+        }
+    }
 }
 
 /// Restores into `core`, whose hosts are `ids` (its configured host list,

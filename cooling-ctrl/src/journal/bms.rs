@@ -1,0 +1,100 @@
+//! The limits the BMS set over the northbound server (the setpoint
+//! ceiling and the plan's ceiling offset), as the core holds them, kept
+//! in the config store under [`BMS_LIMITS_KEY`]: a BMS writes a limit
+//! once, when it changes, so a controller restart (the watchdog's, an
+//! upgrade's) must not lift it. The shell hands them to the recorder when
+//! the BMS changes them, without waiting, and restores them before the
+//! first step.
+//!
+//! Glossary:
+//! - *record*: a version byte (1), then the ceiling (°C) and the offset
+//!   (K) as little-endian `f32`s; the config store keeps its own CRC.
+
+use std::format;
+use std::string::String;
+
+use embedded_storage_async::nor_flash::MultiwriteNorFlash;
+use loopwarden_flash::ConfigStore;
+
+/// The key the BMS's limits are kept under.
+pub const BMS_LIMITS_KEY: &str = "cdu.bms_limits";
+
+/// The record's version.
+const VERSION: u8 = 1;
+
+/// The record's length: the version and two `f32`s.
+const LEN: usize = 9;
+
+/// The record of the setpoint ceiling `ceiling_c` (°C) and the plan's
+/// ceiling offset `offset_k` (K).
+pub fn encode_bms_limits((ceiling_c, offset_k): (f32, f32)) -> [u8; LEN] {
+    let mut r = [0u8; LEN];
+    r[0] = VERSION;
+    r[1..5].copy_from_slice(&ceiling_c.to_le_bytes());
+    r[5..9].copy_from_slice(&offset_k.to_le_bytes());
+    r
+}
+
+/// The ceiling (°C) and offset (K) in `bytes`, or why they are not.
+pub fn decode_bms_limits(bytes: &[u8]) -> Result<(f32, f32), String> {
+    let r: &[u8; LEN] = bytes
+        .try_into()
+        .map_err(|_| format!("{} bytes, not {LEN}", bytes.len()))?;
+    if r[0] != VERSION {
+        return Err(format!("version {}, not {VERSION}", r[0]));
+    }
+    let word = |i: usize| f32::from_le_bytes([r[i], r[i + 1], r[i + 2], r[i + 3]]);
+    let (ceiling_c, offset_k) = (word(1), word(5));
+    if !ceiling_c.is_finite() || !offset_k.is_finite() {
+        return Err(format!("{ceiling_c} °C and {offset_k} K are no limits"));
+    }
+    Ok((ceiling_c, offset_k))
+}
+
+/// The BMS's limits in `store`: `None` when none were ever kept; an
+/// error that names the key and says why when they cannot be read or
+/// decoded.
+pub async fn read_bms_limits<S: MultiwriteNorFlash<Error: core::fmt::Display>>(
+    store: &mut ConfigStore<S>,
+) -> Result<Option<(f32, f32)>, String> {
+    let mut buf = [0u8; 16];
+    let n = store
+        .get(BMS_LIMITS_KEY, &mut buf)
+        .await
+        .map_err(|e| format!("{BMS_LIMITS_KEY}: unreadable in flash: {e}"))?;
+    n.map(|n| decode_bms_limits(&buf[..n]).map_err(|e| format!("{BMS_LIMITS_KEY}: {e}")))
+        .transpose()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_limits_read_back_as_kept_and_a_damaged_record_says_why() {
+        let r = encode_bms_limits((30.5, -2.25));
+        assert_eq!(decode_bms_limits(&r), Ok((30.5, -2.25)));
+        assert_eq!(decode_bms_limits(&r[..8]), Err("8 bytes, not 9".into()));
+        let mut other = r;
+        other[0] = 2;
+        assert_eq!(decode_bms_limits(&other), Err("version 2, not 1".into()));
+        let nan = encode_bms_limits((f32::NAN, 0.0));
+        assert!(decode_bms_limits(&nan).unwrap_err().contains("no limits"));
+    }
+
+    #[test]
+    fn a_store_without_them_reads_none_and_with_them_reads_them() {
+        let mut stores = loopwarden_store::agent_flash::open(None).expect("a memory flash");
+        let s = &mut stores.store;
+        assert_eq!(futures::executor::block_on(read_bms_limits(s)), Ok(None));
+        let r = encode_bms_limits((28.0, 1.5));
+        futures::executor::block_on(s.set(BMS_LIMITS_KEY, &r)).unwrap();
+        assert_eq!(
+            futures::executor::block_on(read_bms_limits(s)),
+            Ok(Some((28.0, 1.5)))
+        );
+        futures::executor::block_on(s.set(BMS_LIMITS_KEY, &[1, 2, 3])).unwrap();
+        let e = futures::executor::block_on(read_bms_limits(s)).unwrap_err();
+        assert_eq!(e, "cdu.bms_limits: 3 bytes, not 9");
+    }
+}
