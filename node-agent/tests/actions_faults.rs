@@ -237,6 +237,47 @@ fn a_cooling_loss_cut_by_a_crash_runs_its_steps_after_the_restart() {
     );
 }
 
+/// A cooling-loss resume takes the whole node back into service in the
+/// scheduler (`scontrol ... State=RESUME` clears every drain), its
+/// quarantined GPU with it: once the resume ended, that GPU's quarantine
+/// actions run again, so the sick GPU gets no work.
+#[test]
+fn a_gpu_quarantined_through_a_cooling_loss_is_taken_out_again_after_the_resume() {
+    let Some(rig) = Rig::start("fa") else {
+        return;
+    };
+    let log = actions_log(&rig);
+    let notes = noting(&rig, "note.sh", "ran", "");
+    let quarantine = noting(&rig, "quarantine.sh", "quarantine", "");
+    let mut with_quarantine = cooling_flags(&notes, &notes, &notes, &notes);
+    with_quarantine.extend(flags(&[
+        "--quarantine-action",
+        &format!("{} {{gpu}}", quarantine.display()),
+    ]));
+    let mut agent = rig.spawn_twin_process(ENTRY, 2, &with_quarantine);
+    agent.xids(&[(1, 79)]);
+    wait_for(&log, "quarantine 1", 5);
+    rig.publish_cdu_state(true, 1);
+    wait_for(&log, "ran power_down fa 2", 5);
+    rig.publish_cdu_state(false, 2);
+    wait_for(&log, "ran resume fa 2", 5);
+    let end = Instant::now() + Duration::from_secs(5);
+    while lines(&log).last().is_some_and(|l| l != "quarantine 1") && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        lines(&log),
+        [
+            "quarantine 1",
+            "ran drain fa 2",
+            "ran power_down fa 2",
+            "ran power_up fa 2",
+            "ran resume fa 2",
+            "quarantine 1"
+        ]
+    );
+}
+
 /// An agent killed while its power-down ran: when the CDU says cooling is
 /// back before the restart, the power-down is not run again (a host-off
 /// command must not switch a host off again at every start); the power-up

@@ -21,13 +21,22 @@
 //! that cut the host before its outcome was kept must not switch the host
 //! off again at every start after cooling came back. A kept step the node
 //! drops (`Effect::DropCooling`) is pending no more; so is a step undone
-//! by a later one (a resume after a drain).
+//! by a later one (a resume after a drain), and one still waiting behind
+//! another in the runner when undone is not run (a power-down queued
+//! behind a hanging drain, cooling back meanwhile).
+//!
+//! A resume takes the whole node back into service, in the site's
+//! scheduler, its quarantined GPUs with it: once one ended, the
+//! quarantine actions of every GPU still quarantined run again.
 //!
 //! Glossary:
 //! - *job*: one step's commands, numbered, for the runner.
 //! - *pending*: handed out, or kept from before the restart, and not
 //!   known done, in order.
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use loopwarden_flash::ConfigStore;
@@ -56,6 +65,10 @@ pub(crate) struct Job {
     /// The flash's word that the record naming this step is kept: the
     /// runner waits for it before the first command.
     kept: Option<Kept>,
+    /// Set when a later decision undid the step while it waited behind
+    /// another (a power-down queued behind a hanging drain, cooling back
+    /// meanwhile): its commands not started yet are not run.
+    undone: Arc<AtomicBool>,
 }
 
 /// The answer of the flash to a record handed to it.
@@ -76,12 +89,13 @@ async fn wait_kept(step: CoolingStep, kept: Kept) {
     );
 }
 
-/// A command of a step ended.
+/// A command of a step ended, or the step was undone before it ran.
 #[derive(Debug)]
 pub(crate) struct StepDone {
     id: u64,
     step: CoolingStep,
-    outcome: actions::Outcome,
+    /// `None`: not run, a later decision undid the step first.
+    outcome: Option<actions::Outcome>,
     /// After the step's last command: whether every one ended well.
     ended: Option<bool>,
 }
@@ -97,6 +111,8 @@ pub(crate) struct Steps {
     next_id: u64,
     /// Jobs handed to the runner and not ended.
     in_runner: usize,
+    /// Each of those jobs' flag that a later decision undid it.
+    undo: HashMap<u64, Arc<AtomicBool>>,
 }
 
 /// Starts the runner; returns the steps' state and where outcomes come
@@ -111,9 +127,13 @@ pub(crate) fn start_runner() -> (Steps, mpsc::Receiver<StepDone>) {
             }
             let mut ok = true;
             for (i, argv) in job.argvs.iter().enumerate() {
-                let outcome = actions::run(argv, job.timeout).await;
-                ok &= outcome.ok;
-                let last = i + 1 == job.argvs.len();
+                let undone = job.undone.load(Ordering::Relaxed);
+                let outcome = match undone {
+                    true => None,
+                    false => Some(actions::run(argv, job.timeout).await),
+                };
+                ok &= outcome.as_ref().is_some_and(|o| o.ok);
+                let last = undone || i + 1 == job.argvs.len();
                 let done = StepDone {
                     id: job.id,
                     step: job.step,
@@ -122,6 +142,9 @@ pub(crate) fn start_runner() -> (Steps, mpsc::Receiver<StepDone>) {
                 };
                 if done_tx.send(done).await.is_err() {
                     return;
+                }
+                if undone {
+                    break;
                 }
             }
         }
@@ -133,6 +156,7 @@ pub(crate) fn start_runner() -> (Steps, mpsc::Receiver<StepDone>) {
         kept: Phase::Cooled,
         next_id: 0,
         in_runner: 0,
+        undo: HashMap::new(),
     };
     (steps, done_rx)
 }
@@ -180,8 +204,15 @@ pub(crate) struct Pending(Vec<(u64, CoolingStep)>);
 impl Pending {
     /// `step` was decided: the same step or the one it undoes, still
     /// pending, is pending no more (the new decision stands for both).
-    fn supersede(&mut self, step: CoolingStep) {
+    /// Gives their jobs' numbers.
+    fn supersede(&mut self, step: CoolingStep) -> Vec<u64> {
+        let gone = self
+            .0
+            .iter()
+            .filter(|&&(_, s)| s == step || s == undoing(step));
+        let ids = gone.map(|&(id, _)| id).collect();
         self.0.retain(|&(_, s)| s != step && s != undoing(step));
+        ids
     }
 
     /// Job `id` of `step` is handed out.
@@ -289,7 +320,13 @@ impl Agent {
         }
         let mut jobs = Vec::new();
         for (step, reason) in steps {
-            self.cooling.pending.supersede(step);
+            // A superseded job still waiting in the runner's queue is not
+            // run: the new decision stands for it.
+            for id in self.cooling.pending.supersede(step) {
+                if let Some(undone) = self.cooling.undo.remove(&id) {
+                    undone.store(true, Ordering::Relaxed);
+                }
+            }
             if let Some(job) = self.cooling_job(step, &reason) {
                 self.cooling.pending.push(job.id, step);
                 jobs.push(job);
@@ -338,6 +375,7 @@ impl Agent {
                 .collect(),
             timeout: self.config.cooling_loss.timeout,
             kept: None,
+            undone: Arc::default(),
         })
     }
 
@@ -346,6 +384,7 @@ impl Agent {
     /// and stays pending in flash, to run at the next start.
     fn submit_cooling(&mut self, job: Job) {
         let (step, n) = (job.step, job.argvs.len());
+        let (id, undone) = (job.id, job.undone.clone());
         let refused = match &self.cooling.jobs {
             Some(jobs) => jobs.try_send(job).err().map(|e| e.to_string()),
             None => Some("the agent is stopping".to_string()),
@@ -353,6 +392,7 @@ impl Agent {
         let rack = self.config.rack.map_or(String::new(), |r| r.to_string());
         if refused.is_none() {
             self.cooling.in_runner += 1;
+            self.cooling.undo.insert(id, undone);
             tracing::warn!("rack {rack}: cooling-loss {step}: running {n} commands");
         }
         if let Some(why) = refused {
@@ -392,18 +432,30 @@ impl Agent {
         let StepDone {
             id,
             step,
-            outcome: o,
+            outcome,
             ended,
         } = done;
+        if ended.is_some() {
+            self.cooling.in_runner = self.cooling.in_runner.saturating_sub(1);
+            self.cooling.undo.remove(&id);
+        }
+        let Some(o) = outcome else {
+            tracing::warn!(
+                "cooling-loss {step}: not run: a later decision undid it while it waited for the runner"
+            );
+            return;
+        };
         if o.ok {
             tracing::info!("cooling-loss {step}: {} done", o.program);
         } else {
             tracing::error!("cooling-loss {step}: {} failed: {}", o.program, o.detail);
         }
         if let Some(ok) = ended {
-            self.cooling.in_runner = self.cooling.in_runner.saturating_sub(1);
             if self.cooling.pending.ended(id, ok) {
                 self.keep_cooling();
+            }
+            if step == CoolingStep::Resume {
+                self.quarantine_again_after_resume();
             }
             if !ok {
                 tracing::error!(
@@ -439,6 +491,7 @@ mod tests {
             ]],
             timeout: Duration::from_secs(10),
             kept: Some(kept),
+            undone: Arc::default(),
         };
         let (tell, kept) = tokio::sync::oneshot::channel();
         let jobs = steps.jobs.as_ref().expect("the runner's queue");
@@ -450,14 +503,48 @@ mod tests {
         );
         tell.send(Ok(())).expect("the runner waits");
         let d = done.recv().await.expect("an outcome");
-        assert!(d.outcome.ok && dir.path().join("ran-1").exists());
+        assert!(d.outcome.is_some_and(|o| o.ok) && dir.path().join("ran-1").exists());
         // A record the flash refused: the step runs all the same.
         let (tell, kept) = tokio::sync::oneshot::channel();
         jobs.try_send(job(2, kept)).expect("queued");
         tell.send(Err("flash full".into()))
             .expect("the runner waits");
         let d = done.recv().await.expect("an outcome");
-        assert!(d.outcome.ok && dir.path().join("ran-2").exists());
+        assert!(d.outcome.is_some_and(|o| o.ok) && dir.path().join("ran-2").exists());
+    }
+
+    #[tokio::test]
+    async fn a_step_undone_while_it_waits_behind_another_is_not_run() {
+        // A drain that hangs, a power-down queued behind it, and cooling
+        // back before the drain ends: the power-down must not run.
+        let (steps, mut done) = start_runner();
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let off = dir.path().join("powered-off");
+        let job = |id: u64, step: CoolingStep, argv: Vec<String>| Job {
+            id,
+            step,
+            argvs: vec![argv],
+            timeout: Duration::from_secs(10),
+            kept: None,
+            undone: Arc::default(),
+        };
+        let hangs = job(1, Drain, vec!["sleep".into(), "1".into()]);
+        let power_down = job(
+            2,
+            PowerDown,
+            vec!["touch".into(), off.display().to_string()],
+        );
+        let undone = power_down.undone.clone();
+        let jobs = steps.jobs.as_ref().expect("the runner's queue");
+        jobs.try_send(hangs).expect("queued");
+        jobs.try_send(power_down).expect("queued");
+        undone.store(true, Ordering::Relaxed);
+        let d = done.recv().await.expect("the drain's outcome");
+        assert!(d.outcome.is_some_and(|o| o.ok));
+        let d = done.recv().await.expect("the power-down's word");
+        assert_eq!((d.id, d.step, d.ended), (2, PowerDown, Some(false)));
+        assert!(d.outcome.is_none(), "not run");
+        assert!(!off.exists(), "the host was not powered off");
     }
 
     #[test]
@@ -487,7 +574,7 @@ mod tests {
         assert!(p.ended(2, true));
         assert_eq!(p.steps(), [Drain]);
         // Cooling is back: the resume undoes the failed drain.
-        p.supersede(Resume);
+        assert_eq!(p.supersede(Resume), [1], "the drain's job");
         p.push(3, Resume);
         assert_eq!(p.steps(), [Resume]);
         // Lost again before the resume ran: the new drain stands alone.

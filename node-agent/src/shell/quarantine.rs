@@ -371,14 +371,41 @@ impl Agent {
             return;
         }
         for &gpu in gpus {
-            let Some(st) = self.node.health().status(gpu) else {
-                continue;
-            };
-            let reason = format!("{}: {}", st.reason, st.evidence);
-            tracing::warn!(
-                "GPU {gpu}: quarantined before the restart, its actions not known to have ended well: running them again"
+            self.run_actions_again(
+                gpu,
+                "quarantined before the restart, its actions not known to have ended well",
             );
-            self.start_actions(gpu, &reason);
+        }
+    }
+
+    /// Runs the actions of `gpu`'s quarantine in force again, saying why.
+    fn run_actions_again(&mut self, gpu: u8, why: &str) {
+        let Some(st) = self.node.health().status(gpu) else {
+            return;
+        };
+        let reason = format!("{}: {}", st.reason, st.evidence);
+        tracing::warn!("GPU {gpu}: {why}: running its quarantine actions again");
+        self.start_actions(gpu, &reason);
+    }
+
+    /// A cooling-loss resume ended: it took the node back into service
+    /// in the site's scheduler (`scontrol ... State=RESUME` clears every
+    /// drain, a quarantine's too), so the actions of each GPU still
+    /// quarantined run again (each bears running twice).
+    pub(super) fn quarantine_again_after_resume(&mut self) {
+        if self.config.quarantine_actions.is_empty() {
+            return;
+        }
+        let quarantined: Vec<u8> = (0..self.gpus.len())
+            .filter_map(|g| u8::try_from(g).ok())
+            .filter(|&g| {
+                let st = self.node.health().status(g);
+                st.is_some_and(|st| st.state == HealthState::Quarantined)
+            })
+            .collect();
+        for gpu in quarantined {
+            let why = "quarantined still, and the cooling-loss resume put the node back in service";
+            self.run_actions_again(gpu, why);
         }
     }
 
