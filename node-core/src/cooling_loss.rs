@@ -54,6 +54,10 @@ pub enum Again {
     Held {
         /// When the wait is over (the node's steady clock), ms.
         until_ms: u64,
+        /// It was kept pending from before the restart; `false`: it was
+        /// done, and the host runs again in the phase "powered down"
+        /// (someone powered it on while the rack had no cooling).
+        kept: bool,
     },
     /// It is not run, and is pending no more: a power-down with the host
     /// no longer powered down (undone already, or the CDU said cooling is
@@ -132,22 +136,32 @@ impl CoolingLoss {
 
     /// The start, at `t_ms`: what becomes of each step kept pending, in
     /// order. A drain, a power-up and a resume run again; a power-down is
-    /// held if the host is still powered down, else dropped (nothing to
-    /// power down).
+    /// dropped if the host is no longer powered down (nothing to power
+    /// down). In the phase "powered down" a power-down is held, last,
+    /// whether kept pending or done: a host running again while its rack
+    /// has no cooling (powered on by an operator or by its BMC) is
+    /// powered down again unless the CDU says cooling is back.
     pub fn resume(&mut self, t_ms: u64) -> Vec<Again> {
         let kept = std::mem::take(&mut self.kept);
         let powered_down = matches!(self.phase, Phase::PoweredDown { .. });
-        kept.into_iter()
-            .map(|step| match step {
-                CoolingStep::PowerDown if powered_down => {
-                    let until_ms = t_ms.saturating_add(self.held_wait_ms());
-                    self.held_until_ms = Some(until_ms);
-                    Again::Held { until_ms }
-                }
-                CoolingStep::PowerDown => Again::Dropped(step),
-                _ => Again::Run(step),
-            })
-            .collect()
+        let mut again = Vec::new();
+        let mut power_down_kept = false;
+        for step in kept {
+            match step {
+                CoolingStep::PowerDown if powered_down => power_down_kept = true,
+                CoolingStep::PowerDown => again.push(Again::Dropped(step)),
+                _ => again.push(Again::Run(step)),
+            }
+        }
+        if powered_down {
+            let until_ms = t_ms.saturating_add(self.held_wait_ms());
+            self.held_until_ms = Some(until_ms);
+            again.push(Again::Held {
+                until_ms,
+                kept: power_down_kept,
+            });
+        }
+        again
     }
 
     /// At the start, at `t_ms`: a phase kept with a stamp after `t_ms`
@@ -322,10 +336,15 @@ mod tests {
         c.restore(Phase::PoweredDown { since: 1_000 }, &[Drain, PowerDown]);
         assert_eq!(
             c.resume(100_000),
-            vec![Again::Run(Drain), Again::Held { until_ms: 130_000 }],
+            vec![
+                Again::Run(Drain),
+                Again::Held {
+                    until_ms: 130_000,
+                    kept: true
+                }
+            ],
             "the wait is the grace, longer than 5 s"
         );
-        assert_eq!(c.resume(100_001), vec![], "decided once");
         assert_eq!(c.held_due(129_999), None);
         assert_eq!(c.held_due(130_000), Some(Again::Run(PowerDown)));
         assert_eq!(c.held_due(200_000), None, "once");
@@ -337,7 +356,13 @@ mod tests {
         let held = || {
             let mut c = CoolingLoss::new(0);
             c.restore(Phase::PoweredDown { since: 1_000 }, &[PowerDown]);
-            assert_eq!(c.resume(50_000), vec![Again::Held { until_ms: 55_000 }]);
+            assert_eq!(
+                c.resume(50_000),
+                vec![Again::Held {
+                    until_ms: 55_000,
+                    kept: true
+                }]
+            );
             c
         };
         let mut c = held();
@@ -358,6 +383,35 @@ mod tests {
         let mut c = held();
         assert_eq!(c.told(60_000, false), vec![PowerUp, Resume]);
         assert_eq!(c.word_taken(), Some(Again::Dropped(PowerDown)));
+    }
+
+    #[test]
+    fn a_host_running_again_in_the_phase_powered_down_is_powered_down_again_unless_cooled() {
+        // Powered down, the outcome kept; then powered on by someone
+        // while the rack still has no cooling.
+        let start = || {
+            let mut c = CoolingLoss::new(30_000);
+            c.restore(Phase::PoweredDown { since: 1_000 }, &[]);
+            let held = Again::Held {
+                until_ms: 130_000,
+                kept: false,
+            };
+            assert_eq!(c.resume(100_000), vec![held]);
+            c
+        };
+        let mut c = start();
+        assert_eq!(c.told(101_000, true), vec![]);
+        assert_eq!(c.word_taken(), Some(Again::Run(PowerDown)), "still lost");
+        let mut c = start();
+        assert_eq!(c.held_due(130_000), Some(Again::Run(PowerDown)), "silence");
+        let mut c = start();
+        assert_eq!(c.told(101_000, false), vec![PowerUp, Resume]);
+        assert_eq!(c.word_taken(), Some(Again::Dropped(PowerDown)), "cooled");
+        // Draining or cooled: nothing held.
+        let mut c = CoolingLoss::new(30_000);
+        c.restore(Phase::Draining { since: 1_000 }, &[]);
+        assert_eq!(c.resume(100_000), vec![]);
+        assert_eq!(c.held_until_ms(), None);
     }
 
     #[test]
@@ -382,7 +436,10 @@ mod tests {
         c.restore(Phase::PoweredDown { since: 0 }, &[PowerDown]);
         assert_eq!(
             c.resume(u64::MAX - 1),
-            vec![Again::Held { until_ms: u64::MAX }]
+            vec![Again::Held {
+                until_ms: u64::MAX,
+                kept: true
+            }]
         );
     }
 }

@@ -33,7 +33,9 @@
 //! 6. a drain, power-up or resume kept pending runs again at the start,
 //!    once; a power-down kept pending with the host not powered down is
 //!    dropped there;
-//! 7. a power-down kept pending with the host powered down is held: it
+//! 7. in the phase "powered down" a power-down is held at the start,
+//!    kept pending or done (the host runs again: someone powered it on
+//!    while the rack had no cooling): it
 //!    runs again exactly once, at the CDU's first taken state after the
 //!    start if that state leaves the rack powered down (it says lost, or
 //!    does not list the rack), or at the first round at or after the
@@ -295,15 +297,19 @@ impl Model {
         self.cooled_since_start = false;
         self.held_runs = 0;
         let mut e = Expect::default();
+        let powered_down = matches!(self.phase, Phase::PoweredDown { .. });
         for (step, running) in &mut self.pending {
             *running = false;
-            match (*step, self.phase) {
-                (CoolingStep::PowerDown, Phase::PoweredDown { .. }) => {
-                    self.held_until = Some(self.t + HELD_WAIT_MS.max(GRACE_MS));
-                }
-                (CoolingStep::PowerDown, _) => e.dropped.push(CoolingStep::PowerDown),
-                (step, _) => e.run.push((step, true)),
+            match *step {
+                CoolingStep::PowerDown if powered_down => {}
+                CoolingStep::PowerDown => e.dropped.push(CoolingStep::PowerDown),
+                step => e.run.push((step, true)),
             }
+        }
+        // Powered down, kept pending or done: the host runs again, so the
+        // power-down is held (7).
+        if powered_down {
+            self.held_until = Some(self.t + HELD_WAIT_MS.max(GRACE_MS));
         }
         e
     }

@@ -49,7 +49,10 @@ impl Node {
         for decided in self.cooling.resume(now.steady.0) {
             let step = match decided {
                 Again::Run(step) => step,
-                Again::Held { .. } => CoolingStep::PowerDown,
+                Again::Held { until_ms, kept } => {
+                    say_held(&rack, until_ms.saturating_sub(now.steady.0), kept, out);
+                    continue;
+                }
                 Again::Dropped(step) => {
                     let why = format!(
                         "rack {rack}: cooling-loss {step} not known done before the restart: \
@@ -64,16 +67,7 @@ impl Node {
                 "rack {rack}: cooling-loss {step} not known done before the restart: run again"
             );
             out.push(Effect::Say(Level::Warn, why));
-            if let Again::Held { until_ms } = decided {
-                let wait_s = until_ms.saturating_sub(now.steady.0) / 1_000;
-                let why = format!(
-                    "rack {rack}: the power-down waits for the CDU's word that the rack still \
-                     has no cooling, {wait_s} s at most"
-                );
-                out.push(Effect::Say(Level::Warn, why));
-            } else {
-                again.push((step, again_reason(&cdu, &rack, step)));
-            }
+            again.push((step, again_reason(&cdu, &rack, step)));
         }
         self.keep_and_run(now, again, out);
     }
@@ -84,7 +78,7 @@ impl Node {
         let decided = self.cooling.word_taken();
         let ran = "the CDU still says the rack has no cooling: cooling-loss power-down run again";
         let dropped = "the CDU says the rack has cooling again: \
-                       the power-down cut before the restart is not run";
+                       the power-down held at the start is not run";
         self.held_decided(now, decided, ran, dropped, out);
     }
 
@@ -94,7 +88,7 @@ impl Node {
         let decided = self.cooling.held_due(now.steady.0);
         let ran = "no word from the CDU since the start: cooling-loss power-down run again";
         let dropped = "the host is no longer powered down: \
-                       the power-down cut before the restart is not run";
+                       the power-down held at the start is not run";
         self.held_decided(now, decided, ran, dropped, out);
         let steps = self.cooling.tick(now.steady.0);
         self.run_cooling(now, steps, out);
@@ -166,6 +160,29 @@ impl Node {
                 )
             })
     }
+}
+
+/// Says the power-down held at the start, waiting `wait_ms` at most for
+/// the CDU's word: kept pending from before the restart (`kept`), or
+/// done, with the host running again in the phase "powered down".
+fn say_held(rack: &str, wait_ms: u64, kept: bool, out: &mut Vec<Effect>) {
+    let why = match kept {
+        true => format!(
+            "rack {rack}: cooling-loss {} not known done before the restart: run again",
+            CoolingStep::PowerDown
+        ),
+        false => format!(
+            "rack {rack}: the host runs again, powered down for the rack's cooling loss \
+             before the restart (powered on by someone?)"
+        ),
+    };
+    out.push(Effect::Say(Level::Warn, why));
+    let why = format!(
+        "rack {rack}: the power-down waits for the CDU's word that the rack still has no \
+         cooling, {} s at most",
+        wait_ms / 1_000
+    );
+    out.push(Effect::Say(Level::Warn, why));
 }
 
 /// The reason of a step run again after a restart.
