@@ -59,6 +59,13 @@ pub enum Again {
         /// (someone powered it on while the rack had no cooling).
         kept: bool,
     },
+    /// The grace's power-down (drained before the restart) is not decided
+    /// before the CDU's word, until `until_ms` at most: the grace may have
+    /// run out while the host was down, and cooling come back meanwhile.
+    GraceHeld {
+        /// When the wait is over (the node's steady clock), ms.
+        until_ms: u64,
+    },
     /// It is not run, and is pending no more: a power-down with the host
     /// no longer powered down (undone already, or the CDU said cooling is
     /// back while it was held).
@@ -107,6 +114,9 @@ pub struct CoolingLoss {
     kept: Vec<CoolingStep>,
     /// The held power-down's end of wait, ms.
     held_until_ms: Option<u64>,
+    /// Drained before the restart: the grace's power-down waits for the
+    /// CDU's word until then at most, ms.
+    grace_held_until_ms: Option<u64>,
 }
 
 impl CoolingLoss {
@@ -118,6 +128,7 @@ impl CoolingLoss {
             phase: Phase::Cooled,
             kept: Vec::new(),
             held_until_ms: None,
+            grace_held_until_ms: None,
         }
     }
 
@@ -153,13 +164,20 @@ impl CoolingLoss {
                 _ => again.push(Again::Run(step)),
             }
         }
-        if powered_down {
-            let until_ms = t_ms.saturating_add(self.held_wait_ms());
-            self.held_until_ms = Some(until_ms);
-            again.push(Again::Held {
-                until_ms,
-                kept: power_down_kept,
-            });
+        let until_ms = t_ms.saturating_add(self.held_wait_ms());
+        match self.phase {
+            Phase::PoweredDown { .. } => {
+                self.held_until_ms = Some(until_ms);
+                again.push(Again::Held {
+                    until_ms,
+                    kept: power_down_kept,
+                });
+            }
+            Phase::Draining { .. } => {
+                self.grace_held_until_ms = Some(until_ms);
+                again.push(Again::GraceHeld { until_ms });
+            }
+            Phase::Cooled => {}
         }
         again
     }
@@ -191,6 +209,8 @@ impl CoolingLoss {
     /// that does not list the rack): the held power-down runs if the host
     /// is still powered down, else it is dropped. `None`: none held.
     pub fn word_taken(&mut self) -> Option<Again> {
+        // The grace's power-down is decided by the next round's tick.
+        self.grace_held_until_ms = None;
         self.held_until_ms.take()?;
         Some(self.held_decided())
     }
@@ -198,6 +218,9 @@ impl CoolingLoss {
     /// A round at `t_ms`: the held power-down whose wait is over runs
     /// (silence is not cooling). `None`: none held, or still waiting.
     pub fn held_due(&mut self, t_ms: u64) -> Option<Again> {
+        if self.grace_held_until_ms.is_some_and(|until| until <= t_ms) {
+            self.grace_held_until_ms = None;
+        }
         if self.held_until_ms? > t_ms {
             return None;
         }
@@ -239,8 +262,12 @@ impl CoolingLoss {
         }
     }
 
-    /// Time passed: at `t` (ms) the grace period may be over.
+    /// Time passed: at `t` (ms) the grace period may be over (not decided
+    /// while the grace's power-down waits for the CDU's word).
     pub fn tick(&mut self, t: u64) -> Vec<CoolingStep> {
+        if self.grace_held_until_ms.is_some() {
+            return Vec::new();
+        }
         match self.phase {
             Phase::Draining { since } if t.saturating_sub(since) >= self.grace_ms => {
                 self.phase = Phase::PoweredDown { since: t };
@@ -253,7 +280,11 @@ impl CoolingLoss {
     /// When the next step falls due without news from the CDU (ms).
     pub fn next_due(&self) -> Option<u64> {
         match self.phase {
-            Phase::Draining { since } => Some(since.saturating_add(self.grace_ms)),
+            Phase::Draining { since } => Some(
+                since
+                    .saturating_add(self.grace_ms)
+                    .max(self.grace_held_until_ms.unwrap_or(0)),
+            ),
             _ => None,
         }
     }
@@ -407,11 +438,41 @@ mod tests {
         let mut c = start();
         assert_eq!(c.told(101_000, false), vec![PowerUp, Resume]);
         assert_eq!(c.word_taken(), Some(Again::Dropped(PowerDown)), "cooled");
-        // Draining or cooled: nothing held.
+        // Cooled: nothing held.
         let mut c = CoolingLoss::new(30_000);
-        c.restore(Phase::Draining { since: 1_000 }, &[]);
+        c.restore(Phase::Cooled, &[]);
         assert_eq!(c.resume(100_000), vec![]);
         assert_eq!(c.held_until_ms(), None);
+    }
+
+    #[test]
+    fn a_grace_that_ran_out_while_the_host_was_down_waits_for_the_cdus_word() {
+        // Drained at 1 s, grace 30 s; the host starts again at 100 s.
+        let start = || {
+            let mut c = CoolingLoss::new(30_000);
+            c.restore(Phase::Draining { since: 1_000 }, &[]);
+            let held = Again::GraceHeld { until_ms: 130_000 };
+            assert_eq!(c.resume(100_000), vec![held]);
+            assert_eq!(c.tick(100_001), vec![], "not at the first round");
+            c
+        };
+        // Cooling came back meanwhile: resumed, never powered down.
+        let mut c = start();
+        assert_eq!(c.told(101_000, false), vec![Resume]);
+        assert_eq!(c.word_taken(), None);
+        assert_eq!(c.tick(102_000), vec![]);
+        // Still lost: the power-down at the next round.
+        let mut c = start();
+        assert_eq!(c.told(101_000, true), vec![]);
+        assert_eq!(c.word_taken(), None);
+        assert_eq!(c.tick(101_500), vec![PowerDown]);
+        // No word: silence is not cooling, the power-down after the wait.
+        let mut c = start();
+        assert_eq!(c.next_due(), Some(130_000));
+        assert_eq!(c.held_due(129_999), None);
+        assert_eq!(c.tick(129_999), vec![]);
+        assert_eq!(c.held_due(130_000), None);
+        assert_eq!(c.tick(130_000), vec![PowerDown]);
     }
 
     #[test]

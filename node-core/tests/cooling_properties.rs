@@ -16,8 +16,10 @@
 //! 1. a taken state that says the rack lost cooling drains at once; the
 //!    power-down comes at the first round (or taken state) at or after the
 //!    grace, counted from the drain, unless a taken state said "cooled"
-//!    before it; a restart in between neither restarts nor skips the
-//!    grace;
+//!    before it; a restart in between does not restart the grace, and
+//!    after it the power-down also waits for the CDU's first taken state
+//!    (then comes at the next round) or the end of the wait, since the
+//!    grace may have run out while the host was down;
 //! 2. only a taken state moves the phase: anything else (hostile, stale,
 //!    replayed, silence, a release, an XID, a stop or start) runs no
 //!    step, save at a start the steps kept pending (6 and 7);
@@ -190,6 +192,9 @@ struct Model {
     pending: Vec<(CoolingStep, bool)>,
     /// The held power-down's end of wait.
     held_until: Option<u64>,
+    /// Drained at the start: the grace's power-down waits for the CDU's
+    /// word until then at most.
+    grace_held_until: Option<u64>,
     /// Whether a state taken since the start said the rack is cooled.
     cooled_since_start: bool,
     /// The power-downs run again since the start.
@@ -209,6 +214,7 @@ impl Model {
             ran: Vec::new(),
             pending: Vec::new(),
             held_until: None,
+            grace_held_until: None,
             cooled_since_start: false,
             held_runs: 0,
         }
@@ -226,6 +232,9 @@ impl Model {
 
     /// The grace is over: the power-down is due.
     fn due(&mut self) -> Vec<CoolingStep> {
+        if self.grace_held_until.is_some() {
+            return Vec::new();
+        }
         match self.phase {
             Phase::Draining { since } if self.t >= since + GRACE_MS => {
                 self.phase = Phase::PoweredDown { since: self.t };
@@ -260,6 +269,7 @@ impl Model {
     /// the steps the word runs.
     fn taken(&mut self, word: Word) -> Expect {
         let steps = self.told(word);
+        self.grace_held_until = None;
         self.cooled_since_start |= word == Word::Cooled;
         let mut e = Expect::default();
         if self.held_until.is_some() {
@@ -273,6 +283,9 @@ impl Model {
     /// grace.
     fn round(&mut self) -> Expect {
         let mut e = Expect::default();
+        if self.grace_held_until.is_some_and(|until| self.t >= until) {
+            self.grace_held_until = None;
+        }
         if self.held_until.is_some_and(|until| self.t >= until) {
             self.held_decided(&mut e);
         }
@@ -294,6 +307,7 @@ impl Model {
     /// before; each runs again, is held or is dropped (6 and 7).
     fn start(&mut self) -> Expect {
         self.held_until = None;
+        self.grace_held_until = None;
         self.cooled_since_start = false;
         self.held_runs = 0;
         let mut e = Expect::default();
@@ -308,8 +322,13 @@ impl Model {
         }
         // Powered down, kept pending or done: the host runs again, so the
         // power-down is held (7).
-        if powered_down {
-            self.held_until = Some(self.t + HELD_WAIT_MS.max(GRACE_MS));
+        let until = self.t + HELD_WAIT_MS.max(GRACE_MS);
+        match self.phase {
+            Phase::PoweredDown { .. } => self.held_until = Some(until),
+            // Drained: the grace may have run out while the host was
+            // down; its power-down waits for the CDU's word (1).
+            Phase::Draining { .. } => self.grace_held_until = Some(until),
+            Phase::Cooled => {}
         }
         e
     }

@@ -53,6 +53,15 @@ impl Node {
                     say_held(&rack, until_ms.saturating_sub(now.steady.0), kept, out);
                     continue;
                 }
+                Again::GraceHeld { until_ms } => {
+                    let why = format!(
+                        "rack {rack}: drained before the restart: the power-down after the grace \
+                         waits for the CDU's word that the rack still has no cooling, {} s at most",
+                        until_ms.saturating_sub(now.steady.0) / 1_000
+                    );
+                    out.push(Effect::Say(Level::Warn, why));
+                    continue;
+                }
                 Again::Dropped(step) => {
                     let why = format!(
                         "rack {rack}: cooling-loss {step} not known done before the restart: \
@@ -115,7 +124,7 @@ impl Node {
                 out.push(Effect::Say(Level::Info, dropped.to_string()));
                 out.push(Effect::DropCooling(step));
             }
-            Some(Again::Held { .. }) | None => {}
+            Some(Again::Held { .. } | Again::GraceHeld { .. }) | None => {}
         }
     }
 
