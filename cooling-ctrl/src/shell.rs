@@ -750,7 +750,7 @@ impl<P: CduPort> Shell<P> {
 
     /// Hands the BMS's limits in force to the recorder, if they changed
     /// since they were last handed, without waiting; a full queue leaves
-    /// them for the next step (said once).
+    /// them for the next step.
     fn keep_bms_limits(&mut self) {
         let k = &mut self.keeping;
         let Some(limits) = k.bms_unkept else {

@@ -2,8 +2,8 @@
 //! subscriptions, every host's command topic checked to build), the
 //! board's ropes checked against the layout, the decision path built from
 //! the latched record in flash, what the core learned and the limits the
-//! BMS set restored, and the
-//! resender that answers readers' requests for logged events.
+//! BMS set restored, and the resender that answers readers' requests for
+//! logged events.
 use super::*;
 use cooling_core::estimate::record::HostIds;
 use cooling_core::Learned;
