@@ -108,6 +108,7 @@ use crate::northbound::{snapshot_from, NorthboundSettings, NorthboundSnapshot, N
 mod bms;
 mod devices;
 mod facility;
+mod keeping;
 mod leases;
 mod links;
 mod publish;
@@ -118,6 +119,7 @@ use crate::decide::leases::LeaseBook;
 pub use crate::decide::leases::{cap_lease, CAP_RESEND_W, LIFT_DURATION};
 use crate::decide::outdoor::{self, OutdoorSource, OutdoorSources};
 pub(crate) use facility::{hall_state, hall_subscription, FacilityLink};
+use keeping::{learned_keeper, Keeping};
 pub use leases::{host_report, send_lease, LeaseNotSent};
 pub use links::{
     BoardIo, NorthboundLink, OperatorAction, OperatorRequest, PendingRequest, RequestOutcome,
@@ -384,20 +386,6 @@ struct Shell<P> {
     resender: Resender,
 }
 
-/// What the shell keeps in the controller's flash besides the latched
-/// record's path through the decision path.
-struct Keeping {
-    recorder: Recorder,
-    seq_floor: SeqFloor,
-    /// Which parts of the learned figures changed since they were last
-    /// handed to the recorder, and when the next keep is due (the
-    /// firmware's keeper, `cooling_decide::learned`).
-    learned: Box<LearnedKeeper>,
-    /// The BMS's limits in force, not yet handed to the recorder (its
-    /// queue was full): handed at the next step.
-    bms_unkept: Option<bms::BmsLimits>,
-}
-
 /// Runs the shell for the CDU behind `cdu` until `shutdown` completes,
 /// then leaves the bus (announcing `online: false`, waiting up to 3 s for
 /// the broker to acknowledge what was handed over). Caps in force stay
@@ -513,18 +501,6 @@ struct Started {
     first_seq: u32,
     resender: Resender,
     learned: Box<LearnedKeeper>,
-}
-
-/// The keeper of what was learned, knowing what the flash held at start
-/// (`records`), so a restart writes again only the parts that changed.
-fn learned_keeper(records: &LearnedRecords) -> Box<LearnedKeeper> {
-    let mut k = Box::new(LearnedKeeper::new());
-    for part in 0..journal::LEARNED_KEYS.len() {
-        if let Some(bytes) = records.bytes(part) {
-            k.held(part, bytes);
-        }
-    }
-    k
 }
 
 impl<P: CduPort> Shell<P> {
@@ -695,23 +671,6 @@ impl<P: CduPort> Shell<P> {
         self.decider.kept(result.is_ok());
     }
 
-    /// Hands what the core learned to the recorder when a keep is due at
-    /// `now` (shell ms; `stopping`: at once), each part whose bytes
-    /// changed since it was last handed over, without waiting (a part the
-    /// recorder's full queue dropped goes at the next keep).
-    fn keep_learned(&mut self, now: u64, stopping: bool) {
-        let (k, core) = (&mut self.keeping, self.decider.core());
-        if stopping {
-            k.learned.begin_now(core, now);
-        } else if !k.learned.begin(core, now) {
-            return;
-        }
-        while let ToKeep::Part { part, key, bytes } = k.learned.to_keep() {
-            let taken = k.recorder.offer_set(key.to_string(), bytes.to_vec());
-            k.learned.kept(part, taken);
-        }
-    }
-
     /// Writes the step's settings to the CDU in safety order, each on its
     /// own ([`decide::writes`]), with the valve positions it read
     /// (`closed`); the first failure is logged once per change.
@@ -745,20 +704,6 @@ impl<P: CduPort> Shell<P> {
             self.bms.in_force(core.limits());
             self.keeping.bms_unkept = Some(core.limits());
             self.keep_bms_limits();
-        }
-    }
-
-    /// Hands the BMS's limits in force to the recorder, if they changed
-    /// since they were last handed, without waiting; a full queue leaves
-    /// them for the next step.
-    fn keep_bms_limits(&mut self) {
-        let k = &mut self.keeping;
-        let Some(limits) = k.bms_unkept else {
-            return;
-        };
-        let record = journal::encode_bms_limits(limits).to_vec();
-        if k.recorder.offer_set(journal::BMS_LIMITS_KEY.into(), record) {
-            k.bms_unkept = None;
         }
     }
 
