@@ -34,7 +34,10 @@ pub mod snapshot;
 pub use answer::answer;
 pub use render::render;
 pub use serial::SerialHost;
-pub use snapshot::{snapshot_channel, Context, GpuView, ResendCounts, Snapshot, Timing};
+pub use snapshot::{
+    snapshot_channel, ActionFailure, ActionKind, Context, GpuView, ResendCounts, SiteActions,
+    Snapshot, Timing,
+};
 
 /// The agent, as `node-agent ctl` names it in its messages.
 pub const PEER: Peer<'static> = Peer {

@@ -84,6 +84,14 @@ const LATE: Metric = Metric::counter(
     "loopwarden_gpu_late_answers_total",
     "Samples that answered after the deadline and were used a round later.",
 );
+const ACTIONS: Metric = Metric::counter(
+    "loopwarden_site_actions_total",
+    "The site's commands the agent ran since it started, by kind (quarantine, cooling_loss) and result (ok, failed: an exit status other than 0, a timeout, or a program that could not start).",
+);
+const ACTION_FAILED_AT: Metric = Metric::gauge(
+    "loopwarden_site_action_last_failure_timestamp_seconds",
+    "When the last of the site's commands that failed ended, seconds since the Unix epoch. Absent while none failed since the start.",
+);
 const LEASES: Metric = Metric::gauge(
     "loopwarden_leases_active",
     "Power-cap leases held now (from the cooling controller, a facility budget or an operator).",
@@ -198,6 +206,7 @@ fn loop_state(out: &mut Exposition, s: &Snapshot, host: &[(&str, &str)]) {
     out.sample(&XID_DROPPED, host, s.xids_dropped as f64);
     out.sample(&ACKS_WITHHELD, host, s.acks_withheld as f64);
     out.sample(&LEASES, host, s.leases.len() as f64);
+    site_actions(out, &s.actions, host);
     use node_core::cooling_loss::Phase;
     for (name, on) in [
         ("cooled", matches!(s.cooling, Phase::Cooled)),
@@ -208,6 +217,22 @@ fn loop_state(out: &mut Exposition, s: &Snapshot, host: &[(&str, &str)]) {
         ),
     ] {
         out.flag(&COOLING, &with_labels(host, &[("phase", name)]), on);
+    }
+}
+
+/// The site's commands run, by kind and result, and when one last failed.
+fn site_actions(out: &mut Exposition, a: &crate::console::SiteActions, host: &[(&str, &str)]) {
+    for (kind, result, n) in [
+        ("quarantine", "ok", a.quarantine_ok),
+        ("quarantine", "failed", a.quarantine_failed),
+        ("cooling_loss", "ok", a.cooling_ok),
+        ("cooling_loss", "failed", a.cooling_failed),
+    ] {
+        let labels = with_labels(host, &[("kind", kind), ("result", result)]);
+        out.sample(&ACTIONS, &labels, n as f64);
+    }
+    if let Some(f) = &a.last_failure {
+        out.sample(&ACTION_FAILED_AT, host, f.at.0 as f64 / 1000.0);
     }
 }
 
@@ -294,7 +319,7 @@ pub fn start(addr: Option<SocketAddr>, ctx: Context) -> Option<JoinHandle<()>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::console::ResendCounts;
+    use crate::console::{ActionKind, ResendCounts};
     use crate::gpu::{GpuInfo, GpuSample};
     use loopwarden_protocol::{
         EccCounts, ReasonCode, ThrottleReasons, TimestampMs, Unsupported, Watts, WholeCelsius,
@@ -328,6 +353,7 @@ mod tests {
             missed: 0,
             unresponsive_reported: false,
             last_error: None,
+            action_failed: None,
             applied: Some(Watts(500)),
             source: Some(CapSource::Cooling),
             guard_cap: None,
@@ -432,6 +458,7 @@ mod tests {
     fn every_metric_is_documented() {
         let snap = Snapshot {
             gpus: vec![view()],
+            actions: failed_once(),
             ..Snapshot::default()
         };
         let mut out = Exposition::new();
@@ -478,6 +505,47 @@ mod tests {
                 "{name} not in docs/node-agent.md §9"
             );
         }
+    }
+
+    /// Site actions where one quarantine action ended well and one failed.
+    fn failed_once() -> crate::console::SiteActions {
+        let mut a = crate::console::SiteActions::default();
+        let failure = || crate::console::ActionFailure {
+            at: TimestampMs(1_700_000_000_500),
+            what: "quarantine of GPU 3".into(),
+            program: "scontrol".into(),
+            detail: "exit 1: Invalid node name".into(),
+        };
+        a.count(ActionKind::Quarantine, true, failure);
+        a.count(ActionKind::Quarantine, false, failure);
+        a
+    }
+
+    #[test]
+    fn site_actions_are_counted_by_kind_and_result_with_the_last_failure() {
+        let host = [("Hostname", "h07")];
+        let mut out = Exposition::new();
+        site_actions(&mut out, &failed_once(), &host);
+        let t = out.finish();
+        for line in [
+            "# TYPE loopwarden_site_actions_total counter\n",
+            "loopwarden_site_actions_total{Hostname=\"h07\",kind=\"quarantine\",result=\"ok\"} 1\n",
+            "loopwarden_site_actions_total{Hostname=\"h07\",kind=\"quarantine\",result=\"failed\"} 1\n",
+            "loopwarden_site_actions_total{Hostname=\"h07\",kind=\"cooling_loss\",result=\"failed\"} 0\n",
+            "loopwarden_site_action_last_failure_timestamp_seconds{Hostname=\"h07\"} 1700000000.5\n",
+        ] {
+            assert!(t.contains(line), "{line} in\n{t}");
+        }
+        // None failed: the counters at 0 (so an alert's rate has a start),
+        // and no time of a failure.
+        let mut out = Exposition::new();
+        site_actions(&mut out, &Default::default(), &host);
+        let t = out.finish();
+        assert!(
+            t.contains("kind=\"quarantine\",result=\"failed\"} 0\n"),
+            "{t}"
+        );
+        assert!(!t.contains("last_failure"), "{t}");
     }
 
     #[test]

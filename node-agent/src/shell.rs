@@ -126,6 +126,8 @@ pub(crate) struct GpuState {
     pub last: Option<GpuSample>,
     pub responsive: bool,
     pub last_error: Option<String>,
+    /// A quarantine action that failed, until its actions end well.
+    pub action_failed: Option<String>,
     pub xids: VecDeque<(TimestampMs, u16)>,
 }
 
@@ -163,6 +165,8 @@ pub(crate) struct Agent {
     /// Whether the log said that the limits of a GPU whose UUID is
     /// unknown are not kept.
     pub unkept_limits_said: bool,
+    /// The site's commands run, and how they ended.
+    pub site_actions: crate::console::SiteActions,
 }
 
 /// What a process that runs many agents may ask of each (nothing by
@@ -299,6 +303,7 @@ async fn run_agent(
         clock,
         cooling,
         unkept_limits_said: false,
+        site_actions: Default::default(),
     };
     for &gpu in &undone.unreadable {
         agent.keep_health(gpu);

@@ -54,6 +54,24 @@ fn actions_log(rig: &Rig) -> PathBuf {
     rig.dir.path().join("actions.log")
 }
 
+/// `ctl status` once its site actions show `done` (the console's snapshot
+/// follows the loop's next round, behind the outcome's event), or as it
+/// is after `secs`.
+fn status_once(
+    console: &rig::Console,
+    secs: u64,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let status = console.ctl(&["status"]).expect("ctl status");
+        if done(&status["site_actions"]) || Instant::now() >= deadline {
+            return status;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 fn read(log: &Path) -> String {
     std::fs::read_to_string(log).unwrap_or_default()
 }
@@ -378,17 +396,35 @@ fn quarantine_actions_that_fail_hang_or_cannot_start_are_reported_and_run_again_
     // Not retried while the agent runs.
     let more = events_until(&mut sub, 2, |ev| !quarantine_outcomes(ev, 0).is_empty());
     assert_eq!(quarantine_outcomes(&more, 0), [], "retried");
+    // Counted, the last named, and the GPU's `why` says to drain it by hand.
+    let status = status_once(&agent, 3, |a| a["quarantine"]["failed"] == 3);
+    let a = &status["site_actions"];
+    assert_eq!(
+        (&a["quarantine"]["ok"], &a["quarantine"]["failed"]),
+        (&serde_json::json!(0), &serde_json::json!(3)),
+        "{status}"
+    );
+    assert_eq!(a["last_failure"]["what"], "quarantine of GPU 0", "{status}");
+    let why = agent.ctl_text(&["why", "0"]);
+    assert!(
+        why.contains("note       a quarantine action ") && why.contains("drain the GPU by hand"),
+        "{why}"
+    );
     let (status, _) = agent.terminate(Duration::from_secs(10));
     assert!(status.success(), "{status}");
 
     // At the next start every action of the quarantine runs again.
-    let _agent = rig.spawn_twin_process(
+    let agent = rig.spawn_twin_process(
         ENTRY,
         2,
         &three(&notes, &notes, notes.to_str().expect("path")),
     );
     let ev = events_until(&mut sub, 5, |ev| quarantine_outcomes(ev, 0).len() >= 3);
     assert_eq!(quarantine_outcomes(&ev, 0), [(true, Some(0)); 3]);
+    let status = status_once(&agent, 3, |a| a["quarantine"]["ok"] == 3);
+    assert_eq!(status["site_actions"]["quarantine"]["ok"], 3, "{status}");
+    assert!(status["site_actions"]["last_failure"].is_null(), "{status}");
+    assert!(!agent.ctl_text(&["why", "0"]).contains("quarantine action"));
     assert_eq!(
         lines(&log).iter().filter(|l| *l == "ran 0").count(),
         3,
@@ -430,6 +466,17 @@ fn cooling_steps_that_fail_hang_or_cannot_start_are_reported_and_the_next_steps_
             (CoolingStep::PowerUp, false, None),
             (CoolingStep::Resume, true, Some(0))
         ]
+    );
+    let status = status_once(&agent, 3, |a| a["cooling_loss"]["ok"] == 1);
+    let a = &status["site_actions"];
+    assert_eq!(
+        (&a["cooling_loss"]["ok"], &a["cooling_loss"]["failed"]),
+        (&serde_json::json!(1), &serde_json::json!(3)),
+        "{status}"
+    );
+    assert_eq!(
+        a["last_failure"]["what"], "cooling-loss power-up",
+        "{status}"
     );
     let text = agent.log_text();
     for said in [

@@ -87,6 +87,7 @@ fn status(ctx: &Context, snap: &Snapshot, now: TimestampMs) -> Value {
         },
         "resend": resend_view(ctx),
         "leases": snap.leases.len(),
+        "site_actions": actions_view(&snap.actions),
         "xids": {
             "queued": snap.xids_queued,
             "dropped": snap.xids_dropped,
@@ -107,6 +108,20 @@ fn status(ctx: &Context, snap: &Snapshot, now: TimestampMs) -> Value {
         },
         "flash": ctx.flash_path.clone().unwrap_or_else(|| "memory (not kept)".into()),
         "demo_key": ctx.demo_key,
+    })
+}
+
+/// The site's commands run, and the last that failed.
+fn actions_view(a: &crate::console::SiteActions) -> Value {
+    json!({
+        "quarantine": { "ok": a.quarantine_ok, "failed": a.quarantine_failed },
+        "cooling_loss": { "ok": a.cooling_ok, "failed": a.cooling_failed },
+        "last_failure": a.last_failure.as_ref().map(|f| json!({
+            "at": f.at.0,
+            "what": f.what,
+            "program": f.program,
+            "detail": f.detail,
+        })),
     })
 }
 
@@ -292,6 +307,11 @@ fn why(snap: &Snapshot, now: TimestampMs, gpu: u8) -> Value {
                 .ok()
                 .and_then(|v| v.as_str().map(String::from))
                 .unwrap_or_default()
+        ));
+    }
+    if let Some(failed) = &g.action_failed {
+        notes.push(format!(
+            "a quarantine action {failed}: the scheduler may not know; drain the GPU by hand (the actions run again at the next start)"
         ));
     }
     if !s.unsupported.is_empty() {

@@ -62,6 +62,13 @@ fn status(v: &Value) -> String {
         ),
         ("leases", s(&v["leases"])),
         (
+            "actions",
+            fill(
+                &v["site_actions"],
+                "quarantine {quarantine.ok} ok, {quarantine.failed} failed; cooling loss {cooling_loss.ok} ok, {cooling_loss.failed} failed",
+            ),
+        ),
+        (
             "XIDs",
             format!(
                 "watch {}; {} queued, {} dropped in storms",
@@ -90,6 +97,19 @@ fn status(v: &Value) -> String {
                 "rack lost cooling: {} since {}",
                 s(&v["cooling_loss"]["phase"]).replace('_', " "),
                 fmt_time(TimestampMs(since))
+            ),
+        ));
+    }
+    let failed = &v["site_actions"]["last_failure"];
+    if let Some(at) = failed["at"].as_u64() {
+        rows.push((
+            "FAILED",
+            format!(
+                "{}: {} at {}: {}",
+                s(&failed["what"]),
+                s(&failed["program"]),
+                fmt_time(TimestampMs(at)),
+                s(&failed["detail"])
             ),
         ));
     }
@@ -261,6 +281,37 @@ fn bus_line(v: &Value) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn status_counts_the_site_actions_and_names_the_last_failure() {
+        let v = json!({
+            "site_actions": {
+                "quarantine": {"ok": 2, "failed": 1},
+                "cooling_loss": {"ok": 0, "failed": 0},
+                "last_failure": {"at": 1_700_000_000_000u64, "what": "quarantine of GPU 3",
+                    "program": "scontrol", "detail": "exit status 1: Invalid node name"},
+            },
+        });
+        let text = render(&Request::Status, &v);
+        let row = |name: &str| {
+            text.lines()
+                .find(|l| l.starts_with(name))
+                .unwrap_or_else(|| panic!("no {name} row in\n{text}"))
+                .to_string()
+        };
+        assert!(
+            row("actions ").ends_with("quarantine 2 ok, 1 failed; cooling loss 0 ok, 0 failed"),
+            "{text}"
+        );
+        let failed = row("FAILED ");
+        assert!(
+            failed.contains("quarantine of GPU 3: scontrol at ")
+                && failed.ends_with("exit status 1: Invalid node name"),
+            "{failed}"
+        );
+        let none = json!({"site_actions": {"last_failure": null}});
+        assert!(!render(&Request::Status, &none).contains("FAILED"));
+    }
 
     #[test]
     fn status_has_a_row_of_resends() {

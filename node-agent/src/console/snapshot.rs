@@ -55,6 +55,60 @@ impl Timing {
     }
 }
 
+/// The site's commands the agent ran (quarantine actions, cooling-loss
+/// steps) and how they ended, since the start.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SiteActions {
+    /// Quarantine actions that ended well.
+    pub quarantine_ok: u64,
+    /// Quarantine actions that failed (exit status, timeout, cannot start).
+    pub quarantine_failed: u64,
+    /// Cooling-loss steps' commands that ended well.
+    pub cooling_ok: u64,
+    /// Cooling-loss steps' commands that failed.
+    pub cooling_failed: u64,
+    /// The last failure of either kind.
+    pub last_failure: Option<ActionFailure>,
+}
+
+/// A site command that failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActionFailure {
+    /// When it ended (wall clock).
+    pub at: TimestampMs,
+    /// What it ran for: `quarantine of GPU 3`, `cooling-loss drain`.
+    pub what: String,
+    /// The program.
+    pub program: String,
+    /// How it failed (exit status and its output's tail, timeout, cannot start).
+    pub detail: String,
+}
+
+/// Which of the site's commands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActionKind {
+    /// A quarantine's actions (`[quarantine] actions`).
+    Quarantine,
+    /// A cooling-loss step's command (`[cooling_loss]`).
+    CoolingLoss,
+}
+
+impl SiteActions {
+    /// Counts one outcome of a `kind` command; a failure becomes the last.
+    pub fn count(&mut self, kind: ActionKind, ok: bool, failure: impl FnOnce() -> ActionFailure) {
+        let n = match (kind, ok) {
+            (ActionKind::Quarantine, true) => &mut self.quarantine_ok,
+            (ActionKind::Quarantine, false) => &mut self.quarantine_failed,
+            (ActionKind::CoolingLoss, true) => &mut self.cooling_ok,
+            (ActionKind::CoolingLoss, false) => &mut self.cooling_failed,
+        };
+        *n += 1;
+        if !ok {
+            self.last_failure = Some(failure());
+        }
+    }
+}
+
 /// One GPU as the loop last saw it.
 #[derive(Debug, Clone)]
 pub struct GpuView {
@@ -74,6 +128,9 @@ pub struct GpuView {
     pub unresponsive_reported: bool,
     /// Why the last sample failed.
     pub last_error: Option<String>,
+    /// The quarantine action of its last quarantine that failed, with how,
+    /// until a later run of its actions ends well.
+    pub action_failed: Option<String>,
     /// The limit read back after the last set (or at start).
     pub applied: Option<Watts>,
     /// Who set that limit.
@@ -104,6 +161,8 @@ pub struct Snapshot {
     pub xids_dropped: u64,
     /// Acks to refused commands withheld by the rate limit since the start.
     pub acks_withheld: u64,
+    /// The site's commands run since the start, and how they ended.
+    pub actions: SiteActions,
     /// Since when the XID watch has been down, if it is.
     pub xid_watch_down: Option<TimestampMs>,
     /// Since when every GPU has been silent together, if they are.

@@ -48,6 +48,7 @@ use tokio::task::JoinHandle;
 use super::Agent;
 use crate::actions;
 use crate::config::CoolingLossActions;
+use crate::console::ActionKind;
 use node_core::cooling_loss::Phase;
 
 /// The config-store key of the cooling-loss phase and pending steps.
@@ -450,6 +451,7 @@ impl Agent {
         } else {
             tracing::error!("cooling-loss {step}: {} failed: {}", o.program, o.detail);
         }
+        self.count_action(ActionKind::CoolingLoss, &format!("cooling-loss {step}"), &o);
         if let Some(ok) = ended {
             if self.cooling.pending.ended(id, ok) {
                 self.keep_cooling();

@@ -28,6 +28,7 @@ use node_core::node::Input;
 
 use super::{Agent, RECENT_XIDS};
 use crate::actions;
+use crate::console::{ActionFailure, ActionKind};
 use crate::gpu::XidReport;
 
 /// A quarantine action ended.
@@ -427,6 +428,15 @@ impl Agent {
                 o.detail
             );
         }
+        self.count_action(
+            ActionKind::Quarantine,
+            &format!("quarantine of GPU {gpu}"),
+            &o,
+        );
+        let shown = self.gpus.get_mut(gpu as usize);
+        if let (false, Some(g)) = (o.ok, shown) {
+            g.action_failed = Some(format!("{} failed: {}", o.program, o.detail));
+        }
         if let Some(run) = self.quarantine_runs.get_mut(&(gpu, since)) {
             run.left = run.left.saturating_sub(1);
             run.ok &= o.ok;
@@ -434,6 +444,9 @@ impl Agent {
                 let ok = run.ok;
                 self.quarantine_runs.remove(&(gpu, since));
                 if ok {
+                    if let Some(g) = self.gpus.get_mut(gpu as usize) {
+                        g.action_failed = None;
+                    }
                     self.keep_record(gpu, Record::Done, &since.to_le_bytes());
                 } else {
                     tracing::error!(
@@ -448,6 +461,17 @@ impl Agent {
             exit_code: o.exit_code,
         };
         self.emit(ev, self.clock.wall()).await;
+    }
+
+    /// Counts a site command's outcome for `/metrics` and the console.
+    pub(super) fn count_action(&mut self, kind: ActionKind, what: &str, o: &actions::Outcome) {
+        let at = self.clock.wall();
+        self.site_actions.count(kind, o.ok, || ActionFailure {
+            at,
+            what: what.to_string(),
+            program: o.program.clone(),
+            detail: o.detail.clone(),
+        });
     }
 
     /// Says in the log when the XID queue dropped events since it last

@@ -95,6 +95,7 @@ pub(super) async fn gpus(
             last: None,
             responsive: false,
             last_error: None,
+            action_failed: None,
             xids: VecDeque::new(),
         });
     }
@@ -380,6 +381,7 @@ mod tests {
             last: None,
             responsive: true,
             last_error: None,
+            action_failed: None,
             xids: VecDeque::new(),
         }
     }
