@@ -213,6 +213,8 @@ struct Gateway {
     pending: Pending<oneshot::Sender<ClearOutcome>>,
     /// The MCU's latest lease of each host while the bus is down.
     held: HeldLeases,
+    /// The BMS's limits not yet handed to the recorder (its queue was full).
+    bms_unkept: Option<(f32, f32)>,
 }
 
 /// Runs the gateway for the CDU of `cfg` until `shutdown` completes, then
@@ -263,6 +265,7 @@ pub async fn run(
         gw.bridge = gw.bridge.in_hall(hall);
     }
     gw.snapshots = snapshots;
+    gw.restore_bms_limits(&flash.bms_limits);
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
     let mut alive = tokio::time::interval(ALIVE_EVERY);
@@ -332,6 +335,7 @@ impl Gateway {
             snapshots: None,
             pending: Pending::default(),
             held: HeldLeases::default(),
+            bms_unkept: None,
         }
     }
 
@@ -390,6 +394,7 @@ impl Gateway {
         if let Some(limits) = self.bms.due(now.mono_ms, false) {
             self.send_bms(&limits);
         }
+        self.keep_bms_limits();
         if !self.held.is_empty() && self.bus.is_connected() {
             for (host, lease, lift) in self.held.take(now.mono_ms) {
                 self.lease(host, lease, lift);
@@ -417,7 +422,15 @@ impl Gateway {
 
     fn on_link(&mut self, ev: LinkEvent) {
         match ev {
-            LinkEvent::Open(open) => self.stats.link_open = open,
+            LinkEvent::Open(open) => {
+                self.stats.link_open = open;
+                // A line opened (again): the MCU behind it may have
+                // started meanwhile, or the limits restored at the start
+                // found it closed.
+                if let (true, Some(limits)) = (open, self.bms.due(self.now().mono_ms, true)) {
+                    self.send_bms(&limits);
+                }
+            }
             LinkEvent::Wrote(ok) => self.bridge.wrote(ok),
             LinkEvent::Bytes(b) => {
                 let now = self.now();
@@ -462,9 +475,50 @@ impl Gateway {
         tracing::info!("cooling gateway: the BMS wrote {w}");
         let now = self.now();
         if let Some(down) = self.bms.write(w, now.mono_ms) {
+            if matches!(down, Down::Limits { .. }) {
+                self.bms_unkept = self.bms.limits_set();
+                self.keep_bms_limits();
+            }
             self.send_bms(&down);
         }
         self.publish_snapshot(now);
+    }
+
+    /// The BMS's limits kept in flash before the restart (`read`, as
+    /// the flash was opened): in force again and sent down, or, when they
+    /// cannot be read, said, with none in force until the BMS writes them.
+    fn restore_bms_limits(&mut self, read: &Result<Option<(f32, f32)>, String>) {
+        match read {
+            Ok(None) => {}
+            Ok(Some(limits)) => {
+                let (c, o) = *limits;
+                tracing::info!(
+                    "cooling gateway: the BMS's limits restored from flash: setpoint ceiling {c:.2} °C, plan ceiling offset {o:.2} K"
+                );
+                let now = self.now();
+                let down = self.bms.restored(*limits, now.mono_ms);
+                self.send_bms(&down);
+            }
+            Err(e) => tracing::error!(
+                "cooling gateway: the BMS's limits: {e}: none in force until the BMS writes them again"
+            ),
+        }
+    }
+
+    /// Hands the BMS's limits to the recorder, if they changed since they
+    /// were last handed, without waiting; a full queue leaves them for the
+    /// next tick.
+    fn keep_bms_limits(&mut self) {
+        let Some(limits) = self.bms_unkept else {
+            return;
+        };
+        let record = crate::journal::encode_bms_limits(limits).to_vec();
+        if self
+            .recorder
+            .offer_set(crate::journal::BMS_LIMITS_KEY.into(), record)
+        {
+            self.bms_unkept = None;
+        }
     }
 
     /// The hall's facility water, °C, to the MCU.

@@ -11,7 +11,8 @@
 //!   `Up::Answer` is what `ctl` prints; a second clear asked at once has
 //!   an id above the first's;
 //! - a clear signed with another key is carried all the same: the
-//!   microcontroller refuses it, not the gateway.
+//!   microcontroller refuses it, not the gateway;
+//! - the BMS's limits outlive a restart of the gateway (kept in flash).
 //!
 //! And `cooling-ctrl firmware-keyring` writes the firmware's operator
 //! keyring from a site's keyring.
@@ -171,7 +172,7 @@ fn the_bms_writes_and_operators_signed_clears_reach_the_microcontroller() {
         &broker,
         &format!("northbound = \"{northbound}\"\nnorthbound_writes = true\n"),
     );
-    let _gateway = spawn(&config, listener.local_addr().unwrap());
+    let gateway = spawn(&config, listener.local_addr().unwrap());
     let mut mcu = Mcu::accept(&listener);
     let socket = dir.path().join("cdu.sock");
     let mut step = 100;
@@ -276,6 +277,32 @@ fn the_bms_writes_and_operators_signed_clears_reach_the_microcontroller() {
     assert!(
         String::from_utf8_lossy(&said.stderr).contains("--sign-key"),
         "{said:?}"
+    );
+
+    // The gateway killed and started again, the microcontroller running
+    // on: the BMS's limits, kept in flash, come down again at once and
+    // the holding registers read them, with no write from the BMS (it
+    // writes a limit once, when it changes).
+    drop(gateway);
+    let _gateway = spawn(&config, listener.local_addr().unwrap());
+    let mut mcu = Mcu::accept(&listener);
+    // Within 5 s: not the 30 s repeat.
+    down_until(
+        &mut mcu,
+        &mut step,
+        Duration::from_secs(5),
+        "the kept limits",
+        |d| (*d == limits).then_some(()),
+    );
+    let (rt, mut ctx) = bms_client::connect(northbound);
+    let holding = rt
+        .block_on(ctx.read_holding_registers(0, 2))
+        .unwrap()
+        .expect("read");
+    assert_eq!(
+        holding,
+        [3550, (-20i16) as u16],
+        "the kept limits read back"
     );
 }
 

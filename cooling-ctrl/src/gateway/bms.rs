@@ -33,7 +33,10 @@
 //! anything alarming the acknowledgement did not cover); nothing goes
 //! down.
 //! The holding registers read what the gateway sent: the MCU does not
-//! say what it runs with.
+//! say what it runs with. The limits are kept in the gateway's flash as
+//! `run` keeps them (`crate::journal::BMS_LIMITS_KEY`), so a restart of
+//! the gateway, or of the whole cabinet, does not lift them: a BMS
+//! writes a limit once, when it changes.
 //!
 //! Glossary:
 //! - *steady ms*: the gateway's monotonic clock, ms since it started.
@@ -134,6 +137,25 @@ impl BmsBridge {
                 Some(self.limits(now_ms))
             }
         }
+    }
+
+    /// The limits the BMS set before a restart of the gateway, as kept in
+    /// flash: in force again, and what goes down for them at once (and
+    /// again as [`BmsBridge::due`] says, as after a write).
+    pub fn restored(&mut self, (ceiling_c, offset_k): (f32, f32), now_ms: u64) -> Down {
+        self.settings.setpoint_ceiling_c = ceiling_c;
+        self.settings.plan_ceiling_offset_k = offset_k;
+        self.limits(now_ms)
+    }
+
+    /// The limits the BMS set, to keep in flash: `None` until it wrote one.
+    pub fn limits_set(&self) -> Option<(f32, f32)> {
+        self.limits_sent_ms.map(|_| {
+            (
+                self.settings.setpoint_ceiling_c,
+                self.settings.plan_ceiling_offset_k,
+            )
+        })
     }
 
     /// The limits again, when due at `now_ms`: every
