@@ -64,10 +64,14 @@ pub(super) async fn gpus(
             Worker::start(i as u8, d).map_err(AgentError::Thread)?,
         ));
     }
+    // Every GPU asked at once, each on its worker: a driver that hangs
+    // holds the start for one deadline, not one per GPU.
     let describe_deadline = Duration::from_secs(5).max(config.deadline);
+    let described =
+        futures::future::join_all(workers.iter().map(|w| w.describe(describe_deadline))).await;
     let mut gpus = Vec::new();
-    for w in &workers {
-        let info = match w.describe(describe_deadline).await {
+    for (w, described) in workers.iter().zip(described) {
+        let info = match described {
             Ok(info) => with_board_limits(info, config),
             Err(e) => {
                 tracing::error!(
@@ -384,6 +388,63 @@ mod tests {
             action_failed: None,
             xids: VecDeque::new(),
         }
+    }
+
+    /// A GPU whose driver hangs: its description never comes (its
+    /// thread sleeps past the test).
+    struct Hung;
+
+    impl crate::gpu::GpuDevice for Hung {
+        fn describe(&mut self) -> Result<GpuInfo, GpuError> {
+            std::thread::sleep(Duration::from_secs(60));
+            Err(GpuError::Timeout)
+        }
+        fn sample(&mut self) -> Result<crate::gpu::GpuSample, GpuError> {
+            Err(GpuError::Timeout)
+        }
+        fn set_power_limit(&mut self, _: Watts) -> Result<(), GpuError> {
+            Err(GpuError::Timeout)
+        }
+        fn power_limit(&mut self) -> Result<Watts, GpuError> {
+            Err(GpuError::Timeout)
+        }
+    }
+
+    struct HungSource(usize);
+
+    impl crate::gpu::GpuSource for HungSource {
+        fn devices(&mut self) -> Result<Vec<Box<dyn crate::gpu::GpuDevice>>, GpuError> {
+            Ok((0..self.0)
+                .map(|_| Box::new(Hung) as Box<dyn crate::gpu::GpuDevice>)
+                .collect())
+        }
+        fn watch_xids(
+            &mut self,
+            _: crate::xid_queue::XidSink,
+        ) -> Result<Vec<(u8, GpuError)>, GpuError> {
+            Ok(Vec::new())
+        }
+    }
+
+    /// A hung driver holds the start for one description's deadline (5 s),
+    /// not one per GPU (40 s on eight, past systemd's patience), and each
+    /// GPU starts with the board's figures.
+    #[test]
+    fn gpus_that_never_describe_themselves_hold_the_start_once() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("a runtime");
+        let mut source: Box<dyn crate::gpu::GpuSource + Send> = Box::new(HungSource(4));
+        let began = std::time::Instant::now();
+        let (_, gpus) = rt.block_on(gpus(&config(), &mut source)).expect("GPUs");
+        let took = began.elapsed();
+        assert!(
+            took < Duration::from_secs(15),
+            "{took:?} for 4 GPUs of 5 s each"
+        );
+        assert_eq!(gpus.len(), 4);
+        assert!(gpus.iter().all(|g| g.info.uuid == UNKNOWN_UUID));
     }
 
     /// The health an agent keeps of a GPU quarantined at `index`.
