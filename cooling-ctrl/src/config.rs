@@ -99,6 +99,7 @@ use std::string::String;
 use std::time::Duration;
 use std::vec::Vec;
 
+use loopwarden_boards::modbus_map::fit::check_serial_unit_id;
 use loopwarden_boards::modbus_map::RegisterMap;
 use loopwarden_field::common;
 pub use loopwarden_field::config::ConfigError;
@@ -298,6 +299,14 @@ pub fn resolve_for(
         Purpose::Run => Some(register_map(&src, &file, flags, key.demo)?),
         Purpose::Gateway => register_map_if_given(&src, &file, flags)?,
     };
+    // On a serial line the map's unit id must address the CDU alone.
+    if let (Some(Link::Rtu(_)), Some(m)) = (&link, &map) {
+        check_serial_unit_id(m.unit_id).map_err(|e| {
+            let flag = flags.register_map.is_some().then_some("register-map");
+            let what = format!("the register map of {:?}: {e}", m.model);
+            src.error(flag, "register_map", what)
+        })?;
+    }
     let mut core = core_config(&src, &file, flags, key.demo)?;
     let volatile_latch = volatile_latch(
         &src,
@@ -670,6 +679,46 @@ mod tests {
         })
         .validate()
         .expect("a valid shell config");
+    }
+
+    /// On a serial line, a map whose unit id is the broadcast (0) or a
+    /// reserved one is refused, naming the map; over TCP the same map goes.
+    #[test]
+    fn a_serial_cdu_needs_a_unit_id_of_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let map = dir.path().join("map.toml");
+        let sim = include_str!("../../boards/cdus/sim-cdu.toml");
+        let base = format!(
+            "cdu = \"c\"\ndemo_key = true\nembedded_broker = true\nregister_map = {map:?}\n"
+        );
+        for (id, serial, refused) in [
+            (0, true, true),
+            (248, true, true),
+            (0, false, false),
+            (7, true, false),
+        ] {
+            std::fs::write(&map, sim.replace("unit_id = 1", &format!("unit_id = {id}"))).unwrap();
+            let link = if serial {
+                "cdu_serial = \"/dev/ttyUSB0\"\n"
+            } else {
+                "cdu_tcp = \"127.0.0.1:502\"\n"
+            };
+            let got = from(&format!("{base}{link}"));
+            match (refused, got) {
+                (true, Err(e)) => {
+                    assert_eq!(e.line, Some(4), "{e}");
+                    assert!(
+                        e.message
+                            .contains(&format!("unit_id {id}: on a serial line")),
+                        "{e}"
+                    );
+                }
+                (false, Ok(c)) => assert_eq!(c.map.map(|m| m.unit_id), Some(id)),
+                (refused, got) => {
+                    panic!("unit {id}, serial {serial}: refused {refused}, got {got:?}")
+                }
+            }
+        }
     }
 
     #[test]

@@ -16,7 +16,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use loopwarden_modbus_map::fit::check_fit;
+use loopwarden_modbus_map::fit::{check_fit, check_serial_unit_id};
 use loopwarden_modbus_map::{input_spans, Kind, MapFile, Register};
 
 /// Registers the firmware cannot do without: what the control core's
@@ -66,6 +66,8 @@ impl Map {
         // The valve word's range is judged against the racks at start,
         // when the hall's figures give them (`cdu::valves_fit`).
         check_fit(&m.file.register, None).map_err(|e| format!("{}: {e}", m.origin))?;
+        // The firmware reaches the CDU on a serial line only.
+        check_serial_unit_id(m.file.unit_id).map_err(|e| format!("{}: {e}", m.origin))?;
         m.check_needed()
             .map_err(|why| format!("{}: {why}", m.origin))?;
         Ok(m)

@@ -126,6 +126,13 @@ pub enum UnfitMap {
         /// Its range in the map.
         max: f64,
     },
+    /// A unit id that addresses no one device on a serial line: 0 is the
+    /// broadcast (every device on the line carries out a write, none
+    /// answers), 248 to 255 are reserved.
+    SerialUnitId {
+        /// The map's `unit_id`.
+        id: u8,
+    },
 }
 
 impl fmt::Display for UnfitMap {
@@ -168,6 +175,15 @@ impl fmt::Display for UnfitMap {
                 unit_text(found),
                 unit_text(wanted)
             ),
+            Self::SerialUnitId { id } => write!(
+                f,
+                "unit_id {id}: on a serial line the CDU needs an address of its own, 1 to 247{}",
+                if *id == 0 {
+                    " (0 is the broadcast: every device on the line would carry out the controller's writes, and none answers)"
+                } else {
+                    " (248 to 255 are reserved)"
+                }
+            ),
             Self::StillHeartbeat { min, max } => write!(
                 f,
                 "heartbeat: its range {min} to {max} holds fewer than two whole values: \
@@ -178,6 +194,16 @@ impl fmt::Display for UnfitMap {
 }
 
 impl std::error::Error for UnfitMap {}
+
+/// Checks that unit id `id` addresses one CDU on a serial line (Modbus
+/// RTU): 1 to 247. (Over TCP a device reached directly answers 0 or 255
+/// too, so there any id goes.)
+pub fn check_serial_unit_id(id: u8) -> Result<(), UnfitMap> {
+    match id {
+        1..=247 => Ok(()),
+        _ => Err(UnfitMap::SerialUnitId { id }),
+    }
+}
 
 /// A unit as the map spells it, in quotes, or that there is none.
 pub fn unit_text(unit: &str) -> String {

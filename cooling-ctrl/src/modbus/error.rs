@@ -100,10 +100,15 @@ impl CduError {
         matches!(self.root(), Self::NoAnswer { .. })
     }
 
-    /// True when the CDU did not answer at all: nothing in time, or the
-    /// link failed (as opposed to an answer that refused or made no sense).
+    /// True when the CDU did not answer at all: nothing in time, the link
+    /// failed, or a gateway on the way answered that it could not reach
+    /// it (exception 10 or 11, after its own timeout), as opposed to an
+    /// answer of the CDU that refused or made no sense.
     pub fn is_unanswered(&self) -> bool {
-        matches!(self.root(), Self::NoAnswer { .. } | Self::Io { .. })
+        matches!(
+            self.root(),
+            Self::NoAnswer { .. } | Self::Io { .. } | Self::Refused { code: 10 | 11, .. }
+        )
     }
 }
 

@@ -227,10 +227,13 @@ mod tests {
         }
     }
 
-    /// A CDU that answers no write: each would cost its timeout.
+    /// A CDU that answers no write, or whose gateway answers that it
+    /// cannot reach it (`gateway`: the exception code): each would cost
+    /// its timeout.
     #[derive(Default)]
     struct Silent {
         writes: usize,
+        gateway: Option<u8>,
     }
 
     impl CduPort for Silent {
@@ -239,9 +242,14 @@ mod tests {
         }
         async fn write_setting(&mut self, w: &Write) -> Result<(), crate::modbus::CduError> {
             self.writes += 1;
-            Err(crate::modbus::CduError::NoAnswer {
-                op: format!("write {}", w.setting.register()),
-                after_ms: 500,
+            let op = format!("write {}", w.setting.register());
+            Err(match self.gateway {
+                None => crate::modbus::CduError::NoAnswer { op, after_ms: 500 },
+                Some(code) => crate::modbus::CduError::Refused {
+                    op,
+                    code,
+                    meaning: crate::modbus::exception_meaning(code),
+                },
             })
         }
         fn limits(&self) -> MapLimits {
@@ -256,7 +264,16 @@ mod tests {
 
     #[test]
     fn after_a_write_the_cdu_does_not_answer_the_rest_are_not_tried_this_step() {
-        let mut d = Devices::new(Silent::default(), None);
+        for gateway in [None, Some(10), Some(11)] {
+            the_rest_are_not_tried_after(Silent {
+                gateway,
+                ..Silent::default()
+            });
+        }
+    }
+
+    fn the_rest_are_not_tried_after(cdu: Silent) {
+        let mut d = Devices::new(cdu, None);
         let mut plan = Plan::default();
         for setting in Setting::ORDER {
             plan.writes

@@ -131,3 +131,21 @@ fn a_name_two_letters_off_is_near() {
     assert_eq!(edits("pumps_run", "pumps_run"), 0);
     assert_eq!(unit_text("°C"), "\"°C\"");
 }
+
+#[test]
+fn a_serial_unit_id_addresses_one_device() {
+    for id in [1, 17, 247] {
+        assert_eq!(check_serial_unit_id(id), Ok(()));
+    }
+    let broadcast = check_serial_unit_id(0).unwrap_err().to_string();
+    assert!(
+        broadcast.starts_with(
+            "unit_id 0: on a serial line the CDU needs an address of its own, 1 to 247"
+        ) && broadcast.contains("broadcast"),
+        "{broadcast}"
+    );
+    for id in [248, 255] {
+        let e = check_serial_unit_id(id).unwrap_err().to_string();
+        assert!(e.contains("reserved"), "{e}");
+    }
+}
