@@ -32,6 +32,24 @@ use crate::caps::{CapArbiter, GpuRange, InForce, LeaseLimits, LeaseView};
 /// directions): a lease or a release older than this is not acted on.
 pub const COMMAND_MAX_AGE_MS: u64 = 300_000;
 
+/// How far a sender's clock may run behind this host's before a lease it
+/// stamps loses life to it, ms: a lease runs from the earlier of its
+/// arrival and its stamp plus this ([`runs_from`]). A cooling lease lasts
+/// 30 s and is renewed every 10 s, so without this allowance a host whose
+/// clock ran 30 s ahead of its CDU's would take every lease as expired on
+/// arrival and never be capped. A lease may so outlast its sender's
+/// intent by this much at most; the sequence numbers still order a lease
+/// and its lift, however they are stamped.
+pub const CLOCK_SKEW_MS: u64 = 60_000;
+
+/// When a lease stamped `stamp` and taken at `now` (this host's clock)
+/// runs from: its arrival, unless the stamp is more than
+/// [`CLOCK_SKEW_MS`] behind it, then the stamp plus that. A stamp ahead of
+/// the clock never lengthens a lease.
+pub fn runs_from(now: TimestampMs, stamp: TimestampMs) -> TimestampMs {
+    TimestampMs(now.0.min(stamp.0.saturating_add(CLOCK_SKEW_MS)))
+}
+
 /// Whether a CDU state may be taken as this host's cooling context: it
 /// must come from the host's own CDU (`cdu`), and be stamped within
 /// [`COMMAND_MAX_AGE_MS`] of `now` (a state left retained by a controller
@@ -383,7 +401,10 @@ impl CommandCore {
     /// renewal that replaced its sender's lease of the same id, and ends
     /// that one too: a lease shortened by its renewal is not back at its
     /// first length after a restart.
-    pub fn restore(&mut self, now: TimestampMs, frame: &Frame) -> bool {
+    /// `taken`: when this host took it (its clock), from which it ran as
+    /// at its arrival ([`runs_from`]); a record that does not say gives
+    /// the frame's stamp.
+    pub fn restore(&mut self, now: TimestampMs, taken: TimestampMs, frame: &Frame) -> bool {
         if self.authenticate(frame).is_err() || self.authority.forbids(frame).is_some() {
             return false;
         }
@@ -392,7 +413,8 @@ impl CommandCore {
         let Message::CapLease(lease) = &frame.message else {
             return false;
         };
-        let (at, sent) = (self.steady(now), self.steady(frame.time.min(now)));
+        let from = runs_from(taken.min(now), frame.time);
+        let (at, sent) = (self.steady(now), self.steady(from));
         match self.arbiter.lease(at, &frame.sender, sent, lease).code {
             AckCode::Ok | AckCode::Clamped => true,
             AckCode::Expired => {
@@ -448,9 +470,10 @@ impl CommandCore {
         if lease.duration.0 == 0 {
             return Verdict::refuse(AckCode::Malformed, "the lease lasts 0 ms".into());
         }
-        // A lease runs from the earlier of its stamp and this host's clock:
-        // a stamp ahead of the clock never lengthens it.
-        let (at, sent) = (self.steady(now), self.steady(frame.time.min(now)));
+        // A lease runs from its arrival, less what its stamp says beyond
+        // the clocks' allowed skew: a stamp ahead of the clock never
+        // lengthens it.
+        let (at, sent) = (self.steady(now), self.steady(runs_from(now, frame.time)));
         let outcome = self.arbiter.lease(at, &frame.sender, sent, lease);
         let detail = match outcome.code {
             AckCode::Ok => String::new(),
@@ -471,10 +494,12 @@ impl CommandCore {
                 self.no_such_gpu(bad)
             }
             AckCode::Expired => format!(
-                "sent at {} ms for {} ms: expired {} ms before it arrived",
+                "sent at {} ms for {} ms, {} s behind this host's clock: expired before it arrived \
+                 (beyond {} s that is the bus's delay or the clocks: check both hosts' time sync)",
                 frame.time.0,
                 lease.duration.0,
-                frame.time.after(lease.duration).until(now)
+                frame.time.until(now) / 1000,
+                CLOCK_SKEW_MS / 1000
             ),
             AckCode::TooLong => format!(
                 "the lease lasts {} ms; this host takes at most {} ms",
@@ -669,6 +694,41 @@ mod tests {
         assert_eq!(c.command(TimestampMs(1_000), &ok).code, AckCode::Ok);
     }
 
+    /// A host whose clock runs 40 s ahead of its CDU's takes the CDU's
+    /// 30 s leases for their whole life from their arrival (before, each
+    /// was expired on arrival and the host was never capped), and a
+    /// renewal 10 s later keeps the cap in force; a stamp ahead of the
+    /// clock never lengthens one.
+    #[test]
+    fn a_lease_from_a_clock_behind_this_hosts_keeps_its_life() {
+        let mut c = core();
+        let now = 1_041_000;
+        let v = c.command(
+            TimestampMs(now),
+            &lease_frame(1, now - 40_000, &[(gpu(0), 300)], 30_000),
+        );
+        assert_eq!(v.code, AckCode::Ok, "{}", v.detail);
+        assert_eq!(c.next_expiry(), Some(TimestampMs(now + 30_000)));
+        assert_eq!(c.targets(TimestampMs(now + 29_000))[0].limit, Watts(300));
+        let renewed = lease_frame(2, now - 30_000, &[(gpu(0), 300)], 30_000);
+        assert_eq!(
+            c.command(TimestampMs(now + 10_000), &renewed).code,
+            AckCode::Ok
+        );
+        assert_eq!(c.next_expiry(), Some(TimestampMs(now + 40_000)));
+        // Ahead: from its arrival, no longer.
+        let ahead = lease_frame(3, now + 120_000, &[(gpu(0), 300)], 30_000);
+        assert_eq!(
+            c.command(TimestampMs(now + 11_000), &ahead).code,
+            AckCode::Ok
+        );
+        assert_eq!(c.next_expiry(), Some(TimestampMs(now + 41_000)));
+        assert_eq!(
+            runs_from(TimestampMs(200_000), TimestampMs(100_000)),
+            TimestampMs(160_000)
+        );
+    }
+
     #[test]
     fn refusals_say_why() {
         let mut c = core();
@@ -678,11 +738,16 @@ mod tests {
         let v = c.command(TimestampMs(0), &lease_frame(2, 0, &[], 1_000));
         assert_eq!(v.code, AckCode::Malformed);
         let v = c.command(
-            TimestampMs(10_000),
+            TimestampMs(70_000),
             &lease_frame(3, 1_000, &[(gpu(0), 300)], 5_000),
         );
         assert_eq!(v.code, AckCode::Expired);
-        assert!(v.detail.contains("4000 ms before"), "{}", v.detail);
+        assert!(
+            v.detail.contains("69 s behind this host's clock"),
+            "{}",
+            v.detail
+        );
+        assert!(v.detail.contains("time sync"), "{}", v.detail);
         let v = c.command(TimestampMs(0), &lease_frame(4, 0, &[(gpu(6), 150)], 1_000));
         assert_eq!(v.code, AckCode::Clamped);
         assert_eq!(
@@ -927,10 +992,10 @@ mod tests {
     #[test]
     fn a_lease_whose_key_left_the_keyring_is_not_restored() {
         let f = lease_frame(1, 1_000, &[(gpu(0), 300)], 30_000);
-        assert!(core().restore(TimestampMs(2_000), &f));
+        assert!(core().restore(TimestampMs(2_000), f.time, &f));
         let mut rotated = core();
         rotated.authority.signers.retain(|s| s.role != Role::Cdu);
-        assert!(!rotated.restore(TimestampMs(2_000), &f));
+        assert!(!rotated.restore(TimestampMs(2_000), f.time, &f));
         assert_eq!(rotated.targets(TimestampMs(2_000))[0].limit, Watts(700));
     }
 
@@ -965,22 +1030,36 @@ mod tests {
         assert_eq!(c.next_expiry(), Some(TimestampMs(601_000)));
         assert_eq!(c.targets(TimestampMs(600_999))[0].limit, Watts(300));
         assert_eq!(c.targets(TimestampMs(601_000))[0].limit, Watts(700));
-        // A stamp behind the clock still counts from the stamp.
+        // A stamp behind the clock counts from the stamp beyond the
+        // clocks' allowed skew: 120 s behind, it runs from 60 s after it.
         let mut d = core();
         let f = lease_frame(1, 1_000, &[(gpu(0), 300)], 600_000);
-        assert_eq!(d.command(TimestampMs(61_000), &f).code, AckCode::Ok);
-        assert_eq!(d.next_expiry(), Some(TimestampMs(601_000)));
+        assert_eq!(d.command(TimestampMs(121_000), &f).code, AckCode::Ok);
+        assert_eq!(d.next_expiry(), Some(TimestampMs(661_000)));
+    }
+
+    /// A lease taken from a CDU whose clock ran 40 s behind this host's
+    /// holds after a restart as it did before it: from when it was taken,
+    /// not from its stamp (which would end it at once).
+    #[test]
+    fn a_restored_lease_runs_from_when_it_was_taken() {
+        let f = lease_frame(1, 1_000, &[(gpu(0), 300)], 30_000);
+        let mut c = core();
+        assert!(c.restore(TimestampMs(50_000), TimestampMs(41_000), &f));
+        assert_eq!(c.next_expiry(), Some(TimestampMs(71_000)));
+        let mut d = core();
+        assert!(!d.restore(TimestampMs(71_000), TimestampMs(41_000), &f));
     }
 
     #[test]
     fn restored_leases_hold_only_while_valid() {
         let mut c = core();
         let f = lease_frame(9, 1_000, &[(gpu(2), 400)], 10_000);
-        assert!(c.restore(TimestampMs(5_000), &f));
+        assert!(c.restore(TimestampMs(5_000), f.time, &f));
         assert_eq!(c.targets(TimestampMs(5_000))[2].limit, Watts(400));
         let mut d = core();
         assert!(
-            !d.restore(TimestampMs(11_000), &f),
+            !d.restore(TimestampMs(11_000), f.time, &f),
             "expired while the agent was down"
         );
         assert_eq!(d.targets(TimestampMs(11_000))[2].limit, Watts(700));
@@ -994,14 +1073,20 @@ mod tests {
         let first = lease_frame(1, 1_000, &[(gpu(0), 300)], 60_000);
         let renewal = lease_frame(2, 10_000, &[(gpu(0), 300)], 1_000);
         let mut c = core();
-        assert!(c.restore(TimestampMs(20_000), &first), "valid until 61 s");
-        assert!(!c.restore(TimestampMs(20_000), &renewal), "lapsed at 11 s");
+        assert!(
+            c.restore(TimestampMs(20_000), first.time, &first),
+            "valid until 61 s"
+        );
+        assert!(
+            !c.restore(TimestampMs(20_000), renewal.time, &renewal),
+            "lapsed at 11 s"
+        );
         assert_eq!(c.targets(TimestampMs(20_000))[0].limit, Watts(700));
         assert!(c.arbiter.leases().is_empty());
         // Still in force at the restart: the renewal holds, as it did.
         let mut d = core();
-        assert!(d.restore(TimestampMs(10_500), &first));
-        assert!(d.restore(TimestampMs(10_500), &renewal));
+        assert!(d.restore(TimestampMs(10_500), first.time, &first));
+        assert!(d.restore(TimestampMs(10_500), renewal.time, &renewal));
         assert_eq!(d.targets(TimestampMs(10_500))[0].limit, Watts(300));
         assert_eq!(d.next_expiry(), Some(TimestampMs(11_000)));
     }
@@ -1013,17 +1098,18 @@ mod tests {
         c.set_wall_offset(1_000);
         let f = lease_frame(1, 2_000, &[(gpu(1), 400)], 10_000);
         assert_eq!(c.command(TimestampMs(2_500), &f).code, AckCode::Ok);
-        // It ends at 12,000 on the wall clock: 11,000 steady.
-        assert_eq!(c.next_expiry(), Some(TimestampMs(11_000)));
+        // Taken at 2,500 on the wall clock, it ends at 12,500: 11,500
+        // steady.
+        assert_eq!(c.next_expiry(), Some(TimestampMs(11_500)));
         assert_eq!(
             c.leases()[0].expires,
-            TimestampMs(12_000),
+            TimestampMs(12_500),
             "shown on the wall clock"
         );
         // The wall clock steps an hour forward: steady time goes on as it
         // was, and the cap holds until its steady end.
         c.set_wall_offset(1_000 + 3_600_000);
-        assert_eq!(c.targets(TimestampMs(10_999))[1].limit, Watts(400));
-        assert_eq!(c.targets(TimestampMs(11_000))[1].limit, Watts(700));
+        assert_eq!(c.targets(TimestampMs(11_499))[1].limit, Watts(400));
+        assert_eq!(c.targets(TimestampMs(11_500))[1].limit, Watts(700));
     }
 }

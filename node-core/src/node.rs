@@ -408,9 +408,10 @@ impl Node {
     }
 
     /// A lease or release logged before a restart, taken again at `now`
-    /// (wall clock) if still valid; whether it was.
-    pub fn restore_command(&mut self, now: TimestampMs, frame: &Frame) -> bool {
-        self.commands.restore(now, frame)
+    /// (wall clock) if still valid; whether it was. `taken`: when it was
+    /// taken (the log record's time).
+    pub fn restore_command(&mut self, now: TimestampMs, taken: TimestampMs, frame: &Frame) -> bool {
+        self.commands.restore(now, taken, frame)
     }
 
     /// The last sequence number accepted from `sender` before a restart

@@ -122,11 +122,13 @@ impl Agent {
         let mut buf = [0u8; MAX_FRAME_LEN];
         let kind = frame.message.kind();
         // As its sender wrote it: its signature is checked again at a
-        // restart, over the sender's minor.
+        // restart, over the sender's minor. The record's time is when this
+        // host took it, from which a lease runs again after a restart.
+        let taken = self.clock.wall();
         match frame.encode_as_received(&mut buf) {
             Ok(n) => self
                 .recorder
-                .append_sync(frame.time, kind as u8, buf[..n].to_vec())
+                .append_sync(taken, kind as u8, buf[..n].to_vec())
                 .await
                 .map(|_| ()),
             Err(e) => Err(format!("{e}")),

@@ -197,7 +197,7 @@ pub(super) async fn restore_leases(
     log.for_each(|r| {
         if r.kind == MessageKind::CapLease as u8 || r.kind == MessageKind::QuarantineRelease as u8 {
             match Frame::decode(r.body) {
-                Ok(f) => logged.push(f),
+                Ok(f) => logged.push((r.time, f)),
                 Err(e) => tracing::warn!(
                     "event log record {}: a logged command that does not decode ({e}): not applied again",
                     r.seq
@@ -210,11 +210,11 @@ pub(super) async fn restore_leases(
     let now = now_ms();
     let restored = logged
         .iter()
-        .filter(|f| node.restore_command(now, f))
+        .filter(|(taken, f)| node.restore_command(now, *taken, f))
         .count();
     let leases = logged
         .iter()
-        .filter(|f| matches!(f.message, Message::CapLease(_)))
+        .filter(|(_, f)| matches!(f.message, Message::CapLease(_)))
         .count();
     if leases > 0 {
         tracing::info!("{leases} leases in the log; {restored} still valid and applied again");

@@ -88,7 +88,7 @@ pub struct Host {
     pub logged_commands: usize,
     /// The command frames logged to flash, in order (a restart takes
     /// back the leases among them).
-    pub logged: Vec<Frame>,
+    pub logged: Vec<(TimestampMs, Frame)>,
     /// The limits kept in flash, each time.
     pub kept_limits: Vec<Vec<KeptLimit>>,
     /// What the flash holds of each GPU's limits now.
@@ -128,7 +128,7 @@ pub struct Start {
     /// What the flash kept of each GPU's limits.
     pub kept: [Option<KeptLimit>; GPUS],
     /// The command frames the flash logged, taken back in order.
-    pub logged: Vec<Frame>,
+    pub logged: Vec<(TimestampMs, Frame)>,
     /// When the agent starts (both clocks), ms.
     pub at: u64,
 }
@@ -224,8 +224,8 @@ impl Host {
             started: T0,
         };
         let mut node = Node::new(setup);
-        for f in &boot.logged {
-            node.restore_command(TimestampMs(boot.at), f);
+        for (taken, f) in &boot.logged {
+            node.restore_command(TimestampMs(boot.at), *taken, f);
         }
         for (i, k) in boot.kept.iter().enumerate() {
             if let Some(k) = k {
@@ -320,7 +320,7 @@ impl Host {
                 Effect::LogCommand => {
                     let logged = if self.flash_ok {
                         self.logged_commands += 1;
-                        self.logged.extend(command.clone());
+                        self.logged.extend(command.clone().map(|f| (now.wall(), f)));
                         Ok(())
                     } else {
                         Err("the flash is full")
