@@ -589,6 +589,28 @@ async fn hot_hosts_get_signed_cap_leases_and_their_acks_are_counted_and_a_lifted
         s.in_force.get(topic.node.as_str()).map(|v| v[0].limit),
         Some(Watts(640))
     );
+    // The same ack again (the bus delivers at least once), then a refusal
+    // of an older lease arriving late: neither counts, nor hides the
+    // answer in force; the ack to a newer lease counts.
+    let with = |seq: u32, code: AckCode| {
+        let mut f = ack.clone();
+        if let Message::Ack(a) = &mut f.message {
+            (a.correlation.seq, a.code) = (seq, code);
+        }
+        f
+    };
+    for f in [
+        ack.clone(),
+        with(frame.seq - 1, AckCode::Replayed),
+        with(frame.seq + 1_000, AckCode::Ok),
+    ] {
+        probe.publish_frame(&ack_topic, &f).expect("ack published");
+    }
+    let s = rig
+        .wait_stats("the newer ack counted", |s| s.acks >= 2)
+        .await;
+    assert_eq!((s.acks, s.acks_ok, s.acks_refused), (2, 2, 0));
+    assert_eq!(s.last_ack[topic.node.as_str()].seq, frame.seq + 1_000);
 
     // The hosts cool down: the caps rise, then are lifted with one short
     // lease at TDP each.

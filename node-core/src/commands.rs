@@ -16,7 +16,11 @@
 //! - *verdict*: what the core decided about one command: the ack code and
 //!   the sentence for its `detail`.
 //! - *replay*: a command frame whose sequence number is not above the last
-//!   accepted from its sender (a copy, or an attacker's resend).
+//!   accepted from its sender (an old command sent again, by a fault or
+//!   an attacker).
+//! - *copy*: the last command taken from a sender, delivered again (the
+//!   bus delivers at least once): answered as the command was, and
+//!   nothing done again.
 
 use std::collections::HashMap;
 
@@ -204,6 +208,14 @@ fn source_fits(source: CapSource, role: Role) -> bool {
     )
 }
 
+/// The last command taken from a sender, and how it was answered.
+#[derive(Debug, Clone)]
+struct Answered {
+    frame: Frame,
+    code: AckCode,
+    detail: String,
+}
+
 /// The command core of one host.
 #[derive(Debug, Clone)]
 pub struct CommandCore {
@@ -211,6 +223,9 @@ pub struct CommandCore {
     own: Topic,
     authority: Authority,
     last_seq: HashMap<NodeId, u32>,
+    /// The last command taken from each sender, and its answer, to answer
+    /// a copy of it alike (not kept across a restart).
+    answered: HashMap<NodeId, Answered>,
     /// The seq and stamp of the last CDU state taken.
     last_state: Option<(u32, TimestampMs)>,
     arbiter: CapArbiter,
@@ -238,6 +253,7 @@ impl CommandCore {
             own,
             authority,
             last_seq: HashMap::new(),
+            answered: HashMap::new(),
             last_state: None,
             arbiter: CapArbiter::with_limits(ranges, limits),
             wall_offset: 0,
@@ -280,17 +296,57 @@ impl CommandCore {
         }
         if let Some(&last) = self.last_seq.get(&frame.sender) {
             if frame.seq <= last {
-                return Verdict::refuse(
-                    AckCode::Replayed,
-                    format!(
-                        "seq {} is not above {last}, the last seen from {}",
-                        frame.seq,
-                        frame.sender.id.as_str()
-                    ),
-                );
+                return self.copy_answered(frame).unwrap_or_else(|| {
+                    Verdict::refuse(
+                        AckCode::Replayed,
+                        format!(
+                            "seq {} is not above {last}, the last seen from {}",
+                            frame.seq,
+                            frame.sender.id.as_str()
+                        ),
+                    )
+                });
             }
         }
         self.last_seq.insert(frame.sender.clone(), frame.seq);
+        let verdict = self.decide(now, frame);
+        let answer = Answered {
+            frame: frame.clone(),
+            code: verdict.code,
+            detail: verdict.detail.clone(),
+        };
+        self.answered.insert(frame.sender.clone(), answer);
+        verdict
+    }
+
+    /// The answer to a copy of the last command taken from its sender
+    /// (the same frame again: the bus delivers at least once, and a
+    /// sender's outbox sends again what the broker had not acknowledged
+    /// before a restart): what the command got, said to be a copy, and
+    /// nothing done again. `None`: not such a copy (a replay).
+    fn copy_answered(&self, frame: &Frame) -> Option<Verdict> {
+        let a = self.answered.get(&frame.sender)?;
+        if a.frame != *frame {
+            return None;
+        }
+        let mut detail = format!("a copy of seq {}, answered already", frame.seq);
+        if !a.detail.is_empty() {
+            detail = format!("{detail}: {}", a.detail);
+        }
+        Some(Verdict::refuse(a.code, detail))
+    }
+
+    /// The node settled the last command from `sender` otherwise than
+    /// its verdict said (a release of a GPU that is not quarantined): a
+    /// copy of it is answered so.
+    pub fn settled(&mut self, sender: &NodeId, code: AckCode, detail: &str) {
+        if let Some(a) = self.answered.get_mut(sender) {
+            (a.code, a.detail) = (code, detail.to_string());
+        }
+    }
+
+    /// Decides about a command past the checks of its sender and its seq.
+    fn decide(&mut self, now: TimestampMs, frame: &Frame) -> Verdict {
         // A command is acted on only while it is fresh: a copy captured and
         // sent again later (or to this host after a restart that forgot its
         // sender) is refused.
@@ -663,15 +719,44 @@ mod tests {
     }
 
     #[test]
-    fn a_signed_lease_is_taken_and_its_replay_refused() {
+    fn a_signed_lease_is_taken_its_copy_answered_alike_and_its_replay_refused() {
         let mut c = core();
         let f = lease_frame(5, 1_000, &[(GpuSelector::All, 500)], 30_000);
         let v = c.command(TimestampMs(1_100), &f);
         assert_eq!(v.code, AckCode::Ok);
         assert!(v.changed_caps);
         assert_eq!(c.targets(TimestampMs(1_100))[3].limit, Watts(500));
+        // The same frame again (the bus delivers at least once): answered
+        // as it was, nothing done again.
         let v = c.command(TimestampMs(1_200), &f);
+        assert_eq!(v.code, AckCode::Ok, "{}", v.detail);
+        assert_eq!(v.detail, "a copy of seq 5, answered already");
+        assert!(!v.changed_caps && v.release.is_none());
+        // An older one, and the copy once a newer one was taken: replays.
+        let older = lease_frame(4, 1_000, &[(GpuSelector::All, 300)], 30_000);
+        assert_eq!(
+            c.command(TimestampMs(1_300), &older).code,
+            AckCode::Replayed
+        );
+        let newer = lease_frame(6, 1_300, &[(GpuSelector::All, 450)], 30_000);
+        assert_eq!(c.command(TimestampMs(1_400), &newer).code, AckCode::Ok);
+        let v = c.command(TimestampMs(1_500), &f);
         assert_eq!(v.code, AckCode::Replayed, "{}", v.detail);
+        assert_eq!(c.targets(TimestampMs(1_500))[3].limit, Watts(450));
+        // A copy of a refused one is refused alike, and says so.
+        let stale = lease_frame(7, 1_000, &[(GpuSelector::All, 300)], 1_000);
+        assert_eq!(
+            c.command(TimestampMs(400_000), &stale).code,
+            AckCode::Expired
+        );
+        let v = c.command(TimestampMs(400_100), &stale);
+        assert_eq!(v.code, AckCode::Expired);
+        assert!(
+            v.detail
+                .starts_with("a copy of seq 7, answered already: sent "),
+            "{}",
+            v.detail
+        );
     }
 
     #[test]

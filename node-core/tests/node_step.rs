@@ -93,11 +93,24 @@ fn a_lease_is_logged_before_its_ack_and_its_events_follow_the_ack() {
         "one event for the four GPUs"
     );
 
-    // Replayed: refused, nothing set, nothing logged.
-    let logged = h.logged_commands;
+    // Delivered again: answered as it was, nothing set, nothing logged.
+    let (logged, trail) = (h.logged_commands, h.trail.len());
     h.step(t + 10, Input::Frame(&cmd_topic(), &f));
-    assert_eq!(h.acks.last().unwrap().code, AckCode::Replayed);
+    let ack = h.acks.last().unwrap();
+    assert_eq!(ack.code, AckCode::Ok);
+    assert!(
+        ack.detail.as_str().starts_with("a copy of seq"),
+        "{}",
+        ack.detail.as_str()
+    );
     assert_eq!(h.logged_commands, logged);
+    assert!(
+        !h.trail[trail..]
+            .iter()
+            .any(|e| matches!(e, Effect::SetLimits(_) | Effect::LogCommand)),
+        "{:?}",
+        &h.trail[trail..]
+    );
 }
 
 #[test]

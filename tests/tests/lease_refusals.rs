@@ -207,7 +207,17 @@ async fn h01_refuses_forged_foreign_replayed_expired_and_too_long_leases() {
             signed(lease(cdu2.node.clone(), 1, now, minute), 1, &cdu2.key),
             AckCode::Forbidden,
         ),
-        ("replayed", good.clone(), AckCode::Replayed),
+        (
+            "another lease under the seq of the one taken",
+            signed(
+                lease(cdu1.node.clone(), good.seq, now, 2 * minute),
+                1,
+                &cdu1.key,
+            ),
+            AckCode::Replayed,
+        ),
+        // Delivered again (at least once): answered as it was, a copy.
+        ("the lease taken, again", good.clone(), AckCode::Ok),
         (
             "stamped 10 minutes ago",
             signed(

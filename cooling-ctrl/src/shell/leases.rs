@@ -229,6 +229,17 @@ impl<P: CduPort> Shell<P> {
     }
 
     fn on_ack(&mut self, host: &str, a: &Ack) {
+        // An ack delivered again (the bus delivers at least once), or one
+        // that answers a lease older than the last answered: the host has
+        // said since what is in force, so it counts once, and never over
+        // a newer answer.
+        let seq = a.correlation.seq;
+        if self.stats.last_ack.get(host).is_some_and(|l| l.seq >= seq) {
+            tracing::debug!(
+                "cooling shell: {host}'s ack to lease seq {seq} again, or after a newer one: counted already"
+            );
+            return;
+        }
         self.stats.acks += 1;
         match a.code {
             AckCode::Ok | AckCode::Clamped => self.stats.acks_ok += 1,

@@ -176,10 +176,14 @@ impl Node {
                 }));
             }
             Err(state) => {
+                let state = format!("{state:?}").to_lowercase();
+                let detail = format!("GPU {gpu} is {state}, not quarantined");
+                let from = self.pending_mut().correlation.from.clone();
+                self.commands
+                    .settled(&from, AckCode::NotQuarantined, &detail);
                 let p = self.pending_mut();
                 p.code = AckCode::NotQuarantined;
-                let state = format!("{state:?}").to_lowercase();
-                p.detail = format!("GPU {gpu} is {state}, not quarantined");
+                p.detail = detail;
             }
         }
     }
