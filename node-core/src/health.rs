@@ -419,6 +419,8 @@ pub struct HealthEngine {
     /// The wall clock minus the engine's clock, ms: what turns a time of
     /// the engine into a stamp (see [`HealthEngine::set_wall_offset`]).
     wall_offset: i64,
+    /// When the engine started, engine time.
+    started: u64,
 }
 
 impl HealthEngine {
@@ -434,6 +436,7 @@ impl HealthEngine {
             stall: None,
             waiting: 0,
             wall_offset: 0,
+            started: start.0,
         }
     }
 
@@ -472,9 +475,14 @@ impl HealthEngine {
         self.gpus.get(gpu as usize).map(|t| &t.status)
     }
 
-    /// Puts back a state kept from before a restart.
+    /// Puts back a state kept from before a restart. A degraded GPU's
+    /// quiet period counts from the start at the earliest: the flash keeps
+    /// when it became degraded, not when its evidence last came, and
+    /// evidence may have come until the restart (a repeating XID keeps a
+    /// GPU degraded for hours), so it does not heal at its first sample
+    /// on a quiet period that may not have been.
     pub fn restore(&mut self, gpu: u8, status: GpuStatus) {
-        let since = self.unstamp(status.since);
+        let since = self.unstamp(status.since).max(self.started);
         if let Some(t) = self.gpus.get_mut(gpu as usize) {
             t.last_degrade_evidence = since;
             t.status = status;
@@ -722,6 +730,38 @@ pub(crate) mod tests {
                 "stamped on the wall clock"
             );
         }
+    }
+
+    /// A GPU degraded 7 h before a restart (its evidence may have come
+    /// until the restart: the flash keeps only when it was degraded) stays
+    /// degraded through a quiet period counted from the start, then heals.
+    #[test]
+    fn a_restored_degraded_gpu_counts_its_quiet_period_from_the_start() {
+        let start = 30 * 3_600_000;
+        let limits = Limits {
+            max_operating_c: 87.0,
+        };
+        let mut e = HealthEngine::new(1, limits, Policy::default(), TimestampMs(start));
+        e.restore(
+            0,
+            GpuStatus {
+                state: HealthState::Degraded,
+                reason: ReasonCode(92),
+                since: TimestampMs(start - 7 * 3_600_000),
+                evidence: String::new(),
+            },
+        );
+        let clean = Observation::default();
+        let changes = |out: Vec<Output>| {
+            out.iter()
+                .filter(|o| matches!(o, Output::Change(_)))
+                .count()
+        };
+        assert_eq!(changes(e.sample(TimestampMs(start + 60_000), 0, &clean)), 0);
+        assert_eq!(e.status(0).unwrap().state, HealthState::Degraded);
+        let quiet = Policy::default().quiet_ms;
+        assert_eq!(changes(e.sample(TimestampMs(start + quiet), 0, &clean)), 1);
+        assert_eq!(e.status(0).unwrap().state, HealthState::Healthy);
     }
 
     #[test]

@@ -14,6 +14,10 @@
 //! - a group known again after samples that did not know it is judged
 //!   from its new values on, as a first sample would be: what piled up
 //!   unseen is not one sample's rise, and its rate windows start again.
+//!   Except the volatile double-bit ECC count: any uncorrectable error
+//!   counted since the last known count (or, never known, since the
+//!   driver loaded) needs a reset whenever it happened, so it is judged
+//!   against the count held, as a first sample is judged above 0.
 //!
 //! Glossary:
 //! - *counter group*: the fields of a sample one [`Unsupported`] bit
@@ -60,7 +64,11 @@ pub(super) fn settle(o: &Observation, prev: Option<Observation>) -> Settled {
             if o.unknown.contains(g) {
                 copy_group(&mut now, &p, g);
             } else if p.unknown.contains(g) {
-                copy_group(base.as_mut().expect("prev is some"), o, g);
+                let b = base.as_mut().expect("prev is some");
+                copy_group(b, o, g);
+                if g == Unsupported::ECC {
+                    b.dbe_volatile = p.dbe_volatile;
+                }
                 rebased = rebased | g;
             }
         }
@@ -245,6 +253,54 @@ mod tests {
         // Past the 6 h quiet period, at a 30 s period.
         let changes = play(30_000, 7 * 3_600, gpu0);
         assert_eq!(changes, ["gpu 0 Degraded remap-pending"]);
+    }
+
+    /// Double-bit ECC errors counted while ECC was not known, or before
+    /// it was ever known, quarantine when it is known again; single-bit
+    /// ones (a rate) do not count as a rise across the gap.
+    #[test]
+    fn uncorrectable_errors_counted_unseen_quarantine_when_seen() {
+        let gpu0 = |dbe_from: u64| {
+            move |t: u64| Observation {
+                unknown: if (60_000..120_000).contains(&t) {
+                    Unsupported::ECC
+                } else {
+                    Unsupported::empty()
+                },
+                dbe_volatile: u64::from(t >= 120_000 && t >= dbe_from),
+                sbe_volatile: if t >= 120_000 { 90_000 } else { 40 },
+                ..loaded()
+            }
+        };
+        assert_eq!(
+            play(1_000, 300, gpu0(0)),
+            ["gpu 0 Quarantined dbe-volatile"]
+        );
+        // Not known from the start, then known with a count: as a first
+        // sample above 0.
+        let from_start = |t: u64| Observation {
+            unknown: if t < 60_000 {
+                Unsupported::ECC
+            } else {
+                Unsupported::empty()
+            },
+            dbe_volatile: u64::from(t >= 60_000),
+            ..loaded()
+        };
+        assert_eq!(
+            play(1_000, 120, from_start),
+            ["gpu 0 Quarantined dbe-volatile"]
+        );
+        // Known at 0 again: nothing.
+        let clean = |t: u64| Observation {
+            unknown: if (60_000..120_000).contains(&t) {
+                Unsupported::ECC
+            } else {
+                Unsupported::empty()
+            },
+            ..loaded()
+        };
+        assert_eq!(play(1_000, 300, clean), Vec::<String>::new());
     }
 
     #[test]
