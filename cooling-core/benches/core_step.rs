@@ -113,7 +113,7 @@ impl Hall {
             }),
             ambient_c: Some(22.0),
             leaks: LeakInputs::DRY,
-            cdu_writes_ok: true,
+            cdu_taken: cooling_core::Taken::ALL,
             valves_held: 0,
             hosts: &self.hosts,
         });

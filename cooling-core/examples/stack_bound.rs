@@ -42,7 +42,7 @@ fn exercise() -> usize {
             }),
             ambient_c: Some(25.0),
             leaks: LeakInputs::DRY,
-            cdu_writes_ok: true,
+            cdu_taken: cooling_core::Taken::ALL,
             valves_held: 0,
             hosts: &hosts,
         });

@@ -160,9 +160,8 @@ pub struct Inputs<'a> {
     pub ambient_c: Option<f32>,
     /// The board's leak ropes.
     pub leaks: LeakInputs,
-    /// The CDU took the last settings written (`false`: it refused them,
-    /// or they could not be written).
-    pub cdu_writes_ok: bool,
+    /// What the CDU took of the last settings written.
+    pub cdu_taken: Taken,
     /// Racks whose valve the last step commanded open but the shell did
     /// not write open (bit n = rack n): it holds openings back while the
     /// latched record is not in flash, and writes no valve while a
@@ -171,6 +170,38 @@ pub struct Inputs<'a> {
     pub valves_held: u16,
     /// The last report of each host, by host index (rack-major).
     pub hosts: &'a [Option<HostReport>],
+}
+
+/// What the CDU took of the last step's settings: each on its own, so
+/// that a refused setpoint does not hide a speed that went in (the
+/// sensors are judged against the speed the CDU runs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Taken {
+    /// Every setting written went in.
+    pub all: bool,
+    /// The supply setpoint went in (or was not written).
+    pub setpoint: bool,
+    /// The pump speed went in (or was not written).
+    pub speed: bool,
+    /// The valves word went in (or was not written).
+    pub valves: bool,
+}
+
+impl Taken {
+    /// Everything went in.
+    pub const ALL: Taken = Taken {
+        all: true,
+        setpoint: true,
+        speed: true,
+        valves: true,
+    };
+    /// Nothing went in.
+    pub const NONE: Taken = Taken {
+        all: false,
+        setpoint: false,
+        speed: false,
+        valves: false,
+    };
 }
 
 /// A power cap asked of a host.
@@ -515,7 +546,7 @@ impl Core {
             capacity_caps: capacity,
             leak_latched: self.safety.leaks_latched() != 0,
             isolation_failed: escalated,
-            writes_refused: inp.cdu.is_some() && !inp.cdu_writes_ok,
+            writes_refused: inp.cdu.is_some() && !inp.cdu_taken.all,
         };
         let settled = self.modes.settle(judged, standing, t.now, &mut log);
         self.events_dropped = self.events_dropped.saturating_add(log.dropped);
@@ -534,9 +565,12 @@ impl Core {
         }
         let dt = self.clock(inp.now_ms);
         self.modes.begin(inp.now_ms, inp.cdu.is_some());
-        if inp.cdu_writes_ok {
-            // The last step's settings went in: the CDU runs on them.
-            self.applied = (self.regulator.setpoint_c(), self.regulator.speed());
+        // What of the last step's settings went in: the CDU runs on it.
+        if inp.cdu_taken.setpoint {
+            self.applied.0 = self.regulator.setpoint_c();
+        }
+        if inp.cdu_taken.speed {
+            self.applied.1 = self.regulator.speed();
         }
         let mut log = Log::default();
         if let Some(l) = self.restored.take() {
@@ -686,7 +720,7 @@ impl Core {
         let closed = t.rd.valves_closed;
         let confirm_ms = cfg.timing.valve_confirm_ms;
         if let Some(was) = self.valves_commanded {
-            let (written, opened) = (inp.cdu_writes_ok, was & !inp.valves_held);
+            let (written, opened) = (inp.cdu_taken.valves, was & !inp.valves_held);
             self.safety
                 .feedback(t.now, opened, written, closed, confirm_ms, log);
         }
@@ -826,7 +860,7 @@ mod tests {
                 }),
                 ambient_c: Some(30.0),
                 leaks: LeakInputs::DRY,
-                cdu_writes_ok: true,
+                cdu_taken: Taken::ALL,
                 valves_held: 0,
                 hosts: &hosts,
             }));
@@ -851,7 +885,7 @@ mod tests {
             }),
             ambient_c: Some(20.0),
             leaks: LeakInputs::DRY,
-            cdu_writes_ok: true,
+            cdu_taken: Taken::ALL,
             valves_held: 0,
             hosts: &hosts,
         })
@@ -898,6 +932,56 @@ mod tests {
         core.clear_pump(Pump::A, false).unwrap();
         let c = step_with_pumps(&mut core, 42, [true, false]);
         assert_eq!(c.pump_on, [true, false]);
+    }
+
+    /// The CDU refuses the setpoint (outside its own range) but takes the
+    /// speed: the core judges its sensors against the speed it runs, and
+    /// keeps the setpoint it last took; a mode says writes are refused.
+    #[test]
+    fn a_refused_setpoint_leaves_the_speed_that_went_in_applied() {
+        let mut core = Core::new(CoreConfig::default()).unwrap();
+        settle(&mut core, 0, 30);
+        let before = core.applied;
+        let asked = (core.regulator.setpoint_c(), core.regulator.speed());
+        assert_ne!(before.1, asked.1, "the speed moves: {before:?} {asked:?}");
+        assert_ne!(
+            before.0, asked.0,
+            "the setpoint moves: {before:?} {asked:?}"
+        );
+        let hosts = [None; MAX_HOSTS];
+        let taken = Taken {
+            all: false,
+            setpoint: false,
+            ..Taken::ALL
+        };
+        core.step(&Inputs {
+            now_ms: 30_000,
+            cdu: Some(CduReadings {
+                supply_c: Some(25.0),
+                return_c: Some(33.0),
+                flow_lpm: Some(150.0),
+                pumps_running: [true, false],
+                ..Default::default()
+            }),
+            ambient_c: Some(30.0),
+            leaks: LeakInputs::DRY,
+            cdu_taken: taken,
+            valves_held: 0,
+            hosts: &hosts,
+        });
+        assert_eq!(core.applied, (before.0, asked.1));
+        // Neither went in: both stay as they were.
+        let kept = core.applied;
+        core.step(&Inputs {
+            now_ms: 31_000,
+            cdu: None,
+            ambient_c: Some(30.0),
+            leaks: LeakInputs::DRY,
+            cdu_taken: Taken::NONE,
+            valves_held: 0,
+            hosts: &hosts,
+        });
+        assert_eq!(core.applied, kept);
     }
 
     #[test]
@@ -972,7 +1056,7 @@ mod tests {
                 cdu: self.answers.then_some(self.cdu),
                 ambient_c: self.ambient_c,
                 leaks: self.leaks,
-                cdu_writes_ok: true,
+                cdu_taken: Taken::ALL,
                 valves_held: 0,
                 hosts: &hosts,
             })
@@ -1291,7 +1375,7 @@ mod tests {
             cdu: Some(Hall::new().cdu),
             ambient_c: Some(20.0),
             leaks: LeakInputs::DRY,
-            cdu_writes_ok: true,
+            cdu_taken: Taken::ALL,
             valves_held: 0,
             hosts: &hosts,
         });
@@ -1409,7 +1493,7 @@ mod tests {
                 cdu: Some(hall.cdu),
                 ambient_c: Some(20.0),
                 leaks: LeakInputs::DRY,
-                cdu_writes_ok: true,
+                cdu_taken: Taken::ALL,
                 valves_held: 0,
                 hosts: &silent,
             });

@@ -162,7 +162,7 @@ proptest! {
                 }),
                 ambient_c: w.ambient,
                 leaks: LeakInputs { wet: w.leaks, rope_faults: w.rope_faults, read_ok: w.read_ok, cdu: None },
-                cdu_writes_ok: true,
+                cdu_taken: cooling_core::Taken::ALL,
                 valves_held: 0,
                 hosts: &hosts,
             });

@@ -79,7 +79,7 @@ fn run(k: [f32; 4], noises: &[Noise]) -> Core {
             }),
             ambient_c: Some(25.0),
             leaks: LeakInputs::DRY,
-            cdu_writes_ok: true,
+            cdu_taken: cooling_core::Taken::ALL,
             valves_held: 0,
             hosts: &hosts,
         });

@@ -449,7 +449,7 @@ mod tests {
                 cdu: Some(crate::decide::core_readings(&r)),
                 ambient_c: None,
                 leaks: cooling_core::LeakInputs::DRY,
-                cdu_writes_ok: true,
+                cdu_taken: cooling_core::Taken::ALL,
                 valves_held: 0,
                 hosts: &hosts,
             }));
@@ -533,7 +533,7 @@ mod tests {
                 cdu: Some(crate::decide::core_readings(&r)),
                 ambient_c: None,
                 leaks: cooling_core::LeakInputs::DRY,
-                cdu_writes_ok: true,
+                cdu_taken: cooling_core::Taken::ALL,
                 valves_held: 0,
                 hosts: &[],
             }));

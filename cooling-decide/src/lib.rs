@@ -93,8 +93,8 @@ pub struct Decider {
     /// u16 wrapping to 0 wrote the same value twice in a range of
     /// 255 values, 65,535 = 255 × 257).
     heartbeat: u32,
-    /// Every write of the last step went in.
-    writes_ok: bool,
+    /// What of the last step's writes went in.
+    taken: cooling_core::Taken,
     /// The valves the CDU last took, bit n = rack n open.
     valves_taken: Option<u16>,
     /// The valves planned at the last step, if written.
@@ -152,7 +152,7 @@ impl Decider {
             },
             limiter: writes::Limiter::new(),
             heartbeat: 0,
-            writes_ok: true,
+            taken: cooling_core::Taken::ALL,
             valves_taken: None,
             valves_planned: None,
             valves_asked: 0,
@@ -188,7 +188,7 @@ impl Decider {
             limits: lim,
             limiter,
             heartbeat,
-            writes_ok,
+            taken,
             valves_taken,
             valves_planned,
             valves_asked,
@@ -210,7 +210,7 @@ impl Decider {
         *lim = limits;
         *limiter = writes::Limiter::new();
         *heartbeat = 0;
-        *writes_ok = true;
+        *taken = cooling_core::Taken::ALL;
         *valves_taken = None;
         *valves_planned = None;
         *valves_asked = 0;
@@ -325,7 +325,7 @@ impl Decider {
             cdu: cdu.map(core_readings),
             ambient_c: inp.ambient_c,
             leaks: leak_inputs(inp.board, cdu.and_then(|r| r.leaks)),
-            cdu_writes_ok: self.writes_ok,
+            cdu_taken: self.taken,
             valves_held: self.valves_held,
             hosts: self.hosts.reports(),
         };
@@ -408,7 +408,7 @@ impl Decider {
 
     /// Step 4: what the CDU took of the plan.
     pub fn written(&mut self, o: &Outcome) {
-        self.writes_ok = o.all_ok();
+        self.taken = o.taken();
         let valves_in = o
             .tried
             .iter()

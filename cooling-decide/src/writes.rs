@@ -223,6 +223,18 @@ impl Outcome {
         self.tried.iter().all(|(_, r)| r.is_ok())
     }
 
+    /// What the CDU took, setting by setting: one that failed did not go
+    /// in; one not tried (not in the map) counts as in.
+    pub fn taken(&self) -> cooling_core::Taken {
+        let failed = |setting| self.tried.iter().any(|(s, r)| *s == setting && r.is_err());
+        cooling_core::Taken {
+            all: self.all_ok(),
+            setpoint: !failed(Setting::Setpoint),
+            speed: !failed(Setting::PumpSpeed),
+            valves: !failed(Setting::Valves),
+        }
+    }
+
     /// Whether `w` is to be written now, after what was tried: the
     /// heartbeat only when no safety write failed.
     pub fn due(&self, w: &Write) -> bool {
@@ -396,7 +408,7 @@ pub(crate) mod tests {
                 cdu: None,
                 ambient_c: None,
                 leaks: cooling_core::LeakInputs::DRY,
-                cdu_writes_ok: true,
+                cdu_taken: cooling_core::Taken::ALL,
                 valves_held: 0,
                 hosts: &[],
             });

@@ -205,7 +205,7 @@ mod tests {
             cdu: None,
             ambient_c: None,
             leaks: cooling_core::LeakInputs::DRY,
-            cdu_writes_ok: true,
+            cdu_taken: cooling_core::Taken::ALL,
             valves_held: 0,
             hosts: &hosts,
         });
