@@ -170,6 +170,9 @@ pub enum Reading {
     },
     /// It did not answer within the deadline, or failed (why, in words).
     Missed(String),
+    /// The driver answered that it lost the GPU (fallen off the bus; why,
+    /// in words): a missed sample, and the driver's verdict on the GPU.
+    Lost(String),
     /// Asked, not answered yet: its answer counts next round (a slow
     /// answer is not a missed one).
     Pending,
@@ -498,7 +501,7 @@ impl Node {
                     self.commands.guard(gpu_index(gpu), cap);
                     self.health.sample(t, gpu, &observation)
                 }
-                Reading::Missed(why) => {
+                Reading::Missed(why) | Reading::Lost(why) => {
                     let g = &mut self.gpus[i];
                     g.missed += 1;
                     if g.missed >= self.unresponsive_after && !g.unresponsive_reported {
@@ -513,7 +516,12 @@ impl Node {
                             ),
                         ));
                     }
-                    self.health.missed(t, gpu)
+                    let mut outputs = match r {
+                        Reading::Lost(_) => self.health.lost(t, gpu),
+                        _ => Vec::new(),
+                    };
+                    outputs.extend(self.health.missed(t, gpu));
+                    outputs
                 }
             };
             self.health_outputs(outputs, out);

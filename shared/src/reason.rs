@@ -66,6 +66,9 @@ reasons! {
     /// have been quarantined, so it is marked degraded, not taken as
     /// healthy.
     KEPT_STATE_UNREADABLE = 1014 => "kept-state-unreadable",
+    /// The driver reports the GPU lost (fallen off the bus): it needs a
+    /// reset or a reboot, however many of its peers are lost with it.
+    GPU_LOST = 1015 => "gpu-lost",
     /// The controller is booting and waits for every required sensor.
     BOOTING = 2000 => "booting",
     /// A required sensor stopped reporting.

@@ -316,7 +316,11 @@ impl SystemNvml {
                 Err(nvml_wrapper::error::NvmlError::Timeout) => continue,
                 Err(e) => return Err(failure(e)),
             };
-            match xid_of(data.event_data, data.device.index().map_err(failure)) {
+            // A GPU fallen off the bus (XID 79) cannot say its index any
+            // more: its handle, kept since the watch began, still names it.
+            let gpu = data.device.index().map_err(failure);
+            let gpu = gpu.or_else(|e| self.kept_index(&data.device).ok_or(e));
+            match xid_of(data.event_data, gpu) {
                 Ok((gpu, xid)) => deliver(gpu, xid),
                 Err(why) => {
                     if let Some(line) = unread.dropped(std::time::Instant::now(), &why) {
@@ -326,6 +330,20 @@ impl SystemNvml {
             }
         }
         Ok(())
+    }
+}
+
+impl SystemNvml {
+    /// The index of the GPU whose kept handle is `device`'s; `None` when
+    /// none is.
+    fn kept_index(&self, device: &nvml_wrapper::Device<'_>) -> Option<u32> {
+        // SAFETY: the raw handles are compared, never passed to NVML or
+        // dereferenced.
+        let handle = unsafe { device.handle() };
+        let kept = |slot: &OnceLock<nvml_wrapper::Device<'static>>| {
+            slot.get().is_some_and(|d| unsafe { d.handle() } == handle)
+        };
+        self.handles.iter().position(kept).map(|i| i as u32)
     }
 }
 

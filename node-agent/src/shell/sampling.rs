@@ -85,7 +85,10 @@ impl Agent {
                     };
                     g.responsive = false;
                     g.last_error = Some(e.to_string());
-                    Reading::Missed(e.to_string())
+                    match e {
+                        GpuError::Lost => Reading::Lost(e.to_string()),
+                        _ => Reading::Missed(e.to_string()),
+                    }
                 }
             });
         }

@@ -12,6 +12,12 @@
 //! ([`Output::HostStallEnded`]). A GPU that stays silent after its peers
 //! came back is quarantined after `unresponsive_after` misses of its own.
 //!
+//! A GPU the driver reports *lost* (fallen off the bus) is no stall's
+//! silence: the driver answered, with its verdict on that GPU, which is
+//! quarantined at once ([`HealthEngine::lost`]), however many of its
+//! peers are lost with it (a baseboard or PCIe switch that fails takes
+//! them all).
+//!
 //! The first miss of a lone silent GPU counts against it only if a
 //! witness has already answered since, so at a 1 s period a GPU that
 //! falls silent alone is quarantined about one period later than a plain
@@ -31,6 +37,33 @@ use loopwarden_protocol::{HealthState, ReasonCode, TimestampMs};
 use super::{fmt_time, HealthEngine, Output};
 
 impl HealthEngine {
+    /// The driver answered `gpu`'s sample at `now` (engine time) that it
+    /// lost the GPU: quarantined at once, reason `gpu-lost`, however many
+    /// of its peers are lost with it (the caller counts the miss too).
+    pub fn lost(&mut self, now: TimestampMs, gpu: u8) -> Vec<Output> {
+        let mut out = Vec::new();
+        let g = gpu as usize;
+        if g >= self.gpus.len() {
+            return out;
+        }
+        let t = now.0;
+        let when = self.stamp(t);
+        self.raise(
+            t,
+            g,
+            HealthState::Quarantined,
+            ReasonCode::GPU_LOST,
+            || {
+                format!(
+                    "the driver reports it lost (fallen off the bus) at {}",
+                    fmt_time(when)
+                )
+            },
+            &mut out,
+        );
+        out
+    }
+
     /// `gpu` did not answer its sample in time (a timeout or an error).
     pub fn missed(&mut self, now: TimestampMs, gpu: u8) -> Vec<Output> {
         let mut out = Vec::new();
@@ -209,6 +242,34 @@ mod tests {
             since: TimestampMs(2005)
         }));
         assert_eq!(e.stalled_since(), None);
+    }
+
+    /// Every GPU lost together (a baseboard or PCIe switch failed): each
+    /// is the driver's verdict on its GPU, quarantined at its first lost
+    /// sample with reason `gpu-lost`, not a stall that blames none.
+    #[test]
+    fn gpus_the_driver_reports_lost_are_quarantined_however_many() {
+        let mut e = engine(8);
+        round(&mut e, 1, &[]);
+        let mut outs = Vec::new();
+        for g in 0..8 {
+            let now = TimestampMs(2_005 + g);
+            outs.extend(e.lost(now, g as u8));
+            outs.extend(e.missed(now, g as u8));
+        }
+        assert_eq!(quarantined(&e), (0..8).collect::<Vec<u8>>(), "{outs:?}");
+        let s = e.status(3).unwrap();
+        assert_eq!(s.reason, ReasonCode::GPU_LOST);
+        assert!(
+            s.evidence.starts_with("the driver reports it lost"),
+            "{}",
+            s.evidence
+        );
+        // A lost GPU among answering peers: the same, at once.
+        let mut e = engine(4);
+        round(&mut e, 1, &[]);
+        e.lost(TimestampMs(2_005), 2);
+        assert_eq!(quarantined(&e), [2]);
     }
 
     #[test]
