@@ -93,7 +93,7 @@ mod link;
 pub use error::{exception_meaning, CduError};
 pub use fit::{check_map, map_limits, UnfitMap};
 pub use link::{connect_failure, Link, SerialLine};
-use link::{connect_tcp, drain, Watched};
+use link::{connect_tcp, drain, Counted, Watched};
 
 /// What the CDU measures, decoded with the map's scale (the decision
 /// path's type, shared with the firmware).
@@ -230,6 +230,8 @@ pub struct ModbusCdu {
     ctx: Option<Context>,
     /// Set once the CDU closed the TCP connection `ctx` is on.
     closed: Option<Arc<AtomicBool>>,
+    /// The bytes read from the serial line `ctx` is on.
+    heard: Option<Arc<std::sync::atomic::AtomicUsize>>,
     /// The last request got no answer or a garbled one: clear the line
     /// before the next.
     resync: bool,
@@ -261,6 +263,7 @@ impl ModbusCdu {
             spans,
             ctx: None,
             closed: None,
+            heard: None,
             resync: false,
         }
     }
@@ -353,6 +356,8 @@ impl ModbusCdu {
                     drain(&mut port, quiet, self.timeout).await;
                 }
                 port.clear(ClearBuffer::All).map_err(|e| io(e.into()))?;
+                let (port, heard) = Counted::new(port);
+                self.heard = Some(heard);
                 tokio_modbus::client::rtu::attach_slave(port, slave)
             }
         };
@@ -375,6 +380,9 @@ impl ModbusCdu {
             }
         }
         let ctx = self.ctx.as_mut().expect("connected");
+        if let Some(h) = &self.heard {
+            h.store(0, Ordering::Relaxed);
+        }
         let failure = match tokio::time::timeout_at(deadline, ctx.call(req)).await {
             Ok(Ok(Ok(response))) => return Ok(response),
             Ok(Ok(Err(code))) => {
@@ -385,10 +393,7 @@ impl ModbusCdu {
                     meaning: exception_meaning(code),
                 });
             }
-            Err(_) => CduError::NoAnswer {
-                op,
-                after_ms: self.timeout.as_millis() as u64,
-            },
+            Err(_) => self.unanswered(op),
             Ok(Err(tokio_modbus::Error::Protocol(e))) => CduError::BadAnswer {
                 op,
                 detail: e.to_string(),
@@ -407,6 +412,24 @@ impl ModbusCdu {
         let rtu = matches!(self.link, Link::Rtu(_));
         self.resync |= rtu || !matches!(failure, CduError::Io { .. });
         Err(failure)
+    }
+
+    /// The failure of a request that timed out: no answer, or, when bytes
+    /// came on the serial line, a bad answer (none of them made a whole
+    /// answer: a bad CRC, a frame cut or garbled by noise).
+    fn unanswered(&self, op: String) -> CduError {
+        let after_ms = self.timeout.as_millis() as u64;
+        match self.heard.as_ref().map(|h| h.load(Ordering::Relaxed)) {
+            Some(n @ 1..) => CduError::BadAnswer {
+                op,
+                detail: format!(
+                    "{n} bytes came within {after_ms} ms, none of them a whole answer to it \
+                     (a bad CRC or a garbled frame: noise, the line's termination or biasing, \
+                     or another device talking)"
+                ),
+            },
+            _ => CduError::NoAnswer { op, after_ms },
+        }
     }
 
     /// Reads one span of input registers.

@@ -378,6 +378,32 @@ async fn a_garbled_rtu_answer_is_a_bad_answer_and_the_line_is_cleared_before_the
         assert!(state.contains("connected: false, resync: true"), "{state}");
         cdu.await.expect("the garbling CDU");
     }
+    // A whole answer of the right length with one byte flipped on the
+    // way (its CRC no longer fits): the decoder waits for more, and the
+    // request ends at its timeout, but bytes came: a bad answer, never
+    // "no answer" (which sends the engineer to the cable and the unit id).
+    let mut flipped = vec![1, 4, 14];
+    flipped.extend([
+        0x0b, 0xc4, 0x0f, 0x0a, 0x07, 0x83, 0x0a, 0x8c, 0, 1, 0, 0, 0, 0,
+    ]);
+    flipped.extend(crc16(&flipped));
+    flipped[5] ^= 0x10;
+    let line = SerialLine::new(pair.path("a"));
+    let mut quick = ModbusCdu::new(RegisterMap::sim_cdu(), Link::Rtu(line))
+        .with_timeout(Duration::from_millis(500));
+    let cdu = answer_once(&pair, flipped);
+    let e = quick.read().await.unwrap_err();
+    let CduError::BadAnswer { detail, .. } = &e else {
+        panic!("not a bad answer: {e:?}");
+    };
+    assert!(
+        detail.starts_with("19 bytes came within 500 ms, none of them a whole answer to it"),
+        "{detail}"
+    );
+    assert!(!e.is_unanswered(), "the rest of a step's writes still go");
+    cdu.await.expect("the garbling CDU");
+    drop(quick);
+
     // The real CDU takes the line over: the client reads it.
     let cdu = SimCdu::new(RegisterMap::sim_cdu(), &[]).expect("a CDU");
     cdu.set_measurement("supply_temp", 32.05)

@@ -5,6 +5,7 @@
 //! before a request.
 use super::*;
 use std::pin::Pin;
+use std::sync::atomic::AtomicUsize;
 use std::task::Poll;
 
 /// A serial line for Modbus RTU.
@@ -219,5 +220,62 @@ impl tokio::io::AsyncWrite for Watched {
         cx: &mut std::task::Context<'_>,
     ) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+}
+
+/// A serial port that counts the bytes it reads, so that a request whose
+/// answer never came whole can be told from one that got nothing: the
+/// RTU decoder drops a frame with a bad CRC a byte at a time and waits
+/// for more, and the request then ends at its timeout like a silent one.
+pub(super) struct Counted<S> {
+    port: S,
+    read: Arc<AtomicUsize>,
+}
+
+impl<S> Counted<S> {
+    /// `port`, and the count of the bytes read from it.
+    pub(super) fn new(port: S) -> (Self, Arc<AtomicUsize>) {
+        let read = Arc::new(AtomicUsize::new(0));
+        let counted = Self {
+            port,
+            read: read.clone(),
+        };
+        (counted, read)
+    }
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Counted<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let poll = Pin::new(&mut this.port).poll_read(cx, buf);
+        let got = buf.filled().len().saturating_sub(before);
+        this.read.fetch_add(got, Ordering::Relaxed);
+        poll
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Counted<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().port).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().port).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().port).poll_shutdown(cx)
     }
 }
