@@ -40,6 +40,10 @@ loopwarden_field::agent_file! {
         pub host: Option<String>,
         /// Simulated GPUs instead of NVML (0: NVML).
         pub twin_gpus: Option<u8>,
+        /// How many GPUs this host has: fewer found at the start is said
+        /// (a GPU that failed the driver's probe, or fell off the bus
+        /// before it loaded).
+        pub expected_gpus: Option<u8>,
         /// GPU board model (`H200-SXM`) or a board file.
         pub board: Option<String>,
         /// Sampling period, ms.
@@ -156,6 +160,9 @@ loopwarden_field::agent_flags! {
         /// Missed samples in a row before a GPU counts as unresponsive.
         #[arg(long)]
         pub unresponsive_after: Option<u32>,
+        /// How many GPUs this host has (1 to 16); fewer found is said.
+        #[arg(long)]
+        pub expected_gpus: Option<u8>,
         /// The CDU whose loop cools this host (ident).
         #[arg(long)]
         pub cdu: Option<String>,
@@ -265,6 +272,8 @@ pub struct Config {
     pub slow_counters: Duration,
     /// Missed samples before unresponsive.
     pub unresponsive_after: u32,
+    /// How many GPUs the host has, if configured.
+    pub expected_gpus: Option<u8>,
     /// Flash file.
     pub flash: Option<PathBuf>,
     /// Console socket.
@@ -389,6 +398,7 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         deadline: timings.deadline,
         slow_counters: timings.slow_counters,
         unresponsive_after: timings.unresponsive_after,
+        expected_gpus: timings.expected_gpus,
         flash: common.flash,
         console: common.console,
         console_limits: common.console_limits,
@@ -722,6 +732,19 @@ mod tests {
         assert_eq!(c.gpus, GpuSourceKind::Twin(8));
         assert!(c.demo_key, "twin without keys takes the demonstration key");
         assert_eq!(c.quarantine_actions[0][0], "scontrol");
+    }
+
+    #[test]
+    fn expected_gpus_is_optional_and_1_to_16() {
+        let base = "site = \"a\"\nhost = \"b\"\ntwin_gpus = 2\n";
+        assert_eq!(from(base).expect("valid").expected_gpus, None);
+        let c = from(&format!("{base}expected_gpus = 8\n")).expect("valid");
+        assert_eq!(c.expected_gpus, Some(8));
+        for bad in [0, 17] {
+            let e = from(&format!("{base}expected_gpus = {bad}\n")).unwrap_err();
+            assert_eq!(e.line, Some(4), "{e}");
+            assert!(e.message.contains("expected_gpus = "), "{e}");
+        }
     }
 
     #[test]

@@ -92,6 +92,10 @@ const ACTION_FAILED_AT: Metric = Metric::gauge(
     "loopwarden_site_action_last_failure_timestamp_seconds",
     "When the last of the site's commands that failed ended, seconds since the Unix epoch. Absent while none failed since the start.",
 );
+const MISSING: Metric = Metric::gauge(
+    "loopwarden_gpus_missing",
+    "GPUs of expected_gpus not found at the start (failed the driver's probe, or off the bus since before it loaded). Absent when expected_gpus is not set.",
+);
 const LEASES: Metric = Metric::gauge(
     "loopwarden_leases_active",
     "Power-cap leases held now (from the cooling controller, a facility budget or an operator).",
@@ -144,6 +148,9 @@ pub fn render(ctx: &Context) -> String {
         loop_state(&mut out, s, &host);
         for (i, g) in s.gpus.iter().enumerate() {
             gpu(&mut out, &ctx.host, i, g);
+        }
+        if let Some(n) = ctx.gpus_missing(s.gpus.len()) {
+            out.sample(&MISSING, &host, n as f64);
         }
     }
     if let Some(costs) = &ctx.nvml_costs {
@@ -493,6 +500,7 @@ mod tests {
         names.extend([INFO.name, STARTED.name]);
         names.extend(dcgm::names());
         names.extend([
+            MISSING.name,
             "loopwarden_flash_queue_dropped_total",
             "loopwarden_outbox_waiting_frames",
             "loopwarden_outbox_waiting_dropped_total",

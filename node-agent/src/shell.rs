@@ -416,6 +416,7 @@ fn console_context(
         site: config.site.as_str().to_string(),
         host: config.host.as_str().to_string(),
         gpu_source: config.gpus.clone(),
+        expected_gpus: config.expected_gpus,
         period: config.period,
         started,
         flash_path,

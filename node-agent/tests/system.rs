@@ -445,10 +445,23 @@ fn a_hung_gpu_does_not_stall_the_others() {
         return;
     };
     let mut sub = rig.subscribe(&["telemetry"]);
-    let agent = rig.agent(4).start();
+    // A host of five GPUs of which NVML finds four.
+    let agent = rig
+        .agent(4)
+        .flags(Overrides {
+            expected_gpus: Some(5),
+            ..Default::default()
+        })
+        .start();
     let control = agent.control();
     // Let it run, then hang GPU 2.
     let _ = sub.collect_until(Duration::from_secs(10), |s| s.len() >= 3);
+    let status = agent.ctl(&["status"]).expect("ctl status");
+    assert_eq!(
+        (&status["gpus_expected"], &status["gpus_missing"]),
+        (&serde_json::json!(5), &serde_json::json!(1)),
+        "{status}"
+    );
     control
         .inject(node_agent::sim_gpus::TwinFault::Hang { gpu: 2, on: true })
         .expect("inject");

@@ -19,13 +19,14 @@ pub(super) struct Timings {
     pub(super) deadline: Duration,
     pub(super) slow_counters: Duration,
     pub(super) unresponsive_after: u32,
+    pub(super) expected_gpus: Option<u8>,
 }
 
 /// The sampling period, the JSON mirror's period (at least the sampling
 /// period), the deadline of one GPU call (at most the sampling period),
 /// the time between reads of the slow counters (1 to 600 s, 30 by
 /// default, at least one period) and the missed samples before a GPU is
-/// unresponsive.
+/// unresponsive, and how many GPUs the host has (optional, 1 to 16).
 pub(super) fn timings(
     src: &Sources,
     file: &FileConfig,
@@ -76,12 +77,18 @@ pub(super) fn timings(
         100,
         " samples",
     )?;
+    let expected = pick!(flags.expected_gpus, file.expected_gpus, "expected-gpus");
+    let expected_gpus = match expected.0 {
+        Some(_) => Some(range(src, expected, "expected_gpus", 8, 1, 16, " GPUs")?),
+        None => None,
+    };
     Ok(Timings {
         period: Duration::from_millis(period),
         json_period: Duration::from_millis(json_period),
         deadline: Duration::from_millis(deadline),
         slow_counters: Duration::from_secs(slow_s).max(Duration::from_millis(period)),
         unresponsive_after,
+        expected_gpus,
     })
 }
 

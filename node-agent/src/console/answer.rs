@@ -88,6 +88,8 @@ fn status(ctx: &Context, snap: &Snapshot, now: TimestampMs) -> Value {
         "resend": resend_view(ctx),
         "leases": snap.leases.len(),
         "site_actions": actions_view(&snap.actions),
+        "gpus_expected": ctx.expected_gpus,
+        "gpus_missing": ctx.gpus_missing(snap.gpus.len()),
         "xids": {
             "queued": snap.xids_queued,
             "dropped": snap.xids_dropped,

@@ -100,6 +100,15 @@ fn status(v: &Value) -> String {
             ),
         ));
     }
+    if let Some(n @ 1..) = v["gpus_missing"].as_u64() {
+        rows.push((
+            "MISSING",
+            format!(
+                "{n} of the {} GPUs expected not found at the start (expected_gpus): see the log",
+                s(&v["gpus_expected"])
+            ),
+        ));
+    }
     let failed = &v["site_actions"]["last_failure"];
     if let Some(at) = failed["at"].as_u64() {
         rows.push((
@@ -311,6 +320,22 @@ mod tests {
         );
         let none = json!({"site_actions": {"last_failure": null}});
         assert!(!render(&Request::Status, &none).contains("FAILED"));
+    }
+
+    #[test]
+    fn status_says_when_gpus_expected_are_missing() {
+        let v = json!({"gpus_expected": 8, "gpus_missing": 1});
+        let text = render(&Request::Status, &v);
+        assert!(
+            text.lines().any(|l| l.starts_with("MISSING ")
+                && l.ends_with(
+                    "1 of the 8 GPUs expected not found at the start (expected_gpus): see the log"
+                )),
+            "{text}"
+        );
+        for whole in [json!({"gpus_expected": 8, "gpus_missing": 0}), json!({})] {
+            assert!(!render(&Request::Status, &whole).contains("MISSING"));
+        }
     }
 
     #[test]

@@ -191,6 +191,8 @@ pub struct Context {
     pub host: String,
     /// Where the GPUs come from.
     pub gpu_source: GpuSourceKind,
+    /// How many GPUs the host has (`expected_gpus`), if configured.
+    pub expected_gpus: Option<u8>,
     /// The sampling period.
     pub period: Duration,
     /// When the agent started.
@@ -215,6 +217,13 @@ pub struct Context {
 }
 
 impl Context {
+    /// GPUs configured (`expected_gpus`) but not found, of the `found`;
+    /// `None` when no count is configured.
+    pub fn gpus_missing(&self, found: usize) -> Option<usize> {
+        self.expected_gpus
+            .map(|want| usize::from(want).saturating_sub(found))
+    }
+
     /// What the resender has done so far.
     pub fn resends(&self) -> ResendCounts {
         self.resender.counts().snapshot()

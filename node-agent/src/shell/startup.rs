@@ -58,6 +58,7 @@ pub(super) async fn gpus(
     if devices.is_empty() {
         return Err(AgentError::NoGpus);
     }
+    say_missing(devices.len(), config.expected_gpus);
     let mut workers = Vec::new();
     for (i, d) in devices.into_iter().enumerate() {
         workers.push(Arc::new(
@@ -104,6 +105,27 @@ pub(super) async fn gpus(
         });
     }
     Ok((workers, gpus))
+}
+
+/// Says at the start when the GPUs `found` are not the `expected`
+/// (`expected_gpus`): fewer is a GPU that failed the driver's probe or fell
+/// off the bus before the driver loaded, and this host is not whole.
+fn say_missing(found: usize, expected: Option<u8>) {
+    let Some(want) = expected.map(usize::from) else {
+        return;
+    };
+    if found < want {
+        tracing::error!(
+            "{found} GPUs found, {want} expected (expected_gpus): {} missing, failed the \
+             driver's probe or off the bus since before it loaded; see `dmesg | grep -i nvrm`, \
+             `nvidia-smi -L`, `lspci -d 10de:`; the GPUs found are guarded",
+            want - found
+        );
+    } else if found > want {
+        tracing::warn!(
+            "{found} GPUs found, more than the {want} of expected_gpus: set it to this host's count"
+        );
+    }
 }
 
 /// `info` with the board's figure for each power limit the GPU could not
