@@ -73,6 +73,10 @@ pub struct GpuSample {
     pub nvlink: NvlinkErrors,
     /// NVLink replays and recoveries per link, where reported.
     pub nvlink_links: node_core::health::NvlinkLinks,
+    /// The recovery action the driver names for the GPU, as last read
+    /// (with the slow counters); `None`: never read (not supported, or an
+    /// older driver).
+    pub recovery_action: Option<u8>,
 }
 
 /// An XID the driver reported.

@@ -96,6 +96,7 @@ struct TwinGpu {
     flags: GpuFlags,
     pcie_replay: u32,
     nvlink: NvlinkErrors,
+    recovery_action: u8,
 }
 
 /// A simulated host: its GPUs and their coolant (pure; time passed in).
@@ -133,6 +134,7 @@ impl TwinHost {
             flags: GpuFlags::ECC_ENABLED,
             pcie_replay: 0,
             nvlink: NvlinkErrors::default(),
+            recovery_action: 0,
         };
         let model = GpuModel {
             tdp_w: params.tdp,
@@ -277,6 +279,7 @@ impl TwinHost {
             pcie_replay: g.pcie_replay,
             nvlink: g.nvlink,
             nvlink_links: Default::default(),
+            recovery_action: Some(g.recovery_action),
         })
     }
 
@@ -345,6 +348,14 @@ pub enum TwinFault {
         gpu: u8,
         /// Replays to add.
         count: u32,
+    },
+    /// The driver names a recovery action for this GPU (NVML's values: 0
+    /// none, 1 reset, 2 reboot, 3 drain peer-to-peer, 4 drain and reset).
+    RecoveryAction {
+        /// GPU index.
+        gpu: u8,
+        /// The action.
+        action: u8,
     },
     /// Every call to this GPU hangs until `Hang { on: false }`.
     Hang {
@@ -442,6 +453,9 @@ impl TwinControl {
             TwinFault::PcieReplay { gpu, count } => {
                 let g = &mut s.host.gpus[gpu_of(gpu)?];
                 g.pcie_replay = g.pcie_replay.saturating_add(count);
+            }
+            TwinFault::RecoveryAction { gpu, action } => {
+                s.host.gpus[gpu_of(gpu)?].recovery_action = action;
             }
             TwinFault::Hang { gpu, on } => {
                 let i = gpu_of(gpu)?;

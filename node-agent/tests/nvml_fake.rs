@@ -152,6 +152,7 @@ impl Answers {
                 (fi::NVLINK_CRC_DATA_TOTAL, 101),
                 (fi::NVLINK_REPLAY_TOTAL, 102),
                 (fi::NVLINK_RECOVERY_TOTAL, 103),
+                (fi::RECOVERY_ACTION, 0),
             ]
             .into_iter()
             .map(|(id, v)| (id, Ok(v)))
@@ -479,8 +480,43 @@ fn healthy_gpu_sample_maps_every_field() {
         },
         // No link answers on its own: the totals stand.
         nvlink_links: Default::default(),
+        recovery_action: Some(0),
     };
     assert_eq!(sample, expected);
+}
+
+/// The recovery action the driver names is read with the slow counters
+/// (and at once after an XID), held between reads and through a read
+/// that fails, and not known (`None`) on a driver without it.
+#[test]
+fn the_recovery_action_is_read_with_the_slow_counters_and_held() {
+    let fake = FakeNvml::new(vec![Answers::healthy()]);
+    let mut gpu = NvmlGpu::new(Arc::new(fake.clone()), 0).slow_every(3);
+    assert_eq!(gpu.sample().expect("a sample").recovery_action, Some(0));
+    fake.set(0, |a| {
+        a.fields.insert(fi::RECOVERY_ACTION, Ok(1));
+    });
+    for i in 2..=3 {
+        let s = gpu.sample().expect("a sample");
+        assert_eq!(s.recovery_action, Some(0), "sample {i}: held");
+    }
+    assert_eq!(gpu.sample().expect("a sample").recovery_action, Some(1));
+    // A read that fails on its own data keeps the action last read.
+    fake.set(0, |a| {
+        a.fields.insert(
+            fi::RECOVERY_ACTION,
+            Err(NvmlFailure::Other(
+                "an internal driver error occurred".into(),
+            )),
+        );
+    });
+    for _ in 0..3 {
+        assert_eq!(gpu.sample().expect("a sample").recovery_action, Some(1));
+    }
+    let mut older = Answers::healthy();
+    older.fields.remove(&fi::RECOVERY_ACTION);
+    let (_fake, mut gpu) = one_gpu(older);
+    assert_eq!(gpu.sample().expect("a sample").recovery_action, None);
 }
 
 #[test]

@@ -104,6 +104,11 @@ pub struct Observation {
     pub nvlink_recovery: u64,
     /// Active clock-event reasons.
     pub throttle: ThrottleReasons,
+    /// The recovery action the driver names for the GPU (NVML's
+    /// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`): 0 none (or not known), 1
+    /// reset the GPU, 2 reboot the node, 3 drain peer-to-peer traffic, 4
+    /// drain and reset.
+    pub recovery_action: u8,
     /// NVLink replays and recoveries per link, where the GPU reports them
     /// (the totals above count every link, these only the first
     /// [`NVLINK_LINKS`]).
@@ -611,6 +616,7 @@ impl HealthEngine {
         self.memory_errors(t, g, o, prev, &mut out);
         self.nvlink_faults(t, g, o, prev, &mut out);
         self.pending_resets(t, g, o, &mut out);
+        self.recovery_action(t, g, o, &mut out);
         self.sustained_rates(t, g, o, &mut out);
         self.waiting |= 1 << g;
         self.judge_rounds(t, true, &mut out);
@@ -762,6 +768,50 @@ pub(crate) mod tests {
         let quiet = Policy::default().quiet_ms;
         assert_eq!(changes(e.sample(TimestampMs(start + quiet), 0, &clean)), 1);
         assert_eq!(e.status(0).unwrap().state, HealthState::Healthy);
+    }
+
+    /// The recovery action the driver names: a reset or a reboot
+    /// quarantines, a drain degrades, none changes nothing; the evidence
+    /// says which.
+    #[test]
+    fn the_drivers_recovery_action_quarantines_or_degrades() {
+        for (action, state) in [
+            (0, HealthState::Healthy),
+            (1, HealthState::Quarantined),
+            (2, HealthState::Quarantined),
+            (3, HealthState::Degraded),
+            (4, HealthState::Degraded),
+            (9, HealthState::Degraded),
+        ] {
+            let mut e = engine(1);
+            let o = Observation {
+                temp: 60.0,
+                recovery_action: action,
+                ..Observation::default()
+            };
+            e.sample(TimestampMs(1_000), 0, &o);
+            let s = e.status(0).unwrap();
+            assert_eq!(s.state, state, "action {action}");
+            if action > 0 {
+                assert_eq!(s.reason, ReasonCode::RECOVERY_ACTION);
+                assert!(
+                    s.evidence.contains(&format!("(recovery action {action})")),
+                    "{}",
+                    s.evidence
+                );
+            }
+        }
+        let mut e = engine(1);
+        let reset = Observation {
+            recovery_action: 1,
+            ..Observation::default()
+        };
+        e.sample(TimestampMs(1_000), 0, &reset);
+        assert!(e
+            .status(0)
+            .unwrap()
+            .evidence
+            .starts_with("the driver asks for a GPU reset"));
     }
 
     #[test]

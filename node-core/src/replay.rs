@@ -79,6 +79,7 @@ struct TraceSample {
     nvlink_replay: Option<u64>,
     nvlink_recovery: Option<u64>,
     throttle: Option<ThrottleReasons>,
+    recovery_action: Option<u8>,
     responsive: Option<bool>,
 }
 
@@ -122,7 +123,8 @@ fn merge(o: &mut Observation, s: &TraceSample) {
         dbe_volatile <- ecc_dbe_volatile, retired_sbe <- retired_sbe, retired_dbe <- retired_dbe,
         retired_pending <- retired_pending, remap_pending <- remap_pending,
         remap_failure <- remap_failure, pcie_replay <- pcie_replay, nvlink_crc <- nvlink_crc,
-        nvlink_replay <- nvlink_replay, nvlink_recovery <- nvlink_recovery, throttle <- throttle);
+        nvlink_replay <- nvlink_replay, nvlink_recovery <- nvlink_recovery, throttle <- throttle,
+        recovery_action <- recovery_action);
     let _ = (
         s.mem_temp_c,
         s.mem_clock_mhz,

@@ -69,6 +69,10 @@ reasons! {
     /// The driver reports the GPU lost (fallen off the bus): it needs a
     /// reset or a reboot, however many of its peers are lost with it.
     GPU_LOST = 1015 => "gpu-lost",
+    /// The driver names a recovery action the GPU needs (NVML's GPU
+    /// recovery action): a reset or a reboot quarantines, draining
+    /// degrades.
+    RECOVERY_ACTION = 1016 => "recovery-action",
     /// The controller is booting and waits for every required sensor.
     BOOTING = 2000 => "booting",
     /// A required sensor stopped reporting.

@@ -38,6 +38,12 @@ pub const NVLINK_REPLAY_L6: u32 = 108;
 /// NVLink recovery errors of link 6 (links 6 to 11 follow in order).
 pub const NVLINK_RECOVERY_L6: u32 = 114;
 
+/// The recovery action the driver names for the GPU (0 none, 1 reset
+/// the GPU, 2 reboot the node, 3 drain peer-to-peer, 4 drain and reset);
+/// recent drivers only. It belongs to no group: not supported, it is
+/// simply not known.
+pub const RECOVERY_ACTION: u32 = 230;
+
 /// The field of link `l`'s replay (`recovery: false`) or recovery
 /// count, for links 0 to 11.
 pub fn nvlink_link(l: usize, recovery: bool) -> u32 {
@@ -77,8 +83,11 @@ pub(crate) const GROUPS: [(u32, Unsupported); 11] = [
 ];
 
 /// The group field `id` is reported unsupported with (a per-link or total
-/// NVLink field: NVLink).
+/// NVLink field: NVLink; the recovery action: none).
 pub(crate) fn group_of(id: u32) -> Unsupported {
+    if id == RECOVERY_ACTION {
+        return Unsupported::empty();
+    }
     GROUPS
         .iter()
         .find(|(f, _)| *f == id)
@@ -101,6 +110,7 @@ pub fn name(id: u32) -> String {
         NVLINK_CRC_DATA_TOTAL => Some("NVLINK_CRC_DATA_ERROR_COUNT_TOTAL"),
         NVLINK_REPLAY_TOTAL => Some("NVLINK_REPLAY_ERROR_COUNT_TOTAL"),
         NVLINK_RECOVERY_TOTAL => Some("NVLINK_RECOVERY_ERROR_COUNT_TOTAL"),
+        RECOVERY_ACTION => Some("GET_GPU_RECOVERY_ACTION"),
         _ => None,
     };
     match (fixed, link_of(id)) {
@@ -129,6 +139,11 @@ mod tests {
         }
         assert_eq!(group_of(PCIE_REPLAY_COUNTER), Unsupported::PCIE);
         assert_eq!(group_of(nvlink_link(3, false)), Unsupported::NVLINK);
+        assert_eq!(group_of(RECOVERY_ACTION), Unsupported::empty());
+        assert_eq!(
+            name(RECOVERY_ACTION),
+            "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (230)"
+        );
         assert!(GROUPS
             .iter()
             .all(|(id, _)| !name(*id).starts_with("field ")));

@@ -128,6 +128,7 @@ fn calls<'a, A: NvmlApi>() -> Vec<Call<'a, A>> {
 fn field_ids() -> Vec<u32> {
     let mut ids: Vec<u32> = field::GROUPS.iter().map(|(id, _)| *id).collect();
     ids.push(field::NVLINK_RECOVERY_TOTAL);
+    ids.push(field::RECOVERY_ACTION);
     for l in 0..NVLINK_LINKS {
         ids.push(field::nvlink_link(l, false));
         ids.push(field::nvlink_link(l, true));

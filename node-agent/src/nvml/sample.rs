@@ -9,8 +9,10 @@
 //! reported an XID since the last read: a page is retired, a row remapped,
 //! only after an ECC error, and the driver says so with an XID): energy,
 //! the ECC mode, the aggregate ECC counts, retired pages, remapped rows,
-//! the PCIe replay counter and the per-link NVLink counters, in the same
-//! field-value query. The per-link counters are also read at once whenever
+//! the PCIe replay counter, the recovery action the driver names for the
+//! GPU and the per-link NVLink counters, in the same field-value query
+//! (an XID 154, "recovery action changed", so reads the action at the
+//! next sample). The per-link counters are also read at once whenever
 //! the NVLink totals move, so a link's fault is named in the sample that
 //! shows it. Between reads a sample carries the slow values as last read
 //! (`node_core::health::SlowCounters` plays the same schedule over a
@@ -91,6 +93,8 @@ pub(super) struct Held {
     /// The groups whose read failed at the last read of the slow
     /// counters: unknown until the next.
     unknown: Unsupported,
+    /// The recovery action as last read: a read that fails keeps it.
+    recovery_action: Option<u8>,
 }
 
 /// NVML's answers, in `nvml-wrapper`'s words (as `NvmlFailure::Other`
@@ -268,6 +272,9 @@ impl<A: NvmlApi> NvmlGpu<A> {
             (names, _) if !names.is_empty() => format!("{names} reported as unsupported"),
             (_, Item::Call(call::ENFORCED_LIMIT)) => "the limit set is read in its place".into(),
             (_, Item::Call(call::ENERGY | call::LIMIT)) => "sent as 0 (not known)".into(),
+            (_, Item::Field(field::RECOVERY_ACTION)) => {
+                "the recovery action last read is kept".into()
+            }
             // Only per-link counters: their links are left out.
             _ => "the per-link NVLink counters left out".into(),
         };
@@ -353,6 +360,7 @@ impl<A: NvmlApi> NvmlGpu<A> {
         let mut ids: Vec<u32> = FAST_FIELDS.to_vec();
         if slow {
             ids.extend(field::GROUPS.iter().map(|(id, _)| *id));
+            ids.push(field::RECOVERY_ACTION);
             ids.sort_unstable();
             ids.dedup();
             ids.extend(self.link_ids());
@@ -404,6 +412,9 @@ impl<A: NvmlApi> NvmlGpu<A> {
             s.flags = s.flags.with(f, h.flags.contains(f));
         }
         s.nvlink_links = h.links;
+        // Read only with the slow counters; kept through a failed read.
+        h.recovery_action = s.recovery_action.or(h.recovery_action);
+        s.recovery_action = h.recovery_action;
     }
 
     /// Asks for the field values `ids` (those still asked: [`super::support`])
@@ -646,6 +657,7 @@ fn put_field(s: &mut GpuSample, id: u32, v: u64) {
         field::NVLINK_CRC_DATA_TOTAL => s.nvlink.crc = sat32(v),
         field::NVLINK_REPLAY_TOTAL => s.nvlink.replay = sat32(v),
         field::NVLINK_RECOVERY_TOTAL => s.nvlink.recovery = sat32(v),
+        field::RECOVERY_ACTION => s.recovery_action = Some(v.min(u8::MAX as u64) as u8),
         _ => match field::link_of(id) {
             Some((l, false)) => s.nvlink_links.replay[l] = sat32(v),
             Some((l, true)) => s.nvlink_links.recovery[l] = sat32(v),

@@ -158,6 +158,7 @@ pub fn observation(s: &GpuSample) -> Observation {
         nvlink_replay: u64::from(s.nvlink.replay),
         nvlink_recovery: u64::from(s.nvlink.recovery),
         throttle: s.throttle,
+        recovery_action: s.recovery_action.unwrap_or(0),
         nvlink_links: s.nvlink_links,
         unknown: s.unsupported,
     }

@@ -211,6 +211,39 @@ impl HealthEngine {
         }
     }
 
+    /// The recovery action the driver names for the GPU: a reset or a
+    /// reboot it needs quarantines (it cannot be trusted until then, as
+    /// NVIDIA's catalog says of an XID whose action is a reset); draining
+    /// peer-to-peer traffic, or draining then a reset, degrades (the work
+    /// may finish, as for an XID whose action is drain-and-reset). An
+    /// action this engine does not know degrades too, so that it is seen.
+    pub(super) fn recovery_action(
+        &mut self,
+        t: u64,
+        g: usize,
+        o: &Observation,
+        out: &mut Vec<Output>,
+    ) {
+        let when = At(self.stamp(t));
+        let (state, what) = match o.recovery_action {
+            0 => return,
+            1 => (HealthState::Quarantined, "a GPU reset"),
+            2 => (HealthState::Quarantined, "a node reboot"),
+            3 => (HealthState::Degraded, "draining peer-to-peer traffic"),
+            4 => (HealthState::Degraded, "draining, then a GPU reset"),
+            _ => (HealthState::Degraded, "an action this agent does not know"),
+        };
+        let n = o.recovery_action;
+        self.raise(
+            t,
+            g,
+            state,
+            ReasonCode::RECOVERY_ACTION,
+            || format!("the driver asks for {what} (recovery action {n}) at {when}"),
+            out,
+        );
+    }
+
     /// Degraded-level rates of counters over the last minute, sustained:
     /// PCIe replays, corrected ECC errors, NVLink CRC errors. A streak
     /// ends once the rate over its sustain time is down to the limit, so

@@ -162,6 +162,7 @@ impl Sample {
             nvlink_replay: self.nvlink_replay,
             nvlink_recovery: self.nvlink_recovery,
             throttle: self.throttle,
+            recovery_action: 0,
             nvlink_links: Default::default(),
             unknown: Default::default(),
         }
