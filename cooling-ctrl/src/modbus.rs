@@ -47,6 +47,9 @@
 //!   unit id, baud rate or parity on RTU; a CDU that is off or hung) or its
 //!   answer got lost; a write that got no answer may or may not have gone
 //!   in.
+//! - *garbled* ([`CduError::Garbled`]): on a serial line, bytes came but
+//!   never a whole answer before the timeout (a bad CRC, noise): counted
+//!   as no answer for what follows, and said as what it is.
 //! - *link failure* ([`CduError::Io`]): the link itself failed before or
 //!   while asking: the serial port cannot be opened, the TCP connection is
 //!   refused or closed ("the CDU closed the connection": the CDU, or a
@@ -415,18 +418,15 @@ impl ModbusCdu {
     }
 
     /// The failure of a request that timed out: no answer, or, when bytes
-    /// came on the serial line, a bad answer (none of them made a whole
+    /// came on the serial line, garbled ones (none of them made a whole
     /// answer: a bad CRC, a frame cut or garbled by noise).
     fn unanswered(&self, op: String) -> CduError {
         let after_ms = self.timeout.as_millis() as u64;
         match self.heard.as_ref().map(|h| h.load(Ordering::Relaxed)) {
-            Some(n @ 1..) => CduError::BadAnswer {
+            Some(bytes @ 1..) => CduError::Garbled {
                 op,
-                detail: format!(
-                    "{n} bytes came within {after_ms} ms, none of them a whole answer to it \
-                     (a bad CRC or a garbled frame: noise, the line's termination or biasing, \
-                     or another device talking)"
-                ),
+                bytes,
+                after_ms,
             },
             _ => CduError::NoAnswer { op, after_ms },
         }

@@ -327,52 +327,10 @@ pub fn start(addr: Option<SocketAddr>, ctx: Context) -> Option<JoinHandle<()>> {
 mod tests {
     use super::*;
     use crate::console::{ActionKind, ResendCounts};
-    use crate::gpu::{GpuInfo, GpuSample};
-    use loopwarden_protocol::{
-        EccCounts, ReasonCode, ThrottleReasons, TimestampMs, Unsupported, Watts, WholeCelsius,
-    };
-    use node_core::caps::GpuRange;
-    use node_core::health::GpuStatus;
+    use loopwarden_protocol::{EccCounts, TimestampMs, Unsupported, Watts};
 
     fn view() -> GpuView {
-        GpuView {
-            info: GpuInfo {
-                name: "NVIDIA H200".into(),
-                uuid: "GPU-1234".into(),
-                default_limit: Watts(700),
-                min_limit: Watts(200),
-                max_limit: Watts(700),
-            },
-            range: GpuRange {
-                min: Watts(200),
-                max: Watts(700),
-            },
-            ceiling: Watts(700),
-            last: Some(GpuSample {
-                temp: WholeCelsius(71),
-                power: Watts(650),
-                power_limit: Watts(500),
-                throttle: ThrottleReasons::SW_POWER_CAP,
-                unsupported: Unsupported::NVLINK | Unsupported::MEM_TEMP,
-                ..Default::default()
-            }),
-            responsive: true,
-            missed: 0,
-            unresponsive_reported: false,
-            last_error: None,
-            action_failed: None,
-            applied: Some(Watts(500)),
-            source: Some(CapSource::Cooling),
-            guard_cap: None,
-            xids: vec![(TimestampMs(1), 31), (TimestampMs(2), 48)],
-            health: Some(GpuStatus {
-                state: HealthState::Degraded,
-                reason: ReasonCode(1001),
-                since: TimestampMs(1_700_000_000_000),
-                evidence: String::new(),
-            }),
-            calls: Default::default(),
-        }
+        crate::console::snapshot::test_view()
     }
 
     fn text(g: &GpuView) -> String {

@@ -99,6 +99,10 @@ pub struct Verdict {
     /// An authentic release of this GPU, for the health engine to carry
     /// out (the shell answers `not_quarantined` when it is not).
     pub release: Option<u8>,
+    /// A copy of the last command taken from its sender, answered as it
+    /// was: its ack goes under the rate of refusals, whatever its code,
+    /// so that copies sent in a flood cost no more than refusals do.
+    pub copy: bool,
 }
 
 impl Verdict {
@@ -108,6 +112,7 @@ impl Verdict {
             detail,
             changed_caps: false,
             release: None,
+            copy: false,
         }
     }
 }
@@ -333,14 +338,17 @@ impl CommandCore {
         if !a.detail.is_empty() {
             detail = format!("{detail}: {}", a.detail);
         }
-        Some(Verdict::refuse(a.code, detail))
+        Some(Verdict {
+            copy: true,
+            ..Verdict::refuse(a.code, detail)
+        })
     }
 
-    /// The node settled the last command from `sender` otherwise than
-    /// its verdict said (a release of a GPU that is not quarantined): a
-    /// copy of it is answered so.
-    pub fn settled(&mut self, sender: &NodeId, code: AckCode, detail: &str) {
-        if let Some(a) = self.answered.get_mut(sender) {
+    /// Command `seq` from `sender` was answered with `code` and `detail`
+    /// (what its ack said, after the limits were set and it was logged):
+    /// a copy of it is answered so.
+    pub fn settled(&mut self, sender: &NodeId, seq: u32, code: AckCode, detail: &str) {
+        if let Some(a) = self.answered.get_mut(sender).filter(|a| a.frame.seq == seq) {
             (a.code, a.detail) = (code, detail.to_string());
         }
     }
@@ -378,6 +386,7 @@ impl CommandCore {
                         detail: String::new(),
                         changed_caps: false,
                         release: Some(r.gpu.get()),
+                        copy: false,
                     }
                 }
             }
@@ -573,6 +582,7 @@ impl CommandCore {
             code: outcome.code,
             detail,
             release: None,
+            copy: false,
         }
     }
 

@@ -113,6 +113,24 @@ fn a_lease_is_logged_before_its_ack_and_its_events_follow_the_ack() {
     );
 }
 
+/// A flood of copies of a lease taken (a captured frame sent again and
+/// again) is answered at the refusals' rate, never once per copy: the acks
+/// go through the flash's priority lane.
+#[test]
+fn copies_sent_in_a_flood_are_answered_at_the_refusals_rate() {
+    let mut h = Host::new();
+    let t = T0.0 + 1_000;
+    let f = lease(5, t, 500, 60_000);
+    h.step(t, Input::Frame(&cmd_topic(), &f));
+    assert_eq!(h.acks.len(), 1);
+    for i in 0..1_000 {
+        h.step(t + 1 + i / 2, Input::Frame(&cmd_topic(), &f));
+    }
+    let answered = h.acks.len() - 1;
+    assert!((1..=12).contains(&answered), "{answered} copies answered");
+    assert!(h.acks[1..].iter().all(|a| a.code == AckCode::Ok));
+}
+
 #[test]
 fn a_lease_the_flash_or_the_gpu_refuses_says_so_in_its_ack() {
     let mut h = Host::new();
@@ -128,16 +146,27 @@ fn a_lease_the_flash_or_the_gpu_refuses_says_so_in_its_ack() {
     );
     h.flash_ok = true;
     h.refuse_set = true;
-    h.step(
-        t + 100,
-        Input::Frame(&cmd_topic(), &lease(2, t + 100, 400, 60_000)),
-    );
-    let ack = h.acks.last().unwrap();
+    let second = lease(2, t + 100, 400, 60_000);
+    h.step(t + 100, Input::Frame(&cmd_topic(), &second));
+    let ack = h.acks.last().unwrap().clone();
     assert_eq!(ack.code, AckCode::Failed);
     assert!(
         ack.detail.as_str().contains("500 W stays in force"),
         "{}",
         ack.detail.as_str()
+    );
+    // Delivered again: answered as its ack said, failed, not as the
+    // core's first verdict.
+    h.step(t + 150, Input::Frame(&cmd_topic(), &second));
+    let copy = h.acks.last().unwrap();
+    assert_eq!(copy.code, AckCode::Failed);
+    assert!(
+        copy.detail
+            .as_str()
+            .starts_with("a copy of seq 2, answered already: ")
+            && copy.detail.as_str().contains("500 W stays in force"),
+        "{}",
+        copy.detail.as_str()
     );
     assert!(
         ack.in_force.iter().all(|c| c.limit == Watts(500)),

@@ -26,6 +26,22 @@ pub enum CduError {
         /// The timeout, ms.
         after_ms: u64,
     },
+    /// On a serial line, bytes came within the timeout but never a whole
+    /// answer: a bad CRC, a frame garbled or cut by noise. A request that
+    /// waited out its timeout, as an unanswered one does.
+    #[error(
+        "{op}: {bytes} bytes came within {after_ms} ms, none of them a whole answer to it \
+         (a bad CRC or a garbled frame: noise, the line's termination or biasing, another \
+         device talking, or a CDU answering just past the timeout)"
+    )]
+    Garbled {
+        /// What was asked, and where.
+        op: String,
+        /// The bytes that came.
+        bytes: usize,
+        /// The timeout, ms.
+        after_ms: u64,
+    },
     /// The link failed (port, connection).
     #[error("{op}: {source}")]
     Io {
@@ -100,14 +116,19 @@ impl CduError {
         matches!(self.root(), Self::NoAnswer { .. })
     }
 
-    /// True when the CDU did not answer at all: nothing in time, the link
-    /// failed, or a gateway on the way answered that it could not reach
-    /// it (exception 10 or 11, after its own timeout), as opposed to an
-    /// answer of the CDU that refused or made no sense.
+    /// True when no answer came in time (nothing, or on a serial line
+    /// only garbled bytes), the link failed, or a gateway on the way
+    /// answered that it could not reach the CDU (exception 10 or 11, after
+    /// its own timeout), as opposed to an answer of the CDU that refused
+    /// or made no sense: another request would wait out its own timeout
+    /// too.
     pub fn is_unanswered(&self) -> bool {
         matches!(
             self.root(),
-            Self::NoAnswer { .. } | Self::Io { .. } | Self::Refused { code: 10 | 11, .. }
+            Self::NoAnswer { .. }
+                | Self::Garbled { .. }
+                | Self::Io { .. }
+                | Self::Refused { code: 10 | 11, .. }
         )
     }
 }

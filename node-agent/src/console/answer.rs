@@ -311,7 +311,9 @@ fn why(snap: &Snapshot, now: TimestampMs, gpu: u8) -> Value {
                 .unwrap_or_default()
         ));
     }
-    if let Some(failed) = &g.action_failed {
+    // Said while the GPU is quarantined: once released, nothing runs
+    // again for it, and there is nothing to drain.
+    if let (Some(failed), HealthState::Quarantined) = (&g.action_failed, h.state) {
         notes.push(format!(
             "a quarantine action {failed}: the scheduler may not know; drain the GPU by hand (the actions run again at the next start)"
         ));
@@ -350,4 +352,36 @@ fn why(snap: &Snapshot, now: TimestampMs, gpu: u8) -> Value {
         "notes": notes,
         "recent_xids": xids,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::console::snapshot::test_view;
+
+    /// A failed quarantine action is noted in `why` while the GPU is
+    /// quarantined; once it is released nothing runs again and nothing is
+    /// to be drained, so the note goes.
+    #[test]
+    fn a_failed_action_is_noted_only_while_the_gpu_is_quarantined() {
+        let mut g = test_view();
+        g.action_failed = Some("/usr/bin/scontrol failed: exit 1: Invalid node name".into());
+        let note = |g: &crate::console::GpuView| {
+            let snap = Snapshot {
+                gpus: vec![g.clone()],
+                ..Snapshot::default()
+            };
+            why(&snap, TimestampMs(1_700_000_100_000), 0)["notes"].to_string()
+        };
+        if let Some(h) = g.health.as_mut() {
+            h.state = HealthState::Quarantined;
+        }
+        assert!(note(&g).contains("drain the GPU by hand"), "{}", note(&g));
+        for state in [HealthState::Healthy, HealthState::Degraded] {
+            if let Some(h) = g.health.as_mut() {
+                h.state = state;
+            }
+            assert!(!note(&g).contains("quarantine action"), "{}", note(&g));
+        }
+    }
 }

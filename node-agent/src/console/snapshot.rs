@@ -229,3 +229,47 @@ impl Context {
         self.resender.counts().snapshot()
     }
 }
+
+/// A degraded, capped H200 as the loop shows it, for the tests.
+#[cfg(test)]
+pub(crate) fn test_view() -> GpuView {
+    GpuView {
+        info: crate::gpu::GpuInfo {
+            name: "NVIDIA H200".into(),
+            uuid: "GPU-1234".into(),
+            default_limit: Watts(700),
+            min_limit: Watts(200),
+            max_limit: Watts(700),
+        },
+        range: GpuRange {
+            min: Watts(200),
+            max: Watts(700),
+        },
+        ceiling: Watts(700),
+        last: Some(crate::gpu::GpuSample {
+            temp: loopwarden_protocol::WholeCelsius(71),
+            power: Watts(650),
+            power_limit: Watts(500),
+            throttle: loopwarden_protocol::ThrottleReasons::SW_POWER_CAP,
+            unsupported: loopwarden_protocol::Unsupported::NVLINK
+                | loopwarden_protocol::Unsupported::MEM_TEMP,
+            ..Default::default()
+        }),
+        responsive: true,
+        missed: 0,
+        unresponsive_reported: false,
+        last_error: None,
+        action_failed: None,
+        applied: Some(Watts(500)),
+        source: Some(CapSource::Cooling),
+        guard_cap: None,
+        xids: vec![(TimestampMs(1), 31), (TimestampMs(2), 48)],
+        health: Some(node_core::health::GpuStatus {
+            state: loopwarden_protocol::HealthState::Degraded,
+            reason: loopwarden_protocol::ReasonCode(1001),
+            since: TimestampMs(1_700_000_000_000),
+            evidence: String::new(),
+        }),
+        calls: Default::default(),
+    }
+}

@@ -32,6 +32,8 @@ pub(crate) struct Pending {
     code: AckCode,
     detail: String,
     record: Option<Record>,
+    /// A copy of a command answered already ([`crate::commands::Verdict::copy`]).
+    copy: bool,
     /// The `caps_applied` events of its limits, to go after the ack (the
     /// sender waits for the ack, not for their flash writes).
     pub(super) events: Vec<Event>,
@@ -129,6 +131,7 @@ impl Node {
             code: verdict.code,
             detail: verdict.detail,
             record: None,
+            copy: verdict.copy,
             events: Vec::new(),
         });
         if let (Some(gpu), Message::QuarantineRelease(r)) = (verdict.release, &frame.message) {
@@ -176,14 +179,10 @@ impl Node {
                 }));
             }
             Err(state) => {
-                let state = format!("{state:?}").to_lowercase();
-                let detail = format!("GPU {gpu} is {state}, not quarantined");
-                let from = self.pending_mut().correlation.from.clone();
-                self.commands
-                    .settled(&from, AckCode::NotQuarantined, &detail);
                 let p = self.pending_mut();
                 p.code = AckCode::NotQuarantined;
-                p.detail = detail;
+                let state = format!("{state:?}").to_lowercase();
+                p.detail = format!("GPU {gpu} is {state}, not quarantined");
             }
         }
     }
@@ -224,10 +223,16 @@ impl Node {
         let Some(p) = self.pending.take() else {
             return;
         };
-        let refused = !matches!(p.code, AckCode::Ok | AckCode::Clamped);
-        if refused && !self.ack_limit.answer(&p.correlation.from, now.steady) {
+        // A copy of a command already answered goes under the refusals'
+        // rate too: a flood of copies costs no more than one of refusals.
+        let limited = p.copy || !matches!(p.code, AckCode::Ok | AckCode::Clamped);
+        if limited && !self.ack_limit.answer(&p.correlation.from, now.steady) {
             out.extend(p.events.into_iter().map(Effect::Emit));
             return;
+        }
+        if !p.copy {
+            let c = &p.correlation;
+            self.commands.settled(&c.from, c.seq, p.code, &p.detail);
         }
         out.push(Effect::Say(
             Level::Info,

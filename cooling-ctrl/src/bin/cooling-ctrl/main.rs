@@ -394,6 +394,15 @@ async fn serve(config: config::Config, notifier: Notifier) -> Result<(), String>
     // setting, a range that leaves out what it writes) stops the start.
     cooling_ctrl::modbus::check_map(&map, config.core.layout.racks)
         .map_err(|e| format!("register map of {:?}: {e}", map.model))?;
+    if let (cooling_ctrl::modbus::Link::Tcp(addr), 0) = (&link, map.unit_id) {
+        tracing::warn!(
+            "register map of {:?}: unit_id 0 over TCP to {addr}: a CDU reached directly may answer it, \
+             but behind a Modbus TCP-to-RTU gateway it is the broadcast, and every device on the \
+             gateway's line would carry out this controller's writes; give the CDU's own address (1 to 247), \
+             or 255 for a device reached directly",
+            map.model
+        );
+    }
     let (stats_tx, stats_rx) = shell::stats_channel();
     // READY=1 after the first completed step, then WATCHDOG=1 only while
     // steps complete; steps end at the signal, while the shell winds down.
