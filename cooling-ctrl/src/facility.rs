@@ -3,9 +3,16 @@
 //! water and the chiller staging for the whole hall from what every
 //! controller offers ([`cooling_core::facility`]). It re-plans every
 //! [`REPLAN_EVERY_MS`] (and at once when a CDU offers for the first time)
-//! from the freshest offer of each CDU; an offer older
-//! than [`OFFER_STALE_MS`] is left out, and without any the coordinator
-//! says nothing (the BMS holds its own fixed water).
+//! from the freshest offer of each CDU. A CDU the coordinator stops
+//! hearing is never planned out of the hall, which would warm the water
+//! past what it takes and leave its heat out of the chillers' count: once
+//! its offer is older than [`OFFER_STALE_MS`] it stands in the plan with
+//! its last accept and heat and no caps (none may be asked of a
+//! controller not heard), and a CDU never heard since the coordinator
+//! started stands in at the coldest water, with the heat of the others'
+//! average ([`Standing`]); each change is news for the log
+//! ([`Coordinator::take_news`]). Without any offer the coordinator says
+//! nothing (the BMS holds its own fixed water).
 //!
 //! Glossary:
 //! - *offer*: what one CDU can accept and what warmer water would cost
@@ -31,6 +38,17 @@ pub const REPLAN_EVERY_MS: u64 = 10_000;
 /// offers after each search, about every 15 s).
 pub const OFFER_STALE_MS: u64 = 120_000;
 
+/// How a CDU's offer stands in the plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// Renewed within [`OFFER_STALE_MS`].
+    Fresh,
+    /// Not renewed for longer: its last accept and heat, no caps.
+    Stale,
+    /// Not heard since the coordinator started: the coldest water.
+    Never,
+}
+
 /// The coordinator's state: the offers heard and the plan in force.
 #[derive(Debug, Clone)]
 pub struct Coordinator {
@@ -45,6 +63,11 @@ pub struct Coordinator {
     planned_at: Option<u64>,
     /// Offers the plan in force was made from.
     planned_from: usize,
+    /// How each CDU's offer stood in the last plan (`None`: before the
+    /// first).
+    standing: Vec<Option<Standing>>,
+    /// Changes of standing not yet taken ([`Coordinator::take_news`]).
+    news: Vec<(usize, Standing)>,
 }
 
 impl Coordinator {
@@ -61,6 +84,8 @@ impl Coordinator {
             plan: None,
             planned_at: None,
             planned_from: 0,
+            standing: vec![None; cdus],
+            news: Vec::new(),
         }
     }
 
@@ -96,28 +121,85 @@ impl Coordinator {
     /// every [`REPLAN_EVERY_MS`], from the fresh offers; `None` while no
     /// CDU offers.
     pub fn plan(&mut self, now_ms: u64, ambient_c: f32) -> Option<FacilityPlan> {
-        let fresh: Vec<Offer> = self
-            .offers
-            .iter()
-            .flatten()
-            .filter(|(_, at)| now_ms.saturating_sub(*at) < OFFER_STALE_MS)
-            .map(|(o, _)| *o)
-            .collect();
+        let fresh = self
+            .standings(now_ms)
+            .filter(|s| *s == Standing::Fresh)
+            .count();
         // A plan at once when there is none or a CDU's first offer came;
         // else every period.
         let due = self.plan.is_none()
-            || fresh.len() > self.planned_from
+            || fresh > self.planned_from
             || self
                 .planned_at
                 .is_none_or(|at| now_ms.saturating_sub(at) >= REPLAN_EVERY_MS);
         if due {
             let capping_now = self.plan.is_some_and(|p| p.capping != 0);
-            self.planned_from = fresh.len();
+            let offers = self.offers_at(now_ms);
+            self.planned_from = fresh;
             self.plan =
-                facility::coordinate(&self.hall, &fresh, ambient_c, self.stages, capping_now);
+                facility::coordinate(&self.hall, &offers, ambient_c, self.stages, capping_now);
             self.planned_at = Some(now_ms);
         }
         self.plan
+    }
+
+    /// How each CDU's offer stands at `now_ms`.
+    fn standings(&self, now_ms: u64) -> impl Iterator<Item = Standing> + '_ {
+        self.offers.iter().map(move |o| match o {
+            None => Standing::Never,
+            Some((_, at)) if now_ms.saturating_sub(*at) < OFFER_STALE_MS => Standing::Fresh,
+            Some(_) => Standing::Stale,
+        })
+    }
+
+    /// The offers to plan at `now_ms` with, one for each CDU ([`Standing`]),
+    /// each change of standing kept as news; none while no CDU offered.
+    fn offers_at(&mut self, now_ms: u64) -> Vec<Offer> {
+        let heard: Vec<Offer> = self.offers.iter().flatten().map(|(o, _)| *o).collect();
+        if heard.is_empty() {
+            return Vec::new();
+        }
+        let mean = |f: fn(&Offer) -> f32| heard.iter().map(f).sum::<f32>() / heard.len() as f32;
+        let never = Offer::uncapped(
+            self.coldest_c(),
+            mean(|o| o.heat_w),
+            0.0,
+            mean(|o| o.heat_per_k_w),
+        );
+        let standings: Vec<Standing> = self.standings(now_ms).collect();
+        let mut offers = Vec::with_capacity(self.offers.len());
+        for (i, (slot, standing)) in self.offers.iter().zip(&standings).enumerate() {
+            offers.push(match (slot, standing) {
+                (Some((o, _)), Standing::Fresh) => *o,
+                (Some((o, _)), _) => Offer { points: 0, ..*o },
+                (None, _) => never,
+            });
+            if self.standing[i] != Some(*standing) {
+                self.news.push((i, *standing));
+            }
+        }
+        self.standing = standings.into_iter().map(Some).collect();
+        offers
+    }
+
+    /// The CDUs whose offer changed standing in a plan since the last
+    /// call, with the new standing, for the log.
+    pub fn take_news(&mut self) -> Vec<(usize, Standing)> {
+        std::mem::take(&mut self.news)
+    }
+}
+
+/// What the log says of CDU `name` whose offer now stands as `s`.
+pub fn standing_text(name: &str, s: Standing) -> String {
+    match s {
+        Standing::Fresh => format!("{name}'s offer heard: planned with it"),
+        Standing::Stale => format!(
+            "{name}'s offer not renewed for {} s: planning the water within its last accept, no caps asked of it, its last heat counted",
+            OFFER_STALE_MS / 1000
+        ),
+        Standing::Never => format!(
+            "{name} not heard since this coordinator started: planning the coldest water"
+        ),
     }
 }
 
@@ -165,9 +247,48 @@ mod tests {
         c.hear(1, offer(33.0), 2_000).expect("CDU 1");
         assert_eq!(c.plan(5_000, 24.0), Some(p));
         assert!(c.plan(11_500, 24.0).expect("a plan").water_c > 30.0);
-        // CDU 1 falls silent: its offer goes stale and the water warms.
+        // CDU 1 falls silent: its offer goes stale, and it stands in the
+        // plan with its last accept: the water stays within it.
         c.hear(0, offer(34.0), 125_000).expect("CDU 0");
         let p = c.plan(130_000, 24.0).expect("a plan");
-        assert!(p.water_c > 30.0, "{p:?}");
+        assert!(p.water_c <= 33.0 + 1e-3, "{p:?}");
+        assert_eq!(c.planned_from(), 1, "one fresh offer");
+        assert!(c.take_news().contains(&(1, Standing::Stale)));
+    }
+
+    /// A stale CDU's heat still counts in the chillers staged, and a CDU
+    /// never heard holds the water at the coldest.
+    #[test]
+    fn a_cdu_not_heard_is_never_planned_out_of_the_hall() {
+        let mut one = CoreConfig::default();
+        one.facility.cdus = 4;
+        let mut all = Coordinator::new(&one);
+        let mut stale = Coordinator::new(&one);
+        for i in 0..4 {
+            all.hear(i, offer(30.0), 200_000).expect("a CDU");
+            stale
+                .hear(i, offer(30.0), if i == 3 { 0 } else { 200_000 })
+                .expect("a CDU");
+        }
+        let (a, s) = (
+            all.plan(201_000, 30.0).unwrap(),
+            stale.plan(201_000, 30.0).unwrap(),
+        );
+        assert_eq!(s.chiller_stages, a.chiller_stages, "{a:?} {s:?}");
+        assert!((s.water_c - a.water_c).abs() < 1e-3, "{a:?} {s:?}");
+        let mut three = Coordinator::new(&one);
+        for i in 0..3 {
+            three.hear(i, offer(34.0), 1_000).expect("a CDU");
+        }
+        let p = three.plan(2_000, 24.0).expect("a plan");
+        assert!((p.water_c - three.coldest_c()).abs() < 1e-3, "{p:?}");
+        let news = three.take_news();
+        assert!(
+            news.contains(&(3, Standing::Never)) && news.contains(&(0, Standing::Fresh)),
+            "{news:?}"
+        );
+        three.hear(3, offer(34.0), 3_000).expect("CDU 3");
+        assert!(three.plan(3_000, 24.0).expect("a plan").water_c > 30.0);
+        assert_eq!(three.take_news(), [(3, Standing::Fresh)]);
     }
 }

@@ -25,7 +25,7 @@ use loopwarden_protocol::topic::Family;
 use loopwarden_protocol::{Ident, Message, Role};
 
 use super::{FacilityStatus, Shell, ShellError};
-use crate::facility::{offer_msg, plan_msg, Coordinator, FacilityRole};
+use crate::facility::{offer_msg, plan_msg, standing_text, Coordinator, FacilityRole, Standing};
 use crate::modbus::CduPort;
 
 /// This controller's part in the hall (see the module note).
@@ -130,6 +130,14 @@ impl FacilityLink {
                 self.following = Some((p.water_c, now));
                 follow = Some(p.water_c);
                 plan = Some(plan_msg(&p, co.planned_from()));
+            }
+            for (i, standing) in co.take_news() {
+                let name = self.role.cdus.get(i).map_or("?", |c| c.as_str());
+                let text = standing_text(name, standing);
+                match standing {
+                    Standing::Fresh => tracing::info!("cooling facility: {text}"),
+                    _ => tracing::warn!("cooling facility: {text}"),
+                }
             }
         }
         let state = FacilityState {
