@@ -73,7 +73,11 @@ impl FacilityLink {
             coordinator: self.role.coordinator.to_string(),
             coordinates: self.coordinator.is_some(),
             offer,
-            following: self.following.map(|(w, at)| (w, now.saturating_sub(at))),
+            // A plan the core dropped as stale is not shown as followed.
+            following: self
+                .following
+                .map(|(w, at)| (w, now.saturating_sub(at)))
+                .filter(|(_, age)| *age < FACILITY_TARGET_STALE_MS),
             plan: self
                 .coordinator
                 .as_ref()
@@ -219,12 +223,15 @@ impl<P: CduPort> Shell<P> {
         let Some((from, st)) = hall_state(msg, &self.cfg.cdu, wall_ms) else {
             return;
         };
-        let now = self.now_ms();
+        // Aged from its stamp, not from when it came: a retained plan
+        // delivered again at a connection is as old as it is.
+        let age_ms = wall_ms.saturating_sub(msg.frame.time.0);
+        let heard = self.now_ms().saturating_sub(age_ms);
         let Some(link) = self.facility.as_mut() else {
             return;
         };
-        if let Some(water) = link.hear(from, st, now) {
-            self.decider.core_mut().facility_target(water, now);
+        if let Some(water) = link.hear(from, st, heard) {
+            self.decider.core_mut().facility_target(water, heard);
         }
     }
 
@@ -362,6 +369,10 @@ mod tests {
         );
         assert_eq!(l.hear(&id("cdu-1"), &planned, 7), Some(29.5));
         assert_eq!(l.following(), Some((29.5, 7)));
+        // Shown while the core follows it; not once it dropped it.
+        assert_eq!(l.status(60_007, None).following, Some((29.5, 60_000)));
+        let stale = 7 + FACILITY_TARGET_STALE_MS;
+        assert_eq!(l.status(stale, None).following, None);
     }
 
     #[test]
