@@ -41,6 +41,9 @@ pub struct FacilityLink {
     /// The plan last followed, °C of facility water, and when, ms of the
     /// caller's clock.
     following: Option<(f32, u64)>,
+    /// The CDUs other than the coordinator heard publishing a plan (each
+    /// said once: two configurations that disagree on the coordinator).
+    other_planners: Vec<Ident>,
 }
 
 impl FacilityLink {
@@ -53,6 +56,7 @@ impl FacilityLink {
             coordinator,
             sent: None,
             following: None,
+            other_planners: Vec::new(),
         }
     }
 
@@ -102,10 +106,18 @@ impl FacilityLink {
                 ),
             }
         }
-        let plan = facility
-            .plan
-            .as_ref()
-            .filter(|_| from == &self.role.coordinator)?;
+        if facility.plan.is_some() && from != &self.role.coordinator {
+            if !self.other_planners.contains(from) {
+                tracing::warn!(
+                    "cooling facility: {from} publishes a facility plan, but this controller follows {}'s \
+                     (facility_coordinator): two configurations disagree on the hall's coordinator; its plan is not followed",
+                    self.role.coordinator
+                );
+                self.other_planners.push(from.clone());
+            }
+            return None;
+        }
+        let plan = facility.plan.as_ref()?;
         let water = plan.water.value() as f32;
         self.following = Some((water, now));
         Some(water)
@@ -367,6 +379,8 @@ mod tests {
             None,
             "not the coordinator"
         );
+        assert_eq!(l.hear(&id("cdu-9"), &planned, 6), None);
+        assert_eq!(l.other_planners, [id("cdu-9")], "said once");
         assert_eq!(l.hear(&id("cdu-1"), &planned, 7), Some(29.5));
         assert_eq!(l.following(), Some((29.5, 7)));
         // Shown while the core follows it; not once it dropped it.
