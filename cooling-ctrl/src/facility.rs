@@ -68,15 +68,25 @@ pub struct Coordinator {
     standing: Vec<Option<Standing>>,
     /// Changes of standing not yet taken ([`Coordinator::take_news`]).
     news: Vec<(usize, Standing)>,
+    /// The coordinator's own CDU, if it is one of the hall's: until its
+    /// own first offer (its first search) it stands nowhere, not at the
+    /// coldest water.
+    own: Option<usize>,
+    /// When the first plan was asked for, ms: a CDU not heard yet is news
+    /// only [`REPLAN_EVERY_MS`] on (the others' retained offers come
+    /// within a second of the start).
+    first_ms: Option<u64>,
 }
 
 impl Coordinator {
     /// A coordinator for the hall of `one`'s CDU figures and its share of
-    /// the facility plant, `one.facility.cdus` CDUs on it.
-    pub fn new(one: &CoreConfig) -> Self {
+    /// the facility plant (`one.facility.cdus` shares), planning for
+    /// `named` CDUs (those whose offers it hears, `facility_cdus`), of
+    /// which `own` is its own CDU, if any.
+    pub fn new(one: &CoreConfig, named: usize, own: Option<usize>) -> Self {
         let mut hall = *one;
         hall.facility = one.facility.whole();
-        let cdus = usize::from(one.facility.cdus.max(1));
+        let cdus = named.max(1);
         Self {
             hall,
             stages: one.facility.cdus.max(1),
@@ -86,6 +96,8 @@ impl Coordinator {
             planned_from: 0,
             standing: vec![None; cdus],
             news: Vec::new(),
+            own,
+            first_ms: None,
         }
     }
 
@@ -166,19 +178,28 @@ impl Coordinator {
             0.0,
             mean(|o| o.heat_per_k_w),
         );
+        let first = *self.first_ms.get_or_insert(now_ms);
+        let settled = now_ms.saturating_sub(first) >= REPLAN_EVERY_MS;
         let standings: Vec<Standing> = self.standings(now_ms).collect();
         let mut offers = Vec::with_capacity(self.offers.len());
         for (i, (slot, standing)) in self.offers.iter().zip(&standings).enumerate() {
-            offers.push(match (slot, standing) {
-                (Some((o, _)), Standing::Fresh) => *o,
-                (Some((o, _)), _) => Offer { points: 0, ..*o },
-                (None, _) => never,
-            });
+            match (slot, standing) {
+                (Some((o, _)), Standing::Fresh) => offers.push(*o),
+                (Some((o, _)), _) => offers.push(Offer { points: 0, ..*o }),
+                // Its own CDU, before its first search: nothing to stand in.
+                (None, _) if self.own == Some(i) => continue,
+                (None, _) => offers.push(never),
+            }
+            // Not heard yet at the start is no news until the others'
+            // retained offers had time to come.
+            if *standing == Standing::Never && !settled {
+                continue;
+            }
             if self.standing[i] != Some(*standing) {
                 self.news.push((i, *standing));
+                self.standing[i] = Some(*standing);
             }
         }
-        self.standing = standings.into_iter().map(Some).collect();
         offers
     }
 
@@ -234,7 +255,7 @@ mod tests {
     fn plans_from_fresh_offers_every_ten_seconds_and_forgets_stale_ones() {
         let mut one = CoreConfig::default();
         one.facility.cdus = 2;
-        let mut c = Coordinator::new(&one);
+        let mut c = Coordinator::new(&one, 2, None);
         assert_eq!(c.plan(0, 24.0), None, "no offer, no plan");
         c.hear(0, offer(34.0), 1_000).expect("CDU 0");
         c.hear(1, offer(27.0), 1_000).expect("CDU 1");
@@ -262,8 +283,8 @@ mod tests {
     fn a_cdu_not_heard_is_never_planned_out_of_the_hall() {
         let mut one = CoreConfig::default();
         one.facility.cdus = 4;
-        let mut all = Coordinator::new(&one);
-        let mut stale = Coordinator::new(&one);
+        let mut all = Coordinator::new(&one, 4, None);
+        let mut stale = Coordinator::new(&one, 4, None);
         for i in 0..4 {
             all.hear(i, offer(30.0), 200_000).expect("a CDU");
             stale
@@ -276,19 +297,30 @@ mod tests {
         );
         assert_eq!(s.chiller_stages, a.chiller_stages, "{a:?} {s:?}");
         assert!((s.water_c - a.water_c).abs() < 1e-3, "{a:?} {s:?}");
-        let mut three = Coordinator::new(&one);
+        let mut three = Coordinator::new(&one, 4, None);
         for i in 0..3 {
             three.hear(i, offer(34.0), 1_000).expect("a CDU");
         }
         let p = three.plan(2_000, 24.0).expect("a plan");
         assert!((p.water_c - three.coldest_c()).abs() < 1e-3, "{p:?}");
+        // Not heard at the start is news only once the others' retained
+        // offers had time to come.
         let news = three.take_news();
         assert!(
-            news.contains(&(3, Standing::Never)) && news.contains(&(0, Standing::Fresh)),
+            !news.contains(&(3, Standing::Never)) && news.contains(&(0, Standing::Fresh)),
             "{news:?}"
         );
-        three.hear(3, offer(34.0), 3_000).expect("CDU 3");
-        assert!(three.plan(3_000, 24.0).expect("a plan").water_c > 30.0);
+        three.plan(12_500, 24.0).expect("a plan");
+        assert_eq!(three.take_news(), [(3, Standing::Never)]);
+        three.hear(3, offer(34.0), 13_000).expect("CDU 3");
+        assert!(three.plan(13_000, 24.0).expect("a plan").water_c > 30.0);
         assert_eq!(three.take_news(), [(3, Standing::Fresh)]);
+        // The coordinator's own CDU before its first search stands
+        // nowhere: the others' water, not the coldest.
+        let mut own = Coordinator::new(&one, 4, Some(0));
+        for i in 1..4 {
+            own.hear(i, offer(34.0), 1_000).expect("a CDU");
+        }
+        assert!(own.plan(2_000, 24.0).expect("a plan").water_c > 30.0);
     }
 }

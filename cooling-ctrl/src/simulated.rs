@@ -379,7 +379,11 @@ impl SimCoordinator {
     /// The coordinator of a hall of `site` (its `cdus` CDUs).
     pub fn new(site: &SiteConfig) -> Result<Self, ConfigError> {
         Ok(Self {
-            inner: crate::facility::Coordinator::new(&core_config(site)?),
+            inner: {
+                let core = core_config(site)?;
+                let cdus = usize::from(core.facility.cdus);
+                crate::facility::Coordinator::new(&core, cdus, None)
+            },
         })
     }
 }

@@ -513,10 +513,25 @@ fn the_recovery_action_is_read_with_the_slow_counters_and_held() {
     for _ in 0..3 {
         assert_eq!(gpu.sample().expect("a sample").recovery_action, Some(1));
     }
+    // A driver older than the field: NVML answers its entry with an
+    // invalid argument (an id it does not know), not "not supported". The
+    // sample goes on, the action not known, and is not asked again.
     let mut older = Answers::healthy();
-    older.fields.remove(&fi::RECOVERY_ACTION);
-    let (_fake, mut gpu) = one_gpu(older);
-    assert_eq!(gpu.sample().expect("a sample").recovery_action, None);
+    older
+        .fields
+        .insert(fi::RECOVERY_ACTION, Err(NvmlFailure::InvalidArgument));
+    let (fake, mut gpu) = one_gpu(older);
+    for _ in 0..3 {
+        let s = gpu.sample().expect("a sample on an older driver");
+        assert_eq!((s.recovery_action, s.temp), (None, WholeCelsius(61)));
+    }
+    assert!(
+        fake.field_requests(0)
+            .iter()
+            .skip(1)
+            .all(|ids| !ids.contains(&fi::RECOVERY_ACTION)),
+        "asked again"
+    );
 }
 
 #[test]

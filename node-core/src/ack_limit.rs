@@ -12,7 +12,9 @@
 //! withheld and counted ([`AckLimit::withheld`], published in the host's
 //! telemetry). Acks that say a command was done (`ok`, `clamped`) are never
 //! withheld: only a signer can earn one, and it must not wait behind
-//! answers to forgeries.
+//! answers to forgeries. A copy of a command answered already (the same
+//! frame delivered again, which anyone who reads the topic can send) is
+//! answered at this rate whatever its code: it says nothing new.
 //!
 //! The sender named in a refused frame is not authenticated: a forger can
 //! spend a real signer's bucket, and that signer's own refusals are then

@@ -103,6 +103,10 @@ pub struct Verdict {
     /// was: its ack goes under the rate of refusals, whatever its code,
     /// so that copies sent in a flood cost no more than refusals do.
     pub copy: bool,
+    /// The command passed its sender's and seq's checks and is kept as
+    /// the sender's last ([`CommandCore::settled`] takes what its ack
+    /// says); a refusal before that (a replay, a forgery) is not.
+    pub kept: bool,
 }
 
 impl Verdict {
@@ -113,6 +117,7 @@ impl Verdict {
             changed_caps: false,
             release: None,
             copy: false,
+            kept: false,
         }
     }
 }
@@ -321,7 +326,10 @@ impl CommandCore {
             detail: verdict.detail.clone(),
         };
         self.answered.insert(frame.sender.clone(), answer);
-        verdict
+        Verdict {
+            kept: true,
+            ..verdict
+        }
     }
 
     /// The answer to a copy of the last command taken from its sender
@@ -344,11 +352,11 @@ impl CommandCore {
         })
     }
 
-    /// Command `seq` from `sender` was answered with `code` and `detail`
-    /// (what its ack said, after the limits were set and it was logged):
-    /// a copy of it is answered so.
-    pub fn settled(&mut self, sender: &NodeId, seq: u32, code: AckCode, detail: &str) {
-        if let Some(a) = self.answered.get_mut(sender).filter(|a| a.frame.seq == seq) {
+    /// The last command kept from `sender` ([`Verdict::kept`]) was
+    /// answered with `code` and `detail` (what its ack said, after the
+    /// limits were set and it was logged): a copy of it is answered so.
+    pub fn settled(&mut self, sender: &NodeId, code: AckCode, detail: &str) {
+        if let Some(a) = self.answered.get_mut(sender) {
             (a.code, a.detail) = (code, detail.to_string());
         }
     }
@@ -387,6 +395,7 @@ impl CommandCore {
                         changed_caps: false,
                         release: Some(r.gpu.get()),
                         copy: false,
+                        kept: false,
                     }
                 }
             }
@@ -583,6 +592,7 @@ impl CommandCore {
             detail,
             release: None,
             copy: false,
+            kept: false,
         }
     }
 

@@ -770,9 +770,9 @@ pub(crate) mod tests {
         assert_eq!(e.status(0).unwrap().state, HealthState::Healthy);
     }
 
-    /// The recovery action the driver names: a reset or a reboot
-    /// quarantines, a drain degrades, none changes nothing; the evidence
-    /// says which.
+    /// The recovery action the driver names: a reset, a reboot or an
+    /// action not known quarantines, a drain degrades, none changes
+    /// nothing; the evidence says which.
     #[test]
     fn the_drivers_recovery_action_quarantines_or_degrades() {
         for (action, state) in [
@@ -781,7 +781,8 @@ pub(crate) mod tests {
             (2, HealthState::Quarantined),
             (3, HealthState::Degraded),
             (4, HealthState::Degraded),
-            (9, HealthState::Degraded),
+            (5, HealthState::Quarantined),
+            (9, HealthState::Quarantined),
         ] {
             let mut e = engine(1);
             let o = Observation {

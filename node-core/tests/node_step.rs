@@ -123,6 +123,13 @@ fn copies_sent_in_a_flood_are_answered_at_the_refusals_rate() {
     let f = lease(5, t, 500, 60_000);
     h.step(t, Input::Frame(&cmd_topic(), &f));
     assert_eq!(h.acks.len(), 1);
+    // Another frame under its seq is a replay, and leaves the copy's
+    // answer as it was.
+    h.step(t, Input::Frame(&cmd_topic(), &lease(5, t, 400, 60_000)));
+    assert_eq!(h.acks.last().unwrap().code, AckCode::Replayed);
+    h.step(t, Input::Frame(&cmd_topic(), &f));
+    assert_eq!(h.acks.last().unwrap().code, AckCode::Ok);
+    h.acks.truncate(1);
     for i in 0..1_000 {
         h.step(t + 1 + i / 2, Input::Frame(&cmd_topic(), &f));
     }

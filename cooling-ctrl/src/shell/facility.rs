@@ -49,7 +49,9 @@ pub struct FacilityLink {
 impl FacilityLink {
     /// The link of CDU `me` in `role`, on the hall of `core`'s figures.
     pub fn new(role: FacilityRole, me: &Ident, core: &cooling_core::CoreConfig) -> Self {
-        let coordinator = (&role.coordinator == me).then(|| Coordinator::new(core));
+        let own = role.cdus.iter().position(|c| c == me);
+        let coordinator =
+            (&role.coordinator == me).then(|| Coordinator::new(core, role.cdus.len(), own));
         Self {
             role,
             me: me.clone(),
@@ -235,15 +237,12 @@ impl<P: CduPort> Shell<P> {
         let Some((from, st)) = hall_state(msg, &self.cfg.cdu, wall_ms) else {
             return;
         };
-        // Aged from its stamp, not from when it came: a retained plan
-        // delivered again at a connection is as old as it is.
-        let age_ms = wall_ms.saturating_sub(msg.frame.time.0);
-        let heard = self.now_ms().saturating_sub(age_ms);
+        let now = self.now_ms();
         let Some(link) = self.facility.as_mut() else {
             return;
         };
-        if let Some(water) = link.hear(from, st, heard) {
-            self.decider.core_mut().facility_target(water, heard);
+        if let Some(water) = link.hear(from, st, now) {
+            self.decider.core_mut().facility_target(water, now);
         }
     }
 

@@ -468,7 +468,10 @@ impl<A: NvmlApi> NvmlGpu<A> {
                     }
                     put_field(s, id, v);
                 }
-                Err(NvmlFailure::NotSupported) => {
+                // The call answered for this GPU, so an invalid argument in
+                // one entry is about its field id: a driver older than the
+                // field (NVML answers so for an id it does not know).
+                Err(NvmlFailure::NotSupported | NvmlFailure::InvalidArgument) => {
                     s.nvlink_links.read &= !link_bit(id);
                     let change = self.support.not_supported(Item::Field(id));
                     // A link the GPU does not have is no news: its bit says it.

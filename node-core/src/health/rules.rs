@@ -216,7 +216,9 @@ impl HealthEngine {
     /// NVIDIA's catalog says of an XID whose action is a reset); draining
     /// peer-to-peer traffic, or draining then a reset, degrades (the work
     /// may finish, as for an XID whose action is drain-and-reset). An
-    /// action this engine does not know degrades too, so that it is seen.
+    /// action this engine does not know (a newer driver's: a bus reset, a
+    /// system reboot) quarantines: the driver asks for something to be
+    /// done before the GPU is trusted, and what is not known fails closed.
     pub(super) fn recovery_action(
         &mut self,
         t: u64,
@@ -231,7 +233,10 @@ impl HealthEngine {
             2 => (HealthState::Quarantined, "a node reboot"),
             3 => (HealthState::Degraded, "draining peer-to-peer traffic"),
             4 => (HealthState::Degraded, "draining, then a GPU reset"),
-            _ => (HealthState::Degraded, "an action this agent does not know"),
+            _ => (
+                HealthState::Quarantined,
+                "an action this agent does not know",
+            ),
         };
         let n = o.recovery_action;
         self.raise(

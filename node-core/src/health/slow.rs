@@ -1,8 +1,9 @@
 //! The slow counters as the agent reads them: every few seconds, not
 //! every sample (its NVML schedule). [`SlowCounters`] turns a trace's
 //! observations, where every counter is fresh at every sample, into what
-//! the engine sees live: retired pages, the row-remap flags and the PCIe
-//! replay counter as last read, read again once `every_ms` has passed
+//! the engine sees live: retired pages, the row-remap flags, the PCIe
+//! replay counter and the recovery action as last read, read again once
+//! `every_ms` has passed
 //! since the last read, and at once at the first sample after the GPU's
 //! volatile ECC counts moved or it reported an XID (a page is retired, a
 //! row remapped, only after an ECC error, and the driver says so with an
@@ -72,6 +73,7 @@ impl SlowCounters {
                 seen.remap_pending = held.remap_pending;
                 seen.remap_failure = held.remap_failure;
                 seen.pcie_replay = held.pcie_replay;
+                seen.recovery_action = held.recovery_action;
                 seen
             }
             _ => {

@@ -34,6 +34,8 @@ pub(crate) struct Pending {
     record: Option<Record>,
     /// A copy of a command answered already ([`crate::commands::Verdict::copy`]).
     copy: bool,
+    /// Kept as its sender's last command ([`crate::commands::Verdict::kept`]).
+    kept: bool,
     /// The `caps_applied` events of its limits, to go after the ack (the
     /// sender waits for the ack, not for their flash writes).
     pub(super) events: Vec<Event>,
@@ -132,6 +134,7 @@ impl Node {
             detail: verdict.detail,
             record: None,
             copy: verdict.copy,
+            kept: verdict.kept,
             events: Vec::new(),
         });
         if let (Some(gpu), Message::QuarantineRelease(r)) = (verdict.release, &frame.message) {
@@ -223,16 +226,17 @@ impl Node {
         let Some(p) = self.pending.take() else {
             return;
         };
+        // What the command got is what a copy of it gets, answered or not.
+        if p.kept {
+            self.commands
+                .settled(&p.correlation.from, p.code, &p.detail);
+        }
         // A copy of a command already answered goes under the refusals'
         // rate too: a flood of copies costs no more than one of refusals.
         let limited = p.copy || !matches!(p.code, AckCode::Ok | AckCode::Clamped);
         if limited && !self.ack_limit.answer(&p.correlation.from, now.steady) {
             out.extend(p.events.into_iter().map(Effect::Emit));
             return;
-        }
-        if !p.copy {
-            let c = &p.correlation;
-            self.commands.settled(&c.from, c.seq, p.code, &p.detail);
         }
         out.push(Effect::Say(
             Level::Info,
