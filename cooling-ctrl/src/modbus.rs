@@ -96,7 +96,7 @@ mod link;
 pub use error::{exception_meaning, CduError};
 pub use fit::{check_map, map_limits, UnfitMap};
 pub use link::{connect_failure, Link, SerialLine};
-use link::{connect_tcp, drain, Counted, Watched};
+use link::{connect_tcp, drain, Watched};
 
 /// What the CDU measures, decoded with the map's scale (the decision
 /// path's type, shared with the firmware).
@@ -231,10 +231,8 @@ pub struct ModbusCdu {
     timeout: Duration,
     spans: Vec<Span>,
     ctx: Option<Context>,
-    /// Set once the CDU closed the TCP connection `ctx` is on.
-    closed: Option<Arc<AtomicBool>>,
-    /// The bytes read from the serial line `ctx` is on.
-    heard: Option<Arc<std::sync::atomic::AtomicUsize>>,
+    /// What the reads of the link `ctx` is on showed.
+    seen: Option<link::Seen>,
     /// The last request got no answer or a garbled one: clear the line
     /// before the next.
     resync: bool,
@@ -265,8 +263,7 @@ impl ModbusCdu {
             timeout: DEFAULT_TIMEOUT,
             spans,
             ctx: None,
-            closed: None,
-            heard: None,
+            seen: None,
             resync: false,
         }
     }
@@ -340,8 +337,8 @@ impl ModbusCdu {
                     .await
                     .map_err(|e| e.map_or_else(no_answer, io))?;
                 let _ = stream.set_nodelay(true);
-                let (stream, closed) = Watched::new(stream);
-                self.closed = Some(closed);
+                let (stream, seen) = Watched::new(stream);
+                self.seen = Some(seen);
                 tokio_modbus::client::tcp::attach_slave(stream, slave)
             }
             Link::Rtu(line) => {
@@ -359,8 +356,8 @@ impl ModbusCdu {
                     drain(&mut port, quiet, self.timeout).await;
                 }
                 port.clear(ClearBuffer::All).map_err(|e| io(e.into()))?;
-                let (port, heard) = Counted::new(port);
-                self.heard = Some(heard);
+                let (port, seen) = Watched::new(port);
+                self.seen = Some(seen);
                 tokio_modbus::client::rtu::attach_slave(port, slave)
             }
         };
@@ -383,8 +380,8 @@ impl ModbusCdu {
             }
         }
         let ctx = self.ctx.as_mut().expect("connected");
-        if let Some(h) = &self.heard {
-            h.store(0, Ordering::Relaxed);
+        if let Some(seen) = &self.seen {
+            seen.read.store(0, Ordering::Relaxed);
         }
         let failure = match tokio::time::timeout_at(deadline, ctx.call(req)).await {
             Ok(Ok(Ok(response))) => return Ok(response),
@@ -403,9 +400,9 @@ impl ModbusCdu {
             },
             Ok(Err(tokio_modbus::Error::Transport(e))) => {
                 let closed = self
-                    .closed
+                    .seen
                     .as_ref()
-                    .is_some_and(|c| c.load(Ordering::Relaxed));
+                    .is_some_and(|s| s.closed.load(Ordering::Relaxed));
                 transport_failure(op, e, closed)
             }
         };
@@ -422,7 +419,9 @@ impl ModbusCdu {
     /// answer: a bad CRC, a frame cut or garbled by noise).
     fn unanswered(&self, op: String) -> CduError {
         let after_ms = self.timeout.as_millis() as u64;
-        match self.heard.as_ref().map(|h| h.load(Ordering::Relaxed)) {
+        let serial = matches!(self.link, Link::Rtu(_));
+        let read = self.seen.as_ref().map(|s| s.read.load(Ordering::Relaxed));
+        match read.filter(|_| serial) {
             Some(bytes @ 1..) => CduError::Garbled {
                 op,
                 bytes,

@@ -161,48 +161,65 @@ pub(super) async fn drain(port: &mut SerialStream, quiet: Duration, limit: Durat
     }
 }
 
-/// A TCP stream to the CDU that notes when the CDU closed it (a read that
-/// ends the stream). tokio-modbus 0.17 reports the end of the stream as
-/// `io::Error::last_os_error()`, with whatever errno the thread last held
-/// ("Success (os error 0)", "Resource temporarily unavailable (os error
-/// 11)", "Operation now in progress (os error 115)"), so its error alone
-/// cannot tell a closed connection.
-#[derive(Debug)]
-pub(super) struct Watched {
-    stream: tokio::net::TcpStream,
-    closed: Arc<AtomicBool>,
+/// What the reads of a link showed: whether the CDU closed it (a read
+/// that ends the stream), and the bytes read since the count was last
+/// set to 0.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Seen {
+    /// Set once the CDU closed the stream. tokio-modbus 0.17 reports the
+    /// end of a TCP stream as `io::Error::last_os_error()`, with whatever
+    /// errno the thread last held ("Success (os error 0)", "Resource
+    /// temporarily unavailable (os error 11)", "Operation now in progress
+    /// (os error 115)"), so its error alone cannot tell a closed
+    /// connection.
+    pub(super) closed: Arc<AtomicBool>,
+    /// Bytes read: on a serial line, a request whose answer never came
+    /// whole is told from one that got nothing by them (the RTU decoder
+    /// drops a frame with a bad CRC a byte at a time and waits for more,
+    /// and the request then ends at its timeout like a silent one).
+    pub(super) read: Arc<AtomicUsize>,
 }
 
-impl Watched {
-    /// `stream`, and the flag set once the CDU closed it.
-    pub(super) fn new(stream: tokio::net::TcpStream) -> (Self, Arc<AtomicBool>) {
-        let closed = Arc::new(AtomicBool::new(false));
+/// A link to the CDU (a TCP stream, a serial port) whose reads are watched
+/// ([`Seen`]).
+#[derive(Debug)]
+pub(super) struct Watched<S> {
+    stream: S,
+    seen: Seen,
+}
+
+impl<S> Watched<S> {
+    /// `stream`, and what its reads show.
+    pub(super) fn new(stream: S) -> (Self, Seen) {
+        let seen = Seen::default();
         let watched = Self {
             stream,
-            closed: closed.clone(),
+            seen: seen.clone(),
         };
-        (watched, closed)
+        (watched, seen)
     }
 }
 
-impl tokio::io::AsyncRead for Watched {
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Watched<S> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        let room = buf.remaining();
+        let (room, before) = (buf.remaining(), buf.filled().len());
         let poll = Pin::new(&mut this.stream).poll_read(cx, buf);
+        let got = buf.filled().len().saturating_sub(before);
+        this.seen.read.fetch_add(got, Ordering::Relaxed);
         // No bytes into room for some: the end of the stream.
-        if matches!(poll, Poll::Ready(Ok(()))) && room > 0 && buf.remaining() == room {
-            this.closed.store(true, Ordering::Relaxed);
+        if matches!(poll, Poll::Ready(Ok(()))) && room > 0 && got == 0 {
+            this.seen.closed.store(true, Ordering::Relaxed);
         }
         poll
     }
 }
 
-impl tokio::io::AsyncWrite for Watched {
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Watched<S> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
@@ -220,62 +237,5 @@ impl tokio::io::AsyncWrite for Watched {
         cx: &mut std::task::Context<'_>,
     ) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
-    }
-}
-
-/// A serial port that counts the bytes it reads, so that a request whose
-/// answer never came whole can be told from one that got nothing: the
-/// RTU decoder drops a frame with a bad CRC a byte at a time and waits
-/// for more, and the request then ends at its timeout like a silent one.
-pub(super) struct Counted<S> {
-    port: S,
-    read: Arc<AtomicUsize>,
-}
-
-impl<S> Counted<S> {
-    /// `port`, and the count of the bytes read from it.
-    pub(super) fn new(port: S) -> (Self, Arc<AtomicUsize>) {
-        let read = Arc::new(AtomicUsize::new(0));
-        let counted = Self {
-            port,
-            read: read.clone(),
-        };
-        (counted, read)
-    }
-}
-
-impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Counted<S> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let before = buf.filled().len();
-        let poll = Pin::new(&mut this.port).poll_read(cx, buf);
-        let got = buf.filled().len().saturating_sub(before);
-        this.read.fetch_add(got, Ordering::Relaxed);
-        poll
-    }
-}
-
-impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Counted<S> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().port).poll_write(cx, buf)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().port).poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().port).poll_shutdown(cx)
     }
 }

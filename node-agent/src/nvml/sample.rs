@@ -43,6 +43,10 @@
 //!   until the next read of the slow counters. A failed enforced limit
 //!   falls back to the limit set.
 //!
+//! In a field-value answer, an entry that says "invalid argument" is that
+//! field's "not supported": the call itself answered for this GPU, so the
+//! argument refused is the field id (a driver older than the field).
+//!
 //! A per-link NVLink counter that fails leaves its link out of the sample
 //! (the totals still judge) and is asked again at the next sample. A
 //! field-value answer that does not match what was asked, or a value
