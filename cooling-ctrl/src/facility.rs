@@ -130,7 +130,8 @@ impl Coordinator {
     }
 
     /// The plan at `now_ms` with the outdoor air at `ambient_c`: a new one
-    /// every [`REPLAN_EVERY_MS`], from the fresh offers; `None` while no
+    /// every [`REPLAN_EVERY_MS`] (at once at a CDU's first offer), from
+    /// every CDU's offer or its stand-in ([`Standing`]); `None` while no
     /// CDU offers.
     pub fn plan(&mut self, now_ms: u64, ambient_c: f32) -> Option<FacilityPlan> {
         let fresh = self

@@ -509,16 +509,7 @@ impl Gateway {
     /// were last handed, without waiting; a full queue leaves them for the
     /// next tick.
     fn keep_bms_limits(&mut self) {
-        let Some(limits) = self.bms_unkept else {
-            return;
-        };
-        let record = crate::journal::encode_bms_limits(limits).to_vec();
-        if self
-            .recorder
-            .offer_set(crate::journal::BMS_LIMITS_KEY.into(), record)
-        {
-            self.bms_unkept = None;
-        }
+        crate::journal::offer_bms_limits(&self.recorder, &mut self.bms_unkept);
     }
 
     /// The hall's facility water, °C, to the MCU.

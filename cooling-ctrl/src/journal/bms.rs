@@ -51,6 +51,23 @@ pub fn decode_bms_limits(bytes: &[u8]) -> Result<(f32, f32), String> {
     Ok((ceiling_c, offset_k))
 }
 
+/// Hands the BMS's limits not yet kept (`unkept`) to `recorder` for
+/// flash, without waiting: taken, `unkept` is emptied; a full queue
+/// leaves them for the caller's next turn (`run`'s step, the gateway's
+/// tick).
+pub fn offer_bms_limits(
+    recorder: &loopwarden_store::recorder::Recorder,
+    unkept: &mut Option<(f32, f32)>,
+) {
+    let Some(limits) = *unkept else {
+        return;
+    };
+    let record = encode_bms_limits(limits).to_vec();
+    if recorder.offer_set(BMS_LIMITS_KEY.into(), record) {
+        *unkept = None;
+    }
+}
+
 /// The BMS's limits in `store`: `None` when none were ever kept; an
 /// error that names the key and says why when they cannot be read or
 /// decoded.

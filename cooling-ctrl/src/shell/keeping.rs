@@ -54,12 +54,6 @@ impl<P: CduPort> Shell<P> {
     /// them for the next step.
     pub(super) fn keep_bms_limits(&mut self) {
         let k = &mut self.keeping;
-        let Some(limits) = k.bms_unkept else {
-            return;
-        };
-        let record = journal::encode_bms_limits(limits).to_vec();
-        if k.recorder.offer_set(journal::BMS_LIMITS_KEY.into(), record) {
-            k.bms_unkept = None;
-        }
+        journal::offer_bms_limits(&k.recorder, &mut k.bms_unkept);
     }
 }
