@@ -27,7 +27,7 @@ const PUBLISH_OVERHEAD: usize = 1 + 4 + 2 + 2;
 /// frame ([`MAX_FRAME_LEN`]) or its JSON mirror. Brokers refuse anything
 /// larger (`max_packet_size` in the generated `mosquitto.conf`, the
 /// embedded broker likewise), so no packet a client can publish reaches a
-/// subscriber above the client's own cap ([`CLIENT_MAX_PACKET`]), which
+/// subscriber above the client's own cap (`CLIENT_MAX_PACKET`, twice this), which
 /// would cost it its connection.
 pub const MAX_PACKET_SIZE: usize =
     PUBLISH_OVERHEAD + TOPIC_MAX + JSON_PER_FRAME_BYTE * MAX_FRAME_LEN;

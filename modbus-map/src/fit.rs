@@ -6,8 +6,9 @@
 //! in the unit they take it in ([`READINGS`], [`SETTINGS`]: they convert
 //! nothing); the safety settings are there ([`NEEDED`]); each setting's
 //! range holds what they write. The valve word's range depends on the
-//! racks: checked when they are known ([`valve_word_holds`], also on the
-//! microcontroller, whose racks come with the hall's figures).
+//! racks: checked when they are known ([`every_valve`],
+//! [`range_holds`]), also on the microcontroller, whose
+//! racks come with the hall's figures.
 //!
 //! Glossary:
 //! - *reading*: an input register the controllers read; *setting*: a

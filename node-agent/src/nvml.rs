@@ -754,7 +754,7 @@ impl<A: NvmlApi> GpuDevice for NvmlGpu<A> {
 
     /// On a GPU whose limit constraints were not read at start, a limit
     /// NVML refuses as invalid has them read again, and is set within
-    /// them ([`NvmlGpu::set_after_refusal`]).
+    /// them (`set_after_refusal`).
     fn set_power_limit(&mut self, limit: Watts) -> Result<(), GpuError> {
         let target = self.within_late(limit);
         match self.set(target) {

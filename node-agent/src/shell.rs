@@ -26,7 +26,7 @@
 //! - a quarantine's actions and a cooling-loss step run at least once: one
 //!   decided before a crash and not known to have ended well runs again
 //!   after the restart, and a clean stop waits for those running (at most
-//!   [`stop::STOP_WAIT`]).
+//!   `STOP_WAIT`).
 //!
 //! Where it lives:
 //! - `startup`: the GPUs, the flash stores, the node with what is kept

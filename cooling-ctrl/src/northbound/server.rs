@@ -241,7 +241,7 @@ impl tokio_modbus::server::Service for Service {
 /// goes on serving the last snapshot (its `uptime` no longer advances).
 /// When the listener fails to accept, the connections open are closed and
 /// it serves again on the same socket after a short backoff, the failure
-/// logged ([`serve_again`](super::again::serve_again)).
+/// logged (`serve_again`).
 /// Its bounds are [`LIMITS`]; [`serve_within`] takes others.
 pub async fn serve(
     listener: TcpListener,

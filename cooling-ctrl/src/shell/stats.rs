@@ -27,7 +27,7 @@ pub(crate) fn shown(w: Which, reading: Option<f64>, fault: Option<SensorFault>) 
 }
 
 impl SensorStatus {
-    /// Its reading as a figure to show ([`shown`]).
+    /// Its reading as a figure to show.
     pub fn shown(&self) -> Option<f64> {
         shown(self.which, self.reading, self.fault)
     }
