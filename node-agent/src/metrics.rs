@@ -132,6 +132,10 @@ const NVML_CALLS: Metric = Metric::counter(
     "loopwarden_nvml_calls_total",
     "NVML calls made since the agent started, by NVML's name (every GPU together).",
 );
+const NVML_FAILURES: Metric = Metric::counter(
+    "loopwarden_nvml_call_failures_total",
+    "NVML calls that failed since the agent started, by NVML's name and the kind of failure (error=not_supported, no_permission, gpu_lost, timeout, invalid_argument, other).",
+);
 const GUARD: Metric = Metric::gauge(
     "loopwarden_gpu_thermal_guard_cap_watts",
     "The cap the host's own thermal guard asks for, watts. Absent while the guard does not cap.",
@@ -172,6 +176,10 @@ fn nvml_calls(out: &mut Exposition, costs: &crate::nvml::CallCosts, host: &[(&st
         for (stat, v) in [("mean", mean), ("max", c.max.as_secs_f64())] {
             out.sample(&NVML_CALL, &with_labels(&labels, &[("stat", stat)]), v);
         }
+    }
+    for (call, kind, n) in costs.failures() {
+        let labels = with_labels(host, &[("call", call), ("error", kind)]);
+        out.sample(&NVML_FAILURES, &labels, n as f64);
     }
 }
 
@@ -434,20 +442,16 @@ mod tests {
         gpu(&mut out, "h07", 0, &g);
         write_bus(&mut out, &Default::default(), true, &host);
         let costs = crate::nvml::CallCosts::default();
-        costs.record(
-            "nvmlDeviceGetTemperature",
-            std::time::Duration::from_micros(30),
-        );
-        costs.record(
-            "nvmlDeviceGetTemperature",
-            std::time::Duration::from_micros(50),
-        );
+        let us = std::time::Duration::from_micros;
+        costs.record("nvmlDeviceGetTemperature", us(30), None);
+        costs.record("nvmlDeviceGetTemperature", us(50), Some("gpu_lost"));
         nvml_calls(&mut out, &costs, &host);
         loopwarden_bus::prometheus::write_resend(&mut out, ResendCounts::default(), &host);
         let text = out.finish();
         assert!(
             text.contains(r#"loopwarden_nvml_calls_total{Hostname="h07",call="nvmlDeviceGetTemperature"} 2"#)
-                && text.contains(r#"loopwarden_nvml_call_seconds{Hostname="h07",call="nvmlDeviceGetTemperature",stat="max"} 0.00005"#),
+                && text.contains(r#"loopwarden_nvml_call_seconds{Hostname="h07",call="nvmlDeviceGetTemperature",stat="max"} 0.00005"#)
+                && text.contains(r#"loopwarden_nvml_call_failures_total{Hostname="h07",call="nvmlDeviceGetTemperature",error="gpu_lost"} 1"#),
             "{text}"
         );
         let mut names: Vec<&str> = text

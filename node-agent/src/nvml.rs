@@ -51,6 +51,18 @@ pub enum NvmlFailure {
 }
 
 impl NvmlFailure {
+    /// Its kind, as `/metrics` labels it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::NotSupported => "not_supported",
+            Self::NoPermission => "no_permission",
+            Self::GpuLost => "gpu_lost",
+            Self::Timeout => "timeout",
+            Self::InvalidArgument => "invalid_argument",
+            Self::Other(_) => "other",
+        }
+    }
+
     fn into_gpu_error(self, what: &'static str) -> GpuError {
         match self {
             Self::NotSupported => GpuError::NotSupported,
@@ -531,11 +543,17 @@ impl<A: NvmlApi> NvmlGpu<A> {
         }
     }
 
-    /// Makes `call` (NVML's `what`) and counts what it cost.
-    fn timed<T>(&self, what: &'static str, call: impl FnOnce(&A, u32) -> T) -> T {
+    /// Makes `call` (NVML's `what`) and counts what it cost, and its
+    /// failure where it failed.
+    fn timed<T>(
+        &self,
+        what: &'static str,
+        call: impl FnOnce(&A, u32) -> NvmlResult<T>,
+    ) -> NvmlResult<T> {
         let began = std::time::Instant::now();
         let r = call(&self.api, self.index);
-        self.costs.record(what, began.elapsed());
+        let failed = r.as_ref().err().map(NvmlFailure::kind);
+        self.costs.record(what, began.elapsed(), failed);
         r
     }
 
