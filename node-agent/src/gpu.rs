@@ -140,7 +140,8 @@ impl std::error::Error for GpuError {}
 /// One GPU, as the agent uses it. Implementations may block (NVML can
 /// hang); the agent only calls them from a worker with a deadline.
 pub trait GpuDevice: Send + 'static {
-    /// Identity and power-limit range; called once at start.
+    /// Identity and power-limit range; called at start, and again while
+    /// its UUID is unknown (a description that failed at start).
     fn describe(&mut self) -> Result<GpuInfo, GpuError>;
     /// One reading of every field.
     fn sample(&mut self) -> Result<GpuSample, GpuError>;

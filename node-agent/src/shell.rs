@@ -70,6 +70,7 @@ use node_core::node::{Input, Node, Now};
 mod commands;
 mod cooling;
 mod effects;
+mod identify;
 mod limits;
 mod publishing;
 mod quarantine;
@@ -167,6 +168,8 @@ pub(crate) struct Agent {
     pub unkept_limits_said: bool,
     /// The site's commands run, and how they ended.
     pub site_actions: crate::console::SiteActions,
+    /// When the GPUs whose UUID is unknown are asked again (steady ms).
+    pub identify_at: u64,
 }
 
 /// What a process that runs many agents may ask of each (nothing by
@@ -304,6 +307,7 @@ async fn run_agent(
         cooling,
         unkept_limits_said: false,
         site_actions: Default::default(),
+        identify_at: 0,
     };
     for &gpu in &undone.unreadable {
         agent.keep_health(gpu);

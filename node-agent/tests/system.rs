@@ -414,6 +414,31 @@ fn a_fatal_xid_quarantines_runs_the_action_once_and_only_an_operator_releases() 
         "the action ran twice"
     );
 
+    // A start at which GPU 1 cannot say its UUID (a driver still
+    // loading): degraded, not healthy; once it says it, the quarantine
+    // kept for it applies again and its action runs again.
+    agent.stop();
+    let board = loopwarden_boards::GpuBoard::builtin("H200-SXM").expect("board");
+    let late = LateIdentity(node_agent::sim_gpus::TwinSource::new(&board, 2, 3), 1);
+    let agent = quarantining().source(late).start();
+    let why = agent.ctl_within(&["why", "1"], Duration::from_secs(10), "never answered");
+    assert_ne!(why["health"], "healthy", "{why}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !drained.with_file_name("drained-1").exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let why = agent.ctl(&["why", "1"]).expect("ctl why");
+    assert_eq!(why["health"], "quarantined", "{why}");
+    assert_eq!(why["reason"], "xid-79", "{why}");
+    assert!(
+        drained.with_file_name("drained-1").exists(),
+        "the action ran again once the GPU was identified"
+    );
+    agent.stop();
+    let agent = quarantining().start();
+    let why = agent.ctl_within(&["why", "1"], Duration::from_secs(10), "never answered");
+    assert_eq!(why["health"], "quarantined", "kept under its UUID: {why}");
+
     // Releasing a healthy GPU is refused; the quarantined one is released.
     let ack = rig.ack(&mut sub, &release(1, 0, "checked"));
     assert_eq!(ack.code, AckCode::NotQuarantined);
@@ -500,6 +525,51 @@ fn a_hung_gpu_does_not_stall_the_others() {
     });
     assert!(!seen.is_empty(), "GPU 2 answers again");
     agent.stop();
+}
+
+/// Twin GPUs of which one (`.1`) fails its first description, as a GPU
+/// whose driver is still loading at the start.
+struct LateIdentity(node_agent::sim_gpus::TwinSource, u8);
+
+struct LateGpu(Box<dyn node_agent::gpu::GpuDevice>, bool);
+
+impl node_agent::gpu::GpuDevice for LateGpu {
+    fn describe(&mut self) -> Result<node_agent::gpu::GpuInfo, node_agent::gpu::GpuError> {
+        if std::mem::replace(&mut self.1, false) {
+            return Err(node_agent::gpu::GpuError::Timeout);
+        }
+        self.0.describe()
+    }
+    fn sample(&mut self) -> Result<node_agent::gpu::GpuSample, node_agent::gpu::GpuError> {
+        self.0.sample()
+    }
+    fn set_power_limit(&mut self, w: Watts) -> Result<(), node_agent::gpu::GpuError> {
+        self.0.set_power_limit(w)
+    }
+    fn power_limit(&mut self) -> Result<Watts, node_agent::gpu::GpuError> {
+        self.0.power_limit()
+    }
+}
+
+impl node_agent::gpu::GpuSource for LateIdentity {
+    fn devices(
+        &mut self,
+    ) -> Result<Vec<Box<dyn node_agent::gpu::GpuDevice>>, node_agent::gpu::GpuError> {
+        let late = self.1 as usize;
+        Ok(self
+            .0
+            .devices()?
+            .into_iter()
+            .enumerate()
+            .map(|(i, d)| Box::new(LateGpu(d, i == late)) as Box<dyn node_agent::gpu::GpuDevice>)
+            .collect())
+    }
+    fn watch_xids(
+        &mut self,
+        sink: node_agent::xid_queue::XidSink,
+    ) -> Result<Vec<(u8, node_agent::gpu::GpuError)>, node_agent::gpu::GpuError> {
+        self.0.watch_xids(sink)
+    }
 }
 
 /// GPUs that answer everything but refuse every limit (an agent not run

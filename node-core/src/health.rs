@@ -494,6 +494,37 @@ impl HealthEngine {
         }
     }
 
+    /// A state `kept` for `gpu` before a restart, read once the GPU said
+    /// its UUID (it could not at start, so it was marked degraded for a
+    /// state not read, [`ReasonCode::KEPT_STATE_UNREADABLE`]). A kept
+    /// state above its state now is put back as a change at `now` (a GPU
+    /// quarantined before the restart is quarantined again); one at or
+    /// below it changes nothing (the mark heals with its quiet period).
+    pub fn identified(&mut self, now: TimestampMs, gpu: u8, kept: &GpuStatus) -> Vec<Output> {
+        let mut out = Vec::new();
+        let Some(t) = self.gpus.get(gpu as usize) else {
+            return out;
+        };
+        if kept.state > t.status.state {
+            let evidence = || {
+                format!(
+                    "kept from {}, before the restart: {}",
+                    fmt_time(kept.since),
+                    kept.evidence
+                )
+            };
+            self.raise(
+                now.0,
+                gpu as usize,
+                kept.state,
+                kept.reason,
+                evidence,
+                &mut out,
+            );
+        }
+        out
+    }
+
     /// Raises `gpu` to `to` if that is higher than its state. A repeat of
     /// degraded-level evidence keeps a degraded GPU from falling back.
     fn raise(
@@ -768,6 +799,56 @@ pub(crate) mod tests {
         let quiet = Policy::default().quiet_ms;
         assert_eq!(changes(e.sample(TimestampMs(start + quiet), 0, &clean)), 1);
         assert_eq!(e.status(0).unwrap().state, HealthState::Healthy);
+    }
+
+    /// A state kept before the restart, read once the GPU said its UUID:
+    /// one above its state now is put back (with its reason), one at or
+    /// below it changes nothing.
+    #[test]
+    fn a_kept_state_read_late_is_put_back_only_above_the_state_now() {
+        let mut e = engine(2);
+        let status = |state, reason| GpuStatus {
+            state,
+            reason,
+            since: TimestampMs(1_000),
+            evidence: "XID 79 (GPU has fallen off the bus)".into(),
+        };
+        let mark = status(HealthState::Degraded, ReasonCode::KEPT_STATE_UNREADABLE);
+        e.restore(0, mark.clone());
+        let xid79 = ReasonCode(79);
+        let out = e.identified(
+            TimestampMs(60_000),
+            0,
+            &status(HealthState::Quarantined, xid79),
+        );
+        let [Output::Change(c)] = &out[..] else {
+            panic!("one change: {out:?}");
+        };
+        assert_eq!(
+            (c.from, c.to, c.reason),
+            (HealthState::Degraded, HealthState::Quarantined, xid79)
+        );
+        assert!(
+            c.evidence.contains("before the restart: XID 79"),
+            "{}",
+            c.evidence
+        );
+        assert_eq!(e.status(0).unwrap().state, HealthState::Quarantined);
+        // Kept degraded or healthy on a GPU degraded now: nothing.
+        e.restore(1, mark.clone());
+        for kept in [HealthState::Degraded, HealthState::Healthy] {
+            assert!(e
+                .identified(TimestampMs(60_000), 1, &status(kept, xid79))
+                .is_empty());
+            assert_eq!(e.status(1), Some(&mark));
+        }
+        assert!(e
+            .identified(
+                TimestampMs(60_000),
+                9,
+                &status(HealthState::Quarantined, xid79)
+            )
+            .is_empty());
     }
 
     /// The recovery action the driver names: a reset, a reboot or an

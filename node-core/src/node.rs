@@ -201,6 +201,15 @@ pub enum Input<'a> {
     XidWatch(Option<&'a str>),
     /// The next lease expiry ([`Node::next_expiry`]) came.
     Expiry,
+    /// A GPU that could not say its UUID at start said it now: the health
+    /// kept for it before the restart, if any was ([`Node::restore_health`]
+    /// had nothing to match then).
+    Identified {
+        /// The GPU.
+        gpu: u8,
+        /// Its health kept in flash (`None`: none was).
+        kept: Option<&'a GpuStatus>,
+    },
     /// Answers [`Effect::SetLimits`]: each limit set and read back.
     LimitsSet(&'a [LimitResult]),
     /// Answers [`Effect::ReadLimits`]: every GPU's limit as read, in index
@@ -462,6 +471,7 @@ impl Node {
             Input::Xid { gpu, xid } => self.xid(now, gpu, xid, &mut out),
             Input::XidWatch(down) => self.xid_watch(now, down, &mut out),
             Input::Expiry => self.reconcile(now, false, &mut out),
+            Input::Identified { gpu, kept } => self.identified(now, gpu, kept, &mut out),
             Input::LimitsSet(results) => self.limits_set(now, results, &mut out),
             Input::LimitsRead(read) => {
                 let read = self.limits_read(read, &mut out);

@@ -639,3 +639,69 @@ fn a_floor_is_kept_for_every_command_past_its_seq_check_and_restored_after_a_res
     forgetful.step(t + 10, Input::Frame(&cmd_topic(), &long));
     assert_eq!(forgetful.acks.last().unwrap().code, AckCode::TooLong);
 }
+
+/// A GPU that could not say its UUID at start (marked degraded for a kept
+/// state not read) and says it later: a quarantine kept for it applies
+/// again, its actions run, and its health and the limits are kept in
+/// flash from then on; a GPU with nothing kept is only kept.
+#[test]
+fn a_gpu_identified_late_gets_the_quarantine_kept_for_it() {
+    use loopwarden_protocol::ReasonCode;
+    use node_core::health::GpuStatus;
+    let mut h = Host::new();
+    let mark = GpuStatus {
+        state: HealthState::Degraded,
+        reason: ReasonCode::KEPT_STATE_UNREADABLE,
+        since: T0,
+        evidence: "its health state from before the restart could not be read".into(),
+    };
+    for g in [0, 1] {
+        h.node.restore_health(g, mark.clone());
+    }
+    let mut t = T0.0;
+    for _ in 0..5 {
+        t += 1_000;
+        h.healthy_round(t);
+    }
+    assert!(h.quarantined.is_empty());
+    let kept = GpuStatus {
+        state: HealthState::Quarantined,
+        reason: ReasonCode(79),
+        since: TimestampMs(T0.0 - 3_600_000),
+        evidence: "XID 79 (GPU has fallen off the bus)".into(),
+    };
+    let trail = h.trail.len();
+    h.step(
+        t,
+        Input::Identified {
+            gpu: 1,
+            kept: Some(&kept),
+        },
+    );
+    assert_eq!(h.state(1), HealthState::Quarantined);
+    assert_eq!(h.quarantined, [1], "its actions run again");
+    assert!(h.events.iter().any(|e| matches!(
+        e,
+        Event::HealthChanged {
+            to: HealthState::Quarantined,
+            ..
+        }
+    )));
+    let new = &h.trail[trail..];
+    let keeps = |n: u8| new.iter().filter(|e| **e == Effect::KeepHealth(n)).count();
+    assert_eq!(keeps(1), 1, "kept once: {new:?}");
+    assert!(new
+        .iter()
+        .any(|e| matches!(e, Effect::KeepLimits(l) if l.len() == GPUS)));
+
+    let trail = h.trail.len();
+    h.step(t + 10, Input::Identified { gpu: 0, kept: None });
+    assert_eq!(
+        h.state(0),
+        HealthState::Degraded,
+        "the mark heals in its time"
+    );
+    let new = &h.trail[trail..];
+    assert!(new.contains(&Effect::KeepHealth(0)), "{new:?}");
+    assert!(!new.iter().any(|e| matches!(e, Effect::Quarantine { .. })));
+}

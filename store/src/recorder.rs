@@ -111,6 +111,12 @@ enum Job {
         value: Vec<u8>,
         done: Option<oneshot::Sender<Result<(), String>>>,
     },
+    /// A read of a config value, in order with the values handed over
+    /// before it.
+    Get {
+        key: String,
+        done: oneshot::Sender<Result<Option<Vec<u8>>, String>>,
+    },
     ReserveSeq {
         block: u32,
         done: oneshot::Sender<Result<u32, String>>,
@@ -515,6 +521,15 @@ impl Recorder {
         self.pressing(job, "a config value").map(|()| rx)
     }
 
+    /// Reads a config value (by the priority channel: after the values
+    /// handed over before it, so it reads what they wrote). `None`: none
+    /// kept under `key`.
+    pub async fn get(&self, key: String) -> Result<Option<Vec<u8>>, String> {
+        let (done, rx) = oneshot::channel();
+        self.pressing(Job::Get { key, done }, "a read of a config value")?;
+        rx.await.map_err(|_| Self::gone())?
+    }
+
     /// Reserves a block of frame sequence numbers (by the priority
     /// channel).
     pub async fn reserve_seq(&self, block: u32) -> Result<u32, String> {
@@ -673,6 +688,23 @@ mod tests {
         assert_eq!(after.entries.len(), 100);
         assert_eq!(after.queued, 0);
         assert_eq!(after.entries[99].body, [99]);
+    }
+
+    #[test]
+    fn a_config_value_read_sees_what_was_handed_over_before_it() {
+        let stores = crate::agent_flash::open(None).expect("a memory flash");
+        let r = Recorder::start(stores.log, stores.store, None).expect("the thread");
+        let get = |k: &str| futures::executor::block_on(r.get(k.into()));
+        assert_eq!(get("health.1"), Ok(None), "none kept");
+        r.set("health.1".into(), vec![1, 2]);
+        r.set("health.1".into(), vec![3]);
+        assert_eq!(
+            get("health.1"),
+            Ok(Some(vec![3])),
+            "the last value handed over"
+        );
+        let bad = get(&"k".repeat(300)).expect_err("a key too long");
+        assert!(bad.contains("not read from flash"), "{bad}");
     }
 
     #[test]

@@ -58,7 +58,10 @@ impl CallCosts {
     /// Every call's failures so far: call, kind, how many.
     pub fn failures(&self) -> Vec<(&'static str, &'static str, u64)> {
         let book = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        book.failures.iter().map(|(&(c, k), &n)| (c, k, n)).collect()
+        book.failures
+            .iter()
+            .map(|(&(c, k), &n)| (c, k, n))
+            .collect()
     }
 }
 
@@ -71,9 +74,21 @@ mod tests {
         let c = CallCosts::default();
         let shared = c.clone();
         c.record("nvmlDeviceGetTemperature", Duration::from_micros(40), None);
-        shared.record("nvmlDeviceGetTemperature", Duration::from_micros(90), Some("timeout"));
-        c.record("nvmlDeviceGetPowerUsage", Duration::from_micros(5), Some("gpu_lost"));
-        c.record("nvmlDeviceGetPowerUsage", Duration::from_micros(5), Some("gpu_lost"));
+        shared.record(
+            "nvmlDeviceGetTemperature",
+            Duration::from_micros(90),
+            Some("timeout"),
+        );
+        c.record(
+            "nvmlDeviceGetPowerUsage",
+            Duration::from_micros(5),
+            Some("gpu_lost"),
+        );
+        c.record(
+            "nvmlDeviceGetPowerUsage",
+            Duration::from_micros(5),
+            Some("gpu_lost"),
+        );
         let s = c.snapshot();
         assert_eq!(s.len(), 2);
         assert_eq!(s[0].1.calls, 2, "failed calls count as calls");

@@ -129,13 +129,22 @@ pub(super) async fn read_kept(
     id: u64,
 ) -> Result<Option<Vec<u8>>, String> {
     let key = what.key(id);
-    match get(store, &key).await? {
+    let value = get(store, &key).await?;
+    payload_of(&key, value, id)
+}
+
+/// The payload of `value`, read under `key` for the GPU of identity `id`:
+/// an error when it names another GPU or none.
+pub(super) fn payload_of(
+    key: &str,
+    value: Option<Vec<u8>>,
+    id: u64,
+) -> Result<Option<Vec<u8>>, String> {
+    match value.as_deref().map(untag) {
         None => Ok(None),
-        Some(value) => match untag(&value) {
-            Some((kept, payload)) if kept == id => Ok(Some(payload.to_vec())),
-            Some((kept, _)) => Err(format!("{key} holds the record of GPU {kept:016x}")),
-            None => Err(format!("{key} holds no GPU identity")),
-        },
+        Some(Some((kept, payload))) if kept == id => Ok(Some(payload.to_vec())),
+        Some(Some((kept, _))) => Err(format!("{key} holds the record of GPU {kept:016x}")),
+        Some(None) => Err(format!("{key} holds no GPU identity")),
     }
 }
 

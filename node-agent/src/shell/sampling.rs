@@ -97,6 +97,7 @@ impl Agent {
         self.step(Input::Round(&readings)).await;
         self.publish_telemetry(now);
         self.seq_floor.keep_ahead(&self.bus, &self.recorder).await;
+        self.identify_late().await;
 
         let t = &mut self.timing;
         let jitter_us = jitter.as_micros() as u64;

@@ -76,7 +76,7 @@ pub(super) async fn gpus(
             Ok(info) => with_board_limits(info, config),
             Err(e) => {
                 tracing::error!(
-                    "GPU {}: cannot read its identity and limits ({e}); using the board's",
+                    "GPU {}: cannot read its identity and limits ({e}); using the board's (its UUID is asked again while it answers)",
                     w.index()
                 );
                 let p = &config.board.power;

@@ -9,7 +9,7 @@
 use loopwarden_protocol::{Event, HealthState};
 
 use super::{gpu_index, Effect, Level, Node, Now};
-use crate::health::{fmt_time, Output};
+use crate::health::{fmt_time, GpuStatus, Output};
 
 impl Node {
     /// What the health engine decided, as effects: for a change the
@@ -92,6 +92,32 @@ impl Node {
 
     /// An XID: the decision first (a quarantine is what the hall waits
     /// for), then the event.
+    /// A GPU told its UUID late ([`Input::Identified`](super::Input)): a
+    /// state `kept` for it above its state now is put back (a GPU
+    /// quarantined before the restart is quarantined again, its site
+    /// actions run again), and its health and every GPU's limits are kept
+    /// in flash, since nothing was kept for it while its UUID was unknown.
+    pub(super) fn identified(
+        &mut self,
+        now: Now,
+        gpu: u8,
+        kept: Option<&GpuStatus>,
+        out: &mut Vec<Effect>,
+    ) {
+        if gpu as usize >= self.gpus.len() {
+            return;
+        }
+        let from = out.len();
+        if let Some(k) = kept {
+            let outputs = self.health.identified(now.steady, gpu, k);
+            self.health_outputs(outputs, out);
+        }
+        if !out[from..].contains(&Effect::KeepHealth(gpu)) {
+            out.push(Effect::KeepHealth(gpu));
+        }
+        out.push(Effect::KeepLimits(self.kept_limits()));
+    }
+
     pub(super) fn xid(&mut self, now: Now, gpu: u8, xid: u16, out: &mut Vec<Effect>) {
         if gpu as usize >= self.gpus.len() {
             out.push(Effect::Say(

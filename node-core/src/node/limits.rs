@@ -248,7 +248,7 @@ impl Node {
 
     /// What the flash is to keep of every GPU: its ceiling and the limit
     /// last read back.
-    fn kept_limits(&self) -> Vec<KeptLimit> {
+    pub(super) fn kept_limits(&self) -> Vec<KeptLimit> {
         self.kept_asking(&[])
     }
 

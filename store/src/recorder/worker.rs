@@ -371,6 +371,14 @@ impl Worker {
                     (None, Ok(())) => {}
                 }
             }
+            Job::Get { key, done } => {
+                let mut buf = [0u8; loopwarden_flash::config::MAX_VALUE];
+                let r = match futures::executor::block_on(self.store.get(&key, &mut buf)) {
+                    Ok(n) => Ok(n.map(|n| buf[..n].to_vec())),
+                    Err(e) => Err(format!("{key} not read from flash: {e}")),
+                };
+                let _ = done.send(r);
+            }
             Job::ReserveSeq { block, done } => {
                 let r = futures::executor::block_on(self.store.reserve_seq(block))
                     .map_err(|e| format!("{e}"));
