@@ -118,6 +118,18 @@ pub const SEQ_MARGIN: u32 = SEQ_BLOCK / 2;
 /// sequence floor of an agent without a flash file.
 const SEQ_EPOCH_MS: u64 = 1_735_689_600_000;
 
+/// 2026-12-01T00:00:00Z, ms since the Unix epoch: a clock that reads
+/// earlier is wrong (never set, an RTC without its battery, before the
+/// network's time came), and the sequence floor starts here instead.
+const CLOCK_FLOOR_MS: u64 = 1_796_083_200_000;
+
+/// The sequence floor the clock at `clock_ms` gives: ten numbers a second
+/// since [`SEQ_EPOCH_MS`], from [`CLOCK_FLOOR_MS`] at the earliest.
+fn clock_seq(clock_ms: u64) -> u32 {
+    let from = clock_ms.max(CLOCK_FLOOR_MS).saturating_sub(SEQ_EPOCH_MS) / 100;
+    from.min(u64::from(u32::MAX - SEQ_BLOCK)) as u32
+}
+
 /// The system's real-time clock, ms since the Unix epoch (0 before it).
 fn clock_ms() -> u64 {
     std::time::SystemTime::now()
@@ -188,10 +200,15 @@ fn image(path: Option<&Path>, board: &FlashBoard) -> Result<AgentFlash, String> 
 /// reserves a block of sequence numbers. It blocks for the flash's reads
 /// and writes, as the recorder thread does later: call it at start.
 pub fn open(path: Option<&Path>) -> Result<Stores, String> {
-    futures::executor::block_on(open_stores(path))
+    futures::executor::block_on(open_stores(path, clock_ms()))
 }
 
-async fn open_stores(path: Option<&Path>) -> Result<Stores, String> {
+/// [`open`] with the clock reading `clock` (ms since the Unix epoch).
+/// The floor is raised to the clock's ([`clock_seq`]) at every opening,
+/// so numbers stay above those hosts have seen from this agent even when
+/// what it kept is older than what it sent: a flash file put back from a
+/// backup, an image copied from another unit, a floor lost.
+async fn open_stores(path: Option<&Path>, clock: u64) -> Result<Stores, String> {
     let board = FlashBoard::host_file();
     let layout = board.layout();
     let image = image(path, &board)?;
@@ -206,13 +223,16 @@ async fn open_stores(path: Option<&Path>) -> Result<Stores, String> {
             "flash: no sequence floor in it (lost, or never kept): sequence numbers start from the clock"
         );
     }
-    if blank || unset.is_none() {
-        let clock = clock_ms().saturating_sub(SEQ_EPOCH_MS) / 100;
-        store
-            .raise_seq_floor(clock.min(u64::from(u32::MAX - SEQ_BLOCK)) as u32)
-            .await
-            .map_err(flash_err("sequence reservation"))?;
+    if clock < CLOCK_FLOOR_MS {
+        tracing::error!(
+            "the clock reads {} ms since 1970, before 2026-12-01: it is not set (check timedatectl); sequence numbers start from 2026-12-01's, and hosts refuse this agent's commands as replays until it is restarted with the clock right",
+            clock
+        );
     }
+    store
+        .raise_seq_floor(clock_seq(clock))
+        .await
+        .map_err(flash_err("sequence reservation"))?;
     let first_seq = store
         .reserve_seq(SEQ_BLOCK)
         .await
@@ -463,6 +483,32 @@ mod tests {
             "{} < {clock}: not from 0",
             again.first_seq
         );
+    }
+
+    /// A file put back from a backup (its floor below the numbers sent
+    /// since), and a clock never set: the floor is the clock's at least,
+    /// and never below 2026-12-01's.
+    #[test]
+    fn an_old_floor_is_raised_to_the_clock_and_an_unset_clock_to_its_floor() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("backup.flash");
+        let mut first = open(Some(&path)).unwrap();
+        futures::executor::block_on(first.store.set(SEQ_FLOOR_KEY, &1_000u32.to_le_bytes()))
+            .unwrap();
+        drop(first);
+        let now = clock_ms();
+        let again = futures::executor::block_on(open_stores(Some(&path), now)).unwrap();
+        assert!(!again.blank);
+        assert_eq!(
+            again.first_seq,
+            clock_seq(now),
+            "from the clock, not from 1,000"
+        );
+        drop(again);
+        std::fs::remove_file(&path).unwrap();
+        let unset = futures::executor::block_on(open_stores(Some(&path), 0)).unwrap();
+        assert_eq!(unset.first_seq, clock_seq(CLOCK_FLOOR_MS));
+        assert!(unset.first_seq > 600_000_000, "{}", unset.first_seq);
     }
 
     #[test]
