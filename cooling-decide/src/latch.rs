@@ -125,7 +125,7 @@ impl LatchKeeper {
         let generation = self
             .offered
             .or(self.kept)
-            .map_or(1, |k| k.generation.wrapping_add(1).max(1));
+            .map_or(1, |k| crate::record::next_generation(k.generation));
         let r = LatchRecord {
             generation,
             latched: l,

@@ -6,9 +6,13 @@
 //! [`Latched::encode`]'s bytes, and [`LATCHED_GEN_KEY`] holds the same
 //! generation alone, written after the record. A store that returns the
 //! newest *valid* item of a key would read a damaged newest record as the
-//! older state it replaced: its generation then differs from the one
-//! kept apart, and the record reads as unreadable, never as the older
-//! state. (A damaged newest generation fails the same way.)
+//! older state it replaced: its generation then is below the one kept
+//! apart, and the record reads as unreadable, never as the older state.
+//! A record one generation ahead of the one kept apart is believed: a cut
+//! (power lost, a reset) came between the two items, or the newest
+//! generation item is damaged, and the record itself passed the store's
+//! check and decodes: it is the newest state decided (a tripped pump, a
+//! failed isolation), which a relatch from the valve positions would lose.
 //!
 //! Glossary:
 //! - *generation*: counts the records written, from 1; 0 for a record of
@@ -132,7 +136,7 @@ impl LatchRecord {
                     return Err(RecordError::TooShort(b.len()));
                 };
                 let r = u32::from_le_bytes(*head);
-                if r != g {
+                if r != g && r != next_generation(g) {
                     return Err(RecordError::Damaged {
                         record: r,
                         written: g,
@@ -145,6 +149,11 @@ impl LatchRecord {
             }
         }
     }
+}
+
+/// The generation written after `g` (from 1 again after `u32::MAX`).
+pub fn next_generation(g: u32) -> u32 {
+    g.wrapping_add(1).max(1)
 }
 
 /// [`Latched`] in a trace: its flash encoding's bytes.
@@ -183,11 +192,30 @@ mod tests {
         assert_eq!(rec.len(), RECORD_LEN);
         assert_eq!(LatchRecord::decode(Some(&rec), Some(&gen)), Ok(Some(r)));
         assert_eq!(LatchRecord::decode(None, None), Ok(None));
-        let older = 6u32.to_le_bytes();
-        let e = LatchRecord::decode(Some(&rec), Some(&older)).unwrap_err();
+        let newer = 8u32.to_le_bytes();
+        let e = LatchRecord::decode(Some(&rec), Some(&newer)).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "cdu.latched: the newest readable record is generation 7, but generation 6 was written: the newest record is damaged"
+            "cdu.latched: the newest readable record is generation 7, but generation 8 was written: the newest record is damaged"
+        );
+        // A cut between the two items (or the newest generation item
+        // damaged): the record is one ahead, and believed.
+        let one_behind = 6u32.to_le_bytes();
+        assert_eq!(
+            LatchRecord::decode(Some(&rec), Some(&one_behind)),
+            Ok(Some(r))
+        );
+        let far = 5u32.to_le_bytes();
+        assert!(LatchRecord::decode(Some(&rec), Some(&far)).is_err());
+        let wrapped = LatchRecord {
+            generation: 1,
+            latched,
+        };
+        let [(_, rec1), _] = wrapped.items();
+        let max = u32::MAX.to_le_bytes();
+        assert_eq!(
+            LatchRecord::decode(Some(&rec1), Some(&max)),
+            Ok(Some(wrapped))
         );
         let e = LatchRecord::decode(None, Some(&gen)).unwrap_err();
         assert_eq!(

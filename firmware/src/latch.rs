@@ -170,6 +170,31 @@ mod tests {
         );
     }
 
+    /// Power lost (or a reset) between a record and its generation: the
+    /// record, one generation ahead, is believed, and a pump tripped in it
+    /// stays tripped with the lead on the other.
+    #[test]
+    fn a_record_cut_from_its_generation_is_believed() {
+        let mut mem = std::vec![0xFFu8; 8 * 4096];
+        let mut s = store(&mut mem);
+        let first = LatchRecord {
+            generation: 1,
+            latched: Latched::default(),
+        };
+        block_on(save(&mut s, &first)).unwrap();
+        let tripped = LatchRecord {
+            generation: 2,
+            latched: Latched {
+                pumps: [Some(PumpFault::Tripped), None],
+                lead: Pump::B,
+                ..Latched::default()
+            },
+        };
+        let [(key, record), _] = tripped.items();
+        block_on(s.set(key, &record)).unwrap();
+        assert_eq!(block_on(load(&mut s)), Ok(Some(tripped)));
+    }
+
     /// Flips a byte in every item whose key starts `cdu.latched` (the
     /// record and its generation), as a damaged sector would: the store
     /// skips them.
