@@ -24,7 +24,7 @@
 //! | `sign_key` | none (required) | this controller's Ed25519 sign key (`cdu1.sign.key` from `lwbus pki init`); it must be `cdu/<cdu>`'s |
 //! | `demo_key` | false | sign with the public demonstration key (twin only: a build without the `twin` feature, as the packages', refuses it) |
 //! | `keyring` | none: with `demo_key` the demonstration readers (any operator or facility system, the demonstration key), else none (every request to resend refused, said at start) | a keyring TOML (the hosts' format, of this site; others may not write it): the readers (operators, facility systems) that may ask this CDU to resend its logged events, those with `may = ["resend"]` |
-//! | `cdu_tcp` | — | the CDU on Modbus TCP, `host:port` |
+//! | `cdu_tcp` | — | the CDU on Modbus TCP, `host:port` (an IPv6 address in brackets); a name is looked up at every connection, so one that does not resolve yet is retried as a connection that failed |
 //! | `cdu_serial` | — | the CDU on Modbus RTU, a serial device |
 //! | `serial_baud` | 19200 | 300 to 1000000 |
 //! | `serial_parity` | `none` | `none`, `even` or `odd` |
@@ -498,6 +498,33 @@ mod tests {
         let e = gateway(&format!("{bare}cdu_tcp = \"no port\"\n")).unwrap_err();
         assert_eq!(e.line, Some(4), "{e}");
         assert!(e.message.contains("expected host:port"), "{e}");
+    }
+
+    /// A name is looked up at every connection, not in the file: one that
+    /// does not resolve yet (DNS not up after a power restore) is no bad
+    /// file. Only the form is refused.
+    #[test]
+    fn the_cdus_tcp_address_is_checked_for_its_form_and_not_looked_up() {
+        let bare = "cdu = \"cdu-1\"\ndemo_key = true\nembedded_broker = true\n";
+        let with = |addr: &str| from(&format!("{bare}cdu_tcp = {addr:?}\n"));
+        let c = with("no-such-host.invalid:502").expect("a name not resolving is fine");
+        assert_eq!(
+            c.link,
+            Some(Link::Tcp("no-such-host.invalid:502".parse().unwrap()))
+        );
+        assert!(with("[fd00::20]:502").is_ok());
+        for (bad, why) in [
+            ("cdu1", "no port"),
+            ("cdu1:0", "port \"0\" is not 1 to 65535"),
+            ("cdu1:70000", "is not 1 to 65535"),
+            ("fd00::20:502", "an IPv6 address goes in brackets"),
+            ("[fd00::zz]:502", "is not an IPv6 address"),
+            ("cdu 1:502", "is not a host name"),
+            (":502", "is not a host name"),
+        ] {
+            let e = with(bad).expect_err(bad);
+            assert!(e.message.contains(why) && e.line == Some(4), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -95,7 +95,7 @@ mod link;
 
 pub use error::{exception_meaning, CduError};
 pub use fit::{check_map, map_limits, UnfitMap};
-pub use link::{connect_failure, Link, SerialLine};
+pub use link::{connect_failure, Link, SerialLine, TcpTarget};
 use link::{connect_tcp, drain, Watched};
 
 /// What the CDU measures, decoded with the map's scale (the decision
@@ -332,8 +332,8 @@ impl ModbusCdu {
             source,
         };
         let ctx = match &self.link {
-            Link::Tcp(addr) => {
-                let stream = connect_tcp(*addr, deadline)
+            Link::Tcp(target) => {
+                let stream = connect_tcp(target, deadline)
                     .await
                     .map_err(|e| e.map_or_else(no_answer, io))?;
                 let _ = stream.set_nodelay(true);
@@ -1020,6 +1020,24 @@ mod tests {
         assert_eq!(line.to_string(), "/dev/ttyUSB0 19200 8N1");
         // 10 bits a character at 19200 baud.
         assert_eq!(line.char_time(), Duration::from_micros(520));
+    }
+
+    /// A CDU named, not numbered: the name is looked up at connection
+    /// (`localhost`, from the hosts file), and the connection made.
+    #[test]
+    fn a_cdu_given_by_name_is_looked_up_when_connecting() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let port = listener.local_addr().unwrap().port();
+            let target: TcpTarget = format!("localhost:{port}").parse().unwrap();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            let stream = connect_tcp(&target, deadline).await.expect("connected");
+            assert_eq!(stream.peer_addr().unwrap().port(), port);
+        });
     }
 
     #[test]

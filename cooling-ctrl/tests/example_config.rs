@@ -55,7 +55,7 @@ fn the_example_loads_as_shipped_with_the_sites_files() {
     assert_eq!(c.cdu.as_str(), "cdu1");
     assert!(!c.demo_key, "signs with the site's key");
     assert!(c.tls.is_some(), "TLS to the broker");
-    assert_eq!(c.link, Some(Link::Tcp(([10, 0, 3, 20], 502).into())));
+    assert_eq!(c.link, Some(Link::Tcp("10.0.3.20:502".parse().unwrap())));
     assert_eq!(c.hosts.len(), 16);
     assert_eq!(c.hosts[0].as_str(), "r0h0");
     assert_eq!(c.hosts[15].as_str(), "r3h3");

@@ -94,7 +94,7 @@ async fn serve_echoing(echo: Echo) -> SocketAddr {
 }
 
 fn tcp_client(map: RegisterMap, addr: SocketAddr) -> ModbusCdu {
-    ModbusCdu::new(map, Link::Tcp(addr)).with_timeout(Duration::from_millis(2_000))
+    ModbusCdu::new(map, Link::Tcp(addr.into())).with_timeout(Duration::from_millis(2_000))
 }
 
 /// `e` is a bad answer to the write of `name` whose detail contains

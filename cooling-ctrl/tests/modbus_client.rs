@@ -90,7 +90,7 @@ async fn serve_tcp(cdu: SimCdu) -> SocketAddr {
 }
 
 fn tcp_client(map: RegisterMap, addr: SocketAddr) -> ModbusCdu {
-    ModbusCdu::new(map, Link::Tcp(addr)).with_timeout(Duration::from_millis(300))
+    ModbusCdu::new(map, Link::Tcp(addr.into())).with_timeout(Duration::from_millis(300))
 }
 
 const NEW: CduSettings = CduSettings {

@@ -78,7 +78,7 @@ async fn controller(broker: &Mosquitto, cdu: &loopwarden_twin::sim_cdu::SimCdu) 
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(cdu.clone().serve(listener));
-    let port = ModbusCdu::new(RegisterMap::sim_cdu(), Link::Tcp(addr))
+    let port = ModbusCdu::new(RegisterMap::sim_cdu(), Link::Tcp(addr.into()))
         .with_timeout(Duration::from_millis(300));
     let mut cfg = ShellConfig::new(id(SITE), id(CDU), broker.addr(), CoreConfig::default());
     cfg.period = Duration::from_millis(200);

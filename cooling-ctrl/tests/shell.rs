@@ -126,7 +126,7 @@ impl Rig {
             tokio::time::sleep(silent).await;
             served.serve(listener).await
         });
-        let port = ModbusCdu::new(RegisterMap::sim_cdu(), Link::Tcp(addr))
+        let port = ModbusCdu::new(RegisterMap::sim_cdu(), Link::Tcp(addr.into()))
             .with_timeout(Duration::from_millis(300));
         let mut cfg = ShellConfig::new(id(SITE), id(CDU), broker.addr(), core);
         cfg.period = PERIOD;
@@ -832,7 +832,7 @@ async fn a_config_it_cannot_run_with_is_refused_before_anything_starts() {
     };
     let port = ModbusCdu::new(
         RegisterMap::sim_cdu(),
-        Link::Tcp(([127, 0, 0, 1], 1).into()),
+        Link::Tcp(std::net::SocketAddr::from(([127, 0, 0, 1], 1)).into()),
     );
     let mut cfg = ShellConfig::new(id(SITE), id(CDU), broker, CoreConfig::default());
     cfg.hosts = (0..17).map(|i| id(&format!("h{i:02}"))).collect();
@@ -863,7 +863,7 @@ async fn a_config_it_cannot_run_with_is_refused_before_anything_starts() {
             cfg,
             ModbusCdu::new(
                 RegisterMap::sim_cdu(),
-                Link::Tcp(([127, 0, 0, 1], 1).into())
+                Link::Tcp(std::net::SocketAddr::from(([127, 0, 0, 1], 1)).into())
             ),
             std::future::pending()
         )

@@ -211,7 +211,7 @@ async fn bind(listen: &Listen) -> Result<(Link, Bound), SimError> {
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .map_err(listen_err)?;
-            let link = Link::Tcp(listener.local_addr().map_err(listen_err)?);
+            let link = Link::Tcp(listener.local_addr().map_err(listen_err)?.into());
             Ok((link, Bound::Tcp(listener)))
         }
         Listen::Rtu { path, baud } => {

@@ -2,14 +2,13 @@
 //! serial line (`cdu_serial` and its `serial_` settings), exactly one.
 
 use std::format;
-use std::net::ToSocketAddrs;
 use std::string::String;
 
 use loopwarden_field::config::{range, ConfigError, Sources};
 use loopwarden_field::pick;
 
 use super::{FileConfig, Overrides};
-use crate::modbus::{DataBits, Link, Parity, SerialLine, StopBits};
+use crate::modbus::{DataBits, Link, Parity, SerialLine, StopBits, TcpTarget};
 
 /// The CDU link: exactly one of `cdu_tcp` and `cdu_serial`.
 pub(super) fn cdu_link(
@@ -86,18 +85,16 @@ fn tcp_link(
             format!("{key} is for a CDU on cdu_serial, not cdu_tcp"),
         ));
     }
-    let addr = t
-        .to_socket_addrs()
-        .map_err(|e| {
-            src.error(
-                flag,
-                "cdu_tcp",
-                format!("cdu_tcp = {t:?}: {e} (expected host:port)"),
-            )
-        })?
-        .next()
-        .ok_or_else(|| src.error(flag, "cdu_tcp", format!("cdu_tcp = {t:?}: no address")))?;
-    Ok(Link::Tcp(addr))
+    // Only its form: a name is looked up at every connection, so one that
+    // does not resolve yet is retried, not a bad file.
+    let target = t.parse::<TcpTarget>().map_err(|e| {
+        src.error(
+            flag,
+            "cdu_tcp",
+            format!("cdu_tcp = {t:?}: {e} (expected host:port)"),
+        )
+    })?;
+    Ok(Link::Tcp(target))
 }
 
 /// A CDU on Modbus RTU at `dev`, with its line settings.

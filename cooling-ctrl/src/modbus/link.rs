@@ -74,11 +74,69 @@ impl fmt::Display for SerialLine {
     }
 }
 
+/// A CDU's Modbus TCP address as configured, `host:port`: an IP address
+/// (an IPv6 one in brackets) or a name, which is looked up at every
+/// connection, so a name that does not resolve yet (DNS not up after a
+/// power restore) is retried like a connection that failed, not a bad
+/// configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TcpTarget(String);
+
+impl TcpTarget {
+    /// As written, `host:port`.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<SocketAddr> for TcpTarget {
+    fn from(addr: SocketAddr) -> Self {
+        Self(addr.to_string())
+    }
+}
+
+impl std::str::FromStr for TcpTarget {
+    type Err = String;
+
+    /// `host:port`, checked for its form only (nothing is looked up).
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (host, port) = s.rsplit_once(':').ok_or("no port")?;
+        port.parse::<u16>()
+            .ok()
+            .filter(|&p| p != 0)
+            .ok_or_else(|| format!("port {port:?} is not 1 to 65535"))?;
+        match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+            Some(v6) => {
+                v6.parse::<std::net::Ipv6Addr>()
+                    .map_err(|_| format!("[{v6}] is not an IPv6 address"))?;
+            }
+            None if host.contains(':') => {
+                return Err("an IPv6 address goes in brackets, [address]:port".into())
+            }
+            None => {
+                let name = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '.';
+                if host.is_empty() || !host.chars().all(name) {
+                    return Err(format!(
+                        "{host:?} is not a host name or an IPv4 address (letters, digits, '-' and '.')"
+                    ));
+                }
+            }
+        }
+        Ok(Self(s.to_string()))
+    }
+}
+
+impl fmt::Display for TcpTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// How the CDU is reached.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Link {
     /// Modbus TCP.
-    Tcp(SocketAddr),
+    Tcp(TcpTarget),
     /// Modbus RTU on a serial line.
     Rtu(SerialLine),
 }
@@ -92,11 +150,46 @@ impl fmt::Display for Link {
     }
 }
 
-/// Opens a TCP connection to `addr` by `deadline`: `Err(None)` when it was
-/// not made in time, else the failure in words ([`connect_failure`]). A
-/// stream that has no peer (its connection not made after all) is a
-/// failure with its socket's own error.
+/// Opens a TCP connection to `target` by `deadline`, its name looked up
+/// now and each of its addresses tried in turn: `Err(None)` when it was
+/// not made in time, else the failure in words ([`connect_failure`], or
+/// a name that does not resolve). A stream that has no peer (its
+/// connection not made after all) is a failure with its socket's own
+/// error.
 pub(super) async fn connect_tcp(
+    target: &TcpTarget,
+    deadline: Instant,
+) -> Result<tokio::net::TcpStream, Option<io::Error>> {
+    let addrs =
+        match tokio::time::timeout_at(deadline, tokio::net::lookup_host(target.as_str())).await {
+            Err(_) => return Err(None),
+            Ok(Err(e)) => {
+                let words = format!(
+                "{target}: the name does not resolve ({e}): check the DNS server and the name, \
+                 or give the CDU's IP address"
+            );
+                return Err(Some(io::Error::new(e.kind(), words)));
+            }
+            Ok(Ok(addrs)) => addrs,
+        };
+    let mut failed = None;
+    for addr in addrs {
+        match connect_one(addr, deadline).await {
+            Ok(stream) => return Ok(stream),
+            Err(None) => return Err(None),
+            Err(Some(e)) => failed = Some(e),
+        }
+    }
+    Err(Some(failed.unwrap_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("{target}: the name resolves to no address"),
+        )
+    })))
+}
+
+/// [`connect_tcp`] to one address.
+async fn connect_one(
     addr: SocketAddr,
     deadline: Instant,
 ) -> Result<tokio::net::TcpStream, Option<io::Error>> {

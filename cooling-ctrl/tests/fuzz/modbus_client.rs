@@ -223,7 +223,7 @@ async fn exercise(case: &Case, addr: SocketAddr, plan: &Shared) -> Result<(), St
         words: case.words,
         fault: Some((case.fault_at, case.fault)),
     };
-    let mut cdu = ModbusCdu::new(map, Link::Tcp(addr)).with_timeout(Duration::from_secs(2));
+    let mut cdu = ModbusCdu::new(map, Link::Tcp(addr.into())).with_timeout(Duration::from_secs(2));
     let first = run_op(&mut cdu, &case.op).await;
     plan.lock().unwrap().fault = None;
     if let Err(e) = &first {

@@ -25,7 +25,8 @@ pub async fn sim_cdu() -> ModbusCdu {
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(steady_sim_cdu().serve(listener));
-    ModbusCdu::new(RegisterMap::sim_cdu(), Link::Tcp(addr)).with_timeout(Duration::from_millis(300))
+    ModbusCdu::new(RegisterMap::sim_cdu(), Link::Tcp(addr.into()))
+        .with_timeout(Duration::from_millis(300))
 }
 
 /// A shell running on a task of its own, as `shell::run_with` runs it.

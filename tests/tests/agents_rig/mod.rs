@@ -133,7 +133,7 @@ impl Rig {
         let addr = self.cdu_metrics;
         let stop = self.stopped();
         self.rt.block_on(async move {
-            let port = ModbusCdu::new(RegisterMap::sim_cdu(), Link::Tcp(modbus))
+            let port = ModbusCdu::new(RegisterMap::sim_cdu(), Link::Tcp(modbus.into()))
                 .with_timeout(Duration::from_millis(300));
             let metrics = CduMetrics::new(Arc::new(ctx), &cfg.core.layout);
             cooling_ctrl::metrics::start(Some(addr), metrics)
