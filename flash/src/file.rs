@@ -162,8 +162,12 @@ pub struct FileFlash<const WRITE: usize, const ERASE: usize> {
     sync_delay: Option<Duration>,
     /// The file was made erased at this opening.
     created: bool,
-    /// A failed write whose bytes could not be read back ([`FileFlash::broken`]).
+    /// A failed write whose bytes could not be read back, or a failed
+    /// sync ([`FileFlash::broken`]).
     broken: Option<FlashError>,
+    /// Every sync fails with EIO (tests).
+    #[cfg(test)]
+    sync_fails: bool,
 }
 
 impl<const WRITE: usize, const ERASE: usize> FileFlash<WRITE, ERASE> {
@@ -230,6 +234,8 @@ impl<const WRITE: usize, const ERASE: usize> FileFlash<WRITE, ERASE> {
             sync_delay: sync_delay_of(std::env::var(SYNC_DELAY_ENV).ok().as_deref()),
             created: found == 0,
             broken: None,
+            #[cfg(test)]
+            sync_fails: false,
         })
     }
 
@@ -255,15 +261,22 @@ impl<const WRITE: usize, const ERASE: usize> FileFlash<WRITE, ERASE> {
     /// file holds, so memory is never ahead of the disk, and the error
     /// names the operation, the address and the system's cause. Where
     /// even that read fails, memory and file may differ: every later
-    /// operation fails with the same error ([`FileFlash::broken`]).
+    /// operation fails with the same error ([`FileFlash::broken`]). So
+    /// after a failed sync: what reads back then is the system's cache,
+    /// which may hold bytes the disk does not (the system forgets a failed
+    /// sync, and the next one of the same pages succeeds), so a restart
+    /// could find less than memory holds; only a reopening, which reads
+    /// the disk, is believed again.
     fn persist(&mut self, offset: usize, len: usize) -> Result<(), FlashError> {
         let result = self.write_through(offset, len);
         if let Err(e) = result {
             let range = offset..offset + len;
-            if self
-                .file
-                .read_exact_at(&mut self.image.bytes[range], offset as u64)
-                .is_err()
+            let sync = matches!(e, FlashError::Io { op: IoOp::Sync, .. });
+            if sync
+                || self
+                    .file
+                    .read_exact_at(&mut self.image.bytes[range], offset as u64)
+                    .is_err()
             {
                 self.broken = Some(e);
             }
@@ -300,6 +313,10 @@ impl<const WRITE: usize, const ERASE: usize> FileFlash<WRITE, ERASE> {
                 .write_all_at(&self.image.bytes[at..at + chunk], at as u64)
                 .map_err(failed(IoOp::Write, at))?;
             at += chunk;
+        }
+        #[cfg(test)]
+        if self.sync_fails {
+            return Err(failed(IoOp::Sync, offset)(io::Error::from_raw_os_error(5)));
         }
         self.file.sync_data().map_err(failed(IoOp::Sync, offset))?;
         if let Some(d) = self.sync_delay {
@@ -406,6 +423,41 @@ mod tests {
             assert_eq!(f.read(0, &mut b).await, Err(err));
             assert_eq!(f.erase(0, 4096).await, Err(err));
         });
+    }
+
+    /// A failed sync (EIO from a failing card): the page cache may hold
+    /// what the disk does not, so nothing after it is believed until the
+    /// file is opened again.
+    #[test]
+    fn a_failed_sync_fails_every_later_operation_until_reopened() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("flash.bin");
+        block_on(async {
+            let mut f = FileFlash::<4, 4096>::open(&path, &GEO).unwrap();
+            f.write(0, &[1, 2, 3, 4]).await.unwrap();
+            f.sync_fails = true;
+            let err = f.write(8, &[5, 6, 7, 8]).await.unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    FlashError::Io {
+                        op: IoOp::Sync,
+                        at: 8,
+                        os_error: Some(5)
+                    }
+                ),
+                "{err:?}"
+            );
+            assert_eq!(f.broken(), Some(err));
+            f.sync_fails = false;
+            assert_eq!(f.write(16, &[9; 4]).await, Err(err), "nothing after it");
+            let mut b = [0; 4];
+            assert_eq!(f.read(0, &mut b).await, Err(err));
+        });
+        let mut again = FileFlash::<4, 4096>::open(&path, &GEO).unwrap();
+        let mut b = [0; 4];
+        block_on(again.read(0, &mut b)).unwrap();
+        assert_eq!(b, [1, 2, 3, 4], "what was synced");
     }
 
     #[test]
