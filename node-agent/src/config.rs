@@ -87,6 +87,9 @@ loopwarden_field::agent_file! {
         pub commands: Option<String>,
         /// `"not_managed"`: no CDU of this site cools this host.
         pub cooling: Option<String>,
+        /// No flash file, on purpose: what the agent keeps is lost at
+        /// every restart.
+        pub volatile_state: Option<bool>,
     }
 }
 
@@ -227,6 +230,10 @@ loopwarden_field::agent_flags! {
         /// `not_managed`: no CDU of this site cools this host.
         #[arg(long)]
         pub cooling: Option<String>,
+        /// Run without a flash file on purpose (quarantines, leases and
+        /// the limits set are lost at every restart).
+        #[arg(long)]
+        pub volatile_state: bool,
         /// `none`: no command when the rack loses cooling, on purpose.
         #[arg(long)]
         pub cooling_loss_actions: Option<String>,
@@ -378,6 +385,7 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         cdu: &cdu,
         rack,
         cooling_loss: &cooling_loss,
+        flash: common.flash.is_some(),
     };
     let opt_outs = protection::opt_outs(&src, &file, flags, &setting)?;
     let lease_limits = lease_limits(&src, &file, flags)?;
@@ -800,7 +808,7 @@ mod tests {
         };
         let c = resolve(
             Some(Path::new("a.toml")),
-            "site = \"s\"\nhost = \"h\"\nbroker = \"10.0.0.5\"\nperiod_ms = 500\ncommands = \"none\"\ncooling = \"not_managed\"\n",
+            "site = \"s\"\nhost = \"h\"\nbroker = \"10.0.0.5\"\nperiod_ms = 500\ncommands = \"none\"\ncooling = \"not_managed\"\nvolatile_state = true\n",
             &flags,
         )
         .expect("valid");
@@ -855,7 +863,7 @@ mod tests {
                 .contains("an agent on real GPUs does not start the embedded broker"),
             "{e}"
         );
-        let unmanaged = "commands = \"none\"\ncooling = \"not_managed\"\n";
+        let unmanaged = "commands = \"none\"\ncooling = \"not_managed\"\nvolatile_state = true\n";
         assert!(from(&format!(
             "site = \"a\"\nhost = \"b\"\nbroker = \"10.0.0.5\"\n{unmanaged}"
         ))

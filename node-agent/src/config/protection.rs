@@ -11,7 +11,8 @@
 //! | `keyring` | every command: no CDU, facility or operator can cap the host | `commands = "none"` |
 //! | `cdu` | the CDU's leases and its word about cooling | `cooling = "not_managed"` |
 //! | `rack` (with `cdu`) | acting on the rack's loss of cooling | `[cooling_loss] actions = "none"` |
-//! | `[cooling_loss]` commands | draining and powering down a rack without cooling | `[cooling_loss] actions = "none"` |
+//! | `[cooling_loss]` `drain` and `power_down` | draining and powering down a rack without cooling | `[cooling_loss] actions = "none"` |
+//! | `flash` | quarantines, leases and the limits the agent set, across a restart | `volatile_state = true` |
 //!
 //! Simulated GPUs (a demonstration, a test) take the same keys but are
 //! not held to them.
@@ -120,6 +121,8 @@ pub(super) struct Setting<'a> {
     pub rack: Option<u8>,
     /// The cooling-loss commands.
     pub cooling_loss: &'a CoolingLossActions,
+    /// Whether a flash file is configured.
+    pub flash: bool,
 }
 
 /// The opt-outs written down, as `key = "value"` lines for the log; on
@@ -154,9 +157,17 @@ pub(super) fn opt_outs(
         "actions",
         NO_ACTIONS,
     )?;
+    let volatile = volatile_state(src, file, flags, s.flash)?;
     contradictions(src, s, (commands, cooling, actions))?;
     if *s.gpus == GpuSourceKind::Nvml {
         required(src, s, (commands, cooling, actions))?;
+        if !s.flash && !volatile {
+            return Err(src.error(
+                None,
+                "flash",
+                "real GPUs need a flash file: without one a quarantine, the leases in force and the limits the agent set are lost at every restart (a crash while capped leaves the cap as the GPUs' ceiling). Give flash = PATH, or write volatile_state = true to run without one on purpose".into(),
+            ));
+        }
     }
     let mut said = Vec::new();
     if commands {
@@ -172,7 +183,30 @@ pub(super) fn opt_outs(
     if actions {
         said.push(format!("[cooling_loss] actions = \"{NO_ACTIONS}\": a rack that loses cooling is left to the CDU's caps, nothing drained or powered down"));
     }
+    if volatile {
+        said.push("volatile_state = true: no flash file: quarantines, leases and the limits the agent set are lost at every restart".into());
+    }
     Ok(said)
+}
+
+/// `volatile_state`: no flash file on purpose; refused beside one.
+fn volatile_state(
+    src: &Sources,
+    file: &FileConfig,
+    flags: &Overrides,
+    flash: bool,
+) -> Result<bool, ConfigError> {
+    let flag = flags.volatile_state.then_some(true);
+    let (given, from) = pick!(flag, file.volatile_state, "volatile-state");
+    let volatile = given.unwrap_or(false);
+    if volatile && flash {
+        return Err(src.error(
+            from,
+            "volatile_state",
+            "volatile_state = true with a flash file: remove one or the other".into(),
+        ));
+    }
+    Ok(volatile)
 }
 
 /// Whether the opt-out `key` is given; its one allowed value is `value`.
@@ -258,12 +292,18 @@ fn required(
             format!("cdu = \"{cdu}\" needs this host's rack on it: without `rack` a loss of cooling on the rack is never acted on. Give rack = 0 to 15, or write actions = \"{NO_ACTIONS}\" in [cooling_loss] to leave a rack without cooling to the CDU's caps"),
         ));
     }
-    if !s.cooling_loss.any() {
-        return Err(src.section("cooling_loss").error(
-            None,
-            "drain",
-            format!("no cooling-loss commands: a rack that loses cooling would stay powered at its minimum caps. Give [cooling_loss] drain and power_down commands (docs/node-agent.md, section 3.6), or write actions = \"{NO_ACTIONS}\" in [cooling_loss] to leave it to the CDU's caps on purpose"),
-        ));
+    let cl = s.cooling_loss;
+    for (key, missing) in [
+        ("drain", cl.drain.is_empty()),
+        ("power_down", cl.power_down.is_empty()),
+    ] {
+        if missing {
+            return Err(src.section("cooling_loss").error(
+                None,
+                key,
+                format!("no cooling-loss `{key}` command: a rack that loses cooling would stay powered (at its minimum caps) on a shut valve. Give [cooling_loss] drain and power_down commands (docs/node-agent.md, section 3.6), or write actions = \"{NO_ACTIONS}\" in [cooling_loss] to leave it to the CDU's caps on purpose"),
+            ));
+        }
     }
     Ok(())
 }
@@ -286,6 +326,8 @@ mod tests {
     const KEYRING_OFF: &str = "commands = \"none\"\n";
     const RACK: &str = "cdu = \"cdu1\"\nrack = 2\n";
     const DRAIN: &str = "[cooling_loss]\ndrain = [[\"drain\", \"{host}\"]]\n";
+    const BOTH: &str = "[cooling_loss]\ndrain = [[\"drain\", \"{host}\"]]\npower_down = [[\"systemctl\", \"poweroff\"]]\n";
+    const FLASH: &str = "flash = \"/var/lib/loopwarden/node-agent.flash\"\n";
 
     #[test]
     fn real_gpus_without_a_protection_are_refused_naming_its_opt_out() {
@@ -306,10 +348,18 @@ mod tests {
         );
         let e = nvml(&format!("{KEYRING_OFF}{RACK}")).unwrap_err();
         assert!(
-            e.contains("no cooling-loss commands") && e.contains("actions = \"none\""),
+            e.contains("no cooling-loss `drain` command") && e.contains("actions = \"none\""),
             "{e}"
         );
-        let c = nvml(&format!("{KEYRING_OFF}{RACK}{DRAIN}")).expect("protected but for commands");
+        let e = nvml(&format!("{KEYRING_OFF}{RACK}{DRAIN}")).unwrap_err();
+        assert!(e.contains("no cooling-loss `power_down` command"), "{e}");
+        let e = nvml(&format!("{KEYRING_OFF}{RACK}{BOTH}")).unwrap_err();
+        assert!(
+            e.contains("real GPUs need a flash file") && e.contains("volatile_state = true"),
+            "{e}"
+        );
+        let c =
+            nvml(&format!("{KEYRING_OFF}{FLASH}{RACK}{BOTH}")).expect("protected but for commands");
         assert_eq!(c.opt_outs.len(), 1, "{:?}", c.opt_outs);
         assert_eq!(
             c.cooling_loss.grace.as_secs(),
@@ -320,7 +370,13 @@ mod tests {
 
     #[test]
     fn each_opt_out_is_said_and_twin_gpus_are_not_held_to_them() {
-        let c = nvml("commands = \"none\"\ncooling = \"not_managed\"\n").expect("unmanaged");
+        let c = nvml("commands = \"none\"\ncooling = \"not_managed\"\nvolatile_state = true\n")
+            .expect("unmanaged");
+        assert!(
+            c.opt_outs[2].starts_with("volatile_state = true"),
+            "{:?}",
+            c.opt_outs
+        );
         assert!(
             c.opt_outs[0].starts_with("commands = \"none\""),
             "{:?}",
@@ -328,7 +384,7 @@ mod tests {
         );
         assert!(c.opt_outs[1].starts_with("cooling = \"not_managed\""));
         let c = nvml(&format!(
-            "{KEYRING_OFF}cdu = \"cdu1\"\n[cooling_loss]\nactions = \"none\"\n"
+            "{KEYRING_OFF}{FLASH}cdu = \"cdu1\"\n[cooling_loss]\nactions = \"none\"\n"
         ))
         .expect("caps only");
         assert!(c.opt_outs[1].starts_with("[cooling_loss] actions = \"none\""));
@@ -342,6 +398,8 @@ mod tests {
         assert!(e.contains("the only value is \"none\""), "{e}");
         let e = twin(&format!("cooling = \"not_managed\"\n{RACK}")).unwrap_err();
         assert!(e.contains("remove one or the other"), "{e}");
+        let e = twin(&format!("{FLASH}volatile_state = true\n")).unwrap_err();
+        assert!(e.contains("volatile_state = true with a flash file"), "{e}");
         let e = twin(&format!("{RACK}{DRAIN}actions = \"none\"\n")).unwrap_err();
         assert!(
             e.contains("actions = \"none\" and cooling-loss commands"),
