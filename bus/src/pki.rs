@@ -66,8 +66,9 @@ pub struct SignKeyArgs {
     /// Its key id (a rotation takes an id the signer does not use yet).
     #[arg(long)]
     pub key_id: u8,
-    /// What hosts let it do: `lease`, `release` (comma-separated);
-    /// default: `lease` for a CDU or facility, both for an operator.
+    /// What hosts let it do: `lease`, `release`, `resend`
+    /// (comma-separated); default: as `init` gives them, `lease` for a
+    /// CDU, all three for an operator, `resend` for a facility reader.
     #[arg(long, value_delimiter = ',')]
     pub may: Vec<String>,
     /// The file to write (mode 0600; never overwritten).
@@ -121,11 +122,13 @@ pub fn run(command: PkiCommand) -> anyhow::Result<()> {
 pub fn sign_key(args: &SignKeyArgs) -> Result<String, String> {
     let (role, name) = signer_node(&args.node).map_err(|e| format!("--node: {e}"))?;
     let name = ident("signer", name.as_str())?;
+    // As `init` gives them: a CDU leases; an operator leases, releases and
+    // asks for resends; a facility reader only asks for resends.
     let may = if args.may.is_empty() {
         May {
-            lease: true,
+            lease: role != Role::Facility,
             release: role == Role::Operator,
-            resend: role == Role::Operator,
+            resend: role != Role::Cdu,
         }
     } else {
         parse_may(&args.may).map_err(|e| format!("--may: {e}"))?
@@ -140,8 +143,14 @@ pub fn sign_key(args: &SignKeyArgs) -> Result<String, String> {
         may,
     };
     let entry = signer_toml(&signer);
+    let note = if role == Role::Facility && may.lease {
+        "note: this facility signer may lease: it may cap any GPU of every host whose keyring \
+         holds it, not only one CDU's; a reader needs only resend\n"
+    } else {
+        ""
+    };
     Ok(format!(
-        "wrote {} (keep it secret; mode 0600)\n\
+        "wrote {} (keep it secret; mode 0600)\n{note}\
          add to every host's keyring.toml, restart the hosts, then switch the signer to it:\n\n{entry}",
         args.out.display()
     ))
@@ -929,6 +938,26 @@ mod tests {
         assert!(ring.signers[0].may.lease && !ring.signers[0].may.release);
         let e = sign_key(&a).unwrap_err();
         assert!(e.contains("already exists"), "{e}");
+        // A facility reader's key rotated: resend only, as `init` gave it.
+        let reader = |may: &[&str], file: &str| {
+            let text = sign_key(&SignKeyArgs {
+                node: "facility/bms1".into(),
+                key_id: 2,
+                may: may.iter().map(|m| m.to_string()).collect(),
+                out: dir.path().join(file),
+            })
+            .unwrap();
+            let entry = &text[text.find("[[signer]]").expect("an entry")..];
+            (
+                crate::keys::parse_keyring(entry).unwrap().signers[0].may,
+                text,
+            )
+        };
+        let (may, text) = reader(&[], "bms1.sign.key");
+        assert!(may.resend && !may.lease && !may.release, "{may:?}");
+        assert!(!text.contains("note:"), "{text}");
+        let (may, text) = reader(&["lease", "resend"], "bms1.b.sign.key");
+        assert!(may.lease && text.contains("may cap any GPU"), "{text}");
         let e = sign_key(&SignKeyArgs {
             node: "host/h01".into(),
             ..a
