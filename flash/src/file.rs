@@ -171,8 +171,10 @@ pub struct FileFlash<const WRITE: usize, const ERASE: usize> {
 }
 
 impl<const WRITE: usize, const ERASE: usize> FileFlash<WRITE, ERASE> {
-    /// Opens `path` as a flash of `geometry`, creating it erased (all `0xFF`)
-    /// if it does not exist or is 0 bytes long ([`FileFlash::created`]). A file of another size, or a geometry this
+    /// Opens `path` as a flash of `geometry`, creating it erased (all
+    /// `0xFF`) if it does not exist, is 0 bytes long, or is shorter and
+    /// erased only (a first fill cut short by a full disk or a power cut)
+    /// ([`FileFlash::created`]). A file of another size, or a geometry this
     /// type cannot be, is refused with the reason.
     pub fn open(path: &Path, geometry: &FlashGeometry) -> Result<Self, FileFlashError> {
         let io = |source| FileFlashError::Io {
@@ -211,8 +213,10 @@ impl<const WRITE: usize, const ERASE: usize> FileFlash<WRITE, ERASE> {
             .map_err(io)?;
         lock(&file, path)?;
         let found = file.metadata().map_err(io)?.len();
-        if found == 0 {
-            // New: pre-fill erased.
+        // New, or a pre-fill that stopped short (the disk full, power
+        // lost): nothing but erased bytes, the rest filled now.
+        let new = found == 0 || (found < expected && erased_only(&file, found).map_err(io)?);
+        if new {
             let erased = std::vec![0xFF; ERASE];
             for s in 0..geometry.sectors as u64 {
                 file.write_all_at(&erased, s * ERASE as u64).map_err(io)?;
@@ -232,7 +236,7 @@ impl<const WRITE: usize, const ERASE: usize> FileFlash<WRITE, ERASE> {
             image: NorImage::new(bytes, WRITE, ERASE),
             program_page: geometry.program_page as usize,
             sync_delay: sync_delay_of(std::env::var(SYNC_DELAY_ENV).ok().as_deref()),
-            created: found == 0,
+            created: new,
             broken: None,
             #[cfg(test)]
             sync_fails: false,
@@ -324,6 +328,21 @@ impl<const WRITE: usize, const ERASE: usize> FileFlash<WRITE, ERASE> {
         }
         Ok(())
     }
+}
+
+/// Whether the first `len` bytes of `file` are all erased (`0xFF`).
+fn erased_only(file: &File, len: u64) -> io::Result<bool> {
+    let mut buf = std::vec![0u8; 64 * 1024];
+    let mut at = 0;
+    while at < len {
+        let n = buf.len().min((len - at) as usize);
+        file.read_exact_at(&mut buf[..n], at)?;
+        if buf[..n].iter().any(|&b| b != 0xFF) {
+            return Ok(false);
+        }
+        at += n as u64;
+    }
+    Ok(true)
 }
 
 impl<const WRITE: usize, const ERASE: usize> ErrorType for FileFlash<WRITE, ERASE> {
@@ -562,6 +581,19 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("write size 8"), "{e}");
+    }
+
+    /// A first fill cut short (the disk full, power lost): the erased
+    /// bytes it left are a new file, filled now, not a wrong size for ever.
+    #[test]
+    fn a_first_fill_cut_short_is_filled_at_the_next_opening() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("flash.bin");
+        std::fs::write(&path, [0xFFu8; 3 * 4096 + 100]).unwrap();
+        let f = FileFlash::<4, 4096>::open(&path, &GEO).expect("filled");
+        assert!(f.created());
+        drop(f);
+        assert_eq!(std::fs::read(&path).unwrap(), [0xFFu8; 4 * 4096]);
     }
 
     #[test]
