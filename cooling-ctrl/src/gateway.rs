@@ -213,8 +213,9 @@ struct Gateway {
     pending: Pending<oneshot::Sender<ClearOutcome>>,
     /// The MCU's latest lease of each host while the bus is down.
     held: HeldLeases,
-    /// The BMS's limits not yet handed to the recorder (its queue was full).
-    bms_unkept: Option<(f32, f32)>,
+    /// The BMS's limits on their way to flash (handed again while the
+    /// queue is full or the flash refuses them).
+    bms_keeping: crate::journal::BmsKeeping,
 }
 
 /// Runs the gateway for the CDU of `cfg` until `shutdown` completes, then
@@ -335,7 +336,7 @@ impl Gateway {
             snapshots: None,
             pending: Pending::default(),
             held: HeldLeases::default(),
-            bms_unkept: None,
+            bms_keeping: Default::default(),
         }
     }
 
@@ -476,7 +477,9 @@ impl Gateway {
         let now = self.now();
         if let Some(down) = self.bms.write(w, now.mono_ms) {
             if matches!(down, Down::Limits { .. }) {
-                self.bms_unkept = self.bms.limits_set();
+                if let Some(limits) = self.bms.limits_set() {
+                    self.bms_keeping.changed(limits);
+                }
                 self.keep_bms_limits();
             }
             self.send_bms(&down);
@@ -509,7 +512,7 @@ impl Gateway {
     /// were last handed, without waiting; a full queue leaves them for the
     /// next tick.
     fn keep_bms_limits(&mut self) {
-        crate::journal::offer_bms_limits(&self.recorder, &mut self.bms_unkept);
+        self.bms_keeping.offer(&self.recorder);
     }
 
     /// The hall's facility water, °C, to the MCU.

@@ -64,9 +64,7 @@ use serde_json::{json, Value};
 use crate::shell::Journal;
 
 mod bms;
-pub use bms::{
-    decode_bms_limits, encode_bms_limits, offer_bms_limits, read_bms_limits, BMS_LIMITS_KEY,
-};
+pub use bms::{decode_bms_limits, encode_bms_limits, read_bms_limits, BmsKeeping, BMS_LIMITS_KEY};
 
 /// The controller's flash, opened: its recorder, and what the bus takes
 /// from it when the shell starts it (the outbox and the first sequence

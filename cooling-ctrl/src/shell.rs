@@ -534,7 +534,7 @@ impl<P: CduPort> Shell<P> {
                 recorder: started.recorder,
                 seq_floor: SeqFloor::new(started.first_seq),
                 learned: started.learned,
-                bms_unkept: None,
+                bms: Default::default(),
             },
             devices: devices::Devices::new(cdu, board),
             decider: started.decider,
@@ -702,7 +702,7 @@ impl<P: CduPort> Shell<P> {
             let core = self.decider.core_mut();
             core.set_limits(ceiling, offset);
             self.bms.in_force(core.limits());
-            self.keeping.bms_unkept = Some(core.limits());
+            self.keeping.bms.changed(core.limits());
             self.keep_bms_limits();
         }
     }

@@ -3,7 +3,8 @@
 //! in the config store under [`BMS_LIMITS_KEY`]: a BMS writes a limit
 //! once, when it changes, so a controller restart (the watchdog's, an
 //! upgrade's) must not lift it. The shell hands them to the recorder when
-//! the BMS changes them, without waiting, and restores them before the
+//! the BMS changes them, without waiting, hands them again while the
+//! flash refuses them ([`BmsKeeping`]), and restores them before the
 //! first step.
 //!
 //! Glossary:
@@ -51,21 +52,84 @@ pub fn decode_bms_limits(bytes: &[u8]) -> Result<(f32, f32), String> {
     Ok((ceiling_c, offset_k))
 }
 
-/// Hands the BMS's limits not yet kept (`unkept`) to `recorder` for
-/// flash, without waiting: taken, `unkept` is emptied; a full queue
-/// leaves them for the caller's next turn (`run`'s step, the gateway's
-/// tick).
-pub fn offer_bms_limits(
-    recorder: &loopwarden_store::recorder::Recorder,
-    unkept: &mut Option<(f32, f32)>,
-) {
-    let Some(limits) = *unkept else {
-        return;
-    };
-    let record = encode_bms_limits(limits).to_vec();
-    if recorder.offer_set(BMS_LIMITS_KEY.into(), record) {
-        *unkept = None;
+/// The BMS's limits on their way to flash: those not handed to the
+/// recorder yet, and those handed and not known kept. A write the flash
+/// refused is handed again at the next turn (`run`'s step, the gateway's
+/// tick), unless newer limits came meanwhile; said once until one is
+/// kept again.
+#[derive(Debug, Default)]
+pub struct BmsKeeping {
+    /// Not handed over yet (the queue was full, or the flash refused).
+    unkept: Option<(f32, f32)>,
+    /// The last handed over, with the answer to wait for.
+    pending: Option<Pending>,
+    /// A write failed, and none was kept since.
+    failing: bool,
+}
+
+impl BmsKeeping {
+    /// The BMS's limits in force changed to `limits`.
+    pub fn changed(&mut self, limits: (f32, f32)) {
+        self.unkept = Some(limits);
     }
+
+    /// Whether limits wait for flash (handed over or not).
+    pub fn waiting(&self) -> bool {
+        self.unkept.is_some() || self.pending.is_some()
+    }
+
+    /// Takes the flash's answer to the last limits handed over, if it
+    /// came, then hands over the newest not kept, without waiting (they
+    /// are written after those handed before, so the newest stands, and
+    /// only their answer is waited for).
+    pub fn offer(&mut self, recorder: &loopwarden_store::recorder::Recorder) {
+        self.answered();
+        let Some(limits) = self.unkept else {
+            return;
+        };
+        let record = encode_bms_limits(limits).to_vec();
+        if let Ok(rx) = recorder.set_later(BMS_LIMITS_KEY.into(), record) {
+            self.unkept = None;
+            self.pending = Some(Pending { limits, rx });
+        }
+    }
+
+    /// Takes the flash's answer to the last limits handed over, if it
+    /// came: refused, they are to be handed again (unless newer came).
+    fn answered(&mut self) {
+        if let Some(Pending { limits, rx }) = self.pending.as_mut() {
+            match rx.try_recv() {
+                Err(tokio::sync::oneshot::error::TryRecvError::Empty) => return,
+                Ok(Ok(())) => {
+                    if std::mem::take(&mut self.failing) {
+                        tracing::info!(
+                            "{BMS_LIMITS_KEY}: the BMS's limits are kept in flash again"
+                        );
+                    }
+                }
+                answer => {
+                    let why = match answer {
+                        Ok(Err(e)) => e,
+                        _ => "the flash thread is gone".into(),
+                    };
+                    if !std::mem::replace(&mut self.failing, true) {
+                        tracing::error!(
+                            "{BMS_LIMITS_KEY}: the BMS's limits were not kept ({why}): a restart would lift them; tried again at every step"
+                        );
+                    }
+                    self.unkept = self.unkept.or(Some(*limits));
+                }
+            }
+            self.pending = None;
+        }
+    }
+}
+
+/// Limits handed to the recorder, and its answer to come.
+#[derive(Debug)]
+struct Pending {
+    limits: (f32, f32),
+    rx: tokio::sync::oneshot::Receiver<Result<(), String>>,
 }
 
 /// The BMS's limits in `store`: `None` when none were ever kept; an
@@ -97,6 +161,42 @@ mod tests {
         assert_eq!(decode_bms_limits(&other), Err("version 2, not 1".into()));
         let nan = encode_bms_limits((f32::NAN, 0.0));
         assert!(decode_bms_limits(&nan).unwrap_err().contains("no limits"));
+    }
+
+    /// A flash that refuses the limits (a power cut standing in for a
+    /// failing disk): they are handed again until they are kept, and read
+    /// back after; newer limits go in their place.
+    #[test]
+    fn limits_the_flash_refused_are_handed_again_until_kept() {
+        use loopwarden_store::agent_flash::AgentFlash;
+        let mut stores = loopwarden_store::agent_flash::open(None).expect("a memory flash");
+        let flash = stores.log.flash().clone();
+        let power = |on: bool| {
+            flash.with(|f| match f {
+                AgentFlash::Memory(m) if on => m.restore_power(),
+                AgentFlash::Memory(m) => m.cut_power_after(0),
+                AgentFlash::File(_) => unreachable!("in memory"),
+            })
+        };
+        let r = loopwarden_store::recorder::Recorder::start(stores.log, stores.store, None)
+            .expect("the recorder");
+        let flush = || futures::executor::block_on(r.flush());
+        let mut k = BmsKeeping::default();
+        power(false);
+        k.changed((28.0, 1.0));
+        k.offer(&r);
+        flush();
+        k.offer(&r);
+        assert!(k.waiting() && k.failing, "refused, handed again");
+        k.changed((27.0, 0.5));
+        power(true);
+        for _ in 0..3 {
+            k.offer(&r);
+            flush();
+        }
+        assert!(!k.waiting() && !k.failing, "{k:?}");
+        let read = futures::executor::block_on(r.get(BMS_LIMITS_KEY.into())).unwrap();
+        assert_eq!(read.map(|b| decode_bms_limits(&b)), Some(Ok((27.0, 0.5))));
     }
 
     #[test]

@@ -14,9 +14,9 @@ pub(super) struct Keeping {
     /// handed to the recorder, and when the next keep is due (the
     /// firmware's keeper, `cooling_decide::learned`).
     pub(super) learned: Box<LearnedKeeper>,
-    /// The BMS's limits in force, not yet handed to the recorder (its
-    /// queue was full): handed at the next step.
-    pub(super) bms_unkept: Option<bms::BmsLimits>,
+    /// The BMS's limits in force on their way to flash: handed again at
+    /// the next step while the queue is full or the flash refuses them.
+    pub(super) bms: journal::BmsKeeping,
 }
 
 /// The keeper of what was learned, knowing what the flash held at start
@@ -50,10 +50,10 @@ impl<P: CduPort> Shell<P> {
     }
 
     /// Hands the BMS's limits in force to the recorder, if they changed
-    /// since they were last handed, without waiting; a full queue leaves
-    /// them for the next step.
+    /// since they were last kept, without waiting; a full queue or a
+    /// flash that refused them leaves them for the next step.
     pub(super) fn keep_bms_limits(&mut self) {
         let k = &mut self.keeping;
-        journal::offer_bms_limits(&k.recorder, &mut k.bms_unkept);
+        k.bms.offer(&k.recorder);
     }
 }
