@@ -308,6 +308,16 @@ pub fn resolve_for(
         })?;
     }
     let mut core = core_config(&src, &file, flags, key.demo)?;
+    // A map the controller does not fit (a misspelt or missing safety
+    // setting, a unit it does not take, a range that leaves out what it
+    // writes) is a bad file like any other: refused before anything runs.
+    if let Some(m) = &map {
+        crate::modbus::check_map(m, core.layout.racks).map_err(|e| {
+            let flag = flags.register_map.is_some().then_some("register-map");
+            let what = format!("the register map of {:?} does not fit: {e}", m.model);
+            src.error(flag, "register_map", what)
+        })?;
+    }
     let volatile_latch = volatile_latch(
         &src,
         &file,
@@ -706,6 +716,32 @@ mod tests {
         })
         .validate()
         .expect("a valid shell config");
+    }
+
+    /// A map the controller does not fit is a bad file: refused with the
+    /// line of `register_map` (exit 2, not restarted), not at the first
+    /// connection (exit 1, restarted for ever).
+    #[test]
+    fn a_register_map_the_controller_does_not_fit_is_refused_with_its_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let map = dir.path().join("map.toml");
+        let sim = include_str!("../../boards/cdus/sim-cdu.toml");
+        let base = format!(
+            "cdu = \"c\"\ndemo_key = true\nembedded_broker = true\nregister_map = {map:?}\ncdu_tcp = \"127.0.0.1:502\"\n"
+        );
+        std::fs::write(&map, sim).unwrap();
+        assert!(from(&base).is_ok(), "the simulated CDU's map fits");
+        std::fs::write(
+            &map,
+            sim.replace("name = \"heartbeat\"", "name = \"heartbeet\""),
+        )
+        .unwrap();
+        let e = from(&base).unwrap_err();
+        assert_eq!(e.line, Some(4), "{e}");
+        assert!(
+            e.message.contains("does not fit") && e.message.contains("heartbeet"),
+            "{e}"
+        );
     }
 
     /// On a serial line, a map whose unit id is the broadcast (0) or a
