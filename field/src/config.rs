@@ -250,13 +250,24 @@ pub fn local_host_name() -> Option<String> {
 }
 
 /// The default console socket of `program`: `/run/loopwarden/<program>.sock`
-/// where that folder can be made and written (checked by writing and
-/// removing the file `probe` in it), else `loopwarden-<program>.sock` under
+/// where that socket is (a running agent's, which `ctl` may reach as a
+/// member of its group without writing the folder), or where that folder
+/// can be made and written (checked by writing and removing the file
+/// `probe` in it), else `loopwarden-<program>.sock` under
 /// `$XDG_RUNTIME_DIR` or the temporary folder.
 pub fn default_socket(program: &str, probe: &str) -> PathBuf {
     let run = Path::new("/run/loopwarden");
-    if std::fs::create_dir_all(run).is_ok() && !is_read_only(run, probe) {
-        return run.join(format!("{program}.sock"));
+    socket_in(run, program, |dir| {
+        std::fs::create_dir_all(dir).is_ok() && !is_read_only(dir, probe)
+    })
+}
+
+/// [`default_socket`] in the folder `run`, which `writable` says whether
+/// this process can write.
+fn socket_in(run: &Path, program: &str, writable: impl FnOnce(&Path) -> bool) -> PathBuf {
+    let socket = run.join(format!("{program}.sock"));
+    if socket.exists() || writable(run) {
+        return socket;
     }
     let dir = std::env::var_os("XDG_RUNTIME_DIR")
         .map(PathBuf::from)
@@ -276,6 +287,23 @@ mod tests {
     use super::*;
 
     const FILE: &str = "site = \"a\"\nperiod_ms = 5\n\n[guard]\nperiod_ms = 6\n";
+
+    /// An engineer in the agent's group: `/run/loopwarden` is not theirs
+    /// to write, but the running agent's socket there is the one `ctl`
+    /// reaches; with no socket there, one of their own.
+    #[test]
+    fn the_socket_of_a_running_agent_is_found_in_a_folder_not_writable() {
+        let dir = tempfile::tempdir().unwrap();
+        let none_writable = |_: &Path| false;
+        let own = socket_in(dir.path(), "node-agent", none_writable);
+        assert!(own.ends_with("loopwarden-node-agent.sock"), "{own:?}");
+        assert!(!own.starts_with(dir.path()));
+        std::fs::write(dir.path().join("node-agent.sock"), b"").unwrap();
+        let found = socket_in(dir.path(), "node-agent", none_writable);
+        assert_eq!(found, dir.path().join("node-agent.sock"));
+        let writable = socket_in(dir.path(), "cooling-ctrl", |_| true);
+        assert_eq!(writable, dir.path().join("cooling-ctrl.sock"));
+    }
 
     /// Found by the configuration fuzz targets: the TOML parser says
     /// nothing of a control character in a comment, and the error was
