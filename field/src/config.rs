@@ -105,21 +105,31 @@ impl<'a> Sources<'a> {
         }
     }
 
-    /// The line of `key` (in this section) in the file.
+    /// The line of `key` (in this section) in the file. The rows of an
+    /// array written over several lines are values, not section headers,
+    /// and a header may carry a comment.
     pub fn line_of(&self, key: &str) -> Option<usize> {
         let mut current: Option<&str> = None;
+        // Brackets still open from a value that spans lines.
+        let mut open = 0;
         for (i, raw) in self.text.lines().enumerate() {
             let line = raw.trim();
-            if let Some(s) = line.strip_prefix('[') {
-                current = Some(s.trim_end_matches(']').trim());
+            if open > 0 {
+                open = brackets_open(line, open);
                 continue;
             }
-            let Some((k, _)) = line.split_once('=') else {
+            if let Some(rest) = line.strip_prefix('[') {
+                let name = rest.split(']').next().unwrap_or("");
+                current = Some(name.trim_start_matches('[').trim());
+                continue;
+            }
+            let Some((k, value)) = line.split_once('=') else {
                 continue;
             };
             if k.trim() == key && current == self.section {
                 return Some(i + 1);
             }
+            open = brackets_open(value, 0);
         }
         None
     }
@@ -147,6 +157,30 @@ impl<'a> Sources<'a> {
             },
         }
     }
+}
+
+/// The brackets left open after `text`, given `open` before it: strings
+/// (`"…"` with its escapes, `'…'`) and a comment are passed over.
+fn brackets_open(text: &str, mut open: usize) -> usize {
+    let mut quote = None;
+    let mut escaped = false;
+    for c in text.chars() {
+        match (quote, c) {
+            (Some('"'), '\\') if !escaped => {
+                escaped = true;
+                continue;
+            }
+            (Some(q), c) if c == q && !escaped => quote = None,
+            (Some(_), _) => {}
+            (None, '"' | '\'') => quote = Some(c),
+            (None, '#') => break,
+            (None, '[') => open += 1,
+            (None, ']') => open = open.saturating_sub(1),
+            (None, _) => {}
+        }
+        escaped = false;
+    }
+    open
 }
 
 /// Picks the flag, else the file: `(value, Some(flag name))` when the flag
@@ -287,6 +321,18 @@ mod tests {
     use super::*;
 
     const FILE: &str = "site = \"a\"\nperiod_ms = 5\n\n[guard]\nperiod_ms = 6\n";
+
+    /// An array over several lines (its rows start with `[`) and a header
+    /// with a comment: the keys after them are still found on their lines.
+    #[test]
+    fn keys_after_an_array_over_several_lines_are_found() {
+        let text = "[quarantine]\nactions = [\n  [\"scontrol\", \"drain ]\"],\n  [\"echo\", '[x'],\n]\ntimeout_s = 3000\n[guard] # the host's own\nperiod_ms = 6\n";
+        let src = Sources::new(Some(Path::new("a.toml")), text);
+        assert_eq!(src.section("quarantine").line_of("actions"), Some(2));
+        assert_eq!(src.section("quarantine").line_of("timeout_s"), Some(6));
+        assert_eq!(src.section("guard").line_of("period_ms"), Some(8));
+        assert_eq!(brackets_open("[\"a\\\"]\", # ]", 0), 1);
+    }
 
     /// An engineer in the agent's group: `/run/loopwarden` is not theirs
     /// to write, but the running agent's socket there is the one `ctl`
