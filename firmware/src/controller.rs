@@ -61,6 +61,13 @@ use crate::outbound::MAX_FRAME;
 
 pub use down::{LinkCounts, HEAR_MAX_BYTES};
 
+/// Said to the gateway at the first latched record that did not go to
+/// flash.
+pub const LATCH_NOT_KEPT: &str =
+    "the latched record is not in flash: no valve opens until one goes in (replace the flash part)";
+/// Said to the gateway when a record goes in after failures.
+pub const LATCH_KEPT_AGAIN: &str = "the latched record is in flash again";
+
 /// Words of a line to the gateway ([`Up::Said`]).
 pub type Said = heapless::String<{ loopwarden_link::message::SAID_MAX }>;
 
@@ -163,6 +170,9 @@ pub struct Controller<'d> {
     /// Instructions of each step's decision.
     pub insn: InsnStats,
     steps: u32,
+    /// The last latched record did not go to flash (said to the gateway
+    /// at the first of a run of failures, and when one goes in again).
+    latch_failing: bool,
 }
 
 impl<'d> Controller<'d> {
@@ -193,6 +203,7 @@ impl<'d> Controller<'d> {
             figures_digest: 0,
             gateway_layout: None,
             disagreement_said_ms: None,
+            latch_failing: false,
             input: Traced::ToKeep,
             digest: None,
             readings: None,
@@ -340,10 +351,23 @@ impl<'d> Controller<'d> {
         }
     }
 
-    /// Step 4, done: the record went to flash (`ok`) or did not.
+    /// Step 4, done: the record went to flash (`ok`) or did not. The
+    /// first failure of a run, and the record going in again after one,
+    /// are said to the gateway as well as the console: its log and the
+    /// bus show that no valve opens meanwhile.
     #[inline(never)]
     pub fn kept(&mut self, p: &mut impl Ports, ok: bool) {
         self.apply(p, Traced::Kept(ok));
+        let (error, words) = match (ok, self.latch_failing) {
+            (false, false) => (true, LATCH_NOT_KEPT),
+            (true, true) => (false, LATCH_KEPT_AGAIN),
+            _ => return,
+        };
+        self.latch_failing = !ok;
+        let words = said_words(&words);
+        if !p.up(&Up::Said { error, words }) {
+            self.link.up_dropped = self.link.up_dropped.saturating_add(1);
+        }
     }
 
     /// Step 5: the writes of the step, with the valve positions read.

@@ -676,3 +676,34 @@ fn with_its_gateway_dead_a_leak_is_isolated_a_tripped_pump_handed_over_and_every
     assert!(p.ups.is_empty(), "nothing reached the dead gateway");
     assert!(c.decider().core().leaks_latched() & 0b0100 != 0);
 }
+
+/// A flash that refuses the latched record: the gateway hears it once at
+/// the first failure (an error) and once when a record goes in again,
+/// not at every step.
+#[test]
+fn a_latched_record_not_kept_is_said_to_the_gateway_once_and_again_when_kept() {
+    let mut d = decider(&Ok(None));
+    let mut k = Box::new(LearnedKeeper::new());
+    let mut c = Controller::new(&mut d, ClearGate::new(None, &[]), &mut k);
+    let p = &mut *Fake::new();
+    c.boot(p, hello(), Opening::Nothing);
+    let said = |p: &Fake| -> Vec<(bool, String)> {
+        (p.ups.iter())
+            .filter_map(|u| match u {
+                Up::Said { error, words } => Some((*error, words.to_string())),
+                _ => None,
+            })
+            .collect()
+    };
+    let before = said(p).len();
+    for ok in [false, false, false, true, true] {
+        c.kept(p, ok);
+    }
+    assert_eq!(
+        said(p)[before..],
+        [
+            (true, super::LATCH_NOT_KEPT.to_string()),
+            (false, super::LATCH_KEPT_AGAIN.to_string())
+        ]
+    );
+}
