@@ -77,6 +77,23 @@ pub fn check_cdu_state(cdu: &Ident, frame: &Frame, now: TimestampMs) -> Result<(
     Ok(())
 }
 
+/// The refusal of a command stamped too far from `now`, if it is: acted
+/// on only within [`COMMAND_MAX_AGE_MS`] of its time either way.
+fn stale(now: TimestampMs, frame: &Frame) -> Option<Verdict> {
+    let (age, ahead) = distance(now, frame.time);
+    (age > COMMAND_MAX_AGE_MS).then(|| {
+        Verdict::refuse(
+            AckCode::Expired,
+            format!(
+                "sent {} s {} (is the sender's clock right?): commands are acted on within {} s of their time",
+                age / 1000,
+                if ahead { "in the future" } else { "ago" },
+                COMMAND_MAX_AGE_MS / 1000
+            ),
+        )
+    })
+}
+
 /// How far a sender's stamp `t` is from `now`, ms, and whether it is
 /// ahead of it: exact for any two stamps (a stamp from the wire may be
 /// anything up to `u64::MAX`), never wrapping.
@@ -306,16 +323,21 @@ impl CommandCore {
         }
         if let Some(&last) = self.last_seq.get(&frame.sender) {
             if frame.seq <= last {
-                return self.copy_answered(frame).unwrap_or_else(|| {
-                    Verdict::refuse(
-                        AckCode::Replayed,
-                        format!(
-                            "seq {} is not above {last}, the last seen from {}",
-                            frame.seq,
-                            frame.sender.id.as_str()
-                        ),
-                    )
-                });
+                let below = format!(
+                    "seq {} is not above {last}, the last seen from {}",
+                    frame.seq,
+                    frame.sender.id.as_str()
+                );
+                // Stale as well: its sender's clock is the likelier cause
+                // (a laptop set by hand, a VM resumed), said first.
+                let refused = match stale(now, frame) {
+                    Some(mut v) => {
+                        v.detail = format!("{}; and its {below}", v.detail);
+                        v
+                    }
+                    None => Verdict::refuse(AckCode::Replayed, below),
+                };
+                return self.copy_answered(frame).unwrap_or(refused);
             }
         }
         self.last_seq.insert(frame.sender.clone(), frame.seq);
@@ -366,17 +388,8 @@ impl CommandCore {
         // A command is acted on only while it is fresh: a copy captured and
         // sent again later (or to this host after a restart that forgot its
         // sender) is refused.
-        let (age, ahead) = distance(now, frame.time);
-        if age > COMMAND_MAX_AGE_MS {
-            return Verdict::refuse(
-                AckCode::Expired,
-                format!(
-                    "sent {} s {}: commands are acted on within {} s of their time",
-                    age / 1000,
-                    if ahead { "in the future" } else { "ago" },
-                    COMMAND_MAX_AGE_MS / 1000
-                ),
-            );
+        if let Some(v) = stale(now, frame) {
+            return v;
         }
         match &frame.message {
             Message::CapLease(lease) => self.lease(now, frame, lease),
@@ -1123,6 +1136,19 @@ mod tests {
             assert_eq!(v.code, AckCode::Expired);
             assert!(v.detail.contains("in the future"), "{}", v.detail);
         }
+        // Below the floor and stale (a sender whose clock is behind): the
+        // clock is said, not a replay alone; the floor stays.
+        let late = lease_frame(2, 1_000, &[(gpu(0), 300)], 3_600_000);
+        let v = c.command(TimestampMs(1_000 + 10 * 60_000), &late);
+        assert_eq!(v.code, AckCode::Expired, "{}", v.detail);
+        assert!(
+            v.detail.contains("ago (is the sender's clock right?)")
+                && v.detail
+                    .ends_with("and its seq 2 is not above 4, the last seen from cdu-a"),
+            "{}",
+            v.detail
+        );
+        assert!(!v.kept);
     }
 
     #[test]

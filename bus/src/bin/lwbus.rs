@@ -532,9 +532,31 @@ async fn release(
     config.client_id = client_id(&format!("release-{}", me.id));
     config.tls = tls;
     config.subscriptions.push(ack_topic.to_string());
+    let telemetry = Topic::new(&site, Role::Host, &host, Family::Telemetry);
+    config.subscriptions.push(telemetry.to_string());
     let (bus, mut inbound, task) = Bus::start(config);
     if !bus.wait_connected(Duration::from_secs(10)).await {
         bail!("cannot reach the broker at {broker}");
+    }
+    // Signed with a clock far from the host's, the release is refused as
+    // expired, and one stamped ahead moves the host's floor for this
+    // operator past what a right clock gives: checked against the host's
+    // telemetry first (a host heard from in 3 s; else the ack says).
+    let heard = tokio::time::timeout(Duration::from_secs(3), async {
+        while let Some(m) = inbound.recv().await {
+            if matches!(m.frame.message, Message::HostTelemetry(_)) && m.frame.sender.id == host {
+                return Some(m.frame.time);
+            }
+        }
+        None
+    })
+    .await;
+    if let Ok(Some(host_time)) = heard {
+        if let Some(why) = clocks_apart(now_ms(), host_time, host.as_str()) {
+            let _ = bus.shutdown(Duration::from_secs(2)).await;
+            task.join(Duration::from_secs(2)).await;
+            bail!("{why}");
+        }
     }
     // The host refuses a seq not above the last it took from this
     // operator: seconds since 2020 rise across runs of this tool (one
@@ -588,9 +610,58 @@ async fn release(
     }
 }
 
+/// How far this machine's clock may be from a host's before a command is
+/// not signed with it, ms.
+const CLOCK_APART_MS: u64 = 60_000;
+
+/// Why this machine's clock (`now`) is too far from `host`'s (`host_time`,
+/// the stamp of a frame it just sent) to sign a command with, if it is.
+fn clocks_apart(
+    now: loopwarden_protocol::TimestampMs,
+    host_time: loopwarden_protocol::TimestampMs,
+    host: &str,
+) -> Option<String> {
+    let (apart, ahead) = match now.0.checked_sub(host_time.0) {
+        Some(d) => (d, true),
+        None => (host_time.0 - now.0, false),
+    };
+    (apart > CLOCK_APART_MS).then(|| {
+        let (side, then) = if ahead {
+            (
+                "ahead of",
+                "and the host would refuse this operator's next commands as replays until its clock passes this one",
+            )
+        } else {
+            ("behind", "so the host would refuse it as expired")
+        };
+        format!(
+            "this machine's clock is {} s {side} {host}'s: a release signed with it is refused, {then}; \
+             set the clock (timedatectl; NTP) and try again",
+            apart / 1000
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{client_id, describe_record, utc, Cli, Command};
+    use super::{client_id, clocks_apart, describe_record, utc, Cli, Command};
+
+    #[test]
+    fn a_clock_far_from_the_hosts_is_said_before_anything_is_signed() {
+        use loopwarden_protocol::TimestampMs as T;
+        assert_eq!(clocks_apart(T(1_000_000), T(950_000), "h01"), None);
+        let ahead = clocks_apart(T(8_200_000), T(1_000_000), "h01").unwrap();
+        assert!(
+            ahead.starts_with("this machine's clock is 7200 s ahead of h01's"),
+            "{ahead}"
+        );
+        assert!(ahead.contains("as replays"), "{ahead}");
+        let behind = clocks_apart(T(1_000_000), T(1_200_000), "h01").unwrap();
+        assert!(
+            behind.contains("200 s behind h01's") && behind.contains("expired"),
+            "{behind}"
+        );
+    }
     use clap::Parser;
 
     #[test]
