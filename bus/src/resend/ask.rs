@@ -39,6 +39,8 @@ struct Asking {
     refused: Option<ResendCode>,
     /// The lowest number the sender's log still holds an event of.
     held_from: Option<u32>,
+    /// Our newest request was refused as replayed, and that was said.
+    replayed_said: bool,
 }
 
 /// A reader's requests, per sender.
@@ -94,7 +96,9 @@ impl Asker {
 
     /// `sender` answered with `report`. Returns the code when the sender
     /// refuses this reader for good (no key it knows, or no right), for
-    /// the caller to say once.
+    /// the caller to say once; and, once per sender, when it refuses our
+    /// newest request as replayed (a clock far from the sender's is the
+    /// likely cause: asked again meanwhile).
     pub fn answered(&mut self, sender: &NodeId, report: &ResendReport) -> Option<ResendCode> {
         let a = self.senders.entry(sender.clone()).or_default();
         let ours = a
@@ -118,6 +122,10 @@ impl Asker {
                 let first = a.refused.is_none();
                 a.refused = Some(report.code);
                 return first.then_some(report.code);
+            }
+            ResendCode::Replayed if ours => {
+                let first = !std::mem::replace(&mut a.replayed_said, true);
+                return first.then_some(ResendCode::Replayed);
             }
             ResendCode::Replayed | ResendCode::Unavailable => None,
         };
@@ -233,6 +241,26 @@ mod tests {
         assert_eq!(a.answered(&h1(), &r), Some(ResendCode::Forbidden));
         assert_eq!(a.answered(&h1(), &r), None);
         assert_eq!(a.due(at(RETRY_MS * 2), &h1(), &t), None);
+    }
+
+    /// Our request refused as replayed (this machine's clock far from the
+    /// sender's): said once, and asked again.
+    #[test]
+    fn a_request_refused_as_replayed_is_said_once_and_asked_again() {
+        let mut a = Asker::default();
+        let t = track(&[1, 5]);
+        a.due(T, &h1(), &t);
+        assert_eq!(a.due(at(1), &h1(), &t), Some((2, 4)));
+        let r = report(ResendCode::Replayed, 2, 4, None);
+        assert_eq!(a.answered(&h1(), &r), Some(ResendCode::Replayed));
+        assert_eq!(
+            a.due(at(RETRY_MS + 2), &h1(), &t),
+            Some((2, 4)),
+            "asked again"
+        );
+        assert_eq!(a.answered(&h1(), &r), None, "said once");
+        let other = report(ResendCode::Replayed, 7, 8, None);
+        assert_eq!(a.answered(&h1(), &other), None, "not ours");
     }
 
     #[test]

@@ -162,6 +162,13 @@ impl Repair {
 
     /// The line that says `sender` refuses this reader's requests.
     pub fn refusal(&self, sender: &NodeId, code: ResendCode) -> String {
+        if code == ResendCode::Replayed {
+            return format!(
+                "lwbus: {sender} refuses this reader's resend request as replayed: is this \
+                 machine's clock within 5 minutes of {sender}'s? (a request stamped further off \
+                 is refused); asked again"
+            );
+        }
         let why = match code {
             ResendCode::Forbidden => format!(
                 "its keyring does not let {} ask for resends (`may = [\"resend\"]`)",
