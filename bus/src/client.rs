@@ -180,6 +180,11 @@ fn start(
     outbox: Option<Box<dyn DurableOutbox>>,
 ) -> (Bus, mpsc::Receiver<Inbound>, BusTask) {
     let outbox = outbox.map(|o| std::sync::Arc::new(std::sync::Mutex::new(o)));
+    // A certificate expired, not valid yet or ending soon is said now:
+    // once it has ended, the bus would only say the broker is unreachable.
+    if let Some(tls) = &config.tls {
+        tls.say_validity(now_ms());
+    }
     let (inbound_tx, inbound_rx) = mpsc::channel(config.inbound_capacity.max(1));
     let (handles, ends) = command::channels(config.queue_capacity);
     let node = std::sync::Arc::new(node::Node::new(config));

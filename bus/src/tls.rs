@@ -15,8 +15,13 @@
 //! - *server name*: the DNS name or address the broker's certificate must
 //!   name (its subject alternative names).
 
+mod validity;
+pub use validity::{validity, Validity};
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+use loopwarden_protocol::TimestampMs;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
@@ -59,6 +64,76 @@ pub struct Tls {
     pub config: Arc<ClientConfig>,
     /// The files it came from.
     pub files: TlsFiles,
+    /// When the CA's and this device's certificates are valid, with the
+    /// file each is in.
+    pub validity: Vec<(String, Validity)>,
+}
+
+/// Days before a certificate's end from which it is warned of.
+pub const EXPIRY_WARN_DAYS: u64 = 30;
+
+impl Tls {
+    /// What to say of the certificates at `now`: each one expired or not
+    /// yet valid (an error: the broker refuses it, or this client refuses
+    /// the broker's), or ending within [`EXPIRY_WARN_DAYS`] (a warning).
+    pub fn validity_notes(&self, now: TimestampMs) -> Vec<(bool, String)> {
+        let day = |t: TimestampMs| {
+            let u = t.utc();
+            format!(
+                "{:04}-{:02}-{:02} {:02}:{:02} UTC",
+                u.year, u.month, u.day, u.hour, u.minute
+            )
+        };
+        let warn_ms = EXPIRY_WARN_DAYS * 86_400_000;
+        let mut notes = Vec::new();
+        for (what, v) in &self.validity {
+            if now > v.not_after {
+                notes.push((true, format!("{what} expired on {}: renew it (`lwbus pki`, or the site's PKI); the broker and this client refuse it", day(v.not_after))));
+            } else if now < v.not_before {
+                notes.push((true, format!("{what} is not valid before {}: is this machine's clock right (timedatectl)?", day(v.not_before))));
+            } else if v.not_after.0 - now.0 < warn_ms {
+                notes.push((
+                    false,
+                    format!(
+                        "{what} expires on {}, in {} days: renew it before",
+                        day(v.not_after),
+                        (v.not_after.0 - now.0) / 86_400_000
+                    ),
+                ));
+            }
+        }
+        notes
+    }
+
+    /// Says [`Tls::validity_notes`] at `now` in the log.
+    pub fn say_validity(&self, now: TimestampMs) {
+        for (error, note) in self.validity_notes(now) {
+            if error {
+                tracing::error!("TLS: {note}");
+            } else {
+                tracing::warn!("TLS: {note}");
+            }
+        }
+    }
+}
+
+/// The validity of each certificate of `certs` (from `path`, a `what`)
+/// that reads.
+fn validities(certs: &[CertificateDer<'_>], what: &str, path: &Path) -> Vec<(String, Validity)> {
+    let many = certs.len() > 1;
+    certs
+        .iter()
+        .enumerate()
+        .filter_map(|(i, c)| {
+            let v = validity(c.as_ref())?;
+            let which = if many {
+                format!(" (certificate {} of the file)", i + 1)
+            } else {
+                String::new()
+            };
+            Some((format!("{what} {}{which}", path.display()), v))
+        })
+        .collect()
 }
 
 impl std::fmt::Debug for Tls {
@@ -169,7 +244,9 @@ impl Tls {
     pub fn load(files: TlsFiles) -> Result<Tls, TlsError> {
         let ca_err = err(TlsPart::Ca);
         let mut roots = RootCertStore::empty();
-        for c in certs(&files.ca, "TLS CA").map_err(&ca_err)? {
+        let cas = certs(&files.ca, "TLS CA").map_err(&ca_err)?;
+        let mut validity = validities(&cas, "TLS CA", &files.ca);
+        for c in cas {
             roots
                 .add(c)
                 .map_err(|e| ca_err(format!("TLS CA {}: {e}", files.ca.display())))?;
@@ -200,6 +277,7 @@ impl Tls {
         let config = match (&files.cert, &files.key) {
             (Some(cert), Some(key)) => {
                 let chain = certs(cert, "TLS certificate").map_err(&cert_err)?;
+                validity.extend(validities(&chain[..1], "TLS certificate", cert));
                 let secret = private_key(key).map_err(&key_err)?;
                 builder.with_client_auth_cert(chain, secret).map_err(|e| {
                     cert_err(format!(
@@ -216,6 +294,7 @@ impl Tls {
         Ok(Tls {
             config: Arc::new(config),
             files,
+            validity,
         })
     }
 }
@@ -325,5 +404,54 @@ mod tests {
         .unwrap_err()
         .message;
         assert!(e.contains("tls_server_name"), "{e}");
+    }
+
+    /// A certificate that expired, is not valid yet, or ends within 30
+    /// days is said by file and date; one well within its time is not.
+    #[test]
+    fn certificates_out_of_their_time_or_ending_soon_are_said() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = rcgen::CertificateParams::new(vec!["h01".into()]).unwrap();
+        p.not_before = rcgen::date_time_ymd(2026, 1, 1);
+        p.not_after = rcgen::date_time_ymd(2028, 4, 5);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = p.self_signed(&key).unwrap();
+        let ca = write(dir.path(), "ca.crt", &cert.pem(), 0o644);
+        let crt = write(dir.path(), "h01.crt", &cert.pem(), 0o644);
+        let k = write(dir.path(), "h01.key", &key.serialize_pem(), 0o600);
+        let tls = Tls::load(TlsFiles {
+            ca,
+            cert: Some(crt),
+            key: Some(k),
+            server_name: None,
+        })
+        .expect("loads");
+        assert_eq!(tls.validity.len(), 2, "the CA and the certificate");
+        let day = |y, m, d| {
+            let v = validity::tests_day(y, m, d);
+            TimestampMs(v)
+        };
+        assert!(tls.validity_notes(day(2027, 1, 1)).is_empty());
+        let soon = tls.validity_notes(day(2028, 3, 26));
+        assert_eq!(soon.len(), 2);
+        assert!(
+            !soon[1].0
+                && soon[1]
+                    .1
+                    .contains("h01.crt expires on 2028-04-05 00:00 UTC, in 10 days"),
+            "{soon:?}"
+        );
+        let ended = tls.validity_notes(day(2028, 4, 6));
+        assert!(
+            ended[0].0
+                && ended[0].1.starts_with("TLS CA ")
+                && ended[0].1.contains("expired on 2028-04-05"),
+            "{ended:?}"
+        );
+        let early = tls.validity_notes(day(1970, 1, 2));
+        assert!(
+            early[1].0 && early[1].1.contains("not valid before 2026-01-01"),
+            "{early:?}"
+        );
     }
 }

@@ -648,6 +648,17 @@ impl Core {
                   next = %node.config.broker.get(next),
                   retry_in_ms = wait.as_millis() as u64, attempts = errors_in_a_row,
                   "broker unreachable");
+            // A certificate that ended while the agent ran is the likelier
+            // cause: said by name.
+            if let Some(tls) = &node.config.tls {
+                for (_, note) in tls
+                    .validity_notes(crate::now_ms())
+                    .into_iter()
+                    .filter(|n| n.0)
+                {
+                    tracing::error!("TLS: {note}");
+                }
+            }
         }
         // A shutdown asked meanwhile is answered at once (not connected).
         let until = Instant::now() + wait;
