@@ -21,6 +21,16 @@ impl<const WRITE: usize, const ERASE: usize> SimFlash<WRITE, ERASE> {
         }
     }
 
+    /// A flash holding `bytes` (a copy of a file that cannot be written),
+    /// whole sectors of it.
+    pub fn from_bytes(mut bytes: std::vec::Vec<u8>) -> Self {
+        let whole = bytes.len() / ERASE * ERASE;
+        bytes.truncate(whole);
+        Self {
+            image: NorImage::new(bytes, WRITE, ERASE),
+        }
+    }
+
     /// The power goes after `bytes` more bytes are written or erased: the
     /// operation in progress stops mid-way and every later one fails.
     pub fn cut_power_after(&mut self, bytes: u64) {

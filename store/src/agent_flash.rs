@@ -30,7 +30,8 @@ use embedded_storage_async::nor_flash::{ErrorType, MultiwriteNorFlash, NorFlash,
 use loopwarden_boards::FlashBoard;
 use loopwarden_flash::config::SEQ_FLOOR_KEY;
 use loopwarden_flash::{
-    ConfigStore, EventLog, FileFlash, FlashError, Outbox, SharedFlash, SimFlash, StoreError,
+    ConfigStore, EventLog, FileFlash, FileFlashError, FlashError, Outbox, SharedFlash, SimFlash,
+    StoreError,
 };
 
 use crate::recorder::Recorder;
@@ -167,8 +168,15 @@ fn image(path: Option<&Path>, board: &FlashBoard) -> Result<AgentFlash, String> 
             if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
                 let _ = std::fs::create_dir_all(dir);
             }
-            let flash = FileFlash::open(path, &board.geometry())
-                .map_err(|e| format!("{}: {e}", path.display()))?;
+            let flash = match FileFlash::open(path, &board.geometry()) {
+                Ok(flash) => flash,
+                Err(FileFlashError::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::ReadOnlyFilesystem =>
+                {
+                    return read_only_copy(path, board);
+                }
+                Err(e) => return Err(format!("{}: {e}", path.display())),
+            };
             if flash.created() {
                 tracing::warn!(
                     "{}: a new flash file (it was missing or empty): nothing an earlier run kept is in it; sequence numbers start from the clock",
@@ -196,6 +204,27 @@ fn image(path: Option<&Path>, board: &FlashBoard) -> Result<AgentFlash, String> 
     }
 }
 
+/// The flash file at `path` on a file system mounted read-only (a disk
+/// error remounted it so): a copy of it in memory, so the agent still
+/// starts from what it kept and guards what it guards, said as an error
+/// (what it keeps from now on is lost at exit).
+fn read_only_copy(path: &Path, board: &FlashBoard) -> Result<AgentFlash, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let capacity = board.geometry().capacity();
+    if bytes.len() as u64 != capacity {
+        return Err(format!(
+            "{}: on a read-only file system, and {} bytes where the board's flash is {capacity}: nothing to run from",
+            path.display(),
+            bytes.len()
+        ));
+    }
+    tracing::error!(
+        "{}: the file system is read-only (a disk error?): running on a copy of the flash in memory; what was kept before is read, what is kept from now on is lost at exit; check `dmesg`, remount or repair, and restart",
+        path.display()
+    );
+    Ok(AgentFlash::Memory(SimFlash::from_bytes(bytes)))
+}
+
 /// Opens the flash (the file at `path`, else memory) and its stores, and
 /// reserves a block of sequence numbers. It blocks for the flash's reads
 /// and writes, as the recorder thread does later: call it at start.
@@ -212,7 +241,8 @@ async fn open_stores(path: Option<&Path>, clock: u64) -> Result<Stores, String> 
     let board = FlashBoard::host_file();
     let layout = board.layout();
     let image = image(path, &board)?;
-    let blank = image.blank();
+    // A copy of a read-only file holds what an earlier run kept.
+    let blank = image.blank() && !matches!((path, &image), (Some(_), AgentFlash::Memory(_)));
     let flash = SharedFlash::new(image);
     let mut store = ConfigStore::open(flash.clone(), layout.config.clone())
         .map_err(flash_err("config store"))?;
@@ -430,6 +460,29 @@ mod tests {
         std::fs::write(&path, []).unwrap();
         let emptied = open(Some(&path)).unwrap();
         assert!(emptied.blank && u64::from(emptied.first_seq) >= clock);
+    }
+
+    /// A flash file on a file system remounted read-only: the agent runs
+    /// on a copy in memory, from what the file kept.
+    #[test]
+    fn a_read_only_file_is_run_from_a_copy_in_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ro.flash");
+        let mut first = open(Some(&path)).unwrap();
+        futures::executor::block_on(first.store.set("health.1", &[7])).unwrap();
+        drop(first);
+        let board = FlashBoard::host_file();
+        let copy = read_only_copy(&path, &board).expect("a copy");
+        assert!(matches!(copy, AgentFlash::Memory(_)));
+        let layout = board.layout();
+        let mut store = ConfigStore::open(SharedFlash::new(copy), layout.config.clone()).unwrap();
+        let mut b = [0u8; 4];
+        let got = futures::executor::block_on(store.get("health.1", &mut b)).unwrap();
+        assert_eq!(got, Some(1));
+        assert_eq!(b[0], 7, "what the file kept");
+        std::fs::write(&path, [0xFFu8; 10]).unwrap();
+        let e = read_only_copy(&path, &board).err().expect("a short file");
+        assert!(e.contains("nothing to run from"), "{e}");
     }
 
     /// A bus that numbers nothing: only its counter, at `0`.
