@@ -66,31 +66,58 @@ pub struct Tls {
     pub files: TlsFiles,
     /// When the CA's and this device's certificates are valid, with the
     /// file each is in.
-    pub validity: Vec<(String, Validity)>,
+    pub validity: Vec<Dated>,
 }
 
 /// Days before a certificate's end from which it is warned of.
 pub const EXPIRY_WARN_DAYS: u64 = 30;
 
+/// A certificate's validity, with where it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dated {
+    /// The file (and which certificate of it, in a file of several).
+    pub what: String,
+    /// When it is valid.
+    pub validity: Validity,
+    /// One of several CAs of the file: out of date, it refuses nothing
+    /// while another of them is valid.
+    pub in_bundle: bool,
+}
+
 impl Tls {
     /// What to say of the certificates at `now`: each one expired or not
     /// yet valid (an error: the broker refuses it, or this client refuses
-    /// the broker's), or ending within [`EXPIRY_WARN_DAYS`] (a warning).
+    /// the broker's; a warning for one CA of several while another is
+    /// valid), or ending within [`EXPIRY_WARN_DAYS`] (a warning).
     pub fn validity_notes(&self, now: TimestampMs) -> Vec<(bool, String)> {
-        let day = |t: TimestampMs| {
-            let u = t.utc();
-            format!(
-                "{:04}-{:02}-{:02} {:02}:{:02} UTC",
-                u.year, u.month, u.day, u.hour, u.minute
-            )
-        };
         let warn_ms = EXPIRY_WARN_DAYS * 86_400_000;
+        let valid = |v: &Validity| v.not_before <= now && now <= v.not_after;
+        let bundle_valid = (self.validity.iter()).any(|d| d.in_bundle && valid(&d.validity));
         let mut notes = Vec::new();
-        for (what, v) in &self.validity {
+        for d in &self.validity {
+            let (what, v) = (&d.what, &d.validity);
+            let error = !(d.in_bundle && bundle_valid);
+            let others = if error {
+                ""
+            } else {
+                " (another CA of the file is valid)"
+            };
             if now > v.not_after {
-                notes.push((true, format!("{what} expired on {}: renew it (`lwbus pki`, or the site's PKI); the broker and this client refuse it", day(v.not_after))));
+                notes.push((
+                    error,
+                    format!(
+                        "{what} expired on {}{others}: renew it (`lwbus pki`, or the site's PKI); the broker and this client refuse it",
+                        day(v.not_after)
+                    ),
+                ));
             } else if now < v.not_before {
-                notes.push((true, format!("{what} is not valid before {}: is this machine's clock right (timedatectl)?", day(v.not_before))));
+                notes.push((
+                    error,
+                    format!(
+                        "{what} is not valid before {}{others}: is this machine's clock right (timedatectl)?",
+                        day(v.not_before)
+                    ),
+                ));
             } else if v.not_after.0 - now.0 < warn_ms {
                 notes.push((
                     false,
@@ -117,21 +144,34 @@ impl Tls {
     }
 }
 
+/// `t` as a day and a minute, UTC.
+fn day(t: TimestampMs) -> String {
+    let u = t.utc();
+    format!(
+        "{:04}-{:02}-{:02} {:02}:{:02} UTC",
+        u.year, u.month, u.day, u.hour, u.minute
+    )
+}
+
 /// The validity of each certificate of `certs` (from `path`, a `what`)
-/// that reads.
-fn validities(certs: &[CertificateDer<'_>], what: &str, path: &Path) -> Vec<(String, Validity)> {
+/// that reads; several of a CA file are a bundle.
+fn validities(certs: &[CertificateDer<'_>], what: &str, path: &Path) -> Vec<Dated> {
     let many = certs.len() > 1;
     certs
         .iter()
         .enumerate()
         .filter_map(|(i, c)| {
-            let v = validity(c.as_ref())?;
+            let validity = validity(c.as_ref())?;
             let which = if many {
                 format!(" (certificate {} of the file)", i + 1)
             } else {
                 String::new()
             };
-            Some((format!("{what} {}{which}", path.display()), v))
+            Some(Dated {
+                what: format!("{what} {}{which}", path.display()),
+                validity,
+                in_bundle: many && what == "TLS CA",
+            })
         })
         .collect()
 }
@@ -447,6 +487,32 @@ mod tests {
                 && ended[0].1.starts_with("TLS CA ")
                 && ended[0].1.contains("expired on 2028-04-05"),
             "{ended:?}"
+        );
+        // A CA file of two, one of them ended: a warning, not an error.
+        let mut q = rcgen::CertificateParams::new(vec!["old-ca".into()]).unwrap();
+        q.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        q.not_after = rcgen::date_time_ymd(2027, 1, 1);
+        let old_ca = q.self_signed(&rcgen::KeyPair::generate().unwrap()).unwrap();
+        let bundle = write(
+            dir.path(),
+            "bundle.crt",
+            &format!("{}{}", cert.pem(), old_ca.pem()),
+            0o644,
+        );
+        let both = Tls::load(TlsFiles {
+            ca: bundle,
+            cert: None,
+            key: None,
+            server_name: None,
+        })
+        .expect("loads");
+        let notes = both.validity_notes(day(2027, 6, 1));
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(
+            !notes[0].0
+                && notes[0].1.contains("certificate 2 of the file) expired")
+                && notes[0].1.contains("another CA of the file is valid"),
+            "{notes:?}"
         );
         let early = tls.validity_notes(day(1970, 1, 2));
         assert!(

@@ -523,6 +523,10 @@ mod tests {
             Some(Link::Tcp("no-such-host.invalid:502".parse().unwrap()))
         );
         assert!(with("[fd00::20]:502").is_ok());
+        assert!(
+            with("[fe80::1%2]:502").is_ok(),
+            "a link-local address with its scope"
+        );
         for (bad, why) in [
             ("cdu1", "no port"),
             ("cdu1:0", "port \"0\" is not 1 to 65535"),

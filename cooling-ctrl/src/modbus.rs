@@ -236,6 +236,8 @@ pub struct ModbusCdu {
     /// The last request got no answer or a garbled one: clear the line
     /// before the next.
     resync: bool,
+    /// The CDU's addresses as its name was last looked up (TCP).
+    resolved: Vec<std::net::SocketAddr>,
 }
 
 impl fmt::Debug for ModbusCdu {
@@ -265,6 +267,7 @@ impl ModbusCdu {
             ctx: None,
             seen: None,
             resync: false,
+            resolved: Vec::new(),
         }
     }
 
@@ -333,7 +336,7 @@ impl ModbusCdu {
         };
         let ctx = match &self.link {
             Link::Tcp(target) => {
-                let stream = connect_tcp(target, deadline)
+                let stream = connect_tcp(target, &mut self.resolved, deadline)
                     .await
                     .map_err(|e| e.map_or_else(no_answer, io))?;
                 let _ = stream.set_nodelay(true);
@@ -1035,7 +1038,18 @@ mod tests {
             let port = listener.local_addr().unwrap().port();
             let target: TcpTarget = format!("localhost:{port}").parse().unwrap();
             let deadline = Instant::now() + Duration::from_secs(5);
-            let stream = connect_tcp(&target, deadline).await.expect("connected");
+            let mut known = Vec::new();
+            let stream = connect_tcp(&target, &mut known, deadline)
+                .await
+                .expect("connected");
+            assert!(!known.is_empty(), "its addresses kept");
+            drop(stream);
+            // Known now: connected again without a lookup, to the same port.
+            let again = connect_tcp(&target, &mut known, deadline)
+                .await
+                .expect("again");
+            assert_eq!(again.peer_addr().unwrap().port(), port);
+            let stream = again;
             assert_eq!(stream.peer_addr().unwrap().port(), port);
         });
     }

@@ -114,6 +114,8 @@ pub struct EventLog<S: MultiwriteNorFlash> {
     queue: QueueStorage<S, NoCache>,
     next_seq: u32,
     skipped: u32,
+    /// Times a sector was erased for room since the log was opened.
+    wraps: u32,
     buf: [u8; RECORD_HEADER + MAX_BODY],
 }
 
@@ -127,6 +129,7 @@ impl<S: MultiwriteNorFlash> EventLog<S> {
             queue,
             next_seq: 0,
             skipped: 0,
+            wraps: 0,
             buf: [0; RECORD_HEADER + MAX_BODY],
         };
         let mut max: Option<u32> = None;
@@ -150,6 +153,17 @@ impl<S: MultiwriteNorFlash> EventLog<S> {
     /// reach this layer: `sequential-storage` drops them.
     pub fn skipped(&self) -> u32 {
         self.skipped
+    }
+
+    /// Times the log erased its oldest sector for room since it was opened:
+    /// records were recycled when it changed.
+    pub fn wraps(&self) -> u32 {
+        self.wraps
+    }
+
+    /// The number of the oldest record the log holds (`None`: empty).
+    pub async fn oldest(&mut self) -> Result<Option<u32>, StoreError<S::Error>> {
+        self.oldest_seq().await
     }
 
     /// Appends a record; returns its sequence number. When the log is full
@@ -185,6 +199,7 @@ impl<S: MultiwriteNorFlash> EventLog<S> {
         // what it held is then counted from the oldest sequence number
         // before and after, and said in a marker after the record.
         let mut before = self.oldest_seq().await?;
+        self.wraps = self.wraps.wrapping_add(1);
         self.push(
             Record {
                 seq,
@@ -220,6 +235,7 @@ impl<S: MultiwriteNorFlash> EventLog<S> {
                 Err(sequential_storage::Error::FullStorage) => {
                     // The marker itself needs another sector: count that one too.
                     before = after;
+                    self.wraps = self.wraps.wrapping_add(1);
                     self.push(marker, true).await?;
                 }
                 Err(e) => return Err(e.into()),

@@ -664,7 +664,7 @@ impl<A: NvmlApi> NvmlGpu<A> {
             self.said = Some((limit, Some(target)));
             tracing::warn!(
                 "GPU {}: {} W is outside its limit constraints, {} W to {} W (read after NVML \
-                 refused a set; they could not be read at start): {} W is set instead",
+                 refused a set): {} W is set instead",
                 self.index,
                 limit.0,
                 min.0,
@@ -675,9 +675,8 @@ impl<A: NvmlApi> NvmlGpu<A> {
         target
     }
 
-    /// NVML refused `tried` (for `limit`) as invalid on a GPU whose limit
-    /// constraints were not read at start: they are read again and
-    /// `limit` is set within them. The refusal stands where they cannot
+    /// NVML refused `tried` (for `limit`) as invalid: the limit
+    /// constraints are read again and `limit` is set within them. The refusal stands where they cannot
     /// be read (said once per limit), or where `tried` is within them.
     fn set_after_refusal(&mut self, limit: Watts, tried: Watts) -> Result<(), GpuError> {
         let what = "nvmlDeviceGetPowerManagementLimitConstraints";
@@ -770,15 +769,14 @@ impl<A: NvmlApi> GpuDevice for NvmlGpu<A> {
         self.read_sample()
     }
 
-    /// On a GPU whose limit constraints were not read at start, a limit
-    /// NVML refuses as invalid has them read again, and is set within
-    /// them (`set_after_refusal`).
+    /// A limit NVML refuses as invalid has the limit constraints read
+    /// again, and is set within them (`set_after_refusal`).
     fn set_power_limit(&mut self, limit: Watts) -> Result<(), GpuError> {
         let target = self.within_late(limit);
+        // Whatever was read at a description: the shell may not hold that
+        // range (a description past its deadline, a GPU identified late).
         match self.set(target) {
-            Err(GpuError::InvalidArgument) if self.constraints != Constraints::AtStart => {
-                self.set_after_refusal(limit, target)
-            }
+            Err(GpuError::InvalidArgument) => self.set_after_refusal(limit, target),
             r => r,
         }
     }

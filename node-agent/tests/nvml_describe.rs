@@ -9,7 +9,10 @@
 //!   refuses as invalid has them read again and is set within them, and
 //!   later limits are set within them without a refusal first; where the
 //!   constraints cannot be read, or the limit refused is within them,
-//!   the refusal stands. Constraints read at start are never read again.
+//!   the refusal stands. Constraints read at a description are read
+//!   again at a refusal too: the shell may not hold the range they gave
+//!   (a description that came after its deadline, or a GPU identified
+//!   late kept the board's range).
 
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
@@ -263,14 +266,20 @@ fn a_refusal_stands_where_the_constraints_cannot_say_why() {
     assert_eq!(fake.script().sets, vec![450_000]);
 }
 
+/// A GPU described (its constraints read), whose shell kept the board's
+/// range all the same (its description came late): a limit NVML refuses
+/// is set within the constraints read again, not left unset; a refused
+/// limit within them stays refused.
 #[test]
-fn constraints_read_at_start_are_not_read_again_at_a_refusal() {
+fn constraints_read_at_a_description_are_read_again_at_a_refusal() {
     let (fake, mut gpu) = gpu(Script::healthy());
     gpu.describe().expect("described");
+    assert_eq!(gpu.set_power_limit(Watts(150)), Ok(()));
+    assert_eq!(fake.script().sets, vec![150_000, 200_000]);
+    assert_eq!(fake.script().constraint_reads, 2);
+    fake.script().refuse_every_set = true;
     assert_eq!(
-        gpu.set_power_limit(Watts(150)),
+        gpu.set_power_limit(Watts(450)),
         Err(GpuError::InvalidArgument)
     );
-    assert_eq!(fake.script().sets, vec![150_000]);
-    assert_eq!(fake.script().constraint_reads, 1);
 }

@@ -325,7 +325,7 @@ fn two_gpu_host(host: &'static str) -> Option<(Rig, FakeNvml)> {
 /// A real host's configuration for the rig's host, written in its folder:
 /// its keyring (the demonstration key as `cdu/cdu-a`'s, so [`Rig::send`]
 /// signs for it), its CDU and rack, cooling-loss commands, a 200 ms
-/// period, and the top-level lines `more`.
+/// period, the rig's flash file, and the top-level lines `more`.
 fn host_config(rig: &Rig, more: &str) -> PathBuf {
     let dir = rig.dir.path();
     let ring = dir.join("keyring.toml");
@@ -352,6 +352,10 @@ fn host_config(rig: &Rig, more: &str) -> PathBuf {
         dir.join(format!("{}.sock", rig.host)).display()
     );
     text.push_str(more);
+    // Real GPUs need a flash file: the rig's, unless `more` names one.
+    if !more.contains("flash =") {
+        text.push_str(&format!("flash = \"{}\"\n", rig.flash().display()));
+    }
     text.push_str("[cooling_loss]\ndrain = [[\"/bin/true\"]]\npower_down = [[\"/bin/true\"]]\n");
     let path = dir.join("agent.toml");
     std::fs::write(&path, text).expect("config");

@@ -209,6 +209,8 @@ pub enum Input<'a> {
         gpu: u8,
         /// Its health kept in flash (`None`: none was).
         kept: Option<&'a GpuStatus>,
+        /// Its limits kept in flash (`None`: none were).
+        limit: Option<KeptLimit>,
     },
     /// Answers [`Effect::SetLimits`]: each limit set and read back.
     LimitsSet(&'a [LimitResult]),
@@ -471,7 +473,9 @@ impl Node {
             Input::Xid { gpu, xid } => self.xid(now, gpu, xid, &mut out),
             Input::XidWatch(down) => self.xid_watch(now, down, &mut out),
             Input::Expiry => self.reconcile(now, false, &mut out),
-            Input::Identified { gpu, kept } => self.identified(now, gpu, kept, &mut out),
+            Input::Identified { gpu, kept, limit } => {
+                self.identified(now, gpu, (kept, limit), &mut out)
+            }
             Input::LimitsSet(results) => self.limits_set(now, results, &mut out),
             Input::LimitsRead(read) => {
                 let read = self.limits_read(read, &mut out);

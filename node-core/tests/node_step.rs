@@ -676,6 +676,7 @@ fn a_gpu_identified_late_gets_the_quarantine_kept_for_it() {
         Input::Identified {
             gpu: 1,
             kept: Some(&kept),
+            limit: None,
         },
     );
     assert_eq!(h.state(1), HealthState::Quarantined);
@@ -695,7 +696,14 @@ fn a_gpu_identified_late_gets_the_quarantine_kept_for_it() {
         .any(|e| matches!(e, Effect::KeepLimits(l) if l.len() == GPUS)));
 
     let trail = h.trail.len();
-    h.step(t + 10, Input::Identified { gpu: 0, kept: None });
+    h.step(
+        t + 10,
+        Input::Identified {
+            gpu: 0,
+            kept: None,
+            limit: None,
+        },
+    );
     assert_eq!(
         h.state(0),
         HealthState::Degraded,
@@ -704,4 +712,62 @@ fn a_gpu_identified_late_gets_the_quarantine_kept_for_it() {
     let new = &h.trail[trail..];
     assert!(new.contains(&Effect::KeepHealth(0)), "{new:?}");
     assert!(!new.iter().any(|e| matches!(e, Effect::Quarantine { .. })));
+}
+
+/// A GPU identified late whose kept limits say the 300 W found on it was
+/// a cap the agent left (stopped with a lease in force): its ceiling is
+/// the kept 700 W again, said, lifted once no lease holds it, and kept so;
+/// a GPU whose found limit is not one the agent left keeps it.
+#[test]
+fn a_gpu_identified_late_gets_its_kept_ceiling_back_where_the_cap_was_the_agents() {
+    let mut h = Host::boot(Boot {
+        limits: Watts(300),
+        ..Boot::default()
+    });
+    assert_eq!(h.node.ceiling(1), Some(Watts(300)), "taken as found");
+    let kept = KeptLimit {
+        ceiling: Watts(700),
+        asked: Watts(300),
+        before: Some(Watts(700)),
+    };
+    let trail = h.trail.len();
+    h.step(
+        T0.0 + 1_000,
+        Input::Identified {
+            gpu: 1,
+            kept: None,
+            limit: Some(kept),
+        },
+    );
+    assert_eq!(h.node.ceiling(1), Some(Watts(700)));
+    assert_eq!(h.limits[1], Watts(700), "no lease holds it: lifted");
+    assert_eq!(h.limits[0], Watts(300), "the others as they were");
+    assert!(h
+        .events
+        .iter()
+        .filter_map(power_ceiling)
+        .any(|(gpus, now, was)| gpus == 0b0010 && now == Watts(700) && was == Watts(300)));
+    let kept_limits = h.trail[trail..].iter().rev().find_map(|e| match e {
+        Effect::KeepLimits(l) => Some(l.clone()),
+        _ => None,
+    });
+    assert_eq!(kept_limits.map(|l| l[1].ceiling), Some(Watts(700)));
+    // Found at 450 W: not the agent's: it stands.
+    let other = KeptLimit {
+        ceiling: Watts(700),
+        asked: Watts(200),
+        before: None,
+    };
+    h.step(
+        T0.0 + 2_000,
+        Input::Identified {
+            gpu: 2,
+            kept: None,
+            limit: Some(KeptLimit {
+                asked: Watts(250),
+                ..other
+            }),
+        },
+    );
+    assert_eq!(h.node.ceiling(2), Some(Watts(300)));
 }

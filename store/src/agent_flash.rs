@@ -124,11 +124,18 @@ const SEQ_EPOCH_MS: u64 = 1_735_689_600_000;
 /// network's time came), and the sequence floor starts here instead.
 const CLOCK_FLOOR_MS: u64 = 1_796_083_200_000;
 
+/// The highest floor the clock raises: room is left above it for ten
+/// thousand blocks reserved since (restarts, or frames sent).
+const CLOCK_SEQ_MAX: u32 = u32::MAX - 10_000 * SEQ_BLOCK;
+
 /// The sequence floor the clock at `clock_ms` gives: ten numbers a second
-/// since [`SEQ_EPOCH_MS`], from [`CLOCK_FLOOR_MS`] at the earliest.
-fn clock_seq(clock_ms: u64) -> u32 {
+/// since [`SEQ_EPOCH_MS`], from [`CLOCK_FLOOR_MS`] at the earliest. `None`
+/// for a clock past what the numbers hold (2038, or a clock far ahead):
+/// it raises nothing, so that no start is ever refused for want of
+/// numbers.
+fn clock_seq(clock_ms: u64) -> Option<u32> {
     let from = clock_ms.max(CLOCK_FLOOR_MS).saturating_sub(SEQ_EPOCH_MS) / 100;
-    from.min(u64::from(u32::MAX - SEQ_BLOCK)) as u32
+    u32::try_from(from).ok().filter(|&f| f <= CLOCK_SEQ_MAX)
 }
 
 /// The system's real-time clock, ms since the Unix epoch (0 before it).
@@ -253,16 +260,28 @@ async fn open_stores(path: Option<&Path>, clock: u64) -> Result<Stores, String> 
             "flash: no sequence floor in it (lost, or never kept): sequence numbers start from the clock"
         );
     }
-    if clock < CLOCK_FLOOR_MS {
-        tracing::error!(
-            "the clock reads {} ms since 1970, before 2026-12-01: it is not set (check timedatectl); sequence numbers start from 2026-12-01's, and hosts refuse this agent's commands as replays until it is restarted with the clock right",
-            clock
-        );
+    let kept = if unset == Some(4) {
+        u32::from_le_bytes(b)
+    } else {
+        0
+    };
+    match clock_seq(clock) {
+        // Numbers from a clock that is not set may be below what hosts saw
+        // from this agent; said where they are above what the flash kept.
+        Some(from_clock) if clock < CLOCK_FLOOR_MS && from_clock > kept => tracing::error!(
+            "the clock reads {clock} ms since 1970, before 2026-12-01: it is not set (check timedatectl); sequence numbers start from 2026-12-01's, and hosts may refuse this agent's frames as replays until it is restarted with the clock right"
+        ),
+        Some(_) => {}
+        None => tracing::error!(
+            "the clock reads {clock} ms since 1970, past what sequence numbers from the clock hold: is it right? numbers go on from the flash's floor"
+        ),
     }
-    store
-        .raise_seq_floor(clock_seq(clock))
-        .await
-        .map_err(flash_err("sequence reservation"))?;
+    if let Some(from_clock) = clock_seq(clock) {
+        store
+            .raise_seq_floor(from_clock)
+            .await
+            .map_err(flash_err("sequence reservation"))?;
+    }
     let first_seq = store
         .reserve_seq(SEQ_BLOCK)
         .await
@@ -554,14 +573,26 @@ mod tests {
         assert!(!again.blank);
         assert_eq!(
             again.first_seq,
-            clock_seq(now),
+            clock_seq(now).unwrap(),
             "from the clock, not from 1,000"
         );
         drop(again);
         std::fs::remove_file(&path).unwrap();
         let unset = futures::executor::block_on(open_stores(Some(&path), 0)).unwrap();
-        assert_eq!(unset.first_seq, clock_seq(CLOCK_FLOOR_MS));
+        assert_eq!(unset.first_seq, clock_seq(CLOCK_FLOOR_MS).unwrap());
         assert!(unset.first_seq > 600_000_000, "{}", unset.first_seq);
+        drop(unset);
+        // A clock past what the numbers hold (2040) raises nothing: the
+        // starts go on from the floor kept.
+        let far = 2_208_988_800_000;
+        assert_eq!(clock_seq(far), None);
+        let a = futures::executor::block_on(open_stores(Some(&path), far))
+            .unwrap()
+            .first_seq;
+        let b = futures::executor::block_on(open_stores(Some(&path), far))
+            .unwrap()
+            .first_seq;
+        assert_eq!(b, a + SEQ_BLOCK);
     }
 
     #[test]

@@ -45,6 +45,11 @@
 //! then shows the log as it is in flash and says how many jobs were still
 //! queued ([`LogRead::queued`]); asked again later, it shows them.
 //!
+//! The log is a ring: the latest lease of each sender, while it lasts,
+//! is logged again when the log wraps past its record (`pins`), so a
+//! storm of events cannot push a lease in force out before a restart
+//! reads it.
+//!
 //! Glossary:
 //! - *record*: an event-log entry (an event, or an accepted command kept
 //!   whole) or a config-store value (a GPU's health, the sequence floor).
@@ -218,7 +223,9 @@ impl std::fmt::Debug for Recorder {
     }
 }
 
+mod pins;
 mod worker;
+use pins::Pins;
 use worker::*;
 
 impl Recorder {
@@ -259,9 +266,16 @@ impl Recorder {
     }
 
     /// The thread's side of this handle, over `log` and `store`.
-    fn worker(&self, log: Log, mut store: Store) -> Worker {
+    fn worker(&self, mut log: Log, mut store: Store) -> Worker {
         let floor = FloorKeeper::read(&mut store, self.floor.clone());
+        // The leases the log holds from before: pinned as they are.
+        let mut pins = Pins::default();
+        let _ = futures::executor::block_on(
+            log.for_each(|r| pins.logged(r.seq, r.time, r.kind, r.body)),
+        );
         Worker {
+            pins,
+            wraps_seen: 0,
             floor,
             log,
             store,
@@ -814,6 +828,52 @@ mod tests {
             rack: loopwarden_protocol::RackIndex::new(rack).expect("a rack"),
             active: true,
         })
+    }
+
+    /// A lease's frame from `sender` (a CDU), stamped `at`, for `ms`.
+    fn lease_body(sender: &str, at: u64, ms: u32) -> Vec<u8> {
+        let mut f = loopwarden_protocol::samples::frame(MessageKind::CapLease);
+        f.sender =
+            loopwarden_protocol::NodeId::new(loopwarden_protocol::Role::Cdu, sender).unwrap();
+        f.time = TimestampMs(at);
+        if let Message::CapLease(l) = &mut f.message {
+            l.duration = loopwarden_protocol::DurationMs(ms);
+        }
+        f.to_vec().unwrap()
+    }
+
+    /// A storm wraps the log many times over: the leases still in force
+    /// are in it at the end (logged again as it wrapped past them), one
+    /// that ended is not.
+    #[test]
+    fn a_storm_that_wraps_the_log_keeps_the_leases_in_force_in_it() {
+        let mut w = worker_on(&Parts::default());
+        let kind = MessageKind::CapLease as u8;
+        let t0 = 1_800_000_000_000;
+        let hour = lease_body("fac-a", t0, 3_600_000);
+        let short = lease_body("cdu-b", t0, 1_000);
+        w.append(TimestampMs(t0), kind, &hour).unwrap();
+        w.append(TimestampMs(t0), kind, &short).unwrap();
+        assert_eq!(w.pins.len(), 2);
+        let xid = [0x5a; 40];
+        let mut t = t0;
+        while w.log.wraps() < 6 {
+            t += 10;
+            w.append(TimestampMs(t), 1, &xid).unwrap();
+        }
+        let leases: Vec<Vec<u8>> = w
+            .read()
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.kind == kind)
+            .map(|e| e.body)
+            .collect();
+        assert_eq!(
+            leases,
+            [hour],
+            "the hour's lease kept, the ended one let go"
+        );
+        assert_eq!(w.pins.len(), 1);
     }
 
     #[test]

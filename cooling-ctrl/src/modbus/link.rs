@@ -100,6 +100,10 @@ impl std::str::FromStr for TcpTarget {
 
     /// `host:port`, checked for its form only (nothing is looked up).
     fn from_str(s: &str) -> Result<Self, String> {
+        // An address as it is, an IPv6 one with its scope too.
+        if s.parse::<SocketAddr>().is_ok_and(|a| a.port() != 0) {
+            return Ok(Self(s.to_string()));
+        }
         let (host, port) = s.rsplit_once(':').ok_or("no port")?;
         port.parse::<u16>()
             .ok()
@@ -150,42 +154,74 @@ impl fmt::Display for Link {
     }
 }
 
-/// Opens a TCP connection to `target` by `deadline`, its name looked up
-/// now and each of its addresses tried in turn: `Err(None)` when it was
-/// not made in time, else the failure in words ([`connect_failure`], or
-/// a name that does not resolve). A stream that has no peer (its
-/// connection not made after all) is a failure with its socket's own
-/// error.
+/// Opens a TCP connection to `target` by `deadline`: `Err(None)` when it
+/// was not made in time, else the failure in words ([`connect_failure`],
+/// or a name that does not resolve). An address is connected to as it is.
+/// A name's addresses as last looked up (`known`) are tried first, each
+/// with its share of the time left; the name is looked up again (within
+/// the deadline) only when none is known or none connected, so a slow or
+/// failed DNS costs nothing while the CDU answers at its address. A
+/// stream that has no peer (its connection not made after all) is a
+/// failure with its socket's own error.
 pub(super) async fn connect_tcp(
     target: &TcpTarget,
+    known: &mut Vec<SocketAddr>,
     deadline: Instant,
 ) -> Result<tokio::net::TcpStream, Option<io::Error>> {
-    let addrs =
-        match tokio::time::timeout_at(deadline, tokio::net::lookup_host(target.as_str())).await {
-            Err(_) => return Err(None),
-            Ok(Err(e)) => {
-                let words = format!(
-                "{target}: the name does not resolve ({e}): check the DNS server and the name, \
-                 or give the CDU's IP address"
-            );
-                return Err(Some(io::Error::new(e.kind(), words)));
-            }
-            Ok(Ok(addrs)) => addrs,
-        };
+    if let Ok(addr) = target.as_str().parse::<SocketAddr>() {
+        return connect_one(addr, deadline).await;
+    }
     let mut failed = None;
-    for addr in addrs {
-        match connect_one(addr, deadline).await {
+    if !known.is_empty() {
+        match connect_each(known, deadline).await {
             Ok(stream) => return Ok(stream),
-            Err(None) => return Err(None),
-            Err(Some(e)) => failed = Some(e),
+            Err(e) => failed = e,
         }
     }
-    Err(Some(failed.unwrap_or_else(|| {
-        io::Error::new(
+    let looked_up =
+        tokio::time::timeout_at(deadline, tokio::net::lookup_host(target.as_str())).await;
+    let addrs: Vec<SocketAddr> = match looked_up {
+        Err(_) => return Err(failed),
+        Ok(Err(e)) => {
+            // The CDU's own refusal, where one came, says more.
+            return Err(Some(failed.unwrap_or_else(|| {
+                let words = format!(
+                    "{target}: the name does not resolve ({e}): check the DNS server and the name, \
+                     or give the CDU's IP address"
+                );
+                io::Error::new(e.kind(), words)
+            })));
+        }
+        Ok(Ok(addrs)) => addrs.collect(),
+    };
+    if addrs.is_empty() {
+        return Err(Some(io::Error::new(
             io::ErrorKind::NotFound,
             format!("{target}: the name resolves to no address"),
-        )
-    })))
+        )));
+    }
+    *known = addrs;
+    connect_each(known, deadline).await
+}
+
+/// Connects to the first of `addrs` that answers, each given its share of
+/// the time left to `deadline` (an address whose packets are dropped does
+/// not take the others' time); the last failure in words, `None` when
+/// every one ran out of time.
+async fn connect_each(
+    addrs: &[SocketAddr],
+    deadline: Instant,
+) -> Result<tokio::net::TcpStream, Option<io::Error>> {
+    let mut failed = None;
+    for (i, &addr) in addrs.iter().enumerate() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let share = Instant::now() + left / (addrs.len() - i) as u32;
+        match connect_one(addr, share.min(deadline)).await {
+            Ok(stream) => return Ok(stream),
+            Err(e) => failed = e.or(failed),
+        }
+    }
+    Err(failed)
 }
 
 /// [`connect_tcp`] to one address.

@@ -3,7 +3,9 @@
 //! while it answers its samples. Once it says it, the health kept for it
 //! before the restart is read from flash and given to the node
 //! ([`Input::Identified`]): a GPU quarantined before the restart is
-//! quarantined again, and its health and limits are kept from then on.
+//! quarantined again, a ceiling kept for it comes back where the limit
+//! found on it was a cap the agent left, and its health and limits are
+//! kept from then on.
 //!
 //! Glossary:
 //! - *identity*: a GPU's UUID (its name comes with it); `unknown` until
@@ -52,8 +54,8 @@ impl Agent {
         }
     }
 
-    /// GPU `gpu` said its identity `info`: its name and UUID are taken
-    /// (its limits stand as found), and the node is given its kept health.
+    /// GPU `gpu` said its identity `info`: its name and UUID are taken,
+    /// and the node is given its kept health and limits.
     async fn identified(&mut self, gpu: u8, info: GpuInfo) {
         let g = &mut self.gpus[gpu as usize];
         g.info.uuid = info.uuid;
@@ -82,9 +84,16 @@ impl Agent {
                 None
             }
         };
+        let limit = super::limits::kept_through(&self.recorder, &uuid)
+            .await
+            .unwrap_or_else(|e| {
+                tracing::error!("GPU {gpu}: its kept power limits are unreadable ({e}); its ceiling stays the limit found on it");
+                None
+            });
         self.step(Input::Identified {
             gpu,
             kept: kept.as_ref(),
+            limit,
         })
         .await;
     }

@@ -33,6 +33,22 @@ struct Kept {
     limit: KeptLimit,
 }
 
+/// The limits kept under its UUID for the GPU of `uuid` (identified
+/// late), read through the recorder, which owns the store by then.
+pub(super) async fn kept_through(
+    recorder: &loopwarden_store::recorder::Recorder,
+    uuid: &str,
+) -> Result<Option<KeptLimit>, String> {
+    let Some(key) = limit_key(uuid) else {
+        return Ok(None);
+    };
+    let Some(bytes) = recorder.get(key.clone()).await? else {
+        return Ok(None);
+    };
+    let kept: Kept = postcard::from_bytes(&bytes).map_err(|e| format!("{key}: {e}"))?;
+    Ok((kept.uuid == uuid).then_some(kept.limit))
+}
+
 /// The record under `key`, if one is there.
 async fn read_kept(store: &mut ConfigStore<Flash>, key: &str) -> Result<Option<Kept>, String> {
     let mut buf = [0u8; loopwarden_flash::config::MAX_VALUE];

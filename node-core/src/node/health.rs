@@ -8,7 +8,7 @@
 
 use loopwarden_protocol::{Event, HealthState};
 
-use super::{gpu_index, Effect, Level, Node, Now};
+use super::{gpu_index, Effect, KeptLimit, Level, Node, Now};
 use crate::health::{fmt_time, GpuStatus, Output};
 
 impl Node {
@@ -90,18 +90,18 @@ impl Node {
         }
     }
 
-    /// An XID: the decision first (a quarantine is what the hall waits
-    /// for), then the event.
     /// A GPU told its UUID late ([`Input::Identified`](super::Input)): a
     /// state `kept` for it above its state now is put back (a GPU
     /// quarantined before the restart is quarantined again, its site
-    /// actions run again), and its health and every GPU's limits are kept
-    /// in flash, since nothing was kept for it while its UUID was unknown.
+    /// actions run again), its kept ceiling where the limit found on it
+    /// was the agent's (`limit`, [`Node::identified_limit`]), and its
+    /// health and every GPU's limits are kept in flash, since nothing was
+    /// kept for it while its UUID was unknown.
     pub(super) fn identified(
         &mut self,
         now: Now,
         gpu: u8,
-        kept: Option<&GpuStatus>,
+        (kept, limit): (Option<&GpuStatus>, Option<KeptLimit>),
         out: &mut Vec<Effect>,
     ) {
         if gpu as usize >= self.gpus.len() {
@@ -112,12 +112,17 @@ impl Node {
             let outputs = self.health.identified(now.steady, gpu, k);
             self.health_outputs(outputs, out);
         }
+        if let Some(l) = limit {
+            self.identified_limit(now, gpu, l, out);
+        }
         if !out[from..].contains(&Effect::KeepHealth(gpu)) {
             out.push(Effect::KeepHealth(gpu));
         }
         out.push(Effect::KeepLimits(self.kept_limits()));
     }
 
+    /// An XID: the decision first (a quarantine is what the hall waits
+    /// for), then the event.
     pub(super) fn xid(&mut self, now: Now, gpu: u8, xid: u16, out: &mut Vec<Effect>) {
         if gpu as usize >= self.gpus.len() {
             out.push(Effect::Say(

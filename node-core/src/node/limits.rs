@@ -246,6 +246,52 @@ impl Node {
         was_read
     }
 
+    /// The limits kept for GPU `gpu` before the restart, read once it
+    /// said its UUID (none could be matched to it at start). Where its
+    /// limits were not read yet, as at a start ([`Node::restore_limit`]);
+    /// where the limit found on it (its ceiling since) is one the agent
+    /// left, that was a cap left in force: the kept ceiling is its ceiling
+    /// again, said, and the targets are put in force.
+    pub(super) fn identified_limit(
+        &mut self,
+        now: Now,
+        gpu: u8,
+        kept: KeptLimit,
+        out: &mut Vec<Effect>,
+    ) {
+        let Some(g) = self.gpus.get_mut(gpu as usize) else {
+            return;
+        };
+        if !g.ceiling_read {
+            self.restore_limit(gpu, kept);
+            return;
+        }
+        g.kept = Some(kept);
+        let was = g.ceiling;
+        if !kept.left(was) {
+            return;
+        }
+        g.ceiling = within(&g.setup, kept.ceiling);
+        if g.ceiling == was {
+            return;
+        }
+        let index = gpu_index(gpu);
+        self.commands.set_ceiling(index, g.ceiling);
+        out.push(Effect::Say(
+            Level::Info,
+            format!(
+                "GPU {gpu}: uncapped limit {} W again, as kept before the restart (the {} W found on it was a cap the agent left)",
+                g.ceiling.0, was.0
+            ),
+        ));
+        out.extend(
+            power_ceiling(&[(index, g.ceiling, was)])
+                .into_iter()
+                .map(Effect::Emit),
+        );
+        self.reconcile(now, false, out);
+    }
+
     /// What the flash is to keep of every GPU: its ceiling and the limit
     /// last read back.
     pub(super) fn kept_limits(&self) -> Vec<KeptLimit> {

@@ -79,6 +79,10 @@ pub(super) struct Worker {
     pub(super) pressing: Arc<AtomicUsize>,
     /// The sequence floor: no frame is numbered past it.
     pub(super) floor: FloorKeeper,
+    /// The leases in force, logged again when the log wraps past them.
+    pub(super) pins: Pins,
+    /// The log's wraps when the pins were last looked at.
+    pub(super) wraps_seen: u32,
 }
 
 impl Worker {
@@ -309,10 +313,41 @@ impl Worker {
     ) -> Result<u32, String> {
         let r = futures::executor::block_on(self.log.append(time, kind, body))
             .map_err(|e| format!("{e}"));
-        if let Err(e) = &r {
-            tracing::error!("not logged to flash (kind {kind}): {e}");
+        match &r {
+            Ok(seq) => self.pins.logged(*seq, time, kind, body),
+            Err(e) => tracing::error!("not logged to flash (kind {kind}): {e}"),
         }
+        self.keep_pins(time);
         r
+    }
+
+    /// After the log wrapped: the leases in force whose records it
+    /// recycled are logged again (their time and frame as taken).
+    fn keep_pins(&mut self, now: TimestampMs) {
+        // Each one logged again may wrap the log once more: a bounded round.
+        for _ in 0..4 {
+            if self.log.wraps() == self.wraps_seen {
+                return;
+            }
+            self.wraps_seen = self.log.wraps();
+            let oldest = match futures::executor::block_on(self.log.oldest()) {
+                Ok(Some(oldest)) => oldest,
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::error!("the event log's oldest record unreadable: {e}");
+                    return;
+                }
+            };
+            for p in self.pins.recycled(oldest, now) {
+                let kind = MessageKind::CapLease as u8;
+                match futures::executor::block_on(self.log.append(p.time, kind, &p.body)) {
+                    Ok(seq) => self.pins.logged(seq, p.time, kind, &p.body),
+                    Err(e) => tracing::error!(
+                        "a lease in force not logged again before the log recycled it: {e}; a restart would not find it"
+                    ),
+                }
+            }
+        }
     }
 
     pub(super) fn read(&mut self) -> Result<Vec<Entry>, String> {

@@ -1,0 +1,83 @@
+//! Leases kept in the event log through its wraps. The log is a ring: an
+//! XID storm (two records an XID) can recycle a lease's record within the
+//! lease's life (a facility's or an operator's may hold an hour), and a
+//! restart then would not find it and lift its caps. The latest lease of
+//! each sender still in force is held here and logged again as soon as
+//! the log has wrapped past its record.
+//!
+//! Glossary:
+//! - *pinned*: a lease record held to be logged again while it lasts.
+//! - *recycled*: a record whose sector the log erased for room.
+
+use std::collections::HashMap;
+
+use loopwarden_protocol::{Frame, Message, MessageKind, NodeId, TimestampMs};
+
+/// A lease record held to be logged again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Pinned {
+    /// Its number in the log.
+    pub(crate) seq: u32,
+    /// Its record's time (when the lease was taken).
+    pub(crate) time: TimestampMs,
+    /// The lease's frame, as logged.
+    pub(crate) body: Vec<u8>,
+    /// When the lease ends at the latest.
+    until: TimestampMs,
+}
+
+/// The latest lease of each sender, while it lasts.
+#[derive(Debug, Default)]
+pub(crate) struct Pins(HashMap<NodeId, Pinned>);
+
+impl Pins {
+    /// Notes the record `seq` logged at `time` (of `kind`, `body`): a lease
+    /// is pinned, in place of an older one of its sender.
+    pub(crate) fn logged(&mut self, seq: u32, time: TimestampMs, kind: u8, body: &[u8]) {
+        if kind != MessageKind::CapLease as u8 {
+            return;
+        }
+        let Ok(frame) = Frame::decode(body) else {
+            return;
+        };
+        let Message::CapLease(lease) = &frame.message else {
+            return;
+        };
+        // From the later of its stamp and its taking: never shorter than
+        // the host holds it.
+        let until = time.max(frame.time).after(lease.duration);
+        let newer = self.0.get(&frame.sender).is_none_or(|p| p.seq < seq);
+        if newer {
+            let body = body.to_vec();
+            self.0.insert(
+                frame.sender,
+                Pinned {
+                    seq,
+                    time,
+                    body,
+                    until,
+                },
+            );
+        }
+    }
+
+    /// The pinned records the log no longer holds (its oldest record is
+    /// `oldest`) whose lease lasts past `now`; those that ended are let go.
+    pub(crate) fn recycled(&mut self, oldest: u32, now: TimestampMs) -> Vec<Pinned> {
+        self.0.retain(|_, p| p.until > now);
+        let mut gone: Vec<Pinned> = self
+            .0
+            .values()
+            .filter(|p| p.seq < oldest)
+            .cloned()
+            .collect();
+        gone.sort_by_key(|p| p.seq);
+        gone
+    }
+
+    /// How many leases are pinned.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+}
