@@ -79,8 +79,9 @@ pub struct Dated {
     pub what: String,
     /// When it is valid.
     pub validity: Validity,
-    /// One of several CAs of the file: out of date, it refuses nothing
-    /// while another of them is valid.
+    /// One of several roots of the file: out of date, it refuses nothing
+    /// while another of them is valid (an intermediate, a link of the
+    /// chain, is never one).
     pub in_bundle: bool,
 }
 
@@ -170,7 +171,9 @@ fn validities(certs: &[CertificateDer<'_>], what: &str, path: &Path) -> Vec<Date
             Some(Dated {
                 what: format!("{what} {}{which}", path.display()),
                 validity,
-                in_bundle: many && what == "TLS CA",
+                // Roots are alternatives; an intermediate is a link of a
+                // chain, needed as much as the root.
+                in_bundle: many && what == "TLS CA" && validity.self_signed,
             })
         })
         .collect()
@@ -514,6 +517,40 @@ mod tests {
                 && notes[0].1.contains("another CA of the file is valid"),
             "{notes:?}"
         );
+        // A root and an intermediate it signed, ended: a link of the chain,
+        // an error.
+        let root_key = rcgen::KeyPair::generate().unwrap();
+        let mut r = rcgen::CertificateParams::new(vec!["root".into()]).unwrap();
+        r.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        r.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        r.not_after = rcgen::date_time_ymd(2040, 1, 1);
+        r.distinguished_name = rcgen::DistinguishedName::new();
+        r.distinguished_name.push(rcgen::DnType::CommonName, "site root");
+        let root = r.self_signed(&root_key).unwrap();
+        let mut m = rcgen::CertificateParams::new(vec!["intermediate".into()]).unwrap();
+        m.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        m.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        m.not_after = rcgen::date_time_ymd(2027, 1, 1);
+        m.distinguished_name = rcgen::DistinguishedName::new();
+        m.distinguished_name.push(rcgen::DnType::CommonName, "site intermediate");
+        let mid = m
+            .signed_by(&rcgen::KeyPair::generate().unwrap(), &root, &root_key)
+            .unwrap();
+        let chain = write(
+            dir.path(),
+            "chain.crt",
+            &format!("{}{}", root.pem(), mid.pem()),
+            0o644,
+        );
+        let chained = Tls::load(TlsFiles {
+            ca: chain,
+            cert: None,
+            key: None,
+            server_name: None,
+        })
+        .expect("loads");
+        let notes = chained.validity_notes(day(2027, 6, 1));
+        assert!(notes.len() == 1 && notes[0].0, "an error: {notes:?}");
         let early = tls.validity_notes(day(1970, 1, 2));
         assert!(
             early[1].0 && early[1].1.contains("not valid before 2026-01-01"),

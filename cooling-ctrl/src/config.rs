@@ -24,7 +24,7 @@
 //! | `sign_key` | none (required) | this controller's Ed25519 sign key (`cdu1.sign.key` from `lwbus pki init`); it must be `cdu/<cdu>`'s |
 //! | `demo_key` | false | sign with the public demonstration key (twin only: a build without the `twin` feature, as the packages', refuses it) |
 //! | `keyring` | none: with `demo_key` the demonstration readers (any operator or facility system, the demonstration key), else none (every request to resend refused, said at start) | a keyring TOML (the hosts' format, of this site; others may not write it): the readers (operators, facility systems) that may ask this CDU to resend its logged events, those with `may = ["resend"]` |
-//! | `cdu_tcp` | — | the CDU on Modbus TCP, `host:port` (an IPv6 address in brackets); a name is looked up at every connection, so one that does not resolve yet is retried as a connection that failed |
+//! | `cdu_tcp` | — | the CDU on Modbus TCP, `host:port` (an IPv6 address in brackets); a name is looked up when connecting (its addresses kept; looked up again when none answers), so one that does not resolve yet is retried as a connection that failed |
 //! | `cdu_serial` | — | the CDU on Modbus RTU, a serial device |
 //! | `serial_baud` | 19200 | 300 to 1000000 |
 //! | `serial_parity` | `none` | `none`, `even` or `odd` |
@@ -510,7 +510,7 @@ mod tests {
         assert!(e.message.contains("expected host:port"), "{e}");
     }
 
-    /// A name is looked up at every connection, not in the file: one that
+    /// A name is looked up when connecting, not in the file: one that
     /// does not resolve yet (DNS not up after a power restore) is no bad
     /// file. Only the form is refused.
     #[test]
@@ -533,6 +533,10 @@ mod tests {
             ("cdu1:70000", "is not 1 to 65535"),
             ("fd00::20:502", "an IPv6 address goes in brackets"),
             ("[fd00::zz]:502", "is not an IPv6 address"),
+            (
+                "[fe80::1%eth0]:502",
+                "give the scope as the interface's number",
+            ),
             ("cdu 1:502", "is not a host name"),
             (":502", "is not a host name"),
         ] {

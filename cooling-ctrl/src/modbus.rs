@@ -1049,8 +1049,17 @@ mod tests {
                 .await
                 .expect("again");
             assert_eq!(again.peer_addr().unwrap().port(), port);
-            let stream = again;
-            assert_eq!(stream.peer_addr().unwrap().port(), port);
+            // The CDU moved: its old address refuses; the name is looked
+            // up again and its new addresses kept.
+            let gone = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let old = gone.local_addr().unwrap();
+            drop(gone);
+            known = std::vec![old];
+            let moved = connect_tcp(&target, &mut known, deadline)
+                .await
+                .expect("found again");
+            assert_eq!(moved.peer_addr().unwrap().port(), port);
+            assert!(known.iter().all(|a| a.port() == port), "{known:?}");
         });
     }
 

@@ -771,3 +771,41 @@ fn a_gpu_identified_late_gets_its_kept_ceiling_back_where_the_cap_was_the_agents
     );
     assert_eq!(h.node.ceiling(2), Some(Watts(300)));
 }
+
+/// A GPU identified late under a lease in force: its limits are kept
+/// before the set its kept ceiling brings, so the last record kept holds
+/// the limit set (a restart would otherwise take it for an
+/// administrator's).
+#[test]
+fn a_late_ceiling_under_a_lease_is_kept_before_the_set_it_brings() {
+    let mut h = Host::boot(Boot {
+        limits: Watts(300),
+        ..Boot::default()
+    });
+    let t = T0.0 + 1_000;
+    h.step(t, Input::Frame(&cmd_topic(), &lease(1, t, 350, 60_000)));
+    assert_eq!(h.limits[1], Watts(300), "under its 300 W ceiling");
+    let trail = h.trail.len();
+    let kept = KeptLimit {
+        ceiling: Watts(700),
+        asked: Watts(300),
+        before: Some(Watts(700)),
+    };
+    h.step(
+        t + 1_000,
+        Input::Identified {
+            gpu: 1,
+            kept: None,
+            limit: Some(kept),
+        },
+    );
+    assert_eq!(h.limits[1], Watts(350), "the lease's cap under 700 W");
+    let last = h.trail[trail..].iter().rev().find_map(|e| match e {
+        Effect::KeepLimits(l) => Some(l[1]),
+        _ => None,
+    });
+    assert_eq!(
+        last.map(|l| (l.ceiling, l.asked)),
+        Some((Watts(700), Watts(350)))
+    );
+}

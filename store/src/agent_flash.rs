@@ -260,25 +260,28 @@ async fn open_stores(path: Option<&Path>, clock: u64) -> Result<Stores, String> 
             "flash: no sequence floor in it (lost, or never kept): sequence numbers start from the clock"
         );
     }
-    let kept = if unset == Some(4) {
-        u32::from_le_bytes(b)
-    } else {
-        0
-    };
-    match clock_seq(clock) {
-        // Numbers from a clock that is not set may be below what hosts saw
-        // from this agent; said where they are above what the flash kept.
-        Some(from_clock) if clock < CLOCK_FLOOR_MS && from_clock > kept => tracing::error!(
-            "the clock reads {clock} ms since 1970, before 2026-12-01: it is not set (check timedatectl); sequence numbers start from 2026-12-01's, and hosts may refuse this agent's frames as replays until it is restarted with the clock right"
-        ),
-        Some(_) => {}
-        None => tracing::error!(
-            "the clock reads {clock} ms since 1970, past what sequence numbers from the clock hold: is it right? numbers go on from the flash's floor"
-        ),
+    if clock < CLOCK_FLOOR_MS {
+        tracing::error!(
+            "the clock reads {clock} ms since 1970, before 2026-12-01: it is not set (check timedatectl); frames are stamped wrong and refused as expired, and where this flash's floor is older than what hosts saw from this agent (a file from a backup, or none) they refuse its frames as replays too; restart it with the clock right"
+        );
     }
-    if let Some(from_clock) = clock_seq(clock) {
+    // A clock past what its numbers hold (2038, or far ahead) raises a
+    // file's floor no further, so no start is ever refused for want of
+    // numbers; memory, with no floor of its own, starts as high as the
+    // clock's go.
+    let from_clock = match (clock_seq(clock), path) {
+        (Some(n), _) => Some(n),
+        (None, None) => Some(CLOCK_SEQ_MAX),
+        (None, Some(_)) => {
+            tracing::error!(
+                "the clock reads {clock} ms since 1970, past what sequence numbers from the clock hold: is it right? numbers go on from the flash's floor"
+            );
+            None
+        }
+    };
+    if let Some(n) = from_clock {
         store
-            .raise_seq_floor(from_clock)
+            .raise_seq_floor(n)
             .await
             .map_err(flash_err("sequence reservation"))?;
     }
@@ -593,6 +596,11 @@ mod tests {
             .unwrap()
             .first_seq;
         assert_eq!(b, a + SEQ_BLOCK);
+        let memory = futures::executor::block_on(open_stores(None, far)).unwrap();
+        assert_eq!(
+            memory.first_seq, CLOCK_SEQ_MAX,
+            "memory starts high, not at 0"
+        );
     }
 
     #[test]

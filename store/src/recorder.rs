@@ -830,14 +830,15 @@ mod tests {
         })
     }
 
-    /// A lease's frame from `sender` (a CDU), stamped `at`, for `ms`.
-    fn lease_body(sender: &str, at: u64, ms: u32) -> Vec<u8> {
+    /// Lease `id`'s frame from `sender` (a CDU), stamped `at`, for `ms`.
+    fn lease_body(sender: &str, id: u32, at: u64, ms: u32) -> Vec<u8> {
         let mut f = loopwarden_protocol::samples::frame(MessageKind::CapLease);
         f.sender =
             loopwarden_protocol::NodeId::new(loopwarden_protocol::Role::Cdu, sender).unwrap();
         f.time = TimestampMs(at);
         if let Message::CapLease(l) = &mut f.message {
             l.duration = loopwarden_protocol::DurationMs(ms);
+            l.lease = id;
         }
         f.to_vec().unwrap()
     }
@@ -850,11 +851,13 @@ mod tests {
         let mut w = worker_on(&Parts::default());
         let kind = MessageKind::CapLease as u8;
         let t0 = 1_800_000_000_000;
-        let hour = lease_body("fac-a", t0, 3_600_000);
-        let short = lease_body("cdu-b", t0, 1_000);
-        w.append(TimestampMs(t0), kind, &hour).unwrap();
-        w.append(TimestampMs(t0), kind, &short).unwrap();
-        assert_eq!(w.pins.len(), 2);
+        let hour = lease_body("fac-a", 1, t0, 3_600_000);
+        let other = lease_body("fac-a", 2, t0, 3_600_000);
+        let short = lease_body("cdu-b", 1, t0, 1_000);
+        for body in [&hour, &other, &short] {
+            w.append(TimestampMs(t0), kind, body).unwrap();
+        }
+        assert_eq!(w.pins.len(), 3, "a lease is its sender's and its id's");
         let xid = [0x5a; 40];
         let mut t = t0;
         while w.log.wraps() < 6 {
@@ -870,10 +873,10 @@ mod tests {
             .collect();
         assert_eq!(
             leases,
-            [hour],
-            "the hour's lease kept, the ended one let go"
+            [hour, other],
+            "both of the hour's leases kept, the ended one let go"
         );
-        assert_eq!(w.pins.len(), 1);
+        assert_eq!(w.pins.len(), 2);
     }
 
     #[test]

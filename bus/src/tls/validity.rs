@@ -17,6 +17,8 @@ pub struct Validity {
     pub not_before: TimestampMs,
     /// Not valid after.
     pub not_after: TimestampMs,
+    /// Its issuer is its subject: a root, not an intermediate.
+    pub self_signed: bool,
 }
 
 /// The validity of the certificate `der`; `None` where it is not a
@@ -30,15 +32,18 @@ pub fn validity(der: &[u8]) -> Option<Validity> {
         None => tbs,
     };
     // The serial number, the signature's algorithm, the issuer.
-    for tag in [0x02, 0x30, 0x30] {
+    for tag in [0x02, 0x30] {
         rest = element(rest, tag)?.1;
     }
-    let (validity, _) = element(rest, 0x30)?;
+    let (issuer, rest) = element(rest, 0x30)?;
+    let (validity, rest) = element(rest, 0x30)?;
     let (not_before, after) = time(validity)?;
     let (not_after, _) = time(after)?;
+    let (subject, _) = element(rest, 0x30)?;
     Some(Validity {
         not_before,
         not_after,
+        self_signed: issuer == subject,
     })
 }
 
@@ -133,6 +138,7 @@ mod tests {
         let at = |y, m, d| TimestampMs(days_from_civil(y, m, d) as u64 * 86_400_000);
         assert_eq!(v.not_before, at(2026, 1, 2));
         assert_eq!(v.not_after, at(2051, 3, 4), "GeneralizedTime past 2049");
+        assert!(v.self_signed);
         assert_eq!(validity(b"\x30\x03\x02\x01\x00"), None, "not a certificate");
         assert_eq!(validity(&cert.der()[..40]), None, "cut short");
     }

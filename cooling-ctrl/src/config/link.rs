@@ -85,7 +85,7 @@ fn tcp_link(
             format!("{key} is for a CDU on cdu_serial, not cdu_tcp"),
         ));
     }
-    // Only its form: a name is looked up at every connection, so one that
+    // Only its form: a name is looked up when connecting, so one that
     // does not resolve yet is retried, not a bad file.
     let target = t.parse::<TcpTarget>().map_err(|e| {
         src.error(

@@ -75,10 +75,10 @@ impl fmt::Display for SerialLine {
 }
 
 /// A CDU's Modbus TCP address as configured, `host:port`: an IP address
-/// (an IPv6 one in brackets) or a name, which is looked up at every
-/// connection, so a name that does not resolve yet (DNS not up after a
-/// power restore) is retried like a connection that failed, not a bad
-/// configuration.
+/// (an IPv6 one in brackets) or a name, which is looked up when
+/// connecting ([`connect_tcp`]), so a name that does not resolve yet (DNS
+/// not up after a power restore) is retried like a connection that
+/// failed, not a bad configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TcpTarget(String);
 
@@ -110,6 +110,11 @@ impl std::str::FromStr for TcpTarget {
             .filter(|&p| p != 0)
             .ok_or_else(|| format!("port {port:?} is not 1 to 65535"))?;
         match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+            Some(v6) if v6.contains('%') => {
+                return Err(format!(
+                    "[{v6}]: give the scope as the interface's number (`ip -6 addr` shows it), [fe80::1%2]:port"
+                ));
+            }
             Some(v6) => {
                 v6.parse::<std::net::Ipv6Addr>()
                     .map_err(|_| format!("[{v6}] is not an IPv6 address"))?;
@@ -158,11 +163,13 @@ impl fmt::Display for Link {
 /// was not made in time, else the failure in words ([`connect_failure`],
 /// or a name that does not resolve). An address is connected to as it is.
 /// A name's addresses as last looked up (`known`) are tried first, each
-/// with its share of the time left; the name is looked up again (within
-/// the deadline) only when none is known or none connected, so a slow or
-/// failed DNS costs nothing while the CDU answers at its address. A
-/// stream that has no peer (its connection not made after all) is a
-/// failure with its socket's own error.
+/// with its share of half the time left; the name is looked up again
+/// (within the rest) only when none is known or none connected, so a slow
+/// or failed DNS costs nothing while the CDU answers at its address, and
+/// a CDU that moved is found at its new one (the addresses known are kept
+/// while the name does not resolve). A stream that has no peer (its
+/// connection not made after all) is a failure with its socket's own
+/// error.
 pub(super) async fn connect_tcp(
     target: &TcpTarget,
     known: &mut Vec<SocketAddr>,
@@ -173,7 +180,10 @@ pub(super) async fn connect_tcp(
     }
     let mut failed = None;
     if !known.is_empty() {
-        match connect_each(known, deadline).await {
+        // Half the time at most: the rest looks the name up again, in
+        // case the CDU moved (a board swapped, a new DHCP lease).
+        let half = Instant::now() + deadline.saturating_duration_since(Instant::now()) / 2;
+        match connect_each(known, half.min(deadline)).await {
             Ok(stream) => return Ok(stream),
             Err(e) => failed = e,
         }

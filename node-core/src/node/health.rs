@@ -112,13 +112,16 @@ impl Node {
             let outputs = self.health.identified(now.steady, gpu, k);
             self.health_outputs(outputs, out);
         }
-        if let Some(l) = limit {
-            self.identified_limit(now, gpu, l, out);
-        }
+        let moved = limit.is_some_and(|l| self.identified_limit(gpu, l, out));
         if !out[from..].contains(&Effect::KeepHealth(gpu)) {
             out.push(Effect::KeepHealth(gpu));
         }
+        // Kept before any set the new ceiling brings: each set keeps its
+        // own record first, and this one must not come after it.
         out.push(Effect::KeepLimits(self.kept_limits()));
+        if moved {
+            self.reconcile(now, false, out);
+        }
     }
 
     /// An XID: the decision first (a quarantine is what the hall waits

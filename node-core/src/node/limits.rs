@@ -251,29 +251,29 @@ impl Node {
     /// limits were not read yet, as at a start ([`Node::restore_limit`]);
     /// where the limit found on it (its ceiling since) is one the agent
     /// left, that was a cap left in force: the kept ceiling is its ceiling
-    /// again, said, and the targets are put in force.
+    /// again, said. Whether the ceiling moved (the caller keeps the limits,
+    /// then puts the targets in force).
     pub(super) fn identified_limit(
         &mut self,
-        now: Now,
         gpu: u8,
         kept: KeptLimit,
         out: &mut Vec<Effect>,
-    ) {
+    ) -> bool {
         let Some(g) = self.gpus.get_mut(gpu as usize) else {
-            return;
+            return false;
         };
         if !g.ceiling_read {
             self.restore_limit(gpu, kept);
-            return;
+            return false;
         }
         g.kept = Some(kept);
         let was = g.ceiling;
         if !kept.left(was) {
-            return;
+            return false;
         }
         g.ceiling = within(&g.setup, kept.ceiling);
         if g.ceiling == was {
-            return;
+            return false;
         }
         let index = gpu_index(gpu);
         self.commands.set_ceiling(index, g.ceiling);
@@ -289,7 +289,7 @@ impl Node {
                 .into_iter()
                 .map(Effect::Emit),
         );
-        self.reconcile(now, false, out);
+        true
     }
 
     /// What the flash is to keep of every GPU: its ceiling and the limit

@@ -2,8 +2,9 @@
 //! XID storm (two records an XID) can recycle a lease's record within the
 //! lease's life (a facility's or an operator's may hold an hour), and a
 //! restart then would not find it and lift its caps. The latest lease of
-//! each sender still in force is held here and logged again as soon as
-//! the log has wrapped past its record.
+//! each sender and lease id (what identifies a lease) still in force is
+//! held here and logged again as soon as the log has wrapped past its
+//! record.
 //!
 //! Glossary:
 //! - *pinned*: a lease record held to be logged again while it lasts.
@@ -26,13 +27,14 @@ pub(crate) struct Pinned {
     until: TimestampMs,
 }
 
-/// The latest lease of each sender, while it lasts.
+/// The latest lease of each sender and lease id, while it lasts.
 #[derive(Debug, Default)]
-pub(crate) struct Pins(HashMap<NodeId, Pinned>);
+pub(crate) struct Pins(HashMap<(NodeId, u32), Pinned>);
 
 impl Pins {
     /// Notes the record `seq` logged at `time` (of `kind`, `body`): a lease
-    /// is pinned, in place of an older one of its sender.
+    /// is pinned, in place of an older one of its sender and id (a lift
+    /// replaces the cap it lifts).
     pub(crate) fn logged(&mut self, seq: u32, time: TimestampMs, kind: u8, body: &[u8]) {
         if kind != MessageKind::CapLease as u8 {
             return;
@@ -46,11 +48,12 @@ impl Pins {
         // From the later of its stamp and its taking: never shorter than
         // the host holds it.
         let until = time.max(frame.time).after(lease.duration);
-        let newer = self.0.get(&frame.sender).is_none_or(|p| p.seq < seq);
+        let key = (frame.sender.clone(), lease.lease);
+        let newer = self.0.get(&key).is_none_or(|p| p.seq < seq);
         if newer {
             let body = body.to_vec();
             self.0.insert(
-                frame.sender,
+                key,
                 Pinned {
                     seq,
                     time,
