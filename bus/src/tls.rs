@@ -525,14 +525,16 @@ mod tests {
         r.not_before = rcgen::date_time_ymd(2020, 1, 1);
         r.not_after = rcgen::date_time_ymd(2040, 1, 1);
         r.distinguished_name = rcgen::DistinguishedName::new();
-        r.distinguished_name.push(rcgen::DnType::CommonName, "site root");
+        r.distinguished_name
+            .push(rcgen::DnType::CommonName, "site root");
         let root = r.self_signed(&root_key).unwrap();
         let mut m = rcgen::CertificateParams::new(vec!["intermediate".into()]).unwrap();
         m.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
         m.not_before = rcgen::date_time_ymd(2020, 1, 1);
         m.not_after = rcgen::date_time_ymd(2027, 1, 1);
         m.distinguished_name = rcgen::DistinguishedName::new();
-        m.distinguished_name.push(rcgen::DnType::CommonName, "site intermediate");
+        m.distinguished_name
+            .push(rcgen::DnType::CommonName, "site intermediate");
         let mid = m
             .signed_by(&rcgen::KeyPair::generate().unwrap(), &root, &root_key)
             .unwrap();
