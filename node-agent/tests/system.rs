@@ -22,6 +22,7 @@ use loopwarden_protocol::{
 };
 use loopwarden_system_tests::{Seen, Subscriber};
 use node_agent::config::Overrides;
+use node_agent::gpu::{GpuDevice, GpuError, GpuInfo, GpuSample, GpuSource};
 
 use rig::{frame, now, Console, Rig, SITE};
 
@@ -418,9 +419,7 @@ fn a_fatal_xid_quarantines_runs_the_action_once_and_only_an_operator_releases() 
     // loading): degraded, not healthy; once it says it, the quarantine
     // kept for it applies again and its action runs again.
     agent.stop();
-    let board = loopwarden_boards::GpuBoard::builtin("H200-SXM").expect("board");
-    let late = LateIdentity(node_agent::sim_gpus::TwinSource::new(&board, 2, 3), 1);
-    let agent = quarantining().source(late).start();
+    let agent = quarantining().source(late_identity(1)).start();
     let why = agent.ctl_within(&["why", "1"], Duration::from_secs(10), "never answered");
     assert_ne!(why["health"], "healthy", "{why}");
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -527,88 +526,80 @@ fn a_hung_gpu_does_not_stall_the_others() {
     agent.stop();
 }
 
-/// Twin GPUs of which one (`.1`) fails its first description, as a GPU
+/// Twin GPUs, each wrapped by `.1` (given its index): a fault of the real
+/// thing the twin does not play.
+struct Wrapped<F>(node_agent::sim_gpus::TwinSource, F);
+
+impl<F> GpuSource for Wrapped<F>
+where
+    F: Fn(usize, Box<dyn GpuDevice>) -> Box<dyn GpuDevice> + Send + 'static,
+{
+    fn devices(&mut self) -> Result<Vec<Box<dyn GpuDevice>>, GpuError> {
+        let devices = self.0.devices()?.into_iter().enumerate();
+        Ok(devices.map(|(i, d)| (self.1)(i, d)).collect())
+    }
+    fn watch_xids(
+        &mut self,
+        sink: node_agent::xid_queue::XidSink,
+    ) -> Result<Vec<(u8, GpuError)>, GpuError> {
+        self.0.watch_xids(sink)
+    }
+}
+
+/// Twin GPUs of which GPU `late` fails its first description, as a GPU
 /// whose driver is still loading at the start.
-struct LateIdentity(node_agent::sim_gpus::TwinSource, u8);
+fn late_identity(late: usize) -> impl GpuSource + Send {
+    let board = loopwarden_boards::GpuBoard::builtin("H200-SXM").expect("board");
+    let twin = node_agent::sim_gpus::TwinSource::new(&board, 2, 3);
+    Wrapped(twin, move |i, d| {
+        Box::new(LateGpu(d, i == late)) as Box<dyn GpuDevice>
+    })
+}
 
-struct LateGpu(Box<dyn node_agent::gpu::GpuDevice>, bool);
+/// A GPU whose first description fails when `.1`.
+struct LateGpu(Box<dyn GpuDevice>, bool);
 
-impl node_agent::gpu::GpuDevice for LateGpu {
-    fn describe(&mut self) -> Result<node_agent::gpu::GpuInfo, node_agent::gpu::GpuError> {
+impl GpuDevice for LateGpu {
+    fn describe(&mut self) -> Result<GpuInfo, GpuError> {
         if std::mem::replace(&mut self.1, false) {
-            return Err(node_agent::gpu::GpuError::Timeout);
+            return Err(GpuError::Timeout);
         }
         self.0.describe()
     }
-    fn sample(&mut self) -> Result<node_agent::gpu::GpuSample, node_agent::gpu::GpuError> {
+    fn sample(&mut self) -> Result<GpuSample, GpuError> {
         self.0.sample()
     }
-    fn set_power_limit(&mut self, w: Watts) -> Result<(), node_agent::gpu::GpuError> {
+    fn set_power_limit(&mut self, w: Watts) -> Result<(), GpuError> {
         self.0.set_power_limit(w)
     }
-    fn power_limit(&mut self) -> Result<Watts, node_agent::gpu::GpuError> {
+    fn power_limit(&mut self) -> Result<Watts, GpuError> {
         self.0.power_limit()
     }
 }
 
-impl node_agent::gpu::GpuSource for LateIdentity {
-    fn devices(
-        &mut self,
-    ) -> Result<Vec<Box<dyn node_agent::gpu::GpuDevice>>, node_agent::gpu::GpuError> {
-        let late = self.1 as usize;
-        Ok(self
-            .0
-            .devices()?
-            .into_iter()
-            .enumerate()
-            .map(|(i, d)| Box::new(LateGpu(d, i == late)) as Box<dyn node_agent::gpu::GpuDevice>)
-            .collect())
-    }
-    fn watch_xids(
-        &mut self,
-        sink: node_agent::xid_queue::XidSink,
-    ) -> Result<Vec<(u8, node_agent::gpu::GpuError)>, node_agent::gpu::GpuError> {
-        self.0.watch_xids(sink)
-    }
+/// Twin GPUs that answer everything but refuse every limit (an agent not
+/// run as root).
+fn refusing() -> impl GpuSource + Send {
+    let board = loopwarden_boards::GpuBoard::builtin("H200-SXM").expect("board");
+    let twin = node_agent::sim_gpus::TwinSource::new(&board, 2, 3);
+    Wrapped(twin, |_, d| Box::new(RefusingGpu(d)) as Box<dyn GpuDevice>)
 }
 
-/// GPUs that answer everything but refuse every limit (an agent not run
-/// as root), over the twin.
-struct Refusing(node_agent::sim_gpus::TwinSource);
+/// A GPU that refuses every limit.
+struct RefusingGpu(Box<dyn GpuDevice>);
 
-struct RefusingGpu(Box<dyn node_agent::gpu::GpuDevice>);
-
-impl node_agent::gpu::GpuDevice for RefusingGpu {
-    fn describe(&mut self) -> Result<node_agent::gpu::GpuInfo, node_agent::gpu::GpuError> {
+impl GpuDevice for RefusingGpu {
+    fn describe(&mut self) -> Result<GpuInfo, GpuError> {
         self.0.describe()
     }
-    fn sample(&mut self) -> Result<node_agent::gpu::GpuSample, node_agent::gpu::GpuError> {
+    fn sample(&mut self) -> Result<GpuSample, GpuError> {
         self.0.sample()
     }
-    fn set_power_limit(&mut self, _: Watts) -> Result<(), node_agent::gpu::GpuError> {
-        Err(node_agent::gpu::GpuError::NoPermission)
+    fn set_power_limit(&mut self, _: Watts) -> Result<(), GpuError> {
+        Err(GpuError::NoPermission)
     }
-    fn power_limit(&mut self) -> Result<Watts, node_agent::gpu::GpuError> {
+    fn power_limit(&mut self) -> Result<Watts, GpuError> {
         self.0.power_limit()
-    }
-}
-
-impl node_agent::gpu::GpuSource for Refusing {
-    fn devices(
-        &mut self,
-    ) -> Result<Vec<Box<dyn node_agent::gpu::GpuDevice>>, node_agent::gpu::GpuError> {
-        Ok(self
-            .0
-            .devices()?
-            .into_iter()
-            .map(|d| Box::new(RefusingGpu(d)) as Box<dyn node_agent::gpu::GpuDevice>)
-            .collect())
-    }
-    fn watch_xids(
-        &mut self,
-        sink: node_agent::xid_queue::XidSink,
-    ) -> Result<Vec<(u8, node_agent::gpu::GpuError)>, node_agent::gpu::GpuError> {
-        self.0.watch_xids(sink)
     }
 }
 
@@ -618,12 +609,9 @@ fn a_limit_the_gpu_refuses_is_acknowledged_as_failed_and_said_once() {
         return;
     };
     let mut sub = rig.subscribe(&["ack", "event"]);
-    let board = loopwarden_boards::GpuBoard::builtin("H200-SXM").expect("board");
     let agent = rig
         .agent(2)
-        .source(Refusing(node_agent::sim_gpus::TwinSource::new(
-            &board, 2, 3,
-        )))
+        .source(refusing())
         .flags(Overrides {
             period_ms: Some(100),
             ..Default::default()

@@ -13,7 +13,6 @@
 
 use std::time::Duration;
 
-use loopwarden_protocol::GpuHealth;
 use node_core::health::GpuStatus;
 use node_core::node::Input;
 
@@ -105,16 +104,8 @@ impl Agent {
         };
         let key = Record::Health.key(id);
         let value = self.recorder.get(key.clone()).await?;
-        let Some(bytes) = payload_of(&key, value, id)? else {
-            return Ok(None);
-        };
-        let h = postcard::from_bytes::<GpuHealth>(&bytes)
-            .map_err(|e| format!("{} bytes that do not decode: {e}", bytes.len()))?;
-        Ok(Some(GpuStatus {
-            state: h.state,
-            reason: h.reason,
-            since: h.since,
-            evidence: h.evidence.as_str().to_string(),
-        }))
+        payload_of(&key, value, id)?
+            .map(|bytes| super::startup::kept_status(&bytes))
+            .transpose()
     }
 }

@@ -259,9 +259,7 @@ pub(super) async fn restore_health(
     for (i, uuid) in uuids.iter().enumerate().take(node.len()) {
         let kept = match identity(uuid) {
             Some(id) => match read_kept(store, Record::Health, id).await {
-                Ok(Some(bytes)) => postcard::from_bytes::<GpuHealth>(&bytes)
-                    .map(Some)
-                    .map_err(|e| format!("{} bytes that do not decode: {e}", bytes.len())),
+                Ok(Some(bytes)) => kept_status(&bytes).map(Some),
                 Ok(None) => Ok(None),
                 Err(e) => Err(e),
             },
@@ -272,14 +270,9 @@ pub(super) async fn restore_health(
                 tracing::warn!(
                     "GPU {i}: {} since before the restart ({})",
                     h.state,
-                    h.evidence.as_str()
+                    h.evidence
                 );
-                GpuStatus {
-                    state: h.state,
-                    reason: h.reason,
-                    since: h.since,
-                    evidence: h.evidence.as_str().to_string(),
-                }
+                h
             }
             Ok(_) => continue,
             Err(why) => {
@@ -293,6 +286,19 @@ pub(super) async fn restore_health(
         node.restore_health(i as u8, status);
     }
     marked
+}
+
+/// A GPU's health as kept (`bytes`, its record's payload), as the health
+/// engine takes it back.
+pub(super) fn kept_status(bytes: &[u8]) -> Result<GpuStatus, String> {
+    let h = postcard::from_bytes::<GpuHealth>(bytes)
+        .map_err(|e| format!("{} bytes that do not decode: {e}", bytes.len()))?;
+    Ok(GpuStatus {
+        state: h.state,
+        reason: h.reason,
+        since: h.since,
+        evidence: h.evidence.as_str().to_string(),
+    })
 }
 
 /// The state of a GPU whose kept health state cannot be read, from `now`.
