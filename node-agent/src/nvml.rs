@@ -490,8 +490,10 @@ pub struct NvmlGpu<A: NvmlApi> {
     nudge: Option<(Arc<[AtomicBool]>, usize)>,
     /// What its calls cost (shared with the source's other GPUs).
     costs: CallCosts,
-    /// Its power limit constraints, as far as they were read.
-    constraints: Constraints,
+    /// Its power limit constraints (min, max) as read after NVML refused
+    /// a set: a limit outside them is set to the nearer end. (Those its
+    /// description read bound the shell's range, and need no keeping.)
+    late: Option<(Watts, Watts)>,
     /// The last limit set otherwise than asked, or refused with its
     /// constraints unreadable, that was said (and what was set instead).
     said: Option<(Watts, Option<Watts>)>,
@@ -501,18 +503,6 @@ pub struct NvmlGpu<A: NvmlApi> {
 /// read (no GPU's limit is 0 W): the shell puts the board's figure in
 /// its place.
 pub const UNREAD_LIMIT: Watts = Watts(0);
-
-/// Whether a GPU's power limit constraints are known, and since when.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Constraints {
-    /// Not read: its description did not read them (or has not run).
-    Unread,
-    /// Read by its description: the shell's range for it is inside them.
-    AtStart,
-    /// Read after NVML refused a set: a limit outside them is set to the
-    /// nearer end.
-    Late { min: Watts, max: Watts },
-}
 
 /// NVML's answer `e` as NVML names it.
 fn nvml_said(e: &NvmlFailure) -> String {
@@ -538,7 +528,7 @@ impl<A: NvmlApi> NvmlGpu<A> {
             held: sample::Held::default(),
             nudge: None,
             costs: CallCosts::default(),
-            constraints: Constraints::Unread,
+            late: None,
             said: None,
         }
     }
@@ -656,7 +646,7 @@ impl<A: NvmlApi> NvmlGpu<A> {
     /// `limit` within the constraints read after the start, where they
     /// were: the nearer end when outside them, said once per limit.
     fn within_late(&mut self, limit: Watts) -> Watts {
-        let Constraints::Late { min, max } = self.constraints else {
+        let Some((min, max)) = self.late else {
             return limit;
         };
         let target = limit.max(min).min(max);
@@ -682,10 +672,10 @@ impl<A: NvmlApi> NvmlGpu<A> {
         let what = "nvmlDeviceGetPowerManagementLimitConstraints";
         match self.timed(what, |a, i| a.limit_constraints_mw(i)) {
             Ok((min, max)) => {
-                self.constraints = Constraints::Late {
-                    min: Watts::from_milliwatts_up(min),
-                    max: Watts::from_milliwatts_down(max),
-                };
+                self.late = Some((
+                    Watts::from_milliwatts_up(min),
+                    Watts::from_milliwatts_down(max),
+                ));
             }
             Err(e) => {
                 if self.said != Some((limit, None)) {
@@ -744,10 +734,9 @@ impl<A: NvmlApi> GpuDevice for NvmlGpu<A> {
              refuses as invalid has them read again and is set within them",
             |a, i| a.limit_constraints_mw(i),
         )?;
-        self.constraints = match range {
-            Some(_) => Constraints::AtStart,
-            None => Constraints::Unread,
-        };
+        // The range just read (or the board's) bounds the shell's limits
+        // from now on: constraints read after an earlier refusal are old.
+        self.late = None;
         // Limits in whole watts inside NVML's: a ceiling read as 450.6 W
         // is never put back as 451 W.
         let (min, max) = range.map_or((UNREAD_LIMIT, UNREAD_LIMIT), |(min, max)| {

@@ -270,9 +270,14 @@ impl Recorder {
         let floor = FloorKeeper::read(&mut store, self.floor.clone());
         // The leases the log holds from before: pinned as they are.
         let mut pins = Pins::default();
-        let _ = futures::executor::block_on(
+        if let Err(e) = futures::executor::block_on(
             log.for_each(|r| pins.logged(r.seq, r.time, r.kind, r.body)),
-        );
+        ) {
+            tracing::error!(
+                "event log: the leases it holds could not be read to be kept through its wraps \
+                 ({e}): a lease logged before this start may be recycled before it ends"
+            );
+        }
         Worker {
             pins,
             wraps_seen: 0,

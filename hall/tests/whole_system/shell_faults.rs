@@ -12,49 +12,49 @@ use loopwarden_twin::scenario::Scenario;
 const FAULTS: &str = r#"
 format = "plant-scenario/1"
 description = "a leak kept shut across a damaged latch and a silent CDU, a leak seen while the board fails, a lying valve input"
-duration_s = 90
+duration_s = 60
 seed = 9
 [site]
 racks = 4
 hosts_per_rack = 1
 [ambient]
-points = [[0, 22.0], [90, 22.0]]
+points = [[0, 22.0], [60, 22.0]]
 [load]
-all = [[0, 0.6], [90, 0.6]]
+all = [[0, 0.6], [60, 0.6]]
 
 [[fault]]
-at_s = 5
+at_s = 3
 kind = "valve_feedback_stuck"
 target = "3"
 value = 1.0
 
 [[fault]]
-at_s = 15
-until_s = 30
+at_s = 8
+until_s = 18
 kind = "leak"
 target = "1"
 
 [[fault]]
-at_s = 40
+at_s = 22
 kind = "latch_corrupt"
 
 [[fault]]
-at_s = 40
+at_s = 22
 kind = "controller_restart"
 value = 3.0
 
 [[fault]]
-at_s = 40
-until_s = 48
+at_s = 22
+until_s = 30
 kind = "modbus_outage"
 
 [[fault]]
-at_s = 55
-until_s = 85
+at_s = 34
+until_s = 56
 kind = "board_io_fault"
 
 [[fault]]
-at_s = 60
+at_s = 38
 kind = "leak"
 target = "0"
 "#;
@@ -76,7 +76,7 @@ async fn leaks_stay_isolated_through_a_damaged_latch_a_failed_board_and_a_lying_
     assert_eq!(s.valve_feedback_alarms, 1, "{s:?}");
     assert!(s.leak_sensing_alarms >= 1, "the failed board: {s:?}");
     assert_eq!(s.shutdowns, 0);
-    assert_eq!(s.duration_s, 90);
+    assert_eq!(s.duration_s, 60);
     // The restarted controller found its newest record damaged, and
     // latched again what the valves said.
     assert!(
