@@ -18,6 +18,7 @@ LIMITS = {  # issue 34's "Done when"
     "pump_switchover_ms": 10000,
     "insn_per_step_max": 250000,
     "stack_peak_bytes": 16384,
+    "transactions_out_of_time": 0,
 }
 LEAK_RACK = 2
 SHF_ALLOC, SHT_NOBITS = 0x2, 8
@@ -105,6 +106,10 @@ def main():
     said = next((line for line in open(a.console, errors="replace")
                  if line.startswith("figures: ")), None)
     hall = said.rsplit(": ", 1)[-1].strip() if said else None
+    # Transactions the step's budget left unsent or cut short: none, with
+    # a CDU that answers in tens of milliseconds.
+    out_of_time = sum(1 for line in open(a.console, errors="replace")
+                      if "the step's time ran out" in line or "the step's time left" in line)
     out = {
         "figures": hall,
         "steps": replay["steps"],
@@ -121,6 +126,7 @@ def main():
         "trace_frames_dropped": sum(replay["frames_dropped"].values()),
         "mcu_killed_cdu_fallback_ms": round(fell["wall_ms"] - mcu_ms) if fell else None,
         "mcu_killed_bus_told_ms": round(silent) if silent is not None else None,
+        "transactions_out_of_time": out_of_time,
     }
     for k, limit in LIMITS.items():
         if out[k] is None or out[k] > limit:

@@ -4,8 +4,8 @@
 # The firmware runs on QEMU's mps2-an386 (a Cortex-M4F) with -icount
 # shift=0 (one instruction, one nanosecond of the board's time):
 #   UART0  Modbus RTU, 19,200 8N1, to the simulated CDU
-#          (`loopwarden-hall cdu --serial`, on a pseudo-terminal socat
-#          bridges to QEMU's socket)
+#          (`loopwarden-hall cdu --serial`, answering 60 ms after each
+#          request, on a pseudo-terminal socat bridges to QEMU's socket)
 #   UART1  the link to its gateway (`cooling-ctrl gateway`), itself on a
 #          mosquitto broker
 #   UART2  the console (text), to a file
@@ -67,6 +67,10 @@ at() { # at SECONDS: sleeps until then
 }
 
 SCENARIO=firmware/scenarios/leak-and-pump-trip.toml
+# The CDU answers each request 60 ms after it, as real CDUs' controllers
+# take tens of milliseconds: every step's two reads and six writes must
+# still go in within its budget.
+TURNAROUND_MS=60
 say "building the host side, the hall's figures and the firmware (release)"
 build_start=$SECONDS
 cargo build --locked --quiet -p loopwarden-hall -p cooling-ctrl
@@ -136,7 +140,7 @@ socat PTY,raw,echo=0,link="$WORK/cdu.pty" \
   "TCP-LISTEN:$UART0,bind=127.0.0.1,reuseaddr,nodelay" 2>"$WORK/socat.log" &
 PID[socat]=$!
 wait_until 5 "socat's pseudo-terminal" test -e "$WORK/cdu.pty"
-"$BIN/loopwarden-hall" cdu --serial "$WORK/cdu.pty" --baud 19200 \
+"$BIN/loopwarden-hall" cdu --serial "$WORK/cdu.pty" --baud 19200 --turnaround-ms "$TURNAROUND_MS" \
   --scenario "$SCENARIO" --record "$WORK/cdu.jsonl" \
   >"$WORK/cdu.log" 2>&1 &
 PID[cdu]=$!

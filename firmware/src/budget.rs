@@ -1,7 +1,13 @@
-//! A step's time, planned on the worst of what it waits for: a Modbus
-//! transaction is sent only while a whole one still fits before the
-//! step's deadline ([`transaction_worst_us`]: the silence waited for
-//! before the request, the request, the answer's timeout), and the
+//! A step's time: a Modbus transaction is sent only while the step has
+//! time left for the least one ([`transaction_least_us`]: the silence
+//! before the request, the request, the CDU's least turnaround and the
+//! longest answer on the line), and no wait of it goes past the step's
+//! deadline (the RTU master's, [`crate::rtu::RtuMaster::set_deadline`]):
+//! a CDU that answers in 60 ms gets every write of a step, one that is
+//! silent costs the step no more than its budget. Planning each
+//! transaction at its worst instead ([`transaction_worst_us`], 429 ms at
+//! 19,200 baud) would leave the heartbeat and the settings after it
+//! unsent at every step of a CDU that takes 60 ms to answer. The
 //! latched record's keep to flash, which must come before the step's
 //! writes, does not eat their time ([`StepBudget::kept`]).
 //!
@@ -9,7 +15,8 @@
 //! item (450 ms on the reference board) and the record is two items and
 //! the mark ([`LATCH_ITEMS`]): more than a step's whole budget. So the
 //! step that latches does not wait on the flash to shut a rack: when the
-//! keep's worst leaves no room for a write ([`StepBudget::closings_first`]),
+//! keep's worst leaves no room for a write at its worst
+//! ([`StepBudget::closings_first`]),
 //! the valves the decision closes are written closed before the record
 //! goes to flash ([`closings`]: a word that closes and opens nothing).
 //! The latch's rule allows it: the record goes to flash before any
@@ -28,9 +35,23 @@ use crate::rtu::{char_us, gap_us, RESYNC_QUIET_US};
 /// registers (unit, function, address, count, byte count, 8 bytes, CRC).
 pub const REQUEST_MAX_BYTES: u32 = 17;
 
+/// The CDU's turnaround a transaction is sent only with time for, µs: the
+/// least time between a request's last byte and its answer's first.
+pub const TURNAROUND_LEAST_US: u64 = 10_000;
+
 /// Config items one keep of the latched record may write: its two
 /// (the record and its generation) and the mark that one was kept.
 pub const LATCH_ITEMS: u64 = 3;
+
+/// The longest silence asked before a request at `baud`, µs: the gap, or
+/// [`RESYNC_QUIET_US`] after a failure, whichever is longer.
+const fn silence_us(baud: u32) -> u64 {
+    if gap_us(baud) > RESYNC_QUIET_US {
+        gap_us(baud) as u64
+    } else {
+        RESYNC_QUIET_US as u64
+    }
+}
 
 /// The longest one Modbus transaction can take at `baud` with a response
 /// timeout of `timeout_us`, µs: the silence waited for before the
@@ -38,14 +59,29 @@ pub const LATCH_ITEMS: u64 = 3;
 /// [`RESYNC_QUIET_US`] after a failure), the request itself
 /// ([`REQUEST_MAX_BYTES`]), then the answer's timeout.
 pub const fn transaction_worst_us(baud: u32, timeout_us: u32) -> u64 {
-    let need = if gap_us(baud) > RESYNC_QUIET_US {
-        gap_us(baud)
-    } else {
-        RESYNC_QUIET_US
-    };
-    let quiet = timeout_us as u64 + need as u64;
+    let quiet = timeout_us as u64 + silence_us(baud);
     let send = REQUEST_MAX_BYTES as u64 * char_us(baud) as u64;
     quiet + send + timeout_us as u64
+}
+
+/// The least one Modbus transaction can take at `baud` with answers of
+/// at most `answer_bytes`, µs: the silence before the request (the
+/// longer one asked after a failure), the request ([`REQUEST_MAX_BYTES`]),
+/// the CDU's least turnaround ([`TURNAROUND_LEAST_US`]), the answer.
+pub const fn transaction_least_us(baud: u32, answer_bytes: u32) -> u64 {
+    let line = (REQUEST_MAX_BYTES + answer_bytes) as u64 * char_us(baud) as u64;
+    silence_us(baud) + line + TURNAROUND_LEAST_US
+}
+
+/// A transaction's least and worst, µs ([`transaction_least_us`],
+/// [`transaction_worst_us`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transaction {
+    /// The least: one is sent only with this much time left.
+    pub least_us: u64,
+    /// The worst: what a write after the latched record's keep is
+    /// planned on.
+    pub worst_us: u64,
 }
 
 /// One step's time.
@@ -55,25 +91,31 @@ pub struct StepBudget {
     deadline_us: u64,
     /// Time the latched record's keep took, given back to the writes.
     kept_us: u64,
-    /// One transaction's worst ([`transaction_worst_us`]).
-    transaction_us: u64,
+    /// One transaction's least and worst.
+    transaction: Transaction,
 }
 
 impl StepBudget {
-    /// A step started at `start_us` with `budget_us` for its transactions,
-    /// each of which may take `transaction_us`.
-    pub const fn new(start_us: u64, budget_us: u64, transaction_us: u64) -> Self {
+    /// A step started at `start_us` with `budget_us` for its
+    /// transactions, each of which takes `transaction`.
+    pub const fn new(start_us: u64, budget_us: u64, transaction: Transaction) -> Self {
         Self {
             deadline_us: start_us + budget_us,
             kept_us: 0,
-            transaction_us,
+            transaction,
         }
     }
 
-    /// Whether a whole transaction started at `now_us` ends by the
-    /// deadline (moved by the keep's time, [`StepBudget::kept`]).
+    /// When the transactions' time ends, µs: the deadline, moved by the
+    /// keep's time ([`StepBudget::kept`]). No wait goes past it.
+    pub fn end_us(&self) -> u64 {
+        self.deadline_us + self.kept_us
+    }
+
+    /// Whether a transaction started at `now_us` has at least its least
+    /// time before the end ([`StepBudget::end_us`]).
     pub fn transaction_fits(&self, now_us: u64) -> bool {
-        now_us + self.transaction_us <= self.deadline_us + self.kept_us
+        now_us + self.transaction.least_us <= self.end_us()
     }
 
     /// Whether a flash item of at most `worst_us`, started at `now_us`,
@@ -84,10 +126,10 @@ impl StepBudget {
     }
 
     /// Whether the valves' closings go before the latched record's keep
-    /// at `now_us`: its worst (`keep_worst_us`) and a transaction do not
-    /// both fit by the deadline.
+    /// at `now_us`: its worst (`keep_worst_us`) and a transaction at its
+    /// worst do not both fit by the deadline.
     pub fn closings_first(&self, now_us: u64, keep_worst_us: u64) -> bool {
-        now_us + keep_worst_us + self.transaction_us > self.deadline_us
+        now_us + keep_worst_us + self.transaction.worst_us > self.deadline_us
     }
 
     /// The latched record's keep took `took_us`: the writes after it keep
@@ -126,39 +168,76 @@ mod tests {
         assert_eq!(transaction_worst_us(1_200, TIMEOUT), slow);
     }
 
+    /// The reference board's: 19,200 baud, answers of at most 27 bytes.
+    fn tx() -> Transaction {
+        Transaction {
+            least_us: transaction_least_us(19_200, 27),
+            worst_us: transaction_worst_us(19_200, TIMEOUT),
+        }
+    }
+
     #[test]
-    fn a_transaction_is_sent_only_while_a_whole_one_fits() {
-        let worst = transaction_worst_us(19_200, TIMEOUT);
-        let b = StepBudget::new(1_000, 800_000, worst);
-        assert!(b.transaction_fits(801_000 - worst));
-        // One timeout left is not a transaction's time: the silence
-        // before it and its answer may each take one.
-        assert!(!b.transaction_fits(801_000 - u64::from(TIMEOUT)));
-        assert!(!b.transaction_fits(801_000 - worst + 1));
+    fn a_transactions_least_is_its_silence_its_request_a_turnaround_and_its_answer() {
+        let want = 20_000 + (17 + 27) * 521 + 10_000;
+        assert_eq!(transaction_least_us(19_200, 27), want);
+        let slow = 29_167 + (17 + 27) * 8_334 + 10_000;
+        assert_eq!(transaction_least_us(1_200, 27), slow);
+    }
+
+    #[test]
+    fn a_transaction_is_sent_only_while_its_least_fits() {
+        let b = StepBudget::new(1_000, 800_000, tx());
+        assert_eq!(b.end_us(), 801_000);
+        assert!(b.transaction_fits(801_000 - tx().least_us));
+        assert!(!b.transaction_fits(801_000 - tx().least_us + 1));
+    }
+
+    #[test]
+    fn a_cdu_that_answers_in_60_ms_gets_both_reads_and_every_write_of_a_step() {
+        // Two reads and six writes (valves, pumps, lead, heartbeat, speed,
+        // setpoint), each its silence, 17 bytes out, 60 ms, 27 bytes back.
+        let each = 1_823 + 44 * 521 + 60_000;
+        let sent = |budget: &dyn Fn(u64) -> bool| {
+            let mut now = 0;
+            let mut sent = 0;
+            while sent < 8 && budget(now) {
+                now += each;
+                sent += 1;
+            }
+            sent
+        };
+        let b = StepBudget::new(0, 800_000, tx());
+        assert_eq!(sent(&|now| b.transaction_fits(now)), 8);
+        // Planned at each one's worst, the heartbeat and what follows it
+        // would never go.
+        let worst = tx().worst_us;
+        assert_eq!(sent(&|now| now + worst <= 800_000), 5);
     }
 
     #[test]
     fn the_records_keep_gives_the_writes_after_it_back_their_time_up_to_its_worst() {
-        let worst = transaction_worst_us(19_200, TIMEOUT);
         let keep_worst = LATCH_ITEMS * 450_000;
-        let mut b = StepBudget::new(0, 800_000, worst);
+        let mut b = StepBudget::new(0, 800_000, tx());
         // The CDU read by 60 ms; the keep's worst and a write do not fit.
         assert!(b.closings_first(60_000, keep_worst));
         // The keep took 900 ms: the valve write after it still fits, as
         // it did before it.
         assert!(b.transaction_fits(60_000));
         b.kept(900_000, keep_worst);
+        assert_eq!(b.end_us(), 1_700_000);
         assert!(b.transaction_fits(960_000));
-        assert!(!b.transaction_fits(960_000 + 800_000 - 60_000));
+        assert!(!b.transaction_fits(1_700_000 - tx().least_us + 1));
         // What was learned gets no more than the step's own budget.
         assert!(!b.item_fits(960_000, 450_000));
         // A flash slower than its worst is not waited on for more.
-        let mut slow = StepBudget::new(0, 800_000, worst);
+        let mut slow = StepBudget::new(0, 800_000, tx());
         slow.kept(5_000_000, keep_worst);
         assert!(!slow.transaction_fits(5_060_000));
-        // A keep whose worst fits with a write leaves the order as it is.
-        let b = StepBudget::new(0, 800_000, worst);
+        // A keep whose worst fits with a write at its worst leaves the
+        // order as it is.
+        let b = StepBudget::new(0, 800_000, tx());
         assert!(!b.closings_first(0, 10_000));
+        assert!(b.closings_first(800_000 - tx().worst_us - 10_000 + 1, 10_000));
     }
 
     #[test]

@@ -33,6 +33,22 @@ pub struct Span {
     pub registers: &'static [usize],
 }
 
+/// The longest answer the firmware asks of the CDU, bytes: a read of the
+/// longest span (unit, function, byte count, the words, CRC), or a
+/// write's echo (8 bytes), whichever is longer.
+pub const fn longest_answer_bytes() -> u32 {
+    let mut longest = 8;
+    let mut i = 0;
+    while i < SPANS.len() {
+        let read = 5 + 2 * SPANS[i].count as u32;
+        if read > longest {
+            longest = read;
+        }
+        i += 1;
+    }
+    longest
+}
+
 impl Span {
     /// Its first and last register's names.
     pub fn names(&self) -> (&'static str, &'static str) {

@@ -13,7 +13,10 @@
 //!   (an answer later still is read as a bad answer to the next request,
 //!   never as its answer);
 //! - an answer ends when it has the length the request implies (or an
-//!   exception's five bytes), or fails after the response timeout.
+//!   exception's five bytes), or fails after the response timeout;
+//! - no wait goes past the deadline the caller set ([`RtuMaster::set_deadline`],
+//!   the step's end): a silence not come by then is a busy line, an
+//!   answer not whole by then is no answer, said as cut by the deadline.
 //!
 //! Everything else is typed ([`RtuError`]), naming the request and its
 //! registers: a CRC mismatch, an exception (refused), an answer from
@@ -74,6 +77,8 @@ pub struct RtuMaster<S, C> {
     last_activity_us: u64,
     /// The last transaction failed: ask for a longer silence.
     resync: bool,
+    /// No wait goes past this, µs of the clock (`u64::MAX`: none).
+    by_us: u64,
     buf: [u8; rtu::MAX_FRAME_LEN],
 }
 
@@ -94,6 +99,7 @@ where
             timeout_us,
             last_activity_us: now,
             resync: false,
+            by_us: u64::MAX,
             buf: [0; rtu::MAX_FRAME_LEN],
         }
     }
@@ -106,6 +112,12 @@ where
     /// The response timeout, µs.
     pub fn timeout_us(&self) -> u32 {
         self.timeout_us
+    }
+
+    /// No wait of the transactions from now on goes past `by_us` (µs of
+    /// the clock; `u64::MAX`: none): the step's end.
+    pub fn set_deadline(&mut self, by_us: u64) {
+        self.by_us = by_us;
     }
 
     /// Reads `span`'s input registers into `out` (at least `span.count`
@@ -258,7 +270,8 @@ where
         } else {
             self.gap_us
         };
-        let give_up = self.clock.now_us() + u64::from(self.timeout_us) + u64::from(need);
+        let give_up =
+            (self.clock.now_us() + u64::from(self.timeout_us) + u64::from(need)).min(self.by_us);
         loop {
             let now = self.clock.now_us();
             match self.serial.read() {
@@ -297,7 +310,9 @@ where
     /// length: `ok_pdu` + 3 bytes, or 5 for an exception. Returns its
     /// length.
     fn receive(&mut self, op: &Op, fc: u8, ok_pdu: usize) -> Result<usize, RtuError> {
-        let deadline = self.clock.now_us() + u64::from(self.timeout_us);
+        let sent = self.clock.now_us();
+        let timeout = sent + u64::from(self.timeout_us);
+        let deadline = timeout.min(self.by_us.max(sent));
         let mut got = 0usize;
         let mut want = ok_pdu + 3;
         loop {
@@ -319,8 +334,9 @@ where
                     let got = got.min(usize::from(u16::MAX)) as u16;
                     return Err(RtuError::NoAnswer {
                         op: *op,
-                        after_us: self.timeout_us,
+                        after_us: (deadline - sent).min(u64::from(u32::MAX)) as u32,
                         got,
+                        cut: deadline < timeout,
                     });
                 }
                 Err(nb::Error::WouldBlock) => self.clock.idle(),

@@ -23,7 +23,7 @@ use loopwarden_firmware::board::clock::{self, BoardClock};
 use loopwarden_firmware::board::nor::NorError;
 use loopwarden_firmware::board::nor::{store_start, RamNor, StoreStart};
 use loopwarden_firmware::board::{self, icount, led::Led, uart, uart::Uart, watchdog};
-use loopwarden_firmware::budget::{self, StepBudget};
+use loopwarden_firmware::budget::{self, StepBudget, Transaction};
 use loopwarden_firmware::cdu::InputValues;
 use loopwarden_firmware::clears::{keyring, Last, Taken, MAX_OPERATORS};
 use loopwarden_firmware::controller::{said_words, Controller, Ports};
@@ -44,9 +44,11 @@ use crate::status::Line;
 const RESPONSE_TIMEOUT_US: u32 = 200_000;
 /// The part of a control period a step's transactions may take, µs.
 pub const STEP_BUDGET_US: u64 = 800_000;
-/// One Modbus transaction's worst on the CDU's line, µs.
-const TRANSACTION_WORST_US: u64 =
-    budget::transaction_worst_us(board::UART_MODBUS.baud, RESPONSE_TIMEOUT_US);
+/// One Modbus transaction's least and worst on the CDU's line, µs.
+const TRANSACTION: Transaction = Transaction {
+    least_us: budget::transaction_least_us(board::UART_MODBUS.baud, map::longest_answer_bytes()),
+    worst_us: budget::transaction_worst_us(board::UART_MODBUS.baud, RESPONSE_TIMEOUT_US),
+};
 /// The latched record's keep at its worst on the board's NOR part, µs
 /// (the board file's `nor.item_worst_us` for each item). The PSRAM
 /// standing in for the part writes in microseconds; the step is planned
@@ -171,7 +173,7 @@ impl Shell {
             step_led: Led::new(0).expect("the board has LED 0"),
             leak_led: Led::new(1).expect("the board has LED 1"),
             boot_peak: 0,
-            budget: StepBudget::new(0, STEP_BUDGET_US, TRANSACTION_WORST_US),
+            budget: StepBudget::new(0, STEP_BUDGET_US, TRANSACTION),
             work: (0, 0),
         };
         (sh, read)
@@ -343,7 +345,7 @@ impl Shell {
     pub fn step(&mut self, ctl: &mut Controller<'_>, tick: u32) {
         let start_us = clock::now_us();
         let now_ms = start_us / 1000;
-        self.budget = StepBudget::new(start_us, STEP_BUDGET_US, TRANSACTION_WORST_US);
+        self.budget = StepBudget::new(start_us, STEP_BUDGET_US, TRANSACTION);
         self.work = (0, icount::now());
         self.settle_clears(ctl);
         self.hear_gateway(ctl, now_ms);
@@ -469,6 +471,7 @@ impl Shell {
                 );
                 return None;
             }
+            self.cdu.set_deadline(self.budget.end_us());
             if let Err(e) = self.cdu.read_inputs(span, &mut words) {
                 let _ = writeln!(self.console, "cdu: {e}");
                 return None;
@@ -633,6 +636,7 @@ impl SettingPort for RtuPort<'_> {
     type Error = rtu::RtuError;
 
     fn write(&mut self, r: &Register, words: &[u16]) -> Result<(), rtu::RtuError> {
+        self.cdu.set_deadline(self.budget.end_us());
         self.cdu.write(r, words)
     }
 

@@ -26,8 +26,8 @@ pub trait SettingPort {
     type Error: fmt::Display;
     /// Writes `words` to `r`.
     fn write(&mut self, r: &Register, words: &[u16]) -> Result<(), Self::Error>;
-    /// Whether the step has time left for another whole transaction, at
-    /// its worst ([`crate::budget`]).
+    /// Whether the step has time left for another transaction, at its
+    /// least ([`crate::budget`]).
     fn time_left(&mut self) -> bool;
 }
 

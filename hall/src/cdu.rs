@@ -157,9 +157,11 @@ pub fn banner(cfg: &CduConfig, sim: &SimSide) -> Vec<String> {
             "simulated CDU: serving {} (unit id {unit}; over TCP every unit id is answered)",
             sim.link()
         ),
-        Listen::Rtu { .. } => format!(
-            "simulated CDU: serving {} (unit id {unit}; other unit ids get no answer)",
-            sim.link()
+        Listen::Rtu { turnaround, .. } => format!(
+            "simulated CDU: serving {} (unit id {unit}; other unit ids get no answer; \
+             answers {} ms after each request)",
+            sim.link(),
+            turnaround.as_millis()
         ),
     };
     let mut lines = vec![

@@ -8,7 +8,8 @@
 //!   HOST:PORT ...] [--json]`: N real host agents and M real cooling
 //!   controllers in one process, measured (`docs/scale.md`).
 //! - `loopwarden-hall cdu --modbus ADDR:PORT | --serial DEV [--baud B]
-//!   [--unit N] [--scenario F] [--speed X] [--record FILE]`: the simulated
+//!   [--turnaround-ms M] [--unit N] [--scenario F] [--speed X] [--record
+//!   FILE]`: the simulated
 //!   CDU alone, for `cooling-ctrl run`, `mbpoll` or a BMS, and what it was
 //!   told and did (`docs/twin.md`).
 //! - `loopwarden-hall goodput [--gpus G] [--checkpoint-min C] [--mix F]
@@ -70,6 +71,10 @@ struct CduArgs {
     /// The serial line's baud rate.
     #[arg(long, default_value_t = 19_200, requires = "serial")]
     baud: u32,
+    /// Over RTU, send each answer this many milliseconds (up to 1000)
+    /// after its request, as a real CDU's controller takes tens of them.
+    #[arg(long, default_value_t = 0, requires = "serial")]
+    turnaround_ms: u64,
     /// The unit id to answer, 1 to 247 [default: the map's, 1].
     #[arg(long)]
     unit: Option<u8>,
@@ -97,9 +102,16 @@ fn cdu(a: &CduArgs) -> Result<(), String> {
         (None, Some(path)) => loopwarden_hall::sim_side::Listen::Rtu {
             path: path.clone(),
             baud: a.baud,
+            turnaround: std::time::Duration::from_millis(a.turnaround_ms),
         },
         (None, None) => return Err("give --modbus IP:PORT or --serial DEVICE".into()),
     };
+    if a.turnaround_ms > 1000 {
+        return Err(format!(
+            "--turnaround-ms {}: at most 1000 (a controller waits 200 ms for an answer)",
+            a.turnaround_ms
+        ));
+    }
     if !(a.status_every > 0.0 && a.status_every <= 3600.0) {
         return Err(format!(
             "--status-every {}: between 0 and 3600 seconds",

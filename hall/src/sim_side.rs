@@ -42,6 +42,8 @@ pub enum Listen {
         path: String,
         /// Baud rate.
         baud: u32,
+        /// How long each answer waits after its request.
+        turnaround: std::time::Duration,
     },
 }
 
@@ -214,11 +216,17 @@ async fn bind(listen: &Listen) -> Result<(Link, Bound), SimError> {
             let link = Link::Tcp(listener.local_addr().map_err(listen_err)?.into());
             Ok((link, Bound::Tcp(listener)))
         }
-        Listen::Rtu { path, baud } => {
-            let line = RtuLine::open(path, *baud).map_err(|source| SimError::Device {
-                path: path.clone(),
-                source,
-            })?;
+        Listen::Rtu {
+            path,
+            baud,
+            turnaround,
+        } => {
+            let line = RtuLine::open(path, *baud)
+                .map_err(|source| SimError::Device {
+                    path: path.clone(),
+                    source,
+                })?
+                .answering_after(*turnaround);
             let mut serial = SerialLine::new(path.clone());
             serial.baud = *baud;
             Ok((Link::Rtu(serial), Bound::Rtu(line)))

@@ -32,9 +32,11 @@
 //!   CRC; the serial device may be a pseudo-terminal in tests.
 
 use std::collections::BTreeMap;
-use std::future::{ready, Ready};
+use std::future::{ready, Future, Ready};
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use tokio_modbus::server::tcp::{accept_tcp_connection, Server};
 use tokio_modbus::{ExceptionCode, Request, Response, SlaveRequest};
@@ -348,14 +350,21 @@ impl SimCdu {
     /// once why a device would not open) until the task is dropped or the
     /// line fails.
     pub async fn serve_rtu_on(self, line: RtuLine) -> std::io::Result<()> {
-        tokio_modbus::server::rtu::Server::new(line.0)
-            .serve_forever(RtuService(self))
+        let service = RtuService {
+            cdu: self,
+            turnaround: line.turnaround,
+        };
+        tokio_modbus::server::rtu::Server::new(line.port)
+            .serve_forever(service)
             .await
     }
 }
 
 /// A serial device opened for [`SimCdu::serve_rtu_on`].
-pub struct RtuLine(tokio_serial::SerialStream);
+pub struct RtuLine {
+    port: tokio_serial::SerialStream,
+    turnaround: Duration,
+}
 
 impl RtuLine {
     /// Opens `path` at `baud`, 8 data bits, no parity, 1 stop bit, and
@@ -363,7 +372,17 @@ impl RtuLine {
     pub fn open(path: &str, baud: u32) -> std::io::Result<Self> {
         let port = tokio_serial::SerialStream::open(&tokio_serial::new(path, baud))?;
         port.clear(tokio_serial::ClearBuffer::All)?;
-        Ok(Self(port))
+        Ok(Self {
+            port,
+            turnaround: Duration::ZERO,
+        })
+    }
+
+    /// Each answer sent `turnaround` after its request was read, as a
+    /// real CDU's controller takes tens of milliseconds (a write is done
+    /// at once; only its answer waits).
+    pub fn answering_after(self, turnaround: Duration) -> Self {
+        Self { turnaround, ..self }
     }
 }
 
@@ -403,28 +422,50 @@ impl tokio_modbus::server::Service for Service {
     }
 }
 
-/// The RTU service: answers its own unit id only.
-struct RtuService(SimCdu);
+/// The RTU service: answers its own unit id only, each answer after the
+/// line's turnaround.
+struct RtuService {
+    cdu: SimCdu,
+    turnaround: Duration,
+}
+
+/// An RTU answer, sent after the turnaround.
+type RtuAnswer = Result<Option<Response>, ExceptionCode>;
 
 impl tokio_modbus::server::Service for RtuService {
     type Request = SlaveRequest<'static>;
     type Response = Option<Response>;
     type Exception = ExceptionCode;
-    type Future = Ready<Result<Option<Response>, ExceptionCode>>;
+    type Future = Pin<Box<dyn Future<Output = RtuAnswer> + Send>>;
 
     fn call(&self, req: Self::Request) -> Self::Future {
-        ready(match req.slave {
+        let answer = self.answer(req);
+        let turnaround = self.turnaround;
+        if turnaround.is_zero() || matches!(answer, Ok(None)) {
+            return Box::pin(ready(answer));
+        }
+        Box::pin(async move {
+            tokio::time::sleep(turnaround).await;
+            answer
+        })
+    }
+}
+
+impl RtuService {
+    /// The answer to `req`, its write done.
+    fn answer(&self, req: SlaveRequest<'static>) -> RtuAnswer {
+        match req.slave {
             // Broadcast: writes are done, nobody answers.
             0 => match req.request {
                 Request::WriteSingleRegister(..) | Request::WriteMultipleRegisters(..) => {
-                    let _ = self.0.answer(0, req.request);
+                    let _ = self.cdu.answer(0, req.request);
                     Ok(None)
                 }
                 _ => Ok(None),
             },
-            id if id == self.0.map.unit_id => self.0.answer(id, req.request).map(Some),
+            id if id == self.cdu.map.unit_id => self.cdu.answer(id, req.request).map(Some),
             _ => Ok(None),
-        })
+        }
     }
 }
 
@@ -499,8 +540,11 @@ mod tests {
     #[test]
     fn over_rtu_its_own_unit_and_broadcasts_are_observed_and_no_other() {
         let (cdu, seen) = observed();
-        let rtu = RtuService(cdu.clone());
-        let call = |slave, req| rtu.call(to(slave, req)).into_inner();
+        let rtu = RtuService {
+            cdu: cdu.clone(),
+            turnaround: Duration::ZERO,
+        };
+        let call = |slave, req| rtu.answer(to(slave, req));
         assert!(call(1, Request::WriteSingleRegister(3, 1))
             .unwrap()
             .is_some());
@@ -512,6 +556,31 @@ mod tests {
         );
         assert_eq!(cdu.setting("valves_open").unwrap(), 1.0, "unit 9 ignored");
         assert_eq!(cdu.setting("pumps_run").unwrap(), 2.0, "the broadcast done");
+    }
+
+    #[tokio::test]
+    async fn over_rtu_a_write_is_done_at_once_and_answered_after_the_turnaround() {
+        let (cdu, _) = observed();
+        let rtu = RtuService {
+            cdu: cdu.clone(),
+            turnaround: Duration::from_millis(30),
+        };
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let began = std::time::Instant::now();
+        let mut answer = rtu.call(to(1, Request::WriteSingleRegister(3, 1)));
+        assert_eq!(cdu.setting("valves_open").unwrap(), 1.0, "done at once");
+        assert!(
+            answer.as_mut().poll(&mut cx).is_pending(),
+            "answered at once"
+        );
+        assert!(answer.await.unwrap().is_some());
+        assert!(began.elapsed() >= Duration::from_millis(30));
+        // Nothing to say (another unit): nothing waits.
+        let mut none = rtu.call(to(9, Request::WriteSingleRegister(3, 0)));
+        assert_eq!(
+            none.as_mut().poll(&mut cx),
+            std::task::Poll::Ready(Ok(None))
+        );
     }
 
     #[test]

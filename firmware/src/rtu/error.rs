@@ -73,14 +73,17 @@ pub enum Mismatch {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum RtuError {
-    /// No whole answer within the response timeout.
+    /// No whole answer within the response timeout, or by the deadline
+    /// when it came first.
     NoAnswer {
         /// The request.
         op: Op,
-        /// The timeout, µs.
+        /// How long the answer was waited for, µs.
         after_us: u32,
         /// Bytes that did arrive.
         got: u16,
+        /// The deadline ended the wait before the timeout.
+        cut: bool,
     },
     /// The answer arrived whole but its CRC does not match.
     Crc {
@@ -106,7 +109,8 @@ pub enum RtuError {
         why: Mismatch,
     },
     /// The line never fell silent for the inter-frame gap before the
-    /// request, within the response timeout: nothing was sent.
+    /// request, within the response timeout (or by the deadline): nothing
+    /// was sent.
     LineBusy {
         /// The request not sent.
         op: Op,
@@ -138,11 +142,15 @@ impl fmt::Display for RtuError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: ", self.op())?;
         match self {
-            RtuError::NoAnswer { after_us, got, .. } => write!(
-                f,
-                "no whole answer within {} ms ({got} bytes came)",
-                after_us / 1000
-            ),
+            RtuError::NoAnswer {
+                after_us, got, cut, ..
+            } => {
+                write!(f, "no whole answer within {} ms", after_us / 1000)?;
+                if *cut {
+                    f.write_str(", the step's time left (the timeout is longer)")?;
+                }
+                write!(f, " ({got} bytes came)")
+            }
             RtuError::Crc { sent, computed, .. } => write!(
                 f,
                 "the answer's CRC is {sent:#06x}, its bytes give {computed:#06x}"

@@ -324,3 +324,66 @@ fn a_two_word_setting_goes_as_function_16() {
         frame(&[1, 16, 0, 8, 0, 2, 4, 0, 1, 0x86, 0xA0])
     );
 }
+
+#[test]
+fn no_wait_goes_past_the_deadline_and_an_answer_cut_by_it_says_so() {
+    // The CDU answers after 60 ms; the step has 40 ms left when the
+    // request goes.
+    let slow = Reply {
+        after_us: Some(60_000),
+        bytes: frame(&[1, 6, 0, 5, 0, 7]),
+    };
+    let (mut m, wire, now) = master(std::vec![slow]);
+    m.set_deadline(now.get() + 40_000);
+    let e = m.write(map::HEARTBEAT, &[7]).unwrap_err();
+    let sent = wire.borrow().sent[0].0;
+    assert!(
+        matches!(
+            e,
+            RtuError::NoAnswer {
+                got: 0,
+                cut: true,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(now.get() <= sent + 40_000 + 50, "waited past the deadline");
+    let said = e.to_string();
+    assert!(said.contains("the step's time left"), "{said}");
+    // The deadline passed: a silence is not waited for past it either,
+    // and nothing is sent.
+    let e = m.write(map::HEARTBEAT, &[8]).unwrap_err();
+    assert!(matches!(e, RtuError::LineBusy { .. }), "{e:?}");
+    assert_eq!(wire.borrow().sent.len(), 1);
+    // The next step, a period later: the late answer came meanwhile and
+    // is let pass; the next request's answer is taken.
+    now.set(now.get() + 200_000);
+    let echo = frame(&[1, 6, 0, 5, 0, 9]);
+    wire.borrow_mut().replies.push_back(ok(echo));
+    m.set_deadline(now.get() + 800_000);
+    m.write(map::HEARTBEAT, &[9]).unwrap();
+}
+
+#[test]
+fn without_a_deadline_an_answer_is_waited_for_the_whole_timeout() {
+    let (mut m, _, now) = master(std::vec![Reply {
+        after_us: None,
+        bytes: std::vec![],
+    }]);
+    let began = now.get();
+    let e = m.write(map::HEARTBEAT, &[7]).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            RtuError::NoAnswer {
+                after_us: 200_000,
+                cut: false,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(!e.to_string().contains("step"), "{e}");
+    assert!(now.get() >= began + 200_000);
+}
