@@ -157,6 +157,27 @@ fn overlap(a: (u32, u32), b: (u32, u32)) -> bool {
     u64::from(a.0) < end(b) && u64::from(b.0) < end(a)
 }
 
+/// The part of a control period a step's Modbus transactions may take,
+/// ms: the shell's `STEP_BUDGET_US` (a host test holds the two equal).
+pub const STEP_BUDGET_MS: u64 = 800;
+/// Config items the latched record's keep writes: `budget::LATCH_ITEMS`.
+pub const LATCH_ITEMS: u64 = 3;
+/// A step's work beyond its transactions and flash writes, ms, at most:
+/// the decision (about 3 ms at 100 MHz), two clears' signature checks,
+/// the console and the frames out.
+pub const STEP_WORK_MS: u64 = 100;
+
+/// The longest time between two feeds of the watchdog, ms, with a
+/// control period of `period_ms` and a NOR part whose item write takes
+/// `item_ms` at its worst: the wait for the next tick, overrun by one
+/// clear's number kept just before it; then the step: a number kept again
+/// and a clear's before its transactions (one each a step), its budget
+/// running meanwhile; the latched record's keep; its work.
+pub fn feed_interval_worst_ms(period_ms: u64, item_ms: u64) -> u64 {
+    let before_keep = STEP_BUDGET_MS.max(2 * item_ms);
+    period_ms + item_ms + before_keep + LATCH_ITEMS * item_ms + STEP_WORK_MS
+}
+
 impl Board {
     /// Reads and checks the board file at `path`.
     pub fn load(path: &Path) -> Result<Self, String> {
@@ -228,10 +249,35 @@ impl Board {
         {
             return Err("watchdog.timeout_ms: its ticks must fit the watchdog's 32 bits".into());
         }
+        self.check_watchdog()?;
         if !(1..=8).contains(&self.fpgaio.leds) {
             return Err("fpgaio.leds: 1 to 8".into());
         }
         self.leak_ropes.check()
+    }
+
+    /// The watchdog resets the board at its second expiry: the longest
+    /// time between two feeds ([`feed_interval_worst_ms`]) must stay
+    /// under it, or the step that latches a leak on a slow part would
+    /// reset the board.
+    fn check_watchdog(&self) -> Result<(), String> {
+        let period = u64::from(self.timer.control.period_ms.unwrap_or(0));
+        let item = u64::from(self.nor.item_worst_us).div_ceil(1000);
+        let worst = feed_interval_worst_ms(period, item);
+        let reset = 2 * u64::from(self.watchdog.timeout_ms);
+        if worst < reset {
+            return Ok(());
+        }
+        Err(format!(
+            "watchdog.timeout_ms {}: its reset, at the second expiry ({reset} ms), comes before \
+             the longest time between two feeds ({worst} ms: the control period {period}, \
+             clear numbers kept in flash, the {STEP_BUDGET_MS} ms step budget and the latched \
+             record's {LATCH_ITEMS} items at nor.item_worst_us {item} ms each, {STEP_WORK_MS} of \
+             work): the step that latches a leak would reset the board. Give at least {} ms, or \
+             a part whose worst item write is shorter",
+            self.watchdog.timeout_ms,
+            worst / 2 + 1
+        ))
     }
 
     /// The reset-cause word lies outside the image, RAM and the NOR
@@ -520,14 +566,37 @@ mod tests {
         assert!(shipped
             .consts()
             .contains("pub const NOR_ITEM_WORST_US: u64 = 450000;"));
-        let slow = load_edited(line, "item_worst_us = 1_200_000", "slow-part").unwrap();
+        let slow = load_edited(line, "item_worst_us = 200_000", "fast-part").unwrap();
         assert!(slow
             .consts()
-            .contains("pub const NOR_ITEM_WORST_US: u64 = 1200000;"));
+            .contains("pub const NOR_ITEM_WORST_US: u64 = 200000;"));
         let e = load_edited(line, "", "no-worst").unwrap_err();
         assert!(e.contains("item_worst_us"), "{e}");
         let e = load_edited(line, "item_worst_us = 0", "zero-worst").unwrap_err();
         assert!(e.contains("nor.item_worst_us 0"), "{e}");
+    }
+
+    #[test]
+    fn a_watchdog_that_would_reset_a_step_keeping_the_latched_record_is_refused() {
+        // The shipped board: 1,000 + 450 + 900 + 1,350 + 100 ms between
+        // two feeds at worst, under the reset at 4,000 ms.
+        assert_eq!(feed_interval_worst_ms(1_000, 450), 3_800);
+        let line = "timeout_ms = 2000";
+        assert!(load_edited(line, line, "watchdog").is_ok());
+        let e = load_edited(line, "timeout_ms = 1900", "short-watchdog").unwrap_err();
+        assert!(
+            e.contains("watchdog.timeout_ms 1900: its reset, at the second expiry (3800 ms)"),
+            "{e}"
+        );
+        assert!(e.contains("Give at least 1901 ms"), "{e}");
+        // A slower part needs a longer watchdog.
+        let slow = load_edited(
+            "item_worst_us = 450_000",
+            "item_worst_us = 1_200_000",
+            "slow-part",
+        )
+        .unwrap_err();
+        assert!(slow.contains("(8300 ms:"), "{slow}");
     }
 
     #[test]

@@ -35,6 +35,9 @@ use crate::rtu::{char_us, gap_us, RESYNC_QUIET_US};
 /// registers (unit, function, address, count, byte count, 8 bytes, CRC).
 pub const REQUEST_MAX_BYTES: u32 = 17;
 
+/// The part of a control period a step's transactions may take, µs.
+pub const STEP_BUDGET_US: u64 = 800_000;
+
 /// The CDU's turnaround a transaction is sent only with time for, µs: the
 /// least time between a request's last byte and its answer's first.
 pub const TURNAROUND_LEAST_US: u64 = 10_000;
@@ -93,6 +96,9 @@ pub struct StepBudget {
     kept_us: u64,
     /// One transaction's least and worst.
     transaction: Transaction,
+    /// The step wrote a flash item past its budget already: the latched
+    /// record's keep, or a part of what was learned.
+    over_budget_write: bool,
 }
 
 impl StepBudget {
@@ -103,6 +109,7 @@ impl StepBudget {
             deadline_us: start_us + budget_us,
             kept_us: 0,
             transaction,
+            over_budget_write: false,
         }
     }
 
@@ -138,6 +145,22 @@ impl StepBudget {
     /// waited on for more.
     pub fn kept(&mut self, took_us: u64, worst_us: u64) {
         self.kept_us = self.kept_us.saturating_add(took_us.min(worst_us));
+        self.over_budget_write = true;
+    }
+
+    /// Whether a part of what was learned (a flash item of at most
+    /// `worst_us`) is written at `now_us`: while it fits the step's own
+    /// budget ([`StepBudget::item_fits`]), and otherwise one a step,
+    /// unless the step kept the latched record. A CDU that takes tens of
+    /// milliseconds to answer leaves no step the time for an item at its
+    /// worst: without the one a step, what was learned would never be
+    /// kept. The step then runs past its budget by one item at most,
+    /// less than the record's keep ([`LATCH_ITEMS`]) would.
+    pub fn learned_part_fits(&mut self, now_us: u64, worst_us: u64) -> bool {
+        if self.item_fits(now_us, worst_us) {
+            return true;
+        }
+        !core::mem::replace(&mut self.over_budget_write, true)
     }
 }
 
@@ -238,6 +261,26 @@ mod tests {
         let b = StepBudget::new(0, 800_000, tx());
         assert!(!b.closings_first(0, 10_000));
         assert!(b.closings_first(800_000 - tx().worst_us - 10_000 + 1, 10_000));
+    }
+
+    #[test]
+    fn a_step_without_time_writes_one_part_of_what_was_learned_and_none_after_the_record() {
+        let worst = 450_000;
+        // The writes of a CDU answering in 60 ms end at 680 ms.
+        let mut b = StepBudget::new(0, 800_000, tx());
+        assert!(!b.item_fits(680_000, worst));
+        assert!(b.learned_part_fits(680_000, worst), "one part a step");
+        assert!(!b.learned_part_fits(700_000, worst), "one only");
+        // Time within the budget: as many parts as fit.
+        let mut b = StepBudget::new(0, 800_000, tx());
+        assert!(b.learned_part_fits(100_000, worst));
+        assert!(b.learned_part_fits(300_000, worst));
+        assert!(b.learned_part_fits(600_000, worst), "then the one past it");
+        assert!(!b.learned_part_fits(700_000, worst));
+        // A step that kept the latched record writes none past its budget.
+        let mut b = StepBudget::new(0, 800_000, tx());
+        b.kept(900_000, LATCH_ITEMS * worst);
+        assert!(!b.learned_part_fits(1_600_000, worst));
     }
 
     #[test]

@@ -13,3 +13,15 @@ mod input;
 mod board;
 
 use input::read_toml;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_watchdogs_check_plans_on_the_steps_own_figures() {
+        assert_eq!(
+            super::board::STEP_BUDGET_MS * 1000,
+            crate::budget::STEP_BUDGET_US
+        );
+        assert_eq!(super::board::LATCH_ITEMS, crate::budget::LATCH_ITEMS);
+    }
+}

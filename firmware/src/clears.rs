@@ -14,7 +14,11 @@
 //!    known: an operator whose last id the flash could not read, or
 //!    could not keep, has every clear refused until it can ([`Last`]).
 //!
-//! Each refusal says which of these failed ([`Refusal`]). What a taken
+//! The cheap checks run first (2, the key's presence, 4, and 5's
+//! comparison with the last id), so stale or replayed clears cost no
+//! signature check; a forged clear is said forged even while its
+//! operator's last id is not known. Each
+//! refusal says which of these failed ([`Refusal`]). What a taken
 //! clear does (a leak's latch or a pump's trip cleared) is the decision
 //! path's.
 //!
@@ -271,15 +275,18 @@ impl ClearGate {
         let op = (self.ring.iter().take(MAX_OPERATORS))
             .find(|o| o.name == clear.operator.as_str() && o.key_id == c.key_id)
             .ok_or_else(unknown)?;
-        verify(op, c)?;
+        // The cheap checks first: a flood of stale or replayed clears
+        // costs no signature check each (milliseconds on the board).
         fresh(clear.at.0, wall_ms)?;
+        if let Last::Id(last) = self.last[slot] {
+            if clear.id <= last {
+                return Err(Refusal::Replayed { id: clear.id, last });
+            }
+        }
+        verify(op, c)?;
         let operator = || clear.operator.clone();
         match self.last[slot] {
-            Last::Nothing => {}
-            Last::Id(last) if clear.id <= last => {
-                return Err(Refusal::Replayed { id: clear.id, last })
-            }
-            Last::Id(_) => {}
+            Last::Nothing | Last::Id(_) => {}
             Last::Unread => {
                 return Err(Refusal::LastUnread {
                     operator: operator(),
@@ -434,6 +441,28 @@ pub(crate) mod tests {
         assert!(g.admit(&c, Some(NOW)).is_ok());
         let none = ClearGate::new(None, &[]).admit(&c, Some(NOW)).unwrap_err();
         assert!(say(none).contains("without an operator keyring"));
+    }
+
+    #[test]
+    fn a_stale_or_replayed_clear_is_refused_before_its_signature_is_checked() {
+        let mut g = ClearGate::new(Some("cdu1"), ring());
+        g.restore(0, 9);
+        // Signed by another key: refused for what is cheap to see.
+        let replayed = signed(9, "cdu1", NOW, ClearAction::Leak(0), [8; 32]);
+        assert_eq!(
+            g.admit(&replayed, Some(NOW)),
+            Err(Refusal::Replayed { id: 9, last: 9 })
+        );
+        let stale = signed(10, "cdu1", NOW, ClearAction::Leak(0), [8; 32]);
+        assert!(matches!(
+            g.admit(&stale, Some(NOW + 61_000)),
+            Err(Refusal::Stale { .. })
+        ));
+        // Fresh and new: its signature is checked, and a bad one takes
+        // nothing.
+        assert_eq!(g.admit(&stale, Some(NOW)), Err(Refusal::BadSignature));
+        let good = signed(10, "cdu1", NOW, ClearAction::Leak(0), SEED);
+        assert!(g.admit(&good, Some(NOW)).is_ok());
     }
 
     #[test]

@@ -47,7 +47,8 @@ pub trait LearnedFlash: Ports {
     ) -> Result<Option<usize>, Self::Error>;
     /// Keeps `bytes` under `key`.
     fn write_learned(&mut self, key: &str, bytes: &[u8]) -> Result<(), Self::Error>;
-    /// Whether one more part's write still fits in the step's time.
+    /// Whether one more part is written in this step
+    /// ([`crate::budget::StepBudget::learned_part_fits`]).
     fn time_for_learned(&mut self) -> bool;
 }
 

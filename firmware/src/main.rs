@@ -23,7 +23,7 @@
 //! the queued frames go out.
 //!
 //! A step's Modbus transactions stop when the period's budget
-//! ([`shell::STEP_BUDGET_US`]) would be overrun, so a silent CDU cannot
+//! ([`loopwarden_firmware::budget::STEP_BUDGET_US`]) would be overrun, so a silent CDU cannot
 //! make the steps late; no frame out ever waits (a dead gateway or an
 //! unread debug port only drops frames, counted).
 //!

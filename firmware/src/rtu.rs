@@ -15,8 +15,13 @@
 //! - an answer ends when it has the length the request implies (or an
 //!   exception's five bytes), or fails after the response timeout;
 //! - no wait goes past the deadline the caller set ([`RtuMaster::set_deadline`],
-//!   the step's end): a silence not come by then is a busy line, an
-//!   answer not whole by then is no answer, said as cut by the deadline.
+//!   the step's end): a request is sent only while the deadline leaves
+//!   time for it, the CDU's least turnaround and its answer
+//!   ([`crate::budget::TURNAROUND_LEAST_US`]); an answer not whole by the
+//!   deadline is no answer, said as the step's time ran out, and the
+//!   next request waits until that answer could no longer come (its
+//!   response timeout after its request), so it is never read as the
+//!   next one's.
 //!
 //! Everything else is typed ([`RtuError`]), naming the request and its
 //! registers: a CRC mismatch, an exception (refused), an answer from
@@ -79,6 +84,10 @@ pub struct RtuMaster<S, C> {
     resync: bool,
     /// No wait goes past this, µs of the clock (`u64::MAX`: none).
     by_us: u64,
+    /// Until when the answer to a request cut short by the deadline may
+    /// still come, µs: no request goes before then.
+    late_until_us: u64,
+    char_us: u32,
     buf: [u8; rtu::MAX_FRAME_LEN],
 }
 
@@ -100,6 +109,8 @@ where
             last_activity_us: now,
             resync: false,
             by_us: u64::MAX,
+            late_until_us: 0,
+            char_us: char_us(baud),
             buf: [0; rtu::MAX_FRAME_LEN],
         }
     }
@@ -236,6 +247,9 @@ where
                 op: *op,
                 why: Mismatch::Length,
             })?;
+        if !self.time_for(n + ok_pdu + 3) {
+            return Err(RtuError::OutOfTime { op: *op });
+        }
         self.send(op, n)?;
         let got = self.receive(op, fc, ok_pdu);
         let len = got.map_err(|e| self.failed(e))?;
@@ -262,25 +276,38 @@ where
         }
     }
 
+    /// Whether the deadline leaves time for `bytes` on the line (a
+    /// request and its answer) and the CDU's least turnaround, from now.
+    fn time_for(&mut self, bytes: usize) -> bool {
+        let line = bytes as u64 * u64::from(self.char_us);
+        let least = line + crate::budget::TURNAROUND_LEAST_US;
+        self.clock.now_us().saturating_add(least) <= self.by_us
+    }
+
     /// Waits until the line has been silent for the gap (longer after a
-    /// failure), discarding what arrives meanwhile.
+    /// failure) and a cut-short request's answer can no longer come,
+    /// discarding what arrives meanwhile.
     fn quiet(&mut self, op: &Op) -> Result<(), RtuError> {
         let need = if self.resync {
             self.gap_us.max(RESYNC_QUIET_US)
         } else {
             self.gap_us
         };
-        let give_up =
-            (self.clock.now_us() + u64::from(self.timeout_us) + u64::from(need)).min(self.by_us);
+        let natural = self.clock.now_us() + u64::from(self.timeout_us) + u64::from(need);
+        let give_up = natural.max(self.late_until_us).min(self.by_us);
         loop {
             let now = self.clock.now_us();
             match self.serial.read() {
                 Ok(_) => self.last_activity_us = now,
                 Err(nb::Error::Other(_)) => self.last_activity_us = now,
                 Err(nb::Error::WouldBlock) => {
-                    if now >= self.last_activity_us + u64::from(need) {
+                    let silent = now >= self.last_activity_us + u64::from(need);
+                    if silent && now >= self.late_until_us {
                         self.resync = false;
                         return Ok(());
+                    }
+                    if now >= give_up && give_up == self.by_us {
+                        return Err(RtuError::OutOfTime { op: *op });
                     }
                     if now >= give_up {
                         return Err(RtuError::LineBusy { op: *op });
@@ -332,6 +359,9 @@ where
                 }
                 Err(nb::Error::WouldBlock) if now >= deadline => {
                     let got = got.min(usize::from(u16::MAX)) as u16;
+                    if deadline < timeout {
+                        self.late_until_us = timeout;
+                    }
                     return Err(RtuError::NoAnswer {
                         op: *op,
                         after_us: (deadline - sent).min(u64::from(u32::MAX)) as u32,

@@ -42,13 +42,24 @@ use crate::status::Line;
 /// How long the CDU is given to answer a request, µs: a read's answer
 /// is 27 bytes (14 ms at 19,200 baud); the rest is the CDU's turnaround.
 const RESPONSE_TIMEOUT_US: u32 = 200_000;
-/// The part of a control period a step's transactions may take, µs.
-pub const STEP_BUDGET_US: u64 = 800_000;
 /// One Modbus transaction's least and worst on the CDU's line, µs.
 const TRANSACTION: Transaction = Transaction {
     least_us: budget::transaction_least_us(board::UART_MODBUS.baud, map::longest_answer_bytes()),
     worst_us: budget::transaction_worst_us(board::UART_MODBUS.baud, RESPONSE_TIMEOUT_US),
 };
+// A Modbus line too slow for the firmware's timing does not build: the
+// longest answer and the CDU's least turnaround must fit the response
+// timeout, and the least transaction a step's budget.
+const _: () = assert!(
+    map::longest_answer_bytes() as u64 * rtu::char_us(board::UART_MODBUS.baud) as u64
+        + budget::TURNAROUND_LEAST_US
+        < RESPONSE_TIMEOUT_US as u64,
+    "the Modbus UART's baud rate is too slow for the longest answer within the response timeout"
+);
+const _: () = assert!(
+    TRANSACTION.least_us <= budget::STEP_BUDGET_US,
+    "the Modbus UART's baud rate is too slow for one transaction within a step's budget"
+);
 /// The latched record's keep at its worst on the board's NOR part, µs
 /// (the board file's `nor.item_worst_us` for each item). The PSRAM
 /// standing in for the part writes in microseconds; the step is planned
@@ -173,7 +184,7 @@ impl Shell {
             step_led: Led::new(0).expect("the board has LED 0"),
             leak_led: Led::new(1).expect("the board has LED 1"),
             boot_peak: 0,
-            budget: StepBudget::new(0, STEP_BUDGET_US, TRANSACTION),
+            budget: StepBudget::new(0, budget::STEP_BUDGET_US, TRANSACTION),
             work: (0, 0),
         };
         (sh, read)
@@ -265,20 +276,26 @@ impl Shell {
     /// The operators whose last clear number the flash could not read
     /// or keep: read or kept again; one that now is has its clears taken
     /// again (said on the console). A try that fails again is not said.
+    /// One keep a step at most (a write may take the NOR part's worst):
+    /// the others wait for the next steps.
     #[inline(never)]
     fn settle_clears(&mut self, ctl: &mut Controller<'_>) {
         let gate = ctl.gate_mut();
         let unsettled: heapless::Vec<(usize, &str, Last), MAX_OPERATORS> =
             gate.unsettled().collect();
+        let mut wrote = false;
         for (slot, name, last) in unsettled {
             let settled = match last {
                 Last::Unread => block_on(counters::last_clear(&mut self.store, slot, name))
                     .ok()
                     .map(|l| (l.map_or(Last::Nothing, Last::Id), "read from")),
-                Last::Unkept(id) => block_on(counters::keep_clear(&mut self.store, slot, name, id))
-                    .ok()
-                    .map(|()| (Last::Id(id), "kept in")),
-                Last::Nothing | Last::Id(_) => None,
+                Last::Unkept(id) if !wrote => {
+                    wrote = true;
+                    block_on(counters::keep_clear(&mut self.store, slot, name, id))
+                        .ok()
+                        .map(|()| (Last::Id(id), "kept in"))
+                }
+                Last::Unkept(_) | Last::Nothing | Last::Id(_) => None,
             };
             if let Some((l, how)) = settled {
                 gate.set(slot, l);
@@ -345,7 +362,7 @@ impl Shell {
     pub fn step(&mut self, ctl: &mut Controller<'_>, tick: u32) {
         let start_us = clock::now_us();
         let now_ms = start_us / 1000;
-        self.budget = StepBudget::new(start_us, STEP_BUDGET_US, TRANSACTION);
+        self.budget = StepBudget::new(start_us, budget::STEP_BUDGET_US, TRANSACTION);
         self.work = (0, icount::now());
         self.settle_clears(ctl);
         self.hear_gateway(ctl, now_ms);
@@ -661,7 +678,7 @@ impl LearnedFlash for Shell {
     }
 
     fn time_for_learned(&mut self) -> bool {
-        (self.budget).item_fits(clock::now_us(), board::NOR_ITEM_WORST_US)
+        (self.budget).learned_part_fits(clock::now_us(), board::NOR_ITEM_WORST_US)
     }
 }
 

@@ -103,16 +103,21 @@ pub const HEAR_MAX_BYTES: usize = 8192;
 
 impl Controller<'_> {
     /// What the gateway sent, read from `rx` at `now_ms` until it has no
-    /// more or [`HEAR_MAX_BYTES`] were taken; bytes lost to a full ring
-    /// are counted ([`LinkCounts::overruns`]), not said. Returns the bytes
-    /// taken.
+    /// more, [`HEAR_MAX_BYTES`] were taken, or a clear was checked (one a
+    /// call: a burst of clears is not checked and kept all in one go,
+    /// past the watchdog); bytes lost to a full ring are counted
+    /// ([`LinkCounts::overruns`]), not said. Returns the bytes taken.
     pub fn hear(&mut self, p: &mut impl Ports, rx: &mut impl Read<u8>, now_ms: u64) -> usize {
         let mut taken = 0;
         while taken < HEAR_MAX_BYTES {
             match rx.read() {
                 Ok(b) => {
                     taken += 1;
-                    self.on_byte(p, b, now_ms);
+                    // One clear a call: its signature's check and its
+                    // number's keep in flash are the slow work here.
+                    if self.on_byte(p, b, now_ms) {
+                        break;
+                    }
                 }
                 Err(nb::Error::WouldBlock) => break,
                 Err(nb::Error::Other(_)) => {
@@ -123,20 +128,23 @@ impl Controller<'_> {
         taken
     }
 
-    /// One byte from the gateway's UART at `now_ms`.
+    /// One byte from the gateway's UART at `now_ms`; whether it completed
+    /// a clear (checked, and acted on or refused).
     #[inline(never)]
-    pub fn on_byte(&mut self, p: &mut impl Ports, b: u8, now_ms: u64) {
+    pub fn on_byte(&mut self, p: &mut impl Ports, b: u8, now_ms: u64) -> bool {
         let Some(down) = self.message(p, b) else {
-            return;
+            return false;
         };
         self.link.frames = self.link.frames.saturating_add(1);
         self.heard_ms = Some(now_ms);
         // A clear is checked straight from here, with no other message's
         // frame beneath its signature's check.
         if let Down::Clear(c) = &down {
-            return self.on_clear(p, c, now_ms);
+            self.on_clear(p, c, now_ms);
+            return true;
         }
         self.on_down(p, &down, now_ms);
+        false
     }
 
     /// The message of the frame that byte `b` completes, if it passes its

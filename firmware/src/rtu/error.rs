@@ -109,9 +109,15 @@ pub enum RtuError {
         why: Mismatch,
     },
     /// The line never fell silent for the inter-frame gap before the
-    /// request, within the response timeout (or by the deadline): nothing
-    /// was sent.
+    /// request, within the response timeout: nothing was sent.
     LineBusy {
+        /// The request not sent.
+        op: Op,
+    },
+    /// Not sent: the deadline left no time for the request, the CDU's
+    /// turnaround and the answer (or came while the line was not yet
+    /// silent).
+    OutOfTime {
         /// The request not sent.
         op: Op,
     },
@@ -133,6 +139,7 @@ impl RtuError {
             | RtuError::Refused { op, .. }
             | RtuError::BadAnswer { op, .. }
             | RtuError::LineBusy { op }
+            | RtuError::OutOfTime { op }
             | RtuError::Serial { op, .. } => op,
         }
     }
@@ -143,14 +150,21 @@ impl fmt::Display for RtuError {
         write!(f, "{}: ", self.op())?;
         match self {
             RtuError::NoAnswer {
-                after_us, got, cut, ..
-            } => {
-                write!(f, "no whole answer within {} ms", after_us / 1000)?;
-                if *cut {
-                    f.write_str(", the step's time left (the timeout is longer)")?;
-                }
-                write!(f, " ({got} bytes came)")
-            }
+                after_us,
+                got,
+                cut: false,
+                ..
+            } => write!(
+                f,
+                "no whole answer within {} ms ({got} bytes came)",
+                after_us / 1000
+            ),
+            RtuError::NoAnswer { after_us, got, .. } => write!(
+                f,
+                "no whole answer {} ms after the request, when the step's time ran out \
+                 ({got} bytes came)",
+                after_us / 1000
+            ),
             RtuError::Crc { sent, computed, .. } => write!(
                 f,
                 "the answer's CRC is {sent:#06x}, its bytes give {computed:#06x}"
@@ -173,6 +187,7 @@ impl fmt::Display for RtuError {
             RtuError::LineBusy { .. } => {
                 write!(f, "the line never fell silent before the request; not sent")
             }
+            RtuError::OutOfTime { .. } => write!(f, "not sent: the step's time ran out"),
             RtuError::Serial { kind, .. } => write!(f, "the UART reported {kind:?}"),
         }
     }

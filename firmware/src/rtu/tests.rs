@@ -350,11 +350,12 @@ fn no_wait_goes_past_the_deadline_and_an_answer_cut_by_it_says_so() {
     );
     assert!(now.get() <= sent + 40_000 + 50, "waited past the deadline");
     let said = e.to_string();
-    assert!(said.contains("the step's time left"), "{said}");
+    assert!(said.contains("when the step's time ran out"), "{said}");
     // The deadline passed: a silence is not waited for past it either,
     // and nothing is sent.
     let e = m.write(map::HEARTBEAT, &[8]).unwrap_err();
-    assert!(matches!(e, RtuError::LineBusy { .. }), "{e:?}");
+    assert!(matches!(e, RtuError::OutOfTime { .. }), "{e:?}");
+    assert!(e.to_string().ends_with("not sent: the step's time ran out"));
     assert_eq!(wire.borrow().sent.len(), 1);
     // The next step, a period later: the late answer came meanwhile and
     // is let pass; the next request's answer is taken.
@@ -386,4 +387,47 @@ fn without_a_deadline_an_answer_is_waited_for_the_whole_timeout() {
     );
     assert!(!e.to_string().contains("step"), "{e}");
     assert!(now.get() >= began + 200_000);
+}
+
+#[test]
+fn the_late_answer_of_a_cut_request_is_let_pass_before_the_next_step_asks() {
+    // The write's echo comes 60 ms after it; the step ends 30 ms after
+    // it, and the next step starts at once (the last one overran).
+    let slow = Reply {
+        after_us: Some(60_000),
+        bytes: frame(&[1, 6, 0, 5, 0, 7]),
+    };
+    let (mut m, wire, now) = master(std::vec![slow, ok(first_span_answer())]);
+    m.set_deadline(now.get() + 30_000);
+    let e = m.write(map::HEARTBEAT, &[7]).unwrap_err();
+    assert!(matches!(e, RtuError::NoAnswer { cut: true, .. }), "{e:?}");
+    m.set_deadline(now.get() + 800_000);
+    let mut out = [0u16; 16];
+    assert_eq!(m.read_inputs(&map::SPANS[0], &mut out), Ok(7));
+    assert_eq!(&out[..7], &[3012, 3850, 1923, 2700, 1, 0, 0b100]);
+    let w = wire.borrow();
+    assert!(
+        w.sent[1].0 >= w.sent[0].0 + 200_000,
+        "the read waited out the write's response timeout"
+    );
+}
+
+#[test]
+fn a_request_the_step_has_no_time_left_to_answer_is_not_sent() {
+    let (mut m, wire, now) = master(std::vec![ok(frame(&[1, 6, 0, 5, 0, 7]))]);
+    // Another talker on the line until 10 ms before the step's end: the
+    // silence comes, but a request, 10 ms of turnaround and an echo
+    // (16 bytes, 8.3 ms) no longer fit.
+    let end = now.get() + 100_000;
+    for (i, t) in (now.get()..end - 10_000).step_by(600).enumerate() {
+        wire.borrow_mut().incoming.push_back((t, i as u8));
+    }
+    m.set_deadline(end);
+    let e = m.write(map::HEARTBEAT, &[7]).unwrap_err();
+    assert!(matches!(e, RtuError::OutOfTime { .. }), "{e:?}");
+    assert!(wire.borrow().sent.is_empty());
+    assert!(now.get() <= end, "waited past the step's end");
+    // With the time, it goes.
+    m.set_deadline(now.get() + 100_000);
+    m.write(map::HEARTBEAT, &[7]).unwrap();
 }

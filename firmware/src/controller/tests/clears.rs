@@ -201,3 +201,49 @@ fn a_pump_clear_is_refused_while_the_cdus_pump_fault_is_not_read() {
     let r = replay(&p.wire);
     assert!(r.all_match(), "{:?}", r.first_mismatch);
 }
+
+/// Bytes already on the line, read one by one.
+struct Line(std::collections::VecDeque<u8>);
+
+impl embedded_hal_nb::serial::ErrorType for Line {
+    type Error = embedded_hal_nb::serial::ErrorKind;
+}
+
+impl embedded_hal_nb::serial::Read<u8> for Line {
+    fn read(&mut self) -> embedded_hal_nb::nb::Result<u8, Self::Error> {
+        self.0
+            .pop_front()
+            .ok_or(embedded_hal_nb::nb::Error::WouldBlock)
+    }
+}
+
+#[test]
+fn clears_back_to_back_are_checked_one_a_call() {
+    let mut d = decider(&Ok(None));
+    let mut k = Box::new(LearnedKeeper::new());
+    let mut c = Controller::new(&mut d, ClearGate::new(Some("cdu1"), ring()), &mut k);
+    let p = &mut *Fake::new();
+    c.boot(p, hello(), Opening::Nothing);
+    hear(&mut c, p, &alive(1), 1_000);
+    let mut bytes = std::collections::VecDeque::new();
+    for id in 1..=3 {
+        let clear = Down::Clear(signed(id, "cdu1", NOW, ClearAction::Leak(2), SEED));
+        bytes.extend(bytes_of(&clear, p.seq));
+        p.seq = p.seq.wrapping_add(1);
+    }
+    let total = bytes.len();
+    let mut line = Line(bytes);
+    let mut calls = 0;
+    while !line.0.is_empty() {
+        let before = answers(p).len();
+        c.hear(p, &mut line, 1_000);
+        calls += 1;
+        assert_eq!(answers(p).len(), before + 1, "one clear checked a call");
+    }
+    assert_eq!(calls, 3);
+    assert_eq!(
+        answers(p).iter().map(|a| a.0).collect::<Vec<_>>(),
+        [1, 2, 3]
+    );
+    assert_eq!(c.hear(p, &mut line, 1_000), 0, "{total} bytes all taken");
+}
