@@ -172,7 +172,9 @@ pub const STEP_WORK_MS: u64 = 100;
 /// `item_ms` at its worst: the wait for the next tick, overrun by one
 /// clear's number kept just before it; then the step: a number kept again
 /// and a clear's before its transactions (one each a step), its budget
-/// running meanwhile; the latched record's keep; its work.
+/// running meanwhile; the latched record's keep (a step that keeps none
+/// may write one part of what was learned past its budget instead: less);
+/// its work.
 pub fn feed_interval_worst_ms(period_ms: u64, item_ms: u64) -> u64 {
     let before_keep = STEP_BUDGET_MS.max(2 * item_ms);
     period_ms + item_ms + before_keep + LATCH_ITEMS * item_ms + STEP_WORK_MS
