@@ -276,6 +276,13 @@ where
         }
     }
 
+    /// The answer to the request just given up on may still come until
+    /// `timeout_at` (its response timeout after it): no request goes
+    /// before then, so that answer is never read as the next one's.
+    fn answer_may_follow(&mut self, timeout_at: u64) {
+        self.late_until_us = self.late_until_us.max(timeout_at);
+    }
+
     /// Whether the deadline leaves time for `bytes` on the line (a
     /// request and its answer) and the CDU's least turnaround, from now.
     fn time_for(&mut self, bytes: usize) -> bool {
@@ -295,22 +302,27 @@ where
         };
         let natural = self.clock.now_us() + u64::from(self.timeout_us) + u64::from(need);
         let give_up = natural.max(self.late_until_us).min(self.by_us);
+        // Whether the line spoke while it was waited on: a line that
+        // never fell silent is busy, whoever's deadline came first.
+        let mut heard = false;
         loop {
             let now = self.clock.now_us();
             match self.serial.read() {
-                Ok(_) => self.last_activity_us = now,
-                Err(nb::Error::Other(_)) => self.last_activity_us = now,
+                Ok(_) | Err(nb::Error::Other(_)) => {
+                    self.last_activity_us = now;
+                    heard = true;
+                }
                 Err(nb::Error::WouldBlock) => {
                     let silent = now >= self.last_activity_us + u64::from(need);
                     if silent && now >= self.late_until_us {
                         self.resync = false;
                         return Ok(());
                     }
-                    if now >= give_up && give_up == self.by_us {
-                        return Err(RtuError::OutOfTime { op: *op });
+                    if now >= give_up && (heard || give_up < self.by_us) && !silent {
+                        return Err(RtuError::LineBusy { op: *op });
                     }
                     if now >= give_up {
-                        return Err(RtuError::LineBusy { op: *op });
+                        return Err(RtuError::OutOfTime { op: *op });
                     }
                     self.clock.idle();
                 }
@@ -352,6 +364,7 @@ where
                 }
                 Err(nb::Error::Other(e)) => {
                     self.last_activity_us = now;
+                    self.answer_may_follow(timeout);
                     return Err(RtuError::Serial {
                         op: *op,
                         kind: e.kind(),
@@ -360,7 +373,7 @@ where
                 Err(nb::Error::WouldBlock) if now >= deadline => {
                     let got = got.min(usize::from(u16::MAX)) as u16;
                     if deadline < timeout {
-                        self.late_until_us = timeout;
+                        self.answer_may_follow(timeout);
                     }
                     return Err(RtuError::NoAnswer {
                         op: *op,
@@ -372,6 +385,7 @@ where
                 Err(nb::Error::WouldBlock) => self.clock.idle(),
             }
             if got == 1 && self.buf[0] != self.unit {
+                self.answer_may_follow(timeout);
                 return Err(RtuError::BadAnswer {
                     op: *op,
                     why: Mismatch::Unit(self.buf[0]),
@@ -382,10 +396,11 @@ where
                     f if f == fc => want,
                     f if f == fc | 0x80 => 5,
                     f => {
+                        self.answer_may_follow(timeout);
                         return Err(RtuError::BadAnswer {
                             op: *op,
                             why: Mismatch::Function(f),
-                        })
+                        });
                     }
                 };
             }

@@ -103,21 +103,20 @@ pub const HEAR_MAX_BYTES: usize = 8192;
 
 impl Controller<'_> {
     /// What the gateway sent, read from `rx` at `now_ms` until it has no
-    /// more, [`HEAR_MAX_BYTES`] were taken, or a clear was checked (one a
-    /// call: a burst of clears is not checked and kept all in one go,
-    /// past the watchdog); bytes lost to a full ring are counted
-    /// ([`LinkCounts::overruns`]), not said. Returns the bytes taken.
+    /// more or [`HEAR_MAX_BYTES`] were taken; bytes lost to a full ring
+    /// are counted ([`LinkCounts::overruns`]), not said. One clear a call
+    /// is checked (its signature's check and its number's keep in flash
+    /// are the slow work here: a burst of them is not done all in one go,
+    /// past the watchdog); a further one is answered at once, to be sent
+    /// again ([`AGAIN`]). Returns the bytes taken.
     pub fn hear(&mut self, p: &mut impl Ports, rx: &mut impl Read<u8>, now_ms: u64) -> usize {
         let mut taken = 0;
+        let mut clears = 0;
         while taken < HEAR_MAX_BYTES {
             match rx.read() {
                 Ok(b) => {
                     taken += 1;
-                    // One clear a call: its signature's check and its
-                    // number's keep in flash are the slow work here.
-                    if self.on_byte(p, b, now_ms) {
-                        break;
-                    }
+                    self.on_byte_counting(p, b, now_ms, &mut clears);
                 }
                 Err(nb::Error::WouldBlock) => break,
                 Err(nb::Error::Other(_)) => {
@@ -128,23 +127,30 @@ impl Controller<'_> {
         taken
     }
 
-    /// One byte from the gateway's UART at `now_ms`; whether it completed
-    /// a clear (checked, and acted on or refused).
+    /// One byte from the gateway's UART at `now_ms`.
+    pub fn on_byte(&mut self, p: &mut impl Ports, b: u8, now_ms: u64) {
+        self.on_byte_counting(p, b, now_ms, &mut 0);
+    }
+
+    /// One byte at `now_ms`, `clears` checked so far in this reading of
+    /// the line: a clear past the first is answered to be sent again.
     #[inline(never)]
-    pub fn on_byte(&mut self, p: &mut impl Ports, b: u8, now_ms: u64) -> bool {
+    fn on_byte_counting(&mut self, p: &mut impl Ports, b: u8, now_ms: u64, clears: &mut u32) {
         let Some(down) = self.message(p, b) else {
-            return false;
+            return;
         };
         self.link.frames = self.link.frames.saturating_add(1);
         self.heard_ms = Some(now_ms);
         // A clear is checked straight from here, with no other message's
         // frame beneath its signature's check.
         if let Down::Clear(c) = &down {
-            self.on_clear(p, c, now_ms);
-            return true;
+            *clears += 1;
+            if *clears > 1 {
+                return self.refuse_clear(p, c, &AGAIN);
+            }
+            return self.on_clear(p, c, now_ms);
         }
         self.on_down(p, &down, now_ms);
-        false
     }
 
     /// The message of the frame that byte `b` completes, if it passes its
@@ -423,6 +429,10 @@ impl Controller<'_> {
 /// Why a clear the gate took is refused when its number did not go into
 /// flash.
 const UNKEPT: &str = "not acted on: its number could not be kept in flash";
+
+/// Why a clear past the first of one reading of the gateway's line is
+/// not checked: nothing was taken, its number is not used up.
+pub const AGAIN: &str = "not checked: another clear arrived just before it; send it again";
 
 /// Why a pump's clear is refused while the CDU's pump faults are not
 /// read (as the Linux controller says it, within an answer's words).

@@ -431,3 +431,48 @@ fn a_request_the_step_has_no_time_left_to_answer_is_not_sent() {
     m.set_deadline(now.get() + 100_000);
     m.write(map::HEARTBEAT, &[7]).unwrap();
 }
+
+#[test]
+fn after_a_stray_first_byte_the_answer_still_coming_is_not_read_as_the_next() {
+    // A glitch on the line 1 ms after the write; its echo comes 60 ms
+    // after it, when the next request would have been waiting for its own.
+    let slow = Reply {
+        after_us: Some(60_000),
+        bytes: frame(&[1, 6, 0, 5, 0, 7]),
+    };
+    let (mut m, wire, now) = master(std::vec![slow, ok(frame(&[1, 6, 0, 5, 0, 8]))]);
+    now.set(now.get() + 10_000);
+    wire.borrow_mut()
+        .incoming
+        .push_back((now.get() + 1_000, 0x00));
+    let e = m.write(map::HEARTBEAT, &[7]).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            RtuError::BadAnswer {
+                why: Mismatch::Unit(0),
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    m.write(map::HEARTBEAT, &[8]).unwrap();
+    let w = wire.borrow();
+    assert!(
+        w.sent[1].0 >= w.sent[0].0 + 200_000,
+        "waited out the first's timeout"
+    );
+}
+
+#[test]
+fn a_line_that_never_falls_silent_is_busy_even_when_the_step_ends_first() {
+    let (mut m, wire, now) = master(std::vec![]);
+    let end = now.get() + 100_000;
+    for (i, t) in (now.get()..end + 50_000).step_by(600).enumerate() {
+        wire.borrow_mut().incoming.push_back((t, i as u8));
+    }
+    m.set_deadline(end);
+    let e = m.write(map::HEARTBEAT, &[7]).unwrap_err();
+    assert!(matches!(e, RtuError::LineBusy { .. }), "{e:?}");
+    assert!(wire.borrow().sent.is_empty());
+}

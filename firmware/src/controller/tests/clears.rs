@@ -218,7 +218,7 @@ impl embedded_hal_nb::serial::Read<u8> for Line {
 }
 
 #[test]
-fn clears_back_to_back_are_checked_one_a_call() {
+fn of_clears_back_to_back_the_first_is_checked_and_the_others_answered_to_send_again() {
     let mut d = decider(&Ok(None));
     let mut k = Box::new(LearnedKeeper::new());
     let mut c = Controller::new(&mut d, ClearGate::new(Some("cdu1"), ring()), &mut k);
@@ -231,19 +231,23 @@ fn clears_back_to_back_are_checked_one_a_call() {
         bytes.extend(bytes_of(&clear, p.seq));
         p.seq = p.seq.wrapping_add(1);
     }
-    let total = bytes.len();
+    bytes.extend(bytes_of(&alive(2), p.seq));
+    p.seq = p.seq.wrapping_add(1);
     let mut line = Line(bytes);
-    let mut calls = 0;
-    while !line.0.is_empty() {
-        let before = answers(p).len();
-        c.hear(p, &mut line, 1_000);
-        calls += 1;
-        assert_eq!(answers(p).len(), before + 1, "one clear checked a call");
+    c.hear(p, &mut line, 1_000);
+    assert!(line.0.is_empty(), "the whole line read in one call");
+    assert_eq!(p.kept.len(), 1, "one number kept: {:?}", p.kept);
+    let got = answers(p);
+    assert_eq!(got.iter().map(|a| a.0).collect::<Vec<_>>(), [1, 2, 3]);
+    for (_, r) in &got[1..] {
+        assert_eq!(r.as_ref().unwrap_err(), crate::controller::down::AGAIN);
     }
-    assert_eq!(calls, 3);
-    assert_eq!(
-        answers(p).iter().map(|a| a.0).collect::<Vec<_>>(),
-        [1, 2, 3]
+    // Sent again, the second is checked: its number was not used up.
+    hear(
+        &mut c,
+        p,
+        &Down::Clear(signed(2, "cdu1", NOW, ClearAction::Leak(2), SEED)),
+        1_100,
     );
-    assert_eq!(c.hear(p, &mut line, 1_000), 0, "{total} bytes all taken");
+    assert_eq!(p.kept.len(), 2);
 }
