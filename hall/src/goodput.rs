@@ -70,6 +70,12 @@ pub struct GoodputArgs {
     /// bound, else 0].
     #[arg(long)]
     false_alarms_per_gpu_day: Option<f64>,
+    /// The site's quarantine action ends the job on the host (a scancel
+    /// or a requeue among the actions), so a hang the agent sees stops the
+    /// job in its detection latency; without it (a drain or a taint) every
+    /// hang waits for the collective timeout.
+    #[arg(long)]
+    quarantine_ends_job: bool,
     /// Interruptions per GPU-day [default: the mix's; Llama 3's is
     /// 419 / (54 × 16,384)].
     #[arg(long)]
@@ -164,6 +170,7 @@ fn inputs(a: &GoodputArgs, m: Option<&Measured>) -> Result<Inputs, String> {
             .false_alarms_per_gpu_day
             .or(m.map(|m| m.false_alarms_per_gpu_day))
             .unwrap_or(d.false_alarms_per_gpu_day),
+        quarantine_ends_job: a.quarantine_ends_job,
     };
     loopwarden_twin::goodput::trials::validate(&job, &settings, &mix, a.trials)?;
     Ok(Inputs {
@@ -256,6 +263,7 @@ pub fn summary_json(s: &Study) -> Value {
         "precursors": if s.inputs.measured { "measured" } else { "mix" },
         "detection_s": s.inputs.settings.detection_s,
         "false_alarms_per_gpu_day": s.inputs.settings.false_alarms_per_gpu_day,
+        "quarantine_ends_job": s.inputs.settings.quarantine_ends_job,
         "trials": s.inputs.trials,
         "seed": s.inputs.seed,
     })
@@ -321,6 +329,14 @@ mod tests {
         let i = inputs(&args(&[]), None).unwrap();
         assert_eq!(i.settings.detection_s, Settings::default().detection_s);
         assert!(!i.measured && i.mix.classes.iter().all(|c| c.precursor.coverage == 0.0));
+    }
+
+    #[test]
+    fn the_quarantine_ends_no_job_unless_the_flag_says_it_does() {
+        let i = inputs(&args(&[]), None).unwrap();
+        assert!(!i.settings.quarantine_ends_job);
+        let i = inputs(&args(&["--quarantine-ends-job"]), None).unwrap();
+        assert!(i.settings.quarantine_ends_job);
     }
 
     #[test]

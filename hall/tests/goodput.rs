@@ -40,6 +40,7 @@ fn goodput_prints_its_summary_and_writes_the_report_and_charts() {
     let v: serde_json::Value = serde_json::from_str(last).unwrap();
     assert_eq!(v["trials"], 4);
     assert_eq!(v["seed"], 9);
+    assert_eq!(v["quarantine_ends_job"], false);
     for p in ["reactive", "agent", "agent_drain"] {
         let ett = v["ett"][p].as_f64().unwrap();
         assert!(ett > 0.5 && ett < 1.0, "{p}: {ett}");
@@ -70,6 +71,11 @@ fn goodput_prints_its_summary_and_writes_the_report_and_charts() {
     ] {
         assert!(md.contains(heading), "report.md lacks {heading}");
     }
+    // Without --quarantine-ends-job the agent is credited with no hang,
+    // and at triage 0 with no naming either.
+    assert!(md.contains("waits for the 10-minute collective timeout under every policy"));
+    assert!(md.contains("reactive handling names the bad host at once too"));
+    assert!(md.contains("| quarantine ends the job | no | `--quarantine-ends-job` |"));
     for (chart, axis) in [
         ("ett_vs_checkpoint.svg", "checkpoint interval (min, log)"),
         (
@@ -113,10 +119,12 @@ excludes_host = false
 "#;
     std::fs::write(&mix, text).unwrap();
     let out = dir.path().join("run");
-    let o = goodput(&out, &["--mix", mix.to_str().unwrap(), "--gpus", "1024"]);
+    let flags = ["--mix", mix.to_str().unwrap(), "--gpus", "1024"];
+    let o = goodput(&out, &[&flags[..], &["--quarantine-ends-job"]].concat());
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let stdout = String::from_utf8(o.stdout).unwrap();
     let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(v["quarantine_ends_job"], true);
     let lost = v["lost_gpu_h_by_cause"]["reactive"].as_object().unwrap();
     let mut names: Vec<&str> = lost.keys().map(String::as_str).collect();
     names.sort();

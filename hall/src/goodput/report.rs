@@ -7,7 +7,7 @@
 use std::fmt::Write as _;
 
 use loopwarden_twin::goodput::mix::LLAMA3_RATE_PER_GPU_DAY;
-use loopwarden_twin::goodput::{Lost, PolicySummary};
+use loopwarden_twin::goodput::{Lost, PolicySummary, Settings};
 
 use super::charts::{causes, CHARTS};
 use super::study::{Point, Study, COVERAGE, LEAD_H, TARGET};
@@ -117,13 +117,11 @@ fn result(md: &mut String, s: &Study) {
     };
     let _ = writeln!(
         md,
-        "\nThe agent gains {:+.2} points over reactive handling: it finds the hangs a host \
-         sees in {} s instead of the {}-minute collective timeout, and names the host at once. \
+        "\nThe agent gains {:+.2} points over reactive handling. {} \
          Drains, with {which}, add {:+.2} points at {:.2e} false alarms per GPU-day \
          ({:.1} a day for the job) and {:+.2} with none.\n",
         (p[1].ett - p[0].ett) * 100.0,
-        num(s.inputs.settings.detection_s),
-        num(s.inputs.settings.hang_timeout_min),
+        agent_credit(&s.inputs.settings),
         (p[2].ett - p[1].ett) * 100.0,
         s.inputs.settings.false_alarms_per_gpu_day,
         s.inputs.settings.false_alarms_per_gpu_day * f64::from(s.inputs.job.gpus),
@@ -131,9 +129,54 @@ fn result(md: &mut String, s: &Study) {
     );
 }
 
+/// What the agent is credited with over reactive handling, in words: the
+/// hangs it ends sooner (only where its quarantine ends the job) and the
+/// triage it saves (none at triage 0).
+pub fn agent_credit(t: &Settings) -> String {
+    let timeout_s = t.hang_timeout_min * 60.0;
+    let hangs = if !t.quarantine_ends_job {
+        format!(
+            "Its quarantine does not end the running job (a drain or a taint; \
+             `--quarantine-ends-job` says it does), so every hang, seen by a host or not, \
+             waits for the {}-minute collective timeout under every policy: the agent's {} s \
+             detection is not credited.",
+            num(t.hang_timeout_min),
+            num(t.detection_s)
+        )
+    } else if t.detection_s < timeout_s {
+        format!(
+            "Its quarantine ends the job (`--quarantine-ends-job`), so a hang a host sees \
+             stops the job after the agent's detection, {} s, instead of at the {}-minute \
+             collective timeout; the hangs no host sees still wait for the timeout.",
+            num(t.detection_s),
+            num(t.hang_timeout_min)
+        )
+    } else {
+        format!(
+            "Its quarantine ends the job (`--quarantine-ends-job`), but its detection, {} s, \
+             is no sooner than the {}-minute collective timeout, so every hang still stops at \
+             the timeout.",
+            num(t.detection_s),
+            num(t.hang_timeout_min)
+        )
+    };
+    let naming = if t.triage_min > 0.0 {
+        format!(
+            "It names the bad host of a failure a host sees at once, saving the {}-minute \
+             triage reactive handling spends on it.",
+            num(t.triage_min)
+        )
+    } else {
+        "At triage 0 (`--triage-min`) reactive handling names the bad host at once too, so \
+         naming it is not credited."
+            .to_string()
+    };
+    format!("{hangs} {naming}")
+}
+
 fn inputs(md: &mut String, s: &Study) {
     let (j, t) = (&s.inputs.job, &s.inputs.settings);
-    let rows: [(&str, String, &str); 13] = [
+    let rows: [(&str, String, &str); 14] = [
         ("GPUs (G)", thousands(j.gpus), "--gpus"),
         (
             "GPUs per host",
@@ -180,6 +223,11 @@ fn inputs(md: &mut String, s: &Study) {
             "agent's detection",
             format!("{} s", num(t.detection_s)),
             "--detection-s",
+        ),
+        (
+            "quarantine ends the job",
+            (if t.quarantine_ends_job { "yes" } else { "no" }).to_string(),
+            "--quarantine-ends-job",
         ),
         (
             "false alarms",
@@ -439,9 +487,15 @@ fn moonshot(md: &mut String, s: &Study) {
         let _ = writeln!(
             md,
             "**Today:** with the precursors the health engine achieves (the measured model) \
-             and its measured detection latency ({} s), agent + drain reaches {} at the \
+             and its measured detection latency ({} s; {}), agent + drain reaches {} at the \
              false-alarm bound of {:.2e} per GPU-day, and {} if it raised no false alarm.\n",
             num(s.inputs.settings.detection_s),
+            if s.inputs.settings.quarantine_ends_job {
+                "the quarantine ends the job, so a hang a host sees stops after it, at most at \
+                 the collective timeout"
+            } else {
+                "the quarantine does not end the job, so no hang stops sooner for it"
+            },
             pct(e),
             s.inputs.settings.false_alarms_per_gpu_day,
             pct(quiet)
@@ -566,5 +620,28 @@ mod tests {
         assert_eq!(poisson_quantile(1.0, 0.95), 3);
         assert_eq!(poisson_quantile(1.0, 0.99), 4);
         assert_eq!(poisson_quantile(0.0, 0.999), 0);
+    }
+
+    #[test]
+    fn the_agent_is_credited_only_with_what_it_does() {
+        let plain = Settings::default();
+        let words = agent_credit(&plain);
+        assert!(words.contains("every hang, seen by a host or not, waits for the 10-minute"));
+        assert!(words.contains("reactive handling names the bad host at once too"));
+        let ends = Settings {
+            quarantine_ends_job: true,
+            triage_min: 3.0,
+            ..plain.clone()
+        };
+        let words = agent_credit(&ends);
+        assert!(words.contains("after the agent's detection, 4 s, instead of at the 10-minute"));
+        assert!(words.contains("saving the 3-minute triage"));
+        let slow = Settings {
+            detection_s: 900.0,
+            ..ends
+        };
+        let words = agent_credit(&slow);
+        assert!(words.contains("900 s, is no sooner than the 10-minute collective timeout"));
+        assert!(!words.contains("instead of"));
     }
 }

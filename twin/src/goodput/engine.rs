@@ -6,20 +6,26 @@
 //! A failure while running loses the interval so far (rework) and takes the
 //! job down; a drain waits for the end of a write, so it loses nothing. A
 //! stretch down is a row of segments: detection (the collective timeout, or
-//! the agent's latency), triage (in detection), waiting for a spare, and
-//! the restart. A failure that strikes while the job is down cuts the row
-//! where it strikes and starts its own. Every second from 0 to the end of
-//! the run lands in exactly one place, so progress and the parts of
-//! [`Lost`] add up to the wall-clock time.
+//! the agent's latency where its quarantine ends the job), triage (in
+//! detection), waiting for a spare, and the restart. A failure that strikes
+//! while the job is down cuts the row where it strikes and starts its own;
+//! the new row's restart still waits for every host an earlier row was
+//! waiting for. Every second from 0 to the end of the run lands in exactly
+//! one place, so progress and the parts of [`Lost`] add up to the
+//! wall-clock time.
 //!
 //! Glossary:
 //! - *cause*: what a lost second is charged to: a class of the mix, a
 //!   false alarm, or the checkpoints themselves.
 //! - *pending*: flagged GPUs not yet drained; drained together at the end
-//!   of the next write, or excluded at no extra cost in a restart that
-//!   begins after their flag.
+//!   of the next write. A GPU flagged while the job is down, before its
+//!   restart begins, is left out of that restart instead: its host takes
+//!   a spare, and it costs nothing more unless the restart must wait
+//!   longer for that spare.
 //! - *spare pool*: spare hosts free now, and failed hosts in repair that
 //!   come back to it.
+//! - *hosts ready*: when the job last had, or will next have, every host
+//!   it needs: the latest spare taken so far.
 
 use super::draws::{Draws, Failure};
 use super::{Job, Lost, Mix, Onset, Settings};
@@ -73,7 +79,8 @@ pub struct Outcome {
     pub failures_averted: u32,
     /// False alarms drained or excluded.
     pub false_alarms: u32,
-    /// Times the job waited for a spare host.
+    /// Restarts that waited for a spare host (a row cut by a failure
+    /// during the wait counts again).
     pub spare_waits: u32,
 }
 
@@ -84,6 +91,7 @@ impl Outcome {
     }
 }
 
+/// A segment of a stretch down.
 #[derive(Clone, Copy, PartialEq)]
 enum Part {
     Detection,
@@ -92,6 +100,7 @@ enum Part {
     Drain,
 }
 
+/// What has become of a failure or a false alarm.
 #[derive(Clone, Copy, PartialEq)]
 enum Fate {
     Live,
@@ -147,6 +156,11 @@ struct Replay<'a> {
     /// Down: who the segments are charged to.
     causes: Vec<usize>,
     pool: Pool,
+    /// When every host the job needs is in hand (the latest spare taken);
+    /// a restart does not begin before it.
+    hosts_ready_at: f64,
+    /// Down: when the open row's failure is found (its detection ends).
+    found_at: f64,
     fate: Vec<Fate>,
     /// Each failure's class, by index.
     class_of: Vec<usize>,
@@ -185,6 +199,7 @@ fn flags(d: &Draws) -> Vec<(f64, usize)> {
     f
 }
 
+/// What happens next in a replay.
 enum Next {
     End,
     DownEnds(f64),
@@ -194,6 +209,7 @@ enum Next {
 }
 
 impl<'a> Replay<'a> {
+    /// The job running from 0, the pool full, nothing flagged.
     fn new(job: &'a Job, settings: &'a Settings, mix: &'a Mix, policy: Policy, d: &Draws) -> Self {
         Replay {
             job,
@@ -209,6 +225,8 @@ impl<'a> Replay<'a> {
                 back_at: Vec::new(),
                 repair_s: job.repair_hours * 3600.0,
             },
+            hosts_ready_at: 0.0,
+            found_at: 0.0,
             fate: vec![Fate::Live; d.failures.len() + d.false_alarms.len()],
             class_of: d.failures.iter().map(|f| f.class).collect(),
             pending: Vec::new(),
@@ -223,14 +241,17 @@ impl<'a> Replay<'a> {
         }
     }
 
+    /// The cause false alarms are charged to.
     fn false_alarm_cause(&self) -> usize {
         self.mix.classes.len()
     }
 
+    /// The cause checkpoint writes are charged to.
     fn checkpoint_cause(&self) -> usize {
         self.mix.classes.len() + 1
     }
 
+    /// Plays the trial's failures and `flags` to the end of the run.
     fn play(&mut self, d: &Draws, flags: &[(f64, usize)]) {
         let (mut fi, mut qi) = (0, 0);
         loop {
@@ -311,6 +332,7 @@ impl<'a> Replay<'a> {
         self.t = to;
     }
 
+    /// Charges `s` seconds of `part`, shared by the row's causes.
     fn charge(&mut self, part: Part, s: f64) {
         match part {
             Part::Detection => self.lost_s.detection += s,
@@ -333,6 +355,8 @@ impl<'a> Replay<'a> {
         }
     }
 
+    /// The restart ends at `at`: the job runs a fresh interval, and GPUs
+    /// flagged during the restart are drained at the end of its write.
     fn resume(&mut self, at: f64) {
         self.down_to(at);
         self.pos = 0.0;
@@ -341,16 +365,29 @@ impl<'a> Replay<'a> {
         }
     }
 
+    /// A GPU is flagged at `at`: left out of the restart ahead if the job
+    /// is down and its restart has not begun, else drained at the end of
+    /// the next write.
     fn flag(&mut self, at: f64, e: usize) {
         if self.fate[e] != Fate::Live {
             return;
         }
         self.advance(at);
+        if self.restart_ahead() {
+            self.exclude_from_restart(at, e);
+            return;
+        }
         self.fate[e] = Fate::Pending;
         self.pending.push(e);
         if self.down.is_empty() && self.drain_at.is_none() {
             self.drain_at = Some(at + (self.job.interval_s() - self.pos));
         }
+    }
+
+    /// Whether the job is down and its restart has not begun (the row
+    /// still has its detection or its wait for a spare ahead).
+    fn restart_ahead(&self) -> bool {
+        self.down.iter().any(|&(_, p)| p == Part::Spares)
     }
 
     /// The end of a write with flagged GPUs: a planned restart without
@@ -365,30 +402,38 @@ impl<'a> Replay<'a> {
         self.go_down(at, 0.0, hosts, Part::Drain);
     }
 
-    /// Takes every pending GPU out; returns how many hosts leave for
-    /// repair (a false alarm's host does; a failing one's as its class
-    /// says).
+    /// Takes every pending GPU out, each one's cause charged with the
+    /// planned restart; returns how many hosts leave for repair.
     fn avert_pending(&mut self) -> u32 {
-        let nf = self.class_of.len();
         let mut hosts = 0;
-        for k in 0..self.pending.len() {
-            let e = self.pending[k];
-            self.fate[e] = Fate::Averted;
-            if e >= nf {
-                hosts += 1;
-                self.out.false_alarms += 1;
-                self.causes.push(self.false_alarm_cause());
-            } else {
-                let c = self.class_of[e];
-                hosts += u32::from(self.mix.classes[c].excludes_host);
-                self.out.failures_averted += 1;
-                self.causes.push(c);
-            }
+        for e in std::mem::take(&mut self.pending) {
+            let (h, cause) = self.avert(e);
+            hosts += h;
+            self.causes.push(cause);
         }
-        self.pending.clear();
         hosts
     }
 
+    /// Takes flagged entry `e` out before it strikes; returns how many
+    /// hosts leave for repair (a false alarm's does; a failing GPU's as its
+    /// class says) and its cause.
+    fn avert(&mut self, e: usize) -> (u32, usize) {
+        self.fate[e] = Fate::Averted;
+        match self.class_of.get(e) {
+            None => {
+                self.out.false_alarms += 1;
+                (1, self.false_alarm_cause())
+            }
+            Some(&c) => {
+                self.out.failures_averted += 1;
+                (u32::from(self.mix.classes[c].excludes_host), c)
+            }
+        }
+    }
+
+    /// A failure strikes: the interval so far is lost if the job was
+    /// running, and a new row begins, without the failed host (if its class
+    /// takes one out) and without every GPU flagged and not yet drained.
     fn fail(&mut self, i: usize, f: &Failure) {
         if self.fate[i] == Fate::Pending {
             self.pending.retain(|&e| e != i);
@@ -405,56 +450,93 @@ impl<'a> Replay<'a> {
             self.by_cause_s[f.class] += self.pos;
             self.pos = 0.0;
         }
-        self.down.clear();
         self.drain_at = None;
         let (excludes, detect) = (class.excludes_host, self.detection_s(f.class));
-        // Flagged GPUs go out in the same restart, at no extra cost.
-        let flagged = self.avert_pending_into_restart();
-        self.go_down(f.at_s, detect, u32::from(excludes) + flagged, Part::Restart);
+        self.go_down(f.at_s, detect, u32::from(excludes), Part::Restart);
+        // Flagged GPUs go out in the same restart.
+        for e in std::mem::take(&mut self.pending) {
+            self.exclude_from_restart(self.found_at, e);
+        }
     }
 
-    fn avert_pending_into_restart(&mut self) -> u32 {
-        let first = self.causes[0];
-        let n = self.avert_pending();
-        self.causes.truncate(1);
-        self.causes[0] = first;
-        n
+    /// Leaves flagged entry `e` out of the open row's restart: its host
+    /// leaves for repair at `at` (not before the row's failure is found)
+    /// and takes a spare. It costs nothing unless the restart must wait
+    /// longer for that spare; then its cause shares the rest of the row.
+    fn exclude_from_restart(&mut self, at: f64, e: usize) {
+        let (hosts, cause) = self.avert(e);
+        if self.replace_hosts(at.max(self.found_at), hosts) {
+            self.causes.push(cause);
+        }
     }
 
-    /// From `at`: detection, a spare for each of `hosts`, the restart.
+    /// From `at`: detection (`detect`), the wait for a spare for each of
+    /// `hosts` and for any host an earlier row was still waiting for, then
+    /// the restart (`part`).
     fn go_down(&mut self, at: f64, detect: f64, hosts: u32, part: Part) {
         let found = at + detect;
-        let mut ready = found;
-        for _ in 0..hosts {
-            self.pool.send(found);
-        }
-        for _ in 0..hosts {
-            ready = ready.max(self.pool.take(found));
-        }
-        if ready > found {
-            self.out.spare_waits += 1;
-        }
+        self.found_at = found;
         self.down.clear();
         self.down.push((found, Part::Detection));
-        self.down.push((ready, Part::Spares));
-        self.down.push((ready + self.job.restart_min * 60.0, part));
+        self.down.push((found, Part::Spares));
+        self.down.push((found + self.job.restart_min * 60.0, part));
         self.t = at;
+        self.replace_hosts(found, hosts);
     }
 
-    /// Seconds from a failure of `class` to the job knowing which host to
-    /// leave out.
+    /// `hosts` leave for repair at `at` and each takes a spare; the open
+    /// row's restart waits until every host is in hand. Returns whether it
+    /// now waits longer.
+    fn replace_hosts(&mut self, at: f64, hosts: u32) -> bool {
+        for _ in 0..hosts {
+            self.pool.send(at);
+        }
+        for _ in 0..hosts {
+            self.hosts_ready_at = self.hosts_ready_at.max(self.pool.take(at));
+        }
+        self.delay_restart_to(self.hosts_ready_at)
+    }
+
+    /// Moves the open row's restart to begin at `ready` if that is later
+    /// than planned (counting the row's wait for a spare once); returns
+    /// whether it moved.
+    fn delay_restart_to(&mut self, ready: f64) -> bool {
+        let Some(k) = self.down.iter().position(|&(_, p)| p == Part::Spares) else {
+            return false;
+        };
+        let planned = self.down[k].0;
+        if ready <= planned {
+            return false;
+        }
+        if planned <= self.found_at {
+            self.out.spare_waits += 1;
+        }
+        self.down[k].0 = ready;
+        let last = self.down.len() - 1;
+        self.down[last].0 = ready + self.job.restart_min * 60.0;
+        true
+    }
+
+    /// Seconds from a failure of `class` to the job stopped and knowing
+    /// which host to leave out. A hang stops the job at the collective
+    /// timeout, or sooner where the agent sees it and the site's
+    /// quarantine action ends the job; without an agent that names the
+    /// host, triage follows.
     fn detection_s(&self, class: usize) -> f64 {
         let c = &self.mix.classes[class];
         let s = self.settings;
         let named = self.policy != Policy::Reactive && c.host_visible;
-        match (c.onset, named) {
-            (Onset::Crash, true) => 0.0,
-            (Onset::Hang, true) => s.detection_s,
-            (Onset::Crash, false) => s.triage_min * 60.0,
-            (Onset::Hang, false) => (s.hang_timeout_min + s.triage_min) * 60.0,
-        }
+        let timeout = s.hang_timeout_min * 60.0;
+        let stopped = match c.onset {
+            Onset::Crash => 0.0,
+            Onset::Hang if named && s.quarantine_ends_job => s.detection_s.min(timeout),
+            Onset::Hang => timeout,
+        };
+        let triage = if named { 0.0 } else { s.triage_min * 60.0 };
+        stopped + triage
     }
 
+    /// Runs to the end of the run and turns seconds into GPU-hours.
     fn finish(mut self) -> Outcome {
         let h = self.job.horizon_s();
         if self.down.is_empty() {

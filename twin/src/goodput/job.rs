@@ -20,6 +20,10 @@
 //!   takes to name and exclude the bad host when no agent names it.
 //! - *false alarm*: a healthy GPU the health engine flags; a drain
 //!   policy drains it as if it were failing.
+//! - *quarantine action*: what the site's agent does on a quarantine
+//!   (`docs/health.md` section 6). Slurm's DRAIN and a `NoSchedule` taint
+//!   keep new work off the host but do not end the job running there; a
+//!   hung job then waits for the collective timeout like any other.
 
 use serde::{Deserialize, Serialize};
 
@@ -65,17 +69,25 @@ impl Default for Job {
 /// How the three policies find failures and what a drain costs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Settings {
-    /// Minutes a hung collective waits before the job stops (reactive, and
-    /// every policy for a failure no host sees).
+    /// Minutes a hung collective waits before the job stops (every hang,
+    /// unless the agent sees it and its quarantine ends the job).
     pub hang_timeout_min: f64,
     /// Minutes a person or a script takes to exclude the bad host once a
     /// failure no agent named is found.
     pub triage_min: f64,
     /// Seconds the host agent takes from a failure it sees to the GPU
     /// quarantined (its XID-to-quarantine latency, its stall detection).
+    /// It shortens a hang only where the quarantine ends the job, and
+    /// never past the collective timeout.
     pub detection_s: f64,
     /// Healthy GPUs flagged per GPU-day (drained as if failing).
     pub false_alarms_per_gpu_day: f64,
+    /// Whether the site's quarantine action ends the job running on the
+    /// host (a `scancel` or a requeue among the actions), so that a hang
+    /// the agent sees stops the job in `detection_s` rather than at the
+    /// collective timeout [default: no; a drain or a taint does not].
+    #[serde(default)]
+    pub quarantine_ends_job: bool,
 }
 
 impl Default for Settings {
@@ -85,6 +97,7 @@ impl Default for Settings {
             triage_min: 0.0,
             detection_s: 4.0,
             false_alarms_per_gpu_day: 0.0,
+            quarantine_ends_job: false,
         }
     }
 }

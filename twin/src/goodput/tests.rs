@@ -4,7 +4,8 @@
 
 use proptest::prelude::*;
 
-use super::engine::{Outcome, Policy};
+use super::draws::{Draws, Failure};
+use super::engine::{replay, Outcome, Policy};
 use super::trials::{each_trial, run, run_policies};
 use super::*;
 
@@ -112,7 +113,8 @@ fn time_adds_up_in_every_trial_of_every_policy() {
 }
 
 #[test]
-fn the_policies_see_the_same_failures_and_the_agent_finds_hangs_sooner() {
+fn the_policies_see_the_same_failures_and_the_agent_ends_hangs_sooner_only_if_its_quarantine_ends_the_job(
+) {
     let job = Job {
         days: 10.0,
         ..Job::default()
@@ -127,8 +129,149 @@ fn the_policies_see_the_same_failures_and_the_agent_finds_hangs_sooner() {
             ..d.clone()
         }
     );
+    // A drain or a taint ends no job, and at triage 0 reactive handling
+    // names the host at once: the agent loses what reactive handling does.
+    assert_eq!(a.lost, r.lost);
+    assert_eq!(a.ett, r.ett);
+    let ends = Settings {
+        quarantine_ends_job: true,
+        ..Settings::default()
+    };
+    let s = run(&job, &ends, &Mix::default(), 40, 3).unwrap();
+    let [r, a] = [0, 1].map(|i| &s.policies[i]);
     assert!(a.lost.detection < r.lost.detection);
     assert!(a.ett > r.ett);
+}
+
+/// The index of class `name` in `mix`.
+fn class_of(mix: &Mix, name: &str) -> usize {
+    mix.classes
+        .iter()
+        .position(|c| c.name == name)
+        .expect("a class of the mix")
+}
+
+/// A failure of class `name` of `mix` at `at_s`, with no precursor.
+fn failure(mix: &Mix, name: &str, at_s: f64) -> Failure {
+    Failure {
+        at_s,
+        class: class_of(mix, name),
+        flagged_at_s: None,
+    }
+}
+
+/// Seconds of the job's wall clock in `gpu_h` GPU-hours.
+fn secs(job: &Job, gpu_h: f64) -> f64 {
+    gpu_h * 3600.0 / f64::from(job.gpus)
+}
+
+/// `a` is `b` seconds, rounding aside.
+fn near(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-6
+}
+
+#[test]
+fn a_later_failure_does_not_end_the_wait_for_a_spare() {
+    let mix = Mix::default();
+    let job = Job {
+        spare_hosts: 0,
+        days: 5.0,
+        ..Job::default()
+    };
+    let h = 3600.0;
+    let d = Draws {
+        failures: vec![
+            failure(&mix, "faulty_gpu", h),
+            failure(&mix, "software_bug", 2.0 * h),
+        ],
+        false_alarms: Vec::new(),
+    };
+    for p in Policy::ALL {
+        let o = replay(&job, &Settings::default(), &mix, p, &d);
+        adds_up(&o).unwrap();
+        // Four intervals of 890 s of training before 1 h; none until the
+        // host is back at 73 h and the restart ends at 73 h 05; then 187
+        // intervals and 600 s of an open one to 120 h.
+        let trained = 4.0 * 890.0 + 187.0 * 890.0 + 600.0;
+        let progress = secs(&job, o.progress_gpu_h);
+        assert!(near(progress, trained), "{p:?}: {progress} s trained");
+        let spares = secs(&job, o.lost.spares);
+        assert!(near(spares, 72.0 * h), "{p:?}: {spares} s waiting");
+        assert!(near(secs(&job, o.lost.restart), 300.0));
+        assert_eq!(o.spare_waits, 2);
+    }
+}
+
+#[test]
+fn a_hang_waits_for_the_collective_timeout_unless_the_quarantine_ends_the_job() {
+    let mix = Mix::default();
+    let job = Job {
+        days: 1.0,
+        ..Job::default()
+    };
+    let d = Draws {
+        failures: vec![failure(&mix, "gsp", 3600.0)],
+        false_alarms: Vec::new(),
+    };
+    let detection = |s: &Settings, p| secs(&job, replay(&job, s, &mix, p, &d).lost.detection);
+    let plain = Settings::default();
+    assert!(!plain.quarantine_ends_job);
+    assert!(near(detection(&plain, Policy::Reactive), 600.0));
+    assert_eq!(
+        detection(&plain, Policy::Agent),
+        detection(&plain, Policy::Reactive)
+    );
+    let ends = Settings {
+        quarantine_ends_job: true,
+        ..plain.clone()
+    };
+    assert!(near(detection(&ends, Policy::Agent), ends.detection_s));
+    assert!(near(detection(&ends, Policy::Reactive), 600.0));
+    // Never later than the collective timeout.
+    let slow = Settings {
+        detection_s: 900.0,
+        ..ends.clone()
+    };
+    assert!(near(detection(&slow, Policy::Agent), 600.0));
+}
+
+#[test]
+fn a_gpu_flagged_before_a_restart_begins_is_left_out_of_it() {
+    let mix = Mix::default();
+    let job = Job {
+        days: 5.0,
+        ..Job::default()
+    };
+    let d = Draws {
+        failures: vec![failure(&mix, "software_bug", 1000.0)],
+        false_alarms: vec![1100.0],
+    };
+    // With 5 minutes of triage the restart begins at 1,300 s: the false
+    // alarm's host takes a spare in it, at no extra cost.
+    let triage = Settings {
+        triage_min: 5.0,
+        ..Settings::default()
+    };
+    let o = replay(&job, &triage, &mix, Policy::AgentDrain, &d);
+    adds_up(&o).unwrap();
+    assert_eq!((o.drains, o.false_alarms), (0, 1));
+    assert!(near(secs(&job, o.lost.restart), 300.0));
+    assert_eq!((o.lost.drains, o.lost.spares), (0.0, 0.0));
+    // At triage 0 the restart has begun at 1,000 s: the flag is drained at
+    // the end of the first write after it.
+    let o = replay(&job, &Settings::default(), &mix, Policy::AgentDrain, &d);
+    assert_eq!((o.drains, o.false_alarms), (1, 1));
+    // With no spare the restart waits for the false alarm's host, and the
+    // false alarm shares the rest of the row.
+    let none = Job {
+        spare_hosts: 0,
+        ..job.clone()
+    };
+    let o = replay(&none, &triage, &mix, Policy::AgentDrain, &d);
+    adds_up(&o).unwrap();
+    assert_eq!((o.drains, o.false_alarms, o.spare_waits), (0, 1, 1));
+    assert!(near(secs(&none, o.lost.spares), 72.0 * 3600.0));
+    assert!(o.lost_by_cause[mix.classes.len()] > 0.0);
 }
 
 #[test]
@@ -210,12 +353,13 @@ prop_compose! {
 
 prop_compose! {
     fn settings()(hang in 0.0..60.0f64, triage in 0.0..30.0f64, detect in 0.0..600.0f64,
-                  fa in prop_oneof![Just(0.0), 0.0..1e-3f64]) -> Settings {
+                  fa in prop_oneof![Just(0.0), 0.0..1e-3f64], ends in any::<bool>()) -> Settings {
         Settings {
             hang_timeout_min: hang,
             triage_min: triage,
             detection_s: detect,
             false_alarms_per_gpu_day: fa,
+            quarantine_ends_job: ends,
         }
     }
 }
