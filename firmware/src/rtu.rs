@@ -84,9 +84,11 @@ pub struct RtuMaster<S, C> {
     resync: bool,
     /// No wait goes past this, µs of the clock (`u64::MAX`: none).
     by_us: u64,
-    /// Until when the answer to a request cut short by the deadline may
+    /// Until when the answer to a request given up on (cut short by the
+    /// deadline, or failed before its answer could have come whole) may
     /// still come, µs: no request goes before then.
     late_until_us: u64,
+    /// One character's time on the line, µs.
     char_us: u32,
     buf: [u8; rtu::MAX_FRAME_LEN],
 }
