@@ -66,10 +66,17 @@ pub struct GoodputArgs {
     /// case at 1 s sampling].
     #[arg(long)]
     detection_s: Option<f64>,
-    /// Healthy GPUs flagged per GPU-day [default: the measured model's
-    /// bound, else 0].
+    /// Healthy GPUs flagged degraded per GPU-day, never quarantined: a
+    /// degraded GPU stays in service, so only a drain acts on them
+    /// [default: the measured model's bound, else 0].
     #[arg(long)]
     false_alarms_per_gpu_day: Option<f64>,
+    /// Healthy GPUs quarantined per GPU-day: under both agent policies the
+    /// host is left out of the next restart (a spare, back after the
+    /// repair time), and with --quarantine-ends-job the job also stops
+    /// at once [default: the measured model's bound, else 0].
+    #[arg(long)]
+    false_quarantines_per_gpu_day: Option<f64>,
     /// The site's quarantine action ends the job on the host (a scancel
     /// or a requeue among the actions), so a hang the agent sees stops the
     /// job in its detection latency; without it (a drain or a taint) every
@@ -109,6 +116,7 @@ struct Measured {
     classes: Vec<(String, loopwarden_twin::goodput::Precursor)>,
     detection_s: f64,
     false_alarms_per_gpu_day: f64,
+    false_quarantines_per_gpu_day: f64,
     notes: Vec<String>,
 }
 
@@ -122,6 +130,7 @@ fn measured(a: &GoodputArgs) -> Result<Option<Measured>, String> {
         classes: m.classes,
         detection_s: m.detection_s,
         false_alarms_per_gpu_day: m.false_alarms_per_gpu_day,
+        false_quarantines_per_gpu_day: m.false_quarantines_per_gpu_day,
         notes: m.notes,
     }))
 }
@@ -170,6 +179,10 @@ fn inputs(a: &GoodputArgs, m: Option<&Measured>) -> Result<Inputs, String> {
             .false_alarms_per_gpu_day
             .or(m.map(|m| m.false_alarms_per_gpu_day))
             .unwrap_or(d.false_alarms_per_gpu_day),
+        false_quarantines_per_gpu_day: a
+            .false_quarantines_per_gpu_day
+            .or(m.map(|m| m.false_quarantines_per_gpu_day))
+            .unwrap_or(d.false_quarantines_per_gpu_day),
         quarantine_ends_job: a.quarantine_ends_job,
     };
     loopwarden_twin::goodput::trials::validate(&job, &settings, &mix, a.trials)?;
@@ -219,7 +232,10 @@ fn headline(s: &Study) -> String {
         p[2].ett * 100.0
     );
     let quiet = s.no_false_alarms.ett * 100.0;
-    line += &format!(" ({quiet:.2} % without false alarms)");
+    let agent = s.agent_no_false_quarantines.ett * 100.0;
+    line += &format!(
+        " (agent {agent:.2} % without false quarantines, agent + drain {quiet:.2} % without false alarms)"
+    );
     line
 }
 
@@ -228,6 +244,10 @@ fn per_policy(s: &Study, f: impl Fn(&PolicySummary) -> Value) -> Value {
     for p in &s.headline.policies {
         m.insert(p.policy.name().to_string(), f(p));
     }
+    m.insert(
+        "agent_no_false_quarantines".to_string(),
+        f(&s.agent_no_false_quarantines),
+    );
     m.insert(
         "agent_drain_no_false_alarms".to_string(),
         f(&s.no_false_alarms),
@@ -263,6 +283,7 @@ pub fn summary_json(s: &Study) -> Value {
         "precursors": if s.inputs.measured { "measured" } else { "mix" },
         "detection_s": s.inputs.settings.detection_s,
         "false_alarms_per_gpu_day": s.inputs.settings.false_alarms_per_gpu_day,
+        "false_quarantines_per_gpu_day": s.inputs.settings.false_quarantines_per_gpu_day,
         "quarantine_ends_job": s.inputs.settings.quarantine_ends_job,
         "trials": s.inputs.trials,
         "seed": s.inputs.seed,
@@ -301,6 +322,7 @@ mod tests {
             ],
             detection_s: 0.25,
             false_alarms_per_gpu_day: 1e-3,
+            false_quarantines_per_gpu_day: 2e-3,
             notes: Vec::new(),
         }
     }
@@ -319,12 +341,21 @@ mod tests {
         assert_eq!(gpu.precursor, Precursor::none());
         assert_eq!(i.settings.detection_s, 0.25);
         assert_eq!(i.settings.false_alarms_per_gpu_day, 1e-3);
+        assert_eq!(i.settings.false_quarantines_per_gpu_day, 2e-3);
         assert!(i.measured);
         // Flags given win over the model.
-        let flags = ["--detection-s", "2", "--false-alarms-per-gpu-day", "0"];
+        let flags = [
+            "--detection-s",
+            "2",
+            "--false-alarms-per-gpu-day",
+            "0",
+            "--false-quarantines-per-gpu-day",
+            "0",
+        ];
         let i = inputs(&args(&flags), Some(&model())).unwrap();
         assert_eq!(i.settings.detection_s, 2.0);
         assert_eq!(i.settings.false_alarms_per_gpu_day, 0.0);
+        assert_eq!(i.settings.false_quarantines_per_gpu_day, 0.0);
         // Without it: the flags' defaults and the mix's own precursors.
         let i = inputs(&args(&[]), None).unwrap();
         assert_eq!(i.settings.detection_s, Settings::default().detection_s);

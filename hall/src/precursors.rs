@@ -17,8 +17,11 @@
 //!   quarantined) after the precursor began and before the failure
 //!   (`coverage`), and those lead times (`LeadTime::Empirical`);
 //! - the detection latency: failure to quarantine;
-//! - an upper bound on false alarms per GPU-day: every GPU that left
-//!   `healthy` without a fault, over the GPU-days replayed.
+//! - upper bounds on false alarms per GPU-day, every GPU that left
+//!   `healthy` without a fault over the GPU-days replayed, counted apart:
+//!   false quarantines (it reached `quarantined` before it was healthy
+//!   again) and false degrades (it stopped at `degraded`), and their
+//!   total.
 //!
 //! The traces and their `*.expect.json` can be written to disk
 //! ([`GenTrace::write`]) and scored with `score.py` like the repository's.
@@ -28,7 +31,7 @@
 //!   a drain acts on either.
 //! - *lead*: failure minus the first flag after the precursor's onset.
 //! - *false alarm*: a flag on a GPU with nothing wrong with it (or before
-//!   its precursor began).
+//!   its precursor began): a false quarantine or a false degrade.
 
 pub mod host;
 pub mod scenarios;
@@ -61,9 +64,13 @@ pub struct MeasuredModel {
     /// quarantine), seconds, measured by replay: the mean over every
     /// failure not quarantined before it struck.
     pub detection_s: f64,
-    /// Upper bound on false alarms per GPU-day, derived from replay
-    /// scores of healthy traces (95 % one-sided Poisson bound).
+    /// Upper bound on false degrades per GPU-day (a healthy GPU flagged
+    /// degraded and never quarantined: only a drain acts on it), from the
+    /// replay of clean GPU-days (95 % one-sided Poisson bound).
     pub false_alarms_per_gpu_day: f64,
+    /// Upper bound on false quarantines per GPU-day (a healthy GPU
+    /// quarantined), the same way.
+    pub false_quarantines_per_gpu_day: f64,
     /// How each figure was derived, for the report (one sentence each).
     pub notes: Vec<String>,
 }
@@ -452,6 +459,10 @@ pub struct FalseAlarm {
     pub t_ms: u64,
     /// The engine's reason.
     pub reason: String,
+    /// Whether it reached `quarantined` before it was healthy again (a
+    /// false quarantine); else it stopped at `degraded` (a false
+    /// degrade).
+    pub quarantined: bool,
 }
 
 /// What one trace contributes.
@@ -470,7 +481,7 @@ fn run_job(seed: u64, size: Size, j: Job) -> JobResult {
     let day_s = 86_400.0;
     let flags_of = |g: usize, before: u64| -> Vec<FalseAlarm> {
         let mut prev = State::Healthy;
-        let mut out = Vec::new();
+        let mut out: Vec<FalseAlarm> = Vec::new();
         for v in verdicts.iter().filter(|v| v.gpu == g && v.t_ms < before) {
             if prev == State::Healthy && v.state > State::Healthy {
                 out.push(FalseAlarm {
@@ -478,7 +489,13 @@ fn run_job(seed: u64, size: Size, j: Job) -> JobResult {
                     gpu: g,
                     t_ms: v.t_ms,
                     reason: v.reason.clone(),
+                    quarantined: false,
                 });
+            }
+            if v.state == State::Quarantined {
+                if let Some(last) = out.last_mut() {
+                    last.quarantined = true;
+                }
             }
             prev = v.state;
         }
@@ -655,9 +672,35 @@ impl Measurement {
             .collect()
     }
 
-    /// The false-alarm bound per GPU-day.
+    /// The false-alarm bound per GPU-day, quarantines and degrades
+    /// together.
     pub fn false_alarm_bound(&self) -> f64 {
-        poisson_upper_95(self.false_alarms.len()) / self.clean_gpu_days.max(1e-9)
+        self.bound(self.false_alarms.len())
+    }
+
+    /// False quarantines seen.
+    pub fn false_quarantines(&self) -> usize {
+        self.false_alarms.iter().filter(|f| f.quarantined).count()
+    }
+
+    /// False degrades seen (flags that never reached quarantined).
+    pub fn false_degrades(&self) -> usize {
+        self.false_alarms.len() - self.false_quarantines()
+    }
+
+    /// The false-quarantine bound per GPU-day.
+    pub fn false_quarantine_bound(&self) -> f64 {
+        self.bound(self.false_quarantines())
+    }
+
+    /// The false-degrade bound per GPU-day.
+    pub fn false_degrade_bound(&self) -> f64 {
+        self.bound(self.false_degrades())
+    }
+
+    /// The 95 % bound per clean GPU-day when `k` were seen.
+    fn bound(&self, k: usize) -> f64 {
+        poisson_upper_95(k) / self.clean_gpu_days.max(1e-9)
     }
 
     /// The model the twin takes, with a sentence on each figure.
@@ -712,14 +755,22 @@ impl Measurement {
             median(&det),
             det.iter().copied().fold(0.0, f64::max)
         ));
-        let bound = self.false_alarm_bound();
+        let (q, d) = (self.false_quarantines(), self.false_degrades());
         notes.push(format!(
-            "false_alarms_per_gpu_day: {} GPUs flagged with nothing wrong in {:.1} clean GPU-days replayed ({:.1} on healthy hosts with application XIDs, blips, missed samples, stalls, lowered limits and loop trouble; the rest the other GPUs of failure traces), so the 95 % one-sided Poisson bound is {:.3} / {:.1} = {bound:.4} per GPU-day.",
+            "false alarms: {} GPUs flagged with nothing wrong in {:.1} clean GPU-days replayed ({:.1} on healthy hosts with application XIDs, blips, missed samples, stalls, lowered limits and loop trouble; the rest the other GPUs of failure traces): {q} quarantined and {d} that stopped at degraded, counted apart.",
             self.false_alarms.len(),
             self.clean_gpu_days,
             self.healthy_gpu_days,
-            poisson_upper_95(self.false_alarms.len()),
+        ));
+        notes.push(format!(
+            "false_quarantines_per_gpu_day: the 95 % one-sided Poisson bound on {q} seen, {:.3} / {:.1} = {:.4} per GPU-day; false_alarms_per_gpu_day (false degrades, which only a drain acts on): the same bound on {d} seen, {:.3} / {:.1} = {:.4} per GPU-day. Each is an upper bound on its own; together they exceed the bound on the total ({:.4}).",
+            poisson_upper_95(q),
             self.clean_gpu_days,
+            self.false_quarantine_bound(),
+            poisson_upper_95(d),
+            self.clean_gpu_days,
+            self.false_degrade_bound(),
+            self.false_alarm_bound(),
         ));
         notes.push(format!(
             "traces: {} failure traces and {} healthy hosts generated from seed {} ({} records), replayed by node_core::replay::replay_scheduled with the default policy and slow counters every {} s as the live agent reads them; the repository's scorer counts {} misses and {} false alarms on them.",
@@ -737,7 +788,8 @@ impl Measurement {
         MeasuredModel {
             classes,
             detection_s,
-            false_alarms_per_gpu_day: bound,
+            false_alarms_per_gpu_day: self.false_degrade_bound(),
+            false_quarantines_per_gpu_day: self.false_quarantine_bound(),
             notes,
         }
     }

@@ -32,7 +32,15 @@ fn svg_texts(path: &Path) -> Vec<String> {
 fn goodput_prints_its_summary_and_writes_the_report_and_charts() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
-    let o = goodput(&out, &["--seed", "9", "--false-alarms-per-gpu-day", "1e-4"]);
+    let flags = [
+        "--seed",
+        "9",
+        "--false-alarms-per-gpu-day",
+        "1e-4",
+        "--false-quarantines-per-gpu-day",
+        "1e-4",
+    ];
+    let o = goodput(&out, &flags);
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{stderr}");
     let stdout = String::from_utf8(o.stdout).unwrap();
@@ -41,6 +49,13 @@ fn goodput_prints_its_summary_and_writes_the_report_and_charts() {
     assert_eq!(v["trials"], 4);
     assert_eq!(v["seed"], 9);
     assert_eq!(v["quarantine_ends_job"], false);
+    assert_eq!(v["false_alarms_per_gpu_day"], 1e-4);
+    assert_eq!(v["false_quarantines_per_gpu_day"], 1e-4);
+    // False quarantines cost the agent; reactive handling has none.
+    let by_cause = &v["lost_gpu_h_by_cause"];
+    assert_eq!(by_cause["reactive"]["false_alarm"], 0.0);
+    assert!(by_cause["agent"]["false_alarm"].as_f64().unwrap() >= 0.0);
+    assert_eq!(by_cause["agent_no_false_quarantines"]["false_alarm"], 0.0);
     for p in ["reactive", "agent", "agent_drain"] {
         let ett = v["ett"][p].as_f64().unwrap();
         assert!(ett > 0.5 && ett < 1.0, "{p}: {ett}");
@@ -76,6 +91,8 @@ fn goodput_prints_its_summary_and_writes_the_report_and_charts() {
     assert!(md.contains("waits for the 10-minute collective timeout under every policy"));
     assert!(md.contains("reactive handling names the bad host at once too"));
     assert!(md.contains("| quarantine ends the job | no | `--quarantine-ends-job` |"));
+    assert!(md.contains("keeps a healthy host out of the next restart under both agent policies"));
+    assert!(md.contains("`--false-quarantines-per-gpu-day` |"));
     for (chart, axis) in [
         ("ett_vs_checkpoint.svg", "checkpoint interval (min, log)"),
         (

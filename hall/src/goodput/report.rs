@@ -7,10 +7,10 @@
 use std::fmt::Write as _;
 
 use loopwarden_twin::goodput::mix::LLAMA3_RATE_PER_GPU_DAY;
-use loopwarden_twin::goodput::{Lost, PolicySummary, Settings};
+use loopwarden_twin::goodput::{Job, Lost, PolicySummary, Settings};
 
 use super::charts::{causes, CHARTS};
-use super::study::{Point, Study, COVERAGE, LEAD_H, TARGET};
+use super::study::{false_flags, Point, Study, COVERAGE, LEAD_H, TARGET};
 
 /// The report page's name.
 pub const REPORT: &str = "report.md";
@@ -86,7 +86,7 @@ pub fn markdown(s: &Study, measured_notes: &[String]) -> String {
 fn row(md: &mut String, name: &str, p: &PolicySummary) {
     let _ = writeln!(
         md,
-        "| {name} | {} | {} – {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |",
+        "| {name} | {} | {} – {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |",
         pct(p.ett),
         pct(p.ett_p05),
         pct(p.ett_p95),
@@ -94,6 +94,7 @@ fn row(md: &mut String, name: &str, p: &PolicySummary) {
         p.drains,
         p.failures_averted,
         p.false_alarms,
+        p.false_quarantines,
         p.spare_waits
     );
 }
@@ -102,12 +103,18 @@ fn result(md: &mut String, s: &Study) {
     md.push_str(
         "## ETT per policy\n\n\
          | policy | ETT (mean) | 5th – 95th percentile | interruptions | drains | \
-         failures drained before they struck | false alarms drained | waits for a spare |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|\n",
+         failures drained before they struck | false degrades drained | \
+         false quarantines acted on | waits for a spare |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for (k, p) in s.headline.policies.iter().enumerate() {
         row(md, POLICIES[k], p);
     }
+    row(
+        md,
+        "agent without false quarantines",
+        &s.agent_no_false_quarantines,
+    );
     row(md, "agent + drain without false alarms", &s.no_false_alarms);
     let p = &s.headline.policies;
     let which = if s.inputs.measured {
@@ -117,16 +124,42 @@ fn result(md: &mut String, s: &Study) {
     };
     let _ = writeln!(
         md,
-        "\nThe agent gains {:+.2} points over reactive handling. {} \
-         Drains, with {which}, add {:+.2} points at {:.2e} false alarms per GPU-day \
-         ({:.1} a day for the job) and {:+.2} with none.\n",
+        "\nThe agent gains {:+.2} points over reactive handling. {} {} \
+         Drains, with {which}, add {:+.2} points at {:.2e} false degrades and {:.2e} \
+         false quarantines per GPU-day ({:.1} false flags a day for the job, each drained) \
+         and {:+.2} with neither (against the agent as run).\n",
         (p[1].ett - p[0].ett) * 100.0,
         agent_credit(&s.inputs.settings),
+        false_quarantine_charge(&s.inputs.settings, &s.inputs.job),
         (p[2].ett - p[1].ett) * 100.0,
         s.inputs.settings.false_alarms_per_gpu_day,
-        s.inputs.settings.false_alarms_per_gpu_day * f64::from(s.inputs.job.gpus),
+        s.inputs.settings.false_quarantines_per_gpu_day,
+        false_flags(&s.inputs.settings) * f64::from(s.inputs.job.gpus),
         (s.no_false_alarms.ett - p[1].ett) * 100.0,
     );
+}
+
+/// What a false quarantine costs the agent policies, in words; a false
+/// degrade costs the agent nothing.
+pub fn false_quarantine_charge(t: &Settings, j: &Job) -> String {
+    let rate = t.false_quarantines_per_gpu_day;
+    let ends = if t.quarantine_ends_job {
+        " and, since the quarantine ends the job, stops the job at once: the work since \
+         the last checkpoint, the restart and a spare, charged to `false_alarm`"
+    } else {
+        ""
+    };
+    format!(
+        "A false quarantine ({:.2e} per GPU-day, {:.1} a day for the job) keeps a healthy \
+         host out of the next restart under both agent policies (the drain policy drains \
+         it at the end of the next write): it takes a spare and comes back after the \
+         {}-hour repair time, as a drained false alarm does{ends}; the restart waits when \
+         no spare is free. Reactive handling has no false quarantine, and a false degrade \
+         costs the agent nothing (a degraded GPU stays in service).",
+        rate,
+        rate * f64::from(j.gpus),
+        num(j.repair_hours),
+    )
 }
 
 /// What the agent is credited with over reactive handling, in words: the
@@ -176,7 +209,7 @@ pub fn agent_credit(t: &Settings) -> String {
 
 fn inputs(md: &mut String, s: &Study) {
     let (j, t) = (&s.inputs.job, &s.inputs.settings);
-    let rows: [(&str, String, &str); 14] = [
+    let rows: [(&str, String, &str); 15] = [
         ("GPUs (G)", thousands(j.gpus), "--gpus"),
         (
             "GPUs per host",
@@ -230,9 +263,14 @@ fn inputs(md: &mut String, s: &Study) {
             "--quarantine-ends-job",
         ),
         (
-            "false alarms",
+            "false degrades (only a drain acts on them)",
             format!("{:.3e} per GPU-day", t.false_alarms_per_gpu_day),
             "--false-alarms-per-gpu-day",
+        ),
+        (
+            "false quarantines (both agent policies)",
+            format!("{:.3e} per GPU-day", t.false_quarantines_per_gpu_day),
+            "--false-quarantines-per-gpu-day",
         ),
         (
             "failures",
@@ -488,7 +526,8 @@ fn moonshot(md: &mut String, s: &Study) {
             md,
             "**Today:** with the precursors the health engine achieves (the measured model) \
              and its measured detection latency ({} s; {}), agent + drain reaches {} at the \
-             false-alarm bound of {:.2e} per GPU-day, and {} if it raised no false alarm.\n",
+             false-alarm bounds of {:.2e} false degrades and {:.2e} false quarantines per \
+             GPU-day, and {} if it raised neither.\n",
             num(s.inputs.settings.detection_s),
             if s.inputs.settings.quarantine_ends_job {
                 "the quarantine ends the job, so a hang a host sees stops after it, at most at \
@@ -498,6 +537,7 @@ fn moonshot(md: &mut String, s: &Study) {
             },
             pct(e),
             s.inputs.settings.false_alarms_per_gpu_day,
+            s.inputs.settings.false_quarantines_per_gpu_day,
             pct(quiet)
         );
     } else {
@@ -568,19 +608,22 @@ fn false_alarms(md: &mut String, s: &Study) {
         (false, true) => "the mix's precursors",
         (false, false) => "50 % of visible failures flagged an hour ahead",
     };
-    let agent = s.headline.policies[1].ett;
+    let agent = s.agent_no_false_quarantines.ett;
     let _ = writeln!(
         md,
         "## Drains against false alarms\n\n\
-         Each false alarm costs a planned restart and a spare host, like a true drain. \
-         ETT with drains ({which}) against the false-alarm rate; the agent without drains \
-         has {}.\n\n| false alarms per GPU-day | per day for the job | ETT with drains |\n\
+         Each false flag, a false degrade or a false quarantine, costs the drain policy \
+         a planned restart and a spare host, like a true drain (a false quarantine that \
+         ends the job costs more: `--quarantine-ends-job`). ETT with drains ({which}) \
+         against the rate of false flags, every one counted as a degrade; the agent \
+         without drains and without false quarantines has {}.\n\n\
+         | false flags per GPU-day | per day for the job | ETT with drains |\n\
          |---:|---:|---:|",
-        pct(agent)
+        pct(agent),
     );
     let g = f64::from(s.inputs.job.gpus);
     for &(r, e) in &s.false_alarms {
-        let own = if r == s.inputs.settings.false_alarms_per_gpu_day {
+        let own = if r == false_flags(&s.inputs.settings) {
             " (as run)"
         } else {
             ""
@@ -596,7 +639,7 @@ fn false_alarms(md: &mut String, s: &Study) {
         Some(r) => {
             let _ = writeln!(
                 md,
-                "\nDrains pay (beat the agent alone) up to {r:.1e} false alarms per GPU-day \
+                "\nDrains pay (beat the agent alone, both without false quarantines) up to {r:.1e} false flags per GPU-day \
                  among the rates swept. Showing a rate that low with no false alarm seen takes \
                  3.0 / {r:.1e} = {:.0} clean GPU-days of replay (the 95 % one-sided Poisson \
                  bound).\n",

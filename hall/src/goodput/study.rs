@@ -123,10 +123,14 @@ pub struct Study {
     pub inputs: Inputs,
     /// The three policies on the inputs as given.
     pub headline: Summary,
-    /// The drain policy as in the headline, with no false alarm.
+    /// The drain policy as in the headline, with no false alarm (no false
+    /// degrade, no false quarantine).
     pub no_false_alarms: PolicySummary,
-    /// ETT with drains against the false-alarm rate (per GPU-day), with
-    /// the mix's precursors (else 50 % flagged an hour ahead).
+    /// The agent alone as in the headline, with no false quarantine.
+    pub agent_no_false_quarantines: PolicySummary,
+    /// ETT with drains against the rate of false flags (per GPU-day, all
+    /// counted as degrades), with the mix's precursors (else 50 % flagged
+    /// an hour ahead).
     pub false_alarms: Vec<(f64, f64)>,
     /// ETT against the checkpoint interval (the drain policy's without
     /// false alarms, as in every sweep).
@@ -146,10 +150,11 @@ pub struct Study {
     pub moonshot: Moonshot,
 }
 
-/// The same inputs with no false alarm.
+/// The same inputs with no false alarm, degrade or quarantine.
 fn quiet(i: &Inputs) -> Inputs {
     let mut q = i.clone();
     q.settings.false_alarms_per_gpu_day = 0.0;
+    q.settings.false_quarantines_per_gpu_day = 0.0;
     q
 }
 
@@ -177,6 +182,8 @@ impl Study {
         };
         let i = &swept;
         let no_false_alarms = drain_only(&quiet(&inputs), &inputs.job, &inputs.mix)?;
+        let agent_no_false_quarantines =
+            policy_only(&quiet(&inputs), &inputs.job, &inputs.mix, Policy::Agent)?;
         let flagged = if i.mix.classes.iter().any(|c| c.precursor.coverage > 0.0) {
             i.mix.clone()
         } else {
@@ -190,6 +197,7 @@ impl Study {
         Ok(Study {
             headline,
             no_false_alarms,
+            agent_no_false_quarantines,
             false_alarms,
             checkpoint,
             restart,
@@ -253,14 +261,12 @@ fn sweep(
 }
 
 fn drain_only(i: &Inputs, job: &Job, mix: &Mix) -> Result<PolicySummary, String> {
-    let s = run_policies(
-        job,
-        &i.settings,
-        mix,
-        i.trials,
-        i.seed,
-        &[Policy::AgentDrain],
-    )?;
+    policy_only(i, job, mix, Policy::AgentDrain)
+}
+
+/// One policy over the inputs' trials.
+fn policy_only(i: &Inputs, job: &Job, mix: &Mix, p: Policy) -> Result<PolicySummary, String> {
+    let s = run_policies(job, &i.settings, mix, i.trials, i.seed, &[p])?;
     Ok(s.policies.into_iter().next().expect("one policy"))
 }
 
@@ -280,9 +286,12 @@ fn grid(i: &Inputs, job: &Job, mix: &Mix) -> Result<Vec<Cell>, String> {
     Ok(out)
 }
 
+/// The drain policy against the rate of false flags, every one counted
+/// as a false degrade (no false quarantine): where the quarantine ends
+/// no job a drain costs the two the same.
 fn false_alarm_sweep(i: &Inputs, mix: &Mix) -> Result<Vec<(f64, f64)>, String> {
     let mut rates = FALSE_ALARMS.to_vec();
-    let own = i.settings.false_alarms_per_gpu_day;
+    let own = false_flags(&i.settings);
     if !rates.contains(&own) {
         rates.push(own);
         rates.sort_by(f64::total_cmp);
@@ -293,6 +302,7 @@ fn false_alarm_sweep(i: &Inputs, mix: &Mix) -> Result<Vec<(f64, f64)>, String> {
             let i2 = Inputs {
                 settings: Settings {
                     false_alarms_per_gpu_day: r,
+                    false_quarantines_per_gpu_day: 0.0,
                     ..i.settings.clone()
                 },
                 ..i.clone()
@@ -300,6 +310,12 @@ fn false_alarm_sweep(i: &Inputs, mix: &Mix) -> Result<Vec<(f64, f64)>, String> {
             Ok((r, drain_only(&i2, &i.job, mix)?.ett))
         })
         .collect()
+}
+
+/// Every false flag per GPU-day the drain policy acts on: false degrades
+/// and false quarantines.
+pub fn false_flags(t: &Settings) -> f64 {
+    t.false_alarms_per_gpu_day + t.false_quarantines_per_gpu_day
 }
 
 /// The moonshot's job: 16,384 GPUs at Llama 3's rate, the run's mix and

@@ -106,8 +106,14 @@ fn no_healthy_gpu_is_flagged() {
         m.false_alarms
     );
     // None seen: the rule of three over the clean GPU-days.
-    let bound = m.model().false_alarms_per_gpu_day;
-    assert!((bound * m.clean_gpu_days - 2.9957).abs() < 1e-3, "{bound}");
+    let model = m.model();
+    for bound in [
+        model.false_alarms_per_gpu_day,
+        model.false_quarantines_per_gpu_day,
+        m.false_alarm_bound(),
+    ] {
+        assert!((bound * m.clean_gpu_days - 2.9957).abs() < 1e-3, "{bound}");
+    }
 }
 
 #[test]
@@ -316,8 +322,8 @@ fn print_the_measured_model() {
     }
     println!("detection_s {:.3}", model.detection_s);
     println!(
-        "false_alarms_per_gpu_day {:.5}",
-        model.false_alarms_per_gpu_day
+        "false_alarms_per_gpu_day {:.5}, false_quarantines_per_gpu_day {:.5}",
+        model.false_alarms_per_gpu_day, model.false_quarantines_per_gpu_day
     );
     for n in &model.notes {
         println!("- {n}");
@@ -342,12 +348,16 @@ fn false_alarms_at_scale() {
     let t0 = std::time::Instant::now();
     let m = measure(1, size).expect("replays");
     println!(
-        "{} healthy GPU-days ({} clean GPU-days) in {:.0} s, {} records: {} false alarms, bound {:.2e} per GPU-day",
+        "{} healthy GPU-days ({} clean GPU-days) in {:.0} s, {} records: {} false alarms ({} quarantines, bound {:.2e} per GPU-day; {} degrades, bound {:.2e}), bound {:.2e} per GPU-day",
         m.healthy_gpu_days,
         m.clean_gpu_days,
         t0.elapsed().as_secs_f64(),
         m.records,
         m.false_alarms.len(),
+        m.false_quarantines(),
+        m.false_quarantine_bound(),
+        m.false_degrades(),
+        m.false_degrade_bound(),
         m.false_alarm_bound()
     );
     for f in m.false_alarms.iter().take(20) {

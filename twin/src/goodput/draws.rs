@@ -5,8 +5,10 @@
 //! them are drawn from the job's total rate (rate per GPU-day × GPUs), not
 //! GPU by GPU and step by step. Each failure draws its class by share and,
 //! from its class's precursor, whether it is flagged and how long before.
-//! False alarms are a second Poisson stream from a generator of their own,
-//! so a change in their rate leaves the failures as they were.
+//! False alarms (healthy GPUs flagged degraded) are a second Poisson
+//! stream and false quarantines (healthy GPUs quarantined) a third, each
+//! from a generator of its own, so a change in their rates leaves the
+//! failures, and each other, as they were.
 //!
 //! Glossary:
 //! - *trial seed*: the run's seed mixed with the trial's number
@@ -18,7 +20,7 @@
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::{FailureClass, Job, LeadTime, Mix};
+use super::{FailureClass, Job, LeadTime, Mix, Settings};
 
 /// One failure of a trial.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -39,6 +41,8 @@ pub struct Draws {
     pub failures: Vec<Failure>,
     /// The false alarms' times, in order.
     pub false_alarms: Vec<f64>,
+    /// The false quarantines' times, in order.
+    pub false_quarantines: Vec<f64>,
 }
 
 /// Draws trials of one job and mix.
@@ -50,6 +54,8 @@ pub struct Drawer {
     per_s: f64,
     /// False alarms per second of the whole job.
     false_per_s: f64,
+    /// False quarantines per second of the whole job.
+    quarantines_per_s: f64,
     /// Cumulative shares, the last one 1.
     cumulative: Vec<f64>,
     classes: Vec<FailureClass>,
@@ -82,8 +88,9 @@ fn lead_s(lead: &LeadTime, rng: &mut StdRng) -> f64 {
 }
 
 impl Drawer {
-    /// For this job, mix, false-alarm rate and run seed.
-    pub fn new(job: &Job, mix: &Mix, false_alarms_per_gpu_day: f64, seed: u64) -> Self {
+    /// For this job, mix, the settings' false-alarm and false-quarantine
+    /// rates and the run seed.
+    pub fn new(job: &Job, mix: &Mix, settings: &Settings, seed: u64) -> Self {
         let g = f64::from(job.gpus);
         let total: f64 = mix.classes.iter().map(|c| c.share).sum();
         let mut sum = 0.0;
@@ -102,7 +109,8 @@ impl Drawer {
             seed,
             horizon_s: job.horizon_s(),
             per_s: mix.rate_per_gpu_day * g / 86_400.0,
-            false_per_s: false_alarms_per_gpu_day * g / 86_400.0,
+            false_per_s: settings.false_alarms_per_gpu_day * g / 86_400.0,
+            quarantines_per_s: settings.false_quarantines_per_gpu_day * g / 86_400.0,
             cumulative,
             classes: mix.classes.clone(),
         }
@@ -112,22 +120,32 @@ impl Drawer {
     pub fn draw(&self, trial: u64, out: &mut Draws) {
         out.failures.clear();
         out.false_alarms.clear();
+        out.false_quarantines.clear();
         let mut rng = StdRng::seed_from_u64(mixed(self.seed, trial, 0));
         let mut t = exponential(&mut rng, self.per_s);
         while self.per_s > 0.0 && t < self.horizon_s {
             out.failures.push(self.failure(t, &mut rng));
             t += exponential(&mut rng, self.per_s);
         }
-        if self.false_per_s > 0.0 {
-            let mut rng = StdRng::seed_from_u64(mixed(self.seed, trial, 1));
-            let mut t = exponential(&mut rng, self.false_per_s);
-            while t < self.horizon_s {
-                out.false_alarms.push(t);
-                t += exponential(&mut rng, self.false_per_s);
-            }
+        self.times(trial, 1, self.false_per_s, &mut out.false_alarms);
+        self.times(trial, 2, self.quarantines_per_s, &mut out.false_quarantines);
+    }
+
+    /// A Poisson stream at `per_s` over the run, from stream `stream`'s
+    /// generator of trial `trial`, into `out`.
+    fn times(&self, trial: u64, stream: u64, per_s: f64, out: &mut Vec<f64>) {
+        if per_s <= 0.0 {
+            return;
+        }
+        let mut rng = StdRng::seed_from_u64(mixed(self.seed, trial, stream));
+        let mut t = exponential(&mut rng, per_s);
+        while t < self.horizon_s {
+            out.push(t);
+            t += exponential(&mut rng, per_s);
         }
     }
 
+    /// A failure at `at_s`: its class, and whether and when it is flagged.
     fn failure(&self, at_s: f64, rng: &mut StdRng) -> Failure {
         let u: f64 = rng.gen();
         let class = self
@@ -154,7 +172,7 @@ mod tests {
     #[test]
     fn the_same_seed_draws_the_same_trial_and_the_rate_holds() {
         let job = Job::default();
-        let d = Drawer::new(&job, &Mix::default(), 0.0, 7);
+        let d = Drawer::new(&job, &Mix::default(), &Settings::default(), 7);
         let (mut a, mut b) = (Draws::default(), Draws::default());
         d.draw(3, &mut a);
         d.draw(3, &mut b);
@@ -180,8 +198,13 @@ mod tests {
         };
         let flagged = plain.with_precursor(&p);
         let (mut a, mut b) = (Draws::default(), Draws::default());
-        Drawer::new(&job, &plain, 0.0, 1).draw(0, &mut a);
-        Drawer::new(&job, &flagged, 0.01, 1).draw(0, &mut b);
+        let noisy = Settings {
+            false_alarms_per_gpu_day: 0.01,
+            false_quarantines_per_gpu_day: 0.01,
+            ..Settings::default()
+        };
+        Drawer::new(&job, &plain, &Settings::default(), 1).draw(0, &mut a);
+        Drawer::new(&job, &flagged, &noisy, 1).draw(0, &mut b);
         let times = |d: &Draws| {
             d.failures
                 .iter()
@@ -191,5 +214,7 @@ mod tests {
         assert!(times(&a) == times(&b), "the failures moved");
         assert!(b.failures.iter().any(|f| f.flagged_at_s.is_some()));
         assert!(!b.false_alarms.is_empty());
+        assert!(!b.false_quarantines.is_empty());
+        assert!(b.false_alarms != b.false_quarantines, "one stream each");
     }
 }

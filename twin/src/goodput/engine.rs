@@ -14,14 +14,25 @@
 //! one place, so progress and the parts of [`Lost`] add up to the
 //! wall-clock time.
 //!
+//! A false quarantine (a healthy GPU the agent quarantines) keeps its host
+//! out of the next restart under both agent policies: the agent's host is
+//! left out when the next failure's row restarts, the drain policy's at
+//! its drain. Where the quarantine ends the job, it also stops the job at
+//! once, as a failure would. Reactive handling has no agent to quarantine.
+//!
 //! Glossary:
 //! - *cause*: what a lost second is charged to: a class of the mix, a
-//!   false alarm, or the checkpoints themselves.
+//!   false alarm (a false degrade or a false quarantine), or the
+//!   checkpoints themselves.
+//! - *entry*: a failure, a false alarm or a false quarantine, numbered in
+//!   that order.
 //! - *pending*: flagged GPUs not yet drained; drained together at the end
 //!   of the next write. A GPU flagged while the job is down, before its
 //!   restart begins, is left out of that restart instead: its host takes
 //!   a spare, and it costs nothing more unless the restart must wait
 //!   longer for that spare.
+//! - *held*: hosts the agent quarantined while the job ran on them; the
+//!   job keeps them until its next restart, which leaves them out.
 //! - *spare pool*: spare hosts free now, and failed hosts in repair that
 //!   come back to it.
 //! - *hosts ready*: when the job last had, or will next have, every host
@@ -66,8 +77,8 @@ pub struct Outcome {
     pub progress_gpu_h: f64,
     /// Everything else, by part.
     pub lost: Lost,
-    /// The same, by cause: the mix's classes in order, then false alarms,
-    /// then checkpoints.
+    /// The same, by cause: the mix's classes in order, then false alarms
+    /// (false quarantines among them), then checkpoints.
     pub lost_by_cause: Vec<f64>,
     /// Failures that stopped the job.
     pub interruptions: u32,
@@ -79,6 +90,9 @@ pub struct Outcome {
     pub failures_averted: u32,
     /// False alarms drained or excluded.
     pub false_alarms: u32,
+    /// False quarantines acted on: hosts left out of a restart or
+    /// drained, and jobs a quarantine ended.
+    pub false_quarantines: u32,
     /// Restarts that waited for a spare host (a row cut by a failure
     /// during the wait counts again).
     pub spare_waits: u32,
@@ -164,7 +178,12 @@ struct Replay<'a> {
     fate: Vec<Fate>,
     /// Each failure's class, by index.
     class_of: Vec<usize>,
+    /// The first false quarantine's entry.
+    first_quarantine: usize,
     pending: Vec<usize>,
+    /// Hosts quarantined and still in the job, left out of its next
+    /// restart.
+    held: Vec<usize>,
     drain_at: Option<f64>,
     out: Outcome,
     progress_s: f64,
@@ -175,26 +194,35 @@ struct Replay<'a> {
 /// Replays one trial's draws under `policy`.
 pub fn replay(job: &Job, settings: &Settings, mix: &Mix, policy: Policy, d: &Draws) -> Outcome {
     let mut r = Replay::new(job, settings, mix, policy, d);
-    let flags = if policy == Policy::AgentDrain {
-        flags(d)
-    } else {
-        Vec::new()
-    };
+    let flags = flags(d, policy);
     r.play(d, &flags);
     r.finish()
 }
 
-/// Every flag in time order: (time, entry), an entry below the number of
-/// failures being that failure, above it a false alarm.
-fn flags(d: &Draws) -> Vec<(f64, usize)> {
+/// Every flag `policy` acts on, in time order: (time, entry). Reactive
+/// handling acts on none; the agent on its false quarantines (a degraded
+/// GPU stays in service, and a failing GPU's flag is the drain policy's
+/// business); the drain policy on every flag.
+fn flags(d: &Draws, policy: Policy) -> Vec<(f64, usize)> {
     let n = d.failures.len();
-    let mut f: Vec<(f64, usize)> = d
-        .failures
+    let q0 = n + d.false_alarms.len();
+    let quarantines = d
+        .false_quarantines
         .iter()
         .enumerate()
-        .filter_map(|(i, x)| x.flagged_at_s.map(|t| (t, i)))
-        .chain(d.false_alarms.iter().enumerate().map(|(i, &t)| (t, n + i)))
-        .collect();
+        .map(move |(i, &t)| (t, q0 + i));
+    let mut f: Vec<(f64, usize)> = match policy {
+        Policy::Reactive => return Vec::new(),
+        Policy::Agent => quarantines.collect(),
+        Policy::AgentDrain => d
+            .failures
+            .iter()
+            .enumerate()
+            .filter_map(|(i, x)| x.flagged_at_s.map(|t| (t, i)))
+            .chain(d.false_alarms.iter().enumerate().map(|(i, &t)| (t, n + i)))
+            .chain(quarantines)
+            .collect(),
+    };
     f.sort_by(|a, b| a.0.total_cmp(&b.0));
     f
 }
@@ -227,9 +255,14 @@ impl<'a> Replay<'a> {
             },
             hosts_ready_at: 0.0,
             found_at: 0.0,
-            fate: vec![Fate::Live; d.failures.len() + d.false_alarms.len()],
+            fate: vec![
+                Fate::Live;
+                d.failures.len() + d.false_alarms.len() + d.false_quarantines.len()
+            ],
             class_of: d.failures.iter().map(|f| f.class).collect(),
+            first_quarantine: d.failures.len() + d.false_alarms.len(),
             pending: Vec::new(),
+            held: Vec::new(),
             drain_at: None,
             out: Outcome {
                 interruptions_by_class: vec![0; mix.classes.len()],
@@ -244,6 +277,11 @@ impl<'a> Replay<'a> {
     /// The cause false alarms are charged to.
     fn false_alarm_cause(&self) -> usize {
         self.mix.classes.len()
+    }
+
+    /// Whether entry `e` is a false quarantine.
+    fn is_false_quarantine(&self, e: usize) -> bool {
+        e >= self.first_quarantine
     }
 
     /// The cause checkpoint writes are charged to.
@@ -366,8 +404,10 @@ impl<'a> Replay<'a> {
     }
 
     /// A GPU is flagged at `at`: left out of the restart ahead if the job
-    /// is down and its restart has not begun, else drained at the end of
-    /// the next write.
+    /// is down and its restart has not begun. Else a false quarantine ends
+    /// the job where the quarantine does so, and otherwise the agent keeps
+    /// the host out of the next restart; the drain policy drains a flag at
+    /// the end of the next write.
     fn flag(&mut self, at: f64, e: usize) {
         if self.fate[e] != Fate::Live {
             return;
@@ -375,6 +415,15 @@ impl<'a> Replay<'a> {
         self.advance(at);
         if self.restart_ahead() {
             self.exclude_from_restart(at, e);
+            return;
+        }
+        if self.is_false_quarantine(e) && self.settings.quarantine_ends_job {
+            self.quarantine_ends_job(at, e);
+            return;
+        }
+        if self.policy == Policy::Agent {
+            self.fate[e] = Fate::Pending;
+            self.held.push(e);
             return;
         }
         self.fate[e] = Fate::Pending;
@@ -420,6 +469,10 @@ impl<'a> Replay<'a> {
     fn avert(&mut self, e: usize) -> (u32, usize) {
         self.fate[e] = Fate::Averted;
         match self.class_of.get(e) {
+            None if self.is_false_quarantine(e) => {
+                self.out.false_quarantines += 1;
+                (1, self.false_alarm_cause())
+            }
             None => {
                 self.out.false_alarms += 1;
                 (1, self.false_alarm_cause())
@@ -431,9 +484,8 @@ impl<'a> Replay<'a> {
         }
     }
 
-    /// A failure strikes: the interval so far is lost if the job was
-    /// running, and a new row begins, without the failed host (if its class
-    /// takes one out) and without every GPU flagged and not yet drained.
+    /// A failure strikes: the job stops (see [`Replay::stop`]), without the
+    /// failed host if its class takes one out.
     fn fail(&mut self, i: usize, f: &Failure) {
         if self.fate[i] == Fate::Pending {
             self.pending.retain(|&e| e != i);
@@ -443,18 +495,38 @@ impl<'a> Replay<'a> {
         self.out.interruptions += 1;
         self.out.interruptions_by_class[f.class] += 1;
         let class = &self.mix.classes[f.class];
+        let (excludes, detect) = (class.excludes_host, self.detection_s(f.class));
+        self.stop(f.at_s, f.class, detect, u32::from(excludes));
+    }
+
+    /// A healthy GPU's quarantine ends the job at `at` (the clock there):
+    /// as a failure found at once, charged to false alarms, its host out.
+    fn quarantine_ends_job(&mut self, at: f64, e: usize) {
+        self.fate[e] = Fate::Struck;
+        self.out.false_quarantines += 1;
+        self.stop(at, self.false_alarm_cause(), 0.0, 1);
+    }
+
+    /// The job stops at `at` for `cause`, unplanned: the interval so far is
+    /// lost if the job was running, and a new row begins, found `detect`
+    /// later, without `hosts` hosts and without every GPU flagged and not
+    /// yet drained or quarantined and still held.
+    fn stop(&mut self, at: f64, cause: usize, detect: f64, hosts: u32) {
         self.causes.clear();
-        self.causes.push(f.class);
+        self.causes.push(cause);
         if self.down.is_empty() {
             self.lost_s.rework += self.pos;
-            self.by_cause_s[f.class] += self.pos;
+            self.by_cause_s[cause] += self.pos;
             self.pos = 0.0;
         }
         self.drain_at = None;
-        let (excludes, detect) = (class.excludes_host, self.detection_s(f.class));
-        self.go_down(f.at_s, detect, u32::from(excludes), Part::Restart);
-        // Flagged GPUs go out in the same restart.
-        for e in std::mem::take(&mut self.pending) {
+        self.go_down(at, detect, hosts, Part::Restart);
+        // Flagged and quarantined GPUs go out in the same restart.
+        let out: Vec<usize> = std::mem::take(&mut self.pending)
+            .into_iter()
+            .chain(std::mem::take(&mut self.held))
+            .collect();
+        for e in out {
             self.exclude_from_restart(self.found_at, e);
         }
     }

@@ -18,8 +18,11 @@
 //!   job is stopped (NCCL's watchdog; 10 minutes by default).
 //! - *triage*: after a failure is found, the time a person or a script
 //!   takes to name and exclude the bad host when no agent names it.
-//! - *false alarm*: a healthy GPU the health engine flags; a drain
-//!   policy drains it as if it were failing.
+//! - *false alarm*: a healthy GPU the health engine flags degraded; it
+//!   stays in service, and a drain policy drains it as if it were failing.
+//! - *false quarantine*: a healthy GPU the health engine quarantines; the
+//!   agent keeps its host out of the next restart, and a drain policy
+//!   drains it as any flag.
 //! - *quarantine action*: what the site's agent does on a quarantine
 //!   (`docs/health.md` section 6). Slurm's DRAIN and a `NoSchedule` taint
 //!   keep new work off the host but do not end the job running there; a
@@ -80,8 +83,15 @@ pub struct Settings {
     /// It shortens a hang only where the quarantine ends the job, and
     /// never past the collective timeout.
     pub detection_s: f64,
-    /// Healthy GPUs flagged per GPU-day (drained as if failing).
+    /// Healthy GPUs flagged degraded per GPU-day: a degraded GPU stays
+    /// in service, so only a drain acts on them (drained as if failing).
     pub false_alarms_per_gpu_day: f64,
+    /// Healthy GPUs quarantined per GPU-day. The agent's quarantine keeps
+    /// the host out of the next restart (a spare, back after the repair
+    /// time), and where the quarantine ends the job it also ends the job
+    /// at once; a drain drains it as any flag [default: 0].
+    #[serde(default)]
+    pub false_quarantines_per_gpu_day: f64,
     /// Whether the site's quarantine action ends the job running on the
     /// host (a `scancel` or a requeue among the actions), so that a hang
     /// the agent sees stops the job in `detection_s` rather than at the
@@ -97,6 +107,7 @@ impl Default for Settings {
             triage_min: 0.0,
             detection_s: 4.0,
             false_alarms_per_gpu_day: 0.0,
+            false_quarantines_per_gpu_day: 0.0,
             quarantine_ends_job: false,
         }
     }
@@ -225,6 +236,13 @@ impl Settings {
             "false-alarms-per-gpu-day",
             f,
             (0.0..=1.0).contains(&f),
+            "from 0 to 1",
+        )?;
+        let q = self.false_quarantines_per_gpu_day;
+        check(
+            "false-quarantines-per-gpu-day",
+            q,
+            (0.0..=1.0).contains(&q),
             "from 0 to 1",
         )
     }

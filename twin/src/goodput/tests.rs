@@ -95,21 +95,28 @@ fn time_adds_up_in_every_trial_of_every_policy() {
         days: 20.0,
         ..Job::default()
     };
-    let settings = Settings {
-        false_alarms_per_gpu_day: 2e-4,
-        triage_min: 3.0,
-        ..Settings::default()
-    };
-    let mut n = 0;
-    each_trial((&job, &settings, &mix), 30, 5, &Policy::ALL, |k, p, o| {
-        adds_up(o).unwrap_or_else(|e| panic!("trial {k} {p:?}: {e}"));
-        n += 1;
-    });
-    assert_eq!(n, 90);
-    let s = run(&job, &settings, &mix, 30, 5).unwrap();
-    let drain = s.of(Policy::AgentDrain).unwrap();
-    assert!(drain.drains > 0.0 && drain.failures_averted > 0.0 && drain.false_alarms > 0.0);
-    assert!(drain.spare_waits > 0.0, "2 spares and 72 h repairs run out");
+    for ends in [false, true] {
+        let settings = Settings {
+            false_alarms_per_gpu_day: 2e-4,
+            false_quarantines_per_gpu_day: 1e-4,
+            triage_min: 3.0,
+            quarantine_ends_job: ends,
+            ..Settings::default()
+        };
+        let mut n = 0;
+        each_trial((&job, &settings, &mix), 30, 5, &Policy::ALL, |k, p, o| {
+            adds_up(o).unwrap_or_else(|e| panic!("trial {k} {p:?} ends {ends}: {e}"));
+            n += 1;
+        });
+        assert_eq!(n, 90);
+        let s = run(&job, &settings, &mix, 30, 5).unwrap();
+        let drain = s.of(Policy::AgentDrain).unwrap();
+        assert!(drain.drains > 0.0 && drain.failures_averted > 0.0 && drain.false_alarms > 0.0);
+        assert!(drain.spare_waits > 0.0, "2 spares and 72 h repairs run out");
+        let agent = s.of(Policy::Agent).unwrap();
+        assert!(agent.false_quarantines > 0.0 && drain.false_quarantines > 0.0);
+        assert_eq!(s.of(Policy::Reactive).unwrap().false_quarantines, 0.0);
+    }
 }
 
 #[test]
@@ -185,6 +192,7 @@ fn a_later_failure_does_not_end_the_wait_for_a_spare() {
             failure(&mix, "software_bug", 2.0 * h),
         ],
         false_alarms: Vec::new(),
+        false_quarantines: Vec::new(),
     };
     for p in Policy::ALL {
         let o = replay(&job, &Settings::default(), &mix, p, &d);
@@ -212,6 +220,7 @@ fn a_hang_waits_for_the_collective_timeout_unless_the_quarantine_ends_the_job() 
     let d = Draws {
         failures: vec![failure(&mix, "gsp", 3600.0)],
         false_alarms: Vec::new(),
+        false_quarantines: Vec::new(),
     };
     let detection = |s: &Settings, p| secs(&job, replay(&job, s, &mix, p, &d).lost.detection);
     let plain = Settings::default();
@@ -245,6 +254,7 @@ fn a_gpu_flagged_before_a_restart_begins_is_left_out_of_it() {
     let d = Draws {
         failures: vec![failure(&mix, "software_bug", 1000.0)],
         false_alarms: vec![1100.0],
+        false_quarantines: Vec::new(),
     };
     // With 5 minutes of triage the restart begins at 1,300 s: the false
     // alarm's host takes a spare in it, at no extra cost.
@@ -272,6 +282,109 @@ fn a_gpu_flagged_before_a_restart_begins_is_left_out_of_it() {
     assert_eq!((o.drains, o.false_alarms, o.spare_waits), (0, 1, 1));
     assert!(near(secs(&none, o.lost.spares), 72.0 * 3600.0));
     assert!(o.lost_by_cause[mix.classes.len()] > 0.0);
+}
+
+/// No spare, a healthy GPU quarantined at 100 s and a software bug at
+/// 1 h, over 5 days.
+fn quarantined_then_a_bug() -> (Job, Mix, Draws) {
+    let mix = Mix::default();
+    let job = Job {
+        spare_hosts: 0,
+        days: 5.0,
+        ..Job::default()
+    };
+    let d = Draws {
+        failures: vec![failure(&mix, "software_bug", 3600.0)],
+        false_alarms: Vec::new(),
+        false_quarantines: vec![100.0],
+    };
+    (job, mix, d)
+}
+
+#[test]
+fn a_false_quarantine_keeps_its_host_out_of_the_agents_next_restart() {
+    let (job, mix, d) = quarantined_then_a_bug();
+    let plain = Settings::default();
+    let h = 3600.0;
+    let fa = mix.classes.len();
+    // The bug takes no host, but the restart leaves the quarantined host
+    // out and waits for it to come back from repair: no training from 1 h
+    // to 73 h 05, as if the bug had taken a host.
+    let o = replay(&job, &plain, &mix, Policy::Agent, &d);
+    adds_up(&o).unwrap();
+    assert_eq!((o.interruptions, o.false_quarantines, o.drains), (1, 1, 0));
+    let trained = 4.0 * 890.0 + 187.0 * 890.0 + 600.0;
+    assert!(near(secs(&job, o.progress_gpu_h), trained));
+    assert!(near(secs(&job, o.lost.spares), 72.0 * h));
+    // The bug and the quarantine share the wait and the restart.
+    let shared = (72.0 * h + 300.0) / 2.0;
+    assert!(near(secs(&job, o.lost_by_cause[fa]), shared));
+    assert_eq!(o.spare_waits, 1);
+    // Reactive handling has no agent: the bug costs its restart alone.
+    let r = replay(&job, &plain, &mix, Policy::Reactive, &d);
+    adds_up(&r).unwrap();
+    assert_eq!((r.false_quarantines, r.spare_waits), (0, 0));
+    assert_eq!((r.lost.spares, r.lost_by_cause[fa]), (0.0, 0.0));
+    assert!(near(secs(&job, r.lost.restart), 300.0));
+    // The drain policy drains it at the end of the first write, at 900 s,
+    // and waits for the host there.
+    let a = replay(&job, &plain, &mix, Policy::AgentDrain, &d);
+    adds_up(&a).unwrap();
+    assert_eq!((a.drains, a.false_quarantines), (1, 1));
+    assert!(near(secs(&job, a.lost.spares), 72.0 * h));
+}
+
+#[test]
+fn a_false_quarantine_ends_the_job_where_the_quarantine_ends_jobs() {
+    let (job, mix, d) = quarantined_then_a_bug();
+    let ends = Settings {
+        quarantine_ends_job: true,
+        ..Settings::default()
+    };
+    let h = 3600.0;
+    let fa = mix.classes.len();
+    for p in [Policy::Agent, Policy::AgentDrain] {
+        // The job stops at 100 s, losing those 100 s, and waits 72 h for
+        // the host; the bug at 1 h strikes during the wait and the restart
+        // still waits for the host.
+        let o = replay(&job, &ends, &mix, p, &d);
+        adds_up(&o).unwrap();
+        assert_eq!((o.interruptions, o.false_quarantines, o.drains), (1, 1, 0));
+        assert!(near(secs(&job, o.lost.rework), 100.0), "{p:?}");
+        assert!(near(secs(&job, o.lost.spares), 72.0 * h), "{p:?}");
+        assert!(near(secs(&job, o.lost.restart), 300.0), "{p:?}");
+        // 100 s of rework and the wait to the bug, 3,500 s.
+        assert!(near(secs(&job, o.lost_by_cause[fa]), 3600.0), "{p:?}");
+    }
+    let r = replay(&job, &ends, &mix, Policy::Reactive, &d);
+    assert_eq!(
+        r,
+        replay(&job, &Settings::default(), &mix, Policy::Reactive, &d)
+    );
+    assert_eq!((r.lost.rework, r.lost.spares), (0.0, 0.0));
+}
+
+#[test]
+fn false_quarantines_leave_reactive_handling_and_the_failures_as_they_were() {
+    let job = Job {
+        days: 10.0,
+        ..Job::default()
+    };
+    let mix = Mix::default();
+    let quiet = Settings::default();
+    let noisy = Settings {
+        false_quarantines_per_gpu_day: 1e-4,
+        ..Settings::default()
+    };
+    let before = run(&job, &quiet, &mix, 20, 3).unwrap();
+    let after = run(&job, &noisy, &mix, 20, 3).unwrap();
+    let of = |s: &Summary, p| s.of(p).unwrap().clone();
+    assert_eq!(of(&before, Policy::Reactive), of(&after, Policy::Reactive));
+    let (a0, a1) = (of(&before, Policy::Agent), of(&after, Policy::Agent));
+    assert_eq!(a0.interruptions, a1.interruptions);
+    // 1.6 a day, 16 in the run, each taking a spare for 72 h.
+    assert!(a1.false_quarantines > 10.0, "{}", a1.false_quarantines);
+    assert!(a1.ett < a0.ett && a1.lost.spares > a0.lost.spares);
 }
 
 #[test]
@@ -353,12 +466,14 @@ prop_compose! {
 
 prop_compose! {
     fn settings()(hang in 0.0..60.0f64, triage in 0.0..30.0f64, detect in 0.0..600.0f64,
-                  fa in prop_oneof![Just(0.0), 0.0..1e-3f64], ends in any::<bool>()) -> Settings {
+                  fa in prop_oneof![Just(0.0), 0.0..1e-3f64],
+                  fq in prop_oneof![Just(0.0), 0.0..1e-3f64], ends in any::<bool>()) -> Settings {
         Settings {
             hang_timeout_min: hang,
             triage_min: triage,
             detection_s: detect,
             false_alarms_per_gpu_day: fa,
+            false_quarantines_per_gpu_day: fq,
             quarantine_ends_job: ends,
         }
     }

@@ -29,14 +29,17 @@ pub struct PolicySummary {
     pub drains: f64,
     /// Failures drained or excluded before they struck.
     pub failures_averted: f64,
-    /// False alarms drained.
+    /// False alarms drained or left out of a restart.
     pub false_alarms: f64,
+    /// False quarantines acted on: hosts left out of a restart or
+    /// drained, and jobs a quarantine ended.
+    pub false_quarantines: f64,
     /// Times the job waited for a spare.
     pub spare_waits: f64,
     /// GPU-hours lost, by part.
     pub lost: Lost,
-    /// GPU-hours lost by cause: each class of the mix, `false_alarm`,
-    /// `checkpoints`.
+    /// GPU-hours lost by cause: each class of the mix, `false_alarm`
+    /// (false degrades and false quarantines), `checkpoints`.
     pub lost_by_cause: Vec<(String, f64)>,
     /// The run's GPU-hours.
     pub wall_gpu_h: f64,
@@ -80,7 +83,7 @@ pub fn each_trial(
     policies: &[Policy],
     mut each: impl FnMut(u32, Policy, &Outcome),
 ) {
-    let drawer = Drawer::new(job, mix, settings.false_alarms_per_gpu_day, seed);
+    let drawer = Drawer::new(job, mix, settings, seed);
     let mut d = Draws::default();
     for k in 0..trials {
         drawer.draw(u64::from(k), &mut d);
@@ -168,6 +171,7 @@ impl Acc {
         s.drains += o.drains;
         s.failures_averted += o.failures_averted;
         s.false_alarms += o.false_alarms;
+        s.false_quarantines += o.false_quarantines;
         s.spare_waits += o.spare_waits;
     }
 
@@ -191,6 +195,7 @@ impl Acc {
             drains: mean(s.drains),
             failures_averted: mean(s.failures_averted),
             false_alarms: mean(s.false_alarms),
+            false_quarantines: mean(s.false_quarantines),
             spare_waits: mean(s.spare_waits),
             lost: s.lost.scaled(1.0 / n),
             lost_by_cause: names
