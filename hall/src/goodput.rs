@@ -68,7 +68,8 @@ pub struct GoodputArgs {
     detection_s: Option<f64>,
     /// Healthy GPUs flagged degraded per GPU-day, never quarantined: a
     /// degraded GPU stays in service, so only a drain acts on them
-    /// [default: the measured model's bound, else 0].
+    /// [default: what the measured model's bound on every false flag
+    /// leaves after false quarantines' bound, else 0].
     #[arg(long)]
     false_alarms_per_gpu_day: Option<f64>,
     /// Healthy GPUs quarantined per GPU-day: under both agent policies the

@@ -64,12 +64,14 @@ pub struct MeasuredModel {
     /// quarantine), seconds, measured by replay: the mean over every
     /// failure not quarantined before it struck.
     pub detection_s: f64,
-    /// Upper bound on false degrades per GPU-day (a healthy GPU flagged
-    /// degraded and never quarantined: only a drain acts on it), from the
-    /// replay of clean GPU-days (95 % one-sided Poisson bound).
+    /// False degrades per GPU-day (a healthy GPU flagged degraded and
+    /// never quarantined: only a drain acts on it): what the 95 % one-sided
+    /// Poisson bound on every false flag in the replay of clean GPU-days
+    /// leaves after false quarantines' own bound.
     pub false_alarms_per_gpu_day: f64,
     /// Upper bound on false quarantines per GPU-day (a healthy GPU
-    /// quarantined), the same way.
+    /// quarantined), the same way; with the false degrades it sums to the
+    /// bound on every false flag.
     pub false_quarantines_per_gpu_day: f64,
     /// How each figure was derived, for the report (one sentence each).
     pub notes: Vec<String>,
@@ -698,6 +700,13 @@ impl Measurement {
         self.bound(self.false_degrades())
     }
 
+    /// The false-degrade rate the twin takes: what the bound on every
+    /// false flag leaves once false quarantines take their own bound, so
+    /// the two together never exceed the bound on the total.
+    pub fn false_degrade_share(&self) -> f64 {
+        (self.false_alarm_bound() - self.false_quarantine_bound()).max(0.0)
+    }
+
     /// The 95 % bound per clean GPU-day when `k` were seen.
     fn bound(&self, k: usize) -> f64 {
         poisson_upper_95(k) / self.clean_gpu_days.max(1e-9)
@@ -763,14 +772,16 @@ impl Measurement {
             self.healthy_gpu_days,
         ));
         notes.push(format!(
-            "false_quarantines_per_gpu_day: the 95 % one-sided Poisson bound on {q} seen, {:.3} / {:.1} = {:.4} per GPU-day; false_alarms_per_gpu_day (false degrades, which only a drain acts on): the same bound on {d} seen, {:.3} / {:.1} = {:.4} per GPU-day. Each is an upper bound on its own; together they exceed the bound on the total ({:.4}).",
+            "false_quarantines_per_gpu_day: the 95 % one-sided Poisson bound on {q} seen, {:.3} / {:.1} = {:.4} per GPU-day; false_alarms_per_gpu_day (false degrades, which only a drain acts on): the rest of the same bound on all {} false flags seen, {:.3} / {:.1} = {:.4} per GPU-day, less the quarantines' share, {:.4} per GPU-day. The replay supports no more than the total bound for both kinds together, so the two sum to it: false quarantines, which the agent pays for, are taken at their own bound, and false degrades at what is left (their own bound alone, {:.4}, would double count).",
             poisson_upper_95(q),
             self.clean_gpu_days,
             self.false_quarantine_bound(),
-            poisson_upper_95(d),
+            q + d,
+            poisson_upper_95(q + d),
             self.clean_gpu_days,
-            self.false_degrade_bound(),
             self.false_alarm_bound(),
+            self.false_degrade_share(),
+            self.false_degrade_bound(),
         ));
         notes.push(format!(
             "traces: {} failure traces and {} healthy hosts generated from seed {} ({} records), replayed by node_core::replay::replay_scheduled with the default policy and slow counters every {} s as the live agent reads them; the repository's scorer counts {} misses and {} false alarms on them.",
@@ -788,7 +799,7 @@ impl Measurement {
         MeasuredModel {
             classes,
             detection_s,
-            false_alarms_per_gpu_day: self.false_degrade_bound(),
+            false_alarms_per_gpu_day: self.false_degrade_share(),
             false_quarantines_per_gpu_day: self.false_quarantine_bound(),
             notes,
         }

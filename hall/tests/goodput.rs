@@ -159,3 +159,24 @@ excludes_host = false
         "{e}"
     );
 }
+
+#[test]
+fn drains_with_neither_false_flag_are_compared_with_the_agent_with_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let o = goodput(&out, &["--false-quarantines-per-gpu-day", "1e-2"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let stdout = String::from_utf8(o.stdout).unwrap();
+    let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let ett = |p: &str| v["ett"][p].as_f64().unwrap();
+    let gain = (ett("agent_drain_no_false_alarms") - ett("agent_no_false_quarantines")) * 100.0;
+    // Far from the gain over the agent as run, which false quarantines
+    // bring down.
+    let as_run = (ett("agent_drain_no_false_alarms") - ett("agent")) * 100.0;
+    assert!((gain - as_run).abs() > 0.01, "{gain} {as_run}");
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    let said = format!("and {gain:+.2} with neither (against the agent without false quarantines)");
+    assert!(md.contains(&said), "report.md lacks {said}");
+    assert!(md.contains("| reactive | agent, no false quarantines |"));
+    assert!(!md.contains("(as run) |"));
+}

@@ -178,9 +178,11 @@ fn precursor(root: &Area<'_>, s: &Study) -> Res {
         })
         .collect();
     let (a, b) = (LEAD_RANGE.0, LEAD_RANGE.1);
-    let agent = s.headline.policies[1].ett * 100.0;
+    // The drain lines have no false alarm: the agent without false
+    // quarantines is their match.
+    let agent = s.agent_no_false_quarantines.ett * 100.0;
     lines.push(Line {
-        label: "agent, no drain".into(),
+        label: "agent, no drain, no false quarantines".into(),
         color: POLICY_COLORS[1],
         dashed: true,
         points: vec![(a, agent), (b, agent)],

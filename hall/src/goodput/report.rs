@@ -126,8 +126,8 @@ fn result(md: &mut String, s: &Study) {
         md,
         "\nThe agent gains {:+.2} points over reactive handling. {} {} \
          Drains, with {which}, add {:+.2} points at {:.2e} false degrades and {:.2e} \
-         false quarantines per GPU-day ({:.1} false flags a day for the job, each drained) \
-         and {:+.2} with neither (against the agent as run).\n",
+         false quarantines per GPU-day ({:.1} false flags a day for the job, {}) \
+         and {:+.2} with neither (against the agent without false quarantines).\n",
         (p[1].ett - p[0].ett) * 100.0,
         agent_credit(&s.inputs.settings),
         false_quarantine_charge(&s.inputs.settings, &s.inputs.job),
@@ -135,8 +135,24 @@ fn result(md: &mut String, s: &Study) {
         s.inputs.settings.false_alarms_per_gpu_day,
         s.inputs.settings.false_quarantines_per_gpu_day,
         false_flags(&s.inputs.settings) * f64::from(s.inputs.job.gpus),
-        (s.no_false_alarms.ett - p[1].ett) * 100.0,
+        flag_handling(&s.inputs.settings),
+        with_neither(s) * 100.0,
     );
+}
+
+/// What the drain policy gains over the agent where neither raises a
+/// false flag, as a fraction.
+pub fn with_neither(s: &Study) -> f64 {
+    s.no_false_alarms.ett - s.agent_no_false_quarantines.ett
+}
+
+/// What the drain policy does with a false flag, in words.
+fn flag_handling(t: &Settings) -> &'static str {
+    if t.quarantine_ends_job {
+        "each false degrade drained and each false quarantine ending the job"
+    } else {
+        "each drained"
+    }
 }
 
 /// What a false quarantine costs the agent policies, in words; a false
@@ -149,13 +165,18 @@ pub fn false_quarantine_charge(t: &Settings, j: &Job) -> String {
     } else {
         ""
     };
+    let how = if t.quarantine_ends_job {
+        "takes a healthy host out of the job under both agent policies"
+    } else {
+        "keeps a healthy host out of the next restart under both agent policies (the drain \
+         policy drains it at the end of the next write)"
+    };
     format!(
-        "A false quarantine ({:.2e} per GPU-day, {:.1} a day for the job) keeps a healthy \
-         host out of the next restart under both agent policies (the drain policy drains \
-         it at the end of the next write): it takes a spare and comes back after the \
-         {}-hour repair time, as a drained false alarm does{ends}; the restart waits when \
-         no spare is free. Reactive handling has no false quarantine, and a false degrade \
-         costs the agent nothing (a degraded GPU stays in service).",
+        "A false quarantine ({:.2e} per GPU-day, {:.1} a day for the job) {how}: it takes a \
+         spare and comes back after the {}-hour repair time, as a drained false alarm \
+         does{ends}; the restart waits when no spare is free. Reactive handling has no false \
+         quarantine, and a false degrade costs the agent nothing (a degraded GPU stays in \
+         service).",
         rate,
         rate * f64::from(j.gpus),
         num(j.repair_hours),
@@ -338,11 +359,12 @@ fn lost(md: &mut String, s: &Study) {
 fn table(md: &mut String, title: &str, unit: &str, points: &[Point], current: f64) {
     let _ = writeln!(
         md,
-        "### {title}\n\n| {unit} | reactive | agent | agent + drain, no false alarms |\n\
+        "### {title}\n\nNo false degrade or quarantine in any column.\n\n\
+         | {unit} | reactive | agent, no false quarantines | agent + drain, no false alarms |\n\
          |---|---:|---:|---:|"
     );
     for p in points {
-        let mark = if p.x == current { " (as run)" } else { "" };
+        let mark = if p.x == current { " (the run's)" } else { "" };
         let e = p.ett.map(pct);
         let _ = writeln!(
             md,
@@ -359,8 +381,10 @@ fn table(md: &mut String, title: &str, unit: &str, points: &[Point], current: f6
 fn sensitivity(md: &mut String, s: &Study) {
     let (j, t) = (&s.inputs.job, &s.inputs.settings);
     md.push_str(
-        "## Sensitivity\n\nETT with one input changed, every other as run; drains without \
-         false alarms (they are priced in their own section).\n\n",
+        "## Sensitivity\n\nETT with one input changed, every other as run except that no \
+         policy raises a false alarm (no false degrade, no false quarantine: they are priced \
+         in their own sections), so the agent here is the agent without false \
+         quarantines.\n\n",
     );
     table(
         md,
@@ -624,7 +648,7 @@ fn false_alarms(md: &mut String, s: &Study) {
     let g = f64::from(s.inputs.job.gpus);
     for &(r, e) in &s.false_alarms {
         let own = if r == false_flags(&s.inputs.settings) {
-            " (as run)"
+            " (the run's total, all as degrades)"
         } else {
             ""
         };

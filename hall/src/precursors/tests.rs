@@ -107,13 +107,22 @@ fn no_healthy_gpu_is_flagged() {
     );
     // None seen: the rule of three over the clean GPU-days.
     let model = m.model();
-    for bound in [
-        model.false_alarms_per_gpu_day,
-        model.false_quarantines_per_gpu_day,
-        m.false_alarm_bound(),
-    ] {
+    for bound in [model.false_quarantines_per_gpu_day, m.false_alarm_bound()] {
         assert!((bound * m.clean_gpu_days - 2.9957).abs() < 1e-3, "{bound}");
     }
+}
+
+#[test]
+fn the_two_kinds_of_false_flag_never_exceed_the_bound_on_both() {
+    let m = small();
+    assert!(m.false_alarms.is_empty());
+    let model = m.model();
+    let both = model.false_alarms_per_gpu_day + model.false_quarantines_per_gpu_day;
+    let total = m.false_alarm_bound();
+    assert!(both <= total + 1e-12, "{both} > {total}");
+    // The quarantines, which the agent pays for, take the whole bound.
+    assert_eq!(model.false_quarantines_per_gpu_day, total);
+    assert_eq!(model.false_alarms_per_gpu_day, 0.0);
 }
 
 #[test]

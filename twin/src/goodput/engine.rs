@@ -170,9 +170,15 @@ struct Replay<'a> {
     /// Down: who the segments are charged to.
     causes: Vec<usize>,
     pool: Pool,
-    /// When every host the job needs is in hand (the latest spare taken);
-    /// a restart does not begin before it.
+    /// When every host the job needs is in hand (the latest spare that
+    /// had to be waited for); a restart does not begin before it.
     hosts_ready_at: f64,
+    /// Who the wait to `hosts_ready_at` is charged to: the causes of the
+    /// row that last made it later.
+    ready_causes: Vec<usize>,
+    /// Down: who the row's wait for a spare is charged to where it only
+    /// carries on an earlier row's wait; empty: the row's causes.
+    spare_causes: Vec<usize>,
     /// Down: when the open row's failure is found (its detection ends).
     found_at: f64,
     fate: Vec<Fate>,
@@ -227,6 +233,17 @@ fn flags(d: &Draws, policy: Policy) -> Vec<(f64, usize)> {
     f
 }
 
+/// Why a row's restart came to wait longer for hosts.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Wait {
+    /// It does not.
+    No,
+    /// For a spare its own hosts had to wait for.
+    Own,
+    /// For hosts an earlier row was still waiting for.
+    Carried,
+}
+
 /// What happens next in a replay.
 enum Next {
     End,
@@ -254,6 +271,8 @@ impl<'a> Replay<'a> {
                 repair_s: job.repair_hours * 3600.0,
             },
             hosts_ready_at: 0.0,
+            ready_causes: Vec::new(),
+            spare_causes: Vec::new(),
             found_at: 0.0,
             fate: vec![
                 Fate::Live;
@@ -370,7 +389,8 @@ impl<'a> Replay<'a> {
         self.t = to;
     }
 
-    /// Charges `s` seconds of `part`, shared by the row's causes.
+    /// Charges `s` seconds of `part`, shared by the row's causes (a wait
+    /// carried on from an earlier row by that wait's causes).
     fn charge(&mut self, part: Part, s: f64) {
         match part {
             Part::Detection => self.lost_s.detection += s,
@@ -378,9 +398,14 @@ impl<'a> Replay<'a> {
             Part::Restart => self.lost_s.restart += s,
             Part::Drain => self.lost_s.drains += s,
         }
-        let share = s / self.causes.len() as f64;
-        for k in 0..self.causes.len() {
-            self.by_cause_s[self.causes[k]] += share;
+        let who = if part == Part::Spares && !self.spare_causes.is_empty() {
+            &self.spare_causes
+        } else {
+            &self.causes
+        };
+        let share = s / who.len() as f64;
+        for &c in who {
+            self.by_cause_s[c] += share;
         }
     }
 
@@ -537,9 +562,11 @@ impl<'a> Replay<'a> {
     /// longer for that spare; then its cause shares the rest of the row.
     fn exclude_from_restart(&mut self, at: f64, e: usize) {
         let (hosts, cause) = self.avert(e);
-        if self.replace_hosts(at.max(self.found_at), hosts) {
+        let wait = self.replace_hosts(at.max(self.found_at), hosts);
+        if wait != Wait::No {
             self.causes.push(cause);
         }
+        self.settle(wait);
     }
 
     /// From `at`: detection (`detect`), the wait for a spare for each of
@@ -553,20 +580,58 @@ impl<'a> Replay<'a> {
         self.down.push((found, Part::Spares));
         self.down.push((found + self.job.restart_min * 60.0, part));
         self.t = at;
-        self.replace_hosts(found, hosts);
+        self.spare_causes.clear();
+        let wait = self.replace_hosts(found, hosts);
+        self.settle(wait);
     }
 
     /// `hosts` leave for repair at `at` and each takes a spare; the open
-    /// row's restart waits until every host is in hand. Returns whether it
-    /// now waits longer.
-    fn replace_hosts(&mut self, at: f64, hosts: u32) -> bool {
+    /// row's restart waits until every host is in hand, its own and any an
+    /// earlier row was still waiting for. Only a spare not free at `at`
+    /// makes `hosts_ready_at` later. Returns why the row now waits longer.
+    fn replace_hosts(&mut self, at: f64, hosts: u32) -> Wait {
         for _ in 0..hosts {
             self.pool.send(at);
         }
+        let mut own = f64::NEG_INFINITY;
         for _ in 0..hosts {
-            self.hosts_ready_at = self.hosts_ready_at.max(self.pool.take(at));
+            let got = self.pool.take(at);
+            if got > at {
+                own = own.max(got);
+            }
         }
-        self.delay_restart_to(self.hosts_ready_at)
+        if own > self.hosts_ready_at {
+            self.hosts_ready_at = own;
+            if self.delay_restart_to(own) {
+                return Wait::Own;
+            }
+        }
+        if self.delay_restart_to(self.hosts_ready_at) {
+            return Wait::Carried;
+        }
+        Wait::No
+    }
+
+    /// Settles who the open row's wait is charged to, once its causes are
+    /// in: a wait of its own makes its causes those of `hosts_ready_at`; a
+    /// wait carried on from an earlier row stays that row's causes', and
+    /// they share the rest of this row.
+    fn settle(&mut self, wait: Wait) {
+        match wait {
+            Wait::No => {}
+            Wait::Own => {
+                self.spare_causes.clear();
+                self.ready_causes = self.causes.clone();
+            }
+            Wait::Carried => {
+                for &c in &self.ready_causes {
+                    if !self.causes.contains(&c) {
+                        self.causes.push(c);
+                    }
+                }
+                self.spare_causes = self.ready_causes.clone();
+            }
+        }
     }
 
     /// Moves the open row's restart to begin at `ready` if that is later

@@ -207,6 +207,37 @@ fn a_later_failure_does_not_end_the_wait_for_a_spare() {
         assert!(near(spares, 72.0 * h), "{p:?}: {spares} s waiting");
         assert!(near(secs(&job, o.lost.restart), 300.0));
         assert_eq!(o.spare_waits, 2);
+        // The bug takes no host: the wait stays the faulty GPU's, and the
+        // bug shares only the restart.
+        let bug = secs(&job, o.lost_by_cause[class_of(&mix, "software_bug")]);
+        assert!(bug < 1000.0, "{p:?}: {bug} s charged to the bug");
+        assert!(near(bug, 150.0), "{p:?}: {bug} s charged to the bug");
+    }
+}
+
+#[test]
+fn a_hang_found_later_is_no_wait_for_a_spare() {
+    let mix = Mix::default();
+    let job = Job {
+        days: 1.0,
+        ..Job::default()
+    };
+    assert!(job.spare_hosts > 1);
+    // The hang takes its host out when found, at 4,200 s; the bug at
+    // 3,800 s restarts the job on a free spare, without waiting.
+    let d = Draws {
+        failures: vec![
+            failure(&mix, "gsp", 3600.0),
+            failure(&mix, "software_bug", 3800.0),
+        ],
+        false_alarms: Vec::new(),
+        false_quarantines: Vec::new(),
+    };
+    for p in Policy::ALL {
+        let o = replay(&job, &Settings::default(), &mix, p, &d);
+        adds_up(&o).unwrap();
+        assert_eq!(o.spare_waits, 0, "{p:?}");
+        assert_eq!(o.lost.spares, 0.0, "{p:?}");
     }
 }
 
@@ -353,8 +384,14 @@ fn a_false_quarantine_ends_the_job_where_the_quarantine_ends_jobs() {
         assert!(near(secs(&job, o.lost.rework), 100.0), "{p:?}");
         assert!(near(secs(&job, o.lost.spares), 72.0 * h), "{p:?}");
         assert!(near(secs(&job, o.lost.restart), 300.0), "{p:?}");
-        // 100 s of rework and the wait to the bug, 3,500 s.
-        assert!(near(secs(&job, o.lost_by_cause[fa]), 3600.0), "{p:?}");
+        // 100 s of rework, the whole 72 h wait for its host (the bug
+        // takes none) and half the restart.
+        assert!(
+            near(secs(&job, o.lost_by_cause[fa]), 72.0 * h + 250.0),
+            "{p:?}"
+        );
+        let bug = class_of(&mix, "software_bug");
+        assert!(near(secs(&job, o.lost_by_cause[bug]), 150.0), "{p:?}");
     }
     let r = replay(&job, &ends, &mix, Policy::Reactive, &d);
     assert_eq!(
