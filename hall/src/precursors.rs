@@ -33,6 +33,7 @@
 //! - *false alarm*: a flag on a GPU with nothing wrong with it (or before
 //!   its precursor began): a false quarantine or a false degrade.
 
+mod false_flags;
 pub mod host;
 pub mod scenarios;
 
@@ -45,6 +46,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Deserialize;
 
+use false_flags::false_flags;
+pub use false_flags::{poisson_upper_95, FalseAlarm};
 use host::{Host, GPUS, PERIOD_MS};
 use scenarios::{draw, kind_of, log_uniform, Benign, Failure, Mechanism, Running, MIXES};
 
@@ -450,23 +453,6 @@ pub struct Measurement {
     pub scorer_false_alarms: usize,
 }
 
-/// A GPU that left healthy with nothing wrong with it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FalseAlarm {
-    /// The trace.
-    pub trace: String,
-    /// The GPU.
-    pub gpu: usize,
-    /// When, ms.
-    pub t_ms: u64,
-    /// The engine's reason.
-    pub reason: String,
-    /// Whether it reached `quarantined` before it was healthy again (a
-    /// false quarantine); else it stopped at `degraded` (a false
-    /// degrade).
-    pub quarantined: bool,
-}
-
 /// What one trace contributes.
 enum Outcome {
     Failure(FailureOutcome, Vec<FalseAlarm>, f64),
@@ -481,28 +467,7 @@ fn run_job(seed: u64, size: Size, j: Job) -> JobResult {
     let tr = j.build(seed, size);
     let verdicts = replay(&tr.jsonl).map_err(|e| format!("{}: {e}", tr.name))?;
     let day_s = 86_400.0;
-    let flags_of = |g: usize, before: u64| -> Vec<FalseAlarm> {
-        let mut prev = State::Healthy;
-        let mut out: Vec<FalseAlarm> = Vec::new();
-        for v in verdicts.iter().filter(|v| v.gpu == g && v.t_ms < before) {
-            if prev == State::Healthy && v.state > State::Healthy {
-                out.push(FalseAlarm {
-                    trace: tr.name.clone(),
-                    gpu: g,
-                    t_ms: v.t_ms,
-                    reason: v.reason.clone(),
-                    quarantined: false,
-                });
-            }
-            if v.state == State::Quarantined {
-                if let Some(last) = out.last_mut() {
-                    last.quarantined = true;
-                }
-            }
-            prev = v.state;
-        }
-        out
-    };
+    let flags_of = |g: usize, before: u64| false_flags(&tr.name, &verdicts, g, before);
     let outcome = match &tr.failure {
         None => {
             let alarms = (0..GPUS).flat_map(|g| flags_of(g, u64::MAX)).collect();
@@ -604,31 +569,6 @@ pub fn measure(seed: u64, size: Size) -> Result<Measurement, String> {
     Ok(m)
 }
 
-/// The 95 % one-sided upper bound on a Poisson mean when `k` events were
-/// seen: the mean at which seeing `k` or fewer has probability 5 % (for
-/// `k` = 0, −ln 0.05 ≈ 3.0, the "rule of three").
-pub fn poisson_upper_95(k: usize) -> f64 {
-    let cdf = |mean: f64| {
-        let mut term = (-mean).exp();
-        let mut sum = term;
-        for i in 1..=k {
-            term *= mean / i as f64;
-            sum += term;
-        }
-        sum
-    };
-    let (mut lo, mut hi) = (0.0, 10.0 + 10.0 * k as f64);
-    for _ in 0..200 {
-        let mid = 0.5 * (lo + hi);
-        if cdf(mid) > 0.05 {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    0.5 * (lo + hi)
-}
-
 /// The median of `v` (0 when empty).
 fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
@@ -672,44 +612,6 @@ impl Measurement {
             .filter_map(|f| f.detection_ms)
             .map(|ms| ms as f64 / 1e3)
             .collect()
-    }
-
-    /// The false-alarm bound per GPU-day, quarantines and degrades
-    /// together.
-    pub fn false_alarm_bound(&self) -> f64 {
-        self.bound(self.false_alarms.len())
-    }
-
-    /// False quarantines seen.
-    pub fn false_quarantines(&self) -> usize {
-        self.false_alarms.iter().filter(|f| f.quarantined).count()
-    }
-
-    /// False degrades seen (flags that never reached quarantined).
-    pub fn false_degrades(&self) -> usize {
-        self.false_alarms.len() - self.false_quarantines()
-    }
-
-    /// The false-quarantine bound per GPU-day.
-    pub fn false_quarantine_bound(&self) -> f64 {
-        self.bound(self.false_quarantines())
-    }
-
-    /// The false-degrade bound per GPU-day.
-    pub fn false_degrade_bound(&self) -> f64 {
-        self.bound(self.false_degrades())
-    }
-
-    /// The false-degrade rate the twin takes: what the bound on every
-    /// false flag leaves once false quarantines take their own bound, so
-    /// the two together never exceed the bound on the total.
-    pub fn false_degrade_share(&self) -> f64 {
-        (self.false_alarm_bound() - self.false_quarantine_bound()).max(0.0)
-    }
-
-    /// The 95 % bound per clean GPU-day when `k` were seen.
-    fn bound(&self, k: usize) -> f64 {
-        poisson_upper_95(k) / self.clean_gpu_days.max(1e-9)
     }
 
     /// The model the twin takes, with a sentence on each figure.
