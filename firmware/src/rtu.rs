@@ -303,7 +303,10 @@ where
             self.gap_us
         };
         let natural = self.clock.now_us() + u64::from(self.timeout_us) + u64::from(need);
-        let give_up = natural.max(self.late_until_us).min(self.by_us);
+        // A late answer's window ends one timeout after an earlier send,
+        // so before the natural end of this wait.
+        debug_assert!(natural >= self.late_until_us);
+        let give_up = natural.min(self.by_us);
         // Whether the line spoke while it was waited on: a line that
         // never fell silent is busy, whoever's deadline came first.
         let mut heard = false;
