@@ -134,11 +134,18 @@ impl LatchKeeper {
         Some(r)
     }
 
-    /// The flash took the record offered (`ok`), or did not.
+    /// The flash took the record offered (`ok`), or did not. A write
+    /// that failed may still have left part of the record in flash (its
+    /// state without its generation, or a write that went in after it
+    /// was given up on), so what flash holds is unknown then: the next
+    /// step writes the state it has whatever it is, with a generation
+    /// past the one offered.
     pub fn kept(&mut self, ok: bool) {
         self.failed = !ok;
         if ok {
             self.kept = self.offered.take();
+        } else {
+            self.kept = None;
         }
     }
 
@@ -200,6 +207,41 @@ mod tests {
         assert_eq!(again.generation, r.generation + 1);
         k.kept(true);
         assert_eq!(k.valves(0b1110, Some(0)), Some(0b1110));
+        assert_eq!(k.to_keep(&c), None);
+    }
+
+    #[test]
+    fn after_a_failed_write_the_state_is_written_again_even_when_it_came_back_to_the_kept_one() {
+        let mut k = LatchKeeper::open(&Ok::<_, &str>(None)).keeper;
+        let mut c = core();
+        c.latch_racks(0b100);
+        let first = k.to_keep(&c).unwrap();
+        k.kept(true);
+        let dry = cooling_core::safety::LeakInputs {
+            wet: 0,
+            rope_faults: 0,
+            read_ok: true,
+            cdu: Some(0),
+        };
+        c.clear_leak(2, &dry).unwrap();
+        let cleared = k.to_keep(&c).expect("the clear is kept");
+        assert_eq!(cleared.latched.leaks, 0);
+        // The write failed, but its state may have reached flash without
+        // its generation: flash may now read as the clear.
+        k.kept(false);
+        // The rope reads wet again before the next write: the core holds
+        // what was kept before the clear, and that is written anew.
+        c.latch_racks(0b100);
+        let again = k.to_keep(&c).expect("written again, flash is unknown");
+        assert_eq!(again.latched.leaks, 0b100);
+        assert_eq!(again.generation, cleared.generation + 1);
+        assert!(again.generation > first.generation);
+        assert_eq!(
+            k.valves(0b011, Some(0b001)),
+            Some(0b001),
+            "no valve opens yet"
+        );
+        k.kept(true);
         assert_eq!(k.to_keep(&c), None);
     }
 
