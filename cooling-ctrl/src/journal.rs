@@ -54,7 +54,7 @@ use cooling_core::estimate::record::{HostIds, MAX_LEN, PARTS};
 use cooling_core::{CoreConfig, Learned};
 use embedded_storage_async::nor_flash::MultiwriteNorFlash;
 use loopwarden_flash::log::WRAPPED;
-use loopwarden_flash::{ConfigStore, Outbox, Wrapped};
+use loopwarden_flash::{ConfigStore, Outbox, StoreError, Wrapped};
 use loopwarden_protocol::{Ident, Message, MessageKind, TimestampMs, MAX_FRAME_LEN};
 use loopwarden_store::agent_flash::{self, Flash};
 use loopwarden_store::lease_record::LeaseRecord;
@@ -134,37 +134,58 @@ pub const NEW_FLASH: &str = "a new flash file: no latched state is in it, so a r
 /// ([`cooling_decide::record`]).
 pub use cooling_decide::record::{LatchRecord, LATCHED_GEN_KEY, LATCHED_KEY};
 
-/// Writes the latched record `r` to `store`: the record, then its
-/// generation.
+/// The config key of the mark that a latched record went into this
+/// store, kept after the record: a store that holds the mark and no
+/// record has lost the record (the store skips an item whose check
+/// fails, a damaged sector's), which reads as unreadable, never as
+/// "nothing latched".
+pub const LATCH_KEPT_KEY: &str = "cdu.latch.kept";
+
+/// Writes the latched record `r` to `store`: the record, its generation,
+/// then the mark that a record was kept ([`LATCH_KEPT_KEY`]) unless it is
+/// there.
 pub async fn save_latched<S: MultiwriteNorFlash<Error: fmt::Display>>(
     store: &mut ConfigStore<S>,
     r: &LatchRecord,
 ) -> Result<(), String> {
+    let not_kept =
+        |key: &'static str| move |e: StoreError<S::Error>| format!("{key} not kept in flash: {e}");
     for (key, value) in r.items() {
+        store.set(key, &value).await.map_err(not_kept(key))?;
+    }
+    let mut b = [0u8; 4];
+    let marked = store.get(LATCH_KEPT_KEY, &mut b).await;
+    if marked.map_err(not_kept(LATCH_KEPT_KEY))?.is_none() {
         store
-            .set(key, &value)
+            .set(LATCH_KEPT_KEY, &[1])
             .await
-            .map_err(|e| format!("{key} not kept in flash: {e}"))?;
+            .map_err(not_kept(LATCH_KEPT_KEY))?;
     }
     Ok(())
 }
 
-/// The latched record in `store`: `None` when none was ever written; an
-/// error that says why when it cannot be read, decoded or believed.
+/// The latched record in `store`: `None` when none was ever written (no
+/// record and no mark); an error that says why when it cannot be read,
+/// decoded or believed, or was lost since it was kept.
 pub async fn load_latched<S: MultiwriteNorFlash<Error: fmt::Display>>(
     store: &mut ConfigStore<S>,
 ) -> Result<Option<LatchRecord>, String> {
     let mut rec = [0u8; 64];
     let mut gen = [0u8; 16];
-    let n = store
-        .get(LATCHED_KEY, &mut rec)
-        .await
-        .map_err(|e| format!("{LATCHED_KEY}: unreadable in flash: {e}"))?;
-    let g = store
-        .get(LATCHED_GEN_KEY, &mut gen)
-        .await
-        .map_err(|e| format!("{LATCHED_GEN_KEY}: unreadable in flash: {e}"))?;
-    LatchRecord::decode(n.map(|n| &rec[..n]), g.map(|g| &gen[..g])).map_err(|e| e.to_string())
+    let unreadable = |key: &'static str| {
+        move |e: StoreError<S::Error>| format!("{key}: unreadable in flash: {e}")
+    };
+    let n = (store.get(LATCHED_KEY, &mut rec).await).map_err(unreadable(LATCHED_KEY))?;
+    let g = (store.get(LATCHED_GEN_KEY, &mut gen).await).map_err(unreadable(LATCHED_GEN_KEY))?;
+    let read = LatchRecord::decode(n.map(|n| &rec[..n]), g.map(|g| &gen[..g]));
+    if !matches!(read, Ok(None)) {
+        return read.map_err(|e| e.to_string());
+    }
+    match store.get(LATCH_KEPT_KEY, &mut gen).await {
+        Ok(None) => Ok(None),
+        Ok(Some(_)) => Err(format!("the latched record is missing from flash, though an earlier start kept one ({LATCH_KEPT_KEY} is set): the flash lost it (a damaged sector?), so what was latched is unknown")),
+        Err(e) => Err(unreadable(LATCH_KEPT_KEY)(e)),
+    }
 }
 
 /// Damages the newest copy of record `r` in the raw flash `bytes` (one
@@ -642,6 +663,45 @@ mod tests {
         assert_eq!(v[1]["event"]["lease_sent"]["host"], "h03", "{v:?}");
         assert_eq!(v[1]["event"]["lease_sent"]["limit_w"], 550, "{v:?}");
         assert_eq!(v[1]["event"]["lease_sent"]["reason"], "capacity-short");
+    }
+
+    #[test]
+    fn a_record_lost_after_it_was_kept_is_unreadable_never_nothing_latched() {
+        use futures::executor::block_on;
+        use loopwarden_store::agent_flash::AgentFlash;
+        let mut store = sim_store(None);
+        let r = LatchRecord {
+            generation: 1,
+            latched: Latched {
+                leaks: 0b0100,
+                ..Latched::default()
+            },
+        };
+        block_on(save_latched(&mut store, &r)).unwrap();
+        block_on(save_latched(&mut store, &r)).unwrap();
+        let mut flash = store.into_flash();
+        let AgentFlash::Memory(f) = &mut flash else {
+            panic!("a simulated flash");
+        };
+        // Every copy of the record and its generation loses its key, as a
+        // damaged sector's items are skipped; the mark is elsewhere.
+        let key = LATCHED_KEY.as_bytes();
+        let bytes = f.bytes_mut();
+        let at: Vec<usize> = (0..bytes.len() - key.len())
+            .filter(|&i| &bytes[i..i + key.len()] == key)
+            .collect();
+        assert_eq!(at.len(), 4, "two records and two generations");
+        for i in at {
+            bytes[i] ^= 0x01;
+        }
+        let mut store = sim_store(Some(flash));
+        let e = block_on(load_latched(&mut store)).unwrap_err();
+        assert!(
+            e.contains("missing from flash") && e.contains(LATCH_KEPT_KEY),
+            "{e}"
+        );
+        // A store no record went into is nothing latched.
+        assert_eq!(block_on(load_latched(&mut sim_store(None))), Ok(None));
     }
 
     #[test]

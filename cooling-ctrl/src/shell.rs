@@ -535,6 +535,7 @@ impl<P: CduPort> Shell<P> {
                 seq_floor: SeqFloor::new(started.first_seq),
                 learned: started.learned,
                 bms: Default::default(),
+                latch_marked: false,
             },
             devices: devices::Devices::new(cdu, board),
             decider: started.decider,
@@ -639,12 +640,14 @@ impl<P: CduPort> Shell<P> {
     }
 
     /// Writes the latched record to flash when it changed, and waits for
-    /// it to be there (the record, then its generation) for at most half
-    /// a period; the decision path hears whether it went in.
+    /// it to be there (the record, its generation, and once in a process
+    /// the mark that one was kept) for at most half a period; the
+    /// decision path hears whether it went in.
     async fn keep_latched(&mut self) {
         let Some(r) = self.decider.to_keep() else {
             return;
         };
+        let mark = !self.keeping.latch_marked;
         // A flash that does not answer (a hung fsync on a failing card)
         // holds no valve open: past half a period the record counts as
         // not kept, and only closings are written.
@@ -653,6 +656,10 @@ impl<P: CduPort> Shell<P> {
         let write = async {
             for (key, value) in r.items() {
                 recorder.set_sync(key.into(), value.to_vec()).await?;
+            }
+            if mark {
+                let key = journal::LATCH_KEPT_KEY;
+                recorder.set_sync(key.into(), vec![1]).await?;
             }
             Ok(())
         };
@@ -668,6 +675,7 @@ impl<P: CduPort> Shell<P> {
             );
             self.stats.latch_write_errors += 1;
         }
+        self.keeping.latch_marked |= result.is_ok();
         self.decider.kept(result.is_ok());
     }
 

@@ -964,6 +964,17 @@ async fn an_unreadable_latched_record_latches_the_racks_whose_valves_read_closed
         "it stays shut"
     );
     rig.stop().await;
+    // The record written anew has the mark beside it: should both of its
+    // items be lost later, a restart reads it as lost, not as none.
+    let mut stores = loopwarden_store::agent_flash::open(Some(&path)).expect("the flash file");
+    let mut b = [0u8; 4];
+    let mark = stores
+        .store
+        .get(cooling_ctrl::journal::LATCH_KEPT_KEY, &mut b);
+    assert!(
+        futures::executor::block_on(mark).unwrap().is_some(),
+        "the mark that a record was kept"
+    );
 }
 
 /// The simulated CDU's register map with `edit` applied to its TOML.

@@ -17,6 +17,9 @@ pub(super) struct Keeping {
     /// The BMS's limits in force on their way to flash: handed again at
     /// the next step while the queue is full or the flash refuses them.
     pub(super) bms: journal::BmsKeeping,
+    /// The mark that a latched record was kept
+    /// ([`journal::LATCH_KEPT_KEY`]) went into flash in this process.
+    pub(super) latch_marked: bool,
 }
 
 /// The keeper of what was learned, knowing what the flash held at start
