@@ -247,6 +247,17 @@ impl NorImage {
         Ok(done)
     }
 
+    /// Takes back the count of a write of `len` bytes at `offset` that the
+    /// medium refused (its bytes put back as they were): a word rewritten
+    /// after it is no nearer its limit.
+    pub(crate) fn unwrite(&mut self, offset: u32, len: usize) {
+        let start = offset as usize;
+        let words = start / self.write_size..(start + len).div_ceil(self.write_size);
+        for w in words {
+            self.writes_per_word[w] = self.writes_per_word[w].saturating_sub(1);
+        }
+    }
+
     /// Erases `[from, to)`; returns the range actually erased, shorter when
     /// the power went mid-erase (the rest of that sector keeps old bytes).
     pub(crate) fn erase(
