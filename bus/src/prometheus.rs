@@ -77,6 +77,10 @@ const BUS_OUTBOX_REFUSED: Metric = Metric::counter(
     "loopwarden_bus_outbox_refused_total",
     "Critical frames the flash outbox had no room for (neither stored nor sent).",
 );
+const BUS_OUTBOX_FAILED: Metric = Metric::counter(
+    "loopwarden_bus_outbox_failed_total",
+    "Frames the flash outbox failed to store (the flash refused the write): sent without it while connected (not resent after a restart), else refused and offered again.",
+);
 const BUS_OUTBOX_RESENT: Metric = Metric::counter(
     "loopwarden_bus_outbox_resent_total",
     "Outbox frames handed over again from flash (after a restart, a reconnection or a deferral).",
@@ -144,6 +148,7 @@ pub fn write_bus(
         (&BUS_ACKED, m.acked),
         (&BUS_RECEIVED, m.received),
         (&BUS_OUTBOX_REFUSED, m.outbox_refused),
+        (&BUS_OUTBOX_FAILED, m.outbox_failed),
         (&BUS_OUTBOX_RESENT, m.resent),
         (&BUS_DELIVERY_MISMATCH, m.delivery_mismatch),
         (&BUS_SUBSCRIPTIONS_REFUSED, m.subscriptions_refused),

@@ -3,7 +3,9 @@
 //! The recorder hands events and acks to a [`Publisher`] after logging
 //! them; the publisher stores each in the flash outbox and sends it. When
 //! the outbox is full the publisher refuses the frame
-//! ([`Refused::OutboxFull`]) and the recorder holds it and offers it again.
+//! ([`Refused::OutboxFull`]), or its flash fails while the broker is
+//! unreachable ([`Refused::Unstored`]), and the recorder holds it and
+//! offers it again.
 //!
 //! Glossary:
 //! - *mirror*: the frame's JSON form, published next to it on the JSON tree.
@@ -19,6 +21,10 @@ pub enum Refused {
     /// Telemetry while the broker is unreachable: dropped (and counted by
     /// the publisher), stale by the time it would arrive.
     Offline,
+    /// The outbox's flash failed to store the frame and the broker is
+    /// unreachable, so it was not sent either (the reason given): hold the
+    /// message and offer it again later.
+    Unstored(String),
     /// Not published, for the reason given (the message is dropped).
     Failed(String),
 }

@@ -796,6 +796,9 @@ mod tests {
     #[derive(Clone, Default)]
     struct Parts {
         full: Arc<Mutex<Vec<Class>>>,
+        /// How many publishes to refuse yet as not stored (the outbox's
+        /// flash failing while the broker is unreachable).
+        unstored: Arc<Mutex<u32>>,
         sent: Arc<Mutex<Vec<Message>>>,
         /// The first number.
         base: u32,
@@ -805,6 +808,13 @@ mod tests {
         fn publish_message(&self, m: Message, _: TimestampMs, _: bool) -> Result<u32, Refused> {
             if self.full.lock().unwrap().contains(&Class::of(&m)) {
                 return Err(Refused::OutboxFull);
+            }
+            let mut unstored = self.unstored.lock().unwrap();
+            if *unstored > 0 {
+                *unstored -= 1;
+                return Err(Refused::Unstored(
+                    "writing at 0x1000: Input/output error".into(),
+                ));
             }
             let mut sent = self.sent.lock().unwrap();
             sent.push(m);
@@ -943,6 +953,21 @@ mod tests {
             [Message::Event(xid()), leak(1), leak(2)]
         );
         assert!(w.unsent_note().is_none());
+    }
+
+    #[test]
+    fn a_frame_the_failing_outbox_did_not_store_is_offered_again_until_it_goes() {
+        let bus = Parts::default();
+        *bus.unstored.lock().unwrap() = 2;
+        let mut w = worker_on(&bus);
+        w.publish(Held::new(leak(1), TimestampMs(1), false, None));
+        assert!(bus.sent.lock().unwrap().is_empty());
+        assert_eq!(w.unsent.len(), 1, "held, not dropped");
+        w.retry_unsent();
+        assert_eq!(w.unsent.len(), 1, "refused again, still held");
+        w.retry_unsent();
+        assert_eq!(*bus.sent.lock().unwrap(), [leak(1)]);
+        assert!(w.unsent.is_empty());
     }
 
     /// The sequence floor kept in `w`'s flash.

@@ -302,3 +302,80 @@ async fn events_raised_while_the_broker_is_down_all_arrive_in_order() {
     let m = bus.metrics();
     assert!(m.outbox_acked as usize >= sent.len(), "{m}");
 }
+
+/// An outbox whose flash refuses every write (a card gone read-only).
+struct FailingOutbox;
+
+impl loopwarden_bus::DurableOutbox for FailingOutbox {
+    fn store(
+        &mut self,
+        _: u32,
+        _: loopwarden_flash::outbox::Class,
+        _: &str,
+        _: &[u8],
+    ) -> Result<loopwarden_flash::outbox::Dropped, loopwarden_bus::StoreFailure> {
+        Err(loopwarden_bus::StoreFailure::Flash(
+            "writing at 0x1000: Read-only file system (os error 30)".into(),
+        ))
+    }
+
+    fn ack(&mut self, _: u32) -> Result<bool, String> {
+        Ok(false)
+    }
+
+    fn pending(&mut self) -> Result<Vec<loopwarden_bus::Pending>, String> {
+        Ok(Vec::new())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_the_failing_outbox_cannot_store_is_sent_while_connected_and_refused_while_not() {
+    let Some(broker) = Mosquitto::start() else {
+        return;
+    };
+    let topic = "dc/v2/t-failing/host/h13/event";
+    let Some(mut sub) = Subscriber::start(broker.port(), &[topic]) else {
+        return;
+    };
+    let proxy = CutProxy::start(([127, 0, 0, 1], broker.port()).into());
+    let mut config = BusConfig::new(
+        proxy.addr(),
+        Ident::new("t-failing").unwrap(),
+        NodeId::new(Role::Host, "h13").unwrap(),
+    );
+    config.backoff = Backoff::new(Duration::from_millis(100), Duration::from_millis(300));
+    config.keep_alive = Duration::from_secs(1);
+    let (bus, _inbound, _task) = Bus::start_with_outbox(config, Box::new(FailingOutbox));
+    assert!(bus.wait_connected(Duration::from_secs(10)).await);
+    let gpu = GpuIndex::new(1).unwrap();
+    let xid = |n: u16| Message::Event(Event::Xid { gpu, xid: n });
+    let sent = bus
+        .publish(xid(79), now_ms())
+        .expect("sent without the outbox");
+    let seen = sub.collect_until(Duration::from_secs(10), |s| {
+        s.iter()
+            .any(|m| Frame::decode(&m.payload).unwrap().seq == sent.seq)
+    });
+    assert!(
+        seen.iter()
+            .any(|m| Frame::decode(&m.payload).unwrap().seq == sent.seq),
+        "the event reached the broker"
+    );
+    assert_eq!(bus.metrics().outbox_failed, 1);
+    // Not connected: neither stored nor sent, so refused for the caller
+    // to offer again.
+    proxy.cut();
+    for _ in 0..100 {
+        if !bus.is_connected() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!bus.is_connected());
+    let e = bus.publish(xid(48), now_ms()).unwrap_err();
+    assert!(
+        matches!(e, loopwarden_bus::PublishError::Outbox(ref why) if why.contains("Read-only")),
+        "{e}"
+    );
+    assert_eq!(bus.metrics().outbox_failed, 2);
+}

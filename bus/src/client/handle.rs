@@ -235,7 +235,11 @@ impl Bus {
         let mut outbox = outbox
             .lock()
             .map_err(|_| PublishError::Outbox("the outbox lock is poisoned".into()))?;
-        self.store(&mut **outbox, topic, frame, &payload)?;
+        match self.store(&mut **outbox, topic, frame, &payload) {
+            Ok(()) => {}
+            Err(PublishError::Outbox(e)) => return self.unstored(topic, frame.seq, payload, e),
+            Err(e) => return Err(e),
+        }
         if !self.is_connected() {
             // Stored: it goes out when the connection is back, after the
             // older frames still waiting, in sequence order.
@@ -243,6 +247,29 @@ impl Bus {
             return Ok(());
         }
         self.enqueue(topic, payload, Some(frame.seq))
+    }
+
+    /// A durable frame the outbox's flash failed to store (`why`): a
+    /// failing flash does not stop delivery, so while connected it is sent
+    /// as it is (not resent after a restart, since it is not in flash);
+    /// otherwise it is refused ([`PublishError::Outbox`]) and the caller
+    /// offers it again. Counted either way.
+    fn unstored(
+        &self,
+        topic: &Topic,
+        seq: u32,
+        payload: Vec<u8>,
+        why: String,
+    ) -> Result<(), PublishError> {
+        Metrics::add(&self.node.status.metrics.outbox_failed);
+        if !self.is_connected() {
+            return Err(PublishError::Outbox(why));
+        }
+        tracing::error!(
+            seq,
+            "outbox: {why}: frame sent without being stored in flash (not resent after a restart)"
+        );
+        self.enqueue(topic, payload, None)
     }
 
     /// Tells the loop the outbox holds frames no command carries.
@@ -381,6 +408,7 @@ impl loopwarden_store::Publisher for Bus {
             Ok(frame) => Ok(frame.seq),
             Err(PublishError::OutboxFull(_)) => Err(Refused::OutboxFull),
             Err(PublishError::Offline) => Err(Refused::Offline),
+            Err(PublishError::Outbox(e)) => Err(Refused::Unstored(e)),
             Err(e) => Err(Refused::Failed(e.to_string())),
         }
     }

@@ -78,6 +78,7 @@ fn status(ctx: &Context, snap: &Snapshot, now: TimestampMs) -> Value {
             "dropped": m.dropped() - m.dropped_offline,
             "connects": m.connects,
             "outbox_refused": m.outbox_refused,
+            "outbox_failed": m.outbox_failed,
             "dropped_outbox": m.dropped_outbox,
             "delivery_mismatch": m.delivery_mismatch,
             "waiting_for_outbox": ctx.recorder.waiting().0,

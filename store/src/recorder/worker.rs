@@ -48,12 +48,16 @@ pub(super) enum Published {
 }
 
 /// Publishes and its JSON mirror; gives the frame back when the outbox
-/// is full.
+/// is full, or failed while the broker is unreachable.
 pub(super) fn try_publish(bus: &dyn Publisher, held: Held) -> Published {
     let kind = held.message.kind();
     match bus.publish_message(held.message.clone(), held.time, held.mirror) {
         Ok(seq) => Published::As(seq),
         Err(Refused::OutboxFull) => Published::Held(Box::new(held)),
+        Err(Refused::Unstored(e)) => {
+            tracing::debug!("{kind:?} not stored nor sent, offered again: {e}");
+            Published::Held(Box::new(held))
+        }
         Err(Refused::Offline) => Published::Never,
         Err(Refused::Failed(e)) => {
             tracing::warn!("{kind:?} not published: {e}");
@@ -203,7 +207,7 @@ impl Worker {
             }
         };
         if self.unsent.is_empty() && self.bus.is_some() {
-            tracing::warn!("the outbox is full: frames wait in memory until the broker takes some");
+            tracing::warn!("the outbox refused a frame (full, or its flash failing while the broker is unreachable): frames wait in memory and are offered again every second");
         }
         self.hold(held);
     }
