@@ -310,7 +310,7 @@ async fn run_agent(
         identify_at: 0,
     };
     for &gpu in &undone.unreadable {
-        agent.keep_health(gpu);
+        agent.keep_health(gpu).await;
     }
     // What a crash (or a failure) left undone runs again.
     agent.resume_actions(&undone.quarantines);

@@ -165,9 +165,8 @@ fn a_quarantine_cut_by_a_crash_runs_its_actions_again_after_the_restart() {
     let mut agent = rig.spawn_twin_process(ENTRY, 2, &action(&hangs));
     agent.xids(&[(1, 79)]);
     wait_for(&log, "started 1", 5);
-    // The health is kept in flash before its event goes out (the
-    // recorder writes in the order decided): seen, the crash comes after
-    // the keep.
+    // A quarantine is in flash before it is published (the shell waits
+    // for it): seen, the crash comes after the keep.
     events_until(&mut sub, 5, |ev| quarantined(ev, 1));
     agent.crash();
 

@@ -43,7 +43,7 @@ impl Agent {
                     continue;
                 }
                 Effect::KeepHealth(gpu) => {
-                    self.keep_health(gpu);
+                    self.keep_health(gpu).await;
                     continue;
                 }
                 Effect::Emit(event) => {

@@ -16,7 +16,7 @@ use std::time::Duration;
 use node_core::health::GpuStatus;
 use node_core::node::Input;
 
-use super::quarantine::{payload_of, Record};
+use super::quarantine::{checked, health_check_key, payload_of, Record};
 use super::{identity, Agent, UNKNOWN_UUID};
 use crate::gpu::GpuInfo;
 
@@ -104,7 +104,8 @@ impl Agent {
         };
         let key = Record::Health.key(id);
         let value = self.recorder.get(key.clone()).await?;
-        payload_of(&key, value, id)?
+        let check = self.recorder.get(health_check_key(id)).await?;
+        payload_of(&key, checked(&key, value, check)?, id)?
             .map(|bytes| super::startup::kept_status(&bytes))
             .transpose()
     }

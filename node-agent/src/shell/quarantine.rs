@@ -31,6 +31,11 @@ use crate::actions;
 use crate::console::{ActionFailure, ActionKind};
 use crate::gpu::XidReport;
 
+/// The longest a quarantine waits to be in flash before it is published
+/// and its actions start: a flash slower than this is said, and the
+/// quarantine goes on.
+const KEEP_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// A quarantine action ended.
 #[derive(Debug)]
 pub(crate) struct ActionDone {
@@ -87,6 +92,52 @@ impl Record {
             Record::Done => "quarantine-done stamp",
         }
     }
+}
+
+/// The key of the check kept after the health record of the GPU of
+/// identity `id` ([`check_of`] its value): the store skips a copy whose own
+/// check fails and returns the one before it, so without this a damaged
+/// newest record (a quarantine) would read as the older state it replaced
+/// (healthy).
+pub(super) fn health_check_key(id: u64) -> String {
+    format!("health_check.{id:016x}")
+}
+
+/// The check of a record's value: its 64-bit FNV-1a hash.
+pub(super) fn check_of(value: &[u8]) -> Vec<u8> {
+    super::fnv1a(&[value]).to_le_bytes().to_vec()
+}
+
+/// The health record read under `key` (`value`), against the check read
+/// after it (`check`): an error when they disagree, or when the check is
+/// there and the record is not (its newest copy damaged, or lost). No
+/// check (a record an earlier version kept) believes the record.
+pub(super) fn checked(
+    key: &str,
+    value: Option<Vec<u8>>,
+    check: Option<Vec<u8>>,
+) -> Result<Option<Vec<u8>>, String> {
+    match (&value, check) {
+        (Some(v), Some(c)) if c != check_of(v) => Err(format!(
+            "{key}: the record read is not the one last kept (its newest copy is damaged)"
+        )),
+        (None, Some(_)) => Err(format!(
+            "{key}: the record is missing though its check is kept (lost from flash)"
+        )),
+        _ => Ok(value),
+    }
+}
+
+/// The payload of the health record kept for the GPU of identity `id`,
+/// checked ([`checked`]).
+pub(super) async fn read_health(
+    store: &mut ConfigStore<Flash>,
+    id: u64,
+) -> Result<Option<Vec<u8>>, String> {
+    let key = Record::Health.key(id);
+    let value = get(store, &key).await?;
+    let check = get(store, &health_check_key(id)).await?;
+    payload_of(&key, checked(&key, value, check)?, id)
 }
 
 /// The first byte of a record kept by identity (never the first byte of an
@@ -315,24 +366,63 @@ impl Agent {
     }
 
     /// Keeps a GPU's health in flash, so a restart does not forget a
-    /// quarantine.
-    pub(super) fn keep_health(&mut self, gpu: u8) {
-        match postcard::to_allocvec(&self.node.gpu_health(gpu)) {
-            Ok(bytes) => self.keep_record(gpu, Record::Health, &bytes),
-            Err(e) => tracing::error!("GPU {gpu}: health state not encodable: {e}"),
+    /// quarantine: a quarantine is waited for (at most [`KEEP_WAIT`]),
+    /// so it is in flash before it is published or acted on; other states
+    /// are handed to the recorder without waiting.
+    pub(super) async fn keep_health(&mut self, gpu: u8) {
+        let health = self.node.gpu_health(gpu);
+        let bytes = match postcard::to_allocvec(&health) {
+            Ok(bytes) => bytes,
+            Err(e) => return tracing::error!("GPU {gpu}: health state not encodable: {e}"),
+        };
+        let Some((id, key, value)) = self.record_of(gpu, Record::Health, &bytes) else {
+            return;
+        };
+        // The record, then its check: a cut between the two reads as
+        // damaged at the next start (degraded), never as the older state.
+        let check = (health_check_key(id), check_of(&value));
+        if health.state != HealthState::Quarantined {
+            self.recorder.set(key, value);
+            return self.recorder.set(check.0, check.1);
+        }
+        let both = async {
+            self.recorder.set_sync(key, value).await?;
+            self.recorder.set_sync(check.0, check.1).await
+        };
+        let kept = tokio::time::timeout(KEEP_WAIT, both).await;
+        match kept {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(
+                "GPU {gpu}: its quarantine is not in flash ({e}): a restart would not restore it"
+            ),
+            Err(_) => tracing::error!(
+                "GPU {gpu}: its quarantine is not known in flash after {} ms (the flash is slow or failing): a restart may not restore it",
+                KEEP_WAIT.as_millis()
+            ),
         }
     }
 
     /// Keeps `payload` as `gpu`'s record `what`, under its identity;
     /// nothing (said) when its UUID is unknown.
     fn keep_record(&self, gpu: u8, what: Record, payload: &[u8]) {
+        if let Some((_, key, value)) = self.record_of(gpu, what, payload) {
+            self.recorder.set(key, value);
+        }
+    }
+
+    /// The identity, key and value of `gpu`'s record `what` holding
+    /// `payload`; `None` (said) when its UUID is unknown.
+    fn record_of(&self, gpu: u8, what: Record, payload: &[u8]) -> Option<(u64, String, Vec<u8>)> {
         let uuid = self.gpus.get(gpu as usize).map(|g| g.info.uuid.as_str());
         match uuid.and_then(super::identity) {
-            Some(id) => self.recorder.set(what.key(id), tagged(id, payload)),
-            None => tracing::error!(
-                "GPU {gpu}: its UUID is unknown: its {} is not kept in flash, and a restart does not restore it",
-                what.what()
-            ),
+            Some(id) => Some((id, what.key(id), tagged(id, payload))),
+            None => {
+                tracing::error!(
+                    "GPU {gpu}: its UUID is unknown: its {} is not kept in flash, and a restart does not restore it",
+                    what.what()
+                );
+                None
+            }
         }
     }
 

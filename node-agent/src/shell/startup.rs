@@ -24,7 +24,7 @@ use node_core::health::{GpuStatus, Limits, Policy};
 use node_core::node::{CoolantSource, GpuSetup, Node, Setup};
 use tokio::sync::mpsc;
 
-use super::quarantine::{read_kept, Record};
+use super::quarantine::read_health;
 use super::{identity, AgentError, GpuState, UNKNOWN_UUID};
 use crate::config::{Config, GpuSourceKind};
 use crate::gpu::{GpuInfo, GpuSource, XidEvent};
@@ -258,7 +258,7 @@ pub(super) async fn restore_health(
     let mut marked = Vec::new();
     for (i, uuid) in uuids.iter().enumerate().take(node.len()) {
         let kept = match identity(uuid) {
-            Some(id) => match read_kept(store, Record::Health, id).await {
+            Some(id) => match read_health(store, id).await {
                 Ok(Some(bytes)) => kept_status(&bytes).map(Some),
                 Ok(None) => Ok(None),
                 Err(e) => Err(e),
@@ -379,7 +379,7 @@ mod tests {
     //! a GPU whose UUID is unknown; and an XID watch that did not start,
     //! said down to the loop.
 
-    use super::super::quarantine::tagged;
+    use super::super::quarantine::{check_of, health_check_key, tagged, Record};
     use super::super::restore_kept;
     use super::*;
     use crate::gpu::GpuError;
@@ -772,5 +772,59 @@ mod tests {
                 assert_eq!(node.health().status(other).unwrap().state, Healthy);
             }
         }
+    }
+
+    /// GPU A kept healthy, then quarantined, each record with its check
+    /// as the agent keeps them; then the quarantine's newest copy is
+    /// damaged in flash: the store skips it and reads the healthy one,
+    /// which its check does not match, so GPU A starts degraded, never
+    /// healthy. A check whose record is lost altogether reads so too.
+    #[test]
+    fn a_damaged_newest_health_record_marks_its_gpu_degraded_not_the_older_state() {
+        use loopwarden_store::agent_flash::AgentFlash;
+        let a = id(A);
+        let healthy = GpuHealth {
+            state: Healthy,
+            ..postcard::from_bytes(&quarantined(2)).unwrap()
+        };
+        let healthy = tagged(a, &postcard::to_allocvec(&healthy).unwrap());
+        let quarantine = tagged(a, &quarantined(2));
+        let mut store = loopwarden_store::agent_flash::open(None).unwrap().store;
+        for v in [&healthy, &quarantine] {
+            set(&mut store, &Record::Health.key(a), v);
+            set(&mut store, &health_check_key(a), &check_of(v));
+        }
+        assert_eq!(
+            start(&mut store, [X, A, B]).0,
+            vec![Healthy, Quarantined, Healthy]
+        );
+        let flash = store.into_flash();
+        flash.with(|f| {
+            let AgentFlash::Memory(m) = f else {
+                panic!("a memory flash");
+            };
+            let bytes = m.bytes_mut();
+            let at = bytes
+                .windows(quarantine.len())
+                .rposition(|w| w == quarantine.as_slice())
+                .expect("the quarantine's record");
+            bytes[at + quarantine.len() - 1] ^= 0xff;
+        });
+        let layout = loopwarden_boards::FlashBoard::host_file().layout().config;
+        let mut store = ConfigStore::open(flash, layout).unwrap();
+        let (node, undone) = restored(&mut store, [X, A, B]);
+        assert_eq!(undone.unreadable, vec![1]);
+        let st = node.health().status(1).unwrap();
+        assert_eq!(
+            (st.state, st.reason),
+            (Degraded, ReasonCode::KEPT_STATE_UNREADABLE)
+        );
+        // A check kept with no record at all: lost, not "never kept".
+        let mut store = loopwarden_store::agent_flash::open(None).unwrap().store;
+        set(&mut store, &health_check_key(a), &check_of(&quarantine));
+        assert_eq!(
+            start(&mut store, [X, A, B]).0,
+            vec![Healthy, Degraded, Healthy]
+        );
     }
 }

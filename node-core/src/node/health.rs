@@ -36,6 +36,11 @@ impl Node {
                             )
                         },
                     ));
+                    // Kept first: a quarantine is in flash before it is
+                    // published or acted on, so a crash right after the
+                    // fault (an XID 79 often takes the host down with it)
+                    // does not bring the GPU back healthy.
+                    out.push(Effect::KeepHealth(c.gpu));
                     out.push(Effect::PublishHealth);
                     if c.to == HealthState::Quarantined {
                         out.push(Effect::Quarantine {
@@ -43,7 +48,6 @@ impl Node {
                             reason: format!("{name}: {}", c.evidence),
                         });
                     }
-                    out.push(Effect::KeepHealth(c.gpu));
                     out.push(Effect::Emit(Event::HealthChanged {
                         gpu: gpu_index(c.gpu),
                         from: c.from,
