@@ -6,7 +6,9 @@
 //! The limit in force on a GPU is the lowest of: its thermal guard (the
 //! host's own cap, which needs no bus), every unexpired lease that names it
 //! (cooling controller, facility budget, operator), and the board's highest
-//! settable limit; never below the GPU's lowest settable limit.
+//! settable limit; never below the GPU's lowest settable limit, or its
+//! ceiling where that is lower (a limit found below the lowest settable one
+//! is never raised).
 //!
 //! Glossary:
 //! - *lease*: a cap from a sender, keyed by the sender and its lease id; a
@@ -100,7 +102,11 @@ pub struct InForce {
 /// The arbiter of one host (see the module note).
 #[derive(Debug, Clone)]
 pub struct CapArbiter {
+    /// Each GPU's range now: its lowest limit is the configured one, or
+    /// its ceiling where that is lower.
     ranges: Vec<GpuRange>,
+    /// Each GPU's configured lowest settable limit.
+    floors: Vec<Watts>,
     guard: Vec<Option<Watts>>,
     leases: Vec<Held>,
     limits: LeaseLimits,
@@ -115,9 +121,18 @@ impl CapArbiter {
 
     /// As [`CapArbiter::new`], within `limits`.
     pub fn with_limits(ranges: Vec<GpuRange>, limits: LeaseLimits) -> Self {
+        let floors = ranges.iter().map(|r| r.min).collect();
+        let ranges = ranges
+            .into_iter()
+            .map(|r| GpuRange {
+                min: r.min.min(r.max),
+                max: r.max,
+            })
+            .collect::<Vec<_>>();
         Self {
             guard: vec![None; ranges.len()],
             ranges,
+            floors,
             leases: Vec::new(),
             limits,
         }
@@ -232,10 +247,13 @@ impl CapArbiter {
     }
 
     /// Makes `max` the highest limit of `gpu` (its ceiling: the limit it
-    /// runs at uncapped), kept within its settable minimum.
+    /// runs at uncapped). A ceiling below its configured lowest limit is
+    /// its lowest limit too, while it holds: it is never raised.
     pub fn set_ceiling(&mut self, gpu: GpuIndex, max: Watts) {
-        if let Some(r) = self.ranges.get_mut(gpu.get() as usize) {
-            r.max = max.max(r.min);
+        let i = gpu.get() as usize;
+        if let (Some(r), Some(&floor)) = (self.ranges.get_mut(i), self.floors.get(i)) {
+            r.max = max;
+            r.min = floor.min(max);
         }
     }
 
@@ -346,6 +364,24 @@ mod tests {
                 .code,
             AckCode::Clamped
         );
+        assert_eq!(a.in_force(t)[1].limit, Watts(200));
+    }
+
+    #[test]
+    fn a_ceiling_below_the_minimum_is_never_raised() {
+        let mut a = arbiter();
+        let t = TimestampMs(0);
+        let g1 = GpuIndex::new(1).unwrap();
+        a.set_ceiling(g1, Watts(150));
+        assert_eq!(a.in_force(t)[1].limit, Watts(150), "uncapped");
+        assert_eq!(
+            a.lease(t, &cdu(), t, &lease(1, &[(gpu(1), 100)], 1_000))
+                .code,
+            AckCode::Clamped
+        );
+        assert_eq!(a.in_force(t)[1].limit, Watts(150), "clamped to it");
+        // A higher ceiling found since: the minimum is 200 W again.
+        a.set_ceiling(g1, Watts(600));
         assert_eq!(a.in_force(t)[1].limit, Watts(200));
     }
 

@@ -25,9 +25,11 @@
 //!   site limit; a limit someone else sets while it runs is the new
 //!   ceiling, said in a `power_ceiling` event; every GPU's limit is read
 //!   before any is set and at the stop, so no set overwrites such a
-//!   limit unseen; a GPU whose read failed is set only to a limit no
-//!   higher than the lowest the agent may have left on it (a cap goes
-//!   down), a raise waits for a good read;
+//!   limit unseen; a limit a sample sees in force above the one read
+//!   back is read at that round's end; a limit found below the GPU's
+//!   lowest cap is never raised; a GPU whose read failed is set only to
+//!   a limit no higher than the lowest the agent may have left on it (a
+//!   cap goes down), a raise waits for a good read;
 //! - at a stop with no lease in force every GPU is given back its
 //!   ceiling; at one with a lease, the limits stay as they are, for the
 //!   next start to apply or lift as the kept leases say.
@@ -71,7 +73,9 @@ use xid_log::XidLog;
 pub const RETRY_MS: u64 = 30_000;
 /// Every this many rounds the limits are read back again, so a limit
 /// changed behind the agent's back (`nvidia-smi -pl`) is seen: it is the
-/// GPU's ceiling from then on.
+/// GPU's ceiling from then on. One raised above the limit read back is
+/// read sooner: at the end of the first round whose sample sees it in
+/// force.
 pub const REREAD_EVERY: u64 = 60;
 /// Every this many rounds the retained health is published again (a
 /// publish lost in a full queue after a long outage is put right).
@@ -245,7 +249,8 @@ pub enum Effect {
     Say(Level, String),
     /// Publish the retained health ([`Node::host_health`]).
     PublishHealth,
-    /// Keep this GPU's health in flash ([`Node::gpu_health`]).
+    /// Keep this GPU's health in flash ([`Node::gpu_health`]); a
+    /// quarantine is waited for (in flash before the effects after it).
     KeepHealth(u8),
     /// Log an event to flash and publish it.
     Emit(Event),
@@ -338,10 +343,47 @@ pub(crate) struct GpuCaps {
     /// A target that could not be set, and when to try it again (steady
     /// ms).
     retry: Option<(Watts, u64)>,
+    /// The limit a sample last saw in force above the one read back, that
+    /// asked a read of every GPU's limit (asked once per figure).
+    raised_seen: Option<Watts>,
     /// Samples missed in a row.
     missed: u32,
     /// Whether it was reported unresponsive.
     unresponsive_reported: bool,
+}
+
+impl GpuCaps {
+    /// Whether `enforced`, the limit a sample saw in force on GPU `i`, is
+    /// at least 1 W above the limit last read back: set outside the agent
+    /// since (`nvidia-smi -pl`, a job's prolog), so every GPU's limit is to
+    /// be read at this round's end. Asked once per enforced limit seen
+    /// above it: a GPU that keeps reporting one above it (a driver that
+    /// says otherwise than the read) is read again only when the figure
+    /// changes. One below it (a board or firmware cap) asks nothing.
+    fn raised_outside(&mut self, i: usize, enforced: f64, out: &mut Vec<Effect>) -> bool {
+        let Some(applied) = self.applied else {
+            return false;
+        };
+        // NaN (no figure) is not above.
+        let above = enforced >= f64::from(applied.0) + 1.0;
+        if !above {
+            self.raised_seen = None;
+            return false;
+        }
+        let seen = Watts(enforced as u32);
+        if self.raised_seen == Some(seen) {
+            return false;
+        }
+        self.raised_seen = Some(seen);
+        out.push(Effect::Say(
+            Level::Info,
+            format!(
+                "GPU {i}: {} W in force, above the {} W read back: its limit is read again",
+                seen.0, applied.0
+            ),
+        ));
+        true
+    }
 }
 
 /// Every decision of the host agent (see the module note).
@@ -399,6 +441,7 @@ impl Node {
                 ceiling_read: false,
                 kept: None,
                 retry: None,
+                raised_seen: None,
                 missed: 0,
                 unresponsive_reported: false,
             })
@@ -493,6 +536,8 @@ impl Node {
     /// on, and now and then the health is published again.
     fn round(&mut self, now: Now, readings: &[Reading], out: &mut Vec<Effect>) {
         let t = now.steady;
+        // A limit seen in force above the one read back asks a read.
+        let mut raised = false;
         for (i, r) in readings.iter().enumerate().take(self.gpus.len()) {
             let gpu = i as u8;
             let outputs = match r {
@@ -508,9 +553,10 @@ impl Node {
                         out.push(Effect::Say(Level::Info, format!("GPU {i} answers again")));
                     }
                     let range = GpuRange {
-                        min: g.setup.range.min,
+                        min: g.min_cap(),
                         max: g.ceiling,
                     };
+                    raised |= g.raised_outside(i, observation.power_limit, out);
                     let cap = g.guard.update(&self.guard, range, temp, power);
                     self.commands.guard(gpu_index(gpu), cap);
                     self.health.sample(t, gpu, &observation)
@@ -540,7 +586,7 @@ impl Node {
             };
             self.health_outputs(outputs, out);
         }
-        if self.rounds % REREAD_EVERY == REREAD_EVERY - 1 {
+        if raised || self.rounds % REREAD_EVERY == REREAD_EVERY - 1 {
             // The read's answer reconciles.
             out.push(Effect::ReadLimits);
         } else {

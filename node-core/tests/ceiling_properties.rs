@@ -8,7 +8,9 @@
 //! with and without a site limit. After every step:
 //!
 //! 1. no limit is set above `min(the administrator's last limit, the site
-//!    limit, the GPU's max)`;
+//!    limit, the GPU's max)`, nor below the GPU's min or its ceiling where
+//!    that is lower (an administrator's limit below the GPU's min is never
+//!    raised);
 //! 2. the limit in force is the one the sequence gives (the ceiling under
 //!    the guard's cap and the leases in force): with no lease and no guard
 //!    cap, the ceiling; an administrator's change is read within one
@@ -100,7 +102,8 @@ struct Model {
     /// Each GPU's administrator's last limit.
     admin: [Watts; GPUS],
     /// The ceiling the node must hold: the administrator's limit as of
-    /// the last read of it, within the site limit and the range.
+    /// the last read of it, within the site limit and the range (one
+    /// below the GPU's min stays).
     ceiling: [Watts; GPUS],
     /// The rounds since the start at an unseen change, per GPU.
     unseen: [Option<u64>; GPUS],
@@ -136,10 +139,17 @@ impl Model {
         m
     }
 
-    /// `w` as a ceiling: within the site limit and the range.
+    /// `w` as a ceiling: within the site limit and the range; but `w`
+    /// below the GPU's min is never raised.
     fn within(&self, w: Watts) -> Watts {
-        let w = self.site.map_or(w, |s| w.min(s));
-        w.min(RANGE.max).max(RANGE.min)
+        let capped = self.site.map_or(w, |s| w.min(s));
+        capped.min(RANGE.max).max(RANGE.min.min(w))
+    }
+
+    /// The lowest limit `gpu` is capped to: its min, or its ceiling where
+    /// that is lower.
+    fn min_cap(&self, gpu: usize) -> Watts {
+        RANGE.min.min(self.ceiling[gpu])
     }
 
     /// The highest limit the node may ever set on `gpu`.
@@ -156,7 +166,7 @@ impl Model {
         let caps = self.in_force().filter_map(|l| l.caps[gpu]);
         caps.chain(self.guard[gpu].cap())
             .fold(self.ceiling[gpu], Watts::min)
-            .max(RANGE.min)
+            .max(self.min_cap(gpu))
     }
 }
 
@@ -227,7 +237,7 @@ fn check_step(m: &mut Model, host: &Host, from: usize, events: usize) -> Result<
                     let i = s.gpu as usize;
                     touched[i] = true;
                     prop_assert!(
-                        s.limit <= m.highest(i) && s.limit >= RANGE.min,
+                        s.limit <= m.highest(i) && s.limit >= m.min_cap(i),
                         "GPU {i} set to {} W; its ceiling is {} W (administrator {} W, site {:?})",
                         s.limit.0,
                         m.highest(i).0,
@@ -314,7 +324,7 @@ fn round(m: &mut Model, host: &mut Host, hot: u8) -> Result<(), TestCaseError> {
         // A GPU draws up to its limit.
         let power = host.limits[i].min(Watts(650));
         let range = GpuRange {
-            min: RANGE.min,
+            min: m.min_cap(i),
             max: m.ceiling[i],
         };
         m.guard[i].update(&GUARD, range, WholeCelsius(temp), power);
@@ -337,7 +347,7 @@ fn round(m: &mut Model, host: &mut Host, hot: u8) -> Result<(), TestCaseError> {
 }
 
 /// The ack the model expects for a lease: `None` for one refused.
-fn lease_code(caps: &[(Option<u8>, u32)], ms: u32) -> Option<AckCode> {
+fn lease_code(m: &Model, caps: &[(Option<u8>, u32)], ms: u32) -> Option<AckCode> {
     if ms > MAX_LEASE_MS {
         return None;
     }
@@ -348,7 +358,9 @@ fn lease_code(caps: &[(Option<u8>, u32)], ms: u32) -> Option<AckCode> {
         return None;
     }
     // Ids 0 to 5 never fill the host's 16 leases.
-    let below = caps.iter().any(|&(_, w)| w < RANGE.min.0);
+    let below = caps.iter().any(|&(g, w)| {
+        (0..GPUS).any(|i| g.is_none_or(|g| g as usize == i) && Watts(w) < m.min_cap(i))
+    });
     Some(if below { AckCode::Clamped } else { AckCode::Ok })
 }
 
@@ -363,7 +375,7 @@ fn lease(
     timer(m, host, m.t + 100)?;
     m.seq += 1;
     let frame = lease_frame(m.seq, m.t, id, caps, ms);
-    let code = lease_code(caps, ms);
+    let code = lease_code(m, caps, ms);
     if code.is_some() {
         let mut held = [None; GPUS];
         for &(gpu, w) in caps {
@@ -493,8 +505,10 @@ fn play(m: &mut Model, host: &mut Host, op: &Op) -> Result<(), TestCaseError> {
     }
 }
 
+/// An administrator's limit: within the GPUs' range, NVML's default, or
+/// below the range's min (a board's min_cap_w above the limit found).
 fn watts() -> impl Strategy<Value = u32> {
-    prop_oneof![3 => 200u32..=800, 1 => Just(DEFAULT.0)]
+    prop_oneof![3 => 200u32..=800, 1 => Just(DEFAULT.0), 1 => 100u32..200]
 }
 
 fn op() -> impl Strategy<Value = Op> {

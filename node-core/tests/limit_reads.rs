@@ -12,8 +12,8 @@ mod host;
 
 use host::{lease, Boot, Host, DEFAULT, GPUS};
 use loopwarden_protocol::samples::{self, T0};
-use loopwarden_protocol::{Event, Watts};
-use node_core::node::{Effect, Input, Level, RETRY_MS};
+use loopwarden_protocol::{AckCode, Event, Watts};
+use node_core::node::{Effect, Input, Level, REREAD_EVERY, RETRY_MS};
 
 fn lease_now(h: &mut Host, seq: u32, t: u64, watts: u32, ms: u32) {
     h.step(
@@ -186,4 +186,59 @@ fn after_a_failed_read_back_an_administrators_limit_is_still_seen() {
     assert_eq!(h.limits, [Watts(300); GPUS], "the cap below it set again");
     let kept = h.kept_limits.last().expect("the new ceiling kept");
     assert_eq!(kept[2].ceiling, Watts(400));
+}
+
+#[test]
+fn a_limit_found_below_the_lowest_cap_is_the_ceiling_never_raised() {
+    // The GPUs' lowest cap is 200 W (host::RANGE: NVML's minimum or the
+    // board's min_cap_w); an administrator's 150 W is on every GPU.
+    let mut h = Host::boot(Boot {
+        limits: Watts(150),
+        ..Boot::default()
+    });
+    assert_eq!(h.node.ceiling(0), Some(Watts(150)), "the ceiling found");
+    assert_eq!(h.limits, [Watts(150); GPUS], "not raised at the start");
+    let below = said(&h, "is below its lowest cap 200 W");
+    assert_eq!(below.len(), GPUS, "said for each GPU: {below:?}");
+    assert!(below.iter().all(|(level, _)| *level == Level::Warn));
+
+    // A cap below it is clamped to 150 W, not 200 W; the stop leaves it.
+    let mut t = T0.0 + 1_000;
+    lease_now(&mut h, 1, t, 100, 20_000);
+    assert_eq!(h.acks.last().map(|a| a.code), Some(AckCode::Clamped));
+    for _ in 0..5 {
+        t += 1_000;
+        h.healthy_round(t);
+    }
+    h.step(t + 20_000, Input::Stop);
+    assert_eq!(h.limits, [Watts(150); GPUS]);
+    for gpu in 0..GPUS as u8 {
+        assert!(
+            sets_of(&h, gpu).iter().all(|&w| w <= Watts(150)),
+            "GPU {gpu} set above 150 W: {:?}",
+            sets_of(&h, gpu)
+        );
+    }
+}
+
+#[test]
+fn a_limit_lowered_below_the_lowest_cap_while_running_is_the_ceiling() {
+    let mut h = Host::new();
+    let mut t = T0.0 + 1_000;
+    lease_now(&mut h, 1, t, 300, 600_000);
+    assert_eq!(h.limits, [Watts(300); GPUS]);
+    // `nvidia-smi -pl 150` on GPU 1 while capped: found at the next read.
+    h.limits[1] = Watts(150);
+    for _ in 0..REREAD_EVERY {
+        t += 1_000;
+        h.healthy_round(t);
+    }
+    assert_eq!(h.node.ceiling(1), Some(Watts(150)));
+    assert_eq!(h.limits, [Watts(300), Watts(150), Watts(300), Watts(300)]);
+    assert!(
+        sets_of(&h, 1).iter().all(|&w| w != Watts(200)),
+        "{:?}",
+        sets_of(&h, 1)
+    );
+    assert_eq!(power_ceilings(&h), [(0b10, Watts(150), DEFAULT)]);
 }

@@ -18,7 +18,7 @@ use loopwarden_protocol::{
 };
 use node_core::cooling_loss::Phase;
 use node_core::health::Observation;
-use node_core::node::{Effect, Input, KeptLimit, Reading, REREAD_EVERY};
+use node_core::node::{Effect, Input, KeptLimit, Level, Reading, REREAD_EVERY};
 
 /// The CDU's state at `t`, rack 2 without cooling when `lost`.
 fn cdu_state(seq: u32, t: u64, lost: bool) -> Frame {
@@ -251,9 +251,20 @@ fn a_driver_stall_blames_no_gpu_and_a_fatal_xid_quarantines_one_until_released()
     // XID 79: the GPU fell off the bus.
     t += 500;
     let published = h.health_published;
+    let trail = h.trail.len();
     h.step(t, Input::Xid { gpu: 2, xid: 79 });
     assert_eq!(h.state(2), HealthState::Quarantined);
     assert_eq!(h.quarantined, [2], "its actions started");
+    // In flash before it is published or acted on: a crash right after
+    // the fault does not bring the GPU back healthy.
+    let new = &h.trail[trail..];
+    let at = |f: &dyn Fn(&Effect) -> bool| new.iter().position(f).expect("in the step's effects");
+    let kept = at(&|e| *e == Effect::KeepHealth(2));
+    assert!(kept < at(&|e| *e == Effect::PublishHealth), "{new:?}");
+    assert!(
+        kept < at(&|e| matches!(e, Effect::Quarantine { gpu: 2, .. })),
+        "{new:?}"
+    );
     // The actions' `{reason}`: the reason's name, then the evidence.
     let reason = h.trail.iter().find_map(|e| match e {
         Effect::Quarantine { reason, .. } => Some(reason.clone()),
@@ -807,5 +818,143 @@ fn a_late_ceiling_under_a_lease_is_kept_before_the_set_it_brings() {
     assert_eq!(
         last.map(|l| (l.ceiling, l.asked)),
         Some((Watts(700), Watts(350)))
+    );
+}
+
+/// A round in which GPU `i` answers a quiet sample with `seen[i]` in
+/// force (the enforced limit the sample reads).
+fn round_seeing(h: &mut Host, t: u64, seen: [Watts; GPUS]) {
+    let readings: Vec<Reading> = seen
+        .iter()
+        .map(|w| Reading::Sample {
+            observation: Observation {
+                power_limit: f64::from(w.0),
+                ..quiet()
+            },
+            temp: WholeCelsius(60),
+            power: Watts(350),
+        })
+        .collect();
+    h.step(t, Input::Round(&readings));
+}
+
+/// The limits set on GPU `gpu` in `trail`, in order.
+fn sets_on(trail: &[Effect], gpu: u8) -> Vec<Watts> {
+    trail
+        .iter()
+        .flat_map(|e| match e {
+            Effect::SetLimits(sets) => sets.clone(),
+            _ => Vec::new(),
+        })
+        .filter(|s| s.gpu == gpu)
+        .map(|s| s.limit)
+        .collect()
+}
+
+fn reads(trail: &[Effect]) -> usize {
+    trail.iter().filter(|e| **e == Effect::ReadLimits).count()
+}
+
+#[test]
+fn a_cap_undone_outside_the_agent_is_read_and_set_again_at_once() {
+    let mut h = Host::new();
+    let mut t = T0.0 + 1_000;
+    h.step(t, Input::Frame(&cmd_topic(), &lease(1, t, 400, 600_000)));
+    assert_eq!(h.limits, [Watts(400); GPUS]);
+    for _ in 0..3 {
+        t += 1_000;
+        round_seeing(&mut h, t, [Watts(400); GPUS]);
+    }
+    // `nvidia-smi -pl 700` on GPU 0 while capped: every sample sees it.
+    h.limits[0] = Watts(700);
+    let from = h.trail.len();
+    for _ in 0..2 {
+        t += 1_000;
+        let seen = h.limits;
+        round_seeing(&mut h, t, seen);
+    }
+    let trail = &h.trail[from..];
+    let read = trail
+        .iter()
+        .position(|e| *e == Effect::ReadLimits)
+        .expect("a read within 2 rounds");
+    assert_eq!(
+        sets_on(&trail[read..], 0),
+        [Watts(400)],
+        "the cap set again"
+    );
+    assert_eq!(h.limits, [Watts(400); GPUS]);
+    assert_eq!(
+        h.node.ceiling(0),
+        Some(Watts(700)),
+        "the administrator's 700 W is the ceiling"
+    );
+
+    // A GPU whose enforced limit keeps reading above its limit (a driver
+    // that says otherwise): read once per figure, not every round; one
+    // below it (a board's cap) asks nothing.
+    let from = h.trail.len();
+    for _ in 0..20 {
+        t += 1_000;
+        round_seeing(&mut h, t, [Watts(700), Watts(300), Watts(400), Watts(400)]);
+    }
+    assert_eq!(reads(&h.trail[from..]), 1, "one read for the 700 W seen");
+    assert_eq!(h.limits, [Watts(400); GPUS]);
+}
+
+#[test]
+fn a_set_answered_past_its_deadline_that_took_is_in_force() {
+    use node_core::node::{push_front, LimitResult, Now};
+    use std::collections::VecDeque;
+
+    let mut h = Host::new();
+    let t = T0.0 + 1_000;
+    let now = Now::at(t);
+    let frame = lease(1, t, 400, 60_000);
+    let late = "did not answer before its deadline";
+    let (mut acks, mut said) = (Vec::new(), Vec::new());
+    let mut queue = VecDeque::from(h.node.step(now, Input::Frame(&cmd_topic(), &frame)));
+    while let Some(effect) = queue.pop_front() {
+        let answer = match effect {
+            // The set runs past the worker's deadline, then takes.
+            Effect::SetLimits(sets) => {
+                let results: Vec<LimitResult> = sets
+                    .iter()
+                    .map(|s| LimitResult {
+                        gpu: s.gpu,
+                        limit: s.limit,
+                        set: Err(late.to_string()),
+                        back: Ok(s.limit),
+                    })
+                    .collect();
+                h.node.step(now, Input::LimitsSet(&results))
+            }
+            Effect::ReadLimits => h
+                .node
+                .step(now, Input::LimitsRead(&vec![Ok(DEFAULT); GPUS])),
+            Effect::LogCommand => h.node.step(now, Input::Logged(Ok(()))),
+            Effect::Acknowledge => h.node.step(now, Input::Acknowledge),
+            Effect::Ack(ack) => {
+                acks.push(ack);
+                continue;
+            }
+            Effect::Say(level, line) => {
+                said.push((level, line));
+                continue;
+            }
+            _ => continue,
+        };
+        push_front(&mut queue, answer);
+    }
+    let ack = acks.last().expect("an ack");
+    assert_eq!(ack.code, AckCode::Ok, "{}", ack.detail.as_str());
+    assert!(ack.in_force.iter().all(|c| c.limit == Watts(400)));
+    assert!(
+        said.iter().all(|(level, _)| *level != Level::Error),
+        "no error said: {said:?}"
+    );
+    assert_eq!(
+        h.node.applied(0),
+        (Some(Watts(400)), Some(CapSource::Cooling))
     );
 }

@@ -11,7 +11,14 @@
 //! set by someone else too: every GPU's limit is read before any is set
 //! and at the stop, so such a limit is seen before a set would overwrite
 //! it. Either way a configured site limit stays above it all: the
-//! ceiling never exceeds it.
+//! ceiling never exceeds it. A limit found below the GPU's lowest cap is
+//! never raised: it is the ceiling, and the lowest cap while it holds
+//! (said). A sample that sees a limit in force above the one read back
+//! (one raised since) has every GPU's limit read at that round's end,
+//! not at the next periodic read.
+//!
+//! A set read back at the limit asked is in force, whatever the set
+//! answered (one past its deadline that took all the same is said).
 //!
 //! A GPU whose limit could not be read in that read is set only to a
 //! limit no higher than the lowest the agent may have left on it (a cap
@@ -58,10 +65,12 @@ impl KeptLimit {
 }
 
 /// `w` as a ceiling of the GPU set up as `g`: within its settable range
-/// and never above the site's configured limit.
+/// and never above the site's configured limit; but a limit `w` below
+/// its lowest cap stays as it is (never raised), and the lowest cap comes
+/// down to it ([`GpuCaps::min_cap`]).
 pub(super) fn within(g: &GpuSetup, w: Watts) -> Watts {
-    let w = g.site_limit.map_or(w, |site| w.min(site));
-    w.min(g.range.max).max(g.range.min)
+    let capped = g.site_limit.map_or(w, |site| w.min(site));
+    capped.min(g.range.max).max(g.range.min.min(w))
 }
 
 /// A limit for the shell to set, then read back.
@@ -107,6 +116,13 @@ pub(crate) enum AfterRead {
 }
 
 impl GpuCaps {
+    /// The lowest limit the GPU is capped to: its configured lowest cap,
+    /// or its ceiling where that is lower (a limit found below it is
+    /// never raised).
+    pub(super) fn min_cap(&self) -> Watts {
+        self.setup.range.min.min(self.ceiling)
+    }
+
     /// Whether a set of `limit` that failed waits for its retry at
     /// `steady`.
     fn waits(&self, limit: Watts, steady: u64) -> bool {
@@ -223,14 +239,18 @@ impl Node {
             };
             was_read[i] = true;
             let was = g.ceiling;
-            unkept |= !g.ceiling_read && g.kept.is_none();
-            let changed = if !g.ceiling_read {
+            let first = !g.ceiling_read;
+            unkept |= first && g.kept.is_none();
+            let changed = if first {
                 first_ceiling(i, g, found, out)
             } else if !g.left(found) {
                 changed_outside(i, g, found, out)
             } else {
                 false
             };
+            if g.ceiling < g.setup.range.min && (first || g.ceiling != was) {
+                out.push(Effect::Say(Level::Warn, below_min(i, g)));
+            }
             g.ceiling_read = true;
             g.applied = Some(found);
             g.unconfirmed = None;
@@ -446,6 +466,7 @@ impl Node {
                 .and_then(|(_, s)| *s);
             let before = (g.applied, g.source);
             let why = failure(res);
+            out.extend(late_set(res));
             match res.back {
                 Ok(b) => {
                     g.applied = Some(b);
@@ -555,7 +576,8 @@ impl Node {
                 continue;
             };
             match (&res.set, &res.back) {
-                (Ok(()), Ok(b)) if *b == res.limit => {
+                (_, Ok(b)) if *b == res.limit => {
+                    out.extend(late_set(res));
                     g.applied = Some(*b);
                     changes.push((gpu_index(res.gpu), *b, None));
                 }
@@ -641,6 +663,15 @@ fn changed_outside(i: usize, g: &mut GpuCaps, found: Watts, out: &mut Vec<Effect
     g.ceiling != was
 }
 
+/// What is said of GPU `i` (as `g`) whose ceiling is below its
+/// configured lowest cap.
+fn below_min(i: usize, g: &GpuCaps) -> String {
+    format!(
+        "GPU {i}: uncapped limit {} W is below its lowest cap {} W (NVML's minimum or the board's min_cap_w): it is not raised, and no cap goes below {} W",
+        g.ceiling.0, g.setup.range.min.0, g.ceiling.0
+    )
+}
+
 /// What is said of GPU `i` (as `g`) whose limit could not be read (`why`).
 fn unreadable(i: usize, g: &GpuCaps, why: &str) -> String {
     let sets = match g.lowest_left() {
@@ -680,12 +711,29 @@ fn alike<K: PartialEq>(changes: impl Iterator<Item = (GpuIndex, K)>) -> Vec<(u16
     sets
 }
 
-/// Why a limit is not in force as asked, if it is not.
+/// What is said of a set that answered an error (`Err`: past its
+/// deadline, say) and took all the same: its read-back is the limit asked.
+fn late_set(res: &LimitResult) -> Option<Effect> {
+    match (&res.set, &res.back) {
+        (Err(e), Ok(b)) if *b == res.limit => Some(Effect::Say(
+            Level::Warn,
+            format!(
+                "GPU {}: setting {} W answered \"{e}\", and it reads back {} W: in force",
+                res.gpu, res.limit.0, b.0
+            ),
+        )),
+        _ => None,
+    }
+}
+
+/// Why a limit is not in force as asked, if it is not (a read-back of
+/// the limit asked is in force, whatever the set answered).
 fn failure(res: &LimitResult) -> Option<String> {
     let i = res.gpu;
     let limit = res.limit.0;
     match (&res.set, &res.back) {
-        (Ok(()), Ok(b)) if *b == res.limit => None,
+        // A set that answered an error (past its deadline) and took.
+        (_, Ok(b)) if *b == res.limit => None,
         (Err(e), Ok(b)) => Some(format!(
             "GPU {i}: setting {limit} W: {e}; {} W stays in force",
             b.0
