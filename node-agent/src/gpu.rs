@@ -191,7 +191,10 @@ pub trait GpuSource {
     /// source's own (a blocking wait, never on the agent's runtime), and
     /// keeps the watch running: a watch that ends is said
     /// ([`XidEvent::WatchDown`]) and restarted, and one that cannot start
-    /// or register is said down on `sink` and retried. Returns which GPUs
+    /// or register a GPU is said down on `sink` and retried (a GPU that
+    /// does not support XID events is not asked again: the watch stays
+    /// down), then said up ([`XidEvent::WatchUp`]) once every GPU is
+    /// registered. Returns which GPUs
     /// could not be registered at the start, and why (those known, when
     /// the answers are slow). `Err` only when no watch runs at all (its
     /// thread could not start): nothing retries it, nothing is said on

@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use loopwarden_protocol::{ThrottleReasons, Unsupported, Watts};
 
-use crate::gpu::{GpuDevice, GpuError, GpuInfo, GpuSample, GpuSource, XidEvent, XidReport};
+use crate::gpu::{GpuDevice, GpuError, GpuInfo, GpuSample, GpuSource, XidEvent};
 
 mod system;
 mod watch;
@@ -256,7 +256,7 @@ impl<A: NvmlApi> GpuSource for NvmlSource<A> {
                     sink: &sink,
                     nudges: &nudges,
                 };
-                keep_watching(&*api, out, &answers, &stop)
+                watch::keep_watching(&*api, out, &answers, &stop)
             })
             .map_err(|e| GpuError::Failed {
                 what: "XID thread",
@@ -289,147 +289,15 @@ struct Deliver<'a> {
     nudges: &'a [AtomicBool],
 }
 
-/// The first wait after a watch ended; it doubles up to [`WATCH_RETRY_MAX`].
+/// The first wait after a watch ended, or before the GPUs it refused are
+/// asked again; it doubles up to [`WATCH_RETRY_MAX`].
 pub const WATCH_RETRY_FIRST: std::time::Duration = std::time::Duration::from_secs(1);
-/// The longest wait between restarts of the XID watch.
+/// The longest wait between restarts of the XID watch (and between two
+/// registrations of a GPU refused for a reason that may pass).
 pub const WATCH_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(60);
 /// How long [`NvmlSource`]'s `watch_xids` waits for the first registration
 /// answers before it says the watch down and returns without them.
 pub const FIRST_ANSWERS_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// Runs the XID watch until `stop`, restarting it with backoff whenever it
-/// ends: each end is sent as [`XidEvent::WatchDown`]. A restart that
-/// registered every GPU is sent as [`XidEvent::WatchUp`]; one that left a
-/// GPU out (its handle, its event types or its registration failed) as
-/// [`XidEvent::WatchDown`] naming each GPU left out and NVML's answer,
-/// while the wait goes on for the GPUs registered (the watch stays down
-/// until a restart registers them all). The first start's answers go to
-/// `first`; a first start that registers every GPU after its caller
-/// stopped waiting (and said the watch down) is sent as `WatchUp` too.
-fn keep_watching<A: NvmlApi>(
-    api: &A,
-    out: Deliver<'_>,
-    first: &watch::FirstStart,
-    stop: &AtomicBool,
-) {
-    let mut wait = WATCH_RETRY_FIRST;
-    let mut restarts = 0u32;
-    while !stop.load(Ordering::Relaxed) {
-        let began = std::time::Instant::now();
-        let start = (restarts == 0).then_some(first);
-        let Some((why, said_down)) = watch_once(api, out, start, stop) else {
-            return;
-        };
-        tracing::error!("NVML XID watch ended ({why}); restarting it in {wait:?}");
-        // A start that already said the watch is down (a GPU refused) is
-        // not said again.
-        if !said_down && out.sink.send(XidEvent::WatchDown(why)).is_err() {
-            return;
-        }
-        // A watch that ran for a while earns a quick restart.
-        if began.elapsed() > WATCH_RETRY_MAX {
-            wait = WATCH_RETRY_FIRST;
-        }
-        sleep_unless(stop, wait);
-        wait = (wait * 2).min(WATCH_RETRY_MAX);
-        restarts += 1;
-    }
-}
-
-/// One start of the XID watch, over the GPUs NVML counts now, until it
-/// ends: why it ended, and whether it said the watch down already; `None`
-/// when `stop` ended it. `first`: this is the first start, whose answers
-/// go there too.
-fn watch_once<A: NvmlApi>(
-    api: &A,
-    out: Deliver<'_>,
-    first: Option<&watch::FirstStart>,
-    stop: &AtomicBool,
-) -> Option<(String, bool)> {
-    let sink = out.sink;
-    let gpus: Result<Vec<u32>, String> = match api.device_count() {
-        Ok(0) => Err("NVML counts no GPU".into()),
-        Ok(n) => Ok((0..n.min(loopwarden_protocol::MAX_GPUS as u32)).collect()),
-        Err(e) => Err(format!("nvmlDeviceGetCount failed: {e:?}")),
-    };
-    let mut answers = watch::Registrations::new(gpus.as_ref().map_or(0, Vec::len));
-    // This start already said the watch is down.
-    let mut said_down = false;
-    let mut registered = |gpu: u32, r: NvmlResult<()>| {
-        if let Some(f) = first {
-            f.answer(gpu, &r);
-        }
-        let Some(all) = answers.answer(gpu, r) else {
-            return;
-        };
-        // `Some(false)`: the first start, its caller took the watch as up.
-        let late = first.map(watch::FirstStart::over);
-        match all {
-            Ok(()) if late == Some(false) => {}
-            Ok(()) => {
-                let _ = sink.send(XidEvent::WatchUp);
-            }
-            Err(why) => {
-                let how = if first.is_some() {
-                    "started"
-                } else {
-                    "restarted"
-                };
-                tracing::error!("NVML XID watch {how}, {why}");
-                said_down = true;
-                let _ = sink.send(XidEvent::WatchDown(why));
-            }
-        }
-    };
-    let outcome = match &gpus {
-        Ok(gpus) => api
-            .watch_xids(
-                gpus,
-                &mut registered,
-                &mut |gpu, xid| out.xid(gpu, xid),
-                stop,
-            )
-            .map_err(|e| format!("{e:?}")),
-        Err(why) => Err(why.clone()),
-    };
-    // A first start that ended before every GPU answered is over too.
-    if let Some(f) = first {
-        f.over();
-    }
-    if stop.load(Ordering::Relaxed) {
-        return None;
-    }
-    let mut why = outcome
-        .err()
-        .unwrap_or_else(|| "the event wait returned".into());
-    if let Some(names) = answers.refused() {
-        why.push_str(&format!("; not registered: {names}"));
-    }
-    Some((why, said_down))
-}
-
-impl Deliver<'_> {
-    /// An XID of `gpu`: to the queue, and its slow counters (retired
-    /// pages, remapped rows) are read at its next sample.
-    fn xid(&self, gpu: u32, xid: u64) {
-        if let Some(n) = self.nudges.get(gpu as usize) {
-            n.store(true, Ordering::Relaxed);
-        }
-        let report = XidReport {
-            gpu: gpu as u8,
-            xid: xid.min(u16::MAX as u64) as u16,
-        };
-        let _ = self.sink.send(XidEvent::Xid(report));
-    }
-}
-
-/// Sleeps `d`, or less if `stop` is set meanwhile.
-fn sleep_unless(stop: &AtomicBool, d: std::time::Duration) {
-    let until = std::time::Instant::now() + d;
-    while !stop.load(Ordering::Relaxed) && std::time::Instant::now() < until {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-}
 
 /// Single NVML calls, each an item of [`support::Support`].
 mod call {

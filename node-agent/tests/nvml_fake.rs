@@ -1327,6 +1327,65 @@ fn registration_answers_slower_than_the_wait_are_said_down_then_up() {
     assert!(eventually(timeout, || fake.state().watch_ended));
 }
 
+#[test]
+fn a_gpu_refused_for_a_reason_that_may_pass_is_asked_again_until_the_watch_is_up() {
+    let mut refusing = Answers::healthy();
+    refusing.xid_registration = Err(NvmlFailure::Other("Unknown Error".into()));
+    let fake = FakeNvml::new(vec![Answers::healthy(), refusing]);
+    let mut source = NvmlSource::new(fake.clone());
+    let (sink, events) = node_agent::xid_queue::xid_queue(64);
+    let refused = source.watch_xids(sink).expect("the XID watch starts");
+    let unknown = failed("nvmlDeviceRegisterEvents", "Unknown Error");
+    assert_eq!(refused, vec![(1, unknown)]);
+    let timeout = Duration::from_secs(5);
+    match events.recv_timeout(timeout) {
+        Some(XidEvent::WatchDown(why)) => assert!(why.contains("GPU 1"), "{why}"),
+        other => panic!("expected the watch down, got {other:?}"),
+    }
+    // The GPU System Processor is ready: the wait ends after the backoff
+    // (1 s) and a new start registers GPU 1 (a start before this line is
+    // said down again).
+    fake.set(1, |a| a.xid_registration = Ok(()));
+    fake.state().xids = vec![(1, 79)];
+    let up = (0..4).find_map(|_| match events.recv_timeout(timeout) {
+        Some(XidEvent::WatchDown(_) | XidEvent::Xid(_)) => None,
+        other => Some(other),
+    });
+    assert_eq!(up, Some(Some(XidEvent::WatchUp)));
+    assert!(fake.state().watch_starts >= 2, "the watch started again");
+    // GPU 1's XIDs are seen now.
+    let xid = XidEvent::Xid(XidReport { gpu: 1, xid: 79 });
+    assert_eq!(events.recv_timeout(timeout), Some(xid));
+    // Every GPU registered: the watch runs on, and is not started again.
+    let starts = fake.state().watch_starts;
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(fake.state().watch_starts, starts);
+    drop(source);
+    assert!(eventually(timeout, || fake.state().watch_ended));
+}
+
+#[test]
+fn a_gpu_that_does_not_support_xid_events_is_not_asked_again() {
+    let mut refusing = Answers::healthy();
+    refusing.xid_registration = Err(NotSupported);
+    let fake = FakeNvml::new(vec![Answers::healthy(), refusing]);
+    let mut source = NvmlSource::new(fake.clone());
+    let (sink, events) = node_agent::xid_queue::xid_queue(64);
+    let refused = source.watch_xids(sink).expect("the XID watch starts");
+    assert_eq!(refused, vec![(1, GpuError::NotSupported)]);
+    assert!(matches!(
+        events.recv_timeout(Duration::from_secs(5)),
+        Some(XidEvent::WatchDown(_))
+    ));
+    // Past the first backoff (1 s): still the first start, nothing said.
+    assert_eq!(events.recv_timeout(Duration::from_millis(1500)), None);
+    assert_eq!(fake.state().watch_starts, 1);
+    drop(source);
+    assert!(eventually(Duration::from_secs(5), || fake
+        .state()
+        .watch_ended));
+}
+
 // --- 7. Throttle bits -------------------------------------------------------
 
 #[test]

@@ -25,6 +25,10 @@ pub struct SystemNvml {
     handles: Box<[OnceLock<nvml_wrapper::Device<'static>>]>,
     /// The (GPU, field) pairs whose value type was said unreadable.
     unreadable_said: Mutex<HashSet<(u32, u32)>>,
+    /// The event set of the last XID wait that was ended (to ask a
+    /// refused GPU again), kept until a later start's set has taken the
+    /// GPUs: the XIDs that came meanwhile are read out of it.
+    held_over: Mutex<Option<EventSet>>,
 }
 
 impl SystemNvml {
@@ -40,6 +44,7 @@ impl SystemNvml {
             nvml,
             handles,
             unreadable_said: Mutex::default(),
+            held_over: Mutex::default(),
         })
     }
 
@@ -263,8 +268,26 @@ impl NvmlApi for SystemNvml {
         deliver: &mut dyn FnMut(u32, u64),
         stop: &AtomicBool,
     ) -> NvmlResult<()> {
-        let set = super::watch::register_all(self, gpus, registered)?;
-        self.wait_xids(&set, deliver, stop)
+        let set = super::watch::register_all(self, gpus, registered);
+        // The set before is freed only once this one took the GPUs, so no
+        // XID is missed between the two (one that came while the GPUs were
+        // registered again may be read from both); where this one failed,
+        // it is kept, and read out again at the next start.
+        let before = self.hold(None);
+        let before = before.filter(|b| self.read_out(b, deliver));
+        let set = match set {
+            Ok(set) => set,
+            Err(e) => {
+                self.hold(before);
+                return Err(e);
+            }
+        };
+        drop(before);
+        let ended = self.wait_xids(&set, deliver, stop);
+        if ended.is_ok() {
+            self.hold(Some(set));
+        }
+        ended
     }
 }
 
@@ -311,25 +334,62 @@ impl SystemNvml {
     ) -> NvmlResult<()> {
         let mut unread = super::watch::Unread::default();
         while !stop.load(Ordering::Relaxed) {
-            let data = match set.wait(500) {
-                Ok(data) => data,
+            match set.wait(500) {
+                Ok(data) => self.take(data, deliver, &mut unread),
                 Err(nvml_wrapper::error::NvmlError::Timeout) => continue,
                 Err(e) => return Err(failure(e)),
             };
-            // A GPU fallen off the bus (XID 79) cannot say its index any
-            // more: its handle, kept since the watch began, still names it.
-            let gpu = data.device.index().map_err(failure);
-            let gpu = gpu.or_else(|e| self.kept_index(&data.device).ok_or(e));
-            match xid_of(data.event_data, gpu) {
-                Ok((gpu, xid)) => deliver(gpu, xid),
-                Err(why) => {
-                    if let Some(line) = unread.dropped(std::time::Instant::now(), &why) {
-                        tracing::warn!("{line}");
-                    }
+        }
+        Ok(())
+    }
+
+    /// Keeps `set` as the event set held over (`None`: none); returns the
+    /// one held before.
+    fn hold(&self, set: Option<EventSet>) -> Option<EventSet> {
+        let mut held = self.held_over.lock().unwrap_or_else(|e| e.into_inner());
+        std::mem::replace(&mut *held, set)
+    }
+
+    /// Delivers what the ended wait's `set` still holds; `false` when it
+    /// could not be read (said).
+    fn read_out(&self, set: &EventSet, deliver: &mut dyn FnMut(u32, u64)) -> bool {
+        let mut unread = super::watch::Unread::default();
+        loop {
+            match set.wait(0) {
+                Ok(data) => self.take(data, deliver, &mut unread),
+                Err(nvml_wrapper::error::NvmlError::Timeout) => return true,
+                Err(e) => {
+                    tracing::warn!(
+                        "NVML XID watch: the event set of the wait before could not be read \
+                         out ({e}); an XID that came while the GPUs were registered again may \
+                         be missed"
+                    );
+                    return false;
                 }
             }
         }
-        Ok(())
+    }
+
+    /// Delivers the XID of event `data`; one that names no GPU or carries
+    /// no XID value is dropped and said.
+    fn take(
+        &self,
+        data: nvml_wrapper::struct_wrappers::event::EventData<'_>,
+        deliver: &mut dyn FnMut(u32, u64),
+        unread: &mut super::watch::Unread,
+    ) {
+        // A GPU fallen off the bus (XID 79) cannot say its index any more:
+        // its handle, kept since the watch began, still names it.
+        let gpu = data.device.index().map_err(failure);
+        let gpu = gpu.or_else(|e| self.kept_index(&data.device).ok_or(e));
+        match xid_of(data.event_data, gpu) {
+            Ok((gpu, xid)) => deliver(gpu, xid),
+            Err(why) => {
+                if let Some(line) = unread.dropped(std::time::Instant::now(), &why) {
+                    tracing::warn!("{line}");
+                }
+            }
+        }
     }
 }
 

@@ -1,5 +1,7 @@
-//! What one start of the XID watch found, kept apart from NVML so it can
-//! be tested alone: which GPUs the event set took ([`Registrations`]:
+//! The XID watch's thread ([`keep_watching`]: its restarts, with backoff,
+//! and the retry of a GPU refused for a reason that may pass, on a timer
+//! of its own, [`WaitEnd`]), and what one start of it found, kept apart
+//! from NVML so it can be tested alone: which GPUs the event set took ([`Registrations`]:
 //! the watch is up only when it took every GPU, and a GPU it refused is
 //! named with NVML's answer), how the GPUs are put on one event set when
 //! a refused registration releases it ([`register_all`]), the first
@@ -9,15 +11,19 @@
 //!
 //! Glossary:
 //! - *refused*: a GPU whose handle, supported event types or registration
-//!   failed; its XIDs are not seen.
+//!   failed; its XIDs are not seen. Refused for a reason that *may pass*:
+//!   anything but "not supported" (an unknown error, a timeout of a busy
+//!   GPU System Processor, a lost GPU); such a GPU is asked again.
 //! - *released*: NVML freed the event set (a failed
 //!   `nvmlDeviceRegisterEvents` does, in `nvml-wrapper`), with every GPU
 //!   registered on it.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{NvmlFailure, NvmlResult};
+use super::{Deliver, NvmlApi, NvmlFailure, NvmlResult, WATCH_RETRY_FIRST, WATCH_RETRY_MAX};
+use crate::gpu::{XidEvent, XidReport};
 
 /// The registration answers of one start of the watch.
 #[derive(Debug)]
@@ -65,6 +71,14 @@ impl Registrations {
                  the other GPUs are watched"
             )),
         })
+    }
+
+    /// Whether a GPU was refused for a reason that may pass: anything but
+    /// "not supported", which is the GPU's own and stays. Such a GPU is
+    /// asked again.
+    pub(super) fn passing(&self) -> bool {
+        let passes = |(_, e): &(u32, NvmlFailure)| *e != NvmlFailure::NotSupported;
+        self.refused.iter().any(passes)
     }
 
     /// The GPUs refused so far, each with NVML's answer (`GPU 1 (…), …`);
@@ -254,6 +268,247 @@ impl Unread {
     }
 }
 
+/// How a start of the watch ended, when `stop` did not end it.
+#[derive(Debug)]
+enum Ended {
+    /// Its wait failed or returned: why, and whether the start said the
+    /// watch down already.
+    Failed(String, bool),
+    /// Its wait was ended to ask again the GPUs it refused for a reason
+    /// that may pass (named, with NVML's answers).
+    Retry(String),
+}
+
+/// Runs the XID watch until `stop`, restarting it with backoff whenever it
+/// ends: each end is sent as [`XidEvent::WatchDown`]. A restart that
+/// registered every GPU is sent as [`XidEvent::WatchUp`]; one that left a
+/// GPU out (its handle, its event types or its registration failed) as
+/// [`XidEvent::WatchDown`] naming each GPU left out and NVML's answer,
+/// while the wait goes on for the GPUs registered. A GPU left out for any
+/// reason but "not supported" is asked again: the wait ends after the
+/// backoff and the watch restarts at once, until a start registers every
+/// GPU (a GPU that does not support XID events keeps the watch down until
+/// the wait ends otherwise). The first start's answers go to `first`; a
+/// first start that registers every GPU after its caller stopped waiting
+/// (and said the watch down) is sent as `WatchUp` too.
+pub(super) fn keep_watching<A: NvmlApi>(
+    api: &A,
+    out: Deliver<'_>,
+    first: &FirstStart,
+    stop: &AtomicBool,
+) {
+    let mut wait = WATCH_RETRY_FIRST;
+    let mut restarts = 0u32;
+    while !stop.load(Ordering::Relaxed) {
+        let began = Instant::now();
+        let start = (restarts == 0).then_some(first);
+        match watch_once(api, out, start, stop, wait) {
+            None => return,
+            // The backoff was spent waiting on the GPUs registered.
+            Some(Ended::Retry(names)) => {
+                tracing::warn!("NVML XID watch: registering again, for {names}");
+            }
+            Some(Ended::Failed(why, said_down)) => {
+                tracing::error!("NVML XID watch ended ({why}); restarting it in {wait:?}");
+                // A start that already said the watch is down (a GPU
+                // refused) is not said again.
+                if !said_down && out.sink.send(XidEvent::WatchDown(why)).is_err() {
+                    return;
+                }
+                // A watch that ran for a while earns a quick restart.
+                if began.elapsed() > WATCH_RETRY_MAX {
+                    wait = WATCH_RETRY_FIRST;
+                }
+                sleep_unless(stop, wait);
+            }
+        }
+        wait = (wait * 2).min(WATCH_RETRY_MAX);
+        restarts += 1;
+    }
+}
+
+/// One start of the XID watch, over the GPUs NVML counts now, until it
+/// ends; `None` when `stop` ended it. `first`: this is the first start,
+/// whose answers go there too. A GPU refused for a reason that may pass
+/// ends the wait `retry_in` after the answers ([`WaitEnd`]).
+fn watch_once<A: NvmlApi>(
+    api: &A,
+    out: Deliver<'_>,
+    first: Option<&FirstStart>,
+    stop: &AtomicBool,
+    retry_in: Duration,
+) -> Option<Ended> {
+    let gpus: Result<Vec<u32>, String> = match api.device_count() {
+        Ok(0) => Err("NVML counts no GPU".into()),
+        Ok(n) => Ok((0..n.min(loopwarden_protocol::MAX_GPUS as u32)).collect()),
+        Err(e) => Err(format!("nvmlDeviceGetCount failed: {e:?}")),
+    };
+    let mut answers = Registrations::new(gpus.as_ref().map_or(0, Vec::len));
+    let end = WaitEnd::default();
+    // This start already said the watch is down.
+    let mut said_down = false;
+    let mut registered = |gpu: u32, r: NvmlResult<()>| {
+        if let Some(f) = first {
+            f.answer(gpu, &r);
+        }
+        if let Some(all) = answers.answer(gpu, r) {
+            if answers.passing() {
+                end.retry_at(Instant::now() + retry_in);
+            }
+            said_down |= say_answers(out.sink, first, all);
+        }
+    };
+    let outcome = match &gpus {
+        Ok(gpus) => end
+            .wait_with(stop, |flag| {
+                api.watch_xids(
+                    gpus,
+                    &mut registered,
+                    &mut |gpu, xid| out.xid(gpu, xid),
+                    flag,
+                )
+            })
+            .map_err(|e| format!("{e:?}")),
+        Err(why) => Err(why.clone()),
+    };
+    // A first start that ended before every GPU answered is over too.
+    if let Some(f) = first {
+        f.over();
+    }
+    if stop.load(Ordering::Relaxed) {
+        return None;
+    }
+    match (outcome, answers.refused()) {
+        (Ok(()), Some(names)) if end.retry_due(Instant::now()) => Some(Ended::Retry(names)),
+        (outcome, names) => {
+            let mut why = outcome
+                .err()
+                .unwrap_or_else(|| "the event wait returned".into());
+            if let Some(names) = names {
+                why.push_str(&format!("; not registered: {names}"));
+            }
+            Some(Ended::Failed(why, said_down))
+        }
+    }
+}
+
+/// Says what a start's registration answers found, `all` (every GPU
+/// answered): the watch up, or down and why. Returns whether it said the
+/// watch down. `first`: the first start, whose caller took the watch as
+/// up where it waited for the answers.
+fn say_answers(
+    sink: &crate::xid_queue::XidSink,
+    first: Option<&FirstStart>,
+    all: Result<(), String>,
+) -> bool {
+    // `Some(false)`: the first start, its caller took the watch as up.
+    let late = first.map(FirstStart::over);
+    match all {
+        Ok(()) if late == Some(false) => false,
+        Ok(()) => {
+            let _ = sink.send(XidEvent::WatchUp);
+            false
+        }
+        Err(why) => {
+            let how = if first.is_some() {
+                "started"
+            } else {
+                "restarted"
+            };
+            tracing::error!("NVML XID watch {how}, {why}");
+            let _ = sink.send(XidEvent::WatchDown(why));
+            true
+        }
+    }
+}
+
+impl Deliver<'_> {
+    /// An XID of `gpu`: to the queue, and its slow counters (retired
+    /// pages, remapped rows) are read at its next sample.
+    fn xid(&self, gpu: u32, xid: u64) {
+        if let Some(n) = self.nudges.get(gpu as usize) {
+            n.store(true, Ordering::Relaxed);
+        }
+        let report = XidReport {
+            gpu: gpu as u8,
+            xid: xid.min(u16::MAX as u64) as u16,
+        };
+        let _ = self.sink.send(XidEvent::Xid(report));
+    }
+}
+
+/// Sleeps `d`, or less if `stop` is set meanwhile.
+fn sleep_unless(stop: &AtomicBool, d: Duration) {
+    let until = Instant::now() + d;
+    while !stop.load(Ordering::Relaxed) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// How often [`WaitEnd`] looks at the agent's stop and at the time.
+const WAIT_END_EVERY: Duration = Duration::from_millis(50);
+
+/// The flag one start's wait ends on: set once the agent stops, or once
+/// the retry of the GPUs it refused is due. NVML's wait only looks at a
+/// flag; a thread of its own sets this one.
+#[derive(Debug, Default)]
+struct WaitEnd {
+    flag: AtomicBool,
+    /// When the GPUs refused are to be asked again.
+    retry: Mutex<Option<Instant>>,
+    /// The wait is over: the thread setting the flag ends.
+    over: AtomicBool,
+}
+
+impl WaitEnd {
+    /// The GPUs refused are to be asked again at `at`.
+    fn retry_at(&self, at: Instant) {
+        *self.retry.lock().unwrap_or_else(|e| e.into_inner()) = Some(at);
+    }
+
+    /// Whether a retry was asked for and is due at `now`.
+    fn retry_due(&self, now: Instant) -> bool {
+        let retry = *self.retry.lock().unwrap_or_else(|e| e.into_inner());
+        retry.is_some_and(|at| now >= at)
+    }
+
+    /// Runs `wait` on this flag, set by a thread of its own when `stop` is
+    /// or the retry is due. Where that thread cannot start, `wait` runs on
+    /// `stop` itself (said): the GPUs refused wait for the next end.
+    fn wait_with<T>(&self, stop: &AtomicBool, wait: impl FnOnce(&AtomicBool) -> T) -> T {
+        std::thread::scope(|s| {
+            let follow = std::thread::Builder::new()
+                .name("nvml-xid-end".into())
+                .spawn_scoped(s, || self.follow(stop));
+            let flag = match follow {
+                Ok(_) => &self.flag,
+                Err(e) => {
+                    tracing::error!(
+                        "NVML XID watch: its timer thread did not start ({e}); a GPU refused \
+                         is asked again only when the wait ends otherwise"
+                    );
+                    stop
+                }
+            };
+            let out = wait(flag);
+            self.over.store(true, Ordering::Relaxed);
+            out
+        })
+    }
+
+    /// Sets the flag when `stop` is set or the retry is due; returns then,
+    /// or once the wait is over.
+    fn follow(&self, stop: &AtomicBool) {
+        while !self.over.load(Ordering::Relaxed) {
+            if stop.load(Ordering::Relaxed) || self.retry_due(Instant::now()) {
+                self.flag.store(true, Ordering::Relaxed);
+                return;
+            }
+            std::thread::sleep(WAIT_END_EVERY);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -287,6 +542,45 @@ mod tests {
         assert!(why.contains("GPU 0 (GpuLost)"), "{why}");
         assert!(why.contains("GPU 1 (Other(\"Unknown Error\"))"), "{why}");
         assert!(!why.contains("watched"), "{why}");
+    }
+
+    #[test]
+    fn only_a_refusal_other_than_not_supported_is_asked_again() {
+        let mut r = Registrations::new(3);
+        r.answer(0, Ok(()));
+        r.answer(1, Err(NvmlFailure::NotSupported));
+        assert!(!r.passing(), "not supported is the GPU's own");
+        r.answer(2, Err(NvmlFailure::Timeout));
+        assert!(r.passing(), "a busy GPU System Processor may answer later");
+    }
+
+    #[test]
+    fn a_wait_ends_once_its_retry_is_due_or_at_stop() {
+        let t0 = Instant::now();
+        let end = WaitEnd::default();
+        assert!(!end.retry_due(t0 + Duration::from_secs(3600)), "none asked");
+        end.retry_at(t0 + Duration::from_secs(2));
+        assert!(!end.retry_due(t0 + Duration::from_secs(1)));
+        assert!(end.retry_due(t0 + Duration::from_secs(2)));
+
+        // The wait is ended by its flag: at the retry, or at stop.
+        let stop = AtomicBool::new(false);
+        let end = WaitEnd::default();
+        end.retry_at(Instant::now());
+        assert!(flag_set(&end, &stop), "the retry ended the wait");
+        let stop = AtomicBool::new(true);
+        assert!(flag_set(&WaitEnd::default(), &stop), "stop ended the wait");
+    }
+
+    /// Waits (30 s at most) on `end`'s flag: whether it was set.
+    fn flag_set(end: &WaitEnd, stop: &AtomicBool) -> bool {
+        end.wait_with(stop, |flag| {
+            let limit = Instant::now() + Duration::from_secs(30);
+            while !flag.load(Ordering::Relaxed) && Instant::now() < limit {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            flag.load(Ordering::Relaxed)
+        })
     }
 
     #[test]
