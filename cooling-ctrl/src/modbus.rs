@@ -25,7 +25,10 @@
 //! goes out, and when one fails after others went in the error names both
 //! ([`CduError::Partial`]). A write is done only when the CDU's answer
 //! echoes it (the register and the value; for two words the first
-//! register and the count). Every request runs under a timeout (500 ms
+//! register and the count) and, for two words, whose echo does not carry
+//! the value, when the registers read back (function 3) hold what was
+//! written: one more request per two-word setting, none for a map whose
+//! settings are all one word. Every request runs under a timeout (500 ms
 //! unless set); after a request that got no answer, a broken link or a
 //! garbled answer, the next request opens the link afresh (for RTU: reopens
 //! the port and discards whatever arrives until the line is quiet, so a
@@ -58,7 +61,8 @@
 //! - *bad answer* ([`CduError::BadAnswer`]): something answered, but not to
 //!   this request (another unit, another function, the wrong length, a
 //!   write's echo with another register or value, which may be a value the
-//!   CDU clamped, or an answer that does not decode, such as a bad RTU
+//!   CDU clamped, a two-word setting that reads back another value than
+//!   the one written, or an answer that does not decode, such as a bad RTU
 //!   CRC): noise on the line, two masters on one bus, a late answer, or a
 //!   CDU that did not write what was asked.
 //! - *value* ([`CduError::Value`]): a setting the map says the CDU cannot
@@ -92,6 +96,7 @@ pub use tokio_serial::{DataBits, Parity, StopBits};
 mod error;
 mod fit;
 mod link;
+mod read_back;
 
 pub use error::{exception_meaning, CduError};
 pub use fit::{check_map, map_limits, UnfitMap};
@@ -477,6 +482,8 @@ impl ModbusCdu {
     /// CDU echoes the request: the address and the value for one word
     /// (function 6), the address and the count for two (function 16). Any
     /// other echo (a value it clamped, another register's) is a bad answer.
+    /// Two words are then read back ([`ModbusCdu::read_back`]): their echo
+    /// does not carry the value.
     async fn write_register(
         &mut self,
         r: &Register,
@@ -496,13 +503,16 @@ impl ModbusCdu {
         } else {
             let n = words.len() as u16;
             (
-                Request::WriteMultipleRegisters(r.address, Cow::Owned(words)),
+                Request::WriteMultipleRegisters(r.address, Cow::Owned(words.clone())),
                 Response::WriteMultipleRegisters(r.address, n),
             )
         };
         let answer = self.exchange(op.clone(), req).await?;
-        if answer == echo {
+        if answer == echo && words.len() == 1 {
             return Ok(());
+        }
+        if answer == echo {
+            return self.read_back(r, value, &words, op).await;
         }
         let detail = format!(
             "the CDU echoed {}, not {}: the value it holds is unknown",
@@ -966,6 +976,40 @@ mod tests {
         let r = map.get(HEARTBEAT).unwrap();
         assert_eq!(heartbeat_value(r, 65_535.0), 0.0);
         assert_eq!(heartbeat_value(r, 65_536.0), 1.0);
+    }
+
+    /// Every map shipped in `boards/cdus/`, by file name.
+    fn shipped_maps() -> Vec<(String, RegisterMap)> {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../boards/cdus");
+        let mut maps = Vec::new();
+        for entry in std::fs::read_dir(&dir).expect("boards/cdus") {
+            let path = entry.expect("an entry of boards/cdus").path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                let name = path.display().to_string();
+                let text = std::fs::read_to_string(&path).expect("a map file");
+                let map = RegisterMap::from_toml(&text, &name).unwrap_or_else(|e| panic!("{e}"));
+                maps.push((name, map));
+            }
+        }
+        assert!(!maps.is_empty(), "no map in {}", dir.display());
+        maps
+    }
+
+    #[test]
+    fn every_shipped_map_writes_its_heartbeat_every_step_of_a_whole_cycle() {
+        for (name, map) in shipped_maps() {
+            assert_eq!(check_map(&map, 16), Ok(()), "{name}");
+            let r = map.get(HEARTBEAT).expect("a heartbeat");
+            let (lo, hi) = r.min.zip(r.max).expect("a range");
+            // One whole cycle and a step past it, where the count wraps.
+            let steps = (hi.floor() - lo.ceil() + 2.0) as u32;
+            for c in 0..=steps {
+                let v = heartbeat_value(r, f64::from(c));
+                let words = map.encode(HEARTBEAT, v);
+                assert!(words.is_ok(), "{name} step {c}: {v}: {words:?}");
+                assert_ne!(v, heartbeat_value(r, f64::from(c + 1)), "{name} step {c}");
+            }
+        }
     }
 
     #[test]

@@ -1,14 +1,18 @@
 //! The CDU's Modbus client against CDUs that answer wrongly: a write whose
-//! echo is not the request (a clamped value, another register), a garbled
-//! RTU answer, a TCP peer that closes the connection; and what a refused
-//! write says it tried to write.
+//! echo is not the request (a clamped value, another register), a
+//! two-word setting that reads back another value than the one written
+//! or cannot be read back, a garbled RTU answer, a TCP peer that closes
+//! the connection; and what a refused write says it tried to write.
 
+use std::collections::BTreeMap;
 use std::future::{ready, Ready};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use cooling_ctrl::decide::{Setting, Write};
 use cooling_ctrl::modbus::{CduError, CduPort, CduSettings, Link, ModbusCdu, SerialLine};
 use loopwarden_boards::modbus_map::RegisterMap;
 use loopwarden_twin::sim_cdu::SimCdu;
@@ -53,10 +57,47 @@ fn right_echo(address: u16, words: &[u16]) -> Response {
     }
 }
 
-/// A Modbus TCP CDU that answers writes with its [`Echo`] (and takes
-/// nothing), and reads with zeros.
-#[derive(Clone, Copy)]
-struct Echoing(Echo);
+/// What a CDU keeps of a write to `address` of `words`: the words it
+/// holds from `address` on. `None`: it keeps nothing and serves no read
+/// of its holding registers (function 3 refused with exception 1).
+type Keep = Option<fn(address: u16, words: &[u16]) -> Vec<u16>>;
+
+/// A CDU that holds what it is sent.
+const AS_SENT: Keep = Some(|_, words| words.to_vec());
+
+/// A Modbus TCP CDU that answers writes with its [`Echo`], holds what its
+/// [`Keep`] makes of them and serves that on function 3 (0 where nothing
+/// was written), and answers reads of input registers with zeros.
+#[derive(Clone)]
+struct Echoing {
+    echo: Echo,
+    keep: Keep,
+    held: Arc<Mutex<BTreeMap<u16, u16>>>,
+}
+
+impl Echoing {
+    fn write(&self, address: u16, words: &[u16]) -> Response {
+        if let Some(keep) = self.keep {
+            let kept = keep(address, words);
+            let mut held = self.held.lock().expect("the held registers");
+            for (i, w) in kept.into_iter().enumerate() {
+                held.insert(address + i as u16, w);
+            }
+        }
+        (self.echo)(address, words)
+    }
+
+    fn read(&self, address: u16, n: u16) -> Result<Response, ExceptionCode> {
+        if self.keep.is_none() {
+            return Err(ExceptionCode::IllegalFunction);
+        }
+        let held = self.held.lock().expect("the held registers");
+        let words = (address..address + n)
+            .map(|a| held.get(&a).copied().unwrap_or(0))
+            .collect();
+        Ok(Response::ReadHoldingRegisters(words))
+    }
+}
 
 impl tokio_modbus::server::Service for Echoing {
     type Request = SlaveRequest<'static>;
@@ -66,8 +107,9 @@ impl tokio_modbus::server::Service for Echoing {
 
     fn call(&self, req: Self::Request) -> Self::Future {
         ready(match req.request {
-            Request::WriteSingleRegister(a, w) => Ok((self.0)(a, &[w])),
-            Request::WriteMultipleRegisters(a, words) => Ok((self.0)(a, &words)),
+            Request::WriteSingleRegister(a, w) => Ok(self.write(a, &[w])),
+            Request::WriteMultipleRegisters(a, words) => Ok(self.write(a, &words)),
+            Request::ReadHoldingRegisters(a, n) => self.read(a, n),
             Request::ReadInputRegisters(_, n) => {
                 Ok(Response::ReadInputRegisters(vec![0; n.into()]))
             }
@@ -76,15 +118,28 @@ impl tokio_modbus::server::Service for Echoing {
     }
 }
 
-/// Serves an [`Echoing`] CDU on a loopback port.
+/// Serves an [`Echoing`] CDU that holds what it is sent on a loopback
+/// port.
 async fn serve_echoing(echo: Echo) -> SocketAddr {
+    serve_keeping(echo, AS_SENT).await
+}
+
+/// Serves an [`Echoing`] CDU that holds what `keep` makes of a write on a
+/// loopback port; what it holds lasts from one connection to the next.
+async fn serve_keeping(echo: Echo, keep: Keep) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
+    let cdu = Echoing {
+        echo,
+        keep,
+        held: Arc::default(),
+    };
     tokio::spawn(async move {
-        let on_connected = move |stream, socket_addr| async move {
-            accept_tcp_connection(stream, socket_addr, move |_| Ok(Some(Echoing(echo))))
+        let on_connected = move |stream, socket_addr| {
+            let cdu = cdu.clone();
+            async move { accept_tcp_connection(stream, socket_addr, move |_| Ok(Some(cdu.clone()))) }
         };
         let _ = Server::new(listener)
             .serve(&on_connected, |e| eprintln!("echoing CDU: {e}"))
@@ -192,11 +247,84 @@ async fn a_two_word_write_echoed_with_another_count_or_address_is_a_bad_answer()
             .unwrap_err();
         assert_bad_echo(&e, &before, "pump_speed", detail);
     }
+    // Echoed right, and the registers read back hold what was written.
     let addr = serve_echoing(right_echo).await;
     tcp_client(wide_speed(), addr)
         .write(&SETTINGS)
         .await
         .expect("a two-word write echoed right");
+}
+
+/// The pump speed written to the u32 at holding 10-11 (72.5 %, raw 725).
+const SPEED: Write = Write {
+    setting: Setting::PumpSpeed,
+    value: 72.5,
+};
+
+#[tokio::test]
+async fn a_two_word_setting_the_cdu_clamps_is_a_bad_answer_naming_both_values() {
+    // The CDU clamps the u32 pump speed to 70 % (raw 700) and echoes the
+    // write as the specification asks: holding 10, 2 registers.
+    let clamps: Keep = Some(|a, w| match (a, w) {
+        (10, [_, _]) => vec![0, 700],
+        _ => w.to_vec(),
+    });
+    let addr = serve_keeping(right_echo, clamps).await;
+    let mut client = tcp_client(wide_speed(), addr);
+    let e = client.write_setting(&SPEED).await.unwrap_err();
+    let CduError::BadAnswer { op, detail } = &e else {
+        panic!("not a bad answer: {e:?}");
+    };
+    assert_eq!(
+        op,
+        &format!(
+            "write pump_speed at holding 10 of unit 1 on Modbus TCP {addr}, \
+             value 72.5 % (raw 0x0000 0x02d5)"
+        )
+    );
+    assert_eq!(
+        detail,
+        "the CDU echoed the write, but holding 10-11 reads back value 70 % (raw 0x0000 0x02bc), \
+         not the value 72.5 % (raw 0x0000 0x02d5) written: it clamped the value or did not take it"
+    );
+    // A whole write stops there, naming what went in before.
+    let e = client.write(&SETTINGS).await.unwrap_err();
+    assert_bad_echo(
+        &e,
+        &["valves_open", "pumps_run", "lead_pump"],
+        "pump_speed",
+        "reads back value 70 %",
+    );
+    // A CDU that holds what it is sent: taken.
+    let addr = serve_keeping(right_echo, AS_SENT).await;
+    let mut client = tcp_client(wide_speed(), addr);
+    client.write_setting(&SPEED).await.expect("taken as sent");
+    client.write(&SETTINGS).await.expect("every setting taken");
+}
+
+#[tokio::test]
+async fn a_two_word_setting_that_cannot_be_read_back_is_not_taken() {
+    // The CDU echoes every write right but refuses reads of its holding
+    // registers: whether it took the two-word speed is not known.
+    let addr = serve_keeping(right_echo, None).await;
+    let e = tcp_client(wide_speed(), addr)
+        .write_setting(&SPEED)
+        .await
+        .unwrap_err();
+    assert_eq!(e.refused_code(), Some(1), "{e:?}");
+    assert!(
+        e.to_string().starts_with(&format!(
+            "write pump_speed at holding 10 of unit 1 on Modbus TCP {addr}, value 72.5 % \
+             (raw 0x0000 0x02d5), read back from holding 10-11: the CDU refused it with \
+             exception 1"
+        )),
+        "{e}"
+    );
+    // One-word settings are never read back: their echo carries the value.
+    tcp_client(RegisterMap::sim_cdu(), addr)
+        .write(&SETTINGS)
+        .await
+        .expect("one-word settings echoed right");
 }
 
 #[tokio::test]

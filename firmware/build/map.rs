@@ -73,10 +73,19 @@ impl Map {
         Ok(m)
     }
 
-    /// Every register of [`NEEDED`] is there, of its kind.
+    /// Every register of [`NEEDED`] is there, of its kind, and every
+    /// setting one word: a two-word write's echo carries the register and
+    /// the count, never the value, so a CDU that clamped it would answer
+    /// as if it took it, and the firmware reads nothing back.
     fn check_needed(&self) -> Result<(), String> {
         for (name, kind) in NEEDED {
             match self.get(name) {
+                Some(r) if r.kind == Kind::Holding && r.kind == kind && r.ty.words() > 1 => {
+                    return Err(format!(
+                        "{name}: a {:?} setting takes two words, whose write's echo does not carry the value; the firmware writes one-word settings only (a CDU that clamped it would answer as if it took it)",
+                        r.ty
+                    ))
+                }
                 Some(r) if r.kind == kind => {}
                 Some(r) => {
                     return Err(format!(

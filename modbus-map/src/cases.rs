@@ -255,10 +255,17 @@ pub const ENCODE: &[(Layout, f64, Want)] = &[
         20.0,
         Want::OutOfRange,
     ),
+    // A range within what the type holds (a map whose range reaches past
+    // it is refused): its ends encode, and past them is out of range.
     (
-        setting(Type::U16, HF, 1.0, 0.0, 1e9),
+        setting(Type::U16, HF, 1.0, 0.0, 65_535.0),
+        65_535.0,
+        Want::Words(&[0xFFFF]),
+    ),
+    (
+        setting(Type::U16, HF, 1.0, 0.0, 65_535.0),
         70_000.0,
-        Want::DoesNotFit,
+        Want::OutOfRange,
     ),
     (
         setting(Type::U32, LF, 1.0, 0.0, 1e9),

@@ -6,6 +6,8 @@
 //! Glossary:
 //! - *model*: the CDU model the map is for; *unit id*: its Modbus address.
 //! - *overlap*: two registers of one kind that share an address.
+//! - *raw range*: the integers a register's type holds (0 to 65535 for a
+//!   `u16`); a setting's range, divided by its scale, must lie within it.
 //! - *bit word*: a register the controller reads or writes as bits or as
 //!   a 0/1 flag ([`BIT_REGISTERS`]): it must carry its bits as they are,
 //!   a `u16` at scale 1 (a signed or scaled one would misread a leak bit
@@ -17,7 +19,7 @@ use std::vec::Vec;
 
 use serde::Deserialize;
 
-use crate::{Kind, Register, Type, WordOrder, BIT_REGISTERS};
+use crate::{round, Kind, Register, Type, WordOrder, BIT_REGISTERS};
 
 /// A map file as written: its registers in the file's order.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -34,7 +36,7 @@ pub struct MapFile {
 }
 
 /// Why a map is refused: the first register that fails a check.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum MapError {
     /// Its scale is not a number above 0.
     Scale {
@@ -45,6 +47,20 @@ pub enum MapError {
     NoRange {
         /// The register.
         name: String,
+    },
+    /// A holding register whose range reaches past what its type holds
+    /// at its scale: a write near an end of the range could not be sent.
+    PastType {
+        /// The register.
+        name: String,
+        /// Its range, in its unit.
+        min: f64,
+        /// The range's top.
+        max: f64,
+        /// Its scale.
+        scale: f64,
+        /// Its type.
+        ty: Type,
     },
     /// An input register with a min or a max.
     InputRange {
@@ -91,6 +107,28 @@ impl core::fmt::Display for MapError {
                 f,
                 "{name}: a holding register needs min <= max, the range a write may set"
             ),
+            Self::PastType {
+                name,
+                min,
+                max,
+                scale,
+                ty,
+            } => {
+                let (lo, hi) = ty.raw_range();
+                let (min_raw, max_raw) = (round(min / scale), round(max / scale));
+                let a = if matches!(ty, Type::I16 | Type::I32) {
+                    "an"
+                } else {
+                    "a"
+                };
+                let ty = std::format!("{ty:?}").to_lowercase();
+                write!(
+                    f,
+                    "{name}: its range {min} to {max} is raw {min_raw} to {max_raw} at scale \
+                     {scale}, past what {a} {ty} holds (raw {lo} to {hi}): a write near its end \
+                     could not be sent"
+                )
+            }
             Self::InputRange { name } => write!(
                 f,
                 "{name}: min and max are for holding registers (input registers are read-only)"
@@ -115,9 +153,10 @@ impl std::error::Error for MapError {}
 
 impl MapFile {
     /// Checks every register in the file's order: a scale above 0, a
-    /// range for each setting and none for a measurement, each bit word
-    /// a `u16` at scale 1, no address past 65535, no address two
-    /// registers of one kind share, no name twice.
+    /// range for each setting, within what its type holds at its scale,
+    /// and none for a measurement, each bit word a `u16` at scale 1, no
+    /// address past 65535, no address two registers of one kind share, no
+    /// name twice.
     pub fn check(&self) -> Result<(), MapError> {
         let mut names: BTreeMap<&str, ()> = BTreeMap::new();
         let mut taken: BTreeMap<(bool, u16), &str> = BTreeMap::new();
@@ -128,7 +167,7 @@ impl MapFile {
             }
             check_bits(r)?;
             match (r.kind, r.min, r.max) {
-                (Kind::Holding, Some(lo), Some(hi)) if lo <= hi => {}
+                (Kind::Holding, Some(lo), Some(hi)) if lo <= hi => check_type_holds(r, lo, hi)?,
                 (Kind::Holding, _, _) => return Err(MapError::NoRange { name: name() }),
                 (Kind::Input, None, None) => {}
                 (Kind::Input, _, _) => return Err(MapError::InputRange { name: name() }),
@@ -154,6 +193,24 @@ impl MapFile {
         }
         Ok(())
     }
+}
+
+/// Every value of setting `r`'s range `min` to `max` encodes: the raw
+/// integers its ends round to ([`round`], as [`Register::encode`] does)
+/// lie within its type's ([`Type::raw_range`]), and so do those of every
+/// value between.
+fn check_type_holds(r: &Register<String>, min: f64, max: f64) -> Result<(), MapError> {
+    let (lo, hi) = r.ty.raw_range();
+    if round(min / r.scale) >= lo && round(max / r.scale) <= hi {
+        return Ok(());
+    }
+    Err(MapError::PastType {
+        name: r.name.clone(),
+        min,
+        max,
+        scale: r.scale,
+        ty: r.ty,
+    })
 }
 
 /// A bit word ([`BIT_REGISTERS`]) is a `u16` at scale 1; other registers

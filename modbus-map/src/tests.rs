@@ -301,6 +301,65 @@ mod file {
              type u16 at scale 1, not i16 at scale 1"
         );
     }
+
+    /// Holding register `name` of type `ty` at `scale` with the range
+    /// `min` to `max`, alone in a map: the check's answer.
+    fn setting(name: &str, ty: Type, scale: f64, min: f64, max: f64) -> Result<(), String> {
+        let r = Register {
+            min: Some(min),
+            max: Some(max),
+            ..scaled(reg(name, Kind::Holding, 5, ty), scale)
+        };
+        check(std::vec![r])
+    }
+
+    #[test]
+    fn a_setting_range_past_what_its_type_holds_is_refused_naming_both_ranges() {
+        // A heartbeat counting to 99,999 in a u16: from 65,536 on no step
+        // could be written, and the CDU would fall back for hours.
+        assert_eq!(
+            setting("heartbeat", Type::U16, 1.0, 0.0, 99_999.0).unwrap_err(),
+            "heartbeat: its range 0 to 99999 is raw 0 to 99999 at scale 1, past what a u16 \
+             holds (raw 0 to 65535): a write near its end could not be sent"
+        );
+        assert_eq!(
+            setting("heartbeat", Type::U16, 1.0, -32_768.0, 32_767.0).unwrap_err(),
+            "heartbeat: its range -32768 to 32767 is raw -32768 to 32767 at scale 1, past \
+             what a u16 holds (raw 0 to 65535): a write near its end could not be sent"
+        );
+        assert_eq!(setting("heartbeat", Type::U16, 1.0, 0.0, 65_535.0), Ok(()));
+        assert_eq!(
+            setting("supply_setpoint", Type::I16, 1.0, -32_768.0, 32_767.0),
+            Ok(())
+        );
+        // Every setting, at its scale: raw is the value over the scale,
+        // rounded as a write rounds it.
+        let speed = |max| setting("pump_speed", Type::U16, 0.1, 30.0, max);
+        assert_eq!(speed(6_553.5), Ok(()));
+        assert_eq!(
+            speed(6_553.6).unwrap_err(),
+            "pump_speed: its range 30 to 6553.6 is raw 300 to 65536 at scale 0.1, past what a \
+             u16 holds (raw 0 to 65535): a write near its end could not be sent"
+        );
+        let setpoint = |min| setting("supply_setpoint", Type::I16, 0.01, min, 45.0);
+        assert_eq!(setpoint(-327.68), Ok(()));
+        assert!(setpoint(-327.69)
+            .unwrap_err()
+            .starts_with("supply_setpoint: its range -327.69 to 45 is raw -32769 to 4500"));
+        let wide = |min, max| setting("pump_speed", Type::I32, 1.0, min, max);
+        assert_eq!(wide(-2_147_483_648.0, 2_147_483_647.0), Ok(()));
+        assert!(wide(0.0, 2_147_483_648.0)
+            .unwrap_err()
+            .ends_with("past what an i32 holds (raw -2147483648 to 2147483647): a write near its end could not be sent"));
+        assert!(setting("pump_speed", Type::U32, 1.0, -1.0, 100.0)
+            .unwrap_err()
+            .contains("past what a u32 holds (raw 0 to 4294967295)"));
+        assert!(
+            setting("pump_speed", Type::U32, 1.0, f64::NEG_INFINITY, 100.0)
+                .unwrap_err()
+                .starts_with("pump_speed: its range -inf to 100 is raw -inf to 100")
+        );
+    }
 }
 
 #[test]
