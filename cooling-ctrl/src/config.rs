@@ -36,7 +36,7 @@
 //! | `hosts_pattern` | none | host ids from `{rack}`, `{host}`, `{index}` (`{index:02}` pads) |
 //! | `period_ms` | 1000 | control period, 100 to 60000 |
 //! | `lease_ms` | 30000 | cap lease, at least 3 periods, at most 10 minutes (the hosts' default cap) |
-//! | `modbus_timeout_ms` | 500 (at most the period) | one Modbus request, 10 ms to the period |
+//! | `modbus_timeout_ms` | 500 (at most three quarters of the period) | one Modbus request, 10 ms to three quarters of the period |
 //! | `ambient_c` | none (the core's design day, 35 °C) | fallback outdoor temperature, -50 to 60 °C; used only when no sensor reads (the CDU's `outdoor_temp`, or a value the BMS wrote in the last 300 s), and then the controller raises an alarm |
 //! | `console` | `/run/loopwarden/cooling-ctrl.sock` or under `$XDG_RUNTIME_DIR`/`/tmp` | console socket |
 //! | `console_max_connections` | 8 | connections the console socket keeps open at once, 1 to 256; one more is closed at once |

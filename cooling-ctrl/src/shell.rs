@@ -11,8 +11,10 @@
 //! 2. run the decision path's step ([`Decider::step`]) with the time in ms
 //!    since the shell started (a monotonic clock);
 //! 3. write the latched record to flash when it changed, and wait for it;
-//! 4. write the planned settings to the CDU, one by one in safety order;
-//!    pulse the healthy relay, set the beacon;
+//! 4. write the planned settings to the CDU, one by one in safety order
+//!    (none after a read the CDU did not answer, none begun later than a
+//!    tenth of the period before the step's end: each waits for the next
+//!    step); pulse the healthy relay, set the beacon;
 //! 5. publish: `CduTelemetry` every period (QoS 0; a lost sensor is null),
 //!    `CduState` (retained, family `health`) when the mode, the setpoint
 //!    (by 0.5 K or more) or a rack's cooling changes and at least every
@@ -484,6 +486,14 @@ pub async fn run_with<P: CduPort>(
     Ok(())
 }
 
+/// The latest a step that began at `began` begins a CDU write: a tenth
+/// of the `period` before its end, left for what follows the writes
+/// (the relay, the publishing, the leases). A write begun before it may
+/// still wait out one Modbus timeout.
+fn writes_end(began: Instant, period: Duration) -> Instant {
+    began + period - period / 10
+}
+
 /// The next of `rx`, never when there is none.
 pub(crate) async fn next<T>(rx: &mut Option<mpsc::Receiver<T>>) -> Option<T> {
     match rx {
@@ -593,6 +603,7 @@ impl<P: CduPort> Shell<P> {
     }
 
     async fn step(&mut self) {
+        let deadline = writes_end(Instant::now(), self.cfg.period);
         let now = self.now_ms();
         let readings = self.devices.read_cdu(&mut self.stats).await;
         let board = self.devices.read_board(&mut self.stats);
@@ -613,8 +624,8 @@ impl<P: CduPort> Shell<P> {
         self.leak_inputs = decide::leak_inputs(board, readings.as_ref().and_then(|r| r.leaks));
         // What the step latched is in flash before anything acts on it.
         self.keep_latched().await;
-        self.write_cdu(&c, readings.as_ref().and_then(|r| r.valves_closed))
-            .await;
+        let closed = readings.as_ref().and_then(|r| r.valves_closed);
+        self.write_cdu(&c, closed, deadline).await;
         self.devices.pulse(c.beacon, &mut self.stats);
         let estimates = Estimates::of(self.decider.core());
         self.publish_telemetry(&c, readings.as_ref(), &estimates);
@@ -681,10 +692,11 @@ impl<P: CduPort> Shell<P> {
 
     /// Writes the step's settings to the CDU in safety order, each on its
     /// own ([`decide::writes`]), with the valve positions it read
-    /// (`closed`); the first failure is logged once per change.
-    async fn write_cdu(&mut self, c: &Commands, closed: Option<u16>) {
+    /// (`closed`), none begun at or past `deadline`; the first failure is
+    /// logged once per change.
+    async fn write_cdu(&mut self, c: &Commands, closed: Option<u16>, deadline: Instant) {
         let plan = self.decider.plan(c, closed);
-        let outcome = self.devices.write(&plan, &mut self.stats).await;
+        let outcome = self.devices.write(&plan, deadline, &mut self.stats).await;
         self.decider.written(&outcome);
     }
 

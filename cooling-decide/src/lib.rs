@@ -292,6 +292,12 @@ impl Decider {
         self.limiter.count
     }
 
+    /// The valves the CDU last took (bit n = rack n open); `None` before
+    /// a valve write of this run went in.
+    pub fn valves_taken(&self) -> Option<u16> {
+        self.valves_taken
+    }
+
     /// A relatch is pending (the record at start was unreadable and the
     /// valve positions are not read yet).
     pub fn relatch_pending(&self) -> bool {

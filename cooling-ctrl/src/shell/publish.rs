@@ -32,7 +32,9 @@ pub struct StepFacts<'a> {
     pub pump_speed: f32,
     /// Pumps A and B commanded on.
     pub pump_on: [bool; 2],
-    /// Valves commanded open, bit n = rack n.
+    /// Valves open as last written, bit n = rack n: the shell gives what
+    /// the CDU last took (before a valve write went in, the command), so
+    /// a close that failed is not shown as done.
     pub valves_open: u16,
     /// Racks whose cooling is lost, bit n = rack n.
     pub cooling_lost: u16,
@@ -52,9 +54,11 @@ pub struct StepFacts<'a> {
 
 impl StepFacts<'_> {
     /// The valves open (bit n = rack n, of `racks`) as the CDU reports
-    /// their positions where it reads them, else as the step commands: a
-    /// valve held shut (a pending relatch, a latched record the flash did
-    /// not keep) shows shut, not as commanded.
+    /// their positions where it reads them (a valve held shut by a
+    /// pending relatch or a latched record the flash did not keep shows
+    /// shut, not as commanded), else as last written
+    /// ([`StepFacts::valves_open`]: one whose close the CDU did not take
+    /// shows open).
     pub fn valves_open_now(&self, racks: u8) -> u16 {
         let all = cooling_core::safety::all_racks(usize::from(racks));
         self.readings
@@ -263,6 +267,13 @@ pub fn send_state(
     bus.publish_signed(Message::CduState(st), now_ms(), true, sign)
 }
 
+/// The valves open as last written to the CDU (bit n = rack n): what it
+/// last took, else, before a valve write of this run went in, what `c`
+/// commands.
+fn valves_written(d: &Decider, c: &Commands) -> u16 {
+    d.valves_taken().unwrap_or(c.valves_open)
+}
+
 impl<P: CduPort> Shell<P> {
     pub(super) fn snapshot(&self, r: Option<&CduMeasurements>, estimates: Estimates) -> Snapshot {
         let (mode, reason, since) = self.decider.core().mode();
@@ -340,7 +351,7 @@ impl<P: CduPort> Shell<P> {
             setpoint_c: c.setpoint_c,
             pump_speed: c.pump_speed,
             pump_on: c.pump_on,
-            valves_open: c.valves_open,
+            valves_open: valves_written(&self.decider, c),
             cooling_lost: c.cooling_lost,
             sensing_lost: c.sensing_lost,
             leaks_wet: self.leak_inputs.wet_now(),
@@ -428,5 +439,49 @@ mod tests {
         let unread = CduMeasurements::default();
         assert_eq!(shown(&facts(Some(&unread))), [100; 4]);
         assert_eq!(shown(&facts(None)), [100; 4]);
+        // A leak on rack 2 on a map without positions, and the valve
+        // write fails: as the CDU last took it, still open.
+        let (c, d) = a_close_not_taken(&lay);
+        assert_eq!(c.valves_open, 0b1011, "rack 2 commanded closed");
+        let mut f = facts(Some(&unread));
+        f.valves_open = valves_written(&d, &c);
+        assert_eq!(shown(&f), [100; 4]);
+    }
+
+    /// A decider on a map without valve positions whose CDU took every
+    /// valve open, then did not take the close of rack 2, leaking: the
+    /// leaking step's commands.
+    fn a_close_not_taken(lay: &Layout) -> (Commands, Decider) {
+        let limits = MapLimits {
+            mapped: [true; 6],
+            setpoint_c: None,
+            speed_pct: None,
+            positions: false,
+        };
+        let fresh: Result<Option<crate::journal::LatchRecord>, &str> = Ok(None);
+        let mut d = Decider::new(CoreConfig::default(), limits, &fresh).unwrap();
+        let all = cooling_core::safety::all_racks(usize::from(lay.racks));
+        let mut c = Commands::UNSET;
+        for (s, leaks, taken) in [(0, 0, true), (1, 0b0100, false)] {
+            let read = CduMeasurements {
+                leaks: Some(leaks),
+                ..CduMeasurements::default()
+            };
+            let input = StepIn {
+                now_ms: s * 1000,
+                board: BoardRead::Absent,
+                ambient_c: Some(20.0),
+            };
+            c = d.step(Some(&read), &input);
+            if d.to_keep().is_some() {
+                d.kept(true);
+            }
+            let p = d.plan(&c, None);
+            d.written(&Outcome::whole(&p, taken));
+            if taken {
+                assert_eq!(d.valves_taken(), Some(all));
+            }
+        }
+        (c, d)
     }
 }
