@@ -105,6 +105,12 @@ impl ControllerFlash {
     pub fn open(path: Option<&Path>) -> Result<Self, String> {
         let mut stores = agent_flash::open(path)?;
         let latched = futures::executor::block_on(load_latched(&mut stores.store));
+        if matches!(latched, Ok(Some(_))) {
+            // A record kept before the mark was gets its mark now.
+            if let Err(e) = futures::executor::block_on(mark_latch_kept(&mut stores.store)) {
+                tracing::error!("{e}: should the latched record be lost from flash later, a restart would read it as nothing latched");
+            }
+        }
         let new_file = path.is_some() && stores.blank;
         if let (Some(p), true) = (path, new_file) {
             tracing::warn!("{}: {NEW_FLASH}", p.display());
@@ -148,18 +154,31 @@ pub async fn save_latched<S: MultiwriteNorFlash<Error: fmt::Display>>(
     store: &mut ConfigStore<S>,
     r: &LatchRecord,
 ) -> Result<(), String> {
-    let not_kept =
-        |key: &'static str| move |e: StoreError<S::Error>| format!("{key} not kept in flash: {e}");
     for (key, value) in r.items() {
-        store.set(key, &value).await.map_err(not_kept(key))?;
+        store.set(key, &value).await.map_err(not_kept::<S>(key))?;
     }
+    mark_latch_kept(store).await
+}
+
+/// How a key not kept in `S` is said.
+fn not_kept<S: MultiwriteNorFlash<Error: fmt::Display>>(
+    key: &'static str,
+) -> impl Fn(StoreError<S::Error>) -> String {
+    move |e| format!("{key} not kept in flash: {e}")
+}
+
+/// Keeps the mark that a latched record went into `store`
+/// ([`LATCH_KEPT_KEY`]) unless it is there.
+async fn mark_latch_kept<S: MultiwriteNorFlash<Error: fmt::Display>>(
+    store: &mut ConfigStore<S>,
+) -> Result<(), String> {
     let mut b = [0u8; 4];
     let marked = store.get(LATCH_KEPT_KEY, &mut b).await;
-    if marked.map_err(not_kept(LATCH_KEPT_KEY))?.is_none() {
+    if marked.map_err(not_kept::<S>(LATCH_KEPT_KEY))?.is_none() {
         store
             .set(LATCH_KEPT_KEY, &[1])
             .await
-            .map_err(not_kept(LATCH_KEPT_KEY))?;
+            .map_err(not_kept::<S>(LATCH_KEPT_KEY))?;
     }
     Ok(())
 }
@@ -616,6 +635,40 @@ mod tests {
         drop(first);
         assert!(!ControllerFlash::open(Some(&path)).unwrap().new_file);
         assert!(!ControllerFlash::open(None).unwrap().new_file, "memory");
+    }
+
+    /// A record an earlier version kept, with no mark beside it, gets its
+    /// mark at the next opening: should it be lost later, a restart reads
+    /// it as lost, not as nothing latched.
+    #[test]
+    fn a_record_kept_before_the_mark_gets_it_at_opening() {
+        use futures::executor::block_on;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cdu.flash");
+        let r = LatchRecord {
+            generation: 1,
+            latched: Latched {
+                leaks: 0b0010,
+                ..Latched::default()
+            },
+        };
+        let marked = |stores: &mut agent_flash::Stores| {
+            let mut b = [0u8; 4];
+            block_on(stores.store.get(LATCH_KEPT_KEY, &mut b))
+                .unwrap()
+                .is_some()
+        };
+        {
+            let mut stores = agent_flash::open(Some(&path)).unwrap();
+            for (key, value) in r.items() {
+                block_on(stores.store.set(key, &value)).unwrap();
+            }
+            assert!(!marked(&mut stores));
+        }
+        let opened = ControllerFlash::open(Some(&path)).unwrap();
+        assert_eq!(opened.latched, Ok(Some(r)));
+        drop(opened);
+        assert!(marked(&mut agent_flash::open(Some(&path)).unwrap()));
     }
 
     #[test]

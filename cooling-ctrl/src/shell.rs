@@ -11,10 +11,8 @@
 //! 2. run the decision path's step ([`Decider::step`]) with the time in ms
 //!    since the shell started (a monotonic clock);
 //! 3. write the latched record to flash when it changed, and wait for it;
-//! 4. write the planned settings to the CDU, one by one in safety order
-//!    (none after a read the CDU did not answer, none begun later than a
-//!    tenth of the period before the step's end: each waits for the next
-//!    step); pulse the healthy relay, set the beacon;
+//! 4. write the planned settings to the CDU, one by one in safety order;
+//!    pulse the healthy relay, set the beacon;
 //! 5. publish: `CduTelemetry` every period (QoS 0; a lost sensor is null),
 //!    `CduState` (retained, family `health`) when the mode, the setpoint
 //!    (by 0.5 K or more) or a rack's cooling changes and at least every
@@ -486,14 +484,6 @@ pub async fn run_with<P: CduPort>(
     Ok(())
 }
 
-/// The latest a step that began at `began` begins a CDU write: a tenth
-/// of the `period` before its end, left for what follows the writes
-/// (the relay, the publishing, the leases). A write begun before it may
-/// still wait out one Modbus timeout.
-fn writes_end(began: Instant, period: Duration) -> Instant {
-    began + period - period / 10
-}
-
 /// The next of `rx`, never when there is none.
 pub(crate) async fn next<T>(rx: &mut Option<mpsc::Receiver<T>>) -> Option<T> {
     match rx {
@@ -603,7 +593,6 @@ impl<P: CduPort> Shell<P> {
     }
 
     async fn step(&mut self) {
-        let deadline = writes_end(Instant::now(), self.cfg.period);
         let now = self.now_ms();
         let readings = self.devices.read_cdu(&mut self.stats).await;
         let board = self.devices.read_board(&mut self.stats);
@@ -625,7 +614,7 @@ impl<P: CduPort> Shell<P> {
         // What the step latched is in flash before anything acts on it.
         self.keep_latched().await;
         let closed = readings.as_ref().and_then(|r| r.valves_closed);
-        self.write_cdu(&c, closed, deadline).await;
+        self.write_cdu(&c, closed).await;
         self.devices.pulse(c.beacon, &mut self.stats);
         let estimates = Estimates::of(self.decider.core());
         self.publish_telemetry(&c, readings.as_ref(), &estimates);
@@ -664,15 +653,28 @@ impl<P: CduPort> Shell<P> {
         // not kept, and only closings are written.
         let wait = self.cfg.period / 2;
         let recorder = &self.keeping.recorder;
+        // Every item handed over before the wait: a wait given up on
+        // leaves them to land together, never a record without its
+        // generation (which a restart would read as damaged).
+        let mut items: Vec<(String, Vec<u8>)> = r
+            .items()
+            .into_iter()
+            .map(|(key, value)| (key.to_string(), value.to_vec()))
+            .collect();
+        if mark {
+            items.push((journal::LATCH_KEPT_KEY.into(), vec![1]));
+        }
+        let handed: Vec<_> = items
+            .into_iter()
+            .map(|(key, value)| recorder.set_later(key, value))
+            .collect();
         let write = async {
-            for (key, value) in r.items() {
-                recorder.set_sync(key.into(), value.to_vec()).await?;
+            for done in handed {
+                done?
+                    .await
+                    .map_err(|_| "the recorder thread has ended".to_string())??;
             }
-            if mark {
-                let key = journal::LATCH_KEPT_KEY;
-                recorder.set_sync(key.into(), vec![1]).await?;
-            }
-            Ok(())
+            Ok::<(), String>(())
         };
         let result = tokio::time::timeout(wait, write).await.unwrap_or_else(|_| {
             Err(format!(
@@ -692,11 +694,10 @@ impl<P: CduPort> Shell<P> {
 
     /// Writes the step's settings to the CDU in safety order, each on its
     /// own ([`decide::writes`]), with the valve positions it read
-    /// (`closed`), none begun at or past `deadline`; the first failure is
-    /// logged once per change.
-    async fn write_cdu(&mut self, c: &Commands, closed: Option<u16>, deadline: Instant) {
+    /// (`closed`); the first failure is logged whole once per change.
+    async fn write_cdu(&mut self, c: &Commands, closed: Option<u16>) {
         let plan = self.decider.plan(c, closed);
-        let outcome = self.devices.write(&plan, deadline, &mut self.stats).await;
+        let outcome = self.devices.write(&plan, &mut self.stats).await;
         self.decider.written(&outcome);
     }
 

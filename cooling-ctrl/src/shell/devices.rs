@@ -7,13 +7,6 @@
 use super::*;
 use crate::decide::{Plan, Write};
 
-/// Why a step's writes are not sent after its read went unanswered.
-const NOT_READ_NOT_SENT: &str =
-    "not sent: the CDU did not answer this step's read; sent after the next read it answers";
-/// Why a write is not sent once the step's time for writes is spent.
-const OUT_OF_TIME: &str =
-    "not sent: the step's time ran out (a slow CDU or flash); sent again at the next step";
-
 /// A device's failure in force, so it is said once per change of its
 /// message, and its end said.
 #[derive(Debug, Default)]
@@ -66,9 +59,6 @@ pub(super) struct Devices<P> {
     cdu_error: Failing,
     write_error: Failing,
     board_errors: BoardErrors,
-    /// The last read got no answer (none in time, the link failed, or a
-    /// gateway could not reach the CDU): the step's writes are not sent.
-    read_unanswered: bool,
     /// When the CDU last answered a read.
     pub(super) last_read: Option<TimestampMs>,
     /// The pumps' fault bits as last read (`None` in one: the map has no
@@ -85,7 +75,6 @@ impl<P: CduPort> Devices<P> {
             cdu_error: Failing::default(),
             write_error: Failing::default(),
             board_errors: BoardErrors::default(),
-            read_unanswered: false,
             last_read: None,
             pump_faults: None,
         }
@@ -104,14 +93,12 @@ impl<P: CduPort> Devices<P> {
                     tracing::info!("cooling shell: the CDU answers again (was: {e})");
                 }
                 stats.cdu_reads += 1;
-                self.read_unanswered = false;
                 self.last_read = Some(now_ms());
                 self.pump_faults = Some(r.pump_faults);
                 Some(r)
             }
             Err(e) => {
                 stats.cdu_read_errors += 1;
-                self.read_unanswered = e.is_unanswered();
                 self.pump_faults = None;
                 self.cdu_failed(&e);
                 None
@@ -120,29 +107,22 @@ impl<P: CduPort> Devices<P> {
     }
 
     /// Writes `plan` to the CDU in its order, each setting on its own
-    /// (one that is not due after an earlier failure is skipped), none
-    /// begun at or past `deadline`. A write not sent is recorded as
-    /// failed, with why, and goes again at the next step: after a read
-    /// the CDU did not answer, none is sent (a CDU silent one request ago
-    /// will not take them); after a write it did not answer, the rest
-    /// are not; past the deadline, the rest are not. Each unanswered
-    /// request waits out its timeout, and a step of such waits would
-    /// outlast its period. The first failure is counted, and logged whole
-    /// once per change of its text.
-    pub(super) async fn write(
-        &mut self,
-        plan: &Plan,
-        deadline: Instant,
-        stats: &mut ShellStats,
-    ) -> Outcome {
+    /// (one that is not due after an earlier failure is skipped). After a
+    /// write the CDU did not answer (no answer in time, or the link
+    /// failed), the rest are not tried this step: each would wait out its
+    /// own timeout, and a step of such waits outlasts its period. Every
+    /// write is tried after a read the CDU did not answer: a leak's valve
+    /// close goes out on the step that latches it. The first failure is
+    /// counted, and logged whole once per change of its text.
+    pub(super) async fn write(&mut self, plan: &Plan, stats: &mut ShellStats) -> Outcome {
         let mut outcome = Outcome::default();
         let mut first: Option<String> = None;
-        let mut held = self.read_unanswered.then(|| NOT_READ_NOT_SENT.to_string());
+        let mut held = None;
         for w in &plan.writes {
             if !outcome.due(w) {
                 continue;
             }
-            let r = self.write_one(w, &mut held, deadline).await;
+            let r = self.write_one(w, &mut held).await;
             if let Err(e) = &r {
                 first.get_or_insert_with(|| format!("{}: {e}", w.setting.register()));
             }
@@ -152,19 +132,11 @@ impl<P: CduPort> Devices<P> {
         outcome
     }
 
-    /// Writes `w`, unless the writes are `held` (why) or `deadline` has
-    /// come; a write the CDU does not answer holds the rest.
-    async fn write_one(
-        &mut self,
-        w: &Write,
-        held: &mut Option<String>,
-        deadline: Instant,
-    ) -> Result<(), String> {
+    /// Writes `w`, unless the writes are `held` (why); a write the CDU
+    /// does not answer holds the rest.
+    async fn write_one(&mut self, w: &Write, held: &mut Option<String>) -> Result<(), String> {
         if let Some(why) = held {
             return Err(why.clone());
-        }
-        if Instant::now() >= deadline {
-            return Err(OUT_OF_TIME.to_string());
         }
         let r = self.cdu.write_setting(w).await;
         if r.as_ref().is_err_and(|e| e.is_unanswered()) {
@@ -336,8 +308,7 @@ mod tests {
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let o = rt.block_on(d.write(&plan, deadline, &mut stats));
+        let o = rt.block_on(d.write(&plan, &mut stats));
         assert_eq!(
             d.cdu.writes, 1,
             "only the first write waited for its answer"
@@ -379,39 +350,17 @@ mod tests {
         rt.block_on(f)
     }
 
-    /// A CDU whose reads fail with `read` (`None`: they answer), which
-    /// refuses the setpoint with exception 3 in `op`'s words, and whose
-    /// pumps write returns only once `slow_until` has come.
+    /// A CDU that answers its reads and refuses the setpoint with
+    /// exception 3 in `op`'s words.
     struct Scripted {
-        read: Option<fn() -> crate::modbus::CduError>,
-        written: Vec<Setting>,
         op: String,
-        slow_until: Option<Instant>,
-    }
-
-    impl Scripted {
-        fn new(read: Option<fn() -> crate::modbus::CduError>) -> Self {
-            Self {
-                read,
-                written: Vec::new(),
-                op: "write".into(),
-                slow_until: None,
-            }
-        }
     }
 
     impl CduPort for Scripted {
         async fn read(&mut self) -> Result<CduMeasurements, crate::modbus::CduError> {
-            self.read
-                .map_or(Ok(CduMeasurements::default()), |e| Err(e()))
+            Ok(CduMeasurements::default())
         }
         async fn write_setting(&mut self, w: &Write) -> Result<(), crate::modbus::CduError> {
-            self.written.push(w.setting);
-            if let (Setting::PumpsRun, Some(until)) = (w.setting, self.slow_until) {
-                while Instant::now() < until {
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-            }
             if w.setting != Setting::Setpoint {
                 return Ok(());
             }
@@ -438,14 +387,14 @@ mod tests {
 
     #[test]
     fn a_refused_write_is_logged_and_kept_whole() {
-        let mut cdu = Scripted::new(None);
-        cdu.op = "write supply_setpoint at holding 0 of unit 1 on Modbus TCP 10.0.3.20:502, \
-                  value 50 °C (raw 0x1388)"
-            .into();
+        let cdu = Scripted {
+            op: "write supply_setpoint at holding 0 of unit 1 on Modbus TCP 10.0.3.20:502, \
+                 value 50 °C (raw 0x1388)"
+                .into(),
+        };
         let mut d = Devices::new(cdu, None);
         let mut stats = ShellStats::default();
-        let later = Instant::now() + Duration::from_secs(60);
-        let o = run(d.write(&every_setting(), later, &mut stats));
+        let o = run(d.write(&every_setting(), &mut stats));
         assert_eq!(failed_with(&o, "write"), [Setting::Setpoint]);
         let kept = d.write_error.0.as_deref().unwrap_or_default();
         assert!(kept.len() > crate::decide::said::WORDS, "{kept}");
@@ -454,58 +403,6 @@ mod tests {
                 && kept.ends_with("the CDU refused it with exception 3 (illegal data value)"),
             "{kept}"
         );
-        assert_eq!(stats.cdu_write_errors, 1);
-    }
-
-    #[test]
-    fn after_a_read_the_cdu_did_not_answer_no_write_is_sent() {
-        let no_answer = || crate::modbus::CduError::NoAnswer {
-            op: "read input 0..20".into(),
-            after_ms: 500,
-        };
-        let refused = || crate::modbus::CduError::Refused {
-            op: "read input 0..20".into(),
-            code: 2,
-            meaning: crate::modbus::exception_meaning(2),
-        };
-        let mut stats = ShellStats::default();
-        let later = Instant::now() + Duration::from_secs(60);
-        let mut d = Devices::new(Scripted::new(Some(no_answer)), None);
-        assert!(run(d.read_cdu(&mut stats)).is_none());
-        let o = run(d.write(&every_setting(), later, &mut stats));
-        assert!(d.cdu.written.is_empty(), "{:?}", d.cdu.written);
-        let held = failed_with(&o, "did not answer this step's read");
-        assert_eq!(
-            held,
-            [
-                Setting::Valves,
-                Setting::PumpsRun,
-                Setting::LeadPump,
-                Setting::PumpSpeed,
-                Setting::Setpoint
-            ]
-        );
-        // A refusal is an answer: the writes go.
-        d.cdu.read = Some(refused);
-        assert!(run(d.read_cdu(&mut stats)).is_none());
-        run(d.write(&every_setting(), later, &mut stats));
-        assert_eq!(d.cdu.written.len(), Setting::ORDER.len());
-        assert_eq!(stats.cdu_read_errors, 2);
-    }
-
-    #[test]
-    fn no_write_begins_once_the_steps_time_for_writes_is_spent() {
-        let mut cdu = Scripted::new(None);
-        let deadline = Instant::now() + Duration::from_secs(1);
-        cdu.slow_until = Some(deadline);
-        let mut d = Devices::new(cdu, None);
-        let mut stats = ShellStats::default();
-        let o = run(d.write(&every_setting(), deadline, &mut stats));
-        assert_eq!(d.cdu.written, [Setting::Valves, Setting::PumpsRun]);
-        let late = failed_with(&o, "the step's time ran out");
-        // The heartbeat is not due after a safety write was not sent.
-        let want = [Setting::LeadPump, Setting::PumpSpeed, Setting::Setpoint];
-        assert_eq!(late, want, "{:?}", o.tried);
         assert_eq!(stats.cdu_write_errors, 1);
     }
 
@@ -519,7 +416,6 @@ mod tests {
             cdu_error: Failing::default(),
             write_error: Failing::default(),
             board_errors: BoardErrors::default(),
-            read_unanswered: false,
             last_read: None,
             pump_faults: None,
         };

@@ -423,7 +423,7 @@ mod tests {
     }
 
     #[test]
-    fn a_rack_valve_shows_the_position_the_cdu_reads_else_the_command() {
+    fn a_rack_valve_shows_the_position_the_cdu_reads_else_what_it_last_took() {
         let lay = CoreConfig::default().layout;
         let read = CduMeasurements {
             valves_closed: Some(0b0100),
