@@ -54,9 +54,9 @@ counters! {
     dropped_outbox,
     /// Critical frames the outbox had no room for (not stored, not sent).
     outbox_refused,
-    /// Frames the outbox's flash failed to store: sent without it while
-    /// connected (not resent after a restart), else refused to be offered
-    /// again.
+    /// Publishes of a frame the outbox's flash failed to store: sent
+    /// without it while connected (not resent after a restart), else
+    /// refused to be offered again (each offer counts).
     outbox_failed,
     /// Send events the shell could not match to a frame (bookkeeping error).
     delivery_mismatch,

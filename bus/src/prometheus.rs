@@ -79,7 +79,7 @@ const BUS_OUTBOX_REFUSED: Metric = Metric::counter(
 );
 const BUS_OUTBOX_FAILED: Metric = Metric::counter(
     "loopwarden_bus_outbox_failed_total",
-    "Frames the flash outbox failed to store (the flash refused the write): sent without it while connected (not resent after a restart), else refused and offered again.",
+    "Publishes of a frame the flash outbox failed to store (the flash refused the write): sent without it while connected (not resent after a restart), else refused and offered again (each offer counts).",
 );
 const BUS_OUTBOX_RESENT: Metric = Metric::counter(
     "loopwarden_bus_outbox_resent_total",

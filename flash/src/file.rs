@@ -374,12 +374,19 @@ impl<const WRITE: usize, const ERASE: usize> NorFlash for FileFlash<WRITE, ERASE
 
     async fn write(&mut self, offset: u32, bytes: &[u8]) -> Result<(), FlashError> {
         self.usable()?;
+        let start = offset as usize;
+        let before = self.image.bytes[start..start + bytes.len()].to_vec();
         let n = self.image.write(offset, bytes)?;
-        let result = self.persist(offset as usize, n);
+        let result = self.persist(start, n);
         if result.is_err() && self.broken.is_none() {
-            // Memory went back to what the file holds: the word was not
-            // written.
-            self.image.unwrite(offset, n);
+            // Memory went back to what the file holds: a word it holds as
+            // before was not written (the pages before a failed one were).
+            for (i, word) in before[..n].chunks(WRITE).enumerate() {
+                let at = start + i * WRITE;
+                if self.image.bytes[at..at + word.len()] == *word {
+                    self.image.unwrite(at as u32, word.len());
+                }
+            }
         }
         result
     }

@@ -1364,6 +1364,33 @@ fn a_gpu_refused_for_a_reason_that_may_pass_is_asked_again_until_the_watch_is_up
     assert!(eventually(timeout, || fake.state().watch_ended));
 }
 
+/// A GPU refused alike at every retry (one fallen off the bus) is asked
+/// again, but the watch is said down once, not at every retry: the event
+/// log keeps the incident, not a line a minute.
+#[test]
+fn a_gpu_refused_alike_at_each_retry_is_said_down_once() {
+    let mut refusing = Answers::healthy();
+    refusing.xid_registration = Err(NvmlFailure::GpuLost);
+    let fake = FakeNvml::new(vec![Answers::healthy(), refusing]);
+    let mut source = NvmlSource::new(fake.clone());
+    let (sink, events) = node_agent::xid_queue::xid_queue(64);
+    source.watch_xids(sink).expect("the XID watch starts");
+    assert!(matches!(
+        events.recv_timeout(Duration::from_secs(5)),
+        Some(XidEvent::WatchDown(_))
+    ));
+    // Retries after 1 s and 2 s more: asked again, nothing said again.
+    assert!(eventually(Duration::from_secs(10), || fake
+        .state()
+        .watch_starts
+        >= 3));
+    assert_eq!(events.recv_timeout(Duration::from_millis(200)), None);
+    drop(source);
+    assert!(eventually(Duration::from_secs(5), || fake
+        .state()
+        .watch_ended));
+}
+
 #[test]
 fn a_gpu_that_does_not_support_xid_events_is_not_asked_again() {
     let mut refusing = Answers::healthy();

@@ -261,15 +261,23 @@ impl Bus {
         payload: Vec<u8>,
         why: String,
     ) -> Result<(), PublishError> {
-        Metrics::add(&self.node.status.metrics.outbox_failed);
+        let failed = &self.node.status.metrics.outbox_failed;
+        let before = failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if !self.is_connected() {
             return Err(PublishError::Outbox(why));
         }
-        tracing::error!(
-            seq,
-            "outbox: {why}: frame sent without being stored in flash (not resent after a restart)"
-        );
+        // The first, then one in a hundred: a flash that fails for good
+        // fails every frame.
+        if before % 100 == 0 {
+            tracing::error!(
+                seq,
+                "outbox: {why}: frame sent without being stored in flash (not resent after a restart; {} such publishes so far)",
+                before + 1
+            );
+        }
+        // Not taken now (the queue full): refused, so the caller holds it.
         self.enqueue(topic, payload, None)
+            .map_err(|e| PublishError::Outbox(format!("{why}; and not sent: {e}")))
     }
 
     /// Tells the loop the outbox holds frames no command carries.

@@ -299,14 +299,16 @@ pub(super) fn keep_watching<A: NvmlApi>(
 ) {
     let mut wait = WATCH_RETRY_FIRST;
     let mut restarts = 0u32;
+    // The watch down as last said: a retry refused alike says nothing new.
+    let mut said = None;
     while !stop.load(Ordering::Relaxed) {
         let began = Instant::now();
         let start = (restarts == 0).then_some(first);
-        match watch_once(api, out, start, stop, wait) {
+        match watch_once(api, out, start, stop, wait, &mut said) {
             None => return,
             // The backoff was spent waiting on the GPUs registered.
             Some(Ended::Retry(names)) => {
-                tracing::warn!("NVML XID watch: registering again, for {names}");
+                tracing::debug!("NVML XID watch: registering again, for {names}");
             }
             Some(Ended::Failed(why, said_down)) => {
                 tracing::error!("NVML XID watch ended ({why}); restarting it in {wait:?}");
@@ -315,6 +317,7 @@ pub(super) fn keep_watching<A: NvmlApi>(
                 if !said_down && out.sink.send(XidEvent::WatchDown(why)).is_err() {
                     return;
                 }
+                said = None;
                 // A watch that ran for a while earns a quick restart.
                 if began.elapsed() > WATCH_RETRY_MAX {
                     wait = WATCH_RETRY_FIRST;
@@ -337,6 +340,7 @@ fn watch_once<A: NvmlApi>(
     first: Option<&FirstStart>,
     stop: &AtomicBool,
     retry_in: Duration,
+    said: &mut Option<String>,
 ) -> Option<Ended> {
     let gpus: Result<Vec<u32>, String> = match api.device_count() {
         Ok(0) => Err("NVML counts no GPU".into()),
@@ -355,7 +359,7 @@ fn watch_once<A: NvmlApi>(
             if answers.passing() {
                 end.retry_at(Instant::now() + retry_in);
             }
-            said_down |= say_answers(out.sink, first, all);
+            said_down |= say_answers(out.sink, first, all, said);
         }
     };
     let outcome = match &gpus {
@@ -393,23 +397,32 @@ fn watch_once<A: NvmlApi>(
 }
 
 /// Says what a start's registration answers found, `all` (every GPU
-/// answered): the watch up, or down and why. Returns whether it said the
-/// watch down. `first`: the first start, whose caller took the watch as
-/// up where it waited for the answers.
+/// answered): the watch up, or down and why, unless `said` (the watch
+/// down as last said, kept here) says it already: a GPU refused again
+/// alike at each retry is said once, not every minute. Returns whether
+/// the watch is down. `first`: the first start, whose caller took the
+/// watch as up where it waited for the answers.
 fn say_answers(
     sink: &crate::xid_queue::XidSink,
     first: Option<&FirstStart>,
     all: Result<(), String>,
+    said: &mut Option<String>,
 ) -> bool {
     // `Some(false)`: the first start, its caller took the watch as up.
     let late = first.map(FirstStart::over);
     match all {
-        Ok(()) if late == Some(false) => false,
+        Ok(()) if late == Some(false) => {
+            *said = None;
+            false
+        }
         Ok(()) => {
+            *said = None;
             let _ = sink.send(XidEvent::WatchUp);
             false
         }
+        Err(why) if said.as_deref() == Some(why.as_str()) => true,
         Err(why) => {
+            *said = Some(why.clone());
             let how = if first.is_some() {
                 "started"
             } else {

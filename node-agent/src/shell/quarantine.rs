@@ -385,9 +385,14 @@ impl Agent {
             self.recorder.set(key, value);
             return self.recorder.set(check.0, check.1);
         }
+        // Both handed over before the wait: a wait given up on leaves the
+        // pair to land together, never the record without its check.
+        let record = self.recorder.set_later(key, value);
+        let check = self.recorder.set_later(check.0, check.1);
         let both = async {
-            self.recorder.set_sync(key, value).await?;
-            self.recorder.set_sync(check.0, check.1).await
+            let gone = |_| "the recorder thread has ended".to_string();
+            record?.await.map_err(gone)??;
+            check?.await.map_err(gone)?
         };
         let kept = tokio::time::timeout(KEEP_WAIT, both).await;
         match kept {
