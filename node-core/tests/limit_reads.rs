@@ -24,15 +24,7 @@ fn lease_now(h: &mut Host, seq: u32, t: u64, watts: u32, ms: u32) {
 
 /// Every limit the node asked GPU `gpu` to be set to, in order.
 fn sets_of(h: &Host, gpu: u8) -> Vec<Watts> {
-    h.trail
-        .iter()
-        .flat_map(|e| match e {
-            Effect::SetLimits(sets) => sets.clone(),
-            _ => Vec::new(),
-        })
-        .filter(|s| s.gpu == gpu)
-        .map(|s| s.limit)
-        .collect()
+    host::sets_on(&h.trail, gpu)
 }
 
 /// The lines said that contain `part`.

@@ -10,7 +10,7 @@
 
 mod host;
 
-use host::{cdu_topic, lease, quiet, release, Boot, Host, DEFAULT, GPUS, GRACE_MS};
+use host::{cdu_topic, lease, quiet, release, sets_on, Boot, Host, DEFAULT, GPUS, GRACE_MS};
 use loopwarden_protocol::samples::{self, demo_signing_key, T0};
 use loopwarden_protocol::{
     AckCode, CapSource, CoolingStep, Event, Frame, HealthState, Message, MessageKind, NodeId, Role,
@@ -836,19 +836,6 @@ fn round_seeing(h: &mut Host, t: u64, seen: [Watts; GPUS]) {
         })
         .collect();
     h.step(t, Input::Round(&readings));
-}
-
-/// The limits set on GPU `gpu` in `trail`, in order.
-fn sets_on(trail: &[Effect], gpu: u8) -> Vec<Watts> {
-    trail
-        .iter()
-        .flat_map(|e| match e {
-            Effect::SetLimits(sets) => sets.clone(),
-            _ => Vec::new(),
-        })
-        .filter(|s| s.gpu == gpu)
-        .map(|s| s.limit)
-        .collect()
 }
 
 fn reads(trail: &[Effect]) -> usize {

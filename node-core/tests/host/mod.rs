@@ -531,3 +531,16 @@ pub fn release(seq: u32, t: u64, gpu: u8) -> Frame {
         .unwrap();
     f
 }
+
+/// The limits set on GPU `gpu` in `trail`, in order.
+pub fn sets_on(trail: &[Effect], gpu: u8) -> Vec<Watts> {
+    trail
+        .iter()
+        .flat_map(|e| match e {
+            Effect::SetLimits(sets) => sets.clone(),
+            _ => Vec::new(),
+        })
+        .filter(|s| s.gpu == gpu)
+        .map(|s| s.limit)
+        .collect()
+}
