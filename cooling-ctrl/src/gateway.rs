@@ -691,6 +691,8 @@ impl Gateway {
         match send_lease(&self.bus, &self.recorder, to, lease, lift, signing) {
             Ok(f) => {
                 self.stats.leases_sent += 1;
+                // What was held for the host is older than this one.
+                self.held.forget(host);
                 let now = self.now().mono_ms;
                 self.bms.lease_sent(host, &lease_kept, lift, now);
                 let what = if lift { "lift" } else { "cap lease" };

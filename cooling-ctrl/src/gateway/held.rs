@@ -34,6 +34,14 @@ impl HeldLeases {
         first
     }
 
+    /// A newer lease of `host` went out: the one held for it is older and
+    /// must never follow it (a held cap sent after the lift that ended
+    /// it would cap the host again, and the MCU, which sent the lift,
+    /// would renew nothing).
+    pub fn forget(&mut self, host: usize) {
+        self.by_host.remove(&host);
+    }
+
     /// Whether none is held.
     pub fn is_empty(&self) -> bool {
         self.by_host.is_empty()
@@ -67,6 +75,18 @@ mod tests {
         };
         l.duration = DurationMs(ms);
         l
+    }
+
+    #[test]
+    fn a_held_lease_is_forgotten_once_a_newer_one_of_its_host_went_out() {
+        let mut h = HeldLeases::default();
+        h.hold(3, lease(30_000), false, 1_000);
+        h.hold(5, lease(30_000), false, 1_000);
+        // The bus is back; the MCU's lift of host 3 goes out before the
+        // held leases are sent.
+        h.forget(3);
+        let hosts: Vec<usize> = h.take(2_000).into_iter().map(|(host, ..)| host).collect();
+        assert_eq!(hosts, [5]);
     }
 
     #[test]
