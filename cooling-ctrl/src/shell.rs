@@ -443,9 +443,11 @@ pub async fn run_with<P: CduPort>(
         learned: learned_keeper(&flash.learned),
     };
     let mut shell = Shell::new(cfg, started, cdu, opts.stats, opts.northbound, opts.board);
-    if let Some(limits) = bms_limits {
-        shell.bms.restored(limits);
-    }
+    // The holding registers read the limits in force: those restored, or
+    // the core's own, tightened to the CDU's map (a map whose setpoint
+    // tops out below the site's highest reads that, not the site's).
+    let in_force = bms_limits.unwrap_or_else(|| shell.decider.core().limits());
+    shell.bms.restored(in_force);
     shell.facility = facility;
     let mut operator = opts.operator;
     let mut bms_writes = shell.bms.writes();

@@ -81,9 +81,41 @@ const STDERR_GRACE: Duration = Duration::from_millis(200);
 /// The end of standard error kept, bytes.
 const STDERR_KEPT: usize = 4096;
 
-/// Runs `argv` (no shell), waits at most `timeout`, kills it after. Its
-/// outcome is its exit status: a process it started and left running
-/// changes nothing.
+/// The process group of a command started in one of its own (its id is
+/// the command's pid): killed when dropped before the command exited (its
+/// timeout, or the agent's stop aborting the task that runs it).
+struct Group {
+    pid: Option<i32>,
+}
+
+impl Group {
+    /// The command exited and was reaped: its group is left alone (what
+    /// it left running changes nothing; its pid may be reused).
+    fn exited(&mut self) {
+        self.pid = None;
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        let Some(pid) = self.pid else {
+            return;
+        };
+        // SAFETY: killpg only sends a signal; no memory is shared.
+        if unsafe { libc::killpg(pid, libc::SIGKILL) } != 0 {
+            tracing::warn!(
+                "site action: its process group {pid} could not be killed ({}); what it started may run on",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+}
+
+/// Runs `argv` (no shell) in a process group of its own, waits at most
+/// `timeout`, then kills the whole group: what it started (a retrying
+/// `ipmitool` under a site's script) ends with it, and cannot land after
+/// the step that undoes it. Its outcome is its exit status: a process it
+/// started and left running once it exited changes nothing.
 pub async fn run(argv: &[String], timeout: Duration) -> Outcome {
     let program = argv.first().cloned().unwrap_or_default();
     let mut cmd = tokio::process::Command::new(&program);
@@ -91,6 +123,7 @@ pub async fn run(argv: &[String], timeout: Duration) -> Outcome {
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
+        .process_group(0)
         .kill_on_drop(true);
     let failed = |detail: String| Outcome {
         program: program.clone(),
@@ -102,16 +135,23 @@ pub async fn run(argv: &[String], timeout: Duration) -> Outcome {
         Ok(c) => c,
         Err(e) => return failed(format!("cannot start: {e}")),
     };
+    let mut group = Group {
+        pid: child.id().and_then(|p| i32::try_from(p).ok()),
+    };
     // Read as it comes, so a command that writes much never waits on a
     // full pipe.
     let mut stderr = tokio::spawn(read_tail(child.stderr.take()));
     let status = match tokio::time::timeout(timeout, child.wait()).await {
-        Ok(Ok(status)) => status,
+        Ok(Ok(status)) => {
+            group.exited();
+            status
+        }
         Ok(Err(e)) => {
             stderr.abort();
             return failed(format!("waiting for it: {e}"));
         }
-        // Dropping the child kills it (kill_on_drop).
+        // Its group as `group` is dropped, and the child itself
+        // (kill_on_drop).
         Err(_) => {
             stderr.abort();
             return failed(format!("killed after {} s", timeout.as_secs()));
@@ -251,6 +291,21 @@ mod tests {
         )
         .await;
         assert_eq!((failed.ok, failed.exit_code), (false, Some(4)));
+    }
+
+    /// A command killed at its timeout takes what it started with it: a
+    /// child it waits for (a retrying tool under a site's script) never
+    /// acts later.
+    #[tokio::test]
+    async fn a_timeout_kills_what_the_command_started_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("late");
+        let script = format!("(sleep 1; touch {}) & wait", marker.display());
+        let argv: Vec<String> = ["sh", "-c", &script].map(String::from).to_vec();
+        let o = run(&argv, Duration::from_millis(200)).await;
+        assert!(!o.ok && o.detail.starts_with("killed after"), "{o:?}");
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(!marker.exists(), "the child it started ran on");
     }
 
     #[tokio::test]

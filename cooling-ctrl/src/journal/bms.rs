@@ -65,11 +65,20 @@ pub struct BmsKeeping {
     pending: Option<Pending>,
     /// A write failed, and none was kept since.
     failing: bool,
+    /// The limits last given to [`BmsKeeping::changed`].
+    last: Option<(f32, f32)>,
 }
 
 impl BmsKeeping {
-    /// The BMS's limits in force changed to `limits`.
+    /// The BMS's limits in force are `limits`: kept unless they are the
+    /// ones last given (a BMS that writes its whole block every few
+    /// seconds, the outdoor temperature's refresh with it, would
+    /// otherwise sync the flash at every write).
     pub fn changed(&mut self, limits: (f32, f32)) {
+        if self.last == Some(limits) {
+            return;
+        }
+        self.last = Some(limits);
         self.unkept = Some(limits);
     }
 
@@ -197,6 +206,12 @@ mod tests {
         assert!(!k.waiting() && !k.failing, "{k:?}");
         let read = futures::executor::block_on(r.get(BMS_LIMITS_KEY.into())).unwrap();
         assert_eq!(read.map(|b| decode_bms_limits(&b)), Some(Ok((27.0, 0.5))));
+        // The same limits written again (a BMS's block on a cycle) are
+        // not kept again.
+        k.changed((27.0, 0.5));
+        assert!(!k.waiting(), "nothing to keep: {k:?}");
+        k.changed((26.0, 0.5));
+        assert!(k.waiting());
     }
 
     #[test]

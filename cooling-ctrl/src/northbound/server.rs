@@ -105,7 +105,8 @@ impl State {
             mpsc::error::TrySendError::Closed(()) => ExceptionCode::ServerDeviceFailure,
         })?;
         for (permit, w) in permits.zip(writes.iter()) {
-            tracing::info!(target: TARGET, "northbound: the BMS writes {w}");
+            // The shell says the writes that change a setting.
+            tracing::debug!(target: TARGET, "northbound: the BMS writes {w}");
             permit.send(*w);
         }
         Ok(writes)

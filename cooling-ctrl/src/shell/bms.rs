@@ -45,7 +45,7 @@ impl Bms {
     /// (the last step's, with the new settings), so the BMS reads back
     /// what it wrote. The limits it set, when it set one.
     pub(super) fn wrote(&mut self, w: NorthboundWrite, now: u64) -> Option<BmsLimits> {
-        tracing::info!("cooling shell: the BMS wrote {w}");
+        let before = self.settings;
         let limits = match w {
             NorthboundWrite::OutdoorTemp { celsius } => {
                 self.outdoor.bms_wrote(celsius, now);
@@ -60,6 +60,13 @@ impl Bms {
             }
         };
         self.settings.apply(w);
+        // A value written again as it was (a BMS that writes its block
+        // on a cycle) is no news.
+        if self.settings != before {
+            tracing::info!("cooling shell: the BMS wrote {w}");
+        } else {
+            tracing::debug!("cooling shell: the BMS wrote {w} again");
+        }
         self.refresh(now);
         self.show_settings();
         let s = &self.settings;

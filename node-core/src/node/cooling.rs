@@ -39,7 +39,9 @@ impl Node {
         let (cdu, rack) = self.cdu_and_rack();
         if let Some(stamp) = self.cooling.restamp_ahead(now.steady.0) {
             let why = format!(
-                "rack {rack}: the cooling-loss phase kept before the restart is stamped {},                  after this start ({}): the clock was ahead then or is behind now;                  its grace counts from now",
+                "rack {rack}: the cooling-loss phase kept before the restart is stamped {}, \
+                 after this start ({}): the clock was ahead then or is behind now; \
+                 its grace counts from now",
                 crate::health::fmt_time(TimestampMs(stamp)),
                 crate::health::fmt_time(now.steady)
             );
