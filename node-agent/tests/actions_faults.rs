@@ -226,6 +226,41 @@ fn crashed_in_step(rig: &Rig, hanging: &str) -> (PathBuf, PathBuf) {
     (log, notes)
 }
 
+/// A drain whose scheduler hangs does not hold the power-down back past
+/// its grace: the drain is cut (its command killed) when the power-down is
+/// decided, and it stays pending.
+#[test]
+fn a_hanging_drain_is_cut_when_the_power_down_is_decided() {
+    let Some(rig) = Rig::start("f7") else {
+        return;
+    };
+    let log = actions_log(&rig);
+    let hangs = noting(&rig, "hang.sh", "started", "exec sleep 20");
+    let notes = noting(&rig, "note.sh", "ran", "");
+    let mut f = cooling_flags(&hangs, &notes, &notes, &notes);
+    let grace = f.iter().position(|a| a == "--cooling-grace-s").unwrap() + 1;
+    f[grace] = "1".into();
+    let mut sub = rig.subscribe(&["event"]);
+    let _agent = rig.spawn_twin_process(ENTRY, 2, &f);
+    rig.publish_cdu_state(true, 1);
+    wait_for(&log, "started drain f7 2", 5);
+    let began = Instant::now();
+    wait_for(&log, "ran power_down f7 2", 10);
+    assert!(
+        began.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        began.elapsed()
+    );
+    let ev = events_until(&mut sub, 5, |ev| cooling_outcomes(ev).len() >= 2);
+    assert_eq!(
+        cooling_outcomes(&ev),
+        [
+            (CoolingStep::Drain, false, None),
+            (CoolingStep::PowerDown, true, Some(0))
+        ]
+    );
+}
+
 /// An agent killed while its drain ran, with the power-down decided and
 /// kept in flash behind it but not started: after the restart, with the
 /// CDU still saying the rack has no cooling, the drain runs again and the

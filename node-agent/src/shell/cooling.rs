@@ -1,8 +1,11 @@
 //! Cooling loss in the shell: the node decides (`node_core::cooling_loss`)
 //! from the CDU's word about this host's rack; the steps it hands out run
-//! here as the configured commands, one after another on one task (a
-//! drain ends before the power-down starts), each outcome logged to flash
-//! and published as a `cooling_action` event.
+//! here as the configured commands, one after another on one task, each
+//! outcome logged to flash and published as a `cooling_action` event. A
+//! drain still running when the power-down is decided is cut (its
+//! command killed, the rest not run; it stays pending, to run again at
+//! the next start): a scheduler that does not answer never holds the
+//! power-down past its grace.
 //!
 //! The phase is kept in flash together with the steps handed out and not
 //! known done, in one record written before their commands start (the
@@ -70,6 +73,45 @@ pub(crate) struct Job {
     /// another (a power-down queued behind a hanging drain, cooling back
     /// meanwhile): its commands not started yet are not run.
     undone: Arc<AtomicBool>,
+    /// Set (a drain's) when the power-down is decided while it runs.
+    cut: Arc<Cut>,
+}
+
+/// A job cut short: the command running is killed, the rest not run.
+#[derive(Debug, Default)]
+pub(crate) struct Cut {
+    flag: AtomicBool,
+    now: tokio::sync::Notify,
+}
+
+impl Cut {
+    /// Cuts the job.
+    fn cut(&self) {
+        self.flag.store(true, Ordering::Relaxed);
+        self.now.notify_one();
+    }
+
+    fn is_cut(&self) -> bool {
+        self.flag.load(Ordering::Relaxed)
+    }
+}
+
+/// Runs `argv` for `job` unless the job is cut first or meanwhile (then
+/// it is killed, with what it started).
+async fn run_unless_cut(job: &Job, argv: &[String]) -> actions::Outcome {
+    let cut = || actions::Outcome {
+        program: argv.first().cloned().unwrap_or_default(),
+        ok: false,
+        exit_code: None,
+        detail: "cut: the power-down was decided while it ran, and does not wait for it".into(),
+    };
+    if job.cut.is_cut() {
+        return cut();
+    }
+    tokio::select! {
+        o = actions::run(argv, job.timeout) => o,
+        () = job.cut.now.notified() => cut(),
+    }
 }
 
 /// The answer of the flash to a record handed to it.
@@ -114,6 +156,8 @@ pub(crate) struct Steps {
     in_runner: usize,
     /// Each of those jobs' flag that a later decision undid it.
     undo: HashMap<u64, Arc<AtomicBool>>,
+    /// The drains among those jobs, to cut when the power-down comes.
+    drains: HashMap<u64, Arc<Cut>>,
 }
 
 /// Starts the runner; returns the steps' state and where outcomes come
@@ -131,10 +175,11 @@ pub(crate) fn start_runner() -> (Steps, mpsc::Receiver<StepDone>) {
                 let undone = job.undone.load(Ordering::Relaxed);
                 let outcome = match undone {
                     true => None,
-                    false => Some(actions::run(argv, job.timeout).await),
+                    false => Some(run_unless_cut(&job, argv).await),
                 };
                 ok &= outcome.as_ref().is_some_and(|o| o.ok);
-                let last = undone || i + 1 == job.argvs.len();
+                let cut = job.cut.is_cut();
+                let last = undone || cut || i + 1 == job.argvs.len();
                 let done = StepDone {
                     id: job.id,
                     step: job.step,
@@ -144,7 +189,7 @@ pub(crate) fn start_runner() -> (Steps, mpsc::Receiver<StepDone>) {
                 if done_tx.send(done).await.is_err() {
                     return;
                 }
-                if undone {
+                if undone || cut {
                     break;
                 }
             }
@@ -158,6 +203,7 @@ pub(crate) fn start_runner() -> (Steps, mpsc::Receiver<StepDone>) {
         next_id: 0,
         in_runner: 0,
         undo: HashMap::new(),
+        drains: HashMap::new(),
     };
     (steps, done_rx)
 }
@@ -321,6 +367,9 @@ impl Agent {
         }
         let mut jobs = Vec::new();
         for (step, reason) in steps {
+            if step == CoolingStep::PowerDown {
+                self.cut_drains();
+            }
             // A superseded job still waiting in the runner's queue is not
             // run: the new decision stands for it.
             for id in self.cooling.pending.supersede(step) {
@@ -338,6 +387,17 @@ impl Agent {
             // The runner takes jobs in order: the first waits for all.
             job.kept = kept.take();
             self.submit_cooling(job);
+        }
+    }
+
+    /// The power-down is decided: a drain still in the runner is cut, so
+    /// a scheduler that does not answer never holds it back.
+    fn cut_drains(&mut self) {
+        for cut in std::mem::take(&mut self.cooling.drains).into_values() {
+            tracing::warn!(
+                "cooling-loss drain cut: the power-down does not wait for it (it runs again at the next start)"
+            );
+            cut.cut();
         }
     }
 
@@ -377,6 +437,7 @@ impl Agent {
             timeout: self.config.cooling_loss.timeout,
             kept: None,
             undone: Arc::default(),
+            cut: Arc::default(),
         })
     }
 
@@ -385,7 +446,7 @@ impl Agent {
     /// and stays pending in flash, to run at the next start.
     fn submit_cooling(&mut self, job: Job) {
         let (step, n) = (job.step, job.argvs.len());
-        let (id, undone) = (job.id, job.undone.clone());
+        let (id, undone, cut) = (job.id, job.undone.clone(), job.cut.clone());
         let refused = match &self.cooling.jobs {
             Some(jobs) => jobs.try_send(job).err().map(|e| e.to_string()),
             None => Some("the agent is stopping".to_string()),
@@ -394,6 +455,9 @@ impl Agent {
         if refused.is_none() {
             self.cooling.in_runner += 1;
             self.cooling.undo.insert(id, undone);
+            if step == CoolingStep::Drain {
+                self.cooling.drains.insert(id, cut);
+            }
             tracing::warn!("rack {rack}: cooling-loss {step}: running {n} commands");
         }
         if let Some(why) = refused {
@@ -439,6 +503,7 @@ impl Agent {
         if ended.is_some() {
             self.cooling.in_runner = self.cooling.in_runner.saturating_sub(1);
             self.cooling.undo.remove(&id);
+            self.cooling.drains.remove(&id);
         }
         let Some(o) = outcome else {
             tracing::warn!(
@@ -494,6 +559,7 @@ mod tests {
             timeout: Duration::from_secs(10),
             kept: Some(kept),
             undone: Arc::default(),
+            cut: Arc::default(),
         };
         let (tell, kept) = tokio::sync::oneshot::channel();
         let jobs = steps.jobs.as_ref().expect("the runner's queue");
@@ -529,6 +595,7 @@ mod tests {
             timeout: Duration::from_secs(10),
             kept: None,
             undone: Arc::default(),
+            cut: Arc::default(),
         };
         let hangs = job(1, Drain, vec!["sleep".into(), "1".into()]);
         let power_down = job(
@@ -547,6 +614,50 @@ mod tests {
         assert_eq!((d.id, d.step, d.ended), (2, PowerDown, Some(false)));
         assert!(d.outcome.is_none(), "not run");
         assert!(!off.exists(), "the host was not powered off");
+    }
+
+    #[tokio::test]
+    async fn a_drain_cut_for_the_power_down_holds_it_back_no_longer() {
+        // A drain whose scheduler hangs (10 s), then the power-down
+        // decided: the drain is cut, the power-down runs at once.
+        let (steps, mut done) = start_runner();
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let off = dir.path().join("powered-off");
+        let job = |id: u64, step: CoolingStep, argvs: Vec<Vec<String>>| Job {
+            id,
+            step,
+            argvs,
+            timeout: Duration::from_secs(30),
+            kept: None,
+            undone: Arc::default(),
+            cut: Arc::default(),
+        };
+        let sleep = vec!["sleep".to_string(), "10".to_string()];
+        let drain = job(1, Drain, vec![sleep.clone(), sleep]);
+        let touch = vec!["touch".into(), off.display().to_string()];
+        let power_down = job(2, PowerDown, vec![touch]);
+        let cut = drain.cut.clone();
+        let jobs = steps.jobs.as_ref().expect("the runner's queue");
+        jobs.try_send(drain).expect("queued");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let began = std::time::Instant::now();
+        cut.cut();
+        jobs.try_send(power_down).expect("queued");
+        let d = done.recv().await.expect("the drain's word");
+        assert_eq!(
+            (d.id, d.ended),
+            (1, Some(false)),
+            "its second command not run"
+        );
+        let o = d.outcome.expect("its first command, cut");
+        assert!(!o.ok && o.detail.starts_with("cut"), "{o:?}");
+        let d = done.recv().await.expect("the power-down's outcome");
+        assert!(d.outcome.is_some_and(|o| o.ok) && off.exists());
+        assert!(
+            began.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            began.elapsed()
+        );
     }
 
     #[test]
