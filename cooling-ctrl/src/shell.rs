@@ -654,7 +654,6 @@ impl<P: CduPort> Shell<P> {
         // holds no valve open: past half a period the record counts as
         // not kept, and only closings are written.
         let wait = self.cfg.period / 2;
-        let recorder = &self.keeping.recorder;
         // Every item handed over before the wait: a wait given up on
         // leaves them to land together, never a record without its
         // generation (which a restart would read as damaged).
@@ -666,18 +665,7 @@ impl<P: CduPort> Shell<P> {
         if mark {
             items.push((journal::LATCH_KEPT_KEY.into(), vec![1]));
         }
-        let handed: Vec<_> = items
-            .into_iter()
-            .map(|(key, value)| recorder.set_later(key, value))
-            .collect();
-        let write = async {
-            for done in handed {
-                done?
-                    .await
-                    .map_err(|_| "the recorder thread has ended".to_string())??;
-            }
-            Ok::<(), String>(())
-        };
+        let write = self.keeping.recorder.set_all_sync(items);
         let result = tokio::time::timeout(wait, write).await.unwrap_or_else(|_| {
             Err(format!(
                 "the flash did not answer within {} ms",

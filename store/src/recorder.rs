@@ -523,6 +523,22 @@ impl Recorder {
             .map_err(|_| Self::gone())?
     }
 
+    /// Keeps every value of `items`, all handed over (by the priority
+    /// channel, in order) before any is waited for, and waits until all
+    /// are in flash: a wait given up on still leaves them to land
+    /// together, never one without those after it (a record without its
+    /// generation or its check).
+    pub async fn set_all_sync(&self, items: Vec<(String, Vec<u8>)>) -> Result<(), String> {
+        let handed: Vec<_> = items
+            .into_iter()
+            .map(|(key, value)| self.set_later(key, value))
+            .collect();
+        for done in handed {
+            done?.await.map_err(|_| Self::gone())??;
+        }
+        Ok(())
+    }
+
     /// Keeps a config value without waiting; the returned channel says
     /// when it is in flash (by the priority channel, as
     /// [`set_sync`](Self::set_sync)). An error: not handed over (said).

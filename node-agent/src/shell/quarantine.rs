@@ -385,15 +385,7 @@ impl Agent {
             self.recorder.set(key, value);
             return self.recorder.set(check.0, check.1);
         }
-        // Both handed over before the wait: a wait given up on leaves the
-        // pair to land together, never the record without its check.
-        let record = self.recorder.set_later(key, value);
-        let check = self.recorder.set_later(check.0, check.1);
-        let both = async {
-            let gone = |_| "the recorder thread has ended".to_string();
-            record?.await.map_err(gone)??;
-            check?.await.map_err(gone)?
-        };
+        let both = self.recorder.set_all_sync(vec![(key, value), check]);
         let kept = tokio::time::timeout(KEEP_WAIT, both).await;
         match kept {
             Ok(Ok(())) => {}
