@@ -63,6 +63,7 @@ use crate::console::{self, Context, Snapshot, Timing};
 use crate::gpu::{GpuError, GpuInfo, GpuSample, GpuSource};
 use crate::worker::Worker;
 use loopwarden_store::agent_flash::{self, SeqFloor, Stores};
+use loopwarden_store::check::fnv1a;
 use loopwarden_store::recorder::Recorder;
 use node_core::caps::GpuRange;
 use node_core::node::{Input, Node, Now};
@@ -461,18 +462,6 @@ const UNKNOWN_UUID: &str = "unknown";
 /// unknown: nothing is kept or restored for it under a guessed identity.
 fn identity(uuid: &str) -> Option<u64> {
     (uuid != UNKNOWN_UUID).then(|| fnv1a(&[uuid.as_bytes()]))
-}
-
-/// The 64-bit FNV-1a hash of `parts`, one after the other: what a
-/// config-store key holds of a name too long for it (a GPU's UUID, a
-/// sender's role and name).
-fn fnv1a(parts: &[&[u8]]) -> u64 {
-    parts
-        .iter()
-        .flat_map(|p| p.iter())
-        .fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-        })
 }
 
 impl Agent {

@@ -111,9 +111,10 @@ enum Job {
         body: Vec<u8>,
         done: Option<oneshot::Sender<Result<u32, String>>>,
     },
+    /// Config values, written in order, one job so that none is queued
+    /// without those after it; a refused one stops the rest.
     Set {
-        key: String,
-        value: Vec<u8>,
+        items: Vec<(String, Vec<u8>)>,
         done: Option<oneshot::Sender<Result<(), String>>>,
     },
     /// A read of a config value, in order with the values handed over
@@ -476,8 +477,7 @@ impl Recorder {
     /// offered, or an older value offered could land after a newer one.
     pub fn offer_set(&self, key: String, value: Vec<u8>) -> bool {
         let job = Job::Set {
-            key,
-            value,
+            items: vec![(key, value)],
             done: None,
         };
         self.offer(job, "a config value")
@@ -507,8 +507,7 @@ impl Recorder {
     /// order with the values waited for ([`set_sync`](Self::set_sync)).
     pub fn set(&self, key: String, value: Vec<u8>) {
         let job = Job::Set {
-            key,
-            value,
+            items: vec![(key, value)],
             done: None,
         };
         let _ = self.pressing(job, "a config value");
@@ -523,20 +522,12 @@ impl Recorder {
             .map_err(|_| Self::gone())?
     }
 
-    /// Keeps every value of `items`, all handed over (by the priority
-    /// channel, in order) before any is waited for, and waits until all
-    /// are in flash: a wait given up on still leaves them to land
-    /// together, never one without those after it (a record without its
-    /// generation or its check).
+    /// Keeps every value of `items`, in order, handed over as one (by the
+    /// priority channel), and waits until all are in flash: a wait given
+    /// up on still leaves them to land together, never one without those
+    /// after it (a record without its generation or its check).
     pub async fn set_all_sync(&self, items: Vec<(String, Vec<u8>)>) -> Result<(), String> {
-        let handed: Vec<_> = items
-            .into_iter()
-            .map(|(key, value)| self.set_later(key, value))
-            .collect();
-        for done in handed {
-            done?.await.map_err(|_| Self::gone())??;
-        }
-        Ok(())
+        self.set_all_later(items)?.await.map_err(|_| Self::gone())?
     }
 
     /// Keeps a config value without waiting; the returned channel says
@@ -547,10 +538,21 @@ impl Recorder {
         key: String,
         value: Vec<u8>,
     ) -> Result<oneshot::Receiver<Result<(), String>>, String> {
+        self.set_all_later(vec![(key, value)])
+    }
+
+    /// Keeps every value of `items` without waiting, in order, handed over
+    /// as one job so that a full queue never takes one without those
+    /// after it; a value the flash refuses stops those after it. The
+    /// returned channel says when all are in flash, or which was refused.
+    /// An error: none handed over (said).
+    pub fn set_all_later(
+        &self,
+        items: Vec<(String, Vec<u8>)>,
+    ) -> Result<oneshot::Receiver<Result<(), String>>, String> {
         let (done, rx) = oneshot::channel();
         let job = Job::Set {
-            key,
-            value,
+            items,
             done: Some(done),
         };
         self.pressing(job, "a config value").map(|()| rx)
@@ -743,6 +745,26 @@ mod tests {
     }
 
     #[test]
+    fn values_handed_over_together_stop_at_the_first_refused() {
+        let stores = crate::agent_flash::open(None).expect("a memory flash");
+        let r = Recorder::start(stores.log, stores.store, None).expect("the thread");
+        let long = "k".repeat(300);
+        let items = vec![
+            ("rec.a".to_string(), vec![1]),
+            (long.clone(), vec![2]),
+            ("rec.a.check".to_string(), vec![3]),
+        ];
+        let e = futures::executor::block_on(r.set_all_sync(items)).expect_err("a key too long");
+        assert!(
+            e.starts_with(&long) && e.contains("not kept in flash"),
+            "{e}"
+        );
+        let get = |k: &str| futures::executor::block_on(r.get(k.into()));
+        assert_eq!(get("rec.a"), Ok(Some(vec![1])), "the one before is kept");
+        assert_eq!(get("rec.a.check"), Ok(None), "none after the refused one");
+    }
+
+    #[test]
     fn a_read_behind_few_jobs_waits_for_them() {
         let stores = crate::agent_flash::open(None).expect("a memory flash");
         let r = Recorder::start(stores.log, stores.store, None).expect("the thread");
@@ -761,7 +783,9 @@ mod tests {
         assert!(!r.offer_set("a.key".into(), vec![2]), "no room: dropped");
         assert_eq!(r.dropped(), 1);
         let left = fifo(&rx);
-        assert!(matches!(&left[..], [Job::Set { value, done: None, .. }] if value == &[1]));
+        assert!(
+            matches!(&left[..], [Job::Set { items, done: None }] if items[..] == [("a.key".to_string(), vec![1])])
+        );
     }
 
     #[test]

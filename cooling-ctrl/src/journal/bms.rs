@@ -5,20 +5,27 @@
 //! upgrade's) must not lift it. The shell hands them to the recorder when
 //! the BMS changes them, without waiting, hands them again while the
 //! flash refuses them ([`BmsKeeping`]), and restores them before the
-//! first step.
+//! first step. Each record is kept with its check after it
+//! ([`BMS_LIMITS_CHECK_KEY`]): a damaged newest record reads as
+//! unreadable, never as the older limits it replaced.
 //!
 //! Glossary:
 //! - *record*: a version byte (1), then the ceiling (°C) and the offset
 //!   (K) as little-endian `f32`s; the config store keeps its own CRC.
+//! - *check*: the record's hash ([`loopwarden_store::check`]).
 
 use std::format;
 use std::string::String;
 
 use embedded_storage_async::nor_flash::MultiwriteNorFlash;
 use loopwarden_flash::ConfigStore;
+use loopwarden_store::check::{check_of, checked};
 
 /// The key the BMS's limits are kept under.
 pub const BMS_LIMITS_KEY: &str = "cdu.bms_limits";
+
+/// The key of the check kept after the BMS's limits.
+pub const BMS_LIMITS_CHECK_KEY: &str = "cdu.bms_limits.check";
 
 /// The record's version.
 const VERSION: u8 = 1;
@@ -96,8 +103,7 @@ impl BmsKeeping {
         let Some(limits) = self.unkept else {
             return;
         };
-        let record = encode_bms_limits(limits).to_vec();
-        if let Ok(rx) = recorder.set_later(BMS_LIMITS_KEY.into(), record) {
+        if let Ok(rx) = recorder.set_all_later(bms_limits_items(limits)) {
             self.unkept = None;
             self.pending = Some(Pending { limits, rx });
         }
@@ -141,18 +147,33 @@ struct Pending {
     rx: tokio::sync::oneshot::Receiver<Result<(), String>>,
 }
 
+/// What keeping `limits` writes, in order: the record, then its check.
+pub fn bms_limits_items(limits: (f32, f32)) -> std::vec::Vec<(String, std::vec::Vec<u8>)> {
+    let record = encode_bms_limits(limits).to_vec();
+    let check = check_of(&record);
+    std::vec![
+        (BMS_LIMITS_KEY.into(), record),
+        (BMS_LIMITS_CHECK_KEY.into(), check),
+    ]
+}
+
 /// The BMS's limits in `store`: `None` when none were ever kept; an
-/// error that names the key and says why when they cannot be read or
-/// decoded.
+/// error that names the key and says why when they cannot be read,
+/// decoded or believed (not the record last kept: its check disagrees).
 pub async fn read_bms_limits<S: MultiwriteNorFlash<Error: core::fmt::Display>>(
     store: &mut ConfigStore<S>,
 ) -> Result<Option<(f32, f32)>, String> {
-    let mut buf = [0u8; 16];
-    let n = store
-        .get(BMS_LIMITS_KEY, &mut buf)
-        .await
-        .map_err(|e| format!("{BMS_LIMITS_KEY}: unreadable in flash: {e}"))?;
-    n.map(|n| decode_bms_limits(&buf[..n]).map_err(|e| format!("{BMS_LIMITS_KEY}: {e}")))
+    let mut get = async |key: &str| {
+        let mut buf = [0u8; 16];
+        let n = (store.get(key, &mut buf).await)
+            .map_err(|e| format!("{key}: unreadable in flash: {e}"))?;
+        Ok::<_, String>(n.map(|n| buf[..n].to_vec()))
+    };
+    let record = get(BMS_LIMITS_KEY).await?;
+    let check = get(BMS_LIMITS_CHECK_KEY).await?;
+    let record = checked(BMS_LIMITS_KEY, record, check)?;
+    record
+        .map(|r| decode_bms_limits(&r).map_err(|e| format!("{BMS_LIMITS_KEY}: {e}")))
         .transpose()
 }
 
@@ -204,8 +225,15 @@ mod tests {
             flush();
         }
         assert!(!k.waiting() && !k.failing, "{k:?}");
-        let read = futures::executor::block_on(r.get(BMS_LIMITS_KEY.into())).unwrap();
-        assert_eq!(read.map(|b| decode_bms_limits(&b)), Some(Ok((27.0, 0.5))));
+        let read = |key: &str| futures::executor::block_on(r.get(key.into())).unwrap();
+        assert_eq!(
+            (read(BMS_LIMITS_KEY), read(BMS_LIMITS_CHECK_KEY)),
+            (
+                Some(bms_limits_items((27.0, 0.5))[0].1.clone()),
+                Some(bms_limits_items((27.0, 0.5))[1].1.clone())
+            ),
+            "the record and its check"
+        );
         // The same limits written again (a BMS's block on a cycle) are
         // not kept again.
         k.changed((27.0, 0.5));
@@ -228,5 +256,37 @@ mod tests {
         futures::executor::block_on(s.set(BMS_LIMITS_KEY, &[1, 2, 3])).unwrap();
         let e = futures::executor::block_on(read_bms_limits(s)).unwrap_err();
         assert_eq!(e, "cdu.bms_limits: 3 bytes, not 9");
+    }
+
+    /// The store skips a damaged copy and returns the one before it: the
+    /// looser limits a BMS tightened must read as unreadable, not as the
+    /// limits in force.
+    #[test]
+    fn a_record_older_than_its_check_is_not_believed() {
+        let mut stores = loopwarden_store::agent_flash::open(None).expect("a memory flash");
+        let s = &mut stores.store;
+        let keep = |s: &mut ConfigStore<_>, items: &[(String, std::vec::Vec<u8>)]| {
+            for (k, v) in items {
+                futures::executor::block_on(s.set(k, v)).unwrap();
+            }
+        };
+        let (looser, tighter) = (bms_limits_items((32.0, 2.0)), bms_limits_items((28.0, 1.0)));
+        keep(s, &looser);
+        assert_eq!(
+            futures::executor::block_on(read_bms_limits(s)),
+            Ok(Some((32.0, 2.0)))
+        );
+        // The tighter record damaged: only its check reads.
+        keep(s, &tighter[1..]);
+        let e = futures::executor::block_on(read_bms_limits(s)).unwrap_err();
+        assert!(
+            e.starts_with("cdu.bms_limits: ") && e.contains("damaged"),
+            "{e}"
+        );
+        keep(s, &tighter);
+        assert_eq!(
+            futures::executor::block_on(read_bms_limits(s)),
+            Ok(Some((28.0, 1.0)))
+        );
     }
 }

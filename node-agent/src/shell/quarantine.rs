@@ -24,6 +24,7 @@
 use loopwarden_flash::ConfigStore;
 use loopwarden_protocol::{Event, HealthState};
 use loopwarden_store::agent_flash::Flash;
+pub(super) use loopwarden_store::check::{check_of, checked};
 use node_core::node::Input;
 
 use super::{Agent, RECENT_XIDS};
@@ -101,31 +102,6 @@ impl Record {
 /// (healthy).
 pub(super) fn health_check_key(id: u64) -> String {
     format!("health_check.{id:016x}")
-}
-
-/// The check of a record's value: its 64-bit FNV-1a hash.
-pub(super) fn check_of(value: &[u8]) -> Vec<u8> {
-    super::fnv1a(&[value]).to_le_bytes().to_vec()
-}
-
-/// The health record read under `key` (`value`), against the check read
-/// after it (`check`): an error when they disagree, or when the check is
-/// there and the record is not (its newest copy damaged, or lost). No
-/// check (a record an earlier version kept) believes the record.
-pub(super) fn checked(
-    key: &str,
-    value: Option<Vec<u8>>,
-    check: Option<Vec<u8>>,
-) -> Result<Option<Vec<u8>>, String> {
-    match (&value, check) {
-        (Some(v), Some(c)) if c != check_of(v) => Err(format!(
-            "{key}: the record read is not the one last kept (its newest copy is damaged)"
-        )),
-        (None, Some(_)) => Err(format!(
-            "{key}: the record is missing though its check is kept (lost from flash)"
-        )),
-        _ => Ok(value),
-    }
 }
 
 /// The payload of the health record kept for the GPU of identity `id`,

@@ -399,9 +399,11 @@ impl Worker {
                     let _ = d.send(r);
                 }
             }
-            Job::Set { key, value, done } => {
-                let r = futures::executor::block_on(self.store.set(&key, &value))
-                    .map_err(|e| format!("{key} not kept in flash: {e}"));
+            Job::Set { items, done } => {
+                let r = items.iter().try_for_each(|(key, value)| {
+                    futures::executor::block_on(self.store.set(key, value))
+                        .map_err(|e| format!("{key} not kept in flash: {e}"))
+                });
                 match (done, r) {
                     (Some(done), r) => {
                         let _ = done.send(r);
