@@ -12,7 +12,8 @@
 //!   before that is dead now (its DDEATH may have been a dropped publish);
 //! - a device is born when first heard with a measurement; its telemetry,
 //!   health or state then gives DDATA with the metrics that changed; a
-//!   host whose GPUs change is born again; `online: false` gives DDEATH;
+//!   host whose GPUs change is born again; `online: false` gives DDEATH,
+//!   and its measurements are not kept until its next `online: true`;
 //! - every message after NBIRTH carries the next `seq` (255 wraps to 0);
 //! - the bridge's own metrics go out as NDATA when they changed, at most
 //!   once per `ndata_every_ms`;
@@ -33,7 +34,7 @@ use std::collections::BTreeMap;
 
 use loopwarden_protocol::{Family, Frame, Ident, Message, Role, Topic};
 
-use crate::device::{measured_at, Timed, View};
+use crate::device::{measured_at, View};
 use crate::payload::{self, DataType, Point, Value};
 
 /// The metric a host sets to ask for every birth again.
@@ -164,7 +165,8 @@ fn point(name: &str, datatype: DataType, value: Value, time: u64) -> Point {
 struct Device {
     role: Role,
     view: View,
-    /// What its `online` said last (`None`: nothing yet).
+    /// What its `online` said last (`None`: nothing yet). While it says
+    /// false, the node's measurements are not kept.
     alive: Option<bool>,
     /// What was last published of it in this session, if born.
     published: Option<Vec<Point>>,
@@ -552,27 +554,20 @@ impl Bridge {
             return self.ddeath(now, &id);
         }
         let time = measured_at(frame.time.0, now);
-        match (frame.message, &mut device.view) {
-            (Message::Online(o), View::Host { software, .. } | View::Cdu { software, .. }) => {
+        match frame.message {
+            Message::Online(o) => {
                 device.alive = Some(true);
-                *software = Some(Timed {
-                    message: o.software.as_str().to_string(),
-                    time,
-                });
+                device.view.set_software(o.software.as_str().into(), time);
             }
-            (Message::HostTelemetry(t), View::Host { telemetry, .. }) => {
-                *telemetry = Some(Timed { message: t, time })
+            // Heard while it is said dead (a late sample, or its retained
+            // health from before it left): not current. It is born again
+            // with what it measures after its next `online: true`.
+            _ if device.alive == Some(false) => return Vec::new(),
+            message => {
+                if !device.view.record(message, time) {
+                    return Vec::new();
+                }
             }
-            (Message::HostHealth(h), View::Host { health, .. }) => {
-                *health = Some(Timed { message: h, time })
-            }
-            (Message::CduTelemetry(t), View::Cdu { telemetry, .. }) => {
-                *telemetry = Some(Timed { message: t, time })
-            }
-            (Message::CduState(s), View::Cdu { state, .. }) => {
-                *state = Some(Timed { message: s, time })
-            }
-            _ => return Vec::new(),
         }
         self.device_update(now, &id)
     }
@@ -672,7 +667,8 @@ mod tests {
     use super::*;
     use crate::payload::{decode, MetricValue, Payload};
     use loopwarden_protocol::{
-        samples, ClockSource, MessageKind, NodeId, Online, Text, TimestampMs, WholeCelsius,
+        samples, CduMode, ClockSource, MessageKind, NodeId, Online, ReasonCode, Text, TimestampMs,
+        WholeCelsius,
     };
     use proptest::prelude::*;
 
@@ -918,21 +914,105 @@ mod tests {
         let death = body(&out[0]);
         assert!(death.seq.is_some() && death.metrics.is_empty());
         assert!(
-            b.step(T, host_telemetry("h07", 62)).is_empty(),
-            "a late sample"
-        );
-        assert!(
             b.step(T, online(Role::Host, "h07", false)).is_empty(),
             "dead once"
         );
+        assert!(
+            b.step(T, host_telemetry("h07", 62)).is_empty(),
+            "a late sample"
+        );
         let out = b.step(T, online(Role::Host, "h07", true));
-        assert!(out.is_empty(), "back, but born with its first measurement");
+        assert!(
+            out.is_empty(),
+            "back, but born with its next measurement, not the late one: {:?}",
+            kinds(&out)
+        );
         let out = b.step(T, host_telemetry("h07", 63));
         assert_eq!(kinds(&out), [(Kind::DBirth, Some("h07"))]);
         let birth = body(&out[0]);
         assert_eq!(metric(&birth, "gpu/0/temp_c"), Some(MetricValue::Int(63)));
         let software = metric(&birth, "properties/software");
         assert_eq!(software, Some(MetricValue::String("0.1.0".into())));
+    }
+
+    #[test]
+    fn a_dead_hosts_retained_health_is_not_born_as_current_when_it_comes_back() {
+        let mut b = bridge();
+        // At the bridge's start the broker hands over what it retains: the
+        // host left a week ago, with a GPU quarantined then.
+        b.step(T, online(Role::Host, "h07", false));
+        let health = samples::message(MessageKind::HostHealth);
+        b.step(T, input(Role::Host, "h07", health));
+        assert_eq!(kinds(&connected(&mut b)), [(Kind::NBirth, None)]);
+        assert!(b.step(T, online(Role::Host, "h07", true)).is_empty());
+        let out = b.step(T, host_telemetry("h07", 61));
+        assert_eq!(kinds(&out), [(Kind::DBirth, Some("h07"))]);
+        let birth = body(&out[0]);
+        assert_eq!(metric(&birth, "gpu/0/temp_c"), Some(MetricValue::Int(61)));
+        for name in ["gpus_quarantined", "gpu/0/health", "gpu/1/quarantined"] {
+            let m = birth
+                .metrics
+                .iter()
+                .find(|m| m.name.as_deref() == Some(name));
+            let m = m.unwrap_or_else(|| panic!("no metric {name}"));
+            assert_eq!((m.is_null, &m.value), (Some(true), &None), "{name}");
+        }
+    }
+
+    #[test]
+    fn a_cdu_whose_controller_is_silent_has_no_loop_and_no_dry_leak_until_its_next_telemetry() {
+        let mut b = bridge();
+        connected(&mut b);
+        let telemetry = || {
+            let t = samples::message(MessageKind::CduTelemetry);
+            input(Role::Cdu, "cdu-a", t)
+        };
+        let state = |mode, reason| {
+            let Message::CduState(mut s) = samples::message(MessageKind::CduState) else {
+                unreachable!("the sample is a CDU state")
+            };
+            (s.mode, s.reason) = (mode, reason);
+            input(Role::Cdu, "cdu-a", Message::CduState(s))
+        };
+        let out = b.step(T, telemetry());
+        assert_eq!(kinds(&out), [(Kind::DBirth, Some("cdu-a"))]);
+        let birth = body(&out[0]);
+        assert_eq!(metric(&birth, "leak"), Some(MetricValue::Boolean(false)));
+        let out = b.step(T, state(CduMode::Normal, ReasonCode::OK));
+        let data = body(&out[0]);
+        assert_eq!(
+            metric(&data, "mode"),
+            Some(MetricValue::String("normal".into()))
+        );
+        assert!(
+            data.metrics.iter().all(|m| m.is_null.is_none()),
+            "another state keeps the loop: {data:?}"
+        );
+        // The gateway hears its microcontroller no more.
+        let out = b.step(
+            T + 3_000,
+            state(CduMode::Failsafe, ReasonCode::CONTROLLER_SILENT),
+        );
+        assert_eq!(kinds(&out), [(Kind::DData, Some("cdu-a"))]);
+        let data = body(&out[0]);
+        let null = |p: &Payload, name: &str| {
+            let m = p.metrics.iter().find(|m| m.name.as_deref() == Some(name));
+            m.is_some_and(|m| m.is_null == Some(true) && m.value.is_none())
+        };
+        for name in ["leak", "supply_temp_c", "flow_lpm", "pump_a/running"] {
+            assert!(null(&data, name), "{name} is not null: {data:?}");
+        }
+        assert_eq!(
+            metric(&data, "mode_reason"),
+            Some(MetricValue::String("controller-silent".into()))
+        );
+        // It speaks again: the loop is back with its telemetry.
+        b.step(T + 9_000, state(CduMode::Normal, ReasonCode::OK));
+        let out = b.step(T + 9_000, telemetry());
+        assert_eq!(kinds(&out), [(Kind::DData, Some("cdu-a"))]);
+        let data = body(&out[0]);
+        assert_eq!(metric(&data, "leak"), Some(MetricValue::Boolean(false)));
+        assert!(metric(&data, "supply_temp_c").is_some());
     }
 
     #[test]

@@ -5,7 +5,9 @@
 //! cap in force), utilisation and health; a CDU's are its loop's
 //! temperatures, setpoint, flow, pumps, meters, leak, racks without leak
 //! sensing, and mode; `leak` is null, not false, when no rack reads wet
-//! but some rack's leak sensing is lost. A GPU that did
+//! but some rack's leak sensing is lost, and the loop's metrics and
+//! `leak` are null while the CDU's latest state says its controller is
+//! silent and no telemetry came after it. A GPU that did
 //! not answer in time repeats its last good sample: its measurements are
 //! null and the host's power and hottest die leave it out. Every metric of
 //! a device is in every birth of it, with a null value until a message
@@ -15,14 +17,15 @@
 //!
 //! Glossary:
 //! - *view*: the latest telemetry, health or state, and software version,
-//!   of one node, each with the time it was measured.
+//!   of one node, each with the time it was measured (a CDU's telemetry
+//!   only until a state says its controller is silent).
 //! - *frame time*: the sender's clock, used as the metric's timestamp when
 //!   it reads as a Unix time (a sender without a real-time clock counts
 //!   from its boot; then the bridge's receive time is used).
 
 use loopwarden_protocol::{
     CduState, CduTelemetry, GpuFlags, GpuTelemetry, HealthState, HostHealth, HostTelemetry,
-    LeakSensing, RackCooling, Unsupported,
+    LeakSensing, Message, RackCooling, ReasonCode, Unsupported,
 };
 
 use crate::payload::{DataType, Point, Value};
@@ -106,6 +109,49 @@ impl View {
                 telemetry, state, ..
             } => telemetry.is_some() || state.is_some(),
         }
+    }
+
+    /// Its software version, from its `online`, said at `time`.
+    pub fn set_software(&mut self, version: String, time: u64) {
+        let (View::Host { software, .. } | View::Cdu { software, .. }) = self;
+        *software = Some(Timed {
+            message: version,
+            time,
+        });
+    }
+
+    /// Keeps `message`, measured at `time`, as the latest of its kind;
+    /// `false`, keeping nothing, when it is no measurement of this kind
+    /// of node. A CDU state that says its controller is silent
+    /// (`controller-silent`: a firmware CDU's gateway no longer hears its
+    /// microcontroller, and sends no telemetry) drops the telemetry heard
+    /// before it: nothing measures the loop now, so the loop's metrics
+    /// and `leak` are null until the next telemetry.
+    pub fn record(&mut self, message: Message, time: u64) -> bool {
+        match (message, self) {
+            (Message::HostTelemetry(t), View::Host { telemetry, .. }) => {
+                *telemetry = Some(Timed { message: t, time })
+            }
+            (Message::HostHealth(h), View::Host { health, .. }) => {
+                *health = Some(Timed { message: h, time })
+            }
+            (Message::CduTelemetry(t), View::Cdu { telemetry, .. }) => {
+                *telemetry = Some(Timed { message: t, time })
+            }
+            (
+                Message::CduState(s),
+                View::Cdu {
+                    telemetry, state, ..
+                },
+            ) => {
+                if s.reason == ReasonCode::CONTROLLER_SILENT {
+                    *telemetry = None;
+                }
+                *state = Some(Timed { message: s, time })
+            }
+            _ => return false,
+        }
+        true
     }
 
     /// Every metric of the device, in birth order; `now` stamps the

@@ -31,8 +31,9 @@
 //! last one checked: the line repeated it) is counted and not taken
 //! again: its lease, event or answer is not handed on twice, and it is
 //! not read as the MCU starting again. A frame whose message does not
-//! read still counts by its number: when that number says the MCU
-//! started again, the next frame that reads is taken as its start.
+//! read still counts by its number: a gap before it is counted and said
+//! as any other, and when that number says the MCU started again, the
+//! next frame that reads is taken as its start.
 //!
 //! Glossary:
 //! - *MCU clock*: ms since the MCU started; a status's times are on it.
@@ -310,13 +311,14 @@ impl Bridge {
         self
     }
 
-    /// CDU `from`'s retained state `st`, heard on the bus at `now`: in a
+    /// CDU `from`'s retained state `st`, heard on the bus at `now` and
+    /// `age_ms` old (`crate::shell::hall_state`): in a
     /// hall, the coordinator's plan goes down when due.
-    pub fn hall_state(&mut self, from: &Ident, st: &CduState, now: Now) -> Vec<Act> {
+    pub fn hall_state(&mut self, from: &Ident, st: &CduState, now: Now, age_ms: u64) -> Vec<Act> {
         let water = self
             .hall
             .as_mut()
-            .and_then(|h| h.heard(from, st, now.mono_ms));
+            .and_then(|h| h.heard(from, st, now.mono_ms, age_ms));
         water.map(Act::FacilityTarget).into_iter().collect()
     }
 
@@ -381,7 +383,7 @@ impl Bridge {
                 Ok((seq, Some(Err(e)))) => {
                     // Checked, so its number is the MCU's: a gap is real,
                     // and a restart is taken at the next frame that reads.
-                    self.restart_unread |= self.seq.hear(seq) == Order::Restart;
+                    self.restart_unread |= self.number(seq, &mut acts);
                     self.dropped(e, &mut acts);
                 }
                 Ok((seq, Some(Ok(up)))) => {
@@ -507,12 +509,12 @@ impl Bridge {
         ));
     }
 
-    /// Frame number `seq` heard; whether the MCU started again.
-    fn numbered(&mut self, seq: u32, acts: &mut Vec<Act>) -> bool {
-        let unread = std::mem::take(&mut self.restart_unread);
+    /// Frame number `seq` heard, its message read or not: a gap is
+    /// counted and said; whether the number says the MCU started again.
+    fn number(&mut self, seq: u32, acts: &mut Vec<Act>) -> bool {
         match self.seq.hear(seq) {
-            Order::First | Order::Next if !unread => false,
-            Order::Gap(n) if !unread => {
+            Order::First | Order::Next => false,
+            Order::Gap(n) => {
                 self.counts.gaps += 1;
                 self.counts.lost = self.seq.lost;
                 acts.push(Act::Say(
@@ -524,19 +526,25 @@ impl Bridge {
                 ));
                 false
             }
-            // Numbered again from here, or from a frame that did not read.
-            _ => {
-                self.counts.restarts = self.seq.restarts;
-                self.anchor_ms = None;
-                acts.push(Act::Say(
-                    Level::Warn,
-                    format!(
-                        "the microcontroller started again (its frames are numbered from {seq} again)"
-                    ),
-                ));
-                true
-            }
+            Order::Restart => true,
         }
+    }
+
+    /// Frame number `seq`, whose message read, heard; whether the MCU
+    /// started again (by this number, or by that of a frame before it
+    /// that did not read).
+    fn numbered(&mut self, seq: u32, acts: &mut Vec<Act>) -> bool {
+        let unread = std::mem::take(&mut self.restart_unread);
+        if !self.number(seq, acts) && !unread {
+            return false;
+        }
+        self.counts.restarts = self.seq.restarts;
+        self.anchor_ms = None;
+        acts.push(Act::Say(
+            Level::Warn,
+            format!("the microcontroller started again (its frames are numbered from {seq} again)"),
+        ));
+        true
     }
 
     /// The MCU started (its hello, or its numbers starting again): what
@@ -1025,6 +1033,32 @@ mod tests {
     }
 
     #[test]
+    fn a_gap_before_a_frame_that_does_not_read_is_counted_and_said() {
+        let mut b = bridge();
+        b.hear(
+            &frame(&status(10, 1_000, CduMode::Normal, false), 10),
+            at(100),
+        );
+        // A message of a newer firmware: checked, numbered, not read.
+        let mut scratch = [0u8; 64];
+        let mut out = [0u8; 80];
+        let n = encode(&(250u8, 1u8), 13, &mut scratch, &mut out).unwrap();
+        let acts = b.hear(&out[..n], at(200));
+        assert!(
+            acts.iter().any(|a| matches!(a, Act::Say(Level::Warn, w)
+                if w.contains("2 frames from the microcontroller lost before frame 13"))),
+            "{acts:?}"
+        );
+        assert_eq!(b.counts().dropped.payload, 1);
+        b.hear(
+            &frame(&status(11, 1_300, CduMode::Normal, false), 14),
+            at(300),
+        );
+        let c = b.counts();
+        assert_eq!((c.gaps, c.lost, c.restarts), (1, 2, 0));
+    }
+
+    #[test]
     fn a_frame_the_line_repeats_is_counted_and_not_taken_again() {
         let mut b = bridge();
         let lease = Up::Lease {
@@ -1304,7 +1338,7 @@ mod tests {
                 capping: 0,
             }),
         });
-        let acts = b.hall_state(&id("cdu-1"), &plan, at(2_500));
+        let acts = b.hall_state(&id("cdu-1"), &plan, at(2_500), 0);
         assert_eq!(acts, [Act::FacilityTarget(30.0)]);
         let acts = b.hear(&frame(&status(0, 10, CduMode::Boot, false), 0), at(3_000));
         assert!(acts.contains(&Act::FacilityTarget(30.0)), "{acts:?}");
