@@ -285,8 +285,8 @@ pub struct Core {
     setpoint_ceiling_c: f32,
     plan_offset_k: f32,
     events_dropped: u32,
-    /// The facility water the hall's coordinator last set, °C, and when
-    /// it was told, ms.
+    /// The facility water the hall's coordinator last set, °C, and until
+    /// when it stands, ms.
     facility_target: Option<(f32, u64)>,
     /// The valves the last step commanded open (`None` before the first).
     valves_commanded: Option<u16>,
@@ -346,15 +346,36 @@ impl Core {
     /// `water_c` at `now_ms` (a hall of several CDUs): the optimiser plans
     /// with it until [`FACILITY_TARGET_STALE_MS`] passes without another.
     pub fn facility_target(&mut self, water_c: f32, now_ms: u64) {
-        if water_c.is_finite() {
-            self.facility_target = Some((water_c, now_ms));
+        self.facility_target_aged(water_c, now_ms, 0);
+    }
+
+    /// The hall's facility coordinator set the facility water to
+    /// `water_c`, told at `now_ms` in a plan already `age_ms` old (a
+    /// retained plan delivered again at a connection): it stands what is
+    /// left of [`FACILITY_TARGET_STALE_MS`] from when it was made.
+    pub fn facility_target_aged(&mut self, water_c: f32, now_ms: u64, age_ms: u64) {
+        if water_c.is_finite() && age_ms < FACILITY_TARGET_STALE_MS {
+            let until = now_ms.saturating_add(FACILITY_TARGET_STALE_MS - age_ms);
+            self.facility_target = Some((water_c, until));
         }
     }
 
     /// What this CDU offers the hall's facility coordinator (a hall of
-    /// several CDUs, after the first search).
+    /// several CDUs, after the first search). While it does not search
+    /// (failsafe) its last offer stands without capped points (no search
+    /// stands behind their caps) and accepts no warmer water than the
+    /// setpoint it holds allows (the setpoint less the approach).
     pub fn offer(&self) -> Option<facility::Offer> {
-        self.optimiser.offer()
+        let o = self.optimiser.offer()?;
+        if self.modes.searching() {
+            return Some(o);
+        }
+        let held_c = self.applied.0 - self.cfg.cdu.approach_k;
+        Some(facility::Offer {
+            points: 0,
+            accept_c: o.accept_c.min(held_c),
+            ..o
+        })
     }
 
     /// The configuration.
@@ -676,7 +697,7 @@ impl Core {
             let (ambient, _) = est.outdoor(&t.cfg);
             let water = self
                 .facility_target
-                .filter(|(_, at)| t.now.saturating_sub(*at) < FACILITY_TARGET_STALE_MS)
+                .filter(|(_, until)| t.now < *until)
                 .map(|(w, _)| w);
             self.optimiser.share_water(water);
             let factor = |h| est.factor_used(h);
@@ -1503,6 +1524,38 @@ mod tests {
             (CduMode::Failsafe, ReasonCode::SENSOR_LOST)
         );
         assert_eq!(c.pump_speed, 1.0);
+    }
+
+    /// A CDU gone to failsafe offers no caps to the hall and no warmer
+    /// water than its failsafe setpoint holds.
+    #[test]
+    fn a_cdu_in_failsafe_offers_no_caps_and_no_warmer_water_than_it_holds() {
+        let mut cfg = CoreConfig::default();
+        cfg.facility.cdus = 2;
+        // A ceiling the hall's GPUs reach below the warmest water: caps
+        // are offered past the accept.
+        cfg.margins.plan_ceiling_c = 70.0;
+        let mut core = Core::new(cfg).unwrap();
+        let mut hall = Hall::new();
+        for s in 0..200 {
+            hall.step(&mut core, s);
+        }
+        let searched = core.offer().expect("an offer after the first searches");
+        assert!(searched.points > 0, "{searched:?}");
+        // The CDU stops answering: failsafe.
+        hall.answers = false;
+        let mut c = hall.step(&mut core, 200);
+        for s in 201..260 {
+            c = hall.step(&mut core, s);
+        }
+        assert_eq!(c.mode, CduMode::Failsafe);
+        let held = core.offer().expect("the last offer stands");
+        assert_eq!(held.points, 0, "{held:?}");
+        assert!(
+            held.accept_c <= c.setpoint_c - cfg.cdu.approach_k + 1e-3,
+            "{held:?} {c:?}"
+        );
+        assert_eq!(held.heat_w, searched.heat_w, "its last heat still counts");
     }
 
     #[test]

@@ -57,7 +57,8 @@ pub struct Coordinator {
     hall: CoreConfig,
     /// Chiller stages in the plant.
     stages: u8,
-    /// The freshest offer of each CDU and when it was heard, ms.
+    /// The freshest offer of each CDU and until when it is fresh, ms
+    /// ([`OFFER_STALE_MS`] from when it was made).
     offers: Vec<Option<(Offer, u64)>>,
     plan: Option<FacilityPlan>,
     planned_at: Option<u64>,
@@ -70,7 +71,7 @@ pub struct Coordinator {
     news: Vec<(usize, Standing)>,
     /// The coordinator's own CDU, if it is one of the hall's: until its
     /// own first offer (its first search) it stands nowhere, not at the
-    /// coldest water.
+    /// coldest water, for at most [`OFFER_STALE_MS`] from the first plan.
     own: Option<usize>,
     /// When the first plan was asked for, ms: a CDU not heard yet is news
     /// only [`REPLAN_EVERY_MS`] on (the others' retained offers come
@@ -101,15 +102,25 @@ impl Coordinator {
         }
     }
 
-    /// CDU `cdu` (0-based) offered `offer` at `now_ms`; an index past the
-    /// hall's CDUs is refused.
-    pub fn hear(&mut self, cdu: usize, offer: Offer, now_ms: u64) -> Result<(), String> {
+    /// CDU `cdu` (0-based) offered `offer`, heard at `now_ms` in a state
+    /// `age_ms` old (a dead controller's retained state, delivered again
+    /// at a connection, is as old as it is, not new): it is fresh for what
+    /// is left of [`OFFER_STALE_MS`]. An index past the hall's CDUs is
+    /// refused.
+    pub fn hear(
+        &mut self,
+        cdu: usize,
+        offer: Offer,
+        now_ms: u64,
+        age_ms: u64,
+    ) -> Result<(), String> {
         let n = self.offers.len();
         let slot = self
             .offers
             .get_mut(cdu)
             .ok_or_else(|| format!("an offer from CDU {cdu}: the hall has CDUs 0 to {}", n - 1))?;
-        *slot = Some((offer, now_ms));
+        let left = OFFER_STALE_MS.saturating_sub(age_ms);
+        *slot = Some((offer, now_ms.saturating_add(left)));
         Ok(())
     }
 
@@ -160,7 +171,7 @@ impl Coordinator {
     fn standings(&self, now_ms: u64) -> impl Iterator<Item = Standing> + '_ {
         self.offers.iter().map(move |o| match o {
             None => Standing::Never,
-            Some((_, at)) if now_ms.saturating_sub(*at) < OFFER_STALE_MS => Standing::Fresh,
+            Some((_, until)) if now_ms < *until => Standing::Fresh,
             Some(_) => Standing::Stale,
         })
     }
@@ -181,14 +192,17 @@ impl Coordinator {
         );
         let first = *self.first_ms.get_or_insert(now_ms);
         let settled = now_ms.saturating_sub(first) >= REPLAN_EVERY_MS;
+        let own_overdue = now_ms.saturating_sub(first) >= OFFER_STALE_MS;
         let standings: Vec<Standing> = self.standings(now_ms).collect();
         let mut offers = Vec::with_capacity(self.offers.len());
         for (i, (slot, standing)) in self.offers.iter().zip(&standings).enumerate() {
             match (slot, standing) {
                 (Some((o, _)), Standing::Fresh) => offers.push(*o),
                 (Some((o, _)), _) => offers.push(Offer { points: 0, ..*o }),
-                // Its own CDU, before its first search: nothing to stand in.
-                (None, _) if self.own == Some(i) => continue,
+                // Its own CDU, before its first search: nothing to stand
+                // in; one that made none in an offer's life (failsafe
+                // from the start) stands at the coldest water as any.
+                (None, _) if self.own == Some(i) && !own_overdue => continue,
                 (None, _) => offers.push(never),
             }
             // Not heard yet at the start is no news until the others'
@@ -258,20 +272,20 @@ mod tests {
         one.facility.cdus = 2;
         let mut c = Coordinator::new(&one, 2, None);
         assert_eq!(c.plan(0, 24.0), None, "no offer, no plan");
-        c.hear(0, offer(34.0), 1_000).expect("CDU 0");
-        c.hear(1, offer(27.0), 1_000).expect("CDU 1");
-        assert!(c.hear(2, offer(30.0), 1_000).is_err(), "a third CDU");
+        c.hear(0, offer(34.0), 1_000, 0).expect("CDU 0");
+        c.hear(1, offer(27.0), 1_000, 0).expect("CDU 1");
+        assert!(c.hear(2, offer(30.0), 1_000, 0).is_err(), "a third CDU");
         // Without a plan, the first offers make one at once.
         let p = c.plan(1_500, 24.0).expect("a plan");
         assert!((p.water_c - 27.0).abs() < 1e-3, "{p:?}");
         // Then every ten seconds (or at a CDU's first offer): a warmer
         // offer waits for the next plan.
-        c.hear(1, offer(33.0), 2_000).expect("CDU 1");
+        c.hear(1, offer(33.0), 2_000, 0).expect("CDU 1");
         assert_eq!(c.plan(5_000, 24.0), Some(p));
         assert!(c.plan(11_500, 24.0).expect("a plan").water_c > 30.0);
         // CDU 1 falls silent: its offer goes stale, and it stands in the
         // plan with its last accept: the water stays within it.
-        c.hear(0, offer(34.0), 125_000).expect("CDU 0");
+        c.hear(0, offer(34.0), 125_000, 0).expect("CDU 0");
         let p = c.plan(130_000, 24.0).expect("a plan");
         assert!(p.water_c <= 33.0 + 1e-3, "{p:?}");
         assert_eq!(c.planned_from(), 1, "one fresh offer");
@@ -287,9 +301,9 @@ mod tests {
         let mut all = Coordinator::new(&one, 4, None);
         let mut stale = Coordinator::new(&one, 4, None);
         for i in 0..4 {
-            all.hear(i, offer(30.0), 200_000).expect("a CDU");
+            all.hear(i, offer(30.0), 200_000, 0).expect("a CDU");
             stale
-                .hear(i, offer(30.0), if i == 3 { 0 } else { 200_000 })
+                .hear(i, offer(30.0), if i == 3 { 0 } else { 200_000 }, 0)
                 .expect("a CDU");
         }
         let (a, s) = (
@@ -300,7 +314,7 @@ mod tests {
         assert!((s.water_c - a.water_c).abs() < 1e-3, "{a:?} {s:?}");
         let mut three = Coordinator::new(&one, 4, None);
         for i in 0..3 {
-            three.hear(i, offer(34.0), 1_000).expect("a CDU");
+            three.hear(i, offer(34.0), 1_000, 0).expect("a CDU");
         }
         let p = three.plan(2_000, 24.0).expect("a plan");
         assert!((p.water_c - three.coldest_c()).abs() < 1e-3, "{p:?}");
@@ -313,15 +327,58 @@ mod tests {
         );
         three.plan(12_500, 24.0).expect("a plan");
         assert_eq!(three.take_news(), [(3, Standing::Never)]);
-        three.hear(3, offer(34.0), 13_000).expect("CDU 3");
+        three.hear(3, offer(34.0), 13_000, 0).expect("CDU 3");
         assert!(three.plan(13_000, 24.0).expect("a plan").water_c > 30.0);
         assert_eq!(three.take_news(), [(3, Standing::Fresh)]);
         // The coordinator's own CDU before its first search stands
         // nowhere: the others' water, not the coldest.
         let mut own = Coordinator::new(&one, 4, Some(0));
         for i in 1..4 {
-            own.hear(i, offer(34.0), 1_000).expect("a CDU");
+            own.hear(i, offer(34.0), 1_000, 0).expect("a CDU");
         }
         assert!(own.plan(2_000, 24.0).expect("a plan").water_c > 30.0);
+    }
+
+    /// A dead CDU's retained offer, delivered again when the coordinator
+    /// connects, is as old as it is: no caps are counted from it for a
+    /// fresh offer's life.
+    #[test]
+    fn an_old_offer_delivered_again_is_fresh_only_for_what_is_left_of_its_life() {
+        let mut one = CoreConfig::default();
+        one.facility.cdus = 2;
+        let mut c = Coordinator::new(&one, 2, None);
+        c.hear(0, offer(30.0), 1_000, 0).expect("CDU 0");
+        c.hear(1, offer(30.0), 1_000, 100_000)
+            .expect("CDU 1, 100 s old");
+        c.plan(1_000, 24.0).expect("a plan");
+        assert_eq!(c.planned_from(), 2, "both fresh yet");
+        c.plan(21_000, 24.0).expect("a plan");
+        assert_eq!(c.planned_from(), 1, "CDU 1 made its offer 120 s ago");
+        assert!(c.take_news().contains(&(1, Standing::Stale)));
+        c.hear(1, offer(30.0), 30_000, 200_000)
+            .expect("CDU 1, 200 s old");
+        c.plan(31_000, 24.0).expect("a plan");
+        assert_eq!(c.planned_from(), 1, "stale at once");
+    }
+
+    /// The coordinator's own CDU that never searches (failsafe from the
+    /// start) is not left out of the hall for good.
+    #[test]
+    fn its_own_cdu_that_never_offers_stands_at_the_coldest_water_after_an_offers_life() {
+        let mut one = CoreConfig::default();
+        one.facility.cdus = 4;
+        let mut own = Coordinator::new(&one, 4, Some(0));
+        for t in [1_000, 60_000, 110_000, 125_000] {
+            for i in 1..4 {
+                own.hear(i, offer(34.0), t, 0).expect("a CDU");
+            }
+            let p = own.plan(t, 24.0).expect("a plan");
+            if t < 121_000 {
+                assert!(p.water_c > 30.0, "{t}: {p:?}");
+            } else {
+                assert!((p.water_c - own.coldest_c()).abs() < 1e-3, "{p:?}");
+            }
+        }
+        assert!(own.take_news().contains(&(0, Standing::Never)));
     }
 }

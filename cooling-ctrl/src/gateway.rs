@@ -452,8 +452,8 @@ impl Gateway {
             return;
         }
         let now = self.now();
-        if let Some((from, st)) = hall_state(&msg, &self.cfg.cdu, now.unix_ms) {
-            let acts = self.bridge.hall_state(from, st, now);
+        if let Some((from, st, age_ms)) = hall_state(&msg, &self.cfg.cdu, now.unix_ms) {
+            let acts = self.bridge.hall_state(from, st, now, age_ms);
             self.perform(acts);
             return;
         }

@@ -398,7 +398,7 @@ impl loopwarden_twin::sim::FacilityCoordinator for SimCoordinator {
         let now_ms = (t_s * 1000.0).round() as u64;
         for (cdu, o) in offers.iter().enumerate() {
             if let Some(o) = o.and_then(|o| o.downcast_ref::<Offer>()) {
-                if let Err(e) = self.inner.hear(cdu, *o, now_ms) {
+                if let Err(e) = self.inner.hear(cdu, *o, now_ms, 0) {
                     panic!("the twin's hall and its coordinator disagree: {e}");
                 }
             }

@@ -42,7 +42,10 @@ pub fn offer_moved(said: Option<&Offer>, now: Option<&Offer>) -> bool {
             let accept_k = (a.accept_c - b.accept_c).abs();
             // The heat as the bus carries it: a milliwatt at the least.
             let heat_w = (a.heat_w - b.heat_w).abs();
-            accept_k >= REPUBLISH_ACCEPT_K || heat_w > REPUBLISH_HEAT * a.heat_w.max(1e-3)
+            // Caps offered or withdrawn (a search, a failsafe) at once.
+            accept_k >= REPUBLISH_ACCEPT_K
+                || heat_w > REPUBLISH_HEAT * a.heat_w.max(1e-3)
+                || a.points != b.points
         }
         (a, b) => a.is_some() != b.is_some(),
     }

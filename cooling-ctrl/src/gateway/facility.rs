@@ -39,6 +39,12 @@ use crate::shell::FacilityLink;
 /// the plan is heard unchanged, ms.
 pub const RENEW_EVERY_MS: u64 = 60_000;
 
+/// A plan older than this when heard is not sent down, ms: a coordinator
+/// publishes its state at least every minute
+/// ([`cooling_decide::facility::OFFER_AGAIN_MS`]), so a live one's plan is
+/// younger, clocks a minute apart allowed for.
+pub const SENT_AGE_MAX_MS: u64 = 2 * cooling_decide::facility::OFFER_AGAIN_MS;
+
 /// The gateway's part in the hall (see the module note).
 #[derive(Debug, Clone)]
 pub struct HallPart {
@@ -78,15 +84,24 @@ impl HallPart {
     /// still in force.
     pub fn restarted(&mut self, now_ms: u64) -> Option<f32> {
         self.offer = None;
-        let (water_c, heard_ms) = self.link.following()?;
-        (now_ms.saturating_sub(heard_ms) < FACILITY_TARGET_STALE_MS)
-            .then(|| self.send(water_c, now_ms))
+        let (water_c, age_ms) = self.link.following(now_ms)?;
+        (age_ms < FACILITY_TARGET_STALE_MS).then(|| self.send(water_c, now_ms))
     }
 
-    /// CDU `from`'s retained state `st`, heard at `now_ms`: the water to
-    /// send down, °C, when the coordinator's plan is due to go.
-    pub fn heard(&mut self, from: &Ident, st: &CduState, now_ms: u64) -> Option<f32> {
-        let water_c = self.link.hear(from, st, now_ms)?;
+    /// CDU `from`'s retained state `st`, heard at `now_ms` and `age_ms`
+    /// old: the water to send down, °C, when the coordinator's plan is due
+    /// to go. The MCU holds what it is sent a plan's whole life from when
+    /// it comes, so a plan older than [`SENT_AGE_MAX_MS`] (a dead
+    /// coordinator's retained plan, delivered again) is not sent down.
+    pub fn heard(&mut self, from: &Ident, st: &CduState, now_ms: u64, age_ms: u64) -> Option<f32> {
+        let water_c = self.link.hear(from, st, now_ms, age_ms)?;
+        if age_ms > SENT_AGE_MAX_MS {
+            tracing::info!(
+                "cooling gateway: {from}'s plan is {} s old (a retained plan delivered again): not sent down; the next the coordinator publishes is",
+                age_ms / 1000
+            );
+            return None;
+        }
         self.follow(water_c, now_ms)
     }
 
@@ -184,28 +199,41 @@ mod tests {
     fn the_coordinators_water_goes_down_when_it_changes_each_minute_and_after_a_restart() {
         let mut h = part("cdu-2");
         let c = id("cdu-1");
-        assert_eq!(h.heard(&c, &planned(29.0), 0), Some(29.0));
-        assert_eq!(h.heard(&c, &planned(29.0), 10_000), None, "unchanged");
-        assert_eq!(h.heard(&c, &planned(30.5), 20_000), Some(30.5));
+        assert_eq!(h.heard(&c, &planned(29.0), 0, 0), Some(29.0));
+        assert_eq!(h.heard(&c, &planned(29.0), 10_000, 0), None, "unchanged");
+        assert_eq!(h.heard(&c, &planned(30.5), 20_000, 0), Some(30.5));
         assert_eq!(
-            h.heard(&c, &planned(30.5), 20_000 + RENEW_EVERY_MS),
+            h.heard(&c, &planned(30.5), 20_000 + RENEW_EVERY_MS, 0),
             Some(30.5),
             "renewed"
         );
-        assert_eq!(h.heard(&id("cdu-9"), &planned(20.0), 90_000), None);
+        assert_eq!(h.heard(&id("cdu-9"), &planned(20.0), 90_000, 0), None);
         assert_eq!(h.restarted(90_000), Some(30.5), "the MCU forgot it");
         // A plan not heard for five minutes is not sent again.
         assert_eq!(h.restarted(80_000 + FACILITY_TARGET_STALE_MS + 1), None);
+        // A dead coordinator's retained plan, delivered again long after
+        // it was made, does not go down (the MCU would hold it its whole
+        // life from now), and is not sent again at a restart past its own.
+        let mut h = part("cdu-2");
+        let old = SENT_AGE_MAX_MS + 1;
+        assert_eq!(h.heard(&c, &planned(31.0), 0, old), None);
+        assert_eq!(
+            h.heard(&c, &planned(31.0), 1_000, SENT_AGE_MAX_MS),
+            Some(31.0)
+        );
+        let end = FACILITY_TARGET_STALE_MS - SENT_AGE_MAX_MS + 1_000;
+        assert_eq!(h.restarted(end - 1), Some(31.0));
+        assert_eq!(h.restarted(end), None);
     }
 
     #[test]
     fn water_that_did_not_reach_the_line_goes_down_again_at_the_next_word() {
         let mut h = part("cdu-2");
         let c = id("cdu-1");
-        assert_eq!(h.heard(&c, &planned(29.0), 0), Some(29.0));
+        assert_eq!(h.heard(&c, &planned(29.0), 0, 0), Some(29.0));
         h.not_sent();
-        assert_eq!(h.heard(&c, &planned(29.0), 1_000), Some(29.0), "again");
-        assert_eq!(h.heard(&c, &planned(29.0), 2_000), None, "it went");
+        assert_eq!(h.heard(&c, &planned(29.0), 1_000, 0), Some(29.0), "again");
+        assert_eq!(h.heard(&c, &planned(29.0), 2_000, 0), None, "it went");
     }
 
     #[test]
@@ -235,7 +263,7 @@ mod tests {
             offer: Some(offer(30.0)),
             plan: None,
         });
-        assert_eq!(h.heard(&id("cdu-2"), &theirs, 0), None);
+        assert_eq!(h.heard(&id("cdu-2"), &theirs, 0, 0), None);
         h.offered(Some(&offer(34.0)));
         let (s, moved, down) = h.state(true, Some(14.0), 100);
         let plan = s.plan.expect("a plan");

@@ -38,9 +38,9 @@ pub struct FacilityLink {
     coordinator: Option<Coordinator>,
     /// The facility state last published.
     sent: Option<FacilityState>,
-    /// The plan last followed, °C of facility water, and when, ms of the
-    /// caller's clock.
-    following: Option<(f32, u64)>,
+    /// The plan last followed, °C of facility water, when it was heard
+    /// (ms of the caller's clock), and how old it was then, ms.
+    following: Option<(f32, u64, u64)>,
     /// The CDUs other than the coordinator heard publishing a plan (each
     /// said once: two configurations that disagree on the coordinator).
     other_planners: Vec<Ident>,
@@ -67,9 +67,11 @@ impl FacilityLink {
         self.coordinator.is_some()
     }
 
-    /// The plan last followed, °C of facility water, and when.
-    pub fn following(&self) -> Option<(f32, u64)> {
+    /// The plan last followed, °C of facility water, and its age at
+    /// `now`, ms.
+    pub fn following(&self, now: u64) -> Option<(f32, u64)> {
         self.following
+            .map(|(w, heard, age)| (w, now.saturating_sub(heard).saturating_add(age)))
     }
 
     /// What the console and `/metrics` show at `now`, with this CDU's
@@ -81,8 +83,7 @@ impl FacilityLink {
             offer,
             // A plan the core dropped as stale is not shown as followed.
             following: self
-                .following
-                .map(|(w, at)| (w, now.saturating_sub(at)))
+                .following(now)
                 .filter(|(_, age)| *age < FACILITY_TARGET_STALE_MS),
             plan: self
                 .coordinator
@@ -91,15 +92,15 @@ impl FacilityLink {
         }
     }
 
-    /// CDU `from`'s retained state `st`, heard at `now`: on the
-    /// coordinator, its offer is heard; the coordinator's plan is the
-    /// water to follow, returned.
-    pub fn hear(&mut self, from: &Ident, st: &CduState, now: u64) -> Option<f32> {
+    /// CDU `from`'s retained state `st`, heard at `now` and `age_ms` old
+    /// ([`hall_state`]): on the coordinator, its offer is heard; the
+    /// coordinator's plan is the water to follow, returned.
+    pub fn hear(&mut self, from: &Ident, st: &CduState, now: u64, age_ms: u64) -> Option<f32> {
         let facility = st.facility.as_ref()?;
         if let (Some(co), Some(offer)) = (self.coordinator.as_mut(), &facility.offer) {
             match self.role.cdus.iter().position(|c| c == from) {
                 Some(i) => {
-                    if let Err(e) = co.hear(i, offer_of(offer), now) {
+                    if let Err(e) = co.hear(i, offer_of(offer), now, age_ms) {
                         tracing::warn!("cooling facility: the offer of {from}: {e}");
                     }
                 }
@@ -121,7 +122,7 @@ impl FacilityLink {
         }
         let plan = facility.plan.as_ref()?;
         let water = plan.water.value() as f32;
-        self.following = Some((water, now));
+        self.following = Some((water, now, age_ms));
         Some(water)
     }
 
@@ -140,12 +141,12 @@ impl FacilityLink {
         if let Some(co) = self.coordinator.as_mut() {
             let me = self.role.cdus.iter().position(|c| c == &self.me);
             if let (Some(o), Some(i)) = (offer, me) {
-                if let Err(e) = co.hear(i, o, now) {
+                if let Err(e) = co.hear(i, o, now, 0) {
                     tracing::warn!("cooling facility: its own offer: {e}");
                 }
             }
             if let Some(p) = co.plan(now, ambient_c) {
-                self.following = Some((p.water_c, now));
+                self.following = Some((p.water_c, now, 0));
                 follow = Some(p.water_c);
                 plan = Some(plan_msg(&p, co.planned_from()));
             }
@@ -185,17 +186,19 @@ fn moved(sent: Option<&FacilityState>, now: &FacilityState) -> bool {
     sent.plan != now.plan || offer_moved(was.as_ref(), is.as_ref())
 }
 
-/// Another CDU's retained state in `msg`, and who sent it: a CDU's state
-/// on its own `health` topic, not `me`'s, stamped within
-/// [`FACILITY_TARGET_STALE_MS`] of `wall_ms` (Unix ms). An older one (a
-/// silent controller's retained state, delivered again at every
-/// connection, or clocks that far apart) is neither a plan to follow nor
-/// an offer to hear: said, and dropped.
+/// Another CDU's retained state in `msg`, who sent it, and how old it is
+/// by its stamp, ms (0 for a stamp ahead of `wall_ms`, Unix ms): a CDU's
+/// state on its own `health` topic, not `me`'s, stamped within
+/// [`FACILITY_TARGET_STALE_MS`] of `wall_ms`. An older one (a silent
+/// controller's retained state, delivered again at every connection, or
+/// clocks that far apart) is neither a plan to follow nor an offer to
+/// hear: said, and dropped. One younger is taken as as old as it is, so
+/// a dead controller's state delivered again is never news.
 pub fn hall_state<'a>(
     msg: &'a Inbound,
     me: &Ident,
     wall_ms: u64,
-) -> Option<(&'a Ident, &'a CduState)> {
+) -> Option<(&'a Ident, &'a CduState, u64)> {
     let (Message::CduState(st), Family::Health) = (&msg.frame.message, msg.topic.family) else {
         return None;
     };
@@ -218,7 +221,11 @@ pub fn hall_state<'a>(
         );
         return None;
     }
-    Some((&msg.topic.node, st))
+    Some((
+        &msg.topic.node,
+        st,
+        wall_ms.saturating_sub(msg.frame.time.0),
+    ))
 }
 
 /// The subscription to every CDU's state of `site` (the coordinator's
@@ -234,15 +241,17 @@ impl<P: CduPort> Shell<P> {
     /// on the coordinator, each hall CDU's offer is heard.
     pub(super) fn on_cdu_state(&mut self, msg: &Inbound) {
         let wall_ms = now_ms().0;
-        let Some((from, st)) = hall_state(msg, &self.cfg.cdu, wall_ms) else {
+        let Some((from, st, age_ms)) = hall_state(msg, &self.cfg.cdu, wall_ms) else {
             return;
         };
         let now = self.now_ms();
         let Some(link) = self.facility.as_mut() else {
             return;
         };
-        if let Some(water) = link.hear(from, st, now) {
-            self.decider.core_mut().facility_target(water, now);
+        if let Some(water) = link.hear(from, st, now, age_ms) {
+            self.decider
+                .core_mut()
+                .facility_target_aged(water, now, age_ms);
         }
     }
 
@@ -343,6 +352,10 @@ mod tests {
         // dead coordinator's retained plan would stay in force.
         let far = inbound("cdu-1", st.clone(), wall + FACILITY_TARGET_STALE_MS + 1);
         assert!(hall_state(&far, &id("cdu-2"), wall).is_none(), "far ahead");
+        let (_, _, age) = hall_state(&fresh, &id("cdu-2"), wall).expect("taken");
+        assert_eq!(age, FACILITY_TARGET_STALE_MS, "as old as its stamp");
+        let (_, _, age) = hall_state(&ahead, &id("cdu-2"), wall).expect("taken");
+        assert_eq!(age, 0, "ahead: no age");
         let old = inbound("cdu-1", st.clone(), wall - FACILITY_TARGET_STALE_MS - 1);
         assert!(hall_state(&old, &id("cdu-2"), wall).is_none());
         assert!(hall_state(&fresh, &id("cdu-1"), wall).is_none(), "its own");
@@ -374,18 +387,27 @@ mod tests {
             plan: Some(plan),
         });
         assert_eq!(
-            l.hear(&id("cdu-9"), &planned, 5),
+            l.hear(&id("cdu-9"), &planned, 5, 0),
             None,
             "not the coordinator"
         );
-        assert_eq!(l.hear(&id("cdu-9"), &planned, 6), None);
+        assert_eq!(l.hear(&id("cdu-9"), &planned, 6, 0), None);
         assert_eq!(l.other_planners, [id("cdu-9")], "said once");
-        assert_eq!(l.hear(&id("cdu-1"), &planned, 7), Some(29.5));
-        assert_eq!(l.following(), Some((29.5, 7)));
+        assert_eq!(l.hear(&id("cdu-1"), &planned, 7, 0), Some(29.5));
+        assert_eq!(l.following(7), Some((29.5, 0)));
         // Shown while the core follows it; not once it dropped it.
         assert_eq!(l.status(60_007, None).following, Some((29.5, 60_000)));
         let stale = 7 + FACILITY_TARGET_STALE_MS;
         assert_eq!(l.status(stale, None).following, None);
+        // A dead coordinator's retained plan, delivered again 290 s after
+        // it was made, stands the 10 s left of its life, not 5 minutes.
+        let late = stale + 1_000;
+        assert_eq!(l.hear(&id("cdu-1"), &planned, late, 290_000), Some(29.5));
+        assert_eq!(
+            l.status(late + 9_999, None).following,
+            Some((29.5, 299_999))
+        );
+        assert_eq!(l.status(late + 10_000, None).following, None);
     }
 
     #[test]
@@ -396,7 +418,7 @@ mod tests {
             offer: Some(offer_msg(&offer(30.0))),
             plan: None,
         });
-        assert_eq!(l.hear(&id("cdu-2"), &theirs, 0), None);
+        assert_eq!(l.hear(&id("cdu-2"), &theirs, 0, 0), None);
         let (s, due, follow) = l.state(Some(offer(34.0)), 20.0, 100);
         let plan = s.plan.expect("a plan from both offers");
         assert_eq!(plan.offers, 2);
