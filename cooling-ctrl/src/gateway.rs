@@ -425,6 +425,9 @@ impl Gateway {
         match ev {
             LinkEvent::Open(open) => {
                 self.stats.link_open = open;
+                if open {
+                    self.bridge.line_opened();
+                }
                 // A line opened (again): the MCU behind it may have
                 // started meanwhile, or the limits restored at the start
                 // found it closed.

@@ -478,6 +478,14 @@ impl Bridge {
         Ok(out)
     }
 
+    /// The line opened (again): bytes of a frame begun on the line before
+    /// (a serial adapter unplugged, a TCP line's server restarted) are
+    /// dropped, not glued onto the first frame of this one (the MCU's
+    /// hello, after its own restart).
+    pub fn line_opened(&mut self) {
+        *self.deframer = Deframer::default();
+    }
+
     /// A frame to the MCU was written (`true`), or not.
     pub fn wrote(&mut self, written: bool) {
         if written {
@@ -1030,6 +1038,23 @@ mod tests {
         // (MCU ms 500) is after its step at 10 ms, heard at T0 + 200.
         let st = states(&acts);
         assert_eq!(st[0].0.since, TimestampMs(T0 + 200 - 10 + 500));
+    }
+
+    #[test]
+    fn a_frame_begun_before_the_line_opened_again_is_not_glued_to_the_next() {
+        let mut b = bridge();
+        let whole = frame(&status(10, 1_000, CduMode::Normal, false), 10);
+        // Half a frame, then the line goes and comes back.
+        b.hear(&whole[..whole.len() / 2], at(100));
+        b.line_opened();
+        let next = frame(&status(11, 1_300, CduMode::Normal, false), 11);
+        let acts = b.hear(&next, at(200));
+        assert!(
+            acts.iter().any(|a| matches!(a, Act::Telemetry(..))),
+            "the status is taken: {acts:?}"
+        );
+        let c = b.counts();
+        assert_eq!((c.frames_in, c.dropped.total()), (1, 0), "{c:?}");
     }
 
     #[test]
