@@ -133,6 +133,18 @@ pub enum PublishError {
         /// How many were handed over and not acknowledged.
         count: usize,
     },
+    /// Shutdown ended, connected, with outbox frames never handed over to
+    /// the broker: the outbox could not be read back from flash, or the
+    /// timeout passed before there was room for them. They stay in flash
+    /// and go out after the next start.
+    #[error(
+        "outbox frames left unsent in flash at shutdown (not read back, or no room before the timeout), and {unacknowledged} publishes not acknowledged by the broker; they go out after the next start"
+    )]
+    LeftInFlash {
+        /// Publishes handed over and not acknowledged, as in
+        /// [`PublishError::Unacknowledged`].
+        unacknowledged: usize,
+    },
 }
 
 /// The system's real-time clock in milliseconds since the Unix epoch (for

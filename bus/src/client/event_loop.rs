@@ -18,6 +18,7 @@
 //!   handles see as connected.
 //! - *link*: the connection the broker accepted (ready or not yet).
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -151,6 +152,23 @@ fn no_will_registered(e: &ConnectionError) -> bool {
         ConnectionError::Io(io) => io.kind() == std::io::ErrorKind::ConnectionRefused,
         ConnectionError::Tls(_) | ConnectionError::ConnectionRefused(_) => true,
         _ => false,
+    }
+}
+
+/// A shutdown's answer: `Ok` only when it was connected and nothing waits
+/// for the broker (`unacknowledged`) nor in flash (`in_flash`: outbox
+/// frames never handed over).
+fn leaving_answer(
+    connected: bool,
+    unacknowledged: usize,
+    in_flash: bool,
+) -> Result<(), PublishError> {
+    let count = unacknowledged;
+    match (connected, in_flash) {
+        (false, _) => Err(PublishError::Unacknowledged { count }),
+        (true, true) => Err(PublishError::LeftInFlash { unacknowledged }),
+        (true, false) if count > 0 => Err(PublishError::Unacknowledged { count }),
+        (true, false) => Ok(()),
     }
 }
 
@@ -333,34 +351,33 @@ impl Core {
     }
 
     /// Says goodbye (`online: false`, frame and JSON; the JSON over the
-    /// presence connection with `json_presence`) when ready, queues the
-    /// disconnection, and answers the shutdown.
+    /// presence connection with `json_presence`) when connected, queues
+    /// the disconnection, and answers the shutdown.
     fn finish_leaving(&mut self) {
         let Some(leaving) = self.leaving.take() else {
             return;
         };
         let unacknowledged = self.session.unacknowledged();
-        let connected = self.ready;
+        let connected = self.session.link_up();
         let mut goodbye = None;
         if connected {
+            // Ready or still waiting for the SUBACK: the announcement is
+            // queued already, and the DISCONNECT drops the will, so the
+            // goodbye goes behind the one and ahead of the other.
             let bye = self.node.online_frame(false);
             self.session.leave(self.node.presence(&bye));
             goodbye = Some(bye);
         } else {
-            // Connected but not ready: leave now; not connected: the next
-            // connection says goodbye and leaves (`on_connack`).
+            // Not connected: the next connection says goodbye and leaves
+            // (`on_connack`).
             self.session.leave(Vec::new());
         }
         self.want_presence(Want::End(goodbye.map(Box::new)));
         self.place_queued();
-        let result = if !connected || unacknowledged > 0 {
-            Err(PublishError::Unacknowledged {
-                count: unacknowledged,
-            })
-        } else {
-            Ok(())
-        };
-        let _ = leaving.answer.send(result);
+        let in_flash = self.session.deferred();
+        let _ = leaving
+            .answer
+            .send(leaving_answer(connected, unacknowledged, in_flash));
     }
 
     async fn on_event(
@@ -581,6 +598,22 @@ impl Core {
         Flow::Stop
     }
 
+    /// Takes what still counts of the events the client parsed before its
+    /// connection was lost (it read a batch, then the connection failed):
+    /// acknowledgements (frames the broker has, not to be sent again),
+    /// frames received (a command, a lease), and the sends they follow.
+    /// Packets it queued to send are gone with the connection.
+    fn take_leftovers(&mut self, events: VecDeque<Event>) {
+        for event in events {
+            match event {
+                Event::Incoming(Packet::PubAck(ack)) => self.on_puback(ack.pkid),
+                Event::Incoming(Packet::Publish(p)) => self.on_publish(p),
+                Event::Outgoing(Outgoing::Publish(pkid)) if pkid != 0 => self.session.sent(pkid),
+                _ => {}
+            }
+        }
+    }
+
     /// After a lost connection: the session keeps what it must, the
     /// client's leftovers of the old session go, and the next attempt
     /// waits the backoff, at the next broker of the list.
@@ -590,15 +623,16 @@ impl Core {
         self.set_ready(false);
         // The client gave back what it had not got acknowledged; the
         // session has its own copy of every QoS 1 publish. Telemetry is
-        // dropped (counted); send events of the broken connection still
-        // buffered are stale.
+        // dropped (counted). What the client read before the connection
+        // failed is taken first: a frame the broker acknowledged is not
+        // sent again, and a command that came is not lost.
         let telemetry = eventloop
             .pending
             .iter()
             .filter(|r| matches!(r, Request::Publish(p) if p.qos == QoS::AtMostOnce))
             .count();
         eventloop.pending.clear();
-        eventloop.state.events.clear();
+        self.take_leftovers(std::mem::take(&mut eventloop.state.events));
         self.session.connection_lost(telemetry);
         if self.shutting_down {
             self.finish_leaving();
@@ -669,5 +703,218 @@ impl Core {
             }
         }
         Flow::Go
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use loopwarden_protocol::{samples, Ident, Message, MessageKind, NodeId, Role};
+    use rumqttc::{ConnAck, ConnectReturnCode, PubAck, SubAck, SubscribeReasonCode};
+
+    use super::super::command::{self, Class, HandleEnds};
+    use super::*;
+    use crate::config::{BrokerAddr, BusConfig};
+    use crate::durable::{DurableOutbox, StoreFailure};
+
+    const EVENTS: &str = "dc/v2/s1/host/h1/event";
+
+    /// A core for host `h1`, never connected to anything: what it puts in
+    /// the client is read back from the `EventLoop`'s queue.
+    struct Harness {
+        core: Core,
+        eventloop: EventLoop,
+        inbound: mpsc::Receiver<Inbound>,
+        _handles: HandleEnds,
+    }
+
+    fn harness(outbox: Option<SharedOutbox>) -> Harness {
+        let broker: BrokerAddr = "127.0.0.1:1883".parse().expect("an address");
+        let site = Ident::new("s1").expect("a site");
+        let me = NodeId::new(Role::Host, "h1").expect("a node");
+        let node = Arc::new(Node::new(BusConfig::new(broker, site, me)));
+        let (handles, ends) = command::channels(8);
+        let (inbound_tx, inbound) = mpsc::channel(8);
+        let (client, mut eventloop) = AsyncClient::new(node.mqtt_options(0), CONDUIT);
+        let core = Core::new(node, client, ends, inbound_tx, outbox, None, &mut eventloop);
+        Harness {
+            core,
+            eventloop,
+            inbound,
+            _handles: handles,
+        }
+    }
+
+    /// An outbox whose flash cannot be read.
+    struct Unreadable;
+
+    impl DurableOutbox for Unreadable {
+        fn store(
+            &mut self,
+            _: u32,
+            _: loopwarden_flash::outbox::Class,
+            _: &str,
+            _: &[u8],
+        ) -> Result<loopwarden_flash::outbox::Dropped, StoreFailure> {
+            Err(StoreFailure::Flash("unwritable".into()))
+        }
+
+        fn ack(&mut self, _: u32) -> Result<bool, String> {
+            Err("unwritable".into())
+        }
+
+        fn pending(&mut self) -> Result<Vec<Pending>, String> {
+            Err("unreadable".into())
+        }
+    }
+
+    fn frame(seq: u32) -> Vec<u8> {
+        let frame = Frame {
+            seq,
+            ..samples::frame(MessageKind::Event)
+        };
+        frame.to_vec().expect("a sample frame encodes")
+    }
+
+    fn event(seq: u32) -> command::Outgoing {
+        command::Outgoing {
+            topic: EVENTS.into(),
+            payload: frame(seq),
+            qos: QoS::AtLeastOnce,
+            retain: false,
+            class: Class::Plain,
+        }
+    }
+
+    fn seqs(publishes: &[rumqttc::Publish]) -> Vec<u32> {
+        let seq = |p: &rumqttc::Publish| Frame::decode(&p.payload).expect("a frame").seq;
+        publishes.iter().map(seq).collect()
+    }
+
+    fn shutdown(core: &mut Core) -> oneshot::Receiver<Result<(), PublishError>> {
+        let (answer, rx) = oneshot::channel();
+        let timeout = Duration::from_secs(3);
+        core.on_control(Control::Shutdown { timeout, answer });
+        rx
+    }
+
+    fn connack() -> ConnAck {
+        ConnAck::new(ConnectReturnCode::Success, false)
+    }
+
+    fn suback(core: &mut Core) {
+        let granted = SubscribeReasonCode::Success(QoS::AtLeastOnce);
+        let codes = vec![granted; core.subscriptions.len()];
+        core.on_suback(SubAck::new(1, codes));
+    }
+
+    /// The `online` values and the disconnection put in the client, in
+    /// the order they go out.
+    fn presence_out(eventloop: &mut EventLoop) -> Vec<Option<bool>> {
+        eventloop.clean(); // the client's queue, behind the pending list
+        let online = |r: &Request| match r {
+            Request::Publish(p) => match Frame::decode(&p.payload).map(|f| f.message) {
+                Ok(Message::Online(o)) => Some(Some(o.online)),
+                _ => None,
+            },
+            Request::Disconnect(_) => Some(None),
+            _ => None,
+        };
+        eventloop.pending.iter().filter_map(online).collect()
+    }
+
+    #[test]
+    fn what_the_client_read_before_the_connection_failed_still_counts() {
+        let mut h = harness(None);
+        let core = &mut h.core;
+        core.session.connected(Vec::new(), None);
+        core.session.accept(event(1));
+        core.session.accept(event(2));
+        core.place_queued();
+        core.session.sent(1);
+        // Its last read: event 2 sent, event 1 acknowledged, a command
+        // came (and was acknowledged); then the connection failed.
+        let cmd = rumqttc::Publish::new("dc/v2/s1/host/h1/cmd", QoS::AtLeastOnce, frame(77));
+        let events = VecDeque::from([
+            Event::Outgoing(Outgoing::Publish(2)),
+            Event::Incoming(Packet::PubAck(PubAck::new(1))),
+            Event::Incoming(Packet::Publish(cmd)),
+            Event::Outgoing(Outgoing::PubAck(5)),
+        ]);
+        core.take_leftovers(events);
+        core.session.connection_lost(0);
+        let again = core.session.connected(Vec::new(), None);
+        assert_eq!(seqs(&again), [2], "event 1 is at the broker: not again");
+        assert_eq!(core.node.status.metrics.snapshot().acked, 1);
+        let inbound = h.inbound.try_recv().expect("the command is passed on");
+        assert_eq!(inbound.frame.seq, 77);
+    }
+
+    /// Connected, subscriptions not answered yet: the announcement is
+    /// queued, so the goodbye must follow it before the DISCONNECT, which
+    /// drops the will.
+    #[test]
+    fn a_shutdown_before_the_suback_says_goodbye_behind_the_announcement() {
+        let mut h = harness(None);
+        h.core.on_connack(&mut h.eventloop, connack());
+        assert!(!h.core.ready);
+        let answer = shutdown(&mut h.core);
+        assert_eq!(
+            presence_out(&mut h.eventloop),
+            [Some(true), Some(false), None],
+            "announcement, goodbye, disconnection"
+        );
+        let answer = answer.blocking_recv().expect("answered");
+        assert!(
+            matches!(answer, Err(PublishError::Unacknowledged { count: 1 })),
+            "the announcement is not acknowledged: {answer:?}"
+        );
+    }
+
+    #[test]
+    fn a_shutdown_ready_says_goodbye_then_disconnects() {
+        let mut h = harness(None);
+        h.core.on_connack(&mut h.eventloop, connack());
+        suback(&mut h.core);
+        h.core.session.sent(1);
+        h.core.on_puback(1);
+        let answer = shutdown(&mut h.core);
+        assert_eq!(
+            presence_out(&mut h.eventloop),
+            [Some(true), Some(false), None]
+        );
+        assert!(matches!(answer.blocking_recv(), Ok(Ok(()))));
+    }
+
+    /// Everything handed over is acknowledged, but the outbox could not be
+    /// read back from flash: its frames were never sent.
+    #[test]
+    fn a_shutdown_with_outbox_frames_left_in_flash_fails_and_says_so() {
+        let outbox: Box<dyn DurableOutbox> = Box::new(Unreadable);
+        let mut h = harness(Some(Arc::new(std::sync::Mutex::new(outbox))));
+        h.core.on_connack(&mut h.eventloop, connack());
+        suback(&mut h.core);
+        h.core.session.sent(1);
+        h.core.on_puback(1);
+        assert_eq!(h.core.session.unacknowledged(), 0);
+        let mut answer = shutdown(&mut h.core);
+        assert!(answer.try_recv().is_err(), "waits for the outbox");
+        h.core.finish_leaving(); // the timeout passed
+        let answer = answer.blocking_recv().expect("answered");
+        assert!(
+            matches!(answer, Err(PublishError::LeftInFlash { unacknowledged: 0 })),
+            "{answer:?}"
+        );
+        let said = answer.unwrap_err().to_string();
+        assert!(said.contains("left unsent in flash"), "{said}");
+    }
+
+    #[test]
+    fn a_shutdown_while_not_connected_fails_unacknowledged() {
+        let mut h = harness(None);
+        let answer = shutdown(&mut h.core).blocking_recv().expect("answered");
+        assert!(matches!(
+            answer,
+            Err(PublishError::Unacknowledged { count: 0 })
+        ));
     }
 }

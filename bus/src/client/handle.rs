@@ -388,8 +388,9 @@ impl Bus {
     /// presence connection with `json_presence`), disconnects, and stops
     /// reconnecting; the broker then drops the last will. Fails with
     /// [`PublishError::Unacknowledged`] when not everything was
-    /// acknowledged (not connected, or the timeout passed). Await
-    /// [`BusTask::join`] afterwards.
+    /// acknowledged (not connected, or the timeout passed), and with
+    /// [`PublishError::LeftInFlash`] when outbox frames were never handed
+    /// over (they stay in flash). Await [`BusTask::join`] afterwards.
     pub async fn shutdown(&self, timeout: Duration) -> Result<(), PublishError> {
         let (answer, rx) = oneshot::channel();
         let asked = Control::Shutdown { timeout, answer };

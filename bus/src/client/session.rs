@@ -134,6 +134,18 @@ impl Session {
         &self.status.metrics
     }
 
+    /// Connected: the broker accepted the connection (its subscriptions
+    /// may still be unanswered).
+    pub(super) fn link_up(&self) -> bool {
+        self.link_up
+    }
+
+    /// Whether the outbox may hold frames not handed over yet (deferred):
+    /// frames that, at a shutdown, stay in flash unsent.
+    pub(super) fn deferred(&self) -> bool {
+        self.deferred
+    }
+
     /// Whether the loop may take another command: connected, and nothing
     /// waiting for room in the client's queue.
     pub(super) fn takes_commands(&self) -> bool {
@@ -165,8 +177,12 @@ impl Session {
                 What::Outbox(seq)
             }
             Class::Retained => {
-                self.retained
-                    .insert(publish.topic.clone(), publish.payload.to_vec());
+                if !self.hold_retained(&publish.topic, &publish.payload) {
+                    // A newer state of the topic came round the full
+                    // command channel first and is held (handed over or
+                    // to be): the broker must keep that one.
+                    return;
+                }
                 What::Kept
             }
             Class::Plain => What::Kept,
@@ -415,19 +431,29 @@ impl Session {
     /// rest on the next one).
     pub(super) fn offer_retained(&mut self, unsent: &Unsent) {
         for (name, payload) in unsent {
-            let newer = self
-                .retained
-                .get(name)
-                .is_none_or(|old| seq_of(payload) > seq_of(old));
-            if !newer {
+            if !self.hold_retained(name, payload) {
                 continue;
             }
-            self.retained.insert(name.clone(), payload.clone());
             if self.link_up || self.connections == 0 {
                 let h = Handover::new(retained_publish(name, payload), What::Kept);
                 self.waiting.push_back(Queued::Publish(h));
             }
         }
+    }
+
+    /// Keeps `payload` as the latest retained state of topic `name` if it
+    /// is newer (a higher sequence number) than the one held; false, and
+    /// nothing kept, when it is not: an older state must never go out
+    /// after a newer, or the broker would keep the older.
+    fn hold_retained(&mut self, name: &str, payload: &[u8]) -> bool {
+        let newer = self
+            .retained
+            .get(name)
+            .is_none_or(|old| seq_of(payload) > seq_of(old));
+        if newer {
+            self.retained.insert(name.to_string(), payload.to_vec());
+        }
+        newer
     }
 }
 
@@ -785,6 +811,33 @@ mod tests {
         s.connection_lost(0);
         let first = s.connected(vec![presence()], None);
         assert_eq!(seqs(&first).last(), Some(&Some(6)));
+    }
+
+    /// Health seq 6 went round the full command channel (the watch is
+    /// read first); seq 5, taken from the channel after it, is older.
+    #[test]
+    fn retained_state_older_than_the_one_held_is_not_published_after_it() {
+        let mut s = session(10, false);
+        s.connected(Vec::new(), None);
+        let mut unsent = Unsent::new();
+        unsent.insert(HEALTH.into(), payload(6));
+        s.offer_retained(&unsent);
+        assert_eq!(seqs(&drain(&mut s)), some([6]));
+        s.sent(1);
+        s.acked(1);
+        s.accept(Outgoing {
+            topic: HEALTH.into(),
+            retain: true,
+            class: Class::Retained,
+            ..event(5)
+        });
+        assert!(
+            drain(&mut s).is_empty(),
+            "an older state never goes after a newer"
+        );
+        s.connection_lost(0);
+        let first = s.connected(vec![presence()], None);
+        assert_eq!(seqs(&first), vec![Some(0), Some(6)], "seq 6 announced");
     }
 
     #[test]

@@ -94,13 +94,27 @@ impl Asker {
         }
     }
 
-    /// `sender` answered with `report`. Returns the code when the sender
-    /// refuses this reader for good (no key it knows, or no right), for
-    /// the caller to say once; and, once per sender, when it refuses our
-    /// newest request as replayed (a clock far from the sender's is the
-    /// likely cause: asked again meanwhile).
-    pub fn answered(&mut self, sender: &NodeId, report: &ResendReport) -> Option<ResendCode> {
+    /// `sender` answered with `report`, heard by this reader, `me`.
+    /// Returns the code when the sender refuses this reader for good (no
+    /// key it knows, or no right), for the caller to say once; and, once
+    /// per sender, when it refuses our newest request as replayed (a clock
+    /// far from the sender's is the likely cause: asked again meanwhile).
+    /// Every reader hears every report on the sender's `resent` topic: one
+    /// for another reader's request tells only where the sender's log
+    /// starts, and settles and refuses nothing of this reader's.
+    pub fn answered(
+        &mut self,
+        me: &NodeId,
+        sender: &NodeId,
+        report: &ResendReport,
+    ) -> Option<ResendCode> {
         let a = self.senders.entry(sender.clone()).or_default();
+        if report.held_from.is_some() {
+            a.held_from = report.held_from;
+        }
+        if report.correlation.from != *me {
+            return None;
+        }
         let ours = a
             .asked
             .is_some_and(|(f, t, _)| (f, t) == (report.from, report.to));
@@ -111,9 +125,6 @@ impl Asker {
         if ours && served && a.heard < report.resent {
             // Some of the repair was lost on the way: ask again.
             return None;
-        }
-        if report.held_from.is_some() {
-            a.held_from = report.held_from;
         }
         let through = match report.code {
             ResendCode::Ok | ResendCode::Malformed => Some(report.to),
@@ -163,12 +174,14 @@ mod tests {
         t
     }
 
+    /// The reader.
+    fn me() -> NodeId {
+        NodeId::new(Role::Facility, "r").unwrap()
+    }
+
     fn report(code: ResendCode, from: u32, to: u32, next: Option<u32>) -> ResendReport {
         ResendReport {
-            correlation: Correlation {
-                from: NodeId::new(Role::Facility, "r").unwrap(),
-                seq: 1,
-            },
+            correlation: Correlation { from: me(), seq: 1 },
             code,
             from,
             to,
@@ -196,7 +209,10 @@ mod tests {
             Some((3, 7)),
             "no report: asked again"
         );
-        assert_eq!(a.answered(&h1(), &report(ResendCode::Ok, 3, 7, None)), None);
+        assert_eq!(
+            a.answered(&me(), &h1(), &report(ResendCode::Ok, 3, 7, None)),
+            None
+        );
         assert_eq!(a.due(at(RETRY_MS + 2), &h1(), &t), None, "settled");
         let t = track(&[1, 2, 4, 5, 8, 9, 11, 12]);
         assert_eq!(a.due(at(RETRY_MS + 3), &h1(), &t), None, "10 is new");
@@ -212,12 +228,12 @@ mod tests {
         a.resent(&h1(), 3);
         let mut r = report(ResendCode::Ok, 2, 4, None);
         r.resent = 2;
-        a.answered(&h1(), &r);
+        a.answered(&me(), &h1(), &r);
         assert_eq!(a.due(at(2), &h1(), &t), Some((2, 4)), "one of two came");
         a.resent(&h1(), 2);
         a.resent(&h1(), 9); // not of the range
         a.resent(&h1(), 4);
-        a.answered(&h1(), &r);
+        a.answered(&me(), &h1(), &r);
         assert_eq!(a.due(at(3), &h1(), &t), None, "both came: settled");
     }
 
@@ -227,7 +243,7 @@ mod tests {
         let t = track(&[1, 5, 9]);
         a.due(T, &h1(), &t);
         assert_eq!(a.due(at(1), &h1(), &t), Some((2, 8)));
-        a.answered(&h1(), &report(ResendCode::Limited, 2, 8, Some(6)));
+        a.answered(&me(), &h1(), &report(ResendCode::Limited, 2, 8, Some(6)));
         assert_eq!(a.due(at(2), &h1(), &t), Some((6, 8)));
     }
 
@@ -238,9 +254,44 @@ mod tests {
         a.due(T, &h1(), &t);
         assert!(a.due(at(1), &h1(), &t).is_some());
         let r = report(ResendCode::Forbidden, 2, 4, None);
-        assert_eq!(a.answered(&h1(), &r), Some(ResendCode::Forbidden));
-        assert_eq!(a.answered(&h1(), &r), None);
+        assert_eq!(a.answered(&me(), &h1(), &r), Some(ResendCode::Forbidden));
+        assert_eq!(a.answered(&me(), &h1(), &r), None);
         assert_eq!(a.due(at(RETRY_MS * 2), &h1(), &t), None);
+    }
+
+    /// Every reader hears the sender's reports: a refusal of another
+    /// reader's request (the same range, even) neither stops this one
+    /// asking nor settles its holes.
+    #[test]
+    fn a_report_for_another_readers_request_is_not_this_readers() {
+        let mut a = Asker::default();
+        let t = track(&[1, 5]);
+        a.due(T, &h1(), &t);
+        assert_eq!(a.due(at(1), &h1(), &t), Some((2, 4)));
+        let other = NodeId::new(Role::Facility, "other").unwrap();
+        for code in [ResendCode::Forbidden, ResendCode::Ok] {
+            let mut r = report(code, 2, 4, None);
+            r.correlation.from = other.clone();
+            r.held_from = Some(3);
+            assert_eq!(a.answered(&me(), &h1(), &r), None, "{code}");
+        }
+        assert_eq!(
+            a.held_from(&h1()),
+            Some(3),
+            "the sender's log, whoever asked"
+        );
+        assert_eq!(a.waiting(), 1, "ours still waits for its report");
+        assert_eq!(
+            a.due(at(RETRY_MS + 1), &h1(), &t),
+            Some((2, 4)),
+            "asked again: not refused, not settled"
+        );
+        let r = report(ResendCode::Forbidden, 2, 4, None);
+        assert_eq!(
+            a.answered(&me(), &h1(), &r),
+            Some(ResendCode::Forbidden),
+            "our own refusal is said"
+        );
     }
 
     /// Our request refused as replayed (this machine's clock far from the
@@ -252,15 +303,15 @@ mod tests {
         a.due(T, &h1(), &t);
         assert_eq!(a.due(at(1), &h1(), &t), Some((2, 4)));
         let r = report(ResendCode::Replayed, 2, 4, None);
-        assert_eq!(a.answered(&h1(), &r), Some(ResendCode::Replayed));
+        assert_eq!(a.answered(&me(), &h1(), &r), Some(ResendCode::Replayed));
         assert_eq!(
             a.due(at(RETRY_MS + 2), &h1(), &t),
             Some((2, 4)),
             "asked again"
         );
-        assert_eq!(a.answered(&h1(), &r), None, "said once");
+        assert_eq!(a.answered(&me(), &h1(), &r), None, "said once");
         let other = report(ResendCode::Replayed, 7, 8, None);
-        assert_eq!(a.answered(&h1(), &other), None, "not ours");
+        assert_eq!(a.answered(&me(), &h1(), &other), None, "not ours");
     }
 
     #[test]

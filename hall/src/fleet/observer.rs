@@ -176,7 +176,7 @@ impl Heard {
             if track.hear(&f) {
                 self.received_qos1 += 1;
             }
-            if let Some(code) = self.asker.answered(&f.sender, r) {
+            if let Some(code) = self.asker.answered(&observer_id(), &f.sender, r) {
                 tracing::error!("observer: {} refuses to resend: {code}", f.sender);
             }
             return;
@@ -370,6 +370,11 @@ async fn listen(
 /// How often the observer asks senders for the holes it sees.
 const REPAIR_EVERY: Duration = Duration::from_secs(2);
 
+/// The node the observer asks as: facility `fleet-observer`.
+fn observer_id() -> NodeId {
+    NodeId::new(loopwarden_protocol::Role::Facility, "fleet-observer").expect("an id")
+}
+
 /// Sends the resend requests due now, signed as facility `fleet-observer`
 /// with the demonstration key (the twin agents' keyring takes it). With
 /// the client's channel full the rest wait for their retry
@@ -382,7 +387,7 @@ fn ask(
 ) {
     let now = loopwarden_bus::now_ms();
     let due = heard.lock().expect("heard").due(now);
-    let me = NodeId::new(loopwarden_protocol::Role::Facility, "fleet-observer").expect("an id");
+    let me = observer_id();
     let key = loopwarden_protocol::samples::demo_signing_key();
     for (node, from, to) in due {
         *asked += 1;

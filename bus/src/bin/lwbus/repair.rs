@@ -95,7 +95,7 @@ impl Repair {
             if report.correlation.from != self.me {
                 return Verdict::Print;
             }
-            return match self.asker.answered(&frame.sender, report) {
+            return match self.asker.answered(&self.me, &frame.sender, report) {
                 Some(code) => Verdict::Refused(code),
                 None => Verdict::Print,
             };
