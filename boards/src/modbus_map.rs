@@ -110,6 +110,22 @@ impl RegisterMap {
         self.by_name.get(name)
     }
 
+    /// Narrows register `name`'s range to within `min..=max` where that
+    /// is tighter than its own (a write outside it is then refused, a
+    /// read clamped to it). The range it then has; `None` when the map has
+    /// no such register or the two ranges do not meet (it is left as it
+    /// was).
+    pub fn narrow(&mut self, name: &str, min: f64, max: f64) -> Option<(f64, f64)> {
+        let r = self.by_name.get_mut(name)?;
+        let lo = r.min.map_or(min, |m| m.max(min));
+        let hi = r.max.map_or(max, |m| m.min(max));
+        if lo > hi {
+            return None;
+        }
+        (r.min, r.max) = (Some(lo), Some(hi));
+        Some((lo, hi))
+    }
+
     /// Every register, by name.
     pub fn registers(&self) -> impl Iterator<Item = &Register> {
         self.by_name.values()

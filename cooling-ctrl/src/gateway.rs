@@ -473,18 +473,26 @@ impl Gateway {
         }
     }
 
-    /// The BMS wrote `w` (the northbound server checked it against the
-    /// map): what it means goes down.
-    fn on_bms(&mut self, w: NorthboundWrite) {
-        tracing::info!("cooling gateway: the BMS wrote {w}");
+    /// The BMS wrote `ws` in one request (the northbound server checked
+    /// them against the map): what they mean goes down, the limits once
+    /// for the whole request (both as written, never one without the
+    /// other).
+    fn on_bms(&mut self, ws: Vec<NorthboundWrite>) {
         let now = self.now();
-        if let Some(down) = self.bms.write(w, now.mono_ms) {
-            if matches!(down, Down::Limits { .. }) {
-                if let Some(limits) = self.bms.limits_set() {
-                    self.bms_keeping.changed(limits);
-                }
-                self.keep_bms_limits();
+        let mut limits = None;
+        for w in ws {
+            tracing::info!("cooling gateway: the BMS wrote {w}");
+            match self.bms.write(w, now.mono_ms) {
+                Some(down @ Down::Limits { .. }) => limits = Some(down),
+                Some(down) => self.send_bms(&down),
+                None => {}
             }
+        }
+        if let Some(down) = limits {
+            if let Some(limits) = self.bms.limits_set() {
+                self.bms_keeping.changed(limits);
+            }
+            self.keep_bms_limits();
             self.send_bms(&down);
         }
         self.publish_snapshot(now);

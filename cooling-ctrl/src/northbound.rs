@@ -88,7 +88,7 @@ mod snapshot;
 
 pub use alarms::{AlarmAck, Alarms};
 pub use codec::{decode_write, encode_snapshot, Image};
-pub use map::{check_map, northbound_map, MapError, MAP_TOML};
+pub use map::{check_map, fit_setpoint_ceiling, northbound_map, MapError, MAP_TOML};
 pub use server::{addressed, serve, serve_within, ANY_UNIT, LIMITS, WRITE_SHOWN_WITHIN};
 pub use snapshot::{
     pump_bits, snapshot_channel, snapshot_from, NorthboundSettings, NorthboundSnapshot,
@@ -364,6 +364,37 @@ mod tests {
         );
     }
 
+    /// A site whose setpoints run 24 to 48 °C: a ceiling of 20 °C, which
+    /// the core would hold at 24, is refused; 48 is beyond what the
+    /// register holds, said.
+    #[test]
+    fn the_ceiling_the_bms_may_write_is_held_to_the_controllers_setpoints() {
+        let mut m = northbound_map();
+        assert!(decode_write(&m, 0, &[2000]).is_ok(), "the map's 20 °C");
+        let note = fit_setpoint_ceiling(&mut m, 24.0, 48.0).expect("they meet");
+        let note = note.expect("48 °C is beyond the register");
+        assert!(note.contains("at most 45.00 °C"), "{note}");
+        for raw in [2000, 2399] {
+            assert_eq!(
+                decode_write(&m, 0, &[raw]),
+                Err(ExceptionCode::IllegalDataValue),
+                "{raw}"
+            );
+        }
+        assert_eq!(
+            decode_write(&m, 0, &[2400]),
+            Ok(vec![NorthboundWrite::SetpointCeiling { celsius: 24.0 }])
+        );
+        assert_eq!(fit_setpoint_ceiling(&mut m, 26.0, 40.0), Ok(None));
+        assert_eq!(
+            decode_write(&m, 0, &[4001]),
+            Err(ExceptionCode::IllegalDataValue)
+        );
+        let e = fit_setpoint_ceiling(&mut m, 41.0, 50.0).unwrap_err();
+        assert!(e.to_string().contains("do not meet"), "{e}");
+        assert!(decode_write(&m, 0, &[3000]).is_ok(), "left as it was");
+    }
+
     #[test]
     fn an_outdoor_temperature_the_bms_writes_is_bounded_to_minus_50_to_60() {
         let m = northbound_map();
@@ -401,7 +432,7 @@ mod tests {
         assert!(answer(&state, Request::WriteSingleRegister(3, 2250)).is_ok());
         assert_eq!(
             wrx.try_recv().unwrap(),
-            NorthboundWrite::OutdoorTemp { celsius: 22.5 }
+            [NorthboundWrite::OutdoorTemp { celsius: 22.5 }]
         );
     }
 
@@ -579,19 +610,27 @@ mod tests {
             snapshots: rx,
             writes: Some(wtx),
         };
-        // Two writes do not fit a channel of one: nothing goes in.
+        // A request's writes go as one, the ceiling and the offset
+        // together: the shell never takes one without the other.
+        let block = [
+            NorthboundWrite::SetpointCeiling { celsius: 45.0 },
+            NorthboundWrite::PlanCeilingOffset { kelvin: -0.5 },
+        ];
+        assert_eq!(state.write(0, &[4500, (-5i16) as u16]), Ok(block.to_vec()));
+        // The channel of one is full until the shell takes it.
         assert_eq!(
-            state.write(0, &[3000, 0]),
+            state.write(0, &[3000]),
             Err(ExceptionCode::ServerDeviceBusy)
         );
-        assert!(wrx.try_recv().is_err());
+        assert_eq!(wrx.try_recv().unwrap(), block);
+        assert!(wrx.try_recv().is_err(), "one message");
         assert_eq!(
             state.write(0, &[3000]),
             Ok(vec![NorthboundWrite::SetpointCeiling { celsius: 30.0 }])
         );
         assert_eq!(
             wrx.try_recv().unwrap(),
-            NorthboundWrite::SetpointCeiling { celsius: 30.0 }
+            [NorthboundWrite::SetpointCeiling { celsius: 30.0 }]
         );
         drop(wrx);
         assert_eq!(

@@ -703,13 +703,14 @@ impl<P: CduPort> Shell<P> {
         }
     }
 
-    /// The BMS wrote `w` (the server checked it against the map),
-    /// between two steps: the limits are the core's from the next step,
-    /// and the holding registers read what is in force (the core holds a
-    /// limit within the site's setpoints, said when that differs).
-    fn on_bms(&mut self, w: NorthboundWrite) {
+    /// The BMS wrote `ws` in one request (the server checked them against
+    /// the map), between two steps: the limits are the core's from the
+    /// next step, set and kept once for the whole request, and the
+    /// holding registers read what is in force (the core holds a limit
+    /// within the site's setpoints, said when that differs).
+    fn on_bms(&mut self, ws: Vec<NorthboundWrite>) {
         let now = self.now_ms();
-        if let Some((ceiling, offset)) = self.bms.wrote(w, now) {
+        if let Some((ceiling, offset)) = self.bms.wrote(&ws, now) {
             let core = self.decider.core_mut();
             core.set_limits(ceiling, offset);
             self.bms.in_force(core.limits());

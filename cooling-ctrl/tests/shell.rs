@@ -395,7 +395,7 @@ async fn the_outdoor_temperature_is_the_cdus_sensor_else_what_the_bms_wrote() {
     ambient("no outdoor temperature", None).await;
     // The BMS writes one: in force while the CDU's sensor does not read,
     // and the holding register reads it back.
-    bms.send(NorthboundWrite::OutdoorTemp { celsius: 18.5 })
+    bms.send(vec![NorthboundWrite::OutdoorTemp { celsius: 18.5 }])
         .await
         .unwrap();
     ambient("the BMS's 18.5 °C", Some(18.5)).await;
@@ -420,7 +420,7 @@ async fn the_outdoor_temperature_is_the_cdus_sensor_else_what_the_bms_wrote() {
 fn bms_link() -> (
     shell::NorthboundLink,
     tokio::sync::watch::Receiver<northbound::NorthboundSnapshot>,
-    mpsc::Sender<NorthboundWrite>,
+    mpsc::Sender<Vec<NorthboundWrite>>,
 ) {
     let (snapshots, snap_rx) = northbound::snapshot_channel();
     let (bms, writes) = mpsc::channel(4);
@@ -448,10 +448,10 @@ async fn the_limits_the_bms_set_survive_a_controller_restart() {
     let cfg = CoreConfig::default();
     let mut rig = Rig::start_linked(broker, cfg, None, Some(flash), |_| {}, Some(link)).await;
     rig.wait_stats("a step", |s| s.steps >= 1).await;
-    bms.send(NorthboundWrite::SetpointCeiling { celsius: 30.0 })
+    bms.send(vec![NorthboundWrite::SetpointCeiling { celsius: 30.0 }])
         .await
         .unwrap();
-    bms.send(NorthboundWrite::PlanCeilingOffset { kelvin: -2.0 })
+    bms.send(vec![NorthboundWrite::PlanCeilingOffset { kelvin: -2.0 }])
         .await
         .unwrap();
     let limits = |s: &northbound::NorthboundSnapshot| {

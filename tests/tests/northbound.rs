@@ -55,7 +55,7 @@ fn snapshot() -> NorthboundSnapshot {
 struct Served {
     port: u16,
     snapshots: watch::Sender<NorthboundSnapshot>,
-    writes: Option<mpsc::Receiver<NorthboundWrite>>,
+    writes: Option<mpsc::Receiver<Vec<NorthboundWrite>>>,
     _rt: tokio::runtime::Runtime,
 }
 
@@ -189,7 +189,7 @@ fn writes_in_range_reach_the_shell_and_out_of_range_get_exception_3() {
     assert!(ok, "{text}");
     assert_eq!(
         writes.try_recv(),
-        Ok(NorthboundWrite::SetpointCeiling { celsius: 35.5 })
+        Ok(vec![NorthboundWrite::SetpointCeiling { celsius: 35.5 }])
     );
     // Several at once: -5.0 K is 0xFFCE, and the alarm acknowledged.
     let (ok, text) = mbpoll(
@@ -197,15 +197,15 @@ fn writes_in_range_reach_the_shell_and_out_of_range_get_exception_3() {
         &["-t", "4:hex", "-r", "0", "127.0.0.1", "3000", "0xFFCE", "1"],
     );
     assert!(ok, "{text}");
+    // One request's writes reach the shell as one, to be applied together.
     assert_eq!(
         writes.try_recv(),
-        Ok(NorthboundWrite::SetpointCeiling { celsius: 30.0 })
+        Ok(vec![
+            NorthboundWrite::SetpointCeiling { celsius: 30.0 },
+            NorthboundWrite::PlanCeilingOffset { kelvin: -5.0 },
+            NorthboundWrite::AlarmAck
+        ])
     );
-    assert_eq!(
-        writes.try_recv(),
-        Ok(NorthboundWrite::PlanCeilingOffset { kelvin: -5.0 })
-    );
-    assert_eq!(writes.try_recv(), Ok(NorthboundWrite::AlarmAck));
     // 50 °C is above the 45 °C the map allows: exception 3, nothing sent.
     let (ok, text) = mbpoll(s.port, &["-t", "4", "-r", "0", "127.0.0.1", "5000"]);
     assert!(!ok, "{text}");
@@ -242,7 +242,7 @@ fn an_outdoor_temperature_out_of_range_gets_exception_3() {
     assert!(ok, "{text}");
     assert_eq!(
         writes.try_recv(),
-        Ok(NorthboundWrite::OutdoorTemp { celsius: -7.25 })
+        Ok(vec![NorthboundWrite::OutdoorTemp { celsius: -7.25 }])
     );
     // 61.00 °C and -50.01 °C (unsigned 60535) are outside -50 to 60 °C:
     // exception 3, nothing sent.

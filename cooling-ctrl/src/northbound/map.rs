@@ -1,6 +1,7 @@
-//! The northbound register map: the shipped map ([`northbound_map`]) and
+//! The northbound register map: the shipped map ([`northbound_map`]),
 //! the check that a map names only registers this server fills
-//! ([`check_map`]).
+//! ([`check_map`]), and the ceiling's range held to the controller's
+//! setpoints ([`fit_setpoint_ceiling`]).
 
 use std::fmt;
 use std::format;
@@ -91,4 +92,34 @@ pub fn check_map(map: &RegisterMap) -> Result<(), MapError> {
         }
     }
     Ok(())
+}
+
+/// Holds `map`'s `setpoint_ceiling` to the setpoints the controller may
+/// ask for, `lo_c` to `hi_c` (the site's, tightened to the CDU's map): a
+/// BMS writing a ceiling outside them is refused with exception 3, not
+/// answered as taken and then held elsewhere. What the map cannot show
+/// (a site whose highest setpoint is above the map's register) is
+/// returned, for the log at start; an error when the two do not meet.
+pub fn fit_setpoint_ceiling(
+    map: &mut RegisterMap,
+    lo_c: f32,
+    hi_c: f32,
+) -> Result<Option<String>, MapError> {
+    const NAME: &str = "setpoint_ceiling";
+    let Some(was) = map.get(NAME).map(|r| (r.min, r.max)) else {
+        return Ok(None);
+    };
+    let (lo, hi) = (f64::from(lo_c), f64::from(hi_c));
+    let Some(_) = map.narrow(NAME, lo, hi) else {
+        return Err(MapError(format!(
+            "{NAME}: the register's range ({} to {} °C) and the controller's setpoints ({lo_c:.2} to {hi_c:.2} °C) do not meet",
+            was.0.map_or("-".into(), |v| format!("{v:.2}")),
+            was.1.map_or("-".into(), |v| format!("{v:.2}")),
+        )));
+    };
+    Ok(was.1.filter(|m| *m < hi).map(|m| {
+        format!(
+            "{NAME}: the controller's highest setpoint is {hi_c:.2} °C, above the {m:.2} °C the register holds: the BMS can set a ceiling of at most {m:.2} °C, and the register reads {m:.2} while none is set"
+        )
+    }))
 }

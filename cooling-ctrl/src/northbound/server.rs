@@ -58,7 +58,7 @@ pub const WRITE_SHOWN_WITHIN: Duration = Duration::from_millis(200);
 pub(super) struct State {
     pub(super) map: RegisterMap,
     pub(super) snapshots: watch::Receiver<NorthboundSnapshot>,
-    pub(super) writes: Option<mpsc::Sender<NorthboundWrite>>,
+    pub(super) writes: Option<mpsc::Sender<Vec<NorthboundWrite>>>,
 }
 
 impl State {
@@ -100,14 +100,15 @@ impl State {
         if writes.is_empty() {
             return Ok(writes);
         }
-        let permits = tx.try_reserve_many(writes.len()).map_err(|e| match e {
-            mpsc::error::TrySendError::Full(()) => ExceptionCode::ServerDeviceBusy,
-            mpsc::error::TrySendError::Closed(()) => ExceptionCode::ServerDeviceFailure,
+        // One request's writes go as one: the shell applies them together,
+        // so no step, read or restart sees half of a block written.
+        tx.try_send(writes.clone()).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(_) => ExceptionCode::ServerDeviceBusy,
+            mpsc::error::TrySendError::Closed(_) => ExceptionCode::ServerDeviceFailure,
         })?;
-        for (permit, w) in permits.zip(writes.iter()) {
+        for w in &writes {
             // The shell says the writes that change a setting.
             tracing::debug!(target: TARGET, "northbound: the BMS writes {w}");
-            permit.send(*w);
         }
         Ok(writes)
     }
@@ -248,7 +249,7 @@ pub async fn serve(
     listener: TcpListener,
     map: RegisterMap,
     snapshots: watch::Receiver<NorthboundSnapshot>,
-    writes: Option<mpsc::Sender<NorthboundWrite>>,
+    writes: Option<mpsc::Sender<Vec<NorthboundWrite>>>,
 ) -> io::Result<()> {
     let stats = ListenStats::default();
     serve_within(listener, map, snapshots, writes, LIMITS, stats).await
@@ -260,7 +261,7 @@ pub async fn serve_within(
     listener: TcpListener,
     map: RegisterMap,
     snapshots: watch::Receiver<NorthboundSnapshot>,
-    writes: Option<mpsc::Sender<NorthboundWrite>>,
+    writes: Option<mpsc::Sender<Vec<NorthboundWrite>>>,
     limits: Limits,
     stats: ListenStats,
 ) -> io::Result<()> {
@@ -384,10 +385,10 @@ mod tests {
         let (wtx, mut wrx) = mpsc::channel(16);
         rt.spawn(serve(listener, northbound_map(), rx, Some(wtx)));
         rt.spawn(async move {
-            while let Some(w) = wrx.recv().await {
+            while let Some(ws) = wrx.recv().await {
                 if let Some(d) = delay {
                     tokio::time::sleep(d).await;
-                    tx.send_modify(|s| s.settings.apply(w));
+                    tx.send_modify(|s| ws.iter().for_each(|w| s.settings.apply(*w)));
                 }
             }
         });

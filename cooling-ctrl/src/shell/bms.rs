@@ -34,17 +34,32 @@ impl Bms {
         }
     }
 
-    /// The BMS's writes, for the shell's loop to take as they come
-    /// ([`Bms::wrote`]); `None`: writes are disabled, or already taken.
-    pub(super) fn writes(&mut self) -> Option<mpsc::Receiver<NorthboundWrite>> {
+    /// The BMS's writes, each request's together, for the shell's loop to
+    /// take as they come ([`Bms::wrote`]); `None`: writes are disabled, or
+    /// already taken.
+    pub(super) fn writes(&mut self) -> Option<mpsc::Receiver<Vec<NorthboundWrite>>> {
         self.link.as_mut().and_then(|nb| nb.writes.take())
     }
 
-    /// The BMS wrote `w`, taken at `now` (shell ms) between two steps:
-    /// the settings hold it at once and the server's snapshot shows it
-    /// (the last step's, with the new settings), so the BMS reads back
-    /// what it wrote. The limits it set, when it set one.
-    pub(super) fn wrote(&mut self, w: NorthboundWrite, now: u64) -> Option<BmsLimits> {
+    /// The BMS wrote `ws` in one request, taken at `now` (shell ms)
+    /// between two steps: the settings hold them at once and the server's
+    /// snapshot shows them together (the last step's, with the new
+    /// settings), so the BMS reads back what it wrote and no reader sees
+    /// half of it. The limits it set, when it set one.
+    pub(super) fn wrote(&mut self, ws: &[NorthboundWrite], now: u64) -> Option<BmsLimits> {
+        let mut limits = false;
+        for w in ws {
+            limits |= self.take(*w, now);
+        }
+        self.refresh(now);
+        self.show_settings();
+        let s = &self.settings;
+        limits.then_some((s.setpoint_ceiling_c, s.plan_ceiling_offset_k))
+    }
+
+    /// Takes the BMS's write `w` at `now` into the settings; whether it
+    /// set a limit.
+    fn take(&mut self, w: NorthboundWrite, now: u64) -> bool {
         let before = self.settings;
         let limits = match w {
             NorthboundWrite::OutdoorTemp { celsius } => {
@@ -67,10 +82,7 @@ impl Bms {
         } else {
             tracing::debug!("cooling shell: the BMS wrote {w} again");
         }
-        self.refresh(now);
-        self.show_settings();
-        let s = &self.settings;
-        limits.then_some((s.setpoint_ceiling_c, s.plan_ceiling_offset_k))
+        limits
     }
 
     /// The limits the core holds after the BMS's write: where they differ
@@ -180,14 +192,25 @@ mod tests {
         assert!(bms.writes().is_none(), "once");
         drop(wtx);
         let outdoor = NorthboundWrite::OutdoorTemp { celsius: -4.5 };
-        assert_eq!(bms.wrote(outdoor, 1_000), None, "no limits set");
+        assert_eq!(bms.wrote(&[outdoor], 1_000), None, "no limits set");
         assert_eq!(rx.borrow().settings.outdoor_c, Some(-4.5));
         let ceiling = NorthboundWrite::SetpointCeiling { celsius: 35.5 };
         let offset = NorthboundWrite::PlanCeilingOffset { kelvin: -2.0 };
-        assert_eq!(bms.wrote(ceiling, 1_100), Some((35.5, 0.0)));
-        assert_eq!(bms.wrote(offset, 1_200), Some((35.5, -2.0)));
+        assert_eq!(bms.wrote(&[ceiling], 1_100), Some((35.5, 0.0)));
+        assert_eq!(bms.wrote(&[offset], 1_200), Some((35.5, -2.0)));
         let shown = rx.borrow().settings;
         assert!(shown.shows(ceiling) && shown.shows(offset) && shown.shows(outdoor));
+        // A block written in one request is shown whole, once.
+        let mut seen = rx.clone();
+        seen.mark_unchanged();
+        let block = [
+            NorthboundWrite::SetpointCeiling { celsius: 40.0 },
+            NorthboundWrite::PlanCeilingOffset { kelvin: -5.0 },
+        ];
+        assert_eq!(bms.wrote(&block, 1_300), Some((40.0, -5.0)));
+        assert!(seen.has_changed().unwrap());
+        let shown = seen.borrow_and_update().settings;
+        assert!(shown.shows(block[0]) && shown.shows(block[1]));
         // The BMS's outdoor temperature is in force 300 s from when it was
         // taken.
         bms.refresh(1_000 + 299_999);
@@ -219,7 +242,7 @@ mod tests {
         // Rack 1's rope is cut: the beacon lights; the BMS acknowledges.
         (cut.beacon, cut.sensing_lost) = (true, 1 << 1);
         bms.publish(&core, &cut, 1_000, None, &hosts);
-        bms.wrote(NorthboundWrite::AlarmAck, 1_100);
+        bms.wrote(&[NorthboundWrite::AlarmAck], 1_100);
         bms.publish(&core, &cut, 2_000, None, &hosts);
         assert!(rx.borrow().settings.alarm_acknowledged);
         // Rack 4's sensing is lost too, the beacon still lit: new.
@@ -242,7 +265,7 @@ mod tests {
         let mut core = cooling_core::Core::new(cfg).unwrap();
         let mut bms = Bms::new(Some(link), &cfg);
         let ceiling = NorthboundWrite::SetpointCeiling { celsius: 20.0 };
-        let (c, o) = bms.wrote(ceiling, 0).expect("a limit");
+        let (c, o) = bms.wrote(&[ceiling], 0).expect("a limit");
         core.set_limits(c, o);
         bms.in_force(core.limits());
         assert_eq!(rx.borrow().settings.setpoint_ceiling_c, 24.0, "in force");

@@ -14,8 +14,9 @@ use std::sync::Arc;
 pub struct NorthboundLink {
     /// Each step's snapshot for [`crate::northbound::serve`].
     pub snapshots: watch::Sender<NorthboundSnapshot>,
-    /// Accepted writes (`None`: writes are disabled).
-    pub writes: Option<mpsc::Receiver<NorthboundWrite>>,
+    /// Accepted writes, each request's together (`None`: writes are
+    /// disabled).
+    pub writes: Option<mpsc::Receiver<Vec<NorthboundWrite>>>,
 }
 
 /// The controller board's own signals: each rack's rope (leak and rope

@@ -236,11 +236,13 @@ fn start_server(faults: &'static Faults) -> SocketAddr {
                 // server answers a write once the registers read it).
                 tokio::spawn(async move {
                     let map = northbound_map();
-                    while let Some(w) = handed_on.recv().await {
-                        if let Err(e) = within_range(&map, &w) {
-                            faults.lock().unwrap().push(e);
+                    while let Some(ws) = handed_on.recv().await {
+                        for w in ws {
+                            if let Err(e) = within_range(&map, &w) {
+                                faults.lock().unwrap().push(e);
+                            }
+                            snap_tx.send_modify(|s| s.settings.apply(w));
                         }
-                        snap_tx.send_modify(|s| s.settings.apply(w));
                     }
                 });
                 let _ = serve(listener, northbound_map(), snapshots, Some(writes)).await;

@@ -354,6 +354,18 @@ async fn start_northbound(
     );
     let mut map = northbound::northbound_map();
     map.unit_id = config.northbound_unit_id;
+    // The ceiling the BMS may write: the setpoints the core holds it to,
+    // the site's tightened to the CDU's map.
+    let mut core = config.core;
+    if let Some(cdu_map) = &config.map {
+        cooling_decide::writes::tighten(&mut core, &cooling_ctrl::modbus::map_limits(cdu_map));
+    }
+    let (lo, hi) = (core.cdu.min_setpoint_c, core.cdu.max_setpoint_c);
+    match northbound::fit_setpoint_ceiling(&mut map, lo, hi) {
+        Ok(None) => {}
+        Ok(Some(note)) => tracing::warn!("cooling-ctrl: northbound: {note}"),
+        Err(e) => return Err(format!("cooling-ctrl: {e}")),
+    }
     let limits = config.northbound_limits;
     let task = listen::bind_retrying(
         "northbound Modbus server",
