@@ -27,7 +27,7 @@ use std::collections::HashMap;
 use loopwarden_protocol::auth::{May, Signer};
 use loopwarden_protocol::{
     AckCode, AuthError, CapLease, CapSource, Frame, GpuIndex, GpuSelector, Ident, Message, NodeId,
-    Role, TimestampMs, Topic, Watts,
+    ReplayFloor, Role, TimestampMs, Topic, Watts,
 };
 
 use crate::caps::{CapArbiter, GpuRange, InForce, LeaseLimits, LeaseView};
@@ -253,8 +253,10 @@ pub struct CommandCore {
     /// The last command taken from each sender, and its answer, to answer
     /// a copy of it alike (not kept across a restart).
     answered: HashMap<NodeId, Answered>,
-    /// The seq and stamp of the last CDU state taken.
-    last_state: Option<(u32, TimestampMs)>,
+    /// The floor of the CDU's states taken (its highest seq and latest
+    /// stamp, [`ReplayFloor`]), and the seq and stamp of the last one (a
+    /// copy of it, delivered again, is taken as it was).
+    last_state: Option<(ReplayFloor, (u32, TimestampMs))>,
     arbiter: CapArbiter,
     /// The wall clock minus steady time, ms (see
     /// [`CommandCore::set_wall_offset`]).
@@ -441,17 +443,26 @@ impl CommandCore {
         }
         self.authenticate_on(topic, "its state topic", frame)
             .map_err(|e| format!("cdu/{cdu}'s state: {e}"))?;
-        if let Some((seq, time)) = self.last_state {
+        let this = (frame.seq, frame.time);
+        match self.last_state.as_mut() {
+            // A copy of the last taken (the retained state delivered
+            // again): taken as it was.
+            Some((_, last)) if *last == this => {}
             // A controller that lost its counter restarts it, but its
-            // clock goes on: only a state older on both is a replay.
-            if frame.seq < seq && frame.time <= time {
+            // clock goes on: a state at or below both the highest seq
+            // and the latest stamp taken is a replay.
+            Some((floor, _)) if floor.replays(frame.seq, frame.time) => {
                 return Err(format!(
-                    "cdu/{cdu}'s state seq {} is older than seq {seq}, the last taken: a replay",
-                    frame.seq
+                    "cdu/{cdu}'s state seq {} stamped {} is not above seq {} or stamp {}, the highest taken: a replay",
+                    frame.seq, frame.time.0, floor.seq, floor.time.0
                 ));
             }
+            Some((floor, last)) => {
+                floor.raise(frame.seq, frame.time);
+                *last = this;
+            }
+            None => self.last_state = Some((ReplayFloor::new(frame.seq, frame.time), this)),
         }
-        self.last_state = Some((frame.seq, frame.time));
         Ok(())
     }
 
@@ -519,14 +530,21 @@ impl CommandCore {
         self.last_seq.get(sender).copied()
     }
 
-    /// Takes back the last CDU state taken before a restart (its seq and
-    /// stamp, [`CommandCore::cdu_state`]): an older state sent again after
-    /// the restart is a replay, as it was before. A newer one already
-    /// taken is kept.
+    /// Takes back the floor of the CDU's states taken before a restart
+    /// ([`CommandCore::state_floor`]): a state at or below it sent again
+    /// after the restart is a replay, as it was before (but the state
+    /// that set it, the retained one delivered again, is a copy). One
+    /// already taken raises it.
     pub fn restore_state_floor(&mut self, seq: u32, time: TimestampMs) {
-        if self.last_state.is_none_or(|(s, t)| s < seq && t <= time) {
-            self.last_state = Some((seq, time));
+        match self.last_state.as_mut() {
+            Some((floor, _)) => floor.raise(seq, time),
+            None => self.last_state = Some((ReplayFloor::new(seq, time), (seq, time))),
         }
+    }
+
+    /// The floor of the CDU's states taken, to keep across a restart.
+    pub fn state_floor(&self) -> Option<ReplayFloor> {
+        self.last_state.map(|(f, _)| f)
     }
 
     /// Takes back a floor kept before a restart ([`CommandCore::replay_floor`]):
@@ -1098,6 +1116,19 @@ mod tests {
         // A controller whose counter restarted, with a later stamp, counts.
         let restarted = sign(3, now.0 + 2_000);
         assert_eq!(c.cdu_state(&cdu, &topic, &restarted, now), Ok(()));
+        assert_eq!(c.cdu_state(&cdu, &topic, &restarted, now), Ok(()), "a copy");
+        // The state from before the restart, sent again: not taken, nor
+        // after it the restarted one's predecessor (they would undo each
+        // other in turn).
+        let after = sign(4, now.0 + 3_000);
+        assert_eq!(c.cdu_state(&cdu, &topic, &after, now), Ok(()));
+        for old in [&newer, &restarted, &newer, &good] {
+            let e = c.cdu_state(&cdu, &topic, old, now).unwrap_err();
+            assert!(e.contains("a replay"), "{e}");
+        }
+        // A clock stepped back, the counter going on: taken.
+        let stepped = sign(good.seq + 6, now.0 + 500);
+        assert_eq!(c.cdu_state(&cdu, &topic, &stepped, now), Ok(()));
         // A key not in the keyring: no key.
         let mut other_id = good.clone();
         other_id

@@ -283,17 +283,18 @@ pub enum Effect {
         /// Its command's sequence number.
         seq: u32,
     },
-    /// Keep in flash the last CDU state taken, its seq and stamp
-    /// ([`Node::restore_state_floor`] takes it back after a restart), so
+    /// Keep in flash the floor of the CDU's states taken, the highest seq
+    /// and the latest stamp ([`loopwarden_protocol::ReplayFloor`];
+    /// [`Node::restore_state_floor`] takes it back after a restart), so
     /// that an older state sent again after a restart (a "cooled" that
     /// would end a loss, a "lost" that would start one) is refused as a
     /// replay, as it was before.
     KeepStateFloor {
-        /// The CDU whose state it is.
+        /// The CDU whose states they are.
         cdu: Ident,
-        /// The state's sequence number.
+        /// The highest sequence number taken.
         seq: u32,
-        /// Its stamp.
+        /// The latest stamp taken.
         time: TimestampMs,
     },
     /// Forget a cooling-loss step kept pending from before the restart:

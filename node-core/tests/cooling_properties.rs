@@ -52,8 +52,9 @@
 //! of these and are left out of that order.
 //!
 //! The model ([`Model`]) takes a state as section 3.4 of docs/security.md
-//! says (the sender, the key, the topic, the 5-minute window, not older
-//! by both seq and stamp than the last taken) and derives the phase and
+//! says (the sender, the key, the topic, the 5-minute window, above the
+//! highest seq or the latest stamp taken, or a copy of the last taken)
+//! and derives the phase and
 //! the steps from the states it takes and the time; never from the node's
 //! answers; it keeps the pending steps as the shell's flash record does
 //! (a step run stands for the same step and the one it undoes). What the
@@ -174,7 +175,10 @@ struct Model {
     t: u64,
     /// The phase the states taken and the time give.
     phase: Phase,
-    /// The last state taken, across restarts: its seq and stamp.
+    /// The highest seq and the latest stamp taken, across restarts.
+    floor: Option<(u32, u64)>,
+    /// The last state taken (across a restart: the floor): its seq and
+    /// stamp.
     last_taken: Option<(u32, u64)>,
     /// The controller's last sequence number.
     cdu_seq: u32,
@@ -206,6 +210,7 @@ impl Model {
         Self {
             t: T0.0,
             phase: Phase::Cooled,
+            floor: None,
             last_taken: None,
             cdu_seq: 0,
             sent: Vec::new(),
@@ -226,8 +231,17 @@ impl Model {
         if self.t.abs_diff(stamp) > COMMAND_MAX_AGE_MS {
             return false;
         }
-        self.last_taken
-            .is_none_or(|(last_seq, last_stamp)| !(seq < last_seq && stamp <= last_stamp))
+        self.last_taken == Some((seq, stamp))
+            || self
+                .floor
+                .is_none_or(|(top_seq, top_stamp)| seq > top_seq || stamp > top_stamp)
+    }
+
+    /// A state with `seq` and `stamp` was taken.
+    fn take(&mut self, seq: u32, stamp: u64) {
+        self.last_taken = Some((seq, stamp));
+        let (s, t) = self.floor.unwrap_or((seq, stamp));
+        self.floor = Some((s.max(seq), t.max(stamp)));
     }
 
     /// The grace is over: the power-down is due.
@@ -594,7 +608,7 @@ fn round(m: &mut Model, host: &mut Host) -> Result<(), TestCaseError> {
 fn deliver(m: &mut Model, host: &mut Host, f: &Frame, what: &str) -> Result<(), TestCaseError> {
     let taken = m.takes(f.seq, f.time.0);
     let e = if taken {
-        m.last_taken = Some((f.seq, f.time.0));
+        m.take(f.seq, f.time.0);
         m.taken(word_of(f))
     } else {
         Expect::default()
@@ -624,12 +638,10 @@ fn play(m: &mut Model, host: &mut Host, op: &Op) -> Result<(), TestCaseError> {
             m.sent.push(f);
         }
         Op::CounterReset(seq) => {
-            // A replay of a state from before the reset may carry a seq
-            // above the new counter's: the rules take it then (only a
-            // state older by both seq and stamp is a replay, section 3.4
-            // of docs/security.md), as a host cannot tell it from the
-            // controller's own. A case the rules leave open: replays
-            // are drawn from this epoch only.
+            // A replay of a state from before the reset is at or below
+            // the floor (the highest seq from before, the latest stamp
+            // from after): refused, section 3.4 of docs/security.md.
+            // Replays are drawn from this epoch only all the same.
             m.cdu_seq = seq;
             m.sent.clear();
         }
@@ -704,9 +716,11 @@ fn restart(m: &mut Model, host: &mut Host, stopped_s: u16) -> Result<(), TestCas
     m.t += 100;
     step(m, host, Input::Stop, &Expect::default(), "the stop")?;
     m.t += u64::from(stopped_s) * 1_000;
-    // The last state taken is kept over the restart (its seq and stamp),
-    // so a state from before it sent again is still a replay: the model
-    // keeps it, and replays are drawn from before the restart too.
+    // The floor is kept over the restart (the highest seq and latest
+    // stamp), so a state from before it sent again is still a replay:
+    // the model keeps it, and replays are drawn from before the restart
+    // too. The state that set it is taken again as a copy.
+    m.last_taken = m.floor;
     *host = host.restarted(m.t);
     let e = m.start();
     check_step(m, host, 0, &e, "the start")
@@ -720,6 +734,8 @@ fn crash(m: &mut Model, host: &mut Host, done: u8, down_s: u16) -> Result<(), Te
     m.t += 100;
     m.ended(usize::from(done));
     m.t += u64::from(down_s) * 1_000;
+    // As at a restart: the floor kept, the state that set it a copy.
+    m.last_taken = m.floor;
     *host = host.crashed(usize::from(done), m.t);
     let e = m.start();
     check_step(m, host, 0, &e, "the start after a crash")

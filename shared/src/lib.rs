@@ -39,6 +39,7 @@ pub mod ids;
 pub mod json;
 pub mod message;
 pub mod reason;
+pub mod replay;
 pub mod samples;
 #[cfg(feature = "std")]
 pub mod seq;
@@ -54,5 +55,6 @@ pub use frame::{
 pub use ids::{GpuIndex, Ident, IdentError, NodeId, RackIndex, Role, Text, MAX_GPUS, MAX_RACKS};
 pub use message::*;
 pub use reason::ReasonCode;
+pub use replay::ReplayFloor;
 pub use topic::{Family, Qos, Topic, TopicError};
 pub use units::*;

@@ -26,7 +26,7 @@ use std::collections::HashMap;
 
 use loopwarden_protocol::auth::Signer;
 use loopwarden_protocol::{
-    Correlation, Frame, Message, NodeId, ResendCode, ResendReport, TimestampMs, Topic,
+    Correlation, Frame, Message, NodeId, ReplayFloor, ResendCode, ResendReport, TimestampMs, Topic,
     RESEND_SPAN_MAX,
 };
 
@@ -112,8 +112,9 @@ pub struct Desk {
     signers: Vec<Signer>,
     frames: Budget,
     refusals: Budget,
-    /// The newest request taken from each reader: its number and time.
-    last: HashMap<NodeId, (u32, TimestampMs)>,
+    /// The floor of each reader's requests taken: the highest number and
+    /// the latest time ([`ReplayFloor`]).
+    last: HashMap<NodeId, ReplayFloor>,
     withheld: u64,
 }
 
@@ -153,7 +154,9 @@ impl Desk {
             return self.refuse(correlation, req.from, req.to, code);
         }
         self.last
-            .insert(frame.sender.clone(), (frame.seq, frame.time));
+            .entry(frame.sender.clone())
+            .and_modify(|f| f.raise(frame.seq, frame.time))
+            .or_insert(ReplayFloor::new(frame.seq, frame.time));
         if req.to < req.from || req.to - req.from >= RESEND_SPAN_MAX {
             return self.refuse(correlation, req.from, req.to, ResendCode::Malformed);
         }
@@ -190,9 +193,7 @@ impl Desk {
             return Err(ResendCode::Replayed);
         }
         match self.last.get(&frame.sender) {
-            Some(&(seq, time)) if frame.seq <= seq && frame.time <= time => {
-                Err(ResendCode::Replayed)
-            }
+            Some(floor) if floor.replays(frame.seq, frame.time) => Err(ResendCode::Replayed),
             _ => Ok(()),
         }
     }
@@ -348,6 +349,14 @@ mod tests {
             d.hear(TimestampMs(T0.0 + 20), &restarted, &t),
             Answer::Serve { .. }
         ));
+        // Its requests from before the restart and after it, sent again
+        // in turn: neither is served (each would let the other in).
+        for (i, again) in [&r, &restarted, &r].into_iter().enumerate() {
+            assert_eq!(
+                code(&d.hear(TimestampMs(T0.0 + 30 + i as u64), again, &t)),
+                Some(ResendCode::Replayed)
+            );
+        }
     }
 
     #[test]

@@ -79,11 +79,13 @@ impl Node {
             ));
             return;
         }
-        out.push(Effect::KeepStateFloor {
-            cdu: c.cdu.clone(),
-            seq: frame.seq,
-            time: frame.time,
-        });
+        if let Some(floor) = self.commands.state_floor() {
+            out.push(Effect::KeepStateFloor {
+                cdu: c.cdu.clone(),
+                seq: floor.seq,
+                time: floor.time,
+            });
+        }
         let lost = rack_lost(c, st, out);
         let steps = match lost {
             Some(lost) => self.cooling.told(now.steady.0, lost),
