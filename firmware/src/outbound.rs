@@ -11,7 +11,7 @@
 //! - *frame number*: counts every frame made since the start, queued or
 //!   not, so a receiver sees a dropped one as a gap.
 
-use loopwarden_link::frame::{encode, max_frame, OVERHEAD};
+use loopwarden_link::frame::{encode, max_frame, END, OVERHEAD};
 use loopwarden_link::{EncodeError, MAX_MESSAGE};
 use serde::Serialize;
 
@@ -64,10 +64,17 @@ impl<const N: usize> TxQueue<N> {
 
     /// Queues `frame` whole; `false` (nothing queued) when it does not fit.
     pub fn push_frame(&mut self, frame: &[u8]) -> bool {
-        if N - self.bytes.len() < frame.len() {
+        self.push_parts(&[frame])
+    }
+
+    /// Queues the bytes of `parts`, one after the other, whole; `false`
+    /// (nothing queued) when they do not fit.
+    fn push_parts(&mut self, parts: &[&[u8]]) -> bool {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        if N - self.bytes.len() < len {
             return false;
         }
-        for b in frame {
+        for b in parts.iter().flat_map(|p| p.iter()) {
             // Room checked above.
             let _ = self.bytes.push_back(*b);
         }
@@ -137,7 +144,12 @@ impl<const N: usize> FramedPort<N> {
         let n = encode(msg, seq, &mut buf.scratch, &mut buf.out).inspect_err(|_| {
             self.unencodable = self.unencodable.saturating_add(1);
         })?;
-        let queued = self.queue.push_frame(&buf.out[..n]);
+        // The first frame since the start goes after an end byte of its
+        // own: a frame the receiver was taking when this side started
+        // again (a reset mid-frame) ends there, as one that does not read,
+        // and this one (the hello) reads whole.
+        let lead: &[u8] = if seq == 0 { &[END] } else { &[] };
+        let queued = self.queue.push_parts(&[lead, &buf.out[..n]]);
         if !queued {
             self.dropped = self.dropped.saturating_add(1);
         }
@@ -194,6 +206,39 @@ mod tests {
         }
         assert_eq!(got, [said("one"), said("three")]);
         assert_eq!(seq.lost, 1, "the receiver sees the dropped frame");
+    }
+
+    /// The gateway holds half a frame from before a reset: the first
+    /// frame after it (the hello) still reads whole.
+    #[test]
+    fn the_first_frame_after_a_start_ends_what_the_receiver_was_taking() {
+        let mut buf = std::boxed::Box::new(FrameBuffers::new());
+        let mut before = FramedPort::<256>::new();
+        assert_eq!(before.send(&said("whole"), &mut buf), Ok(true));
+        assert_eq!(before.send(&said("cut"), &mut buf), Ok(true));
+        let old = drain(&mut before.queue);
+        let mut port = FramedPort::<256>::new();
+        assert_eq!(port.send(&said("hello"), &mut buf), Ok(true));
+        assert_eq!(port.send(&said("next"), &mut buf), Ok(true));
+        let new = drain(&mut port.queue);
+        assert_eq!(new[0], END, "the first frame leads with an end");
+        assert_eq!(
+            new.iter().filter(|b| **b == END).count(),
+            3,
+            "one lead only"
+        );
+        let mut d = Deframer::<MAX_FRAME>::default();
+        let mut got = Vec::new();
+        let mut dropped = 0;
+        for b in old[..old.len() - 3].iter().chain(&new) {
+            match d.push(*b) {
+                Fed::Frame(f) => got.push(f.message::<Up>().unwrap()),
+                Fed::Dropped(_) => dropped += 1,
+                Fed::More => {}
+            }
+        }
+        assert_eq!(got, [said("whole"), said("hello"), said("next")]);
+        assert_eq!(dropped, 1, "the frame cut by the reset");
     }
 
     #[test]
