@@ -269,8 +269,12 @@ pub struct Common {
     pub embedded_broker: (bool, Option<&'static str>),
     /// Broker credentials.
     pub credentials: Option<(String, String)>,
+    /// The flag that gave `broker_user`, if one did (for errors).
+    pub broker_user_flag: Option<&'static str>,
     /// TLS to the broker, loaded and checked.
     pub tls: Option<Tls>,
+    /// The flag that gave `tls_ca`, if one did (for errors).
+    pub tls_ca_flag: Option<&'static str>,
     /// Flash file; `None`: in memory only.
     pub flash: Option<PathBuf>,
     /// Console socket.
@@ -308,9 +312,11 @@ pub fn resolve(
         ),
         (None, _) => None,
     };
+    let user = pick!(flags.broker_user, *file.broker_user, "broker-user");
+    let broker_user_flag = user.1;
     let credentials = credentials(
         src,
-        pick!(flags.broker_user, *file.broker_user, "broker-user"),
+        user,
         pick!(
             flags.broker_password_file,
             *file.broker_password_file,
@@ -327,7 +333,9 @@ pub fn resolve(
         broker,
         embedded_broker: (embedded.0.unwrap_or(false), embedded.1),
         credentials,
+        broker_user_flag,
         tls: tls(src, file, flags)?,
+        tls_ca_flag: pick!(flags.tls_ca, *file.tls_ca, "tls-ca").1,
         flash: pick!(flags.flash, *file.flash, "flash").0,
         console: pick!(flags.console, *file.console, "console")
             .0
@@ -519,7 +527,7 @@ pub fn check_broker(
     let (embedded, flag) = common.embedded_broker;
     if common.broker.is_none() && common.tls.is_some() {
         return Err(src.error(
-            None,
+            common.tls_ca_flag,
             "tls_ca",
             "TLS is set but no broker: the embedded broker listens on plain loopback; \
              set broker = \"host:port\" (the site's TLS listener)"
@@ -562,7 +570,7 @@ fn check_password_on_plain_tcp(src: &Sources, common: &Common) -> Result<(), Con
     match brokers.iter().find(|b| !loopback(&b.host)) {
         None => Ok(()),
         Some(b) => Err(src.error(
-            None,
+            common.broker_user_flag,
             "broker_user",
             format!(
                 "a broker password would cross the network in the clear to {b}: set \
@@ -733,6 +741,17 @@ mod tests {
         for local in ["127.0.0.1:1883", "[::1]:1883", "localhost:1883"] {
             assert!(with(local).is_ok(), "{local}");
         }
+        // The user given as a flag: the flag is named, not a default.
+        let text =
+            format!("site = \"a\"\nbroker = \"10.0.0.5:1883\"\nbroker_password_file = {pw:?}\n");
+        let src = Sources::new(Some(Path::new("a.toml")), &text);
+        let flags = CommonFlags {
+            broker_user: Some("h01".into()),
+            ..CommonFlags::default()
+        };
+        let c = check(&text, &flags).unwrap();
+        let e = check_broker(&src, &c, None).unwrap_err();
+        assert_eq!(e.origin, "flag --broker-user", "{e}");
     }
 
     #[test]

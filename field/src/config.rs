@@ -120,13 +120,13 @@ impl<'a> Sources<'a> {
             }
             if let Some(rest) = line.strip_prefix('[') {
                 let name = rest.split(']').next().unwrap_or("");
-                current = Some(name.trim_start_matches('[').trim());
+                current = Some(unquoted(name.trim_start_matches('[')));
                 continue;
             }
             let Some((k, value)) = line.split_once('=') else {
                 continue;
             };
-            if k.trim() == key && current == self.section {
+            if unquoted(k) == key && current == self.section {
                 return Some(i + 1);
             }
             open = brackets_open(value, 0);
@@ -157,6 +157,16 @@ impl<'a> Sources<'a> {
             },
         }
     }
+}
+
+/// A key or section name as written, without its white space and quotes
+/// (`"keep_alive_s"`, `'keep_alive_s'`).
+fn unquoted(written: &str) -> &str {
+    let k = written.trim();
+    ["\"", "'"]
+        .iter()
+        .find_map(|q| k.strip_prefix(q).and_then(|k| k.strip_suffix(q)))
+        .unwrap_or(k)
 }
 
 /// The brackets left open after `text`, given `open` before it: strings
@@ -267,10 +277,15 @@ pub fn credentials(
             Ok(Some((user, password.trim_end().to_string())))
         }
         ((None, _), (None, _)) => Ok(None),
-        ((Some(_), flag), _) | (_, (Some(_), flag)) => Err(src.error(
+        ((Some(_), flag), (None, _)) => Err(src.error(
             flag,
             "broker_user",
-            "broker_user and broker_password_file go together".into(),
+            "broker_user without broker_password_file: the two go together".into(),
+        )),
+        ((None, _), (Some(_), flag)) => Err(src.error(
+            flag,
+            "broker_password_file",
+            "broker_password_file without broker_user: the two go together".into(),
         )),
     }
 }
@@ -365,6 +380,16 @@ mod tests {
     }
 
     #[test]
+    fn quoted_keys_and_sections_are_found() {
+        let text = "\"keep_alive_s\" = 0\n[ \"guard\" ]\n'period_ms' = 6\n";
+        let src = Sources::new(Some(Path::new("a.toml")), text);
+        assert_eq!(src.line_of("keep_alive_s"), Some(1));
+        assert_eq!(src.section("guard").line_of("period_ms"), Some(3));
+        let e = src.error(None, "keep_alive_s", "bad".into());
+        assert_eq!(e.to_string(), "a.toml line 1: bad");
+    }
+
+    #[test]
     fn keys_are_found_in_their_section() {
         let src = Sources::new(Some(Path::new("a.toml")), FILE);
         assert_eq!(src.line_of("period_ms"), Some(2));
@@ -433,8 +458,17 @@ mod tests {
             credentials(&src, (Some("u".into()), Some("broker-user")), (None, None)).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "flag --broker-user: broker_user and broker_password_file go together"
+            "flag --broker-user: broker_user without broker_password_file: the two go together"
         );
+        // Keyed on what was given: the file's line of the password file.
+        let text = "site = \"a\"\nbroker_password_file = \"/etc/pw\"\n";
+        let src = Sources::new(Some(Path::new("a.toml")), text);
+        let e = credentials(&src, (None, None), (Some("/etc/pw".into()), None)).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "a.toml line 2: broker_password_file without broker_user: the two go together"
+        );
+        let src = Sources::new(None, "");
         let dir = tempfile::tempdir().unwrap();
         let pw = dir.path().join("pw");
         std::fs::write(&pw, "secret\n").unwrap();

@@ -201,8 +201,15 @@ pub fn operator_name(port: &std::path::Path) -> String {
 /// nobody reads); a slow line that keeps taking bytes is not lost.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Writes `bytes` to `port`, then flushes; each step (a part of the
-/// bytes taken, the flush) is timed by [`stalled_after`] on its own.
+/// Writes `bytes` to `port`; each part of the bytes taken is timed by
+/// [`stalled_after`] on its own.
+///
+/// There is no flush: a write hands the bytes to the kernel's line
+/// buffer, which sends them on its own, and a serial port's flush waits
+/// for the line to drain (`tcdrain`), blocking the thread the agent's
+/// loops run on for as long as the line takes (seconds at 9600 baud). A
+/// line that stops taking bytes shows as a write that stays pending.
+/// `port` must therefore be unbuffered, as a serial port is.
 async fn write_moving<W: AsyncWrite + Unpin>(
     port: &mut W,
     mut bytes: &[u8],
@@ -214,7 +221,7 @@ async fn write_moving<W: AsyncWrite + Unpin>(
         }
         bytes = &bytes[n..];
     }
-    stalled_after(WRITE_TIMEOUT, async { port.flush().await }).await
+    Ok(())
 }
 
 /// `step`, or an error when it took longer than `limit`: nothing
@@ -406,7 +413,10 @@ where
         let mut queue = VecDeque::from(effects);
         while let Some(effect) = queue.pop_front() {
             match effect {
-                Effect::Write(bytes) => self.write(&bytes).await?,
+                Effect::Write(bytes) => {
+                    self.write(&bytes).await?;
+                    session.shown(self.now());
+                }
                 Effect::Record(what) => self.record(what),
                 Effect::Run { words } => {
                     let run = self.agent.run(&words, &self.operator);
@@ -414,7 +424,7 @@ where
                         Ok(answer) => (answer.text, answer.ok),
                         Err(_) => (unanswered_text(), false),
                     };
-                    queue.extend(session.answered(&text, ok));
+                    queue.extend(session.answered(self.now(), &text, ok));
                 }
                 Effect::Verify(password) => {
                     let ok = self.verify(password).await;

@@ -296,7 +296,7 @@ fn apply(session: &mut Session, m: &mut Model, op: &Op) -> Result<(), String> {
         Op::Verified { .. } if m.asked_run => Ok(()),
         Op::Answer { ok } => {
             let asked = std::mem::take(&mut m.asked_run);
-            let effects = session.answered("done", *ok);
+            let effects = session.answered(m.now, "done", *ok);
             unasked(asked, &effects)?;
             observe(session, m, &effects, false)?;
             feed(session, m)

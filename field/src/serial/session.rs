@@ -8,7 +8,10 @@
 //! command is the agent's ([`Spec`]); one that changes state is refused
 //! unless the session is logged in, and always when no password hash is
 //! configured (fail closed). A refused login locks `login` for 2 s, then
-//! 4, 8 … up to 64 s while refusals follow each other. The times are one
+//! 4, 8 … up to 64 s while refusals follow each other. `login` always
+//! takes the next line hidden, and a password typed while login is locked
+//! or with no password hash configured is refused unchecked: a password
+//! typed after `login` never shows on the line. The times are one
 //! clock's for the session's whole life: the shell keeps the session and
 //! its clock across every opening of the port, so a lost line neither
 //! lifts the lock nor resets the refusals.
@@ -18,6 +21,11 @@
 //!   or the line lost; the port stays open between sessions.
 //! - *busy*: the session waits for the shell (a command's answer, a
 //!   password's check) and takes no input meanwhile.
+//! - *idle*: nothing typed, and nothing answered or written, for the idle
+//!   time; the clock counts from the last key kept, the last answer or
+//!   the end of the last write, whichever came last. A session at the
+//!   password prompt is never closed idle: closing it would show the
+//!   rest of the password as it is typed.
 
 use super::line::{Edit, LineEditor};
 use super::record::{CloseReason, What};
@@ -192,9 +200,20 @@ impl Session {
         self.login == Login::In
     }
 
-    /// When an open session that nobody types in is closed (ms).
+    /// When an open session that nobody types in is closed (ms); none
+    /// while it is busy or at the password prompt.
     pub fn idle_deadline(&self) -> Option<u64> {
-        (self.open && self.busy.is_none()).then(|| self.last_ms + self.settings.idle_ms)
+        let waits = self.open && self.busy.is_none() && self.login != Login::Password;
+        waits.then(|| self.last_ms + self.settings.idle_ms)
+    }
+
+    /// What the session said was written out by `now`: the idle time
+    /// counts from here, not from the key that asked for it (a long
+    /// answer on a slow line takes its time).
+    pub fn shown(&mut self, now: u64) {
+        if self.open {
+            self.last_ms = self.last_ms.max(now);
+        }
     }
 
     /// Takes `bytes` typed at `now`, up to the first line that needs the
@@ -250,8 +269,8 @@ impl Session {
                     super::line::MAX_LINE
                 )));
             }
-            Edit::Line(line) if self.login == Login::Password => self.password(line, out),
-            Edit::Line(line) => self.command(now, &line, out),
+            Edit::Line(line) if self.login == Login::Password => self.password(now, line, out),
+            Edit::Line(line) => self.command(&line, out),
         }
     }
 
@@ -262,18 +281,33 @@ impl Session {
         }
     }
 
-    fn password(&mut self, password: String, out: &mut Vec<Effect>) {
+    /// The line typed at the password prompt at `now`: checked, or
+    /// refused unchecked while login is locked or no hash is configured.
+    fn password(&mut self, now: u64, password: String, out: &mut Vec<Effect>) {
         self.editor.set_hidden(false);
         self.login = Login::Out;
         if password.is_empty() {
             out.push(self.say("login cancelled"));
-            return;
+        } else if !self.settings.password {
+            out.push(self.say(&format!(
+                "login refused: no console password is configured: set console_password_hash \
+                 (make it with `{} console-password`)",
+                self.settings.program
+            )));
+        } else if now < self.locked_until_ms {
+            let wait_s = (self.locked_until_ms - now).div_ceil(1000);
+            out.push(self.say(&format!(
+                "login refused: wait {wait_s} s ({} refused in a row); the password was not \
+                 checked",
+                self.refused
+            )));
+        } else {
+            self.busy = Some(Busy::Verify);
+            out.push(Effect::Verify(password));
         }
-        self.busy = Some(Busy::Verify);
-        out.push(Effect::Verify(password));
     }
 
-    fn command(&mut self, now: u64, line: &str, out: &mut Vec<Effect>) {
+    fn command(&mut self, line: &str, out: &mut Vec<Effect>) {
         let words: Vec<String> = line.split_whitespace().map(String::from).collect();
         let Some(first) = words.first() else {
             out.push(Effect::Write(self.prompt()));
@@ -281,7 +315,7 @@ impl Session {
         };
         match first.to_ascii_lowercase().as_str() {
             "help" | "?" => out.push(self.say(&self.help())),
-            "login" => self.login(now, out),
+            "login" => self.login(out),
             "logout" | "exit" | "quit" => self.close(CloseReason::Logout, out),
             name => match self.commands.iter().find(|c| c.name == name) {
                 None => out.push(self.say(&format!(
@@ -326,21 +360,12 @@ impl Session {
         out.push(Effect::Run { words });
     }
 
-    fn login(&mut self, now: u64, out: &mut Vec<Effect>) {
-        if !self.settings.password {
-            out.push(self.say(&format!(
-                "no console password is configured: set console_password_hash (make it with \
-                 `{} console-password`)",
-                self.settings.program
-            )));
-        } else if self.login == Login::In {
+    /// `login`: the password prompt, its line hidden, whether or not a
+    /// password could be accepted now ([`password`](Self::password)
+    /// refuses it then): the line after `login` is never echoed.
+    fn login(&mut self, out: &mut Vec<Effect>) {
+        if self.login == Login::In {
             out.push(self.say("already logged in"));
-        } else if now < self.locked_until_ms {
-            let wait_s = (self.locked_until_ms - now).div_ceil(1000);
-            out.push(self.say(&format!(
-                "login refused: wait {wait_s} s ({} refused in a row)",
-                self.refused
-            )));
         } else {
             self.login = Login::Password;
             self.editor.set_hidden(true);
@@ -405,9 +430,9 @@ impl Session {
         self.editor.restart();
     }
 
-    /// The agent answered the command with `text`; `ok`: it did what was
-    /// asked.
-    pub fn answered(&mut self, text: &str, ok: bool) -> Vec<Effect> {
+    /// The agent answered the command with `text` at `now`; `ok`: it did
+    /// what was asked. The idle time counts from `now`.
+    pub fn answered(&mut self, now: u64, text: &str, ok: bool) -> Vec<Effect> {
         let Some(Busy::Run {
             line,
             changes_state,
@@ -415,6 +440,7 @@ impl Session {
         else {
             return Vec::new();
         };
+        self.last_ms = self.last_ms.max(now);
         let mut out = Vec::new();
         if changes_state {
             out.push(Effect::Record(What::Command {

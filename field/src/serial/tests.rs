@@ -91,7 +91,7 @@ fn help_a_table_command_and_an_unknown_one() {
         }]
     );
     assert_eq!(s.input(3, b"help\r").consumed, 0, "busy");
-    let (text, rest) = split(s.answered("all well\n", true));
+    let (text, rest) = split(s.answered(4, "all well\n", true));
     assert!(rest.is_empty(), "a read-only command is not recorded");
     assert_eq!(text, "all well\r\nu1> ");
 }
@@ -115,9 +115,15 @@ fn a_state_change_needs_a_login_and_a_wrong_password_locks_login() {
     let (text, rest) = split(s.verified(100, false));
     assert_eq!(rest, [Effect::Record(What::LoginRefused { in_a_row: 1 })]);
     assert!(text.starts_with("login refused (1 in a row); the next try in 2 s"));
-    // Locked for 2 s: `login` asks for no password.
+    // Locked for 2 s: the password is taken hidden and refused unchecked.
     let (text, _) = type_in(&mut s, 1_500, b"login\r");
-    assert!(text.contains("login refused: wait 1 s"), "{text:?}");
+    assert_eq!(text, "login\r\npassword: ");
+    let (text, rest) = type_in(&mut s, 1_600, b"right\r");
+    assert!(
+        text.starts_with("\r\nlogin refused: wait 1 s (1 refused in a row)"),
+        "{text:?}"
+    );
+    assert!(rest.is_empty(), "not checked, not counted: {rest:?}");
     let (text, _) = type_in(&mut s, 2_100, b"login\r");
     assert!(text.ends_with("password: "));
     let step = s.input(2_200, b"right\r");
@@ -132,7 +138,7 @@ fn a_state_change_needs_a_login_and_a_wrong_password_locks_login() {
             words: vec!["clear-leak".into(), "2".into()]
         }]
     );
-    let (_, rest) = split(s.answered("rack 2: leak cleared", true));
+    let (_, rest) = split(s.answered(2_450, "rack 2: leak cleared", true));
     assert_eq!(
         rest,
         [Effect::Record(What::Command {
@@ -197,7 +203,11 @@ fn without_a_password_hash_state_changes_are_refused_and_say_how_to_allow_them()
         Effect::Record(What::Command { ok: false, .. })
     ));
     let (text, _) = type_in(&mut s, 0, b"login\r");
+    assert_eq!(text, "login\r\npassword: ");
+    let (text, rest) = type_in(&mut s, 0, b"s3cret-pass\r");
     assert!(text.contains("set console_password_hash"), "{text:?}");
+    assert!(!text.contains("s3cret"), "{text:?}");
+    assert!(rest.is_empty(), "nothing to check it against: {rest:?}");
 }
 
 #[test]
@@ -228,6 +238,61 @@ fn an_idle_session_is_closed_and_a_logged_in_one_says_it_logged_out() {
     let (_, rest) = type_in(&mut s, 500_000, b"tatus\r");
     assert!(matches!(rest[0], Effect::Record(What::SessionOpened)));
     assert!(rest.get(1).is_none());
+}
+
+#[test]
+fn the_password_after_a_refused_login_is_never_echoed() {
+    let mut s = Session::new(settings(true), COMMANDS);
+    type_in(&mut s, 0, b"login\r");
+    s.input(10, b"wrong\r");
+    s.verified(100, false);
+    // Typed ahead while login is locked: hidden, refused, not checked.
+    let (text, rest) = type_in(&mut s, 500, b"login\rs3cret-pass\r");
+    assert!(!text.contains("s3cret"), "{text:?}");
+    assert!(
+        text.contains("login refused: wait 2 s (1 refused in a row)"),
+        "{text:?}"
+    );
+    assert!(rest.is_empty(), "{rest:?}");
+    assert!(text.ends_with("u1> "), "{text:?}");
+    // The next line shows again.
+    let (text, _) = type_in(&mut s, 600, b"help\r");
+    assert!(text.starts_with("help\r\ncommands:"), "{text:?}");
+}
+
+#[test]
+fn a_session_at_the_password_prompt_is_not_closed_idle() {
+    let mut s = Session::new(settings(true), COMMANDS);
+    type_in(&mut s, 0, b"login\r");
+    let (text, _) = type_in(&mut s, 100_000, b"s3cr");
+    assert_eq!(text, "");
+    assert_eq!(s.idle_deadline(), None);
+    assert!(s.tick(1_000_000).is_empty());
+    // The rest of the password, typed long after: still hidden.
+    let (text, rest) = type_in(&mut s, 1_000_001, b"et-pass\r");
+    assert_eq!(text, "\r\n");
+    assert_eq!(rest, [Effect::Verify("s3cret-pass".into())]);
+    s.verified(1_000_500, false);
+    assert_eq!(s.idle_deadline(), Some(1_300_500));
+}
+
+#[test]
+fn idle_counts_from_the_answer_and_from_the_end_of_its_write() {
+    let mut s = Session::new(settings(true), COMMANDS);
+    s.shown(50);
+    assert_eq!(s.idle_deadline(), None, "no session yet");
+    let step = s.input(0, b"status\r");
+    assert_eq!(step.consumed, 7);
+    // The agent took 400 s to answer: the session is not idle at once.
+    s.answered(400_000, "all well", true);
+    assert_eq!(s.idle_deadline(), Some(700_000));
+    assert!(s.tick(400_001).is_empty());
+    // Its write on a slow line ended 50 s later.
+    s.shown(450_000);
+    assert_eq!(s.idle_deadline(), Some(750_000));
+    assert!(s.tick(749_999).is_empty());
+    let (text, _) = split(s.tick(750_000));
+    assert!(text.contains("session closed after 300 s idle"), "{text:?}");
 }
 
 #[test]
@@ -277,7 +342,7 @@ proptest! {
                 while let Some(e) = effects.pop() {
                     match e {
                         Effect::Write(b) => written += b.len(),
-                        Effect::Run { .. } => effects.extend(s.answered("ok", answers_ok)),
+                        Effect::Run { .. } => effects.extend(s.answered(now, "ok", answers_ok)),
                         Effect::Verify(pw) => effects.extend(s.verified(now, pw.len() % 2 == 0)),
                         Effect::Record(_) => {}
                     }
@@ -469,6 +534,8 @@ async fn reopening_the_port_neither_lifts_the_login_lock_nor_forgets_the_refusal
     let second = async {
         until(&mut engineer, "u1> ").await;
         engineer.write_all(b"login\r").await.unwrap();
+        until(&mut engineer, "password: ").await;
+        engineer.write_all(b"right password\r").await.unwrap();
         let text = until(&mut engineer, "u1> ").await;
         assert!(
             text.contains("login refused: wait 2 s (3 refused in a row)"),
@@ -549,10 +616,11 @@ async fn a_command_line_is_refused_answered_or_an_error_as_ctl_prints_it() {
 
 use std::path::Path;
 
-/// An agent whose `status` answers `lines` lines of text, or never
-/// (`None`: its loop or its flash hangs).
+/// An agent whose `status` answers `lines` lines of text `after` the
+/// command, or never (`None`: its loop or its flash hangs).
 struct Answering {
     lines: Option<usize>,
+    after: Duration,
 }
 
 impl SerialAgent for Answering {
@@ -566,6 +634,7 @@ impl SerialAgent for Answering {
         let Some(lines) = self.lines else {
             return std::future::pending().await;
         };
+        tokio::time::sleep(self.after).await;
         let text = (0..lines).map(|i| format!("event {i:>6} of a long log\n"));
         Answer {
             text: text.collect(),
@@ -574,14 +643,15 @@ impl SerialAgent for Answering {
     }
 }
 
-/// Runs the shell for `agent` over a line that takes 64 bytes at a time;
-/// gives the engineer's end and what the journal took.
-fn slow_line(agent: Answering) -> (tokio::io::DuplexStream, Arc<Mutex<Vec<What>>>) {
+/// Runs the shell for `agent` over a line that takes 64 bytes at a time,
+/// its sessions closed after `idle`; gives the engineer's end and what
+/// the journal took.
+fn slow_line(agent: Answering, idle: Duration) -> (tokio::io::DuplexStream, Arc<Mutex<Vec<What>>>) {
     let console = SerialConsole {
         port: "/dev/ttyS1".into(),
         baud: 9_600,
         password_hash: None,
-        idle: Duration::from_secs(600),
+        idle,
     };
     let (agent_end, engineer) = tokio::io::duplex(64);
     let records = Arc::new(Mutex::new(Vec::new()));
@@ -606,7 +676,13 @@ fn slow_line(agent: Answering) -> (tokio::io::DuplexStream, Arc<Mutex<Vec<What>>
 async fn a_long_answer_on_a_slow_line_is_written_whole_however_long_it_takes() {
     // 4,000 lines, some 112 KB: 64 bytes every 100 ms takes nearly 3
     // minutes, far past the 30 s the line may take no byte at all.
-    let (mut engineer, records) = slow_line(Answering { lines: Some(4_000) });
+    let (mut engineer, records) = slow_line(
+        Answering {
+            lines: Some(4_000),
+            after: Duration::ZERO,
+        },
+        Duration::from_secs(600),
+    );
     until(&mut engineer, "u1> ").await;
     engineer.write_all(b"status\r").await.unwrap();
     let started = Instant::now();
@@ -629,7 +705,13 @@ async fn a_long_answer_on_a_slow_line_is_written_whole_however_long_it_takes() {
 
 #[tokio::test(start_paused = true)]
 async fn an_agent_that_never_answers_gets_the_line_back_after_the_answer_limit() {
-    let (mut engineer, _records) = slow_line(Answering { lines: None });
+    let (mut engineer, _records) = slow_line(
+        Answering {
+            lines: None,
+            after: Duration::ZERO,
+        },
+        Duration::from_secs(600),
+    );
     until(&mut engineer, "u1> ").await;
     engineer.write_all(b"status\r").await.unwrap();
     let started = Instant::now();
@@ -642,4 +724,177 @@ async fn an_agent_that_never_answers_gets_the_line_back_after_the_answer_limit()
     // The line is the engineer's again.
     engineer.write_all(b"help\r").await.unwrap();
     assert!(until(&mut engineer, "u1> ").await.contains("commands:"));
+}
+
+/// Reads `engineer`'s end 64 bytes every 100 ms (a slow line) until
+/// `want` appears; everything read.
+async fn slowly_until(engineer: &mut tokio::io::DuplexStream, want: &str) -> String {
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 64];
+    while !String::from_utf8_lossy(&seen).contains(want) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let read = tokio::time::timeout(Duration::from_secs(3600), engineer.read(&mut buf)).await;
+        let text = String::from_utf8_lossy(&seen).into_owned();
+        let n = read.unwrap_or_else(|_| panic!("no {want:?} after {text:?}"));
+        let n = n.unwrap();
+        assert!(n > 0, "the line closed after {} bytes", seen.len());
+        seen.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8(seen).unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_counts_from_the_end_of_a_long_write_not_from_the_enter_key() {
+    // Some 3 minutes of writing, three times the idle time.
+    let agent = Answering {
+        lines: Some(4_000),
+        after: Duration::ZERO,
+    };
+    let (mut engineer, _records) = slow_line(agent, Duration::from_secs(60));
+    until(&mut engineer, "u1> ").await;
+    engineer.write_all(b"status\r").await.unwrap();
+    let text = slowly_until(&mut engineer, "u1> ").await;
+    assert!(!text.contains("idle"), "closed while answering");
+    let answered = Instant::now();
+    let text = slowly_until(&mut engineer, "idle").await;
+    assert!(text.contains("session closed after 60 s idle"), "{text:?}");
+    // The last 64 bytes were taken up to 100 ms before they were read.
+    let idle = answered.elapsed();
+    assert!(
+        idle > Duration::from_millis(59_800) && idle <= Duration::from_secs(60),
+        "{idle:?}"
+    );
+}
+
+/// Reads `end` until `want` appears, or fails after an hour of nothing
+/// (in paused time: at once when nothing else is to come); everything
+/// read, and when `mark` first appeared in it.
+async fn until_marked(
+    end: &mut tokio::io::DuplexStream,
+    mark: &str,
+    want: &str,
+) -> (String, Option<Instant>) {
+    let mut seen = Vec::new();
+    let mut marked = None;
+    let mut buf = [0u8; 512];
+    while !String::from_utf8_lossy(&seen).contains(want) {
+        let read = tokio::time::timeout(Duration::from_secs(3600), end.read(&mut buf)).await;
+        let text = String::from_utf8_lossy(&seen).into_owned();
+        let n = read.unwrap_or_else(|_| panic!("no {want:?} after {text:?}"));
+        let n = n.unwrap();
+        assert!(n > 0, "closed before {want:?}: {text:?}");
+        seen.extend_from_slice(&buf[..n]);
+        if marked.is_none() && String::from_utf8_lossy(&seen).contains(mark) {
+            marked = Some(Instant::now());
+        }
+    }
+    (String::from_utf8(seen).unwrap(), marked)
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_counts_from_a_slow_answer_not_from_the_enter_key() {
+    let agent = Answering {
+        lines: Some(1),
+        after: Duration::from_secs(11),
+    };
+    let (mut engineer, _records) = slow_line(agent, Duration::from_secs(10));
+    until(&mut engineer, "u1> ").await;
+    engineer.write_all(b"status\r").await.unwrap();
+    let answer = "event      0 of a long log\r\nu1> ";
+    let (text, answered) = until_marked(&mut engineer, answer, "idle").await;
+    assert!(text.contains("session closed after 10 s idle"), "{text:?}");
+    let answered = answered.unwrap_or_else(|| panic!("no answer in {text:?}"));
+    assert_eq!(answered.elapsed(), Duration::from_secs(10), "{text:?}");
+}
+
+/// A port whose flush blocks the thread that calls it while the line
+/// drains, as a serial port's does (`tcdrain`), and notes that thread.
+struct DrainingPort {
+    inner: tokio::io::DuplexStream,
+    flushed_on: Arc<Mutex<Vec<std::thread::ThreadId>>>,
+}
+
+impl tokio::io::AsyncRead for DrainingPort {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for DrainingPort {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.flushed_on
+            .lock()
+            .unwrap()
+            .push(std::thread::current().id());
+        std::thread::sleep(Duration::from_millis(200));
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_port_is_never_drained_on_the_runtime_thread() {
+    // One thread runs everything, as in the node agent: a drain there
+    // stops every loop of the agent for as long as the line takes.
+    let runtime_thread = std::thread::current().id();
+    let flushed_on = Arc::new(Mutex::new(Vec::new()));
+    let (agent_end, mut engineer) = tokio::io::duplex(4096);
+    let port = DrainingPort {
+        inner: agent_end,
+        flushed_on: flushed_on.clone(),
+    };
+    let console = SerialConsole {
+        port: "/dev/ttyS1".into(),
+        baud: 9_600,
+        password_hash: None,
+        idle: Duration::from_secs(600),
+    };
+    tokio::spawn(async move {
+        let agent = Answering {
+            lines: Some(200),
+            after: Duration::ZERO,
+        };
+        let mut session = new_session(&console, &agent);
+        let journal = |_: Record| {};
+        run(
+            port,
+            &mut session,
+            Instant::now(),
+            &console,
+            &agent,
+            &journal,
+        )
+        .await
+    });
+    until(&mut engineer, "u1> ").await;
+    engineer.write_all(b"status\r").await.unwrap();
+    let text = until(&mut engineer, "u1> ").await;
+    assert!(text.contains("event    199 of a long log\r\n"), "{text:?}");
+    let flushed_on = flushed_on.lock().unwrap();
+    assert!(
+        !flushed_on.contains(&runtime_thread),
+        "drained {} times on the runtime thread",
+        flushed_on.len()
+    );
 }
