@@ -73,15 +73,31 @@ impl FromStr for BrokerAddr {
         };
         let s = s.trim();
         let s = s.strip_prefix("mqtt://").unwrap_or(s);
+        if s.contains("://") {
+            return Err(err(
+                "a URL scheme other than mqtt:// is not taken: use host:port, and tls_ca for TLS",
+            ));
+        }
+        let ipv6 = |host: &str| host.parse::<std::net::Ipv6Addr>().is_ok();
         let (host, port) = if let Some(rest) = s.strip_prefix('[') {
             let (host, after) = rest.split_once(']').ok_or(err("unclosed '['"))?;
+            if !ipv6(host) {
+                return Err(err("what '[' and ']' enclose is not an IPv6 address"));
+            }
             match after.strip_prefix(':') {
                 Some(p) => (host, Some(p)),
                 None if after.is_empty() => (host, None),
                 None => return Err(err("expected ':<port>' after ']'")),
             }
         } else if s.matches(':').count() > 1 {
-            (s, None) // a bare IPv6 address
+            // A bare IPv6 address, and nothing else.
+            if !ipv6(s) {
+                return Err(err(
+                    "more than one ':' and not an IPv6 address: write host:port, or \
+                     [IPv6 address]:port",
+                ));
+            }
+            (s, None)
         } else {
             match s.split_once(':') {
                 Some((h, p)) => (h, Some(p)),
@@ -350,6 +366,30 @@ mod tests {
         );
         assert!(":1883".parse::<BrokerAddr>().is_err());
         assert!("h:x".parse::<BrokerAddr>().is_err());
+        let a: BrokerAddr = "fd00::5".parse().unwrap();
+        assert_eq!((a.host.as_str(), a.port), ("fd00::5", 1883));
+    }
+
+    /// Neither a URL of another scheme nor a host with two ports reads as
+    /// an IPv6 host on the default port.
+    #[test]
+    fn other_schemes_and_stray_colons_are_refused() {
+        for url in ["mqtts://broker.hall:8883", "tcp://10.0.0.5:1883", "ssl://b"] {
+            let e = url.parse::<BrokerAddr>().unwrap_err().to_string();
+            assert!(
+                e.contains("other than mqtt://") && e.contains("use host:port, and tls_ca for TLS"),
+                "{e}"
+            );
+        }
+        let e = "h:8883:x".parse::<BrokerAddr>().unwrap_err().to_string();
+        assert_eq!(
+            e,
+            r#"broker address "h:8883:x": more than one ':' and not an IPv6 address: write host:port, or [IPv6 address]:port"#
+        );
+        let e = "[broker.hall]:8883".parse::<BrokerAddr>().unwrap_err();
+        assert!(e.to_string().contains("not an IPv6 address"), "{e}");
+        let e = "n1:4001,mqtts://n2:8883".parse::<Brokers>().unwrap_err();
+        assert!(e.to_string().starts_with("entry 2 of 2: "), "{e}");
     }
 
     #[test]

@@ -23,7 +23,8 @@
 //!
 //! Every signer is named: `node = "cdu/*"` is refused. Only the twin's
 //! built-in demonstration keyring (no keyring file) takes any signer of a
-//! role, with the public demonstration key.
+//! role, with the public demonstration key. `release` is an operator's
+//! right alone, and a public key belongs to one entry only.
 //!
 //! Glossary:
 //! - *seed*: the 32 secret bytes an Ed25519 key is derived from.
@@ -287,7 +288,9 @@ pub fn read_site_keyring(path: &Path, site: &Ident, who: &str) -> Result<Vec<Sig
 }
 
 /// Parses a keyring's text. Each signer is checked: its node a signer's,
-/// its key a valid Ed25519 point, its rights known, no key twice.
+/// its key a valid Ed25519 point, its rights known and its role's
+/// ([`check_rights`]), no key id twice, and no public key listed under
+/// two entries (whoever held its secret would sign as both).
 pub fn parse_keyring(text: &str) -> Result<Keyring, String> {
     let f: KeyringFile = toml::from_str(text).map_err(|e| toml_message(text, &e))?;
     let site = f
@@ -306,6 +309,7 @@ pub fn parse_keyring(text: &str) -> Result<Keyring, String> {
         if may == May::default() {
             return Err(at("may is empty: the signer could do nothing".into()));
         }
+        check_rights(role, may).map_err(|e| at(format!("may: {e}")))?;
         let signer = Signer {
             role,
             name,
@@ -319,12 +323,46 @@ pub fn parse_keyring(text: &str) -> Result<Keyring, String> {
         {
             return Err(at(format!("key id {} appears twice", s.key_id)));
         }
+        if let Some(j) = signers.iter().position(|o| o.key == signer.key) {
+            let (o, file) = (&signers[j], &f.signer[j]);
+            return Err(at(if o.role == role && o.name == signer.name {
+                format!(
+                    "public_key is also that of key id {} of signer {} ({}): a rotated \
+                     key is a new key (`lwbus pki sign-key`), or removing the old id \
+                     revokes nothing",
+                    o.key_id,
+                    j + 1,
+                    file.node
+                )
+            } else {
+                format!(
+                    "public_key is also that of signer {} ({}): whoever holds the \
+                     secret could sign as either; give each signer its own key",
+                    j + 1,
+                    file.node
+                )
+            }));
+        }
         signers.push(signer);
     }
     if signers.is_empty() {
         return Err("the keyring holds no signer: every command would be refused".into());
     }
     Ok(Keyring { site, signers })
+}
+
+/// Refuses rights a signer of `role` may never hold: `release` is an
+/// operator's alone, since a quarantine is released only by an
+/// authenticated operator.
+pub(crate) fn check_rights(role: Role, may: May) -> Result<(), String> {
+    if may.release && role != Role::Operator {
+        return Err(format!(
+            "release is an operator's right alone (a quarantine is released only by an \
+             authenticated operator), not a {} signer's",
+            role.as_str()
+        ));
+    }
+    Ok(())
 }
 
 /// Rights as written: `lease`, `release`, `resend` (a reader's: ask for
@@ -471,6 +509,65 @@ mod tests {
         assert!(parse_keyring("").unwrap_err().contains("no signer"));
         let e = parse_keyring(&entry("operator/*", &pk, "\"release\"")).unwrap_err();
         assert!(e.contains("demonstration keyring only"), "{e}");
+    }
+
+    /// One entry of a keyring: `node`, key id `id`, the key of `seed`.
+    fn entry(node: &str, id: u8, seed: u8, may: &str) -> String {
+        format!(
+            "[[signer]]\nnode = \"{node}\"\nkey_id = {id}\npublic_key = \"{}\"\nmay = [{may}]\n",
+            hex(key(seed).key.verifying_key().as_bytes())
+        )
+    }
+
+    #[test]
+    fn one_key_under_two_entries_is_refused_naming_both() {
+        // A CDU's key listed as an operator's too: the CDU could release.
+        let shared = format!(
+            "{}{}",
+            entry("cdu/cdu1", 1, 1, "\"lease\""),
+            entry("operator/ops1", 1, 1, "\"lease\", \"release\"")
+        );
+        let e = parse_keyring(&shared).unwrap_err();
+        assert!(
+            e.starts_with(
+                "signer 2 (operator/ops1): public_key is also that of signer 1 (cdu/cdu1)"
+            ),
+            "{e}"
+        );
+        // The same signer's key under a second id: not a rotation.
+        let again = format!(
+            "{}{}",
+            entry("cdu/cdu1", 1, 1, "\"lease\""),
+            entry("cdu/cdu1", 2, 1, "\"lease\"")
+        );
+        let e = parse_keyring(&again).unwrap_err();
+        assert!(
+            e.contains("signer 2 (cdu/cdu1)")
+                && e.contains("also that of key id 1 of signer 1 (cdu/cdu1)"),
+            "{e}"
+        );
+        // A rotation, a new key under a new id, is taken.
+        let rotated = format!(
+            "{}{}",
+            entry("cdu/cdu1", 1, 1, "\"lease\""),
+            entry("cdu/cdu1", 2, 2, "\"lease\"")
+        );
+        assert_eq!(parse_keyring(&rotated).unwrap().signers.len(), 2);
+    }
+
+    #[test]
+    fn release_is_an_operators_right_alone() {
+        for node in ["cdu/cdu1", "facility/bms1"] {
+            let e = parse_keyring(&entry(node, 1, 1, "\"lease\", \"release\"")).unwrap_err();
+            assert!(
+                e.starts_with(&format!(
+                    "signer 1 ({node}): may: release is an operator's right alone"
+                )),
+                "{e}"
+            );
+        }
+        let ring = parse_keyring(&entry("operator/ops1", 1, 1, "\"release\"")).unwrap();
+        assert!(ring.signers[0].may.release);
     }
 
     #[test]

@@ -43,7 +43,7 @@ use rcgen::{
     KeyPair, KeyUsagePurpose, SerialNumber,
 };
 
-use crate::keys::{keyring_toml, parse_may, signer_node, signer_toml, SignKey};
+use crate::keys::{check_rights, keyring_toml, parse_may, signer_node, signer_toml, SignKey};
 
 /// `lwbus pki …`.
 #[derive(Debug, clap::Subcommand)]
@@ -131,7 +131,9 @@ pub fn sign_key(args: &SignKeyArgs) -> Result<String, String> {
             resend: role != Role::Cdu,
         }
     } else {
-        parse_may(&args.may).map_err(|e| format!("--may: {e}"))?
+        let may = parse_may(&args.may).map_err(|e| format!("--may: {e}"))?;
+        check_rights(role, may).map_err(|e| format!("--may: {e}"))?;
+        may
     };
     let key = new_sign_key(role, &name, args.key_id);
     write_new(&args.out, &key.to_toml(), 0o600)?;
@@ -958,6 +960,33 @@ mod tests {
         assert!(!text.contains("note:"), "{text}");
         let (may, text) = reader(&["lease", "resend"], "bms1.b.sign.key");
         assert!(may.lease && text.contains("may cap any GPU"), "{text}");
+        // Release is an operator's alone: refused for a CDU or a reader,
+        // and no key file is written.
+        for (node, file) in [
+            ("cdu/cdu1", "cdu1.r.sign.key"),
+            ("facility/bms1", "bms1.r.sign.key"),
+        ] {
+            let e = sign_key(&SignKeyArgs {
+                node: node.into(),
+                key_id: 3,
+                may: vec!["lease".into(), "release".into()],
+                out: dir.path().join(file),
+            })
+            .unwrap_err();
+            assert!(
+                e.starts_with("--may: release is an operator's right alone"),
+                "{e}"
+            );
+            assert!(!dir.path().join(file).exists(), "{file} written");
+        }
+        let text = sign_key(&SignKeyArgs {
+            node: "operator/ops1".into(),
+            key_id: 2,
+            may: vec!["release".into()],
+            out: dir.path().join("ops1.sign.key"),
+        })
+        .unwrap();
+        assert!(text.contains("may = [\"release\"]"), "{text}");
         let e = sign_key(&SignKeyArgs {
             node: "host/h01".into(),
             ..a

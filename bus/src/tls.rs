@@ -281,46 +281,104 @@ fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
     })
 }
 
+/// The dates of the CA certificate `der` (the `i`th of the file, of `n`)
+/// when it may be trusted at `now`, or why not: out of its dates, or
+/// dates that cannot be read. The TLS library never checks a trust
+/// anchor's dates, so one that is put in the root store is trusted
+/// however long ago it expired.
+fn ca_in_date(
+    der: &[u8],
+    i: usize,
+    n: usize,
+    path: &Path,
+    now: TimestampMs,
+) -> Result<Validity, String> {
+    let which = if n > 1 {
+        format!(" (certificate {} of the file)", i + 1)
+    } else {
+        String::new()
+    };
+    let what = format!("TLS CA {}{which}", path.display());
+    match validity(der) {
+        None => Err(format!("{what}: its dates cannot be read")),
+        Some(v) if now > v.not_after => Err(format!("{what} expired on {}", day(v.not_after))),
+        Some(v) if now < v.not_before => Err(format!(
+            "{what} is not valid before {} (is this machine's clock right?)",
+            day(v.not_before)
+        )),
+        Some(v) => Ok(v),
+    }
+}
+
 impl Tls {
-    /// Reads and checks the files: the CA parses, the certificate and key
-    /// belong together, the server name is a name or an address.
+    /// Reads and checks the files at the wall clock's time
+    /// ([`Tls::load_at`]).
     pub fn load(files: TlsFiles) -> Result<Tls, TlsError> {
+        Self::load_at(files, crate::now_ms())
+    }
+
+    /// Reads and checks the files as at `now`: the CA file may be changed
+    /// by its owner only, as a keyring ([`crate::keys::check_trusted`]),
+    /// and parses; a CA out of its dates at `now` is left out of the
+    /// trusted roots (and said), and none left is an error; the
+    /// certificate and key belong together; the server name is a name or
+    /// an address. Each handshake trusts only the CAs within their dates
+    /// at its own time ([`Anchored`]).
+    pub fn load_at(files: TlsFiles, now: TimestampMs) -> Result<Tls, TlsError> {
         let ca_err = err(TlsPart::Ca);
-        let mut roots = RootCertStore::empty();
+        crate::keys::check_trusted(&files.ca, "TLS CA").map_err(&ca_err)?;
         let cas = certs(&files.ca, "TLS CA").map_err(&ca_err)?;
         let mut validity = validities(&cas, "TLS CA", &files.ca);
-        for c in cas {
-            roots
-                .add(c)
-                .map_err(|e| ca_err(format!("TLS CA {}: {e}", files.ca.display())))?;
-        }
         let provider = provider();
-        let builder = ClientConfig::builder_with_provider(provider.clone())
+        let mut roots = Vec::new();
+        let mut left_out = Vec::new();
+        let n = cas.len();
+        for (i, c) in cas.into_iter().enumerate() {
+            let dates = match ca_in_date(c.as_ref(), i, n, &files.ca, now) {
+                Ok(dates) => dates,
+                Err(why) => {
+                    left_out.push(why);
+                    continue;
+                }
+            };
+            let at =
+                |e: &dyn std::fmt::Display| ca_err(format!("TLS CA {}: {e}", files.ca.display()));
+            let mut root = RootCertStore::empty();
+            root.add(c).map_err(|e| at(&e))?;
+            let webpki =
+                WebPkiServerVerifier::builder_with_provider(Arc::new(root), provider.clone())
+                    .build()
+                    .map_err(|e| at(&e))?;
+            roots.push((dates, webpki));
+        }
+        if roots.is_empty() {
+            return Err(ca_err(format!(
+                "{}: no CA of the file is valid now, so no broker can be trusted; renew it \
+                 (`lwbus pki`, or the site's PKI)",
+                left_out.join("; ")
+            )));
+        }
+        for why in &left_out {
+            tracing::warn!("TLS: {why}: left out of the trusted CAs");
+        }
+        let builder = ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .map_err(|e| ca_err(format!("TLS: {e}")))?;
-        let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
-            .build()
-            .map_err(|e| ca_err(format!("TLS CA {}: {e}", files.ca.display())))?;
-        let builder = match &files.server_name {
-            Some(name) => {
-                let name = ServerName::try_from(name.clone()).map_err(|_| TlsError {
-                    part: TlsPart::ServerName,
-                    message: format!("tls_server_name {name:?} is not a DNS name or address"),
-                })?;
-                builder
-                    .dangerous()
-                    .with_custom_certificate_verifier(Arc::new(Named {
-                        inner: webpki,
-                        name,
-                    }))
-            }
-            None => builder.with_webpki_verifier(webpki),
+        let name = match &files.server_name {
+            Some(name) => Some(ServerName::try_from(name.clone()).map_err(|_| TlsError {
+                part: TlsPart::ServerName,
+                message: format!("tls_server_name {name:?} is not a DNS name or address"),
+            })?),
+            None => None,
         };
+        let builder = builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(Anchored { roots, name }));
         let (cert_err, key_err) = (err(TlsPart::Cert), err(TlsPart::Key));
         let config = match (&files.cert, &files.key) {
             (Some(cert), Some(key)) => {
                 let chain = certs(cert, "TLS certificate").map_err(&cert_err)?;
-                validity.extend(validities(&chain[..1], "TLS certificate", cert));
+                validity.extend(validities(&chain, "TLS certificate", cert));
                 let secret = private_key(key).map_err(&key_err)?;
                 builder.with_client_auth_cert(chain, secret).map_err(|e| {
                     cert_err(format!(
@@ -342,25 +400,46 @@ impl Tls {
     }
 }
 
-/// The web PKI verifier, checking a configured name instead of the host
-/// connected to.
+/// The web PKI verifier, one per trusted CA, each used only while its CA
+/// is within its dates at the handshake (the library never checks a
+/// trust anchor's dates: an agent that runs on past its CA's end would
+/// otherwise go on trusting it); checking a configured name, when one is
+/// given, instead of the host connected to.
 #[derive(Debug)]
-struct Named {
-    inner: Arc<WebPkiServerVerifier>,
-    name: ServerName<'static>,
+struct Anchored {
+    /// Each CA's dates and its verifier; never empty.
+    roots: Vec<(Validity, Arc<WebPkiServerVerifier>)>,
+    name: Option<ServerName<'static>>,
 }
 
-impl ServerCertVerifier for Named {
+impl ServerCertVerifier for Anchored {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
         intermediates: &[CertificateDer<'_>],
-        _connected_to: &ServerName<'_>,
+        connected_to: &ServerName<'_>,
         ocsp: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        self.inner
-            .verify_server_cert(end_entity, intermediates, &self.name, ocsp, now)
+        let name = match &self.name {
+            Some(name) => name,
+            None => connected_to,
+        };
+        let ms = now.as_secs().saturating_mul(1000);
+        let mut refused = rustls::Error::InvalidCertificate(rustls::CertificateError::Other(
+            rustls::OtherError(Arc::new(std::io::Error::other(
+                "no CA of tls_ca is within its dates now: renew it",
+            ))),
+        ));
+        for (dates, verifier) in &self.roots {
+            if dates.not_before.0 <= ms && ms <= dates.not_after.0 {
+                match verifier.verify_server_cert(end_entity, intermediates, name, ocsp, now) {
+                    Ok(verified) => return Ok(verified),
+                    Err(e) => refused = e,
+                }
+            }
+        }
+        Err(refused)
     }
 
     fn verify_tls12_signature(
@@ -369,7 +448,7 @@ impl ServerCertVerifier for Named {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
+        self.roots[0].1.verify_tls12_signature(message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -378,11 +457,11 @@ impl ServerCertVerifier for Named {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
+        self.roots[0].1.verify_tls13_signature(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.inner.supported_verify_schemes()
+        self.roots[0].1.supported_verify_schemes()
     }
 }
 
@@ -462,18 +541,21 @@ mod tests {
         let ca = write(dir.path(), "ca.crt", &cert.pem(), 0o644);
         let crt = write(dir.path(), "h01.crt", &cert.pem(), 0o644);
         let k = write(dir.path(), "h01.key", &key.serialize_pem(), 0o600);
-        let tls = Tls::load(TlsFiles {
-            ca,
-            cert: Some(crt),
-            key: Some(k),
-            server_name: None,
-        })
-        .expect("loads");
-        assert_eq!(tls.validity.len(), 2, "the CA and the certificate");
         let day = |y, m, d| {
             let v = validity::tests_day(y, m, d);
             TimestampMs(v)
         };
+        let tls = Tls::load_at(
+            TlsFiles {
+                ca,
+                cert: Some(crt),
+                key: Some(k),
+                server_name: None,
+            },
+            day(2027, 1, 1),
+        )
+        .expect("loads");
+        assert_eq!(tls.validity.len(), 2, "the CA and the certificate");
         assert!(tls.validity_notes(day(2027, 1, 1)).is_empty());
         let soon = tls.validity_notes(day(2028, 3, 26));
         assert_eq!(soon.len(), 2);
@@ -502,13 +584,16 @@ mod tests {
             &format!("{}{}", cert.pem(), old_ca.pem()),
             0o644,
         );
-        let both = Tls::load(TlsFiles {
-            ca: bundle,
-            cert: None,
-            key: None,
-            server_name: None,
-        })
-        .expect("loads");
+        let both = Tls::load_at(
+            TlsFiles {
+                ca: bundle,
+                cert: None,
+                key: None,
+                server_name: None,
+            },
+            day(2027, 6, 1),
+        )
+        .expect("loads: one CA is valid");
         let notes = both.validity_notes(day(2027, 6, 1));
         assert_eq!(notes.len(), 1, "{notes:?}");
         assert!(
@@ -544,12 +629,15 @@ mod tests {
             &format!("{}{}", root.pem(), mid.pem()),
             0o644,
         );
-        let chained = Tls::load(TlsFiles {
-            ca: chain,
-            cert: None,
-            key: None,
-            server_name: None,
-        })
+        let chained = Tls::load_at(
+            TlsFiles {
+                ca: chain,
+                cert: None,
+                key: None,
+                server_name: None,
+            },
+            day(2027, 6, 1),
+        )
         .expect("loads");
         let notes = chained.validity_notes(day(2027, 6, 1));
         assert!(notes.len() == 1 && notes[0].0, "an error: {notes:?}");
@@ -557,6 +645,212 @@ mod tests {
         assert!(
             early[1].0 && early[1].1.contains("not valid before 2026-01-01"),
             "{early:?}"
+        );
+    }
+
+    /// A CA certificate valid from `from` to `to` (years), and its key.
+    fn ca_of(name: &str, from: i32, to: i32) -> (rcgen::Certificate, rcgen::KeyPair) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut p = rcgen::CertificateParams::new(Vec::new()).unwrap();
+        p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        p.not_before = rcgen::date_time_ymd(from, 1, 1);
+        p.not_after = rcgen::date_time_ymd(to, 1, 1);
+        p.distinguished_name = rcgen::DistinguishedName::new();
+        p.distinguished_name.push(rcgen::DnType::CommonName, name);
+        (p.self_signed(&key).unwrap(), key)
+    }
+
+    /// A broker certificate for `localhost`, valid 2020 to 2090, signed
+    /// by `ca`: its chain and key.
+    fn broker_of(
+        ca: &(rcgen::Certificate, rcgen::KeyPair),
+    ) -> (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut p = rcgen::CertificateParams::new(vec!["localhost".into()]).unwrap();
+        p.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        p.not_after = rcgen::date_time_ymd(2090, 1, 1);
+        let cert = p.signed_by(&key, &ca.0, &ca.1).unwrap();
+        let der = PrivateKeyDer::from_pem_slice(key.serialize_pem().as_bytes()).unwrap();
+        (vec![cert.der().clone()], der)
+    }
+
+    /// A TLS handshake in memory between a client of `tls` and a server
+    /// with `chain` and `key`, connected to as `localhost`.
+    fn handshake(
+        tls: &Tls,
+        server: (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>),
+    ) -> Result<(), rustls::Error> {
+        handshake_as(tls, server, "localhost")
+    }
+
+    /// [`handshake`], connected to as `to`.
+    fn handshake_as(
+        tls: &Tls,
+        (chain, key): (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>),
+        to: &str,
+    ) -> Result<(), rustls::Error> {
+        let server = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .unwrap();
+        let mut s = rustls::ServerConnection::new(Arc::new(server)).unwrap();
+        let name = ServerName::try_from(to.to_string()).unwrap();
+        let mut c = rustls::ClientConnection::new(tls.config.clone(), name).unwrap();
+        for _ in 0..8 {
+            let mut wire = Vec::new();
+            c.write_tls(&mut wire).unwrap();
+            s.read_tls(&mut &wire[..]).unwrap();
+            s.process_new_packets()?;
+            wire.clear();
+            s.write_tls(&mut wire).unwrap();
+            c.read_tls(&mut &wire[..]).unwrap();
+            c.process_new_packets()?;
+            if !c.is_handshaking() {
+                return Ok(());
+            }
+        }
+        panic!("the handshake did not end");
+    }
+
+    /// The TLS library never checks a trust anchor's dates: an expired CA
+    /// is kept out of the trusted roots, and a file of none valid is
+    /// refused.
+    #[test]
+    fn an_out_of_date_ca_is_not_trusted() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = ca_of("old site CA", 2020, 2021);
+        let path = write(dir.path(), "ca.crt", &old.0.pem(), 0o644);
+        let files = |ca: &Path| TlsFiles {
+            ca: ca.to_path_buf(),
+            cert: None,
+            key: None,
+            server_name: None,
+        };
+        let e = Tls::load(files(&path)).unwrap_err();
+        assert_eq!(e.part, TlsPart::Ca, "{e}");
+        assert!(
+            e.message.contains("ca.crt expired on 2021-01-01 00:00 UTC")
+                && e.message.contains("no CA of the file is valid now"),
+            "{e}"
+        );
+        let early = Tls::load_at(files(&path), TimestampMs(validity::tests_day(2019, 6, 1)));
+        let e = early.unwrap_err().message;
+        assert!(e.contains("not valid before 2020-01-01"), "{e}");
+        // Loaded while it was valid, by an agent that runs on: a broker it
+        // signed is refused once it has ended (the handshake is at the
+        // wall clock's time).
+        let in_time = Tls::load_at(files(&path), TimestampMs(validity::tests_day(2020, 6, 1)));
+        let e = handshake(&in_time.unwrap(), broker_of(&old)).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("no CA of tls_ca is within its dates"),
+            "{e}"
+        );
+        // Beside a valid CA: the file loads, and only the valid CA is
+        // trusted.
+        let new = ca_of("new site CA", 2020, 2090);
+        let both = write(
+            dir.path(),
+            "both.crt",
+            &format!("{}{}", old.0.pem(), new.0.pem()),
+            0o644,
+        );
+        let tls = Tls::load(files(&both)).expect("one CA is valid");
+        handshake(&tls, broker_of(&new)).expect("the valid CA's broker is trusted");
+        let e = handshake(&tls, broker_of(&old)).unwrap_err();
+        assert!(
+            matches!(e, rustls::Error::InvalidCertificate(_)),
+            "the expired CA's broker: {e:?}"
+        );
+        // Reached by an address: the name checked is tls_server_name.
+        let e = handshake_as(&tls, broker_of(&new), "10.0.0.5").unwrap_err();
+        assert!(matches!(e, rustls::Error::InvalidCertificate(_)), "{e:?}");
+        let named = Tls::load(TlsFiles {
+            server_name: Some("localhost".into()),
+            ..files(&both)
+        })
+        .unwrap();
+        handshake_as(&named, broker_of(&new), "10.0.0.5").expect("named localhost");
+        let e = handshake_as(&named, broker_of(&old), "10.0.0.5").unwrap_err();
+        assert!(matches!(e, rustls::Error::InvalidCertificate(_)), "{e:?}");
+    }
+
+    /// A CA file that others may change is refused, as a keyring is:
+    /// whoever can write it chooses which broker is trusted.
+    #[test]
+    fn a_ca_file_others_may_change_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = ca_of("site CA", 2020, 2090);
+        let path = write(dir.path(), "ca.crt", &ca.0.pem(), 0o666);
+        let files = TlsFiles {
+            ca: path.clone(),
+            cert: None,
+            key: None,
+            server_name: None,
+        };
+        let e = Tls::load(files.clone()).unwrap_err();
+        assert_eq!(e.part, TlsPart::Ca, "{e}");
+        assert!(
+            e.message.starts_with("TLS CA ")
+                && e.message.contains("is writable by others (mode 666)"),
+            "{e}"
+        );
+        write(dir.path(), "ca.crt", &ca.0.pem(), 0o620);
+        let e = Tls::load(files.clone()).unwrap_err().message;
+        assert!(e.contains("writable by its group"), "{e}");
+        write(dir.path(), "ca.crt", &ca.0.pem(), 0o644);
+        assert!(
+            Tls::load(files).is_ok(),
+            "public, written by its owner only"
+        );
+    }
+
+    /// Every certificate of `tls_cert`'s chain is dated: an intermediate
+    /// that expired is named by its place in the file.
+    #[test]
+    fn an_expired_intermediate_of_the_devices_chain_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = ca_of("site root", 2020, 2090);
+        let mid_key = rcgen::KeyPair::generate().unwrap();
+        let mut m = rcgen::CertificateParams::new(Vec::new()).unwrap();
+        m.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        m.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        m.not_after = rcgen::date_time_ymd(2027, 1, 1);
+        m.distinguished_name = rcgen::DistinguishedName::new();
+        m.distinguished_name
+            .push(rcgen::DnType::CommonName, "site intermediate");
+        let mid = m.signed_by(&mid_key, &root.0, &root.1).unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut p = rcgen::CertificateParams::new(vec!["h01".into()]).unwrap();
+        p.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        p.not_after = rcgen::date_time_ymd(2090, 1, 1);
+        let leaf = p.signed_by(&key, &mid, &mid_key).unwrap();
+        let tls = Tls::load_at(
+            TlsFiles {
+                ca: write(dir.path(), "ca.crt", &root.0.pem(), 0o644),
+                cert: Some(write(
+                    dir.path(),
+                    "h01.crt",
+                    &format!("{}{}", leaf.pem(), mid.pem()),
+                    0o644,
+                )),
+                key: Some(write(dir.path(), "h01.key", &key.serialize_pem(), 0o600)),
+                server_name: None,
+            },
+            TimestampMs(validity::tests_day(2026, 6, 1)),
+        )
+        .expect("loads");
+        assert_eq!(tls.validity.len(), 3, "the CA and both of the chain");
+        let notes = tls.validity_notes(TimestampMs(validity::tests_day(2027, 6, 1)));
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(
+            notes[0].0
+                && notes[0]
+                    .1
+                    .contains("h01.crt (certificate 2 of the file) expired on 2027-01-01"),
+            "{notes:?}"
         );
     }
 }

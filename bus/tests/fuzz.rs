@@ -6,8 +6,9 @@
 //!   (signers of every role, key ids, rights), mutated as
 //!   TOML (values on boundaries or of another type, keys removed, moved or
 //!   added, strings mutated, `*` names among them) and, one in four, as bytes. A keyring that
-//!   parses must hold only signers that may do something, no host, no key
-//!   twice, and read back the same when written again.
+//!   parses must hold only signers that may do something, no host, no
+//!   release but an operator's, no key id or public key twice, and read
+//!   back the same when written again.
 //! - `sign_key`: [`parse_sign_key`] on sign key files written by
 //!   [`SignKey::to_toml`], mutated the same way; a key that parses must
 //!   never be a host's and must read back the same when written again.
@@ -29,7 +30,7 @@ fn ident(s: &str) -> Ident {
     Ident::new(s).expect("an ident")
 }
 
-fn signer(role: Role, name: Option<&str>, key_id: u8, seed: u8, may: (bool, bool)) -> Signer {
+fn signer(role: Role, name: Option<&str>, key_id: u8, seed: u8, may: (bool, bool, bool)) -> Signer {
     Signer {
         role,
         name: name.map(ident),
@@ -38,7 +39,7 @@ fn signer(role: Role, name: Option<&str>, key_id: u8, seed: u8, may: (bool, bool
         may: May {
             lease: may.0,
             release: may.1,
-            resend: false,
+            resend: may.2,
         },
     }
 }
@@ -46,10 +47,10 @@ fn signer(role: Role, name: Option<&str>, key_id: u8, seed: u8, may: (bool, bool
 /// Keyrings as `lwbus pki init` and the demonstration hall write them.
 fn keyring_seeds() -> Vec<String> {
     let site = ident("hall-1");
-    let cdu = signer(Role::Cdu, Some("cdu1"), 1, 1, (true, false));
-    let rotated = signer(Role::Cdu, Some("cdu1"), 2, 2, (true, false));
-    let ops = signer(Role::Operator, Some("ops1"), 1, 3, (true, true));
-    let bms = signer(Role::Facility, Some("bms1"), 255, 5, (false, true));
+    let cdu = signer(Role::Cdu, Some("cdu1"), 1, 1, (true, false, false));
+    let rotated = signer(Role::Cdu, Some("cdu1"), 2, 2, (true, false, false));
+    let ops = signer(Role::Operator, Some("ops1"), 1, 3, (true, true, true));
+    let bms = signer(Role::Facility, Some("bms1"), 255, 5, (false, false, true));
     [
         vec![cdu.clone()],
         vec![cdu, rotated, ops.clone(), bms],
@@ -66,12 +67,15 @@ fn check_keyring(text: &str) -> Result<(), String> {
         Ok(ring) => ring,
     };
     for (i, s) in ring.signers.iter().enumerate() {
-        if s.role == Role::Host || !(s.may.lease || s.may.release) {
+        if s.role == Role::Host || !(s.may.lease || s.may.release || s.may.resend) {
             return Err(format!("signer {} taken: {s:?}", i + 1));
+        }
+        if s.may.release && s.role != Role::Operator {
+            return Err(format!("signer {} may release: {s:?}", i + 1));
         }
         if ring.signers[..i]
             .iter()
-            .any(|o| (o.role, &o.name, o.key_id) == (s.role, &s.name, s.key_id))
+            .any(|o| (o.role, &o.name, o.key_id) == (s.role, &s.name, s.key_id) || o.key == s.key)
         {
             return Err(format!("signer {} taken twice: {s:?}", i + 1));
         }

@@ -193,6 +193,11 @@ impl Authority {
         );
         match &frame.message {
             Message::CapLease(_) if !may.lease => Some(format!("{who} may not send cap leases")),
+            // Whatever a keyring says: a quarantine is released only by an
+            // authenticated operator.
+            Message::QuarantineRelease(_) if frame.sender.role != Role::Operator => Some(format!(
+                "{who} may not release quarantines: only an operator may, whatever the keyring says"
+            )),
             Message::QuarantineRelease(_) if !may.release => {
                 Some(format!("{who} may not release quarantines"))
             }
@@ -1011,6 +1016,52 @@ mod tests {
             &lease_frame(5, 1_000, &[(gpu(0), 300)], 30_000),
         );
         assert_eq!(v.code, AckCode::Forbidden, "{}", v.detail);
+    }
+
+    #[test]
+    fn a_release_from_anyone_but_an_operator_is_refused_whatever_its_rights() {
+        // A CDU controller and a facility system given `release` by an
+        // authority built past the keyring's checks.
+        let mut c = CommandCore::new(
+            own(),
+            vec![
+                GpuRange {
+                    min: Watts(200),
+                    max: Watts(700)
+                };
+                8
+            ],
+            Authority {
+                signers: vec![
+                    signer(Role::Cdu, "cdu-a", true),
+                    signer(Role::Facility, "bms1", true),
+                    signer(Role::Operator, "jdoe", true),
+                ],
+                cdu: Some(loopwarden_protocol::Ident::new("cdu-a").unwrap()),
+            },
+        );
+        let release = |role, name: &str, seq| {
+            let mut f = lease_frame(seq, 1_000, &[], 1);
+            f.sender = NodeId::new(role, name).unwrap();
+            f.message = Message::QuarantineRelease(QuarantineRelease {
+                gpu: GpuIndex::new(3).unwrap(),
+                operator: loopwarden_protocol::Ident::new(name).unwrap(),
+                note: Text::new("fine").unwrap(),
+                auth: CommandAuth::default(),
+            });
+            f.sign(&own(), 1, &key()).unwrap();
+            f
+        };
+        for (role, name) in [(Role::Cdu, "cdu-a"), (Role::Facility, "bms1")] {
+            let v = c.command(TimestampMs(1_000), &release(role, name, 1));
+            assert_eq!(v.code, AckCode::Forbidden, "{}", v.detail);
+            assert!(
+                v.detail.contains("only an operator may") && v.release.is_none(),
+                "{v:?}"
+            );
+        }
+        let v = c.command(TimestampMs(1_000), &release(Role::Operator, "jdoe", 1));
+        assert_eq!((v.code, v.release), (AckCode::Ok, Some(3)), "{}", v.detail);
     }
 
     #[test]
