@@ -56,6 +56,9 @@ pub struct HallPart {
     design_ambient_c: f32,
     /// The water last sent down, °C, and when, steady ms.
     down: Option<(f32, u64)>,
+    /// The plan followed may go down: not one heard older than
+    /// [`SENT_AGE_MAX_MS`].
+    sendable: bool,
 }
 
 impl HallPart {
@@ -66,6 +69,7 @@ impl HallPart {
             offer: None,
             design_ambient_c: core.margins.design_ambient_c,
             down: None,
+            sendable: false,
         }
     }
 
@@ -85,7 +89,7 @@ impl HallPart {
     pub fn restarted(&mut self, now_ms: u64) -> Option<f32> {
         self.offer = None;
         let (water_c, age_ms) = self.link.following(now_ms)?;
-        (age_ms < FACILITY_TARGET_STALE_MS).then(|| self.send(water_c, now_ms))
+        (self.sendable && age_ms < FACILITY_TARGET_STALE_MS).then(|| self.send(water_c, now_ms))
     }
 
     /// CDU `from`'s retained state `st`, heard at `now_ms` and `age_ms`
@@ -95,7 +99,8 @@ impl HallPart {
     /// coordinator's retained plan, delivered again) is not sent down.
     pub fn heard(&mut self, from: &Ident, st: &CduState, now_ms: u64, age_ms: u64) -> Option<f32> {
         let water_c = self.link.hear(from, st, now_ms, age_ms)?;
-        if age_ms > SENT_AGE_MAX_MS {
+        self.sendable = age_ms <= SENT_AGE_MAX_MS;
+        if !self.sendable {
             tracing::info!(
                 "cooling gateway: {from}'s plan is {} s old (a retained plan delivered again): not sent down; the next the coordinator publishes is",
                 age_ms / 1000
@@ -119,6 +124,9 @@ impl HallPart {
         let offer = self.offer.filter(|_| speaks);
         let ambient_c = outdoor_c.unwrap_or(self.design_ambient_c);
         let (state, moved, water_c) = self.link.state(offer, ambient_c, now_ms);
+        if water_c.is_some() {
+            self.sendable = true;
+        }
         let down = water_c.and_then(|w| self.follow(w, now_ms));
         (state, moved, down)
     }
@@ -217,6 +225,7 @@ mod tests {
         let mut h = part("cdu-2");
         let old = SENT_AGE_MAX_MS + 1;
         assert_eq!(h.heard(&c, &planned(31.0), 0, old), None);
+        assert_eq!(h.restarted(500), None, "never sent, not sent at a restart");
         assert_eq!(
             h.heard(&c, &planned(31.0), 1_000, SENT_AGE_MAX_MS),
             Some(31.0)
