@@ -23,6 +23,7 @@ use serde::Deserialize;
 
 mod cooling_loss;
 mod protection;
+pub use protection::OptOut;
 mod sampling;
 pub use cooling_loss::{CoolingLossActions, CoolingLossFile, COOLING_PLACEHOLDERS};
 use sampling::{guard, timings};
@@ -319,8 +320,9 @@ pub struct Config {
     /// The limit simulated GPUs start at (`twin_admin_limit_w`).
     pub twin_admin_limit: Option<Watts>,
     /// The protections switched off on purpose, each as its key and what
-    /// it means, said in the log at start.
-    pub opt_outs: Vec<String>,
+    /// it means: said in the log at start, and shown by `ctl status` and
+    /// `/metrics` while the agent runs.
+    pub opt_outs: Vec<OptOut>,
 }
 
 /// Placeholders a quarantine action may use.

@@ -36,6 +36,10 @@ const INFO: Metric = Metric::gauge(
     "loopwarden_agent_info",
     "Always 1; the labels say the agent's site, software version and GPU source.",
 );
+const PROTECTION_OFF: Metric = Metric::gauge(
+    "loopwarden_protection_off",
+    "1 for each protection switched off on purpose in the configuration; key names the setting (commands, cooling, cooling_loss.actions, volatile_state). Absent while every protection is on.",
+);
 const STARTED: Metric = Metric::gauge(
     "loopwarden_agent_start_time_seconds",
     "When the agent started, seconds since the Unix epoch.",
@@ -122,7 +126,11 @@ const MISSED: Metric = Metric::gauge(
 );
 const CAP: Metric = Metric::gauge(
     "loopwarden_gpu_cap_watts",
-    "The power cap in force on the GPU, read back after setting it, watts; source says who set it. Absent while the GPU runs uncapped, at its ceiling.",
+    "The power cap in force on the GPU, read back after setting it, watts; source says who set it. Absent while the GPU runs uncapped, at its ceiling, and while its limit is not confirmed (loopwarden_gpu_cap_confirmed 0).",
+);
+const CAP_CONFIRMED: Metric = Metric::gauge(
+    "loopwarden_gpu_cap_confirmed",
+    "1 when the GPU's power limit was read back after the agent's last set (or at start), 0 while it is not confirmed (the read-back failed: the GPU may hold the cap asked or the limit before it); source, while 0, says who asked for the cap.",
 );
 const NVML_CALL: Metric = Metric::gauge(
     "loopwarden_nvml_call_seconds",
@@ -197,6 +205,14 @@ fn agent(out: &mut Exposition, ctx: &Context, host: &[(&str, &str)]) {
     ]);
     out.sample(&INFO, &info, 1.0);
     out.sample(&STARTED, host, ctx.started.0 as f64 / 1000.0);
+    protection_off(out, &ctx.protection_off, host);
+}
+
+/// One series per protection switched off on purpose.
+fn protection_off(out: &mut Exposition, off: &[crate::config::OptOut], host: &[(&str, &str)]) {
+    for o in off {
+        out.sample(&PROTECTION_OFF, &with_labels(host, &[("key", o.key)]), 1.0);
+    }
 }
 
 /// The loop's timing, the XID watch and queue, the leases.
@@ -289,9 +305,21 @@ fn gpu(out: &mut Exposition, host: &str, i: usize, g: &GpuView) {
         out.sample(&CALL, &l, us as f64 / 1e6);
     }
     out.sample(&LATE, &labels, g.calls.late as f64);
-    if let (Some(limit), Some(source)) = (g.applied, g.source) {
-        let l = with_labels(&labels, &[("source", source_name(source))]);
-        out.sample(&CAP, &l, limit.0.into());
+    match (g.applied, g.source) {
+        (Some(limit), source) => {
+            out.flag(&CAP_CONFIRMED, &labels, true);
+            if let Some(source) = source {
+                let l = with_labels(&labels, &[("source", source_name(source))]);
+                out.sample(&CAP, &l, limit.0.into());
+            }
+        }
+        // Not confirmed: no watts shown as if in force; who asked, if
+        // anyone, as a label.
+        (None, Some(source)) => {
+            let l = with_labels(&labels, &[("source", source_name(source))]);
+            out.flag(&CAP_CONFIRMED, &l, false);
+        }
+        (None, None) => out.flag(&CAP_CONFIRMED, &labels, false),
     }
     if let Some(cap) = g.guard_cap {
         out.sample(&GUARD, &labels, cap.0.into());
@@ -426,6 +454,68 @@ mod tests {
         assert!(!t.contains("thermal_guard_cap"), "{t}");
     }
 
+    /// A limit whose read-back failed is not shown as uncapped: no watts,
+    /// and `loopwarden_gpu_cap_confirmed` 0 with who asked.
+    #[test]
+    fn a_cap_not_confirmed_says_so_and_is_not_read_as_uncapped() {
+        let l = r#"gpu="3",UUID="GPU-1234",Hostname="h07""#;
+        let t = text(&view());
+        assert!(
+            t.contains(&format!("loopwarden_gpu_cap_confirmed{{{l}}} 1\n")),
+            "{t}"
+        );
+        let mut g = view();
+        g.applied = None;
+        let t = text(&g);
+        assert!(
+            t.contains(&format!(
+                "loopwarden_gpu_cap_confirmed{{{l},source=\"cooling\"}} 0\n"
+            )),
+            "{t}"
+        );
+        assert!(!t.contains("loopwarden_gpu_cap_watts{"), "{t}");
+        assert!(!t.contains("DCGM_FI_DEV_POWER_MGMT_LIMIT{"), "{t}");
+        // Uncapped, at the ceiling: confirmed, no cap.
+        let mut g = view();
+        g.source = None;
+        let t = text(&g);
+        assert!(
+            t.contains(&format!("loopwarden_gpu_cap_confirmed{{{l}}} 1\n")),
+            "{t}"
+        );
+        assert!(!t.contains("loopwarden_gpu_cap_watts{"), "{t}");
+    }
+
+    /// Each protection switched off is a series of its own, as long as
+    /// the agent runs; none is written while every protection is on.
+    #[test]
+    fn each_protection_switched_off_is_a_series() {
+        let host = [("Hostname", "h07")];
+        let off = [
+            crate::config::OptOut {
+                key: "commands",
+                said: "commands = \"none\": ...".into(),
+            },
+            crate::config::OptOut {
+                key: "volatile_state",
+                said: "volatile_state = true: ...".into(),
+            },
+        ];
+        let mut out = Exposition::new();
+        protection_off(&mut out, &off, &host);
+        let t = out.finish();
+        for line in [
+            "# TYPE loopwarden_protection_off gauge\n",
+            "loopwarden_protection_off{Hostname=\"h07\",key=\"commands\"} 1\n",
+            "loopwarden_protection_off{Hostname=\"h07\",key=\"volatile_state\"} 1\n",
+        ] {
+            assert!(t.contains(line), "{line} in\n{t}");
+        }
+        let mut out = Exposition::new();
+        protection_off(&mut out, &[], &host);
+        assert!(!out.finish().contains("loopwarden_protection_off"));
+    }
+
     /// Every family the agent writes is in `docs/node-agent.md`, section 9.
     #[test]
     fn every_metric_is_documented() {
@@ -459,7 +549,7 @@ mod tests {
             .filter_map(|l| l.strip_prefix("# TYPE "))
             .filter_map(|l| l.split(' ').next())
             .collect();
-        names.extend([INFO.name, STARTED.name]);
+        names.extend([INFO.name, STARTED.name, PROTECTION_OFF.name]);
         names.extend(dcgm::names());
         names.extend([
             MISSING.name,
@@ -545,18 +635,57 @@ mod tests {
         }
     }
 
+    /// A GPU that did not answer has none of its sample's DCGM series
+    /// (no stale value shown as live); its limits and last XID, which do
+    /// not come from the samples, stay.
     #[test]
-    fn a_gpu_that_did_not_answer_has_no_dcgm_series() {
+    fn a_gpu_that_did_not_answer_has_no_dcgm_series_of_its_sample() {
         let mut g = view();
         g.responsive = false;
         g.missed = 4;
         let t = text(&g);
-        assert!(!t.contains("DCGM_"), "{t}");
+        for sampled in [
+            "DCGM_FI_DEV_GPU_TEMP",
+            "DCGM_FI_DEV_POWER_USAGE",
+            "DCGM_FI_DEV_ENFORCED_POWER_LIMIT",
+            "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+            "DCGM_FI_DEV_ECC_",
+            "DCGM_FI_DEV_SM_CLOCK",
+        ] {
+            assert!(!t.contains(sampled), "{sampled} in\n{t}");
+        }
+        let dcgm =
+            r#"{gpu="3",UUID="GPU-1234",device="nvidia3",modelName="NVIDIA H200",Hostname="h07"}"#;
+        for line in [
+            format!("DCGM_FI_DEV_POWER_MGMT_LIMIT_MIN{dcgm} 200\n"),
+            format!("DCGM_FI_DEV_POWER_MGMT_LIMIT_MAX{dcgm} 700\n"),
+            format!("DCGM_FI_DEV_POWER_MGMT_LIMIT_DEF{dcgm} 700\n"),
+        ] {
+            assert!(t.contains(&line), "{line} in\n{t}");
+        }
         assert!(
             t.contains(r#"loopwarden_gpu_responsive{gpu="3",UUID="GPU-1234",Hostname="h07"} 0"#)
         );
         assert!(t.contains(
             r#"loopwarden_gpu_missed_samples{gpu="3",UUID="GPU-1234",Hostname="h07"} 4"#
         ));
+    }
+
+    /// XID 79 (fallen off the bus) comes as the GPU stops answering: its
+    /// series is written then, from the XID stream.
+    #[test]
+    fn an_xid_of_a_gpu_that_does_not_answer_is_exported() {
+        let mut g = view();
+        g.responsive = false;
+        g.missed = 3;
+        g.xids = vec![(TimestampMs(1_700_000_000_000), 79)];
+        let t = text(&g);
+        let dcgm =
+            r#"{gpu="3",UUID="GPU-1234",device="nvidia3",modelName="NVIDIA H200",Hostname="h07"}"#;
+        let line = format!("DCGM_FI_DEV_XID_ERRORS{dcgm} 79\n");
+        assert!(t.contains(&line), "{line} in\n{t}");
+        // Never sampled at all: the XID still shows.
+        g.last = None;
+        assert!(text(&g).contains(&line), "{}", text(&g));
     }
 }

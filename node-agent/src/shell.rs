@@ -426,6 +426,7 @@ fn console_context(
         started,
         flash_path,
         demo_key: config.demo_key,
+        protection_off: config.opt_outs.clone(),
         bus: bus.clone(),
         recorder: recorder.clone(),
         snapshot,

@@ -27,6 +27,12 @@
 //! devices that cannot hang may say they answer from memory; NVML keeps
 //! its threads.
 //!
+//! A panic in a device call (device code, an overflow) fails that call
+//! alone: its caller is answered with an error that names the panic
+//! ("the GPU's worker panicked: ..."), logged at error level once per
+//! distinct message, and the worker, thread or inline, takes the next
+//! call as before.
+//!
 //! A reprobe ([`Worker::reprobe`]) is never lost: asked while a call still
 //! runs past the reprobe's deadline (a GPU not back yet when a host stall
 //! ends), it is kept and done before the GPU's next call.
@@ -62,6 +68,38 @@ enum Reply {
     Sample(Result<GpuSample, GpuError>),
     Done(Result<(), GpuError>),
     Limit(Result<Watts, GpuError>),
+}
+
+/// Which reply a request gets.
+#[derive(Clone, Copy)]
+enum ReplyKind {
+    Info,
+    Sample,
+    Done,
+    Limit,
+}
+
+impl Request {
+    fn kind(&self) -> ReplyKind {
+        match self {
+            Request::Describe => ReplyKind::Info,
+            Request::Sample => ReplyKind::Sample,
+            Request::SetLimit(_) | Request::Reprobe => ReplyKind::Done,
+            Request::ReadLimit => ReplyKind::Limit,
+        }
+    }
+}
+
+impl Reply {
+    /// The reply of a `kind` of request that failed with `e`.
+    fn failed(kind: ReplyKind, e: GpuError) -> Self {
+        match kind {
+            ReplyKind::Info => Reply::Info(Err(e)),
+            ReplyKind::Sample => Reply::Sample(Err(e)),
+            ReplyKind::Done => Reply::Done(Err(e)),
+            ReplyKind::Limit => Reply::Limit(Err(e)),
+        }
+    }
 }
 
 struct Job {
@@ -150,6 +188,8 @@ struct Shared {
     times: CallTimes,
     /// A reprobe asked while a call ran: done before the next call.
     reprobe: bool,
+    /// The last panic of the device logged, so a repeat is not.
+    last_panic: Option<String>,
 }
 
 /// [`Shared`], and the signal that the worker has become idle.
@@ -232,6 +272,53 @@ fn execute(device: &mut dyn GpuDevice, request: Request) -> Reply {
     }
 }
 
+/// Does the reprobe asked while a call ran, if one was, then runs
+/// `request` on `device`; a panic of either is that call's failure
+/// ([`Reply::failed`]), logged, and the worker goes on with the next call.
+fn execute_guarded(
+    index: u8,
+    state: &State,
+    device: &mut dyn GpuDevice,
+    request: Request,
+) -> Reply {
+    let kind = request.kind();
+    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        reprobe_if_asked(&state.shared, device);
+        execute(device, request)
+    }));
+    run.unwrap_or_else(|payload| {
+        let message = panic_message(&*payload);
+        let mut s = state.lock();
+        if s.last_panic.as_deref() != Some(message.as_str()) {
+            tracing::error!(
+                gpu = index,
+                "the GPU's worker panicked: {message}; the call failed and the worker goes on \
+                 (a repeat of this message is not logged again)"
+            );
+            s.last_panic = Some(message.clone());
+        }
+        drop(s);
+        Reply::failed(
+            kind,
+            GpuError::Failed {
+                what: "GPU worker",
+                detail: format!("the GPU's worker panicked: {message}"),
+            },
+        )
+    })
+}
+
+/// The words of a panic's payload.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".to_string()
+    }
+}
+
 impl Worker {
     /// The worker of `device`: inline when the device answers from memory,
     /// else on a thread of its own.
@@ -269,8 +356,7 @@ impl Worker {
                 for job in rx {
                     let done = Done::new(mine.clone());
                     let began = Instant::now();
-                    reprobe_if_asked(&mine.shared, &mut *device);
-                    let reply = execute(&mut *device, job.request);
+                    let reply = execute_guarded(index, &mine, &mut *device, job.request);
                     let took = began.elapsed().as_micros() as u64;
                     // Idle as the answer goes out, so a caller answered
                     // now can call again at once.
@@ -373,7 +459,7 @@ impl Worker {
     /// Runs `request` here and now, and judges its answer by how long it
     /// took: within `deadline` it is answered, else it came after the
     /// deadline (a sample is kept for the next round). A panic of the
-    /// device is a failed call, as a thread that ended would be.
+    /// device is that call's failure, as on a thread.
     fn call_inline(
         &self,
         device: &Mutex<Box<dyn GpuDevice>>,
@@ -382,19 +468,11 @@ impl Worker {
     ) -> Result<Reply, CallError> {
         let done = Done::new(self.state.clone());
         let began = Instant::now();
-        let reply = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let reply = {
             let mut d = device.lock().unwrap_or_else(|p| p.into_inner());
-            reprobe_if_asked(&self.state.shared, &mut **d);
-            execute(&mut **d, request)
-        }));
-        let took = began.elapsed();
-        let Ok(reply) = reply else {
-            drop(done);
-            return Err(CallError::Failed(GpuError::Failed {
-                what: "GPU worker",
-                detail: "the device panicked during the call".into(),
-            }));
+            execute_guarded(self.index, &self.state, &mut **d, request)
         };
+        let took = began.elapsed();
         let (tx, rx) = oneshot::channel();
         // Past the deadline the caller stopped waiting: no receiver.
         let rx = (took <= deadline).then_some(rx);
@@ -749,5 +827,85 @@ mod tests {
         assert_eq!(g.w.reprobe(short).await, Ok(()));
         assert!(g.w.state.lock().reprobe);
         g.go.send(()).unwrap();
+    }
+
+    /// A device on a thread whose first sample panics and whose later
+    /// ones answer.
+    struct PanicsOnce {
+        samples: u32,
+    }
+
+    impl GpuDevice for PanicsOnce {
+        fn describe(&mut self) -> Result<GpuInfo, GpuError> {
+            Err(GpuError::NotSupported)
+        }
+        fn sample(&mut self) -> Result<GpuSample, GpuError> {
+            self.samples += 1;
+            if self.samples == 1 {
+                panic!("attempt to add with overflow");
+            }
+            Ok(GpuSample::default())
+        }
+        fn set_power_limit(&mut self, _: Watts) -> Result<(), GpuError> {
+            Ok(())
+        }
+        fn power_limit(&mut self) -> Result<Watts, GpuError> {
+            Ok(Watts(700))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_panic_fails_that_call_alone_and_the_thread_goes_on() {
+        let w = Worker::start(2, Box::new(PanicsOnce { samples: 0 })).unwrap();
+        assert!(!w.is_inline());
+        let long = Duration::from_secs(30);
+        match w.sample(long).await {
+            Answer::Now(Err(e)) => assert_eq!(
+                e.to_string(),
+                GpuError::Failed {
+                    what: "GPU worker",
+                    detail: "the GPU's worker panicked: attempt to add with overflow".into(),
+                }
+                .to_string()
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(w.sample(long).await, Answer::Now(Ok(_))));
+        assert_eq!(w.read_limit(long).await, Ok(Watts(700)));
+        assert!(!w.is_stuck(Duration::ZERO));
+    }
+
+    #[tokio::test]
+    async fn an_inline_panic_fails_that_call_alone() {
+        struct InMemory(PanicsOnce);
+        impl GpuDevice for InMemory {
+            fn describe(&mut self) -> Result<GpuInfo, GpuError> {
+                self.0.describe()
+            }
+            fn sample(&mut self) -> Result<GpuSample, GpuError> {
+                self.0.sample()
+            }
+            fn set_power_limit(&mut self, w: Watts) -> Result<(), GpuError> {
+                self.0.set_power_limit(w)
+            }
+            fn power_limit(&mut self) -> Result<Watts, GpuError> {
+                self.0.power_limit()
+            }
+            fn answers_in_memory(&self) -> bool {
+                true
+            }
+        }
+        let w = Worker::start(2, Box::new(InMemory(PanicsOnce { samples: 0 }))).unwrap();
+        assert!(w.is_inline());
+        let long = Duration::from_secs(30);
+        match w.sample(long).await {
+            Answer::Now(Err(e)) => assert!(
+                e.to_string()
+                    .contains("the GPU's worker panicked: attempt to add with overflow"),
+                "{e}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(w.sample(long).await, Answer::Now(Ok(_))));
     }
 }

@@ -98,8 +98,16 @@ fn a_field_engineer_reads_the_host_on_the_serial_console_after_a_refused_login()
     term.expect("password: ", WAIT);
     term.send(b"rack 4 host 2\r");
     term.expect("login refused (1 in a row); the next try in 2 s", WAIT);
+    // Within the lock, the line after login is still hidden, and refused
+    // unchecked.
     term.send(b"login\r");
+    term.expect("password: ", WAIT);
+    term.send(b"typed-in-the-lock\r");
     term.expect("login refused: wait", WAIT);
+    assert!(
+        !term.transcript().contains("typed-in-the-lock"),
+        "a password typed in the lock was echoed"
+    );
     std::thread::sleep(Duration::from_millis(2_100));
     term.send(b"login\r");
     term.expect("password: ", WAIT);

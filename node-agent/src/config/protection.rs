@@ -125,15 +125,32 @@ pub(super) struct Setting<'a> {
     pub flash: bool,
 }
 
-/// The opt-outs written down, as `key = "value"` lines for the log; on
-/// real GPUs a protection that is off without its opt-out is refused,
-/// and on any GPUs an opt-out that contradicts a setting is.
+/// A protection switched off on purpose: its key, and what that means.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OptOut {
+    /// The setting that switched it off: `commands`, `cooling`,
+    /// `cooling_loss.actions` or `volatile_state`.
+    pub key: &'static str,
+    /// The setting as written and what it means, for the log and the
+    /// console: `commands = "none": this host takes no command (...)`.
+    pub said: String,
+}
+
+impl std::fmt::Display for OptOut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.said)
+    }
+}
+
+/// The opt-outs written down, each with what it means; on real GPUs a
+/// protection that is off without its opt-out is refused, and on any GPUs
+/// an opt-out that contradicts a setting is.
 pub(super) fn opt_outs(
     src: &Sources,
     file: &FileConfig,
     flags: &Overrides,
     s: &Setting<'_>,
-) -> Result<Vec<String>, ConfigError> {
+) -> Result<Vec<OptOut>, ConfigError> {
     let commands = one_value(
         src,
         pick!(flags.commands, file.commands, "commands"),
@@ -169,24 +186,25 @@ pub(super) fn opt_outs(
             ));
         }
     }
-    let mut said = Vec::new();
-    if commands {
-        said.push(format!(
-            "commands = \"{NO_COMMANDS}\": this host takes no command (no cap, no release)"
-        ));
-    }
-    if cooling {
-        said.push(format!(
-            "cooling = \"{NOT_MANAGED}\": no CDU's leases or word about cooling are taken"
-        ));
-    }
-    if actions {
-        said.push(format!("[cooling_loss] actions = \"{NO_ACTIONS}\": a rack that loses cooling is left to the CDU's caps, nothing drained or powered down"));
-    }
-    if volatile {
-        said.push("volatile_state = true: no flash file: quarantines, leases and the limits the agent set are lost at every restart".into());
-    }
-    Ok(said)
+    let mut off = Vec::new();
+    let mut say = |on: bool, key: &'static str, said: String| {
+        if on {
+            off.push(OptOut { key, said });
+        }
+    };
+    say(
+        commands,
+        "commands",
+        format!("commands = \"{NO_COMMANDS}\": this host takes no command (no cap, no release)"),
+    );
+    say(
+        cooling,
+        "cooling",
+        format!("cooling = \"{NOT_MANAGED}\": no CDU's leases or word about cooling are taken"),
+    );
+    say(actions, "cooling_loss.actions", format!("[cooling_loss] actions = \"{NO_ACTIONS}\": a rack that loses cooling is left to the CDU's caps, nothing drained or powered down"));
+    say(volatile, "volatile_state", "volatile_state = true: no flash file: quarantines, leases and the limits the agent set are lost at every restart".into());
+    Ok(off)
 }
 
 /// `volatile_state`: no flash file on purpose; refused beside one.
@@ -372,22 +390,27 @@ mod tests {
     fn each_opt_out_is_said_and_twin_gpus_are_not_held_to_them() {
         let c = nvml("commands = \"none\"\ncooling = \"not_managed\"\nvolatile_state = true\n")
             .expect("unmanaged");
+        let keys: Vec<&str> = c.opt_outs.iter().map(|o| o.key).collect();
+        assert_eq!(keys, ["commands", "cooling", "volatile_state"]);
         assert!(
-            c.opt_outs[2].starts_with("volatile_state = true"),
+            c.opt_outs[2].said.starts_with("volatile_state = true"),
             "{:?}",
             c.opt_outs
         );
         assert!(
-            c.opt_outs[0].starts_with("commands = \"none\""),
+            c.opt_outs[0].said.starts_with("commands = \"none\""),
             "{:?}",
             c.opt_outs
         );
-        assert!(c.opt_outs[1].starts_with("cooling = \"not_managed\""));
+        assert!(c.opt_outs[1].said.starts_with("cooling = \"not_managed\""));
         let c = nvml(&format!(
             "{KEYRING_OFF}{FLASH}cdu = \"cdu1\"\n[cooling_loss]\nactions = \"none\"\n"
         ))
         .expect("caps only");
-        assert!(c.opt_outs[1].starts_with("[cooling_loss] actions = \"none\""));
+        assert_eq!(c.opt_outs[1].key, "cooling_loss.actions");
+        assert!(c.opt_outs[1]
+            .said
+            .starts_with("[cooling_loss] actions = \"none\""));
         let c = twin("").expect("a demonstration");
         assert!(c.opt_outs.is_empty());
     }

@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 use super::snapshot::{Context, Snapshot};
 use super::Request;
 use crate::config::GpuSourceKind;
+use crate::gpu::GpuSample;
 
 fn ms_ago(now: TimestampMs, t: TimestampMs) -> f64 {
     now.0.saturating_sub(t.0) as f64 / 1000.0
@@ -111,7 +112,15 @@ fn status(ctx: &Context, snap: &Snapshot, now: TimestampMs) -> Value {
         },
         "flash": ctx.flash_path.clone().unwrap_or_else(|| "memory (not kept)".into()),
         "demo_key": ctx.demo_key,
+        "protection_off": protection_off_view(&ctx.protection_off),
     })
+}
+
+/// The protections switched off on purpose, as `{key, said}`.
+fn protection_off_view(off: &[crate::config::OptOut]) -> Value {
+    off.iter()
+        .map(|o| json!({ "key": o.key, "said": o.said }))
+        .collect()
 }
 
 /// The site's commands run, and the last that failed.
@@ -152,12 +161,22 @@ fn count_health(snap: &Snapshot, state: HealthState) -> usize {
         .count()
 }
 
+/// Every GPU with its last sample's fields: a field is null when the GPU
+/// has not answered a sample yet, or its group is not supported by the
+/// GPU, never a 0 that would read as a value.
 fn gpus_view(snap: &Snapshot) -> Vec<Value> {
+    use loopwarden_protocol::Unsupported as U;
     snap.gpus
         .iter()
         .enumerate()
         .map(|(i, g)| {
-            let s = g.last.unwrap_or_default();
+            let s = g.last.as_ref();
+            // The field `f` of the sample, if there is one and it knows
+            // the group `group` (`U::empty()`: every GPU reports it).
+            let field = |group: U, f: &dyn Fn(&GpuSample) -> Value| {
+                s.filter(|s| s.unsupported.bits() & group.bits() == 0)
+                    .map_or(Value::Null, f)
+            };
             json!({
                 "gpu": i,
                 "name": g.info.name,
@@ -166,26 +185,39 @@ fn gpus_view(snap: &Snapshot) -> Vec<Value> {
                 "missed": g.missed,
                 "health": g.health.as_ref().map(|h| h.state),
                 "reason": g.health.as_ref().map(|h| h.reason),
-                "temp": s.temp.0,
-                "mem_temp": s.mem_temp.0,
-                "power": s.power.0,
-                "power_limit": s.power_limit.0,
-                "sm_clock": s.sm_clock.0,
-                "mem_clock": s.mem_clock.0,
-                "util": s.util.get(),
-                "throttle": s.throttle,
-                "ecc": s.ecc,
-                "repair": s.repair,
-                "pcie_replay": s.pcie_replay,
-                "nvlink": s.nvlink,
-                "flags": s.flags,
-                "unsupported": s.unsupported,
+                "temp": field(U::empty(), &|s| json!(s.temp.0)),
+                "mem_temp": field(U::MEM_TEMP, &|s| json!(s.mem_temp.0)),
+                "power": field(U::POWER, &|s| json!(s.power.0)),
+                // 0 W: not known (no GPU is limited to 0 W).
+                "power_limit": field(U::empty(), &|s| {
+                    json!((s.power_limit.0 > 0).then_some(s.power_limit.0))
+                }),
+                "sm_clock": field(U::CLOCKS, &|s| json!(s.sm_clock.0)),
+                "mem_clock": field(U::CLOCKS, &|s| json!(s.mem_clock.0)),
+                "util": field(U::UTIL, &|s| json!(s.util.get())),
+                "throttle": field(U::THROTTLE, &|s| json!(s.throttle)),
+                "ecc": {
+                    "sbe_volatile": field(U::ECC, &|s| json!(s.ecc.sbe_volatile)),
+                    "dbe_volatile": field(U::ECC, &|s| json!(s.ecc.dbe_volatile)),
+                    "sbe_aggregate": field(U::ECC_AGGREGATE, &|s| json!(s.ecc.sbe_aggregate)),
+                    "dbe_aggregate": field(U::ECC_AGGREGATE, &|s| json!(s.ecc.dbe_aggregate)),
+                },
+                "repair": {
+                    "retired_sbe": field(U::RETIRED, &|s| json!(s.repair.retired_sbe)),
+                    "retired_dbe": field(U::RETIRED, &|s| json!(s.repair.retired_dbe)),
+                    "remap_correctable": field(U::REMAP, &|s| json!(s.repair.remap_correctable)),
+                    "remap_uncorrectable": field(U::REMAP, &|s| json!(s.repair.remap_uncorrectable)),
+                },
+                "pcie_replay": field(U::PCIE, &|s| json!(s.pcie_replay)),
+                "nvlink": field(U::NVLINK, &|s| json!(s.nvlink)),
+                "flags": field(U::empty(), &|s| json!(s.flags)),
+                "unsupported": field(U::empty(), &|s| json!(s.unsupported)),
                 "call_ms": {
                     "last": g.calls.last_us as f64 / 1000.0,
                     "max": g.calls.max_us as f64 / 1000.0,
                 },
                 "late_answers": g.calls.late,
-                "nvlink_links_read": s.nvlink_links.read,
+                "nvlink_links_read": field(U::NVLINK, &|s| json!(s.nvlink_links.read)),
             })
         })
         .collect()
@@ -302,15 +334,21 @@ fn why(snap: &Snapshot, now: TimestampMs, gpu: u8) -> Value {
             g.last_error.as_deref().unwrap_or("no answer")
         ));
     }
-    if let Some(src) = g.source {
-        notes.push(format!(
-            "power capped to {} W by {}",
-            g.applied.map_or(0, |w| w.0),
-            serde_json::to_value(src)
-                .ok()
-                .and_then(|v| v.as_str().map(String::from))
-                .unwrap_or_default()
-        ));
+    let by = g.source.map(|src| {
+        serde_json::to_value(src)
+            .ok()
+            .and_then(|v| v.as_str().map(String::from))
+            .unwrap_or_default()
+    });
+    match (g.applied, by) {
+        (Some(w), Some(by)) => notes.push(format!("power capped to {} W by {by}", w.0)),
+        (Some(_), None) => {}
+        (None, Some(by)) => notes.push(format!(
+            "power limit not confirmed: the read-back failed (the cap was asked by {by}); the GPU may hold the cap asked or the limit before it"
+        )),
+        (None, None) => notes.push(
+            "power limit not confirmed: the read-back failed; the GPU may hold the limit asked or the one before it".to_string(),
+        ),
     }
     // Said while the GPU is quarantined: once released, nothing runs
     // again for it, and there is nothing to drain.
@@ -349,6 +387,7 @@ fn why(snap: &Snapshot, now: TimestampMs, gpu: u8) -> Value {
         "evidence": h.evidence,
         "responsive": g.responsive,
         "limit": g.applied.map(|w| w.0),
+        "limit_confirmed": g.applied.is_some(),
         "cap_source": g.source,
         "notes": notes,
         "recent_xids": xids,
@@ -359,6 +398,79 @@ fn why(snap: &Snapshot, now: TimestampMs, gpu: u8) -> Value {
 mod tests {
     use super::*;
     use crate::console::snapshot::test_view;
+
+    /// A GPU never sampled shows no value as a live one: every sample
+    /// field is null; an unsupported group is null, the others are read.
+    #[test]
+    fn gpus_show_null_for_no_sample_and_for_unsupported_groups() {
+        let mut g = test_view();
+        g.last = None;
+        let snap = Snapshot {
+            gpus: vec![g],
+            ..Snapshot::default()
+        };
+        let v = &gpus_view(&snap)[0];
+        assert!(v["temp"].is_null(), "{v}");
+        for f in [
+            "power",
+            "power_limit",
+            "mem_temp",
+            "sm_clock",
+            "util",
+            "throttle",
+            "pcie_replay",
+            "nvlink",
+            "flags",
+            "unsupported",
+        ] {
+            assert!(v[f].is_null(), "{f}: {v}");
+        }
+        assert!(v["ecc"]["sbe_volatile"].is_null(), "{v}");
+        assert!(v["repair"]["retired_dbe"].is_null(), "{v}");
+        let snap = Snapshot {
+            gpus: vec![test_view()],
+            ..Snapshot::default()
+        };
+        let v = &gpus_view(&snap)[0];
+        assert_eq!(v["temp"], 71, "{v}");
+        assert_eq!(v["power"], 650, "{v}");
+        assert_eq!(v["ecc"]["sbe_volatile"], 0, "{v}");
+        // NVLink and HBM temperature are not supported by this GPU.
+        assert!(v["nvlink"].is_null() && v["mem_temp"].is_null(), "{v}");
+        assert!(v["nvlink_links_read"].is_null(), "{v}");
+    }
+
+    /// A limit whose read-back failed is said to be not confirmed, with
+    /// who asked; never a cap of 0 W.
+    #[test]
+    fn why_says_a_limit_not_read_back_is_not_confirmed_and_who_asked() {
+        let mut g = test_view();
+        let snap = |g: &crate::console::GpuView| Snapshot {
+            gpus: vec![g.clone()],
+            ..Snapshot::default()
+        };
+        let now = TimestampMs(1_700_000_100_000);
+        let v = why(&snap(&g), now, 0);
+        assert!(
+            v["notes"]
+                .to_string()
+                .contains("power capped to 500 W by cooling"),
+            "{v}"
+        );
+        assert_eq!(v["limit_confirmed"], true);
+        g.applied = None;
+        let v = why(&snap(&g), now, 0);
+        let notes = v["notes"].to_string();
+        assert!(!notes.contains("capped to"), "{notes}");
+        assert!(
+            notes.contains(
+                "power limit not confirmed: the read-back failed (the cap was asked by cooling)"
+            ),
+            "{notes}"
+        );
+        assert!(v["limit"].is_null(), "{v}");
+        assert_eq!(v["limit_confirmed"], false);
+    }
 
     /// A failed quarantine action is noted in `why` while the GPU is
     /// quarantined; once it is released nothing runs again and nothing is

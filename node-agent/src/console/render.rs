@@ -137,6 +137,9 @@ fn status(v: &Value) -> String {
             "commands are checked against the public demonstration key".into(),
         ));
     }
+    for off in v["protection_off"].as_array().into_iter().flatten() {
+        rows.push(("PROTECTION OFF", s(&off["said"])));
+    }
     key_values(&rows)
 }
 
@@ -150,11 +153,15 @@ fn gpus(v: &Value) -> String {
                 format!("NO ({} missed)", s(&g["missed"]))
             },
             s(&g["health"]),
-            format!("{}C", s(&g["temp"])),
-            format!("{}C", s(&g["mem_temp"])),
-            format!("{}W / {}W", s(&g["power"]), s(&g["power_limit"])),
-            format!("{}", s(&g["sm_clock"])),
-            format!("{}%", s(&g["util"])),
+            unit(&g["temp"], "C"),
+            unit(&g["mem_temp"], "C"),
+            format!(
+                "{} / {}",
+                unit(&g["power"], "W"),
+                unit(&g["power_limit"], "W")
+            ),
+            s(&g["sm_clock"]),
+            unit(&g["util"], "%"),
             s(&g["throttle"]),
             format!(
                 "{}/{}",
@@ -182,16 +189,21 @@ fn gpus(v: &Value) -> String {
     )
 }
 
+/// `v` with its unit, or `-` when not known (null).
+fn unit(v: &Value, unit: &str) -> String {
+    if v.is_null() {
+        "-".into()
+    } else {
+        format!("{}{unit}", s(v))
+    }
+}
+
 fn caps(v: &Value) -> String {
     let gpus = rows_of(&v["gpus"], |g| {
         vec![
             s(&g["gpu"]),
             format!("{} W", s(&g["limit"])),
-            if g["source"].is_null() {
-                "uncapped".into()
-            } else {
-                s(&g["source"])
-            },
+            set_by(&g["limit"], &g["source"]),
             format!("{}-{} W", s(&g["min"]), s(&g["max"])),
             format!("{} W", s(&g["default"])),
             s(&g["guard"]),
@@ -222,6 +234,17 @@ fn caps(v: &Value) -> String {
     out
 }
 
+/// Who set a GPU's `limit`: its `source`, `uncapped` when none; a limit
+/// not read back (null) is never shown as uncapped.
+fn set_by(limit: &Value, source: &Value) -> String {
+    match (limit.is_null(), source.is_null()) {
+        (false, true) => "uncapped".into(),
+        (false, false) => s(source),
+        (true, true) => "not confirmed".into(),
+        (true, false) => format!("not confirmed, asked by {}", s(source)),
+    }
+}
+
 fn why(v: &Value) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "GPU {} ({})", s(&v["gpu"]), s(&v["uuid"]));
@@ -236,16 +259,21 @@ fn why(v: &Value) -> String {
     if !evidence.is_empty() {
         let _ = writeln!(out, "evidence   {evidence}");
     }
-    let _ = writeln!(
-        out,
-        "limit      {} W ({})",
-        s(&v["limit"]),
-        if v["cap_source"].is_null() {
-            "uncapped".into()
+    if v["limit"].is_null() {
+        let asked = if v["cap_source"].is_null() {
+            String::new()
         } else {
-            s(&v["cap_source"])
-        }
-    );
+            format!(" (asked by {})", s(&v["cap_source"]))
+        };
+        let _ = writeln!(out, "limit      not confirmed, the read-back failed{asked}");
+    } else {
+        let _ = writeln!(
+            out,
+            "limit      {} W ({})",
+            s(&v["limit"]),
+            set_by(&v["limit"], &v["cap_source"])
+        );
+    }
     for n in v["notes"].as_array().into_iter().flatten() {
         let _ = writeln!(out, "note       {}", s(n));
     }
@@ -354,5 +382,72 @@ mod tests {
             row.ends_with("3 served (12 frames), 1 refused, 4 withheld"),
             "{row}"
         );
+    }
+
+    /// A limit not read back is never rendered as uncapped.
+    #[test]
+    fn a_limit_not_read_back_is_not_confirmed_not_uncapped() {
+        let v = json!({"gpus": [
+            {"gpu": 0, "limit": null, "source": "cooling", "min": 200, "max": 700, "default": 700, "guard": null},
+            {"gpu": 1, "limit": null, "source": null, "min": 200, "max": 700, "default": 700, "guard": null},
+            {"gpu": 2, "limit": 700, "source": null, "min": 200, "max": 700, "default": 700, "guard": null},
+        ], "leases": []});
+        let t = caps(&v);
+        let rows: Vec<&str> = t.lines().collect();
+        assert!(rows[1].contains("not confirmed, asked by cooling"), "{t}");
+        assert!(
+            rows[2].contains("not confirmed") && !rows[2].contains("uncapped"),
+            "{t}"
+        );
+        assert!(rows[3].contains("uncapped"), "{t}");
+        let w = why(
+            &json!({"gpu": 0, "uuid": "GPU-1", "health": "healthy", "reason": "ok",
+            "since_s": 1.0, "evidence": "", "limit": null, "cap_source": "cooling", "notes": []}),
+        );
+        assert!(
+            w.contains("limit      not confirmed, the read-back failed (asked by cooling)\n"),
+            "{w}"
+        );
+        assert!(!w.contains("uncapped"), "{w}");
+    }
+
+    /// A value not known (no sample yet, a group not supported) reads
+    /// `-`, never a 0 or a unit alone.
+    #[test]
+    fn gpus_render_nulls_as_dashes() {
+        let v = json!({"gpus": [{"gpu": 0, "responsive": false, "missed": 0, "health": "healthy",
+            "temp": null, "mem_temp": null, "power": null, "power_limit": null, "sm_clock": null,
+            "util": null, "throttle": null, "ecc": {"sbe_volatile": null, "dbe_volatile": null},
+            "unsupported": null}]});
+        let t = gpus(&v);
+        let row = t.lines().nth(1).expect("a row");
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(
+            cells,
+            [
+                "0", "NO", "(0", "missed)", "healthy", "-", "-", "-", "/", "-", "-", "-", "-",
+                "-/-", "-"
+            ],
+            "{t}"
+        );
+    }
+
+    /// Each protection switched off on purpose has a row of its own.
+    #[test]
+    fn status_has_a_row_per_protection_switched_off() {
+        let v = json!({"protection_off": [
+            {"key": "commands", "said": "commands = \"none\": this host takes no command (no cap, no release)"},
+            {"key": "volatile_state", "said": "volatile_state = true: no flash file"},
+        ]});
+        let t = status(&v);
+        assert!(
+            t.contains("PROTECTION OFF  commands = \"none\": this host takes no command (no cap, no release)\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("PROTECTION OFF  volatile_state = true: no flash file\n"),
+            "{t}"
+        );
+        assert!(!status(&json!({"protection_off": []})).contains("PROTECTION OFF"));
     }
 }

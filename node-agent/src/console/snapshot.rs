@@ -201,6 +201,9 @@ pub struct Context {
     pub flash_path: Option<String>,
     /// Commands are checked against the public demonstration key.
     pub demo_key: bool,
+    /// The protections switched off on purpose (`commands = "none"`,
+    /// `cooling = "not_managed"`, ...), shown as long as the agent runs.
+    pub protection_off: Vec<crate::config::OptOut>,
     /// The bus (connection and counters).
     pub bus: Bus,
     /// The event log and the outbox queue.

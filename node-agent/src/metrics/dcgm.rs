@@ -24,22 +24,38 @@ use crate::console::GpuView;
 use crate::gpu::GpuSample;
 
 /// One exported field: the metric, the sample field it needs supported
-/// (empty: none), and its value (`None`: not measured).
+/// (empty: none), and where its value comes from.
 struct Field {
     metric: Metric,
     needs: Unsupported,
-    value: fn(&GpuView, &GpuSample) -> Option<f64>,
+    value: Source,
 }
 
-const fn field(
-    metric: Metric,
-    needs: Unsupported,
-    value: fn(&GpuView, &GpuSample) -> Option<f64>,
-) -> Field {
+/// Where a field's value comes from (`None`: not measured).
+enum Source {
+    /// The GPU's last sample: written only while the GPU answers.
+    Sample(fn(&GpuSample) -> Option<f64>),
+    /// What the agent knows of the GPU besides its samples (its XIDs,
+    /// its identity and limits, the limit read back): written whether or
+    /// not the GPU answers its samples.
+    Gpu(fn(&GpuView) -> Option<f64>),
+}
+
+/// A field read from the last sample.
+const fn field(metric: Metric, needs: Unsupported, value: fn(&GpuSample) -> Option<f64>) -> Field {
     Field {
         metric,
         needs,
-        value,
+        value: Source::Sample(value),
+    }
+}
+
+/// A field not read from the samples.
+const fn gpu_field(metric: Metric, value: fn(&GpuView) -> Option<f64>) -> Field {
+    Field {
+        metric,
+        needs: ALWAYS,
+        value: Source::Gpu(value),
     }
 }
 
@@ -56,27 +72,27 @@ const FIELDS: &[Field] = &[
     field(
         M::gauge("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz)."),
         U::CLOCKS,
-        |_, s| Some(s.sm_clock.0.into()),
+        |s| Some(s.sm_clock.0.into()),
     ),
     field(
         M::gauge("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz)."),
         U::CLOCKS,
-        |_, s| Some(s.mem_clock.0.into()),
+        |s| Some(s.mem_clock.0.into()),
     ),
     field(
         M::gauge("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C)."),
         U::MEM_TEMP,
-        |_, s| Some(s.mem_temp.0.into()),
+        |s| Some(s.mem_temp.0.into()),
     ),
     field(
         M::gauge("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C)."),
         ALWAYS,
-        |_, s| Some(s.temp.0.into()),
+        |s| Some(s.temp.0.into()),
     ),
     field(
         M::gauge("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W)."),
         U::POWER,
-        |_, s| Some(s.power.0.into()),
+        |s| Some(s.power.0.into()),
     ),
     // NVML gives no "not supported" the agent keeps for energy: 0 is
     // read as not measured (a GPU that ran has used energy).
@@ -86,7 +102,7 @@ const FIELDS: &[Field] = &[
             "Total energy consumption since boot (in mJ).",
         ),
         ALWAYS,
-        |_, s| (s.energy_mj > 0).then_some(s.energy_mj as f64),
+        |s| (s.energy_mj > 0).then_some(s.energy_mj as f64),
     ),
     field(
         M::counter(
@@ -94,20 +110,19 @@ const FIELDS: &[Field] = &[
             "Total number of PCIe retries.",
         ),
         U::PCIE,
-        |_, s| Some(s.pcie_replay.into()),
+        |s| Some(s.pcie_replay.into()),
     ),
     field(
         M::gauge("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %)."),
         U::UTIL,
-        |_, s| Some(s.util.get().into()),
+        |s| Some(s.util.get().into()),
     ),
-    field(
+    gpu_field(
         M::gauge(
             "DCGM_FI_DEV_XID_ERRORS",
             "Value of the last XID error encountered.",
         ),
-        ALWAYS,
-        |g, _| Some(g.xids.last().map_or(0.0, |(_, x)| f64::from(*x))),
+        |g| Some(g.xids.last().map_or(0.0, |(_, x)| f64::from(*x))),
     ),
     field(
         M::gauge(
@@ -115,39 +130,35 @@ const FIELDS: &[Field] = &[
             "Current clock event reasons (bitmask of NVML's reasons).",
         ),
         U::THROTTLE,
-        |_, s| Some(nvml_bits(s.throttle) as f64),
+        |s| Some(nvml_bits(s.throttle) as f64),
     ),
-    field(
+    gpu_field(
         M::gauge(
             "DCGM_FI_DEV_POWER_MGMT_LIMIT",
             "Power management limit (in W).",
         ),
-        ALWAYS,
-        |g, _| g.applied.map(|w| w.0.into()),
+        |g| g.applied.map(|w| w.0.into()),
     ),
-    field(
+    gpu_field(
         M::gauge(
             "DCGM_FI_DEV_POWER_MGMT_LIMIT_MIN",
             "Minimum power management limit (in W).",
         ),
-        ALWAYS,
-        |g, _| Some(g.info.min_limit.0.into()),
+        |g| Some(g.info.min_limit.0.into()),
     ),
-    field(
+    gpu_field(
         M::gauge(
             "DCGM_FI_DEV_POWER_MGMT_LIMIT_MAX",
             "Maximum power management limit (in W).",
         ),
-        ALWAYS,
-        |g, _| Some(g.info.max_limit.0.into()),
+        |g| Some(g.info.max_limit.0.into()),
     ),
-    field(
+    gpu_field(
         M::gauge(
             "DCGM_FI_DEV_POWER_MGMT_LIMIT_DEF",
             "Default power management limit (in W).",
         ),
-        ALWAYS,
-        |g, _| Some(g.info.default_limit.0.into()),
+        |g| Some(g.info.default_limit.0.into()),
     ),
     field(
         M::gauge(
@@ -155,7 +166,7 @@ const FIELDS: &[Field] = &[
             "Effective power limit the driver enforces (in W).",
         ),
         ALWAYS,
-        |_, s| (s.power_limit.0 > 0).then_some(s.power_limit.0.into()),
+        |s| (s.power_limit.0 > 0).then_some(s.power_limit.0.into()),
     ),
     field(
         M::counter(
@@ -163,7 +174,7 @@ const FIELDS: &[Field] = &[
             "Total number of single-bit volatile ECC errors.",
         ),
         U::ECC,
-        |_, s| Some(s.ecc.sbe_volatile.into()),
+        |s| Some(s.ecc.sbe_volatile.into()),
     ),
     field(
         M::counter(
@@ -171,7 +182,7 @@ const FIELDS: &[Field] = &[
             "Total number of double-bit volatile ECC errors.",
         ),
         U::ECC,
-        |_, s| Some(s.ecc.dbe_volatile.into()),
+        |s| Some(s.ecc.dbe_volatile.into()),
     ),
     field(
         M::counter(
@@ -179,7 +190,7 @@ const FIELDS: &[Field] = &[
             "Total number of single-bit persistent ECC errors.",
         ),
         U::ECC_AGGREGATE,
-        |_, s| Some(s.ecc.sbe_aggregate.into()),
+        |s| Some(s.ecc.sbe_aggregate.into()),
     ),
     field(
         M::counter(
@@ -187,7 +198,7 @@ const FIELDS: &[Field] = &[
             "Total number of double-bit persistent ECC errors.",
         ),
         U::ECC_AGGREGATE,
-        |_, s| Some(s.ecc.dbe_aggregate.into()),
+        |s| Some(s.ecc.dbe_aggregate.into()),
     ),
     field(
         M::counter(
@@ -195,7 +206,7 @@ const FIELDS: &[Field] = &[
             "Total number of retired pages due to single-bit errors.",
         ),
         U::RETIRED,
-        |_, s| Some(s.repair.retired_sbe.into()),
+        |s| Some(s.repair.retired_sbe.into()),
     ),
     field(
         M::counter(
@@ -203,7 +214,7 @@ const FIELDS: &[Field] = &[
             "Total number of retired pages due to double-bit errors.",
         ),
         U::RETIRED,
-        |_, s| Some(s.repair.retired_dbe.into()),
+        |s| Some(s.repair.retired_dbe.into()),
     ),
     field(
         M::counter(
@@ -211,7 +222,7 @@ const FIELDS: &[Field] = &[
             "Total number of pages pending retirement.",
         ),
         U::RETIRED,
-        |_, s| flag(s, GpuFlags::RETIRED_PENDING),
+        |s| flag(s, GpuFlags::RETIRED_PENDING),
     ),
     field(
         M::counter(
@@ -219,7 +230,7 @@ const FIELDS: &[Field] = &[
             "Total number of NVLink data CRC errors.",
         ),
         U::NVLINK,
-        |_, s| Some(s.nvlink.crc.into()),
+        |s| Some(s.nvlink.crc.into()),
     ),
     field(
         M::counter(
@@ -227,7 +238,7 @@ const FIELDS: &[Field] = &[
             "Total number of NVLink retries.",
         ),
         U::NVLINK,
-        |_, s| Some(s.nvlink.replay.into()),
+        |s| Some(s.nvlink.replay.into()),
     ),
     field(
         M::counter(
@@ -235,7 +246,7 @@ const FIELDS: &[Field] = &[
             "Total number of NVLink recovery errors.",
         ),
         U::NVLINK,
-        |_, s| Some(s.nvlink.recovery.into()),
+        |s| Some(s.nvlink.recovery.into()),
     ),
     field(
         M::counter(
@@ -243,7 +254,7 @@ const FIELDS: &[Field] = &[
             "Number of remapped rows for uncorrectable errors",
         ),
         U::REMAP,
-        |_, s| Some(s.repair.remap_uncorrectable.into()),
+        |s| Some(s.repair.remap_uncorrectable.into()),
     ),
     field(
         M::counter(
@@ -251,7 +262,7 @@ const FIELDS: &[Field] = &[
             "Number of remapped rows for correctable errors",
         ),
         U::REMAP,
-        |_, s| Some(s.repair.remap_correctable.into()),
+        |s| Some(s.repair.remap_correctable.into()),
     ),
     field(
         M::gauge(
@@ -259,7 +270,7 @@ const FIELDS: &[Field] = &[
             "Whether remapping of rows has failed",
         ),
         U::REMAP,
-        |_, s| flag(s, GpuFlags::REMAP_FAILURE),
+        |s| flag(s, GpuFlags::REMAP_FAILURE),
     ),
     field(
         M::gauge(
@@ -267,21 +278,29 @@ const FIELDS: &[Field] = &[
             "Whether remapping of rows is pending",
         ),
         U::REMAP,
-        |_, s| flag(s, GpuFlags::REMAP_PENDING),
+        |s| flag(s, GpuFlags::REMAP_PENDING),
     ),
 ];
 
-/// Writes every DCGM field of GPU `g` measured in its last sample, with
-/// `labels`; nothing when its last sample did not answer.
+/// Writes every DCGM field of GPU `g`, with `labels`: those of its last
+/// sample only while it answers (nothing of a sample that did not answer
+/// is shown as live), and never one it does not support; those not read
+/// from the samples (its last XID, its limits) always, so an XID 79 is
+/// seen on a GPU that has stopped answering.
 pub fn write(out: &mut Exposition, g: &GpuView, labels: &[(&str, &str)]) {
-    let Some(s) = g.last.as_ref().filter(|_| g.responsive) else {
-        return;
-    };
+    let sample = g.last.as_ref().filter(|_| g.responsive);
     for f in FIELDS {
-        if !f.needs.is_empty() && s.unsupported.contains(f.needs) {
-            continue;
-        }
-        if let Some(v) = (f.value)(g, s) {
+        let v = match (&f.value, sample) {
+            (Source::Gpu(value), _) => value(g),
+            (Source::Sample(value), Some(s)) => {
+                if !f.needs.is_empty() && s.unsupported.contains(f.needs) {
+                    continue;
+                }
+                value(s)
+            }
+            (Source::Sample(_), None) => continue,
+        };
+        if let Some(v) = v {
             out.sample(&f.metric, labels, v);
         }
     }

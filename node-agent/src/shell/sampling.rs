@@ -122,20 +122,51 @@ impl Agent {
         let deadline = self.config.deadline;
         let mut results: Vec<Option<Answer>> = vec![None; self.gpus.len()];
         let mut set = tokio::task::JoinSet::new();
+        let mut tasks = Vec::new();
         for w in &self.workers {
             if w.is_inline() {
                 results[w.index() as usize] = Some(w.sample(deadline).await);
             } else {
                 let w = w.clone();
-                set.spawn(async move { (w.index(), w.sample(deadline).await) });
+                let i = w.index();
+                let task = set.spawn(async move { (w.index(), w.sample(deadline).await) });
+                tasks.push((task.id(), i));
             }
         }
         while let Some(r) = set.join_next().await {
-            if let Ok((i, r)) = r {
-                results[i as usize] = Some(r);
+            match r {
+                Ok((i, r)) => results[i as usize] = Some(r),
+                Err(e) => {
+                    let gpu = tasks.iter().find(|(id, _)| *id == e.id()).map(|t| t.1);
+                    let failed = task_failed(gpu, &e);
+                    if let Some(i) = gpu {
+                        results[i as usize] = Some(Answer::Now(Err(failed)));
+                    }
+                }
             }
         }
         results
+    }
+}
+
+/// A sampling task that ended without its answer (it panicked, or was
+/// cancelled): logged at error level, and the GPU's reading for the round
+/// is this error, not a timeout. `gpu` is `None` when the task cannot be
+/// matched to its GPU (the GPU's reading is then a miss).
+fn task_failed(gpu: Option<u8>, e: &tokio::task::JoinError) -> GpuError {
+    let why = if e.is_panic() {
+        "panicked"
+    } else {
+        "was cancelled"
+    };
+    let which = gpu.map_or_else(
+        || "of an unknown GPU".to_string(),
+        |i| format!("of GPU {i}"),
+    );
+    tracing::error!("the sampling task {which} {why}: {e}; its GPU has no sample this round");
+    GpuError::Failed {
+        what: "GPU sampling task",
+        detail: format!("{why}: {e}"),
     }
 }
 
@@ -213,5 +244,20 @@ mod tests {
             );
         }
         assert!(changes.is_empty(), "{changes:?}");
+    }
+
+    #[tokio::test]
+    async fn a_sampling_task_that_panicked_is_a_failure_that_says_so_not_a_timeout() {
+        let mut set = tokio::task::JoinSet::new();
+        set.spawn(async { panic!("boom") });
+        let e = set.join_next().await.unwrap().unwrap_err();
+        let failed = task_failed(Some(4), &e);
+        assert_ne!(failed, GpuError::Timeout);
+        let words = failed.to_string();
+        assert!(
+            words.starts_with("GPU sampling task failed: panicked"),
+            "{words}"
+        );
+        assert!(words.contains("boom"), "{words}");
     }
 }
