@@ -179,6 +179,10 @@ stop gateway
 stop cdu
 stop sub
 
+# The board was frozen where it stood: its trace may end inside a frame.
+# The capture is cut after its last whole frame (its last end byte);
+# replay-trace counts any other frame cut or dropped as a mismatch.
+python3 -c 'import sys; p = sys.argv[1]; b = open(p, "rb").read(); open(p, "wb").write(b[: b.rfind(b"\0") + 1])' "$WORK/trace.bin"
 "$BIN/cooling-ctrl" replay-trace --figures "$FIGURES" "$WORK/trace.bin" >"$WORK/replay.json"
 python3 firmware/test-qemu-figures.py --elf "$ELF" --record "$WORK/cdu.jsonl" \
   --replay "$WORK/replay.json" --state "$WORK/state.log" --t0 "$T0" \

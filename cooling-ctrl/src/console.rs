@@ -153,6 +153,34 @@ fn round(x: f64, digits: i32) -> f64 {
     (x * k).round() / k
 }
 
+/// The console's context of controller `cdu-1` of site `hall-t` (16
+/// hosts, 4 a rack, a 1 s period) whose shell last published `st`.
+#[cfg(test)]
+pub(crate) fn test_context(st: ShellStats) -> Arc<Context> {
+    let (tx, rx) = crate::shell::stats_channel();
+    tx.send_replace(st);
+    Arc::new(Context {
+        site: "hall-t".into(),
+        cdu: "cdu-1".into(),
+        hosts: (0..16)
+            .map(|i| std::format!("r{}h{}", i / 4, i % 4))
+            .collect(),
+        hosts_per_rack: 4,
+        link: "none".into(),
+        map_model: "sim-cdu".into(),
+        broker: "none".into(),
+        period: Duration::from_secs(1),
+        lease: Duration::from_secs(30),
+        demo_key: false,
+        started: TimestampMs(0),
+        stats: rx,
+        recorder: crate::journal::ControllerFlash::open(None)
+            .unwrap()
+            .recorder,
+        operator: None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

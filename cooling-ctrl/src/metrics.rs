@@ -84,7 +84,10 @@ impl CduMetrics {
             mode(&mut out, snap, st.last.as_ref(), &cdu);
             loop_readings(&mut out, snap, &cdu);
             pumps(&mut out, snap, st.last.as_ref(), &cdu);
-            self.racks(&mut out, snap, st.last.as_ref(), &cdu);
+            // How old every series below is.
+            out.sample(&LAST_STEP, &cdu, snap.at.0 as f64 / 1000.0);
+            out.flag(&RELATCH_PENDING, &cdu, st.relatch_pending);
+            self.racks(&mut out, snap, st.last.as_ref(), st.relatch_pending, &cdu);
             write_bus(&mut out, &snap.bus, snap.bus_connected, &cdu);
             loopwarden_bus::prometheus::write_resend(&mut out, snap.resend, &cdu);
             self.estimates(&mut out, snap, &cdu);
@@ -97,25 +100,36 @@ impl CduMetrics {
         out.finish()
     }
 
-    /// Each rack's valve, cooling, leak and leak sensing.
+    /// Each rack's valve, cooling, leak and leak sensing; its latched leak
+    /// and failed isolation only while they are known (`relatch`: the
+    /// latched record is unreadable and the racks are not yet relatched,
+    /// so they are not).
     fn racks(
         &self,
         out: &mut Exposition,
         s: &Snapshot,
         c: Option<&Commands>,
+        relatch: bool,
         cdu: &[(&str, &str)],
     ) {
         for r in 0..self.racks {
             let rack = r.to_string();
             let l = with_labels(cdu, &[("rack", rack.as_str())]);
             let bit = |mask: u16| mask & (1 << r) != 0;
+            if let Some(open) = s.valves_open {
+                out.flag(&RACK_VALVE_OPEN, &l, bit(open));
+            }
             if let Some(c) = c {
-                out.flag(&RACK_VALVE_OPEN, &l, bit(c.valves_open));
                 out.flag(&RACK_COOLING_LOST, &l, bit(c.cooling_lost));
             }
-            out.flag(&RACK_LEAK, &l, bit(s.leaks_now));
-            out.flag(&RACK_LEAK_LATCHED, &l, bit(s.leaks_latched));
-            out.flag(&RACK_ISOLATION_FAILED, &l, bit(s.isolation_failed));
+            // An input gone silent after it read wet: neither wet nor dry.
+            if !bit(s.leaks_unheard) {
+                out.flag(&RACK_LEAK, &l, bit(s.leaks_now));
+            }
+            if !relatch {
+                out.flag(&RACK_LEAK_LATCHED, &l, bit(s.leaks_latched));
+                out.flag(&RACK_ISOLATION_FAILED, &l, bit(s.isolation_failed));
+            }
             let sensing = if bit(self.unprotected) {
                 "unprotected"
             } else if bit(s.sensing_lost) {
@@ -399,29 +413,10 @@ mod tests {
         }
     }
 
-    /// The console's context of controller `cdu-1` (16 hosts, 4 a rack)
-    /// whose shell last published `st`.
+    /// The console's context of controller `cdu-1` whose shell last
+    /// published `st`.
     fn context(st: ShellStats) -> Arc<Context> {
-        let (tx, rx) = crate::shell::stats_channel();
-        tx.send_replace(st);
-        Arc::new(Context {
-            site: "hall-t".into(),
-            cdu: "cdu-1".into(),
-            hosts: (0..16).map(|i| format!("r{}h{}", i / 4, i % 4)).collect(),
-            hosts_per_rack: 4,
-            link: "none".into(),
-            map_model: "sim-cdu".into(),
-            broker: "none".into(),
-            period: std::time::Duration::from_secs(1),
-            lease: std::time::Duration::from_secs(30),
-            demo_key: false,
-            started: loopwarden_protocol::TimestampMs(0),
-            stats: rx,
-            recorder: crate::journal::ControllerFlash::open(None)
-                .unwrap()
-                .recorder,
-            operator: None,
-        })
+        crate::console::test_context(st)
     }
 
     #[test]
@@ -511,6 +506,116 @@ mod tests {
             let series = format!(r#"{}{{{cdu},sensor="{sensor}"}}"#, SENSOR_FAULT.name);
             assert_eq!(value(&text, &series), want, "{series}");
         }
+    }
+
+    #[test]
+    fn a_pending_relatch_leaves_the_latches_out_and_says_so() {
+        use cooling_core::{Core, CoreConfig};
+        let cfg = CoreConfig::default();
+        let core = Core::new(cfg).unwrap();
+        let text = |relatch_pending: bool| {
+            let ctx = context(ShellStats {
+                status: Some(Snapshot::of_core(&core)),
+                relatch_pending,
+                ..Default::default()
+            });
+            CduMetrics::new(ctx, &cfg.layout).render()
+        };
+        let rack = r#"{cdu="cdu-1",rack="0"}"#;
+        let pending = text(true);
+        assert_eq!(
+            value(&pending, r#"loopwarden_cdu_relatch_pending{cdu="cdu-1"}"#),
+            1.0
+        );
+        for m in [&RACK_LEAK_LATCHED, &RACK_ISOLATION_FAILED] {
+            assert!(
+                !pending.contains(&format!("{}{{", m.name)),
+                "{} while the latches are unknown:\n{pending}",
+                m.name
+            );
+        }
+        let known = text(false);
+        assert_eq!(
+            value(&known, r#"loopwarden_cdu_relatch_pending{cdu="cdu-1"}"#),
+            0.0
+        );
+        assert_eq!(
+            value(&known, &format!("{}{rack}", RACK_LEAK_LATCHED.name)),
+            0.0
+        );
+        assert_eq!(
+            value(&known, &format!("{}{rack}", RACK_ISOLATION_FAILED.name)),
+            0.0
+        );
+    }
+
+    #[test]
+    fn a_valve_is_as_the_cdu_has_it_not_as_commanded_and_absent_unknown() {
+        use cooling_core::{Core, CoreConfig};
+        let cfg = CoreConfig::default();
+        let core = Core::new(cfg).unwrap();
+        let text = |valves_open: Option<u16>| {
+            let mut snap = Snapshot::of_core(&core);
+            snap.valves_open = valves_open;
+            let mut last = Commands::UNSET;
+            // Rack 2 leaks: commanded shut.
+            last.valves_open = 0b1011;
+            let ctx = context(ShellStats {
+                status: Some(snap),
+                last: Some(last),
+                ..Default::default()
+            });
+            CduMetrics::new(ctx, &cfg.layout).render()
+        };
+        let open = |r: usize| format!(r#"{}{{cdu="cdu-1",rack="{r}"}}"#, RACK_VALVE_OPEN.name);
+        // The CDU did not take the close: rack 2 is still open.
+        let t = text(Some(0b1111));
+        for r in 0..4 {
+            assert_eq!(value(&t, &open(r)), 1.0, "rack {r}");
+        }
+        let t = text(None);
+        // Neither read nor taken: no series, not a guess.
+        assert!(!t.contains(&format!("{}{{", RACK_VALVE_OPEN.name)), "{t}");
+    }
+
+    #[test]
+    fn the_last_steps_time_is_a_series() {
+        use cooling_core::{Core, CoreConfig};
+        let cfg = CoreConfig::default();
+        let core = Core::new(cfg).unwrap();
+        let mut snap = Snapshot::of_core(&core);
+        snap.at = loopwarden_protocol::TimestampMs(1_700_000_123_456);
+        let ctx = context(ShellStats {
+            status: Some(snap),
+            ..Default::default()
+        });
+        let text = CduMetrics::new(ctx, &cfg.layout).render();
+        let series = format!(r#"{}{{cdu="cdu-1"}}"#, LAST_STEP.name);
+        assert_eq!(value(&text, &series), 1_700_000_123.456);
+        // None before the first step.
+        let text = CduMetrics::new(context(ShellStats::default()), &cfg.layout).render();
+        assert!(!text.contains(&format!("{} ", LAST_STEP.name)), "{text}");
+    }
+
+    #[test]
+    fn a_wet_rack_whose_input_went_silent_is_no_series_not_dry() {
+        use cooling_core::{Core, CoreConfig};
+        let cfg = CoreConfig::default();
+        let core = Core::new(cfg).unwrap();
+        let mut snap = Snapshot::of_core(&core);
+        // Rack 1 reads wet; rack 2 read wet and its input is silent now.
+        snap.leaks_now = 0b0010;
+        snap.leaks_unheard = 0b0100;
+        let ctx = context(ShellStats {
+            status: Some(snap),
+            ..Default::default()
+        });
+        let text = CduMetrics::new(ctx, &cfg.layout).render();
+        let leak = |r: usize| format!(r#"{}{{cdu="cdu-1",rack="{r}"}}"#, RACK_LEAK.name);
+        assert_eq!(value(&text, &leak(0)), 0.0);
+        assert_eq!(value(&text, &leak(1)), 1.0);
+        assert!(!text.contains(&leak(2)), "{text}");
+        assert_eq!(value(&text, &leak(3)), 0.0);
     }
 
     /// The value of the series `series` (name and labels, as written) in

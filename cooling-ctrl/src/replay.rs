@@ -19,7 +19,7 @@ use std::path::Path;
 
 use cooling_core::CoreConfig;
 use cooling_decide::MapLimits;
-use loopwarden_link::frame::{max_frame, Deframer, Fed};
+use loopwarden_link::frame::{max_frame, Deframer, Fed, END};
 use loopwarden_link::trace::{Replayer, Trace};
 use loopwarden_link::MAX_MESSAGE;
 use serde::Serialize;
@@ -41,7 +41,11 @@ pub struct ReplayReport {
     pub matched: u64,
     /// Digests with no input before them (a lost frame).
     pub orphans: u64,
-    /// Every digest agreed, and there was at least one.
+    /// The capture ends inside a frame: its bytes are not read.
+    pub partial_frame_left: bool,
+    /// Every digest agreed, there was at least one, no frame was dropped
+    /// and none is left partial at the end (a frame not read may have
+    /// held a digest that disagreed).
     pub all_match: bool,
     /// The first disagreement: the input's number, the firmware's digest
     /// and this machine's.
@@ -54,6 +58,39 @@ pub struct ReplayReport {
     pub insn_per_step_max: Option<u32>,
     /// The deepest its stack went, bytes.
     pub stack_peak_bytes: Option<u32>,
+}
+
+impl ReplayReport {
+    /// Why not every digest is known to agree, in words; `None` when
+    /// [`ReplayReport::all_match`].
+    pub fn why_not(&self) -> Option<String> {
+        if self.all_match {
+            return None;
+        }
+        let mut why = Vec::new();
+        if let Some((input, theirs, ours)) = self.first_mismatch {
+            why.push(format!(
+                "input {input}: the firmware's digest {theirs:08x}, this machine's {ours:08x}"
+            ));
+        }
+        if self.orphans > 0 {
+            why.push(format!(
+                "{} digests with no input before them",
+                self.orphans
+            ));
+        }
+        let dropped: u64 = self.frames_dropped.values().sum();
+        if dropped > 0 {
+            why.push(format!("{dropped} frames dropped unread"));
+        }
+        if self.partial_frame_left {
+            why.push("the capture ends inside a frame".into());
+        }
+        if self.compared == 0 {
+            why.push("no digest to compare".into());
+        }
+        Some(why.join("; "))
+    }
 }
 
 /// Why a capture could not be replayed.
@@ -96,6 +133,8 @@ pub fn replay(
     let mut d = Box::new(Deframer::<{ max_frame(MAX_MESSAGE) }>::default());
     let mut dropped = BTreeMap::new();
     let (mut records, mut insn, mut stack) = (0u64, Vec::new(), None::<u32>);
+    // Bytes after the last end of frame: a frame cut off.
+    let partial = capture.last().is_some_and(|b| *b != END);
     for b in capture {
         let t = match d.push(*b) {
             Fed::More => continue,
@@ -115,13 +154,14 @@ pub fn replay(
     }
     Ok(ReplayReport {
         records,
-        frames_dropped: dropped,
         boots: r.boots,
         inputs: r.inputs,
         compared: r.compared,
         matched: r.matched,
         orphans: r.orphans,
-        all_match: r.all_match(),
+        all_match: r.all_match() && dropped.is_empty() && !partial,
+        partial_frame_left: partial,
+        frames_dropped: dropped,
         first_mismatch: r.first_mismatch.map(|m| (m.input, m.theirs, m.ours)),
         steps: insn.len() as u64,
         insn_per_step_median: median(&mut insn),
@@ -223,6 +263,55 @@ mod tests {
         let r = replay(&c, CoreConfig::default(), limits()).unwrap();
         assert_eq!(r.frames_dropped.values().sum::<u64>(), 1, "{r:?}");
         assert!(!r.all_match);
+    }
+
+    /// Where the last frame holding `which` lies in `capture`: its first
+    /// byte and the end's.
+    fn last_frame(capture: &[u8], which: fn(&Trace) -> bool) -> (usize, usize) {
+        let mut d = Box::new(Deframer::<{ max_frame(MAX_MESSAGE) }>::default());
+        let (mut start, mut found) = (0, None);
+        for (i, b) in capture.iter().enumerate() {
+            if let Fed::Frame(f) = d.push(*b) {
+                if f.message::<Trace>().is_ok_and(|t| which(&t)) {
+                    found = Some((start, i));
+                }
+            }
+            if *b == END {
+                start = i + 1;
+            }
+        }
+        found.expect("such a frame")
+    }
+
+    #[test]
+    fn a_last_digest_dropped_is_no_longer_all_match() {
+        let mut c = capture(12);
+        let (start, end) = last_frame(&c, |t| matches!(t, Trace::Digest(_)));
+        c[(start + end) / 2] ^= 0x21;
+        let r = replay(&c, CoreConfig::default(), limits()).unwrap();
+        assert_eq!(r.frames_dropped.values().sum::<u64>(), 1, "{r:?}");
+        // Every digest heard agreed: the one not heard may not have.
+        assert_eq!(r.matched, r.compared, "{r:?}");
+        assert!(!r.all_match, "{r:?}");
+    }
+
+    #[test]
+    fn a_frame_cut_off_at_the_end_is_no_longer_all_match() {
+        let c = capture(12);
+        let (start, end) = last_frame(&c, |t| matches!(t, Trace::Cost { .. }));
+        assert_eq!(end, c.len() - 1, "the last frame");
+        let r = replay(&c[..(start + end) / 2], CoreConfig::default(), limits()).unwrap();
+        assert!(r.partial_frame_left, "{r:?}");
+        assert!(r.frames_dropped.is_empty(), "{r:?}");
+        assert_eq!(r.matched, r.compared, "{r:?}");
+        assert!(!r.all_match, "{r:?}");
+        assert_eq!(
+            r.why_not().as_deref(),
+            Some("the capture ends inside a frame")
+        );
+        // Whole, it matches.
+        let r = replay(&c, CoreConfig::default(), limits()).unwrap();
+        assert!(!r.partial_frame_left && r.all_match, "{r:?}");
     }
 
     #[test]

@@ -96,7 +96,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 
 use cooling_core::sensors::Which;
-use cooling_core::{Commands, ConfigError, Core, CoreConfig, LeakInputs, LoopStatus, MAX_HOSTS};
+use cooling_core::{Commands, ConfigError, Core, CoreConfig, LoopStatus, MAX_HOSTS};
 
 use crate::decide::learned::{LearnedKeeper, ToKeep};
 use crate::decide::{self, BoardRead, Decider, MapLimits, Outcome, StepIn};
@@ -378,8 +378,8 @@ struct Shell<P> {
     lease_book: LeaseBook,
     /// The state last published.
     state_sent: Option<StateSent>,
-    /// What the leak inputs said at the last step.
-    leak_inputs: LeakInputs,
+    /// What the leak inputs said at the last step, and last heard.
+    leak_inputs: publish::HeardLeaks,
     /// This CDU's part in a hall of several CDUs.
     facility: Option<facility::FacilityLink>,
     /// Answers readers' requests to resend logged events.
@@ -407,9 +407,7 @@ pub async fn run_with<P: CduPort>(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ShellError> {
     cfg.validate()?;
-    if let Some(b) = &opts.board {
-        check_ropes(&cfg.core, b.roped())?;
-    }
+    check_ropes(&cfg.core, opts.board.as_ref().map(|b| b.roped()))?;
     let flash = opts.bus.take_flash()?;
     let mut decider = start_decider(cfg.core, cdu.limits(), &flash.latched)?;
     restore_learned(decider.core_mut(), &flash.learned, &cfg.hosts);
@@ -546,7 +544,7 @@ impl<P: CduPort> Shell<P> {
             started: Instant::now(),
             late: false,
             state_sent: None,
-            leak_inputs: LeakInputs::DRY,
+            leak_inputs: publish::HeardLeaks::default(),
             facility: None,
             resender: started.resender,
         }
@@ -612,7 +610,7 @@ impl<P: CduPort> Shell<P> {
             },
         );
         log_said(&mut self.decider);
-        self.leak_inputs = decide::leak_inputs(board, readings.as_ref().and_then(|r| r.leaks));
+        self.leak_inputs.hear(board, readings.as_ref());
         // What the step latched is in flash before anything acts on it.
         self.keep_latched().await;
         let closed = readings.as_ref().and_then(|r| r.valves_closed);
@@ -734,7 +732,7 @@ impl<P: CduPort> Shell<P> {
                 let done = self
                     .decider
                     .core_mut()
-                    .clear_leak(rack, &self.leak_inputs)
+                    .clear_leak(rack, self.leak_inputs.now())
                     .map(|()| {
                         format!("rack {rack}: leak cleared, its valve reopens at the next step")
                     })

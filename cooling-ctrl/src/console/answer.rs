@@ -10,6 +10,7 @@ use std::vec::Vec;
 use loopwarden_bus::now_ms;
 use loopwarden_field::console::Caller;
 use loopwarden_field::serial::record::CONSOLE_RECORD;
+use loopwarden_field::watchdog::Heartbeat;
 use loopwarden_protocol::{Ident, TimestampMs};
 use serde_json::{json, Value};
 
@@ -167,11 +168,11 @@ fn status(ctx: &Context, st: &ShellStats, now: TimestampMs) -> Value {
         "hosts_heard": heard,
         "host_reports_refused": st.host_reports_refused,
         "host_reports_partial": st.host_gpus_left_out,
-        "leaks_latched": snap.map(|s| racks(s.leaks_latched)).unwrap_or_default(),
-        "leak_sensing_lost": snap.map(|s| racks(s.sensing_lost)).unwrap_or_default(),
-        "isolation_failed": snap.map(|s| racks(s.isolation_failed)).unwrap_or_default(),
-        "leaks_now": snap.map(|s| racks(s.leaks_now)).unwrap_or_default(),
-        "valves_open": c.map(|c| racks(c.valves_open)).unwrap_or_default(),
+        // Before the first step: null (unknown), never an empty list.
+        "leaks_latched": snap.map(|s| racks(s.leaks_latched)),
+        "leak_sensing_lost": snap.map(|s| racks(s.sensing_lost)),
+        "isolation_failed": snap.map(|s| racks(s.isolation_failed)),
+        "leaks_now": snap.map(|s| racks(s.leaks_now)),
         "capped_hosts": st.caps.iter().filter(|c| c.is_some()).count(),
         "cdu_link": cdu_link,
         "bus": {
@@ -193,6 +194,24 @@ fn status(ctx: &Context, st: &ShellStats, now: TimestampMs) -> Value {
     // Past the macro's recursion limit: added after.
     v["board_errors"] = json!(st.board_errors);
     v["relatch_pending"] = json!(st.relatch_pending);
+    // Read wet by an input that has not answered since: not known dry.
+    v["leaks_unheard"] = json!(snap.map(|s| racks(s.leaks_unheard)));
+    // Racks no rope watches: declared so, or every rack without board pins.
+    v["leak_unprotected"] = json!(snap.map(|s| racks(s.unprotected)));
+    v["leak_ropes"] = json!(snap.map(|s| s.ropes));
+    // How old all of this is: the last step's age, stale past the loop's
+    // grace (`null` before the first step).
+    let grace = Heartbeat::grace(ctx.period, ctx.period);
+    let age_ms = snap.map(|s| now.0.saturating_sub(s.at.0));
+    v["last_step_s"] = json!(age_ms.map(|ms| ms as f64 / 1000.0));
+    v["stale"] = json!(age_ms.map(|ms| ms > grace.as_millis() as u64));
+    v["stale_after_s"] = json!(grace.as_secs_f64());
+    if snap.is_none() {
+        v["note"] = json!("no control step yet");
+    }
+    // The valves as the CDU has them (`null`: unknown), and as commanded.
+    v["valves_open"] = json!(snap.and_then(|s| s.valves_open).map(racks));
+    v["valves_commanded_open"] = json!(c.map(|c| racks(c.valves_open)));
     v
 }
 
@@ -210,10 +229,14 @@ fn sensors(st: &ShellStats) -> Value {
         .sensors
         .iter()
         .map(|s| {
+            // The reading as a figure to show (as `status`, the bus and
+            // `/metrics`), and the CDU's raw value beside it.
             json!({
                 "sensor": s.which.sensor(),
-                "reading": s.reading,
-                "unit": if s.which == cooling_core::sensors::Which::Flow { "L/min" } else { "°C" },
+                "reading": s.shown(),
+                "raw": s.reading,
+                "implausible": s.reading.is_some_and(|x| !s.which.plausible(x)),
+                "unit": if s.which == Which::Flow { "L/min" } else { "°C" },
                 "fault": s.fault,
                 "required": s.which.required(),
             })
@@ -374,4 +397,152 @@ fn caps(ctx: &Context, st: &ShellStats, now: TimestampMs) -> Value {
             "host": h, "code": code, "detail": detail,
         })),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::console::render;
+    use crate::shell::{SensorStatus, Snapshot};
+    use cooling_core::{Core, CoreConfig};
+
+    /// The stats after a step of a fresh core whose sensors read as
+    /// `sensors`.
+    fn stepped(sensors: [SensorStatus; 4]) -> ShellStats {
+        let core = Core::new(CoreConfig::default()).unwrap();
+        let mut snap = Snapshot::of_core(&core);
+        snap.sensors = sensors;
+        ShellStats {
+            status: Some(snap),
+            ..Default::default()
+        }
+    }
+
+    /// The row named `name` of `status` rendered from `v`.
+    fn status_row(v: &Value, name: &str) -> String {
+        let text = render::render(&Request::Status, v);
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("no {name} row in\n{text}"))
+            .to_string()
+    }
+
+    #[test]
+    fn before_the_first_step_the_leaks_sensing_and_isolation_are_unknown() {
+        let ctx = crate::console::test_context(ShellStats::default());
+        let v = status(&ctx, &ctx.stats.borrow().clone(), TimestampMs(5_000));
+        assert_eq!(v["note"], "no control step yet", "{v:#}");
+        for key in ["leaks_latched", "leak_sensing_lost", "isolation_failed"] {
+            assert!(v[key].is_null(), "{key}: {v:#}");
+        }
+        for name in ["mode", "leaks latched", "leak sensing", "isolation"] {
+            let row = status_row(&v, name);
+            assert!(row.contains("UNKNOWN (no control step yet)"), "{row}");
+        }
+        assert!(status_row(&v, "last step").contains("no control step yet"));
+        // After a step, the same rows say what the core holds.
+        let core = Core::new(CoreConfig::default()).unwrap();
+        let mut snap = Snapshot::of_core(&core);
+        snap.at = TimestampMs(4_500);
+        let st = ShellStats {
+            status: Some(snap),
+            ..Default::default()
+        };
+        let v = status(&ctx, &st, TimestampMs(5_000));
+        assert!(status_row(&v, "leaks latched").ends_with("none"));
+        assert!(status_row(&v, "leak sensing").ends_with("supervised"));
+        assert!(status_row(&v, "isolation").ends_with("ok"));
+    }
+
+    #[test]
+    fn racks_without_a_rope_are_said_in_the_leak_sensing_row() {
+        let ctx = crate::console::test_context(ShellStats::default());
+        let mut cfg = CoreConfig::default();
+        cfg.layout.unprotected = 0b1000;
+        let core = Core::new(cfg).unwrap();
+        let stats = |ropes: bool| ShellStats {
+            status: Some(Snapshot {
+                ropes,
+                ..Snapshot::of_core(&core)
+            }),
+            ..Default::default()
+        };
+        let v = status(&ctx, &stats(true), TimestampMs(0));
+        assert_eq!(v["leak_unprotected"], json!([3]), "{v:#}");
+        let row = status_row(&v, "leak sensing");
+        assert!(
+            row.ends_with(
+                "supervised; unprotected: racks 3 (no rope, the CDU's leak register only)"
+            ),
+            "{row}"
+        );
+        let v = status(&ctx, &stats(false), TimestampMs(0));
+        let row = status_row(&v, "leak sensing");
+        assert!(row.contains("no board pins"), "{row}");
+        // Every rack roped: supervised, and nothing more.
+        let core = Core::new(CoreConfig::default()).unwrap();
+        let st = ShellStats {
+            status: Some(Snapshot::of_core(&core)),
+            ..Default::default()
+        };
+        let v = status(&ctx, &st, TimestampMs(0));
+        assert!(status_row(&v, "leak sensing").ends_with("supervised"));
+    }
+
+    #[test]
+    fn the_last_steps_age_is_shown_and_stale_past_the_loops_grace() {
+        let ctx = crate::console::test_context(ShellStats::default());
+        let core = Core::new(CoreConfig::default()).unwrap();
+        let mut snap = Snapshot::of_core(&core);
+        snap.at = TimestampMs(10_000);
+        let st = ShellStats {
+            status: Some(snap),
+            ..Default::default()
+        };
+        // A 1 s period: late past 2 s.
+        let v = status(&ctx, &st, TimestampMs(10_400));
+        assert_eq!(v["last_step_s"], 0.4, "{v:#}");
+        assert_eq!(v["stale"], false, "{v:#}");
+        assert!(status_row(&v, "last step").ends_with("0.4 s ago"));
+        let v = status(&ctx, &st, TimestampMs(12_000));
+        assert_eq!(v["stale"], false, "{v:#}");
+        let v = status(&ctx, &st, TimestampMs(12_001));
+        assert_eq!(v["stale"], true, "{v:#}");
+        let row = status_row(&v, "last step");
+        assert!(row.contains("STALE: 2.0 s ago"), "{row}");
+    }
+
+    #[test]
+    fn an_implausible_reading_before_its_fault_is_not_shown_as_ok() {
+        let sensor = |which, reading: Option<f64>| SensorStatus {
+            which,
+            reading,
+            fault: None,
+        };
+        let st = stepped([
+            // A broken 4-20 mA loop: 0 °C, its fault not yet confirmed.
+            sensor(Which::Supply, Some(-327.68)),
+            sensor(Which::Return, Some(38.0)),
+            sensor(Which::Flow, Some(170.0)),
+            sensor(Which::FacilitySupply, None),
+        ]);
+        let v = sensors(&st);
+        assert!(v["sensors"][0]["reading"].is_null(), "{v:#}");
+        assert_eq!(v["sensors"][0]["raw"], -327.68, "{v:#}");
+        assert_eq!(v["sensors"][1]["reading"], 38.0, "{v:#}");
+        let text = render::render(&Request::Sensors, &v);
+        let row = |name: &str| {
+            text.lines()
+                .find(|l| l.starts_with(name))
+                .unwrap_or_else(|| panic!("no {name} row in\n{text}"))
+                .to_string()
+        };
+        let supply = row("supply_temp");
+        assert!(supply.contains("IMPLAUSIBLE (unconfirmed)"), "{supply}");
+        assert!(supply.contains("- (raw -327.68)"), "{supply}");
+        assert!(!supply.contains(" ok "), "{supply}");
+        assert!(row("return_temp").contains("38 °C"), "{text}");
+        assert!(row("return_temp").contains(" ok "), "{text}");
+        assert!(row("facility").contains("NO READING"), "{text}");
+    }
 }

@@ -93,14 +93,18 @@ fn plant_rows(v: &Value) -> Vec<(&'static str, String)> {
     let pumps = pumps_line(v);
     vec![
         ("cdu", fill(v, "{cdu} (site {site})")),
+        ("last step", last_step(v)),
         (
             "mode",
-            format!(
-                "{} ({}) for {:.0} s",
-                s(&v["mode"]),
-                s(&v["reason"]),
-                v["for_s"].as_f64().unwrap_or(0.0)
-            ),
+            match v["mode"].is_null() {
+                true => UNKNOWN_NO_STEP.into(),
+                false => format!(
+                    "{} ({}) for {:.0} s",
+                    s(&v["mode"]),
+                    s(&v["reason"]),
+                    v["for_s"].as_f64().unwrap_or(0.0)
+                ),
+            },
         ),
         (
             "setpoint",
@@ -145,32 +149,100 @@ fn plant_rows(v: &Value) -> Vec<(&'static str, String)> {
                      the CDU's valve positions are read, then those closed are latched"
                         .into()
                 }
+                _ if v["leaks_latched"].is_null() => UNKNOWN_NO_STEP.into(),
                 ("-", false) => "none".into(),
                 (r, false) => format!("racks {r}"),
             },
         ),
-        (
-            "leak sensing",
-            match s(&v["leak_sensing_lost"]).as_str() {
-                "-" => "supervised".into(),
-                r => format!("LOST on racks {r}: a leak there would not be seen"),
-            },
-        ),
+        ("leak sensing", leak_sensing(v)),
         (
             "isolation",
             match s(&v["isolation_failed"]).as_str() {
+                _ if v["isolation_failed"].is_null() => UNKNOWN_NO_STEP.into(),
                 "-" => "ok".into(),
                 r => format!("FAILED on racks {r}: pumps stopped, every host capped"),
             },
         ),
-        (
-            "valves open",
-            match v["relatch_pending"] == true {
-                true => format!("{} (commanded, not written)", s(&v["valves_open"])),
-                false => s(&v["valves_open"]),
-            },
-        ),
+        ("valves open", valves_line(v)),
     ]
+}
+
+/// The racks' leak sensing: lost where a fault or an unread input leaves
+/// a leak unseen, else supervised; and the racks no rope watches.
+fn leak_sensing(v: &Value) -> String {
+    let mut line = match s(&v["leak_sensing_lost"]).as_str() {
+        _ if v["leak_sensing_lost"].is_null() => return UNKNOWN_NO_STEP.into(),
+        "-" => "supervised".to_string(),
+        r => format!("LOST on racks {r}: a leak there would not be seen"),
+    };
+    let unprotected = s(&v["leak_unprotected"]);
+    if v["leak_ropes"] == false {
+        line.push_str("; no board pins: no rope is read, the CDU's leak register only");
+    } else if unprotected != "-" {
+        line.push_str(&format!(
+            "; unprotected: racks {unprotected} (no rope, the CDU's leak register only)"
+        ));
+    }
+    line
+}
+
+/// A row the controller knows nothing of before its first step.
+const UNKNOWN_NO_STEP: &str = "UNKNOWN (no control step yet)";
+
+/// How old the answer is: the last control step's age, STALE past the
+/// loop's grace, or none yet.
+fn last_step(v: &Value) -> String {
+    let Some(age) = v["last_step_s"].as_f64() else {
+        return "no control step yet: nothing below is known".into();
+    };
+    if v["stale"].as_bool() == Some(true) {
+        format!(
+            "STALE: {age:.1} s ago (due every {} ms): the control loop is not stepping; \
+             every figure below is as of then",
+            s(&v["period_ms"])
+        )
+    } else {
+        format!("{age:.1} s ago")
+    }
+}
+
+/// The valves open as the CDU has them (its positions, else what it last
+/// took), and each rack where the command differs: a close that did not
+/// go in is not shown as done.
+fn valves_line(v: &Value) -> String {
+    let list = |x: &Value| -> Option<Vec<u64>> {
+        x.as_array()
+            .map(|a| a.iter().filter_map(Value::as_u64).collect())
+    };
+    let open = list(&v["valves_open"]);
+    let commanded = list(&v["valves_commanded_open"]);
+    let mut line = match &open {
+        None => "UNKNOWN: no valve position read and no valve write taken yet".to_string(),
+        Some(o) if o.is_empty() => "none".into(),
+        Some(_) => format!("racks {}", s(&v["valves_open"])),
+    };
+    let mut notes = Vec::new();
+    if let (Some(open), Some(commanded)) = (&open, &commanded) {
+        for r in 0..16u64 {
+            match (open.contains(&r), commanded.contains(&r)) {
+                (true, false) => notes.push(format!("rack {r} commanded shut, NOT TAKEN")),
+                (false, true) => notes.push(format!("rack {r} commanded open, not taken")),
+                _ => {}
+            }
+        }
+    } else if open.is_none() && commanded.is_some() {
+        notes.push(format!(
+            "commanded open: {}",
+            s(&v["valves_commanded_open"])
+        ));
+    }
+    if v["relatch_pending"] == true {
+        notes.push("no valve is written until the relatch".into());
+    }
+    if !notes.is_empty() {
+        line.push_str(&format!(" ({})", notes.join("; ")));
+    }
+    line
 }
 
 /// `status` rows about the links and the program: the CDU link, the bus,
@@ -233,20 +305,32 @@ fn link_rows(v: &Value) -> Vec<(&'static str, String)> {
     ]
 }
 
+/// A sensor's state: its fault, else a reading outside any plausible
+/// value not yet confirmed as a fault, else no reading, else ok.
+fn sensor_state(x: &Value) -> String {
+    if !x["fault"].is_null() {
+        s(&x["fault"]).to_uppercase()
+    } else if x["implausible"].as_bool() == Some(true) {
+        "IMPLAUSIBLE (unconfirmed)".into()
+    } else if x["raw"].is_null() {
+        "NO READING".into()
+    } else {
+        "ok".into()
+    }
+}
+
 /// `sensors`: one row per sensor.
 fn sensors(v: &Value) -> String {
     let rows = rows_of(&v["sensors"], |x| {
         vec![
             s(&x["sensor"]),
-            match x["reading"].as_f64() {
-                Some(r) => format!("{} {}", round(r, 2), s(&x["unit"])),
-                None => "-".into(),
+            match (x["reading"].as_f64(), x["raw"].as_f64()) {
+                (Some(r), _) => format!("{} {}", round(r, 2), s(&x["unit"])),
+                // Not shown as a figure, the CDU's value beside it.
+                (None, Some(raw)) => format!("- (raw {})", round(raw, 2)),
+                (None, None) => "-".into(),
             },
-            if x["fault"].is_null() {
-                "ok".into()
-            } else {
-                s(&x["fault"]).to_uppercase()
-            },
+            sensor_state(x),
             if x["required"].as_bool() == Some(true) {
                 "yes".into()
             } else {
@@ -590,18 +674,54 @@ mod tests {
 
     #[test]
     fn a_pending_relatch_says_the_latches_unknown_and_the_valves_not_written() {
-        let row = |v: &Value, name: &str| {
-            let text = render(&Request::Status, v);
-            text.lines()
-                .find(|l| l.starts_with(name))
-                .unwrap_or_else(|| panic!("no {name} row in\n{text}"))
-                .to_string()
-        };
-        let v = json!({"leaks_latched": [], "valves_open": [0, 1, 2, 3], "relatch_pending": true});
+        let v = json!({
+            "leaks_latched": [],
+            "valves_open": null,
+            "valves_commanded_open": [0, 1, 2, 3],
+            "relatch_pending": true,
+        });
         assert!(row(&v, "leaks latched").contains("UNKNOWN"));
-        assert!(row(&v, "valves open").ends_with("(commanded, not written)"));
-        let v = json!({"leaks_latched": [2], "valves_open": [0, 1, 3], "relatch_pending": false});
+        let valves = row(&v, "valves open");
+        assert!(valves.contains("UNKNOWN"), "{valves}");
+        assert!(
+            valves.ends_with("(commanded open: 0,1,2,3; no valve is written until the relatch)"),
+            "{valves}"
+        );
+        let v = json!({
+            "leaks_latched": [2],
+            "valves_open": [0, 1, 3],
+            "valves_commanded_open": [0, 1, 3],
+            "relatch_pending": false,
+        });
         assert!(row(&v, "leaks latched").ends_with("racks 2"));
-        assert!(!row(&v, "valves open").contains("not written"));
+        assert!(row(&v, "valves open").ends_with("racks 0,1,3"));
+    }
+
+    /// The status's row named `name` in `v` rendered.
+    fn row(v: &Value, name: &str) -> String {
+        let text = render(&Request::Status, v);
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("no {name} row in\n{text}"))
+            .to_string()
+    }
+
+    #[test]
+    fn a_valve_shows_as_the_cdu_took_it_and_a_close_not_taken_is_said() {
+        // Rack 2 leaks: commanded shut, but the CDU did not take the close.
+        let v = json!({
+            "valves_open": [0, 1, 2, 3],
+            "valves_commanded_open": [0, 1, 3],
+        });
+        let valves = row(&v, "valves open");
+        assert!(
+            valves.ends_with("racks 0,1,2,3 (rack 2 commanded shut, NOT TAKEN)"),
+            "{valves}"
+        );
+        // The reverse: a reopen not taken.
+        let v = json!({"valves_open": [0, 1], "valves_commanded_open": [0, 1, 3]});
+        assert!(row(&v, "valves open").ends_with("racks 0,1 (rack 3 commanded open, not taken)"));
+        let v = json!({"valves_open": [], "valves_commanded_open": []});
+        assert!(row(&v, "valves open").ends_with("none"));
     }
 }

@@ -14,6 +14,10 @@ pub const STARTED: Metric = Metric::gauge(
     "loopwarden_cdu_start_time_seconds",
     "When the controller started, seconds since the Unix epoch.",
 );
+pub const LAST_STEP: Metric = Metric::gauge(
+    "loopwarden_cdu_last_step_timestamp_seconds",
+    "When the control step every other loopwarden_cdu_* series is as of ran, seconds since the Unix epoch; absent before the first step. Alert when it falls behind time() by more than two periods: the control loop is not stepping.",
+);
 pub const MODE: Metric = Metric::gauge(
     "loopwarden_cdu_mode",
     "The controller's mode as a state set: 1 for the mode it is in (boot, normal, degraded, failsafe), 0 for the others.",
@@ -84,7 +88,7 @@ pub const PUMP_FAILED: Metric = Metric::gauge(
 );
 pub const RACK_VALVE_OPEN: Metric = Metric::gauge(
     "loopwarden_cdu_rack_valve_open",
-    "1 when the controller commands the rack's valve open, 0 when it is shut.",
+    "1 when the rack's valve is open, 0 when it is shut, as the CDU reads its position, else as the CDU last took the controller's write (a close it did not take reads 1); absent while neither is known.",
 );
 pub const RACK_COOLING_LOST: Metric = Metric::gauge(
     "loopwarden_cdu_rack_cooling_lost",
@@ -92,15 +96,19 @@ pub const RACK_COOLING_LOST: Metric = Metric::gauge(
 );
 pub const RACK_LEAK: Metric = Metric::gauge(
     "loopwarden_cdu_rack_leak",
-    "1 when the rack's leak input reads wet this step, else 0.",
+    "1 when a leak input of the rack reads wet this step, else 0; absent while an input that read it wet when it last answered does not answer (neither wet nor dry is known).",
 );
 pub const RACK_LEAK_LATCHED: Metric = Metric::gauge(
     "loopwarden_cdu_rack_leak_latched",
-    "1 while a leak is latched on the rack (its valve stays shut until an operator clears it), else 0.",
+    "1 while a leak is latched on the rack (its valve stays shut until an operator clears it), else 0; absent while the latched leaks are unknown (loopwarden_cdu_relatch_pending).",
 );
 pub const RACK_ISOLATION_FAILED: Metric = Metric::gauge(
     "loopwarden_cdu_rack_isolation_failed",
-    "1 when isolating the rack failed and both pumps are stopped for it, else 0.",
+    "1 when isolating the rack failed and both pumps are stopped for it, else 0; absent while the latched leaks are unknown (loopwarden_cdu_relatch_pending).",
+);
+pub const RELATCH_PENDING: Metric = Metric::gauge(
+    "loopwarden_cdu_relatch_pending",
+    "1 while the latched leaks are unknown: the latched record was unreadable at start and the racks are not yet relatched from the CDU's valve positions (no valve is written meanwhile), else 0.",
 );
 pub const RACK_LEAK_SENSING: Metric = Metric::gauge(
     "loopwarden_cdu_rack_leak_sensing",
@@ -269,6 +277,7 @@ pub const RESEND: &[Metric] = &[
 pub const ALL: &[Metric] = &[
     INFO,
     STARTED,
+    LAST_STEP,
     MODE,
     MODE_REASON,
     MODE_SINCE,
@@ -291,6 +300,7 @@ pub const ALL: &[Metric] = &[
     RACK_LEAK,
     RACK_LEAK_LATCHED,
     RACK_ISOLATION_FAILED,
+    RELATCH_PENDING,
     RACK_LEAK_SENSING,
     BEACON,
     REJECTION_SHORT,
@@ -308,6 +318,7 @@ pub const ALL: &[Metric] = &[
     LATCH_WRITE_ERRORS,
     HOST_REPORTS,
     HOST_REPORTS_REFUSED,
+    HOST_GPUS_LEFT_OUT,
     LEASES_SENT,
     LIFTS_SENT,
     ACKS,

@@ -183,6 +183,11 @@ impl<P: CduPort> Devices<P> {
 
 /// The board's pins: the same whatever the CDU's link.
 impl<P> Devices<P> {
+    /// Board pins are configured: the ropes are read.
+    pub(super) fn has_board(&self) -> bool {
+        self.board.is_some()
+    }
+
     /// The board's leak lines this step.
     pub(super) fn read_board(&mut self, stats: &mut ShellStats) -> BoardRead {
         let Some(board) = self.board.as_mut() else {

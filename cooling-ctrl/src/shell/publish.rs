@@ -14,6 +14,7 @@
 //!   it.
 use super::*;
 use cooling_core::config::Layout;
+use cooling_core::LeakInputs;
 use loopwarden_protocol::message::{FacilityState, HallEstimates};
 
 /// What one control step leaves for the bus, whoever ran it: the shell's
@@ -40,7 +41,9 @@ pub struct StepFacts<'a> {
     pub cooling_lost: u16,
     /// Racks whose leak sensing is lost, bit n = rack n.
     pub sensing_lost: u16,
-    /// Racks a leak input reads wet now, bit n = rack n.
+    /// Racks a leak input reads wet now, or read wet when it last
+    /// answered and has not answered since, bit n = rack n: an input gone
+    /// silent does not make a wet rack dry.
     pub leaks_wet: u16,
     /// What the CDU answered this step (`None`: it did not).
     pub readings: Option<&'a CduMeasurements>,
@@ -267,11 +270,93 @@ pub fn send_state(
     bus.publish_signed(Message::CduState(st), now_ms(), true, sign)
 }
 
+/// The leak inputs as this step read them, and what each last said when
+/// it answered: a rack whose input read it wet and has not answered since
+/// is not shown as dry (the core's safety reads an unread input as not
+/// wet; its latch is its own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct HeardLeaks {
+    now: LeakInputs,
+    /// The ropes as last read, bit n = rack n wet.
+    board_wet: u16,
+    /// The CDU's leak register as last read.
+    cdu_wet: u16,
+}
+
+impl Default for HeardLeaks {
+    /// Before the first step: every rope dry, nothing heard wet (the core
+    /// holds what it restored from flash apart).
+    fn default() -> Self {
+        Self {
+            now: LeakInputs::DRY,
+            board_wet: 0,
+            cdu_wet: 0,
+        }
+    }
+}
+
+impl HeardLeaks {
+    /// Takes this step's reads: the board's `board`, the CDU's `cdu`.
+    pub(super) fn hear(&mut self, board: BoardRead, cdu: Option<&CduMeasurements>) {
+        self.take(decide::leak_inputs(board, cdu.and_then(|r| r.leaks)));
+    }
+
+    /// Takes this step's leak inputs.
+    fn take(&mut self, now: LeakInputs) {
+        if now.read_ok {
+            self.board_wet = now.wet;
+        }
+        if let Some(w) = now.cdu {
+            self.cdu_wet = w;
+        }
+        self.now = now;
+    }
+
+    /// The leak inputs as this step read them.
+    pub(super) fn now(&self) -> &LeakInputs {
+        &self.now
+    }
+
+    /// The racks an input that answered reads wet now, bit n = rack n.
+    pub(super) fn wet_now(&self) -> u16 {
+        self.now.wet_now()
+    }
+
+    /// The racks no input reads wet now but one that has not answered this
+    /// step read wet when it last did: neither wet nor dry is known.
+    pub(super) fn unheard_wet(&self) -> u16 {
+        let board = if self.now.read_ok { 0 } else { self.board_wet };
+        let cdu = if self.now.cdu.is_some() {
+            0
+        } else {
+            self.cdu_wet
+        };
+        (board | cdu) & !self.wet_now()
+    }
+
+    /// The racks wet as last heard: read wet now, or read wet by an input
+    /// that has not answered since (what the bus's `leak` flag says).
+    pub(super) fn wet_as_heard(&self) -> u16 {
+        self.wet_now() | self.unheard_wet()
+    }
+}
+
 /// The valves open as last written to the CDU (bit n = rack n): what it
 /// last took, else, before a valve write of this run went in, what `c`
 /// commands.
 fn valves_written(d: &Decider, c: &Commands) -> u16 {
     d.valves_taken().unwrap_or(c.valves_open)
+}
+
+/// The valves open as the CDU has them (bit n = rack n, of `racks`): as
+/// `r` reads their positions, else as it last took them; `None` when
+/// neither is known (before a valve write of this run went in, on a map
+/// without positions, or with the CDU silent).
+fn valves_held(d: &Decider, r: Option<&CduMeasurements>, racks: u8) -> Option<u16> {
+    let all = cooling_core::safety::all_racks(usize::from(racks));
+    r.and_then(|r| r.valves_closed)
+        .map(|closed| !closed & all)
+        .or(d.valves_taken())
 }
 
 impl<P: CduPort> Shell<P> {
@@ -296,9 +381,13 @@ impl<P: CduPort> Shell<P> {
             last_read: self.devices.last_read,
             sensors,
             leaks_now: self.leak_inputs.wet_now(),
+            leaks_unheard: self.leak_inputs.unheard_wet(),
             leaks_latched: self.decider.core().leaks_latched(),
             sensing_lost: self.decider.core().sensing_lost(),
+            unprotected: self.cfg.core.layout.unprotected,
+            ropes: self.devices.has_board(),
             isolation_failed: self.decider.core().isolation_failed(),
+            valves_open: valves_held(&self.decider, r, self.cfg.core.layout.racks),
             pumps_failed: self.decider.core().pumps_failed(),
             loops: self.decider.core().loops(),
             estimates: Box::new(estimates),
@@ -354,7 +443,7 @@ impl<P: CduPort> Shell<P> {
             valves_open: valves_written(&self.decider, c),
             cooling_lost: c.cooling_lost,
             sensing_lost: c.sensing_lost,
-            leaks_wet: self.leak_inputs.wet_now(),
+            leaks_wet: self.leak_inputs.wet_as_heard(),
             readings: r,
             sensor_faults: Which::ALL.map(|w| core.sensor_fault(w)),
             outdoor_c: self.bms.outdoor_c.map(|(a, _)| a),
@@ -446,6 +535,78 @@ mod tests {
         let mut f = facts(Some(&unread));
         f.valves_open = valves_written(&d, &c);
         assert_eq!(shown(&f), [100; 4]);
+    }
+
+    #[test]
+    fn the_snapshot_holds_the_valves_as_the_cdu_has_them_not_as_commanded() {
+        let lay = CoreConfig::default().layout;
+        let all = cooling_core::safety::all_racks(usize::from(lay.racks));
+        let (c, d) = a_close_not_taken(&lay);
+        assert_eq!(c.valves_open, 0b1011, "rack 2 commanded closed");
+        // No position read: as last taken, rack 2 still open.
+        let unread = CduMeasurements::default();
+        assert_eq!(valves_held(&d, Some(&unread), lay.racks), Some(all));
+        assert_eq!(valves_held(&d, None, lay.racks), Some(all));
+        // Positions read: as read.
+        let read = CduMeasurements {
+            valves_closed: Some(0b0100),
+            ..CduMeasurements::default()
+        };
+        assert_eq!(valves_held(&d, Some(&read), lay.racks), Some(0b1011));
+        // Nothing written yet and no position read: unknown, not the
+        // command.
+        let fresh: Result<Option<crate::journal::LatchRecord>, &str> = Ok(None);
+        let limits = MapLimits {
+            mapped: [true; 6],
+            setpoint_c: None,
+            speed_pct: None,
+            positions: false,
+        };
+        let d = Decider::new(CoreConfig::default(), limits, &fresh).unwrap();
+        assert_eq!(valves_held(&d, Some(&unread), lay.racks), None);
+    }
+
+    #[test]
+    fn a_wet_rack_whose_input_went_silent_stays_wet_as_last_heard() {
+        let mut h = HeardLeaks::default();
+        let cdu = |leaks: Option<u16>| CduMeasurements {
+            leaks,
+            ..CduMeasurements::default()
+        };
+        let dry_board = BoardRead::Read { wet: 0, faults: 0 };
+        // The CDU's register reads rack 2 wet.
+        h.hear(dry_board, Some(&cdu(Some(0b0100))));
+        assert_eq!((h.wet_now(), h.unheard_wet()), (0b0100, 0));
+        // The CDU goes silent: rack 2 is not known dry, and the bus says
+        // it as last heard.
+        h.hear(dry_board, None);
+        assert_eq!(h.wet_now(), 0, "the core's reading of the step");
+        assert_eq!(h.unheard_wet(), 0b0100);
+        assert_eq!(h.wet_as_heard(), 0b0100);
+        let mut f = facts(None);
+        f.leaks_wet = h.wet_as_heard();
+        let t = cdu_telemetry(&f, &CoreConfig::default().layout, None);
+        let leaks: Vec<bool> = t.racks.iter().map(|r| r.leak).collect();
+        assert_eq!(leaks, [false, false, true, false]);
+        // Its map without the register answers the same way.
+        h.hear(dry_board, Some(&cdu(None)));
+        assert_eq!(h.unheard_wet(), 0b0100);
+        // It answers dry: dry.
+        h.hear(dry_board, Some(&cdu(Some(0))));
+        assert_eq!((h.wet_now(), h.unheard_wet(), h.wet_as_heard()), (0, 0, 0));
+        // A rope read wet, then the board's read fails.
+        h.hear(
+            BoardRead::Read {
+                wet: 0b0001,
+                faults: 0,
+            },
+            Some(&cdu(Some(0))),
+        );
+        h.hear(BoardRead::Failed, Some(&cdu(Some(0))));
+        assert_eq!((h.wet_now(), h.unheard_wet()), (0, 0b0001));
+        // Another input reading it wet now: wet, known.
+        h.hear(BoardRead::Failed, Some(&cdu(Some(0b0001))));
+        assert_eq!((h.wet_now(), h.unheard_wet()), (0b0001, 0));
     }
 
     /// A decider on a map without valve positions whose CDU took every

@@ -5,6 +5,7 @@
 //! BMS set restored, and the resender that answers readers' requests for
 //! logged events.
 use super::*;
+use cooling_core::config::Layout;
 use cooling_core::estimate::record::HostIds;
 use cooling_core::Learned;
 
@@ -60,10 +61,17 @@ pub(crate) fn bus_config(
     Ok((me, bus_config))
 }
 
-/// Every rack of the layout has a rope on the board (`roped`), or is
-/// declared unprotected.
-pub(super) fn check_ropes(core: &CoreConfig, roped: u16) -> Result<(), ShellError> {
+/// Every rack of the layout has a rope on the board (`roped`; `None`: no
+/// board pins), or is declared unprotected; the racks without one are
+/// said in the log ([`leak_sensing_notes`]).
+pub(super) fn check_ropes(core: &CoreConfig, roped: Option<u16>) -> Result<(), ShellError> {
     let l = core.layout;
+    for note in leak_sensing_notes(&l, roped.is_some()) {
+        tracing::warn!("cooling shell: {note}");
+    }
+    let Some(roped) = roped else {
+        return Ok(());
+    };
     let bare = (0..l.racks.min(16)).find(|r| (roped | l.unprotected) & (1 << r) == 0);
     match bare {
         Some(r) => Err(ShellError::Config(format!(
@@ -71,6 +79,30 @@ pub(super) fn check_ropes(core: &CoreConfig, roped: u16) -> Result<(), ShellErro
         ))),
         None => Ok(()),
     }
+}
+
+/// What the log says at every start of the racks of `l` that have no
+/// leak rope: those declared unprotected, and every rack when no board
+/// pins are configured (`board`: they are).
+pub(super) fn leak_sensing_notes(l: &Layout, board: bool) -> Vec<String> {
+    let mut notes = Vec::new();
+    if !board {
+        notes.push(
+            "no board pins (board_pins, gpio_chip): no leak rope is read; leaks come from the CDU's leak register only, and while it does not answer leak sensing is lost on every rack"
+                .to_string(),
+        );
+    }
+    let bare: Vec<String> = (0..l.racks.min(16))
+        .filter(|r| l.unprotected & (1 << r) != 0)
+        .map(|r| r.to_string())
+        .collect();
+    if !bare.is_empty() {
+        notes.push(format!(
+            "racks {} have no leak rope (unprotected_racks): a leak there is seen only by the CDU's own leak input, if it has one",
+            bare.join(", ")
+        ));
+    }
+    notes
 }
 
 /// The decision path at start, on a CDU of map `limits`: the core
@@ -272,6 +304,29 @@ fn start_resender(bus: &Bus, recorder: &Recorder, readers: Vec<Signer>) -> Resen
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn racks_without_a_rope_are_said_at_start() {
+        let mut l = CoreConfig::default().layout;
+        assert!(leak_sensing_notes(&l, true).is_empty());
+        let none = leak_sensing_notes(&l, false);
+        assert_eq!(none.len(), 1);
+        assert!(none[0].starts_with("no board pins"), "{none:?}");
+        l.unprotected = 0b1010;
+        let notes = leak_sensing_notes(&l, true);
+        assert_eq!(notes.len(), 1);
+        assert!(
+            notes[0].starts_with("racks 1, 3 have no leak rope"),
+            "{notes:?}"
+        );
+        assert_eq!(leak_sensing_notes(&l, false).len(), 2);
+        // A roped board still refuses a bare rack that is not declared.
+        let mut core = CoreConfig::default();
+        core.layout.unprotected = 0b1000;
+        assert!(check_ropes(&core, Some(0b0111)).is_ok());
+        assert!(check_ropes(&core, Some(0b0011)).is_err());
+        assert!(check_ropes(&core, None).is_ok());
+    }
     use cooling_core::estimate::Scalar;
     use futures::executor::block_on;
     use loopwarden_flash::ConfigStore;

@@ -55,14 +55,31 @@ pub struct Snapshot {
     pub last_read: Option<TimestampMs>,
     /// Every supervised sensor.
     pub sensors: [SensorStatus; 4],
-    /// Leak inputs as last read, bit n = rack n.
+    /// Racks a leak input that answered this step reads wet, bit n =
+    /// rack n.
     pub leaks_now: u16,
+    /// Racks no input reads wet this step but one that did not answer
+    /// read wet when it last did, bit n = rack n: neither wet nor dry is
+    /// known.
+    pub leaks_unheard: u16,
     /// Latched leaks, bit n = rack n.
     pub leaks_latched: u16,
     /// Racks whose leak sensing is lost, bit n = rack n.
     pub sensing_lost: u16,
+    /// Racks declared without a leak rope (`unprotected_racks`), bit n =
+    /// rack n: only the CDU's own leak input, if it has one, watches them.
+    pub unprotected: u16,
+    /// Board pins are configured and the ropes are read; `false`: no rack
+    /// has a rope, leaks come from the CDU's register only.
+    pub ropes: bool,
     /// Racks whose isolation failed (pumps stopped), bit n = rack n.
     pub isolation_failed: u16,
+    /// The valves open, bit n = rack n, as the CDU reads their positions,
+    /// else as it last took them (a close it did not take shows open);
+    /// `None` while neither is known (no position read, no valve write
+    /// of this run taken). What the core commands is in
+    /// [`ShellStats::last`].
+    pub valves_open: Option<u16>,
     /// Pumps out of service after a trip.
     pub pumps_failed: [bool; 2],
     /// The loops.
@@ -123,9 +140,13 @@ impl Snapshot {
                 fault: core.sensor_fault(which),
             }),
             leaks_now: 0,
+            leaks_unheard: 0,
             leaks_latched: core.leaks_latched(),
             sensing_lost: core.sensing_lost(),
+            unprotected: core.config().layout.unprotected,
+            ropes: true,
             isolation_failed: core.isolation_failed(),
+            valves_open: None,
             pumps_failed: core.pumps_failed(),
             loops: core.loops(),
             estimates: Box::new(Estimates::of(core)),

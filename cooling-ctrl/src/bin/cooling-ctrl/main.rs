@@ -14,7 +14,8 @@
 //!   FILE.bin]`: replays a microcontroller's trace (its debug port captured to a file) through
 //!   this machine's decision path and prints, as one JSON object, whether
 //!   every digest agreed and what each step cost it
-//!   (`cooling_ctrl::replay`); exit 1 when one did not.
+//!   (`cooling_ctrl::replay`); exit 1 when one did not, a frame was
+//!   dropped or the capture ends inside one.
 //! - `cooling-ctrl console-password`: reads the serial console's
 //!   password from standard input and prints its hash (docs/cooling.md,
 //!   "Serial console").
@@ -219,11 +220,14 @@ fn replay_trace(a: &ReplayArgs) -> ExitCode {
                 "{}",
                 serde_json::to_string(&r).expect("a report serialises")
             );
-            if r.all_match {
-                ExitCode::SUCCESS
-            } else {
-                eprintln!("cooling-ctrl replay-trace: the digests do not all agree");
-                ExitCode::FAILURE
+            match r.why_not() {
+                None => ExitCode::SUCCESS,
+                Some(why) => {
+                    eprintln!(
+                        "cooling-ctrl replay-trace: not every digest is known to agree: {why}"
+                    );
+                    ExitCode::FAILURE
+                }
             }
         }
         Err(e) => {
