@@ -281,50 +281,30 @@ fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
     })
 }
 
-/// The dates of the CA certificate `der` (the `i`th of the file, of `n`)
-/// when it may be trusted at `now`, or why not: out of its dates, or
-/// dates that cannot be read. The TLS library never checks a trust
-/// anchor's dates, so one that is put in the root store is trusted
-/// however long ago it expired.
-fn ca_in_date(
-    der: &[u8],
-    i: usize,
-    n: usize,
-    path: &Path,
-    now: TimestampMs,
-) -> Result<Validity, String> {
+/// The dates of the CA certificate `der` (the `i`th of the file, of `n`),
+/// or why they cannot be read. The TLS library never checks a trust
+/// anchor's dates, so each CA is trusted only within its own
+/// ([`Anchored`], at each handshake).
+fn ca_dates(der: &[u8], i: usize, n: usize, path: &Path) -> Result<Validity, String> {
     let which = if n > 1 {
         format!(" (certificate {} of the file)", i + 1)
     } else {
         String::new()
     };
-    let what = format!("TLS CA {}{which}", path.display());
-    match validity(der) {
-        None => Err(format!("{what}: its dates cannot be read")),
-        Some(v) if now > v.not_after => Err(format!("{what} expired on {}", day(v.not_after))),
-        Some(v) if now < v.not_before => Err(format!(
-            "{what} is not valid before {} (is this machine's clock right?)",
-            day(v.not_before)
-        )),
-        Some(v) => Ok(v),
-    }
+    validity(der)
+        .ok_or_else(|| format!("TLS CA {}{which}: its dates cannot be read", path.display()))
 }
 
 impl Tls {
-    /// Reads and checks the files at the wall clock's time
-    /// ([`Tls::load_at`]).
+    /// Reads and checks the files: the CA file may be changed by its owner
+    /// only, as a keyring ([`crate::keys::check_trusted`]), and parses,
+    /// its CAs' dates readable; the certificate and key belong together;
+    /// the server name is a name or an address. Each handshake trusts
+    /// only the CAs within their dates at its own time ([`Anchored`]); a
+    /// CA out of its dates now is said at start ([`Tls::say_validity`]),
+    /// not refused, so an agent whose clock is wrong at boot connects
+    /// once it is right.
     pub fn load(files: TlsFiles) -> Result<Tls, TlsError> {
-        Self::load_at(files, crate::now_ms())
-    }
-
-    /// Reads and checks the files as at `now`: the CA file may be changed
-    /// by its owner only, as a keyring ([`crate::keys::check_trusted`]),
-    /// and parses; a CA out of its dates at `now` is left out of the
-    /// trusted roots (and said), and none left is an error; the
-    /// certificate and key belong together; the server name is a name or
-    /// an address. Each handshake trusts only the CAs within their dates
-    /// at its own time ([`Anchored`]).
-    pub fn load_at(files: TlsFiles, now: TimestampMs) -> Result<Tls, TlsError> {
         let ca_err = err(TlsPart::Ca);
         crate::keys::check_trusted(&files.ca, "TLS CA").map_err(&ca_err)?;
         let cas = certs(&files.ca, "TLS CA").map_err(&ca_err)?;
@@ -334,7 +314,7 @@ impl Tls {
         let mut left_out = Vec::new();
         let n = cas.len();
         for (i, c) in cas.into_iter().enumerate() {
-            let dates = match ca_in_date(c.as_ref(), i, n, &files.ca, now) {
+            let dates = match ca_dates(c.as_ref(), i, n, &files.ca) {
                 Ok(dates) => dates,
                 Err(why) => {
                     left_out.push(why);
@@ -351,10 +331,13 @@ impl Tls {
                     .map_err(|e| at(&e))?;
             roots.push((dates, webpki));
         }
+        // A CA out of its dates now is kept, and trusted only within them
+        // (a machine whose clock is wrong at boot connects once it is
+        // right); `validity` says it at start. One whose dates do not read
+        // is never trusted.
         if roots.is_empty() {
             return Err(ca_err(format!(
-                "{}: no CA of the file is valid now, so no broker can be trusted; renew it \
-                 (`lwbus pki`, or the site's PKI)",
+                "{}: no CA of the file can be trusted",
                 left_out.join("; ")
             )));
         }
@@ -545,15 +528,12 @@ mod tests {
             let v = validity::tests_day(y, m, d);
             TimestampMs(v)
         };
-        let tls = Tls::load_at(
-            TlsFiles {
-                ca,
-                cert: Some(crt),
-                key: Some(k),
-                server_name: None,
-            },
-            day(2027, 1, 1),
-        )
+        let tls = Tls::load(TlsFiles {
+            ca,
+            cert: Some(crt),
+            key: Some(k),
+            server_name: None,
+        })
         .expect("loads");
         assert_eq!(tls.validity.len(), 2, "the CA and the certificate");
         assert!(tls.validity_notes(day(2027, 1, 1)).is_empty());
@@ -584,15 +564,12 @@ mod tests {
             &format!("{}{}", cert.pem(), old_ca.pem()),
             0o644,
         );
-        let both = Tls::load_at(
-            TlsFiles {
-                ca: bundle,
-                cert: None,
-                key: None,
-                server_name: None,
-            },
-            day(2027, 6, 1),
-        )
+        let both = Tls::load(TlsFiles {
+            ca: bundle,
+            cert: None,
+            key: None,
+            server_name: None,
+        })
         .expect("loads: one CA is valid");
         let notes = both.validity_notes(day(2027, 6, 1));
         assert_eq!(notes.len(), 1, "{notes:?}");
@@ -629,15 +606,12 @@ mod tests {
             &format!("{}{}", root.pem(), mid.pem()),
             0o644,
         );
-        let chained = Tls::load_at(
-            TlsFiles {
-                ca: chain,
-                cert: None,
-                key: None,
-                server_name: None,
-            },
-            day(2027, 6, 1),
-        )
+        let chained = Tls::load(TlsFiles {
+            ca: chain,
+            cert: None,
+            key: None,
+            server_name: None,
+        })
         .expect("loads");
         let notes = chained.validity_notes(day(2027, 6, 1));
         assert!(notes.len() == 1 && notes[0].0, "an error: {notes:?}");
@@ -728,21 +702,18 @@ mod tests {
             key: None,
             server_name: None,
         };
-        let e = Tls::load(files(&path)).unwrap_err();
-        assert_eq!(e.part, TlsPart::Ca, "{e}");
+        // Out of its dates now: it loads (an agent whose clock is wrong at
+        // boot connects once it is right), is said, and a broker it signed
+        // is refused (the handshake is at the wall clock's time).
+        let tls = Tls::load(files(&path)).expect("loads");
+        let notes = tls.validity_notes(TimestampMs(validity::tests_day(2026, 6, 1)));
         assert!(
-            e.message.contains("ca.crt expired on 2021-01-01 00:00 UTC")
-                && e.message.contains("no CA of the file is valid now"),
-            "{e}"
+            notes
+                .iter()
+                .any(|(error, n)| *error && n.contains("expired on 2021-01-01")),
+            "{notes:?}"
         );
-        let early = Tls::load_at(files(&path), TimestampMs(validity::tests_day(2019, 6, 1)));
-        let e = early.unwrap_err().message;
-        assert!(e.contains("not valid before 2020-01-01"), "{e}");
-        // Loaded while it was valid, by an agent that runs on: a broker it
-        // signed is refused once it has ended (the handshake is at the
-        // wall clock's time).
-        let in_time = Tls::load_at(files(&path), TimestampMs(validity::tests_day(2020, 6, 1)));
-        let e = handshake(&in_time.unwrap(), broker_of(&old)).unwrap_err();
+        let e = handshake(&tls, broker_of(&old)).unwrap_err();
         assert!(
             e.to_string()
                 .contains("no CA of tls_ca is within its dates"),
@@ -827,20 +798,17 @@ mod tests {
         p.not_before = rcgen::date_time_ymd(2020, 1, 1);
         p.not_after = rcgen::date_time_ymd(2090, 1, 1);
         let leaf = p.signed_by(&key, &mid, &mid_key).unwrap();
-        let tls = Tls::load_at(
-            TlsFiles {
-                ca: write(dir.path(), "ca.crt", &root.0.pem(), 0o644),
-                cert: Some(write(
-                    dir.path(),
-                    "h01.crt",
-                    &format!("{}{}", leaf.pem(), mid.pem()),
-                    0o644,
-                )),
-                key: Some(write(dir.path(), "h01.key", &key.serialize_pem(), 0o600)),
-                server_name: None,
-            },
-            TimestampMs(validity::tests_day(2026, 6, 1)),
-        )
+        let tls = Tls::load(TlsFiles {
+            ca: write(dir.path(), "ca.crt", &root.0.pem(), 0o644),
+            cert: Some(write(
+                dir.path(),
+                "h01.crt",
+                &format!("{}{}", leaf.pem(), mid.pem()),
+                0o644,
+            )),
+            key: Some(write(dir.path(), "h01.key", &key.serialize_pem(), 0o600)),
+            server_name: None,
+        })
         .expect("loads");
         assert_eq!(tls.validity.len(), 3, "the CA and both of the chain");
         let notes = tls.validity_notes(TimestampMs(validity::tests_day(2027, 6, 1)));

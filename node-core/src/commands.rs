@@ -536,20 +536,21 @@ impl CommandCore {
     }
 
     /// Takes back the floor of the CDU's states taken before a restart
-    /// ([`CommandCore::state_floor`]): a state at or below it sent again
-    /// after the restart is a replay, as it was before (but the state
-    /// that set it, the retained one delivered again, is a copy). One
-    /// already taken raises it.
-    pub fn restore_state_floor(&mut self, seq: u32, time: TimestampMs) {
+    /// and the seq and stamp of the last one ([`CommandCore::state_floor`]):
+    /// a state at or below the floor sent again after the restart is a
+    /// replay, as it was before, but the last one taken (the retained
+    /// state, delivered again) is a copy. One already taken raises it.
+    pub fn restore_state_floor(&mut self, floor: ReplayFloor, last: (u32, TimestampMs)) {
         match self.last_state.as_mut() {
-            Some((floor, _)) => floor.raise(seq, time),
-            None => self.last_state = Some((ReplayFloor::new(seq, time), (seq, time))),
+            Some((f, _)) => f.raise(floor.seq, floor.time),
+            None => self.last_state = Some((floor, last)),
         }
     }
 
-    /// The floor of the CDU's states taken, to keep across a restart.
-    pub fn state_floor(&self) -> Option<ReplayFloor> {
-        self.last_state.map(|(f, _)| f)
+    /// The floor of the CDU's states taken and the seq and stamp of the
+    /// last one, to keep across a restart.
+    pub fn state_floor(&self) -> Option<(ReplayFloor, (u32, TimestampMs))> {
+        self.last_state
     }
 
     /// Takes back a floor kept before a restart ([`CommandCore::replay_floor`]):
@@ -1180,6 +1181,19 @@ mod tests {
         // A clock stepped back, the counter going on: taken.
         let stepped = sign(good.seq + 6, now.0 + 500);
         assert_eq!(c.cdu_state(&cdu, &topic, &stepped, now), Ok(()));
+        // After a restart, the floor and the last state taken back: the
+        // retained state delivered again is a copy, though below the
+        // floor's stamp; the one before it is a replay.
+        let (floor, last) = c.state_floor().expect("states taken");
+        assert_eq!(last, (stepped.seq, stepped.time));
+        let mut again = CommandCore::new(own(), vec![], Authority::demo(Some(cdu.clone())));
+        again.restore_state_floor(floor, last);
+        assert_eq!(
+            again.cdu_state(&cdu, &topic, &stepped, now),
+            Ok(()),
+            "a copy"
+        );
+        assert!(again.cdu_state(&cdu, &topic, &after, now).is_err());
         // A key not in the keyring: no key.
         let mut other_id = good.clone();
         other_id

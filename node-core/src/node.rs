@@ -292,10 +292,11 @@ pub enum Effect {
     KeepStateFloor {
         /// The CDU whose states they are.
         cdu: Ident,
-        /// The highest sequence number taken.
-        seq: u32,
-        /// The latest stamp taken.
-        time: TimestampMs,
+        /// The highest sequence number and the latest stamp taken.
+        floor: loopwarden_protocol::ReplayFloor,
+        /// The seq and stamp of the last state taken (a copy of it is
+        /// taken again).
+        last: (u32, TimestampMs),
     },
     /// Forget a cooling-loss step kept pending from before the restart:
     /// it is not run (the host is no longer powered down, or the CDU said
@@ -478,10 +479,15 @@ impl Node {
         self.commands.restore_replay_floor(sender, seq);
     }
 
-    /// The last CDU state taken before a restart
-    /// ([`Effect::KeepStateFloor`]): an older one is a replay.
-    pub fn restore_state_floor(&mut self, seq: u32, time: TimestampMs) {
-        self.commands.restore_state_floor(seq, time);
+    /// The floor of the CDU's states taken before a restart, and the
+    /// last one's seq and stamp ([`Effect::KeepStateFloor`]): a state at
+    /// or below the floor is a replay, the last one a copy.
+    pub fn restore_state_floor(
+        &mut self,
+        floor: loopwarden_protocol::ReplayFloor,
+        last: (u32, TimestampMs),
+    ) {
+        self.commands.restore_state_floor(floor, last);
     }
 
     /// A GPU's health kept from before a restart.

@@ -177,8 +177,7 @@ struct Model {
     phase: Phase,
     /// The highest seq and the latest stamp taken, across restarts.
     floor: Option<(u32, u64)>,
-    /// The last state taken (across a restart: the floor): its seq and
-    /// stamp.
+    /// The last state taken, across restarts: its seq and stamp.
     last_taken: Option<(u32, u64)>,
     /// The controller's last sequence number.
     cdu_seq: u32,
@@ -717,10 +716,9 @@ fn restart(m: &mut Model, host: &mut Host, stopped_s: u16) -> Result<(), TestCas
     step(m, host, Input::Stop, &Expect::default(), "the stop")?;
     m.t += u64::from(stopped_s) * 1_000;
     // The floor is kept over the restart (the highest seq and latest
-    // stamp), so a state from before it sent again is still a replay:
-    // the model keeps it, and replays are drawn from before the restart
-    // too. The state that set it is taken again as a copy.
-    m.last_taken = m.floor;
+    // stamp) with the last state taken, so a state from before it sent
+    // again is still a replay, and the last one a copy: the model keeps
+    // both, and replays are drawn from before the restart too.
     *host = host.restarted(m.t);
     let e = m.start();
     check_step(m, host, 0, &e, "the start")
@@ -734,8 +732,7 @@ fn crash(m: &mut Model, host: &mut Host, done: u8, down_s: u16) -> Result<(), Te
     m.t += 100;
     m.ended(usize::from(done));
     m.t += u64::from(down_s) * 1_000;
-    // As at a restart: the floor kept, the state that set it a copy.
-    m.last_taken = m.floor;
+    // As at a restart: the floor and the last state taken kept.
     *host = host.crashed(usize::from(done), m.t);
     let e = m.start();
     check_step(m, host, 0, &e, "the start after a crash")

@@ -112,7 +112,7 @@ enum Job {
         done: Option<oneshot::Sender<Result<u32, String>>>,
     },
     /// Config values, written in order, one job so that none is queued
-    /// without those after it; a refused one stops the rest.
+    /// without those after it; each is tried, the first refusal said.
     Set {
         items: Vec<(String, Vec<u8>)>,
         done: Option<oneshot::Sender<Result<(), String>>>,
@@ -543,9 +543,10 @@ impl Recorder {
 
     /// Keeps every value of `items` without waiting, in order, handed over
     /// as one job so that a full queue never takes one without those
-    /// after it; a value the flash refuses stops those after it. The
-    /// returned channel says when all are in flash, or which was refused.
-    /// An error: none handed over (said).
+    /// after it; a value the flash refuses does not stop those after it
+    /// (a record refused, its new check kept: the pair reads as damaged,
+    /// never as the older record). The returned channel says when all are
+    /// in flash, or the first refused. An error: none handed over (said).
     pub fn set_all_later(
         &self,
         items: Vec<(String, Vec<u8>)>,
@@ -745,7 +746,7 @@ mod tests {
     }
 
     #[test]
-    fn values_handed_over_together_stop_at_the_first_refused() {
+    fn values_handed_over_together_are_all_tried_and_the_first_refused_said() {
         let stores = crate::agent_flash::open(None).expect("a memory flash");
         let r = Recorder::start(stores.log, stores.store, None).expect("the thread");
         let long = "k".repeat(300);
@@ -761,7 +762,7 @@ mod tests {
         );
         let get = |k: &str| futures::executor::block_on(r.get(k.into()));
         assert_eq!(get("rec.a"), Ok(Some(vec![1])), "the one before is kept");
-        assert_eq!(get("rec.a.check"), Ok(None), "none after the refused one");
+        assert_eq!(get("rec.a.check"), Ok(Some(vec![3])), "and the one after");
     }
 
     #[test]

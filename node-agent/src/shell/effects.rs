@@ -73,8 +73,8 @@ impl Agent {
                     super::replay_floor::keep(&self.recorder, sender, seq);
                     continue;
                 }
-                Effect::KeepStateFloor { cdu, seq, time } => {
-                    super::replay_floor::keep_state(&self.recorder, cdu, seq, time);
+                Effect::KeepStateFloor { cdu, floor, last } => {
+                    super::replay_floor::keep_state(&self.recorder, cdu, floor, last);
                     continue;
                 }
                 Effect::DropCooling(step) => {

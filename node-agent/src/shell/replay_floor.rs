@@ -16,7 +16,7 @@
 //!   at or below it is a replay.
 
 use loopwarden_flash::ConfigStore;
-use loopwarden_protocol::{Ident, NodeId, Role, TimestampMs};
+use loopwarden_protocol::{Ident, NodeId, ReplayFloor, Role, TimestampMs};
 use loopwarden_store::agent_flash::Flash;
 use loopwarden_store::recorder::Recorder;
 use node_core::node::Node;
@@ -51,20 +51,60 @@ pub(super) fn keep(recorder: &Recorder, sender: NodeId, seq: u32) {
     }
 }
 
-/// The config-store key of the last CDU state taken.
+/// The config-store key of the floor of the CDU's states taken.
 const STATE_KEY: &str = "replay.cdu-state";
 
-/// What is kept of the last CDU state taken: its CDU, seq and stamp.
+/// What is kept of the CDU's states taken: its CDU, the floor (the
+/// highest seq and the latest stamp), then the last state's seq and
+/// stamp. A record an earlier version kept ends after the floor, which
+/// was then the last state's.
 #[derive(Serialize, Deserialize)]
 struct KeptState {
     cdu: Ident,
     seq: u32,
     time: TimestampMs,
+    last: (u32, TimestampMs),
 }
 
-/// Keeps the last state taken from `cdu`, without waiting.
-pub(super) fn keep_state(recorder: &Recorder, cdu: Ident, seq: u32, time: TimestampMs) {
-    match postcard::to_allocvec(&KeptState { cdu, seq, time }) {
+/// The record an earlier version kept: the last state's seq and stamp.
+#[derive(Deserialize)]
+struct KeptStateV1 {
+    cdu: Ident,
+    seq: u32,
+    time: TimestampMs,
+}
+
+impl KeptState {
+    /// The record in `bytes`, of this version or the one before.
+    fn read(bytes: &[u8]) -> postcard::Result<Self> {
+        postcard::from_bytes::<KeptState>(bytes).or_else(|_| {
+            let v1 = postcard::from_bytes::<KeptStateV1>(bytes)?;
+            let last = (v1.seq, v1.time);
+            Ok(KeptState {
+                cdu: v1.cdu,
+                seq: v1.seq,
+                time: v1.time,
+                last,
+            })
+        })
+    }
+}
+
+/// Keeps the floor of the states taken from `cdu` and the last one's seq
+/// and stamp, without waiting.
+pub(super) fn keep_state(
+    recorder: &Recorder,
+    cdu: Ident,
+    floor: ReplayFloor,
+    last: (u32, TimestampMs),
+) {
+    let kept = KeptState {
+        cdu,
+        seq: floor.seq,
+        time: floor.time,
+        last,
+    };
+    match postcard::to_allocvec(&kept) {
         Ok(value) => recorder.set(STATE_KEY.to_string(), value),
         Err(e) => tracing::error!("{STATE_KEY} not kept: {e}"),
     }
@@ -76,8 +116,10 @@ pub(super) fn keep_state(recorder: &Recorder, cdu: Ident, seq: u32, time: Timest
 pub(super) async fn restore_state(node: &mut Node, cdu: &Ident, store: &mut ConfigStore<Flash>) {
     let mut buf = [0u8; loopwarden_flash::config::MAX_VALUE];
     match store.get(STATE_KEY, &mut buf).await {
-        Ok(Some(n)) => match postcard::from_bytes::<KeptState>(&buf[..n]) {
-            Ok(k) if k.cdu == *cdu => node.restore_state_floor(k.seq, k.time),
+        Ok(Some(n)) => match KeptState::read(&buf[..n]) {
+            Ok(k) if k.cdu == *cdu => {
+                node.restore_state_floor(ReplayFloor::new(k.seq, k.time), k.last)
+            }
             Ok(_) => {}
             Err(e) => tracing::warn!(
                 "the last state of cdu/{cdu} taken: unreadable in flash ({e}); a state sent \
@@ -156,8 +198,43 @@ mod tests {
             cdu: Ident::new(&long).unwrap(),
             seq: u32::MAX,
             time: TimestampMs(u64::MAX),
+            last: (u32::MAX, TimestampMs(u64::MAX)),
         };
         let bytes = postcard::to_allocvec(&state).unwrap();
         assert!(bytes.len() <= loopwarden_flash::config::MAX_VALUE);
+    }
+
+    /// A record an earlier version kept (the last state's seq and stamp
+    /// alone) reads as a floor and a last state both of them.
+    #[test]
+    fn a_state_record_of_the_version_before_reads_as_its_floor_and_last() {
+        #[derive(Serialize)]
+        struct Before {
+            cdu: Ident,
+            seq: u32,
+            time: TimestampMs,
+        }
+        let cdu = Ident::new("cdu1").unwrap();
+        let old = Before {
+            cdu: cdu.clone(),
+            seq: 7,
+            time: TimestampMs(1_000),
+        };
+        let k = KeptState::read(&postcard::to_allocvec(&old).unwrap()).unwrap();
+        assert_eq!(
+            (k.seq, k.time, k.last),
+            (7, TimestampMs(1_000), (7, TimestampMs(1_000)))
+        );
+        let new = KeptState {
+            cdu,
+            seq: 100,
+            time: TimestampMs(2_000),
+            last: (3, TimestampMs(2_000)),
+        };
+        let k = KeptState::read(&postcard::to_allocvec(&new).unwrap()).unwrap();
+        assert_eq!(
+            (k.seq, k.time, k.last),
+            (100, TimestampMs(2_000), (3, TimestampMs(2_000)))
+        );
     }
 }

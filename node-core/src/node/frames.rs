@@ -79,11 +79,11 @@ impl Node {
             ));
             return;
         }
-        if let Some(floor) = self.commands.state_floor() {
+        if let Some((floor, last)) = self.commands.state_floor() {
             out.push(Effect::KeepStateFloor {
                 cdu: c.cdu.clone(),
-                seq: floor.seq,
-                time: floor.time,
+                floor,
+                last,
             });
         }
         let lost = rack_lost(c, st, out);

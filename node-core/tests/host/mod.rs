@@ -23,8 +23,8 @@ use std::collections::VecDeque;
 use loopwarden_protocol::samples::{self, demo_signing_key, T0};
 use loopwarden_protocol::{
     Ack, CapLease, CapSource, CommandAuth, CoolingStep, DurationMs, Event, Frame, GpuCap, GpuIndex,
-    GpuSelector, HealthState, Ident, Message, NodeId, QuarantineRelease, ReasonCode, Role, Text,
-    TimestampMs, Topic, Watts, WholeCelsius,
+    GpuSelector, HealthState, Ident, Message, NodeId, QuarantineRelease, ReasonCode, ReplayFloor,
+    Role, Text, TimestampMs, Topic, Watts, WholeCelsius,
 };
 use node_core::caps::{GpuRange, LeaseLimits};
 use node_core::commands::Authority;
@@ -84,7 +84,7 @@ pub struct Host {
     /// [`Kept`] begins with the floors it was given).
     pub kept_floors: Vec<(NodeId, u32)>,
     /// The last CDU state's floor kept in flash.
-    pub kept_state_floor: Option<(u32, TimestampMs)>,
+    pub kept_state_floor: Option<(ReplayFloor, (u32, TimestampMs))>,
     pub logged_commands: usize,
     /// The command frames logged to flash, in order (a restart takes
     /// back the leases among them).
@@ -142,7 +142,7 @@ pub struct Kept {
     pub pending: Vec<CoolingStep>,
     pub floors: Vec<(NodeId, u32)>,
     /// The last CDU state taken: its seq and stamp.
-    pub state_floor: Option<(u32, TimestampMs)>,
+    pub state_floor: Option<(ReplayFloor, (u32, TimestampMs))>,
     pub health: [Option<GpuStatus>; GPUS],
 }
 
@@ -241,8 +241,8 @@ impl Host {
         for (sender, seq) in &kept.floors {
             node.restore_replay_floor(sender, *seq);
         }
-        if let Some((seq, time)) = kept.state_floor {
-            node.restore_state_floor(seq, time);
+        if let Some((floor, last)) = kept.state_floor {
+            node.restore_state_floor(floor, last);
         }
         Self {
             node,
@@ -377,8 +377,8 @@ impl Host {
                     self.kept_floors.push((sender, seq));
                     continue;
                 }
-                Effect::KeepStateFloor { seq, time, .. } => {
-                    self.kept_state_floor = Some((seq, time));
+                Effect::KeepStateFloor { floor, last, .. } => {
+                    self.kept_state_floor = Some((floor, last));
                     continue;
                 }
                 Effect::Say(..) | Effect::Reprobe => continue,

@@ -400,10 +400,16 @@ impl Worker {
                 }
             }
             Job::Set { items, done } => {
-                let r = items.iter().try_for_each(|(key, value)| {
-                    futures::executor::block_on(self.store.set(key, value))
-                        .map_err(|e| format!("{key} not kept in flash: {e}"))
-                });
+                // Every value is tried, a refused one said first: a record
+                // refused with its check kept after it reads as damaged,
+                // where stopping would leave the older record and its
+                // check agreeing.
+                let mut r = Ok(());
+                for (key, value) in &items {
+                    let kept = futures::executor::block_on(self.store.set(key, value))
+                        .map_err(|e| format!("{key} not kept in flash: {e}"));
+                    r = r.and(kept);
+                }
                 match (done, r) {
                     (Some(done), r) => {
                         let _ = done.send(r);
