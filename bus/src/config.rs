@@ -78,7 +78,12 @@ impl FromStr for BrokerAddr {
                 "a URL scheme other than mqtt:// is not taken: use host:port, and tls_ca for TLS",
             ));
         }
-        let ipv6 = |host: &str| host.parse::<std::net::Ipv6Addr>().is_ok();
+        // An IPv6 address, with a zone after `%` (a link-local one's
+        // interface) taken as the system resolves it.
+        let ipv6 = |host: &str| {
+            let (addr, zone) = host.split_once('%').unwrap_or((host, "x"));
+            !zone.is_empty() && addr.parse::<std::net::Ipv6Addr>().is_ok()
+        };
         let (host, port) = if let Some(rest) = s.strip_prefix('[') {
             let (host, after) = rest.split_once(']').ok_or(err("unclosed '['"))?;
             if !ipv6(host) {
@@ -388,6 +393,14 @@ mod tests {
         );
         let e = "[broker.hall]:8883".parse::<BrokerAddr>().unwrap_err();
         assert!(e.to_string().contains("not an IPv6 address"), "{e}");
+        // A link-local address with its zone is an address.
+        let zoned: BrokerAddr = "[fe80::1%eth0]:1883".parse().unwrap();
+        assert_eq!((zoned.host.as_str(), zoned.port), ("fe80::1%eth0", 1883));
+        assert!("fe80::1%eth0".parse::<BrokerAddr>().is_ok());
+        assert!(
+            "[fe80::1%]:1883".parse::<BrokerAddr>().is_err(),
+            "an empty zone"
+        );
         let e = "n1:4001,mqtts://n2:8883".parse::<Brokers>().unwrap_err();
         assert!(e.to_string().starts_with("entry 2 of 2: "), "{e}");
     }

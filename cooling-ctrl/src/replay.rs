@@ -21,7 +21,7 @@ use cooling_core::CoreConfig;
 use cooling_decide::MapLimits;
 use loopwarden_link::frame::{max_frame, Deframer, Fed, END};
 use loopwarden_link::trace::{Replayer, Trace};
-use loopwarden_link::MAX_MESSAGE;
+use loopwarden_link::{SeqWatch, MAX_MESSAGE};
 use serde::Serialize;
 
 /// What a replay found.
@@ -43,6 +43,10 @@ pub struct ReplayReport {
     pub orphans: u64,
     /// The capture ends inside a frame: its bytes are not read.
     pub partial_frame_left: bool,
+    /// Frames the firmware numbered and never sent, by the gaps in their
+    /// numbers (its trace queue full): a digest among them was never
+    /// compared.
+    pub frames_lost: u64,
     /// Every digest agreed, there was at least one, no frame was dropped
     /// and none is left partial at the end (a frame not read may have
     /// held a digest that disagreed).
@@ -85,6 +89,12 @@ impl ReplayReport {
         }
         if self.partial_frame_left {
             why.push("the capture ends inside a frame".into());
+        }
+        if self.frames_lost > 0 {
+            why.push(format!(
+                "{} frames never sent (gaps in their numbers)",
+                self.frames_lost
+            ));
         }
         if self.compared == 0 {
             why.push("no digest to compare".into());
@@ -132,6 +142,7 @@ pub fn replay(
     let mut r = Replayer::new(cfg, limits).map_err(ReplayError::Config)?;
     let mut d = Box::new(Deframer::<{ max_frame(MAX_MESSAGE) }>::default());
     let mut dropped = BTreeMap::new();
+    let mut numbers = SeqWatch::default();
     let (mut records, mut insn, mut stack) = (0u64, Vec::new(), None::<u32>);
     // Bytes after the last end of frame: a frame cut off.
     let partial = capture.last().is_some_and(|b| *b != END);
@@ -139,7 +150,10 @@ pub fn replay(
         let t = match d.push(*b) {
             Fed::More => continue,
             Fed::Dropped(e) => Err(e),
-            Fed::Frame(f) => f.message::<Trace>(),
+            Fed::Frame(f) => {
+                numbers.hear(f.seq);
+                f.message::<Trace>()
+            }
         };
         match t {
             Ok(t) => {
@@ -159,8 +173,9 @@ pub fn replay(
         compared: r.compared,
         matched: r.matched,
         orphans: r.orphans,
-        all_match: r.all_match() && dropped.is_empty() && !partial,
+        all_match: r.all_match() && dropped.is_empty() && !partial && numbers.lost == 0,
         partial_frame_left: partial,
+        frames_lost: numbers.lost,
         frames_dropped: dropped,
         first_mismatch: r.first_mismatch.map(|m| (m.input, m.theirs, m.ours)),
         steps: insn.len() as u64,
@@ -293,6 +308,26 @@ mod tests {
         // Every digest heard agreed: the one not heard may not have.
         assert_eq!(r.matched, r.compared, "{r:?}");
         assert!(!r.all_match, "{r:?}");
+    }
+
+    /// A digest the firmware numbered and never sent (its trace queue
+    /// full) leaves a gap in the numbers, never a frame to drop.
+    #[test]
+    fn a_digest_never_sent_is_no_longer_all_match() {
+        let mut c = capture(12);
+        let (start, end) = last_frame(&c, |t| matches!(t, Trace::Digest(_)));
+        c.drain(start..=end);
+        let r = replay(&c, CoreConfig::default(), limits()).unwrap();
+        assert!(
+            r.frames_dropped.is_empty() && !r.partial_frame_left,
+            "{r:?}"
+        );
+        assert_eq!(r.frames_lost, 1, "{r:?}");
+        assert!(!r.all_match, "{r:?}");
+        assert_eq!(
+            r.why_not().as_deref(),
+            Some("1 frames never sent (gaps in their numbers)")
+        );
     }
 
     #[test]

@@ -687,5 +687,20 @@ mod tests {
         // Never sampled at all: the XID still shows.
         g.last = None;
         assert!(text(&g).contains(&line), "{}", text(&g));
+        assert!(text(&g).contains("DCGM_FI_DEV_POWER_MGMT_LIMIT_MAX{"));
+    }
+
+    /// A GPU whose description failed at start has the board's figures
+    /// for its limits: not shown as the GPU's.
+    #[test]
+    fn the_limits_of_a_gpu_never_described_are_not_exported_as_its_own() {
+        let mut g = view();
+        g.info.uuid = "unknown".into();
+        g.responsive = false;
+        let t = text(&g);
+        for field in ["MIN", "MAX", "DEF"] {
+            let name = format!("DCGM_FI_DEV_POWER_MGMT_LIMIT_{field}{{");
+            assert!(!t.contains(&name), "{name} in\n{t}");
+        }
     }
 }

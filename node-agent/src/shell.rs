@@ -455,7 +455,7 @@ fn start_readers(
 }
 
 /// What a GPU's UUID reads as when its description failed.
-const UNKNOWN_UUID: &str = "unknown";
+pub(crate) const UNKNOWN_UUID: &str = "unknown";
 
 /// A GPU's identity in the keys of its kept records (its health, its
 /// quarantine's stamp): the 64-bit FNV-1a hash of its UUID, since a UUID

@@ -374,7 +374,10 @@ impl Core {
         }
         self.want_presence(Want::End(goodbye.map(Box::new)));
         self.place_queued();
-        let in_flash = self.session.deferred();
+        // Ready, the outbox was read after the subscription: frames still
+        // deferred were not read back, or found no room. Before it, the
+        // outbox is simply not read yet (it may well be empty).
+        let in_flash = self.ready && self.session.deferred();
         let _ = leaving
             .answer
             .send(leaving_answer(connected, unacknowledged, in_flash));
@@ -867,6 +870,16 @@ mod tests {
         assert!(
             matches!(answer, Err(PublishError::Unacknowledged { count: 1 })),
             "the announcement is not acknowledged: {answer:?}"
+        );
+        // With an outbox not read yet (it is read after the subscription):
+        // nothing is said left in flash that may not be there.
+        let outbox: Box<dyn DurableOutbox> = Box::new(Unreadable);
+        let mut h = harness(Some(Arc::new(std::sync::Mutex::new(outbox))));
+        h.core.on_connack(&mut h.eventloop, connack());
+        let answer = shutdown(&mut h.core).blocking_recv().expect("answered");
+        assert!(
+            matches!(answer, Err(PublishError::Unacknowledged { count: 1 })),
+            "{answer:?}"
         );
     }
 

@@ -254,9 +254,6 @@ pub struct Bridge {
     /// The setpoint a silent MCU's state shows when it never said one, °C.
     failsafe_setpoint_c: f32,
     deframer: Box<Deframer<FRAME_MAX>>,
-    /// The next frame down goes after an end byte of its own (the line
-    /// opened: [`Bridge::line_opened`]).
-    lead_end: bool,
     seq: SeqWatch,
     /// The last frame checked (taken, or its message unread): its number
     /// and message bytes.
@@ -291,7 +288,6 @@ impl Bridge {
             layout,
             failsafe_setpoint_c,
             deframer: Box::default(),
-            lead_end: true,
             seq: SeqWatch::default(),
             last_in: None,
             restart_unread: false,
@@ -472,30 +468,23 @@ impl Bridge {
         }
     }
 
-    /// `down` as the next frame to the MCU; the first since the line
-    /// opened goes after an end byte of its own.
+    /// `down` as the next frame to the MCU.
     pub fn frame(&mut self, down: &Down) -> Result<Vec<u8>, EncodeError> {
         let mut scratch = vec![0u8; MAX_MESSAGE + OVERHEAD];
         let mut out = vec![0u8; FRAME_MAX];
         let n = encode(down, self.out_seq, &mut scratch, &mut out)?;
         self.out_seq = self.out_seq.wrapping_add(1);
         out.truncate(n);
-        if std::mem::take(&mut self.lead_end) {
-            out.insert(0, loopwarden_link::frame::END);
-        }
         Ok(out)
     }
 
     /// The line opened (again): bytes of a frame begun on the line before
     /// (a serial adapter unplugged, a TCP line's server restarted) are
     /// dropped, not glued onto the first frame of this one (the MCU's
-    /// hello, after its own restart); and the first frame down goes after
-    /// an end byte of its own, so a frame the MCU was taking when the
-    /// line went ends there, as one that does not read, and this one reads
-    /// whole.
+    /// hello, after its own restart). (The line writes an end byte
+    /// first, for the MCU's side: `super::link`.)
     pub fn line_opened(&mut self) {
         *self.deframer = Deframer::default();
-        self.lead_end = true;
     }
 
     /// A frame to the MCU was written (`true`), or not.
@@ -1067,21 +1056,6 @@ mod tests {
         );
         let c = b.counts();
         assert_eq!((c.frames_in, c.dropped.total()), (1, 0), "{c:?}");
-        // Down, the first frame after the line opened ends what the MCU
-        // was taking before it: the MCU's deframer reads it whole.
-        let first = b.frame(&Down::Outdoor(12.0)).unwrap();
-        assert_eq!(first[0], loopwarden_link::frame::END);
-        let second = b.frame(&Down::Outdoor(12.5)).unwrap();
-        assert_ne!(second[0], loopwarden_link::frame::END, "only the first");
-        let mut mcu = Deframer::<FRAME_MAX>::default();
-        let mut read = Vec::new();
-        let wire = [&second[..second.len() / 2], &first[..], &second[..]].concat();
-        for byte in wire {
-            if let Fed::Frame(f) = mcu.push(byte) {
-                read.push(f.message::<Down>().unwrap());
-            }
-        }
-        assert_eq!(read, [Down::Outdoor(12.0), Down::Outdoor(12.5)]);
     }
 
     #[test]

@@ -14,10 +14,11 @@
 //! - The coordinator's plan, heard on the bus, is followed: its water
 //!   goes down when it differs from the last sent, or when the last went
 //!   [`RENEW_EVERY_MS`] ago (the core drops a target not renewed for
-//!   [`FACILITY_TARGET_STALE_MS`]; it is renewed only when the plan is
-//!   heard again, so the MCU never holds a plan longer than `run`
-//!   would), and again when the MCU starts again while the plan is in
-//!   force (it forgets it; the gateway outlives it).
+//!   [`cooling_core::FACILITY_TARGET_STALE_MS`] from when it comes; it is renewed only
+//!   when the plan is heard again), and again when the MCU starts again
+//!   (it forgets it; the gateway outlives it). A plan goes down only
+//!   while it is at most [`SENT_AGE_MAX_MS`] old, so the MCU holds it at
+//!   most that much longer than `run` would.
 //! - When this CDU is the hall's coordinator, the gateway plans as `run`
 //!   does ([`crate::facility::Coordinator`], pure), from the offers heard
 //!   and its MCU's, with the outdoor temperature of the MCU's last status
@@ -28,7 +29,7 @@
 //! - *steady ms*: the gateway's monotonic clock, ms since it started.
 
 use cooling_core::facility::Offer;
-use cooling_core::{CoreConfig, FACILITY_TARGET_STALE_MS};
+use cooling_core::CoreConfig;
 use loopwarden_protocol::message::{CduState, FacilityOffer, FacilityState};
 use loopwarden_protocol::Ident;
 
@@ -89,7 +90,10 @@ impl HallPart {
     pub fn restarted(&mut self, now_ms: u64) -> Option<f32> {
         self.offer = None;
         let (water_c, age_ms) = self.link.following(now_ms)?;
-        (self.sendable && age_ms < FACILITY_TARGET_STALE_MS).then(|| self.send(water_c, now_ms))
+        // The MCU holds what it is sent a plan's whole life from when it
+        // comes: a plan older than a live coordinator's ever is does not
+        // go down again.
+        (self.sendable && age_ms <= SENT_AGE_MAX_MS).then(|| self.send(water_c, now_ms))
     }
 
     /// CDU `from`'s retained state `st`, heard at `now_ms` and `age_ms`
@@ -161,6 +165,7 @@ impl HallPart {
 mod tests {
     use super::*;
     use crate::facility::offer_msg;
+    use cooling_core::FACILITY_TARGET_STALE_MS;
     use cooling_decide::facility::celsius;
     use loopwarden_protocol::message::FacilityPlan;
     use loopwarden_protocol::{samples, Message, MessageKind};
@@ -230,9 +235,9 @@ mod tests {
             h.heard(&c, &planned(31.0), 1_000, SENT_AGE_MAX_MS),
             Some(31.0)
         );
-        let end = FACILITY_TARGET_STALE_MS - SENT_AGE_MAX_MS + 1_000;
-        assert_eq!(h.restarted(end - 1), Some(31.0));
-        assert_eq!(h.restarted(end), None);
+        let end = 1_000 + 1;
+        assert_eq!(h.restarted(end - 1), Some(31.0), "as old as may go down");
+        assert_eq!(h.restarted(end), None, "older: not again");
     }
 
     #[test]

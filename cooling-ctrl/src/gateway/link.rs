@@ -205,12 +205,17 @@ async fn wait_unsent(
 }
 
 /// Carries bytes both ways until the line fails (why), or the gateway
-/// is gone (`None`).
+/// is gone (`None`). An end byte goes first on each line opened: a frame
+/// the MCU was taking when the line went ends there, as one that does
+/// not read, and the first frame of this line reads whole.
 async fn serve(
     mut line: Box<dyn Line>,
     frames: &mut mpsc::Receiver<Vec<u8>>,
     events: &mpsc::Sender<LinkEvent>,
 ) -> Option<String> {
+    if let Err(e) = line.write_all(&[loopwarden_link::frame::END]).await {
+        return Some(format!("writing: {e}"));
+    }
     let mut buf = [0u8; 1024];
     loop {
         tokio::select! {
@@ -286,14 +291,19 @@ mod tests {
         assert_eq!(got, b"up\0");
         link.to_mcu.send(b"down\0".to_vec()).await.unwrap();
         assert_eq!(link.events.recv().await, Some(LinkEvent::Wrote(true)));
-        let mut buf = [0u8; 5];
+        // An end byte first on the line, then the frame.
+        let mut buf = [0u8; 6];
         mcu.read_exact(&mut buf).await.unwrap();
-        assert_eq!(&buf, b"down\0");
-        // The MCU's side closes; the link is lost, then open again.
+        assert_eq!(&buf, b"\0down\0");
+        // The MCU's side closes; the link is lost, then open again, with a
+        // frame handed over while it was closed.
         drop(mcu);
         assert_eq!(link.events.recv().await, Some(LinkEvent::Open(false)));
-        let (_mcu, _) = listener.accept().await.unwrap();
-        assert_eq!(link.events.recv().await, Some(LinkEvent::Open(true)));
+        link.to_mcu.send(b"next\0".to_vec()).await.unwrap();
+        let (mut mcu, _) = listener.accept().await.unwrap();
+        let mut first = [0u8; 1];
+        mcu.read_exact(&mut first).await.unwrap();
+        assert_eq!(first, [0], "an end byte first on the new line");
         link.task.abort();
     }
 }

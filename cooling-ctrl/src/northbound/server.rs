@@ -236,8 +236,7 @@ impl tokio_modbus::server::Service for Service {
 /// `snapshots` until the task is dropped, as the map's unit id (requests for other units get no answer, see
 /// [`addressed`]). `writes`:
 /// where accepted writes go (`None`: writes are disabled and refused with
-/// exception 1); give it room for a few (a multiple write of every
-/// register takes 4 places, 3 when the alarm acknowledge is written 0), a
+/// exception 1); each request's writes take one place together, and a
 /// full channel refuses with exception 6. A map [`check_map`] refuses is an `InvalidInput`
 /// error before anything is served. When the snapshot sender is dropped it
 /// goes on serving the last snapshot (its `uptime` no longer advances).

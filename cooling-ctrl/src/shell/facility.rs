@@ -187,7 +187,8 @@ fn moved(sent: Option<&FacilityState>, now: &FacilityState) -> bool {
 }
 
 /// Another CDU's retained state in `msg`, who sent it, and how old it is
-/// by its stamp, ms (0 for a stamp ahead of `wall_ms`, Unix ms): a CDU's
+/// by its stamp, ms, less [`CLOCKS_APART_MS`] (0 for a stamp ahead of
+/// `wall_ms`, Unix ms, or within that of it): a CDU's
 /// state on its own `health` topic, not `me`'s, stamped within
 /// [`FACILITY_TARGET_STALE_MS`] of `wall_ms`. An older one (a silent
 /// controller's retained state, delivered again at every connection, or
@@ -221,12 +222,17 @@ pub fn hall_state<'a>(
         );
         return None;
     }
-    Some((
-        &msg.topic.node,
-        st,
-        wall_ms.saturating_sub(msg.frame.time.0),
-    ))
+    let age_ms = wall_ms
+        .saturating_sub(msg.frame.time.0)
+        .saturating_sub(CLOCKS_APART_MS);
+    Some((&msg.topic.node, st, age_ms))
 }
+
+/// How far two controllers' clocks may be apart without a state's age
+/// counting against it, ms: a state is taken as this much younger than
+/// its stamp says, so a live CDU's offer (said at least every minute) is
+/// never stale between two on clocks this far apart.
+pub const CLOCKS_APART_MS: u64 = 30_000;
 
 /// The subscription to every CDU's state of `site` (the coordinator's
 /// plan, the other CDUs' offers).
@@ -353,7 +359,11 @@ mod tests {
         let far = inbound("cdu-1", st.clone(), wall + FACILITY_TARGET_STALE_MS + 1);
         assert!(hall_state(&far, &id("cdu-2"), wall).is_none(), "far ahead");
         let (_, _, age) = hall_state(&fresh, &id("cdu-2"), wall).expect("taken");
-        assert_eq!(age, FACILITY_TARGET_STALE_MS, "as old as its stamp");
+        assert_eq!(
+            age,
+            FACILITY_TARGET_STALE_MS - CLOCKS_APART_MS,
+            "as old as its stamp, clocks apart allowed for"
+        );
         let (_, _, age) = hall_state(&ahead, &id("cdu-2"), wall).expect("taken");
         assert_eq!(age, 0, "ahead: no age");
         let old = inbound("cdu-1", st.clone(), wall - FACILITY_TARGET_STALE_MS - 1);

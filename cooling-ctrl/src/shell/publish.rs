@@ -349,9 +349,9 @@ fn valves_written(d: &Decider, c: &Commands) -> u16 {
 }
 
 /// The valves open as the CDU has them (bit n = rack n, of `racks`): as
-/// `r` reads their positions, else as it last took them; `None` when
-/// neither is known (before a valve write of this run went in, on a map
-/// without positions, or with the CDU silent).
+/// `r` reads their positions, else as it last took them (with the CDU
+/// silent too: the last it took); `None` when neither is known (before a
+/// valve write of this run went in, on a map without positions).
 fn valves_held(d: &Decider, r: Option<&CduMeasurements>, racks: u8) -> Option<u16> {
     let all = cooling_core::safety::all_racks(usize::from(racks));
     r.and_then(|r| r.valves_closed)

@@ -23,9 +23,10 @@
 //!   password's check) and takes no input meanwhile.
 //! - *idle*: nothing typed, and nothing answered or written, for the idle
 //!   time; the clock counts from the last key kept, the last answer or
-//!   the end of the last write, whichever came last. A session at the
-//!   password prompt is never closed idle: closing it would show the
-//!   rest of the password as it is typed.
+//!   the end of the last write, whichever came last (a key typed hidden,
+//!   a password's, counts). A session closed idle at the password prompt
+//!   takes the rest of that line hidden and drops it, so no part of a
+//!   password is ever shown or read as a command.
 
 use super::line::{Edit, LineEditor};
 use super::record::{CloseReason, What};
@@ -128,6 +129,9 @@ pub struct Session {
     last_ms: u64,
     refused: u32,
     locked_until_ms: u64,
+    /// A session closed at the password prompt: the rest of that line is
+    /// taken hidden and dropped, never echoed nor read as a command.
+    dropping: bool,
 }
 
 /// What [`Session::input`] did with the bytes.
@@ -159,6 +163,7 @@ impl Session {
             last_ms: 0,
             refused: 0,
             locked_until_ms: 0,
+            dropping: false,
         }
     }
 
@@ -201,10 +206,10 @@ impl Session {
     }
 
     /// When an open session that nobody types in is closed (ms); none
-    /// while it is busy or at the password prompt.
+    /// while it is busy. One closed at the password prompt keeps the rest
+    /// of that line hidden, and drops it.
     pub fn idle_deadline(&self) -> Option<u64> {
-        let waits = self.open && self.busy.is_none() && self.login != Login::Password;
-        waits.then(|| self.last_ms + self.settings.idle_ms)
+        (self.open && self.busy.is_none()).then(|| self.last_ms + self.settings.idle_ms)
     }
 
     /// What the session said was written out by `now`: the idle time
@@ -230,7 +235,9 @@ impl Session {
         for (i, &b) in bytes.iter().enumerate() {
             let before = echo.len();
             let edit = self.editor.feed(b, &mut echo);
-            if echo.len() > before || edit.is_some() {
+            // A key kept is activity, a hidden one (a password) too.
+            let hidden = self.login == Login::Password;
+            if echo.len() > before || edit.is_some() || hidden {
                 self.last_ms = now;
             }
             let Some(edit) = edit else { continue };
@@ -253,6 +260,12 @@ impl Session {
     }
 
     fn on_edit(&mut self, now: u64, edit: Edit, out: &mut Vec<Effect>) {
+        if std::mem::take(&mut self.dropping) {
+            // The rest of a password whose session closed: dropped.
+            self.editor.set_hidden(false);
+            out.push(Effect::Write(self.prompt()));
+            return;
+        }
         if !self.open {
             self.open = true;
             out.push(Effect::Record(What::SessionOpened));
@@ -404,6 +417,7 @@ impl Session {
     /// Ends the session for `why`: its record, a word, and the greeting.
     fn close(&mut self, why: CloseReason, out: &mut Vec<Effect>) {
         let logged_in = self.login == Login::In;
+        let at_prompt = self.login == Login::Password;
         out.push(Effect::Record(What::SessionClosed { why, logged_in }));
         let word = match (why, logged_in) {
             (CloseReason::Idle, true) => {
@@ -419,6 +433,11 @@ impl Session {
             (_, false) => "session closed".into(),
         };
         self.reset();
+        if at_prompt {
+            // What is typed next is the rest of the password.
+            self.editor.set_hidden(true);
+            self.dropping = true;
+        }
         out.push(Effect::Write(crlf(&format!("{word}\n"))));
         out.push(self.greeting());
     }

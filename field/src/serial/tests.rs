@@ -261,19 +261,25 @@ fn the_password_after_a_refused_login_is_never_echoed() {
 }
 
 #[test]
-fn a_session_at_the_password_prompt_is_not_closed_idle() {
+fn a_session_closed_idle_at_the_password_prompt_drops_the_rest_of_it_hidden() {
     let mut s = Session::new(settings(true), COMMANDS);
     type_in(&mut s, 0, b"login\r");
     let (text, _) = type_in(&mut s, 100_000, b"s3cr");
     assert_eq!(text, "");
-    assert_eq!(s.idle_deadline(), None);
-    assert!(s.tick(1_000_000).is_empty());
-    // The rest of the password, typed long after: still hidden.
-    let (text, rest) = type_in(&mut s, 1_000_001, b"et-pass\r");
-    assert_eq!(text, "\r\n");
-    assert_eq!(rest, [Effect::Verify("s3cret-pass".into())]);
-    s.verified(1_000_500, false);
-    assert_eq!(s.idle_deadline(), Some(1_300_500));
+    // Left at the prompt: closed idle, as any session.
+    assert_eq!(s.idle_deadline(), Some(400_000));
+    let (text, _) = split(s.tick(400_000));
+    assert!(text.contains("session closed after 300 s idle"), "{text}");
+    // The rest of the password, typed after: never shown, never a
+    // command, never checked.
+    let (text, rest) = type_in(&mut s, 500_000, b"et-pass\r");
+    assert!(
+        !text.contains("et-pass") && !text.contains("unknown"),
+        "{text:?}"
+    );
+    assert!(rest.is_empty(), "{rest:?}");
+    let (text, _) = type_in(&mut s, 501_000, b"status\r");
+    assert!(text.contains("status"), "echoed again: {text:?}");
 }
 
 #[test]

@@ -144,21 +144,21 @@ const FIELDS: &[Field] = &[
             "DCGM_FI_DEV_POWER_MGMT_LIMIT_MIN",
             "Minimum power management limit (in W).",
         ),
-        |g| Some(g.info.min_limit.0.into()),
+        |g| described(g).then(|| g.info.min_limit.0.into()),
     ),
     gpu_field(
         M::gauge(
             "DCGM_FI_DEV_POWER_MGMT_LIMIT_MAX",
             "Maximum power management limit (in W).",
         ),
-        |g| Some(g.info.max_limit.0.into()),
+        |g| described(g).then(|| g.info.max_limit.0.into()),
     ),
     gpu_field(
         M::gauge(
             "DCGM_FI_DEV_POWER_MGMT_LIMIT_DEF",
             "Default power management limit (in W).",
         ),
-        |g| Some(g.info.default_limit.0.into()),
+        |g| described(g).then(|| g.info.default_limit.0.into()),
     ),
     field(
         M::gauge(
@@ -281,6 +281,13 @@ const FIELDS: &[Field] = &[
         |s| flag(s, GpuFlags::REMAP_PENDING),
     ),
 ];
+
+/// Whether GPU `g` was described by the GPU itself: its limits were read
+/// from it, not taken from the board's figures (a GPU that did not answer
+/// at start), which are not shown as the GPU's.
+fn described(g: &GpuView) -> bool {
+    g.info.uuid != crate::shell::UNKNOWN_UUID
+}
 
 /// Writes every DCGM field of GPU `g`, with `labels`: those of its last
 /// sample only while it answers (nothing of a sample that did not answer

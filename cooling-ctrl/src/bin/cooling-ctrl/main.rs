@@ -356,20 +356,7 @@ async fn start_northbound(
             "disabled"
         }
     );
-    let mut map = northbound::northbound_map();
-    map.unit_id = config.northbound_unit_id;
-    // The ceiling the BMS may write: the setpoints the core holds it to,
-    // the site's tightened to the CDU's map.
-    let mut core = config.core;
-    if let Some(cdu_map) = &config.map {
-        cooling_decide::writes::tighten(&mut core, &cooling_ctrl::modbus::map_limits(cdu_map));
-    }
-    let (lo, hi) = (core.cdu.min_setpoint_c, core.cdu.max_setpoint_c);
-    match northbound::fit_setpoint_ceiling(&mut map, lo, hi) {
-        Ok(None) => {}
-        Ok(Some(note)) => tracing::warn!("cooling-ctrl: northbound: {note}"),
-        Err(e) => return Err(format!("cooling-ctrl: {e}")),
-    }
+    let map = served_map(config);
     let limits = config.northbound_limits;
     let task = listen::bind_retrying(
         "northbound Modbus server",
@@ -388,6 +375,33 @@ async fn start_northbound(
         writes: writes_rx,
     };
     Ok((Some(link), Some(task)))
+}
+
+/// The northbound map served: the shipped one at the configured unit, its
+/// `setpoint_ceiling` held to the setpoints `run`'s core asks for (the
+/// site's, tightened to the CDU's map) when the BMS may write. Not on a
+/// gateway, whose microcontroller holds the ceiling to the figures it was
+/// built with; a site whose setpoints miss the register's range is said,
+/// and served the register as shipped (the core holds what is written).
+fn served_map(config: &config::Config) -> loopwarden_boards::modbus_map::RegisterMap {
+    let mut map = northbound::northbound_map();
+    map.unit_id = config.northbound_unit_id;
+    if !config.northbound_writes || config.link.is_none() {
+        return map;
+    }
+    let mut core = config.core;
+    if let Some(cdu_map) = &config.map {
+        cooling_decide::writes::tighten(&mut core, &cooling_ctrl::modbus::map_limits(cdu_map));
+    }
+    let (lo, hi) = (core.cdu.min_setpoint_c, core.cdu.max_setpoint_c);
+    match northbound::fit_setpoint_ceiling(&mut map, lo, hi) {
+        Ok(None) => {}
+        Ok(Some(note)) => tracing::warn!("cooling-ctrl: northbound: {note}"),
+        Err(e) => tracing::error!(
+            "cooling-ctrl: northbound: {e}: the register is served as shipped, and the controller holds a ceiling written to its setpoints"
+        ),
+    }
+    map
 }
 
 /// What the controller's listeners refused and closed: the console
