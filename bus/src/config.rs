@@ -82,7 +82,10 @@ impl FromStr for BrokerAddr {
         // interface) taken as the system resolves it.
         let ipv6 = |host: &str| {
             let (addr, zone) = host.split_once('%').unwrap_or((host, "x"));
-            !zone.is_empty() && addr.parse::<std::net::Ipv6Addr>().is_ok()
+            let interface = |c: char| c.is_ascii_alphanumeric() || "-_.".contains(c);
+            !zone.is_empty()
+                && zone.chars().all(interface)
+                && addr.parse::<std::net::Ipv6Addr>().is_ok()
         };
         let (host, port) = if let Some(rest) = s.strip_prefix('[') {
             let (host, after) = rest.split_once(']').ok_or(err("unclosed '['"))?;
@@ -400,6 +403,10 @@ mod tests {
         assert!(
             "[fe80::1%]:1883".parse::<BrokerAddr>().is_err(),
             "an empty zone"
+        );
+        assert!(
+            "fe80::1%eth0:1883".parse::<BrokerAddr>().is_err(),
+            "a port in the zone"
         );
         let e = "n1:4001,mqtts://n2:8883".parse::<Brokers>().unwrap_err();
         assert!(e.to_string().starts_with("entry 2 of 2: "), "{e}");

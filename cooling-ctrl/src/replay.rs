@@ -43,9 +43,9 @@ pub struct ReplayReport {
     pub orphans: u64,
     /// The capture ends inside a frame: its bytes are not read.
     pub partial_frame_left: bool,
-    /// Frames the firmware numbered and never sent, by the gaps in their
-    /// numbers (its trace queue full): a digest among them was never
-    /// compared.
+    /// Frames missing from the numbers heard: dropped on the line (counted
+    /// in `frames_dropped` too) or never sent (the firmware's trace queue
+    /// full); a digest among them was never compared.
     pub frames_lost: u64,
     /// Every digest agreed, there was at least one, no frame was dropped
     /// and none is left partial at the end (a frame not read may have
@@ -92,7 +92,7 @@ impl ReplayReport {
         }
         if self.frames_lost > 0 {
             why.push(format!(
-                "{} frames never sent (gaps in their numbers)",
+                "{} frames missing from the numbers (dropped, or never sent)",
                 self.frames_lost
             ));
         }
@@ -326,7 +326,7 @@ mod tests {
         assert!(!r.all_match, "{r:?}");
         assert_eq!(
             r.why_not().as_deref(),
-            Some("1 frames never sent (gaps in their numbers)")
+            Some("1 frames missing from the numbers (dropped, or never sent)")
         );
     }
 

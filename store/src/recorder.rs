@@ -112,9 +112,11 @@ enum Job {
         done: Option<oneshot::Sender<Result<u32, String>>>,
     },
     /// Config values, written in order, one job so that none is queued
-    /// without those after it; each is tried, the first refusal said.
+    /// without those after it; each is tried, the first refusal said, or
+    /// (`stop`) none after a refused one.
     Set {
         items: Vec<(String, Vec<u8>)>,
+        stop: bool,
         done: Option<oneshot::Sender<Result<(), String>>>,
     },
     /// A read of a config value, in order with the values handed over
@@ -478,6 +480,7 @@ impl Recorder {
     pub fn offer_set(&self, key: String, value: Vec<u8>) -> bool {
         let job = Job::Set {
             items: vec![(key, value)],
+            stop: false,
             done: None,
         };
         self.offer(job, "a config value")
@@ -508,6 +511,7 @@ impl Recorder {
     pub fn set(&self, key: String, value: Vec<u8>) {
         let job = Job::Set {
             items: vec![(key, value)],
+            stop: false,
             done: None,
         };
         let _ = self.pressing(job, "a config value");
@@ -551,9 +555,29 @@ impl Recorder {
         &self,
         items: Vec<(String, Vec<u8>)>,
     ) -> Result<oneshot::Receiver<Result<(), String>>, String> {
+        self.set_items_later(items, false)
+    }
+
+    /// As [`set_all_later`](Self::set_all_later), but a value the flash
+    /// refuses stops those after it: for a record whose older copy is the
+    /// better to read than none (the BMS's limits: a check written after
+    /// a refused record would make the older limits unreadable).
+    pub fn set_in_order_later(
+        &self,
+        items: Vec<(String, Vec<u8>)>,
+    ) -> Result<oneshot::Receiver<Result<(), String>>, String> {
+        self.set_items_later(items, true)
+    }
+
+    fn set_items_later(
+        &self,
+        items: Vec<(String, Vec<u8>)>,
+        stop: bool,
+    ) -> Result<oneshot::Receiver<Result<(), String>>, String> {
         let (done, rx) = oneshot::channel();
         let job = Job::Set {
             items,
+            stop,
             done: Some(done),
         };
         self.pressing(job, "a config value").map(|()| rx)
@@ -763,6 +787,11 @@ mod tests {
         let get = |k: &str| futures::executor::block_on(r.get(k.into()));
         assert_eq!(get("rec.a"), Ok(Some(vec![1])), "the one before is kept");
         assert_eq!(get("rec.a.check"), Ok(Some(vec![3])), "and the one after");
+        // In order: none after a refused one.
+        let items = vec![(long.clone(), vec![4]), ("rec.b".to_string(), vec![5])];
+        let rx = r.set_in_order_later(items).expect("handed over");
+        assert!(futures::executor::block_on(rx).unwrap().is_err());
+        assert_eq!(get("rec.b"), Ok(None), "stopped at the refused one");
     }
 
     #[test]
@@ -785,7 +814,7 @@ mod tests {
         assert_eq!(r.dropped(), 1);
         let left = fifo(&rx);
         assert!(
-            matches!(&left[..], [Job::Set { items, done: None }] if items[..] == [("a.key".to_string(), vec![1])])
+            matches!(&left[..], [Job::Set { items, done: None, .. }] if items[..] == [("a.key".to_string(), vec![1])])
         );
     }
 

@@ -376,8 +376,9 @@ impl Core {
         self.place_queued();
         // Ready, the outbox was read after the subscription: frames still
         // deferred were not read back, or found no room. Before it, the
-        // outbox is simply not read yet (it may well be empty).
-        let in_flash = self.ready && self.session.deferred();
+        // outbox is not read yet: frames are known left there only if
+        // this process stored some.
+        let in_flash = self.session.deferred() && (self.ready || self.session.stored());
         let _ = leaving
             .answer
             .send(leaving_answer(connected, unacknowledged, in_flash));
@@ -879,6 +880,20 @@ mod tests {
         let answer = shutdown(&mut h.core).blocking_recv().expect("answered");
         assert!(
             matches!(answer, Err(PublishError::Unacknowledged { count: 1 })),
+            "{answer:?}"
+        );
+        // A frame of this process stored before the connection: known to
+        // be left in flash.
+        let outbox: Box<dyn DurableOutbox> = Box::new(Unreadable);
+        let mut h = harness(Some(Arc::new(std::sync::Mutex::new(outbox))));
+        h.core.session.accept(command::Outgoing {
+            class: Class::Durable(5),
+            ..event(5)
+        });
+        h.core.on_connack(&mut h.eventloop, connack());
+        let answer = shutdown(&mut h.core).blocking_recv().expect("answered");
+        assert!(
+            matches!(answer, Err(PublishError::LeftInFlash { .. })),
             "{answer:?}"
         );
     }

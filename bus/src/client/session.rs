@@ -101,6 +101,8 @@ pub(super) struct Session {
     inflight: VecDeque<(u16, Handover)>,
     kept: Vec<Publish>,
     deferred: bool,
+    /// A frame of this process waited in the outbox ([`Session::stored`]).
+    stored: bool,
     acking: HashSet<u32>,
     /// The newest outbox frame handed over: a command for an older one
     /// comes after its frame was read from flash.
@@ -124,6 +126,7 @@ impl Session {
             inflight: VecDeque::new(),
             kept: Vec::new(),
             deferred: has_outbox,
+            stored: false,
             acking: HashSet::new(),
             outbox_seen: None,
             retained: BTreeMap::new(),
@@ -146,6 +149,12 @@ impl Session {
         self.deferred
     }
 
+    /// Whether a frame of this process went to the outbox to wait there
+    /// (not connected, or behind older ones).
+    pub(super) fn stored(&self) -> bool {
+        self.stored
+    }
+
     /// Whether the loop may take another command: connected, and nothing
     /// waiting for room in the client's queue.
     pub(super) fn takes_commands(&self) -> bool {
@@ -164,6 +173,7 @@ impl Session {
                     // Stored: it goes out from flash, after the older
                     // frames still there, in sequence order.
                     self.deferred = true;
+                    self.stored = true;
                     Metrics::add(&self.metrics().deferred);
                     return;
                 }

@@ -93,7 +93,12 @@ impl HallPart {
         // The MCU holds what it is sent a plan's whole life from when it
         // comes: a plan older than a live coordinator's ever is does not
         // go down again.
-        (self.sendable && age_ms <= SENT_AGE_MAX_MS).then(|| self.send(water_c, now_ms))
+        if !self.sendable || age_ms > SENT_AGE_MAX_MS {
+            // The MCU has none now: the plan goes down when next heard.
+            self.down = None;
+            return None;
+        }
+        Some(self.send(water_c, now_ms))
     }
 
     /// CDU `from`'s retained state `st`, heard at `now_ms` and `age_ms`
@@ -238,6 +243,8 @@ mod tests {
         let end = 1_000 + 1;
         assert_eq!(h.restarted(end - 1), Some(31.0), "as old as may go down");
         assert_eq!(h.restarted(end), None, "older: not again");
+        // Heard again, young: it goes down (the MCU has none).
+        assert_eq!(h.heard(&c, &planned(31.0), end + 1, 0), Some(31.0));
     }
 
     #[test]

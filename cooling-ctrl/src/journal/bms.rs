@@ -103,7 +103,9 @@ impl BmsKeeping {
         let Some(limits) = self.unkept else {
             return;
         };
-        if let Ok(rx) = recorder.set_all_later(bms_limits_items(limits)) {
+        // A refused record stops its check: the older limits, still
+        // agreeing with theirs, read after a restart, not none.
+        if let Ok(rx) = recorder.set_in_order_later(bms_limits_items(limits)) {
             self.unkept = None;
             self.pending = Some(Pending { limits, rx });
         }

@@ -417,7 +417,6 @@ impl Session {
     /// Ends the session for `why`: its record, a word, and the greeting.
     fn close(&mut self, why: CloseReason, out: &mut Vec<Effect>) {
         let logged_in = self.login == Login::In;
-        let at_prompt = self.login == Login::Password;
         out.push(Effect::Record(What::SessionClosed { why, logged_in }));
         let word = match (why, logged_in) {
             (CloseReason::Idle, true) => {
@@ -433,20 +432,20 @@ impl Session {
             (_, false) => "session closed".into(),
         };
         self.reset();
-        if at_prompt {
-            // What is typed next is the rest of the password.
-            self.editor.set_hidden(true);
-            self.dropping = true;
-        }
         out.push(Effect::Write(crlf(&format!("{word}\n"))));
         out.push(self.greeting());
     }
 
+    /// Ends the session's state; one ended at the password prompt (idle,
+    /// or the line lost) takes what is typed next, the rest of the
+    /// password, hidden and drops it.
     fn reset(&mut self) {
+        self.dropping |= self.login == Login::Password;
         self.open = false;
         self.login = Login::Out;
         self.busy = None;
         self.editor.restart();
+        self.editor.set_hidden(self.dropping);
     }
 
     /// The agent answered the command with `text` at `now`; `ok`: it did

@@ -280,6 +280,20 @@ fn a_session_closed_idle_at_the_password_prompt_drops_the_rest_of_it_hidden() {
     assert!(rest.is_empty(), "{rest:?}");
     let (text, _) = type_in(&mut s, 501_000, b"status\r");
     assert!(text.contains("status"), "echoed again: {text:?}");
+    s.answered(502_000, "all well", true);
+    // Closed idle at the prompt, then the line lost and found again: the
+    // rest of the password still hidden and dropped.
+    type_in(&mut s, 600_000, b"login\r");
+    s.tick(900_000);
+    s.line_lost();
+    let (text, rest) = type_in(&mut s, 950_000, b"tail-of-it\r");
+    assert!(!text.contains("tail-of-it"), "{text:?}");
+    assert!(rest.is_empty(), "{rest:?}");
+    // The line lost at the prompt itself, alike.
+    type_in(&mut s, 960_000, b"login\r");
+    s.line_lost();
+    let (text, rest) = type_in(&mut s, 970_000, b"more-of-it\r");
+    assert!(!text.contains("more-of-it") && rest.is_empty(), "{text:?}");
 }
 
 #[test]

@@ -399,13 +399,16 @@ impl Worker {
                     let _ = d.send(r);
                 }
             }
-            Job::Set { items, done } => {
+            Job::Set { items, stop, done } => {
                 // Every value is tried, a refused one said first: a record
                 // refused with its check kept after it reads as damaged,
                 // where stopping would leave the older record and its
                 // check agreeing.
                 let mut r = Ok(());
                 for (key, value) in &items {
+                    if stop && r.is_err() {
+                        break;
+                    }
                     let kept = futures::executor::block_on(self.store.set(key, value))
                         .map_err(|e| format!("{key} not kept in flash: {e}"));
                     r = r.and(kept);
