@@ -1,0 +1,288 @@
+//! The shell on slow and stuck lines: long answers, agents that do not
+//! answer, idle time against writes and answers, and no drain on the
+//! runtime thread.
+
+use super::*;
+
+/// An agent whose `status` answers `lines` lines of text `after` the
+/// command, or never (`None`: its loop or its flash hangs).
+struct Answering {
+    lines: Option<usize>,
+    after: Duration,
+}
+
+impl SerialAgent for Answering {
+    fn identity(&self) -> Identity {
+        TestAgent.identity()
+    }
+    fn commands(&self) -> &'static [Spec] {
+        COMMANDS
+    }
+    async fn run(&self, _words: &[String], _operator: &str) -> Answer {
+        let Some(lines) = self.lines else {
+            return std::future::pending().await;
+        };
+        tokio::time::sleep(self.after).await;
+        let text = (0..lines).map(|i| format!("event {i:>6} of a long log\n"));
+        Answer {
+            text: text.collect(),
+            ok: true,
+        }
+    }
+}
+
+/// Runs the shell for `agent` over a line that takes 64 bytes at a time,
+/// its sessions closed after `idle`; gives the engineer's end and what
+/// the journal took.
+fn slow_line(agent: Answering, idle: Duration) -> (tokio::io::DuplexStream, Arc<Mutex<Vec<What>>>) {
+    let console = SerialConsole {
+        port: "/dev/ttyS1".into(),
+        baud: 9_600,
+        password_hash: None,
+        idle,
+    };
+    let (agent_end, engineer) = tokio::io::duplex(64);
+    let records = Arc::new(Mutex::new(Vec::new()));
+    let kept = records.clone();
+    tokio::spawn(async move {
+        let mut session = new_session(&console, &agent);
+        let journal = move |r: Record| kept.lock().unwrap().push(r.what);
+        run(
+            agent_end,
+            &mut session,
+            Instant::now(),
+            &console,
+            &agent,
+            &journal,
+        )
+        .await
+    });
+    (engineer, records)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_long_answer_on_a_slow_line_is_written_whole_however_long_it_takes() {
+    // 4,000 lines, some 112 KB: 64 bytes every 100 ms takes nearly 3
+    // minutes, far past the 30 s the line may take no byte at all.
+    let (mut engineer, records) = slow_line(
+        Answering {
+            lines: Some(4_000),
+            after: Duration::ZERO,
+        },
+        Duration::from_secs(600),
+    );
+    until(&mut engineer, "u1> ").await;
+    engineer.write_all(b"status\r").await.unwrap();
+    let started = Instant::now();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 64];
+    while !String::from_utf8_lossy(&seen).ends_with("u1> ") {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let n = engineer.read(&mut buf).await.unwrap();
+        assert!(n > 0, "the line closed after {} bytes", seen.len());
+        seen.extend_from_slice(&buf[..n]);
+    }
+    assert!(started.elapsed() > Duration::from_secs(150));
+    let text = String::from_utf8(seen).unwrap();
+    assert!(
+        text.contains("event   3999 of a long log\r\n"),
+        "the last line"
+    );
+    assert_eq!(*records.lock().unwrap(), [What::SessionOpened]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_agent_that_never_answers_gets_the_line_back_after_the_answer_limit() {
+    let (mut engineer, _records) = slow_line(
+        Answering {
+            lines: None,
+            after: Duration::ZERO,
+        },
+        Duration::from_secs(600),
+    );
+    until(&mut engineer, "u1> ").await;
+    engineer.write_all(b"status\r").await.unwrap();
+    let started = Instant::now();
+    let text = until(&mut engineer, "u1> ").await;
+    assert_eq!(started.elapsed(), ANSWER_LIMIT);
+    assert!(
+        text.contains("no answer within 12 s: the program may be stuck"),
+        "{text:?}"
+    );
+    // The line is the engineer's again.
+    engineer.write_all(b"help\r").await.unwrap();
+    assert!(until(&mut engineer, "u1> ").await.contains("commands:"));
+}
+
+/// Reads `engineer`'s end 64 bytes every 100 ms (a slow line) until
+/// `want` appears; everything read.
+async fn slowly_until(engineer: &mut tokio::io::DuplexStream, want: &str) -> String {
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 64];
+    while !String::from_utf8_lossy(&seen).contains(want) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let read = tokio::time::timeout(Duration::from_secs(3600), engineer.read(&mut buf)).await;
+        let text = String::from_utf8_lossy(&seen).into_owned();
+        let n = read.unwrap_or_else(|_| panic!("no {want:?} after {text:?}"));
+        let n = n.unwrap();
+        assert!(n > 0, "the line closed after {} bytes", seen.len());
+        seen.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8(seen).unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_counts_from_the_end_of_a_long_write_not_from_the_enter_key() {
+    // Some 3 minutes of writing, three times the idle time.
+    let agent = Answering {
+        lines: Some(4_000),
+        after: Duration::ZERO,
+    };
+    let (mut engineer, _records) = slow_line(agent, Duration::from_secs(60));
+    until(&mut engineer, "u1> ").await;
+    engineer.write_all(b"status\r").await.unwrap();
+    let text = slowly_until(&mut engineer, "u1> ").await;
+    assert!(!text.contains("idle"), "closed while answering");
+    let answered = Instant::now();
+    let text = slowly_until(&mut engineer, "idle").await;
+    assert!(text.contains("session closed after 60 s idle"), "{text:?}");
+    // The last 64 bytes were taken up to 100 ms before they were read.
+    let idle = answered.elapsed();
+    assert!(
+        idle > Duration::from_millis(59_800) && idle <= Duration::from_secs(60),
+        "{idle:?}"
+    );
+}
+
+/// Reads `end` until `want` appears, or fails after an hour of nothing
+/// (in paused time: at once when nothing else is to come); everything
+/// read, and when `mark` first appeared in it.
+async fn until_marked(
+    end: &mut tokio::io::DuplexStream,
+    mark: &str,
+    want: &str,
+) -> (String, Option<Instant>) {
+    let mut seen = Vec::new();
+    let mut marked = None;
+    let mut buf = [0u8; 512];
+    while !String::from_utf8_lossy(&seen).contains(want) {
+        let read = tokio::time::timeout(Duration::from_secs(3600), end.read(&mut buf)).await;
+        let text = String::from_utf8_lossy(&seen).into_owned();
+        let n = read.unwrap_or_else(|_| panic!("no {want:?} after {text:?}"));
+        let n = n.unwrap();
+        assert!(n > 0, "closed before {want:?}: {text:?}");
+        seen.extend_from_slice(&buf[..n]);
+        if marked.is_none() && String::from_utf8_lossy(&seen).contains(mark) {
+            marked = Some(Instant::now());
+        }
+    }
+    (String::from_utf8(seen).unwrap(), marked)
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_counts_from_a_slow_answer_not_from_the_enter_key() {
+    let agent = Answering {
+        lines: Some(1),
+        after: Duration::from_secs(11),
+    };
+    let (mut engineer, _records) = slow_line(agent, Duration::from_secs(10));
+    until(&mut engineer, "u1> ").await;
+    engineer.write_all(b"status\r").await.unwrap();
+    let answer = "event      0 of a long log\r\nu1> ";
+    let (text, answered) = until_marked(&mut engineer, answer, "idle").await;
+    assert!(text.contains("session closed after 10 s idle"), "{text:?}");
+    let answered = answered.unwrap_or_else(|| panic!("no answer in {text:?}"));
+    assert_eq!(answered.elapsed(), Duration::from_secs(10), "{text:?}");
+}
+
+/// A port whose flush blocks the thread that calls it while the line
+/// drains, as a serial port's does (`tcdrain`), and notes that thread.
+struct DrainingPort {
+    inner: tokio::io::DuplexStream,
+    flushed_on: Arc<Mutex<Vec<std::thread::ThreadId>>>,
+}
+
+impl tokio::io::AsyncRead for DrainingPort {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for DrainingPort {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.flushed_on
+            .lock()
+            .unwrap()
+            .push(std::thread::current().id());
+        std::thread::sleep(Duration::from_millis(200));
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_port_is_never_drained_on_the_runtime_thread() {
+    // One thread runs everything, as in the node agent: a drain there
+    // stops every loop of the agent for as long as the line takes.
+    let runtime_thread = std::thread::current().id();
+    let flushed_on = Arc::new(Mutex::new(Vec::new()));
+    let (agent_end, mut engineer) = tokio::io::duplex(4096);
+    let port = DrainingPort {
+        inner: agent_end,
+        flushed_on: flushed_on.clone(),
+    };
+    let console = SerialConsole {
+        port: "/dev/ttyS1".into(),
+        baud: 9_600,
+        password_hash: None,
+        idle: Duration::from_secs(600),
+    };
+    tokio::spawn(async move {
+        let agent = Answering {
+            lines: Some(200),
+            after: Duration::ZERO,
+        };
+        let mut session = new_session(&console, &agent);
+        let journal = |_: Record| {};
+        run(
+            port,
+            &mut session,
+            Instant::now(),
+            &console,
+            &agent,
+            &journal,
+        )
+        .await
+    });
+    until(&mut engineer, "u1> ").await;
+    engineer.write_all(b"status\r").await.unwrap();
+    let text = until(&mut engineer, "u1> ").await;
+    assert!(text.contains("event    199 of a long log\r\n"), "{text:?}");
+    let flushed_on = flushed_on.lock().unwrap();
+    assert!(
+        !flushed_on.contains(&runtime_thread),
+        "drained {} times on the runtime thread",
+        flushed_on.len()
+    );
+}
