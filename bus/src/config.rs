@@ -191,6 +191,14 @@ impl Brokers {
         self.0.iter()
     }
 
+    /// The first broker TLS cannot reach: one whose address carries a
+    /// zone (`fe80::1%eth0`), which is no name a certificate can carry,
+    /// so no TLS handshake to it can be made. A configuration with TLS and
+    /// such a broker is refused at load rather than left retrying.
+    pub fn unreachable_with_tls(&self) -> Option<&BrokerAddr> {
+        self.0.iter().find(|b| b.host.contains('%'))
+    }
+
     /// The index of the broker to try after a connection to the one at
     /// `index` failed or was lost: the next one, round the list (the same
     /// one when there is only one).
@@ -396,9 +404,22 @@ mod tests {
         );
         let e = "[broker.hall]:8883".parse::<BrokerAddr>().unwrap_err();
         assert!(e.to_string().contains("not an IPv6 address"), "{e}");
-        // A link-local address with its zone is an address.
+        // A link-local address with its zone is an address, which TLS
+        // cannot reach (no certificate names a zone).
         let zoned: BrokerAddr = "[fe80::1%eth0]:1883".parse().unwrap();
         assert_eq!((zoned.host.as_str(), zoned.port), ("fe80::1%eth0", 1883));
+        let list: Brokers = "h1:8883,[fe80::1%eth0]:8883".parse().unwrap();
+        assert_eq!(
+            list.unreachable_with_tls(),
+            Some(&zoned)
+                .map(|z| BrokerAddr {
+                    port: 8883,
+                    ..z.clone()
+                })
+                .as_ref()
+        );
+        let plain: Brokers = "h1:8883,[fe80::1]:8883".parse().unwrap();
+        assert_eq!(plain.unreachable_with_tls(), None);
         assert!("fe80::1%eth0".parse::<BrokerAddr>().is_ok());
         assert!(
             "[fe80::1%]:1883".parse::<BrokerAddr>().is_err(),

@@ -534,6 +534,19 @@ pub fn check_broker(
                 .into(),
         ));
     }
+    if let (Some(brokers), Some(_)) = (&common.broker, &common.tls) {
+        if let Some(zoned) = brokers.unreachable_with_tls() {
+            return Err(src.error(
+                None,
+                "broker",
+                format!(
+                    "broker {zoned} has a zone (an interface), which no certificate can \
+                     name, so TLS cannot reach it: give the broker's name or a \
+                     global address"
+                ),
+            ));
+        }
+    }
     check_password_on_plain_tcp(src, common)?;
     match (&common.broker, embedded, production) {
         (Some(_), true, _) => Err(src.error(
@@ -752,6 +765,35 @@ mod tests {
         let c = check(&text, &flags).unwrap();
         let e = check_broker(&src, &c, None).unwrap_err();
         assert_eq!(e.origin, "flag --broker-user", "{e}");
+    }
+
+    #[test]
+    fn a_zoned_broker_with_tls_is_refused_naming_the_broker() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("pki");
+        loopwarden_bus::pki::init(&loopwarden_bus::pki::InitArgs {
+            site: "a".into(),
+            hosts: vec!["h01".into()],
+            cdus: vec!["cdu1".into()],
+            operators: vec![],
+            readers: vec![],
+            out: out.clone(),
+            broker_port: 8883,
+        })
+        .unwrap();
+        let with = |broker: &str| {
+            let text = format!(
+                "site = \"a\"\nbroker = \"{broker}\"\ntls_ca = {:?}\n",
+                out.join("ca.crt")
+            );
+            let src = Sources::new(Some(Path::new("a.toml")), &text);
+            let c = check(&text, &CommonFlags::default()).unwrap();
+            check_broker(&src, &c, None)
+        };
+        let e = with("h1:8883,[fe80::1%eth0]:8883").unwrap_err();
+        assert_eq!(e.line, Some(2), "{e}");
+        assert!(e.message.contains("[fe80::1%eth0]:8883 has a zone"), "{e}");
+        assert!(with("h1:8883,[fe80::1]:8883").is_ok());
     }
 
     #[test]

@@ -215,6 +215,19 @@ fn summary(message: &Message) -> String {
 /// so two runs with one process id (PID 1 in two containers) do not
 /// push each other off the broker, which drops the older of two clients
 /// with one id.
+/// Refuses TLS to a broker whose address carries a zone
+/// (`[fe80::1%eth0]`): no certificate can name it, so the connection
+/// would be retried for ever.
+fn refuse_zoned_with_tls(broker: Option<&Brokers>, tls: bool) -> Result<()> {
+    match broker.and_then(|b| b.unreachable_with_tls()) {
+        Some(zoned) if tls => bail!(
+            "--broker {zoned} has a zone (an interface), which no certificate can name, \
+             so TLS cannot reach it: give the broker's name or a global address"
+        ),
+        _ => Ok(()),
+    }
+}
+
 fn client_id(what: &str) -> String {
     format!(
         "lwbus-{what}-{}-{:08x}",
@@ -464,6 +477,7 @@ async fn main() -> Result<()> {
             if tls.is_some() && broker.is_none() {
                 bail!("--tls-ca needs --broker: the embedded broker is plain loopback");
             }
+            refuse_zoned_with_tls(broker.as_ref(), tls.is_some())?;
             let (broker, embedded) = configured_or_embedded(broker)?;
             if let Some(e) = &embedded {
                 eprintln!("lwbus: no --broker given: embedded broker on {}", e.addr());
@@ -488,6 +502,7 @@ async fn main() -> Result<()> {
             tls,
         } => {
             let tls = tls.load().map_err(|e| anyhow::anyhow!(e))?;
+            refuse_zoned_with_tls(Some(&broker), tls.is_some())?;
             release(broker, tls, &site, &host, gpu, &note, &sign_key).await
         }
         Command::Pki { command } => loopwarden_bus::pki::run(command),
