@@ -120,6 +120,10 @@ const RESPONSIVE: Metric = Metric::gauge(
     "loopwarden_gpu_responsive",
     "1 when the GPU answered its last sample within the deadline, else 0.",
 );
+const SAMPLED: Metric = Metric::gauge(
+    "loopwarden_gpu_last_sample_timestamp_seconds",
+    "When the agent last got a sample from the GPU, seconds since the Unix epoch; its fields in the DCGM series are that sample's (time() minus this is their age). Absent before the first.",
+);
 const MISSED: Metric = Metric::gauge(
     "loopwarden_gpu_missed_samples",
     "Samples the GPU has missed in a row (0 when it answers).",
@@ -299,6 +303,9 @@ fn gpu(out: &mut Exposition, host: &str, i: usize, g: &GpuView) {
         out.sample(&SINCE, &labels, h.since.0 as f64 / 1000.0);
     }
     out.flag(&RESPONSIVE, &labels, g.responsive);
+    if let Some(t) = g.sampled_at {
+        out.sample(&SAMPLED, &labels, t.0 as f64 / 1000.0);
+    }
     out.sample(&MISSED, &labels, g.missed.into());
     for (stat, us) in [("last", g.calls.last_us), ("max", g.calls.max_us)] {
         let l = with_labels(&labels, &[("stat", stat)]);
@@ -669,6 +676,11 @@ mod tests {
         assert!(t.contains(
             r#"loopwarden_gpu_missed_samples{gpu="3",UUID="GPU-1234",Hostname="h07"} 4"#
         ));
+        // When its last sample came, so its age is known.
+        let when = r#"loopwarden_gpu_last_sample_timestamp_seconds{gpu="3",UUID="GPU-1234",Hostname="h07"} 1700000000"#;
+        assert!(t.contains(when), "{t}");
+        g.sampled_at = None;
+        assert!(!text(&g).contains("loopwarden_gpu_last_sample_timestamp_seconds{"));
     }
 
     /// XID 79 (fallen off the bus) comes as the GPU stops answering: its

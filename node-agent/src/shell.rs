@@ -126,6 +126,9 @@ pub(crate) struct GpuState {
     pub info: GpuInfo,
     pub range: GpuRange,
     pub last: Option<GpuSample>,
+    /// When the agent got `last` (wall ms): a GPU whose call hangs keeps
+    /// its last values, which this dates.
+    pub sampled_at: Option<TimestampMs>,
     pub responsive: bool,
     pub last_error: Option<String>,
     /// A quarantine action that failed, until its actions end well.

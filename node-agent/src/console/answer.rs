@@ -35,7 +35,7 @@ async fn answer_now(ctx: &Context, req: Request) -> Value {
     let now = now_ms();
     match req {
         Request::Status => status(ctx, &snap, now),
-        Request::Gpus => json!({ "gpus": gpus_view(&snap) }),
+        Request::Gpus => json!({ "gpus": gpus_view(&snap, now) }),
         Request::Caps => caps_view(&snap, now),
         Request::Events { since } => events_view(ctx, since.unwrap_or(0)).await,
         Request::Why { gpu } => why(&snap, now, gpu),
@@ -164,7 +164,7 @@ fn count_health(snap: &Snapshot, state: HealthState) -> usize {
 /// Every GPU with its last sample's fields: a field is null when the GPU
 /// has not answered a sample yet, or its group is not supported by the
 /// GPU, never a 0 that would read as a value.
-fn gpus_view(snap: &Snapshot) -> Vec<Value> {
+fn gpus_view(snap: &Snapshot, now: TimestampMs) -> Vec<Value> {
     use loopwarden_protocol::Unsupported as U;
     snap.gpus
         .iter()
@@ -183,6 +183,9 @@ fn gpus_view(snap: &Snapshot) -> Vec<Value> {
                 "uuid": g.info.uuid,
                 "responsive": g.responsive,
                 "missed": g.missed,
+                // How old the values below are: a GPU whose call hangs
+                // keeps its last ones until it is found unresponsive.
+                "sample_age_s": g.sampled_at.map(|t| ms_ago(now, t)),
                 "health": g.health.as_ref().map(|h| h.state),
                 "reason": g.health.as_ref().map(|h| h.reason),
                 "temp": field(U::empty(), &|s| json!(s.temp.0)),
@@ -405,11 +408,12 @@ mod tests {
     fn gpus_show_null_for_no_sample_and_for_unsupported_groups() {
         let mut g = test_view();
         g.last = None;
+        g.sampled_at = None;
         let snap = Snapshot {
             gpus: vec![g],
             ..Snapshot::default()
         };
-        let v = &gpus_view(&snap)[0];
+        let v = &gpus_view(&snap, TimestampMs(1_700_000_002_500))[0];
         assert!(v["temp"].is_null(), "{v}");
         for f in [
             "power",
@@ -427,17 +431,20 @@ mod tests {
         }
         assert!(v["ecc"]["sbe_volatile"].is_null(), "{v}");
         assert!(v["repair"]["retired_dbe"].is_null(), "{v}");
+        assert!(v["sample_age_s"].is_null(), "{v}");
         let snap = Snapshot {
             gpus: vec![test_view()],
             ..Snapshot::default()
         };
-        let v = &gpus_view(&snap)[0];
+        let v = &gpus_view(&snap, TimestampMs(1_700_000_002_500))[0];
         assert_eq!(v["temp"], 71, "{v}");
         assert_eq!(v["power"], 650, "{v}");
         assert_eq!(v["ecc"]["sbe_volatile"], 0, "{v}");
         // NVLink and HBM temperature are not supported by this GPU.
         assert!(v["nvlink"].is_null() && v["mem_temp"].is_null(), "{v}");
         assert!(v["nvlink_links_read"].is_null(), "{v}");
+        // Its values are dated: got 2.5 s before the question.
+        assert_eq!(v["sample_age_s"], 2.5, "{v}");
     }
 
     /// A limit whose read-back failed is said to be not confirmed, with

@@ -152,6 +152,7 @@ fn gpus(v: &Value) -> String {
             } else {
                 format!("NO ({} missed)", s(&g["missed"]))
             },
+            age(&g["sample_age_s"]),
             s(&g["health"]),
             unit(&g["temp"], "C"),
             unit(&g["mem_temp"], "C"),
@@ -175,6 +176,7 @@ fn gpus(v: &Value) -> String {
         &[
             "GPU",
             "RESPONSIVE",
+            "AGE",
             "HEALTH",
             "TEMP",
             "HBM",
@@ -187,6 +189,12 @@ fn gpus(v: &Value) -> String {
         ],
         &rows,
     )
+}
+
+/// A sample's age in seconds, to a tenth, or `-` before the first.
+fn age(v: &Value) -> String {
+    v.as_f64()
+        .map_or_else(|| "-".into(), |s| format!("{s:.1}s"))
 }
 
 /// `v` with its unit, or `-` when not known (null).
@@ -418,14 +426,14 @@ mod tests {
         let v = json!({"gpus": [{"gpu": 0, "responsive": false, "missed": 0, "health": "healthy",
             "temp": null, "mem_temp": null, "power": null, "power_limit": null, "sm_clock": null,
             "util": null, "throttle": null, "ecc": {"sbe_volatile": null, "dbe_volatile": null},
-            "unsupported": null}]});
+            "unsupported": null, "sample_age_s": null}]});
         let t = gpus(&v);
         let row = t.lines().nth(1).expect("a row");
         let cells: Vec<&str> = row.split_whitespace().collect();
         assert_eq!(
             cells,
             [
-                "0", "NO", "(0", "missed)", "healthy", "-", "-", "-", "/", "-", "-", "-", "-",
+                "0", "NO", "(0", "missed)", "-", "healthy", "-", "-", "-", "/", "-", "-", "-", "-",
                 "-/-", "-"
             ],
             "{t}"

@@ -120,6 +120,8 @@ pub struct GpuView {
     pub ceiling: Watts,
     /// The last sample that answered.
     pub last: Option<GpuSample>,
+    /// When the agent got that sample (wall ms); `None` before the first.
+    pub sampled_at: Option<TimestampMs>,
     /// Whether the last sample answered.
     pub responsive: bool,
     /// Samples missed in a row.
@@ -258,6 +260,7 @@ pub(crate) fn test_view() -> GpuView {
                 | loopwarden_protocol::Unsupported::MEM_TEMP,
             ..Default::default()
         }),
+        sampled_at: Some(TimestampMs(1_700_000_000_000)),
         responsive: true,
         missed: 0,
         unresponsive_reported: false,

@@ -71,6 +71,7 @@ impl Agent {
                 Some(Answer::Pending) => Reading::Pending,
                 Some(Answer::Now(Ok(s)) | Answer::Late(Ok(s))) => {
                     g.last = Some(s);
+                    g.sampled_at = Some(self.clock.wall());
                     g.responsive = true;
                     Reading::Sample {
                         observation: observation(&s),

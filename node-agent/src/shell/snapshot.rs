@@ -22,6 +22,7 @@ impl Agent {
                     range: g.range,
                     ceiling: self.node.ceiling(gpu).unwrap_or(g.range.max),
                     last: g.last,
+                    sampled_at: g.sampled_at,
                     responsive: g.responsive,
                     missed,
                     unresponsive_reported,
