@@ -740,17 +740,16 @@ impl<P: CduPort> Shell<P> {
                 (done, (RackIndex::new(rack as u8), None))
             }
             OperatorAction::ClearPumpTrip { pump } => {
-                // A map without the pump's fault bit cannot show it.
-                let done = match self.devices.pump_faults {
-                    Some(f) => self
-                        .decider
-                        .core_mut()
-                        .clear_pump(pump, f[pump as usize].unwrap_or(false))
-                        .map(|()| format!("pump {pump:?} back in service"))
-                        .map_err(String::from),
-                    None => Err(NOT_READ.to_string()),
-                }
-                .map_err(|e| format!("pump {pump:?}: {e}"));
+                // A map without the pump's fault bit cannot show it: the
+                // clear goes on the operator's word, and says so.
+                let done = devices::pump_fault(self.devices.pump_faults, pump as usize)
+                    .and_then(|fault| {
+                        self.decider
+                            .core_mut()
+                            .clear_pump(pump, fault.unwrap_or(false))
+                            .map(|()| devices::pump_cleared(&format!("{pump:?}"), fault))
+                    })
+                    .map_err(|e| format!("pump {pump:?}: {e}"));
                 (done, (None, Some(pump)))
             }
         };

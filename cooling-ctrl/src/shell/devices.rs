@@ -67,6 +67,30 @@ pub(super) struct Devices<P> {
     pub(super) pump_faults: Option<[Option<bool>; 2]>,
 }
 
+/// What a pump's clear reads of its fault: `Ok(Some(shown))` from the
+/// fault bit as last read, `Ok(None)` where the map has no such bit (the
+/// clear is then taken on the operator's word alone, and said so), `Err`
+/// while the CDU has not been read (unknown).
+pub(super) fn pump_fault(
+    faults: Option<[Option<bool>; 2]>,
+    pump: usize,
+) -> Result<Option<bool>, &'static str> {
+    faults.map(|f| f[pump]).ok_or(super::NOT_READ)
+}
+
+/// What an operator is told of a pump put back in service: where no fault
+/// bit could be read, that nothing but their word said it is repaired.
+pub(super) fn pump_cleared(pump: &str, fault: Option<bool>) -> String {
+    match fault {
+        Some(_) => format!("pump {pump} back in service"),
+        None => format!(
+            "pump {pump} back in service on your word: the CDU's register map has no fault \
+             bit for it, so whether its drive still shows a fault was not read; check it at \
+             the CDU"
+        ),
+    }
+}
+
 impl<P: CduPort> Devices<P> {
     pub(super) fn new(cdu: P, board: Option<Box<dyn BoardIo>>) -> Self {
         Self {
@@ -227,6 +251,21 @@ impl<P> Devices<P> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A clear reads the fault bit where there is one, refuses while the
+    /// CDU is unread, and says so where the map has no bit.
+    #[test]
+    fn a_pump_clear_without_a_fault_bit_says_it_went_on_the_operators_word() {
+        assert_eq!(pump_fault(None, 0), Err(super::super::NOT_READ));
+        assert_eq!(pump_fault(Some([Some(true), None]), 0), Ok(Some(true)));
+        assert_eq!(pump_fault(Some([Some(true), None]), 1), Ok(None));
+        assert_eq!(pump_cleared("A", Some(false)), "pump A back in service");
+        let word = pump_cleared("B", None);
+        assert!(
+            word.contains("on your word") && word.contains("no fault bit"),
+            "{word}"
+        );
+    }
     use crate::decide::said::Words;
     use crate::decide::{Setting, Write};
     use crate::shell::links::Ropes;
