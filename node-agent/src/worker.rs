@@ -275,6 +275,8 @@ fn execute(device: &mut dyn GpuDevice, request: Request) -> Reply {
 /// Does the reprobe asked while a call ran, if one was, then runs
 /// `request` on `device`; a panic of either is that call's failure
 /// ([`Reply::failed`]), logged, and the worker goes on with the next call.
+/// A reprobe that panicked is asked again before the next call: never
+/// lost.
 fn execute_guarded(
     index: u8,
     state: &State,
@@ -282,13 +284,22 @@ fn execute_guarded(
     request: Request,
 ) -> Reply {
     let kind = request.kind();
+    let is_reprobe = matches!(request, Request::Reprobe);
+    // Whether a reprobe is under way, so a panic leaves it asked.
+    let reprobing = std::cell::Cell::new(false);
     let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        reprobe_if_asked(&state.shared, device);
-        execute(device, request)
+        reprobe_if_asked(&state.shared, device, &reprobing);
+        reprobing.set(is_reprobe);
+        let reply = execute(device, request);
+        reprobing.set(false);
+        reply
     }));
     run.unwrap_or_else(|payload| {
         let message = panic_message(&*payload);
         let mut s = state.lock();
+        if reprobing.get() {
+            s.reprobe = true;
+        }
         if s.last_panic.as_deref() != Some(message.as_str()) {
             tracing::error!(
                 gpu = index,
@@ -559,14 +570,21 @@ impl Worker {
     }
 }
 
-/// Does the reprobe asked while a call ran, if one was.
-fn reprobe_if_asked(shared: &Mutex<Shared>, device: &mut dyn GpuDevice) {
+/// Does the reprobe asked while a call ran, if one was; `reprobing` is set
+/// while it runs.
+fn reprobe_if_asked(
+    shared: &Mutex<Shared>,
+    device: &mut dyn GpuDevice,
+    reprobing: &std::cell::Cell<bool>,
+) {
     let asked = shared
         .lock()
         .map(|mut s| std::mem::take(&mut s.reprobe))
         .unwrap_or(false);
     if asked {
+        reprobing.set(true);
         device.reprobe();
+        reprobing.set(false);
     }
 }
 
@@ -873,6 +891,55 @@ mod tests {
         assert!(matches!(w.sample(long).await, Answer::Now(Ok(_))));
         assert_eq!(w.read_limit(long).await, Ok(Watts(700)));
         assert!(!w.is_stuck(Duration::ZERO));
+    }
+
+    /// A device whose first reprobe panics; it counts its reprobes.
+    struct ReprobePanicsOnce {
+        reprobes: std::sync::Arc<std::sync::atomic::AtomicU32>,
+    }
+
+    impl GpuDevice for ReprobePanicsOnce {
+        fn describe(&mut self) -> Result<GpuInfo, GpuError> {
+            Err(GpuError::NotSupported)
+        }
+        fn sample(&mut self) -> Result<GpuSample, GpuError> {
+            Ok(GpuSample::default())
+        }
+        fn set_power_limit(&mut self, _: Watts) -> Result<(), GpuError> {
+            Ok(())
+        }
+        fn power_limit(&mut self) -> Result<Watts, GpuError> {
+            Ok(Watts(700))
+        }
+        fn reprobe(&mut self) {
+            let n = self
+                .reprobes
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if n == 0 {
+                panic!("reprobe failed");
+            }
+        }
+    }
+
+    /// A reprobe that panics fails its call and is done again before the
+    /// next one: never lost.
+    #[tokio::test]
+    async fn a_reprobe_that_panics_is_asked_again_before_the_next_call() {
+        let reprobes = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let w = Worker::start(
+            1,
+            Box::new(ReprobePanicsOnce {
+                reprobes: reprobes.clone(),
+            }),
+        )
+        .unwrap();
+        let long = Duration::from_secs(30);
+        let e = w.reprobe(long).await.unwrap_err();
+        assert!(e.to_string().contains("reprobe failed"), "{e}");
+        assert!(w.state.lock().reprobe, "left asked");
+        assert!(matches!(w.sample(long).await, Answer::Now(Ok(_))));
+        assert_eq!(reprobes.load(std::sync::atomic::Ordering::SeqCst), 2);
+        assert!(!w.state.lock().reprobe);
     }
 
     #[tokio::test]
