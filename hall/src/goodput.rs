@@ -141,6 +141,7 @@ fn inputs(a: &GoodputArgs, m: Option<&Measured>) -> Result<Inputs, String> {
         Some(p) => Mix::load(p).map_err(|e| e.to_string())?,
         None => Mix::default(),
     };
+    let mut unmeasured = Vec::new();
     if let Some(m) = m {
         // The measured precursors for the classes the mix has by name.
         let known: Vec<_> = m
@@ -153,6 +154,29 @@ fn inputs(a: &GoodputArgs, m: Option<&Measured>) -> Result<Inputs, String> {
             })
             .cloned()
             .collect();
+        let covers = |n: &String| known.iter().any(|(k, _)| k == n);
+        unmeasured = mix
+            .classes
+            .iter()
+            .filter(|c| c.host_visible && !covers(&c.name))
+            .map(|c| c.name.clone())
+            .collect();
+        if known.is_empty() {
+            let names = |v: Vec<&String>| {
+                let v: Vec<&str> = v.into_iter().map(String::as_str).collect();
+                if v.is_empty() {
+                    "none".to_string()
+                } else {
+                    v.join(", ")
+                }
+            };
+            return Err(format!(
+                "the measured precursor model covers none of the mix's host-visible classes \
+                 ({}): it measures {}; name them so in the mix, or pass --no-measured",
+                names(unmeasured.iter().collect()),
+                names(m.classes.iter().map(|(n, _)| n).collect()),
+            ));
+        }
         mix = mix.with_precursors(&known)?;
     }
     if let Some(r) = a.rate_per_gpu_day {
@@ -187,13 +211,17 @@ fn inputs(a: &GoodputArgs, m: Option<&Measured>) -> Result<Inputs, String> {
         quarantine_ends_job: a.quarantine_ends_job,
     };
     loopwarden_twin::goodput::trials::validate(&job, &settings, &mix, a.trials)?;
+    if a.sweep_trials == 0 {
+        return Err("sweep_trials = 0: at least 1 (--sweep-trials)".to_string());
+    }
     Ok(Inputs {
         job,
         settings,
         mix,
         measured: m.is_some(),
+        unmeasured,
         trials: a.trials,
-        sweep_trials: a.sweep_trials.clamp(1, a.trials.max(1)),
+        sweep_trials: a.sweep_trials.min(a.trials),
         seed: a.seed,
     })
 }
@@ -282,6 +310,7 @@ pub fn summary_json(s: &Study) -> Value {
             })),
         },
         "precursors": if s.inputs.measured { "measured" } else { "mix" },
+        "unmeasured_classes": s.inputs.unmeasured,
         "detection_s": s.inputs.settings.detection_s,
         "false_alarms_per_gpu_day": s.inputs.settings.false_alarms_per_gpu_day,
         "false_quarantines_per_gpu_day": s.inputs.settings.false_quarantines_per_gpu_day,
@@ -344,6 +373,9 @@ mod tests {
         assert_eq!(i.settings.false_alarms_per_gpu_day, 1e-3);
         assert_eq!(i.settings.false_quarantines_per_gpu_day, 2e-3);
         assert!(i.measured);
+        // The test model covers hbm3 alone: Llama 3's other visible
+        // classes keep the mix's own precursors, and are named.
+        assert_eq!(i.unmeasured, ["faulty_gpu", "gpu_sram", "gsp", "thermal"]);
         // Flags given win over the model.
         let flags = [
             "--detection-s",
@@ -379,5 +411,51 @@ mod tests {
         assert_eq!(e, "trials = 0: at least 1");
         let e = inputs(&args(&["--rate-per-gpu-day", "2"]), None).unwrap_err();
         assert!(e.contains("rate_per_gpu_day = 2"), "{e}");
+        let e = inputs(&args(&["--sweep-trials", "0"]), None).unwrap_err();
+        assert!(e.contains("--sweep-trials"), "{e}");
+        // Above --trials it is --trials, as its help says.
+        let i = inputs(&args(&["--trials", "5", "--sweep-trials", "9"]), None).unwrap();
+        assert_eq!(i.sweep_trials, 5);
+    }
+
+    /// A mix of two host-visible classes, `a` and `b`, and a switch.
+    fn mix_file(dir: &std::path::Path, a: &str, b: &str) -> std::path::PathBuf {
+        let class = |name: &str, share: f64, visible: bool| {
+            format!(
+                "[[class]]\nname = \"{name}\"\nshare = {share}\nhost_visible = {visible}\n\
+                 onset = \"crash\"\n"
+            )
+        };
+        let text = format!(
+            "format = \"goodput-mix/1\"\nsource = \"three classes\"\n\
+             rate_per_gpu_day = 0.0005\n{}{}{}",
+            class(a, 0.4, true),
+            class(b, 0.3, true),
+            class("switch", 0.3, false)
+        );
+        let path = dir.join(format!("{a}-{b}.toml"));
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    #[test]
+    fn the_measured_model_is_applied_only_to_the_classes_it_covers() {
+        let dir = tempfile::tempdir().unwrap();
+        let none = mix_file(dir.path(), "gpu", "memory");
+        let flags = ["--mix", none.to_str().unwrap()];
+        let e = inputs(&args(&flags), Some(&model())).unwrap_err();
+        assert!(
+            e.contains("covers none of the mix's host-visible classes (gpu, memory)"),
+            "{e}"
+        );
+        assert!(e.contains("--no-measured"), "{e}");
+        // Without the model the same mix is the mix's own.
+        assert!(!inputs(&args(&flags), None).unwrap().measured);
+        let some = mix_file(dir.path(), "hbm3", "gpu");
+        let i = inputs(&args(&["--mix", some.to_str().unwrap()]), Some(&model())).unwrap();
+        assert!(i.measured);
+        assert_eq!(i.unmeasured, ["gpu"]);
+        let hbm = i.mix.classes.iter().find(|c| c.name == "hbm3").unwrap();
+        assert_eq!(hbm.precursor.coverage, 0.4);
     }
 }

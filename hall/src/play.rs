@@ -152,6 +152,9 @@ pub struct PlayOutcome {
     pub peak_hosts_capped_telemetry: usize,
     /// What the controller's counters said of caps.
     pub caps: CapFigures,
+    /// Simulated seconds played (whole): the run's length, or less where
+    /// it stopped 10 minutes past its due time with the hall behind.
+    pub played_s: u64,
 }
 
 /// Caps as the controller's counters ([`ShellStats`]) tell them.
@@ -375,6 +378,8 @@ struct Live<'a> {
     host_ids: &'a [String],
     /// Simulated seconds to play.
     duration: u64,
+    /// The hall's time when the run loop last stepped it, s.
+    hall_s: f64,
     trace_path: PathBuf,
     trace: std::io::BufWriter<std::fs::File>,
     /// The rows written to the trace.
@@ -420,6 +425,7 @@ impl<'a> Live<'a> {
             sim,
             host_ids,
             duration,
+            hall_s: 0.0,
             trace_path,
             trace,
             rows: Vec::new(),
@@ -447,6 +453,7 @@ impl<'a> Live<'a> {
         loop {
             tick.tick().await;
             let (t, row) = self.step_hall(pace.step_s(Instant::now()));
+            self.hall_s = t;
             let cdu = &self.sim.cdu;
             self.setpoint = cdu.setting("supply_setpoint").unwrap_or(self.setpoint);
             self.speed = cdu.setting("pump_speed").map_or(self.speed, |p| p / 100.0);
@@ -556,11 +563,13 @@ impl<'a> Live<'a> {
         };
         let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
         let cfg = self.cfg;
-        // The references on the same scenario and length, in simulated
-        // time (well under a second for the demo).
-        let (sc, duration) = (self.sc.clone(), self.duration);
+        // The references on the same scenario and the length played, in
+        // simulated time (well under a second for the demo).
+        let (played_s, short) = played(self.hall_s, self.duration);
+        self.out.played_s = played_s;
+        let sc = self.sc.clone();
         let baselines =
-            tokio::task::spawn_blocking(move || crate::compare::baselines(&sc, duration))
+            tokio::task::spawn_blocking(move || crate::compare::baselines(&sc, played_s))
                 .await
                 .map_err(|e| PlayError::Start(format!("baselines: {e}")))?
                 .map_err(|e| PlayError::Start(format!("baselines: {e}")))?;
@@ -568,7 +577,7 @@ impl<'a> Live<'a> {
         let mut summary = serde_json::json!({
             "scenario": cfg.name,
             "controller": "ours (live)",
-            "duration_s": self.duration,
+            "duration_s": played_s,
             "it_kwh": it_kwh,
             "facility_kwh": fac_kwh,
             "pue": ratio(fac_kwh, it_kwh),
@@ -579,6 +588,9 @@ impl<'a> Live<'a> {
             "racks_lost": out.racks_lost.len(),
         });
         if let Some(m) = summary.as_object_mut() {
+            if let Some(note) = short {
+                m.insert("note".into(), note.into());
+            }
             let b = crate::compare::baselines_json(&baselines);
             m.insert(crate::report::BASELINES.into(), b);
         }
@@ -590,6 +602,26 @@ impl<'a> Live<'a> {
         )?;
         Ok(self.out)
     }
+}
+
+/// The whole simulated seconds a run played when the hall reached
+/// `hall_s` of a planned `duration`, at most `duration`; and, for a run
+/// that stopped short, a note saying so.
+fn played(hall_s: f64, duration: u64) -> (u64, Option<String>) {
+    let whole = hall_s.max(0.0).floor();
+    let played = if whole >= duration as f64 {
+        duration
+    } else {
+        whole as u64
+    };
+    let short = (played < duration).then(|| {
+        format!(
+            "incomplete: stopped after {played} of {duration} simulated seconds, 10 minutes \
+             past its due time with the hall behind; every figure and the baselines cover \
+             the {played} s played"
+        )
+    });
+    (played, short)
 }
 
 /// What the controller's commands `c` declare, for a hall of `hosts`
@@ -607,6 +639,21 @@ fn declared_by(c: &cooling_core::Commands, hosts: usize) -> loopwarden_twin::tal
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_that_stops_short_reports_the_seconds_it_played() {
+        let (s, note) = played(1234.7, 3600);
+        assert_eq!(s, 1234);
+        let note = note.expect("a note");
+        assert!(
+            note.contains("stopped after 1234 of 3600 simulated seconds"),
+            "{note}"
+        );
+        // The last step overshoots the end by a fraction of a step.
+        assert_eq!(played(3600.25, 3600), (3600, None));
+        assert_eq!(played(3600.0, 3600), (3600, None));
+        assert_eq!(played(0.0, 60).0, 0);
+    }
 
     #[test]
     fn the_controller_is_paced_in_plant_time_and_waits_for_messages_in_real_time() {

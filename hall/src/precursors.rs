@@ -109,7 +109,7 @@ impl Size {
 /// 3 to 6 s in release on 2 cores, about ten times that in a debug
 /// build; tests should call [`measure`] with a small [`Size`]).
 pub fn measured(seed: u64) -> Result<MeasuredModel, String> {
-    Ok(measure(seed, Size::DEFAULT)?.model())
+    measure(seed, Size::DEFAULT)?.model()
 }
 
 /// One generated trace, its expectation and, for a failure, the truth.
@@ -423,10 +423,21 @@ pub struct FailureOutcome {
     /// Flagged after the onset and before the failure: the lead (ms) and
     /// the reason of the first flag.
     pub precursor: Option<(u64, String)>,
-    /// Failure to quarantine, ms, when not quarantined before it.
-    pub detection_ms: Option<u64>,
+    /// When the engine quarantined the failing GPU.
+    pub detection: Detection,
     /// The scorer's view.
     pub score: Score,
+}
+
+/// When a failing GPU was quarantined, against its failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Detection {
+    /// Before the failure struck (a precursor's doing): no latency.
+    Before,
+    /// This many ms after the failure.
+    After(u64),
+    /// Never, in the whole trace.
+    Never,
 }
 
 /// Every figure of a run, before it is reduced to a [`MeasuredModel`].
@@ -495,17 +506,19 @@ fn run_job(seed: u64, size: Size, j: Job) -> JobResult {
             let quarantined_before = mine
                 .iter()
                 .any(|v| v.state == State::Quarantined && v.t_ms < f.failure_ms);
-            let detection_ms = if quarantined_before {
-                None
+            let detection = if quarantined_before {
+                Detection::Before
             } else {
                 mine.iter()
                     .find(|v| v.state == State::Quarantined)
-                    .map(|v| v.t_ms - f.failure_ms)
+                    .map_or(Detection::Never, |v| {
+                        Detection::After(v.t_ms - f.failure_ms)
+                    })
             };
             let outcome = FailureOutcome {
                 failure: f.clone(),
                 precursor,
-                detection_ms,
+                detection,
                 score: score(Some(f), GPUS, &verdicts),
             };
             Outcome::Failure(outcome, alarms, clean_s / day_s)
@@ -605,17 +618,44 @@ impl Measurement {
         }
     }
 
-    /// Failure-to-quarantine latencies, seconds.
+    /// Failure-to-quarantine latencies, seconds, of the failures
+    /// quarantined after they struck.
     pub fn detections_s(&self) -> Vec<f64> {
         self.failures
             .iter()
-            .filter_map(|f| f.detection_ms)
-            .map(|ms| ms as f64 / 1e3)
+            .filter_map(|f| match f.detection {
+                Detection::After(ms) => Some(ms as f64 / 1e3),
+                _ => None,
+            })
             .collect()
     }
 
-    /// The model the twin takes, with a sentence on each figure.
-    pub fn model(&self) -> MeasuredModel {
+    /// The failures the engine never quarantined.
+    pub fn never_quarantined(&self) -> impl Iterator<Item = &FailureOutcome> + '_ {
+        self.failures
+            .iter()
+            .filter(|f| f.detection == Detection::Never)
+    }
+
+    /// The model the twin takes, with a sentence on each figure; an error
+    /// if the engine never quarantined some failure, since the detection
+    /// latency is a mean over every failure not quarantined before it
+    /// struck and a miss has none.
+    pub fn model(&self) -> Result<MeasuredModel, String> {
+        let missed: Vec<String> = self
+            .never_quarantined()
+            .map(|f| format!("{} on gpu {}", f.failure.class, f.failure.gpu))
+            .collect();
+        if !missed.is_empty() {
+            return Err(format!(
+                "the engine never quarantined {} of {} failures ({}{}): the detection \
+                 latency has no mean over them",
+                missed.len(),
+                self.failures.len(),
+                missed[..missed.len().min(5)].join(", "),
+                if missed.len() > 5 { ", …" } else { "" },
+            ));
+        }
         let mut notes = Vec::new();
         let mut classes = Vec::new();
         for (class, mix) in MIXES {
@@ -698,13 +738,13 @@ impl Measurement {
         notes.push(
             format!("assumed, not measured: each class's mix of failures with and without a precursor, and the onset leads (log-uniform 2 min to {} h); measured: whether and when the engine flags them.", self.size.max_onset_lead_h),
         );
-        MeasuredModel {
+        Ok(MeasuredModel {
             classes,
             detection_s,
             false_alarms_per_gpu_day: self.false_degrade_share(),
             false_quarantines_per_gpu_day: self.false_quarantine_bound(),
             notes,
-        }
+        })
     }
 }
 

@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 use loopwarden_twin::goodput::mix::LLAMA3_RATE_PER_GPU_DAY;
 use loopwarden_twin::goodput::{Job, Lost, PolicySummary, Settings};
 
-use super::charts::{causes, CHARTS};
+use super::charts::{causes, CHARTS, SWEPT_POLICIES};
 use super::study::{false_flags, Point, Study, COVERAGE, LEAD_H, TARGET};
 
 /// The report page's name.
@@ -118,9 +118,12 @@ fn result(md: &mut String, s: &Study) {
     row(md, "agent + drain without false alarms", &s.no_false_alarms);
     let p = &s.headline.policies;
     let which = if s.inputs.measured {
-        "the precursors the health engine achieves today (the measured model)"
+        format!(
+            "the precursors the health engine achieves today (the measured model{})",
+            unmeasured(&s.inputs.unmeasured)
+        )
     } else {
-        "the mix's own precursors"
+        "the mix's own precursors".to_string()
     };
     let _ = writeln!(
         md,
@@ -138,6 +141,19 @@ fn result(md: &mut String, s: &Study) {
         flag_handling(&s.inputs.settings),
         with_neither(s) * 100.0,
     );
+}
+
+/// The visible classes the measured model does not cover, in words to
+/// follow "the measured model" ("" when it covers every one).
+fn unmeasured(classes: &[String]) -> String {
+    if classes.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; the mix's own precursors for {}, which it does not cover",
+            classes.join(", ")
+        )
+    }
 }
 
 /// What the drain policy gains over the agent where neither raises a
@@ -360,8 +376,9 @@ fn table(md: &mut String, title: &str, unit: &str, points: &[Point], current: f6
     let _ = writeln!(
         md,
         "### {title}\n\nNo false degrade or quarantine in any column.\n\n\
-         | {unit} | reactive | agent, no false quarantines | agent + drain, no false alarms |\n\
-         |---|---:|---:|---:|"
+         | {unit} | {} |\n\
+         |---|---:|---:|---:|",
+        SWEPT_POLICIES.join(" | ")
     );
     for p in points {
         let mark = if p.x == current { " (the run's)" } else { "" };
@@ -418,14 +435,21 @@ fn sensitivity(md: &mut String, s: &Study) {
     choosing(md, s);
 }
 
-/// The smallest n with P(Poisson(mean) ≤ n) ≥ q.
+/// The smallest n with P(Poisson(mean) ≤ n) ≥ q. The terms are kept in
+/// log space, since e^−mean underflows to 0 past a mean of about 745.
 fn poisson_quantile(mean: f64, q: f64) -> u32 {
-    let (mut n, mut p) = (0u32, (-mean).exp());
-    let mut cdf = p;
-    while cdf < q && n < 100_000 {
+    if mean.is_nan() || mean <= 0.0 {
+        return 0;
+    }
+    // Far past any quantile asked for: 40 standard deviations.
+    let last = mean + 40.0 * mean.sqrt() + 50.0;
+    let mut log_p = -mean;
+    let mut cdf = log_p.exp();
+    let mut n = 0u32;
+    while cdf < q && f64::from(n) < last {
         n += 1;
-        p *= mean / f64::from(n);
-        cdf += p;
+        log_p += (mean / f64::from(n)).ln();
+        cdf += log_p.exp();
     }
     n
 }
@@ -548,10 +572,11 @@ fn moonshot(md: &mut String, s: &Study) {
     if let Some((e, quiet)) = m.measured {
         let _ = writeln!(
             md,
-            "**Today:** with the precursors the health engine achieves (the measured model) \
+            "**Today:** with the precursors the health engine achieves (the measured model{}) \
              and its measured detection latency ({} s; {}), agent + drain reaches {} at the \
              false-alarm bounds of {:.2e} false degrades and {:.2e} false quarantines per \
              GPU-day, and {} if it raised neither.\n",
+            unmeasured(&s.inputs.unmeasured),
             num(s.inputs.settings.detection_s),
             if s.inputs.settings.quarantine_ends_job {
                 "the quarantine ends the job, so a hang a host sees stops after it, at most at \
@@ -628,19 +653,24 @@ fn false_alarms(md: &mut String, s: &Study) {
         .iter()
         .any(|c| c.precursor.coverage > 0.0);
     let which = match (s.inputs.measured, own) {
-        (true, _) => "the measured precursors",
-        (false, true) => "the mix's precursors",
-        (false, false) => "50 % of visible failures flagged an hour ahead",
+        (true, _) => format!(
+            "the measured precursors{}",
+            unmeasured(&s.inputs.unmeasured)
+        ),
+        (false, true) => "the mix's precursors".to_string(),
+        (false, false) => "50 % of visible failures flagged an hour ahead".to_string(),
     };
-    let agent = s.agent_no_false_quarantines.ett;
+    let agent = s.agent_swept.ett;
+    let trials = s.inputs.sweep_trials.min(s.inputs.trials);
     let _ = writeln!(
         md,
         "## Drains against false alarms\n\n\
          Each false flag, a false degrade or a false quarantine, costs the drain policy \
          a planned restart and a spare host, like a true drain (a false quarantine that \
          ends the job costs more: `--quarantine-ends-job`). ETT with drains ({which}) \
-         against the rate of false flags, every one counted as a degrade; the agent \
-         without drains and without false quarantines has {}.\n\n\
+         against the rate of false flags, every one counted as a degrade, over {trials} \
+         trials each; the agent without drains and without false quarantines has {} over \
+         the same {trials} trials.\n\n\
          | false flags per GPU-day | per day for the job | ETT with drains |\n\
          |---:|---:|---:|",
         pct(agent),
@@ -654,23 +684,35 @@ fn false_alarms(md: &mut String, s: &Study) {
         };
         let _ = writeln!(md, "| {r:.1e}{own} | {:.2} | {} |", r * g, pct(e));
     }
-    let pays = s
-        .false_alarms
+    md.push_str(&drains_pay(&s.false_alarms, agent));
+}
+
+/// Where drains beat the agent alone (ETT `agent`) among the false-flag
+/// rates swept, `(rate, ETT with drains)`, in words.
+fn drains_pay(swept: &[(f64, f64)], agent: f64) -> String {
+    let pays: Vec<f64> = swept
         .iter()
         .filter(|(_, e)| *e > agent)
-        .map(|p| p.0);
-    match pays.fold(None, |m: Option<f64>, r| Some(m.map_or(r, |m| m.max(r)))) {
-        Some(r) => {
-            let _ = writeln!(
-                md,
-                "\nDrains pay (beat the agent alone, both without false quarantines) up to {r:.1e} false flags per GPU-day \
-                 among the rates swept. Showing a rate that low with no false alarm seen takes \
-                 3.0 / {r:.1e} = {:.0} clean GPU-days of replay (the 95 % one-sided Poisson \
-                 bound).\n",
-                3.0 / r.max(f64::MIN_POSITIVE)
-            );
-        }
-        None => md.push_str("\nDrains do not pay at any rate swept.\n\n"),
+        .map(|p| p.0)
+        .collect();
+    let positive = pays
+        .iter()
+        .copied()
+        .filter(|&r| r > 0.0)
+        .fold(None, |m: Option<f64>, r| Some(m.map_or(r, |m| m.max(r))));
+    match (positive, pays.is_empty()) {
+        (Some(r), _) => format!(
+            "\nDrains pay (beat the agent alone, both without false quarantines) up to {r:.1e} \
+             false flags per GPU-day among the rates swept. Showing a rate that low with no \
+             false alarm seen takes 3.0 / {r:.1e} = {:.0} clean GPU-days of replay (the 95 % \
+             one-sided Poisson bound).\n\n",
+            3.0 / r
+        ),
+        (None, false) => "\nDrains pay (beat the agent alone, both without false quarantines) \
+             only with no false flag at all: at every positive rate swept they fall to or \
+             below the agent.\n\n"
+            .to_string(),
+        (None, true) => "\nDrains do not pay at any rate swept.\n\n".to_string(),
     }
 }
 
@@ -687,6 +729,89 @@ mod tests {
         assert_eq!(poisson_quantile(1.0, 0.95), 3);
         assert_eq!(poisson_quantile(1.0, 0.99), 4);
         assert_eq!(poisson_quantile(0.0, 0.999), 0);
+    }
+
+    #[test]
+    fn poisson_quantiles_of_large_means_are_near_the_mean() {
+        // e^−1000 is 0 in f64: summed directly the count never rises.
+        let q = poisson_quantile(1000.0, 0.99);
+        assert!((1060..1090).contains(&q), "{q}");
+        // Normal approximation: 10⁴ + 2.326 × 100.
+        let q = poisson_quantile(1e4, 0.99);
+        assert!((10_220..10_245).contains(&q), "{q}");
+    }
+
+    /// The longest run of digits in `text`.
+    fn longest_number(text: &str) -> usize {
+        text.split(|c: char| !c.is_ascii_digit())
+            .map(str::len)
+            .max()
+            .unwrap_or(0)
+    }
+
+    #[test]
+    fn drains_that_pay_only_without_false_flags_are_said_to_in_words() {
+        let words = drains_pay(&[(0.0, 0.92), (1e-6, 0.90)], 0.91);
+        assert!(longest_number(&words) <= 20, "{words}");
+        assert!(words.contains("only with no false flag"), "{words}");
+        let words = drains_pay(&[(0.0, 0.92), (1e-6, 0.915), (1e-5, 0.90)], 0.91);
+        assert!(
+            words.contains("up to 1.0e-6 false flags per GPU-day"),
+            "{words}"
+        );
+        assert!(words.contains("= 3000000 clean GPU-days"), "{words}");
+        let words = drains_pay(&[(0.0, 0.90), (1e-6, 0.89)], 0.91);
+        assert!(words.contains("do not pay at any rate swept"), "{words}");
+    }
+
+    /// Llama 3's mix with every visible class flagged so rarely that
+    /// drains never act, on a small job: 50 trials, 10 for the sweeps.
+    fn drains_do_nothing() -> Study {
+        use loopwarden_twin::goodput::{Job, Mix};
+
+        use super::super::study::{fixed, Inputs};
+        let job = Job {
+            gpus: 1024,
+            days: 3.0,
+            ..Job::default()
+        };
+        Study::compute(Inputs {
+            job,
+            settings: Settings::default(),
+            mix: Mix::default().with_precursor(&fixed(1e-12, 1.0)),
+            measured: false,
+            unmeasured: Vec::new(),
+            trials: 50,
+            sweep_trials: 10,
+            seed: 3,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn drains_against_false_alarms_are_set_against_the_agent_on_the_same_trials() {
+        let s = drains_do_nothing();
+        let (rate, ett) = s.false_alarms[0];
+        assert_eq!(rate, 0.0);
+        assert_eq!(ett, s.agent_swept.ett);
+        // The headline's 50 trials differ from the sweeps' 10.
+        assert_ne!(s.agent_no_false_quarantines.ett, s.agent_swept.ett);
+        let md = markdown(&s, &[]);
+        assert!(md.contains("Drains do not pay at any rate swept."), "{md}");
+        assert!(md.contains(&format!(
+            "the agent without drains and without false quarantines has {} over the same 10 trials",
+            pct(s.agent_swept.ett)
+        )));
+        // The charts: the precursor chart's agent line is the same figure,
+        // and the checkpoint chart names its lines as the tables do.
+        let dir = tempfile::tempdir().unwrap();
+        super::super::charts::write(dir.path(), &s).unwrap();
+        let svg = std::fs::read_to_string(dir.path().join(CHARTS[0])).unwrap();
+        let texts: Vec<&str> = svg.lines().map(str::trim).collect();
+        for label in SWEPT_POLICIES {
+            assert!(texts.contains(&label), "{label}: {svg}");
+        }
+        assert!(!texts.contains(&"agent"), "{svg}");
     }
 
     #[test]

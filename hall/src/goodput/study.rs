@@ -50,6 +50,9 @@ pub struct Inputs {
     /// Whether the mix's visible classes carry the measured precursors
     /// (the real health engine's), rather than their own.
     pub measured: bool,
+    /// With `measured`, the host-visible classes the measured model does
+    /// not cover by name: they keep the mix's own precursors.
+    pub unmeasured: Vec<String>,
     /// Trials of the headline run.
     pub trials: u32,
     /// Trials of every other run (the sweeps, the moonshot), at most
@@ -128,6 +131,10 @@ pub struct Study {
     pub no_false_alarms: PolicySummary,
     /// The agent alone as in the headline, with no false quarantine.
     pub agent_no_false_quarantines: PolicySummary,
+    /// The same over the sweeps' trials (the first `sweep_trials` of the
+    /// headline's): what the false-alarm sweep and the precursor grid,
+    /// run on those trials, are set against.
+    pub agent_swept: PolicySummary,
     /// ETT with drains against the rate of false flags (per GPU-day, all
     /// counted as degrades), with the mix's precursors (else 50 % flagged
     /// an hour ahead).
@@ -184,6 +191,7 @@ impl Study {
         let no_false_alarms = drain_only(&quiet(&inputs), &inputs.job, &inputs.mix)?;
         let agent_no_false_quarantines =
             policy_only(&quiet(&inputs), &inputs.job, &inputs.mix, Policy::Agent)?;
+        let agent_swept = policy_only(&quiet(i), &i.job, &i.mix, Policy::Agent)?;
         let flagged = if i.mix.classes.iter().any(|c| c.precursor.coverage > 0.0) {
             i.mix.clone()
         } else {
@@ -198,6 +206,7 @@ impl Study {
             headline,
             no_false_alarms,
             agent_no_false_quarantines,
+            agent_swept,
             false_alarms,
             checkpoint,
             restart,

@@ -106,7 +106,7 @@ fn no_healthy_gpu_is_flagged() {
         m.false_alarms
     );
     // None seen: the rule of three over the clean GPU-days.
-    let model = m.model();
+    let model = m.model().expect("every failure quarantined");
     for bound in [model.false_quarantines_per_gpu_day, m.false_alarm_bound()] {
         assert!((bound * m.clean_gpu_days - 2.9957).abs() < 1e-3, "{bound}");
     }
@@ -116,7 +116,7 @@ fn no_healthy_gpu_is_flagged() {
 fn the_two_kinds_of_false_flag_never_exceed_the_bound_on_both() {
     let m = small();
     assert!(m.false_alarms.is_empty());
-    let model = m.model();
+    let model = m.model().expect("every failure quarantined");
     let both = model.false_alarms_per_gpu_day + model.false_quarantines_per_gpu_day;
     let total = m.false_alarm_bound();
     assert!(both <= total + 1e-12, "{both} > {total}");
@@ -127,7 +127,7 @@ fn the_two_kinds_of_false_flag_never_exceed_the_bound_on_both() {
 
 #[test]
 fn abrupt_failures_keep_every_class_below_full_coverage() {
-    let model = small().model();
+    let model = small().model().expect("every failure quarantined");
     let names: Vec<&str> = model.classes.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, ["faulty_gpu", "hbm3", "gpu_sram", "gsp", "thermal"]);
     for (name, p) in &model.classes {
@@ -185,19 +185,37 @@ fn detection_is_the_xid_itself_or_three_missed_samples() {
     let det = m.detections_s();
     assert!(det.len() >= m.failures.len() - SMALL.per_class, "{det:?}");
     for f in &m.failures {
-        let Some(ms) = f.detection_ms else { continue };
+        let Detection::After(ms) = f.detection else {
+            continue;
+        };
         let limit = match f.failure.mechanism {
             Mechanism::AbruptGpu { xid: None } => 5 * PERIOD_MS,
             _ => 0,
         };
         assert!(ms <= limit, "{f:?}");
     }
-    let model = m.model();
+    let model = m.model().expect("every failure quarantined");
     assert!(
         model.detection_s > 0.0 && model.detection_s < 5.0,
         "{}",
         model.detection_s
     );
+}
+
+#[test]
+fn a_failure_never_quarantined_is_not_left_out_of_the_detection_latency() {
+    let mut m = small().clone();
+    m.failures.truncate(2);
+    m.failures[0].detection = Detection::After(1_000);
+    m.failures[1].detection = Detection::Never;
+    assert_eq!(m.detections_s(), [1.0]);
+    let e = m.model().unwrap_err();
+    assert!(e.contains("never quarantined 1 of 2 failures"), "{e}");
+    // Quarantined before it struck: no latency, and the mean is the other's.
+    m.failures[1].detection = Detection::Before;
+    assert_eq!(m.model().unwrap().detection_s, 1.0);
+    m.failures[1].detection = Detection::After(3_000);
+    assert_eq!(m.model().unwrap().detection_s, 2.0);
 }
 
 #[test]
@@ -208,10 +226,10 @@ fn the_measured_model_is_the_same_for_a_seed_and_moves_with_it() {
         healthy_hours: 1,
         max_onset_lead_h: 0.3,
     };
-    let a = measure(9, size).expect("replays").model();
-    let b = measure(9, size).expect("replays").model();
+    let a = measure(9, size).expect("replays").model().unwrap();
+    let b = measure(9, size).expect("replays").model().unwrap();
     assert_eq!(a, b);
-    let c = measure(10, size).expect("replays").model();
+    let c = measure(10, size).expect("replays").model().unwrap();
     assert_ne!(a.classes, c.classes);
 }
 
@@ -295,7 +313,7 @@ fn print_the_measured_model() {
     let seed = std::env::var("LOOPWARDEN_SEED").map_or(1, |s| s.parse().expect("a seed"));
     let t0 = std::time::Instant::now();
     let m = measure(seed, Size::DEFAULT).expect("replays");
-    let model = m.model();
+    let model = m.model().expect("every failure quarantined");
     println!(
         "measured({seed}) in {:.1} s, {} records",
         t0.elapsed().as_secs_f64(),
