@@ -12,7 +12,7 @@
 //!
 //! | field | default | meaning |
 //! |---|---|---|
-//! | `site` | `site` | the site (ident) |
+//! | `site` | `site` (required with a site sign key) | the site (ident) |
 //! | `cdu` | the machine's host name | this CDU's id (ident) |
 //! | `broker` | none (required unless `embedded_broker = true`) | `host[:port]`, or the nodes of a broker cluster `host:port,host:port,…` (it fails over between them) |
 //! | `embedded_broker` | false | run the embedded broker here on purpose (not with `broker`) |
@@ -32,11 +32,11 @@
 //! | `serial_stop_bits` | 1 | 1 or 2 |
 //! | `register_map` | none (required with a site sign key; the simulated CDU's with `demo_key`; the gateway needs none: its microcontroller carries its map) | a register map TOML |
 //! | `site_figures` | none (required with a site sign key; the twin's hall with `demo_key`) | a site figures TOML (`SiteConfig`) |
-//! | `hosts` | none | host ids, rack-major |
+//! | `hosts` | none (one of `hosts` and `hosts_pattern` required with a site sign key; fewer than the hall's hosts is said at start) | host ids, rack-major |
 //! | `hosts_pattern` | none | host ids from `{rack}`, `{host}`, `{index}` (`{index:02}` pads) |
 //! | `period_ms` | 1000 | control period, 100 to 60000 |
 //! | `lease_ms` | 30000 | cap lease, at least 3 periods, at most 10 minutes (the hosts' default cap) |
-//! | `modbus_timeout_ms` | 500 (at most three quarters of the period) | one Modbus request, 10 ms to three quarters of the period |
+//! | `modbus_timeout_ms` | 375 at a 1 s period (500 at most; at most three eighths of the period) | one Modbus request, 10 ms to three eighths of the period |
 //! | `ambient_c` | none (the core's design day, 35 °C) | fallback outdoor temperature, -50 to 60 °C; used only when no sensor reads (the CDU's `outdoor_temp`, or a value the BMS wrote in the last 300 s), and then the controller raises an alarm |
 //! | `console` | `/run/loopwarden/cooling-ctrl.sock` or under `$XDG_RUNTIME_DIR`/`/tmp` | console socket |
 //! | `console_max_connections` | 8 | connections the console socket keeps open at once, 1 to 256; one more is closed at once |
@@ -122,7 +122,10 @@ use key::sign_key;
 use keyring::readers;
 use link::{cdu_link, cdu_link_if_given};
 use northbound::{northbound, Northbound};
-use plant::{core_config, facility_role, hosts, register_map, register_map_if_given, unprotected};
+use plant::{
+    core_config, facility_role, hosts, hosts_cover, register_map, register_map_if_given,
+    unprotected,
+};
 use timings::timings;
 
 /// The checked configuration.
@@ -200,8 +203,8 @@ pub struct Config {
     /// The protections switched off on purpose, as lines for the log at
     /// every start (`northbound_writes_any_address`).
     pub opt_outs: Vec<String>,
-    /// What the configuration allows but says at start (a northbound
-    /// server on every interface).
+    /// What the configuration allows but says at start (fewer host ids
+    /// than the hall's hosts, a northbound server on every interface).
     pub warnings: Vec<String>,
 }
 
@@ -291,6 +294,9 @@ pub fn resolve_for(
         (Purpose::Run, false) => "a CDU link with a site sign key",
     });
     common::check_broker(&src, &common, production)?;
+    // The demonstration key runs the twin, whose site is the default one.
+    let site_keyed = (!key.demo).then_some("a controller with a site sign key");
+    common::require_site(&src, &common, site_keyed)?;
     let link = match purpose {
         Purpose::Run => Some(cdu_link(&src, &file, flags)?),
         Purpose::Gateway => cdu_link_if_given(&src, &file, flags)?,
@@ -328,6 +334,7 @@ pub fn resolve_for(
     )?;
     core.layout.unprotected = unprotected(&src, &file, &core)?;
     let hosts = hosts(&src, &file, flags, &core)?;
+    let hosts_warning = hosts_cover(&src, &hosts, &core, key.demo)?;
     let timings = timings(&src, &file, flags)?;
     // The configured outdoor temperature is the fallback the core plans
     // with when no sensor reads, not a reading.
@@ -382,7 +389,7 @@ pub fn resolve_for(
         metrics_listen,
         board,
         opt_outs: opt_out.into_iter().collect(),
-        warnings: warning.into_iter().collect(),
+        warnings: hosts_warning.into_iter().chain(warning).collect(),
     })
 }
 
@@ -708,7 +715,7 @@ mod tests {
         assert_eq!(c.key_id, 1);
         assert_eq!(c.period, Duration::from_secs(1));
         assert_eq!(c.lease, Duration::from_secs(30));
-        assert_eq!(c.modbus_timeout, Duration::from_millis(500));
+        assert_eq!(c.modbus_timeout, Duration::from_millis(375));
         assert_eq!(c.link, Some(Link::Tcp("127.0.0.1:5020".parse().unwrap())));
         assert_eq!(c.map, Some(RegisterMap::sim_cdu()));
         assert_eq!(
@@ -811,7 +818,7 @@ mod tests {
              serial_data_bits = 8\nserial_stop_bits = 2\n\
              register_map = {map:?}\nsite_figures = {figures:?}\n\
              hosts_pattern = \"r{{rack}}h{{host:02}}\"\n\
-             period_ms = 500\nlease_ms = 6000\nmodbus_timeout_ms = 200\nambient_c = -5\n\
+             period_ms = 500\nlease_ms = 6000\nmodbus_timeout_ms = 150\nambient_c = -5\n\
              console = \"/tmp/x.sock\"\nflash = \"/tmp/x.flash\"\n"
         );
         let c = from(&text).expect("valid");
@@ -835,7 +842,7 @@ mod tests {
         );
         assert_eq!(c.period, Duration::from_millis(500));
         assert_eq!(c.lease, Duration::from_secs(6));
-        assert_eq!(c.modbus_timeout, Duration::from_millis(200));
+        assert_eq!(c.modbus_timeout, Duration::from_millis(150));
         assert_eq!(c.ambient_c, Some(-5.0));
         assert_eq!(
             c.core.margins.design_ambient_c, -5.0,
@@ -844,10 +851,10 @@ mod tests {
         assert_eq!(c.flash.as_deref(), Some(Path::new("/tmp/x.flash")));
         // A list, and another CDU's key refused.
         let text = format!(
-            "cdu = \"c\"\nsign_key = {keys:?}\ncdu_tcp = \"127.0.0.1:502\"\nhosts = [\"a\", \"b\"]\nbroker = \"10.0.0.5\"\n"
+            "site = \"hall-1\"\ncdu = \"c\"\nsign_key = {keys:?}\ncdu_tcp = \"127.0.0.1:502\"\nhosts = [\"a\", \"b\"]\nbroker = \"10.0.0.5\"\n"
         );
         let e = from(&text).unwrap_err();
-        assert_eq!(e.line, Some(2), "{e}");
+        assert_eq!(e.line, Some(3), "{e}");
         assert!(e.message.contains("key of cdu/cdu-2"), "{e}");
         // With the site's key, nothing of the twin's is taken silently:
         // the map, the figures and a flash file (or volatile on purpose).
@@ -892,6 +899,53 @@ mod tests {
         ))
         .expect("valid");
         assert_eq!(c.map.map(|m| m.unit_id), Some(7), "a map given is read");
+    }
+
+    /// A controller with the site's key publishes where the site's broker
+    /// lets its hosts hear it, and leases the hosts it cools: without
+    /// `site`, or without any host, it is refused; with fewer hosts than
+    /// the hall's it starts and says so.
+    #[test]
+    fn a_site_keyed_controller_needs_its_site_and_its_hosts() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys = sign_key_file(dir.path(), "cdu-2", 4);
+        let figures = dir.path().join("site.toml");
+        std::fs::write(&figures, "racks = 2\nhosts_per_rack = 3\n").unwrap();
+        let map = dir.path().join("map.toml");
+        std::fs::write(&map, include_str!("../../boards/cdus/sim-cdu.toml")).unwrap();
+        let base = format!(
+            "cdu = \"cdu-2\"\nbroker = \"10.0.0.5\"\nsign_key = {keys:?}\n\
+             cdu_tcp = \"127.0.0.1:502\"\nregister_map = {map:?}\nsite_figures = {figures:?}\n\
+             volatile_latch = true\n"
+        );
+        let e = from(&base).unwrap_err();
+        assert!(
+            e.message
+                .starts_with("site is required on a controller with a site sign key"),
+            "{e}"
+        );
+        let sited = format!("site = \"hall-1\"\n{base}");
+        let e = from(&sited).unwrap_err();
+        assert!(
+            e.message
+                .starts_with("hosts: required with a site sign key")
+                && e.message.contains("hosts_pattern"),
+            "{e}"
+        );
+        let c = from(&format!("{sited}hosts = [\"a\", \"b\"]\n")).expect("valid");
+        assert_eq!(c.hosts.len(), 2);
+        assert!(
+            c.warnings
+                .iter()
+                .any(|w| w.starts_with("hosts: 2 host ids for a hall of 6 hosts")),
+            "{:?}",
+            c.warnings
+        );
+        let c = from(&format!("{sited}hosts_pattern = \"r{{rack}}h{{host}}\"\n")).expect("valid");
+        assert_eq!(c.hosts.len(), 6);
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        let demo = from(MIN).expect("the twin keeps its default site and needs no hosts");
+        assert_eq!(demo.site.as_str(), "site");
     }
 
     /// A sign key file of `cdu/<cdu>` with key id `id` (its seed all `id`).

@@ -10,7 +10,8 @@
 //! value is plausible (a lost 4–20 mA sensor reads raw 0, which the control
 //! core tells from a real 0). Before the controller starts on a map,
 //! [`check_map`] refuses one it does not fit: a name it neither reads nor
-//! writes, no `valves_open`, `pumps_run` or `heartbeat`, a setting's range
+//! writes, no `valves_open`, `pumps_run` or `heartbeat`, no pump running
+//! flag (`pump_a_running`, `pump_b_running`), a setting's range
 //! that leaves out what it writes, a unit other than the one the
 //! controller takes the register in (it converts nothing). The
 //! heartbeat counter is written within its register's range, wrapping
@@ -842,6 +843,25 @@ mod tests {
             "heartbeat: the map lacks it; the controller needs it as a holding register: \
              it tells the CDU the controller is alive, or the CDU falls back"
         );
+        // A pump's running flag left out: refused, or the pump would read
+        // stopped while it runs and be taken for tripped.
+        for pump in [PUMP_A, PUMP_B] {
+            let at = text
+                .find(&format!("[[register]]\nname = \"{pump}\""))
+                .unwrap();
+            let end = at + text[at..].find("\n\n").unwrap() + 2;
+            let cut = format!("{}{}", &text[..at], &text[end..]);
+            let map = RegisterMap::from_toml(&cut, "m.toml").unwrap();
+            let e = check_map(&map, 4).unwrap_err().to_string();
+            assert!(
+                e.starts_with(&format!(
+                    "{pump}: the map lacks it; the controller needs it as an input register, \
+                     pump {}'s running feedback",
+                    if pump == PUMP_A { 'A' } else { 'B' }
+                )),
+                "{e}"
+            );
+        }
         // Of the wrong kind: an input valves_open would never be written.
         let e = unfit(
             "name = \"valves_open\"\nkind = \"holding\"\naddress = 3\ntype = \"u16\"\nscale = 1.0\nunit = \"\"\nmin = 0.0\nmax = 65535.0",

@@ -73,7 +73,7 @@ fn every_commented_setting_is_one_the_controller_takes() {
     let text = example_config::with_every_setting(&example_config::read(NAME));
     let c = load(&text, etc.path()).expect("every setting loads");
     assert_eq!(c.lease, Duration::from_secs(30));
-    assert_eq!(c.modbus_timeout, Duration::from_millis(500));
+    assert_eq!(c.modbus_timeout, Duration::from_millis(375));
     assert_eq!(c.ambient_c, Some(35.0));
     let board = c.board.expect("the board's pins");
     assert_eq!(board.chip, Path::new("/dev/gpiochip0"));

@@ -44,7 +44,7 @@ fn a_killed_or_hung_controller_reads_offline_in_the_json_tree_within_its_keep_al
         format!(
             "site = \"{SITE}\"\ncdu = \"{CDU}\"\nbroker = \"{}\"\ndemo_key = true\n\
              cdu_tcp = \"{modbus}\"\nhosts_pattern = \"r{{rack}}h{{host}}\"\nperiod_ms = 200\n\
-             modbus_timeout_ms = 150\nambient_c = 20\nkeep_alive_s = {}\nconsole = {:?}\n",
+             modbus_timeout_ms = 75\nambient_c = 20\nkeep_alive_s = {}\nconsole = {:?}\n",
             broker.addr(),
             KEEP_ALIVE.as_secs(),
             dir.path().join("cdu.sock"),

@@ -49,7 +49,7 @@ impl Rig {
                 "# the controller of the test\nsite = \"hall-t\"\ncdu = \"cdu-1\"\n\
                  broker = \"{}\"\ndemo_key = true\ncdu_tcp = \"{modbus}\"\n\
                  hosts_pattern = \"r{{rack}}h{{host}}\"\nperiod_ms = 200\nlease_ms = 3000\n\
-                 modbus_timeout_ms = 150\nambient_c = 20\nconsole = {:?}\nflash = {:?}\n{extra}",
+                 modbus_timeout_ms = 75\nambient_c = 20\nconsole = {:?}\nflash = {:?}\n{extra}",
                 broker.addr(),
                 socket,
                 dir.path().join("cdu.flash"),

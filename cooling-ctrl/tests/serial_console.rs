@@ -53,7 +53,7 @@ fn a_field_engineer_logs_in_on_the_serial_console_and_clears_a_leak() {
         format!(
             "site = \"hall-t\"\ncdu = \"cdu-1\"\nbroker = \"{}\"\ndemo_key = true\n\
              cdu_tcp = \"{modbus}\"\nhosts_pattern = \"r{{rack}}h{{host}}\"\nperiod_ms = 200\n\
-             lease_ms = 3000\nmodbus_timeout_ms = 150\nconsole = {:?}\nflash = {:?}\n\
+             lease_ms = 3000\nmodbus_timeout_ms = 75\nconsole = {:?}\nflash = {:?}\n\
              console_password_hash = \"{hash}\"\n",
             broker.addr(),
             socket,

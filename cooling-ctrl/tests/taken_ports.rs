@@ -69,7 +69,7 @@ fn taken_northbound_and_metrics_addresses_do_not_stop_the_controller() {
         format!(
             "site = \"hall-t\"\ncdu = \"cdu-1\"\nbroker = \"{}\"\ndemo_key = true\n\
              cdu_tcp = \"{modbus}\"\nhosts_pattern = \"r{{rack}}h{{host}}\"\nperiod_ms = 200\n\
-             lease_ms = 3000\nmodbus_timeout_ms = 150\nambient_c = 20\nconsole = {:?}\n\
+             lease_ms = 3000\nmodbus_timeout_ms = 75\nambient_c = 20\nconsole = {:?}\n\
              flash = {:?}\nnorthbound = \"{nb}\"\nmetrics_listen = \"{metrics}\"\n",
             broker.addr(),
             socket,

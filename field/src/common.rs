@@ -262,6 +262,9 @@ pub struct CommonFlags {
 pub struct Common {
     /// Site.
     pub site: Ident,
+    /// Whether `site` was given (by the file or a flag); without it the
+    /// site is the default `site` (see [`require_site`]).
+    pub site_given: bool,
     /// Brokers, tried in turn; `None`: embedded.
     pub broker: Option<Brokers>,
     /// The embedded broker was asked for (`embedded_broker = true`), and
@@ -299,12 +302,9 @@ pub fn resolve(
     flags: &CommonFlags,
     default_console: impl FnOnce() -> PathBuf,
 ) -> Result<Common, ConfigError> {
-    let site = ident(
-        src,
-        pick!(flags.site, *file.site, "site"),
-        "site",
-        Some("site".into()),
-    )?;
+    let site_picked = pick!(flags.site, *file.site, "site");
+    let site_given = site_picked.0.is_some();
+    let site = ident(src, site_picked, "site", Some("site".into()))?;
     let broker = match pick!(flags.broker, *file.broker, "broker") {
         (Some(b), flag) => Some(
             b.parse::<Brokers>()
@@ -330,6 +330,7 @@ pub fn resolve(
     );
     Ok(Common {
         site,
+        site_given,
         broker,
         embedded_broker: (embedded.0.unwrap_or(false), embedded.1),
         credentials,
@@ -566,6 +567,30 @@ pub fn check_broker(
     }
 }
 
+/// Refuses a production agent without `site`: `production` says what
+/// makes it one (`an agent on real GPUs`), `None` for the twin and the
+/// demonstration, where the default `site` stays. A real device under
+/// the default publishes under `dc/v2/site/…`, where the broker's
+/// per-site rights let nobody hear it and nothing it hears comes.
+pub fn require_site(
+    src: &Sources,
+    common: &Common,
+    production: Option<&str>,
+) -> Result<(), ConfigError> {
+    match production {
+        Some(why) if !common.site_given => Err(src.error(
+            None,
+            "site",
+            format!(
+                "site is required on {why}: without it the agent joins the site named \"site\" \
+                 and publishes under dc/v2/site/…, where the site's broker lets nobody hear it; \
+                 set site = \"NAME\", the site of its keyring and certificates"
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Refuses a broker password sent in the clear to another machine: with
 /// credentials and no TLS, every broker must be on this host's loopback
 /// (`127.0.0.0/8`, `::1`, `localhost`), where nobody on the network can
@@ -794,6 +819,35 @@ mod tests {
         assert_eq!(e.line, Some(2), "{e}");
         assert!(e.message.contains("[fe80::1%eth0]:8883 has a zone"), "{e}");
         assert!(with("h1:8883,[fe80::1]:8883").is_ok());
+    }
+
+    #[test]
+    fn a_production_agent_needs_its_site_written_and_the_twin_keeps_the_default() {
+        let text = "broker = \"10.0.0.5:1883\"\n";
+        let src = Sources::new(Some(Path::new("a.toml")), text);
+        let c = check(text, &CommonFlags::default()).unwrap();
+        assert_eq!(c.site.as_str(), "site");
+        let e = require_site(&src, &c, Some("an agent on real GPUs")).unwrap_err();
+        assert!(
+            e.message
+                .starts_with("site is required on an agent on real GPUs"),
+            "{e}"
+        );
+        assert!(e.message.contains("dc/v2/site/"), "{e}");
+        assert!(require_site(&src, &c, None).is_ok(), "the twin's default");
+        let text = "site = \"hall-1\"\nbroker = \"10.0.0.5:1883\"\n";
+        let src = Sources::new(Some(Path::new("a.toml")), text);
+        let c = check(text, &CommonFlags::default()).unwrap();
+        assert!(require_site(&src, &c, Some("an agent on real GPUs")).is_ok());
+        let flags = CommonFlags {
+            site: Some("site".into()),
+            ..CommonFlags::default()
+        };
+        let c = check("", &flags).unwrap();
+        assert!(
+            require_site(&src, &c, Some("an agent on real GPUs")).is_ok(),
+            "a site given as a flag, even one named site, is written down"
+        );
     }
 
     #[test]

@@ -166,6 +166,49 @@ impl<S: MultiwriteNorFlash> EventLog<S> {
         self.oldest_seq().await
     }
 
+    /// A number below which every record the log's next wrap erases
+    /// lies, once that wrap is near: no erased sector is left ahead of
+    /// the one being written, so the first record that does not fit in it
+    /// erases the oldest sector. `None` while an erased sector is left
+    /// ahead, or the log is empty. A record that must outlive the wrap (a
+    /// lease in force) is logged again as soon as it lies below this,
+    /// while the sector being written has room: its copy is then in
+    /// flash before its sector is erased, and a power cut between the
+    /// erase and the write after it loses neither.
+    ///
+    /// The oldest sector's records are the first ones read that fit in a
+    /// sector together, counted at their size in flash (header and
+    /// padding): a record the store no longer reads (damaged by a power
+    /// cut) only makes the number higher than the first record the wrap
+    /// keeps, never lower.
+    pub async fn kept_by_next_wrap(&mut self) -> Result<Option<u32>, StoreError<S::Error>> {
+        // What a whole erased sector holds (the store's marker words at
+        // either end left out): the room while one is left ahead.
+        let word = S::READ_SIZE.max(S::WRITE_SIZE) as u32;
+        let whole = S::ERASE_SIZE as u32 - 2 * word;
+        if self.queue.find_max_fit().await? == Some(whole) {
+            return Ok(None);
+        }
+        let overhead = QueueStorage::<S, NoCache>::item_overhead_size();
+        let mut used = 0u32;
+        let mut any = false;
+        let mut iter = self.queue.iter().await?;
+        while let Some(entry) = iter.next(&mut self.buf).await? {
+            used += overhead + (entry.len() as u32).next_multiple_of(word);
+            let Some(r) = Record::decode(&entry) else {
+                continue;
+            };
+            // The first that does not fit after those before it is in a
+            // later sector, and every one after it.
+            if used > whole {
+                return Ok(Some(r.seq));
+            }
+            any = true;
+        }
+        // Every record in what one sector holds: all may go.
+        Ok(any.then_some(self.next_seq))
+    }
+
     /// Appends a record; returns its sequence number. When the log is full
     /// the oldest sector is erased to make room, and a [`WRAPPED`] marker
     /// after the record says how many records went.
@@ -291,5 +334,46 @@ impl<S: MultiwriteNorFlash> EventLog<S> {
     /// The flash, to inspect it (statistics).
     pub fn flash(&mut self) -> &mut S {
         self.queue.flash()
+    }
+}
+
+#[cfg(all(test, feature = "std"))]
+mod tests {
+    use futures::executor::block_on;
+
+    use super::*;
+    use crate::SimFlash;
+
+    #[test]
+    fn the_records_the_next_wrap_erases_are_known_before_it() {
+        block_on(async {
+            // Three sectors of 1 KiB: 15 records of 53 bytes (64 in flash)
+            // fill one.
+            let mut log = EventLog::open(SimFlash::<4, 1024>::new(3), 0..3072)
+                .await
+                .unwrap();
+            assert_eq!(log.kept_by_next_wrap().await.unwrap(), None, "empty");
+            let mut known = std::vec::Vec::new();
+            for i in 0..80u32 {
+                let kept = log.kept_by_next_wrap().await.unwrap();
+                known.push(kept);
+                let wraps = log.wraps();
+                log.append(TimestampMs(u64::from(i)), 3, &[i as u8; 40])
+                    .await
+                    .unwrap();
+                if log.wraps() != wraps {
+                    // Every record it erased lay below what it said.
+                    let oldest = log.oldest().await.unwrap().unwrap();
+                    assert_eq!(kept, Some(oldest), "record {i}");
+                }
+            }
+            // Two sectors of room: nothing said until the last one is
+            // being written (from record 30), then the first sector's
+            // records, then the second's after the first wrap (at 45).
+            assert!(known[..31].iter().all(Option::is_none), "{known:?}");
+            assert!(known[31..46].iter().all(|k| *k == Some(15)), "{known:?}");
+            assert_eq!(known[46], Some(30), "{known:?}");
+            assert_eq!(log.wraps(), 3);
+        });
     }
 }

@@ -8,7 +8,8 @@
 //!   second write that clears more bits; the store uses it to mark items).
 //! - A power cut can be armed: after a budget of bytes, the write or erase
 //!   in progress stops where it is and every later operation fails, as on
-//!   a board that lost power, until power is restored (the store re-opened).
+//!   a board that lost power, until power is restored (the store re-opened);
+//!   or right after a number of sector erases, the last one done whole.
 
 use core::fmt;
 
@@ -141,6 +142,8 @@ pub(crate) struct NorImage {
     pub(crate) stats: FlashStats,
     /// Bytes left before the power goes; `Some(0)` once it has gone.
     cut_budget: Option<u64>,
+    /// Sector erases left before the power goes, right after the last.
+    cut_erases: Option<u64>,
 }
 
 impl NorImage {
@@ -155,6 +158,7 @@ impl NorImage {
             erases_per_sector: std::vec![0; sectors],
             stats: FlashStats::default(),
             cut_budget: None,
+            cut_erases: None,
         }
     }
 
@@ -162,8 +166,16 @@ impl NorImage {
         self.cut_budget = Some(after_bytes);
     }
 
+    /// The power goes right after `erases` more sectors are erased (at
+    /// least one): the last of them erased whole, every later operation
+    /// failing.
+    pub(crate) fn arm_power_cut_after_erases(&mut self, erases: u64) {
+        self.cut_erases = Some(erases.max(1));
+    }
+
     pub(crate) fn restore_power(&mut self) {
         self.cut_budget = None;
+        self.cut_erases = None;
     }
 
     pub(crate) fn power_is_cut(&self) -> bool {
@@ -272,7 +284,18 @@ impl NorImage {
             return Err(FlashError::NotAligned);
         }
         let r = self.range(from, (to - from) as usize)?;
-        let done = self.spend(r.len());
+        let mut done = self.spend(r.len());
+        if let Some(left) = self.cut_erases {
+            let sectors = done.div_ceil(self.erase_size) as u64;
+            if sectors >= left {
+                // The power goes with the last counted sector erased whole.
+                done = done.min(left as usize * self.erase_size);
+                self.cut_erases = None;
+                self.cut_budget = Some(0);
+            } else {
+                self.cut_erases = Some(left - sectors);
+            }
+        }
         self.bytes[r.start..r.start + done].fill(0xFF);
         for s in r.start / self.erase_size..(r.start + done).div_ceil(self.erase_size) {
             self.erases_per_sector[s] += 1;

@@ -7,7 +7,9 @@ use crate::nor::{FlashError, FlashStats, NorImage};
 
 /// A NOR flash of `sectors` sectors of `ERASE` bytes, written in words of
 /// `WRITE` bytes, held in memory. [`SimFlash::cut_power_after`] arms a power
-/// cut after a number of bytes written or erased.
+/// cut after a number of bytes written or erased,
+/// [`SimFlash::cut_power_after_erases`] one right after a number of sector
+/// erases.
 #[derive(Debug, Clone)]
 pub struct SimFlash<const WRITE: usize, const ERASE: usize> {
     image: NorImage,
@@ -35,6 +37,13 @@ impl<const WRITE: usize, const ERASE: usize> SimFlash<WRITE, ERASE> {
     /// operation in progress stops mid-way and every later one fails.
     pub fn cut_power_after(&mut self, bytes: u64) {
         self.image.arm_power_cut(bytes);
+    }
+
+    /// The power goes right after `erases` more sectors are erased (at
+    /// least one), the last of them whole: what a store wrote after the
+    /// erase is lost, every later operation fails.
+    pub fn cut_power_after_erases(&mut self, erases: u64) {
+        self.image.arm_power_cut_after_erases(erases);
     }
 
     /// Whether the power has gone.
@@ -133,6 +142,36 @@ mod tests {
             let mut b = [0xAA; 8];
             f.read(0, &mut b).await.unwrap();
             assert_eq!(b, [0, 0, 0, 0, 0, 0, 0xFF, 0xFF], "six bytes made it");
+        });
+    }
+
+    #[test]
+    fn power_cut_after_erases_goes_with_the_last_sector_erased_whole() {
+        block_on(async {
+            let mut f = SimFlash::<4, 256>::new(4);
+            for at in [0, 256, 512, 768] {
+                f.write(at, &[0; 4]).await.unwrap();
+            }
+            f.cut_power_after_erases(2);
+            f.erase(0, 256).await.unwrap();
+            assert!(!f.power_is_cut());
+            f.write(4, &[0; 4]).await.unwrap();
+            // Three sectors asked, one erased: the power goes after the
+            // second erase counted.
+            assert_eq!(f.erase(256, 1024).await, Err(FlashError::PowerCut));
+            assert!(f.power_is_cut());
+            assert_eq!(f.write(8, &[0; 4]).await, Err(FlashError::PowerCut));
+            f.restore_power();
+            let mut b = [0xAA; 4];
+            for (at, left) in [(0, 0xFF), (4, 0), (256, 0xFF), (512, 0), (768, 0)] {
+                f.read(at, &mut b).await.unwrap();
+                assert_eq!(b, [left; 4], "{at}");
+            }
+            assert_eq!(f.stats().erases, 2);
+            // Whole: the power goes after the erase that completes.
+            f.cut_power_after_erases(1);
+            assert_eq!(f.erase(0, 256).await, Ok(()));
+            assert!(f.power_is_cut());
         });
     }
 }

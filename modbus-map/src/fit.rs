@@ -4,7 +4,8 @@
 //! (which builds no image on a map that does not fit). Every register is
 //! one the controllers read (input) or write (holding), of that kind and
 //! in the unit they take it in ([`READINGS`], [`SETTINGS`]: they convert
-//! nothing); the safety settings are there ([`NEEDED`]); each setting's
+//! nothing); the safety settings are there ([`NEEDED`]), and the pumps'
+//! running flags ([`NEEDED_READINGS`]); each setting's
 //! range holds what they write. The valve word's range depends on the
 //! racks: checked when they are known ([`every_valve`],
 //! [`range_holds`]), also on the microcontroller, whose
@@ -68,6 +69,23 @@ pub const NEEDED: [(&str, &str); 3] = [
     ),
 ];
 
+/// The readings a map must have, and what the controllers do with each:
+/// the pumps' running feedback. Without it a pump the controllers run
+/// reads as stopped, which they take for a trip: both healthy pumps would
+/// be taken out of service in turn.
+pub const NEEDED_READINGS: [(&str, &str); 2] = [
+    (
+        "pump_a_running",
+        "pump A's running feedback: without it the pump reads as stopped while it runs, \
+         and is taken for tripped and taken out of service",
+    ),
+    (
+        "pump_b_running",
+        "pump B's running feedback: without it the pump reads as stopped while it runs, \
+         and is taken for tripped and taken out of service",
+    ),
+];
+
 /// Why a controller will not run on a register map ([`check_fit`]).
 #[derive(Debug, Clone, PartialEq)]
 pub enum UnfitMap {
@@ -93,6 +111,14 @@ pub enum UnfitMap {
         /// The register.
         name: &'static str,
         /// What the controllers do with it.
+        what: &'static str,
+    },
+    /// A reading the map lacks that the controllers cannot do without
+    /// ([`NEEDED_READINGS`]).
+    MissingReading {
+        /// The register.
+        name: &'static str,
+        /// What the controllers read it for.
         what: &'static str,
     },
     /// A setting whose range leaves out values the controllers write.
@@ -150,13 +176,20 @@ impl fmt::Display for UnfitMap {
                 name,
                 wanted,
                 found,
-            } => write!(
-                f,
-                "{name}: the controller needs it as a {wanted} register, the map has it as {found}"
-            ),
+            } => {
+                let a = if wanted.starts_with('i') { "an" } else { "a" };
+                write!(
+                    f,
+                    "{name}: the controller needs it as {a} {wanted} register, the map has it as {found}"
+                )
+            }
             Self::Missing { name, what } => write!(
                 f,
                 "{name}: the map lacks it; the controller needs it as a holding register: {what}"
+            ),
+            Self::MissingReading { name, what } => write!(
+                f,
+                "{name}: the map lacks it; the controller needs it as an input register, {what}"
             ),
             Self::Narrow {
                 name,
@@ -217,7 +250,8 @@ pub fn unit_text(unit: &str) -> String {
 
 /// Checks that `registers` fit the controllers: every register one they
 /// read (input) or write (holding), of that kind and in its unit; the
-/// [`NEEDED`] settings there; each setting's range holding every value
+/// [`NEEDED`] settings and the [`NEEDED_READINGS`] there; each setting's
+/// range holding every value
 /// the controllers write (both pumps, either lead pump, full pump speed,
 /// and with `racks` known every valve of them open to all closed) and the
 /// heartbeat's at least two values. That bit words are `u16` at scale 1
@@ -234,6 +268,11 @@ pub fn check_fit<'a, S: AsRef<str> + 'a>(
     for (name, what) in NEEDED {
         if get(name).is_none() {
             return Err(UnfitMap::Missing { name, what });
+        }
+    }
+    for (name, what) in NEEDED_READINGS {
+        if get(name).is_none() {
+            return Err(UnfitMap::MissingReading { name, what });
         }
     }
     let range = |name: &str| get(name).and_then(|r| r.min.zip(r.max));

@@ -378,12 +378,15 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         _ => None,
     };
     common::check_broker(&src, &common, production)?;
+    let production_agent = production.map(|why| format!("an agent on {why}"));
+    common::require_site(&src, &common, production_agent.as_deref())?;
     let (signers, demo_key) = signers(&src, keyring.clone(), &gpus, &common.site)?;
     let site_limit = protection::site_limit(&src, &file, flags, &board)?;
     let twin_admin_limit = protection::twin_admin_limit(&src, &file, flags, &gpus, &board)?;
     let setting = protection::Setting {
         gpus: &gpus,
         keyring: keyring.0.is_some(),
+        signers: &signers,
         cdu: &cdu,
         rack,
         cooling_loss: &cooling_loss,
@@ -881,6 +884,19 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.line, Some(4), "{e}");
         assert!(e.to_string().contains("exclude each other"), "{e}");
+    }
+
+    #[test]
+    fn a_production_host_needs_its_site_written_and_a_twin_keeps_the_default() {
+        let unmanaged = "commands = \"none\"\ncooling = \"not_managed\"\nvolatile_state = true\n";
+        let e = from(&format!("host = \"b\"\nbroker = \"10.0.0.5\"\n{unmanaged}")).unwrap_err();
+        assert!(
+            e.message
+                .starts_with("site is required on an agent on real GPUs"),
+            "{e}"
+        );
+        let c = from("host = \"b\"\ntwin_gpus = 2\n").expect("a demonstration");
+        assert_eq!(c.site.as_str(), "site");
     }
 
     #[test]

@@ -107,12 +107,25 @@ pub enum GpuError {
     Timeout,
     /// The GPU has fallen off the bus or is otherwise lost to the driver.
     Lost,
-    /// The operation is not supported by this GPU.
+    /// The operation is not supported by this GPU (a source that names no
+    /// call, as the twins; NVML's answer is [`GpuError::Nvml`]).
     NotSupported,
-    /// The agent lacks the permission (setting limits needs root).
+    /// The agent lacks the permission (a source that names no call; NVML's
+    /// answer is [`GpuError::Nvml`]).
     NoPermission,
-    /// A value outside what the GPU accepts.
+    /// A power limit outside what the GPU accepts: refused by a twin, or
+    /// by NVML as invalid and still outside the limit constraints read
+    /// again.
     InvalidArgument,
+    /// NVML answered the call `what` with "not supported", "no permission"
+    /// or "invalid argument" (its other answers are [`GpuError::Lost`] and
+    /// [`GpuError::Failed`]).
+    Nvml {
+        /// The NVML call (`nvmlDeviceGetTemperature`).
+        what: &'static str,
+        /// NVML's answer.
+        failure: crate::nvml::NvmlFailure,
+    },
     /// Any other failure, as the driver worded it; `what` names the call.
     Failed {
         /// The call that failed.
@@ -128,8 +141,18 @@ impl fmt::Display for GpuError {
             Self::Timeout => f.write_str("did not answer before its deadline"),
             Self::Lost => f.write_str("GPU lost (fallen off the bus)"),
             Self::NotSupported => f.write_str("not supported by this GPU"),
-            Self::NoPermission => f.write_str("permission denied (setting limits needs root)"),
-            Self::InvalidArgument => f.write_str("value refused by the GPU as out of range"),
+            Self::NoPermission => f.write_str("permission denied"),
+            Self::InvalidArgument => f.write_str("power limit refused by the GPU as out of range"),
+            Self::Nvml { what, failure } => {
+                write!(f, "{what}: {failure}")?;
+                let set = *what == crate::nvml::SET_LIMIT_CALL;
+                match failure {
+                    crate::nvml::NvmlFailure::NoPermission if set => {
+                        f.write_str(": setting limits needs root")
+                    }
+                    _ => Ok(()),
+                }
+            }
             Self::Failed { what, detail } => write!(f, "{what} failed: {detail}"),
         }
     }

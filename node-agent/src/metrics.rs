@@ -38,7 +38,7 @@ const INFO: Metric = Metric::gauge(
 );
 const PROTECTION_OFF: Metric = Metric::gauge(
     "loopwarden_protection_off",
-    "1 for each protection switched off on purpose in the configuration; key names the setting (commands, cooling, cooling_loss.actions, volatile_state). Absent while every protection is on.",
+    "1 for each protection switched off on purpose in the configuration; key names the setting (commands, cooling, cooling_loss.actions, cooling_loss.grace_s, volatile_state). Absent while every protection is on.",
 );
 const STARTED: Metric = Metric::gauge(
     "loopwarden_agent_start_time_seconds",

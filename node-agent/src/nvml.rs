@@ -63,18 +63,40 @@ impl NvmlFailure {
         }
     }
 
+    /// The error of the call `what` that NVML answered so: the call is
+    /// named with NVML's answer.
     fn into_gpu_error(self, what: &'static str) -> GpuError {
         match self {
-            Self::NotSupported => GpuError::NotSupported,
-            Self::NoPermission => GpuError::NoPermission,
+            Self::NotSupported | Self::NoPermission | Self::InvalidArgument => GpuError::Nvml {
+                what,
+                failure: self,
+            },
             Self::GpuLost => GpuError::Lost,
-            Self::InvalidArgument => GpuError::InvalidArgument,
             Self::Timeout => GpuError::Failed {
                 what,
                 detail: "NVML timeout".into(),
             },
             Self::Other(detail) => GpuError::Failed { what, detail },
         }
+    }
+}
+
+/// The NVML call that sets a power limit (it needs root).
+pub const SET_LIMIT_CALL: &str = "nvmlDeviceSetPowerManagementLimit";
+
+/// NVML's answer, by its name in `nvml.h`, and what it means.
+impl std::fmt::Display for NvmlFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::NotSupported => "NVML_ERROR_NOT_SUPPORTED (not supported by this GPU or driver)",
+            Self::NoPermission => "NVML_ERROR_NO_PERMISSION (the agent lacks the permission)",
+            Self::GpuLost => "NVML_ERROR_GPU_IS_LOST (fallen off the bus)",
+            Self::Timeout => "NVML_ERROR_TIMEOUT",
+            Self::InvalidArgument => {
+                "NVML_ERROR_INVALID_ARGUMENT (an argument of the call refused)"
+            }
+            Self::Other(words) => words,
+        })
     }
 }
 
@@ -506,7 +528,7 @@ impl<A: NvmlApi> NvmlGpu<A> {
 
     /// Sets `limit` as it is.
     fn set(&self, limit: Watts) -> Result<(), GpuError> {
-        let what = "nvmlDeviceSetPowerManagementLimit";
+        let what = SET_LIMIT_CALL;
         self.timed(what, |a, i| a.set_limit_mw(i, limit.milliwatts()))
             .map_err(|e| e.into_gpu_error(what))
     }
@@ -633,7 +655,10 @@ impl<A: NvmlApi> GpuDevice for NvmlGpu<A> {
         // Whatever was read at a description: the shell may not hold that
         // range (a description past its deadline, a GPU identified late).
         match self.set(target) {
-            Err(GpuError::InvalidArgument) => self.set_after_refusal(limit, target),
+            Err(GpuError::Nvml {
+                failure: NvmlFailure::InvalidArgument,
+                ..
+            }) => self.set_after_refusal(limit, target),
             r => r,
         }
     }

@@ -334,7 +334,7 @@ async fn run_agent(
         .await;
 
     let outcomes = (&mut actions_rx, &mut cooling_rx);
-    agent.stop(outcomes, readers, bus_task).await;
+    agent.stop(outcomes, &xid_rx, readers, bus_task).await;
     Ok(())
 }
 
@@ -388,16 +388,18 @@ type Outcomes<'a> = (
 
 impl Agent {
     /// The clean stop: the running actions and cooling-loss steps end
-    /// (within [`stop::STOP_WAIT`]), the ceilings are put back unless a
-    /// lease is in force, everything decided is written and handed to the
-    /// bus, then the readers stop and the agent leaves the bus.
+    /// (within [`stop::STOP_WAIT`]) and the XIDs reported meanwhile are
+    /// decided, the ceilings are put back unless a lease is in force,
+    /// everything decided is written and handed to the bus, then the
+    /// readers stop and the agent leaves the bus.
     async fn stop(
         &mut self,
         outcomes: Outcomes<'_>,
+        xid_rx: &crate::xid_queue::XidQueue,
         readers: Readers,
         bus_task: loopwarden_bus::BusTask,
     ) {
-        self.finish_actions(outcomes).await;
+        self.finish_actions(outcomes, xid_rx).await;
         tracing::info!("stopping");
         self.step(Input::Stop).await;
         self.recorder.flush().await;
@@ -479,4 +481,28 @@ impl Agent {
         let (steady, offset) = self.clock.read();
         Now { steady, offset }
     }
+}
+
+/// The store over `store`'s memory flash with the last byte of the newest
+/// copy of `value` flipped: damaged, as a power cut mid-write leaves it.
+#[cfg(test)]
+fn damage_newest(
+    store: loopwarden_flash::ConfigStore<loopwarden_store::agent_flash::Flash>,
+    value: &[u8],
+) -> loopwarden_flash::ConfigStore<loopwarden_store::agent_flash::Flash> {
+    use loopwarden_store::agent_flash::AgentFlash;
+    let flash = store.into_flash();
+    flash.with(|f| {
+        let AgentFlash::Memory(m) = f else {
+            panic!("a memory flash");
+        };
+        let bytes = m.bytes_mut();
+        let at = bytes
+            .windows(value.len())
+            .rposition(|w| w == value)
+            .expect("the record in flash");
+        bytes[at + value.len() - 1] ^= 0xff;
+    });
+    let layout = loopwarden_boards::FlashBoard::host_file().layout().config;
+    loopwarden_flash::ConfigStore::open(flash, layout).expect("the store opened again")
 }

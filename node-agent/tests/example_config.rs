@@ -32,10 +32,43 @@ fn load(text: &str, etc: &Path) -> Result<config::Config, config::ConfigError> {
     config::load(Some(&file), &Overrides::default())
 }
 
+/// The example with this host's settings written in, as an operator
+/// does: its id, its CDU and its rack, which it ships without.
+fn with_this_host(text: &str) -> String {
+    let mut text = text.to_string();
+    for line in ["host = \"h01\"", "cdu = \"cdu1\"", "rack = 0"] {
+        let commented = format!("\n# {line}\n");
+        assert!(text.contains(&commented), "the example has `# {line}`");
+        text = text.replace(&commented, &format!("\n{line}\n"));
+    }
+    text
+}
+
+/// A rack is never taken from the example: with every site file there,
+/// the file as shipped is refused until this host's CDU and rack are
+/// written, naming them.
 #[test]
-fn the_example_loads_as_shipped_with_the_sites_files() {
+fn the_example_as_shipped_is_refused_until_its_cdu_and_rack_are_set() {
     let etc = site_files();
-    let c = load(&example_config::read(NAME), etc.path()).expect("the example loads");
+    let e = load(&example_config::read(NAME), etc.path()).unwrap_err();
+    assert!(
+        e.message.contains("`cdu` and `rack`"),
+        "the refusal names cdu and rack: {e}"
+    );
+    let text = example_config::read(NAME);
+    for key in ["host", "cdu", "rack"] {
+        assert!(
+            !text.lines().any(|l| l.starts_with(&format!("{key} ="))),
+            "{key} is set in the example as shipped"
+        );
+    }
+}
+
+#[test]
+fn the_example_loads_with_this_hosts_settings_and_the_sites_files() {
+    let etc = site_files();
+    let text = with_this_host(&example_config::read(NAME));
+    let c = load(&text, etc.path()).expect("the example loads");
     assert_eq!(c.site.as_str(), "hall-1");
     assert_eq!(c.host.as_str(), "h01");
     assert_eq!(c.gpus, GpuSourceKind::Nvml, "a real host reads NVML");

@@ -148,27 +148,27 @@ fn a_refused_command_sent_again_after_a_restart_is_refused_as_replayed() {
     };
     let mut sub = rig.subscribe(&["ack"]);
     let mut agent = rig.spawn_on_flash();
-    // Eleven minutes: over the host's ten, refused after its seq counted.
+    // No time at all: malformed, refused after its seq counted.
     let cdu_a = NodeId::new(Role::Cdu, "cdu-a").expect("node");
-    let mut too_long = rig::lease_from(cdu_a, 700, 1, &[(GpuSelector::All, 400)], 11 * 60_000);
-    too_long
+    let mut no_time = rig::lease_from(cdu_a, 700, 1, &[(GpuSelector::All, 400)], 0);
+    no_time
         .sign(
             &rig.cmd_topic(),
             1,
             &loopwarden_protocol::samples::demo_signing_key(),
         )
         .expect("signs");
-    let ack = rig.ack(&mut sub, &too_long);
-    assert_eq!(ack.code, AckCode::TooLong, "{}", ack.detail.as_str());
+    let ack = rig.ack(&mut sub, &no_time);
+    assert_eq!(ack.code, AckCode::Malformed, "{}", ack.detail.as_str());
     agent.crash();
     let _agent = rig.spawn_on_flash();
     // The outbox may send the first ack again after the restart: the
     // answer to the copy is an ack of its seq that is not that one (and
-    // none comes if the copy is judged afresh, refused as too long again).
-    rig.send(&too_long);
+    // none comes if the copy is judged afresh, refused as malformed again).
+    rig.send(&no_time);
     let answer = |s: &loopwarden_system_tests::Seen| {
         rig::frame(s).and_then(|f| match f.message {
-            Message::Ack(a) if a.correlation.seq == 700 && a.code != AckCode::TooLong => Some(a),
+            Message::Ack(a) if a.correlation.seq == 700 && a.code != AckCode::Malformed => Some(a),
             _ => None,
         })
     };

@@ -206,7 +206,13 @@ fn an_unreadable_uuid_or_a_lost_gpu_fails_the_description() {
         uuid: Err(NvmlFailure::NotSupported),
         ..Script::healthy()
     });
-    assert_eq!(gpu.describe(), Err(GpuError::NotSupported));
+    assert_eq!(
+        gpu.describe(),
+        Err(GpuError::Nvml {
+            what: "nvmlDeviceGetUUID",
+            failure: NvmlFailure::NotSupported
+        })
+    );
     fake.script().uuid = Ok(UUID.into());
     fake.script().constraints_fail = Some(NvmlFailure::GpuLost);
     assert_eq!(gpu.describe(), Err(GpuError::Lost));

@@ -735,6 +735,46 @@ fn sample_error(change: impl FnOnce(&mut Answers)) -> GpuError {
     gpu.sample().expect_err("the sample must fail")
 }
 
+/// NVML's answer `failure` to the call `what`.
+fn nvml(what: &'static str, failure: NvmlFailure) -> GpuError {
+    GpuError::Nvml { what, failure }
+}
+
+/// A GPU whose die temperature NVML does not support, and one whose
+/// enforced limit it reads as an invalid argument: each error names the
+/// call with NVML's answer, and says nothing of a range or of root.
+#[test]
+fn an_nvml_refusal_names_the_call_and_nvmls_answer() {
+    let temp = sample_error(|a| a.temperature = Err(NotSupported));
+    assert_eq!(temp, nvml("nvmlDeviceGetTemperature", NotSupported));
+    let limit = sample_error(|a| a.enforced_limit_mw = Err(InvalidArgument));
+    assert_eq!(
+        limit,
+        nvml("nvmlDeviceGetEnforcedPowerLimit", InvalidArgument)
+    );
+    for (e, call, answer) in [
+        (temp, "nvmlDeviceGetTemperature", "NVML_ERROR_NOT_SUPPORTED"),
+        (
+            limit,
+            "nvmlDeviceGetEnforcedPowerLimit",
+            "NVML_ERROR_INVALID_ARGUMENT",
+        ),
+    ] {
+        let text = e.to_string();
+        assert!(text.contains(call) && text.contains(answer), "{text}");
+        for wrong in ["out of range", "setting limits", "root"] {
+            assert!(!text.contains(wrong), "{text}");
+        }
+    }
+    let (fake, mut gpu) = one_gpu(Answers::healthy());
+    fake.set(0, |a| a.uuid = Err(NotSupported));
+    let text = gpu.describe().expect_err("no UUID").to_string();
+    assert!(
+        text.contains("nvmlDeviceGetUUID: NVML_ERROR_NOT_SUPPORTED"),
+        "{text}"
+    );
+}
+
 fn failed(what: &'static str, detail: &str) -> GpuError {
     GpuError::Failed {
         what,
@@ -762,7 +802,7 @@ fn failures_other_than_not_supported_fail_the_sample() {
     );
     assert_eq!(
         sample_error(|a| a.utilization = Err(NoPermission)),
-        GpuError::NoPermission
+        nvml("nvmlDeviceGetUtilizationRates", NoPermission)
     );
     assert_eq!(
         sample_error(|a| a.clocks_mhz = Err(x())),
@@ -814,7 +854,18 @@ fn describe_and_limit_failures_map_to_gpu_errors() {
     assert_eq!(gpu.describe(), Err(GpuError::Lost));
 
     fake.set(0, |a| a.set_limit_fails = Some(NoPermission));
-    assert_eq!(gpu.set_power_limit(Watts(450)), Err(GpuError::NoPermission));
+    let refused = gpu.set_power_limit(Watts(450));
+    assert_eq!(
+        refused,
+        Err(nvml("nvmlDeviceSetPowerManagementLimit", NoPermission))
+    );
+    let text = refused.unwrap_err().to_string();
+    assert!(
+        text.ends_with(
+            "NVML_ERROR_NO_PERMISSION (the agent lacks the permission): setting limits needs root"
+        ),
+        "{text}"
+    );
     fake.set(0, |a| a.set_limit_fails = Some(InvalidArgument));
     assert_eq!(
         gpu.set_power_limit(Watts(5_000)),
@@ -1207,7 +1258,10 @@ fn xid_events_reach_the_agent_and_refused_gpus_are_reported() {
     let mut source = NvmlSource::new(fake.clone());
     let (sink, events) = node_agent::xid_queue::xid_queue(64);
     let refused = source.watch_xids(sink).expect("the XID watch starts");
-    assert_eq!(refused, vec![(1, GpuError::NotSupported)]);
+    assert_eq!(
+        refused,
+        vec![(1, nvml("nvmlDeviceRegisterEvents", NotSupported))]
+    );
     assert_eq!(fake.state().watched, vec![0, 1, 2]);
 
     let timeout = Duration::from_secs(2);
@@ -1399,7 +1453,10 @@ fn a_gpu_that_does_not_support_xid_events_is_not_asked_again() {
     let mut source = NvmlSource::new(fake.clone());
     let (sink, events) = node_agent::xid_queue::xid_queue(64);
     let refused = source.watch_xids(sink).expect("the XID watch starts");
-    assert_eq!(refused, vec![(1, GpuError::NotSupported)]);
+    assert_eq!(
+        refused,
+        vec![(1, nvml("nvmlDeviceRegisterEvents", NotSupported))]
+    );
     assert!(matches!(
         events.recv_timeout(Duration::from_secs(5)),
         Some(XidEvent::WatchDown(_))

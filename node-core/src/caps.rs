@@ -15,7 +15,8 @@
 //!   new lease with the same key replaces the old; it lapses at its expiry
 //!   unless renewed, and its cap lifts.
 //! - *guard*: the thermal guard's cap, set and cleared by the host itself.
-//! - *clamped*: a cap below the GPU's minimum settable limit, raised to it.
+//! - *clamped*: a cap below the GPU's minimum settable limit, raised to
+//!   it, or a lease longer than the host takes, shortened to its longest.
 
 use loopwarden_protocol::{
     AckCode, CapLease, CapSource, DurationMs, GpuIndex, GpuSelector, NodeId, TimestampMs, Watts,
@@ -31,12 +32,13 @@ pub struct GpuRange {
     pub max: Watts,
 }
 
-/// What a host takes of leases: a longer one, or one more than the count,
-/// is refused, so a sender (a compromised one included) can neither cap a
-/// GPU for weeks nor fill the host's memory.
+/// What a host takes of leases: a longer one is taken for the longest
+/// only (shortened, said in its ack), one more than the count is refused,
+/// so a sender (a compromised one included) can neither cap a GPU for
+/// weeks nor fill the host's memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeaseLimits {
-    /// The longest lease taken.
+    /// The longest a lease runs: one asked longer is shortened to it.
     pub max_duration: DurationMs,
     /// The most leases held at once (a renewal of a held lease is always
     /// taken).
@@ -67,10 +69,31 @@ struct Held {
 /// What became of a lease request: the ack code to send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeaseOutcome {
-    /// `Ok`, `Clamped` (accepted, a cap raised to a GPU's minimum), or why
-    /// it was refused (`UnknownGpu`, `Malformed`, `Expired`); a refused
-    /// lease changes nothing.
+    /// `Ok`, `Clamped` (accepted, a cap raised to a GPU's minimum or the
+    /// lease shortened to the longest taken), or why it was refused
+    /// (`UnknownGpu`, `Malformed`, `Expired`, `TooMany`); a refused lease
+    /// changes nothing.
     pub code: AckCode,
+    /// Taken, it runs shorter than it asked: until its sending plus
+    /// [`LeaseLimits::max_duration`] (taken back after a restart: until
+    /// then plus that, or its end if sooner).
+    pub shortened: bool,
+    /// Taken back after a restart: the GPUs it caps that this host does
+    /// not have (bit `i` for GPU `i`), their caps left out.
+    pub missing: u16,
+    /// Taken back after a restart beyond [`LeaseLimits::max_leases`].
+    pub over_count: bool,
+}
+
+impl LeaseOutcome {
+    fn of(code: AckCode) -> Self {
+        Self {
+            code,
+            shortened: false,
+            missing: 0,
+            over_count: false,
+        }
+    }
 }
 
 /// A lease as the console shows it.
@@ -139,10 +162,10 @@ impl CapArbiter {
     }
 
     /// Takes a lease sent by `from` in a frame stamped `sent`. It holds
-    /// until `sent + duration`; one that has already expired at `now`, names
-    /// a GPU this host does not have, caps nothing, is longer than the
-    /// limit, or would be one lease more than the limit is refused and
-    /// changes nothing.
+    /// until `sent + duration`, or `sent` plus the longest lease taken if
+    /// that is sooner (shortened, and `Clamped`); one that has expired at
+    /// `now`, names a GPU this host does not have, caps nothing, or would
+    /// be one lease more than the limit is refused and changes nothing.
     pub fn lease(
         &mut self,
         now: TimestampMs,
@@ -150,14 +173,41 @@ impl CapArbiter {
         sent: TimestampMs,
         lease: &CapLease,
     ) -> LeaseOutcome {
-        let refuse = |code| LeaseOutcome { code };
+        self.take(now, from, sent, lease, false)
+    }
+
+    /// Takes back a lease taken before a restart, under the rules it was
+    /// taken with (the limits may have changed since): it holds until
+    /// `sent + duration`, or `now` plus the longest lease taken if that is
+    /// sooner; beyond the count it is taken all the same; its caps on GPUs
+    /// this host does not have are left out (refused `UnknownGpu` only if
+    /// no cap is left). The outcome says what differs from the lease.
+    pub fn restore(
+        &mut self,
+        now: TimestampMs,
+        from: &NodeId,
+        sent: TimestampMs,
+        lease: &CapLease,
+    ) -> LeaseOutcome {
+        self.take(now, from, sent, lease, true)
+    }
+
+    /// [`CapArbiter::lease`], or [`CapArbiter::restore`] if `restoring`.
+    fn take(
+        &mut self,
+        now: TimestampMs,
+        from: &NodeId,
+        sent: TimestampMs,
+        lease: &CapLease,
+        restoring: bool,
+    ) -> LeaseOutcome {
+        let refuse = LeaseOutcome::of;
         if lease.caps.is_empty() || lease.duration.0 == 0 {
             return refuse(AckCode::Malformed);
         }
-        if lease.duration.0 > self.limits.max_duration.0 {
-            return refuse(AckCode::TooLong);
-        }
-        let expires = sent.after(lease.duration);
+        let asked = sent.after(lease.duration);
+        let longest = if restoring { now } else { sent }.after(self.limits.max_duration);
+        let expires = asked.min(longest);
         if expires <= now {
             return refuse(AckCode::Expired);
         }
@@ -166,16 +216,22 @@ impl CapArbiter {
             .leases
             .iter()
             .any(|h| h.from == *from && h.lease == lease.lease);
-        if !renewal && self.leases.len() >= self.limits.max_leases {
+        let over_count = !renewal && self.leases.len() >= self.limits.max_leases;
+        if over_count && !restoring {
             return refuse(AckCode::TooMany);
         }
         let mut caps = vec![None; self.ranges.len()];
         let mut clamped = false;
+        let mut missing = 0u16;
         for cap in &lease.caps {
             let gpus: Vec<usize> = match cap.gpus {
                 GpuSelector::All => (0..self.ranges.len()).collect(),
                 GpuSelector::Gpu(g) if (g.get() as usize) < self.ranges.len() => {
                     vec![g.get() as usize]
+                }
+                GpuSelector::Gpu(g) if restoring => {
+                    missing |= 1 << g.get();
+                    continue;
                 }
                 GpuSelector::Gpu(_) => return refuse(AckCode::UnknownGpu),
             };
@@ -184,6 +240,12 @@ impl CapArbiter {
                 // Several caps for one GPU in one lease: the lowest holds.
                 caps[i] = Some(caps[i].map_or(cap.limit, |c: Watts| c.min(cap.limit)));
             }
+        }
+        if missing != 0 && caps.iter().all(Option::is_none) {
+            return LeaseOutcome {
+                missing,
+                ..refuse(AckCode::UnknownGpu)
+            };
         }
         self.leases
             .retain(|h| !(h.from == *from && h.lease == lease.lease));
@@ -194,11 +256,17 @@ impl CapArbiter {
             caps,
             expires,
         });
-        refuse(if clamped {
-            AckCode::Clamped
-        } else {
-            AckCode::Ok
-        })
+        let shortened = expires < asked;
+        LeaseOutcome {
+            code: if clamped || shortened {
+                AckCode::Clamped
+            } else {
+                AckCode::Ok
+            },
+            shortened,
+            missing,
+            over_count,
+        }
     }
 
     /// Sets (or with `None` clears) the thermal guard's cap on `gpu`.
@@ -419,7 +487,7 @@ mod tests {
     }
 
     #[test]
-    fn a_lease_too_long_or_one_too_many_is_refused_and_a_renewal_always_taken() {
+    fn a_lease_too_long_is_shortened_one_too_many_refused_and_a_renewal_always_taken() {
         let mut a = CapArbiter::with_limits(
             vec![
                 GpuRange {
@@ -436,12 +504,21 @@ mod tests {
         let t = TimestampMs(0);
         let ten_min = lease(1, &[(gpu(0), 300)], 600_000);
         assert_eq!(a.lease(t, &cdu(), t, &ten_min).code, AckCode::Ok);
+        // Longer than the host takes: taken for ten minutes, said.
         let longer = lease(2, &[(gpu(0), 250)], 600_001);
-        assert_eq!(a.lease(t, &cdu(), t, &longer).code, AckCode::TooLong);
-        // 49 days, as a forged lease could ask: refused, nothing changes.
+        let outcome = a.lease(t, &cdu(), t, &longer);
+        assert_eq!((outcome.code, outcome.shortened), (AckCode::Clamped, true));
+        assert_eq!(a.in_force(t)[0].limit, Watts(250));
+        assert_eq!(a.in_force(TimestampMs(599_999))[0].limit, Watts(250));
+        assert_eq!(a.in_force(TimestampMs(600_000))[0].limit, Watts(700));
+        a.forget(&cdu(), 1);
+        // 49 days, as a forged lease could ask: ten minutes at most.
         let weeks = lease(3, &[(gpu(1), 200)], u32::MAX);
-        assert_eq!(a.lease(t, &cdu(), t, &weeks).code, AckCode::TooLong);
-        assert_eq!(a.in_force(t)[1].limit, Watts(700));
+        assert_eq!(a.lease(t, &cdu(), t, &weeks).code, AckCode::Clamped);
+        assert_eq!(a.in_force(t)[1].limit, Watts(200));
+        assert_eq!(a.next_expiry(), Some(TimestampMs(600_000)));
+        a.forget(&cdu(), 3);
+        assert_eq!(a.lease(t, &cdu(), t, &ten_min).code, AckCode::Ok);
         for id in 10..12 {
             assert_eq!(
                 a.lease(t, &cdu(), t, &lease(id, &[(gpu(1), 400)], 1_000))
@@ -477,5 +554,40 @@ mod tests {
         );
         assert_eq!(a.next_expiry(), Some(TimestampMs(2_000)));
         assert_eq!(a.in_force(TimestampMs(5_000))[0].limit, Watts(700));
+    }
+
+    #[test]
+    fn a_lease_taken_back_keeps_its_caps_under_changed_limits() {
+        let limits = LeaseLimits {
+            max_duration: DurationMs(300_000),
+            max_leases: 1,
+        };
+        let mut a = CapArbiter::with_limits(arbiter().ranges().to_vec(), limits);
+        let (sent, now) = (TimestampMs(0), TimestampMs(60_000));
+        // Ten minutes asked, one gone: five minutes from now, not from its
+        // sending (which a live lease would get).
+        let long = lease(1, &[(gpu(0), 300), (gpu(9), 300)], 600_000);
+        let outcome = a.restore(now, &cdu(), sent, &long);
+        assert_eq!(outcome.code, AckCode::Clamped);
+        assert!(outcome.shortened && !outcome.over_count);
+        assert_eq!(outcome.missing, 1 << 9, "GPU 9's cap left out");
+        assert_eq!(a.next_expiry(), Some(TimestampMs(360_000)));
+        assert_eq!(a.in_force(TimestampMs(359_999))[0].limit, Watts(300));
+        // One more than the count: taken back all the same.
+        let op = NodeId::new(Role::Operator, "jdoe").unwrap();
+        let second = a.restore(now, &op, sent, &lease(2, &[(gpu(1), 400)], 120_000));
+        assert_eq!((second.code, second.over_count), (AckCode::Ok, true));
+        assert!(!second.shortened);
+        assert_eq!(a.in_force(now)[1].limit, Watts(400));
+        // Only GPUs it does not have: nothing to take back.
+        let gone = a.restore(now, &op, sent, &lease(3, &[(gpu(9), 300)], 120_000));
+        assert_eq!((gone.code, gone.missing), (AckCode::UnknownGpu, 1 << 9));
+        // Its end passed: expired, as before.
+        let past = a.restore(now, &op, sent, &lease(4, &[(gpu(2), 300)], 60_000));
+        assert_eq!(past.code, AckCode::Expired);
+        assert_eq!(a.leases().len(), 2);
+        // Live, the count holds.
+        let live = lease(5, &[(gpu(2), 300)], 1_000);
+        assert_eq!(a.lease(now, &op, now, &live).code, AckCode::TooMany);
     }
 }

@@ -104,6 +104,15 @@ fn distance(now: TimestampMs, t: TimestampMs) -> (u64, bool) {
     }
 }
 
+/// The GPUs of bit set `gpus` (bit `i` for GPU `i`), in words.
+fn gpu_list(gpus: u16) -> String {
+    (0..16)
+        .filter(|i| gpus & (1 << i) != 0)
+        .map(|i: u8| i.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// What became of one command.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verdict {
@@ -263,6 +272,9 @@ pub struct CommandCore {
     /// copy of it, delivered again, is taken as it was).
     last_state: Option<(ReplayFloor, (u32, TimestampMs))>,
     arbiter: CapArbiter,
+    /// What became of the leases taken back after a restart that differs
+    /// from them, by sender and lease id ([`CommandCore::restore_notes`]).
+    restore_notes: Vec<((NodeId, u32), String)>,
     /// The wall clock minus steady time, ms (see
     /// [`CommandCore::set_wall_offset`]).
     wall_offset: i64,
@@ -290,6 +302,7 @@ impl CommandCore {
             answered: HashMap::new(),
             last_state: None,
             arbiter: CapArbiter::with_limits(ranges, limits),
+            restore_notes: Vec::new(),
             wall_offset: 0,
         }
     }
@@ -504,28 +517,109 @@ impl CommandCore {
     /// renewal that replaced its sender's lease of the same id, and ends
     /// that one too: a lease shortened by its renewal is not back at its
     /// first length after a restart.
+    /// It is taken back under the rules it was taken with
+    /// ([`CapArbiter::restore`]); what differs from it, and a lease not
+    /// ended yet dropped, is said ([`CommandCore::restore_notes`]).
     /// `taken`: when this host took it (its clock), from which it ran as
     /// at its arrival ([`runs_from`]); a record that does not say gives
     /// the frame's stamp.
     pub fn restore(&mut self, now: TimestampMs, taken: TimestampMs, frame: &Frame) -> bool {
-        if self.authenticate(frame).is_err() || self.authority.forbids(frame).is_some() {
+        let lease = match &frame.message {
+            Message::CapLease(l) => Some(l),
+            _ => None,
+        };
+        if let Some(l) = lease {
+            // A later renewal of the same lease says what holds now.
+            let key = (frame.sender.clone(), l.lease);
+            self.restore_notes.retain(|(k, _)| *k != key);
+        }
+        let refused = match self.authenticate(frame) {
+            Err(e) => Some(e),
+            Ok(()) => self.authority.forbids(frame),
+        };
+        let from = runs_from(taken.min(now), frame.time);
+        if let Some(why) = refused {
+            // One ended anyway goes unsaid.
+            if lease.is_some_and(|l| from.after(l.duration) > now) {
+                self.restore_note(frame, format!("not taken back: {why}"));
+            }
             return false;
         }
         let last = self.last_seq.entry(frame.sender.clone()).or_insert(0);
         *last = (*last).max(frame.seq);
-        let Message::CapLease(lease) = &frame.message else {
+        let Some(lease) = lease else {
             return false;
         };
-        let from = runs_from(taken.min(now), frame.time);
         let (at, sent) = (self.steady(now), self.steady(from));
-        match self.arbiter.lease(at, &frame.sender, sent, lease).code {
+        let outcome = self.arbiter.restore(at, &frame.sender, sent, lease);
+        let mut notes = Vec::new();
+        if outcome.missing != 0 {
+            notes.push(format!(
+                "its caps on GPU(s) {} left out: {}",
+                gpu_list(outcome.missing),
+                self.no_such_gpu(outcome.missing.trailing_zeros() as u8)
+            ));
+        }
+        let held = match outcome.code {
             AckCode::Ok | AckCode::Clamped => true,
             AckCode::Expired => {
                 self.arbiter.forget(&frame.sender, lease.lease);
-                false
+                return false;
             }
             _ => false,
+        };
+        if held && outcome.shortened {
+            let limits = self.arbiter.limits();
+            notes.push(format!(
+                "taken back for {} s, not the {} s it had left: this host now takes leases of at most {} ms",
+                limits.max_duration.0 / 1000,
+                sent.after(lease.duration).0.saturating_sub(at.0) / 1000,
+                limits.max_duration.0
+            ));
         }
+        if held && outcome.over_count {
+            notes.push(format!(
+                "taken back beyond the {} leases this host now holds at most (new leases are refused until some lapse)",
+                self.arbiter.limits().max_leases
+            ));
+        }
+        match outcome.code {
+            _ if held => {}
+            AckCode::UnknownGpu => notes.push("not taken back: it caps no GPU of this host".into()),
+            code => notes.push(format!("not taken back ({code:?})")),
+        }
+        if !notes.is_empty() {
+            self.restore_note(frame, notes.join("; "));
+        }
+        held
+    }
+
+    /// Says of the lease in `frame`, taken back after a restart, `what`
+    /// (nothing for another command).
+    fn restore_note(&mut self, frame: &Frame, what: String) {
+        let Message::CapLease(l) = &frame.message else {
+            return;
+        };
+        let line = format!(
+            "lease {} from {}/{} (seq {}, for {}) {what}",
+            l.lease,
+            frame.sender.role.as_str(),
+            frame.sender.id.as_str(),
+            frame.seq,
+            l.source
+        );
+        self.restore_notes
+            .push(((frame.sender.clone(), l.lease), line));
+    }
+
+    /// What became of the leases taken back after a restart that differs
+    /// from them, in words, once each (see [`CommandCore::restore`]);
+    /// emptied.
+    pub fn restore_notes(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.restore_notes)
+            .into_iter()
+            .map(|(_, line)| line)
+            .collect()
     }
 
     /// The last sequence number accepted from `sender`: the floor a
@@ -588,7 +682,7 @@ impl CommandCore {
         let outcome = self.arbiter.lease(at, &frame.sender, sent, lease);
         let detail = match outcome.code {
             AckCode::Ok => String::new(),
-            AckCode::Clamped => self.clamped_detail(lease),
+            AckCode::Clamped => self.clamped_detail(lease, outcome.shortened),
             AckCode::UnknownGpu => {
                 let bad = lease
                     .caps
@@ -612,11 +706,6 @@ impl CommandCore {
                 frame.time.until(now) / 1000,
                 CLOCK_SKEW_MS / 1000
             ),
-            AckCode::TooLong => format!(
-                "the lease lasts {} ms; this host takes at most {} ms",
-                lease.duration.0,
-                self.arbiter.limits().max_duration.0
-            ),
             AckCode::TooMany => format!(
                 "this host already holds {} leases, its most",
                 self.arbiter.limits().max_leases
@@ -633,9 +722,18 @@ impl CommandCore {
         }
     }
 
-    fn clamped_detail(&self, lease: &CapLease) -> String {
+    /// What a `Clamped` ack says of `lease`: each cap raised to a GPU's
+    /// minimum, and whether it was `shortened` to the longest taken.
+    fn clamped_detail(&self, lease: &CapLease, shortened: bool) -> String {
         let ranges = self.arbiter.ranges();
         let mut parts = Vec::new();
+        if shortened {
+            let longest = self.arbiter.limits().max_duration.0;
+            parts.push(format!(
+                "shortened from {} to {longest} ms, this host's longest lease",
+                lease.duration.0
+            ));
+        }
         for cap in &lease.caps {
             let gpus: Vec<usize> = match cap.gpus {
                 GpuSelector::All => (0..ranges.len()).collect(),
@@ -701,7 +799,7 @@ impl CommandCore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use loopwarden_protocol::{samples, CommandAuth, QuarantineRelease, Role, Text};
+    use loopwarden_protocol::{samples, CommandAuth, DurationMs, QuarantineRelease, Role, Text};
 
     const SEED: [u8; 32] = [0x5a; 32];
 
@@ -1204,13 +1302,81 @@ mod tests {
     }
 
     #[test]
-    fn a_lease_whose_key_left_the_keyring_is_not_restored() {
+    fn a_lease_whose_key_left_the_keyring_is_not_restored_and_said() {
         let f = lease_frame(1, 1_000, &[(gpu(0), 300)], 30_000);
-        assert!(core().restore(TimestampMs(2_000), f.time, &f));
+        let mut c = core();
+        assert!(c.restore(TimestampMs(2_000), f.time, &f));
+        assert!(c.restore_notes().is_empty());
         let mut rotated = core();
         rotated.authority.signers.retain(|s| s.role != Role::Cdu);
         assert!(!rotated.restore(TimestampMs(2_000), f.time, &f));
         assert_eq!(rotated.targets(TimestampMs(2_000))[0].limit, Watts(700));
+        let notes = rotated.restore_notes();
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(
+            notes[0]
+                .starts_with("lease 1 from cdu/cdu-a (seq 1, for the cooling) not taken back: ")
+                && notes[0].contains("no key 1"),
+            "{notes:?}"
+        );
+        assert!(rotated.restore_notes().is_empty(), "said once");
+        // One that had ended anyway: not said.
+        assert!(!rotated.restore(TimestampMs(40_000), f.time, &f));
+        assert!(rotated.restore_notes().is_empty());
+    }
+
+    #[test]
+    fn a_lease_longer_than_the_host_takes_is_shortened_and_said_in_its_ack() {
+        let limits = LeaseLimits {
+            max_duration: DurationMs(20_000),
+            max_leases: 16,
+        };
+        let mut c = CommandCore::with_limits(own(), core().ranges().to_vec(), authority(), limits);
+        // The controller's 30 s lease on a host that takes 20 s at most.
+        let f = lease_frame(1, 1_000, &[(GpuSelector::All, 400)], 30_000);
+        let v = c.command(TimestampMs(1_000), &f);
+        assert_eq!(v.code, AckCode::Clamped);
+        assert!(v.changed_caps);
+        assert_eq!(
+            v.detail,
+            "shortened from 30000 to 20000 ms, this host's longest lease"
+        );
+        assert_eq!(c.next_expiry(), Some(TimestampMs(21_000)));
+        assert_eq!(c.targets(TimestampMs(20_999))[5].limit, Watts(400));
+        // A cap below the minimum as well: both said.
+        let f = lease_frame(2, 2_000, &[(gpu(1), 100)], 30_000);
+        let v = c.command(TimestampMs(2_000), &f);
+        assert_eq!(v.code, AckCode::Clamped);
+        assert!(
+            v.detail.starts_with("shortened from 30000 to 20000 ms, this host's longest lease; GPU 1: 100 W is below its"),
+            "{}",
+            v.detail
+        );
+    }
+
+    #[test]
+    fn a_lease_taken_back_shortened_is_said_once_and_not_after_its_renewal() {
+        let limits = LeaseLimits {
+            max_duration: DurationMs(300_000),
+            max_leases: 16,
+        };
+        let mut c = CommandCore::with_limits(own(), core().ranges().to_vec(), authority(), limits);
+        let first = lease_frame(1, 1_000, &[(gpu(0), 300), (gpu(9), 300)], 600_000);
+        assert!(c.restore(TimestampMs(61_000), first.time, &first));
+        assert_eq!(c.next_expiry(), Some(TimestampMs(361_000)));
+        let notes = c.restore_notes();
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(
+            notes[0].contains("GPU(s) 9 left out")
+                && notes[0].contains("taken back for 300 s, not the 540 s it had left"),
+            "{notes:?}"
+        );
+        // Its renewal, taken back after it, holds as it came: nothing said.
+        let renewal = lease_frame(2, 50_000, &[(gpu(0), 300)], 30_000);
+        assert!(c.restore(TimestampMs(61_000), first.time, &first));
+        assert!(c.restore(TimestampMs(61_000), renewal.time, &renewal));
+        assert!(c.restore_notes().is_empty());
+        assert_eq!(c.next_expiry(), Some(TimestampMs(80_000)));
     }
 
     #[test]

@@ -468,7 +468,9 @@ impl Node {
 
     /// A lease or release logged before a restart, taken again at `now`
     /// (wall clock) if still valid; whether it was. `taken`: when it was
-    /// taken (the log record's time).
+    /// taken (the log record's time). A lease taken back shortened or
+    /// without some of its caps, or dropped though not expired, is said
+    /// at the start ([`CommandCore::restore`]).
     pub fn restore_command(&mut self, now: TimestampMs, taken: TimestampMs, frame: &Frame) -> bool {
         self.commands.restore(now, taken, frame)
     }
@@ -515,6 +517,10 @@ impl Node {
         let mut out = Vec::new();
         match input {
             Input::Start => {
+                // Leases taken back otherwise than they were taken, or not.
+                for line in self.commands.restore_notes() {
+                    out.push(Effect::Say(Level::Warn, line));
+                }
                 self.resume_cooling(now, &mut out);
                 out.push(Effect::ReadLimits);
             }

@@ -2,7 +2,8 @@
 //! 5.1) over random sequences played through the node's step by the
 //! shell of `host/`: an administrator's limits set while the agent runs
 //! and while it is stopped, the CDU's signed leases (several GPUs, watts
-//! below, within and above the range, short, long and too long), renewed,
+//! below, within and above the range, short, long and too long: those
+//! shortened to the host's longest), renewed,
 //! released (renewed with their caps lifted) and lapsing, hot GPUs under
 //! the thermal guard, clean stops and restarts from what the flash kept,
 //! with and without a site limit. After every step:
@@ -17,7 +18,9 @@
 //!    re-read;
 //! 3. a stop with no lease in force leaves the ceiling on every GPU, one
 //!    with a lease leaves every limit as it was, and the next start keeps
-//!    the caps of the leases still valid (2. then holds again);
+//!    the caps of the leases still valid (2. then holds again; a lease
+//!    shortened when taken holds to its asked end, or the host's longest
+//!    from the start if sooner);
 //! 4. a `power_ceiling` event comes for every administrator's change that
 //!    moves a ceiling, when the node reads it, and for nothing else (a
 //!    restart never takes the agent's own limit for an administrator's).
@@ -91,6 +94,8 @@ struct Held {
     id: u32,
     caps: [Option<Watts>; GPUS],
     expires: u64,
+    /// When it ends as asked (later than `expires` where shortened).
+    asked: u64,
 }
 
 /// What the sequence says of the host (see the module note).
@@ -108,7 +113,7 @@ struct Model {
     /// The rounds since the start at an unseen change, per GPU.
     unseen: [Option<u64>; GPUS],
     reported: [Watts; GPUS],
-    /// Every lease taken (those lapsed too, until a restart).
+    /// The last lease taken of each id (lapsed or not).
     leases: Vec<Held>,
     /// The CDU's last command's sequence number.
     seq: u32,
@@ -348,9 +353,6 @@ fn round(m: &mut Model, host: &mut Host, hot: u8) -> Result<(), TestCaseError> {
 
 /// The ack the model expects for a lease: `None` for one refused.
 fn lease_code(m: &Model, caps: &[(Option<u8>, u32)], ms: u32) -> Option<AckCode> {
-    if ms > MAX_LEASE_MS {
-        return None;
-    }
     if caps
         .iter()
         .any(|&(g, _)| g.is_some_and(|g| g as usize >= GPUS))
@@ -361,7 +363,11 @@ fn lease_code(m: &Model, caps: &[(Option<u8>, u32)], ms: u32) -> Option<AckCode>
     let below = caps.iter().any(|&(g, w)| {
         (0..GPUS).any(|i| g.is_none_or(|g| g as usize == i) && Watts(w) < m.min_cap(i))
     });
-    Some(if below { AckCode::Clamped } else { AckCode::Ok })
+    Some(if below || ms > MAX_LEASE_MS {
+        AckCode::Clamped
+    } else {
+        AckCode::Ok
+    })
 }
 
 /// A lease sent now: acked as the model expects, held if taken.
@@ -386,11 +392,12 @@ fn lease(
             }
         }
         let t = m.t;
-        m.leases.retain(|l| l.id != id || l.expires <= t);
+        m.leases.retain(|l| l.id != id);
         m.leases.push(Held {
             id,
             caps: held,
-            expires: t + u64::from(ms),
+            expires: t + u64::from(ms.min(MAX_LEASE_MS)),
+            asked: t + u64::from(ms),
         });
     }
     let acks = host.acks.len();
@@ -459,7 +466,11 @@ fn restart(
         m.unseen[i] = Some(0);
     }
     let t = m.t;
-    m.leases.retain(|l| l.expires > t);
+    // Taken back until its asked end, or the longest from now if sooner.
+    m.leases.retain(|l| l.asked > t);
+    for l in &mut m.leases {
+        l.expires = l.asked.min(t + u64::from(MAX_LEASE_MS));
+    }
     m.guard = [ThermalGuard::default(); GPUS];
     m.rounds = 0;
     *host = Host::start(Start {

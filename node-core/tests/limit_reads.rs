@@ -4,7 +4,8 @@
 //! lets only a cap that goes down through, a raise waits for a good read
 //! (said once), at a reconcile, at the start and at the stop; after a
 //! read-back that failed, a limit found that is neither the one asked nor
-//! the one read before is an administrator's, the new ceiling.
+//! any asked since the last good read or the one read before them is an
+//! administrator's, the new ceiling.
 //!
 //! [`Host`] (in `host/`) plays the shell, its reads failing where told.
 
@@ -13,7 +14,7 @@ mod host;
 use host::{lease, Boot, Host, DEFAULT, GPUS};
 use loopwarden_protocol::samples::{self, T0};
 use loopwarden_protocol::{AckCode, Event, Watts};
-use node_core::node::{Effect, Input, Level, REREAD_EVERY, RETRY_MS};
+use node_core::node::{Effect, Input, KeptLimit, Level, REREAD_EVERY, RETRY_MS};
 
 fn lease_now(h: &mut Host, seq: u32, t: u64, watts: u32, ms: u32) {
     h.step(
@@ -233,4 +234,102 @@ fn a_limit_lowered_below_the_lowest_cap_while_running_is_the_ceiling() {
         sets_of(&h, 1)
     );
     assert_eq!(power_ceilings(&h), [(0b10, Watts(150), DEFAULT)]);
+}
+
+#[test]
+fn a_set_that_lands_late_is_never_taken_for_an_administrators_limit() {
+    let mut h = Host::new();
+    let mut t = T0.0 + 1_000;
+    // 675 W asked of GPU 0: the set runs past its deadline and takes, its
+    // read-back fails (the worker busy).
+    h.back_fails[0] = true;
+    lease_now(&mut h, 1, t, 675, 600_000);
+    assert_eq!(h.limits[0], Watts(675));
+    assert_eq!(h.node.applied(0).0, None, "not confirmed");
+    // 650 W asked, the worker still busy: the read before it fails, and
+    // the set, asked while busy, is never made.
+    h.unreadable[0] = true;
+    h.sets_lost[0] = true;
+    t += 1_000;
+    lease_now(&mut h, 2, t, 650, 600_000);
+    assert_eq!(sets_of(&h, 0), [Watts(675), Watts(650)]);
+    assert_eq!(h.limits[0], Watts(675), "the 650 W set never made");
+
+    // The worker answers again: the 675 W found is the agent's own.
+    h.unreadable[0] = false;
+    h.back_fails[0] = false;
+    h.sets_lost[0] = false;
+    for _ in 0..(RETRY_MS / 1_000 + 1) {
+        t += 1_000;
+        h.healthy_round(t);
+    }
+    let outside = said(&h, "changed outside the agent");
+    assert!(outside.is_empty(), "{outside:?}");
+    assert!(power_ceilings(&h).is_empty(), "{:?}", power_ceilings(&h));
+    assert_eq!(h.node.ceiling(0), Some(DEFAULT));
+    assert_eq!(h.limits, [Watts(650); GPUS], "the cap set again");
+    // Both leases lapse: every GPU back at 700 W.
+    h.step(T0.0 + 602_000, Input::Expiry);
+    assert_eq!(h.limits, [DEFAULT; GPUS]);
+    assert!(h.kept_limits.iter().flatten().all(|k| k.ceiling == DEFAULT));
+}
+
+#[test]
+fn an_administrators_limit_is_seen_after_several_failed_read_backs() {
+    let mut h = Host::new();
+    let mut t = T0.0 + 1_000;
+    // GPU 1's read-backs fail, and the read before the second set.
+    h.back_fails[1] = true;
+    lease_now(&mut h, 1, t, 675, 600_000);
+    h.unreadable[1] = true;
+    t += 1_000;
+    lease_now(&mut h, 2, t, 650, 600_000);
+    assert_eq!(h.limits[1], Watts(650));
+    // Neither 675 W nor 650 W nor 700 W: the administrator's 600 W.
+    h.back_fails[1] = false;
+    h.unreadable[1] = false;
+    h.limits[1] = Watts(600);
+    for _ in 0..(RETRY_MS / 1_000 + 1) {
+        t += 1_000;
+        h.healthy_round(t);
+    }
+    assert_eq!(h.node.ceiling(1), Some(Watts(600)));
+    assert_eq!(power_ceilings(&h), [(0b10, Watts(600), DEFAULT)]);
+    let outside = said(&h, "GPU 1: its power limit was changed outside the agent");
+    assert_eq!(outside.len(), 1, "{outside:?}");
+    assert!(
+        outside[0].1.contains("700 W, or 675 W, 650 W asked"),
+        "{outside:?}"
+    );
+}
+
+#[test]
+fn a_gpu_unread_at_the_start_keeps_its_kept_limits_over_another_restart() {
+    // Before the restart a 400 W cap was kept on every GPU; the lease has
+    // lapsed since. GPU 3's read times out at the start.
+    let kept = KeptLimit {
+        ceiling: DEFAULT,
+        asked: Watts(400),
+        before: Some(DEFAULT),
+    };
+    let mut unreadable = [false; GPUS];
+    unreadable[3] = true;
+    let mut h = Host::boot_unreadable(
+        Boot {
+            limits: Watts(400),
+            kept: Some(kept),
+            ..Boot::default()
+        },
+        unreadable,
+    );
+    assert_eq!(h.limits, [DEFAULT, DEFAULT, DEFAULT, Watts(400)]);
+    assert!(!h.kept_limits.is_empty(), "the other GPUs' sets kept");
+    assert_eq!(h.flash_limits[3], Some(kept), "GPU 3's record carried on");
+
+    // Restarted before GPU 3 was read: 400 W is still the agent's own.
+    let after = h.crashed(0, T0.0 + 10_000);
+    assert_eq!(after.node.ceiling(3), Some(DEFAULT));
+    assert!(power_ceilings(&after).is_empty());
+    assert!(said(&after, "set outside the agent").is_empty());
+    assert_eq!(after.limits, [DEFAULT; GPUS], "raised once read");
 }

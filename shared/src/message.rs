@@ -685,7 +685,9 @@ pub struct QuarantineRelease {
 pub enum AckCode {
     /// Done as asked; the values in force follow.
     Ok,
-    /// Done, but a cap below the GPU's minimum was raised to the minimum.
+    /// Done, but a cap below the GPU's minimum was raised to the minimum,
+    /// or the lease shortened to the host's longest (the detail says
+    /// which).
     Clamped,
     /// No such GPU on this host.
     UnknownGpu,
@@ -703,7 +705,8 @@ pub enum AckCode {
     Unsupported,
     /// The GPU is not quarantined (nothing to release).
     NotQuarantined,
-    /// The lease is longer than this host takes.
+    /// The lease is longer than this host takes (hosts now shorten such a
+    /// lease and answer [`AckCode::Clamped`]; kept for older hosts).
     TooLong,
     /// This host already holds as many leases as it takes.
     TooMany,

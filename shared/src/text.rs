@@ -171,7 +171,7 @@ impl fmt::Display for AckCode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             AckCode::Ok => "done",
-            AckCode::Clamped => "done, raised to the GPU's minimum",
+            AckCode::Clamped => "done, raised to the GPU's minimum or shortened",
             AckCode::UnknownGpu => "refused: no such GPU",
             AckCode::Malformed => "refused: malformed",
             AckCode::Expired => "refused: expired on arrival",

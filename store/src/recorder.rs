@@ -46,9 +46,9 @@
 //! queued ([`LogRead::queued`]); asked again later, it shows them.
 //!
 //! The log is a ring: the latest lease of each sender, while it lasts,
-//! is logged again when the log wraps past its record (`pins`), so a
-//! storm of events cannot push a lease in force out before a restart
-//! reads it.
+//! is logged again before the log's next wrap erases its record
+//! (`pins`), so a storm of events cannot push a lease in force out before
+//! a restart reads it, not even with a power cut at the wrap.
 //!
 //! Glossary:
 //! - *record*: an event-log entry (an event, or an accepted command kept
@@ -962,6 +962,60 @@ mod tests {
             "both of the hour's leases kept, the ended one let go"
         );
         assert_eq!(w.pins.len(), 2);
+    }
+
+    /// The power goes right after the wrap that erases the sector of a
+    /// lease in force, before the record it made room for is written: the
+    /// lease is in the log when it is opened again (logged again before
+    /// the wrap, while there was room, not after it).
+    #[test]
+    fn a_lease_in_force_survives_a_power_cut_at_the_wrap_that_erases_its_record() {
+        use crate::agent_flash::AgentFlash;
+        let mut w = worker_on(&Parts::default());
+        let kind = MessageKind::CapLease as u8;
+        let t0 = 1_800_000_000_000;
+        let lease = lease_body("fac-a", 7, t0, 3_600_000);
+        assert_eq!(w.append(TimestampMs(t0), kind, &lease), Ok(0));
+        let flash = w.log.flash().clone();
+        fn memory<T>(
+            flash: &Flash,
+            f: impl FnOnce(&mut loopwarden_flash::SimFlash<4, 4096>) -> T,
+        ) -> T {
+            flash.with(|a| match a {
+                AgentFlash::Memory(m) => f(m),
+                AgentFlash::File(_) => panic!("a memory flash"),
+            })
+        }
+        // The log's first erase is its first wrap's, of the lease's sector.
+        memory(&flash, |m| m.cut_power_after_erases(1));
+        let xid = [0x5a; 40];
+        let mut t = t0;
+        let cut = loop {
+            t += 10;
+            if let Err(e) = w.append(TimestampMs(t), 1, &xid) {
+                break e;
+            }
+        };
+        assert!(cut.contains("power cut"), "{cut}");
+        assert!(memory(&flash, |m| m.power_is_cut()));
+        memory(&flash, |m| m.restore_power());
+        // Restarted: the log as the power cut left it.
+        let range = loopwarden_boards::FlashBoard::host_file().layout().log;
+        let mut log = futures::executor::block_on(EventLog::open(flash, range)).unwrap();
+        let mut leases = Vec::new();
+        let mut oldest = None;
+        futures::executor::block_on(log.for_each(|r| {
+            oldest = oldest.or(Some(r.seq));
+            if r.kind == kind {
+                leases.push(r.body.to_vec());
+            }
+        }))
+        .unwrap();
+        assert!(
+            oldest > Some(0),
+            "the lease's first record erased: {oldest:?}"
+        );
+        assert_eq!(leases, [lease], "the lease in force still in the log");
     }
 
     #[test]

@@ -31,6 +31,8 @@ use loopwarden_protocol::{
 
 // Beside this file, not in `src/bin/` itself, where cargo would take
 // each for a program of its own.
+#[path = "lwbus/release.rs"]
+mod release;
 #[path = "lwbus/repair.rs"]
 mod repair;
 #[path = "lwbus/watch.rs"]
@@ -211,10 +213,6 @@ fn summary(message: &Message) -> String {
     }
 }
 
-/// A client id for this run of `what`: the process id and random bits,
-/// so two runs with one process id (PID 1 in two containers) do not
-/// push each other off the broker, which drops the older of two clients
-/// with one id.
 /// Refuses TLS to a broker whose address carries a zone
 /// (`[fe80::1%eth0]`): no certificate can name it, so the connection
 /// would be retried for ever.
@@ -228,6 +226,10 @@ fn refuse_zoned_with_tls(broker: Option<&Brokers>, tls: bool) -> Result<()> {
     }
 }
 
+/// A client id for this run of `what`: the process id and random bits,
+/// so two runs with one process id (PID 1 in two containers) do not
+/// push each other off the broker, which drops the older of two clients
+/// with one id.
 fn client_id(what: &str) -> String {
     format!(
         "lwbus-{what}-{}-{:08x}",
@@ -349,6 +351,64 @@ fn describe_record(kind: u8, body: &[u8], json: bool) -> String {
     }
 }
 
+/// A copy of a flash file in a directory of this run's own (mode 0700,
+/// made new, so nothing another user put in the temporary directory is
+/// read or written through); removed when dropped.
+struct PrivateCopy {
+    dir: std::path::PathBuf,
+    file: std::path::PathBuf,
+}
+
+impl PrivateCopy {
+    /// `bytes` copied into a new directory under `base`.
+    fn new(base: &std::path::Path, bytes: &[u8]) -> Result<PrivateCopy> {
+        use std::os::unix::fs::DirBuilderExt;
+        let mut tries = 0;
+        let dir = loop {
+            let dir = base.join(format!(
+                "lwbus-flash-{}-{:08x}",
+                std::process::id(),
+                rand::random::<u32>()
+            ));
+            match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+                Ok(()) => break dir,
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && tries < 16 => tries += 1,
+                Err(e) => {
+                    return Err(e)
+                        .with_context(|| format!("a directory for the copy: {}", dir.display()))
+                }
+            }
+        };
+        let copy = PrivateCopy {
+            file: dir.join("copy.bin"),
+            dir,
+        };
+        write_new(&copy.file, bytes).with_context(|| format!("{}", copy.file.display()))?;
+        Ok(copy)
+    }
+}
+
+impl Drop for PrivateCopy {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.file);
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// Writes `bytes` to a file made new at `path` (mode 0600): a file or a
+/// link already there is refused, not written through.
+fn write_new(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(bytes)?;
+    f.sync_data()
+}
+
 /// Prints what an agent's flash holds, oldest first.
 async fn dump_flash(path: &std::path::Path, json: bool) -> Result<()> {
     use loopwarden_flash::{ConfigStore, EventLog, FileFlash, Outbox, SharedFlash};
@@ -367,10 +427,9 @@ async fn dump_flash(path: &std::path::Path, json: bool) -> Result<()> {
     }
     // Read a copy: opening a store may repair a half-written item, and the
     // original is evidence.
-    let copy = std::env::temp_dir().join(format!("lwbus-flash-{}.bin", std::process::id()));
-    std::fs::write(&copy, &bytes).with_context(|| format!("{}", copy.display()))?;
-    let opened = FileFlash::<4, 4096>::open(&copy, &board.geometry());
-    let _ = std::fs::remove_file(&copy);
+    let copy = PrivateCopy::new(&std::env::temp_dir(), &bytes)?;
+    let opened = FileFlash::<4, 4096>::open(&copy.file, &board.geometry());
+    drop(copy);
     let flash =
         opened.map_err(|e| anyhow::anyhow!("{e}").context(format!("{}", path.display())))?;
     let flash = SharedFlash::new(flash);
@@ -503,7 +562,16 @@ async fn main() -> Result<()> {
         } => {
             let tls = tls.load().map_err(|e| anyhow::anyhow!(e))?;
             refuse_zoned_with_tls(Some(&broker), tls.is_some())?;
-            release(broker, tls, &site, &host, gpu, &note, &sign_key).await
+            release::run(release::Options {
+                broker,
+                tls,
+                site: &site,
+                host: &host,
+                gpu,
+                note: &note,
+                sign_key: &sign_key,
+            })
+            .await
         }
         Command::Pki { command } => loopwarden_bus::pki::run(command),
         Command::Samples { broker, site } => {
@@ -513,170 +581,10 @@ async fn main() -> Result<()> {
     }
 }
 
-/// Sends a signed `quarantine_release` and waits for the host's ack.
-async fn release(
-    broker: Brokers,
-    tls: Option<loopwarden_bus::tls::Tls>,
-    site: &str,
-    host: &str,
-    gpu: u8,
-    note: &str,
-    sign_key: &std::path::Path,
-) -> Result<()> {
-    use loopwarden_protocol::{AckCode, CommandAuth, Frame, GpuIndex, QuarantineRelease, Text};
-    let site = Ident::new(site).map_err(|e| anyhow::anyhow!("--site: {e}"))?;
-    let host = Ident::new(host).map_err(|e| anyhow::anyhow!("--host: {e}"))?;
-    let key = loopwarden_bus::keys::read_sign_key(sign_key).map_err(|e| anyhow::anyhow!(e))?;
-    let me = key.node.clone();
-    if me.role != Role::Operator {
-        bail!(
-            "--sign-key: {} is the key of {}/{}, not an operator's",
-            sign_key.display(),
-            me.role.as_str(),
-            me.id.as_str()
-        );
-    }
-    let gpu = GpuIndex::new(gpu).context("--gpu: 0 to 15")?;
-    let note = note.trim();
-    if note.is_empty() {
-        bail!("--note: say why the GPU is fit again; it is logged and published");
-    }
-    let note = Text::new(note).context("--note: at most 96 bytes")?;
-    let ack_topic = Topic::new(&site, Role::Host, &host, Family::Ack);
-    let mut config = BusConfig::new(broker.clone(), site.clone(), me.clone());
-    config.client_id = client_id(&format!("release-{}", me.id));
-    config.tls = tls;
-    config.subscriptions.push(ack_topic.to_string());
-    let telemetry = Topic::new(&site, Role::Host, &host, Family::Telemetry);
-    config.subscriptions.push(telemetry.to_string());
-    let (bus, mut inbound, task) = Bus::start(config);
-    if !bus.wait_connected(Duration::from_secs(10)).await {
-        bail!("cannot reach the broker at {broker}");
-    }
-    // Signed with a clock far from the host's, the release is refused as
-    // expired, and one stamped ahead moves the host's floor for this
-    // operator past what a right clock gives: checked against the host's
-    // telemetry first (a host heard from in 3 s; else the ack says).
-    let heard = tokio::time::timeout(Duration::from_secs(3), async {
-        while let Some(m) = inbound.recv().await {
-            if matches!(m.frame.message, Message::HostTelemetry(_)) && m.frame.sender.id == host {
-                return Some(m.frame.time);
-            }
-        }
-        None
-    })
-    .await;
-    if let Ok(Some(host_time)) = heard {
-        if let Some(why) = clocks_apart(now_ms(), host_time, host.as_str()) {
-            let _ = bus.shutdown(Duration::from_secs(2)).await;
-            task.join(Duration::from_secs(2)).await;
-            bail!("{why}");
-        }
-    }
-    // The host refuses a seq not above the last it took from this
-    // operator: seconds since 2020 rise across runs of this tool (one
-    // release per second and operator).
-    let seq = (now_ms().0 / 1000).saturating_sub(1_577_836_800) as u32;
-    let mut frame = Frame {
-        sender: me.clone(),
-        seq,
-        time: now_ms(),
-        message: Message::QuarantineRelease(QuarantineRelease {
-            gpu,
-            operator: me.id.clone(),
-            note,
-            auth: CommandAuth::default(),
-        }),
-    };
-    let cmd = Topic::new(&site, Role::Host, &host, Family::Cmd);
-    frame.sign(&cmd, key.key_id, &key.key)?;
-    bus.publish_frame(&cmd, &frame)?;
-    let answer = tokio::time::timeout(Duration::from_secs(10), async {
-        while let Some(m) = inbound.recv().await {
-            if let Message::Ack(a) = m.frame.message {
-                if a.correlation.seq == frame.seq && a.correlation.from == frame.sender {
-                    return Some(a);
-                }
-            }
-        }
-        None
-    })
-    .await;
-    let _ = bus.shutdown(Duration::from_secs(2)).await;
-    task.join(Duration::from_secs(2)).await;
-    match answer {
-        Ok(Some(a)) if a.code == AckCode::Ok => {
-            println!("GPU {} of {} released", gpu.get(), host.as_str());
-            Ok(())
-        }
-        Ok(Some(a)) => bail!(
-            "{} ({}): {}",
-            a.code,
-            serde_json::to_value(a.code)
-                .ok()
-                .and_then(|v| v.as_str().map(String::from))
-                .unwrap_or_default(),
-            a.detail.as_str()
-        ),
-        _ => bail!(
-            "no answer from {} in 10 s (is its agent running, on this site?)",
-            host.as_str()
-        ),
-    }
-}
-
-/// How far this machine's clock may be from a host's before a command is
-/// not signed with it, ms.
-const CLOCK_APART_MS: u64 = 60_000;
-
-/// Why this machine's clock (`now`) is too far from `host`'s (`host_time`,
-/// the stamp of a frame it just sent) to sign a command with, if it is.
-fn clocks_apart(
-    now: loopwarden_protocol::TimestampMs,
-    host_time: loopwarden_protocol::TimestampMs,
-    host: &str,
-) -> Option<String> {
-    let (apart, ahead) = match now.0.checked_sub(host_time.0) {
-        Some(d) => (d, true),
-        None => (host_time.0 - now.0, false),
-    };
-    (apart > CLOCK_APART_MS).then(|| {
-        let (side, then) = if ahead {
-            (
-                "ahead of",
-                "and the host would refuse this operator's next commands as replays until its clock passes this one",
-            )
-        } else {
-            ("behind", "so the host would refuse it as expired")
-        };
-        format!(
-            "this machine's clock is {} s {side} {host}'s: a release signed with it is refused, {then}; \
-             set the clock (timedatectl; NTP) and try again",
-            apart / 1000
-        )
-    })
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{client_id, clocks_apart, describe_record, utc, Cli, Command};
+    use super::{client_id, describe_record, utc, Cli, Command};
 
-    #[test]
-    fn a_clock_far_from_the_hosts_is_said_before_anything_is_signed() {
-        use loopwarden_protocol::TimestampMs as T;
-        assert_eq!(clocks_apart(T(1_000_000), T(950_000), "h01"), None);
-        let ahead = clocks_apart(T(8_200_000), T(1_000_000), "h01").unwrap();
-        assert!(
-            ahead.starts_with("this machine's clock is 7200 s ahead of h01's"),
-            "{ahead}"
-        );
-        assert!(ahead.contains("as replays"), "{ahead}");
-        let behind = clocks_apart(T(1_000_000), T(1_200_000), "h01").unwrap();
-        assert!(
-            behind.contains("200 s behind h01's") && behind.contains("expired"),
-            "{behind}"
-        );
-    }
     use clap::Parser;
 
     #[test]
@@ -716,6 +624,44 @@ mod tests {
         let v: serde_json::Value =
             serde_json::from_str(&describe_record(kind, body, true)).unwrap();
         assert_eq!(v["console"]["in_a_row"], 2);
+    }
+
+    #[test]
+    fn a_file_or_link_already_at_the_copys_path_is_never_written_through() {
+        use super::{write_new, PrivateCopy};
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("target");
+        std::fs::write(&target, "keep").unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let dangling = dir.path().join("dangling");
+        std::os::unix::fs::symlink(dir.path().join("none"), &dangling).unwrap();
+        for at in [&target, &link, &dangling] {
+            let e = write_new(at, b"forged").unwrap_err();
+            assert_eq!(
+                e.kind(),
+                std::io::ErrorKind::AlreadyExists,
+                "{}",
+                at.display()
+            );
+        }
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep");
+        assert!(!dir.path().join("none").exists());
+
+        let copy = PrivateCopy::new(dir.path(), b"flash").unwrap();
+        assert!(copy.dir.starts_with(dir.path()));
+        let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&copy.dir), 0o700);
+        assert_eq!(mode(&copy.file), 0o600);
+        assert_eq!(std::fs::read(&copy.file).unwrap(), b"flash");
+        let (d, other) = (
+            copy.dir.clone(),
+            PrivateCopy::new(dir.path(), b"x").unwrap(),
+        );
+        assert_ne!(d, other.dir);
+        drop(copy);
+        assert!(!d.exists(), "removed when done");
     }
 
     #[test]

@@ -207,7 +207,8 @@ mod tests {
         std::fs::write(&figures, "racks = 2\nhosts_per_rack = 3\n").unwrap();
         let text: String = MIN.replace("demo_key = true", &format!("sign_key = {key_path:?}"))
             + &format!(
-                "register_map = {map:?}\nsite_figures = {figures:?}\nvolatile_latch = true\n"
+                "register_map = {map:?}\nsite_figures = {figures:?}\nvolatile_latch = true\n\
+                 hosts_pattern = \"r{{rack}}h{{host}}\"\n"
             );
         let c = from(&text).expect("valid");
         assert!(!c.demo_key);

@@ -222,6 +222,41 @@ pub(super) fn hosts(
     Ok(hosts)
 }
 
+/// What the host ids leave uncovered. With a site sign key none is
+/// refused: telemetry is heard and leases sent only for the hosts
+/// listed, so such a controller would cap no host, on a leak neither.
+/// Fewer than the hall's hosts is said at start (`Some`, the warning):
+/// the places after the last id are capped by nobody.
+pub(super) fn hosts_cover(
+    src: &Sources,
+    hosts: &[Ident],
+    core: &CoreConfig,
+    demo: bool,
+) -> Result<Option<String>, ConfigError> {
+    let layout_hosts = core.layout.hosts().min(MAX_HOSTS);
+    let per_rack = usize::from(core.layout.hosts_per_rack).max(1);
+    match hosts.len() {
+        0 if !demo => Err(src.error(
+            None,
+            "hosts",
+            format!(
+                "hosts: required with a site sign key: without `hosts` or `hosts_pattern` this \
+                 controller hears no host and caps none, on a leak neither; give the {layout_hosts} \
+                 hosts it cools, rack-major (hosts = [\"r0h0\", …]), or hosts_pattern = \"r{{rack}}h{{host}}\""
+            ),
+        )),
+        n if n > 0 && n < layout_hosts => Ok(Some(format!(
+            "hosts: {n} host ids for a hall of {layout_hosts} hosts ({} racks of {}): the hosts \
+             from rack {}, place {} on get no cap from this controller, on a leak neither",
+            core.layout.racks,
+            core.layout.hosts_per_rack,
+            n / per_rack,
+            n % per_rack
+        ))),
+        _ => Ok(None),
+    }
+}
+
 /// Builds host ids from a pattern for `racks` × `per_rack` hosts.
 pub fn expand_hosts(pattern: &str, racks: usize, per_rack: usize) -> Result<Vec<String>, String> {
     let mut out = Vec::new();
@@ -343,5 +378,36 @@ mod tests {
         );
         assert!(expand_hosts("h{index", 1, 2).is_err());
         assert!(expand_hosts("h{index:2}", 1, 2).is_err());
+    }
+
+    #[test]
+    fn a_site_keyed_controller_needs_hosts_and_fewer_than_the_halls_are_said() {
+        let core = cooling_core::CoreConfig::default();
+        let src = Sources::new(Some(std::path::Path::new("cdu.toml")), "");
+        let e = hosts_cover(&src, &[], &core, false).unwrap_err();
+        assert!(
+            e.message
+                .starts_with("hosts: required with a site sign key")
+                && e.message.contains("hosts_pattern"),
+            "{e}"
+        );
+        assert_eq!(hosts_cover(&src, &[], &core, true).unwrap(), None);
+        let all = core.layout.hosts().min(MAX_HOSTS);
+        let ids = |n: usize| -> Vec<Ident> {
+            (0..n)
+                .map(|i| Ident::new(&format!("h{i}")).unwrap())
+                .collect()
+        };
+        assert_eq!(hosts_cover(&src, &ids(all), &core, false).unwrap(), None);
+        let said = hosts_cover(&src, &ids(all - 1), &core, false)
+            .unwrap()
+            .expect("one host short is said");
+        assert!(
+            said.starts_with(&format!(
+                "hosts: {} host ids for a hall of {all} hosts",
+                all - 1
+            )),
+            "{said}"
+        );
     }
 }

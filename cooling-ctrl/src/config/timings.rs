@@ -24,9 +24,9 @@ pub(super) struct Timings {
 }
 
 /// The timings: the lease at least 3 periods and at most 10 minutes (what
-/// hosts take by default), the Modbus timeout at most three quarters of
-/// the period (a step whose read the CDU does not answer waits it out,
-/// and the rest of the step needs the remainder).
+/// hosts take by default), the Modbus timeout at most three eighths of
+/// the period ([`most_timeout_ms`]): a step whose CDU is silent waits it
+/// out twice, and the rest of the step needs the remainder.
 pub(super) fn timings(
     src: &Sources,
     file: &FileConfig,
@@ -50,10 +50,13 @@ pub(super) fn timings(
             "modbus-timeout-ms"
         ),
         "modbus_timeout_ms",
-        500.min(most_timeout_ms(period)),
+        DEFAULT_TIMEOUT_MS.min(most_timeout_ms(period)),
         10,
         most_timeout_ms(period),
-        &format!(" ms: at most three quarters of the period of {period} ms"),
+        &format!(
+            " ms: at most three eighths of the period of {period} ms, \
+             as a step waits out a read and a write the CDU does not answer"
+        ),
     )?;
     let ambient_c = match pick!(flags.ambient_c, file.ambient_c, "ambient-c") {
         (None, _) => None,
@@ -67,10 +70,17 @@ pub(super) fn timings(
     })
 }
 
+/// The Modbus timeout where the period leaves room for it.
+const DEFAULT_TIMEOUT_MS: u64 = 500;
+
 /// The longest Modbus timeout a period of `period_ms` leaves room for:
-/// three quarters of it.
+/// three eighths of it. A step whose CDU does not answer waits out its
+/// read, then its first write (tried all the same, so a leak's valve
+/// close still goes out), two timeouts; on a serial line the link's
+/// reopen comes on top, and the rest of the step (the board, the hosts'
+/// caps, the relay pulse) needs the remaining quarter.
 fn most_timeout_ms(period_ms: u64) -> u64 {
-    period_ms * 3 / 4
+    period_ms * 3 / 8
 }
 
 #[cfg(test)]
@@ -91,18 +101,29 @@ mod tests {
     }
 
     #[test]
-    fn the_modbus_timeout_leaves_a_quarter_of_the_period() {
-        assert_eq!(timeout(""), Ok(Duration::from_millis(500)));
-        assert_eq!(timeout("period_ms = 200\n"), Ok(Duration::from_millis(150)));
-        let most = "period_ms = 1000\nmodbus_timeout_ms = 750\n";
-        assert_eq!(timeout(most), Ok(Duration::from_millis(750)));
-        let e = timeout("period_ms = 1000\nmodbus_timeout_ms = 800\n").unwrap_err();
-        assert!(
-            e.contains(
-                "modbus_timeout_ms = 800 is out of range \
-                 (10 to 750 ms: at most three quarters of the period of 1000 ms)"
-            ),
-            "{e}"
-        );
+    fn the_modbus_timeout_leaves_room_for_a_read_and_a_write() {
+        // The default: a silent CDU's read and write fit the period with
+        // a quarter of it to spare.
+        for (period, default) in [(None, 375), (Some(200), 75), (Some(2000), 500)] {
+            let extra = period.map_or(String::new(), |p| format!("period_ms = {p}\n"));
+            let t = timeout(&extra).expect("valid");
+            assert_eq!(t, Duration::from_millis(default), "{extra}");
+            let period = Duration::from_millis(period.unwrap_or(1000));
+            assert!(2 * t <= period * 3 / 4, "{period:?}: {t:?}");
+        }
+        let most = "period_ms = 1000\nmodbus_timeout_ms = 375\n";
+        assert_eq!(timeout(most), Ok(Duration::from_millis(375)));
+        for past in [376, 750] {
+            let e =
+                timeout(&format!("period_ms = 1000\nmodbus_timeout_ms = {past}\n")).unwrap_err();
+            assert!(
+                e.contains(&format!(
+                    "modbus_timeout_ms = {past} is out of range \
+                     (10 to 375 ms: at most three eighths of the period of 1000 ms, \
+                     as a step waits out a read and a write the CDU does not answer)"
+                )),
+                "{e}"
+            );
+        }
     }
 }

@@ -1,7 +1,8 @@
 //! Whether a register map fits the controller, checked before it starts
 //! on it ([`check_map`]: `loopwarden_modbus_map::fit`, the check the
 //! firmware's build makes too): every register one it reads or writes,
-//! of its kind and unit, the safety settings there, and each setting's
+//! of its kind and unit, the safety settings and the pumps' running
+//! flags there, and each setting's
 //! range holding what is written; and what a map says of the settings
 //! ([`map_limits`]).
 use loopwarden_boards::modbus_map::fit::check_fit;
@@ -25,7 +26,7 @@ pub fn map_limits(map: &RegisterMap) -> MapLimits {
 /// Checks, before the controller starts on it, that `map` fits a CDU of
 /// `racks` racks: every register one the controller reads (input) or
 /// writes (holding), of that kind and in its unit; `valves_open`,
-/// `pumps_run` and `heartbeat` there; each setting's range holding every
+/// `pumps_run`, `heartbeat` and the pumps' running flags there; each setting's range holding every
 /// value the controller writes (every valve of the racks open to all
 /// closed, both pumps, either lead pump, full pump speed) and the
 /// heartbeat's at least two values: the check the firmware's build makes

@@ -54,10 +54,16 @@ fn every_register_known_of_its_kind_and_unit_fits_any_racks_or_none() {
     for racks in 1..=16 {
         assert_eq!(check_fit(&fitting(), Some(racks)), Ok(()));
     }
-    // The safety settings alone fit too: the rest are read when there.
+    // The safety settings and the pumps' running flags alone fit too:
+    // the rest are read when there.
     let needed: Vec<_> = fitting()
         .into_iter()
-        .filter(|r| NEEDED.iter().any(|(n, _)| *n == r.name))
+        .filter(|r| {
+            NEEDED
+                .iter()
+                .chain(&NEEDED_READINGS)
+                .any(|(n, _)| *n == r.name)
+        })
         .collect();
     assert_eq!(check_fit(&needed, Some(4)), Ok(()));
 }
@@ -121,6 +127,30 @@ fn a_name_kind_or_unit_the_controllers_do_not_take_is_refused() {
     );
     let none = with("flow", |r| r.unit = "");
     assert!(refused(&none, None).contains("its unit as none (\"\": bits or a count)"));
+}
+
+#[test]
+fn a_map_without_a_pumps_running_flag_is_refused_naming_it() {
+    for (name, pump) in [("pump_a_running", 'A'), ("pump_b_running", 'B')] {
+        let mut missing = fitting();
+        missing.retain(|r| r.name != name);
+        for racks in [None, Some(4)] {
+            assert_eq!(
+                refused(&missing, racks),
+                format!(
+                    "{name}: the map lacks it; the controller needs it as an input register, \
+                     pump {pump}'s running feedback: without it the pump reads as stopped \
+                     while it runs, and is taken for tripped and taken out of service"
+                )
+            );
+        }
+    }
+    // Of the other kind it is refused as such.
+    let holding = with("pump_a_running", |r| r.kind = Kind::Holding);
+    assert_eq!(
+        refused(&holding, None),
+        "pump_a_running: the controller needs it as an input register, the map has it as holding"
+    );
 }
 
 #[test]

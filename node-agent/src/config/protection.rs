@@ -10,9 +10,14 @@
 //! |---|---|---|
 //! | `keyring` | every command: no CDU, facility or operator can cap the host | `commands = "none"` |
 //! | `cdu` | the CDU's leases and its word about cooling | `cooling = "not_managed"` |
+//! | the CDU's key in the keyring (`cdu` with `commands = "none"`, or a `cdu` no signer is) | the same: every state and lease of that CDU is refused | `cooling = "not_managed"` |
 //! | `rack` (with `cdu`) | acting on the rack's loss of cooling | `[cooling_loss] actions = "none"` |
 //! | `[cooling_loss]` `drain` and `power_down` | draining and powering down a rack without cooling | `[cooling_loss] actions = "none"` |
 //! | `flash` | quarantines, leases and the limits the agent set, across a restart | `volatile_state = true` |
+//!
+//! A `[cooling_loss] grace_s` longer than the safety case's
+//! ([`SAFETY_GRACE_S`]) before a power-down is taken, and said as an
+//! opt-out of its own (`cooling_loss.grace_s`).
 //!
 //! Simulated GPUs (a demonstration, a test) take the same keys but are
 //! not held to them.
@@ -24,7 +29,8 @@
 
 use loopwarden_field::config::{range, ConfigError, Sources};
 use loopwarden_field::pick;
-use loopwarden_protocol::{Ident, Watts};
+use loopwarden_protocol::auth::Signer;
+use loopwarden_protocol::{Ident, Role, Watts};
 
 use super::{CoolingLossActions, FileConfig, GpuSourceKind, Overrides};
 
@@ -34,6 +40,9 @@ const NO_COMMANDS: &str = "none";
 const NOT_MANAGED: &str = "not_managed";
 /// `[cooling_loss] actions`'s one value: no command on a cooling loss.
 const NO_ACTIONS: &str = "none";
+/// The grace between a rack's drain and its power-down that the safety
+/// case counts on (docs/safety.md), s; a longer one is an opt-out.
+pub const SAFETY_GRACE_S: u64 = 30;
 
 /// `site_limit_w`: the highest limit ever set on this host's GPUs,
 /// within the board's settable range; `None` when not configured.
@@ -115,6 +124,9 @@ pub(super) struct Setting<'a> {
     pub gpus: &'a GpuSourceKind,
     /// Whether a keyring is configured.
     pub keyring: bool,
+    /// The signers this host takes (the keyring's, the demonstration
+    /// ones, or none).
+    pub signers: &'a [Signer],
     /// The CDU that cools this host.
     pub cdu: &'a Option<Ident>,
     /// Its rack on that CDU.
@@ -129,7 +141,8 @@ pub(super) struct Setting<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OptOut {
     /// The setting that switched it off: `commands`, `cooling`,
-    /// `cooling_loss.actions` or `volatile_state`.
+    /// `cooling_loss.actions`, `cooling_loss.grace_s` or
+    /// `volatile_state`.
     pub key: &'static str,
     /// The setting as written and what it means, for the log and the
     /// console: `commands = "none": this host takes no command (...)`.
@@ -203,6 +216,12 @@ pub(super) fn opt_outs(
         format!("cooling = \"{NOT_MANAGED}\": no CDU's leases or word about cooling are taken"),
     );
     say(actions, "cooling_loss.actions", format!("[cooling_loss] actions = \"{NO_ACTIONS}\": a rack that loses cooling is left to the CDU's caps, nothing drained or powered down"));
+    let grace = s.cooling_loss.grace.as_secs();
+    say(
+        grace > SAFETY_GRACE_S && !s.cooling_loss.power_down.is_empty(),
+        "cooling_loss.grace_s",
+        format!("[cooling_loss] grace_s = {grace}: a rack that loses cooling is powered down {grace} s after its drain, not the {SAFETY_GRACE_S} s the safety case counts on (docs/safety.md): its GPUs stay powered, at their minimum caps, on a loop without flow that long"),
+    );
     say(volatile, "volatile_state", "volatile_state = true: no flash file: quarantines, leases and the limits the agent set are lost at every restart".into());
     Ok(off)
 }
@@ -277,6 +296,39 @@ fn contradictions(
     Ok(())
 }
 
+/// On real GPUs, the host's CDU must be one whose signed state it can
+/// check: a CDU state is taken only with a key of the keyring, so without
+/// a keyring (`commands = "none"`), or with a `cdu` no signer of it is (a
+/// misspelt name, another hall's keyring), every state of that CDU is
+/// refused: the rack's loss of cooling is never seen (no drain, no
+/// power-down) and none of its caps is taken.
+fn cdu_heard(
+    src: &Sources,
+    s: &Setting<'_>,
+    commands: bool,
+    cdu: &Ident,
+) -> Result<(), ConfigError> {
+    if commands {
+        return Err(src.error(
+            None,
+            "commands",
+            format!("commands = \"{NO_COMMANDS}\" and cdu = \"{cdu}\": without a keyring this host cannot check cdu/{cdu}'s signed state, so it never sees its rack lose cooling (no drain, no power-down) and takes none of its caps. Give keyring = PATH listing cdu/{cdu}, or write cooling = \"{NOT_MANAGED}\" in place of cdu, rack and [cooling_loss] to run this host unmanaged on purpose"),
+        ));
+    }
+    let listed = s
+        .signers
+        .iter()
+        .any(|k| k.role == Role::Cdu && k.name.as_ref().is_none_or(|n| n == cdu));
+    if !listed {
+        return Err(src.error(
+            None,
+            "cdu",
+            format!("cdu = \"{cdu}\": the keyring holds no key of cdu/{cdu}, so every state and lease of that CDU would be refused: its rack's loss of cooling never seen (no drain, no power-down), none of its caps taken. Check the CDU's name, or add cdu/{cdu}'s key to the keyring (`lwbus pki sign-key --node cdu/{cdu} --key-id N --out FILE` prints its entry)"),
+        ));
+    }
+    Ok(())
+}
+
 /// On real GPUs: every protection on, or its opt-out written down.
 fn required(
     src: &Sources,
@@ -300,6 +352,7 @@ fn required(
             format!("real GPUs need the CDU that cools this host: without `cdu` its leases are refused and a loss of cooling is never seen. Give cdu = NAME and rack = N, or write cooling = \"{NOT_MANAGED}\" when no CDU of this site's controllers cools this host"),
         ));
     };
+    cdu_heard(src, s, commands, cdu)?;
     if actions {
         return Ok(());
     }
@@ -329,6 +382,8 @@ fn required(
 #[cfg(test)]
 mod tests {
     use crate::config::{resolve, Config, Overrides};
+    use loopwarden_protocol::auth::{May, Signer, SigningKey};
+    use loopwarden_protocol::{Ident, Role};
 
     /// A real host on the site's broker, with what the test adds.
     fn nvml(more: &str) -> Result<Config, String> {
@@ -341,7 +396,29 @@ mod tests {
         resolve(None, &text, &Overrides::default()).map_err(|e| e.to_string())
     }
 
+    /// Site a's keyring in `dir`, holding one key, `role/name`'s, as
+    /// the line `keyring = …`.
+    fn keyring(dir: &std::path::Path, role: Role, name: &str) -> String {
+        let signer = Signer {
+            role,
+            name: Some(Ident::new(name).unwrap()),
+            key_id: 1,
+            key: SigningKey::from_bytes(&[3; 32]).verifying_key(),
+            may: May {
+                lease: role == Role::Cdu,
+                release: role == Role::Operator,
+                resend: role != Role::Cdu,
+            },
+        };
+        let site = Ident::new("a").unwrap();
+        let ring = dir.join(format!("{name}.keyring.toml"));
+        let text = loopwarden_bus::keys::keyring_toml(&site, &[signer]);
+        std::fs::write(&ring, text).unwrap();
+        format!("keyring = {ring:?}\n")
+    }
+
     const KEYRING_OFF: &str = "commands = \"none\"\n";
+    const UNMANAGED: &str = "commands = \"none\"\ncooling = \"not_managed\"\n";
     const RACK: &str = "cdu = \"cdu1\"\nrack = 2\n";
     const DRAIN: &str = "[cooling_loss]\ndrain = [[\"drain\", \"{host}\"]]\n";
     const BOTH: &str = "[cooling_loss]\ndrain = [[\"drain\", \"{host}\"]]\npower_down = [[\"systemctl\", \"poweroff\"]]\n";
@@ -349,6 +426,8 @@ mod tests {
 
     #[test]
     fn real_gpus_without_a_protection_are_refused_naming_its_opt_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let ring = keyring(dir.path(), Role::Cdu, "cdu1");
         let e = nvml(&format!("{RACK}{DRAIN}")).unwrap_err();
         assert!(
             e.contains("real GPUs need a keyring") && e.contains("commands = \"none\""),
@@ -359,26 +438,25 @@ mod tests {
             e.contains("`cdu`") && e.contains("cooling = \"not_managed\""),
             "{e}"
         );
-        let e = nvml(&format!("{KEYRING_OFF}cdu = \"cdu1\"\n")).unwrap_err();
+        let e = nvml(&format!("{ring}cdu = \"cdu1\"\n")).unwrap_err();
         assert!(
             e.contains("rack") && e.contains("actions = \"none\""),
             "{e}"
         );
-        let e = nvml(&format!("{KEYRING_OFF}{RACK}")).unwrap_err();
+        let e = nvml(&format!("{ring}{RACK}")).unwrap_err();
         assert!(
             e.contains("no cooling-loss `drain` command") && e.contains("actions = \"none\""),
             "{e}"
         );
-        let e = nvml(&format!("{KEYRING_OFF}{RACK}{DRAIN}")).unwrap_err();
+        let e = nvml(&format!("{ring}{RACK}{DRAIN}")).unwrap_err();
         assert!(e.contains("no cooling-loss `power_down` command"), "{e}");
-        let e = nvml(&format!("{KEYRING_OFF}{RACK}{BOTH}")).unwrap_err();
+        let e = nvml(&format!("{ring}{RACK}{BOTH}")).unwrap_err();
         assert!(
             e.contains("real GPUs need a flash file") && e.contains("volatile_state = true"),
             "{e}"
         );
-        let c =
-            nvml(&format!("{KEYRING_OFF}{FLASH}{RACK}{BOTH}")).expect("protected but for commands");
-        assert_eq!(c.opt_outs.len(), 1, "{:?}", c.opt_outs);
+        let c = nvml(&format!("{ring}{FLASH}{RACK}{BOTH}")).expect("protected");
+        assert!(c.opt_outs.is_empty(), "{:?}", c.opt_outs);
         assert_eq!(
             c.cooling_loss.grace.as_secs(),
             30,
@@ -386,10 +464,40 @@ mod tests {
         );
     }
 
+    /// A CDU state is taken only with a key of the keyring: a host whose
+    /// keyring cannot check its CDU's would never act on its rack's loss
+    /// of cooling, so it is refused, naming what to give.
+    #[test]
+    fn real_gpus_whose_keyring_cannot_check_their_cdu_are_refused() {
+        let e = nvml(&format!("{KEYRING_OFF}{FLASH}{RACK}{BOTH}")).unwrap_err();
+        assert!(
+            e.contains("commands = \"none\" and cdu = \"cdu1\"")
+                && e.contains("never sees its rack lose cooling")
+                && e.contains("cooling = \"not_managed\""),
+            "{e}"
+        );
+        // Not even for caps alone: no state, no lease of the CDU is taken.
+        let caps_only = "cdu = \"cdu1\"\n[cooling_loss]\nactions = \"none\"\n";
+        let e = nvml(&format!("{KEYRING_OFF}{FLASH}{caps_only}")).unwrap_err();
+        assert!(e.contains("commands = \"none\" and cdu"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        for (role, name) in [(Role::Cdu, "cdu2"), (Role::Operator, "cdu1")] {
+            let ring = keyring(dir.path(), role, name);
+            let e = nvml(&format!("{ring}{FLASH}{RACK}{BOTH}")).unwrap_err();
+            assert!(
+                e.contains("cdu = \"cdu1\": the keyring holds no key of cdu/cdu1"),
+                "{role:?}/{name}: {e}"
+            );
+        }
+        let ring = keyring(dir.path(), Role::Cdu, "cdu1");
+        assert!(nvml(&format!("{ring}{FLASH}{RACK}{BOTH}")).is_ok());
+        // Simulated GPUs are not held to it.
+        assert!(twin(&format!("{RACK}{BOTH}")).is_ok());
+    }
+
     #[test]
     fn each_opt_out_is_said_and_twin_gpus_are_not_held_to_them() {
-        let c = nvml("commands = \"none\"\ncooling = \"not_managed\"\nvolatile_state = true\n")
-            .expect("unmanaged");
+        let c = nvml(&format!("{UNMANAGED}volatile_state = true\n")).expect("unmanaged");
         let keys: Vec<&str> = c.opt_outs.iter().map(|o| o.key).collect();
         assert_eq!(keys, ["commands", "cooling", "volatile_state"]);
         assert!(
@@ -403,16 +511,57 @@ mod tests {
             c.opt_outs
         );
         assert!(c.opt_outs[1].said.starts_with("cooling = \"not_managed\""));
+        let dir = tempfile::tempdir().unwrap();
+        let ring = keyring(dir.path(), Role::Cdu, "cdu1");
         let c = nvml(&format!(
-            "{KEYRING_OFF}{FLASH}cdu = \"cdu1\"\n[cooling_loss]\nactions = \"none\"\n"
+            "{ring}{FLASH}cdu = \"cdu1\"\n[cooling_loss]\nactions = \"none\"\n"
         ))
         .expect("caps only");
-        assert_eq!(c.opt_outs[1].key, "cooling_loss.actions");
-        assert!(c.opt_outs[1]
+        assert_eq!(c.opt_outs[0].key, "cooling_loss.actions");
+        assert!(c.opt_outs[0]
             .said
             .starts_with("[cooling_loss] actions = \"none\""));
         let c = twin("").expect("a demonstration");
         assert!(c.opt_outs.is_empty());
+    }
+
+    /// A power-down later than the safety case's 30 s is taken, and said
+    /// as an opt-out: at start, in `ctl status` and on `/metrics`.
+    #[test]
+    fn a_grace_longer_than_the_safety_cases_is_an_opt_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let ring = keyring(dir.path(), Role::Cdu, "cdu1");
+        let host = format!("{ring}{FLASH}{RACK}{BOTH}");
+        for grace in [0, 30] {
+            let c = nvml(&format!("{host}grace_s = {grace}\n")).expect("valid");
+            assert!(c.opt_outs.is_empty(), "{grace}: {:?}", c.opt_outs);
+        }
+        let c = nvml(&format!("{host}grace_s = 31\n")).expect("valid");
+        assert_eq!(c.cooling_loss.grace.as_secs(), 31);
+        let keys: Vec<&str> = c.opt_outs.iter().map(|o| o.key).collect();
+        assert_eq!(keys, ["cooling_loss.grace_s"]);
+        assert!(
+            c.opt_outs[0]
+                .said
+                .starts_with("[cooling_loss] grace_s = 31: a rack that loses cooling is powered down 31 s after its drain, not the 30 s"),
+            "{:?}",
+            c.opt_outs
+        );
+        let flags = Overrides {
+            cooling_grace_s: Some(120),
+            ..Overrides::default()
+        };
+        let text = format!("site = \"a\"\nhost = \"h\"\nbroker = \"10.0.0.5\"\n{host}");
+        let c = resolve(None, &text, &flags).expect("valid");
+        assert_eq!(
+            c.opt_outs[0].key, "cooling_loss.grace_s",
+            "from the flag too"
+        );
+        let c = twin(&format!("{RACK}{BOTH}grace_s = 600\n")).expect("valid");
+        assert_eq!(c.opt_outs[0].key, "cooling_loss.grace_s", "on any GPUs");
+        // Nothing to delay without a power-down.
+        let c = twin(&format!("{RACK}{DRAIN}grace_s = 600\n")).expect("valid");
+        assert!(c.opt_outs.is_empty(), "{:?}", c.opt_outs);
     }
 
     #[test]

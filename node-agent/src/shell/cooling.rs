@@ -28,6 +28,18 @@
 //! another in the runner when undone is not run (a power-down queued
 //! behind a hanging drain, cooling back meanwhile).
 //!
+//! The record is kept with its check under a key of its own
+//! ([`CHECK_KEY`]), both handed over as one: the store skips a damaged
+//! copy and returns the one before it, so a damaged newest record would
+//! otherwise read as an older phase (cooled, the grace started again,
+//! the power-up never run). A record that cannot be read, or that its
+//! check does not match, is a loss of unknown age ([`UNKNOWN`]): a drain
+//! runs again at once, the host is powered down at the CDU's first word
+//! that the rack is still lost (or at the end of the wait, the CDU silent),
+//! with no fresh grace, and powered up and resumed at its word that
+//! cooling is back. A record an earlier version kept without a check
+//! reads as before.
+//!
 //! A resume takes the whole node back into service, in the site's
 //! scheduler, its quarantined GPUs with it: once one ended, the
 //! quarantine actions of every GPU still quarantined run again.
@@ -45,9 +57,11 @@ use std::time::Duration;
 use loopwarden_flash::ConfigStore;
 use loopwarden_protocol::{CoolingStep, Event, TimestampMs};
 use loopwarden_store::agent_flash::Flash;
+use loopwarden_store::check::{check_of, checked};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use super::quarantine::get;
 use super::Agent;
 use crate::actions;
 use crate::config::CoolingLossActions;
@@ -56,6 +70,16 @@ use node_core::cooling_loss::Phase;
 
 /// The config-store key of the cooling-loss phase and pending steps.
 const PHASE_KEY: &str = "cooling_loss";
+/// The config-store key of the check of the record under [`PHASE_KEY`].
+const CHECK_KEY: &str = "cooling_loss_check";
+/// A record that cannot be read, or that its check does not match, is a
+/// loss of unknown age: the host may be drained or powered down, its
+/// rack still without cooling. Powered down since the start of time, a
+/// drain pending: the drain runs again at once (harmless twice), the
+/// power-down is held for the CDU's word (run while the rack is lost,
+/// with no fresh grace; dropped when cooling is back, with the power-up
+/// and the resume run).
+const UNKNOWN: (Phase, [CoolingStep; 1]) = (Phase::PoweredDown { since: 0 }, [CoolingStep::Drain]);
 /// Jobs waiting for the runner: a loss hands out at most four steps, and
 /// a CDU that says lost and cooled a few times in a row a few more.
 const QUEUE: usize = 16;
@@ -333,24 +357,56 @@ fn decode(b: &[u8]) -> Option<(Phase, Vec<CoolingStep>)> {
     Some((phase, pending))
 }
 
+/// What keeps `phase` and `pending` in flash: the record, then its check.
+fn phase_items(phase: Phase, pending: &[CoolingStep]) -> Vec<(String, Vec<u8>)> {
+    let record = encode(phase, pending);
+    let check = check_of(&record);
+    vec![
+        (PHASE_KEY.to_string(), record),
+        (CHECK_KEY.to_string(), check),
+    ]
+}
+
 /// The phase and the pending steps kept from before a restart: cooled
-/// and none when nothing was kept, or when it cannot be read (said; a
-/// rack still without cooling is drained again at the CDU's next word).
+/// and none when nothing was kept; [`UNKNOWN`] when the record cannot be
+/// read, or its check does not match it (said).
 pub(super) async fn restore(store: &mut ConfigStore<Flash>) -> (Phase, Vec<CoolingStep>) {
-    let mut buf = [0u8; 32];
-    let unreadable = |why: String| {
-        tracing::error!("cooling-loss phase in flash unreadable ({why}): taken as cooled");
-        (Phase::Cooled, Vec::new())
-    };
-    let (phase, pending) = match store.get(PHASE_KEY, &mut buf).await {
-        Ok(Some(n)) => decode(&buf[..n]).unwrap_or_else(|| unreadable(format!("{n} bytes"))),
+    let (phase, pending) = match read_kept(store).await {
+        Ok(Some(kept)) => kept,
         Ok(None) => (Phase::Cooled, Vec::new()),
-        Err(e) => unreadable(format!("{e:?}")),
+        Err(why) => {
+            let (phase, pending) = UNKNOWN;
+            tracing::error!(
+                "cooling-loss phase in flash unreadable ({why}): taken as a loss of unknown \
+                 age: the drain runs again now, the host is powered down if the CDU says the \
+                 rack is still lost (or says nothing), and powered up and resumed if it says \
+                 cooling is back"
+            );
+            return (phase, pending.to_vec());
+        }
     };
     if phase != Phase::Cooled {
         tracing::warn!("a cooling loss from before the restart: {phase}; waiting for the CDU");
     }
     (phase, pending)
+}
+
+/// The phase and the pending steps kept, checked against the check kept
+/// after them; `None` when none were kept.
+async fn read_kept(
+    store: &mut ConfigStore<Flash>,
+) -> Result<Option<(Phase, Vec<CoolingStep>)>, String> {
+    let value = get(store, PHASE_KEY).await?;
+    let check = get(store, CHECK_KEY).await?;
+    if value.is_some() && check.is_none() {
+        tracing::info!("{PHASE_KEY}: kept without its check (an earlier version): read as it is");
+    }
+    let Some(bytes) = checked(PHASE_KEY, value, check)? else {
+        return Ok(None);
+    };
+    decode(&bytes)
+        .map(Some)
+        .ok_or_else(|| format!("{PHASE_KEY}: {} bytes that are no phase", bytes.len()))
 }
 
 impl Agent {
@@ -401,12 +457,13 @@ impl Agent {
         }
     }
 
-    /// Keeps the phase and the pending steps in flash (written off the
-    /// loop, in order with everything else); the flash's word once it is
-    /// kept (`None`: not handed to the flash thread, said).
+    /// Keeps the phase and the pending steps in flash, then their check,
+    /// handed over as one (written off the loop, in order with everything
+    /// else); the flash's word once both are kept (`None`: not handed to
+    /// the flash thread, said).
     fn keep_cooling(&self) -> Option<Kept> {
-        let record = encode(self.cooling.kept, &self.cooling.pending.steps());
-        self.recorder.set_later(PHASE_KEY.to_string(), record).ok()
+        let items = phase_items(self.cooling.kept, &self.cooling.pending.steps());
+        self.recorder.set_all_later(items).ok()
     }
 
     /// The job of a step: its configured commands, expanded; none (said)
@@ -658,6 +715,62 @@ mod tests {
             "{:?}",
             began.elapsed()
         );
+    }
+
+    fn restored(store: &mut ConfigStore<Flash>) -> (Phase, Vec<CoolingStep>) {
+        futures::executor::block_on(restore(store))
+    }
+
+    fn keep(store: &mut ConfigStore<Flash>, phase: Phase, pending: &[CoolingStep]) {
+        for (key, value) in phase_items(phase, pending) {
+            futures::executor::block_on(store.set(&key, &value)).unwrap();
+        }
+    }
+
+    fn unknown() -> (Phase, Vec<CoolingStep>) {
+        (UNKNOWN.0, UNKNOWN.1.to_vec())
+    }
+
+    /// A record kept, with its check or without (an earlier version's),
+    /// reads as it was; one that is no phase is a loss of unknown age,
+    /// never cooled.
+    #[test]
+    fn an_undecodable_phase_is_a_loss_of_unknown_age_not_cooled() {
+        let mut store = loopwarden_store::agent_flash::open(None).unwrap().store;
+        assert_eq!(restored(&mut store), (Phase::Cooled, vec![]), "none kept");
+        let draining = Phase::Draining { since: 1_000 };
+        keep(&mut store, draining, &[Drain]);
+        assert_eq!(restored(&mut store), (draining, vec![Drain]));
+        let mut store = loopwarden_store::agent_flash::open(None).unwrap().store;
+        let old = encode(draining, &[]);
+        futures::executor::block_on(store.set(PHASE_KEY, &old)).unwrap();
+        assert_eq!(restored(&mut store), (draining, vec![]), "no check");
+        for junk in [vec![7u8; 9], vec![1, 2], vec![1, 0, 0, 0, 0, 0, 0, 0, 0, 9]] {
+            let mut store = loopwarden_store::agent_flash::open(None).unwrap().store;
+            futures::executor::block_on(store.set(PHASE_KEY, &junk)).unwrap();
+            assert_eq!(restored(&mut store), unknown(), "{junk:?} without a check");
+            futures::executor::block_on(store.set(CHECK_KEY, &check_of(&junk))).unwrap();
+            assert_eq!(restored(&mut store), unknown(), "{junk:?} with its check");
+        }
+    }
+
+    /// Kept draining, then powered down; the newest copy damaged: the
+    /// store reads the older (draining), which the check does not match:
+    /// a loss of unknown age, neither the older phase nor cooled.
+    #[test]
+    fn a_damaged_newest_phase_is_not_read_as_the_older() {
+        let mut store = loopwarden_store::agent_flash::open(None).unwrap().store;
+        keep(&mut store, Phase::Draining { since: 1_000 }, &[Drain]);
+        let down = Phase::PoweredDown { since: 31_000 };
+        keep(&mut store, down, &[PowerDown]);
+        assert_eq!(restored(&mut store), (down, vec![PowerDown]));
+        let mut store = super::super::damage_newest(store, &encode(down, &[PowerDown]));
+        assert_eq!(restored(&mut store), unknown());
+        // Lost altogether, its check kept: unknown too.
+        let mut store = loopwarden_store::agent_flash::open(None).unwrap().store;
+        let check = check_of(&encode(down, &[]));
+        futures::executor::block_on(store.set(CHECK_KEY, &check)).unwrap();
+        assert_eq!(restored(&mut store), unknown());
     }
 
     #[test]

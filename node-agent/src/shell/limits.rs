@@ -8,6 +8,7 @@
 use loopwarden_flash::ConfigStore;
 use loopwarden_protocol::Watts;
 use loopwarden_store::agent_flash::Flash;
+use loopwarden_store::recorder::Recorder;
 use node_core::node::{KeptLimit, LimitResult, Node, SetLimit};
 use serde::{Deserialize, Serialize};
 
@@ -36,7 +37,7 @@ struct Kept {
 /// The limits kept under its UUID for the GPU of `uuid` (identified
 /// late), read through the recorder, which owns the store by then.
 pub(super) async fn kept_through(
-    recorder: &loopwarden_store::recorder::Recorder,
+    recorder: &Recorder,
     uuid: &str,
 ) -> Result<Option<KeptLimit>, String> {
     let Some(key) = limit_key(uuid) else {
@@ -98,6 +99,24 @@ pub(super) async fn restore(node: &mut Node, gpus: &[GpuState], store: &mut Conf
     }
 }
 
+/// Keeps every GPU's limits `records`, handed over as one, and waits
+/// until all are in flash: any one refused is said (the first refusal's
+/// words). Returns whether all are kept.
+async fn keep_records(recorder: &Recorder, records: Vec<(String, Vec<u8>)>) -> bool {
+    if records.is_empty() {
+        return true;
+    }
+    match recorder.set_all_sync(records).await {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::error!(
+                "power limits not kept in flash ({e}): a restart may take a cap it finds for the site's limit"
+            );
+            false
+        }
+    }
+}
+
 impl Agent {
     /// Reads every GPU's limit as it is now, all GPUs at once: a slow
     /// GPU costs the round one deadline, not one per GPU.
@@ -116,7 +135,7 @@ impl Agent {
     /// cap matters more than the record of it). A GPU whose UUID is
     /// unknown has none kept (said once).
     pub(super) async fn keep_limits(&mut self, limits: Vec<KeptLimit>) {
-        let mut last = None;
+        let mut records = Vec::new();
         let mut unknown = Vec::new();
         for (i, (limit, g)) in limits.into_iter().zip(&self.gpus).enumerate() {
             let Some(key) = limit_key(&g.info.uuid) else {
@@ -129,13 +148,7 @@ impl Agent {
                 limit,
             };
             match postcard::to_allocvec(&kept) {
-                // Handed over in order: waiting for the last waits for
-                // them all.
-                Ok(bytes) => {
-                    if let Some((key, value)) = last.replace((key, bytes)) {
-                        self.recorder.set(key, value);
-                    }
-                }
+                Ok(bytes) => records.push((key, bytes)),
                 Err(e) => tracing::error!("GPU {i}: power limits not encodable: {e}"),
             }
         }
@@ -147,12 +160,7 @@ impl Agent {
                 );
             }
         }
-        let Some((key, value)) = last else { return };
-        if let Err(e) = self.recorder.set_sync(key, value).await {
-            tracing::error!(
-                "power limits not kept in flash ({e}): a restart may take a cap it finds for the site's limit"
-            );
-        }
+        keep_records(&self.recorder, records).await;
     }
 
     /// Sets each limit and reads it back, every GPU's at once (each
@@ -196,6 +204,35 @@ mod tests {
         };
         let bytes = postcard::to_allocvec(&kept).unwrap();
         store.set(key, &bytes).await.unwrap();
+    }
+
+    /// GPU 0's record refused by the flash (a value longer than it takes),
+    /// GPU 1's kept: the limits are said not kept, GPU 1's all the same.
+    #[test]
+    fn a_refused_record_of_any_gpu_is_said_not_only_the_last() {
+        let stores = loopwarden_store::agent_flash::open(None).unwrap();
+        let recorder = Recorder::start(stores.log, stores.store, None).unwrap();
+        let record = |uuid: &str| {
+            let kept = Kept {
+                uuid: uuid.into(),
+                limit: limit(300),
+            };
+            (
+                limit_key(uuid).unwrap(),
+                postcard::to_allocvec(&kept).unwrap(),
+            )
+        };
+        let long = format!("GPU-{}", "0".repeat(loopwarden_flash::config::MAX_VALUE));
+        let records = vec![record(&long), record("GPU-bbbb")];
+        futures::executor::block_on(async {
+            assert!(
+                !keep_records(&recorder, records).await,
+                "GPU 0's refusal unsaid"
+            );
+            let kept = recorder.get(limit_key("GPU-bbbb").unwrap()).await;
+            assert!(kept.unwrap().is_some(), "GPU 1's kept");
+            assert!(keep_records(&recorder, vec![record("GPU-cccc")]).await);
+        });
     }
 
     #[test]

@@ -140,7 +140,11 @@ fn untag(value: &[u8]) -> Option<(u64, &[u8])> {
     Some((id, &value[9..]))
 }
 
-async fn get(store: &mut ConfigStore<Flash>, key: &str) -> Result<Option<Vec<u8>>, String> {
+/// The value kept under `key`, if any; an error names the key.
+pub(super) async fn get(
+    store: &mut ConfigStore<Flash>,
+    key: &str,
+) -> Result<Option<Vec<u8>>, String> {
     let mut buf = [0u8; loopwarden_flash::config::MAX_VALUE];
     match store.get(key, &mut buf).await {
         Ok(Some(n)) => Ok(Some(buf[..n].to_vec())),

@@ -11,17 +11,34 @@
 //! without waiting, before the command's ack in the flash thread's queue.
 //! At start the keyring's named signers and the host's CDU are looked up.
 //!
+//! Each record is kept with its check record under a key of its own
+//! ([`check_key`]), both handed over as one: the record's check
+//! ([`check_of`]), then a copy of the floor it holds. The store skips a
+//! damaged copy and returns the one before it, so a damaged newest record
+//! would otherwise read as an older floor, and a command numbered between
+//! the two, captured before the restart, would be taken. A record that
+//! its check does not match is said, and the higher floor of the two
+//! (the record read, the copy in the check record) is taken: the newest
+//! kept, whichever of the two was damaged, so every command of that
+//! signer numbered at or below the last one taken is still a replay. A
+//! record an earlier version kept without a check reads as before (said
+//! at info).
+//!
 //! Glossary:
 //! - *floor*: the last sequence number accepted from a signer; a command
 //!   at or below it is a replay.
+//! - *check record*: what is kept after a record: its check and a copy of
+//!   its floor.
 
 use loopwarden_flash::ConfigStore;
 use loopwarden_protocol::{Ident, NodeId, ReplayFloor, Role, TimestampMs};
 use loopwarden_store::agent_flash::Flash;
+use loopwarden_store::check::{check_of, checked};
 use loopwarden_store::recorder::Recorder;
 use node_core::node::Node;
 use serde::{Deserialize, Serialize};
 
+use super::quarantine::get;
 use crate::config::Config;
 
 /// What is kept: the signer, and its floor.
@@ -42,11 +59,85 @@ fn key(sender: &NodeId) -> String {
     format!("replay.{h:016x}")
 }
 
+/// The config-store key of the check record kept after `key`'s record.
+fn check_key(key: &str) -> String {
+    format!("{key}.c")
+}
+
+/// The length of a check ([`check_of`]), at the head of a check record.
+const CHECK_LEN: usize = 8;
+
+/// What keeps `value` (under `key`) and its floor `copy`: the record,
+/// then its check record.
+fn items(key: String, value: Vec<u8>, copy: &[u8]) -> Vec<(String, Vec<u8>)> {
+    let mut check = check_of(&value);
+    check.extend_from_slice(copy);
+    let check_key = check_key(&key);
+    vec![(key, value), (check_key, check)]
+}
+
+/// Hands `items` to the flash thread as one, without waiting.
+fn keep_items(recorder: &Recorder, items: Vec<(String, Vec<u8>)>) {
+    // Not handed over: said by the recorder.
+    let _ = recorder.set_all_later(items);
+}
+
+/// A record its check record does not match (or that cannot be read).
+struct Mismatch {
+    /// Why, naming the key.
+    why: String,
+    /// The record read, if any (an older copy, or the newest one when the
+    /// check record's newest copy is the damaged one).
+    value: Option<Vec<u8>>,
+    /// The floor copied in the check record, if readable.
+    copy: Option<Vec<u8>>,
+}
+
+/// The record under `key`, checked against its check record: `Ok` with
+/// the record (none kept, or an earlier version's without a check, said
+/// at info), or what was found instead.
+async fn read_checked(
+    store: &mut ConfigStore<Flash>,
+    key: &str,
+) -> Result<Option<Vec<u8>>, Mismatch> {
+    let check = match get(store, &check_key(key)).await {
+        Ok(check) => check,
+        Err(why) => {
+            let value = get(store, key).await.ok().flatten();
+            let copy = None;
+            return Err(Mismatch { why, value, copy });
+        }
+    };
+    let value = match get(store, key).await {
+        Ok(value) => value,
+        Err(why) => {
+            let copy = check.map(|c| c.get(CHECK_LEN..).unwrap_or_default().to_vec());
+            return Err(Mismatch {
+                why,
+                value: None,
+                copy,
+            });
+        }
+    };
+    let Some(check) = check else {
+        if value.is_some() {
+            tracing::info!("{key}: kept without its check (an earlier version): read as it is");
+        }
+        return Ok(value);
+    };
+    let (sum, copy) = check.split_at(check.len().min(CHECK_LEN));
+    checked(key, value.clone(), Some(sum.to_vec())).map_err(|why| Mismatch {
+        why,
+        value,
+        copy: Some(copy.to_vec()),
+    })
+}
+
 /// Keeps `sender`'s floor, without waiting.
 pub(super) fn keep(recorder: &Recorder, sender: NodeId, seq: u32) {
     let key = key(&sender);
     match postcard::to_allocvec(&Kept { sender, seq }) {
-        Ok(value) => recorder.set(key, value),
+        Ok(value) => keep_items(recorder, items(key, value, &seq.to_le_bytes())),
         Err(e) => tracing::error!("replay floor {key} not kept: {e}"),
     }
 }
@@ -75,6 +166,26 @@ struct KeptStateV1 {
 }
 
 impl KeptState {
+    /// Its floor and last state as copied in its check record: the seq
+    /// and the stamp of each, little-endian.
+    fn copy(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(24);
+        b.extend_from_slice(&self.seq.to_le_bytes());
+        b.extend_from_slice(&self.time.0.to_le_bytes());
+        b.extend_from_slice(&self.last.0.to_le_bytes());
+        b.extend_from_slice(&self.last.1 .0.to_le_bytes());
+        b
+    }
+
+    /// The floor and the last state a check record's [`KeptState::copy`]
+    /// holds.
+    fn of_copy(b: &[u8]) -> Option<(ReplayFloor, (u32, TimestampMs))> {
+        let u32_at = |i: usize| Some(u32::from_le_bytes(b.get(i..i + 4)?.try_into().ok()?));
+        let u64_at = |i: usize| Some(u64::from_le_bytes(b.get(i..i + 8)?.try_into().ok()?));
+        let floor = ReplayFloor::new(u32_at(0)?, TimestampMs(u64_at(4)?));
+        Some((floor, (u32_at(12)?, TimestampMs(u64_at(16)?))))
+    }
+
     /// The record in `bytes`, of this version or the one before.
     fn read(bytes: &[u8]) -> postcard::Result<Self> {
         postcard::from_bytes::<KeptState>(bytes).or_else(|_| {
@@ -105,7 +216,7 @@ pub(super) fn keep_state(
         last,
     };
     match postcard::to_allocvec(&kept) {
-        Ok(value) => recorder.set(STATE_KEY.to_string(), value),
+        Ok(value) => keep_items(recorder, items(STATE_KEY.to_string(), value, &kept.copy())),
         Err(e) => tracing::error!("{STATE_KEY} not kept: {e}"),
     }
 }
@@ -114,21 +225,56 @@ pub(super) fn keep_state(
 /// the flash kept one of that CDU (one kept for another CDU, before the
 /// configuration changed, is not its).
 pub(super) async fn restore_state(node: &mut Node, cdu: &Ident, store: &mut ConfigStore<Flash>) {
-    let mut buf = [0u8; loopwarden_flash::config::MAX_VALUE];
-    match store.get(STATE_KEY, &mut buf).await {
-        Ok(Some(n)) => match KeptState::read(&buf[..n]) {
-            Ok(k) if k.cdu == *cdu => {
-                node.restore_state_floor(ReplayFloor::new(k.seq, k.time), k.last)
-            }
-            Ok(_) => {}
-            Err(e) => tracing::warn!(
-                "the last state of cdu/{cdu} taken: unreadable in flash ({e}); a state sent \
-                 before the restart is checked against its time only"
-            ),
-        },
-        Ok(None) => {}
-        Err(e) => tracing::warn!("the last state of cdu/{cdu} taken: flash read failed: {e}"),
+    if let Some((floor, last)) = state_of(cdu, store).await {
+        node.restore_state_floor(floor, last);
     }
+}
+
+/// The floor of the states taken from `cdu` and the last one's seq and
+/// stamp, as kept. A record its check does not match gives the higher of
+/// the two floors (the record read, the copy in the check record), and
+/// the last state of that one.
+async fn state_of(
+    cdu: &Ident,
+    store: &mut ConfigStore<Flash>,
+) -> Option<(ReplayFloor, (u32, TimestampMs))> {
+    let read = |bytes: &[u8]| KeptState::read(bytes).map_err(|e| e.to_string());
+    let Mismatch { why, value, copy } = match read_checked(store, STATE_KEY).await {
+        Ok(Some(bytes)) => match read(&bytes) {
+            Ok(k) if k.cdu == *cdu => return Some((ReplayFloor::new(k.seq, k.time), k.last)),
+            Ok(_) => return None,
+            Err(e) => {
+                tracing::warn!(
+                    "the last state of cdu/{cdu} taken: unreadable in flash ({e}); a state \
+                     sent before the restart is checked against its time only"
+                );
+                return None;
+            }
+        },
+        Ok(None) => return None,
+        Err(m) => m,
+    };
+    let value = value.and_then(|b| read(&b).ok()).filter(|k| k.cdu == *cdu);
+    let value = value.map(|k| (ReplayFloor::new(k.seq, k.time), k.last));
+    let copy = copy.as_deref().and_then(KeptState::of_copy);
+    let found = || [value, copy].into_iter().flatten();
+    let Some((mut floor, last)) = found().max_by_key(|(f, _)| (f.seq, f.time)) else {
+        tracing::error!(
+            "the last state of cdu/{cdu} taken: {why}, and no floor readable; a state sent \
+             before the restart is checked against its time only"
+        );
+        return None;
+    };
+    for (f, _) in found() {
+        floor.raise(f.seq, f.time);
+    }
+    tracing::error!(
+        "the last state of cdu/{cdu} taken: {why}: the higher floor found is taken, seq {} \
+         stamped {}",
+        floor.seq,
+        floor.time.0
+    );
+    Some((floor, last))
 }
 
 /// The signers whose floors are looked up at start: the keyring's, by
@@ -152,26 +298,49 @@ pub(super) fn signers(config: &Config) -> Vec<NodeId> {
 /// Gives `node` the floors kept for `signers`.
 pub(super) async fn restore(node: &mut Node, signers: &[NodeId], store: &mut ConfigStore<Flash>) {
     for sender in signers {
-        let mut buf = [0u8; loopwarden_flash::config::MAX_VALUE];
-        match store.get(&key(sender), &mut buf).await {
-            Ok(Some(n)) => match postcard::from_bytes::<Kept>(&buf[..n]) {
-                Ok(k) if k.sender == *sender => node.restore_replay_floor(sender, k.seq),
-                Ok(_) => {} // another signer's, under the same key
-                Err(e) => tracing::warn!(
-                    "replay floor of {}/{}: unreadable in flash ({e}); its commands are \
-                     checked against their time only until it sends one",
-                    sender.role.as_str(),
-                    sender.id
-                ),
-            },
-            Ok(None) => {}
-            Err(e) => tracing::warn!(
-                "replay floor of {}/{}: flash read failed: {e}",
-                sender.role.as_str(),
-                sender.id
-            ),
+        if let Some(seq) = floor_of(sender, store).await {
+            node.restore_replay_floor(sender, seq);
         }
     }
+}
+
+/// The floor kept for `sender`. A record its check does not match gives
+/// the higher of the two floors found (the record read, the copy in the
+/// check record), said.
+async fn floor_of(sender: &NodeId, store: &mut ConfigStore<Flash>) -> Option<u32> {
+    let who = format!("{}/{}", sender.role.as_str(), sender.id);
+    let key = key(sender);
+    let read = |bytes: &[u8]| postcard::from_bytes::<Kept>(bytes).map_err(|e| e.to_string());
+    let Mismatch { why, value, copy } = match read_checked(store, &key).await {
+        Ok(Some(bytes)) => match read(&bytes) {
+            Ok(k) if k.sender == *sender => return Some(k.seq),
+            Ok(_) => return None, // another signer's, under the same key
+            Err(e) => {
+                tracing::warn!(
+                    "replay floor of {who}: unreadable in flash ({e}); its commands are \
+                     checked against their time only until it sends one"
+                );
+                return None;
+            }
+        },
+        Ok(None) => return None,
+        Err(m) => m,
+    };
+    let value = value.and_then(|b| read(&b).ok());
+    let value = value.filter(|k| k.sender == *sender).map(|k| k.seq);
+    let copy = copy.and_then(|c| Some(u32::from_le_bytes(c.get(..4)?.try_into().ok()?)));
+    let Some(seq) = value.max(copy) else {
+        tracing::error!(
+            "replay floor of {who}: {why}, and no floor readable; its commands are checked \
+             against their time only until it sends one"
+        );
+        return None;
+    };
+    tracing::error!(
+        "replay floor of {who}: {why}: the higher floor found, {seq}, is taken: its commands \
+         numbered at or below it are replays"
+    );
+    Some(seq)
 }
 
 #[cfg(test)]
@@ -182,7 +351,11 @@ mod tests {
     fn keys_fit_the_store_and_differ_by_role_and_name() {
         let long = "a".repeat(loopwarden_protocol::ids::IDENT_MAX);
         let k = key(&NodeId::new(Role::Operator, &long).unwrap());
-        assert!(k.len() <= loopwarden_flash::config::MAX_KEY, "{k}");
+        assert!(
+            check_key(&k).len() <= loopwarden_flash::config::MAX_KEY,
+            "{k}"
+        );
+        assert!(check_key(STATE_KEY).len() <= loopwarden_flash::config::MAX_KEY);
         assert_ne!(
             key(&NodeId::new(Role::Cdu, "ops1").unwrap()),
             key(&NodeId::new(Role::Operator, "ops1").unwrap())
@@ -202,6 +375,77 @@ mod tests {
         };
         let bytes = postcard::to_allocvec(&state).unwrap();
         assert!(bytes.len() <= loopwarden_flash::config::MAX_VALUE);
+    }
+
+    fn set_all(store: &mut ConfigStore<Flash>, items: Vec<(String, Vec<u8>)>) {
+        for (key, value) in items {
+            futures::executor::block_on(store.set(&key, &value)).unwrap();
+        }
+    }
+
+    /// Floor 5 kept, then floor 9, each with its check record as `keep`
+    /// hands them over; the newest copy of the record damaged: the store
+    /// reads floor 5, which the check does not match, and 9 is taken from
+    /// the check record, never 5. A record with no check (an earlier
+    /// version's) reads as it is.
+    #[test]
+    fn a_damaged_newest_floor_is_not_read_as_the_older() {
+        let ops = NodeId::new(Role::Operator, "ops1").unwrap();
+        let record = |seq| {
+            let value = postcard::to_allocvec(&Kept {
+                sender: ops.clone(),
+                seq,
+            })
+            .unwrap();
+            items(key(&ops), value, &u32::to_le_bytes(seq))
+        };
+        let floor =
+            |store: &mut ConfigStore<Flash>| futures::executor::block_on(floor_of(&ops, store));
+        let mut store = loopwarden_store::agent_flash::open(None).unwrap().store;
+        assert_eq!(floor(&mut store), None);
+        set_all(&mut store, record(5));
+        set_all(&mut store, record(9));
+        assert_eq!(floor(&mut store), Some(9));
+        let newest = record(9).remove(0).1;
+        let mut store = super::super::damage_newest(store, &newest);
+        assert_eq!(floor(&mut store), Some(9), "not the older, 5");
+        // The check record's newest copy damaged instead: the record is
+        // the newest.
+        let mut store = loopwarden_store::agent_flash::open(None).unwrap().store;
+        set_all(&mut store, record(5));
+        set_all(&mut store, record(9));
+        let check = record(9).remove(1).1;
+        let mut store = super::super::damage_newest(store, &check);
+        assert_eq!(floor(&mut store), Some(9));
+        // An earlier version's record, no check record.
+        let mut store = loopwarden_store::agent_flash::open(None).unwrap().store;
+        set_all(&mut store, vec![record(7).remove(0)]);
+        assert_eq!(floor(&mut store), Some(7));
+    }
+
+    /// The floor of the CDU's states: a damaged newest record is not read
+    /// as the older floor and last state.
+    #[test]
+    fn a_damaged_newest_state_floor_is_not_read_as_the_older() {
+        let cdu = Ident::new("cdu1").unwrap();
+        let record = |seq, time| {
+            let kept = KeptState {
+                cdu: cdu.clone(),
+                seq,
+                time: TimestampMs(time),
+                last: (seq, TimestampMs(time)),
+            };
+            let value = postcard::to_allocvec(&kept).unwrap();
+            items(STATE_KEY.into(), value, &kept.copy())
+        };
+        let mut store = loopwarden_store::agent_flash::open(None).unwrap().store;
+        set_all(&mut store, record(5, 1_000));
+        set_all(&mut store, record(9, 2_000));
+        let newest = record(9, 2_000).remove(0).1;
+        let mut store = super::super::damage_newest(store, &newest);
+        let kept = futures::executor::block_on(state_of(&cdu, &mut store));
+        let nine = (9, TimestampMs(2_000));
+        assert_eq!(kept, Some((ReplayFloor::new(9, TimestampMs(2_000)), nine)));
     }
 
     /// A record an earlier version kept (the last state's seq and stamp

@@ -16,7 +16,7 @@ use node_core::health::Observation;
 use node_core::node::{Input, Reading};
 
 use super::{Agent, Outcomes, JITTER_WINDOW};
-use crate::gpu::{GpuError, GpuSample, XidEvent};
+use crate::gpu::{GpuError, GpuSample};
 use crate::worker::Answer;
 
 impl Agent {
@@ -48,11 +48,7 @@ impl Agent {
                 }
                 Some(done) = actions_rx.recv() => self.on_action(done).await,
                 Some(done) = cooling_rx.recv() => self.on_cooling_action(done).await,
-                x = xid_rx.recv() => match x {
-                    XidEvent::Xid(x) => self.on_xid(x).await,
-                    XidEvent::WatchDown(why) => self.on_xid_watch(Some(why)).await,
-                    XidEvent::WatchUp => self.on_xid_watch(None).await,
-                },
+                x = xid_rx.recv() => self.on_xid_event(x).await,
                 _ = sleep_opt(expiry) => self.step(Input::Expiry).await,
                 _ = &mut shutdown => break,
             }

@@ -26,14 +26,18 @@
 //! read, unseen); a raise waits [`RETRY_MS`] for a good read, said once
 //! per target, as a failed set does (it could overwrite an
 //! administrator's lower limit unseen). After a failed read-back the
-//! agent may have left the limit asked or the one read before it: a
-//! later read finding neither finds an administrator's.
+//! agent may have left any limit asked since the last good read (a set
+//! past its deadline may land after a later one never made) or the one
+//! read before them: a later read finding none of them finds an
+//! administrator's. A GPU not read since the start keeps what the flash
+//! kept for it in every write of the limits until it is read.
 //!
 //! Glossary:
 //! - *applied*: the limit last read back from a GPU; the only value ever
 //!   reported as in force.
 //! - *left*: a limit the agent may have left on a GPU: the one read back,
-//!   or, after a failed read-back, the one asked or the one read before.
+//!   or, after failed read-backs, those asked since or the one read
+//!   before them.
 //! - *source*: who a limit was set for (a lease's sender, the guard);
 //!   `None` when nobody, or when the GPU holds another limit than asked.
 //! - *ceiling*: the limit a GPU runs at uncapped; never exceeded.
@@ -42,6 +46,11 @@ use loopwarden_protocol::{CapSource, Event, GpuIndex, TimestampMs, Watts};
 use serde::{Deserialize, Serialize};
 
 use super::{gpu_index, Effect, GpuCaps, GpuSetup, Level, Node, Now, RETRY_MS};
+
+mod unconfirmed;
+
+pub(crate) use unconfirmed::Unconfirmed;
+use unconfirmed::ASKED_MAX;
 
 /// What the flash keeps of one GPU's limits, written before every set:
 /// whichever of its three limits a restart finds on the GPU, the agent
@@ -95,16 +104,6 @@ pub struct LimitResult {
     pub back: Result<Watts, String>,
 }
 
-/// A set whose read-back failed: what the agent may have left on the GPU
-/// until its limit is read again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Unconfirmed {
-    /// The limit asked for.
-    asked: Watts,
-    /// The limit last read from the GPU before it (`None`: not known).
-    read: Option<Watts>,
-}
-
 /// What waits for a read of every GPU's limit ([`Effect::ReadLimits`])
 /// asked before setting any.
 #[derive(Debug, Clone, Copy)]
@@ -134,7 +133,7 @@ impl GpuCaps {
     fn left(&self, found: Watts) -> bool {
         match (self.applied, self.unconfirmed) {
             (Some(a), _) => a == found,
-            (None, Some(u)) => u.asked == found || u.read == Some(found),
+            (None, Some(u)) => u.left(found),
             (None, None) => false,
         }
     }
@@ -144,7 +143,7 @@ impl GpuCaps {
     fn lowest_left(&self) -> Option<Watts> {
         match (self.applied, self.unconfirmed, self.kept) {
             (Some(a), ..) => Some(a),
-            (None, Some(u), _) => u.read.map(|r| r.min(u.asked)),
+            (None, Some(u), _) => u.lowest(),
             (None, None, Some(k)) if !self.ceiling_read => {
                 Some(k.before.map_or(k.asked, |b| b.min(k.asked)).min(k.ceiling))
             }
@@ -176,18 +175,7 @@ impl GpuCaps {
     fn left_words(&self) -> String {
         match (self.applied, self.unconfirmed) {
             (Some(a), _) => format!("{} W", a.0),
-            (
-                None,
-                Some(Unconfirmed {
-                    asked,
-                    read: Some(r),
-                }),
-            ) => {
-                format!("{} W, or {} W asked and not read back", r.0, asked.0)
-            }
-            (None, Some(Unconfirmed { asked, read: None })) => {
-                format!("{} W asked and not read back", asked.0)
-            }
+            (None, Some(u)) => u.words(),
             (None, None) => "not known".to_string(),
         }
     }
@@ -327,11 +315,20 @@ impl Node {
             .enumerate()
             .map(|(i, g)| {
                 let asking = sets.iter().find(|s| s.gpu as usize == i).map(|s| s.limit);
-                let (asked, before) = match (asking, g.applied, g.unconfirmed) {
-                    (_, Some(a), _) => (asking.unwrap_or(a), Some(a)),
-                    (Some(new), None, Some(u)) => (new, Some(u.asked)),
-                    (None, None, Some(u)) => (u.asked, u.read),
-                    (_, None, None) => (asking.unwrap_or(g.ceiling), None),
+                let (asked, before) = match (asking, g.applied, g.unconfirmed, g.kept) {
+                    (_, Some(a), ..) => (asking.unwrap_or(a), Some(a)),
+                    (Some(new), None, Some(u), _) => (new, Some(u.last())),
+                    (None, None, Some(u), _) => (u.last(), u.read()),
+                    // Not read since the start: what was kept holds until
+                    // a read (it may be on the GPU still); a set now asks
+                    // another, and the one kept that is not the ceiling
+                    // stays beside it.
+                    (None, None, None, Some(k)) if !g.ceiling_read => match asking {
+                        None => (k.asked, k.before),
+                        Some(new) if k.asked == k.ceiling => (new, k.before),
+                        Some(new) => (new, Some(k.asked)),
+                    },
+                    (_, None, None, _) => (asking.unwrap_or(g.ceiling), None),
                 };
                 KeptLimit {
                     ceiling: g.ceiling,
@@ -474,15 +471,23 @@ impl Node {
                     g.source = if b == res.limit { source } else { None };
                 }
                 Err(_) => {
-                    // The set may have taken: the GPU holds the limit
-                    // asked or the one read before (a later read finding
-                    // neither finds an administrator's); the ceiling goes
-                    // back at the stop.
-                    let read = g.applied.or(g.unconfirmed.and_then(|u| u.read));
-                    g.unconfirmed = Some(Unconfirmed {
-                        asked: res.limit,
-                        read,
-                    });
+                    // The set may have taken, now or late: the GPU holds
+                    // a limit asked since the last good read or the one
+                    // read before them (a later read finding none finds
+                    // an administrator's); the ceiling goes back at the
+                    // stop.
+                    let read = g.applied.or(g.unconfirmed.and_then(|u| u.read()));
+                    let was = g.unconfirmed.filter(|_| g.applied.is_none());
+                    let (u, dropped) = Unconfirmed::asking(was, read, res.limit);
+                    if dropped {
+                        out.push(Effect::Say(
+                            Level::Warn,
+                            format!(
+                                "GPU {i}: {ASKED_MAX} limits asked and not read back: the oldest is forgotten (found later, it reads as set outside the agent)"
+                            ),
+                        ));
+                    }
+                    g.unconfirmed = Some(u);
                     g.applied = None;
                 }
             }

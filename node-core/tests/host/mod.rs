@@ -5,8 +5,9 @@
 //! on the bus; it carries out each effect of the node and answers it as
 //! the agent does. A host restarts from its flash after a clean stop or
 //! a crash ([`Host::restarted`], [`Host::crashed`]). A GPU's limit reads
-//! can be made to fail ([`Host::unreadable`], [`Host::back_fails`]), as
-//! a worker busy past its deadline or an NVML error makes them.
+//! and sets can be made to fail ([`Host::unreadable`],
+//! [`Host::back_fails`], [`Host::sets_lost`]), as a worker busy past its
+//! deadline or an NVML error makes them.
 //!
 //! Glossary:
 //! - *pending*: a cooling-loss step handed out (its commands running)
@@ -66,6 +67,9 @@ pub struct Host {
     /// The GPUs whose limit cannot be read back after a set (the set
     /// takes unless refused).
     pub back_fails: [bool; GPUS],
+    /// The GPUs whose sets are never made (a worker busy past its
+    /// deadline): each answers a timeout, the limit stays.
+    pub sets_lost: [bool; GPUS],
     /// What went on the bus or into flash, in order.
     pub acks: Vec<Ack>,
     pub events: Vec<Event>,
@@ -172,8 +176,13 @@ impl Host {
     /// first, as the agent gives it (a GPU's health only when not
     /// healthy).
     pub fn start_kept(boot: Start, kept: Kept) -> Self {
+        Self::start_limited(boot, kept, LeaseLimits::default())
+    }
+
+    /// As [`Host::start_kept`], the host taking leases within `limits`.
+    pub fn start_limited(boot: Start, kept: Kept, limits: LeaseLimits) -> Self {
         let at = boot.at;
-        let mut host = Self::assemble(boot, kept);
+        let mut host = Self::assemble(boot, kept, limits);
         host.step(at, Input::Start);
         host
     }
@@ -190,6 +199,7 @@ impl Host {
                 at: T0.0,
             },
             Kept::default(),
+            LeaseLimits::default(),
         );
         host.unreadable = unreadable;
         host.step(T0.0, Input::Start);
@@ -197,11 +207,11 @@ impl Host {
     }
 
     /// The host as [`Host::start_kept`] makes it, not started yet.
-    fn assemble(boot: Start, kept: Kept) -> Self {
+    fn assemble(boot: Start, kept: Kept, lease_limits: LeaseLimits) -> Self {
         let setup = Setup {
             own_cmd: samples::command_topic(),
             authority: Authority::demo(Some(cdu())),
-            lease_limits: LeaseLimits::default(),
+            lease_limits,
             gpus: vec![
                 GpuSetup {
                     range: RANGE,
@@ -251,6 +261,7 @@ impl Host {
             refuse_set: false,
             unreadable: [false; GPUS],
             back_fails: [false; GPUS],
+            sets_lost: [false; GPUS],
             acks: Vec::new(),
             events: Vec::new(),
             health_published: 0,
@@ -289,6 +300,8 @@ impl Host {
                             let i = s.gpu as usize;
                             let set = if self.refuse_set {
                                 Err("Not Supported".to_string())
+                            } else if self.sets_lost[i] {
+                                Err("Timeout".to_string())
                             } else {
                                 self.limits[i] = s.limit;
                                 Ok(())

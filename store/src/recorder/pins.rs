@@ -3,8 +3,12 @@
 //! lease's life (a facility's or an operator's may hold an hour), and a
 //! restart then would not find it and lift its caps. The latest lease of
 //! each sender and lease id (what identifies a lease) still in force is
-//! held here and logged again as soon as the log has wrapped past its
-//! record.
+//! held here and logged again before the log's next wrap erases its
+//! record (`EventLog::kept_by_next_wrap`): its copy is in flash before
+//! the erase, so a power cut between that erase and the write after it
+//! loses neither. Should the log wrap past one all the same (more leases
+//! in force than the sector being written holds, or a log that erred),
+//! it is logged again as soon as the log has wrapped past its record.
 //!
 //! Glossary:
 //! - *pinned*: a lease record held to be logged again while it lasts.
@@ -64,18 +68,20 @@ impl Pins {
         }
     }
 
-    /// The pinned records the log no longer holds (its oldest record is
-    /// `oldest`) whose lease lasts past `now`; those that ended are let go.
-    pub(crate) fn recycled(&mut self, oldest: u32, now: TimestampMs) -> Vec<Pinned> {
+    /// The pinned records numbered below `first` (the log's oldest: those
+    /// it no longer holds; or the first its next wrap keeps: those it
+    /// would erase) whose lease lasts past `now`, oldest first; those that
+    /// ended are let go.
+    pub(crate) fn recycled(&mut self, first: u32, now: TimestampMs) -> Vec<Pinned> {
         self.0.retain(|_, p| p.until > now);
-        let mut gone: Vec<Pinned> = self
-            .0
-            .values()
-            .filter(|p| p.seq < oldest)
-            .cloned()
-            .collect();
+        let mut gone: Vec<Pinned> = self.0.values().filter(|p| p.seq < first).cloned().collect();
         gone.sort_by_key(|p| p.seq);
         gone
+    }
+
+    /// No lease is pinned.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
     }
 
     /// How many leases are pinned.

@@ -315,6 +315,7 @@ impl Worker {
         kind: u8,
         body: &[u8],
     ) -> Result<u32, String> {
+        self.keep_ahead(time);
         let r = futures::executor::block_on(self.log.append(time, kind, body))
             .map_err(|e| format!("{e}"));
         match &r {
@@ -325,8 +326,31 @@ impl Worker {
         r
     }
 
+    /// Before a record goes in: the leases in force whose records the
+    /// log's next wrap would erase are logged again first, while the
+    /// sector being written has room for them, so no lease in force is in
+    /// flash only in the sector a wrap erases (a power cut after the
+    /// erase would lose it, and a restart lift its caps).
+    fn keep_ahead(&mut self, now: TimestampMs) {
+        if self.pins.is_empty() {
+            return;
+        }
+        let first_kept = match futures::executor::block_on(self.log.kept_by_next_wrap()) {
+            Ok(Some(first)) => first,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::error!("the event log's next wrap not foreseen: {e}");
+                return;
+            }
+        };
+        for p in self.pins.recycled(first_kept, now) {
+            self.log_again(p, "before the log's next wrap erases it");
+        }
+    }
+
     /// After the log wrapped: the leases in force whose records it
-    /// recycled are logged again (their time and frame as taken).
+    /// recycled all the same are logged again (their time and frame as
+    /// taken).
     fn keep_pins(&mut self, now: TimestampMs) {
         // Each one logged again may wrap the log once more: a bounded round.
         for _ in 0..4 {
@@ -343,14 +367,20 @@ impl Worker {
                 }
             };
             for p in self.pins.recycled(oldest, now) {
-                let kind = MessageKind::CapLease as u8;
-                match futures::executor::block_on(self.log.append(p.time, kind, &p.body)) {
-                    Ok(seq) => self.pins.logged(seq, p.time, kind, &p.body),
-                    Err(e) => tracing::error!(
-                        "a lease in force not logged again before the log recycled it: {e}; a restart would not find it"
-                    ),
-                }
+                self.log_again(p, "before the log recycled it");
             }
+        }
+    }
+
+    /// Logs pinned lease `p` again, as taken; `when` says, should it
+    /// fail, what it was to be logged before.
+    fn log_again(&mut self, p: pins::Pinned, when: &str) {
+        let kind = MessageKind::CapLease as u8;
+        match futures::executor::block_on(self.log.append(p.time, kind, &p.body)) {
+            Ok(seq) => self.pins.logged(seq, p.time, kind, &p.body),
+            Err(e) => tracing::error!(
+                "a lease in force not logged again {when}: {e}; a restart would not find it"
+            ),
         }
     }
 

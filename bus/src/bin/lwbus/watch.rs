@@ -7,14 +7,15 @@
 //! - *reader key*: a sign key of an operator or a facility reader, listed
 //!   in the nodes' keyrings with `may = ["resend"]`.
 
+use std::io::Write;
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use loopwarden_bus::keys::SignKey;
 use loopwarden_bus::tls::Tls;
 use loopwarden_bus::{now_ms, resend, site_filter, Brokers, Bus, BusConfig, Inbound};
-use loopwarden_protocol::{Ident, NodeId, Role};
+use loopwarden_protocol::{Ident, NodeId, Role, Topic};
 
 use super::repair::{Repair, Verdict};
 use super::{summary, utc};
@@ -56,26 +57,37 @@ fn check_reader(key: &SignKey) -> Result<()> {
     Ok(())
 }
 
-/// The line `lwbus watch` prints for a frame, marked when resent.
+/// The line `lwbus watch` prints for a frame, marked when resent. A
+/// resent frame reads as it would have on its own topic; its JSON names
+/// that topic (`topic`: a command's names the host it is for) and says
+/// `"resent":true`.
 fn line(msg: &Inbound, json: bool, resent: bool) -> String {
     let frame = &msg.frame;
+    let topic = Topic {
+        family: match resent {
+            true => frame.message.kind().family(),
+            false => msg.topic.family,
+        },
+        ..msg.topic.clone()
+    };
     if json {
         let json = frame.to_json();
-        return match (resent, json.strip_suffix('}')) {
-            (true, Some(open)) => format!("{open},\"resent\":true}}"),
-            _ => json,
+        let Some(open) = json.strip_suffix('}') else {
+            return json;
         };
+        let topic = serde_json::Value::String(topic.to_string());
+        let resent = if resent { ",\"resent\":true" } else { "" };
+        return format!("{open},\"topic\":{topic}{resent}}}");
     }
-    let t = &msg.topic;
-    // A resent frame reads as it would have on its own topic.
-    let family = match resent {
-        true => frame.message.kind().family(),
-        false => t.family,
-    };
     format!(
         "{} {:<28} seq {:<8} {:<18} {}{}",
         utc(frame.time.0),
-        format!("{}/{}/{}", t.role.as_str(), t.node, family.as_str()),
+        format!(
+            "{}/{}/{}",
+            topic.role.as_str(),
+            topic.node,
+            topic.family.as_str()
+        ),
         frame.seq,
         frame.message.kind().name(),
         summary(&frame.message),
@@ -112,8 +124,13 @@ fn ask(bus: &Bus, key: &SignKey, repair: &mut Repair) {
     }
 }
 
-/// Prints `msg` as `repair` (if any) decides.
-fn show(msg: &Inbound, json: bool, repair: Option<&mut Repair>) {
+/// Writes `msg` to `out` as `repair` (if any) decides.
+fn show(
+    msg: &Inbound,
+    json: bool,
+    repair: Option<&mut Repair>,
+    out: &mut impl Write,
+) -> std::io::Result<()> {
     let verdict = repair.map_or(Verdict::Print, |r| {
         let v = r.hear(&msg.topic, &msg.frame);
         match v {
@@ -124,9 +141,9 @@ fn show(msg: &Inbound, json: bool, repair: Option<&mut Repair>) {
         v
     });
     match verdict {
-        Verdict::Again | Verdict::NotOwner => {}
-        Verdict::Repaired => println!("{}", line(msg, json, true)),
-        Verdict::Print | Verdict::Refused(_) => println!("{}", line(msg, json, false)),
+        Verdict::Again | Verdict::NotOwner => Ok(()),
+        Verdict::Repaired => writeln!(out, "{}", line(msg, json, true)),
+        Verdict::Print | Verdict::Refused(_) => writeln!(out, "{}", line(msg, json, false)),
     }
 }
 
@@ -148,11 +165,17 @@ pub async fn run(o: Options) -> Result<()> {
     let mut dropped = 0;
     let mut tick = tokio::time::interval(ASK_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // One listener for the whole watch, polled first on every pass: a
+    // Ctrl-C that comes while a line is being written is kept for the
+    // next pass, not lost with a listener made anew each time.
+    let interrupted = tokio::signal::ctrl_c();
+    tokio::pin!(interrupted);
     loop {
         tokio::select! {
-            msg = inbound.recv() => {
-                let Some(msg) = msg else { break };
-                show(&msg, o.json, repair.as_mut());
+            biased;
+            r = &mut interrupted => {
+                r.context("listening for Ctrl-C")?;
+                break;
             }
             _ = tick.tick() => {
                 if let (Some(k), Some(r)) = (&o.key, repair.as_mut()) {
@@ -160,7 +183,15 @@ pub async fn run(o: Options) -> Result<()> {
                 }
                 dropped = say_dropped(&bus, dropped);
             }
-            _ = tokio::signal::ctrl_c() => break,
+            msg = inbound.recv() => {
+                let Some(msg) = msg else { break };
+                match show(&msg, o.json, repair.as_mut(), &mut std::io::stdout().lock()) {
+                    Ok(()) => {}
+                    // The reader stopped (`| head`): the watch is over.
+                    Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => break,
+                    Err(e) => return Err(e).context("writing to standard output"),
+                }
+            }
         }
     }
     if let Some(r) = repair.filter(|r| r.repaired() > 0) {
@@ -243,5 +274,59 @@ mod tests {
         assert_eq!(v["kind"], "event");
         let v: serde_json::Value = serde_json::from_str(&line(&msg, true, false)).unwrap();
         assert!(v.get("resent").is_none());
+    }
+
+    #[test]
+    fn a_json_line_names_its_topic_so_a_command_names_its_host() {
+        let site = Ident::new("lab").unwrap();
+        for kind in [MessageKind::QuarantineRelease, MessageKind::CapLease] {
+            let frame: Frame = samples::frame(kind);
+            let h12 = Ident::new("h12").unwrap();
+            let topic = Topic::new(&site, Role::Host, &h12, Family::Cmd);
+            let msg = Inbound { topic, frame };
+            let v: serde_json::Value = serde_json::from_str(&line(&msg, true, false)).unwrap();
+            assert_eq!(v["topic"], msg.topic.to_string(), "{v}");
+            assert!(
+                v["topic"].as_str().unwrap().contains("/host/h12/cmd"),
+                "{v}"
+            );
+            assert_eq!(v["kind"], kind.name());
+        }
+        // A resent frame: the topic it would have come on.
+        let frame: Frame = samples::frame(MessageKind::Event);
+        let resent = Topic::new(&site, Role::Host, &frame.sender.id, Family::Resent);
+        let msg = Inbound {
+            topic: resent,
+            frame,
+        };
+        let v: serde_json::Value = serde_json::from_str(&line(&msg, true, true)).unwrap();
+        let own = Topic::new(&site, Role::Host, &msg.frame.sender.id, Family::Event);
+        assert_eq!(v["topic"], own.to_string());
+        assert_eq!(v["resent"], true);
+    }
+
+    /// A writer whose reader has gone.
+    struct Closed;
+
+    impl Write for Closed {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            Err(std::io::ErrorKind::BrokenPipe.into())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_closed_output_is_an_error_to_stop_on_not_a_panic() {
+        let frame: Frame = samples::frame(MessageKind::Event);
+        let site = Ident::new("lab").unwrap();
+        let topic = Topic::new(&site, Role::Host, &frame.sender.id, Family::Event);
+        let msg = Inbound { topic, frame };
+        let e = show(&msg, false, None, &mut Closed).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe);
+        let mut out = Vec::new();
+        show(&msg, true, None, &mut out).unwrap();
+        assert!(String::from_utf8(out).unwrap().ends_with("}\n"));
     }
 }

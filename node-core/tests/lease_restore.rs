@@ -1,0 +1,86 @@
+//! Leases taken before a restart are taken back under the rules they
+//! were taken with: a host whose lease limits were lowered since keeps a
+//! cooling emergency's caps (the lease shortened, not dropped), and says
+//! so, naming the lease.
+//!
+//! [`Host`] (in `host/`) plays the shell.
+
+mod host;
+
+use host::{lease, Host, Kept, Start, DEFAULT, GPUS};
+use loopwarden_protocol::samples::{self, T0};
+use loopwarden_protocol::{DurationMs, Watts};
+use node_core::caps::LeaseLimits;
+use node_core::node::{Effect, Input, Level};
+
+/// The warnings said that contain `part`.
+fn warned(h: &Host, part: &str) -> Vec<String> {
+    h.trail
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Say(Level::Warn, line) if line.contains(part) => Some(line.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `h` started again at `at` from its flash, taking leases within
+/// `limits`.
+fn restarted_with(h: &Host, at: u64, limits: LeaseLimits) -> Host {
+    Host::start_limited(
+        Start {
+            limits: h.limits,
+            site_limit: None,
+            kept: h.flash_limits,
+            logged: h.logged.clone(),
+            at,
+        },
+        Kept::default(),
+        limits,
+    )
+}
+
+#[test]
+fn a_lease_longer_than_the_new_maximum_is_shortened_not_dropped() {
+    let mut h = Host::new();
+    let t = T0.0 + 1_000;
+    // A ten-minute cooling emergency lease: 300 W on every GPU.
+    h.step(
+        t,
+        Input::Frame(&samples::command_topic(), &lease(1, t, 300, 600_000)),
+    );
+    assert_eq!(h.limits, [Watts(300); GPUS]);
+
+    // max_lease_ms lowered to five minutes, the agent restarted a minute
+    // on: the cap holds, for five minutes from the restart.
+    let five_min = LeaseLimits {
+        max_duration: DurationMs(300_000),
+        ..LeaseLimits::default()
+    };
+    let at = t + 60_000;
+    let mut after = restarted_with(&h, at, five_min);
+    assert_eq!(after.limits, [Watts(300); GPUS], "the cap in force");
+    let lines = warned(&after, "lease 1 from cdu/cdu-a (seq 1");
+    assert_eq!(lines.len(), 1, "{:?}", after.trail);
+    assert!(
+        lines[0].contains("taken back for 300 s, not the 540 s it had left"),
+        "{lines:?}"
+    );
+    after.step(at + 299_000, Input::Expiry);
+    assert_eq!(after.limits, [Watts(300); GPUS]);
+    after.step(at + 300_000, Input::Expiry);
+    assert_eq!(after.limits, [DEFAULT; GPUS], "lifted at its new end");
+}
+
+#[test]
+fn a_lease_taken_back_as_it_was_is_not_said() {
+    let mut h = Host::new();
+    let t = T0.0 + 1_000;
+    h.step(
+        t,
+        Input::Frame(&samples::command_topic(), &lease(1, t, 300, 600_000)),
+    );
+    let after = restarted_with(&h, t + 60_000, LeaseLimits::default());
+    assert_eq!(after.limits, [Watts(300); GPUS]);
+    assert!(warned(&after, "lease 1").is_empty(), "{:?}", after.trail);
+}
