@@ -266,7 +266,11 @@ fn counters(out: &mut Exposition, st: &ShellStats, cdu: &[(&str, &str)]) {
         out.sample(metric, cdu, v as f64);
     }
     out.flag(&MODBUS_UP, cdu, st.cdu_reads > 0 && st.cdu_error.is_none());
-    for (result, v) in [("ok", st.acks_ok), ("refused", st.acks_refused)] {
+    for (result, v) in [
+        ("ok", st.acks_ok),
+        ("shortened", st.acks_shortened),
+        ("refused", st.acks_refused),
+    ] {
         out.sample(&ACKS, &with_labels(cdu, &[("result", result)]), v as f64);
     }
     for (kind, v) in [

@@ -216,6 +216,10 @@ pub trait CduPort {
     async fn write_setting(&mut self, w: &Write) -> Result<(), CduError>;
     /// What the CDU's register map says of the settings.
     fn limits(&self) -> MapLimits;
+    /// Whether the CDU's register map has pump A's and pump B's fault
+    /// bit (`pump_a_fault`, `pump_b_fault`): where it has one, a fault
+    /// that reads `None` is unknown (no value read), not missing.
+    fn pump_fault_bits(&self) -> [bool; 2];
 }
 
 /// A run of contiguous input registers read in one request.
@@ -588,6 +592,11 @@ impl CduPort for ModbusCdu {
 
     fn limits(&self) -> MapLimits {
         map_limits(&self.map)
+    }
+
+    fn pump_fault_bits(&self) -> [bool; 2] {
+        [PUMP_A_FAULT, PUMP_B_FAULT]
+            .map(|name| self.map.get(name).is_some_and(|r| r.kind == Kind::Input))
     }
 }
 

@@ -384,6 +384,8 @@ struct Shell<P> {
     facility: Option<facility::FacilityLink>,
     /// Answers readers' requests to resend logged events.
     resender: Resender,
+    /// Hosts whose last ack took a lease for less time than asked (said).
+    shortened: std::collections::BTreeSet<String>,
 }
 
 /// Runs the shell for the CDU behind `cdu` until `shutdown` completes,
@@ -547,6 +549,7 @@ impl<P: CduPort> Shell<P> {
             leak_inputs: publish::HeardLeaks::default(),
             facility: None,
             resender: started.resender,
+            shortened: Default::default(),
         }
     }
 }
@@ -741,8 +744,11 @@ impl<P: CduPort> Shell<P> {
             }
             OperatorAction::ClearPumpTrip { pump } => {
                 // A map without the pump's fault bit cannot show it: the
-                // clear goes on the operator's word, and says so.
-                let done = devices::pump_fault(self.devices.pump_faults, pump as usize)
+                // clear goes on the operator's word, and says so. A bit
+                // that reads no value is unknown: refused.
+                let done = self
+                    .devices
+                    .pump_fault(pump as usize)
                     .and_then(|fault| {
                         self.decider
                             .core_mut()

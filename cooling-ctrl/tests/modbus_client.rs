@@ -165,6 +165,28 @@ async fn the_cdus_not_available_reads_none_never_a_figure() {
 }
 
 #[tokio::test]
+async fn a_pumps_fault_bit_is_known_mapped_and_all_ones_reads_a_fault_shown() {
+    // Pump A's fault flag holds 0xFFFF: a bit word has no "not available",
+    // so it reads as a fault shown (a clear is refused), never as no value.
+    // This model's map has no fault bit for pump B: it reads none, and the
+    // client says the map lacks it (a clear of B goes on the operator's
+    // word, and says so).
+    let cdu = sim(RegisterMap::sim_cdu());
+    cdu.set_measurement("pump_a_fault", 65_535.0)
+        .expect("a measurement");
+    let addr = serve_tcp(cdu).await;
+    let map = map_with("name = \"pump_b_fault\"", "name = \"other_fault\"");
+    let mut client = tcp_client(map, addr);
+    assert!(client.unmapped().contains(&"pump_b_fault"));
+    assert_eq!(client.pump_fault_bits(), [true, false]);
+    let r = client.read().await.expect("read");
+    assert_eq!(r.pump_faults, [Some(true), None]);
+    assert_eq!(r.supply_c, Some(32.05));
+    let full = tcp_client(RegisterMap::sim_cdu(), addr);
+    assert_eq!(full.pump_fault_bits(), [true, true]);
+}
+
+#[tokio::test]
 async fn tcp_writes_settings_that_the_cdu_takes() {
     let cdu = sim(RegisterMap::sim_cdu());
     let addr = serve_tcp(cdu.clone()).await;

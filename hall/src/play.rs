@@ -452,7 +452,10 @@ impl<'a> Live<'a> {
         let mut tick = tokio::time::interval(Duration::from_millis(250));
         loop {
             tick.tick().await;
-            let (t, row) = self.step_hall(pace.step_s(Instant::now()));
+            // The last step ends at the run's length, not past it: the
+            // figures and the baselines then cover the same seconds.
+            let left = (duration as f64 - self.hall_s).max(0.0);
+            let (t, row) = self.step_hall(pace.step_s(Instant::now()).min(left));
             self.hall_s = t;
             let cdu = &self.sim.cdu;
             self.setpoint = cdu.setting("supply_setpoint").unwrap_or(self.setpoint);
@@ -466,7 +469,7 @@ impl<'a> Live<'a> {
                 next_row = t + 5.0;
                 self.record(row)?;
             }
-            if t >= duration as f64 {
+            if t >= duration as f64 - END_SLACK_S {
                 break;
             }
             if start.elapsed()
@@ -604,11 +607,15 @@ impl<'a> Live<'a> {
     }
 }
 
+/// How close to its length a run's hall time counts as the whole length:
+/// the last step, cut to end there, may fall short by a rounding.
+const END_SLACK_S: f64 = 1e-6;
+
 /// The whole simulated seconds a run played when the hall reached
 /// `hall_s` of a planned `duration`, at most `duration`; and, for a run
 /// that stopped short, a note saying so.
 fn played(hall_s: f64, duration: u64) -> (u64, Option<String>) {
-    let whole = hall_s.max(0.0).floor();
+    let whole = (hall_s + END_SLACK_S).max(0.0).floor();
     let played = if whole >= duration as f64 {
         duration
     } else {
@@ -649,8 +656,8 @@ mod tests {
             note.contains("stopped after 1234 of 3600 simulated seconds"),
             "{note}"
         );
-        // The last step overshoots the end by a fraction of a step.
-        assert_eq!(played(3600.25, 3600), (3600, None));
+        // The last step ends at the run's length, or a rounding short of it.
+        assert_eq!(played(3_599.999_999_9, 3600), (3600, None));
         assert_eq!(played(3600.0, 3600), (3600, None));
         assert_eq!(played(0.0, 60).0, 0);
     }

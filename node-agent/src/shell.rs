@@ -365,8 +365,16 @@ async fn restore_kept(
     let unreadable = startup::restore_health(node, &uuids, store).await;
     let quarantines = quarantine::not_done(store, node.health(), &uuids).await;
     limits::restore(node, gpus, store).await;
-    let (phase, steps) = cooling::restore(store).await;
-    node.restore_cooling(phase, &steps);
+    let (phase, steps) = match cooling::restore(store).await {
+        Some((phase, steps)) => {
+            node.restore_cooling(phase, &steps);
+            (phase, steps)
+        }
+        None => {
+            node.restore_cooling_unknown();
+            (node_core::cooling_loss::Phase::Cooled, Vec::new())
+        }
+    };
     replay_floor::restore(node, &replay_floor::signers(config), store).await;
     if let Some(cdu) = &config.cdu {
         replay_floor::restore_state(node, cdu, store).await;

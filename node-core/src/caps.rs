@@ -75,8 +75,7 @@ pub struct LeaseOutcome {
     /// changes nothing.
     pub code: AckCode,
     /// Taken, it runs shorter than it asked: until its sending plus
-    /// [`LeaseLimits::max_duration`] (taken back after a restart: until
-    /// then plus that, or its end if sooner).
+    /// [`LeaseLimits::max_duration`] (taken back after a restart too).
     pub shortened: bool,
     /// Taken back after a restart: the GPUs it caps that this host does
     /// not have (bit `i` for GPU `i`), their caps left out.
@@ -178,8 +177,10 @@ impl CapArbiter {
 
     /// Takes back a lease taken before a restart, under the rules it was
     /// taken with (the limits may have changed since): it holds until
-    /// `sent + duration`, or `now` plus the longest lease taken if that is
-    /// sooner; beyond the count it is taken all the same; its caps on GPUs
+    /// `sent + duration`, or `sent` plus the longest lease taken if that is
+    /// sooner, as when it was taken (a restart never lengthens it; one past
+    /// that end has expired); beyond the count it is taken all the same;
+    /// its caps on GPUs
     /// this host does not have are left out (refused `UnknownGpu` only if
     /// no cap is left). The outcome says what differs from the lease.
     pub fn restore(
@@ -206,7 +207,9 @@ impl CapArbiter {
             return refuse(AckCode::Malformed);
         }
         let asked = sent.after(lease.duration);
-        let longest = if restoring { now } else { sent }.after(self.limits.max_duration);
+        // Taken or taken back, from its sending: a restart never runs a
+        // shortened lease again.
+        let longest = sent.after(self.limits.max_duration);
         let expires = asked.min(longest);
         if expires <= now {
             return refuse(AckCode::Expired);
@@ -564,15 +567,15 @@ mod tests {
         };
         let mut a = CapArbiter::with_limits(arbiter().ranges().to_vec(), limits);
         let (sent, now) = (TimestampMs(0), TimestampMs(60_000));
-        // Ten minutes asked, one gone: five minutes from now, not from its
-        // sending (which a live lease would get).
+        // Ten minutes asked, one gone: five minutes from its sending, as a
+        // live lease gets, not from the restart.
         let long = lease(1, &[(gpu(0), 300), (gpu(9), 300)], 600_000);
         let outcome = a.restore(now, &cdu(), sent, &long);
         assert_eq!(outcome.code, AckCode::Clamped);
         assert!(outcome.shortened && !outcome.over_count);
         assert_eq!(outcome.missing, 1 << 9, "GPU 9's cap left out");
-        assert_eq!(a.next_expiry(), Some(TimestampMs(360_000)));
-        assert_eq!(a.in_force(TimestampMs(359_999))[0].limit, Watts(300));
+        assert_eq!(a.next_expiry(), Some(TimestampMs(300_000)));
+        assert_eq!(a.in_force(TimestampMs(299_999))[0].limit, Watts(300));
         // One more than the count: taken back all the same.
         let op = NodeId::new(Role::Operator, "jdoe").unwrap();
         let second = a.restore(now, &op, sent, &lease(2, &[(gpu(1), 400)], 120_000));
@@ -589,5 +592,14 @@ mod tests {
         // Live, the count holds.
         let live = lease(5, &[(gpu(2), 300)], 1_000);
         assert_eq!(a.lease(now, &op, now, &live).code, AckCode::TooMany);
+        // Asked past its sending plus the longest taken, and that passed:
+        // expired, not taken back for the longest again.
+        let again = a.restore(
+            TimestampMs(300_000),
+            &cdu(),
+            sent,
+            &lease(6, &[(gpu(3), 300)], u32::MAX),
+        );
+        assert_eq!(again.code, AckCode::Expired);
     }
 }

@@ -539,8 +539,9 @@ impl CommandCore {
         };
         let from = runs_from(taken.min(now), frame.time);
         if let Some(why) = refused {
-            // One ended anyway goes unsaid.
-            if lease.is_some_and(|l| from.after(l.duration) > now) {
+            // One ended anyway (as asked or the longest taken): unsaid.
+            let longest = from.after(self.arbiter.limits().max_duration);
+            if lease.is_some_and(|l| from.after(l.duration).min(longest) > now) {
                 self.restore_note(frame, format!("not taken back: {why}"));
             }
             return false;
@@ -571,8 +572,8 @@ impl CommandCore {
         if held && outcome.shortened {
             let limits = self.arbiter.limits();
             notes.push(format!(
-                "taken back for {} s, not the {} s it had left: this host now takes leases of at most {} ms",
-                limits.max_duration.0 / 1000,
+                "taken back for {} s, not the {} s it had left: this host takes leases of at most {} ms from their sending",
+                sent.after(limits.max_duration).0.saturating_sub(at.0) / 1000,
                 sent.after(lease.duration).0.saturating_sub(at.0) / 1000,
                 limits.max_duration.0
             ));
@@ -1354,6 +1355,34 @@ mod tests {
         );
     }
 
+    /// A lease shortened when taken ends at its sending plus the longest
+    /// taken after a restart too: a restart never runs it again.
+    #[test]
+    fn a_shortened_lease_is_not_taken_back_past_its_shortened_end() {
+        let limits = LeaseLimits {
+            max_duration: DurationMs(20_000),
+            max_leases: 16,
+        };
+        let mut c = CommandCore::with_limits(own(), core().ranges().to_vec(), authority(), limits);
+        let f = lease_frame(1, 1_000, &[(gpu(0), 300)], 30_000);
+        assert_eq!(c.command(TimestampMs(1_000), &f).code, AckCode::Clamped);
+        let mut again =
+            CommandCore::with_limits(own(), core().ranges().to_vec(), authority(), limits);
+        assert!(again.restore(TimestampMs(15_000), f.time, &f));
+        assert_eq!(again.next_expiry(), Some(TimestampMs(21_000)));
+        let mut late =
+            CommandCore::with_limits(own(), core().ranges().to_vec(), authority(), limits);
+        assert!(!late.restore(TimestampMs(25_000), f.time, &f));
+        assert_eq!(late.targets(TimestampMs(25_000))[0].limit, Watts(700));
+        assert!(late.restore_notes().is_empty(), "ended: nothing to say");
+        // Its key gone since: ended all the same, so not said either.
+        let mut rotated =
+            CommandCore::with_limits(own(), core().ranges().to_vec(), authority(), limits);
+        rotated.authority.signers.retain(|s| s.role != Role::Cdu);
+        assert!(!rotated.restore(TimestampMs(25_000), f.time, &f));
+        assert!(rotated.restore_notes().is_empty());
+    }
+
     #[test]
     fn a_lease_taken_back_shortened_is_said_once_and_not_after_its_renewal() {
         let limits = LeaseLimits {
@@ -1363,12 +1392,12 @@ mod tests {
         let mut c = CommandCore::with_limits(own(), core().ranges().to_vec(), authority(), limits);
         let first = lease_frame(1, 1_000, &[(gpu(0), 300), (gpu(9), 300)], 600_000);
         assert!(c.restore(TimestampMs(61_000), first.time, &first));
-        assert_eq!(c.next_expiry(), Some(TimestampMs(361_000)));
+        assert_eq!(c.next_expiry(), Some(TimestampMs(301_000)));
         let notes = c.restore_notes();
         assert_eq!(notes.len(), 1, "{notes:?}");
         assert!(
             notes[0].contains("GPU(s) 9 left out")
-                && notes[0].contains("taken back for 300 s, not the 540 s it had left"),
+                && notes[0].contains("taken back for 240 s, not the 540 s it had left"),
             "{notes:?}"
         );
         // Its renewal, taken back after it, holds as it came: nothing said.

@@ -25,6 +25,14 @@
 //! silence is not cooling); it is dropped when that state says cooling is
 //! back. All on the time passed in, so a restart replays.
 //!
+//! A phase that could not be read back is *unknown*
+//! ([`CoolingLoss::restore_unknown`]): nothing is done, whatever the
+//! time, until the CDU's first word on the rack: lost, the host drains
+//! now and powers down after the grace, as from cooled; cooling, it
+//! powers up and resumes, undoing whatever a loss before the restart may
+//! have done (both harmless twice). A host that was simply cooled is
+//! never drained, nor powered down, on a record it cannot read.
+//!
 //! Glossary:
 //! - *grace*: the time between the drain and the power-down.
 //! - *phase*: where the host is: cooled, draining (since when), or powered
@@ -117,6 +125,9 @@ pub struct CoolingLoss {
     /// Drained before the restart: the grace's power-down waits for the
     /// CDU's word until then at most, ms.
     grace_held_until_ms: Option<u64>,
+    /// The phase kept could not be read back: the CDU's first word on
+    /// the rack decides ([`CoolingLoss::restore_unknown`]).
+    unknown: bool,
 }
 
 impl CoolingLoss {
@@ -129,6 +140,7 @@ impl CoolingLoss {
             kept: Vec::new(),
             held_until_ms: None,
             grace_held_until_ms: None,
+            unknown: false,
         }
     }
 
@@ -137,12 +149,28 @@ impl CoolingLoss {
     /// ([`CoolingLoss::resume`]).
     pub fn restore(&mut self, phase: Phase, pending: &[CoolingStep]) {
         self.phase = phase;
+        self.unknown = false;
         self.kept.clear();
         for &step in pending {
             if !self.kept.contains(&step) {
                 self.kept.push(step);
             }
         }
+    }
+
+    /// The phase kept before a restart could not be read back (see the
+    /// module note): cooled, nothing pending, nothing held; silence does
+    /// nothing, and the CDU's first word on the rack decides
+    /// ([`CoolingLoss::told`]).
+    pub fn restore_unknown(&mut self) {
+        self.restore(Phase::Cooled, &[]);
+        self.unknown = true;
+    }
+
+    /// The phase kept before the restart could not be read back and the
+    /// CDU has not said yet whether the rack has cooling.
+    pub fn is_unknown(&self) -> bool {
+        self.unknown
     }
 
     /// The start, at `t_ms`: what becomes of each step kept pending, in
@@ -241,8 +269,14 @@ impl CoolingLoss {
         self.phase
     }
 
-    /// The CDU said at `t` (ms) whether this host's rack has lost cooling.
+    /// The CDU said at `t` (ms) whether this host's rack has lost cooling
+    /// (the phase unknown: its first word that cooling is there powers up
+    /// and resumes).
     pub fn told(&mut self, t: u64, lost: bool) -> Vec<CoolingStep> {
+        if core::mem::take(&mut self.unknown) && !lost {
+            self.phase = Phase::Cooled;
+            return vec![CoolingStep::PowerUp, CoolingStep::Resume];
+        }
         match (self.phase, lost) {
             (Phase::Cooled, true) => {
                 self.phase = Phase::Draining { since: t };
@@ -294,6 +328,51 @@ impl CoolingLoss {
 mod tests {
     use super::*;
     use CoolingStep::*;
+
+    /// A phase unknown at the start: silence past the wait and the grace
+    /// does nothing; the CDU's word that the rack is lost drains now and
+    /// powers down after the grace, as from cooled.
+    #[test]
+    fn an_unknown_phase_waits_for_the_cdu_and_a_loss_runs_from_cooled() {
+        let grace = 30_000;
+        let mut c = CoolingLoss::new(grace);
+        c.restore_unknown();
+        assert_eq!(c.resume(1_000), vec![], "nothing run or held at the start");
+        assert_eq!(c.phase(), Phase::Cooled);
+        assert!(c.is_unknown());
+        let late = 1_000 + HELD_WAIT_MS.max(grace) + 60_000;
+        assert_eq!(c.held_due(late), None);
+        assert_eq!(c.tick(late), vec![]);
+        assert_eq!(c.word_taken(), None, "a state not naming the rack");
+        assert_eq!(c.next_due(), None);
+        assert!(c.is_unknown(), "only a word on the rack decides");
+        assert_eq!(c.told(late, true), vec![Drain]);
+        assert!(!c.is_unknown());
+        assert_eq!(c.tick(late + grace - 1), vec![]);
+        assert_eq!(c.tick(late + grace), vec![PowerDown]);
+        // Only the first word is special: cooling back now undoes as ever.
+        assert_eq!(c.told(late + grace + 1, false), vec![PowerUp, Resume]);
+        assert_eq!(c.told(late + grace + 2, false), vec![]);
+    }
+
+    /// A phase unknown at the start, the CDU's first word that the rack
+    /// has cooling: power-up and resume (whatever a loss before the
+    /// restart may have done is undone), once; later words as ever.
+    #[test]
+    fn an_unknown_phase_told_cooled_powers_up_and_resumes_once() {
+        let mut c = CoolingLoss::new(30_000);
+        c.restore_unknown();
+        assert_eq!(c.resume(0), vec![]);
+        assert_eq!(c.told(2_000, false), vec![PowerUp, Resume]);
+        assert_eq!(c.phase(), Phase::Cooled);
+        assert!(!c.is_unknown());
+        assert_eq!(c.told(3_000, false), vec![], "only the first word");
+        assert_eq!(c.told(4_000, true), vec![Drain]);
+        // A phase read back afterwards is no longer unknown.
+        c.restore_unknown();
+        c.restore(Phase::Cooled, &[]);
+        assert_eq!(c.told(5_000, false), vec![]);
+    }
 
     #[test]
     fn a_phase_stamped_after_the_start_counts_its_grace_from_the_start() {

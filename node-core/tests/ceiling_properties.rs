@@ -19,8 +19,8 @@
 //! 3. a stop with no lease in force leaves the ceiling on every GPU, one
 //!    with a lease leaves every limit as it was, and the next start keeps
 //!    the caps of the leases still valid (2. then holds again; a lease
-//!    shortened when taken holds to its asked end, or the host's longest
-//!    from the start if sooner);
+//!    holds to its asked end, or the host's longest from its sending if
+//!    sooner, a restart never lengthening it);
 //! 4. a `power_ceiling` event comes for every administrator's change that
 //!    moves a ceiling, when the node reads it, and for nothing else (a
 //!    restart never takes the agent's own limit for an administrator's).
@@ -94,8 +94,6 @@ struct Held {
     id: u32,
     caps: [Option<Watts>; GPUS],
     expires: u64,
-    /// When it ends as asked (later than `expires` where shortened).
-    asked: u64,
 }
 
 /// What the sequence says of the host (see the module note).
@@ -397,7 +395,6 @@ fn lease(
             id,
             caps: held,
             expires: t + u64::from(ms.min(MAX_LEASE_MS)),
-            asked: t + u64::from(ms),
         });
     }
     let acks = host.acks.len();
@@ -466,11 +463,8 @@ fn restart(
         m.unseen[i] = Some(0);
     }
     let t = m.t;
-    // Taken back until its asked end, or the longest from now if sooner.
-    m.leases.retain(|l| l.asked > t);
-    for l in &mut m.leases {
-        l.expires = l.asked.min(t + u64::from(MAX_LEASE_MS));
-    }
+    // Taken back until it ends as taken: a restart never lengthens it.
+    m.leases.retain(|l| l.expires > t);
     m.guard = [ThermalGuard::default(); GPUS];
     m.rounds = 0;
     *host = Host::start(Start {

@@ -52,7 +52,8 @@ fn a_lease_longer_than_the_new_maximum_is_shortened_not_dropped() {
     assert_eq!(h.limits, [Watts(300); GPUS]);
 
     // max_lease_ms lowered to five minutes, the agent restarted a minute
-    // on: the cap holds, for five minutes from the restart.
+    // on: the cap holds, until five minutes from its sending (as a lease
+    // taken under that limit would), not from the restart.
     let five_min = LeaseLimits {
         max_duration: DurationMs(300_000),
         ..LeaseLimits::default()
@@ -63,13 +64,54 @@ fn a_lease_longer_than_the_new_maximum_is_shortened_not_dropped() {
     let lines = warned(&after, "lease 1 from cdu/cdu-a (seq 1");
     assert_eq!(lines.len(), 1, "{:?}", after.trail);
     assert!(
-        lines[0].contains("taken back for 300 s, not the 540 s it had left"),
+        lines[0].contains("taken back for 240 s, not the 540 s it had left"),
         "{lines:?}"
     );
-    after.step(at + 299_000, Input::Expiry);
+    after.step(t + 299_999, Input::Expiry);
     assert_eq!(after.limits, [Watts(300); GPUS]);
-    after.step(at + 300_000, Input::Expiry);
+    after.step(t + 300_000, Input::Expiry);
     assert_eq!(after.limits, [DEFAULT; GPUS], "lifted at its new end");
+}
+
+#[test]
+fn a_lease_shortened_when_taken_is_not_back_after_a_restart() {
+    let short = LeaseLimits {
+        max_duration: DurationMs(20_000),
+        ..LeaseLimits::default()
+    };
+    let mut h = Host::start_limited(
+        Start {
+            limits: [DEFAULT; GPUS],
+            site_limit: None,
+            kept: Default::default(),
+            logged: Vec::new(),
+            at: T0.0,
+        },
+        Kept::default(),
+        short,
+    );
+    let t = T0.0 + 1_000;
+    // 30 s asked of a host that takes 20 s: Clamped, ends at t + 20 s.
+    h.step(
+        t,
+        Input::Frame(&samples::command_topic(), &lease(1, t, 300, 30_000)),
+    );
+    assert_eq!(h.limits, [Watts(300); GPUS]);
+    assert!(
+        h.trail.iter().any(|e| format!("{e:?}").contains("Clamped")),
+        "{:?}",
+        h.trail
+    );
+    // Restarted at t + 24 s: past its shortened end, so not in force and
+    // nothing to say, though it asked for 6 s more.
+    let after = restarted_with(&h, t + 24_000, short);
+    assert_eq!(after.limits, [DEFAULT; GPUS], "{:?}", after.trail);
+    assert!(warned(&after, "lease 1").is_empty(), "{:?}", after.trail);
+    // Restarted within it: it holds until its shortened end only.
+    let mut within = restarted_with(&h, t + 10_000, short);
+    assert_eq!(within.limits, [Watts(300); GPUS]);
+    within.step(t + 20_000, Input::Expiry);
+    assert_eq!(within.limits, [DEFAULT; GPUS]);
 }
 
 #[test]

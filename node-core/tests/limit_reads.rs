@@ -333,3 +333,88 @@ fn a_gpu_unread_at_the_start_keeps_its_kept_limits_over_another_restart() {
     assert!(said(&after, "set outside the agent").is_empty());
     assert_eq!(after.limits, [DEFAULT; GPUS], "raised once read");
 }
+
+/// A host restarted with a 500 W cap of its own on every GPU (kept
+/// `{700, 500}`), GPU 3 unread at the start.
+fn restarted_capped_gpu_3_unread() -> Host {
+    let kept = KeptLimit {
+        ceiling: DEFAULT,
+        asked: Watts(500),
+        before: None,
+    };
+    let mut unreadable = [false; GPUS];
+    unreadable[3] = true;
+    Host::boot_unreadable(
+        Boot {
+            limits: Watts(500),
+            kept: Some(kept),
+            ..Boot::default()
+        },
+        unreadable,
+    )
+}
+
+#[test]
+fn a_failed_read_back_on_a_gpu_unread_at_the_start_keeps_what_the_flash_kept() {
+    let mut h = restarted_capped_gpu_3_unread();
+    assert_eq!(h.limits, [DEFAULT, DEFAULT, DEFAULT, Watts(500)]);
+    // A 450 W cap goes down on GPU 3 unread; its set is lost and its
+    // read-back fails: the GPU may hold 500 W still.
+    h.sets_lost[3] = true;
+    h.back_fails[3] = true;
+    let mut t = T0.0 + 1_000;
+    lease_now(&mut h, 1, t, 450, 600_000);
+    assert_eq!(sets_of(&h, 3), [Watts(450)]);
+    // An administrator's 600 W on GPU 0 (the limits kept again), and
+    // GPU 3's cap tried again: still a cap that goes down, not held.
+    h.limits[0] = Watts(600);
+    for _ in 0..(RETRY_MS / 1_000 + 1) {
+        t += 1_000;
+        h.healthy_round(t);
+    }
+    assert_eq!(h.node.ceiling(0), Some(Watts(600)));
+    assert_eq!(sets_of(&h, 3), [Watts(450), Watts(450)], "not held");
+    assert!(said(&h, "GPU 3: 450 W not set").is_empty());
+    let kept = h.flash_limits[3].expect("kept");
+    assert_eq!(
+        (kept.asked, kept.before),
+        (Watts(450), Some(Watts(500))),
+        "{:?}",
+        h.kept_limits
+    );
+
+    // Restarted, GPU 3 read at last: 500 W is the agent's own cap.
+    h.unreadable[3] = false;
+    let after = h.crashed(0, t + 1_000);
+    assert!(
+        said(&after, "set outside the agent").is_empty(),
+        "{:?}",
+        said(&after, "GPU 3")
+    );
+    assert_eq!(after.node.ceiling(3), Some(DEFAULT));
+    assert!(power_ceilings(&after).is_empty());
+    assert_eq!(after.limits[3], Watts(450), "the lease in force");
+}
+
+#[test]
+fn a_cap_read_back_on_a_gpu_unread_at_the_start_is_its_own_at_the_first_read() {
+    let mut h = restarted_capped_gpu_3_unread();
+    // A 450 W cap goes down on GPU 3 unread, and reads back.
+    let mut t = T0.0 + 1_000;
+    lease_now(&mut h, 1, t, 450, 20_000);
+    assert_eq!(h.limits, [Watts(450); GPUS]);
+    assert_eq!(h.node.applied(3).0, Some(Watts(450)));
+    // Its limit readable again; the lease lapses: read first, 450 W is
+    // the agent's, the ceiling stays 700 W and GPU 3 is raised to it.
+    h.unreadable[3] = false;
+    t += 20_000;
+    h.step(t, Input::Expiry);
+    assert!(
+        said(&h, "set outside the agent").is_empty(),
+        "{:?}",
+        said(&h, "GPU 3")
+    );
+    assert_eq!(h.node.ceiling(3), Some(DEFAULT));
+    assert!(power_ceilings(&h).is_empty());
+    assert_eq!(h.limits, [DEFAULT; GPUS]);
+}

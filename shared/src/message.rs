@@ -714,6 +714,11 @@ pub enum AckCode {
     Forbidden,
 }
 
+/// How the detail of a [`AckCode::Clamped`] ack begins when the host took
+/// the lease for less time than it asked (its `max_lease_ms`): its sender
+/// tells it from a cap raised to a GPU's minimum by this.
+pub const LEASE_SHORTENED: &str = "shortened from ";
+
 /// Whose command an ack answers: the command frame's sender and sequence.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "std", derive(schemars::JsonSchema))]

@@ -6,7 +6,9 @@
 //! A node agent for h01 (two twin GPUs, a keyring that lets the operator
 //! ops1 release) runs in this process. XID 79 on both GPUs quarantines
 //! them; two `lwbus release` processes with ops1's sign key release GPU 0
-//! and GPU 1 in the same second.
+//! and GPU 1 in the same second. The sign key is a group's (0640) in a
+//! directory the operator cannot write; the runs keep their numbers in
+//! the operator's state directory (`XDG_STATE_HOME`), not beside it.
 //!
 //! `lwbus` is another package's program: the test runs the one built
 //! beside this test (`cargo build -p loopwarden-bus --bin lwbus`, or a
@@ -149,7 +151,15 @@ fn two_releases_at_once_each_read_their_own_ack_and_exit_0_only_when_done() {
         key_id: 1,
         key: SigningKey::from_bytes(&[5; 32]),
     };
-    let key_file = write_new(dir.path(), "ops1.sign.key", 0o600, &ops1.to_toml());
+    let keys = dir.path().join("keys");
+    std::fs::create_dir(&keys).expect("a key directory");
+    let key_file = write_new(&keys, "ops1.sign.key", 0o640, &ops1.to_toml());
+    let read_only = |mode| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    };
+    read_only(0o550);
+    let state = dir.path().join("state");
     let (_h01, twin) = start_h01(broker.port(), dir.path(), &ops1);
 
     let rt = tokio::runtime::Runtime::new().expect("a runtime");
@@ -206,6 +216,7 @@ fn two_releases_at_once_each_read_their_own_ack_and_exit_0_only_when_done() {
                 .args(["--note", "reseated and tested"])
                 .arg("--sign-key")
                 .arg(&key_file)
+                .env("XDG_STATE_HOME", &state)
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
                 .spawn()
@@ -241,6 +252,13 @@ fn two_releases_at_once_each_read_their_own_ack_and_exit_0_only_when_done() {
         // One after the other, both are taken.
         assert!(run.status.success(), "GPU {gpu}:\n{}", said(run));
     }
-    let seq = std::fs::read_to_string(dir.path().join("ops1.sign.key.seq")).expect("kept");
+    let kept = state.join("loopwarden/release-operator-ops1-k1.seq");
+    let seq = std::fs::read_to_string(&kept).expect("kept");
     assert_eq!(seq.len(), 11, "{seq:?}");
+    read_only(0o700);
+    let beside: Vec<_> = std::fs::read_dir(&keys)
+        .expect("the key directory")
+        .map(|e| e.expect("an entry").file_name())
+        .collect();
+    assert_eq!(beside, ["ops1.sign.key"], "nothing written beside the key");
 }

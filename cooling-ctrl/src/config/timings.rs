@@ -42,20 +42,28 @@ pub(super) fn timings(
         600_000,
         " ms, at least 3 periods, at most the hosts' 10-minute cap",
     )?;
+    let picked = pick!(
+        flags.modbus_timeout_ms,
+        file.modbus_timeout_ms,
+        "modbus-timeout-ms"
+    );
+    // What the timeout asked for would need, for the operator who keeps it.
+    let needs = picked
+        .0
+        .filter(|t| *t > most_timeout_ms(period))
+        .map_or(String::new(), |t| {
+            format!("; {t} ms needs period_ms = {} or more", least_period_ms(t))
+        });
     let modbus_timeout = range(
         src,
-        pick!(
-            flags.modbus_timeout_ms,
-            file.modbus_timeout_ms,
-            "modbus-timeout-ms"
-        ),
+        picked,
         "modbus_timeout_ms",
         DEFAULT_TIMEOUT_MS.min(most_timeout_ms(period)),
         10,
         most_timeout_ms(period),
         &format!(
             " ms: at most three eighths of the period of {period} ms, \
-             as a step waits out a read and a write the CDU does not answer"
+             as a step waits out a read and a write the CDU does not answer{needs}"
         ),
     )?;
     let ambient_c = match pick!(flags.ambient_c, file.ambient_c, "ambient-c") {
@@ -83,10 +91,17 @@ fn most_timeout_ms(period_ms: u64) -> u64 {
     period_ms * 3 / 8
 }
 
+/// The shortest period that leaves room for a timeout of `timeout_ms`.
+fn least_period_ms(timeout_ms: u64) -> u64 {
+    (timeout_ms * 8).div_ceil(3)
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;
     use std::time::Duration;
+
+    use super::least_period_ms;
 
     use crate::config::{resolve, Overrides};
 
@@ -111,6 +126,10 @@ mod tests {
             let period = Duration::from_millis(period.unwrap_or(1000));
             assert!(2 * t <= period * 3 / 4, "{period:?}: {t:?}");
         }
+        // A timeout kept from before the bound: the period it needs is said.
+        let e = timeout("period_ms = 1000\nmodbus_timeout_ms = 500\n").unwrap_err();
+        assert!(e.contains("500 ms needs period_ms = 1334 or more"), "{e}");
+        assert!(timeout("period_ms = 1334\nmodbus_timeout_ms = 500\n").is_ok());
         let most = "period_ms = 1000\nmodbus_timeout_ms = 375\n";
         assert_eq!(timeout(most), Ok(Duration::from_millis(375)));
         for past in [376, 750] {
@@ -120,7 +139,9 @@ mod tests {
                 e.contains(&format!(
                     "modbus_timeout_ms = {past} is out of range \
                      (10 to 375 ms: at most three eighths of the period of 1000 ms, \
-                     as a step waits out a read and a write the CDU does not answer)"
+                     as a step waits out a read and a write the CDU does not answer; \
+                     {past} ms needs period_ms = {} or more)",
+                    least_period_ms(past)
                 )),
                 "{e}"
             );

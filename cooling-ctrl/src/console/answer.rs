@@ -186,6 +186,7 @@ fn status(ctx: &Context, st: &ShellStats, now: TimestampMs) -> Value {
         "lifts_sent": st.lifts_sent,
         "acks": st.acks,
         "acks_refused": st.acks_refused,
+        "acks_shortened": st.acks_shortened,
         "events_dropped": snap.map(|s| s.events_dropped),
         "flash_queue_dropped": ctx.recorder.dropped(),
         "flash": ctx.recorder.path().map_or("memory (not kept)".to_string(), |p| p.display().to_string()),

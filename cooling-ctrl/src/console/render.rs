@@ -289,7 +289,7 @@ fn link_rows(v: &Value) -> Vec<(&'static str, String)> {
             "leases",
             fill(
                 v,
-                "{leases_sent} sent, {lifts_sent} lifts, {acks} acks ({acks_refused} refused)",
+                "{leases_sent} sent, {lifts_sent} lifts, {acks} acks ({acks_refused} refused, {acks_shortened} shortened)",
             ),
         ),
         (

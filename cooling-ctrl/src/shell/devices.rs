@@ -62,20 +62,38 @@ pub(super) struct Devices<P> {
     /// When the CDU last answered a read.
     pub(super) last_read: Option<TimestampMs>,
     /// The pumps' fault bits as last read (`None` in one: the map has no
-    /// such bit); `None` before the first read and while the CDU does
-    /// not answer: unknown.
+    /// such bit, or it read no value); `None` before the first read and
+    /// while the CDU does not answer: unknown.
     pub(super) pump_faults: Option<[Option<bool>; 2]>,
+    /// Whether the register map has each pump's fault bit.
+    fault_bits: [bool; 2],
 }
 
-/// What a pump's clear reads of its fault: `Ok(Some(shown))` from the
-/// fault bit as last read, `Ok(None)` where the map has no such bit (the
-/// clear is then taken on the operator's word alone, and said so), `Err`
-/// while the CDU has not been read (unknown).
+/// Why a pump's trip is not cleared while its fault bit reads no value.
+const FAULT_UNREAD: [&str; 2] = [
+    "not cleared: the CDU's fault bit for it (pump_a_fault) reads no value (the CDU's \
+     \"not available\"), so whether it still shows the pump's fault is unknown",
+    "not cleared: the CDU's fault bit for it (pump_b_fault) reads no value (the CDU's \
+     \"not available\"), so whether it still shows the pump's fault is unknown",
+];
+
+/// What a pump's clear reads of its fault, from the fault bits as last
+/// read (`faults`) and whether the map has each (`mapped`):
+/// `Ok(Some(shown))` from the bit, `Ok(None)` where the map has no such
+/// bit (the clear is then taken on the operator's word alone, and said
+/// so), `Err` while the CDU has not been read or the bit read no value
+/// (unknown).
 pub(super) fn pump_fault(
     faults: Option<[Option<bool>; 2]>,
+    mapped: [bool; 2],
     pump: usize,
 ) -> Result<Option<bool>, &'static str> {
-    faults.map(|f| f[pump]).ok_or(super::NOT_READ)
+    let faults = faults.ok_or(super::NOT_READ)?;
+    match (faults[pump], mapped[pump]) {
+        (Some(shown), _) => Ok(Some(shown)),
+        (None, false) => Ok(None),
+        (None, true) => Err(FAULT_UNREAD[pump]),
+    }
 }
 
 /// What an operator is told of a pump put back in service: where no fault
@@ -94,6 +112,7 @@ pub(super) fn pump_cleared(pump: &str, fault: Option<bool>) -> String {
 impl<P: CduPort> Devices<P> {
     pub(super) fn new(cdu: P, board: Option<Box<dyn BoardIo>>) -> Self {
         Self {
+            fault_bits: cdu.pump_fault_bits(),
             cdu,
             board,
             cdu_error: Failing::default(),
@@ -102,6 +121,12 @@ impl<P: CduPort> Devices<P> {
             last_read: None,
             pump_faults: None,
         }
+    }
+
+    /// What a clear of `pump` (0: A, 1: B) reads of its fault
+    /// ([`pump_fault`]).
+    pub(super) fn pump_fault(&self, pump: usize) -> Result<Option<bool>, &'static str> {
+        pump_fault(self.pump_faults, self.fault_bits, pump)
     }
 
     /// The last read's error, while the CDU does not answer.
@@ -256,15 +281,70 @@ mod tests {
     /// CDU is unread, and says so where the map has no bit.
     #[test]
     fn a_pump_clear_without_a_fault_bit_says_it_went_on_the_operators_word() {
-        assert_eq!(pump_fault(None, 0), Err(super::super::NOT_READ));
-        assert_eq!(pump_fault(Some([Some(true), None]), 0), Ok(Some(true)));
-        assert_eq!(pump_fault(Some([Some(true), None]), 1), Ok(None));
+        let a_only = [true, false];
+        assert_eq!(pump_fault(None, a_only, 0), Err(super::super::NOT_READ));
+        assert_eq!(pump_fault(None, a_only, 1), Err(super::super::NOT_READ));
+        let read = Some([Some(true), None]);
+        assert_eq!(pump_fault(read, a_only, 0), Ok(Some(true)));
+        assert_eq!(pump_fault(read, a_only, 1), Ok(None));
         assert_eq!(pump_cleared("A", Some(false)), "pump A back in service");
         let word = pump_cleared("B", None);
         assert!(
             word.contains("on your word") && word.contains("no fault bit"),
             "{word}"
         );
+    }
+
+    /// A CDU whose map has the fault bits `mapped` and whose reads give
+    /// them as `shown`.
+    struct Faults {
+        mapped: [bool; 2],
+        shown: [Option<bool>; 2],
+    }
+
+    impl CduPort for Faults {
+        async fn read(&mut self) -> Result<CduMeasurements, crate::modbus::CduError> {
+            Ok(CduMeasurements {
+                pump_faults: self.shown,
+                ..CduMeasurements::default()
+            })
+        }
+        async fn write_setting(&mut self, _: &Write) -> Result<(), crate::modbus::CduError> {
+            Ok(())
+        }
+        fn limits(&self) -> MapLimits {
+            Silent::default().limits()
+        }
+        fn pump_fault_bits(&self) -> [bool; 2] {
+            self.mapped
+        }
+    }
+
+    #[test]
+    fn a_fault_bit_the_map_has_that_reads_no_value_refuses_the_clear() {
+        // Pump A's bit is mapped and reads the CDU's "not available";
+        // pump B has none in the map.
+        let cdu = Faults {
+            mapped: [true, false],
+            shown: [None, None],
+        };
+        let mut d = Devices::new(cdu, None);
+        assert_eq!(d.pump_fault(0), Err(super::super::NOT_READ));
+        let mut stats = ShellStats::default();
+        assert!(run(d.read_cdu(&mut stats)).is_some());
+        let why = d.pump_fault(0).unwrap_err();
+        assert!(
+            why.starts_with("not cleared")
+                && why.contains("pump_a_fault")
+                && why.contains("reads no value")
+                && why.contains("unknown"),
+            "{why}"
+        );
+        assert_eq!(d.pump_fault(1), Ok(None), "on the operator's word");
+        // Read again with a value: the bit is what the clear goes by.
+        d.cdu.shown = [Some(false), None];
+        assert!(run(d.read_cdu(&mut stats)).is_some());
+        assert_eq!(d.pump_fault(0), Ok(Some(false)));
     }
     use crate::decide::said::Words;
     use crate::decide::{Setting, Write};
@@ -324,6 +404,9 @@ mod tests {
                 speed_pct: None,
                 positions: true,
             }
+        }
+        fn pump_fault_bits(&self) -> [bool; 2] {
+            [true; 2]
         }
     }
 
@@ -417,6 +500,9 @@ mod tests {
         fn limits(&self) -> MapLimits {
             Silent::default().limits()
         }
+        fn pump_fault_bits(&self) -> [bool; 2] {
+            [true; 2]
+        }
     }
 
     /// The settings of `o` that failed with words containing `why`.
@@ -462,6 +548,7 @@ mod tests {
             board_errors: BoardErrors::default(),
             last_read: None,
             pump_faults: None,
+            fault_bits: [false; 2],
         };
         let mut stats = ShellStats::default();
         d.pulse(true, &mut stats);

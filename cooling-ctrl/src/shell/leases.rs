@@ -241,9 +241,26 @@ impl<P: CduPort> Shell<P> {
             return;
         }
         self.stats.acks += 1;
-        match a.code {
-            AckCode::Ok | AckCode::Clamped => self.stats.acks_ok += 1,
-            code => {
+        match ack_kind(a) {
+            AckKind::Taken => {
+                self.stats.acks_ok += 1;
+                self.shortened.remove(host);
+            }
+            AckKind::Shortened => {
+                self.stats.acks_shortened += 1;
+                // Said once a host, until it takes a lease whole again.
+                if self.shortened.insert(host.to_string()) {
+                    tracing::warn!(
+                        "cooling shell: {host} took lease seq {} for less time than asked ({}): \
+                         this controller renews a lease a third of lease_ms after it sent it, \
+                         so that host's caps lapse between renewals; raise its max_lease_ms \
+                         to at least this controller's lease_ms",
+                        a.correlation.seq,
+                        a.detail.as_str()
+                    );
+                }
+            }
+            AckKind::Refused(code) => {
                 self.stats.acks_refused += 1;
                 tracing::warn!(
                     "cooling shell: {host} refused lease seq {}: {code:?} {}",
@@ -267,5 +284,66 @@ impl<P: CduPort> Shell<P> {
             },
         );
         self.report();
+    }
+}
+
+/// How an ack of a lease counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AckKind {
+    /// Taken as sent (`ok`, or `clamped` with a cap raised to a GPU's
+    /// minimum).
+    Taken,
+    /// Taken for less time than it asked (`clamped`, the host's
+    /// `max_lease_ms` below the lease): its caps lapse before the renewal.
+    Shortened,
+    /// Refused, with its code.
+    Refused(AckCode),
+}
+
+fn ack_kind(a: &Ack) -> AckKind {
+    match a.code {
+        AckCode::Ok => AckKind::Taken,
+        AckCode::Clamped
+            if a.detail
+                .as_str()
+                .starts_with(loopwarden_protocol::LEASE_SHORTENED) =>
+        {
+            AckKind::Shortened
+        }
+        AckCode::Clamped => AckKind::Taken,
+        code => AckKind::Refused(code),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use loopwarden_protocol::message::Correlation;
+
+    fn ack(code: AckCode, detail: &str) -> Ack {
+        Ack {
+            correlation: Correlation {
+                from: NodeId::new(Role::Cdu, "c").unwrap(),
+                seq: 1,
+            },
+            code,
+            in_force: heapless::Vec::new(),
+            detail: loopwarden_protocol::Text::truncated(detail),
+        }
+    }
+
+    /// A lease a host took for less time than asked is told from one
+    /// taken whole and from a refusal.
+    #[test]
+    fn a_lease_taken_shortened_counts_apart_from_taken_and_refused() {
+        assert_eq!(ack_kind(&ack(AckCode::Ok, "")), AckKind::Taken);
+        let min = "GPU 6: 150 W is below its minimum 200 W; clamped to 200 W";
+        assert_eq!(ack_kind(&ack(AckCode::Clamped, min)), AckKind::Taken);
+        let short = "shortened from 30000 to 5000 ms, this host's longest lease";
+        assert_eq!(ack_kind(&ack(AckCode::Clamped, short)), AckKind::Shortened);
+        assert_eq!(
+            ack_kind(&ack(AckCode::TooMany, "")),
+            AckKind::Refused(AckCode::TooMany)
+        );
     }
 }

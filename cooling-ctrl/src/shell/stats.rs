@@ -235,8 +235,12 @@ pub struct ShellStats {
     pub publish_errors: u64,
     /// Acks received for this CDU's commands.
     pub acks: u64,
-    /// Of which `ok` or `clamped`.
+    /// Of which `ok` or `clamped` (a cap raised to a GPU's minimum).
     pub acks_ok: u64,
+    /// Of which `clamped` for a lease taken for less time than asked (the
+    /// host's `max_lease_ms` below this controller's `lease_ms`): its caps
+    /// lapse between renewals.
+    pub acks_shortened: u64,
     /// Of which anything else.
     pub acks_refused: u64,
     /// Acks naming this CDU's commands from hosts not in its host list,

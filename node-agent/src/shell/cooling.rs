@@ -33,12 +33,12 @@
 //! copy and returns the one before it, so a damaged newest record would
 //! otherwise read as an older phase (cooled, the grace started again,
 //! the power-up never run). A record that cannot be read, or that its
-//! check does not match, is a loss of unknown age ([`UNKNOWN`]): a drain
-//! runs again at once, the host is powered down at the CDU's first word
-//! that the rack is still lost (or at the end of the wait, the CDU silent),
-//! with no fresh grace, and powered up and resumed at its word that
-//! cooling is back. A record an earlier version kept without a check
-//! reads as before.
+//! check does not match (a power cut between the record and its check
+//! makes one on a host simply cooled), is a phase unknown
+//! (`Node::restore_cooling_unknown`): nothing runs until the CDU's first
+//! word on the rack, silence included; lost, the host drains then and
+//! powers down after the grace; cooling, it powers up and resumes. A
+//! record an earlier version kept without a check reads as before.
 //!
 //! A resume takes the whole node back into service, in the site's
 //! scheduler, its quarantined GPUs with it: once one ended, the
@@ -72,14 +72,6 @@ use node_core::cooling_loss::Phase;
 const PHASE_KEY: &str = "cooling_loss";
 /// The config-store key of the check of the record under [`PHASE_KEY`].
 const CHECK_KEY: &str = "cooling_loss_check";
-/// A record that cannot be read, or that its check does not match, is a
-/// loss of unknown age: the host may be drained or powered down, its
-/// rack still without cooling. Powered down since the start of time, a
-/// drain pending: the drain runs again at once (harmless twice), the
-/// power-down is held for the CDU's word (run while the rack is lost,
-/// with no fresh grace; dropped when cooling is back, with the power-up
-/// and the resume run).
-const UNKNOWN: (Phase, [CoolingStep; 1]) = (Phase::PoweredDown { since: 0 }, [CoolingStep::Drain]);
 /// Jobs waiting for the runner: a loss hands out at most four steps, and
 /// a CDU that says lost and cooled a few times in a row a few more.
 const QUEUE: usize = 16;
@@ -368,27 +360,26 @@ fn phase_items(phase: Phase, pending: &[CoolingStep]) -> Vec<(String, Vec<u8>)> 
 }
 
 /// The phase and the pending steps kept from before a restart: cooled
-/// and none when nothing was kept; [`UNKNOWN`] when the record cannot be
-/// read, or its check does not match it (said).
-pub(super) async fn restore(store: &mut ConfigStore<Flash>) -> (Phase, Vec<CoolingStep>) {
+/// and none when nothing was kept; `None` (the phase unknown, said) when
+/// the record cannot be read, or its check does not match it.
+pub(super) async fn restore(store: &mut ConfigStore<Flash>) -> Option<(Phase, Vec<CoolingStep>)> {
     let (phase, pending) = match read_kept(store).await {
         Ok(Some(kept)) => kept,
         Ok(None) => (Phase::Cooled, Vec::new()),
         Err(why) => {
-            let (phase, pending) = UNKNOWN;
             tracing::error!(
-                "cooling-loss phase in flash unreadable ({why}): taken as a loss of unknown \
-                 age: the drain runs again now, the host is powered down if the CDU says the \
-                 rack is still lost (or says nothing), and powered up and resumed if it says \
-                 cooling is back"
+                "cooling-loss phase in flash unreadable ({why}): taken as unknown: nothing is \
+                 run until the CDU's first word on the rack (none, however long); if it says \
+                 the rack lost cooling, the host drains then and powers down after the grace; \
+                 if it says cooling is there, the host is powered up and resumed"
             );
-            return (phase, pending.to_vec());
+            return None;
         }
     };
     if phase != Phase::Cooled {
         tracing::warn!("a cooling loss from before the restart: {phase}; waiting for the CDU");
     }
-    (phase, pending)
+    Some((phase, pending))
 }
 
 /// The phase and the pending steps kept, checked against the check kept
@@ -717,7 +708,7 @@ mod tests {
         );
     }
 
-    fn restored(store: &mut ConfigStore<Flash>) -> (Phase, Vec<CoolingStep>) {
+    fn restored(store: &mut ConfigStore<Flash>) -> Option<(Phase, Vec<CoolingStep>)> {
         futures::executor::block_on(restore(store))
     }
 
@@ -727,24 +718,29 @@ mod tests {
         }
     }
 
-    fn unknown() -> (Phase, Vec<CoolingStep>) {
-        (UNKNOWN.0, UNKNOWN.1.to_vec())
+    /// The phase unknown: neither cooled as read nor a loss, for the
+    /// CDU's first word to decide.
+    fn unknown() -> Option<(Phase, Vec<CoolingStep>)> {
+        None
     }
 
     /// A record kept, with its check or without (an earlier version's),
-    /// reads as it was; one that is no phase is a loss of unknown age,
-    /// never cooled.
+    /// reads as it was; one that is no phase is unknown, never cooled.
     #[test]
-    fn an_undecodable_phase_is_a_loss_of_unknown_age_not_cooled() {
+    fn an_undecodable_phase_is_unknown_not_cooled() {
         let mut store = loopwarden_store::agent_flash::open(None).unwrap().store;
-        assert_eq!(restored(&mut store), (Phase::Cooled, vec![]), "none kept");
+        assert_eq!(
+            restored(&mut store),
+            Some((Phase::Cooled, vec![])),
+            "none kept"
+        );
         let draining = Phase::Draining { since: 1_000 };
         keep(&mut store, draining, &[Drain]);
-        assert_eq!(restored(&mut store), (draining, vec![Drain]));
+        assert_eq!(restored(&mut store), Some((draining, vec![Drain])));
         let mut store = loopwarden_store::agent_flash::open(None).unwrap().store;
         let old = encode(draining, &[]);
         futures::executor::block_on(store.set(PHASE_KEY, &old)).unwrap();
-        assert_eq!(restored(&mut store), (draining, vec![]), "no check");
+        assert_eq!(restored(&mut store), Some((draining, vec![])), "no check");
         for junk in [vec![7u8; 9], vec![1, 2], vec![1, 0, 0, 0, 0, 0, 0, 0, 0, 9]] {
             let mut store = loopwarden_store::agent_flash::open(None).unwrap().store;
             futures::executor::block_on(store.set(PHASE_KEY, &junk)).unwrap();
@@ -756,14 +752,14 @@ mod tests {
 
     /// Kept draining, then powered down; the newest copy damaged: the
     /// store reads the older (draining), which the check does not match:
-    /// a loss of unknown age, neither the older phase nor cooled.
+    /// unknown, neither the older phase nor cooled.
     #[test]
     fn a_damaged_newest_phase_is_not_read_as_the_older() {
         let mut store = loopwarden_store::agent_flash::open(None).unwrap().store;
         keep(&mut store, Phase::Draining { since: 1_000 }, &[Drain]);
         let down = Phase::PoweredDown { since: 31_000 };
         keep(&mut store, down, &[PowerDown]);
-        assert_eq!(restored(&mut store), (down, vec![PowerDown]));
+        assert_eq!(restored(&mut store), Some((down, vec![PowerDown])));
         let mut store = super::super::damage_newest(store, &encode(down, &[PowerDown]));
         assert_eq!(restored(&mut store), unknown());
         // Lost altogether, its check kept: unknown too.

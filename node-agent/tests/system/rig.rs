@@ -53,6 +53,17 @@ pub fn lease_from(
     }
 }
 
+/// A lease `id` from `cdu-a`, stamped now, capping `caps` for `ms`.
+pub fn lease(seq: u32, id: u32, caps: &[(GpuSelector, u32)], ms: u32) -> Frame {
+    let cdu_a = NodeId::new(Role::Cdu, "cdu-a").expect("ident");
+    lease_from(cdu_a, seq, id, caps, ms)
+}
+
+/// The limits an ack says are in force.
+pub fn limits(ack: &Ack) -> Vec<u32> {
+    ack.in_force.iter().map(|c| c.limit.0).collect()
+}
+
 /// A CDU's state as `cdu-a` publishes it, unsigned: racks 0 to 3, rack 2's
 /// cooling lost when `rack2_lost`, every other rack normal.
 pub fn cdu_state(rack2_lost: bool) -> CduState {

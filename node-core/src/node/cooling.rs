@@ -27,6 +27,36 @@ impl Node {
         self.cooling.restore(phase, pending);
     }
 
+    /// The cooling-loss phase kept before a restart could not be read
+    /// back: nothing is run, whatever the time, until the CDU's first word
+    /// on the rack: lost, the host drains now and powers down after the
+    /// grace; cooling, it powers up and resumes (undoing whatever a loss
+    /// before the restart may have done). Each said.
+    pub fn restore_cooling_unknown(&mut self) {
+        self.cooling.restore_unknown();
+    }
+
+    /// The CDU's word on the rack (`lost`) taken with the phase unknown:
+    /// what it decides, said.
+    pub(super) fn say_unknown_decided(&self, lost: bool, out: &mut Vec<Effect>) {
+        if !self.cooling.is_unknown() {
+            return;
+        }
+        let (_, rack) = self.cdu_and_rack();
+        let what = match lost {
+            true => "says the rack has no cooling: drained now, powered down after the grace",
+            false => {
+                "says the rack has cooling: powered up and resumed, undoing whatever a loss \
+                 before the restart may have done"
+            }
+        };
+        let why = format!(
+            "rack {rack}: the cooling-loss phase kept before the restart was not readable; \
+             the CDU {what}"
+        );
+        out.push(Effect::Say(Level::Warn, why));
+    }
+
     /// When the power-down held from before the restart runs without the
     /// CDU's word (steady time, ms), if one is held.
     pub fn cooling_held_until_ms(&self) -> Option<u64> {

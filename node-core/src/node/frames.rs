@@ -88,7 +88,10 @@ impl Node {
         }
         let lost = rack_lost(c, st, out);
         let steps = match lost {
-            Some(lost) => self.cooling.told(now.steady.0, lost),
+            Some(lost) => {
+                self.say_unknown_decided(lost, out);
+                self.cooling.told(now.steady.0, lost)
+            }
             None => self.cooling.tick(now.steady.0),
         };
         self.cooling_word_taken(now, out);

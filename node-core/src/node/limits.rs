@@ -317,6 +317,12 @@ impl Node {
                 let asking = sets.iter().find(|s| s.gpu as usize == i).map(|s| s.limit);
                 let (asked, before) = match (asking, g.applied, g.unconfirmed, g.kept) {
                     (_, Some(a), ..) => (asking.unwrap_or(a), Some(a)),
+                    // The same asked again (a retry): the one before it
+                    // stays beside it.
+                    (Some(new), None, Some(u), _) if new == u.last() => {
+                        let other = u.asked().iter().rev().copied().find(|&w| w != new);
+                        (new, u.read().or(other))
+                    }
                     (Some(new), None, Some(u), _) => (new, Some(u.last())),
                     (None, None, Some(u), _) => (u.last(), u.read()),
                     // Not read since the start: what was kept holds until
@@ -476,9 +482,18 @@ impl Node {
                     // read before them (a later read finding none finds
                     // an administrator's); the ceiling goes back at the
                     // stop.
-                    let read = g.applied.or(g.unconfirmed.and_then(|u| u.read()));
-                    let was = g.unconfirmed.filter(|_| g.applied.is_none());
-                    let (u, dropped) = Unconfirmed::asking(was, read, res.limit);
+                    // Not read since the start: what the flash kept may
+                    // be on it still, and is kept beside it.
+                    let (u, dropped) = match (g.applied, g.unconfirmed, g.kept) {
+                        (None, None, Some(k)) if !g.ceiling_read => {
+                            Unconfirmed::from_kept(k, res.limit)
+                        }
+                        _ => {
+                            let read = g.applied.or(g.unconfirmed.and_then(|u| u.read()));
+                            let was = g.unconfirmed.filter(|_| g.applied.is_none());
+                            Unconfirmed::asking(was, read, res.limit)
+                        }
+                    };
                     if dropped {
                         out.push(Effect::Say(
                             Level::Warn,
@@ -614,11 +629,13 @@ impl Node {
 }
 
 /// The ceiling of GPU `i` (set up as `g`) from the first limit read from
-/// it, `found`; whether it moved from a kept one.
+/// it, `found`; whether it moved from a kept one. A limit the agent
+/// asked since the start (read back, or not) is its own too.
 fn first_ceiling(i: usize, g: &mut GpuCaps, found: Watts, out: &mut Vec<Effect>) -> bool {
     let was = g.ceiling;
+    let own = g.left(found);
     match g.kept {
-        Some(k) if k.left(found) => {
+        Some(k) if k.left(found) || own => {
             g.ceiling = within(&g.setup, k.ceiling);
             return g.ceiling != was;
         }

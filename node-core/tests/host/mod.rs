@@ -1,5 +1,6 @@
 //! The agent's shell, played for the node's tests (`node_step.rs`,
-//! `ceiling_properties.rs`, `cooling_properties.rs`): four fake GPUs with their power limits, a
+//! `node_step_limits.rs`, `ceiling_properties.rs`, `cooling_properties.rs`):
+//! four fake GPUs with their power limits, a
 //! fake flash (the commands logged, the limits, health, phases, pending
 //! cooling-loss steps and replay floors kept), and a record of what went
 //! on the bus; it carries out each effect of the node and answers it as
@@ -478,6 +479,11 @@ pub fn cdu_topic() -> Topic {
         &cdu(),
         loopwarden_protocol::Family::Health,
     )
+}
+
+/// The topic the node takes its commands on.
+pub fn cmd_topic() -> Topic {
+    samples::command_topic()
 }
 
 pub fn quiet() -> Observation {

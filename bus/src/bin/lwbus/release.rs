@@ -4,22 +4,29 @@
 //! A host takes from each operator only a seq above the last it took
 //! from them, and its ack names the command by sender and seq alone. So
 //! every run of this operator gets a seq no earlier run got: the last one
-//! is kept beside the sign key (`ID.sign.key.seq`), under an exclusive
-//! lock held from taking a number until the host has answered, so two
-//! releases at once go one after the other and each reads its own ack.
+//! is kept in the operator's own state directory, named by the key's
+//! signer and key id, under an exclusive lock held from taking a number
+//! until the host has answered, so two releases at once go one after the
+//! other and each reads its own ack. Nothing is written beside the sign
+//! key: its directory may be root's, or read-only, or the key a group's.
 //!
 //! Glossary:
-//! - *seq file*: `<sign key>.seq`, the last seq this operator's runs of
-//!   `lwbus release` sent, as ten digits.
+//! - *state directory*: `$XDG_STATE_HOME/loopwarden`, else
+//!   `$HOME/.local/state/loopwarden`, made mode 0700 when missing.
+//! - *seq file*: `release-<role>-<name>-k<key id>.seq` in the state
+//!   directory, the last seq this user's runs of `lwbus release` with
+//!   that key sent, as ten digits.
 
+use std::ffi::OsString;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use loopwarden_bus::keys::SignKey;
 use loopwarden_bus::{now_ms, Brokers, Bus, BusConfig};
 use loopwarden_protocol::{Ack, AckCode, Family, Ident, Message, Role, Topic};
 
@@ -34,11 +41,51 @@ const LOCK_WAIT: Duration = Duration::from_secs(25);
 /// 2020-01-01T00:00:00Z, s since the Unix epoch: seqs count from it.
 const SEQ_EPOCH_S: u64 = 1_577_836_800;
 
-/// The seq file of the sign key at `sign_key`.
-pub fn seq_path(sign_key: &Path) -> PathBuf {
-    let mut p = sign_key.as_os_str().to_owned();
-    p.push(".seq");
-    PathBuf::from(p)
+/// The state directory from the values of `XDG_STATE_HOME` and `HOME`
+/// (each taken only when set to an absolute path, as the XDG base
+/// directory rules say): `$XDG_STATE_HOME/loopwarden`, else
+/// `$HOME/.local/state/loopwarden`.
+pub fn state_dir(xdg_state_home: Option<OsString>, home: Option<OsString>) -> Result<PathBuf> {
+    let absolute = |v: Option<OsString>| v.map(PathBuf::from).filter(|p| p.is_absolute());
+    if let Some(state) = absolute(xdg_state_home) {
+        return Ok(state.join("loopwarden"));
+    }
+    if let Some(home) = absolute(home) {
+        return Ok(home.join(".local/state/loopwarden"));
+    }
+    bail!(
+        "neither XDG_STATE_HOME nor HOME is set to an absolute path: lwbus release keeps this \
+         operator's release numbers under $XDG_STATE_HOME/loopwarden (else \
+         $HOME/.local/state/loopwarden); set one; nothing was sent"
+    )
+}
+
+/// The seq file of `key` in the state directory `dir`: named by its
+/// signer and key id, not by the key file's path, so every path to one
+/// key (a link, another mount) finds the same count.
+pub fn seq_path(dir: &Path, key: &SignKey) -> PathBuf {
+    dir.join(format!(
+        "release-{}-{}-k{}.seq",
+        key.node.role.as_str(),
+        key.node.id.as_str(),
+        key.key_id
+    ))
+}
+
+/// Makes the state directory `dir` (mode 0700, its missing parents too)
+/// unless it is there.
+pub fn make_state_dir(dir: &Path) -> Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| {
+            format!(
+                "{}: cannot make this operator's state directory, where lwbus release keeps \
+                 its release numbers; nothing was sent",
+                dir.display()
+            )
+        })
 }
 
 /// The seq file, locked for this run while it is held.
@@ -61,8 +108,9 @@ impl SeqFile {
             .open(path)
             .with_context(|| {
                 format!(
-                    "{}: this operator's release numbers are kept here, beside the sign key \
-                     (its directory must be writable by who runs lwbus release)",
+                    "{}: this operator's release numbers are kept here, in the state \
+                     directory of who runs lwbus release (a link there is refused); \
+                     nothing was sent",
                     path.display()
                 )
             })?;
@@ -205,6 +253,9 @@ pub async fn run(o: Options<'_>) -> Result<()> {
         bail!("--note: say why the GPU is fit again; it is logged and published");
     }
     let note = Text::new(note).context("--note: at most 96 bytes")?;
+    let states = state_dir(std::env::var_os("XDG_STATE_HOME"), std::env::var_os("HOME"))?;
+    make_state_dir(&states)?;
+    let seq_file = seq_path(&states, &key);
     let ack_topic = Topic::new(&site, Role::Host, &host, Family::Ack);
     let mut config = BusConfig::new(o.broker.clone(), site.clone(), me.clone());
     config.client_id = crate::client_id(&format!("release-{}", me.id));
@@ -241,7 +292,7 @@ pub async fn run(o: Options<'_>) -> Result<()> {
     }
     // Held until the host answered: the next run's number goes after
     // this one's.
-    let mut seqs = match SeqFile::lock(&seq_path(o.sign_key), LOCK_WAIT).await {
+    let mut seqs = match SeqFile::lock(&seq_file, LOCK_WAIT).await {
         Ok(s) => s,
         Err(e) => {
             stop(bus, task).await;
@@ -354,11 +405,106 @@ mod tests {
     /// 2026-12-01T00:00:00Z.
     const NOW_S: u64 = 1_796_083_200;
 
+    /// The sign key of operator ops1, key id 1.
+    fn ops1() -> SignKey {
+        SignKey {
+            node: NodeId::new(Role::Operator, "ops1").unwrap(),
+            key_id: 1,
+            key: loopwarden_protocol::auth::SigningKey::from_bytes(&[5; 32]),
+        }
+    }
+
+    #[test]
+    fn the_state_directory_is_xdg_state_home_else_home_and_else_nothing_is_sent() {
+        let os = |s: &str| Some(OsString::from(s));
+        assert_eq!(
+            state_dir(os("/var/op/state"), os("/home/op")).unwrap(),
+            Path::new("/var/op/state/loopwarden")
+        );
+        // Empty or relative is not a place (the XDG rules): HOME then.
+        for xdg in [None, os(""), os("state")] {
+            assert_eq!(
+                state_dir(xdg, os("/home/op")).unwrap(),
+                Path::new("/home/op/.local/state/loopwarden")
+            );
+        }
+        for home in [None, os(""), os("op")] {
+            let e = format!("{:#}", state_dir(None, home).unwrap_err());
+            assert!(
+                e.contains("XDG_STATE_HOME")
+                    && e.contains("HOME")
+                    && e.contains("nothing was sent"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_state_directory_is_made_0700_and_one_there_is_kept() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let states = state_dir(None, Some(dir.path().into())).unwrap();
+        make_state_dir(&states).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&states), 0o700);
+        assert_eq!(mode(&dir.path().join(".local/state")), 0o700);
+        std::fs::set_permissions(&states, std::fs::Permissions::from_mode(0o750)).unwrap();
+        make_state_dir(&states).unwrap();
+        assert_eq!(mode(&states), 0o750, "left as its owner has it");
+    }
+
+    #[test]
+    fn a_key_in_a_directory_the_operator_cannot_write_still_releases() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        // A key of a service's group (0640) in a directory of root's
+        // (0550), read through a link from elsewhere.
+        let keys = dir.path().join("keys");
+        std::fs::create_dir(&keys).unwrap();
+        let key_file = keys.join("ops1.sign.key");
+        std::fs::write(&key_file, ops1().to_toml()).unwrap();
+        std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o640)).unwrap();
+        std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o550)).unwrap();
+        let link = dir.path().join("my.sign.key");
+        std::os::unix::fs::symlink(&key_file, &link).unwrap();
+        let states = state_dir(Some(dir.path().join("state").into()), None).unwrap();
+        make_state_dir(&states).unwrap();
+        let clock = (NOW_S - SEQ_EPOCH_S) as u32;
+        let mut seqs = Vec::new();
+        for path in [&key_file, &link] {
+            let key = loopwarden_bus::keys::read_sign_key(path).unwrap();
+            let seq_file = seq_path(&states, &key);
+            let mut f = rt().block_on(SeqFile::lock(&seq_file, LOCK_WAIT)).unwrap();
+            seqs.push(f.take(NOW_S).unwrap());
+        }
+        // One count for the key, by whichever path it was read.
+        assert_eq!(seqs, [clock, clock + 1]);
+        let kept = states.join("release-operator-ops1-k1.seq");
+        assert_eq!(
+            std::fs::read_to_string(&kept).unwrap(),
+            format!("{:010}\n", clock + 1)
+        );
+        let mode = std::fs::metadata(&kept).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        // Nothing written beside the key, nor beside its link.
+        std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let names = |d: &Path| {
+            let mut n: Vec<String> = std::fs::read_dir(d)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            n.sort();
+            n
+        };
+        assert_eq!(names(&keys), ["ops1.sign.key"]);
+        assert_eq!(names(dir.path()), ["keys", "my.sign.key", "state"]);
+    }
+
     #[test]
     fn runs_in_one_second_get_rising_numbers_kept_across_runs() {
         let dir = tempfile::tempdir().unwrap();
-        let path = seq_path(&dir.path().join("ops1.sign.key"));
-        assert!(path.ends_with("ops1.sign.key.seq"), "{}", path.display());
+        let path = seq_path(dir.path(), &ops1());
+        assert_eq!(path, dir.path().join("release-operator-ops1-k1.seq"));
         let clock = (NOW_S - SEQ_EPOCH_S) as u32;
         let mut seqs = Vec::new();
         for _ in 0..3 {
@@ -382,7 +528,7 @@ mod tests {
     #[test]
     fn a_second_run_waits_for_the_first_and_says_so_when_it_does_not_end() {
         let dir = tempfile::tempdir().unwrap();
-        let path = seq_path(&dir.path().join("ops1.sign.key"));
+        let path = seq_path(dir.path(), &ops1());
         let first = rt().block_on(SeqFile::lock(&path, LOCK_WAIT)).unwrap();
         let e = match rt().block_on(SeqFile::lock(&path, Duration::from_millis(200))) {
             Ok(_) => panic!("locked twice"),
@@ -404,7 +550,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let target = dir.path().join("elsewhere");
         std::fs::write(&target, "keep").unwrap();
-        let path = seq_path(&dir.path().join("ops1.sign.key"));
+        let path = seq_path(dir.path(), &ops1());
         std::os::unix::fs::symlink(&target, &path).unwrap();
         assert!(rt().block_on(SeqFile::lock(&path, LOCK_WAIT)).is_err());
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep");

@@ -3,6 +3,8 @@
 
 use loopwarden_protocol::Watts;
 
+use super::KeptLimit;
+
 /// How many limits asked since the last good read [`Unconfirmed`] keeps.
 pub(super) const ASKED_MAX: usize = 8;
 
@@ -43,6 +45,21 @@ impl Unconfirmed {
         u.len = kept.len();
         u.asked[..u.len].copy_from_slice(&kept);
         (u, dropped)
+    }
+
+    /// `limit` asked of a GPU not read since the start, its read-back
+    /// failed: what the flash kept for it (`kept`) may be on it still, so
+    /// it stays beside `limit`. The limit last asked before the restart
+    /// stands for the one read (a record written now keeps it), the one
+    /// before it as asked; the ceiling is kept apart (and no limit asked
+    /// is above it).
+    pub(super) fn from_kept(kept: KeptLimit, limit: Watts) -> (Self, bool) {
+        let read = Some(kept.asked);
+        let was = kept
+            .before
+            .filter(|&b| b != kept.asked && b != limit)
+            .map(|b| Self::asking(None, read, b).0);
+        Self::asking(was, read, limit)
     }
 
     /// The limit read before the first of them (`None`: not known).
@@ -112,6 +129,26 @@ mod tests {
         assert!(dropped, "a ninth");
         assert!(!u.left(Watts(650)) && u.left(Watts(675)) && u.left(Watts(400)));
         assert_eq!(u.words().matches(" W").count(), ASKED_MAX + 1);
+        // Asked of a GPU unread since the start: every kept limit stays,
+        // the one asked last before the restart as the one read.
+        let kept = KeptLimit {
+            ceiling: Watts(700),
+            asked: Watts(500),
+            before: Some(Watts(600)),
+        };
+        let (u, dropped) = Unconfirmed::from_kept(kept, Watts(450));
+        assert!(!dropped);
+        assert_eq!((u.read(), u.last()), (Some(Watts(500)), Watts(450)));
+        assert!([600, 500, 450].iter().all(|&w| u.left(Watts(w))));
+        assert_eq!(u.lowest(), Some(Watts(450)));
+        let uncapped = KeptLimit {
+            asked: Watts(700),
+            before: None,
+            ..kept
+        };
+        let u = Unconfirmed::from_kept(uncapped, Watts(450)).0;
+        assert_eq!((u.read(), u.asked()), (Some(Watts(700)), &[Watts(450)][..]));
+        assert_eq!(u.lowest(), Some(Watts(450)), "known: cap-downs go on");
         let none = Unconfirmed::asking(None, None, Watts(400)).0;
         assert_eq!(none.lowest(), None, "nothing read before: not known");
         assert_eq!(none.words(), "400 W asked and not read back");
