@@ -78,7 +78,7 @@ const ACKS_WITHHELD: Metric = Metric::counter(
 );
 const COOLING: Metric = Metric::gauge(
     "loopwarden_cooling_loss_phase",
-    "Where the host is in a cooling loss, as a state set: 1 for its phase (cooled, draining, powered_down), 0 for the others.",
+    "Where the host is in a cooling loss, as a state set: 1 for its phase (unknown, cooled, draining, powered_down), 0 for the others; unknown: the phase kept before a restart could not be read back and the CDU has not said since.",
 );
 const CALL: Metric = Metric::gauge(
     "loopwarden_gpu_sample_call_seconds",
@@ -243,8 +243,10 @@ fn loop_state(out: &mut Exposition, s: &Snapshot, host: &[(&str, &str)]) {
     out.sample(&LEASES, host, s.leases.len() as f64);
     site_actions(out, &s.actions, host);
     use node_core::cooling_loss::Phase;
+    let known = !s.cooling_unknown;
     for (name, on) in [
-        ("cooled", matches!(s.cooling, Phase::Cooled)),
+        ("unknown", !known),
+        ("cooled", known && matches!(s.cooling, Phase::Cooled)),
         ("draining", matches!(s.cooling, Phase::Draining { .. })),
         (
             "powered_down",
@@ -521,6 +523,28 @@ mod tests {
         let mut out = Exposition::new();
         protection_off(&mut out, &[], &host);
         assert!(!out.finish().contains("loopwarden_protection_off"));
+    }
+
+    /// A cooling-loss phase that could not be read back is unknown, not
+    /// cooled, until the CDU says.
+    #[test]
+    fn an_unknown_cooling_phase_is_exported_as_unknown_not_cooled() {
+        let host = [("Hostname", "h07")];
+        let phase = |snap: &Snapshot, name: &str| {
+            let mut out = Exposition::new();
+            loop_state(&mut out, snap, &host);
+            let line =
+                format!("loopwarden_cooling_loss_phase{{Hostname=\"h07\",phase=\"{name}\"}} ");
+            let text = out.finish();
+            let at = text
+                .find(&line)
+                .unwrap_or_else(|| panic!("{line} in\n{text}"));
+            text[at + line.len()..].starts_with('1')
+        };
+        let mut snap = Snapshot::default();
+        assert!(phase(&snap, "cooled") && !phase(&snap, "unknown"));
+        snap.cooling_unknown = true;
+        assert!(phase(&snap, "unknown") && !phase(&snap, "cooled"));
     }
 
     /// Every family the agent writes is in `docs/node-agent.md`, section 9.

@@ -565,6 +565,19 @@ impl CommandCore {
             AckCode::Ok | AckCode::Clamped => true,
             AckCode::Expired => {
                 self.arbiter.forget(&frame.sender, lease.lease);
+                // Ended only by this host's longest, lowered since it
+                // was taken (its asked end still to come): said.
+                if sent.after(lease.duration) > at {
+                    self.restore_note(
+                        frame,
+                        format!(
+                            "not taken back: it ran {} ms since its sending, this host's \
+                             longest lease now ({} s before the end it asked)",
+                            self.arbiter.limits().max_duration.0,
+                            sent.after(lease.duration).0.saturating_sub(at.0) / 1000
+                        ),
+                    );
+                }
                 return false;
             }
             _ => false,
@@ -731,7 +744,8 @@ impl CommandCore {
         if shortened {
             let longest = self.arbiter.limits().max_duration.0;
             parts.push(format!(
-                "shortened from {} to {longest} ms, this host's longest lease",
+                "{}{} to {longest} ms, this host's longest lease",
+                loopwarden_protocol::LEASE_SHORTENED,
                 lease.duration.0
             ));
         }
@@ -1374,7 +1388,14 @@ mod tests {
             CommandCore::with_limits(own(), core().ranges().to_vec(), authority(), limits);
         assert!(!late.restore(TimestampMs(25_000), f.time, &f));
         assert_eq!(late.targets(TimestampMs(25_000))[0].limit, Watts(700));
-        assert!(late.restore_notes().is_empty(), "ended: nothing to say");
+        // Ended by this host's longest, its asked end still to come: said
+        // (the longest may have been lowered since it was taken).
+        let notes = late.restore_notes();
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(
+            format!("{notes:?}").contains("not taken back: it ran 20000 ms since its sending"),
+            "{notes:?}"
+        );
         // Its key gone since: ended all the same, so not said either.
         let mut rotated =
             CommandCore::with_limits(own(), core().ranges().to_vec(), authority(), limits);

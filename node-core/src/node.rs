@@ -637,6 +637,13 @@ impl Node {
         self.cooling.phase()
     }
 
+    /// Whether the cooling-loss phase kept before the restart could not be
+    /// read back and the CDU has not said yet (the phase then reads
+    /// cooled, and is not known to be).
+    pub fn cooling_unknown(&self) -> bool {
+        self.cooling.is_unknown()
+    }
+
     /// Since when the XID watch has been down, if it is (wall clock).
     pub fn xid_watch_down(&self) -> Option<TimestampMs> {
         self.xid_watch_down

@@ -71,6 +71,16 @@ fn a_lease_longer_than_the_new_maximum_is_shortened_not_dropped() {
     assert_eq!(after.limits, [Watts(300); GPUS]);
     after.step(t + 300_000, Input::Expiry);
     assert_eq!(after.limits, [DEFAULT; GPUS], "lifted at its new end");
+    // Restarted past five minutes from its sending, within the ten it
+    // was taken for: not taken back, and said.
+    let past = restarted_with(&h, t + 360_000, five_min);
+    assert_eq!(past.limits, [DEFAULT; GPUS]);
+    let lines = warned(&past, "lease 1 from cdu/cdu-a (seq 1");
+    assert_eq!(lines.len(), 1, "{:?}", past.trail);
+    assert!(
+        lines[0].contains("240 s before the end it asked"),
+        "{lines:?}"
+    );
 }
 
 #[test]
@@ -102,11 +112,16 @@ fn a_lease_shortened_when_taken_is_not_back_after_a_restart() {
         "{:?}",
         h.trail
     );
-    // Restarted at t + 24 s: past its shortened end, so not in force and
-    // nothing to say, though it asked for 6 s more.
+    // Restarted at t + 24 s: past its shortened end, so not in force;
+    // said, as it asked for 6 s more.
     let after = restarted_with(&h, t + 24_000, short);
     assert_eq!(after.limits, [DEFAULT; GPUS], "{:?}", after.trail);
-    assert!(warned(&after, "lease 1").is_empty(), "{:?}", after.trail);
+    let lines = warned(&after, "lease 1");
+    assert_eq!(lines.len(), 1, "{:?}", after.trail);
+    assert!(
+        lines[0].contains("not taken back: it ran 20000 ms"),
+        "{lines:?}"
+    );
     // Restarted within it: it holds until its shortened end only.
     let mut within = restarted_with(&h, t + 10_000, short);
     assert_eq!(within.limits, [Watts(300); GPUS]);

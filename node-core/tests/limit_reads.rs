@@ -418,3 +418,49 @@ fn a_cap_read_back_on_a_gpu_unread_at_the_start_is_its_own_at_the_first_read() {
     assert!(power_ceilings(&h).is_empty());
     assert_eq!(h.limits, [DEFAULT; GPUS]);
 }
+
+/// An administrator's 400 W set on GPU 3 while the agent was stopped
+/// (it had left a 450 W cap); GPU 3 unread at the start; the agent's
+/// 450 W set does not take and reads back 400 W: that is the GPU's own
+/// limit, not one the agent asked. At its first read it is the new
+/// ceiling, never raised.
+#[test]
+fn a_limit_only_read_back_after_a_set_that_did_not_take_is_not_the_agents() {
+    let kept = KeptLimit {
+        ceiling: DEFAULT,
+        asked: Watts(450),
+        before: None,
+    };
+    let mut unreadable = [false; GPUS];
+    unreadable[3] = true;
+    let mut h = Host::boot_unreadable(
+        Boot {
+            limits: Watts(400),
+            kept: Some(kept),
+            ..Boot::default()
+        },
+        unreadable,
+    );
+    assert_eq!(h.limits[3], Watts(400), "no raise before a read");
+    h.sets_lost[3] = true;
+    let mut t = T0.0 + 1_000;
+    lease_now(&mut h, 1, t, 450, 20_000);
+    assert_eq!(sets_of(&h, 3), [Watts(450)]);
+    assert_eq!(h.limits[3], Watts(400));
+    // Its limit readable again; the lease lapses.
+    h.unreadable[3] = false;
+    h.sets_lost[3] = false;
+    t += 20_000;
+    h.step(t, Input::Expiry);
+    assert_eq!(h.node.ceiling(3), Some(Watts(400)));
+    assert_eq!(
+        h.limits[3],
+        Watts(400),
+        "never raised above the administrator's"
+    );
+    assert!(
+        !said(&h, "GPU 3: found at 400 W").is_empty(),
+        "{:?}",
+        said(&h, "GPU 3")
+    );
+}

@@ -51,8 +51,9 @@ pub(super) fn timings(
     let needs = picked
         .0
         .filter(|t| *t > most_timeout_ms(period))
-        .map_or(String::new(), |t| {
-            format!("; {t} ms needs period_ms = {} or more", least_period_ms(t))
+        .map_or(String::new(), |t| match least_period_ms(t) {
+            p if p <= MOST_PERIOD_MS => format!("; {t} ms needs period_ms = {p} or more"),
+            _ => format!("; {t} ms fits no period_ms (at most {MOST_PERIOD_MS} ms)"),
         });
     let modbus_timeout = range(
         src,
@@ -91,10 +92,14 @@ fn most_timeout_ms(period_ms: u64) -> u64 {
     period_ms * 3 / 8
 }
 
-/// The shortest period that leaves room for a timeout of `timeout_ms`.
+/// The shortest period that leaves room for a timeout of `timeout_ms`
+/// (saturating: a timeout no period fits gives `u64::MAX`).
 fn least_period_ms(timeout_ms: u64) -> u64 {
-    (timeout_ms * 8).div_ceil(3)
+    timeout_ms.saturating_mul(8).div_ceil(3)
 }
+
+/// The longest period a configuration takes, ms.
+const MOST_PERIOD_MS: u64 = 60_000;
 
 #[cfg(test)]
 mod tests {
@@ -130,6 +135,11 @@ mod tests {
         let e = timeout("period_ms = 1000\nmodbus_timeout_ms = 500\n").unwrap_err();
         assert!(e.contains("500 ms needs period_ms = 1334 or more"), "{e}");
         assert!(timeout("period_ms = 1334\nmodbus_timeout_ms = 500\n").is_ok());
+        // One no period fits, up to a number's end: refused, not a panic.
+        for huge in ["30000", "3000000000000000000", "9223372036854775807"] {
+            let e = timeout(&format!("modbus_timeout_ms = {huge}\n")).unwrap_err();
+            assert!(e.contains(&format!("{huge} ms fits no period_ms")), "{e}");
+        }
         let most = "period_ms = 1000\nmodbus_timeout_ms = 375\n";
         assert_eq!(timeout(most), Ok(Duration::from_millis(375)));
         for past in [376, 750] {

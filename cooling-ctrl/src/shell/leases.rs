@@ -252,11 +252,13 @@ impl<P: CduPort> Shell<P> {
                 if self.shortened.insert(host.to_string()) {
                     tracing::warn!(
                         "cooling shell: {host} took lease seq {} for less time than asked ({}): \
-                         this controller renews a lease a third of lease_ms after it sent it, \
-                         so that host's caps lapse between renewals; raise its max_lease_ms \
-                         to at least this controller's lease_ms",
+                         this controller renews a lease every {} ms, so that host's caps lapse \
+                         between renewals where its max_lease_ms is shorter; raise its \
+                         max_lease_ms to this controller's lease_ms ({} ms)",
                         a.correlation.seq,
-                        a.detail.as_str()
+                        a.detail.as_str(),
+                        self.cfg.lease.as_millis() / 3,
+                        self.cfg.lease.as_millis()
                     );
                 }
             }

@@ -148,6 +148,7 @@ fn cooling_view(snap: &Snapshot) -> Value {
     use node_core::cooling_loss::Phase;
     let wall = |t: u64| t.saturating_add_signed(snap.wall_offset_ms);
     match snap.cooling {
+        _ if snap.cooling_unknown => json!({"phase": "unknown", "since": null}),
         Phase::Cooled => json!({"phase": "cooled", "since": null}),
         Phase::Draining { since } => json!({"phase": "draining", "since": wall(since)}),
         Phase::PoweredDown { since } => json!({"phase": "powered_down", "since": wall(since)}),

@@ -90,6 +90,14 @@ fn status(v: &Value) -> String {
         ("flash", s(&v["flash"])),
     ]
     .to_vec();
+    if v["cooling_loss"]["phase"] == "unknown" {
+        rows.push((
+            "COOLING",
+            "UNKNOWN: the phase kept before the restart could not be read back; \
+             nothing runs until the CDU's word on the rack"
+                .into(),
+        ));
+    }
     if let Some(since) = v["cooling_loss"]["since"].as_u64() {
         rows.push((
             "COOLING",
@@ -457,5 +465,18 @@ mod tests {
             "{t}"
         );
         assert!(!status(&json!({"protection_off": []})).contains("PROTECTION OFF"));
+    }
+
+    /// A cooling-loss phase not read back is said, not shown as cooled.
+    #[test]
+    fn status_says_an_unknown_cooling_phase() {
+        let v = json!({"cooling_loss": {"phase": "unknown", "since": null}});
+        assert!(
+            status(&v).contains("UNKNOWN: the phase kept"),
+            "{}",
+            status(&v)
+        );
+        let v = json!({"cooling_loss": {"phase": "cooled", "since": null}});
+        assert!(!status(&v).contains("COOLING"));
     }
 }

@@ -171,6 +171,9 @@ pub struct Snapshot {
     pub stalled_since: Option<TimestampMs>,
     /// Where the host is in a cooling loss (times in steady ms).
     pub cooling: node_core::cooling_loss::Phase,
+    /// The phase kept before the restart could not be read back and the
+    /// CDU has not said since: `cooling` is not known.
+    pub cooling_unknown: bool,
     /// The wall clock minus steady time, ms (for showing `cooling`).
     pub wall_offset_ms: i64,
 }

@@ -49,6 +49,7 @@ impl Agent {
             xid_watch_down: self.node.xid_watch_down(),
             stalled_since: self.node.health().stalled_since(),
             cooling: self.node.cooling_phase(),
+            cooling_unknown: self.node.cooling_unknown(),
             wall_offset_ms: self.clock.read().1,
         }
     }

@@ -129,6 +129,18 @@ impl GpuCaps {
             .is_some_and(|(target, at)| target == limit && steady < at)
     }
 
+    /// Whether `found` is a limit the agent asked for and may have left
+    /// on the GPU: one not read back yet, or one read back as asked (a
+    /// cap, with its source). Not a limit read back after a set that did
+    /// not take, which was the GPU's before it.
+    fn asked_since_start(&self, found: Watts) -> bool {
+        match (self.applied, self.unconfirmed) {
+            (Some(a), _) => a == found && self.source.is_some(),
+            (None, Some(u)) => u.asked().contains(&found),
+            (None, None) => false,
+        }
+    }
+
     /// Whether `found` is a limit the agent may have left on the GPU.
     fn left(&self, found: Watts) -> bool {
         match (self.applied, self.unconfirmed) {
@@ -630,10 +642,12 @@ impl Node {
 
 /// The ceiling of GPU `i` (set up as `g`) from the first limit read from
 /// it, `found`; whether it moved from a kept one. A limit the agent
-/// asked since the start (read back, or not) is its own too.
+/// asked since the start (read back as asked, or not read back) is its
+/// own too; one only read back after a set (an administrator's, found
+/// under a set that failed) is not.
 fn first_ceiling(i: usize, g: &mut GpuCaps, found: Watts, out: &mut Vec<Effect>) -> bool {
     let was = g.ceiling;
-    let own = g.left(found);
+    let own = g.asked_since_start(found);
     match g.kept {
         Some(k) if k.left(found) || own => {
             g.ceiling = within(&g.setup, k.ceiling);

@@ -9,6 +9,9 @@
 //! until the host has answered, so two releases at once go one after the
 //! other and each reads its own ack. Nothing is written beside the sign
 //! key: its directory may be root's, or read-only, or the key a group's.
+//! A key used by two users (or on two machines) keeps two counts, which
+//! may give two runs one number: an `ok` is taken only once the host's
+//! health also shows the GPU out of quarantine.
 //!
 //! Glossary:
 //! - *state directory*: `$XDG_STATE_HOME/loopwarden`, else
@@ -28,7 +31,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use loopwarden_bus::keys::SignKey;
 use loopwarden_bus::{now_ms, Brokers, Bus, BusConfig};
-use loopwarden_protocol::{Ack, AckCode, Family, Ident, Message, Role, Topic};
+use loopwarden_protocol::{Ack, AckCode, Family, HealthState, Ident, Message, Role, Topic};
 
 /// How long the host has to answer.
 const ANSWER_WAIT: Duration = Duration::from_secs(10);
@@ -198,8 +201,19 @@ pub struct Released {
 
 /// The outcome of a release of GPU `gpu` of `host` that `answer` answered
 /// (`None`: no answer in time): `Ok` only for the host's `ok`.
-pub fn outcome(gpu: u8, host: &str, answer: Option<&Ack>) -> Result<Released> {
+pub fn outcome(gpu: u8, host: &str, answer: Option<&Ack>, seen_out: bool) -> Result<Released> {
     match answer {
+        // The ack names the command by sender and seq alone: another
+        // run's release that took the same number (a key shared by users
+        // who keep counts of their own) is answered in the same words, so
+        // the host's health must show this GPU out of quarantine too.
+        Some(a) if a.code == AckCode::Ok && !seen_out => bail!(
+            "{host} answered seq {} ok, but its health has not shown GPU {gpu} out of \
+             quarantine within {} s: another run's release under the same number may be \
+             what was answered; check `node-agent ctl why {gpu}` on {host} and run it again",
+            a.correlation.seq,
+            ANSWER_WAIT.as_secs()
+        ),
         Some(a) if a.code == AckCode::Ok => Ok(Released {
             line: format!("GPU {gpu} of {host} released"),
             warning: (!a.detail.is_empty())
@@ -263,6 +277,8 @@ pub async fn run(o: Options<'_>) -> Result<()> {
     config.subscriptions.push(ack_topic.to_string());
     let telemetry = Topic::new(&site, Role::Host, &host, Family::Telemetry);
     config.subscriptions.push(telemetry.to_string());
+    let health = Topic::new(&site, Role::Host, &host, Family::Health);
+    config.subscriptions.push(health.to_string());
     let (bus, mut inbound, task) = Bus::start(config);
     let stop = |bus: Bus, task: loopwarden_bus::BusTask| async move {
         let _ = bus.shutdown(Duration::from_secs(2)).await;
@@ -320,20 +336,39 @@ pub async fn run(o: Options<'_>) -> Result<()> {
     let cmd = Topic::new(&site, Role::Host, &host, Family::Cmd);
     frame.sign(&cmd, key.key_id, &key.key)?;
     bus.publish_frame(&cmd, &frame)?;
-    let answer = tokio::time::timeout(ANSWER_WAIT, async {
+    // The ack, and whether the host's latest health shows the GPU out of
+    // quarantine (its retained health comes first, then each change).
+    let mut answer: Option<Ack> = None;
+    let mut seen_out = false;
+    let _ = tokio::time::timeout(ANSWER_WAIT, async {
         while let Some(m) = inbound.recv().await {
-            if let Message::Ack(a) = m.frame.message {
-                if a.correlation.seq == frame.seq && a.correlation.from == frame.sender {
-                    return Some(a);
+            match m.frame.message {
+                Message::Ack(a)
+                    if a.correlation.seq == frame.seq && a.correlation.from == frame.sender =>
+                {
+                    let refused = a.code != AckCode::Ok;
+                    answer = Some(a);
+                    if refused {
+                        return;
+                    }
                 }
+                Message::HostHealth(h) if m.frame.sender.id == host => {
+                    seen_out = h
+                        .gpus
+                        .iter()
+                        .any(|g| g.gpu == gpu && g.state != HealthState::Quarantined);
+                }
+                _ => {}
+            }
+            if answer.is_some() && seen_out {
+                return;
             }
         }
-        None
     })
     .await;
     drop(seqs);
     stop(bus, task).await;
-    let released = outcome(gpu.get(), host.as_str(), answer.ok().flatten().as_ref())?;
+    let released = outcome(gpu.get(), host.as_str(), answer.as_ref(), seen_out)?;
     if let Some(w) = released.warning {
         eprintln!("{w}");
     }
@@ -584,7 +619,7 @@ mod tests {
 
     #[test]
     fn only_ok_is_success_and_the_hosts_warning_is_said() {
-        let ok = outcome(3, "h01", Some(&ack(AckCode::Ok, ""))).unwrap();
+        let ok = outcome(3, "h01", Some(&ack(AckCode::Ok, "")), true).unwrap();
         assert_eq!(
             ok,
             Released {
@@ -593,7 +628,7 @@ mod tests {
             }
         );
         let unlogged = "released, but not logged to flash (full): the quarantine may come back";
-        let ok = outcome(3, "h01", Some(&ack(AckCode::Ok, unlogged))).unwrap();
+        let ok = outcome(3, "h01", Some(&ack(AckCode::Ok, unlogged)), true).unwrap();
         assert_eq!(ok.line, "GPU 3 of h01 released");
         assert_eq!(
             ok.warning.as_deref(),
@@ -603,6 +638,7 @@ mod tests {
             3,
             "h01",
             Some(&ack(AckCode::Replayed, "seq 7 is not above 8")),
+            false,
         )
         .unwrap_err()
         .to_string();
@@ -610,7 +646,12 @@ mod tests {
             e.contains("(replayed)") && e.ends_with(": seq 7 is not above 8"),
             "{e}"
         );
-        let e = outcome(3, "h01", None).unwrap_err().to_string();
+        let e = outcome(3, "h01", None, false).unwrap_err().to_string();
         assert!(e.starts_with("no answer from h01 in 10 s"), "{e}");
+        // An ok the host's health does not bear out: not a success.
+        let e = outcome(3, "h01", Some(&ack(AckCode::Ok, "")), false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("has not shown GPU 3 out of quarantine"), "{e}");
     }
 }
