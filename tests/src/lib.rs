@@ -42,6 +42,23 @@ pub fn in_ci() -> bool {
         .unwrap_or(false)
 }
 
+/// The `lwbus` built beside the running test (in the target directory),
+/// or `None` (skip) outside CI; under CI a missing one panics.
+pub fn lwbus() -> Option<PathBuf> {
+    let exe = std::env::current_exe().expect("the test's path");
+    let bin = exe.parent()?.parent()?.join("lwbus");
+    if bin.is_file() {
+        return Some(bin);
+    }
+    let why = format!(
+        "{} not built (cargo build -p loopwarden-bus --bin lwbus)",
+        bin.display()
+    );
+    assert!(!in_ci(), "{why}; CI=true, so this is a failure");
+    eprintln!("SKIP: {why}");
+    None
+}
+
 /// Finds `tool` on the PATH. Outside CI a missing tool prints why the test
 /// is skipped and returns `None`; under CI it panics.
 pub fn require_tool(tool: &str) -> Option<PathBuf> {

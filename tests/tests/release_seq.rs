@@ -24,29 +24,13 @@ use loopwarden_bus::{Bus, BusConfig, Inbound};
 use loopwarden_field::common::CommonFlags;
 use loopwarden_protocol::auth::{May, Signer, SigningKey};
 use loopwarden_protocol::{Family, HealthState, Ident, Message, NodeId, Role, Topic};
-use loopwarden_system_tests::{in_ci, Mosquitto};
+use loopwarden_system_tests::{lwbus, Mosquitto};
 use node_agent::sim_gpus::{TwinControl, TwinFault, TwinSource};
 
 const SITE: &str = "rs";
 
 fn ident(s: &str) -> Ident {
     Ident::new(s).expect("an ident")
-}
-
-/// The `lwbus` built beside this test, or `None` (skip) outside CI.
-fn lwbus() -> Option<PathBuf> {
-    let exe = std::env::current_exe().expect("the test's path");
-    let bin = exe.parent()?.parent()?.join("lwbus");
-    if bin.is_file() {
-        return Some(bin);
-    }
-    let why = format!(
-        "{} not built (cargo build -p loopwarden-bus --bin lwbus)",
-        bin.display()
-    );
-    assert!(!in_ci(), "{why}; CI=true, so this is a failure");
-    eprintln!("SKIP: {why}");
-    None
 }
 
 /// Writes `text` to a new file `name` in `dir` with `mode`.

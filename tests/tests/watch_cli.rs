@@ -18,25 +18,9 @@ use std::time::{Duration, Instant};
 
 use loopwarden_bus::{now_ms, Bus, BusConfig};
 use loopwarden_protocol::{samples, Ident, MessageKind, NodeId, Role};
-use loopwarden_system_tests::{in_ci, Mosquitto};
+use loopwarden_system_tests::{lwbus, Mosquitto};
 
 const SITE: &str = "wc";
-
-/// The `lwbus` built beside this test, or `None` (skip) outside CI.
-fn lwbus() -> Option<PathBuf> {
-    let exe = std::env::current_exe().expect("the test's path");
-    let bin = exe.parent()?.parent()?.join("lwbus");
-    if bin.is_file() {
-        return Some(bin);
-    }
-    let why = format!(
-        "{} not built (cargo build -p loopwarden-bus --bin lwbus)",
-        bin.display()
-    );
-    assert!(!in_ci(), "{why}; CI=true, so this is a failure");
-    eprintln!("SKIP: {why}");
-    None
-}
 
 /// Host h07 publishing telemetry as fast as it can, until dropped.
 struct Flood {

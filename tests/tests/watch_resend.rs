@@ -34,28 +34,12 @@ use loopwarden_protocol::{
     Message, NodeId, ReasonCode, Role, Topic, Watts,
 };
 use loopwarden_system_tests::twin_agent::run_twin_agent;
-use loopwarden_system_tests::{in_ci, CutProxy, Mosquitto};
+use loopwarden_system_tests::{lwbus, CutProxy, Mosquitto};
 
 const SITE: &str = "wr";
 
 fn ident(s: &str) -> Ident {
     Ident::new(s).expect("an ident")
-}
-
-/// The `lwbus` built beside this test, or `None` (skip) outside CI.
-fn lwbus() -> Option<PathBuf> {
-    let exe = std::env::current_exe().expect("the test's path");
-    let bin = exe.parent()?.parent()?.join("lwbus");
-    if bin.is_file() {
-        return Some(bin);
-    }
-    let why = format!(
-        "{} not built (cargo build -p loopwarden-bus --bin lwbus)",
-        bin.display()
-    );
-    assert!(!in_ci(), "{why}; CI=true, so this is a failure");
-    eprintln!("SKIP: {why}");
-    None
 }
 
 /// A watch process, killed when dropped.

@@ -783,7 +783,6 @@ mod tests {
     /// healthy. A check whose record is lost altogether reads so too.
     #[test]
     fn a_damaged_newest_health_record_marks_its_gpu_degraded_not_the_older_state() {
-        use loopwarden_store::agent_flash::AgentFlash;
         let a = id(A);
         let healthy = GpuHealth {
             state: Healthy,
@@ -800,20 +799,7 @@ mod tests {
             start(&mut store, [X, A, B]).0,
             vec![Healthy, Quarantined, Healthy]
         );
-        let flash = store.into_flash();
-        flash.with(|f| {
-            let AgentFlash::Memory(m) = f else {
-                panic!("a memory flash");
-            };
-            let bytes = m.bytes_mut();
-            let at = bytes
-                .windows(quarantine.len())
-                .rposition(|w| w == quarantine.as_slice())
-                .expect("the quarantine's record");
-            bytes[at + quarantine.len() - 1] ^= 0xff;
-        });
-        let layout = loopwarden_boards::FlashBoard::host_file().layout().config;
-        let mut store = ConfigStore::open(flash, layout).unwrap();
+        let mut store = super::super::damage_newest(store, &quarantine);
         let (node, undone) = restored(&mut store, [X, A, B]);
         assert_eq!(undone.unreadable, vec![1]);
         let st = node.health().status(1).unwrap();
