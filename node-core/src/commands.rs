@@ -565,8 +565,9 @@ impl CommandCore {
             AckCode::Ok | AckCode::Clamped => true,
             AckCode::Expired => {
                 self.arbiter.forget(&frame.sender, lease.lease);
-                // Ended only by this host's longest, lowered since it
-                // was taken (its asked end still to come): said.
+                // Ended only by this host's longest (shortened when taken,
+                // or the longest lowered since), its asked end still to
+                // come: said, as the sender may hold it in force.
                 if sent.after(lease.duration) > at {
                     self.restore_note(
                         frame,

@@ -330,6 +330,10 @@ pub(crate) struct GpuCaps {
     /// The limit read back after the last set (or at start); `None` when
     /// not known (never read, or the last read-back failed).
     applied: Option<Watts>,
+    /// Whether `applied` was read back after a set as the limit asked
+    /// (else it is the GPU's own, found under a set that did not take, or
+    /// read).
+    asked_back: bool,
     /// While the last read-back failed: the limit asked for and the one
     /// read before it, either of which the agent may have left on it.
     unconfirmed: Option<limits::Unconfirmed>,
@@ -437,6 +441,7 @@ impl Node {
                 setup: g,
                 guard: ThermalGuard::default(),
                 applied: None,
+                asked_back: false,
                 unconfirmed: None,
                 source: None,
                 ceiling: limits::within(&g, g.site_limit.unwrap_or(g.default_limit)),

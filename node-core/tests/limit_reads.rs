@@ -447,10 +447,13 @@ fn a_limit_only_read_back_after_a_set_that_did_not_take_is_not_the_agents() {
     lease_now(&mut h, 1, t, 450, 20_000);
     assert_eq!(sets_of(&h, 3), [Watts(450)]);
     assert_eq!(h.limits[3], Watts(400));
-    // Its limit readable again; the lease lapses.
+    // A cap that comes out at the limit found asks no set: it does not
+    // make that limit the agent's.
+    lease_now(&mut h, 2, t + 1_000, 400, 20_000);
+    // Its limit readable again; the leases lapse.
     h.unreadable[3] = false;
     h.sets_lost[3] = false;
-    t += 20_000;
+    t += 21_000;
     h.step(t, Input::Expiry);
     assert_eq!(h.node.ceiling(3), Some(Watts(400)));
     assert_eq!(

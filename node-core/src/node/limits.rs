@@ -47,8 +47,10 @@ use serde::{Deserialize, Serialize};
 
 use super::{gpu_index, Effect, GpuCaps, GpuSetup, Level, Node, Now, RETRY_MS};
 
+mod ceiling;
 mod unconfirmed;
 
+use ceiling::{changed_outside, first_ceiling};
 pub(crate) use unconfirmed::Unconfirmed;
 use unconfirmed::ASKED_MAX;
 
@@ -130,12 +132,13 @@ impl GpuCaps {
     }
 
     /// Whether `found` is a limit the agent asked for and may have left
-    /// on the GPU: one not read back yet, or one read back as asked (a
-    /// cap, with its source). Not a limit read back after a set that did
-    /// not take, which was the GPU's before it.
+    /// on the GPU: one not read back yet, or one read back as asked. Not a
+    /// limit read back after a set that did not take, which was the GPU's
+    /// before it (a cap that later comes out at that limit asks no set,
+    /// and does not make it the agent's).
     fn asked_since_start(&self, found: Watts) -> bool {
         match (self.applied, self.unconfirmed) {
-            (Some(a), _) => a == found && self.source.is_some(),
+            (Some(a), _) => a == found && self.asked_back,
             (None, Some(u)) => u.asked().contains(&found),
             (None, None) => false,
         }
@@ -485,6 +488,7 @@ impl Node {
             match res.back {
                 Ok(b) => {
                     g.applied = Some(b);
+                    g.asked_back = b == res.limit;
                     g.unconfirmed = None;
                     g.source = if b == res.limit { source } else { None };
                 }
@@ -516,6 +520,7 @@ impl Node {
                     }
                     g.unconfirmed = Some(u);
                     g.applied = None;
+                    g.asked_back = false;
                 }
             }
             if let Some(why) = why {
@@ -611,6 +616,7 @@ impl Node {
                 (_, Ok(b)) if *b == res.limit => {
                     out.extend(late_set(res));
                     g.applied = Some(*b);
+                    g.asked_back = true;
                     changes.push((gpu_index(res.gpu), *b, None));
                 }
                 (set, back) => out.push(Effect::Say(
@@ -638,65 +644,6 @@ impl Node {
             None => out.extend(events.into_iter().map(Effect::Emit)),
         }
     }
-}
-
-/// The ceiling of GPU `i` (set up as `g`) from the first limit read from
-/// it, `found`; whether it moved from a kept one. A limit the agent
-/// asked since the start (read back as asked, or not read back) is its
-/// own too; one only read back after a set (an administrator's, found
-/// under a set that failed) is not.
-fn first_ceiling(i: usize, g: &mut GpuCaps, found: Watts, out: &mut Vec<Effect>) -> bool {
-    let was = g.ceiling;
-    let own = g.asked_since_start(found);
-    match g.kept {
-        Some(k) if k.left(found) || own => {
-            g.ceiling = within(&g.setup, k.ceiling);
-            return g.ceiling != was;
-        }
-        Some(k) => {
-            g.ceiling = within(&g.setup, found);
-            out.push(Effect::Say(
-                Level::Warn,
-                format!(
-                    "GPU {i}: found at {} W, not a limit the agent left on it ({} W uncapped, {} W asked): set outside the agent while it was stopped; uncapped limit now {} W",
-                    found.0, k.ceiling.0, k.asked.0, g.ceiling.0
-                ),
-            ));
-        }
-        None => {
-            g.ceiling = within(&g.setup, found);
-            out.push(Effect::Say(
-                Level::Info,
-                format!(
-                    "GPU {i}: uncapped limit {} W (found at {} W{})",
-                    g.ceiling.0,
-                    found.0,
-                    g.setup
-                        .site_limit
-                        .map_or(String::new(), |s| format!("; site limit {} W", s.0))
-                ),
-            ));
-            // Nothing was known before: no change to announce.
-            return false;
-        }
-    }
-    g.ceiling != was
-}
-
-/// GPU `i` (as `g`) found at `found`, which is no limit the agent left
-/// on it: an administrator's, the new ceiling; whether the ceiling moved.
-fn changed_outside(i: usize, g: &mut GpuCaps, found: Watts, out: &mut Vec<Effect>) -> bool {
-    let was = g.ceiling;
-    g.ceiling = within(&g.setup, found);
-    out.push(Effect::Say(
-        Level::Warn,
-        format!(
-            "GPU {i}: its power limit was changed outside the agent ({} to {} W)",
-            g.left_words(),
-            found.0
-        ),
-    ));
-    g.ceiling != was
 }
 
 /// What is said of GPU `i` (as `g`) whose ceiling is below its
