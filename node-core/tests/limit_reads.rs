@@ -337,16 +337,22 @@ fn a_gpu_unread_at_the_start_keeps_its_kept_limits_over_another_restart() {
 /// A host restarted with a 500 W cap of its own on every GPU (kept
 /// `{700, 500}`), GPU 3 unread at the start.
 fn restarted_capped_gpu_3_unread() -> Host {
+    gpu_3_unread_at(Watts(500), Watts(500))
+}
+
+/// A host restarted with `found` on every GPU, the flash keeping
+/// `{700, asked}`, GPU 3 unread at the start.
+fn gpu_3_unread_at(found: Watts, asked: Watts) -> Host {
     let kept = KeptLimit {
         ceiling: DEFAULT,
-        asked: Watts(500),
+        asked,
         before: None,
     };
     let mut unreadable = [false; GPUS];
     unreadable[3] = true;
     Host::boot_unreadable(
         Boot {
-            limits: Watts(500),
+            limits: found,
             kept: Some(kept),
             ..Boot::default()
         },
@@ -426,21 +432,7 @@ fn a_cap_read_back_on_a_gpu_unread_at_the_start_is_its_own_at_the_first_read() {
 /// ceiling, never raised.
 #[test]
 fn a_limit_only_read_back_after_a_set_that_did_not_take_is_not_the_agents() {
-    let kept = KeptLimit {
-        ceiling: DEFAULT,
-        asked: Watts(450),
-        before: None,
-    };
-    let mut unreadable = [false; GPUS];
-    unreadable[3] = true;
-    let mut h = Host::boot_unreadable(
-        Boot {
-            limits: Watts(400),
-            kept: Some(kept),
-            ..Boot::default()
-        },
-        unreadable,
-    );
+    let mut h = gpu_3_unread_at(Watts(400), Watts(450));
     assert_eq!(h.limits[3], Watts(400), "no raise before a read");
     h.sets_lost[3] = true;
     let mut t = T0.0 + 1_000;
