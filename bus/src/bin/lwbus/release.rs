@@ -291,16 +291,8 @@ pub async fn run(o: Options<'_>) -> Result<()> {
     // expired, and one stamped ahead moves the host's floor for this
     // operator past what a right clock gives: checked against the host's
     // telemetry first (a host heard from in 3 s; else the ack says).
-    let heard = tokio::time::timeout(Duration::from_secs(3), async {
-        while let Some(m) = inbound.recv().await {
-            if matches!(m.frame.message, Message::HostTelemetry(_)) && m.frame.sender.id == host {
-                return Some(m.frame.time);
-            }
-        }
-        None
-    })
-    .await;
-    if let Ok(Some(host_time)) = heard {
+    let heard = host_time(&mut inbound, &host).await;
+    if let Some(host_time) = heard {
         if let Some(why) = clocks_apart(now_ms(), host_time, host.as_str()) {
             stop(bus, task).await;
             bail!("{why}");
@@ -336,8 +328,44 @@ pub async fn run(o: Options<'_>) -> Result<()> {
     let cmd = Topic::new(&site, Role::Host, &host, Family::Cmd);
     frame.sign(&cmd, key.key_id, &key.key)?;
     bus.publish_frame(&cmd, &frame)?;
-    // The ack, and whether the host's latest health shows the GPU out of
-    // quarantine (its retained health comes first, then each change).
+    let (answer, seen_out) = answer(&mut inbound, &frame, &host, gpu).await;
+    drop(seqs);
+    stop(bus, task).await;
+    let released = outcome(gpu.get(), host.as_str(), answer.as_ref(), seen_out)?;
+    if let Some(w) = released.warning {
+        eprintln!("{w}");
+    }
+    println!("{}", released.line);
+    Ok(())
+}
+
+/// The stamp of the first telemetry frame `host` sends within 3 s, if
+/// any: its clock, as this run hears it.
+async fn host_time(
+    inbound: &mut tokio::sync::mpsc::Receiver<loopwarden_bus::Inbound>,
+    host: &Ident,
+) -> Option<loopwarden_protocol::TimestampMs> {
+    let heard = tokio::time::timeout(Duration::from_secs(3), async {
+        while let Some(m) = inbound.recv().await {
+            if matches!(m.frame.message, Message::HostTelemetry(_)) && m.frame.sender.id == *host {
+                return Some(m.frame.time);
+            }
+        }
+        None
+    })
+    .await;
+    heard.ok().flatten()
+}
+
+/// The host's ack to `frame` within [`ANSWER_WAIT`], and whether its
+/// latest health shows `gpu` out of quarantine (its retained health comes
+/// first, then each change).
+async fn answer(
+    inbound: &mut tokio::sync::mpsc::Receiver<loopwarden_bus::Inbound>,
+    frame: &loopwarden_protocol::Frame,
+    host: &Ident,
+    gpu: loopwarden_protocol::GpuIndex,
+) -> (Option<Ack>, bool) {
     let mut answer: Option<Ack> = None;
     let mut seen_out = false;
     let _ = tokio::time::timeout(ANSWER_WAIT, async {
@@ -352,7 +380,7 @@ pub async fn run(o: Options<'_>) -> Result<()> {
                         return;
                     }
                 }
-                Message::HostHealth(h) if m.frame.sender.id == host => {
+                Message::HostHealth(h) if m.frame.sender.id == *host => {
                     seen_out = h
                         .gpus
                         .iter()
@@ -366,14 +394,7 @@ pub async fn run(o: Options<'_>) -> Result<()> {
         }
     })
     .await;
-    drop(seqs);
-    stop(bus, task).await;
-    let released = outcome(gpu.get(), host.as_str(), answer.as_ref(), seen_out)?;
-    if let Some(w) = released.warning {
-        eprintln!("{w}");
-    }
-    println!("{}", released.line);
-    Ok(())
+    (answer, seen_out)
 }
 
 /// How far this machine's clock may be from a host's before a command is
