@@ -297,32 +297,10 @@ pub fn resolve_for(
     // The demonstration key runs the twin, whose site is the default one.
     let site_keyed = (!key.demo).then_some("a controller with a site sign key");
     common::require_site(&src, &common, site_keyed)?;
-    let link = match purpose {
-        Purpose::Run => Some(cdu_link(&src, &file, flags)?),
-        Purpose::Gateway => cdu_link_if_given(&src, &file, flags)?,
-    };
-    let map = match purpose {
-        Purpose::Run => Some(register_map(&src, &file, flags, key.demo)?),
-        Purpose::Gateway => register_map_if_given(&src, &file, flags)?,
-    };
-    // On a serial line the map's unit id must address the CDU alone.
-    if let (Some(Link::Rtu(_)), Some(m)) = (&link, &map) {
-        check_serial_unit_id(m.unit_id).map_err(|e| {
-            let flag = flags.register_map.is_some().then_some("register-map");
-            let what = format!("the register map of {:?}: {e}", m.model);
-            src.error(flag, "register_map", what)
-        })?;
-    }
+    let (link, map) = link_and_map(&src, &file, flags, purpose, key.demo)?;
     let mut core = core_config(&src, &file, flags, key.demo)?;
-    // A map the controller does not fit (a misspelt or missing safety
-    // setting, a unit it does not take, a range that leaves out what it
-    // writes) is a bad file like any other: refused before anything runs.
     if let Some(m) = &map {
-        crate::modbus::check_map(m, core.layout.racks).map_err(|e| {
-            let flag = flags.register_map.is_some().then_some("register-map");
-            let what = format!("the register map of {:?} does not fit: {e}", m.model);
-            src.error(flag, "register_map", what)
-        })?;
+        map_fits(&src, flags, m, core.layout.racks)?;
     }
     let volatile_latch = volatile_latch(
         &src,
@@ -390,6 +368,50 @@ pub fn resolve_for(
         board,
         opt_outs: opt_out.into_iter().collect(),
         warnings: hosts_warning.into_iter().chain(warning).collect(),
+    })
+}
+
+/// The link to the CDU and its register map: both required to run a CDU,
+/// either or neither given to a gateway. On a serial line the map's unit
+/// id must address the CDU alone.
+fn link_and_map(
+    src: &Sources,
+    file: &FileConfig,
+    flags: &Overrides,
+    purpose: Purpose,
+    demo_key: bool,
+) -> Result<(Option<Link>, Option<RegisterMap>), ConfigError> {
+    let link = match purpose {
+        Purpose::Run => Some(cdu_link(src, file, flags)?),
+        Purpose::Gateway => cdu_link_if_given(src, file, flags)?,
+    };
+    let map = match purpose {
+        Purpose::Run => Some(register_map(src, file, flags, demo_key)?),
+        Purpose::Gateway => register_map_if_given(src, file, flags)?,
+    };
+    if let (Some(Link::Rtu(_)), Some(m)) = (&link, &map) {
+        check_serial_unit_id(m.unit_id).map_err(|e| {
+            let flag = flags.register_map.is_some().then_some("register-map");
+            let what = format!("the register map of {:?}: {e}", m.model);
+            src.error(flag, "register_map", what)
+        })?;
+    }
+    Ok((link, map))
+}
+
+/// A map the controller does not fit (a misspelt or missing safety
+/// setting, a unit it does not take, a range that leaves out what it
+/// writes) is a bad file like any other: refused before anything runs.
+fn map_fits(
+    src: &Sources,
+    flags: &Overrides,
+    m: &RegisterMap,
+    racks: u8,
+) -> Result<(), ConfigError> {
+    crate::modbus::check_map(m, racks).map_err(|e| {
+        let flag = flags.register_map.is_some().then_some("register-map");
+        let what = format!("the register map of {:?} does not fit: {e}", m.model);
+        src.error(flag, "register_map", what)
     })
 }
 

@@ -510,10 +510,13 @@ fn tls(
     })
 }
 
+/// The longest loop period a configuration takes, ms.
+pub const MOST_PERIOD_MS: u64 = 60_000;
+
 /// The agent's loop period, ms (sampling on a host, control on a CDU):
-/// the picked value in 100 ms to 60 s, else 1 s.
+/// the picked value in 100 ms to [`MOST_PERIOD_MS`], else 1 s.
 pub fn period_ms(src: &Sources, picked: (Option<u64>, Option<&str>)) -> Result<u64, ConfigError> {
-    crate::config::range(src, picked, "period_ms", 1000, 100, 60_000, " ms")
+    crate::config::range(src, picked, "period_ms", 1000, 100, MOST_PERIOD_MS, " ms")
 }
 
 /// Refuses to run the embedded broker implicitly in production: an agent

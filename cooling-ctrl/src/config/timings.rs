@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use loopwarden_field::common;
+use loopwarden_field::common::{self, MOST_PERIOD_MS};
 use loopwarden_field::config::{range, ConfigError, Sources};
 use loopwarden_field::pick;
 
@@ -97,9 +97,6 @@ fn most_timeout_ms(period_ms: u64) -> u64 {
 fn least_period_ms(timeout_ms: u64) -> u64 {
     timeout_ms.saturating_mul(8).div_ceil(3)
 }
-
-/// The longest period a configuration takes, ms.
-const MOST_PERIOD_MS: u64 = 60_000;
 
 #[cfg(test)]
 mod tests {

@@ -25,7 +25,14 @@ pub fn render(req: &Request, v: &Value) -> String {
 }
 
 fn status(v: &Value) -> String {
-    let mut rows = [
+    let mut rows = status_rows(v);
+    rows.extend(warning_rows(v));
+    key_values(&rows)
+}
+
+/// The rows every status shows, in the order a field engineer reads them.
+fn status_rows(v: &Value) -> Vec<(&'static str, String)> {
+    [
         ("host", fill(v, "{host} (site {site})")),
         ("software", s(&v["software"])),
         (
@@ -89,7 +96,12 @@ fn status(v: &Value) -> String {
         ),
         ("flash", s(&v["flash"])),
     ]
-    .to_vec();
+    .to_vec()
+}
+
+/// The rows shown only when something needs a person's eye, in capitals.
+fn warning_rows(v: &Value) -> Vec<(&'static str, String)> {
+    let mut rows = Vec::new();
     if v["cooling_loss"]["phase"] == "unknown" {
         rows.push((
             "COOLING",
@@ -148,7 +160,7 @@ fn status(v: &Value) -> String {
     for off in v["protection_off"].as_array().into_iter().flatten() {
         rows.push(("PROTECTION OFF", s(&off["said"])));
     }
-    key_values(&rows)
+    rows
 }
 
 fn gpus(v: &Value) -> String {
