@@ -39,6 +39,7 @@
 //! - *wall clock*: Unix ms, known from the gateway's last `Alive`.
 
 mod down;
+mod wall;
 
 use core::fmt;
 
@@ -137,7 +138,8 @@ pub struct Controller<'d> {
     last_in: Option<(u32, u32)>,
     /// What the link brought.
     pub link: LinkCounts,
-    wall: Option<WallClock>,
+    /// The wall clock as the gateway gives it, held from going back.
+    wall: wall::Wall,
     /// The gateway's broker connection, as it last said.
     bus: bool,
     /// When the gateway was last heard, MCU clock.
@@ -193,7 +195,7 @@ impl<'d> Controller<'d> {
             seq: SeqWatch::default(),
             last_in: None,
             link: LinkCounts::default(),
-            wall: None,
+            wall: wall::Wall::default(),
             bus: false,
             heard_ms: None,
             leaks: LeakInputs::DRY,
@@ -254,7 +256,7 @@ impl<'d> Controller<'d> {
 
     /// The wall clock at `now_ms`, if the gateway gave it.
     pub fn wall_ms(&self, now_ms: u64) -> Option<u64> {
-        self.wall.map(|w| w.at(now_ms))
+        self.wall.at(now_ms)
     }
 
     /// When the gateway was last heard, MCU clock, and whether it said

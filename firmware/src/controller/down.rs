@@ -51,7 +51,8 @@ use loopwarden_protocol::RackIndex;
 
 use cooling_decide::{Applied, Traced, Verdict};
 
-use super::{said_words, Controller, Ports, Said, WallClock};
+use super::wall::Told;
+use super::{said_words, Controller, Ports, Said};
 use crate::clears::Last;
 
 /// What the gateway link brought since the start.
@@ -232,10 +233,7 @@ impl Controller<'_> {
                 bus,
                 layout,
             } => {
-                self.wall = Some(WallClock {
-                    unix_ms: *unix_ms,
-                    at_ms: now_ms,
-                });
+                self.wall_told(p, *unix_ms, now_ms);
                 self.bus = *bus;
                 self.gateway_laid_out(p, *layout, now_ms);
             }
@@ -261,6 +259,26 @@ impl Controller<'_> {
             }
             // Taken by the caller, before this.
             Down::Clear(_) => {}
+        }
+    }
+
+    /// The wall clock `unix_ms` an `Alive` told at `now_ms`: one held
+    /// from going back is said at the first of a run, and agreement
+    /// again once.
+    fn wall_told(&mut self, p: &mut impl Ports, unix_ms: u64, now_ms: u64) {
+        match self.wall.told(unix_ms, now_ms) {
+            Told::Taken | Told::Held { first: false, .. } => {}
+            Told::Held {
+                back_ms,
+                first: true,
+            } => p.say(format_args!(
+                "error: clock: the gateway's wall clock went back {} s; this controller's is held {} s behind its own (it never goes back further, so a clear held back cannot be made fresh)",
+                back_ms / 1000,
+                crate::clears::CLEAR_SKEW_MS / 1000
+            )),
+            Told::Again => p.say(format_args!(
+                "clock: the gateway's wall clock is taken again"
+            )),
         }
     }
 

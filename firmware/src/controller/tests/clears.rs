@@ -251,3 +251,38 @@ fn of_clears_back_to_back_the_first_is_checked_and_the_others_answered_to_send_a
     );
     assert_eq!(p.kept.len(), 2);
 }
+
+#[test]
+fn a_gateway_cannot_turn_the_wall_clock_back_to_make_a_held_clear_fresh() {
+    let mut d = decider(&Ok(None));
+    let mut k = Box::new(LearnedKeeper::new());
+    let mut c = Controller::new(&mut d, ClearGate::new(Some("cdu1"), ring()), &mut k);
+    let p = &mut *Fake::new();
+    c.boot(p, hello(), Opening::Nothing);
+    let alive_at = |unix_ms| Down::Alive {
+        unix_ms,
+        bus: true,
+        layout: layout(),
+    };
+    // An hour on, the gateway says it is the hour before, then hands
+    // over a clear signed then.
+    hear(&mut c, p, &alive_at(NOW + 3_600_000), 6_000);
+    hear(&mut c, p, &alive_at(NOW), 7_000);
+    hear(&mut c, p, &alive_at(NOW), 8_000);
+    let clear = Down::Clear(signed(1, "cdu1", NOW, ClearAction::Pump(Pump::A), SEED));
+    assert!(hear(&mut c, p, &clear, 8_000).is_empty());
+    let got = answers(p);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert!(
+        got[0]
+            .1
+            .as_ref()
+            .unwrap_err()
+            .contains("a clear holds for 60 s"),
+        "{got:?}"
+    );
+    let held = (p.lines.iter())
+        .filter(|l| l.contains("wall clock went back"))
+        .count();
+    assert_eq!(held, 1, "said once, not each Alive: {:?}", p.lines);
+}
