@@ -352,7 +352,8 @@ where
 
     /// Reads an answer to function `fc` into the buffer until it has its
     /// length: `ok_pdu` + 3 bytes, or 5 for an exception. Returns its
-    /// length.
+    /// length. A read's answer whose byte count is not `ok_pdu` - 2 is a
+    /// bad answer ([`Mismatch::Length`]) as soon as that byte comes.
     fn receive(&mut self, op: &Op, fc: u8, ok_pdu: usize) -> Result<usize, RtuError> {
         let sent = self.clock.now_us();
         let timeout = sent + u64::from(self.timeout_us);
@@ -409,11 +410,29 @@ where
                     }
                 };
             }
+            if got == 3 && want == ok_pdu + 3 && has_byte_count(fc) {
+                // A read's answer says its length in its third byte: one
+                // that is not the registers asked for is known wrong now,
+                // not after the whole timeout or a CRC read at the wrong
+                // place (the rest of it passes in the resync's quiet).
+                if usize::from(self.buf[2]) != ok_pdu - 2 {
+                    return Err(RtuError::BadAnswer {
+                        op: *op,
+                        why: Mismatch::Length,
+                    });
+                }
+            }
             if got >= 2 && got == want {
                 return Ok(got);
             }
         }
     }
+}
+
+/// Whether an answer to function `fc` gives its data's length in its
+/// third byte (the reads: coils, inputs, holding and input registers).
+fn has_byte_count(fc: u8) -> bool {
+    matches!(fc, 1..=4)
 }
 
 #[cfg(test)]

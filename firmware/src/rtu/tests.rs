@@ -476,3 +476,38 @@ fn a_line_that_never_falls_silent_is_busy_even_when_the_step_ends_first() {
     assert!(matches!(e, RtuError::LineBusy { .. }), "{e:?}");
     assert!(wire.borrow().sent.is_empty());
 }
+
+/// A read's answer with `words` registers (its CRC right).
+fn answer_of(words: usize) -> Vec<u8> {
+    let mut body = std::vec![1, 4, (2 * words) as u8];
+    for w in 0..words as u16 {
+        body.extend_from_slice(&w.to_be_bytes());
+    }
+    frame(&body)
+}
+
+#[test]
+fn a_read_answered_with_too_few_or_too_many_registers_is_the_wrong_length_at_once() {
+    for words in [5, 9] {
+        let (mut m, _, now) = master(std::vec![ok(answer_of(words))]);
+        let start = now.get();
+        let mut out = [0u16; 16];
+        let e = m.read_inputs(&map::SPANS[0], &mut out).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                RtuError::BadAnswer {
+                    why: Mismatch::Length,
+                    ..
+                }
+            ),
+            "{words} registers: {e:?}"
+        );
+        assert!(
+            std::format!("{e}").ends_with("the answer has the wrong length"),
+            "{e}"
+        );
+        let waited = now.get() - start;
+        assert!(waited < 20_000, "{words} registers: waited {waited} us");
+    }
+}
