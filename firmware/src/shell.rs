@@ -257,18 +257,21 @@ impl Shell {
             keyring::OPERATORS.len(),
             keyring::SOURCE
         );
-        let slots: heapless::Vec<(usize, &str), MAX_OPERATORS> = gate.slots().collect();
-        for (slot, name) in slots {
-            match block_on(counters::last_clear(&mut self.store, slot, name)) {
-                Ok(Some(id)) => gate.restore(slot, id),
-                Ok(None) => {}
-                Err(e) => {
-                    gate.set(slot, Last::Unread);
-                    let _ = writeln!(
-                        self.console,
-                        "clears: {name}'s last clear number unreadable in flash: {e}; {name}'s clears are refused until it is read (tried again each step)"
-                    );
-                }
+        // Every slot read: the keyring may have changed since they were
+        // kept, and each operator's number is moved to their place.
+        match block_on(counters::restore(&mut self.store, gate)) {
+            Ok(0) => {}
+            Ok(moved) => {
+                let _ = writeln!(
+                    self.console,
+                    "clears: {moved} operators' last clear numbers moved to their places in this keyring"
+                );
+            }
+            Err(e) => {
+                let _ = writeln!(
+                    self.console,
+                    "clears: the operators' last clear numbers unreadable in flash: {e}; every operator's clears are refused until they are read (tried again each step)"
+                );
             }
         }
     }
@@ -283,19 +286,26 @@ impl Shell {
         let gate = ctl.gate_mut();
         let unsettled: heapless::Vec<(usize, &str, Last), MAX_OPERATORS> =
             gate.unsettled().collect();
+        if unsettled.iter().any(|u| u.2 == Last::Unread) {
+            // Every slot read again, as at the start.
+            if block_on(counters::restore(&mut self.store, gate)).is_ok() {
+                let _ = writeln!(
+                    self.console,
+                    "clears: the operators' last clear numbers read from flash: their clears are taken again"
+                );
+            }
+            return;
+        }
         let mut wrote = false;
         for (slot, name, last) in unsettled {
             let settled = match last {
-                Last::Unread => block_on(counters::last_clear(&mut self.store, slot, name))
-                    .ok()
-                    .map(|l| (l.map_or(Last::Nothing, Last::Id), "read from")),
                 Last::Unkept(id) if !wrote => {
                     wrote = true;
                     block_on(counters::keep_clear(&mut self.store, slot, name, id))
                         .ok()
                         .map(|()| (Last::Id(id), "kept in"))
                 }
-                Last::Unkept(_) | Last::Nothing | Last::Id(_) => None,
+                Last::Unkept(_) | Last::Unread | Last::Nothing | Last::Id(_) => None,
             };
             if let Some((l, how)) = settled {
                 gate.set(slot, l);
