@@ -64,6 +64,18 @@ pub struct Cli {
     /// Least time between two NDATA of the bridge's own counters, seconds.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub ndata_every: u64,
+    /// A host unheard this long is declared dead (DDEATH), seconds; a
+    /// host whose samples come further apart gets 3 × their gap.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(2..=3600))]
+    pub host_silent_after: u64,
+    /// The same for a CDU, seconds.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(2..=3600))]
+    pub cdu_silent_after: u64,
+    /// The most CDUs and hosts the site has: the Sparkplug client's
+    /// queue holds a round of births for that many (a larger site is
+    /// warned of).
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub max_devices: u64,
 }
 
 /// A Sparkplug id (group, edge node): UTF-8 without `+`, `/` or `#`.
@@ -121,7 +133,10 @@ impl Cli {
                 site: self.site.clone(),
                 software: env!("CARGO_PKG_VERSION").to_string(),
                 ndata_every_ms: self.ndata_every * 1000,
+                host_silent_after_ms: self.host_silent_after * 1000,
+                cdu_silent_after_ms: self.cdu_silent_after * 1000,
             },
+            max_devices: self.max_devices as usize,
         })
     }
 

@@ -5,7 +5,9 @@
 //! cap in force), utilisation and health; a CDU's are its loop's
 //! temperatures, setpoint, flow, pumps, meters, leak, racks without leak
 //! sensing, and mode; `leak` is null, not false, when no rack reads wet
-//! but some rack's leak sensing is lost, and the loop's metrics and
+//! but some rack's leak sensing is lost or no state says it reads, and
+//! a host's `xid_watch_down` says its agent cannot see XIDs; the loop's
+//! metrics and
 //! `leak` are null while the CDU's latest state says its controller is
 //! silent and no telemetry came after it. A GPU that did
 //! not answer in time repeats its last good sample: its measurements are
@@ -335,6 +337,10 @@ fn host_health_points(
         None,
         stalled,
     );
+    // The agent's XID watch is down: a GPU's XIDs are not seen, so its
+    // health may read healthy while it is not.
+    let xid_down = h.map(|h| Value::Boolean(h.monitoring.xid_watch_down_since.is_some()));
+    p.add("xid_watch_down".into(), DataType::Boolean, None, xid_down);
     for &i in gpus {
         let g = h.and_then(|h| h.gpus.iter().find(|g| g.gpu.get() == i));
         let name = |m: &str| format!("gpu/{i}/{m}");
@@ -476,7 +482,8 @@ fn leak_sensing_lost(s: &CduState) -> usize {
 }
 
 /// `leak`: true when a rack's leak input is active; false only when none
-/// is and no rack's sensing is lost (a lost rope reads dry); else null.
+/// is and a state says no rack's sensing is lost (a lost rope reads
+/// dry); else null: dry racks with no state heard are not known dry.
 fn leak_point(
     out: &mut Vec<Point>,
     telemetry: Option<&Timed<CduTelemetry>>,
@@ -484,10 +491,11 @@ fn leak_point(
     now: u64,
 ) {
     let wet = telemetry.map(|t| t.message.racks.iter().any(|r| r.leak));
-    let blind = state.is_some_and(|s| leak_sensing_lost(&s.message) > 0);
+    let sensing_reads = state.is_some_and(|s| leak_sensing_lost(&s.message) == 0);
     let leak = match wet {
-        Some(false) if blind => None,
-        wet => wet.map(Value::Boolean),
+        Some(true) => Some(Value::Boolean(true)),
+        Some(false) if sensing_reads => Some(Value::Boolean(false)),
+        _ => None,
     };
     let mut p = Points {
         out,
@@ -590,7 +598,8 @@ mod tests {
     #[test]
     fn a_host_has_every_gpus_metrics_from_its_telemetry_and_health() {
         let m = sample_host().metrics(9);
-        assert_eq!(m.len(), 5 + 9 * 8, "5 host metrics and 9 per GPU");
+        assert_eq!(m.len(), 6 + 9 * 8, "6 host metrics and 8 per GPU");
+        assert_eq!(value(&m, "xid_watch_down"), Some(Value::Boolean(false)));
         assert_eq!(value(&m, "power_w"), Some(Value::UInt32(5324)));
         assert_eq!(value(&m, "gpu/0/temp_c"), Some(Value::UInt8(61)));
         assert_eq!(value(&m, "gpu/6/power_limit_w"), Some(Value::UInt32(700)));
@@ -762,6 +771,37 @@ mod tests {
             Some(Value::Boolean(false)),
             "declared so"
         );
+    }
+
+    #[test]
+    fn dry_racks_without_a_state_do_not_read_dry() {
+        let Message::CduTelemetry(t) = samples::message(MessageKind::CduTelemetry) else {
+            unreachable!("the sample is CDU telemetry")
+        };
+        assert!(t.racks.iter().all(|r| !r.leak), "the sample is dry");
+        let mut view = View::cdu();
+        assert!(view.record(Message::CduTelemetry(t.clone()), 1));
+        let m = view.metrics(9);
+        assert_eq!(value(&m, "leak"), None, "no state: sensing unknown");
+        let mut wet = t;
+        wet.racks[0].leak = true;
+        assert!(view.record(Message::CduTelemetry(wet), 2));
+        let m = view.metrics(9);
+        assert_eq!(value(&m, "leak"), Some(Value::Boolean(true)));
+    }
+
+    #[test]
+    fn a_host_whose_xid_watch_is_down_says_so() {
+        let mut view = sample_host();
+        if let View::Host {
+            health: Some(h), ..
+        } = &mut view
+        {
+            h.message.monitoring.xid_watch_down_since = Some(loopwarden_protocol::TimestampMs(3));
+        }
+        let m = view.metrics(9);
+        assert_eq!(value(&m, "xid_watch_down"), Some(Value::Boolean(true)));
+        assert_eq!(value(&View::host().metrics(9), "xid_watch_down"), None);
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //! - *link*: where and how the Sparkplug client connects (brokers, TLS,
 //!   credentials, keep-alive, client id).
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -26,8 +27,23 @@ use tracing::{info, warn};
 
 use crate::bridge::{Bridge, BridgeConfig, Input, Notice, Publish, REBIRTH_EVERY_MS};
 
-/// Requests the Sparkplug client queues before it refuses more.
+/// The least number of requests the Sparkplug client queues before it
+/// refuses more; more for a site whose round of births is larger.
 const QUEUE: usize = 4096;
+
+/// The Sparkplug client's queue for a site of `max_devices`: a whole
+/// round of births (an NBIRTH and a DBIRTH or DDEATH per device) and as
+/// much again for the data that follows it.
+pub fn queue_for(max_devices: usize) -> usize {
+    QUEUE.max(max_devices.saturating_add(1).saturating_mul(2))
+}
+
+/// The least time between two log lines of one kind of refusal from one
+/// source, ms: a flood is counted, not logged line by line.
+const LOG_EVERY_MS: u64 = 60_000;
+
+/// The most sources the log limiter tracks; past that it starts afresh.
+const LOG_SOURCES: usize = 1024;
 
 /// Where and how the Sparkplug client connects.
 #[derive(Debug, Clone)]
@@ -58,6 +74,9 @@ pub struct Options {
     pub sparkplug: Link,
     /// The core's settings.
     pub bridge: BridgeConfig,
+    /// The most CDUs and hosts the site has: sizes the Sparkplug
+    /// client's queue so that a round of births fits.
+    pub max_devices: usize,
 }
 
 /// What the Sparkplug client's task reports.
@@ -176,6 +195,73 @@ async fn drive_sparkplug(
     }
 }
 
+/// At most one log line per source and [`LOG_EVERY_MS`]; the lines held
+/// back are counted in the next one.
+#[derive(Default)]
+struct LogLimit {
+    /// Per source: when it was last logged, and the lines held since.
+    sources: HashMap<String, (u64, u64)>,
+}
+
+impl LogLimit {
+    /// `Some(lines held back since the last)` when `source` may log now.
+    fn allow(&mut self, source: String, now: u64) -> Option<u64> {
+        if self.sources.len() >= LOG_SOURCES && !self.sources.contains_key(&source) {
+            self.sources.clear();
+        }
+        match self.sources.get_mut(&source) {
+            Some((at, held)) if now.saturating_sub(*at) < LOG_EVERY_MS => {
+                *held += 1;
+                None
+            }
+            Some((at, held)) => {
+                *at = now;
+                Some(std::mem::take(held))
+            }
+            None => {
+                self.sources.insert(source, (now, 0));
+                Some(0)
+            }
+        }
+    }
+}
+
+/// Logs what the core noticed, refusals at most once a minute per source.
+fn log_notices(core: &mut Bridge, limit: &mut LogLimit, now: u64) {
+    for notice in core.take_notices() {
+        match notice {
+            Notice::RebirthsLimited { due, total } => warn!(
+                in_ms = due.saturating_sub(now),
+                held_back = total,
+                "rebirth requests come faster than one per {} s: the births go out once at \
+                 the window's end, for every request until then (bridge/rebirths_limited)",
+                REBIRTH_EVERY_MS / 1000
+            ),
+            Notice::CommandRefused { why } => {
+                if let Some(held_back) = limit.allow("NCMD".into(), now) {
+                    warn!(%why, held_back, "NCMD refused (bridge/commands_refused)");
+                }
+            }
+            Notice::FrameRefused { topic, sender, why } => {
+                if let Some(held_back) = limit.allow(format!("{topic} {sender}"), now) {
+                    warn!(%topic, %sender, %why, held_back, "frame refused (bridge/frames_refused)");
+                }
+            }
+            Notice::Silent { device, for_ms } => warn!(
+                %device,
+                silent_s = for_ms / 1000,
+                "device unheard past its silence limit: DDEATH until it is heard (bridge/devices_silent)"
+            ),
+            Notice::InboundDropped { new, total } => warn!(
+                new,
+                total,
+                "the Loopwarden client dropped frames it could not queue: every device dies and \
+                 is born again as heard (bridge/frames_dropped_inbound)"
+            ),
+        }
+    }
+}
+
 /// Hands the core's publishes to the client; what it cannot take is
 /// counted and makes the core send every birth again.
 fn send(client: &AsyncClient, core: &mut Bridge, out: Vec<Publish>) {
@@ -193,7 +279,7 @@ fn send(client: &AsyncClient, core: &mut Bridge, out: Vec<Publish>) {
     if dropped > 0 {
         warn!(
             dropped,
-            "Sparkplug client queue full: publishes dropped, births follow"
+            "Sparkplug client queue full: publishes dropped, births follow (no data until then)"
         );
         // Nothing now: the births go out at the next tick.
         let _ = core.step(now_ms().0, Input::Dropped(dropped));
@@ -226,6 +312,10 @@ struct Shell {
     broker: usize,
     next_options: mpsc::Sender<MqttOptions>,
     loopwarden_up: bool,
+    log: LogLimit,
+    max_devices: usize,
+    /// The site was said larger than `max_devices`.
+    too_many_told: bool,
 }
 
 impl Shell {
@@ -250,19 +340,7 @@ impl Shell {
                 out.extend(self.core.step(now, Input::Connected));
                 out
             }
-            SparkplugEvent::Command(bytes) => {
-                let out = self.core.step(now, Input::Command(bytes));
-                if let Some(Notice::RebirthsLimited { due, total }) = self.core.take_notice() {
-                    warn!(
-                        in_ms = due.saturating_sub(now),
-                        held_back = total,
-                        "rebirth requests come faster than one per {} s: the births go out once at \
-                         the window's end, for every request until then (bridge/rebirths_limited)",
-                        REBIRTH_EVERY_MS / 1000
-                    );
-                }
-                out
-            }
+            SparkplugEvent::Command(bytes) => self.core.step(now, Input::Command(bytes)),
             SparkplugEvent::Acked | SparkplugEvent::Disconnected => Vec::new(),
             SparkplugEvent::Lost(why) => {
                 let broker = self.link.brokers.get(self.broker);
@@ -281,10 +359,21 @@ impl Shell {
         }
     }
 
-    fn on_tick(&mut self, loopwarden_up: bool) -> Vec<Publish> {
+    fn on_tick(&mut self, loopwarden_up: bool, dropped_inbound: u64) -> Vec<Publish> {
         let now = now_ms().0;
         let mut out = self.loopwarden(now, loopwarden_up);
+        out.extend(self.core.step(now, Input::InboundDropped(dropped_inbound)));
         out.extend(self.core.step(now, Input::Tick));
+        let devices = self.core.devices();
+        if devices > self.max_devices && !self.too_many_told {
+            self.too_many_told = true;
+            warn!(
+                devices,
+                max_devices = self.max_devices,
+                "the site has more CDUs and hosts than --max-devices: a round of births may not \
+                 fit the Sparkplug client's queue; restart with a larger --max-devices"
+            );
+        }
         out
     }
 }
@@ -313,12 +402,13 @@ pub async fn run(options: Options) -> Result<()> {
         site,
         sparkplug: link,
         bridge,
+        max_devices,
     } = options;
     let ncmd = format!("spBv1.0/{}/NCMD/{}", bridge.group, bridge.edge_node);
     let (bus, mut inbound, bus_task) = start_loopwarden(loopwarden.clone(), loopwarden_tls, &site)?;
     let mut core = Bridge::new(bridge);
     let will = core.connecting(now_ms().0);
-    let (client, eventloop) = AsyncClient::new(mqtt_options(&link, 0, &will), QUEUE);
+    let (client, eventloop) = AsyncClient::new(mqtt_options(&link, 0, &will), queue_for(max_devices));
     let (event_tx, mut events) = mpsc::channel(64);
     let (options_tx, options_rx) = mpsc::channel(1);
     let mut driver = tokio::spawn(drive_sparkplug(
@@ -335,6 +425,9 @@ pub async fn run(options: Options) -> Result<()> {
         broker: 0,
         next_options: options_tx,
         loopwarden_up: false,
+        log: LogLimit::default(),
+        max_devices,
+        too_many_told: false,
     };
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -354,10 +447,13 @@ pub async fn run(options: Options) -> Result<()> {
                 out.extend(shell.core.step(now, Input::Frame(m.topic, m.frame)));
                 out
             }
-            _ = tick.tick() => shell.on_tick(bus.is_connected()),
+            _ = tick.tick() => {
+                shell.on_tick(bus.is_connected(), bus.metrics().dropped_inbound_full)
+            }
             _ = tokio::signal::ctrl_c() => break,
             _ = terminate.recv() => break,
         };
+        log_notices(&mut shell.core, &mut shell.log, now_ms().0);
         send(&client, &mut shell.core, out);
     }
     stop(&client, &mut shell.core, &mut events).await;

@@ -1,0 +1,83 @@
+//! When every birth goes out again: a rebirth an NCMD asks for, or a
+//! resync after dropped publishes, each held to its window, with no DATA
+//! while births are due.
+
+use super::{Bridge, Notice, Publish, REBIRTH, REBIRTH_EVERY_MS, RESYNC_MAX_MS};
+use crate::payload;
+
+impl Bridge {
+    pub(super) fn command(&mut self, now: u64, bytes: &[u8]) -> Vec<Publish> {
+        let why = match payload::decode(bytes) {
+            Err(e) => Some(format!("cannot be decoded: {e}")),
+            Ok(p) if p.metrics.iter().any(is_rebirth) => None,
+            Ok(_) => Some(format!("not {REBIRTH} = true")),
+        };
+        let no_session = || "no Sparkplug session: the next one's births answer it".to_string();
+        if let Some(why) = why.or_else(|| (!self.session).then(no_session)) {
+            self.counters.commands_refused += 1;
+            self.notify(Notice::CommandRefused { why });
+            return Vec::new();
+        }
+        let Some(due) = self.rebirth_due(now) else {
+            self.rebirth_at = Some(now);
+            return self.births(now);
+        };
+        self.counters.rebirths_limited += 1;
+        if !self.rebirth_waiting {
+            self.rebirth_waiting = true;
+            let total = self.counters.rebirths_limited;
+            self.notify(Notice::RebirthsLimited { due, total });
+        }
+        Vec::new()
+    }
+
+    /// When a rebirth asked at `now` may go out, if not now: the last
+    /// one plus [`REBIRTH_EVERY_MS`]. A clock set back before the last
+    /// one does not hold a request back.
+    pub(super) fn rebirth_due(&self, now: u64) -> Option<u64> {
+        let last = self.rebirth_at?;
+        let due = last.saturating_add(REBIRTH_EVERY_MS);
+        (last <= now && now < due).then_some(due)
+    }
+
+    /// Publishes could not be queued: every birth is due again. Drops
+    /// within the window of the last births (those births, or what
+    /// followed them, did not fit either) double the window.
+    pub(super) fn dropped(&mut self, now: u64, n: u64) {
+        self.counters.publishes_dropped += n;
+        if !self.session {
+            return;
+        }
+        self.resync = true;
+        let window = self.resync_every_ms;
+        if (self.rebirth_at).is_some_and(|l| l <= now && now < l.saturating_add(window)) {
+            self.resync_every_ms = window.saturating_mul(2).min(RESYNC_MAX_MS);
+        }
+    }
+
+    /// Whether births are due (a rebirth held back, or a resync): no
+    /// DATA goes out meanwhile.
+    pub(super) fn held(&self) -> bool {
+        self.rebirth_waiting || self.resync
+    }
+
+    /// Every birth, when a held rebirth's or a resync's window is over.
+    pub(super) fn births_due(&mut self, now: u64) -> Option<Vec<Publish>> {
+        let rebirth = self.rebirth_waiting && self.rebirth_due(now).is_none();
+        let window_over = |l: u64| now < l || now >= l.saturating_add(self.resync_every_ms);
+        let resync = self.resync && self.rebirth_at.is_none_or(window_over);
+        if !rebirth && !resync {
+            if !self.resync && self.rebirth_at.is_some_and(window_over) {
+                // A window without drops: the next drop is answered at once.
+                self.resync_every_ms = REBIRTH_EVERY_MS;
+            }
+            return None;
+        }
+        self.rebirth_at = Some(now);
+        Some(self.births(now))
+    }
+}
+
+fn is_rebirth(m: &payload::Metric) -> bool {
+    m.name.as_deref() == Some(REBIRTH) && m.value == Some(payload::MetricValue::Boolean(true))
+}
