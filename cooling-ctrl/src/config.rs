@@ -58,6 +58,7 @@
 //! | `metrics_listen` | none (not served) | Prometheus's `/metrics`, `IP:PORT` or `:PORT` |
 //! | `board_pins` | none (leaks from the CDU's register only) | the controller board's pin map TOML (`boards/pins/*.toml`) |
 //! | `gpio_chip` | none | the GPIO character device of those pins, e.g. `/dev/gpiochip0` |
+//! | `rope_fault_active_high` | false | takes a pin map whose `rope_fault` lines are `active_low = false` (refused otherwise: an unplugged harness would read dry, supervised); the file only; said at every start |
 //! | `unprotected_racks` | none | racks run without a leak rope, by number; with `board_pins`, every other rack must have a rope in the pin map |
 //!
 //! `site`, `broker`, `embedded_broker`, `broker_user`,
@@ -201,7 +202,8 @@ pub struct Config {
     /// alone sets its facility water.
     pub facility: Option<crate::facility::FacilityRole>,
     /// The protections switched off on purpose, as lines for the log at
-    /// every start (`northbound_writes_any_address`).
+    /// every start (`northbound_writes_any_address`,
+    /// `rope_fault_active_high`).
     pub opt_outs: Vec<String>,
     /// What the configuration allows but says at start (fewer host ids
     /// than the hall's hosts, a northbound server on every interface).
@@ -332,7 +334,7 @@ pub fn resolve_for(
     }
     let facility = facility_role(&src, &file, &cdu, &core)?;
     let metrics_listen = metrics_listen(&src, &file, flags)?;
-    let board = board_pins(&src, &file, flags, &core)?;
+    let (board, rope_opt_out) = board_pins(&src, &file, flags, &core)?;
 
     Ok(Config {
         site: common.site,
@@ -366,7 +368,7 @@ pub fn resolve_for(
         facility,
         metrics_listen,
         board,
-        opt_outs: opt_out.into_iter().collect(),
+        opt_outs: opt_out.into_iter().chain(rope_opt_out).collect(),
         warnings: hosts_warning.into_iter().chain(warning).collect(),
     })
 }
@@ -1097,7 +1099,11 @@ mod tests {
         let pins = dir.path().join("pins.toml");
         let shipped = include_str!("../../boards/pins/sim-controller.toml");
         std::fs::write(&pins, shipped).unwrap();
-        let both = format!("{MIN}board_pins = {pins:?}\ngpio_chip = \"/dev/gpiochip0\"\n");
+        // The simulated map's rope_fault lines are active high: taken with
+        // the opt-out (see the next test).
+        let both = format!(
+            "{MIN}board_pins = {pins:?}\ngpio_chip = \"/dev/gpiochip0\"\nrope_fault_active_high = true\n"
+        );
         let c = from(&both).expect("valid");
         let b = c.board.expect("board pins configured");
         assert_eq!(b.chip, Path::new("/dev/gpiochip0"));
@@ -1122,7 +1128,7 @@ mod tests {
         };
         let c = resolve(
             Some(Path::new("cdu.toml")),
-            &format!("{MIN}board_pins = {pins:?}\n"),
+            &format!("{MIN}board_pins = {pins:?}\nrope_fault_active_high = true\n"),
             &flags,
         )
         .expect("valid");
@@ -1189,5 +1195,71 @@ mod tests {
             e.message.contains("rack 9: the hall has racks 0 to 3"),
             "{e}"
         );
+    }
+
+    /// A `rope_fault` line active high on a real chip: an unplugged rope
+    /// harness would read dry, supervised. Refused, naming the line and
+    /// the opt-out; taken with the opt-out, which is said at start.
+    #[test]
+    fn an_active_high_rope_fault_is_refused_unless_the_site_opts_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let pins = dir.path().join("pins.toml");
+        let sim = include_str!("../../boards/pins/sim-controller.toml");
+        std::fs::write(&pins, sim).unwrap();
+        let both = format!("{MIN}board_pins = {pins:?}\ngpio_chip = \"/dev/gpiochip0\"\n");
+        let e = from(&both).unwrap_err();
+        assert_eq!(e.line, Some(5), "at board_pins: {e}");
+        for said in [
+            "rope_fault of racks [0, 1, 2, 3] has active_low = false",
+            "unplugged rope harness",
+            "rope_fault_active_high = true",
+        ] {
+            assert!(e.message.contains(said), "{said}: {e}");
+        }
+        let c = from(&format!("{both}rope_fault_active_high = true\n")).expect("opted out");
+        assert_eq!(c.opt_outs.len(), 1, "{:?}", c.opt_outs);
+        assert!(
+            c.opt_outs[0].starts_with("rope_fault_active_high = true: ")
+                && c.opt_outs[0].contains("dry, supervised"),
+            "{:?}",
+            c.opt_outs
+        );
+        // A real board's map: active low, nothing to opt out of.
+        let real = sim.replace(
+            "signal = \"rope_fault\"\nrack = 1\nline = 5\nactive_low = false",
+            "signal = \"rope_fault\"\nrack = 1\nline = 5\nactive_low = true",
+        );
+        std::fs::write(&pins, &real).unwrap();
+        let e = from(&both).unwrap_err();
+        assert!(e.message.contains("racks [0, 2, 3]"), "{e}");
+        let real = sim
+            .replace(
+                "line = 4\nactive_low = false",
+                "line = 4\nactive_low = true",
+            )
+            .replace(
+                "line = 6\nactive_low = false",
+                "line = 6\nactive_low = true",
+            )
+            .replace(
+                "line = 7\nactive_low = false",
+                "line = 7\nactive_low = true",
+            )
+            .replace(
+                "line = 5\nactive_low = false",
+                "line = 5\nactive_low = true",
+            );
+        std::fs::write(&pins, &real).unwrap();
+        let c = from(&both).expect("active low");
+        assert!(c.opt_outs.is_empty(), "{:?}", c.opt_outs);
+        // The opt-out with nothing to take is refused at its line.
+        for text in [
+            format!("{both}rope_fault_active_high = true\n"),
+            format!("{MIN}rope_fault_active_high = true\n"),
+        ] {
+            let e = from(&text).unwrap_err();
+            assert!(e.message.contains("remove it"), "{e}");
+            assert!(e.line.is_some(), "{e}");
+        }
     }
 }

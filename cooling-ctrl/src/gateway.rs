@@ -267,6 +267,7 @@ pub async fn run(
     }
     gw.snapshots = snapshots;
     gw.restore_bms_limits(&flash.bms_limits);
+    gw.bms_keeping = crate::journal::BmsKeeping::after(flash.bms_limits_gen);
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
     let mut alive = tokio::time::interval(ALIVE_EVERY);

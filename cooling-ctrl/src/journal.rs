@@ -64,7 +64,10 @@ use serde_json::{json, Value};
 use crate::shell::Journal;
 
 mod bms;
-pub use bms::{decode_bms_limits, encode_bms_limits, read_bms_limits, BmsKeeping, BMS_LIMITS_KEY};
+pub use bms::{
+    decode_bms_limits, encode_bms_limits, open_bms_limits, read_bms_limits, BmsKeeping,
+    BMS_LIMITS_GEN_KEY, BMS_LIMITS_KEY,
+};
 
 /// The controller's flash, opened: its recorder, and what the bus takes
 /// from it when the shell starts it (the outbox and the first sequence
@@ -85,6 +88,9 @@ pub struct ControllerFlash {
     /// The limits the BMS set, as read back at opening: `Ok(None)` when
     /// none were ever kept ([`BMS_LIMITS_KEY`]).
     pub bms_limits: Result<Option<(f32, f32)>, String>,
+    /// The generation of the BMS's limits kept apart in flash after the
+    /// opening, for [`BmsKeeping::after`] ([`BMS_LIMITS_GEN_KEY`]).
+    pub bms_limits_gen: u32,
     /// The flash file was made at this opening (missing or empty): what
     /// an earlier run latched is not in it ([`NEW_FLASH`], said).
     pub new_file: bool,
@@ -116,7 +122,8 @@ impl ControllerFlash {
             tracing::warn!("{}: {NEW_FLASH}", p.display());
         }
         let learned = futures::executor::block_on(read_learned(&mut stores.store));
-        let bms_limits = futures::executor::block_on(read_bms_limits(&mut stores.store));
+        let (bms_limits, bms_limits_gen) =
+            futures::executor::block_on(open_bms_limits(&mut stores.store));
         let recorder = Recorder::start(stores.log, stores.store, path)
             .map_err(|e| format!("the recorder thread: {e}"))?;
         Ok(Self {
@@ -126,6 +133,7 @@ impl ControllerFlash {
             latched,
             learned,
             bms_limits,
+            bms_limits_gen,
             new_file,
         })
     }

@@ -25,8 +25,10 @@
 //!
 //! Answers:
 //! - input registers (function 4) and holding registers (function 3):
-//!   1 to 125 registers, every one in the map, else exception 2 (a read
-//!   may start or end inside a 32-bit value);
+//!   1 to 125 registers (else exception 3, illegal data value, as the
+//!   Modbus specification asks of a quantity out of range), every one in
+//!   the map (else exception 2; a read may start or end inside a 32-bit
+//!   value);
 //! - writes (functions 6 and 16) while writes are disabled (`serve` got no
 //!   sender): exception 1, "illegal function", whatever the address: the
 //!   server does not do writes, which is not a matter of the address;
@@ -91,8 +93,8 @@ pub use codec::{decode_write, encode_snapshot, Image};
 pub use map::{check_map, fit_setpoint_ceiling, northbound_map, MapError, MAP_TOML};
 pub use server::{addressed, serve, serve_within, ANY_UNIT, LIMITS, WRITE_SHOWN_WITHIN};
 pub use snapshot::{
-    pump_bits, snapshot_channel, snapshot_from, NorthboundSettings, NorthboundSnapshot,
-    NorthboundWrite, FAULT_BIT, NOT_AVAILABLE_BIT,
+    pump_bits, snapshot_channel, snapshot_from, valves_held, valves_shown, NorthboundSettings,
+    NorthboundSnapshot, NorthboundWrite, FAULT_BIT, NOT_AVAILABLE_BIT,
 };
 pub(crate) use snapshot::{pump_word, sensors, Meters};
 
@@ -497,7 +499,7 @@ mod tests {
         });
         let settings = NorthboundSettings::new(&cfg);
         // At 16 s the second host's report (at 0 ms) is stale.
-        let s = snapshot_from(&core, &cmds, 16_000, Some(&r), &hosts, &settings);
+        let s = snapshot_from(&core, &cmds, 16_000, Some(&r), None, &hosts, &settings);
         assert_eq!(s.mode, cmds.mode);
         assert_eq!(s.uptime_s, 16);
         assert_eq!(s.supply_c, Some(30.0));
@@ -520,10 +522,45 @@ mod tests {
         assert_eq!(s.settings, settings);
         assert!((s.pump_speed_pct - cmds.pump_speed * 100.0).abs() < 1e-4);
         // The CDU silent: every reading and meter not available.
-        let s = snapshot_from(&core, &cmds, 16_000, None, &hosts, &settings);
+        let s = snapshot_from(&core, &cmds, 16_000, None, None, &hosts, &settings);
         assert_eq!((s.supply_c, s.it_w, s.pue), (None, None, None));
         assert_eq!(s.sensor_faults & 0x0F00, 0x0F00);
         assert_eq!(s.pumps & (pump_bits::A_RUNNING | pump_bits::B_RUNNING), 0);
+    }
+
+    /// Rack 2 leaks and its valve is commanded shut; the register shows
+    /// the valves the CDU has (`ctl status`'s), not the command: a close
+    /// that did not go in is not shown as done.
+    #[test]
+    fn valves_open_shows_the_valves_the_cdu_has_not_those_commanded() {
+        let core = Core::new(CoreConfig::default()).unwrap();
+        let racks = CoreConfig::default().layout.racks;
+        assert_eq!(racks, 4);
+        let mut cmds = cooling_core::Commands::UNSET;
+        cmds.valves_open = 0b1011;
+        let settings = NorthboundSettings::default();
+        let snap = |r: Option<&CduMeasurements>, taken| {
+            snapshot_from(&core, &cmds, 1_000, r, taken, &[], &settings).valves_open
+        };
+        // The positions read every valve open: rack 2's close did not go in.
+        let open = CduMeasurements {
+            valves_closed: Some(0),
+            ..readings()
+        };
+        assert_eq!(snap(Some(&open), Some(0b1011)), 0b1111);
+        assert_eq!(snap(Some(&open), None), 0b1111);
+        // Positions read shut: shut.
+        let shut = CduMeasurements {
+            valves_closed: Some(0b0100),
+            ..readings()
+        };
+        assert_eq!(snap(Some(&shut), None), 0b1011);
+        // No positions: as the CDU last took them; the CDU silent too.
+        assert_eq!(snap(Some(&readings()), Some(0b1111)), 0b1111);
+        assert_eq!(snap(None, Some(0b1011)), 0b1011);
+        // Nothing known (no write went in, no positions): none shown shut.
+        assert_eq!(snap(None, None), 0b1111);
+        assert_eq!(valves_held(None, None, racks), None);
     }
 
     #[test]
@@ -538,6 +575,7 @@ mod tests {
             &cmds,
             1_000,
             Some(&r),
+            None,
             &[],
             &NorthboundSettings::default(),
         );
@@ -577,6 +615,7 @@ mod tests {
             &cmds,
             30_000,
             Some(&readings()),
+            None,
             &[],
             &NorthboundSettings::default(),
         );
@@ -651,5 +690,35 @@ mod tests {
             Err(ExceptionCode::IllegalDataAddress)
         );
         assert_eq!(disabled.read(Kind::Input, 31, 2), Ok(vec![0xFFFF, 0]));
+    }
+
+    /// A read of no register or of more than 125 is a quantity out of
+    /// range: exception 3, whatever the address; 125 is a quantity the
+    /// server takes (exception 2 only for the addresses outside the map).
+    #[test]
+    fn a_read_of_0_or_126_registers_is_an_illegal_data_value() {
+        let (_tx, rx) = snapshot_channel();
+        let state = State {
+            map: northbound_map(),
+            snapshots: rx,
+            writes: None,
+        };
+        for kind in [Kind::Input, Kind::Holding] {
+            for count in [0, 126, u16::MAX] {
+                assert_eq!(
+                    state.read(kind, 0, count),
+                    Err(ExceptionCode::IllegalDataValue),
+                    "{kind:?} {count}"
+                );
+            }
+            assert_eq!(
+                state.read(kind, 0, 125),
+                Err(ExceptionCode::IllegalDataAddress)
+            );
+        }
+        assert_eq!(
+            answer(&state, Request::ReadInputRegisters(0, 126)),
+            Err(ExceptionCode::IllegalDataValue)
+        );
     }
 }

@@ -448,6 +448,7 @@ pub async fn run_with<P: CduPort>(
     // tops out below the site's highest reads that, not the site's).
     let in_force = bms_limits.unwrap_or_else(|| shell.decider.core().limits());
     shell.bms.restored(in_force);
+    shell.keeping.bms = journal::BmsKeeping::after(flash.bms_limits_gen);
     shell.facility = facility;
     let mut operator = opts.operator;
     let mut bms_writes = shell.bms.writes();
@@ -631,9 +632,10 @@ impl<P: CduPort> Shell<P> {
         self.keep_learned(now, false);
         self.keep_bms_limits();
         self.stats.status = Some(self.snapshot(readings.as_ref(), estimates));
-        let hosts = self.decider.hosts();
+        let (hosts, taken) = (self.decider.hosts(), self.decider.valves_taken());
+        let r = readings.as_ref();
         self.bms
-            .publish(self.decider.core(), &c, now, readings.as_ref(), hosts);
+            .publish(self.decider.core(), &c, now, r, taken, hosts);
         self.stats.steps += 1;
         self.stats.settings_limited = self.decider.settings_limited();
         self.stats.relatch_pending = self.decider.relatch_pending();

@@ -27,11 +27,25 @@ fn site_files() -> tempfile::TempDir {
         etc.path().join("cdus/cdu-model.toml"),
     )
     .unwrap();
-    std::fs::copy(
-        boards.join("pins/sim-controller.toml"),
-        etc.path().join("pins.toml"),
-    )
-    .unwrap();
+    // The simulated map's rope_fault lines are active high (they play
+    // the twin's lines); a real board's are active low, as the
+    // controller requires on a GPIO chip.
+    let sim = std::fs::read_to_string(boards.join("pins/sim-controller.toml")).unwrap();
+    let real = sim.replace(
+        "signal = \"rope_fault\"\nrack = 0\nline = 4\nactive_low = false",
+        "signal = \"rope_fault\"\nrack = 0\nline = 4\nactive_low = true",
+    );
+    let real = ["1\nline = 5", "2\nline = 6", "3\nline = 7"]
+        .iter()
+        .fold(real, |t, at| {
+            t.replace(
+                &format!("rack = {at}\nactive_low = false"),
+                &format!("rack = {at}\nactive_low = true"),
+            )
+        });
+    let map = loopwarden_boards::pins::PinMap::from_toml(&real, "pins.toml").unwrap();
+    assert!(map.ropes.iter().all(|r| r.fault.active_low), "{real}");
+    std::fs::write(etc.path().join("pins.toml"), real).unwrap();
     std::fs::write(
         etc.path().join("hall-1.toml"),
         "racks = 4\nhosts_per_rack = 4\ngpus_per_host = 8\n",

@@ -3,13 +3,23 @@
 //! here against the hall's racks and `unprotected_racks`; the chip is
 //! opened at start (`crate::gpio`).
 //!
+//! Each rope's `rope_fault` line must be `active_low = true` (its
+//! controller holds the "OK" level while healthy, and the line's pull
+//! reads a fault when nothing drives it), so that an unplugged harness
+//! reads as lost leak sensing, never as a dry, supervised rope. A map
+//! with an active-high `rope_fault` is refused unless
+//! `rope_fault_active_high = true` ([`ROPE_FAULT_ACTIVE_HIGH`], the file
+//! only) says the site's wiring is so on purpose: then an opt-out, said
+//! at every start.
+//!
 //! Glossary:
 //! - *leak rope*: a rack's leak-detection cable: its `leak` input and
 //!   its `rope_fault` input in the pin map.
 
 use std::format;
-use std::path::PathBuf;
-use std::string::ToString;
+use std::path::{Path, PathBuf};
+use std::string::{String, ToString};
+use std::vec::Vec;
 
 use loopwarden_boards::pins::PinMap;
 use loopwarden_field::config::{ConfigError, Sources};
@@ -30,9 +40,78 @@ pub struct BoardConfig {
     pub chip: PathBuf,
 }
 
+/// The opt-out key that takes a pin map's active-high `rope_fault`
+/// lines.
+pub const ROPE_FAULT_ACTIVE_HIGH: &str = "rope_fault_active_high";
+
 /// The board's pins: `board_pins` and `gpio_chip` together or neither;
-/// the pin map read, checked, and with no more leak ropes than racks.
+/// the pin map read, checked, and with no more leak ropes than racks;
+/// with the opt-out said at start when `rope_fault_active_high` takes an
+/// active-high `rope_fault` ([`rope_polarity`]).
 pub(super) fn board_pins(
+    src: &Sources,
+    file: &FileConfig,
+    flags: &Overrides,
+    core: &CoreConfig,
+) -> Result<(Option<BoardConfig>, Option<String>), ConfigError> {
+    let board = board_config(src, file, flags, core)?;
+    let opt_out = rope_polarity(src, file, flags, board.as_ref())?;
+    Ok((board, opt_out))
+}
+
+/// Every `rope_fault` line of `board`'s map active low, else refused at
+/// `board_pins` unless `rope_fault_active_high = true`, which then is the
+/// opt-out said at start; the key with nothing active high to take (or
+/// no board) is refused as contradicting the configuration.
+fn rope_polarity(
+    src: &Sources,
+    file: &FileConfig,
+    flags: &Overrides,
+    board: Option<&BoardConfig>,
+) -> Result<Option<String>, ConfigError> {
+    let opted = file.rope_fault_active_high.unwrap_or(false);
+    let high: Vec<usize> = board.map_or(Vec::new(), |b| {
+        let ropes = b.pins.ropes.iter();
+        ropes
+            .filter(|r| !r.fault.active_low)
+            .map(|r| r.rack)
+            .collect()
+    });
+    let (key, path) = (ROPE_FAULT_ACTIVE_HIGH, board.map(|b| b.pins_file.as_path()));
+    let said = |p: &Path| {
+        format!(
+            "{}: rope_fault of racks {high:?} has active_low = false",
+            p.display()
+        )
+    };
+    match (path, high.is_empty(), opted) {
+        (_, true, false) | (None, _, false) => Ok(None),
+        (Some(p), false, true) => Ok(Some(format!(
+            "{key} = true: {}: an unplugged rope harness or an unpowered rope controller reads as a dry, supervised rope, not as lost leak sensing",
+            said(p)
+        ))),
+        (Some(p), false, false) => {
+            let (_, flag) = pick!(flags.board_pins, file.board_pins, "board-pins");
+            Err(src.error(
+                flag,
+                "board_pins",
+                format!(
+                    "{}: an unplugged rope harness would read as a dry, supervised rope; wire rope_fault to hold its \"OK\" level while healthy with the line pulled to the fault level, and set active_low = true, or set {key} = true if this site's rope controllers drive rope_fault active high on purpose",
+                    said(p)
+                ),
+            ))
+        }
+        (_, _, true) => Err(src.error(
+            None,
+            key,
+            format!("{key} = true goes only with board_pins whose map has a rope_fault with active_low = false, and this configuration has none: remove it"),
+        )),
+    }
+}
+
+/// `board_pins` and `gpio_chip` together or neither; the pin map read,
+/// checked, and with no more leak ropes than racks.
+fn board_config(
     src: &Sources,
     file: &FileConfig,
     flags: &Overrides,

@@ -72,6 +72,10 @@ loopwarden_field::agent_file! {
         pub board_pins: Option<PathBuf>,
         /// The GPIO chip of the board's pins.
         pub gpio_chip: Option<PathBuf>,
+        /// The pin map's `rope_fault` lines are active high on purpose
+        /// (an unplugged harness then reads dry): a protection switched
+        /// off (file only).
+        pub rope_fault_active_high: Option<bool>,
         /// Racks run without a leak rope, by number.
         pub unprotected_racks: Option<Vec<u8>>,
         /// Run without a flash file on purpose: what is latched (leaks,

@@ -49,7 +49,7 @@ use loopwarden_link::{Down, Status};
 use loopwarden_protocol::message::{CapLease, CduMode, Pump};
 use loopwarden_protocol::ReasonCode;
 
-use crate::northbound::{pump_word, sensors, Meters};
+use crate::northbound::{pump_word, sensors, valves_held, valves_shown, Meters};
 use crate::northbound::{AlarmAck, NorthboundSettings, NorthboundSnapshot, NorthboundWrite};
 
 /// The limits the BMS wrote go down again this often, ms.
@@ -95,6 +95,8 @@ pub struct BmsBridge {
     gpu_max_c: f32,
     /// The setpoint a silent MCU that never said one shows, °C.
     failsafe_setpoint_c: f32,
+    /// The CDU's racks.
+    racks: u8,
     leases: BTreeMap<usize, LeaseHeld>,
 }
 
@@ -109,6 +111,7 @@ impl BmsBridge {
             ack: AlarmAck::default(),
             gpu_max_c: core.gpu.max_operating_c,
             failsafe_setpoint_c: core.margins.failsafe_setpoint_c,
+            racks: core.layout.racks,
             leases: BTreeMap::new(),
         }
     }
@@ -204,9 +207,10 @@ impl BmsBridge {
                 settings,
                 ..NorthboundSnapshot::default()
             },
-            Heard::Speaking(s) => of_status(s, &settings),
+            Heard::Speaking(s) => of_status(s, self.racks, &settings),
             Heard::Silent { last, quiet_ms } => {
-                silent(last, quiet_ms, self.failsafe_setpoint_c, &settings)
+                let failsafe_c = self.failsafe_setpoint_c;
+                silent(last, quiet_ms, failsafe_c, self.racks, &settings)
             }
         };
         self.settings.alarm_acknowledged = self.ack.shown(&mut snap, self.gpu_max_c);
@@ -221,9 +225,10 @@ fn secs(ms: u64) -> u32 {
     (ms / 1000).min(u64::from(u32::MAX)) as u32
 }
 
-/// The snapshot of status `s`, with the BMS's `settings`. What a status
-/// does not carry is not available (see the module note).
-fn of_status(s: &Status, settings: &NorthboundSettings) -> NorthboundSnapshot {
+/// The snapshot of status `s` of a CDU of `racks`, with the BMS's
+/// `settings`. What a status does not carry is not available (see the
+/// module note).
+fn of_status(s: &Status, racks: u8, settings: &NorthboundSettings) -> NorthboundSnapshot {
     let readings = s.readings.as_ref();
     let ([supply_c, return_c, flow_lpm, facility_supply_c], sensor_faults) =
         sensors(readings, s.sensor_faults);
@@ -246,7 +251,7 @@ fn of_status(s: &Status, settings: &NorthboundSettings) -> NorthboundSnapshot {
             Pump::B => 1,
         },
         pump_speed_pct: s.pump_speed * 100.0,
-        valves_open: s.racks.valves_open,
+        valves_open: valves_of(s, racks),
         cooling_lost: s.racks.cooling_lost,
         leaks_latched: s.racks.leaks_latched,
         leak_sensing_lost: s.racks.sensing_lost,
@@ -266,6 +271,17 @@ fn of_status(s: &Status, settings: &NorthboundSettings) -> NorthboundSnapshot {
     }
 }
 
+/// The valves the CDU has as status `s` tells them (bit n = rack n, of
+/// `racks`), as `run` shows them ([`valves_held`]): the positions the
+/// CDU read, else the valves commanded when every write of the MCU's
+/// step went in (the CDU took them), else every valve open: the status
+/// does not say which write failed, and a close not known to have gone
+/// in is not shown as done.
+fn valves_of(s: &Status, racks: u8) -> u16 {
+    let taken = s.writes_ok.then_some(s.racks.valves_open);
+    valves_shown(valves_held(s.readings.as_ref(), taken, racks), racks)
+}
+
 /// The snapshot of a silent MCU, quiet for `quiet_ms` after its `last`
 /// status: as the bus is told (failsafe, controller-silent, the racks and
 /// setpoint last heard, nothing measured, no pump commanded), its uptime
@@ -274,10 +290,11 @@ fn silent(
     last: Option<&Status>,
     quiet_ms: u64,
     failsafe_setpoint_c: f32,
+    racks: u8,
     settings: &NorthboundSettings,
 ) -> NorthboundSnapshot {
     let snap = match last {
-        Some(s) => of_status(s, settings),
+        Some(s) => of_status(s, racks, settings),
         None => NorthboundSnapshot {
             setpoint_c: failsafe_setpoint_c,
             settings: *settings,
@@ -530,6 +547,33 @@ mod tests {
         assert!(!b.snapshot(quiet, 900).settings.alarm_acknowledged);
     }
 
+    /// The status does not carry the hottest GPU: a GPU above its
+    /// maximum clears the acknowledgement by the beacon it lights, as
+    /// docs/cooling.md says, and `hottest_gpu` reads not available.
+    #[test]
+    fn a_hot_gpu_clears_the_acknowledgement_on_the_gateway_by_its_beacon() {
+        let mut b = BmsBridge::new(&CoreConfig::default());
+        let mut calm = status(1_000, false);
+        calm.racks = RackBits::default();
+        calm.pumps_failed = [false; 2];
+        calm.mode = (CduMode::Normal, ReasonCode::OK, 0);
+        b.snapshot(Heard::Speaking(&calm), 0);
+        b.write(NorthboundWrite::AlarmAck, 100);
+        assert!(
+            b.snapshot(Heard::Speaking(&calm), 200)
+                .settings
+                .alarm_acknowledged
+        );
+        // Nothing but the beacon: what a GPU above its maximum lights.
+        let hot = Status {
+            beacon: true,
+            ..calm.clone()
+        };
+        let s = b.snapshot(Heard::Speaking(&hot), 300);
+        assert_eq!(s.hottest_gpu_c, None);
+        assert!(!s.settings.alarm_acknowledged, "the beacon lit: new");
+    }
+
     #[test]
     fn the_caps_are_the_leases_sent_that_hold() {
         let mut b = BmsBridge::new(&CoreConfig::default());
@@ -543,6 +587,26 @@ mod tests {
         b.lease_sent(3, &lease([700, 700], 5_000), true, 12_000);
         let s = b.snapshot(Heard::Nothing, 12_000);
         assert_eq!((s.hosts_capped, s.lowest_cap_w), (0, None));
+    }
+
+    /// Rack 2 commanded shut (0b1011): the register shows the valves
+    /// the CDU has, as `run` does, never a close not known to be done.
+    #[test]
+    fn valves_open_shows_the_valves_the_cdu_has_not_those_commanded() {
+        let mut b = BmsBridge::new(&CoreConfig::default());
+        let mut valves = |closed: Option<u16>, writes_ok: bool| {
+            let mut s = status(65_400, true);
+            s.readings.as_mut().unwrap().valves_closed = closed;
+            s.writes_ok = writes_ok;
+            b.snapshot(Heard::Speaking(&s), 1_000).valves_open
+        };
+        // The positions read rack 2 open: its close did not go in.
+        assert_eq!(valves(Some(0), true), 0b1111);
+        assert_eq!(valves(Some(0b0100), false), 0b1011);
+        // No positions: the command when every write went in, else none
+        // shown shut.
+        assert_eq!(valves(None, true), 0b1011);
+        assert_eq!(valves(None, false), 0b1111);
     }
 
     #[test]

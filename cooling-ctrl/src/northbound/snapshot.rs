@@ -359,6 +359,27 @@ fn hottest_fresh(hosts: &[Option<HostReport>], now_ms: u64, timeout_ms: u64) -> 
         .reduce(f32::max)
 }
 
+/// The valves open as the CDU has them (bit n = rack n, of `racks`): as
+/// `r` reads their positions, else as it last took them (`taken`; with
+/// the CDU silent too: the last it took); `None` when neither is known
+/// (before a valve write went in, on a map without positions). A close
+/// the CDU did not take is not shown as done. `ctl status` and the
+/// `valves_open` register both show this.
+pub fn valves_held(r: Option<&CduMeasurements>, taken: Option<u16>, racks: u8) -> Option<u16> {
+    let all = cooling_core::safety::all_racks(usize::from(racks));
+    r.and_then(|r| r.valves_closed)
+        .map(|closed| !closed & all)
+        .or(taken)
+}
+
+/// What the `valves_open` register shows of the valves `held`
+/// ([`valves_held`]): them, or, when they are not known, every valve of
+/// `racks` open (a bit word has no "not available", and a valve not
+/// known shut is never shown shut).
+pub fn valves_shown(held: Option<u16>, racks: u8) -> u16 {
+    held.unwrap_or_else(|| cooling_core::safety::all_racks(usize::from(racks)))
+}
+
 /// The snapshot of the step that decided `cmds`, at `now_ms` (the core's
 /// clock, ms since the shell started). `readings`: what the CDU answered
 /// (`None`: it did not); `hosts`: the hosts' last reports as the core got
@@ -367,12 +388,15 @@ fn hottest_fresh(hosts: &[Option<HostReport>], now_ms: u64, timeout_ms: u64) -> 
 /// A reading is not available when the CDU did not answer, its map lacks
 /// it, it is not a number, or the core holds the sensor lost (as in the
 /// shell's telemetry). The hottest GPU counts reports younger than the
-/// core's host timeout.
+/// core's host timeout. `valves_taken`: the valves the CDU last took
+/// (the decision path's, `None` before a valve write of this run went
+/// in), for the valves it has ([`valves_shown`]).
 pub fn snapshot_from(
     core: &Core,
     cmds: &Commands,
     now_ms: u64,
     readings: Option<&CduMeasurements>,
+    valves_taken: Option<u16>,
     hosts: &[Option<HostReport>],
     settings: &NorthboundSettings,
 ) -> NorthboundSnapshot {
@@ -407,7 +431,10 @@ pub fn snapshot_from(
             Pump::B => 1,
         },
         pump_speed_pct: cmds.pump_speed * 100.0,
-        valves_open: cmds.valves_open,
+        valves_open: valves_shown(
+            valves_held(readings, valves_taken, cfg.layout.racks),
+            cfg.layout.racks,
+        ),
         cooling_lost: cmds.cooling_lost,
         leaks_latched: core.leaks_latched(),
         leak_sensing_lost: cmds.sensing_lost,

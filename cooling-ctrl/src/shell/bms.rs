@@ -163,10 +163,12 @@ impl Bms {
         c: &Commands,
         now: u64,
         readings: Option<&CduMeasurements>,
+        valves_taken: Option<u16>,
         hosts: &[Option<cooling_core::HostReport>],
     ) {
         if let Some(nb) = &self.link {
-            let mut snap = snapshot_from(core, c, now, readings, hosts, &self.settings);
+            let taken = valves_taken;
+            let mut snap = snapshot_from(core, c, now, readings, taken, hosts, &self.settings);
             let gpu_max_c = core.config().gpu.max_operating_c;
             self.settings.alarm_acknowledged = self.ack.shown(&mut snap, gpu_max_c);
             nb.snapshots.send_replace(snap);
@@ -241,14 +243,14 @@ mod tests {
         });
         // Rack 1's rope is cut: the beacon lights; the BMS acknowledges.
         (cut.beacon, cut.sensing_lost) = (true, 1 << 1);
-        bms.publish(&core, &cut, 1_000, None, &hosts);
+        bms.publish(&core, &cut, 1_000, None, None, &hosts);
         bms.wrote(&[NorthboundWrite::AlarmAck], 1_100);
-        bms.publish(&core, &cut, 2_000, None, &hosts);
+        bms.publish(&core, &cut, 2_000, None, None, &hosts);
         assert!(rx.borrow().settings.alarm_acknowledged);
         // Rack 4's sensing is lost too, the beacon still lit: new.
         let mut more = cut.clone();
         more.sensing_lost |= 1 << 4;
-        bms.publish(&core, &more, 3_000, None, &hosts);
+        bms.publish(&core, &more, 3_000, None, None, &hosts);
         assert!(!rx.borrow().settings.alarm_acknowledged);
         assert!(!bms.settings.alarm_acknowledged);
     }

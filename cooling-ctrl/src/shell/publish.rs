@@ -348,15 +348,11 @@ fn valves_written(d: &Decider, c: &Commands) -> u16 {
     d.valves_taken().unwrap_or(c.valves_open)
 }
 
-/// The valves open as the CDU has them (bit n = rack n, of `racks`): as
-/// `r` reads their positions, else as it last took them (with the CDU
-/// silent too: the last it took); `None` when neither is known (before a
-/// valve write of this run went in, on a map without positions).
+/// The valves open as the CDU has them (bit n = rack n, of `racks`):
+/// [`crate::northbound::valves_held`] on what the decision path last saw
+/// the CDU take.
 fn valves_held(d: &Decider, r: Option<&CduMeasurements>, racks: u8) -> Option<u16> {
-    let all = cooling_core::safety::all_racks(usize::from(racks));
-    r.and_then(|r| r.valves_closed)
-        .map(|closed| !closed & all)
-        .or(d.valves_taken())
+    crate::northbound::valves_held(r, d.valves_taken(), racks)
 }
 
 impl<P: CduPort> Shell<P> {
