@@ -408,7 +408,8 @@ pub async fn run(options: Options) -> Result<()> {
     let (bus, mut inbound, bus_task) = start_loopwarden(loopwarden.clone(), loopwarden_tls, &site)?;
     let mut core = Bridge::new(bridge);
     let will = core.connecting(now_ms().0);
-    let (client, eventloop) = AsyncClient::new(mqtt_options(&link, 0, &will), queue_for(max_devices));
+    let (client, eventloop) =
+        AsyncClient::new(mqtt_options(&link, 0, &will), queue_for(max_devices));
     let (event_tx, mut events) = mpsc::channel(64);
     let (options_tx, options_rx) = mpsc::channel(1);
     let mut driver = tokio::spawn(drive_sparkplug(
@@ -501,5 +502,30 @@ async fn stop(
         .is_err()
     {
         warn!("the Sparkplug broker did not take the goodbye in 3 s");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_flood_of_refusals_from_one_source_is_logged_once_a_minute() {
+        let mut log = LogLimit::default();
+        assert_eq!(log.allow("a".into(), 0), Some(0));
+        assert_eq!(log.allow("a".into(), 1), None);
+        assert_eq!(log.allow("b".into(), 1), Some(0), "another source");
+        assert_eq!(log.allow("a".into(), LOG_EVERY_MS - 1), None);
+        assert_eq!(log.allow("a".into(), LOG_EVERY_MS), Some(2), "2 held back");
+        for i in 0..2 * LOG_SOURCES {
+            log.allow(format!("s{i}"), 0);
+        }
+        assert!(log.sources.len() <= LOG_SOURCES, "bounded");
+    }
+
+    #[test]
+    fn the_queue_holds_a_round_of_births() {
+        assert_eq!(queue_for(100), QUEUE);
+        assert_eq!(queue_for(5_000), 10_002);
     }
 }

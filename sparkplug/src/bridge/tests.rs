@@ -577,6 +577,7 @@ fn any_input() -> impl Strategy<Value = Input> {
         1 => Just(Input::Tick),
         1 => Just(Input::Command(rebirth_command())),
         1 => Just(Input::Dropped(1)),
+        1 => (0u64..4).prop_map(Input::InboundDropped),
         1 => any::<bool>().prop_map(Input::LoopwardenConnected),
         2 => (host.clone(), any::<bool>()).prop_map(|(h, up)| online(Role::Host, h, up)),
         12 => (host, 40u8..90).prop_map(|(h, t)| host_telemetry(h, t)),
