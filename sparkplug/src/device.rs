@@ -598,7 +598,7 @@ mod tests {
     #[test]
     fn a_host_has_every_gpus_metrics_from_its_telemetry_and_health() {
         let m = sample_host().metrics(9);
-        assert_eq!(m.len(), 6 + 9 * 8, "6 host metrics and 8 per GPU");
+        assert_eq!(m.len(), 6 + 9 * 8, "6 host metrics and 9 per GPU");
         assert_eq!(value(&m, "xid_watch_down"), Some(Value::Boolean(false)));
         assert_eq!(value(&m, "power_w"), Some(Value::UInt32(5324)));
         assert_eq!(value(&m, "gpu/0/temp_c"), Some(Value::UInt8(61)));

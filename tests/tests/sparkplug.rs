@@ -308,7 +308,8 @@ fn a_site_as_sparkplug_b_read_by_pysparkplug() {
     assert_eq!(cm["mode"]["datatype"], "STRING");
     let (_, host_birth) = reader.next(0, "DBIRTH", Some("h07"));
     let hm = host_birth["metrics"].as_object().unwrap();
-    assert_eq!(hm.len(), 5 + 9 * 8, "every metric of 8 GPUs: {host_birth}");
+    assert_eq!(hm.len(), 6 + 9 * 8, "every metric of 8 GPUs: {host_birth}");
+    assert_eq!(hm["xid_watch_down"]["value"], false);
     assert_eq!(hm["gpu/7/temp_c"]["datatype"], "UINT8");
     assert_eq!(hm["gpu/7/power_limit_w"]["unit"], "W");
     assert_eq!(hm["gpu/3/quarantined"]["datatype"], "BOOLEAN");

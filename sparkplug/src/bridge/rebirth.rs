@@ -42,10 +42,11 @@ impl Bridge {
 
     /// Publishes could not be queued: every birth is due again. Drops
     /// within the window of the last births (those births, or what
-    /// followed them, did not fit either) double the window.
+    /// followed them, did not fit either) double the window, once per
+    /// round of births however many sends dropped.
     pub(super) fn dropped(&mut self, now: u64, n: u64) {
         self.counters.publishes_dropped += n;
-        if !self.session {
+        if !self.session || self.resync {
             return;
         }
         self.resync = true;

@@ -80,8 +80,9 @@ fn dropped_publishes_give_births_once_per_window_and_no_data_until_then() {
         kinds(&out),
         [(Kind::NBirth, None), (Kind::DBirth, Some("h07"))]
     );
-    // Those births did not fit either.
-    b.step(T + 1_000, Input::Dropped(2));
+    // Those births did not fit either: one doubling, however many sends.
+    b.step(T + 1_000, Input::Dropped(1));
+    b.step(T + 1_000, Input::Dropped(1));
     assert!(
         b.step(T + 2_000, Input::Tick).is_empty(),
         "within the window"
