@@ -151,6 +151,21 @@ impl LatchRecord {
     }
 }
 
+impl LatchRecord {
+    /// The generation item to write at a start, when this record (read
+    /// with `gen` kept apart) was believed one ahead of it: the write a
+    /// cut interrupted, completed. Without it the next record would be
+    /// two ahead of the generation kept apart until its own generation
+    /// went in, and a cut between those two would be refused as damaged.
+    /// `None` when the two agree, or for a record of the format before
+    /// generations.
+    pub fn catch_up(&self, gen: Option<&[u8]>) -> Option<(&'static str, Item)> {
+        let g = u32::from_le_bytes(<[u8; 4]>::try_from(gen?).ok()?);
+        let [_, alone] = self.items();
+        (g != self.generation).then_some(alone)
+    }
+}
+
 /// The generation written after `g` (from 1 again after `u32::MAX`).
 pub fn next_generation(g: u32) -> u32 {
     g.wrapping_add(1).max(1)
@@ -205,6 +220,14 @@ mod tests {
             LatchRecord::decode(Some(&rec), Some(&one_behind)),
             Ok(Some(r))
         );
+        // Believed one ahead, the generation kept apart is caught up at
+        // the start; in step, or of the older format, nothing is written.
+        assert_eq!(
+            r.catch_up(Some(&one_behind)),
+            Some((LATCHED_GEN_KEY, gen.clone()))
+        );
+        assert_eq!(r.catch_up(Some(&gen)), None);
+        assert_eq!(r.catch_up(None), None);
         let far = 5u32.to_le_bytes();
         assert!(LatchRecord::decode(Some(&rec), Some(&far)).is_err());
         let wrapped = LatchRecord {

@@ -93,6 +93,14 @@ pub async fn load<S: MultiwriteNorFlash>(
     let n = (store.get(LATCHED_KEY, &mut rec).await).map_err(unreadable(LATCHED_KEY))?;
     let g = (store.get(LATCHED_GEN_KEY, &mut gen).await).map_err(unreadable(LATCHED_GEN_KEY))?;
     let read = LatchRecord::decode(n.map(|n| &rec[..n]), g.map(|g| &gen[..g]));
+    if let Ok(Some(r)) = &read {
+        if let Some((key, item)) = r.catch_up(g.map(|g| &gen[..g])) {
+            // The record read is right whatever comes of this write; one
+            // that fails leaves only a second cut's window open, and a
+            // store that cannot write says so at the next record.
+            let _ = store.set(key, &item).await;
+        }
+    }
     if !matches!(read, Ok(None)) {
         return read.map_err(LoadError::Record);
     }
@@ -193,6 +201,15 @@ mod tests {
         let [(key, record), _] = tripped.items();
         block_on(s.set(key, &record)).unwrap();
         assert_eq!(block_on(load(&mut s)), Ok(Some(tripped)));
+        // The start wrote the generation the cut left behind: the next
+        // record, cut from its generation too, is one ahead again.
+        let next = LatchRecord {
+            generation: 3,
+            ..tripped
+        };
+        let [(key, record), _] = next.items();
+        block_on(s.set(key, &record)).unwrap();
+        assert_eq!(block_on(load(&mut s)), Ok(Some(next)));
     }
 
     /// Flips a byte in every item whose key starts `cdu.latched` (the
