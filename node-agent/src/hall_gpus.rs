@@ -205,6 +205,13 @@ impl GpuSource for HallSource {
     }
 }
 
+/// GPU `i`'s enforced power limit: its host's cap, else its ceiling
+/// (the hall's GPUs have no administrator's limit: their TDP).
+fn enforced_limit(h: &Hall, i: usize) -> Watts {
+    let tdp = h.plant().site().gpu.tdp_w;
+    Watts(h.cap(i).unwrap_or(tdp).round() as u32)
+}
+
 /// One GPU of the hall.
 struct HallGpu {
     hall: Arc<Mutex<Hall>>,
@@ -243,6 +250,10 @@ impl GpuDevice for HallGpu {
         };
         let sm = if idle { 345.0 } else { 1980.0 * ratio.cbrt() };
         let mem = s.t_in + 0.8 * (s.t_j - s.t_in);
+        // The enforced limit is the one set (a cap, else the GPU's
+        // ceiling), from the moment it is set, as NVML reports it; a
+        // thermal slowdown shows in the throttle reasons, not here.
+        let limit = enforced_limit(&h, self.index);
         Ok(GpuSample {
             flags: GpuFlags::ECC_ENABLED,
             unsupported: Unsupported::empty(),
@@ -250,7 +261,7 @@ impl GpuDevice for HallGpu {
             mem_temp: WholeCelsius(mem.round().clamp(0.0, 255.0) as u8),
             power: Watts(s.power.round() as u32),
             energy_mj: 0,
-            power_limit: Watts(s.limit.round() as u32),
+            power_limit: limit,
             sm_clock: MegaHertz(sm.round() as u16),
             mem_clock: MegaHertz(2619),
             util: Percent::new((s.demand * 100.0).round() as u8).unwrap_or(Percent::FULL),
@@ -272,8 +283,7 @@ impl GpuDevice for HallGpu {
 
     fn power_limit(&mut self) -> Result<Watts, GpuError> {
         let h = self.hall.lock().expect("hall");
-        let tdp = h.plant().site().gpu.tdp_w;
-        Ok(Watts(h.cap(self.index).unwrap_or(tdp).round() as u32))
+        Ok(enforced_limit(&h, self.index))
     }
 
     /// The hall's state in memory, under a lock held only for a step.
@@ -346,6 +356,30 @@ mod tests {
             gpus[3].set_power_limit(Watts(150)),
             Err(GpuError::InvalidArgument)
         );
+    }
+
+    #[test]
+    fn the_enforced_limit_is_the_one_set_from_the_moment_it_is_set_even_in_a_slowdown() {
+        // No pump runs: the rack heats to its thermal slowdown.
+        let h = hall("[[fault]]\nat_s = 0\nkind = \"pump_trip\"\ntarget = \"A\"\n");
+        let mut gpus = HallSource::new(h.clone(), 0).devices().unwrap();
+        let mut slow = None;
+        for _ in 0..600 {
+            steps(&h, 1);
+            let s = gpus[0].sample().unwrap();
+            if s.throttle.contains(ThrottleReasons::HW_THERMAL_SLOWDOWN) {
+                slow = Some(s);
+                break;
+            }
+        }
+        let slow = slow.expect("a slowdown without flow");
+        assert_eq!(slow.power_limit, Watts(700), "uncapped: its TDP");
+        assert!(slow.power.0 < 700, "{slow:?}");
+        // A cap is the enforced limit at once, before the hall steps.
+        gpus[1].set_power_limit(Watts(300)).unwrap();
+        assert_eq!(gpus[1].sample().unwrap().power_limit, Watts(300));
+        gpus[1].set_power_limit(Watts(700)).unwrap();
+        assert_eq!(gpus[1].sample().unwrap().power_limit, Watts(700));
     }
 
     #[test]
