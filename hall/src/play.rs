@@ -391,6 +391,9 @@ struct Live<'a> {
     speed: f64,
     /// Per host: its last telemetry showed a cap.
     caps_in_force: BTreeMap<String, bool>,
+    /// GPUs quarantined now (global index), as their hosts' health last
+    /// said.
+    quarantined_now: BTreeSet<usize>,
     /// What is running, the live view's first line.
     banner: String,
     /// The controller's counters, whose last commands say what it
@@ -433,6 +436,7 @@ impl<'a> Live<'a> {
             setpoint: 18.0,
             speed: 1.0,
             caps_in_force: BTreeMap::new(),
+            quarantined_now: BTreeSet::new(),
             banner: String::new(),
             declared: None,
         })
@@ -484,14 +488,14 @@ impl<'a> Live<'a> {
     /// Steps the hall by `dt` simulated seconds; its time after and the
     /// trace row it shows.
     fn step_hall(&self, dt: f64) -> (f64, TraceRow) {
+        // Only a running controller's commands declare anything: while
+        // it is down (or before its first commands) nothing is counted.
         let declared = self.declared.as_ref().and_then(|rx| {
             let s = rx.borrow();
             s.last.as_ref().map(|c| declared_by(c, self.host_ids.len()))
         });
         let mut h = self.sim.hall.lock().expect("hall lock");
-        if let Some(d) = declared {
-            h.declare(d);
-        }
+        h.declare(declared);
         if let Err(e) = h.step(dt) {
             tracing::warn!("hall: {e}");
         }
@@ -517,9 +521,16 @@ impl<'a> Live<'a> {
                 it_kw: m.it_w / 1000.0,
                 facility_kw: m.facility_w / 1000.0,
                 caps: self.caps_in_force.values().filter(|c| **c).count() as u32,
-                quarantined: Some(self.out.quarantined.len() as u32),
+                quarantined: Some(self.hosts_quarantined()),
             },
         )
+    }
+
+    /// Hosts with a GPU quarantined now.
+    fn hosts_quarantined(&self) -> u32 {
+        let per_host = self.sc.site.gpus_per_host.max(1);
+        let hosts: BTreeSet<usize> = self.quarantined_now.iter().map(|i| i / per_host).collect();
+        hosts.len() as u32
     }
 
     /// Writes `row` to the trace and shows it live (unless headless).

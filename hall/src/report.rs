@@ -299,7 +299,7 @@ fn pump_caps(path: &Path, title: &str, rows: &[TraceRow]) -> Result<(), String> 
     if quarantined {
         series.push(
             Series::new(
-                "hosts quarantined (right)",
+                "hosts with a GPU quarantined (right)",
                 PURPLE,
                 steps(rows, |r| f64::from(r.quarantined.unwrap_or(0))),
             )
@@ -471,7 +471,7 @@ const FIGURES: [(&str, &str, &str); 17] = [
     ("gpu_s_above_max_operating", "GPU time above 87 °C", "GPU-s"),
     ("slowdown_episodes", "HW slowdown episodes", ""),
     ("shutdowns", "thermal shutdowns", ""),
-    ("cap_requests", "time with caps asked", "s"),
+    ("cap_requests", "host-time with caps asked", "host-s"),
     ("failsafe_s", "time in failsafe", "s"),
     ("leaks", "leaks", ""),
     (
@@ -649,7 +649,7 @@ fn markdown(
     );
     if rows.iter().any(|r| r.quarantined.is_some()) {
         let q = rows.iter().filter_map(|r| r.quarantined).max().unwrap_or(0);
-        let _ = writeln!(md, "| most hosts quarantined | {q} |");
+        let _ = writeln!(md, "| most hosts with a GPU quarantined at once | {q} |");
     }
     md.push('\n');
     let _ = writeln!(md, "## Charts\n");

@@ -9,7 +9,7 @@
 //!
 //! The reader finds the columns by their header names, so their order does
 //! not matter and columns it does not know are skipped; the optional
-//! `quarantined` column (hosts quarantined) is read when it is there. The
+//! `quarantined` column (hosts with a GPU quarantined then) is read when it is there. The
 //! writer ([`TraceRow::write_header`], [`TraceRow::write_row`]) writes the
 //! same CSV, with the same precision, so a live run's trace reads and plots
 //! like a simulated one.
@@ -33,7 +33,8 @@ pub const COLUMNS: [&str; 11] = [
     "caps",
 ];
 
-/// The optional column with the number of hosts quarantined.
+/// The optional column with the number of hosts with a GPU quarantined
+/// then.
 pub const QUARANTINED: &str = "quarantined";
 
 /// One row of the trace: the hall at one instant.
@@ -59,9 +60,11 @@ pub struct TraceRow {
     pub it_kw: f64,
     /// Facility power (IT plus cooling), kW.
     pub facility_kw: f64,
-    /// Hosts capped (`cooling-ctrl simulate` counts the racks with a cap).
+    /// Hosts capped (`cooling-ctrl simulate` counts the hosts it asks a cap
+    /// of).
     pub caps: u32,
-    /// Hosts quarantined, when the trace has the `quarantined` column.
+    /// Hosts with a GPU quarantined then, when the trace has the
+    /// `quarantined` column.
     pub quarantined: Option<u32>,
 }
 
@@ -262,7 +265,8 @@ impl TraceRow {
     /// Writes this row as one line, with the precision of
     /// `cooling-ctrl simulate --trace` (0.01 °C, 0.1 L/min, 0.01 of pump
     /// speed, 0.01 kW; the time as it is). With `quarantined`, the line ends
-    /// with the hosts quarantined, empty when the row does not know.
+    /// with the hosts with a GPU quarantined, empty when the row does not
+    /// know.
     pub fn write_row<W: Write + ?Sized>(&self, w: &mut W, quarantined: bool) -> io::Result<()> {
         write!(
             w,

@@ -100,7 +100,7 @@ fn report_writes_four_svgs_and_markdown_that_name_their_axes() {
             "hosts",
             "pump speed",
             "hosts capped (right)",
-            "hosts quarantined (right)",
+            "hosts with a GPU quarantined (right)",
         ],
     ];
     for (file, want) in CHARTS.iter().zip(axes) {
@@ -124,7 +124,10 @@ fn report_writes_four_svgs_and_markdown_that_name_their_axes() {
         "{md}"
     );
     assert!(md.contains("| extra_figure | a \\| b |"), "{md}");
-    assert!(md.contains("| most hosts quarantined | 1 |"), "{md}");
+    assert!(
+        md.contains("| most hosts with a GPU quarantined at once | 1 |"),
+        "{md}"
+    );
     for file in CHARTS {
         assert!(
             md.contains(&format!("]({file})")),

@@ -90,8 +90,9 @@ pub struct Hall {
     played: PlantState,
     /// The summary's figures besides the plant's.
     tally: Tally,
-    /// What the controller last declared.
-    declared: Declared,
+    /// What the controller last declared (`None`: it is down and
+    /// declares nothing).
+    declared: Option<Declared>,
 }
 
 impl Hall {
@@ -132,12 +133,15 @@ impl Hall {
             relay: None,
             played,
             tally: Tally::new(site_racks, lead0),
-            declared: Declared::default(),
+            declared: None,
         };
         // The outdoor sensor reads from the start (its register's 0 would
-        // pass for a 0 °C day); the loop's sensors read at the first step.
+        // pass for a 0 °C day), no time yet to drift; the loop's sensors
+        // read at the first step.
         let sensing: Vec<FaultKind> = hall.scenario.active(0.0).cloned().collect();
-        if let Err(e) = hall.show_outdoor(&sensing) {
+        let truth = hall.scenario.ambient.at(0.0);
+        let outdoor = hall.sensor(&sensing, 5, SensorName::OutdoorTemp, truth, 0.0);
+        if let Err(e) = hall.show_outdoor(outdoor) {
             tracing::warn!("hall: the outdoor sensor's register: {e}");
         }
         hall
@@ -161,9 +165,16 @@ impl Hall {
     }
 
     /// The controller now declares `d` (its last commands), counted from
-    /// the next step on.
-    pub fn declare(&mut self, d: Declared) {
+    /// the next step on; `None`: it is down (or has not yet commanded)
+    /// and declares nothing, as `simulate` counts nothing while it is down.
+    pub fn declare(&mut self, d: Option<Declared>) {
         self.declared = d;
+    }
+
+    /// An operator cleared the leak latched on `rack`: its valve reopening
+    /// from now on is attended, not unattended.
+    pub fn leak_cleared(&mut self, rack: usize) {
+        self.tally.cleared(rack);
     }
 
     /// The controller's process stopped to start again (a
@@ -251,12 +262,15 @@ impl Hall {
         self.follow.cooling_restored(host);
     }
 
+    /// Sensor `k` (`name`) reading `truth` after `dt` seconds under the
+    /// `active` faults: lost, stuck, or drifting by its rate per minute.
     fn sensor(
         &mut self,
         active: &[FaultKind],
         k: usize,
         name: SensorName,
         truth: f64,
+        dt: f64,
     ) -> Option<f64> {
         if active.contains(&FaultKind::SensorLost(name)) {
             return None;
@@ -269,7 +283,7 @@ impl Hall {
             FaultKind::SensorDrift(n, rate) if *n == name => Some(*rate),
             _ => None,
         }) {
-            Some(rate) => self.drift[k] += rate / 60.0,
+            Some(rate) => self.drift[k] += rate / 60.0 * dt,
             None => self.drift[k] = 0.0,
         }
         Some(truth + self.drift[k])
@@ -346,14 +360,19 @@ impl Hall {
                 }
             }
         }
-        self.cdu
-            .set_local(active.contains(&FaultKind::CduWriteRefused));
+        let local = active.contains(&FaultKind::CduWriteRefused);
+        if self.cdu.local() && !local {
+            self.local_ended();
+        }
+        self.cdu.set_local(local);
         // A Modbus outage: the CDU's gateway answers nothing for it.
         self.cdu.set_cut(active.contains(&FaultKind::ModbusOutage));
         // The hosts drain and power down by the hall's clock.
         let mut cond = self.scenario.conditions(self.t, &self.failed);
         let act = self.actuation(&active, &mut cond)?;
-        self.tally.declared(&self.declared, dt);
+        if let Some(d) = &self.declared {
+            self.tally.declared(d, dt);
+        }
         self.tally.lead(crate::sim::lead_of(act.pump_on));
         self.plant.step(dt, &act, &cond);
         let leaking: Vec<bool> = (0..racks)
@@ -363,12 +382,49 @@ impl Hall {
         self.tally.account(&leaking, &act.valves, flowing, dt);
         self.t += dt;
         self.show_board(&active);
+        // The sensors drift and stick whether or not anyone reads them.
+        let readings = self.sense(dt);
         // During a Modbus outage the registers keep their last values and
         // every request fails (the gateway's exception 11).
         if active.contains(&FaultKind::ModbusOutage) {
             return Ok(());
         }
-        self.show_registers(&act, &active)
+        self.show_registers(&act, &active, &readings)
+    }
+
+    /// Local mode ended (an operator at the panel handed the CDU back):
+    /// the heartbeat and the relay it has seen are timed from now, so a
+    /// controller whose writes it refused is not taken as lost at once.
+    fn local_ended(&mut self) {
+        let t = self.t;
+        if let Some((_, at)) = self.heartbeat.as_mut().filter(|(_, at)| at.is_finite()) {
+            *at = t;
+        }
+        if let Some((_, at)) = self.relay.as_mut().filter(|(_, at)| at.is_finite()) {
+            *at = t;
+        }
+    }
+
+    /// The CDU's sensors at the new time after a step of `dt` seconds, as
+    /// the scenario's faults leave them: the five of the loop (supply,
+    /// return, flow, facility supply, differential pressure), then the
+    /// outdoor one.
+    fn sense(&mut self, dt: f64) -> [Option<f64>; 6] {
+        let m = self.plant.meters();
+        let sensing: Vec<FaultKind> = self.scenario.active(self.t).cloned().collect();
+        let truths = [
+            (SensorName::SupplyTemp, m.supply_c),
+            (SensorName::ReturnTemp, m.return_c),
+            (SensorName::Flow, m.flow_lpm),
+            (SensorName::FacilitySupplyTemp, m.facility_supply_c),
+            (SensorName::DiffPressure, m.diff_pressure_kpa),
+            (SensorName::OutdoorTemp, self.scenario.ambient.at(self.t)),
+        ];
+        let mut out = [None; 6];
+        for (k, (name, truth)) in truths.into_iter().enumerate() {
+            out[k] = self.sensor(&sensing, k, name, truth, dt);
+        }
+        out
     }
 
     /// The ropes on the board's lines: wet where a rack leaks (a cut rope
@@ -385,36 +441,30 @@ impl Hall {
             .set_failing(active.contains(&FaultKind::BoardIoFault));
     }
 
-    /// What the CDU shows in its input registers after a step.
-    fn show_registers(&mut self, act: &Actuation, active: &[FaultKind]) -> Result<(), ValueError> {
+    /// What the CDU shows in its input registers after a step, its
+    /// sensors reading `readings` ([`Hall::sense`]).
+    fn show_registers(
+        &mut self,
+        act: &Actuation,
+        active: &[FaultKind],
+        readings: &[Option<f64>; 6],
+    ) -> Result<(), ValueError> {
         let m = self.plant.meters();
         let racks = self.plant.site().racks;
-        // The sensors read at the new time, as they always have.
-        let sensing: Vec<FaultKind> = self.scenario.active(self.t).cloned().collect();
-        let readings = [
-            (0, SensorName::SupplyTemp, m.supply_c, "supply_temp"),
-            (1, SensorName::ReturnTemp, m.return_c, "return_temp"),
-            (2, SensorName::Flow, m.flow_lpm, "flow"),
-            (
-                3,
-                SensorName::FacilitySupplyTemp,
-                m.facility_supply_c,
-                "facility_supply_temp",
-            ),
-            (
-                4,
-                SensorName::DiffPressure,
-                m.diff_pressure_kpa,
-                "diff_pressure",
-            ),
+        let registers = [
+            "supply_temp",
+            "return_temp",
+            "flow",
+            "facility_supply_temp",
+            "diff_pressure",
         ];
-        for (k, name, truth, register) in readings {
+        for (register, v) in registers.into_iter().zip(readings) {
             // A lost sensor reads as its register's floor (0), as a broken
             // 4-20 mA loop does; the controller must tell it from a reading.
-            let v = self.sensor(&sensing, k, name, truth).unwrap_or(0.0);
-            self.cdu.set_measurement(register, v.max(0.0))?;
+            self.cdu
+                .set_measurement(register, v.unwrap_or(0.0).max(0.0))?;
         }
-        self.show_outdoor(&sensing)?;
+        self.show_outdoor(readings[5])?;
         // A seized pump's contactor reads running; a tripped one shows
         // its drive's fault.
         let tripped = |i: usize| active.contains(&FaultKind::PumpTrip(i));
@@ -452,8 +502,9 @@ impl Hall {
     /// do: it reads the register type's floor (for an i16, 0x8000:
     /// -327.68 °C at 0.01), the type's "no value" sentinel, which the
     /// controller reads as no reading. A drift is held within the
-    /// register's other values.
-    fn show_outdoor(&mut self, sensing: &[FaultKind]) -> Result<(), ValueError> {
+    /// register's other values. `reading`: what the sensor reads (`None`:
+    /// lost).
+    fn show_outdoor(&mut self, reading: Option<f64>) -> Result<(), ValueError> {
         const REGISTER: &str = "outdoor_temp";
         let Some(r) = self.cdu.map().get(REGISTER) else {
             return Ok(());
@@ -473,8 +524,7 @@ impl Hall {
             Type::U32 => (0.0, 1.0, f64::from(u32::MAX)),
         };
         let scale = r.scale;
-        let truth = self.scenario.ambient.at(self.t);
-        let v = match self.sensor(sensing, 5, SensorName::OutdoorTemp, truth) {
+        let v = match reading {
             Some(v) => v.clamp(lo * scale, hi * scale),
             None => floor * scale,
         };
@@ -696,6 +746,90 @@ mod tests {
         assert_eq!(seen[650], seen[600]);
         assert_eq!(seen[700], seen[600]);
         assert!((seen[750] - truth(750.0)).abs() < 0.006);
+    }
+
+    #[test]
+    fn a_drift_grows_by_the_simulated_second_whatever_the_step_and_through_an_outage() {
+        // 2 K/min on the outdoor sensor from 0 s to 60 s; a Modbus outage
+        // from 20 s to 40 s freezes the register, not the drift.
+        let faults = "[[fault]]\nat_s = 0\nuntil_s = 60\nkind = \"sensor_drift\"\ntarget = \"outdoor_temp\"\nvalue = 2.0\n";
+        for outage in [
+            "",
+            "[[fault]]\nat_s = 20\nuntil_s = 40\nkind = \"modbus_outage\"\n",
+        ] {
+            let (mut h, cdu, _) = hall(&format!("{faults}{outage}"));
+            assert_eq!(
+                input(&cdu, "outdoor_temp"),
+                20.0,
+                "no drift before time passes"
+            );
+            // 240 quarter-second steps: 60 s.
+            for _ in 0..239 {
+                h.step(0.25).unwrap();
+            }
+            let off = input(&cdu, "outdoor_temp") - 20.0;
+            assert!(
+                (off - 2.0 * 59.75 / 60.0).abs() < 0.006,
+                "{outage:?}: {off}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_cdu_does_not_fall_back_when_local_mode_ends() {
+        // Local mode from 100 s to 200 s, longer than the 10 s timeout;
+        // the controller writes its heartbeat before every step (refused
+        // while local).
+        let (mut h, cdu, _) =
+            hall("[[fault]]\nat_s = 100\nuntil_s = 200\nkind = \"cdu_write_refused\"\n");
+        for k in 0..210 {
+            // A client's write is refused while the CDU is local.
+            if !cdu.local() {
+                cdu.write_setting("heartbeat", f64::from(k)).unwrap();
+            }
+            let t = h.time_s();
+            h.step(1.0).unwrap();
+            assert!(!h.in_fallback(), "the step from {t} s");
+        }
+    }
+
+    #[test]
+    fn a_valve_reopened_after_an_operator_cleared_its_leak_is_not_unattended() {
+        for (clear, unattended) in [(false, 1), (true, 0)] {
+            let (mut h, cdu, _) =
+                hall("[[fault]]\nat_s = 10\nuntil_s = 20\nkind = \"leak\"\ntarget = \"0\"\n");
+            for k in 0..40 {
+                match k {
+                    12 => cdu.write_setting("valves_open", 2.0).unwrap(),
+                    30 if clear => h.leak_cleared(0),
+                    31 => cdu.write_setting("valves_open", 3.0).unwrap(),
+                    _ => {}
+                }
+                h.step(1.0).unwrap();
+            }
+            let s = h.summary("t", "c");
+            assert_eq!(s.valve_reopened_unattended, unattended, "cleared: {clear}");
+        }
+    }
+
+    #[test]
+    fn a_controller_that_declares_nothing_is_counted_for_nothing() {
+        let (mut h, _, _) = hall("");
+        let d = Declared {
+            caps: 2,
+            failsafe: true,
+            ..Declared::default()
+        };
+        h.declare(Some(d));
+        for _ in 0..10 {
+            h.step(1.0).unwrap();
+        }
+        h.declare(None);
+        for _ in 0..10 {
+            h.step(1.0).unwrap();
+        }
+        let s = h.summary("t", "c");
+        assert_eq!((s.cap_requests, s.failsafe_s), (20, 10));
     }
 
     /// The plant state as the CDU's registers show it (true where no

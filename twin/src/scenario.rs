@@ -95,8 +95,9 @@ struct FaultFile {
     kind: String,
     #[serde(default)]
     target: String,
-    #[serde(default)]
-    value: f64,
+    /// Absent: 0 for a kind that ignores it or defaults it; a kind whose
+    /// value is its whole meaning refuses to do without one.
+    value: Option<f64>,
     /// In a hall of several CDUs: the CDU a fault of one CDU acts on.
     #[serde(default)]
     cdu: Option<usize>,
@@ -579,6 +580,12 @@ fn fault_of(f: &FaultFile, site: &SiteConfig) -> Result<Fault, String> {
             .filter(|r| *r < racks)
             .ok_or_else(|| format!("target {:?}: a rack from 0 to {}", f.target, racks - 1))
     };
+    // A kind that takes no value ignores it; one with a default has it.
+    let value = f.value.unwrap_or(0.0);
+    let needed = |what: &str| {
+        f.value
+            .ok_or_else(|| format!("value: missing; a {} needs {what}", f.kind))
+    };
     let sensor = || {
         SensorName::parse(&f.target).ok_or_else(|| {
             format!(
@@ -591,14 +598,18 @@ fn fault_of(f: &FaultFile, site: &SiteConfig) -> Result<Fault, String> {
         "chiller_trip" => FaultKind::ChillerTrip,
         "pump_trip" => FaultKind::PumpTrip(pump_of(&f.target)?),
         "dry_cooler_degraded" => {
-            if !(0.0..=1.0).contains(&f.value) {
-                return Err(format!("value {}: the share of UA left, 0 to 1", f.value));
+            let v = needed("the share of UA left, 0 to 1")?;
+            if !(0.0..=1.0).contains(&v) {
+                return Err(format!("value {v}: the share of UA left, 0 to 1"));
             }
-            FaultKind::DryCoolerDegraded(f.value)
+            FaultKind::DryCoolerDegraded(v)
         }
         "leak" => FaultKind::Leak(rack()?),
         "sensor_stuck" => FaultKind::SensorStuck(sensor()?),
-        "sensor_drift" => FaultKind::SensorDrift(sensor()?, f.value),
+        "sensor_drift" => FaultKind::SensorDrift(
+            sensor()?,
+            needed("its drift in K (or L/min, or kPa) per minute")?,
+        ),
         "sensor_lost" => FaultKind::SensorLost(sensor()?),
         "bus_outage" => FaultKind::BusOutage,
         "modbus_outage" => FaultKind::ModbusOutage,
@@ -606,9 +617,9 @@ fn fault_of(f: &FaultFile, site: &SiteConfig) -> Result<Fault, String> {
         "gpu_fail" => gpu_fail_of(&f.target, site)?,
         "pump_seized" => FaultKind::PumpSeized(pump_of(&f.target)?),
         "controller_restart" => {
-            let down = if f.value == 0.0 { 5.0 } else { f.value };
+            let down = if value == 0.0 { 5.0 } else { value };
             if !(down > 0.0 && down <= 3600.0) {
-                return Err(format!("value {}: seconds down, above 0 and at most 3600", f.value));
+                return Err(format!("value {value}: seconds down, above 0 and at most 3600"));
             }
             FaultKind::ControllerRestart(down)
         }
@@ -616,21 +627,22 @@ fn fault_of(f: &FaultFile, site: &SiteConfig) -> Result<Fault, String> {
         "board_io_fault" => FaultKind::BoardIoFault,
         "cdu_write_refused" => FaultKind::CduWriteRefused,
         "valve_feedback_stuck" => {
-            let closed = if f.value == 1.0 {
+            let closed = if value == 1.0 {
                 true
-            } else if f.value == 0.0 {
+            } else if value == 0.0 {
                 false
             } else {
-                return Err(format!("value {}: 1 (reads closed) or 0 (reads open)", f.value));
+                return Err(format!("value {value}: 1 (reads closed) or 0 (reads open)"));
             };
             FaultKind::ValveFeedbackStuck(rack()?, closed)
         }
         "latch_corrupt" => FaultKind::LatchCorrupt,
         "cold_plate_fouling" => {
-            if !(f.value >= 1.0 && f.value <= 20.0) {
-                return Err(format!("value {}: the factor reached, 1 to 20", f.value));
+            let v = needed("the factor reached, 1 to 20")?;
+            if !(1.0..=20.0).contains(&v) {
+                return Err(format!("value {v}: the factor reached, 1 to 20"));
             }
-            FaultKind::ColdPlateFouling(rack()?, f.value)
+            FaultKind::ColdPlateFouling(rack()?, v)
         }
         other => {
             return Err(format!(
@@ -782,6 +794,47 @@ target = "1.3.7"
         );
         let e = bad("racks = 2", "rakcs = 2");
         assert!(e.contains("[site]") && e.contains("rakcs"), "{e}");
+    }
+
+    #[test]
+    fn a_kind_whose_value_is_its_meaning_is_refused_without_one() {
+        let with = |fault: &str| {
+            Scenario::from_toml(
+                &format!("{HEATWAVE}\n[[fault]]\nat_s = 10\n{fault}"),
+                "s.toml",
+            )
+        };
+        for fault in [
+            "kind = \"sensor_drift\"\ntarget = \"supply_temp\"",
+            "kind = \"dry_cooler_degraded\"",
+            "kind = \"cold_plate_fouling\"\ntarget = \"0\"",
+        ] {
+            let e = with(fault).expect_err(fault);
+            let kind = fault.split('"').nth(1).unwrap();
+            assert!(
+                e.contains(&format!("fault 4 ({kind})")) && e.contains("value: missing"),
+                "{e}"
+            );
+        }
+        // Fields a kind ignores are taken as the template writes them, on
+        // any kind; a kind with a default keeps it.
+        let s = with(
+            "until_s = 20\nkind = \"chiller_trip\"\ntarget = \"\"\nvalue = 0.0\n\
+             [[fault]]\nat_s = 30\nkind = \"controller_restart\"\n\
+             [[fault]]\nat_s = 40\nkind = \"valve_feedback_stuck\"\ntarget = \"1\"\n\
+             [[fault]]\nat_s = 50\nkind = \"sensor_drift\"\ntarget = \"flow\"\nvalue = 0.0\n",
+        )
+        .expect("valid");
+        let kinds: Vec<_> = s.faults[3..].iter().map(|f| f.kind.clone()).collect();
+        assert_eq!(
+            kinds,
+            [
+                FaultKind::ChillerTrip,
+                FaultKind::ControllerRestart(5.0),
+                FaultKind::ValveFeedbackStuck(1, false),
+                FaultKind::SensorDrift(SensorName::Flow, 0.0),
+            ]
+        );
     }
 
     #[test]

@@ -191,12 +191,20 @@ pub fn run(
         st.last = st.plant.meters();
         st.account(&s.second, &s.act);
         if let Some(w) = trace.as_deref_mut() {
-            if sec % trace_every_s.max(1) == 0 {
+            if trace_due(sec, trace_every_s, scenario.duration_s) {
                 st.trace_row(w, &s.second, &s.act)?;
             }
         }
     }
     Ok(st.summary(name, controller.name(), leaks))
+}
+
+/// Whether the trace takes a row after second `sec` (the state at
+/// `sec + 1`): every `every` seconds, and the run's last state at
+/// `duration_s`, once.
+pub(crate) fn trace_due(sec: u64, every: u64, duration_s: u64) -> bool {
+    let t = sec + 1;
+    t % every.max(1) == 0 || t == duration_s
 }
 
 /// One CDU's second up to the plant's step: what the scenario has in
@@ -621,9 +629,10 @@ impl<'a> RunState<'a> {
         self.tally.account(&s.leaking, &act.valves, flowing, 1.0);
     }
 
-    /// One row of the trace, after the plant's step.
+    /// One row of the trace, after the plant's step: the state at its
+    /// end, with what the step played under (outdoor air, commands).
     fn trace_row(&self, w: &mut dyn Write, s: &Second, act: &Actuation) -> std::io::Result<()> {
-        let (t, ambient, last) = (s.t, s.ambient, self.last);
+        let (t, ambient, last) = (s.t + 1.0, s.ambient, self.last);
         let max_gpu = self
             .plant
             .gpus()
@@ -993,6 +1002,25 @@ all = [[0, 0.3], [300, 0.9]]
         assert!(lines[0].starts_with("t_s,ambient_c,setpoint_c,supply_c"));
         assert_eq!(lines.len(), 1 + 1800 / 60);
         assert_eq!(lines[1].split(',').count(), lines[0].split(',').count());
+        // Each row is the state at its time: after 60 s first, the run's
+        // end last.
+        let t_of = |l: &str| l.split(',').next().unwrap().to_string();
+        assert_eq!(
+            (t_of(lines[1]), t_of(lines[30])),
+            ("60".into(), "1800".into())
+        );
+        // A length that is no multiple of the interval ends on its last state.
+        let mut out = Vec::new();
+        let mut short = scenario("");
+        short.duration_s = 1000;
+        run("t", &short, &mut Baseline::new(32.0, 2), Some(&mut out), 60).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let times: Vec<String> = text.lines().skip(1).map(t_of).collect();
+        assert_eq!(times.len(), 1000 / 60 + 1);
+        assert_eq!(
+            times[times.len() - 2..],
+            ["960".to_string(), "1000".to_string()]
+        );
     }
 
     #[test]

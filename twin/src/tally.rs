@@ -92,6 +92,15 @@ impl Tally {
         self.restarts += 1;
     }
 
+    /// An operator cleared the leak latched on `rack`: a valve closed for
+    /// its leak that opens from now on was reopened by an operator's
+    /// word, not unattended.
+    pub fn cleared(&mut self, rack: usize) {
+        if let Some(closed) = self.closed_for_leak.get_mut(rack) {
+            *closed = false;
+        }
+    }
+
     /// After `dt` seconds of the plant: per rack, it leaks and its valve
     /// is really open, and whether water moved.
     pub fn account(&mut self, leaking: &[bool], valves_open: &[bool], flowing: bool, dt: f64) {
@@ -183,6 +192,17 @@ mod tests {
         t2.account(&[false], &[true], true, 1.0);
         t2.account(&[false], &[true], true, 1.0);
         assert_eq!(t2.summary("s", "c", 3, &t, 1).valve_reopened_unattended, 1);
+        // One an operator cleared first is not.
+        let mut t3 = Tally::new(2, 0);
+        t3.account(&[true, true], &[false, false], true, 1.0);
+        t3.account(&[false, false], &[false, false], true, 1.0);
+        t3.cleared(0);
+        t3.account(&[false, false], &[true, true], true, 1.0);
+        assert_eq!(
+            t3.summary("s", "c", 3, &t, 2).valve_reopened_unattended,
+            1,
+            "rack 1 only"
+        );
         t2.lead(Some(0));
         t2.lead(None);
         t2.lead(Some(1));

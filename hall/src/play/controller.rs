@@ -105,6 +105,9 @@ impl ControllerRuns {
             let Some(r) = due.filter(|_| !*stop.borrow()) else {
                 return;
             };
+            // A stopped process declares nothing: its last commands are
+            // not asked while it is down.
+            self.stats.send_modify(|s| s.last = None);
             self.hall.lock().expect("hall lock").controller_restarted();
             tracing::info!(
                 "t={:.0}s cooling controller stopped for a restart ({} s down)",
@@ -195,7 +198,13 @@ impl ControllerRuns {
             tracing::warn!("latch_corrupt: the controller has no flash file to damage");
             return;
         };
-        match damage_file(path).await {
+        // The flash is read and written on a thread of its own: the
+        // controller's flash calls are not made to move between threads.
+        let path = path.to_path_buf();
+        let done = tokio::task::spawn_blocking(move || damage_file(&path))
+            .await
+            .unwrap_or_else(|e| Err(format!("the flash thread: {e}")));
+        match done {
             Ok(()) => tracing::info!("latch_corrupt: the newest latched record damaged"),
             Err(e) => tracing::warn!("latch_corrupt: {e}"),
         }
@@ -221,12 +230,15 @@ async fn reaches(hall: Arc<Mutex<Hall>>, t_s: Option<f64>) {
     }
 }
 
-/// Damages the newest latched record in the flash file at `path`.
-async fn damage_file(path: &Path) -> Result<(), String> {
+/// Damages the newest latched record in the flash file at `path` (on
+/// the calling thread).
+fn damage_file(path: &Path) -> Result<(), String> {
     let record = {
         let mut stores = loopwarden_store::agent_flash::open(Some(path))?;
-        cooling_ctrl::journal::load_latched(&mut stores.store)
-            .await?
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .map_err(|e| format!("a runtime for the flash: {e}"))?;
+        rt.block_on(cooling_ctrl::journal::load_latched(&mut stores.store))?
             .ok_or("no latched record in the flash")?
     };
     let mut bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;

@@ -90,18 +90,31 @@ impl Live<'_> {
             .max(self.caps_in_force.values().filter(|c| **c).count());
     }
 
-    /// A host's health: the hall drains the GPUs its agent quarantined.
+    /// A host's health: the hall drains the GPUs its agent quarantined,
+    /// and gives work again to those it released.
     fn host_health(&mut self, node: &str, hh: &HostHealth, t: f64) {
         let per_host = self.sc.site.gpus_per_host;
-        if let Some(h) = self.host_ids.iter().position(|x| *x == node) {
-            for g in &hh.gpus {
-                let i = h * per_host + g.gpu.get() as usize;
-                if g.state == HealthState::Quarantined && self.out.quarantined.insert(i) {
-                    self.sim.hall.lock().expect("hall lock").quarantined(i);
+        let Some(h) = self.host_ids.iter().position(|x| *x == node) else {
+            return;
+        };
+        for g in &hh.gpus {
+            let i = h * per_host + g.gpu.get() as usize;
+            let gpu = g.gpu.get();
+            if g.state != HealthState::Quarantined {
+                if self.quarantined_now.remove(&i) {
+                    self.sim.hall.lock().expect("hall lock").released(i);
                     self.out
                         .events
-                        .push(format!("t={t:.0}s {node}: GPU {} quarantined", g.gpu.get()));
+                        .push(format!("t={t:.0}s {node}: GPU {gpu} released"));
                 }
+                continue;
+            }
+            if self.quarantined_now.insert(i) {
+                self.out.quarantined.insert(i);
+                self.sim.hall.lock().expect("hall lock").quarantined(i);
+                self.out
+                    .events
+                    .push(format!("t={t:.0}s {node}: GPU {gpu} quarantined"));
             }
         }
     }

@@ -221,6 +221,8 @@ impl ControllerSide<'_> {
                 let answer = pending.outcome(Duration::MAX).await;
                 match answer {
                     RequestOutcome::Answered(Ok(done)) => {
+                        // The valve it reopens now is the operator's word.
+                        hall.lock().expect("hall lock").leak_cleared(rack);
                         tracing::info!("t={at_s}s operator: {done}")
                     }
                     RequestOutcome::Answered(Err(why)) => {

@@ -115,6 +115,11 @@ async fn a_leaking_rack_is_drained_in_slurm_powered_down_and_resumed() {
     watcher.join().unwrap();
     let took = started.elapsed();
 
+    let summary = out.summary.as_ref().expect("the run's summary");
+    assert_eq!(
+        summary.valve_reopened_unattended, 0,
+        "rack 0's valve reopened on the operator's clear, not unattended"
+    );
     assert!(
         out.racks_lost.contains(&0),
         "rack 0 declared lost: {:?}",

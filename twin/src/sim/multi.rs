@@ -167,8 +167,8 @@ pub fn run_hall(
             }
         }
         if let Some(w) = trace.as_deref_mut() {
-            if sec % trace_every_s.max(1) == 0 {
-                hall_row(w, sec, ambient, &order, &water, &states)?;
+            if super::trace_due(sec, trace_every_s, scenario.duration_s) {
+                hall_row(w, sec + 1, ambient, &order, &water, &states)?;
             }
         }
     }
@@ -234,10 +234,10 @@ fn hall_of(name: &str, scenario: &Scenario, per_cdu: &[Summary]) -> Summary {
     }
 }
 
-/// One row of the hall's trace, after the step.
+/// One row of the hall's trace, after the step: the state at `t_s`.
 fn hall_row(
     w: &mut dyn Write,
-    sec: u64,
+    t_s: u64,
     ambient: f64,
     order: &FacilityOrder,
     water: &FacilityLoop,
@@ -255,7 +255,7 @@ fn hall_row(
         .map_or_else(|| "all".to_string(), |s| s.to_string());
     writeln!(
         w,
-        "{sec},{ambient:.2},{:.2},{:.2},{stages},{max_gpu:.2},{:.2},{:.2},{caps}",
+        "{t_s},{ambient:.2},{:.2},{:.2},{stages},{max_gpu:.2},{:.2},{:.2},{caps}",
         order.water_c,
         water.water_c(),
         it / 1000.0,
