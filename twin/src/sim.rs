@@ -89,7 +89,8 @@ pub struct Summary {
     /// Times the lead pump changed.
     pub pump_switchovers: u32,
     /// Times a valve closed for a leak opened again with no operator's
-    /// clear (the twin has no operator: any reopening counts).
+    /// clear (`simulate` has no operator: any reopening counts; the live
+    /// hall hears its operators' clears, [`crate::hall::Hall::leak_cleared`]).
     pub valve_reopened_unattended: u32,
     /// Times a rack was newly reported as having lost leak sensing.
     pub leak_sensing_alarms: u32,
