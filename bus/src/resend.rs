@@ -104,7 +104,11 @@ impl Resender {
     pub fn start(bus: Bus, recorder: Recorder, signers: Vec<Signer>) -> Self {
         let (requests, rx) = mpsc::channel(WAITING_MAX);
         let counts = Arc::new(Counts::default());
-        let desk = Desk::new(signers);
+        let own = bus.own_topic(Family::Resend).ok();
+        if own.is_none() {
+            tracing::error!(node = %bus.node(), "resend: this node has no resend topic; every request is refused");
+        }
+        let desk = Desk::new(own, signers);
         tokio::spawn(serve(bus, recorder, desk, rx, counts.clone()));
         Self { requests, counts }
     }

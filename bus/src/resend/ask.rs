@@ -10,13 +10,17 @@
 //! were events, and the rest were frames it need not resend (telemetry, or
 //! numbers it spent without a frame). Unless fewer resent frames of the
 //! range came than the report says went out: the broker lost some of the
-//! repair too, and the range is asked for again.
+//! repair too, and the range is asked for again. Frames are counted by
+//! their distinct numbers: a frame heard twice (resent again for another
+//! reader that asked an overlapping range) counts once. Only the report
+//! of the range asked settles anything: a late report of an earlier,
+//! other range was counted against no frames heard.
 //!
 //! Glossary:
 //! - *round*: the time between two calls of [`Asker::due`].
 //! - *covered*: the highest number a report has answered for.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use loopwarden_protocol::seq::SeqTrack;
 use loopwarden_protocol::{NodeId, ResendCode, ResendReport, TimestampMs, RESEND_SPAN_MAX};
@@ -33,8 +37,9 @@ struct Asking {
     covered: Option<u32>,
     /// The request waiting for its report: its range and when it went.
     asked: Option<(u32, u32, TimestampMs)>,
-    /// Resent frames of the asked range heard since it was asked.
-    heard: u32,
+    /// The distinct numbers of the asked range heard resent since it
+    /// was asked.
+    heard: BTreeSet<u32>,
     /// The sender's answer when it refuses this reader for good.
     refused: Option<ResendCode>,
     /// The lowest number the sender's log still holds an event of.
@@ -68,7 +73,7 @@ impl Asker {
                 return None;
             }
             a.asked = Some((from, to, now));
-            a.heard = 0;
+            a.heard.clear();
             return Some((from, to));
         }
         let ripe =
@@ -80,16 +85,16 @@ impl Asker {
             .unwrap_or(from)
             .min(from.saturating_add(RESEND_SPAN_MAX - 1));
         a.asked = Some((from, to, now));
-        a.heard = 0;
+        a.heard.clear();
         Some((from, to))
     }
 
     /// A frame `sender` resent, numbered `seq`, came (filling a hole or
-    /// not).
+    /// not; a number heard again counts once).
     pub fn resent(&mut self, sender: &NodeId, seq: u32) {
         if let Some(a) = self.senders.get_mut(sender) {
             if a.asked.is_some_and(|(f, t, _)| (f..=t).contains(&seq)) {
-                a.heard += 1;
+                a.heard.insert(seq);
             }
         }
     }
@@ -122,11 +127,16 @@ impl Asker {
             a.asked = None;
         }
         let served = matches!(report.code, ResendCode::Ok | ResendCode::Limited);
-        if ours && served && a.heard < report.resent {
+        let heard = u32::try_from(a.heard.len()).unwrap_or(u32::MAX);
+        if ours && served && heard < report.resent {
             // Some of the repair was lost on the way: ask again.
             return None;
         }
         let through = match report.code {
+            // A report of another range than the one asked (a late one
+            // of an earlier request) was counted against no frames heard:
+            // it settles nothing.
+            ResendCode::Ok | ResendCode::Malformed | ResendCode::Limited if !ours => None,
             ResendCode::Ok | ResendCode::Malformed => Some(report.to),
             ResendCode::Limited => Some(report.next.map_or(report.to, |n| n.saturating_sub(1))),
             ResendCode::Unauthenticated | ResendCode::Forbidden => {
@@ -235,6 +245,51 @@ mod tests {
         a.resent(&h1(), 4);
         a.answered(&me(), &h1(), &r);
         assert_eq!(a.due(at(3), &h1(), &t), None, "both came: settled");
+    }
+
+    /// Another reader asked an overlapping range: the sender resent 12
+    /// twice, once for each, and our 15 was lost (10 and 20 were no
+    /// events). Two frames heard, but one number: the report's two are
+    /// not all here.
+    #[test]
+    fn a_frame_resent_twice_counts_once() {
+        let mut a = Asker::default();
+        let t = track(&[9, 11, 12, 13, 14, 16, 17, 18, 19, 21]);
+        a.due(T, &h1(), &t);
+        assert_eq!(a.due(at(1), &h1(), &t), Some((10, 20)));
+        a.resent(&h1(), 12);
+        a.resent(&h1(), 12);
+        let mut r = report(ResendCode::Ok, 10, 20, None);
+        r.resent = 2;
+        a.answered(&me(), &h1(), &r);
+        assert_eq!(
+            a.due(at(2), &h1(), &t),
+            Some((10, 20)),
+            "15 never came: asked again"
+        );
+        a.resent(&h1(), 12);
+        a.resent(&h1(), 15);
+        a.answered(&me(), &h1(), &r);
+        let t = track(&[9, 11, 12, 13, 14, 15, 16, 17, 18, 19, 21]);
+        assert_eq!(a.due(at(3), &h1(), &t), None, "both came: settled");
+    }
+
+    /// A late report of an earlier, wider request settles nothing: no
+    /// frames were counted against its range, so a hole in it found
+    /// later is still asked for.
+    #[test]
+    fn a_late_report_of_another_range_settles_nothing() {
+        let mut a = Asker::default();
+        let t = track(&[1, 5]);
+        a.due(T, &h1(), &t);
+        assert_eq!(a.due(at(1), &h1(), &t), Some((2, 4)));
+        let late = report(ResendCode::Ok, 1, 20, None);
+        a.answered(&me(), &h1(), &late);
+        assert_eq!(a.waiting(), 1, "ours still waits for its report");
+        a.answered(&me(), &h1(), &report(ResendCode::Ok, 2, 4, None));
+        let t = track(&[1, 5, 6, 7, 8, 9, 11, 12]);
+        assert_eq!(a.due(at(2), &h1(), &t), None, "10 is new");
+        assert_eq!(a.due(at(3), &h1(), &t), Some((10, 10)), "not settled");
     }
 
     #[test]

@@ -2,8 +2,10 @@
 //! publish for them. Pure: every decision is a function of the request,
 //! the keyring and the time passed in.
 //!
-//! A request is answered only if it is signed by a keyring signer that
-//! may `resend`, over this node's own `resend` topic; newer (by sequence
+//! A request is answered only if it came on this node's own `resend`
+//! topic, signed over that topic by a keyring signer that may `resend`
+//! (a request heard on any other topic is refused as unauthenticated,
+//! however well signed for it); newer (by sequence
 //! number or time) than the last one taken from the same reader; within
 //! [`AGE_MAX_MS`] of the node's clock; and asks for a sane range. Then it
 //! gets as many frames as the frame budget holds.
@@ -109,6 +111,8 @@ pub enum Answer {
 /// The node's resend desk (see the module note).
 #[derive(Debug, Clone)]
 pub struct Desk {
+    /// This node's `resend` topic: the only one requests are taken on.
+    own: Option<Topic>,
     signers: Vec<Signer>,
     frames: Budget,
     refusals: Budget,
@@ -119,9 +123,12 @@ pub struct Desk {
 }
 
 impl Desk {
-    /// A desk answering the readers of `signers` that may resend.
-    pub fn new(signers: Vec<Signer>) -> Self {
+    /// A desk answering, on `own` (this node's `resend` topic; `None` for
+    /// a node without one, whose requests are all refused), the readers
+    /// of `signers` that may resend.
+    pub fn new(own: Option<Topic>, signers: Vec<Signer>) -> Self {
         Self {
+            own,
             signers,
             frames: Budget::full(FRAMES_BURST, FRAMES_PER_SECOND),
             refusals: Budget::full(REFUSALS_BURST, REFUSALS_PER_SECOND),
@@ -181,6 +188,10 @@ impl Desk {
 
     /// Authentic, allowed and fresh, or why not.
     fn check(&self, now: TimestampMs, frame: &Frame, on: &Topic) -> Result<(), ResendCode> {
+        // Signed for another topic, it is not a request to this node.
+        if self.own.as_ref() != Some(on) {
+            return Err(ResendCode::Unauthenticated);
+        }
         let key_id = frame.signed_auth().map(|a| a.key_id);
         let signer = key_id.and_then(|id| self.signers.iter().find(|s| s.is(&frame.sender, id)));
         frame
@@ -247,7 +258,10 @@ mod tests {
     }
 
     fn desk() -> Desk {
-        Desk::new(vec![reader("bms1", 1, true), reader("ems1", 2, false)])
+        Desk::new(
+            Some(topic()),
+            vec![reader("bms1", 1, true), reader("ems1", 2, false)],
+        )
     }
 
     fn request(name: &str, seed: u8, seq: u32, time: TimestampMs, range: (u32, u32)) -> Frame {
@@ -331,6 +345,44 @@ mod tests {
         );
         let wide = request("bms1", 1, 9, T0, (0, RESEND_SPAN_MAX));
         assert_eq!(code(&d.hear(T0, &wide, &t)), Some(ResendCode::Malformed));
+    }
+
+    /// A request signed well, but over another node's `resend` topic (or
+    /// this node's on another site, or another family): not one to this
+    /// node, refused however it came here.
+    #[test]
+    fn a_request_on_another_topic_than_this_nodes_resend_is_refused() {
+        let mut d = desk();
+        let mut seq = 5;
+        let mut others = Vec::new();
+        let mut node = topic();
+        node.node = Ident::new("h08").unwrap();
+        others.push(node);
+        let mut site = topic();
+        site.site = Ident::new("hall-2").unwrap();
+        others.push(site);
+        let mut family = topic();
+        family.family = Family::Cmd;
+        others.push(family);
+        for on in others {
+            let mut f = request("bms1", 1, seq, T0, (1, 2));
+            f.sign(&on, 1, &SigningKey::from_bytes(&[1; 32])).unwrap();
+            assert_eq!(
+                code(&d.hear(T0, &f, &on)),
+                Some(ResendCode::Unauthenticated),
+                "{on:?}"
+            );
+            seq += 1;
+        }
+        let ours = request("bms1", 1, seq, T0, (1, 2));
+        assert!(matches!(d.hear(T0, &ours, &topic()), Answer::Serve { .. }));
+        let mut nowhere = Desk::new(None, vec![reader("bms1", 1, true)]);
+        let again = request("bms1", 1, seq + 1, T0, (1, 2));
+        assert_eq!(
+            code(&nowhere.hear(T0, &again, &topic())),
+            Some(ResendCode::Unauthenticated),
+            "a node without a resend topic takes no request"
+        );
     }
 
     #[test]
