@@ -130,7 +130,8 @@ pub enum PublishError {
     /// flash and go out after the next start.
     #[error("{count} publishes not acknowledged by the broker at shutdown")]
     Unacknowledged {
-        /// How many were handed over and not acknowledged.
+        /// How many were handed over (or waited to be) and not
+        /// acknowledged, those kept from a lost connection included.
         count: usize,
     },
     /// Shutdown ended, connected, with outbox frames never handed over to

@@ -85,6 +85,10 @@ counters! {
     dropped_offline_overflow,
     /// Received frames dropped because the agent did not take them in time.
     dropped_inbound_full,
+    /// QoS 1 publishes not acknowledged when the bus task ended (a
+    /// shutdown, a lost connection during it): kept from a lost connection
+    /// or waiting to be handed over, never sent again.
+    dropped_at_stop,
     /// Received frames refused: bad CRC.
     rejected_bad_crc,
     /// Received frames refused: another major version.
@@ -124,5 +128,6 @@ impl MetricsSnapshot {
             + self.dropped_offline_overflow
             + self.dropped_inbound_full
             + self.dropped_outbox
+            + self.dropped_at_stop
     }
 }

@@ -67,7 +67,7 @@ const BUS_RECEIVED: Metric = Metric::counter(
 );
 const BUS_DROPPED: Metric = Metric::counter(
     "loopwarden_bus_frames_dropped_total",
-    "Frames dropped, by reason: offline (telemetry while the broker was unreachable), queue_full (outgoing queue), offline_overflow (QoS 1 beyond the offline buffer), inbound_full (received, not taken in time), outbox (oldest non-critical frame dropped for room).",
+    "Frames dropped, by reason: offline (telemetry while the broker was unreachable), queue_full (outgoing queue), offline_overflow (QoS 1 beyond the offline buffer), inbound_full (received, not taken in time), outbox (oldest non-critical frame dropped for room), at_stop (QoS 1 never acknowledged when the bus stopped, not in the outbox).",
 );
 const BUS_REJECTED: Metric = Metric::counter(
     "loopwarden_bus_frames_rejected_total",
@@ -162,6 +162,7 @@ pub fn write_bus(
         ("offline_overflow", m.dropped_offline_overflow),
         ("inbound_full", m.dropped_inbound_full),
         ("outbox", m.dropped_outbox),
+        ("at_stop", m.dropped_at_stop),
     ];
     with_reason(out, &BUS_DROPPED, labels, &dropped);
     let rejected = [

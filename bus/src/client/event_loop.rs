@@ -68,6 +68,7 @@ pub(super) async fn run(
     let core = Core::new(node, client, ends, inbound, outbox, control, &mut eventloop);
     let mut driver = Driver { eventloop, core };
     driver.drive().await;
+    driver.core.stopped();
     // The presence connection ends with us: with the goodbye a shutdown
     // asked for, else without one, so its will speaks.
     driver.core.want_presence(Want::End(None));
@@ -145,13 +146,41 @@ fn prepare_presence(node: &Node, eventloop: &mut EventLoop) -> PresencePair {
 }
 
 /// Whether a connection attempt that failed with `e` surely left no will
-/// at the broker: its TCP connection was refused, its TLS handshake
-/// failed (both before any CONNECT), or the broker refused the CONNECT.
+/// at the broker: it failed before its CONNECT went out (the broker's
+/// name did not resolve, or its TCP connection or TLS handshake failed),
+/// or the broker refused the CONNECT. Only errors that come before a TCP
+/// connection exists count: a timeout, a reset or a closed connection
+/// may come after the CONNECT reached the broker, whose will it may then
+/// still publish.
 fn no_will_registered(e: &ConnectionError) -> bool {
     match e {
-        ConnectionError::Io(io) => io.kind() == std::io::ErrorKind::ConnectionRefused,
+        ConnectionError::Io(io) => before_tcp(io),
         ConnectionError::Tls(_) | ConnectionError::ConnectionRefused(_) => true,
         _ => false,
+    }
+}
+
+/// Whether `io` is an error of opening a TCP connection that no
+/// connection follows: refused, no route to the host or its network, no
+/// local address for it, or its name not resolved (the resolver's errors
+/// carry no kind of their own: told by the standard library's words; if
+/// those ever change, the attempt counts as one that may have left a
+/// will, the safe side).
+fn before_tcp(io: &std::io::Error) -> bool {
+    use std::io::ErrorKind as K;
+    let unresolved = || {
+        io.raw_os_error().is_none()
+            && io
+                .to_string()
+                .starts_with("failed to lookup address information")
+    };
+    match io.kind() {
+        K::ConnectionRefused | K::HostUnreachable | K::NetworkUnreachable | K::AddrNotAvailable => {
+            true
+        }
+        // A name that resolves to no address (rumqttc's words).
+        K::InvalidInput => io.to_string() == "could not resolve to any address",
+        _ => unresolved(),
     }
 }
 
@@ -347,6 +376,18 @@ impl Core {
         let settled = self.session.settled() && self.ends.commands.is_empty();
         if self.leaving.is_some() && (!self.ready || settled) {
             self.finish_leaving();
+        }
+    }
+
+    /// The task ends: what the session still kept to send is lost, counted
+    /// and said.
+    fn stopped(&mut self) {
+        let lost = self.session.stopped();
+        if lost > 0 {
+            warn!(
+                count = lost,
+                "the bus stopped with QoS 1 publishes never acknowledged and not in the outbox: dropped (dropped_at_stop)"
+            );
         }
     }
 
@@ -944,5 +985,105 @@ mod tests {
             answer,
             Err(PublishError::Unacknowledged { count: 0 })
         ));
+    }
+
+    /// Attempts that never had a TCP connection keep their pair; any that
+    /// may have sent its CONNECT spends it.
+    #[test]
+    fn only_attempts_failed_before_a_connection_keep_their_presence_pair() {
+        use std::io::{Error, ErrorKind as K};
+        let io = |kind| ConnectionError::Io(Error::from(kind));
+        for kind in [
+            K::ConnectionRefused,
+            K::HostUnreachable,
+            K::NetworkUnreachable,
+            K::AddrNotAvailable,
+        ] {
+            assert!(no_will_registered(&io(kind)), "{kind:?}");
+        }
+        let nowhere = Error::new(K::InvalidInput, "could not resolve to any address");
+        assert!(no_will_registered(&ConnectionError::Io(nowhere)));
+        for kind in [
+            K::TimedOut,
+            K::ConnectionReset,
+            K::ConnectionAborted,
+            K::BrokenPipe,
+            K::UnexpectedEof,
+            K::InvalidInput,
+            K::Other,
+        ] {
+            assert!(!no_will_registered(&io(kind)), "{kind:?}");
+        }
+        assert!(!no_will_registered(&ConnectionError::NetworkTimeout));
+        let reset = rumqttc::StateError::Io(Error::from(K::HostUnreachable));
+        assert!(
+            !no_will_registered(&ConnectionError::MqttState(reset)),
+            "after the TCP connection: the CONNECT may have gone"
+        );
+        assert!(!no_will_registered(&ConnectionError::MqttState(
+            rumqttc::StateError::ConnectionAborted
+        )));
+    }
+
+    /// A broker name the resolver does not know: no connection was made.
+    #[test]
+    fn an_unresolved_broker_name_keeps_the_presence_pair() {
+        use std::net::ToSocketAddrs;
+        match ("no-such-broker.invalid", 1883).to_socket_addrs() {
+            Err(e) => assert!(no_will_registered(&ConnectionError::Io(e))),
+            // A resolver that answers every name: nothing to see here.
+            Ok(_) => eprintln!("no-such-broker.invalid resolved: not checked"),
+        }
+    }
+
+    /// Sent and not acknowledged when the connection drops during a
+    /// shutdown: kept, never sent again (no reconnection), so counted in
+    /// the answer and, when the task ends, as dropped.
+    #[tokio::test]
+    async fn a_shutdown_that_loses_the_connection_counts_what_was_kept() {
+        let mut h = harness(None);
+        h.core.on_connack(&mut h.eventloop, connack());
+        suback(&mut h.core);
+        h.core.session.accept(event(1));
+        h.core.place_queued();
+        h.core.session.sent(1);
+        let mut answer = shutdown(&mut h.core);
+        assert!(answer.try_recv().is_err(), "waits for the acknowledgement");
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        let flow = h
+            .core
+            .on_error(&mut h.eventloop, ConnectionError::Io(reset))
+            .await;
+        assert!(matches!(flow, Flow::Stop));
+        let answer = answer.await.expect("answered");
+        assert!(
+            matches!(answer, Err(PublishError::Unacknowledged { count: 1 })),
+            "{answer:?}"
+        );
+        h.core.stopped();
+        let m = h.core.node.status.metrics.snapshot();
+        assert_eq!(m.dropped_at_stop, 1);
+        assert_eq!(m.dropped(), 1);
+    }
+
+    /// Shut down during an outage with publishes kept: counted in the
+    /// answer, then as dropped.
+    #[tokio::test]
+    async fn a_shutdown_during_an_outage_counts_what_was_kept() {
+        let mut h = harness(None);
+        h.core.on_connack(&mut h.eventloop, connack());
+        suback(&mut h.core);
+        h.core.session.accept(event(1));
+        h.core.session.accept(event(2));
+        h.core.place_queued();
+        h.core.session.connection_lost(0);
+        h.core.set_ready(false);
+        let answer = shutdown(&mut h.core).await.expect("answered");
+        assert!(
+            matches!(answer, Err(PublishError::Unacknowledged { count: 2 })),
+            "{answer:?}"
+        );
+        h.core.stopped();
+        assert_eq!(h.core.node.status.metrics.snapshot().dropped_at_stop, 2);
     }
 }

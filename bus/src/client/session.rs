@@ -282,13 +282,30 @@ impl Session {
                 .any(|q| matches!(q, Queued::Publish(h) if outbox(h)))
     }
 
-    /// QoS 1 publishes handed over or waiting, not acknowledged.
+    /// QoS 1 publishes handed over, waiting, or kept from a lost
+    /// connection, not acknowledged.
     pub(super) fn unacknowledged(&self) -> usize {
         let waiting = self
             .waiting
             .iter()
             .filter(|q| matches!(q, Queued::Publish(h) if h.publish.qos != QoS::AtMostOnce));
-        self.order.len() + self.inflight.len() + waiting.count()
+        self.order.len() + self.inflight.len() + waiting.count() + self.kept.len()
+    }
+
+    /// The bus task ends: the QoS 1 publishes still kept from a lost
+    /// connection, or waiting for the client's queue, are never sent
+    /// again; they are counted as dropped (`dropped_at_stop`), and their
+    /// number returned. Outbox frames stay in flash; presence is not
+    /// counted (the will or the goodbye says it).
+    pub(super) fn stopped(&mut self) -> usize {
+        let waiting = self.waiting.drain(..).filter(|q| {
+            matches!(q, Queued::Publish(h) if h.publish.qos != QoS::AtMostOnce && h.what == What::Kept)
+        });
+        let lost = waiting.count() + self.kept.drain(..).count();
+        self.metrics()
+            .dropped_at_stop
+            .fetch_add(lost as u64, std::sync::atomic::Ordering::Relaxed);
+        lost
     }
 
     /// Nothing waits for the broker or for flash.
@@ -375,7 +392,8 @@ impl Session {
     }
 
     /// Connected while shutting down: only the goodbye (`presence`), ahead
-    /// of everything; nothing kept is sent.
+    /// of everything; nothing kept is sent (what was kept is counted as
+    /// dropped when the task ends: [`Session::stopped`]).
     pub(super) fn connected_to_leave(&mut self, goodbye: Vec<Publish>) -> Vec<Publish> {
         self.link_up = true;
         self.connections += 1;
