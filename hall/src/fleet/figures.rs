@@ -102,6 +102,7 @@ impl Ran {
                 ("offline overflow", m.dropped_offline_overflow),
                 ("inbound full", m.dropped_inbound_full),
                 ("outbox full", m.dropped_outbox),
+                ("unacknowledged at stop", m.dropped_at_stop),
             ] {
                 if n > 0 {
                     *r.client_drops_by_kind
