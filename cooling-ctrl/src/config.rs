@@ -242,6 +242,19 @@ pub fn load(path: Option<&Path>, flags: &Overrides) -> Result<Config, ConfigErro
     load_for(path, flags, Purpose::Run)
 }
 
+impl Config {
+    /// The protections switched off on purpose, each as its setting and
+    /// what it costs: the opt-outs ([`Config::opt_outs`]), and running
+    /// without a flash file (`volatile_latch`). `ctl status` and
+    /// `/metrics` (`loopwarden_protection_off{key}`) show them.
+    pub fn protections_off(&self) -> Vec<String> {
+        let volatile = self.volatile_latch.then(|| {
+            "volatile_latch = true: no flash file; latched leaks, failed pumps and the lead pump are lost at every restart".to_string()
+        });
+        self.opt_outs.iter().cloned().chain(volatile).collect()
+    }
+}
+
 /// As [`load`], for `purpose`; the configuration's opt-outs and
 /// warnings are logged.
 pub fn load_for(

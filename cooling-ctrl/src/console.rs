@@ -40,6 +40,7 @@ mod render;
 mod serial;
 
 pub use answer::answer;
+pub(crate) use answer::protection_key;
 pub use render::{operator as render_operator, render};
 pub use serial::SerialCdu;
 
@@ -109,6 +110,11 @@ pub struct Context {
     pub stats: watch::Receiver<ShellStats>,
     /// The event log.
     pub recorder: Recorder,
+    /// The protections switched off on purpose, each as its setting and
+    /// what it costs (`rope_fault_active_high = true: ...`; see
+    /// `Config::protections_off`): `ctl status` rows and `/metrics`
+    /// series for as long as the controller runs.
+    pub protection_off: Vec<String>,
     /// Where operators' requests go; `None`: the console is read-only.
     pub operator: Option<tokio::sync::mpsc::Sender<OperatorRequest>>,
 }
@@ -173,6 +179,7 @@ pub(crate) fn test_context(st: ShellStats) -> Arc<Context> {
         lease: Duration::from_secs(30),
         demo_key: false,
         started: TimestampMs(0),
+        protection_off: Vec::new(),
         stats: rx,
         recorder: crate::journal::ControllerFlash::open(None)
             .unwrap()

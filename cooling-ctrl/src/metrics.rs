@@ -81,7 +81,7 @@ impl CduMetrics {
         info(&mut out, &self.ctx, &cdu);
         counters(&mut out, &st, &cdu);
         if let Some(snap) = &st.status {
-            mode(&mut out, snap, st.last.as_ref(), &cdu);
+            mode(&mut out, snap, &st, &cdu);
             loop_readings(&mut out, snap, &cdu);
             pumps(&mut out, snap, st.last.as_ref(), &cdu);
             // How old every series below is.
@@ -122,8 +122,10 @@ impl CduMetrics {
             if let Some(c) = c {
                 out.flag(&RACK_COOLING_LOST, &l, bit(c.cooling_lost));
             }
-            // An input gone silent after it read wet: neither wet nor dry.
-            if !bit(s.leaks_unheard) {
+            // Wet as an input that answered reads it; dry only when one
+            // that answered covers it and none gone silent last read it
+            // wet: else neither wet nor dry is known, and no series.
+            if bit(s.leaks_now) || (bit(s.leaks_heard) && !bit(s.leaks_unheard)) {
                 out.flag(&RACK_LEAK, &l, bit(s.leaks_now));
             }
             if !relatch {
@@ -198,7 +200,7 @@ impl CduMetrics {
                 out.sample(&HOST_HEARD, &l, t.0 as f64 / 1000.0);
             }
         }
-        let capped = st.caps.iter().filter(|c| c.is_some()).count();
+        let capped = st.hosts_capped(loopwarden_bus::now_ms());
         out.sample(&HOSTS_CAPPED, cdu, capped as f64);
     }
 }
@@ -242,6 +244,10 @@ fn info(out: &mut Exposition, ctx: &Context, cdu: &[(&str, &str)]) {
     );
     out.sample(&INFO, &l, 1.0);
     out.sample(&STARTED, cdu, ctx.started.0 as f64 / 1000.0);
+    for said in &ctx.protection_off {
+        let key = crate::console::protection_key(said);
+        out.sample(&PROTECTION_OFF, &with_labels(cdu, &[("key", key)]), 1.0);
+    }
 }
 
 /// The shell's counters.
@@ -282,8 +288,9 @@ fn counters(out: &mut Exposition, st: &ShellStats, cdu: &[(&str, &str)]) {
     }
 }
 
-/// The mode, its reason, the setpoint and speed, the alarms.
-fn mode(out: &mut Exposition, s: &Snapshot, c: Option<&Commands>, cdu: &[(&str, &str)]) {
+/// The mode, its reason, the setpoint and speed as written to the CDU
+/// and taken, the alarms.
+fn mode(out: &mut Exposition, s: &Snapshot, st: &ShellStats, cdu: &[(&str, &str)]) {
     for m in [
         CduMode::Boot,
         CduMode::Normal,
@@ -300,9 +307,13 @@ fn mode(out: &mut Exposition, s: &Snapshot, c: Option<&Commands>, cdu: &[(&str, 
     out.sample(&MODE_SINCE, cdu, s.since.0 as f64 / 1000.0);
     out.sample(&EVENTS_DROPPED, cdu, s.events_dropped.into());
     out.flag(&REJECTION_SHORT, cdu, s.loops.rejection_short);
-    if let Some(c) = c {
-        out.sample(&SETPOINT, cdu, f64::from(c.setpoint_c));
-        out.sample(&PUMP_SPEED, cdu, f64::from(c.pump_speed));
+    if let Some(v) = st.setpoint_written_c {
+        out.sample(&SETPOINT, cdu, v);
+    }
+    if let Some(pct) = st.speed_written_pct {
+        out.sample(&PUMP_SPEED, cdu, pct / 100.0);
+    }
+    if let Some(c) = &st.last {
         out.flag(&BEACON, cdu, c.beacon);
     }
 }
@@ -620,6 +631,103 @@ mod tests {
         assert_eq!(value(&text, &leak(1)), 1.0);
         assert!(!text.contains(&leak(2)), "{text}");
         assert_eq!(value(&text, &leak(3)), 0.0);
+    }
+
+    #[test]
+    fn a_rack_no_leak_input_answered_for_is_no_series_not_dry() {
+        use cooling_core::{Core, CoreConfig};
+        let mut cfg = CoreConfig::default();
+        let text = |cfg: &CoreConfig, heard: u16, now: u16| {
+            let core = Core::new(*cfg).unwrap();
+            let mut snap = Snapshot::of_core(&core);
+            snap.leaks_heard = heard;
+            snap.leaks_now = now;
+            let ctx = context(ShellStats {
+                status: Some(snap),
+                ..Default::default()
+            });
+            CduMetrics::new(ctx, &cfg.layout).render()
+        };
+        let leak = |r: usize| format!(r#"{}{{cdu="cdu-1",rack="{r}"}}"#, RACK_LEAK.name);
+        // No board pins, the CDU silent: no rack's leak is known.
+        let core = Core::new(cfg).unwrap();
+        let mut snap = Snapshot::of_core(&core);
+        snap.ropes = false;
+        snap.readings = None;
+        snap.leaks_heard = 0;
+        let ctx = context(ShellStats {
+            status: Some(snap),
+            ..Default::default()
+        });
+        let t = CduMetrics::new(ctx, &cfg.layout).render();
+        assert!(!t.contains(&format!("{}{{", RACK_LEAK.name)), "{t}");
+        // Ropes on racks 0, 1, 3 read dry, rack 2 unprotected, the CDU
+        // silent: rack 2 has no series.
+        cfg.layout.unprotected = 0b0100;
+        let t = text(&cfg, 0b1011, 0);
+        for r in [0, 1, 3] {
+            assert_eq!(value(&t, &leak(r)), 0.0, "rack {r}");
+        }
+        assert!(!t.contains(&leak(2)), "{t}");
+        // A rope reads wet: wet.
+        let t = text(&cfg, 0b1011, 0b0001);
+        assert_eq!(value(&t, &leak(0)), 1.0);
+    }
+
+    #[test]
+    fn the_setpoint_and_speed_are_as_written_to_the_cdu_not_as_asked() {
+        use crate::decide::{Decider, MapLimits, Outcome};
+        use cooling_core::{Core, CoreConfig};
+        let cfg = CoreConfig::default();
+        let limits = MapLimits {
+            mapped: [true; 6],
+            setpoint_c: None,
+            speed_pct: Some((30.0, 90.0)),
+            positions: false,
+        };
+        let none: Result<Option<crate::journal::LatchRecord>, &str> = Ok(None);
+        let mut d = Decider::new(cfg, limits, &none).unwrap();
+        let mut c = Commands::UNSET;
+        c.pump_speed = 1.0;
+        c.setpoint_c = 32.0;
+        let plan = d.plan(&c, None);
+        let mut st = ShellStats {
+            status: Some(Snapshot::of_core(&Core::new(cfg).unwrap())),
+            last: Some(c.clone()),
+            ..Default::default()
+        };
+        let text = |st: &ShellStats| CduMetrics::new(context(st.clone()), &cfg.layout).render();
+        // Nothing taken yet: no series.
+        let t = text(&st);
+        assert!(!t.contains(&format!("{}{{", PUMP_SPEED.name)), "{t}");
+        st.took(&plan, &Outcome::whole(&plan, true));
+        let t = text(&st);
+        let speed = format!(r#"{}{{cdu="cdu-1"}}"#, PUMP_SPEED.name);
+        assert!((value(&t, &speed) - 0.9).abs() < 1e-9, "{t}");
+        let setpoint = format!(r#"{}{{cdu="cdu-1"}}"#, SETPOINT.name);
+        assert_eq!(value(&t, &setpoint), 32.0);
+        // A write the CDU refused leaves the last it took.
+        c.pump_speed = 0.5;
+        let plan = d.plan(&c, None);
+        st.took(&plan, &Outcome::whole(&plan, false));
+        assert!((value(&text(&st), &speed) - 0.9).abs() < 1e-9);
+    }
+
+    #[test]
+    fn each_protection_switched_off_is_a_series_while_it_is_off() {
+        let cfg = cooling_core::CoreConfig::default();
+        let mut ctx = (*context(ShellStats::default())).clone();
+        let t = CduMetrics::new(Arc::new(ctx.clone()), &cfg.layout).render();
+        assert!(!t.contains(PROTECTION_OFF.name), "{t}");
+        ctx.protection_off = vec![
+            "rope_fault_active_high = true: a cut line reads healthy".into(),
+            "volatile_latch = true: no flash file".into(),
+        ];
+        let t = CduMetrics::new(Arc::new(ctx), &cfg.layout).render();
+        for key in ["rope_fault_active_high", "volatile_latch"] {
+            let series = format!(r#"{}{{cdu="cdu-1",key="{key}"}}"#, PROTECTION_OFF.name);
+            assert_eq!(value(&t, &series), 1.0);
+        }
     }
 
     /// The value of the series `series` (name and labels, as written) in

@@ -111,6 +111,7 @@ mod facility;
 mod keeping;
 mod leases;
 mod links;
+mod operator;
 mod publish;
 mod start;
 mod stats;
@@ -129,7 +130,8 @@ pub(crate) use start::{bus_config, start_bus};
 use start::{check_ropes, log_said, restore_bms_limits, restore_learned, start_decider};
 pub(crate) use stats::shown;
 pub use stats::{
-    stats_channel, FacilityStatus, LastAck, ResendCounts, SensorStatus, ShellStats, Snapshot,
+    stats_channel, CapSent, FacilityStatus, LastAck, ResendCounts, SensorStatus, ShellStats,
+    Snapshot,
 };
 
 /// Why a pump's trip is not cleared while the CDU is not read.
@@ -527,6 +529,7 @@ impl<P: CduPort> Shell<P> {
             lease_book: LeaseBook::new(hosts, cfg.lease, cfg.core.gpu.tdp_w),
             stats: ShellStats {
                 caps: vec![None; hosts],
+                caps_sent: vec![None; hosts],
                 heard: vec![None; hosts],
                 ..Default::default()
             },
@@ -691,6 +694,7 @@ impl<P: CduPort> Shell<P> {
     async fn write_cdu(&mut self, c: &Commands, closed: Option<u16>) {
         let plan = self.decider.plan(c, closed);
         let outcome = self.devices.write(&plan, &mut self.stats).await;
+        self.stats.took(&plan, &outcome);
         self.decider.written(&outcome);
     }
 
@@ -734,14 +738,7 @@ impl<P: CduPort> Shell<P> {
         }
         let (answer, cleared) = match req.action {
             OperatorAction::ClearLeak { rack } => {
-                let done = self
-                    .decider
-                    .core_mut()
-                    .clear_leak(rack, self.leak_inputs.now())
-                    .map(|()| {
-                        format!("rack {rack}: leak cleared, its valve reopens at the next step")
-                    })
-                    .map_err(|e| format!("rack {rack}: {e}"));
+                let done = operator::clear_leak(&mut self.decider, rack, self.leak_inputs.now());
                 (done, (RackIndex::new(rack as u8), None))
             }
             OperatorAction::ClearPumpTrip { pump } => {

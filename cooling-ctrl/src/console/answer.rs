@@ -154,8 +154,10 @@ fn status(ctx: &Context, st: &ShellStats, now: TimestampMs) -> Value {
         "reason": snap.map(|s| s.reason),
         "since_ms": snap.map(|s| s.since.0),
         "for_s": snap.map(|s| secs_ago(now, s.since)),
-        "setpoint_c": c.map(|c| round(f64::from(c.setpoint_c), 2)),
-        "pump_speed_pct": c.map(|c| round(f64::from(c.pump_speed) * 100.0, 1)),
+        // As written to the CDU and taken (held to its map's range); what
+        // the core asks beside it.
+        "setpoint_c": st.setpoint_written_c.map(|v| round(v, 2)),
+        "pump_speed_pct": st.speed_written_pct.map(|v| round(v, 1)),
         "supply_c": shown(Which::Supply),
         "return_c": shown(Which::Return),
         "flow_lpm": shown(Which::Flow),
@@ -173,7 +175,7 @@ fn status(ctx: &Context, st: &ShellStats, now: TimestampMs) -> Value {
         "leak_sensing_lost": snap.map(|s| racks(s.sensing_lost)),
         "isolation_failed": snap.map(|s| racks(s.isolation_failed)),
         "leaks_now": snap.map(|s| racks(s.leaks_now)),
-        "capped_hosts": st.caps.iter().filter(|c| c.is_some()).count(),
+        "capped_hosts": st.hosts_capped(now),
         "cdu_link": cdu_link,
         "bus": {
             "broker": ctx.broker,
@@ -194,6 +196,8 @@ fn status(ctx: &Context, st: &ShellStats, now: TimestampMs) -> Value {
     });
     // Past the macro's recursion limit: added after.
     v["board_errors"] = json!(st.board_errors);
+    v["setpoint_asked_c"] = json!(c.map(|c| round(f64::from(c.setpoint_c), 2)));
+    v["pump_speed_asked_pct"] = json!(c.map(|c| round(f64::from(c.pump_speed) * 100.0, 1)));
     v["relatch_pending"] = json!(st.relatch_pending);
     // Read wet by an input that has not answered since: not known dry.
     v["leaks_unheard"] = json!(snap.map(|s| racks(s.leaks_unheard)));
@@ -210,10 +214,43 @@ fn status(ctx: &Context, st: &ShellStats, now: TimestampMs) -> Value {
     if snap.is_none() {
         v["note"] = json!("no control step yet");
     }
+    // Each supervised sensor's fault, by the key of its reading: a stuck,
+    // drifting or implausible sensor's figure is not to be trusted.
+    v["sensor_faults"] = sensor_faults(snap);
+    v["protection_off"] = json!(ctx
+        .protection_off
+        .iter()
+        .map(|said| json!({ "key": protection_key(said), "said": said }))
+        .collect::<Vec<_>>());
     // The valves as the CDU has them (`null`: unknown), and as commanded.
     v["valves_open"] = json!(snap.and_then(|s| s.valves_open).map(racks));
     v["valves_commanded_open"] = json!(c.map(|c| racks(c.valves_open)));
     v
+}
+
+/// The fault each supervised sensor stands under now, by the key of its
+/// reading in `status` (`supply_c`, ...); a sensor without one (or
+/// cleared) is not listed.
+fn sensor_faults(snap: Option<&crate::shell::Snapshot>) -> Value {
+    let mut faults = serde_json::Map::new();
+    for sensor in snap.into_iter().flat_map(|s| s.sensors.iter()) {
+        if let (true, Some(f)) = (sensor.faulted(), sensor.fault) {
+            let key = match sensor.which {
+                Which::Supply => "supply_c",
+                Which::Return => "return_c",
+                Which::Flow => "flow_lpm",
+                Which::FacilitySupply => "facility_supply_c",
+            };
+            faults.insert(key.into(), json!(f));
+        }
+    }
+    Value::Object(faults)
+}
+
+/// The setting an opt-out line names (`rope_fault_active_high = true:
+/// ...` names `rope_fault_active_high`).
+pub(crate) fn protection_key(said: &str) -> &str {
+    said.split([' ', '=', ':']).next().unwrap_or(said)
 }
 
 /// Readers' requests to resend logged events, by outcome, and the frames
@@ -426,6 +463,51 @@ mod tests {
             .find(|l| l.starts_with(name))
             .unwrap_or_else(|| panic!("no {name} row in\n{text}"))
             .to_string()
+    }
+
+    #[test]
+    fn a_faulted_sensor_is_marked_protections_off_have_rows_and_the_setpoint_is_as_written() {
+        use loopwarden_protocol::message::SensorFault;
+        let mut ctx = (*crate::console::test_context(ShellStats::default())).clone();
+        ctx.protection_off = vec!["rope_fault_active_high = true: a cut line reads healthy".into()];
+        let core = Core::new(CoreConfig::default()).unwrap();
+        let mut snap = Snapshot::of_core(&core);
+        snap.sensors[0] = SensorStatus {
+            which: Which::Supply,
+            reading: Some(31.0),
+            fault: Some(SensorFault::Stuck),
+        };
+        snap.sensors[1] = SensorStatus {
+            which: Which::Return,
+            reading: Some(38.0),
+            fault: Some(SensorFault::Cleared),
+        };
+        let mut asked = cooling_core::Commands::UNSET;
+        asked.setpoint_c = 32.0;
+        asked.pump_speed = 1.0;
+        let st = ShellStats {
+            status: Some(snap),
+            last: Some(asked),
+            setpoint_written_c: Some(32.0),
+            speed_written_pct: Some(90.0),
+            ..Default::default()
+        };
+        let v = status(&ctx, &st, TimestampMs(0));
+        assert_eq!(v["sensor_faults"], json!({"supply_c": "stuck"}), "{v:#}");
+        let row = status_row(&v, "supply/return");
+        assert!(row.ends_with("31 °C (STUCK) / 38 °C"), "{row}");
+        let row = status_row(&v, "PROTECTION OFF");
+        assert!(
+            row.ends_with("rope_fault_active_high = true: a cut line reads healthy"),
+            "{row}"
+        );
+        assert_eq!(v["protection_off"][0]["key"], "rope_fault_active_high");
+        let row = status_row(&v, "setpoint");
+        assert!(row.ends_with("32 °C, pumps at 90 % (asked 100 %)"), "{row}");
+        // Every protection on: no row.
+        let ctx = crate::console::test_context(ShellStats::default());
+        let text = render::render(&Request::Status, &status(&ctx, &st, TimestampMs(0)));
+        assert!(!text.contains("PROTECTION OFF"), "{text}");
     }
 
     #[test]

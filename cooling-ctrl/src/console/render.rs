@@ -48,6 +48,9 @@ pub fn operator(v: &Value) -> String {
 fn status(v: &Value) -> String {
     let mut rows = plant_rows(v);
     rows.extend(link_rows(v));
+    for off in v["protection_off"].as_array().into_iter().flatten() {
+        rows.push(("PROTECTION OFF", s(&off["said"])));
+    }
     if v["demo_key"].as_bool() == Some(true) {
         rows.push((
             "WARNING",
@@ -87,6 +90,34 @@ fn pumps_line(v: &Value) -> String {
         .unwrap_or_default()
 }
 
+/// The reading `key` of `status` in `unit`, its sensor's fault said
+/// beside it (`31 °C (STUCK)`, `- (LOST)`).
+fn sensor(v: &Value, key: &str, unit: &str) -> String {
+    let figure = u(&v[key], unit);
+    match v["sensor_faults"][key].as_str() {
+        Some(fault) => format!("{figure} ({})", fault.to_uppercase()),
+        None => figure,
+    }
+}
+
+/// The setpoint and pump speed as written to the CDU, and what the core
+/// asks where that differs (the map's range held it).
+fn setpoint_line(v: &Value) -> String {
+    let with_asked = |key: &str, asked: &str, unit: &str| {
+        let written = u(&v[key], unit);
+        match (v[key].as_f64(), v[asked].as_f64()) {
+            (Some(w), Some(a)) if (w - a).abs() < 0.05 => written,
+            (_, Some(_)) => format!("{written} (asked {})", u(&v[asked], unit)),
+            _ => written,
+        }
+    };
+    format!(
+        "{}, pumps at {}",
+        with_asked("setpoint_c", "setpoint_asked_c", " °C"),
+        with_asked("pump_speed_pct", "pump_speed_asked_pct", " %")
+    )
+}
+
 /// `status` rows about the plant: mode, temperatures, flow, pumps, power,
 /// hosts, leaks and valves.
 fn plant_rows(v: &Value) -> Vec<(&'static str, String)> {
@@ -106,24 +137,17 @@ fn plant_rows(v: &Value) -> Vec<(&'static str, String)> {
                 ),
             },
         ),
-        (
-            "setpoint",
-            format!(
-                "{}, pumps at {}",
-                u(&v["setpoint_c"], " °C"),
-                u(&v["pump_speed_pct"], " %")
-            ),
-        ),
+        ("setpoint", setpoint_line(v)),
         (
             "supply/return",
             format!(
                 "{} / {}",
-                u(&v["supply_c"], " °C"),
-                u(&v["return_c"], " °C")
+                sensor(v, "supply_c", " °C"),
+                sensor(v, "return_c", " °C")
             ),
         ),
-        ("flow", u(&v["flow_lpm"], " L/min")),
-        ("facility water", u(&v["facility_supply_c"], " °C")),
+        ("flow", sensor(v, "flow_lpm", " L/min")),
+        ("facility water", sensor(v, "facility_supply_c", " °C")),
         ("pumps", pumps),
         (
             "power",

@@ -277,7 +277,7 @@ fn of_status(s: &Status, racks: u8, settings: &NorthboundSettings) -> Northbound
 /// step went in (the CDU took them), else every valve open: the status
 /// does not say which write failed, and a close not known to have gone
 /// in is not shown as done.
-fn valves_of(s: &Status, racks: u8) -> u16 {
+pub(super) fn valves_of(s: &Status, racks: u8) -> u16 {
     let taken = s.writes_ok.then_some(s.racks.valves_open);
     valves_shown(valves_held(s.readings.as_ref(), taken, racks), racks)
 }

@@ -59,6 +59,7 @@ use loopwarden_protocol::message::{CapLease, CduMode, CduState, CduTelemetry, Ev
 use loopwarden_protocol::message::{FacilityOffer, FacilityState};
 use loopwarden_protocol::{Ident, ReasonCode, TimestampMs};
 
+use super::bms::valves_of;
 use super::facility::HallPart;
 use crate::shell::{cdu_state, cdu_telemetry, StateKey, StateSent, StepFacts};
 
@@ -658,7 +659,7 @@ impl Bridge {
             setpoint_c: s.setpoint_c,
             pump_speed: s.pump_speed,
             pump_on: s.pump_on,
-            valves_open: s.racks.valves_open,
+            valves_open: valves_of(&s, self.layout.racks),
             cooling_lost: s.racks.cooling_lost,
             sensing_lost: s.racks.sensing_lost,
             leaks_wet: s.racks.leaks_wet,
@@ -726,7 +727,10 @@ impl Bridge {
             setpoint_c,
             pump_speed: 0.0,
             pump_on: [false; 2],
-            valves_open: racks.valves_open,
+            valves_open: self
+                .last
+                .as_deref()
+                .map_or(0, |s| valves_of(s, self.layout.racks)),
             cooling_lost: racks.cooling_lost,
             sensing_lost: racks.sensing_lost,
             leaks_wet: racks.leaks_wet,
@@ -893,6 +897,31 @@ mod tests {
     }
 
     const STATE_EVERY_MS: u64 = crate::shell::STATE_EVERY.as_millis() as u64;
+
+    #[test]
+    fn a_close_the_mcus_step_did_not_write_shows_open_on_the_bus() {
+        let mut b = bridge();
+        let Up::Status(mut s) = status(1, 10_000, CduMode::Normal, false) else {
+            unreachable!()
+        };
+        // Rack 2 leaks: commanded shut, and a write of the step failed.
+        s.racks.valves_open = 0b1011;
+        s.writes_ok = false;
+        let acts = b.hear(&frame(&Up::Status(s.clone()), 0), at(1_000));
+        let Some(Act::Telemetry(t)) = acts.first() else {
+            panic!("{acts:?}")
+        };
+        let valves: Vec<u8> = t.racks.iter().map(|r| r.valve.get()).collect();
+        assert_eq!(valves, [100; 4], "a close not known done shows open");
+        // Every write went in: as commanded.
+        s.writes_ok = true;
+        let acts = b.hear(&frame(&Up::Status(s), 1), at(2_000));
+        let Some(Act::Telemetry(t)) = acts.first() else {
+            panic!("{acts:?}")
+        };
+        let valves: Vec<u8> = t.racks.iter().map(|r| r.valve.get()).collect();
+        assert_eq!(valves, [100, 100, 0, 100]);
+    }
 
     #[test]
     fn events_leases_and_words_pass_through_as_the_mcu_said_them() {

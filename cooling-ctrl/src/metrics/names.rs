@@ -32,11 +32,11 @@ pub const MODE_SINCE: Metric = Metric::gauge(
 );
 pub const SETPOINT: Metric = Metric::gauge(
     "loopwarden_cdu_supply_setpoint_celsius",
-    "The supply temperature setpoint written to the CDU, degrees Celsius.",
+    "The supply temperature setpoint last written to the CDU and taken, as written (held to its register map's range), degrees Celsius.",
 );
 pub const PUMP_SPEED: Metric = Metric::gauge(
     "loopwarden_cdu_pump_speed_ratio",
-    "The pump speed written to the CDU, a share of full speed from 0 to 1.",
+    "The pump speed last written to the CDU and taken, as written (held to its register map's range), a share of full speed from 0 to 1.",
 );
 pub const SUPPLY: Metric = Metric::gauge(
     "loopwarden_cdu_supply_temperature_celsius",
@@ -136,7 +136,11 @@ pub const HOST_HEARD: Metric = Metric::gauge(
 );
 pub const HOSTS_CAPPED: Metric = Metric::gauge(
     "loopwarden_cdu_hosts_capped",
-    "Hosts the controller caps now.",
+    "Hosts capped now: the cap lease last sent to each is inside its life and was not refused.",
+);
+pub const PROTECTION_OFF: Metric = Metric::gauge(
+    "loopwarden_protection_off",
+    "1 for each protection switched off on purpose in the configuration; key names the setting (northbound_writes_any_address, rope_fault_active_high, volatile_latch). Absent while every protection is on.",
 );
 pub const STEPS: Metric = Metric::counter(
     "loopwarden_cdu_steps_total",
@@ -308,6 +312,7 @@ pub const ALL: &[Metric] = &[
     HOST_IN_FORCE,
     HOST_HEARD,
     HOSTS_CAPPED,
+    PROTECTION_OFF,
     STEPS,
     STEPS_LATE,
     MODBUS_UP,

@@ -237,6 +237,12 @@ impl<P> Devices<P> {
         self.board.is_some()
     }
 
+    /// The racks with a rope on the board, bit n = rack n (`None`: no
+    /// board pins).
+    pub(super) fn roped(&self) -> Option<u16> {
+        self.board.as_ref().map(|b| b.roped())
+    }
+
     /// The board's leak lines this step.
     pub(super) fn read_board(&mut self, stats: &mut ShellStats) -> BoardRead {
         let Some(board) = self.board.as_mut() else {

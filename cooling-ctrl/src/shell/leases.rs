@@ -88,23 +88,21 @@ fn from_topic_host(msg: &Inbound) -> bool {
 }
 
 impl<P: CduPort> Shell<P> {
-    /// Signs and sends the lease of `o`; true when the bus took it.
-    fn send_lease(&mut self, o: &Order) -> bool {
-        let Some(host) = self.cfg.hosts.get(o.host).cloned() else {
-            return false;
-        };
+    /// Signs and sends the lease of `o`; the frame when the bus took it.
+    fn send_lease(&mut self, o: &Order) -> Option<Frame> {
+        let host = self.cfg.hosts.get(o.host).cloned()?;
         let Some(key) = &self.cfg.key else {
             tracing::error!("cooling shell: no sign key: the lease for {host} is not sent");
-            return false;
+            return None;
         };
         let to = (&self.cfg.site, &host);
         let signing = (self.cfg.key_id, key);
         let recorder = &self.keeping.recorder;
         match send_lease(&self.bus, recorder, to, o.lease.clone(), o.lift, signing) {
-            Ok(_) => true,
+            Ok(frame) => Some(frame),
             Err(e @ LeaseNotSent::Sign(_)) => {
                 tracing::error!("cooling shell: a lease for {host}: {e}");
-                false
+                None
             }
             // Still due: sent fresh at the first step once connected.
             Err(LeaseNotSent::Offline) => {
@@ -112,12 +110,12 @@ impl<P: CduPort> Shell<P> {
                     tracing::info!("cooling shell: the bus is down: leases are held, and sent fresh once it is back");
                 }
                 self.stats.leases_held_offline = true;
-                false
+                None
             }
             Err(e) => {
                 self.stats.publish_errors += 1;
                 tracing::warn!("cooling shell: cap lease for {host} {e}");
-                false
+                None
             }
         }
     }
@@ -129,7 +127,7 @@ impl<P: CduPort> Shell<P> {
         let hosts = self.cfg.hosts.len().min(c.caps.len());
         let due: Vec<_> = self.lease_book.due(now, &c.caps[..hosts]).collect();
         for o in due {
-            if self.send_lease(&o) {
+            if let Some(frame) = self.send_lease(&o) {
                 let host = &self.cfg.hosts[o.host];
                 match o.watts {
                     Some(w) if o.first => {
@@ -148,6 +146,11 @@ impl<P: CduPort> Shell<P> {
                     self.stats.leases_sent += 1;
                 }
                 self.stats.caps[o.host] = o.watts;
+                self.stats.caps_sent[o.host] = o.watts.map(|_| CapSent {
+                    seq: frame.seq,
+                    until: frame.time.after(o.lease.duration),
+                    refused: false,
+                });
             }
         }
     }
@@ -273,6 +276,11 @@ impl<P: CduPort> Shell<P> {
                     Some((host.to_string(), code, a.detail.as_str().to_string()));
             }
         }
+        if let Some(h) = self.cfg.hosts.iter().position(|h| h.as_str() == host) {
+            if let Some(sent) = self.stats.caps_sent.get_mut(h) {
+                answered(sent, a);
+            }
+        }
         self.stats
             .in_force
             .insert(host.to_string(), a.in_force.iter().copied().collect());
@@ -286,6 +294,17 @@ impl<P: CduPort> Shell<P> {
             },
         );
         self.report();
+    }
+}
+
+/// The cap lease last sent to a host (`sent`) as its ack `a` leaves it:
+/// refused when `a` refuses that very lease (an ack of an older one says
+/// nothing of it).
+fn answered(sent: &mut Option<CapSent>, a: &Ack) {
+    if let Some(s) = sent.as_mut() {
+        if s.seq == a.correlation.seq && matches!(ack_kind(a), AckKind::Refused(_)) {
+            s.refused = true;
+        }
     }
 }
 
@@ -332,6 +351,39 @@ mod tests {
             in_force: heapless::Vec::new(),
             detail: loopwarden_protocol::Text::truncated(detail),
         }
+    }
+
+    #[test]
+    fn a_host_that_refused_its_cap_or_whose_lease_lapsed_is_not_counted_capped() {
+        let now = TimestampMs(1_000_000);
+        let mut st = ShellStats {
+            caps: vec![Some(300.0), None],
+            caps_sent: vec![
+                Some(CapSent {
+                    seq: 1,
+                    until: now.after(loopwarden_protocol::units::DurationMs(30_000)),
+                    refused: false,
+                }),
+                None,
+            ],
+            ..Default::default()
+        };
+        assert_eq!(st.hosts_capped(now), 1);
+        // An ack of another lease says nothing of this one.
+        let mut other = ack(AckCode::TooMany, "");
+        other.correlation.seq = 0;
+        answered(&mut st.caps_sent[0], &other);
+        assert_eq!(st.hosts_capped(now), 1);
+        // Taken: still capped; its life runs out unrenewed: not.
+        answered(&mut st.caps_sent[0], &ack(AckCode::Ok, ""));
+        assert_eq!(st.hosts_capped(now), 1);
+        assert_eq!(st.hosts_capped(TimestampMs(now.0 + 30_000)), 0);
+        // The host refuses it: not capped.
+        answered(
+            &mut st.caps_sent[0],
+            &ack(AckCode::Forbidden, "not allowed"),
+        );
+        assert_eq!(st.hosts_capped(now), 0);
     }
 
     /// A lease a host took for less time than asked is told from one

@@ -33,9 +33,10 @@ pub struct StepFacts<'a> {
     pub pump_speed: f32,
     /// Pumps A and B commanded on.
     pub pump_on: [bool; 2],
-    /// Valves open as last written, bit n = rack n: the shell gives what
-    /// the CDU last took (before a valve write went in, the command), so
-    /// a close that failed is not shown as done.
+    /// Valves open as last written, bit n = rack n: what the CDU last
+    /// took, else every valve open (the shell before a valve write of its
+    /// run went in; the gateway when the MCU's step did not write every
+    /// setting), so a close that failed is not shown as done.
     pub valves_open: u16,
     /// Racks whose cooling is lost, bit n = rack n.
     pub cooling_lost: u16,
@@ -63,10 +64,9 @@ impl StepFacts<'_> {
     /// ([`StepFacts::valves_open`]: one whose close the CDU did not take
     /// shows open).
     pub fn valves_open_now(&self, racks: u8) -> u16 {
-        let all = cooling_core::safety::all_racks(usize::from(racks));
-        self.readings
-            .and_then(|r| r.valves_closed)
-            .map_or(self.valves_open, |closed| !closed & all)
+        use crate::northbound::{valves_held, valves_shown};
+        let held = valves_held(self.readings, Some(self.valves_open), racks);
+        valves_shown(held, racks)
     }
 
     /// A reading for the bus: null when the CDU did not answer, the map
@@ -334,6 +334,20 @@ impl HeardLeaks {
         (board | cdu) & !self.wet_now()
     }
 
+    /// The racks whose leak inputs answered this step, bit n = rack n,
+    /// of `racks`: every rack when the CDU's leak register was read; else
+    /// the racks with a rope on the board (`roped`; `None`: no board
+    /// pins) when its lines were read; else none. A rack without a rope
+    /// (`unprotected_racks`) is heard only through the CDU's register.
+    pub(super) fn heard(&self, racks: u8, roped: Option<u16>) -> u16 {
+        let all = cooling_core::safety::all_racks(usize::from(racks));
+        match roped {
+            _ if self.now.cdu.is_some() => all,
+            Some(roped) if self.now.read_ok => roped & all,
+            _ => 0,
+        }
+    }
+
     /// The racks wet as last heard: read wet now, or read wet by an input
     /// that has not answered since (what the bus's `leak` flag says).
     pub(super) fn wet_as_heard(&self) -> u16 {
@@ -341,11 +355,12 @@ impl HeardLeaks {
     }
 }
 
-/// The valves open as last written to the CDU (bit n = rack n): what it
-/// last took, else, before a valve write of this run went in, what `c`
-/// commands.
-fn valves_written(d: &Decider, c: &Commands) -> u16 {
-    d.valves_taken().unwrap_or(c.valves_open)
+/// The valves open as last written to the CDU (bit n = rack n, of
+/// `racks`): what it last took, else, before a valve write of this run
+/// went in, every valve open ([`crate::northbound::valves_shown`], as the
+/// BMS's register): a close the CDU has not taken is never shown done.
+fn valves_written(d: &Decider, racks: u8) -> u16 {
+    crate::northbound::valves_shown(d.valves_taken(), racks)
 }
 
 /// The valves open as the CDU has them (bit n = rack n, of `racks`):
@@ -378,6 +393,9 @@ impl<P: CduPort> Shell<P> {
             sensors,
             leaks_now: self.leak_inputs.wet_now(),
             leaks_unheard: self.leak_inputs.unheard_wet(),
+            leaks_heard: self
+                .leak_inputs
+                .heard(self.cfg.core.layout.racks, self.devices.roped()),
             leaks_latched: self.decider.core().leaks_latched(),
             sensing_lost: self.decider.core().sensing_lost(),
             unprotected: self.cfg.core.layout.unprotected,
@@ -436,7 +454,7 @@ impl<P: CduPort> Shell<P> {
             setpoint_c: c.setpoint_c,
             pump_speed: c.pump_speed,
             pump_on: c.pump_on,
-            valves_open: valves_written(&self.decider, c),
+            valves_open: valves_written(&self.decider, self.cfg.core.layout.racks),
             cooling_lost: c.cooling_lost,
             sensing_lost: c.sensing_lost,
             leaks_wet: self.leak_inputs.wet_as_heard(),
@@ -529,8 +547,35 @@ mod tests {
         let (c, d) = a_close_not_taken(&lay);
         assert_eq!(c.valves_open, 0b1011, "rack 2 commanded closed");
         let mut f = facts(Some(&unread));
-        f.valves_open = valves_written(&d, &c);
+        f.valves_open = valves_written(&d, lay.racks);
         assert_eq!(shown(&f), [100; 4]);
+    }
+
+    #[test]
+    fn a_close_before_any_valve_write_was_taken_shows_open_not_the_command() {
+        let lay = CoreConfig::default().layout;
+        let (c, d) = a_close_not_taken_first(&lay);
+        assert_eq!(c.valves_open, 0b1011, "rack 2 commanded closed");
+        assert_eq!(d.valves_taken(), None, "no valve write went in");
+        let unread = CduMeasurements::default();
+        for r in [Some(&unread), None] {
+            let mut f = facts(r);
+            f.valves_open = valves_written(&d, lay.racks);
+            let t = cdu_telemetry(&f, &lay, None);
+            let valves: Vec<u8> = t.racks.iter().map(|r| r.valve.get()).collect();
+            assert_eq!(valves, [100; 4], "rack 2 shows open");
+        }
+        // The flow per GPU shares the flow among the four racks open.
+        let flow = CduMeasurements {
+            flow_lpm: Some(640.0),
+            ..CduMeasurements::default()
+        };
+        let mut f = facts(Some(&flow));
+        f.valves_open = valves_written(&d, lay.racks);
+        let gpus =
+            f64::from(lay.racks) * f64::from(lay.hosts_per_rack) * f64::from(lay.gpus_per_host);
+        let per_gpu = cdu_state(&f, &lay, None).flow_per_gpu;
+        assert_eq!(per_gpu, LitresPerMinute::new(640.0 / gpus).ok());
     }
 
     #[test]
@@ -605,10 +650,47 @@ mod tests {
         assert_eq!((h.wet_now(), h.unheard_wet()), (0b0001, 0));
     }
 
+    #[test]
+    fn the_racks_heard_are_those_an_input_that_answered_covers() {
+        let mut h = HeardLeaks::default();
+        let cdu = |leaks: Option<u16>| CduMeasurements {
+            leaks,
+            ..CduMeasurements::default()
+        };
+        let dry_board = BoardRead::Read { wet: 0, faults: 0 };
+        // The CDU's register read: every rack.
+        h.hear(BoardRead::Absent, Some(&cdu(Some(0))));
+        assert_eq!(h.heard(4, None), 0b1111);
+        // No pins and the CDU silent, or its map without the register:
+        // none.
+        h.hear(BoardRead::Absent, None);
+        assert_eq!(h.heard(4, None), 0);
+        h.hear(BoardRead::Absent, Some(&cdu(None)));
+        assert_eq!(h.heard(4, None), 0);
+        // Ropes on racks 0, 1 and 3 (rack 2 unprotected), read: those.
+        h.hear(dry_board, None);
+        assert_eq!(h.heard(4, Some(0b1011)), 0b1011);
+        // The board's read fails too: none.
+        h.hear(BoardRead::Failed, None);
+        assert_eq!(h.heard(4, Some(0b1011)), 0);
+    }
+
     /// A decider on a map without valve positions whose CDU took every
     /// valve open, then did not take the close of rack 2, leaking: the
     /// leaking step's commands.
     fn a_close_not_taken(lay: &Layout) -> (Commands, Decider) {
+        steps_taking(lay, [true, false])
+    }
+
+    /// As [`a_close_not_taken`], but the CDU took no valve write at all.
+    fn a_close_not_taken_first(lay: &Layout) -> (Commands, Decider) {
+        steps_taking(lay, [false, false])
+    }
+
+    /// A decider on a map without valve positions stepped twice, rack 2
+    /// leaking at the second step, the CDU taking the writes of each step
+    /// as `taken` says: the last step's commands.
+    fn steps_taking(lay: &Layout, taken: [bool; 2]) -> (Commands, Decider) {
         let limits = MapLimits {
             mapped: [true; 6],
             setpoint_c: None,
@@ -619,7 +701,7 @@ mod tests {
         let mut d = Decider::new(CoreConfig::default(), limits, &fresh).unwrap();
         let all = cooling_core::safety::all_racks(usize::from(lay.racks));
         let mut c = Commands::UNSET;
-        for (s, leaks, taken) in [(0, 0, true), (1, 0b0100, false)] {
+        for (s, leaks, taken) in [(0, 0, taken[0]), (1, 0b0100, taken[1])] {
             let read = CduMeasurements {
                 leaks: Some(leaks),
                 ..CduMeasurements::default()

@@ -62,6 +62,11 @@ pub struct Snapshot {
     /// read wet when it last did, bit n = rack n: neither wet nor dry is
     /// known.
     pub leaks_unheard: u16,
+    /// Racks whose leak inputs answered this step, bit n = rack n: every
+    /// rack when the CDU's leak register was read, else the racks with a
+    /// rope when the board's lines were read, else none. Of any other
+    /// rack neither wet nor dry is known this step.
+    pub leaks_heard: u16,
     /// Latched leaks, bit n = rack n.
     pub leaks_latched: u16,
     /// Racks whose leak sensing is lost, bit n = rack n.
@@ -141,6 +146,9 @@ impl Snapshot {
             }),
             leaks_now: 0,
             leaks_unheard: 0,
+            // The ropes read: every rack that has one.
+            leaks_heard: cooling_core::safety::all_racks(usize::from(core.config().layout.racks))
+                & !core.config().layout.unprotected,
             leaks_latched: core.leaks_latched(),
             sensing_lost: core.sensing_lost(),
             unprotected: core.config().layout.unprotected,
@@ -156,6 +164,57 @@ impl Snapshot {
             bus: Default::default(),
             resend: ResendCounts::default(),
             facility: None,
+        }
+    }
+}
+
+/// A cap lease as last sent to a host: whether its cap is in force.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CapSent {
+    /// The lease frame's sequence number (its ack names it).
+    pub seq: u32,
+    /// When its life ends: its stamp and its duration (Unix ms).
+    pub until: TimestampMs,
+    /// The host refused it.
+    pub refused: bool,
+}
+
+impl CapSent {
+    /// Whether its cap is in force at `now` (Unix ms): inside its life,
+    /// and not refused.
+    pub fn in_force(&self, now: TimestampMs) -> bool {
+        !self.refused && now < self.until
+    }
+}
+
+impl ShellStats {
+    /// Hosts capped at `now` (Unix ms): the cap lease last sent to each
+    /// is inside its life and was not refused. A host that refused it,
+    /// or whose lease lapsed unrenewed (the bus down), is not counted.
+    pub fn hosts_capped(&self, now: TimestampMs) -> usize {
+        self.caps
+            .iter()
+            .zip(&self.caps_sent)
+            .filter(|(cap, sent)| cap.is_some() && sent.is_some_and(|s| s.in_force(now)))
+            .count()
+    }
+}
+
+impl ShellStats {
+    /// Takes what the CDU took of a step's `plan` (`outcome`): the
+    /// setpoint and the pump speed as written, for those it took; one it
+    /// refused leaves the last it took.
+    pub(crate) fn took(&mut self, plan: &crate::decide::Plan, outcome: &Outcome) {
+        use crate::decide::Setting;
+        let taken = |s: Setting| {
+            let ok = outcome.tried.iter().any(|(t, r)| *t == s && r.is_ok());
+            plan.value(s).filter(|_| ok)
+        };
+        if let Some(v) = taken(Setting::Setpoint) {
+            self.setpoint_written_c = Some(v);
+        }
+        if let Some(v) = taken(Setting::PumpSpeed) {
+            self.speed_written_pct = Some(v);
         }
     }
 }
@@ -209,6 +268,14 @@ pub struct ShellStats {
     pub cdu_error: Option<String>,
     /// The core's last commands.
     pub last: Option<Commands>,
+    /// The supply setpoint last written to the CDU and taken, °C, as
+    /// written: held to the map's range (`None`: none taken yet, or the
+    /// map has no setpoint register). What the core asked is in
+    /// [`ShellStats::last`].
+    pub setpoint_written_c: Option<f64>,
+    /// The pump speed last written to the CDU and taken, %, as written
+    /// (held to the map's range), as [`ShellStats::setpoint_written_c`].
+    pub speed_written_pct: Option<f64>,
     /// Host telemetry frames taken.
     pub host_reports: u64,
     /// Host telemetry frames refused as implausible.
@@ -223,8 +290,13 @@ pub struct ShellStats {
     /// Leases are held because the bus is down (sent fresh once it is
     /// back; said once per outage).
     pub leases_held_offline: bool,
-    /// The cap last sent to each host index while it is capped, W.
+    /// The cap last sent to each host index while it is capped, W
+    /// (sent: whether the host took it is [`ShellStats::caps_sent`]'s and
+    /// [`ShellStats::in_force`]'s).
     pub caps: Vec<Option<f32>>,
+    /// The cap lease last sent to each host index while it is capped: its
+    /// life and whether the host refused it ([`ShellStats::hosts_capped`]).
+    pub caps_sent: Vec<Option<CapSent>>,
     /// Telemetry frames published.
     pub telemetry_published: u64,
     /// State frames published.

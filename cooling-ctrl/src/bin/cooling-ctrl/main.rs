@@ -462,6 +462,7 @@ async fn serve(config: config::Config, notifier: Notifier) -> Result<(), String>
         lease: config.lease,
         demo_key: config.demo_key,
         started: loopwarden_bus::now_ms(),
+        protection_off: config.protections_off(),
         stats: stats_rx,
         recorder: recorder.clone(),
         operator: Some(operator_tx),
