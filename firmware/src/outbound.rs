@@ -11,7 +11,7 @@
 //! - *frame number*: counts every frame made since the start, queued or
 //!   not, so a receiver sees a dropped one as a gap.
 
-use loopwarden_link::frame::{encode, max_frame, END, OVERHEAD};
+use loopwarden_link::frame::{encode, max_frame, OVERHEAD};
 use loopwarden_link::{EncodeError, MAX_MESSAGE};
 use serde::Serialize;
 
@@ -64,17 +64,10 @@ impl<const N: usize> TxQueue<N> {
 
     /// Queues `frame` whole; `false` (nothing queued) when it does not fit.
     pub fn push_frame(&mut self, frame: &[u8]) -> bool {
-        self.push_parts(&[frame])
-    }
-
-    /// Queues the bytes of `parts`, one after the other, whole; `false`
-    /// (nothing queued) when they do not fit.
-    fn push_parts(&mut self, parts: &[&[u8]]) -> bool {
-        let len: usize = parts.iter().map(|p| p.len()).sum();
-        if N - self.bytes.len() < len {
+        if N - self.bytes.len() < frame.len() {
             return false;
         }
-        for b in parts.iter().flat_map(|p| p.iter()) {
+        for b in frame {
             // Room checked above.
             let _ = self.bytes.push_back(*b);
         }
@@ -144,12 +137,11 @@ impl<const N: usize> FramedPort<N> {
         let n = encode(msg, seq, &mut buf.scratch, &mut buf.out).inspect_err(|_| {
             self.unencodable = self.unencodable.saturating_add(1);
         })?;
-        // The first frame since the start goes after an end byte of its
-        // own: a frame the receiver was taking when this side started
-        // again (a reset mid-frame) ends there, as one that does not read,
-        // and this one (the hello) reads whole.
-        let lead: &[u8] = if seq == 0 { &[END] } else { &[] };
-        let queued = self.queue.push_parts(&[lead, &buf.out[..n]]);
+        // Every frame leads with an end byte of its own (the link's
+        // frame): a frame the receiver was taking when this side started
+        // again (a reset mid-frame), or line noise, ends there as one that
+        // does not read, and this one reads whole.
+        let queued = self.queue.push_frame(&buf.out[..n]);
         if !queued {
             self.dropped = self.dropped.saturating_add(1);
         }
@@ -166,6 +158,7 @@ impl<const N: usize> Default for FramedPort<N> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use loopwarden_link::frame::END;
     use loopwarden_link::{Deframer, Fed, SeqWatch, Up};
     use std::vec::Vec;
 
@@ -209,7 +202,8 @@ mod tests {
     }
 
     /// The gateway holds half a frame from before a reset: the first
-    /// frame after it (the hello) still reads whole.
+    /// frame after it (the hello) still reads whole, and so does every
+    /// frame after line noise.
     #[test]
     fn the_first_frame_after_a_start_ends_what_the_receiver_was_taking() {
         let mut buf = std::boxed::Box::new(FrameBuffers::new());
@@ -219,18 +213,22 @@ mod tests {
         let old = drain(&mut before.queue);
         let mut port = FramedPort::<256>::new();
         assert_eq!(port.send(&said("hello"), &mut buf), Ok(true));
+        let hello = drain(&mut port.queue);
         assert_eq!(port.send(&said("next"), &mut buf), Ok(true));
-        let new = drain(&mut port.queue);
-        assert_eq!(new[0], END, "the first frame leads with an end");
-        assert_eq!(
-            new.iter().filter(|b| **b == END).count(),
-            3,
-            "one lead only"
-        );
+        let next = drain(&mut port.queue);
+        for f in [&hello, &next] {
+            assert_eq!(f[0], END, "every frame leads with an end");
+            assert_eq!(f.iter().filter(|b| **b == END).count(), 2);
+        }
+        let mut wire = old[..old.len() - 3].to_vec();
+        wire.extend(&hello);
+        // Idle-line noise between two frames, no end after it.
+        wire.extend([0x55, 0x13, 0x7f]);
+        wire.extend(&next);
         let mut d = Deframer::<MAX_FRAME>::default();
         let mut got = Vec::new();
         let mut dropped = 0;
-        for b in old[..old.len() - 3].iter().chain(&new) {
+        for b in &wire {
             match d.push(*b) {
                 Fed::Frame(f) => got.push(f.message::<Up>().unwrap()),
                 Fed::Dropped(_) => dropped += 1,
@@ -238,7 +236,7 @@ mod tests {
             }
         }
         assert_eq!(got, [said("whole"), said("hello"), said("next")]);
-        assert_eq!(dropped, 1, "the frame cut by the reset");
+        assert_eq!(dropped, 2, "the frame cut by the reset, the noise");
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! how a receiver finds messages again in a stream that can lose, corrupt
 //! or repeat bytes.
 //!
-//! A frame is `COBS(version, seq, payload, crc) 0x00`:
+//! A frame is `0x00 COBS(version, seq, payload, crc) 0x00`:
 //! - `version` (1 byte): [`VERSION`]; a frame of another version is
 //!   refused whole, never half-read.
 //! - `seq` (4 bytes, little-endian): the sender's frame number, from 0 at
@@ -13,7 +13,10 @@
 //!
 //! COBS removes every zero byte from the frame, so `0x00` ends one and a
 //! receiver that joins mid-stream, or loses a byte, is back in step at the
-//! next zero.
+//! next zero. Every frame also starts with a `0x00`: line noise, or a
+//! frame cut before its end, ends there as one frame that does not read,
+//! and never glues onto the good frame after it (two ends in a row make
+//! an empty frame, which a receiver passes over).
 //!
 //! Glossary:
 //! - *COBS*: consistent overhead byte stuffing; at most one byte in 254
@@ -35,9 +38,9 @@ pub const END: u8 = 0x00;
 pub const OVERHEAD: usize = 1 + 4 + 4;
 
 /// The longest encoded frame for a payload of at most `payload` bytes,
-/// the end byte included.
+/// its leading and closing end bytes included.
 pub const fn max_frame(payload: usize) -> usize {
-    cobs::max_encoding_length(payload + OVERHEAD) + 1
+    cobs::max_encoding_length(payload + OVERHEAD) + 2
 }
 
 const CRC: Crc<u32> = Crc::<u32>::new(&CRC_32_ISO_HDLC);
@@ -98,9 +101,9 @@ impl core::fmt::Display for FrameError {
     }
 }
 
-/// Encodes `msg` as frame number `seq` into `out` (its end byte
-/// included), using `scratch` for the unstuffed frame. Returns the
-/// frame's length.
+/// Encodes `msg` as frame number `seq` into `out` (an end byte before
+/// it and one after it included), using `scratch` for the unstuffed
+/// frame. Returns the frame's length.
 pub fn encode<T: Serialize>(
     msg: &T,
     seq: u32,
@@ -121,12 +124,16 @@ pub fn encode<T: Serialize>(
     };
     let crc = CRC.checksum(&scratch[..5 + n]);
     scratch[5 + n..9 + n].copy_from_slice(&crc.to_le_bytes());
-    let len = cobs::try_encode(&scratch[..9 + n], out).map_err(|_| EncodeError::TooLong(room))?;
-    if len >= out.len() {
+    let Some((lead, body)) = out.split_first_mut() else {
+        return Err(EncodeError::TooLong(room));
+    };
+    *lead = END;
+    let len = cobs::try_encode(&scratch[..9 + n], body).map_err(|_| EncodeError::TooLong(room))?;
+    if len >= body.len() {
         return Err(EncodeError::TooLong(room));
     }
-    out[len] = END;
-    Ok(len + 1)
+    body[len] = END;
+    Ok(len + 2)
 }
 
 /// One frame as received: its number and its message's bytes.
@@ -315,10 +322,10 @@ mod tests {
     }
 
     #[test]
-    fn frames_carry_no_zero_but_their_end_and_come_back_whole() {
+    fn frames_carry_no_zero_but_their_ends_and_come_back_whole() {
         let f = frame(&msg(40), 7);
-        assert_eq!(f.iter().filter(|b| **b == 0).count(), 1);
-        assert_eq!(*f.last().unwrap(), END);
+        assert_eq!(f.iter().filter(|b| **b == 0).count(), 2);
+        assert_eq!((f[0], *f.last().unwrap()), (END, END));
         assert_eq!(receive(&f), [Ok((7, msg(40)))]);
     }
 
@@ -344,6 +351,21 @@ mod tests {
         assert!(got[0].is_err());
         assert_eq!(got[1], Err(FrameError::Overrun));
         assert_eq!(got[2], Ok((2, msg(3))));
+    }
+
+    /// Idle-line noise with no end after it, then a frame: the noise is
+    /// dropped at the frame's leading end, the frame reads whole.
+    #[test]
+    fn noise_before_a_frame_does_not_glue_onto_it() {
+        let mut bytes = std::vec![0x55, 0x13, 0x7f];
+        bytes.extend(frame(&msg(9), 5));
+        let got = receive(&bytes);
+        assert_eq!(got.last().cloned(), Some(Ok((5, msg(9)))));
+        // A frame cut before its end, then the next one.
+        let mut bytes = frame(&msg(20), 1);
+        bytes.truncate(bytes.len() - 4);
+        bytes.extend(frame(&msg(21), 2));
+        assert_eq!(receive(&bytes).last().cloned(), Some(Ok((2, msg(21)))));
     }
 
     #[test]
@@ -395,7 +417,6 @@ mod tests {
             n in any::<u8>(),
         ) {
             let mut bytes = noise.clone();
-            bytes.push(END);
             bytes.extend(frame(&msg(n), 42));
             // Noise is dropped (or, one chance in 2^32, passes its CRC);
             // it never hides the frame after it, and never panics.
