@@ -55,6 +55,7 @@ pub mod facility;
 pub mod held;
 pub mod link;
 pub mod metrics;
+pub mod queue;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -82,6 +83,7 @@ use bridge::{Act, Bridge, Level, LinkCounts, Now};
 use clears::{ClearAsk, ClearOutcome, Pending};
 use held::HeldLeases;
 use link::{LinkAddr, LinkEvent};
+use queue::DownQueue;
 
 /// How often the core looks at the time (silence, the summary).
 pub const TICK: Duration = Duration::from_millis(250);
@@ -149,6 +151,10 @@ pub struct GatewayStats {
     pub publish_errors: u64,
     /// Host reports handed to the MCU's line.
     pub host_reports_forwarded: u64,
+    /// Host reports replaced by a newer one of the same host before the
+    /// line took them (the line does not carry every host's reports at
+    /// their rate).
+    pub host_reports_superseded: u64,
     /// The BMS's writes handed to the MCU's line (limits, outdoor
     /// temperature; again when due).
     pub bms_forwarded: u64,
@@ -201,7 +207,9 @@ struct Gateway {
     resender: Resender,
     seq_floor: SeqFloor,
     index: HashMap<Ident, usize>,
-    to_mcu: mpsc::Sender<Vec<u8>>,
+    /// The line's queue: control messages first, hosts' latest reports
+    /// as it takes them.
+    down: DownQueue,
     stats: GatewayStats,
     stats_tx: Option<watch::Sender<GatewayStats>>,
     started: Instant,
@@ -266,6 +274,8 @@ pub async fn run(
         gw.bridge = gw.bridge.in_hall(hall);
     }
     gw.snapshots = snapshots;
+    // The MCU hears the gateway's layout before anything else of it.
+    gw.send_alive();
     gw.restore_bms_limits(&flash.bms_limits);
     gw.bms_keeping = crate::journal::BmsKeeping::after(flash.bms_limits_gen);
     let mut tick = tokio::time::interval(TICK);
@@ -328,7 +338,7 @@ impl Gateway {
             recorder: on.recorder,
             resender: on.resender,
             seq_floor: SeqFloor::new(on.first_seq),
-            to_mcu,
+            down: DownQueue::new(to_mcu),
             stats: GatewayStats::default(),
             stats_tx,
             started: Instant::now(),
@@ -385,6 +395,7 @@ impl Gateway {
         let now = self.now();
         let acts = self.bridge.tick(now);
         self.perform(acts);
+        self.feed_hosts();
         for (id, reply) in self.pending.expired(now.mono_ms) {
             tracing::warn!(
                 "cooling gateway: the microcontroller did not answer operator's clear {id} within {} s",
@@ -428,6 +439,8 @@ impl Gateway {
                 self.stats.link_open = open;
                 if open {
                     self.bridge.line_opened();
+                    // Its layout first, then what the line carries.
+                    self.send_alive();
                 }
                 // A line opened (again): the MCU behind it may have
                 // started meanwhile, or the limits restored at the start
@@ -436,7 +449,10 @@ impl Gateway {
                     self.send_bms(&limits);
                 }
             }
-            LinkEvent::Wrote(ok) => self.bridge.wrote(ok),
+            LinkEvent::Wrote(ok) => {
+                self.bridge.wrote(ok);
+                self.feed_hosts();
+            }
             LinkEvent::Bytes(b) => {
                 let now = self.now();
                 let acts = self.bridge.hear(&b, now);
@@ -469,9 +485,26 @@ impl Gateway {
             stamped: msg.frame.time,
             telemetry: t.clone(),
         };
-        if self.send_down(&down) {
-            self.stats.host_reports_forwarded += 1;
+        self.down.host(h as u16, down);
+        self.feed_hosts();
+        self.stats.host_reports_superseded = self.down.superseded;
+        if let Some(n) = self.down.superseded_to_say(now.mono_ms) {
+            tracing::warn!(
+                "cooling gateway: the line to the microcontroller does not carry every host's reports at their rate: {n} report(s) replaced by a newer one of the same host before they went (the latest of each goes)"
+            );
         }
+    }
+
+    /// Host reports waiting go to the line as it takes them.
+    fn feed_hosts(&mut self) {
+        let bridge = &mut self.bridge;
+        self.stats.host_reports_forwarded += self.down.feed(|d| match bridge.frame(d) {
+            Ok(f) => Some(f),
+            Err(e) => {
+                tracing::error!("cooling gateway: a host report to the microcontroller: {e}");
+                None
+            }
+        });
     }
 
     /// The BMS wrote `ws` in one request (the northbound server checked
@@ -510,8 +543,7 @@ impl Gateway {
                 tracing::info!(
                     "cooling gateway: the BMS's limits restored from flash: setpoint ceiling {c:.2} °C, plan ceiling offset {o:.2} K"
                 );
-                let now = self.now();
-                let down = self.bms.restored(*limits, now.mono_ms);
+                let down = self.bms.restored(*limits);
                 self.send_bms(&down);
             }
             Err(e) => tracing::error!(
@@ -545,6 +577,9 @@ impl Gateway {
     fn send_bms(&mut self, down: &Down) {
         if self.send_down(down) {
             self.stats.bms_forwarded += 1;
+            if matches!(down, Down::Limits { .. }) {
+                self.bms.limits_handed(self.now().mono_ms);
+            }
         } else {
             tracing::warn!(
                 "cooling gateway: the BMS's {down:?} was not handed to the microcontroller's line"
@@ -623,7 +658,7 @@ impl Gateway {
                 return false;
             }
         };
-        let handed = self.to_mcu.try_send(frame).is_ok();
+        let handed = self.down.control(frame);
         if !handed {
             // The line's queue is full (the line is stuck) or gone.
             self.bridge.wrote(false);

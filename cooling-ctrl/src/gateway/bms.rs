@@ -86,8 +86,10 @@ pub enum Heard<'a> {
 pub struct BmsBridge {
     settings: NorthboundSettings,
     outdoor: OutdoorSources,
-    /// When the limits last went down, steady ms (`None`: the BMS has not
-    /// written any).
+    /// The BMS has written limits (or they were restored from flash).
+    limits_written: bool,
+    /// When the limits were last handed to the MCU's line, steady ms
+    /// (`None`: not since they were written: due at once).
     limits_sent_ms: Option<u64>,
     /// The BMS's acknowledgement of the alarms the snapshots showed.
     ack: AlarmAck,
@@ -107,6 +109,7 @@ impl BmsBridge {
         Self {
             settings: NorthboundSettings::new(core),
             outdoor: OutdoorSources::new(),
+            limits_written: false,
             limits_sent_ms: None,
             ack: AlarmAck::default(),
             gpu_max_c: core.gpu.max_operating_c,
@@ -137,7 +140,7 @@ impl BmsBridge {
                 None
             }
             NorthboundWrite::SetpointCeiling { .. } | NorthboundWrite::PlanCeilingOffset { .. } => {
-                Some(self.limits(now_ms))
+                Some(self.limits())
             }
         }
     }
@@ -145,33 +148,48 @@ impl BmsBridge {
     /// The limits the BMS set before a restart of the gateway, as kept in
     /// flash: in force again, and what goes down for them at once (and
     /// again as [`BmsBridge::due`] says, as after a write).
-    pub fn restored(&mut self, (ceiling_c, offset_k): (f32, f32), now_ms: u64) -> Down {
+    pub fn restored(&mut self, (ceiling_c, offset_k): (f32, f32)) -> Down {
         self.settings.setpoint_ceiling_c = ceiling_c;
         self.settings.plan_ceiling_offset_k = offset_k;
-        self.limits(now_ms)
+        self.limits()
     }
 
     /// The limits the BMS set, to keep in flash: `None` until it wrote one.
     pub fn limits_set(&self) -> Option<(f32, f32)> {
-        self.limits_sent_ms.map(|_| {
-            (
-                self.settings.setpoint_ceiling_c,
-                self.settings.plan_ceiling_offset_k,
-            )
-        })
+        let s = &self.settings;
+        self.limits_written
+            .then_some((s.setpoint_ceiling_c, s.plan_ceiling_offset_k))
     }
 
     /// The limits again, when due at `now_ms`: every
-    /// [`LIMITS_EVERY_MS`], and at once when the MCU `restarted` (the
-    /// bridge's [`Act::Started`](super::bridge::Act::Started)), once the
-    /// BMS has written any.
+    /// [`LIMITS_EVERY_MS`] after they were last handed to the line
+    /// ([`BmsBridge::limits_handed`]), at every call until they are
+    /// (a line that did not take them), and at once when the MCU
+    /// `restarted` (the bridge's [`Act::Started`](super::bridge::Act::Started)),
+    /// once the BMS has written any.
     pub fn due(&mut self, now_ms: u64, restarted: bool) -> Option<Down> {
-        let sent = self.limits_sent_ms?;
-        (restarted || now_ms.saturating_sub(sent) >= LIMITS_EVERY_MS).then(|| self.limits(now_ms))
+        if !self.limits_written {
+            return None;
+        }
+        let due = match self.limits_sent_ms {
+            None => true,
+            Some(sent) => restarted || now_ms.saturating_sub(sent) >= LIMITS_EVERY_MS,
+        };
+        due.then(|| self.limits())
     }
 
-    fn limits(&mut self, now_ms: u64) -> Down {
+    /// The limits went to the MCU's line at `now_ms`: due again after
+    /// [`LIMITS_EVERY_MS`].
+    pub fn limits_handed(&mut self, now_ms: u64) {
         self.limits_sent_ms = Some(now_ms);
+    }
+
+    /// The limits, to go down now (due at every call of
+    /// [`BmsBridge::due`] until [`BmsBridge::limits_handed`] says they
+    /// went).
+    fn limits(&mut self) -> Down {
+        self.limits_written = true;
+        self.limits_sent_ms = None;
         Down::Limits {
             ceiling_c: self.settings.setpoint_ceiling_c,
             offset_k: self.settings.plan_ceiling_offset_k,
@@ -490,8 +508,10 @@ mod tests {
             offset_k: -2.0,
         };
         assert_eq!(b.write(offset, 2_000), Some(both.clone()));
+        b.limits_handed(2_000);
         assert_eq!(b.due(2_000 + LIMITS_EVERY_MS - 1, false), None);
         assert_eq!(b.due(2_000 + LIMITS_EVERY_MS, false), Some(both.clone()));
+        b.limits_handed(2_000 + LIMITS_EVERY_MS);
         assert_eq!(b.due(2_000 + LIMITS_EVERY_MS + 10, false), None);
         // The MCU started again: at once.
         assert_eq!(b.due(2_000 + LIMITS_EVERY_MS + 20, true), Some(both));
@@ -508,6 +528,25 @@ mod tests {
             ),
             (35.5, -2.0)
         );
+    }
+
+    /// A line that did not take the limits: they are due again at the
+    /// next step, not after [`LIMITS_EVERY_MS`].
+    #[test]
+    fn limits_the_line_did_not_take_go_again_at_the_next_step() {
+        let mut b = BmsBridge::new(&CoreConfig::default());
+        let ceiling = NorthboundWrite::SetpointCeiling { celsius: 36.0 };
+        let limits = b.write(ceiling, 1_000).expect("the limits go down");
+        // Not handed (the line's queue refused them).
+        assert_eq!(b.due(1_250, false), Some(limits.clone()));
+        assert_eq!(b.due(1_500, false), Some(limits.clone()), "until handed");
+        b.limits_handed(1_500);
+        assert_eq!(b.due(1_750, false), None);
+        assert_eq!(b.limits_set(), Some((36.0, 0.0)));
+        // Restored from flash, not handed: due at once too.
+        let mut b = BmsBridge::new(&CoreConfig::default());
+        let down = b.restored((34.0, -1.0));
+        assert_eq!(b.due(250, false), Some(down));
     }
 
     #[test]

@@ -333,16 +333,18 @@ async fn answer(req: Value, caller: Caller, clears: &mpsc::Sender<ClearAsk>) -> 
 
 /// The firmware's operator keyring (the file named by
 /// `LOOPWARDEN_FIRMWARE_OPERATORS` when the firmware is built) for CDU
-/// `cdu`: every operator among `signers` (the site's keyring), with its
-/// key id and public key. Refused with none, or more than the firmware
-/// keeps.
+/// `cdu`: every operator among `signers` (the site's keyring) that may
+/// `release` (an operator's right to return what was taken out of
+/// service; an operator who may only `resend`, a watcher, clears
+/// nothing), with its key id and public key. Refused with none, or more
+/// than the firmware keeps.
 pub fn firmware_keyring(cdu: &Ident, signers: &[Signer]) -> Result<String, String> {
     let ops: Vec<&Signer> = signers
         .iter()
-        .filter(|s| s.role == Role::Operator)
+        .filter(|s| s.role == Role::Operator && s.may.release)
         .collect();
     if ops.is_empty() {
-        return Err("the keyring holds no operator (node = \"operator/NAME\"): the firmware would refuse every clear".into());
+        return Err("the keyring holds no operator (node = \"operator/NAME\") that may release (may = [\"release\"]): the firmware would refuse every clear".into());
     }
     if ops.len() > FIRMWARE_OPERATORS_MAX {
         return Err(format!(
@@ -552,6 +554,7 @@ mod tests {
             key: SigningKey::from_bytes(&[seed; 32]).verifying_key(),
             may: May {
                 lease: true,
+                release: role == Role::Operator,
                 ..May::default()
             },
         }
@@ -585,5 +588,25 @@ mod tests {
             .collect();
         let e = firmware_keyring(&Ident::new("cdu-1").unwrap(), &many).unwrap_err();
         assert!(e.contains("at most 16"), "{e}");
+    }
+
+    /// An operator who may only ask for resends (a watcher) clears
+    /// nothing on the firmware.
+    #[test]
+    fn an_operator_who_may_not_release_is_not_in_the_firmware_keyring() {
+        let mut watcher = signer(Role::Operator, "noc", 1, 5);
+        watcher.may = May {
+            resend: true,
+            ..May::default()
+        };
+        let cdu = Ident::new("cdu-1").unwrap();
+        let e = firmware_keyring(&cdu, std::slice::from_ref(&watcher)).unwrap_err();
+        assert!(e.contains("may release"), "{e}");
+        let ring = [watcher, signer(Role::Operator, "jdoe", 1, 2)];
+        let text = firmware_keyring(&cdu, &ring).unwrap();
+        assert!(
+            text.contains("\"jdoe\"") && !text.contains("\"noc\""),
+            "{text}"
+        );
     }
 }

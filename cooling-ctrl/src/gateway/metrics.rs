@@ -70,6 +70,10 @@ const HOST_REPORTS: Metric = Metric::counter(
     "loopwarden_gateway_host_reports_forwarded_total",
     "Host telemetry frames of this CDU's hosts handed to the microcontroller's line.",
 );
+const HOST_SUPERSEDED: Metric = Metric::counter(
+    "loopwarden_gateway_host_reports_superseded_total",
+    "Host reports replaced by a newer one of the same host before the microcontroller's line took them (the line does not carry every host's reports at their rate; the latest of each goes).",
+);
 
 const BMS_FORWARDED: Metric = Metric::counter(
     "loopwarden_gateway_bms_writes_forwarded_total",
@@ -125,6 +129,8 @@ pub fn render(
     }
     out.sample(&PUBLISH_ERRORS, &l, st.publish_errors as f64);
     out.sample(&HOST_REPORTS, &l, st.host_reports_forwarded as f64);
+    let superseded = st.host_reports_superseded as f64;
+    out.sample(&HOST_SUPERSEDED, &l, superseded);
     out.sample(&BMS_FORWARDED, &l, st.bms_forwarded as f64);
     out.sample(&FACILITY_FORWARDED, &l, st.facility_forwarded as f64);
     let c = &st.clears;
@@ -153,7 +159,7 @@ mod tests {
 
     /// Every `loopwarden_gateway_*` metric, in the order docs/cooling.md
     /// lists them.
-    const ALL: [&Metric; 16] = [
+    const ALL: [&Metric; 17] = [
         &LINK_OPEN,
         &FRAMES,
         &UNSENT,
@@ -167,6 +173,7 @@ mod tests {
         &PUBLISHED,
         &PUBLISH_ERRORS,
         &HOST_REPORTS,
+        &HOST_SUPERSEDED,
         &BMS_FORWARDED,
         &FACILITY_FORWARDED,
         &CLEARS,
@@ -195,6 +202,7 @@ mod tests {
         st.silent = true;
         st.states_published = 3;
         st.bms_forwarded = 4;
+        st.host_reports_superseded = 6;
         st.facility_forwarded = 2;
         st.clears.refused = 1;
         let flash = crate::journal::ControllerFlash::open(None).unwrap();
@@ -214,6 +222,7 @@ mod tests {
             "loopwarden_gateway_published_total{cdu=\"cdu-1\",kind=\"state\"} 3",
             "loopwarden_gateway_link_open{cdu=\"cdu-1\"} 0",
             "loopwarden_gateway_bms_writes_forwarded_total{cdu=\"cdu-1\"} 4",
+            "loopwarden_gateway_host_reports_superseded_total{cdu=\"cdu-1\"} 6",
             "loopwarden_gateway_facility_targets_forwarded_total{cdu=\"cdu-1\"} 2",
             "loopwarden_gateway_clears_total{cdu=\"cdu-1\",outcome=\"refused\"} 1",
             "loopwarden_bus_connected{cdu=\"cdu-1\"} 0",
