@@ -39,6 +39,7 @@
 //! - *wall clock*: Unix ms, known from the gateway's last `Alive`.
 
 mod down;
+mod resend;
 mod wall;
 
 use core::fmt;
@@ -47,7 +48,7 @@ use cooling_core::sensors::Which;
 use cooling_core::{Commands, LeakInputs, MAX_HOSTS};
 use cooling_decide::facility::{offer_msg, OfferWatch};
 use cooling_decide::learned::{LearnedKeeper, ToKeep, LEARNED_KEYS};
-use cooling_decide::leases::{LeaseBook, LEASE_DEFAULT};
+use cooling_decide::leases::{LeaseBook, Order, LEASE_DEFAULT};
 use cooling_decide::outdoor::OutdoorSources;
 use cooling_decide::{
     leak_inputs, Applied, BoardRead, CduMeasurements, Decider, LatchRecord, Opening, Outcome, Plan,
@@ -126,6 +127,11 @@ pub struct Controller<'d> {
     /// holds the figures being kept).
     learned: &'d mut LearnedKeeper,
     leases: LeaseBook,
+    /// Leases due again: the gateway may have missed them.
+    resend: resend::Resend,
+    /// Answers to clears the gateway's queue had no room for, sent at
+    /// the next step.
+    answers: heapless::Deque<(u32, Result<(), Said>), { down::ANSWERS_HELD }>,
     /// When the core's offer to the hall goes to the gateway.
     offers: OfferWatch,
     outdoor: OutdoorSources,
@@ -186,6 +192,8 @@ impl<'d> Controller<'d> {
         let hosts = cfg.layout.hosts().min(MAX_HOSTS);
         Self {
             leases: LeaseBook::new(hosts, LEASE_DEFAULT, cfg.gpu.tdp_w),
+            resend: resend::Resend::new(),
+            answers: heapless::Deque::new(),
             offers: OfferWatch::new(),
             decider,
             learned,
@@ -463,6 +471,7 @@ impl<'d> Controller<'d> {
     #[inline(never)]
     pub fn report(&mut self, p: &mut impl Ports, now_ms: u64, writes_ok: bool) {
         self.insn.add(self.insn_now);
+        self.answers_again(p);
         self.events(p);
         self.said(p);
         self.offer(p, now_ms);
@@ -493,30 +502,27 @@ impl<'d> Controller<'d> {
     }
 
     /// The leases due for the step's caps, each to the gateway; one that
-    /// could not be queued is due again at the next step.
+    /// could not be queued is due again at the next step. Then those due
+    /// again because the gateway may have missed them ([`resend`]).
     #[inline(never)]
     fn leases(&mut self, p: &mut impl Ports, now_ms: u64) {
         let Some(c) = self.decider.last_commands() else {
             return;
         };
         let caps = &c.caps[..self.hosts];
+        let life_ms = LEASE_DEFAULT.as_millis() as u64;
+        (self.resend).mark_if_back(&self.leases, self.hosts, now_ms, life_ms);
         // One order at a time, from the host after the last one's: one
         // not queued is passed, and due again at the next step.
         let mut from = 0;
         loop {
             let Some(o) = self.leases.due_from(now_ms, caps, from).next() else {
-                return;
+                break;
             };
             from = o.host + 1;
-            let up = Up::Lease {
-                host: o.host as u16,
-                lease: o.lease.clone(),
-                lift: o.lift,
-            };
-            if !p.up(&up) {
+            if !lease_up(p, (&mut self.leases, &mut self.resend), &o, now_ms) {
                 continue;
             }
-            self.leases.sent(&o, now_ms);
             match o.watts {
                 Some(w) if o.first => p.say(format_args!(
                     "lease: capping host {} at {} W per GPU ({})",
@@ -525,6 +531,20 @@ impl<'d> Controller<'d> {
                 None => p.say(format_args!("lease: lifting the cap of host {}", o.host)),
                 Some(_) => {}
             }
+        }
+        let tdp_w = self.decider.core().config().gpu.tdp_w;
+        let mut from = 0;
+        loop {
+            let Some(c) = self.decider.last_commands() else {
+                return;
+            };
+            let caps = &c.caps[..self.hosts];
+            let Some(o) = (self.resend).next(from, now_ms, (&self.leases, caps, life_ms, tdp_w))
+            else {
+                return;
+            };
+            from = o.host + 1;
+            lease_up(p, (&mut self.leases, &mut self.resend), &o, now_ms);
         }
     }
 
@@ -633,6 +653,27 @@ fn event(p: &mut impl Ports, link: &mut LinkCounts, e: loopwarden_protocol::mess
     if !p.up(&Up::Event(e)) {
         link.up_dropped = link.up_dropped.saturating_add(1);
     }
+}
+
+/// Lease order `o` to the gateway at `now_ms`; whether it was queued
+/// (and so counted as sent in the book and in what goes again).
+fn lease_up(
+    p: &mut impl Ports,
+    (book, resend): (&mut LeaseBook, &mut resend::Resend),
+    o: &Order,
+    now_ms: u64,
+) -> bool {
+    let up = Up::Lease {
+        host: o.host as u16,
+        lease: o.lease.clone(),
+        lift: o.lift,
+    };
+    if !p.up(&up) {
+        return false;
+    }
+    book.sent(o, now_ms);
+    resend.sent(o.host, o.lift, now_ms);
+    true
 }
 
 #[cfg(test)]

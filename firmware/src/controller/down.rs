@@ -141,7 +141,13 @@ impl Controller<'_> {
             return;
         };
         self.link.frames = self.link.frames.saturating_add(1);
-        self.heard_ms = Some(now_ms);
+        let before = self.heard_ms.replace(now_ms);
+        let silent = before.is_none_or(|b| now_ms.saturating_sub(b) > super::resend::SILENCE_MS);
+        if silent && matches!(down, Down::Alive { .. }) {
+            // The gateway speaks again after a silence: what went up
+            // meanwhile may never have reached it.
+            self.resend.gateway_back();
+        }
         // A clear is checked straight from here, with no other message's
         // frame beneath its signature's check.
         if let Down::Clear(c) = &down {
@@ -205,8 +211,13 @@ impl Controller<'_> {
             }
             Order::Restart => {
                 // A layout it does not share is said again at its next
-                // `Alive`, for the restarted gateway's log.
+                // `Alive`, for the restarted gateway's log; until that
+                // `Alive` says its layout, nothing crosses that a layout
+                // reads (host reports, the status, leases). The leases it
+                // may have missed go again.
                 self.disagreement_said_ms = None;
+                self.gateway_layout = None;
+                self.resend.gateway_back();
                 self.link.restarts = self.link.restarts.saturating_add(1);
                 p.say(format_args!(
                     "link: the gateway started again (its frames numbered from {seq} again)"
@@ -393,7 +404,7 @@ impl Controller<'_> {
         let (id, who) = (c.clear.id, &c.clear.operator);
         self.link.clears_refused = self.link.clears_refused.saturating_add(1);
         p.say(format_args!("clear {id} of {who} refused: {why}"));
-        answer(p, id, Err(said_words(&why)));
+        self.answer(p, id, Err(said_words(&why)));
     }
 
     /// A clear the gate took, through the decision path and answered (in
@@ -415,7 +426,7 @@ impl Controller<'_> {
                 let Some(faults) = self.pump_faults else {
                     self.link.clears_refused = self.link.clears_refused.saturating_add(1);
                     p.say(format_args!("clear {id} of {who}: {what}: {NOT_READ}"));
-                    answer(p, id, Err(said_words(&format_args!("{what}: {NOT_READ}"))));
+                    self.answer(p, id, Err(said_words(&format_args!("{what}: {NOT_READ}"))));
                     return;
                 };
                 // A map without the pump's fault bit cannot show it.
@@ -426,18 +437,20 @@ impl Controller<'_> {
         match self.apply(p, traced) {
             Applied::Cleared(Ok(())) => {
                 p.say(format_args!("clear {id} of {who}: {what} cleared"));
-                answer(p, id, Ok(()));
+                self.answer(p, id, Ok(()));
                 let e = Event::OperatorCleared {
                     rack,
                     pump,
                     operator: who.clone(),
                 };
                 p.say(format_args!("event: {e}"));
-                p.up(&Up::Event(e));
+                if !p.up(&Up::Event(e)) {
+                    self.link.up_dropped = self.link.up_dropped.saturating_add(1);
+                }
             }
             Applied::Cleared(Err(why)) => {
                 p.say(format_args!("clear {id} of {who}: {what}: {why}"));
-                answer(p, id, Err(said_words(&format_args!("{what}: {why}"))));
+                self.answer(p, id, Err(said_words(&format_args!("{what}: {why}"))));
             }
             _ => {}
         }
@@ -477,11 +490,44 @@ impl core::fmt::Display for Action {
     }
 }
 
-/// The answer to clear `id`.
-fn answer(p: &mut impl Ports, id: u32, outcome: Result<(), Said>) {
-    if !p.up(&Up::Answer { id, outcome }) {
-        p.say(format_args!(
-            "link: the answer to clear {id} was not queued"
-        ));
+/// Answers held while the gateway's queue has no room for them.
+pub const ANSWERS_HELD: usize = 4;
+
+impl Controller<'_> {
+    /// The answer to clear `id`: queued after those held before it; one
+    /// the gateway's queue has no room for (full of leases) is held and
+    /// sent at the next step ([`Controller::answers_again`]).
+    fn answer(&mut self, p: &mut impl Ports, id: u32, outcome: Result<(), Said>) {
+        if self.answers.is_full() {
+            if let Some((old, _)) = self.answers.pop_front() {
+                self.link.up_dropped = self.link.up_dropped.saturating_add(1);
+                p.say(format_args!(
+                    "link: the answer to clear {old} was dropped: {ANSWERS_HELD} answers wait for room in the gateway's queue"
+                ));
+            }
+        }
+        // Room made above.
+        let _ = self.answers.push_back((id, outcome));
+        if !self.answers_again(p) {
+            p.say(format_args!(
+                "link: the answer to clear {id} was not queued: it goes at the next step"
+            ));
+        }
+    }
+
+    /// The answers held go to the gateway, oldest first, while its queue
+    /// takes them; whether none is left.
+    pub(super) fn answers_again(&mut self, p: &mut impl Ports) -> bool {
+        while let Some((id, outcome)) = self.answers.front() {
+            let up = Up::Answer {
+                id: *id,
+                outcome: outcome.clone(),
+            };
+            if !p.up(&up) {
+                return false;
+            }
+            self.answers.pop_front();
+        }
+        true
     }
 }

@@ -22,6 +22,7 @@ use crate::outbound::{FrameBuffers, FramedPort};
 
 mod clears;
 mod facility;
+mod resend;
 
 /// The ports as the board has them: the trace in frames on a wire.
 struct Fake {
@@ -370,12 +371,14 @@ fn a_repeated_frame_is_not_acted_on_again_and_a_restarted_gateway_is_heard() {
     assert!(p.said("link: the gateway started again (its frames numbered from 0 again)"));
     step(&mut c, p, no_sensor(), 304);
     assert_eq!(outdoor(p), Some(14.0));
-    // Started again after one frame: the same number, other bytes.
+    // Started again after one frame: the same number, other bytes. No
+    // status goes until its `Alive` says its layout.
     hear_numbered(&mut c, p, &Down::Outdoor(16.0), 1, 305_000);
+    hear_numbered(&mut c, p, &alive(305), 2, 305_000);
     step(&mut c, p, no_sensor(), 305);
     assert_eq!(outdoor(p), Some(16.0));
     assert_eq!(c.link.restarts, 2);
-    assert_eq!((c.link.frames, c.link.repeats, c.link.bad), (6, 1, 0));
+    assert_eq!((c.link.frames, c.link.repeats, c.link.bad), (7, 1, 0));
 }
 
 #[test]

@@ -286,3 +286,45 @@ fn a_gateway_cannot_turn_the_wall_clock_back_to_make_a_held_clear_fresh() {
         .count();
     assert_eq!(held, 1, "said once, not each Alive: {:?}", p.lines);
 }
+
+/// The gateway's queue full of leases when a clear comes: it is acted
+/// on, its answer held and sent at the next step, the event it could not
+/// queue counted.
+#[test]
+fn a_clear_s_answer_the_queue_had_no_room_for_goes_at_the_next_step() {
+    let mut d = decider(&Ok(None));
+    let mut k = Box::new(LearnedKeeper::new());
+    let mut c = Controller::new(&mut d, ClearGate::new(Some("cdu1"), ring()), &mut k);
+    let p = &mut *Fake::new();
+    c.boot(p, hello(), Opening::Nothing);
+    hear(&mut c, p, &alive(0), 0);
+    let mut open = 0b1111;
+    for s in 0..9 {
+        let leaks = if (2..6).contains(&s) { 0b0100 } else { 0 };
+        let plan = step(&mut c, p, Some(cdu(open, leaks)), s);
+        open = plan.value(Setting::Valves).map_or(open, |v| v as u16);
+    }
+    assert_eq!(c.decider().core().leaks_latched(), 0b0100);
+    p.gateway = Some(Box::new(FramedPort::new()));
+    let lease = Up::Lease {
+        host: 0,
+        lease: cooling_decide::leases::cap_lease(
+            1,
+            loopwarden_protocol::ReasonCode::OK,
+            300.0,
+            LEASE_DEFAULT,
+        ),
+        lift: false,
+    };
+    let g = p.gateway.as_mut().unwrap();
+    while g.send(&lease, &mut p.buf) == Ok(true) {}
+    let dropped = c.link.up_dropped;
+    let clear = Down::Clear(signed(1, "cdu1", NOW, ClearAction::Leak(2), SEED));
+    assert_eq!(hear(&mut c, p, &clear, 9_000).len(), 1);
+    assert_eq!(c.decider().core().leaks_latched(), 0, "acted on");
+    assert!(answers(p).is_empty(), "no room for its answer");
+    assert_eq!(c.link.up_dropped, dropped + 1, "its event counted");
+    while p.gateway.as_mut().unwrap().queue.pop().is_some() {}
+    step(&mut c, p, Some(cdu(open, 0)), 9);
+    assert_eq!(answers(p), [(1, Ok(()))], "sent at the next step");
+}

@@ -1,0 +1,68 @@
+//! Leases the gateway may have missed: sent again when it is back.
+
+use super::*;
+
+fn leased(p: &Fake, from: usize, host: u16) -> bool {
+    (p.ups[from..].iter())
+        .any(|u| matches!(u, Up::Lease { host: h, lift: false, .. } if *h == host))
+}
+
+/// A host capped, the gateway silent 5 steps, then a restarted gateway's
+/// `Alive` (frame 0): the cap goes again at the next step, not at its
+/// renewal.
+#[test]
+fn a_cap_in_force_goes_again_when_a_restarted_gateway_speaks() {
+    let mut d = decider(&Ok(None));
+    let mut k = Box::new(LearnedKeeper::new());
+    let mut c = Controller::new(&mut d, ClearGate::new(None, &[]), &mut k);
+    let p = &mut *Fake::new();
+    for s in 0..3 {
+        hear(&mut c, p, &alive(s), s * 1000);
+        step(&mut c, p, Some(cdu(0b1111, 0)), s);
+    }
+    hear(&mut c, p, &alive(3), 3_000);
+    let before = p.ups.len();
+    step(&mut c, p, Some(cdu(0b1110, 0b0001)), 3);
+    assert!(leased(p, before, 0), "host 0 capped");
+    for s in 4..9 {
+        step(&mut c, p, Some(cdu(0b1110, 0b0001)), s);
+    }
+    let before = p.ups.len();
+    step(&mut c, p, Some(cdu(0b1110, 0b0001)), 9);
+    assert!(!leased(p, before, 0), "not due by itself yet");
+    hear_numbered(&mut c, p, &alive(10), 0, 10_000);
+    let before = p.ups.len();
+    step(&mut c, p, Some(cdu(0b1110, 0b0001)), 10);
+    assert!(leased(p, before, 0), "the cap in force goes again");
+    // Once: the next step sends it no more.
+    hear_numbered(&mut c, p, &alive(11), 1, 11_000);
+    let before = p.ups.len();
+    step(&mut c, p, Some(cdu(0b1110, 0b0001)), 11);
+    assert!(!leased(p, before, 0));
+}
+
+/// A restarted gateway whose first frame is not an `Alive`: no status
+/// or lease goes up until its `Alive` says its layout.
+#[test]
+fn a_restarted_gateway_gets_no_status_until_its_alive_says_its_layout() {
+    let mut d = decider(&Ok(None));
+    let mut k = Box::new(LearnedKeeper::new());
+    let mut c = Controller::new(&mut d, ClearGate::new(None, &[]), &mut k);
+    let p = &mut *Fake::new();
+    hear_numbered(&mut c, p, &alive(0), 7, 0);
+    step(&mut c, p, Some(cdu(0b1111, 0)), 1);
+    let statuses = |p: &Fake, from: usize| {
+        (p.ups[from..].iter())
+            .filter(|u| matches!(u, Up::Status(_)))
+            .count()
+    };
+    assert_eq!(statuses(p, 0), 1);
+    hear_numbered(&mut c, p, &Down::Outdoor(12.0), 0, 1_500);
+    let before = p.ups.len();
+    step(&mut c, p, Some(cdu(0b1111, 0)), 2);
+    assert_eq!(statuses(p, before), 0, "its layout is not known yet");
+    hear_numbered(&mut c, p, &alive(2), 1, 2_500);
+    let before = p.ups.len();
+    step(&mut c, p, Some(cdu(0b1111, 0)), 3);
+    assert_eq!(statuses(p, before), 1);
+}
