@@ -175,3 +175,33 @@ async fn a_leaking_rack_is_drained_in_slurm_powered_down_and_resumed() {
     assert!(slurm.drained().iter().all(|(n, _, _)| n != "r0h0"));
     assert!(took < Duration::from_secs(120), "took {took:?}");
 }
+
+/// Without agents' cooling-loss commands: the operator's clear at 120 s
+/// is what reopens rack 0's valve, so the reopening is not unattended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_valve_reopened_on_an_operators_clear_is_not_counted_unattended() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = play(PlayConfig {
+        speed: SPEED,
+        clear_leaks: vec![(120, 0)],
+        ..PlayConfig::headless(
+            Scenario::from_toml(LEAK, "leak.toml").unwrap(),
+            "leak",
+            &dir.path().join("run"),
+        )
+    })
+    .await
+    .expect("the run completes");
+    assert!(
+        out.racks_lost.contains(&0),
+        "rack 0 isolated: {:?}",
+        out.events
+    );
+    let summary = out.summary.as_ref().expect("the run's summary");
+    assert_eq!(summary.leaks, 1);
+    assert_eq!(
+        summary.valve_reopened_unattended, 0,
+        "events: {:?}",
+        out.events
+    );
+}
