@@ -111,6 +111,9 @@ impl ControllerFlash {
     pub fn open(path: Option<&Path>) -> Result<Self, String> {
         let mut stores = agent_flash::open(path)?;
         let latched = futures::executor::block_on(load_latched(&mut stores.store));
+        if let Ok(Some(r)) = &latched {
+            futures::executor::block_on(catch_up_latched(&mut stores.store, r));
+        }
         if matches!(latched, Ok(Some(_))) {
             // A record kept before the mark was gets its mark now.
             if let Err(e) = futures::executor::block_on(mark_latch_kept(&mut stores.store)) {
@@ -205,16 +208,6 @@ pub async fn load_latched<S: MultiwriteNorFlash<Error: fmt::Display>>(
     let n = (store.get(LATCHED_KEY, &mut rec).await).map_err(unreadable(LATCHED_KEY))?;
     let g = (store.get(LATCHED_GEN_KEY, &mut gen).await).map_err(unreadable(LATCHED_GEN_KEY))?;
     let read = LatchRecord::decode(n.map(|n| &rec[..n]), g.map(|g| &gen[..g]));
-    if let Ok(Some(r)) = &read {
-        if let Some((key, item)) = r.catch_up(g.map(|g| &gen[..g])) {
-            // The record read is right whatever comes of this write; one
-            // that fails leaves only a second cut's window open, and a
-            // store that cannot write says so at the next record.
-            if let Err(e) = store.set(key, &item).await {
-                tracing::warn!("{key}: the generation a cut left behind not written back: {e}");
-            }
-        }
-    }
     if !matches!(read, Ok(None)) {
         return read.map_err(|e| e.to_string());
     }
@@ -222,6 +215,31 @@ pub async fn load_latched<S: MultiwriteNorFlash<Error: fmt::Display>>(
         Ok(None) => Ok(None),
         Ok(Some(_)) => Err(format!("the latched record is missing from flash, though an earlier start kept one ({LATCH_KEPT_KEY} is set): the flash lost it (a damaged sector?), so what was latched is unknown")),
         Err(e) => Err(unreadable(LATCH_KEPT_KEY)(e)),
+    }
+}
+
+/// At a start, after [`load_latched`] believed `r`: the generation a cut
+/// left behind it (`r` one ahead of the one kept apart) is written, so a
+/// cut in the next record's write finds it one ahead again, never two
+/// ([`LatchRecord::catch_up`]). The record read is right whatever comes
+/// of this write: one that fails leaves only a second cut's window open,
+/// and is said.
+pub async fn catch_up_latched<S: MultiwriteNorFlash<Error: fmt::Display>>(
+    store: &mut ConfigStore<S>,
+    r: &LatchRecord,
+) {
+    let mut gen = [0u8; 16];
+    let g = match store.get(LATCHED_GEN_KEY, &mut gen).await {
+        Ok(g) => g,
+        Err(e) => {
+            tracing::warn!("{LATCHED_GEN_KEY}: unreadable in flash: {e}");
+            return;
+        }
+    };
+    if let Some((key, item)) = r.catch_up(g.map(|g| &gen[..g])) {
+        if let Err(e) = store.set(key, &item).await {
+            tracing::warn!("{key}: the generation a cut left behind not written back: {e}");
+        }
     }
 }
 
@@ -776,6 +794,13 @@ mod tests {
     }
 
     #[test]
+    fn loading_the_latched_record_may_move_between_threads() {
+        fn send<T: Send>(_: &T) {}
+        let mut store = sim_store(None);
+        send(&load_latched(&mut store));
+    }
+
+    #[test]
     fn two_starts_each_cut_between_record_and_generation_read_the_newest_state() {
         use futures::executor::block_on;
         let mut store = sim_store(None);
@@ -795,6 +820,7 @@ mod tests {
             block_on(store.set(key, &item)).unwrap();
             let read = block_on(load_latched(&mut store));
             assert_eq!(read, Ok(Some(record(generation, leaks))));
+            block_on(catch_up_latched(&mut store, &record(generation, leaks)));
         }
     }
 

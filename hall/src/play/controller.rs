@@ -198,13 +198,7 @@ impl ControllerRuns {
             tracing::warn!("latch_corrupt: the controller has no flash file to damage");
             return;
         };
-        // The flash is read and written on a thread of its own: the
-        // controller's flash calls are not made to move between threads.
-        let path = path.to_path_buf();
-        let done = tokio::task::spawn_blocking(move || damage_file(&path))
-            .await
-            .unwrap_or_else(|e| Err(format!("the flash thread: {e}")));
-        match done {
+        match damage_file(path).await {
             Ok(()) => tracing::info!("latch_corrupt: the newest latched record damaged"),
             Err(e) => tracing::warn!("latch_corrupt: {e}"),
         }
@@ -230,15 +224,12 @@ async fn reaches(hall: Arc<Mutex<Hall>>, t_s: Option<f64>) {
     }
 }
 
-/// Damages the newest latched record in the flash file at `path` (on
-/// the calling thread).
-fn damage_file(path: &Path) -> Result<(), String> {
+/// Damages the newest latched record in the flash file at `path`.
+async fn damage_file(path: &Path) -> Result<(), String> {
     let record = {
         let mut stores = loopwarden_store::agent_flash::open(Some(path))?;
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .map_err(|e| format!("a runtime for the flash: {e}"))?;
-        rt.block_on(cooling_ctrl::journal::load_latched(&mut stores.store))?
+        cooling_ctrl::journal::load_latched(&mut stores.store)
+            .await?
             .ok_or("no latched record in the flash")?
     };
     let mut bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
