@@ -100,6 +100,10 @@ const MISSING: Metric = Metric::gauge(
     "loopwarden_gpus_missing",
     "GPUs of expected_gpus not found at the start (failed the driver's probe, or off the bus since before it loaded). Absent when expected_gpus is not set.",
 );
+const FLASH_REFUSED: Metric = Metric::counter(
+    "loopwarden_flash_config_refused_total",
+    "Config values (replay floors, limits, health states, the cooling-loss phase) the flash refused to keep: full, worn or an I/O error. Each is logged at error; above 0, a restart may forget what they held.",
+);
 const LEASES: Metric = Metric::gauge(
     "loopwarden_leases_active",
     "Power-cap leases held now (from the cooling controller, a facility budget or an operator).",
@@ -174,6 +178,7 @@ pub fn render(ctx: &Context) -> String {
     }
     write_bus(&mut out, &ctx.bus.metrics(), ctx.bus.is_connected(), &host);
     write_recorder(&mut out, &ctx.recorder, &host);
+    out.sample(&FLASH_REFUSED, &host, ctx.recorder.refused() as f64);
     loopwarden_bus::prometheus::write_resend(&mut out, ctx.resends(), &host);
     loopwarden_field::listen::write_metrics(&mut out, "console", &ctx.console_stats, &host);
     out.finish()
@@ -584,6 +589,7 @@ mod tests {
         names.extend(dcgm::names());
         names.extend([
             MISSING.name,
+            FLASH_REFUSED.name,
             "loopwarden_flash_queue_dropped_total",
             "loopwarden_outbox_waiting_frames",
             "loopwarden_outbox_waiting_dropped_total",

@@ -32,16 +32,25 @@ pub struct GpuRange {
     pub max: Watts,
 }
 
+/// The most cooling leases held at once, apart from
+/// [`LeaseLimits::max_leases`]: only the host's own CDU controller sends
+/// them (one lease id per host, a few more while its numbering of the
+/// hosts changes), so the leases of operators and facility systems, however
+/// many, never crowd out the cap that cooling falls short by.
+pub const COOLING_LEASES: usize = 8;
+
 /// What a host takes of leases: a longer one is taken for the longest
 /// only (shortened, said in its ack), one more than the count is refused,
 /// so a sender (a compromised one included) can neither cap a GPU for
-/// weeks nor fill the host's memory.
+/// weeks nor fill the host's memory. The cooling leases of the host's own
+/// CDU are counted apart, at most [`COOLING_LEASES`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeaseLimits {
     /// The longest a lease runs: one asked longer is shortened to it.
     pub max_duration: DurationMs,
-    /// The most leases held at once (a renewal of a held lease is always
-    /// taken).
+    /// The most leases held at once from operators and facility systems
+    /// together (a renewal of a held lease is always taken); the CDU's
+    /// cooling leases are not counted here ([`COOLING_LEASES`]).
     pub max_leases: usize,
 }
 
@@ -80,7 +89,8 @@ pub struct LeaseOutcome {
     /// Taken back after a restart: the GPUs it caps that this host does
     /// not have (bit `i` for GPU `i`), their caps left out.
     pub missing: u16,
-    /// Taken back after a restart beyond [`LeaseLimits::max_leases`].
+    /// Taken back after a restart beyond the most held of its kind
+    /// ([`CapArbiter::most_leases`]).
     pub over_count: bool,
 }
 
@@ -219,7 +229,13 @@ impl CapArbiter {
             .leases
             .iter()
             .any(|h| h.from == *from && h.lease == lease.lease);
-        let over_count = !renewal && self.leases.len() >= self.limits.max_leases;
+        // Cooling leases (the host's own CDU's) and the others are counted
+        // apart: neither kind can crowd out the other.
+        let cooling = lease.source == CapSource::Cooling;
+        let held = (self.leases.iter())
+            .filter(|h| (h.source == CapSource::Cooling) == cooling)
+            .count();
+        let over_count = !renewal && held >= self.most_leases(lease.source);
         if over_count && !restoring {
             return refuse(AckCode::TooMany);
         }
@@ -338,6 +354,16 @@ impl CapArbiter {
         self.limits
     }
 
+    /// The most leases of `source`'s kind held at once: [`COOLING_LEASES`]
+    /// for cooling, else [`LeaseLimits::max_leases`] (operators and
+    /// facility systems together).
+    pub fn most_leases(&self, source: CapSource) -> usize {
+        match source {
+            CapSource::Cooling => COOLING_LEASES,
+            _ => self.limits.max_leases,
+        }
+    }
+
     /// When the next lease expires, for the shell's timer.
     pub fn next_expiry(&self) -> Option<TimestampMs> {
         self.leases.iter().map(|h| h.expires).min()
@@ -403,6 +429,18 @@ mod tests {
 
     fn gpu(i: u8) -> GpuSelector {
         GpuSelector::Gpu(GpuIndex::new(i).unwrap())
+    }
+
+    fn op() -> NodeId {
+        NodeId::new(Role::Operator, "jdoe").unwrap()
+    }
+
+    /// An operator's lease.
+    fn op_lease(id: u32, caps: &[(GpuSelector, u32)], ms: u32) -> CapLease {
+        CapLease {
+            source: CapSource::Operator,
+            ..lease(id, caps, ms)
+        }
     }
 
     #[test]
@@ -524,22 +562,54 @@ mod tests {
         assert_eq!(a.lease(t, &cdu(), t, &ten_min).code, AckCode::Ok);
         for id in 10..12 {
             assert_eq!(
-                a.lease(t, &cdu(), t, &lease(id, &[(gpu(1), 400)], 1_000))
+                a.lease(t, &op(), t, &op_lease(id, &[(gpu(1), 400)], 1_000))
                     .code,
                 AckCode::Ok
             );
         }
-        let fourth = lease(20, &[(gpu(1), 200)], 1_000);
-        assert_eq!(a.lease(t, &cdu(), t, &fourth).code, AckCode::TooMany);
+        let third = op_lease(12, &[(gpu(1), 400)], 1_000);
+        assert_eq!(a.lease(t, &op(), t, &third).code, AckCode::Ok);
+        let fourth = op_lease(20, &[(gpu(1), 200)], 1_000);
+        assert_eq!(a.lease(t, &op(), t, &fourth).code, AckCode::TooMany);
+        assert_eq!(a.lease(t, &op(), t, &third).code, AckCode::Ok, "a renewal");
+        // Once they have lapsed there is room again.
+        let later = TimestampMs(2_000);
+        assert_eq!(a.lease(later, &op(), later, &fourth).code, AckCode::Ok);
+        assert_eq!(a.leases().len(), 2);
+    }
+
+    /// Operators' and facility systems' leases fill their count; the
+    /// cooling leases of the host's CDU are counted apart, at most
+    /// [`COOLING_LEASES`]: the cap that cooling falls short by is always
+    /// taken.
+    #[test]
+    fn the_cdus_cooling_leases_are_never_crowded_out_by_others() {
+        let mut a = arbiter();
+        let t = TimestampMs(0);
+        for id in 1..=16 {
+            let l = op_lease(id, &[(GpuSelector::All, 700)], 60_000);
+            assert_eq!(a.lease(t, &op(), t, &l).code, AckCode::Ok, "lease {id}");
+        }
+        let more = op_lease(17, &[(GpuSelector::All, 650)], 60_000);
+        assert_eq!(a.lease(t, &op(), t, &more).code, AckCode::TooMany);
+        let cooling = lease(1, &[(GpuSelector::All, 300)], 30_000);
+        assert_eq!(a.lease(t, &cdu(), t, &cooling).code, AckCode::Ok);
+        assert_eq!(a.in_force(t)[0].limit, Watts(300));
+        assert_eq!(a.in_force(t)[0].source, Some(CapSource::Cooling));
+        // Its own bound holds too.
+        for id in 2..=COOLING_LEASES as u32 {
+            let l = lease(id, &[(gpu(1), 400)], 30_000);
+            assert_eq!(a.lease(t, &cdu(), t, &l).code, AckCode::Ok);
+        }
+        let one_more = lease(99, &[(gpu(1), 400)], 30_000);
+        assert_eq!(a.lease(t, &cdu(), t, &one_more).code, AckCode::TooMany);
         assert_eq!(
-            a.lease(t, &cdu(), t, &ten_min).code,
+            a.lease(t, &cdu(), t, &cooling).code,
             AckCode::Ok,
             "a renewal"
         );
-        // Once two have lapsed there is room again.
-        let later = TimestampMs(2_000);
-        assert_eq!(a.lease(later, &cdu(), later, &fourth).code, AckCode::Ok);
-        assert_eq!(a.leases().len(), 2);
+        assert_eq!(a.most_leases(CapSource::Cooling), COOLING_LEASES);
+        assert_eq!(a.most_leases(CapSource::FacilityBudget), 16);
     }
 
     #[test]
@@ -577,20 +647,22 @@ mod tests {
         assert_eq!(a.next_expiry(), Some(TimestampMs(300_000)));
         assert_eq!(a.in_force(TimestampMs(299_999))[0].limit, Watts(300));
         // One more than the count: taken back all the same.
-        let op = NodeId::new(Role::Operator, "jdoe").unwrap();
-        let second = a.restore(now, &op, sent, &lease(2, &[(gpu(1), 400)], 120_000));
+        let op = op();
+        let first = a.restore(now, &op, sent, &op_lease(7, &[(gpu(3), 500)], 120_000));
+        assert_eq!((first.code, first.over_count), (AckCode::Ok, false));
+        let second = a.restore(now, &op, sent, &op_lease(2, &[(gpu(1), 400)], 120_000));
         assert_eq!((second.code, second.over_count), (AckCode::Ok, true));
         assert!(!second.shortened);
         assert_eq!(a.in_force(now)[1].limit, Watts(400));
         // Only GPUs it does not have: nothing to take back.
-        let gone = a.restore(now, &op, sent, &lease(3, &[(gpu(9), 300)], 120_000));
+        let gone = a.restore(now, &op, sent, &op_lease(3, &[(gpu(9), 300)], 120_000));
         assert_eq!((gone.code, gone.missing), (AckCode::UnknownGpu, 1 << 9));
         // Its end passed: expired, as before.
-        let past = a.restore(now, &op, sent, &lease(4, &[(gpu(2), 300)], 60_000));
+        let past = a.restore(now, &op, sent, &op_lease(4, &[(gpu(2), 300)], 60_000));
         assert_eq!(past.code, AckCode::Expired);
-        assert_eq!(a.leases().len(), 2);
+        assert_eq!(a.leases().len(), 3);
         // Live, the count holds.
-        let live = lease(5, &[(gpu(2), 300)], 1_000);
+        let live = op_lease(5, &[(gpu(2), 300)], 1_000);
         assert_eq!(a.lease(now, &op, now, &live).code, AckCode::TooMany);
         // Asked past its sending plus the longest taken, and that passed:
         // expired, not taken back for the longest again.

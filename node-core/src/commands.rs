@@ -3,8 +3,9 @@
 //! Every command frame that reaches the host goes through
 //! [`CommandCore::command`], which checks, in order: that it is a command
 //! this host takes, its signature against the host's keyring, that its
-//! signer may ask it of this host, that its sequence number is above the
-//! last one accepted from that sender, and then what it asks. A lease
+//! signer may ask it of this host, that it is above the floor of that
+//! sender's commands (its sequence number or its stamp), and then what it
+//! asks. A lease
 //! goes to the [`CapArbiter`]; a refused command changes nothing. The
 //! shell applies what [`CommandCore::targets`] says, reads the limits
 //! back, and sends the ack with the values in force.
@@ -15,9 +16,10 @@
 //!   controller may lease only the hosts of its own racks).
 //! - *verdict*: what the core decided about one command: the ack code and
 //!   the sentence for its `detail`.
-//! - *replay*: a command frame whose sequence number is not above the last
-//!   accepted from its sender (an old command sent again, by a fault or
-//!   an attacker).
+//! - *replay*: a command frame at or below the floor of its sender's: its
+//!   sequence number not above the highest taken from it, and its stamp
+//!   not after the latest ([`ReplayFloor`]; an old command sent again, by
+//!   a fault or an attacker).
 //! - *copy*: the last command taken from a sender, delivered again (the
 //!   bus delivers at least once): answered as the command was, and
 //!   nothing done again.
@@ -32,6 +34,7 @@ use loopwarden_protocol::{
 
 use crate::caps::{CapArbiter, GpuRange, InForce, LeaseLimits, LeaseView};
 
+mod floor;
 mod restore;
 
 /// How far a command's time may be from the host's clock, ms (both
@@ -265,7 +268,9 @@ pub struct CommandCore {
     /// This host's `cmd` topic: what its commands are signed for.
     own: Topic,
     authority: Authority,
-    last_seq: HashMap<NodeId, u32>,
+    /// The floor of the commands taken from each sender: its highest seq
+    /// and latest stamp ([`ReplayFloor`]; see [`CommandCore::replayed`]).
+    floors: HashMap<NodeId, ReplayFloor>,
     /// The last command taken from each sender, and its answer, to answer
     /// a copy of it alike (not kept across a restart).
     answered: HashMap<NodeId, Answered>,
@@ -300,7 +305,7 @@ impl CommandCore {
         Self {
             own,
             authority,
-            last_seq: HashMap::new(),
+            floors: HashMap::new(),
             answered: HashMap::new(),
             last_state: None,
             arbiter: CapArbiter::with_limits(ranges, limits),
@@ -343,26 +348,10 @@ impl CommandCore {
         if let Some(why) = self.authority.forbids(frame) {
             return Verdict::refuse(AckCode::Forbidden, why);
         }
-        if let Some(&last) = self.last_seq.get(&frame.sender) {
-            if frame.seq <= last {
-                let below = format!(
-                    "seq {} is not above {last}, the last seen from {}",
-                    frame.seq,
-                    frame.sender.id.as_str()
-                );
-                // Stale as well: its sender's clock is the likelier cause
-                // (a laptop set by hand, a VM resumed), said first.
-                let refused = match stale(now, frame) {
-                    Some(mut v) => {
-                        v.detail = format!("{}; and its {below}", v.detail);
-                        v
-                    }
-                    None => Verdict::refuse(AckCode::Replayed, below),
-                };
-                return self.copy_answered(frame).unwrap_or(refused);
-            }
+        if let Some(refused) = self.replayed(now, frame) {
+            return self.copy_answered(frame).unwrap_or(refused);
         }
-        self.last_seq.insert(frame.sender.clone(), frame.seq);
+        self.raise_floor(&frame.sender, frame.seq, frame.time);
         let verdict = self.decide(now, frame);
         let answer = Answered {
             frame: frame.clone(),
@@ -510,11 +499,11 @@ impl CommandCore {
         })
     }
 
-    /// The last sequence number accepted from `sender`: the floor a
-    /// command from it must be above, kept in flash so that a restart does
-    /// not forget it.
-    pub fn replay_floor(&self, sender: &NodeId) -> Option<u32> {
-        self.last_seq.get(sender).copied()
+    /// The floor of the commands taken from `sender` (its highest seq and
+    /// latest stamp): a command at or below both is a replay. Kept in
+    /// flash so that a restart does not forget it.
+    pub fn replay_floor(&self, sender: &NodeId) -> Option<ReplayFloor> {
+        self.floors.get(sender).copied()
     }
 
     /// Takes back the floor of the CDU's states taken before a restart
@@ -533,13 +522,6 @@ impl CommandCore {
     /// last one, to keep across a restart.
     pub fn state_floor(&self) -> Option<(ReplayFloor, (u32, TimestampMs))> {
         self.last_state
-    }
-
-    /// Takes back a floor kept before a restart ([`CommandCore::replay_floor`]):
-    /// commands from `sender` at or below `seq` are replays.
-    pub fn restore_replay_floor(&mut self, sender: &NodeId, seq: u32) {
-        let last = self.last_seq.entry(sender.clone()).or_insert(0);
-        *last = (*last).max(seq);
     }
 
     fn no_such_gpu(&self, gpu: u8) -> String {
@@ -594,9 +576,13 @@ impl CommandCore {
                 frame.time.until(now) / 1000,
                 CLOCK_SKEW_MS / 1000
             ),
+            AckCode::TooMany if lease.source == CapSource::Cooling => format!(
+                "this host already holds {} cooling leases, its most",
+                self.arbiter.most_leases(lease.source)
+            ),
             AckCode::TooMany => format!(
-                "this host already holds {} leases, its most",
-                self.arbiter.limits().max_leases
+                "this host already holds {} leases of operators and facility systems, its most",
+                self.arbiter.most_leases(lease.source)
             ),
             other => format!("{other:?}"),
         };
@@ -692,11 +678,11 @@ mod tests {
 
     const SEED: [u8; 32] = [0x5a; 32];
 
-    fn key() -> loopwarden_protocol::auth::SigningKey {
+    pub(super) fn key() -> loopwarden_protocol::auth::SigningKey {
         loopwarden_protocol::auth::SigningKey::from_bytes(&SEED)
     }
 
-    fn signer(role: Role, name: &str, release: bool) -> Signer {
+    pub(super) fn signer(role: Role, name: &str, release: bool) -> Signer {
         Signer {
             role,
             name: Some(loopwarden_protocol::Ident::new(name).unwrap()),
@@ -712,7 +698,7 @@ mod tests {
 
     /// cdu-a (this host's CDU) and cdu-b may lease, jdoe may also release,
     /// all with the same test key.
-    fn authority() -> Authority {
+    pub(super) fn authority() -> Authority {
         Authority {
             signers: vec![
                 signer(Role::Cdu, "cdu-a", false),
@@ -723,7 +709,7 @@ mod tests {
         }
     }
 
-    fn own() -> Topic {
+    pub(super) fn own() -> Topic {
         Topic::new(
             &loopwarden_protocol::Ident::new("hall-1").unwrap(),
             Role::Host,
@@ -732,7 +718,7 @@ mod tests {
         )
     }
 
-    fn core() -> CommandCore {
+    pub(super) fn core() -> CommandCore {
         CommandCore::new(
             own(),
             vec![
@@ -746,7 +732,7 @@ mod tests {
         )
     }
 
-    fn lease_frame(seq: u32, time: u64, caps: &[(GpuSelector, u32)], ms: u32) -> Frame {
+    pub(super) fn lease_frame(seq: u32, time: u64, caps: &[(GpuSelector, u32)], ms: u32) -> Frame {
         let lease = samples::cooling_lease(1, caps, ms);
         let mut f = Frame {
             sender: NodeId::new(Role::Cdu, "cdu-a").unwrap(),
@@ -1330,7 +1316,8 @@ mod tests {
         assert!(
             v.detail.contains("ago (is the sender's clock right?)")
                 && v.detail
-                    .ends_with("and its seq 2 is not above 4, the last seen from cdu-a"),
+                    .contains("; and its seq 2 stamped 1000 is not above seq 4 or stamp ")
+                && v.detail.ends_with(", the highest taken from cdu-a"),
             "{}",
             v.detail
         );

@@ -275,13 +275,14 @@ pub enum Effect {
     KeepLimits(Vec<KeptLimit>),
     /// Keep the cooling-loss phase in flash (its time on the wall clock).
     KeepCooling(Phase),
-    /// Keep in flash the last sequence number accepted from a signer
-    /// ([`Node::restore_replay_floor`] takes it back after a restart).
+    /// Keep in flash the floor of the commands taken from a signer, its
+    /// highest seq and latest stamp ([`loopwarden_protocol::ReplayFloor`];
+    /// [`Node::restore_replay_floor`] takes it back after a restart).
     KeepReplayFloor {
         /// The signer.
         sender: loopwarden_protocol::NodeId,
-        /// Its command's sequence number.
-        seq: u32,
+        /// The highest sequence number and the latest stamp taken from it.
+        floor: loopwarden_protocol::ReplayFloor,
     },
     /// Keep in flash the floor of the CDU's states taken, the highest seq
     /// and the latest stamp ([`loopwarden_protocol::ReplayFloor`];
@@ -397,6 +398,9 @@ impl GpuCaps {
 pub struct Node {
     health: HealthEngine,
     commands: CommandCore,
+    /// When the agent started (wall clock): a seq-only replay floor taken
+    /// back runs from it ([`Node::restore_seq_floor`]).
+    started: TimestampMs,
     cooling: CoolingLoss,
     gpus: Vec<GpuCaps>,
     guard: GuardSettings,
@@ -468,6 +472,7 @@ impl Node {
             ack_limit: Default::default(),
             reconciling: None,
             after_read: None,
+            started: setup.started,
         }
     }
 
@@ -480,10 +485,23 @@ impl Node {
         self.commands.restore(now, taken, frame)
     }
 
-    /// The last sequence number accepted from `sender` before a restart
-    /// ([`Effect::KeepReplayFloor`]): what it sent at or below is a replay.
-    pub fn restore_replay_floor(&mut self, sender: &loopwarden_protocol::NodeId, seq: u32) {
-        self.commands.restore_replay_floor(sender, seq);
+    /// The floor of the commands taken from `sender` before a restart
+    /// ([`Effect::KeepReplayFloor`]): what it sent at or below both its
+    /// seq and its stamp is a replay.
+    pub fn restore_replay_floor(
+        &mut self,
+        sender: &loopwarden_protocol::NodeId,
+        floor: loopwarden_protocol::ReplayFloor,
+    ) {
+        self.commands.restore_replay_floor(sender, floor);
+    }
+
+    /// The last sequence number taken from `sender` before a restart, as
+    /// an earlier version kept it (no stamp): what it sent at or below it,
+    /// stamped before this start plus the commands' freshness, is a replay
+    /// ([`CommandCore::restore_seq_floor`]).
+    pub fn restore_seq_floor(&mut self, sender: &loopwarden_protocol::NodeId, seq: u32) {
+        self.commands.restore_seq_floor(sender, seq, self.started);
     }
 
     /// The floor of the CDU's states taken before a restart, and the

@@ -3,7 +3,9 @@
 //! settable range, and a refused lease changes nothing.
 
 use loopwarden_protocol::samples::cooling_lease;
-use loopwarden_protocol::{AckCode, GpuIndex, GpuSelector, NodeId, Role, TimestampMs, Watts};
+use loopwarden_protocol::{
+    AckCode, CapLease, CapSource, GpuIndex, GpuSelector, NodeId, Role, TimestampMs, Watts,
+};
 use node_core::caps::{CapArbiter, GpuRange};
 use proptest::prelude::*;
 
@@ -53,6 +55,15 @@ fn sender(i: u8) -> NodeId {
     NodeId::new(role, id).unwrap()
 }
 
+/// The source a lease of sender `i` names: its role's.
+fn source(i: u8) -> CapSource {
+    [
+        CapSource::Cooling,
+        CapSource::FacilityBudget,
+        CapSource::Operator,
+    ][i as usize]
+}
+
 /// The model: every accepted lease with its expiry; the guard per GPU.
 #[derive(Default)]
 struct Model {
@@ -88,7 +99,7 @@ proptest! {
                         .iter()
                         .map(|(g, w)| (g.map_or(GpuSelector::All, |g| GpuSelector::Gpu(GpuIndex::new(g).unwrap())), *w))
                         .collect();
-                    let lease = cooling_lease(id, &selected, ms);
+                    let lease = CapLease { source: source(from), ..cooling_lease(id, &selected, ms) };
                     let code = a.lease(TimestampMs(now), &sender(from), TimestampMs(sent), &lease).code;
                     let unknown = caps.iter().any(|(g, _)| g.is_some_and(|g| g as usize >= GPUS));
                     let expected = if caps.is_empty() || ms == 0 {

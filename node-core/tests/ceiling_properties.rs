@@ -357,7 +357,7 @@ fn lease_code(m: &Model, caps: &[(Option<u8>, u32)], ms: u32) -> Option<AckCode>
     {
         return None;
     }
-    // Ids 0 to 5 never fill the host's 16 leases.
+    // Ids 0 to 5 never fill the host's 8 cooling leases.
     let below = caps.iter().any(|&(g, w)| {
         (0..GPUS).any(|i| g.is_none_or(|g| g as usize == i) && Watts(w) < m.min_cap(i))
     });

@@ -10,7 +10,8 @@ mod host;
 use host::{cmd_topic, lease, quiet, sets_on, Boot, Host, DEFAULT, GPUS};
 use loopwarden_protocol::samples::T0;
 use loopwarden_protocol::{
-    AckCode, CapSource, Event, HealthState, NodeId, Role, TimestampMs, Watts, WholeCelsius,
+    AckCode, CapSource, Event, HealthState, NodeId, ReplayFloor, Role, TimestampMs, Watts,
+    WholeCelsius,
 };
 use node_core::health::Observation;
 use node_core::node::{Effect, Input, KeptLimit, Level, Reading, REREAD_EVERY};
@@ -205,7 +206,8 @@ fn a_floor_is_kept_for_every_command_past_its_seq_check_and_restored_after_a_res
     h.step(t, Input::Frame(&cmd_topic(), &long));
     assert_eq!(h.acks.last().unwrap().code, AckCode::Malformed);
     let cdu_a = NodeId::new(Role::Cdu, "cdu-a").unwrap();
-    assert_eq!(h.kept_floors, [(cdu_a.clone(), 7)]);
+    let floor = ReplayFloor::new(7, TimestampMs(t));
+    assert_eq!(h.kept_floors, [(cdu_a.clone(), floor)]);
     let kept = h
         .trail
         .iter()
@@ -227,9 +229,15 @@ fn a_floor_is_kept_for_every_command_past_its_seq_check_and_restored_after_a_res
     // After a restart that took the floor back, the same command is a
     // replay; without it, it would be judged afresh.
     let mut after = Host::new();
-    after.node.restore_replay_floor(&cdu_a, 7);
+    after.node.restore_replay_floor(&cdu_a, floor);
     after.step(t + 10, Input::Frame(&cmd_topic(), &long));
     assert_eq!(after.acks.last().unwrap().code, AckCode::Replayed);
+    // A floor an earlier version kept, its seq alone: the same, as every
+    // command stamped before the start (and fresh) is at or below it.
+    let mut before = Host::new();
+    before.node.restore_seq_floor(&cdu_a, 7);
+    before.step(t + 10, Input::Frame(&cmd_topic(), &long));
+    assert_eq!(before.acks.last().unwrap().code, AckCode::Replayed);
     let mut forgetful = Host::new();
     forgetful.step(t + 10, Input::Frame(&cmd_topic(), &long));
     assert_eq!(forgetful.acks.last().unwrap().code, AckCode::Malformed);

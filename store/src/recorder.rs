@@ -208,6 +208,8 @@ pub struct Recorder {
     bound: usize,
     /// Jobs dropped because the queue was full.
     dropped: Arc<AtomicU64>,
+    /// Config values the flash refused to keep ([`Recorder::refused`]).
+    refused: Arc<AtomicU64>,
     /// The flash file, `None`: memory.
     path: Option<Arc<Path>>,
     /// Frames waiting for room in the outbox, and dropped from that wait.
@@ -256,6 +258,7 @@ impl Recorder {
             pressing: Arc::new(AtomicUsize::new(0)),
             bound,
             dropped: Arc::new(AtomicU64::new(0)),
+            refused: Arc::new(AtomicU64::new(0)),
             path: path.map(Arc::from),
             waiting: Arc::new((AtomicU64::new(0), AtomicU64::new(0))),
             reads: Reads::default(),
@@ -284,6 +287,7 @@ impl Recorder {
         Worker {
             pins,
             wraps_seen: 0,
+            refused: self.refused.clone(),
             floor,
             log,
             store,
@@ -358,6 +362,14 @@ impl Recorder {
     /// Jobs dropped because the queue was full (events in a storm).
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Config values the flash refused to keep (full, worn, an I/O
+    /// error): each said at error, by whoever waits for it or else by the
+    /// flash thread, and counted here (a replay floor among them lets a
+    /// command taken before a restart be taken again after it).
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
     }
 
     /// Starts the recorder already attached to `bus`.
@@ -792,6 +804,34 @@ mod tests {
         let rx = r.set_in_order_later(items).expect("handed over");
         assert!(futures::executor::block_on(rx).unwrap().is_err());
         assert_eq!(get("rec.b"), Ok(None), "stopped at the refused one");
+    }
+
+    /// A value the store refuses is counted, whether its caller waits
+    /// for the answer, dropped it, or never asked; said at error when
+    /// nobody hears the answer.
+    #[test]
+    fn a_value_the_flash_refuses_is_counted_waited_for_or_not() {
+        let stores = crate::agent_flash::open(None).expect("a memory flash");
+        let r = Recorder::start(stores.log, stores.store, None).expect("the thread");
+        let long = "k".repeat(300);
+        assert_eq!(r.refused(), 0);
+        r.set("ok".into(), vec![1]);
+        futures::executor::block_on(r.flush());
+        assert_eq!(r.refused(), 0, "a value kept is not counted");
+        // The answer dropped, as a replay floor kept without waiting.
+        drop(
+            r.set_all_later(vec![(long.clone(), vec![1])])
+                .expect("handed over"),
+        );
+        // No answer asked for.
+        r.set(long.clone(), vec![2]);
+        // Waited for.
+        assert!(futures::executor::block_on(r.set_sync(long, vec![3])).is_err());
+        assert_eq!(r.refused(), 3);
+        assert_eq!(
+            futures::executor::block_on(r.get("ok".into())),
+            Ok(Some(vec![1]))
+        );
     }
 
     #[test]

@@ -69,8 +69,8 @@ impl Agent {
                     self.keep_and_run_cooling(Some(phase), steps);
                     continue;
                 }
-                Effect::KeepReplayFloor { sender, seq } => {
-                    super::replay_floor::keep(&self.recorder, sender, seq);
+                Effect::KeepReplayFloor { sender, floor } => {
+                    super::replay_floor::keep(&self.recorder, sender, floor);
                     continue;
                 }
                 Effect::KeepStateFloor { cdu, floor, last } => {

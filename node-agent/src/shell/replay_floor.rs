@@ -1,5 +1,6 @@
-//! The replay floors in flash: the last sequence number accepted from each
-//! signer, so that a command refused (or taken) before a restart is
+//! The replay floors in flash: the highest sequence number and the latest
+//! stamp taken from each signer, so that a command refused (or taken)
+//! before a restart is
 //! refused as `replayed` after it, not acted on for the minutes its stamp
 //! is still fresh; and the last state taken from the host's CDU (its seq
 //! and stamp), so that an older state sent again after a restart (a
@@ -22,11 +23,17 @@
 //! kept, whichever of the two was damaged, so every command of that
 //! signer numbered at or below the last one taken is still a replay. A
 //! record an earlier version kept without a check reads as before (said
-//! at info).
+//! at info); one that kept the sequence number alone reads as a seq-only
+//! floor ([`Node::restore_seq_floor`]).
+//!
+//! A record the flash refuses to keep is said at error, naming the
+//! signer, and counted by the flash thread
+//! (`loopwarden_flash_config_refused_total`): after a restart, commands
+//! from that signer up to it may be taken again while they are fresh.
 //!
 //! Glossary:
-//! - *floor*: the last sequence number accepted from a signer; a command
-//!   at or below it is a replay.
+//! - *floor*: the highest sequence number and the latest stamp taken from
+//!   a signer; a command at or below both is a replay.
 //! - *check record*: what is kept after a record: its check and a copy of
 //!   its floor.
 
@@ -46,6 +53,49 @@ use crate::config::Config;
 struct Kept {
     sender: NodeId,
     seq: u32,
+    time: TimestampMs,
+}
+
+/// The record an earlier version kept: the signer and its last seq.
+#[derive(Deserialize)]
+struct KeptV1 {
+    sender: NodeId,
+    seq: u32,
+}
+
+/// A floor as read: its seq, and its stamp unless an earlier version
+/// kept it (seq-only).
+type ReadFloor = (u32, Option<TimestampMs>);
+
+impl Kept {
+    /// The record in `bytes`, of this version or the one before.
+    fn read(bytes: &[u8]) -> postcard::Result<(NodeId, ReadFloor)> {
+        match postcard::from_bytes::<Kept>(bytes) {
+            Ok(k) => Ok((k.sender, (k.seq, Some(k.time)))),
+            Err(_) => {
+                let v1 = postcard::from_bytes::<KeptV1>(bytes)?;
+                Ok((v1.sender, (v1.seq, None)))
+            }
+        }
+    }
+
+    /// Its floor as copied in its check record: seq and stamp,
+    /// little-endian.
+    fn copy(floor: ReplayFloor) -> Vec<u8> {
+        let mut b = floor.seq.to_le_bytes().to_vec();
+        b.extend_from_slice(&floor.time.0.to_le_bytes());
+        b
+    }
+
+    /// The floor a check record's copy holds (an earlier version's: the
+    /// seq alone).
+    fn of_copy(b: &[u8]) -> Option<ReadFloor> {
+        let seq = u32::from_le_bytes(b.get(..4)?.try_into().ok()?);
+        let time = b
+            .get(4..12)
+            .and_then(|t| Some(TimestampMs(u64::from_le_bytes(t.try_into().ok()?))));
+        Some((seq, time))
+    }
 }
 
 /// The config-store key of `sender`'s floor: `replay.` and the 64-bit
@@ -76,10 +126,26 @@ fn items(key: String, value: Vec<u8>, copy: &[u8]) -> Vec<(String, Vec<u8>)> {
     vec![(key, value), (check_key, check)]
 }
 
-/// Hands `items` to the flash thread as one, without waiting.
-fn keep_items(recorder: &Recorder, items: Vec<(String, Vec<u8>)>) {
-    // Not handed over: said by the recorder.
-    let _ = recorder.set_all_later(items);
+/// Hands `items` (the floor of `what`) to the flash thread as one,
+/// without waiting; a refusal by the flash is said when it comes (and
+/// counted by the flash thread).
+fn keep_items(recorder: &Recorder, what: String, items: Vec<(String, Vec<u8>)>) {
+    // Not handed over: said and counted by the recorder.
+    let Ok(done) = recorder.set_all_later(items) else {
+        return;
+    };
+    // Outside a runtime (never in the agent) the flash thread says it.
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async move {
+        if let Ok(Err(e)) = done.await {
+            tracing::error!(
+                "replay floor of {what} not kept in flash ({e}): after a restart, its commands \
+                 taken since the last floor kept may be taken again while they are fresh"
+            );
+        }
+    });
 }
 
 /// A record its check record does not match (or that cannot be read).
@@ -134,10 +200,16 @@ async fn read_checked(
 }
 
 /// Keeps `sender`'s floor, without waiting.
-pub(super) fn keep(recorder: &Recorder, sender: NodeId, seq: u32) {
+pub(super) fn keep(recorder: &Recorder, sender: NodeId, floor: ReplayFloor) {
     let key = key(&sender);
-    match postcard::to_allocvec(&Kept { sender, seq }) {
-        Ok(value) => keep_items(recorder, items(key, value, &seq.to_le_bytes())),
+    let who = format!("{}/{}", sender.role.as_str(), sender.id);
+    let kept = Kept {
+        sender,
+        seq: floor.seq,
+        time: floor.time,
+    };
+    match postcard::to_allocvec(&kept) {
+        Ok(value) => keep_items(recorder, who, items(key, value, &Kept::copy(floor))),
         Err(e) => tracing::error!("replay floor {key} not kept: {e}"),
     }
 }
@@ -216,7 +288,10 @@ pub(super) fn keep_state(
         last,
     };
     match postcard::to_allocvec(&kept) {
-        Ok(value) => keep_items(recorder, items(STATE_KEY.to_string(), value, &kept.copy())),
+        Ok(value) => {
+            let what = format!("cdu/{}'s states", kept.cdu);
+            keep_items(recorder, what, items(STATE_KEY.into(), value, &kept.copy()))
+        }
         Err(e) => tracing::error!("{STATE_KEY} not kept: {e}"),
     }
 }
@@ -298,22 +373,32 @@ pub(super) fn signers(config: &Config) -> Vec<NodeId> {
 /// Gives `node` the floors kept for `signers`.
 pub(super) async fn restore(node: &mut Node, signers: &[NodeId], store: &mut ConfigStore<Flash>) {
     for sender in signers {
-        if let Some(seq) = floor_of(sender, store).await {
-            node.restore_replay_floor(sender, seq);
+        match floor_of(sender, store).await {
+            Some((seq, Some(time))) => {
+                node.restore_replay_floor(sender, ReplayFloor::new(seq, time))
+            }
+            Some((seq, None)) => node.restore_seq_floor(sender, seq),
+            None => {}
         }
     }
+}
+
+/// The higher of two floors read: seq-only if either is (its stamp is
+/// then taken from the start, above every stamp kept).
+fn higher(a: ReadFloor, b: ReadFloor) -> ReadFloor {
+    (a.0.max(b.0), a.1.zip(b.1).map(|(x, y)| x.max(y)))
 }
 
 /// The floor kept for `sender`. A record its check does not match gives
 /// the higher of the two floors found (the record read, the copy in the
 /// check record), said.
-async fn floor_of(sender: &NodeId, store: &mut ConfigStore<Flash>) -> Option<u32> {
+async fn floor_of(sender: &NodeId, store: &mut ConfigStore<Flash>) -> Option<ReadFloor> {
     let who = format!("{}/{}", sender.role.as_str(), sender.id);
     let key = key(sender);
-    let read = |bytes: &[u8]| postcard::from_bytes::<Kept>(bytes).map_err(|e| e.to_string());
+    let read = |bytes: &[u8]| Kept::read(bytes).map_err(|e| e.to_string());
     let Mismatch { why, value, copy } = match read_checked(store, &key).await {
         Ok(Some(bytes)) => match read(&bytes) {
-            Ok(k) if k.sender == *sender => return Some(k.seq),
+            Ok((s, floor)) if s == *sender => return Some(floor),
             Ok(_) => return None, // another signer's, under the same key
             Err(e) => {
                 tracing::warn!(
@@ -327,9 +412,9 @@ async fn floor_of(sender: &NodeId, store: &mut ConfigStore<Flash>) -> Option<u32
         Err(m) => m,
     };
     let value = value.and_then(|b| read(&b).ok());
-    let value = value.filter(|k| k.sender == *sender).map(|k| k.seq);
-    let copy = copy.and_then(|c| Some(u32::from_le_bytes(c.get(..4)?.try_into().ok()?)));
-    let Some(seq) = value.max(copy) else {
+    let value = value.filter(|(s, _)| s == sender).map(|(_, f)| f);
+    let copy = copy.as_deref().and_then(Kept::of_copy);
+    let Some(floor) = [value, copy].into_iter().flatten().reduce(higher) else {
         tracing::error!(
             "replay floor of {who}: {why}, and no floor readable; its commands are checked \
              against their time only until it sends one"
@@ -337,10 +422,14 @@ async fn floor_of(sender: &NodeId, store: &mut ConfigStore<Flash>) -> Option<u32
         return None;
     };
     tracing::error!(
-        "replay floor of {who}: {why}: the higher floor found, {seq}, is taken: its commands \
-         numbered at or below it are replays"
+        "replay floor of {who}: {why}: the higher floor found, seq {}{}, is taken: its \
+         commands at or below it are replays",
+        floor.0,
+        floor
+            .1
+            .map_or(String::new(), |t| format!(" stamped {}", t.0))
     );
-    Some(seq)
+    Some(floor)
 }
 
 #[cfg(test)]
@@ -363,6 +452,7 @@ mod tests {
         let kept = Kept {
             sender: NodeId::new(Role::Operator, &long).unwrap(),
             seq: u32::MAX,
+            time: TimestampMs(u64::MAX),
         };
         let bytes = postcard::to_allocvec(&kept).unwrap();
         assert!(bytes.len() <= loopwarden_flash::config::MAX_VALUE);
@@ -391,13 +481,15 @@ mod tests {
     #[test]
     fn a_damaged_newest_floor_is_not_read_as_the_older() {
         let ops = NodeId::new(Role::Operator, "ops1").unwrap();
+        let t = |seq: u32| TimestampMs(1_000 * u64::from(seq));
         let record = |seq| {
-            let value = postcard::to_allocvec(&Kept {
+            let kept = Kept {
                 sender: ops.clone(),
                 seq,
-            })
-            .unwrap();
-            items(key(&ops), value, &u32::to_le_bytes(seq))
+                time: t(seq),
+            };
+            let value = postcard::to_allocvec(&kept).unwrap();
+            items(key(&ops), value, &Kept::copy(ReplayFloor::new(seq, t(seq))))
         };
         let floor =
             |store: &mut ConfigStore<Flash>| futures::executor::block_on(floor_of(&ops, store));
@@ -405,10 +497,10 @@ mod tests {
         assert_eq!(floor(&mut store), None);
         set_all(&mut store, record(5));
         set_all(&mut store, record(9));
-        assert_eq!(floor(&mut store), Some(9));
+        assert_eq!(floor(&mut store), Some((9, Some(t(9)))));
         let newest = record(9).remove(0).1;
         let mut store = super::super::damage_newest(store, &newest);
-        assert_eq!(floor(&mut store), Some(9), "not the older, 5");
+        assert_eq!(floor(&mut store), Some((9, Some(t(9)))), "not the older, 5");
         // The check record's newest copy damaged instead: the record is
         // the newest.
         let mut store = loopwarden_store::agent_flash::open(None).unwrap().store;
@@ -416,11 +508,51 @@ mod tests {
         set_all(&mut store, record(9));
         let check = record(9).remove(1).1;
         let mut store = super::super::damage_newest(store, &check);
-        assert_eq!(floor(&mut store), Some(9));
+        assert_eq!(floor(&mut store), Some((9, Some(t(9)))));
         // An earlier version's record, no check record.
         let mut store = loopwarden_store::agent_flash::open(None).unwrap().store;
         set_all(&mut store, vec![record(7).remove(0)]);
-        assert_eq!(floor(&mut store), Some(7));
+        assert_eq!(floor(&mut store), Some((7, Some(t(7)))));
+    }
+
+    /// A floor the version before kept (the seq alone, in the record and
+    /// in its check record's copy) reads as a seq-only floor, damaged or
+    /// not; a record of this version reads with its stamp.
+    #[test]
+    fn a_floor_of_the_version_before_reads_as_seq_only() {
+        #[derive(Serialize)]
+        struct Before {
+            sender: NodeId,
+            seq: u32,
+        }
+        let ops = NodeId::new(Role::Operator, "ops1").unwrap();
+        let record = |seq| {
+            let before = Before {
+                sender: ops.clone(),
+                seq,
+            };
+            let value = postcard::to_allocvec(&before).unwrap();
+            items(key(&ops), value, &u32::to_le_bytes(seq))
+        };
+        let floor =
+            |store: &mut ConfigStore<Flash>| futures::executor::block_on(floor_of(&ops, store));
+        let mut store = loopwarden_store::agent_flash::open(None).unwrap().store;
+        set_all(&mut store, record(5));
+        set_all(&mut store, record(9));
+        assert_eq!(floor(&mut store), Some((9, None)));
+        let newest = record(9).remove(0).1;
+        let mut store = super::super::damage_newest(store, &newest);
+        assert_eq!(floor(&mut store), Some((9, None)), "from the check's copy");
+        let now = Kept {
+            sender: ops.clone(),
+            seq: 3,
+            time: TimestampMs(42),
+        };
+        let bytes = postcard::to_allocvec(&now).unwrap();
+        assert_eq!(
+            Kept::read(&bytes).unwrap(),
+            (ops, (3, Some(TimestampMs(42))))
+        );
     }
 
     /// The floor of the CDU's states: a damaged newest record is not read

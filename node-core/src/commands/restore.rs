@@ -45,8 +45,7 @@ impl CommandCore {
             }
             return false;
         }
-        let last = self.last_seq.entry(frame.sender.clone()).or_insert(0);
-        *last = (*last).max(frame.seq);
+        self.raise_floor(&frame.sender, frame.seq, frame.time);
         let Some(lease) = lease else {
             return false;
         };
@@ -93,8 +92,8 @@ impl CommandCore {
         }
         if held && outcome.over_count {
             notes.push(format!(
-                "taken back beyond the {} leases this host now holds at most (new leases are refused until some lapse)",
-                self.arbiter.limits().max_leases
+                "taken back beyond the {} leases of its kind this host now holds at most (new ones are refused until some lapse)",
+                self.arbiter.most_leases(lease.source)
             ));
         }
         match outcome.code {

@@ -119,10 +119,12 @@ impl Node {
         if self.commands.replay_floor(&frame.sender) != floor {
             // Kept before the ack goes: after a restart, this command and
             // those before it from its sender are replays.
-            out.push(Effect::KeepReplayFloor {
-                sender: frame.sender.clone(),
-                seq: frame.seq,
-            });
+            if let Some(floor) = self.commands.replay_floor(&frame.sender) {
+                out.push(Effect::KeepReplayFloor {
+                    sender: frame.sender.clone(),
+                    floor,
+                });
+            }
         }
         self.pending = Some(Pending {
             correlation: Correlation {

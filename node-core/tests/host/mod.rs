@@ -87,7 +87,7 @@ pub struct Host {
     pub flash_pending: Vec<(CoolingStep, bool)>,
     /// The replay floors kept in flash, each time (a host started with
     /// [`Kept`] begins with the floors it was given).
-    pub kept_floors: Vec<(NodeId, u32)>,
+    pub kept_floors: Vec<(NodeId, ReplayFloor)>,
     /// The last CDU state's floor kept in flash.
     pub kept_state_floor: Option<(ReplayFloor, (u32, TimestampMs))>,
     pub logged_commands: usize,
@@ -145,7 +145,7 @@ pub struct Kept {
     pub phase: Option<Phase>,
     /// The cooling-loss steps pending, in order.
     pub pending: Vec<CoolingStep>,
-    pub floors: Vec<(NodeId, u32)>,
+    pub floors: Vec<(NodeId, ReplayFloor)>,
     /// The last CDU state taken: its seq and stamp.
     pub state_floor: Option<(ReplayFloor, (u32, TimestampMs))>,
     pub health: [Option<GpuStatus>; GPUS],
@@ -249,8 +249,8 @@ impl Host {
             }
         }
         node.restore_cooling(kept.phase.unwrap_or_default(), &kept.pending);
-        for (sender, seq) in &kept.floors {
-            node.restore_replay_floor(sender, *seq);
+        for (sender, floor) in &kept.floors {
+            node.restore_replay_floor(sender, *floor);
         }
         if let Some((floor, last)) = kept.state_floor {
             node.restore_state_floor(floor, last);
@@ -387,8 +387,8 @@ impl Host {
                     self.kept_limits.push(kept);
                     continue;
                 }
-                Effect::KeepReplayFloor { sender, seq } => {
-                    self.kept_floors.push((sender, seq));
+                Effect::KeepReplayFloor { sender, floor } => {
+                    self.kept_floors.push((sender, floor));
                     continue;
                 }
                 Effect::KeepStateFloor { floor, last, .. } => {

@@ -87,6 +87,8 @@ pub(super) struct Worker {
     pub(super) pins: Pins,
     /// The log's wraps when the pins were last looked at.
     pub(super) wraps_seen: u32,
+    /// Config values the flash refused to keep.
+    pub(super) refused: Arc<AtomicU64>,
 }
 
 impl Worker {
@@ -441,14 +443,19 @@ impl Worker {
                     }
                     let kept = futures::executor::block_on(self.store.set(key, value))
                         .map_err(|e| format!("{key} not kept in flash: {e}"));
+                    if kept.is_err() {
+                        self.refused.fetch_add(1, Ordering::Relaxed);
+                    }
                     r = r.and(kept);
                 }
-                match (done, r) {
-                    (Some(done), r) => {
-                        let _ = done.send(r);
-                    }
-                    (None, Err(e)) => tracing::error!("{e}"),
-                    (None, Ok(())) => {}
+                // Said here when nobody waits for it (or waits no more):
+                // a refusal is never lost unsaid.
+                let unheard = match (done, r) {
+                    (Some(done), r) => done.send(r).err().and_then(Result::err),
+                    (None, r) => r.err(),
+                };
+                if let Some(e) = unheard {
+                    tracing::error!("{e}");
                 }
             }
             Job::Get { key, done } => {
