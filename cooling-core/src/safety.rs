@@ -99,6 +99,10 @@ impl Default for Safety {
     }
 }
 
+/// Why a clear of a rack with neither a latched leak nor a failed
+/// isolation is refused.
+pub const NOT_LATCHED: &str = "the rack has no latched leak";
+
 impl Safety {
     /// Nothing latched or seen.
     pub const fn new() -> Self {
@@ -163,7 +167,8 @@ impl Safety {
         self.leaks_seen |= add;
     }
 
-    /// Clears rack `rack`'s latched leak (of `racks`); refused while any
+    /// Clears rack `rack`'s latched leak (of `racks`); refused when it has
+    /// none ([`NOT_LATCHED`]), while any
     /// input reads it wet, or read it wet when last heard (the CDU did not
     /// answer the last step, or no step has read the inputs since the
     /// start), or its sensing is lost (`unprotected` racks can only be
@@ -190,6 +195,11 @@ impl Safety {
             return Err(
                 "a leak input read the rack wet when last heard and has not read it dry since",
             );
+        }
+        // A clear that would do nothing (a rack numbered from 1 by
+        // mistake, say) is no clear: the operator is told, not thanked.
+        if !bit(self.leaks_latched | self.isolation_failed, rack) {
+            return Err(NOT_LATCHED);
         }
         self.leaks_latched &= !(1 << rack);
         self.isolation_failed &= !(1 << rack);

@@ -61,7 +61,9 @@ pub mod writes;
 
 use core::fmt::Display;
 
-use cooling_core::{Commands, ConfigError, Core, CoreConfig, HostReport, Inputs, MAX_HOSTS};
+use cooling_core::{
+    Commands, ConfigError, Core, CoreConfig, HostReport, Inputs, LeakInputs, MAX_HOSTS,
+};
 use heapless::Vec;
 use loopwarden_protocol::units::TimestampMs;
 
@@ -76,6 +78,10 @@ pub use writes::{Asked, MapLimits, Outcome, Plan, Setting, Write, WriteError};
 /// The lines held for the log until taken: three from the map's limits,
 /// one of the record at start, one of a relatch.
 pub const SAID: usize = 8;
+
+/// Why an operator's leak clear is refused while a relatch is pending.
+pub const RELATCH_PENDING: &str =
+    "the latched leaks are unknown until the valve positions are read";
 
 /// The core, the latched record's keeper and the writes' limiter.
 #[derive(Debug, Clone)]
@@ -302,6 +308,18 @@ impl Decider {
     /// valve positions are not read yet).
     pub fn relatch_pending(&self) -> bool {
         self.keeper.relatch_pending()
+    }
+
+    /// An operator's clear of rack `rack`'s latched leak, on the leak
+    /// inputs `leaks` (the core's rules: it has one, and every input
+    /// reads it dry); refused while a relatch is pending
+    /// ([`RELATCH_PENDING`]): what is latched is unknown until the valve
+    /// positions are read, and the relatch would latch the rack again.
+    pub fn clear_leak(&mut self, rack: usize, leaks: &LeakInputs) -> Result<(), &'static str> {
+        if self.relatch_pending() {
+            return Err(RELATCH_PENDING);
+        }
+        self.core_mut().clear_leak(rack, leaks)
     }
 
     /// What to log since the last call.
@@ -613,6 +631,12 @@ mod tests {
             assert!(c.caps[..16].iter().all(|h| h.is_some()) && c.beacon);
         }
         assert!(d.relatch_pending());
+        // An operator's clear now would be undone by the relatch.
+        let clear = Traced::ClearLeak {
+            rack: 1,
+            leaks: LeakInputs::DRY,
+        };
+        assert_eq!(d.apply(&clear), Applied::Cleared(Err(RELATCH_PENDING)));
         // It answers: rack 1's valve reads closed and stays so.
         let m = measured(0b0010);
         let (p, c) = step(&mut d, 3, Some(&m));

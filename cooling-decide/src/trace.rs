@@ -270,7 +270,7 @@ impl Decider {
                 Applied::Done
             }
             Traced::ClearLeak { rack, leaks } => {
-                Applied::Cleared(self.core_mut().clear_leak(usize::from(*rack), leaks))
+                Applied::Cleared(self.clear_leak(usize::from(*rack), leaks))
             }
             Traced::ClearPump { pump, fault_shown } => {
                 Applied::Cleared(self.core_mut().clear_pump(*pump, *fault_shown))

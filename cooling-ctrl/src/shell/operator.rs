@@ -5,6 +5,7 @@
 //! so that no clear is logged that did nothing, or that the relatch then
 //! undoes.
 use super::*;
+use cooling_core::safety::NOT_LATCHED;
 use cooling_core::LeakInputs;
 
 /// The racks of `mask` (bit n = rack n) by number, for an answer.
@@ -20,33 +21,28 @@ fn rack_list(mask: u16) -> String {
     }
 }
 
-/// Clears rack `rack`'s latched leak in `d`'s core, with the leak inputs
-/// as this step read them (`leaks`): the answer to the operator. Refused
-/// while the decision path's relatch is pending, when the rack has no
-/// latched leak (neither latched nor its isolation failed), and whenever
-/// the core refuses (an input reads it wet, its sensing is lost).
+/// Clears rack `rack`'s latched leak in `d`, with the leak inputs as
+/// this step read them (`leaks`): the answer to the operator. The
+/// decision path refuses while its relatch is pending, and the core when
+/// the rack has no latched leak (neither latched nor its isolation
+/// failed: the answer names those that have one) or an input reads it
+/// wet or its sensing is lost.
 pub(super) fn clear_leak(
     d: &mut Decider,
     rack: usize,
     leaks: &LeakInputs,
 ) -> Result<String, String> {
-    if d.relatch_pending() {
-        return Err(format!(
-            "rack {rack}: the latched leaks are unknown until the valve positions are read"
-        ));
-    }
-    let core = d.core();
-    let latched = core.leaks_latched() | core.isolation_failed();
-    if rack >= 16 || latched & (1 << rack) == 0 {
-        return Err(format!(
+    let latched = d.core().leaks_latched() | d.core().isolation_failed();
+    match d.clear_leak(rack, leaks) {
+        Ok(()) => Ok(format!(
+            "rack {rack}: leak cleared, its valve reopens at the next step"
+        )),
+        Err(NOT_LATCHED) => Err(format!(
             "rack {rack} has no latched leak; latched: {} (racks are numbered from 0)",
             rack_list(latched)
-        ));
+        )),
+        Err(e) => Err(format!("rack {rack}: {e}")),
     }
-    d.core_mut()
-        .clear_leak(rack, leaks)
-        .map(|()| format!("rack {rack}: leak cleared, its valve reopens at the next step"))
-        .map_err(|e| format!("rack {rack}: {e}"))
 }
 
 #[cfg(test)]
@@ -103,7 +99,7 @@ mod tests {
         assert!(e.contains("rack 3 has no latched leak; latched: 2"), "{e}");
         assert_eq!(d.core().leaks_latched(), 0b0100);
         let e = clear_leak(&mut d, 40, &dry).unwrap_err();
-        assert!(e.contains("rack 40 has no latched leak"), "{e}");
+        assert!(e.contains("rack 40: no such rack"), "{e}");
         let done = clear_leak(&mut d, 2, &dry).unwrap();
         assert!(done.contains("rack 2: leak cleared"), "{done}");
         assert_eq!(d.core().leaks_latched(), 0);

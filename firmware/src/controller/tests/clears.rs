@@ -85,6 +85,30 @@ fn a_clear_is_checked_acted_on_and_answered() {
 }
 
 #[test]
+fn a_clear_of_a_rack_with_no_latched_leak_is_refused_and_no_clear_is_said() {
+    let mut d = decider(&Ok(None));
+    let mut k = Box::new(LearnedKeeper::new());
+    let mut c = Controller::new(&mut d, ClearGate::new(Some("cdu1"), ring()), &mut k);
+    let p = &mut *Fake::new();
+    c.boot(p, hello(), Opening::Nothing);
+    for s in 0..3 {
+        step(&mut c, p, Some(cdu(0b1111, 0)), s);
+    }
+    hear(&mut c, p, &alive(3), 3_000);
+    // Rack 2 counted from 1 for rack 1: nothing is latched, every rack dry.
+    let clear = Down::Clear(signed(1, "cdu1", NOW, ClearAction::Leak(2), SEED));
+    hear(&mut c, p, &clear, 3_000);
+    let got = answers(p);
+    assert_eq!(got.len(), 1, "{got:?}");
+    let e = got[0].1.as_ref().unwrap_err();
+    assert!(e.contains("no latched leak"), "{e}");
+    assert!(!p
+        .ups
+        .iter()
+        .any(|u| matches!(u, Up::Event(Event::OperatorCleared { .. }))));
+}
+
+#[test]
 fn a_clear_whose_number_the_flash_does_not_keep_is_not_acted_on() {
     let mut d = decider(&Ok(None));
     let mut k = Box::new(LearnedKeeper::new());
