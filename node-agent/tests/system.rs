@@ -88,7 +88,8 @@ fn leases_are_applied_acknowledged_refused_and_lifted() {
     }
 
     // A lease on every GPU: applied, read back, acknowledged.
-    let ack = rig.ack(&mut sub, &lease(100, 1, &[(GpuSelector::All, 450)], 4_000));
+    let first = lease(100, 1, &[(GpuSelector::All, 450)], 4_000);
+    let ack = rig.ack(&mut sub, &first);
     assert_eq!(ack.code, AckCode::Ok, "{}", ack.detail.as_str());
     assert_eq!(limits(&ack), vec![450; 8]);
     telemetry_limits_become(&mut sub, &[450; 8]);
@@ -124,8 +125,8 @@ fn leases_are_applied_acknowledged_refused_and_lifted() {
         .expect("signs");
     assert_eq!(rig.ack(&mut sub, &forged).code, AckCode::Unauthenticated);
 
-    // A replay of the first lease.
-    let first = lease(100, 1, &[(GpuSelector::All, 200)], 4_000);
+    // A replay of the first lease (the frame itself: one numbered as low
+    // but stamped after the latest taken is its sender's, taken).
     assert_eq!(rig.ack(&mut sub, &first).code, AckCode::Replayed);
 
     // Bytes that are no frame at all: no ack is possible (no sender, no
@@ -252,11 +253,8 @@ fn after_a_crash_only_valid_leases_are_applied_again() {
             .code,
         AckCode::Ok
     );
-    assert_eq!(
-        rig.ack(&mut sub, &lease(11, 2, &[(gpu(1), 300)], 1_500))
-            .code,
-        AckCode::Ok
-    );
+    let second = lease(11, 2, &[(gpu(1), 300)], 1_500);
+    assert_eq!(rig.ack(&mut sub, &second).code, AckCode::Ok);
     agent.crash();
     // Lease 2 expires while the agent is down.
     std::thread::sleep(Duration::from_millis(2_000));
@@ -268,11 +266,12 @@ fn after_a_crash_only_valid_leases_are_applied_again() {
     assert_eq!(caps["gpus"][0]["source"], "cooling");
     assert_eq!(caps["leases"].as_array().map(Vec::len), Some(1));
     // Its replay counter survived too.
-    assert_eq!(
-        rig.ack(&mut sub, &lease(11, 2, &[(gpu(1), 300)], 60_000))
-            .code,
-        AckCode::Replayed
-    );
+    // A seq below it never sent, stamped before it: at or below the floor
+    // kept (judged afresh without it, and taken).
+    let mut older = lease(9, 2, &[(gpu(1), 300)], 60_000);
+    older.time = TimestampMs(second.time.0 - 1_000);
+    let again = rig.ack(&mut sub, &older);
+    assert_eq!(again.code, AckCode::Replayed, "{}", again.detail.as_str());
 }
 
 #[test]
