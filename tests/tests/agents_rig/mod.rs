@@ -201,5 +201,6 @@ fn console_context(
         stats,
         recorder,
         operator: None,
+        protection_off: Vec::new(),
     }
 }
