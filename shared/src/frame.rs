@@ -658,11 +658,33 @@ impl Frame {
                 unread_tail: !rest.is_empty(),
             };
         }
-        Ok(Frame {
+        let frame = Frame {
             sender: header.sender,
             seq: header.seq,
             time: header.time,
             message,
-        })
+        };
+        if found.minor >= SIGNED_FROM_MINOR && rest.is_empty() && frame.signed_auth().is_some() {
+            frame.check_canonical(bytes)?;
+        }
+        Ok(frame)
+    }
+
+    /// A signed frame is taken only in its one encoding: postcard reads
+    /// an overlong varint (`0x80 0x00` for 0) as the number, so another
+    /// byte string would decode to the same frame, verify (the signature
+    /// covers the frame as re-encoded) and pass for the one signed. The
+    /// frame's bytes must be those its values encode to.
+    fn check_canonical(&self, bytes: &[u8]) -> Result<(), DecodeError> {
+        let mut again = [0u8; MAX_FRAME_LEN];
+        match self.encode_as_received(&mut again) {
+            Ok(n) if again[..n] == *bytes => Ok(()),
+            _ => Err(DecodeError::Malformed { part: "body" }),
+        }
     }
 }
+
+/// The first minor version of this major whose signed kinds' bodies are
+/// as this version writes them (signed since 2.7): frames of it re-encode
+/// to the bytes their sender wrote.
+const SIGNED_FROM_MINOR: u8 = 7;

@@ -158,3 +158,21 @@ fn a_received_command_encoded_as_received_is_its_senders_bytes_and_verifies_agai
         assert_eq!(&buf[..n], &f.to_vec().unwrap()[..], "{kind:?}");
     }
 }
+
+#[test]
+fn a_signed_frame_in_another_encoding_of_its_values_is_refused() {
+    let to = samples::command_topic();
+    let bytes = samples::frame(MessageKind::CapLease).to_vec().unwrap();
+    let good = Frame::decode(&bytes).unwrap();
+    assert_eq!(verify(&good, &to), Ok(()));
+    // The sender's role, the header's first varint, written overlong
+    // (its low seven bits, then a byte of zero): postcard reads the same
+    // value, and the signature over the re-encoded frame would verify.
+    let role = bytes[3];
+    assert!(role < 0x80, "a one-byte varint");
+    let mut content = bytes[..3].to_vec();
+    content.extend_from_slice(&[role | 0x80, 0x00]);
+    content.extend_from_slice(&bytes[4..bytes.len() - 4]);
+    let e = Frame::decode(&with_crc(content)).unwrap_err();
+    assert_eq!(e.to_string(), "frame body holds an invalid value");
+}
