@@ -141,12 +141,12 @@ impl Controller<'_> {
             return;
         };
         self.link.frames = self.link.frames.saturating_add(1);
-        let before = self.heard_ms.replace(now_ms);
-        let silent = before.is_none_or(|b| now_ms.saturating_sub(b) > super::resend::SILENCE_MS);
-        if silent && matches!(down, Down::Alive { .. }) {
-            // The gateway speaks again after a silence: what went up
-            // meanwhile may never have reached it.
-            self.resend.gateway_back();
+        self.heard_ms = Some(now_ms);
+        if matches!(down, Down::Alive { .. }) {
+            // An `Alive` after a silence (timed on `Alive`s alone, for
+            // another frame may come first): what went up meanwhile may
+            // never have reached the gateway.
+            self.resend.alive(now_ms);
         }
         // A clear is checked straight from here, with no other message's
         // frame beneath its signature's check.

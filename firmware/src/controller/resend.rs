@@ -1,7 +1,8 @@
 //! Leases sent again when the gateway may have missed them: the MCU
 //! counts a lease as sent once its UART queue takes it, whether or not a
-//! gateway listens. When the gateway is back (it started again, or it
-//! speaks after [`SILENCE_MS`] of silence), every cap in force is due at
+//! gateway listens. When the gateway is back (it started again, or its
+//! `Alive` comes more than [`SILENCE_MS`] after the one before, whatever
+//! other frames came between), every cap in force is due at
 //! once, and so is every lift sent within a cap lease's life (a host that
 //! missed it holds its cap until the lease runs out); each goes at the
 //! next step the leases go (one not queued stays due).
@@ -14,8 +15,10 @@ use cooling_core::{HostCap, MAX_HOSTS};
 use cooling_decide::leases::{cap_lease, LeaseBook, Order, LIFT_DURATION};
 use loopwarden_protocol::ReasonCode;
 
-/// Silence from the gateway after which its next `Alive` is taken as the
-/// gateway back, ms.
+/// Time without an `Alive` after which the next `Alive` is taken as the
+/// gateway back, ms. Timed on `Alive`s alone: after a silence the first
+/// frame may be a host report, the BMS's outdoor temperature or a clear,
+/// and the `Alive` after it still finds the gateway back.
 pub const SILENCE_MS: u64 = 3_000;
 
 const WORDS: usize = MAX_HOSTS.div_ceil(32);
@@ -27,6 +30,8 @@ pub struct Resend {
     /// The gateway is back: what is in force is marked due at the next
     /// step.
     back: bool,
+    /// When the gateway's last `Alive` came, MCU clock ms.
+    alive_ms: Option<u64>,
     /// Hosts whose lease is due again.
     due: [u32; WORDS],
     /// Hosts whose last lease was a lift.
@@ -52,6 +57,7 @@ impl Resend {
     pub const fn new() -> Self {
         Self {
             back: false,
+            alive_ms: None,
             due: [0; WORDS],
             lifted: [0; WORDS],
             lifted_ms: [0; MAX_HOSTS],
@@ -61,6 +67,15 @@ impl Resend {
     /// The gateway is back: what is in force goes again.
     pub fn gateway_back(&mut self) {
         self.back = true;
+    }
+
+    /// The gateway's `Alive` came at `now_ms`: the first, or one more
+    /// than [`SILENCE_MS`] after the one before, is the gateway back.
+    pub fn alive(&mut self, now_ms: u64) {
+        let before = self.alive_ms.replace(now_ms);
+        if before.is_none_or(|b| now_ms.saturating_sub(b) > SILENCE_MS) {
+            self.gateway_back();
+        }
     }
 
     /// Host `h`'s lease went at `now_ms` (`lift`: it lifted the cap).

@@ -66,3 +66,35 @@ fn a_restarted_gateway_gets_no_status_until_its_alive_says_its_layout() {
     step(&mut c, p, Some(cdu(0b1111, 0)), 3);
     assert_eq!(statuses(p, before), 1);
 }
+
+/// A host capped, the gateway silent 5 s (a pulled cable, no restart:
+/// its frames' numbers go on), then the BMS's outdoor temperature first
+/// and its `Alive` half a second later: the gateway is back all the
+/// same, and the cap goes again at the next step.
+#[test]
+fn a_cap_in_force_goes_again_when_another_frame_comes_first_after_a_silence() {
+    let mut d = decider(&Ok(None));
+    let mut k = Box::new(LearnedKeeper::new());
+    let mut c = Controller::new(&mut d, ClearGate::new(None, &[]), &mut k);
+    let p = &mut *Fake::new();
+    for s in 0..3 {
+        hear(&mut c, p, &alive(s), s * 1000);
+        step(&mut c, p, Some(cdu(0b1111, 0)), s);
+    }
+    hear(&mut c, p, &alive(3), 3_000);
+    let before = p.ups.len();
+    step(&mut c, p, Some(cdu(0b1110, 0b0001)), 3);
+    assert!(leased(p, before, 0), "host 0 capped");
+    for s in 4..8 {
+        step(&mut c, p, Some(cdu(0b1110, 0b0001)), s);
+    }
+    hear(&mut c, p, &Down::Outdoor(12.0), 8_000);
+    let before = p.ups.len();
+    step(&mut c, p, Some(cdu(0b1110, 0b0001)), 8);
+    assert!(!leased(p, before, 0), "not due before its Alive");
+    hear(&mut c, p, &alive(8), 8_500);
+    let before = p.ups.len();
+    step(&mut c, p, Some(cdu(0b1110, 0b0001)), 9);
+    assert!(leased(p, before, 0), "the cap in force goes again");
+    assert_eq!(c.link.restarts, 0, "no restart: a silence alone");
+}
