@@ -36,9 +36,12 @@ pub async fn count_boot<S: MultiwriteNorFlash>(
     Ok(now)
 }
 
-/// The most slots read at a start ([`restore`]): the gate's most
-/// operators.
-pub const SLOTS: usize = crate::clears::MAX_OPERATORS;
+/// The slots read at a start ([`restore`]): one for each of the gate's
+/// most operators, and one more no operator ever has, so that a number
+/// is copied aside before its only copy is written over even when the
+/// keyring is full (`clear.16`, `clear.16.n`: two items more in the
+/// store).
+pub const SLOTS: usize = crate::clears::MAX_OPERATORS + 1;
 
 /// The first byte of a slot's value in the two-item format: never a
 /// name's first byte (a name is printable text), so an older firmware's
@@ -68,16 +71,59 @@ pub enum ClearError<E> {
     Store(StoreError<E>),
     /// The slot's id and its write count disagree: the newest id item
     /// was lost (a damaged sector's item is skipped, and an older one
-    /// reads back), so the last id is unknown.
-    Damaged {
-        /// The slot.
-        slot: usize,
-        /// The write count the id item holds (0: an older firmware's
-        /// item, or none).
-        id_count: u32,
-        /// The write count kept beside it.
-        written: u32,
-    },
+    /// reads back), or an older firmware wrote its own after this one's,
+    /// so the last id is unknown.
+    Damaged(Damaged),
+}
+
+/// A slot whose id item and write count disagree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Damaged {
+    /// The slot.
+    pub slot: usize,
+    /// The write count the id item holds (0: an older firmware's item,
+    /// or none).
+    pub id_count: u32,
+    /// The write count kept beside it.
+    pub written: u32,
+    /// What the id item that reads back holds (`None`: none reads).
+    pub older: Option<Kept>,
+}
+
+impl fmt::Display for Damaged {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (n, written) = (self.slot, self.written);
+        let Some(k) = &self.older else {
+            return write!(
+                f,
+                "clear.{n} holds no number and clear.{n}.n says {written} went in: the newest clear number was lost (a damaged sector?), and whose it was is unknown"
+            );
+        };
+        let (who, id) = (Name(&k.name), k.id);
+        if self.id_count == 0 {
+            return write!(
+                f,
+                "clear.{n} holds an older firmware's item ({who}'s number {id}, no count) beside clear.{n}.n = {written}: an older firmware kept a number after this one did (a rollback and forward again), or this firmware's newer items were lost; {who}'s last clear number is unknown"
+            );
+        }
+        write!(
+            f,
+            "clear.{n} holds write {} ({who}'s number {id}) and clear.{n}.n says {written} went in: the newest clear number was lost (a damaged sector?)",
+            self.id_count
+        )
+    }
+}
+
+/// An operator's name as kept, as it reads.
+struct Name<'a>(&'a [u8]);
+
+impl fmt::Display for Name<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match core::str::from_utf8(self.0) {
+            Ok(name) => f.write_str(name),
+            Err(_) => write!(f, "{:02x?}", self.0),
+        }
+    }
 }
 
 impl<E> From<StoreError<E>> for ClearError<E> {
@@ -90,14 +136,7 @@ impl<E: fmt::Display> fmt::Display for ClearError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Store(e) => e.fmt(f),
-            Self::Damaged {
-                slot,
-                id_count,
-                written,
-            } => write!(
-                f,
-                "clear.{slot} holds write {id_count} and clear.{slot}.n says {written} went in: the newest clear number was lost (a damaged sector?)"
-            ),
+            Self::Damaged(d) => d.fmt(f),
         }
     }
 }
@@ -162,11 +201,12 @@ pub async fn read_slot<S: MultiwriteNorFlash>(
     if id_count == written || id_count == written.wrapping_add(1) {
         return Ok(item.map(|(k, _)| k));
     }
-    Err(ClearError::Damaged {
+    Err(ClearError::Damaged(Damaged {
         slot: n,
         id_count,
         written,
-    })
+        older: item.map(|(k, _)| k),
+    }))
 }
 
 /// The last clear id kept in slot `n` for operator `name` (`None`: none
@@ -211,32 +251,68 @@ async fn keep_named<S: MultiwriteNorFlash>(
     store.set(&count_key(n), &count.to_le_bytes()).await
 }
 
-/// The operators' last clear ids at a start, into `gate`: every slot
-/// read; each keyring operator takes the highest id kept under its name
-/// in any slot (the keyring may have changed since: an operator removed,
-/// a key rotated, one added ahead), and that id is written into its own
-/// slot before any clear is taken ([`Last::Unkept`] where that write
-/// failed). A slot that cannot be read leaves every operator
-/// [`Last::Unread`]: whose id it held is unknown. Returns how many ids
-/// were written into their operator's slot.
+/// A slot found damaged at a start ([`restore`]) whose older item still
+/// names someone, and the operators whose clears it leaves refused: the
+/// one it names and the one whose place it is, where they are in the
+/// keyring (none: the slot is passed over).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Passed {
+    /// What the slot holds.
+    pub damaged: Damaged,
+    /// The operators left [`Last::Unread`].
+    pub refused: heapless::Vec<&'static str, 2>,
+}
+
+/// What a read of the operators' last clear ids did.
+#[derive(Debug, Default)]
+pub struct Restored {
+    /// Ids written into their operator's slot.
+    pub moved: usize,
+    /// Ids not moved to their place: no slot to copy another's aside
+    /// first (their operator is left [`Last::Unread`], read again).
+    pub unplaced: usize,
+    /// Damaged slots that still name someone.
+    pub damaged: heapless::Vec<Passed, SLOTS>,
+}
+
+/// The operators' last clear ids, into `gate`: every slot read; each
+/// keyring operator takes the highest id kept under its name in any slot
+/// (the keyring may have changed since: an operator removed, a key
+/// rotated, one added ahead), and that id is written into its own slot
+/// before any clear is taken ([`Last::Unkept`] where that write failed).
+/// A damaged slot whose older item still reads leaves
+/// [`Last::Unread`] the operator it names and the one whose place it
+/// is, and no other (see [`Passed`]); a slot whose id item is gone (whose
+/// it was is unknown), or that cannot be read, leaves every operator
+/// [`Last::Unread`]. An operator [`Last::Unkept`] now keeps that: the
+/// flash's number is older.
 pub async fn restore<S: MultiwriteNorFlash>(
     store: &mut ConfigStore<S>,
     gate: &mut ClearGate,
-) -> Result<usize, ClearError<S::Error>> {
+) -> Result<Restored, ClearError<S::Error>> {
     let ring: heapless::Vec<(usize, &'static str), SLOTS> = gate.slots().collect();
-    let mut kept: [Option<Kept>; SLOTS] = Default::default();
-    for (n, k) in kept.iter_mut().enumerate() {
-        match read_slot(store, n).await {
-            Ok(v) => *k = v,
-            Err(e) => {
-                ring.iter()
-                    .for_each(|&(slot, _)| gate.set(slot, Last::Unread));
-                return Err(e);
-            }
+    let mut out = Restored::default();
+    let mut kept = match read_all(store, &ring, &mut out).await {
+        Ok(k) => k,
+        Err(e) => {
+            ring.iter()
+                .for_each(|&(slot, _)| gate.set(slot, Last::Unread));
+            return Err(e);
         }
-    }
+    };
+    let unkept: heapless::Vec<usize, SLOTS> = (gate.unsettled())
+        .filter(|u| matches!(u.2, Last::Unkept(_)))
+        .map(|u| u.0)
+        .collect();
     let mut todo: heapless::Vec<(usize, &'static str, u32), SLOTS> = heapless::Vec::new();
     for &(slot, name) in &ring {
+        if unkept.contains(&slot) {
+            continue;
+        }
+        if out.damaged.iter().any(|d| d.refused.contains(&name)) {
+            gate.set(slot, Last::Unread);
+            continue;
+        }
         let best = (kept.iter().flatten())
             .filter(|k| k.name == name.as_bytes())
             .map(|k| k.id)
@@ -249,32 +325,76 @@ pub async fn restore<S: MultiwriteNorFlash>(
             _ => {}
         }
     }
-    let mut moved = 0;
+    let damaged = (out.damaged.iter()).fold(0u32, |m, d| m | 1 << d.damaged.slot);
+    move_all(store, gate, &mut kept, todo, (&ring, damaged), &mut out).await;
+    Ok(out)
+}
+
+/// Every slot read; a damaged one whose older item still reads is noted
+/// in `out` and read as empty.
+async fn read_all<S: MultiwriteNorFlash>(
+    store: &mut ConfigStore<S>,
+    ring: &[(usize, &'static str)],
+    out: &mut Restored,
+) -> Result<[Option<Kept>; SLOTS], ClearError<S::Error>> {
+    let mut kept: [Option<Kept>; SLOTS] = Default::default();
+    for (n, k) in kept.iter_mut().enumerate() {
+        match read_slot(store, n).await {
+            Ok(v) => *k = v,
+            Err(ClearError::Damaged(d)) if d.older.is_some() => {
+                let named =
+                    |name: &str| d.older.as_ref().is_some_and(|o| o.name == name.as_bytes());
+                let refused = (ring.iter())
+                    .filter(|r| r.0 == n || named(r.1))
+                    .map(|r| r.1)
+                    .take(2)
+                    .collect();
+                let _ = out.damaged.push(Passed {
+                    damaged: d,
+                    refused,
+                });
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(kept)
+}
+
+/// Each of `todo` (slot, name, id) written into its slot: first those
+/// whose slot may be written over, else one's slot is copied aside first
+/// (none copied: that operator is left [`Last::Unread`], never its
+/// slot's only copy of another's number written over).
+async fn move_all<S: MultiwriteNorFlash>(
+    store: &mut ConfigStore<S>,
+    gate: &mut ClearGate,
+    kept: &mut [Option<Kept>; SLOTS],
+    mut todo: heapless::Vec<(usize, &'static str, u32), SLOTS>,
+    aside: (&[(usize, &str)], u32),
+    out: &mut Restored,
+) {
     while !todo.is_empty() {
-        let i = match todo.iter().position(|t| free(&kept, t.0, &ring)) {
+        let i = match todo.iter().position(|t| free(kept, t.0, aside.0)) {
             Some(i) => i,
             // Each slot to write holds another operator's only copy (the
             // keyring reordered): one is copied to a slot no operator
             // has first, so a start cut meanwhile loses nothing.
-            None => match spare_copy(store, &mut kept, todo[0].0, &ring).await {
-                Ok(()) => 0,
-                Err(_) => {
-                    let (slot, _, id) = todo.swap_remove(0);
-                    gate.set(slot, Last::Unkept(id));
-                    continue;
-                }
-            },
+            None if spare_copy(store, kept, todo[0].0, aside).await => 0,
+            None => {
+                let (slot, _, _) = todo.swap_remove(0);
+                gate.set(slot, Last::Unread);
+                out.unplaced += 1;
+                continue;
+            }
         };
         let (slot, name, id) = todo.swap_remove(i);
         match keep_clear(store, slot, name, id).await {
             Ok(()) => {
                 kept[slot] = Some(Kept::of(name.as_bytes(), id));
-                moved += 1;
+                out.moved += 1;
             }
             Err(_) => gate.set(slot, Last::Unkept(id)),
         }
     }
-    Ok(moved)
 }
 
 impl Kept {
@@ -302,25 +422,34 @@ fn free(kept: &[Option<Kept>], n: usize, ring: &[(usize, &str)]) -> bool {
     !in_ring || elsewhere
 }
 
-/// Copies what slot `n` holds to a slot no keyring operator has and that
-/// may be written over (none: written over anyway).
+/// Copies what slot `n` holds to a slot no keyring operator has, not
+/// damaged, and that may be written over (the one beyond the most
+/// operators is kept for this); whether it was copied (`false`: no such
+/// slot, or the write failed: `n` is not to be written over).
 async fn spare_copy<S: MultiwriteNorFlash>(
     store: &mut ConfigStore<S>,
     kept: &mut [Option<Kept>; SLOTS],
     n: usize,
-    ring: &[(usize, &str)],
-) -> Result<(), StoreError<S::Error>> {
-    let spare = (0..SLOTS).find(|&j| ring.iter().all(|r| r.0 != j) && free(kept, j, ring));
+    (ring, damaged): (&[(usize, &str)], u32),
+) -> bool {
+    let spare = (0..SLOTS)
+        .rev()
+        .find(|&j| damaged & (1 << j) == 0 && ring.iter().all(|r| r.0 != j) && free(kept, j, ring));
     let (Some(j), Some(k)) = (spare, kept[n].clone()) else {
-        return Ok(());
+        return false;
     };
-    keep_named(store, j, &k.name, k.id).await?;
+    if keep_named(store, j, &k.name, k.id).await.is_err() {
+        return false;
+    }
     kept[j] = Some(k);
-    Ok(())
+    true
 }
 
 #[cfg(test)]
-mod tests {
+mod damaged_tests;
+
+#[cfg(test)]
+pub(crate) mod tests {
     use super::*;
     use crate::block_on::block_on;
     use crate::board::nor::RamNor;
@@ -359,14 +488,14 @@ mod tests {
         ));
     }
 
-    fn open(mem: &mut [u8]) -> ConfigStore<RamNor<'_>> {
+    pub(super) fn open(mem: &mut [u8]) -> ConfigStore<RamNor<'_>> {
         ConfigStore::open(RamNor::new(mem), 0..4 * 4096).unwrap()
     }
 
     /// Flips the id's first byte in the newest item holding `name` with
     /// write count `count` and id `id`, as a damaged sector would: the
     /// store skips it.
-    fn damage(mem: &mut [u8], count: u32, name: &str, id: u32) {
+    pub(super) fn damage(mem: &mut [u8], count: u32, name: &str, id: u32) {
         let mut v = std::vec![PAIRED];
         v.extend_from_slice(&count.to_le_bytes());
         v.extend_from_slice(name.as_bytes());
@@ -390,11 +519,12 @@ mod tests {
         assert!(
             matches!(
                 e,
-                ClearError::Damaged {
+                ClearError::Damaged(Damaged {
                     slot: 0,
                     id_count: 1,
-                    written: 2
-                }
+                    written: 2,
+                    ..
+                })
             ),
             "{e:?}"
         );
@@ -402,12 +532,14 @@ mod tests {
             e.to_string().contains("the newest clear number was lost"),
             "{e}"
         );
-        // At a start: every operator's clears are refused, said as such.
+        // At a start: jdoe's clears are refused, said as such; asmith's
+        // are not.
         let mut g = ClearGate::new(Some("cdu1"), ring());
-        assert!(block_on(restore(&mut s, &mut g)).is_err());
+        let r = block_on(restore(&mut s, &mut g)).unwrap();
+        assert_eq!(r.damaged[0].refused, ["jdoe"]);
         assert_eq!(
             g.unsettled().collect::<std::vec::Vec<_>>(),
-            [(0, "jdoe", Last::Unread), (1, "asmith", Last::Unread)]
+            [(0, "jdoe", Last::Unread)]
         );
     }
 
@@ -449,7 +581,10 @@ mod tests {
         block_on(keep_clear(&mut s, 0, "jdoe", 42)).unwrap();
         // Rebuilt with asmith ahead of jdoe.
         let mut g = ClearGate::new(Some("cdu1"), asmith_first());
-        assert_eq!(block_on(restore(&mut s, &mut g)).ok(), Some(1));
+        assert_eq!(
+            block_on(restore(&mut s, &mut g)).ok().map(|r| r.moved),
+            Some(1)
+        );
         let c = signed(5, "cdu1", NOW, ClearAction::Leak(0), SEED);
         assert_eq!(
             g.admit(&c, Some(NOW)),
@@ -461,7 +596,10 @@ mod tests {
         let _ = s.into_flash();
         let mut s = open(&mut mem);
         let mut g = ClearGate::new(Some("cdu1"), asmith_first());
-        assert_eq!(block_on(restore(&mut s, &mut g)).ok(), Some(0));
+        assert_eq!(
+            block_on(restore(&mut s, &mut g)).ok().map(|r| r.moved),
+            Some(0)
+        );
         assert!(g.admit(&c, Some(NOW)).is_err());
         let next = signed(43, "cdu1", NOW, ClearAction::Leak(0), SEED);
         assert!(g.admit(&next, Some(NOW)).is_ok());
@@ -474,14 +612,17 @@ mod tests {
         block_on(keep_clear(&mut s, 0, "asmith", 7)).unwrap();
         block_on(keep_clear(&mut s, 1, "jdoe", 42)).unwrap();
         let mut g = ClearGate::new(Some("cdu1"), ring());
-        assert_eq!(block_on(restore(&mut s, &mut g)).ok(), Some(2));
+        assert_eq!(
+            block_on(restore(&mut s, &mut g)).ok().map(|r| r.moved),
+            Some(2)
+        );
         assert_eq!(block_on(last_clear(&mut s, 0, "jdoe")).ok(), Some(Some(42)));
         assert_eq!(
             block_on(last_clear(&mut s, 1, "asmith")).ok(),
             Some(Some(7))
         );
         // One of them was copied aside first, into a slot no operator has.
-        let aside = block_on(read_slot(&mut s, 2)).unwrap().unwrap();
+        let aside = block_on(read_slot(&mut s, SLOTS - 1)).unwrap().unwrap();
         assert!([(&b"asmith"[..], 7), (&b"jdoe"[..], 42)].contains(&(&aside.name[..], aside.id)));
         let c = signed(42, "cdu1", NOW, ClearAction::Leak(0), SEED);
         assert_eq!(

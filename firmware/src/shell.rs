@@ -260,19 +260,47 @@ impl Shell {
         // Every slot read: the keyring may have changed since they were
         // kept, and each operator's number is moved to their place.
         match block_on(counters::restore(&mut self.store, gate)) {
-            Ok(0) => {}
-            Ok(moved) => {
-                let _ = writeln!(
-                    self.console,
-                    "clears: {moved} operators' last clear numbers moved to their places in this keyring"
-                );
-            }
+            Ok(r) => self.say_restored(&r),
             Err(e) => {
                 let _ = writeln!(
                     self.console,
                     "clears: the operators' last clear numbers unreadable in flash: {e}; every operator's clears are refused until they are read (tried again each step)"
                 );
             }
+        }
+    }
+
+    /// What the start's read of the operators' last clear numbers did.
+    fn say_restored(&mut self, r: &counters::Restored) {
+        if r.moved > 0 {
+            let _ = writeln!(
+                self.console,
+                "clears: {} operators' last clear numbers moved to their places in this keyring",
+                r.moved
+            );
+        }
+        if r.unplaced > 0 {
+            let _ = writeln!(
+                self.console,
+                "clears: {} operators' last clear numbers not moved to their places (no slot to copy another's aside): their clears are refused until they are (tried again each step)",
+                r.unplaced
+            );
+        }
+        for d in &r.damaged {
+            let (Some(a), b) = (d.refused.first(), d.refused.get(1)) else {
+                let _ = writeln!(
+                    self.console,
+                    "clears: {}: passed over, for no operator of this keyring is named there or has that place",
+                    d.damaged
+                );
+                continue;
+            };
+            let (and, b) = (if b.is_some() { " and " } else { "" }, b.unwrap_or(&""));
+            let _ = writeln!(
+                self.console,
+                "error: clears: {}: the clears of {a}{and}{b} are refused until the flash is mended (docs/firmware.md: a damaged clear number); every other operator's clears are taken",
+                d.damaged,
+            );
         }
     }
 
@@ -287,14 +315,21 @@ impl Shell {
         let unsettled: heapless::Vec<(usize, &str, Last), MAX_OPERATORS> =
             gate.unsettled().collect();
         if unsettled.iter().any(|u| u.2 == Last::Unread) {
-            // Every slot read again, as at the start.
-            if block_on(counters::restore(&mut self.store, gate)).is_ok() {
+            // Every slot read again, as at the start (a damaged slot is
+            // said at the start only).
+            let r = block_on(counters::restore(&mut self.store, gate));
+            let unread = gate.unsettled().any(|u| u.2 == Last::Unread);
+            if r.is_ok() && !unread {
                 let _ = writeln!(
                     self.console,
                     "clears: the operators' last clear numbers read from flash: their clears are taken again"
                 );
             }
-            return;
+            // An operator whose number waits to be kept is tried below
+            // while another's slot stays damaged; not after a write here.
+            if r.is_err() || r.is_ok_and(|r| r.moved > 0) {
+                return;
+            }
         }
         let mut wrote = false;
         for (slot, name, last) in unsettled {
