@@ -283,9 +283,10 @@ impl Controller<'_> {
                 back_ms,
                 first: true,
             } => p.say(format_args!(
-                "error: clock: the gateway's wall clock went back {} s; this controller's is held {} s behind its own (it never goes back further, so a clear held back cannot be made fresh)",
+                "error: clock: the gateway's wall clock went back {} s; this controller's is held {} s behind its own (it never goes back further, so a clear held back cannot be made fresh): clears signed at the gateway's time are refused as stale until the 0.1 % drift allowance closes the gap (about {} h); if the gateway's clock was corrected, restart the board to take the gateway's clock",
                 back_ms / 1000,
-                crate::clears::CLEAR_SKEW_MS / 1000
+                crate::clears::CLEAR_SKEW_MS / 1000,
+                back_ms.saturating_sub(crate::clears::CLEAR_SKEW_MS) / 3_600
             )),
             Told::Again => p.say(format_args!(
                 "clock: the gateway's wall clock is taken again"
