@@ -591,11 +591,14 @@ impl<'d> Controller<'d> {
         }
     }
 
-    /// The state after the step, as the gateway publishes it.
+    /// The state after the step, as the gateway publishes it: the valves
+    /// as the CDU last took them (every valve open before a valve write
+    /// of this run went in), as `run` shows them.
     #[inline(never)]
     fn status(&self, now_ms: u64, writes_ok: bool, cost: Cost) -> Option<Status> {
         let c = self.commands()?;
         let core = self.decider.core();
+        let all_racks = cooling_core::safety::all_racks(usize::from(self.layout.racks));
         Some(Status {
             step: self.steps,
             at_ms: now_ms,
@@ -605,7 +608,9 @@ impl<'d> Controller<'d> {
             pump_on: c.pump_on,
             lead: c.lead,
             racks: RackBits {
-                valves_open: c.valves_open,
+                // What the CDU took, not the command: a close whose write
+                // did not go in (or was never tried) is not shown done.
+                valves_open: self.decider.valves_taken().unwrap_or(all_racks),
                 cooling_lost: c.cooling_lost,
                 sensing_lost: c.sensing_lost,
                 isolation_failed: c.isolation_failed,
