@@ -18,8 +18,11 @@
 //! - the bridge's own metrics go out as NDATA when they changed, at most
 //!   once per `ndata_every_ms`;
 //! - a born device not heard for its silence limit (the role's setting,
-//!   or 3 × the gap between its last two samples if longer) gives DDEATH,
-//!   counted in `bridge/devices_silent`; its next frame births it again;
+//!   or 3 × the gap between its last two samples if longer; for a CDU
+//!   whose controller is silent, at least [`CONTROLLER_SILENT_AFTER_MS`]
+//!   or 1.5 × the gap between its states) gives DDEATH, counted in
+//!   `bridge/devices_silent`; its next frame births it again, its pace
+//!   kept;
 //! - NCMD `Node Control/Rebirth` true: NBIRTH and every DBIRTH again, at
 //!   most once per [`REBIRTH_EVERY_MS`]: a request sooner than that waits
 //!   for the end of the window and is carried out then, once, however
@@ -52,7 +55,8 @@ mod rebirth;
 
 use crate::device::{measured_at, View};
 use crate::payload::{self, DataType, Point, Value};
-use devices::{notice_refused, refusal, Device};
+use devices::{notice_refused, refusal, Device, Heard};
+pub use devices::{CONTROLLER_SILENT_AFTER_MS, PACE_MAX_MS};
 
 /// The metric a host sets to ask for every birth again.
 pub const REBIRTH: &str = "Node Control/Rebirth";
@@ -80,7 +84,7 @@ pub const RESYNC_MAX_MS: u64 = 60_000;
 pub const SILENT_AFTER_MS: u64 = 10_000;
 
 /// The most notices kept for the shell between two takes.
-const NOTICES: usize = 64;
+pub const NOTICES: usize = 64;
 
 /// What the core tells the shell to log (once per occurrence worth a
 /// line; the counters say the rest).
@@ -123,6 +127,12 @@ pub enum Notice {
         new: u64,
         /// Dropped since the bridge started.
         total: u64,
+    },
+    /// Notices past the [`NOTICES`] kept between two takes, not kept
+    /// (the counters count what they were). Given last.
+    NoticesLost {
+        /// How many.
+        count: u64,
     },
 }
 
@@ -267,6 +277,8 @@ pub struct Bridge {
     resync_every_ms: u64,
     /// What the shell is to log, oldest first.
     notices: Vec<Notice>,
+    /// Notices not kept since the last take: the queue was full.
+    notices_lost: u64,
     /// The Loopwarden bus was said down, and not up since: a frame still
     /// coming was taken before the loss and says nothing of the devices
     /// now (their DDEATH went out).
@@ -290,20 +302,29 @@ impl Bridge {
             rebirth_at: None,
             rebirth_waiting: false,
             notices: Vec::new(),
+            notices_lost: 0,
             loopwarden_lost: false,
         }
     }
 
-    /// What the last steps left for the shell to log, oldest first.
+    /// What the last steps left for the shell to log, oldest first, and
+    /// last how many more were not kept.
     pub fn take_notices(&mut self) -> Vec<Notice> {
-        std::mem::take(&mut self.notices)
+        let mut notices = std::mem::take(&mut self.notices);
+        let count = std::mem::take(&mut self.notices_lost);
+        if count > 0 {
+            notices.push(Notice::NoticesLost { count });
+        }
+        notices
     }
 
-    /// Keeps a notice for the shell; past [`NOTICES`] untaken, the
-    /// counters alone say the rest.
+    /// Keeps a notice for the shell; past [`NOTICES`] untaken, it is
+    /// counted, and the counters say what it was.
     fn notify(&mut self, notice: Notice) {
         if self.notices.len() < NOTICES {
             self.notices.push(notice);
+        } else {
+            self.notices_lost += 1;
         }
     }
 
@@ -580,8 +601,9 @@ impl Bridge {
         let Some(d) = self.devices.get_mut(id) else {
             return Vec::new();
         };
+        // What was learned of its pace is kept: a slow sampler's next
+        // sample measures its gap from the one before the death.
         let was_born = d.published.take().is_some();
-        (d.sampled_at, d.sample_gap) = (None, None);
         d.view = match d.role {
             Role::Cdu => View::cdu(),
             _ => View::host(),
@@ -636,7 +658,7 @@ impl Bridge {
         match frame.message {
             Message::Online(o) => {
                 device.alive = Some(true);
-                device.heard(now, false);
+                device.heard(now, Heard::Presence);
                 device.view.set_software(o.software.as_str().into(), time);
             }
             // Heard while it is said dead (a late sample, or its retained
@@ -644,10 +666,11 @@ impl Bridge {
             // with what it measures after its next `online: true`.
             _ if device.alive == Some(false) => return Vec::new(),
             message => {
+                let heard = Heard::of(&message);
                 if !device.view.record(message, time) {
                     return Vec::new();
                 }
-                device.heard(now, topic.family == Family::Telemetry);
+                device.heard(now, heard);
             }
         }
         self.device_update(now, &id)

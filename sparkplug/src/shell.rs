@@ -42,7 +42,8 @@ pub fn queue_for(max_devices: usize) -> usize {
 /// source, ms: a flood is counted, not logged line by line.
 const LOG_EVERY_MS: u64 = 60_000;
 
-/// The most sources the log limiter tracks; past that it starts afresh.
+/// The most sources the log limiter tracks one by one; past that, new
+/// sources share one line per [`LOG_EVERY_MS`].
 const LOG_SOURCES: usize = 1024;
 
 /// Where and how the Sparkplug client connects.
@@ -196,31 +197,79 @@ async fn drive_sparkplug(
 }
 
 /// At most one log line per source and [`LOG_EVERY_MS`]; the lines held
-/// back are counted in the next one.
+/// back are counted in the next one. Past [`LOG_SOURCES`] sources (each
+/// sender named in a frame is one, and costs a forger nothing), the
+/// sources not tracked share one line per [`LOG_EVERY_MS`], so a flood
+/// from many sources is logged no more than from one.
 #[derive(Default)]
 struct LogLimit {
     /// Per source: when it was last logged, and the lines held since.
     sources: HashMap<String, (u64, u64)>,
+    /// The untracked sources: when their shared line went out, and the
+    /// lines held since.
+    others: Option<(u64, u64)>,
+}
+
+/// What [`LogLimit::allow`] lets through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Allow {
+    /// This source's line, with the count of its lines held back since
+    /// its last.
+    Line(u64),
+    /// One line for every source not tracked, with the count of their
+    /// lines held back since the last such line.
+    Others(u64),
+    /// Nothing now: counted in the next line.
+    Held,
 }
 
 impl LogLimit {
-    /// `Some(lines held back since the last)` when `source` may log now.
-    fn allow(&mut self, source: String, now: u64) -> Option<u64> {
+    /// Whether `source` may log now, and how.
+    fn allow(&mut self, source: String, now: u64) -> Allow {
+        let recent = |at: u64| now.saturating_sub(at) < LOG_EVERY_MS;
         if self.sources.len() >= LOG_SOURCES && !self.sources.contains_key(&source) {
-            self.sources.clear();
+            // Sources quiet for a window are forgotten, their held lines
+            // going to the shared count.
+            let mut forgotten = 0;
+            self.sources.retain(|_, (at, held)| {
+                let keep = recent(*at);
+                if !keep {
+                    forgotten += *held;
+                }
+                keep
+            });
+            if forgotten > 0 {
+                self.others.get_or_insert((0, 0)).1 += forgotten;
+            }
+        }
+        if self.sources.len() >= LOG_SOURCES && !self.sources.contains_key(&source) {
+            return match self.others.as_mut() {
+                Some((at, held)) if recent(*at) => {
+                    *held += 1;
+                    Allow::Held
+                }
+                Some((at, held)) => {
+                    *at = now;
+                    Allow::Others(std::mem::take(held))
+                }
+                None => {
+                    self.others = Some((now, 0));
+                    Allow::Others(0)
+                }
+            };
         }
         match self.sources.get_mut(&source) {
-            Some((at, held)) if now.saturating_sub(*at) < LOG_EVERY_MS => {
+            Some((at, held)) if recent(*at) => {
                 *held += 1;
-                None
+                Allow::Held
             }
             Some((at, held)) => {
                 *at = now;
-                Some(std::mem::take(held))
+                Allow::Line(std::mem::take(held))
             }
             None => {
                 self.sources.insert(source, (now, 0));
-                Some(0)
+                Allow::Line(0)
             }
         }
     }
@@ -237,14 +286,24 @@ fn log_notices(core: &mut Bridge, limit: &mut LogLimit, now: u64) {
                  the window's end, for every request until then (bridge/rebirths_limited)",
                 REBIRTH_EVERY_MS / 1000
             ),
-            Notice::CommandRefused { why } => {
-                if let Some(held_back) = limit.allow("NCMD".into(), now) {
-                    warn!(%why, held_back, "NCMD refused (bridge/commands_refused)");
+            Notice::CommandRefused { why } => match limit.allow("NCMD".into(), now) {
+                Allow::Line(held_back) | Allow::Others(held_back) => {
+                    warn!(%why, held_back, "NCMD refused (bridge/commands_refused)")
                 }
-            }
+                Allow::Held => {}
+            },
             Notice::FrameRefused { topic, sender, why } => {
-                if let Some(held_back) = limit.allow(format!("{topic} {sender}"), now) {
-                    warn!(%topic, %sender, %why, held_back, "frame refused (bridge/frames_refused)");
+                match limit.allow(format!("{topic} {sender}"), now) {
+                    Allow::Line(held_back) => {
+                        warn!(%topic, %sender, %why, held_back, "frame refused (bridge/frames_refused)")
+                    }
+                    Allow::Others(held_back) => warn!(
+                        %topic, %sender, %why, held_back, sources = LOG_SOURCES,
+                        "frame refused; refusals come from more sources than are logged one by \
+                         one: one line a minute for the others, held_back counting them \
+                         (bridge/frames_refused)"
+                    ),
+                    Allow::Held => {}
                 }
             }
             Notice::Silent { device, for_ms } => warn!(
@@ -257,6 +316,11 @@ fn log_notices(core: &mut Bridge, limit: &mut LogLimit, now: u64) {
                 total,
                 "the Loopwarden client dropped frames it could not queue: every device dies and \
                  is born again as heard (bridge/frames_dropped_inbound)"
+            ),
+            Notice::NoticesLost { count } => warn!(
+                not_logged = count,
+                "more notices at once than the bridge keeps for the log: these were not logged \
+                 (bridge/devices_silent and bridge/frames_refused count them)"
             ),
         }
     }
@@ -512,15 +576,50 @@ mod tests {
     #[test]
     fn a_flood_of_refusals_from_one_source_is_logged_once_a_minute() {
         let mut log = LogLimit::default();
-        assert_eq!(log.allow("a".into(), 0), Some(0));
-        assert_eq!(log.allow("a".into(), 1), None);
-        assert_eq!(log.allow("b".into(), 1), Some(0), "another source");
-        assert_eq!(log.allow("a".into(), LOG_EVERY_MS - 1), None);
-        assert_eq!(log.allow("a".into(), LOG_EVERY_MS), Some(2), "2 held back");
-        for i in 0..2 * LOG_SOURCES {
-            log.allow(format!("s{i}"), 0);
-        }
-        assert!(log.sources.len() <= LOG_SOURCES, "bounded");
+        assert_eq!(log.allow("a".into(), 0), Allow::Line(0));
+        assert_eq!(log.allow("a".into(), 1), Allow::Held);
+        assert_eq!(log.allow("b".into(), 1), Allow::Line(0), "another source");
+        assert_eq!(log.allow("a".into(), LOG_EVERY_MS - 1), Allow::Held);
+        assert_eq!(
+            log.allow("a".into(), LOG_EVERY_MS),
+            Allow::Line(2),
+            "2 held back"
+        );
+    }
+
+    #[test]
+    fn a_flood_from_many_sources_is_one_line_a_minute_for_the_untracked() {
+        let mut log = LogLimit::default();
+        let lines = |log: &mut LogLimit, from: usize, to: usize, now: u64| {
+            (from..to)
+                .map(|i| log.allow(format!("s{i}"), now))
+                .filter(|a| *a != Allow::Held)
+                .count()
+        };
+        assert_eq!(lines(&mut log, 0, LOG_SOURCES, 0), LOG_SOURCES);
+        // The table is full: new senders share one line, not one each.
+        assert_eq!(log.allow("x0".into(), 1), Allow::Others(0));
+        assert_eq!(lines(&mut log, LOG_SOURCES, 10 * LOG_SOURCES, 2), 0);
+        assert_eq!(log.allow("s0".into(), 3), Allow::Held, "still tracked");
+        assert_eq!(log.sources.len(), LOG_SOURCES, "bounded");
+        let held = 9 * LOG_SOURCES as u64;
+        assert_eq!(
+            log.allow("x1".into(), LOG_EVERY_MS - 1),
+            Allow::Held,
+            "within the minute"
+        );
+        // A minute on, the quiet sources are forgotten (s0's held line
+        // counted with the others), and a new one is tracked again.
+        assert_eq!(log.allow("x2".into(), 4 + LOG_EVERY_MS), Allow::Line(0));
+        assert_eq!(log.sources.len(), 1);
+        assert_eq!(log.others, Some((1, held + 1 + 1)));
+        let full = lines(&mut log, 0, LOG_SOURCES - 1, 5 + LOG_EVERY_MS);
+        assert_eq!(full, LOG_SOURCES - 1, "the table fills again");
+        assert_eq!(
+            log.allow("x3".into(), 6 + LOG_EVERY_MS),
+            Allow::Others(held + 2),
+            "everything held back since, counted"
+        );
     }
 
     #[test]

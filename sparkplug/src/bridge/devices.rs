@@ -2,7 +2,7 @@
 //! for silence or for frames the Loopwarden client lost, and which frames
 //! are refused.
 
-use loopwarden_protocol::{Family, Frame, Ident, Message, Role, Topic};
+use loopwarden_protocol::{Family, Frame, Ident, Message, ReasonCode, Role, Topic};
 
 use super::{Bridge, Notice, Publish};
 use crate::device::View;
@@ -23,9 +23,17 @@ pub(super) struct Device {
     pub(super) ever_born: bool,
     /// When a frame of it was last accepted (the bridge's clock).
     pub(super) last_heard: u64,
-    /// When its last sample came, and the gap before it, while alive.
+    /// Its pace: when its last sample (telemetry) came, and the gap
+    /// before it. Kept when it dies for silence, so that the sample that
+    /// births it again measures the gap from the one before the death.
     pub(super) sampled_at: Option<u64>,
     pub(super) sample_gap: Option<u64>,
+    /// The same for its states (a CDU's) or health (a host's).
+    pub(super) stated_at: Option<u64>,
+    pub(super) state_gap: Option<u64>,
+    /// Its latest state says its controller is silent: it sends states,
+    /// and no telemetry, until the controller is back.
+    pub(super) controller_silent: bool,
     /// A node of another role used its id: said once.
     pub(super) id_shared_told: bool,
 }
@@ -45,26 +53,101 @@ impl Device {
             last_heard: now,
             sampled_at: None,
             sample_gap: None,
+            stated_at: None,
+            state_gap: None,
+            controller_silent: false,
             id_shared_told: false,
         }
     }
 
-    /// A frame of it was accepted at `now`; `sample`: its telemetry.
-    pub(super) fn heard(&mut self, now: u64, sample: bool) {
+    /// A frame of it was accepted at `now`: each frame restarts its
+    /// silence; a sample or a state also tells its pace.
+    pub(super) fn heard(&mut self, now: u64, what: Heard) {
         self.last_heard = now;
-        if sample {
-            self.sample_gap = self.sampled_at.map(|t| now.saturating_sub(t));
-            self.sampled_at = Some(now);
+        match what {
+            Heard::Presence => {}
+            Heard::Sample => {
+                pace(&mut self.sampled_at, &mut self.sample_gap, now);
+                self.controller_silent = false;
+            }
+            Heard::State { controller_silent } => {
+                pace(&mut self.stated_at, &mut self.state_gap, now);
+                self.controller_silent = controller_silent;
+            }
         }
+    }
+
+    /// The bridge stopped listening (its bus lost, frames dropped): the
+    /// next frames' gaps span that loss and say nothing of the device's
+    /// pace, which is kept until two frames measure it again.
+    pub(super) fn lost_sight(&mut self) {
+        (self.sampled_at, self.stated_at) = (None, None);
     }
 
     /// How long it may go unheard: its role's limit, or 3 × the gap
     /// between its last two samples if longer (an agent set to sample
-    /// slowly is not declared dead between two samples).
+    /// slowly is not declared dead between two samples). A CDU whose
+    /// controller is silent sends only states: at least
+    /// [`CONTROLLER_SILENT_AFTER_MS`], or 1.5 × the gap between its last
+    /// two states if longer (as that least is 1.5 × the gateway's period).
     pub(super) fn silence_limit(&self, host: u64, cdu: u64) -> u64 {
         let base = if self.role == Role::Cdu { cdu } else { host };
-        self.sample_gap
-            .map_or(base, |gap| base.max(gap.saturating_mul(3)))
+        let limit = base.max(self.sample_gap.map_or(0, |g| g.saturating_mul(3)));
+        if self.controller_silent {
+            let states = self.state_gap.map_or(0, |g| g.saturating_mul(3) / 2);
+            limit.max(CONTROLLER_SILENT_AFTER_MS).max(states)
+        } else {
+            limit
+        }
+    }
+}
+
+/// What an accepted frame was, for a device's pace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Heard {
+    /// Its `online: true`.
+    Presence,
+    /// Its telemetry.
+    Sample,
+    /// Its health (a host) or state (a CDU).
+    State {
+        /// The state says its controller is silent.
+        controller_silent: bool,
+    },
+}
+
+impl Heard {
+    pub(super) fn of(message: &Message) -> Heard {
+        match message {
+            Message::HostTelemetry(_) | Message::CduTelemetry(_) => Heard::Sample,
+            Message::CduState(s) => Heard::State {
+                controller_silent: s.reason == ReasonCode::CONTROLLER_SILENT,
+            },
+            Message::HostHealth(_) => Heard::State {
+                controller_silent: false,
+            },
+            _ => Heard::Presence,
+        }
+    }
+}
+
+/// The least silence limit of a CDU whose controller is silent, ms: its
+/// gateway publishes its state (`failsafe`, `controller-silent`) about
+/// once a minute and nothing else, so 1.5 × that minute.
+pub const CONTROLLER_SILENT_AFTER_MS: u64 = 90_000;
+
+/// The longest gap taken as a pace, ms: a longer one is an absence (a
+/// node stopped, then started again), and leaves the pace learned before.
+pub const PACE_MAX_MS: u64 = 600_000;
+
+/// A new frame of a stream at `now`: the gap from the one before, when
+/// it is one, becomes the stream's pace.
+fn pace(at: &mut Option<u64>, gap: &mut Option<u64>, now: u64) {
+    if let Some(before) = at.replace(now) {
+        let g = now.saturating_sub(before);
+        if g <= PACE_MAX_MS {
+            *gap = Some(g);
+        }
     }
 }
 
@@ -109,6 +192,7 @@ impl Bridge {
             out.extend(self.ddeath(now, &id));
             if let Some(d) = self.devices.get_mut(&id) {
                 d.alive = None;
+                d.lost_sight();
             }
         }
         out

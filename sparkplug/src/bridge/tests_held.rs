@@ -6,7 +6,7 @@ use super::tests::{
 };
 use super::*;
 use crate::payload::MetricValue;
-use loopwarden_protocol::{samples, MessageKind};
+use loopwarden_protocol::{samples, CduMode, MessageKind, ReasonCode};
 
 fn cdu_telemetry() -> Input {
     input(
@@ -56,17 +56,110 @@ fn a_device_that_falls_silent_dies_and_its_next_frame_births_it() {
     );
 }
 
+/// The DDEATHs of `device` from ticks every second from `from` to `to`
+/// (both included), with `frames` stepped at their times: when each went out.
+fn deaths(
+    b: &mut Bridge,
+    device: &str,
+    (from, to): (u64, u64),
+    frames: &mut dyn FnMut(u64) -> Option<Input>,
+) -> Vec<u64> {
+    let mut at = Vec::new();
+    for now in (from..=to).step_by(1_000) {
+        let mut out = frames(now).map_or_else(Vec::new, |f| b.step(now, f));
+        out.extend(b.step(now, Input::Tick));
+        if kinds(&out).contains(&(Kind::DDeath, Some(device))) {
+            at.push(now);
+        }
+    }
+    at
+}
+
 #[test]
 fn a_host_that_samples_slowly_is_not_dead_between_two_samples() {
     let mut b = bridge();
     connected(&mut b);
-    b.step(T, host_telemetry("h07", 61));
-    b.step(T + 30_000, host_telemetry("h07", 61));
-    // Samples 30 s apart: 90 s of silence before it is dead.
-    let out = b.step(T + 110_000, Input::Tick);
-    assert!(!kinds(&out).contains(&(Kind::DDeath, Some("h07"))));
-    let out = b.step(T + 121_000, Input::Tick);
-    assert_eq!(kinds(&out)[0], (Kind::DDeath, Some("h07")));
+    // Samples 30 s apart, the bridge ticking every second.
+    let mut samples = |now: u64| {
+        (now <= T + 60_000 && (now - T) % 30_000 == 0).then(|| host_telemetry("h07", 61))
+    };
+    let died = deaths(&mut b, "h07", (T, T + 200_000), &mut samples);
+    // Its first silence is judged by the setting (10 s), its pace unknown;
+    // from its second sample on, 3 × 30 s: dead 90 s after its last.
+    assert_eq!(died, [T + 11_000, T + 151_000]);
+}
+
+#[test]
+fn a_slow_samplers_pace_survives_its_death_but_not_the_bus_lost() {
+    let mut b = bridge();
+    connected(&mut b);
+    let mut samples = |now: u64| ((now - T) % 30_000 == 0).then(|| host_telemetry("h07", 61));
+    let died = deaths(&mut b, "h07", (T, T + 100_000), &mut samples);
+    assert_eq!(died, [T + 11_000]);
+    // The bus lost: the gap across the loss is no pace, the one before
+    // is kept.
+    b.step(T + 100_500, Input::LoopwardenConnected(false));
+    b.step(T + 100_500, Input::LoopwardenConnected(true));
+    let died = deaths(&mut b, "h07", (T + 101_000, T + 300_000), &mut samples);
+    assert!(died.is_empty(), "{died:?}");
+}
+
+#[test]
+fn a_cdu_whose_controller_is_silent_lives_on_its_gateways_states() {
+    let mut b = bridge();
+    connected(&mut b);
+    let state = |mode, reason| {
+        let Message::CduState(mut s) = samples::message(MessageKind::CduState) else {
+            unreachable!("the sample is a CDU state")
+        };
+        (s.mode, s.reason) = (mode, reason);
+        input(Role::Cdu, "cdu-a", Message::CduState(s))
+    };
+    b.step(T, cdu_telemetry());
+    b.step(T, state(CduMode::Normal, ReasonCode::OK));
+    // The controller falls silent: its gateway says so about once a
+    // minute (a little late at times), and sends no telemetry.
+    let last = T + 245_000;
+    let mut states = |now: u64| {
+        let due = [T + 2_000, T + 62_000, T + 123_000, T + 184_000, last];
+        due.contains(&now)
+            .then(|| state(CduMode::Failsafe, ReasonCode::CONTROLLER_SILENT))
+    };
+    let died = deaths(&mut b, "cdu-a", (T + 1_000, T + 400_000), &mut states);
+    // Dead only once its gateway falls silent too: 1.5 × 61 s later.
+    assert_eq!(died, [last + 92_000]);
+    let out = b.step(last + 93_000, cdu_telemetry());
+    assert_eq!(kinds(&out), [(Kind::DBirth, Some("cdu-a"))], "back");
+    // Its controller back, telemetry every second: the setting again.
+    let mut telemetry = |now: u64| (now < last + 100_000).then(cdu_telemetry);
+    let died = deaths(
+        &mut b,
+        "cdu-a",
+        (last + 94_000, last + 120_000),
+        &mut telemetry,
+    );
+    assert_eq!(died, [last + 110_000]);
+}
+
+#[test]
+fn notices_past_the_queue_are_counted() {
+    let mut b = bridge();
+    connected(&mut b);
+    let hosts = NOTICES + 6;
+    for i in 0..hosts {
+        b.step(T, host_telemetry(&format!("h{i:03}"), 61));
+    }
+    b.take_notices();
+    let out = b.step(T + 11_000, Input::Tick);
+    let dead = kinds(&out).iter().filter(|k| k.0 == Kind::DDeath).count();
+    assert_eq!(dead, hosts, "every one dies");
+    let notices = b.take_notices();
+    assert_eq!(notices.len(), NOTICES + 1);
+    assert!(notices[..NOTICES]
+        .iter()
+        .all(|n| matches!(n, Notice::Silent { .. })));
+    assert_eq!(notices[NOTICES], Notice::NoticesLost { count: 6 });
+    assert_eq!(b.take_notices(), [], "counted once");
 }
 
 #[test]
