@@ -36,7 +36,11 @@ pub struct GpuRange {
 /// [`LeaseLimits::max_leases`]: only the host's own CDU controller sends
 /// them (one lease id per host, a few more while its numbering of the
 /// hosts changes), so the leases of operators and facility systems, however
-/// many, never crowd out the cap that cooling falls short by.
+/// many, never crowd out the cap that cooling falls short by. One more
+/// from a CDU that holds them all is never refused: it replaces that
+/// CDU's least recently taken or renewed (an id it numbers no more), so
+/// a CDU that renumbered its hosts often within one lease's life still
+/// caps the host.
 pub const COOLING_LEASES: usize = 8;
 
 /// What a host takes of leases: a longer one is taken for the longest
@@ -92,6 +96,10 @@ pub struct LeaseOutcome {
     /// Taken back after a restart beyond the most held of its kind
     /// ([`CapArbiter::most_leases`]).
     pub over_count: bool,
+    /// A cooling lease taken with [`COOLING_LEASES`] held: the id of its
+    /// sender's lease it replaced (the least recently taken or renewed),
+    /// whose caps lifted.
+    pub replaced: Option<u32>,
 }
 
 impl LeaseOutcome {
@@ -101,6 +109,7 @@ impl LeaseOutcome {
             shortened: false,
             missing: 0,
             over_count: false,
+            replaced: None,
         }
     }
 }
@@ -235,7 +244,18 @@ impl CapArbiter {
         let held = (self.leases.iter())
             .filter(|h| (h.source == CapSource::Cooling) == cooling)
             .count();
-        let over_count = !renewal && held >= self.most_leases(lease.source);
+        let full = !renewal && held >= self.most_leases(lease.source);
+        // The cooling leases full, the CDU's new one takes the place of its
+        // least recently taken or renewed (an id it numbers no more).
+        let replaced = (full && cooling)
+            .then(|| {
+                self.leases
+                    .iter()
+                    .find(|h| h.from == *from && h.source == lease.source)
+            })
+            .flatten()
+            .map(|h| h.lease);
+        let over_count = full && replaced.is_none();
         if over_count && !restoring {
             return refuse(AckCode::TooMany);
         }
@@ -266,8 +286,9 @@ impl CapArbiter {
                 ..refuse(AckCode::UnknownGpu)
             };
         }
-        self.leases
-            .retain(|h| !(h.from == *from && h.lease == lease.lease));
+        self.leases.retain(|h| {
+            !(h.from == *from && (h.lease == lease.lease || Some(h.lease) == replaced))
+        });
         self.leases.push(Held {
             from: from.clone(),
             lease: lease.lease,
@@ -285,6 +306,7 @@ impl CapArbiter {
             shortened,
             missing,
             over_count,
+            replaced,
         }
     }
 
@@ -596,20 +618,47 @@ mod tests {
         assert_eq!(a.lease(t, &cdu(), t, &cooling).code, AckCode::Ok);
         assert_eq!(a.in_force(t)[0].limit, Watts(300));
         assert_eq!(a.in_force(t)[0].source, Some(CapSource::Cooling));
-        // Its own bound holds too.
-        for id in 2..=COOLING_LEASES as u32 {
-            let l = lease(id, &[(gpu(1), 400)], 30_000);
-            assert_eq!(a.lease(t, &cdu(), t, &l).code, AckCode::Ok);
-        }
-        let one_more = lease(99, &[(gpu(1), 400)], 30_000);
-        assert_eq!(a.lease(t, &cdu(), t, &one_more).code, AckCode::TooMany);
-        assert_eq!(
-            a.lease(t, &cdu(), t, &cooling).code,
-            AckCode::Ok,
-            "a renewal"
-        );
         assert_eq!(a.most_leases(CapSource::Cooling), COOLING_LEASES);
         assert_eq!(a.most_leases(CapSource::FacilityBudget), 16);
+    }
+
+    /// A CDU that renumbered its hosts often within one lease's life
+    /// holds [`COOLING_LEASES`] ids: one more is taken, in the place of
+    /// its least recently taken or renewed, never refused.
+    #[test]
+    fn a_cooling_lease_beyond_the_count_replaces_the_cdus_oldest() {
+        let mut a = arbiter();
+        let t = TimestampMs(0);
+        for id in 1..=COOLING_LEASES as u32 {
+            // Lease 2 (an id no longer numbered) holds GPU 1 low.
+            let low = if id == 2 { 250 } else { 600 };
+            let l = lease(id, &[(GpuSelector::All, 600), (gpu(1), low)], 600_000);
+            let outcome = a.lease(TimestampMs(id as u64), &cdu(), t, &l);
+            assert_eq!((outcome.code, outcome.replaced), (AckCode::Ok, None));
+        }
+        // Lease 1 renewed: lease 2 is now the least recently taken.
+        let renewed = lease(1, &[(GpuSelector::All, 600)], 600_000);
+        let at = TimestampMs(20);
+        assert_eq!(a.lease(at, &cdu(), at, &renewed).code, AckCode::Ok);
+        let ninth = lease(9, &[(GpuSelector::All, 500)], 30_000);
+        let at = TimestampMs(30);
+        let outcome = a.lease(at, &cdu(), at, &ninth);
+        assert_eq!((outcome.code, outcome.replaced), (AckCode::Ok, Some(2)));
+        assert!(!outcome.over_count);
+        let ids: Vec<u32> = a.leases().iter().map(|l| l.lease).collect();
+        assert_eq!(ids, [3, 4, 5, 6, 7, 8, 1, 9]);
+        // Lease 2's cap lifted: the new lease's limit is in force.
+        let limits: Vec<Watts> = a.in_force(at).iter().map(|g| g.limit).collect();
+        assert_eq!(limits, [Watts(500); 4]);
+        // Another sender's cooling leases are not its to replace.
+        let mut a = arbiter();
+        let other = NodeId::new(Role::Cdu, "cdu-b").unwrap();
+        for id in 1..=COOLING_LEASES as u32 {
+            let l = lease(id, &[(gpu(0), 400)], 600_000);
+            assert_eq!(a.lease(t, &other, t, &l).code, AckCode::Ok);
+        }
+        let mine = lease(1, &[(gpu(0), 300)], 30_000);
+        assert_eq!(a.lease(t, &cdu(), t, &mine).code, AckCode::TooMany);
     }
 
     #[test]

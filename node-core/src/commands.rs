@@ -32,7 +32,7 @@ use loopwarden_protocol::{
     ReplayFloor, Role, TimestampMs, Topic, Watts,
 };
 
-use crate::caps::{CapArbiter, GpuRange, InForce, LeaseLimits, LeaseView};
+use crate::caps::{CapArbiter, GpuRange, InForce, LeaseLimits, LeaseView, COOLING_LEASES};
 
 mod floor;
 mod restore;
@@ -351,8 +351,16 @@ impl CommandCore {
         if let Some(refused) = self.replayed(now, frame) {
             return self.copy_answered(frame).unwrap_or(refused);
         }
-        self.raise_floor(&frame.sender, frame.seq, frame.time);
-        let verdict = self.decide(now, frame);
+        // Its seq counts even if it is refused below; its stamp only if it
+        // is fresh: a stamp refused as wrong (a clock far ahead) never
+        // holds back its sender's later commands.
+        let stale = stale(now, frame);
+        let stamp = stale.is_none().then_some(frame.time);
+        self.raise_floor(&frame.sender, frame.seq, stamp);
+        let verdict = match stale {
+            Some(v) => v,
+            None => self.decide(now, frame),
+        };
         let answer = Answered {
             frame: frame.clone(),
             code: verdict.code,
@@ -394,14 +402,11 @@ impl CommandCore {
         }
     }
 
-    /// Decides about a command past the checks of its sender and its seq.
+    /// Decides about a command past the checks of its sender and its seq,
+    /// and fresh: a copy captured and sent again later (or to this host
+    /// after a restart that forgot its sender) is refused before
+    /// ([`stale`]).
     fn decide(&mut self, now: TimestampMs, frame: &Frame) -> Verdict {
-        // A command is acted on only while it is fresh: a copy captured and
-        // sent again later (or to this host after a restart that forgot its
-        // sender) is refused.
-        if let Some(v) = stale(now, frame) {
-            return v;
-        }
         match &frame.message {
             Message::CapLease(lease) => self.lease(now, frame, lease),
             Message::QuarantineRelease(r) => {
@@ -585,6 +590,18 @@ impl CommandCore {
                 self.arbiter.most_leases(lease.source)
             ),
             other => format!("{other:?}"),
+        };
+        // The CDU's cooling leases full: its new one took the place of one
+        // it numbers no more, whose caps lifted (said).
+        let detail = match outcome.replaced {
+            Some(id) => {
+                let sep = if detail.is_empty() { "" } else { "; " };
+                format!(
+                    "{detail}{sep}it replaced cooling lease {id}, the least recently renewed of \
+                     the {COOLING_LEASES} this host holds at most"
+                )
+            }
+            None => detail,
         };
         Verdict {
             changed_caps: matches!(outcome.code, AckCode::Ok | AckCode::Clamped),
@@ -1309,15 +1326,27 @@ mod tests {
             assert!(v.detail.contains("in the future"), "{}", v.detail);
         }
         // Below the floor and stale (a sender whose clock is behind): the
-        // clock is said, not a replay alone; the floor stays.
+        // clock is said, not a replay alone; the floor stays. Every
+        // command seen was stale: the floor has no stamp.
         let late = lease_frame(2, 1_000, &[(gpu(0), 300)], 3_600_000);
         let v = c.command(TimestampMs(1_000 + 10 * 60_000), &late);
         assert_eq!(v.code, AckCode::Expired, "{}", v.detail);
         assert!(
             v.detail.contains("ago (is the sender's clock right?)")
-                && v.detail
-                    .contains("; and its seq 2 stamped 1000 is not above seq 4 or stamp ")
-                && v.detail.ends_with(", the highest taken from cdu-a"),
+                && v.detail.ends_with(
+                    "; and its seq 2 is not above seq 4, the highest taken from cdu-a \
+                     (no stamp of it known)"
+                ),
+            "{}",
+            v.detail
+        );
+        // A fresh one, then a stale one below both: the stamps are said.
+        let fresh = lease_frame(5, 600_000, &[(gpu(0), 300)], 30_000);
+        assert_eq!(c.command(TimestampMs(601_000), &fresh).code, AckCode::Ok);
+        let v = c.command(TimestampMs(1_000 + 20 * 60_000), &late);
+        assert!(
+            v.detail
+                .ends_with("; and its seq 2 stamped 1000 is not above seq 5 or stamp 600000, the highest taken from cdu-a"),
             "{}",
             v.detail
         );

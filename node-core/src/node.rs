@@ -398,9 +398,6 @@ impl GpuCaps {
 pub struct Node {
     health: HealthEngine,
     commands: CommandCore,
-    /// When the agent started (wall clock): a seq-only replay floor taken
-    /// back runs from it ([`Node::restore_seq_floor`]).
-    started: TimestampMs,
     cooling: CoolingLoss,
     gpus: Vec<GpuCaps>,
     guard: GuardSettings,
@@ -472,7 +469,6 @@ impl Node {
             ack_limit: Default::default(),
             reconciling: None,
             after_read: None,
-            started: setup.started,
         }
     }
 
@@ -497,11 +493,11 @@ impl Node {
     }
 
     /// The last sequence number taken from `sender` before a restart, as
-    /// an earlier version kept it (no stamp): what it sent at or below it,
-    /// stamped before this start plus the commands' freshness, is a replay
+    /// an earlier version kept it (no stamp): what it sent at or below it
+    /// is a replay, whatever its stamp, until a command above it is taken
     /// ([`CommandCore::restore_seq_floor`]).
     pub fn restore_seq_floor(&mut self, sender: &loopwarden_protocol::NodeId, seq: u32) {
-        self.commands.restore_seq_floor(sender, seq, self.started);
+        self.commands.restore_seq_floor(sender, seq);
     }
 
     /// The floor of the CDU's states taken before a restart, and the

@@ -233,7 +233,7 @@ fn a_floor_is_kept_for_every_command_past_its_seq_check_and_restored_after_a_res
     after.step(t + 10, Input::Frame(&cmd_topic(), &long));
     assert_eq!(after.acks.last().unwrap().code, AckCode::Replayed);
     // A floor an earlier version kept, its seq alone: the same, as every
-    // command stamped before the start (and fresh) is at or below it.
+    // command numbered at or below it is a replay, whatever its stamp.
     let mut before = Host::new();
     before.node.restore_seq_floor(&cdu_a, 7);
     before.step(t + 10, Input::Frame(&cmd_topic(), &long));

@@ -11,14 +11,44 @@
 //! sender's next is taken; before that it is the last one taken, a copy
 //! answered as it was ([`CommandCore::command`]).
 //!
+//! The stamp is raised only by a command fresh on this host's clock (one
+//! refused as stale raises the seq alone): a stamp far ahead, from a
+//! sender's clock gone wrong for one command, would otherwise hold every
+//! later command of that sender at or below it, and the floor kept in
+//! flash would hold them after a restart too.
+//!
 //! Glossary:
-//! - *seq-only floor*: the number alone an earlier version kept; taken
-//!   back with the stamp of the restart plus [`COMMAND_MAX_AGE_MS`], above
-//!   every command stamped fresh before it.
+//! - *seq-only floor*: the number alone an earlier version kept, or the
+//!   floor of a sender whose commands seen were all stale: its stamp is
+//!   [`NO_STAMP`], none known, and every command at or below its seq is a
+//!   replay whatever its stamp (the earlier rule), until a fresh command
+//!   above its seq is taken, whose stamp it takes from then on.
 
 use loopwarden_protocol::{AckCode, Frame, NodeId, ReplayFloor, TimestampMs};
 
-use super::{stale, CommandCore, Verdict, COMMAND_MAX_AGE_MS};
+use super::{stale, CommandCore, Verdict};
+
+/// The stamp of a seq-only floor: none known. No stamp is after it, so
+/// every command at or below the floor's seq is a replay; it is kept in
+/// flash as it is, and read back as seq-only again. No command taken has
+/// it: a command is taken only within
+/// [`COMMAND_MAX_AGE_MS`](super::COMMAND_MAX_AGE_MS) of this host's clock.
+pub const NO_STAMP: TimestampMs = TimestampMs(u64::MAX);
+
+/// Raises `floor` by a command numbered `seq`, stamped `time` if that
+/// stamp counts (`None`: refused as stale, its seq alone counts). A
+/// seq-only floor takes its first stamp from a command above its seq.
+fn lift(floor: &mut ReplayFloor, seq: u32, time: Option<TimestampMs>) {
+    match time {
+        Some(t) if floor.time == NO_STAMP => {
+            if seq > floor.seq {
+                *floor = ReplayFloor::new(seq, t);
+            }
+        }
+        Some(t) => floor.raise(seq, t),
+        None => floor.seq = floor.seq.max(seq),
+    }
+}
 
 impl CommandCore {
     /// The refusal of `frame` received at `now` as a replay, if it is one:
@@ -30,14 +60,23 @@ impl CommandCore {
         if !floor.replays(frame.seq, frame.time) {
             return None;
         }
-        let below = format!(
-            "seq {} stamped {} is not above seq {} or stamp {}, the highest taken from {}",
-            frame.seq,
-            frame.time.0,
-            floor.seq,
-            floor.time.0,
-            frame.sender.id.as_str()
-        );
+        let below = if floor.time == NO_STAMP {
+            format!(
+                "seq {} is not above seq {}, the highest taken from {} (no stamp of it known)",
+                frame.seq,
+                floor.seq,
+                frame.sender.id.as_str()
+            )
+        } else {
+            format!(
+                "seq {} stamped {} is not above seq {} or stamp {}, the highest taken from {}",
+                frame.seq,
+                frame.time.0,
+                floor.seq,
+                floor.time.0,
+                frame.sender.id.as_str()
+            )
+        };
         Some(match stale(now, frame) {
             Some(mut v) => {
                 v.detail = format!("{}; and its {below}", v.detail);
@@ -48,34 +87,46 @@ impl CommandCore {
     }
 
     /// A command numbered `seq` and stamped `time` was taken from
-    /// `sender` (or one taken before a restart is taken back): its floor
-    /// rises to it where it is higher, never lower.
-    pub(super) fn raise_floor(&mut self, sender: &NodeId, seq: u32, time: TimestampMs) {
+    /// `sender` (or one taken before a restart is taken back), or passed
+    /// the seq check and was refused later (`time` `None` where it was
+    /// refused as stale: its stamp does not count): its floor rises to it
+    /// where it is higher, never lower.
+    pub(super) fn raise_floor(&mut self, sender: &NodeId, seq: u32, time: Option<TimestampMs>) {
         match self.floors.get_mut(sender) {
-            Some(f) => f.raise(seq, time),
+            Some(f) => lift(f, seq, time),
             None => {
-                self.floors
-                    .insert(sender.clone(), ReplayFloor::new(seq, time));
+                let floor = ReplayFloor::new(seq, time.unwrap_or(NO_STAMP));
+                self.floors.insert(sender.clone(), floor);
             }
         }
     }
 
     /// Takes back a floor kept before a restart
     /// ([`CommandCore::replay_floor`]): commands from `sender` at or below
-    /// it are replays. One already taken rises to it.
+    /// it are replays. One already taken rises to it. A floor kept
+    /// seq-only ([`NO_STAMP`]) is taken back so.
     pub fn restore_replay_floor(&mut self, sender: &NodeId, floor: ReplayFloor) {
-        self.raise_floor(sender, floor.seq, floor.time);
+        if floor.time == NO_STAMP {
+            self.restore_seq_floor(sender, floor.seq);
+        } else {
+            self.raise_floor(sender, floor.seq, Some(floor.time));
+        }
     }
 
-    /// Takes back a seq-only floor (an earlier version kept no stamp),
-    /// at `started` (this host's start, wall clock): its stamp is taken as
-    /// `started` plus [`COMMAND_MAX_AGE_MS`], so that every command from
-    /// `sender` numbered at or below `seq` and fresh enough to be taken
-    /// before the restart is still a replay; a command stamped after it
-    /// (a sender that lost its counter) is taken.
-    pub fn restore_seq_floor(&mut self, sender: &NodeId, seq: u32, started: TimestampMs) {
-        let time = TimestampMs(started.0.saturating_add(COMMAND_MAX_AGE_MS));
-        self.raise_floor(sender, seq, time);
+    /// Takes back a seq-only floor (an earlier version kept no stamp):
+    /// every command from `sender` numbered at or below `seq` is a replay,
+    /// whatever its stamp, as it was before the restart; the first fresh
+    /// command above it gives the floor its stamp, from which a sender
+    /// that lost its counter is taken by its stamp. A floor already taken
+    /// back with a stamp and a seq at or above `seq` holds as it is.
+    pub fn restore_seq_floor(&mut self, sender: &NodeId, seq: u32) {
+        let floor = self
+            .floors
+            .entry(sender.clone())
+            .or_insert(ReplayFloor::new(seq, NO_STAMP));
+        if floor.time == NO_STAMP || seq > floor.seq {
+            *floor = ReplayFloor::new(floor.seq.max(seq), NO_STAMP);
+        }
     }
 }
 
@@ -130,10 +181,9 @@ mod tests {
     }
 
     /// The floor kept and taken back after a restart: its stamp counts as
-    /// before; a seq-only floor (an earlier version's) refuses every
-    /// command stamped fresh before the start, and takes one stamped after.
+    /// before.
     #[test]
-    fn a_floor_taken_back_keeps_both_and_a_seq_only_floor_holds_the_commands_before_the_start() {
+    fn a_floor_taken_back_keeps_both() {
         let t = 1_800_000_000_000;
         let all = [(GpuSelector::All, 400)];
         let sender = lease_frame(9, t, &all, 30_000).sender;
@@ -146,22 +196,104 @@ mod tests {
             c.command(TimestampMs(t + 2), &low_before).code,
             AckCode::Replayed
         );
-        // Seq only, the host started at `t`: a command stamped up to its
-        // freshness after the start, numbered at or below, is a replay.
+    }
+
+    /// A seq-only floor (an earlier version's, read back whatever this
+    /// host's clock said at its start) refuses every command at or below
+    /// its seq, stamped before or after; the first command above it gives
+    /// it a stamp, from which a sender that lost its counter is taken.
+    #[test]
+    fn a_seq_only_floor_refuses_every_command_at_or_below_it_until_one_above_is_taken() {
+        let t = 1_800_000_000_000;
+        let all = [(GpuSelector::All, 400)];
+        let sender = lease_frame(9, t, &all, 30_000).sender;
         let mut c = core();
-        c.restore_seq_floor(&sender, 1_000, TimestampMs(t));
-        let ahead = lease_frame(999, t + COMMAND_MAX_AGE_MS, &all, 30_000);
+        c.restore_seq_floor(&sender, 1_000);
+        for (seq, stamp) in [(999, t - 10_000), (1_000, t + 60_000), (5, t)] {
+            let v = c.command(TimestampMs(t), &lease_frame(seq, stamp, &all, 30_000));
+            assert_eq!(v.code, AckCode::Replayed, "seq {seq}: {}", v.detail);
+        }
+        let v = c.command(TimestampMs(t), &lease_frame(999, t - 10_000, &all, 30_000));
         assert_eq!(
-            c.command(TimestampMs(t + 1), &ahead).code,
-            AckCode::Replayed
+            v.detail,
+            "seq 999 is not above seq 1000, the highest taken from cdu-a (no stamp of it known)"
         );
-        let past = lease_frame(5, t + COMMAND_MAX_AGE_MS + 1, &all, 30_000);
-        let now = TimestampMs(t + COMMAND_MAX_AGE_MS + 1);
-        assert_eq!(c.command(now, &past).code, AckCode::Ok);
-        let above = lease_frame(1_001, t, &all, 30_000);
-        let mut c = core();
-        c.restore_seq_floor(&sender, 1_000, TimestampMs(t));
+        // Kept in flash as it is, it reads back seq-only.
+        let kept = c.replay_floor(&sender).unwrap();
+        assert_eq!(kept, ReplayFloor::new(1_000, NO_STAMP));
+        let mut again = core();
+        again.restore_replay_floor(&sender, kept);
+        let v = again.command(TimestampMs(t), &lease_frame(999, t + 1, &all, 30_000));
+        assert_eq!(v.code, AckCode::Replayed, "{}", v.detail);
+        // One stale above it counts its seq, not its stamp.
+        let ahead = lease_frame(1_001, u64::MAX, &all, 30_000);
+        assert_eq!(c.command(TimestampMs(t), &ahead).code, AckCode::Expired);
+        assert_eq!(
+            c.replay_floor(&sender),
+            Some(ReplayFloor::new(1_001, NO_STAMP))
+        );
+        // The first fresh one above it: the floor has its stamp, and the
+        // sender that lost its counter since is taken by its stamp.
+        let above = lease_frame(1_002, t, &all, 30_000);
         assert_eq!(c.command(TimestampMs(t), &above).code, AckCode::Ok);
+        assert_eq!(
+            c.replay_floor(&sender),
+            Some(ReplayFloor::new(1_002, TimestampMs(t)))
+        );
+        let lost = lease_frame(10, t + 10_000, &all, 30_000);
+        let v = c.command(TimestampMs(t + 10_000), &lost);
+        assert_eq!(v.code, AckCode::Ok, "{}", v.detail);
+        // A seq-only floor above a floor with its stamp: seq-only; at or
+        // below it, the floor keeps its stamp.
+        let mut c = core();
+        c.restore_replay_floor(&sender, ReplayFloor::new(1_000, TimestampMs(t)));
+        c.restore_seq_floor(&sender, 1_000);
+        assert_eq!(
+            c.replay_floor(&sender),
+            Some(ReplayFloor::new(1_000, TimestampMs(t)))
+        );
+        c.restore_seq_floor(&sender, 1_001);
+        assert_eq!(
+            c.replay_floor(&sender),
+            Some(ReplayFloor::new(1_001, NO_STAMP))
+        );
+    }
+
+    /// A command refused as stamped far ahead (a CDU's clock wrong for a
+    /// moment) counts its seq but not its stamp: the CDU, having lost its
+    /// counter later, is still taken by its stamp.
+    #[test]
+    fn a_command_refused_as_stale_never_raises_the_stamp() {
+        let t = 1_800_000_000_000;
+        let all = [(GpuSelector::All, 400)];
+        let mut c = core();
+        let first = lease_frame(1_000, t, &all, 30_000);
+        assert_eq!(c.command(TimestampMs(t), &first).code, AckCode::Ok);
+        let ahead = lease_frame(1_001, u64::MAX, &all, 30_000);
+        let v = c.command(TimestampMs(t), &ahead);
+        assert_eq!(v.code, AckCode::Expired, "{}", v.detail);
+        let sender = first.sender.clone();
+        assert_eq!(
+            c.replay_floor(&sender),
+            Some(ReplayFloor::new(1_001, TimestampMs(t)))
+        );
+        let behind = lease_frame(1_002, t - 3_600_000, &all, 30_000);
+        assert_eq!(c.command(TimestampMs(t), &behind).code, AckCode::Expired);
+        let lost = lease_frame(10, t + 10_000, &all, 30_000);
+        let v = c.command(TimestampMs(t + 10_000), &lost);
+        assert_eq!(v.code, AckCode::Ok, "{}", v.detail);
+        assert_eq!(
+            c.replay_floor(&sender),
+            Some(ReplayFloor::new(1_002, TimestampMs(t + 10_000)))
+        );
+        // A first command seen from a sender, stale: its seq holds, with
+        // no stamp known.
+        let mut c = core();
+        assert_eq!(c.command(TimestampMs(t), &ahead).code, AckCode::Expired);
+        assert_eq!(
+            c.replay_floor(&sender),
+            Some(ReplayFloor::new(1_001, NO_STAMP))
+        );
     }
 
     /// An operator's lease `id`, numbered `seq`.
@@ -203,5 +335,36 @@ mod tests {
         let targets = c.targets(TimestampMs(t));
         assert!(targets.iter().all(|g| g.limit == Watts(300)), "{targets:?}");
         assert!(targets.iter().all(|g| g.source == Some(CapSource::Cooling)));
+    }
+
+    /// The CDU renumbered its hosts more often than its leases lapse: its
+    /// ninth cooling lease id is taken, in the place of its oldest, and
+    /// the ack says which it replaced.
+    #[test]
+    fn the_cdus_ninth_cooling_lease_is_taken_in_the_place_of_its_oldest() {
+        let mut c = core();
+        let t = 1_800_000_000_000;
+        let frame = |seq: u32, id: u32, watts: u32| {
+            let mut f = lease_frame(seq, t, &[], 600_000);
+            f.message = Message::CapLease(samples::cooling_lease(
+                id,
+                &[(GpuSelector::All, watts)],
+                600_000,
+            ));
+            f.sign(&own(), 1, &key()).unwrap();
+            f
+        };
+        for id in 1..=8 {
+            let v = c.command(TimestampMs(t), &frame(id, id, 250));
+            assert_eq!((v.code, v.detail.as_str()), (AckCode::Ok, ""), "{id}");
+        }
+        let v = c.command(TimestampMs(t), &frame(9, 9, 400));
+        assert_eq!(v.code, AckCode::Ok, "{}", v.detail);
+        assert_eq!(
+            v.detail,
+            "it replaced cooling lease 1, the least recently renewed of the 8 this host holds at most"
+        );
+        let ids: Vec<u32> = c.leases().iter().map(|l| l.lease).collect();
+        assert_eq!(ids, [2, 3, 4, 5, 6, 7, 8, 9]);
     }
 }

@@ -45,7 +45,7 @@ impl CommandCore {
             }
             return false;
         }
-        self.raise_floor(&frame.sender, frame.seq, frame.time);
+        self.raise_floor(&frame.sender, frame.seq, Some(frame.time));
         let Some(lease) = lease else {
             return false;
         };
