@@ -90,18 +90,22 @@ fn a_host_that_samples_slowly_is_not_dead_between_two_samples() {
 }
 
 #[test]
-fn a_slow_samplers_pace_survives_its_death_but_not_the_bus_lost() {
+fn a_slow_samplers_pace_survives_its_death_and_a_loss_of_the_bus() {
     let mut b = bridge();
     connected(&mut b);
-    let mut samples = |now: u64| ((now - T) % 30_000 == 0).then(|| host_telemetry("h07", 61));
+    let mut samples = |now: u64| {
+        (now <= T + 270_000 && (now - T) % 30_000 == 0).then(|| host_telemetry("h07", 61))
+    };
     let died = deaths(&mut b, "h07", (T, T + 100_000), &mut samples);
     assert_eq!(died, [T + 11_000]);
-    // The bus lost: the gap across the loss is no pace, the one before
-    // is kept.
+    // The bus lost for 150 s: the gap across the loss is no pace, the
+    // one before is kept (3 × 30 s, not 3 × 180 s).
     b.step(T + 100_500, Input::LoopwardenConnected(false));
-    b.step(T + 100_500, Input::LoopwardenConnected(true));
-    let died = deaths(&mut b, "h07", (T + 101_000, T + 300_000), &mut samples);
+    let died = deaths(&mut b, "h07", (T + 101_000, T + 250_000), &mut samples);
     assert!(died.is_empty(), "{died:?}");
+    b.step(T + 250_500, Input::LoopwardenConnected(true));
+    let died = deaths(&mut b, "h07", (T + 251_000, T + 400_000), &mut samples);
+    assert_eq!(died, [T + 361_000]);
 }
 
 #[test]
