@@ -78,12 +78,12 @@ use crate::northbound::{NorthboundSnapshot, NorthboundWrite};
 use crate::shell::{bus_config, hall_state, host_report, next};
 use crate::shell::{send_lease, send_state, start_bus};
 use crate::shell::{BusOptions, LeaseNotSent, NorthboundLink, ShellConfig, ShellError};
-use bms::{BmsBridge, Heard};
+use bms::{BmsBridge, Heard, LineTook};
 use bridge::{Act, Bridge, Level, LinkCounts, Now};
 use clears::{ClearAsk, ClearOutcome, Pending};
 use held::HeldLeases;
 use link::{LinkAddr, LinkEvent};
-use queue::DownQueue;
+use queue::{Control, DownQueue};
 
 /// How often the core looks at the time (silence, the summary).
 pub const TICK: Duration = Duration::from_millis(250);
@@ -574,16 +574,25 @@ impl Gateway {
         }
     }
 
+    /// `down` of the BMS to the MCU's line. A line that does not take
+    /// them is said at the first refusal of a run and when it takes one
+    /// again, not at every retry.
     fn send_bms(&mut self, down: &Down) {
-        if self.send_down(down) {
+        let handed = self.send_down(down);
+        if handed {
             self.stats.bms_forwarded += 1;
             if matches!(down, Down::Limits { .. }) {
                 self.bms.limits_handed(self.now().mono_ms);
             }
-        } else {
-            tracing::warn!(
-                "cooling gateway: the BMS's {down:?} was not handed to the microcontroller's line"
-            );
+        }
+        match self.bms.line_took(handed) {
+            Some(LineTook::Refused) => tracing::warn!(
+                "cooling gateway: the BMS's {down:?} was not handed to the microcontroller's line; its limits are offered again until the line takes them"
+            ),
+            Some(LineTook::Again) => tracing::info!(
+                "cooling gateway: the microcontroller's line takes the BMS's messages again"
+            ),
+            None => {}
         }
     }
 
@@ -649,21 +658,27 @@ impl Gateway {
         });
     }
 
-    /// Frames `down` and hands it to the line; false when it was not.
+    /// Frames `down` and hands it to the line, once its queue has a
+    /// place (no frame number spent on one that never goes); false when
+    /// it was not.
     fn send_down(&mut self, down: &Down) -> bool {
-        let frame = match self.bridge.frame(down) {
-            Ok(f) => f,
-            Err(e) => {
-                tracing::error!("cooling gateway: a frame to the microcontroller: {e}");
-                return false;
+        let bridge = &mut self.bridge;
+        let mut refused = None;
+        let framed = || bridge.frame(down).map_err(|e| refused = Some(e)).ok();
+        match self.down.control(framed) {
+            Control::Queued => true,
+            Control::NotFramed => {
+                if let Some(e) = refused {
+                    tracing::error!("cooling gateway: a frame to the microcontroller: {e}");
+                }
+                false
             }
-        };
-        let handed = self.down.control(frame);
-        if !handed {
-            // The line's queue is full (the line is stuck) or gone.
-            self.bridge.wrote(false);
+            Control::NoRoom => {
+                // The line's queue is full (the line is stuck) or gone.
+                self.bridge.wrote(false);
+                false
+            }
         }
-        handed
     }
 
     fn perform(&mut self, acts: Vec<Act>) {

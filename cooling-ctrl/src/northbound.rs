@@ -93,8 +93,8 @@ pub use codec::{decode_write, encode_snapshot, Image};
 pub use map::{check_map, fit_setpoint_ceiling, northbound_map, MapError, MAP_TOML};
 pub use server::{addressed, serve, serve_within, ANY_UNIT, LIMITS, WRITE_SHOWN_WITHIN};
 pub use snapshot::{
-    pump_bits, snapshot_channel, snapshot_from, valves_held, valves_shown, NorthboundSettings,
-    NorthboundSnapshot, NorthboundWrite, FAULT_BIT, NOT_AVAILABLE_BIT,
+    pump_bits, snapshot_channel, snapshot_channel_of, snapshot_from, valves_held, valves_shown,
+    NorthboundSettings, NorthboundSnapshot, NorthboundWrite, FAULT_BIT, NOT_AVAILABLE_BIT,
 };
 pub(crate) use snapshot::{pump_word, sensors, Meters};
 

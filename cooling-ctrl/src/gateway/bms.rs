@@ -81,6 +81,16 @@ pub enum Heard<'a> {
     },
 }
 
+/// What to say of the MCU's line and the BMS's messages
+/// ([`BmsBridge::line_took`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LineTook {
+    /// The line refused one, the first of a run.
+    Refused,
+    /// The line took one again, after refusals.
+    Again,
+}
+
 /// The gateway's BMS side (see the module note).
 #[derive(Debug, Clone)]
 pub struct BmsBridge {
@@ -91,6 +101,8 @@ pub struct BmsBridge {
     /// When the limits were last handed to the MCU's line, steady ms
     /// (`None`: not since they were written: due at once).
     limits_sent_ms: Option<u64>,
+    /// The MCU's line refused the last of the BMS's messages offered.
+    line_refusing: bool,
     /// The BMS's acknowledgement of the alarms the snapshots showed.
     ack: AlarmAck,
     /// A GPU above this is alarming, °C.
@@ -111,6 +123,7 @@ impl BmsBridge {
             outdoor: OutdoorSources::new(),
             limits_written: false,
             limits_sent_ms: None,
+            line_refusing: false,
             ack: AlarmAck::default(),
             gpu_max_c: core.gpu.max_operating_c,
             failsafe_setpoint_c: core.margins.failsafe_setpoint_c,
@@ -184,6 +197,19 @@ impl BmsBridge {
         self.limits_sent_ms = Some(now_ms);
     }
 
+    /// The MCU's line took one of the BMS's messages (`took`), or not:
+    /// what to say of it, once a run: its first refusal, and the line
+    /// taking one again after refusals (a stuck line's retries at every
+    /// tick are not said again).
+    pub fn line_took(&mut self, took: bool) -> Option<LineTook> {
+        let was = core::mem::replace(&mut self.line_refusing, !took);
+        match (was, took) {
+            (false, false) => Some(LineTook::Refused),
+            (true, true) => Some(LineTook::Again),
+            _ => None,
+        }
+    }
+
     /// The limits, to go down now (due at every call of
     /// [`BmsBridge::due`] until [`BmsBridge::limits_handed`] says they
     /// went).
@@ -223,7 +249,7 @@ impl BmsBridge {
         let mut snap = match heard {
             Heard::Nothing => NorthboundSnapshot {
                 settings,
-                ..NorthboundSnapshot::default()
+                ..NorthboundSnapshot::booting(self.racks)
             },
             Heard::Speaking(s) => of_status(s, self.racks, &settings),
             Heard::Silent { last, quiet_ms } => {
@@ -291,10 +317,10 @@ fn of_status(s: &Status, racks: u8, settings: &NorthboundSettings) -> Northbound
 
 /// The valves the CDU has as status `s` tells them (bit n = rack n, of
 /// `racks`), as `run` shows them ([`valves_held`]): the positions the
-/// CDU read, else the valves commanded when every write of the MCU's
-/// step went in (the CDU took them), else every valve open: the status
-/// does not say which write failed, and a close not known to have gone
-/// in is not shown as done.
+/// CDU read, else the valves the MCU says the CDU last took (its
+/// `racks.valves_open`: every valve open before a valve write of its run
+/// went in) when every write of its step went in, else every valve open:
+/// a close not known to have gone in is not shown as done.
 pub(super) fn valves_of(s: &Status, racks: u8) -> u16 {
     let taken = s.writes_ok.then_some(s.racks.valves_open);
     valves_shown(valves_held(s.readings.as_ref(), taken, racks), racks)
@@ -316,7 +342,7 @@ fn silent(
         None => NorthboundSnapshot {
             setpoint_c: failsafe_setpoint_c,
             settings: *settings,
-            ..NorthboundSnapshot::default()
+            ..NorthboundSnapshot::booting(racks)
         },
     };
     let (_, sensor_faults) = sensors(None, last.map_or([None; 4], |s| s.sensor_faults));
@@ -642,8 +668,8 @@ mod tests {
         // The positions read rack 2 open: its close did not go in.
         assert_eq!(valves(Some(0), true), 0b1111);
         assert_eq!(valves(Some(0b0100), false), 0b1011);
-        // No positions: the command when every write went in, else none
-        // shown shut.
+        // No positions: the valves the MCU says the CDU took when every
+        // write went in, else none shown shut.
         assert_eq!(valves(None, true), 0b1011);
         assert_eq!(valves(None, false), 0b1111);
     }
@@ -678,5 +704,25 @@ mod tests {
         );
         assert_eq!(s.setpoint_c, core.margins.failsafe_setpoint_c);
         assert_eq!(s.uptime_s, 0);
+        assert_eq!(s.valves_open, 0b1111, "no valve known shut");
+    }
+
+    /// Before any status no valve is known shut: every rack's shows open.
+    #[test]
+    fn before_any_status_every_valve_shows_open() {
+        let mut b = BmsBridge::new(&CoreConfig::default());
+        assert_eq!(b.snapshot(Heard::Nothing, 0).valves_open, 0b1111);
+    }
+
+    /// A stuck line refuses the limits at every tick: said once, and
+    /// once again when it takes them.
+    #[test]
+    fn a_line_refusing_at_every_tick_is_said_once_and_its_return_once() {
+        let mut b = BmsBridge::new(&CoreConfig::default());
+        let said: Vec<_> = (0..10).filter_map(|_| b.line_took(false)).collect();
+        assert_eq!(said, [LineTook::Refused]);
+        assert_eq!(b.line_took(true), Some(LineTook::Again));
+        assert_eq!(b.line_took(true), None);
+        assert_eq!(b.line_took(false), Some(LineTook::Refused), "a new run");
     }
 }

@@ -61,6 +61,7 @@ use loopwarden_protocol::{Ident, ReasonCode, TimestampMs};
 
 use super::bms::valves_of;
 use super::facility::HallPart;
+use crate::northbound::valves_shown;
 use crate::shell::{cdu_state, cdu_telemetry, StateKey, StateSent, StepFacts};
 
 /// A status whose time reads the MCU clock's anchor this far off moves
@@ -727,10 +728,10 @@ impl Bridge {
             setpoint_c,
             pump_speed: 0.0,
             pump_on: [false; 2],
-            valves_open: self
-                .last
-                .as_deref()
-                .map_or(0, |s| valves_of(s, self.layout.racks)),
+            valves_open: self.last.as_deref().map_or_else(
+                || valves_shown(None, self.layout.racks),
+                |s| valves_of(s, self.layout.racks),
+            ),
             cooling_lost: racks.cooling_lost,
             sensing_lost: racks.sensing_lost,
             leaks_wet: racks.leaks_wet,

@@ -26,6 +26,18 @@ use tokio::sync::mpsc;
 /// control message waits behind at most this many.
 pub const HOSTS_IN_LINE: usize = 4;
 
+/// What became of a control message ([`DownQueue::control`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Control {
+    /// Framed and in the line's queue.
+    Queued,
+    /// The line's queue had no place (full: the line is stuck; or gone):
+    /// not framed.
+    NoRoom,
+    /// It could not be framed.
+    NotFramed,
+}
+
 /// The gateway's side of the line's queue (see the module note).
 #[derive(Debug)]
 pub struct DownQueue {
@@ -67,10 +79,21 @@ impl DownQueue {
         })
     }
 
-    /// Queues a control message's `frame`; false when the line's queue
-    /// did not take it (full: the line is stuck; or gone).
-    pub fn control(&mut self, frame: Vec<u8>) -> bool {
-        self.to_mcu.try_send(frame).is_ok()
+    /// Frames a control message (`frame`) and queues it, once the line's
+    /// queue has a place for it: a full queue (the line is stuck) or a
+    /// gone one never calls `frame`, so no frame number is spent on a
+    /// frame that never goes.
+    pub fn control(&mut self, frame: impl FnOnce() -> Option<Vec<u8>>) -> Control {
+        let Ok(place) = self.to_mcu.try_reserve() else {
+            return Control::NoRoom;
+        };
+        match frame() {
+            Some(f) => {
+                place.send(f);
+                Control::Queued
+            }
+            None => Control::NotFramed,
+        }
     }
 
     /// Host `index`'s report `down` waits its turn; true when it replaced
@@ -98,13 +121,16 @@ impl DownQueue {
             let Some(index) = self.order.pop_front() else {
                 break;
             };
+            let Ok(place) = self.to_mcu.try_reserve() else {
+                // No place (or the line gone): the report waits, unframed.
+                self.order.push_front(index);
+                break;
+            };
             let Some(down) = self.latest.remove(&index) else {
                 continue;
             };
             let Some(f) = frame(&down) else { continue };
-            if self.to_mcu.try_send(f).is_err() {
-                break;
-            }
+            place.send(f);
             queued += 1;
         }
         queued
@@ -139,6 +165,33 @@ mod tests {
         Some(postcard::to_allocvec(d).unwrap())
     }
 
+    /// A stuck line (its queue full): a control message offered at every
+    /// tick is never framed, so it spends no frame number; the queue
+    /// takes it once it has a place again.
+    #[test]
+    fn a_full_line_frames_no_control_message() {
+        let (tx, mut rx) = mpsc::channel(2);
+        let mut q = DownQueue::new(tx);
+        let alive = Down::Outdoor(12.0);
+        let mut framed = 0;
+        let mut offer = |q: &mut DownQueue| {
+            q.control(|| {
+                framed += 1;
+                frame(&alive)
+            })
+        };
+        assert_eq!(offer(&mut q), Control::Queued);
+        assert_eq!(offer(&mut q), Control::Queued);
+        for _ in 0..10 {
+            assert_eq!(offer(&mut q), Control::NoRoom);
+        }
+        rx.try_recv().unwrap();
+        assert_eq!(offer(&mut q), Control::Queued);
+        assert_eq!(framed, 3, "only the frames queued were made");
+        drop(rx);
+        assert_eq!(q.control(|| unreachable!("a gone line")), Control::NoRoom);
+    }
+
     /// The line's reader does not read: 64 host reports, then a clear;
     /// the clear is queued, and each host's latest report waits.
     #[test]
@@ -161,7 +214,11 @@ mod tests {
             key_id: 1,
             signature: [[7; 32]; 2],
         });
-        assert!(q.control(frame(&clear).unwrap()), "the clear is queued");
+        assert_eq!(
+            q.control(|| frame(&clear)),
+            Control::Queued,
+            "the clear is queued"
+        );
         // A newer report of a host waiting replaces it.
         assert!(q.host(63, report(63, 2)));
         assert_eq!((q.waiting(), q.superseded), (64 - HOSTS_IN_LINE, 1));

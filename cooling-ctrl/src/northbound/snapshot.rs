@@ -112,7 +112,9 @@ impl Default for NorthboundSnapshot {
     /// Before the first step (and on a gateway before the MCU's first
     /// status): booting, nothing measured, nothing commanded or proposed
     /// yet (the setpoint, the proposals and `rejection_short` read not
-    /// available, never 0).
+    /// available, never 0), no valve known shut: every bit of
+    /// `valves_open` set, the racks not known here
+    /// ([`NorthboundSnapshot::booting`] sets those of a CDU's racks).
     fn default() -> Self {
         Self {
             mode: CduMode::Boot,
@@ -128,7 +130,7 @@ impl Default for NorthboundSnapshot {
             pumps: 0,
             lead_pump: 0,
             pump_speed_pct: 0.0,
-            valves_open: 0,
+            valves_open: u16::MAX,
             cooling_lost: 0,
             leaks_latched: 0,
             leak_sensing_lost: 0,
@@ -249,12 +251,35 @@ impl fmt::Display for NorthboundWrite {
     }
 }
 
+impl NorthboundSnapshot {
+    /// Before the first step (or the MCU's first status) of a CDU of
+    /// `racks`: as [`NorthboundSnapshot::default`], every valve of its
+    /// racks open ([`valves_shown`]: none is known shut).
+    pub fn booting(racks: u8) -> Self {
+        Self {
+            valves_open: valves_shown(None, racks),
+            ..Self::default()
+        }
+    }
+}
+
 /// A snapshot channel: the sender to the shell, the receiver to [`serve`](super::server::serve).
 pub fn snapshot_channel() -> (
     watch::Sender<NorthboundSnapshot>,
     watch::Receiver<NorthboundSnapshot>,
 ) {
     watch::channel(NorthboundSnapshot::default())
+}
+
+/// A snapshot channel of a CDU of `racks`, booting
+/// ([`NorthboundSnapshot::booting`]) until the shell sends one.
+pub fn snapshot_channel_of(
+    racks: u8,
+) -> (
+    watch::Sender<NorthboundSnapshot>,
+    watch::Receiver<NorthboundSnapshot>,
+) {
+    watch::channel(NorthboundSnapshot::booting(racks))
 }
 
 /// The pump bits ([`pump_bits`]) of the readings, the pumps out of

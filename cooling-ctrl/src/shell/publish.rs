@@ -337,13 +337,15 @@ impl HeardLeaks {
     /// The racks whose leak inputs answered this step, bit n = rack n,
     /// of `racks`: every rack when the CDU's leak register was read; else
     /// the racks with a rope on the board (`roped`; `None`: no board
-    /// pins) when its lines were read; else none. A rack without a rope
-    /// (`unprotected_racks`) is heard only through the CDU's register.
+    /// pins) when its lines were read, less those whose rope is faulted
+    /// (cut or shorted: its line says nothing of the rack); else none. A
+    /// rack without a rope (`unprotected_racks`) is heard only through the
+    /// CDU's register.
     pub(super) fn heard(&self, racks: u8, roped: Option<u16>) -> u16 {
         let all = cooling_core::safety::all_racks(usize::from(racks));
         match roped {
             _ if self.now.cdu.is_some() => all,
-            Some(roped) if self.now.read_ok => roped & all,
+            Some(roped) if self.now.read_ok => roped & !self.now.rope_faults & all,
             _ => 0,
         }
     }
@@ -670,6 +672,15 @@ mod tests {
         // Ropes on racks 0, 1 and 3 (rack 2 unprotected), read: those.
         h.hear(dry_board, None);
         assert_eq!(h.heard(4, Some(0b1011)), 0b1011);
+        // Rack 0's rope cut: its line says nothing of it.
+        h.hear(
+            BoardRead::Read {
+                wet: 0,
+                faults: 0b0001,
+            },
+            None,
+        );
+        assert_eq!(h.heard(4, Some(0b1011)), 0b1010);
         // The board's read fails too: none.
         h.hear(BoardRead::Failed, None);
         assert_eq!(h.heard(4, Some(0b1011)), 0);

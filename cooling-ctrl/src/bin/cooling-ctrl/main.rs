@@ -341,7 +341,7 @@ async fn start_northbound(
     let Some(addr) = config.northbound else {
         return Ok((None, None));
     };
-    let (snap_tx, snap_rx) = northbound::snapshot_channel();
+    let (snap_tx, snap_rx) = northbound::snapshot_channel_of(config.core.layout.racks);
     let (writes_tx, writes_rx) = if config.northbound_writes {
         let (tx, rx) = tokio::sync::mpsc::channel(16);
         (Some(tx), Some(rx))
