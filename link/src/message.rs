@@ -262,7 +262,8 @@ pub struct Status {
 /// Per-rack facts, bit n = rack n.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct RackBits {
-    /// Valves commanded open.
+    /// Valves open as the CDU took them: its last valve write that went
+    /// in (every valve open before any has).
     pub valves_open: u16,
     /// Cooling lost (their hosts must drain and power down).
     pub cooling_lost: u16,
