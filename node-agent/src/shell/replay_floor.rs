@@ -383,8 +383,9 @@ pub(super) async fn restore(node: &mut Node, signers: &[NodeId], store: &mut Con
     }
 }
 
-/// The higher of two floors read: seq-only if either is (its stamp is
-/// then taken from the start, above every stamp kept).
+/// The higher of two floors read: seq-only if either is (no stamp of it
+/// known, so every command at or below its number is a replay until one
+/// above is taken).
 fn higher(a: ReadFloor, b: ReadFloor) -> ReadFloor {
     (a.0.max(b.0), a.1.zip(b.1).map(|(x, y)| x.max(y)))
 }
