@@ -7,6 +7,23 @@ fn leased(p: &Fake, from: usize, host: u16) -> bool {
         .any(|u| matches!(u, Up::Lease { host: h, lift: false, .. } if *h == host))
 }
 
+/// Steps 0 to 3 with the gateway's `Alive` each second, host 0 capped at
+/// step 3 (rack 0 leaks), then the gateway silent through the steps up
+/// to `until` (not included).
+fn capped_then_silent(c: &mut Controller<'_>, p: &mut Fake, until: u64) {
+    for s in 0..3 {
+        hear(c, p, &alive(s), s * 1000);
+        step(c, p, Some(cdu(0b1111, 0)), s);
+    }
+    hear(c, p, &alive(3), 3_000);
+    let before = p.ups.len();
+    step(c, p, Some(cdu(0b1110, 0b0001)), 3);
+    assert!(leased(p, before, 0), "host 0 capped");
+    for s in 4..until {
+        step(c, p, Some(cdu(0b1110, 0b0001)), s);
+    }
+}
+
 /// A host capped, the gateway silent 5 steps, then a restarted gateway's
 /// `Alive` (frame 0): the cap goes again at the next step, not at its
 /// renewal.
@@ -16,17 +33,7 @@ fn a_cap_in_force_goes_again_when_a_restarted_gateway_speaks() {
     let mut k = Box::new(LearnedKeeper::new());
     let mut c = Controller::new(&mut d, ClearGate::new(None, &[]), &mut k);
     let p = &mut *Fake::new();
-    for s in 0..3 {
-        hear(&mut c, p, &alive(s), s * 1000);
-        step(&mut c, p, Some(cdu(0b1111, 0)), s);
-    }
-    hear(&mut c, p, &alive(3), 3_000);
-    let before = p.ups.len();
-    step(&mut c, p, Some(cdu(0b1110, 0b0001)), 3);
-    assert!(leased(p, before, 0), "host 0 capped");
-    for s in 4..9 {
-        step(&mut c, p, Some(cdu(0b1110, 0b0001)), s);
-    }
+    capped_then_silent(&mut c, p, 9);
     let before = p.ups.len();
     step(&mut c, p, Some(cdu(0b1110, 0b0001)), 9);
     assert!(!leased(p, before, 0), "not due by itself yet");
@@ -77,17 +84,7 @@ fn a_cap_in_force_goes_again_when_another_frame_comes_first_after_a_silence() {
     let mut k = Box::new(LearnedKeeper::new());
     let mut c = Controller::new(&mut d, ClearGate::new(None, &[]), &mut k);
     let p = &mut *Fake::new();
-    for s in 0..3 {
-        hear(&mut c, p, &alive(s), s * 1000);
-        step(&mut c, p, Some(cdu(0b1111, 0)), s);
-    }
-    hear(&mut c, p, &alive(3), 3_000);
-    let before = p.ups.len();
-    step(&mut c, p, Some(cdu(0b1110, 0b0001)), 3);
-    assert!(leased(p, before, 0), "host 0 capped");
-    for s in 4..8 {
-        step(&mut c, p, Some(cdu(0b1110, 0b0001)), s);
-    }
+    capped_then_silent(&mut c, p, 8);
     hear(&mut c, p, &Down::Outdoor(12.0), 8_000);
     let before = p.ups.len();
     step(&mut c, p, Some(cdu(0b1110, 0b0001)), 8);
