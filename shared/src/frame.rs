@@ -664,8 +664,9 @@ impl Frame {
             time: header.time,
             message,
         };
-        if found.minor >= SIGNED_FROM_MINOR && rest.is_empty() && frame.signed_auth().is_some() {
-            frame.check_canonical(bytes)?;
+        let older_shape = kind == MessageKind::CduState && found.minor < CDU_STATE_SIGNED_FROM;
+        if !older_shape && rest.is_empty() && frame.signed_auth().is_some() {
+            frame.check_canonical(bytes, len - 4 - body.len())?;
         }
         Ok(frame)
     }
@@ -674,17 +675,22 @@ impl Frame {
     /// an overlong varint (`0x80 0x00` for 0) as the number, so another
     /// byte string would decode to the same frame, verify (the signature
     /// covers the frame as re-encoded) and pass for the one signed. The
-    /// frame's bytes must be those its values encode to.
-    fn check_canonical(&self, bytes: &[u8]) -> Result<(), DecodeError> {
+    /// frame's bytes (its header's first `header_end`) must be those its
+    /// values encode to.
+    fn check_canonical(&self, bytes: &[u8], header_end: usize) -> Result<(), DecodeError> {
         let mut again = [0u8; MAX_FRAME_LEN];
         match self.encode_as_received(&mut again) {
             Ok(n) if again[..n] == *bytes => Ok(()),
+            Ok(n) if n >= header_end && again[..header_end] != bytes[..header_end] => {
+                Err(DecodeError::Malformed { part: "header" })
+            }
             _ => Err(DecodeError::Malformed { part: "body" }),
         }
     }
 }
 
-/// The first minor version of this major whose signed kinds' bodies are
-/// as this version writes them (signed since 2.7): frames of it re-encode
-/// to the bytes their sender wrote.
-const SIGNED_FROM_MINOR: u8 = 7;
+/// The first minor version whose CDU states are signed and as this
+/// version writes them: one from before reads in its older shape (and
+/// unsigned), so its bytes are not those it re-encodes to. The other
+/// signed kinds' bodies have not changed within this major.
+const CDU_STATE_SIGNED_FROM: u8 = 7;

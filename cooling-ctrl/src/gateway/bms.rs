@@ -318,11 +318,11 @@ fn of_status(s: &Status, racks: u8, settings: &NorthboundSettings) -> Northbound
 /// The valves the CDU has as status `s` tells them (bit n = rack n, of
 /// `racks`), as `run` shows them ([`valves_held`]): the positions the
 /// CDU read, else the valves the MCU says the CDU last took (its
-/// `racks.valves_open`: every valve open before a valve write of its run
-/// went in) when every write of its step went in, else every valve open:
-/// a close not known to have gone in is not shown as done.
+/// `racks.valves_open`: its last valve write that went in, every valve
+/// open before one has), whatever else of the step failed: a close not
+/// known to have gone in is not shown as done.
 pub(super) fn valves_of(s: &Status, racks: u8) -> u16 {
-    let taken = s.writes_ok.then_some(s.racks.valves_open);
+    let taken = Some(s.racks.valves_open);
     valves_shown(valves_held(s.readings.as_ref(), taken, racks), racks)
 }
 
@@ -668,10 +668,10 @@ mod tests {
         // The positions read rack 2 open: its close did not go in.
         assert_eq!(valves(Some(0), true), 0b1111);
         assert_eq!(valves(Some(0b0100), false), 0b1011);
-        // No positions: the valves the MCU says the CDU took when every
-        // write went in, else none shown shut.
+        // No positions: the valves the MCU says the CDU took, whatever
+        // else of the step failed (as run shows them).
         assert_eq!(valves(None, true), 0b1011);
-        assert_eq!(valves(None, false), 0b1111);
+        assert_eq!(valves(None, false), 0b1011);
     }
 
     #[test]
