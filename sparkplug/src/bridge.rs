@@ -652,6 +652,7 @@ impl Bridge {
         }
         if matches!(&frame.message, Message::Online(o) if !o.online) {
             device.alive = Some(false);
+            device.absent();
             return self.ddeath(now, &id);
         }
         let time = measured_at(frame.time.0, now);

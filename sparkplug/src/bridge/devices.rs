@@ -23,14 +23,18 @@ pub(super) struct Device {
     pub(super) ever_born: bool,
     /// When a frame of it was last accepted (the bridge's clock).
     pub(super) last_heard: u64,
-    /// Its pace: when its last sample (telemetry) came, and the gap
-    /// before it. Kept when it dies for silence, so that the sample that
-    /// births it again measures the gap from the one before the death.
+    /// Its pace: when its last sample (telemetry) came, the gap before
+    /// it, and whether it was absent since (declared dead of silence, or
+    /// said `online: false`). Kept when it dies for silence, so that the
+    /// sample that births it again measures the gap from the one before
+    /// the death; such a gap is its pace only while none is known.
     pub(super) sampled_at: Option<u64>,
     pub(super) sample_gap: Option<u64>,
+    pub(super) absent_since_sample: bool,
     /// The same for its states (a CDU's) or health (a host's).
     pub(super) stated_at: Option<u64>,
     pub(super) state_gap: Option<u64>,
+    pub(super) absent_since_state: bool,
     /// Its latest state says its controller is silent: it sends states,
     /// and no telemetry, until the controller is back.
     pub(super) controller_silent: bool,
@@ -53,8 +57,10 @@ impl Device {
             last_heard: now,
             sampled_at: None,
             sample_gap: None,
+            absent_since_sample: false,
             stated_at: None,
             state_gap: None,
+            absent_since_state: false,
             controller_silent: false,
             id_shared_told: false,
         }
@@ -67,14 +73,23 @@ impl Device {
         match what {
             Heard::Presence => {}
             Heard::Sample => {
-                pace(&mut self.sampled_at, &mut self.sample_gap, now);
+                let absent = std::mem::take(&mut self.absent_since_sample);
+                pace(&mut self.sampled_at, &mut self.sample_gap, absent, now);
                 self.controller_silent = false;
             }
             Heard::State { controller_silent } => {
-                pace(&mut self.stated_at, &mut self.state_gap, now);
+                let absent = std::mem::take(&mut self.absent_since_state);
+                pace(&mut self.stated_at, &mut self.state_gap, absent, now);
                 self.controller_silent = controller_silent;
             }
         }
+    }
+
+    /// It was absent (declared dead of silence, or said `online:
+    /// false`): the next gaps span its absence, and tell its pace only
+    /// while none is known (a slow sampler's first gap).
+    pub(super) fn absent(&mut self) {
+        (self.absent_since_sample, self.absent_since_state) = (true, true);
     }
 
     /// The bridge stopped listening (its bus lost, frames dropped): the
@@ -141,11 +156,13 @@ pub const CONTROLLER_SILENT_AFTER_MS: u64 = 90_000;
 pub const PACE_MAX_MS: u64 = 600_000;
 
 /// A new frame of a stream at `now`: the gap from the one before, when
-/// it is one, becomes the stream's pace.
-fn pace(at: &mut Option<u64>, gap: &mut Option<u64>, now: u64) {
+/// it is one, becomes the stream's pace. A gap across the device's
+/// absence does only while no pace is known: it may be the absence, not
+/// the pace, of a device whose pace is already learned.
+fn pace(at: &mut Option<u64>, gap: &mut Option<u64>, absent: bool, now: u64) {
     if let Some(before) = at.replace(now) {
         let g = now.saturating_sub(before);
-        if g <= PACE_MAX_MS {
+        if g <= PACE_MAX_MS && !(absent && gap.is_some()) {
             *gap = Some(g);
         }
     }
@@ -232,6 +249,7 @@ impl Bridge {
             out.extend(self.ddeath(now, &id));
             if let Some(d) = self.devices.get_mut(&id) {
                 d.alive = None;
+                d.absent();
             }
             let device = id.as_str().to_string();
             self.notify(Notice::Silent { device, for_ms });

@@ -2,7 +2,7 @@
 //! notices for the log.
 
 use super::tests::{
-    body, bridge, connected, host_telemetry, input, kinds, metric, rebirth_command, T,
+    body, bridge, connected, host_telemetry, input, kinds, metric, online, rebirth_command, T,
 };
 use super::*;
 use crate::payload::MetricValue;
@@ -106,6 +106,36 @@ fn a_slow_samplers_pace_survives_its_death_and_a_loss_of_the_bus() {
     b.step(T + 250_500, Input::LoopwardenConnected(true));
     let died = deaths(&mut b, "h07", (T + 251_000, T + 400_000), &mut samples);
     assert_eq!(died, [T + 361_000]);
+}
+
+#[test]
+fn a_gap_across_a_fast_samplers_absence_is_not_its_pace() {
+    let mut b = bridge();
+    connected(&mut b);
+    // Every second for 10 s, silent for 240 s, one sample, then nothing.
+    let mut samples =
+        |now: u64| (now <= T + 10_000 || now == T + 250_000).then(|| host_telemetry("h07", 61));
+    let died = deaths(&mut b, "h07", (T, T + 1_000_000), &mut samples);
+    // Its pace (1 s) stays: the 240 s across its death is no pace, so it
+    // dies 11 s after its last sample, not 3 × 240 s after.
+    assert_eq!(died, [T + 21_000, T + 261_000]);
+}
+
+#[test]
+fn a_clean_stop_and_start_keeps_a_known_pace() {
+    let mut b = bridge();
+    connected(&mut b);
+    // Every second for 5 s, a clean stop, back after 194 s.
+    let mut frames = |now: u64| match now - T {
+        0..=5_000 => Some(host_telemetry("h07", 61)),
+        6_000 => Some(online(Role::Host, "h07", false)),
+        200_000 => Some(online(Role::Host, "h07", true)),
+        201_000 => Some(host_telemetry("h07", 61)),
+        _ => None,
+    };
+    let died = deaths(&mut b, "h07", (T, T + 1_000_000), &mut frames);
+    // Its pace (1 s) stays: dead 11 s after its last sample.
+    assert_eq!(died, [T + 6_000, T + 212_000]);
 }
 
 #[test]
