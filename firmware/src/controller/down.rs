@@ -51,9 +51,9 @@ use loopwarden_protocol::RackIndex;
 
 use cooling_decide::{Applied, Traced, Verdict};
 
-use super::wall::Told;
+use super::wall::{Told, DRIFT_PPM};
 use super::{said_words, Controller, Ports, Said};
-use crate::clears::Last;
+use crate::clears::{Last, CLEAR_SKEW_MS};
 
 /// What the gateway link brought since the start.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -282,12 +282,7 @@ impl Controller<'_> {
             Told::Held {
                 back_ms,
                 first: true,
-            } => p.say(format_args!(
-                "error: clock: the gateway's wall clock went back {} s; this controller's is held {} s behind its own (it never goes back further, so a clear held back cannot be made fresh): clears signed at the gateway's time are refused as stale until the 0.1 % drift allowance closes the gap (about {} h); if the gateway's clock was corrected, restart the board to take the gateway's clock",
-                back_ms / 1000,
-                crate::clears::CLEAR_SKEW_MS / 1000,
-                back_ms.saturating_sub(crate::clears::CLEAR_SKEW_MS) / 3_600
-            )),
+            } => say_held(p, back_ms),
             Told::Again => p.say(format_args!(
                 "clock: the gateway's wall clock is taken again"
             )),
@@ -470,6 +465,30 @@ pub const AGAIN: &str = "not checked: another clear arrived just before it; send
 /// read (as the Linux controller says it, within an answer's words).
 const NOT_READ: &str =
     "not cleared: the CDU's pump fault has not been read (no answer since the start, or none now)";
+
+/// Says, once at the first of a run, that the gateway's wall clock went
+/// back `back_ms` behind the high mark and this controller's is held
+/// [`CLEAR_SKEW_MS`] behind that. A clear signed at the gateway's time is
+/// then `back_ms - CLEAR_SKEW_MS` behind this controller's clock, so it
+/// is stale only when the gateway went back more than twice the skew;
+/// that gap past twice the skew closes at the drift allowance.
+fn say_held(p: &mut impl Ports, back_ms: u64) {
+    let (back_s, skew_s) = (back_ms / 1000, CLEAR_SKEW_MS / 1000);
+    let gap_ms = back_ms.saturating_sub(2 * CLEAR_SKEW_MS);
+    if gap_ms == 0 {
+        p.say(format_args!(
+            "error: clock: the gateway's wall clock went back {back_s} s; this controller's is held {skew_s} s behind its own (it never goes back further, so a clear held back cannot be made fresh): clears signed at the gateway's time are still taken (they are refused as stale only when it goes back more than {} s)",
+            2 * skew_s
+        ));
+        return;
+    }
+    let hours = gap_ms * (1_000_000 / DRIFT_PPM) / 3_600_000;
+    p.say(format_args!(
+        "error: clock: the gateway's wall clock went back {back_s} s; this controller's is held {skew_s} s behind its own (it never goes back further, so a clear held back cannot be made fresh): clears signed at the gateway's time are refused as stale until the 0.1 % drift allowance closes the {} s past {} s (about {hours} h); if the gateway's clock was corrected, restart the board to take the gateway's clock",
+        gap_ms / 1000,
+        2 * skew_s
+    ));
+}
 
 /// A fingerprint of a frame's message bytes (FNV-1a, 32 bits): with its
 /// number, what tells a repeated frame from a restarted gateway's.

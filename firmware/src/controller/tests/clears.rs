@@ -311,6 +311,62 @@ fn a_gateway_cannot_turn_the_wall_clock_back_to_make_a_held_clear_fresh() {
     assert_eq!(held, 1, "said once, not each Alive: {:?}", p.lines);
 }
 
+/// The gateway's clock back less than twice the skew: the controller's
+/// clock is held, yet a clear signed at the gateway's new time is within
+/// the skew of it and taken, and the console says so; back 300 s, the
+/// line says clears are refused for the 180 s past twice the skew at
+/// the drift allowance: 180,000 s, 50 h.
+#[test]
+fn the_held_clock_s_line_says_refused_only_past_twice_the_skew() {
+    let alive_at = |unix_ms| Down::Alive {
+        unix_ms,
+        bus: true,
+        layout: layout(),
+    };
+    let held = |p: &Fake| -> Vec<String> {
+        (p.lines.iter())
+            .filter(|l| l.contains("wall clock went back"))
+            .map(|l| l.to_string())
+            .collect()
+    };
+    let mut d = decider(&Ok(None));
+    let mut k = Box::new(LearnedKeeper::new());
+    let mut c = Controller::new(&mut d, ClearGate::new(Some("cdu1"), ring()), &mut k);
+    let p = &mut *Fake::new();
+    c.boot(p, hello(), Opening::Nothing);
+    hear(&mut c, p, &alive_at(NOW + 3_600_000), 6_000);
+    hear(&mut c, p, &alive_at(NOW + 3_500_000), 6_000);
+    let at = NOW + 3_500_000;
+    let clear = Down::Clear(signed(1, "cdu1", at, ClearAction::Pump(Pump::A), SEED));
+    assert_eq!(hear(&mut c, p, &clear, 6_000).len(), 1, "{:?}", answers(p));
+    let lines = held(p);
+    assert_eq!(lines.len(), 1, "{:?}", p.lines);
+    assert!(lines[0].contains("went back 100 s"), "{}", lines[0]);
+    assert!(lines[0].contains("still taken"), "{}", lines[0]);
+    assert!(!lines[0].contains("refused as stale until"), "{}", lines[0]);
+    assert!(!lines[0].contains("restart the board"), "{}", lines[0]);
+
+    let mut d = decider(&Ok(None));
+    let mut k = Box::new(LearnedKeeper::new());
+    let mut c = Controller::new(&mut d, ClearGate::new(Some("cdu1"), ring()), &mut k);
+    let p = &mut *Fake::new();
+    c.boot(p, hello(), Opening::Nothing);
+    hear(&mut c, p, &alive_at(NOW + 3_600_000), 6_000);
+    hear(&mut c, p, &alive_at(NOW + 3_300_000), 6_000);
+    let at = NOW + 3_300_000;
+    let clear = Down::Clear(signed(1, "cdu1", at, ClearAction::Pump(Pump::A), SEED));
+    assert!(hear(&mut c, p, &clear, 6_000).is_empty());
+    let lines = held(p);
+    assert_eq!(lines.len(), 1, "{:?}", p.lines);
+    assert!(lines[0].contains("went back 300 s"), "{}", lines[0]);
+    assert!(
+        lines[0].contains("closes the 180 s past 120 s (about 50 h)"),
+        "{}",
+        lines[0]
+    );
+    assert!(lines[0].contains("restart the board"), "{}", lines[0]);
+}
+
 /// The gateway's queue full of leases when a clear comes: it is acted
 /// on, its answer held and sent at the next step, the event it could not
 /// queue counted.
