@@ -251,10 +251,10 @@ async fn keep_named<S: MultiwriteNorFlash>(
     store.set(&count_key(n), &count.to_le_bytes()).await
 }
 
-/// A slot found damaged at a start ([`restore`]) whose older item still
-/// names someone, and the operators whose clears it leaves refused: the
-/// one it names and the one whose place it is, where they are in the
-/// keyring (none: the slot is passed over).
+/// A slot found damaged at a start ([`restore`]) that is a keyring
+/// operator's place and whose older item still names someone, and the
+/// operators whose clears it leaves refused: the one whose place it is,
+/// and the one it names where that one is in the keyring.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Passed {
     /// What the slot holds.
@@ -271,7 +271,7 @@ pub struct Restored {
     /// Ids not moved to their place: no slot to copy another's aside
     /// first (their operator is left [`Last::Unread`], read again).
     pub unplaced: usize,
-    /// Damaged slots that still name someone.
+    /// Damaged operators' places that still name someone.
     pub damaged: heapless::Vec<Passed, SLOTS>,
 }
 
@@ -280,11 +280,13 @@ pub struct Restored {
 /// (the keyring may have changed since: an operator removed, a key
 /// rotated, one added ahead), and that id is written into its own slot
 /// before any clear is taken ([`Last::Unkept`] where that write failed).
-/// A damaged slot whose older item still reads leaves
-/// [`Last::Unread`] the operator it names and the one whose place it
-/// is, and no other (see [`Passed`]); a slot whose id item is gone (whose
-/// it was is unknown), or that cannot be read, leaves every operator
-/// [`Last::Unread`]. An operator [`Last::Unkept`] now keeps that: the
+/// A damaged slot that is a keyring operator's place, whose older item
+/// still reads, leaves [`Last::Unread`] the operator it names and the one
+/// whose place it is, and no other (see [`Passed`]); a damaged slot that
+/// is no operator's place (the one kept aside, or one beyond the
+/// keyring: it may hold any operator's only number, copied aside or not
+/// yet moved), a slot whose id item is gone (whose it was is unknown), or
+/// one that cannot be read, leaves every operator [`Last::Unread`]. An operator [`Last::Unkept`] now keeps that: the
 /// flash's number is older.
 pub async fn restore<S: MultiwriteNorFlash>(
     store: &mut ConfigStore<S>,
@@ -330,8 +332,10 @@ pub async fn restore<S: MultiwriteNorFlash>(
     Ok(out)
 }
 
-/// Every slot read; a damaged one whose older item still reads is noted
-/// in `out` and read as empty.
+/// Every slot read; a damaged one that is a keyring operator's place and
+/// whose older item still reads is noted in `out` and read as empty. Any
+/// other damaged slot is an error: it may hold any operator's only
+/// number.
 async fn read_all<S: MultiwriteNorFlash>(
     store: &mut ConfigStore<S>,
     ring: &[(usize, &'static str)],
@@ -341,7 +345,7 @@ async fn read_all<S: MultiwriteNorFlash>(
     for (n, k) in kept.iter_mut().enumerate() {
         match read_slot(store, n).await {
             Ok(v) => *k = v,
-            Err(ClearError::Damaged(d)) if d.older.is_some() => {
+            Err(ClearError::Damaged(d)) if d.older.is_some() && ring.iter().any(|r| r.0 == n) => {
                 let named =
                     |name: &str| d.older.as_ref().is_some_and(|o| o.name == name.as_bytes());
                 let refused = (ring.iter())

@@ -286,15 +286,11 @@ impl Shell {
                 r.unplaced
             );
         }
+        // Each is an operator's place: its operator is refused at least
+        // (a damaged slot that is no operator's place refuses every
+        // operator, said as unreadable).
         for d in &r.damaged {
-            let (Some(a), b) = (d.refused.first(), d.refused.get(1)) else {
-                let _ = writeln!(
-                    self.console,
-                    "clears: {}: passed over, for no operator of this keyring is named there or has that place",
-                    d.damaged
-                );
-                continue;
-            };
+            let (a, b) = (d.refused.first().copied().unwrap_or(""), d.refused.get(1));
             let (and, b) = (if b.is_some() { " and " } else { "" }, b.unwrap_or(&""));
             let _ = writeln!(
                 self.console,

@@ -1,5 +1,6 @@
-//! A damaged slot refuses only the operators it may have held; a full
-//! keyring's swap copies aside into the slot no operator has.
+//! A damaged operator's place refuses only the operators it may have
+//! held, any other damaged slot every operator; a full keyring's swap
+//! copies aside into the slot no operator has.
 
 use super::tests::{damage, open};
 use super::*;
@@ -11,8 +12,11 @@ use embedded_storage_async::nor_flash::{ErrorType, NorFlash, ReadNorFlash};
 use loopwarden_link::ClearAction;
 use std::string::ToString;
 
+/// A damaged slot that is no operator's place in this keyring may hold
+/// any operator's only number (one not yet moved to its new place):
+/// every operator is refused, as for a slot whose item is gone.
 #[test]
-fn a_damaged_slot_of_an_operator_no_longer_in_the_keyring_is_passed_over() {
+fn a_damaged_slot_beyond_the_keyring_refuses_every_operator() {
     let mut mem = std::vec![0xFFu8; 8 * 4096];
     let mut s = open(&mut mem);
     block_on(keep_clear(&mut s, 0, "jdoe", 42)).unwrap();
@@ -22,15 +26,18 @@ fn a_damaged_slot_of_an_operator_no_longer_in_the_keyring_is_passed_over() {
     damage(&mut mem, 2, "gone", 9);
     let mut s = open(&mut mem);
     let mut g = ClearGate::new(Some("cdu1"), ring());
-    let r = block_on(restore(&mut s, &mut g)).unwrap();
-    assert_eq!(r.damaged.len(), 1);
-    assert!(r.damaged[0].refused.is_empty(), "{:?}", r.damaged[0]);
-    assert!(r.damaged[0].damaged.to_string().contains("gone's number 9"));
-    assert_eq!(g.unsettled().count(), 0, "jdoe's and asmith's clears taken");
-    let old = signed(42, "cdu1", NOW, ClearAction::Leak(0), SEED);
-    assert!(g.admit(&old, Some(NOW)).is_err(), "jdoe's floor still read");
+    let e = block_on(restore(&mut s, &mut g)).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("clear.5 holds write 1 (gone's number 9)"),
+        "{e}"
+    );
+    assert_eq!(
+        g.unsettled().collect::<std::vec::Vec<_>>(),
+        [(0, "jdoe", Last::Unread), (1, "asmith", Last::Unread)]
+    );
     let next = signed(43, "cdu1", NOW, ClearAction::Leak(0), SEED);
-    assert!(g.admit(&next, Some(NOW)).is_ok());
+    assert!(g.admit(&next, Some(NOW)).is_err());
 }
 
 #[test]
@@ -172,4 +179,55 @@ fn a_swap_in_a_full_keyring_cut_at_any_write_loses_no_number() {
         assert_eq!((&aside.name[..], aside.id), (&b"op0"[..], 100));
         break;
     }
+}
+
+/// A full keyring's swap cut after op1's number went into op0's old
+/// place and before op0's went into its new one: op0's number is only
+/// in the slot kept aside. That slot's newest item then lost, the one
+/// before it (another operator's, copied aside at an earlier swap)
+/// reads back: op0 is refused, never left with no floor.
+#[test]
+fn a_damaged_aside_slot_holding_an_operators_only_number_refuses_them() {
+    let mut mem = std::vec![0xFFu8; 8 * 4096];
+    let mut s = open(&mut mem);
+    for i in 0..crate::clears::MAX_OPERATORS {
+        let id = 100 + i as u32;
+        block_on(keep_clear(&mut s, i, &std::format!("op{i}"), id)).unwrap();
+    }
+    // An earlier swap copied op5's older number aside.
+    block_on(keep_clear(&mut s, SLOTS - 1, "op5", 90)).unwrap();
+    let _ = s.into_flash();
+    let first = mem.clone();
+    let aside_only = |s: &mut ConfigStore<Cut<'_>>| {
+        let op0 = |k: Option<Kept>| k.is_some_and(|k| k.name == b"op0");
+        let aside = block_on(read_slot(s, SLOTS - 1)).ok().flatten();
+        (0..SLOTS - 1).all(|n| !block_on(read_slot(s, n)).is_ok_and(op0))
+            && aside.is_some_and(|k| k.name == b"op0" && k.id == 100)
+    };
+    let mut mem = (0..200)
+        .find_map(|left| {
+            let mut mem = first.clone();
+            let nor = Cut {
+                nor: RamNor::new(&mut mem),
+                left,
+            };
+            let mut s = ConfigStore::open(nor, 0..4 * 4096).unwrap();
+            let mut g = ClearGate::new(Some("cdu1"), full(true));
+            let _ = block_on(restore(&mut s, &mut g));
+            let only = aside_only(&mut s);
+            let _ = s.into_flash();
+            only.then_some(mem)
+        })
+        .expect("a cut that leaves op0's number only aside");
+    damage(&mut mem, 2, "op0", 100);
+    let mut s = open(&mut mem);
+    let mut g = ClearGate::new(Some("cdu1"), full(true));
+    let e = block_on(restore(&mut s, &mut g)).unwrap_err();
+    assert!(e.to_string().contains("(op5's number 90)"), "{e}");
+    let unsettled: std::vec::Vec<_> = g.unsettled().collect();
+    assert!(
+        unsettled.contains(&(1, "op0", Last::Unread)),
+        "{unsettled:?}"
+    );
+    assert_eq!(unsettled.len(), crate::clears::MAX_OPERATORS);
 }
