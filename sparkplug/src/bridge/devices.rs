@@ -31,10 +31,15 @@ pub(super) struct Device {
     pub(super) sampled_at: Option<u64>,
     pub(super) sample_gap: Option<u64>,
     pub(super) absent_since_sample: bool,
+    /// A gap across an absence while a pace was known, not taken yet: the
+    /// next such gap like it is the new pace (an agent set to sample more
+    /// slowly dies once or twice, then keeps its new pace).
+    pub(super) sample_candidate: Option<u64>,
     /// The same for its states (a CDU's) or health (a host's).
     pub(super) stated_at: Option<u64>,
     pub(super) state_gap: Option<u64>,
     pub(super) absent_since_state: bool,
+    pub(super) state_candidate: Option<u64>,
     /// Its latest state says its controller is silent: it sends states,
     /// and no telemetry, until the controller is back.
     pub(super) controller_silent: bool,
@@ -58,9 +63,11 @@ impl Device {
             sampled_at: None,
             sample_gap: None,
             absent_since_sample: false,
+            sample_candidate: None,
             stated_at: None,
             state_gap: None,
             absent_since_state: false,
+            state_candidate: None,
             controller_silent: false,
             id_shared_told: false,
         }
@@ -74,12 +81,14 @@ impl Device {
             Heard::Presence => {}
             Heard::Sample => {
                 let absent = std::mem::take(&mut self.absent_since_sample);
-                pace(&mut self.sampled_at, &mut self.sample_gap, absent, now);
+                let stream = (&mut self.sampled_at, &mut self.sample_gap);
+                pace(stream, &mut self.sample_candidate, absent, now);
                 self.controller_silent = false;
             }
             Heard::State { controller_silent } => {
                 let absent = std::mem::take(&mut self.absent_since_state);
-                pace(&mut self.stated_at, &mut self.state_gap, absent, now);
+                let stream = (&mut self.stated_at, &mut self.state_gap);
+                pace(stream, &mut self.state_candidate, absent, now);
                 self.controller_silent = controller_silent;
             }
         }
@@ -155,16 +164,33 @@ pub const CONTROLLER_SILENT_AFTER_MS: u64 = 90_000;
 /// node stopped, then started again), and leaves the pace learned before.
 pub const PACE_MAX_MS: u64 = 600_000;
 
-/// A new frame of a stream at `now`: the gap from the one before, when
-/// it is one, becomes the stream's pace. A gap across the device's
-/// absence does only while no pace is known: it may be the absence, not
-/// the pace, of a device whose pace is already learned.
-fn pace(at: &mut Option<u64>, gap: &mut Option<u64>, absent: bool, now: u64) {
-    if let Some(before) = at.replace(now) {
-        let g = now.saturating_sub(before);
-        if g <= PACE_MAX_MS && !(absent && gap.is_some()) {
-            *gap = Some(g);
-        }
+/// A new frame of a stream (when its last came, and its pace) at `now`:
+/// the gap from the one before, when it is one, becomes the stream's
+/// pace. A gap across the device's absence does only while no pace is
+/// known: it may be the absence, not the pace, of a device whose pace is
+/// already learned; it is kept as a `candidate`, and a second such gap
+/// within half to twice it is the new pace (the device's pace changed:
+/// an agent set to sample more slowly).
+fn pace(
+    (at, gap): (&mut Option<u64>, &mut Option<u64>),
+    candidate: &mut Option<u64>,
+    absent: bool,
+    now: u64,
+) {
+    let Some(before) = at.replace(now) else {
+        return;
+    };
+    let g = now.saturating_sub(before);
+    if g > PACE_MAX_MS {
+        return;
+    }
+    if !absent || gap.is_none() {
+        (*gap, *candidate) = (Some(g), None);
+        return;
+    }
+    match candidate.take() {
+        Some(c) if g >= c / 2 && g <= c.saturating_mul(2) => *gap = Some(g),
+        _ => *candidate = Some(g),
     }
 }
 

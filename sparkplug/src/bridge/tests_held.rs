@@ -122,6 +122,20 @@ fn a_gap_across_a_fast_samplers_absence_is_not_its_pace() {
 }
 
 #[test]
+fn a_host_set_to_sample_more_slowly_dies_at_most_twice_then_keeps_its_pace() {
+    let mut b = bridge();
+    connected(&mut b);
+    // Every second for 10 s, then every 30 s (its period changed).
+    let mut samples = |now: u64| {
+        let s = now - T;
+        (s <= 10_000 || (s >= 40_000 && s % 30_000 == 10_000)).then(|| host_telemetry("h07", 61))
+    };
+    let died = deaths(&mut b, "h07", (T, T + 400_000), &mut samples);
+    assert!(died.len() <= 3, "{died:?}");
+    assert!(died.iter().all(|&d| d < T + 120_000), "{died:?}");
+}
+
+#[test]
 fn a_clean_stop_and_start_keeps_a_known_pace() {
     let mut b = bridge();
     connected(&mut b);
