@@ -110,38 +110,9 @@ fn status(ctx: &Context, st: &ShellStats, now: TimestampMs) -> Value {
         snap.and_then(|s| s.sensors.iter().find(|x| x.which == w))
             .and_then(|x| x.shown())
     };
-    let c = st.last.as_ref();
     let pue = r.and_then(|r| match (r.it_w, r.facility_w) {
         (Some(it), Some(f)) if it > 0.0 => Some(round(f / it, 3)),
         _ => None,
-    });
-    let heard_within = ctx.period.as_millis() as u64 * 5 + 5_000;
-    let heard = st
-        .heard
-        .iter()
-        .take(ctx.hosts.len())
-        .filter(|h| h.is_some_and(|t| now.0.saturating_sub(t.0) <= heard_within))
-        .count();
-    let pumps: Vec<Value> = (0..2)
-        .map(|i| {
-            json!({
-                "pump": if i == 0 { "A" } else { "B" },
-                "running": r.and_then(|r| r.pumps_running[i]),
-                "on": c.map(|c| c.pump_on[i]),
-                "lead": c.map(|c| c.lead as usize == i),
-                "failed": snap.map(|s| s.pumps_failed[i]),
-            })
-        })
-        .collect();
-    let cdu_link = json!({
-        "link": ctx.link,
-        "map": ctx.map_model,
-        "answering": st.cdu_reads > 0 && st.cdu_error.is_none(),
-        "last_error": st.cdu_error,
-        "last_read_s": snap.and_then(|s| s.last_read).map(|t| secs_ago(now, t)),
-        "reads": st.cdu_reads,
-        "read_errors": st.cdu_read_errors,
-        "write_errors": st.cdu_write_errors,
     });
     let mut v = json!({
         "site": ctx.site,
@@ -162,12 +133,12 @@ fn status(ctx: &Context, st: &ShellStats, now: TimestampMs) -> Value {
         "return_c": shown(Which::Return),
         "flow_lpm": shown(Which::Flow),
         "facility_supply_c": shown(Which::FacilitySupply),
-        "pumps": pumps,
+        "pumps": pumps(st),
         "it_w": r.and_then(|r| r.it_w),
         "facility_w": r.and_then(|r| r.facility_w),
         "pue": pue,
         "hosts": ctx.hosts.len(),
-        "hosts_heard": heard,
+        "hosts_heard": hosts_heard(ctx, st, now),
         "host_reports_refused": st.host_reports_refused,
         "host_reports_partial": st.host_gpus_left_out,
         // Before the first step: null (unknown), never an empty list.
@@ -176,7 +147,7 @@ fn status(ctx: &Context, st: &ShellStats, now: TimestampMs) -> Value {
         "isolation_failed": snap.map(|s| racks(s.isolation_failed)),
         "leaks_now": snap.map(|s| racks(s.leaks_now)),
         "capped_hosts": st.hosts_capped(now),
-        "cdu_link": cdu_link,
+        "cdu_link": cdu_link(ctx, st, now),
         "bus": {
             "broker": ctx.broker,
             "connected": snap.map(|s| s.bus_connected),
@@ -195,6 +166,57 @@ fn status(ctx: &Context, st: &ShellStats, now: TimestampMs) -> Value {
         "demo_key": ctx.demo_key,
     });
     // Past the macro's recursion limit: added after.
+    add_safety_and_age(&mut v, ctx, st, now);
+    v
+}
+
+/// Hosts heard from within five periods and 5 s.
+fn hosts_heard(ctx: &Context, st: &ShellStats, now: TimestampMs) -> usize {
+    let heard_within = ctx.period.as_millis() as u64 * 5 + 5_000;
+    (st.heard.iter())
+        .take(ctx.hosts.len())
+        .filter(|h| h.is_some_and(|t| now.0.saturating_sub(t.0) <= heard_within))
+        .count()
+}
+
+/// Each pump as read, commanded and latched.
+fn pumps(st: &ShellStats) -> Vec<Value> {
+    let snap = st.status.as_ref();
+    let (r, c) = (snap.and_then(|s| s.readings), st.last.as_ref());
+    (0..2)
+        .map(|i| {
+            json!({
+                "pump": if i == 0 { "A" } else { "B" },
+                "running": r.and_then(|r| r.pumps_running[i]),
+                "on": c.map(|c| c.pump_on[i]),
+                "lead": c.map(|c| c.lead as usize == i),
+                "failed": snap.map(|s| s.pumps_failed[i]),
+            })
+        })
+        .collect()
+}
+
+/// The link to the CDU: what it is and how it answers.
+fn cdu_link(ctx: &Context, st: &ShellStats, now: TimestampMs) -> Value {
+    let snap = st.status.as_ref();
+    json!({
+        "link": ctx.link,
+        "map": ctx.map_model,
+        "answering": st.cdu_reads > 0 && st.cdu_error.is_none(),
+        "last_error": st.cdu_error,
+        "last_read_s": snap.and_then(|s| s.last_read).map(|t| secs_ago(now, t)),
+        "reads": st.cdu_reads,
+        "read_errors": st.cdu_read_errors,
+        "write_errors": st.cdu_write_errors,
+    })
+}
+
+/// What `status` adds past the `json!` macro's recursion limit: the
+/// leak sensing, the protections off, the valves, what the core asked,
+/// and how old it all is.
+fn add_safety_and_age(v: &mut Value, ctx: &Context, st: &ShellStats, now: TimestampMs) {
+    let snap = st.status.as_ref();
+    let c = st.last.as_ref();
     v["board_errors"] = json!(st.board_errors);
     v["setpoint_asked_c"] = json!(c.map(|c| round(f64::from(c.setpoint_c), 2)));
     v["pump_speed_asked_pct"] = json!(c.map(|c| round(f64::from(c.pump_speed) * 100.0, 1)));
@@ -225,7 +247,6 @@ fn status(ctx: &Context, st: &ShellStats, now: TimestampMs) -> Value {
     // The valves as the CDU has them (`null`: unknown), and as commanded.
     v["valves_open"] = json!(snap.and_then(|s| s.valves_open).map(racks));
     v["valves_commanded_open"] = json!(c.map(|c| racks(c.valves_open)));
-    v
 }
 
 /// The fault each supervised sensor stands under now, by the key of its
