@@ -262,20 +262,26 @@ fn a_hanging_drain_is_cut_when_the_power_down_is_decided() {
 }
 
 /// An agent killed while its drain ran, with the power-down decided and
-/// kept in flash behind it but not started: after the restart, with the
-/// CDU still saying the rack has no cooling, the drain runs again and the
-/// power-down runs; once the CDU says cooling is back, the power-up and
-/// the resume.
+/// kept in flash behind it but not started (a grace of 0 decides both
+/// together): after the restart the drain runs again, and once the CDU
+/// says again that the rack has no cooling the power-down runs; once it
+/// says cooling is back, the power-up and the resume. The CDU's retained
+/// state is forgotten before the restart, so its word after it comes once
+/// the drain ran (a word before would cut the drain, as it cuts any drain
+/// still running when the power-down is decided).
 #[test]
 fn a_cooling_loss_cut_by_a_crash_runs_its_steps_after_the_restart() {
     let Some(rig) = Rig::start("f2") else {
         return;
     };
     let (log, notes) = crashed_in_step(&rig, "drain");
+    rig.forget_cdu_state();
 
     let _agent = rig.spawn_twin_process(ENTRY, 2, &cooling_flags(&notes, &notes, &notes, &notes));
+    wait_for(&log, "ran drain f2 2", 5);
+    rig.publish_cdu_state(true, 2);
     wait_for(&log, "ran power_down f2 2", 5);
-    rig.publish_cdu_state(false, 2);
+    rig.publish_cdu_state(false, 3);
     wait_for(&log, "ran resume f2 2", 5);
     assert_eq!(
         lines(&log),

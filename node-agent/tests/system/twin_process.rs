@@ -13,12 +13,7 @@ impl Rig {
     /// publishes it (retained, signed with the demonstration key) on its
     /// health topic, numbered `seq`.
     pub fn publish_cdu_state(&self, rack2_lost: bool, seq: u32) {
-        let topic = loopwarden_protocol::Topic::new(
-            &loopwarden_protocol::Ident::new(SITE).expect("ident"),
-            Role::Cdu,
-            &loopwarden_protocol::Ident::new("cdu-a").expect("ident"),
-            loopwarden_protocol::Family::Health,
-        );
+        let topic = cdu_health_topic();
         let mut f = Frame {
             sender: NodeId::new(Role::Cdu, "cdu-a").expect("ident"),
             seq,
@@ -29,6 +24,12 @@ impl Rig {
             .expect("signs");
         let bytes = f.to_vec().expect("encodes");
         self.publish(&topic.build().expect("topic"), &bytes, true);
+    }
+
+    /// The broker forgets `cdu-a`'s retained state: an agent started now
+    /// hears nothing from the CDU until its next state.
+    pub fn forget_cdu_state(&self) {
+        self.publish(&cdu_health_topic().build().expect("topic"), &[], true);
     }
 
     /// A script `name` in the rig's directory that runs `body` under
@@ -176,6 +177,16 @@ pub fn twin_process_main() {
         eprintln!("agent: {e}");
     }
     std::process::exit(i32::from(result.is_err()));
+}
+
+/// `cdu-a`'s health topic, where its state goes.
+fn cdu_health_topic() -> loopwarden_protocol::Topic {
+    loopwarden_protocol::Topic::new(
+        &loopwarden_protocol::Ident::new(SITE).expect("ident"),
+        Role::Cdu,
+        &loopwarden_protocol::Ident::new("cdu-a").expect("ident"),
+        loopwarden_protocol::Family::Health,
+    )
 }
 
 /// An agent run by [`Rig::spawn_twin_process`]; killed when dropped.
