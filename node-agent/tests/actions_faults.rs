@@ -228,7 +228,7 @@ fn crashed_in_step(rig: &Rig, hanging: &str) -> (PathBuf, PathBuf) {
 
 /// A drain whose scheduler hangs does not hold the power-down back past
 /// its grace: the drain is cut (its command killed) when the power-down is
-/// decided, and it stays pending.
+/// decided, and runs again after it.
 #[test]
 fn a_hanging_drain_is_cut_when_the_power_down_is_decided() {
     let Some(rig) = Rig::start("f7") else {
@@ -257,6 +257,18 @@ fn a_hanging_drain_is_cut_when_the_power_down_is_decided() {
         [
             (CoolingStep::Drain, false, None),
             (CoolingStep::PowerDown, true, Some(0))
+        ]
+    );
+    let end = Instant::now() + Duration::from_secs(5);
+    while lines(&log).len() < 3 && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        lines(&log),
+        [
+            "started drain f7 2",
+            "ran power_down f7 2",
+            "started drain f7 2"
         ]
     );
 }

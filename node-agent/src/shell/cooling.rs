@@ -3,9 +3,10 @@
 //! here as the configured commands, one after another on one task, each
 //! outcome logged to flash and published as a `cooling_action` event. A
 //! drain still running when the power-down is decided is cut (its
-//! command killed, the rest not run; it stays pending, to run again at
-//! the next start): a scheduler that does not answer never holds the
-//! power-down past its grace.
+//! command killed, the rest not run) and runs again after the power-down:
+//! a scheduler that does not answer never holds the power-down past its
+//! grace, and one that does still hears of the drain (a power-down that
+//! switches the GPUs off leaves the host up for work).
 //!
 //! The phase is kept in flash together with the steps handed out and not
 //! known done, in one record written before their commands start (the
@@ -293,6 +294,12 @@ impl Pending {
         self.0.len() != before
     }
 
+    /// Whether job `id` is pending still (not done, nor undone or decided
+    /// again since).
+    fn holds(&self, id: u64) -> bool {
+        self.0.iter().any(|&(i, _)| i == id)
+    }
+
     /// `step`, kept from before the restart, is dropped unrun.
     fn forget(&mut self, step: CoolingStep) {
         self.0.retain(|&(_, s)| s != step);
@@ -413,9 +420,12 @@ impl Agent {
             self.cooling.kept = p;
         }
         let mut jobs = Vec::new();
-        for (step, reason) in steps {
-            if step == CoolingStep::PowerDown {
-                self.cut_drains();
+        let mut steps: std::collections::VecDeque<_> = steps.into();
+        while let Some((step, reason)) = steps.pop_front() {
+            if step == CoolingStep::PowerDown && self.cut_drains() {
+                // The scheduler still has to hear it (a power-down that
+                // only switches the GPUs off leaves the host up for work).
+                steps.push_front((CoolingStep::Drain, reason.clone()));
             }
             // A superseded job still waiting in the runner's queue is not
             // run: the new decision stands for it.
@@ -438,14 +448,17 @@ impl Agent {
     }
 
     /// The power-down is decided: a drain still in the runner is cut, so
-    /// a scheduler that does not answer never holds it back.
-    fn cut_drains(&mut self) {
-        for cut in std::mem::take(&mut self.cooling.drains).into_values() {
+    /// a scheduler that does not answer never holds it back; whether one
+    /// was (it runs again after the power-down).
+    fn cut_drains(&mut self) -> bool {
+        let drains = std::mem::take(&mut self.cooling.drains);
+        for cut in drains.values() {
             tracing::warn!(
-                "cooling-loss drain cut: the power-down does not wait for it (it runs again at the next start)"
+                "cooling-loss drain cut: the power-down does not wait for it (it runs again after it)"
             );
             cut.cut();
         }
+        !drains.is_empty()
     }
 
     /// Keeps the phase and the pending steps in flash, then their check,
@@ -572,7 +585,7 @@ impl Agent {
             if step == CoolingStep::Resume {
                 self.quarantine_again_after_resume();
             }
-            if !ok {
+            if !ok && self.cooling.pending.holds(id) {
                 tracing::error!(
                     "cooling-loss {step} failed: it is not run again while the agent runs, and runs again at the next start unless undone first"
                 );
