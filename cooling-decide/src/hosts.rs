@@ -2,7 +2,9 @@
 //! report heard is checked against what a working GPU can report
 //! ([`Bounds`]) before the core sees it: a GPU that fails is left out of
 //! its host's report, and the rest still counts (one broken sensor does
-//! not cost its host its capacity cap). A report that fails as a whole
+//! not cost its host its capacity cap). The supply's bound never leaves
+//! out every GPU of a host: where all of two or more read colder than
+//! it, the supply reading is the outlier ([`supply_outvoted`]). A report that fails as a whole
 //! (its stamp far from now) keeps the host's last believed report in
 //! place (it ages as the core judges ages). Either says why, once per
 //! change of the reason (as it reads: [`same_words`]). The shell hears
@@ -20,7 +22,7 @@ use core::fmt;
 
 use cooling_core::{HostReport, MAX_HOSTS};
 use heapless::Vec;
-use loopwarden_protocol::message::{GpuFlags, HostTelemetry, ThrottleReasons};
+use loopwarden_protocol::message::{GpuFlags, GpuTelemetry, HostTelemetry, ThrottleReasons};
 use loopwarden_protocol::units::TimestampMs;
 use serde::{Deserialize, Serialize};
 
@@ -131,6 +133,30 @@ impl Bounds {
         supply_c: None,
     };
 
+    /// These bounds for the answering GPUs of `t`, without the supply's
+    /// where it would leave out every one of two or more GPUs within the
+    /// TDP ([`supply_outvoted`]).
+    fn for_report(&self, t: &HostTelemetry) -> Bounds {
+        let Some(supply_c) = self.supply_c else {
+            return *self;
+        };
+        let (mut n, mut warmest) = (0u8, f32::NEG_INFINITY);
+        for g in answering(t) {
+            if (g.power.get() as f32) <= self.tdp_w * TDP_MARGIN {
+                n = n.saturating_add(1);
+                warmest = warmest.max(f32::from(g.temp.get()));
+            }
+        }
+        if supply_outvoted(n, warmest, supply_c) {
+            Bounds {
+                supply_c: None,
+                ..*self
+            }
+        } else {
+            *self
+        }
+    }
+
     /// Why GPU `gpu`, at `temp_c` drawing `w`, cannot be working, if so.
     fn why_not(&self, gpu: u8, temp_c: f32, w: f32) -> Option<GpuFault> {
         let tdp_w = self.tdp_w;
@@ -179,11 +205,29 @@ pub struct Heard {
     pub left_out: Option<(u8, GpuFault)>,
 }
 
+/// Whether a supply reading `supply_c` is the outlier, not the GPUs: `n`
+/// GPUs, two or more, whose warmest (`warmest_c`) reads colder than it by
+/// more than 5 K. No GPU can, so either every one of them reads wrong or
+/// the one sensor does (a high reading not yet confirmed as a fault):
+/// the supply is not used to judge them, and the host keeps its GPUs.
+pub fn supply_outvoted(n: u8, warmest_c: f32, supply_c: f32) -> bool {
+    n >= 2 && warmest_c < supply_c - BELOW_SUPPLY_K
+}
+
+/// The GPUs of `t` that answered their queries.
+fn answering(t: &HostTelemetry) -> impl Iterator<Item = &GpuTelemetry> {
+    t.gpus
+        .iter()
+        .filter(|g| g.flags.contains(GpuFlags::RESPONSIVE))
+}
+
 /// Host telemetry `t`, stamped `stamped`, heard at `at_ms`. GPUs that did
 /// not answer their queries are left out, and so are GPUs outside
-/// `bounds` (counted in `left_out`); a GPU in hardware slowdown (thermal
-/// or not) sets `slowdown`.
+/// `bounds` (counted in `left_out`; the supply's bound only where it does
+/// not leave out every GPU: [`supply_outvoted`]); a GPU in hardware
+/// slowdown (thermal or not) sets `slowdown`.
 pub fn heard_of(t: &HostTelemetry, stamped: TimestampMs, at_ms: u64, bounds: &Bounds) -> Heard {
+    let bounds = bounds.for_report(t);
     let mut h = Heard {
         report: HostReport {
             gpus: 0,
@@ -199,11 +243,7 @@ pub fn heard_of(t: &HostTelemetry, stamped: TimestampMs, at_ms: u64, bounds: &Bo
         left_out: None,
     };
     let slow = ThrottleReasons::HW_SLOWDOWN | ThrottleReasons::HW_THERMAL_SLOWDOWN;
-    for g in t
-        .gpus
-        .iter()
-        .filter(|g| g.flags.contains(GpuFlags::RESPONSIVE))
-    {
+    for g in answering(t) {
         let (gpu, temp, w) = (g.gpu.get(), f32::from(g.temp.get()), g.power.get() as f32);
         if let Some(why) = bounds.why_not(gpu, temp, w) {
             h.left_out = match h.left_out.take() {
@@ -235,8 +275,9 @@ pub fn heard_of(t: &HostTelemetry, stamped: TimestampMs, at_ms: u64, bounds: &Bo
 /// Why a host report heard at `now` cannot be believed, if it cannot: its
 /// stamp is more than a minute from now, a GPU draws more than 10 % above
 /// the TDP (`tdp_w`), or a GPU reads colder than the coolant that cools
-/// it (5 K under the believed `supply_c`). None of these a working GPU
-/// can report; a broken or compromised agent can.
+/// it (5 K under the believed `supply_c`, unless every GPU does: then the
+/// supply is the outlier, [`supply_outvoted`]). None of these a working
+/// GPU can report; a broken or compromised agent can.
 pub fn implausible(h: &Heard, now: TimestampMs, supply_c: Option<f32>, tdp_w: f32) -> Option<Why> {
     let skew = h.stamped.0.abs_diff(now.0);
     if skew > REPORT_SKEW_MS {
@@ -249,6 +290,8 @@ pub fn implausible(h: &Heard, now: TimestampMs, supply_c: Option<f32>, tdp_w: f3
             tdp_w,
         }));
     }
+    let r = &h.report;
+    let supply_c = supply_c.filter(|s| !supply_outvoted(r.gpus, r.hottest_c, *s));
     let cold = h.coldest.zip(supply_c);
     if let Some((c, s)) = cold.filter(|(c, s)| c.value < s - BELOW_SUPPLY_K) {
         return Some(Why::Gpu(GpuFault::ColderThanSupply {

@@ -91,7 +91,8 @@ pub struct Decider {
     /// The hosts' believed reports.
     hosts: Hosts,
     /// The supply temperature of the last step, while its sensor is
-    /// believed, °C (what a GPU's reading is judged against).
+    /// believed and its reading in range, °C (what a GPU's reading is
+    /// judged against).
     supply_c: Option<f32>,
     limits: MapLimits,
     limiter: writes::Limiter,
@@ -355,10 +356,14 @@ impl Decider {
         };
         self.core.step_into(&inputs, &mut self.last);
         self.stepped = true;
-        let supply_fault = self.core.sensor_fault(cooling_core::sensors::Which::Supply);
+        // Only a reading the core would use: no fault stands and it is in
+        // range (one out of range is no figure before its fault is
+        // confirmed, `fault_confirm_ms` later).
+        let supply = cooling_core::sensors::Which::Supply;
+        let supply_fault = self.core.sensor_fault(supply);
         self.supply_c = cdu
             .and_then(|r| r.supply_c)
-            .filter(|_| supply_fault.is_none())
+            .filter(|s| supply_fault.is_none() && supply.plausible(*s))
             .map(|s| s as f32);
         if self.keeper.relatch_pending() {
             unknown_racks(self.core.config(), &mut self.last);
@@ -645,5 +650,50 @@ mod tests {
         assert_eq!(d.core().limits(), (30.0, -2.0), "the BMS's limits stand");
         assert_eq!(d.core().leaks_latched(), 0b0010);
         assert_eq!(c.cooling_lost, 0b0010, "the other racks are cooled again");
+    }
+
+    /// A sample host's telemetry (GPUs at 61–64 °C) heard by `d` now.
+    fn hear_sample(d: &mut Decider) -> Verdict {
+        let t = loopwarden_protocol::samples::host_telemetry(8);
+        let now = TimestampMs(1_800_000_000_000);
+        d.hear_telemetry(0, &t, now, (1_000, now))
+    }
+
+    #[test]
+    fn a_supply_reading_out_of_range_judges_no_gpu() {
+        let lim = writes::tests::sim_cdu();
+        let fresh: Result<Option<LatchRecord>, &str> = Ok(None);
+        let mut d = Decider::new(CoreConfig::default(), lim, &fresh).unwrap();
+        // A 4–20 mA loop shorted high: 150 °C, not yet confirmed as a
+        // fault (that takes `fault_confirm_ms`), but no figure already.
+        let mut m = measured(0);
+        m.supply_c = Some(150.0);
+        step(&mut d, 0, Some(&m));
+        assert_eq!(
+            d.core().sensor_fault(cooling_core::sensors::Which::Supply),
+            None
+        );
+        assert_eq!(hear_sample(&mut d), Verdict::Believed);
+        assert_eq!(d.hosts()[0].map(|r| r.gpus), Some(8));
+    }
+
+    #[test]
+    fn a_supply_reading_above_every_gpu_of_a_host_is_the_outlier() {
+        let lim = writes::tests::sim_cdu();
+        let fresh: Result<Option<LatchRecord>, &str> = Ok(None);
+        let mut d = Decider::new(CoreConfig::default(), lim, &fresh).unwrap();
+        // Plausible, but 11 K above the warmest GPU it cools: eight GPUs
+        // against one sensor.
+        let mut m = measured(0);
+        m.supply_c = Some(75.0);
+        step(&mut d, 0, Some(&m));
+        assert_eq!(hear_sample(&mut d), Verdict::Believed);
+        assert_eq!(d.hosts()[0].map(|r| r.gpus), Some(8));
+        // One GPU under a supply the others stand above is still left out.
+        m.supply_c = Some(67.0);
+        step(&mut d, 1, Some(&m));
+        let v = hear_sample(&mut d);
+        assert!(matches!(v, Verdict::BelievedWithout { .. }), "{v:?}");
+        assert_eq!(d.hosts()[0].map(|r| r.gpus), Some(6), "the two at 61 °C");
     }
 }
