@@ -10,7 +10,9 @@
 
 mod host;
 
-use host::{cdu_topic, cmd_topic, lease, quiet, release, Host, DEFAULT, GPUS, GRACE_MS};
+use host::{
+    cdu_topic, cmd_topic, healthy_readings, lease, quiet, release, Host, DEFAULT, GPUS, GRACE_MS,
+};
 use loopwarden_protocol::samples::{self, demo_signing_key, T0};
 use loopwarden_protocol::{
     AckCode, CapSource, CoolingStep, Event, Frame, HealthState, Message, MessageKind, NodeId, Role,
@@ -425,4 +427,36 @@ fn a_hot_gpu_is_capped_by_the_guard_without_the_bus() {
         (Some(Watts(550)), Some(CapSource::ThermalGuard))
     );
     assert_eq!(h.limits[..3], [DEFAULT; 3]);
+}
+
+/// A driver reload that begins mid-round: GPUs 0 and 1 answer and 2 and 3
+/// fail in the same round, every reading at the round's time as the agent
+/// gives them; then all four stall; then 0, 1 and 3 come back and GPU 2
+/// comes back one round later. No GPU is blamed: the misses of the round
+/// the stall began in were the host's.
+#[test]
+fn a_stall_that_begins_mid_round_blames_no_gpu() {
+    let mut h = Host::new();
+    let mut t = T0.0;
+    for _ in 0..5 {
+        t += 1_000;
+        h.healthy_round(t);
+    }
+    let sample = || healthy_readings()[0].clone();
+    let missed = || Reading::Missed("NVML error: driver not loaded".into());
+    t += 1_000;
+    h.step(t, Input::Round(&[sample(), sample(), missed(), missed()]));
+    for _ in 0..4 {
+        t += 1_000;
+        h.silent_round(t);
+    }
+    assert!(h.node.health().stalled_since().is_some());
+    t += 1_000;
+    h.step(t, Input::Round(&[sample(), sample(), missed(), sample()]));
+    t += 1_000;
+    h.healthy_round(t);
+    for g in 0..GPUS as u8 {
+        assert_eq!(h.state(g), HealthState::Healthy, "GPU {g} not blamed");
+    }
+    assert!(h.quarantined.is_empty());
 }

@@ -26,9 +26,10 @@
 //! Glossary:
 //! - *witness*: another GPU of the host that is not quarantined; a host
 //!   with none (one GPU, or all the others out) counts every miss.
-//! - *own miss*: a miss after a witness answered since the GPU's
-//!   previous miss (or, for the first, since the streak began); during a
-//!   stall no miss is anyone's own.
+//! - *own miss*: a miss while a witness answers, having answered since
+//!   the GPU's previous miss (or, for the first, since the streak began);
+//!   during a stall no miss is anyone's own, and when one begins the
+//!   misses that led into it stop counting as anyone's own.
 //! - *stall*: every non-quarantined GPU silent, one of them for at least
 //!   `unresponsive_after` misses.
 
@@ -107,8 +108,11 @@ impl HealthEngine {
         out
     }
 
-    /// Whether a witness of `g` answered at or after `since`, or `g` has
-    /// no witness.
+    /// Whether a witness of `g` answers now, having answered at or after
+    /// `since`, or `g` has no witness. A witness silent now proves
+    /// nothing: in the live agent every reading of a round has the
+    /// round's time, so a witness's answer of the round a stall began in
+    /// has the same time as the misses that follow it.
     fn witnessed_since(&self, g: usize, since: u64) -> bool {
         let mut witnesses = self
             .gpus
@@ -119,7 +123,7 @@ impl HealthEngine {
         if witnesses.peek().is_none() {
             return true;
         }
-        witnesses.any(|(_, tr)| tr.last.is_some_and(|(at, _)| at >= since))
+        witnesses.any(|(_, tr)| tr.missed == 0 && tr.last.is_some_and(|(at, _)| at >= since))
     }
 
     /// A stall begins when every non-quarantined GPU is silent and one of
@@ -149,6 +153,11 @@ impl HealthEngine {
                 .enumerate()
                 .filter(|(_, tr)| tr.missed > 0)
                 .fold(0u16, |m, (i, _)| m | 1 << i);
+            // The misses that led into the stall were the host's, not
+            // any GPU's own.
+            for tr in self.gpus.iter_mut().filter(|tr| tr.missed > 0) {
+                tr.own_missed = 0;
+            }
             self.stall = Some(since);
             out.push(Output::HostStall {
                 time: self.stamp(now.0),
@@ -205,6 +214,79 @@ mod tests {
             }
         }
         out
+    }
+
+    /// One round at second `s` as the live agent feeds it: every reading
+    /// of the round at the same time, in index order.
+    fn round_at(e: &mut HealthEngine, s: u64, silent: &[u8]) -> Vec<Output> {
+        let now = TimestampMs(s * 1000);
+        let mut out = Vec::new();
+        for g in 0..e.len() as u8 {
+            if silent.contains(&g) {
+                out.extend(e.missed(now, g));
+            } else {
+                out.extend(e.sample(now, g, &ok()));
+            }
+        }
+        out
+    }
+
+    fn engine_after(gpus: usize, unresponsive_after: u32) -> HealthEngine {
+        let policy = crate::health::Policy {
+            unresponsive_after,
+            ..Default::default()
+        };
+        let limits = crate::health::Limits {
+            max_operating_c: 87.0,
+        };
+        HealthEngine::new(gpus, limits, policy, TimestampMs(0))
+    }
+
+    /// A driver reload that begins mid-round (GPUs 2 and 3 miss while 0
+    /// and 1 answered at the same time), stalls the host, then GPU 2 is
+    /// the last to come back: its misses in the stall are no one's, so
+    /// it is quarantined only after three misses while the others
+    /// answer, and never during the stall.
+    #[test]
+    fn a_stall_begun_mid_round_at_one_time_blames_no_gpu() {
+        let mut e = engine_after(4, 3);
+        let mut outs = round_at(&mut e, 1, &[]);
+        outs.extend(round_at(&mut e, 2, &[2, 3]));
+        for s in 3..7 {
+            outs.extend(round_at(&mut e, s, &[0, 1, 2, 3]));
+        }
+        assert!(e.stalled_since().is_some(), "{outs:?}");
+        outs.extend(round_at(&mut e, 7, &[2]));
+        outs.extend(round_at(&mut e, 8, &[2]));
+        assert!(quarantined(&e).is_empty(), "{outs:?}");
+        round_at(&mut e, 9, &[2]);
+        assert_eq!(quarantined(&e), vec![2]);
+        let st = e.status(2).unwrap();
+        assert!(st.evidence.contains("3 while"), "{}", st.evidence);
+
+        // At two misses, no GPU is quarantined during the stall itself.
+        let mut e = engine_after(4, 2);
+        let mut outs = round_at(&mut e, 1, &[]);
+        outs.extend(round_at(&mut e, 2, &[2, 3]));
+        for s in 3..7 {
+            outs.extend(round_at(&mut e, s, &[0, 1, 2, 3]));
+        }
+        assert!(quarantined(&e).is_empty(), "{outs:?}");
+        round_at(&mut e, 7, &[]);
+        assert!(quarantined(&e).is_empty());
+    }
+
+    /// A GPU silent alone, every reading of a round at one time, is still
+    /// quarantined after its misses while the others answer.
+    #[test]
+    fn a_lone_silent_gpu_at_one_time_per_round_is_quarantined() {
+        let mut e = engine_after(4, 3);
+        round_at(&mut e, 1, &[]);
+        for s in 2..5 {
+            round_at(&mut e, s, &[1]);
+        }
+        assert_eq!(quarantined(&e), vec![1]);
+        assert_eq!(e.stalled_since(), None);
     }
 
     fn quarantined(e: &HealthEngine) -> Vec<u8> {
