@@ -271,8 +271,9 @@ pub enum Effect {
     /// Keep every GPU's ceiling and the limits it may be left at in
     /// flash, in index order, and wait until they are there: it comes
     /// before the [`Effect::SetLimits`] it covers, so a restart tells its
-    /// own limits from an administrator's.
-    KeepLimits(Vec<KeptLimit>),
+    /// own limits from an administrator's. `None`: nothing to keep for
+    /// that GPU (never read, nothing kept before), its record left as is.
+    KeepLimits(Vec<Option<KeptLimit>>),
     /// Keep the cooling-loss phase in flash (its time on the wall clock).
     KeepCooling(Phase),
     /// Keep in flash the floor of the commands taken from a signer, its

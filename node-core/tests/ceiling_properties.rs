@@ -444,7 +444,9 @@ fn restart(
     }
     if let Some(kept) = host.kept_limits.last() {
         for (f, k) in m.flash.iter_mut().zip(kept) {
-            *f = Some(*k);
+            if k.is_some() {
+                *f = *k;
+            }
         }
     }
     m.t += u64::from(stopped_s) * 1_000;

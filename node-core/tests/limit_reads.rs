@@ -178,7 +178,7 @@ fn after_a_failed_read_back_an_administrators_limit_is_still_seen() {
     );
     assert_eq!(h.limits, [Watts(300); GPUS], "the cap below it set again");
     let kept = h.kept_limits.last().expect("the new ceiling kept");
-    assert_eq!(kept[2].ceiling, Watts(400));
+    assert_eq!(kept[2].map(|k| k.ceiling), Some(Watts(400)));
 }
 
 #[test]
@@ -271,7 +271,12 @@ fn a_set_that_lands_late_is_never_taken_for_an_administrators_limit() {
     // Both leases lapse: every GPU back at 700 W.
     h.step(T0.0 + 602_000, Input::Expiry);
     assert_eq!(h.limits, [DEFAULT; GPUS]);
-    assert!(h.kept_limits.iter().flatten().all(|k| k.ceiling == DEFAULT));
+    assert!(h
+        .kept_limits
+        .iter()
+        .flatten()
+        .flatten()
+        .all(|k| k.ceiling == DEFAULT));
 }
 
 #[test]
@@ -458,4 +463,41 @@ fn a_limit_only_read_back_after_a_set_that_did_not_take_is_not_the_agents() {
         "{:?}",
         said(&h, "GPU 3")
     );
+}
+
+/// A boot unit's 500 W on every GPU; GPU 3's limit cannot be read at the
+/// start, nor at the start after a crash. Nothing is kept for it while
+/// it was never read (a record of the default ceiling would pass for one
+/// read from it), so a lease is held until a read, and the lease's end
+/// never lifts it above the 500 W found on it.
+#[test]
+fn a_gpu_never_read_has_no_limits_kept_and_is_never_lifted_above_the_limit_found() {
+    let mut unreadable = [false; GPUS];
+    unreadable[3] = true;
+    let h = Host::boot_unreadable(
+        Boot {
+            limits: Watts(500),
+            kept: None,
+            ..Boot::default()
+        },
+        unreadable,
+    );
+    assert!(!h.kept_limits.is_empty(), "the GPUs read are kept");
+    assert_eq!(
+        h.flash_limits[3], None,
+        "nothing kept for GPU 3, never read"
+    );
+
+    let mut t = T0.0 + 10_000;
+    let mut h = h.crashed_unreadable(t, unreadable);
+    assert_eq!(h.flash_limits[3], None);
+    t += 1_000;
+    lease_now(&mut h, 1, t, 450, 20_000);
+    assert_eq!(h.limits[..3], [Watts(450); 3]);
+    h.unreadable[3] = false;
+    t += 20_000;
+    h.step(t, Input::Expiry);
+    assert!(h.limits[3] <= Watts(500), "{:?}", h.limits);
+    assert_eq!(h.node.ceiling(3), Some(Watts(500)));
+    assert!(sets_of(&h, 3).iter().all(|&w| w <= Watts(500)));
 }

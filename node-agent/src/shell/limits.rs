@@ -133,11 +133,15 @@ impl Agent {
     /// Keeps every GPU's limits in flash, under its UUID, and waits until
     /// they are there (a failure is said; the limits are set anyway: a
     /// cap matters more than the record of it). A GPU whose UUID is
-    /// unknown has none kept (said once).
-    pub(super) async fn keep_limits(&mut self, limits: Vec<KeptLimit>) {
+    /// unknown has none kept (said once); one given none (`None`: never
+    /// read) keeps its record as it is.
+    pub(super) async fn keep_limits(&mut self, limits: Vec<Option<KeptLimit>>) {
         let mut records = Vec::new();
         let mut unknown = Vec::new();
         for (i, (limit, g)) in limits.into_iter().zip(&self.gpus).enumerate() {
+            let Some(limit) = limit else {
+                continue;
+            };
             let Some(key) = limit_key(&g.info.uuid) else {
                 // Its UUID is unknown: nothing is kept under a guess.
                 unknown.push(i);

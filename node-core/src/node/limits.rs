@@ -316,19 +316,25 @@ impl Node {
     }
 
     /// What the flash is to keep of every GPU: its ceiling and the limit
-    /// last read back.
-    pub(super) fn kept_limits(&self) -> Vec<KeptLimit> {
+    /// last read back; nothing for a GPU never read with nothing kept for
+    /// it (its ceiling is only the default or the site's then: kept, a
+    /// restart would take it for one read from the GPU, and a cap of the
+    /// agent's found on it for the agent's own under it).
+    pub(super) fn kept_limits(&self) -> Vec<Option<KeptLimit>> {
         self.kept_asking(&[])
     }
 
     /// As [`Node::kept_limits`], with the limits of `sets` asked for now
     /// (after a failed read-back, the limit asked then and the one read
     /// before it stand for the last asked and the last read).
-    fn kept_asking(&self, sets: &[SetLimit]) -> Vec<KeptLimit> {
+    fn kept_asking(&self, sets: &[SetLimit]) -> Vec<Option<KeptLimit>> {
         self.gpus
             .iter()
             .enumerate()
             .map(|(i, g)| {
+                if !g.ceiling_read && g.kept.is_none() {
+                    return None;
+                }
                 let asking = sets.iter().find(|s| s.gpu as usize == i).map(|s| s.limit);
                 let (asked, before) = match (asking, g.applied, g.unconfirmed, g.kept) {
                     (_, Some(a), ..) => (asking.unwrap_or(a), Some(a)),
@@ -351,11 +357,11 @@ impl Node {
                     },
                     (_, None, None, _) => (asking.unwrap_or(g.ceiling), None),
                 };
-                KeptLimit {
+                Some(KeptLimit {
                     ceiling: g.ceiling,
                     asked,
                     before,
-                }
+                })
             })
             .collect()
     }

@@ -95,7 +95,7 @@ pub struct Host {
     /// back the leases among them).
     pub logged: Vec<(TimestampMs, Frame)>,
     /// The limits kept in flash, each time.
-    pub kept_limits: Vec<Vec<KeptLimit>>,
+    pub kept_limits: Vec<Vec<Option<KeptLimit>>>,
     /// What the flash holds of each GPU's limits now.
     pub flash_limits: [Option<KeptLimit>; GPUS],
     /// Each GPU's health as last kept in flash.
@@ -381,8 +381,11 @@ impl Host {
                     continue;
                 }
                 Effect::KeepLimits(kept) => {
+                    // A GPU given none keeps its record as it is.
                     for (f, k) in self.flash_limits.iter_mut().zip(&kept) {
-                        *f = Some(*k);
+                        if k.is_some() {
+                            *f = *k;
+                        }
                     }
                     self.kept_limits.push(kept);
                     continue;
@@ -440,6 +443,31 @@ impl Host {
                 health: self.kept_status.clone(),
             },
         )
+    }
+
+    /// As [`Host::crashed`] (no cooling-loss step ended), the limits of
+    /// the GPUs of `unreadable` still not readable at the new start.
+    pub fn crashed_unreadable(&self, at: u64, unreadable: [bool; GPUS]) -> Self {
+        let mut host = Self::assemble(
+            Start {
+                limits: self.limits,
+                site_limit: None,
+                kept: self.flash_limits,
+                logged: self.logged.clone(),
+                at,
+            },
+            Kept {
+                phase: self.kept_phase.last().copied(),
+                pending: self.flash_pending.iter().map(|&(s, _)| s).collect(),
+                floors: self.kept_floors.clone(),
+                state_floor: self.kept_state_floor,
+                health: self.kept_status.clone(),
+            },
+            LeaseLimits::default(),
+        );
+        host.unreadable = unreadable;
+        host.step(at, Input::Start);
+        host
     }
 
     /// A round in which every GPU answers a quiet, healthy sample.
