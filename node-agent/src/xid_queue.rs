@@ -3,28 +3,37 @@
 //!
 //! A failing GPU or a broken job can make the driver report thousands of
 //! XIDs a second. The queue holds at most its capacity, so memory stays
-//! bounded, and it counts what it drops. When it is full, what matters
-//! most stays: a *vital* event (a fatal-hardware XID, or a change of the
-//! watch's own state) takes the place of the oldest event that is not
-//! vital, so a fatal XID still quarantines its GPU in a storm of benign
-//! ones. An XID that is not vital is dropped when the queue is full. When
-//! the queue holds nothing but vital events (a storm of fatal XIDs), a
-//! fatal XID of a GPU that already has one queued is dropped, the new one
-//! or a later one of a GPU queued twice, so the first fatal XID of every
-//! GPU still gets through (each one quarantines its GPU; the others add
-//! nothing). The loop takes the oldest vital event first, so a fatal XID
+//! bounded, and it counts what it drops. Events rank in three *classes*,
+//! by the state they change ([`node_core::xid_level`], the health
+//! engine's own rule): 2, an XID that quarantines its GPU or a change of
+//! the watch's own state; 1, an XID that degrades its GPU (92, or one
+//! whose action is drain-and-reset or "follow the recovery action"); 0,
+//! an XID that changes nothing (an application's 13, 31, 43). When the
+//! queue is full, an XID of class 0 is dropped, and a new event of class
+//! 1 or 2 takes the place of the oldest XID of class 0, so a fatal or
+//! degrading XID still reaches the health engine in a storm of
+//! application XIDs. With no XID of class 0 left, what goes is what adds
+//! nothing: the new XID when its GPU has one of its class or above
+//! queued, or a queued XID whose GPU has another of its class or above
+//! (a repeat); failing that, the oldest event of a class below the new
+//! one's, else the new one. So the first fatal and the first degrading
+//! XID of every GPU get through (each raises its GPU; repeats add
+//! nothing) while the queue holds more than two per GPU (1024 slots, at
+//! most 256 GPUs). The
+//! loop takes the oldest event of the highest class first, so a fatal XID
 //! does not wait behind a storm, and says in its log when the queue
 //! dropped events.
 //!
 //! Glossary:
-//! - *vital*: an event that must not be lost to a storm (above).
+//! - *class*: an event's rank in a storm (above); *vital*: of class 1 or
+//!   2, an event that must not be lost to a storm.
 //! - *sink*: the watch thread's end; the agent holds the queue.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use loopwarden_protocol::xid;
+use loopwarden_protocol::HealthState;
 
 use crate::gpu::XidEvent;
 
@@ -76,59 +85,90 @@ pub fn xid_queue(capacity: usize) -> (XidSink, XidQueue) {
     (XidSink(inner.clone()), XidQueue(inner))
 }
 
-/// Whether `e` must not be lost to a storm.
-pub fn is_vital(e: &XidEvent) -> bool {
+/// The rank of `e` in a storm: 2 for an event that quarantines its GPU
+/// or changes the watch's own state, 1 for an XID that degrades its GPU,
+/// 0 for one that changes nothing ([`node_core::xid_level`], the rule the
+/// health engine applies).
+pub fn class(e: &XidEvent) -> u8 {
     match e {
-        XidEvent::Xid(x) => xid::lookup(x.xid).is_some_and(|i| i.is_fatal_hardware()),
-        XidEvent::WatchDown(_) | XidEvent::WatchUp => true,
+        XidEvent::Xid(x) => match node_core::xid_level(x.xid) {
+            Some(HealthState::Quarantined) => 2,
+            Some(HealthState::Degraded) => 1,
+            _ => 0,
+        },
+        XidEvent::WatchDown(_) | XidEvent::WatchUp => 2,
     }
 }
 
-/// Puts `e` into `q` of `capacity`; returns whether an event was dropped
-/// (the new one, the oldest that is not vital, or a vital XID of a GPU
-/// with another one queued).
+/// Whether `e` must not be lost to a storm (it changes a GPU's state or
+/// the watch's).
+pub fn is_vital(e: &XidEvent) -> bool {
+    class(e) > 0
+}
+
+/// Puts `e` into `q` of `capacity`; returns whether an event was dropped.
+/// Full, the one that goes is, in this order: the oldest of class 0 (or
+/// the new one, of class 0 too); the new one, when its GPU has an XID of
+/// its class or above queued; a queued XID that adds nothing (its GPU has
+/// another of its class or above), of the lowest such class; the oldest
+/// of the lowest class below the new one's; else the new one.
 pub fn push(q: &mut VecDeque<XidEvent>, capacity: usize, e: XidEvent) -> bool {
     if q.len() < capacity {
         q.push_back(e);
         return false;
     }
-    if !is_vital(&e) {
-        return true;
-    }
-    let redundant = match q.iter().position(|x| !is_vital(x)) {
-        Some(i) => Some(i),
-        None if vital_xid_of(q, &e) => None,
-        None => last_repeated_vital_xid(q),
+    let c = class(&e);
+    let lowest = q.iter().map(class).min().unwrap_or(c);
+    let evict = if lowest == 0 || c == 0 {
+        (c > 0).then(|| oldest_of(q, 0)).flatten()
+    } else if gpu_queued_at(q, &e, c) {
+        None
+    } else {
+        redundant(q, &e).or_else(|| (lowest < c).then(|| oldest_of(q, lowest)).flatten())
     };
-    if let Some(i) = redundant {
+    if let Some(i) = evict {
         q.remove(i);
         q.push_back(e);
     }
     true
 }
 
-/// Whether `e` is an XID of a GPU that has a vital XID in `q`.
-fn vital_xid_of(q: &VecDeque<XidEvent>, e: &XidEvent) -> bool {
+/// The place of the oldest event of class `c` in `q`.
+fn oldest_of(q: &VecDeque<XidEvent>, c: u8) -> Option<usize> {
+    q.iter().position(|x| class(x) == c)
+}
+
+/// Whether `e` is an XID of a GPU that has an XID of class `c` or above
+/// in `q`.
+fn gpu_queued_at(q: &VecDeque<XidEvent>, e: &XidEvent, c: u8) -> bool {
     let XidEvent::Xid(new) = e else {
         return false;
     };
     q.iter()
-        .any(|x| matches!(x, XidEvent::Xid(o) if o.gpu == new.gpu && is_vital(x)))
+        .any(|x| matches!(x, XidEvent::Xid(o) if o.gpu == new.gpu && class(x) >= c))
 }
 
-/// The place of the last vital XID in `q` whose GPU has another vital XID
-/// before it, if any.
-fn last_repeated_vital_xid(q: &VecDeque<XidEvent>) -> Option<usize> {
-    let mut seen = [false; 256];
-    let mut last = None;
-    for (i, x) in q.iter().enumerate() {
-        if let (XidEvent::Xid(r), true) = (x, is_vital(x)) {
-            if std::mem::replace(&mut seen[r.gpu as usize], true) {
-                last = Some(i);
-            }
+/// The place of an XID in `q` that adds nothing once `e` is queued (its
+/// GPU has an XID of a higher class in `q` or in `e`, or one of its class
+/// before it): the last of the lowest such class, if any.
+fn redundant(q: &VecDeque<XidEvent>, e: &XidEvent) -> Option<usize> {
+    let xid = |x: &XidEvent| match x {
+        XidEvent::Xid(r) => Some((r.gpu as usize, class(x))),
+        _ => None,
+    };
+    let mut top = [0u8; 256];
+    for (g, k) in q.iter().chain(std::iter::once(e)).filter_map(xid) {
+        top[g] = top[g].max(k);
+    }
+    let mut seen = [[false; 3]; 256];
+    let mut best: Option<(u8, usize)> = None;
+    for (i, (g, k)) in q.iter().enumerate().filter_map(|(i, x)| Some((i, xid(x)?))) {
+        let repeat = std::mem::replace(&mut seen[g][k as usize], true);
+        if (repeat || top[g] > k) && best.is_none_or(|(b, _)| k <= b) {
+            best = Some((k, i));
         }
     }
-    last
+    best.map(|(_, i)| i)
 }
 
 impl XidSink {
@@ -175,14 +215,14 @@ impl XidQueue {
         }
     }
 
-    /// The next event, if one is queued: the oldest vital one first, so a
-    /// fatal XID behind a storm of benign ones is acted on at once.
+    /// The next event, if one is queued: the oldest of the highest class
+    /// first, so a fatal or degrading XID behind a storm of benign ones is
+    /// acted on at once (events of one class keep their order).
     pub fn try_recv(&self) -> Option<XidEvent> {
         let mut q = self.0.queue.lock().expect("XID queue");
-        match q.iter().position(is_vital) {
-            Some(i) => q.remove(i),
-            None => q.pop_front(),
-        }
+        let top = q.iter().map(class).max()?;
+        let i = q.iter().position(|x| class(x) == top)?;
+        q.remove(i)
     }
 
     /// Events queued now, and dropped since the start.
@@ -228,6 +268,48 @@ mod tests {
         assert_eq!(queue.try_recv(), Some(x(3, 79)), "the fatal XID first");
         let held: Vec<_> = std::iter::from_fn(|| queue.try_recv()).collect();
         assert_eq!(held, vec![x(1, 13); 7]);
+    }
+
+    #[test]
+    fn a_storm_of_app_xids_does_not_crowd_out_a_degrading_xid() {
+        let (sink, queue) = xid_queue(8);
+        for _ in 0..10_000 {
+            sink.send(x(1, 13)).unwrap();
+        }
+        sink.send(x(2, 92)).unwrap();
+        assert_eq!(queue.try_recv(), Some(x(2, 92)), "XID 92 degrades GPU 2");
+    }
+
+    #[test]
+    fn a_full_queue_evicts_the_lowest_class_and_hands_out_the_highest_first() {
+        let mut q = VecDeque::new();
+        for e in [x(1, 13), x(2, 92), x(1, 31), x(3, 92)] {
+            push(&mut q, 4, e);
+        }
+        assert!(push(&mut q, 4, x(4, 79)), "the oldest inert XID goes");
+        assert!(push(&mut q, 4, x(5, 92)), "then the next inert one");
+        assert_eq!(
+            q,
+            VecDeque::from(vec![x(2, 92), x(3, 92), x(4, 79), x(5, 92)])
+        );
+        assert!(push(&mut q, 4, x(2, 92)), "GPU 2 has its 92 queued");
+        assert!(push(&mut q, 4, x(6, 13)), "an inert XID goes when full");
+        assert!(push(&mut q, 4, x(3, 79)), "GPU 3's 92 adds nothing now");
+        assert_eq!(
+            q,
+            VecDeque::from(vec![x(2, 92), x(4, 79), x(5, 92), x(3, 79)])
+        );
+        assert!(push(&mut q, 4, x(7, 79)), "a degrading XID gives way");
+        assert_eq!(
+            q,
+            VecDeque::from(vec![x(4, 79), x(5, 92), x(3, 79), x(7, 79)])
+        );
+        let (sink, queue) = xid_queue(4);
+        for e in q {
+            sink.send(e).unwrap();
+        }
+        let held: Vec<_> = std::iter::from_fn(|| queue.try_recv()).collect();
+        assert_eq!(held, vec![x(4, 79), x(3, 79), x(7, 79), x(5, 92)]);
     }
 
     #[test]

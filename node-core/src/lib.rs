@@ -22,6 +22,8 @@
 //!   verdict lines out (`node-agent replay`).
 //! - [`node`]: the one step that owns all of the above: an input and the
 //!   time in, the effects for the agent to carry out.
+//! - [`xid_level`]: the state a driver XID raises its GPU to, shared by
+//!   the health engine and the agent's XID queue.
 //!
 //! Glossary:
 //! - *quarantine*: a GPU taken out of service now, released only by an
@@ -39,3 +41,5 @@ pub mod guard;
 pub mod health;
 pub mod node;
 pub mod replay;
+pub mod xid_level;
+pub use xid_level::xid_level;

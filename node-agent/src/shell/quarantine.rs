@@ -556,7 +556,7 @@ impl Agent {
         let (_, dropped) = self.xid_stats.get();
         if dropped > self.xids_dropped_said {
             tracing::warn!(
-                "{} XIDs dropped by the full XID queue ({dropped} since the start): repeats in a storm; the first fatal XID of every GPU is kept",
+                "{} XIDs dropped by the full XID queue ({dropped} since the start): application XIDs and repeats in a storm; the first fatal and the first degrading XID of every GPU are kept",
                 dropped - self.xids_dropped_said
             );
             self.xids_dropped_said = dropped;
