@@ -501,3 +501,30 @@ fn a_gpu_never_read_has_no_limits_kept_and_is_never_lifted_above_the_limit_found
     assert_eq!(h.node.ceiling(3), Some(Watts(500)));
     assert!(sets_of(&h, 3).iter().all(|&w| w <= Watts(500)));
 }
+
+/// GPU 0's lowest limit is 250 W, not the board's 200 W that stood in
+/// for it: a 200 W cap is set at 250 W and reads back so. The flash
+/// keeps 250 W as a limit the agent left at once, so a crash before the
+/// cap's retry does not take it for an administrator's at the restart.
+#[test]
+fn a_cap_set_at_another_limit_than_asked_is_kept_as_the_agents_at_once() {
+    let mut h = Host::new();
+    h.floor[0] = Some(Watts(250));
+    let t = T0.0 + 1_000;
+    lease_now(&mut h, 1, t, 200, 600_000);
+    assert_eq!(h.limits[0], Watts(250));
+    let kept = h.flash_limits[0].expect("kept");
+    assert!(
+        kept.asked == Watts(250) || kept.before == Some(Watts(250)),
+        "{kept:?}"
+    );
+
+    let after = h.crashed(0, t + 5_000);
+    assert!(
+        said(&after, "set outside the agent").is_empty(),
+        "{:?}",
+        said(&after, "GPU 0")
+    );
+    assert_eq!(after.node.ceiling(0), Some(DEFAULT));
+    assert!(power_ceilings(&after).is_empty());
+}

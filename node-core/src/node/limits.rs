@@ -478,6 +478,7 @@ impl Node {
             return self.restored(results, out);
         }
         let mut changes = r.changes;
+        let mut elsewhere = Vec::new();
         for res in results {
             let i = res.gpu as usize;
             let Some(g) = self.gpus.get_mut(i) else {
@@ -493,6 +494,12 @@ impl Node {
             out.extend(late_set(res));
             match res.back {
                 Ok(b) => {
+                    if b != res.limit {
+                        elsewhere.push(SetLimit {
+                            gpu: res.gpu,
+                            limit: res.limit,
+                        });
+                    }
                     g.applied = Some(b);
                     g.asked_back = b == res.limit;
                     g.unconfirmed = None;
@@ -546,6 +553,12 @@ impl Node {
                     changes.push((gpu_index(res.gpu), limit, g.source));
                 }
             }
+        }
+        if !elsewhere.is_empty() {
+            // Read back at another limit than asked (set within NVML's
+            // constraints instead, say): kept at once beside the one
+            // asked, so a restart before the retry finds it the agent's.
+            out.push(Effect::KeepLimits(self.kept_asking(&elsewhere)));
         }
         self.caps_applied(&changes, out);
     }

@@ -71,6 +71,10 @@ pub struct Host {
     /// The GPUs whose sets are never made (a worker busy past its
     /// deadline): each answers a timeout, the limit stays.
     pub sets_lost: [bool; GPUS],
+    /// Each GPU's true lowest limit where it is above the one the node
+    /// was given (the board's stood in for NVML's): a set below it is
+    /// set at it instead, as the shell does after NVML's refusal.
+    pub floor: [Option<Watts>; GPUS],
     /// What went on the bus or into flash, in order.
     pub acks: Vec<Ack>,
     pub events: Vec<Event>,
@@ -263,6 +267,7 @@ impl Host {
             unreadable: [false; GPUS],
             back_fails: [false; GPUS],
             sets_lost: [false; GPUS],
+            floor: [None; GPUS],
             acks: Vec::new(),
             events: Vec::new(),
             health_published: 0,
@@ -304,7 +309,7 @@ impl Host {
                             } else if self.sets_lost[i] {
                                 Err("Timeout".to_string())
                             } else {
-                                self.limits[i] = s.limit;
+                                self.limits[i] = self.floor[i].map_or(s.limit, |f| s.limit.max(f));
                                 Ok(())
                             };
                             let back = if self.back_fails[i] {
