@@ -342,10 +342,11 @@ impl Estimator {
     }
 
     /// What the supply sensor is judged against: the GPUs' word once
-    /// their factors are trusted (`gpu_implied`), before that the
-    /// facility water plus the CDU's approach (`facility`): the GPUs'
-    /// word on an unlearned hall cannot tell a hotter hall from a supply
-    /// sensor reading low.
+    /// their factors are trusted (`gpu_implied`), before that, or while
+    /// the GPUs cannot say (fewer than two loaded hosts), the facility
+    /// water plus the CDU's approach (`facility`): the GPUs' word on an
+    /// unlearned hall cannot tell a hotter hall from a supply sensor
+    /// reading low.
     pub fn supply_expectation(
         &self,
         cfg: &CoreConfig,
@@ -353,10 +354,11 @@ impl Estimator {
         gpu_implied: Option<f32>,
         facility: Option<f32>,
     ) -> Option<f32> {
+        let by_facility = || facility.map(|fw| fw + self.learned.approach.value);
         if self.hosts_trust(cfg, hosts) >= 0.5 {
-            gpu_implied
+            gpu_implied.or_else(by_facility)
         } else {
-            facility.map(|fw| fw + self.learned.approach.value)
+            by_facility()
         }
     }
 
@@ -493,5 +495,33 @@ impl Estimator {
             facility_w: fac,
         };
         self.learned.facility.update(&t.cfg, &s);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_supply_is_judged_by_the_facility_water_when_the_gpus_cannot_say() {
+        let cfg = CoreConfig::default();
+        let mut learned = Learned::new(&cfg);
+        for s in learned.hosts.iter_mut() {
+            s.trust = 1.0;
+        }
+        let est = Estimator::from_learned(learned);
+        let all = |_: usize| true;
+        let approach = learned.approach.value;
+        // Trusted hosts: the GPUs' word.
+        assert_eq!(
+            est.supply_expectation(&cfg, &all, Some(31.0), Some(27.0)),
+            Some(31.0)
+        );
+        // The hall idle (fewer than two loaded hosts): the facility water.
+        assert_eq!(
+            est.supply_expectation(&cfg, &all, None, Some(27.0)),
+            Some(27.0 + approach)
+        );
+        assert_eq!(est.supply_expectation(&cfg, &all, None, None), None);
     }
 }

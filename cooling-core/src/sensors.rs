@@ -13,7 +13,9 @@
 //!   expectation moved is stuck.
 //!
 //! A disagreement must last `fault_confirm_ms` to become a fault, and a
-//! faulty sensor must agree for `fault_clear_ms` to be trusted again.
+//! faulty sensor must agree for `fault_clear_ms` to be trusted again; a
+//! drifted one must agree with an expectation, judged outside a
+//! transient (without one it is not trusted again, however long).
 //! Expectations are filtered (about a minute) and held off while the loop
 //! is in a transient, so that a load step is not taken for a fault.
 //!
@@ -180,6 +182,13 @@ pub struct Observation {
     pub expected: Option<f32>,
     /// The loop is in a transient: do not judge drift now.
     pub transient: bool,
+}
+
+impl Observation {
+    /// Drift can be judged: there is an expectation, and no transient.
+    fn judged(&self) -> bool {
+        self.expected.is_some() && !self.transient
+    }
 }
 
 impl Supervisor {
@@ -424,6 +433,12 @@ impl Check {
                 c.agreeing_since = None;
                 None
             }
+            (Some(_), None) if c.fault == Some(SensorFault::Drift) && !obs.judged() => {
+                // Nothing it could agree with (the hall idle, a transient):
+                // no agreement, and none counted towards clearing.
+                c.agreeing_since = None;
+                None
+            }
             (Some(_), None) => {
                 // A stuck sensor must first move off the value it froze at.
                 if c.fault == Some(SensorFault::Stuck) {
@@ -615,5 +630,34 @@ mod tests {
             (Some(30.0), Some(truth))
         });
         assert_eq!(ch.first().map(|c| c.1), Some(SensorFault::Stuck), "{ch:?}");
+    }
+
+    #[test]
+    fn a_drift_fault_stands_while_there_is_nothing_to_compare_with() {
+        let mut s = Supervisor::default();
+        // 5 K high against the GPUs' word: a drift fault.
+        let ch = run(&mut s, Which::Supply, 0, 600, |_| (Some(35.0), Some(30.0)));
+        assert_eq!(ch.first().map(|c| c.1), Some(SensorFault::Drift), "{ch:?}");
+        // The hall goes idle: the GPUs no longer say what the supply is.
+        // Nothing agrees with the sensor, so it is not trusted again.
+        let ch = run(&mut s, Which::Supply, 600, 720, |_| (Some(35.0), None));
+        assert!(ch.is_empty(), "{ch:?}");
+        assert_eq!(s.fault(Which::Supply), Some(SensorFault::Drift));
+        // Nor does a transient, when drift is not judged, count.
+        for t in 720..900 {
+            let obs = Observation {
+                reading: Some(35.0),
+                expected: Some(30.0),
+                transient: true,
+            };
+            let timing = crate::CoreConfig::default().timing;
+            assert_eq!(s.observe(Which::Supply, t * 1000, 1.0, obs, &timing), None);
+        }
+        assert_eq!(s.fault(Which::Supply), Some(SensorFault::Drift));
+        // It reads true again once there is something to agree with.
+        let ch = run(&mut s, Which::Supply, 900, 1100, |_| {
+            (Some(30.0), Some(30.0))
+        });
+        assert_eq!(ch.last().map(|c| c.1), Some(SensorFault::Cleared), "{ch:?}");
     }
 }
