@@ -14,8 +14,9 @@
 //!    tripped and seized pumps (start the lag pump) in [`pumps`]; sensor
 //!    supervision in [`sensors`]; the mode `boot → normal ⇄ degraded →
 //!    failsafe` in [`mode`]. It boots with the pumps on and a conservative
-//!    setpoint, and leaves boot only when every required sensor has read
-//!    plausibly for `boot_settle_ms`. What it latches ([`latch`]) the
+//!    setpoint, and leaves boot when every required sensor has read
+//!    plausibly for `boot_settle_ms`, or, under a sensor fault, that long
+//!    after the CDU first answered. What it latches ([`latch`]) the
 //!    shell keeps in flash before acting and gives back to
 //!    [`Core::restore`] after a restart.
 //! 2. **regulation** ([`regulate`]): a margin loop lowers the setpoint
@@ -1305,6 +1306,44 @@ mod tests {
         // Cleared by an operator, with the rope dry and supervised.
         core.clear_leak(2, &LeakInputs::DRY).unwrap();
         assert_eq!(hall.step(&mut core, 120).valves_open, 0b1111);
+    }
+
+    /// Restarted with the flow sensor lost (the pump curve standing in):
+    /// the core does not wait in boot for a sensor that cannot clear, and
+    /// a trip then is handed over as after any boot.
+    #[test]
+    fn a_core_restored_with_a_lost_sensor_leaves_boot_degraded_and_hands_over_a_trip() {
+        let cfg = CoreConfig::default();
+        let lost_flow = Latched {
+            sensors: [None, None, Some(SensorFault::Lost), None],
+            ..Latched::default()
+        };
+        let mut core = Core::restore(cfg, &lost_flow).unwrap();
+        let mut hall = Hall::new();
+        hall.cdu.flow_lpm = None;
+        let mut c = hall.step(&mut core, 0);
+        for s in 1..30 {
+            c = hall.step(&mut core, s);
+        }
+        assert_eq!(
+            (c.mode, c.reason),
+            (CduMode::Degraded, ReasonCode::SENSOR_ESTIMATED)
+        );
+        // The lead's contactor opens: the lag pump takes over.
+        hall.cdu.pumps_running = [false, false];
+        let handed = (30..33).any(|s| hall.step(&mut core, s).pump_on == [false, true]);
+        assert!(handed, "the lag pump started within 3 s");
+        assert_eq!(core.pump_faults(), [Some(PumpFault::Tripped), None]);
+        // A first start with the flow sensor dead leaves boot alike.
+        let mut core = Core::new(cfg).unwrap();
+        hall.cdu.pumps_running = [true, false];
+        for s in 0..30 {
+            c = hall.step(&mut core, s);
+        }
+        assert_eq!(
+            (c.mode, c.reason),
+            (CduMode::Degraded, ReasonCode::SENSOR_ESTIMATED)
+        );
     }
 
     #[test]

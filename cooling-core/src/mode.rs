@@ -2,8 +2,11 @@
 //! in its mode.
 //!
 //! It boots with the pumps on and a conservative setpoint and leaves boot
-//! only when every required sensor has read plausibly for
-//! `boot_settle_ms`. Once booted, the CDU silent for `sensor_timeout_ms`
+//! for normal when every required sensor has read plausibly for
+//! `boot_settle_ms`. A sensor fault that still stands `boot_settle_ms`
+//! after the CDU's first answer (restored from before a restart, or a
+//! sensor dead from the start) is judged as after boot: a broken sensor
+//! never clears. Once booted, the CDU silent for `sensor_timeout_ms`
 //! is failsafe; a required sensor under a fault is degraded while the
 //! others stand in for it ([`super::substitute`]), failsafe when they
 //! cannot; otherwise it is normal, degraded when the coordination layer
@@ -15,6 +18,7 @@
 //! - *reason*: the [`ReasonCode`] reported with the mode.
 //! - *since*: when the mode was entered, ms (while the CDU has never
 //!   answered in boot: now).
+//! - *first answer*: the step the CDU first answered since the start.
 
 use loopwarden_protocol::message::{CduMode, Event, SensorFault};
 use loopwarden_protocol::ReasonCode;
@@ -31,6 +35,8 @@ pub struct ModeMachine {
     since_ms: u64,
     boot_ok_since: Option<u64>,
     cdu_seen_ms: Option<u64>,
+    /// When the CDU first answered, ms.
+    cdu_first_ms: Option<u64>,
 }
 
 impl Default for ModeMachine {
@@ -48,6 +54,7 @@ impl ModeMachine {
             since_ms: 0,
             boot_ok_since: None,
             cdu_seen_ms: None,
+            cdu_first_ms: None,
         }
     }
 }
@@ -98,6 +105,7 @@ impl ModeMachine {
         }
         if answered {
             self.cdu_seen_ms = Some(now);
+            self.cdu_first_ms.get_or_insert(now);
         }
     }
 
@@ -110,45 +118,46 @@ impl ModeMachine {
         trusted: &Trusted,
     ) -> (CduMode, ReasonCode) {
         let (now, t) = (tick.now, &tick.cfg.timing);
-        let (supply, flow, return_c) = (trusted.supply, trusted.flow, trusted.return_c);
         let cdu_ok = self
             .cdu_seen_ms
             .is_some_and(|s| now.saturating_sub(s) < t.sensor_timeout_ms);
         let sensors_ok = sensors.required_ok() && cdu_ok;
-        let (mut mode, mut reason) = (self.mode, self.reason);
+        let readings = trusted.supply.is_some() && trusted.flow.is_some();
+        let readings = readings && trusted.return_c.is_some();
         if self.mode == CduMode::Boot {
-            let plausible = sensors_ok && supply.is_some() && flow.is_some() && return_c.is_some();
-            if plausible {
+            if sensors_ok && readings {
                 let since = *self.boot_ok_since.get_or_insert(now);
                 if now.saturating_sub(since) >= t.boot_settle_ms {
-                    mode = CduMode::Normal;
-                    reason = ReasonCode::OK;
+                    return (CduMode::Normal, ReasonCode::OK);
                 }
-            } else {
-                self.boot_ok_since = None;
+                return (self.mode, self.reason);
             }
-        } else if !sensors_ok && cdu_ok && supply.is_some() && flow.is_some() && return_c.is_some()
-        {
-            // A required sensor is faulty, but the others stand in for it.
-            mode = CduMode::Degraded;
-            reason = ReasonCode::SENSOR_ESTIMATED;
-        } else if !sensors_ok {
-            mode = CduMode::Failsafe;
-            reason = if !cdu_ok {
-                ReasonCode::CDU_UNREACHABLE
-            } else if Which::ALL
-                .iter()
-                .any(|w| sensors.fault(*w) == Some(SensorFault::Lost))
-            {
-                ReasonCode::SENSOR_LOST
-            } else {
-                ReasonCode::SENSOR_IMPLAUSIBLE
-            };
-        } else {
-            mode = CduMode::Normal;
-            reason = ReasonCode::OK;
+            self.boot_ok_since = None;
+            // A fault that stands past the settling time from the CDU's
+            // first answer is judged as after boot: a broken sensor never
+            // clears, and boot hands over no failed pump.
+            let settled = self
+                .cdu_first_ms
+                .is_some_and(|f| now.saturating_sub(f) >= t.boot_settle_ms);
+            if !settled || sensors_ok {
+                return (self.mode, self.reason);
+            }
         }
-        (mode, reason)
+        if sensors_ok {
+            (CduMode::Normal, ReasonCode::OK)
+        } else if cdu_ok && readings {
+            // A required sensor is faulty, but the others stand in for it.
+            (CduMode::Degraded, ReasonCode::SENSOR_ESTIMATED)
+        } else if !cdu_ok {
+            (CduMode::Failsafe, ReasonCode::CDU_UNREACHABLE)
+        } else if Which::ALL
+            .iter()
+            .any(|w| sensors.fault(*w) == Some(SensorFault::Lost))
+        {
+            (CduMode::Failsafe, ReasonCode::SENSOR_LOST)
+        } else {
+            (CduMode::Failsafe, ReasonCode::SENSOR_IMPLAUSIBLE)
+        }
     }
 
     /// Settles the step's judged `mode` and `reason` at `now` with what

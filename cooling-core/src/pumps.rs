@@ -2,7 +2,8 @@
 //! hands over to the lag pump, and a failed pump stays out of service
 //! until an operator clears it. Two failures are told apart:
 //! - a *trip*: commanded on, its contactor reads open on two reads
-//!   running (a pump just started gets `PUMP_START_MS` to close it);
+//!   running (a pump just started, or the lead at the first step, gets
+//!   `PUMP_START_MS` to close it), judged in boot too;
 //! - a *seizure*: its contactor is closed, but the loop has no flow. The
 //!   flow must read far below what the commanded speed gives, confirmed
 //!   by the differential pressure reading low as well. Where one of the
@@ -72,6 +73,8 @@ pub struct Pumps {
     /// What the loop read at the last step without a suspicion.
     before: Option<Witness>,
     fault: [Option<PumpFault>; 2],
+    /// Neither pump was commanded on by the last step (an isolation had
+    /// failed, or no step yet): the lead counts as started at the next.
     stopped: bool,
 }
 
@@ -91,7 +94,7 @@ impl Pumps {
             no_flow_since: None,
             before: None,
             fault: [None; 2],
-            stopped: false,
+            stopped: true,
         }
     }
 }
@@ -127,7 +130,7 @@ impl Pumps {
     }
 
     /// The pumps of a restored state (before any step: the lead counts as
-    /// started at time 0, the clock of a fresh process).
+    /// started at the first).
     pub fn restore(&mut self, l: &Latched) {
         self.fault = l.pumps;
         self.lead = l.lead as usize;
@@ -162,9 +165,10 @@ impl Pumps {
 
     /// The pumps in step `t`, from the contactor feedback, the flow and
     /// the pressure when the CDU answered, at the `speed` commanded, with
-    /// the `hottest` GPU and the sensors supervision has `faulted`;
-    /// failures are only judged once `booted`. `stop`: an isolation has
-    /// failed, both pumps stop.
+    /// the `hottest` GPU and the sensors supervision has `faulted`. A trip
+    /// is judged from the first step (the lead just started gets
+    /// `PUMP_START_MS`); a seizure only once `booted`. `stop`: an
+    /// isolation has failed, both pumps stop.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn step(
         &mut self,
@@ -189,7 +193,7 @@ impl Pumps {
         if core::mem::take(&mut self.stopped) {
             self.lead_since_ms = t.now;
         }
-        let failure = if self.tripped(t, booted) {
+        let failure = if self.tripped(t) {
             Some(PumpFault::Tripped)
         } else if booted && self.seized(t, speed, hottest, faulted) {
             Some(PumpFault::Seized)
@@ -233,10 +237,9 @@ impl Pumps {
     }
 
     /// The lead's contactor has read open long enough to be a trip.
-    fn tripped(&mut self, t: &Tick<'_>, booted: bool) -> bool {
+    fn tripped(&mut self, t: &Tick<'_>) -> bool {
         let now = t.now;
         let missing = t.rd.answered
-            && booted
             && self.fault[self.lead].is_none()
             && !t.rd.pumps_running[self.lead]
             && now.saturating_sub(self.lead_since_ms) >= PUMP_START_MS;
