@@ -111,6 +111,10 @@ fn status(ctx: &Context, snap: &Snapshot, now: TimestampMs) -> Value {
             "quarantined": count_health(snap, HealthState::Quarantined),
         },
         "flash": ctx.flash_path.clone().unwrap_or_else(|| "memory (not kept)".into()),
+        // Config values (quarantines, limits, the cooling phase, replay
+        // floors) the flash refused to keep: a restart may forget them.
+        "flash_refused": ctx.recorder.refused().max(snap.flash_refused),
+        "flash_refused_at": snap.flash_refused_at.map(|t| t.0),
         "demo_key": ctx.demo_key,
         "protection_off": protection_off_view(&ctx.protection_off),
     })
@@ -446,6 +450,25 @@ mod tests {
         assert!(v["nvlink_links_read"].is_null(), "{v}");
         // Its values are dated: got 2.5 s before the question.
         assert_eq!(v["sample_age_s"], 2.5, "{v}");
+    }
+
+    /// A refusal of the flash is dated to the step that first saw it, and
+    /// keeps that date until another comes.
+    #[test]
+    fn a_flash_refusal_is_dated_to_the_step_that_saw_it() {
+        let mut snap = Snapshot::default();
+        assert_eq!(snap.flash_refused_since(0, TimestampMs(5)), None);
+        snap.flash_refused_at = snap.flash_refused_since(1, TimestampMs(10));
+        snap.flash_refused = 1;
+        assert_eq!(snap.flash_refused_at, Some(TimestampMs(10)));
+        assert_eq!(
+            snap.flash_refused_since(1, TimestampMs(20)),
+            Some(TimestampMs(10))
+        );
+        assert_eq!(
+            snap.flash_refused_since(3, TimestampMs(30)),
+            Some(TimestampMs(30))
+        );
     }
 
     /// A limit whose read-back failed is said to be not confirmed, with

@@ -142,6 +142,19 @@ fn warning_rows(v: &Value) -> Vec<(&'static str, String)> {
             ),
         ));
     }
+    if let Some(n @ 1..) = v["flash_refused"].as_u64() {
+        let last = match v["flash_refused_at"].as_u64() {
+            Some(t) => format!(", the last at {}", fmt_time(TimestampMs(t))),
+            None => String::new(),
+        };
+        rows.push((
+            "FLASH",
+            format!(
+                "{n} config values not kept{last}: a restart may forget quarantines, caps, \
+                 the cooling phase (the flash is full, worn or failing: see the log)"
+            ),
+        ));
+    }
     if let Some(t) = v["stalled_since"].as_u64() {
         rows.push((
             "STALLED",
@@ -376,6 +389,24 @@ mod tests {
         );
         let none = json!({"site_actions": {"last_failure": null}});
         assert!(!render(&Request::Status, &none).contains("FAILED"));
+    }
+
+    #[test]
+    fn status_warns_when_the_flash_refused_to_keep_config_values() {
+        let v = json!({"flash_refused": 2, "flash_refused_at": 1_700_000_000_000u64});
+        let text = render(&Request::Status, &v);
+        let row = text
+            .lines()
+            .find(|l| l.starts_with("FLASH "))
+            .unwrap_or_else(|| panic!("no FLASH row in\n{text}"));
+        assert!(
+            row.contains("2 config values not kept, the last at ")
+                && row.contains("a restart may forget quarantines, caps, the cooling phase"),
+            "{row}"
+        );
+        for kept in [json!({"flash_refused": 0}), json!({})] {
+            assert!(!render(&Request::Status, &kept).contains("FLASH"));
+        }
     }
 
     #[test]

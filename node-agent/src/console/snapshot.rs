@@ -176,6 +176,24 @@ pub struct Snapshot {
     pub cooling_unknown: bool,
     /// The wall clock minus steady time, ms (for showing `cooling`).
     pub wall_offset_ms: i64,
+    /// Config values the flash refused to keep since the start
+    /// (quarantines, limits, the cooling phase, replay floors).
+    pub flash_refused: u64,
+    /// When a step first saw the last of them (wall clock).
+    pub flash_refused_at: Option<TimestampMs>,
+}
+
+impl Snapshot {
+    /// When the flash last refused a config value, given the count now
+    /// and the time now: this snapshot's time while the count is the same,
+    /// `now` when it rose since (a refusal is dated to the step that saw it).
+    pub fn flash_refused_since(&self, refused: u64, now: TimestampMs) -> Option<TimestampMs> {
+        if refused > self.flash_refused {
+            Some(now)
+        } else {
+            self.flash_refused_at
+        }
+    }
 }
 
 /// A snapshot channel: the sender goes to the loop, the receiver into the

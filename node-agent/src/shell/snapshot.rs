@@ -38,6 +38,11 @@ impl Agent {
             })
             .collect();
         let (xids_queued, xids_dropped) = self.xid_stats.get();
+        let flash_refused = self.recorder.refused();
+        let flash_refused_at = match self.snapshots.borrow().as_ref() {
+            Some(prev) => prev.flash_refused_since(flash_refused, self.clock.wall()),
+            None => (flash_refused > 0).then(|| self.clock.wall()),
+        };
         Snapshot {
             timing: self.timing.clone(),
             gpus,
@@ -51,6 +56,8 @@ impl Agent {
             cooling: self.node.cooling_phase(),
             cooling_unknown: self.node.cooling_unknown(),
             wall_offset_ms: self.clock.read().1,
+            flash_refused,
+            flash_refused_at,
         }
     }
 
