@@ -17,6 +17,7 @@
 //! - *outcome*: exit status 0 within the timeout (`ok`), or the exit code,
 //!   or none when it was killed or could not start.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// What to put in place of the placeholders.
@@ -76,7 +77,8 @@ pub struct Outcome {
 }
 
 /// How long the end of a command's standard error is waited for once it
-/// exited: a process it left running may hold it open.
+/// exited: a process it left running may hold it open (what was read by
+/// then is still its reason).
 const STDERR_GRACE: Duration = Duration::from_millis(200);
 /// The end of standard error kept, bytes.
 const STDERR_KEPT: usize = 4096;
@@ -139,8 +141,10 @@ pub async fn run(argv: &[String], timeout: Duration) -> Outcome {
         pid: child.id().and_then(|p| i32::try_from(p).ok()),
     };
     // Read as it comes, so a command that writes much never waits on a
-    // full pipe.
-    let mut stderr = tokio::spawn(read_tail(child.stderr.take()));
+    // full pipe; kept where the tail is still there if the reader never
+    // reaches the end (a process the command left running holds it).
+    let tail = Arc::new(Mutex::new(Vec::new()));
+    let mut stderr = tokio::spawn(read_tail(child.stderr.take(), tail.clone()));
     let status = match tokio::time::timeout(timeout, child.wait()).await {
         Ok(Ok(status)) => {
             group.exited();
@@ -157,13 +161,13 @@ pub async fn run(argv: &[String], timeout: Duration) -> Outcome {
             return failed(format!("killed after {} s", timeout.as_secs()));
         }
     };
-    let err = match tokio::time::timeout(STDERR_GRACE, &mut stderr).await {
-        Ok(Ok(bytes)) => bytes,
-        _ => {
-            stderr.abort();
-            Vec::new()
-        }
-    };
+    if tokio::time::timeout(STDERR_GRACE, &mut stderr)
+        .await
+        .is_err()
+    {
+        stderr.abort();
+    }
+    let err = std::mem::take(&mut *tail.lock().expect("stderr tail"));
     let code = status.code();
     let ok = status.success();
     let err = String::from_utf8_lossy(&err);
@@ -191,21 +195,22 @@ pub async fn run(argv: &[String], timeout: Duration) -> Outcome {
     }
 }
 
-/// The last [`STDERR_KEPT`] bytes of `stderr`, read to its end.
-async fn read_tail(stderr: Option<tokio::process::ChildStderr>) -> Vec<u8> {
+/// Reads `stderr` to its end, keeping its last [`STDERR_KEPT`] bytes in
+/// `kept` as they come (what was read stays there if the read is cut).
+async fn read_tail(stderr: Option<tokio::process::ChildStderr>, kept: Arc<Mutex<Vec<u8>>>) {
     use tokio::io::AsyncReadExt;
     let Some(mut stderr) = stderr else {
-        return Vec::new();
+        return;
     };
-    let mut kept = Vec::new();
     let mut buf = [0u8; 1024];
     while let Ok(n @ 1..) = stderr.read(&mut buf).await {
+        let mut kept = kept.lock().expect("stderr tail");
         kept.extend_from_slice(&buf[..n]);
         if kept.len() > STDERR_KEPT {
-            kept.drain(..kept.len() - STDERR_KEPT);
+            let extra = kept.len() - STDERR_KEPT;
+            kept.drain(..extra);
         }
     }
-    kept
 }
 
 #[cfg(test)]
@@ -285,12 +290,15 @@ mod tests {
             &[
                 "sh".into(),
                 "-c".into(),
-                "sleep 5 & echo nope >&2; exit 4".into(),
+                "echo nope >&2; sleep 5 & exit 4".into(),
             ],
             Duration::from_secs(2),
         )
         .await;
         assert_eq!((failed.ok, failed.exit_code), (false, Some(4)));
+        // What it wrote before it left the child holding its standard
+        // error is its reason.
+        assert!(failed.detail.contains("nope"), "{failed:?}");
     }
 
     /// A command killed at its timeout takes what it started with it: a
