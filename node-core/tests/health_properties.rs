@@ -274,7 +274,7 @@ proptest! {
     #[test]
     fn benign_traces_never_raise_a_gpu(
         p in plan(),
-        every in proptest::sample::select(vec![1u64, 5, 10, 30]),
+        every in proptest::sample::select(vec![1u64, 5, 10, 30, 45]),
     ) {
         // Sampled every period, or as an agent sampling slower sees it.
         let trace = benign(&p).thinned(every);

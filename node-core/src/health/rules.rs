@@ -9,7 +9,9 @@
 //!
 //! Glossary:
 //! - *window*: a counter's recent values, for its increase over a
-//!   trailing span ([`Window`]).
+//!   trailing span ([`Window`]), counted from the newest value at least
+//!   the span old and scaled to the span when that is older
+//!   ([`Increase`]).
 //! - *streak*: how long a condition has held ([`Streak`]).
 
 use std::collections::VecDeque;
@@ -24,10 +26,50 @@ pub(super) struct Window {
     points: VecDeque<(u64, u64)>,
 }
 
+/// A counter's increase over a trailing span: `count` over the last
+/// `over` ms, from the newest point at least the span old. `over` exceeds
+/// the span when the samples do not fall on it (a period that does not
+/// divide it, a gap); it is shorter while the window fills.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Increase {
+    count: u64,
+    over: u64,
+}
+
+impl Increase {
+    /// The increase per `span` ms, to the nearest: the count scaled to
+    /// the span when counted over longer, as counted otherwise (over the
+    /// span, or over less while the window fills: never more than seen).
+    pub(super) fn per(&self, span: u64) -> u64 {
+        let over = u128::from(self.over.max(span).max(1));
+        ((u128::from(self.count) * u128::from(span) + over / 2) / over) as u64
+    }
+
+    /// Whether the rate is above `limit` per `limit_span` ms, the count
+    /// taken over the time it was counted over (or over `span` while the
+    /// window fills), without rounding.
+    pub(super) fn above(&self, span: u64, limit: u64, limit_span: u64) -> bool {
+        u128::from(self.count) * u128::from(limit_span)
+            > u128::from(limit) * u128::from(self.over.max(span))
+    }
+
+    /// The increase in words, with what was counted: `{rate}/{per}
+    /// ({count} in {s} s)` once counted over the span or longer, only
+    /// `{count} in {s} s` while the window fills.
+    fn words(&self, span: u64, per: &str) -> String {
+        let secs = self.over as f64 / 1000.0;
+        if self.over >= span {
+            format!("{}/{per} ({} in {secs:.1} s)", self.per(span), self.count)
+        } else {
+            format!("{} in {secs:.1} s", self.count)
+        }
+    }
+}
+
 impl Window {
     /// Adds a point and returns the increase over the last `span` ms (from
     /// the oldest point at least `span` old, else the oldest kept).
-    fn push(&mut self, t: u64, v: u64, span: u64) -> u64 {
+    fn push(&mut self, t: u64, v: u64, span: u64) -> Increase {
         // A counter that went down was reset (driver reload), or the clock
         // stepped back: start again.
         if self
@@ -41,21 +83,25 @@ impl Window {
         while self.points.len() > 2 && t.saturating_sub(self.points[1].0) >= span {
             self.points.pop_front();
         }
-        v - self.points.front().map_or(v, |&(_, first)| first)
+        self.increase_over(t, span)
     }
 
     /// The increase at `t` over the last `span` ms, at most the span
     /// pushed with: from the newest point at least `span` old, else the
     /// oldest kept (as [`Window::push`] counts).
-    fn increase_over(&self, t: u64, span: u64) -> u64 {
+    fn increase_over(&self, t: u64, span: u64) -> Increase {
         let Some(&(_, last)) = self.points.back() else {
-            return 0;
+            return Increase { count: 0, over: 0 };
         };
         // Points run oldest first: those at least `span` old come first.
         let old = self
             .points
             .partition_point(|&(pt, _)| t.saturating_sub(pt) >= span);
-        last - self.points[old.saturating_sub(1)].1
+        let (from, first) = self.points[old.saturating_sub(1)];
+        Increase {
+            count: last - first,
+            over: t.saturating_sub(from),
+        }
     }
 }
 
@@ -250,7 +296,9 @@ impl HealthEngine {
     }
 
     /// Degraded-level rates of counters over the last minute, sustained:
-    /// PCIe replays, corrected ECC errors, NVLink CRC errors. A streak
+    /// PCIe replays, corrected ECC errors, NVLink CRC errors. A count over
+    /// more than its span (samples that do not fall on it) is scaled to
+    /// the span before it is held against a limit per span. A streak
     /// ends once the rate over its sustain time is down to the limit, so
     /// a lull between bursts does not end it while the bursts keep the
     /// average above the limit; for ECC and CRC errors, whose sustain is
@@ -274,16 +322,18 @@ impl HealthEngine {
         let crc_min = tr.crc.push(t, o.nvlink_crc, 60_000);
         let pcie_for = tr.pcie_high.update(
             t,
-            pcie_min > p.pcie_replays_per_min,
-            // Saturating: a trace may hold any count.
-            pcie_sustained.saturating_mul(60_000)
-                <= p.pcie_replays_per_min.saturating_mul(p.pcie_sustain_ms),
+            pcie_min.above(60_000, p.pcie_replays_per_min, 60_000),
+            !pcie_sustained.above(p.pcie_sustain_ms, p.pcie_replays_per_min, 60_000),
         );
-        let sbe_for = tr.sbe_high.update(t, sbe_min > p.sbe_per_min, true);
+        let sbe_for = tr
+            .sbe_high
+            .update(t, sbe_min.above(60_000, p.sbe_per_min, 60_000), true);
         let crc_for = tr
             .crc_high
-            .update(t, crc_min > p.nvlink_crc_per_s * 60, true);
+            .update(t, crc_min.above(60_000, p.nvlink_crc_per_s, 1_000), true);
         if pcie_for.is_some_and(|d| d >= p.pcie_sustain_ms) {
+            let per = format!("{} min", p.pcie_sustain_ms / 60_000);
+            let two = pcie_sustained.words(p.pcie_sustain_ms, &per);
             self.raise(
                 t,
                 g,
@@ -291,8 +341,8 @@ impl HealthEngine {
                 ReasonCode::PCIE_REPLAY_RATE,
                 || {
                     format!(
-                        "{pcie_min} PCIe replays in the last minute, {pcie_sustained} in {} min, at {when} (limit {}/min)",
-                        p.pcie_sustain_ms / 60_000,
+                        "PCIe replays {}, {two} at {when}, limit {}/min",
+                        pcie_min.words(60_000, "min"),
                         p.pcie_replays_per_min
                     )
                 },
@@ -305,7 +355,12 @@ impl HealthEngine {
                 g,
                 HealthState::Degraded,
                 ReasonCode::SBE_RATE_RISING,
-                || format!("{sbe_min} corrected ECC errors in the last minute at {when}"),
+                || {
+                    format!(
+                        "corrected ECC errors {} at {when}",
+                        sbe_min.words(60_000, "min")
+                    )
+                },
                 out,
             );
         }
@@ -315,7 +370,12 @@ impl HealthEngine {
                 g,
                 HealthState::Degraded,
                 ReasonCode::NVLINK_ERRORS,
-                || format!("{crc_min} NVLink CRC errors in the last minute at {when}"),
+                || {
+                    format!(
+                        "NVLink CRC errors {} at {when}",
+                        crc_min.words(60_000, "min")
+                    )
+                },
                 out,
             );
         }

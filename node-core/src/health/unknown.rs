@@ -303,6 +303,36 @@ mod tests {
         assert_eq!(play(1_000, 300, clean), Vec::<String>::new());
     }
 
+    /// Rates below their limits at a period that does not divide the
+    /// minute (the window then spans 90 s) raise nothing; above them they
+    /// still degrade.
+    #[test]
+    fn rates_below_the_limit_at_a_45_s_period_raise_nothing() {
+        let below = |t: u64| Observation {
+            sbe_volatile: 40 + t * 70 / 60_000,
+            pcie_replay: 1_000 + t * 6 / 60_000,
+            nvlink_crc: 300 + t * 80 / 1_000,
+            ..loaded()
+        };
+        assert_eq!(play(45_000, 600, below), Vec::<String>::new());
+        let sbe_above = |t: u64| Observation {
+            sbe_volatile: 40 + t * 130 / 60_000,
+            ..loaded()
+        };
+        assert_eq!(
+            play(45_000, 600, sbe_above),
+            ["gpu 0 Degraded sbe-rate-rising"]
+        );
+        let pcie_above = |t: u64| Observation {
+            pcie_replay: 1_000 + t * 12 / 60_000,
+            ..loaded()
+        };
+        assert_eq!(
+            play(45_000, 600, pcie_above),
+            ["gpu 0 Degraded pcie-replay-rate"]
+        );
+    }
+
     #[test]
     fn a_first_sample_is_taken_as_it_is() {
         let o = unknown(Unsupported::ECC);
