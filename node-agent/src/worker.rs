@@ -43,7 +43,7 @@
 //!   the call is handed over and cleared by the worker when it is done,
 //!   under the same lock as the answer (a late sample) is kept.
 //! - *late answer*: a sample that came after its deadline, kept for the
-//!   next round.
+//!   next round with when it came ([`Worker::sample_dated`]).
 //! - *inline*: a worker without a thread, for a device that answers from
 //!   memory.
 
@@ -183,8 +183,9 @@ impl From<CallError> for GpuError {
 struct Shared {
     /// The call in progress; `None` when idle.
     busy: Option<Busy>,
-    /// A sample that answered after its caller stopped waiting.
-    late: Option<Result<GpuSample, GpuError>>,
+    /// A sample that answered after its caller stopped waiting, and when
+    /// it answered.
+    late: Option<(Result<GpuSample, GpuError>, Instant)>,
     times: CallTimes,
     /// A reprobe asked while a call ran: done before the next call.
     reprobe: bool,
@@ -512,28 +513,36 @@ impl Worker {
     /// or `Pending`. A call still running from the last round is a miss
     /// (`Now(Err(Timeout))`): no answer within a whole period.
     pub async fn sample(&self, deadline: Duration) -> Answer {
+        self.sample_dated(deadline).await.0
+    }
+
+    /// [`Worker::sample`], with when its answer came from the GPU: a late
+    /// answer came up to a period before it is handed over, and its values
+    /// are that old (now for the others).
+    pub async fn sample_dated(&self, deadline: Duration) -> (Answer, Instant) {
         let until = tokio::time::Instant::now() + deadline;
         {
             let mut s = self.state.lock();
-            if let Some(late) = s.late.take() {
-                return Answer::Late(late);
+            if let Some((late, answered)) = s.late.take() {
+                return (Answer::Late(late), answered);
             }
             if s.busy.is_some() {
                 // Still running since the last round (or a limit call
                 // past its deadline): no answer within a whole period.
-                return Answer::Now(Err(GpuError::Timeout));
+                return (Answer::Now(Err(GpuError::Timeout)), Instant::now());
             }
             s.busy = Some(Busy {
                 since: Instant::now(),
                 sample: true,
             });
         }
-        match self.run(Request::Sample, until).await {
+        let answer = match self.run(Request::Sample, until).await {
             Ok(Reply::Sample(r)) => Answer::Now(r),
             Ok(_) => unreachable!("a sample request gets a sample reply"),
             Err(CallError::NoAnswer) => Answer::Pending,
             Err(e) => Answer::Now(Err(e.into())),
-        }
+        };
+        (answer, Instant::now())
     }
 
     /// Sets the power limit (after a call in progress, within `deadline`).
@@ -599,7 +608,7 @@ fn deliver(s: &mut Shared, to: oneshot::Sender<Reply>, reply: Reply, took_us: u6
     // round, anything else dropped (nobody waits for it).
     if let Err(Reply::Sample(r)) = to.send(reply) {
         s.times.late += 1;
-        s.late = Some(r);
+        s.late = Some((r, Instant::now()));
     }
 }
 
@@ -677,8 +686,14 @@ mod tests {
         // next round, with no new call made then.
         assert!(matches!(w.sample(d).await, Answer::Pending));
         *delay.lock().unwrap() = Duration::ZERO;
-        assert!(matches!(w.sample(d).await, Answer::Late(Ok(_))));
-        assert!(matches!(w.sample(d).await, Answer::Now(Ok(_))));
+        // Handed over 300 ms after it answered: its values are that old.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (late, answered) = w.sample_dated(d).await;
+        assert!(matches!(late, Answer::Late(Ok(_))), "{late:?}");
+        assert!(answered.elapsed() >= Duration::from_millis(300));
+        let (now, answered) = w.sample_dated(d).await;
+        assert!(matches!(now, Answer::Now(Ok(_))), "{now:?}");
+        assert!(answered.elapsed() < Duration::from_millis(100));
         assert_eq!(w.call_times().late, 1);
         assert!(w.call_times().max_us >= 30_000);
         // A set past its deadline is a timeout (it took effect, as a

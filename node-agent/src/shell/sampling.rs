@@ -9,7 +9,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use loopwarden_bus::Inbound;
-use loopwarden_protocol::GpuFlags;
+use loopwarden_protocol::{GpuFlags, TimestampMs};
 use tokio::sync::mpsc;
 
 use node_core::health::Observation;
@@ -64,10 +64,11 @@ impl Agent {
         let mut readings = Vec::with_capacity(results.len());
         for (g, r) in self.gpus.iter_mut().zip(results) {
             readings.push(match r {
-                Some(Answer::Pending) => Reading::Pending,
-                Some(Answer::Now(Ok(s)) | Answer::Late(Ok(s))) => {
+                Some((Answer::Pending, _)) => Reading::Pending,
+                Some((Answer::Now(Ok(s)) | Answer::Late(Ok(s)), answered)) => {
                     g.last = Some(s);
-                    g.sampled_at = Some(self.clock.wall());
+                    // A late answer came up to a period ago: dated then.
+                    g.sampled_at = Some(dated(self.clock.wall(), answered));
                     g.responsive = true;
                     Reading::Sample {
                         observation: observation(&s),
@@ -77,7 +78,7 @@ impl Agent {
                 }
                 other => {
                     let e = match other {
-                        Some(Answer::Now(Err(e)) | Answer::Late(Err(e))) => e,
+                        Some((Answer::Now(Err(e)) | Answer::Late(Err(e)), _)) => e,
                         _ => GpuError::Timeout,
                     };
                     g.responsive = false;
@@ -115,18 +116,18 @@ impl Agent {
     /// One answer per GPU. Workers on threads are asked together, so a
     /// slow GPU costs one deadline, not one each; inline workers answer
     /// at once, one after the other, with no task spawned for them.
-    async fn sample_all(&self) -> Vec<Option<Answer>> {
+    async fn sample_all(&self) -> Vec<Option<(Answer, Instant)>> {
         let deadline = self.config.deadline;
-        let mut results: Vec<Option<Answer>> = vec![None; self.gpus.len()];
+        let mut results: Vec<Option<(Answer, Instant)>> = vec![None; self.gpus.len()];
         let mut set = tokio::task::JoinSet::new();
         let mut tasks = Vec::new();
         for w in &self.workers {
             if w.is_inline() {
-                results[w.index() as usize] = Some(w.sample(deadline).await);
+                results[w.index() as usize] = Some(w.sample_dated(deadline).await);
             } else {
                 let w = w.clone();
                 let i = w.index();
-                let task = set.spawn(async move { (w.index(), w.sample(deadline).await) });
+                let task = set.spawn(async move { (w.index(), w.sample_dated(deadline).await) });
                 tasks.push((task.id(), i));
             }
         }
@@ -137,13 +138,24 @@ impl Agent {
                     let gpu = tasks.iter().find(|(id, _)| *id == e.id()).map(|t| t.1);
                     let failed = task_failed(gpu, &e);
                     if let Some(i) = gpu {
-                        results[i as usize] = Some(Answer::Now(Err(failed)));
+                        results[i as usize] = Some((Answer::Now(Err(failed)), Instant::now()));
                     }
                 }
             }
         }
         results
     }
+}
+
+/// The wall-clock time of an answer that came at `answered`, `wall` being
+/// now: a late answer is dated when the GPU gave it, not when it was
+/// handed over a round later.
+fn dated(wall: TimestampMs, answered: Instant) -> TimestampMs {
+    let age = answered.elapsed().as_millis();
+    TimestampMs(
+        wall.0
+            .saturating_sub(u64::try_from(age).unwrap_or(u64::MAX)),
+    )
 }
 
 /// A sampling task that ended without its answer (it panicked, or was
