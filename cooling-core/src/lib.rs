@@ -1378,9 +1378,13 @@ mod tests {
             hall.step(&mut core, s);
         }
         assert_eq!(core.pumps_failed(), [false, false]);
-        // The valve is freed and confirms closed: the other racks are fed.
+        // The valve is freed and confirms closed for 5 s without a break:
+        // the other racks are fed.
         hall.cdu.valves_closed = Some(0b1000);
-        let c = hall.step(&mut core, 60);
+        for s in 60..65 {
+            assert_eq!(hall.step(&mut core, s).pump_on, [false, false], "{s}");
+        }
+        let c = hall.step(&mut core, 65);
         assert_eq!((c.pump_on, c.cooling_lost), ([true, false], 0b1000));
     }
 

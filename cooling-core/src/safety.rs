@@ -7,7 +7,9 @@
 //! (its position read back) within `valve_confirm_ms`; if it does not, the
 //! isolation has failed and the core escalates: both secondary pumps stop,
 //! every host is capped to its minimum and told its cooling is lost, and
-//! the alarm sounds, until the valve confirms or the leak is cleared.
+//! the alarm sounds, until the valve confirms closed for
+//! `valve_confirm_ms` without a break or the leak is cleared; a rack
+//! whose isolation failed escalates again at its first "open" read.
 //! Leak sensing is supervised: a rope whose supervision line reports a
 //! fault, a failed read of the board's inputs, or a rack without a rope is
 //! "leak sensing lost" for that rack, never "dry". Valve position inputs
@@ -88,6 +90,11 @@ pub struct Safety {
     sensing_lost: u16,
     unconfirmed_since: [Option<u64>; MAX_RACKS],
     isolation_failed: u16,
+    /// Per rack whose isolation failed: since when its valve confirms
+    /// closed without a break.
+    confirmed_since: [Option<u64>; MAX_RACKS],
+    /// Latched racks whose isolation has failed since they latched.
+    failed_before: u16,
     /// Per rack: since when its valve, commanded open, reads closed.
     closed_while_open_since: [Option<u64>; MAX_RACKS],
     feedback_faults: u16,
@@ -114,6 +121,8 @@ impl Safety {
             sensing_lost: 0,
             unconfirmed_since: [None; MAX_RACKS],
             isolation_failed: 0,
+            confirmed_since: [None; MAX_RACKS],
+            failed_before: 0,
             closed_while_open_since: [None; MAX_RACKS],
             feedback_faults: 0,
         }
@@ -152,6 +161,7 @@ impl Safety {
         let all = all_racks(racks);
         self.leaks_latched = l.leaks & all;
         self.isolation_failed = l.isolation_failed & self.leaks_latched;
+        self.failed_before = self.isolation_failed;
         // A rope still wet at the start is not a new leak.
         self.leaks_seen = self.leaks_latched;
         self.board_seen = self.leaks_latched;
@@ -203,7 +213,9 @@ impl Safety {
         }
         self.leaks_latched &= !(1 << rack);
         self.isolation_failed &= !(1 << rack);
+        self.failed_before &= !(1 << rack);
         self.unconfirmed_since[rack] = None;
+        self.confirmed_since[rack] = None;
         Ok(())
     }
 
@@ -261,8 +273,12 @@ impl Safety {
 
     /// Judges at `now` whether each latched rack's valve reads closed
     /// (`valves_closed`, `None`: no position was read) within `confirm_ms`;
-    /// reports an isolation that fails or is restored. True while any
-    /// isolation has failed.
+    /// reports an isolation that fails or is restored. A failed isolation
+    /// ends only once the valve has confirmed closed for `confirm_ms`
+    /// without a break, and a rack whose isolation failed since it
+    /// latched fails again at its first read of "open" (no read still
+    /// gets `confirm_ms`): a bouncing limit switch never restarts the
+    /// pumps onto the leak. True while any isolation has failed.
     pub(crate) fn isolation(
         &mut self,
         now: u64,
@@ -271,30 +287,63 @@ impl Safety {
         log: &mut Log,
     ) -> bool {
         for r in 0..MAX_RACKS {
-            let since = &mut self.unconfirmed_since[r];
             if !bit(self.leaks_latched, r) {
-                *since = None;
+                self.unconfirmed_since[r] = None;
+                self.confirmed_since[r] = None;
+                self.failed_before &= !(1 << r);
                 continue;
             }
             // A lying position input confirms nothing.
             let confirmed =
                 valves_closed.is_some_and(|v| bit(v, r)) && !bit(self.feedback_faults, r);
-            let failed = bit(self.isolation_failed, r);
-            let change = if confirmed {
-                *since = None;
-                failed.then_some(false)
+            let reads_open = valves_closed.is_some_and(|v| !bit(v, r));
+            let change = if bit(self.isolation_failed, r) {
+                self.ended(r, now, confirmed, confirm_ms).then_some(false)
             } else {
-                let from = *since.get_or_insert(now);
-                (!failed && now.saturating_sub(from) >= confirm_ms).then_some(true)
+                let read = (confirmed, reads_open);
+                self.failed(r, now, read, confirm_ms).then_some(true)
             };
             if let Some(active) = change {
                 self.isolation_failed ^= 1 << r;
+                self.failed_before |= self.isolation_failed;
                 if let Some(rack) = rack_index(r) {
                     log.push(Event::IsolationFailed { rack, active });
                 }
             }
         }
         self.isolation_failed != 0
+    }
+
+    /// Rack `r`, its isolation not failed, fails it at `now`: not
+    /// `confirmed` closed for `confirm_ms`, or at once where its valve
+    /// `reads_open` and its isolation failed before since it latched.
+    fn failed(
+        &mut self,
+        r: usize,
+        now: u64,
+        (confirmed, reads_open): (bool, bool),
+        confirm_ms: u64,
+    ) -> bool {
+        let since = &mut self.unconfirmed_since[r];
+        if confirmed {
+            *since = None;
+            return false;
+        }
+        let from = *since.get_or_insert(now);
+        (reads_open && bit(self.failed_before, r)) || now.saturating_sub(from) >= confirm_ms
+    }
+
+    /// Rack `r`, its isolation failed, ends it at `now`: `confirmed`
+    /// closed for `confirm_ms` without a break.
+    fn ended(&mut self, r: usize, now: u64, confirmed: bool, confirm_ms: u64) -> bool {
+        self.unconfirmed_since[r] = None;
+        let since = &mut self.confirmed_since[r];
+        if !confirmed {
+            *since = None;
+            return false;
+        }
+        let from = *since.get_or_insert(now);
+        now.saturating_sub(from) >= confirm_ms
     }
 }
 
@@ -399,7 +448,11 @@ mod tests {
         }
         assert!(s.isolation(5_000, Some(0), 5_000, &mut log));
         assert_eq!(s.isolation_failed(), 0b0100);
-        assert!(!s.isolation(6_000, Some(0b0100), 5_000, &mut log));
+        // Closed without a break for the confirmation time: it ends.
+        for t in 6..11 {
+            assert!(s.isolation(t * 1000, Some(0b0100), 5_000, &mut log), "{t}");
+        }
+        assert!(!s.isolation(11_000, Some(0b0100), 5_000, &mut log));
         let n = log
             .events
             .iter()
@@ -412,6 +465,41 @@ mod tests {
         for t in 0..20 {
             assert!(!s.isolation(t * 1000, Some(0b0001), 5_000, &mut log));
         }
+    }
+
+    /// A valve seized part-open whose limit switch bounces: its "closed"
+    /// reads never hold for the confirmation time, so the escalation
+    /// never ends on them, and an "open" read after one is at once an
+    /// escalation again.
+    #[test]
+    fn a_bouncing_limit_switch_never_ends_an_escalation() {
+        let mut s = Safety::default();
+        let mut log = Log::default();
+        s.leaks(&LeakInputs::wet(0b0001), 4, 0, &mut log);
+        for t in 0..=5 {
+            s.isolation(t * 1000, None, 5_000, &mut log);
+        }
+        assert_eq!(s.isolation_failed(), 0b0001);
+        for t in 6..66 {
+            let closed = (t / 2) % 2 == 1;
+            let read = Some(u16::from(closed));
+            let failed = s.isolation(t * 1000, read, 5_000, &mut log);
+            if !closed {
+                assert!(failed, "{t}: an open read after a failed isolation");
+            }
+        }
+        // Closed without a break for the confirmation time: it ends.
+        for t in 66..71 {
+            assert!(s.isolation(t * 1000, Some(1), 5_000, &mut log), "{t}");
+        }
+        assert!(!s.isolation(71_000, Some(1), 5_000, &mut log));
+        // The rack failed once: its next "open" escalates at once; no
+        // read at all still gets the confirmation time.
+        assert!(s.isolation(72_000, Some(0), 5_000, &mut log));
+        for t in 73..78 {
+            s.isolation(t * 1000, Some(1), 5_000, &mut log);
+        }
+        assert!(!s.isolation(78_000, None, 5_000, &mut log));
     }
 
     #[test]
