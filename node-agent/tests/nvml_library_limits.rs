@@ -1,0 +1,62 @@
+//! The agent's power limits and its NVML call counts end to end on its
+//! production NVML path (`SystemNvml` over `nvml-wrapper`, against the
+//! fake `libnvidia-ml.so.1` of `tests/fake_nvml/lib.rs`, run by
+//! `system/fake_library.rs`): a cap NVML takes only within constraints
+//! read after its refusal is the agent's own over a stop and a restart.
+//!
+//! Skipped when `rustc` or mosquitto is missing, except under CI
+//! (`CI=true`), where a missing tool fails.
+
+#[path = "system/rig.rs"]
+#[allow(dead_code)]
+mod rig;
+
+#[path = "system/fake_library.rs"]
+#[allow(dead_code)]
+mod fake_library;
+
+use std::time::{Duration, Instant};
+
+use fake_library::*;
+use rig::Rig;
+
+/// GPU 0's limit constraints cannot be read at the start (the board's
+/// 200 W minimum stands in), and NVML takes no less than 250 W: a 200 W
+/// cap is refused, the constraints are read then, and 250 W is set. A
+/// SIGTERM with the lease in force, well before the cap's retry, leaves
+/// it on; the restart finds 250 W a limit the agent left, not an
+/// administrator's.
+#[test]
+fn a_cap_set_within_constraints_read_late_is_the_agents_over_a_sigterm_and_a_restart() {
+    let Some(lib) = fake_library() else {
+        return;
+    };
+    let Some(rig) = Rig::start("h66") else {
+        return;
+    };
+    let constraints = "nvmlDeviceGetPowerManagementLimitConstraints";
+    let settings = format!("{HOST_GPUS}0 min_mw 250000\n0 fail {constraints} 999\n");
+    let fake = FakeNvml::new(lib, rig.dir.path(), 2, &settings);
+    let flash = format!("flash = \"{}\"\n", rig.flash().display());
+    let config = host_config(&rig, &flash);
+    let mut acks = rig.subscribe(&["ack"]);
+    let mut agent = RealAgent::start(&rig, &fake, &config);
+    // Described with the constraints unread; they answer from now on.
+    fake.control(&format!("0 fail {constraints} 0"));
+    let began = Instant::now();
+    let _ = rig.ack(&mut acks, &lease(1, 1, &[(gpu(0), 200)], 600_000));
+    let sets = fake.sets_until(Duration::from_secs(10), |s| s.contains(&(0, 250_000)));
+    assert!(sets.contains(&(0, 250_000)), "{sets:?}");
+    assert_eq!(fake.limits(), [250_000, 500_000]);
+
+    agent.terminate();
+    assert!(
+        began.elapsed() < Duration::from_secs(25),
+        "stopped after the cap's retry: the test proves nothing"
+    );
+    let again = RealAgent::start(&rig, &fake, &config);
+    std::thread::sleep(Duration::from_secs(2));
+    let log = again.log_text();
+    assert!(!log.contains("set outside the agent"), "{log}");
+    assert_eq!(fake.limits(), [250_000, 500_000], "the cap stays");
+}
