@@ -192,6 +192,12 @@ pub trait NvmlApi: Send + Sync + 'static {
         deliver: &mut dyn FnMut(u32, u64),
         stop: &AtomicBool,
     ) -> NvmlResult<()>;
+    /// The book in which the calls it makes on its own (handle lookups,
+    /// the XID watch's registrations) are counted; [`NvmlSource`] counts
+    /// its GPUs' calls in it too. A book of its own by default.
+    fn call_book(&self) -> CallCosts {
+        CallCosts::default()
+    }
 }
 
 /// The GPUs of this host through an [`NvmlApi`].
@@ -211,6 +217,7 @@ impl<A: NvmlApi> NvmlSource<A> {
     /// A source over `api`, its GPUs reading every counter at every
     /// sample.
     pub fn new(api: A) -> Self {
+        let costs = api.call_book();
         Self {
             api: Arc::new(api),
             stop: Arc::new(AtomicBool::new(false)),
@@ -218,7 +225,7 @@ impl<A: NvmlApi> NvmlSource<A> {
             nudges: (0..loopwarden_protocol::MAX_GPUS)
                 .map(|_| AtomicBool::new(false))
                 .collect(),
-            costs: CallCosts::default(),
+            costs,
             first_answers_wait: FIRST_ANSWERS_WAIT,
         }
     }
@@ -255,9 +262,10 @@ impl<A: NvmlApi> GpuSource for NvmlSource<A> {
             .map_err(|e| e.into_gpu_error("nvmlDeviceGetCount"))?;
         Ok((0..count.min(loopwarden_protocol::MAX_GPUS as u32))
             .map(|i| {
-                let mut gpu = NvmlGpu::new(self.api.clone(), i).slow_every(self.slow_every);
+                let mut gpu = NvmlGpu::new(self.api.clone(), i)
+                    .slow_every(self.slow_every)
+                    .call_costs(self.costs.clone());
                 gpu.nudge = Some((self.nudges.clone(), i as usize));
-                gpu.costs = self.costs.clone();
                 Box::new(gpu) as Box<dyn GpuDevice>
             })
             .collect())
@@ -444,6 +452,13 @@ impl<A: NvmlApi> NvmlGpu<A> {
         self
     }
 
+    /// Counts what its calls cost on `costs` (shared with other GPUs and
+    /// the XID watch; its own book otherwise).
+    pub fn call_costs(mut self, costs: CallCosts) -> Self {
+        self.costs = costs;
+        self
+    }
+
     /// Makes call `bit` (NVML's `what`) unless it is not to be asked now
     /// ([`support`]). "Not supported" yields `None` and is said once; any
     /// other failure is an error.
@@ -515,7 +530,7 @@ impl<A: NvmlApi> NvmlGpu<A> {
         instead: &str,
         call: impl FnOnce(&A, u32) -> NvmlResult<T>,
     ) -> Result<Option<T>, GpuError> {
-        match call(&self.api, self.index) {
+        match self.timed(what, call) {
             Ok(v) => Ok(Some(v)),
             Err(NvmlFailure::GpuLost) => Err(GpuError::Lost),
             Err(e) => {
@@ -606,12 +621,11 @@ impl<A: NvmlApi> GpuDevice for NvmlGpu<A> {
     /// NVML's answer). Only a failed name or UUID, or a lost GPU, fails
     /// the description.
     fn describe(&mut self) -> Result<GpuInfo, GpuError> {
-        let (a, i) = (&self.api, self.index);
-        let name = a
-            .name(i)
+        let name = self
+            .timed("nvmlDeviceGetName", |a, i| a.name(i))
             .map_err(|e| e.into_gpu_error("nvmlDeviceGetName"))?;
-        let uuid = a
-            .uuid(i)
+        let uuid = self
+            .timed("nvmlDeviceGetUUID", |a, i| a.uuid(i))
             .map_err(|e| e.into_gpu_error("nvmlDeviceGetUUID"))?;
         let default = self.limit_read(
             "nvmlDeviceGetPowerManagementDefaultLimit",

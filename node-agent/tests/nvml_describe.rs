@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 
 use loopwarden_protocol::Watts;
 use node_agent::gpu::{GpuDevice, GpuError, GpuInfo};
-use node_agent::nvml::{NvmlApi, NvmlFailure, NvmlGpu, NvmlResult, UNREAD_LIMIT};
+use node_agent::nvml::{CallCosts, NvmlApi, NvmlFailure, NvmlGpu, NvmlResult, UNREAD_LIMIT};
 
 const NAME: &str = "NVIDIA H200";
 const UUID: &str = "GPU-0c1d2e3f-0000-4000-8000-000000000000";
@@ -287,5 +287,37 @@ fn constraints_read_at_a_description_are_read_again_at_a_refusal() {
     assert_eq!(
         gpu.set_power_limit(Watts(450)),
         Err(GpuError::InvalidArgument)
+    );
+}
+
+/// The description's calls are what a busy GPU System Processor slows
+/// at the start: each is counted and timed with the samples' calls, its
+/// failures by kind.
+#[test]
+fn the_descriptions_calls_are_counted_with_the_others() {
+    let costs = CallCosts::default();
+    let fake = Arc::new(Fake(Mutex::new(Script {
+        constraints_fail: Some(NvmlFailure::Timeout),
+        ..Script::healthy()
+    })));
+    let mut gpu = NvmlGpu::new(fake, 0).call_costs(costs.clone());
+    gpu.describe().expect("described");
+    let calls: Vec<(&str, u64)> = costs
+        .snapshot()
+        .into_iter()
+        .map(|(call, c)| (call, c.calls))
+        .collect();
+    assert_eq!(
+        calls,
+        [
+            ("nvmlDeviceGetName", 1),
+            ("nvmlDeviceGetPowerManagementDefaultLimit", 1),
+            ("nvmlDeviceGetPowerManagementLimitConstraints", 1),
+            ("nvmlDeviceGetUUID", 1),
+        ]
+    );
+    assert_eq!(
+        costs.failures(),
+        [("nvmlDeviceGetPowerManagementLimitConstraints", "timeout", 1)]
     );
 }

@@ -2,7 +2,9 @@
 //! production NVML path (`SystemNvml` over `nvml-wrapper`, against the
 //! fake `libnvidia-ml.so.1` of `tests/fake_nvml/lib.rs`, run by
 //! `system/fake_library.rs`): a cap NVML takes only within constraints
-//! read after its refusal is the agent's own over a stop and a restart.
+//! read after its refusal is the agent's own over a stop and a restart,
+//! and every call of the start and of the XID watch is counted on
+//! `/metrics`.
 //!
 //! Skipped when `rustc` or mosquitto is missing, except under CI
 //! (`CI=true`), where a missing tool fails.
@@ -59,4 +61,45 @@ fn a_cap_set_within_constraints_read_late_is_the_agents_over_a_sigterm_and_a_res
     let log = again.log_text();
     assert!(!log.contains("set outside the agent"), "{log}");
     assert_eq!(fake.limits(), [250_000, 500_000], "the cap stays");
+}
+
+/// The description's calls and the XID watch's registrations are counted
+/// on `/metrics` with the samples' calls (a busy GPU System Processor
+/// slows them first).
+#[test]
+fn the_starts_and_the_xid_watchs_calls_are_on_metrics() {
+    let Some((rig, fake)) = two_gpu_host("h67") else {
+        return;
+    };
+    let metrics: std::net::SocketAddr =
+        ([127, 0, 0, 1], loopwarden_system_tests::free_port()).into();
+    let config = host_config(&rig, &format!("metrics_listen = \"{metrics}\"\n"));
+    let _agent = RealAgent::start(&rig, &fake, &config);
+    let calls = [
+        "nvmlDeviceGetName",
+        "nvmlDeviceGetUUID",
+        "nvmlDeviceGetPowerManagementDefaultLimit",
+        "nvmlDeviceGetHandleByIndex_v2",
+        "nvmlEventSetCreate",
+        "nvmlDeviceGetSupportedEventTypes",
+        "nvmlDeviceRegisterEvents",
+    ];
+    let counted = |body: &str, call: &str| {
+        body.lines().any(|l| {
+            l.starts_with("loopwarden_nvml_calls_total{") && l.contains(&format!("call=\"{call}\""))
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let body = loop {
+        let (code, body) = loopwarden_system_tests::prometheus::http_get(metrics, "/metrics")
+            .expect("GET /metrics");
+        assert_eq!(code, 200, "{body}");
+        if calls.iter().all(|c| counted(&body, c)) || Instant::now() > deadline {
+            break body;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    for call in calls {
+        assert!(counted(&body, call), "{call} not counted:\n{body}");
+    }
 }

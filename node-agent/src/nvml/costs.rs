@@ -3,7 +3,8 @@
 //! failed and how, per call name, for `/metrics`
 //! (`loopwarden_nvml_call_seconds`, `loopwarden_nvml_calls_total`,
 //! `loopwarden_nvml_call_failures_total`). Shared by every GPU of a
-//! source; a lock held for a map update only.
+//! source and by the NVML it runs on (its handle lookups, the XID
+//! watch's registrations); a lock held for a map update only.
 //!
 //! Glossary:
 //! - *cost*: the calls made, their total time and the slowest one.

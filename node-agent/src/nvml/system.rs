@@ -29,6 +29,9 @@ pub struct SystemNvml {
     /// refused GPU again), kept until a later start's set has taken the
     /// GPUs: the XIDs that came meanwhile are read out of it.
     held_over: Mutex<Option<EventSet>>,
+    /// What its own calls cost (handle lookups, the XID watch's
+    /// registrations), in the book its GPUs' calls are counted in.
+    costs: CallCosts,
 }
 
 impl SystemNvml {
@@ -45,27 +48,46 @@ impl SystemNvml {
             handles,
             unreadable_said: Mutex::default(),
             held_over: Mutex::default(),
+            costs: CallCosts::default(),
         })
+    }
+
+    /// Makes `call` (NVML's `what`) and counts what it cost, and its
+    /// failure where it failed.
+    fn timed<T>(
+        &self,
+        what: &'static str,
+        call: impl FnOnce() -> Result<T, nvml_wrapper::error::NvmlError>,
+    ) -> NvmlResult<T> {
+        let began = std::time::Instant::now();
+        let r = call().map_err(failure);
+        let failed = r.as_ref().err().map(NvmlFailure::kind);
+        self.costs.record(what, began.elapsed(), failed);
+        r
+    }
+
+    /// `nvmlDeviceGetHandleByIndex_v2`, counted.
+    fn look_up(&self, gpu: u32) -> NvmlResult<nvml_wrapper::Device<'static>> {
+        self.timed(LOOKUP_CALL, || self.nvml.device_by_index(gpu))
     }
 
     /// GPU `gpu`'s handle: the one kept, or looked up (and kept once
     /// found).
     fn device(&self, gpu: u32) -> NvmlResult<DeviceRef<'_>> {
         let Some(slot) = self.handles.get(gpu as usize) else {
-            return self
-                .nvml
-                .device_by_index(gpu)
-                .map(DeviceRef::Looked)
-                .map_err(failure);
+            return self.look_up(gpu).map(DeviceRef::Looked);
         };
         if let Some(d) = slot.get() {
             return Ok(DeviceRef::Kept(d));
         }
-        let d = self.nvml.device_by_index(gpu).map_err(failure)?;
+        let d = self.look_up(gpu)?;
         // Two threads may look it up at once: either handle is the same.
         Ok(DeviceRef::Kept(slot.get_or_init(|| d)))
     }
 }
+
+/// NVML's name of a handle lookup.
+const LOOKUP_CALL: &str = "nvmlDeviceGetHandleByIndex_v2";
 
 /// NVML's event set, for as long as NVML.
 type EventSet = nvml_wrapper::EventSet<'static>;
@@ -153,6 +175,9 @@ impl SystemNvml {
 }
 
 impl NvmlApi for SystemNvml {
+    fn call_book(&self) -> CallCosts {
+        self.costs.clone()
+    }
     fn device_count(&self) -> NvmlResult<u32> {
         self.nvml.device_count().map_err(failure)
     }
@@ -182,10 +207,8 @@ impl NvmlApi for SystemNvml {
     }
     fn set_limit_mw(&self, gpu: u32, mw: u32) -> NvmlResult<()> {
         // The setter takes its handle mutably: a handle of its own (sets
-        // are rare).
-        self.nvml
-            .device_by_index(gpu)
-            .map_err(failure)?
+        // are rare), its lookup counted on its own too.
+        self.look_up(gpu)?
             .set_power_management_limit(mw)
             .map_err(failure)
     }
@@ -295,7 +318,7 @@ impl super::watch::EventSets for SystemNvml {
     type Set = EventSet;
 
     fn create(&self) -> NvmlResult<EventSet> {
-        self.nvml.create_event_set().map_err(failure)
+        self.timed("nvmlEventSetCreate", || self.nvml.create_event_set())
     }
 
     /// A refused `nvmlDeviceRegisterEvents` releases the set
@@ -311,14 +334,22 @@ impl super::watch::EventSets for SystemNvml {
             Ok(d) => d,
             Err(e) => return Err((Some(set), e)),
         };
-        match device.supported_event_types() {
+        let types = self.timed("nvmlDeviceGetSupportedEventTypes", || {
+            device.supported_event_types()
+        });
+        match types {
             Ok(t) if t.contains(EventTypes::CRITICAL_XID_ERROR) => {}
             Ok(_) => return Err((Some(set), NvmlFailure::NotSupported)),
-            Err(e) => return Err((Some(set), failure(e))),
+            Err(e) => return Err((Some(set), e)),
         }
-        device
+        let began = std::time::Instant::now();
+        let r = device
             .register_events(EventTypes::CRITICAL_XID_ERROR, set)
-            .map_err(|e| (None, failure(e.error)))
+            .map_err(|e| (None, failure(e.error)));
+        let failed = r.as_ref().err().map(|(_, e)| e.kind());
+        self.costs
+            .record("nvmlDeviceRegisterEvents", began.elapsed(), failed);
+        r
     }
 }
 
