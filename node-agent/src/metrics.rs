@@ -82,7 +82,7 @@ const COOLING: Metric = Metric::gauge(
 );
 const CALL: Metric = Metric::gauge(
     "loopwarden_gpu_sample_call_seconds",
-    "How long the GPU's sample call took: stat last, or max since the start.",
+    "How long the GPU's sample call took: stat last, or max since the start; stat running: how long the call in flight (a sample or a limit call) has run so far, 0 when idle (above deadline_ms: the GPU does not answer).",
 );
 const LATE: Metric = Metric::counter(
     "loopwarden_gpu_late_answers_total",
@@ -314,7 +314,11 @@ fn gpu(out: &mut Exposition, host: &str, i: usize, g: &GpuView) {
         out.sample(&SAMPLED, &labels, t.0 as f64 / 1000.0);
     }
     out.sample(&MISSED, &labels, g.missed.into());
-    for (stat, us) in [("last", g.calls.last_us), ("max", g.calls.max_us)] {
+    for (stat, us) in [
+        ("last", g.calls.last_us),
+        ("max", g.calls.max_us),
+        ("running", g.calls.running_us),
+    ] {
         let l = with_labels(&labels, &[("stat", stat)]);
         out.sample(&CALL, &l, us as f64 / 1e6);
     }
@@ -408,6 +412,23 @@ mod tests {
         // Not supported, or not measured (no energy reported): absent.
         for absent in ["NVLINK", "DCGM_FI_DEV_MEMORY_TEMP", "ENERGY"] {
             assert!(!t.contains(absent), "{absent} in\n{t}");
+        }
+    }
+
+    /// A hung call shows by how long it has run, while the last call's
+    /// time stays that of the last one that ended.
+    #[test]
+    fn a_call_in_flight_has_a_running_series() {
+        let mut g = view();
+        g.calls.last_us = 400;
+        g.calls.running_us = 184_000_000;
+        let t = text(&g);
+        let labels = r#"{gpu="3",UUID="GPU-1234",Hostname="h07""#;
+        for line in [
+            format!("loopwarden_gpu_sample_call_seconds{labels},stat=\"running\"}} 184\n"),
+            format!("loopwarden_gpu_sample_call_seconds{labels},stat=\"last\"}} 0.0004\n"),
+        ] {
+            assert!(t.contains(&line), "{line} in\n{t}");
         }
     }
 

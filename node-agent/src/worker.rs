@@ -128,6 +128,10 @@ pub struct CallTimes {
     pub max_us: u64,
     /// Samples that answered after their deadline.
     pub late: u64,
+    /// How long the call in flight (a sample, a limit call, a reprobe) has
+    /// run so far, µs; 0 when the GPU is idle. A call that hangs shows
+    /// here long before it ends (`last_us` is only known at its end).
+    pub running_us: u64,
 }
 
 /// The call in progress.
@@ -395,9 +399,13 @@ impl Worker {
             .is_some_and(|b| b.since.elapsed() > deadline)
     }
 
-    /// How long its sample calls take.
+    /// How long its sample calls take, and the call in flight so far.
     pub fn call_times(&self) -> CallTimes {
-        self.state.lock().times
+        let s = self.state.lock();
+        CallTimes {
+            running_us: s.busy.map_or(0, |b| b.since.elapsed().as_micros() as u64),
+            ..s.times
+        }
     }
 
     /// Makes `request` once the worker is idle, and waits for its answer:
@@ -714,7 +722,7 @@ mod tests {
                 Err(GpuError::NotSupported)
             }
             fn sample(&mut self) -> Result<GpuSample, GpuError> {
-                std::thread::sleep(Duration::from_millis(200));
+                std::thread::sleep(Duration::from_millis(600));
                 Ok(GpuSample::default())
             }
             fn set_power_limit(&mut self, _: Watts) -> Result<(), GpuError> {
@@ -733,6 +741,11 @@ mod tests {
         ));
         assert!(began.elapsed() < Duration::from_millis(150), "not waited");
         assert!(w.is_stuck(Duration::from_millis(5)));
+        // The call in flight shows its age while it hangs.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let running = w.call_times().running_us;
+        assert!(running >= 100_000, "{running} µs");
+        assert_eq!(w.call_times().last_us, 0, "not ended");
     }
 
     /// A device on a thread whose samples wait for the test to let each

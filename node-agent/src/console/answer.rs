@@ -100,11 +100,7 @@ fn status(ctx: &Context, snap: &Snapshot, now: TimestampMs) -> Value {
         },
         "stalled_since": snap.stalled_since.map(|t| t.0),
         "cooling_loss": cooling_view(snap),
-        "sample_calls": {
-            "slowest_last_ms": snap.gpus.iter().map(|g| g.calls.last_us).max().unwrap_or(0) as f64 / 1000.0,
-            "longest_ms": snap.gpus.iter().map(|g| g.calls.max_us).max().unwrap_or(0) as f64 / 1000.0,
-            "late": snap.gpus.iter().map(|g| g.calls.late).sum::<u64>(),
-        },
+        "sample_calls": sample_calls_view(snap),
         "health": {
             "healthy": count_health(snap, HealthState::Healthy),
             "degraded": count_health(snap, HealthState::Degraded),
@@ -117,6 +113,30 @@ fn status(ctx: &Context, snap: &Snapshot, now: TimestampMs) -> Value {
         "flash_refused_at": snap.flash_refused_at.map(|t| t.0),
         "demo_key": ctx.demo_key,
         "protection_off": protection_off_view(&ctx.protection_off),
+    })
+}
+
+/// How long the GPUs' calls take: the slowest last sample call, the
+/// longest since the start, the late answers, and each call in flight past
+/// the deadline (`stuck`: a GPU whose driver does not answer shows here
+/// while its call hangs, long before it ends).
+fn sample_calls_view(snap: &Snapshot) -> Value {
+    let ms = |us: u64| us as f64 / 1000.0;
+    let deadline_us = snap.deadline.as_micros() as u64;
+    let stuck: Vec<Value> = snap
+        .gpus
+        .iter()
+        .enumerate()
+        .filter(|(_, g)| g.calls.running_us > deadline_us)
+        .map(|(i, g)| json!({ "gpu": i, "running_ms": ms(g.calls.running_us) }))
+        .collect();
+    json!({
+        "slowest_last_ms": ms(snap.gpus.iter().map(|g| g.calls.last_us).max().unwrap_or(0)),
+        "longest_ms": ms(snap.gpus.iter().map(|g| g.calls.max_us).max().unwrap_or(0)),
+        "late": snap.gpus.iter().map(|g| g.calls.late).sum::<u64>(),
+        "running_ms": ms(snap.gpus.iter().map(|g| g.calls.running_us).max().unwrap_or(0)),
+        "deadline_ms": snap.deadline.as_millis() as u64,
+        "stuck": stuck,
     })
 }
 
@@ -223,6 +243,7 @@ fn gpus_view(snap: &Snapshot, now: TimestampMs) -> Vec<Value> {
                 "call_ms": {
                     "last": g.calls.last_us as f64 / 1000.0,
                     "max": g.calls.max_us as f64 / 1000.0,
+                    "running": g.calls.running_us as f64 / 1000.0,
                 },
                 "late_answers": g.calls.late,
                 "nvlink_links_read": field(U::NVLINK, &|s| json!(s.nvlink_links.read)),
@@ -469,6 +490,36 @@ mod tests {
             snap.flash_refused_since(3, TimestampMs(30)),
             Some(TimestampMs(30))
         );
+    }
+
+    /// A GPU whose call hangs shows in the status as stuck, with how long
+    /// its call has run, while the others' calls end in time.
+    #[test]
+    fn a_call_running_past_the_deadline_is_stuck() {
+        let mut hung = test_view();
+        hung.calls.last_us = 400;
+        hung.calls.running_us = 184_000_000;
+        let mut fine = test_view();
+        fine.calls.running_us = 300;
+        let snap = Snapshot {
+            gpus: vec![fine, hung],
+            deadline: Duration::from_millis(500),
+            ..Snapshot::default()
+        };
+        let v = sample_calls_view(&snap);
+        assert_eq!(v["slowest_last_ms"], 0.4, "{v}");
+        assert_eq!(v["running_ms"], 184_000.0, "{v}");
+        assert_eq!(
+            v["stuck"],
+            json!([{"gpu": 1, "running_ms": 184_000.0}]),
+            "{v}"
+        );
+        let snap = Snapshot {
+            gpus: vec![test_view()],
+            deadline: Duration::from_millis(500),
+            ..Snapshot::default()
+        };
+        assert_eq!(sample_calls_view(&snap)["stuck"], json!([]));
     }
 
     /// A limit whose read-back failed is said to be not confirmed, with

@@ -91,7 +91,7 @@ fn status_rows(v: &Value) -> Vec<(&'static str, String)> {
             "GPU calls",
             fill(
                 &v["sample_calls"],
-                "slowest last {slowest_last_ms} ms, longest {longest_ms} ms, {late} answers late",
+                "slowest last {slowest_last_ms} ms, longest {longest_ms} ms, {late} answers late; in flight {running_ms} ms",
             ),
         ),
         ("flash", s(&v["flash"])),
@@ -152,6 +152,23 @@ fn warning_rows(v: &Value) -> Vec<(&'static str, String)> {
             format!(
                 "{n} config values not kept{last}: a restart may forget quarantines, caps, \
                  the cooling phase (the flash is full, worn or failing: see the log)"
+            ),
+        ));
+    }
+    if let Some(stuck @ [_, ..]) = v["sample_calls"]["stuck"].as_array().map(Vec::as_slice) {
+        let gpus: Vec<String> = stuck
+            .iter()
+            .map(|g| {
+                let s_ = g["running_ms"].as_f64().unwrap_or(0.0) / 1000.0;
+                format!("GPU {} for {s_:.1} s", s(&g["gpu"]))
+            })
+            .collect();
+        rows.push((
+            "STUCK",
+            format!(
+                "a GPU call running past the {} ms deadline: {} (the driver does not answer)",
+                s(&v["sample_calls"]["deadline_ms"]),
+                gpus.join(", ")
             ),
         ));
     }
@@ -407,6 +424,25 @@ mod tests {
         for kept in [json!({"flash_refused": 0}), json!({})] {
             assert!(!render(&Request::Status, &kept).contains("FLASH"));
         }
+    }
+
+    #[test]
+    fn status_names_a_gpu_whose_call_hangs() {
+        let v = json!({"sample_calls": {"deadline_ms": 500, "running_ms": 184_000.0,
+            "stuck": [{"gpu": 3, "running_ms": 184_000.0}]}});
+        let text = render(&Request::Status, &v);
+        let row = text
+            .lines()
+            .find(|l| l.starts_with("STUCK "))
+            .unwrap_or_else(|| panic!("no STUCK row in\n{text}"));
+        assert!(
+            row.ends_with(
+                "a GPU call running past the 500 ms deadline: GPU 3 for 184.0 s (the driver does not answer)"
+            ),
+            "{row}"
+        );
+        let fine = json!({"sample_calls": {"deadline_ms": 500, "stuck": []}});
+        assert!(!render(&Request::Status, &fine).contains("STUCK"));
     }
 
     #[test]

@@ -181,6 +181,8 @@ pub struct Snapshot {
     pub flash_refused: u64,
     /// When a step first saw the last of them (wall clock).
     pub flash_refused_at: Option<TimestampMs>,
+    /// The longest the agent waits for one GPU call (`deadline_ms`).
+    pub deadline: Duration,
 }
 
 impl Snapshot {

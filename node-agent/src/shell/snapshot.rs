@@ -58,6 +58,7 @@ impl Agent {
             wall_offset_ms: self.clock.read().1,
             flash_refused,
             flash_refused_at,
+            deadline: self.config.deadline,
         }
     }
 
