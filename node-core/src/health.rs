@@ -46,7 +46,8 @@
 //! Glossary:
 //! - *observation*: one sample of one GPU in natural units.
 //! - *sustained*: a condition seen on every sample for the rule's sustain
-//!   time (a sample that clearly clears it restarts the count).
+//!   time (a sample that clearly clears it restarts the count; for the
+//!   peer rules so does a sample they cannot judge, or a miss).
 //! - *peers*: the host's other responsive GPUs, the baseline for the
 //!   thermal and straggler rules.
 //! - *episode*: a stretch of time in which the cooling explains the heat.

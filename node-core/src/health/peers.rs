@@ -21,6 +21,11 @@
 //! - *round*: the samples of every GPU of the host for one period, at
 //!   most `round_ms` apart (`Policy::round_ms`).
 //! - *waiting*: a sample whose round is not in yet, not judged yet.
+//! - *not judged*: a sample the rule cannot read against its peers (too
+//!   few of them predict its temperature, or are loaded), or a miss: it
+//!   ends a streak, as a sample that clears the condition does, so two
+//!   brief readings with samples not judged between them never make a
+//!   sustained verdict.
 
 use loopwarden_protocol::{HealthState, ReasonCode, ThrottleReasons, Unsupported, MAX_GPUS};
 
@@ -141,7 +146,8 @@ fn thermal_excess(peers: &Peers, o: &Observation, supply: Option<f64>, p: &Polic
 struct Straggling {
     /// Loaded, clocks behind the loaded peers, nothing to explain it.
     slow: bool,
-    /// Clearly not straggling (ends a streak).
+    /// Clearly not straggling, or not judged for want of loaded peers
+    /// (ends a streak).
     not_slow: bool,
     /// The loaded peers' median SM clock, MHz, when enough peers are
     /// loaded.
@@ -183,8 +189,9 @@ fn straggling(peers: &Peers, o: &Observation, p: &Policy, limits: &Limits) -> St
         && !explained
         && peer_clock.is_some_and(|m| o.sm_clock < p.straggler_clock_ratio * m);
     // An explained slow sample ends the streak too: only unexplained
-    // slowness, sustained, makes a straggler.
-    let not_slow = !loaded || explained || peer_clock.is_some_and(|m| o.sm_clock >= 0.9 * m);
+    // slowness, sustained, makes a straggler. So does a sample not judged
+    // (too few loaded peers): sustained means seen on every sample.
+    let not_slow = !loaded || explained || peer_clock.is_none_or(|m| o.sm_clock >= 0.9 * m);
     Straggling {
         slow,
         not_slow,
@@ -207,7 +214,8 @@ struct PeerView {
     excess: Option<f64>,
     /// The excess is at or above the rule's threshold.
     is_hot: bool,
-    /// The excess is clearly gone, or the GPU idles (ends a streak).
+    /// The excess is clearly gone, the GPU idles, or too few peers
+    /// predict it (ends a streak: sustained means seen on every sample).
     is_cool: bool,
     /// See [`straggling`].
     straggling: Straggling,
@@ -283,7 +291,7 @@ impl HealthEngine {
             cooling_explains: loop_trouble || host_hot,
             excess,
             is_hot: excess.is_some_and(|e| e >= p.hot_excess_k),
-            is_cool: excess.is_some_and(|e| e < p.hot_clear_k) || o.power < p.hot_min_power_w,
+            is_cool: excess.is_none_or(|e| e < p.hot_clear_k),
             straggling: straggling(&peers, o, &p, &limits),
         }
     }
@@ -407,6 +415,92 @@ mod tests {
             }
         }
         changes
+    }
+
+    /// Four GPUs at a 1 s period for `secs`, each sample from
+    /// `sample(second, gpu)` (`None`: a miss); the changes.
+    fn seconds(
+        secs: u64,
+        sample: impl Fn(u64, usize) -> Option<Observation>,
+    ) -> Vec<(u64, u8, HealthState, ReasonCode)> {
+        let mut e = engine(4);
+        let mut changes = Vec::new();
+        for s in 1..=secs {
+            for g in 0..4 {
+                let now = TimestampMs(s * 1000 + g as u64);
+                let outs = match sample(s, g) {
+                    Some(o) => e.sample(now, g as u8, &o),
+                    None => e.missed(now, g as u8),
+                };
+                for o in outs {
+                    if let Output::Change(c) = o {
+                        changes.push((c.time.0, c.gpu, c.to, c.reason));
+                    }
+                }
+            }
+        }
+        changes
+    }
+
+    /// Two brief readings 100 s apart, the samples between them never
+    /// judged (no peer near GPU 0's power, or a host stall), are no
+    /// sustained streak; GPU 0 hot on every sample is one.
+    #[test]
+    fn samples_not_judged_end_a_streak() {
+        let hot = Observation {
+            power: 600.0,
+            temp: 80.0,
+            ..at(80.0)
+        };
+        let peer = |power: f64| Observation {
+            power,
+            temp: 60.0,
+            ..at(60.0)
+        };
+        let brief = |s: u64, g: usize| {
+            Some(match (g, s == 1 || s == 101) {
+                (0, _) => hot,
+                (_, true) => peer(600.0),
+                (_, false) => peer(300.0),
+            })
+        };
+        assert_eq!(seconds(101, brief), vec![]);
+        // The host stalls between the two: no sample is seen.
+        let stalled = |s: u64, g: usize| match (g, s == 1 || s == 101) {
+            (_, false) => None,
+            (0, true) => Some(hot),
+            _ => Some(peer(600.0)),
+        };
+        assert_eq!(seconds(101, stalled), vec![]);
+        let sustained = |_, g: usize| Some(if g == 0 { hot } else { peer(600.0) });
+        assert_eq!(
+            seconds(101, sustained),
+            vec![(61_003, 0, HealthState::Degraded, ReasonCode::HOT_FOR_POWER)]
+        );
+    }
+
+    /// The same for the straggler rule: too few loaded peers to judge
+    /// between two slow readings 100 s apart.
+    #[test]
+    fn samples_not_judged_end_a_straggler_streak() {
+        let slow = Observation {
+            sm_clock: 1_000.0,
+            ..at(60.0)
+        };
+        let peer = |util: f64| Observation { util, ..at(60.0) };
+        let brief = |s: u64, g: usize| {
+            Some(match (g, s == 1 || s == 101) {
+                (0, _) => slow,
+                (_, true) => peer(95.0),
+                (_, false) => peer(10.0),
+            })
+        };
+        assert_eq!(seconds(101, brief), vec![]);
+        let sustained = |_, g: usize| Some(if g == 0 { slow } else { peer(95.0) });
+        assert_eq!(
+            seconds(101, sustained),
+            vec![(61_003, 0, HealthState::Degraded, ReasonCode::STRAGGLER)]
+        );
     }
 
     #[test]

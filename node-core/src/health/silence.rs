@@ -77,6 +77,9 @@ impl HealthEngine {
         let (first, previous) = {
             let tr = &mut self.gpus[g];
             tr.missed += 1;
+            // A sample not seen breaks a sustained condition (`peers`).
+            tr.hot = Default::default();
+            tr.straggle = Default::default();
             let previous = tr.last_miss.replace(t);
             (*tr.first_miss.get_or_insert(t), previous)
         };
