@@ -52,6 +52,10 @@ const JITTER: Metric = Metric::gauge(
     "loopwarden_sampling_jitter_seconds",
     "How late sampling ticks ran against their schedule, seconds: stat=last (the last tick), p50 and p99 (over the last 600 ticks), max (since the start).",
 );
+const LAST_ROUND: Metric = Metric::gauge(
+    "loopwarden_last_round_timestamp_seconds",
+    "When the last sampling round ended, seconds since the Unix epoch: time() minus this is the age of every other value here; past two periods, the agent's loop is stuck. Absent before the first round.",
+);
 const ROUND: Metric = Metric::gauge(
     "loopwarden_sampling_round_seconds",
     "How long a sampling round of every GPU took, seconds: stat=last or max (since the start).",
@@ -240,6 +244,10 @@ fn loop_state(out: &mut Exposition, s: &Snapshot, host: &[(&str, &str)]) {
     for (stat, v) in [("last", t.last_sample_us), ("max", t.max_sample_us)] {
         out.sample(&ROUND, &with_labels(host, &[("stat", stat)]), us(v));
     }
+    if let Some(at) = t.last_round_at {
+        let wall_ms = loopwarden_bus::now_ms().0 as f64 - at.elapsed().as_secs_f64() * 1e3;
+        out.sample(&LAST_ROUND, host, wall_ms / 1e3);
+    }
     out.flag(&STALLED, host, s.stalled_since.is_some());
     out.flag(&XID_WATCH_UP, host, s.xid_watch_down.is_none());
     out.sample(&XID_QUEUED, host, s.xids_queued as f64);
@@ -382,6 +390,7 @@ mod tests {
     use super::*;
     use crate::console::{ActionKind, ResendCounts};
     use loopwarden_protocol::{EccCounts, TimestampMs, Unsupported, Watts};
+    use std::time::Duration;
 
     fn view() -> GpuView {
         crate::console::snapshot::test_view()
@@ -413,6 +422,28 @@ mod tests {
         for absent in ["NVLINK", "DCGM_FI_DEV_MEMORY_TEMP", "ENERGY"] {
             assert!(!t.contains(absent), "{absent} in\n{t}");
         }
+    }
+
+    /// The last round is dated, so frozen values show their age.
+    #[test]
+    fn the_last_round_is_dated_and_absent_before_the_first() {
+        let mut snap = Snapshot::default();
+        let host = [("Hostname", "h07")];
+        let write = |snap: &Snapshot| {
+            let mut out = Exposition::new();
+            loop_state(&mut out, snap, &host);
+            out.finish()
+        };
+        assert!(!write(&snap).contains("loopwarden_last_round_timestamp_seconds{"));
+        snap.timing.last_round_at = std::time::Instant::now().checked_sub(Duration::from_secs(60));
+        let t = write(&snap);
+        let line = t
+            .lines()
+            .find(|l| l.starts_with("loopwarden_last_round_timestamp_seconds{"))
+            .unwrap_or_else(|| panic!("no last round in\n{t}"));
+        let at: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+        let age = loopwarden_bus::now_ms().0 as f64 / 1e3 - at;
+        assert!((60.0..65.0).contains(&age), "{line}: {age} s old");
     }
 
     /// A hung call shows by how long it has run, while the last call's
@@ -579,6 +610,10 @@ mod tests {
         let snap = Snapshot {
             gpus: vec![view()],
             actions: failed_once(),
+            timing: crate::console::Timing {
+                last_round_at: Some(std::time::Instant::now()),
+                ..Default::default()
+            },
             ..Snapshot::default()
         };
         let mut out = Exposition::new();

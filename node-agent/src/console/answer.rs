@@ -59,6 +59,7 @@ fn status(ctx: &Context, snap: &Snapshot, now: TimestampMs) -> Value {
         "connected": ctx.bus.is_connected(),
         "uptime_s": ms_ago(now, ctx.started),
         "period_ms": ctx.period.as_millis() as u64,
+        "last_round": round_view(snap, ctx.period, ms_ago(now, ctx.started)),
         "samples": t.samples,
         "jitter_ms": {
             "last": t.last_jitter_us as f64 / 1000.0,
@@ -113,6 +114,20 @@ fn status(ctx: &Context, snap: &Snapshot, now: TimestampMs) -> Value {
         "flash_refused_at": snap.flash_refused_at.map(|t| t.0),
         "demo_key": ctx.demo_key,
         "protection_off": protection_off_view(&ctx.protection_off),
+    })
+}
+
+/// How old the last sampling round is (`age_s`, null before the first),
+/// and whether that is past two periods and a deadline (`stale`): the
+/// loop is stuck, and what the console shows is that old. Before the
+/// first round, `uptime_s` past that is stale too.
+fn round_view(snap: &Snapshot, period: Duration, uptime_s: f64) -> Value {
+    let after = 2.0 * period.as_secs_f64() + snap.deadline.as_secs_f64();
+    let age = snap.timing.last_round_at.map(|t| t.elapsed().as_secs_f64());
+    json!({
+        "age_s": age,
+        "stale_after_s": after,
+        "stale": age.unwrap_or(uptime_s) > after,
     })
 }
 
@@ -490,6 +505,32 @@ mod tests {
             snap.flash_refused_since(3, TimestampMs(30)),
             Some(TimestampMs(30))
         );
+    }
+
+    /// A loop that has not run a round for more than two periods and a
+    /// deadline is stale, and says how old its last round is.
+    #[test]
+    fn a_loop_without_a_round_for_two_periods_is_stale() {
+        let ago = |s: u64| std::time::Instant::now().checked_sub(Duration::from_secs(s));
+        let snap = |last: Option<std::time::Instant>| Snapshot {
+            timing: crate::console::Timing {
+                last_round_at: last,
+                ..Default::default()
+            },
+            deadline: Duration::from_millis(250),
+            ..Snapshot::default()
+        };
+        let period = Duration::from_secs(1);
+        let v = round_view(&snap(ago(30)), period, 100.0);
+        assert_eq!(v["stale"], true, "{v}");
+        assert!(v["age_s"].as_f64().unwrap() >= 30.0, "{v}");
+        assert_eq!(v["stale_after_s"], 2.25, "{v}");
+        let v = round_view(&snap(ago(1)), period, 100.0);
+        assert_eq!(v["stale"], false, "{v}");
+        // No round yet: stale once the agent has run that long without one.
+        assert_eq!(round_view(&snap(None), period, 1.0)["stale"], false);
+        let v = round_view(&snap(None), period, 10.0);
+        assert!(v["stale"] == true && v["age_s"].is_null(), "{v}");
     }
 
     /// A GPU whose call hangs shows in the status as stuck, with how long

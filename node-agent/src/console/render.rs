@@ -25,7 +25,8 @@ pub fn render(req: &Request, v: &Value) -> String {
 }
 
 fn status(v: &Value) -> String {
-    let mut rows = status_rows(v);
+    let mut rows = stale_row(v);
+    rows.extend(status_rows(v));
     rows.extend(warning_rows(v));
     key_values(&rows)
 }
@@ -97,6 +98,27 @@ fn status_rows(v: &Value) -> Vec<(&'static str, String)> {
         ("flash", s(&v["flash"])),
     ]
     .to_vec()
+}
+
+/// First of all, when the loop has not run a round for too long: what
+/// the status shows is that old.
+fn stale_row(v: &Value) -> Vec<(&'static str, String)> {
+    let r = &v["last_round"];
+    if r["stale"].as_bool() != Some(true) {
+        return Vec::new();
+    }
+    let age = match r["age_s"].as_f64() {
+        Some(a) => format!("no sampling round for {a:.0} s"),
+        None => "no sampling round since the start".into(),
+    };
+    vec![(
+        "STALE",
+        format!(
+            "{age} (expected every {} ms): the agent's loop is stuck; \
+             what this shows is from its last round (restart the agent)",
+            s(&v["period_ms"])
+        ),
+    )]
 }
 
 /// The rows shown only when something needs a person's eye, in capitals.
@@ -443,6 +465,20 @@ mod tests {
         );
         let fine = json!({"sample_calls": {"deadline_ms": 500, "stuck": []}});
         assert!(!render(&Request::Status, &fine).contains("STUCK"));
+    }
+
+    #[test]
+    fn a_stale_status_says_so_first() {
+        let v = json!({"host": "h07", "period_ms": 1000,
+            "last_round": {"age_s": 42.4, "stale_after_s": 2.25, "stale": true}});
+        let text = render(&Request::Status, &v);
+        assert!(
+            text.lines().next().is_some_and(|l| l.starts_with("STALE ")
+                && l.contains("no sampling round for 42 s (expected every 1000 ms): the agent's loop is stuck")),
+            "{text}"
+        );
+        let fresh = json!({"last_round": {"age_s": 0.4, "stale_after_s": 2.25, "stale": false}});
+        assert!(!render(&Request::Status, &fresh).contains("STALE"));
     }
 
     #[test]

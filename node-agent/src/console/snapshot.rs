@@ -40,6 +40,9 @@ pub struct Timing {
     pub last_sample_us: u64,
     /// The longest round, µs.
     pub max_sample_us: u64,
+    /// When the last round ended (steady time): the age of what the
+    /// console and `/metrics` show; a loop that is stuck shows by it.
+    pub last_round_at: Option<std::time::Instant>,
 }
 
 impl Timing {

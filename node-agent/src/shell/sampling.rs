@@ -105,6 +105,7 @@ impl Agent {
         t.max_jitter_us = t.max_jitter_us.max(jitter_us);
         t.last_sample_us = took_us;
         t.max_sample_us = t.max_sample_us.max(took_us);
+        t.last_round_at = Some(Instant::now());
         if t.jitter_us.len() == JITTER_WINDOW {
             t.jitter_us.pop_front();
         }
