@@ -270,3 +270,36 @@ fn a_restart_that_leaves_a_gpu_out_keeps_the_xid_watch_down_naming_it() {
     };
     assert!(h.monitoring.xid_watch_down_since.is_some(), "{h:?}");
 }
+
+/// GPU 0 and GPU 1 each queue an XID 79 on the event set, then the wait
+/// answers NVML_ERROR_GPU_IS_LOST for the whole set (one GPU fell off
+/// the bus): the XIDs queued on it are read out all the same, and both
+/// GPUs are quarantined.
+#[test]
+fn xids_queued_on_a_set_whose_wait_fails_are_still_delivered() {
+    let Some((rig, fake)) = two_gpu_host("h68") else {
+        return;
+    };
+    let config = host_config(&rig, "");
+    let mut health = rig.subscribe(&["health"]);
+    let agent = RealAgent::start(&rig, &fake, &config);
+    registered_for_xids(&fake, &agent, 2);
+    // Applied at one call: both queued, then the wait fails (15 is
+    // NVML_ERROR_GPU_IS_LOST).
+    fake.control_at_once(&["xid 0 79", "xid 1 79", "wait_fails 15"]);
+
+    let both = |f: &loopwarden_protocol::Frame| match &f.message {
+        Message::HostHealth(h) => {
+            h.gpus.len() == 2 && h.gpus.iter().all(|g| g.state == HealthState::Quarantined)
+        }
+        _ => false,
+    };
+    let seen = health.collect_until(Duration::from_secs(10), |s| {
+        s.last().and_then(frame).is_some_and(|f| both(&f))
+    });
+    assert!(
+        seen.last().and_then(frame).is_some_and(|f| both(&f)),
+        "not both quarantined:\n{}",
+        agent.log_text()
+    );
+}

@@ -409,8 +409,9 @@ pub struct HealthEngine {
     policy: Policy,
     limits: Limits,
     gpus: Vec<Track>,
-    /// The loop's last reported state and when it came (host ms).
-    coolant: Option<(Coolant, u64)>,
+    /// The loop's last reported state, when it counts from (engine ms)
+    /// and its stamp when it had one.
+    coolant: Option<(Coolant, u64, Option<TimestampMs>)>,
     /// GPUs whose heat the cooling explains in the current episode.
     attributed: u16,
     /// GPUs added to `attributed` and not yet said, and when to say them
@@ -605,15 +606,39 @@ impl HealthEngine {
     /// a controller that stopped (or a state left behind) cannot excuse
     /// hot GPUs for longer.
     pub fn coolant(&mut self, now: TimestampMs, c: Coolant) -> Vec<Output> {
-        self.coolant = Some((c, now.0));
+        self.coolant = Some((c, now.0, None));
         Vec::new()
     }
 
-    /// The loop's state at `t` (host ms), if reported recently enough.
-    pub(crate) fn fresh_coolant(&self, t: u64) -> Option<Coolant> {
+    /// As [`HealthEngine::coolant`], for a state its controller stamped
+    /// `stamp` (its wall clock): it counts from its arrival or from its
+    /// stamp plus the clocks' allowed skew, whichever is earlier
+    /// ([`crate::commands::runs_from`]), and a copy of the state held
+    /// (the same stamp, delivered again on a reconnect or sent again)
+    /// renews nothing. So no state counts past its stamp plus
+    /// [`crate::commands::CLOCK_SKEW_MS`] and [`COOLANT_FRESH_MS`].
+    pub fn coolant_stamped(
+        &mut self,
+        now: TimestampMs,
+        stamp: TimestampMs,
+        c: Coolant,
+    ) -> Vec<Output> {
+        let wall = crate::commands::runs_from(self.stamp(now.0), stamp);
+        let mut from = now.0.min(self.unstamp(wall));
+        if let Some((_, held, Some(s))) = self.coolant {
+            if s == stamp {
+                from = from.min(held);
+            }
+        }
+        self.coolant = Some((c, from, Some(stamp)));
+        Vec::new()
+    }
+
+    /// The loop's state at `t` (engine ms), if reported recently enough.
+    pub fn fresh_coolant(&self, t: u64) -> Option<Coolant> {
         self.coolant
-            .filter(|(_, at)| t.saturating_sub(*at) <= COOLANT_FRESH_MS)
-            .map(|(c, _)| c)
+            .filter(|(_, from, _)| t.saturating_sub(*from) <= COOLANT_FRESH_MS)
+            .map(|(c, _, _)| c)
     }
 
     /// A sample of `gpu`. The rules run in a fixed order: the

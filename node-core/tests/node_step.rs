@@ -460,3 +460,32 @@ fn a_stall_that_begins_mid_round_blames_no_gpu() {
     }
     assert!(h.quarantined.is_empty());
 }
+
+/// The CDU's last state delivered again (a host that reconnects, or its
+/// signed frame sent again) renews nothing: it counts for 180 s from when
+/// it was first taken, never 180 s from each copy.
+#[test]
+fn a_copy_of_the_cdus_state_does_not_renew_it() {
+    let mut h = Host::new();
+    let t = T0.0 + 1_000;
+    h.healthy_round(t);
+    let state = cdu_state(1, t, false);
+    h.step(t, Input::Frame(&cdu_topic(), &state));
+    assert!(h.node.health().fresh_coolant(t).is_some(), "taken");
+    h.step(t + 170_000, Input::Frame(&cdu_topic(), &state));
+    assert!(h.node.health().fresh_coolant(t + 170_000).is_some());
+    assert_eq!(
+        h.node.health().fresh_coolant(t + 200_000),
+        None,
+        "180 s after it was first taken"
+    );
+    // A state stamped long before it arrives counts from its stamp plus
+    // the clocks' allowed skew: this one, 150 s old, for 90 s more.
+    let t = t + 250_000;
+    h.step(
+        t,
+        Input::Frame(&cdu_topic(), &cdu_state(2, t - 150_000, false)),
+    );
+    assert!(h.node.health().fresh_coolant(t + 80_000).is_some());
+    assert_eq!(h.node.health().fresh_coolant(t + 100_000), None);
+}

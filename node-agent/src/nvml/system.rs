@@ -307,9 +307,14 @@ impl NvmlApi for SystemNvml {
         };
         drop(before);
         let ended = self.wait_xids(&set, deliver, stop);
-        if ended.is_ok() {
-            self.hold(Some(set));
+        // A failed wait (GPU_IS_LOST for one GPU fallen off the bus) says
+        // nothing of the XIDs the others queued on the set: they are read
+        // out now, and the set is held over as after a stop, for those
+        // that come until the next start has taken the GPUs.
+        if ended.is_err() {
+            self.read_out(&set, deliver);
         }
+        self.hold(Some(set));
         ended
     }
 }

@@ -31,9 +31,13 @@
 //!
 //! The control file, appended to while the agent runs, takes the same
 //! per-GPU lines (`0 limit_mw 450000` is an administrator's `nvidia-smi -i
-//! 0 -pl 450`), `xid GPU CODE`, which the event set's wait delivers, and
+//! 0 -pl 450`), `xid GPU CODE`, queued on every event set its GPU is
+//! registered on (as NVML's, each set's queue is its own, gone when the
+//! set is freed; one that no set holds goes to the first set that
+//! registers its GPU), which the set's wait delivers, and
 //! `wait_fails CODE`: the next wait of an event set answers the
-//! `nvmlReturn_t` CODE (a driver hiccup that ends the agent's XID watch);
+//! `nvmlReturn_t` CODE (a driver hiccup that ends the agent's XID watch;
+//! what is queued on the set stays);
 //! the fake reads what was added when the file grew, at most every 20 ms. The
 //! log gets one whole line per call, `NAME GPU [VALUE]` (`-` for no GPU;
 //! VALUE the mW of a limit set, the process id of `nvmlInit_v2`), and
@@ -203,12 +207,14 @@ struct Fake {
     log: Option<File>,
     control: Option<Control>,
     state: Option<PathBuf>,
-    /// XIDs waiting for an event set's wait: GPU index and code.
+    /// XIDs of GPUs no event set holds yet, given to the first set that
+    /// registers their GPU: GPU index and code.
     xids: VecDeque<(usize, u64)>,
     /// What the next event set's wait answers instead (`wait_fails`).
     wait_fails: Option<Return>,
-    /// Each event set's registered GPUs, one bit each.
-    sets: BTreeMap<usize, u64>,
+    /// Each event set: its registered GPUs, one bit each, and the XIDs
+    /// queued on it (as NVML's, each set's own: freed, they are gone).
+    sets: BTreeMap<usize, (u64, VecDeque<(usize, u64)>)>,
     next_set: usize,
     /// `nvmlInit_v2` calls not yet shut down.
     inits: u32,
@@ -275,7 +281,16 @@ impl Fake {
         if let ["xid", gpu, code] = words {
             let gpu = self.gpu_index(gpu)?;
             let code = code.parse().map_err(|e| format!("xid {code}: {e}"))?;
-            self.xids.push_back((gpu, code));
+            let mut held = false;
+            for (mask, queue) in self.sets.values_mut() {
+                if *mask & (1 << gpu) != 0 {
+                    queue.push_back((gpu, code));
+                    held = true;
+                }
+            }
+            if !held {
+                self.xids.push_back((gpu, code));
+            }
             return Ok(());
         }
         if let ["wait_fails", code] = words {
@@ -736,7 +751,7 @@ pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut EventSet) -> Return {
     on_fake("nvmlEventSetCreate", "-", "", |fake| {
         fake.next_set += 1;
         let id = fake.next_set;
-        fake.sets.insert(id, 0);
+        fake.sets.insert(id, (0, VecDeque::new()));
         put(set, id as EventSet)
     })
 }
@@ -752,8 +767,13 @@ pub unsafe extern "C" fn nvmlDeviceRegisterEvents(
             return ERROR_NOT_SUPPORTED;
         }
         match fake.sets.get_mut(&(set as usize)) {
-            Some(mask) => {
+            Some((mask, queue)) => {
                 *mask |= 1 << i;
+                // The XIDs of this GPU that no set held are this one's.
+                let (mine, rest): (VecDeque<_>, VecDeque<_>) =
+                    fake.xids.drain(..).partition(|(gpu, _)| *gpu == i);
+                fake.xids = rest;
+                queue.extend(mine);
                 SUCCESS
             }
             None => ERROR_INVALID_ARGUMENT,
@@ -784,17 +804,15 @@ fn next_xid(id: usize, first: bool) -> Result<(Option<(usize, u64)>, bool), Retu
     if first {
         fake.note("nvmlEventSetWait_v2", "-", "");
     }
-    let Some(&mask) = fake.sets.get(&id) else {
+    let more = fake.control.is_some();
+    let Some((_, queue)) = fake.sets.get_mut(&id) else {
         return Err(ERROR_INVALID_ARGUMENT);
     };
+    // A failed wait leaves what is queued on the set.
     if let Some(code) = fake.wait_fails.take() {
         return Err(code);
     }
-    let at = fake.xids.iter().position(|(gpu, _)| mask & (1 << gpu) != 0);
-    Ok((
-        at.and_then(|at| fake.xids.remove(at)),
-        fake.control.is_some(),
-    ))
+    Ok((queue.pop_front(), more))
 }
 
 #[no_mangle]

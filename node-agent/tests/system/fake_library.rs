@@ -195,6 +195,35 @@ impl FakeNvml {
         }
     }
 
+    /// Appends `lines` to the control file in one write, so the fake
+    /// applies them at one call, in order; returns once the last is
+    /// applied.
+    pub fn control_at_once(&self, lines: &[&str]) {
+        use std::io::Write;
+        let last: Vec<&str> = lines.last().expect("a line").split_whitespace().collect();
+        let applied = || {
+            self.calls()
+                .iter()
+                .filter(|c| c.name == "control" && c.args == last)
+                .count()
+        };
+        let before = applied();
+        let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.control)
+            .and_then(|mut f| f.write_all(text.as_bytes()))
+            .expect("control lines");
+        let until = Instant::now() + Duration::from_secs(10);
+        while applied() == before {
+            assert!(
+                Instant::now() < until,
+                "the fake NVML did not apply {lines:?}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// Every call so far.
     pub fn calls(&self) -> Vec<Call> {
         parse_log(&std::fs::read_to_string(&self.log).unwrap_or_default())

@@ -107,7 +107,7 @@ impl Node {
             flow_lpm_per_gpu: st.flow_per_gpu.map(|f| f.value()),
             state,
         };
-        let outputs = self.health.coolant(now.steady, coolant);
+        let outputs = self.health.coolant_stamped(now.steady, frame.time, coolant);
         self.health_outputs(outputs, out);
     }
 
