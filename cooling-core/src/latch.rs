@@ -1,18 +1,23 @@
 //! What the core latches and must never forget across a restart: leak
 //! latches, racks whose isolation failed, pumps out of service and the
-//! lead pump, the failsafe reason and the sensors under a fault.
+//! lead pump, the failsafe reason, the sensors under a fault and the
+//! valve position inputs not believed.
 //!
 //! The shell writes [`Latched::encode`]'s bytes to flash whenever they
 //! change, before the step's commands reach the CDU, and gives them back
 //! to [`crate::Core::restore`] before the first step after a start. The
 //! record is 16 bytes with a version byte; anything else is refused with
-//! the reason, never read as "nothing latched".
+//! the reason, never read as "nothing latched". Version 1 (before the
+//! valve position inputs were kept) still reads, with every input
+//! believed, as it was then.
 //!
 //! Glossary:
 //! - *pump fault*: why a pump is out of service: its contactor opened
 //!   (`Tripped`) or it ran without moving water (`Seized`).
 //! - *isolation failed*: a leaking rack whose valve did not confirm closed
 //!   in time; the secondary pumps are stopped for it.
+//! - *feedback fault*: a valve position input not believed (it read
+//!   closed while the valve was commanded open; see [`crate::safety`]).
 
 use loopwarden_protocol::message::{Pump, SensorFault};
 use loopwarden_protocol::ReasonCode;
@@ -42,6 +47,9 @@ pub struct Latched {
     /// Each supervised sensor's standing fault, by
     /// [`crate::sensors::Which`].
     pub sensors: [Option<SensorFault>; 4],
+    /// Racks whose valve position input is not believed (a feedback
+    /// fault), bit n = rack n: its "closed" confirms no isolation.
+    pub feedback_faults: u16,
 }
 
 impl Default for Latched {
@@ -53,12 +61,15 @@ impl Default for Latched {
             lead: Pump::A,
             failsafe: None,
             sensors: [None; 4],
+            feedback_faults: 0,
         }
     }
 }
 
 /// The record's version.
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
+/// The oldest version still read (without the feedback faults).
+const OLDEST: u8 = 1;
 /// The record's length, bytes.
 pub const LEN: usize = 16;
 
@@ -77,7 +88,10 @@ impl core::fmt::Display for LatchError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
             Self::Length(n) => write!(f, "latched state: {n} bytes, expected {LEN}"),
-            Self::Version(v) => write!(f, "latched state: version {v}, expected {VERSION}"),
+            Self::Version(v) => write!(
+                f,
+                "latched state: version {v}, expected {OLDEST} to {VERSION}"
+            ),
             Self::Field(w) => write!(f, "latched state: {w} holds a value no controller writes"),
         }
     }
@@ -124,7 +138,7 @@ fn sensor_of(b: u8) -> Result<Option<SensorFault>, LatchError> {
 impl Latched {
     /// The record: version, leaks, isolation failed (u16 LE each), pump
     /// faults A and B, lead (0 A, 1 B), failsafe reason (u16 LE, 0 none),
-    /// the four sensors' faults, one reserved byte.
+    /// the four sensors' faults, the feedback faults (u16 LE; version 2).
     pub fn encode(&self) -> [u8; LEN] {
         let mut b = [0u8; LEN];
         b[0] = VERSION;
@@ -137,15 +151,17 @@ impl Latched {
         for (i, f) in self.sensors.iter().enumerate() {
             b[10 + i] = sensor_code(*f);
         }
+        b[14..16].copy_from_slice(&self.feedback_faults.to_le_bytes());
         b
     }
 
-    /// The latched state of a record [`Latched::encode`] wrote.
+    /// The latched state of a record [`Latched::encode`] wrote, or one of
+    /// version 1 (no feedback faults then).
     pub fn decode(b: &[u8]) -> Result<Self, LatchError> {
         if b.len() != LEN {
             return Err(LatchError::Length(b.len()));
         }
-        if b[0] != VERSION {
+        if !(OLDEST..=VERSION).contains(&b[0]) {
             return Err(LatchError::Version(b[0]));
         }
         let u16_at = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
@@ -169,6 +185,7 @@ impl Latched {
             lead,
             failsafe,
             sensors,
+            feedback_faults: if b[0] == OLDEST { 0 } else { u16_at(14) },
         })
     }
 
@@ -196,12 +213,25 @@ mod tests {
                 Some(SensorFault::Lost),
                 None,
             ],
+            feedback_faults: 0b1000_0000_0000_0010,
         };
         assert_eq!(Latched::decode(&l.encode()), Ok(l));
+        // A record of version 1 (before the feedback faults were kept)
+        // reads with every position input believed.
+        let mut v1 = l.encode();
+        v1[0] = 1;
+        v1[14..16].fill(0);
+        let old = Latched {
+            feedback_faults: 0,
+            ..l
+        };
+        assert_eq!(Latched::decode(&v1), Ok(old));
         assert_eq!(Latched::decode(&[1, 2]), Err(LatchError::Length(2)));
         let mut b = l.encode();
         b[0] = 9;
         assert_eq!(Latched::decode(&b), Err(LatchError::Version(9)));
+        b[0] = 0;
+        assert_eq!(Latched::decode(&b), Err(LatchError::Version(0)));
         let mut b = l.encode();
         b[7] = 2;
         assert_eq!(Latched::decode(&b), Err(LatchError::Field("the lead pump")));

@@ -423,6 +423,7 @@ impl Core {
             lead: self.pumps.lead(),
             failsafe: (mode == CduMode::Failsafe).then_some(reason),
             sensors: Which::ALL.map(|w| self.sensors.fault(w)),
+            feedback_faults: self.safety.feedback_faults(),
         }
     }
 
@@ -1386,6 +1387,44 @@ mod tests {
         }
         let c = hall.step(&mut core, 65);
         assert_eq!((c.pump_on, c.cooling_lost), ([true, false], 0b1000));
+    }
+
+    /// A valve position input found lying before a restart is not
+    /// believed after it: its "closed" confirms no isolation, and the
+    /// pumps stay stopped for the leak behind it.
+    #[test]
+    fn a_lying_valve_input_is_remembered_across_a_restart() {
+        let cfg = CoreConfig::default();
+        let mut core = Core::new(cfg).unwrap();
+        let mut hall = Hall::new();
+        for s in 0..30 {
+            hall.step(&mut core, s);
+        }
+        // Rack 1's input sticks at "closed" while its valve is open.
+        hall.cdu.valves_closed = Some(0b0010);
+        for s in 30..40 {
+            hall.step(&mut core, s);
+        }
+        assert_eq!(core.valve_feedback_faults(), 0b0010);
+        // Rack 1 leaks, its valve seized open: the escalation stops the
+        // pumps.
+        hall.leaks = LeakInputs::wet(0b0010);
+        for s in 40..46 {
+            hall.step(&mut core, s);
+        }
+        assert_eq!(core.isolation_failed(), 0b0010);
+        let bytes = core.latched().encode();
+        let mut core = Core::restore(cfg, &Latched::decode(&bytes).unwrap()).unwrap();
+        hall.cdu.pumps_running = [false, false];
+        for s in 0..30 {
+            let c = hall.step(&mut core, s);
+            assert_eq!(
+                (c.isolation_failed, c.pump_on),
+                (0b0010, [false, false]),
+                "{s}"
+            );
+            assert_eq!(c.valve_feedback_faults, 0b0010, "{s}");
+        }
     }
 
     #[test]

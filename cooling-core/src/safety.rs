@@ -156,9 +156,12 @@ impl Safety {
         self.feedback_faults
     }
 
-    /// The leak latches of a restored state.
+    /// The leak latches and the position inputs not believed of a
+    /// restored state.
     pub fn restore(&mut self, l: &Latched, racks: usize) {
         let all = all_racks(racks);
+        // A lying input found before the restart still confirms nothing.
+        self.feedback_faults = l.feedback_faults & all;
         self.leaks_latched = l.leaks & all;
         self.isolation_failed = l.isolation_failed & self.leaks_latched;
         self.failed_before = self.isolation_failed;

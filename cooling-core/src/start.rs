@@ -143,8 +143,9 @@ impl Core {
 
     /// A core for `cfg` that starts from what an earlier one latched
     /// (read back from flash): leaks stay latched and their valves shut,
-    /// failed pumps stay out of service and never lead, a failsafe and the
-    /// sensor faults stand until judged again. Its first step reports
+    /// failed pumps stay out of service and never lead, a valve position
+    /// input found lying stays unbelieved, a failsafe and the sensor
+    /// faults stand until judged again. Its first step reports
     /// [`Event::ControllerRestored`](loopwarden_protocol::message::Event::ControllerRestored).
     pub fn restore(cfg: CoreConfig, l: &Latched) -> Result<Self, ConfigError> {
         let mut core = Self::new(cfg)?;
