@@ -213,6 +213,7 @@ impl Ours {
                 coldest: of_gpu(h.coldest),
                 most_drawn: of_gpu(h.most_drawn),
                 left_out: None,
+                colder_than_supply: false,
             };
             let verdict = self.decider.hear_host(h.host, &heard, TimestampMs(now_ms));
             if let Verdict::Refused { why, new: true } = verdict {

@@ -2,9 +2,10 @@
 //! report heard is checked against what a working GPU can report
 //! ([`Bounds`]) before the core sees it: a GPU that fails is left out of
 //! its host's report, and the rest still counts (one broken sensor does
-//! not cost its host its capacity cap). The supply's bound never leaves
-//! out every GPU of a host: where all of two or more read colder than
-//! it, the supply reading is the outlier ([`supply_outvoted`]). A report that fails as a whole
+//! not cost its host its capacity cap). The supply's bound stands down
+//! where the hall outvotes the reading: two or more hosts, more than
+//! those that say otherwise, whose every GPU reads colder than it
+//! ([`supply_outvoted`]). A report that fails as a whole
 //! (its stamp far from now) keeps the host's last believed report in
 //! place (it ages as the core judges ages). Either says why, once per
 //! change of the reason (as it reads: [`same_words`]). The shell hears
@@ -124,6 +125,9 @@ pub struct Bounds {
     /// The supply the controller believes, °C: a GPU may read up to 5 K
     /// below it (`None`: not known, no bound).
     pub supply_c: Option<f32>,
+    /// The hall's hosts outvote that supply reading ([`supply_outvoted`]):
+    /// it bounds no GPU, and is only what the report's vote is cast on.
+    pub supply_outvoted: bool,
 }
 
 impl Bounds {
@@ -131,31 +135,8 @@ impl Bounds {
     pub const ANY: Bounds = Bounds {
         tdp_w: f32::INFINITY,
         supply_c: None,
+        supply_outvoted: false,
     };
-
-    /// These bounds for the answering GPUs of `t`, without the supply's
-    /// where it would leave out every one of two or more GPUs within the
-    /// TDP ([`supply_outvoted`]).
-    fn for_report(&self, t: &HostTelemetry) -> Bounds {
-        let Some(supply_c) = self.supply_c else {
-            return *self;
-        };
-        let (mut n, mut warmest) = (0u8, f32::NEG_INFINITY);
-        for g in answering(t) {
-            if (g.power.get() as f32) <= self.tdp_w * TDP_MARGIN {
-                n = n.saturating_add(1);
-                warmest = warmest.max(f32::from(g.temp.get()));
-            }
-        }
-        if supply_outvoted(n, warmest, supply_c) {
-            Bounds {
-                supply_c: None,
-                ..*self
-            }
-        } else {
-            *self
-        }
-    }
 
     /// Why GPU `gpu`, at `temp_c` drawing `w`, cannot be working, if so.
     fn why_not(&self, gpu: u8, temp_c: f32, w: f32) -> Option<GpuFault> {
@@ -163,7 +144,7 @@ impl Bounds {
         if w > tdp_w * TDP_MARGIN {
             return Some(GpuFault::AboveTdp { gpu, w, tdp_w });
         }
-        match self.supply_c {
+        match self.supply_c.filter(|_| !self.supply_outvoted) {
             Some(supply_c) if temp_c < supply_c - BELOW_SUPPLY_K => {
                 Some(GpuFault::ColderThanSupply {
                     gpu,
@@ -203,15 +184,38 @@ pub struct Heard {
     pub most_drawn: Option<OfGpu>,
     /// GPUs left out as implausible, and why the first was.
     pub left_out: Option<(u8, GpuFault)>,
+    /// Every answering GPU within the TDP, two or more, reads more than
+    /// 5 K under the supply believed: this host's vote that the supply
+    /// reading is the outlier ([`supply_outvoted`]).
+    #[serde(default)]
+    pub colder_than_supply: bool,
 }
 
-/// Whether a supply reading `supply_c` is the outlier, not the GPUs: `n`
-/// GPUs, two or more, whose warmest (`warmest_c`) reads colder than it by
-/// more than 5 K. No GPU can, so either every one of them reads wrong or
-/// the one sensor does (a high reading not yet confirmed as a fault):
-/// the supply is not used to judge them, and the host keeps its GPUs.
-pub fn supply_outvoted(n: u8, warmest_c: f32, supply_c: f32) -> bool {
-    n >= 2 && warmest_c < supply_c - BELOW_SUPPLY_K
+/// Whether the hall outvotes the supply reading: two or more hosts heard
+/// lately say every GPU of theirs reads more than 5 K under it (`colder`,
+/// [`Heard::colder_than_supply`]), more than those whose reports say
+/// otherwise (`others`). No working GPU can, so either every one of them
+/// reads wrong or the one sensor does (a high reading not yet confirmed
+/// as a fault): the supply is then not used to judge GPUs, so they still
+/// count, and the sensor's supervision still has the GPUs to judge it
+/// by. One host, a broken or compromised agent's, cannot outvote it.
+pub fn supply_outvoted(colder: usize, others: usize) -> bool {
+    colder >= 2 && colder > others
+}
+
+/// Whether the answering GPUs of `t` within the TDP, two or more, all
+/// read more than 5 K under `supply_c`.
+fn all_colder(t: &HostTelemetry, b: &Bounds) -> bool {
+    let Some(supply_c) = b.supply_c else {
+        return false;
+    };
+    let mut within = answering(t).filter(|g| (g.power.get() as f32) <= b.tdp_w * TDP_MARGIN);
+    let mut n = 0u8;
+    let all = within.all(|g| {
+        n = n.saturating_add(1);
+        f32::from(g.temp.get()) < supply_c - BELOW_SUPPLY_K
+    });
+    all && n >= 2
 }
 
 /// The GPUs of `t` that answered their queries.
@@ -223,11 +227,9 @@ fn answering(t: &HostTelemetry) -> impl Iterator<Item = &GpuTelemetry> {
 
 /// Host telemetry `t`, stamped `stamped`, heard at `at_ms`. GPUs that did
 /// not answer their queries are left out, and so are GPUs outside
-/// `bounds` (counted in `left_out`; the supply's bound only where it does
-/// not leave out every GPU: [`supply_outvoted`]); a GPU in hardware
-/// slowdown (thermal or not) sets `slowdown`.
+/// `bounds` (counted in `left_out`); a GPU in hardware slowdown (thermal
+/// or not) sets `slowdown`.
 pub fn heard_of(t: &HostTelemetry, stamped: TimestampMs, at_ms: u64, bounds: &Bounds) -> Heard {
-    let bounds = bounds.for_report(t);
     let mut h = Heard {
         report: HostReport {
             gpus: 0,
@@ -241,6 +243,7 @@ pub fn heard_of(t: &HostTelemetry, stamped: TimestampMs, at_ms: u64, bounds: &Bo
         coldest: None,
         most_drawn: None,
         left_out: None,
+        colder_than_supply: all_colder(t, bounds),
     };
     let slow = ThrottleReasons::HW_SLOWDOWN | ThrottleReasons::HW_THERMAL_SLOWDOWN;
     for g in answering(t) {
@@ -275,9 +278,9 @@ pub fn heard_of(t: &HostTelemetry, stamped: TimestampMs, at_ms: u64, bounds: &Bo
 /// Why a host report heard at `now` cannot be believed, if it cannot: its
 /// stamp is more than a minute from now, a GPU draws more than 10 % above
 /// the TDP (`tdp_w`), or a GPU reads colder than the coolant that cools
-/// it (5 K under the believed `supply_c`, unless every GPU does: then the
-/// supply is the outlier, [`supply_outvoted`]). None of these a working
-/// GPU can report; a broken or compromised agent can.
+/// it (5 K under the believed `supply_c`; `None` where the hall outvotes
+/// the reading, [`supply_outvoted`]). None of these a working GPU can
+/// report; a broken or compromised agent can.
 pub fn implausible(h: &Heard, now: TimestampMs, supply_c: Option<f32>, tdp_w: f32) -> Option<Why> {
     let skew = h.stamped.0.abs_diff(now.0);
     if skew > REPORT_SKEW_MS {
@@ -290,8 +293,6 @@ pub fn implausible(h: &Heard, now: TimestampMs, supply_c: Option<f32>, tdp_w: f3
             tdp_w,
         }));
     }
-    let r = &h.report;
-    let supply_c = supply_c.filter(|s| !supply_outvoted(r.gpus, r.hottest_c, *s));
     let cold = h.coldest.zip(supply_c);
     if let Some((c, s)) = cold.filter(|(c, s)| c.value < s - BELOW_SUPPLY_K) {
         return Some(Why::Gpu(GpuFault::ColderThanSupply {
@@ -480,6 +481,7 @@ mod tests {
         let bounds = Bounds {
             tdp_w: 700.0,
             supply_c: Some(30.0),
+            supply_outvoted: false,
         };
         let whole = heard_of(&t, NOW, 1_000, &bounds);
         assert_eq!(whole.left_out, None);

@@ -94,6 +94,10 @@ pub struct Decider {
     /// believed and its reading in range, °C (what a GPU's reading is
     /// judged against).
     supply_c: Option<f32>,
+    /// When each host's last report not refused said every GPU of its
+    /// reads under that supply (its vote: [`hosts::supply_outvoted`]),
+    /// ms on the decision path's clock.
+    colder_at: [Option<u64>; MAX_HOSTS],
     limits: MapLimits,
     limiter: writes::Limiter,
     /// The heartbeat's step count: wide enough never to wrap (a count of
@@ -151,6 +155,7 @@ impl Decider {
             keeper: LatchKeeper::NOTHING,
             hosts: Hosts::NONE,
             supply_c: None,
+            colder_at: [None; MAX_HOSTS],
             limits: MapLimits {
                 mapped: [false; 6],
                 setpoint_c: None,
@@ -192,6 +197,7 @@ impl Decider {
             keeper,
             hosts,
             supply_c,
+            colder_at,
             limits: lim,
             limiter,
             heartbeat,
@@ -214,6 +220,7 @@ impl Decider {
         *keeper = opened.keeper;
         hosts.reset(cfg.layout.hosts().min(MAX_HOSTS));
         *supply_c = None;
+        *colder_at = [None; MAX_HOSTS];
         *lim = limits;
         *limiter = writes::Limiter::new();
         *heartbeat = 0;
@@ -278,15 +285,38 @@ impl Decider {
         let bounds = hosts::Bounds {
             tdp_w: self.core.config().gpu.tdp_w,
             supply_c: self.supply_c,
+            supply_outvoted: self.supply_outvoted(at_ms),
         };
         hosts::heard_of(t, stamped, at_ms, &bounds)
     }
 
     /// Host `h`'s report as `heard` at `now` (the clock of its stamp):
-    /// believed, or refused and why ([`hosts::implausible`]).
+    /// believed, or refused and why ([`hosts::implausible`]); its vote on
+    /// the supply reading counts while it is not refused.
     pub fn hear_host(&mut self, h: usize, heard: &Heard, now: TimestampMs) -> Verdict {
         let tdp = self.core.config().gpu.tdp_w;
-        self.hosts.hear(h, heard, now, self.supply_c, tdp)
+        let at_ms = heard.report.at_ms;
+        let supply_c = self.supply_c.filter(|_| !self.supply_outvoted(at_ms));
+        let verdict = self.hosts.hear(h, heard, now, supply_c, tdp);
+        if let Some(vote) = self.colder_at.get_mut(h) {
+            let counts = !matches!(verdict, Verdict::Refused { .. });
+            *vote = (counts && heard.colder_than_supply).then_some(at_ms);
+        }
+        verdict
+    }
+
+    /// Whether the hosts heard within the host timeout of `at_ms` outvote
+    /// the supply reading ([`hosts::supply_outvoted`]).
+    fn supply_outvoted(&self, at_ms: u64) -> bool {
+        let timeout = self.core.config().timing.host_timeout_ms;
+        let recent = |at: u64| at_ms.saturating_sub(at) <= timeout;
+        let voted = |h: usize| self.colder_at.get(h).copied().flatten().is_some_and(recent);
+        let colder = (0..self.colder_at.len()).filter(|&h| voted(h)).count();
+        let others = self.hosts().iter().enumerate();
+        let others = others
+            .filter(|(h, r)| !voted(*h) && r.is_some_and(|r| recent(r.at_ms)))
+            .count();
+        hosts::supply_outvoted(colder, others)
     }
 
     /// The hosts' believed reports, by host index.
@@ -652,11 +682,16 @@ mod tests {
         assert_eq!(c.cooling_lost, 0b0010, "the other racks are cooled again");
     }
 
-    /// A sample host's telemetry (GPUs at 61–64 °C) heard by `d` now.
-    fn hear_sample(d: &mut Decider) -> Verdict {
+    /// A sample host's telemetry (GPUs at 61–64 °C) heard by `d` as host
+    /// `h`, at 1 s on its clock.
+    fn hear_sample_as(d: &mut Decider, h: usize) -> Verdict {
         let t = loopwarden_protocol::samples::host_telemetry(8);
         let now = TimestampMs(1_800_000_000_000);
-        d.hear_telemetry(0, &t, now, (1_000, now))
+        d.hear_telemetry(h, &t, now, (1_000, now))
+    }
+
+    fn hear_sample(d: &mut Decider) -> Verdict {
+        hear_sample_as(d, 0)
     }
 
     #[test]
@@ -677,23 +712,43 @@ mod tests {
         assert_eq!(d.hosts()[0].map(|r| r.gpus), Some(8));
     }
 
+    /// A supply reading in range, but 11 K above the warmest GPU it
+    /// cools: one host alone cannot outvote it (its agent may be broken
+    /// or lying), two hosts, more than those that say otherwise, do.
     #[test]
-    fn a_supply_reading_above_every_gpu_of_a_host_is_the_outlier() {
+    fn the_hall_outvotes_a_supply_reading_above_every_gpu_one_host_does_not() {
         let lim = writes::tests::sim_cdu();
         let fresh: Result<Option<LatchRecord>, &str> = Ok(None);
         let mut d = Decider::new(CoreConfig::default(), lim, &fresh).unwrap();
-        // Plausible, but 11 K above the warmest GPU it cools: eight GPUs
-        // against one sensor.
         let mut m = measured(0);
         m.supply_c = Some(75.0);
         step(&mut d, 0, Some(&m));
+        for _ in 0..3 {
+            assert!(matches!(
+                hear_sample(&mut d),
+                Verdict::BelievedWithout { .. }
+            ));
+            assert_eq!(d.hosts()[0].map(|r| r.gpus), Some(0), "one host alone");
+        }
+        // A second host says the same: the next reports keep their GPUs.
+        assert!(matches!(
+            hear_sample_as(&mut d, 1),
+            Verdict::BelievedWithout { .. }
+        ));
         assert_eq!(hear_sample(&mut d), Verdict::Believed);
+        assert_eq!(hear_sample_as(&mut d, 1), Verdict::Believed);
         assert_eq!(d.hosts()[0].map(|r| r.gpus), Some(8));
-        // One GPU under a supply the others stand above is still left out.
+        assert_eq!(d.hosts()[1].map(|r| r.gpus), Some(8));
+        // One GPU under a supply the others stand above is still left
+        // out once the hosts voted on that reading (each report votes
+        // anew): no host votes against it.
         m.supply_c = Some(67.0);
         step(&mut d, 1, Some(&m));
-        let v = hear_sample(&mut d);
-        assert!(matches!(v, Verdict::BelievedWithout { .. }), "{v:?}");
+        hear_sample_as(&mut d, 0);
+        for h in [1, 0] {
+            let v = hear_sample_as(&mut d, h);
+            assert!(matches!(v, Verdict::BelievedWithout { .. }), "{v:?}");
+        }
         assert_eq!(d.hosts()[0].map(|r| r.gpus), Some(6), "the two at 61 °C");
     }
 }
