@@ -30,8 +30,9 @@
 //! engine says so once per episode ([`Output::CoolingAttributed`]).
 //!
 //! States only rise on evidence. A quarantine falls only by an operator's
-//! release; `degraded` falls back to `healthy` after a quiet period without
-//! any degraded-level evidence.
+//! release, signed after the last quarantine-level evidence (`release`);
+//! `degraded` falls back to `healthy` after a quiet period without any
+//! degraded-level evidence.
 //!
 //! A field the GPU does not support (NVML "not supported") is never read
 //! as a value: a counter group not known holds its last known values, and
@@ -40,8 +41,9 @@
 //! This module holds the engine and its states; the rules on a GPU's own
 //! counters and flags are in `rules`, the thermal and straggler rules
 //! against the peers in `peers`, missed samples and host stalls in
-//! `silence`, fields not known in `unknown`, and the evidence text in
-//! `evidence`.
+//! `silence`, fields not known in `unknown`, an operator's release and
+//! the evidence that comes while a GPU is quarantined in `release`, and
+//! the evidence text in `evidence`.
 //!
 //! Glossary:
 //! - *observation*: one sample of one GPU in natural units.
@@ -58,6 +60,7 @@ use loopwarden_protocol::{
 
 mod evidence;
 mod peers;
+mod release;
 mod rules;
 mod silence;
 mod slow;
@@ -65,6 +68,7 @@ mod unknown;
 
 use evidence::{fit, xid_words};
 pub use evidence::{fmt_time, At};
+pub use release::{LaterEvidence, Refusal};
 use rules::{Streak, Window};
 pub use slow::SlowCounters;
 
@@ -359,6 +363,8 @@ struct Track {
     straggle: Streak,
     /// The peers' thermal resistance at the last judgement, for evidence.
     hot_excess: f64,
+    /// Quarantine-level evidence that came while quarantined (`release`).
+    later: Option<(u64, ReasonCode, String)>,
 }
 
 impl Track {
@@ -385,6 +391,7 @@ impl Track {
             hot: Streak::default(),
             straggle: Streak::default(),
             hot_excess: 0.0,
+            later: None,
         }
     }
 
@@ -544,6 +551,9 @@ impl HealthEngine {
             t.last_degrade_evidence = now;
         }
         if to <= t.status.state {
+            if to == HealthState::Quarantined {
+                self.keep_later(now, gpu, reason, evidence);
+            }
             return;
         }
         let change = Change {
@@ -711,40 +721,6 @@ impl HealthEngine {
                 evidence: tr.status.evidence.clone(),
             }));
         }
-    }
-
-    /// An operator releases a quarantined GPU. `Err` when it is not
-    /// quarantined (nothing changes).
-    pub fn release(
-        &mut self,
-        now: TimestampMs,
-        gpu: u8,
-        operator: &str,
-        note: &str,
-    ) -> Result<Change, HealthState> {
-        let at = self.stamp(now.0);
-        let Some(tr) = self.gpus.get_mut(gpu as usize) else {
-            return Err(HealthState::Healthy);
-        };
-        if tr.status.state != HealthState::Quarantined {
-            return Err(tr.status.state);
-        }
-        let evidence = fit(format!(
-            "released by {operator} at {}: {note}",
-            fmt_time(at)
-        ));
-        let change = Change {
-            time: at,
-            gpu,
-            from: HealthState::Quarantined,
-            to: HealthState::Healthy,
-            reason: ReasonCode::OPERATOR_RELEASE,
-            evidence: evidence.clone(),
-        };
-        *tr = Track::new(at);
-        tr.status.reason = ReasonCode::OPERATOR_RELEASE;
-        tr.status.evidence = evidence;
-        Ok(change)
     }
 }
 

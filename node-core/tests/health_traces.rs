@@ -22,7 +22,7 @@ use health_sim::{
     Verdict, Work, World, GPUS, JOB_START_S, LIMITS, PERIOD_MS,
 };
 use loopwarden_protocol::{HealthState, ReasonCode, ThrottleReasons, TimestampMs};
-use node_core::health::{HealthEngine, LoopState, Output, Policy};
+use node_core::health::{HealthEngine, LoopState, Output, Policy, Refusal::NotQuarantined};
 
 use HealthState::{Degraded, Healthy, Quarantined};
 
@@ -909,7 +909,7 @@ fn release_returns_a_quarantined_gpu_to_healthy_and_refuses_others() {
             released = true;
             assert_eq!(e.status(3).unwrap().state, Quarantined);
             let change = e
-                .release(at, 3, "alice", "reseated, field diag passed")
+                .release(at, at, 3, "alice", "reseated, field diag passed")
                 .expect("a quarantined GPU is released");
             assert_eq!(
                 (change.gpu, change.from, change.to, change.reason),
@@ -922,12 +922,21 @@ fn release_returns_a_quarantined_gpu_to_healthy_and_refuses_others() {
                 (Healthy, ReasonCode::OPERATOR_RELEASE, at)
             );
             // Not quarantined: refused, nothing changes.
-            assert_eq!(e.release(at, 3, "alice", "again"), Err(Healthy));
-            assert_eq!(e.release(at, 4, "bob", "pending remap"), Err(Degraded));
+            assert_eq!(
+                e.release(at, at, 3, "alice", "again"),
+                Err(NotQuarantined(Healthy))
+            );
+            assert_eq!(
+                e.release(at, at, 4, "bob", "pending remap"),
+                Err(NotQuarantined(Degraded))
+            );
             assert_eq!(e.status(4).unwrap().state, Degraded);
-            assert_eq!(e.release(at, 0, "bob", "healthy"), Err(Healthy));
+            assert_eq!(
+                e.release(at, at, 0, "bob", "healthy"),
+                Err(NotQuarantined(Healthy))
+            );
             assert_eq!(e.status(0).unwrap().reason, ReasonCode::OK);
-            assert!(e.release(at, 42, "bob", "no such GPU").is_err());
+            assert!(e.release(at, at, 42, "bob", "no such GPU").is_err());
         }
         let outs = health_sim::feed(&mut e, r);
         if released {

@@ -489,3 +489,58 @@ fn a_copy_of_the_cdus_state_does_not_renew_it() {
     assert!(h.node.health().fresh_coolant(t + 80_000).is_some());
     assert_eq!(h.node.health().fresh_coolant(t + 100_000), None);
 }
+
+/// GPU 2 quarantined (it stopped answering); it answers again with an
+/// NVLink replay count that rose. A release signed before that sample
+/// (the operator judged the GPU on what was known then) is refused, and
+/// says why; one signed after it releases, and a rise after the release
+/// is judged against the last sample before it.
+#[test]
+fn a_release_signed_before_newer_quarantine_evidence_is_refused() {
+    let mut h = Host::new();
+    let mut t = T0.0;
+    let with_replays = |n: u64| {
+        let mut r = healthy_readings();
+        if let Reading::Sample { observation, .. } = &mut r[2] {
+            observation.nvlink_replay = n;
+        }
+        r
+    };
+    for _ in 0..3 {
+        t += 1_000;
+        h.step(t, Input::Round(&with_replays(10)));
+    }
+    let missed = Reading::Missed("timed out".into());
+    for _ in 0..5 {
+        t += 1_000;
+        let mut r = healthy_readings();
+        r[2] = missed.clone();
+        h.step(t, Input::Round(&r));
+    }
+    assert_eq!(h.state(2), HealthState::Quarantined);
+    let signed = t + 500;
+    t += 1_000;
+    h.step(t, Input::Round(&with_replays(20)));
+    h.step(t + 100, Input::Frame(&cmd_topic(), &release(1, signed, 2)));
+    let ack = h.acks.last().unwrap();
+    assert_ne!(ack.code, AckCode::Ok, "{}", ack.detail.as_str());
+    assert!(
+        ack.detail.as_str().contains("nvlink-errors"),
+        "{}",
+        ack.detail.as_str()
+    );
+    assert_eq!(h.state(2), HealthState::Quarantined);
+    // Signed after it: released.
+    h.step(t + 200, Input::Frame(&cmd_topic(), &release(2, t + 150, 2)));
+    assert_eq!(h.acks.last().unwrap().code, AckCode::Ok);
+    assert_eq!(h.state(2), HealthState::Healthy);
+    // The first sample after the release is judged against the last
+    // before it: a rise across the release quarantines.
+    t += 1_000;
+    h.step(t, Input::Round(&with_replays(25)));
+    assert_eq!(
+        h.state(2),
+        HealthState::Quarantined,
+        "a rise after the release"
+    );
+}

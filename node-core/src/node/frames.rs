@@ -9,11 +9,11 @@
 
 use loopwarden_protocol::{
     Ack, AckCode, CduMode, CduState, Correlation, Event, Family, Frame, GpuCap, GpuSelector,
-    Message, QuarantineRelease, RackCooling, Text, Topic,
+    Message, QuarantineRelease, RackCooling, Text, TimestampMs, Topic,
 };
 
 use super::{gpu_index, Effect, Level, Node, Now};
-use crate::health::{Coolant, LoopState};
+use crate::health::{Coolant, LoopState, Refusal};
 
 /// What a command's flash record is, for what its ack says when it could
 /// not be written.
@@ -145,7 +145,7 @@ impl Node {
             events: Vec::new(),
         });
         if let (Some(gpu), Message::QuarantineRelease(r)) = (verdict.release, &frame.message) {
-            self.release(now, gpu, r, out);
+            self.release(now, frame.time, gpu, r, out);
         }
         if verdict.changed_caps {
             self.pending_mut().record = Some(Record::Lease);
@@ -160,12 +160,21 @@ impl Node {
     }
 
     /// An operator's release of a quarantined GPU: logged, published, kept
-    /// in flash; refused (`not_quarantined`) for a GPU that is not.
-    fn release(&mut self, now: Now, gpu: u8, r: &QuarantineRelease, out: &mut Vec<Effect>) {
+    /// in flash; refused (`not_quarantined`) for a GPU that is not, and
+    /// (`failed`) when quarantine-level evidence came after it was
+    /// `signed`.
+    fn release(
+        &mut self,
+        now: Now,
+        signed: TimestampMs,
+        gpu: u8,
+        r: &QuarantineRelease,
+        out: &mut Vec<Effect>,
+    ) {
         let operator = r.operator.as_str();
         match self
             .health
-            .release(now.steady, gpu, operator, r.note.as_str())
+            .release(now.steady, signed, gpu, operator, r.note.as_str())
         {
             Ok(change) => {
                 self.pending_mut().record = Some(Record::Release);
@@ -188,11 +197,25 @@ impl Node {
                     reason: change.reason,
                 }));
             }
-            Err(state) => {
+            Err(Refusal::NotQuarantined(state)) => {
                 let p = self.pending_mut();
                 p.code = AckCode::NotQuarantined;
                 let state = format!("{state:?}").to_lowercase();
                 p.detail = format!("GPU {gpu} is {state}, not quarantined");
+            }
+            Err(Refusal::NewerEvidence(why)) => {
+                if let Some(l) = self.health.later_evidence(gpu) {
+                    out.push(Effect::Say(
+                        Level::Warn,
+                        format!(
+                            "release of GPU {gpu} by {operator} refused: {why}: {}",
+                            l.evidence
+                        ),
+                    ));
+                }
+                let p = self.pending_mut();
+                p.code = AckCode::Failed;
+                p.detail = why;
             }
         }
     }
