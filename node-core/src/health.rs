@@ -54,9 +54,7 @@
 //!   thermal and straggler rules.
 //! - *episode*: a stretch of time in which the cooling explains the heat.
 
-use loopwarden_protocol::{
-    xid, HealthState, ReasonCode, ThrottleReasons, TimestampMs, Unsupported,
-};
+use loopwarden_protocol::{HealthState, ReasonCode, ThrottleReasons, TimestampMs, Unsupported};
 
 mod evidence;
 mod peers;
@@ -580,21 +578,9 @@ impl HealthEngine {
         if g >= self.gpus.len() {
             return out;
         }
-        let Some(info) = xid::lookup(code) else {
-            return out;
-        };
-        let level = if info.is_fatal_hardware() {
-            Some(HealthState::Quarantined)
-        } else if code == 92
-            || matches!(
-                info.action,
-                xid::XidAction::DrainAndReset | xid::XidAction::FollowRecoveryAction
-            )
-        {
-            Some(HealthState::Degraded)
-        } else {
-            None
-        };
+        // One rule with the agent's XID queue, which keeps these in a
+        // storm.
+        let level = crate::xid_level(code);
         if let Some(level) = level {
             let at = self.stamp(now.0);
             self.raise(
