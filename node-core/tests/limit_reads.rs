@@ -528,3 +528,39 @@ fn a_cap_set_at_another_limit_than_asked_is_kept_as_the_agents_at_once() {
     assert_eq!(after.node.ceiling(0), Some(DEFAULT));
     assert!(power_ceilings(&after).is_empty());
 }
+
+/// GPU 3 kept `{700, 500}` (the agent's 500 W cap before the restart);
+/// an administrator set `limit` while the agent was stopped. GPU 3's read
+/// at the start fails, the read just before a 450 W cap's set answers:
+/// the administrator's limit is the ceiling at once, said, and the cap's
+/// end never lifts GPU 3 above it.
+fn read_just_before_a_set(limit: Watts) -> Host {
+    let mut h = gpu_3_unread_at(limit, Watts(500));
+    h.reads_before_set[3] = true;
+    let mut t = T0.0 + 1_000;
+    lease_now(&mut h, 1, t, 450, 20_000);
+    assert_eq!(h.node.ceiling(3), Some(limit));
+    assert!(
+        !said(&h, &format!("GPU 3: found at {} W", limit.0)).is_empty(),
+        "{:?}",
+        said(&h, "GPU 3")
+    );
+    h.unreadable[3] = false;
+    t += 20_000;
+    h.step(t, Input::Expiry);
+    assert_eq!(h.limits[3], limit, "{:?}", sets_of(&h, 3));
+    h
+}
+
+#[test]
+fn a_gpu_unread_at_the_start_is_read_just_before_a_set() {
+    let h = read_just_before_a_set(Watts(480));
+    assert_eq!(sets_of(&h, 3), [Watts(450), Watts(480)]);
+}
+
+#[test]
+fn a_cap_above_the_limit_read_just_before_its_set_is_not_set() {
+    let h = read_just_before_a_set(Watts(400));
+    assert_eq!(sets_of(&h, 3), [Watts(450)], "asked, not made");
+    assert_eq!(h.node.applied(3).0, Some(Watts(400)));
+}

@@ -169,11 +169,28 @@ impl Agent {
 
     /// Sets each limit and reads it back, every GPU's at once (each
     /// through its own worker): a slow GPU holds back no other's cap.
+    /// Where the node asks ([`SetLimit::read_first`]: the GPU's ceiling
+    /// was never read), the limit is read just before, and a limit found
+    /// below the one to set is left as it is (the set would raise it).
     pub(super) async fn set_limits(&mut self, sets: &[SetLimit]) -> Vec<LimitResult> {
         let deadline = self.config.deadline;
         let jobs = sets.iter().filter_map(|s| {
             let w = self.workers.get(s.gpu as usize)?;
             Some(async move {
+                let mut first = None;
+                if s.read_first {
+                    let found = w.read_limit(deadline).await.map_err(|e| e.to_string());
+                    if let Some(f) = found.as_ref().ok().copied().filter(|&f| f < s.limit) {
+                        return LimitResult {
+                            gpu: s.gpu,
+                            limit: s.limit,
+                            set: Err(format!("not set: {} W found on it just before", f.0)),
+                            back: Ok(f),
+                            first: Some(found),
+                        };
+                    }
+                    first = Some(found);
+                }
                 let set = w.set_limit(s.limit, deadline).await;
                 let back = w.read_limit(deadline).await;
                 LimitResult {
@@ -181,6 +198,7 @@ impl Agent {
                     limit: s.limit,
                     set: set.map_err(|e| e.to_string()),
                     back: back.map_err(|e| e.to_string()),
+                    first,
                 }
             })
         });

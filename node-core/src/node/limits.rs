@@ -30,7 +30,11 @@
 //! past its deadline may land after a later one never made) or the one
 //! read before them: a later read finding none of them finds an
 //! administrator's. A GPU not read since the start keeps what the flash
-//! kept for it in every write of the limits until it is read.
+//! kept for it in every write of the limits until it is read, and nothing
+//! is kept for one with nothing kept. A set on a GPU whose ceiling was
+//! never read has its limit read just before it ([`SetLimit::read_first`]):
+//! that read decides the ceiling before the set's read-back is judged, and
+//! a limit found below the one to set is left as it is.
 //!
 //! Glossary:
 //! - *applied*: the limit last read back from a GPU; the only value ever
@@ -48,9 +52,9 @@ use serde::{Deserialize, Serialize};
 use super::{gpu_index, Effect, GpuCaps, GpuSetup, Level, Node, Now, RETRY_MS};
 
 mod ceiling;
+mod reads;
 mod unconfirmed;
 
-use ceiling::{changed_outside, first_ceiling};
 pub(crate) use unconfirmed::Unconfirmed;
 use unconfirmed::ASKED_MAX;
 
@@ -91,6 +95,11 @@ pub struct SetLimit {
     pub gpu: u8,
     /// The limit.
     pub limit: Watts,
+    /// Its ceiling was never read from it: its limit is read just before
+    /// the set ([`LimitResult::first`]), and the set is not made where
+    /// that read finds a lower limit (an administrator's, which the set
+    /// would raise).
+    pub read_first: bool,
 }
 
 /// What became of a [`SetLimit`].
@@ -104,6 +113,9 @@ pub struct LimitResult {
     pub set: Result<(), String>,
     /// The limit read back after it: `Err` says why it could not be read.
     pub back: Result<Watts, String>,
+    /// The limit read just before it, where [`SetLimit::read_first`]
+    /// asked (`None`: not asked).
+    pub first: Option<Result<Watts, String>>,
 }
 
 /// What waits for a read of every GPU's limit ([`Effect::ReadLimits`])
@@ -214,61 +226,6 @@ pub(crate) struct Reconciling {
 }
 
 impl Node {
-    /// Every GPU's limit as read at start or now and then: the first one
-    /// read decides the GPU's ceiling (kept in flash at once where nothing
-    /// was kept: a limit set while the agent is stopped is then told from
-    /// its own), a later one that is not the limit last read back was set
-    /// by someone else and is the new ceiling. Returns whether each GPU's
-    /// limit was read (one that was not is said, and set only lower).
-    pub(super) fn limits_read(
-        &mut self,
-        read: &[Result<Watts, String>],
-        out: &mut Vec<Effect>,
-    ) -> Vec<bool> {
-        let mut moved = Vec::new();
-        let mut unkept = false;
-        let mut was_read = vec![false; self.gpus.len()];
-        for (i, g) in self.gpus.iter_mut().enumerate() {
-            let found = match read.get(i) {
-                Some(Ok(w)) => *w,
-                r => {
-                    let why = match r {
-                        Some(Err(e)) => e.as_str(),
-                        _ => "no answer",
-                    };
-                    out.push(Effect::Say(Level::Warn, unreadable(i, g, why)));
-                    continue;
-                }
-            };
-            was_read[i] = true;
-            let was = g.ceiling;
-            let first = !g.ceiling_read;
-            unkept |= first && g.kept.is_none();
-            let changed = if first {
-                first_ceiling(i, g, found, out)
-            } else if !g.left(found) {
-                changed_outside(i, g, found, out)
-            } else {
-                false
-            };
-            if g.ceiling < g.setup.range.min && (first || g.ceiling != was) {
-                out.push(Effect::Say(Level::Warn, below_min(i, g)));
-            }
-            g.ceiling_read = true;
-            g.applied = Some(found);
-            g.unconfirmed = None;
-            self.commands.set_ceiling(gpu_index(i as u8), g.ceiling);
-            if changed {
-                moved.push((gpu_index(i as u8), g.ceiling, was));
-            }
-        }
-        if !moved.is_empty() || unkept {
-            out.push(Effect::KeepLimits(self.kept_limits()));
-        }
-        out.extend(power_ceiling(&moved).into_iter().map(Effect::Emit));
-        was_read
-    }
-
     /// The limits kept for GPU `gpu` before the restart, read once it
     /// said its UUID (none could be matched to it at start). Where its
     /// limits were not read yet, as at a start ([`Node::restore_limit`]);
@@ -448,6 +405,7 @@ impl Node {
             sets.push(SetLimit {
                 gpu: i,
                 limit: t.limit,
+                read_first: !g.ceiling_read,
             });
             sources.push((i, t.source));
         }
@@ -474,6 +432,7 @@ impl Node {
         let Some(r) = self.reconciling.take() else {
             return;
         };
+        self.first_reads(results, out);
         if r.restoring {
             return self.restored(results, out);
         }
@@ -498,6 +457,7 @@ impl Node {
                         elsewhere.push(SetLimit {
                             gpu: res.gpu,
                             limit: res.limit,
+                            read_first: false,
                         });
                     }
                     g.applied = Some(b);
@@ -609,6 +569,7 @@ impl Node {
             sets.push(SetLimit {
                 gpu: i as u8,
                 limit: g.ceiling,
+                read_first: !g.ceiling_read,
             });
         }
         if sets.is_empty() {
@@ -663,27 +624,6 @@ impl Node {
             None => out.extend(events.into_iter().map(Effect::Emit)),
         }
     }
-}
-
-/// What is said of GPU `i` (as `g`) whose ceiling is below its
-/// configured lowest cap.
-fn below_min(i: usize, g: &GpuCaps) -> String {
-    format!(
-        "GPU {i}: uncapped limit {} W is below its lowest cap {} W (NVML's minimum or the board's min_cap_w): it is not raised, and no cap goes below {} W",
-        g.ceiling.0, g.setup.range.min.0, g.ceiling.0
-    )
-}
-
-/// What is said of GPU `i` (as `g`) whose limit could not be read (`why`).
-fn unreadable(i: usize, g: &GpuCaps, why: &str) -> String {
-    let sets = match g.lowest_left() {
-        Some(low) => format!("it is set no higher than {} W until a read", low.0),
-        None => "no limit is set on it until a read".to_string(),
-    };
-    format!(
-        "GPU {i}: cannot read its power limit ({why}); its uncapped limit stays {} W, and {sets}",
-        g.ceiling.0
-    )
 }
 
 /// One `power_ceiling` event for each ceiling and former ceiling that

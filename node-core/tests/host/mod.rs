@@ -75,6 +75,11 @@ pub struct Host {
     /// was given (the board's stood in for NVML's): a set below it is
     /// set at it instead, as the shell does after NVML's refusal.
     pub floor: [Option<Watts>; GPUS],
+    /// The GPUs whose limit reads just before a set that asks it
+    /// ([`SetLimit::read_first`](node_core::node::SetLimit)) even while
+    /// `unreadable` (a busy GPU that answered this once); any other reads
+    /// then as `unreadable` says.
+    pub reads_before_set: [bool; GPUS],
     /// What went on the bus or into flash, in order.
     pub acks: Vec<Ack>,
     pub events: Vec<Event>,
@@ -268,6 +273,7 @@ impl Host {
             back_fails: [false; GPUS],
             sets_lost: [false; GPUS],
             floor: [None; GPUS],
+            reads_before_set: [false; GPUS],
             acks: Vec::new(),
             events: Vec::new(),
             health_published: 0,
@@ -304,6 +310,25 @@ impl Host {
                         .iter()
                         .map(|s| {
                             let i = s.gpu as usize;
+                            let first = s.read_first.then(|| {
+                                match self.unreadable[i] && !self.reads_before_set[i] {
+                                    true => Err("Timeout".to_string()),
+                                    false => Ok(self.limits[i]),
+                                }
+                            });
+                            // As the shell: no set above the limit found.
+                            if let Some(Ok(found)) = first
+                                .clone()
+                                .filter(|f| f.as_ref().is_ok_and(|&w| w < s.limit))
+                            {
+                                return LimitResult {
+                                    gpu: s.gpu,
+                                    limit: s.limit,
+                                    set: Err(format!("not set: {} W found on it", found.0)),
+                                    back: Ok(found),
+                                    first,
+                                };
+                            }
                             let set = if self.refuse_set {
                                 Err("Not Supported".to_string())
                             } else if self.sets_lost[i] {
@@ -322,6 +347,7 @@ impl Host {
                                 limit: s.limit,
                                 set,
                                 back,
+                                first,
                             }
                         })
                         .collect();
