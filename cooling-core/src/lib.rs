@@ -61,6 +61,7 @@
 #[cfg(test)]
 extern crate std;
 
+mod beacon;
 pub mod config;
 pub mod coordinate;
 pub mod estimate;
@@ -830,21 +831,6 @@ impl Core {
         cfg.margins.plan_ceiling_c += self.plan_offset_k;
         cfg
     }
-
-    /// The alarm beacon: a latched leak, lost leak sensing, a valve
-    /// position input not believed, a failed
-    /// isolation, a pump out of service, failsafe, the CDU refusing
-    /// writes, or a GPU above its maximum operating temperature.
-    fn beacon(&self, cfg: &CoreConfig, mode: CduMode, hottest: Option<f32>) -> bool {
-        let (_, reason, _) = self.modes.get();
-        self.safety.leaks_latched() != 0
-            || self.safety.sensing_lost() != 0
-            || self.safety.feedback_faults() != 0
-            || self.pumps.faults().iter().any(|f| f.is_some())
-            || mode == CduMode::Failsafe
-            || reason == ReasonCode::CDU_WRITES_REFUSED
-            || hottest.is_some_and(|h| h > cfg.gpu.max_operating_c)
-    }
 }
 
 #[cfg(test)]
@@ -1577,6 +1563,7 @@ mod tests {
             (c.mode, c.reason),
             (CduMode::Degraded, ReasonCode::SENSOR_ESTIMATED)
         );
+        assert!(c.beacon, "a sensor stood in for is still an alarm");
         // The return goes too: the GPUs still stand in for the supply,
         // and the heat balance on it for the return.
         hall.cdu.return_c = None;
