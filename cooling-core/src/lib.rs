@@ -460,12 +460,26 @@ impl Core {
 
     /// The plant as the optimiser believes it now: the configuration with
     /// the learned figures blended in by their trust, and the plan
-    /// ceiling raised by the least trusted learned host's trust.
+    /// ceiling raised by the least trust among the hosts it plans for.
     pub fn believed(&self) -> CoreConfig {
-        let learned = self.estimator.learned();
-        let fed = |h: usize| learned.hosts[h].fed_s > 0.0;
+        let racks = self.cfg.layout.racks as usize;
+        let lost = if self.safety.isolation_failed() != 0 {
+            safety::all_racks(racks)
+        } else {
+            self.safety.leaks_latched()
+        };
+        self.believed_under(&self.limited_config(), lost)
+    }
+
+    /// `cfg` as the optimiser believes it while the racks of
+    /// `cooling_lost` have lost their cooling: the plan ceiling raised by
+    /// the least trust among every host of the other racks, reporting or
+    /// not (one silent is still planned for, and seen by neither the
+    /// margin loop nor the caps).
+    fn believed_under(&self, cfg: &CoreConfig, cooling_lost: u16) -> CoreConfig {
+        let planned = |h: usize| !bit(cooling_lost, cfg.layout.rack_of(h));
         let base = self.cfg.margins.plan_ceiling_c;
-        self.estimator.believed(&self.limited_config(), &fed, base)
+        self.estimator.believed(cfg, &planned, base)
     }
 
     /// Starts from what an earlier run learned (read back from flash);
@@ -674,10 +688,7 @@ impl Core {
             sensors_quiet: self.sensors.quiet(),
         };
         self.estimator.learn(t, &sensed.seen, &given, log);
-        let fresh = |h| t.fresh(h).is_some();
-        let base_ceiling = self.cfg.margins.plan_ceiling_c;
-        let believed = self.estimator.believed(&t.cfg, &fresh, base_ceiling);
-        (believed, short)
+        (self.believed_under(&t.cfg, t.cooling_lost), short)
     }
 
     /// One slice of the search on the `believed` plant (before regulation,
@@ -1018,6 +1029,8 @@ mod tests {
         hottest_c: f32,
         ambient_c: Option<f32>,
         answers: bool,
+        /// Hosts whose agents report nothing, bit n = host n.
+        silent: HostMask,
     }
 
     impl Hall {
@@ -1039,6 +1052,7 @@ mod tests {
                 hottest_c: 60.0,
                 ambient_c: Some(20.0),
                 answers: true,
+                silent: 0,
             }
         }
 
@@ -1049,7 +1063,8 @@ mod tests {
         /// The hall's inputs at second `s`, to `f`.
         fn with_inputs<R>(&self, s: u64, f: impl FnOnce(&Inputs<'_>) -> R) -> R {
             let mut hosts = [None; MAX_HOSTS];
-            for h in hosts.iter_mut().take(16) {
+            let heard = hosts.iter_mut().enumerate().take(16);
+            for (_, h) in heard.filter(|(n, _)| self.silent & (1 << n) == 0) {
                 *h = Some(HostReport {
                     gpus: 8,
                     hottest_c: self.hottest_c,
@@ -1411,6 +1426,40 @@ mod tests {
             );
             assert_eq!(c.valve_feedback_faults, 0b0010, "{s}");
         }
+    }
+
+    /// Every host learned but one: the plan ceiling stays where that
+    /// one's trust holds it, whether its agent reports or not (the
+    /// optimiser plans for it either way, and a silent host's GPUs are
+    /// seen by neither the margin loop nor the caps).
+    #[test]
+    fn a_host_that_stops_reporting_still_holds_the_plan_ceiling_to_its_trust() {
+        let cfg = CoreConfig::default();
+        let learned = |unlearned: Option<usize>| {
+            let mut l = Learned::new(&cfg);
+            for (h, s) in l.hosts.iter_mut().enumerate().take(16) {
+                let trusted = Some(h) != unlearned;
+                s.trust = if trusted { 1.0 } else { 0.0 };
+                s.fed_s = if trusted { 3_600.0 } else { 0.0 };
+            }
+            l
+        };
+        let ceiling = |l: &Learned, silent: HostMask| {
+            let mut core = Core::new(cfg).unwrap();
+            core.restore_learned(l).unwrap();
+            let hall = Hall {
+                silent,
+                ..Hall::new()
+            };
+            for s in 0..20 {
+                hall.step(&mut core, s);
+            }
+            core.believed().margins.plan_ceiling_c
+        };
+        let base = cfg.margins.plan_ceiling_c;
+        assert!(ceiling(&learned(None), 0) > base + 1.0, "all learned");
+        assert_eq!(ceiling(&learned(Some(5)), 0), base, "host 5 reports");
+        assert_eq!(ceiling(&learned(Some(5)), 1 << 5), base, "host 5 silent");
     }
 
     #[test]

@@ -315,16 +315,26 @@ mod tests {
         let r0h0: Vec<&str> = line(&text, "r0h0").split_whitespace().collect();
         assert_eq!(r0h0, ["r0h0", "1.00", "1.00", "0", "%", "0", "%", "never"]);
 
-        // The plan ceiling raised by the trusted host, the outdoor
+        // The plan ceiling held by the hosts not yet trusted (every host
+        // planned for counts), raised once all are; the outdoor
         // temperature measured, and the plan's choice.
+        assert_eq!(
+            line(&text, "plan ceiling"),
+            "plan ceiling    83 °C (as configured)"
+        );
+        let mut all = l;
+        for h in all.hosts.iter_mut().take(16) {
+            *h = l.hosts[5];
+        }
+        let (_, all_text) = loops_text(&all, plan(2, Some(1_200.0)), Some(22.4));
         let ceiling = Core::new(cfg).map(|mut c| {
-            c.restore_learned(&l).unwrap();
+            c.restore_learned(&all).unwrap();
             c.believed().margins.plan_ceiling_c
         });
         let ceiling = ceiling.unwrap();
         assert!(ceiling > cfg.margins.plan_ceiling_c);
         assert_eq!(
-            line(&text, "plan ceiling"),
+            line(&all_text, "plan ceiling"),
             format!(
                 "plan ceiling    {} °C (configured 83 °C, raised as the hosts are trusted)",
                 round(f64::from(ceiling), 2)
