@@ -57,6 +57,8 @@ console = "$dir/agent.sock"
 [guard]
 engage_c = 91
 release_c = 86
+[quarantine]
+reported_only = true
 EOF
 
 "$agent" run --config "$dir/agent.toml" 2>"$dir/agent.log" &

@@ -122,6 +122,9 @@ pub struct QuarantineFile {
     pub actions: Option<Vec<Vec<String>>>,
     /// Timeout per command, s.
     pub timeout_s: Option<u64>,
+    /// No action, on purpose: the site's scheduler reads the quarantine
+    /// from the bus.
+    pub reported_only: Option<bool>,
 }
 
 loopwarden_field::agent_flags! {
@@ -192,6 +195,10 @@ loopwarden_field::agent_flags! {
         /// Timeout of a quarantine action, s.
         #[arg(long)]
         pub quarantine_timeout_s: Option<u64>,
+        /// No quarantine action on purpose: the site's scheduler reads the
+        /// quarantine from the bus.
+        #[arg(long)]
+        pub quarantine_reported_only: bool,
         /// A command when the rack loses cooling, split on white space
         /// (repeat for several; replaces the file's `drain`).
         #[arg(long = "cooling-drain")]
@@ -391,6 +398,7 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         rack,
         cooling_loss: &cooling_loss,
         flash: common.flash.is_some(),
+        quarantine_actions: !quarantine.actions.is_empty(),
     };
     let opt_outs = protection::opt_outs(&src, &file, flags, &setting)?;
     let lease_limits = lease_limits(&src, &file, flags)?;
@@ -813,7 +821,7 @@ mod tests {
         };
         let c = resolve(
             Some(Path::new("a.toml")),
-            "site = \"s\"\nhost = \"h\"\nbroker = \"10.0.0.5\"\nperiod_ms = 500\ncommands = \"none\"\ncooling = \"not_managed\"\nvolatile_state = true\n",
+            "site = \"s\"\nhost = \"h\"\nbroker = \"10.0.0.5\"\nperiod_ms = 500\ncommands = \"none\"\ncooling = \"not_managed\"\nvolatile_state = true\n[quarantine]\nreported_only = true\n",
             &flags,
         )
         .expect("valid");
@@ -868,7 +876,8 @@ mod tests {
                 .contains("an agent on real GPUs does not start the embedded broker"),
             "{e}"
         );
-        let unmanaged = "commands = \"none\"\ncooling = \"not_managed\"\nvolatile_state = true\n";
+        let unmanaged = "commands = \"none\"\ncooling = \"not_managed\"\nvolatile_state = true\n\
+                         [quarantine]\nreported_only = true\n";
         assert!(from(&format!(
             "site = \"a\"\nhost = \"b\"\nbroker = \"10.0.0.5\"\n{unmanaged}"
         ))
@@ -888,7 +897,8 @@ mod tests {
 
     #[test]
     fn a_production_host_needs_its_site_written_and_a_twin_keeps_the_default() {
-        let unmanaged = "commands = \"none\"\ncooling = \"not_managed\"\nvolatile_state = true\n";
+        let unmanaged = "commands = \"none\"\ncooling = \"not_managed\"\nvolatile_state = true\n\
+                         [quarantine]\nreported_only = true\n";
         let e = from(&format!("host = \"b\"\nbroker = \"10.0.0.5\"\n{unmanaged}")).unwrap_err();
         assert!(
             e.message

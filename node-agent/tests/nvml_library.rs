@@ -520,6 +520,7 @@ fn measured_config(rig: &Rig, name: &str, twin: Option<u8>) -> PathBuf {
         text.push_str(&format!("twin_gpus = {n}\n"));
     }
     text.push_str("[guard]\nengage_c = 91\nrelease_c = 86\n");
+    text.push_str("[quarantine]\nreported_only = true\n");
     let path = dir.join(format!("{name}.toml"));
     std::fs::write(&path, text).expect("config");
     path

@@ -14,6 +14,7 @@
 //! | `rack` (with `cdu`) | acting on the rack's loss of cooling | `[cooling_loss] actions = "none"` |
 //! | `[cooling_loss]` `drain` and `power_down` | draining and powering down a rack without cooling | `[cooling_loss] actions = "none"` |
 //! | `flash` | quarantines, leases and the limits the agent set, across a restart | `volatile_state = true` |
+//! | `[quarantine]` `actions` | draining a quarantined GPU (an XID 79): jobs keep landing on it | `[quarantine] reported_only = true` (the scheduler reads the bus) |
 //!
 //! A `[cooling_loss] grace_s` longer than the safety case's
 //! ([`SAFETY_GRACE_S`]) before a power-down is taken, and said as an
@@ -135,14 +136,16 @@ pub(super) struct Setting<'a> {
     pub cooling_loss: &'a CoolingLossActions,
     /// Whether a flash file is configured.
     pub flash: bool,
+    /// Whether a quarantine action is configured.
+    pub quarantine_actions: bool,
 }
 
 /// A protection switched off on purpose: its key, and what that means.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OptOut {
     /// The setting that switched it off: `commands`, `cooling`,
-    /// `cooling_loss.actions`, `cooling_loss.grace_s` or
-    /// `volatile_state`.
+    /// `cooling_loss.actions`, `cooling_loss.grace_s`, `volatile_state`
+    /// or `quarantine.reported_only`.
     pub key: &'static str,
     /// The setting as written and what it means, for the log and the
     /// console: `commands = "none": this host takes no command (...)`.
@@ -188,6 +191,7 @@ pub(super) fn opt_outs(
         NO_ACTIONS,
     )?;
     let volatile = volatile_state(src, file, flags, s.flash)?;
+    let reported_only = reported_only(src, file, flags, s)?;
     contradictions(src, s, (commands, cooling, actions))?;
     if *s.gpus == GpuSourceKind::Nvml {
         required(src, s, (commands, cooling, actions))?;
@@ -196,6 +200,13 @@ pub(super) fn opt_outs(
                 None,
                 "flash",
                 "real GPUs need a flash file: without one a quarantine, the leases in force and the limits the agent set are lost at every restart (a crash while capped leaves the cap as the GPUs' ceiling). Give flash = PATH, or write volatile_state = true to run without one on purpose".into(),
+            ));
+        }
+        if !s.quarantine_actions && !reported_only {
+            return Err(src.section("quarantine").error(
+                None,
+                "actions",
+                "real GPUs need a quarantine action: without one a GPU quarantined (an XID 79, fallen off the bus) is drained by nothing and jobs keep landing on it. Give [quarantine] actions (docs/health.md, section 6), or write reported_only = true in [quarantine] when the site's scheduler reads the quarantine from the bus".into(),
             ));
         }
     }
@@ -223,7 +234,30 @@ pub(super) fn opt_outs(
         format!("[cooling_loss] grace_s = {grace}: a rack that loses cooling is powered down {grace} s after its drain, not the {SAFETY_GRACE_S} s the safety case counts on (docs/safety.md): its GPUs stay powered, at their minimum caps, on a loop without flow that long"),
     );
     say(volatile, "volatile_state", "volatile_state = true: no flash file: quarantines, leases and the limits the agent set are lost at every restart".into());
+    say(reported_only, "quarantine.reported_only", "[quarantine] reported_only = true: a quarantined GPU is not drained by this host; only the bus says it (the site's scheduler must read it)".into());
     Ok(off)
+}
+
+/// `[quarantine] reported_only`: no quarantine action on purpose;
+/// refused beside actions.
+fn reported_only(
+    src: &Sources,
+    file: &FileConfig,
+    flags: &Overrides,
+    s: &Setting<'_>,
+) -> Result<bool, ConfigError> {
+    let flag = flags.quarantine_reported_only.then_some(true);
+    let written = file.quarantine.as_ref().and_then(|q| q.reported_only);
+    let (given, from) = pick!(flag, written, "quarantine-reported-only");
+    let reported_only = given.unwrap_or(false);
+    if reported_only && s.quarantine_actions {
+        return Err(src.section("quarantine").error(
+            from,
+            "reported_only",
+            "reported_only = true and quarantine actions: remove one or the other".into(),
+        ));
+    }
+    Ok(reported_only)
 }
 
 /// `volatile_state`: no flash file on purpose; refused beside one.
@@ -423,6 +457,8 @@ mod tests {
     const DRAIN: &str = "[cooling_loss]\ndrain = [[\"drain\", \"{host}\"]]\n";
     const BOTH: &str = "[cooling_loss]\ndrain = [[\"drain\", \"{host}\"]]\npower_down = [[\"systemctl\", \"poweroff\"]]\n";
     const FLASH: &str = "flash = \"/var/lib/loopwarden/node-agent.flash\"\n";
+    const QUARANTINE: &str = "[quarantine]\nactions = [[\"drain\", \"{host}\", \"{gpu}\"]]\n";
+    const REPORTED_ONLY: &str = "[quarantine]\nreported_only = true\n";
 
     #[test]
     fn real_gpus_without_a_protection_are_refused_naming_its_opt_out() {
@@ -455,7 +491,7 @@ mod tests {
             e.contains("real GPUs need a flash file") && e.contains("volatile_state = true"),
             "{e}"
         );
-        let c = nvml(&format!("{ring}{FLASH}{RACK}{BOTH}")).expect("protected");
+        let c = nvml(&format!("{ring}{FLASH}{RACK}{QUARANTINE}{BOTH}")).expect("protected");
         assert!(c.opt_outs.is_empty(), "{:?}", c.opt_outs);
         assert_eq!(
             c.cooling_loss.grace.as_secs(),
@@ -490,16 +526,27 @@ mod tests {
             );
         }
         let ring = keyring(dir.path(), Role::Cdu, "cdu1");
-        assert!(nvml(&format!("{ring}{FLASH}{RACK}{BOTH}")).is_ok());
+        assert!(nvml(&format!("{ring}{FLASH}{RACK}{QUARANTINE}{BOTH}")).is_ok());
         // Simulated GPUs are not held to it.
         assert!(twin(&format!("{RACK}{BOTH}")).is_ok());
     }
 
     #[test]
     fn each_opt_out_is_said_and_twin_gpus_are_not_held_to_them() {
-        let c = nvml(&format!("{UNMANAGED}volatile_state = true\n")).expect("unmanaged");
+        let c = nvml(&format!(
+            "{UNMANAGED}volatile_state = true\n{REPORTED_ONLY}"
+        ))
+        .expect("unmanaged");
         let keys: Vec<&str> = c.opt_outs.iter().map(|o| o.key).collect();
-        assert_eq!(keys, ["commands", "cooling", "volatile_state"]);
+        assert_eq!(
+            keys,
+            [
+                "commands",
+                "cooling",
+                "volatile_state",
+                "quarantine.reported_only"
+            ]
+        );
         assert!(
             c.opt_outs[2].said.starts_with("volatile_state = true"),
             "{:?}",
@@ -514,7 +561,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let ring = keyring(dir.path(), Role::Cdu, "cdu1");
         let c = nvml(&format!(
-            "{ring}{FLASH}cdu = \"cdu1\"\n[cooling_loss]\nactions = \"none\"\n"
+            "{ring}{FLASH}cdu = \"cdu1\"\n{QUARANTINE}[cooling_loss]\nactions = \"none\"\n"
         ))
         .expect("caps only");
         assert_eq!(c.opt_outs[0].key, "cooling_loss.actions");
@@ -531,7 +578,7 @@ mod tests {
     fn a_grace_longer_than_the_safety_cases_is_an_opt_out() {
         let dir = tempfile::tempdir().unwrap();
         let ring = keyring(dir.path(), Role::Cdu, "cdu1");
-        let host = format!("{ring}{FLASH}{RACK}{BOTH}");
+        let host = format!("{ring}{FLASH}{RACK}{QUARANTINE}{BOTH}");
         for grace in [0, 30] {
             let c = nvml(&format!("{host}grace_s = {grace}\n")).expect("valid");
             assert!(c.opt_outs.is_empty(), "{grace}: {:?}", c.opt_outs);
@@ -562,6 +609,50 @@ mod tests {
         // Nothing to delay without a power-down.
         let c = twin(&format!("{RACK}{DRAIN}grace_s = 600\n")).expect("valid");
         assert!(c.opt_outs.is_empty(), "{:?}", c.opt_outs);
+    }
+
+    /// XID 79 quarantines a GPU; without a quarantine action nothing
+    /// drains it and jobs keep landing on it: refused on real GPUs unless
+    /// the site's scheduler reads the quarantine from the bus, written
+    /// as `reported_only = true`, which is then said at every start.
+    #[test]
+    fn real_gpus_without_a_quarantine_action_are_refused_unless_reported_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let ring = keyring(dir.path(), Role::Cdu, "cdu1");
+        let host = format!("{ring}{FLASH}{RACK}");
+        let e = nvml(&format!("{host}{BOTH}")).unwrap_err();
+        assert!(
+            e.contains("need a quarantine action") && e.contains("reported_only = true"),
+            "{e}"
+        );
+        let c = nvml(&format!("{host}{REPORTED_ONLY}{BOTH}")).expect("reported only");
+        let keys: Vec<&str> = c.opt_outs.iter().map(|o| o.key).collect();
+        assert_eq!(keys, ["quarantine.reported_only"]);
+        assert!(
+            c.opt_outs[0]
+                .said
+                .starts_with("[quarantine] reported_only = true: a quarantined GPU is not drained"),
+            "{:?}",
+            c.opt_outs
+        );
+        let flags = Overrides {
+            quarantine_reported_only: true,
+            ..Overrides::default()
+        };
+        let text = format!("site = \"a\"\nhost = \"h\"\nbroker = \"10.0.0.5\"\n{host}{BOTH}");
+        let c = resolve(None, &text, &flags).expect("from the flag");
+        assert_eq!(c.opt_outs[0].key, "quarantine.reported_only");
+        // Beside actions it is a contradiction, on any GPUs.
+        let both = "[quarantine]\nactions = [[\"drain\"]]\nreported_only = true\n";
+        let e = twin(both).unwrap_err();
+        assert!(
+            e.contains("reported_only = true and quarantine actions"),
+            "{e}"
+        );
+        assert!(
+            twin("").unwrap().opt_outs.is_empty(),
+            "twins are not held to it"
+        );
     }
 
     #[test]

@@ -319,7 +319,8 @@ pub fn two_gpu_host(host: &'static str) -> Option<(Rig, FakeNvml)> {
 
 /// A real host's configuration for the rig's host, written in its folder:
 /// its keyring (the demonstration key as `cdu/cdu-a`'s, so [`Rig::send`]
-/// signs for it), its CDU and rack, cooling-loss commands, a 200 ms
+/// signs for it), its CDU and rack, a quarantine action and cooling-loss
+/// commands, a 200 ms
 /// period, the rig's flash file, and the top-level lines `more`.
 pub fn host_config(rig: &Rig, more: &str) -> PathBuf {
     let dir = rig.dir.path();
@@ -351,6 +352,7 @@ pub fn host_config(rig: &Rig, more: &str) -> PathBuf {
     if !more.contains("flash =") {
         text.push_str(&format!("flash = \"{}\"\n", rig.flash().display()));
     }
+    text.push_str("[quarantine]\nactions = [[\"/bin/true\", \"{gpu}\"]]\n");
     text.push_str("[cooling_loss]\ndrain = [[\"/bin/true\"]]\npower_down = [[\"/bin/true\"]]\n");
     let path = dir.join("agent.toml");
     std::fs::write(&path, text).expect("config");
