@@ -14,8 +14,9 @@
 //!
 //! A disagreement must last `fault_confirm_ms` to become a fault, and a
 //! faulty sensor must agree for `fault_clear_ms` to be trusted again; a
-//! drifted one must agree with an expectation, judged outside a
-//! transient (without one it is not trusted again, however long).
+//! drifted one must agree with an expectation judged outside a transient,
+//! at the start and at the end of that time, with no disagreement between
+//! (without one it is not trusted again, however long).
 //! Expectations are filtered (about a minute) and held off while the loop
 //! is in a transient, so that a load step is not taken for a fault.
 //!
@@ -435,8 +436,11 @@ impl Check {
             }
             (Some(_), None) if c.fault == Some(SensorFault::Drift) && !obs.judged() => {
                 // Nothing it could agree with (the hall idle, a transient):
-                // no agreement, and none counted towards clearing.
-                c.agreeing_since = None;
+                // no agreement now, and none ended. It clears only on a
+                // step it agrees with, `clear_ms` after the first of them
+                // with no disagreement between: a hall that is never
+                // still long enough still clears a sensor that reads
+                // true, and one idle for ever never does.
                 None
             }
             (Some(_), None) => {
@@ -659,5 +663,34 @@ mod tests {
             (Some(30.0), Some(30.0))
         });
         assert_eq!(ch.last().map(|c| c.1), Some(SensorFault::Cleared), "{ch:?}");
+    }
+
+    /// A transient neither agrees nor ends an agreement: a sensor that
+    /// reads true again clears in a hall never still for a whole minute.
+    #[test]
+    fn a_transient_holds_a_drifted_sensors_agreement() {
+        let mut s = Supervisor::default();
+        let ch = run(&mut s, Which::Supply, 0, 600, |_| (Some(35.0), Some(30.0)));
+        assert_eq!(ch.first().map(|c| c.1), Some(SensorFault::Drift), "{ch:?}");
+        let timing = crate::CoreConfig::default().timing;
+        let mut t = 600;
+        let mut step = |t: u64, transient: bool| {
+            let obs = Observation {
+                reading: Some(30.0),
+                expected: Some(30.0),
+                transient,
+            };
+            s.observe(Which::Supply, t * 1000, 1.0, obs, &timing)
+        };
+        // Reads true again, in a hall whose load moves every 40 s.
+        let mut cleared = None;
+        while cleared.is_none() && t < 900 {
+            let transient = (t / 40) % 2 == 1;
+            if step(t, transient).is_some_and(|c| c.fault == SensorFault::Cleared) {
+                cleared = Some(t);
+            }
+            t += 1;
+        }
+        assert!(cleared.is_some(), "never cleared");
     }
 }
