@@ -91,6 +91,8 @@ loopwarden_field::agent_file! {
         /// No flash file, on purpose: what the agent keeps is lost at
         /// every restart.
         pub volatile_state: Option<bool>,
+        /// `"not_required"`: GPUs without persistence mode are taken.
+        pub persistence: Option<String>,
     }
 }
 
@@ -245,6 +247,10 @@ loopwarden_field::agent_flags! {
         /// `none`: no command when the rack loses cooling, on purpose.
         #[arg(long)]
         pub cooling_loss_actions: Option<String>,
+        /// `not_required`: take GPUs without persistence mode, on purpose
+        /// (the limits left at a stop may revert to the default).
+        #[arg(long)]
+        pub persistence: Option<String>,
     }
 }
 
@@ -336,6 +342,15 @@ pub struct Config {
 pub const PLACEHOLDERS: [&str; 5] = ["{host}", "{site}", "{gpu}", "{uuid}", "{reason}"];
 
 impl Config {
+    /// Whether a GPU without persistence mode stops the start on real
+    /// GPUs: unless `persistence = "not_required"` is written.
+    pub fn persistence_required(&self) -> bool {
+        !self
+            .opt_outs
+            .iter()
+            .any(|o| o.key == protection::PERSISTENCE)
+    }
+
     /// Samples from one read of the slow counters to the next (at least
     /// 1): `slow_counters` rounded up to whole periods.
     pub fn slow_every(&self) -> u32 {

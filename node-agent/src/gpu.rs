@@ -34,6 +34,11 @@ pub struct GpuInfo {
     pub min_limit: Watts,
     /// Highest settable power limit.
     pub max_limit: Watts,
+    /// Whether the driver keeps the GPU initialized with no client
+    /// (persistence mode, nvidia-persistenced): without it the limits the
+    /// agent leaves revert to the default when the agent, its last
+    /// client, stops. `None`: not known (not supported, or unread).
+    pub persistence: Option<bool>,
 }
 
 /// One reading of every field of a GPU. Fields in `unsupported` are zero.

@@ -228,6 +228,7 @@ impl GpuDevice for HallGpu {
             default_limit: Watts(g.tdp_w as u32),
             min_limit: Watts(g.min_cap_w as u32),
             max_limit: Watts(g.tdp_w as u32),
+            persistence: Some(true),
         })
     }
 

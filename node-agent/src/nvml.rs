@@ -160,6 +160,10 @@ pub trait NvmlApi: Send + Sync + 'static {
     fn enforced_limit_mw(&self, gpu: u32) -> NvmlResult<u32>;
     /// `nvmlDeviceSetPowerManagementLimit`, mW. Needs root.
     fn set_limit_mw(&self, gpu: u32, mw: u32) -> NvmlResult<()>;
+    /// `nvmlDeviceGetPersistenceMode`: whether the driver keeps the GPU
+    /// initialized with no client (`nvidia-smi -pm 1`, or
+    /// nvidia-persistenced).
+    fn persistence_mode(&self, gpu: u32) -> NvmlResult<bool>;
     /// `nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU)`, °C.
     fn temperature(&self, gpu: u32) -> NvmlResult<u32>;
     /// `nvmlDeviceGetPowerUsage`, mW.
@@ -521,9 +525,10 @@ impl<A: NvmlApi> NvmlGpu<A> {
 
 /// Its description's power limit reads, and its limit sets.
 impl<A: NvmlApi> NvmlGpu<A> {
-    /// A power limit read of the description: `None` where NVML fails it
-    /// (said, naming the call, NVML's answer and what stands `instead`),
-    /// except a lost GPU, which fails the description.
+    /// A read of the description other than its name and UUID (a power
+    /// limit, the persistence mode): `None` where NVML fails it (said,
+    /// naming the call, NVML's answer and what stands `instead`), except
+    /// a lost GPU, which fails the description.
     fn limit_read<T>(
         &self,
         what: &'static str,
@@ -618,7 +623,8 @@ impl<A: NvmlApi> GpuDevice for NvmlGpu<A> {
 
     /// The name and the UUID are read on their own: a power limit that
     /// cannot be read costs neither, and is [`UNREAD_LIMIT`] (said, with
-    /// NVML's answer). Only a failed name or UUID, or a lost GPU, fails
+    /// NVML's answer); a persistence mode that cannot be read is `None`
+    /// (said too). Only a failed name or UUID, or a lost GPU, fails
     /// the description.
     fn describe(&mut self) -> Result<GpuInfo, GpuError> {
         let name = self
@@ -638,6 +644,13 @@ impl<A: NvmlApi> GpuDevice for NvmlGpu<A> {
              refuses as invalid has them read again and is set within them",
             |a, i| a.limit_constraints_mw(i),
         )?;
+        let persistence = self.limit_read(
+            "nvmlDeviceGetPersistenceMode",
+            "whether the driver keeps this GPU initialized between the agent's runs is not \
+             known (the limits it leaves may revert to the default at a restart); the start \
+             is not refused for it",
+            |a, i| a.persistence_mode(i),
+        )?;
         // The range just read (or the board's) bounds the shell's limits
         // from now on: constraints read after an earlier refusal are old.
         self.late = None;
@@ -655,6 +668,7 @@ impl<A: NvmlApi> GpuDevice for NvmlGpu<A> {
             default_limit: default.map_or(UNREAD_LIMIT, Watts::from_milliwatts_down),
             min_limit: min,
             max_limit: max,
+            persistence,
         })
     }
 

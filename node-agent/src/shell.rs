@@ -99,6 +99,10 @@ pub enum AgentError {
     /// No GPU found.
     #[error("no GPU found")]
     NoGpus,
+    /// A GPU that the agent cannot protect as found, and why (the
+    /// opt-out that takes it named).
+    #[error("{0}")]
+    Unprotected(String),
     /// The flash file or its stores.
     #[error("flash: {0}")]
     Flash(String),

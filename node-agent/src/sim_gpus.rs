@@ -308,6 +308,7 @@ impl TwinHost {
             default_limit: Watts(p.tdp as u32),
             min_limit: Watts(p.min_cap as u32),
             max_limit: Watts(p.max_cap as u32),
+            persistence: Some(true),
         }
     }
 }

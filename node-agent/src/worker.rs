@@ -638,6 +638,7 @@ mod tests {
                 default_limit: Watts(700),
                 min_limit: Watts(200),
                 max_limit: Watts(700),
+                persistence: Some(true),
             })
         }
         fn sample(&mut self) -> Result<GpuSample, GpuError> {

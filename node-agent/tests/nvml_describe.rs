@@ -38,6 +38,8 @@ struct Script {
     /// Every set refused as invalid (a handle NVML takes for invalid).
     refuse_every_set: bool,
     limit_mw: u32,
+    /// `nvmlDeviceGetPersistenceMode`'s answer.
+    persistence: NvmlResult<bool>,
     /// Every limit asked, mW, in order.
     sets: Vec<u32>,
     constraint_reads: u32,
@@ -53,6 +55,7 @@ impl Script {
             constraints_fail: None,
             refuse_every_set: false,
             limit_mw: 700_000,
+            persistence: Ok(true),
             sets: Vec::new(),
             constraint_reads: 0,
         }
@@ -80,6 +83,7 @@ fn info(default: Watts, min: Watts, max: Watts) -> GpuInfo {
         default_limit: default,
         min_limit: min,
         max_limit: max,
+        persistence: Some(true),
     }
 }
 
@@ -119,6 +123,9 @@ impl NvmlApi for Fake {
         }
         s.limit_mw = mw;
         Ok(())
+    }
+    fn persistence_mode(&self, _: u32) -> NvmlResult<bool> {
+        self.script().persistence.clone()
     }
     fn temperature(&self, _: u32) -> NvmlResult<u32> {
         Err(NvmlFailure::NotSupported)
@@ -168,6 +175,34 @@ fn failures() -> [NvmlFailure; 5] {
         NvmlFailure::NoPermission,
         NvmlFailure::InvalidArgument,
     ]
+}
+
+/// The persistence mode is part of the description: off is kept as off
+/// (the shell refuses it on real GPUs), and one that cannot be read is
+/// not known, never an error, except a lost GPU.
+#[test]
+fn the_persistence_mode_is_described_and_an_unreadable_one_is_not_known() {
+    let (_, mut off_gpu) = gpu(Script {
+        persistence: Ok(false),
+        ..Script::healthy()
+    });
+    let off = off_gpu.describe().expect("described");
+    assert_eq!(off.persistence, Some(false));
+    assert_eq!((off.min_limit, off.max_limit), (Watts(200), Watts(700)));
+    for e in failures() {
+        let (_, mut unread) = gpu(Script {
+            persistence: Err(e.clone()),
+            ..Script::healthy()
+        });
+        let d = unread.describe().expect("described");
+        assert_eq!(d.persistence, None, "{e:?}");
+        assert_eq!(d.uuid, UUID, "{e:?}");
+    }
+    let (_, mut gpu) = gpu(Script {
+        persistence: Err(NvmlFailure::GpuLost),
+        ..Script::healthy()
+    });
+    assert_eq!(gpu.describe(), Err(GpuError::Lost));
 }
 
 #[test]
@@ -298,6 +333,7 @@ fn the_descriptions_calls_are_counted_with_the_others() {
     let costs = CallCosts::default();
     let fake = Arc::new(Fake(Mutex::new(Script {
         constraints_fail: Some(NvmlFailure::Timeout),
+        persistence: Err(NvmlFailure::NotSupported),
         ..Script::healthy()
     })));
     let mut gpu = NvmlGpu::new(fake, 0).call_costs(costs.clone());
@@ -311,6 +347,7 @@ fn the_descriptions_calls_are_counted_with_the_others() {
         calls,
         [
             ("nvmlDeviceGetName", 1),
+            ("nvmlDeviceGetPersistenceMode", 1),
             ("nvmlDeviceGetPowerManagementDefaultLimit", 1),
             ("nvmlDeviceGetPowerManagementLimitConstraints", 1),
             ("nvmlDeviceGetUUID", 1),
@@ -318,6 +355,9 @@ fn the_descriptions_calls_are_counted_with_the_others() {
     );
     assert_eq!(
         costs.failures(),
-        [("nvmlDeviceGetPowerManagementLimitConstraints", "timeout", 1)]
+        [
+            ("nvmlDeviceGetPersistenceMode", "not_supported", 1),
+            ("nvmlDeviceGetPowerManagementLimitConstraints", "timeout", 1)
+        ]
     );
 }

@@ -195,6 +195,7 @@ fn describe_maps_identity_and_limits_per_gpu() {
             default_limit: Watts(700),
             min_limit: Watts(200),
             max_limit: Watts(725),
+            persistence: Some(true),
         })
     );
     // The second device is GPU 1; the limits are whole watts inside
@@ -207,6 +208,7 @@ fn describe_maps_identity_and_limits_per_gpu() {
             default_limit: Watts(600),
             min_limit: Watts(150),
             max_limit: Watts(699),
+            persistence: Some(true),
         })
     );
 }

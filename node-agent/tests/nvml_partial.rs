@@ -124,6 +124,9 @@ impl NvmlApi for Fake {
     fn set_limit_mw(&self, _: u32, _: u32) -> NvmlResult<()> {
         Ok(())
     }
+    fn persistence_mode(&self, _: u32) -> NvmlResult<bool> {
+        Ok(true)
+    }
     fn temperature(&self, _: u32) -> NvmlResult<u32> {
         self.answer("temperature", 61)
     }

@@ -16,6 +16,12 @@
 //! | `flash` | quarantines, leases and the limits the agent set, across a restart | `volatile_state = true` |
 //! | `[quarantine]` `actions` | draining a quarantined GPU (an XID 79): jobs keep landing on it | `[quarantine] reported_only = true` (the scheduler reads the bus) |
 //!
+//! A GPU without persistence mode (`nvidia-smi -pm 1`, or
+//! nvidia-persistenced) is refused by the shell once the GPUs are
+//! described, unless `persistence = "not_required"` is written: the
+//! driver deinitializes such a GPU when its last client (the agent)
+//! exits, and the limits the agent left revert to the default.
+//!
 //! A `[cooling_loss] grace_s` longer than the safety case's
 //! ([`SAFETY_GRACE_S`]) before a power-down is taken, and said as an
 //! opt-out of its own (`cooling_loss.grace_s`).
@@ -41,6 +47,11 @@ const NO_COMMANDS: &str = "none";
 const NOT_MANAGED: &str = "not_managed";
 /// `[cooling_loss] actions`'s one value: no command on a cooling loss.
 const NO_ACTIONS: &str = "none";
+/// `persistence`'s one value: GPUs without persistence mode are taken.
+const NOT_REQUIRED: &str = "not_required";
+/// The opt-out's key of `persistence`, which the shell checks at start,
+/// once the GPUs are described.
+pub(super) const PERSISTENCE: &str = "persistence";
 /// The grace between a rack's drain and its power-down that the safety
 /// case counts on (docs/safety.md), s; a longer one is an opt-out.
 pub const SAFETY_GRACE_S: u64 = 30;
@@ -144,8 +155,8 @@ pub(super) struct Setting<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OptOut {
     /// The setting that switched it off: `commands`, `cooling`,
-    /// `cooling_loss.actions`, `cooling_loss.grace_s`, `volatile_state`
-    /// or `quarantine.reported_only`.
+    /// `cooling_loss.actions`, `cooling_loss.grace_s`, `volatile_state`,
+    /// `persistence` or `quarantine.reported_only`.
     pub key: &'static str,
     /// The setting as written and what it means, for the log and the
     /// console: `commands = "none": this host takes no command (...)`.
@@ -191,6 +202,12 @@ pub(super) fn opt_outs(
         NO_ACTIONS,
     )?;
     let volatile = volatile_state(src, file, flags, s.flash)?;
+    let persistence = one_value(
+        src,
+        pick!(flags.persistence, file.persistence, "persistence"),
+        PERSISTENCE,
+        NOT_REQUIRED,
+    )?;
     let reported_only = reported_only(src, file, flags, s)?;
     contradictions(src, s, (commands, cooling, actions))?;
     if *s.gpus == GpuSourceKind::Nvml {
@@ -234,6 +251,7 @@ pub(super) fn opt_outs(
         format!("[cooling_loss] grace_s = {grace}: a rack that loses cooling is powered down {grace} s after its drain, not the {SAFETY_GRACE_S} s the safety case counts on (docs/safety.md): its GPUs stay powered, at their minimum caps, on a loop without flow that long"),
     );
     say(volatile, "volatile_state", "volatile_state = true: no flash file: quarantines, leases and the limits the agent set are lost at every restart".into());
+    say(persistence, PERSISTENCE, format!("persistence = \"{NOT_REQUIRED}\": GPUs without persistence mode are taken: when the agent, their last client, stops, the driver deinitializes them and the limits it leaves revert to the default until it starts again, and a restart takes the default for the administrator's limit"));
     say(reported_only, "quarantine.reported_only", "[quarantine] reported_only = true: a quarantined GPU is not drained by this host; only the bus says it (the site's scheduler must read it)".into());
     Ok(off)
 }

@@ -271,6 +271,7 @@ pub(crate) fn test_view() -> GpuView {
             default_limit: Watts(700),
             min_limit: Watts(200),
             max_limit: Watts(700),
+            persistence: Some(true),
         },
         range: GpuRange {
             min: Watts(200),

@@ -212,6 +212,9 @@ impl NvmlApi for SystemNvml {
             .set_power_management_limit(mw)
             .map_err(failure)
     }
+    fn persistence_mode(&self, gpu: u32) -> NvmlResult<bool> {
+        self.device(gpu)?.is_in_persistent_mode().map_err(failure)
+    }
     fn temperature(&self, gpu: u32) -> NvmlResult<u32> {
         self.device(gpu)?
             .temperature(nvml_wrapper::enum_wrappers::device::TemperatureSensor::Gpu)

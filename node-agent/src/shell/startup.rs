@@ -86,9 +86,11 @@ pub(super) async fn gpus(
                     default_limit: p.tdp_w,
                     min_limit: p.min_cap_w,
                     max_limit: p.max_cap_w,
+                    persistence: None,
                 }
             }
         };
+        persistence(config, w.index(), info.persistence)?;
         // What it can be set to, within the board's range. Its ceiling
         // (the limit it runs at uncapped) is the node's: the limit found
         // on it, within any site limit.
@@ -127,6 +129,34 @@ fn say_missing(found: usize, expected: Option<u8>) {
             "{found} GPUs found, more than the {want} of expected_gpus: set it to this host's count"
         );
     }
+}
+
+/// On real GPUs, a GPU whose driver does not keep it initialized between
+/// clients (persistence mode off, no nvidia-persistenced) stops the start
+/// unless `persistence = "not_required"` is written: when the agent, its
+/// last client, stops, the driver deinitializes it and the limits the
+/// agent left revert to the default; the next start would find the
+/// default and take it for the administrator's limit. One whose mode is
+/// not known (not supported, unread: said by the GPU) is taken.
+fn persistence(config: &Config, gpu: u8, on: Option<bool>) -> Result<(), AgentError> {
+    if on != Some(false) || config.gpus != GpuSourceKind::Nvml {
+        return Ok(());
+    }
+    let what = format!(
+        "GPU {gpu}: persistence mode is off and no nvidia-persistenced keeps it initialized: \
+         when the agent, its last client, stops or restarts, the driver deinitializes it and \
+         the power limits the agent leaves (caps in force) revert to the default until it \
+         starts again, and that start takes the default for the administrator's limit"
+    );
+    if config.persistence_required() {
+        return Err(AgentError::Unprotected(format!(
+            "{what}. Start nvidia-persistenced (systemctl enable --now nvidia-persistenced), or \
+             `nvidia-smi -pm 1` (until the next reboot); or write persistence = \"not_required\" \
+             to take such GPUs on purpose"
+        )));
+    }
+    tracing::warn!("{what} (persistence = \"not_required\")");
+    Ok(())
 }
 
 /// `info` with the board's figure for each power limit the GPU could not
@@ -406,6 +436,7 @@ mod tests {
                 default_limit: Watts(700),
                 min_limit: Watts(200),
                 max_limit: Watts(700),
+                persistence: Some(true),
             },
             range: GpuRange {
                 min: Watts(200),
@@ -734,6 +765,60 @@ mod tests {
         let undone = rt.block_on(restore_kept(&mut node, &config, &found, &mut store));
         assert_eq!(node.health().status(2).unwrap().state, Quarantined);
         assert_eq!(undone.unreadable, Vec::<u8>::new());
+    }
+
+    /// A real host's configuration, with `more`.
+    fn nvml_config(more: &str) -> Config {
+        let text = format!(
+            "site = \"s1\"\nhost = \"h1\"\nbroker = \"10.0.0.5\"\ncommands = \"none\"\n\
+             cooling = \"not_managed\"\nvolatile_state = true\n{more}\
+             [quarantine]\nreported_only = true\n"
+        );
+        let flags = crate::config::Overrides::default();
+        crate::config::resolve(None, &text, &flags).expect("valid")
+    }
+
+    /// The GPUs `infos` described at the start under `config`.
+    fn described(config: &Config, infos: Vec<GpuInfo>) -> Result<Vec<GpuState>, AgentError> {
+        let mut source: Box<dyn GpuSource + Send> = Box::new(Described(infos));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("a runtime");
+        rt.block_on(gpus(config, &mut source)).map(|(_, g)| g)
+    }
+
+    /// A real GPU whose driver would deinitialize it when the agent stops
+    /// (its caps reverting to the default) stops the start, naming the
+    /// fix and the opt-out; with the opt-out, or its mode not known, or
+    /// on twin GPUs, it is taken.
+    #[test]
+    fn a_real_gpu_without_persistence_mode_stops_the_start_unless_opted_out() {
+        let off = GpuInfo {
+            persistence: Some(false),
+            ..gpu(B).info
+        };
+        let infos = vec![gpu(A).info, off.clone()];
+        let e = described(&nvml_config(""), infos.clone())
+            .err()
+            .expect("refused");
+        let said = e.to_string();
+        assert!(
+            said.starts_with("GPU 1: persistence mode is off")
+                && said.contains("nvidia-persistenced")
+                && said.contains("nvidia-smi -pm 1")
+                && said.contains("persistence = \"not_required\""),
+            "{said}"
+        );
+        let opted = nvml_config("persistence = \"not_required\"\n");
+        assert!(!opted.persistence_required());
+        assert_eq!(described(&opted, infos).expect("taken").len(), 2);
+        let unknown = GpuInfo {
+            persistence: None,
+            ..off.clone()
+        };
+        assert!(described(&nvml_config(""), vec![unknown]).is_ok());
+        assert!(described(&config(), vec![off]).is_ok(), "twin GPUs");
     }
 
     #[test]

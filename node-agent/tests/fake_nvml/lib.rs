@@ -23,7 +23,8 @@
 //! * fail nvmlDeviceRegisterEvents 999   # answers NVML_ERROR_UNKNOWN
 //! ```
 //!
-//! Keys: `name`, `uuid`, the numbers of [`NUMBERS`], `ecc on|off`, `field
+//! Keys: `name`, `uuid`, the numbers of [`NUMBERS`] (`persistence` 1 on,
+//! 0 off), `ecc on|off`, `field
 //! ID VALUE`, `unsupported CALL` (that entry point answers
 //! `NVML_ERROR_NOT_SUPPORTED` on that GPU), `fail CALL CODE` (it answers
 //! the `nvmlReturn_t` CODE on that GPU; 0 makes it answer again) and
@@ -79,7 +80,7 @@ const CONTROL_EVERY: Duration = Duration::from_millis(20);
 const WAIT_POLL: Duration = Duration::from_millis(50);
 
 /// Every numeric key of a GPU, with its value until the script sets it.
-const NUMBERS: [(&str, u64); 15] = [
+const NUMBERS: [(&str, u64); 16] = [
     ("limit_mw", 700_000),
     ("default_mw", 700_000),
     ("min_mw", 200_000),
@@ -95,6 +96,7 @@ const NUMBERS: [(&str, u64); 15] = [
     ("ecc_dbe_volatile", 0),
     ("ecc_sbe_aggregate", 0),
     ("ecc_dbe_aggregate", 0),
+    ("persistence", 1),
 ];
 
 /// The ECC counters' keys, indexed by NVML's counter type (volatile 0,
@@ -587,6 +589,7 @@ readings! {
     nvmlDeviceGetTotalEnergyConsumption: c_ulonglong = |g| g.get("energy_mj");
     nvmlDeviceGetCurrentClocksThrottleReasons: c_ulonglong = |g| g.get("throttle_bits");
     nvmlDeviceGetSupportedEventTypes: c_ulonglong = |_g| EVENT_TYPE_XID_CRITICAL_ERROR;
+    nvmlDeviceGetPersistenceMode: c_uint = |g| g.get32("persistence");
     nvmlDeviceGetUtilizationRates: Utilization = |g| Utilization {
         gpu: g.get32("util_pct"),
         memory: g.get32("util_pct") / 2,

@@ -76,6 +76,8 @@ pub struct Answers {
     pub fields_short: bool,
     /// The answer to registering this GPU for XID events.
     pub xid_registration: NvmlResult<()>,
+    /// `nvmlDeviceGetPersistenceMode`'s answer.
+    pub persistence: NvmlResult<bool>,
 }
 
 impl Answers {
@@ -127,6 +129,7 @@ impl Answers {
             .collect(),
             fields_short: false,
             xid_registration: Ok(()),
+            persistence: Ok(true),
         }
     }
 }
@@ -290,6 +293,11 @@ impl NvmlApi for FakeNvml {
                 Ok(())
             }
         }
+    }
+    fn persistence_mode(&self, gpu: u32) -> NvmlResult<bool> {
+        self.answer(gpu, "nvmlDeviceGetPersistenceMode", |a| {
+            a.persistence.clone()
+        })
     }
     fn temperature(&self, gpu: u32) -> NvmlResult<u32> {
         let (answer, hangs) = self.answer(gpu, GET_TEMPERATURE, |a| {
