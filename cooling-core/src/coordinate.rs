@@ -12,12 +12,10 @@
 //! time constant: a cap acts within a second, so looking further ahead
 //! caps early and costs work the margins did not require). A cap falls at
 //! once, rises at most 2 W per GPU per second, and is lifted when the host
-//! could run at its full limit for `cap_release_ms`, or when it has sent no
-//! fresh report for `cap_release_ms` (its cap sized from nothing for that
-//! long: it is no longer renewed nor counted as a capacity cap, and the
-//! host is capped afresh from its first report back). A rack whose
-//! cooling is lost (a latched leak) has its hosts capped to their
-//! minimum, whether they report or not.
+//! could run at its full limit for `cap_release_ms`. A host with no fresh
+//! report keeps its cap at its last figure (fail closed: nothing says it
+//! may draw more). A rack whose cooling is lost (a latched leak) has its
+//! hosts capped to their minimum.
 //!
 //! Glossary:
 //! - *coolant ahead*: the coolant temperature the caps are sized for.
@@ -40,8 +38,6 @@ const WATCH_K: f32 = 2.0;
 pub struct Coordinator {
     caps: [Option<f32>; MAX_HOSTS],
     free_since: [Option<u64>; MAX_HOSTS],
-    /// When each host's report was last fresh, ms.
-    fresh_at: [Option<u64>; MAX_HOSTS],
     excess_prev: Option<f32>,
     excess_rate: f32,
     coolant: Option<f32>,
@@ -59,7 +55,6 @@ impl Coordinator {
         Self {
             caps: [None; MAX_HOSTS],
             free_since: [None; MAX_HOSTS],
-            fresh_at: [None; MAX_HOSTS],
             excess_prev: None,
             excess_rate: 0.0,
             coolant: None,
@@ -146,15 +141,9 @@ impl Coordinator {
                 self.free_since[h] = None;
                 continue;
             }
-            // Nothing new to size from leaves a cap in force as it is, for
-            // a while (a host late, a coolant reading lost).
-            let report = fresh(h);
-            if report.is_some() {
-                self.fresh_at[h] = Some(now_ms);
-            } else {
-                self.drop_silent(cfg, h, now_ms);
-            }
-            if let (Some(r), Some(ahead), Some(coolant)) = (report, ahead, coolant_c) {
+            // Nothing new to size from leaves a cap in force as it is (the
+            // host lets it lapse only if it hears nothing).
+            if let (Some(r), Some(ahead), Some(coolant)) = (fresh(h), ahead, coolant_c) {
                 self.resize(cfg, h, now_ms, dt_s, &r, coolant, ahead, r_model, factor(h));
             }
             if let Some(c) = self.caps[h] {
@@ -166,19 +155,6 @@ impl Coordinator {
             }
         }
         any
-    }
-
-    /// Lifts host `h`'s capacity cap once it has had no fresh report for
-    /// `cap_release_ms` at `now_ms`: renewed for ever, a cap sized from
-    /// nothing would hold a host that comes back to a stale figure and the
-    /// CDU degraded for a host it cannot see.
-    fn drop_silent(&mut self, cfg: &CoreConfig, h: usize, now_ms: u64) {
-        let release = cfg.timing.cap_release_ms;
-        let silent = self.fresh_at[h].is_none_or(|at| now_ms.saturating_sub(at) >= release);
-        if self.caps[h].is_some() && silent {
-            self.caps[h] = None;
-            self.free_since[h] = None;
-        }
     }
 
     /// Sizes host `h`'s capacity cap from its report `r`.
@@ -353,22 +329,20 @@ mod tests {
         (out[0], any)
     }
 
+    /// A host that falls silent keeps its capacity cap at its last figure
+    /// (fail closed: nothing says it may draw more), renewed and counted,
+    /// and is sized from its reports again once they return.
     #[test]
-    fn a_capacity_cap_on_a_host_that_falls_silent_is_lifted() {
+    fn a_capacity_cap_on_a_host_that_falls_silent_is_held() {
         let cfg = CoreConfig::default();
         let mut c = Coordinator::default();
-        assert!(run(&mut c, &cfg, 0, 1, 86.0, 680.0, 55.0, 0).is_some());
-        // Silent: the cap holds while the host may only be late...
-        let held_s = (cfg.timing.cap_release_ms - 1_000) / 1000;
-        let (cap, any) = silent(&mut c, &cfg, 1, held_s, 0);
-        assert!(cap.is_some() && any, "{cap:?}");
-        // ...and is neither renewed nor counted once it has been silent for
-        // the release time: ten minutes of silence leave no cap.
-        let (cap, any) = silent(&mut c, &cfg, 1 + held_s, 600, 0);
-        assert_eq!((cap, any), (None, false));
-        assert_eq!(c.cap(0), None);
-        // Back and still near the cap target: capped again at once.
-        assert!(run(&mut c, &cfg, 700, 1, 86.0, 680.0, 55.0, 0).is_some());
+        let first = run(&mut c, &cfg, 0, 1, 86.0, 680.0, 55.0, 0).expect("capped");
+        let (cap, any) = silent(&mut c, &cfg, 1, 600, 0);
+        assert_eq!(cap.map(|c| c.watts), Some(first.watts));
+        assert!(any, "still a capacity cap");
+        // Back, far from the cap target: the cap rises from its reports.
+        let back = run(&mut c, &cfg, 601, 30, 60.0, 400.0, 55.0, 0);
+        assert!(back.is_none_or(|b| b.watts > first.watts), "{back:?}");
     }
 
     #[test]
