@@ -342,11 +342,14 @@ impl Estimator {
     }
 
     /// What the supply sensor is judged against: the GPUs' word once
-    /// their factors are trusted (`gpu_implied`), before that, or while
-    /// the GPUs cannot say (fewer than two loaded hosts), the facility
-    /// water plus the CDU's approach (`facility`): the GPUs' word on an
-    /// unlearned hall cannot tell a hotter hall from a supply sensor
-    /// reading low.
+    /// their factors are trusted (`gpu_implied`; none while fewer than two
+    /// hosts are loaded), before that the facility water plus the CDU's
+    /// approach (`facility`): the GPUs' word on an unlearned hall cannot
+    /// tell a hotter hall from a supply sensor reading low. Not the
+    /// facility water once the hosts are trusted: the CDU holds its supply
+    /// while the facility water swings (a chiller staging, free cooling),
+    /// and a learned approach judged against it would fault a true sensor
+    /// in an idle hall.
     pub fn supply_expectation(
         &self,
         cfg: &CoreConfig,
@@ -354,11 +357,10 @@ impl Estimator {
         gpu_implied: Option<f32>,
         facility: Option<f32>,
     ) -> Option<f32> {
-        let by_facility = || facility.map(|fw| fw + self.learned.approach.value);
         if self.hosts_trust(cfg, hosts) >= 0.5 {
-            gpu_implied.or_else(by_facility)
+            gpu_implied
         } else {
-            by_facility()
+            facility.map(|fw| fw + self.learned.approach.value)
         }
     }
 
@@ -503,7 +505,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_supply_is_judged_by_the_facility_water_when_the_gpus_cannot_say() {
+    fn trusted_hosts_judge_the_supply_and_the_facility_water_does_not() {
         let cfg = CoreConfig::default();
         let mut learned = Learned::new(&cfg);
         for s in learned.hosts.iter_mut() {
@@ -511,17 +513,20 @@ mod tests {
         }
         let est = Estimator::from_learned(learned);
         let all = |_: usize| true;
-        let approach = learned.approach.value;
         // Trusted hosts: the GPUs' word.
         assert_eq!(
             est.supply_expectation(&cfg, &all, Some(31.0), Some(27.0)),
             Some(31.0)
         );
-        // The hall idle (fewer than two loaded hosts): the facility water.
+        // The hall idle (fewer than two loaded hosts): nothing to judge
+        // by; a drift fault standing then stands (sensors.rs).
+        assert_eq!(est.supply_expectation(&cfg, &all, None, Some(27.0)), None);
+        // Untrusted hosts: the facility water plus the approach.
+        let est = Estimator::from_learned(Learned::new(&cfg));
+        let approach = Learned::new(&cfg).approach.value;
         assert_eq!(
-            est.supply_expectation(&cfg, &all, None, Some(27.0)),
+            est.supply_expectation(&cfg, &all, Some(31.0), Some(27.0)),
             Some(27.0 + approach)
         );
-        assert_eq!(est.supply_expectation(&cfg, &all, None, None), None);
     }
 }
