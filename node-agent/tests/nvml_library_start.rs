@@ -3,7 +3,9 @@
 //! fake `libnvidia-ml.so.1` of `tests/fake_nvml/lib.rs`, run by
 //! `system/fake_library.rs`): a GPU whose driver does not keep it
 //! initialized between clients (persistence mode off) stops the start
-//! unless `persistence = "not_required"` is written.
+//! unless `persistence = "not_required"` is written; a `site_limit_w`
+//! below the lowest limit NVML takes is said as an error, and NVML's
+//! highest limit above the board's `max_cap_w` as a warning.
 //!
 //! Skipped when `rustc` or mosquitto is missing, except under CI
 //! (`CI=true`), where a missing tool fails.
@@ -116,8 +118,58 @@ fn persistent_gpus_start_without_a_word_and_an_unknown_mode_is_said_once() {
     let log = agent.log_text();
     assert!(!log.contains("persistence mode is off"), "{log}");
     assert!(!log.contains("protection switched off"), "{log}");
+    assert!(!log.contains("site_limit_w"), "{log}");
+    assert!(!log.contains("max_cap_w"), "{log}");
     let unknown = format!("GPU 1: {call} failed (NVML_ERROR_NOT_SUPPORTED)");
     assert_eq!(log.matches(&unknown).count(), 1, "{log}");
     assert!(!log.contains(&format!("GPU 0: {call}")), "{log}");
     assert_eq!(count(&fake.calls(), call, 0), 1, "read once, at the start");
+}
+
+/// NVML takes no limit below 300 W, the board's minimum is 200 W: a
+/// `site_limit_w` of 250 W passes the configuration's check, but cannot
+/// be set. The start says so as an error per GPU, naming both figures
+/// and the ceiling instead, and no limit below 300 W is asked.
+#[test]
+fn a_site_limit_below_nvmls_minimum_is_said_with_the_ceiling_instead() {
+    let Some((rig, fake)) = host_with("h73", "* min_mw 300000") else {
+        return;
+    };
+    let config = host_config(&rig, "site_limit_w = 250\n");
+    let agent = RealAgent::start(&rig, &fake, &config);
+    std::thread::sleep(Duration::from_secs(1));
+    let log = agent.log_text();
+    for gpu in 0..2 {
+        let said = format!(
+            "GPU {gpu}: site_limit_w = 250 W is below its lowest settable power limit, 300 W"
+        );
+        let line = log.lines().find(|l| l.contains(&said));
+        let line = line.unwrap_or_else(|| panic!("{said:?} not said:\n{log}"));
+        assert!(line.contains("ERROR"), "{line}");
+        assert!(line.contains("its ceiling is 300 W"), "{line}");
+    }
+    let sets = fake.sets();
+    assert!(sets.iter().all(|&(_, mw)| mw >= 300_000), "{sets:?}");
+}
+
+/// A B200 host left at the default board (the H200-SXM, up to 700 W):
+/// NVML's constraints reach 1000 W. The start says it, naming both, as a
+/// warning, and runs.
+#[test]
+fn nvmls_maximum_above_the_boards_is_said_as_a_warning() {
+    let Some((rig, fake)) = host_with("h74", "* max_mw 1000000") else {
+        return;
+    };
+    let config = host_config(&rig, "");
+    let agent = RealAgent::start(&rig, &fake, &config);
+    let log = agent.log_text();
+    for gpu in 0..2 {
+        let said = format!(
+            "GPU {gpu} (NVIDIA H200): NVML's limit constraints go up to 1000 W, above the \
+             board's max_cap_w, 700 W (board = H200-SXM)"
+        );
+        let line = log.lines().find(|l| l.contains(&said));
+        let line = line.unwrap_or_else(|| panic!("{said:?} not said:\n{log}"));
+        assert!(line.contains("WARN"), "{line}");
+    }
 }

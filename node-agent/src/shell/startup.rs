@@ -96,6 +96,7 @@ pub(super) async fn gpus(
         // on it, within any site limit.
         let max = info.max_limit.min(config.board.power.max_cap_w);
         let min = info.min_limit.max(config.board.power.min_cap_w).min(max);
+        say_range(config, w.index(), &info, min);
         gpus.push(GpuState {
             range: GpuRange { min, max },
             info,
@@ -157,6 +158,44 @@ fn persistence(config: &Config, gpu: u8, on: Option<bool>) -> Result<(), AgentEr
     }
     tracing::warn!("{what} (persistence = \"not_required\")");
     Ok(())
+}
+
+/// Says what of the configuration a GPU's settable range, as NVML gives
+/// it (`info`, the board's figures where unread) and as the agent sets
+/// it (from `min`), overrides: a `site_limit_w` below `min` (an error: no
+/// such limit can be set, its ceiling is `min` or the limit found if
+/// lower), and NVML's maximum above the board's `max_cap_w` (a warning:
+/// another board than the one configured; never set above `max_cap_w`).
+/// Neither stops the start: a refused start would leave the GPUs with no
+/// agent at all, uncapped at their administrator's limit.
+fn say_range(config: &Config, gpu: u8, info: &GpuInfo, min: Watts) {
+    if let Some(site) = config.site_limit.filter(|&site| site < min) {
+        tracing::error!(
+            "GPU {gpu}: site_limit_w = {} W is below its lowest settable power limit, {} W \
+             (NVML's limit constraints, {} W to {} W): no limit below {} W can be set on it, \
+             so its ceiling is {} W (or the limit found on it, if lower), not {} W",
+            site.0,
+            min.0,
+            info.min_limit.0,
+            info.max_limit.0,
+            min.0,
+            min.0,
+            site.0
+        );
+    }
+    let board = &config.board;
+    if info.max_limit > board.power.max_cap_w {
+        tracing::warn!(
+            "GPU {gpu} ({}): NVML's limit constraints go up to {} W, above the board's \
+             max_cap_w, {} W (board = {}): no limit above {} W is ever set on it; set board to \
+             this GPU's model or a board file",
+            info.name,
+            info.max_limit.0,
+            board.power.max_cap_w.0,
+            board.model,
+            board.power.max_cap_w.0
+        );
+    }
 }
 
 /// `info` with the board's figure for each power limit the GPU could not
