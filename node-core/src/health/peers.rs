@@ -25,7 +25,9 @@
 //!   few of them predict its temperature, or are loaded), or a miss: it
 //!   ends a streak, as a sample that clears the condition does, so two
 //!   brief readings with samples not judged between them never make a
-//!   sustained verdict.
+//!   sustained verdict; but a hot streak goes on through a sample not
+//!   judged while the GPU runs hot itself (thermal slowdown, or at its
+//!   maximum operating temperature).
 
 use loopwarden_protocol::{HealthState, ReasonCode, ThrottleReasons, Unsupported, MAX_GPUS};
 
@@ -291,7 +293,10 @@ impl HealthEngine {
             cooling_explains: loop_trouble || host_hot,
             excess,
             is_hot: excess.is_some_and(|e| e >= p.hot_excess_k),
-            is_cool: excess.is_none_or(|e| e < p.hot_clear_k),
+            // Not judged (no peer near its power) ends a streak, but not
+            // while the GPU itself runs hot: a bad cold plate that drops
+            // its power in thermal slowdown stays on its streak.
+            is_cool: excess.map_or(!hot_now, |e| e < p.hot_clear_k),
             straggling: straggling(&peers, o, &p, &limits),
         }
     }
@@ -481,6 +486,29 @@ mod tests {
 
     /// The same for the straggler rule: too few loaded peers to judge
     /// between two slow readings 100 s apart.
+    #[test]
+    fn a_gpu_in_thermal_slowdown_keeps_its_hot_streak_when_not_judged() {
+        // No coolant state: GPU 0 runs 25 K hot at 600 W, and every tenth
+        // second drops to 350 W in hardware thermal slowdown, where no
+        // peer is near its power.
+        let hot = |s: u64| Observation {
+            power: if s % 10 == 0 { 350.0 } else { 600.0 },
+            throttle: if s % 10 == 0 {
+                loopwarden_protocol::ThrottleReasons::HW_THERMAL_SLOWDOWN
+            } else {
+                loopwarden_protocol::ThrottleReasons::empty()
+            },
+            ..at(85.0)
+        };
+        let changes = seconds(130, |s, g| Some(if g == 0 { hot(s) } else { at(60.0) }));
+        assert!(
+            changes.iter().any(|c| c.1 == 0
+                && c.2 == HealthState::Degraded
+                && c.3 == ReasonCode::HOT_FOR_POWER),
+            "{changes:?}"
+        );
+    }
+
     #[test]
     fn samples_not_judged_end_a_straggler_streak() {
         let slow = Observation {

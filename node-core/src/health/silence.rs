@@ -156,17 +156,38 @@ impl HealthEngine {
                 .enumerate()
                 .filter(|(_, tr)| tr.missed > 0)
                 .fold(0u16, |m, (i, _)| m | 1 << i);
-            // The misses that led into the stall were the host's, not
-            // any GPU's own.
-            for tr in self.gpus.iter_mut().filter(|tr| tr.missed > 0) {
-                tr.own_missed = 0;
-            }
+            self.forgive_into_stall();
             self.stall = Some(since);
             out.push(Output::HostStall {
                 time: self.stamp(now.0),
                 since: self.stamp(since),
                 gpus,
             });
+        }
+    }
+
+    /// The misses that led into a stall were the host's, not any GPU's
+    /// own: each silent GPU's own misses are forgiven, but for a GPU
+    /// silent alone before it (another live GPU answered in a round after
+    /// its first miss), whose own misses stand.
+    fn forgive_into_stall(&mut self) {
+        let round_ms = self.policy.round_ms;
+        let answered_after = |me: usize, t: u64| {
+            self.gpus.iter().enumerate().any(|(i, tr)| {
+                i != me
+                    && tr.status.state != HealthState::Quarantined
+                    && tr
+                        .last
+                        .is_some_and(|(at, _)| at > t.saturating_add(round_ms))
+            })
+        };
+        let alone: Vec<bool> = (self.gpus.iter().enumerate())
+            .map(|(i, tr)| tr.first_miss.is_some_and(|t| answered_after(i, t)))
+            .collect();
+        for (tr, alone) in self.gpus.iter_mut().zip(alone) {
+            if tr.missed > 0 && !alone {
+                tr.own_missed = 0;
+            }
         }
     }
 
@@ -290,6 +311,20 @@ mod tests {
         }
         assert_eq!(quarantined(&e), vec![1]);
         assert_eq!(e.stalled_since(), None);
+    }
+
+    /// A GPU silent alone keeps its own misses when a stall begins: the
+    /// others missing every second round (a GPU hung in the driver slows
+    /// their calls too) never make it a host's silence.
+    #[test]
+    fn a_gpu_silent_alone_before_a_stall_keeps_its_own_misses() {
+        let mut e = engine_after(4, 3);
+        let mut outs = round_at(&mut e, 1, &[]);
+        for s in 2..20 {
+            let silent: &[u8] = if s % 2 == 0 { &[0, 1, 2, 3] } else { &[3] };
+            outs.extend(round_at(&mut e, s, silent));
+        }
+        assert_eq!(quarantined(&e), vec![3], "{outs:?}");
     }
 
     fn quarantined(e: &HealthEngine) -> Vec<u8> {
