@@ -1348,6 +1348,30 @@ mod tests {
         );
     }
 
+    /// A board that boots before the CDU's controller: the lead's start
+    /// counts from the CDU's first answer, not from the first step, so a
+    /// contactor that closes within its 3 s is no trip.
+    #[test]
+    fn the_leads_start_counts_from_the_cdus_first_answer() {
+        let cfg = CoreConfig::default();
+        let mut core = Core::new(cfg).unwrap();
+        let mut hall = Hall::new();
+        hall.answers = false;
+        for s in 0..5 {
+            hall.step(&mut core, s);
+        }
+        hall.answers = true;
+        hall.cdu.pumps_running = [false, false];
+        for s in 5..7 {
+            hall.step(&mut core, s);
+        }
+        hall.cdu.pumps_running = [true, false];
+        for s in 7..30 {
+            hall.step(&mut core, s);
+        }
+        assert_eq!(core.pump_faults(), [None, None]);
+    }
+
     #[test]
     fn a_valve_that_does_not_confirm_stops_both_pumps_and_caps_every_host() {
         let cfg = CoreConfig::default();

@@ -2,8 +2,8 @@
 //! hands over to the lag pump, and a failed pump stays out of service
 //! until an operator clears it. Two failures are told apart:
 //! - a *trip*: commanded on, its contactor reads open on two reads
-//!   running (a pump just started, or the lead at the first step, gets
-//!   `PUMP_START_MS` to close it), judged in boot too;
+//!   running (a pump just started, or the lead at the first step the CDU
+//!   answers, gets `PUMP_START_MS` to close it), judged in boot too;
 //! - a *seizure*: its contactor is closed, but the loop has no flow. The
 //!   flow must read far below what the commanded speed gives, confirmed
 //!   by the differential pressure reading low as well. Where one of the
@@ -74,7 +74,8 @@ pub struct Pumps {
     before: Option<Witness>,
     fault: [Option<PumpFault>; 2],
     /// Neither pump was commanded on by the last step (an isolation had
-    /// failed, or no step yet): the lead counts as started at the next.
+    /// failed, or no step yet): the lead counts as started at the next
+    /// step the CDU answers.
     stopped: bool,
 }
 
@@ -190,7 +191,11 @@ impl Pumps {
                 failed: false,
             };
         }
-        if core::mem::take(&mut self.stopped) {
+        // The lead's start counts from the first step the CDU answered
+        // (a board that boots before the CDU's controller does not judge
+        // a pump that was never told to start).
+        if self.stopped && t.rd.answered {
+            self.stopped = false;
             self.lead_since_ms = t.now;
         }
         let failure = if self.tripped(t) {
