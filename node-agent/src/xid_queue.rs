@@ -118,9 +118,14 @@ pub fn push(q: &mut VecDeque<XidEvent>, capacity: usize, e: XidEvent) -> bool {
         return false;
     }
     let c = class(&e);
+    if c == 0 {
+        // Full: an XID that changes nothing goes at once (a storm of
+        // them costs no scan of the queue).
+        return true;
+    }
     let lowest = q.iter().map(class).min().unwrap_or(c);
-    let evict = if lowest == 0 || c == 0 {
-        (c > 0).then(|| oldest_of(q, 0)).flatten()
+    let evict = if lowest == 0 {
+        oldest_of(q, 0)
     } else if gpu_queued_at(q, &e, c) {
         None
     } else {

@@ -88,7 +88,10 @@ fn the_example_loads_with_this_hosts_settings_and_the_sites_files() {
         c.flash.as_deref(),
         Some(Path::new("/var/lib/loopwarden/node-agent.flash"))
     );
-    assert_eq!(c.quarantine_actions[0][0], "scontrol", "a quarantined GPU is drained");
+    assert_eq!(
+        c.quarantine_actions[0][0], "scontrol",
+        "a quarantined GPU is drained"
+    );
     assert!(
         c.cooling_loss.any(),
         "a rack without cooling is drained and powered down"

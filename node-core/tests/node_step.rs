@@ -530,8 +530,17 @@ fn a_release_signed_before_newer_quarantine_evidence_is_refused() {
         ack.detail.as_str()
     );
     assert_eq!(h.state(2), HealthState::Quarantined);
-    // Signed after it: released.
-    h.step(t + 200, Input::Frame(&cmd_topic(), &release(2, t + 150, 2)));
+    // Stamped 30 s after it, within the clocks' allowed skew (the
+    // operator's clock may be that far ahead): refused too.
+    h.step(
+        t + 200,
+        Input::Frame(&cmd_topic(), &release(2, t + 30_000, 2)),
+    );
+    assert_ne!(h.acks.last().unwrap().code, AckCode::Ok);
+    assert_eq!(h.state(2), HealthState::Quarantined);
+    // Signed past the skew after it: released.
+    t += 61_000;
+    h.step(t + 200, Input::Frame(&cmd_topic(), &release(3, t + 150, 2)));
     assert_eq!(h.acks.last().unwrap().code, AckCode::Ok);
     assert_eq!(h.state(2), HealthState::Healthy);
     // The first sample after the release is judged against the last

@@ -72,8 +72,9 @@ impl HealthEngine {
 
     /// An operator releases a quarantined GPU at `now` with a release
     /// `signed` at that stamp. Refused when the GPU is not quarantined, or
-    /// when quarantine-level evidence came after the release was signed
-    /// (the operator did not see it). The GPU's last sample is kept, so a
+    /// when quarantine-level evidence came after the release was signed,
+    /// or within the clocks' allowed skew before (the operator may not
+    /// have seen it). The GPU's last sample is kept, so a
     /// counter that rises after the release is judged.
     pub fn release(
         &mut self,
@@ -91,7 +92,11 @@ impl HealthEngine {
         if tr.status.state != HealthState::Quarantined {
             return Err(Refusal::NotQuarantined(tr.status.state));
         }
-        if let Some(l) = later.filter(|l| l.time > signed) {
+        // On two clocks: evidence up to the skew allowed before the
+        // release's stamp may still have come after the operator signed
+        // (their clock ahead), so it refuses too (fail closed: sign again).
+        let skew = crate::commands::CLOCK_SKEW_MS;
+        if let Some(l) = later.filter(|l| l.time.0.saturating_add(skew) > signed.0) {
             return Err(Refusal::NewerEvidence(format!(
                 "GPU {gpu} stays quarantined: {} at {}, after the release was signed",
                 l.reason,
