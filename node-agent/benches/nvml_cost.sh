@@ -13,7 +13,8 @@
 # Read only. It refuses to run unless every GPU's power limit equals its
 # default (so the agent, whose ceiling is the limit it finds, has nothing
 # to put back), starts the agent with no command taken (`commands =
-# "none"`, `cooling = "not_managed"`) and its thermal guard above the
+# "none"`, `cooling = "not_managed"`, and so `persistence =
+# "not_required"`: it leaves no cap to keep) and its thermal guard above the
 # GPU's slowdown (engage 91 °C), and checks after the run that every
 # limit is still what it was. It never sets a limit, clocks or MIG.
 #
@@ -51,6 +52,7 @@ host = "nvml-cost"
 $broker_line
 commands = "none"
 cooling = "not_managed"
+persistence = "not_required"
 period_ms = $period
 flash = "$dir/agent.flash"
 console = "$dir/agent.sock"
