@@ -187,6 +187,10 @@ struct Model {
     op_seq: u32,
     /// Which GPUs are quarantined.
     quarantined: [bool; GPUS],
+    /// When a fatal XID last came on each GPU already quarantined (kept
+    /// in the agent's memory only: a release signed less than the clocks'
+    /// skew after it is refused).
+    later: [Option<u64>; GPUS],
     /// Every step run, with its time and whether it ran again, across
     /// restarts.
     ran: Vec<(u64, CoolingStep, bool)>,
@@ -215,6 +219,7 @@ impl Model {
             sent: Vec::new(),
             op_seq: 0,
             quarantined: [false; GPUS],
+            later: [None; GPUS],
             ran: Vec::new(),
             pending: Vec::new(),
             held_until: None,
@@ -667,6 +672,9 @@ fn play(m: &mut Model, host: &mut Host, op: &Op) -> Result<(), TestCaseError> {
                     .collect(),
                 ..Expect::default()
             };
+            if m.quarantined[gpu as usize] {
+                m.later[gpu as usize] = Some(m.t);
+            }
             m.quarantined[gpu as usize] = true;
             let xid = Input::Xid {
                 gpu,
@@ -687,7 +695,13 @@ fn release(m: &mut Model, host: &mut Host, gpu: u8) -> Result<(), TestCaseError>
     m.t += 100;
     m.op_seq += 1;
     let f = host::release(m.op_seq, m.t, gpu);
-    let was = std::mem::replace(&mut m.quarantined[gpu as usize], false);
+    let g = gpu as usize;
+    let skew = node_core::commands::CLOCK_SKEW_MS;
+    let newer = m.quarantined[g] && m.later[g].is_some_and(|at| at + skew > m.t);
+    let was = !newer && std::mem::replace(&mut m.quarantined[g], false);
+    if was {
+        m.later[g] = None;
+    }
     let acks = host.acks.len();
     let cmd = samples::command_topic();
     step(
@@ -700,6 +714,11 @@ fn release(m: &mut Model, host: &mut Host, gpu: u8) -> Result<(), TestCaseError>
     if was {
         prop_assert_eq!(host.acks.len(), acks + 1, "a release is answered");
         prop_assert_eq!(host.acks[acks].code, AckCode::Ok);
+    } else if newer {
+        // Newer quarantine evidence than its stamp allows: refused.
+        if let Some(ack) = host.acks.get(acks) {
+            prop_assert_eq!(ack.code, AckCode::Failed);
+        }
     } else if let Some(ack) = host.acks.get(acks) {
         // A refusal may be withheld by the rate limit on acks.
         prop_assert_eq!(ack.code, AckCode::NotQuarantined);
@@ -720,6 +739,7 @@ fn restart(m: &mut Model, host: &mut Host, stopped_s: u16) -> Result<(), TestCas
     // again is still a replay, and the last one a copy: the model keeps
     // both, and replays are drawn from before the restart too.
     *host = host.restarted(m.t);
+    m.later = [None; GPUS];
     let e = m.start();
     check_step(m, host, 0, &e, "the start")
 }
@@ -734,6 +754,7 @@ fn crash(m: &mut Model, host: &mut Host, done: u8, down_s: u16) -> Result<(), Te
     m.t += u64::from(down_s) * 1_000;
     // As at a restart: the floor and the last state taken kept.
     *host = host.crashed(usize::from(done), m.t);
+    m.later = [None; GPUS];
     let e = m.start();
     check_step(m, host, 0, &e, "the start after a crash")
 }
