@@ -306,51 +306,8 @@ impl Host {
             self.trail.push(effect.clone());
             let answer = match effect {
                 Effect::SetLimits(sets) => {
-                    let results: Vec<LimitResult> = sets
-                        .iter()
-                        .map(|s| {
-                            let i = s.gpu as usize;
-                            let first = s.read_first.then(|| {
-                                match self.unreadable[i] && !self.reads_before_set[i] {
-                                    true => Err("Timeout".to_string()),
-                                    false => Ok(self.limits[i]),
-                                }
-                            });
-                            // As the shell: no set above the limit found.
-                            if let Some(Ok(found)) = first
-                                .clone()
-                                .filter(|f| f.as_ref().is_ok_and(|&w| w < s.limit))
-                            {
-                                return LimitResult {
-                                    gpu: s.gpu,
-                                    limit: s.limit,
-                                    set: Err(format!("not set: {} W found on it", found.0)),
-                                    back: Ok(found),
-                                    first,
-                                };
-                            }
-                            let set = if self.refuse_set {
-                                Err("Not Supported".to_string())
-                            } else if self.sets_lost[i] {
-                                Err("Timeout".to_string())
-                            } else {
-                                self.limits[i] = self.floor[i].map_or(s.limit, |f| s.limit.max(f));
-                                Ok(())
-                            };
-                            let back = if self.back_fails[i] {
-                                Err("Timeout".to_string())
-                            } else {
-                                Ok(self.limits[i])
-                            };
-                            LimitResult {
-                                gpu: s.gpu,
-                                limit: s.limit,
-                                set,
-                                back,
-                                first,
-                            }
-                        })
-                        .collect();
+                    let results: Vec<LimitResult> =
+                        sets.iter().map(|s| self.set_limit(s)).collect();
                     self.node.step(now, Input::LimitsSet(&results))
                 }
                 Effect::ReadLimits => {
@@ -432,6 +389,52 @@ impl Host {
                 Effect::Say(..) | Effect::Reprobe => continue,
             };
             push_front(&mut queue, answer);
+        }
+    }
+
+    /// One set of the node's, carried out as the shell does: a read just
+    /// before it where asked, no set above the limit found, then the set
+    /// and its read-back, each failing as this host is told to.
+    fn set_limit(&mut self, s: &node_core::node::SetLimit) -> LimitResult {
+        let i = s.gpu as usize;
+        let first = s
+            .read_first
+            .then(|| match self.unreadable[i] && !self.reads_before_set[i] {
+                true => Err("Timeout".to_string()),
+                false => Ok(self.limits[i]),
+            });
+        // As the shell: no set above the limit found.
+        if let Some(Ok(found)) = first
+            .clone()
+            .filter(|f| f.as_ref().is_ok_and(|&w| w < s.limit))
+        {
+            return LimitResult {
+                gpu: s.gpu,
+                limit: s.limit,
+                set: Err(format!("not set: {} W found on it", found.0)),
+                back: Ok(found),
+                first,
+            };
+        }
+        let set = if self.refuse_set {
+            Err("Not Supported".to_string())
+        } else if self.sets_lost[i] {
+            Err("Timeout".to_string())
+        } else {
+            self.limits[i] = self.floor[i].map_or(s.limit, |f| s.limit.max(f));
+            Ok(())
+        };
+        let back = if self.back_fails[i] {
+            Err("Timeout".to_string())
+        } else {
+            Ok(self.limits[i])
+        };
+        LimitResult {
+            gpu: s.gpu,
+            limit: s.limit,
+            set,
+            back,
+            first,
         }
     }
 
