@@ -342,8 +342,9 @@ pub struct Config {
 pub const PLACEHOLDERS: [&str; 5] = ["{host}", "{site}", "{gpu}", "{uuid}", "{reason}"];
 
 impl Config {
-    /// Whether a GPU without persistence mode stops the start on real
-    /// GPUs: unless `persistence = "not_required"` is written.
+    /// Whether a GPU without persistence mode is said as an error and
+    /// shown as a protection off on real GPUs (the start goes on): unless
+    /// `persistence = "not_required"` is written.
     pub fn persistence_required(&self) -> bool {
         !self
             .opt_outs

@@ -38,7 +38,7 @@ const INFO: Metric = Metric::gauge(
 );
 const PROTECTION_OFF: Metric = Metric::gauge(
     "loopwarden_protection_off",
-    "1 for each protection switched off on purpose in the configuration; key names the setting (commands, cooling, cooling_loss.actions, cooling_loss.grace_s, volatile_state). Absent while every protection is on.",
+    "1 for each protection switched off on purpose in the configuration, or found off at start (persistence mode off on a real GPU, not opted out); key names the setting (commands, cooling, cooling_loss.actions, cooling_loss.grace_s, volatile_state, persistence, quarantine.reported_only). Absent while every protection is on.",
 );
 const STARTED: Metric = Metric::gauge(
     "loopwarden_agent_start_time_seconds",

@@ -99,10 +99,6 @@ pub enum AgentError {
     /// No GPU found.
     #[error("no GPU found")]
     NoGpus,
-    /// A GPU that the agent cannot protect as found, and why (the
-    /// opt-out that takes it named).
-    #[error("{0}")]
-    Unprotected(String),
     /// The flash file or its stores.
     #[error("flash: {0}")]
     Flash(String),
@@ -293,6 +289,10 @@ async fn run_agent(
     let counted = (&bus, &recorder, &resender);
     let mut context = console_context(&config, started, flash_path, counted, snapshot_rx);
     context.nvml_costs = nvml_costs;
+    // Found off on the GPUs, shown beside the opt-outs written.
+    context
+        .protection_off
+        .extend(startup::persistence_off(&config, &gpus));
     let readers = start_readers(listener, console_path, &config, context);
     let mut agent = Agent {
         resender,

@@ -1,9 +1,12 @@
-//! What the agent's start refuses and says about the GPUs it finds, on
+//! What the agent's start says about the GPUs it finds, on
 //! its production NVML path (`SystemNvml` over `nvml-wrapper`, against the
 //! fake `libnvidia-ml.so.1` of `tests/fake_nvml/lib.rs`, run by
 //! `system/fake_library.rs`): a GPU whose driver does not keep it
-//! initialized between clients (persistence mode off) stops the start
-//! unless `persistence = "not_required"` is written; a `site_limit_w`
+//! initialized between clients (persistence mode off) is said as an
+//! error at every start and shown as a protection that is off (the
+//! console, `/metrics`), unless `persistence = "not_required"` is written
+//! (then said as the other opt-outs); the agent starts either way (a
+//! refused start would leave the host with no agent at all); a `site_limit_w`
 //! below the lowest limit NVML takes is said as an error, and NVML's
 //! highest limit above the board's `max_cap_w` as a warning.
 //!
@@ -18,41 +21,11 @@ mod rig;
 #[allow(dead_code)]
 mod fake_library;
 
-use std::path::Path;
-use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::net::SocketAddr;
+use std::time::Duration;
 
 use fake_library::*;
 use rig::Rig;
-
-/// `node-agent run --config CONFIG` on `fake`, which must end within
-/// 20 s: its exit status and what it logged.
-fn refused_start(rig: &Rig, fake: &FakeNvml, config: &Path) -> (std::process::ExitStatus, String) {
-    let (stderr, log) = rig.agent_log();
-    let mut child = fake
-        .agent(&["run", "--config"])
-        .arg(config)
-        .stdout(Stdio::null())
-        .stderr(stderr)
-        .spawn()
-        .expect("start node-agent");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "the agent started:\n{}",
-                std::fs::read_to_string(&log).unwrap_or_default()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    (status, std::fs::read_to_string(&log).unwrap_or_default())
-}
 
 /// The fake's two GPUs with GPU 1's persistence mode as `line` sets it.
 fn host_with(host: &'static str, line: &str) -> Option<(Rig, FakeNvml)> {
@@ -62,38 +35,90 @@ fn host_with(host: &'static str, line: &str) -> Option<(Rig, FakeNvml)> {
     Some((rig, fake))
 }
 
-/// Persistence mode off on GPU 1: the start is refused, saying what
-/// happens to the caps at a restart, how to fix it and the opt-out; no
-/// limit is set.
+/// `/metrics` of an agent listening on `metrics`: its
+/// `loopwarden_protection_off` lines.
+fn protection_off_lines(metrics: SocketAddr) -> Vec<String> {
+    let (code, body) =
+        loopwarden_system_tests::prometheus::http_get(metrics, "/metrics").expect("GET /metrics");
+    assert_eq!(code, 200, "{body}");
+    body.lines()
+        .filter(|l| l.starts_with("loopwarden_protection_off{"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// A port for `/metrics`, and the configuration's line that asks for it.
+fn metrics_port() -> (SocketAddr, String) {
+    let metrics: SocketAddr = ([127, 0, 0, 1], loopwarden_system_tests::free_port()).into();
+    (metrics, format!("metrics_listen = \"{metrics}\"\n"))
+}
+
+/// The console's `PROTECTION OFF` rows.
+fn protection_off_rows(rig: &Rig) -> Vec<String> {
+    let status = rig.console().ctl_text(&["status"]);
+    status
+        .lines()
+        .filter(|l| l.starts_with("PROTECTION OFF"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Persistence mode off on GPU 1, no opt-out: the agent starts and serves
+/// its console (a refused start would leave the host with no agent at
+/// all, restarted for ever), says as an error what happens to the caps at
+/// its stop and how to fix it, and shows it as a protection that is off,
+/// not on purpose: the console's PROTECTION OFF row and
+/// `loopwarden_protection_off{key="persistence"}`.
 #[test]
-fn a_gpu_without_persistence_mode_is_refused_at_start_naming_the_opt_out() {
+fn a_gpu_without_persistence_mode_starts_said_as_an_error_and_shown_as_a_protection_off() {
     let Some((rig, fake)) = host_with("h70", "1 persistence 0") else {
         return;
     };
-    let config = host_config(&rig, "");
-    let (status, log) = refused_start(&rig, &fake, &config);
-    assert!(!status.success(), "{status}:\n{log}");
-    for said in [
-        "GPU 1: persistence mode is off",
+    let (metrics, line) = metrics_port();
+    let config = host_config(&rig, &line);
+    let agent = RealAgent::start(&rig, &fake, &config);
+    let log = agent.log_text();
+    let said = log
+        .lines()
+        .find(|l| l.contains("GPU 1: persistence mode is off"));
+    let said = said.unwrap_or_else(|| panic!("not said:\n{log}"));
+    assert!(said.contains("ERROR"), "{said}");
+    for what in [
         "revert to the default",
         "nvidia-persistenced",
         "nvidia-smi -pm 1",
         "persistence = \"not_required\"",
     ] {
-        assert!(log.contains(said), "{said:?} not said:\n{log}");
+        assert!(said.contains(what), "{what:?} not said:\n{said}");
     }
     assert!(!log.contains("GPU 0: persistence mode is off"), "{log}");
-    assert_eq!(fake.sets(), [], "nothing set");
+    assert!(!log.contains("protection switched off on purpose"), "{log}");
+    let rows = protection_off_rows(&rig);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert!(
+        rows[0].contains("persistence mode is off on GPU 1")
+            && rows[0].contains("not on purpose")
+            && rows[0].contains("nvidia-persistenced"),
+        "{rows:?}"
+    );
+    let lines = protection_off_lines(metrics);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].contains("key=\"persistence\"") && lines[0].ends_with(" 1"),
+        "{lines:?}"
+    );
 }
 
-/// With the opt-out written the agent starts, and says it: the opt-out
+/// With the opt-out written the agent starts, and says it as the other
+/// opt-outs: the opt-out in the log, on the console and on `/metrics`,
 /// and the GPU it takes.
 #[test]
 fn with_the_opt_out_a_gpu_without_persistence_mode_is_taken_and_said() {
     let Some((rig, fake)) = host_with("h71", "1 persistence 0") else {
         return;
     };
-    let config = host_config(&rig, "persistence = \"not_required\"\n");
+    let (metrics, line) = metrics_port();
+    let config = host_config(&rig, &format!("{line}persistence = \"not_required\"\n"));
     let agent = RealAgent::start(&rig, &fake, &config);
     let log = agent.log_text();
     assert!(
@@ -102,17 +127,27 @@ fn with_the_opt_out_a_gpu_without_persistence_mode_is_taken_and_said() {
     );
     assert!(log.contains("GPU 1: persistence mode is off"), "{log}");
     assert!(!log.contains("GPU 0: persistence mode is off"), "{log}");
+    let rows = protection_off_rows(&rig);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert!(
+        rows[0].contains("persistence = \"not_required\"") && !rows[0].contains("not on purpose"),
+        "{rows:?}"
+    );
+    let lines = protection_off_lines(metrics);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].contains("key=\"persistence\""), "{lines:?}");
 }
 
-/// Persistence mode on: not a word of it. A GPU that cannot say its mode
-/// ("not supported") is said once and taken.
+/// Persistence mode on: not a word of it, no protection off. A GPU that
+/// cannot say its mode ("not supported") is said once and taken.
 #[test]
 fn persistent_gpus_start_without_a_word_and_an_unknown_mode_is_said_once() {
     let call = "nvmlDeviceGetPersistenceMode";
     let Some((rig, fake)) = host_with("h72", &format!("1 unsupported {call}")) else {
         return;
     };
-    let config = host_config(&rig, "");
+    let (metrics, line) = metrics_port();
+    let config = host_config(&rig, &line);
     let agent = RealAgent::start(&rig, &fake, &config);
     std::thread::sleep(Duration::from_secs(1));
     let log = agent.log_text();
@@ -124,6 +159,8 @@ fn persistent_gpus_start_without_a_word_and_an_unknown_mode_is_said_once() {
     assert_eq!(log.matches(&unknown).count(), 1, "{log}");
     assert!(!log.contains(&format!("GPU 0: {call}")), "{log}");
     assert_eq!(count(&fake.calls(), call, 0), 1, "read once, at the start");
+    assert_eq!(protection_off_rows(&rig), Vec::<String>::new());
+    assert_eq!(protection_off_lines(metrics), Vec::<String>::new());
 }
 
 /// NVML takes no limit below 300 W, the board's minimum is 200 W: a

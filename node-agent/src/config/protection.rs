@@ -17,8 +17,11 @@
 //! | `[quarantine]` `actions` | draining a quarantined GPU (an XID 79): jobs keep landing on it | `[quarantine] reported_only = true` (the scheduler reads the bus) |
 //!
 //! A GPU without persistence mode (`nvidia-smi -pm 1`, or
-//! nvidia-persistenced) is refused by the shell once the GPUs are
-//! described, unless `persistence = "not_required"` is written: the
+//! nvidia-persistenced) is never refused (a refused start would leave the
+//! host with no agent at all): the shell says it as an error at every
+//! start once the GPUs are described, and shows it as a protection that
+//! is off ([`OptOut::persistence_off`]), unless `persistence =
+//! "not_required"` is written (then said as the other opt-outs): the
 //! driver deinitializes such a GPU when its last client (the agent)
 //! exits, and the limits the agent left revert to the default.
 //!
@@ -32,7 +35,10 @@
 //! Glossary:
 //! - *site limit*: `site_limit_w`, the highest power limit the agent ever
 //!   sets on this host's GPUs (see `node_core::node::limits`).
-//! - *opt-out*: a key that switches a protection off on purpose.
+//! - *opt-out*: a key that switches a protection off on purpose; the
+//!   console and `/metrics` list them, and beside them the one protection
+//!   found off at start rather than written off (persistence mode off,
+//!   not opted out).
 
 use loopwarden_field::config::{range, ConfigError, Sources};
 use loopwarden_field::pick;
@@ -151,7 +157,8 @@ pub(super) struct Setting<'a> {
     pub quarantine_actions: bool,
 }
 
-/// A protection switched off on purpose: its key, and what that means.
+/// A protection switched off on purpose: its key, and what that means
+/// (or, from [`OptOut::persistence_off`], one found off at start).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OptOut {
     /// The setting that switched it off: `commands`, `cooling`,
@@ -161,6 +168,26 @@ pub struct OptOut {
     /// The setting as written and what it means, for the log and the
     /// console: `commands = "none": this host takes no command (...)`.
     pub said: String,
+}
+
+impl OptOut {
+    /// The protection found off at start, not written off: persistence
+    /// mode off on the real GPUs `gpus` with no `persistence =
+    /// "not_required"` (key `persistence`, as its opt-out's).
+    pub fn persistence_off(gpus: &[u8]) -> OptOut {
+        let list: Vec<String> = gpus.iter().map(u8::to_string).collect();
+        let (one, them) = match gpus.len() {
+            1 => ("GPU", "it"),
+            _ => ("GPUs", "them"),
+        };
+        OptOut {
+            key: PERSISTENCE,
+            said: format!(
+                "persistence mode is off on {one} {}, not on purpose (no persistence = \"{NOT_REQUIRED}\"): when the agent, the last client, stops, the driver deinitializes {them} and the caps in force revert to the default, and the next start takes the default for the administrator's limit; start nvidia-persistenced or run `nvidia-smi -pm 1`",
+                list.join(", ")
+            ),
+        }
+    }
 }
 
 impl std::fmt::Display for OptOut {

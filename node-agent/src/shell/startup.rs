@@ -26,7 +26,7 @@ use tokio::sync::mpsc;
 
 use super::quarantine::read_health;
 use super::{identity, AgentError, GpuState, UNKNOWN_UUID};
-use crate::config::{Config, GpuSourceKind};
+use crate::config::{Config, GpuSourceKind, OptOut};
 use crate::gpu::{GpuInfo, GpuSource, XidEvent};
 use crate::nvml::UNREAD_LIMIT;
 use crate::worker::Worker;
@@ -90,7 +90,7 @@ pub(super) async fn gpus(
                 }
             }
         };
-        persistence(config, w.index(), info.persistence)?;
+        persistence(config, w.index(), info.persistence);
         // What it can be set to, within the board's range. Its ceiling
         // (the limit it runs at uncapped) is the node's: the limit found
         // on it, within any site limit.
@@ -133,15 +133,19 @@ fn say_missing(found: usize, expected: Option<u8>) {
 }
 
 /// On real GPUs, a GPU whose driver does not keep it initialized between
-/// clients (persistence mode off, no nvidia-persistenced) stops the start
-/// unless `persistence = "not_required"` is written: when the agent, its
+/// clients (persistence mode off, no nvidia-persistenced) is said at
+/// every start, as an error unless `persistence = "not_required"` is
+/// written (then as a warning beside the opt-out): when the agent, its
 /// last client, stops, the driver deinitializes it and the limits the
-/// agent left revert to the default; the next start would find the
-/// default and take it for the administrator's limit. One whose mode is
-/// not known (not supported, unread: said by the GPU) is taken.
-fn persistence(config: &Config, gpu: u8, on: Option<bool>) -> Result<(), AgentError> {
+/// agent left revert to the default; the next start finds the default
+/// and takes it for the administrator's limit. Never a refused start: that
+/// would leave the host with no agent at all (no cap, no guard, no
+/// health, the leases in flash never applied again), each try
+/// reinitializing the GPUs. One whose mode is not known (not supported,
+/// unread: said by the GPU) is taken.
+fn persistence(config: &Config, gpu: u8, on: Option<bool>) {
     if on != Some(false) || config.gpus != GpuSourceKind::Nvml {
-        return Ok(());
+        return;
     }
     let what = format!(
         "GPU {gpu}: persistence mode is off and no nvidia-persistenced keeps it initialized: \
@@ -150,14 +154,30 @@ fn persistence(config: &Config, gpu: u8, on: Option<bool>) -> Result<(), AgentEr
          starts again, and that start takes the default for the administrator's limit"
     );
     if config.persistence_required() {
-        return Err(AgentError::Unprotected(format!(
+        tracing::error!(
             "{what}. Start nvidia-persistenced (systemctl enable --now nvidia-persistenced), or \
              `nvidia-smi -pm 1` (until the next reboot); or write persistence = \"not_required\" \
-             to take such GPUs on purpose"
-        )));
+             to take such GPUs on purpose. The agent runs and guards it meanwhile"
+        );
+    } else {
+        tracing::warn!("{what} (persistence = \"not_required\")");
     }
-    tracing::warn!("{what} (persistence = \"not_required\")");
-    Ok(())
+}
+
+/// The protection found off at start rather than written off: on real
+/// GPUs, the `gpus` without persistence mode (see [`persistence`]) when
+/// `persistence = "not_required"` is not written, for the console and
+/// `/metrics` beside the configuration's opt-outs.
+pub(super) fn persistence_off(config: &Config, gpus: &[GpuState]) -> Option<OptOut> {
+    if config.gpus != GpuSourceKind::Nvml || !config.persistence_required() {
+        return None;
+    }
+    let off: Vec<u8> = (0u8..)
+        .zip(gpus)
+        .filter(|(_, g)| g.info.persistence == Some(false))
+        .map(|(i, _)| i)
+        .collect();
+    (!off.is_empty()).then(|| OptOut::persistence_off(&off))
 }
 
 /// Says what of the configuration a GPU's settable range, as NVML gives
@@ -828,36 +848,44 @@ mod tests {
     }
 
     /// A real GPU whose driver would deinitialize it when the agent stops
-    /// (its caps reverting to the default) stops the start, naming the
-    /// fix and the opt-out; with the opt-out, or its mode not known, or
-    /// on twin GPUs, it is taken.
+    /// (its caps reverting to the default) is taken, never refused (that
+    /// would leave the host with no agent), and shown as a protection
+    /// that is off, not on purpose, naming it and the fix; with the
+    /// opt-out written (said as one), or its mode not known, or on twin
+    /// GPUs, no such entry.
     #[test]
-    fn a_real_gpu_without_persistence_mode_stops_the_start_unless_opted_out() {
+    fn a_real_gpu_without_persistence_mode_is_taken_and_shown_as_a_protection_off() {
         let off = GpuInfo {
             persistence: Some(false),
             ..gpu(B).info
         };
         let infos = vec![gpu(A).info, off.clone()];
-        let e = described(&nvml_config(""), infos.clone())
-            .err()
-            .expect("refused");
-        let said = e.to_string();
+        let real = nvml_config("");
+        let taken = described(&real, infos.clone()).expect("taken");
+        assert_eq!(taken.len(), 2);
+        let shown = persistence_off(&real, &taken).expect("shown");
+        assert_eq!(shown.key, "persistence");
         assert!(
-            said.starts_with("GPU 1: persistence mode is off")
-                && said.contains("nvidia-persistenced")
-                && said.contains("nvidia-smi -pm 1")
-                && said.contains("persistence = \"not_required\""),
-            "{said}"
+            shown.said.starts_with("persistence mode is off on GPU 1,")
+                && shown.said.contains("not on purpose")
+                && shown.said.contains("revert to the default")
+                && shown.said.contains("nvidia-persistenced")
+                && shown.said.contains("nvidia-smi -pm 1"),
+            "{shown}"
         );
         let opted = nvml_config("persistence = \"not_required\"\n");
         assert!(!opted.persistence_required());
-        assert_eq!(described(&opted, infos).expect("taken").len(), 2);
+        let taken = described(&opted, infos).expect("taken");
+        assert_eq!(persistence_off(&opted, &taken), None, "said as an opt-out");
         let unknown = GpuInfo {
             persistence: None,
             ..off.clone()
         };
-        assert!(described(&nvml_config(""), vec![unknown]).is_ok());
-        assert!(described(&config(), vec![off]).is_ok(), "twin GPUs");
+        let taken = described(&real, vec![unknown]).expect("taken");
+        assert_eq!(persistence_off(&real, &taken), None, "its mode unknown");
+        let twin = config();
+        let taken = described(&twin, vec![off]).expect("taken");
+        assert_eq!(persistence_off(&twin, &taken), None, "twin GPUs");
     }
 
     #[test]
