@@ -10,13 +10,17 @@
 use loopwarden_protocol::message::CduMode;
 use loopwarden_protocol::ReasonCode;
 
-use crate::{Core, CoreConfig};
+use crate::view::Tick;
+use crate::Core;
 
 impl Core {
-    /// The beacon in a step that settled in `mode`, with the `hottest`
-    /// GPU reported (see the module's note).
-    pub(crate) fn beacon(&self, cfg: &CoreConfig, mode: CduMode, hottest: Option<f32>) -> bool {
+    /// The beacon in step `t`, settled in `mode`, with the `hottest` GPU
+    /// reported (see the module's note). The CDU refusing writes lights
+    /// it whatever reason the mode settled on (a capacity cap standing
+    /// comes first in the mode's reason, and would hide it).
+    pub(crate) fn beacon(&self, t: &Tick<'_>, mode: CduMode, hottest: Option<f32>) -> bool {
         let (_, reason, _) = self.modes.get();
+        let writes_refused = t.inp.cdu.is_some() && !t.inp.cdu_taken.all;
         self.safety.leaks_latched() != 0
             || self.safety.sensing_lost() != 0
             || self.safety.feedback_faults() != 0
@@ -24,6 +28,7 @@ impl Core {
             || !self.sensors.required_ok()
             || mode == CduMode::Failsafe
             || reason == ReasonCode::CDU_WRITES_REFUSED
-            || hottest.is_some_and(|h| h > cfg.gpu.max_operating_c)
+            || writes_refused
+            || hottest.is_some_and(|h| h > t.cfg.gpu.max_operating_c)
     }
 }

@@ -292,6 +292,9 @@ pub struct Core {
     facility_target: Option<(f32, u64)>,
     /// The valves the last step commanded open (`None` before the first).
     valves_commanded: Option<u16>,
+    /// The hosts heard since this core started, bit n = host n (a slot of
+    /// the layout no host fills is never heard).
+    heard: HostMask,
 }
 
 /// A facility water target not renewed for this long is dropped: the
@@ -477,7 +480,13 @@ impl Core {
     /// not (one silent is still planned for, and seen by neither the
     /// margin loop nor the caps).
     fn believed_under(&self, cfg: &CoreConfig, cooling_lost: u16) -> CoreConfig {
-        let planned = |h: usize| !bit(cooling_lost, cfg.layout.rack_of(h));
+        // A host is planned for once heard since the start, or learned
+        // before it; a slot of the layout no host fills never is (its
+        // trust, 0 for ever, would hold every hall with room to spare at
+        // the configured ceiling).
+        let learned = self.estimator.learned();
+        let known = |h: usize| self.heard & (1 << h) != 0 || learned.hosts[h].trust > 0.0;
+        let planned = |h: usize| known(h) && !bit(cooling_lost, cfg.layout.rack_of(h));
         let base = self.cfg.margins.plan_ceiling_c;
         self.estimator.believed(cfg, &planned, base)
     }
@@ -557,6 +566,11 @@ impl Core {
     /// with no second [`Commands`] on its stack.
     pub fn step_into(&mut self, inp: &Inputs<'_>, out: &mut Commands) {
         let (dt, mut log) = self.begin(inp);
+        for (h, r) in inp.hosts.iter().enumerate().take(MAX_HOSTS) {
+            if r.is_some() {
+                self.heard |= 1 << h;
+            }
+        }
 
         // 1. Safety: leaks (the board's ropes and the CDU's own input), isolation,
         // pumps; then the sensors and the mode they allow.
@@ -817,7 +831,7 @@ impl Core {
         *sensing_lost = self.safety.sensing_lost();
         *isolation_failed = self.safety.isolation_failed();
         *valve_feedback_faults = self.safety.feedback_faults();
-        *beacon = self.beacon(&t.cfg, mode, hottest);
+        *beacon = self.beacon(t, mode, hottest);
         *m = mode;
         *r = reason;
         *e = events;
@@ -1031,6 +1045,8 @@ mod tests {
         answers: bool,
         /// Hosts whose agents report nothing, bit n = host n.
         silent: HostMask,
+        /// What of the last step's writes the CDU took.
+        taken: Taken,
     }
 
     impl Hall {
@@ -1053,6 +1069,7 @@ mod tests {
                 ambient_c: Some(20.0),
                 answers: true,
                 silent: 0,
+                taken: Taken::ALL,
             }
         }
 
@@ -1080,7 +1097,7 @@ mod tests {
                 cdu: self.answers.then_some(self.cdu),
                 ambient_c: self.ambient_c,
                 leaks: self.leaks,
-                cdu_taken: Taken::ALL,
+                cdu_taken: self.taken,
                 valves_held: 0,
                 hosts: &hosts,
             })
@@ -1124,6 +1141,27 @@ mod tests {
         bad.layout.racks = 0;
         assert!(core.reset(bad, None).is_err());
         assert_eq!(shown(&core), before);
+    }
+
+    /// The CDU refusing writes lights the beacon while a capacity cap
+    /// stands (the mode's reason then says capacity-short, not the
+    /// refused writes).
+    #[test]
+    fn refused_writes_light_the_beacon_behind_a_capacity_cap() {
+        let cfg = CoreConfig::default();
+        let mut core = Core::new(cfg).unwrap();
+        let mut hall = Hall::new();
+        hall.hottest_c = 86.0;
+        let mut c = hall.step(&mut core, 0);
+        for s in 1..60 {
+            c = hall.step(&mut core, s);
+        }
+        assert_eq!(c.reason, ReasonCode::CAPACITY_SHORT, "{c:?}");
+        assert!(!c.beacon);
+        hall.taken = Taken::NONE;
+        let c = hall.step(&mut core, 60);
+        assert_eq!(c.reason, ReasonCode::CAPACITY_SHORT);
+        assert!(c.beacon, "the CDU refuses writes");
     }
 
     #[test]
@@ -1468,22 +1506,30 @@ mod tests {
             }
             l
         };
-        let ceiling = |l: &Learned, silent: HostMask| {
+        // `silent` report for the first 10 s only when `heard_first`, else
+        // never (a slot of the layout no host fills).
+        let ceiling = |l: &Learned, silent: HostMask, heard_first: bool| {
             let mut core = Core::new(cfg).unwrap();
             core.restore_learned(l).unwrap();
-            let hall = Hall {
-                silent,
-                ..Hall::new()
-            };
+            let mut hall = Hall::new();
             for s in 0..20 {
+                hall.silent = if heard_first && s < 10 { 0 } else { silent };
                 hall.step(&mut core, s);
             }
             core.believed().margins.plan_ceiling_c
         };
         let base = cfg.margins.plan_ceiling_c;
-        assert!(ceiling(&learned(None), 0) > base + 1.0, "all learned");
-        assert_eq!(ceiling(&learned(Some(5)), 0), base, "host 5 reports");
-        assert_eq!(ceiling(&learned(Some(5)), 1 << 5), base, "host 5 silent");
+        let unlearned_5 = learned(Some(5));
+        assert!(
+            ceiling(&learned(None), 0, false) > base + 1.0,
+            "all learned"
+        );
+        assert_eq!(ceiling(&unlearned_5, 0, false), base, "host 5 reports");
+        assert_eq!(ceiling(&unlearned_5, 1 << 5, true), base, "host 5 silent");
+        assert!(
+            ceiling(&unlearned_5, 1 << 5, false) > base + 1.0,
+            "slot 5 never filled: not planned for"
+        );
     }
 
     #[test]

@@ -82,6 +82,7 @@ impl Core {
             events_dropped: 0,
             facility_target: None,
             valves_commanded: None,
+            heard: 0,
         }
     }
 
@@ -114,6 +115,7 @@ impl Core {
             events_dropped,
             facility_target,
             valves_commanded,
+            heard,
         } = self;
         *c = cfg;
         *last_ms = None;
@@ -135,6 +137,7 @@ impl Core {
         *events_dropped = 0;
         *facility_target = None;
         *valves_commanded = None;
+        *heard = 0;
         if let Some(l) = latched {
             self.take_latched(l);
         }

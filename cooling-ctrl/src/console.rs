@@ -315,31 +315,6 @@ mod tests {
         let r0h0: Vec<&str> = line(&text, "r0h0").split_whitespace().collect();
         assert_eq!(r0h0, ["r0h0", "1.00", "1.00", "0", "%", "0", "%", "never"]);
 
-        // The plan ceiling held by the hosts not yet trusted (every host
-        // planned for counts), raised once all are; the outdoor
-        // temperature measured, and the plan's choice.
-        assert_eq!(
-            line(&text, "plan ceiling"),
-            "plan ceiling    83 °C (as configured)"
-        );
-        let mut all = l;
-        for h in all.hosts.iter_mut().take(16) {
-            *h = l.hosts[5];
-        }
-        let (_, all_text) = loops_text(&all, plan(2, Some(1_200.0)), Some(22.4));
-        let ceiling = Core::new(cfg).map(|mut c| {
-            c.restore_learned(&all).unwrap();
-            c.believed().margins.plan_ceiling_c
-        });
-        let ceiling = ceiling.unwrap();
-        assert!(ceiling > cfg.margins.plan_ceiling_c);
-        assert_eq!(
-            line(&all_text, "plan ceiling"),
-            format!(
-                "plan ceiling    {} °C (configured 83 °C, raised as the hosts are trusted)",
-                round(f64::from(ceiling), 2)
-            )
-        );
         assert_eq!(
             line(&text, "outdoor"),
             "outdoor         22.4 °C, measured (the CDU's sensor)"
@@ -347,6 +322,49 @@ mod tests {
         assert_eq!(
             line(&text, "plan:"),
             "plan: cap 2 hosts rather than cool the whole CDU for them (1.170 kWh per work-GPU-h against 1.200 with colder water)"
+        );
+    }
+
+    /// The plan ceiling the step uses: held by the least trusted host
+    /// heard since the start or learned before it, raised as they are
+    /// trusted (a slot no host fills counts for nothing).
+    #[test]
+    fn loops_shows_the_plan_ceiling_the_step_uses() {
+        let cfg = CoreConfig::default();
+        let base = cfg.margins.plan_ceiling_c;
+        let shown = |l: &Learned| {
+            let (_, text) = loops_text(l, plan(2, Some(1_200.0)), Some(22.4));
+            let mut core = Core::new(cfg).unwrap();
+            core.restore_learned(l).unwrap();
+            (
+                line(&text, "plan ceiling").to_string(),
+                core.believed().margins.plan_ceiling_c,
+            )
+        };
+        let (row, ceiling) = shown(&Learned::new(&cfg));
+        assert_eq!(ceiling, base, "nothing learned");
+        assert_eq!(row, "plan ceiling    83 °C (as configured)");
+        let mut l = Learned::new(&cfg);
+        for h in l.hosts.iter_mut().take(16) {
+            *h = Scalar {
+                value: 1.42,
+                var: 0.0,
+                fed_s: 3600.0,
+                trust: 0.6,
+            };
+        }
+        l.hosts[3].trust = 0.1;
+        let (row, ceiling) = shown(&l);
+        assert!(ceiling > base, "{ceiling}");
+        let mut all = l;
+        all.hosts[3].trust = 0.6;
+        assert!(shown(&all).1 > ceiling, "held by the least trusted");
+        assert_eq!(
+            row,
+            format!(
+                "plan ceiling    {} °C (configured 83 °C, raised as the hosts are trusted)",
+                round(f64::from(ceiling), 2)
+            )
         );
     }
 
