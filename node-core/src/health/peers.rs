@@ -484,8 +484,9 @@ mod tests {
         );
     }
 
-    /// The same for the straggler rule: too few loaded peers to judge
-    /// between two slow readings 100 s apart.
+    /// A GPU that runs hot itself keeps its hot streak through a sample
+    /// not judged: its thermal slowdown drops its power away from every
+    /// peer's.
     #[test]
     fn a_gpu_in_thermal_slowdown_keeps_its_hot_streak_when_not_judged() {
         // No coolant state: GPU 0 runs 25 K hot at 600 W, and every tenth
@@ -509,6 +510,8 @@ mod tests {
         );
     }
 
+    /// The same for the straggler rule: too few loaded peers to judge
+    /// between two slow readings 100 s apart.
     #[test]
     fn samples_not_judged_end_a_straggler_streak() {
         let slow = Observation {
