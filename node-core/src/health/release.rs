@@ -26,8 +26,9 @@ pub enum Refusal {
     /// The GPU is not quarantined (a GPU the host does not have reads
     /// as healthy): nothing to release.
     NotQuarantined(HealthState),
-    /// Quarantine-level evidence came after the release was signed: the
-    /// words say which and when.
+    /// Quarantine-level evidence came after the release was signed, or
+    /// within the clocks' skew before its stamp: the words say which, when,
+    /// and after when to sign again.
     NewerEvidence(String),
 }
 
@@ -97,11 +98,13 @@ impl HealthEngine {
         // (their clock ahead), so it refuses too (fail closed: sign again).
         let skew = crate::commands::CLOCK_SKEW_MS;
         if let Some(l) = later.filter(|l| l.time.0.saturating_add(skew) > signed.0) {
-            return Err(Refusal::NewerEvidence(format!(
-                "GPU {gpu} stays quarantined: {} at {}, after the release was signed",
+            let again = TimestampMs(l.time.0.saturating_add(skew));
+            return Err(Refusal::NewerEvidence(fit(format!(
+                "GPU {gpu} quarantined: {} at {}; sign a release stamped after {}",
                 l.reason,
-                fmt_time(l.time)
-            )));
+                fmt_time(l.time),
+                fmt_time(again)
+            ))));
         }
         let evidence = fit(format!(
             "released by {operator} at {}: {note}",
