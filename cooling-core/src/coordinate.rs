@@ -142,8 +142,13 @@ impl Coordinator {
                 continue;
             }
             // Nothing new to size from leaves a cap in force as it is (the
-            // host lets it lapse only if it hears nothing).
-            if let (Some(r), Some(ahead), Some(coolant)) = (fresh(h), ahead, coolant_c) {
+            // host lets it lapse only if it hears nothing). A host not
+            // heard is not known free: its free time starts again.
+            let report = fresh(h);
+            if report.is_none() {
+                self.free_since[h] = None;
+            }
+            if let (Some(r), Some(ahead), Some(coolant)) = (report, ahead, coolant_c) {
                 self.resize(cfg, h, now_ms, dt_s, &r, coolant, ahead, r_model, factor(h));
             }
             if let Some(c) = self.caps[h] {
@@ -327,6 +332,19 @@ mod tests {
             );
         }
         (out[0], any)
+    }
+
+    /// A host free for 30 s, then silent for ten minutes, is not lifted at
+    /// its first free report back: its free time starts again.
+    #[test]
+    fn a_silent_stretch_restarts_a_hosts_free_time() {
+        let cfg = CoreConfig::default();
+        let mut c = Coordinator::default();
+        let first = run(&mut c, &cfg, 0, 1, 86.0, 680.0, 55.0, 0).expect("capped");
+        assert!(run(&mut c, &cfg, 1, 30, 60.0, 400.0, 55.0, 0).is_some());
+        silent(&mut c, &cfg, 31, 600, 0);
+        let back = run(&mut c, &cfg, 631, 1, 60.0, 400.0, 55.0, 0);
+        assert!(back.is_some(), "lifted on one report: {first:?}");
     }
 
     /// A host that falls silent keeps its capacity cap at its last figure

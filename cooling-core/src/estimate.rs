@@ -342,8 +342,9 @@ impl Estimator {
     }
 
     /// What the supply sensor is judged against: the GPUs' word once
-    /// their factors are trusted (`gpu_implied`; none while fewer than two
-    /// hosts are loaded), before that the facility water plus the CDU's
+    /// their factors are trusted and two or more hosts are heard
+    /// (`gpu_implied`; none while fewer than two of them are loaded),
+    /// otherwise the facility water plus the CDU's
     /// approach (`facility`): the GPUs' word on an unlearned hall cannot
     /// tell a hotter hall from a supply sensor reading low. Not the
     /// facility water once the hosts are trusted: the CDU holds its supply
@@ -357,7 +358,10 @@ impl Estimator {
         gpu_implied: Option<f32>,
         facility: Option<f32>,
     ) -> Option<f32> {
-        if self.hosts_trust(cfg, hosts) >= 0.5 {
+        // Fewer than two hosts heard is not an idle hall (the rest may run
+        // unheard): the facility water judges then.
+        let heard = (0..cfg.layout.hosts()).filter(|h| hosts(*h)).count();
+        if heard >= 2 && self.hosts_trust(cfg, hosts) >= 0.5 {
             gpu_implied
         } else {
             facility.map(|fw| fw + self.learned.approach.value)
@@ -521,6 +525,12 @@ mod tests {
         // The hall idle (fewer than two loaded hosts): nothing to judge
         // by; a drift fault standing then stands (sensors.rs).
         assert_eq!(est.supply_expectation(&cfg, &all, None, Some(27.0)), None);
+        // One host heard: not an idle hall, the facility water judges.
+        let one = |h: usize| h == 0;
+        assert_eq!(
+            est.supply_expectation(&cfg, &one, None, Some(27.0)),
+            Some(27.0 + Learned::new(&cfg).approach.value)
+        );
         // Untrusted hosts: the facility water plus the approach.
         let est = Estimator::from_learned(Learned::new(&cfg));
         let approach = Learned::new(&cfg).approach.value;

@@ -8,9 +8,8 @@
 //! to [`crate::Core::restore`] before the first step after a start. The
 //! record is 16 bytes with a version byte; anything else is refused with
 //! the reason, never read as "nothing latched". Version 1 (before the
-//! valve position inputs were kept) still reads: the inputs of the racks
-//! whose isolation had failed are not believed (it may have failed behind
-//! a lying one: fail closed), the others are.
+//! valve position inputs were kept) still reads, with every input
+//! believed, as it was then.
 //!
 //! Glossary:
 //! - *pump fault*: why a pump is out of service: its contactor opened
@@ -186,14 +185,10 @@ impl Latched {
             lead,
             failsafe,
             sensors,
-            // A version 1 record did not keep them: a rack whose isolation
-            // had failed may have failed behind a lying input, so its
-            // input is not believed (fail closed); the others are.
-            feedback_faults: if b[0] == OLDEST {
-                u16_at(3) & u16_at(1)
-            } else {
-                u16_at(14)
-            },
+            // A version 1 record did not keep them: every input believed,
+            // as then (a failed isolation says its input read open, no
+            // evidence of one that lies "closed").
+            feedback_faults: if b[0] == OLDEST { 0 } else { u16_at(14) },
         })
     }
 
@@ -225,13 +220,12 @@ mod tests {
         };
         assert_eq!(Latched::decode(&l.encode()), Ok(l));
         // A record of version 1 (before the feedback faults were kept)
-        // reads with the inputs of the racks whose isolation failed not
-        // believed (fail closed), the others believed.
+        // reads with every position input believed.
         let mut v1 = l.encode();
         v1[0] = 1;
         v1[14..16].fill(0);
         let old = Latched {
-            feedback_faults: 0b1000,
+            feedback_faults: 0,
             ..l
         };
         assert_eq!(Latched::decode(&v1), Ok(old));

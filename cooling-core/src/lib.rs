@@ -476,9 +476,9 @@ impl Core {
 
     /// `cfg` as the optimiser believes it while the racks of
     /// `cooling_lost` have lost their cooling: the plan ceiling raised by
-    /// the least trust among every host of the other racks, reporting or
-    /// not (one silent is still planned for, and seen by neither the
-    /// margin loop nor the caps).
+    /// the least trust among the hosts of the other racks heard since the
+    /// start or learned before, reporting now or not (one silent is still
+    /// planned for, and seen by neither the margin loop nor the caps).
     fn believed_under(&self, cfg: &CoreConfig, cooling_lost: u16) -> CoreConfig {
         // A host is planned for once heard since the start, or learned
         // before it; a slot of the layout no host fills never is (its
@@ -1146,6 +1146,32 @@ mod tests {
     /// The CDU refusing writes lights the beacon while a capacity cap
     /// stands (the mode's reason then says capacity-short, not the
     /// refused writes).
+    /// The CDU's controller restarts mid-run: silent 10 s, then its
+    /// pumps start again within their 3 s: no trip.
+    #[test]
+    fn a_cdu_silent_then_starting_its_pumps_again_trips_no_pump() {
+        let cfg = CoreConfig::default();
+        let mut core = Core::new(cfg).unwrap();
+        let mut hall = Hall::new();
+        for s in 0..30 {
+            hall.step(&mut core, s);
+        }
+        hall.answers = false;
+        for s in 30..40 {
+            hall.step(&mut core, s);
+        }
+        hall.answers = true;
+        hall.cdu.pumps_running = [false, false];
+        for s in 40..42 {
+            hall.step(&mut core, s);
+        }
+        hall.cdu.pumps_running = [true, false];
+        for s in 42..60 {
+            hall.step(&mut core, s);
+        }
+        assert_eq!(core.pump_faults(), [None, None]);
+    }
+
     #[test]
     fn refused_writes_light_the_beacon_behind_a_capacity_cap() {
         let cfg = CoreConfig::default();

@@ -3,7 +3,8 @@
 //! until an operator clears it. Two failures are told apart:
 //! - a *trip*: commanded on, its contactor reads open on two reads
 //!   running (a pump just started, or the lead at the first step the CDU
-//!   answers, gets `PUMP_START_MS` to close it), judged in boot too;
+//!   answers, and again when it answers after a silence, gets
+//!   `PUMP_START_MS` to close it), judged in boot too;
 //! - a *seizure*: its contactor is closed, but the loop has no flow. The
 //!   flow must read far below what the commanded speed gives, confirmed
 //!   by the differential pressure reading low as well. Where one of the
@@ -77,6 +78,8 @@ pub struct Pumps {
     /// failed, or no step yet): the lead counts as started at the next
     /// step the CDU answers.
     stopped: bool,
+    /// Since when the CDU has not answered, ms.
+    silent_since: Option<u64>,
 }
 
 impl Default for Pumps {
@@ -96,6 +99,7 @@ impl Pumps {
             before: None,
             fault: [None; 2],
             stopped: true,
+            silent_since: None,
         }
     }
 }
@@ -131,7 +135,7 @@ impl Pumps {
     }
 
     /// The pumps of a restored state (before any step: the lead counts as
-    /// started at the first).
+    /// started at the first step the CDU answers).
     pub fn restore(&mut self, l: &Latched) {
         self.fault = l.pumps;
         self.lead = l.lead as usize;
@@ -167,8 +171,9 @@ impl Pumps {
     /// The pumps in step `t`, from the contactor feedback, the flow and
     /// the pressure when the CDU answered, at the `speed` commanded, with
     /// the `hottest` GPU and the sensors supervision has `faulted`. A trip
-    /// is judged from the first step (the lead just started gets
-    /// `PUMP_START_MS`); a seizure only once `booted`. `stop`: an
+    /// is judged from the first step the CDU answers (the lead just started
+    /// gets `PUMP_START_MS`, again after the CDU was silent); a seizure
+    /// only once `booted`. `stop`: an
     /// isolation has failed, both pumps stop.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn step(
@@ -193,7 +198,17 @@ impl Pumps {
         }
         // The lead's start counts from the first step the CDU answered
         // (a board that boots before the CDU's controller does not judge
-        // a pump that was never told to start).
+        // a pump that was never told to start), and again after the CDU
+        // was silent `PUMP_START_MS` or more (its controller restarted,
+        // its pumps starting again).
+        match (t.rd.answered, self.silent_since) {
+            (false, None) => self.silent_since = Some(t.now),
+            (true, Some(since)) => {
+                self.silent_since = None;
+                self.stopped |= t.now.saturating_sub(since) >= PUMP_START_MS;
+            }
+            _ => {}
+        }
         if self.stopped && t.rd.answered {
             self.stopped = false;
             self.lead_since_ms = t.now;

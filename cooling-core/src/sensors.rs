@@ -16,7 +16,8 @@
 //! faulty sensor must agree for `fault_clear_ms` to be trusted again; a
 //! drifted one must agree with an expectation judged outside a transient,
 //! at the start and at the end of that time, with no disagreement between
-//! (without one it is not trusted again, however long).
+//! and no stretch of `fault_clear_ms` judged nothing (without an
+//! expectation it is not trusted again, however long).
 //! Expectations are filtered (about a minute) and held off while the loop
 //! is in a transient, so that a load step is not taken for a fault.
 //!
@@ -108,6 +109,8 @@ struct Check {
     pending: Option<(SensorFault, u64)>,
     /// Agreeing again since (while faulty).
     agreeing_since: Option<u64>,
+    /// A drifted sensor's last step judged in agreement, ms.
+    agreed_at: Option<u64>,
     last_seen_ms: Option<u64>,
     value: f32,
     changed_ms: u64,
@@ -125,6 +128,7 @@ impl Check {
         fault: None,
         pending: None,
         agreeing_since: None,
+        agreed_at: None,
         last_seen_ms: None,
         value: 0.0,
         changed_ms: 0,
@@ -444,6 +448,16 @@ impl Check {
                 None
             }
             (Some(_), None) => {
+                // A drifted sensor's agreement held through steps not
+                // judged ends once none was judged for `clear_ms`: two
+                // chance agreements an idle night apart clear nothing.
+                if c.fault == Some(SensorFault::Drift) {
+                    let gap = c.agreed_at.map(|at| now_ms.saturating_sub(at));
+                    if gap.is_some_and(|g| g > clear_ms) {
+                        c.agreeing_since = None;
+                    }
+                    c.agreed_at = Some(now_ms);
+                }
                 // A stuck sensor must first move off the value it froze at.
                 if c.fault == Some(SensorFault::Stuck) {
                     if obs.reading == c.stuck_at {
@@ -692,5 +706,43 @@ mod tests {
             t += 1;
         }
         assert!(cleared.is_some(), "never cleared");
+    }
+
+    /// Two agreements an idle night apart (nothing judged between them)
+    /// do not clear a drifted sensor.
+    #[test]
+    fn agreements_far_apart_do_not_clear_a_drift_fault() {
+        let mut s = Supervisor::default();
+        let ch = run(&mut s, Which::Supply, 0, 600, |_| (Some(35.0), Some(30.0)));
+        assert_eq!(ch.first().map(|c| c.1), Some(SensorFault::Drift), "{ch:?}");
+        let timing = crate::CoreConfig::default().timing;
+        let step = |s: &mut Supervisor, t: u64, expected: Option<f32>| {
+            let obs = Observation {
+                reading: Some(30.0),
+                expected,
+                transient: false,
+            };
+            s.observe(Which::Supply, t * 1000, 1.0, obs, &timing)
+        };
+        // When it would clear, judged in agreement all along.
+        let mut dry = s.clone();
+        let clears = (600..1_200)
+            .find(|&t| {
+                step(&mut dry, t, Some(30.0)).is_some_and(|c| c.fault == SensorFault::Cleared)
+            })
+            .expect("it clears");
+        // Agreeing until just before that, then an idle night, then one
+        // agreement: not cleared.
+        for t in 600..clears - 5 {
+            step(&mut s, t, Some(30.0));
+        }
+        for t in clears - 5..clears + 3_600 {
+            assert_eq!(step(&mut s, t, None), None, "{t}");
+        }
+        assert_eq!(
+            step(&mut s, clears + 3_600, Some(30.0)),
+            None,
+            "not cleared"
+        );
     }
 }
