@@ -100,7 +100,7 @@ impl HealthEngine {
         if let Some(l) = later.filter(|l| l.time.0.saturating_add(skew) > signed.0) {
             let again = TimestampMs(l.time.0.saturating_add(skew));
             return Err(Refusal::NewerEvidence(fit(format!(
-                "GPU {gpu} quarantined: {} at {}; sign a release stamped after {}",
+                "GPU {gpu}: {} at {}; sign after {}",
                 l.reason,
                 fmt_time(l.time),
                 fmt_time(again)
