@@ -1146,30 +1146,28 @@ mod tests {
     /// The CDU refusing writes lights the beacon while a capacity cap
     /// stands (the mode's reason then says capacity-short, not the
     /// refused writes).
+    /// Steps a new core in a hall whose CDU answers from second 0 with
+    /// its pumps running, is silent over `silent`, then answers with its
+    /// pumps stopped for 3 s (their start) before they run again; the
+    /// pumps' faults at
+    /// second `silent.end + 20`.
+    fn pumps_after_silence(silent: core::ops::Range<u64>) -> [Option<PumpFault>; 2] {
+        let mut core = Core::new(CoreConfig::default()).unwrap();
+        let mut hall = Hall::new();
+        for s in 0..silent.end + 20 {
+            hall.answers = !silent.contains(&s);
+            let starting = (silent.end..silent.end + 3).contains(&s);
+            hall.cdu.pumps_running = [!starting, false];
+            hall.step(&mut core, s);
+        }
+        core.pump_faults()
+    }
+
     /// The CDU's controller restarts mid-run: silent 10 s, then its
     /// pumps start again within their 3 s: no trip.
     #[test]
     fn a_cdu_silent_then_starting_its_pumps_again_trips_no_pump() {
-        let cfg = CoreConfig::default();
-        let mut core = Core::new(cfg).unwrap();
-        let mut hall = Hall::new();
-        for s in 0..30 {
-            hall.step(&mut core, s);
-        }
-        hall.answers = false;
-        for s in 30..40 {
-            hall.step(&mut core, s);
-        }
-        hall.answers = true;
-        hall.cdu.pumps_running = [false, false];
-        for s in 40..42 {
-            hall.step(&mut core, s);
-        }
-        hall.cdu.pumps_running = [true, false];
-        for s in 42..60 {
-            hall.step(&mut core, s);
-        }
-        assert_eq!(core.pump_faults(), [None, None]);
+        assert_eq!(pumps_after_silence(30..40), [None, None]);
     }
 
     #[test]
@@ -1417,23 +1415,8 @@ mod tests {
     /// contactor that closes within its 3 s is no trip.
     #[test]
     fn the_leads_start_counts_from_the_cdus_first_answer() {
-        let cfg = CoreConfig::default();
-        let mut core = Core::new(cfg).unwrap();
-        let mut hall = Hall::new();
-        hall.answers = false;
-        for s in 0..5 {
-            hall.step(&mut core, s);
-        }
-        hall.answers = true;
-        hall.cdu.pumps_running = [false, false];
-        for s in 5..7 {
-            hall.step(&mut core, s);
-        }
-        hall.cdu.pumps_running = [true, false];
-        for s in 7..30 {
-            hall.step(&mut core, s);
-        }
-        assert_eq!(core.pump_faults(), [None, None]);
+        // Silent 2 s only (under the 3 s a silence restarts the window).
+        assert_eq!(pumps_after_silence(0..2), [None, None]);
     }
 
     #[test]

@@ -461,44 +461,35 @@ impl Host {
     /// limits, the commands logged, the cooling-loss phase and steps
     /// pending, the replay floors and the health states.
     pub fn restarted(&self, at: u64) -> Self {
-        Self::start_kept(
-            Start {
-                limits: self.limits,
-                site_limit: None,
-                kept: self.flash_limits,
-                logged: self.logged.clone(),
-                at,
-            },
-            Kept {
-                phase: self.kept_phase.last().copied(),
-                pending: self.flash_pending.iter().map(|&(s, _)| s).collect(),
-                floors: self.kept_floors.clone(),
-                state_floor: self.kept_state_floor,
-                health: self.kept_status.clone(),
-            },
-        )
+        let (start, kept) = self.flash_at(at);
+        Self::start_kept(start, kept)
+    }
+
+    /// A start at `at` from what this host's flash kept, and the GPUs'
+    /// limits as they are.
+    fn flash_at(&self, at: u64) -> (Start, Kept) {
+        let start = Start {
+            limits: self.limits,
+            site_limit: None,
+            kept: self.flash_limits,
+            logged: self.logged.clone(),
+            at,
+        };
+        let kept = Kept {
+            phase: self.kept_phase.last().copied(),
+            pending: self.flash_pending.iter().map(|&(s, _)| s).collect(),
+            floors: self.kept_floors.clone(),
+            state_floor: self.kept_state_floor,
+            health: self.kept_status.clone(),
+        };
+        (start, kept)
     }
 
     /// As [`Host::crashed`] (no cooling-loss step ended), the limits of
     /// the GPUs of `unreadable` still not readable at the new start.
     pub fn crashed_unreadable(&self, at: u64, unreadable: [bool; GPUS]) -> Self {
-        let mut host = Self::assemble(
-            Start {
-                limits: self.limits,
-                site_limit: None,
-                kept: self.flash_limits,
-                logged: self.logged.clone(),
-                at,
-            },
-            Kept {
-                phase: self.kept_phase.last().copied(),
-                pending: self.flash_pending.iter().map(|&(s, _)| s).collect(),
-                floors: self.kept_floors.clone(),
-                state_floor: self.kept_state_floor,
-                health: self.kept_status.clone(),
-            },
-            LeaseLimits::default(),
-        );
+        let (start, kept) = self.flash_at(at);
+        let mut host = Self::assemble(start, kept, LeaseLimits::default());
         host.unreadable = unreadable;
         host.step(at, Input::Start);
         host
