@@ -149,10 +149,11 @@ pub struct Supervision {
 }
 
 impl Supervision {
-    /// Catches SIGTERM, announces the loop `what` (a pass every `period`)
-    /// and watches `progress`, whose passes `passes` counts. Returns the
-    /// supervision and the future that completes at ctrl-c or SIGTERM,
-    /// having ended the watchdog and sent `STOPPING=1`.
+    /// Catches SIGTERM, SIGINT and SIGHUP, announces the loop `what` (a
+    /// pass every `period`) and watches `progress`, whose passes `passes`
+    /// counts. Returns the supervision and the future that completes at
+    /// the first of those signals, having ended the watchdog and sent
+    /// `STOPPING=1`.
     pub fn start<T>(
         notifier: Notifier,
         what: Progress,
@@ -163,8 +164,7 @@ impl Supervision {
     where
         T: Send + Sync + 'static,
     {
-        use tokio::signal::unix::{signal, SignalKind};
-        let term = signal(SignalKind::terminate()).map_err(|e| format!("SIGTERM: {e}"))?;
+        let signals = crate::watchdog::StopSignals::catch()?;
         announce(&notifier, &what, period);
         let watchdog = tokio::spawn(watch_progress(
             notifier.clone(),
@@ -175,7 +175,7 @@ impl Supervision {
         ));
         // Passes end at the signal, while the agent winds down.
         let stop = stopped(
-            term,
+            signals,
             notifier.clone(),
             watchdog.abort_handle(),
             what.program,

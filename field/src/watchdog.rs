@@ -525,20 +525,50 @@ pub async fn watch_progress<T>(
     }
 }
 
-/// Waits for Ctrl-C or SIGTERM (`term`, caught by the caller at its start,
-/// before anything that takes time), then ends the watchdog task
-/// (`watching`) and sends `STOPPING=1`: no stall warnings while the
-/// program winds down, and the service manager hears of the stop before
-/// it takes time. `program` names it in a warning.
+/// The signals that stop a program cleanly, caught at its start before
+/// anything that takes time: SIGTERM, SIGINT (Ctrl-C) and SIGHUP (the
+/// terminal of a foreground run closed; there is no reload), whose
+/// default action would end it without its clean stop.
+pub struct StopSignals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    /// Catches them now.
+    pub fn catch() -> Result<Self, String> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let catch = |kind: SignalKind, name: &str| signal(kind).map_err(|e| format!("{name}: {e}"));
+        Ok(Self {
+            term: catch(SignalKind::terminate(), "SIGTERM")?,
+            int: catch(SignalKind::interrupt(), "SIGINT")?,
+            hup: catch(SignalKind::hangup(), "SIGHUP")?,
+        })
+    }
+
+    /// The first of them to come, by name.
+    pub async fn recv(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+            _ = self.hup.recv() => "SIGHUP",
+        }
+    }
+}
+
+/// Waits for one of the `signals` that stop the program, then ends the
+/// watchdog task (`watching`) and sends `STOPPING=1`: no stall warnings
+/// while the program winds down, and the service manager hears of the
+/// stop before it takes time. `program` names it in a warning.
 pub async fn stopped(
-    mut term: tokio::signal::unix::Signal,
+    mut signals: StopSignals,
     notifier: Notifier,
     watching: tokio::task::AbortHandle,
     program: &'static str,
 ) {
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+    if signals.recv().await == "SIGHUP" {
+        tracing::warn!("{program}: SIGHUP: a clean stop (there is no reload)");
     }
     watching.abort();
     if let Err(e) = notifier.stopping() {
