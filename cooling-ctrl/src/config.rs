@@ -313,6 +313,7 @@ pub fn resolve_for(
     let site_keyed = (!key.demo).then_some("a controller with a site sign key");
     common::require_site(&src, &common, site_keyed)?;
     let (link, map) = link_and_map(&src, &file, flags, purpose, key.demo)?;
+    console_apart(&src, &common, link.as_ref())?;
     let mut core = core_config(&src, &file, flags, key.demo)?;
     if let Some(m) = &map {
         map_fits(&src, flags, m, core.layout.racks)?;
@@ -389,6 +390,37 @@ pub fn resolve_for(
 /// The link to the CDU and its register map: both required to run a CDU,
 /// either or neither given to a gateway. On a serial line the map's unit
 /// id must address the CDU alone.
+/// The serial console and the CDU's Modbus RTU line on one device: the
+/// first to open it holds it alone, so the controller would never reach
+/// its CDU (or the console would write onto the RS-485 line). Refused,
+/// naming `console_serial`.
+fn console_apart(
+    src: &Sources,
+    common: &common::Common,
+    link: Option<&Link>,
+) -> Result<(), ConfigError> {
+    let (Some(serial), Some(Link::Rtu(line))) = (&common.serial, link) else {
+        return Ok(());
+    };
+    let (console, cdu) = (serial.port.as_path(), Path::new(&line.path));
+    let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    };
+    if same(console, cdu) {
+        return Err(src.error(
+            None,
+            "console_serial",
+            format!(
+                "console_serial {} is the CDU's Modbus line (cdu_serial {}): the console and the CDU need a serial device each",
+                console.display(),
+                line.path
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn link_and_map(
     src: &Sources,
     file: &FileConfig,
@@ -1024,6 +1056,16 @@ mod tests {
         assert_eq!(e.line, Some(5), "{e}");
         let e = from(&format!("{MIN}serial_parity = \"even\"\n")).unwrap_err();
         assert!(e.message.contains("cdu_serial"), "{e}");
+        // The serial console on the CDU's Modbus line: refused at its line.
+        let e = from(
+            "cdu = \"c\"\ndemo_key = true\ncdu_serial = \"/dev/ttyUSB0\"\nembedded_broker = true\nconsole_serial = \"/dev/ttyUSB0\"\n",
+        )
+        .unwrap_err();
+        assert!(
+            e.message.contains("console_serial") && e.message.contains("CDU's Modbus line"),
+            "{e}"
+        );
+        assert_eq!(e.line, Some(5), "{e}");
         assert_eq!(e.line, Some(5), "{e}");
         let e = from(
             "cdu = \"c\"\ndemo_key = true\ncdu_serial = \"/dev/x\"\nserial_parity = \"mark\"\nembedded_broker = true\n",
