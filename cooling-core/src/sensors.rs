@@ -14,10 +14,12 @@
 //!
 //! A disagreement must last `fault_confirm_ms` to become a fault, and a
 //! faulty sensor must agree for `fault_clear_ms` to be trusted again; a
-//! drifted one must agree with an expectation judged outside a transient,
-//! at the start and at the end of that time, with no disagreement between
-//! and no stretch of `fault_clear_ms` judged nothing (without an
-//! expectation it is not trusted again, however long).
+//! drifted one must read within its tolerance of an expectation at the
+//! start and at the end of that time, in a transient or not, with no
+//! disagreement outside a transient between and no stretch of
+//! `fault_clear_ms` without an expectation (a reading far from it in a
+//! transient holds the agreement; without an expectation it is not
+//! trusted again, however long).
 //! Expectations are filtered (about a minute) and held off while the loop
 //! is in a transient, so that a load step is not taken for a fault.
 //!
@@ -109,8 +111,11 @@ struct Check {
     pending: Option<(SensorFault, u64)>,
     /// Agreeing again since (while faulty).
     agreeing_since: Option<u64>,
-    /// A drifted sensor's last step judged in agreement, ms.
+    /// A drifted sensor's last step in agreement, ms.
     agreed_at: Option<u64>,
+    /// The last step's reading agreed with its expectation (filtered,
+    /// within the tolerance), in a transient or not.
+    agrees: bool,
     last_seen_ms: Option<u64>,
     value: f32,
     changed_ms: u64,
@@ -129,6 +134,7 @@ impl Check {
         pending: None,
         agreeing_since: None,
         agreed_at: None,
+        agrees: false,
         last_seen_ms: None,
         value: 0.0,
         changed_ms: 0,
@@ -187,13 +193,6 @@ pub struct Observation {
     pub expected: Option<f32>,
     /// The loop is in a transient: do not judge drift now.
     pub transient: bool,
-}
-
-impl Observation {
-    /// Drift can be judged: there is an expectation, and no transient.
-    fn judged(&self) -> bool {
-        self.expected.is_some() && !self.transient
-    }
 }
 
 impl Supervisor {
@@ -374,6 +373,7 @@ impl Check {
                 let (f, ef) = (c.filtered.unwrap_or(v), c.expected_filtered.unwrap_or(e));
                 let off = f - ef - c.bias;
                 let far = off.abs() > w.tolerance(e);
+                c.agrees = !far;
                 if !far && !obs.transient && c.fault.is_none() && c.pending.is_none() {
                     // Learn the bias slowly (about an hour), bounded.
                     let limit = w.tolerance(e) * 0.5;
@@ -383,6 +383,7 @@ impl Check {
             }
             None => {
                 c.expected_filtered = None;
+                c.agrees = false;
                 false
             }
         };
@@ -438,24 +439,22 @@ impl Check {
                 c.agreeing_since = None;
                 None
             }
-            (Some(_), None) if c.fault == Some(SensorFault::Drift) && !obs.judged() => {
-                // Nothing it could agree with (the hall idle, a transient):
-                // no agreement now, and none ended. It clears only on a
-                // step it agrees with, `clear_ms` after the first of them
-                // with no disagreement between: a hall that is never
-                // still long enough still clears a sensor that reads
-                // true, and one idle for ever never does.
+            (Some(_), None) if c.fault == Some(SensorFault::Drift) && !c.agrees => {
+                // Nothing it agrees with now (the hall idle, or far from
+                // it in a transient, where far is no disagreement): no
+                // agreement now. A transient ends none; a stretch with no
+                // expectation ends one `clear_ms` after the last step in
+                // agreement (two chance agreements an idle night apart
+                // clear nothing).
+                let idle = obs.expected.is_none();
+                let since = c.agreed_at.map(|at| now_ms.saturating_sub(at));
+                if idle && since.is_some_and(|g| g > clear_ms) {
+                    c.agreeing_since = None;
+                }
                 None
             }
             (Some(_), None) => {
-                // A drifted sensor's agreement held through steps not
-                // judged ends once none was judged for `clear_ms`: two
-                // chance agreements an idle night apart clear nothing.
                 if c.fault == Some(SensorFault::Drift) {
-                    let gap = c.agreed_at.map(|at| now_ms.saturating_sub(at));
-                    if gap.is_some_and(|g| g > clear_ms) {
-                        c.agreeing_since = None;
-                    }
                     c.agreed_at = Some(now_ms);
                 }
                 // A stuck sensor must first move off the value it froze at.
