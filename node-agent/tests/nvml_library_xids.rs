@@ -35,21 +35,11 @@ fn an_xid_79_from_the_event_set_quarantines_its_gpu() {
     registered_for_xids(&fake, &agent, 2);
     fake.control("xid 1 79");
 
-    let quarantined = |f: &loopwarden_protocol::Frame| match &f.message {
-        Message::HostHealth(h) => h
-            .gpus
+    health_until(&mut health, &agent, "GPU 1 not quarantined", |h| {
+        h.gpus
             .get(1)
-            .is_some_and(|g| g.state == HealthState::Quarantined),
-        _ => false,
-    };
-    let seen = health.collect_until(Duration::from_secs(10), |s| {
-        s.last().and_then(frame).is_some_and(|f| quarantined(&f))
+            .is_some_and(|g| g.state == HealthState::Quarantined)
     });
-    assert!(
-        seen.last().and_then(frame).is_some_and(|f| quarantined(&f)),
-        "GPU 1 not quarantined:\n{}",
-        agent.log_text()
-    );
     let Some(Message::HostHealth(h)) = rig.retained_health().map(|f| f.message) else {
         panic!("no retained health");
     };
@@ -61,6 +51,28 @@ fn an_xid_79_from_the_event_set_quarantines_its_gpu() {
 }
 
 /// Waits until every one of `gpus` GPUs was registered for XID events.
+/// Waits up to 10 s for a health frame that `done` accepts; fails with
+/// `what` and the agent's log when none comes.
+fn health_until(
+    health: &mut loopwarden_system_tests::Subscriber,
+    agent: &RealAgent,
+    what: &str,
+    done: impl Fn(&loopwarden_protocol::HostHealth) -> bool,
+) {
+    let ok = |f: &loopwarden_protocol::Frame| match &f.message {
+        Message::HostHealth(h) => done(h),
+        _ => false,
+    };
+    let seen = health.collect_until(Duration::from_secs(10), |s| {
+        s.last().and_then(frame).is_some_and(|f| ok(&f))
+    });
+    assert!(
+        seen.last().and_then(frame).is_some_and(|f| ok(&f)),
+        "{what}:\n{}",
+        agent.log_text()
+    );
+}
+
 fn registered_for_xids(fake: &FakeNvml, agent: &RealAgent, gpus: usize) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while (0..gpus).any(|g| count(&fake.calls(), "nvmlDeviceRegisterEvents", g) == 0) {
@@ -250,21 +262,11 @@ fn a_restart_that_leaves_a_gpu_out_keeps_the_xid_watch_down_naming_it() {
 
     // The watch still runs for GPU 0: its XID 79 quarantines it.
     fake.control("xid 0 79");
-    let quarantined = |f: &loopwarden_protocol::Frame| match &f.message {
-        Message::HostHealth(h) => h
-            .gpus
+    health_until(&mut health, &agent, "GPU 0 not quarantined", |h| {
+        h.gpus
             .first()
-            .is_some_and(|g| g.state == HealthState::Quarantined),
-        _ => false,
-    };
-    let seen = health.collect_until(Duration::from_secs(10), |s| {
-        s.last().and_then(frame).is_some_and(|f| quarantined(&f))
+            .is_some_and(|g| g.state == HealthState::Quarantined)
     });
-    assert!(
-        seen.last().and_then(frame).is_some_and(|f| quarantined(&f)),
-        "GPU 0 not quarantined:\n{}",
-        agent.log_text()
-    );
     let Some(Message::HostHealth(h)) = rig.retained_health().map(|f| f.message) else {
         panic!("no retained health");
     };
@@ -288,18 +290,7 @@ fn xids_queued_on_a_set_whose_wait_fails_are_still_delivered() {
     // NVML_ERROR_GPU_IS_LOST).
     fake.control_at_once(&["xid 0 79", "xid 1 79", "wait_fails 15"]);
 
-    let both = |f: &loopwarden_protocol::Frame| match &f.message {
-        Message::HostHealth(h) => {
-            h.gpus.len() == 2 && h.gpus.iter().all(|g| g.state == HealthState::Quarantined)
-        }
-        _ => false,
-    };
-    let seen = health.collect_until(Duration::from_secs(10), |s| {
-        s.last().and_then(frame).is_some_and(|f| both(&f))
+    health_until(&mut health, &agent, "not both quarantined", |h| {
+        h.gpus.len() == 2 && h.gpus.iter().all(|g| g.state == HealthState::Quarantined)
     });
-    assert!(
-        seen.last().and_then(frame).is_some_and(|f| both(&f)),
-        "not both quarantined:\n{}",
-        agent.log_text()
-    );
 }

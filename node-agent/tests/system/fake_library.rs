@@ -417,22 +417,9 @@ impl RealAgent {
     /// Stops it with SIGTERM, as systemd does; fails unless it exits 0
     /// within 15 s.
     pub fn terminate(&mut self) {
-        let mut child = self.child.take().expect("running");
-        Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status()
-            .expect("kill -TERM");
-        let deadline = Instant::now() + Duration::from_secs(15);
-        let status = loop {
-            if let Some(status) = child.try_wait().expect("wait") {
-                break status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no stop on SIGTERM:\n{}",
-                self.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(50));
+        let status = rig::sigterm(self.child.take().expect("running"));
+        let Some(status) = status else {
+            panic!("no stop on SIGTERM:\n{}", self.log_text());
         };
         assert!(
             status.success(),

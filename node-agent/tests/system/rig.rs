@@ -373,22 +373,8 @@ pub struct Agent {
 impl Agent {
     /// Stops it with SIGTERM, as systemd does, and returns its exit status.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
-        let mut child = self.child.take().expect("running");
-        Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status()
-            .expect("kill -TERM");
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            if let Some(status) = child.try_wait().expect("wait") {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the agent did not stop on SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        sigterm(self.child.take().expect("running"))
+            .unwrap_or_else(|| panic!("the agent did not stop on SIGTERM"))
     }
 
     /// Kills it without warning (SIGKILL): a crash.
@@ -583,3 +569,22 @@ impl Drop for InProcess {
 #[allow(dead_code)]
 #[path = "twin_process.rs"]
 pub mod twin_process;
+
+/// Stops `child` with SIGTERM, as systemd does: its exit status, `None`
+/// when it has not exited within 15 s.
+pub fn sigterm(mut child: Child) -> Option<std::process::ExitStatus> {
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill -TERM");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
