@@ -187,6 +187,9 @@ pub struct Taken {
     pub speed: bool,
     /// The valves word went in (or was not written).
     pub valves: bool,
+    /// The pumps to run and the lead pump went in (or were not written):
+    /// a lead the CDU was never told of is not judged tripped.
+    pub pumps: bool,
 }
 
 impl Taken {
@@ -196,6 +199,7 @@ impl Taken {
         setpoint: true,
         speed: true,
         valves: true,
+        pumps: true,
     };
     /// Nothing went in.
     pub const NONE: Taken = Taken {
@@ -203,6 +207,7 @@ impl Taken {
         setpoint: false,
         speed: false,
         valves: false,
+        pumps: false,
     };
 }
 
@@ -904,6 +909,10 @@ mod tests {
 
     /// One step of a steady hall with these pumps running.
     fn step_with_pumps(core: &mut Core, s: u64, running: [bool; 2]) -> Commands {
+        step_pumps_taken(core, s, running, Taken::ALL)
+    }
+
+    fn step_pumps_taken(core: &mut Core, s: u64, running: [bool; 2], taken: Taken) -> Commands {
         let hosts = [None; MAX_HOSTS];
         core.step(&Inputs {
             now_ms: s * 1000,
@@ -919,10 +928,46 @@ mod tests {
             }),
             ambient_c: Some(20.0),
             leaks: LeakInputs::DRY,
-            cdu_taken: Taken::ALL,
+            cdu_taken: taken,
             valves_held: 0,
             hosts: &hosts,
         })
+    }
+
+    /// The lead trips and the lag pump is asked, but the CDU (in local
+    /// mode) refuses the pump writes: the lag pump it was never told to
+    /// start is not taken for tripped, however long the refusal lasts;
+    /// once a write that asks it goes in, it gets its start, and a pump
+    /// that then does not close is a trip.
+    #[test]
+    fn a_lag_pump_the_cdu_was_never_told_to_start_is_not_tripped() {
+        let mut core = Core::new(CoreConfig::default()).unwrap();
+        for s in 0..30 {
+            step_with_pumps(&mut core, s, [true, false]);
+        }
+        step_with_pumps(&mut core, 30, [false, false]);
+        let c = step_with_pumps(&mut core, 31, [false, false]);
+        assert_eq!(c.pump_on, [false, true], "the lag pump is asked");
+        let refused = Taken {
+            all: false,
+            pumps: false,
+            ..Taken::ALL
+        };
+        for s in 32..60 {
+            let c = step_pumps_taken(&mut core, s, [false, false], refused);
+            assert_eq!(c.pump_on, [false, true], "{s}");
+        }
+        assert_eq!(core.pumps_failed(), [true, false], "B was never told");
+        // The write goes in: B gets its start, then a contactor that
+        // stays open is a trip.
+        for s in 60..63 {
+            step_with_pumps(&mut core, s, [false, false]);
+            assert_eq!(core.pumps_failed(), [true, false], "{s}");
+        }
+        for s in 63..66 {
+            step_with_pumps(&mut core, s, [false, false]);
+        }
+        assert_eq!(core.pumps_failed(), [true, true]);
     }
 
     #[test]

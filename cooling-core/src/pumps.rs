@@ -4,7 +4,9 @@
 //! - a *trip*: commanded on, its contactor reads open on two reads
 //!   running (a pump just started, or the lead at the first step the CDU
 //!   answers, and again when it answers after a silence, gets
-//!   `PUMP_START_MS` to close it), judged in boot too;
+//!   `PUMP_START_MS` to close it), judged in boot too. A lead the CDU
+//!   was never told to run (it refused the pump writes) is not judged
+//!   until a write that asks it goes in;
 //! - a *seizure*: its contactor is closed, but the loop has no flow. The
 //!   flow must read far below what the commanded speed gives, confirmed
 //!   by the differential pressure reading low as well. Where one of the
@@ -80,6 +82,11 @@ pub struct Pumps {
     stopped: bool,
     /// Since when the CDU has not answered, ms.
     silent_since: Option<u64>,
+    /// The lead the last step asked to run.
+    asked: Option<usize>,
+    /// The CDU took a pumps write that asked the lead (a lead it was
+    /// never told of is not judged tripped: its start counts from then).
+    told: bool,
 }
 
 impl Default for Pumps {
@@ -100,6 +107,8 @@ impl Pumps {
             fault: [None; 2],
             stopped: true,
             silent_since: None,
+            asked: None,
+            told: false,
         }
     }
 }
@@ -144,6 +153,7 @@ impl Pumps {
             self.lead = 1 - self.lead;
         }
         self.lead_since_ms = 0;
+        self.told = false;
     }
 
     /// Puts `p` back in service at `now`; a trip is refused while the CDU
@@ -164,6 +174,7 @@ impl Pumps {
             self.lead_since_ms = now;
             self.lead_missing_since = None;
             self.no_flow_since = None;
+            self.told = false;
         }
         Ok(())
     }
@@ -190,6 +201,7 @@ impl Pumps {
             self.stopped = true;
             self.lead_missing_since = None;
             self.no_flow_since = None;
+            (self.asked, self.told) = (None, false);
             return PumpsNow {
                 on: [false, false],
                 running: false,
@@ -213,6 +225,7 @@ impl Pumps {
             self.stopped = false;
             self.lead_since_ms = t.now;
         }
+        self.hear_told(t);
         let failure = if self.tripped(t) {
             Some(PumpFault::Tripped)
         } else if booted && self.seized(t, speed, hottest, faulted) {
@@ -223,6 +236,7 @@ impl Pumps {
         if let Some(f) = failure {
             self.fail(f, t.now, log);
         }
+        self.asked = Some(self.lead);
         let on = if self.fault[0].is_some() && self.fault[1].is_some() {
             // Both out of service: ask both, never neither.
             [true, true]
@@ -248,12 +262,28 @@ impl Pumps {
         if lag_started {
             self.lead = other;
             self.lead_since_ms = now;
+            self.told = false;
         }
         let pump = pump(failed);
         log.push(match f {
             PumpFault::Tripped => Event::PumpTrip { pump, lag_started },
             PumpFault::Seized => Event::PumpSeized { pump, lag_started },
         });
+    }
+
+    /// Whether the CDU took the write that asked the lead to run: until
+    /// it does (the CDU in local mode, a register that refuses it), the
+    /// lead's start counts again at every step, so a pump the CDU was
+    /// never told to start is not taken for tripped. The refusal itself
+    /// is said as a write refused.
+    fn hear_told(&mut self, t: &Tick<'_>) {
+        if t.inp.cdu_taken.pumps && self.asked == Some(self.lead) {
+            self.told = true;
+        }
+        if !self.told {
+            self.lead_since_ms = t.now;
+            self.lead_missing_since = None;
+        }
     }
 
     /// The lead's contactor has read open long enough to be a trip.

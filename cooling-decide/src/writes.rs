@@ -232,6 +232,7 @@ impl Outcome {
             setpoint: !failed(Setting::Setpoint),
             speed: !failed(Setting::PumpSpeed),
             valves: !failed(Setting::Valves),
+            pumps: !failed(Setting::PumpsRun) && !failed(Setting::LeadPump),
         }
     }
 
@@ -469,6 +470,29 @@ pub(crate) mod tests {
             o.first_error().map(|e| e.to_string()).as_deref(),
             Some("supply_setpoint: exception 3")
         );
+    }
+
+    #[test]
+    fn a_refused_lead_pump_or_pumps_write_is_no_pumps_taken() {
+        for refused in [Setting::PumpsRun, Setting::LeadPump] {
+            let mut o = Outcome::default();
+            for s in Setting::ORDER {
+                o.record(
+                    s,
+                    if s == refused {
+                        Err("exception 4")
+                    } else {
+                        Ok(())
+                    },
+                );
+            }
+            let t = o.taken();
+            assert!(!t.pumps && !t.all, "{refused:?}");
+            assert!(t.valves && t.speed && t.setpoint, "{refused:?}");
+        }
+        let mut o = Outcome::default();
+        o.record(Setting::Setpoint, Err("exception 3"));
+        assert!(o.taken().pumps, "a refused setpoint leaves the pumps told");
     }
 
     #[test]
