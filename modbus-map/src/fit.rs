@@ -14,8 +14,9 @@
 //! Glossary:
 //! - *reading*: an input register the controllers read; *setting*: a
 //!   holding register they write.
-//! - *near*: a known name within two letters (insertions, deletions,
-//!   changes) of a name in the map: the name it probably meant.
+//! - *near*: the known name fewest letters (insertions, deletions,
+//!   changes), and at most two, from a name in the map: the name it
+//!   probably meant.
 
 use core::fmt;
 use std::format;
@@ -94,7 +95,7 @@ pub enum UnfitMap {
     Unknown {
         /// The name in the map.
         name: String,
-        /// A known name within two letters of it.
+        /// The known name nearest it, within two letters.
         near: Option<&'static str>,
     },
     /// A known register of the other kind.
@@ -341,7 +342,12 @@ fn check_name<S: AsRef<str>>(r: &Register<S>) -> Result<(), UnfitMap> {
         (None, Some((_, unit))) => (Kind::Holding, unit),
         (None, None) => {
             let known = READINGS.iter().chain(&SETTINGS).map(|(n, _)| *n);
-            let near = known.into_iter().find(|k| edits(k, name) <= 2);
+            // The nearest; of two as near, the first listed.
+            let near = known
+                .map(|k| (edits(k, name), k))
+                .filter(|(d, _)| *d <= 2)
+                .min_by_key(|(d, _)| *d)
+                .map(|(_, k)| k);
             return Err(UnfitMap::Unknown {
                 name: name.to_string(),
                 near,

@@ -154,6 +154,19 @@ fn a_map_without_a_pumps_running_flag_is_refused_naming_it() {
 }
 
 #[test]
+fn a_misspelt_name_is_told_the_nearest_known_name() {
+    // pump_a_running is two letters off, pump_b_running one: the nearer.
+    let typo = with("pump_b_running", |r| r.name = "pump_b_runing");
+    assert_eq!(
+        refused(&typo, None),
+        "register \"pump_b_runing\" is not one the controller reads or writes \
+         (did you mean \"pump_b_running\"?)"
+    );
+    let typo = with("pump_a_running", |r| r.name = "pump_a_runing");
+    assert!(refused(&typo, None).ends_with("(did you mean \"pump_a_running\"?)"));
+}
+
+#[test]
 fn a_name_two_letters_off_is_near() {
     assert_eq!(edits("heartbeat", "hearbeat"), 1);
     assert_eq!(edits("valves_open", "valve_opne"), 3);
