@@ -18,7 +18,9 @@
 //! keep's worst leaves no room for a write at its worst
 //! ([`StepBudget::closings_first`]),
 //! the valves the decision closes are written closed before the record
-//! goes to flash ([`closings`]: a word that closes and opens nothing).
+//! goes to flash ([`closings`]: a word that closes what the decision
+//! closes, opens nothing, and takes what is open from the valve word the
+//! CDU last took, as the decision path does, before the position inputs).
 //! The latch's rule allows it: the record goes to flash before any
 //! write reaches the CDU, closing excepted, which always proceeds
 //! (`cooling_decide::latch`). The pumps, the lead and the heartbeat
@@ -164,13 +166,22 @@ impl StepBudget {
     }
 }
 
-/// The valve word to write before the latched record's keep: racks open
-/// now (`closed_now` read clear, within `racks`) stay as `asked`, racks
-/// closed now stay closed, so it closes what `asked` closes and opens
-/// nothing. `None` when the positions are not read, or nothing open now
-/// is to close.
-pub fn closings(asked: u16, closed_now: Option<u16>, racks: u16) -> Option<u16> {
-    let open_now = !closed_now? & racks;
+/// The valve word to write before the latched record's keep: of the
+/// racks open now, those `asked` open stay open and the rest close; a
+/// rack shut now stays shut. So it closes only what `asked` closes,
+/// opens nothing, and closes nothing `asked` leaves open. What is open
+/// now is the valve word the CDU last took (`taken`), and only without
+/// one the racks whose position input reads clear (`closed_now`), as the
+/// decision path judges it: an input can read closed while its valve is
+/// open, or open on a valve held shut. Bits past `racks` are no valves.
+/// `None` when neither is known, or nothing open now is to close.
+pub fn closings(
+    asked: u16,
+    taken: Option<u16>,
+    closed_now: Option<u16>,
+    racks: u16,
+) -> Option<u16> {
+    let open_now = taken.or(closed_now.map(|c| !c))? & racks;
     (open_now & !asked != 0).then_some(open_now & asked)
 }
 
@@ -286,14 +297,46 @@ mod tests {
     #[test]
     fn the_early_valve_word_closes_what_the_step_closes_and_opens_nothing() {
         let racks = 0b1111;
-        // Rack 2 to close, rack 0 closed now (the step opens it again).
-        assert_eq!(closings(0b1011, Some(0b0001), racks), Some(0b1010));
+        // Rack 2 to close; rack 0's position input reads closed while the
+        // CDU took its valve open: what the CDU took is what is open, so
+        // rack 0 stays open and only rack 2 closes.
+        assert_eq!(
+            closings(0b1011, Some(0b1111), Some(0b0001), racks),
+            Some(0b1011)
+        );
+        // No valve word taken yet: the inputs say what is open, and rack
+        // 0, read closed, is not opened by the early word.
+        assert_eq!(closings(0b1011, None, Some(0b0001), racks), Some(0b1010));
+        // Rack 1 held shut (taken closed) while its input lies "open": the
+        // early word does not open it, though the step asks it open.
+        assert_eq!(
+            closings(0b1011, Some(0b1101), Some(0b0000), racks),
+            Some(0b1001)
+        );
         // Nothing open now to close: no early write.
-        assert_eq!(closings(0b1111, Some(0b0000), racks), None);
-        assert_eq!(closings(0b1011, Some(0b0100), racks), None);
-        // Positions unread: nothing known to be open, no early write.
-        assert_eq!(closings(0b0000, None, racks), None);
+        assert_eq!(closings(0b1111, Some(0b1111), Some(0b1111), racks), None);
+        assert_eq!(closings(0b1011, Some(0b1011), Some(0b0000), racks), None);
+        assert_eq!(closings(0b1111, None, Some(0b0000), racks), None);
+        assert_eq!(closings(0b1011, None, Some(0b0100), racks), None);
+        // Neither taken nor read: nothing known to be open, no early write.
+        assert_eq!(closings(0b0000, None, None, racks), None);
         // Bits past the racks are no valves.
-        assert_eq!(closings(0b0111, Some(0b0000), 0b0111), None);
+        assert_eq!(closings(0b0111, None, Some(0b0000), 0b0111), None);
+        assert_eq!(closings(0b0111, Some(0xffff), None, 0b0111), None);
+        // Every word written closes only racks asked closed, and opens
+        // none, for every word asked, taken and read.
+        for asked in 0..16u16 {
+            for taken in (0..16u16).map(Some).chain([None]) {
+                for read in (0..16u16).map(Some).chain([None]) {
+                    let Some(w) = closings(asked, taken, read, racks) else {
+                        continue;
+                    };
+                    let open = taken.or(read.map(|c| !c & racks)).unwrap();
+                    assert_eq!(w & !open, 0, "opens none");
+                    assert_eq!(open & asked & !w, 0, "closes none asked open");
+                    assert_ne!(open & !w, 0, "closes one at least");
+                }
+            }
+        }
     }
 }

@@ -485,8 +485,12 @@ impl Shell {
         };
         let racks = ctl.decider().core().config().layout.racks;
         let mask = (1u32 << racks.min(16)).wrapping_sub(1) as u16;
+        // What is open: the valve word the CDU took, the inputs only
+        // without one, as the decision path plans (an input may read
+        // closed on an open valve).
+        let taken = ctl.decider().valves_taken();
         let closed = ctl.readings().and_then(|m| m.valves_closed);
-        let Some(word) = budget::closings(asked, closed, mask) else {
+        let Some(word) = budget::closings(asked, taken, closed, mask) else {
             return;
         };
         self.pause_work();
