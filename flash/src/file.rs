@@ -88,7 +88,8 @@ impl core::fmt::Display for FileFlashError {
             }
             FileFlashError::InUse { path } => write!(
                 f,
-                "flash file {} is in use by another process (an agent or controller already                  running on it? `systemctl status`): two writers would tear its records",
+                "flash file {} is in use by another process (an agent or controller \
+                 already running on it? `systemctl status`): two writers would tear its records",
                 path.display()
             ),
             FileFlashError::WrongSize {
@@ -557,7 +558,13 @@ mod tests {
             matches!(&e, FileFlashError::InUse { path: p } if *p == path),
             "{e}"
         );
-        assert!(e.to_string().contains("in use by another process"), "{e}");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "flash file {} is in use by another process (an agent or controller already running on it? `systemctl status`): two writers would tear its records",
+                path.display()
+            )
+        );
         FileFlash::<4, 4096>::open(&path, &GEO).expect("free once the other exited");
     }
 
