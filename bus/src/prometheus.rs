@@ -89,6 +89,30 @@ const BUS_DELIVERY_MISMATCH: Metric = Metric::counter(
     "loopwarden_bus_delivery_mismatch_total",
     "Send events the bus could not match to a frame (a bookkeeping error; should stay 0).",
 );
+const BUS_PUBLISHED_QOS1: Metric = Metric::counter(
+    "loopwarden_bus_frames_published_qos1_total",
+    "Of the frames handed to the MQTT client, the QoS 1 publishes (the broker acknowledges each).",
+);
+const BUS_OUTBOX_ACKED: Metric = Metric::counter(
+    "loopwarden_bus_outbox_acked_total",
+    "Outbox frames the broker acknowledged, removed from flash.",
+);
+const BUS_OUTBOX_DEFERRED: Metric = Metric::counter(
+    "loopwarden_bus_outbox_deferred_total",
+    "Outbox frames stored but not handed to the MQTT client at once (not connected, older frames waiting, or its queue full); they go out later.",
+);
+const BUS_PRESENCE_CONNECTS: Metric = Metric::counter(
+    "loopwarden_bus_presence_connects_total",
+    "Presence connections to the broker established (json_presence), the first one included.",
+);
+const BUS_PRESENCE_ERRORS: Metric = Metric::counter(
+    "loopwarden_bus_presence_errors_total",
+    "Presence connections lost or refused: while it is down the host shows offline in the tree, whatever loopwarden_bus_connected says.",
+);
+const BUS_PRESENCE_RENUMBERED: Metric = Metric::counter(
+    "loopwarden_bus_presence_renumbered_total",
+    "Presence connections that came back while the main one stayed up, each with a fresh announcement and will: two sequence numbers no frame carries (only their JSON mirrors).",
+);
 const BUS_SUBSCRIPTIONS_REFUSED: Metric = Metric::counter(
     "loopwarden_bus_subscriptions_refused_total",
     "Subscription filters the broker refused; each is asked for again (1 s, doubling to 30 s) while the connection lasts, and what it carries is not heard meanwhile.",
@@ -145,13 +169,19 @@ pub fn write_bus(
         (&BUS_CONNECTS, m.connects),
         (&BUS_CONNECTION_ERRORS, m.connection_errors),
         (&BUS_PUBLISHED, m.published),
+        (&BUS_PUBLISHED_QOS1, m.published_qos1),
         (&BUS_ACKED, m.acked),
         (&BUS_RECEIVED, m.received),
+        (&BUS_OUTBOX_ACKED, m.outbox_acked),
+        (&BUS_OUTBOX_DEFERRED, m.deferred),
         (&BUS_OUTBOX_REFUSED, m.outbox_refused),
         (&BUS_OUTBOX_FAILED, m.outbox_failed),
         (&BUS_OUTBOX_RESENT, m.resent),
         (&BUS_DELIVERY_MISMATCH, m.delivery_mismatch),
         (&BUS_SUBSCRIPTIONS_REFUSED, m.subscriptions_refused),
+        (&BUS_PRESENCE_CONNECTS, m.presence_connects),
+        (&BUS_PRESENCE_ERRORS, m.presence_errors),
+        (&BUS_PRESENCE_RENUMBERED, m.presence_renumbered),
     ];
     for (metric, value) in plain {
         out.sample(metric, labels, value as f64);
@@ -265,5 +295,33 @@ mod tests {
                 .count(),
             1
         );
+    }
+
+    /// A presence connection the broker refuses leaves the host offline
+    /// in the tree while `connected` says 1: its counters say why.
+    #[test]
+    fn presence_and_outbox_counters_are_exported() {
+        let m = MetricsSnapshot {
+            presence_connects: 4,
+            presence_errors: 3,
+            presence_renumbered: 2,
+            deferred: 5,
+            outbox_acked: 6,
+            published_qos1: 8,
+            ..Default::default()
+        };
+        let mut out = Exposition::new();
+        write_bus(&mut out, &m, true, &[("Hostname", "h07")]);
+        let text = out.finish();
+        for line in [
+            "loopwarden_bus_presence_connects_total{Hostname=\"h07\"} 4\n",
+            "loopwarden_bus_presence_errors_total{Hostname=\"h07\"} 3\n",
+            "loopwarden_bus_presence_renumbered_total{Hostname=\"h07\"} 2\n",
+            "loopwarden_bus_outbox_deferred_total{Hostname=\"h07\"} 5\n",
+            "loopwarden_bus_outbox_acked_total{Hostname=\"h07\"} 6\n",
+            "loopwarden_bus_frames_published_qos1_total{Hostname=\"h07\"} 8\n",
+        ] {
+            assert!(text.contains(line), "{line} in\n{text}");
+        }
     }
 }
