@@ -4,12 +4,12 @@
 //! (which builds no image on a map that does not fit). Every register is
 //! one the controllers read (input) or write (holding), of that kind and
 //! in the unit they take it in ([`READINGS`], [`SETTINGS`]: they convert
-//! nothing); the safety settings are there ([`NEEDED`]), and the pumps'
-//! running flags ([`NEEDED_READINGS`]); each setting's
-//! range holds what they write. The valve word's range depends on the
-//! racks: checked when they are known ([`every_valve`],
-//! [`range_holds`]), also on the microcontroller, whose
-//! racks come with the hall's figures.
+//! nothing); the safety settings, the setpoint and the pump speed are
+//! there ([`NEEDED`]), and the pumps' running flags ([`NEEDED_READINGS`]);
+//! each setting's range holds what they write. The valve word's range
+//! depends on the racks: checked when they are known ([`every_valve`],
+//! [`range_holds`]), also on the microcontroller, whose racks come with
+//! the hall's figures.
 //!
 //! Glossary:
 //! - *reading*: an input register the controllers read; *setting*: a
@@ -57,8 +57,12 @@ pub const SETTINGS: [(&str, &str); 6] = [
     ("heartbeat", ""),
 ];
 
-/// The settings a map must have, and what the controllers do with each.
-pub const NEEDED: [(&str, &str); 3] = [
+/// The settings a map must have, and what the controllers do with each:
+/// the safety settings, and the setpoint and the pump speed, whose
+/// values the controllers take the CDU to run at once written (a map
+/// without them would have the supply, the flow and the pumps judged
+/// against settings the CDU never got).
+pub const NEEDED: [(&str, &str); 5] = [
     ("valves_open", "it closes a leaking rack's valve"),
     (
         "pumps_run",
@@ -67,6 +71,18 @@ pub const NEEDED: [(&str, &str); 3] = [
     (
         "heartbeat",
         "it tells the CDU the controller is alive, or the CDU falls back",
+    ),
+    (
+        "supply_setpoint",
+        "it sets the supply temperature the CDU holds, and judges heat rejection against it: \
+         without it the supply would be judged against a setpoint the CDU never got, \
+         and heat rejection taken for short for good",
+    ),
+    (
+        "pump_speed",
+        "it sets the pumps' speed, which the loop's flow and the pumps' health are judged against: \
+         without it they would be judged against a speed the CDU never got, \
+         and a healthy flow sensor or pump taken out of service",
     ),
 ];
 
@@ -107,7 +123,8 @@ pub enum UnfitMap {
         /// The kind in the map.
         found: &'static str,
     },
-    /// A safety setting the map lacks.
+    /// A setting the map lacks that the controllers cannot do without
+    /// ([`NEEDED`]).
     Missing {
         /// The register.
         name: &'static str,

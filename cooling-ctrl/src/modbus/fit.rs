@@ -26,7 +26,8 @@ pub fn map_limits(map: &RegisterMap) -> MapLimits {
 /// Checks, before the controller starts on it, that `map` fits a CDU of
 /// `racks` racks: every register one the controller reads (input) or
 /// writes (holding), of that kind and in its unit; `valves_open`,
-/// `pumps_run`, `heartbeat` and the pumps' running flags there; each setting's range holding every
+/// `pumps_run`, `heartbeat`, `supply_setpoint`, `pump_speed` and the
+/// pumps' running flags there; each setting's range holding every
 /// value the controller writes (every valve of the racks open to all
 /// closed, both pumps, either lead pump, full pump speed) and the
 /// heartbeat's at least two values: the check the firmware's build makes

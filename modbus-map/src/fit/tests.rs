@@ -54,7 +54,7 @@ fn every_register_known_of_its_kind_and_unit_fits_any_racks_or_none() {
     for racks in 1..=16 {
         assert_eq!(check_fit(&fitting(), Some(racks)), Ok(()));
     }
-    // The safety settings and the pumps' running flags alone fit too:
+    // The needed settings and the pumps' running flags alone fit too:
     // the rest are read when there.
     let needed: Vec<_> = fitting()
         .into_iter()
@@ -151,6 +151,31 @@ fn a_map_without_a_pumps_running_flag_is_refused_naming_it() {
         refused(&holding, None),
         "pump_a_running: the controller needs it as an input register, the map has it as holding"
     );
+}
+
+#[test]
+fn a_map_without_the_setpoint_or_the_pump_speed_is_refused_naming_it() {
+    for (name, what) in [
+        ("supply_setpoint", "supply temperature"),
+        ("pump_speed", "pumps' speed"),
+    ] {
+        let mut missing = fitting();
+        missing.retain(|r| r.name != name);
+        for racks in [None, Some(4)] {
+            let e = check_fit(&missing, racks).expect_err("refused");
+            assert!(
+                matches!(e, UnfitMap::Missing { name: n, .. } if n == name),
+                "{e:?}"
+            );
+            let e = e.to_string();
+            assert!(
+                e.starts_with(&format!(
+                    "{name}: the map lacks it; the controller needs it as a holding register: it sets the {what}"
+                )) && e.contains("the CDU never got"),
+                "{e}"
+            );
+        }
+    }
 }
 
 #[test]
