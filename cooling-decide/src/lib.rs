@@ -187,7 +187,7 @@ impl Decider {
         limits: MapLimits,
         latched: &Result<Option<LatchRecord>, E>,
     ) -> Result<(), ConfigError> {
-        let tightened = writes::tighten(&mut cfg, &limits);
+        let tightened = writes::tighten(&mut cfg, &limits)?;
         let opened = LatchKeeper::open(latched);
         self.core.reset(cfg, opened.restore.as_ref())?;
         // Every field named: one added and not started here fails to
@@ -479,6 +479,15 @@ impl Decider {
         self.valves_held = self.valves_asked & !opened;
     }
 
+    /// Step 2, before the record's keep: the CDU took `valves` (bit n =
+    /// rack n open), the word a shell whose flash is slow writes before
+    /// the keep, closings only. It is the valve word taken until another
+    /// goes in: a planned write that fails after it leaves the racks it
+    /// closed shut, and not opened while the record is not in flash.
+    pub fn took_early_valves(&mut self, valves: u16) {
+        self.valves_taken = Some(valves);
+    }
+
     /// The events of the decision path itself (a setting limited), since
     /// the last call (the newest [`writes::EVENTS`] of them).
     pub fn take_events(&mut self) -> writes::Events {
@@ -750,5 +759,39 @@ mod tests {
             assert!(matches!(v, Verdict::BelievedWithout { .. }), "{v:?}");
         }
         assert_eq!(d.hosts()[0].map(|r| r.gpus), Some(6), "the two at 61 °C");
+    }
+
+    #[test]
+    fn valves_closed_before_the_records_keep_are_taken_and_not_opened_before_it_goes_in() {
+        let lim = writes::tests::sim_cdu();
+        let fresh: Result<Option<LatchRecord>, &str> = Ok(None);
+        let mut d = Decider::new(CoreConfig::default(), lim, &fresh).unwrap();
+        step(&mut d, 0, Some(&measured(0)));
+        assert_eq!(d.valves_taken(), Some(0b1111));
+        // Rack 2 leaks: the record to keep, and the shell writes the
+        // closings first (its flash is slow), which the CDU takes.
+        let mut wet = measured(0);
+        wet.leaks = Some(0b0100);
+        let inp = StepIn {
+            now_ms: 1000,
+            board: BoardRead::Absent,
+            ambient_c: Some(20.0),
+        };
+        let c = d.step(Some(&wet), &inp);
+        assert!(d.to_keep().is_some());
+        assert_eq!(c.valves_open, 0b1011);
+        assert_eq!(d.apply(&Traced::EarlyValves(0b1011)), Applied::Done);
+        assert_eq!(d.valves_taken(), Some(0b1011), "what the CDU holds");
+        // The record does not go in, nor does the planned valve write.
+        d.kept(false);
+        let p = d.plan(&c, wet.valves_closed);
+        d.written(&Outcome::whole(&p, false));
+        assert_eq!(d.valves_taken(), Some(0b1011), "still what the CDU holds");
+        // While the record is not in flash, rack 2 is not written open
+        // again, whatever is asked.
+        let mut reopen = c.clone();
+        reopen.valves_open = 0b1111;
+        let p = d.plan(&reopen, wet.valves_closed);
+        assert_eq!(p.value(Setting::Valves), Some(11.0));
     }
 }

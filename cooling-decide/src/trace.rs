@@ -163,6 +163,9 @@ pub enum Traced {
         /// The CDU still shows its fault.
         fault_shown: bool,
     },
+    /// The valve word written before the latched record's keep, closings
+    /// only, went in ([`Decider::took_early_valves`]): bit n = rack n open.
+    EarlyValves(u16),
 }
 
 /// Why a learned part was not restored.
@@ -274,6 +277,10 @@ impl Decider {
             }
             Traced::ClearPump { pump, fault_shown } => {
                 Applied::Cleared(self.core_mut().clear_pump(*pump, *fault_shown))
+            }
+            Traced::EarlyValves(valves) => {
+                self.took_early_valves(*valves);
+                Applied::Done
             }
         }
     }
@@ -453,6 +460,7 @@ mod tests {
             }),
             [11, 1, 0]
         );
+        assert_eq!(bytes(&Traced::EarlyValves(0b1011)), [12, 0b1011]);
         assert_eq!(
             bytes(&Traced::Start {
                 latched: Opening::Unreadable(words(&"bad"))

@@ -380,6 +380,14 @@ impl<'d> Controller<'d> {
         }
     }
 
+    /// Step 4, before the keep: the CDU took the valve word written
+    /// first (`valves`, closings only); the decision path holds it as the
+    /// valve word taken until another goes in.
+    #[inline(never)]
+    pub fn took_early_valves(&mut self, p: &mut impl Ports, valves: u16) {
+        self.apply(p, Traced::EarlyValves(valves));
+    }
+
     /// Step 5: the writes of the step, with the valve positions read.
     #[inline(never)]
     pub fn plan(&mut self, p: &mut impl Ports) -> Plan {

@@ -471,9 +471,10 @@ impl Shell {
     /// no time for a write after it: the valves the step closes, written
     /// closed (a word that opens none, [`budget::closings`]), so a leak
     /// is shut in the step that latches it however long the flash takes.
-    /// The latch's rule allows it: closing always proceeds.
+    /// The latch's rule allows it: closing always proceeds. The word the
+    /// CDU took is the decision path's valve word taken (traced).
     #[inline(never)]
-    fn close_first(&mut self, ctl: &Controller<'_>) {
+    fn close_first(&mut self, ctl: &mut Controller<'_>) {
         if !self
             .budget
             .closings_first(clock::now_us(), LATCH_KEEP_WORST_US)
@@ -500,6 +501,10 @@ impl Shell {
         };
         let r = writes::write_one(&mut port, Setting::Valves, f64::from(word));
         self.resume_work();
+        if r.is_ok() {
+            // The decision path holds it as the valve word taken.
+            ctl.took_early_valves(self, word);
+        }
         let _ = match r {
             Ok(()) => writeln!(
                 self.console,
