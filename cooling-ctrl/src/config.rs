@@ -34,7 +34,7 @@
 //! | `site_figures` | none (required with a site sign key; the twin's hall with `demo_key`) | a site figures TOML (`SiteConfig`) |
 //! | `hosts` | none (one of `hosts` and `hosts_pattern` required with a site sign key; fewer than the hall's hosts is said at start) | host ids, rack-major |
 //! | `hosts_pattern` | none | host ids from `{rack}`, `{host}`, `{index}` (`{index:02}` pads) |
-//! | `period_ms` | 1000 | control period, 100 to 60000 |
+//! | `period_ms` | 1000 | control period, 100 to 60000, and at most a third of the CDU's heartbeat timeout where the site figures give it (`[loop] heartbeat_timeout_s`; the twin's: 10 s), so the CDU never falls back between two heartbeat writes |
 //! | `lease_ms` | 30000 | cap lease, at least 3 periods, at most 10 minutes (the hosts' default cap) |
 //! | `modbus_timeout_ms` | 375 at a 1 s period (500 at most; at most three eighths of the period) | one Modbus request, 10 ms to three eighths of the period |
 //! | `ambient_c` | none (the core's design day, 35 °C) | fallback outdoor temperature, -50 to 60 °C; used only when no sensor reads (the CDU's `outdoor_temp`, or a value the BMS wrote in the last 300 s), and then the controller raises an alarm |
@@ -314,7 +314,7 @@ pub fn resolve_for(
     common::require_site(&src, &common, site_keyed)?;
     let (link, map) = link_and_map(&src, &file, flags, purpose, key.demo)?;
     console_apart(&src, &common, link.as_ref())?;
-    let mut core = core_config(&src, &file, flags, key.demo)?;
+    let (mut core, heartbeat) = core_config(&src, &file, flags, key.demo)?;
     if let Some(m) = &map {
         map_fits(&src, flags, m, core.layout.racks)?;
     }
@@ -329,7 +329,7 @@ pub fn resolve_for(
     core.layout.unprotected = unprotected(&src, &file, &core)?;
     let hosts = hosts(&src, &file, flags, &core)?;
     let hosts_warning = hosts_cover(&src, &hosts, &core, key.demo)?;
-    let timings = timings(&src, &file, flags)?;
+    let timings = timings(&src, &file, flags, heartbeat.as_ref())?;
     // The configured outdoor temperature is the fallback the core plans
     // with when no sensor reads, not a reading.
     if let Some(a) = timings.ambient_c {

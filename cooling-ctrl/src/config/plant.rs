@@ -79,18 +79,33 @@ pub(super) fn register_map(
     }
 }
 
+/// The CDU's heartbeat timeout as the site figures say it
+/// (`[loop] heartbeat_timeout_s`): the CDU falls back to its own control
+/// when its heartbeat register goes unwritten this long.
+pub(super) struct HeartbeatTimeout {
+    /// The timeout, s.
+    pub(super) s: f64,
+    /// The figures that say it: their file, or the twin's.
+    pub(super) figures: String,
+}
+
 /// The control core's configuration from the site figures (the file
 /// given; with the demonstration key only, the twin's hall), checked; its
-/// errors name that file.
+/// errors name that file. With it the CDU's heartbeat timeout where the
+/// figures say it (the twin's hall does: its CDU falls back after it);
+/// figures that leave the key out say nothing of the real CDU's.
 pub(super) fn core_config(
     src: &Sources,
     file: &FileConfig,
     flags: &Overrides,
     demo: bool,
-) -> Result<CoreConfig, ConfigError> {
-    let (figures, figures_path) = match pick!(flags.site_figures, file.site_figures, "site-figures")
-    {
-        (None, _) if demo => (SiteConfig::default(), None),
+) -> Result<(CoreConfig, Option<HeartbeatTimeout>), ConfigError> {
+    let (figures, figures_path, heartbeat_given) = match pick!(
+        flags.site_figures,
+        file.site_figures,
+        "site-figures"
+    ) {
+        (None, _) if demo => (SiteConfig::default(), None, true),
         (None, _) => return Err(required_on_a_real_link(
             src,
             "site_figures",
@@ -105,7 +120,11 @@ pub(super) fn core_config(
                 )
             })?;
             let figures: SiteConfig = field::parse(Some(&p), &t)?;
-            (figures, Some(p))
+            let given = t.parse::<toml::Table>().is_ok_and(|table| {
+                let secondary = table.get("loop").and_then(|l| l.as_table());
+                secondary.is_some_and(|l| l.contains_key("heartbeat_timeout_s"))
+            });
+            (figures, Some(p), given)
         }
     };
     let figures_origin = || {
@@ -125,7 +144,11 @@ pub(super) fn core_config(
         line: None,
         message: format!("for the control core: {e}"),
     })?;
-    Ok(core)
+    let heartbeat = heartbeat_given.then(|| HeartbeatTimeout {
+        s: figures.secondary.heartbeat_timeout_s,
+        figures: figures_origin(),
+    });
+    Ok((core, heartbeat))
 }
 
 /// The racks declared without a leak rope, as a mask; each must be a rack

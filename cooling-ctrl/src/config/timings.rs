@@ -8,6 +8,7 @@ use loopwarden_field::common::{self, MOST_PERIOD_MS};
 use loopwarden_field::config::{range, ConfigError, Sources};
 use loopwarden_field::pick;
 
+use super::plant::HeartbeatTimeout;
 use super::{FileConfig, Overrides};
 
 /// The control period, the lease, the Modbus timeout and the fallback
@@ -26,13 +27,18 @@ pub(super) struct Timings {
 /// The timings: the lease at least 3 periods and at most 10 minutes (what
 /// hosts take by default), the Modbus timeout at most three eighths of
 /// the period ([`most_timeout_ms`]): a step whose CDU is silent waits it
-/// out twice, and the rest of the step needs the remainder.
+/// out twice, and the rest of the step needs the remainder; the period
+/// within the CDU's heartbeat timeout where the site figures say it
+/// ([`within_heartbeat`]).
 pub(super) fn timings(
     src: &Sources,
     file: &FileConfig,
     flags: &Overrides,
+    heartbeat: Option<&HeartbeatTimeout>,
 ) -> Result<Timings, ConfigError> {
-    let period = common::period_ms(src, pick!(flags.period_ms, file.period_ms, "period-ms"))?;
+    let picked_period = pick!(flags.period_ms, file.period_ms, "period-ms");
+    let period = common::period_ms(src, picked_period)?;
+    within_heartbeat(src, period, picked_period.1, heartbeat)?;
     let lease = range(
         src,
         pick!(flags.lease_ms, file.lease_ms, "lease-ms"),
@@ -79,6 +85,40 @@ pub(super) fn timings(
     })
 }
 
+/// A control period of `period_ms` (from `flag`, else the file) at most a
+/// third of the CDU's heartbeat timeout: the controller writes the
+/// heartbeat once a step, and a CDU that sees no write for its timeout
+/// falls back to its own control (full pump speed, its own setpoint,
+/// pumps the controller stopped started again); a third leaves room for
+/// a missed write or two. Figures that do not say the timeout check
+/// nothing.
+fn within_heartbeat(
+    src: &Sources,
+    period_ms: u64,
+    flag: Option<&str>,
+    heartbeat: Option<&HeartbeatTimeout>,
+) -> Result<(), ConfigError> {
+    let Some(h) = heartbeat else {
+        return Ok(());
+    };
+    let most = (h.s * 1000.0 / 3.0).floor().max(0.0) as u64;
+    if period_ms <= most {
+        return Ok(());
+    }
+    Err(src.error(
+        flag,
+        "period_ms",
+        format!(
+            "period_ms = {period_ms} is more than a third of the CDU's heartbeat timeout, \
+             heartbeat_timeout_s = {} s in the site figures' [loop] ({}): the controller \
+             writes the heartbeat once a step, and the CDU would fall back to its own \
+             control between writes; at most {most} ms, a third so that a missed write or \
+             two does not trip it (heartbeat_timeout_s must be the CDU's real timeout)",
+            h.s, h.figures
+        ),
+    ))
+}
+
 /// The Modbus timeout where the period leaves room for it.
 const DEFAULT_TIMEOUT_MS: u64 = 500;
 
@@ -115,6 +155,40 @@ mod tests {
         resolve(Some(Path::new("cdu.toml")), &text, &Overrides::default())
             .map(|c| c.modbus_timeout)
             .map_err(|e| e.to_string())
+    }
+
+    /// The CDU falls back to its own control when its heartbeat register
+    /// goes unwritten for its timeout; the controller writes it once a
+    /// step, so a period past a third of that timeout is refused (a
+    /// missed write or two must not trip it), naming both keys.
+    #[test]
+    fn a_period_past_a_third_of_the_cdus_heartbeat_timeout_is_refused_naming_both() {
+        let dir = tempfile::tempdir().unwrap();
+        let figures = dir.path().join("site.toml");
+        let with = |loop_: &str, period: u64| {
+            let hall = "racks = 4\nhosts_per_rack = 4\n";
+            std::fs::write(&figures, format!("{hall}{loop_}")).unwrap();
+            let text = format!("{MIN}site_figures = {figures:?}\nperiod_ms = {period}\n");
+            resolve(Some(Path::new("cdu.toml")), &text, &Overrides::default())
+                .map(|c| c.period.as_millis())
+                .map_err(|e| e.to_string())
+        };
+        let ten = "[loop]\nheartbeat_timeout_s = 10\n";
+        let e = with(ten, 15_000).unwrap_err();
+        assert!(e.starts_with("cdu.toml line 6: period_ms = 15000 "), "{e}");
+        assert!(
+            e.contains(&format!(
+                "heartbeat_timeout_s = 10 s in the site figures' [loop] ({})",
+                figures.display()
+            )),
+            "{e}"
+        );
+        assert!(e.contains("at most 3333 ms"), "{e}");
+        assert_eq!(with(ten, 3000), Ok(3000));
+        assert_eq!(with(ten, 3333), Ok(3333));
+        assert!(with(ten, 3334).is_err());
+        // Figures that do not say the CDU's timeout: nothing is assumed.
+        assert_eq!(with("", 15_000), Ok(15_000));
     }
 
     #[test]
