@@ -78,8 +78,8 @@ pub enum FrameError {
     Crc,
     /// Another version of the link (the version it gave).
     Version(u8),
-    /// The CRC matched but the message does not decode: the two sides
-    /// disagree on a message's shape.
+    /// The CRC matched but the message does not decode, or bytes are
+    /// left after it: the two sides disagree on a message's shape.
     Payload,
 }
 
@@ -94,9 +94,9 @@ impl core::fmt::Display for FrameError {
                 f,
                 "link frame of version {v}, this side speaks {VERSION}: dropped"
             ),
-            Self::Payload => {
-                f.write_str("link frame passed its CRC but its message does not decode: dropped")
-            }
+            Self::Payload => f.write_str(
+                "link frame passed its CRC but its message does not decode whole: dropped",
+            ),
         }
     }
 }
@@ -146,9 +146,15 @@ pub struct Received<'a> {
 }
 
 impl Received<'_> {
-    /// The message, decoded.
+    /// The message, decoded: [`FrameError::Payload`] when it does not
+    /// decode, or when bytes are left after it (a sender whose message
+    /// has a field more under the same [`VERSION`]: refused, not read
+    /// with the field dropped).
     pub fn message<T: DeserializeOwned>(&self) -> Result<T, FrameError> {
-        postcard::from_bytes(self.payload).map_err(|_| FrameError::Payload)
+        match postcard::take_from_bytes(self.payload) {
+            Ok((m, [])) => Ok(m),
+            _ => Err(FrameError::Payload),
+        }
     }
 }
 
@@ -377,6 +383,29 @@ mod tests {
         let mut out = [0u8; 40];
         let n = cobs::encode(&raw[..14], &mut out);
         assert_eq!(open(&mut out[..n]), Err(FrameError::Version(VERSION + 1)));
+    }
+
+    #[test]
+    fn a_message_with_bytes_after_it_is_refused_not_cut() {
+        // A sender of the same version whose message has a field more:
+        // the frame passes its CRC, the message is refused whole.
+        let mut raw = [0u8; 128];
+        raw[0] = VERSION;
+        raw[1..5].copy_from_slice(&9u32.to_le_bytes());
+        let n = postcard::to_slice(&msg(12), &mut raw[5..]).unwrap().len();
+        raw[5 + n] = 0x2a;
+        let body = 5 + n + 1;
+        let crc = CRC.checksum(&raw[..body]);
+        raw[body..body + 4].copy_from_slice(&crc.to_le_bytes());
+        let mut out = [0u8; 160];
+        let len = cobs::encode(&raw[..body + 4], &mut out);
+        let r = open(&mut out[..len]).unwrap();
+        assert_eq!(r.seq, 9);
+        assert_eq!(r.message::<Msg>(), Err(FrameError::Payload));
+        // Without the byte after it, the same message reads.
+        let mut whole = frame(&msg(12), 9);
+        let end = whole.len() - 1;
+        assert_eq!(open(&mut whole[1..end]).unwrap().message(), Ok(msg(12)));
     }
 
     #[test]
