@@ -215,7 +215,10 @@ impl<S: MultiwriteNorFlash> Outbox<S> {
             best: [0; BUF],
             skipped: 0,
         };
-        outbox.skipped = outbox.for_each(|_| {}).await?;
+        let Self {
+            flash, layout, buf, ..
+        } = &mut outbox;
+        outbox.skipped = pass(flash, layout, buf, |_, _| {}).await?;
         Ok(outbox)
     }
 
@@ -278,43 +281,254 @@ impl<S: MultiwriteNorFlash> Outbox<S> {
     }
 
     /// Calls `f` with every entry still unacknowledged, all classes merged
-    /// in sequence order; returns how many stored items were skipped as not
-    /// being entries. Takes time in the square of the entries held.
+    /// in sequence order (an entry whose number an earlier one of the
+    /// merge already had is passed over); returns how many stored items
+    /// were skipped as not being entries.
+    ///
+    /// With `std`, one pass over the flash, the entries held in memory
+    /// meanwhile. Without (no allocator), one pass per entry: time in the
+    /// square of the entries held.
     pub async fn for_each(
         &mut self,
         mut f: impl FnMut(Entry<'_>),
     ) -> Result<u32, StoreError<S::Error>> {
-        let mut last: Option<u32> = None;
-        let mut skipped;
-        loop {
-            skipped = 0;
-            let mut best: Option<(u32, usize)> = None;
-            for class in CLASSES {
-                let mut queue = part(&mut self.flash, &self.layout, class)?;
-                let mut iter = queue.iter().await?;
-                while let Some(item) = iter.next(&mut self.buf).await? {
-                    let Some(e) = Entry::decode(&item) else {
-                        skipped += 1;
-                        continue;
-                    };
-                    let after_last = last.is_none_or(|l| e.seq > l);
-                    if after_last && best.is_none_or(|(b, _)| e.seq < b) {
-                        best = Some((e.seq, item.len()));
-                        self.best[..item.len()].copy_from_slice(&item);
-                    }
-                }
-            }
-            let Some((seq, len)) = best else { break };
-            if let Some(e) = Entry::decode(&self.best[..len]) {
-                f(e);
-            }
-            last = Some(seq);
-        }
-        Ok(skipped)
+        #[cfg(feature = "std")]
+        let mut chosen = Everything::default();
+        #[cfg(not(feature = "std"))]
+        let mut chosen = Lowest::new(&mut self.best);
+        merged(
+            &mut self.flash,
+            &self.layout,
+            &mut self.buf,
+            &mut chosen,
+            &mut f,
+        )
+        .await
     }
 
     /// The flash back.
     pub fn into_flash(self) -> S {
         self.flash
+    }
+}
+
+/// One pass over every stored item of the three parts, telemetry first,
+/// each part in the order stored: calls `f` with each entry's number and
+/// stored bytes; returns how many items were not entries.
+async fn pass<S: MultiwriteNorFlash>(
+    flash: &mut S,
+    layout: &OutboxLayout,
+    buf: &mut [u8; BUF],
+    mut f: impl FnMut(u32, &[u8]),
+) -> Result<u32, StoreError<S::Error>> {
+    let mut skipped = 0;
+    for class in CLASSES {
+        let mut queue = part(flash, layout, class)?;
+        let mut iter = queue.iter().await?;
+        while let Some(item) = iter.next(buf).await? {
+            match Entry::decode(&item) {
+                Some(e) => f(e.seq, &item),
+                None => skipped += 1,
+            }
+        }
+    }
+    Ok(skipped)
+}
+
+/// Passes until every entry went to `f` in sequence order, each pass
+/// giving `chosen` the entries numbered above those already passed on.
+async fn merged<S: MultiwriteNorFlash, C: Chosen>(
+    flash: &mut S,
+    layout: &OutboxLayout,
+    buf: &mut [u8; BUF],
+    chosen: &mut C,
+    f: &mut impl FnMut(Entry<'_>),
+) -> Result<u32, StoreError<S::Error>> {
+    let mut last: Option<u32> = None;
+    loop {
+        let skipped = pass(flash, layout, buf, |seq, bytes| {
+            if last.is_none_or(|l| seq > l) {
+                chosen.offer(seq, bytes);
+            }
+        })
+        .await?;
+        let more = chosen.spilled();
+        if let Some(top) = chosen.emit(f) {
+            last = Some(top);
+        }
+        if !more {
+            return Ok(skipped);
+        }
+    }
+}
+
+/// What one pass of [`merged`] keeps: the lowest numbers it is offered,
+/// each number once (the first offered: the lowest class, then the oldest).
+trait Chosen {
+    /// Offers the entry numbered `seq`, stored as `bytes`.
+    fn offer(&mut self, seq: u32, bytes: &[u8]);
+    /// Whether an entry was turned away or pushed out for want of room:
+    /// another pass must follow.
+    fn spilled(&self) -> bool;
+    /// Calls `f` with the entries kept, in sequence order, and forgets
+    /// them; returns the highest number kept.
+    fn emit(&mut self, f: &mut impl FnMut(Entry<'_>)) -> Option<u32>;
+}
+
+/// Keeps every entry offered (in memory): one pass is enough.
+#[cfg(feature = "std")]
+#[derive(Default)]
+struct Everything {
+    /// Number, start in `bytes` and length of each entry, as offered.
+    index: std::vec::Vec<(u32, usize, usize)>,
+    bytes: std::vec::Vec<u8>,
+}
+
+#[cfg(feature = "std")]
+impl Chosen for Everything {
+    fn offer(&mut self, seq: u32, bytes: &[u8]) {
+        self.index.push((seq, self.bytes.len(), bytes.len()));
+        self.bytes.extend_from_slice(bytes);
+    }
+
+    fn spilled(&self) -> bool {
+        false
+    }
+
+    fn emit(&mut self, f: &mut impl FnMut(Entry<'_>)) -> Option<u32> {
+        // Stable: of equal numbers, the first offered stays first.
+        self.index.sort_by_key(|&(seq, _, _)| seq);
+        let mut last = None;
+        for &(seq, at, len) in &self.index {
+            if last == Some(seq) {
+                continue;
+            }
+            last = Some(seq);
+            if let Some(e) = Entry::decode(&self.bytes[at..at + len]) {
+                f(e);
+            }
+        }
+        self.index.clear();
+        self.bytes.clear();
+        last
+    }
+}
+
+/// Keeps the one lowest entry offered, in a buffer of the outbox: one pass
+/// per entry, for builds without an allocator.
+#[cfg_attr(feature = "std", allow(dead_code))]
+struct Lowest<'b> {
+    buf: &'b mut [u8; BUF],
+    kept: Option<(u32, usize)>,
+    spilled: bool,
+}
+
+#[cfg_attr(feature = "std", allow(dead_code))]
+impl<'b> Lowest<'b> {
+    fn new(buf: &'b mut [u8; BUF]) -> Self {
+        Self {
+            buf,
+            kept: None,
+            spilled: false,
+        }
+    }
+}
+
+impl Chosen for Lowest<'_> {
+    fn offer(&mut self, seq: u32, bytes: &[u8]) {
+        match self.kept {
+            Some((k, _)) if seq >= k => self.spilled |= seq > k,
+            kept => {
+                self.spilled |= kept.is_some();
+                self.buf[..bytes.len()].copy_from_slice(bytes);
+                self.kept = Some((seq, bytes.len()));
+            }
+        }
+    }
+
+    fn spilled(&self) -> bool {
+        self.spilled
+    }
+
+    fn emit(&mut self, f: &mut impl FnMut(Entry<'_>)) -> Option<u32> {
+        let (seq, len) = self.kept.take()?;
+        self.spilled = false;
+        if let Some(e) = Entry::decode(&self.buf[..len]) {
+            f(e);
+        }
+        Some(seq)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::SimFlash;
+    use futures::executor::block_on;
+
+    type Flash = SimFlash<4, 1024>;
+
+    fn layout() -> OutboxLayout {
+        OutboxLayout {
+            telemetry: 0..2048,
+            normal: 2048..4096,
+            critical: 4096..6144,
+        }
+    }
+
+    /// Entries stored out of order, numbers repeated within and across
+    /// parts, and items that are not entries: what `f` gets, and the
+    /// count skipped.
+    fn read_back(chosen: &mut impl Chosen) -> (std::vec::Vec<(u32, Class, u8)>, u32) {
+        block_on(async {
+            let mut o = Outbox::open(Flash::new(6), layout()).await.unwrap();
+            let stored = [
+                (7, Class::Critical, 1),
+                (3, Class::Normal, 2),
+                (9, Class::Telemetry, 3),
+                (3, Class::Critical, 4),
+                (1, Class::Normal, 5),
+                (7, Class::Telemetry, 6),
+                (3, Class::Normal, 7),
+                (0, Class::Critical, 8),
+                (u32::MAX, Class::Normal, 9),
+            ];
+            for (seq, class, fill) in stored {
+                let payload = [fill; 20];
+                let e = Entry {
+                    seq,
+                    class,
+                    topic: "t",
+                    payload: &payload,
+                };
+                o.push(&e).await.unwrap();
+            }
+            for (class, junk) in [(Class::Normal, [1u8, 2]), (Class::Critical, [0, 0])] {
+                let mut q = part(&mut o.flash, &o.layout, class).unwrap();
+                q.push(&junk, false).await.unwrap();
+            }
+            let mut seen = std::vec::Vec::new();
+            let Outbox {
+                flash, layout, buf, ..
+            } = &mut o;
+            let mut f = |e: Entry<'_>| seen.push((e.seq, e.class, e.payload[0]));
+            let skipped = merged(flash, layout, buf, chosen, &mut f).await.unwrap();
+            (seen, skipped)
+        })
+    }
+
+    #[test]
+    fn both_ways_merge_in_order_the_first_of_a_number_in_class_then_stored_order() {
+        let expected = std::vec![
+            (0, Class::Critical, 8),
+            (1, Class::Normal, 5),
+            (3, Class::Normal, 2),
+            (7, Class::Telemetry, 6),
+            (9, Class::Telemetry, 3),
+            (u32::MAX, Class::Normal, 9),
+        ];
+        assert_eq!(read_back(&mut Everything::default()), (expected.clone(), 2));
+        let mut best = [0; BUF];
+        assert_eq!(read_back(&mut Lowest::new(&mut best)), (expected, 2));
     }
 }
