@@ -6,6 +6,9 @@
 //! if rule 1 of the protocol (a will's number) does not account for it.
 //! One request per sender at a time covers its holes from the lowest to
 //! the highest; it is asked again after [`RETRY_MS`] without a report.
+//! A sender that refuses this reader (unauthenticated, forbidden) is not
+//! asked for [`REFUSED_RETRY_MS`] from the request it refused, then asked
+//! again: a key rotation may have given it this reader's key meanwhile.
 //! Holes a report covered are settled: the sender resent what of them
 //! were events, and the rest were frames it need not resend (telemetry, or
 //! numbers it spent without a frame). Unless fewer resent frames of the
@@ -28,6 +31,11 @@ use loopwarden_protocol::{NodeId, ResendCode, ResendReport, TimestampMs, RESEND_
 /// How long a request waits for its report before it is asked again.
 pub const RETRY_MS: u64 = 10_000;
 
+/// How long a sender's refusal of this reader (unauthenticated,
+/// forbidden) stands, from the request it answered, before the sender is
+/// asked again: its keyring may have changed since (a key rotation).
+pub const REFUSED_RETRY_MS: u64 = 10 * 60_000;
+
 /// One sender, as asked.
 #[derive(Debug, Clone, Default)]
 struct Asking {
@@ -40,8 +48,11 @@ struct Asking {
     /// The distinct numbers of the asked range heard resent since it
     /// was asked.
     heard: BTreeSet<u32>,
-    /// The sender's answer when it refuses this reader for good.
-    refused: Option<ResendCode>,
+    /// The sender refuses this reader: its answer, and the time of the
+    /// request it answered (or of the next round, when none waited).
+    refused: Option<(ResendCode, Option<TimestampMs>)>,
+    /// The refusal said since the sender last served this reader.
+    refusal_said: Option<ResendCode>,
     /// The lowest number the sender's log still holds an event of.
     held_from: Option<u32>,
     /// Our newest request was refused as replayed, and that was said.
@@ -65,8 +76,14 @@ impl Asker {
         let a = self.senders.entry(sender.clone()).or_default();
         let seen_through = a.seen_through;
         a.seen_through = track.highest();
-        if a.refused.is_some() {
-            return None;
+        if let Some((_, since)) = &mut a.refused {
+            let since = *since.get_or_insert(now);
+            if now.0.saturating_sub(since.0) < REFUSED_RETRY_MS {
+                return None;
+            }
+            // Asked afresh: the holes as they are now.
+            a.refused = None;
+            a.asked = None;
         }
         if let Some((from, to, at)) = a.asked {
             if now.0.saturating_sub(at.0) < RETRY_MS {
@@ -100,8 +117,10 @@ impl Asker {
     }
 
     /// `sender` answered with `report`, heard by this reader, `me`.
-    /// Returns the code when the sender refuses this reader for good (no
-    /// key it knows, or no right), for the caller to say once; and, once
+    /// Returns the code when the sender refuses this reader (no key it
+    /// knows, or no right), for the caller to say: once until the sender
+    /// serves this reader again or refuses it otherwise, though it is
+    /// asked again every [`REFUSED_RETRY_MS`]; and, once
     /// per sender, when it refuses our newest request as replayed (a clock
     /// far from the sender's is the likely cause: asked again meanwhile).
     /// Every reader hears every report on the sender's `resent` topic: one
@@ -120,6 +139,7 @@ impl Asker {
         if report.correlation.from != *me {
             return None;
         }
+        let asked_at = a.asked.map(|(_, _, at)| at);
         let ours = a
             .asked
             .is_some_and(|(f, t, _)| (f, t) == (report.from, report.to));
@@ -127,6 +147,9 @@ impl Asker {
             a.asked = None;
         }
         let served = matches!(report.code, ResendCode::Ok | ResendCode::Limited);
+        if served {
+            a.refusal_said = None;
+        }
         let heard = u32::try_from(a.heard.len()).unwrap_or(u32::MAX);
         if ours && served && heard < report.resent {
             // Some of the repair was lost on the way: ask again.
@@ -140,9 +163,11 @@ impl Asker {
             ResendCode::Ok | ResendCode::Malformed => Some(report.to),
             ResendCode::Limited => Some(report.next.map_or(report.to, |n| n.saturating_sub(1))),
             ResendCode::Unauthenticated | ResendCode::Forbidden => {
-                let first = a.refused.is_none();
-                a.refused = Some(report.code);
-                return first.then_some(report.code);
+                // A refusal heard again keeps the time of the first.
+                let since = asked_at.or_else(|| a.refused.and_then(|(_, s)| s));
+                a.refused = Some((report.code, since));
+                let said = a.refusal_said.replace(report.code);
+                return (said != Some(report.code)).then_some(report.code);
             }
             ResendCode::Replayed if ours => {
                 let first = !std::mem::replace(&mut a.replayed_said, true);
@@ -302,16 +327,52 @@ mod tests {
         assert_eq!(a.due(at(2), &h1(), &t), Some((6, 8)));
     }
 
+    /// A refusal stands for [`REFUSED_RETRY_MS`] from the request it
+    /// answered, then the sender is asked again (its keyring may have
+    /// changed in a rotation); a node that still refuses is not said
+    /// again, one that served us since, or that refuses otherwise, is.
     #[test]
-    fn a_reader_refused_for_good_stops_asking_and_says_so_once() {
+    fn a_refusal_stands_for_a_while_and_is_said_once_while_it_lasts() {
         let mut a = Asker::default();
         let t = track(&[1, 5]);
         a.due(T, &h1(), &t);
-        assert!(a.due(at(1), &h1(), &t).is_some());
+        assert_eq!(a.due(at(1), &h1(), &t), Some((2, 4)));
         let r = report(ResendCode::Forbidden, 2, 4, None);
         assert_eq!(a.answered(&me(), &h1(), &r), Some(ResendCode::Forbidden));
-        assert_eq!(a.answered(&me(), &h1(), &r), None);
-        assert_eq!(a.due(at(RETRY_MS * 2), &h1(), &t), None);
+        assert_eq!(a.answered(&me(), &h1(), &r), None, "said once");
+        assert_eq!(a.due(at(RETRY_MS * 2), &h1(), &t), None, "refused");
+        assert_eq!(a.due(at(REFUSED_RETRY_MS), &h1(), &t), None, "refused");
+        assert_eq!(
+            a.due(at(REFUSED_RETRY_MS + 1), &h1(), &t),
+            Some((2, 4)),
+            "the refusal expired: asked again"
+        );
+        assert_eq!(
+            a.answered(&me(), &h1(), &r),
+            None,
+            "still refuses: not said"
+        );
+        let again = at(2 * REFUSED_RETRY_MS);
+        assert_eq!(a.due(again, &h1(), &t), None, "from the second request on");
+        assert_eq!(a.due(at(2 * REFUSED_RETRY_MS + 2), &h1(), &t), Some((2, 4)));
+        let other = report(ResendCode::Unauthenticated, 2, 4, None);
+        assert_eq!(
+            a.answered(&me(), &h1(), &other),
+            Some(ResendCode::Unauthenticated),
+            "another refusal is said"
+        );
+        assert_eq!(a.due(at(3 * REFUSED_RETRY_MS + 3), &h1(), &t), Some((2, 4)));
+        a.answered(&me(), &h1(), &report(ResendCode::Limited, 2, 4, Some(3)));
+        assert_eq!(a.due(at(3 * REFUSED_RETRY_MS + 4), &h1(), &t), Some((3, 4)));
+        assert_eq!(
+            a.answered(
+                &me(),
+                &h1(),
+                &report(ResendCode::Unauthenticated, 3, 4, None)
+            ),
+            Some(ResendCode::Unauthenticated),
+            "served in between: a new refusal, said again"
+        );
     }
 
     /// Every reader hears the sender's reports: a refusal of another

@@ -180,7 +180,11 @@ impl Repair {
                 self.me
             ),
         };
-        format!("lwbus: {sender} refuses this reader's resend requests ({code}): {why}; its gaps are not repaired")
+        let minutes = loopwarden_bus::resend::ask::REFUSED_RETRY_MS / 60_000;
+        format!(
+            "lwbus: {sender} refuses this reader's resend requests ({code}): {why}; its gaps are \
+             not repaired while it refuses (asked again every {minutes} minutes)"
+        )
     }
 }
 
@@ -337,10 +341,14 @@ mod tests {
         );
         let again = report(6, &me(), ResendCode::Unauthenticated, (2, 2));
         assert_eq!(hear(&mut r, again), Verdict::Print, "said once");
-        assert!(r.due(TimestampMs(T.0 + 60_000)).is_empty(), "never again");
+        assert!(
+            r.due(TimestampMs(T.0 + 60_000)).is_empty(),
+            "not while the refusal stands"
+        );
         let line = r.refusal(&h1(), ResendCode::Forbidden);
         assert!(line.contains("host/h1 refuses"), "{line}");
         assert!(line.contains("facility/bms1"), "{line}");
+        assert!(line.contains("asked again every 10 minutes"), "{line}");
     }
 
     #[test]
