@@ -297,6 +297,33 @@ pub enum ConfigError {
     Layout(&'static str),
     /// A figure outside what makes physical sense.
     Figure(&'static str),
+    /// The CDU's register map takes no range of setpoints the site
+    /// allows: held to the map's `supply_setpoint` range (as
+    /// `cooling_decide` holds the core), the lowest setpoint would not be
+    /// below the highest. Both ranges, lowest and highest, in hundredths
+    /// of a °C.
+    SetpointOutsideMap {
+        /// The map's `supply_setpoint` range.
+        map_centi: [i32; 2],
+        /// The site's: its lowest (its dew point's), its highest.
+        site_centi: [i32; 2],
+    },
+}
+
+/// A temperature in hundredths of a °C, with one decimal unless it has
+/// two (17.0, 30.25).
+struct Centi(i32);
+
+impl core::fmt::Display for Centi {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let sign = if self.0 < 0 { "-" } else { "" };
+        let (whole, part) = (self.0.unsigned_abs() / 100, self.0.unsigned_abs() % 100);
+        if part % 10 == 0 {
+            write!(f, "{sign}{whole}.{}", part / 10)
+        } else {
+            write!(f, "{sign}{whole}.{part:02}")
+        }
+    }
 }
 
 impl core::fmt::Display for ConfigError {
@@ -304,6 +331,19 @@ impl core::fmt::Display for ConfigError {
         match self {
             Self::Layout(w) => write!(f, "layout: {w}"),
             Self::Figure(w) => write!(f, "figure: {w}"),
+            Self::SetpointOutsideMap {
+                map_centi: [map_lo, map_hi],
+                site_centi: [site_lo, site_hi],
+            } => write!(
+                f,
+                "cdu: the register map takes supply_setpoint {} to {} °C, the site's setpoints \
+                 run from {} °C (the lowest its dew point allows) to {} °C: no range of \
+                 setpoints meets both",
+                Centi(*map_lo),
+                Centi(*map_hi),
+                Centi(*site_lo),
+                Centi(*site_hi)
+            ),
         }
     }
 }

@@ -16,7 +16,7 @@
 
 use core::fmt::{self, Display};
 
-use cooling_core::{Commands, CoreConfig};
+use cooling_core::{Commands, ConfigError, CoreConfig};
 use heapless::Vec;
 use loopwarden_protocol::message::{CduSetting, Event, Pump};
 use serde::{Deserialize, Serialize};
@@ -107,10 +107,13 @@ impl MapLimits {
 /// The core's configuration `cfg` held to the map's ranges: where the map
 /// is tighter than the core's own limits (the lowest and highest
 /// setpoint, the lowest pump speed), the map's wins. Returns each change,
-/// for the log at start.
-pub fn tighten(cfg: &mut CoreConfig, lim: &MapLimits) -> Vec<Said, 3> {
+/// for the log at start; an error naming both ranges when the site's
+/// setpoint range (itself one the core takes) and the map's leave no
+/// range between them ([`ConfigError::SetpointOutsideMap`]).
+pub fn tighten(cfg: &mut CoreConfig, lim: &MapLimits) -> Result<Vec<Said, 3>, ConfigError> {
     let mut said = Vec::new();
     let c = &mut cfg.cdu;
+    let site = (c.min_setpoint_c, c.max_setpoint_c);
     // At most one of each of the three: pushes cannot fail.
     if let Some((lo, hi)) = lim.setpoint_c {
         let (lo, hi) = (lo as f32, hi as f32);
@@ -128,6 +131,14 @@ pub fn tighten(cfg: &mut CoreConfig, lim: &MapLimits) -> Vec<Said, 3> {
             });
             c.max_setpoint_c = hi;
         }
+        // The core needs its lowest below its highest (`validate`).
+        if site.0 < site.1 && c.min_setpoint_c >= c.max_setpoint_c {
+            let centi = |v: f32| round(f64::from(v) * 100.0) as i32;
+            return Err(ConfigError::SetpointOutsideMap {
+                map_centi: [centi(lo), centi(hi)],
+                site_centi: [centi(site.0), centi(site.1)],
+            });
+        }
     }
     if let Some((lo, _)) = lim.speed_pct {
         let lo = (lo / 100.0) as f32;
@@ -139,7 +150,7 @@ pub fn tighten(cfg: &mut CoreConfig, lim: &MapLimits) -> Vec<Said, 3> {
             c.min_speed = lo;
         }
     }
-    said
+    Ok(said)
 }
 
 /// What of a step's commands its writes are made of.
@@ -500,7 +511,7 @@ pub(crate) mod tests {
         let lim = sim_cdu();
         let mut cfg = CoreConfig::default();
         cfg.cdu.min_setpoint_c = 13.0;
-        let said = tighten(&mut cfg, &lim);
+        let said = tighten(&mut cfg, &lim).unwrap();
         assert_eq!(cfg.cdu.min_setpoint_c, 17.0);
         assert_eq!(said.len(), 1, "{said:?}");
         assert_eq!(
@@ -508,7 +519,48 @@ pub(crate) mod tests {
             "lowest setpoint 17.0 °C (the site's dew point allows 13.0 °C, the CDU's register map takes no less than 17.0 °C)"
         );
         let mut again = cfg;
-        assert!(tighten(&mut again, &lim).is_empty());
+        assert!(tighten(&mut again, &lim).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_map_whose_setpoints_the_site_allows_none_of_is_refused_naming_both_ranges() {
+        let none: Result<Option<crate::LatchRecord>, &str> = Ok(None);
+        let mut lim = sim_cdu();
+        lim.setpoint_c = Some((17.0, 25.0));
+        let mut cfg = CoreConfig::default();
+        cfg.cdu.min_setpoint_c = 27.0;
+        cfg.cdu.max_setpoint_c = 45.0;
+        let e = crate::Decider::new(cfg, lim, &none).expect_err("refused");
+        assert_eq!(
+            e.to_string(),
+            "cdu: the register map takes supply_setpoint 17.0 to 25.0 °C, the site's \
+             setpoints run from 27.0 °C (the lowest its dew point allows) to 45.0 °C: \
+             no range of setpoints meets both"
+        );
+        // A started decider is left as it was.
+        let mut d = crate::Decider::new(CoreConfig::default(), sim_cdu(), &none).unwrap();
+        assert!(d.start(cfg, lim, &none).is_err());
+        assert_eq!(d.limits(), &sim_cdu());
+        // One setpoint in common is no range to regulate in.
+        cfg.cdu.min_setpoint_c = 25.0;
+        assert!(tighten(&mut cfg.clone(), &lim)
+            .expect_err("refused")
+            .to_string()
+            .contains("supply_setpoint 17.0 to 25.0 °C, the site's setpoints run from 25.0 °C"));
+        // A map above the site's highest, in hundredths as the map has it.
+        lim.setpoint_c = Some((30.25, 45.0));
+        cfg.cdu.min_setpoint_c = 17.0;
+        cfg.cdu.max_setpoint_c = 28.0;
+        let e = tighten(&mut cfg.clone(), &lim)
+            .expect_err("refused")
+            .to_string();
+        assert!(e.contains("supply_setpoint 30.25 to 45.0 °C, the site's setpoints run from 17.0 °C (the lowest its dew point allows) to 28.0 °C"), "{e}");
+        // A site range wrong on its own is the core's to refuse.
+        cfg.cdu.max_setpoint_c = 10.0;
+        let e = crate::Decider::new(cfg, lim, &none).expect_err("refused");
+        assert!(e
+            .to_string()
+            .contains("min_setpoint_c must be below max_setpoint_c"));
     }
 
     #[test]
