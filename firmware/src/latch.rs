@@ -27,13 +27,71 @@ use loopwarden_flash::{ConfigStore, StoreError};
 /// The config key of the mark that a record was kept in this store.
 pub const KEPT_KEY: &str = "fw.latch.kept";
 
+/// The longest cause of an item that could not be read kept, bytes: the
+/// store's words, cut there.
+pub const CAUSE: usize = 96;
+
+/// Why an item of the record could not be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReadCause {
+    /// It is longer than the bytes read for it (`room`): readable, but a
+    /// newer, longer format than this firmware's, or another's item.
+    TooLong {
+        /// The bytes read for it.
+        room: usize,
+    },
+    /// The flash or its store failed (a bus error, a corrupt store), in
+    /// the store's words, cut to [`CAUSE`] bytes.
+    Store(heapless::String<CAUSE>),
+}
+
+impl ReadCause {
+    /// The cause of `e`, a read into a buffer of `room` bytes.
+    fn of<E: fmt::Display>(e: &StoreError<E>, room: usize) -> Self {
+        if matches!(e, StoreError::BadValue) {
+            return Self::TooLong { room };
+        }
+        let mut words = heapless::String::new();
+        let _ = fmt::write(&mut Cut(&mut words), format_args!("{e}"));
+        Self::Store(words)
+    }
+}
+
+impl fmt::Display for ReadCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::TooLong { room } => write!(
+                f,
+                "too long: more than the {room} bytes read for it (a newer, longer format?)"
+            ),
+            Self::Store(words) => f.write_str(words),
+        }
+    }
+}
+
+/// Writes into a string up to its room, the rest cut.
+struct Cut<'a>(&'a mut heapless::String<CAUSE>);
+
+impl fmt::Write for Cut<'_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        for c in s.chars() {
+            if self.0.push(c).is_err() {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Why the kept record cannot be believed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LoadError {
     /// The flash store failed reading `key`.
     Unreadable {
         /// The key.
         key: &'static str,
+        /// Why.
+        cause: ReadCause,
     },
     /// The items read back, but do not make a record that can be
     /// believed.
@@ -46,7 +104,7 @@ pub enum LoadError {
 impl fmt::Display for LoadError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Unreadable { key } => write!(f, "{key}: unreadable in flash"),
+            Self::Unreadable { key, cause } => write!(f, "{key}: unreadable in flash: {cause}"),
             Self::Record(e) => e.fmt(f),
             Self::Lost => write!(
                 f,
@@ -84,14 +142,23 @@ pub async fn mark<S: MultiwriteNorFlash>(
 /// and no mark); a record lost since it was kept is [`LoadError::Lost`].
 pub async fn load<S: MultiwriteNorFlash>(
     store: &mut ConfigStore<S>,
-) -> Result<Option<LatchRecord>, LoadError> {
+) -> Result<Option<LatchRecord>, LoadError>
+where
+    S::Error: fmt::Display,
+{
     // Room for more than a record: a longer item reads back, and the
     // record's decoding says what is wrong with it.
     let mut rec = [0u8; 2 * RECORD_LEN];
     let mut gen = [0u8; 16];
-    let unreadable = |key| move |_| LoadError::Unreadable { key };
-    let n = (store.get(LATCHED_KEY, &mut rec).await).map_err(unreadable(LATCHED_KEY))?;
-    let g = (store.get(LATCHED_GEN_KEY, &mut gen).await).map_err(unreadable(LATCHED_GEN_KEY))?;
+    let unreadable = |key, room| {
+        move |e: StoreError<S::Error>| LoadError::Unreadable {
+            key,
+            cause: ReadCause::of(&e, room),
+        }
+    };
+    let n = (store.get(LATCHED_KEY, &mut rec).await).map_err(unreadable(LATCHED_KEY, rec.len()))?;
+    let g = (store.get(LATCHED_GEN_KEY, &mut gen).await)
+        .map_err(unreadable(LATCHED_GEN_KEY, gen.len()))?;
     let read = LatchRecord::decode(n.map(|n| &rec[..n]), g.map(|g| &gen[..g]));
     if let Ok(Some(r)) = &read {
         if let Some((key, item)) = r.catch_up(g.map(|g| &gen[..g])) {
@@ -107,7 +174,7 @@ pub async fn load<S: MultiwriteNorFlash>(
     match store.get(KEPT_KEY, &mut gen).await {
         Ok(None) => Ok(None),
         Ok(Some(_)) => Err(LoadError::Lost),
-        Err(_) => Err(LoadError::Unreadable { key: KEPT_KEY }),
+        Err(e) => Err(unreadable(KEPT_KEY, gen.len())(e)),
     }
 }
 
@@ -255,6 +322,29 @@ mod tests {
         block_on(crate::counters::count_boot(&mut s)).unwrap();
         block_on(crate::counters::count_boot(&mut s)).unwrap();
         assert_eq!(block_on(load(&mut s)), Ok(None));
+    }
+
+    #[test]
+    fn an_item_longer_than_its_buffer_fails_naming_its_cause() {
+        let mut mem = std::vec![0xFFu8; 8 * 4096];
+        let mut s = store(&mut mem);
+        // A newer, longer format: readable, but more than is read for it.
+        block_on(s.set(LATCHED_KEY, &[0x11; 2 * RECORD_LEN + 1])).unwrap();
+        let e = block_on(load(&mut s)).unwrap_err();
+        let said = e.to_string();
+        assert!(said.starts_with(LATCHED_KEY), "{said}");
+        assert!(said.contains("too long"), "{said}");
+        assert!(
+            said.contains(&std::format!("{} bytes", 2 * RECORD_LEN)),
+            "{said}"
+        );
+        // The same for the generation.
+        let mut mem = std::vec![0xFFu8; 8 * 4096];
+        let mut s = store(&mut mem);
+        block_on(s.set(LATCHED_GEN_KEY, &[0x22; 17])).unwrap();
+        let said = block_on(load(&mut s)).unwrap_err().to_string();
+        assert!(said.starts_with(LATCHED_GEN_KEY), "{said}");
+        assert!(said.contains("too long"), "{said}");
     }
 
     #[test]
