@@ -464,10 +464,7 @@ pub fn describe(e: &Entry) -> Value {
                 json!({ "wrapped": {
                     "lost": w.lost, "first_seq": w.first_seq, "last_seq": w.last_seq,
                 }}),
-                format!(
-                    "{} older records recycled (#{} to #{})",
-                    w.lost, w.first_seq, w.last_seq
-                ),
+                w.to_string(),
             ),
             None => unreadable("undecodable wrap marker"),
         }

@@ -65,6 +65,18 @@ impl Wrapped {
     }
 }
 
+impl core::fmt::Display for Wrapped {
+    /// The marker as a field engineer reads it: how many records were
+    /// recycled for room, and which.
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "{} older records recycled (#{} to #{})",
+            self.lost, self.first_seq, self.last_seq
+        )
+    }
+}
+
 /// One record as read back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Record<'a> {

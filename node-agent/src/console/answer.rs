@@ -306,42 +306,61 @@ async fn events_view(ctx: &Context, since: u64) -> Value {
         Ok(r) => r,
         Err(e) => return json!({ "error": format!("reading the event log: {e}") }),
     };
-    let mut events = Vec::new();
-    for r in read.entries.iter().filter(|r| r.time.0 >= since) {
-        if r.kind == loopwarden_store::resend::PUBLISHED {
-            continue; // an event's frame number: bookkeeping for resends
-        }
-        if r.kind == CONSOLE_RECORD {
-            events.push(loopwarden_field::serial::record::entry(
-                r.seq, r.time.0, &r.body,
-            ));
-            continue;
-        }
-        let (what, text) = if r.kind == MessageKind::Event as u8 {
-            match Message::decode_body(MessageKind::Event, &r.body) {
-                Ok(Message::Event(e)) => (
-                    serde_json::to_value(&e).unwrap_or(Value::Null),
-                    e.to_string(),
-                ),
-                _ => (json!("undecodable event"), "undecodable event".into()),
-            }
-        } else if r.kind == MessageKind::CapLease as u8
-            || r.kind == MessageKind::QuarantineRelease as u8
-        {
-            match Frame::decode(&r.body) {
-                Ok(f) => command(&f),
-                Err(e) => (
-                    json!(format!("undecodable command: {e}")),
-                    format!("undecodable command: {e}"),
-                ),
-            }
-        } else {
-            let what = format!("record of kind {}", r.kind);
-            (json!(what), what)
-        };
-        events.push(json!({ "seq": r.seq, "time_ms": r.time.0, "event": what, "text": text }));
-    }
+    let events: Vec<Value> = (read.entries.iter())
+        .filter(|r| r.time.0 >= since)
+        .filter_map(entry_view)
+        .collect();
     json!({ "events": events, "queued_for_flash": read.queued })
+}
+
+/// One event-log record as `ctl events` shows it: `{seq, time_ms, event,
+/// text}`; `None` for the resender's bookkeeping (an event's frame
+/// number).
+fn entry_view(r: &loopwarden_store::recorder::Entry) -> Option<Value> {
+    if r.kind == loopwarden_store::resend::PUBLISHED {
+        return None;
+    }
+    if r.kind == CONSOLE_RECORD {
+        return Some(loopwarden_field::serial::record::entry(
+            r.seq, r.time.0, &r.body,
+        ));
+    }
+    let (what, text) = if r.kind == MessageKind::Event as u8 {
+        match Message::decode_body(MessageKind::Event, &r.body) {
+            Ok(Message::Event(e)) => (
+                serde_json::to_value(&e).unwrap_or(Value::Null),
+                e.to_string(),
+            ),
+            _ => (json!("undecodable event"), "undecodable event".into()),
+        }
+    } else if r.kind == MessageKind::CapLease as u8
+        || r.kind == MessageKind::QuarantineRelease as u8
+    {
+        match Frame::decode(&r.body) {
+            Ok(f) => command(&f),
+            Err(e) => (
+                json!(format!("undecodable command: {e}")),
+                format!("undecodable command: {e}"),
+            ),
+        }
+    } else if r.kind == loopwarden_flash::log::WRAPPED {
+        match loopwarden_flash::Wrapped::decode(&r.body) {
+            Some(w) => (
+                json!({ "wrapped": {
+                    "lost": w.lost, "first_seq": w.first_seq, "last_seq": w.last_seq,
+                }}),
+                w.to_string(),
+            ),
+            None => (
+                json!("undecodable wrap marker"),
+                "undecodable wrap marker".into(),
+            ),
+        }
+    } else {
+        let what = format!("record of kind {}", r.kind);
+        (json!(what), what)
+    };
+    Some(json!({ "seq": r.seq, "time_ms": r.time.0, "event": what, "text": text }))
 }
 
 /// A command kept in the event log: as `{name: {from, seq, body}}` (the
@@ -445,6 +464,46 @@ mod tests {
 
     /// A GPU never sampled shows no value as a live one: every sample
     /// field is null; an unsupported group is null, the others are read.
+    /// The log's marker of records recycled for room says so, with the
+    /// numbers lost, not "record of kind 240".
+    #[test]
+    fn a_wrap_marker_says_how_many_records_were_recycled() {
+        let w = loopwarden_flash::Wrapped {
+            lost: 15,
+            first_seq: 30,
+            last_seq: 44,
+        };
+        let mut body = Vec::new();
+        for n in [w.lost, w.first_seq, w.last_seq] {
+            body.extend_from_slice(&n.to_le_bytes());
+        }
+        let entry = loopwarden_store::recorder::Entry {
+            seq: 45,
+            time: TimestampMs(1_800_000_000_000),
+            kind: loopwarden_flash::log::WRAPPED,
+            body,
+        };
+        let v = entry_view(&entry).expect("shown");
+        let text = v["text"].as_str().unwrap();
+        assert!(
+            text.contains("recycled") && text.contains("#30 to #44"),
+            "{v}"
+        );
+        assert!(!text.contains("record of kind"), "{v}");
+        assert_eq!(
+            v["event"]["wrapped"],
+            json!({"lost": 15, "first_seq": 30, "last_seq": 44}),
+            "{v}"
+        );
+        // A marker cut short is said undecodable, not taken for another.
+        let short = loopwarden_store::recorder::Entry {
+            body: vec![1, 2, 3],
+            ..entry
+        };
+        let v = entry_view(&short).expect("shown");
+        assert_eq!(v["text"], "undecodable wrap marker", "{v}");
+    }
+
     #[test]
     fn gpus_show_null_for_no_sample_and_for_unsupported_groups() {
         let mut g = test_view();
