@@ -51,6 +51,7 @@ use crate::trace::TraceRow;
 mod controller;
 mod observer;
 mod spawn;
+mod summary;
 mod view;
 
 use controller::fresh_file;
@@ -468,7 +469,9 @@ impl<'a> Live<'a> {
             while let Ok(msg) = inbound.try_recv() {
                 self.hear(&msg, t);
             }
-            self.out.max_gpu_c = self.out.max_gpu_c.max(row.max_gpu_c);
+            if let Some(c) = row.max_gpu_c {
+                self.out.max_gpu_c = self.out.max_gpu_c.max(c);
+            }
             if t >= next_row {
                 next_row = t + 5.0;
                 self.record(row)?;
@@ -501,12 +504,7 @@ impl<'a> Live<'a> {
         }
         let t = h.time_s();
         let m = h.plant().meters();
-        let hottest = h
-            .gpus()
-            .iter()
-            .filter(|g| !g.shut_down)
-            .map(|g| g.t_j)
-            .fold(f64::MIN, f64::max);
+        let hottest = summary::hottest(h.gpus());
         (
             t,
             TraceRow {
@@ -564,18 +562,12 @@ impl<'a> Live<'a> {
         if let Some(caps) = running.stop(&self.sim.served).await {
             self.out.caps = caps;
         }
-        let (it_kwh, fac_kwh, work_gpu_h) = {
+        let hall_summary = {
             let h = self.sim.hall.lock().expect("hall lock");
-            self.out.summary = Some(h.summary(&self.cfg.name, "ours"));
-            let tt = h.plant().totals();
-            self.out.gpu_shutdowns = u64::from(tt.shutdowns);
-            (
-                tt.it_j / 3.6e6,
-                tt.facility_j / 3.6e6,
-                tt.work_gpu_s / 3600.0,
-            )
+            self.out.gpu_shutdowns = u64::from(h.plant().totals().shutdowns);
+            h.summary(&self.cfg.name, "ours")
         };
-        let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+        self.out.summary = Some(hall_summary.clone());
         let cfg = self.cfg;
         // The references on the same scenario and the length played, in
         // simulated time (well under a second for the demo).
@@ -588,26 +580,17 @@ impl<'a> Live<'a> {
                 .map_err(|e| PlayError::Start(format!("baselines: {e}")))?
                 .map_err(|e| PlayError::Start(format!("baselines: {e}")))?;
         let out = &mut self.out;
-        let mut summary = serde_json::json!({
-            "scenario": cfg.name,
-            "controller": "ours (live)",
-            "duration_s": played_s,
-            "it_kwh": it_kwh,
-            "facility_kwh": fac_kwh,
-            "pue": ratio(fac_kwh, it_kwh),
-            "work_gpu_h": work_gpu_h,
-            "kwh_per_work_gpu_h": ratio(fac_kwh, work_gpu_h),
-            "hosts_heard": out.hosts_heard.len(),
-            "quarantined": out.quarantined.len(),
-            "racks_lost": out.racks_lost.len(),
-        });
-        if let Some(m) = summary.as_object_mut() {
-            if let Some(note) = short {
-                m.insert("note".into(), note.into());
-            }
-            let b = crate::compare::baselines_json(&baselines);
-            m.insert(crate::report::BASELINES.into(), b);
-        }
+        let summary = summary::report_summary(
+            &hall_summary,
+            &summary::LiveFigures {
+                played_s,
+                note: short,
+                hosts_heard: out.hosts_heard.len(),
+                quarantined: out.quarantined.len(),
+                racks_lost: out.racks_lost.len(),
+                baselines: &crate::compare::baselines_json(&baselines),
+            },
+        );
         out.report = crate::report::write_report(
             &cfg.out,
             &format!("{} (live run)", cfg.name),

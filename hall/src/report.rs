@@ -166,6 +166,13 @@ fn points(rows: &[TraceRow], f: impl Fn(&TraceRow) -> f64) -> Vec<(f64, f64)> {
     rows.iter().map(|r| (r.t_s / 60.0, f(r))).collect()
 }
 
+/// The hottest GPU of the rows that have one.
+fn hottest_points(rows: &[TraceRow]) -> Vec<(f64, f64)> {
+    rows.iter()
+        .filter_map(|r| Some((r.t_s / 60.0, r.max_gpu_c?)))
+        .collect()
+}
+
 /// A count drawn as steps: it holds until the next row.
 fn steps(rows: &[TraceRow], f: impl Fn(&TraceRow) -> f64) -> Vec<(f64, f64)> {
     let mut out = Vec::with_capacity(rows.len() * 2);
@@ -193,15 +200,18 @@ fn padded(values: impl Iterator<Item = f64>, min_span: f64) -> (f64, f64) {
 
 fn temperatures(path: &Path, title: &str, rows: &[TraceRow]) -> Result<(), String> {
     let (x0, x1) = minutes(rows);
-    let all = rows.iter().flat_map(|r| {
-        [
-            r.ambient_c,
-            r.setpoint_c,
-            r.supply_c,
-            r.return_c,
-            r.max_gpu_c,
-        ]
-    });
+    let all = rows
+        .iter()
+        .flat_map(|r| {
+            [
+                r.ambient_c,
+                r.setpoint_c,
+                r.supply_c,
+                r.return_c,
+                r.max_gpu_c.unwrap_or(f64::NAN),
+            ]
+        })
+        .filter(|v| v.is_finite());
     let (lo, hi) = padded(all.chain([HW_SLOWDOWN_C]), 10.0);
     let line = |v: f64| vec![(x0, v), (x1, v)];
     draw_chart(
@@ -212,7 +222,7 @@ fn temperatures(path: &Path, title: &str, rows: &[TraceRow]) -> Result<(), Strin
             y_range: (lo.floor(), hi.ceil()),
             y2: None,
             series: vec![
-                Series::new("hottest GPU", RED_, points(rows, |r| r.max_gpu_c)),
+                Series::new("hottest GPU", RED_, hottest_points(rows)),
                 Series::new("return", ORANGE, points(rows, |r| r.return_c)),
                 Series::new("supply", BLUE_, points(rows, |r| r.supply_c)),
                 Series::new("setpoint", GREEN_, points(rows, |r| r.setpoint_c)),
@@ -575,7 +585,7 @@ fn result(m: &serde_json::Map<String, serde_json::Value>) -> Option<String> {
     Some(md)
 }
 
-fn markdown(
+pub(crate) fn markdown(
     title: &str,
     rows: &[TraceRow],
     summary: Option<&serde_json::Map<String, serde_json::Value>>,
@@ -632,7 +642,9 @@ fn markdown(
     let _ = writeln!(md, "## From the trace\n");
     let _ = writeln!(md, "| figure | value |");
     let _ = writeln!(md, "|---|---:|");
-    let _ = writeln!(md, "| hottest GPU | {:.1} °C |", max(|r| r.max_gpu_c));
+    if let Some(c) = rows.iter().filter_map(|r| r.max_gpu_c).reduce(f64::max) {
+        let _ = writeln!(md, "| hottest GPU | {c:.1} °C |");
+    }
     let _ = writeln!(md, "| highest return | {:.1} °C |", max(|r| r.return_c));
     let _ = writeln!(
         md,

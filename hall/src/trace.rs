@@ -9,7 +9,10 @@
 //!
 //! The reader finds the columns by their header names, so their order does
 //! not matter and columns it does not know are skipped; the optional
-//! `quarantined` column (hosts with a GPU quarantined then) is read when it is there. The
+//! `quarantined` column (hosts with a GPU quarantined then) is read when it is there.
+//! `max_gpu_c` is the hottest junction over every GPU of the hall, those
+//! shut down included, as `simulate` takes it; its field is empty (read as
+//! `None`) only for a hall with no GPU. The
 //! writer ([`TraceRow::write_header`], [`TraceRow::write_row`]) writes the
 //! same CSV, with the same precision, so a live run's trace reads and plots
 //! like a simulated one.
@@ -54,8 +57,9 @@ pub struct TraceRow {
     pub flow_lpm: f64,
     /// Lead pump speed the controller asked for, 0 to 1.
     pub pump_speed: f64,
-    /// Hottest GPU junction in the hall, °C.
-    pub max_gpu_c: f64,
+    /// Hottest GPU junction in the hall, °C, over every GPU (one shut
+    /// down too); `None` (an empty field) where the hall has no GPU.
+    pub max_gpu_c: Option<f64>,
     /// IT power (hosts), kW.
     pub it_kw: f64,
     /// Facility power (IT plus cooling), kW.
@@ -227,7 +231,11 @@ pub fn read_trace<R: BufRead>(reader: R) -> Result<Vec<TraceRow>, TraceError> {
             return_c: f(4)?,
             flow_lpm: f(5)?,
             pump_speed: f(6)?,
-            max_gpu_c: f(7)?,
+            // An empty field is a hall with no GPU.
+            max_gpu_c: match fields[layout.required[7]].trim() {
+                "" => None,
+                v => Some(number(n, COLUMNS[7], v)?),
+            },
             it_kw: f(8)?,
             facility_kw: f(9)?,
             caps: count(n, COLUMNS[10], fields[layout.required[10]])?,
@@ -270,7 +278,7 @@ impl TraceRow {
     pub fn write_row<W: Write + ?Sized>(&self, w: &mut W, quarantined: bool) -> io::Result<()> {
         write!(
             w,
-            "{},{:.2},{:.2},{:.2},{:.2},{:.1},{:.2},{:.2},{:.2},{:.2},{}",
+            "{},{:.2},{:.2},{:.2},{:.2},{:.1},{:.2},{},{:.2},{:.2},{}",
             self.t_s,
             self.ambient_c,
             self.setpoint_c,
@@ -278,7 +286,7 @@ impl TraceRow {
             self.return_c,
             self.flow_lpm,
             self.pump_speed,
-            self.max_gpu_c,
+            self.max_gpu_c.map_or(String::new(), |c| format!("{c:.2}")),
             self.it_kw,
             self.facility_kw,
             self.caps
@@ -343,7 +351,8 @@ t_s,ambient_c,setpoint_c,supply_c,return_c,flow_lpm,pump_speed,max_gpu_c,it_kw,f
             return_c: 40.25,
             flow_lpm: 192.5,
             pump_speed: 0.75,
-            max_gpu_c: 70.12,
+            // A hall with no GPU has no hottest one.
+            max_gpu_c: (t > 0.0).then_some(70.12),
             it_kw: 108.8,
             facility_kw: 136.96,
             caps,

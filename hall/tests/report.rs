@@ -18,7 +18,7 @@ fn rows(quarantined: bool) -> Vec<TraceRow> {
                 return_c: 40.0 + (t / 100.0).sin(),
                 flow_lpm: 192.0,
                 pump_speed: if i < 30 { 1.0 } else { 0.6 },
-                max_gpu_c: 60.0 + i as f64 / 2.0,
+                max_gpu_c: Some(60.0 + i as f64 / 2.0),
                 it_kw: 100.0 + (i % 7) as f64,
                 facility_kw: 125.0 + (i % 5) as f64,
                 caps: (i / 20) as u32,

@@ -79,7 +79,10 @@ pub(super) fn live(r: &TraceRow, o: &PlayOutcome, banner: &str, what: &str, dura
         r.flow_lpm,
         r.ambient_c
     ));
-    s.push_str(&format!("  hottest GPU     {:>7.1} °C\n", r.max_gpu_c));
+    match r.max_gpu_c {
+        Some(c) => s.push_str(&format!("  hottest GPU     {c:>7.1} °C\n")),
+        None => s.push_str("  hottest GPU           none\n"),
+    }
     s.push_str(&format!(
         "  hosts capped    {:>7}      GPUs quarantined {:>3}   hosts heard {:>3}\n\n",
         r.caps,
