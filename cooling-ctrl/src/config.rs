@@ -26,9 +26,9 @@
 //! | `keyring` | none: with `demo_key` the demonstration readers (any operator or facility system, the demonstration key), else none (every request to resend refused, said at start) | a keyring TOML (the hosts' format, of this site; others may not write it): the readers (operators, facility systems) that may ask this CDU to resend its logged events, those with `may = ["resend"]` |
 //! | `cdu_tcp` | — | the CDU on Modbus TCP, `host:port` (an IPv6 address in brackets); a name is looked up when connecting (its addresses kept; looked up again when none answers), so one that does not resolve yet is retried as a connection that failed |
 //! | `cdu_serial` | — | the CDU on Modbus RTU, a serial device |
-//! | `serial_baud` | 19200 | 300 to 1000000 |
+//! | `serial_baud` | 19200 | 300 to 1000000; fast enough that the longest exchange with the CDU (the map's longest read, or a write) fits `modbus_timeout_ms`, else refused naming both |
 //! | `serial_parity` | `none` | `none`, `even` or `odd` |
-//! | `serial_data_bits` | 8 | 7 or 8 |
+//! | `serial_data_bits` | 8 | 8: Modbus RTU; 7 (Modbus ASCII, which the controller does not speak) is refused |
 //! | `serial_stop_bits` | 1 | 1 or 2 |
 //! | `register_map` | none (required with a site sign key; the simulated CDU's with `demo_key`; the gateway needs none: its microcontroller carries its map) | a register map TOML |
 //! | `site_figures` | none (required with a site sign key; the twin's hall with `demo_key`) | a site figures TOML (`SiteConfig`) |
@@ -36,7 +36,7 @@
 //! | `hosts_pattern` | none | host ids from `{rack}`, `{host}`, `{index}` (`{index:02}` pads) |
 //! | `period_ms` | 1000 | control period, 100 to 60000, and at most a third of the CDU's heartbeat timeout where the site figures give it (`[loop] heartbeat_timeout_s`; the twin's: 10 s), so the CDU never falls back between two heartbeat writes |
 //! | `lease_ms` | 30000 | cap lease, at least 3 periods, at most 10 minutes (the hosts' default cap) |
-//! | `modbus_timeout_ms` | 375 at a 1 s period (500 at most; at most three eighths of the period) | one Modbus request, 10 ms to three eighths of the period |
+//! | `modbus_timeout_ms` | 375 at a 1 s period (500 at most; at most three eighths of the period) | one Modbus request, 10 ms to three eighths of the period; on `cdu_serial` at least the longest exchange's time on the line (its characters and the 3.5-character gap at the line's bits a character and `serial_baud`) and 50 ms for the CDU to turn round |
 //! | `ambient_c` | none (the core's design day, 35 °C) | fallback outdoor temperature, -50 to 60 °C; used only when no sensor reads (the CDU's `outdoor_temp`, or a value the BMS wrote in the last 300 s), and then the controller raises an alarm |
 //! | `console` | `/run/loopwarden/cooling-ctrl.sock` or under `$XDG_RUNTIME_DIR`/`/tmp` | console socket |
 //! | `console_max_connections` | 8 | connections the console socket keeps open at once, 1 to 256; one more is closed at once |
@@ -121,7 +121,7 @@ pub use plant::expand_hosts;
 use board::board_pins;
 use key::sign_key;
 use keyring::readers;
-use link::{cdu_link, cdu_link_if_given};
+use link::{cdu_link, cdu_link_if_given, wire_fits};
 use northbound::{northbound, Northbound};
 use plant::{
     core_config, facility_role, hosts, hosts_cover, register_map, register_map_if_given,
@@ -330,6 +330,8 @@ pub fn resolve_for(
     let hosts = hosts(&src, &file, flags, &core)?;
     let hosts_warning = hosts_cover(&src, &hosts, &core, key.demo)?;
     let timings = timings(&src, &file, flags, heartbeat.as_ref())?;
+    let timeout = timings.modbus_timeout;
+    wire_fits(&src, &file, flags, link.as_ref(), map.as_ref(), timeout)?;
     // The configured outdoor temperature is the fallback the core plans
     // with when no sensor reads, not a reading.
     if let Some(a) = timings.ambient_c {

@@ -1,12 +1,23 @@
 //! How the CDU is reached: Modbus TCP (`cdu_tcp`) or Modbus RTU on a
 //! serial line (`cdu_serial` and its `serial_` settings), exactly one.
+//! The serial line is Modbus RTU, 8 data bits (7 is Modbus ASCII, which
+//! the controller does not speak), and its speed must carry the longest
+//! exchange with the CDU within `modbus_timeout_ms` ([`wire_fits`]).
+//!
+//! Glossary:
+//! - *exchange*: one request and the CDU's answer to it.
+//! - *turnaround*: the CDU's time between the end of a request and the
+//!   start of its answer.
 
 use std::format;
 use std::string::String;
+use std::time::Duration;
 
+use loopwarden_boards::modbus_map::{input_spans, Kind, RegisterMap};
 use loopwarden_field::config::{range, ConfigError, Sources};
 use loopwarden_field::pick;
 
+use super::timings::least_period_ms;
 use super::{FileConfig, Overrides};
 use crate::modbus::{DataBits, Link, Parity, SerialLine, StopBits, TcpTarget};
 
@@ -129,20 +140,22 @@ fn serial_link(
             }
         },
     };
-    line.data_bits = match range(
-        src,
-        pick!(
-            flags.serial_data_bits,
-            file.serial_data_bits,
-            "serial-data-bits"
-        ),
-        "serial_data_bits",
-        8,
-        7,
-        8,
-        " bits",
-    )? {
-        7 => DataBits::Seven,
+    let data_bits = pick!(
+        flags.serial_data_bits,
+        file.serial_data_bits,
+        "serial-data-bits"
+    );
+    line.data_bits = match range(src, data_bits, "serial_data_bits", 8, 7, 8, " bits")? {
+        7 => {
+            return Err(src.error(
+                data_bits.1,
+                "serial_data_bits",
+                "serial_data_bits = 7: Modbus RTU uses 8 data bits; 7 data bits is Modbus \
+                 ASCII, which the controller does not speak (every request would go \
+                 unanswered or garbled); set the CDU's port and serial_data_bits to 8"
+                    .into(),
+            ))
+        }
         _ => DataBits::Eight,
     };
     line.stop_bits = match range(
@@ -162,4 +175,173 @@ fn serial_link(
         _ => StopBits::One,
     };
     Ok(Link::Rtu(line))
+}
+
+/// The time allowed the CDU to turn a request round, ms: an allowance,
+/// not a measurement (a CDU slower than this needs a timeout longer
+/// still); the check refuses only a timeout that cannot be enough.
+const TURNAROUND_MS: u64 = 50;
+
+/// On a serial line, `modbus_timeout_ms` at least the time the longest
+/// exchange with the CDU takes: its request and answer in characters and
+/// the 3.5-character gap that ends the request, at the line's bits a
+/// character and `serial_baud`, and [`TURNAROUND_MS`]. Shorter, every
+/// such request times out as no answer, which reads as a cable fault.
+/// The longest exchange is found in the map ([`longest_exchange`]).
+pub(super) fn wire_fits(
+    src: &Sources,
+    file: &FileConfig,
+    flags: &Overrides,
+    link: Option<&Link>,
+    map: Option<&RegisterMap>,
+    timeout: Duration,
+) -> Result<(), ConfigError> {
+    let (Some(Link::Rtu(line)), Some(map)) = (link, map) else {
+        return Ok(());
+    };
+    let (chars, what) = longest_exchange(map);
+    let bits = u64::from(line.bits_per_char());
+    // In half characters: the 3.5-character gap is 7 halves.
+    let wire_ms = ((chars as u64 * 2 + 7) * bits * 1000).div_ceil(2 * u64::from(line.baud));
+    let need = wire_ms + TURNAROUND_MS;
+    let have = timeout.as_millis() as u64;
+    if have >= need {
+        return Ok(());
+    }
+    let timeout_given = pick!(
+        flags.modbus_timeout_ms,
+        file.modbus_timeout_ms,
+        "modbus-timeout-ms"
+    );
+    let (flag, key) = match timeout_given {
+        (Some(_), flag) => (flag, "modbus_timeout_ms"),
+        (None, _) => (
+            pick!(flags.serial_baud, file.serial_baud, "serial-baud").1,
+            "serial_baud",
+        ),
+    };
+    let framing = line.to_string();
+    let framing = framing.rsplit(' ').next().unwrap_or_default();
+    Err(src.error(
+        flag,
+        key,
+        format!(
+            "modbus_timeout_ms = {have} is shorter than the longest exchange with the CDU \
+             takes at serial_baud = {baud} ({framing}, {bits} bits a character): {what}, \
+             {chars} characters and the 3.5-character gap that ends the request, take \
+             {wire_ms} ms on the line, and {TURNAROUND_MS} ms are allowed for the CDU to \
+             turn round: {need} ms at least, or every such request times out as no answer; \
+             raise serial_baud (and the CDU's port with it), or set modbus_timeout_ms = {need} or more \
+             (which needs period_ms = {period} or more)",
+            baud = line.baud,
+            period = least_period_ms(need),
+        ),
+    ))
+}
+
+/// The longest exchange the controller has with the CDU of `map`, in
+/// characters (request and answer), and which it is: the read of its
+/// longest span of input registers (request 8, answer 5 and 2 a
+/// register), or a setting's write (a one-word write 8 and its echo 8; a
+/// two-word write 9 and 2 a word, its echo 8; its read back 8 and 5 and
+/// 2 a word, no more than its write).
+fn longest_exchange(map: &RegisterMap) -> (usize, String) {
+    let regs: std::vec::Vec<_> = map.registers().collect();
+    let read = input_spans(regs.iter().copied())
+        .into_iter()
+        .map(|s| {
+            let end = u32::from(s.start) + u32::from(s.count) - 1;
+            let what = format!(
+                "the read of input {}-{end} ({} registers: a request of 8 characters, \
+                 an answer of {})",
+                s.start,
+                s.count,
+                5 + 2 * usize::from(s.count)
+            );
+            (13 + 2 * usize::from(s.count), what)
+        })
+        .max_by_key(|(chars, _)| *chars);
+    let write = regs
+        .iter()
+        .filter(|r| r.kind == Kind::Holding)
+        .map(|r| {
+            let words = usize::from(r.ty.words());
+            let request = if words == 1 { 8 } else { 9 + 2 * words };
+            let what = format!(
+                "the write of {} (a request of {request} characters, an echo of 8)",
+                r.name
+            );
+            (request + 8, what)
+        })
+        .max_by_key(|(chars, _)| *chars);
+    let none = (0, "no request".into());
+    match (read, write) {
+        (Some(r), Some(w)) if w.0 > r.0 => w,
+        (Some(r), _) => r,
+        (None, w) => w.unwrap_or(none),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use crate::config::{resolve, Config, ConfigError, Overrides};
+
+    const RTU: &str = "cdu = \"cdu-1\"\ndemo_key = true\nembedded_broker = true\n\
+                       cdu_serial = \"/dev/ttyUSB0\"\n";
+
+    fn from(extra: &str) -> Result<Config, ConfigError> {
+        let text = format!("{RTU}{extra}");
+        resolve(Some(Path::new("cdu.toml")), &text, &Overrides::default())
+    }
+
+    /// The CDU's link is Modbus RTU, 8 data bits; 7 is Modbus ASCII, and
+    /// every request would come back as no answer or garbled.
+    #[test]
+    fn seven_data_bits_on_the_cdus_line_are_refused_as_modbus_ascii() {
+        let e = from("serial_data_bits = 7\n").unwrap_err();
+        assert_eq!(e.line, Some(5), "{e}");
+        assert!(
+            e.message.contains(
+                "Modbus RTU uses 8 data bits; 7 data bits is Modbus ASCII, \
+                 which the controller does not speak"
+            ),
+            "{e}"
+        );
+        assert!(from("serial_data_bits = 8\n").is_ok());
+    }
+
+    /// The simulated CDU's longest exchange is its read of input 10-20:
+    /// an 8-character request and a 27-character answer, and the CDU's
+    /// 3.5-character frame gap, 38.5 characters; at 1200 baud, 8E1 (11
+    /// bits a character), 353 ms, and 50 ms for the CDU to turn round.
+    #[test]
+    fn a_modbus_timeout_shorter_than_the_longest_exchange_on_the_wire_is_refused() {
+        let e1200 = "serial_baud = 1200\nserial_parity = \"even\"\n";
+        let e = from(e1200).unwrap_err();
+        for said in [
+            "modbus_timeout_ms = 375",
+            "serial_baud = 1200",
+            "8E1",
+            "the read of input 10-20",
+            "403 ms",
+        ] {
+            assert!(e.message.contains(said), "{said}: {e}");
+        }
+        let at = |t: u64| {
+            from(&format!(
+                "{e1200}period_ms = 2000\nmodbus_timeout_ms = {t}\n"
+            ))
+        };
+        assert!(at(403).is_ok());
+        let e = at(402).unwrap_err();
+        assert_eq!(e.line, Some(8), "{e}");
+        // 8N1 takes 10 bits a character: 321 ms and the margin.
+        let n1200 = |t: u64| from(&format!("serial_baud = 1200\nmodbus_timeout_ms = {t}\n"));
+        assert!(n1200(371).is_ok());
+        assert!(n1200(370).is_err());
+        // The default speed leaves the default timeout room to spare.
+        assert!(from("").is_ok());
+    }
 }

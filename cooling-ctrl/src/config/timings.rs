@@ -134,7 +134,7 @@ fn most_timeout_ms(period_ms: u64) -> u64 {
 
 /// The shortest period that leaves room for a timeout of `timeout_ms`
 /// (saturating: a timeout no period fits gives `u64::MAX`).
-fn least_period_ms(timeout_ms: u64) -> u64 {
+pub(super) fn least_period_ms(timeout_ms: u64) -> u64 {
     timeout_ms.saturating_mul(8).div_ceil(3)
 }
 

@@ -35,8 +35,9 @@ impl SerialLine {
         }
     }
 
-    /// The time one character takes on the line.
-    pub(super) fn char_time(&self) -> Duration {
+    /// The bits one character takes on the line: start, data, parity
+    /// (if any) and stop bits.
+    pub fn bits_per_char(&self) -> u32 {
         let data = match self.data_bits {
             DataBits::Five => 5,
             DataBits::Six => 6,
@@ -48,8 +49,13 @@ impl SerialLine {
             StopBits::One => 1,
             StopBits::Two => 2,
         };
-        let bits = 1 + data + parity + stop;
-        Duration::from_micros(u64::from(bits) * 1_000_000 / u64::from(self.baud.max(1)))
+        1 + data + parity + stop
+    }
+
+    /// The time one character takes on the line.
+    pub(super) fn char_time(&self) -> Duration {
+        let bits = u64::from(self.bits_per_char());
+        Duration::from_micros(bits * 1_000_000 / u64::from(self.baud.max(1)))
     }
 }
 
