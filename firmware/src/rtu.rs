@@ -172,7 +172,10 @@ where
         } else {
             OpKind::WriteMultiple
         };
-        let op = self.op(kind, r.address, words.len() as u16, r.name, r.name);
+        let mut op = self.op(kind, r.address, words.len() as u16, r.name, r.name);
+        for (to, w) in op.sent.iter_mut().zip(words) {
+            *to = *w;
+        }
         let mut packed = [0u8; 4];
         let req = match words {
             [w] => Request::WriteSingleRegister(r.address, *w),
@@ -187,13 +190,16 @@ where
             },
         };
         let pdu = self.transact(&op, req, 5)?;
-        let echo = match Response::try_from(pdu) {
-            Ok(Response::WriteSingleRegister(a, v)) => a == r.address && [v] == words,
+        // What came back: the address and the word (function 6) or the
+        // count of registers (16).
+        let (address, word, echo) = match Response::try_from(pdu) {
+            Ok(Response::WriteSingleRegister(a, v)) => (a, v, a == r.address && [v] == words),
             Ok(Response::WriteMultipleRegisters(a, q)) => {
-                a == r.address && usize::from(q) == words.len()
+                (a, q, a == r.address && usize::from(q) == words.len())
             }
-            Ok(_) => false,
-            Err(_) => {
+            // The function was checked on receipt: another answer of it
+            // does not decode as the write's.
+            Ok(_) | Err(_) => {
                 return Err(self.failed(RtuError::BadAnswer {
                     op,
                     why: Mismatch::Undecodable,
@@ -203,7 +209,7 @@ where
         if !echo {
             return Err(self.failed(RtuError::BadAnswer {
                 op,
-                why: Mismatch::Echo,
+                why: Mismatch::Echo { address, word },
             }));
         }
         Ok(())
@@ -224,6 +230,7 @@ where
             count,
             first,
             last,
+            sent: [0; 2],
         }
     }
 

@@ -31,6 +31,31 @@ pub struct Op {
     pub first: &'static str,
     /// The last register's name (the first's when only one).
     pub last: &'static str,
+    /// The words a write sent, its first `count` (none for a read): what
+    /// a refusal or a wrong echo is said with.
+    pub sent: [u16; 2],
+}
+
+impl Op {
+    /// The words a write sent, as said: `word 1000`, `words 1, 34464`.
+    pub fn words(&self) -> Words<'_> {
+        Words(self)
+    }
+}
+
+/// A write's words as said ([`Op::words`]).
+pub struct Words<'a>(&'a Op);
+
+impl fmt::Display for Words<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = usize::from(self.0.count).min(self.0.sent.len());
+        let sent = &self.0.sent[..n];
+        f.write_str(if n == 1 { "word" } else { "words" })?;
+        for (i, w) in sent.iter().enumerate() {
+            write!(f, "{}{w}", if i == 0 { " " } else { ", " })?;
+        }
+        Ok(())
+    }
 }
 
 impl fmt::Display for Op {
@@ -60,8 +85,15 @@ pub enum Mismatch {
     Unit(u8),
     /// The answer is to another function.
     Function(u8),
-    /// A write's echo differs from what was written.
-    Echo,
+    /// A write's echo differs from what was written: the address it
+    /// echoed, and the word (one register written) or the count of
+    /// registers (several).
+    Echo {
+        /// The address echoed.
+        address: u16,
+        /// The word echoed, or the count of registers.
+        word: u16,
+    },
     /// The answer has the wrong number of registers or bytes.
     Length,
     /// The frame's CRC matched but its contents do not decode.
@@ -169,18 +201,22 @@ impl fmt::Display for RtuError {
                 f,
                 "the answer's CRC is {sent:#06x}, its bytes give {computed:#06x}"
             ),
-            RtuError::Refused { code, .. } => {
-                write!(f, "the CDU refused it with exception {code} (")?;
+            RtuError::Refused { op, code } => {
+                match op.kind {
+                    OpKind::ReadInput => f.write_str("the CDU refused it")?,
+                    _ => write!(f, "the CDU refused {}", op.words())?,
+                }
+                write!(f, " with exception {code} (")?;
                 // Its meaning as the Modbus codec names it.
                 match modbus_core::Exception::try_from(*code) {
                     Ok(e) => write!(f, "{e})"),
                     Err(_) => f.write_str("not an exception Modbus defines)"),
                 }
             }
-            RtuError::BadAnswer { why, .. } => match why {
+            RtuError::BadAnswer { op, why } => match why {
                 Mismatch::Unit(u) => write!(f, "unit {u} answered"),
                 Mismatch::Function(c) => write!(f, "the answer is to function {c}"),
-                Mismatch::Echo => write!(f, "the write's echo differs from what was written"),
+                Mismatch::Echo { address, word } => echo(f, op, *address, *word),
                 Mismatch::Length => write!(f, "the answer has the wrong length"),
                 Mismatch::Undecodable => write!(f, "the answer does not decode"),
             },
@@ -191,4 +227,20 @@ impl fmt::Display for RtuError {
             RtuError::Serial { kind, .. } => write!(f, "the UART reported {kind:?}"),
         }
     }
+}
+
+/// A write's wrong echo (`address`, `word`: [`Mismatch::Echo`]), beside
+/// what `op` wrote.
+fn echo(f: &mut fmt::Formatter<'_>, op: &Op, address: u16, word: u16) -> fmt::Result {
+    f.write_str("the write's echo (")?;
+    match op.kind {
+        OpKind::WriteMultiple => write!(f, "{word} registers")?,
+        _ => write!(f, "word {word}")?,
+    }
+    write!(
+        f,
+        " at holding {address}) differs from what was written ({} at holding {})",
+        op.words(),
+        op.address
+    )
 }

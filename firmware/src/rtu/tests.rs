@@ -225,8 +225,38 @@ fn an_exception_is_refused_with_the_register_named() {
     assert!(matches!(e, RtuError::Refused { code: 3, .. }), "{e:?}");
     assert_eq!(
         std::format!("{e}"),
-        "write supply_setpoint at holding 0 of unit 1: the CDU refused it with exception 3 (Illegal data value)"
+        "write supply_setpoint at holding 0 of unit 1: the CDU refused word 1000 with exception 3 (Illegal data value)"
     );
+    // Both words of a two-word setting.
+    let (mut m, _, _) = master(std::vec![ok(frame(&[1, 0x90, 3]))]);
+    let e = m.write(&limit(), &[1, 34_464]).unwrap_err();
+    assert_eq!(
+        std::format!("{e}"),
+        "write limit at holding 8 of unit 1: the CDU refused words 1, 34464 with exception 3 (Illegal data value)"
+    );
+    // A two-word write's echo of another count.
+    let (mut m, _, _) = master(std::vec![ok(frame(&[1, 16, 0, 8, 0, 1]))]);
+    let e = m.write(&limit(), &[1, 34_464]).unwrap_err();
+    assert!(
+        std::format!("{e}")
+            .ends_with("echo (1 registers at holding 8) differs from what was written (words 1, 34464 at holding 8)"),
+        "{e}"
+    );
+}
+
+/// A two-word holding register (a power limit, W).
+fn limit() -> map::Register {
+    map::Register {
+        name: "limit",
+        kind: map::Kind::Holding,
+        address: 8,
+        ty: map::Type::U32,
+        scale: 1.0,
+        unit: "W",
+        min: Some(0.0),
+        max: Some(1e9),
+        description: "",
+    }
 }
 
 #[test]
@@ -289,18 +319,34 @@ fn another_unit_or_function_is_a_bad_answer() {
         ),
         "{e:?}"
     );
-    // An echo of another value.
+    // An echo of another value: what came back is said beside what went.
     let (mut m, _, _) = master(std::vec![ok(frame(&[1, 6, 0, 4, 0, 2]))]);
     let e = m.write(map::PUMPS_RUN, &[1]).unwrap_err();
     assert!(
         matches!(
             e,
             RtuError::BadAnswer {
-                why: Mismatch::Echo,
+                why: Mismatch::Echo {
+                    address: 4,
+                    word: 2
+                },
                 ..
             }
         ),
         "{e:?}"
+    );
+    assert_eq!(
+        std::format!("{e}"),
+        "write pumps_run at holding 4 of unit 1: the write's echo (word 2 at holding 4) \
+         differs from what was written (word 1 at holding 4)"
+    );
+    // An echo of another register.
+    let (mut m, _, _) = master(std::vec![ok(frame(&[1, 6, 0, 5, 0, 1]))]);
+    let e = m.write(map::PUMPS_RUN, &[1]).unwrap_err();
+    assert!(
+        std::format!("{e}")
+            .ends_with("(word 1 at holding 5) differs from what was written (word 1 at holding 4)"),
+        "{e}"
     );
 }
 
