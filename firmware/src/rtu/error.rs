@@ -230,16 +230,16 @@ impl fmt::Display for RtuError {
 }
 
 /// A write's wrong echo (`address`, `word`: [`Mismatch::Echo`]), beside
-/// what `op` wrote.
+/// what `op` wrote: short enough for the words a failed write is kept in
+/// (`cooling_decide::said::WORDS`, 128 bytes) with the request before it.
 fn echo(f: &mut fmt::Formatter<'_>, op: &Op, address: u16, word: u16) -> fmt::Result {
-    f.write_str("the write's echo (")?;
     match op.kind {
-        OpKind::WriteMultiple => write!(f, "{word} registers")?,
-        _ => write!(f, "word {word}")?,
+        OpKind::WriteMultiple => write!(f, "echo {word} registers")?,
+        _ => write!(f, "echo word {word}")?,
     }
     write!(
         f,
-        " at holding {address}) differs from what was written ({} at holding {})",
+        " at holding {address}, written {} at holding {}",
         op.words(),
         op.address
     )

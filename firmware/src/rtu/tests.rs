@@ -239,7 +239,7 @@ fn an_exception_is_refused_with_the_register_named() {
     let e = m.write(&limit(), &[1, 34_464]).unwrap_err();
     assert!(
         std::format!("{e}")
-            .ends_with("echo (1 registers at holding 8) differs from what was written (words 1, 34464 at holding 8)"),
+            .ends_with(": echo 1 registers at holding 8, written words 1, 34464 at holding 8"),
         "{e}"
     );
 }
@@ -337,15 +337,13 @@ fn another_unit_or_function_is_a_bad_answer() {
     );
     assert_eq!(
         std::format!("{e}"),
-        "write pumps_run at holding 4 of unit 1: the write's echo (word 2 at holding 4) \
-         differs from what was written (word 1 at holding 4)"
+        "write pumps_run at holding 4 of unit 1: echo word 2 at holding 4, written word 1 at holding 4"
     );
     // An echo of another register.
     let (mut m, _, _) = master(std::vec![ok(frame(&[1, 6, 0, 5, 0, 1]))]);
     let e = m.write(map::PUMPS_RUN, &[1]).unwrap_err();
     assert!(
-        std::format!("{e}")
-            .ends_with("(word 1 at holding 5) differs from what was written (word 1 at holding 4)"),
+        std::format!("{e}").ends_with(": echo word 1 at holding 5, written word 1 at holding 4"),
         "{e}"
     );
 }
