@@ -56,7 +56,7 @@
 //! | `facility_coordinator` | none (this CDU's setpoint sets its facility water) | a hall of several CDUs (site figures' `cdus`): the CDU whose facility water plan every CDU follows |
 //! | `facility_cdus` | none | the hall's CDUs in order; on the coordinator, itself among them |
 //! | `metrics_listen` | none (not served) | Prometheus's `/metrics`, `IP:PORT` or `:PORT` |
-//! | `board_pins` | none (leaks from the CDU's register only) | the controller board's pin map TOML (`boards/pins/*.toml`) |
+//! | `board_pins` | none (leaks from the CDU's register only: a register map without `leak_inputs` is then refused unless every rack is in `unprotected_racks`) | the controller board's pin map TOML (`boards/pins/*.toml`) |
 //! | `gpio_chip` | none | the GPIO character device of those pins, e.g. `/dev/gpiochip0` |
 //! | `rope_fault_active_high` | false | takes a pin map whose `rope_fault` lines are `active_low = false` (refused otherwise: an unplugged harness would read dry, supervised); the file only; said at every start |
 //! | `unprotected_racks` | none | racks run without a leak rope, by number; with `board_pins`, every other rack must have a rope in the pin map |
@@ -350,7 +350,8 @@ pub fn resolve_for(
     }
     let facility = facility_role(&src, &file, &cdu, &core)?;
     let metrics_listen = metrics_listen(&src, &file, flags)?;
-    let (board, rope_opt_out) = board_pins(&src, &file, flags, &core)?;
+    let run_map = map.as_ref().filter(|_| purpose == Purpose::Run);
+    let (board, rope_opt_out) = board_pins(&src, &file, flags, &core, run_map)?;
 
     Ok(Config {
         site: common.site,

@@ -12,6 +12,12 @@
 //! only) says the site's wiring is so on purpose: then an opt-out, said
 //! at every start.
 //!
+//!
+//! Without board pins the CDU's `leak_inputs` register is the only leak
+//! sensing: a register map without it is refused unless every rack is in
+//! `unprotected_racks` ([`leak_sensed`]), as leak sensing would otherwise
+//! read lost on every rack, for good.
+//!
 //! Glossary:
 //! - *leak rope*: a rack's leak-detection cable: its `leak` input and
 //!   its `rope_fault` input in the pin map.
@@ -21,6 +27,7 @@ use std::path::{Path, PathBuf};
 use std::string::{String, ToString};
 use std::vec::Vec;
 
+use loopwarden_boards::modbus_map::RegisterMap;
 use loopwarden_boards::pins::PinMap;
 use loopwarden_field::config::{ConfigError, Sources};
 use loopwarden_field::pick;
@@ -47,16 +54,58 @@ pub const ROPE_FAULT_ACTIVE_HIGH: &str = "rope_fault_active_high";
 /// The board's pins: `board_pins` and `gpio_chip` together or neither;
 /// the pin map read, checked, and with no more leak ropes than racks;
 /// with the opt-out said at start when `rope_fault_active_high` takes an
-/// active-high `rope_fault` ([`rope_polarity`]).
+/// active-high `rope_fault` ([`rope_polarity`]); without them, leak
+/// sensing from `map`, the CDU's map the controller reads (`None` for the
+/// gateway, whose microcontroller reads its own board), on every rack not
+/// unprotected ([`leak_sensed`]).
 pub(super) fn board_pins(
     src: &Sources,
     file: &FileConfig,
     flags: &Overrides,
     core: &CoreConfig,
+    map: Option<&RegisterMap>,
 ) -> Result<(Option<BoardConfig>, Option<String>), ConfigError> {
     let board = board_config(src, file, flags, core)?;
+    if board.is_none() {
+        leak_sensed(src, core, map)?;
+    }
     let opt_out = rope_polarity(src, file, flags, board.as_ref())?;
     Ok((board, opt_out))
+}
+
+/// With no board pins, the CDU's `leak_inputs` is the only leak sensing:
+/// a `map` without it, with a rack not in `unprotected_racks`, is
+/// refused, naming the racks. Run so, the decision path reads leak
+/// sensing lost on every rack at every step, for good, and refuses every
+/// clear-leak.
+fn leak_sensed(
+    src: &Sources,
+    core: &CoreConfig,
+    map: Option<&RegisterMap>,
+) -> Result<(), ConfigError> {
+    let Some(map) = map.filter(|m| m.get("leak_inputs").is_none()) else {
+        return Ok(());
+    };
+    let sensed: Vec<String> = (0..core.layout.racks.min(16))
+        .filter(|r| core.layout.unprotected & (1 << r) == 0)
+        .map(|r| r.to_string())
+        .collect();
+    if sensed.is_empty() {
+        return Ok(());
+    }
+    Err(src.error(
+        None,
+        "board_pins",
+        format!(
+            "no leak sensing for racks {}: no board_pins (no leak rope is read) and the \
+             register map of {:?} has no leak_inputs, so leak sensing would read lost on \
+             every rack at every step, for good, and no leak could be cleared; give \
+             board_pins and gpio_chip, a register map with the CDU's leak_inputs, or name \
+             every rack run without leak sensing in unprotected_racks",
+            sensed.join(", "),
+            map.model
+        ),
+    ))
 }
 
 /// Every `rope_fault` line of `board`'s map active low, else refused at
@@ -189,5 +238,60 @@ fn board_config(
             "gpio_chip",
             "gpio_chip needs board_pins, the pin map saying which line is which signal".into(),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use crate::config::{resolve, resolve_for, Config, ConfigError, Overrides, Purpose};
+
+    /// A controller with no board pins and a CDU map without
+    /// `leak_inputs`, on a hall of 4 racks, `extra` added.
+    fn unsensed(extra: &str, purpose: Purpose) -> Result<Config, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let figures = dir.path().join("site.toml");
+        std::fs::write(&figures, "racks = 4\nhosts_per_rack = 4\n").unwrap();
+        let sim = include_str!("../../../boards/cdus/sim-cdu.toml");
+        let at = sim.find("[[register]]\nname = \"leak_inputs\"").unwrap();
+        let next = at + 1 + sim[at + 1..].find("[[register]]").unwrap();
+        let map = dir.path().join("no-leaks.toml");
+        std::fs::write(&map, format!("{}{}", &sim[..at], &sim[next..])).unwrap();
+        let text = format!(
+            "cdu = \"cdu-1\"\ndemo_key = true\ncdu_tcp = \"127.0.0.1:5020\"\n\
+             embedded_broker = true\nregister_map = {map:?}\nsite_figures = {figures:?}\n{extra}"
+        );
+        resolve_for(
+            Some(Path::new("cdu.toml")),
+            &text,
+            &Overrides::default(),
+            purpose,
+        )
+    }
+
+    /// Without board pins the CDU's `leak_inputs` is the only leak
+    /// sensing; a map without it would lose leak sensing on every rack
+    /// for good (and every clear-leak refused), unless every rack runs
+    /// without it on purpose.
+    #[test]
+    fn no_board_pins_and_a_map_without_leak_inputs_is_refused_unless_every_rack_is_unprotected() {
+        let e = unsensed("", Purpose::Run).unwrap_err();
+        for key in ["leak_inputs", "board_pins", "unprotected_racks"] {
+            assert!(e.message.contains(key), "{key}: {e}");
+        }
+        assert!(e.message.contains("racks 0, 1, 2, 3:"), "{e}");
+        let e = unsensed("unprotected_racks = [0, 2, 3]\n", Purpose::Run).unwrap_err();
+        assert!(e.message.contains("racks 1:"), "{e}");
+        let all = unsensed("unprotected_racks = [0, 1, 2, 3]\n", Purpose::Run);
+        assert_eq!(
+            all.expect("every rack unprotected").core.layout.unprotected,
+            0xF
+        );
+        // The gateway's microcontroller reads its own board.
+        assert!(unsensed("", Purpose::Gateway).is_ok());
+        // The shipped map has leak_inputs.
+        let min = "cdu = \"cdu-1\"\ndemo_key = true\ncdu_tcp = \"127.0.0.1:5020\"\nembedded_broker = true\n";
+        assert!(resolve(Some(Path::new("cdu.toml")), min, &Overrides::default()).is_ok());
     }
 }
