@@ -6,7 +6,10 @@
 //! An operator's last id is kept under `clear.<n>`, `n` the operator's
 //! place in the keyring, with the operator's name before the id: a
 //! keyring rebuilt in another order never gives one operator another's
-//! count.
+//! count. At the start every number found in another's place is moved
+//! to its own ([`restore`]); in a step, one slot is written at most
+//! ([`restore_step`]), so a reordered keyring's moves do not pass the
+//! watchdog.
 //!
 //! Glossary:
 //! - *boot count*: starts since the flash was formatted, this one
@@ -273,6 +276,12 @@ pub struct Restored {
     pub unplaced: usize,
     /// Damaged operators' places that still name someone.
     pub damaged: heapless::Vec<Passed, SLOTS>,
+    /// Slots written (a number moved to its place or copied aside), gone
+    /// in or not: two items each.
+    pub writes: usize,
+    /// Numbers left for a later call ([`restore_step`]): their operators
+    /// are left [`Last::Unread`], read again.
+    pub deferred: usize,
 }
 
 /// The operators' last clear ids, into `gate`: every slot read; each
@@ -291,6 +300,29 @@ pub struct Restored {
 pub async fn restore<S: MultiwriteNorFlash>(
     store: &mut ConfigStore<S>,
     gate: &mut ClearGate,
+) -> Result<Restored, ClearError<S::Error>> {
+    restore_within(store, gate, usize::MAX).await
+}
+
+/// As [`restore`], within a step: one slot written at most (a number
+/// moved to its place, or one copied aside first), as the step's other
+/// keeps: each is two items at the NOR part's worst, and a reordered
+/// keyring's every move in one step would pass the watchdog. The
+/// operators whose number is not in place yet stay [`Last::Unread`]
+/// (their clears refused) and are read again at the next call; each
+/// call moves one more, or copies one aside that the next moves.
+pub async fn restore_step<S: MultiwriteNorFlash>(
+    store: &mut ConfigStore<S>,
+    gate: &mut ClearGate,
+) -> Result<Restored, ClearError<S::Error>> {
+    restore_within(store, gate, 1).await
+}
+
+/// [`restore`], writing at most `writes` slots.
+async fn restore_within<S: MultiwriteNorFlash>(
+    store: &mut ConfigStore<S>,
+    gate: &mut ClearGate,
+    writes: usize,
 ) -> Result<Restored, ClearError<S::Error>> {
     let ring: heapless::Vec<(usize, &'static str), SLOTS> = gate.slots().collect();
     let mut out = Restored::default();
@@ -328,7 +360,8 @@ pub async fn restore<S: MultiwriteNorFlash>(
         }
     }
     let damaged = (out.damaged.iter()).fold(0u32, |m, d| m | 1 << d.damaged.slot);
-    move_all(store, gate, &mut kept, todo, (&ring, damaged), &mut out).await;
+    let aside = (&ring[..], damaged);
+    move_all(store, gate, &mut kept, (todo, writes), aside, &mut out).await;
     Ok(out)
 }
 
@@ -367,30 +400,52 @@ async fn read_all<S: MultiwriteNorFlash>(
 /// Each of `todo` (slot, name, id) written into its slot: first those
 /// whose slot may be written over, else one's slot is copied aside first
 /// (none copied: that operator is left [`Last::Unread`], never its
-/// slot's only copy of another's number written over).
+/// slot's only copy of another's number written over). At most `writes`
+/// slots are written; the operators of the numbers left then are left
+/// [`Last::Unread`] ([`Restored::deferred`]).
 async fn move_all<S: MultiwriteNorFlash>(
     store: &mut ConfigStore<S>,
     gate: &mut ClearGate,
     kept: &mut [Option<Kept>; SLOTS],
-    mut todo: heapless::Vec<(usize, &'static str, u32), SLOTS>,
+    (mut todo, writes): (heapless::Vec<(usize, &'static str, u32), SLOTS>, usize),
     aside: (&[(usize, &str)], u32),
     out: &mut Restored,
 ) {
     while !todo.is_empty() {
+        if out.writes >= writes {
+            for (slot, _, _) in todo.drain(..) {
+                gate.set(slot, Last::Unread);
+                out.deferred += 1;
+            }
+            return;
+        }
         let i = match todo.iter().position(|t| free(kept, t.0, aside.0)) {
             Some(i) => i,
             // Each slot to write holds another operator's only copy (the
             // keyring reordered): one is copied to a slot no operator
             // has first, so a start cut meanwhile loses nothing.
-            None if spare_copy(store, kept, todo[0].0, aside).await => 0,
-            None => {
-                let (slot, _, _) = todo.swap_remove(0);
-                gate.set(slot, Last::Unread);
-                out.unplaced += 1;
-                continue;
-            }
+            None => match spare_copy(store, kept, todo[0].0, aside).await {
+                Aside::Copied if out.writes + 1 < writes => {
+                    out.writes += 1;
+                    0
+                }
+                // Copied, and no write left for the move: the next call
+                // moves it.
+                Aside::Copied => {
+                    out.writes += 1;
+                    continue;
+                }
+                how => {
+                    out.writes += usize::from(how == Aside::Failed);
+                    let (slot, _, _) = todo.swap_remove(0);
+                    gate.set(slot, Last::Unread);
+                    out.unplaced += 1;
+                    continue;
+                }
+            },
         };
         let (slot, name, id) = todo.swap_remove(i);
+        out.writes += 1;
         match keep_clear(store, slot, name, id).await {
             Ok(()) => {
                 kept[slot] = Some(Kept::of(name.as_bytes(), id));
@@ -426,27 +481,38 @@ fn free(kept: &[Option<Kept>], n: usize, ring: &[(usize, &str)]) -> bool {
     !in_ring || elsewhere
 }
 
+/// What became of a copy aside ([`spare_copy`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Aside {
+    /// Copied.
+    Copied,
+    /// No slot to copy to: nothing written.
+    NoSlot,
+    /// The write failed.
+    Failed,
+}
+
 /// Copies what slot `n` holds to a slot no keyring operator has, not
 /// damaged, and that may be written over (the one beyond the most
-/// operators is kept for this); whether it was copied (`false`: no such
-/// slot, or the write failed: `n` is not to be written over).
+/// operators is kept for this). Not copied (no such slot, or the write
+/// failed): `n` is not to be written over.
 async fn spare_copy<S: MultiwriteNorFlash>(
     store: &mut ConfigStore<S>,
     kept: &mut [Option<Kept>; SLOTS],
     n: usize,
     (ring, damaged): (&[(usize, &str)], u32),
-) -> bool {
+) -> Aside {
     let spare = (0..SLOTS)
         .rev()
         .find(|&j| damaged & (1 << j) == 0 && ring.iter().all(|r| r.0 != j) && free(kept, j, ring));
     let (Some(j), Some(k)) = (spare, kept[n].clone()) else {
-        return false;
+        return Aside::NoSlot;
     };
     if keep_named(store, j, &k.name, k.id).await.is_err() {
-        return false;
+        return Aside::Failed;
     }
     kept[j] = Some(k);
-    true
+    Aside::Copied
 }
 
 #[cfg(test)]
@@ -633,5 +699,74 @@ pub(crate) mod tests {
             g.admit(&c, Some(NOW)),
             Err(Refusal::Replayed { id: 42, last: 42 })
         );
+    }
+
+    /// Four operators' numbers, each slot holding another's after the
+    /// keyring was rotated by one.
+    fn rotated(mem: &mut [u8]) -> &'static [crate::clears::Operator] {
+        let key = ring()[0].public_key;
+        let mut s = open(mem);
+        let ops: std::vec::Vec<crate::clears::Operator> = (0..4)
+            .map(|i| {
+                let name = std::boxed::Box::leak(std::format!("op{i}").into_boxed_str());
+                block_on(keep_clear(&mut s, i, name, 100 + i as u32)).unwrap();
+                crate::clears::Operator {
+                    name,
+                    key_id: 1,
+                    public_key: key,
+                }
+            })
+            .collect();
+        let mut ops = ops;
+        ops.rotate_left(1);
+        std::boxed::Box::leak(ops.into_boxed_slice())
+    }
+
+    /// Every slot's content and write count.
+    fn slots(s: &mut ConfigStore<RamNor<'_>>) -> std::vec::Vec<(Option<Kept>, u32)> {
+        (0..SLOTS)
+            .map(|n| {
+                let kept = block_on(read_slot(s, n)).unwrap();
+                (kept, block_on(read_count(s, n)).unwrap())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_restore_in_a_step_writes_one_slot_and_every_number_reaches_its_place_over_steps() {
+        let mut mem = std::vec![0xFFu8; 8 * 4096];
+        let ops = rotated(&mut mem);
+        let mut s = open(&mut mem);
+        let mut g = ClearGate::new(Some("cdu1"), ops);
+        let mut steps = 0;
+        while g.unsettled().count() > 0 || steps == 0 {
+            assert!(steps < 3 * ops.len(), "not settled in {steps} steps");
+            let before = slots(&mut s);
+            let r = block_on(restore_step(&mut s, &mut g)).unwrap();
+            let after = slots(&mut s);
+            let changed = (before.iter().zip(&after)).filter(|(b, a)| b != a).count();
+            assert!(changed <= 1, "step {steps}: {changed} slots written: {r:?}");
+            assert_eq!(r.writes, changed, "step {steps}");
+            // An operator not in place yet takes no clear meanwhile.
+            for (slot, name, last) in g.unsettled() {
+                assert_eq!(last, Last::Unread, "step {steps}: {name} of slot {slot}");
+            }
+            steps += 1;
+        }
+        assert!(steps > ops.len(), "one slot a step: {steps} steps");
+        for (i, op) in ops.iter().enumerate() {
+            let id = 100 + (i as u32 + 1) % 4;
+            assert_eq!(
+                block_on(last_clear(&mut s, i, op.name)).ok(),
+                Some(Some(id))
+            );
+        }
+        // At the start, all at once.
+        let mut mem = std::vec![0xFFu8; 8 * 4096];
+        let ops = rotated(&mut mem);
+        let mut s = open(&mut mem);
+        let mut g = ClearGate::new(Some("cdu1"), ops);
+        let r = block_on(restore(&mut s, &mut g)).unwrap();
+        assert_eq!((r.moved, g.unsettled().count()), (4, 0), "{r:?}");
     }
 }

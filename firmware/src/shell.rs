@@ -312,8 +312,9 @@ impl Shell {
             gate.unsettled().collect();
         if unsettled.iter().any(|u| u.2 == Last::Unread) {
             // Every slot read again, as at the start (a damaged slot is
-            // said at the start only).
-            let r = block_on(counters::restore(&mut self.store, gate));
+            // said at the start only), one number moved at most: the
+            // others stay unread until a later step moves them.
+            let r = block_on(counters::restore_step(&mut self.store, gate));
             let unread = gate.unsettled().any(|u| u.2 == Last::Unread);
             if r.is_ok() && !unread {
                 let _ = writeln!(
@@ -323,7 +324,7 @@ impl Shell {
             }
             // An operator whose number waits to be kept is tried below
             // while another's slot stays damaged; not after a write here.
-            if r.is_err() || r.is_ok_and(|r| r.moved > 0) {
+            if r.is_err() || r.is_ok_and(|r| r.writes > 0) {
                 return;
             }
         }
