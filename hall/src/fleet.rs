@@ -344,6 +344,8 @@ struct Ran {
     acks_acked: Vec<(String, Vec<u32>)>,
     /// Each controller's caps and bus counters at the end.
     controllers: Vec<(String, CapFigures)>,
+    /// CDUs whose cap watcher did not end (their figures are empty).
+    caps_lost: Vec<String>,
     /// When each (host, GPU) was failed.
     injected: HashMap<(String, u8), Instant>,
 }
@@ -409,7 +411,7 @@ async fn run_parts(
     }
     let agents = metrics;
     let _ = ctrl_stop.send(true);
-    let controllers = stop_controllers(cdus, layouts).await;
+    let (controllers, caps_lost) = stop_controllers(cdus, layouts).await;
     Ok(Ran {
         agents_start_s,
         wall_s,
@@ -424,6 +426,7 @@ async fn run_parts(
         acked,
         acks_acked,
         controllers,
+        caps_lost,
         injected,
     })
 }
@@ -561,22 +564,27 @@ fn step_one(
 }
 
 /// Stops the controllers (already told) and their watchers; their caps
-/// and bus counters, by CDU.
-async fn stop_controllers(cdus: Vec<CduPart>, layouts: &[CduLayout]) -> Vec<(String, CapFigures)> {
-    let mut out = Vec::new();
+/// and bus counters, by CDU, and the CDUs whose watcher did not end (the
+/// report names them: their figures are lost, not zero).
+async fn stop_controllers(
+    cdus: Vec<CduPart>,
+    layouts: &[CduLayout],
+) -> (Vec<(String, CapFigures)>, Vec<String>) {
+    let (mut out, mut lost) = (Vec::new(), Vec::new());
     for (part, l) in cdus.into_iter().zip(layouts) {
         let _ = tokio::time::timeout(Duration::from_secs(10), part.controller).await;
         let caps = match tokio::time::timeout(Duration::from_secs(5), part.watcher).await {
             Ok(Ok(caps)) => caps,
             _ => {
                 tracing::warn!("{}: the cap watcher did not end", l.name);
+                lost.push(l.name.clone());
                 CapFigures::default()
             }
         };
         part.sim.served.abort();
         out.push((l.name.clone(), caps));
     }
-    out
+    (out, lost)
 }
 
 /// The host agents, as tasks on the shared runtime.

@@ -165,6 +165,8 @@ pub struct CapFigures {
     pub last: Option<ShellStats>,
     /// Most hosts the controller's commands capped at once.
     pub peak_hosts_capped: usize,
+    /// Hosts the controller's commands capped at some time.
+    pub hosts_ever_capped: BTreeSet<String>,
     /// Hosts whose acks reported a cap in force at some time.
     pub hosts_acked_capped: BTreeSet<String>,
     /// Hosts the controller's last commands capped.

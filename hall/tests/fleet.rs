@@ -84,10 +84,22 @@ fn a_small_fleet_loses_nothing_quarantines_every_xid_and_acks_every_cap() {
     assert_eq!(n("quarantines"), 8.0, "every injected XID quarantined");
     assert!(n("quarantine_p99_ms") >= n("quarantine_p50_ms"));
     assert!(n("hosts_capped") >= 1.0, "the shortfall capped hosts");
+    // hosts_capped is every host a command capped, hosts_caps_acked those
+    // of them that acknowledged; the silent ones are named.
+    assert_eq!(
+        r["hosts_caps_never_acked"],
+        serde_json::json!([]),
+        "a capped host never acknowledged its cap"
+    );
     assert_eq!(
         n("hosts_caps_acked"),
         n("hosts_capped"),
         "every capped host acknowledged its cap"
+    );
+    assert_eq!(
+        r["cap_watchers_lost"],
+        serde_json::json!([]),
+        "a cap watcher lost"
     );
     assert!(n("caps_acked_p50_ms") > 0.0);
     assert!(n("agent_cpu_cores") > 0.0 && n("agent_rss_mib_per_host") > 0.0);

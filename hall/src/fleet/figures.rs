@@ -7,6 +7,7 @@ use std::collections::{BTreeSet, HashMap};
 use super::observer::Heard;
 use super::report::{percentile_ms, FleetReport};
 use super::{ctrl_bus, layout, Brokers, CduLayout, FleetConfig, Ran};
+use crate::play::CapFigures;
 use loopwarden_bus::MetricsSnapshot;
 
 impl Ran {
@@ -175,33 +176,44 @@ impl Ran {
 
     /// Cap step → each host's ack of the cap in force.
     fn caps(&self, r: &mut FleetReport) {
-        let mut lat = Vec::new();
-        let mut acked = BTreeSet::new();
-        for (_, c) in &self.controllers {
-            r.hosts_capped += c.peak_hosts_capped;
-            for e in &c.episodes {
-                for (h, s) in &e.host_ack_s {
-                    lat.push(*s);
-                    acked.insert(h.clone());
-                }
+        cap_figures(&self.controllers, &self.caps_lost, r);
+    }
+}
+
+/// The caps figures of the controllers' cap watchers, by CDU: the hosts
+/// any command capped, those of them that acknowledged a cap in force
+/// (and by name those that never did), the ack latencies; `lost`, the
+/// CDUs whose watcher did not end, whose hosts are in none of them.
+fn cap_figures(controllers: &[(String, CapFigures)], lost: &[String], r: &mut FleetReport) {
+    let mut lat = Vec::new();
+    let mut capped = BTreeSet::new();
+    let mut acked = BTreeSet::new();
+    for (_, c) in controllers {
+        capped.extend(c.hosts_ever_capped.iter().cloned());
+        for e in &c.episodes {
+            for (h, s) in &e.host_ack_s {
+                lat.push(*s);
+                acked.insert(h.clone());
             }
         }
-        r.hosts_caps_acked = acked.len();
-        r.controller_ack_gap_max_s = round2(
-            self.controllers
-                .iter()
-                .map(|(_, c)| c.longest_ack_gap_s)
-                .fold(0.0, f64::max),
-        );
-        r.controller_steps = self
-            .controllers
-            .iter()
-            .map(|(_, c)| c.last.as_ref().map_or(0, |l| l.steps))
-            .collect();
-        r.caps_acked_p50_ms = percentile_ms(&lat, 50.0);
-        r.caps_acked_p99_ms = percentile_ms(&lat, 99.0);
-        r.caps_acked_max_ms = percentile_ms(&lat, 100.0);
     }
+    r.hosts_capped = capped.len();
+    r.hosts_caps_acked = capped.intersection(&acked).count();
+    r.hosts_caps_never_acked = capped.difference(&acked).cloned().collect();
+    r.cap_watchers_lost = lost.to_vec();
+    r.controller_ack_gap_max_s = round2(
+        controllers
+            .iter()
+            .map(|(_, c)| c.longest_ack_gap_s)
+            .fold(0.0, f64::max),
+    );
+    r.controller_steps = controllers
+        .iter()
+        .map(|(_, c)| c.last.as_ref().map_or(0, |l| l.steps))
+        .collect();
+    r.caps_acked_p50_ms = percentile_ms(&lat, 50.0);
+    r.caps_acked_p99_ms = percentile_ms(&lat, 99.0);
+    r.caps_acked_max_ms = percentile_ms(&lat, 100.0);
 }
 
 /// The agents' events the broker acknowledged (`acked`: by host id, their
@@ -248,4 +260,75 @@ fn round2(v: f64) -> f64 {
 
 fn round3(v: f64) -> f64 {
     (v * 1000.0).round() / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::play::CapEpisode;
+
+    fn set(ids: &[&str]) -> BTreeSet<String> {
+        ids.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// Hosts a and b capped; b lifted and c capped in a second episode;
+    /// a and c acknowledge, b never does.
+    fn two_episodes() -> CapFigures {
+        CapFigures {
+            peak_hosts_capped: 2,
+            hosts_ever_capped: set(&["a", "b", "c"]),
+            episodes: vec![
+                CapEpisode {
+                    hosts_capped: 2,
+                    host_ack_s: vec![("a".into(), 0.4)],
+                    ..Default::default()
+                },
+                CapEpisode {
+                    hosts_capped: 2,
+                    host_ack_s: vec![("c".into(), 0.6)],
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn every_host_ever_capped_counts_and_a_silent_one_is_named() {
+        let mut r = FleetReport::default();
+        cap_figures(&[("cdu0".into(), two_episodes())], &[], &mut r);
+        assert_eq!((r.hosts_caps_acked, r.hosts_capped), (2, 3));
+        assert_eq!(r.hosts_caps_never_acked, vec!["b".to_string()]);
+        assert!(
+            r.summary().contains("2/3 hosts acked, never acked: b"),
+            "{}",
+            r.summary()
+        );
+        // b acknowledges too: every capped host, not more.
+        let mut all = two_episodes();
+        all.episodes[0].host_ack_s.push(("b".into(), 0.5));
+        let mut r = FleetReport::default();
+        cap_figures(&[("cdu0".into(), all)], &[], &mut r);
+        assert_eq!((r.hosts_caps_acked, r.hosts_capped), (3, 3));
+        assert!(r.hosts_caps_never_acked.is_empty());
+    }
+
+    #[test]
+    fn a_lost_cap_watcher_is_counted_not_dropped() {
+        let mut r = FleetReport::default();
+        cap_figures(
+            &[
+                ("cdu0".into(), two_episodes()),
+                ("cdu1".into(), CapFigures::default()),
+            ],
+            &["cdu1".to_string()],
+            &mut r,
+        );
+        assert_eq!(r.cap_watchers_lost, vec!["cdu1".to_string()]);
+        assert!(
+            r.summary().contains("cap watchers lost: cdu1"),
+            "{}",
+            r.summary()
+        );
+    }
 }

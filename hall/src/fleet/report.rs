@@ -114,10 +114,15 @@ pub struct FleetReport {
     pub other_quarantines: usize,
     /// CDUs whose pumps failed.
     pub shortfall_cdus: usize,
-    /// Hosts the controllers' commands capped.
+    /// Hosts the controllers' commands capped at some time.
     pub hosts_capped: usize,
     /// Of those, hosts that acknowledged a cap in force.
     pub hosts_caps_acked: usize,
+    /// Of those, hosts that never acknowledged a cap in force, by id.
+    pub hosts_caps_never_acked: Vec<String>,
+    /// CDUs whose cap watcher did not end: their hosts are in none of the
+    /// caps figures.
+    pub cap_watchers_lost: Vec<String>,
     /// The longest time any controller went without an ack from its hosts
     /// while its commands capped some (leases go out every few seconds
     /// then): how long it lost touch with them, a broker's failover
@@ -158,6 +163,22 @@ impl FleetReport {
         serde_json::to_string_pretty(self).expect("a report serialises")
     }
 
+    /// What the caps figures leave out, for the summary: the capped hosts
+    /// that never acknowledged and the CDUs whose cap watcher was lost.
+    fn caps_unaccounted(&self) -> String {
+        let mut s = String::new();
+        if !self.hosts_caps_never_acked.is_empty() {
+            s += &format!(", never acked: {}", self.hosts_caps_never_acked.join(" "));
+        }
+        if !self.cap_watchers_lost.is_empty() {
+            s += &format!(
+                ", cap watchers lost: {} (their hosts not counted)",
+                self.cap_watchers_lost.join(" ")
+            );
+        }
+        s
+    }
+
     /// The short summary.
     pub fn summary(&self) -> String {
         let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0} ms"));
@@ -168,7 +189,7 @@ impl FleetReport {
              sequence gaps {}; \
              connections lost (agents, controllers, observer) {:?}\n\
              XID -> quarantine: {}/{} quarantined, p50 {}, p99 {}, max {}\n\
-             shortfall -> caps acked: {} CDUs, {}/{} hosts acked, p50 {}, p99 {}, max {}\n\
+             shortfall -> caps acked: {} CDUs, {}/{} hosts acked{}, p50 {}, p99 {}, max {}\n\
              agents: {:.2} cores, {} threads, {:.2} MiB RSS per host, flash in {}; started in {:.1} s\n\
              load average {:.2} at the start, {:.2} at the end",
             self.hosts,
@@ -194,6 +215,7 @@ impl FleetReport {
             self.shortfall_cdus,
             self.hosts_caps_acked,
             self.hosts_capped,
+            self.caps_unaccounted(),
             ms(self.caps_acked_p50_ms),
             ms(self.caps_acked_p99_ms),
             ms(self.caps_acked_max_ms),

@@ -190,6 +190,9 @@ pub(crate) async fn watch_caps(
             })
             .collect();
         let n = in_cmds.iter().filter(|c| **c).count();
+        for (id, _) in hosts.iter().zip(&in_cmds).filter(|(_, c)| **c) {
+            f.hosts_ever_capped.insert(id.clone());
+        }
         f.peak_hosts_capped = f.peak_hosts_capped.max(n);
         if n > 0 && episode.is_none() {
             let t = hall.lock().map(|h| h.time_s()).unwrap_or(0.0);
