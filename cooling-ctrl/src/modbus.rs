@@ -58,7 +58,9 @@
 //!   while asking: the serial port cannot be opened, the TCP connection is
 //!   refused or closed ("the CDU closed the connection": the CDU, or a
 //!   gateway or firewall on the way, dropped it; the next request
-//!   connects again).
+//!   connects again), the serial device hung up ("the serial device hung
+//!   up (adapter unplugged or reset)": its reads ended; the next request
+//!   opens it again).
 //! - *bad answer* ([`CduError::BadAnswer`]): something answered, but not to
 //!   this request (another unit, another function, the wrong length, a
 //!   write's echo with another register or value, which may be a value the
@@ -416,7 +418,7 @@ impl ModbusCdu {
                     .seen
                     .as_ref()
                     .is_some_and(|s| s.closed.load(Ordering::Relaxed));
-                transport_failure(op, e, closed)
+                transport_failure(op, e, closed, &self.link)
             }
         };
         // Open afresh next time: no late answer read as the next one. A
@@ -653,22 +655,27 @@ impl ModbusCdu {
 /// A failure of the transport under a request, as the controller reports
 /// it: an answer the codec could not decode (tokio-modbus reports a bad
 /// RTU CRC or a malformed frame as `InvalidData`) is a bad answer, the
-/// rest a link failure; where the CDU had `closed` the TCP connection, it
-/// says so in place of whatever errno tokio-modbus put there ([`Watched`]).
-fn transport_failure(op: String, e: io::Error, closed: bool) -> CduError {
+/// rest a link failure; where the stream had `closed` ([`Watched`]), it
+/// says so in place of whatever errno tokio-modbus put there: on TCP the
+/// CDU closed the connection, on a serial `link` the device hung up (its
+/// reads end when a USB-RS485 adapter is unplugged or reset).
+fn transport_failure(op: String, e: io::Error, closed: bool, link: &Link) -> CduError {
     if e.kind() == io::ErrorKind::InvalidData {
         return CduError::BadAnswer {
             op,
             detail: format!("it could not be decoded ({e})"),
         };
     }
-    let source = if closed {
-        io::Error::new(
+    let source = match (closed, link) {
+        (false, _) => e,
+        (true, Link::Tcp(_)) => io::Error::new(
             io::ErrorKind::UnexpectedEof,
             "the CDU closed the connection before a whole answer came",
-        )
-    } else {
-        e
+        ),
+        (true, Link::Rtu(_)) => io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the serial device hung up (adapter unplugged or reset) before a whole answer came",
+        ),
     };
     CduError::Io { op, source }
 }
@@ -1054,20 +1061,42 @@ mod tests {
 
     #[test]
     fn a_closed_tcp_connection_says_so_in_place_of_a_stray_errno() {
+        let tcp = Link::Tcp("127.0.0.1:502".parse().unwrap());
         // What tokio-modbus makes of the end of the stream: errno as it was.
         for code in [0, libc::EAGAIN, libc::EINPROGRESS] {
-            let e = transport_failure("read".into(), io::Error::from_raw_os_error(code), true);
+            let errno = io::Error::from_raw_os_error(code);
+            let e = transport_failure("read".into(), errno, true, &tcp);
             assert_eq!(
                 e.to_string(),
                 "read: the CDU closed the connection before a whole answer came"
             );
         }
         let reset = io::Error::from_raw_os_error(libc::ECONNRESET);
-        let e = transport_failure("read".into(), reset, false);
+        let e = transport_failure("read".into(), reset, false, &tcp);
         assert!(matches!(e, CduError::Io { .. }), "{e:?}");
         assert!(e.to_string().contains("(os error"), "{e}");
         let garbled = io::Error::new(io::ErrorKind::InvalidData, "Invalid CRC");
-        let e = transport_failure("read".into(), garbled, true);
+        let e = transport_failure("read".into(), garbled, true, &tcp);
+        assert!(matches!(e, CduError::BadAnswer { .. }), "{e:?}");
+    }
+
+    /// A serial device whose reads end (a USB-RS485 adapter unplugged or
+    /// reset) hung up: no CDU closed any connection, and the engineer
+    /// is sent to the adapter, not the CDU.
+    #[test]
+    fn a_hung_up_serial_device_says_so_not_a_closed_connection() {
+        let rtu = Link::Rtu(SerialLine::new("/dev/ttyUSB0"));
+        for code in [0, libc::EAGAIN, libc::EIO] {
+            let errno = io::Error::from_raw_os_error(code);
+            let e = transport_failure("read".into(), errno, true, &rtu);
+            assert!(matches!(e, CduError::Io { .. }), "{e:?}");
+            assert_eq!(
+                e.to_string(),
+                "read: the serial device hung up (adapter unplugged or reset) before a whole answer came"
+            );
+        }
+        let garbled = io::Error::new(io::ErrorKind::InvalidData, "Invalid CRC");
+        let e = transport_failure("read".into(), garbled, true, &rtu);
         assert!(matches!(e, CduError::BadAnswer { .. }), "{e:?}");
     }
 

@@ -1,7 +1,7 @@
 //! The link to the CDU: a serial line for Modbus RTU ([`SerialLine`]) or
 //! TCP ([`Link`]), connecting over TCP with a failure that says what
 //! failed and where ([`connect_failure`]), telling when the CDU closed a
-//! TCP connection ([`Watched`]), and draining a serial line of stale bytes
+//! TCP connection or a serial device hung up ([`Watched`]), and draining a serial line of stale bytes
 //! before a request.
 use super::*;
 use std::pin::Pin;
