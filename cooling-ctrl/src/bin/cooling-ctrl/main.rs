@@ -391,7 +391,11 @@ fn served_map(config: &config::Config) -> loopwarden_boards::modbus_map::Registe
     }
     let mut core = config.core;
     if let Some(cdu_map) = &config.map {
-        cooling_decide::writes::tighten(&mut core, &cooling_ctrl::modbus::map_limits(cdu_map));
+        let limits = cooling_ctrl::modbus::map_limits(cdu_map);
+        if cooling_decide::writes::tighten(&mut core, &limits).is_err() {
+            // No setpoint meets both: the start refuses it, naming both.
+            return map;
+        }
     }
     let (lo, hi) = (core.cdu.min_setpoint_c, core.cdu.max_setpoint_c);
     match northbound::fit_setpoint_ceiling(&mut map, lo, hi) {
