@@ -14,7 +14,10 @@
 //! in the config store under [`LATCHED_KEY`], with its generation
 //! ([`LatchRecord`]): the shell writes it with [`Recorder::set_sync`] and
 //! waits for it to be in flash before the step's commands reach the CDU,
-//! and [`ControllerFlash::open`] reads it back before the first step. The
+//! and [`ControllerFlash::open`] reads it back before the first step. A
+//! flash file whose config store was lost (`Stores::config_lost`) holds
+//! no record and reads as unknown ([`CONFIG_LOST`]), never as nothing
+//! latched: the controller relatches as for a record it cannot read. The
 //! twin's restarts use the same [`save_latched`] and [`load_latched`] on a
 //! simulated flash.
 //!
@@ -80,7 +83,8 @@ pub struct ControllerFlash {
     /// The bus's first sequence number.
     pub first_seq: u32,
     /// The latched state read back at opening: `Ok(None)` when none was
-    /// ever written, an error when it cannot be read.
+    /// ever written, an error when it cannot be read or the config store
+    /// was lost ([`CONFIG_LOST`]).
     pub latched: Result<Option<LatchRecord>, String>,
     /// What the estimator learned, as read back at opening (decoded
     /// against the configuration by [`LearnedRecords::decode`]).
@@ -111,11 +115,14 @@ impl ControllerFlash {
     pub fn open(path: Option<&Path>) -> Result<Self, String> {
         let mut stores = agent_flash::open(path)?;
         let latched = futures::executor::block_on(load_latched(&mut stores.store));
+        let latched = unknown_if_lost(latched, stores.config_lost);
         if let Ok(Some(r)) = &latched {
             futures::executor::block_on(catch_up_latched(&mut stores.store, r));
         }
-        if matches!(latched, Ok(Some(_))) {
-            // A record kept before the mark was gets its mark now.
+        if matches!(latched, Ok(Some(_))) || stores.config_lost {
+            // A record kept before the mark was gets its mark now; after
+            // a store lost, the mark keeps the next start from reading
+            // "nothing latched" until a record is written anew.
             if let Err(e) = futures::executor::block_on(mark_latch_kept(&mut stores.store)) {
                 tracing::error!("{e}: should the latched record be lost from flash later, a restart would read it as nothing latched");
             }
@@ -139,6 +146,24 @@ impl ControllerFlash {
             bms_limits_gen,
             new_file,
         })
+    }
+}
+
+/// Why the latched state is unknown when the config store was lost from
+/// the flash file ([`agent_flash::Stores::config_lost`]).
+pub const CONFIG_LOST: &str = "the config store was lost from the flash file (it holds records but no sequence floor, which every start writes before any other: a sector erased by a repair, a board layout that moved its range, a damaged disk), so what was latched (racks isolated for a leak, pumps failed) is unknown";
+
+/// The latched record as read (`read`), unless the config store was lost
+/// (`lost`): then "none ever written" is unknown, an error
+/// ([`CONFIG_LOST`]), which the controller treats as a record it cannot
+/// read (`cooling_decide::latch`: relatch from the valve positions).
+pub fn unknown_if_lost(
+    read: Result<Option<LatchRecord>, String>,
+    lost: bool,
+) -> Result<Option<LatchRecord>, String> {
+    match read {
+        Ok(None) if lost => Err(CONFIG_LOST.into()),
+        other => other,
     }
 }
 
@@ -788,6 +813,63 @@ mod tests {
         );
         // A store no record went into is nothing latched.
         assert_eq!(block_on(load_latched(&mut sim_store(None))), Ok(None));
+    }
+
+    /// A flash file whose config store was lost since a controller ran on
+    /// it (its sectors erased: a repair, a board layout that moved the
+    /// range, a damaged disk) while the file and its log stay: what was
+    /// latched is unknown, never "nothing latched", and so stays at the
+    /// next start, the mark kept anew.
+    #[test]
+    fn a_lost_config_store_is_an_unreadable_latch_never_nothing_latched() {
+        use std::os::unix::fs::FileExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cdu.flash");
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let r = LatchRecord {
+            generation: 3,
+            latched: Latched {
+                leaks: 0b0101,
+                ..Latched::default()
+            },
+        };
+        {
+            let opened = ControllerFlash::open(Some(&path)).unwrap();
+            let mut items: Vec<(String, Vec<u8>)> = (r.items().iter())
+                .map(|(k, v)| (k.to_string(), v.to_vec()))
+                .collect();
+            items.push((LATCH_KEPT_KEY.into(), vec![1]));
+            rt.block_on(opened.recorder.set_all_sync(items)).unwrap();
+            let time = TimestampMs(1_800_000_000_000);
+            record(
+                &opened.recorder,
+                &Journal::Event {
+                    time,
+                    event: event(),
+                },
+            );
+            rt.block_on(opened.recorder.flush());
+        }
+        assert_eq!(
+            ControllerFlash::open(Some(&path)).unwrap().latched,
+            Ok(Some(r))
+        );
+        let config = loopwarden_boards::FlashBoard::host_file().layout().config;
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        let erased = vec![0xFF; (config.end - config.start) as usize];
+        file.write_all_at(&erased, config.start.into()).unwrap();
+        drop(file);
+        let opened = ControllerFlash::open(Some(&path)).unwrap();
+        let e = opened.latched.clone().unwrap_err();
+        assert!(e.contains("config store") && e.contains("lost"), "{e}");
+        assert!(!opened.new_file, "{e}");
+        drop(opened);
+        // Restarted before a record was written anew: unknown still.
+        let e = ControllerFlash::open(Some(&path))
+            .unwrap()
+            .latched
+            .unwrap_err();
+        assert!(e.contains("missing from flash"), "{e}");
     }
 
     #[test]

@@ -247,12 +247,13 @@ async fn run_agent(
         outbox,
         first_seq,
         path: flash_path,
-        blank: _,
+        config_lost,
+        ..
     } = agent_flash::open(config.flash.as_deref()).map_err(AgentError::Flash)?;
     // The decisions, with what was kept from before a restart.
     let mut node = startup::node(&config, &gpus, started);
     startup::restore_leases(&mut node, &mut log).await?;
-    let undone = restore_kept(&mut node, &config, &gpus, &mut store).await;
+    let undone = restore_kept(&mut node, &config, &gpus, &mut store, config_lost).await;
     let startup::BusParts {
         bus,
         mut inbound,
@@ -357,16 +358,18 @@ struct Undone {
 
 /// Gives `node` what the config store kept from before a restart (the
 /// health states, the limits, the cooling-loss phase, the replay floors);
-/// returns the site actions found not done.
+/// returns the site actions found not done. `config_lost`: the store was
+/// lost since an earlier run ([`Stores::config_lost`]).
 async fn restore_kept(
     node: &mut Node,
     config: &Config,
     gpus: &[GpuState],
     store: &mut loopwarden_flash::ConfigStore<loopwarden_store::agent_flash::Flash>,
+    config_lost: bool,
 ) -> Undone {
     let uuids: Vec<&str> = gpus.iter().map(|g| g.info.uuid.as_str()).collect();
     quarantine::upgrade_kept(store, &uuids);
-    let unreadable = startup::restore_health(node, &uuids, store).await;
+    let unreadable = startup::restore_health(node, &uuids, store, config_lost).await;
     let quarantines = quarantine::not_done(store, node.health(), &uuids).await;
     limits::restore(node, gpus, store).await;
     let (phase, steps) = match cooling::restore(store).await {

@@ -10,17 +10,27 @@
 //! numbers itself), so a restarted agent's
 //! frames are never taken for duplicates of its earlier ones. On a blank
 //! flash (memory, at every start; a file made at this opening, missing or
-//! 0 bytes long, said in a warning), and on a file with no floor kept
-//! (said too), the reservation starts from the clock
+//! 0 bytes long, or one erased throughout, said in a warning), and on a
+//! file with no floor kept, the reservation starts from the clock
 //! (tenths of a second since 2025-01-01 UTC), which rises across restarts
 //! as flash would, so receivers that keep a floor of the agent's numbers
 //! from before do not refuse its frames as replayed. [`Stores::blank`]
 //! says the flash held nothing an earlier run kept.
 //!
+//! Every opening writes the floor before any other record, so a file that
+//! is not blank and holds no floor has lost its config store since (a
+//! sector erased by a repair, a board layout that moved the range, a
+//! damaged disk): [`Stores::config_lost`], said as an error. What the
+//! agents kept there (the controller's latched state, a GPU's health) is
+//! then unknown, and each reads it as unreadable, never as "nothing
+//! kept".
+//!
 //! Glossary:
 //! - *agent flash*: the one flash image an agent's stores share.
 //! - *sequence floor*: the first sequence number not yet reserved; the
 //!   bus's counter stays below it.
+//! - *config store lost*: a flash that holds records but no sequence
+//!   floor.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -102,6 +112,14 @@ impl AgentFlash {
             Self::Memory(_) => true,
         }
     }
+
+    /// Every byte reads erased: nothing was ever written (a file made by
+    /// a start that stopped before it wrote its first record).
+    async fn erased(&mut self) -> Result<bool, FlashError> {
+        let mut bytes = vec![0u8; self.capacity()];
+        self.read(0, &mut bytes).await?;
+        Ok(bytes.iter().all(|&b| b == 0xFF))
+    }
 }
 
 /// The agent flash as its stores share it.
@@ -159,8 +177,12 @@ pub struct Stores {
     pub path: Option<PathBuf>,
     /// The flash held nothing an earlier run kept when it was opened:
     /// memory (at every start), or a file made at this opening (missing
-    /// or 0 bytes long).
+    /// or 0 bytes long) or erased throughout.
     pub blank: bool,
+    /// The flash held what an earlier run kept but its config store held
+    /// no sequence floor, which every opening writes before any other
+    /// record: the config store was lost since.
+    pub config_lost: bool,
 }
 
 fn flash_err(what: &'static str) -> impl FnOnce(StoreError<FlashError>) -> String {
@@ -232,6 +254,24 @@ fn read_only_copy(path: &Path, board: &FlashBoard) -> Result<AgentFlash, String>
     Ok(AgentFlash::Memory(SimFlash::from_bytes(bytes)))
 }
 
+/// Whether `image` (the file at `path`, else memory) holds nothing an
+/// earlier run kept: memory, a file made at this opening, or one erased
+/// throughout (said). A copy of a read-only file holds what it held.
+async fn blank(image: &mut AgentFlash, path: Option<&Path>) -> Result<bool, String> {
+    let copy = matches!((path, &*image), (Some(_), AgentFlash::Memory(_)));
+    if image.blank() && !copy {
+        return Ok(true);
+    }
+    let name = path.map_or("flash".into(), |p| p.display().to_string());
+    let erased = (image.erased().await).map_err(|e| format!("{name}: reading it: {e}"))?;
+    if erased {
+        tracing::warn!(
+            "{name}: erased throughout (made by a start that stopped before it wrote): nothing an earlier run kept is in it; sequence numbers start from the clock"
+        );
+    }
+    Ok(erased)
+}
+
 /// Opens the flash (the file at `path`, else memory) and its stores, and
 /// reserves a block of sequence numbers. It blocks for the flash's reads
 /// and writes, as the recorder thread does later: call it at start.
@@ -247,17 +287,18 @@ pub fn open(path: Option<&Path>) -> Result<Stores, String> {
 async fn open_stores(path: Option<&Path>, clock: u64) -> Result<Stores, String> {
     let board = FlashBoard::host_file();
     let layout = board.layout();
-    let image = image(path, &board)?;
-    // A copy of a read-only file holds what an earlier run kept.
-    let blank = image.blank() && !matches!((path, &image), (Some(_), AgentFlash::Memory(_)));
+    let mut image = image(path, &board)?;
+    let blank = blank(&mut image, path).await?;
     let flash = SharedFlash::new(image);
     let mut store = ConfigStore::open(flash.clone(), layout.config.clone())
         .map_err(flash_err("config store"))?;
     let mut b = [0u8; 4];
     let unset = (store.get(SEQ_FLOOR_KEY, &mut b).await).map_err(flash_err("sequence floor"))?;
-    if unset.is_none() && !blank {
-        tracing::warn!(
-            "flash: no sequence floor in it (lost, or never kept): sequence numbers start from the clock"
+    let config_lost = unset.is_none() && !blank;
+    if config_lost {
+        tracing::error!(
+            "{}: the config store holds no sequence floor, which every start writes before any other record, though the flash holds records: the config store was lost (a sector erased by a repair, a board layout that moved its range, a damaged disk); what was kept in it (latched state, GPU health) is unknown and read as unreadable, never as nothing kept; sequence numbers start from the clock",
+            path.map_or("flash".into(), |p| p.display().to_string())
         );
     }
     if clock < CLOCK_FLOOR_MS {
@@ -309,6 +350,7 @@ async fn open_stores(path: Option<&Path>, clock: u64) -> Result<Stores, String> 
         first_seq,
         path: path.map(Path::to_path_buf),
         blank,
+        config_lost,
     })
 }
 
@@ -553,11 +595,50 @@ mod tests {
         let clock = (clock_ms() - SEQ_EPOCH_MS) / 100;
         let again = open(Some(&path)).unwrap();
         assert!(!again.blank, "the file held what an earlier run kept");
+        assert!(again.config_lost, "its floor is gone: the store was lost");
         assert!(
             u64::from(again.first_seq) >= clock,
             "{} < {clock}: not from 0",
             again.first_seq
         );
+    }
+
+    /// Only a file that held something, and whose config store holds no
+    /// floor, has lost its store: not a new file, not one reopened, not
+    /// one made erased by a start that wrote nothing (a crash before the
+    /// floor went in), not memory.
+    #[test]
+    fn a_config_store_is_lost_only_from_a_file_that_held_records() {
+        use std::os::unix::fs::FileExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("host.flash");
+        let first = open(Some(&path)).unwrap();
+        assert!(first.blank && !first.config_lost, "new");
+        drop(first);
+        let mut again = open(Some(&path)).unwrap();
+        assert!(!again.blank && !again.config_lost, "reopened");
+        let kind = loopwarden_protocol::MessageKind::Event as u8;
+        let time = loopwarden_protocol::TimestampMs(1_800_000_000_000);
+        futures::executor::block_on(again.log.append(time, kind, &[1, 2])).unwrap();
+        drop(again);
+        let board = FlashBoard::host_file();
+        let config = board.layout().config;
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        let erased = vec![0xFF; (config.end - config.start) as usize];
+        file.write_all_at(&erased, config.start.into()).unwrap();
+        let lost = open(Some(&path)).unwrap();
+        assert!(
+            !lost.blank && lost.config_lost,
+            "the log stayed, the store went"
+        );
+        drop(lost);
+        // Erased throughout, at its full size: nothing was ever kept in it.
+        let whole = vec![0xFF; board.geometry().capacity() as usize];
+        file.write_all_at(&whole, 0).unwrap();
+        drop(file);
+        let erased = open(Some(&path)).unwrap();
+        assert!(erased.blank && !erased.config_lost, "erased throughout");
+        assert!(!open(None).unwrap().config_lost, "memory");
     }
 
     /// A file put back from a backup (its floor below the numbers sent

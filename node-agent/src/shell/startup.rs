@@ -338,12 +338,16 @@ pub(super) async fn restore_leases(
 /// (`uuids`: every GPU's, in index order). A GPU whose kept state cannot
 /// be read, or whose UUID is unknown so that none can be matched to it,
 /// may have been quarantined before the restart: it is marked degraded
-/// (reason `kept-state-unreadable`) rather than taken as healthy. Returns
-/// the GPUs so marked, for the caller to keep their new state.
+/// (reason `kept-state-unreadable`) rather than taken as healthy. So is
+/// every GPU not found kept unhealthy when the config store was lost
+/// since an earlier run (`config_lost`: "none kept" and "healthy" may be
+/// what is left of a quarantine). Returns the GPUs so marked, for the
+/// caller to keep their new state.
 pub(super) async fn restore_health(
     node: &mut Node,
     uuids: &[&str],
     store: &mut ConfigStore<Flash>,
+    config_lost: bool,
 ) -> Vec<u8> {
     let mut marked = Vec::new();
     for (i, uuid) in uuids.iter().enumerate().take(node.len()) {
@@ -354,6 +358,12 @@ pub(super) async fn restore_health(
                 Err(e) => Err(e),
             },
             None => Err("its UUID is unknown, so no kept state can be matched to it".into()),
+        };
+        let kept = match kept {
+            Ok(h) if config_lost && h.as_ref().is_none_or(|h| h.state == HealthState::Healthy) => {
+                Err(CONFIG_LOST.into())
+            }
+            other => other,
         };
         let status = match kept {
             Ok(Some(h)) if h.state != HealthState::Healthy => {
@@ -377,6 +387,9 @@ pub(super) async fn restore_health(
     }
     marked
 }
+
+/// Why a GPU's kept health is unknown when the config store was lost.
+const CONFIG_LOST: &str = "the config store was lost from the flash file (it holds records but no sequence floor, which every start writes first), so what was kept of this GPU is unknown";
 
 /// A GPU's health as kept (`bytes`, its record's payload), as the health
 /// engine takes it back.
@@ -597,6 +610,16 @@ mod tests {
     /// A start with the GPUs `uuids`: the node, with what it restored,
     /// and what the start found undone.
     fn restored(store: &mut ConfigStore<Flash>, uuids: [&str; 3]) -> (Node, super::super::Undone) {
+        restored_from(store, uuids, false)
+    }
+
+    /// [`restored`] from a config store lost since an earlier run
+    /// (`config_lost`) or not.
+    fn restored_from(
+        store: &mut ConfigStore<Flash>,
+        uuids: [&str; 3],
+        config_lost: bool,
+    ) -> (Node, super::super::Undone) {
         let config = config();
         let gpus: Vec<GpuState> = uuids.iter().map(|u| gpu(u)).collect();
         let mut node = node(&config, &gpus, TimestampMs(SINCE + 10_000));
@@ -605,7 +628,7 @@ mod tests {
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .expect("a runtime");
-        let undone = rt.block_on(restore_kept(&mut node, &config, &gpus, store));
+        let undone = rt.block_on(restore_kept(&mut node, &config, &gpus, store, config_lost));
         (node, undone)
     }
 
@@ -821,7 +844,7 @@ mod tests {
         );
         // Known by its UUID: its quarantine is restored as it was.
         let mut node = node(&config, &found, TimestampMs(SINCE + 10_000));
-        let undone = rt.block_on(restore_kept(&mut node, &config, &found, &mut store));
+        let undone = rt.block_on(restore_kept(&mut node, &config, &found, &mut store, false));
         assert_eq!(node.health().status(2).unwrap().state, Quarantined);
         assert_eq!(undone.unreadable, Vec::<u8>::new());
     }
@@ -966,5 +989,50 @@ mod tests {
             start(&mut store, [X, A, B]).0,
             vec![Healthy, Degraded, Healthy]
         );
+    }
+
+    /// A flash file whose config store was lost since an earlier run (its
+    /// sectors erased: a repair, a board layout that moved the range, a
+    /// damaged disk) while the file and its log stay: no GPU is taken as
+    /// healthy, the one kept quarantined least of all; each is marked
+    /// degraded, its kept state unreadable.
+    #[test]
+    fn a_lost_config_store_marks_every_gpu_degraded_never_healthy() {
+        use std::os::unix::fs::FileExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("host.flash");
+        let a = id(A);
+        {
+            let mut stores = loopwarden_store::agent_flash::open(Some(&path)).unwrap();
+            let quarantine = tagged(a, &quarantined(2));
+            set(&mut stores.store, &Record::Health.key(a), &quarantine);
+            set(
+                &mut stores.store,
+                &health_check_key(a),
+                &check_of(&quarantine),
+            );
+            let kind = MessageKind::Event as u8;
+            futures::executor::block_on(stores.log.append(TimestampMs(SINCE), kind, &[1, 2]))
+                .unwrap();
+            let (node, _) = restored_from(&mut stores.store, [X, A, B], stores.config_lost);
+            assert_eq!(node.health().status(1).unwrap().state, Quarantined);
+        }
+        let config = loopwarden_boards::FlashBoard::host_file().layout().config;
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        let erased = vec![0xFF; (config.end - config.start) as usize];
+        file.write_all_at(&erased, config.start.into()).unwrap();
+        drop(file);
+        let mut stores = loopwarden_store::agent_flash::open(Some(&path)).unwrap();
+        assert!(stores.config_lost && !stores.blank);
+        let (node, undone) = restored_from(&mut stores.store, [X, A, B], stores.config_lost);
+        assert_eq!(undone.unreadable, vec![0, 1, 2]);
+        for i in 0..3 {
+            let st = node.health().status(i).unwrap();
+            assert_eq!(
+                (st.state, st.reason),
+                (Degraded, ReasonCode::KEPT_STATE_UNREADABLE),
+                "GPU {i}"
+            );
+        }
     }
 }
