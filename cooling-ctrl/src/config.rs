@@ -301,17 +301,7 @@ pub fn resolve_for(
     )?;
     let key = sign_key(&src, &file, flags, &cdu)?;
     let readers = readers(&src, &file, flags, &common.site, key.demo)?;
-    // Whatever its key, a controller drives a CDU over Modbus, which may
-    // be a real one: it never starts a broker unasked.
-    let production = Some(match (purpose, key.demo) {
-        (Purpose::Gateway, _) => "a CDU's gateway",
-        (Purpose::Run, true) => "a CDU link (even with the demonstration key)",
-        (Purpose::Run, false) => "a CDU link with a site sign key",
-    });
-    common::check_broker(&src, &common, production)?;
-    // The demonstration key runs the twin, whose site is the default one.
-    let site_keyed = (!key.demo).then_some("a controller with a site sign key");
-    common::require_site(&src, &common, site_keyed)?;
+    broker_and_site(&src, &common, purpose, key.demo)?;
     let (link, map) = link_and_map(&src, &file, flags, purpose, key.demo)?;
     console_apart(&src, &common, link.as_ref())?;
     let (mut core, heartbeat) = core_config(&src, &file, flags, key.demo)?;
@@ -388,6 +378,26 @@ pub fn resolve_for(
         opt_outs: opt_out.into_iter().chain(rope_opt_out).collect(),
         warnings: hosts_warning.into_iter().chain(warning).collect(),
     })
+}
+
+/// The broker and the site a controller needs: whatever its key, a
+/// controller drives a CDU over Modbus, which may be a real one, so it
+/// never starts a broker unasked; the demonstration key runs the twin,
+/// whose site is the default one, so only a site sign key needs `site`.
+fn broker_and_site(
+    src: &Sources,
+    common: &common::Common,
+    purpose: Purpose,
+    demo: bool,
+) -> Result<(), ConfigError> {
+    let production = Some(match (purpose, demo) {
+        (Purpose::Gateway, _) => "a CDU's gateway",
+        (Purpose::Run, true) => "a CDU link (even with the demonstration key)",
+        (Purpose::Run, false) => "a CDU link with a site sign key",
+    });
+    common::check_broker(src, common, production)?;
+    let site_keyed = (!demo).then_some("a controller with a site sign key");
+    common::require_site(src, common, site_keyed)
 }
 
 /// The link to the CDU and its register map: both required to run a CDU,
