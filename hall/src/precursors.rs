@@ -16,7 +16,8 @@
 //! - per class, the share of failures the engine flagged (degraded or
 //!   quarantined) after the precursor began and before the failure
 //!   (`coverage`), and those lead times (`LeadTime::Empirical`);
-//! - the detection latency: failure to quarantine;
+//! - the detection latency of a hang (the failures the job model applies
+//!   it to): the hang's start to the quarantine;
 //! - upper bounds on false alarms per GPU-day, every GPU that left
 //!   `healthy` without a fault over the GPU-days replayed, counted apart:
 //!   false quarantines (it reached `quarantined` before it was healthy
@@ -63,9 +64,11 @@ pub struct MeasuredModel {
     /// on generated traces. A class the engine never flagged in time has
     /// [`Precursor::none`] (coverage 0, no lead-time list).
     pub classes: Vec<(String, Precursor)>,
-    /// The engine's detection latency for a failure it sees (XID ->
-    /// quarantine), seconds, measured by replay: the mean over every
-    /// failure not quarantined before it struck.
+    /// The engine's detection latency for a hang (the hang's start, its
+    /// XID or its first missed answer -> quarantine), seconds, measured by
+    /// replay: the mean over the hangs ([`Mechanism::is_hang`]) not
+    /// quarantined before they struck, the failures the job model applies
+    /// it to (a crash stops the job at once).
     pub detection_s: f64,
     /// False degrades per GPU-day (a healthy GPU flagged degraded and
     /// never quarantined: only a drain acts on it): what the 95 % one-sided
@@ -630,6 +633,46 @@ impl Measurement {
             .collect()
     }
 
+    /// The detection latency the job model takes, with its note: the mean
+    /// over the hangs not quarantined before they struck (the job model
+    /// applies it to hangs only); an error if no hang was measured.
+    fn hang_detection(&self) -> Result<(f64, String), String> {
+        let hangs: Vec<&FailureOutcome> = self
+            .failures
+            .iter()
+            .filter(|f| f.failure.mechanism.is_hang())
+            .collect();
+        let det: Vec<f64> = hangs
+            .iter()
+            .filter_map(|f| match f.detection {
+                Detection::After(ms) => Some(ms as f64 / 1e3),
+                _ => None,
+            })
+            .collect();
+        if det.is_empty() {
+            return Err(format!(
+                "none of the {} failures generated is a hang quarantined after it struck: \
+                 the detection latency has no mean",
+                self.failures.len()
+            ));
+        }
+        let mean = det.iter().sum::<f64>() / det.len() as f64;
+        let mut kinds: Vec<&str> = hangs.iter().map(|f| f.failure.mechanism.name()).collect();
+        kinds.sort();
+        kinds.dedup();
+        let all = self.detections_s();
+        let note = format!(
+            "detection_s: the mean, over the {} hangs ({}) not quarantined before they struck, of the time from the hang's start (its XID 119 or 120, or the first sample it misses) to the quarantine verdict in the replay (median {:.1} s, max {:.1} s). The job model applies it only to hangs a host sees (a crash stops the job at once); over all {} failures, crashes quarantined on their XID included, the mean is {:.3} s. The driver's own delay in delivering an XID is not in the traces.",
+            det.len(),
+            kinds.join(", "),
+            median(&det),
+            det.iter().copied().fold(0.0, f64::max),
+            all.len(),
+            all.iter().sum::<f64>() / all.len().max(1) as f64,
+        );
+        Ok((mean, note))
+    }
+
     /// The failures the engine never quarantined.
     pub fn never_quarantined(&self) -> impl Iterator<Item = &FailureOutcome> + '_ {
         self.failures
@@ -638,9 +681,9 @@ impl Measurement {
     }
 
     /// The model the twin takes, with a sentence on each figure; an error
-    /// if the engine never quarantined some failure, since the detection
-    /// latency is a mean over every failure not quarantined before it
-    /// struck and a miss has none.
+    /// if the engine never quarantined some failure (a miss has no
+    /// detection latency, and leaving it out would credit the engine with
+    /// it), or if no hang was quarantined after it struck.
     pub fn model(&self) -> Result<MeasuredModel, String> {
         let missed: Vec<String> = self
             .never_quarantined()
@@ -694,18 +737,8 @@ impl Measurement {
             ));
             classes.push((class.to_string(), p));
         }
-        let det = self.detections_s();
-        let detection_s = if det.is_empty() {
-            0.0
-        } else {
-            det.iter().sum::<f64>() / det.len() as f64
-        };
-        notes.push(format!(
-            "detection_s: the mean, over the {} failures not quarantined before they struck, of the time from the failure (its XID, or the hang's start) to the quarantine verdict in the replay (median {:.1} s, max {:.1} s); the driver's own delay in delivering an XID is not in the traces.",
-            det.len(),
-            median(&det),
-            det.iter().copied().fold(0.0, f64::max)
-        ));
+        let (detection_s, note) = self.hang_detection()?;
+        notes.push(note);
         let (q, d) = (self.false_quarantines(), self.false_degrades());
         notes.push(format!(
             "false alarms: {} GPUs flagged with nothing wrong in {:.1} clean GPU-days replayed ({:.1} on healthy hosts with application XIDs, blips, missed samples, stalls, lowered limits and loop trouble; the rest the other GPUs of failure traces): {q} quarantined and {d} that stopped at degraded, counted apart.",

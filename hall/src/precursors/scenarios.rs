@@ -133,6 +133,20 @@ impl Mechanism {
         }
     }
 
+    /// Whether it is a hang as the job model plays one (the job blocks in
+    /// its collective rather than crashing, so the agent's detection is
+    /// what can stop it sooner): a GPU that stops answering without an
+    /// XID, and the GSP's timeouts (XID 119 or 120, the class `gsp` the
+    /// job model plays as a hang).
+    pub fn is_hang(&self) -> bool {
+        matches!(
+            self,
+            Mechanism::AbruptGpu { xid: None }
+                | Mechanism::GspSlow { .. }
+                | Mechanism::AbruptGsp { .. }
+        )
+    }
+
     /// Whether it shows a sign before the failure (the onset).
     pub fn has_precursor(&self) -> bool {
         !matches!(

@@ -203,9 +203,58 @@ fn detection_is_the_xid_itself_or_three_missed_samples() {
 }
 
 #[test]
+fn detection_is_the_mean_over_the_hangs_the_job_model_applies_it_to() {
+    let m = small();
+    let hangs: Vec<f64> = m
+        .failures
+        .iter()
+        .filter(|f| {
+            matches!(
+                f.failure.mechanism,
+                Mechanism::AbruptGpu { xid: None }
+                    | Mechanism::GspSlow { .. }
+                    | Mechanism::AbruptGsp { .. }
+            )
+        })
+        .filter_map(|f| match f.detection {
+            Detection::After(ms) => Some(ms as f64 / 1e3),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        hangs.iter().any(|s| *s > 1.0),
+        "a hang without an XID: {hangs:?}"
+    );
+    let mean = hangs.iter().sum::<f64>() / hangs.len() as f64;
+    let model = m.model().expect("every failure quarantined");
+    assert!(
+        (model.detection_s - mean).abs() < 1e-12,
+        "{} against {mean}",
+        model.detection_s
+    );
+    // Over every failure, crashes quarantined on their XID included, it is
+    // shorter: the model does not take that one.
+    let all = m.detections_s();
+    assert!(all.iter().sum::<f64>() / (all.len() as f64) < mean);
+    let note = model
+        .notes
+        .iter()
+        .find(|n| n.starts_with("detection_s"))
+        .expect("a note on detection_s");
+    assert!(
+        note.contains(&format!("over the {} hangs", hangs.len())) && note.contains("abrupt-hang"),
+        "{note}"
+    );
+}
+
+#[test]
 fn a_failure_never_quarantined_is_not_left_out_of_the_detection_latency() {
     let mut m = small().clone();
     m.failures.truncate(2);
+    for f in &mut m.failures {
+        // Hangs: the detection latency is their mean.
+        f.failure.mechanism = Mechanism::AbruptGpu { xid: None };
+    }
     m.failures[0].detection = Detection::After(1_000);
     m.failures[1].detection = Detection::Never;
     assert_eq!(m.detections_s(), [1.0]);
