@@ -45,7 +45,9 @@ counters! {
     /// Outbox frames removed after the broker acknowledged them.
     outbox_acked,
     /// Outbox frames stored but not yet handed to the client (not
-    /// connected, or its queue was full); they go out later.
+    /// connected, or its queue was full); they go out later. Outbox frames
+    /// only: the retained state (health) the full queue refused is kept
+    /// in memory, not counted here, and counts `published` once sent.
     deferred,
     /// Outbox frames handed over from flash: after a restart, a
     /// reconnection, or a deferral.

@@ -99,7 +99,7 @@ const BUS_OUTBOX_ACKED: Metric = Metric::counter(
 );
 const BUS_OUTBOX_DEFERRED: Metric = Metric::counter(
     "loopwarden_bus_outbox_deferred_total",
-    "Outbox frames stored but not handed to the MQTT client at once (not connected, older frames waiting, or its queue full); they go out later.",
+    "Outbox frames stored but not handed to the MQTT client at once (not connected, older frames waiting, or its queue full); they go out later. Outbox frames only: health the full queue refused is not counted.",
 );
 const BUS_PRESENCE_CONNECTS: Metric = Metric::counter(
     "loopwarden_bus_presence_connects_total",

@@ -367,9 +367,10 @@ impl Bus {
                 Ok(())
             }
             // Retained state (health): only its latest value matters, and
-            // the loop hands that over itself.
+            // the loop hands that over itself. Never in the outbox, so not
+            // counted `deferred` (outbox frames only); it counts
+            // `published` once handed over.
             Class::Retained => {
-                Metrics::add(&metrics.deferred);
                 self.ends.retained.send_modify(|unsent| {
                     unsent.insert(out.topic, out.payload);
                 });
@@ -424,5 +425,82 @@ impl loopwarden_store::Publisher for Bus {
 
     fn next_seq(&self) -> u32 {
         Bus::next_seq(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use loopwarden_flash::outbox::Dropped;
+    use loopwarden_protocol::{samples, MessageKind};
+
+    use super::super::command::{self, LoopEnds};
+    use super::*;
+    use crate::config::BusConfig;
+    use crate::durable::Pending;
+
+    /// An outbox in memory that takes every frame.
+    #[derive(Default)]
+    struct Memory(Vec<Pending>);
+
+    impl DurableOutbox for Memory {
+        fn store(
+            &mut self,
+            seq: u32,
+            _: OutboxClass,
+            topic: &str,
+            payload: &[u8],
+        ) -> Result<Dropped, StoreFailure> {
+            let (topic, payload) = (topic.to_string(), payload.to_vec());
+            self.0.push(Pending {
+                seq,
+                topic,
+                payload,
+            });
+            Ok(Dropped::default())
+        }
+
+        fn ack(&mut self, seq: u32) -> Result<bool, String> {
+            let before = self.0.len();
+            self.0.retain(|p| p.seq != seq);
+            Ok(self.0.len() < before)
+        }
+
+        fn pending(&mut self) -> Result<Vec<Pending>, String> {
+            Ok(self.0.clone())
+        }
+    }
+
+    /// A connected handle of host `h1` with an outbox, whose command
+    /// queue (one slot) no loop drains; the loop's ends are returned.
+    fn connected_bus() -> (Bus, LoopEnds) {
+        let broker: BrokerAddr = "127.0.0.1:1883".parse().expect("an address");
+        let site = Ident::new("s1").expect("a site");
+        let me = NodeId::new(Role::Host, "h1").expect("a node");
+        let mut config = BusConfig::new(broker, site, me);
+        config.queue_capacity = 1;
+        let (handles, ends) = command::channels(config.queue_capacity);
+        let outbox: Box<dyn DurableOutbox> = Box::new(Memory::default());
+        let outbox = Some(Arc::new(std::sync::Mutex::new(outbox)));
+        let bus = Bus::new(Arc::new(Node::new(config)), handles, outbox);
+        ends.ready.send_replace(true);
+        (bus, ends)
+    }
+
+    #[test]
+    fn deferred_counts_outbox_frames_the_full_queue_refused_and_not_health() {
+        let (bus, _ends) = connected_bus();
+        let time = TimestampMs(1);
+        let publish = |kind| bus.publish(samples::message(kind), time);
+        publish(MessageKind::HostTelemetry).expect("the queue's one slot takes it");
+        assert_eq!(bus.metrics().deferred, 0);
+        publish(MessageKind::HostHealth).expect("health is kept for the loop");
+        assert_eq!(
+            bus.metrics().deferred,
+            0,
+            "health is never in the outbox: not an outbox frame deferred"
+        );
+        publish(MessageKind::Event).expect("an event stays in the outbox");
+        assert_eq!(bus.metrics().deferred, 1, "the event waits in flash");
+        assert_eq!(bus.metrics().dropped_queue_full, 0);
     }
 }
