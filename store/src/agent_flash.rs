@@ -23,7 +23,9 @@
 //! damaged disk): [`Stores::config_lost`], said as an error. What the
 //! agents kept there (the controller's latched state, a GPU's health) is
 //! then unknown, and each reads it as unreadable, never as "nothing
-//! kept".
+//! kept". A controller's file from a version that kept only its event log
+//! (before the floor was kept) reads the same, once, after the upgrade:
+//! the error names that case too.
 //!
 //! Glossary:
 //! - *agent flash*: the one flash image an agent's stores share.
@@ -279,6 +281,14 @@ pub fn open(path: Option<&Path>) -> Result<Stores, String> {
     futures::executor::block_on(open_stores(path, clock_ms()))
 }
 
+/// The error said at start when the flash `name` holds records but no
+/// sequence floor ([`Stores::config_lost`]).
+fn config_lost_message(name: &str) -> String {
+    format!(
+        "{name}: the config store holds no sequence floor, which every start writes before any other record, though the flash holds records: the config store was lost (a sector erased by a repair, a board layout that moved its range, a damaged disk), or the file was written by an older version that kept only its event log, before the sequence floor was kept (a controller's flash from then: the relatch that follows is then expected once, at the first start after the upgrade); what was kept in it (latched state, GPU health) is unknown and read as unreadable, never as nothing kept; sequence numbers start from the clock"
+    )
+}
+
 /// [`open`] with the clock reading `clock` (ms since the Unix epoch).
 /// The floor is raised to the clock's ([`clock_seq`]) at every opening,
 /// so numbers stay above those hosts have seen from this agent even when
@@ -296,10 +306,8 @@ async fn open_stores(path: Option<&Path>, clock: u64) -> Result<Stores, String> 
     let unset = (store.get(SEQ_FLOOR_KEY, &mut b).await).map_err(flash_err("sequence floor"))?;
     let config_lost = unset.is_none() && !blank;
     if config_lost {
-        tracing::error!(
-            "{}: the config store holds no sequence floor, which every start writes before any other record, though the flash holds records: the config store was lost (a sector erased by a repair, a board layout that moved its range, a damaged disk); what was kept in it (latched state, GPU health) is unknown and read as unreadable, never as nothing kept; sequence numbers start from the clock",
-            path.map_or("flash".into(), |p| p.display().to_string())
-        );
+        let name = path.map_or("flash".into(), |p| p.display().to_string());
+        tracing::error!("{}", config_lost_message(&name));
     }
     if clock < CLOCK_FLOOR_MS {
         tracing::error!(
@@ -639,6 +647,32 @@ mod tests {
         let erased = open(Some(&path)).unwrap();
         assert!(erased.blank && !erased.config_lost, "erased throughout");
         assert!(!open(None).unwrap().config_lost, "memory");
+    }
+
+    /// A controller's flash file made by a version that kept only its
+    /// event log (no sequence floor, no config store records): classed
+    /// lost, fail closed, and the error names that case beside the faults.
+    #[test]
+    fn a_file_with_only_an_event_log_is_lost_and_said_as_maybe_an_older_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cdu.flash");
+        let board = FlashBoard::host_file();
+        let flash = SharedFlash::new(image(Some(&path), &board).unwrap());
+        let mut log = futures::executor::block_on(EventLog::open(flash, board.layout().log))
+            .expect("an event log on a new file");
+        let kind = loopwarden_protocol::MessageKind::Event as u8;
+        let time = loopwarden_protocol::TimestampMs(1_800_000_000_000);
+        futures::executor::block_on(log.append(time, kind, &[1, 2])).unwrap();
+        drop(log);
+        let old = futures::executor::block_on(open_stores(Some(&path), clock_ms())).unwrap();
+        assert!(!old.blank && old.config_lost, "records but no floor");
+        let said = config_lost_message(&path.display().to_string());
+        assert!(said.starts_with(&path.display().to_string()), "{said}");
+        assert!(
+            said.contains("older version") && said.contains("event log"),
+            "{said}"
+        );
+        assert!(said.contains("expected once"), "{said}");
     }
 
     /// A file put back from a backup (its floor below the numbers sent
