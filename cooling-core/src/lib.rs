@@ -1263,6 +1263,65 @@ mod tests {
         assert!(out.caps.iter().all(Option::is_none));
     }
 
+    /// A CDU that refuses the pump writes from the first step (its panel
+    /// in local mode) still has a seizure of the pump it runs judged:
+    /// a pump running without flow is seized whoever started it.
+    #[test]
+    fn a_seizure_is_judged_while_the_cdu_refuses_the_pump_writes() {
+        let mut core = Core::new(CoreConfig::default()).unwrap();
+        let mut hall = Hall::new();
+        hall.taken = Taken {
+            all: false,
+            pumps: false,
+            ..Taken::ALL
+        };
+        for s in 0..60 {
+            hall.step(&mut core, s);
+        }
+        hall.cdu.flow_lpm = Some(2.0);
+        hall.cdu.diff_pressure_kpa = Some(1.0);
+        for s in 60..70 {
+            hall.step(&mut core, s);
+        }
+        assert_eq!(core.pump_faults(), [Some(PumpFault::Seized), None]);
+    }
+
+    /// The CDU restarts and comes back in local mode, refusing the pump
+    /// writes and running B by itself: A, told before the restart, is
+    /// not taken for tripped; once the CDU takes the writes again, A
+    /// gets its start and a contactor that stays open is a trip.
+    #[test]
+    fn a_lead_told_before_the_cdu_restarted_is_told_again_before_a_trip() {
+        let mut core = Core::new(CoreConfig::default()).unwrap();
+        let mut hall = Hall::new();
+        for s in 0..30 {
+            hall.step(&mut core, s);
+        }
+        hall.answers = false;
+        for s in 30..40 {
+            hall.step(&mut core, s);
+        }
+        (hall.answers, hall.cdu.pumps_running) = (true, [false, true]);
+        hall.taken = Taken {
+            all: false,
+            pumps: false,
+            ..Taken::ALL
+        };
+        for s in 40..60 {
+            hall.step(&mut core, s);
+        }
+        assert_eq!(core.pumps_failed(), [false, false], "A was not asked since");
+        hall.taken = Taken::ALL;
+        for s in 60..63 {
+            hall.step(&mut core, s);
+        }
+        assert_eq!(core.pumps_failed(), [false, false], "A's start");
+        for s in 63..67 {
+            hall.step(&mut core, s);
+        }
+        assert_eq!(core.pumps_failed(), [true, false]);
+    }
+
     #[test]
     fn a_seized_lead_pump_hands_over_within_seconds_and_a_lying_flow_sensor_does_not() {
         let cfg = CoreConfig::default();

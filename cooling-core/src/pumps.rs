@@ -5,8 +5,8 @@
 //!   running (a pump just started, or the lead at the first step the CDU
 //!   answers, and again when it answers after a silence, gets
 //!   `PUMP_START_MS` to close it), judged in boot too. A lead the CDU
-//!   was never told to run (it refused the pump writes) is not judged
-//!   until a write that asks it goes in;
+//!   was never told to run (it refused the pump writes, or restarted
+//!   since) is not judged until a write that asks it goes in;
 //! - a *seizure*: its contactor is closed, but the loop has no flow. The
 //!   flow must read far below what the commanded speed gives, confirmed
 //!   by the differential pressure reading low as well. Where one of the
@@ -85,8 +85,10 @@ pub struct Pumps {
     /// The lead the last step asked to run.
     asked: Option<usize>,
     /// The CDU took a pumps write that asked the lead (a lead it was
-    /// never told of is not judged tripped: its start counts from then).
+    /// never told of is not judged tripped), and since when, ms (the
+    /// step before the one that heard it took the write).
     told: bool,
+    told_since_ms: u64,
 }
 
 impl Default for Pumps {
@@ -109,6 +111,7 @@ impl Pumps {
             silent_since: None,
             asked: None,
             told: false,
+            told_since_ms: 0,
         }
     }
 }
@@ -217,7 +220,11 @@ impl Pumps {
             (false, None) => self.silent_since = Some(t.now),
             (true, Some(since)) => {
                 self.silent_since = None;
-                self.stopped |= t.now.saturating_sub(since) >= PUMP_START_MS;
+                if t.now.saturating_sub(since) >= PUMP_START_MS {
+                    // A CDU restarted runs what it runs by itself until
+                    // it takes the controller's pump writes again.
+                    (self.stopped, self.told) = (true, false);
+                }
             }
             _ => {}
         }
@@ -236,7 +243,8 @@ impl Pumps {
         if let Some(f) = failure {
             self.fail(f, t.now, log);
         }
-        self.asked = Some(self.lead);
+        // A lead asked of a CDU that did not answer is not known asked.
+        self.asked = t.rd.answered.then_some(self.lead);
         let on = if self.fault[0].is_some() && self.fault[1].is_some() {
             // Both out of service: ask both, never neither.
             [true, true]
@@ -272,16 +280,18 @@ impl Pumps {
     }
 
     /// Whether the CDU took the write that asked the lead to run: until
-    /// it does (the CDU in local mode, a register that refuses it), the
-    /// lead's start counts again at every step, so a pump the CDU was
-    /// never told to start is not taken for tripped. The refusal itself
-    /// is said as a write refused.
+    /// it does (the CDU in local mode, a register that refuses it, a CDU
+    /// just restarted), a trip is not judged, and the start it gets
+    /// counts from the write that went in, so a pump the CDU was never
+    /// told to start is not taken for tripped. The refusal itself is
+    /// said as a write refused. A seizure (a pump running without flow)
+    /// is judged whoever started the pump.
     fn hear_told(&mut self, t: &Tick<'_>) {
         if t.inp.cdu_taken.pumps && self.asked == Some(self.lead) {
             self.told = true;
         }
         if !self.told {
-            self.lead_since_ms = t.now;
+            self.told_since_ms = t.now;
             self.lead_missing_since = None;
         }
     }
@@ -292,7 +302,8 @@ impl Pumps {
         let missing = t.rd.answered
             && self.fault[self.lead].is_none()
             && !t.rd.pumps_running[self.lead]
-            && now.saturating_sub(self.lead_since_ms) >= PUMP_START_MS;
+            && self.told
+            && now.saturating_sub(self.lead_since_ms.max(self.told_since_ms)) >= PUMP_START_MS;
         if !missing {
             self.lead_missing_since = None;
             return false;
