@@ -30,7 +30,7 @@
 //! | `serial_parity` | `none` | `none`, `even` or `odd` |
 //! | `serial_data_bits` | 8 | 8: Modbus RTU; 7 (Modbus ASCII, which the controller does not speak) is refused |
 //! | `serial_stop_bits` | 1 | 1 or 2 |
-//! | `register_map` | none (required with a site sign key; the simulated CDU's with `demo_key`; the gateway needs none: its microcontroller carries its map) | a register map TOML |
+//! | `register_map` | none (required with a site sign key; the simulated CDU's with `demo_key`; the gateway needs none: its microcontroller carries its map) | a register map TOML; its `supply_setpoint` range must meet the site's setpoints (the lowest its dew point allows to `max_setpoint_c`), else refused naming both |
 //! | `site_figures` | none (required with a site sign key; the twin's hall with `demo_key`) | a site figures TOML (`SiteConfig`) |
 //! | `hosts` | none (one of `hosts` and `hosts_pattern` required with a site sign key; fewer than the hall's hosts is said at start) | host ids, rack-major |
 //! | `hosts_pattern` | none | host ids from `{rack}`, `{host}`, `{index}` (`{index:02}` pads) |
@@ -306,7 +306,7 @@ pub fn resolve_for(
     console_apart(&src, &common, link.as_ref())?;
     let (mut core, heartbeat) = core_config(&src, &file, flags, key.demo)?;
     if let Some(m) = &map {
-        map_fits(&src, flags, m, core.layout.racks)?;
+        map_fits(&src, flags, m, &core)?;
     }
     let volatile_latch = volatile_latch(
         &src,
@@ -461,18 +461,27 @@ fn link_and_map(
 
 /// A map the controller does not fit (a misspelt or missing safety
 /// setting, a unit it does not take, a range that leaves out what it
-/// writes) is a bad file like any other: refused before anything runs.
+/// writes, a setpoint range that misses the site's, the lowest its dew
+/// point allows to its highest, so the core's limits tightened to the
+/// map's leave no setpoint) is a bad file like any other: refused before
+/// anything runs, naming both ranges, and not first at the start of the
+/// decision path, which exits to be restarted.
 fn map_fits(
     src: &Sources,
     flags: &Overrides,
     m: &RegisterMap,
-    racks: u8,
+    core: &CoreConfig,
 ) -> Result<(), ConfigError> {
-    crate::modbus::check_map(m, racks).map_err(|e| {
+    let refuse = |e: &dyn std::fmt::Display| {
         let flag = flags.register_map.is_some().then_some("register-map");
         let what = format!("the register map of {:?} does not fit: {e}", m.model);
         src.error(flag, "register_map", what)
-    })
+    };
+    crate::modbus::check_map(m, core.layout.racks).map_err(|e| refuse(&e))?;
+    let limits = crate::modbus::map_limits(m);
+    let mut tightened = *core;
+    cooling_decide::writes::tighten(&mut tightened, &limits).map_err(|e| refuse(&e))?;
+    Ok(())
 }
 
 /// `metrics_listen`: the address `/metrics` is served on, if any.
@@ -839,6 +848,42 @@ mod tests {
             e.message.contains("does not fit") && e.message.contains("heartbeet"),
             "{e}"
         );
+    }
+
+    /// A map whose setpoint range misses the site's (the lowest its dew
+    /// point allows to its highest) leaves the core no setpoint: a bad
+    /// file, refused at the line of `register_map` naming both ranges
+    /// (exit 2), not at the start of the decision path (exit 1, restarted
+    /// for ever).
+    #[test]
+    fn a_register_map_whose_setpoints_miss_the_sites_is_refused_with_its_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let (figures, map) = (dir.path().join("site.toml"), dir.path().join("map.toml"));
+        // Dew point 25 °C: the lowest setpoint is 27 °C.
+        std::fs::write(&figures, "[loop]\ndew_point_c = 25.0\n").unwrap();
+        let sim = include_str!("../../boards/cdus/sim-cdu.toml");
+        let text = format!("{MIN}site_figures = {figures:?}\nregister_map = {map:?}\n");
+        std::fs::write(&map, sim).unwrap();
+        let c = from(&text).expect("the simulated CDU's map meets the site's setpoints");
+        assert_eq!(c.core.cdu.min_setpoint_c, 27.0);
+        let cool = "min = 17.0\nmax = 25.0\ndescription = \"supply temperature setpoint";
+        let cool = sim.replacen(
+            "min = 17.0\nmax = 45.0\ndescription = \"supply temperature setpoint",
+            cool,
+            1,
+        );
+        assert_ne!(cool, sim, "the map's setpoint range is changed");
+        std::fs::write(&map, cool).unwrap();
+        let e = from(&text).unwrap_err();
+        assert_eq!(e.line, Some(6), "{e}");
+        for named in [
+            "register map of \"",
+            "17.0 to 25.0 °C",
+            "from 27.0 °C",
+            "to 45.0 °C",
+        ] {
+            assert!(e.message.contains(named), "{named}: {e}");
+        }
     }
 
     /// On a serial line, a map whose unit id is the broadcast (0) or a
