@@ -371,8 +371,8 @@ async fn restore_kept(
     quarantine::upgrade_kept(store, &uuids);
     let unreadable = startup::restore_health(node, &uuids, store, config_lost).await;
     let quarantines = quarantine::not_done(store, node.health(), &uuids).await;
-    limits::restore(node, gpus, store).await;
-    let (phase, steps) = match cooling::restore(store).await {
+    limits::restore(node, gpus, store, config_lost).await;
+    let (phase, steps) = match cooling::restore(store, config_lost).await {
         Some((phase, steps)) => {
             node.restore_cooling(phase, &steps);
             (phase, steps)

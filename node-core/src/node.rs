@@ -348,6 +348,10 @@ pub(crate) struct GpuCaps {
     ceiling_read: bool,
     /// What the flash kept of it from before a restart.
     kept: Option<KeptLimit>,
+    /// Whether what the flash kept of it could not be read (a damaged
+    /// record, a lost config store): the first limit read is its ceiling
+    /// then, said as an error, since it may be a cap left in force.
+    kept_unreadable: bool,
     /// A target that could not be set, and when to try it again (steady
     /// ms).
     retry: Option<(Watts, u64)>,
@@ -449,6 +453,7 @@ impl Node {
                 ceiling: limits::within(&g, g.site_limit.unwrap_or(g.default_limit)),
                 ceiling_read: false,
                 kept: None,
+                kept_unreadable: false,
                 retry: None,
                 raised_seen: None,
                 missed: 0,
@@ -522,11 +527,21 @@ impl Node {
     pub fn restore_limit(&mut self, gpu: u8, kept: KeptLimit) {
         if let Some(g) = self.gpus.get_mut(gpu as usize) {
             g.kept = Some(kept);
+            g.kept_unreadable = false;
             if let (false, Some(index)) = (g.ceiling_read, loopwarden_protocol::GpuIndex::new(gpu))
             {
                 g.ceiling = limits::within(&g.setup, kept.ceiling);
                 self.commands.set_ceiling(index, g.ceiling);
             }
+        }
+    }
+
+    /// What the flash kept of a GPU's limits from before a restart could
+    /// not be read: its ceiling is the first limit read from it, which
+    /// may be a cap left in force, so that read is said as an error.
+    pub fn restore_limit_unreadable(&mut self, gpu: u8) {
+        if let Some(g) = self.gpus.get_mut(gpu as usize) {
+            g.kept_unreadable = g.kept.is_none();
         }
     }
 

@@ -357,7 +357,7 @@ fn decode(b: &[u8]) -> Option<(Phase, Vec<CoolingStep>)> {
 }
 
 /// What keeps `phase` and `pending` in flash: the record, then its check.
-fn phase_items(phase: Phase, pending: &[CoolingStep]) -> Vec<(String, Vec<u8>)> {
+pub(super) fn phase_items(phase: Phase, pending: &[CoolingStep]) -> Vec<(String, Vec<u8>)> {
     let record = encode(phase, pending);
     let check = check_of(&record);
     vec![
@@ -368,9 +368,18 @@ fn phase_items(phase: Phase, pending: &[CoolingStep]) -> Vec<(String, Vec<u8>)> 
 
 /// The phase and the pending steps kept from before a restart: cooled
 /// and none when nothing was kept; `None` (the phase unknown, said) when
-/// the record cannot be read, or its check does not match it.
-pub(super) async fn restore(store: &mut ConfigStore<Flash>) -> Option<(Phase, Vec<CoolingStep>)> {
-    let (phase, pending) = match read_kept(store).await {
+/// the record cannot be read, or its check does not match it, or none is
+/// found in a config store lost since an earlier run (`config_lost`: a
+/// host powered down then would otherwise never be powered up).
+pub(super) async fn restore(
+    store: &mut ConfigStore<Flash>,
+    config_lost: bool,
+) -> Option<(Phase, Vec<CoolingStep>)> {
+    let kept = match read_kept(store).await {
+        Ok(None) if config_lost => Err(super::startup::STORE_LOST.to_string()),
+        other => other,
+    };
+    let (phase, pending) = match kept {
         Ok(Some(kept)) => kept,
         Ok(None) => (Phase::Cooled, Vec::new()),
         Err(why) => {
@@ -722,7 +731,7 @@ mod tests {
     }
 
     fn restored(store: &mut ConfigStore<Flash>) -> Option<(Phase, Vec<CoolingStep>)> {
-        futures::executor::block_on(restore(store))
+        futures::executor::block_on(restore(store, false))
     }
 
     fn keep(store: &mut ConfigStore<Flash>, phase: Phase, pending: &[CoolingStep]) {

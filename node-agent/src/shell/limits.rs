@@ -86,17 +86,47 @@ async fn kept_for(store: &mut ConfigStore<Flash>, uuid: &str) -> Result<Option<K
 
 /// Gives `node` the limits kept before a restart, each only for the GPU
 /// (by UUID) it was kept for: a GPU swapped since starts from what is
-/// found on it.
-pub(super) async fn restore(node: &mut Node, gpus: &[GpuState], store: &mut ConfigStore<Flash>) {
+/// found on it. Limits that cannot be read, and none found when the
+/// config store was lost since an earlier run (`config_lost`: a cap in
+/// force then may be on the GPU still), are unreadable: the GPU's
+/// ceiling is the limit found on it, said as an error at its first read.
+pub(super) async fn restore(
+    node: &mut Node,
+    gpus: &[GpuState],
+    store: &mut ConfigStore<Flash>,
+    config_lost: bool,
+) {
     for (i, g) in gpus.iter().enumerate() {
-        match kept_for(store, &g.info.uuid).await {
+        let kept = match kept_for(store, &g.info.uuid).await {
+            Ok(None) if config_lost => Err(super::startup::STORE_LOST.to_string()),
+            other => other,
+        };
+        match kept {
             Ok(Some(limit)) => node.restore_limit(i as u8, limit),
             Ok(None) => {}
-            Err(e) => tracing::error!(
-                "GPU {i}: kept power limits unreadable ({e}); its ceiling is the limit found on it"
-            ),
+            Err(e) => {
+                tracing::error!(
+                    "GPU {i}: kept power limits unreadable ({e}); its ceiling is the limit found on it, which may be a cap left in force: check it against the site's once read"
+                );
+                node.restore_limit_unreadable(i as u8);
+            }
         }
     }
+}
+
+/// The config-store record (key, value) of the limits `limit` kept for
+/// the GPU of `uuid`; `None` when its UUID is unknown (nothing is kept
+/// under a guess).
+pub(super) fn record(
+    uuid: &str,
+    limit: KeptLimit,
+) -> Option<Result<(String, Vec<u8>), postcard::Error>> {
+    let key = limit_key(uuid)?;
+    let kept = Kept {
+        uuid: uuid.to_string(),
+        limit,
+    };
+    Some(postcard::to_allocvec(&kept).map(|bytes| (key, bytes)))
 }
 
 /// Keeps every GPU's limits `records`, handed over as one, and waits
@@ -142,18 +172,11 @@ impl Agent {
             let Some(limit) = limit else {
                 continue;
             };
-            let Some(key) = limit_key(&g.info.uuid) else {
+            match record(&g.info.uuid, limit) {
+                Some(Ok(r)) => records.push(r),
+                Some(Err(e)) => tracing::error!("GPU {i}: power limits not encodable: {e}"),
                 // Its UUID is unknown: nothing is kept under a guess.
-                unknown.push(i);
-                continue;
-            };
-            let kept = Kept {
-                uuid: g.info.uuid.clone(),
-                limit,
-            };
-            match postcard::to_allocvec(&kept) {
-                Ok(bytes) => records.push((key, bytes)),
-                Err(e) => tracing::error!("GPU {i}: power limits not encodable: {e}"),
+                None => unknown.push(i),
             }
         }
         if !unknown.is_empty() && !self.unkept_limits_said {

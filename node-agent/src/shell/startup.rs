@@ -361,7 +361,9 @@ pub(super) async fn restore_health(
         };
         let kept = match kept {
             Ok(h) if config_lost && h.as_ref().is_none_or(|h| h.state == HealthState::Healthy) => {
-                Err(CONFIG_LOST.into())
+                Err(format!(
+                    "{STORE_LOST}, so what was kept of this GPU is unknown"
+                ))
             }
             other => other,
         };
@@ -388,8 +390,8 @@ pub(super) async fn restore_health(
     marked
 }
 
-/// Why a GPU's kept health is unknown when the config store was lost.
-const CONFIG_LOST: &str = "the config store was lost from the flash file (it holds records but no sequence floor, which every start writes first), so what was kept of this GPU is unknown";
+/// Why what was kept is unknown when the config store was lost.
+pub(super) const STORE_LOST: &str = "the config store was lost from the flash file (it holds records but no sequence floor, which every start writes first)";
 
 /// A GPU's health as kept (`bytes`, its record's payload), as the health
 /// engine takes it back.
@@ -1032,6 +1034,84 @@ mod tests {
                 (st.state, st.reason),
                 (Degraded, ReasonCode::KEPT_STATE_UNREADABLE),
                 "GPU {i}"
+            );
+        }
+    }
+
+    /// The file at `path` with its config store erased (its sectors, as a
+    /// repair or a moved layout leaves them), the event log left.
+    fn erase_config_store(path: &std::path::Path) {
+        use std::os::unix::fs::FileExt;
+        let config = loopwarden_boards::FlashBoard::host_file().layout().config;
+        let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+        let erased = vec![0xFF; (config.end - config.start) as usize];
+        file.write_all_at(&erased, config.start.into()).unwrap();
+    }
+
+    /// The node's start, then its first read of every GPU's limit at
+    /// `found`: the lines it says at an error.
+    fn first_read(node: &mut Node, found: u32) -> Vec<String> {
+        use node_core::node::{Effect, Input, Level, Now};
+        let now = Now::at(SINCE + 10_000);
+        let mut effects = node.step(now, Input::Start);
+        let read = vec![Ok(Watts(found)); 3];
+        effects.extend(node.step(now, Input::LimitsRead(&read)));
+        effects
+            .into_iter()
+            .filter_map(|e| match e {
+                Effect::Say(Level::Error, line) => Some(line),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The limits kept with a cap in force (700 W uncapped, 450 W asked)
+    /// and a host powered down for a cooling loss, then the config store
+    /// lost: the phase is unknown, for the CDU's word to decide (never
+    /// cooled, which would leave the host down for good), and the limits
+    /// are unreadable: the 450 W found is the ceiling, said as an error
+    /// per GPU (never taken quietly for the site's limit).
+    #[test]
+    fn a_lost_config_store_leaves_the_cooling_phase_unknown_and_the_limits_unreadable() {
+        use node_core::cooling_loss::Phase;
+        use node_core::node::KeptLimit;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("host.flash");
+        let down = Phase::PoweredDown { since: SINCE };
+        {
+            let mut stores = loopwarden_store::agent_flash::open(Some(&path)).unwrap();
+            let kept = KeptLimit {
+                ceiling: Watts(700),
+                asked: Watts(450),
+                before: None,
+            };
+            for uuid in [X, A, B] {
+                let (key, value) = super::super::limits::record(uuid, kept).unwrap().unwrap();
+                set(&mut stores.store, &key, &value);
+            }
+            for (key, value) in super::super::cooling::phase_items(down, &[]) {
+                set(&mut stores.store, &key, &value);
+            }
+            let kind = MessageKind::Event as u8;
+            futures::executor::block_on(stores.log.append(TimestampMs(SINCE), kind, &[1, 2]))
+                .unwrap();
+            let (mut node, undone) = restored(&mut stores.store, [X, A, B]);
+            assert_eq!((undone.phase, node.cooling_unknown()), (down, false));
+            assert_eq!(first_read(&mut node, 450), Vec::<String>::new());
+            assert_eq!(node.ceiling(0), Some(Watts(700)), "the kept ceiling");
+        }
+        erase_config_store(&path);
+        let mut stores = loopwarden_store::agent_flash::open(Some(&path)).unwrap();
+        assert!(stores.config_lost);
+        let (mut node, _) = restored_from(&mut stores.store, [X, A, B], stores.config_lost);
+        assert!(node.cooling_unknown(), "the phase is unknown, not cooled");
+        let said = first_read(&mut node, 450);
+        for i in 0..3u8 {
+            assert_eq!(node.ceiling(i), Some(Watts(450)), "GPU {i}");
+            assert!(
+                said.iter()
+                    .any(|l| l.starts_with(&format!("GPU {i}:")) && l.contains("unreadable")),
+                "GPU {i}: {said:?}"
             );
         }
     }

@@ -7,7 +7,9 @@
 //! this agent left on it before a restart (its ceiling, the last limit it
 //! asked for, or the one before: see [`KeptLimit`]) keeps the kept
 //! ceiling; any other limit was set by someone else and is the ceiling
-//! now. A limit found later that differs from the one last read back was
+//! now. A GPU whose kept limits could not be read (a damaged record, a
+//! lost config store) takes the first limit read as its ceiling too, said
+//! as an error: it may be a cap left in force. A limit found later that differs from the one last read back was
 //! set by someone else too: every GPU's limit is read before any is set
 //! and at the stop, so such a limit is seen before a set would overwrite
 //! it. Either way a configured site limit stays above it all: the

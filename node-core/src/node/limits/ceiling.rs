@@ -37,22 +37,38 @@ pub(super) fn first_ceiling(
         }
         None => {
             g.ceiling = within(&g.setup, found);
-            out.push(Effect::Say(
-                Level::Info,
-                format!(
-                    "GPU {i}: uncapped limit {} W (found at {} W{})",
-                    g.ceiling.0,
-                    found.0,
-                    g.setup
-                        .site_limit
-                        .map_or(String::new(), |s| format!("; site limit {} W", s.0))
-                ),
-            ));
+            let site = g
+                .setup
+                .site_limit
+                .map_or(String::new(), |s| format!("; site limit {} W", s.0));
+            let (level, line) = if g.kept_unreadable {
+                (Level::Error, unreadable_words(i, g.ceiling, found, &site))
+            } else {
+                let line = format!(
+                    "GPU {i}: uncapped limit {} W (found at {} W{site})",
+                    g.ceiling.0, found.0
+                );
+                (Level::Info, line)
+            };
+            out.push(Effect::Say(level, line));
             // Nothing was known before: no change to announce.
             return false;
         }
     }
     g.ceiling != was
+}
+
+/// What is said of GPU `i` whose kept limits could not be read, its
+/// ceiling taken from the limit `found` on it (`site`: the site limit's
+/// words, or none).
+fn unreadable_words(i: usize, ceiling: Watts, found: Watts, site: &str) -> String {
+    format!(
+        "GPU {i}: uncapped limit {} W, the limit found on it ({} W{site}), since its kept limits were unreadable: \
+         if a cap was in force when the agent stopped, that cap is now taken for the GPU's uncapped limit and stays \
+         after the lease lifts; check the GPU's limit against the site's (`ctl caps`) and, if it is lower, \
+         set the site's limit on it (`nvidia-smi -i {i} -pl W`: the agent takes it as the new ceiling)",
+        ceiling.0, found.0
+    )
 }
 
 /// GPU `i` (as `g`) found at `found`, which is no limit the agent left
