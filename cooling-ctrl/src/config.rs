@@ -321,7 +321,8 @@ pub fn resolve_for(
     let hosts_warning = hosts_cover(&src, &hosts, &core, key.demo)?;
     let timings = timings(&src, &file, flags, heartbeat.as_ref())?;
     let timeout = timings.modbus_timeout;
-    wire_fits(&src, &file, flags, link.as_ref(), map.as_ref(), timeout)?;
+    let wire = (link.as_ref(), map.as_ref());
+    wire_fits(&src, &file, flags, wire, timeout, heartbeat.as_ref())?;
     // The configured outdoor temperature is the fallback the core plans
     // with when no sensor reads, not a reading.
     if let Some(a) = timings.ambient_c {

@@ -17,7 +17,8 @@ use loopwarden_boards::modbus_map::{input_spans, Kind, RegisterMap};
 use loopwarden_field::config::{range, ConfigError, Sources};
 use loopwarden_field::pick;
 
-use super::timings::least_period_ms;
+use super::plant::HeartbeatTimeout;
+use super::timings::{least_period_ms, most_period_ms, most_timeout_ms};
 use super::{FileConfig, Overrides};
 use crate::modbus::{DataBits, Link, Parity, SerialLine, StopBits, TcpTarget};
 
@@ -182,27 +183,34 @@ fn serial_link(
 /// still); the check refuses only a timeout that cannot be enough.
 const TURNAROUND_MS: u64 = 50;
 
+/// The common serial speeds above the slowest, baud: those a faster line
+/// is offered at.
+const BAUDS: [u32; 10] = [
+    1_200, 2_400, 4_800, 9_600, 19_200, 38_400, 57_600, 115_200, 230_400, 460_800,
+];
+
 /// On a serial line, `modbus_timeout_ms` at least the time the longest
 /// exchange with the CDU takes: its request and answer in characters and
 /// the 3.5-character gap that ends the request, at the line's bits a
 /// character and `serial_baud`, and [`TURNAROUND_MS`]. Shorter, every
 /// such request times out as no answer, which reads as a cable fault.
-/// The longest exchange is found in the map ([`longest_exchange`]).
+/// The longest exchange is found in the map ([`longest_exchange`]); the
+/// remedy offered ([`remedy`]) keeps within the longest period the CDU's
+/// `heartbeat` allows.
 pub(super) fn wire_fits(
     src: &Sources,
     file: &FileConfig,
     flags: &Overrides,
-    link: Option<&Link>,
-    map: Option<&RegisterMap>,
+    (link, map): (Option<&Link>, Option<&RegisterMap>),
     timeout: Duration,
+    heartbeat: Option<&HeartbeatTimeout>,
 ) -> Result<(), ConfigError> {
     let (Some(Link::Rtu(line)), Some(map)) = (link, map) else {
         return Ok(());
     };
     let (chars, what) = longest_exchange(map);
     let bits = u64::from(line.bits_per_char());
-    // In half characters: the 3.5-character gap is 7 halves.
-    let wire_ms = ((chars as u64 * 2 + 7) * bits * 1000).div_ceil(2 * u64::from(line.baud));
+    let wire_ms = wire_ms(chars, bits, line.baud);
     let need = wire_ms + TURNAROUND_MS;
     let have = timeout.as_millis() as u64;
     if have >= need {
@@ -231,12 +239,63 @@ pub(super) fn wire_fits(
              {chars} characters and the 3.5-character gap that ends the request, take \
              {wire_ms} ms on the line, and {TURNAROUND_MS} ms are allowed for the CDU to \
              turn round: {need} ms at least, or every such request times out as no answer; \
-             raise serial_baud (and the CDU's port with it), or set modbus_timeout_ms = {need} or more \
-             (which needs period_ms = {period} or more)",
+             {remedy}",
             baud = line.baud,
-            period = least_period_ms(need),
+            remedy = remedy(chars, bits, have, need, heartbeat),
         ),
     ))
+}
+
+/// The time `chars` characters of `bits` bits and the 3.5-character gap
+/// take on a line of `baud`, ms, rounded up.
+fn wire_ms(chars: usize, bits: u64, baud: u32) -> u64 {
+    // In half characters: the 3.5-character gap is 7 halves.
+    ((chars as u64 * 2 + 7) * bits * 1000).div_ceil(2 * u64::from(baud))
+}
+
+/// What fixes an exchange of `chars` characters of `bits` bits that
+/// needs `need` ms where the timeout is `have`: a faster line, at the
+/// least common speed the exchange fits `have` at where one does, or a
+/// timeout of `need`, only where the period that needs is one the CDU's
+/// `heartbeat` allows ([`most_period_ms`]); else a faster line and the
+/// timeout it needs, within the longest timeout allowed.
+fn remedy(
+    chars: usize,
+    bits: u64,
+    have: u64,
+    need: u64,
+    heartbeat: Option<&HeartbeatTimeout>,
+) -> String {
+    let fits = |within: u64| {
+        BAUDS
+            .into_iter()
+            .map(|b| (b, wire_ms(chars, bits, b) + TURNAROUND_MS))
+            .find(|(_, n)| *n <= within)
+    };
+    let faster = match fits(have) {
+        Some((b, _)) => format!("raise serial_baud to {b} or more (and the CDU's port with it)"),
+        None => "raise serial_baud (and the CDU's port with it)".into(),
+    };
+    let (most, why) = most_period_ms(heartbeat);
+    let period = least_period_ms(need);
+    if period <= most {
+        return format!(
+            "{faster}, or set modbus_timeout_ms = {need} or more (which needs period_ms = \
+             {period} or more)"
+        );
+    }
+    let fix = match (fits(have), fits(most_timeout_ms(most))) {
+        (None, Some((b, n))) => format!(
+            "raise serial_baud to {b} or more (and the CDU's port with it) and \
+             modbus_timeout_ms to {n} or more (which needs period_ms = {} or more)",
+            least_period_ms(n)
+        ),
+        _ => faster,
+    };
+    format!(
+        "{fix}: a timeout of {need} ms would need a period of {period} ms, longer \
+         than the {most} ms allowed ({why})"
+    )
 }
 
 /// The longest exchange the controller has with the CDU of `map`, in
@@ -343,5 +402,46 @@ mod tests {
         assert!(n1200(370).is_err());
         // The default speed leaves the default timeout room to spare.
         assert!(from("").is_ok());
+    }
+
+    /// The simulated CDU's longest exchange at 300 baud, 8E1: 1412 ms on
+    /// the line, 1462 ms with the turnaround. The timeout that needs asks
+    /// for period_ms = 3899, which a CDU whose heartbeat times out after
+    /// 10 s (the twin's) refuses (at most 3333 ms): only a faster line
+    /// fits, and the error says so, naming the least common speed that
+    /// fits the timeout.
+    #[test]
+    fn a_line_too_slow_for_any_period_the_heartbeat_allows_asks_for_a_faster_line_only() {
+        let line = |baud: u32| format!("serial_baud = {baud}\nserial_parity = \"even\"\n");
+        let e = from(&line(300)).unwrap_err();
+        for said in [
+            "the read of input 10-20",
+            "1462 ms",
+            "serial_baud to 2400 or more",
+        ] {
+            assert!(e.message.contains(said), "{said}: {e}");
+        }
+        // No period_ms the heartbeat refuses.
+        for (i, _) in e.message.match_indices("period_ms = ") {
+            let digits = e.message[i + 12..].split(|c: char| !c.is_ascii_digit());
+            let p: u64 = digits.take(1).collect::<String>().parse().unwrap();
+            assert!(p <= 3333, "period_ms = {p}: {e}");
+        }
+        assert!(!e.message.contains("set modbus_timeout_ms"), "{e}");
+        // A timeout no speed fits: the speed and the timeout together.
+        let e = from(&format!("{}modbus_timeout_ms = 40\n", line(300))).unwrap_err();
+        let both = "raise serial_baud to 1200 or more (and the CDU's port with it) and \
+                    modbus_timeout_ms to 403 or more (which needs period_ms = 1075 or more)";
+        assert!(e.message.contains(both), "{e}");
+        // The speed named fits the default timeout; the one below it not.
+        from(&line(2400)).expect("2400 baud fits the default timeout");
+        // Where a period the heartbeat allows fits, the timeout is offered.
+        let e = from(&line(1200)).unwrap_err();
+        assert!(
+            e.message.contains(
+                "set modbus_timeout_ms = 403 or more (which needs period_ms = 1075 or more)"
+            ),
+            "{e}"
+        );
     }
 }

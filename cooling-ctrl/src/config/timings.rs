@@ -101,7 +101,7 @@ fn within_heartbeat(
     let Some(h) = heartbeat else {
         return Ok(());
     };
-    let most = (h.s * 1000.0 / 3.0).floor().max(0.0) as u64;
+    let most = heartbeat_third_ms(h);
     if period_ms <= most {
         return Ok(());
     }
@@ -119,6 +119,28 @@ fn within_heartbeat(
     ))
 }
 
+/// A third of the CDU's heartbeat timeout, ms: the longest period it
+/// allows ([`within_heartbeat`]).
+fn heartbeat_third_ms(h: &HeartbeatTimeout) -> u64 {
+    (h.s * 1000.0 / 3.0).floor().max(0.0) as u64
+}
+
+/// The longest control period allowed, ms, and what sets it: a third of
+/// the CDU's heartbeat timeout where the site figures give it, else the
+/// longest period there is.
+pub(super) fn most_period_ms(heartbeat: Option<&HeartbeatTimeout>) -> (u64, String) {
+    match heartbeat {
+        Some(h) if heartbeat_third_ms(h) < MOST_PERIOD_MS => (
+            heartbeat_third_ms(h),
+            format!(
+                "a third of the CDU's heartbeat timeout, heartbeat_timeout_s = {} s in {}",
+                h.s, h.figures
+            ),
+        ),
+        _ => (MOST_PERIOD_MS, "the longest period".into()),
+    }
+}
+
 /// The Modbus timeout where the period leaves room for it.
 const DEFAULT_TIMEOUT_MS: u64 = 500;
 
@@ -128,7 +150,7 @@ const DEFAULT_TIMEOUT_MS: u64 = 500;
 /// close still goes out), two timeouts; on a serial line the link's
 /// reopen comes on top, and the rest of the step (the board, the hosts'
 /// caps, the relay pulse) needs the remaining quarter.
-fn most_timeout_ms(period_ms: u64) -> u64 {
+pub(super) fn most_timeout_ms(period_ms: u64) -> u64 {
     period_ms * 3 / 8
 }
 
