@@ -1,6 +1,8 @@
-//! A decider's trace, recorded on a scripted hall (a leak, a pump trip,
-//! host reports believed and refused, refused writes, a record that
-//! did not go to flash, a silent CDU, a restart with what was learned),
+//! A decider's trace, recorded on a scripted hall (a leak, its valve
+//! closed before the record's keep and the planned valve write after it
+//! unanswered, a pump trip, host reports believed and refused, refused
+//! writes, a record that did not go to flash, a silent CDU, a restart
+//! with what was learned),
 //! encoded with postcard, decoded, and replayed into a fresh decider:
 //! the same results and digests, step by step; the direct calls give
 //! the same; and a changed input changes the digest where it changed.
@@ -72,7 +74,7 @@ impl Cdu {
 
     /// Writes `plan` as the shell does: in order, the heartbeat only when
     /// the safety writes went in; the setpoint refused in 90..95, the
-    /// valves unanswered at 110.
+    /// valves unanswered at 40 (after the early write) and 110.
     fn write(&mut self, plan: &cooling_decide::Plan, s: u64) -> Outcome {
         let mut o = Outcome::default();
         for w in &plan.writes {
@@ -83,7 +85,7 @@ impl Cdu {
                 Setting::Setpoint if (90..95).contains(&s) => {
                     Some("exception 3 (illegal data value)")
                 }
-                Setting::Valves if s == 110 => Some("no answer within 500 ms"),
+                Setting::Valves if s == 40 || s == 110 => Some("no answer within 500 ms"),
                 _ => None,
             };
             match refused {
@@ -102,11 +104,13 @@ impl Cdu {
     }
 }
 
-/// What a decider gave for each input, and each step's commands (kept
-/// in the decider, read after the step).
+/// What a decider gave for each input, the valve word it holds as the
+/// CDU's after each, and each step's commands (kept in the decider, read
+/// after the step).
 #[derive(Default)]
 struct Gave {
     applied: Vec<Applied>,
+    taken: Vec<Option<u16>>,
     commands: Vec<Commands>,
 }
 
@@ -118,6 +122,7 @@ impl Gave {
             self.commands.push(c.clone());
         }
         self.applied.push(a.clone());
+        self.taken.push(d.valves_taken());
         a
     }
 }
@@ -181,6 +186,9 @@ fn record() -> Recorder {
             ambient_c: m.and_then(|m| m.outdoor_c).map(|c| c as f32),
         };
         r.apply(Traced::Step { cdu: m, inp });
+        if s == 40 {
+            early_valves(&mut r, &mut cdu);
+        }
         if let Applied::ToKeep(Some(rec)) = r.apply(Traced::ToKeep) {
             // The first record of the leak does not go to flash.
             let ok = s < 40 || std::mem::replace(&mut failed_once, true);
@@ -196,6 +204,47 @@ fn record() -> Recorder {
     }
     r
 }
+
+/// The leak's first step, as a shell whose flash is slow runs it: the
+/// valve word of the step's commands, closings only, written before the
+/// record's keep, and taken by the CDU.
+fn early_valves(r: &mut Recorder, cdu: &mut Cdu) {
+    let asked =
+        r.d.last_commands()
+            .expect("the step's commands")
+            .valves_open;
+    let taken =
+        r.d.valves_taken()
+            .expect("the valves written before the leak");
+    let word = asked & taken;
+    assert_ne!(word, taken, "the leak's rack closed");
+    cdu.valves_open = word;
+    r.apply(Traced::EarlyValves(word));
+}
+
+/// Every kind of input a decider is given, numbered: no wildcard, so a
+/// kind added does not build until it is numbered here, and then the
+/// scenario must trace it ([`KINDS`]).
+fn kind(t: &Traced) -> usize {
+    match t {
+        Traced::Start { .. } => 0,
+        Traced::LearnedPart { .. } => 1,
+        Traced::Heard { .. } => 2,
+        Traced::Step { .. } => 3,
+        Traced::ToKeep => 4,
+        Traced::Kept(_) => 5,
+        Traced::Plan { .. } => 6,
+        Traced::Written(_) => 7,
+        Traced::SetLimits { .. } => 8,
+        Traced::FacilityTarget { .. } => 9,
+        Traced::ClearLeak { .. } => 10,
+        Traced::ClearPump { .. } => 11,
+        Traced::EarlyValves(_) => 12,
+    }
+}
+
+/// The kinds of input [`kind`] numbers.
+const KINDS: usize = 13;
 
 /// What the scenario's outside world does before step `s`.
 fn events_before(r: &mut Recorder, s: u64, kept: Option<cooling_decide::LatchRecord>) {
@@ -296,8 +345,22 @@ fn a_trace_decoded_and_replayed_gives_the_same_digests_step_by_step() {
     );
     assert_eq!(commands[110].lead, Pump::B, "the lag pump took over");
     assert!((r.gave.applied.iter()).any(|a| matches!(a, Applied::Verdict(Verdict::Refused { .. }))));
-    let kinds: std::collections::HashSet<_> = r.trace.iter().map(std::mem::discriminant).collect();
-    assert_eq!(kinds.len(), 12, "every kind of input traced");
+    let kinds: std::collections::BTreeSet<_> = r.trace.iter().map(kind).collect();
+    assert_eq!(kinds, (0..KINDS).collect(), "every kind of input traced");
+    // The valve word closed before the keep is the one taken, and stays
+    // so past the planned valve write the CDU did not answer.
+    let early = (r.trace.iter()).position(|t| matches!(t, Traced::EarlyValves(_)));
+    let early = early.expect("the early valve write traced");
+    let Traced::EarlyValves(word) = r.trace[early] else {
+        unreachable!()
+    };
+    let written = early
+        + (r.trace[early..].iter())
+            .position(|t| matches!(t, Traced::Written(_)))
+            .unwrap();
+    for at in [early, written] {
+        assert_eq!(r.gave.taken[at], Some(word), "after input {at}");
+    }
     assert!(r.trace.contains(&Traced::Kept(false)));
     let bytes = encode(&r.trace);
     let decoded = decode(&bytes);
@@ -305,6 +368,12 @@ fn a_trace_decoded_and_replayed_gives_the_same_digests_step_by_step() {
     let again = replay(&decoded);
     assert_eq!(digests(&again.applied), digests(&r.gave.applied));
     assert_eq!(again.applied, r.gave.applied, "every result");
+    assert_eq!(again.taken.len(), r.gave.taken.len());
+    let differs = (again.taken.iter().zip(&r.gave.taken)).position(|(a, b)| a != b);
+    assert_eq!(
+        differs, None,
+        "the valve word taken differs after that input"
+    );
     assert_eq!(again.commands, r.gave.commands, "every step's commands");
 }
 
@@ -339,6 +408,10 @@ fn direct(trace: &[Traced]) -> Vec<Option<u32>> {
             }
             Traced::Written(o) => {
                 d.written(o);
+                None
+            }
+            Traced::EarlyValves(v) => {
+                d.took_early_valves(*v);
                 None
             }
             other => {
