@@ -393,7 +393,7 @@ fn served_map(config: &config::Config) -> loopwarden_boards::modbus_map::Registe
     if let Some(cdu_map) = &config.map {
         let limits = cooling_ctrl::modbus::map_limits(cdu_map);
         if cooling_decide::writes::tighten(&mut core, &limits).is_err() {
-            // No setpoint meets both: the start refuses it, naming both.
+            // No setpoint meets both: the config refuses such a map.
             return map;
         }
     }
