@@ -253,7 +253,8 @@ async fn run_agent(
     // The decisions, with what was kept from before a restart.
     let mut node = startup::node(&config, &gpus, started);
     startup::restore_leases(&mut node, &mut log).await?;
-    let undone = restore_kept(&mut node, &config, &gpus, &mut store, config_lost).await;
+    let lost = config_lost.then_some(&mut log);
+    let undone = restore_kept(&mut node, &config, &gpus, &mut store, lost).await;
     let startup::BusParts {
         bus,
         mut inbound,
@@ -347,7 +348,8 @@ async fn run_agent(
 struct Undone {
     /// The GPUs kept quarantined whose actions are not known done.
     quarantines: Vec<u8>,
-    /// The GPUs whose kept health state was unreadable, marked degraded:
+    /// The GPUs whose kept health state was unreadable, marked degraded
+    /// (or quarantined again from the event log, the config store lost):
     /// their new state is kept, replacing the record that failed.
     unreadable: Vec<u8>,
     /// The cooling-loss phase kept.
@@ -358,18 +360,24 @@ struct Undone {
 
 /// Gives `node` what the config store kept from before a restart (the
 /// health states, the limits, the cooling-loss phase, the replay floors);
-/// returns the site actions found not done. `config_lost`: the store was
-/// lost since an earlier run ([`Stores::config_lost`]).
+/// returns the site actions found not done. `lost`: the event log, when
+/// the store was lost since an earlier run ([`Stores::config_lost`]): the
+/// quarantines are taken back from it.
 async fn restore_kept(
     node: &mut Node,
     config: &Config,
     gpus: &[GpuState],
     store: &mut loopwarden_flash::ConfigStore<loopwarden_store::agent_flash::Flash>,
-    config_lost: bool,
+    lost: Option<&mut loopwarden_flash::EventLog<loopwarden_store::agent_flash::Flash>>,
 ) -> Undone {
     let uuids: Vec<&str> = gpus.iter().map(|g| g.info.uuid.as_str()).collect();
     quarantine::upgrade_kept(store, &uuids);
-    let unreadable = startup::restore_health(node, &uuids, store, config_lost).await;
+    let logged = match lost {
+        Some(log) => Some(startup::logged_quarantines(log, gpus.len()).await),
+        None => None,
+    };
+    let config_lost = logged.is_some();
+    let unreadable = startup::restore_health(node, &uuids, store, logged.as_deref()).await;
     let quarantines = quarantine::not_done(store, node.health(), &uuids).await;
     limits::restore(node, gpus, store, config_lost).await;
     let (phase, steps) = match cooling::restore(store, config_lost).await {

@@ -15,8 +15,8 @@ use loopwarden_bus::embedded::EmbeddedBroker;
 use loopwarden_bus::{now_ms, Bus, BusConfig, BusTask, Inbound};
 use loopwarden_flash::{ConfigStore, EventLog, FlashError, Outbox, StoreError};
 use loopwarden_protocol::{
-    Family, Frame, GpuHealth, HealthState, Ident, Message, MessageKind, NodeId, ReasonCode, Role,
-    TimestampMs, Topic, Watts,
+    Event, Family, Frame, GpuHealth, HealthState, Ident, Message, MessageKind, NodeId, ReasonCode,
+    Role, TimestampMs, Topic, Watts,
 };
 use loopwarden_store::agent_flash::Flash;
 use node_core::caps::GpuRange;
@@ -338,16 +338,18 @@ pub(super) async fn restore_leases(
 /// (`uuids`: every GPU's, in index order). A GPU whose kept state cannot
 /// be read, or whose UUID is unknown so that none can be matched to it,
 /// may have been quarantined before the restart: it is marked degraded
-/// (reason `kept-state-unreadable`) rather than taken as healthy. So is
-/// every GPU not found kept unhealthy when the config store was lost
-/// since an earlier run (`config_lost`: "none kept" and "healthy" may be
-/// what is left of a quarantine). Returns the GPUs so marked, for the
-/// caller to keep their new state.
+/// (reason `kept-state-unreadable`) rather than taken as healthy. When
+/// the config store was lost since an earlier run (`lost`: `Some`, with
+/// each GPU's quarantine found in the event log, [`logged_quarantines`])
+/// "none kept" and "healthy" may be what is left of a quarantine: every
+/// GPU not found kept unhealthy is quarantined again where the event log
+/// says it was, else marked degraded. Returns the GPUs so marked or
+/// quarantined, for the caller to keep their new state.
 pub(super) async fn restore_health(
     node: &mut Node,
     uuids: &[&str],
     store: &mut ConfigStore<Flash>,
-    config_lost: bool,
+    lost: Option<&[Option<GpuStatus>]>,
 ) -> Vec<u8> {
     let mut marked = Vec::new();
     for (i, uuid) in uuids.iter().enumerate().take(node.len()) {
@@ -359,13 +361,22 @@ pub(super) async fn restore_health(
             },
             None => Err("its UUID is unknown, so no kept state can be matched to it".into()),
         };
-        let kept = match kept {
-            Ok(h) if config_lost && h.as_ref().is_none_or(|h| h.state == HealthState::Healthy) => {
+        let kept = match (kept, lost) {
+            (Ok(h), Some(logged)) if h.as_ref().is_none_or(|h| h.state == HealthState::Healthy) => {
+                if let Some(q) = logged.get(i).cloned().flatten() {
+                    tracing::error!(
+                        "GPU {i}: quarantined before the restart, as the event log says ({}); {STORE_LOST}, so the quarantine is taken back from the log: quarantined again, its actions run again",
+                        q.evidence
+                    );
+                    marked.push(i as u8);
+                    node.restore_health(i as u8, q);
+                    continue;
+                }
                 Err(format!(
                     "{STORE_LOST}, so what was kept of this GPU is unknown"
                 ))
             }
-            other => other,
+            (kept, _) => kept,
         };
         let status = match kept {
             Ok(Some(h)) if h.state != HealthState::Healthy => {
@@ -388,6 +399,51 @@ pub(super) async fn restore_health(
         node.restore_health(i as u8, status);
     }
     marked
+}
+
+/// Each of the first `gpus` GPUs' quarantine, where the last health change
+/// the event log (`log`) holds of it, by its index, is to quarantined:
+/// what is left of the health kept when the config store was lost. A log
+/// that cannot be read finds none (said: every GPU is marked degraded).
+pub(super) async fn logged_quarantines(
+    log: &mut EventLog<Flash>,
+    gpus: usize,
+) -> Vec<Option<GpuStatus>> {
+    let mut last = vec![None; gpus];
+    let read = log
+        .for_each(|r| {
+            if r.kind != MessageKind::Event as u8 {
+                return;
+            }
+            if let Ok(Message::Event(Event::HealthChanged {
+                gpu, to, reason, ..
+            })) = Message::decode_body(MessageKind::Event, r.body)
+            {
+                if let Some(slot) = last.get_mut(gpu.get() as usize) {
+                    *slot = Some((r.seq, r.time, to, reason));
+                }
+            }
+        })
+        .await;
+    if let Err(e) = read {
+        tracing::error!(
+            "event log unreadable ({e:?}): no quarantine from before the restart is found in it; every GPU not found kept unhealthy is marked degraded"
+        );
+        return vec![None; gpus];
+    }
+    last.into_iter()
+        .map(|l| match l {
+            Some((seq, since, HealthState::Quarantined, reason)) => Some(GpuStatus {
+                state: HealthState::Quarantined,
+                reason,
+                since,
+                evidence: format!(
+                    "quarantined ({reason}) as event log record {seq} says, the last health change it holds of this GPU index; the config store that kept it was lost"
+                ),
+            }),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Why what was kept is unknown when the config store was lost.
@@ -612,15 +668,15 @@ mod tests {
     /// A start with the GPUs `uuids`: the node, with what it restored,
     /// and what the start found undone.
     fn restored(store: &mut ConfigStore<Flash>, uuids: [&str; 3]) -> (Node, super::super::Undone) {
-        restored_from(store, uuids, false)
+        restored_from(store, uuids, None)
     }
 
-    /// [`restored`] from a config store lost since an earlier run
-    /// (`config_lost`) or not.
+    /// [`restored`] from a config store lost since an earlier run (`lost`:
+    /// the event log then) or not.
     fn restored_from(
         store: &mut ConfigStore<Flash>,
         uuids: [&str; 3],
-        config_lost: bool,
+        lost: Option<&mut EventLog<Flash>>,
     ) -> (Node, super::super::Undone) {
         let config = config();
         let gpus: Vec<GpuState> = uuids.iter().map(|u| gpu(u)).collect();
@@ -630,7 +686,7 @@ mod tests {
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .expect("a runtime");
-        let undone = rt.block_on(restore_kept(&mut node, &config, &gpus, store, config_lost));
+        let undone = rt.block_on(restore_kept(&mut node, &config, &gpus, store, lost));
         (node, undone)
     }
 
@@ -846,7 +902,7 @@ mod tests {
         );
         // Known by its UUID: its quarantine is restored as it was.
         let mut node = node(&config, &found, TimestampMs(SINCE + 10_000));
-        let undone = rt.block_on(restore_kept(&mut node, &config, &found, &mut store, false));
+        let undone = rt.block_on(restore_kept(&mut node, &config, &found, &mut store, None));
         assert_eq!(node.health().status(2).unwrap().state, Quarantined);
         assert_eq!(undone.unreadable, Vec::<u8>::new());
     }
@@ -1016,7 +1072,11 @@ mod tests {
             let kind = MessageKind::Event as u8;
             futures::executor::block_on(stores.log.append(TimestampMs(SINCE), kind, &[1, 2]))
                 .unwrap();
-            let (node, _) = restored_from(&mut stores.store, [X, A, B], stores.config_lost);
+            let (node, _) = restored_from(
+                &mut stores.store,
+                [X, A, B],
+                stores.config_lost.then_some(&mut stores.log),
+            );
             assert_eq!(node.health().status(1).unwrap().state, Quarantined);
         }
         let config = loopwarden_boards::FlashBoard::host_file().layout().config;
@@ -1026,7 +1086,11 @@ mod tests {
         drop(file);
         let mut stores = loopwarden_store::agent_flash::open(Some(&path)).unwrap();
         assert!(stores.config_lost && !stores.blank);
-        let (node, undone) = restored_from(&mut stores.store, [X, A, B], stores.config_lost);
+        let (node, undone) = restored_from(
+            &mut stores.store,
+            [X, A, B],
+            stores.config_lost.then_some(&mut stores.log),
+        );
         assert_eq!(undone.unreadable, vec![0, 1, 2]);
         for i in 0..3 {
             let st = node.health().status(i).unwrap();
@@ -1103,7 +1167,11 @@ mod tests {
         erase_config_store(&path);
         let mut stores = loopwarden_store::agent_flash::open(Some(&path)).unwrap();
         assert!(stores.config_lost);
-        let (mut node, _) = restored_from(&mut stores.store, [X, A, B], stores.config_lost);
+        let (mut node, _) = restored_from(
+            &mut stores.store,
+            [X, A, B],
+            stores.config_lost.then_some(&mut stores.log),
+        );
         assert!(node.cooling_unknown(), "the phase is unknown, not cooled");
         let said = first_read(&mut node, 450);
         for i in 0..3u8 {
@@ -1114,5 +1182,77 @@ mod tests {
                 "GPU {i}: {said:?}"
             );
         }
+    }
+
+    /// A healthy sample of every GPU, as a round reads it.
+    fn healthy_round() -> Vec<node_core::node::Reading> {
+        let observation = node_core::health::Observation {
+            temp: 60.0,
+            power: 450.0,
+            power_limit: 700.0,
+            sm_clock: 1_980.0,
+            util: 95.0,
+            ..Default::default()
+        };
+        let sample = node_core::node::Reading::Sample {
+            observation,
+            temp: loopwarden_protocol::WholeCelsius(60),
+            power: Watts(450),
+        };
+        vec![sample; 3]
+    }
+
+    /// The config store lost, the event log left: GPU 1, whose last health
+    /// change in the log is to quarantined, is quarantined again (for the
+    /// reason the log gives; its actions run again) and stays so past the
+    /// quiet period; GPU 0, quarantined then released, and GPU 2, never
+    /// changed, are marked degraded and heal after it.
+    #[test]
+    fn a_lost_config_store_takes_a_quarantine_back_from_the_event_log() {
+        use loopwarden_protocol::{Event, Message};
+        use node_core::node::{Input, Now};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("host.flash");
+        {
+            let mut stores = loopwarden_store::agent_flash::open(Some(&path)).unwrap();
+            let changes = [
+                (0, Healthy, Quarantined, ReasonCode(79)),
+                (1, Healthy, Quarantined, ReasonCode::DBE_VOLATILE),
+                (0, Quarantined, Healthy, ReasonCode::OPERATOR_RELEASE),
+            ];
+            for (n, (gpu, from, to, reason)) in changes.into_iter().enumerate() {
+                let event = Message::Event(Event::HealthChanged {
+                    gpu: GpuIndex::new(gpu).unwrap(),
+                    from,
+                    to,
+                    reason,
+                });
+                let body = loopwarden_store::resend::event_body(&event).unwrap();
+                let kind = MessageKind::Event as u8;
+                let at = TimestampMs(SINCE + n as u64);
+                futures::executor::block_on(stores.log.append(at, kind, &body)).unwrap();
+            }
+        }
+        erase_config_store(&path);
+        let mut stores = loopwarden_store::agent_flash::open(Some(&path)).unwrap();
+        assert!(stores.config_lost);
+        let lost = stores.config_lost.then_some(&mut stores.log);
+        let (mut node, undone) = restored_from(&mut stores.store, [X, A, B], lost);
+        let state = |node: &Node, i| {
+            let st = node.health().status(i).unwrap();
+            (st.state, st.reason)
+        };
+        let unreadable = (Degraded, ReasonCode::KEPT_STATE_UNREADABLE);
+        assert_eq!(state(&node, 0), unreadable, "released since");
+        assert_eq!(state(&node, 1), (Quarantined, ReasonCode::DBE_VOLATILE));
+        assert_eq!(state(&node, 2), unreadable, "never changed");
+        assert_eq!(undone.unreadable, vec![0, 1, 2], "each state kept anew");
+        assert_eq!(undone.quarantines, vec![1], "its actions run again");
+        let quiet_ms = config().quiet_period.as_millis() as u64;
+        // The mark is stamped with the clock's time, after SINCE.
+        let later = Now::at(now_ms().0 + quiet_ms + 60_000);
+        node.step(later, Input::Round(&healthy_round()));
+        assert_eq!(state(&node, 0).0, Healthy, "the quiet period passed");
+        assert_eq!(state(&node, 1).0, Quarantined, "never healed by it");
     }
 }
