@@ -16,8 +16,11 @@
 //! - per class, the share of failures the engine flagged (degraded or
 //!   quarantined) after the precursor began and before the failure
 //!   (`coverage`), and those lead times (`LeadTime::Empirical`);
-//! - the detection latency of a hang (the failures the job model applies
-//!   it to): the hang's start to the quarantine;
+//! - the detection latency (the failure's start to the quarantine) over
+//!   the failures the job model applies it to: those of the classes the
+//!   twin's default mix plays as hangs a host sees (`gsp`); the hangs of
+//!   a class it plays as a crash (`faulty_gpu`'s without an XID) are said
+//!   apart, a figure it does not use ([`detection`]);
 //! - upper bounds on false alarms per GPU-day, every GPU that left
 //!   `healthy` without a fault over the GPU-days replayed, counted apart:
 //!   false quarantines (it reached `quarantined` before it was healthy
@@ -34,6 +37,7 @@
 //! - *false alarm*: a flag on a GPU with nothing wrong with it (or before
 //!   its precursor began): a false quarantine or a false degrade.
 
+pub mod detection;
 mod false_flags;
 pub mod host;
 pub mod scenarios;
@@ -64,11 +68,13 @@ pub struct MeasuredModel {
     /// on generated traces. A class the engine never flagged in time has
     /// [`Precursor::none`] (coverage 0, no lead-time list).
     pub classes: Vec<(String, Precursor)>,
-    /// The engine's detection latency for a hang (the hang's start, its
-    /// XID or its first missed answer -> quarantine), seconds, measured by
-    /// replay: the mean over the hangs ([`Mechanism::is_hang`]) not
-    /// quarantined before they struck, the failures the job model applies
-    /// it to (a crash stops the job at once).
+    /// The engine's detection latency (the failure's start, its XID or
+    /// its first missed answer -> quarantine), seconds, measured by
+    /// replay: the mean over the failures not quarantined before they
+    /// struck whose class the twin's default mix plays as a hang a host
+    /// sees ([`detection::applied_classes`]), the only ones the job model
+    /// applies it to (a class it plays as a crash stops the job at once).
+    /// The hangs of other classes are in a note, not here.
     pub detection_s: f64,
     /// False degrades per GPU-day (a healthy GPU flagged degraded and
     /// never quarantined: only a drain acts on it): what the 95 % one-sided
@@ -633,46 +639,6 @@ impl Measurement {
             .collect()
     }
 
-    /// The detection latency the job model takes, with its note: the mean
-    /// over the hangs not quarantined before they struck (the job model
-    /// applies it to hangs only); an error if no hang was measured.
-    fn hang_detection(&self) -> Result<(f64, String), String> {
-        let hangs: Vec<&FailureOutcome> = self
-            .failures
-            .iter()
-            .filter(|f| f.failure.mechanism.is_hang())
-            .collect();
-        let det: Vec<f64> = hangs
-            .iter()
-            .filter_map(|f| match f.detection {
-                Detection::After(ms) => Some(ms as f64 / 1e3),
-                _ => None,
-            })
-            .collect();
-        if det.is_empty() {
-            return Err(format!(
-                "none of the {} failures generated is a hang quarantined after it struck: \
-                 the detection latency has no mean",
-                self.failures.len()
-            ));
-        }
-        let mean = det.iter().sum::<f64>() / det.len() as f64;
-        let mut kinds: Vec<&str> = hangs.iter().map(|f| f.failure.mechanism.name()).collect();
-        kinds.sort();
-        kinds.dedup();
-        let all = self.detections_s();
-        let note = format!(
-            "detection_s: the mean, over the {} hangs ({}) not quarantined before they struck, of the time from the hang's start (its XID 119 or 120, or the first sample it misses) to the quarantine verdict in the replay (median {:.1} s, max {:.1} s). The job model applies it only to hangs a host sees (a crash stops the job at once); over all {} failures, crashes quarantined on their XID included, the mean is {:.3} s. The driver's own delay in delivering an XID is not in the traces.",
-            det.len(),
-            kinds.join(", "),
-            median(&det),
-            det.iter().copied().fold(0.0, f64::max),
-            all.len(),
-            all.iter().sum::<f64>() / all.len().max(1) as f64,
-        );
-        Ok((mean, note))
-    }
-
     /// The failures the engine never quarantined.
     pub fn never_quarantined(&self) -> impl Iterator<Item = &FailureOutcome> + '_ {
         self.failures
@@ -737,8 +703,8 @@ impl Measurement {
             ));
             classes.push((class.to_string(), p));
         }
-        let (detection_s, note) = self.hang_detection()?;
-        notes.push(note);
+        let (detection_s, said) = self.hang_detection()?;
+        notes.extend(said);
         let (q, d) = (self.false_quarantines(), self.false_degrades());
         notes.push(format!(
             "false alarms: {} GPUs flagged with nothing wrong in {:.1} clean GPU-days replayed ({:.1} on healthy hosts with application XIDs, blips, missed samples, stalls, lowered limits and loop trouble; the rest the other GPUs of failure traces): {q} quarantined and {d} that stopped at degraded, counted apart.",

@@ -133,11 +133,12 @@ impl Mechanism {
         }
     }
 
-    /// Whether it is a hang as the job model plays one (the job blocks in
-    /// its collective rather than crashing, so the agent's detection is
-    /// what can stop it sooner): a GPU that stops answering without an
-    /// XID, and the GSP's timeouts (XID 119 or 120, the class `gsp` the
-    /// job model plays as a hang).
+    /// Whether it is a hang (the job blocks in its collective rather than
+    /// crashing, so the agent's detection is what can stop it sooner): a
+    /// GPU that stops answering without an XID, and the GSP's timeouts
+    /// (XID 119 or 120). The job model goes by class, not by this: it
+    /// plays `gsp` as a hang and `faulty_gpu`, hangs without an XID
+    /// included, as a crash (`precursors::detection`).
     pub fn is_hang(&self) -> bool {
         matches!(
             self,

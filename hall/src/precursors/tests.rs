@@ -196,55 +196,68 @@ fn detection_is_the_xid_itself_or_three_missed_samples() {
     }
     let model = m.model().expect("every failure quarantined");
     assert!(
-        model.detection_s > 0.0 && model.detection_s < 5.0,
+        model.detection_s >= 0.0 && model.detection_s < 5.0,
         "{}",
         model.detection_s
     );
 }
 
-#[test]
-fn detection_is_the_mean_over_the_hangs_the_job_model_applies_it_to() {
-    let m = small();
-    let hangs: Vec<f64> = m
+/// The mean over the failures detected after they struck whose class
+/// `keep` takes, and how many.
+fn mean_detection(m: &Measurement, keep: impl Fn(&FailureOutcome) -> bool) -> (f64, usize) {
+    let det: Vec<f64> = m
         .failures
         .iter()
-        .filter(|f| {
-            matches!(
-                f.failure.mechanism,
-                Mechanism::AbruptGpu { xid: None }
-                    | Mechanism::GspSlow { .. }
-                    | Mechanism::AbruptGsp { .. }
-            )
-        })
+        .filter(|f| keep(f))
         .filter_map(|f| match f.detection {
             Detection::After(ms) => Some(ms as f64 / 1e3),
             _ => None,
         })
         .collect();
-    assert!(
-        hangs.iter().any(|s| *s > 1.0),
-        "a hang without an XID: {hangs:?}"
-    );
-    let mean = hangs.iter().sum::<f64>() / hangs.len() as f64;
+    (det.iter().sum::<f64>() / det.len() as f64, det.len())
+}
+
+#[test]
+fn detection_is_the_mean_over_the_classes_the_job_model_plays_as_host_visible_hangs() {
+    use loopwarden_twin::goodput::{Mix, Onset};
+    let m = small();
+    let mix = Mix::default();
+    let applied: Vec<&str> = mix
+        .classes
+        .iter()
+        .filter(|c| c.host_visible && c.onset == Onset::Hang)
+        .map(|c| c.name.as_str())
+        .collect();
+    assert!(applied.contains(&"gsp"), "{applied:?}");
+    let (mean, n) = mean_detection(m, |f| applied.contains(&f.failure.class));
+    assert!(n > 0, "no failure of {applied:?} detected after it struck");
     let model = m.model().expect("every failure quarantined");
     assert!(
         (model.detection_s - mean).abs() < 1e-12,
-        "{} against {mean}",
+        "{} against {mean} over {applied:?}",
         model.detection_s
     );
-    // Over every failure, crashes quarantined on their XID included, it is
-    // shorter: the model does not take that one.
-    let all = m.detections_s();
-    assert!(all.iter().sum::<f64>() / (all.len() as f64) < mean);
-    let note = model
-        .notes
-        .iter()
-        .find(|n| n.starts_with("detection_s"))
-        .expect("a note on detection_s");
+    // The hangs of a class the job model plays as a crash (a GPU that
+    // stops answering without an XID, in faulty_gpu) are not in it: their
+    // figure is said apart, as one the job model does not use.
+    let crash_class = |f: &FailureOutcome| !applied.contains(&f.failure.class);
+    let (unused, k) = mean_detection(m, |f| f.failure.mechanism.is_hang() && crash_class(f));
+    assert!(k > 0 && unused > 1.0, "{unused} s over {k}");
+    let note = |start: &str| {
+        let found = model.notes.iter().find(|n| n.starts_with(start));
+        found.unwrap_or_else(|| panic!("a note on {start}: {:?}", model.notes))
+    };
+    let applied_note = note("detection_s");
     assert!(
-        note.contains(&format!("over the {} hangs", hangs.len())) && note.contains("abrupt-hang"),
-        "{note}"
+        applied_note.contains(&format!("over the {n} failures")),
+        "{applied_note}"
     );
+    let unused_note = note("not used by the job model");
+    assert!(
+        unused_note.contains(&format!("{unused:.3} s")) && unused_note.contains("abrupt-hang"),
+        "{unused_note}"
+    );
+    assert!(unused_note.contains("as crashes"), "{unused_note}");
 }
 
 #[test]
@@ -252,8 +265,10 @@ fn a_failure_never_quarantined_is_not_left_out_of_the_detection_latency() {
     let mut m = small().clone();
     m.failures.truncate(2);
     for f in &mut m.failures {
-        // Hangs: the detection latency is their mean.
-        f.failure.mechanism = Mechanism::AbruptGpu { xid: None };
+        // Hangs of a class the job model plays as one: the detection
+        // latency is their mean.
+        f.failure.class = "gsp";
+        f.failure.mechanism = Mechanism::AbruptGsp { xid: 119 };
     }
     m.failures[0].detection = Detection::After(1_000);
     m.failures[1].detection = Detection::Never;
