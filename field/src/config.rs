@@ -105,11 +105,14 @@ impl<'a> Sources<'a> {
         }
     }
 
-    /// The line of `key` (in this section) in the file. The rows of an
-    /// array written over several lines are values, not section headers,
-    /// and a header may carry a comment.
+    /// The line of `key` (in this section) in the file, written under
+    /// its `[section]`, as a dotted key (`guard.period_ms = 6`) or in an
+    /// inline table (`guard = { period_ms = 6 }`). The rows of an array
+    /// written over several lines are values, not section headers, and a
+    /// header may carry a comment.
     pub fn line_of(&self, key: &str) -> Option<usize> {
-        let mut current: Option<&str> = None;
+        let target = joined(self.section.map(key_path).unwrap_or_default(), key);
+        let mut current = String::new();
         // Brackets still open from a value that spans lines.
         let mut open = 0;
         for (i, raw) in self.text.lines().enumerate() {
@@ -120,13 +123,14 @@ impl<'a> Sources<'a> {
             }
             if let Some(rest) = line.strip_prefix('[') {
                 let name = rest.split(']').next().unwrap_or("");
-                current = Some(unquoted(name.trim_start_matches('[')));
+                current = key_path(name.trim_start_matches('['));
                 continue;
             }
             let Some((k, value)) = line.split_once('=') else {
                 continue;
             };
-            if unquoted(k) == key && current == self.section {
+            let path = joined(current.clone(), &key_path(k));
+            if path == target || inline_holds(&path, value, &target) {
                 return Some(i + 1);
             }
             open = brackets_open(value, 0);
@@ -157,6 +161,76 @@ impl<'a> Sources<'a> {
             },
         }
     }
+}
+
+/// A dotted key or section name as written (`guard . "period_ms"`), as
+/// one path without white space and quotes (`guard.period_ms`).
+fn key_path(written: &str) -> String {
+    written
+        .split('.')
+        .map(unquoted)
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+/// `prefix.key`, or `key` under no prefix.
+fn joined(prefix: String, key: &str) -> String {
+    if prefix.is_empty() {
+        key.to_string()
+    } else {
+        format!("{prefix}.{key}")
+    }
+}
+
+/// Whether `value`, written for the key at `path`, is an inline table
+/// that holds `target` (at any depth).
+fn inline_holds(path: &str, value: &str, target: &str) -> bool {
+    let Some(inner) = value.trim().strip_prefix('{') else {
+        return false;
+    };
+    if !target.starts_with(path) {
+        return false;
+    }
+    top_level_items(inner).into_iter().any(|item| {
+        item.split_once('=').is_some_and(|(k, v)| {
+            let at = joined(path.to_string(), &key_path(k));
+            at == target || inline_holds(&at, v, target)
+        })
+    })
+}
+
+/// The comma-separated items of an inline table's text after its `{`, up
+/// to its closing `}`: commas inside strings, arrays and nested tables
+/// do not separate.
+fn top_level_items(inner: &str) -> Vec<&str> {
+    let (mut items, mut start, mut depth) = (Vec::new(), 0, 0usize);
+    let mut quote = None;
+    let mut escaped = false;
+    for (i, c) in inner.char_indices() {
+        match (quote, c) {
+            (Some('"'), '\\') if !escaped => {
+                escaped = true;
+                continue;
+            }
+            (Some(q), c) if c == q && !escaped => quote = None,
+            (Some(_), _) => {}
+            (None, '"' | '\'') => quote = Some(c),
+            (None, '{' | '[') => depth += 1,
+            (None, '}') if depth == 0 => {
+                items.push(&inner[start..i]);
+                return items;
+            }
+            (None, '}' | ']') => depth = depth.saturating_sub(1),
+            (None, ',') if depth == 0 => {
+                items.push(&inner[start..i]);
+                start = i + 1;
+            }
+            (None, _) => {}
+        }
+        escaped = false;
+    }
+    items.push(&inner[start..]);
+    items
 }
 
 /// A key or section name as written, without its white space and quotes
@@ -376,6 +450,31 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "a.toml line 2: '\\u{2}' is not valid TOML here"
+        );
+    }
+
+    /// A key written as a dotted key or in an inline table is found on
+    /// its line (its errors were blamed on `default`).
+    #[test]
+    fn dotted_keys_and_inline_tables_are_found() {
+        let text = "guard.period_ms = 6\nquarantine = { reported_only = true, \"timeout_s\" = 9,\n  }\nlimits = { gpu = { site_limit_w = 500, x = [1, 2] }, y = \"a, b = c\" }\n[site]\nbus . \"keep_alive_s\" = 3\n";
+        let src = Sources::new(Some(Path::new("a.toml")), text);
+        assert_eq!(src.section("guard").line_of("period_ms"), Some(1));
+        assert_eq!(src.section("quarantine").line_of("reported_only"), Some(2));
+        assert_eq!(src.section("quarantine").line_of("timeout_s"), Some(2));
+        assert_eq!(src.section("limits.gpu").line_of("site_limit_w"), Some(4));
+        assert_eq!(src.section("limits").line_of("y"), Some(4));
+        assert_eq!(src.section("limits").line_of("b"), None, "inside a string");
+        assert_eq!(src.section("site.bus").line_of("keep_alive_s"), Some(6));
+        assert_eq!(src.line_of("period_ms"), None);
+        assert_eq!(src.section("quarantine").line_of("x"), None);
+        let e = src
+            .section("quarantine")
+            .error(None, "reported_only", "bad".into());
+        assert_eq!(e.to_string(), "a.toml line 2: bad");
+        assert_eq!(
+            top_level_items(" a = 1, b = { c = 2, d = 3 } } tail"),
+            [" a = 1", " b = { c = 2, d = 3 } "]
         );
     }
 
