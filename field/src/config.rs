@@ -204,32 +204,27 @@ fn inline_holds(path: &str, value: &str, target: &str) -> bool {
 /// do not separate.
 fn top_level_items(inner: &str) -> Vec<&str> {
     let (mut items, mut start, mut depth) = (Vec::new(), 0, 0usize);
-    let mut quote = None;
-    let mut escaped = false;
-    for (i, c) in inner.char_indices() {
-        match (quote, c) {
-            (Some('"'), '\\') if !escaped => {
-                escaped = true;
-                continue;
-            }
-            (Some(q), c) if c == q && !escaped => quote = None,
-            (Some(_), _) => {}
-            (None, '"' | '\'') => quote = Some(c),
-            (None, '{' | '[') => depth += 1,
-            (None, '}') if depth == 0 => {
+    let mut closed = false;
+    outside_strings(inner, |i, c| {
+        match c {
+            '{' | '[' => depth += 1,
+            '}' if depth == 0 => {
                 items.push(&inner[start..i]);
-                return items;
+                closed = true;
+                return false;
             }
-            (None, '}' | ']') => depth = depth.saturating_sub(1),
-            (None, ',') if depth == 0 => {
+            '}' | ']' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
                 items.push(&inner[start..i]);
                 start = i + 1;
             }
-            (None, _) => {}
+            _ => {}
         }
-        escaped = false;
+        true
+    });
+    if !closed {
+        items.push(&inner[start..]);
     }
-    items.push(&inner[start..]);
     items
 }
 
@@ -246,9 +241,24 @@ fn unquoted(written: &str) -> &str {
 /// The brackets left open after `text`, given `open` before it: strings
 /// (`"…"` with its escapes, `'…'`) and a comment are passed over.
 fn brackets_open(text: &str, mut open: usize) -> usize {
+    outside_strings(text, |_, c| {
+        match c {
+            '#' => return false,
+            '[' => open += 1,
+            ']' => open = open.saturating_sub(1),
+            _ => {}
+        }
+        true
+    });
+    open
+}
+
+/// Hands `each` the characters of `text` outside its strings (`"…"` with
+/// its escapes, `'…'`), with their byte offsets, while it answers true.
+fn outside_strings(text: &str, mut each: impl FnMut(usize, char) -> bool) {
     let mut quote = None;
     let mut escaped = false;
-    for c in text.chars() {
+    for (i, c) in text.char_indices() {
         match (quote, c) {
             (Some('"'), '\\') if !escaped => {
                 escaped = true;
@@ -257,14 +267,14 @@ fn brackets_open(text: &str, mut open: usize) -> usize {
             (Some(q), c) if c == q && !escaped => quote = None,
             (Some(_), _) => {}
             (None, '"' | '\'') => quote = Some(c),
-            (None, '#') => break,
-            (None, '[') => open += 1,
-            (None, ']') => open = open.saturating_sub(1),
-            (None, _) => {}
+            (None, c) => {
+                if !each(i, c) {
+                    return;
+                }
+            }
         }
         escaped = false;
     }
-    open
 }
 
 /// Picks the flag, else the file: `(value, Some(flag name))` when the flag
