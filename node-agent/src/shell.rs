@@ -73,6 +73,7 @@ mod cooling;
 mod effects;
 mod identify;
 mod limits;
+mod lost_store;
 mod publishing;
 mod quarantine;
 mod replay_floor;
@@ -372,15 +373,18 @@ async fn restore_kept(
 ) -> Undone {
     let uuids: Vec<&str> = gpus.iter().map(|g| g.info.uuid.as_str()).collect();
     quarantine::upgrade_kept(store, &uuids);
-    let logged = match lost {
-        Some(log) => Some(startup::logged_quarantines(log, gpus.len()).await),
-        None => None,
+    let (logged, logged_phase) = match lost {
+        Some(log) => (
+            Some(startup::logged_quarantines(log, gpus.len()).await),
+            Some(lost_store::logged_phase(log).await),
+        ),
+        None => (None, None),
     };
     let config_lost = logged.is_some();
     let unreadable = startup::restore_health(node, &uuids, store, logged.as_deref()).await;
     let quarantines = quarantine::not_done(store, node.health(), &uuids).await;
     limits::restore(node, gpus, store, config_lost).await;
-    let (phase, steps) = match cooling::restore(store, config_lost).await {
+    let (phase, steps) = match cooling::restore(store, logged_phase).await {
         Some((phase, steps)) => {
             node.restore_cooling(phase, &steps);
             (phase, steps)

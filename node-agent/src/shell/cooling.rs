@@ -39,7 +39,10 @@
 //! (`Node::restore_cooling_unknown`): nothing runs until the CDU's first
 //! word on the rack, silence included; lost, the host drains then and
 //! powers down after the grace; cooling, it powers up and resumes. A
-//! record an earlier version kept without a check reads as before.
+//! record an earlier version kept without a check reads as before. None
+//! found in a config store lost since an earlier run is the phase the
+//! cooling actions in the event log say (`super::lost_store`): cooled
+//! when none was logged, unknown only where the log cannot tell.
 //!
 //! A resume takes the whole node back into service, in the site's
 //! scheduler, its quarantined GPUs with it: once one ended, the
@@ -368,16 +371,31 @@ pub(super) fn phase_items(phase: Phase, pending: &[CoolingStep]) -> Vec<(String,
 
 /// The phase and the pending steps kept from before a restart: cooled
 /// and none when nothing was kept; `None` (the phase unknown, said) when
-/// the record cannot be read, or its check does not match it, or none is
-/// found in a config store lost since an earlier run (`config_lost`: a
-/// host powered down then would otherwise never be powered up).
+/// the record cannot be read, or its check does not match it. When none
+/// is found in a config store lost since an earlier run (`logged`: the
+/// phase the event log says then, [`super::lost_store::logged_phase`]),
+/// the phase is the log's, with no step pending (the usual undo runs at
+/// the CDU's word), or unknown where the log cannot tell: never cooled
+/// on the store's silence alone (a host powered down then would never be
+/// powered up), never unknown where the log says cooled (the CDU's word
+/// would resume the host, lifting an operator's drain).
 pub(super) async fn restore(
     store: &mut ConfigStore<Flash>,
-    config_lost: bool,
+    logged: Option<Result<Phase, String>>,
 ) -> Option<(Phase, Vec<CoolingStep>)> {
-    let kept = match read_kept(store).await {
-        Ok(None) if config_lost => Err(super::startup::STORE_LOST.to_string()),
-        other => other,
+    let kept = match (read_kept(store).await, logged) {
+        (Ok(None), Some(Ok(phase))) => {
+            tracing::warn!(
+                "cooling-loss phase: {}; taken from the cooling actions in the event log: {phase}",
+                super::startup::STORE_LOST
+            );
+            Ok(Some((phase, Vec::new())))
+        }
+        (Ok(None), Some(Err(why))) => Err(format!(
+            "{}, and the event log cannot tell it: {why}",
+            super::startup::STORE_LOST
+        )),
+        (other, _) => other,
     };
     let (phase, pending) = match kept {
         Ok(Some(kept)) => kept,
@@ -731,7 +749,7 @@ mod tests {
     }
 
     fn restored(store: &mut ConfigStore<Flash>) -> Option<(Phase, Vec<CoolingStep>)> {
-        futures::executor::block_on(restore(store, false))
+        futures::executor::block_on(restore(store, None))
     }
 
     fn keep(store: &mut ConfigStore<Flash>, phase: Phase, pending: &[CoolingStep]) {

@@ -1131,8 +1131,11 @@ mod tests {
 
     /// The limits kept with a cap in force (700 W uncapped, 450 W asked)
     /// and a host powered down for a cooling loss, then the config store
-    /// lost: the phase is unknown, for the CDU's word to decide (never
-    /// cooled, which would leave the host down for good), and the limits
+    /// lost, the event log holding an event that does not decode (it may
+    /// be a cooling action): the phase is unknown, for the CDU's word to
+    /// decide (never cooled, which would leave the host down for good; a
+    /// log that says is read in
+    /// `a_lost_config_store_takes_the_cooling_phase_from_the_event_log`), and the limits
     /// are unreadable: the 450 W found is the ceiling, said as an error
     /// per GPU (never taken quietly for the site's limit).
     #[test]
@@ -1254,5 +1257,92 @@ mod tests {
         node.step(later, Input::Round(&healthy_round()));
         assert_eq!(state(&node, 0).0, Healthy, "the quiet period passed");
         assert_eq!(state(&node, 1).0, Quarantined, "never healed by it");
+    }
+
+    /// `events` logged in order at `SINCE` plus their index, then the
+    /// config store lost: a start from the file at `path`.
+    fn lost_after(
+        path: &std::path::Path,
+        events: &[loopwarden_protocol::Event],
+    ) -> (Node, super::super::Undone) {
+        {
+            let mut stores = loopwarden_store::agent_flash::open(Some(path)).unwrap();
+            for (n, event) in events.iter().enumerate() {
+                let body =
+                    loopwarden_store::resend::event_body(&Message::Event(event.clone())).unwrap();
+                let at = TimestampMs(SINCE + n as u64);
+                let kind = MessageKind::Event as u8;
+                futures::executor::block_on(stores.log.append(at, kind, &body)).unwrap();
+            }
+        }
+        erase_config_store(path);
+        let mut stores = loopwarden_store::agent_flash::open(Some(path)).unwrap();
+        assert!(stores.config_lost);
+        let lost = stores.config_lost.then_some(&mut stores.log);
+        restored_from(&mut stores.store, [X, A, B], lost)
+    }
+
+    /// The steps the CDU's first word that the rack has cooling decides,
+    /// from the cooling-loss phase a start restored.
+    fn cooled_word(
+        node: &Node,
+        undone: &super::super::Undone,
+    ) -> Vec<loopwarden_protocol::CoolingStep> {
+        let mut c = node_core::cooling_loss::CoolingLoss::new(60_000);
+        if node.cooling_unknown() {
+            c.restore_unknown();
+        } else {
+            c.restore(undone.phase, &undone.steps);
+        }
+        c.told(SINCE + 60_000, false)
+    }
+
+    /// The config store lost, the cooling-loss phase taken from the
+    /// cooling actions in the event log: none logged (a log never
+    /// wrapped) is cooled, so the CDU's first word that the rack has
+    /// cooling runs nothing (no resume lifting an operator's drain); a
+    /// power-down logged with no resume after it is a host powered down,
+    /// powered up and resumed at that word.
+    #[test]
+    fn a_lost_config_store_takes_the_cooling_phase_from_the_event_log() {
+        use loopwarden_protocol::CoolingStep::{Drain, PowerDown, PowerUp, Resume};
+        let action = |step, ok| Event::CoolingAction {
+            step,
+            ok,
+            exit_code: Some(0),
+        };
+        let health = Event::HealthChanged {
+            gpu: GpuIndex::new(0).unwrap(),
+            from: Healthy,
+            to: Degraded,
+            reason: ReasonCode::STRAGGLER,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let (node, undone) = lost_after(
+            &dir.path().join("none.flash"),
+            std::slice::from_ref(&health),
+        );
+        assert!(!node.cooling_unknown(), "no cooling action: cooled");
+        assert_eq!(cooled_word(&node, &undone), vec![]);
+        let undone_loss = [
+            action(Drain, true),
+            action(PowerDown, true),
+            action(PowerUp, true),
+            action(Resume, true),
+        ];
+        let (node, undone) = lost_after(&dir.path().join("undone.flash"), &undone_loss);
+        assert_eq!(
+            (node.cooling_unknown(), undone.phase),
+            (false, node_core::cooling_loss::Phase::Cooled)
+        );
+        assert_eq!(cooled_word(&node, &undone), vec![]);
+        let down = [action(Drain, true), action(PowerDown, true), health];
+        let (node, undone) = lost_after(&dir.path().join("down.flash"), &down);
+        assert!(!node.cooling_unknown());
+        assert_eq!(
+            undone.phase,
+            node_core::cooling_loss::Phase::PoweredDown { since: SINCE + 1 }
+        );
+        assert_eq!(cooled_word(&node, &undone), vec![PowerUp, Resume]);
     }
 }

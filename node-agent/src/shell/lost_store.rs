@@ -1,0 +1,173 @@
+//! What the event log, which survives a lost config store
+//! (`Stores::config_lost`), says of what the store kept: the cooling-loss
+//! phase, from the cooling actions logged (each command's outcome is
+//! logged as a `cooling_action` event when it ends, or when the runner
+//! refused it).
+//!
+//! The phase the actions say, oldest first: a drain is a loss drained
+//! (its grace counted from the first drain logged since the last undo), a
+//! power-down a host powered down (a drain run again after it, as a drain
+//! cut by the power-down is, leaves it so), a resume that ended well
+//! cooled (the loss undone). A power-up with no resume after it, a resume
+//! that failed, or a log that is not whole (the actions before its oldest
+//! record unknown) before any action that says, cannot tell: the phase is
+//! unknown, for the CDU's first word to decide. A whole log with no
+//! cooling action is cooled: nothing was done to undo.
+//!
+//! Glossary:
+//! - *whole*: a log that never lost a record: no wrap marker
+//!   ([`loopwarden_flash::log::WRAPPED`]), its oldest record numbered 0
+//!   (a log starts at 0; a wrap cut before its marker loses the oldest
+//!   numbers), no stored item skipped as not a record.
+
+use loopwarden_flash::log::WRAPPED;
+use loopwarden_flash::EventLog;
+use loopwarden_protocol::{CoolingStep, Event, Message, MessageKind};
+use loopwarden_store::agent_flash::Flash;
+use node_core::cooling_loss::Phase;
+
+/// The phase the cooling actions logged say, as they are read oldest
+/// first (see the module note); `Err` says why it cannot be told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct PhaseFold(Result<Phase, String>);
+
+impl PhaseFold {
+    /// Before the oldest record: cooled for a whole log.
+    fn new() -> Self {
+        Self(Ok(Phase::Cooled))
+    }
+
+    /// The log is not whole (`why`): what came before its oldest record
+    /// is unknown, until an action that says.
+    fn not_whole(&mut self, why: String) {
+        if self.0 == Ok(Phase::Cooled) {
+            self.0 = Err(why);
+        }
+    }
+
+    /// A cooling action `step` logged at `t` (wall clock, ms), which
+    /// ended well or not (`ok`).
+    fn take(&mut self, t: u64, step: CoolingStep, ok: bool) {
+        self.0 = match (step, &self.0) {
+            (CoolingStep::Drain, Ok(Phase::Cooled)) => Ok(Phase::Draining { since: t }),
+            (CoolingStep::Drain, other) => other.clone(),
+            (CoolingStep::PowerDown, Ok(Phase::PoweredDown { since })) => {
+                Ok(Phase::PoweredDown { since: *since })
+            }
+            (CoolingStep::PowerDown, _) => Ok(Phase::PoweredDown { since: t }),
+            (CoolingStep::PowerUp, _) => Err(
+                "the last power-up logged has no resume after it: the host's return to work is not known done"
+                    .into(),
+            ),
+            (CoolingStep::Resume, _) if ok => Ok(Phase::Cooled),
+            (CoolingStep::Resume, _) => {
+                Err("the last resume logged failed: the host's return to work is not known done".into())
+            }
+        };
+    }
+
+    /// The phase, or why it cannot be told.
+    pub(super) fn phase(self) -> Result<Phase, String> {
+        self.0
+    }
+}
+
+/// The cooling-loss phase the event log (`log`) says (see the module
+/// note); `Err` says why it cannot tell (the log unreadable included).
+pub(super) async fn logged_phase(log: &mut EventLog<Flash>) -> Result<Phase, String> {
+    let mut fold = PhaseFold::new();
+    let mut oldest = None;
+    let mut undecoded = None;
+    let skipped = log
+        .for_each(|r| {
+            if oldest.is_none() {
+                oldest = Some(r.seq);
+                if r.seq != 0 {
+                    fold.not_whole(format!(
+                        "the event log's oldest record is number {}, not 0: older records were lost",
+                        r.seq
+                    ));
+                }
+            }
+            if r.kind == WRAPPED {
+                fold.not_whole(format!(
+                    "the event log wrapped (record {}): its oldest records were erased",
+                    r.seq
+                ));
+            }
+            if r.kind != MessageKind::Event as u8 {
+                return;
+            }
+            match Message::decode_body(MessageKind::Event, r.body) {
+                Ok(Message::Event(Event::CoolingAction { step, ok, .. })) => {
+                    fold.take(r.time.0, step, ok)
+                }
+                Ok(_) => {}
+                Err(_) => undecoded = Some(r.seq),
+            }
+        })
+        .await
+        .map_err(|e| format!("the event log is unreadable ({e:?})"))?;
+    if let Some(seq) = undecoded {
+        return Err(format!(
+            "event log record {seq} is an event that does not decode: it may be a cooling action"
+        ));
+    }
+    if skipped > 0 {
+        fold.not_whole(format!("{skipped} items of the event log are not records"));
+    }
+    fold.phase()
+}
+
+#[cfg(test)]
+mod tests {
+    //! The phase the cooling actions logged say, action by action.
+
+    use super::*;
+    use CoolingStep::*;
+
+    fn folded(whole: bool, actions: &[(u64, CoolingStep, bool)]) -> Result<Phase, String> {
+        let mut fold = PhaseFold::new();
+        if !whole {
+            fold.not_whole("wrapped".into());
+        }
+        for &(t, step, ok) in actions {
+            fold.take(t, step, ok);
+        }
+        fold.phase()
+    }
+
+    /// Nothing logged in a whole log is cooled; in one that wrapped, it
+    /// cannot be told, until an action that says.
+    #[test]
+    fn no_cooling_action_is_cooled_only_in_a_whole_log() {
+        assert_eq!(folded(true, &[]), Ok(Phase::Cooled));
+        assert!(folded(false, &[]).is_err());
+        assert!(folded(false, &[(5, Drain, true)]).is_err());
+        let down = folded(false, &[(5, PowerDown, true)]);
+        assert_eq!(down, Ok(Phase::PoweredDown { since: 5 }));
+        assert_eq!(folded(false, &[(5, Resume, true)]), Ok(Phase::Cooled));
+    }
+
+    /// A drain, then a power-down, then the drain cut by it run again:
+    /// powered down since the power-down; a resume that ended well
+    /// undoes it all, one that failed or a power-up alone cannot tell.
+    #[test]
+    fn the_phase_follows_the_actions_logged() {
+        assert_eq!(
+            folded(true, &[(1, Drain, false), (2, Drain, true)]),
+            Ok(Phase::Draining { since: 1 })
+        );
+        let loss = [(1, Drain, false), (9, PowerDown, true), (10, Drain, true)];
+        assert_eq!(folded(true, &loss), Ok(Phase::PoweredDown { since: 9 }));
+        let mut undone = loss.to_vec();
+        undone.push((20, PowerUp, true));
+        assert!(folded(true, &undone).is_err(), "powered up, not resumed");
+        undone.push((21, Resume, false));
+        assert!(folded(true, &undone).is_err(), "the resume failed");
+        undone.push((22, Resume, true));
+        assert_eq!(folded(true, &undone), Ok(Phase::Cooled));
+        undone.push((30, Drain, true));
+        assert_eq!(folded(true, &undone), Ok(Phase::Draining { since: 30 }));
+    }
+}
