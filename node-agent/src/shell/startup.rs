@@ -342,8 +342,9 @@ pub(super) async fn restore_leases(
 /// the config store was lost since an earlier run (`lost`: `Some`, with
 /// each GPU's quarantine found in the event log, [`logged_quarantines`])
 /// "none kept" and "healthy" may be what is left of a quarantine: every
-/// GPU not found kept unhealthy is quarantined again where the event log
-/// says it was, else marked degraded. Returns the GPUs so marked or
+/// GPU not found kept unhealthy (its UUID unknown or its state unreadable
+/// included: the log names GPUs by index) is quarantined again where the
+/// event log says it was, else marked degraded. Returns the GPUs so marked or
 /// quarantined, for the caller to keep their new state.
 pub(super) async fn restore_health(
     node: &mut Node,
@@ -361,8 +362,12 @@ pub(super) async fn restore_health(
             },
             None => Err("its UUID is unknown, so no kept state can be matched to it".into()),
         };
-        let kept = match (kept, lost) {
-            (Ok(h), Some(logged)) if h.as_ref().is_none_or(|h| h.state == HealthState::Healthy) => {
+        // The log names GPUs by index: read whenever no unhealthy state is
+        // kept, a GPU whose UUID is unknown (or whose record is damaged)
+        // included.
+        let kept_unhealthy = matches!(&kept, Ok(Some(h)) if h.state != HealthState::Healthy);
+        let kept = match lost {
+            Some(logged) if !kept_unhealthy => {
                 if let Some(q) = logged.get(i).cloned().flatten() {
                     tracing::error!(
                         "GPU {i}: quarantined before the restart, as the event log says ({}); {STORE_LOST}, so the quarantine is taken back from the log: quarantined again, its actions run again",
@@ -372,11 +377,13 @@ pub(super) async fn restore_health(
                     node.restore_health(i as u8, q);
                     continue;
                 }
-                Err(format!(
-                    "{STORE_LOST}, so what was kept of this GPU is unknown"
-                ))
+                kept.and_then(|_| {
+                    Err(format!(
+                        "{STORE_LOST}, so what was kept of this GPU is unknown"
+                    ))
+                })
             }
-            (kept, _) => kept,
+            _ => kept,
         };
         let status = match kept {
             Ok(Some(h)) if h.state != HealthState::Healthy => {
@@ -1265,6 +1272,15 @@ mod tests {
         path: &std::path::Path,
         events: &[loopwarden_protocol::Event],
     ) -> (Node, super::super::Undone) {
+        lost_after_on(path, events, [X, A, B])
+    }
+
+    /// [`lost_after`], the start with the GPUs `uuids`.
+    fn lost_after_on(
+        path: &std::path::Path,
+        events: &[loopwarden_protocol::Event],
+        uuids: [&str; 3],
+    ) -> (Node, super::super::Undone) {
         {
             let mut stores = loopwarden_store::agent_flash::open(Some(path)).unwrap();
             for (n, event) in events.iter().enumerate() {
@@ -1279,7 +1295,7 @@ mod tests {
         let mut stores = loopwarden_store::agent_flash::open(Some(path)).unwrap();
         assert!(stores.config_lost);
         let lost = stores.config_lost.then_some(&mut stores.log);
-        restored_from(&mut stores.store, [X, A, B], lost)
+        restored_from(&mut stores.store, uuids, lost)
     }
 
     /// The steps the CDU's first word that the rack has cooling decides,
@@ -1344,5 +1360,39 @@ mod tests {
             node_core::cooling_loss::Phase::PoweredDown { since: SINCE + 1 }
         );
         assert_eq!(cooled_word(&node, &undone), vec![PowerUp, Resume]);
+    }
+
+    /// The health changes `changes` (GPU, from, to, reason) logged in
+    /// order at `SINCE` plus their index.
+    fn health_changes(changes: &[(u8, HealthState, HealthState, ReasonCode)]) -> Vec<Event> {
+        changes
+            .iter()
+            .map(|&(gpu, from, to, reason)| Event::HealthChanged {
+                gpu: GpuIndex::new(gpu).unwrap(),
+                from,
+                to,
+                reason,
+            })
+            .collect()
+    }
+
+    /// The config store lost and GPU 1, quarantined before as the event
+    /// log says, not saying its UUID at the start (the sick GPU is the
+    /// likeliest not to answer): it is quarantined again from the log,
+    /// which names it by index, its actions run again, never only marked
+    /// degraded (which heals after the quiet period, and the UUID read
+    /// later finds nothing in the lost store).
+    #[test]
+    fn a_lost_config_store_quarantines_again_a_gpu_whose_uuid_is_unknown() {
+        let dir = tempfile::tempdir().unwrap();
+        let logged = health_changes(&[(1, Healthy, Quarantined, ReasonCode::DBE_VOLATILE)]);
+        let path = dir.path().join("host.flash");
+        let (node, undone) = lost_after_on(&path, &logged, [X, UNKNOWN_UUID, B]);
+        let st = node.health().status(1).unwrap();
+        assert_eq!(
+            (st.state, st.reason),
+            (Quarantined, ReasonCode::DBE_VOLATILE)
+        );
+        assert_eq!(undone.quarantines, vec![1], "its actions run again");
     }
 }
