@@ -254,8 +254,7 @@ async fn run_agent(
     // The decisions, with what was kept from before a restart.
     let mut node = startup::node(&config, &gpus, started);
     startup::restore_leases(&mut node, &mut log).await?;
-    let lost = config_lost.then_some(&mut log);
-    let undone = restore_kept(&mut node, &config, &gpus, &mut store, lost).await;
+    let undone = restore_kept(&mut node, &config, &gpus, &mut store, &mut log, config_lost).await;
     let startup::BusParts {
         bus,
         mut inbound,
@@ -361,27 +360,34 @@ struct Undone {
 
 /// Gives `node` what the config store kept from before a restart (the
 /// health states, the limits, the cooling-loss phase, the replay floors);
-/// returns the site actions found not done. `lost`: the event log, when
-/// the store was lost since an earlier run ([`Stores::config_lost`]): the
-/// quarantines are taken back from it.
+/// returns the site actions found not done. `log`: the event log, read
+/// for each GPU index's last health change; when the store was lost
+/// since an earlier run (`config_lost`, [`Stores::config_lost`]) the
+/// quarantines and the cooling-loss phase are taken back from it, else
+/// it is brought to match the health each GPU starts in
+/// ([`lost_store::match_log`]).
 async fn restore_kept(
     node: &mut Node,
     config: &Config,
     gpus: &[GpuState],
     store: &mut loopwarden_flash::ConfigStore<loopwarden_store::agent_flash::Flash>,
-    lost: Option<&mut loopwarden_flash::EventLog<loopwarden_store::agent_flash::Flash>>,
+    log: &mut loopwarden_flash::EventLog<loopwarden_store::agent_flash::Flash>,
+    config_lost: bool,
 ) -> Undone {
     let uuids: Vec<&str> = gpus.iter().map(|g| g.info.uuid.as_str()).collect();
     quarantine::upgrade_kept(store, &uuids);
-    let (logged, logged_phase) = match lost {
-        Some(log) => (
-            Some(startup::logged_quarantines(log, gpus.len()).await),
+    let last = lost_store::last_changes(log, gpus.len()).await;
+    let (logged, logged_phase) = match config_lost {
+        true => (
+            Some(startup::logged_quarantines(&last, gpus.len())),
             Some(lost_store::logged_phase(log).await),
         ),
-        None => (None, None),
+        false => (None, None),
     };
-    let config_lost = logged.is_some();
     let unreadable = startup::restore_health(node, &uuids, store, logged.as_deref()).await;
+    if !config_lost {
+        lost_store::match_log(log, node.health(), &last, &unreadable).await;
+    }
     let quarantines = quarantine::not_done(store, node.health(), &uuids).await;
     limits::restore(node, gpus, store, config_lost).await;
     let (phase, steps) = match cooling::restore(store, logged_phase).await {

@@ -14,6 +14,16 @@
 //! unknown, for the CDU's first word to decide. A whole log with no
 //! cooling action is cooled: nothing was done to undo.
 //!
+//! Each GPU index's last health change in the log (`health_changed`,
+//! by index: the log names no UUID) stands for the health the store kept
+//! of the GPU there: after a loss, a last change to quarantined is
+//! quarantined again (`super::startup::restore_health`). So the log
+//! matches the store at every start with the store intact
+//! ([`match_log`]): a GPU that starts other than the log's last change of
+//! its index says, quarantined or not (another GPU in the slot, the one
+//! quarantined renumbered, a change not logged), has its state logged as
+//! a health change, for the reason of the state it starts in.
+//!
 //! Glossary:
 //! - *whole*: a log that never lost a record: no wrap marker
 //!   ([`loopwarden_flash::log::WRAPPED`]), its oldest record numbered 0
@@ -22,9 +32,111 @@
 
 use loopwarden_flash::log::WRAPPED;
 use loopwarden_flash::EventLog;
-use loopwarden_protocol::{CoolingStep, Event, Message, MessageKind};
+use loopwarden_protocol::{
+    CoolingStep, Event, GpuIndex, HealthState, Message, MessageKind, ReasonCode, TimestampMs,
+};
 use loopwarden_store::agent_flash::Flash;
 use node_core::cooling_loss::Phase;
+use node_core::health::HealthEngine;
+
+/// A GPU index's last health change in the event log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct LastChange {
+    /// Its record's number.
+    pub seq: u32,
+    /// When it was logged.
+    pub time: TimestampMs,
+    /// The state it changed to.
+    pub to: HealthState,
+    /// Why.
+    pub reason: ReasonCode,
+}
+
+/// Each of the first `gpus` GPU indexes' last health change in the event
+/// log (`log`), in one pass; `Err` says why the log cannot be read.
+pub(super) async fn last_changes(
+    log: &mut EventLog<Flash>,
+    gpus: usize,
+) -> Result<Vec<Option<LastChange>>, String> {
+    let mut last = vec![None; gpus];
+    log.for_each(|r| {
+        if r.kind != MessageKind::Event as u8 {
+            return;
+        }
+        if let Ok(Message::Event(Event::HealthChanged {
+            gpu, to, reason, ..
+        })) = Message::decode_body(MessageKind::Event, r.body)
+        {
+            if let Some(slot) = last.get_mut(gpu.get() as usize) {
+                *slot = Some(LastChange {
+                    seq: r.seq,
+                    time: r.time,
+                    to,
+                    reason,
+                });
+            }
+        }
+    })
+    .await
+    .map_err(|e| format!("event log unreadable ({e:?})"))?;
+    Ok(last)
+}
+
+/// At a start with the config store intact: every GPU of `health` whose
+/// state, as kept, is quarantined where the log's last change of its index
+/// (`last`) is not, or the other way round, has its state appended to the
+/// log (`log`) as a health change, said (see the module note). The GPUs
+/// `unknown` (marked degraded: their kept state unreadable, or their UUID
+/// unknown) are left: which GPU they are is not known.
+pub(super) async fn match_log(
+    log: &mut EventLog<Flash>,
+    health: &HealthEngine,
+    last: &Result<Vec<Option<LastChange>>, String>,
+    unknown: &[u8],
+) {
+    let Ok(last) = last else {
+        return;
+    };
+    for (gpu, logged) in (0u8..).zip(last) {
+        let Some(st) = health.status(gpu).filter(|_| !unknown.contains(&gpu)) else {
+            continue;
+        };
+        let logged_to = logged.as_ref().map_or(HealthState::Healthy, |l| l.to);
+        let quarantined = HealthState::Quarantined;
+        if (logged_to == quarantined) == (st.state == quarantined) {
+            continue;
+        }
+        let Some(index) = GpuIndex::new(gpu) else {
+            continue;
+        };
+        let change = Message::Event(Event::HealthChanged {
+            gpu: index,
+            from: logged_to,
+            to: st.state,
+            reason: st.reason,
+        });
+        let seq = logged.as_ref().map_or("none".into(), |l| l.seq.to_string());
+        let appended = match loopwarden_store::resend::event_body(&change) {
+            Ok(body) => log
+                .append(loopwarden_bus::now_ms(), MessageKind::Event as u8, &body)
+                .await
+                .map_err(|e| format!("{e:?}")),
+            Err(e) => Err(e),
+        };
+        match appended {
+            Ok(_) => tracing::warn!(
+                "GPU {gpu}: starts {} ({}) as kept under its UUID, though the event log's last health change of its index (record {seq}) is to {logged_to} (another GPU in its slot, or a change not logged): logged as a change to {}, so a config store lost later takes the GPU there as it is",
+                st.state,
+                st.reason,
+                st.state
+            ),
+            Err(e) => tracing::error!(
+                "GPU {gpu}: its state, {}, differs from the event log's last health change of its index ({logged_to}), and could not be logged ({e}): a config store lost later takes it as {logged_to}",
+                st.state
+            ),
+        }
+    }
+}
 
 /// The phase the cooling actions logged say, as they are read oldest
 /// first (see the module note); `Err` says why it cannot be told.

@@ -15,8 +15,8 @@ use loopwarden_bus::embedded::EmbeddedBroker;
 use loopwarden_bus::{now_ms, Bus, BusConfig, BusTask, Inbound};
 use loopwarden_flash::{ConfigStore, EventLog, FlashError, Outbox, StoreError};
 use loopwarden_protocol::{
-    Event, Family, Frame, GpuHealth, HealthState, Ident, Message, MessageKind, NodeId, ReasonCode,
-    Role, TimestampMs, Topic, Watts,
+    Family, Frame, GpuHealth, HealthState, Ident, Message, MessageKind, NodeId, ReasonCode, Role,
+    TimestampMs, Topic, Watts,
 };
 use loopwarden_store::agent_flash::Flash;
 use node_core::caps::GpuRange;
@@ -24,6 +24,7 @@ use node_core::health::{GpuStatus, Limits, Policy};
 use node_core::node::{CoolantSource, GpuSetup, Node, Setup};
 use tokio::sync::mpsc;
 
+use super::lost_store::LastChange;
 use super::quarantine::read_health;
 use super::{identity, AgentError, GpuState, UNKNOWN_UUID};
 use crate::config::{Config, GpuSourceKind, OptOut};
@@ -409,41 +410,34 @@ pub(super) async fn restore_health(
 }
 
 /// Each of the first `gpus` GPUs' quarantine, where the last health change
-/// the event log (`log`) holds of it, by its index, is to quarantined:
-/// what is left of the health kept when the config store was lost. A log
-/// that cannot be read finds none (said: every GPU is marked degraded).
-pub(super) async fn logged_quarantines(
-    log: &mut EventLog<Flash>,
+/// the event log holds of it, by its index (`last`,
+/// [`super::lost_store::last_changes`]), is to quarantined: what is left
+/// of the health kept when the config store was lost. A log that cannot
+/// be read finds none (said: every GPU is marked degraded).
+pub(super) fn logged_quarantines(
+    last: &Result<Vec<Option<LastChange>>, String>,
     gpus: usize,
 ) -> Vec<Option<GpuStatus>> {
-    let mut last = vec![None; gpus];
-    let read = log
-        .for_each(|r| {
-            if r.kind != MessageKind::Event as u8 {
-                return;
-            }
-            if let Ok(Message::Event(Event::HealthChanged {
-                gpu, to, reason, ..
-            })) = Message::decode_body(MessageKind::Event, r.body)
-            {
-                if let Some(slot) = last.get_mut(gpu.get() as usize) {
-                    *slot = Some((r.seq, r.time, to, reason));
-                }
-            }
-        })
-        .await;
-    if let Err(e) = read {
-        tracing::error!(
-            "event log unreadable ({e:?}): no quarantine from before the restart is found in it; every GPU not found kept unhealthy is marked degraded"
-        );
-        return vec![None; gpus];
-    }
-    last.into_iter()
+    let last = match last {
+        Ok(last) => last,
+        Err(e) => {
+            tracing::error!(
+                "{e}: no quarantine from before the restart is found in it; every GPU not found kept unhealthy is marked degraded"
+            );
+            return vec![None; gpus];
+        }
+    };
+    last.iter()
         .map(|l| match l {
-            Some((seq, since, HealthState::Quarantined, reason)) => Some(GpuStatus {
-                state: HealthState::Quarantined,
+            Some(LastChange {
+                seq,
+                time,
+                to: HealthState::Quarantined,
                 reason,
-                since,
+            }) => Some(GpuStatus {
+                state: HealthState::Quarantined,
+                reason: *reason,
+                since: *time,
                 evidence: format!(
                     "quarantined ({reason}) as event log record {seq} says, the last health change it holds of this GPU index; the config store that kept it was lost"
                 ),
@@ -551,7 +545,7 @@ mod tests {
     use super::super::restore_kept;
     use super::*;
     use crate::gpu::GpuError;
-    use loopwarden_protocol::{GpuIndex, Text, Watts};
+    use loopwarden_protocol::{Event, GpuIndex, Text, Watts};
 
     const X: &str = "GPU-00000000-0000-0000-0000-00000000000x";
     const A: &str = "GPU-aaaaaaaa-aaaa-aaaa-aaaa-aaaaaaaaaaaa";
@@ -679,11 +673,28 @@ mod tests {
     }
 
     /// [`restored`] from a config store lost since an earlier run (`lost`:
-    /// the event log then) or not.
+    /// the event log then) or not (an empty log).
     fn restored_from(
         store: &mut ConfigStore<Flash>,
         uuids: [&str; 3],
         lost: Option<&mut EventLog<Flash>>,
+    ) -> (Node, super::super::Undone) {
+        match lost {
+            Some(log) => restored_with(store, uuids, log, true),
+            None => {
+                let mut log = loopwarden_store::agent_flash::open(None).unwrap().log;
+                restored_with(store, uuids, &mut log, false)
+            }
+        }
+    }
+
+    /// [`restored`] with the event log `log`, from a config store lost
+    /// since an earlier run (`lost`) or not.
+    fn restored_with(
+        store: &mut ConfigStore<Flash>,
+        uuids: [&str; 3],
+        log: &mut EventLog<Flash>,
+        lost: bool,
     ) -> (Node, super::super::Undone) {
         let config = config();
         let gpus: Vec<GpuState> = uuids.iter().map(|u| gpu(u)).collect();
@@ -693,7 +704,7 @@ mod tests {
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .expect("a runtime");
-        let undone = rt.block_on(restore_kept(&mut node, &config, &gpus, store, lost));
+        let undone = rt.block_on(restore_kept(&mut node, &config, &gpus, store, log, lost));
         (node, undone)
     }
 
@@ -909,7 +920,9 @@ mod tests {
         );
         // Known by its UUID: its quarantine is restored as it was.
         let mut node = node(&config, &found, TimestampMs(SINCE + 10_000));
-        let undone = rt.block_on(restore_kept(&mut node, &config, &found, &mut store, None));
+        let mut log = loopwarden_store::agent_flash::open(None).unwrap().log;
+        let kept = restore_kept(&mut node, &config, &found, &mut store, &mut log, false);
+        let undone = rt.block_on(kept);
         assert_eq!(node.health().status(2).unwrap().state, Quarantined);
         assert_eq!(undone.unreadable, Vec::<u8>::new());
     }
@@ -1394,5 +1407,53 @@ mod tests {
             (Quarantined, ReasonCode::DBE_VOLATILE)
         );
         assert_eq!(undone.quarantines, vec![1], "its actions run again");
+    }
+
+    /// GPU 1 (A) quarantined, as the store and the event log say; then
+    /// another GPU (C) in its slot, which starts healthy from the intact
+    /// store: the start logs GPU 1's change back to healthy, so a config
+    /// store lost later does not quarantine C for A's quarantine. GPU 2
+    /// (A moved there) starts quarantined: logged so, it is quarantined
+    /// again after the loss.
+    #[test]
+    fn a_gpu_in_the_slot_of_one_quarantined_is_logged_as_it_starts() {
+        const C: &str = "GPU-cccccccc-cccc-cccc-cccc-cccccccccccc";
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("host.flash");
+        {
+            let mut stores = loopwarden_store::agent_flash::open(Some(&path)).unwrap();
+            let logged = health_changes(&[(1, Healthy, Quarantined, ReasonCode::DBE_VOLATILE)]);
+            let body = |e: &Event| {
+                loopwarden_store::resend::event_body(&Message::Event(e.clone())).unwrap()
+            };
+            let kind = MessageKind::Event as u8;
+            let body = body(&logged[0]);
+            let append = stores.log.append(TimestampMs(SINCE), kind, &body);
+            futures::executor::block_on(append).unwrap();
+            let a = id(A);
+            let quarantine = tagged(a, &quarantined(1));
+            set(&mut stores.store, &Record::Health.key(a), &quarantine);
+            set(
+                &mut stores.store,
+                &health_check_key(a),
+                &check_of(&quarantine),
+            );
+            let states = |node: &Node| {
+                (0..3)
+                    .map(|i| node.health().status(i).unwrap().state)
+                    .collect::<Vec<_>>()
+            };
+            let (node, _) = restored_with(&mut stores.store, [X, A, B], &mut stores.log, false);
+            assert_eq!(states(&node), vec![Healthy, Quarantined, Healthy]);
+            let (node, _) = restored_with(&mut stores.store, [X, C, A], &mut stores.log, false);
+            assert_eq!(states(&node), vec![Healthy, Healthy, Quarantined]);
+        }
+        erase_config_store(&path);
+        let mut stores = loopwarden_store::agent_flash::open(Some(&path)).unwrap();
+        assert!(stores.config_lost);
+        let (node, _) = restored_with(&mut stores.store, [X, C, A], &mut stores.log, true);
+        let state = |i| node.health().status(i).unwrap().state;
+        assert_ne!(state(1), Quarantined, "C, in the slot A left");
+        assert_eq!(state(2), Quarantined, "A, moved");
     }
 }
