@@ -235,7 +235,9 @@ fn a_hanging_drain_is_cut_when_the_power_down_is_decided() {
         return;
     };
     let log = actions_log(&rig);
-    let hangs = noting(&rig, "hang.sh", "started", "exec sleep 20");
+    // The drain hangs far longer than the bound below: a power-down that
+    // waited for it comes a minute late, whatever the machine's load.
+    let hangs = noting(&rig, "hang.sh", "started", "exec sleep 60");
     let notes = noting(&rig, "note.sh", "ran", "");
     let mut f = cooling_flags(&hangs, &notes, &notes, &notes);
     let grace = f.iter().position(|a| a == "--cooling-grace-s").unwrap() + 1;
@@ -245,9 +247,9 @@ fn a_hanging_drain_is_cut_when_the_power_down_is_decided() {
     rig.publish_cdu_state(true, 1);
     wait_for(&log, "started drain f7 2", 5);
     let began = Instant::now();
-    wait_for(&log, "ran power_down f7 2", 10);
+    wait_for(&log, "ran power_down f7 2", 40);
     assert!(
-        began.elapsed() < Duration::from_secs(8),
+        began.elapsed() < Duration::from_secs(30),
         "{:?}",
         began.elapsed()
     );
