@@ -30,6 +30,7 @@
 //!   (a log starts at 0; a wrap cut before its marker loses the oldest
 //!   numbers), no stored item skipped as not a record.
 
+use embedded_storage_async::nor_flash::MultiwriteNorFlash;
 use loopwarden_flash::log::WRAPPED;
 use loopwarden_flash::EventLog;
 use loopwarden_protocol::{
@@ -150,11 +151,10 @@ impl PhaseFold {
     }
 
     /// The log is not whole (`why`): what came before its oldest record
-    /// is unknown, until an action that says.
+    /// is unknown, until an action that says. Called before any action is
+    /// taken.
     fn not_whole(&mut self, why: String) {
-        if self.0 == Ok(Phase::Cooled) {
-            self.0 = Err(why);
-        }
+        self.0 = Err(why);
     }
 
     /// A cooling action `step` logged at `t` (wall clock, ms), which
@@ -186,33 +186,30 @@ impl PhaseFold {
 
 /// The cooling-loss phase the event log (`log`) says (see the module
 /// note); `Err` says why it cannot tell (the log unreadable included).
-pub(super) async fn logged_phase(log: &mut EventLog<Flash>) -> Result<Phase, String> {
-    let mut fold = PhaseFold::new();
+/// Whether the log is whole is settled before the actions are folded: a
+/// log that is not whole starts the fold unknown, and only the actions
+/// that say (a power-down, a resume that ended well) settle it; a wrap
+/// marker read after them changes nothing (markers stay until their own
+/// sector is erased, about one every sector of a wrapped log).
+pub(super) async fn logged_phase<S: MultiwriteNorFlash>(
+    log: &mut EventLog<S>,
+) -> Result<Phase, String> {
+    let mut actions = Vec::new();
     let mut oldest = None;
+    let mut wrapped = None;
     let mut undecoded = None;
     let skipped = log
         .for_each(|r| {
-            if oldest.is_none() {
-                oldest = Some(r.seq);
-                if r.seq != 0 {
-                    fold.not_whole(format!(
-                        "the event log's oldest record is number {}, not 0: older records were lost",
-                        r.seq
-                    ));
-                }
-            }
+            oldest.get_or_insert(r.seq);
             if r.kind == WRAPPED {
-                fold.not_whole(format!(
-                    "the event log wrapped (record {}): its oldest records were erased",
-                    r.seq
-                ));
+                wrapped.get_or_insert(r.seq);
             }
             if r.kind != MessageKind::Event as u8 {
                 return;
             }
             match Message::decode_body(MessageKind::Event, r.body) {
                 Ok(Message::Event(Event::CoolingAction { step, ok, .. })) => {
-                    fold.take(r.time.0, step, ok)
+                    actions.push((r.time.0, step, ok))
                 }
                 Ok(_) => {}
                 Err(_) => undecoded = Some(r.seq),
@@ -225,10 +222,30 @@ pub(super) async fn logged_phase(log: &mut EventLog<Flash>) -> Result<Phase, Str
             "event log record {seq} is an event that does not decode: it may be a cooling action"
         ));
     }
-    if skipped > 0 {
-        fold.not_whole(format!("{skipped} items of the event log are not records"));
+    let mut fold = PhaseFold::new();
+    if let Some(why) = not_whole(oldest, wrapped, skipped) {
+        fold.not_whole(why);
+    }
+    for (t, step, ok) in actions {
+        fold.take(t, step, ok);
     }
     fold.phase()
+}
+
+/// Why a log whose oldest record is `oldest`, whose first wrap marker is
+/// `wrapped`, and which skipped `skipped` items is not whole; `None` for
+/// a whole one.
+fn not_whole(oldest: Option<u32>, wrapped: Option<u32>, skipped: u32) -> Option<String> {
+    match (oldest, wrapped) {
+        (Some(seq), _) if seq != 0 => Some(format!(
+            "the event log's oldest record is number {seq}, not 0: older records were lost"
+        )),
+        (_, Some(seq)) => Some(format!(
+            "the event log wrapped (record {seq}): its oldest records were erased"
+        )),
+        _ if skipped > 0 => Some(format!("{skipped} items of the event log are not records")),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -281,5 +298,95 @@ mod tests {
         assert_eq!(folded(true, &undone), Ok(Phase::Cooled));
         undone.push((30, Drain, true));
         assert_eq!(folded(true, &undone), Ok(Phase::Draining { since: 30 }));
+    }
+
+    /// A small event log (three sectors) over simulated flash.
+    async fn small_log() -> EventLog<loopwarden_flash::SimFlash<4, 1024>> {
+        let flash = loopwarden_flash::SimFlash::<4, 1024>::new(3);
+        EventLog::open(flash, 0..3072)
+            .await
+            .expect("a log over blank flash")
+    }
+
+    async fn append<S: MultiwriteNorFlash>(log: &mut EventLog<S>, t: u64, ev: Event) -> u32 {
+        let body = loopwarden_store::resend::event_body(&Message::Event(ev)).expect("encodes");
+        let kind = MessageKind::Event as u8;
+        log.append(TimestampMs(t), kind, &body)
+            .await
+            .expect("appended")
+    }
+
+    /// A health change, to fill the log.
+    fn filler() -> Event {
+        Event::HealthChanged {
+            gpu: GpuIndex::new(0).expect("index 0"),
+            from: HealthState::Healthy,
+            to: HealthState::Degraded,
+            reason: ReasonCode::KEPT_STATE_UNREADABLE,
+        }
+    }
+
+    /// Whether the log holds record `seq`, and a wrap marker after it.
+    async fn holds_then_wrapped<S: MultiwriteNorFlash>(
+        log: &mut EventLog<S>,
+        seq: u32,
+    ) -> (bool, bool) {
+        let (mut held, mut wrapped) = (false, false);
+        log.for_each(|r| {
+            held |= r.seq == seq;
+            wrapped |= r.kind == WRAPPED && r.seq > seq;
+        })
+        .await
+        .expect("readable");
+        (held, wrapped)
+    }
+
+    /// A loss undone (drain, power-down, power-up, a resume that ended
+    /// well) in a log that wrapped before and after it, the resume still
+    /// held: cooled. A wrap marker after the resume says nothing of what
+    /// came before the oldest record.
+    #[test]
+    fn a_resume_held_in_a_log_that_wraps_again_is_cooled() {
+        futures::executor::block_on(async {
+            let mut log = small_log().await;
+            let mut t = 0;
+            while log.wraps() == 0 {
+                t += 1;
+                append(&mut log, t, filler()).await;
+            }
+            let mut resume = 0;
+            for (step, ok) in [
+                (Drain, true),
+                (PowerDown, true),
+                (PowerUp, true),
+                (Resume, true),
+            ] {
+                t += 1;
+                let exit_code = Some(0);
+                resume = append(
+                    &mut log,
+                    t,
+                    Event::CoolingAction {
+                        step,
+                        ok,
+                        exit_code,
+                    },
+                )
+                .await;
+            }
+            loop {
+                t += 1;
+                append(&mut log, t, filler()).await;
+                let (held, wrapped) = holds_then_wrapped(&mut log, resume).await;
+                assert!(
+                    held,
+                    "the resume (record {resume}) was erased before a wrap after it"
+                );
+                if wrapped {
+                    break;
+                }
+            }
+            assert_eq!(logged_phase(&mut log).await, Ok(Phase::Cooled));
+        });
     }
 }
