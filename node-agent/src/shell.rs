@@ -380,7 +380,7 @@ async fn restore_kept(
     let (logged, logged_phase) = match config_lost {
         true => (
             Some(startup::logged_quarantines(&last, gpus.len())),
-            Some(lost_store::logged_phase(log).await),
+            Some(lost_store::logged_phase(log, config.cooling_loss.resume.len()).await),
         ),
         false => (None, None),
     };

@@ -8,8 +8,11 @@
 //! (its grace counted from the first drain logged since the last undo), a
 //! power-down a host powered down (a drain run again after it, as a drain
 //! cut by the power-down is, leaves it so), a resume that ended well
-//! cooled (the loss undone). A power-up with no resume after it, a resume
-//! that failed, or a log that is not whole (the actions before its oldest
+//! cooled (the loss undone): each of its configured commands logged as
+//! ended well, one after the other (the runner runs every command of a
+//! step and logs each; a step is done only when all ended well). A
+//! power-up with no resume after it, a resume with a command that
+//! failed, or a log that is not whole (the actions before its oldest
 //! record unknown) before any action that says, cannot tell: the phase is
 //! unknown, for the CDU's first word to decide. A whole log with no
 //! cooling action is cooled: nothing was done to undo.
@@ -142,25 +145,44 @@ pub(super) async fn match_log(
 /// The phase the cooling actions logged say, as they are read oldest
 /// first (see the module note); `Err` says why it cannot be told.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct PhaseFold(Result<Phase, String>);
+pub(super) struct PhaseFold {
+    phase: Result<Phase, String>,
+    /// The resume's configured commands: each logs its own action.
+    resume_commands: usize,
+    /// Resumes that ended well logged one after the other, last.
+    resumes_ok: usize,
+}
 
 impl PhaseFold {
-    /// Before the oldest record: cooled for a whole log.
-    fn new() -> Self {
-        Self(Ok(Phase::Cooled))
+    /// Before the oldest record: cooled for a whole log. A resume is
+    /// `resume_commands` commands (one at least), each logged.
+    fn new(resume_commands: usize) -> Self {
+        Self {
+            phase: Ok(Phase::Cooled),
+            resume_commands: resume_commands.max(1),
+            resumes_ok: 0,
+        }
     }
 
     /// The log is not whole (`why`): what came before its oldest record
     /// is unknown, until an action that says. Called before any action is
     /// taken.
     fn not_whole(&mut self, why: String) {
-        self.0 = Err(why);
+        self.phase = Err(why);
     }
 
     /// A cooling action `step` logged at `t` (wall clock, ms), which
-    /// ended well or not (`ok`).
+    /// ended well or not (`ok`). A resume is done only when its last
+    /// `resume_commands` actions logged all ended well (the runner runs
+    /// every command of a step, even after one failed, and logs each): as
+    /// with the store intact, where a resume with a command that failed
+    /// stays pending.
     fn take(&mut self, t: u64, step: CoolingStep, ok: bool) {
-        self.0 = match (step, &self.0) {
+        self.resumes_ok = match (step, ok) {
+            (CoolingStep::Resume, true) => self.resumes_ok + 1,
+            _ => 0,
+        };
+        self.phase = match (step, &self.phase) {
             (CoolingStep::Drain, Ok(Phase::Cooled)) => Ok(Phase::Draining { since: t }),
             (CoolingStep::Drain, other) => other.clone(),
             (CoolingStep::PowerDown, Ok(Phase::PoweredDown { since })) => {
@@ -171,7 +193,13 @@ impl PhaseFold {
                 "the last power-up logged has no resume after it: the host's return to work is not known done"
                     .into(),
             ),
-            (CoolingStep::Resume, _) if ok => Ok(Phase::Cooled),
+            (CoolingStep::Resume, _) if self.resumes_ok >= self.resume_commands => {
+                Ok(Phase::Cooled)
+            }
+            (CoolingStep::Resume, _) if ok => Err(format!(
+                "the last resume logged has {} of its {} commands logged as ended well one after the other: the host's return to work is not known done",
+                self.resumes_ok, self.resume_commands
+            )),
             (CoolingStep::Resume, _) => {
                 Err("the last resume logged failed: the host's return to work is not known done".into())
             }
@@ -180,19 +208,20 @@ impl PhaseFold {
 
     /// The phase, or why it cannot be told.
     pub(super) fn phase(self) -> Result<Phase, String> {
-        self.0
+        self.phase
     }
 }
 
 /// The cooling-loss phase the event log (`log`) says (see the module
-/// note); `Err` says why it cannot tell (the log unreadable included).
-/// Whether the log is whole is settled before the actions are folded: a
+/// note), for a resume of `resume_commands` commands; `Err` says why it
+/// cannot tell (the log unreadable included). Whether the log is whole is settled before the actions are folded: a
 /// log that is not whole starts the fold unknown, and only the actions
 /// that say (a power-down, a resume that ended well) settle it; a wrap
 /// marker read after them changes nothing (markers stay until their own
 /// sector is erased, about one every sector of a wrapped log).
 pub(super) async fn logged_phase<S: MultiwriteNorFlash>(
     log: &mut EventLog<S>,
+    resume_commands: usize,
 ) -> Result<Phase, String> {
     let mut actions = Vec::new();
     let mut oldest = None;
@@ -222,7 +251,7 @@ pub(super) async fn logged_phase<S: MultiwriteNorFlash>(
             "event log record {seq} is an event that does not decode: it may be a cooling action"
         ));
     }
-    let mut fold = PhaseFold::new();
+    let mut fold = PhaseFold::new(resume_commands);
     if let Some(why) = not_whole(oldest, wrapped, skipped) {
         fold.not_whole(why);
     }
@@ -256,7 +285,15 @@ mod tests {
     use CoolingStep::*;
 
     fn folded(whole: bool, actions: &[(u64, CoolingStep, bool)]) -> Result<Phase, String> {
-        let mut fold = PhaseFold::new();
+        folded_with(1, whole, actions)
+    }
+
+    fn folded_with(
+        resume_commands: usize,
+        whole: bool,
+        actions: &[(u64, CoolingStep, bool)],
+    ) -> Result<Phase, String> {
+        let mut fold = PhaseFold::new(resume_commands);
         if !whole {
             fold.not_whole("wrapped".into());
         }
@@ -298,6 +335,26 @@ mod tests {
         assert_eq!(folded(true, &undone), Ok(Phase::Cooled));
         undone.push((30, Drain, true));
         assert_eq!(folded(true, &undone), Ok(Phase::Draining { since: 30 }));
+    }
+
+    /// With two resume commands (remove the taint, then uncordon), a
+    /// resume is done only when both logged ended well, one after the
+    /// other: one that failed, the other that ended well, cannot tell
+    /// (with the store intact, the resume would stay pending and run
+    /// again).
+    #[test]
+    fn a_resume_of_several_commands_is_cooled_only_when_each_ended_well() {
+        let taint_failed = [(1, Drain, true), (2, Resume, false), (3, Resume, true)];
+        assert!(folded_with(2, true, &taint_failed).is_err());
+        assert!(folded_with(2, true, &[(1, Drain, true), (2, Resume, true)]).is_err());
+        let again = [(4, Resume, true), (5, Resume, true)];
+        let both = [taint_failed.as_slice(), &again].concat();
+        assert_eq!(folded_with(2, true, &both), Ok(Phase::Cooled));
+        let wrapped = folded_with(2, false, &[(2, Resume, true), (3, Resume, true)]);
+        assert_eq!(wrapped, Ok(Phase::Cooled));
+        assert!(folded_with(2, false, &[(3, Resume, true)]).is_err());
+        let power_up_between = [(2, Resume, true), (3, PowerUp, true), (4, Resume, true)];
+        assert!(folded_with(2, true, &power_up_between).is_err());
     }
 
     /// A small event log (three sectors) over simulated flash.
@@ -386,7 +443,7 @@ mod tests {
                     break;
                 }
             }
-            assert_eq!(logged_phase(&mut log).await, Ok(Phase::Cooled));
+            assert_eq!(logged_phase(&mut log, 1).await, Ok(Phase::Cooled));
         });
     }
 }
