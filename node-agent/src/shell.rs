@@ -386,7 +386,9 @@ async fn restore_kept(
     };
     let unreadable = startup::restore_health(node, &uuids, store, logged.as_deref()).await;
     if !config_lost {
-        lost_store::match_log(log, node.health(), &last, &unreadable).await;
+        let held = startup::held_by_index(store, &uuids).await;
+        let left = [unreadable.as_slice(), &held].concat();
+        lost_store::match_log(log, node.health(), &last, &left).await;
     }
     let quarantines = quarantine::not_done(store, node.health(), &uuids).await;
     limits::restore(node, gpus, store, config_lost).await;
