@@ -350,17 +350,7 @@ fn another_unit_or_function_is_a_bad_answer() {
 
 #[test]
 fn a_two_word_setting_goes_as_function_16() {
-    let reg = map::Register {
-        name: "limit",
-        kind: map::Kind::Holding,
-        address: 8,
-        ty: map::Type::U32,
-        scale: 1.0,
-        unit: "W",
-        min: Some(0.0),
-        max: Some(1e9),
-        description: "",
-    };
+    let reg = limit();
     let (mut m, wire, _) = master(std::vec![ok(frame(&[1, 16, 0, 8, 0, 2]))]);
     m.write(&reg, &[1, 0x86A0]).unwrap();
     assert_eq!(
