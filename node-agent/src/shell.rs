@@ -386,9 +386,7 @@ async fn restore_kept(
     };
     let unreadable = startup::restore_health(node, &uuids, store, logged.as_deref()).await;
     if !config_lost {
-        let held = startup::held_by_index(store, &uuids).await;
-        let left = [unreadable.as_slice(), &held].concat();
-        lost_store::match_log(log, node.health(), &last, &left).await;
+        lost_store::match_log(log, node.health(), &last, &unreadable).await;
     }
     let quarantines = quarantine::not_done(store, node.health(), &uuids).await;
     limits::restore(node, gpus, store, config_lost).await;

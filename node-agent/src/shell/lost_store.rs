@@ -91,9 +91,7 @@ pub(super) async fn last_changes(
 /// (`last`) is not, or the other way round, has its state appended to the
 /// log (`log`) as a health change, said (see the module note). The GPUs
 /// `unknown` (marked degraded: their kept state unreadable, or their UUID
-/// unknown; or whose index holds a quarantine not taken for them,
-/// [`super::startup::held_by_index`]) are left: which GPU they are, or
-/// which GPU the log's change of their index was, is not known.
+/// unknown) are left: which GPU they are is not known.
 pub(super) async fn match_log(
     log: &mut EventLog<Flash>,
     health: &HealthEngine,

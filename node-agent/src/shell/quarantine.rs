@@ -5,11 +5,9 @@
 //!
 //! A GPU's health and its quarantine's stamp are kept under its identity
 //! (its UUID's hash), so they follow the GPU when the GPUs are numbered
-//! otherwise after a reboot. A GPU whose UUID is unknown has only a
-//! quarantine kept, under its index, in the form earlier versions kept
-//! records ([`keep_by_index`]): taken for the GPU there, and moved under
-//! its UUID, at the first start that reads it. Records kept under GPU indexes are moved at the start
-//! ([`upgrade_kept`]).
+//! otherwise after a reboot; a GPU whose UUID is unknown has nothing kept
+//! or restored. Records kept by earlier versions under GPU indexes are
+//! moved at the start ([`upgrade_kept`]).
 //!
 //! A quarantine's actions are *done* once every one of them ended well:
 //! then the quarantine's stamp is kept in flash beside the GPU's health
@@ -116,31 +114,6 @@ pub(super) async fn read_health(
     let value = get(store, &key).await?;
     let check = get(store, &health_check_key(id)).await?;
     payload_of(&key, checked(&key, value, check)?, id)
-}
-
-/// The health state kept under GPU index `gpu` in the form of an earlier
-/// version (not yet taken for a GPU's identity, [`upgrade_kept`]): a
-/// quarantine of a GPU whose UUID was unknown ([`keep_by_index`]), or an
-/// earlier version's record the GPU at that index did not take.
-pub(super) async fn read_by_index(
-    store: &mut ConfigStore<Flash>,
-    gpu: usize,
-) -> Result<Option<Vec<u8>>, String> {
-    let key = Record::Health.index_key(gpu);
-    Ok(get(store, &key).await?.filter(|v| untag(v).is_none()))
-}
-
-/// Keeps `payload`, the health of GPU `gpu`, whose UUID is unknown, under
-/// its index, as an earlier version kept it: the start that reads the
-/// UUID of the GPU there takes it for that GPU ([`upgrade_kept`]). It
-/// blocks for the flash's write (at the start, as [`upgrade_kept`]).
-pub(super) fn keep_by_index(
-    store: &mut ConfigStore<Flash>,
-    gpu: usize,
-    payload: &[u8],
-) -> Result<(), String> {
-    let key = Record::Health.index_key(gpu);
-    futures::executor::block_on(store.set(&key, payload)).map_err(|e| format!("{key}: {e:?}"))
 }
 
 /// The first byte of a record kept by identity (never the first byte of an
@@ -255,7 +228,7 @@ async fn claim(
         return Ok(());
     }
     let Some(id) = super::identity(uuid) else {
-        tracing::error!("GPU {gpu}: its UUID is unknown: the {} kept under its index ({index_key}) is left as it is, not applied, until a start reads the UUID of the GPU there", what.what());
+        tracing::error!("GPU {gpu}: its UUID is unknown: the {} an earlier version kept under its index ({index_key}) is left as it is, not applied", what.what());
         return Ok(());
     };
     if get(store, &what.key(id)).await?.is_some() {
@@ -382,13 +355,17 @@ impl Agent {
             Ok(bytes) => bytes,
             Err(e) => return tracing::error!("GPU {gpu}: health state not encodable: {e}"),
         };
-        let Some(items) = self.health_items(gpu, health.state, bytes) else {
+        let Some((id, key, value)) = self.record_of(gpu, Record::Health, &bytes) else {
             return;
         };
+        // The record, then its check: a cut between the two reads as
+        // damaged at the next start (degraded), never as the older state.
+        let check = (health_check_key(id), check_of(&value));
         if health.state != HealthState::Quarantined {
-            return items.into_iter().for_each(|(k, v)| self.recorder.set(k, v));
+            self.recorder.set(key, value);
+            return self.recorder.set(check.0, check.1);
         }
-        let both = self.recorder.set_all_sync(items);
+        let both = self.recorder.set_all_sync(vec![(key, value), check]);
         let kept = tokio::time::timeout(KEEP_WAIT, both).await;
         match kept {
             Ok(Ok(())) => {}
@@ -400,30 +377,6 @@ impl Agent {
                 KEEP_WAIT.as_millis()
             ),
         }
-    }
-
-    /// What keeps `gpu`'s health (`bytes`, in state `state`): its record
-    /// under its identity, then its check (a cut between the two reads as
-    /// damaged at the next start, degraded, never as the older state); a
-    /// quarantine of a GPU whose UUID is unknown under its index (see the
-    /// module note); nothing (said) for another state of such a GPU.
-    fn health_items(
-        &self,
-        gpu: u8,
-        state: HealthState,
-        bytes: Vec<u8>,
-    ) -> Option<Vec<(String, Vec<u8>)>> {
-        let uuid = self.gpus.get(gpu as usize).map(|g| g.info.uuid.as_str());
-        if state == HealthState::Quarantined && uuid.and_then(super::identity).is_none() {
-            let key = Record::Health.index_key(gpu as usize);
-            tracing::warn!(
-                "GPU {gpu}: its UUID is unknown: its quarantine is kept under its index ({key}), taken for the GPU found there at the first start that reads its UUID"
-            );
-            return Some(vec![(key, bytes)]);
-        }
-        let (id, key, value) = self.record_of(gpu, Record::Health, &bytes)?;
-        let check = (health_check_key(id), check_of(&value));
-        Some(vec![(key, value), check])
     }
 
     /// Keeps `payload` as `gpu`'s record `what`, under its identity;

@@ -25,7 +25,7 @@ use node_core::node::{CoolantSource, GpuSetup, Node, Setup};
 use tokio::sync::mpsc;
 
 use super::lost_store::LastChange;
-use super::quarantine::{self, read_health};
+use super::quarantine::read_health;
 use super::{identity, AgentError, GpuState, UNKNOWN_UUID};
 use crate::config::{Config, GpuSourceKind, OptOut};
 use crate::gpu::{GpuInfo, GpuSource, XidEvent};
@@ -376,9 +376,6 @@ pub(super) async fn restore_health(
                     );
                     marked.push(i as u8);
                     node.restore_health(i as u8, q);
-                    if identity(uuid).is_none() {
-                        hold_by_index(node, store, i);
-                    }
                     continue;
                 }
                 kept.and_then(|_| {
@@ -410,49 +407,6 @@ pub(super) async fn restore_health(
         node.restore_health(i as u8, status);
     }
     marked
-}
-
-/// Keeps the quarantine of GPU `i`, taken back from the event log while
-/// its UUID is unknown, under its index ([`quarantine::keep_by_index`]):
-/// the first start, the store intact, that reads the UUID of the GPU
-/// there takes it for that GPU.
-fn hold_by_index(node: &Node, store: &mut ConfigStore<Flash>, i: usize) {
-    let kept = postcard::to_allocvec(&node.gpu_health(i as u8))
-        .map_err(|e| format!("not encodable: {e}"))
-        .and_then(|bytes| quarantine::keep_by_index(store, i, &bytes));
-    match kept {
-        Ok(()) => tracing::warn!(
-            "GPU {i}: its UUID is unknown: its quarantine is kept under its index, taken for the GPU found there at the first start that reads its UUID"
-        ),
-        Err(e) => tracing::error!(
-            "GPU {i}: its UUID is unknown, and its quarantine could not be kept under its index ({e}): a restart before the config store keeps it finds it only in the event log"
-        ),
-    }
-}
-
-/// The GPUs (of `uuids`, in index order) whose UUID is known and whose
-/// index holds a quarantine not taken for them (they have a record of
-/// their own, [`quarantine::upgrade_kept`]): the event log's last health
-/// change of that index is left as it is ([`super::lost_store::match_log`]).
-pub(super) async fn held_by_index(store: &mut ConfigStore<Flash>, uuids: &[&str]) -> Vec<u8> {
-    let mut held = Vec::new();
-    for (i, uuid) in uuids.iter().enumerate() {
-        if identity(uuid).is_none() {
-            continue;
-        }
-        let by_index = quarantine::read_by_index(store, i).await;
-        let status = by_index.ok().flatten().map(|b| kept_status(&b));
-        if let Some(Ok(h)) =
-            status.filter(|h| matches!(h, Ok(h) if h.state == HealthState::Quarantined))
-        {
-            tracing::warn!(
-                "GPU {i} ({uuid}): its index holds a quarantine ({}) kept while the UUID of the GPU there was unknown, not taken for it (it has a record of its own): the event log's last health change of index {i} is left as it is",
-                h.evidence
-            );
-            held.push(i as u8);
-        }
-    }
-    held
 }
 
 /// Each of the first `gpus` GPUs' quarantine, where the last health change
@@ -1453,69 +1407,6 @@ mod tests {
             (Quarantined, ReasonCode::DBE_VOLATILE)
         );
         assert_eq!(undone.quarantines, vec![1], "its actions run again");
-    }
-
-    /// The config store lost, GPU 1 quarantined again from the event log
-    /// while its UUID is unknown; the host restarts (the store intact
-    /// now) and GPU 1 answers as A: it starts quarantined (kept under its
-    /// index, then under its UUID once known), and the log's last health
-    /// change of index 1 is still to quarantined, never a change back to
-    /// healthy that a store lost later would take as the GPU there.
-    #[test]
-    fn a_quarantine_taken_from_the_log_for_a_gpu_not_identified_outlives_a_restart() {
-        let dir = tempfile::tempdir().unwrap();
-        let logged = health_changes(&[(1, Healthy, Quarantined, ReasonCode::DBE_VOLATILE)]);
-        let path = dir.path().join("host.flash");
-        let (node, _) = lost_after_on(&path, &logged, [X, UNKNOWN_UUID, B]);
-        assert_eq!(node.health().status(1).unwrap().state, Quarantined);
-        let mut stores = loopwarden_store::agent_flash::open(Some(&path)).unwrap();
-        assert!(!stores.config_lost);
-        let (node, _) = restored_with(&mut stores.store, [X, A, B], &mut stores.log, false);
-        let st = node.health().status(1).unwrap();
-        assert_eq!(
-            (st.state, st.reason),
-            (Quarantined, ReasonCode::DBE_VOLATILE)
-        );
-        let last =
-            futures::executor::block_on(super::super::lost_store::last_changes(&mut stores.log, 3))
-                .unwrap();
-        assert_eq!(last[1].as_ref().map(|l| l.to), Some(Quarantined));
-        let (node, _) = restored_with(&mut stores.store, [X, A, B], &mut stores.log, false);
-        assert_eq!(node.health().status(1).unwrap().state, Quarantined);
-    }
-
-    /// A quarantine kept under index 1 while the UUID of the GPU there was
-    /// unknown, the event log's last change of index 1 to quarantined,
-    /// and A at index 1 with a healthy record of its own (which wins): the
-    /// start leaves the log's quarantine of index 1 as it is, never logs
-    /// a change back to healthy over it.
-    #[test]
-    fn a_quarantine_held_under_an_index_is_never_logged_back_to_healthy() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("host.flash");
-        let mut stores = loopwarden_store::agent_flash::open(Some(&path)).unwrap();
-        let logged = health_changes(&[(1, Healthy, Quarantined, ReasonCode::DBE_VOLATILE)]);
-        let body = loopwarden_store::resend::event_body(&Message::Event(logged[0].clone()));
-        let (kind, body) = (MessageKind::Event as u8, body.unwrap());
-        let append = stores.log.append(TimestampMs(SINCE), kind, &body);
-        futures::executor::block_on(append).unwrap();
-        set(&mut stores.store, "health.1", &quarantined(1));
-        let a = id(A);
-        let healthy = GpuHealth {
-            gpu: GpuIndex::new(1).unwrap(),
-            state: Healthy,
-            reason: ReasonCode(0),
-            since: TimestampMs(SINCE),
-            evidence: Text::truncated("healthy"),
-        };
-        let own = tagged(a, &postcard::to_allocvec(&healthy).unwrap());
-        set(&mut stores.store, &Record::Health.key(a), &own);
-        let (node, _) = restored_with(&mut stores.store, [X, A, B], &mut stores.log, false);
-        assert_eq!(node.health().status(1).unwrap().state, Healthy);
-        let last =
-            futures::executor::block_on(super::super::lost_store::last_changes(&mut stores.log, 3))
-                .unwrap();
-        assert_eq!(last[1].as_ref().map(|l| l.to), Some(Quarantined));
     }
 
     /// GPU 1 (A) quarantined, as the store and the event log say; then
