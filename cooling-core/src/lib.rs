@@ -908,6 +908,13 @@ mod tests {
     }
 
     /// One step of a steady hall with these pumps running.
+    /// The CDU took every write but the pumps' (local mode at its panel).
+    const PUMPS_REFUSED: Taken = Taken {
+        all: false,
+        pumps: false,
+        ..Taken::ALL
+    };
+
     fn step_with_pumps(core: &mut Core, s: u64, running: [bool; 2]) -> Commands {
         step_pumps_taken(core, s, running, Taken::ALL)
     }
@@ -948,13 +955,8 @@ mod tests {
         step_with_pumps(&mut core, 30, [false, false]);
         let c = step_with_pumps(&mut core, 31, [false, false]);
         assert_eq!(c.pump_on, [false, true], "the lag pump is asked");
-        let refused = Taken {
-            all: false,
-            pumps: false,
-            ..Taken::ALL
-        };
         for s in 32..60 {
-            let c = step_pumps_taken(&mut core, s, [false, false], refused);
+            let c = step_pumps_taken(&mut core, s, [false, false], PUMPS_REFUSED);
             assert_eq!(c.pump_on, [false, true], "{s}");
         }
         assert_eq!(core.pumps_failed(), [true, false], "B was never told");
@@ -1270,11 +1272,7 @@ mod tests {
     fn a_seizure_is_judged_while_the_cdu_refuses_the_pump_writes() {
         let mut core = Core::new(CoreConfig::default()).unwrap();
         let mut hall = Hall::new();
-        hall.taken = Taken {
-            all: false,
-            pumps: false,
-            ..Taken::ALL
-        };
+        hall.taken = PUMPS_REFUSED;
         for s in 0..60 {
             hall.step(&mut core, s);
         }
@@ -1302,11 +1300,7 @@ mod tests {
             hall.step(&mut core, s);
         }
         (hall.answers, hall.cdu.pumps_running) = (true, [false, true]);
-        hall.taken = Taken {
-            all: false,
-            pumps: false,
-            ..Taken::ALL
-        };
+        hall.taken = PUMPS_REFUSED;
         for s in 40..60 {
             hall.step(&mut core, s);
         }
