@@ -632,10 +632,7 @@ impl Measurement {
     pub fn detections_s(&self) -> Vec<f64> {
         self.failures
             .iter()
-            .filter_map(|f| match f.detection {
-                Detection::After(ms) => Some(ms as f64 / 1e3),
-                _ => None,
-            })
+            .filter_map(detection::latency_s)
             .collect()
     }
 

@@ -33,13 +33,16 @@ pub fn applied_classes(mix: &Mix) -> Vec<&str> {
 
 /// The latencies, seconds, of `failures` quarantined after they struck.
 fn after_s(failures: &[&FailureOutcome]) -> Vec<f64> {
-    failures
-        .iter()
-        .filter_map(|f| match f.detection {
-            Detection::After(ms) => Some(ms as f64 / 1e3),
-            _ => None,
-        })
-        .collect()
+    failures.iter().filter_map(|f| latency_s(f)).collect()
+}
+
+/// The failure-to-quarantine latency, seconds, of `f`, where it was
+/// quarantined after it struck.
+pub(super) fn latency_s(f: &FailureOutcome) -> Option<f64> {
+    match f.detection {
+        Detection::After(ms) => Some(ms as f64 / 1e3),
+        _ => None,
+    }
 }
 
 /// The distinct names `name` gives `failures`, sorted, joined.
