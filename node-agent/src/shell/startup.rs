@@ -378,11 +378,9 @@ pub(super) async fn restore_health(
                     node.restore_health(i as u8, q);
                     continue;
                 }
-                kept.and_then(|_| {
-                    Err(format!(
-                        "{STORE_LOST}, so what was kept of this GPU is unknown"
-                    ))
-                })
+                Err(kept.err().unwrap_or_else(|| {
+                    format!("{STORE_LOST}, so what was kept of this GPU is unknown")
+                }))
             }
             _ => kept,
         };
@@ -1076,7 +1074,6 @@ mod tests {
     /// degraded, its kept state unreadable.
     #[test]
     fn a_lost_config_store_marks_every_gpu_degraded_never_healthy() {
-        use std::os::unix::fs::FileExt;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("host.flash");
         let a = id(A);
@@ -1099,18 +1096,10 @@ mod tests {
             );
             assert_eq!(node.health().status(1).unwrap().state, Quarantined);
         }
-        let config = loopwarden_boards::FlashBoard::host_file().layout().config;
-        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-        let erased = vec![0xFF; (config.end - config.start) as usize];
-        file.write_all_at(&erased, config.start.into()).unwrap();
-        drop(file);
+        erase_config_store(&path);
         let mut stores = loopwarden_store::agent_flash::open(Some(&path)).unwrap();
         assert!(stores.config_lost && !stores.blank);
-        let (node, undone) = restored_from(
-            &mut stores.store,
-            [X, A, B],
-            stores.config_lost.then_some(&mut stores.log),
-        );
+        let (node, undone) = restored_from(&mut stores.store, [X, A, B], Some(&mut stores.log));
         assert_eq!(undone.unreadable, vec![0, 1, 2]);
         for i in 0..3 {
             let st = node.health().status(i).unwrap();
