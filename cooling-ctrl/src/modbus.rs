@@ -55,7 +55,8 @@
 //!   never a whole answer before the timeout (a bad CRC, noise): counted
 //!   as no answer for what follows, and said as what it is.
 //! - *link failure* ([`CduError::Io`]): the link itself failed before or
-//!   while asking: the serial port cannot be opened, the TCP connection is
+//!   while asking: the serial port cannot be opened (or another program
+//!   holds it past the timeout: "in use by another program"), the TCP connection is
 //!   refused or closed ("the CDU closed the connection": the CDU, or a
 //!   gateway or firewall on the way, dropped it; the next request
 //!   connects again), the serial device hung up ("the serial device hung
@@ -104,7 +105,7 @@ mod read_back;
 pub use error::{exception_meaning, CduError};
 pub use fit::{check_map, map_limits, UnfitMap};
 pub use link::{connect_failure, Link, SerialLine, TcpTarget};
-use link::{connect_tcp, drain, Watched};
+use link::{connect_tcp, drain, open_serial, Watched};
 
 /// What the CDU measures, decoded with the map's scale (the decision
 /// path's type, shared with the firmware).
@@ -361,7 +362,9 @@ impl ModbusCdu {
                     .parity(line.parity)
                     .data_bits(line.data_bits)
                     .stop_bits(line.stop_bits);
-                let mut port = SerialStream::open(&builder).map_err(|e| io(e.into()))?;
+                let mut port = open_serial(&builder, &line.path, deadline)
+                    .await
+                    .map_err(io)?;
                 if self.resync {
                     // A late answer to the request that timed out must not
                     // be read as the answer to the next: wait for a quiet

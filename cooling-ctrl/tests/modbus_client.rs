@@ -531,6 +531,57 @@ async fn rtu_with_nobody_serving_is_no_answer_and_recovers_when_the_cdu_is_back(
     server.abort();
 }
 
+/// The controller's end opened by another program, as minicom or mbpoll
+/// open it: exclusively.
+fn hold(pair: &PtyPair) -> tokio_serial::SerialStream {
+    tokio_serial::SerialStream::open(&tokio_serial::new(path_str(&pair.a()), 19_200))
+        .expect("open the controller's end")
+}
+
+#[tokio::test]
+async fn a_serial_port_another_program_holds_is_waited_for_then_named_in_use() {
+    let Some(pair) = PtyPair::start() else {
+        return;
+    };
+    let cdu = sim(RegisterMap::sim_cdu());
+    let server = serve_rtu(cdu.clone(), &pair);
+    let mut client = rtu_client(RegisterMap::sim_cdu(), &pair);
+
+    // Let go within the timeout (a process being started that inherited
+    // the port for an instant): the read waits for it and goes through.
+    let held = hold(&pair);
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(held);
+    });
+    assert_known_readings(&client.read().await.expect("read once the port is let go"));
+    release.await.expect("released");
+    client.disconnect().await;
+
+    // Held for good: a link failure naming the port in use, after the
+    // timeout, not a CDU that does not answer.
+    let _held = hold(&pair);
+    let t0 = Instant::now();
+    let e = client.read().await.unwrap_err();
+    assert!(
+        t0.elapsed() >= Duration::from_millis(300),
+        "{:?}",
+        t0.elapsed()
+    );
+    let CduError::Io { source, .. } = &e else {
+        panic!("not a link failure: {e:?}");
+    };
+    assert_eq!(source.kind(), std::io::ErrorKind::ResourceBusy, "{e:?}");
+    assert!(
+        e.to_string().contains(&format!(
+            "{} is in use by another program",
+            path_str(&pair.a())
+        )),
+        "{e}"
+    );
+    server.abort();
+}
+
 /// Modbus RTU CRC-16 (polynomial 0xA001, initial 0xFFFF), low byte first.
 fn crc16(bytes: &[u8]) -> [u8; 2] {
     let mut crc: u16 = 0xFFFF;

@@ -1,8 +1,9 @@
 //! The link to the CDU: a serial line for Modbus RTU ([`SerialLine`]) or
 //! TCP ([`Link`]), connecting over TCP with a failure that says what
 //! failed and where ([`connect_failure`]), telling when the CDU closed a
-//! TCP connection or a serial device hung up ([`Watched`]), and draining a serial line of stale bytes
-//! before a request.
+//! TCP connection or a serial device hung up ([`Watched`]), opening a
+//! serial port another program may hold ([`open_serial`]), and draining a
+//! serial line of stale bytes before a request.
 use super::*;
 use std::pin::Pin;
 use std::sync::atomic::AtomicUsize;
@@ -291,6 +292,40 @@ pub fn connect_failure(addr: SocketAddr, e: &io::Error) -> io::Error {
         _ => (e.kind(), format!("connecting to {addr}: {e}")),
     };
     io::Error::new(kind, words)
+}
+
+/// Opens a serial port, waiting until `deadline` while another holder
+/// has it. The port is opened exclusively (a lock on it, as minicom,
+/// mbpoll and a second controller take theirs): a program that has it
+/// open keeps this one out, and so, for an instant, does a process being
+/// started that inherited the descriptor before it runs. Still held at
+/// the deadline, the failure names the port as in use.
+pub(super) async fn open_serial(
+    builder: &tokio_serial::SerialPortBuilder,
+    path: &str,
+    deadline: Instant,
+) -> io::Result<SerialStream> {
+    loop {
+        match SerialStream::open(builder) {
+            Ok(port) => return Ok(port),
+            // `NoDevice` is what the serial crate says for a port another
+            // holder has locked (EBUSY, or its exclusive lock refused).
+            Err(e) if e.kind == tokio_serial::ErrorKind::NoDevice => {
+                if Instant::now() >= deadline {
+                    return Err(io::Error::new(
+                        io::ErrorKind::ResourceBusy,
+                        format!(
+                            "{path} is in use by another program ({}): stop it (a second \
+                             controller, mbpoll, a terminal such as minicom or screen)",
+                            e.description
+                        ),
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 /// Reads and discards until the line has been quiet for `quiet`, for at
