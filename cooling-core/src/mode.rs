@@ -9,8 +9,8 @@
 //! never clears. Once booted, the CDU silent for `sensor_timeout_ms`
 //! is failsafe; a required sensor under a fault is degraded while the
 //! others stand in for it ([`super::substitute`]), failsafe when they
-//! cannot; otherwise it is normal, degraded when the coordination layer
-//! caps for capacity or a leak is latched. Each step judges the mode from the sensors first
+//! cannot; otherwise it is normal, degraded when a leak is latched or the
+//! coordination layer caps for capacity (the leak said first). Each step judges the mode from the sensors first
 //! ([`ModeMachine::judge`]) and settles it once the caps are known
 //! (`ModeMachine::settle`), reporting a change.
 //!
@@ -162,8 +162,8 @@ impl ModeMachine {
 
     /// Settles the step's judged `mode` and `reason` at `now` with what
     /// else stands: a failed isolation is failsafe whatever the sensors
-    /// say; normal is degraded under a capacity cap, a latched leak or a
-    /// CDU that refuses writes. Reports a change.
+    /// say; normal is degraded under a latched leak, a capacity cap or a
+    /// CDU that refuses writes, said in that order. Reports a change.
     pub(crate) fn settle(
         &mut self,
         judged: (CduMode, ReasonCode),
@@ -175,10 +175,13 @@ impl ModeMachine {
         if standing.isolation_failed {
             (mode, reason) = (CduMode::Failsafe, ReasonCode::ISOLATION_FAILED);
         } else if mode == CduMode::Normal {
-            let degraded = if standing.capacity_caps {
-                Some(ReasonCode::CAPACITY_SHORT)
-            } else if standing.leak_latched {
+            // A latched leak is said before a capacity cap: it needs a
+            // field engineer at the rack, and the cap is often its
+            // consequence (a rack isolated, the others carrying its heat).
+            let degraded = if standing.leak_latched {
                 Some(ReasonCode::LEAK)
+            } else if standing.capacity_caps {
+                Some(ReasonCode::CAPACITY_SHORT)
             } else if standing.writes_refused {
                 Some(ReasonCode::CDU_WRITES_REFUSED)
             } else {
@@ -199,5 +202,49 @@ impl ModeMachine {
         }
         self.reason = reason;
         (mode, reason)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settled(standing: Standing) -> (CduMode, ReasonCode) {
+        let mut m = ModeMachine::new();
+        let mut log = Log::default();
+        m.settle((CduMode::Normal, ReasonCode::OK), standing, 1_000, &mut log)
+    }
+
+    #[test]
+    fn a_latched_leak_is_the_reason_said_under_a_capacity_cap_too() {
+        let leak = Standing {
+            leak_latched: true,
+            ..Standing::default()
+        };
+        let both = Standing {
+            capacity_caps: true,
+            writes_refused: true,
+            ..leak
+        };
+        for s in [leak, both] {
+            assert_eq!(settled(s), (CduMode::Degraded, ReasonCode::LEAK), "{s:?}");
+        }
+        let capped = Standing {
+            capacity_caps: true,
+            writes_refused: true,
+            ..Standing::default()
+        };
+        assert_eq!(
+            settled(capped),
+            (CduMode::Degraded, ReasonCode::CAPACITY_SHORT)
+        );
+        let failed = Standing {
+            isolation_failed: true,
+            ..both
+        };
+        assert_eq!(
+            settled(failed),
+            (CduMode::Failsafe, ReasonCode::ISOLATION_FAILED)
+        );
     }
 }
