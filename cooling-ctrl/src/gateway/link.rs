@@ -6,10 +6,21 @@
 //! opened again after a pause (200 ms, doubling to 5 s); frames handed
 //! over meanwhile are not written, and said so ([`LinkEvent::Wrote`]).
 //!
+//! The link's frames carry a CRC, no authentication: whoever can write
+//! into a TCP line speaks as the MCU, and the gateway signs what it says
+//! (leases, the CDU's state) with the CDU's key. So a `tcp:` host must be
+//! this host's loopback (`127.0.0.0/8`, `::1`, `localhost`: QEMU, or a
+//! serial server on this host) unless `--link-any-address` opts in on
+//! purpose, which is then said at every start. A host name other than
+//! `localhost` counts as off this host: it is resolved only when the line
+//! opens, so it is not known to be the loopback.
+//!
 //! Glossary:
 //! - *link address*: `tcp:HOST:PORT`, or the path of a serial device.
+//! - *off this host*: a `tcp:` host that is not a loopback address.
 
 use std::fmt;
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::string::{String, ToString};
 use std::time::Duration;
@@ -43,8 +54,57 @@ pub const DEFAULT_BAUD: u32 = 115_200;
 
 impl LinkAddr {
     /// Reads `tcp:HOST:PORT` or a device path, with the serial speed
-    /// `baud` (a device's only; 115,200 when not given).
-    pub fn parse(s: &str, baud: Option<u32>) -> Result<Self, String> {
+    /// `baud` (a device's only; 115,200 when not given). A `tcp:` host off
+    /// this host is refused unless `any_address` (`--link-any-address`),
+    /// which is refused with any other link (see the module note).
+    pub fn parse(s: &str, baud: Option<u32>, any_address: bool) -> Result<Self, String> {
+        let addr = Self::parse_any(s, baud)?;
+        match (addr.off_host(), any_address) {
+            (Some(host), false) => Err(format!(
+                "--link {s}: {host} is not this host's loopback (127.0.0.0/8, ::1, localhost){}, \
+                 and the link's frames carry no authentication: whoever can write into that \
+                 TCP stream would speak as the microcontroller, and the gateway signs its \
+                 leases and state with the CDU's key; reach the serial server on this host's \
+                 loopback, or give --link-any-address to take that on purpose",
+                if host.parse::<IpAddr>().is_ok() {
+                    ""
+                } else {
+                    " (a name resolved when the line opens is not known to be)"
+                }
+            )),
+            (None, true) => Err(format!(
+                "--link-any-address goes only with a --link tcp:HOST:PORT off this host's \
+                 loopback, and --link {s} is not one: remove it"
+            )),
+            _ => Ok(addr),
+        }
+    }
+
+    /// What is said at every start of a link off this host taken on
+    /// purpose (`--link-any-address`); `None` for any other link.
+    pub fn any_address_warning(&self) -> Option<String> {
+        let host = self.off_host()?;
+        Some(format!(
+            "--link-any-address: the link to the microcontroller ({self}) leaves this host for \
+             {host}, and its frames carry no authentication: whoever can write into that TCP \
+             stream speaks as the microcontroller, and gets the CDU's signature on caps, lifts \
+             and cooling lost; only the network between them keeps others out"
+        ))
+    }
+
+    /// The `tcp:` host when it is not this host's loopback.
+    fn off_host(&self) -> Option<&str> {
+        let Self::Tcp(a) = self else { return None };
+        let (host, _) = a.rsplit_once(':')?;
+        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        let on = match bare.parse::<IpAddr>() {
+            Ok(ip) => ip.is_loopback(),
+            Err(_) => bare.eq_ignore_ascii_case("localhost"),
+        };
+        (!on).then_some(host)
+    }
+
+    fn parse_any(s: &str, baud: Option<u32>) -> Result<Self, String> {
         if let Some(addr) = s.strip_prefix("tcp:") {
             if let Some(b) = baud {
                 return Err(format!(
@@ -245,18 +305,18 @@ mod tests {
     #[test]
     fn link_addresses_read_as_tcp_or_a_device_with_its_speed() {
         assert_eq!(
-            LinkAddr::parse("tcp:127.0.0.1:4321", None),
+            LinkAddr::parse("tcp:127.0.0.1:4321", None, false),
             Ok(LinkAddr::Tcp("127.0.0.1:4321".into()))
         );
         assert_eq!(
-            LinkAddr::parse("/dev/ttyUSB0", None),
+            LinkAddr::parse("/dev/ttyUSB0", None, false),
             Ok(LinkAddr::Serial {
                 path: "/dev/ttyUSB0".into(),
                 baud: DEFAULT_BAUD
             })
         );
         assert_eq!(
-            LinkAddr::parse("/dev/ttyS1", Some(9600)).map(|a| a.to_string()),
+            LinkAddr::parse("/dev/ttyS1", Some(9600), false).map(|a| a.to_string()),
             Ok("/dev/ttyS1 at 9600 baud".into())
         );
         for (bad, says) in [
@@ -264,13 +324,47 @@ mod tests {
             ("tcp:host:99999", "expected tcp:HOST:PORT"),
             ("", "give tcp:HOST:PORT"),
         ] {
-            let e = LinkAddr::parse(bad, None).unwrap_err();
+            let e = LinkAddr::parse(bad, None, false).unwrap_err();
             assert!(e.contains(says), "{bad}: {e}");
         }
-        let e = LinkAddr::parse("tcp:h:1", Some(9600)).unwrap_err();
+        let e = LinkAddr::parse("tcp:h:1", Some(9600), false).unwrap_err();
         assert!(e.contains("is for a serial device"), "{e}");
-        let e = LinkAddr::parse("/dev/ttyS1", Some(50)).unwrap_err();
+        let e = LinkAddr::parse("/dev/ttyS1", Some(50), false).unwrap_err();
         assert!(e.contains("300 to 4,000,000"), "{e}");
+    }
+
+    #[test]
+    fn a_tcp_link_off_this_host_is_refused_unless_opted_in() {
+        // The link's frames carry no authentication: off the loopback,
+        // whoever can write into the stream speaks as the MCU.
+        for off in [
+            "tcp:10.0.0.5:4001",
+            "tcp:[fe80::1]:4001",
+            "tcp:serial-srv:4001",
+        ] {
+            let e = LinkAddr::parse(off, None, false).unwrap_err();
+            for says in ["loopback", "--link-any-address", "no authentication"] {
+                assert!(e.contains(says), "{off}: {e}");
+            }
+            let a = LinkAddr::parse(off, None, true).expect(off);
+            let w = a.any_address_warning().expect("said at every start");
+            assert!(
+                w.contains("--link-any-address") && w.contains(&off[4..]),
+                "{w}"
+            );
+        }
+        let e = LinkAddr::parse("tcp:serial-srv:4001", None, false).unwrap_err();
+        assert!(e.contains("a name resolved when the line opens"), "{e}");
+        for on in ["tcp:127.0.0.1:4001", "tcp:127.1.2.3:4001", "tcp:[::1]:4001"] {
+            let a = LinkAddr::parse(on, None, false).expect(on);
+            assert_eq!(a.any_address_warning(), None, "{on}");
+        }
+        for on in ["tcp:localhost:4001", "tcp:LocalHost:4001", "/dev/ttyUSB0"] {
+            assert!(LinkAddr::parse(on, None, false).is_ok(), "{on}");
+            // The opt-in with nothing to opt into contradicts the link.
+            let e = LinkAddr::parse(on, None, true).unwrap_err();
+            assert!(e.contains("--link-any-address goes only with"), "{on}: {e}");
+        }
     }
 
     #[tokio::test]

@@ -1,5 +1,5 @@
-//! `cooling-ctrl gateway --link tcp:HOST:PORT|DEVICE [--baud B] [--config
-//! FILE] [flags]`: the Linux side of a CDU controller that runs on a
+//! `cooling-ctrl gateway --link tcp:HOST:PORT|DEVICE [--baud B]
+//! [--link-any-address] [--config FILE] [flags]`: the Linux side of a CDU controller that runs on a
 //! microcontroller (`cooling_ctrl::gateway`). The same file and flags as
 //! `run`, checked the same way but for the CDU link, which it does not
 //! need (`config::Purpose::Gateway`); it uses the bus's part of them (this
@@ -42,6 +42,11 @@ pub struct Args {
     /// tcp:.
     #[arg(long)]
     baud: Option<u32>,
+    /// Take a --link tcp: host off this host's loopback on purpose: the
+    /// link's frames carry no authentication, so whoever can write into
+    /// that stream speaks as the microcontroller (said at every start).
+    #[arg(long)]
+    link_any_address: bool,
     /// The configuration, as `run` takes it.
     #[command(flatten)]
     run: RunArgs<Overrides>,
@@ -55,7 +60,11 @@ pub fn command(a: Args) -> ExitCode {
 /// The configuration and the link, and what the gateway leaves aside
 /// said at start.
 fn start(a: Args) -> Result<(config::Config, LinkAddr), StartError> {
-    let link = LinkAddr::parse(&a.link, a.baud).map_err(StartError::config)?;
+    let link = LinkAddr::parse(&a.link, a.baud, a.link_any_address).map_err(StartError::config)?;
+    if let Some(w) = link.any_address_warning() {
+        eprintln!("cooling-ctrl gateway: WARNING: {w}");
+        tracing::warn!("cooling-ctrl gateway: {w}");
+    }
     let (path, flags) = (a.run.config.as_deref(), &a.run.flags);
     let config = config::load_for(path, flags, Purpose::Gateway).map_err(StartError::config)?;
     if config.demo_key {
