@@ -162,6 +162,9 @@ fn overlap(a: (u32, u32), b: (u32, u32)) -> bool {
 pub const STEP_BUDGET_MS: u64 = 800;
 /// Config items the latched record's keep writes: `budget::LATCH_ITEMS`.
 pub const LATCH_ITEMS: u64 = 3;
+/// Config items one clear's number kept writes (the number and its
+/// slot's count): `budget::CLEAR_ITEMS`.
+pub const CLEAR_ITEMS: u64 = 2;
 /// A step's work beyond its transactions and flash writes, ms, at most:
 /// the decision (about 3 ms at 100 MHz), two clears' signature checks,
 /// the console and the frames out.
@@ -170,14 +173,15 @@ pub const STEP_WORK_MS: u64 = 100;
 /// The longest time between two feeds of the watchdog, ms, with a
 /// control period of `period_ms` and a NOR part whose item write takes
 /// `item_ms` at its worst: the wait for the next tick, overrun by one
-/// clear's number kept just before it; then the step: a number kept again
-/// and a clear's before its transactions (one each a step), its budget
-/// running meanwhile; the latched record's keep (a step that keeps none
-/// may write one part of what was learned past its budget instead: less);
-/// its work.
+/// clear's number kept just before it ([`CLEAR_ITEMS`] items); then the
+/// step: one clear's number kept before its transactions (a number kept
+/// again, or a clear's heard: never both in one step), its budget running
+/// meanwhile; the latched record's keep (a step that keeps none may write
+/// one part of what was learned past its budget instead: less); its work.
 pub fn feed_interval_worst_ms(period_ms: u64, item_ms: u64) -> u64 {
-    let before_keep = STEP_BUDGET_MS.max(2 * item_ms);
-    period_ms + item_ms + before_keep + LATCH_ITEMS * item_ms + STEP_WORK_MS
+    let clear = CLEAR_ITEMS * item_ms;
+    let before_keep = STEP_BUDGET_MS.max(clear);
+    period_ms + clear + before_keep + LATCH_ITEMS * item_ms + STEP_WORK_MS
 }
 
 impl Board {
@@ -273,9 +277,9 @@ impl Board {
         Err(format!(
             "watchdog.timeout_ms {}: its reset, at the second expiry ({reset} ms), comes before \
              the longest time between two feeds ({worst} ms: the control period {period}, \
-             clear numbers kept in flash, the {STEP_BUDGET_MS} ms step budget and the latched \
-             record's {LATCH_ITEMS} items at nor.item_worst_us {item} ms each, {STEP_WORK_MS} of \
-             work): the step that latches a leak would reset the board. Give at least {} ms, or \
+             two clear numbers kept in flash ({CLEAR_ITEMS} items each), the {STEP_BUDGET_MS} ms \
+             step budget and the latched record's {LATCH_ITEMS} items, at nor.item_worst_us \
+             {item} ms an item, {STEP_WORK_MS} of work): the step that latches a leak would reset the board. Give at least {} ms, or \
              a part whose worst item write is shorter",
             self.watchdog.timeout_ms,
             worst / 2 + 1
@@ -580,17 +584,21 @@ mod tests {
 
     #[test]
     fn a_watchdog_that_would_reset_a_step_keeping_the_latched_record_is_refused() {
-        // The shipped board: 1,000 + 450 + 900 + 1,350 + 100 ms between
-        // two feeds at worst, under the reset at 4,000 ms.
-        assert_eq!(feed_interval_worst_ms(1_000, 450), 3_800);
-        let line = "timeout_ms = 2000";
+        // The shipped board: 1,000 + 900 + 900 + 1,350 + 100 ms between
+        // two feeds at worst (a clear's number is two items), under the
+        // reset at 4,400 ms.
+        assert_eq!(feed_interval_worst_ms(1_000, 450), 4_250);
+        let line = "timeout_ms = 2200";
         assert!(load_edited(line, line, "watchdog").is_ok());
-        let e = load_edited(line, "timeout_ms = 1900", "short-watchdog").unwrap_err();
+        // The reset at 4,000 ms, the figure before a clear's number was
+        // counted as two items, comes before the worst.
+        let e = load_edited(line, "timeout_ms = 2000", "short-watchdog").unwrap_err();
         assert!(
-            e.contains("watchdog.timeout_ms 1900: its reset, at the second expiry (3800 ms)"),
+            e.contains("watchdog.timeout_ms 2000: its reset, at the second expiry (4000 ms)"),
             "{e}"
         );
-        assert!(e.contains("Give at least 1901 ms"), "{e}");
+        assert!(e.contains("(4250 ms:"), "{e}");
+        assert!(e.contains("Give at least 2126 ms"), "{e}");
         // A slower part needs a longer watchdog.
         let slow = load_edited(
             "item_worst_us = 450_000",
@@ -598,7 +606,7 @@ mod tests {
             "slow-part",
         )
         .unwrap_err();
-        assert!(slow.contains("(8300 ms:"), "{slow}");
+        assert!(slow.contains("(9500 ms:"), "{slow}");
     }
 
     #[test]

@@ -48,6 +48,12 @@ pub const TURNAROUND_LEAST_US: u64 = 10_000;
 /// (the record and its generation) and the mark that one was kept.
 pub const LATCH_ITEMS: u64 = 3;
 
+/// Config items one keep of an operator's last clear number writes: the
+/// number and its slot's write count (`counters::keep_clear`). A step
+/// keeps one number at most: one kept again before its hearing, or a
+/// clear's heard (`Controller::hear_after_keep`).
+pub const CLEAR_ITEMS: u64 = 2;
+
 /// The longest silence asked before a request at `baud`, µs: the gap, or
 /// [`RESYNC_QUIET_US`] after a failure, whichever is longer.
 const fn silence_us(baud: u32) -> u64 {

@@ -23,5 +23,6 @@ mod tests {
             crate::budget::STEP_BUDGET_US
         );
         assert_eq!(super::board::LATCH_ITEMS, crate::budget::LATCH_ITEMS);
+        assert_eq!(super::board::CLEAR_ITEMS, crate::budget::CLEAR_ITEMS);
     }
 }

@@ -548,6 +548,24 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_clears_number_kept_is_clear_items_items_in_flash() {
+        // The watchdog's check counts a clear's number kept as
+        // `budget::CLEAR_ITEMS` items' writes: the number and its count.
+        let mut mem = std::vec![0xFFu8; 8 * 4096];
+        let mut s = ConfigStore::open(RamNor::new(&mut mem), 0..4 * 4096).unwrap();
+        block_on(keep_clear(&mut s, 3, "jdoe", 42)).unwrap();
+        let keys = (0..SLOTS).flat_map(|n| [clear_key(n), count_key(n)]);
+        let mut b = [0u8; 64];
+        let mut written = 0u64;
+        for k in keys.chain([heapless::String::try_from(BOOTS_KEY).unwrap()]) {
+            if block_on(s.get(&k, &mut b)).unwrap().is_some() {
+                written += 1;
+            }
+        }
+        assert_eq!(written, crate::budget::CLEAR_ITEMS);
+    }
+
+    #[test]
     fn a_clear_id_too_short_to_read_is_an_error_never_none() {
         let mut mem = std::vec![0xFFu8; 8 * 4096];
         let mut s = ConfigStore::open(RamNor::new(&mut mem), 0..4 * 4096).unwrap();

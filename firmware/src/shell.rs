@@ -304,9 +304,10 @@ impl Shell {
     /// or keep: read or kept again; one that now is has its clears taken
     /// again (said on the console). A try that fails again is not said.
     /// One keep a step at most (a write may take the NOR part's worst):
-    /// the others wait for the next steps.
+    /// the others wait for the next steps. Returns whether it wrote (or
+    /// tried to): the step's hearing then keeps no clear's number.
     #[inline(never)]
-    fn settle_clears(&mut self, ctl: &mut Controller<'_>) {
+    fn settle_clears(&mut self, ctl: &mut Controller<'_>) -> bool {
         let gate = ctl.gate_mut();
         let unsettled: heapless::Vec<(usize, &str, Last), MAX_OPERATORS> =
             gate.unsettled().collect();
@@ -325,7 +326,7 @@ impl Shell {
             // An operator whose number waits to be kept is tried below
             // while another's slot stays damaged; not after a write here.
             if r.is_err() || r.is_ok_and(|r| r.writes > 0) {
-                return;
+                return true;
             }
         }
         let mut wrote = false;
@@ -347,6 +348,7 @@ impl Shell {
                 );
             }
         }
+        wrote
     }
 
     /// Boot is done, its stack peak `peak` (`Err`: the painted region's
@@ -372,7 +374,7 @@ impl Shell {
     /// says and sending what is queued meanwhile; returns the tick.
     pub fn wait_for_tick(&mut self, ctl: &mut Controller<'_>, seen: u32) -> u32 {
         loop {
-            self.hear_gateway(ctl, clock::now_us() / 1000);
+            self.hear_gateway(ctl, clock::now_us() / 1000, false);
             self.pump();
             let t = clock::ticks();
             if t != seen {
@@ -390,11 +392,12 @@ impl Shell {
 
     /// Acts on the bytes the gateway sent, at `now_ms`: at most
     /// `controller::HEAR_MAX_BYTES` a call, none of them said on the console (bad
-    /// frames and bytes the ring lost are counted, on the status line).
+    /// frames and bytes the ring lost are counted, on the status line);
+    /// no clear's number kept where one was (`kept`) before it.
     #[inline(never)]
-    fn hear_gateway(&mut self, ctl: &mut Controller<'_>, now_ms: u64) {
+    fn hear_gateway(&mut self, ctl: &mut Controller<'_>, now_ms: u64, kept: bool) {
         let mut rx = self.gateway.receiver();
-        ctl.hear(self, &mut rx, now_ms);
+        ctl.hear_after_keep(self, &mut rx, now_ms, kept);
     }
 
     /// One control step at `tick`: what the gateway said, the CDU read,
@@ -406,8 +409,8 @@ impl Shell {
         let now_ms = start_us / 1000;
         self.budget = StepBudget::new(start_us, budget::STEP_BUDGET_US, TRANSACTION);
         self.work = (0, icount::now());
-        self.settle_clears(ctl);
-        self.hear_gateway(ctl, now_ms);
+        let kept = self.settle_clears(ctl);
+        self.hear_gateway(ctl, now_ms, kept);
         let readings = self.read_cdu();
         ctl.step(self, readings, now_ms);
         self.act(ctl, tick, now_ms);

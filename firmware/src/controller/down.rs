@@ -111,8 +111,22 @@ impl Controller<'_> {
     /// past the watchdog); a further one is answered at once, to be sent
     /// again ([`AGAIN`]). Returns the bytes taken.
     pub fn hear(&mut self, p: &mut impl Ports, rx: &mut impl Read<u8>, now_ms: u64) -> usize {
+        self.hear_after_keep(p, rx, now_ms, false)
+    }
+
+    /// As [`Controller::hear`], in a step that kept a clear's number in
+    /// flash already (`kept`: one kept again before its hearing): then
+    /// every clear is answered to be sent again ([`AGAIN`]), so that a
+    /// step keeps one number at most (the watchdog's check counts one).
+    pub fn hear_after_keep(
+        &mut self,
+        p: &mut impl Ports,
+        rx: &mut impl Read<u8>,
+        now_ms: u64,
+        kept: bool,
+    ) -> usize {
         let mut taken = 0;
-        let mut clears = 0;
+        let mut clears = u32::from(kept);
         while taken < HEAR_MAX_BYTES {
             match rx.read() {
                 Ok(b) => {
@@ -457,9 +471,11 @@ impl Controller<'_> {
 /// flash.
 const UNKEPT: &str = "not acted on: its number could not be kept in flash";
 
-/// Why a clear past the first of one reading of the gateway's line is
-/// not checked: nothing was taken, its number is not used up.
-pub const AGAIN: &str = "not checked: another clear arrived just before it; send it again";
+/// Why a clear past the first of one reading of the gateway's line, or
+/// one heard in a step that kept an earlier clear's number in flash
+/// already, is not checked: nothing was taken, its number is not used up.
+pub const AGAIN: &str =
+    "not checked: another clear was taken in hand just before it; send it again";
 
 /// Why a pump's clear is refused while the CDU's pump faults are not
 /// read (as the Linux controller says it, within an answer's words).

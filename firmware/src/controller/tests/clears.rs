@@ -277,6 +277,34 @@ fn of_clears_back_to_back_the_first_is_checked_and_the_others_answered_to_send_a
 }
 
 #[test]
+fn a_clear_heard_in_a_step_that_kept_a_number_already_is_answered_to_send_again() {
+    // A step keeps one clear's number in flash at most: the number kept
+    // again before its hearing, or a clear's heard (the watchdog's check
+    // counts one).
+    let mut d = decider(&Ok(None));
+    let mut k = Box::new(LearnedKeeper::new());
+    let mut c = Controller::new(&mut d, ClearGate::new(Some("cdu1"), ring()), &mut k);
+    let p = &mut *Fake::new();
+    c.boot(p, hello(), Opening::Nothing);
+    hear(&mut c, p, &alive(1), 1_000);
+    let clear = Down::Clear(signed(1, "cdu1", NOW, ClearAction::Leak(2), SEED));
+    let mut line = Line(bytes_of(&clear, p.seq).into_iter().collect());
+    p.seq = p.seq.wrapping_add(1);
+    c.hear_after_keep(p, &mut line, 1_000, true);
+    assert!(p.kept.is_empty(), "no number kept: {:?}", p.kept);
+    let got = answers(p);
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        got[0].1.as_ref().unwrap_err(),
+        crate::controller::down::AGAIN
+    );
+    // Sent again while the step keeps none, it is checked and kept.
+    let mut line = Line(bytes_of(&clear, p.seq).into_iter().collect());
+    c.hear_after_keep(p, &mut line, 1_100, false);
+    assert_eq!(p.kept.len(), 1);
+}
+
+#[test]
 fn a_gateway_cannot_turn_the_wall_clock_back_to_make_a_held_clear_fresh() {
     let mut d = decider(&Ok(None));
     let mut k = Box::new(LearnedKeeper::new());
