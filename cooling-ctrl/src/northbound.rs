@@ -94,7 +94,7 @@ pub use map::{check_map, fit_setpoint_ceiling, northbound_map, MapError, MAP_TOM
 pub use server::{addressed, serve, serve_within, ANY_UNIT, LIMITS, WRITE_SHOWN_WITHIN};
 pub use snapshot::{
     pump_bits, snapshot_channel, snapshot_channel_of, snapshot_from, valves_held, valves_shown,
-    NorthboundSettings, NorthboundSnapshot, NorthboundWrite, FAULT_BIT, NOT_AVAILABLE_BIT,
+    CduTook, NorthboundSettings, NorthboundSnapshot, NorthboundWrite, FAULT_BIT, NOT_AVAILABLE_BIT,
 };
 pub(crate) use snapshot::{pump_word, sensors, Meters};
 
@@ -143,6 +143,7 @@ mod tests {
             proposed_speed_pct: 60.0,
             rejection_short: Some(true),
             beacon: false,
+            cdu_refuses_writes: false,
             pue: Some(1.0845),
             it_w: Some(108_400.0),
             facility_w: Some(117_550.0),
@@ -499,7 +500,15 @@ mod tests {
         });
         let settings = NorthboundSettings::new(&cfg);
         // At 16 s the second host's report (at 0 ms) is stale.
-        let s = snapshot_from(&core, &cmds, 16_000, Some(&r), None, &hosts, &settings);
+        let s = snapshot_from(
+            &core,
+            &cmds,
+            16_000,
+            Some(&r),
+            CduTook::ALL,
+            &hosts,
+            &settings,
+        );
         assert_eq!(s.mode, cmds.mode);
         assert_eq!(s.uptime_s, 16);
         assert_eq!(s.supply_c, Some(30.0));
@@ -522,7 +531,7 @@ mod tests {
         assert_eq!(s.settings, settings);
         assert!((s.pump_speed_pct - cmds.pump_speed * 100.0).abs() < 1e-4);
         // The CDU silent: every reading and meter not available.
-        let s = snapshot_from(&core, &cmds, 16_000, None, None, &hosts, &settings);
+        let s = snapshot_from(&core, &cmds, 16_000, None, CduTook::ALL, &hosts, &settings);
         assert_eq!((s.supply_c, s.it_w, s.pue), (None, None, None));
         assert_eq!(s.sensor_faults & 0x0F00, 0x0F00);
         assert_eq!(s.pumps & (pump_bits::A_RUNNING | pump_bits::B_RUNNING), 0);
@@ -539,8 +548,9 @@ mod tests {
         let mut cmds = cooling_core::Commands::UNSET;
         cmds.valves_open = 0b1011;
         let settings = NorthboundSettings::default();
-        let snap = |r: Option<&CduMeasurements>, taken| {
-            snapshot_from(&core, &cmds, 1_000, r, taken, &[], &settings).valves_open
+        let snap = |r: Option<&CduMeasurements>, valves| {
+            let took = CduTook { valves, all: true };
+            snapshot_from(&core, &cmds, 1_000, r, took, &[], &settings).valves_open
         };
         // The positions read every valve open: rack 2's close did not go in.
         let open = CduMeasurements {
@@ -575,7 +585,7 @@ mod tests {
             &cmds,
             1_000,
             Some(&r),
-            None,
+            CduTook::ALL,
             &[],
             &NorthboundSettings::default(),
         );
@@ -615,7 +625,7 @@ mod tests {
             &cmds,
             30_000,
             Some(&readings()),
-            None,
+            CduTook::ALL,
             &[],
             &NorthboundSettings::default(),
         );

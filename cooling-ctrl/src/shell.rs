@@ -103,7 +103,9 @@ use crate::decide::{self, BoardRead, Decider, MapLimits, Outcome, StepIn};
 use crate::estimates::Estimates;
 use crate::journal::{self, ControllerFlash, LatchRecord, LearnedRecords, Recorder};
 use crate::modbus::{CduError, CduMeasurements, CduPort};
-use crate::northbound::{snapshot_from, NorthboundSettings, NorthboundSnapshot, NorthboundWrite};
+use crate::northbound::{
+    snapshot_from, CduTook, NorthboundSettings, NorthboundSnapshot, NorthboundWrite,
+};
 
 mod bms;
 mod devices;
@@ -621,7 +623,7 @@ impl<P: CduPort> Shell<P> {
         // What the step latched is in flash before anything acts on it.
         self.keep_latched().await;
         let closed = readings.as_ref().and_then(|r| r.valves_closed);
-        self.write_cdu(&c, closed).await;
+        let all_in = self.write_cdu(&c, closed).await;
         self.devices.pulse(c.beacon, &mut self.stats);
         let estimates = Estimates::of(self.decider.core());
         self.publish_telemetry(&c, readings.as_ref(), &estimates);
@@ -635,10 +637,14 @@ impl<P: CduPort> Shell<P> {
         self.keep_learned(now, false);
         self.keep_bms_limits();
         self.stats.status = Some(self.snapshot(readings.as_ref(), estimates));
-        let (hosts, taken) = (self.decider.hosts(), self.decider.valves_taken());
+        let hosts = self.decider.hosts();
+        let took = CduTook {
+            valves: self.decider.valves_taken(),
+            all: all_in,
+        };
         let r = readings.as_ref();
         self.bms
-            .publish(self.decider.core(), &c, now, r, taken, hosts);
+            .publish(self.decider.core(), &c, now, r, took, hosts);
         self.stats.steps += 1;
         self.stats.settings_limited = self.decider.settings_limited();
         self.stats.relatch_pending = self.decider.relatch_pending();
@@ -691,11 +697,13 @@ impl<P: CduPort> Shell<P> {
     /// Writes the step's settings to the CDU in safety order, each on its
     /// own ([`decide::writes`]), with the valve positions it read
     /// (`closed`); the first failure is logged whole once per change.
-    async fn write_cdu(&mut self, c: &Commands, closed: Option<u16>) {
+    /// Whether every write went in.
+    async fn write_cdu(&mut self, c: &Commands, closed: Option<u16>) -> bool {
         let plan = self.decider.plan(c, closed);
         let outcome = self.devices.write(&plan, &mut self.stats).await;
         self.stats.took(&plan, &outcome);
         self.decider.written(&outcome);
+        outcome.all_ok()
     }
 
     /// Logs an event to flash and publishes it through the outbox.

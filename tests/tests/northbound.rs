@@ -39,6 +39,7 @@ fn snapshot() -> NorthboundSnapshot {
         proposed_speed_pct: 60.0,
         rejection_short: Some(true),
         beacon: true,
+        cdu_refuses_writes: false,
         pue: Some(1.0845),
         it_w: Some(108_400.0),
         facility_w: Some(117_550.0),

@@ -307,6 +307,7 @@ fn of_status(s: &Status, racks: u8, settings: &NorthboundSettings) -> Northbound
         proposed_speed_pct: f32::NAN,
         rejection_short: None,
         beacon: s.beacon,
+        cdu_refuses_writes: readings.is_some() && !s.writes_ok,
         pue: m.pue,
         it_w: m.it_w,
         facility_w: m.facility_w,

@@ -8,16 +8,30 @@
 //!
 //! What a snapshot shows alarming ([`Alarms::of`]): the racks with a
 //! latched leak, with leak sensing lost, with a failed isolation, the
-//! pumps out of service, the mode and reason while failsafe or while the
-//! CDU refuses writes, a GPU above its maximum operating temperature,
-//! and the beacon itself (for what lights it that the snapshot does not
-//! show: a valve position input not believed). What clears goes out of
-//! the acknowledgement too, so the same alarm rising again is new.
+//! pumps out of service, the required sensors (supply, return, flow)
+//! under a fault, the mode and reason while failsafe, the CDU refusing
+//! writes (whatever reason the mode shows: a capacity cap comes first
+//! there), a GPU above its maximum operating temperature, and the beacon
+//! itself (for what lights it that the snapshot does not show: a valve
+//! position input not believed). What clears goes out of the
+//! acknowledgement too, so the same alarm rising again is new.
 
 use loopwarden_protocol::message::CduMode;
 use loopwarden_protocol::ReasonCode;
 
-use super::snapshot::{pump_bits, NorthboundSnapshot};
+use cooling_core::sensors::Which;
+
+use super::snapshot::{pump_bits, NorthboundSnapshot, FAULT_BIT};
+
+/// The bits of [`NorthboundSnapshot::sensor_faults`] of the required
+/// sensors under a fault (the beacon lights for them).
+fn required_faults(word: u16) -> u16 {
+    Which::ALL
+        .iter()
+        .filter(|w| w.required())
+        .fold(0, |bits, w| bits | FAULT_BIT << (*w as u16))
+        & word
+}
 
 /// What one snapshot shows alarming (see the module note).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -30,9 +44,12 @@ pub struct Alarms {
     isolation_failed: u16,
     /// The pumps out of service ([`pump_bits::A_FAILED`], `B_FAILED`).
     pumps_failed: u16,
-    /// The mode and reason while failsafe or while the CDU refuses
-    /// writes.
+    /// The required sensors under a fault ([`FAULT_BIT`] << n).
+    sensor_faults: u16,
+    /// The mode and reason while failsafe.
     mode: Option<(CduMode, ReasonCode)>,
+    /// The CDU refuses writes.
+    writes_refused: bool,
     /// A GPU above its maximum operating temperature.
     gpu_hot: bool,
     /// The beacon is lit.
@@ -42,14 +59,14 @@ pub struct Alarms {
 impl Alarms {
     /// What `s` shows alarming, a GPU counting above `gpu_max_c` (°C).
     pub fn of(s: &NorthboundSnapshot, gpu_max_c: f32) -> Self {
-        let alarming_mode =
-            s.mode == CduMode::Failsafe || s.reason == ReasonCode::CDU_WRITES_REFUSED;
         Self {
             leaks_latched: s.leaks_latched,
             sensing_lost: s.leak_sensing_lost,
             isolation_failed: s.isolation_failed,
             pumps_failed: s.pumps & (pump_bits::A_FAILED | pump_bits::B_FAILED),
-            mode: alarming_mode.then_some((s.mode, s.reason)),
+            sensor_faults: required_faults(s.sensor_faults),
+            mode: (s.mode == CduMode::Failsafe).then_some((s.mode, s.reason)),
+            writes_refused: s.cdu_refuses_writes || s.reason == ReasonCode::CDU_WRITES_REFUSED,
             gpu_hot: s.hottest_gpu_c.is_some_and(|c| c > gpu_max_c),
             beacon: s.beacon,
         }
@@ -62,7 +79,9 @@ impl Alarms {
             || bits(self.sensing_lost, covered.sensing_lost)
             || bits(self.isolation_failed, covered.isolation_failed)
             || bits(self.pumps_failed, covered.pumps_failed)
+            || bits(self.sensor_faults, covered.sensor_faults)
             || (self.mode.is_some() && self.mode != covered.mode)
+            || (self.writes_refused && !covered.writes_refused)
             || (self.gpu_hot && !covered.gpu_hot)
             || (self.beacon && !covered.beacon)
     }
@@ -74,7 +93,9 @@ impl Alarms {
             sensing_lost: self.sensing_lost & now.sensing_lost,
             isolation_failed: self.isolation_failed & now.isolation_failed,
             pumps_failed: self.pumps_failed & now.pumps_failed,
+            sensor_faults: self.sensor_faults & now.sensor_faults,
             mode: self.mode.filter(|m| now.mode == Some(*m)),
+            writes_refused: self.writes_refused && now.writes_refused,
             gpu_hot: self.gpu_hot && now.gpu_hot,
             beacon: self.beacon && now.beacon,
         }
@@ -167,6 +188,30 @@ mod tests {
         assert!(acked_then(cut.clone(), cut.clone()));
         assert!(acked_then(lit(1 << 2 | 1 << 3, 1), lit(1 << 3, 0)));
         assert!(acked_then(failsafe.clone(), failsafe));
+    }
+
+    #[test]
+    fn a_sensor_fault_or_refused_writes_under_a_lit_beacon_clear_the_acknowledgement() {
+        let cut = lit(0, 1 << 1);
+        // The supply sensor's loop breaks, then the return's.
+        let mut supply = cut.clone();
+        supply.sensor_faults |= FAULT_BIT << (Which::Supply as u16);
+        assert!(!acked_then(cut.clone(), supply.clone()));
+        let mut both = supply.clone();
+        both.sensor_faults |= FAULT_BIT << (Which::Return as u16);
+        assert!(!acked_then(supply.clone(), both.clone()));
+        assert!(acked_then(both, supply.clone()), "what it covered");
+        // The facility supply lights no beacon: no alarm of its own.
+        let mut facility = cut.clone();
+        facility.sensor_faults |= FAULT_BIT << (Which::FacilitySupply as u16);
+        assert!(acked_then(cut.clone(), facility));
+        // The CDU refuses writes while a capacity cap is the mode's reason.
+        let mut capped = cut.clone();
+        capped.reason = ReasonCode::CAPACITY_SHORT;
+        let mut refused = capped.clone();
+        refused.cdu_refuses_writes = true;
+        assert!(!acked_then(capped, refused.clone()));
+        assert!(acked_then(refused.clone(), refused));
     }
 
     #[test]

@@ -96,6 +96,11 @@ pub struct NorthboundSnapshot {
     pub rejection_short: Option<bool>,
     /// The alarm beacon is on.
     pub beacon: bool,
+    /// The CDU answered but did not take every write of the step (the
+    /// beacon lights for it whatever reason the mode shows). On a
+    /// gateway: as the MCU's status tells it (not every write of its step
+    /// went in while the CDU answered).
+    pub cdu_refuses_writes: bool,
     /// Live PUE (facility power / IT power).
     pub pue: Option<f64>,
     /// IT power meter, W.
@@ -142,6 +147,7 @@ impl Default for NorthboundSnapshot {
             proposed_speed_pct: f32::NAN,
             rejection_short: None,
             beacon: false,
+            cdu_refuses_writes: false,
             pue: None,
             it_w: None,
             facility_w: None,
@@ -405,6 +411,24 @@ pub fn valves_shown(held: Option<u16>, racks: u8) -> u16 {
     held.unwrap_or_else(|| cooling_core::safety::all_racks(usize::from(racks)))
 }
 
+/// What the CDU took of a step's writes, as the decision path holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CduTook {
+    /// The valves the CDU last took (`None` before a valve write of this
+    /// run went in).
+    pub valves: Option<u16>,
+    /// Every write of the step went in (or there was none to fail).
+    pub all: bool,
+}
+
+impl CduTook {
+    /// Every write went in, no valve write yet.
+    pub const ALL: CduTook = CduTook {
+        valves: None,
+        all: true,
+    };
+}
+
 /// The snapshot of the step that decided `cmds`, at `now_ms` (the core's
 /// clock, ms since the shell started). `readings`: what the CDU answered
 /// (`None`: it did not); `hosts`: the hosts' last reports as the core got
@@ -413,15 +437,15 @@ pub fn valves_shown(held: Option<u16>, racks: u8) -> u16 {
 /// A reading is not available when the CDU did not answer, its map lacks
 /// it, it is not a number, or the core holds the sensor lost (as in the
 /// shell's telemetry). The hottest GPU counts reports younger than the
-/// core's host timeout. `valves_taken`: the valves the CDU last took
-/// (the decision path's, `None` before a valve write of this run went
-/// in), for the valves it has ([`valves_shown`]).
+/// core's host timeout. `took`: what the CDU took of the step's writes
+/// ([`CduTook`]), for the valves it has ([`valves_shown`]) and whether it
+/// refuses writes (it answered, and a write did not go in).
 pub fn snapshot_from(
     core: &Core,
     cmds: &Commands,
     now_ms: u64,
     readings: Option<&CduMeasurements>,
-    valves_taken: Option<u16>,
+    took: CduTook,
     hosts: &[Option<HostReport>],
     settings: &NorthboundSettings,
 ) -> NorthboundSnapshot {
@@ -457,7 +481,7 @@ pub fn snapshot_from(
         },
         pump_speed_pct: cmds.pump_speed * 100.0,
         valves_open: valves_shown(
-            valves_held(readings, valves_taken, cfg.layout.racks),
+            valves_held(readings, took.valves, cfg.layout.racks),
             cfg.layout.racks,
         ),
         cooling_lost: cmds.cooling_lost,
@@ -471,6 +495,7 @@ pub fn snapshot_from(
         proposed_speed_pct: loops.proposal.speed * 100.0,
         rejection_short: Some(loops.rejection_short),
         beacon: cmds.beacon,
+        cdu_refuses_writes: readings.is_some() && !took.all,
         pue: m.pue,
         it_w: m.it_w,
         facility_w: m.facility_w,

@@ -163,12 +163,11 @@ impl Bms {
         c: &Commands,
         now: u64,
         readings: Option<&CduMeasurements>,
-        valves_taken: Option<u16>,
+        took: CduTook,
         hosts: &[Option<cooling_core::HostReport>],
     ) {
         if let Some(nb) = &self.link {
-            let taken = valves_taken;
-            let mut snap = snapshot_from(core, c, now, readings, taken, hosts, &self.settings);
+            let mut snap = snapshot_from(core, c, now, readings, took, hosts, &self.settings);
             let gpu_max_c = core.config().gpu.max_operating_c;
             self.settings.alarm_acknowledged = self.ack.shown(&mut snap, gpu_max_c);
             nb.snapshots.send_replace(snap);
@@ -243,14 +242,14 @@ mod tests {
         });
         // Rack 1's rope is cut: the beacon lights; the BMS acknowledges.
         (cut.beacon, cut.sensing_lost) = (true, 1 << 1);
-        bms.publish(&core, &cut, 1_000, None, None, &hosts);
+        bms.publish(&core, &cut, 1_000, None, CduTook::ALL, &hosts);
         bms.wrote(&[NorthboundWrite::AlarmAck], 1_100);
-        bms.publish(&core, &cut, 2_000, None, None, &hosts);
+        bms.publish(&core, &cut, 2_000, None, CduTook::ALL, &hosts);
         assert!(rx.borrow().settings.alarm_acknowledged);
         // Rack 4's sensing is lost too, the beacon still lit: new.
         let mut more = cut.clone();
         more.sensing_lost |= 1 << 4;
-        bms.publish(&core, &more, 3_000, None, None, &hosts);
+        bms.publish(&core, &more, 3_000, None, CduTook::ALL, &hosts);
         assert!(!rx.borrow().settings.alarm_acknowledged);
         assert!(!bms.settings.alarm_acknowledged);
     }
