@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use cooling_ctrl::modbus::{CduError, CduPort, CduSettings, Link, ModbusCdu, SerialLine};
 use loopwarden_boards::modbus_map::RegisterMap;
-use loopwarden_twin::sim_cdu::SimCdu;
+use loopwarden_twin::sim_cdu::{open_serial, SimCdu};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const MAP: &str = include_str!("../../boards/cdus/sim-cdu.toml");
@@ -534,8 +534,7 @@ async fn rtu_with_nobody_serving_is_no_answer_and_recovers_when_the_cdu_is_back(
 /// The controller's end opened by another program, as minicom or mbpoll
 /// open it: exclusively.
 fn hold(pair: &PtyPair) -> tokio_serial::SerialStream {
-    tokio_serial::SerialStream::open(&tokio_serial::new(path_str(&pair.a()), 19_200))
-        .expect("open the controller's end")
+    open_serial(&path_str(&pair.a()), 19_200).expect("open the controller's end")
 }
 
 #[tokio::test]
@@ -549,14 +548,16 @@ async fn a_serial_port_another_program_holds_is_waited_for_then_named_in_use() {
 
     // Let go within the timeout (a process being started that inherited
     // the port for an instant): the read waits for it and goes through.
+    let mut patient =
+        rtu_client(RegisterMap::sim_cdu(), &pair).with_timeout(Duration::from_secs(5));
     let held = hold(&pair);
     let release = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(100)).await;
         drop(held);
     });
-    assert_known_readings(&client.read().await.expect("read once the port is let go"));
+    assert_known_readings(&patient.read().await.expect("read once the port is let go"));
     release.await.expect("released");
-    client.disconnect().await;
+    patient.disconnect().await;
 
     // Held for good: a link failure naming the port in use, after the
     // timeout, not a CDU that does not answer.
@@ -607,8 +608,7 @@ async fn a_late_rtu_answer_is_not_taken_for_the_next_one() {
     // timeout, with every register at 0x0101.
     let b = path_str(&pair.b());
     let slow = tokio::spawn(async move {
-        let mut port =
-            tokio_serial::SerialStream::open(&tokio_serial::new(b, 19_200)).expect("open b");
+        let mut port = open_serial(&b, 19_200).expect("open b");
         let mut req = [0u8; 8];
         port.read_exact(&mut req).await.expect("a request");
         assert_eq!(&req[..2], &[1, 4], "a read of input registers of unit 1");

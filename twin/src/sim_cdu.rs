@@ -370,7 +370,7 @@ impl RtuLine {
     /// Opens `path` at `baud`, 8 data bits, no parity, 1 stop bit, and
     /// discards whatever arrived before. Needs a tokio runtime.
     pub fn open(path: &str, baud: u32) -> std::io::Result<Self> {
-        let port = tokio_serial::SerialStream::open(&tokio_serial::new(path, baud))?;
+        let port = open_serial(path, baud)?;
         port.clear(tokio_serial::ClearBuffer::All)?;
         Ok(Self {
             port,
@@ -383,6 +383,30 @@ impl RtuLine {
     /// at once; only its answer waits).
     pub fn answering_after(self, turnaround: Duration) -> Self {
         Self { turnaround, ..self }
+    }
+}
+
+/// Opens the serial device `path` at `baud` (8N1), waiting up to 2 s
+/// while another holder has it. The port is opened with an exclusive
+/// lock: a process being started elsewhere in this program inherits the
+/// descriptor until it runs its own program, and keeps a reopen out for
+/// that instant. Needs a tokio runtime.
+pub fn open_serial(path: &str, baud: u32) -> std::io::Result<tokio_serial::SerialStream> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        match tokio_serial::SerialStream::open(&tokio_serial::new(path, baud)) {
+            Ok(port) => return Ok(port),
+            Err(e) if e.kind == tokio_serial::ErrorKind::NoDevice => {
+                if std::time::Instant::now() >= deadline {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::ResourceBusy,
+                        format!("{path} is in use by another program: {}", e.description),
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
 }
 
