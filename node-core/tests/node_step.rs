@@ -11,12 +11,13 @@
 mod host;
 
 use host::{
-    cdu_topic, cmd_topic, healthy_readings, lease, quiet, release, Host, DEFAULT, GPUS, GRACE_MS,
+    cdu_topic, cmd_topic, healthy_readings, lease, lease_caps, quiet, release, sets_on, Host,
+    DEFAULT, GPUS, GRACE_MS,
 };
 use loopwarden_protocol::samples::{self, demo_signing_key, T0};
 use loopwarden_protocol::{
-    AckCode, CapSource, CoolingStep, Event, Frame, HealthState, Message, MessageKind, NodeId, Role,
-    TimestampMs, Watts, WholeCelsius,
+    AckCode, CapSource, CoolingStep, Event, Frame, GpuIndex, GpuSelector, HealthState, Message,
+    MessageKind, NodeId, Role, TimestampMs, Watts, WholeCelsius,
 };
 use node_core::cooling_loss::Phase;
 use node_core::health::Observation;
@@ -207,6 +208,50 @@ fn a_lease_the_flash_or_the_gpu_refuses_says_so_in_its_ack() {
     );
     assert_eq!(h.acks.last().unwrap().code, AckCode::Ok);
     assert_eq!(h.limits, [Watts(300); GPUS], "set at once");
+}
+
+#[test]
+fn a_lease_is_acked_failed_only_for_a_gpu_it_caps() {
+    let mut h = Host::new();
+    let gpu = |i| GpuSelector::Gpu(GpuIndex::new(i).unwrap());
+    let t = T0.0 + 1_000;
+    h.refuses[1] = true;
+    let on_1 = lease_caps(1, t, &[(gpu(1), 500)], 60_000);
+    h.step(t, Input::Frame(&cmd_topic(), &on_1));
+    let ack = h.acks.last().unwrap();
+    assert_eq!(ack.code, AckCode::Failed, "{}", ack.detail.as_str());
+    // Every command retries GPU 1's failed target; a lease that does not
+    // cap GPU 1 is not answered with its failure.
+    let on_0 = lease_caps(2, t + 100, &[(gpu(0), 400)], 60_000);
+    h.step(t + 100, Input::Frame(&cmd_topic(), &on_0));
+    let ack = h.acks.last().unwrap();
+    assert_eq!(ack.code, AckCode::Ok, "{}", ack.detail.as_str());
+    assert!(
+        !ack.detail.as_str().contains("GPU 1"),
+        "{}",
+        ack.detail.as_str()
+    );
+    assert_eq!(h.limits[0], Watts(400));
+    assert_eq!(sets_on(&h.trail, 1), [Watts(500); 2], "GPU 1 retried");
+    // A clamp of its own is said, not wiped by another GPU's failure.
+    let low = lease_caps(3, t + 200, &[(gpu(0), 100)], 60_000);
+    h.step(t + 200, Input::Frame(&cmd_topic(), &low));
+    let ack = h.acks.last().unwrap();
+    assert_eq!(ack.code, AckCode::Clamped, "{}", ack.detail.as_str());
+    assert!(ack
+        .detail
+        .as_str()
+        .contains("GPU 0: 100 W is below its minimum"));
+    // A lease that caps GPU 1 is still answered with its failure.
+    let again = lease_caps(4, t + 300, &[(gpu(0), 450), (gpu(1), 450)], 60_000);
+    h.step(t + 300, Input::Frame(&cmd_topic(), &again));
+    let ack = h.acks.last().unwrap();
+    assert_eq!(ack.code, AckCode::Failed);
+    assert!(
+        ack.detail.as_str().contains("GPU 1"),
+        "{}",
+        ack.detail.as_str()
+    );
 }
 
 #[test]

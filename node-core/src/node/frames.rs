@@ -5,7 +5,9 @@
 //!
 //! Glossary:
 //! - *pending command*: a command taken, whose ack waits for its flash
-//!   write and its limits ([`Pending`]).
+//!   write and its limits ([`Pending`]); only the limits of the GPUs its
+//!   lease caps are its own: another GPU's failure, retried with it, is
+//!   said in the log, not in its ack.
 
 use loopwarden_protocol::{
     Ack, AckCode, CduMode, CduState, Correlation, Event, Family, Frame, GpuCap, GpuSelector,
@@ -32,6 +34,9 @@ pub(crate) struct Pending {
     code: AckCode,
     detail: String,
     record: Option<Record>,
+    /// The GPUs its lease caps (bit `i` for GPU `i`; none for a release):
+    /// only their failures are its own.
+    caps: u16,
     /// A copy of a command answered already ([`crate::commands::Verdict::copy`]).
     copy: bool,
     /// Kept as its sender's last command ([`crate::commands::Verdict::kept`]).
@@ -42,8 +47,13 @@ pub(crate) struct Pending {
 }
 
 impl Pending {
-    /// A limit could not be put in force: the ack says which and why.
-    pub(super) fn failed(&mut self, why: String) {
+    /// GPU `gpu`'s limit could not be put in force: the ack says which and
+    /// why where the command's lease caps it (another GPU's failure is
+    /// said in the log only).
+    pub(super) fn failed(&mut self, gpu: u8, why: String) {
+        if self.caps & 1u16.checked_shl(u32::from(gpu)).unwrap_or(0) == 0 {
+            return;
+        }
         if self.code != AckCode::Failed {
             self.code = AckCode::Failed;
             self.detail.clear();
@@ -140,6 +150,7 @@ impl Node {
             code: verdict.code,
             detail: verdict.detail,
             record: None,
+            caps: lease_caps(&frame.message),
             copy: verdict.copy,
             kept: verdict.kept,
             events: Vec::new(),
@@ -289,6 +300,18 @@ impl Node {
         }));
         out.extend(p.events.into_iter().map(Effect::Emit));
     }
+}
+
+/// The GPUs a command's lease caps, as a bit set (bit `i` for GPU `i`;
+/// every bit for a cap on all); none for any other command.
+fn lease_caps(m: &Message) -> u16 {
+    let Message::CapLease(l) = m else {
+        return 0;
+    };
+    l.caps.iter().fold(0, |set, c| match c.gpus {
+        GpuSelector::All => u16::MAX,
+        GpuSelector::Gpu(g) => set | 1 << g.get(),
+    })
 }
 
 /// Whether the state `st` says this host's rack lost cooling: `None` when

@@ -359,7 +359,7 @@ impl Node {
         }
         g.retry = Some((limit, now.steady.0 + RETRY_MS));
         if let Some(p) = self.pending.as_mut() {
-            p.failed(why);
+            p.failed(i, why);
         }
     }
 
@@ -505,7 +505,7 @@ impl Node {
                 }
                 g.retry = Some((res.limit, now.steady.0 + RETRY_MS));
                 if let Some(p) = self.pending.as_mut() {
-                    p.failed(why);
+                    p.failed(res.gpu, why);
                 }
             } else {
                 g.retry = None;

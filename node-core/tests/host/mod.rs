@@ -62,6 +62,8 @@ pub struct Host {
     pub flash_ok: bool,
     /// Whether a GPU refuses a set (its limit stays).
     pub refuse_set: bool,
+    /// The GPUs that refuse a set, whatever `refuse_set` says.
+    pub refuses: [bool; GPUS],
     /// The GPUs whose limit cannot be read in a read of every GPU's
     /// limit ([`Effect::ReadLimits`]); a set still takes.
     pub unreadable: [bool; GPUS],
@@ -269,6 +271,7 @@ impl Host {
             limits: boot.limits,
             flash_ok: true,
             refuse_set: false,
+            refuses: [false; GPUS],
             unreadable: [false; GPUS],
             back_fails: [false; GPUS],
             sets_lost: [false; GPUS],
@@ -416,7 +419,7 @@ impl Host {
                 first,
             };
         }
-        let set = if self.refuse_set {
+        let set = if self.refuse_set || self.refuses[i] {
             Err("Not Supported".to_string())
         } else if self.sets_lost[i] {
             Err("Timeout".to_string())
@@ -563,6 +566,12 @@ pub fn healthy_readings() -> Vec<Reading> {
 
 /// A lease from the CDU's controller: every GPU at `watts` for `ms`.
 pub fn lease(seq: u32, t: u64, watts: u32, ms: u32) -> Frame {
+    lease_caps(seq, t, &[(GpuSelector::All, watts)], ms)
+}
+
+/// A lease from the CDU's controller (its id `seq`): each of `caps`, GPUs
+/// and watts, for `ms`.
+pub fn lease_caps(seq: u32, t: u64, caps: &[(GpuSelector, u32)], ms: u32) -> Frame {
     let mut f = Frame {
         sender: NodeId::new(Role::Cdu, "cdu-a").unwrap(),
         seq,
@@ -571,12 +580,13 @@ pub fn lease(seq: u32, t: u64, watts: u32, ms: u32) -> Frame {
             lease: seq,
             source: CapSource::Cooling,
             reason: ReasonCode::CAPACITY_SHORT,
-            caps: [GpuCap {
-                gpus: GpuSelector::All,
-                limit: Watts(watts),
-            }]
-            .into_iter()
-            .collect(),
+            caps: caps
+                .iter()
+                .map(|&(gpus, w)| GpuCap {
+                    gpus,
+                    limit: Watts(w),
+                })
+                .collect(),
             duration: DurationMs(ms),
             auth: CommandAuth::default(),
         }),
