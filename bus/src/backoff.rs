@@ -86,4 +86,45 @@ mod tests {
         let max = waits.iter().max().unwrap();
         assert!(*max - *min > Duration::from_secs(2), "{min:?}..{max:?}");
     }
+
+    /// The first wave of a hall that lost its broker: 200 agents with the
+    /// default backoff (each its own random source, here one seeded source
+    /// drawn 200 times) come back over the step's random half (125 to
+    /// 250 ms), not in lock-step: no 40 ms holds half of them, and the
+    /// wave spans at least 60 ms. (The system test of a node dying,
+    /// `tests/tests/nats_cluster.rs`, prints the same figures as a real
+    /// cluster accepted them.)
+    #[test]
+    fn the_first_wave_of_200_agents_is_spread_over_the_first_steps_half() {
+        const AGENTS: usize = 200;
+        let mut rng = StdRng::seed_from_u64(0x5eed);
+        let mut waits: Vec<Duration> = (0..AGENTS)
+            .map(|_| Backoff::default().next_wait(&mut rng))
+            .collect();
+        waits.sort();
+        let (first, last) = (waits[0], waits[AGENTS - 1]);
+        assert!(
+            first >= Duration::from_millis(125) && last <= Duration::from_millis(250),
+            "first wave {first:?}..{last:?} outside the first step's half (125 to 250 ms)"
+        );
+        let crowd = (0..AGENTS)
+            .map(|i| {
+                waits[i..]
+                    .iter()
+                    .take_while(|w| **w - waits[i] < Duration::from_millis(40))
+                    .count()
+            })
+            .max()
+            .unwrap_or(0);
+        assert!(
+            crowd < AGENTS / 2,
+            "{crowd} of {AGENTS} agents come back within one 40 ms"
+        );
+        assert!(
+            last - first >= Duration::from_millis(60),
+            "the first wave of {AGENTS} agents spans only {:?}",
+            last - first
+        );
+        eprintln!("first wave of {AGENTS}: {first:?} to {last:?}, at most {crowd} within 40 ms");
+    }
 }

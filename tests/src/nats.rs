@@ -21,15 +21,9 @@ impl NatsCluster {
     pub fn start() -> Option<NatsCluster> {
         let server = require_tool("nats-server")?;
         let dir = tempfile::tempdir().expect("a temporary directory");
-        // Held together while chosen, so no two are the same.
-        let held: Vec<TcpListener> = (0..12)
-            .map(|_| TcpListener::bind("127.0.0.1:0").expect("an ephemeral port on loopback"))
-            .collect();
-        let ports: Vec<u16> = held
-            .iter()
-            .map(|l| l.local_addr().expect("a bound port").port())
-            .collect();
-        drop(held);
+        // Below the ephemeral range and never given twice (`free_port`),
+        // so no client's source port takes one before its node binds it.
+        let ports: Vec<u16> = (0..12).map(|_| free_port()).collect();
         let list = |k: usize| {
             ports[3 * k..3 * k + 3]
                 .iter()
