@@ -13,7 +13,7 @@ mod host;
 
 use host::{lease, Boot, Host, DEFAULT, GPUS};
 use loopwarden_protocol::samples::{self, T0};
-use loopwarden_protocol::{AckCode, Event, Watts};
+use loopwarden_protocol::{AckCode, CapSource, Event, Watts};
 use node_core::node::{Effect, Input, KeptLimit, Level, REREAD_EVERY, RETRY_MS};
 
 fn lease_now(h: &mut Host, seq: u32, t: u64, watts: u32, ms: u32) {
@@ -563,4 +563,48 @@ fn a_cap_above_the_limit_read_just_before_its_set_is_not_set() {
     let h = read_just_before_a_set(Watts(400));
     assert_eq!(sets_of(&h, 3), [Watts(450)], "asked, not made");
     assert_eq!(h.node.applied(3).0, Some(Watts(400)));
+}
+
+/// A cooling lease holds every GPU at 500 W; a lower cap's set fails and
+/// 500 W reads back: the cooling cap still holds it there, said as such,
+/// never as a GPU uncapped below its ceiling.
+#[test]
+fn a_set_read_back_at_another_limit_below_the_ceiling_is_never_said_uncapped() {
+    let mut h = Host::new();
+    let t = T0.0 + 1_000;
+    lease_now(&mut h, 1, t, 500, 600_000);
+    assert_eq!(
+        h.node.applied(0),
+        (Some(Watts(500)), Some(CapSource::Cooling))
+    );
+    let events = h.events.len();
+    h.refuse_set = true;
+    lease_now(&mut h, 2, t + 1_000, 400, 600_000);
+    assert_eq!(h.acks.last().unwrap().code, AckCode::Failed);
+    assert_eq!(h.limits, [Watts(500); GPUS]);
+    assert_eq!(
+        h.node.applied(0),
+        (Some(Watts(500)), Some(CapSource::Cooling))
+    );
+    let uncapped =
+        |e: &Event| matches!(e, Event::CapsApplied { limit, source: None, .. } if *limit < DEFAULT);
+    assert!(!h.events.iter().any(uncapped), "{:?}", h.events);
+    assert_eq!(
+        h.events.len(),
+        events,
+        "nothing changed: {:?}",
+        &h.events[events..]
+    );
+
+    // Set at a limit that is neither (GPU 1's lowest is 450 W, not the
+    // 200 W stood in for it): the cap's source holds it there.
+    h.refuse_set = false;
+    h.floor[1] = Some(Watts(450));
+    lease_now(&mut h, 3, t + 2_000, 300, 600_000);
+    assert_eq!(h.limits[1], Watts(450));
+    assert_eq!(
+        h.node.applied(1),
+        (Some(Watts(450)), Some(CapSource::Cooling))
+    );
+    assert!(!h.events.iter().any(uncapped), "{:?}", h.events);
 }

@@ -45,7 +45,9 @@
 //!   or, after failed read-backs, those asked since or the one read
 //!   before them.
 //! - *source*: who a limit was set for (a lease's sender, the guard);
-//!   `None` when nobody, or when the GPU holds another limit than asked.
+//!   `None` when nobody (the GPU at its ceiling or above). A set read
+//!   back at another limit than asked leaves the source as it was where
+//!   the limit did not change, and below the ceiling names the cap's.
 //! - *ceiling*: the limit a GPU runs at uncapped; never exceeded.
 
 use loopwarden_protocol::{CapSource, Event, GpuIndex, TimestampMs, Watts};
@@ -465,7 +467,7 @@ impl Node {
                     g.applied = Some(b);
                     g.asked_back = b == res.limit;
                     g.unconfirmed = None;
-                    g.source = if b == res.limit { source } else { None };
+                    g.source = back_source(b, res.limit, before, g.ceiling, source);
                 }
                 Err(_) => {
                     // The set may have taken, now or late: the GPU holds
@@ -686,6 +688,26 @@ fn failure(res: &LimitResult) -> Option<String> {
         (_, Err(e)) => Some(format!(
             "GPU {i}: limit not confirmed, read-back failed: {e}"
         )),
+    }
+}
+
+/// Who a limit read back at `b` after a set of `limit` for `source` is
+/// held for: the target's source where it took; where it did not, the
+/// source it had where `b` is the limit it held `before` (nothing
+/// changed), and below the `ceiling` the target's (or, for a lift, the
+/// one before): a GPU below its ceiling is never said uncapped.
+fn back_source(
+    b: Watts,
+    limit: Watts,
+    before: (Option<Watts>, Option<CapSource>),
+    ceiling: Watts,
+    source: Option<CapSource>,
+) -> Option<CapSource> {
+    match before {
+        _ if b == limit => source,
+        (Some(was), held) if was == b => held,
+        (_, held) if b < ceiling => source.or(held),
+        _ => None,
     }
 }
 
