@@ -40,6 +40,9 @@
 //! - When the MCU is silent for 3 s, the bus is told so: a retained state
 //!   in `failsafe`, reason `controller-silent`, with the racks last heard.
 //!
+//! Nothing goes down a closed line ([`down`]): what is due is sent when
+//! it opens.
+//!
 //! Its counts ([`GatewayStats`]) go to the log and to `/metrics`
 //! ([`metrics`]) when `metrics_listen` is set.
 //!
@@ -51,6 +54,7 @@
 pub mod bms;
 pub mod bridge;
 pub mod clears;
+mod down;
 pub mod facility;
 pub mod held;
 pub mod link;
@@ -78,12 +82,12 @@ use crate::northbound::{NorthboundSnapshot, NorthboundWrite};
 use crate::shell::{bus_config, hall_state, host_report, next};
 use crate::shell::{send_lease, send_state, start_bus};
 use crate::shell::{BusOptions, LeaseNotSent, NorthboundLink, ShellConfig, ShellError};
-use bms::{BmsBridge, Heard, LineTook};
+use bms::{BmsBridge, Heard};
 use bridge::{Act, Bridge, Level, LinkCounts, Now};
 use clears::{ClearAsk, ClearOutcome, Pending};
 use held::HeldLeases;
 use link::{LinkAddr, LinkEvent};
-use queue::{Control, DownQueue};
+use queue::DownQueue;
 
 /// How often the core looks at the time (silence, the summary).
 pub const TICK: Duration = Duration::from_millis(250);
@@ -274,8 +278,8 @@ pub async fn run(
         gw.bridge = gw.bridge.in_hall(hall);
     }
     gw.snapshots = snapshots;
-    // The MCU hears the gateway's layout before anything else of it.
-    gw.send_alive();
+    // The MCU hears the gateway's layout before anything else of it,
+    // when its line opens (`on_link`).
     gw.restore_bms_limits(&flash.bms_limits);
     gw.bms_keeping = crate::journal::BmsKeeping::after(flash.bms_limits_gen);
     let mut tick = tokio::time::interval(TICK);
@@ -426,21 +430,17 @@ impl Gateway {
         self.report();
     }
 
-    /// The MCU hears the gateway is alive, with the wall clock and the
-    /// layout the gateway maps hosts by ([`Bridge::alive`]).
-    fn send_alive(&mut self) {
-        let alive = self.bridge.alive(now_ms().0, self.bus.is_connected());
-        self.send_down(&alive);
-    }
-
     fn on_link(&mut self, ev: LinkEvent) {
         match ev {
             LinkEvent::Open(open) => {
                 self.stats.link_open = open;
                 if open {
-                    self.bridge.line_opened();
+                    let water = self.bridge.line_opened(self.now());
                     // Its layout first, then what the line carries.
                     self.send_alive();
+                    if let Some(water_c) = water {
+                        self.facility_down(water_c);
+                    }
                 }
                 // A line opened (again): the MCU behind it may have
                 // started meanwhile, or the limits restored at the start
@@ -495,18 +495,6 @@ impl Gateway {
         }
     }
 
-    /// Host reports waiting go to the line as it takes them.
-    fn feed_hosts(&mut self) {
-        let bridge = &mut self.bridge;
-        self.stats.host_reports_forwarded += self.down.feed(|d| match bridge.frame(d) {
-            Ok(f) => Some(f),
-            Err(e) => {
-                tracing::error!("cooling gateway: a host report to the microcontroller: {e}");
-                None
-            }
-        });
-    }
-
     /// The BMS wrote `ws` in one request (the northbound server checked
     /// them against the map): what they mean goes down, the limits once
     /// for the whole request (both as written, never one without the
@@ -530,70 +518,6 @@ impl Gateway {
             self.send_bms(&down);
         }
         self.publish_snapshot(now);
-    }
-
-    /// The BMS's limits kept in flash before the restart (`read`, as
-    /// the flash was opened): in force again and sent down, or, when they
-    /// cannot be read, said, with none in force until the BMS writes them.
-    fn restore_bms_limits(&mut self, read: &Result<Option<(f32, f32)>, String>) {
-        match read {
-            Ok(None) => {}
-            Ok(Some(limits)) => {
-                let (c, o) = *limits;
-                tracing::info!(
-                    "cooling gateway: the BMS's limits restored from flash: setpoint ceiling {c:.2} °C, plan ceiling offset {o:.2} K"
-                );
-                let down = self.bms.restored(*limits);
-                self.send_bms(&down);
-            }
-            Err(e) => tracing::error!(
-                "cooling gateway: the BMS's limits: {e}: none in force until the BMS writes them again"
-            ),
-        }
-    }
-
-    /// Hands the BMS's limits to the recorder, if they changed since they
-    /// were last handed, without waiting; a full queue leaves them for the
-    /// next tick.
-    fn keep_bms_limits(&mut self) {
-        self.bms_keeping.offer(&self.recorder);
-    }
-
-    /// The hall's facility water, °C, to the MCU.
-    fn facility_down(&mut self, water_c: f32) {
-        if self.send_down(&Down::FacilityTarget(water_c)) {
-            self.stats.facility_forwarded += 1;
-            tracing::debug!(
-                "cooling gateway: the hall's facility water, {water_c} °C, to the microcontroller"
-            );
-        } else {
-            self.bridge.facility_not_sent();
-            tracing::warn!(
-                "cooling gateway: the hall's facility water, {water_c} °C, was not handed to the microcontroller's line; it goes again at the next word"
-            );
-        }
-    }
-
-    /// `down` of the BMS to the MCU's line. A line that does not take
-    /// them is said at the first refusal of a run and when it takes one
-    /// again, not at every retry.
-    fn send_bms(&mut self, down: &Down) {
-        let handed = self.send_down(down);
-        if handed {
-            self.stats.bms_forwarded += 1;
-            if matches!(down, Down::Limits { .. }) {
-                self.bms.limits_handed(self.now().mono_ms);
-            }
-        }
-        match self.bms.line_took(handed) {
-            Some(LineTook::Refused) => tracing::warn!(
-                "cooling gateway: the BMS's {down:?} was not handed to the microcontroller's line; its limits are offered again until the line takes them"
-            ),
-            Some(LineTook::Again) => tracing::info!(
-                "cooling gateway: the microcontroller's line takes the BMS's messages again"
-            ),
-            None => {}
-        }
     }
 
     /// The northbound server's snapshot of what the MCU said, at `now`.
@@ -656,29 +580,6 @@ impl Gateway {
             Ok(()) => ClearOutcome::Done,
             Err(why) => ClearOutcome::Refused(why),
         });
-    }
-
-    /// Frames `down` and hands it to the line, once its queue has a
-    /// place (no frame number spent on one that never goes); false when
-    /// it was not.
-    fn send_down(&mut self, down: &Down) -> bool {
-        let bridge = &mut self.bridge;
-        let mut refused = None;
-        let framed = || bridge.frame(down).map_err(|e| refused = Some(e)).ok();
-        match self.down.control(framed) {
-            Control::Queued => true,
-            Control::NotFramed => {
-                if let Some(e) = refused {
-                    tracing::error!("cooling gateway: a frame to the microcontroller: {e}");
-                }
-                false
-            }
-            Control::NoRoom => {
-                // The line's queue is full (the line is stuck) or gone.
-                self.bridge.wrote(false);
-                false
-            }
-        }
     }
 
     fn perform(&mut self, acts: Vec<Act>) {

@@ -5,13 +5,15 @@
 //! offer; the hall's coordinator's plan, published on the bus, reaches
 //! the MCU as `Down::FacilityTarget`. And when the gateway's own CDU is
 //! the coordinator, it plans from its MCU's offer and another CDU's, and
-//! publishes the plan and sends its water down.
+//! publishes the plan and sends its water down. A plan heard while the
+//! line to the MCU is down is not counted as forwarded, and goes down
+//! when the line opens again.
 //!
 //! Skipped when mosquitto is not installed, except under CI (`CI=true`).
 
 mod gateway_mcu;
 
-use std::net::TcpListener;
+use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -21,7 +23,8 @@ use loopwarden_protocol::message::OfferStep;
 use loopwarden_protocol::message::{CduState, FacilityOffer, FacilityPlan, FacilityState};
 use loopwarden_protocol::units::{Celsius, Watts};
 use loopwarden_protocol::{samples, Family, Frame, Message, MessageKind, NodeId, Role};
-use loopwarden_system_tests::{publish_raw, retained, Mosquitto, Seen, Subscriber};
+use loopwarden_system_tests::prometheus::http_get;
+use loopwarden_system_tests::{free_port, publish_raw, retained, Mosquitto, Seen, Subscriber};
 
 /// The MCU's offer: 31.5 °C uncapped, one capped step.
 fn offer() -> FacilityOffer {
@@ -42,8 +45,14 @@ fn offer() -> FacilityOffer {
 }
 
 /// The gateway of `CDU` in a hall of two CDUs coordinated by
-/// `coordinator`, with `extra` config lines; the MCU said hello.
-fn start(broker: &Mosquitto, dir: &Path, coordinator: &str, extra: &str) -> (Running, Mcu) {
+/// `coordinator`, with `extra` config lines; the MCU said hello on the
+/// port of the listener returned.
+fn start(
+    broker: &Mosquitto,
+    dir: &Path,
+    coordinator: &str,
+    extra: &str,
+) -> (Running, Mcu, TcpListener) {
     let figures = dir.join("site.toml");
     std::fs::write(&figures, "cdus = 2\n").unwrap();
     let lines =
@@ -53,7 +62,7 @@ fn start(broker: &Mosquitto, dir: &Path, coordinator: &str, extra: &str) -> (Run
     let gateway = spawn(&config, listener.local_addr().unwrap());
     let mut mcu = Mcu::accept(&listener);
     mcu.hello();
-    (gateway, mcu)
+    (gateway, mcu, listener)
 }
 
 /// This CDU's state in `s`, if that is what it is.
@@ -142,7 +151,7 @@ fn the_mcus_offer_is_in_its_retained_state_and_the_coordinators_plan_comes_down(
     let dir = tempfile::tempdir().unwrap();
     let mut sub =
         Subscriber::start(broker.port(), &[&format!("dc/v2/{SITE}/#")]).expect("mosquitto_sub");
-    let (_gateway, mut mcu) = start(&broker, dir.path(), "cdu-0", "");
+    let (_gateway, mut mcu, _mcu_port) = start(&broker, dir.path(), "cdu-0", "");
 
     // Before any offer the state says none; then the MCU's offer is in
     // the retained state, as it sent it.
@@ -227,7 +236,7 @@ fn a_gateway_whose_cdu_coordinates_plans_from_its_mcus_offer_and_sends_its_water
     let mut sub =
         Subscriber::start(broker.port(), &[&format!("dc/v2/{SITE}/#")]).expect("mosquitto_sub");
     let cdus = format!("facility_cdus = [\"{CDU}\", \"cdu-2\"]\n");
-    let (_gateway, mut mcu) = start(&broker, dir.path(), CDU, &cdus);
+    let (_gateway, mut mcu, _mcu_port) = start(&broker, dir.path(), CDU, &cdus);
     let theirs = FacilityState {
         offer: Some(FacilityOffer {
             accept: Celsius::new(30.0).unwrap(),
@@ -261,4 +270,74 @@ fn a_gateway_whose_cdu_coordinates_plans_from_its_mcus_offer_and_sends_its_water
         _ => None,
     });
     assert_eq!(sent, Some(water), "its own plan's water, down to its MCU");
+}
+
+/// The sum of metric `name`'s samples at `addr`'s `/metrics` once `done`
+/// holds of it; panics after 5 s.
+fn metric_when(addr: SocketAddr, name: &str, done: impl Fn(f64) -> bool) -> f64 {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (_, text) = http_get(addr, "/metrics").expect("/metrics answers");
+        let sum = text
+            .lines()
+            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        if done(sum) {
+            return sum;
+        }
+        assert!(Instant::now() < deadline, "{name} stays {sum}:\n{text}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn water_planned_while_the_line_is_down_is_not_counted_and_goes_down_when_it_opens() {
+    let Some(broker) = Mosquitto::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let metrics: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let extra = format!("metrics_listen = \"{metrics}\"\n");
+    let (_gateway, mut mcu, listener) = start(&broker, dir.path(), "cdu-0", &extra);
+    mcu.send(&status(1, 32.0));
+    mcu.downs(Duration::from_millis(500));
+    metric_when(metrics, "loopwarden_gateway_link_open", |v| v == 1.0);
+
+    // The MCU's line goes down (a serial server restarting): the gateway
+    // cannot open it again meanwhile.
+    let at = listener.local_addr().unwrap();
+    drop((mcu, listener));
+    metric_when(metrics, "loopwarden_gateway_link_open", |v| v == 0.0);
+    let plan = FacilityPlan {
+        water: Celsius::new(29.75).unwrap(),
+        chiller_stages: 1,
+        offers: 2,
+        capping: 0,
+    };
+    let planned = FacilityState {
+        offer: None,
+        plan: Some(plan),
+    };
+    publish_state(&broker, "cdu-0", planned, 1);
+    // Heard on the bus, not handed to a closed line: not counted.
+    std::thread::sleep(Duration::from_secs(2));
+    let forwarded = "loopwarden_gateway_facility_targets_forwarded_total";
+    assert_eq!(metric_when(metrics, forwarded, |_| true), 0.0);
+
+    // The line opens again (the MCU did not restart: no hello); the
+    // water in force goes down at once.
+    let listener = TcpListener::bind(at).expect("the MCU's port again");
+    let mut mcu = Mcu::accept(&listener);
+    // Nothing sent up: frames numbered from 0 again would be a restart,
+    // which sends the water down too.
+    let water = mcu
+        .downs(Duration::from_secs(3))
+        .into_iter()
+        .find_map(|(_, d)| match d {
+            Down::FacilityTarget(w) => Some(w),
+            _ => None,
+        });
+    assert_eq!(water, Some(29.75), "the plan heard meanwhile, on reopening");
+    metric_when(metrics, forwarded, |v| v == 1.0);
 }

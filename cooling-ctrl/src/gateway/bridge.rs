@@ -484,9 +484,12 @@ impl Bridge {
     /// (a serial adapter unplugged, a TCP line's server restarted) are
     /// dropped, not glued onto the first frame of this one (the MCU's
     /// hello, after its own restart). (The line writes an end byte
-    /// first, for the MCU's side: `super::link`.)
-    pub fn line_opened(&mut self) {
+    /// first, for the MCU's side: `super::link`.) In a hall, the water
+    /// in force at `now` goes down again: nothing went down the closed
+    /// line.
+    pub fn line_opened(&mut self, now: Now) -> Option<f32> {
         *self.deframer = Deframer::default();
+        self.hall.as_mut().and_then(|h| h.in_force(now.mono_ms))
     }
 
     /// A frame to the MCU was written (`true`), or not.
@@ -1079,7 +1082,7 @@ mod tests {
         let whole = frame(&status(10, 1_000, CduMode::Normal, false), 10);
         // Half a frame, then the line goes and comes back.
         b.hear(&whole[..whole.len() / 2], at(100));
-        b.line_opened();
+        assert_eq!(b.line_opened(at(150)), None, "not in a hall");
         let next = frame(&status(11, 1_300, CduMode::Normal, false), 11);
         let acts = b.hear(&next, at(200));
         assert!(

@@ -16,7 +16,8 @@
 //!   [`RENEW_EVERY_MS`] ago (the core drops a target not renewed for
 //!   [`cooling_core::FACILITY_TARGET_STALE_MS`] from when it comes; it is renewed only
 //!   when the plan is heard again), and again when the MCU starts again
-//!   (it forgets it; the gateway outlives it). A plan goes down only
+//!   (it forgets it; the gateway outlives it), and when its line opens
+//!   again (nothing goes down a closed line). A plan goes down only
 //!   while it is at most [`SENT_AGE_MAX_MS`] old, so the MCU holds it at
 //!   most that much longer than `run` would.
 //! - When this CDU is the hall's coordinator, the gateway plans as `run`
@@ -89,6 +90,13 @@ impl HallPart {
     /// still in force.
     pub fn restarted(&mut self, now_ms: u64) -> Option<f32> {
         self.offer = None;
+        self.in_force(now_ms)
+    }
+
+    /// The water followed, °C, to go down again at `now_ms` (the MCU
+    /// started, or its line opened again: what was heard while it was
+    /// closed was not sent), if the plan is still in force.
+    pub fn in_force(&mut self, now_ms: u64) -> Option<f32> {
         let (water_c, age_ms) = self.link.following(now_ms)?;
         // The MCU holds what it is sent a plan's whole life from when it
         // comes: a plan older than a live coordinator's ever is does not

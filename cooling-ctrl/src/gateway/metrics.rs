@@ -81,7 +81,7 @@ const BMS_FORWARDED: Metric = Metric::counter(
 );
 const FACILITY_FORWARDED: Metric = Metric::counter(
     "loopwarden_gateway_facility_targets_forwarded_total",
-    "A hall of several CDUs: the coordinator's facility water handed to the microcontroller's line (when it changes, again every minute it is heard, and when the microcontroller starts again).",
+    "A hall of several CDUs: the coordinator's facility water handed to the microcontroller's line (when it changes, again every minute it is heard, when the microcontroller starts again, and when its line opens again; nothing is handed to a closed line).",
 );
 const CLEARS: Metric = Metric::counter(
     "loopwarden_gateway_clears_total",

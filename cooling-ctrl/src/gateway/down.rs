@@ -1,0 +1,136 @@
+//! What the gateway hands to the MCU's line ([`super::queue`]): control
+//! messages framed once the line's queue has a place, host reports as it
+//! takes them, the BMS's messages and the hall's water, with what is said
+//! when the line does not take them. Nothing is framed while the line is
+//! closed: the frames would only be thrown away, counted as forwarded,
+//! and the MCU would count their numbers as lost.
+//!
+//! Glossary:
+//! - *handed*: framed and in the line's queue (counted as forwarded).
+
+use std::string::String;
+
+use loopwarden_bus::now_ms;
+use loopwarden_link::Down;
+
+use super::bms::LineTook;
+use super::queue::Control;
+use super::Gateway;
+
+impl Gateway {
+    /// The MCU hears the gateway is alive, with the wall clock and the
+    /// layout the gateway maps hosts by ([`Bridge::alive`]).
+    pub(super) fn send_alive(&mut self) {
+        let alive = self.bridge.alive(now_ms().0, self.bus.is_connected());
+        self.send_down(&alive);
+    }
+
+    /// Host reports waiting go to the line as it takes them.
+    pub(super) fn feed_hosts(&mut self) {
+        if !self.stats.link_open {
+            // They wait, the latest of each host, for the line to open.
+            return;
+        }
+        let bridge = &mut self.bridge;
+        self.stats.host_reports_forwarded += self.down.feed(|d| match bridge.frame(d) {
+            Ok(f) => Some(f),
+            Err(e) => {
+                tracing::error!("cooling gateway: a host report to the microcontroller: {e}");
+                None
+            }
+        });
+    }
+
+    /// The BMS's limits kept in flash before the restart (`read`, as
+    /// the flash was opened): in force again and sent down, or, when they
+    /// cannot be read, said, with none in force until the BMS writes them.
+    pub(super) fn restore_bms_limits(&mut self, read: &Result<Option<(f32, f32)>, String>) {
+        match read {
+            Ok(None) => {}
+            Ok(Some(limits)) => {
+                let (c, o) = *limits;
+                tracing::info!(
+                    "cooling gateway: the BMS's limits restored from flash: setpoint ceiling {c:.2} °C, plan ceiling offset {o:.2} K"
+                );
+                let down = self.bms.restored(*limits);
+                self.send_bms(&down);
+            }
+            Err(e) => tracing::error!(
+                "cooling gateway: the BMS's limits: {e}: none in force until the BMS writes them again"
+            ),
+        }
+    }
+
+    /// Hands the BMS's limits to the recorder, if they changed since they
+    /// were last handed, without waiting; a full queue leaves them for the
+    /// next tick.
+    pub(super) fn keep_bms_limits(&mut self) {
+        self.bms_keeping.offer(&self.recorder);
+    }
+
+    /// The hall's facility water, °C, to the MCU.
+    pub(super) fn facility_down(&mut self, water_c: f32) {
+        if self.send_down(&Down::FacilityTarget(water_c)) {
+            self.stats.facility_forwarded += 1;
+            tracing::debug!(
+                "cooling gateway: the hall's facility water, {water_c} °C, to the microcontroller"
+            );
+        } else {
+            self.bridge.facility_not_sent();
+            tracing::warn!(
+                "cooling gateway: the hall's facility water, {water_c} °C, was not handed to the microcontroller's line; it goes again at the next word"
+            );
+        }
+    }
+
+    /// `down` of the BMS to the MCU's line. A line that does not take
+    /// them is said at the first refusal of a run and when it takes one
+    /// again, not at every retry.
+    pub(super) fn send_bms(&mut self, down: &Down) {
+        let handed = self.send_down(down);
+        if handed {
+            self.stats.bms_forwarded += 1;
+            if matches!(down, Down::Limits { .. }) {
+                self.bms.limits_handed(self.now().mono_ms);
+            }
+        }
+        match self.bms.line_took(handed) {
+            Some(LineTook::Refused) => tracing::warn!(
+                "cooling gateway: the BMS's {down:?} was not handed to the microcontroller's line; its limits are offered again until the line takes them"
+            ),
+            Some(LineTook::Again) => tracing::info!(
+                "cooling gateway: the microcontroller's line takes the BMS's messages again"
+            ),
+            None => {}
+        }
+    }
+
+    /// Frames `down` and hands it to the line, once its queue has a
+    /// place (no frame number spent on one that never goes); false when
+    /// it was not.
+    pub(super) fn send_down(&mut self, down: &Down) -> bool {
+        if !self.stats.link_open {
+            // Not framed (no frame number spent on it): what is due goes
+            // again when the line opens, or at the next word.
+            self.bridge.wrote(false);
+            return false;
+        }
+        let bridge = &mut self.bridge;
+        let mut refused = None;
+        let framed = || bridge.frame(down).map_err(|e| refused = Some(e)).ok();
+        match self.down.control(framed) {
+            Control::Queued => true,
+            Control::NotFramed => {
+                if let Some(e) = refused {
+                    tracing::error!("cooling gateway: a frame to the microcontroller: {e}");
+                }
+                false
+            }
+            Control::NoRoom => {
+                // The line's queue is full (the line is stuck) or gone.
+                self.bridge.wrote(false);
+                false
+            }
+        }
+    }
+}
