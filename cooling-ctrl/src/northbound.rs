@@ -681,6 +681,14 @@ mod tests {
             wrx.try_recv().unwrap(),
             [NorthboundWrite::SetpointCeiling { celsius: 30.0 }]
         );
+        // The shell closes its end as it stops (taking what was queued):
+        // a write is then a device failure (exception 4), as once it is
+        // gone, never answered as taken.
+        wrx.close();
+        assert_eq!(
+            state.write(0, &[3000]),
+            Err(ExceptionCode::ServerDeviceFailure)
+        );
         drop(wrx);
         assert_eq!(
             state.write(0, &[3000]),

@@ -473,6 +473,7 @@ pub async fn run_with<P: CduPort>(
         }
     }
     tracing::info!("cooling shell: stopping");
+    shell.last_bms_writes(bms_writes);
     // What was learned is kept, and everything decided is written and
     // handed to the bus, before it stops.
     let now = shell.now_ms();

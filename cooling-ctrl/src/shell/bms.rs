@@ -4,7 +4,9 @@
 //! alarms (as [`AlarmAck`] keeps it, the gateway's too), and the outdoor
 //! temperature's sources ([`crate::decide::outdoor`]). The writes are taken as they
 //! come, between steps, and shown at once: the northbound server answers
-//! a write once its snapshot shows it.
+//! a write once its snapshot shows it. At the stop the writes channel is
+//! closed and what it holds applied before the limits are kept
+//! ([`Shell::last_bms_writes`]).
 use super::*;
 use crate::northbound::AlarmAck;
 
@@ -171,6 +173,23 @@ impl Bms {
             let gpu_max_c = core.config().gpu.max_operating_c;
             self.settings.alarm_acknowledged = self.ack.shown(&mut snap, gpu_max_c);
             nb.snapshots.send_replace(snap);
+        }
+    }
+}
+
+impl<P: CduPort> Shell<P> {
+    /// At the stop, before the BMS's limits are kept: the writes channel
+    /// `rx` is closed, so the server refuses a later write with
+    /// exception 4 (server device failure) rather than answer it and
+    /// lose it, and the writes it already handed on are applied (and so
+    /// kept in flash): the BMS writes a limit once, when it changes.
+    pub(super) fn last_bms_writes(&mut self, rx: Option<mpsc::Receiver<Vec<NorthboundWrite>>>) {
+        let Some(mut rx) = rx else {
+            return;
+        };
+        rx.close();
+        while let Ok(ws) = rx.try_recv() {
+            self.on_bms(ws);
         }
     }
 }
