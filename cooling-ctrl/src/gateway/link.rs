@@ -5,6 +5,13 @@
 //! written whole, in order. A line that fails, or cannot be opened, is
 //! opened again after a pause (200 ms, doubling to 5 s); frames handed
 //! over meanwhile are not written, and said so ([`LinkEvent::Wrote`]).
+//! Opening is bounded ([`OPEN_WITHIN`]: a TCP connect to a server that does
+//! not answer gives up then), and frames handed while it opens are not
+//! written either: none waits to go stale. A frame the line does not take
+//! within [`WRITE_WITHIN`] loses the line. No TCP keep-alive is set: a
+//! line whose far end vanished is lost when its writes stop being taken
+//! (the gateway writes every second), and the MCU's silence is said after
+//! 3 s.
 //!
 //! The link's frames carry a CRC, no authentication: whoever can write
 //! into a TCP line speaks as the MCU, and the gateway signs what it says
@@ -20,6 +27,7 @@
 //! - *off this host*: a `tcp:` host that is not a loopback address.
 
 use std::fmt;
+use std::future::Future;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::string::{String, ToString};
@@ -34,6 +42,24 @@ use tokio::task::JoinHandle;
 const REOPEN_FIRST: Duration = Duration::from_millis(200);
 /// The longest.
 const REOPEN_MAX: Duration = Duration::from_secs(5);
+/// How long opening the line may take (a TCP connect to a server that
+/// does not answer would wait for the kernel's retries, minutes).
+pub const OPEN_WITHIN: Duration = Duration::from_secs(5);
+/// How long the line may take to take one frame before it counts as
+/// lost (115,200 baud writes the largest frame in a tenth of a second).
+pub const WRITE_WITHIN: Duration = Duration::from_secs(5);
+
+/// How long the line's opening and writes may take.
+#[derive(Debug, Clone, Copy)]
+struct Bounds {
+    open_within: Duration,
+    write_within: Duration,
+}
+
+const BOUNDS: Bounds = Bounds {
+    open_within: OPEN_WITHIN,
+    write_within: WRITE_WITHIN,
+};
 
 /// Where the microcontroller is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -170,7 +196,7 @@ pub struct Link {
 pub fn start(addr: LinkAddr) -> Link {
     let (to_mcu, from_gateway) = mpsc::channel(64);
     let (tx, events) = mpsc::channel(256);
-    let task = tokio::spawn(carry(addr, from_gateway, tx));
+    let task = tokio::spawn(carry_with(addr, from_gateway, tx, open, BOUNDS));
     Link {
         to_mcu,
         events,
@@ -182,8 +208,8 @@ pub fn start(addr: LinkAddr) -> Link {
 trait Line: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Line for T {}
 
-async fn open(addr: &LinkAddr) -> std::io::Result<Box<dyn Line>> {
-    match addr {
+async fn open(addr: LinkAddr) -> std::io::Result<Box<dyn Line>> {
+    match &addr {
         LinkAddr::Tcp(a) => {
             let s = tokio::net::TcpStream::connect(a.as_str()).await?;
             s.set_nodelay(true)?;
@@ -201,16 +227,26 @@ async fn open(addr: &LinkAddr) -> std::io::Result<Box<dyn Line>> {
     }
 }
 
-/// Keeps the line open until the gateway drops its ends.
-async fn carry(
+/// Keeps the line open, opened by `opener` within the bounds, until the
+/// gateway drops its ends.
+async fn carry_with<O, F>(
     addr: LinkAddr,
     mut frames: mpsc::Receiver<Vec<u8>>,
     events: mpsc::Sender<LinkEvent>,
-) {
+    mut opener: O,
+    bounds: Bounds,
+) where
+    O: FnMut(LinkAddr) -> F,
+    F: Future<Output = std::io::Result<Box<dyn Line>>>,
+{
     let mut pause = REOPEN_FIRST;
     let mut said_failing = false;
     loop {
-        match open(&addr).await {
+        let opening = opening(opener(addr.clone()), bounds.open_within);
+        let Some(opened) = unsent_until(opening, &mut frames, &events).await else {
+            return;
+        };
+        match opened {
             Ok(line) => {
                 tracing::info!("cooling gateway: the link to the microcontroller ({addr}) is open");
                 said_failing = false;
@@ -218,7 +254,7 @@ async fn carry(
                 if events.send(LinkEvent::Open(true)).await.is_err() {
                     return;
                 }
-                let why = serve(line, &mut frames, &events).await;
+                let why = serve(line, &mut frames, &events, bounds).await;
                 let Some(why) = why else { return };
                 tracing::warn!(
                     "cooling gateway: the link to the microcontroller ({addr}) is lost: {why}; opening it again"
@@ -250,15 +286,39 @@ async fn wait_unsent(
     frames: &mut mpsc::Receiver<Vec<u8>>,
     events: &mpsc::Sender<LinkEvent>,
 ) -> bool {
-    let until = tokio::time::sleep(pause);
-    tokio::pin!(until);
+    let slept = unsent_until(tokio::time::sleep(pause), frames, events).await;
+    slept.is_some()
+}
+
+/// The line opened by `open`, or why not: a timeout after `within`.
+async fn opening<F>(open: F, within: Duration) -> std::io::Result<Box<dyn Line>>
+where
+    F: Future<Output = std::io::Result<Box<dyn Line>>>,
+{
+    tokio::time::timeout(within, open)
+        .await
+        .unwrap_or_else(|_| {
+            Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("not open within {within:?}"),
+            ))
+        })
+}
+
+/// Waits for `done` with the line closed: frames handed over meanwhile
+/// are not written, and said so. `None` when the gateway is gone.
+async fn unsent_until<T>(
+    done: impl Future<Output = T>,
+    frames: &mut mpsc::Receiver<Vec<u8>>,
+    events: &mpsc::Sender<LinkEvent>,
+) -> Option<T> {
+    tokio::pin!(done);
     loop {
         tokio::select! {
-            _ = &mut until => return true,
+            r = &mut done => return Some(r),
             f = frames.recv() => {
-                if f.is_none() || events.send(LinkEvent::Wrote(false)).await.is_err() {
-                    return false;
-                }
+                f?;
+                events.send(LinkEvent::Wrote(false)).await.ok()?;
             }
         }
     }
@@ -272,9 +332,11 @@ async fn serve(
     mut line: Box<dyn Line>,
     frames: &mut mpsc::Receiver<Vec<u8>>,
     events: &mpsc::Sender<LinkEvent>,
+    bounds: Bounds,
 ) -> Option<String> {
-    if let Err(e) = line.write_all(&[loopwarden_link::frame::END]).await {
-        return Some(format!("writing: {e}"));
+    let end = [loopwarden_link::frame::END];
+    if let Err(why) = write(&mut line, &end, bounds.write_within).await {
+        return Some(why);
     }
     let mut buf = [0u8; 1024];
     loop {
@@ -288,13 +350,22 @@ async fn serve(
             },
             f = frames.recv() => {
                 let f = f?;
-                let written = line.write_all(&f).await;
+                let written = write(&mut line, &f, bounds.write_within).await;
                 events.send(LinkEvent::Wrote(written.is_ok())).await.ok()?;
-                if let Err(e) = written {
-                    return Some(format!("writing: {e}"));
+                if let Err(why) = written {
+                    return Some(why);
                 }
             }
         }
+    }
+}
+
+/// Writes `bytes` whole within `within`; why not.
+async fn write(line: &mut Box<dyn Line>, bytes: &[u8], within: Duration) -> Result<(), String> {
+    match tokio::time::timeout(within, line.write_all(bytes)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(format!("writing: {e}")),
+        Err(_) => Err(format!("writing: a frame not taken within {within:?}")),
     }
 }
 
@@ -399,5 +470,67 @@ mod tests {
         mcu.read_exact(&mut first).await.unwrap();
         assert_eq!(first, [0], "an end byte first on the new line");
         link.task.abort();
+    }
+
+    #[tokio::test]
+    async fn frames_handed_while_the_line_is_being_opened_are_not_written_and_the_opening_is_bounded(
+    ) {
+        // An opener that never finishes (a serial server that does not
+        // answer: the kernel's SYN retries last minutes), counted.
+        let tries = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = tries.clone();
+        let hangs = move |_: LinkAddr| {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            std::future::pending::<std::io::Result<Box<dyn Line>>>()
+        };
+        let bounds = Bounds {
+            open_within: Duration::from_millis(100),
+            write_within: WRITE_WITHIN,
+        };
+        let (to_mcu, frames) = mpsc::channel(64);
+        let (tx, mut events) = mpsc::channel(256);
+        let addr = LinkAddr::Tcp("10.0.0.5:4001".into());
+        let task = tokio::spawn(carry_with(addr, frames, tx, hangs, bounds));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        to_mcu.send(b"stale\0".to_vec()).await.unwrap();
+        let said = tokio::time::timeout(Duration::from_secs(1), events.recv()).await;
+        assert_eq!(
+            said,
+            Ok(Some(LinkEvent::Wrote(false))),
+            "not held for later"
+        );
+        // The opening is given up after its bound, and tried again.
+        tokio::time::sleep(Duration::from_millis(1_000)).await;
+        let n = tries.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(
+            n >= 2,
+            "opened {n} time(s) in a second, each bounded at 100 ms"
+        );
+        task.abort();
+    }
+
+    #[tokio::test]
+    async fn a_write_the_line_does_not_take_is_bounded_and_the_line_is_lost() {
+        // The MCU's end never reads: the line's buffer fills.
+        let (ours, _theirs) = tokio::io::duplex(16);
+        let (to_mcu, mut frames) = mpsc::channel(64);
+        let (tx, mut events) = mpsc::channel(256);
+        let bounds = Bounds {
+            open_within: OPEN_WITHIN,
+            write_within: Duration::from_millis(100),
+        };
+        to_mcu.send(vec![1u8; 64]).await.unwrap();
+        let why = tokio::time::timeout(
+            Duration::from_secs(2),
+            serve(Box::new(ours), &mut frames, &tx, bounds),
+        )
+        .await
+        .expect("the write is bounded");
+        assert!(
+            why.as_deref()
+                .is_some_and(|w| w.contains("not taken within")),
+            "{why:?}"
+        );
+        assert_eq!(events.recv().await, Some(LinkEvent::Wrote(false)));
     }
 }
