@@ -37,6 +37,11 @@ pub struct LatchKeeper {
     relatch: bool,
     /// The last record offered did not go to flash.
     failed: bool,
+    /// The generation the records go above while none was kept or
+    /// offered: the one the flash's generation item held beside a record
+    /// that could not be believed ([`LatchKeeper::continue_above`]); 0
+    /// otherwise.
+    floor: u32,
 }
 
 /// What the keeper made of the record read at start.
@@ -85,7 +90,18 @@ impl LatchKeeper {
         offered: None,
         relatch: false,
         failed: false,
+        floor: 0,
     };
+
+    /// After a record that could not be believed: the records written
+    /// anew go above generation `g`, the one the flash's generation item
+    /// holds ([`crate::record::generation_written`]). Without it the first
+    /// would be generation 1, behind that item, and a cut between the
+    /// record and its generation would read as damaged at the next start:
+    /// a relatch again, losing what the record held (a pump tripped since).
+    pub fn continue_above(&mut self, g: u32) {
+        self.floor = g;
+    }
 
     /// A relatch is pending.
     pub fn relatch_pending(&self) -> bool {
@@ -122,10 +138,8 @@ impl LatchKeeper {
             self.failed = false;
             return None;
         }
-        let generation = self
-            .offered
-            .or(self.kept)
-            .map_or(1, |k| crate::record::next_generation(k.generation));
+        let last = (self.offered.or(self.kept)).map_or(self.floor, |k| k.generation);
+        let generation = crate::record::next_generation(last);
         let r = LatchRecord {
             generation,
             latched: l,
@@ -254,5 +268,30 @@ mod tests {
             k.relatch(&mut c, None, false),
             Some(cooling_core::safety::all_racks(racks))
         );
+    }
+
+    /// A relatch after a record that did not read, while the flash's
+    /// generation item holds 7: the record written anew is generation 8,
+    /// so a cut between it and its generation leaves it one ahead,
+    /// believed, not behind (a relatch again, losing what it latched).
+    #[test]
+    fn after_an_unreadable_record_the_records_go_above_the_generation_written() {
+        let mut k = LatchKeeper::open(&Err("cdu.latched: damaged")).keeper;
+        k.continue_above(7);
+        let mut c = core();
+        assert_eq!(k.relatch(&mut c, Some(0b0001), true), Some(0b0001));
+        let r = k.to_keep(&c).expect("written anew");
+        assert_eq!(r.generation, 8);
+        let [(_, record), _] = r.items();
+        assert_eq!(
+            LatchRecord::decode(Some(&record), Some(&7u32.to_le_bytes())),
+            Ok(Some(r))
+        );
+        // Without it the record would start at 1, behind the 7 kept.
+        let mut k = LatchKeeper::open(&Err("cdu.latched: damaged")).keeper;
+        let mut c = core();
+        k.relatch(&mut c, Some(0b0001), true);
+        let [(_, record), _] = k.to_keep(&c).unwrap().items();
+        assert!(LatchRecord::decode(Some(&record), Some(&7u32.to_le_bytes())).is_err());
     }
 }

@@ -13,6 +13,11 @@
 //! generation item is damaged, and the record itself passed the store's
 //! check and decodes: it is the newest state decided (a tripped pump, a
 //! failed isolation), which a relatch from the valve positions would lose.
+//! So is the first record ever (generation 1) with no generation item at
+//! all: the cut came before the first generation went in. After a record
+//! that cannot be believed, the records written anew go above the
+//! generation kept apart ([`generation_written`]), so a cut after the
+//! relatch's record finds it one ahead too.
 //!
 //! Glossary:
 //! - *generation*: counts the records written, from 1; 0 for a record of
@@ -54,8 +59,8 @@ pub enum RecordError {
     GenerationLength(usize),
     /// The record's state does not decode.
     State(LatchError),
-    /// A record with no generation beside it, of a length only a record
-    /// with one has.
+    /// A record past the first (generation 1) with no generation beside
+    /// it, of a length only a record with one has.
     GenerationMissing,
     /// No record, while its generation `g` was written.
     RecordMissing(u32),
@@ -113,7 +118,8 @@ impl LatchRecord {
     /// [`LATCHED_KEY`], `gen` under [`LATCHED_GEN_KEY`]; `None`: absent):
     /// `Ok(None)` when neither was ever written; why not when they cannot
     /// be believed. A record of [`LEN`] bytes with no generation is the
-    /// format before generations, read as it is.
+    /// format before generations, read as it is; one of generation 1 with
+    /// none is the first record, cut from its generation, believed.
     pub fn decode(record: Option<&[u8]>, gen: Option<&[u8]>) -> Result<Option<Self>, RecordError> {
         let gen = gen
             .map(|g| {
@@ -129,7 +135,17 @@ impl LatchRecord {
                 generation: 0,
                 latched: decoded(b)?,
             })),
-            (Some(_), None) => Err(RecordError::GenerationMissing),
+            // The first record ever, cut from its generation: no
+            // generation item was ever written.
+            (Some(b), None) => match b.split_first_chunk::<4>() {
+                Some((head, body)) if b.len() == RECORD_LEN && u32::from_le_bytes(*head) == 1 => {
+                    Ok(Some(Self {
+                        generation: 1,
+                        latched: decoded(body)?,
+                    }))
+                }
+                _ => Err(RecordError::GenerationMissing),
+            },
             (None, Some(g)) => Err(RecordError::RecordMissing(g)),
             (Some(b), Some(g)) => {
                 let Some((head, body)) = b.split_first_chunk::<4>() else {
@@ -157,13 +173,25 @@ impl LatchRecord {
     /// cut interrupted, completed. Without it the next record would be
     /// two ahead of the generation kept apart until its own generation
     /// went in, and a cut between those two would be refused as damaged.
-    /// `None` when the two agree, or for a record of the format before
-    /// generations.
+    /// The first record ever, believed with no generation item beside
+    /// it, gets its generation 1 written alike. `None` when the two
+    /// agree, or for a record of the format before generations.
     pub fn catch_up(&self, gen: Option<&[u8]>) -> Option<(&'static str, Item)> {
-        let g = u32::from_le_bytes(<[u8; 4]>::try_from(gen?).ok()?);
         let [_, alone] = self.items();
+        let Some(gen) = gen else {
+            return (self.generation == 1).then_some(alone);
+        };
+        let g = u32::from_le_bytes(<[u8; 4]>::try_from(gen).ok()?);
         (g != self.generation).then_some(alone)
     }
+}
+
+/// The generation the generation item (`gen`, under [`LATCHED_GEN_KEY`]
+/// as read back) says was written last; `None` when it is absent or does
+/// not read as one. After a record that cannot be believed, the records
+/// written anew go above it ([`crate::latch::LatchKeeper::continue_above`]).
+pub fn generation_written(gen: Option<&[u8]>) -> Option<u32> {
+    <[u8; 4]>::try_from(gen?).ok().map(u32::from_le_bytes)
 }
 
 /// The generation written after `g` (from 1 again after `u32::MAX`).
@@ -258,5 +286,45 @@ mod tests {
             LatchRecord::decode(Some(&rec), None),
             Err(RecordError::GenerationMissing)
         );
+    }
+
+    /// The first record ever (at commissioning, or after the config
+    /// store was erased), cut from its generation: no generation item
+    /// was ever written, and the record, generation 1, is believed, its
+    /// generation caught up at the start. Any other record without its
+    /// generation is not.
+    #[test]
+    fn a_first_record_cut_from_its_generation_is_believed() {
+        let first = LatchRecord {
+            generation: 1,
+            latched: Latched {
+                pumps: [Some(cooling_core::PumpFault::Tripped), None],
+                lead: loopwarden_protocol::message::Pump::B,
+                ..Latched::default()
+            },
+        };
+        let [(_, rec), (_, gen)] = first.items();
+        assert_eq!(LatchRecord::decode(Some(&rec), None), Ok(Some(first)));
+        assert_eq!(first.catch_up(None), Some((LATCHED_GEN_KEY, gen.clone())));
+        assert_eq!(first.catch_up(Some(&gen)), None);
+        let later = LatchRecord {
+            generation: 2,
+            ..first
+        };
+        let [(_, rec2), _] = later.items();
+        assert_eq!(
+            LatchRecord::decode(Some(&rec2), None),
+            Err(RecordError::GenerationMissing)
+        );
+        // A record of the format before generations is not one to catch up.
+        let before = LatchRecord::decode(Some(&rec[4..]), None).unwrap().unwrap();
+        assert_eq!(before.catch_up(None), None);
+    }
+
+    #[test]
+    fn the_generation_written_is_read_from_its_item_alone() {
+        assert_eq!(generation_written(Some(&7u32.to_le_bytes())), Some(7));
+        assert_eq!(generation_written(Some(&[1, 2])), None);
+        assert_eq!(generation_written(None), None);
     }
 }

@@ -166,6 +166,10 @@ pub enum Traced {
     /// The valve word written before the latched record's keep, closings
     /// only, went in ([`Decider::took_early_valves`]): bit n = rack n open.
     EarlyValves(u16),
+    /// After a start whose record could not be believed, the generation
+    /// the flash's generation item held: the records written anew go
+    /// above it ([`Decider::continue_above`]).
+    GenerationWritten(u32),
 }
 
 /// Why a learned part was not restored.
@@ -282,7 +286,20 @@ impl Decider {
                 self.took_early_valves(*valves);
                 Applied::Done
             }
+            Traced::GenerationWritten(g) => {
+                self.continue_above(*g);
+                Applied::Done
+            }
         }
+    }
+
+    /// After a start whose latched record could not be believed: the
+    /// records written anew go above generation `g`, the one the flash's
+    /// generation item holds (`record::generation_written`), so that a
+    /// cut between the relatch's record and its generation leaves the
+    /// record one ahead, believed (`LatchKeeper::continue_above`).
+    pub fn continue_above(&mut self, g: u32) {
+        self.keeper.continue_above(g);
     }
 }
 
@@ -461,6 +478,7 @@ mod tests {
             [11, 1, 0]
         );
         assert_eq!(bytes(&Traced::EarlyValves(0b1011)), [12, 0b1011]);
+        assert_eq!(bytes(&Traced::GenerationWritten(7)), [13, 7]);
         assert_eq!(
             bytes(&Traced::Start {
                 latched: Opening::Unreadable(words(&"bad"))

@@ -240,11 +240,12 @@ fn kind(t: &Traced) -> usize {
         Traced::ClearLeak { .. } => 10,
         Traced::ClearPump { .. } => 11,
         Traced::EarlyValves(_) => 12,
+        Traced::GenerationWritten(_) => 13,
     }
 }
 
 /// The kinds of input [`kind`] numbers.
-const KINDS: usize = 13;
+const KINDS: usize = 14;
 
 /// What the scenario's outside world does before step `s`.
 fn events_before(r: &mut Recorder, s: u64, kept: Option<cooling_decide::LatchRecord>) {
@@ -280,6 +281,11 @@ fn events_before(r: &mut Recorder, s: u64, kept: Option<cooling_decide::LatchRec
             r.apply(Traced::Start {
                 latched: kept.map_or(Opening::Nothing, Opening::Record),
             });
+            // The generation item read beside it (a shell traces it after
+            // a record it cannot believe; beside one believed it changes
+            // nothing, and the replay must not make it change anything).
+            let g = kept.map_or(0, |k| k.generation);
+            assert_eq!(r.apply(Traced::GenerationWritten(g)), Applied::Done);
             for part in 0..PARTS {
                 let mut buf = [0u8; MAX_LEN];
                 let n = learned.encode_part(part, &mut buf).unwrap();

@@ -318,6 +318,16 @@ impl<'d> Controller<'d> {
         self.said(p);
     }
 
+    /// After [`Controller::boot`] from a record that could not be read or
+    /// believed: the records written anew go above generation `g` (the
+    /// flash's generation item, `latch::relatch_floor`), traced for the
+    /// replayer. Nothing when `g` is `None`.
+    pub fn continue_above(&mut self, p: &mut impl Ports, g: Option<u32>) {
+        if let Some(g) = g {
+            self.apply(p, Traced::GenerationWritten(g));
+        }
+    }
+
     /// Step 3: the decision path's step on what the CDU answered
     /// (`readings`; `None`: it did not) at `now_ms`.
     #[inline(never)]

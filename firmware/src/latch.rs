@@ -19,7 +19,9 @@
 
 use core::fmt;
 
-use cooling_decide::record::{RecordError, LATCHED_GEN_KEY, LATCHED_KEY, RECORD_LEN};
+use cooling_decide::record::{
+    generation_written, RecordError, LATCHED_GEN_KEY, LATCHED_KEY, RECORD_LEN,
+};
 use cooling_decide::LatchRecord;
 use embedded_storage_async::nor_flash::MultiwriteNorFlash;
 use loopwarden_flash::{ConfigStore, StoreError};
@@ -178,6 +180,22 @@ where
     }
 }
 
+/// The generation the generation item in `store` holds beside a record
+/// that could not be read or believed (`read`): the records written after
+/// the relatch go above it (`Decider::continue_above`), so a cut between
+/// the first of them and its generation leaves it one ahead, believed.
+/// `None` after a record believed or none ever written, or where the item
+/// is absent or does not read as a generation.
+pub async fn relatch_floor<S: MultiwriteNorFlash>(
+    store: &mut ConfigStore<S>,
+    read: &Result<Option<LatchRecord>, LoadError>,
+) -> Option<u32> {
+    read.as_ref().err()?;
+    let mut gen = [0u8; 16];
+    let n = store.get(LATCHED_GEN_KEY, &mut gen).await.ok()??;
+    generation_written(Some(&gen[..n]))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -243,6 +261,58 @@ mod tests {
             e.to_string().ends_with("the newest record is damaged"),
             "{e}"
         );
+    }
+
+    /// Power lost between the first record ever (commissioning, or a
+    /// config store erased) and its generation: the record is believed,
+    /// its tripped pump stays tripped with the lead on the other, and
+    /// the start writes its generation.
+    #[test]
+    fn a_first_record_cut_from_its_generation_is_believed() {
+        let mut mem = std::vec![0xFFu8; 8 * 4096];
+        let mut s = store(&mut mem);
+        let r = LatchRecord {
+            generation: 1,
+            latched: Latched {
+                pumps: [Some(PumpFault::Tripped), None],
+                lead: Pump::B,
+                ..Latched::default()
+            },
+        };
+        let [(key, record), _] = r.items();
+        block_on(s.set(key, &record)).unwrap();
+        assert_eq!(block_on(load(&mut s)), Ok(Some(r)));
+        let mut gen = [0u8; 4];
+        let n = block_on(s.get(LATCHED_GEN_KEY, &mut gen)).unwrap();
+        assert_eq!(n.map(|n| &gen[..n]), Some(&1u32.to_le_bytes()[..]));
+    }
+
+    /// A record that does not read: the generation its item holds is
+    /// what the records after the relatch go above; none where the item
+    /// is absent or does not read as one.
+    #[test]
+    fn the_generation_written_is_read_beside_an_unreadable_record() {
+        let mut mem = std::vec![0xFFu8; 8 * 4096];
+        let mut s = store(&mut mem);
+        let read = block_on(load(&mut s));
+        assert_eq!(block_on(relatch_floor(&mut s, &read)), None);
+        block_on(s.set(LATCHED_GEN_KEY, &7u32.to_le_bytes())).unwrap();
+        let read = block_on(load(&mut s));
+        assert!(read.is_err());
+        assert_eq!(block_on(relatch_floor(&mut s, &read)), Some(7));
+        block_on(s.set(LATCHED_GEN_KEY, &[7])).unwrap();
+        let read = block_on(load(&mut s));
+        assert!(read.is_err());
+        assert_eq!(block_on(relatch_floor(&mut s, &read)), None);
+        // Beside a record believed, nothing.
+        let r = LatchRecord {
+            generation: 8,
+            latched: Latched::default(),
+        };
+        block_on(save(&mut s, &r)).unwrap();
+        let read = block_on(load(&mut s));
+        assert_eq!(read, Ok(Some(r)));
+        assert_eq!(block_on(relatch_floor(&mut s, &read)), None);
     }
 
     /// Power lost (or a reset) between a record and its generation: the

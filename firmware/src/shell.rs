@@ -202,6 +202,8 @@ impl Shell {
             restored: matches!(read, Ok(Some(_))),
         };
         ctl.boot(self, hello, Opening::of(read));
+        let floor = block_on(latch::relatch_floor(&mut self.store, read));
+        ctl.continue_above(self, floor);
         learned::restore(ctl, self);
     }
 

@@ -297,6 +297,29 @@ fn an_unreadable_record_relatches_from_the_valves_the_cdu_reports_closed_and_rep
     );
 }
 
+/// The generation item beside the record that could not be believed
+/// holds 7: the relatch's record is generation 8 (a cut before its
+/// generation then leaves it one ahead, believed), and the replayer,
+/// told so by the trace, agrees.
+#[test]
+fn after_an_unreadable_record_the_relatchs_record_goes_above_the_generation_written() {
+    let read: Result<Option<LatchRecord>, &str> = Err("cdu.latched: damaged");
+    let mut d = decider(&read);
+    let mut k = Box::new(LearnedKeeper::new());
+    let mut c = Controller::new(&mut d, ClearGate::new(None, &[]), &mut k);
+    let p = &mut *Fake::new();
+    c.boot(p, hello(), Opening::of(&read));
+    c.continue_above(p, Some(7));
+    c.step(p, Some(cdu(0b1101, 0)), 0);
+    let r = c.to_keep(p).expect("the relatch's record");
+    assert_eq!((r.generation, r.latched.leaks), (8, 0b0010));
+    c.kept(p, true);
+    let plan = c.plan(p);
+    c.written(p, Outcome::whole(&plan, true));
+    let r = replay(&p.wire);
+    assert!(r.all_match() && r.compared > 0, "{:?}", r.first_mismatch);
+}
+
 #[test]
 fn a_bad_frame_is_counted_and_never_acted_on() {
     let mut d = decider(&Ok(None));
