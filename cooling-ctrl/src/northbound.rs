@@ -203,6 +203,68 @@ mod tests {
         }
     }
 
+    /// Each condition that lights the beacon (`Core::beacon`, in
+    /// `cooling-core/src/beacon.rs`), by what its code tests, and the
+    /// words the `beacon` register's description names it by.
+    const BEACON_CONDITIONS: &[(&str, &str)] = &[
+        ("leaks_latched()", "a latched leak"),
+        ("sensing_lost()", "leak sensing lost"),
+        ("feedback_faults()", "a valve position input not believed"),
+        ("pumps.faults()", "a pump out of service"),
+        ("required_ok()", "a required sensor"),
+        ("CduMode::Failsafe", "failsafe"),
+        ("CDU_WRITES_REFUSED", "the cdu refusing writes"),
+        ("writes_refused", "the cdu refusing writes"),
+        (
+            "max_operating_c",
+            "a gpu above its maximum operating temperature",
+        ),
+    ];
+
+    /// The conditions `Core::beacon` ORs together, as its code reads.
+    fn beacon_terms() -> Vec<String> {
+        let code = include_str!("../../cooling-core/src/beacon.rs");
+        let body = code
+            .split_once("fn beacon(")
+            .and_then(|(_, rest)| rest.split_once("\n    }"))
+            .expect("Core::beacon in cooling-core/src/beacon.rs")
+            .0;
+        let (_, expr) = body.rsplit_once(';').expect("its lets, then its OR");
+        expr.split("||").map(|t| t.trim().to_string()).collect()
+    }
+
+    #[test]
+    fn the_beacons_description_names_every_condition_that_lights_it() {
+        let terms = beacon_terms();
+        assert!(terms.len() >= 8, "{terms:?}");
+        let block = MAP_TOML
+            .split("[[register]]")
+            .find(|b| b.contains("name = \"beacon\""))
+            .expect("the beacon register");
+        let toml = block
+            .lines()
+            .find(|l| l.starts_with("description"))
+            .expect("its description")
+            .to_lowercase();
+        let doc = include_str!("../../docs/cooling.md")
+            .lines()
+            .find(|l| l.starts_with("| input | 24 | beacon |"))
+            .expect("the beacon register in docs/cooling.md")
+            .to_lowercase();
+        for term in &terms {
+            let Some((_, words)) = BEACON_CONDITIONS.iter().find(|(c, _)| term.contains(c)) else {
+                panic!("the beacon lights for `{term}`: name it in BEACON_CONDITIONS");
+            };
+            assert!(toml.contains(words), "the map's beacon: {words} missing");
+            assert!(
+                doc.contains(words),
+                "docs/cooling.md's beacon: {words} missing"
+            );
+        }
+        // A failed isolation lights it by failsafe: named too.
+        assert!(toml.contains("a failed isolation") && doc.contains("a failed isolation"));
+    }
+
     #[test]
     fn snapshot_encoding_follows_scale_sentinels_and_clamps() {
         let m = northbound_map();
