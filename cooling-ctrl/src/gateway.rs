@@ -187,6 +187,10 @@ pub struct ClearCounts {
     pub refused: u64,
     /// Not answered in time.
     pub unanswered: u64,
+    /// Answers with nobody waiting: after their clear was counted
+    /// unanswered, or to a clear sent before this gateway started (not
+    /// counted done or refused, so these outcomes add up to forwarded).
+    pub late: u64,
 }
 
 /// A stats channel for [`GatewayOptions::stats`].
@@ -568,14 +572,20 @@ impl Gateway {
 
     /// The MCU answered clear `id`.
     fn answered(&mut self, id: u32, outcome: Result<(), String>) {
+        let Some(reply) = self.pending.answered(id) else {
+            self.stats.clears.late += 1;
+            let what = outcome
+                .as_ref()
+                .map_or_else(|w| format!("refused: {w}"), |()| "done".into());
+            tracing::warn!(
+                "cooling gateway: the microcontroller answered clear {id} ({what}) with nobody waiting (after it was said unanswered, or sent before this gateway started): counted late"
+            );
+            return;
+        };
         match &outcome {
             Ok(()) => self.stats.clears.done += 1,
             Err(_) => self.stats.clears.refused += 1,
         }
-        let Some(reply) = self.pending.answered(id) else {
-            tracing::debug!("cooling gateway: the answer to clear {id} has nobody waiting for it");
-            return;
-        };
         let _ = reply.send(match outcome {
             Ok(()) => ClearOutcome::Done,
             Err(why) => ClearOutcome::Refused(why),

@@ -12,7 +12,9 @@
 //!   an id above the first's;
 //! - a clear signed with another key is carried all the same: the
 //!   microcontroller refuses it, not the gateway;
-//! - the BMS's limits outlive a restart of the gateway (kept in flash).
+//! - the BMS's limits outlive a restart of the gateway (kept in flash);
+//! - an answer that comes after its clear was said unanswered is counted
+//!   late, not done.
 //!
 //! And `cooling-ctrl firmware-keyring` writes the firmware's operator
 //! keyring from a site's keyring.
@@ -34,6 +36,7 @@ use loopwarden_link::message::CLEAR_CONTEXT;
 use loopwarden_link::{ClearAction, Down, SignedClear, Up};
 use loopwarden_protocol::auth::{Signature, SigningKey, VerifyingKey};
 use loopwarden_protocol::{NodeId, Role};
+use loopwarden_system_tests::prometheus::http_get;
 use loopwarden_system_tests::{free_port, Mosquitto};
 use tokio_modbus::client::{Reader, Writer};
 
@@ -303,6 +306,87 @@ fn the_bms_writes_and_operators_signed_clears_reach_the_microcontroller() {
         holding,
         [3550, (-20i16) as u16],
         "the kept limits read back"
+    );
+}
+
+/// The gateway's `clears_total{outcome}` at `metrics`, once `done` holds
+/// of them; panics after 5 s.
+fn clears_when(metrics: SocketAddr, done: impl Fn(&[u64; 4]) -> bool) -> [u64; 4] {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (_, text) = http_get(metrics, "/metrics").expect("/metrics answers");
+        let of = |outcome: &str| {
+            let tag = format!("outcome=\"{outcome}\"}} ");
+            text.lines()
+                .filter(|l| l.starts_with("loopwarden_gateway_clears_total{"))
+                .find_map(|l| l.split_once(&tag)?.1.parse().ok())
+                .unwrap_or(0)
+        };
+        let got = ["forwarded", "done", "unanswered", "late"].map(of);
+        if done(&got) {
+            return got;
+        }
+        assert!(Instant::now() < deadline, "clears {got:?}:\n{text}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn an_answer_after_the_clear_went_unanswered_is_counted_late_not_done() {
+    let Some(broker) = Mosquitto::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (key, _) = sign_key(dir.path(), "jdoe.key", 7);
+    let key = key.to_str().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let metrics: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let config = config(
+        dir.path(),
+        &broker,
+        &format!("metrics_listen = \"{metrics}\"\n"),
+    );
+    let _gateway = spawn(&config, listener.local_addr().unwrap());
+    let mut mcu = Mcu::accept(&listener);
+    mcu.hello();
+    let mut step = 1;
+    let socket = dir.path().join("cdu.sock");
+    let asked = ctl(
+        &socket,
+        &["clear-leak", "1", "--sign-key", key, "--cdu", CDU],
+    );
+    let clear = down_until(
+        &mut mcu,
+        &mut step,
+        Duration::from_secs(10),
+        "the clear",
+        |d| match d {
+            Down::Clear(c) => Some(c.clone()),
+            _ => None,
+        },
+    );
+    // The MCU goes on speaking, and answers only after the gateway gave
+    // up waiting (10 s).
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !asked.is_finished() && Instant::now() < deadline {
+        mcu.send(&status(step, 32.0));
+        step += 1;
+        mcu.downs(Duration::from_millis(200));
+    }
+    let said = String::from_utf8_lossy(&asked.join().unwrap().stderr).into_owned();
+    assert!(
+        said.contains("did not answer") || said.contains("no answer"),
+        "{said}"
+    );
+    mcu.send(&Up::Answer {
+        id: clear.clear.id,
+        outcome: Ok(()),
+    });
+    let [forwarded, done, unanswered, late] = clears_when(metrics, |c| c[3] > 0 || c[1] > 0);
+    assert_eq!(
+        (forwarded, done, unanswered, late),
+        (1, 0, 1, 1),
+        "the outcomes add up to what was forwarded"
     );
 }
 

@@ -85,7 +85,7 @@ const FACILITY_FORWARDED: Metric = Metric::counter(
 );
 const CLEARS: Metric = Metric::counter(
     "loopwarden_gateway_clears_total",
-    "Operators' signed clears, by outcome: forwarded (handed to the microcontroller's line), unsent (the line not open or full), done and refused (as the microcontroller answered), unanswered (no answer within 10 s).",
+    "Operators' signed clears, by outcome: forwarded (handed to the microcontroller's line), unsent (the line not open or full), done and refused (as the microcontroller answered), unanswered (no answer within 10 s), late (an answer with nobody waiting: after it was counted unanswered, or to a clear of an earlier gateway).",
 );
 
 /// The `/metrics` text of CDU `cdu`'s gateway, as of `st`, with the
@@ -140,6 +140,7 @@ pub fn render(
         ("done", c.done),
         ("refused", c.refused),
         ("unanswered", c.unanswered),
+        ("late", c.late),
     ];
     for (outcome, n) in clears {
         out.sample(&CLEARS, &with_labels(&l, &[("outcome", outcome)]), n as f64);
