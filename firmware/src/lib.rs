@@ -20,11 +20,11 @@
 //! ([`counters`]), the hall's figures built in ([`figures`]), what the
 //! estimator learned, restored and kept ([`learned`]), operators'
 //! clears ([`clears`]), frames out without waiting ([`outbound`]), the
-//! controller around the decision path and
-//! its trace ([`controller`]), the steps' cost ([`cost`]) and the NOR
-//! rules ([`board::nor`]). The build script's checks of the board file
-//! run with them (`build_checks`: `cargo test` runs no build script's
-//! tests). The drivers ([`board`]) touch registers and build for the
+//! controller around the decision path and its trace ([`controller`]),
+//! the steps' cost ([`cost`]), the NOR rules ([`board::nor`]) and what
+//! a panic does ([`after_panic`]). The build script's checks of the
+//! board file run with them (`build_checks`: `cargo test` runs no build
+//! script's tests). The drivers ([`board`]) touch registers and build for the
 //! target only.
 //!
 //! Glossary:
@@ -36,6 +36,7 @@
 #![cfg_attr(not(test), no_std)]
 #![warn(missing_docs)]
 
+pub mod after_panic;
 pub mod block_on;
 pub mod board;
 pub mod budget;

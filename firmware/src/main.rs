@@ -53,6 +53,7 @@ use cooling_core::CoreConfig;
 use cooling_decide::learned::LearnedKeeper;
 use cooling_decide::{Decider, LatchRecord};
 use cortex_m_rt::entry;
+use loopwarden_firmware::after_panic::{after_panic, Action};
 use loopwarden_firmware::board::{self, clock, icount, reset, uart::Uart, watchdog};
 use loopwarden_firmware::cdu::{map_limits, valves_fit};
 use loopwarden_firmware::clears::ClearGate;
@@ -201,12 +202,23 @@ fn controller_in_place(decider: &'static mut Decider) -> &'static mut Controller
     slot.write(Controller::new(decider, ClearGate::built_in(), learned))
 }
 
+/// A panic: said on the console; the watchdog, no longer fed, resets
+/// the board, or the core resets itself where the watchdog was not
+/// started yet (a panic at boot would otherwise hang the board for good):
+/// `loopwarden_firmware::after_panic`.
 #[panic_handler]
 fn panic(info: &core::panic::PanicInfo) -> ! {
     reset::fault();
+    let (action, words) = after_panic(watchdog::started());
     // The console may be mid-line; a panic's line starts afresh.
     let mut console = Uart::console();
-    let _ = writeln!(console, "\npanic: {info}; the watchdog resets the board");
+    let _ = writeln!(console, "\npanic: {info}; {words}");
+    if action == Action::Reset {
+        // About the watchdog's timeout on the board's clock: a panic at
+        // every boot restarts at a watchdog's pace.
+        cortex_m::asm::delay(board::WATCHDOG_TIMEOUT_MS * (board::SYSTEM_CLOCK_HZ / 1000));
+        cortex_m::peripheral::SCB::sys_reset();
+    }
     loop {
         cortex_m::asm::wfi();
     }

@@ -14,7 +14,7 @@
 //! Glossary:
 //! - *feed*: clearing the interrupt and reloading the counter.
 
-use core::sync::atomic::{AtomicU32, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use super::{write, SYSTEM_CLOCK_HZ, WATCHDOG_BASE, WATCHDOG_TIMEOUT_MS};
 
@@ -27,6 +27,16 @@ const UNLOCK: u32 = 0x1ACC_E551;
 /// NMIs taken (a step overdue by one timeout).
 static WARNINGS: AtomicU32 = AtomicU32::new(0);
 
+/// The watchdog was started (it is never stopped).
+static STARTED: AtomicBool = AtomicBool::new(false);
+
+/// Whether the watchdog was started: a panic before it would hang the
+/// board for good unless the panic handler resets it
+/// ([`crate::after_panic`]).
+pub fn started() -> bool {
+    STARTED.load(Ordering::Relaxed)
+}
+
 /// Starts the watchdog with the board's timeout.
 pub fn start() {
     let load = WATCHDOG_TIMEOUT_MS * (SYSTEM_CLOCK_HZ / 1000);
@@ -38,6 +48,7 @@ pub fn start() {
         write(WATCHDOG_BASE + CTRL, 0b11);
         write(WATCHDOG_BASE + LOCK, 0);
     }
+    STARTED.store(true, Ordering::Relaxed);
 }
 
 /// Feeds the watchdog: call after a completed step only. The board is
