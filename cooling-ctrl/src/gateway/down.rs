@@ -94,14 +94,16 @@ impl Gateway {
                 self.bms.limits_handed(self.now().mono_ms);
             }
         }
-        match self.bms.line_took(handed) {
-            Some(LineTook::Refused) => tracing::warn!(
-                "cooling gateway: the BMS's {down:?} was not handed to the microcontroller's line; its limits are offered again until the line takes them"
-            ),
-            Some(LineTook::Again) => tracing::info!(
+        // Limits offered again are said at the first refusal of a run;
+        // an outdoor value is lost, so each one is said.
+        let took = self.bms.line_took(handed);
+        let lost = !handed && matches!(down, Down::Outdoor(_));
+        if lost || took == Some(LineTook::Refused) {
+            tracing::warn!("cooling gateway: {}", bms_refused_words(down));
+        } else if took == Some(LineTook::Again) {
+            tracing::info!(
                 "cooling gateway: the microcontroller's line takes the BMS's messages again"
-            ),
-            None => {}
+            );
         }
     }
 
@@ -131,6 +133,56 @@ impl Gateway {
                 self.bridge.wrote(false);
                 false
             }
+        }
+    }
+}
+
+/// What is said of the BMS's `down` that the MCU's line did not take:
+/// what becomes of it.
+fn bms_refused_words(down: &Down) -> String {
+    const NOT: &str = "not handed to the microcontroller's line";
+    match down {
+        Down::Outdoor(t) => format!(
+            "the BMS's outdoor temperature, {t} °C, was {NOT}: it is lost (the microcontroller \
+             would date a repeat from when it hears it); the BMS must write it again"
+        ),
+        Down::Limits {
+            ceiling_c,
+            offset_k,
+        } => format!(
+            "the BMS's limits (setpoint ceiling {ceiling_c:.2} °C, plan ceiling offset \
+             {offset_k:.2} K) were {NOT}; they are offered again until the line takes them"
+        ),
+        other => format!("the BMS's {other:?} was {NOT}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_bms_message_is_said_as_what_becomes_of_it() {
+        let outdoor = bms_refused_words(&Down::Outdoor(12.5));
+        for says in [
+            "outdoor temperature, 12.5 °C",
+            "lost",
+            "the BMS must write it again",
+        ] {
+            assert!(outdoor.contains(says), "{outdoor}");
+        }
+        assert!(!outdoor.contains("offered again"), "{outdoor}");
+        assert!(!outdoor.contains("Outdoor("), "not its Debug: {outdoor}");
+        let limits = bms_refused_words(&Down::Limits {
+            ceiling_c: 40.0,
+            offset_k: 1.5,
+        });
+        for says in [
+            "setpoint ceiling 40.00 °C",
+            "offset 1.50 K",
+            "offered again",
+        ] {
+            assert!(limits.contains(says), "{limits}");
         }
     }
 }
