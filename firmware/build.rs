@@ -19,7 +19,8 @@
 //!
 //! A file that cannot be read, parsed or believed stops the build with
 //! the file and the reason; a map without a register the firmware needs
-//! names it.
+//! names it; figures the firmware would refuse at start, or a map whose
+//! valve word cannot hold their racks, stop it too.
 
 use std::path::{Path, PathBuf};
 
@@ -85,10 +86,13 @@ fn generate(board_file: &Path, map_file: &Path, given: &Given, out: &Path) -> Re
     let m = map::Map::load(map_file)?;
     write(&out.join("cdu_map.rs"), &m.table()?)?;
     write(&out.join("operators.rs"), &operators::table(given.keyring)?)?;
-    write(
-        &out.join("figures.rs"),
-        &figures::table(given.figures, out)?,
-    )?;
+    let (table, racks) = figures::table(given.figures, out)?;
+    let source = given.figures.map_or_else(
+        || "of the reference hall".to_string(),
+        |f| format!("in {}", f.display()),
+    );
+    m.check_racks(racks, &source)?;
+    write(&out.join("figures.rs"), &table)?;
     Ok(())
 }
 

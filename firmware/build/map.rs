@@ -59,7 +59,7 @@ impl Map {
     /// Reads and checks the map at `path`.
     pub fn load(path: &Path) -> Result<Self, String> {
         let m = Map {
-            file: crate::read_toml(path)?,
+            file: super::read_toml(path)?,
             origin: path.display().to_string(),
         };
         m.file.check().map_err(|e| format!("{}: {e}", m.origin))?;
@@ -71,6 +71,19 @@ impl Map {
         m.check_needed()
             .map_err(|why| format!("{}: {why}", m.origin))?;
         Ok(m)
+    }
+
+    /// The valve word holds every valve of the `racks` racks of the
+    /// figures built in (from `figures`), open to all closed, as the
+    /// firmware checks at start (`cdu::valves_fit`): a map that cannot
+    /// is refused here, not by an image that would never run.
+    pub fn check_racks(&self, racks: u8, figures: &str) -> Result<(), String> {
+        check_fit(&self.file.register, Some(racks)).map_err(|e| {
+            format!(
+                "{}: {e} (the {racks} racks of the figures {figures})",
+                self.origin
+            )
+        })
     }
 
     /// Every register of [`NEEDED`] is there, of its kind, and every
