@@ -761,7 +761,9 @@ fn hello(h: &Hello) -> Act {
     let restored = if h.restored {
         "its latched record restored from its flash"
     } else {
-        "no latched record in its flash"
+        // False also for a record kept but unreadable (damaged, or lost
+        // with the config store): the microcontroller says which next.
+        "its latched record not restored (none kept, or unreadable: see what it says next)"
     };
     Act::Say(
         level,
@@ -1249,6 +1251,28 @@ mod tests {
             at(70_000),
         );
         assert!(!b.silent());
+    }
+
+    /// A hello without a restored record does not say none was kept: a
+    /// record kept but unreadable reads the same in the hello.
+    #[test]
+    fn a_hello_without_a_restored_record_does_not_say_there_was_none() {
+        let said = |restored| match hello(&Hello {
+            boot: 5,
+            reset: ResetCause::Watchdog,
+            firmware: heapless::String::try_from("0.1.0").unwrap(),
+            restored,
+        }) {
+            Act::Say(_, words) => words,
+            other => panic!("{other:?}"),
+        };
+        let not = said(false);
+        assert!(!not.contains("no latched record"), "{not}");
+        assert!(
+            not.contains("not restored") && not.contains("unreadable"),
+            "{not}"
+        );
+        assert!(said(true).contains("restored from its flash"));
     }
 
     #[test]
