@@ -675,7 +675,9 @@ mod tests {
     async fn a_device_that_answers_from_memory_gets_no_thread() {
         let (w, _) = slow(0);
         assert!(w.is_inline());
-        let d = Duration::from_millis(100);
+        // A deadline no stall of a loaded machine reaches: every call here
+        // answers now.
+        let d = Duration::from_secs(10);
         assert_eq!(w.describe(d).await.unwrap().uuid, "GPU-slow");
         w.set_limit(Watts(400), d).await.unwrap();
         assert_eq!(w.read_limit(d).await.unwrap(), Watts(400));
@@ -690,25 +692,36 @@ mod tests {
     #[tokio::test]
     async fn an_inline_answer_after_the_deadline_counts_as_late() {
         let (w, delay) = slow(30);
-        let d = Duration::from_millis(5);
+        // The short deadline only for the calls meant to be late (the
+        // device takes 30 ms, and a stall only makes them later); the
+        // others get one no stall reaches.
+        let short = Duration::from_millis(5);
+        let long = Duration::from_secs(10);
         // A sample past its deadline is pending now and handed over at the
         // next round, with no new call made then.
-        assert!(matches!(w.sample(d).await, Answer::Pending));
+        assert!(matches!(w.sample(short).await, Answer::Pending));
         *delay.lock().unwrap() = Duration::ZERO;
         // Handed over 300 ms after it answered: its values are that old.
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let (late, answered) = w.sample_dated(d).await;
+        let (late, answered) = w.sample_dated(long).await;
         assert!(matches!(late, Answer::Late(Ok(_))), "{late:?}");
         assert!(answered.elapsed() >= Duration::from_millis(300));
-        let (now, answered) = w.sample_dated(d).await;
+        // A new call's answer is dated when it came, not when the late one
+        // did.
+        let asked = Instant::now();
+        let (now, answered) = w.sample_dated(long).await;
         assert!(matches!(now, Answer::Now(Ok(_))), "{now:?}");
-        assert!(answered.elapsed() < Duration::from_millis(100));
+        assert!(
+            answered >= asked,
+            "a new answer dated {:?} before it was asked for",
+            asked - answered
+        );
         assert_eq!(w.call_times().late, 1);
         assert!(w.call_times().max_us >= 30_000);
         // A set past its deadline is a timeout (it took effect, as a
         // thread's late set does).
         *delay.lock().unwrap() = Duration::from_millis(30);
-        assert_eq!(w.set_limit(Watts(300), d).await, Err(GpuError::Timeout));
+        assert_eq!(w.set_limit(Watts(300), short).await, Err(GpuError::Timeout));
         assert_eq!(
             w.read_limit(Duration::from_secs(1)).await.unwrap(),
             Watts(300)
@@ -717,13 +730,14 @@ mod tests {
 
     #[tokio::test]
     async fn a_device_that_may_block_keeps_its_thread() {
-        struct Blocking;
+        /// Its sample blocks until the test lets it answer.
+        struct Blocking(std::sync::mpsc::Receiver<()>);
         impl GpuDevice for Blocking {
             fn describe(&mut self) -> Result<GpuInfo, GpuError> {
                 Err(GpuError::NotSupported)
             }
             fn sample(&mut self) -> Result<GpuSample, GpuError> {
-                std::thread::sleep(Duration::from_millis(600));
+                let _ = self.0.recv();
                 Ok(GpuSample::default())
             }
             fn set_power_limit(&mut self, _: Watts) -> Result<(), GpuError> {
@@ -733,20 +747,25 @@ mod tests {
                 Ok(Watts(700))
             }
         }
-        let w = Worker::start(0, Box::new(Blocking)).unwrap();
+        let (go, blocked) = std::sync::mpsc::channel();
+        let w = Worker::start(0, Box::new(Blocking(blocked))).unwrap();
         assert!(!w.is_inline());
-        let began = Instant::now();
-        assert!(matches!(
-            w.sample(Duration::from_millis(10)).await,
-            Answer::Pending
-        ));
-        assert!(began.elapsed() < Duration::from_millis(150), "not waited");
+        // Pending while the device still blocks (it answers only when let
+        // go below): the round did not wait for it.
+        let sample =
+            tokio::time::timeout(Duration::from_secs(10), w.sample(Duration::from_millis(10)))
+                .await;
+        assert!(
+            matches!(sample, Ok(Answer::Pending)),
+            "{sample:?} (Err: waited for the blocked device)"
+        );
         assert!(w.is_stuck(Duration::from_millis(5)));
         // The call in flight shows its age while it hangs.
         tokio::time::sleep(Duration::from_millis(100)).await;
         let running = w.call_times().running_us;
         assert!(running >= 100_000, "{running} µs");
         assert_eq!(w.call_times().last_us, 0, "not ended");
+        go.send(()).unwrap();
     }
 
     /// A device on a thread whose samples wait for the test to let each
