@@ -651,17 +651,22 @@ impl<A: NvmlApi> GpuDevice for NvmlGpu<A> {
              is not refused for it",
             |a, i| a.persistence_mode(i),
         )?;
-        // The range just read (or the board's) bounds the shell's limits
-        // from now on: constraints read after an earlier refusal are old.
-        self.late = None;
         // Limits in whole watts inside NVML's: a ceiling read as 450.6 W
-        // is never put back as 451 W.
-        let (min, max) = range.map_or((UNREAD_LIMIT, UNREAD_LIMIT), |(min, max)| {
-            (
-                Watts::from_milliwatts_up(min),
-                Watts::from_milliwatts_down(max),
-            )
-        });
+        // is never put back as 451 W. The range just read bounds the
+        // shell's limits from now on (constraints read after an earlier
+        // refusal are old); unread, those read after a refusal, if any,
+        // are the GPU's range.
+        let (min, max) = match (range, self.late) {
+            (Some((min, max)), _) => {
+                self.late = None;
+                (
+                    Watts::from_milliwatts_up(min),
+                    Watts::from_milliwatts_down(max),
+                )
+            }
+            (None, Some(late)) => late,
+            (None, None) => (UNREAD_LIMIT, UNREAD_LIMIT),
+        };
         Ok(GpuInfo {
             name,
             uuid,

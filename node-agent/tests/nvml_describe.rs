@@ -361,3 +361,18 @@ fn the_descriptions_calls_are_counted_with_the_others() {
         ]
     );
 }
+
+/// The constraints read after a refusal, unreadable again at a later
+/// description (a GPU identified late, a set read back at another limit
+/// than asked): the description gives them, not the board's stand-in.
+#[test]
+fn a_description_gives_the_constraints_read_after_a_refusal_when_unreadable_again() {
+    let (fake, mut gpu) = unread_at_start();
+    assert_eq!(gpu.set_power_limit(Watts(150)), Ok(()));
+    fake.script().constraints_fail = Some(NvmlFailure::NotSupported);
+    assert_eq!(gpu.describe(), Ok(info(Watts(700), Watts(200), Watts(700))));
+    // Read again, they are the GPU's, whatever was read before.
+    fake.script().constraints_fail = None;
+    fake.script().range_mw = (250_000, 650_000);
+    assert_eq!(gpu.describe(), Ok(info(Watts(700), Watts(250), Watts(650))));
+}

@@ -20,6 +20,7 @@ mod fake_library;
 use std::time::{Duration, Instant};
 
 use fake_library::*;
+use loopwarden_protocol::AckCode;
 use rig::Rig;
 
 /// GPU 0's limit constraints cannot be read at the start (the board's
@@ -61,6 +62,42 @@ fn a_cap_set_within_constraints_read_late_is_the_agents_over_a_sigterm_and_a_res
     let log = again.log_text();
     assert!(!log.contains("set outside the agent"), "{log}");
     assert_eq!(fake.limits(), [250_000, 500_000], "the cap stays");
+}
+
+/// GPU 0's limit constraints cannot be read at the start (the board's
+/// 200 W minimum stands in); NVML takes no less than 250 W. A 200 W
+/// cap is refused, the constraints are read then and 250 W is set: the
+/// node learns the GPU's range, the lease is acked clamped to 250 W,
+/// and neither its renewal nor the retry sets it again.
+#[test]
+fn a_minimum_read_after_a_refusal_clamps_the_lease_and_no_write_is_retried() {
+    let Some(lib) = fake_library() else {
+        return;
+    };
+    let Some(rig) = Rig::start("h68") else {
+        return;
+    };
+    let constraints = "nvmlDeviceGetPowerManagementLimitConstraints";
+    let settings = format!("{HOST_GPUS}0 min_mw 250000\n0 fail {constraints} 999\n");
+    let fake = FakeNvml::new(lib, rig.dir.path(), 2, &settings);
+    let config = host_config(&rig, "");
+    let mut acks = rig.subscribe(&["ack"]);
+    let _agent = RealAgent::start(&rig, &fake, &config);
+    fake.control(&format!("0 fail {constraints} 0"));
+    let ack = rig.ack(&mut acks, &lease(1, 1, &[(gpu(0), 200)], 600_000));
+    let detail = ack.detail.as_str().to_string();
+    assert_eq!(ack.code, AckCode::Clamped, "{detail}");
+    assert!(
+        detail.contains("GPU 0: 200 W is below its minimum 250 W"),
+        "{detail}"
+    );
+    assert_eq!(fake.limits(), [250_000, 500_000]);
+    let sets = fake.sets();
+    // A renewal retries at once every target not in force.
+    let ack = rig.ack(&mut acks, &lease(2, 1, &[(gpu(0), 200)], 600_000));
+    assert_eq!(ack.code, AckCode::Clamped, "{}", ack.detail.as_str());
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(fake.sets(), sets, "written again");
 }
 
 /// The description's calls and the XID watch's registrations are counted

@@ -366,6 +366,17 @@ impl CapArbiter {
         }
     }
 
+    /// Makes `min` the lowest settable limit of `gpu` (NVML's, read after
+    /// the start): caps below it are clamped to it, or to its ceiling
+    /// where that is lower.
+    pub fn set_floor(&mut self, gpu: GpuIndex, min: Watts) {
+        let i = gpu.get() as usize;
+        if let (Some(r), Some(floor)) = (self.ranges.get_mut(i), self.floors.get_mut(i)) {
+            *floor = min;
+            r.min = min.min(r.max);
+        }
+    }
+
     /// The settable range of every GPU.
     pub fn ranges(&self) -> &[GpuRange] {
         &self.ranges

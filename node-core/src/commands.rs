@@ -682,6 +682,12 @@ impl CommandCore {
         self.arbiter.set_ceiling(gpu, max);
     }
 
+    /// Makes `min` the lowest settable limit of `gpu` (read after the
+    /// start).
+    pub fn set_floor(&mut self, gpu: GpuIndex, min: Watts) {
+        self.arbiter.set_floor(gpu, min);
+    }
+
     /// The GPUs' settable ranges.
     pub fn ranges(&self) -> &[GpuRange] {
         self.arbiter.ranges()

@@ -508,6 +508,7 @@ fn a_set_answered_past_its_deadline_that_took_is_in_force() {
                         set: Err(late.to_string()),
                         back: Ok(s.limit),
                         first: None,
+                        range: None,
                     })
                     .collect();
                 h.node.step(now, Input::LimitsSet(&results))

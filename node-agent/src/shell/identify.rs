@@ -7,21 +7,64 @@
 //! found on it was a cap the agent left, and its health and limits are
 //! kept from then on.
 //!
+//! A GPU's settable range (NVML's limit constraints) unread at its
+//! description (the board's stood in) and given later, by a late
+//! description or after NVML refused a limit outside it (a set that
+//! took and read back at another limit than asked has the GPU
+//! described again), is the GPU's from then on: the node is given it
+//! ([`Node::set_range`](node_core::node::Node::set_range)), and a cap
+//! below its lowest limit is acked clamped to it, not failed and
+//! retried.
+//!
 //! Glossary:
 //! - *identity*: a GPU's UUID (its name comes with it); `unknown` until
 //!   it says it.
+//! - *range*: the limits a GPU can be set to, NVML's within the board's.
 
 use std::time::Duration;
 
+use node_core::caps::GpuRange;
 use node_core::health::GpuStatus;
-use node_core::node::Input;
+use node_core::node::{Input, LimitResult};
 
 use super::quarantine::{checked, health_check_key, payload_of, Record};
 use super::{identity, Agent, UNKNOWN_UUID};
+use crate::config::Config;
 use crate::gpu::GpuInfo;
+use crate::nvml::UNREAD_LIMIT;
+use crate::worker::Worker;
 
 /// How often a GPU whose UUID is unknown is asked again.
 pub(super) const ASK_EVERY: Duration = Duration::from_secs(30);
+
+/// The range `info` gives, within the board's as at the start; `None`
+/// where it gives none ([`UNREAD_LIMIT`]: NVML could not say it).
+pub(super) fn range_of(info: &GpuInfo, config: &Config) -> Option<GpuRange> {
+    if info.min_limit == UNREAD_LIMIT || info.max_limit == UNREAD_LIMIT {
+        return None;
+    }
+    let board = &config.board.power;
+    let max = info.max_limit.min(board.max_cap_w);
+    let min = info.min_limit.max(board.min_cap_w).min(max);
+    Some(GpuRange { min, max })
+}
+
+/// The range GPU `w` gives now, within the board's, asked by a
+/// description within `deadline` after a set that took and read back at
+/// another limit than asked (NVML set it within constraints it read
+/// then); `None` where it gives none, or not in time (said).
+pub(super) async fn range_now(w: &Worker, deadline: Duration, config: &Config) -> Option<GpuRange> {
+    match w.describe(deadline).await {
+        Ok(info) => range_of(&info, config),
+        Err(e) => {
+            tracing::warn!(
+                "GPU {}: set at another limit than asked, and its limit constraints not read ({e})",
+                w.index()
+            );
+            None
+        }
+    }
+}
 
 impl Agent {
     /// Asks every GPU whose UUID is unknown and that answered its last
@@ -56,10 +99,14 @@ impl Agent {
     /// GPU `gpu` said its identity `info`: its name and UUID are taken,
     /// and the node is given its kept health and limits.
     async fn identified(&mut self, gpu: u8, info: GpuInfo) {
+        let range = range_of(&info, &self.config);
         let g = &mut self.gpus[gpu as usize];
         g.info.uuid = info.uuid;
         g.info.name = info.name;
         let uuid = g.info.uuid.clone();
+        if let Some(range) = range {
+            self.took_range(gpu, range).await;
+        }
         let kept = match self.kept_health(&uuid).await {
             Ok(Some(k)) => {
                 tracing::warn!(
@@ -95,6 +142,29 @@ impl Agent {
             limit,
         })
         .await;
+    }
+
+    /// The ranges learned by `results`' sets ([`range_now`]) are their
+    /// GPUs' from now on (the node takes them with the results).
+    pub(super) fn took_ranges(&mut self, results: &[LimitResult]) {
+        for res in results {
+            if let (Some(range), Some(g)) = (res.range, self.gpus.get_mut(res.gpu as usize)) {
+                g.range = range;
+                g.info.min_limit = range.min;
+                g.info.max_limit = range.max;
+            }
+        }
+    }
+
+    /// GPU `gpu` gave its range (a late description): it is the GPU's
+    /// from now on, the node's too.
+    async fn took_range(&mut self, gpu: u8, range: GpuRange) {
+        let g = &mut self.gpus[gpu as usize];
+        g.range = range;
+        g.info.min_limit = range.min;
+        g.info.max_limit = range.max;
+        let effects = self.node.set_range(gpu, range);
+        self.carry_out(self.now(), effects, None).await;
     }
 
     /// The health kept for the GPU of `uuid`, as the start reads it.

@@ -197,6 +197,7 @@ impl Agent {
     /// below the one to set is left as it is (the set would raise it).
     pub(super) async fn set_limits(&mut self, sets: &[SetLimit]) -> Vec<LimitResult> {
         let deadline = self.config.deadline;
+        let config = &self.config;
         let jobs = sets.iter().filter_map(|s| {
             let w = self.workers.get(s.gpu as usize)?;
             Some(async move {
@@ -210,22 +211,32 @@ impl Agent {
                             set: Err(format!("not set: {} W found on it just before", f.0)),
                             back: Ok(f),
                             first: Some(found),
+                            range: None,
                         };
                     }
                     first = Some(found);
                 }
                 let set = w.set_limit(s.limit, deadline).await;
                 let back = w.read_limit(deadline).await;
+                let range = match (&set, &back) {
+                    (Ok(()), Ok(b)) if *b != s.limit => {
+                        super::identify::range_now(w, deadline, config).await
+                    }
+                    _ => None,
+                };
                 LimitResult {
                     gpu: s.gpu,
                     limit: s.limit,
                     set: set.map_err(|e| e.to_string()),
                     back: back.map_err(|e| e.to_string()),
                     first,
+                    range,
                 }
             })
         });
-        futures::future::join_all(jobs).await
+        let results = futures::future::join_all(jobs).await;
+        self.took_ranges(&results);
+        results
     }
 }
 

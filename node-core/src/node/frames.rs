@@ -11,7 +11,7 @@
 
 use loopwarden_protocol::{
     Ack, AckCode, CduMode, CduState, Correlation, Event, Family, Frame, GpuCap, GpuSelector,
-    Message, QuarantineRelease, RackCooling, Text, TimestampMs, Topic,
+    Message, QuarantineRelease, RackCooling, Text, TimestampMs, Topic, Watts, MAX_GPUS,
 };
 
 use super::{gpu_index, Effect, Level, Node, Now};
@@ -34,9 +34,9 @@ pub(crate) struct Pending {
     code: AckCode,
     detail: String,
     record: Option<Record>,
-    /// The GPUs its lease caps (bit `i` for GPU `i`; none for a release):
-    /// only their failures are its own.
-    caps: u16,
+    /// Its lease's cap on each GPU, by index (none for a release): only
+    /// the failures of the GPUs it caps are its own.
+    caps: [Option<Watts>; MAX_GPUS],
     /// A copy of a command answered already ([`crate::commands::Verdict::copy`]).
     copy: bool,
     /// Kept as its sender's last command ([`crate::commands::Verdict::kept`]).
@@ -47,11 +47,35 @@ pub(crate) struct Pending {
 }
 
 impl Pending {
+    /// Its lease's cap on GPU `gpu`, if it caps it.
+    fn cap(&self, gpu: u8) -> Option<Watts> {
+        self.caps.get(gpu as usize).copied().flatten()
+    }
+
+    /// GPU `gpu`'s lowest limit is `min` (learned since its verdict): a
+    /// cap of its lease below it is clamped to it, said in its ack.
+    pub(super) fn clamped(&mut self, gpu: u8, min: Watts) {
+        let Some(cap) = self.cap(gpu).filter(|&c| c < min) else {
+            return;
+        };
+        if !matches!(self.code, AckCode::Ok | AckCode::Clamped) {
+            return;
+        }
+        self.code = AckCode::Clamped;
+        if !self.detail.is_empty() {
+            self.detail.push_str("; ");
+        }
+        self.detail.push_str(&format!(
+            "GPU {gpu}: {} W is below its minimum {} W; clamped to {} W",
+            cap.0, min.0, min.0
+        ));
+    }
+
     /// GPU `gpu`'s limit could not be put in force: the ack says which and
     /// why where the command's lease caps it (another GPU's failure is
     /// said in the log only).
     pub(super) fn failed(&mut self, gpu: u8, why: String) {
-        if self.caps & 1u16.checked_shl(u32::from(gpu)).unwrap_or(0) == 0 {
+        if self.cap(gpu).is_none() {
             return;
         }
         if self.code != AckCode::Failed {
@@ -302,16 +326,26 @@ impl Node {
     }
 }
 
-/// The GPUs a command's lease caps, as a bit set (bit `i` for GPU `i`;
-/// every bit for a cap on all); none for any other command.
-fn lease_caps(m: &Message) -> u16 {
+/// A command's lease's cap on each GPU, by index (the lowest where it
+/// names one twice; every GPU for a cap on all); none for any other
+/// command.
+fn lease_caps(m: &Message) -> [Option<Watts>; MAX_GPUS] {
+    let mut caps = [None; MAX_GPUS];
     let Message::CapLease(l) = m else {
-        return 0;
+        return caps;
     };
-    l.caps.iter().fold(0, |set, c| match c.gpus {
-        GpuSelector::All => u16::MAX,
-        GpuSelector::Gpu(g) => set | 1 << g.get(),
-    })
+    for c in &l.caps {
+        let mut put = |i: usize| {
+            if let Some(w) = caps.get_mut(i) {
+                *w = Some(w.map_or(c.limit, |w: Watts| w.min(c.limit)));
+            }
+        };
+        match c.gpus {
+            GpuSelector::All => (0..MAX_GPUS).for_each(&mut put),
+            GpuSelector::Gpu(g) => put(g.get() as usize),
+        }
+    }
+    caps
 }
 
 /// Whether the state `st` says this host's rack lost cooling: `None` when

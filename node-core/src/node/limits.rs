@@ -54,8 +54,10 @@ use loopwarden_protocol::{CapSource, Event, GpuIndex, TimestampMs, Watts};
 use serde::{Deserialize, Serialize};
 
 use super::{gpu_index, Effect, GpuCaps, GpuSetup, Level, Node, Now, RETRY_MS};
+use crate::caps::GpuRange;
 
 mod ceiling;
+mod range;
 mod reads;
 mod unconfirmed;
 
@@ -120,6 +122,11 @@ pub struct LimitResult {
     /// The limit read just before it, where [`SetLimit::read_first`]
     /// asked (`None`: not asked).
     pub first: Option<Result<Watts, String>>,
+    /// The GPU's settable range where the set learned it (NVML's limit
+    /// constraints, unread at the start, read after it refused the
+    /// limit): the GPU's from now on ([`Node::set_range`]), before the
+    /// read-back is judged.
+    pub range: Option<GpuRange>,
 }
 
 /// What waits for a read of every GPU's limit ([`Effect::ReadLimits`])
@@ -440,9 +447,14 @@ impl Node {
         if r.restoring {
             return self.restored(results, out);
         }
+        for res in results {
+            if let Some(range) = res.range {
+                self.range_learned(res.gpu, range, out);
+            }
+        }
         let mut changes = r.changes;
         let mut elsewhere = Vec::new();
-        for res in results {
+        for res in &self.at_targets(now, results, &mut elsewhere) {
             let i = res.gpu as usize;
             let Some(g) = self.gpus.get_mut(i) else {
                 continue;

@@ -417,6 +417,7 @@ impl Host {
                 set: Err(format!("not set: {} W found on it", found.0)),
                 back: Ok(found),
                 first,
+                range: None,
             };
         }
         let set = if self.refuse_set || self.refuses[i] {
@@ -438,6 +439,7 @@ impl Host {
             set,
             back,
             first,
+            range: None,
         }
     }
 
