@@ -5,8 +5,9 @@
 //! while the GPU stays at or above `engage`; once the GPU is back at or
 //! below `release` it raises the cap a step per sample until the cap
 //! reaches the GPU's maximum, and then lifts it. Between the two
-//! temperatures it holds, so it never oscillates on noise. Pure: a
-//! temperature and a power in, a cap out.
+//! temperatures it holds, so it never oscillates on noise. A GPU that
+//! reports no power steps down from its maximum, a step per sample, as
+//! if it drew that much. Pure: a temperature and a power in, a cap out.
 //!
 //! Glossary:
 //! - *engage*: the temperature at which the guard starts capping (by
