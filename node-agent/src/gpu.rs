@@ -28,7 +28,9 @@ pub struct GpuInfo {
     pub name: String,
     /// Stable identity (`GPU-…`), for the field engineer's records.
     pub uuid: String,
-    /// Power limit the GPU comes up with (restored at a clean exit).
+    /// NVML's default power limit, the one the GPU comes up with. Not
+    /// what a clean exit puts back: that is the GPU's ceiling, the limit
+    /// the site left on it (docs/node-agent.md section 5.1).
     pub default_limit: Watts,
     /// Lowest settable power limit.
     pub min_limit: Watts,

@@ -285,12 +285,15 @@ fn caps(v: &Value) -> String {
             format!("{} W", s(&g["limit"])),
             set_by(&g["limit"], &g["source"]),
             format!("{}-{} W", s(&g["min"]), s(&g["max"])),
+            unit(&g["ceiling"], " W"),
             format!("{} W", s(&g["default"])),
             s(&g["guard"]),
         ]
     });
     let mut out = table(
-        &["GPU", "LIMIT", "SET BY", "RANGE", "DEFAULT", "GUARD"],
+        &[
+            "GPU", "LIMIT", "SET BY", "RANGE", "CEILING", "DEFAULT", "GUARD",
+        ],
         &gpus,
     );
     let leases = rows_of(&v["leases"], |l| {
@@ -540,6 +543,31 @@ mod tests {
             "{w}"
         );
         assert!(!w.contains("uncapped"), "{w}");
+    }
+
+    /// The ceiling (the limit put back when no cap is in force) is a
+    /// column of its own, beside NVML's default it may differ from.
+    #[test]
+    fn caps_show_each_gpus_ceiling() {
+        let v = json!({"gpus": [
+            {"gpu": 0, "limit": 450, "source": "cooling", "min": 200, "max": 700,
+             "ceiling": 500, "default": 700, "guard": null},
+        ], "leases": []});
+        let t = caps(&v);
+        let rows: Vec<Vec<&str>> = t
+            .lines()
+            .take(2)
+            .map(|l| {
+                l.split("  ")
+                    .map(str::trim)
+                    .filter(|c| !c.is_empty())
+                    .collect()
+            })
+            .collect();
+        let col = |name: &str| rows[0].iter().position(|&h| h == name);
+        let ceiling = col("CEILING").unwrap_or_else(|| panic!("no CEILING column in\n{t}"));
+        assert_eq!(rows[1][ceiling], "500 W", "{t}");
+        assert_eq!(rows[1][col("DEFAULT").expect("DEFAULT")], "700 W", "{t}");
     }
 
     /// A value not known (no sample yet, a group not supported) reads
