@@ -166,28 +166,32 @@ mod tests {
 
     #[tokio::test]
     async fn a_period_longer_than_the_timeout_is_pinged_between_rounds() {
-        // Rounds every 2 s under a 400 ms timeout (a check every 200 ms):
-        // the pings go on while the rounds come, however far apart; once
-        // a round is late, they stop.
+        // A 3 s period under a 400 ms timeout (a check every 200 ms),
+        // rounds 2 s apart: the pings go on while the rounds come, however
+        // far apart; once a round is late, they stop. (A round is late
+        // 3.2 s, a period and a check, after the watchdog saw the one
+        // before: 1.2 s more than the rounds here take, which no delay
+        // of this test's sampler reaches.)
         let (_dir, l) = manager();
         let n = l.notifier(Some(Duration::from_millis(400)));
         let (tx, rx) = snapshot_channel();
-        let period = Duration::from_secs(2);
+        let period = Duration::from_secs(3);
+        let apart = Duration::from_secs(2);
         let task = tokio::spawn(watch_rounds(n, rx, period));
         tx.send_replace(after(1));
         assert_eq!(next(&l, LONG).await.as_deref(), Some("READY=1"));
         let sampler = tokio::spawn(async move {
             for samples in 2..=3 {
-                tokio::time::sleep(period).await;
+                tokio::time::sleep(apart).await;
                 tx.send_replace(after(samples));
             }
             tx
         });
-        // Two rounds, 4 s: every notice a ping, none a second apart (a
-        // ping only at each round would leave 2 s gaps).
+        // Two rounds, 4 s: every notice a ping, none 1.5 s apart (a ping
+        // only at each round would leave 2 s gaps).
         let started = std::time::Instant::now();
-        while started.elapsed() < 2 * period {
-            let ping = next(&l, Duration::from_secs(1)).await;
+        while started.elapsed() < 2 * apart {
+            let ping = next(&l, Duration::from_millis(1500)).await;
             assert_eq!(
                 ping.as_deref(),
                 Some("WATCHDOG=1"),
@@ -195,7 +199,7 @@ mod tests {
                 started.elapsed()
             );
         }
-        // No round after the third: late 2.2 s (a period and a check)
+        // No round after the third: late 3.2 s (a period and a check)
         // after it was seen, then silence.
         let _tx = sampler.await.unwrap();
         let stalled = "STATUS=sampling loop stalled at round 3; watchdog pings withheld";
