@@ -132,8 +132,8 @@ pub(crate) use start::{bus_config, start_bus};
 use start::{check_ropes, log_said, restore_bms_limits, restore_learned, start_decider};
 pub(crate) use stats::shown;
 pub use stats::{
-    stats_channel, CapSent, FacilityStatus, LastAck, ResendCounts, SensorStatus, ShellStats,
-    Snapshot,
+    stats_channel, CapSent, FacilityStatus, LastAck, LeakSteps, ResendCounts, SensorStatus,
+    ShellStats, Snapshot,
 };
 
 /// Why a pump's trip is not cleared while the CDU is not read.
@@ -533,6 +533,7 @@ impl<P: CduPort> Shell<P> {
             stats: ShellStats {
                 caps: vec![None; hosts],
                 caps_sent: vec![None; hosts],
+                leak_steps: LeakSteps::new(usize::from(cfg.core.layout.racks)),
                 heard: vec![None; hosts],
                 ..Default::default()
             },
@@ -621,6 +622,8 @@ impl<P: CduPort> Shell<P> {
         );
         log_said(&mut self.decider);
         self.leak_inputs.hear(board, readings.as_ref());
+        let (wet, unknown) = (self.leak_inputs.wet_now(), self.leak_inputs.unheard_wet());
+        self.stats.leak_steps.heard(self.stats.steps, wet, unknown);
         // What the step latched is in flash before anything acts on it.
         self.keep_latched().await;
         let closed = readings.as_ref().and_then(|r| r.valves_closed);

@@ -4,6 +4,8 @@
 //!
 //! Glossary:
 //! - *snapshot*: the core's state copied after a step.
+//! - *step number*: the control steps run before it ([`ShellStats::steps`]
+//!   when it began): the first step is 0.
 use super::*;
 
 /// One supervised sensor after a step.
@@ -202,8 +204,8 @@ impl ShellStats {
 
 impl ShellStats {
     /// Takes what the CDU took of a step's `plan` (`outcome`): the
-    /// setpoint and the pump speed as written, for those it took; one it
-    /// refused leaves the last it took.
+    /// setpoint and the pump speed as written, for those it took (one it
+    /// refused leaves the last it took), and the valves it closed.
     pub(crate) fn took(&mut self, plan: &crate::decide::Plan, outcome: &Outcome) {
         use crate::decide::Setting;
         let taken = |s: Setting| {
@@ -215,6 +217,59 @@ impl ShellStats {
         }
         if let Some(v) = taken(Setting::PumpSpeed) {
             self.speed_written_pct = Some(v);
+        }
+        if let Some(v) = taken(Setting::Valves) {
+            self.leak_steps.valves_taken(self.steps, v as u16);
+        }
+    }
+}
+
+/// When each rack's leak was seen and its valve closed, by step number:
+/// what "the valve is told to close on the step the leak is seen"
+/// (docs/safety.md) is read from, whatever the steps' timing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LeakSteps {
+    /// Rack n: the step whose reads first saw it wet since they last
+    /// read it dry (`None`: not read wet since).
+    pub seen: Vec<Option<u64>>,
+    /// Rack n: the step whose valve word, taken by the CDU, first had
+    /// its valve closed since one taken had it open (`None`: open as
+    /// last taken, or no valve word taken yet).
+    pub closed: Vec<Option<u64>>,
+}
+
+impl LeakSteps {
+    /// For a layout of `racks` racks (a valve word holds 16).
+    pub(crate) fn new(racks: usize) -> Self {
+        let racks = racks.min(16);
+        Self {
+            seen: vec![None; racks],
+            closed: vec![None; racks],
+        }
+    }
+
+    /// Step `step` read the racks `wet` wet (bit n = rack n) and the
+    /// racks `unknown` neither wet nor dry (an input that did not answer
+    /// read them wet when it last did).
+    pub(crate) fn heard(&mut self, step: u64, wet: u16, unknown: u16) {
+        for (n, seen) in self.seen.iter_mut().enumerate() {
+            if wet & (1 << n) != 0 {
+                seen.get_or_insert(step);
+            } else if unknown & (1 << n) == 0 {
+                *seen = None;
+            }
+        }
+    }
+
+    /// Step `step` wrote the valve word `open` (bit n = rack n open) and
+    /// the CDU took it.
+    pub(crate) fn valves_taken(&mut self, step: u64, open: u16) {
+        for (n, closed) in self.closed.iter_mut().enumerate() {
+            if open & (1 << n) == 0 {
+                closed.get_or_insert(step);
+            } else {
+                *closed = None;
+            }
         }
     }
 }
@@ -276,6 +331,8 @@ pub struct ShellStats {
     /// The pump speed last written to the CDU and taken, %, as written
     /// (held to the map's range), as [`ShellStats::setpoint_written_c`].
     pub speed_written_pct: Option<f64>,
+    /// When each rack's leak was seen and its valve closed, by step.
+    pub leak_steps: LeakSteps,
     /// Host telemetry frames taken.
     pub host_reports: u64,
     /// Host telemetry frames refused as implausible.
