@@ -19,7 +19,9 @@
 //! when enabled, are checked against the map and handed to the shell as
 //! [`NorthboundWrite`]s on an [`mpsc`](tokio::sync::mpsc) channel; the shell takes them as they
 //! come, between its steps ([`NorthboundSettings::apply`]), and sends its
-//! snapshot again with them. The holding registers read what is in force,
+//! snapshot again with them. An `alarm_ack` carries what the snapshot
+//! showed alarming as the server took it ([`NorthboundSnapshot::alarms`]),
+//! and acknowledges no more ([`AlarmAck`]). The holding registers read what is in force,
 //! and a write is answered once they read it ([`WRITE_SHOWN_WITHIN`] at
 //! most), so a BMS that reads back straight after its write sees it.
 //!
@@ -154,6 +156,7 @@ mod tests {
                 alarm_acknowledged: false,
                 outdoor_c: Some(-12.5),
             },
+            alarms: Alarms::default(),
         }
     }
 
@@ -376,7 +379,9 @@ mod tests {
             vec![
                 NorthboundWrite::SetpointCeiling { celsius: 20.0 },
                 NorthboundWrite::PlanCeilingOffset { kelvin: -10.0 },
-                NorthboundWrite::AlarmAck,
+                NorthboundWrite::AlarmAck {
+                    seen: Alarms::default()
+                },
             ]
         );
         assert_eq!(decode_write(&m, 2, &[0]).unwrap(), vec![]);

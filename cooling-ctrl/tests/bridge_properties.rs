@@ -82,7 +82,7 @@ use cooling_ctrl::gateway::bridge::{Act, Bridge, Now, SILENT_AFTER_MS};
 use cooling_ctrl::gateway::clears::{Pending, ANSWER_WITHIN_MS};
 use cooling_ctrl::gateway::facility::HallPart;
 use cooling_ctrl::gateway::TICK;
-use cooling_ctrl::northbound::NorthboundWrite;
+use cooling_ctrl::northbound::{Alarms, NorthboundWrite};
 use cooling_ctrl::shell::STATE_EVERY;
 use loopwarden_link::frame::{encode, OVERHEAD, VERSION};
 use loopwarden_link::{Cost, Down, Hello, RackBits, ResetCause, Status, Up, MAX_MESSAGE};

@@ -3,16 +3,24 @@
 //! `mbpoll`.
 
 use cooling_ctrl::northbound::{
-    northbound_map, pump_bits, serve, snapshot_channel, NorthboundSettings, NorthboundSnapshot,
-    NorthboundWrite, NOT_AVAILABLE_BIT,
+    northbound_map, pump_bits, serve, snapshot_channel, Alarms, NorthboundSettings,
+    NorthboundSnapshot, NorthboundWrite, NOT_AVAILABLE_BIT,
 };
 use loopwarden_protocol::message::CduMode;
 use loopwarden_protocol::ReasonCode;
 use loopwarden_system_tests::{mbpoll, mbpoll_unit, mbpoll_values as values, require_tool};
 use tokio::sync::{mpsc, watch};
 
-/// A known step: degraded for capacity, the return sensor lost.
+/// A known step: degraded for capacity, the return sensor lost, with
+/// what it shows alarming (as the shell publishes it).
 fn snapshot() -> NorthboundSnapshot {
+    let mut s = step();
+    s.alarms = Alarms::of(&s, 87.0);
+    s
+}
+
+/// The step of [`snapshot`], its alarms not yet set.
+fn step() -> NorthboundSnapshot {
     NorthboundSnapshot {
         mode: CduMode::Degraded,
         reason: ReasonCode::CAPACITY_SHORT,
@@ -50,6 +58,7 @@ fn snapshot() -> NorthboundSnapshot {
             alarm_acknowledged: false,
             outdoor_c: None,
         },
+        alarms: Alarms::default(),
     }
 }
 
@@ -198,13 +207,16 @@ fn writes_in_range_reach_the_shell_and_out_of_range_get_exception_3() {
         &["-t", "4:hex", "-r", "0", "127.0.0.1", "3000", "0xFFCE", "1"],
     );
     assert!(ok, "{text}");
-    // One request's writes reach the shell as one, to be applied together.
+    // One request's writes reach the shell as one, to be applied together;
+    // the acknowledgement carries what the registers showed alarming.
+    let seen = snapshot().alarms;
+    assert_ne!(seen, Alarms::default());
     assert_eq!(
         writes.try_recv(),
         Ok(vec![
             NorthboundWrite::SetpointCeiling { celsius: 30.0 },
             NorthboundWrite::PlanCeilingOffset { kelvin: -5.0 },
-            NorthboundWrite::AlarmAck
+            NorthboundWrite::AlarmAck { seen }
         ])
     );
     // 50 °C is above the 45 °C the map allows: exception 3, nothing sent.
@@ -223,7 +235,7 @@ fn writes_in_range_reach_the_shell_and_out_of_range_get_exception_3() {
     let mut settings = next.settings;
     settings.apply(NorthboundWrite::SetpointCeiling { celsius: 30.0 });
     settings.apply(NorthboundWrite::PlanCeilingOffset { kelvin: -5.0 });
-    settings.apply(NorthboundWrite::AlarmAck);
+    settings.apply(NorthboundWrite::AlarmAck { seen });
     next.settings = settings;
     s.snapshots.send_replace(next);
     let (ok, text) = mbpoll(s.port, &["-t", "4", "-r", "0", "-c", "3", "127.0.0.1"]);

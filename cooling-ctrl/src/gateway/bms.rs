@@ -29,9 +29,10 @@
 //! it and keeps it for
 //! [`BMS_FRESH`](cooling_decide::outdoor::BMS_FRESH) (300 s), so a
 //! repeat would make an old value look new. `alarm_ack` is kept here, as `run` keeps it
-//! ([`AlarmAck`]: the holding register, cleared when a snapshot shows
-//! anything alarming the acknowledgement did not cover); nothing goes
-//! down.
+//! ([`AlarmAck`]: the holding register, covering what the registers
+//! showed alarming as the server took the write, cleared when a snapshot
+//! shows anything alarming the acknowledgement did not cover); nothing
+//! goes down.
 //! The holding registers read what the gateway sent: the MCU does not
 //! say what it runs with. The limits are kept in the gateway's flash as
 //! `run` keeps them (`crate::journal::BMS_LIMITS_KEY`), so a restart of
@@ -50,7 +51,9 @@ use loopwarden_protocol::message::{CapLease, CduMode, Pump};
 use loopwarden_protocol::ReasonCode;
 
 use crate::northbound::{pump_word, sensors, valves_held, valves_shown, Meters};
-use crate::northbound::{AlarmAck, NorthboundSettings, NorthboundSnapshot, NorthboundWrite};
+use crate::northbound::{
+    AlarmAck, Alarms, NorthboundSettings, NorthboundSnapshot, NorthboundWrite,
+};
 
 /// The limits the BMS wrote go down again this often, ms.
 pub const LIMITS_EVERY_MS: u64 = 30_000;
@@ -141,6 +144,9 @@ impl BmsBridge {
     }
 
     /// The BMS wrote `w` at `now_ms`: what goes down for it, if anything.
+    /// An `alarm_ack` acknowledges what the BMS had read
+    /// ([`AlarmAck::acknowledge`]): one taken after more became alarming
+    /// reads 0.
     pub fn write(&mut self, w: NorthboundWrite, now_ms: u64) -> Option<Down> {
         self.settings.apply(w);
         match w {
@@ -148,8 +154,8 @@ impl BmsBridge {
                 self.outdoor.bms_wrote(celsius, now_ms);
                 Some(Down::Outdoor(celsius))
             }
-            NorthboundWrite::AlarmAck => {
-                self.ack.acknowledge();
+            NorthboundWrite::AlarmAck { seen } => {
+                self.settings.alarm_acknowledged = self.ack.acknowledge(seen);
                 None
             }
             NorthboundWrite::SetpointCeiling { .. } | NorthboundWrite::PlanCeilingOffset { .. } => {
@@ -313,6 +319,7 @@ fn of_status(s: &Status, racks: u8, settings: &NorthboundSettings) -> Northbound
         facility_w: m.facility_w,
         cooling_w: m.cooling_w,
         settings: *settings,
+        alarms: Alarms::default(),
     }
 }
 
@@ -580,8 +587,8 @@ mod tests {
     fn an_alarm_acknowledged_stays_until_anything_new_is_alarming() {
         let mut b = BmsBridge::new(&CoreConfig::default());
         // Rack 3's sensing lost, rack 2's leak and pump A light the beacon.
-        b.snapshot(Heard::Speaking(&status(1_000, true)), 0);
-        assert_eq!(b.write(NorthboundWrite::AlarmAck, 100), None);
+        let seen = b.snapshot(Heard::Speaking(&status(1_000, true)), 0).alarms;
+        assert_eq!(b.write(NorthboundWrite::AlarmAck { seen }, 100), None);
         let lit = status(2_000, true);
         assert!(
             b.snapshot(Heard::Speaking(&lit), 200)
@@ -594,7 +601,7 @@ mod tests {
         let s = b.snapshot(Heard::Speaking(&leak), 300);
         assert!(!s.settings.alarm_acknowledged, "rack 0's leak is new");
         assert!(!b.settings(300).alarm_acknowledged, "the register reads 0");
-        b.write(NorthboundWrite::AlarmAck, 400);
+        b.write(NorthboundWrite::AlarmAck { seen: s.alarms }, 400);
         assert!(
             b.snapshot(Heard::Speaking(&leak), 500)
                 .settings
@@ -605,7 +612,7 @@ mod tests {
         let again = b.snapshot(Heard::Speaking(&status(5_000, true)), 700);
         assert!(!again.settings.alarm_acknowledged);
         // The MCU falling silent: failsafe, controller-silent, is new.
-        b.write(NorthboundWrite::AlarmAck, 800);
+        b.write(NorthboundWrite::AlarmAck { seen: again.alarms }, 800);
         let quiet = Heard::Silent {
             last: Some(&lit),
             quiet_ms: 3_000,
@@ -623,8 +630,8 @@ mod tests {
         calm.racks = RackBits::default();
         calm.pumps_failed = [false; 2];
         calm.mode = (CduMode::Normal, ReasonCode::OK, 0);
-        b.snapshot(Heard::Speaking(&calm), 0);
-        b.write(NorthboundWrite::AlarmAck, 100);
+        let seen = b.snapshot(Heard::Speaking(&calm), 0).alarms;
+        b.write(NorthboundWrite::AlarmAck { seen }, 100);
         assert!(
             b.snapshot(Heard::Speaking(&calm), 200)
                 .settings
@@ -638,6 +645,27 @@ mod tests {
         let s = b.snapshot(Heard::Speaking(&hot), 300);
         assert_eq!(s.hottest_gpu_c, None);
         assert!(!s.settings.alarm_acknowledged, "the beacon lit: new");
+    }
+
+    /// The BMS writes `alarm_ack` against the registers as they read;
+    /// the MCU's next status, published before the gateway takes the
+    /// write, shows rack 0 leaking: the write does not cover it.
+    #[test]
+    fn an_acknowledgement_taken_after_a_new_alarm_does_not_cover_it_on_the_gateway() {
+        let mut b = BmsBridge::new(&CoreConfig::default());
+        let read = b.snapshot(Heard::Speaking(&status(1_000, true)), 0).alarms;
+        let mut leak = status(2_000, true);
+        leak.racks.leaks_latched |= 0b0001;
+        let shown = b.snapshot(Heard::Speaking(&leak), 100);
+        assert_eq!(b.write(NorthboundWrite::AlarmAck { seen: read }, 150), None);
+        assert!(!b.settings(150).alarm_acknowledged, "at once");
+        let s = b.snapshot(Heard::Speaking(&leak), 200);
+        assert!(!s.settings.alarm_acknowledged, "rack 0's leak unread");
+        // Written against what the registers show: acknowledged.
+        b.write(NorthboundWrite::AlarmAck { seen: shown.alarms }, 250);
+        assert!(b.settings(250).alarm_acknowledged);
+        let s = b.snapshot(Heard::Speaking(&leak), 300);
+        assert!(s.settings.alarm_acknowledged);
     }
 
     #[test]

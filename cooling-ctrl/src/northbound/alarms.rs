@@ -2,6 +2,11 @@
 //! the same on `run` and on the gateway ([`AlarmAck`]): it covers what
 //! the registers showed alarming when the BMS wrote it, and is cleared
 //! as soon as a snapshot shows anything alarming it did not cover. The
+//! server takes a write at once but the loop applies it only between
+//! its steps, so the write carries what the registers showed as the
+//! server took it (`NorthboundWrite::AlarmAck`'s `seen`, the snapshot's
+//! [`alarms`](NorthboundSnapshot::alarms)): an alarm that rose while it
+//! waited is not acknowledged by it, and `alarm_ack` reads 0. The
 //! beacon is an OR of many conditions, so it may stay lit while a new
 //! one rises (a cut rope on rack 1, then a real leak on rack 4): its
 //! off-to-on edge alone would leave the new alarm reading acknowledged.
@@ -113,14 +118,25 @@ pub struct AlarmAck {
 }
 
 impl AlarmAck {
-    /// The BMS wrote `alarm_ack` 1: it acknowledges what the registers
-    /// last showed.
-    pub fn acknowledge(&mut self) {
-        self.covered = Some(self.shown);
+    /// The BMS wrote `alarm_ack` 1 having read `seen` (what the registers
+    /// showed alarming as the server took the write): it acknowledges
+    /// what of `seen` still stands. Whether the alarms are acknowledged
+    /// now, which `alarm_ack` then reads: not when the registers show
+    /// anything alarming that `seen` did not (it rose after the BMS read
+    /// them, while the write waited for the loop), and then an
+    /// acknowledgement that stood before stands as it was.
+    pub fn acknowledge(&mut self, seen: Alarms) -> bool {
+        if self.shown.beyond(&seen) {
+            return self.covered.is_some();
+        }
+        self.covered = Some(seen.still(&self.shown));
+        true
     }
 
     /// A new snapshot `s` (a GPU above `gpu_max_c` counting): whether the
     /// acknowledgement still stands, which `s`'s `alarm_ack` then reads.
+    /// `s` carries what it shows alarming ([`NorthboundSnapshot::alarms`]),
+    /// which an `alarm_ack` written against it acknowledges.
     pub fn shown(&mut self, s: &mut NorthboundSnapshot, gpu_max_c: f32) -> bool {
         let now = Alarms::of(s, gpu_max_c);
         self.covered = self
@@ -128,6 +144,7 @@ impl AlarmAck {
             .filter(|c| !now.beyond(c))
             .map(|c| c.still(&now));
         self.shown = now;
+        s.alarms = now;
         s.settings.alarm_acknowledged = self.covered.is_some();
         s.settings.alarm_acknowledged
     }
@@ -154,8 +171,9 @@ mod tests {
     /// acknowledgement stands.
     fn acked_then(first: NorthboundSnapshot, mut then: NorthboundSnapshot) -> bool {
         let mut a = AlarmAck::default();
-        assert!(!a.shown(&mut first.clone(), GPU_MAX_C));
-        a.acknowledge();
+        let mut read = first.clone();
+        assert!(!a.shown(&mut read, GPU_MAX_C));
+        assert!(a.acknowledge(read.alarms));
         assert!(a.shown(&mut first.clone(), GPU_MAX_C), "covers what it saw");
         a.shown(&mut then, GPU_MAX_C)
     }
@@ -219,17 +237,45 @@ mod tests {
         let mut a = AlarmAck::default();
         let mut both = lit(1 << 4, 1 << 1);
         a.shown(&mut both, GPU_MAX_C);
-        a.acknowledge();
+        a.acknowledge(both.alarms);
         // Rack 4's leak is cleared, the cut rope keeps the beacon lit;
         // then rack 4 leaks again.
         assert!(a.shown(&mut lit(0, 1 << 1), GPU_MAX_C));
-        assert!(!a.shown(&mut lit(1 << 4, 1 << 1), GPU_MAX_C));
+        let mut leak = lit(1 << 4, 1 << 1);
+        assert!(!a.shown(&mut leak, GPU_MAX_C));
         // The beacon going out and lighting again, as before.
-        a.acknowledge();
+        a.acknowledge(leak.alarms);
         let mut dark = NorthboundSnapshot::default();
         assert!(a.shown(&mut dark, GPU_MAX_C));
         let mut again = lit(1 << 4, 1 << 1);
         assert!(!a.shown(&mut again, GPU_MAX_C));
         assert!(!again.settings.alarm_acknowledged, "the snapshot reads it");
+    }
+
+    #[test]
+    fn an_acknowledgement_covers_only_what_the_bms_had_read() {
+        // The BMS reads rack 1's cut rope and writes alarm_ack; before the
+        // loop takes the write, rack 4's sensing is lost too.
+        let mut a = AlarmAck::default();
+        let mut cut = lit(0, 1 << 1);
+        a.shown(&mut cut, GPU_MAX_C);
+        let mut more = lit(0, 1 << 1 | 1 << 4);
+        assert!(!a.shown(&mut more.clone(), GPU_MAX_C));
+        assert!(!a.acknowledge(cut.alarms), "rack 4 was not read");
+        assert!(!a.shown(&mut more, GPU_MAX_C));
+        // Read again, and acknowledged.
+        assert!(a.acknowledge(more.alarms));
+        assert!(a.shown(&mut more, GPU_MAX_C));
+        // A late write that read less leaves a standing one as it was.
+        assert!(a.acknowledge(cut.alarms));
+        assert!(a.shown(&mut more, GPU_MAX_C), "rack 4 still covered");
+        // What it read that has cleared since is no matter.
+        let mut a = AlarmAck::default();
+        let mut both = lit(1 << 4, 1 << 1);
+        a.shown(&mut both, GPU_MAX_C);
+        a.shown(&mut cut.clone(), GPU_MAX_C);
+        assert!(a.acknowledge(both.alarms));
+        assert!(a.shown(&mut cut.clone(), GPU_MAX_C));
+        assert!(!a.shown(&mut lit(1 << 4, 1 << 1), GPU_MAX_C), "risen again");
     }
 }

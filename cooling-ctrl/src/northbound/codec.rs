@@ -14,7 +14,7 @@ use loopwarden_boards::modbus_map::{Kind, Register, RegisterMap, Type};
 use loopwarden_protocol::message::CduMode;
 use tokio_modbus::ExceptionCode;
 
-use super::{NorthboundSnapshot, NorthboundWrite};
+use super::{Alarms, NorthboundSnapshot, NorthboundWrite};
 
 /// A register's content in a snapshot.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -163,7 +163,9 @@ pub fn encode_snapshot(
 /// The writes that `words` from `addr` ask, checked against `map`: every
 /// register touched whole and in the map (else exception 2), every value
 /// within its range (else exception 3). All or nothing: on an error none
-/// is to be applied. `alarm_ack` written 0 asks nothing.
+/// is to be applied. `alarm_ack` written 0 asks nothing; written 1, an
+/// acknowledgement that saw nothing alarming (`seen` empty): the server
+/// sets what its registers showed ([`NorthboundWrite::seeing`]).
 pub fn decode_write(
     map: &RegisterMap,
     addr: u16,
@@ -201,7 +203,9 @@ pub fn decode_write(
             "plan_ceiling_offset" => writes.push(NorthboundWrite::PlanCeilingOffset {
                 kelvin: value as f32,
             }),
-            "alarm_ack" if raw != 0 => writes.push(NorthboundWrite::AlarmAck),
+            "alarm_ack" if raw != 0 => writes.push(NorthboundWrite::AlarmAck {
+                seen: Alarms::default(),
+            }),
             "alarm_ack" => {}
             "outdoor_temp" => writes.push(NorthboundWrite::OutdoorTemp {
                 celsius: value as f32,

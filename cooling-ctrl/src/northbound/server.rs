@@ -15,7 +15,10 @@
 //! value. It waits for the snapshot's settings to show every value the
 //! write handed on ([`shows`](super::NorthboundSettings::shows)), for
 //! [`WRITE_SHOWN_WITHIN`] at most; then it answers all the same (the
-//! write is taken, and reads back once the loop publishes it).
+//! write is taken, and reads back once the loop publishes it). An
+//! `alarm_ack` is handed on with what the registers show alarming as it
+//! comes ([`NorthboundWrite::seeing`]): the loop takes it later, and an
+//! alarm that rose in between is not acknowledged by it.
 //!
 //! Glossary:
 //! - *shown*: the latest snapshot's settings hold a write's value.
@@ -87,7 +90,9 @@ impl State {
     }
 
     /// Checks the write of `words` from `addr` and hands it on: the
-    /// writes handed on (none for `alarm_ack` written 0).
+    /// writes handed on (none for `alarm_ack` written 0). An `alarm_ack`
+    /// carries what the registers show alarming now, all it acknowledges
+    /// ([`NorthboundWrite::seeing`]).
     pub(super) fn write(
         &self,
         addr: u16,
@@ -96,7 +101,11 @@ impl State {
         let Some(tx) = &self.writes else {
             return Err(ExceptionCode::IllegalFunction);
         };
-        let writes = decode_write(&self.map, addr, words)?;
+        let seen = self.snapshots.borrow().alarms;
+        let writes: Vec<_> = decode_write(&self.map, addr, words)?
+            .into_iter()
+            .map(|w| w.seeing(seen))
+            .collect();
         if writes.is_empty() {
             return Ok(writes);
         }
@@ -453,6 +462,32 @@ mod tests {
         let answered = t0.elapsed();
         assert!(answered >= WRITE_SHOWN_WITHIN, "answered in {answered:?}");
         assert_eq!(read_holding(&mut bms, 2, 3).unwrap(), 0x8000);
+    }
+
+    /// An `alarm_ack` handed on carries what the registers showed
+    /// alarming as the server took it: the loop, which takes it later,
+    /// acknowledges no more.
+    #[test]
+    fn an_alarm_ack_carries_what_the_registers_showed_alarming() {
+        let (tx, rx) = snapshot_channel();
+        let (wtx, mut wrx) = mpsc::channel(4);
+        let state = State {
+            map: northbound_map(),
+            snapshots: rx,
+            writes: Some(wtx),
+        };
+        let mut lit = NorthboundSnapshot {
+            beacon: true,
+            leak_sensing_lost: 1 << 1,
+            ..NorthboundSnapshot::default()
+        };
+        crate::northbound::AlarmAck::default().shown(&mut lit, 87.0);
+        let seen = lit.alarms;
+        assert_ne!(seen, crate::northbound::Alarms::default());
+        tx.send_replace(lit);
+        let handed = vec![NorthboundWrite::AlarmAck { seen }];
+        assert_eq!(state.write(2, &[1]), Ok(handed.clone()));
+        assert_eq!(wrx.try_recv(), Ok(handed));
     }
 
     /// What the server sends on `s` before it closes: nothing, closed.

@@ -9,6 +9,7 @@ use loopwarden_protocol::message::{CduMode, Pump, SensorFault};
 use loopwarden_protocol::ReasonCode;
 use tokio::sync::watch;
 
+use super::alarms::Alarms;
 use crate::modbus::CduMeasurements;
 use cooling_core::sensors::Which;
 use cooling_core::{Commands, Core, CoreConfig, HostReport};
@@ -111,6 +112,11 @@ pub struct NorthboundSnapshot {
     pub cooling_w: Option<f64>,
     /// The BMS's settings in force.
     pub settings: NorthboundSettings,
+    /// What it shows alarming, set as it is published
+    /// ([`AlarmAck::shown`](super::AlarmAck::shown)); an `alarm_ack`
+    /// written against it acknowledges this ([`NorthboundWrite::AlarmAck`]).
+    /// No register reads it.
+    pub alarms: Alarms,
 }
 
 impl Default for NorthboundSnapshot {
@@ -153,6 +159,7 @@ impl Default for NorthboundSnapshot {
             facility_w: None,
             cooling_w: None,
             settings: NorthboundSettings::default(),
+            alarms: Alarms::default(),
         }
     }
 }
@@ -201,7 +208,7 @@ impl NorthboundSettings {
         match w {
             NorthboundWrite::SetpointCeiling { celsius } => self.setpoint_ceiling_c = celsius,
             NorthboundWrite::PlanCeilingOffset { kelvin } => self.plan_ceiling_offset_k = kelvin,
-            NorthboundWrite::AlarmAck => self.alarm_acknowledged = true,
+            NorthboundWrite::AlarmAck { .. } => self.alarm_acknowledged = true,
             NorthboundWrite::OutdoorTemp { celsius } => self.outdoor_c = Some(celsius),
         }
     }
@@ -213,7 +220,7 @@ impl NorthboundSettings {
         match w {
             NorthboundWrite::SetpointCeiling { celsius } => self.setpoint_ceiling_c == celsius,
             NorthboundWrite::PlanCeilingOffset { kelvin } => self.plan_ceiling_offset_k == kelvin,
-            NorthboundWrite::AlarmAck => self.alarm_acknowledged,
+            NorthboundWrite::AlarmAck { .. } => self.alarm_acknowledged,
             NorthboundWrite::OutdoorTemp { celsius } => self.outdoor_c == Some(celsius),
         }
     }
@@ -234,8 +241,17 @@ pub enum NorthboundWrite {
         /// K.
         kelvin: f32,
     },
-    /// `alarm_ack` written 1: the standing alarms are acknowledged.
-    AlarmAck,
+    /// `alarm_ack` written 1: the standing alarms are acknowledged, as
+    /// far as the BMS had read them.
+    AlarmAck {
+        /// What the registers showed alarming as the server took the
+        /// write ([`NorthboundSnapshot::alarms`]): the acknowledgement
+        /// covers no more ([`AlarmAck::acknowledge`](super::AlarmAck::acknowledge)).
+        /// [`decode_write`](super::decode_write) leaves it empty, which
+        /// acknowledges nothing while anything is alarming; the server
+        /// sets it ([`NorthboundWrite::seeing`]).
+        seen: Alarms,
+    },
     /// `outdoor_temp`: the outdoor temperature as the BMS measures it,
     /// °C; used while the CDU's own sensor does not read, for 300 s after
     /// the write.
@@ -245,13 +261,24 @@ pub enum NorthboundWrite {
     },
 }
 
+impl NorthboundWrite {
+    /// The write, an `alarm_ack` written against registers that showed
+    /// `alarms` alarming; any other as it is.
+    pub fn seeing(self, alarms: Alarms) -> Self {
+        match self {
+            Self::AlarmAck { .. } => Self::AlarmAck { seen: alarms },
+            w => w,
+        }
+    }
+}
+
 impl fmt::Display for NorthboundWrite {
     /// The write in words, for the log.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::SetpointCeiling { celsius } => write!(f, "setpoint ceiling {celsius} °C"),
             Self::PlanCeilingOffset { kelvin } => write!(f, "plan ceiling offset {kelvin} K"),
-            Self::AlarmAck => f.write_str("alarm acknowledged"),
+            Self::AlarmAck { .. } => f.write_str("alarm acknowledged"),
             Self::OutdoorTemp { celsius } => write!(f, "outdoor temperature {celsius} °C"),
         }
     }
@@ -501,5 +528,6 @@ pub fn snapshot_from(
         facility_w: m.facility_w,
         cooling_w: m.cooling_w,
         settings: *settings,
+        alarms: Alarms::default(),
     }
 }

@@ -60,23 +60,31 @@ impl Bms {
     }
 
     /// Takes the BMS's write `w` at `now` into the settings; whether it
-    /// set a limit.
+    /// set a limit. An `alarm_ack` acknowledges what the BMS had read
+    /// ([`AlarmAck::acknowledge`]): one taken after more became alarming
+    /// reads 0, and is said.
     fn take(&mut self, w: NorthboundWrite, now: u64) -> bool {
         let before = self.settings;
+        self.settings.apply(w);
         let limits = match w {
             NorthboundWrite::OutdoorTemp { celsius } => {
                 self.outdoor.bms_wrote(celsius, now);
                 false
             }
-            NorthboundWrite::AlarmAck => {
-                self.ack.acknowledge();
+            NorthboundWrite::AlarmAck { seen } => {
+                let acked = self.ack.acknowledge(seen);
+                self.settings.alarm_acknowledged = acked;
+                if !acked {
+                    tracing::warn!(
+                        "cooling shell: the BMS acknowledged the alarms it had read, but more is alarming now: not acknowledged (alarm_ack reads 0 until written again)"
+                    );
+                }
                 false
             }
             NorthboundWrite::SetpointCeiling { .. } | NorthboundWrite::PlanCeilingOffset { .. } => {
                 true
             }
         };
-        self.settings.apply(w);
         // A value written again as it was (a BMS that writes its block
         // on a cycle) is no news.
         if self.settings != before {
@@ -262,7 +270,8 @@ mod tests {
         // Rack 1's rope is cut: the beacon lights; the BMS acknowledges.
         (cut.beacon, cut.sensing_lost) = (true, 1 << 1);
         bms.publish(&core, &cut, 1_000, None, CduTook::ALL, &hosts);
-        bms.wrote(&[NorthboundWrite::AlarmAck], 1_100);
+        let seen = rx.borrow().alarms;
+        bms.wrote(&[NorthboundWrite::AlarmAck { seen }], 1_100);
         bms.publish(&core, &cut, 2_000, None, CduTook::ALL, &hosts);
         assert!(rx.borrow().settings.alarm_acknowledged);
         // Rack 4's sensing is lost too, the beacon still lit: new.
@@ -290,5 +299,49 @@ mod tests {
         bms.in_force(core.limits());
         assert_eq!(rx.borrow().settings.setpoint_ceiling_c, 24.0, "in force");
         assert!(!rx.borrow().settings.shows(ceiling));
+    }
+
+    /// The BMS writes `alarm_ack` during a step, against what the
+    /// registers showed then; the step shows a new alarm before the loop
+    /// takes the write: the write does not cover it.
+    #[test]
+    fn an_acknowledgement_taken_after_a_new_alarm_does_not_cover_it() {
+        let (snapshots, rx) = snapshot_channel();
+        let link = NorthboundLink {
+            snapshots,
+            writes: None,
+        };
+        let cfg = CoreConfig::default();
+        let mut core = cooling_core::Core::new(cfg).unwrap();
+        let mut bms = Bms::new(Some(link), &cfg);
+        let hosts = [None; cooling_core::MAX_HOSTS];
+        let mut cut = core.step(&cooling_core::Inputs {
+            now_ms: 0,
+            cdu: None,
+            ambient_c: None,
+            leaks: cooling_core::LeakInputs::DRY,
+            cdu_taken: cooling_core::Taken::ALL,
+            valves_held: 0,
+            hosts: &hosts,
+        });
+        (cut.beacon, cut.sensing_lost) = (true, 1 << 1);
+        bms.publish(&core, &cut, 1_000, None, CduTook::ALL, &hosts);
+        let read = rx.borrow().alarms;
+        // Rack 4's sensing is lost in the step the write waited for.
+        let mut more = cut.clone();
+        more.sensing_lost |= 1 << 4;
+        bms.publish(&core, &more, 2_000, None, CduTook::ALL, &hosts);
+        let ack = NorthboundWrite::AlarmAck { seen: read };
+        bms.wrote(&[ack], 2_100);
+        assert!(!rx.borrow().settings.alarm_acknowledged, "at once");
+        bms.publish(&core, &more, 3_000, None, CduTook::ALL, &hosts);
+        assert!(!rx.borrow().settings.alarm_acknowledged, "rack 4 unread");
+        // Written again against what the registers show: acknowledged.
+        let seen = rx.borrow().alarms;
+        assert_ne!(seen, read);
+        bms.wrote(&[NorthboundWrite::AlarmAck { seen }], 3_100);
+        assert!(rx.borrow().settings.alarm_acknowledged);
+        bms.publish(&core, &more, 4_000, None, CduTook::ALL, &hosts);
+        assert!(rx.borrow().settings.alarm_acknowledged);
     }
 }

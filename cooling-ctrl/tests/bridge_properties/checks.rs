@@ -336,7 +336,9 @@ impl World {
                     celsius: f32::from(c) / 4.0,
                 }
             }
-            BmsWrite::Ack => NorthboundWrite::AlarmAck,
+            BmsWrite::Ack => NorthboundWrite::AlarmAck {
+                seen: self.x.alarms_shown,
+            },
         };
         if let Some(down) = self.gw.bms.write(w, self.now().mono_ms) {
             self.bms_down(&down)?;
@@ -423,6 +425,7 @@ impl World {
             (false, None) => Heard::Nothing,
         };
         let snap = g.bms.snapshot(heard, now.mono_ms);
+        self.x.alarms_shown = snap.alarms;
         let last = self.x.last_status.as_ref().map(|(s, _)| s);
         if silent {
             prop_assert_eq!(

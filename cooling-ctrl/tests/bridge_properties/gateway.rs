@@ -102,6 +102,8 @@ pub(crate) struct Expect {
     pub(crate) outdoor: (u64, u64),
     /// The coordinator's waters heard on the bus, °C.
     pub(crate) waters: Vec<f32>,
+    /// What the BMS last read alarming, which its `alarm_ack` carries.
+    pub(crate) alarms_shown: Alarms,
 }
 
 impl Expect {
@@ -116,6 +118,7 @@ impl Expect {
             limits_down: None,
             outdoor: (0, 0),
             waters: Vec::new(),
+            alarms_shown: Alarms::default(),
         }
     }
 }

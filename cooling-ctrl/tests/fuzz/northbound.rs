@@ -22,7 +22,7 @@ use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use cooling_ctrl::northbound::{
-    check_map, decode_write, encode_snapshot, northbound_map, serve, snapshot_channel,
+    check_map, decode_write, encode_snapshot, northbound_map, serve, snapshot_channel, Alarms,
     NorthboundWrite, MAP_TOML,
 };
 use loopwarden_boards::modbus_map::{Kind, RegisterMap};
@@ -39,7 +39,7 @@ fn written(w: &NorthboundWrite) -> (&'static str, Option<f64>) {
         NorthboundWrite::PlanCeilingOffset { kelvin } => {
             ("plan_ceiling_offset", Some(f64::from(*kelvin)))
         }
-        NorthboundWrite::AlarmAck => ("alarm_ack", None),
+        NorthboundWrite::AlarmAck { .. } => ("alarm_ack", None),
         NorthboundWrite::OutdoorTemp { celsius } => ("outdoor_temp", Some(f64::from(*celsius))),
     }
 }
@@ -383,7 +383,9 @@ fn a_write_past_the_last_address_is_refused() {
     );
     assert_eq!(
         decode_write(&map, 65_535, &[1]),
-        Ok(vec![NorthboundWrite::AlarmAck])
+        Ok(vec![NorthboundWrite::AlarmAck {
+            seen: Alarms::default()
+        }])
     );
 }
 
