@@ -7,9 +7,10 @@
 //!   sends READY=1 after its first control step, WATCHDOG=1 while steps
 //!   complete and STOPPING=1 at shutdown (`cooling_ctrl::watchdog`).
 //! - `cooling-ctrl gateway --link tcp:HOST:PORT|DEVICE [--baud B]
-//!   [--config FILE] [flags]`: the bus's side of a controller that runs
-//!   on a microcontroller, over the serial link to it (the same file and
-//!   flags as `run`; `gateway.rs`).
+//!   [--link-any-address] [--config FILE] [flags]`: the bus's side of a
+//!   controller that runs on a microcontroller, over the serial link to
+//!   it (the same file and flags as `run`; a `tcp:` host off this host's
+//!   loopback only with `--link-any-address`; `gateway.rs`).
 //! - `cooling-ctrl replay-trace FILE [--register-map FILE] [--figures
 //!   FILE.bin]`: replays a microcontroller's trace (its debug port captured to a file) through
 //!   this machine's decision path and prints, as one JSON object, whether
@@ -542,4 +543,76 @@ async fn start_readers(
         console_task,
         [serial_task, metrics_task],
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{Args, Command};
+
+    /// The long flags `gateway` takes besides `run`'s (which `[flags]`
+    /// stands for in its usage), each as `--name`.
+    fn gateway_flags() -> Vec<String> {
+        let all = gateway::Args::augment_args(Command::new("gateway"));
+        let run = Overrides::augment_args(Command::new("run"));
+        let longs = |c: &Command| -> Vec<String> {
+            c.get_arguments()
+                .filter_map(|a| a.get_long())
+                .map(|l| format!("--{l}"))
+                .collect()
+        };
+        let shared = longs(&run);
+        longs(&all)
+            .into_iter()
+            .filter(|f| !shared.contains(f))
+            .collect()
+    }
+
+    /// The usage that begins with `start` in the `//!` lines of `source`,
+    /// up to its closing "`:", its lines joined.
+    fn usage(source: &str, start: &str) -> String {
+        let doc: Vec<&str> = source
+            .lines()
+            .filter_map(|l| l.strip_prefix("//!"))
+            .map(str::trim)
+            .collect();
+        let doc = doc.join(" ");
+        let from = doc.find(start).expect("the usage line");
+        let len = doc[from..].find("`:").expect("its end");
+        doc[from..from + len].to_string()
+    }
+
+    /// Every flag of `cooling-ctrl gateway` is in its usage line here and
+    /// in `gateway.rs`, and in the operators' doc of the gateway.
+    #[test]
+    fn the_gateways_usage_names_each_of_its_flags() {
+        let flags = gateway_flags();
+        for f in ["--link", "--baud", "--link-any-address", "--config"] {
+            assert!(flags.iter().any(|g| g == f), "{f} in {flags:?}");
+        }
+        let start = "`cooling-ctrl gateway";
+        let here = usage(include_str!("main.rs"), start);
+        let there = usage(include_str!("gateway.rs"), start);
+        let doc = include_str!("../../../../docs/cooling.md");
+        let from = doc.find("## The gateway").expect("the gateway's section");
+        let len = doc[from + 3..]
+            .find("\n## ")
+            .map_or(doc.len() - from, |n| n + 3);
+        let section = &doc[from..from + len];
+        for f in &flags {
+            let word = format!("{f} ");
+            assert!(
+                here.contains(&word) || here.contains(&format!("{f}]")),
+                "main.rs: {f} not in {here}"
+            );
+            assert!(
+                there.contains(&word) || there.contains(&format!("{f}]")),
+                "gateway.rs: {f} not in {there}"
+            );
+            assert!(
+                section.contains(&format!("`{f}")),
+                "docs/cooling.md: {f} not in the gateway's section"
+            );
+        }
+    }
 }
