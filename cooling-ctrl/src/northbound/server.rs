@@ -446,14 +446,10 @@ mod tests {
             minus_4_50,
             "read back"
         );
-        // A value already in force is answered at once.
-        let t0 = Instant::now();
+        // A value already in force is answered, and still reads back
+        // (that it is answered at once: `the_answer_waits_only_for_a_write_not_yet_shown`).
         assert_eq!(write_register(&mut bms, 3, 3, minus_4_50).unwrap(), 6);
-        assert!(
-            t0.elapsed() < Duration::from_millis(50),
-            "{:?}",
-            t0.elapsed()
-        );
+        assert_eq!(read_holding(&mut bms, 4, 3).unwrap(), minus_4_50);
         // Nobody shows the writes: answered after WRITE_SHOWN_WITHIN all
         // the same, and the register reads what is in force (none).
         let mut bms = client(served_with_writes(&rt, None));
@@ -462,6 +458,44 @@ mod tests {
         let answered = t0.elapsed();
         assert!(answered >= WRITE_SHOWN_WITHIN, "answered in {answered:?}");
         assert_eq!(read_holding(&mut bms, 2, 3).unwrap(), 0x8000);
+    }
+
+    /// The wait of a write's answer, polled without a clock: ready at
+    /// once when the snapshot already shows the writes (a value already
+    /// in force, or nothing handed on), pending while it does not, ready
+    /// once it does, and ready when the snapshots' sender is gone.
+    #[test]
+    fn the_answer_waits_only_for_a_write_not_yet_shown() {
+        use futures::FutureExt;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let _in_rt = rt.enter();
+        let (tx, rx) = snapshot_channel();
+        let state = State {
+            map: northbound_map(),
+            snapshots: rx,
+            writes: None,
+        };
+        let outdoor = NorthboundWrite::OutdoorTemp { celsius: -4.5 };
+        let ceiling = NorthboundWrite::SetpointCeiling { celsius: 30.0 };
+        assert_eq!(state.shown(Vec::new()).now_or_never(), Some(()));
+        let mut waiting = Box::pin(state.shown(vec![outdoor, ceiling]));
+        assert_eq!((&mut waiting).now_or_never(), None, "not shown yet");
+        tx.send_modify(|s| s.settings.apply(outdoor));
+        assert_eq!((&mut waiting).now_or_never(), None, "half shown");
+        tx.send_modify(|s| s.settings.apply(ceiling));
+        assert_eq!(waiting.now_or_never(), Some(()), "shown");
+        // Already in force: at once.
+        let again = state.shown(vec![outdoor, ceiling]);
+        assert_eq!(again.now_or_never(), Some(()), "already in force");
+        // Nothing more will show once the sender is gone.
+        let mut waiting =
+            Box::pin(state.shown(vec![NorthboundWrite::PlanCeilingOffset { kelvin: -1.0 }]));
+        assert_eq!((&mut waiting).now_or_never(), None);
+        drop(tx);
+        assert_eq!(waiting.now_or_never(), Some(()), "sender gone");
     }
 
     /// An `alarm_ack` handed on carries what the registers showed
