@@ -17,7 +17,11 @@
 //! and [`ControllerFlash::open`] reads it back before the first step. A
 //! flash file whose config store was lost (`Stores::config_lost`) holds
 //! no record and reads as unknown ([`CONFIG_LOST`]), never as nothing
-//! latched: the controller relatches as for a record it cannot read. The
+//! latched: the controller relatches as for a record it cannot read.
+//! Beside a record it cannot read or believe, the generation its
+//! generation item holds ([`relatch_floor`]) is what the records written
+//! after the relatch go above, so a cut between the first of them and its
+//! generation leaves it one ahead, believed, never behind (damaged). The
 //! twin's restarts use the same [`save_latched`] and [`load_latched`] on a
 //! simulated flash.
 //!
@@ -86,6 +90,10 @@ pub struct ControllerFlash {
     /// ever written, an error when it cannot be read or the config store
     /// was lost ([`CONFIG_LOST`]).
     pub latched: Result<Option<LatchRecord>, String>,
+    /// Beside a latched state that cannot be read or believed, the
+    /// generation the flash's generation item holds: the records written
+    /// after the relatch go above it ([`relatch_floor`]).
+    pub relatch_floor: Option<u32>,
     /// What the estimator learned, as read back at opening (decoded
     /// against the configuration by [`LearnedRecords::decode`]).
     pub learned: LearnedRecords,
@@ -119,6 +127,7 @@ impl ControllerFlash {
         if let Ok(Some(r)) = &latched {
             futures::executor::block_on(catch_up_latched(&mut stores.store, r));
         }
+        let relatch_floor = futures::executor::block_on(relatch_floor(&mut stores.store, &latched));
         if matches!(latched, Ok(Some(_))) || stores.config_lost {
             // A record kept before the mark was gets its mark now; after
             // a store lost, the mark keeps the next start from reading
@@ -141,6 +150,7 @@ impl ControllerFlash {
             outbox: stores.outbox,
             first_seq: stores.first_seq,
             latched,
+            relatch_floor,
             learned,
             bms_limits,
             bms_limits_gen,
@@ -266,6 +276,25 @@ pub async fn catch_up_latched<S: MultiwriteNorFlash<Error: fmt::Display>>(
             tracing::warn!("{key}: the generation a cut left behind not written back: {e}");
         }
     }
+}
+
+/// The generation the generation item in `store` holds beside a latched
+/// record that could not be read or believed (`read`): the records
+/// written after the relatch go above it
+/// (`cooling_decide::Decider::continue_above`), so a cut between the
+/// first of them and its generation leaves the record one ahead,
+/// believed, never behind it (read as damaged, a relatch again that
+/// loses what the record held). `None` after a record believed or none
+/// ever written, or where the item is absent, unreadable or does not read
+/// as a generation (the records then start from generation 1).
+pub async fn relatch_floor<S: MultiwriteNorFlash<Error: fmt::Display>>(
+    store: &mut ConfigStore<S>,
+    read: &Result<Option<LatchRecord>, String>,
+) -> Option<u32> {
+    read.as_ref().err()?;
+    let mut gen = [0u8; 16];
+    let n = store.get(LATCHED_GEN_KEY, &mut gen).await.ok()??;
+    cooling_decide::record::generation_written(Some(&gen[..n]))
 }
 
 /// Damages the newest copy of record `r` in the raw flash `bytes` (one

@@ -415,7 +415,8 @@ pub async fn run_with<P: CduPort>(
     cfg.validate()?;
     check_ropes(&cfg.core, opts.board.as_ref().map(|b| b.roped()))?;
     let flash = opts.bus.take_flash()?;
-    let mut decider = start_decider(cfg.core, cdu.limits(), &flash.latched)?;
+    let floor = flash.relatch_floor;
+    let mut decider = start_decider(cfg.core, cdu.limits(), &flash.latched, floor)?;
     restore_learned(decider.core_mut(), &flash.learned, &cfg.hosts);
     let bms_limits = restore_bms_limits(decider.core_mut(), &flash.bms_limits);
     let in_hall = opts.facility.is_some();

@@ -16,7 +16,7 @@ mod shell_rig;
 use std::time::Duration;
 
 use cooling_core::CoreConfig;
-use cooling_ctrl::journal::ControllerFlash;
+use cooling_ctrl::journal::{ControllerFlash, LatchRecord};
 use loopwarden_protocol::message::RackCooling;
 use loopwarden_protocol::{Family, Message};
 use loopwarden_system_tests::Mosquitto;
@@ -278,4 +278,65 @@ async fn no_valve_is_written_after_an_unreadable_record_until_the_positions_are_
         "rack 2's valve stays shut"
     );
     rig.stop().await;
+}
+
+/// After a record it could not read, the relatch's record goes above the
+/// generation the flash held beside it: a power cut between that record
+/// and its generation then leaves it one ahead, and the next start reads
+/// the relatched record, not a damaged one (a relatch again, losing what
+/// it held).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_relatch_the_record_goes_above_the_generation_the_flash_held() {
+    use cooling_ctrl::journal::{LATCHED_GEN_KEY, LATCHED_KEY};
+    let Some(broker) = Mosquitto::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cdu.flash");
+    let gen = |g: u32| g.to_le_bytes();
+    {
+        let mut stores = loopwarden_store::agent_flash::open(Some(&path)).expect("the flash file");
+        let store = &mut stores.store;
+        futures::executor::block_on(store.set(LATCHED_KEY, &[9u8; 16])).expect("written");
+        futures::executor::block_on(store.set(LATCHED_GEN_KEY, &gen(7))).expect("written");
+    }
+    let flash = ControllerFlash::open(Some(&path)).expect("the flash file again");
+    assert!(flash.latched.is_err());
+    assert_eq!(flash.relatch_floor, Some(7));
+    let mut rig = Rig::start_prepared(broker, CoreConfig::default(), None, Some(flash), |cdu| {
+        cdu.set_measurement("valves_closed", 4.0).unwrap();
+    })
+    .await;
+    rig.wait_stats("rack 2 relatched and kept", |s| {
+        !s.relatch_pending && s.status.as_ref().is_some_and(|st| st.leaks_latched == 4)
+    })
+    .await;
+    rig.stop().await;
+    let relatched = ControllerFlash::open(Some(&path))
+        .expect("the flash file after the relatch")
+        .latched
+        .expect("the relatch's record")
+        .expect("a record");
+    assert_eq!(relatched.latched.leaks, 4);
+    assert!(
+        relatched.generation > 7,
+        "generation {} is not above the 7 the flash held",
+        relatched.generation
+    );
+    // Power cut after the relatch's first record, before its generation:
+    // the generation item still holds 7.
+    let first = LatchRecord {
+        generation: 8,
+        ..relatched
+    };
+    {
+        let mut stores = loopwarden_store::agent_flash::open(Some(&path)).expect("the flash file");
+        let store = &mut stores.store;
+        let [(k0, v0), _] = first.items();
+        futures::executor::block_on(store.set(k0, &v0)).expect("written");
+        futures::executor::block_on(store.set(LATCHED_GEN_KEY, &gen(7))).expect("written");
+    }
+    let after_cut = ControllerFlash::open(Some(&path)).expect("the flash file after the cut");
+    assert_eq!(after_cut.latched, Ok(Some(first)), "the relatched record");
+    assert_eq!(after_cut.relatch_floor, None);
 }

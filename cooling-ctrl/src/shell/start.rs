@@ -109,12 +109,16 @@ pub(super) fn leak_sensing_notes(l: &Layout, board: bool) -> Vec<String> {
 /// restored from the latched record in flash, a fresh one when none was
 /// kept, and when the record cannot be read a fresh one that keeps the
 /// record and latches the racks whose valves the CDU reports closed
-/// ([`crate::decide::latch`]). Says in the log what it restored, and
-/// where the map holds the core tighter than its configuration.
+/// ([`crate::decide::latch`]); the records written then go above
+/// `floor`, the generation the flash held beside the record it could not
+/// read ([`crate::journal::relatch_floor`]). Says in the log what it
+/// restored, and where the map holds the core tighter than its
+/// configuration.
 pub(super) fn start_decider(
     cfg: CoreConfig,
     limits: MapLimits,
     latched: &Result<Option<LatchRecord>, String>,
+    floor: Option<u32>,
 ) -> Result<Decider, ShellError> {
     if let Ok(Some(r)) = latched {
         let l = &r.latched;
@@ -133,6 +137,9 @@ pub(super) fn start_decider(
         );
     }
     let mut d = Decider::new(cfg, limits, latched).map_err(ShellError::Core)?;
+    if let Some(g) = floor {
+        d.continue_above(g);
+    }
     log_said(&mut d);
     Ok(d)
 }
