@@ -386,3 +386,31 @@ pub struct ShellStats {
     /// The last ack of each host, by host id.
     pub last_ack: BTreeMap<String, LastAck>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::LeakSteps;
+
+    /// A rack is seen from the first step an input reads it wet until one
+    /// reads it dry (not while its input is unheard), and closed from the
+    /// first valve word taken shut until one taken open.
+    #[test]
+    fn leak_steps_hold_from_the_first_step_until_the_rack_reads_dry_or_opens() {
+        let mut s = LeakSteps::new(4);
+        s.valves_taken(0, 0b1111);
+        s.heard(3, 0b0100, 0);
+        s.valves_taken(3, 0b1011);
+        s.heard(4, 0b0100, 0);
+        s.valves_taken(4, 0b1011);
+        assert_eq!((s.seen[2], s.closed[2]), (Some(3), Some(3)));
+        assert_eq!((s.seen[1], s.closed[1]), (None, None));
+        // Unheard: still seen; read dry: not.
+        s.heard(5, 0, 0b0100);
+        assert_eq!(s.seen[2], Some(3));
+        s.heard(6, 0, 0);
+        assert_eq!(s.seen[2], None);
+        s.valves_taken(7, 0b1111);
+        assert_eq!(s.closed[2], None);
+        assert_eq!(LeakSteps::new(40).seen.len(), 16, "a valve word holds 16");
+    }
+}
