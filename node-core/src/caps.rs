@@ -16,7 +16,9 @@
 //!   unless renewed, and its cap lifts.
 //! - *guard*: the thermal guard's cap, set and cleared by the host itself.
 //! - *clamped*: a cap below the GPU's minimum settable limit, raised to
-//!   it, or a lease longer than the host takes, shortened to its longest.
+//!   it, a cap above its highest settable limit (which caps nothing: a
+//!   figure in the wrong unit, say), or a lease longer than the host
+//!   takes, shortened to its longest.
 
 use loopwarden_protocol::{
     AckCode, CapLease, CapSource, DurationMs, GpuIndex, GpuSelector, NodeId, TimestampMs, Watts,
@@ -148,6 +150,9 @@ pub struct CapArbiter {
     ranges: Vec<GpuRange>,
     /// Each GPU's configured lowest settable limit.
     floors: Vec<Watts>,
+    /// Each GPU's highest settable limit, where known
+    /// ([`CapArbiter::set_highest`]): a cap above it is clamped.
+    highest: Vec<Option<Watts>>,
     guard: Vec<Option<Watts>>,
     leases: Vec<Held>,
     limits: LeaseLimits,
@@ -172,6 +177,7 @@ impl CapArbiter {
             .collect::<Vec<_>>();
         Self {
             guard: vec![None; ranges.len()],
+            highest: vec![None; ranges.len()],
             ranges,
             floors,
             leases: Vec::new(),
@@ -275,7 +281,8 @@ impl CapArbiter {
                 GpuSelector::Gpu(_) => return refuse(AckCode::UnknownGpu),
             };
             for i in gpus {
-                clamped |= cap.limit < self.ranges[i].min;
+                clamped |= cap.limit < self.ranges[i].min
+                    || self.highest[i].is_some_and(|max| cap.limit > max);
                 // Several caps for one GPU in one lease: the lowest holds.
                 caps[i] = Some(caps[i].map_or(cap.limit, |c: Watts| c.min(cap.limit)));
             }
@@ -375,6 +382,20 @@ impl CapArbiter {
             *floor = min;
             r.min = min.min(r.max);
         }
+    }
+
+    /// Makes `max` the highest settable limit of `gpu` (NVML's, within
+    /// the board's): a lease's cap above it is taken `Clamped` (it caps
+    /// nothing; the ceiling holds).
+    pub fn set_highest(&mut self, gpu: GpuIndex, max: Watts) {
+        if let Some(h) = self.highest.get_mut(gpu.get() as usize) {
+            *h = Some(max);
+        }
+    }
+
+    /// The highest settable limit of `gpu`, where known.
+    pub fn highest(&self, gpu: usize) -> Option<Watts> {
+        self.highest.get(gpu).copied().flatten()
     }
 
     /// The settable range of every GPU.

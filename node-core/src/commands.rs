@@ -614,7 +614,8 @@ impl CommandCore {
     }
 
     /// What a `Clamped` ack says of `lease`: each cap raised to a GPU's
-    /// minimum, and whether it was `shortened` to the longest taken.
+    /// minimum or above its maximum, and whether it was `shortened` to the
+    /// longest taken.
     fn clamped_detail(&self, lease: &CapLease, shortened: bool) -> String {
         let ranges = self.arbiter.ranges();
         let mut parts = Vec::new();
@@ -637,6 +638,12 @@ impl CommandCore {
                     parts.push(format!(
                         "GPU {i}: {} W is below its minimum {} W; clamped to {} W",
                         cap.limit.0, min.0, min.0
+                    ));
+                }
+                if let Some(max) = self.arbiter.highest(i).filter(|&m| cap.limit > m) {
+                    parts.push(format!(
+                        "GPU {i}: {} W is above its maximum {} W; clamped to {} W",
+                        cap.limit.0, max.0, max.0
                     ));
                 }
             }
@@ -680,6 +687,12 @@ impl CommandCore {
     /// Makes `max` the limit `gpu` runs at uncapped (its ceiling).
     pub fn set_ceiling(&mut self, gpu: GpuIndex, max: Watts) {
         self.arbiter.set_ceiling(gpu, max);
+    }
+
+    /// Makes `max` the highest settable limit of `gpu`: a cap above it
+    /// is acked clamped, naming it.
+    pub fn set_highest(&mut self, gpu: GpuIndex, max: Watts) {
+        self.arbiter.set_highest(gpu, max);
     }
 
     /// Makes `min` the lowest settable limit of `gpu` (read after the

@@ -432,8 +432,11 @@ impl Node {
                 max: limits::within(g, g.site_limit.unwrap_or(g.default_limit)),
             })
             .collect();
-        let commands =
+        let mut commands =
             CommandCore::with_limits(setup.own_cmd, ranges, setup.authority, setup.lease_limits);
+        for (i, g) in setup.gpus.iter().enumerate() {
+            commands.set_highest(gpu_index(i as u8), g.range.max);
+        }
         let health = HealthEngine::new(
             setup.gpus.len(),
             setup.health_limits,

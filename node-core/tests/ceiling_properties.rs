@@ -361,7 +361,9 @@ fn lease_code(m: &Model, caps: &[(Option<u8>, u32)], ms: u32) -> Option<AckCode>
     let below = caps.iter().any(|&(g, w)| {
         (0..GPUS).any(|i| g.is_none_or(|g| g as usize == i) && Watts(w) < m.min_cap(i))
     });
-    Some(if below || ms > MAX_LEASE_MS {
+    // Above the highest settable limit: it caps nothing, said.
+    let above = caps.iter().any(|&(_, w)| Watts(w) > RANGE.max);
+    Some(if below || above || ms > MAX_LEASE_MS {
         AckCode::Clamped
     } else {
         AckCode::Ok

@@ -542,3 +542,31 @@ fn a_set_answered_past_its_deadline_that_took_is_in_force() {
         (Some(Watts(400)), Some(CapSource::Cooling))
     );
 }
+
+/// A cap above a GPU's highest settable limit (800 W here; a cap sent in
+/// milliwatts, say) caps nothing: acked clamped, its maximum named. A
+/// cap at or below it (the CDU's lift at the board's TDP) is taken as
+/// sent.
+#[test]
+fn a_cap_above_the_highest_settable_limit_is_acked_clamped_naming_it() {
+    let mut h = Host::new();
+    let t = T0.0 + 1_000;
+    h.step(t, Input::Frame(&cmd_topic(), &lease(1, t, 450_000, 60_000)));
+    let ack = h.acks.last().unwrap();
+    assert_eq!(ack.code, AckCode::Clamped, "{}", ack.detail.as_str());
+    assert!(
+        ack.detail
+            .as_str()
+            .starts_with("GPU 0: 450000 W is above its maximum 800 W"),
+        "{}",
+        ack.detail.as_str()
+    );
+    assert_eq!(h.limits, [DEFAULT; GPUS], "nothing capped");
+    for (seq, w) in [(2, 800), (3, DEFAULT.0)] {
+        let t = t + 100 * seq as u64;
+        h.step(t, Input::Frame(&cmd_topic(), &lease(seq, t, w, 5_000)));
+        let ack = h.acks.last().unwrap();
+        assert_eq!(ack.code, AckCode::Ok, "{w} W: {}", ack.detail.as_str());
+        assert!(ack.detail.is_empty(), "{}", ack.detail.as_str());
+    }
+}

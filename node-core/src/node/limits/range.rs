@@ -49,6 +49,7 @@ impl Node {
         ));
         let index = gpu_index(gpu);
         self.commands.set_floor(index, range.min);
+        self.commands.set_highest(index, range.max);
         let old = g.ceiling;
         g.ceiling = within(&g.setup, old);
         if g.ceiling != old {
