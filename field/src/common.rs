@@ -252,7 +252,8 @@ pub struct CommonFlags {
     /// The serial console's speed, 8N1; default 115200.
     #[arg(long)]
     pub console_serial_baud: Option<u32>,
-    /// Seconds before an idle serial session is closed; default 300.
+    /// Seconds before an idle serial session is closed (a login ends
+    /// after at most 300 s whatever this says); default 300.
     #[arg(long)]
     pub console_idle_s: Option<u64>,
 }

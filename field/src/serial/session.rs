@@ -22,7 +22,9 @@
 //! - *busy*: the session waits for the shell (a command's answer, a
 //!   password's check) and takes no input meanwhile.
 //! - *idle*: nothing typed, and nothing answered or written, for the idle
-//!   time; the clock counts from the last key kept, the last answer or
+//!   time (logged in: at most [`LOGIN_IDLE_MAX_MS`], whatever the
+//!   configured idle time says, since a pulled cable is not seen on a
+//!   UART or behind a console server); the clock counts from the last key kept, the last answer or
 //!   the end of the last write, whichever came last (a key typed hidden,
 //!   a password's, counts). A session closed idle at the password prompt
 //!   takes the rest of that line hidden and drops it, so no part of a
@@ -106,6 +108,12 @@ enum Busy {
     /// A password's check.
     Verify,
 }
+
+/// Longest a logged-in session may sit idle, ms, whatever the
+/// configured idle time: a cable pulled from a built-in UART or a console
+/// server's port gives no error, so the next person to plug in would
+/// otherwise find the login open.
+pub const LOGIN_IDLE_MAX_MS: u64 = 300_000;
 
 /// Longest lock after refused logins, ms.
 const LOCK_MAX_MS: u64 = 64_000;
@@ -209,7 +217,16 @@ impl Session {
     /// while it is busy. One closed at the password prompt keeps the rest
     /// of that line hidden, and drops it.
     pub fn idle_deadline(&self) -> Option<u64> {
-        (self.open && self.busy.is_none()).then(|| self.last_ms + self.settings.idle_ms)
+        (self.open && self.busy.is_none()).then(|| self.last_ms + self.idle_ms())
+    }
+
+    /// The idle time now, ms: the configured one, and logged in at most
+    /// [`LOGIN_IDLE_MAX_MS`].
+    fn idle_ms(&self) -> u64 {
+        match self.login {
+            Login::In => self.settings.idle_ms.min(LOGIN_IDLE_MAX_MS),
+            _ => self.settings.idle_ms,
+        }
     }
 
     /// What the session said was written out by `now`: the idle time
@@ -418,16 +435,10 @@ impl Session {
     fn close(&mut self, why: CloseReason, out: &mut Vec<Effect>) {
         let logged_in = self.login == Login::In;
         out.push(Effect::Record(What::SessionClosed { why, logged_in }));
+        let idle_s = self.idle_ms() / 1000;
         let word = match (why, logged_in) {
-            (CloseReason::Idle, true) => {
-                format!("logged out after {} s idle", self.settings.idle_ms / 1000)
-            }
-            (CloseReason::Idle, false) => {
-                format!(
-                    "session closed after {} s idle",
-                    self.settings.idle_ms / 1000
-                )
-            }
+            (CloseReason::Idle, true) => format!("logged out after {idle_s} s idle"),
+            (CloseReason::Idle, false) => format!("session closed after {idle_s} s idle"),
             (_, true) => "logged out".into(),
             (_, false) => "session closed".into(),
         };
@@ -483,7 +494,7 @@ impl Session {
             let text = if self.commands.iter().any(|c| c.changes_state) {
                 format!(
                     "logged in: state-changing commands are allowed until logout or {} s idle",
-                    self.settings.idle_ms / 1000
+                    self.idle_ms() / 1000
                 )
             } else {
                 "logged in: this console offers no state-changing commands".into()

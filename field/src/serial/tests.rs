@@ -242,6 +242,39 @@ fn an_idle_session_is_closed_and_a_logged_in_one_says_it_logged_out() {
 }
 
 #[test]
+fn a_login_ends_after_300_s_idle_whatever_the_session_idle_time() {
+    // A pulled cable is not seen on a UART or behind a console server:
+    // the next person at the port must not find the login still open.
+    let mut s = Session::new(
+        Settings {
+            idle_ms: 86_400_000,
+            ..settings(true)
+        },
+        COMMANDS,
+    );
+    type_in(&mut s, 0, b"login\r");
+    s.input(0, b"pw\r");
+    let (text, _) = split(s.verified(1_000, true));
+    assert!(text.contains("until logout or 300 s idle"), "{text:?}");
+    assert_eq!(s.idle_deadline(), Some(301_000));
+    assert!(s.tick(300_999).is_empty());
+    let (text, rest) = split(s.tick(301_000));
+    assert_eq!(
+        rest,
+        [Effect::Record(What::SessionClosed {
+            why: CloseReason::Idle,
+            logged_in: true
+        })]
+    );
+    assert!(text.contains("logged out after 300 s idle"), "{text:?}");
+    assert!(!s.logged_in());
+    // Not logged in, the session keeps the configured idle time.
+    type_in(&mut s, 400_000, b"status\r");
+    s.answered(400_000, "all well", true);
+    assert_eq!(s.idle_deadline(), Some(86_800_000));
+}
+
+#[test]
 fn the_password_after_a_refused_login_is_never_echoed() {
     let mut s = Session::new(settings(true), COMMANDS);
     type_in(&mut s, 0, b"login\r");
