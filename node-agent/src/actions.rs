@@ -72,7 +72,7 @@ pub struct Outcome {
     /// The exit code, when it exited.
     pub exit_code: Option<i32>,
     /// What went wrong, in words (empty when `ok`), with the end of its
-    /// standard error.
+    /// standard error (its control characters written out as text).
     pub detail: String,
 }
 
@@ -180,6 +180,7 @@ pub async fn run(argv: &[String], timeout: Duration) -> Outcome {
         .into_iter()
         .rev()
         .collect();
+    let tail = shown(&tail);
     Outcome {
         program,
         ok,
@@ -193,6 +194,23 @@ pub async fn run(argv: &[String], timeout: Duration) -> Outcome {
             )
         },
     }
+}
+
+/// `text` (the end of a command's standard error) with its control
+/// characters written out (`\x1b`, `\x0d`, `\u{9b}`): a site script's
+/// escape sequences, carriage returns and line feeds reach a field
+/// engineer's terminal (`ctl`, the serial console) as text, never acted
+/// on, and the detail stays on one line.
+fn shown(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c as u32 {
+            n @ (0..=0x1f | 0x7f) => out.push_str(&format!("\\x{n:02x}")),
+            n if c.is_control() => out.push_str(&format!("\\u{{{n:x}}}")),
+            _ => out.push(c),
+        }
+    }
+    out
 }
 
 /// Reads `stderr` to its end, keeping its last [`STDERR_KEPT`] bytes in
@@ -263,6 +281,31 @@ mod tests {
         assert!(
             !missing.ok && missing.detail.contains("cannot start"),
             "{missing:?}"
+        );
+    }
+
+    /// A site script's standard error reaches a field engineer's terminal
+    /// (`ctl`, the serial console) as the outcome's detail: its control
+    /// characters (an escape sequence, a carriage return, a line feed)
+    /// come out as text, never acted on, and the words stay readable.
+    #[tokio::test]
+    async fn control_characters_in_a_failed_commands_stderr_come_out_as_text() {
+        let script = r"printf '\033[2J\rbad\n\302\233x\177' >&2; exit 1";
+        let o = run(
+            &["sh".into(), "-c".into(), script.into()],
+            Duration::from_secs(5),
+        )
+        .await;
+        assert_eq!((o.ok, o.exit_code), (false, Some(1)));
+        assert!(
+            o.detail.chars().all(|c| !c.is_control()),
+            "a control character left in {:?}",
+            o.detail
+        );
+        assert!(
+            o.detail.ends_with(r"\x1b[2J\x0dbad\x0a\u{9b}x\x7f"),
+            "{:?}",
+            o.detail
         );
     }
 
