@@ -2,7 +2,8 @@
 //! messages heard from it (its *view*) and the metrics they make.
 //!
 //! A host's metrics are its GPUs' temperatures, power, power limit (the
-//! cap in force), utilisation and health; a CDU's are its loop's
+//! cap in force; null for the agent's 0 W, a limit NVML could not read),
+//! utilisation and health; a CDU's are its loop's
 //! temperatures, setpoint, flow, pumps, meters, leak, racks without leak
 //! sensing, and mode; `leak` is null, not false, when no rack reads wet
 //! but some rack's leak sensing is lost or no state says it reads, and
@@ -296,7 +297,10 @@ fn host_telemetry_points(
         p.add(name("mem_temp_c"), DataType::UInt8, Some("°C"), mem);
         let power = has(Unsupported::POWER).map(|g| Value::UInt32(g.power.0));
         p.add(name("power_w"), DataType::UInt32, Some("W"), power);
-        let limit = live.map(|g| Value::UInt32(g.power_limit.0));
+        // The agent sends 0 W when NVML answers neither limit call: unknown.
+        let limit = live
+            .filter(|g| g.power_limit.0 > 0)
+            .map(|g| Value::UInt32(g.power_limit.0));
         p.add(name("power_limit_w"), DataType::UInt32, Some("W"), limit);
         let util = has(Unsupported::UTIL).map(|g| Value::UInt8(g.util.get()));
         p.add(name("util_pct"), DataType::UInt8, Some("%"), util);
@@ -564,7 +568,7 @@ fn mode_name(m: loopwarden_protocol::CduMode) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use loopwarden_protocol::{samples, Message, MessageKind, WholeCelsius};
+    use loopwarden_protocol::{samples, Message, MessageKind, Watts, WholeCelsius};
 
     fn value(points: &[Point], name: &str) -> Option<Value> {
         points
@@ -633,6 +637,22 @@ mod tests {
         assert_eq!(value(&m, "gpu/2/mem_temp_c"), None);
         assert_eq!(value(&m, "gpu/2/power_w"), None);
         assert_eq!(value(&m, "gpu/2/temp_c"), Some(Value::UInt8(63)));
+    }
+
+    #[test]
+    fn a_power_limit_the_agent_could_not_read_is_null_not_0_w() {
+        let mut view = sample_host();
+        let View::Host {
+            telemetry: Some(t), ..
+        } = &mut view
+        else {
+            unreachable!("the sample host has telemetry")
+        };
+        // The agent sends 0 W when NVML answers neither limit call.
+        t.message.gpus[1].power_limit = Watts(0);
+        let m = view.metrics(9);
+        assert_eq!(value(&m, "gpu/1/power_limit_w"), None);
+        assert_eq!(value(&m, "gpu/6/power_limit_w"), Some(Value::UInt32(700)));
     }
 
     #[test]
