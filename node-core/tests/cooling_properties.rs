@@ -30,8 +30,9 @@
 //!    it leaves pending (handed out and not ended, or kept from before the
 //!    start), so a restart neither runs a step twice nor forgets one;
 //! 5. each GPU is quarantined exactly when the sequence says (a fatal XID,
-//!    until an operator's release), whatever the cooling does, and a
-//!    release or an XID runs no cooling-loss step;
+//!    until an operator's release), whatever the cooling does; a release
+//!    runs again the quarantine actions of the GPUs still quarantined, and
+//!    a release or an XID runs no cooling-loss step;
 //! 6. a drain, power-up or resume kept pending runs again at the start,
 //!    once; a power-down kept pending with the host not powered down is
 //!    dropped there;
@@ -593,8 +594,9 @@ fn play(m: &mut Model, host: &mut Host, op: &Op) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-/// An operator's release of `gpu`: taken for a quarantined GPU only, and
-/// nothing else moves.
+/// An operator's release of `gpu`: taken for a quarantined GPU only; it
+/// runs again the quarantine actions of the others still quarantined,
+/// and nothing else moves.
 fn release(m: &mut Model, host: &mut Host, gpu: u8) -> Result<(), TestCaseError> {
     m.t += 100;
     m.op_seq += 1;
@@ -608,13 +610,13 @@ fn release(m: &mut Model, host: &mut Host, gpu: u8) -> Result<(), TestCaseError>
     }
     let acks = host.acks.len();
     let cmd = samples::command_topic();
-    step(
-        m,
-        host,
-        Input::Frame(&cmd, &f),
-        &Expect::default(),
-        "a release",
-    )?;
+    // Taken: the actions of every GPU still quarantined run again.
+    let still = (0..GPUS as u8).filter(|&o| was && m.quarantined[o as usize]);
+    let e = Expect {
+        quarantined: still.collect(),
+        ..Expect::default()
+    };
+    step(m, host, Input::Frame(&cmd, &f), &e, "a release")?;
     if was {
         prop_assert_eq!(host.acks.len(), acks + 1, "a release is answered");
         prop_assert_eq!(host.acks[acks].code, AckCode::Ok);

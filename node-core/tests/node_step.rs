@@ -598,3 +598,44 @@ fn a_release_signed_before_newer_quarantine_evidence_is_refused() {
         "a rise after the release"
     );
 }
+
+/// GPUs 1 then 3 quarantined by XID 79: the site's drain reason names
+/// the last (GPU 3). Releasing GPU 3 runs GPU 1's quarantine actions
+/// again, with its own reason, so the scheduler's reason names a GPU
+/// still out, not the one just released; GPU 3's are not run.
+#[test]
+fn a_release_runs_again_the_quarantine_actions_of_every_gpu_still_quarantined() {
+    let mut h = Host::new();
+    let mut t = T0.0;
+    for _ in 0..3 {
+        t += 1_000;
+        h.healthy_round(t);
+    }
+    for gpu in [1, 3] {
+        t += 500;
+        h.step(t, Input::Xid { gpu, xid: 79 });
+        assert_eq!(h.state(gpu), HealthState::Quarantined);
+    }
+    assert_eq!(h.quarantined, [1, 3]);
+    t += 60_000;
+    let trail = h.trail.len();
+    h.step(t, Input::Frame(&cmd_topic(), &release(1, t, 3)));
+    assert_eq!(h.acks.last().unwrap().code, AckCode::Ok);
+    assert_eq!(h.state(3), HealthState::Healthy);
+    assert_eq!(h.quarantined, [1, 3, 1], "GPU 1's actions again, only");
+    let again = h.trail[trail..].iter().find_map(|e| match e {
+        Effect::Quarantine { gpu: 1, reason } => Some(reason.clone()),
+        _ => None,
+    });
+    assert!(
+        again
+            .as_deref()
+            .is_some_and(|r| r.starts_with("xid-79: XID 79")),
+        "{again:?}"
+    );
+    // A release with none left quarantined runs nothing.
+    t += 1_000;
+    h.step(t, Input::Frame(&cmd_topic(), &release(2, t, 1)));
+    assert_eq!(h.acks.last().unwrap().code, AckCode::Ok);
+    assert_eq!(h.quarantined, [1, 3, 1]);
+}

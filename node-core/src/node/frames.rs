@@ -1,7 +1,8 @@
 //! Frames from the bus: the CDU's state (the cooling context of the
 //! health engine, and whether this host's rack lost cooling) and commands
 //! to this host (cap leases, quarantine releases), each logged to flash
-//! before its ack.
+//! before its ack. A release runs again the quarantine actions of every
+//! other GPU still quarantined, so the site's drain reason names one.
 //!
 //! Glossary:
 //! - *pending command*: a command taken, whose ack waits for its flash
@@ -11,7 +12,8 @@
 
 use loopwarden_protocol::{
     Ack, AckCode, CduMode, CduState, Correlation, Event, Family, Frame, GpuCap, GpuSelector,
-    Message, QuarantineRelease, RackCooling, Text, TimestampMs, Topic, Watts, MAX_GPUS,
+    HealthState, Message, QuarantineRelease, RackCooling, Text, TimestampMs, Topic, Watts,
+    MAX_GPUS,
 };
 
 use super::{gpu_index, Effect, Level, Node, Now};
@@ -231,6 +233,7 @@ impl Node {
                     to: change.to,
                     reason: change.reason,
                 }));
+                self.quarantine_still_out(gpu, out);
             }
             Err(Refusal::NotQuarantined(state)) => {
                 let p = self.pending_mut();
@@ -252,6 +255,34 @@ impl Node {
                 p.code = AckCode::Failed;
                 p.detail = why;
             }
+        }
+    }
+
+    /// After the release of `released`: the quarantine actions of every
+    /// GPU still quarantined run again (each bears running twice), so the
+    /// site's drain reason, which the last quarantine's actions wrote,
+    /// names a GPU still out rather than the one just released. The
+    /// release itself does nothing in the scheduler (docs/health.md,
+    /// section 7).
+    fn quarantine_still_out(&self, released: u8, out: &mut Vec<Effect>) {
+        for gpu in (0..self.gpus.len()).filter_map(|g| u8::try_from(g).ok()) {
+            let Some(st) = self.health.status(gpu) else {
+                continue;
+            };
+            if gpu == released || st.state != HealthState::Quarantined {
+                continue;
+            }
+            out.push(Effect::Say(
+                Level::Warn,
+                format!(
+                    "GPU {gpu} is still quarantined after the release of GPU {released}: \
+                     its quarantine actions run again"
+                ),
+            ));
+            out.push(Effect::Quarantine {
+                gpu,
+                reason: format!("{}: {}", st.reason, st.evidence),
+            });
         }
     }
 
