@@ -1,7 +1,7 @@
 //! The bridge's decisions: what to publish on the Sparkplug side, and
 //! when, from what the Loopwarden bus and the Sparkplug broker say. No
-//! clock, no socket: the shell passes the time in and publishes what
-//! [`Bridge::step`] returns, in order.
+//! clock, no socket: the shell passes the time in (both clocks, [`Now`])
+//! and publishes what [`Bridge::step`] returns, in order.
 //!
 //! The rules (Sparkplug 3.0, chapters 4 to 6):
 //! - each connection attempt registers an NDEATH as its MQTT will, with a
@@ -45,6 +45,10 @@
 //! - *held*: a rebirth or resync is due; frames are kept in the views but
 //!   no DATA goes out until the births.
 //! - *silence limit*: how long a born device may go unheard.
+//! - *wall time*: ms since the Unix epoch, for the timestamps published
+//!   only; it may be stepped (an NTP correction, a VM resumed).
+//! - *monotonic time*: ms on a clock that is never stepped, for every
+//!   window and every "how long" (silence, pace, rebirth, resync, NDATA).
 
 use std::collections::BTreeMap;
 
@@ -83,6 +87,25 @@ pub const RESYNC_MAX_MS: u64 = 60_000;
 /// within seconds, not never.
 pub const SILENT_AFTER_MS: u64 = 10_000;
 
+/// When a step happens, on both clocks: the wall clock stamps what is
+/// published; the monotonic clock times silences, paces and windows, so
+/// that a wall clock stepped forward does not declare every device dead
+/// at once, nor one stepped back keep a dead device alive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Now {
+    /// Ms since the Unix epoch.
+    pub wall: u64,
+    /// Ms on a clock that is never stepped (the shell's: since it started).
+    pub mono: u64,
+}
+
+impl From<u64> for Now {
+    /// Both clocks at `ms`: a clock that is never stepped (a replay, a test).
+    fn from(ms: u64) -> Self {
+        Now { wall: ms, mono: ms }
+    }
+}
+
 /// The most notices kept for the shell between two takes.
 pub const NOTICES: usize = 64;
 
@@ -91,11 +114,11 @@ pub const NOTICES: usize = 64;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Notice {
     /// A rebirth was asked sooner than [`REBIRTH_EVERY_MS`] after the
-    /// last: the births go out at `due` (ms since the epoch), for every
-    /// request until then. Given once per window.
+    /// last: the births go out `in_ms` from now, for every request until
+    /// then. Given once per window.
     RebirthsLimited {
-        /// When the births go out.
-        due: u64,
+        /// How long until the births go out, ms.
+        in_ms: u64,
         /// Requests held back since the bridge started.
         total: u64,
     },
@@ -264,10 +287,10 @@ pub struct Bridge {
     session: bool,
     devices: BTreeMap<Ident, Device>,
     counters: Counters,
-    /// The node metrics last published, and when.
+    /// The node metrics last published, and when (monotonic).
     node_published: Vec<Point>,
     node_published_at: u64,
-    /// When the last rebirth an NCMD asked for went out.
+    /// When the last rebirth an NCMD asked for went out (monotonic).
     rebirth_at: Option<u64>,
     /// A rebirth was asked within the window: it goes out when it ends.
     rebirth_waiting: bool,
@@ -352,9 +375,10 @@ impl Bridge {
         self.session
     }
 
-    /// Decides what to publish after `input`, at `now` (ms since the Unix
-    /// epoch).
-    pub fn step(&mut self, now: u64, input: Input) -> Vec<Publish> {
+    /// Decides what to publish after `input`, at `now` (see [`Now`]; a
+    /// plain `u64` is both clocks at once).
+    pub fn step(&mut self, now: impl Into<Now>, input: Input) -> Vec<Publish> {
+        let now: Now = now.into();
         match input {
             Input::Connected => self.births(now),
             Input::ConnectionLost => {
@@ -362,17 +386,17 @@ impl Bridge {
                 Vec::new()
             }
             Input::Frame(topic, frame) => self.frame(now, &topic, frame),
-            Input::LoopwardenConnected(up) => self.loopwarden(now, up),
+            Input::LoopwardenConnected(up) => self.loopwarden(now.wall, up),
             Input::Command(bytes) => self.command(now, &bytes),
             Input::Dropped(n) => {
-                self.dropped(now, n);
+                self.dropped(now.mono, n);
                 Vec::new()
             }
             Input::Tick => self.tick(now),
-            Input::InboundDropped(total) => self.inbound_dropped(now, total),
+            Input::InboundDropped(total) => self.inbound_dropped(now.wall, total),
             Input::Stop => {
                 let out = if self.session {
-                    vec![self.ndeath(now)]
+                    vec![self.ndeath(now.wall)]
                 } else {
                     Vec::new()
                 };
@@ -492,7 +516,8 @@ impl Bridge {
     }
 
     /// NBIRTH (`seq` 0) and every DBIRTH, for a new session or a rebirth.
-    fn births(&mut self, now: u64) -> Vec<Publish> {
+    fn births(&mut self, at: Now) -> Vec<Publish> {
+        let now = at.wall;
         self.end_session();
         self.session = true;
         self.seq = 0;
@@ -529,7 +554,7 @@ impl Bridge {
         let metrics = fixed.iter().chain(&node).map(Point::to_birth).collect();
         let mut out = vec![self.publish(Kind::NBirth, None, now, metrics)];
         self.node_published = node;
-        self.node_published_at = now;
+        self.node_published_at = at.mono;
         for (id, points) in dbirths {
             let metrics = points.iter().map(Point::to_birth).collect();
             out.push(self.publish(Kind::DBirth, Some(id.as_str()), now, metrics));
@@ -615,7 +640,8 @@ impl Bridge {
         }
     }
 
-    fn frame(&mut self, now: u64, topic: &Topic, frame: Frame) -> Vec<Publish> {
+    fn frame(&mut self, at: Now, topic: &Topic, frame: Frame) -> Vec<Publish> {
+        let now = at.wall;
         self.counters.frames_received += 1;
         if self.loopwarden_lost {
             return Vec::new();
@@ -633,7 +659,7 @@ impl Bridge {
         }
         let id = topic.node.clone();
         let device =
-            (self.devices.entry(id.clone())).or_insert_with(|| Device::new(topic.role, now));
+            (self.devices.entry(id.clone())).or_insert_with(|| Device::new(topic.role, at.mono));
         if device.role != topic.role {
             // A host and a CDU may not share an id in one site: the first
             // one heard keeps it, and the clash is said once.
@@ -659,7 +685,7 @@ impl Bridge {
         match frame.message {
             Message::Online(o) => {
                 device.alive = Some(true);
-                device.heard(now, Heard::Presence);
+                device.heard(at.mono, Heard::Presence);
                 device.view.set_software(o.software.as_str().into(), time);
             }
             // Heard while it is said dead (a late sample, or its retained
@@ -671,7 +697,7 @@ impl Bridge {
                 if !device.view.record(message, time) {
                     return Vec::new();
                 }
-                device.heard(now, heard);
+                device.heard(at.mono, heard);
             }
         }
         self.device_update(now, &id)
@@ -694,7 +720,7 @@ impl Bridge {
         self.forget_devices(now)
     }
 
-    fn tick(&mut self, now: u64) -> Vec<Publish> {
+    fn tick(&mut self, now: Now) -> Vec<Publish> {
         let silent = self.silences(now);
         if !self.session {
             return Vec::new();
@@ -713,10 +739,11 @@ impl Bridge {
 
     /// The bridge's metrics that changed, at most once per
     /// `ndata_every_ms`.
-    fn ndata(&mut self, now: u64) -> Option<Publish> {
-        if now.saturating_sub(self.node_published_at) < self.config.ndata_every_ms {
+    fn ndata(&mut self, at: Now) -> Option<Publish> {
+        if at.mono.saturating_sub(self.node_published_at) < self.config.ndata_every_ms {
             return None;
         }
+        let now = at.wall;
         let now_metrics = self.node_metrics(now);
         let changed: Vec<payload::Metric> = self
             .node_published
@@ -729,7 +756,7 @@ impl Bridge {
             return None;
         }
         self.node_published = now_metrics;
-        self.node_published_at = now;
+        self.node_published_at = at.mono;
         Some(self.publish(Kind::NData, None, now, changed))
     }
 }

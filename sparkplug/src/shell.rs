@@ -13,7 +13,8 @@
 //!   credentials, keep-alive, client id).
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use loopwarden_bus::tls::Tls;
@@ -25,7 +26,7 @@ use rumqttc::{AsyncClient, Event, EventLoop, LastWill, MqttOptions, Outgoing, Pa
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
-use crate::bridge::{Bridge, BridgeConfig, Input, Notice, Publish, REBIRTH_EVERY_MS};
+use crate::bridge::{Bridge, BridgeConfig, Input, Notice, Now, Publish, REBIRTH_EVERY_MS};
 
 /// The least number of requests the Sparkplug client queues before it
 /// refuses more; more for a site whose round of births is larger.
@@ -36,6 +37,19 @@ const QUEUE: usize = 4096;
 /// much again for the data that follows it.
 pub fn queue_for(max_devices: usize) -> usize {
     QUEUE.max(max_devices.saturating_add(1).saturating_mul(2))
+}
+
+/// Now on both clocks: the wall clock for the timestamps published, and
+/// the monotonic one (ms since the bridge first asked) for every window
+/// and silence, which an NTP step or a resumed VM must not move.
+fn now() -> Now {
+    static START: OnceLock<Instant> = OnceLock::new();
+    let start = *START.get_or_init(Instant::now);
+    let mono = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+    Now {
+        wall: now_ms().0,
+        mono,
+    }
 }
 
 /// The least time between two log lines of one kind of refusal from one
@@ -275,12 +289,13 @@ impl LogLimit {
     }
 }
 
-/// Logs what the core noticed, refusals at most once a minute per source.
+/// Logs what the core noticed, refusals at most once a minute per source
+/// (`now` monotonic).
 fn log_notices(core: &mut Bridge, limit: &mut LogLimit, now: u64) {
     for notice in core.take_notices() {
         match notice {
-            Notice::RebirthsLimited { due, total } => warn!(
-                in_ms = due.saturating_sub(now),
+            Notice::RebirthsLimited { in_ms, total } => warn!(
+                in_ms,
                 held_back = total,
                 "rebirth requests come faster than one per {} s: the births go out once at \
                  the window's end, for every request until then (bridge/rebirths_limited)",
@@ -346,7 +361,7 @@ fn send(client: &AsyncClient, core: &mut Bridge, out: Vec<Publish>) {
             "Sparkplug client queue full: publishes dropped, births follow (no data until then)"
         );
         // Nothing now: the births go out at the next tick.
-        let _ = core.step(now_ms().0, Input::Dropped(dropped));
+        let _ = core.step(now(), Input::Dropped(dropped));
     }
 }
 
@@ -384,7 +399,7 @@ struct Shell {
 
 impl Shell {
     /// Tells the core when the Loopwarden bus went up or down.
-    fn loopwarden(&mut self, now: u64, up: bool) -> Vec<Publish> {
+    fn loopwarden(&mut self, now: Now, up: bool) -> Vec<Publish> {
         if up == self.loopwarden_up {
             return Vec::new();
         }
@@ -394,7 +409,7 @@ impl Shell {
     }
 
     async fn on_event(&mut self, event: SparkplugEvent, loopwarden_up: bool) -> Vec<Publish> {
-        let now = now_ms().0;
+        let now = now();
         match event {
             SparkplugEvent::Subscribed => {
                 let broker = self.link.brokers.get(self.broker);
@@ -415,7 +430,7 @@ impl Shell {
                 }
                 self.core.step(now, Input::ConnectionLost);
                 self.broker = self.link.brokers.after(self.broker);
-                let will = self.core.connecting(now);
+                let will = self.core.connecting(now.wall);
                 let options = mqtt_options(&self.link, self.broker, &will);
                 let _ = self.next_options.send(options).await;
                 Vec::new()
@@ -424,7 +439,7 @@ impl Shell {
     }
 
     fn on_tick(&mut self, loopwarden_up: bool, dropped_inbound: u64) -> Vec<Publish> {
-        let now = now_ms().0;
+        let now = now();
         let mut out = self.loopwarden(now, loopwarden_up);
         out.extend(self.core.step(now, Input::InboundDropped(dropped_inbound)));
         out.extend(self.core.step(now, Input::Tick));
@@ -471,7 +486,7 @@ pub async fn run(options: Options) -> Result<()> {
     let ncmd = format!("spBv1.0/{}/NCMD/{}", bridge.group, bridge.edge_node);
     let (bus, mut inbound, bus_task) = start_loopwarden(loopwarden.clone(), loopwarden_tls, &site)?;
     let mut core = Bridge::new(bridge);
-    let will = core.connecting(now_ms().0);
+    let will = core.connecting(now().wall);
     let (client, eventloop) =
         AsyncClient::new(mqtt_options(&link, 0, &will), queue_for(max_devices));
     let (event_tx, mut events) = mpsc::channel(64);
@@ -507,7 +522,7 @@ pub async fn run(options: Options) -> Result<()> {
                 let Some(m) = msg else { bail!("the Loopwarden bus stopped") };
                 // Frames the bus took before it went down may come after:
                 // the core hears of the loss first, and ignores them.
-                let now = now_ms().0;
+                let now = now();
                 let mut out = shell.loopwarden(now, bus.is_connected());
                 out.extend(shell.core.step(now, Input::Frame(m.topic, m.frame)));
                 out
@@ -518,7 +533,7 @@ pub async fn run(options: Options) -> Result<()> {
             _ = tokio::signal::ctrl_c() => break,
             _ = terminate.recv() => break,
         };
-        log_notices(&mut shell.core, &mut shell.log, now_ms().0);
+        log_notices(&mut shell.core, &mut shell.log, now().mono);
         send(&client, &mut shell.core, out);
     }
     stop(&client, &mut shell.core, &mut events).await;
@@ -543,7 +558,7 @@ async fn stop(
     core: &mut Bridge,
     events: &mut mpsc::Receiver<SparkplugEvent>,
 ) {
-    let out = core.step(now_ms().0, Input::Stop);
+    let out = core.step(now(), Input::Stop);
     let said_goodbye = !out.is_empty();
     send(client, core, out);
     let wait = async {

@@ -4,7 +4,7 @@
 
 use loopwarden_protocol::{Family, Frame, Ident, Message, ReasonCode, Role, Topic};
 
-use super::{Bridge, Notice, Publish};
+use super::{Bridge, Notice, Now, Publish};
 use crate::device::View;
 use crate::payload::Point;
 
@@ -21,7 +21,7 @@ pub(super) struct Device {
     /// application knows it, and every round of births says it is dead
     /// while it is.
     pub(super) ever_born: bool,
-    /// When a frame of it was last accepted (the bridge's clock).
+    /// When a frame of it was last accepted (the bridge's monotonic clock).
     pub(super) last_heard: u64,
     /// Its pace: when its last sample (telemetry) came, the gap before
     /// it, and whether it was absent since (declared dead of silence, or
@@ -256,9 +256,10 @@ impl Bridge {
         self.forget_devices(now)
     }
 
-    /// The devices unheard past their silence limit: each dies (DDEATH
-    /// if born) and is born again when heard.
-    pub(super) fn silences(&mut self, now: u64) -> Vec<Publish> {
+    /// The devices unheard past their silence limit (on the monotonic
+    /// clock): each dies (DDEATH if born) and is born again when heard.
+    pub(super) fn silences(&mut self, at: Now) -> Vec<Publish> {
+        let now = at.mono;
         let (host, cdu) = (
             self.config.host_silent_after_ms,
             self.config.cdu_silent_after_ms,
@@ -272,7 +273,7 @@ impl Bridge {
         let mut out = Vec::new();
         for (id, for_ms) in silent {
             self.counters.devices_silent += 1;
-            out.extend(self.ddeath(now, &id));
+            out.extend(self.ddeath(at.wall, &id));
             if let Some(d) = self.devices.get_mut(&id) {
                 d.alive = None;
                 d.absent();

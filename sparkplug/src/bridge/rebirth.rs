@@ -2,11 +2,11 @@
 //! resync after dropped publishes, each held to its window, with no DATA
 //! while births are due.
 
-use super::{Bridge, Notice, Publish, REBIRTH, REBIRTH_EVERY_MS, RESYNC_MAX_MS};
+use super::{Bridge, Notice, Now, Publish, REBIRTH, REBIRTH_EVERY_MS, RESYNC_MAX_MS};
 use crate::payload;
 
 impl Bridge {
-    pub(super) fn command(&mut self, now: u64, bytes: &[u8]) -> Vec<Publish> {
+    pub(super) fn command(&mut self, now: Now, bytes: &[u8]) -> Vec<Publish> {
         let why = match payload::decode(bytes) {
             Err(e) => Some(format!("cannot be decoded: {e}")),
             Ok(p) if p.metrics.iter().any(is_rebirth) => None,
@@ -18,29 +18,31 @@ impl Bridge {
             self.notify(Notice::CommandRefused { why });
             return Vec::new();
         }
-        let Some(due) = self.rebirth_due(now) else {
-            self.rebirth_at = Some(now);
+        let Some(due) = self.rebirth_due(now.mono) else {
+            self.rebirth_at = Some(now.mono);
             return self.births(now);
         };
         self.counters.rebirths_limited += 1;
         if !self.rebirth_waiting {
             self.rebirth_waiting = true;
             let total = self.counters.rebirths_limited;
-            self.notify(Notice::RebirthsLimited { due, total });
+            let in_ms = due - now.mono;
+            self.notify(Notice::RebirthsLimited { in_ms, total });
         }
         Vec::new()
     }
 
-    /// When a rebirth asked at `now` may go out, if not now: the last
-    /// one plus [`REBIRTH_EVERY_MS`]. A clock set back before the last
-    /// one does not hold a request back.
+    /// When a rebirth asked at `now` (monotonic) may go out, if not now:
+    /// the last one plus [`REBIRTH_EVERY_MS`]. A time before the last one
+    /// does not hold a request back.
     pub(super) fn rebirth_due(&self, now: u64) -> Option<u64> {
         let last = self.rebirth_at?;
         let due = last.saturating_add(REBIRTH_EVERY_MS);
         (last <= now && now < due).then_some(due)
     }
 
-    /// Publishes could not be queued: every birth is due again. Drops
+    /// Publishes could not be queued (at `now`, monotonic): every birth
+    /// is due again. Drops
     /// within the window of the last births (those births, or what
     /// followed them, did not fit either) double the window, once per
     /// round of births however many sends dropped.
@@ -63,7 +65,8 @@ impl Bridge {
     }
 
     /// Every birth, when a held rebirth's or a resync's window is over.
-    pub(super) fn births_due(&mut self, now: u64) -> Option<Vec<Publish>> {
+    pub(super) fn births_due(&mut self, at: Now) -> Option<Vec<Publish>> {
+        let now = at.mono;
         let rebirth = self.rebirth_waiting && self.rebirth_due(now).is_none();
         let window_over = |l: u64| now < l || now >= l.saturating_add(self.resync_every_ms);
         let resync = self.resync && self.rebirth_at.is_none_or(window_over);
@@ -75,7 +78,7 @@ impl Bridge {
             return None;
         }
         self.rebirth_at = Some(now);
-        Some(self.births(now))
+        Some(self.births(at))
     }
 }
 

@@ -410,7 +410,10 @@ fn rebirths_go_out_at_most_once_per_window_and_those_held_back_wait_and_are_coun
     // Two more within 5 s: nothing now, one notice for the window.
     assert!(rebirth(&mut b, T + 1_000).is_empty());
     let due = T + REBIRTH_EVERY_MS;
-    let notice = Notice::RebirthsLimited { due, total: 1 };
+    let notice = Notice::RebirthsLimited {
+        in_ms: REBIRTH_EVERY_MS - 1_000,
+        total: 1,
+    };
     assert_eq!(b.take_notices(), [notice]);
     assert!(rebirth(&mut b, T + 2_000).is_empty());
     assert_eq!(b.take_notices(), [], "once per window");
@@ -423,10 +426,7 @@ fn rebirths_go_out_at_most_once_per_window_and_those_held_back_wait_and_are_coun
     assert!(b.step(due + 1_000, Input::Tick).is_empty(), "nothing waits");
     // The births at the window's end start the next window.
     assert!(rebirth(&mut b, due + 4_999).is_empty());
-    let notice = Notice::RebirthsLimited {
-        due: due + REBIRTH_EVERY_MS,
-        total: 3,
-    };
+    let notice = Notice::RebirthsLimited { in_ms: 1, total: 3 };
     assert_eq!(b.take_notices(), [notice]);
     let out = b.step(due + REBIRTH_EVERY_MS, Input::Tick);
     assert_eq!(kinds(&out), births);

@@ -153,6 +153,56 @@ fn a_clean_stop_and_start_keeps_a_known_pace() {
 }
 
 #[test]
+fn silence_is_timed_on_the_monotonic_clock_whatever_the_wall_clock_does() {
+    const HOUR: u64 = 3_600_000;
+    let at = |wall: u64, mono: u64| Now { wall, mono };
+    let mut b = bridge();
+    b.connecting(T);
+    b.step(at(T, 0), Input::Connected);
+    let out = b.step(at(T, 1_000), host_telemetry("h07", 61));
+    assert_eq!(kinds(&out), [(Kind::DBirth, Some("h07"))]);
+    // The wall clock stepped forward an hour (a VM resumed, makestep),
+    // 1 s later: the host spoke 1 s ago, it lives.
+    let out = b.step(at(T + HOUR, 2_000), Input::Tick);
+    assert!(
+        !kinds(&out).contains(&(Kind::DDeath, Some("h07"))),
+        "{out:?}"
+    );
+    assert_eq!(b.take_notices(), []);
+    // Then back an hour, 11 s after its last frame: dead, as it is.
+    let out = b.step(at(T - HOUR, 12_000), Input::Tick);
+    assert_eq!(kinds(&out)[0], (Kind::DDeath, Some("h07")));
+    assert_eq!(
+        body(&out[0]).timestamp,
+        Some(T - HOUR),
+        "stamped by the wall"
+    );
+    let silent = Notice::Silent {
+        device: "h07".into(),
+        for_ms: 11_000,
+    };
+    assert_eq!(b.take_notices(), [silent]);
+}
+
+#[test]
+fn a_stepped_wall_clock_does_not_move_a_rebirth_window() {
+    let at = |wall: u64, mono: u64| Now { wall, mono };
+    let mut b = bridge();
+    b.connecting(T);
+    b.step(at(T, 0), Input::Connected);
+    let rebirth = |b: &mut Bridge, now| b.step(now, Input::Command(rebirth_command()));
+    assert!(!rebirth(&mut b, at(T, 1_000)).is_empty(), "at once");
+    // The wall clock a day on, 1 s later: still within the window.
+    assert!(rebirth(&mut b, at(T + 86_400_000, 2_000)).is_empty());
+    let notices = b.take_notices();
+    let limited = Notice::RebirthsLimited {
+        in_ms: REBIRTH_EVERY_MS - 1_000,
+        total: 1,
+    };
+    assert_eq!(notices, [limited]);
+}
+
+#[test]
 fn a_cdu_whose_controller_is_silent_lives_on_its_gateways_states() {
     let mut b = bridge();
     connected(&mut b);
