@@ -350,6 +350,53 @@ fn a_gpu_quarantined_through_a_cooling_loss_is_taken_out_again_after_the_resume(
     );
 }
 
+/// A GPU quarantined, its drain done; the rack loses cooling and gets it
+/// back; the resume lifts every drain, and the quarantine's actions run
+/// again, but the agent is killed while they do (this second run hangs):
+/// the quarantine is no longer known done, so the restart runs them a
+/// third time (the node is not left in service with a sick GPU).
+#[test]
+fn a_quarantine_rerun_after_a_resume_cut_by_a_crash_runs_again_at_the_restart() {
+    let Some(rig) = Rig::start("fb") else {
+        return;
+    };
+    let log = actions_log(&rig);
+    let notes = noting(&rig, "note.sh", "ran", "");
+    let once = rig.dir.path().join("quarantined-once");
+    let then = format!(
+        "if [ -e {0} ]; then exec sleep 20; fi; touch {0}",
+        once.display()
+    );
+    let quarantine = noting(&rig, "quarantine.sh", "quarantine", &then);
+    let mut with_quarantine = cooling_flags(&notes, &notes, &notes, &notes);
+    with_quarantine.extend(flags(&[
+        "--quarantine-action",
+        &format!("{} {{gpu}}", quarantine.display()),
+    ]));
+    let mut agent = rig.spawn_twin_process(ENTRY, 2, &with_quarantine);
+    agent.xids(&[(1, 79)]);
+    wait_for(&log, "quarantine 1", 5);
+    rig.publish_cdu_state(true, 1);
+    wait_for(&log, "ran power_down fb 2", 5);
+    rig.publish_cdu_state(false, 2);
+    wait_for(&log, "ran resume fb 2\nquarantine 1", 5);
+    std::thread::sleep(Duration::from_millis(500));
+    agent.crash();
+
+    let _agent = rig.spawn_twin_process(ENTRY, 2, &with_quarantine);
+    let end = Instant::now() + Duration::from_secs(5);
+    let runs = || lines(&log).iter().filter(|l| *l == "quarantine 1").count();
+    while runs() < 3 && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        runs(),
+        3,
+        "not run again after the restart:\n{}",
+        read(&log)
+    );
+}
+
 /// An agent killed while its power-down ran: when the CDU says cooling is
 /// back before the restart, the power-down is not run again (a host-off
 /// command must not switch a host off again at every start); the power-up

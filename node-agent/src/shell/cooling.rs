@@ -45,7 +45,9 @@
 //! when none was logged, unknown only where the log cannot tell.
 //!
 //! A resume takes the whole node back into service, in the site's
-//! scheduler, its quarantined GPUs with it: once one ended, the
+//! scheduler, its quarantined GPUs with it: before its command starts the
+//! quarantines in force are kept in flash as not known done (a restart
+//! from then on runs their actions again), and once it ended the
 //! quarantine actions of every GPU still quarantined run again.
 //!
 //! Glossary:
@@ -462,6 +464,10 @@ impl Agent {
                 }
             }
             if let Some(job) = self.cooling_job(step, &reason) {
+                if step == CoolingStep::Resume {
+                    // In flash before the phase the runner waits for.
+                    self.undo_quarantines_done();
+                }
                 self.cooling.pending.push(job.id, step);
                 jobs.push(job);
             }

@@ -15,7 +15,10 @@
 //! quarantined whose quarantine is not known done (the agent was killed
 //! while its actions ran or before they started, or one failed) has its
 //! actions run again: a drain or a taint run twice does no harm, one never
-//! run leaves the scheduler unaware.
+//! run leaves the scheduler unaware. A cooling-loss resume lifts every
+//! drain: before its command starts, the quarantines in force are kept as
+//! known done no more, and once it ended their actions run again, so a
+//! restart before those end well runs them again too.
 //!
 //! Glossary:
 //! - *run*: the actions of one quarantine (a GPU and its stamp) still
@@ -65,7 +68,8 @@ pub(super) enum Record {
     /// Its health state (postcard `GpuHealth`).
     Health,
     /// The stamp of its last quarantine whose actions are done (wall ms,
-    /// 8 bytes little-endian).
+    /// 8 bytes little-endian); none (an empty payload) once a
+    /// cooling-loss resume lifted their drain.
     Done,
 }
 
@@ -468,22 +472,43 @@ impl Agent {
     /// A cooling-loss resume ended: it took the node back into service
     /// in the site's scheduler (`scontrol ... State=RESUME` clears every
     /// drain, a quarantine's too), so the actions of each GPU still
-    /// quarantined run again (each bears running twice).
+    /// quarantined run again (each bears running twice), known done no
+    /// more until they end well again.
     pub(super) fn quarantine_again_after_resume(&mut self) {
         if self.config.quarantine_actions.is_empty() {
             return;
         }
-        let quarantined: Vec<u8> = (0..self.gpus.len())
+        self.undo_quarantines_done();
+        for gpu in self.quarantined() {
+            let why = "quarantined still, and the cooling-loss resume put the node back in service";
+            self.run_actions_again(gpu, why);
+        }
+    }
+
+    /// A cooling-loss resume is handed out, or ended: the quarantines in
+    /// force are known done no more in flash (their stamp replaced by
+    /// none), since the resume lifts their drains. Kept before the
+    /// resume's command starts (the runner waits for the flash's word on
+    /// the phase, kept after), a restart at any point after it runs
+    /// their actions again, until a run after the resume ends well.
+    pub(super) fn undo_quarantines_done(&self) {
+        if self.config.quarantine_actions.is_empty() {
+            return;
+        }
+        for gpu in self.quarantined() {
+            self.keep_record(gpu, Record::Done, &[]);
+        }
+    }
+
+    /// The GPUs quarantined now.
+    fn quarantined(&self) -> Vec<u8> {
+        (0..self.gpus.len())
             .filter_map(|g| u8::try_from(g).ok())
             .filter(|&g| {
                 let st = self.node.health().status(g);
                 st.is_some_and(|st| st.state == HealthState::Quarantined)
             })
-            .collect();
-        for gpu in quarantined {
-            let why = "quarantined still, and the cooling-loss resume put the node back in service";
-            self.run_actions_again(gpu, why);
-        }
+            .collect()
     }
 
     /// A quarantine action ended: logged, and published; once every action
