@@ -33,7 +33,8 @@
 //!   [`REBIRTH_EVERY_MS`] to [`RESYNC_MAX_MS`] while drops go on; no DATA
 //!   while births are due;
 //! - frames the Loopwarden client could not queue: every device dies
-//!   (DDEATH) and is born again as it is heard;
+//!   (DDEATH) and is born again as it is heard (the shell discards the
+//!   frames still queued, older than the drop, before it says so);
 //! - a clean stop publishes the NDEATH itself before disconnecting.
 //!
 //! Glossary:

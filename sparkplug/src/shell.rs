@@ -1,7 +1,9 @@
 //! The bridge's I/O: the Loopwarden bus in (through `loopwarden-bus`, as
 //! `lwbus watch` reads it), Sparkplug B out (a `rumqttc` client of its
 //! own, with the NDEATH as its will), a tick, and the stop signals. Every
-//! decision is the core's ([`crate::bridge`]); this file moves bytes.
+//! decision is the core's ([`crate::bridge`]); this file moves bytes, and
+//! discards the Loopwarden frames still queued when the bus client says
+//! it dropped some (they are older than the frames lost).
 //!
 //! The Sparkplug client's event loop runs in a task of its own: it tells
 //! the main loop what happened (`SparkplugEvent`) and, after a lost
@@ -382,6 +384,35 @@ fn loopwarden_filters(site: &Ident) -> Result<Vec<String>> {
     Ok(filters)
 }
 
+/// The Loopwarden client's count of frames it could not queue, read at a
+/// tick (`seen`: the count read before): the core's publishes, and how
+/// many frames still queued were discarded unread.
+///
+/// When the count rose, every frame still queued was queued before it was
+/// read, some before the frames lost (an `online: false`, a health
+/// change), and nothing tells which: the senders' clocks are not the
+/// bridge's, and only the queue's order says what came first. Each is
+/// discarded before the core declares every device dead, so that none is
+/// born again by a frame older than what was lost, only by its next one
+/// (a frame queued after the drop and discarded too costs a device at
+/// most its next sample).
+fn inbound_dropped(
+    core: &mut Bridge,
+    now: Now,
+    total: u64,
+    seen: &mut u64,
+    queued: &mut mpsc::Receiver<loopwarden_bus::Inbound>,
+) -> (Vec<Publish>, u64) {
+    let mut discarded = 0;
+    if total > *seen {
+        *seen = total;
+        while queued.try_recv().is_ok() {
+            discarded += 1;
+        }
+    }
+    (core.step(now, Input::InboundDropped(total)), discarded)
+}
+
 /// The main loop's state around the core: which Sparkplug broker is in
 /// use, how to hand the next attempt's options to the client's task, and
 /// what the core last heard of the Loopwarden bus.
@@ -395,6 +426,8 @@ struct Shell {
     max_devices: usize,
     /// The site was said larger than `max_devices`.
     too_many_told: bool,
+    /// The Loopwarden client's count of frames dropped, as last read.
+    dropped_inbound: u64,
 }
 
 impl Shell {
@@ -438,10 +471,24 @@ impl Shell {
         }
     }
 
-    fn on_tick(&mut self, loopwarden_up: bool, dropped_inbound: u64) -> Vec<Publish> {
+    fn on_tick(
+        &mut self,
+        loopwarden_up: bool,
+        dropped_inbound: u64,
+        queued: &mut mpsc::Receiver<loopwarden_bus::Inbound>,
+    ) -> Vec<Publish> {
         let now = now();
         let mut out = self.loopwarden(now, loopwarden_up);
-        out.extend(self.core.step(now, Input::InboundDropped(dropped_inbound)));
+        let seen = &mut self.dropped_inbound;
+        let (dead, discarded) = inbound_dropped(&mut self.core, now, dropped_inbound, seen, queued);
+        if discarded > 0 {
+            warn!(
+                discarded,
+                "frames still queued when the Loopwarden client dropped others discarded unread: \
+                 older than what was lost, they would show stale values"
+            );
+        }
+        out.extend(dead);
         out.extend(self.core.step(now, Input::Tick));
         let devices = self.core.devices();
         if devices > self.max_devices && !self.too_many_told {
@@ -508,6 +555,7 @@ pub async fn run(options: Options) -> Result<()> {
         log: LogLimit::default(),
         max_devices,
         too_many_told: false,
+        dropped_inbound: 0,
     };
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -528,7 +576,8 @@ pub async fn run(options: Options) -> Result<()> {
                 out
             }
             _ = tick.tick() => {
-                shell.on_tick(bus.is_connected(), bus.metrics().dropped_inbound_full)
+                let dropped = bus.metrics().dropped_inbound_full;
+                shell.on_tick(bus.is_connected(), dropped, &mut inbound)
             }
             _ = tokio::signal::ctrl_c() => break,
             _ = terminate.recv() => break,
@@ -635,6 +684,74 @@ mod tests {
             Allow::Others(held + 2),
             "everything held back since, counted"
         );
+    }
+
+    fn h07(temp: u8) -> loopwarden_bus::Inbound {
+        use loopwarden_protocol::{samples, Frame, Message, TimestampMs, Topic, WholeCelsius};
+        let site = Ident::new("hall-1").unwrap();
+        let node = NodeId::new(Role::Host, "h07").unwrap();
+        let topic = Topic::new(&site, Role::Host, &node.id, Family::Telemetry);
+        let mut t = samples::host_telemetry(2);
+        t.gpus[0].temp = WholeCelsius(temp);
+        let frame = Frame {
+            sender: node,
+            seq: 1,
+            time: TimestampMs(T),
+            message: Message::HostTelemetry(t),
+        };
+        loopwarden_bus::Inbound { topic, frame }
+    }
+
+    const T: u64 = 1_795_953_600_000;
+
+    /// What the main loop does with the frames queued: each to the core.
+    fn deliver(
+        core: &mut Bridge,
+        queued: &mut mpsc::Receiver<loopwarden_bus::Inbound>,
+    ) -> Vec<crate::bridge::Kind> {
+        let mut out = Vec::new();
+        while let Ok(m) = queued.try_recv() {
+            out.extend(core.step(T, Input::Frame(m.topic, m.frame)));
+        }
+        out.iter().map(|p| p.kind).collect()
+    }
+
+    #[test]
+    fn frames_queued_before_a_drop_birth_nothing_and_the_next_one_births_the_device() {
+        use crate::bridge::Kind;
+        let mut core = Bridge::new(BridgeConfig {
+            group: "hall-1".into(),
+            edge_node: "loopwarden".into(),
+            site: "hall-1".into(),
+            software: "0.1.0".into(),
+            ndata_every_ms: 10_000,
+            host_silent_after_ms: 10_000,
+            cdu_silent_after_ms: 10_000,
+        });
+        core.connecting(T);
+        core.step(T, Input::Connected);
+        let (tx, mut queued) = mpsc::channel(8);
+        tx.try_send(h07(61)).unwrap();
+        assert_eq!(deliver(&mut core, &mut queued), [Kind::DBirth]);
+        // An older sample still queued when h07's `online: false` was
+        // dropped (the queue full), and the count read at the next tick.
+        tx.try_send(h07(62)).unwrap();
+        let mut seen = 0;
+        let (out, discarded) = inbound_dropped(&mut core, T.into(), 1, &mut seen, &mut queued);
+        assert_eq!(
+            out.iter().map(|p| p.kind).collect::<Vec<_>>(),
+            [Kind::DDeath]
+        );
+        assert_eq!(deliver(&mut core, &mut queued), [], "no stale birth");
+        assert_eq!((discarded, seen), (1, 1));
+        // Its next frame, taken after the drop, births it again.
+        tx.try_send(h07(63)).unwrap();
+        assert_eq!(deliver(&mut core, &mut queued), [Kind::DBirth]);
+        // The same count at the next tick discards nothing.
+        tx.try_send(h07(64)).unwrap();
+        let (out, discarded) = inbound_dropped(&mut core, T.into(), 1, &mut seen, &mut queued);
+        assert_eq!((out.len(), discarded), (0, 0));
+        assert_eq!(deliver(&mut core, &mut queued), [Kind::DData]);
     }
 
     #[test]
