@@ -16,7 +16,11 @@
 //!
 //! A restart also gives back the steps handed out and not known done
 //! ([`CoolingLoss::restore`]); at the start ([`CoolingLoss::resume`]) a
-//! drain, a power-up and a resume run again at once, each harmless twice.
+//! drain, a power-up and a resume run again at once, each harmless twice
+//! (the shell runs a kept resume again at one start only, and drops it if
+//! it fails then: a scheduler refuses to resume a node already back in
+//! service, and a resume run at every start would lift a drain made
+//! since).
 //! A power-down is held: a host-off command that cut the host before its
 //! outcome was kept must not switch it off again at every start once
 //! cooling is back. It runs once the CDU's first state taken after the

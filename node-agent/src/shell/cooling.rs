@@ -17,8 +17,11 @@
 //! steps kept pending (the agent was killed before or while they ran, or
 //! one failed) are given back to the node, and stay pending here until
 //! it decides each (at `Input::Start`, on its own clock): a drain, a
-//! power-up and a resume run again at once, each harmless twice; a
-//! power-down once the CDU's first state taken after the start leaves the
+//! power-up and a resume run again at once, each harmless twice (a
+//! resume at most once: a scheduler refuses to resume a node already in
+//! service, and one run at every start would lift a drain an operator
+//! made since; failing then, or cut, it is said and dropped, its record
+//! marked [`AGAIN`] while it runs); a power-down once the CDU's first state taken after the start leaves the
 //! rack powered down, or at the first round once
 //! `node_core::cooling_loss::HELD_WAIT_MS` (or the grace, if longer)
 //! passed without one (silence is not cooling), since a host-off command
@@ -54,6 +57,8 @@
 //! - *job*: one step's commands, numbered, for the runner.
 //! - *pending*: handed out, or kept from before the restart, and not
 //!   known done, in order.
+//! - *last try*: a resume kept pending from before the restart, run
+//!   again at the start: pending no more once it ended, well or not.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -180,6 +185,10 @@ pub(crate) struct Steps {
     undo: HashMap<u64, Arc<AtomicBool>>,
     /// The drains among those jobs, to cut when the power-down comes.
     drains: HashMap<u64, Arc<Cut>>,
+    /// A resume kept pending from before the restart, not handed out yet.
+    resume_kept: bool,
+    /// The job of that resume run again at the start: its last try.
+    last_try: Option<u64>,
 }
 
 /// Starts the runner; returns the steps' state and where outcomes come
@@ -226,6 +235,8 @@ pub(crate) fn start_runner() -> (Steps, mpsc::Receiver<StepDone>) {
         in_runner: 0,
         undo: HashMap::new(),
         drains: HashMap::new(),
+        resume_kept: false,
+        last_try: None,
     };
     (steps, done_rx)
 }
@@ -310,8 +321,17 @@ impl Pending {
         self.0.retain(|&(_, s)| s != step);
     }
 
+    #[cfg(test)]
     fn steps(&self) -> Vec<CoolingStep> {
         self.0.iter().map(|&(_, s)| s).collect()
+    }
+
+    /// The steps as kept in flash, job `last_try`'s marked [`AGAIN`].
+    fn kept(&self, last_try: Option<u64>) -> Vec<KeptStep> {
+        self.0
+            .iter()
+            .map(|&(id, s)| (s, Some(id) == last_try))
+            .collect()
     }
 }
 
@@ -334,10 +354,17 @@ fn step_of(code: u8) -> Option<CoolingStep> {
     })
 }
 
+/// A step's byte in flash marked [`AGAIN`]: a resume kept from before a
+/// restart, run again at a start (its last try).
+const AGAIN: u8 = 0x80;
+
+/// A pending step as kept in flash, and whether it is marked [`AGAIN`].
+type KeptStep = (CoolingStep, bool);
+
 /// The phase and the pending steps as kept in flash: a tag, the
 /// wall-clock stamp, then one byte per pending step (none in a record
-/// kept before steps were).
-fn encode(phase: Phase, pending: &[CoolingStep]) -> Vec<u8> {
+/// kept before steps were), [`AGAIN`] added to a last try's.
+fn encode(phase: Phase, pending: &[KeptStep]) -> Vec<u8> {
     let (tag, since) = match phase {
         Phase::Cooled => (0u8, 0u64),
         Phase::Draining { since } => (1, since),
@@ -345,11 +372,15 @@ fn encode(phase: Phase, pending: &[CoolingStep]) -> Vec<u8> {
     };
     let mut b = vec![tag];
     b.extend_from_slice(&since.to_le_bytes());
-    b.extend(pending.iter().map(|&s| step_code(s)));
+    b.extend(
+        pending
+            .iter()
+            .map(|&(s, again)| step_code(s) | if again { AGAIN } else { 0 }),
+    );
     b
 }
 
-fn decode(b: &[u8]) -> Option<(Phase, Vec<CoolingStep>)> {
+fn decode(b: &[u8]) -> Option<(Phase, Vec<KeptStep>)> {
     let since = u64::from_le_bytes(b.get(1..9)?.try_into().ok()?);
     let phase = match b.first()? {
         0 => Phase::Cooled,
@@ -357,12 +388,21 @@ fn decode(b: &[u8]) -> Option<(Phase, Vec<CoolingStep>)> {
         2 => Phase::PoweredDown { since },
         _ => return None,
     };
-    let pending = b[9..].iter().map(|&c| step_of(c)).collect::<Option<_>>()?;
+    let pending = b[9..]
+        .iter()
+        .map(|&c| Some((step_of(c & !AGAIN)?, c & AGAIN != 0)))
+        .collect::<Option<_>>()?;
     Some((phase, pending))
 }
 
 /// What keeps `phase` and `pending` in flash: the record, then its check.
 pub(super) fn phase_items(phase: Phase, pending: &[CoolingStep]) -> Vec<(String, Vec<u8>)> {
+    let pending: Vec<KeptStep> = pending.iter().map(|&s| (s, false)).collect();
+    kept_items(phase, &pending)
+}
+
+/// [`phase_items`] of steps each marked [`AGAIN`] or not.
+fn kept_items(phase: Phase, pending: &[KeptStep]) -> Vec<(String, Vec<u8>)> {
     let record = encode(phase, pending);
     let check = check_of(&record);
     vec![
@@ -415,14 +455,49 @@ pub(super) async fn restore(
     if phase != Phase::Cooled {
         tracing::warn!("a cooling loss from before the restart: {phase}; waiting for the CDU");
     }
-    Some((phase, pending))
+    Some((phase, drop_last_tries(store, phase, pending).await))
+}
+
+/// What the resume says when its last try did not end well: where the
+/// node may be, and what to do.
+const RESUME_BY_HAND: &str = "the node may be in service already (a scheduler refuses to \
+     resume a node that is not drained, and an operator may have resumed it by hand); check \
+     its state in the scheduler (`sinfo -R`, `kubectl get node`) and resume it by hand if it is \
+     still drained for the cooling loss";
+
+/// The steps kept pending, but for a resume kept from before a restart
+/// and run again at a start already (marked [`AGAIN`]: the agent was
+/// killed while it ran): said and dropped, the record kept without it, so
+/// a resume never runs at every start (it would lift a drain an operator
+/// made since).
+async fn drop_last_tries(
+    store: &mut ConfigStore<Flash>,
+    phase: Phase,
+    kept: Vec<KeptStep>,
+) -> Vec<CoolingStep> {
+    let steps: Vec<CoolingStep> = kept.iter().filter(|k| !k.1).map(|k| k.0).collect();
+    if steps.len() == kept.len() {
+        return steps;
+    }
+    tracing::error!(
+        "cooling-loss resume, kept from before the restart and run again at an earlier start, \
+         cut then: not run again; {RESUME_BY_HAND}"
+    );
+    for (key, value) in phase_items(phase, &steps) {
+        if let Err(e) = store.set(&key, &value).await {
+            tracing::error!(
+                "{key}: the resume dropped is not kept so ({e:?}): said again at the next start"
+            );
+        }
+    }
+    steps
 }
 
 /// The phase and the pending steps kept, checked against the check kept
 /// after them; `None` when none were kept.
 async fn read_kept(
     store: &mut ConfigStore<Flash>,
-) -> Result<Option<(Phase, Vec<CoolingStep>)>, String> {
+) -> Result<Option<(Phase, Vec<KeptStep>)>, String> {
     let value = get(store, PHASE_KEY).await?;
     let check = get(store, CHECK_KEY).await?;
     if value.is_some() && check.is_none() {
@@ -468,6 +543,9 @@ impl Agent {
                     // In flash before the phase the runner waits for.
                     self.undo_quarantines_done();
                 }
+                if std::mem::take(&mut self.cooling.resume_kept) && step == CoolingStep::Resume {
+                    self.cooling.last_try = Some(job.id);
+                }
                 self.cooling.pending.push(job.id, step);
                 jobs.push(job);
             }
@@ -499,7 +577,8 @@ impl Agent {
     /// else); the flash's word once both are kept (`None`: not handed to
     /// the flash thread, said).
     fn keep_cooling(&self) -> Option<Kept> {
-        let items = phase_items(self.cooling.kept, &self.cooling.pending.steps());
+        let pending = self.cooling.pending.kept(self.cooling.last_try);
+        let items = kept_items(self.cooling.kept, &pending);
         self.recorder.set_all_later(items).ok()
     }
 
@@ -572,6 +651,7 @@ impl Agent {
     /// node runs each again or drops it (see the module note).
     pub(super) fn resume_cooling(&mut self, phase: Phase, pending: Vec<CoolingStep>) {
         self.cooling.kept = phase;
+        self.cooling.resume_kept = pending.contains(&CoolingStep::Resume);
         for step in pending {
             self.cooling.next_id += 1;
             self.cooling.pending.push(self.cooling.next_id, step);
@@ -612,7 +692,17 @@ impl Agent {
         }
         self.count_action(ActionKind::CoolingLoss, &format!("cooling-loss {step}"), &o);
         if let Some(ok) = ended {
-            if self.cooling.pending.ended(id, ok) {
+            // A resume's last try is pending no more, whatever its end.
+            let last_try = self.cooling.last_try == Some(id);
+            if last_try {
+                self.cooling.last_try = None;
+            }
+            if last_try && !ok && self.cooling.pending.holds(id) {
+                tracing::error!(
+                    "cooling-loss resume, kept from before the restart, failed again at this start: not run again; {RESUME_BY_HAND}"
+                );
+            }
+            if self.cooling.pending.ended(id, ok || last_try) {
                 self.keep_cooling();
             }
             if step == CoolingStep::Resume {
@@ -806,13 +896,31 @@ mod tests {
         let down = Phase::PoweredDown { since: 31_000 };
         keep(&mut store, down, &[PowerDown]);
         assert_eq!(restored(&mut store), Some((down, vec![PowerDown])));
-        let mut store = super::super::damage_newest(store, &encode(down, &[PowerDown]));
+        let mut store = super::super::damage_newest(store, &encode(down, &[(PowerDown, false)]));
         assert_eq!(restored(&mut store), unknown());
         // Lost altogether, its check kept: unknown too.
         let mut store = loopwarden_store::agent_flash::open(None).unwrap().store;
         let check = check_of(&encode(down, &[]));
         futures::executor::block_on(store.set(CHECK_KEY, &check)).unwrap();
         assert_eq!(restored(&mut store), unknown());
+    }
+
+    /// A resume kept as run again at a start already (the agent was
+    /// killed while it ran then) is not given back: dropped, and the
+    /// record kept without it, so it never runs at every start.
+    #[test]
+    fn a_resume_run_again_at_a_start_already_is_dropped_at_the_next() {
+        let mut store = loopwarden_store::agent_flash::open(None).unwrap().store;
+        let cooled = Phase::Cooled;
+        for (key, value) in kept_items(cooled, &[(Drain, false), (Resume, true)]) {
+            futures::executor::block_on(store.set(&key, &value)).unwrap();
+        }
+        assert_eq!(restored(&mut store), Some((cooled, vec![Drain])));
+        let kept = futures::executor::block_on(read_kept(&mut store));
+        assert_eq!(kept, Ok(Some((cooled, vec![(Drain, false)]))));
+        // Not marked: given back, to run again (its last try).
+        keep(&mut store, cooled, &[Resume]);
+        assert_eq!(restored(&mut store), Some((cooled, vec![Resume])));
     }
 
     #[test]
@@ -825,8 +933,11 @@ mod tests {
             Phase::PoweredDown { since: 7 },
         ] {
             assert_eq!(decode(&encode(p, &[])), Some((p, vec![])));
-            let steps = [Drain, PowerDown, PowerUp, Resume];
+            let steps = [Drain, PowerDown, PowerUp, Resume].map(|s| (s, false));
             assert_eq!(decode(&encode(p, &steps)), Some((p, steps.to_vec())));
+            let again = [(Drain, false), (Resume, true)];
+            assert_eq!(encode(p, &again)[9..], [0, 0x83]);
+            assert_eq!(decode(&encode(p, &again)), Some((p, again.to_vec())));
         }
         assert_eq!(decode(&[9, 0, 0, 0, 0, 0, 0, 0, 0]), None);
         assert_eq!(decode(&[1, 2]), None);

@@ -1,0 +1,90 @@
+//! The site actions that did not end well, run again: a cooling-loss
+//! resume kept from before a restart (at most once, at the next start).
+//!
+//! The agent runs in a process of its own (the test binary run again at
+//! [`agent_process`], `rig::twin_process`), so a test can kill it with
+//! SIGKILL and start it again on the same flash. Each command is a script
+//! that appends a line to `actions.log`: the lines are the proof of what
+//! ran, and in which order.
+//!
+//! Skipped when mosquitto is not installed, except under CI (`CI=true`),
+//! where a missing tool fails the test.
+
+#[path = "system/rig.rs"]
+#[allow(dead_code)]
+mod rig;
+
+#[path = "actions/common.rs"]
+mod common;
+
+use std::time::{Duration, Instant};
+
+use loopwarden_protocol::CoolingStep;
+
+use common::*;
+use rig::twin_process::twin_process_main;
+use rig::Rig;
+
+/// The test [`Rig::spawn_twin_process`] runs as the agent.
+const ENTRY: &str = "agent_process";
+
+/// Not a test: the agent of the tests below, in a process of its own.
+#[test]
+#[ignore = "the agent process of the tests of this file, started by them"]
+fn agent_process() {
+    twin_process_main();
+}
+
+/// A resume that fails (Slurm refuses `State=RESUME` on a node already
+/// back in service: the agent was killed just after `scontrol` resumed
+/// it) is kept pending, and runs again at the next start, once: failing
+/// then too, it is said, naming what to check, and dropped, so a start
+/// weeks later does not resume a node an operator drained since.
+#[test]
+fn a_resume_that_fails_again_at_the_start_is_dropped_not_run_at_every_start() {
+    let Some(rig) = Rig::start("g1") else {
+        return;
+    };
+    let log = actions_log(&rig);
+    let notes = noting(&rig, "note.sh", "ran", "");
+    let refused = "echo 'slurm_update error: Invalid node state specified' >&2; exit 1";
+    let resume = noting(&rig, "resume.sh", "resumed", refused);
+    let f = cooling_flags(&notes, &notes, &notes, &resume);
+    let mut sub = rig.subscribe(&["event"]);
+    let mut agent = rig.spawn_twin_process(ENTRY, 2, &f);
+    rig.publish_cdu_state(true, 1);
+    wait_for(&log, "ran power_down g1 2", 5);
+    rig.publish_cdu_state(false, 2);
+    let failed = (CoolingStep::Resume, false, Some(1));
+    let ev = events_until(&mut sub, 5, |ev| cooling_outcomes(ev).contains(&failed));
+    assert!(cooling_outcomes(&ev).contains(&failed), "{ev:?}");
+    let (status, _) = agent.terminate(Duration::from_secs(10));
+    assert!(status.success(), "{status}");
+
+    // The next start: run again, once, and dropped.
+    let mut agent = rig.spawn_twin_process(ENTRY, 2, &f);
+    let ev = events_until(&mut sub, 5, |ev| !cooling_outcomes(ev).is_empty());
+    assert_eq!(cooling_outcomes(&ev), [failed]);
+    let said = "not run again";
+    let end = Instant::now() + Duration::from_secs(5);
+    while !agent.log_text().contains(said) && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let text = agent.log_text();
+    assert!(
+        text.contains(said) && text.contains("resume it by hand"),
+        "the dropped resume is not said:\n{text}"
+    );
+    let (status, _) = agent.terminate(Duration::from_secs(10));
+    assert!(status.success(), "{status}");
+
+    // The start after it runs nothing.
+    let _agent = rig.spawn_twin_process(ENTRY, 2, &f);
+    let more = events_until(&mut sub, 3, |ev| !cooling_outcomes(ev).is_empty());
+    assert_eq!(cooling_outcomes(&more), [], "run again");
+    let resumes = lines(&log)
+        .iter()
+        .filter(|l| l.starts_with("resumed"))
+        .count();
+    assert_eq!(resumes, 2, "{}", read(&log));
+}
